@@ -1,0 +1,526 @@
+#!/usr/bin/env python3
+"""Writes build.ninja for libdp.
+
+    ./configure.py [--cpu-only] [--cuda-arch 90] [--prefix /usr/local] [--debug]
+    ninja            libdp.a, build/dp, the tests and the examples
+    ninja test       builds everything, runs build/test_dp and each standalone test
+    ninja asan       a second, CPU-only build in build-asan/ under ASan+UBSan; runs its tests
+    ninja demo       runs DEMO (below)
+    ninja install    libdp.a, dp.h, dp and dp.pc under --prefix (DESTDIR respected)
+
+Environment read: CC, NVCC, CFLAGS, LDFLAGS, CUDA_HOME. Python standard library only.
+Sources are globbed when this script runs; build.ninja reruns it by itself when
+this script or a source folder changes (a file added or removed).
+"""
+
+import argparse
+import glob
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+
+# ---- `ninja demo` runs this command from the repository root ------------------------
+# dp train on the 8x8 digits: an MLP, 2 virtual devices; prints the memory plan (device 0
+# heavier), progress, held-out accuracy, samples/s and the parameter hash.
+DEMO = ['build/dp', 'train', '--model', 'examples/digits.dpm', '--data', 'data/digits.csv',
+        '--devices', '2', '--batch', '64', '--epochs', '30', '--optimizer', 'adamw',
+        '--lr', '0.003', '--plot', 'build/digits_loss.svg']
+# -------------------------------------------------------------------------------------
+
+ENV_VARS = ['CC', 'NVCC', 'CFLAGS', 'LDFLAGS', 'CUDA_HOME']
+APT_PACKAGES = {'ninja': 'ninja-build', 'pkg-config': 'pkg-config', 'check': 'check',
+                'cc': 'gcc'}
+SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
+            '-fno-sanitize-recover=undefined']
+# Directories whose listing decides the build: adding or removing a file in one of
+# them reruns this script on the next `ninja`.
+SOURCE_DIRS = ['lib', 'cuda', 'tools', 'tests', 'tests/standalone', 'examples']
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def fail(msg):
+    sys.exit('configure.py: ' + msg)
+
+
+def run(argv):
+    """(exit status, stdout) of argv; 127 when it cannot be started."""
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           universal_newlines=True)
+    except OSError:
+        return 127, ''
+    return p.returncode, p.stdout.strip()
+
+
+def tool(cmd):
+    """Absolute path of the program that the command line `cmd` starts, or None."""
+    words = shlex.split(cmd)
+    return shutil.which(words[0]) if words else None
+
+
+def first_line(text):
+    return text.splitlines()[0] if text else ''
+
+
+# ---- detection ------------------------------------------------------------------------
+
+def find_cc():
+    if os.environ.get('CC'):
+        return os.environ['CC']
+    for name in ('cc', 'gcc'):
+        if shutil.which(name):
+            return name
+    return None
+
+
+def have_check():
+    return shutil.which('pkg-config') and run(['pkg-config', '--exists', 'check'])[0] == 0
+
+
+def missing_packages(cc):
+    missing = []
+    if not shutil.which('ninja'):
+        missing.append(APT_PACKAGES['ninja'])
+    if not shutil.which('pkg-config'):
+        missing.append(APT_PACKAGES['pkg-config'])
+    if not have_check():
+        missing.append(APT_PACKAGES['check'])
+    if cc is None or not tool(cc):
+        if os.environ.get('CC'):
+            fail('CC=%s: no such program' % os.environ['CC'])
+        missing.append(APT_PACKAGES['cc'])
+    return missing
+
+
+def ensure_packages():
+    """Installs ninja, Check, pkg-config (and gcc) through apt-get when run as root;
+    otherwise prints the command that would and exits 1."""
+    missing = missing_packages(find_cc())
+    if not missing:
+        return
+    names = ' '.join(missing)
+    if os.geteuid() != 0:
+        fail('missing %s; install with:\n  sudo apt-get update && '
+             'sudo apt-get install -y %s' % (names, names))
+    if not shutil.which('apt-get'):
+        fail('missing %s, and there is no apt-get to install it with' % names)
+    print('configure.py: installing %s: apt-get update && apt-get install -y %s'
+          % (names, names), flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND='noninteractive')
+    for argv in (['apt-get', 'update'], ['apt-get', 'install', '-y'] + missing):
+        if subprocess.run(argv, env=env).returncode != 0:
+            fail('`%s` failed' % ' '.join(argv))
+    still = missing_packages(find_cc())
+    if still:
+        fail('still missing after apt-get install: ' + ' '.join(still))
+
+
+def find_cuda(args):
+    """A dict describing the CUDA toolchain, or (None, reason it is off)."""
+    if args.sanitize:
+        return None, 'off (--sanitize builds CPU-only)'
+    if args.cpu_only:
+        return None, 'off (--cpu-only)'
+    home = os.environ.get('CUDA_HOME') or '/usr/local/cuda'
+    nvcc = os.environ.get('NVCC')
+    if not nvcc:
+        nvcc = os.path.join(home, 'bin', 'nvcc')
+        if not os.access(nvcc, os.X_OK):
+            nvcc = shutil.which('nvcc')
+    if not nvcc or not tool(nvcc):
+        return None, 'off (no nvcc; set NVCC or CUDA_HOME)'
+    status, out = run(shlex.split(nvcc) + ['--version'])
+    if status != 0:
+        return None, 'off (`%s --version` failed)' % nvcc
+    version = re.search(r'release ([\d.]+)', out)
+    lib64 = os.path.join(home, 'lib64')
+    for need in (os.path.join(home, 'include', 'cuda_runtime.h'),
+                 os.path.join(lib64, 'libcudart.so')):
+        if not os.path.exists(need):
+            return None, 'off (nvcc found, but no %s)' % need
+    cublas = os.path.join(lib64, 'libcublas.so')
+    if not os.path.exists(cublas):
+        return None, 'off (nvcc found, but no cuBLAS: %s)' % cublas
+    return {'home': home, 'nvcc': nvcc, 'lib64': lib64, 'cublas': cublas,
+            'version': version.group(1) if version else '?'}, 'on'
+
+
+def find_nccl(cuda):
+    """(include dir, lib dir) of NCCL, or None."""
+    incs = [os.path.join(cuda['home'], 'include'), '/usr/include']
+    libs = [cuda['lib64'], '/usr/lib/x86_64-linux-gnu']
+    inc = next((d for d in incs if os.path.exists(os.path.join(d, 'nccl.h'))), None)
+    lib = next((d for d in libs if os.path.exists(os.path.join(d, 'libnccl.so'))), None)
+    return (inc, lib) if inc and lib else None
+
+
+def cuda_arch_flags(spec):
+    """'90' -> sm_90 code plus compute_90 PTX; '80,90' -> sm_80, sm_90, PTX of 90."""
+    archs = [a.strip() for a in spec.split(',') if a.strip()]
+    if not archs or not all(re.fullmatch(r'\d+[a-z]?', a) for a in archs):
+        fail('--cuda-arch: expected numbers like 90 or 80,90, got %r' % spec)
+    flags = []
+    for a in archs:
+        flags += ['-gencode', 'arch=compute_%s,code=sm_%s' % (a, a)]
+    flags += ['-gencode', 'arch=compute_%s,code=compute_%s' % (archs[-1], archs[-1])]
+    return flags
+
+
+def dp_version():
+    try:
+        with open(os.path.join(ROOT, 'include', 'dp.h')) as f:
+            text = f.read()
+    except OSError:
+        return '0.0'
+    major = re.search(r'#define\s+DP_VERSION_MAJOR\s+(\d+)', text)
+    minor = re.search(r'#define\s+DP_VERSION_MINOR\s+(\d+)', text)
+    return '%s.%s' % (major.group(1) if major else 0, minor.group(1) if minor else 0)
+
+
+# ---- a small writer for ninja files ---------------------------------------------------
+
+def esc(value):
+    """A value that ninja passes through unchanged."""
+    return value.replace('$', '$$')
+
+
+def esc_path(path):
+    return path.replace('$', '$$').replace(' ', '$ ').replace(':', '$:')
+
+
+def join(words):
+    return ' '.join(words)
+
+
+class Ninja:
+    def __init__(self):
+        self.lines = []
+
+    def comment(self, text):
+        self.lines.append('# ' + text)
+
+    def newline(self):
+        self.lines.append('')
+
+    def variable(self, name, value, indent=0):
+        self.lines.append('%s%s = %s' % ('  ' * indent, name, value))
+
+    def rule(self, name, command, **kw):
+        self.lines.append('rule ' + name)
+        self.variable('command', command, 1)
+        for key, value in kw.items():
+            self.variable(key, value, 1)
+        self.newline()
+
+    def build(self, outputs, rule, inputs=(), implicit=(), variables=()):
+        outputs = [outputs] if isinstance(outputs, str) else outputs
+        line = 'build %s: %s' % (join(map(esc_path, outputs)), rule)
+        if inputs:
+            line += ' ' + join(map(esc_path, inputs))
+        if implicit:
+            line += ' | ' + join(map(esc_path, implicit))
+        self.lines.append(line)
+        for name, value in variables:
+            self.variable(name, value, 1)
+        return outputs
+
+    def default(self, targets):
+        self.lines.append('default ' + join(map(esc_path, targets)))
+
+    def text(self):
+        return '\n'.join(self.lines) + '\n'
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+    with open(path, 'w') as f:
+        f.write(text)
+
+
+# ---- the build ------------------------------------------------------------------------
+
+def sources(pattern):
+    return sorted(glob.glob(pattern))
+
+
+def stem(path):
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+SUITE_RE = re.compile(r'Suite\s*\*\s*(\w+)_suite\s*\(\s*void\s*\)')
+
+
+def find_suites(test_files):
+    """[(suite name, file)] in file order; each test_*.c must define at least one."""
+    suites, seen = [], {}
+    for path in test_files:
+        with open(path, errors='replace') as f:
+            names = list(dict.fromkeys(SUITE_RE.findall(f.read())))
+        if not names:
+            fail('%s defines no `Suite *NAME_suite(void)`' % path)
+        for name in names:
+            if name in seen:
+                fail('suite %s_suite is defined in %s and %s' % (name, seen[name], path))
+            seen[name] = path
+            suites.append((name, path))
+    return suites
+
+
+def suites_header(suites):
+    lines = ['/* Generated by configure.py from tests/test_*.c; do not edit. */',
+             '#ifndef DP_SUITES_H', '#define DP_SUITES_H', '', '#include <check.h>', '']
+    lines += ['Suite *%s_suite(void); /* %s */' % (n, p) for n, p in suites]
+    lines += ['', '/* X(name) for every suite, in file order. */', '#define DP_SUITES(X) \\']
+    lines += ['  X(%s) \\' % n for n, _ in suites]
+    lines += ['', '#endif', '']
+    return '\n'.join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser(description='Writes build.ninja for libdp.')
+    ap.add_argument('--cpu-only', action='store_true',
+                    help='do not compile cuda/*.cu even when nvcc is found')
+    ap.add_argument('--cuda-arch', default='90', metavar='ARCHS',
+                    help='compute capabilities, e.g. 90 or 80,90 (default 90: sm_90 + PTX)')
+    ap.add_argument('--prefix', default='/usr/local', help='install prefix (default /usr/local)')
+    ap.add_argument('--debug', action='store_true', help='-O0 -g -DDP_DEBUG (default -O2 -g)')
+    ap.add_argument('--builddir', default='build',
+                    help='build folder (default build); any other writes BUILDDIR/build.ninja')
+    ap.add_argument('--sanitize', action='store_true',
+                    help='ASan + UBSan, -O1, CPU-only (what `ninja asan` uses)')
+    args = ap.parse_args()
+
+    os.chdir(ROOT)
+    bd = os.path.normpath(args.builddir)
+    if os.path.isabs(bd) or bd.startswith('..') or bd in ('.', 'lib', 'cuda', 'tools',
+                                                         'tests', 'examples', 'include'):
+        fail('--builddir must be a new folder inside the repository, got %r' % args.builddir)
+    manifest = 'build.ninja' if bd == 'build' else os.path.join(bd, 'build.ninja')
+
+    ensure_packages()
+    cc = find_cc()
+    _, check_cflags = run(['pkg-config', '--cflags', 'check'])
+    _, check_libs = run(['pkg-config', '--libs', 'check'])
+    _, check_version = run(['pkg-config', '--modversion', 'check'])
+    cuda, cuda_state = find_cuda(args)
+    nccl = find_nccl(cuda) if cuda else None
+    env_flags = lambda name: shlex.split(os.environ.get(name, ''))
+
+    # -- flags
+    if args.sanitize:
+        opt = ['-O1', '-g'] + SANITIZE + (['-DDP_DEBUG'] if args.debug else [])
+    else:
+        opt = ['-O0', '-g', '-DDP_DEBUG'] if args.debug else ['-O2', '-g']
+    common = ['-std=c11', '-Wall', '-Wextra', '-D_GNU_SOURCE', '-pthread']
+    # cuda/dp_cuda.h is included as "dp_cuda.h": -iquote, not -I, so that <cuda.h> (the driver
+    # API, included by CUDA's own headers) is never shadowed by it.
+    cflags = common + ['-Iinclude', '-Ilib', '-Itools', '-iquote', 'cuda'] + opt
+    defines = []
+    if cuda:
+        defines.append('-DDP_HAVE_CUDA=1')
+        if nccl:
+            defines.append('-DDP_HAVE_NCCL=1')
+    cflags += defines + env_flags('CFLAGS')
+    example_cflags = common + ['-Iinclude'] + opt + env_flags('CFLAGS')
+    test_cflags = ['-Itests', '-I' + os.path.join(bd, 'gen')] + shlex.split(check_cflags)
+    ldflags = ['-pthread'] + (SANITIZE if args.sanitize else []) + env_flags('LDFLAGS')
+    sys_libs = ['-lm', '-pthread']
+    if cuda:
+        lib64 = cuda['lib64']
+        sys_libs += ['-L' + lib64, '-Wl,-rpath,' + lib64, '-lcudart', '-lcublas']
+        if nccl:
+            system_dirs = (lib64, '/usr/lib/x86_64-linux-gnu')
+            if nccl[1] not in system_dirs:
+                sys_libs += ['-L' + nccl[1], '-Wl,-rpath,' + nccl[1]]
+            sys_libs.append('-lnccl')
+        sys_libs.append('-lstdc++')  # host code of nvcc objects is C++
+    nvccflags = []
+    if cuda:
+        nvopt = ['-O0', '-g', '-DDP_DEBUG'] if args.debug else ['-O2']
+        nvccflags = (['-std=c++17'] + nvopt +
+                     ['-Xcompiler', '-fPIC,-Wall,-Wextra,-iquote,cuda', '-Iinclude', '-Ilib'] +
+                     cuda_arch_flags(args.cuda_arch) + defines)
+        if nccl and nccl[0] not in (os.path.join(cuda['home'], 'include'), '/usr/include'):
+            nvccflags.append('-I' + nccl[0])
+
+    # -- sources
+    lib_src = sources('lib/*.c')
+    cuda_src = sources('cuda/*.cu') if cuda else sources('cuda/*.c')
+    tool_src = [s for s in sources('tools/*.c') if s != 'tools/dp.c']
+    test_files = sources('tests/test_*.c')
+    helper_src = [s for s in sources('tests/*.c')
+                  if s not in test_files and s != 'tests/check_main.c']
+    standalone_src = sources('tests/standalone/*.c')
+    example_src = sources('examples/*.c')
+    suites = find_suites(test_files)
+
+    # -- build.ninja
+    n = Ninja()
+    O = lambda src: os.path.join(bd, os.path.splitext(src)[0] + '.o')
+    B = lambda name: os.path.join(bd, name)
+    n.comment('Generated by configure.py; edit configure.py, not this file.')
+    n.comment('configure.py ' + shlex.join(sys.argv[1:]))
+    n.variable('ninja_required_version', '1.7')
+    n.variable('builddir', esc(bd))
+    n.variable('cc', esc(cc))
+    n.variable('cflags', esc(join(cflags)))
+    n.variable('ldflags', esc(join(ldflags)))
+    n.variable('libs', esc(join(sys_libs)))
+    if cuda:
+        n.variable('nvcc', esc(cuda['nvcc']))
+        n.variable('nvccflags', esc(join(nvccflags)))
+    n.newline()
+
+    n.rule('cc', '$cc -MMD -MF $out.d $cflags -c $in -o $out',
+           depfile='$out.d', deps='gcc', description='CC $out')
+    if cuda:
+        n.rule('nvcc', '$nvcc -MD -MF $out.d $nvccflags -c $in -o $out',
+               depfile='$out.d', deps='gcc', description='NVCC $out')
+    n.rule('ar', 'rm -f $out && ar crs $out $in', description='AR $out')
+    n.rule('link', '$cc $ldflags -o $out $in $libs', description='LINK $out')
+    configure_env = join('%s=%s' % (k, shlex.quote(os.environ[k]))
+                         for k in ENV_VARS if os.environ.get(k))
+    # `python3`, as the #! line says: build.ninja may outlive this interpreter's path
+    rerun = (('env %s ' % configure_env) if configure_env else '') + 'python3 configure.py'
+    n.rule('configure', esc(rerun) + ' $args', generator='1', description='CONFIGURE $args')
+    n.rule('console', '$cmd', pool='console', description='$desc')
+
+    # libdp.a
+    objs = [n.build(O(s), 'cc', [s])[0] for s in lib_src]
+    objs += [n.build(O(s), 'nvcc' if s.endswith('.cu') else 'cc', [s])[0] for s in cuda_src]
+    n.newline()
+    libdp = n.build(B('libdp.a'), 'ar', objs)[0]
+    defaults = [libdp]
+
+    # tools
+    libtools = []
+    if tool_src:
+        libtools = n.build(B('libdptools.a'), 'ar',
+                           [n.build(O(s), 'cc', [s])[0] for s in tool_src])
+    dp = None
+    if os.path.exists('tools/dp.c'):
+        dp = n.build(B('dp'), 'link', [n.build(O('tools/dp.c'), 'cc', ['tools/dp.c'])[0]]
+                     + libtools + [libdp])[0]
+        defaults.append(dp)
+    n.newline()
+
+    # tests
+    tcflags = [('cflags', '$cflags ' + esc(join(test_cflags)))]
+    tlibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs)))]
+    suites_h = os.path.join(bd, 'gen', 'suites.h')
+    test_bins = []
+    libtest = []
+    if helper_src:
+        libtest = n.build(B('libdptest.a'), 'ar',
+                          [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in helper_src])
+    if os.path.exists('tests/check_main.c'):
+        tobjs = [n.build(O('tests/check_main.c'), 'cc', ['tests/check_main.c'], [suites_h],
+                         variables=tcflags)[0]]
+        tobjs += [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in test_files]
+        test_bins += n.build(B('test_dp'), 'link', tobjs + libtest + libtools + [libdp],
+                             variables=tlibs)
+    for s in standalone_src:
+        name = stem(s)
+        if name in ('dp', 'test_dp', 'libdp', 'gen', 'lib', 'tools', 'tests', 'examples',
+                    'cuda'):
+            fail('%s: its program name %s collides with another build output' % (s, name))
+        obj = n.build(O(s), 'cc', [s], variables=tcflags)[0]
+        test_bins += n.build(B(name), 'link', [obj] + libtest + libtools + [libdp],
+                             variables=tlibs)
+    defaults += test_bins
+    n.newline()
+
+    # examples: the public header only
+    for s in example_src:
+        obj = n.build(O(s), 'cc', [s], variables=[('cflags', esc(join(example_cflags)))])[0]
+        defaults += n.build(os.path.join(bd, 'examples', stem(s)), 'link', [obj, libdp])
+    n.newline()
+
+    n.build('all', 'phony', defaults)
+    n.default(['all'])
+    n.newline()
+
+    # ninja test: every test program from the repository root; fails if any failed
+    test_env = ''
+    if args.sanitize:
+        # LeakSanitizer works here (ptrace is allowed); where a sandbox forbids ptrace,
+        # run with ASAN_OPTIONS=detect_leaks=0 instead. Check's timeouts are stretched
+        # for the slower instrumented code.
+        test_env = ('export ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} '
+                    'UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} '
+                    'CK_TIMEOUT_MULTIPLIER=$${CK_TIMEOUT_MULTIPLIER:-4}; ')
+    test_cmd = (test_env + 'fail=0; for t in %s; do echo "== $$t"; ./$$t || '
+                '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
+                % esc(join(map(shlex.quote, test_bins))))
+    n.build('test', 'console', [], defaults,
+            variables=[('cmd', test_cmd), ('desc', 'TEST ' + esc(bd))])
+
+    # ninja demo
+    demo = [os.path.join(bd, a[len('build/'):]) if a.startswith('build/') else a
+            for a in DEMO]
+    n.build('demo', 'console', [], [a for a in demo if a in defaults],
+            variables=[('cmd', esc(shlex.join(demo))), ('desc', 'DEMO')])
+
+    # ninja install
+    if dp:
+        pfx = lambda sub: '"$$D"' + esc(shlex.quote(os.path.join(args.prefix, sub)))
+        steps = ['set -e', 'D="$${DESTDIR:-}"',
+                 'install -d %s %s %s %s' % (pfx('lib'), pfx('lib/pkgconfig'),
+                                             pfx('include'), pfx('bin')),
+                 'install -m 644 %s %s' % (libdp, pfx('lib/libdp.a')),
+                 'install -m 644 include/dp.h %s' % pfx('include/dp.h'),
+                 'install -m 755 %s %s' % (dp, pfx('bin/dp')),
+                 'install -m 644 %s %s' % (B('dp.pc'), pfx('lib/pkgconfig/dp.pc'))]
+        n.build('install', 'console', [], [libdp, dp, B('dp.pc')],
+                variables=[('cmd', '; '.join(steps)), ('desc', 'INSTALL ' + esc(args.prefix))])
+
+    # ninja asan: configure build-asan/ and run its tests
+    if not args.sanitize:
+        asan_cmd = ('%s --builddir build-asan --sanitize && ninja -f build-asan/build.ninja test'
+                    % esc(rerun))
+        n.build('asan', 'console', variables=[('cmd', asan_cmd), ('desc', 'ASAN')])
+    n.newline()
+
+    # regenerate build.ninja when this script, the .pc template or a source folder changes
+    watched = ['configure.py', 'dp.pc.in'] + [d for d in SOURCE_DIRS if os.path.isdir(d)]
+    n.build([manifest, suites_h, B('dp.pc')], 'configure', [], watched,
+            variables=[('args', esc(shlex.join(sys.argv[1:])))])
+
+    # -- generated files
+    write(suites_h, suites_header(suites))
+    with open('dp.pc.in') as f:
+        pc = f.read()
+    pc = (pc.replace('@PREFIX@', args.prefix).replace('@VERSION@', dp_version())
+          .replace('@LIBS@', join(sys_libs)))
+    write(B('dp.pc'), pc)
+    write(manifest, n.text())
+
+    # -- summary
+    _, ccv = run(shlex.split(cc) + ['--version'])
+    print('libdp configure (%s):' % manifest)
+    print('  C compiler  %s (%s)' % (cc, first_line(ccv)))
+    if cuda:
+        print('  CUDA        on: %s, nvcc %s, %s, -gencode for %s'
+              % (cuda['home'], cuda['version'], cuda['nvcc'], args.cuda_arch))
+        print('  cuBLAS      %s' % cuda['cublas'])
+        print('  NCCL        %s' % ('%s/nccl.h, %s/libnccl.so' % nccl if nccl else 'not found'))
+    else:
+        print('  CUDA        %s' % cuda_state)
+    print('  Check       %s' % check_version)
+    print('  build       %s, %s' % (bd, join(opt)))
+    print('  sources     %d lib, %d cuda, %d tools, %d suites, %d standalone, %d examples'
+          % (len(lib_src), len(cuda_src), len(tool_src) + (dp is not None), len(suites),
+             len(standalone_src), len(example_src)))
+    print('  prefix      %s' % args.prefix)
+    if bd == 'build':
+        print('next: ninja && ninja test')
+    else:
+        print('next: ninja -f %s test' % manifest)
+
+
+if __name__ == '__main__':
+    main()

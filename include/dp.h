@@ -1,0 +1,265 @@
+/* libdp — data-parallel training and inference with planned, fixed arenas.
+ *
+ * The one public header. Data flow:
+ *   model spec (text or builder) -> dp_model          shapes only, no memory
+ *   dp_model + dp_config         -> dp_plan           every byte and every op
+ *   dp_plan                      -> dp_ctx            one allocation per arena
+ *   dp_ctx + host batch          -> step / forward    no allocation, ever
+ *
+ * Every function returns dp_status (or a value documented otherwise). On failure
+ * the text of the error (with the library's file:line) is kept: per context for
+ * context calls (dp_ctx_error), and per thread for everything (dp_last_error).
+ * The library never prints and never exits.
+ */
+#ifndef DP_H
+#define DP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DP_VERSION_MAJOR 0
+#define DP_VERSION_MINOR 1
+#define DP_MAX_DEVICES 64
+
+typedef enum {
+  DP_OK = 0,
+  DP_ERR_INVALID,     /* bad argument or configuration */
+  DP_ERR_PARSE,       /* malformed model spec or data file */
+  DP_ERR_OVERFLOW,    /* a size does not fit in size_t */
+  DP_ERR_NOMEM,       /* an arena could not be allocated */
+  DP_ERR_SHAPE,       /* wrong width, or a batch larger than planned */
+  DP_ERR_RANGE,       /* a label or index out of range */
+  DP_ERR_NONFINITE,   /* NaN/Inf in the loss or the gradients */
+  DP_ERR_IO,          /* file could not be read or written */
+  DP_ERR_BACKEND,     /* a backend or transport op failed */
+  DP_ERR_UNSUPPORTED, /* not available in this build or mode */
+} dp_status;
+
+const char *dp_status_name(dp_status s);
+/* Last error text of the calling thread ("" when none). */
+const char *dp_last_error(void);
+
+/* ---- model ---------------------------------------------------------------- */
+
+typedef enum {
+  DP_LAYER_INPUT = 0,
+  DP_LAYER_LINEAR,
+  DP_LAYER_RELU,
+  DP_LAYER_GELU, /* tanh approximation, as PyTorch's approximate='tanh' */
+  DP_LAYER_TANH,
+  DP_LAYER_SIGMOID,
+  DP_LAYER_LAYERNORM, /* over the feature dim, affine, eps 1e-5 */
+  DP_LAYER_DROPOUT,
+} dp_layer_kind;
+
+typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
+
+typedef struct dp_model dp_model;
+
+/* Text spec (.dpm): one layer per line, '#' starts a comment.
+ *   input N | linear N [nobias] | relu | gelu | tanh | sigmoid | layernorm |
+ *   dropout P | loss mse | loss softmax_cross_entropy
+ * `name` is used in error messages ("name:line:col: ..."). */
+dp_status dp_model_parse(const char *text, const char *name, dp_model **out);
+dp_status dp_model_load(const char *path, dp_model **out);
+
+/* Builder: dp_model_new(in) then add layers in order; shapes are inferred. */
+dp_status dp_model_new(int input_width, dp_model **out);
+dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
+dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm */
+dp_status dp_model_add_dropout(dp_model *m, float p);
+dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
+void dp_model_free(dp_model *m);
+
+int dp_model_input_width(const dp_model *m);
+int dp_model_output_width(const dp_model *m);
+int dp_model_n_layers(const dp_model *m); /* layers after `input` */
+dp_layer_kind dp_model_layer_kind(const dp_model *m, int i);
+dp_loss_kind dp_model_loss(const dp_model *m);
+/* Total parameter count, in PyTorch state_dict order:
+ * for each linear: weight (out, in) row-major, then bias (out);
+ * for each layernorm: weight (n), bias (n). */
+size_t dp_model_n_params(const dp_model *m);
+/* Writes the spec text form into buf (NUL-terminated); returns needed length. */
+size_t dp_model_format(const dp_model *m, char *buf, size_t cap);
+
+/* ---- configuration and plan ------------------------------------------------ */
+
+typedef enum {
+  DP_SPLIT_CHUNK = 0, /* torch.chunk: chunk = ceil(B/N), last may be short, fewer
+                         devices may be used */
+  DP_SPLIT_BALANCED,  /* torch.tensor_split: first B%N devices get one more row */
+} dp_split;
+
+typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
+typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
+typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
+
+typedef struct {
+  int batch;       /* largest batch a step may take (rows) */
+  int n_devices;   /* logical devices (replicas) */
+  int device_ids[DP_MAX_DEVICES]; /* physical GPU per replica (cuda) */
+  dp_split split;
+  int micro_batch; /* rows per micro-batch; 0 = the per-device chunk */
+  dp_mode mode;
+  dp_optimizer optimizer;
+  int inference;   /* plan forward only: no grads, no optimizer state */
+  dp_backend backend;
+  /* hyper-parameters (PyTorch meanings and defaults where PyTorch has one) */
+  float lr;           /* default 0.01 */
+  float momentum;     /* DP_OPT_MOMENTUM; default 0.9 */
+  float weight_decay; /* SGD: L2 added to the gradient (default 0);
+                         AdamW: decoupled (default 0.01) */
+  float beta1, beta2, eps; /* AdamW; defaults 0.9, 0.999, 1e-8 */
+  uint64_t seed;      /* parameter init and dropout */
+} dp_config;
+
+/* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic, SGD,
+ * training, cpu backend, device_ids[i] = i. */
+void dp_config_default(dp_config *c);
+
+typedef struct dp_plan dp_plan;
+
+dp_status dp_plan_create(const dp_model *m, const dp_config *c, dp_plan **out);
+void dp_plan_free(dp_plan *p);
+
+/* Largest batch (1..max_batch) whose plan fits `budget` bytes on every device;
+ * 0 when even batch 1 does not fit. Exact: batch fits, batch+1 does not. */
+dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
+                            int max_batch, int *out_batch);
+
+/* Arena regions, in arena order. Every device has all of them (size 0 when
+ * unused). A region's size counts its content; alignment padding shows in the
+ * offsets and in the device total. */
+typedef enum {
+  DP_REGION_PARAMS = 0,    /* (n_params) fp32, state_dict order */
+  DP_REGION_GRADS,         /* (n_params) reduced grads (dev 0) / local grads */
+  DP_REGION_GRAD_PARTIALS, /* (levels, n_params) partial sums of the grad tree */
+  DP_REGION_OPT_STATE,     /* momentum buffer, or AdamW (m, v) */
+  DP_REGION_INPUTS,        /* (rows, in) this device's input chunk */
+  DP_REGION_TARGETS,       /* (batch, out) fp32 or (batch) int32, loss device */
+  DP_REGION_ACTIVATIONS,   /* liveness-planned intermediate buffers */
+  DP_REGION_OUTPUTS,       /* (rows, out) this device's output chunk */
+  DP_REGION_OUTPUT_GRADS,  /* (rows, out) scattered d(loss)/d(output) */
+  DP_REGION_GATHERED_OUTPUTS, /* (batch, out) on the output device */
+  DP_REGION_GATHERED_GRADS,   /* (batch, out) on the output device */
+  DP_REGION_LOSS,          /* (micro-batches) per-micro-batch loss sums */
+  DP_REGION_COMM,          /* (n_params) receive buffer for reductions */
+  DP_REGION_WORKSPACE,     /* backend scratch */
+  DP_REGION_COUNT
+} dp_region;
+
+const char *dp_region_name(dp_region r);
+
+typedef struct {
+  size_t offset, size, align;
+} dp_region_info;
+
+int dp_plan_n_devices(const dp_plan *p);  /* devices with rows (<= n_devices) */
+int dp_plan_device_rows(const dp_plan *p, int dev);
+int dp_plan_device_micro_batches(const dp_plan *p, int dev);
+size_t dp_plan_device_bytes(const dp_plan *p, int dev); /* arena total */
+dp_region_info dp_plan_region(const dp_plan *p, int dev, dp_region r);
+size_t dp_plan_host_bytes(const dp_plan *p); /* staging arena (pinned, cuda) */
+const dp_config *dp_plan_config(const dp_plan *p);
+const dp_model *dp_plan_model(const dp_plan *p);
+
+/* The static schedule. Ops run in stage order; ops of one stage on different
+ * devices run in parallel; within a device, in list order. */
+typedef enum {
+  DP_PHASE_BROADCAST = 0, /* refresh replicas' params from device 0 */
+  DP_PHASE_SCATTER,       /* host inputs -> device chunks */
+  DP_PHASE_FORWARD,
+  DP_PHASE_GATHER,        /* output chunks -> device 0 (or host) */
+  DP_PHASE_LOSS,
+  DP_PHASE_SCATTER_GRADS, /* d(loss)/d(outputs) -> device chunks */
+  DP_PHASE_BACKWARD,
+  DP_PHASE_REDUCE,        /* gradients -> device 0, canonical tree */
+  DP_PHASE_OPTIMIZER,
+  DP_PHASE_COUNT
+} dp_phase;
+
+typedef enum {
+  DP_OP_COPY = 0, /* transport: bytes from (src dev, region, offset) to dst */
+  DP_OP_FORWARD,  /* layer forward on one micro-batch */
+  DP_OP_BACKWARD, /* layer backward on one micro-batch, grads into a slot */
+  DP_OP_GRAD_ADD, /* grads slot += slot, or grads += comm */
+  DP_OP_LOSS,     /* loss and its gradient over the gathered outputs */
+  DP_OP_OPTIMIZER,
+} dp_op_kind;
+
+/* Device id of the caller's memory. A host endpoint's region says which
+ * buffer: DP_REGION_INPUTS (x), DP_REGION_TARGETS, DP_REGION_OUTPUTS (y). */
+#define DP_HOST (-1)
+
+typedef struct {
+  uint8_t phase, kind;
+  int16_t device;            /* device that executes the op */
+  int16_t layer;             /* -1 when not a layer op */
+  int32_t micro_batch;       /* global micro-batch index, -1 when none */
+  int32_t stage;
+  int16_t src_dev, dst_dev;  /* COPY: endpoints (DP_HOST = caller memory) */
+  uint8_t src_region, dst_region; /* COPY, GRAD_ADD (dst += src), BACKWARD (grads) */
+  size_t src_offset, dst_offset;
+  size_t bytes;              /* bytes moved (COPY) or touched */
+  int32_t row0, rows;        /* rows the op covers */
+} dp_op;
+
+int dp_plan_n_ops(const dp_plan *p);
+const dp_op *dp_plan_ops(const dp_plan *p);
+const char *dp_phase_name(dp_phase ph);
+const char *dp_op_kind_name(dp_op_kind k);
+
+/* ---- context --------------------------------------------------------------- */
+
+typedef struct dp_ctx dp_ctx;
+
+/* Allocates one arena per device (and the host staging arena) as planned,
+ * initialises parameters from config.seed (PyTorch's Linear init distribution),
+ * and starts one worker per extra device. The plan must outlive the context. */
+dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out);
+/* Embedded style: the caller provides the arenas. arenas[d] must hold
+ * dp_plan_device_bytes(p, d) bytes aligned to 64; host may be NULL when
+ * dp_plan_host_bytes(p) is 0. The memory stays the caller's. */
+dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
+                               dp_ctx **out);
+void dp_ctx_free(dp_ctx *c);
+const char *dp_ctx_error(const dp_ctx *c);
+
+/* One training step on `rows` (1..planned batch) rows.
+ * x: (rows, cols) fp32 with cols == the model's input width. target: (rows, out) fp32 for mse, (rows) int32 class
+ * indices for softmax_cross_entropy. loss (may be NULL): mean loss.
+ * On any error, parameters, optimizer state and step counter are unchanged. */
+dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
+                        float *loss);
+/* Inference: scatter -> replicated forward -> gather. x: (rows, cols),
+ * y: (rows, out). Dropout is the identity. Works on training contexts too.
+ * A batch smaller than planned keeps the planned cut points: the last devices
+ * get fewer rows or none. */
+dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y);
+
+/* Parameters as one flat fp32 array in state_dict order (dp_model_n_params). */
+dp_status dp_get_params(dp_ctx *c, float *out, size_t n);
+dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
+/* Gradients of the last successful step (summed over the batch, as PyTorch's
+ * DataParallel leaves them in the module on device 0). */
+dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
+uint64_t dp_ctx_step(const dp_ctx *c);
+/* Highest arena byte any op has touched, per device (equals the plan total). */
+size_t dp_ctx_high_water(const dp_ctx *c, int dev);
+/* FNV-1a 64 of the parameter bytes. */
+uint64_t dp_params_hash(dp_ctx *c);
+
+/* ---- CUDA (compiled in when nvcc was found) -------------------------------- */
+/* Number of visible GPUs; 0 with a reason in dp_last_error() when none. */
+int dp_cuda_device_count(void);
+int dp_cuda_available(void); /* 1 when this build has the CUDA backend */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

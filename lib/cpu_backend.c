@@ -1,0 +1,384 @@
+/* The CPU backend: the reference implementation of every layer, loss and
+ * optimizer, run by one worker thread per virtual device on that device's
+ * arena. Every loop has a fixed order (no atomics, no thread-count-dependent
+ * splits), so results are a pure function of the inputs; each output
+ * element's accumulation order depends only on the reduced dimension. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef struct {
+  const dp_exec_env *e;
+  const dp_plan *p;
+  const dp_layer *l;
+  int d, i, L;
+  int local; /* first row of the micro-batch within the device's chunk */
+  int rows;
+} lctx;
+
+static float *region(const dp_exec_env *e, int d, int r, size_t off) {
+  return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
+}
+
+/* Rows [local, local + rows) of the input of layer i: (rows, in). */
+static float *layer_in(const lctx *c) {
+  if (c->i == 0) return region(c->e, c->d, DP_REGION_INPUTS, (size_t)c->local * c->l->in * 4);
+  return region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                c->p->act[c->d].act[c->i - 1] + (size_t)c->local * c->l->in * 4);
+}
+
+static float *layer_out(const lctx *c) {
+  if (c->i == c->L - 1)
+    return region(c->e, c->d, DP_REGION_OUTPUTS, (size_t)c->local * c->l->out * 4);
+  return region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                c->p->act[c->d].act[c->i] + (size_t)c->local * c->l->out * 4);
+}
+
+static float *layer_stats(const lctx *c) {
+  return region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                c->p->act[c->d].stats[c->i] + (size_t)c->local * 2 * 4);
+}
+
+/* d(loss)/d(output of layer i) for this micro-batch: (rows, out). */
+static float *layer_dout(const lctx *c) {
+  if (c->i == c->L - 1)
+    return region(c->e, c->d, DP_REGION_OUTPUT_GRADS, (size_t)c->local * c->l->out * 4);
+  return region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[c->i]);
+}
+
+static float *layer_din(const lctx *c) {
+  return region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[c->i - 1]);
+}
+
+static float *layer_params(const lctx *c) {
+  return region(c->e, c->d, DP_REGION_PARAMS, c->l->param_off * 4);
+}
+
+static const float GELU_C = 0.7978845608028654f; /* sqrt(2/pi) */
+static const float GELU_A = 0.044715f;
+
+/* Dropout's multiplier for row r (of this micro-batch) and element j: keyed
+ * by the global row, so the mask does not depend on the split. */
+static float dropout_scale(const lctx *c, int r, int j) {
+  uint64_t row = (uint64_t)(c->e->plan->split.dev_row0[c->d] + c->local + r);
+  float u = dp__rng_uniform(c->e->plan->cfg.seed, DP_RNG_DROPOUT,
+                            (c->e->step << 16) | (uint64_t)c->i, row, (uint64_t)j);
+  return u >= c->l->p ? 1.0f / (1.0f - c->l->p) : 0.0f;
+}
+
+static void forward(const lctx *c) {
+  const dp_layer *l = c->l;
+  const float *x = layer_in(c);
+  float *y = layer_out(c);
+  int n = c->rows, in = l->in, out = l->out;
+  switch (l->kind) {
+  case DP_LAYER_LINEAR: {
+    const float *w = layer_params(c); /* (out, in) */
+    const float *b = l->bias ? w + (size_t)out * in : NULL;
+    for (int r = 0; r < n; r++) {
+      const float *xr = x + (size_t)r * in;
+      float *yr = y + (size_t)r * out;
+      for (int o = 0; o < out; o++) {
+        const float *wo = w + (size_t)o * in;
+        float acc = 0.0f;
+        for (int k = 0; k < in; k++) acc += xr[k] * wo[k];
+        yr[o] = b ? acc + b[o] : acc;
+      }
+    }
+    break;
+  }
+  case DP_LAYER_RELU:
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = x[k] > 0.0f ? x[k] : 0.0f;
+    break;
+  case DP_LAYER_TANH:
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);
+    break;
+  case DP_LAYER_SIGMOID:
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = 1.0f / (1.0f + expf(-x[k]));
+    break;
+  case DP_LAYER_GELU:
+    for (size_t k = 0; k < (size_t)n * out; k++) {
+      float v = x[k];
+      y[k] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
+    }
+    break;
+  case DP_LAYER_LAYERNORM: {
+    const float *g = layer_params(c), *b = g + out;
+    float *st = layer_stats(c); /* (rows, 2): mean, rstd */
+    for (int r = 0; r < n; r++) {
+      const float *xr = x + (size_t)r * out;
+      float *yr = y + (size_t)r * out;
+      float sum = 0.0f;
+      for (int k = 0; k < out; k++) sum += xr[k];
+      float mean = sum / (float)out, var = 0.0f;
+      for (int k = 0; k < out; k++) var += (xr[k] - mean) * (xr[k] - mean);
+      float rstd = 1.0f / sqrtf(var / (float)out + 1e-5f);
+      st[2 * r] = mean;
+      st[2 * r + 1] = rstd;
+      for (int k = 0; k < out; k++) yr[k] = (xr[k] - mean) * rstd * g[k] + b[k];
+    }
+    break;
+  }
+  case DP_LAYER_DROPOUT:
+    if (!c->e->training || l->p == 0.0f) {
+      memcpy(y, x, (size_t)n * out * 4);
+      break;
+    }
+    for (int r = 0; r < n; r++)
+      for (int k = 0; k < out; k++) {
+        size_t idx = (size_t)r * out + k;
+        y[idx] = x[idx] * dropout_scale(c, r, k);
+      }
+    break;
+  case DP_LAYER_INPUT:
+    break;
+  }
+}
+
+/* Backward of one layer on one micro-batch; parameter grads are written (not
+ * accumulated) at grads (a slot of the canonical tree). */
+static void backward(const lctx *c, float *grads) {
+  const dp_layer *l = c->l;
+  int n = c->rows, in = l->in, out = l->out;
+  const float *dy = layer_dout(c);
+  float *dx = c->i > 0 ? layer_din(c) : NULL; /* the input's gradient is not needed */
+  switch (l->kind) {
+  case DP_LAYER_LINEAR: {
+    const float *w = layer_params(c), *x = layer_in(c);
+    float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;
+    for (int o = 0; o < out; o++) {
+      float *dwo = dw + (size_t)o * in;
+      for (int k = 0; k < in; k++) dwo[k] = 0.0f;
+      for (int r = 0; r < n; r++) {
+        float g = dy[(size_t)r * out + o];
+        const float *xr = x + (size_t)r * in;
+        for (int k = 0; k < in; k++) dwo[k] += g * xr[k];
+      }
+      if (db) {
+        float s = 0.0f;
+        for (int r = 0; r < n; r++) s += dy[(size_t)r * out + o];
+        db[o] = s;
+      }
+    }
+    if (dx)
+      for (int r = 0; r < n; r++) {
+        float *dxr = dx + (size_t)r * in;
+        const float *dyr = dy + (size_t)r * out;
+        for (int k = 0; k < in; k++) dxr[k] = 0.0f;
+        for (int o = 0; o < out; o++) {
+          const float *wo = w + (size_t)o * in;
+          float g = dyr[o];
+          for (int k = 0; k < in; k++) dxr[k] += g * wo[k];
+        }
+      }
+    break;
+  }
+  case DP_LAYER_RELU: {
+    const float *y = layer_out(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = y[k] > 0.0f ? dy[k] : 0.0f;
+    break;
+  }
+  case DP_LAYER_TANH: {
+    const float *y = layer_out(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = dy[k] * (1.0f - y[k] * y[k]);
+    break;
+  }
+  case DP_LAYER_SIGMOID: {
+    const float *y = layer_out(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = dy[k] * y[k] * (1.0f - y[k]);
+    break;
+  }
+  case DP_LAYER_GELU: {
+    const float *x = layer_in(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) {
+        float v = x[k], t = tanhf(GELU_C * (v + GELU_A * v * v * v));
+        float dt = (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+        dx[k] = dy[k] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+      }
+    break;
+  }
+  case DP_LAYER_LAYERNORM: {
+    const float *x = layer_in(c), *st = layer_stats(c), *g = layer_params(c);
+    float *dg = grads + l->param_off, *db = dg + out;
+    for (int k = 0; k < out; k++) dg[k] = db[k] = 0.0f;
+    for (int r = 0; r < n; r++) {
+      const float *xr = x + (size_t)r * out, *dyr = dy + (size_t)r * out;
+      float mean = st[2 * r], rstd = st[2 * r + 1], s1 = 0.0f, s2 = 0.0f;
+      for (int k = 0; k < out; k++) {
+        float xh = (xr[k] - mean) * rstd, dxh = dyr[k] * g[k];
+        dg[k] += dyr[k] * xh;
+        db[k] += dyr[k];
+        s1 += dxh;
+        s2 += dxh * xh;
+      }
+      if (dx) {
+        float *dxr = dx + (size_t)r * out;
+        for (int k = 0; k < out; k++) {
+          float xh = (xr[k] - mean) * rstd;
+          dxr[k] = rstd * (dyr[k] * g[k] - s1 / (float)out - xh * s2 / (float)out);
+        }
+      }
+    }
+    break;
+  }
+  case DP_LAYER_DROPOUT:
+    if (dx) {
+      for (int r = 0; r < n; r++)
+        for (int k = 0; k < out; k++) {
+          size_t idx = (size_t)r * out + k;
+          dx[idx] = l->p == 0.0f ? dy[idx] : dy[idx] * dropout_scale(c, r, k);
+        }
+    }
+    break;
+  case DP_LAYER_INPUT:
+    break;
+  }
+}
+
+/* Canonical pairwise sum of v[lo, hi). */
+static float tree_sum(const float *v, int lo, int hi) {
+  if (hi - lo == 1) return v[lo];
+  int mid = (lo + hi + 1) / 2;
+  return tree_sum(v, lo, mid) + tree_sum(v, mid, hi);
+}
+
+/* Per-row loss sums for the rows of micro-batch k, with the gradient of the
+ * mean loss written beside them. */
+static float loss_rows(const dp_plan *p, const dp_mb *mb, const float *o, const void *target,
+                       float *g, int rows) {
+  int out = dp_model_output_width(&p->model);
+  float s = 0.0f;
+  if (p->model.loss == DP_LOSS_MSE) {
+    const float *t = target;
+    float scale = 2.0f / ((float)rows * (float)out);
+    for (size_t idx = (size_t)mb->row0 * out; idx < (size_t)(mb->row0 + mb->rows) * out; idx++) {
+      float diff = o[idx] - t[idx];
+      s += diff * diff;
+      g[idx] = scale * diff;
+    }
+    return s;
+  }
+  const int32_t *t = target;
+  float inv = 1.0f / (float)rows;
+  for (int r = mb->row0; r < mb->row0 + mb->rows; r++) {
+    const float *z = o + (size_t)r * out;
+    float *gr = g + (size_t)r * out, mx = z[0], se = 0.0f;
+    for (int j = 1; j < out; j++) mx = z[j] > mx ? z[j] : mx;
+    for (int j = 0; j < out; j++) se += expf(z[j] - mx);
+    float lse = mx + logf(se);
+    s += lse - z[t[r]];
+    for (int j = 0; j < out; j++) gr[j] = (expf(z[j] - lse) - (j == t[r] ? 1.0f : 0.0f)) * inv;
+  }
+  return s;
+}
+
+/* The loss over the gathered outputs on device 0: per-micro-batch sums
+ * combined in the canonical tree, so the value does not depend on the split. */
+static dp_status loss_op(dp_exec_env *e) {
+  const dp_plan *p = e->plan;
+  int out = dp_model_output_width(&p->model), n_mb = 0;
+  const float *o = region(e, 0, DP_REGION_GATHERED_OUTPUTS, 0);
+  const void *t = region(e, 0, DP_REGION_TARGETS, 0);
+  float *g = region(e, 0, DP_REGION_GATHERED_GRADS, 0);
+  float *part = region(e, 0, DP_REGION_LOSS, 0); /* (micro-batches) */
+  for (; n_mb < p->split.n_mb && e->mbs[n_mb].rows > 0; n_mb++)
+    part[n_mb] = loss_rows(p, &e->mbs[n_mb], o, t, g, e->rows);
+  float denom = (float)e->rows * (p->model.loss == DP_LOSS_MSE ? (float)out : 1.0f);
+  e->loss = tree_sum(part, 0, n_mb) / denom;
+  if (!isfinite(e->loss))
+    return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
+                   isnan(e->loss) ? "NaN" : "infinite");
+  return DP_OK;
+}
+
+static dp_status optimizer_op(const dp_exec_env *e) {
+  const dp_plan *p = e->plan;
+  const dp_config *c = &p->cfg;
+  size_t n = p->model.n_params;
+  float *w = region(e, 0, DP_REGION_PARAMS, 0), *g = region(e, 0, DP_REGION_GRADS, 0);
+  float *s = region(e, 0, DP_REGION_OPT_STATE, 0);
+  /* Check everything before writing anything: a refused step changes nothing. */
+  for (size_t k = 0; k < n; k++)
+    if (!isfinite(g[k]))
+      return DP_FAIL(DP_ERR_NONFINITE,
+                     "gradient %zu is %s; the step was not applied", k, isnan(g[k]) ? "NaN" : "infinite");
+  float lr = c->lr, wd = c->weight_decay;
+  switch (c->optimizer) {
+  case DP_OPT_SGD:
+    for (size_t k = 0; k < n; k++) w[k] -= lr * (g[k] + wd * w[k]);
+    break;
+  case DP_OPT_MOMENTUM: {
+    float mu = c->momentum;
+    bool first = e->step == 0;
+    for (size_t k = 0; k < n; k++) {
+      float gk = wd != 0.0f ? g[k] + wd * w[k] : g[k];
+      s[k] = first ? gk : mu * s[k] + gk;
+      w[k] -= lr * s[k];
+    }
+    break;
+  }
+  case DP_OPT_ADAMW: {
+    float b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+    double t = (double)e->step + 1.0;
+    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2), decay = 1.0f - lr * wd;
+    float *m = s, *v = s + n;
+    for (size_t k = 0; k < n; k++) {
+      w[k] *= decay;
+      m[k] = b1 * m[k] + (1.0f - b1) * g[k];
+      v[k] = b2 * v[k] + (1.0f - b2) * g[k] * g[k];
+      float denom = sqrtf(v[k]) / bc2_sqrt + eps;
+      w[k] -= step_size * (m[k] / denom);
+    }
+    break;
+  }
+  }
+  return DP_OK;
+}
+
+static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+  (void)bctx;
+  const dp_plan *p = e->plan;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_FORWARD:
+  case DP_OP_BACKWARD: {
+    lctx c = {.e = e, .p = p, .l = &p->model.layers[op->layer], .d = op->device,
+              .i = op->layer, .L = p->model.n_layers,
+              .local = op->row0 - p->split.dev_row0[op->device], .rows = op->rows};
+    if (op->kind == DP_OP_FORWARD)
+      forward(&c);
+    else
+      backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
+    return DP_OK;
+  }
+  case DP_OP_GRAD_ADD: {
+    float *dst = region(e, op->device, op->dst_region, op->dst_offset);
+    const float *src = region(e, op->device, op->src_region, op->src_offset);
+    for (size_t k = 0; k < op->bytes / 4; k++) dst[k] += src[k];
+    return DP_OK;
+  }
+  case DP_OP_LOSS:
+    return loss_op(e);
+  case DP_OP_OPTIMIZER:
+    return optimizer_op(e);
+  case DP_OP_COPY:
+    break;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
+}
+
+const dp_backend_ops dp__cpu_backend = {.name = "cpu", .run = cpu_run};
+
+static dp_status shm_copy(void *tctx, void *dst, const void *src, size_t bytes) {
+  (void)tctx;
+  memcpy(dst, src, bytes);
+  return DP_OK;
+}
+
+/* Virtual devices share one address space: the transport is memcpy. */
+const dp_transport_ops dp__shm_transport = {.name = "shm", .copy = shm_copy};

@@ -1,0 +1,290 @@
+/* The context: the arenas a plan describes, the executor, and the public
+ * step/forward/parameter calls. All allocation happens in dp_ctx_create*;
+ * the calls after it allocate nothing. */
+#include "exec.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Arena words no op has written keep this NaN payload, which arithmetic never
+ * produces; dp_ctx_high_water finds the last word that changed. */
+#define CANARY 0x7fbadbadu
+
+typedef struct {
+  dp_mb *mbs; /* the plan's micro-batches truncated to `rows` */
+  dp_op *ops;
+  int n_ops, n_stages, rows; /* rows the ops were built for; 0 = none */
+  bool training;
+} sched_cache;
+
+struct dp_ctx {
+  const dp_plan *plan;
+  unsigned char *arena[DP_MAX_DEVICES];
+  bool owns_arenas;
+  sched_cache train, infer;
+  dp_exec exec;
+  bool exec_live;
+  bool replicas_stale;
+  uint64_t step;
+  char error[DP_ERRMSG_CAP];
+};
+
+/* Records the thread's last error in the context too. */
+static dp_status ctx_fail(dp_ctx *c, dp_status s) {
+  if (s && c) snprintf(c->error, sizeof c->error, "%s", dp_last_error());
+  return s;
+}
+
+const char *dp_ctx_error(const dp_ctx *c) { return c ? c->error : "no context"; }
+
+static void init_params(dp_ctx *c) {
+  const dp_plan *p = c->plan;
+  float *w = (float *)(c->arena[0] + p->regions[0][DP_REGION_PARAMS].offset);
+  for (int i = 0; i < p->model.n_layers; i++) {
+    const dp_layer *l = &p->model.layers[i];
+    float *lw = w + l->param_off;
+    if (l->kind == DP_LAYER_LINEAR) {
+      /* PyTorch's Linear init: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)). */
+      float bound = 1.0f / sqrtf((float)l->in);
+      for (size_t k = 0; k < l->n_params; k++)
+        lw[k] = (2.0f * dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 0) - 1.0f) *
+                bound;
+    } else if (l->kind == DP_LAYER_LAYERNORM) {
+      for (int k = 0; k < l->out; k++) {
+        lw[k] = 1.0f;
+        lw[l->out + k] = 0.0f;
+      }
+    }
+  }
+}
+
+static dp_status ctx_init(dp_ctx *c) {
+  const dp_plan *p = c->plan;
+  int n = p->split.n_used;
+  for (int d = 0; d < n; d++) {
+    uint32_t *w = (uint32_t *)c->arena[d];
+    for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = CANARY;
+  }
+  /* State that must start at zero. */
+  if (n > 0 && p->regions[0][DP_REGION_OPT_STATE].size)
+    memset(c->arena[0] + p->regions[0][DP_REGION_OPT_STATE].offset, 0,
+           p->regions[0][DP_REGION_OPT_STATE].size);
+  init_params(c);
+  c->replicas_stale = true;
+  int max_mbs = dp__split_max_mbs(&p->cfg);
+  for (int i = 0; i < 2; i++) {
+    sched_cache *sc = i ? &c->infer : &c->train;
+    sc->mbs = malloc((size_t)max_mbs * sizeof *sc->mbs);
+    sc->ops = malloc((size_t)p->ops_cap * sizeof *sc->ops);
+  }
+  if (!c->train.mbs || !c->train.ops || !c->infer.mbs || !c->infer.ops)
+    return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
+  dp_status s = dp__exec_init(&c->exec, n, &dp__cpu_backend, NULL, &dp__shm_transport, NULL);
+  if (s) return s;
+  c->exec_live = true;
+  return DP_OK;
+}
+
+static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create: out is NULL");
+  *out = NULL;
+  if (!p) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create: plan is NULL");
+  if (p->cfg.backend == DP_BACKEND_CUDA)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the CUDA step is not implemented yet; plan with the cpu backend");
+  dp_ctx *c = calloc(1, sizeof *c);
+  if (!c) return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
+  c->plan = p;
+  *out = c;
+  return DP_OK;
+}
+
+dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
+  dp_status s = ctx_new(p, out);
+  if (s) return s;
+  dp_ctx *c = *out;
+  c->owns_arenas = true;
+  for (int d = 0; d < p->split.n_used && !s; d++) {
+    c->arena[d] = aligned_alloc(p->align, p->dev_bytes[d] ? p->dev_bytes[d] : p->align);
+    if (!c->arena[d])
+      s = DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", d,
+                  p->dev_bytes[d]);
+  }
+  if (!s) s = ctx_init(c);
+  if (s) {
+    dp_ctx_free(c);
+    *out = NULL;
+  }
+  return s;
+}
+
+dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
+                               dp_ctx **out) {
+  (void)host; /* the CPU backend stages nothing: it reads the caller's memory */
+  if (!arenas) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create_static: arenas is NULL");
+  for (int d = 0; p && d < p->split.n_used; d++)
+    if (!arenas[d] || (uintptr_t)arenas[d] % p->align)
+      return DP_FAIL(DP_ERR_INVALID, "arena of device %d is %s", d,
+                     arenas[d] ? "not aligned to the plan's alignment" : "NULL");
+  dp_status s = ctx_new(p, out);
+  if (s) return s;
+  dp_ctx *c = *out;
+  for (int d = 0; d < p->split.n_used; d++) c->arena[d] = arenas[d];
+  if ((s = ctx_init(c))) {
+    dp_ctx_free(c);
+    *out = NULL;
+  }
+  return s;
+}
+
+void dp_ctx_free(dp_ctx *c) {
+  if (!c) return;
+  if (c->exec_live) dp__exec_destroy(&c->exec);
+  if (c->owns_arenas)
+    for (int d = 0; d < DP_MAX_DEVICES; d++) free(c->arena[d]);
+  free(c->train.mbs);
+  free(c->train.ops);
+  free(c->infer.mbs);
+  free(c->infer.ops);
+  free(c);
+}
+
+/* The schedule for `rows`, rebuilt (without allocating) when rows change. */
+static dp_status schedule_for(dp_ctx *c, sched_cache *sc, int rows, bool training) {
+  if (sc->rows == rows) return DP_OK;
+  const dp_plan *p = c->plan;
+  for (int k = 0; k < p->split.n_mb; k++) {
+    int r = rows - p->mbs[k].row0;
+    sc->mbs[k] = (dp_mb){p->mbs[k].row0, r <= 0 ? 0 : r < p->mbs[k].rows ? r : p->mbs[k].rows};
+  }
+  sc->rows = 0;
+  dp_status s = dp__schedule_build(p, sc->mbs, training, sc->ops, p->ops_cap, &sc->n_ops,
+                                   &sc->n_stages);
+  if (!s) sc->rows = rows;
+  return s;
+}
+
+static dp_status check_batch(dp_ctx *c, int rows, int cols, const float *x) {
+  const dp_plan *p = c->plan;
+  if (!x) return DP_FAIL(DP_ERR_INVALID, "inputs are NULL");
+  if (cols != p->model.input_width)
+    return DP_FAIL(DP_ERR_SHAPE, "inputs have %d columns; the model takes %d", cols,
+                   p->model.input_width);
+  if (rows < 1 || rows > p->cfg.batch)
+    return DP_FAIL(DP_ERR_SHAPE, "a batch of %d rows is outside the planned 1..%d", rows,
+                   p->cfg.batch);
+  return DP_OK;
+}
+
+static void env_init(dp_ctx *c, dp_exec_env *e, const sched_cache *sc, int rows, bool training) {
+  *e = (dp_exec_env){.plan = c->plan, .mbs = sc->mbs, .rows = rows, .training = training,
+                     .step = c->step, .skip_broadcast = !c->replicas_stale};
+  for (int d = 0; d < c->plan->split.n_used; d++) e->arena[d] = c->arena[d];
+}
+
+dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
+                        float *loss) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  const dp_plan *p = c->plan;
+  dp_status s = check_batch(c, rows, cols, x);
+  if (!s && p->cfg.inference)
+    s = DP_FAIL(DP_ERR_INVALID, "this context was planned for inference; use dp_forward");
+  if (!s && !target) s = DP_FAIL(DP_ERR_INVALID, "targets are NULL");
+  if (!s && p->model.loss == DP_LOSS_SOFTMAX_CE) {
+    const int32_t *t = target;
+    int classes = dp_model_output_width(&p->model);
+    for (int r = 0; r < rows && !s; r++)
+      if (t[r] < 0 || t[r] >= classes)
+        s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], r, classes - 1);
+  }
+  if (!s) s = schedule_for(c, &c->train, rows, true);
+  if (s) return ctx_fail(c, s);
+  dp_exec_env e;
+  env_init(c, &e, &c->train, rows, true);
+  e.host_x = x;
+  e.host_t = target;
+  /* The broadcast runs every training step: the optimizer changed device 0. */
+  e.skip_broadcast = false;
+  s = dp__exec_run(&c->exec, &e, c->train.ops, c->train.n_ops, c->train.n_stages);
+  if (s) return ctx_fail(c, s);
+  c->step++;
+  c->replicas_stale = true;
+  if (loss) *loss = e.loss;
+  return DP_OK;
+}
+
+dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  dp_status s = check_batch(c, rows, cols, x);
+  if (!s && !y) s = DP_FAIL(DP_ERR_INVALID, "outputs are NULL");
+  if (!s) s = schedule_for(c, &c->infer, rows, false);
+  if (s) return ctx_fail(c, s);
+  dp_exec_env e;
+  env_init(c, &e, &c->infer, rows, false);
+  e.host_x = x;
+  e.host_y = y;
+  s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, c->infer.n_stages);
+  if (s) return ctx_fail(c, s);
+  c->replicas_stale = false;
+  return DP_OK;
+}
+
+static float *dev0(dp_ctx *c, dp_region r) {
+  return (float *)(c->arena[0] + c->plan->regions[0][r].offset);
+}
+
+static dp_status check_n(dp_ctx *c, const void *buf, size_t n) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (!buf) return ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "buffer is NULL"));
+  if (n != c->plan->model.n_params)
+    return ctx_fail(c, DP_FAIL(DP_ERR_SHAPE, "buffer holds %zu floats; the model has %zu "
+                                             "parameters",
+                               n, c->plan->model.n_params));
+  return DP_OK;
+}
+
+dp_status dp_get_params(dp_ctx *c, float *out, size_t n) {
+  dp_status s = check_n(c, out, n);
+  if (!s) memcpy(out, dev0(c, DP_REGION_PARAMS), n * 4);
+  return s;
+}
+
+dp_status dp_set_params(dp_ctx *c, const float *in, size_t n) {
+  dp_status s = check_n(c, in, n);
+  if (s) return s;
+  for (size_t k = 0; k < n; k++)
+    if (!isfinite(in[k]))
+      return ctx_fail(c, DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k));
+  memcpy(dev0(c, DP_REGION_PARAMS), in, n * 4);
+  c->replicas_stale = true;
+  return DP_OK;
+}
+
+dp_status dp_get_grads(dp_ctx *c, float *out, size_t n) {
+  dp_status s = check_n(c, out, n);
+  if (s) return s;
+  if (c->plan->cfg.inference)
+    return ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "an inference context has no gradients"));
+  memcpy(out, dev0(c, DP_REGION_GRADS), n * 4);
+  return DP_OK;
+}
+
+uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
+
+size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
+  if (!c || dev < 0 || dev >= c->plan->split.n_used) return 0;
+  const uint32_t *w = (const uint32_t *)c->arena[dev];
+  size_t k = c->plan->dev_bytes[dev] / 4;
+  while (k > 0 && w[k - 1] == CANARY) k--;
+  return k * 4;
+}
+
+uint64_t dp_params_hash(dp_ctx *c) {
+  if (!c) return 0;
+  const unsigned char *b = (const unsigned char *)dev0(c, DP_REGION_PARAMS);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t k = 0; k < c->plan->model.n_params * 4; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  return h;
+}

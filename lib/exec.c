@@ -1,0 +1,152 @@
+/* The executor: walks the static schedule. Device 0's ops run on the calling
+ * thread, every other device's on its own persistent worker; all meet at a
+ * barrier after each stage. Nothing here allocates: the workers and their
+ * state are made once by dp__exec_init. */
+#include "exec.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* Spin, then yield, then sleep: cheap when the devices are busy on their own
+ * cores, polite when there are more virtual devices than cores. */
+static void barrier_wait(dp_barrier *b) {
+  unsigned gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
+    atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+    pthread_mutex_lock(&b->mu);
+    atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
+    pthread_cond_broadcast(&b->cv);
+    pthread_mutex_unlock(&b->mu);
+    return;
+  }
+  for (int i = 0; i < 4000; i++) {
+    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+    CPU_RELAX();
+  }
+  for (int i = 0; i < 64; i++) {
+    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+    sched_yield();
+  }
+  pthread_mutex_lock(&b->mu);
+  while (atomic_load_explicit(&b->gen, memory_order_acquire) == gen)
+    pthread_cond_wait(&b->cv, &b->mu);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static void *endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
+  if (dev == DP_HOST) {
+    const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
+                       : region == DP_REGION_TARGETS ? e->host_t
+                                                     : (const void *)e->host_y;
+    return (unsigned char *)base + off;
+  }
+  return (unsigned char *)dp__region_ptr(e, dev, region) + off;
+}
+
+static dp_status run_op(dp_exec *x, const dp_op *op) {
+  dp_exec_env *e = x->env;
+  if (x->fail_at >= 0 && atomic_fetch_add(&x->op_counter, 1) == x->fail_at)
+    return DP_FAIL(DP_ERR_BACKEND, "injected failure at op %d (%s %s, device %d)", x->fail_at,
+                   dp_phase_name(op->phase), dp_op_kind_name(op->kind), op->device);
+  if (op->kind == DP_OP_COPY) {
+    if (op->phase == DP_PHASE_BROADCAST && e->skip_broadcast) return DP_OK;
+    return x->transport->copy(x->tctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+                              endpoint(e, op->src_dev, op->src_region, op->src_offset),
+                              op->bytes);
+  }
+  return x->backend->run(x->bctx, e, op);
+}
+
+/* One device's share of the current job. */
+static void run_device(dp_exec *x, int dev) {
+  const dp_op *ops = x->ops;
+  int n = x->n_ops, k = 0;
+  for (int s = 0; s < x->n_stages; s++) {
+    for (; k < n && ops[k].stage == s; k++) {
+      if (ops[k].device != dev || atomic_load_explicit(&x->failed, memory_order_relaxed))
+        continue;
+      dp_status st = run_op(x, &ops[k]);
+      if (st) {
+        x->status[dev] = st;
+        x->fail_op[dev] = k;
+        snprintf(x->errmsg[dev], sizeof x->errmsg[dev], "%s", dp_last_error());
+        atomic_store(&x->failed, 1);
+      }
+    }
+    barrier_wait(&x->bar);
+  }
+}
+
+static void *worker_main(void *arg) {
+  dp_worker *w = arg;
+  dp_exec *x = w->exec;
+  for (;;) {
+    barrier_wait(&x->bar); /* wait for a job */
+    if (atomic_load(&x->quit)) return NULL;
+    run_device(x, w->dev);
+  }
+}
+
+dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void *bctx,
+                        const dp_transport_ops *t, void *tctx) {
+  memset(x, 0, sizeof *x);
+  x->n_devices = n_devices;
+  x->backend = b;
+  x->bctx = bctx;
+  x->transport = t;
+  x->tctx = tctx;
+  x->fail_at = -1;
+  x->bar.n = n_devices;
+  pthread_mutex_init(&x->bar.mu, NULL);
+  pthread_cond_init(&x->bar.cv, NULL);
+  for (int d = 1; d < n_devices; d++) {
+    x->workers[d] = (dp_worker){.exec = x, .dev = d};
+    int rc = pthread_create(&x->workers[d].thread, NULL, worker_main, &x->workers[d]);
+    if (rc) {
+      x->n_devices = d; /* only these exist; shut them down */
+      x->bar.n = d;
+      dp__exec_destroy(x);
+      return DP_FAIL(DP_ERR_NOMEM, "cannot start the worker of device %d: %s", d, strerror(rc));
+    }
+    x->n_threads = d;
+  }
+  return DP_OK;
+}
+
+void dp__exec_destroy(dp_exec *x) {
+  if (x->n_threads > 0) {
+    atomic_store(&x->quit, 1);
+    barrier_wait(&x->bar);
+    for (int d = 1; d <= x->n_threads; d++) pthread_join(x->workers[d].thread, NULL);
+  }
+  x->n_threads = 0;
+  pthread_mutex_destroy(&x->bar.mu);
+  pthread_cond_destroy(&x->bar.cv);
+}
+
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int n_stages) {
+  x->env = env;
+  x->ops = ops;
+  x->n_ops = n_ops;
+  x->n_stages = n_stages;
+  atomic_store(&x->failed, 0);
+  atomic_store(&x->op_counter, 0);
+  for (int d = 0; d < x->n_devices; d++) x->status[d] = DP_OK;
+  if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
+  run_device(x, 0);
+  if (!atomic_load(&x->failed)) return DP_OK;
+  /* Report the failure that comes first in the schedule. */
+  int first = -1;
+  for (int d = 0; d < x->n_devices; d++)
+    if (x->status[d] && (first < 0 || x->fail_op[d] < x->fail_op[first])) first = d;
+  return dp__error(x->status[first], __FILE__, __LINE__, "device %d, op %d: %s", first,
+                   x->fail_op[first], x->errmsg[first]);
+}

@@ -1,0 +1,177 @@
+/* Internal structures shared by the library's modules. Not installed. */
+#ifndef DP_INTERNAL_H
+#define DP_INTERNAL_H
+
+#include "dp.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors (lib/error.c) ---- */
+#define DP_ERRMSG_CAP 512
+/* Records "file:line: message" as the thread's last error; returns s. */
+dp_status dp__error(dp_status s, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+#define DP_FAIL(s, ...) dp__error((s), __FILE__, __LINE__, __VA_ARGS__)
+void dp__error_clear(void);
+
+/* ---- checked size arithmetic ---- */
+static inline bool dp__mul(size_t a, size_t b, size_t *out) {
+  return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool dp__add(size_t a, size_t b, size_t *out) {
+  return !__builtin_add_overflow(a, b, out);
+}
+static inline bool dp__align_up(size_t x, size_t a, size_t *out) {
+  size_t t;
+  if (!dp__add(x, a - 1, &t)) return false;
+  *out = t / a * a;
+  return true;
+}
+
+/* ---- model (lib/model.c, lib/spec.c) ---- */
+#define DP_MAX_LAYERS 256
+#define DP_MAX_WIDTH 0x7fffffff
+
+typedef struct {
+  dp_layer_kind kind;
+  int in, out;       /* widths */
+  int bias;          /* linear */
+  float p;           /* dropout */
+  size_t param_off;  /* first parameter (floats) in the flat array */
+  size_t n_params;
+} dp_layer;
+
+struct dp_model {
+  int input_width;
+  int n_layers;
+  dp_layer layers[DP_MAX_LAYERS];
+  dp_loss_kind loss;
+  size_t n_params;
+};
+
+/* What a layer's backward reads from the forward pass. */
+const char *dp__layer_name(dp_layer_kind k);
+bool dp__layer_needs_input(dp_layer_kind k);
+bool dp__layer_needs_output(dp_layer_kind k);
+/* Per-row float count of saved statistics (layernorm: mean, rstd). */
+int dp__layer_stats_width(dp_layer_kind k);
+
+/* ---- split (lib/split.c) ---- */
+typedef struct {
+  int n_mb;                    /* micro-batches in the batch */
+  int mb_rows;                 /* largest micro-batch */
+  int n_used;                  /* devices with rows */
+  int dev_mb0[DP_MAX_DEVICES + 1]; /* device d owns micro-batches [dev_mb0[d], dev_mb0[d+1]) */
+  int dev_row0[DP_MAX_DEVICES + 1];
+} dp_split_info;
+
+/* Micro-batch k covers rows [dp__mb_row0(k), +dp__mb_rows(k)). */
+typedef struct {
+  int row0, rows;
+} dp_mb;
+
+/* Splits `rows` rows for config c. mbs must hold dp__split_max_mbs(c) entries. */
+dp_status dp__split(const dp_config *c, int rows, dp_split_info *s, dp_mb *mbs);
+int dp__split_max_mbs(const dp_config *c);
+
+/* ---- liveness planner (lib/liveness.c), TFLite Micro style ---- */
+typedef struct {
+  size_t size, align;
+  int first, last; /* inclusive use interval */
+  size_t offset;   /* result */
+} dp_live_buf;
+
+/* Greedy placement: largest first, lowest offset that does not overlap any
+ * already placed buffer whose interval intersects. Returns the arena size. */
+dp_status dp__live_place(dp_live_buf *b, int n, size_t *total);
+
+/* ---- plan (lib/plan.c, lib/schedule.c) ---- */
+/* Activation-region buffers of one device. */
+/* Offsets inside the device's ACTIVATIONS region; SIZE_MAX = not there
+ * (layer 0's input is INPUTS, the last layer's output is OUTPUTS, its
+ * gradient is OUTPUT_GRADS). */
+typedef struct {
+  size_t act[DP_MAX_LAYERS];   /* output of layer i: (rows, out_i) */
+  size_t stats[DP_MAX_LAYERS]; /* saved statistics of layer i: (rows, 2) */
+  size_t dact[DP_MAX_LAYERS];  /* gradient of layer i's output: (mb_rows, out_i) */
+  int rows, mb_rows;           /* this device's rows and largest micro-batch */
+} dp_act_layout;
+
+struct dp_plan {
+  dp_model model; /* a copy: the plan owns its shapes */
+  dp_config cfg;
+  dp_split_info split;
+  dp_mb *mbs;     /* (split.n_mb) */
+  int grad_levels[DP_MAX_DEVICES]; /* partial-grad slots per device */
+  size_t align;
+  dp_region_info regions[DP_MAX_DEVICES][DP_REGION_COUNT];
+  size_t dev_bytes[DP_MAX_DEVICES];
+  dp_act_layout act[DP_MAX_DEVICES];
+  size_t host_bytes;
+  int n_ops, ops_cap;
+  dp_op *ops;
+  int n_stages;
+};
+
+/* Builds the schedule of one step into ops (capacity cap; ops may be NULL to
+ * count). mbs: the plan's micro-batches, truncated to the step's rows (a
+ * smaller batch keeps the planned cut points; empty micro-batches are
+ * skipped). Pure: no allocation. */
+dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, dp_op *ops,
+                             int cap, int *n_ops, int *n_stages);
+int dp__schedule_cap(const dp_plan *p);
+
+/* ---- rng (lib/rng.c) ---- */
+enum { DP_RNG_INIT = 1, DP_RNG_DROPOUT = 2 };
+/* Counter-based: the same key always gives the same number. */
+uint64_t dp__rng_u64(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
+/* Uniform in [0, 1) with 24 bits. */
+float dp__rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
+
+/* ---- backend vtable (ggml style) ---- */
+typedef struct dp_exec_env dp_exec_env;
+
+typedef struct {
+  const char *name;
+  /* Runs one compute op (FORWARD, BACKWARD, GRAD_ADD, LOSS, OPTIMIZER). */
+  dp_status (*run)(void *bctx, dp_exec_env *env, const dp_op *op);
+} dp_backend_ops;
+
+typedef struct {
+  const char *name;
+  dp_status (*copy)(void *tctx, void *dst, const void *src, size_t bytes);
+} dp_transport_ops;
+
+/* What ops see of the context during a step. */
+struct dp_exec_env {
+  const dp_plan *plan;
+  unsigned char *arena[DP_MAX_DEVICES];
+  const dp_mb *mbs;
+  const float *host_x;   /* (rows, in) */
+  const void *host_t;    /* targets */
+  float *host_y;         /* (rows, out) inference outputs */
+  int rows;
+  bool training;
+  uint64_t step;         /* step counter, keys dropout */
+  float loss;            /* result of the loss op */
+  bool skip_broadcast;   /* replicas already hold device 0's parameters */
+};
+
+extern const dp_backend_ops dp__cpu_backend;
+extern const dp_transport_ops dp__shm_transport;
+
+/* Pointer to region r of device d in env. */
+static inline void *dp__region_ptr(const dp_exec_env *e, int dev, int r) {
+  return e->arena[dev] + e->plan->regions[dev][r].offset;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

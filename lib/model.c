@@ -1,0 +1,144 @@
+/* The model: an ordered list of layers with inferred widths and a flat
+ * parameter layout in PyTorch state_dict order. Shapes only; no memory. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const layer_names[] = {
+    [DP_LAYER_INPUT] = "input",     [DP_LAYER_LINEAR] = "linear",
+    [DP_LAYER_RELU] = "relu",       [DP_LAYER_GELU] = "gelu",
+    [DP_LAYER_TANH] = "tanh",       [DP_LAYER_SIGMOID] = "sigmoid",
+    [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout",
+};
+
+const char *dp__layer_name(dp_layer_kind k) {
+  return (unsigned)k < sizeof layer_names / sizeof *layer_names ? layer_names[k] : "?";
+}
+
+bool dp__layer_needs_input(dp_layer_kind k) {
+  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM;
+}
+
+bool dp__layer_needs_output(dp_layer_kind k) {
+  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
+}
+
+int dp__layer_stats_width(dp_layer_kind k) { return k == DP_LAYER_LAYERNORM ? 2 : 0; }
+
+dp_status dp_model_new(int input_width, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_new: out is NULL");
+  *out = NULL;
+  if (input_width <= 0)
+    return DP_FAIL(DP_ERR_INVALID, "input width must be positive, got %d", input_width);
+  dp_model *m = calloc(1, sizeof *m);
+  if (!m) return DP_FAIL(DP_ERR_NOMEM, "dp_model_new: out of memory");
+  m->input_width = input_width;
+  *out = m;
+  return DP_OK;
+}
+
+void dp_model_free(dp_model *m) { free(m); }
+
+static int cur_width(const dp_model *m) {
+  return m->n_layers ? m->layers[m->n_layers - 1].out : m->input_width;
+}
+
+/* Appends a layer with n_params parameters; refuses after the loss. */
+static dp_status push(dp_model *m, dp_layer l) {
+  if (m->loss != DP_LOSS_NONE)
+    return DP_FAIL(DP_ERR_INVALID, "no layer may follow the loss");
+  if (m->n_layers >= DP_MAX_LAYERS)
+    return DP_FAIL(DP_ERR_INVALID, "too many layers (at most %d)", DP_MAX_LAYERS);
+  size_t total;
+  if (!dp__add(m->n_params, l.n_params, &total))
+    return DP_FAIL(DP_ERR_OVERFLOW, "parameter count overflows size_t");
+  l.param_off = m->n_params;
+  m->n_params = total;
+  m->layers[m->n_layers++] = l;
+  return DP_OK;
+}
+
+dp_status dp_model_add_linear(dp_model *m, int out_width, int bias) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (out_width <= 0)
+    return DP_FAIL(DP_ERR_INVALID, "linear width must be positive, got %d", out_width);
+  dp_layer l = {.kind = DP_LAYER_LINEAR, .in = cur_width(m), .out = out_width,
+                .bias = bias ? 1 : 0};
+  size_t w;
+  if (!dp__mul((size_t)l.in, (size_t)l.out, &w) ||
+      !dp__add(w, l.bias ? (size_t)l.out : 0, &l.n_params))
+    return DP_FAIL(DP_ERR_OVERFLOW, "linear %d x %d: parameter count overflows size_t",
+                   l.out, l.in);
+  return push(m, l);
+}
+
+dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_TANH &&
+      kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM)
+    return DP_FAIL(DP_ERR_INVALID, "dp_model_add takes relu, gelu, tanh, sigmoid or "
+                                   "layernorm (use dp_model_add_linear/_dropout)");
+  int w = cur_width(m);
+  dp_layer l = {.kind = kind, .in = w, .out = w};
+  if (kind == DP_LAYER_LAYERNORM) l.n_params = 2 * (size_t)w;
+  return push(m, l);
+}
+
+dp_status dp_model_add_dropout(dp_model *m, float p) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (!(p >= 0.0f && p < 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "dropout probability must be in [0, 1), got %g", p);
+  int w = cur_width(m);
+  return push(m, (dp_layer){.kind = DP_LAYER_DROPOUT, .in = w, .out = w, .p = p});
+}
+
+dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (loss != DP_LOSS_MSE && loss != DP_LOSS_SOFTMAX_CE)
+    return DP_FAIL(DP_ERR_INVALID, "unknown loss %d", (int)loss);
+  if (m->loss != DP_LOSS_NONE) return DP_FAIL(DP_ERR_INVALID, "the loss is already set");
+  if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "a loss needs at least one layer");
+  m->loss = loss;
+  return DP_OK;
+}
+
+int dp_model_input_width(const dp_model *m) { return m ? m->input_width : 0; }
+int dp_model_output_width(const dp_model *m) { return m ? cur_width(m) : 0; }
+int dp_model_n_layers(const dp_model *m) { return m ? m->n_layers : 0; }
+dp_layer_kind dp_model_layer_kind(const dp_model *m, int i) {
+  return m && i >= 0 && i < m->n_layers ? m->layers[i].kind : DP_LAYER_INPUT;
+}
+dp_loss_kind dp_model_loss(const dp_model *m) { return m ? m->loss : DP_LOSS_NONE; }
+size_t dp_model_n_params(const dp_model *m) { return m ? m->n_params : 0; }
+
+/* snprintf into a running buffer; keeps counting past the end. */
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(*len < cap ? buf + *len : NULL, *len < cap ? cap - *len : 0, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len += (size_t)n;
+}
+
+size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
+  size_t len = 0;
+  if (cap) buf[0] = '\0';
+  if (!m) return 0;
+  put(buf, cap, &len, "input %d\n", m->input_width);
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    if (l->kind == DP_LAYER_LINEAR)
+      put(buf, cap, &len, "linear %d%s\n", l->out, l->bias ? "" : " nobias");
+    else if (l->kind == DP_LAYER_DROPOUT)
+      put(buf, cap, &len, "dropout %g\n", (double)l->p);
+    else
+      put(buf, cap, &len, "%s\n", dp__layer_name(l->kind));
+  }
+  if (m->loss == DP_LOSS_MSE) put(buf, cap, &len, "loss mse\n");
+  if (m->loss == DP_LOSS_SOFTMAX_CE) put(buf, cap, &len, "loss softmax_cross_entropy\n");
+  return len;
+}

@@ -1,0 +1,314 @@
+/* The planner: from a model and a config, every region of every device's
+ * arena (offset, size, alignment) and the static schedule of a step. Pure C,
+ * no backend headers; the numbers it produces are the ones the runtime uses. */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const region_names[DP_REGION_COUNT] = {
+    [DP_REGION_PARAMS] = "params",
+    [DP_REGION_GRADS] = "grads",
+    [DP_REGION_GRAD_PARTIALS] = "grad_partials",
+    [DP_REGION_OPT_STATE] = "optimizer_state",
+    [DP_REGION_INPUTS] = "inputs",
+    [DP_REGION_TARGETS] = "targets",
+    [DP_REGION_ACTIVATIONS] = "activations",
+    [DP_REGION_OUTPUTS] = "outputs",
+    [DP_REGION_OUTPUT_GRADS] = "output_grads",
+    [DP_REGION_GATHERED_OUTPUTS] = "gathered_outputs",
+    [DP_REGION_GATHERED_GRADS] = "gathered_grads",
+    [DP_REGION_LOSS] = "loss",
+    [DP_REGION_COMM] = "comm",
+    [DP_REGION_WORKSPACE] = "workspace",
+};
+
+const char *dp_region_name(dp_region r) {
+  return (unsigned)r < DP_REGION_COUNT ? region_names[r] : "?";
+}
+
+void dp_config_default(dp_config *c) {
+  memset(c, 0, sizeof *c);
+  c->n_devices = 1;
+  for (int i = 0; i < DP_MAX_DEVICES; i++) c->device_ids[i] = i;
+  c->split = DP_SPLIT_CHUNK;
+  c->mode = DP_MODE_CLASSIC;
+  c->optimizer = DP_OPT_SGD;
+  c->backend = DP_BACKEND_CPU;
+  c->lr = 0.01f;
+  c->momentum = 0.9f;
+  c->weight_decay = -1.0f; /* "unset": resolved per optimizer at plan time */
+  c->beta1 = 0.9f;
+  c->beta2 = 0.999f;
+  c->eps = 1e-8f;
+  c->seed = 0;
+}
+
+static dp_status check_config(const dp_model *m, const dp_config *c) {
+  if (c->batch < 1) return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1, got %d", c->batch);
+  if (c->n_devices < 1 || c->n_devices > DP_MAX_DEVICES)
+    return DP_FAIL(DP_ERR_INVALID, "device count %d is out of range (1..%d)", c->n_devices,
+                   DP_MAX_DEVICES);
+  if (c->micro_batch < 0)
+    return DP_FAIL(DP_ERR_INVALID, "micro-batch must be >= 0, got %d", c->micro_batch);
+  if (c->mode == DP_MODE_ALLREDUCE)
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "allreduce mode is not implemented yet (classic only)");
+  if (c->mode != DP_MODE_CLASSIC) return DP_FAIL(DP_ERR_INVALID, "unknown mode %d", (int)c->mode);
+  if (c->optimizer != DP_OPT_SGD && c->optimizer != DP_OPT_MOMENTUM &&
+      c->optimizer != DP_OPT_ADAMW)
+    return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
+  if (c->backend != DP_BACKEND_CPU && c->backend != DP_BACKEND_CUDA)
+    return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
+  if (!c->inference && m->loss == DP_LOSS_NONE)
+    return DP_FAIL(DP_ERR_INVALID, "a training plan needs a loss (add 'loss mse' or "
+                                   "'loss softmax_cross_entropy', or plan --inference)");
+  if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "the model has no layers");
+  if (!c->inference) {
+    if (!(c->lr > 0.0f) || c->lr != c->lr)
+      return DP_FAIL(DP_ERR_INVALID, "learning rate must be positive, got %g", (double)c->lr);
+    if (c->optimizer == DP_OPT_MOMENTUM && !(c->momentum >= 0.0f && c->momentum < 1.0f))
+      return DP_FAIL(DP_ERR_INVALID, "momentum must be in [0, 1), got %g", (double)c->momentum);
+    if (c->optimizer == DP_OPT_ADAMW &&
+        !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1 && c->eps > 0))
+      return DP_FAIL(DP_ERR_INVALID, "AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
+  }
+  return DP_OK;
+}
+
+/* a * b * c bytes, checked. */
+static bool mul3(size_t a, size_t b, size_t c, size_t *out) {
+  size_t t;
+  return dp__mul(a, b, &t) && dp__mul(t, c, out);
+}
+
+#define OVERFLOW() DP_FAIL(DP_ERR_OVERFLOW, "plan size overflows size_t (dims or batch too large)")
+
+/* Depth of the canonical pairwise tree over n leaves: partial buffers needed
+ * besides the destination. */
+static int tree_levels(int n) {
+  int l = 0;
+  while ((1 << l) < n) l++;
+  return l;
+}
+
+/* Activation buffers of device d, placed by liveness. */
+static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
+  const dp_model *m = &p->model;
+  dp_act_layout *a = &p->act[d];
+  int L = m->n_layers, T = 2 * L;
+  bool train = !p->cfg.inference;
+  int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+  /* With several micro-batches per device, backward runs micro-batch by
+   * micro-batch, so what backward reads stays live to the end. */
+  dp_live_buf b[3 * DP_MAX_LAYERS];
+  int who[3 * DP_MAX_LAYERS], n = 0; /* who = kind*L + layer */
+  for (int i = 0; i < L; i++) {
+    a->act[i] = a->stats[i] = a->dact[i] = SIZE_MAX;
+    const dp_layer *l = &m->layers[i];
+    int tb = 2 * L - 1 - i; /* backward time of layer i */
+    if (i < L - 1) {
+      int last = i + 1; /* read by layer i+1's forward */
+      if (train && dp__layer_needs_input(m->layers[i + 1].kind)) /* by i+1's backward */
+        last = n_mb == 1 ? tb - 1 : T;
+      if (train && dp__layer_needs_output(l->kind)) /* by its own backward */
+        last = n_mb == 1 ? tb : T;
+      b[n] = (dp_live_buf){.align = p->align, .first = i, .last = last};
+      if (!mul3((size_t)a->rows, (size_t)l->out, 4, &b[n].size)) return OVERFLOW();
+      who[n++] = 0 * L + i;
+      if (train) { /* gradient of this output, per micro-batch */
+        b[n] = (dp_live_buf){.align = p->align, .first = tb - 1, .last = tb};
+        if (!mul3((size_t)a->mb_rows, (size_t)l->out, 4, &b[n].size)) return OVERFLOW();
+        who[n++] = 2 * L + i;
+      }
+    }
+    if (dp__layer_stats_width(l->kind)) {
+      b[n] = (dp_live_buf){.align = p->align, .first = i, .last = train ? (n_mb == 1 ? tb : T) : i};
+      if (!mul3((size_t)a->rows, (size_t)dp__layer_stats_width(l->kind), 4, &b[n].size))
+        return OVERFLOW();
+      who[n++] = 1 * L + i;
+    }
+  }
+  dp_status s = dp__live_place(b, n, total);
+  if (s) return s;
+  for (int k = 0; k < n; k++) {
+    int kind = who[k] / L, i = who[k] % L;
+    size_t *dst = kind == 0 ? a->act : kind == 1 ? a->stats : a->dact;
+    dst[i] = b[k].offset;
+  }
+  return DP_OK;
+}
+
+/* Which devices receive in the classic reduce tree (see schedule.c). */
+static bool reduce_receives(int d, int n_used) {
+  for (int dist = 1; dist < n_used; dist *= 2)
+    if (d % (2 * dist) == 0 && d + dist < n_used) return true;
+  return false;
+}
+
+static dp_status plan_device(dp_plan *p, int d) {
+  const dp_model *m = &p->model;
+  const dp_config *c = &p->cfg;
+  bool train = !c->inference, dev0 = d == 0;
+  int in = m->input_width, out = dp_model_output_width(m);
+  size_t B = (size_t)c->batch, P, sz[DP_REGION_COUNT] = {0};
+  dp_act_layout *a = &p->act[d];
+  int mb0 = p->split.dev_mb0[d], mb1 = p->split.dev_mb0[d + 1];
+  a->rows = 0;
+  a->mb_rows = 0;
+  for (int k = mb0; k < mb1; k++) {
+    a->rows += p->mbs[k].rows;
+    if (p->mbs[k].rows > a->mb_rows) a->mb_rows = p->mbs[k].rows;
+  }
+  size_t rows = (size_t)a->rows;
+  if (!dp__mul(m->n_params, 4, &P)) return OVERFLOW();
+  p->grad_levels[d] = train ? tree_levels(mb1 - mb0) : 0;
+  sz[DP_REGION_PARAMS] = P;
+  if (!mul3(rows, (size_t)in, 4, &sz[DP_REGION_INPUTS])) return OVERFLOW();
+  if (!mul3(rows, (size_t)out, 4, &sz[DP_REGION_OUTPUTS])) return OVERFLOW();
+  if (train) {
+    sz[DP_REGION_GRADS] = P;
+    if (!dp__mul((size_t)p->grad_levels[d], P, &sz[DP_REGION_GRAD_PARTIALS])) return OVERFLOW();
+    sz[DP_REGION_OUTPUT_GRADS] = sz[DP_REGION_OUTPUTS];
+    if (reduce_receives(d, p->split.n_used)) sz[DP_REGION_COMM] = P;
+    if (dev0) {
+      int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
+      if (!dp__mul((size_t)k, P, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
+      if (!mul3(B, m->loss == DP_LOSS_MSE ? (size_t)out : 1, 4, &sz[DP_REGION_TARGETS]))
+        return OVERFLOW();
+      if (!mul3(B, (size_t)out, 4, &sz[DP_REGION_GATHERED_OUTPUTS])) return OVERFLOW();
+      sz[DP_REGION_GATHERED_GRADS] = sz[DP_REGION_GATHERED_OUTPUTS];
+      sz[DP_REGION_LOSS] = (size_t)p->split.n_mb * 4;
+    }
+  }
+  dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
+  if (s) return s;
+  size_t cur = 0;
+  for (int r = 0; r < DP_REGION_COUNT; r++) {
+    if (!dp__align_up(cur, p->align, &cur)) return OVERFLOW();
+    p->regions[d][r] = (dp_region_info){.offset = cur, .size = sz[r], .align = p->align};
+    if (!dp__add(cur, sz[r], &cur)) return OVERFLOW();
+  }
+  if (!dp__align_up(cur, p->align, &p->dev_bytes[d])) return OVERFLOW();
+  return DP_OK;
+}
+
+static dp_status plan_host(dp_plan *p) {
+  p->host_bytes = 0;
+  if (p->cfg.backend != DP_BACKEND_CUDA) return DP_OK; /* the CPU backend reads the
+                                                         caller's memory directly */
+  const dp_model *m = &p->model;
+  size_t B = (size_t)p->cfg.batch, x, t = 0, y, cur = 0;
+  int out = dp_model_output_width(m);
+  if (!mul3(B, (size_t)m->input_width, 4, &x) || !mul3(B, (size_t)out, 4, &y)) return OVERFLOW();
+  if (!p->cfg.inference && !mul3(B, m->loss == DP_LOSS_MSE ? (size_t)out : 1, 4, &t))
+    return OVERFLOW();
+  size_t parts[3] = {x, t, y};
+  for (int i = 0; i < 3; i++)
+    if (!dp__align_up(cur, p->align, &cur) || !dp__add(cur, parts[i], &cur)) return OVERFLOW();
+  if (!dp__align_up(cur, p->align, &p->host_bytes)) return OVERFLOW();
+  return DP_OK;
+}
+
+void dp_plan_free(dp_plan *p) {
+  if (!p) return;
+  free(p->mbs);
+  free(p->ops);
+  free(p);
+}
+
+/* Everything but the schedule; `p` is zeroed by the caller. */
+static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) {
+  dp_status s = check_config(m, c);
+  if (s) return s;
+  p->model = *m;
+  p->cfg = *c;
+  if (p->cfg.weight_decay < 0) p->cfg.weight_decay = c->optimizer == DP_OPT_ADAMW ? 0.01f : 0.0f;
+  p->align = c->backend == DP_BACKEND_CUDA ? 256 : 64;
+  int max_mbs = dp__split_max_mbs(&p->cfg);
+  p->mbs = malloc((size_t)max_mbs * sizeof *p->mbs);
+  if (!p->mbs) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d micro-batches", max_mbs);
+  if ((s = dp__split(&p->cfg, c->batch, &p->split, p->mbs))) return s;
+  for (int d = 0; d < p->split.n_used; d++)
+    if ((s = plan_device(p, d))) return s;
+  return plan_host(p);
+}
+
+dp_status dp_plan_create(const dp_model *m, const dp_config *c, dp_plan **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_plan_create: out is NULL");
+  *out = NULL;
+  if (!m || !c) return DP_FAIL(DP_ERR_INVALID, "dp_plan_create: model and config are required");
+  dp_plan *p = calloc(1, sizeof *p);
+  if (!p) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory");
+  dp_status s = plan_memory(p, m, c);
+  if (!s) {
+    p->ops_cap = dp__schedule_cap(p);
+    p->ops = malloc((size_t)p->ops_cap * sizeof *p->ops);
+    if (!p->ops) s = DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d ops", p->ops_cap);
+  }
+  if (!s)
+    s = dp__schedule_build(p, p->mbs, !c->inference, p->ops, p->ops_cap, &p->n_ops, &p->n_stages);
+  if (s) {
+    dp_plan_free(p);
+    return s;
+  }
+  *out = p;
+  return DP_OK;
+}
+
+static dp_status fits(const dp_model *m, const dp_config *c, int batch, size_t budget,
+                      bool *ok) {
+  dp_config cc = *c;
+  cc.batch = batch;
+  dp_plan *p = calloc(1, sizeof *p);
+  if (!p) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory");
+  dp_status s = plan_memory(p, m, &cc);
+  *ok = false;
+  if (s == DP_ERR_OVERFLOW) {
+    s = DP_OK; /* too large to even count: it does not fit */
+  } else if (!s) {
+    *ok = p->host_bytes <= budget;
+    for (int d = 0; d < p->split.n_used; d++)
+      if (p->dev_bytes[d] > budget) *ok = false;
+  }
+  dp_plan_free(p);
+  return s;
+}
+
+dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
+                            int max_batch, int *out_batch) {
+  if (!m || !c || !out_batch) return DP_FAIL(DP_ERR_INVALID, "dp_plan_max_batch: NULL argument");
+  if (max_batch < 1) return DP_FAIL(DP_ERR_INVALID, "max_batch must be >= 1");
+  *out_batch = 0;
+  int lo = 0, hi = max_batch; /* invariant: lo fits (or is 0), everything > hi fails */
+  while (lo < hi) {
+    int mid = lo + (hi - lo + 1) / 2;
+    bool ok;
+    dp_status s = fits(m, c, mid, budget, &ok);
+    if (s) return s;
+    if (ok) lo = mid;
+    else hi = mid - 1;
+  }
+  *out_batch = lo;
+  return DP_OK;
+}
+
+int dp_plan_n_devices(const dp_plan *p) { return p ? p->split.n_used : 0; }
+int dp_plan_device_rows(const dp_plan *p, int d) {
+  return p && d >= 0 && d < p->split.n_used ? p->act[d].rows : 0;
+}
+int dp_plan_device_micro_batches(const dp_plan *p, int d) {
+  return p && d >= 0 && d < p->split.n_used ? p->split.dev_mb0[d + 1] - p->split.dev_mb0[d] : 0;
+}
+size_t dp_plan_device_bytes(const dp_plan *p, int d) {
+  return p && d >= 0 && d < p->split.n_used ? p->dev_bytes[d] : 0;
+}
+dp_region_info dp_plan_region(const dp_plan *p, int d, dp_region r) {
+  if (!p || d < 0 || d >= p->split.n_used || (unsigned)r >= DP_REGION_COUNT)
+    return (dp_region_info){0};
+  return p->regions[d][r];
+}
+size_t dp_plan_host_bytes(const dp_plan *p) { return p ? p->host_bytes : 0; }
+const dp_config *dp_plan_config(const dp_plan *p) { return p ? &p->cfg : NULL; }
+const dp_model *dp_plan_model(const dp_plan *p) { return p ? &p->model : NULL; }
+int dp_plan_n_ops(const dp_plan *p) { return p ? p->n_ops : 0; }
+const dp_op *dp_plan_ops(const dp_plan *p) { return p ? p->ops : NULL; }

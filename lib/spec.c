@@ -1,0 +1,264 @@
+/* The .dpm text format: one layer per line, '#' comments, shapes inferred.
+ * Every error names "name:line:col" and says what was expected. */
+#include "internal.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  const char *s; /* token start */
+  int len;
+  int col;       /* 1-based */
+} token;
+
+#define MAX_TOKENS 8
+
+/* Splits one line (without its newline) into tokens, stopping at '#'. */
+static int tokenize(const char *line, int len, token *t, int cap) {
+  int n = 0;
+  for (int i = 0; i < len;) {
+    if (line[i] == '#') break;
+    if (isspace((unsigned char)line[i])) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < len && !isspace((unsigned char)line[j]) && line[j] != '#') j++;
+    if (n < cap) t[n] = (token){line + i, j - i, i + 1};
+    n++;
+    i = j;
+  }
+  return n;
+}
+
+static bool tok_is(const token *t, const char *w) {
+  return (size_t)t->len == strlen(w) && memcmp(t->s, w, (size_t)t->len) == 0;
+}
+
+typedef struct {
+  const char *name;
+  int line;
+} where;
+
+#define SPEC_FAIL(st, w, col, ...) spec_fail((st), (w), (col), __LINE__, __VA_ARGS__)
+static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt, ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return dp__error(st, __FILE__, srcline, "%s:%d:%d: %s", w.name, w.line, col, msg);
+}
+
+/* A positive int width. */
+static dp_status parse_width(const token *t, where w, const char *what, int *out) {
+  char buf[32];
+  if (t->len >= (int)sizeof buf)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a positive integer, got '%.*s'",
+                     what, t->len, t->s);
+  memcpy(buf, t->s, (size_t)t->len);
+  buf[t->len] = '\0';
+  for (int i = 0; i < t->len; i++)
+    if (!isdigit((unsigned char)buf[i]))
+      return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                       "%s: expected a positive integer, got '%s'", what, buf);
+  errno = 0;
+  long v = strtol(buf, NULL, 10);
+  if (errno || v <= 0 || v > DP_MAX_WIDTH)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width %s is out of range (1..%d)", what,
+                     buf, DP_MAX_WIDTH);
+  *out = (int)v;
+  return DP_OK;
+}
+
+static dp_status parse_prob(const token *t, where w, float *out) {
+  char buf[32];
+  if (t->len >= (int)sizeof buf)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "dropout: expected a probability in [0, 1)");
+  memcpy(buf, t->s, (size_t)t->len);
+  buf[t->len] = '\0';
+  char *end;
+  errno = 0;
+  double v = strtod(buf, &end);
+  if (errno || *end || end == buf || !(v >= 0.0 && v < 1.0))
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                     "dropout: expected a probability in [0, 1), got '%s'", buf);
+  *out = (float)v;
+  return DP_OK;
+}
+
+/* Refuses tokens after the `n` a keyword takes. */
+static dp_status no_more(const token *t, int nt, int n, where w, const char *kw) {
+  if (nt <= n) return DP_OK;
+  int k = n < MAX_TOKENS ? n : MAX_TOKENS - 1;
+  return SPEC_FAIL(DP_ERR_PARSE, w, t[k].col, "unexpected '%.*s' after '%s'", t[k].len,
+                   t[k].s, kw);
+}
+
+/* Re-labels a builder error with the spec location. */
+static dp_status at(dp_status s, where w, int col) {
+  if (s == DP_OK) return s;
+  char msg[DP_ERRMSG_CAP];
+  snprintf(msg, sizeof msg, "%s", dp_last_error());
+  char *tail = strstr(msg, " [");
+  if (tail) *tail = '\0';
+  return SPEC_FAIL(s == DP_ERR_INVALID ? DP_ERR_PARSE : s, w, col, "%s", msg);
+}
+
+static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
+  const token *kw = &t[0];
+  if (!*m) {
+    if (!tok_is(kw, "input"))
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "expected 'input N' first, got '%.*s'",
+                       kw->len, kw->s);
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected a width after 'input'");
+    int n = 0;
+    dp_status s = parse_width(&t[1], w, "input", &n);
+    if (s) return s;
+    if ((s = no_more(t, nt, 2, w, "input"))) return s;
+    return at(dp_model_new(n, m), w, kw->col);
+  }
+  if ((*m)->loss != DP_LOSS_NONE)
+    return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
+                     "unexpected '%.*s': the loss must be the last line", kw->len, kw->s);
+  if (tok_is(kw, "input"))
+    return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "'input' may appear only once, first");
+  if (tok_is(kw, "linear")) {
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected a width after 'linear'");
+    int n = 0;
+    dp_status s = parse_width(&t[1], w, "linear", &n);
+    if (s) return s;
+    int bias = 1;
+    if (nt >= 3) {
+      if (!tok_is(&t[2], "nobias"))
+        return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col, "expected 'nobias' or end of line, got '%.*s'",
+                         t[2].len, t[2].s);
+      bias = 0;
+    }
+    if ((s = no_more(t, nt, 3, w, "linear"))) return s;
+    return at(dp_model_add_linear(*m, n, bias), w, kw->col);
+  }
+  if (tok_is(kw, "dropout")) {
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected a probability after 'dropout'");
+    float p = 0.0f;
+    dp_status s = parse_prob(&t[1], w, &p);
+    if (s) return s;
+    if ((s = no_more(t, nt, 2, w, "dropout"))) return s;
+    return at(dp_model_add_dropout(*m, p), w, kw->col);
+  }
+  if (tok_is(kw, "loss")) {
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
+    dp_loss_kind k;
+    if (tok_is(&t[1], "mse"))
+      k = DP_LOSS_MSE;
+    else if (tok_is(&t[1], "softmax_cross_entropy"))
+      k = DP_LOSS_SOFTMAX_CE;
+    else
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
+                       "unknown loss '%.*s' (expected mse or softmax_cross_entropy)",
+                       t[1].len, t[1].s);
+    dp_status s = no_more(t, nt, 2, w, "loss");
+    if (s) return s;
+    return at(dp_model_set_loss(*m, k), w, kw->col);
+  }
+  static const struct {
+    const char *w;
+    dp_layer_kind k;
+  } simple[] = {{"relu", DP_LAYER_RELU},
+                {"gelu", DP_LAYER_GELU},
+                {"tanh", DP_LAYER_TANH},
+                {"sigmoid", DP_LAYER_SIGMOID},
+                {"layernorm", DP_LAYER_LAYERNORM}};
+  for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
+    if (!tok_is(kw, simple[i].w)) continue;
+    dp_status s = no_more(t, nt, 1, w, simple[i].w);
+    if (s) return s;
+    return at(dp_model_add(*m, simple[i].k), w, kw->col);
+  }
+  return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
+                   "unknown layer '%.*s' (expected linear, relu, gelu, tanh, sigmoid, "
+                   "layernorm, dropout or loss)",
+                   kw->len, kw->s);
+}
+
+dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_parse: out is NULL");
+  *out = NULL;
+  if (!text) return DP_FAIL(DP_ERR_INVALID, "dp_model_parse: text is NULL");
+  where w = {name ? name : "<spec>", 0};
+  dp_model *m = NULL;
+  const char *p = text;
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    int len = nl ? (int)(nl - p) : (int)strlen(p);
+    if (len > 0 && p[len - 1] == '\r') len--;
+    w.line++;
+    token t[MAX_TOKENS];
+    int nt = tokenize(p, len, t, MAX_TOKENS);
+    if (nt > 0) {
+      dp_status s = parse_line(&m, t, nt, w);
+      if (s) {
+        dp_model_free(m);
+        return s;
+      }
+    }
+    if (!nl) break;
+    p = nl + 1;
+  }
+  if (!m) {
+    w.line = w.line ? w.line : 1;
+    return SPEC_FAIL(DP_ERR_PARSE, w, 1, "empty model: expected 'input N'");
+  }
+  *out = m;
+  return DP_OK;
+}
+
+dp_status dp_model_load(const char *path, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: out is NULL");
+  *out = NULL;
+  FILE *f = fopen(path, "rb");
+  if (!f) return DP_FAIL(DP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  dp_status s = DP_OK;
+  for (;;) {
+    if (!buf) {
+      s = DP_FAIL(DP_ERR_NOMEM, "%s: out of memory", path);
+      break;
+    }
+    len += fread(buf + len, 1, cap - 1 - len, f);
+    if (len < cap - 1) break;
+    if (cap > (64u << 20)) {
+      s = DP_FAIL(DP_ERR_PARSE, "%s: larger than 64 MiB; not a model spec", path);
+      break;
+    }
+    char *nb = realloc(buf, cap * 2);
+    if (!nb) free(buf);
+    buf = nb;
+    cap *= 2;
+  }
+  if (!s && ferror(f)) s = DP_FAIL(DP_ERR_IO, "%s: read error", path);
+  fclose(f);
+  if (!s) {
+    buf[len] = '\0';
+    if (memchr(buf, '\0', len))
+      s = DP_FAIL(DP_ERR_PARSE, "%s: contains a NUL byte; not a text spec", path);
+    else
+      s = dp_model_parse(buf, path, out);
+  }
+  free(buf);
+  return s;
+}

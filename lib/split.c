@@ -1,0 +1,70 @@
+/* Cutting a batch along dim 0 into micro-batches and assigning contiguous
+ * blocks of micro-batches to devices.
+ *
+ * Without a fixed micro-batch size each device gets one micro-batch, its whole
+ * chunk: `chunk` is torch.chunk (chunk = ceil(B/N), the last may be short, fewer
+ * devices may be used), `balanced` is torch.tensor_split (the first B%N devices
+ * get one more row). With a fixed size m the batch is cut into ceil(B/m)
+ * micro-batches first, and the same two policies deal micro-batches to devices. */
+#include "internal.h"
+
+int dp__split_max_mbs(const dp_config *c) {
+  if (c->micro_batch > 0) return (int)(((long long)c->batch + c->micro_batch - 1) / c->micro_batch);
+  return c->n_devices < c->batch ? c->n_devices : c->batch;
+}
+
+/* Deals `n` items to `N` devices: counts into cnt[0..N). */
+static void deal(dp_split pol, int n, int N, int *cnt) {
+  if (pol == DP_SPLIT_BALANCED) {
+    for (int d = 0; d < N; d++) cnt[d] = n / N + (d < n % N);
+    return;
+  }
+  int per = (n + N - 1) / N;
+  for (int d = 0, left = n; d < N; d++) {
+    cnt[d] = left < per ? left : per;
+    left -= cnt[d];
+  }
+}
+
+dp_status dp__split(const dp_config *c, int rows, dp_split_info *s, dp_mb *mbs) {
+  int N = c->n_devices;
+  if (N < 1 || N > DP_MAX_DEVICES)
+    return DP_FAIL(DP_ERR_INVALID, "device count %d is out of range (1..%d)", N,
+                   DP_MAX_DEVICES);
+  if (rows < 1) return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1 row, got %d", rows);
+  if (c->micro_batch < 0)
+    return DP_FAIL(DP_ERR_INVALID, "micro-batch size must be >= 0, got %d", c->micro_batch);
+  if (c->split != DP_SPLIT_CHUNK && c->split != DP_SPLIT_BALANCED)
+    return DP_FAIL(DP_ERR_INVALID, "unknown split policy %d", (int)c->split);
+  int cnt[DP_MAX_DEVICES];
+  *s = (dp_split_info){0};
+  if (c->micro_batch > 0) {
+    int m = c->micro_batch;
+    s->n_mb = (int)(((long long)rows + m - 1) / m);
+    for (int k = 0; k < s->n_mb; k++) {
+      mbs[k].row0 = k * m;
+      mbs[k].rows = rows - k * m < m ? rows - k * m : m;
+    }
+    deal(c->split, s->n_mb, N, cnt);
+  } else {
+    deal(c->split, rows, N, cnt);
+    for (int d = 0, r = 0; d < N; d++) {
+      if (!cnt[d]) continue;
+      mbs[s->n_mb++] = (dp_mb){r, cnt[d]};
+      r += cnt[d];
+    }
+    for (int d = 0; d < N; d++) cnt[d] = cnt[d] ? 1 : 0;
+  }
+  for (int k = 0; k < s->n_mb; k++)
+    if (mbs[k].rows > s->mb_rows) s->mb_rows = mbs[k].rows;
+  /* Devices with nothing sit at the end under both policies. */
+  for (int d = 0, k = 0; d <= N; d++) {
+    s->dev_mb0[d] = k;
+    s->dev_row0[d] = k < s->n_mb ? mbs[k].row0 : rows;
+    if (d < N) {
+      k += cnt[d];
+      if (cnt[d]) s->n_used = d + 1;
+    }
+  }
+  return DP_OK;
+}

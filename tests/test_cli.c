@@ -1,0 +1,633 @@
+/* Tests of the dp tool's shared command-line helpers (tools/cli.c): sizes,
+ * numbers, device lists, enumerations, config filling, byte formatting. */
+#include "cli.h"
+
+#include <check.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* argc/argv from a list of string literals; argv[0] is the command name. */
+#define ARGV(...) ((char *[]){"cmd", __VA_ARGS__, NULL})
+#define ARGC(...) ((int)(sizeof((char *[]){"cmd", __VA_ARGS__}) / sizeof(char *)))
+#define PARSE(cfg, common, err, ...) \
+  dpt_config_from_args(ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), (cfg), (common), (err), sizeof(err))
+
+static size_t size_ok(const char *s) {
+  size_t v = 12345;
+  char err[256] = "";
+  ck_assert_msg(dpt_parse_size(s, &v, err, sizeof err) == 0, "'%s' refused: %s", s, err);
+  return v;
+}
+
+static void size_bad(const char *s, const char *needle) {
+  size_t v = 777;
+  char err[256] = "";
+  ck_assert_msg(dpt_parse_size(s, &v, err, sizeof err) == -1, "'%s' accepted as %zu", s, v);
+  ck_assert_msg(v == 777, "'%s': output changed on error", s);
+  ck_assert_msg(err[0] != '\0', "'%s': no message", s);
+  if (needle) ck_assert_msg(strstr(err, needle), "'%s': message '%s' lacks '%s'", s, err, needle);
+}
+
+/* ---- sizes ---- */
+
+START_TEST(size_plain_bytes) {
+  ck_assert_uint_eq(size_ok("0"), 0);
+  ck_assert_uint_eq(size_ok("1000"), 1000);
+  ck_assert_uint_eq(size_ok("1000B"), 1000);
+  ck_assert_uint_eq(size_ok("1000b"), 1000);
+  ck_assert_uint_eq(size_ok("007"), 7);
+}
+END_TEST
+
+START_TEST(size_decimal_units) {
+  ck_assert_uint_eq(size_ok("10kB"), 10000);
+  ck_assert_uint_eq(size_ok("10KB"), 10000);
+  ck_assert_uint_eq(size_ok("10k"), 10000);
+  ck_assert_uint_eq(size_ok("3MB"), 3000000);
+  ck_assert_uint_eq(size_ok("3M"), 3000000);
+  ck_assert_uint_eq(size_ok("2GB"), 2000000000ull);
+  ck_assert_uint_eq(size_ok("2TB"), 2000000000000ull);
+  ck_assert_uint_eq(size_ok("1PB"), 1000000000000000ull);
+}
+END_TEST
+
+START_TEST(size_binary_units) {
+  ck_assert_uint_eq(size_ok("64KiB"), 65536);
+  ck_assert_uint_eq(size_ok("64Ki"), 65536);
+  ck_assert_uint_eq(size_ok("512MiB"), 512ull << 20);
+  ck_assert_uint_eq(size_ok("80GiB"), 80ull << 30);
+  ck_assert_uint_eq(size_ok("2TiB"), 2ull << 40);
+  ck_assert_uint_eq(size_ok("1PiB"), 1ull << 50);
+}
+END_TEST
+
+START_TEST(size_units_case_insensitive) {
+  ck_assert_uint_eq(size_ok("80gib"), 80ull << 30);
+  ck_assert_uint_eq(size_ok("80GIB"), 80ull << 30);
+  ck_assert_uint_eq(size_ok("1.5gb"), 1500000000ull);
+  ck_assert_uint_eq(size_ok("10KB"), size_ok("10kb"));
+  ck_assert_uint_eq(size_ok("4mIb"), 4ull << 20);
+}
+END_TEST
+
+START_TEST(size_fractions_exact_and_floored) {
+  ck_assert_uint_eq(size_ok("1.5GB"), 1500000000ull);
+  ck_assert_uint_eq(size_ok("1.5KiB"), 1536);
+  ck_assert_uint_eq(size_ok("1.5GiB"), 1610612736ull);
+  ck_assert_uint_eq(size_ok("0.5MiB"), 524288);
+  ck_assert_uint_eq(size_ok("0.1KiB"), 102); /* 102.4 rounds down */
+  ck_assert_uint_eq(size_ok("0.999999999999999999999999KiB"), 1023);
+  ck_assert_uint_eq(size_ok("1.0000000000000000000000001TiB"), 1ull << 40);
+  ck_assert_uint_eq(size_ok("2.25TiB"), (2ull << 40) + (1ull << 38));
+}
+END_TEST
+
+START_TEST(size_space_before_unit) {
+  ck_assert_uint_eq(size_ok("80 GiB"), 80ull << 30);
+  ck_assert_uint_eq(size_ok("1.5 GB"), 1500000000ull);
+}
+END_TEST
+
+START_TEST(size_refuses_negative_and_signs) {
+  size_bad("-1", "negative");
+  size_bad("-1GiB", "negative");
+  size_bad("+5", NULL);
+}
+END_TEST
+
+START_TEST(size_refuses_junk) {
+  size_bad("", "empty");
+  size_bad(NULL, "empty");
+  size_bad("abc", "not a number");
+  size_bad("GiB", NULL);
+  size_bad(" 5", NULL);
+  size_bad("5 ", NULL);
+  size_bad("12x", "unknown unit");
+  size_bad("1GiBx", "unknown unit");
+  size_bad("1KiBB", "unknown unit");
+  size_bad("1iB", "unknown unit");
+  size_bad("1e9", "unknown unit");
+  size_bad("1.", "digits expected");
+  size_bad(".5GiB", NULL);
+  size_bad("1.5.5GB", NULL);
+  size_bad("1,000", NULL);
+}
+END_TEST
+
+START_TEST(size_refuses_fraction_of_bytes) {
+  size_bad("1.5", "fraction");
+  size_bad("1.5B", "fraction");
+}
+END_TEST
+
+START_TEST(size_overflow) {
+  if (SIZE_MAX == UINT64_MAX) {
+    ck_assert_uint_eq(size_ok("18446744073709551615"), SIZE_MAX);
+    ck_assert_uint_eq(size_ok("16383PiB"), 16383ull << 50);
+  }
+  size_bad("18446744073709551616", "too large");
+  size_bad("99999999999999999999999", "too large");
+  size_bad("17179869184GiB", "too large"); /* 2^64 */
+  size_bad("16777216TiB", "too large");
+  size_bad("18446744073709551615.5KiB", "too large");
+  size_bad("16384PiB", "too large");
+  size_bad("18446744073709551.616kB", "too large");
+}
+END_TEST
+
+/* ---- numbers ---- */
+
+START_TEST(int_parses_in_range) {
+  int v = -5;
+  char err[256];
+  ck_assert_int_eq(dpt_parse_int("30", 1, 100, "--batch", &v, err, sizeof err), 0);
+  ck_assert_int_eq(v, 30);
+  ck_assert_int_eq(dpt_parse_int("1", 1, 100, "--batch", &v, err, sizeof err), 0);
+  ck_assert_int_eq(v, 1);
+  ck_assert_int_eq(dpt_parse_int("100", 1, 100, "--batch", &v, err, sizeof err), 0);
+  ck_assert_int_eq(v, 100);
+  ck_assert_int_eq(dpt_parse_int("-3", -5, 5, "x", &v, err, sizeof err), 0);
+  ck_assert_int_eq(v, -3);
+}
+END_TEST
+
+START_TEST(int_refuses_range_junk_overflow) {
+  int v = 42;
+  char err[256];
+  ck_assert_int_eq(dpt_parse_int("0", 1, 100, "--batch", &v, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "--batch"));
+  ck_assert_ptr_nonnull(strstr(err, "out of range"));
+  ck_assert_int_eq(dpt_parse_int("101", 1, 100, "--batch", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_int("12x", 1, 100, "--batch", &v, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "not an integer"));
+  ck_assert_int_eq(dpt_parse_int("", 1, 100, "--batch", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_int(" 5", 1, 100, "--batch", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_int("1.5", 1, 100, "--batch", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_int("99999999999999999999", 1, 2147483647, "b", &v, err, sizeof err),
+                   -1);
+  ck_assert_int_eq(dpt_parse_int("2147483648", 1, 2147483647, "b", &v, err, sizeof err), -1);
+  ck_assert_int_eq(v, 42);
+}
+END_TEST
+
+START_TEST(float_parses_and_refuses) {
+  float v = 7;
+  char err[256];
+  ck_assert_int_eq(dpt_parse_float("0.1", 0, 1, "--lr", &v, err, sizeof err), 0);
+  ck_assert_float_eq(v, 0.1f);
+  ck_assert_int_eq(dpt_parse_float("1e-3", 0, 1, "--lr", &v, err, sizeof err), 0);
+  ck_assert_float_eq(v, 1e-3f);
+  v = 7;
+  ck_assert_int_eq(dpt_parse_float("nan", 0, 1, "--lr", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_float("inf", 0, 1e30, "--lr", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_float("1e40", 0, 1e300, "--lr", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_float("-0.5", 0, 1, "--lr", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_float("abc", 0, 1, "--lr", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_float("0.1x", 0, 1, "--lr", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_float("", 0, 1, "--lr", &v, err, sizeof err), -1);
+  ck_assert_float_eq(v, 7);
+}
+END_TEST
+
+START_TEST(u64_parses_and_refuses) {
+  uint64_t v = 3;
+  char err[256];
+  ck_assert_int_eq(dpt_parse_u64("18446744073709551615", "--seed", &v, err, sizeof err), 0);
+  ck_assert_uint_eq(v, UINT64_MAX);
+  ck_assert_int_eq(dpt_parse_u64("0", "--seed", &v, err, sizeof err), 0);
+  ck_assert_uint_eq(v, 0);
+  ck_assert_int_eq(dpt_parse_u64("18446744073709551616", "--seed", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_u64("-1", "--seed", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_u64("+1", "--seed", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_u64("12a", "--seed", &v, err, sizeof err), -1);
+  ck_assert_uint_eq(v, 0);
+}
+END_TEST
+
+/* ---- devices ---- */
+
+START_TEST(devices_count) {
+  int n = 0, ids[DP_MAX_DEVICES];
+  char err[256];
+  ck_assert_int_eq(dpt_parse_devices("4", &n, ids, err, sizeof err), 0);
+  ck_assert_int_eq(n, 4);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(ids[i], i);
+  ck_assert_int_eq(dpt_parse_devices("1", &n, ids, err, sizeof err), 0);
+  ck_assert_int_eq(n, 1);
+  ck_assert_int_eq(ids[0], 0);
+  ck_assert_int_eq(dpt_parse_devices("64", &n, ids, err, sizeof err), 0);
+  ck_assert_int_eq(n, DP_MAX_DEVICES);
+  ck_assert_int_eq(ids[63], 63);
+}
+END_TEST
+
+START_TEST(devices_list_of_physical_ids) {
+  int n = 0, ids[DP_MAX_DEVICES];
+  char err[256];
+  ck_assert_int_eq(dpt_parse_devices("0,0,1,1", &n, ids, err, sizeof err), 0);
+  ck_assert_int_eq(n, 4);
+  ck_assert_int_eq(ids[0], 0);
+  ck_assert_int_eq(ids[1], 0);
+  ck_assert_int_eq(ids[2], 1);
+  ck_assert_int_eq(ids[3], 1);
+  ck_assert_int_eq(dpt_parse_devices("3,1", &n, ids, err, sizeof err), 0);
+  ck_assert_int_eq(n, 2);
+  ck_assert_int_eq(ids[0], 3);
+  ck_assert_int_eq(ids[1], 1);
+}
+END_TEST
+
+START_TEST(devices_list_max_length) {
+  char buf[512] = "";
+  int n = 0, ids[DP_MAX_DEVICES];
+  char err[256];
+  for (int i = 0; i < DP_MAX_DEVICES; i++) strcat(buf, i ? ",7" : "7");
+  ck_assert_int_eq(dpt_parse_devices(buf, &n, ids, err, sizeof err), 0);
+  ck_assert_int_eq(n, DP_MAX_DEVICES);
+  ck_assert_int_eq(ids[DP_MAX_DEVICES - 1], 7);
+  strcat(buf, ",7");
+  n = -1;
+  ck_assert_int_eq(dpt_parse_devices(buf, &n, ids, err, sizeof err), -1);
+  ck_assert_int_eq(n, -1);
+  ck_assert_ptr_nonnull(strstr(err, "more than"));
+}
+END_TEST
+
+START_TEST(devices_refuses_bad) {
+  static const char *const bad[] = {"", "0", "65", "-1", "x", "2x", "1,", ",1", "1,,2",
+                                    "a,b", "-1,0", "1024,0", " 1,2", "1, 2", "1.5"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    int n = -7, ids[DP_MAX_DEVICES];
+    char err[256] = "";
+    ck_assert_msg(dpt_parse_devices(bad[i], &n, ids, err, sizeof err) == -1, "'%s' accepted",
+                  bad[i]);
+    ck_assert_int_eq(n, -7);
+    ck_assert_msg(strstr(err, "--devices"), "'%s': message '%s'", bad[i], err);
+  }
+}
+END_TEST
+
+/* ---- enumerations ---- */
+
+START_TEST(enums_parse_every_word) {
+  char err[256];
+  dp_mode m;
+  dp_optimizer o;
+  dp_split s;
+  dp_backend b;
+  ck_assert_int_eq(dpt_parse_mode("classic", &m, err, sizeof err), 0);
+  ck_assert_int_eq(m, DP_MODE_CLASSIC);
+  ck_assert_int_eq(dpt_parse_mode("allreduce", &m, err, sizeof err), 0);
+  ck_assert_int_eq(m, DP_MODE_ALLREDUCE);
+  ck_assert_int_eq(dpt_parse_optimizer("sgd", &o, err, sizeof err), 0);
+  ck_assert_int_eq(o, DP_OPT_SGD);
+  ck_assert_int_eq(dpt_parse_optimizer("momentum", &o, err, sizeof err), 0);
+  ck_assert_int_eq(o, DP_OPT_MOMENTUM);
+  ck_assert_int_eq(dpt_parse_optimizer("adamw", &o, err, sizeof err), 0);
+  ck_assert_int_eq(o, DP_OPT_ADAMW);
+  ck_assert_int_eq(dpt_parse_split("chunk", &s, err, sizeof err), 0);
+  ck_assert_int_eq(s, DP_SPLIT_CHUNK);
+  ck_assert_int_eq(dpt_parse_split("balanced", &s, err, sizeof err), 0);
+  ck_assert_int_eq(s, DP_SPLIT_BALANCED);
+  ck_assert_int_eq(dpt_parse_backend("cpu", &b, err, sizeof err), 0);
+  ck_assert_int_eq(b, DP_BACKEND_CPU);
+  ck_assert_int_eq(dpt_parse_backend("cuda", &b, err, sizeof err), 0);
+  ck_assert_int_eq(b, DP_BACKEND_CUDA);
+  ck_assert_int_eq(dpt_parse_optimizer("AdamW", &o, err, sizeof err), 0);
+  ck_assert_int_eq(o, DP_OPT_ADAMW);
+  ck_assert_int_eq(dpt_parse_mode("AllReduce", &m, err, sizeof err), 0);
+  ck_assert_int_eq(m, DP_MODE_ALLREDUCE);
+}
+END_TEST
+
+START_TEST(enums_refuse_unknown_with_choices) {
+  char err[256];
+  dp_mode m = DP_MODE_ALLREDUCE;
+  dp_optimizer o = DP_OPT_MOMENTUM;
+  dp_split s = DP_SPLIT_BALANCED;
+  dp_backend b = DP_BACKEND_CUDA;
+  ck_assert_int_eq(dpt_parse_mode("ddp", &m, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "classic|allreduce"));
+  ck_assert_int_eq(dpt_parse_optimizer("adam", &o, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "sgd|momentum|adamw"));
+  ck_assert_int_eq(dpt_parse_split("", &s, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "chunk|balanced"));
+  ck_assert_int_eq(dpt_parse_backend("gpu", &b, err, sizeof err), -1);
+  ck_assert_ptr_nonnull(strstr(err, "cpu|cuda"));
+  ck_assert_int_eq(dpt_parse_backend(NULL, &b, err, sizeof err), -1);
+  ck_assert_int_eq(m, DP_MODE_ALLREDUCE);
+  ck_assert_int_eq(o, DP_OPT_MOMENTUM);
+  ck_assert_int_eq(s, DP_SPLIT_BALANCED);
+  ck_assert_int_eq(b, DP_BACKEND_CUDA);
+}
+END_TEST
+
+START_TEST(enum_names_round_trip) {
+  char err[256];
+  for (int i = 0; i <= DP_OPT_ADAMW; i++) {
+    dp_optimizer o;
+    ck_assert_int_eq(dpt_parse_optimizer(dpt_optimizer_name((dp_optimizer)i), &o, err, sizeof err), 0);
+    ck_assert_int_eq(o, i);
+  }
+  ck_assert_str_eq(dpt_mode_name(DP_MODE_ALLREDUCE), "allreduce");
+  ck_assert_str_eq(dpt_split_name(DP_SPLIT_BALANCED), "balanced");
+  ck_assert_str_eq(dpt_backend_name(DP_BACKEND_CUDA), "cuda");
+  ck_assert_str_eq(dpt_layer_name(DP_LAYER_LAYERNORM), "layernorm");
+  ck_assert_str_eq(dpt_loss_name(DP_LOSS_SOFTMAX_CE), "softmax_cross_entropy");
+  ck_assert_str_eq(dpt_mode_name((dp_mode)99), "?");
+  ck_assert_str_eq(dpt_layer_name((dp_layer_kind)-1), "?");
+}
+END_TEST
+
+/* ---- config from argv ---- */
+
+START_TEST(config_defaults_without_options) {
+  dp_config c, d;
+  dpt_common com;
+  char err[256];
+  ck_assert_int_eq(dpt_config_from_args(1, ARGV(NULL), &c, &com, err, sizeof err), DPT_ARGS_OK);
+  dp_config_default(&d);
+  ck_assert_int_eq(c.n_devices, d.n_devices);
+  ck_assert_int_eq(c.batch, d.batch);
+  ck_assert_int_eq(c.mode, d.mode);
+  ck_assert_float_eq(c.lr, d.lr);
+  ck_assert_float_eq(c.weight_decay, d.weight_decay);
+  ck_assert_uint_eq(com.given, 0);
+  ck_assert_int_eq(com.n_args, 0);
+}
+END_TEST
+
+START_TEST(config_every_common_option) {
+  dp_config c;
+  dpt_common com;
+  char err[256] = "";
+  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split", "balanced",
+                "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
+                "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
+                "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps",
+                "0.125", "--seed", "18446744073709551615");
+  ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_int_eq(c.batch, 30);
+  ck_assert_int_eq(c.n_devices, 4);
+  ck_assert_int_eq(c.device_ids[0], 0);
+  ck_assert_int_eq(c.device_ids[1], 0);
+  ck_assert_int_eq(c.device_ids[2], 1);
+  ck_assert_int_eq(c.device_ids[3], 1);
+  ck_assert_int_eq(c.split, DP_SPLIT_BALANCED);
+  ck_assert_int_eq(c.micro_batch, 5);
+  ck_assert_int_eq(c.mode, DP_MODE_ALLREDUCE);
+  ck_assert_int_eq(c.optimizer, DP_OPT_MOMENTUM);
+  ck_assert_int_eq(c.inference, 1);
+  ck_assert_int_eq(c.backend, DP_BACKEND_CUDA);
+  ck_assert_float_eq(c.lr, 0.5f);
+  ck_assert_float_eq(c.momentum, 0.8f);
+  ck_assert_float_eq(c.weight_decay, 0.25f);
+  ck_assert_float_eq(c.beta1, 0.5f);
+  ck_assert_float_eq(c.beta2, 0.75f);
+  ck_assert_float_eq(c.eps, 0.125f);
+  ck_assert_uint_eq(c.seed, UINT64_MAX);
+  for (int code = DPT_OPT_BATCH; code < DPT_OPT_COMMON_END; code++)
+    ck_assert_msg(dpt_given(&com, code), "option %d not marked given", code);
+}
+END_TEST
+
+START_TEST(config_equals_form_and_prefix) {
+  dp_config c;
+  dpt_common com;
+  char err[256] = "";
+  ck_assert_int_eq(PARSE(&c, &com, err, "--batch=31", "--devices=2", "--micro=4"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.batch, 31);
+  ck_assert_int_eq(c.n_devices, 2);
+  ck_assert_int_eq(c.micro_batch, 4);
+  ck_assert(dpt_given(&com, DPT_OPT_BATCH));
+  ck_assert(!dpt_given(&com, DPT_OPT_MODE));
+  ck_assert(!dpt_given(&com, 0));
+}
+END_TEST
+
+START_TEST(config_weight_decay_left_to_library_unless_given) {
+  dp_config c, d;
+  char err[256];
+  dp_config_default(&d);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--optimizer", "adamw"), DPT_ARGS_OK);
+  ck_assert_float_eq(c.weight_decay, d.weight_decay); /* the planner resolves it */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--optimizer", "adamw", "--weight-decay", "0"),
+                   DPT_ARGS_OK);
+  ck_assert_float_eq(c.weight_decay, 0.0f);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--weight-decay", "0.5"), DPT_ARGS_OK);
+  ck_assert_float_eq(c.weight_decay, 0.5f);
+}
+END_TEST
+
+START_TEST(config_usage_errors) {
+  dp_config c;
+  char err[256];
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--batch needs a value"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--bogus", "1"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--bogus"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--m", "1"), DPT_ARGS_ERROR); /* ambiguous */
+  ck_assert_msg(strstr(err, "ambiguous"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "-x"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "-x"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--inference=1"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--inference takes no value"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "0"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--batch"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "--devices"), DPT_ARGS_ERROR);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--mode", "ddp"), DPT_ARGS_ERROR);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--beta2", "1"), DPT_ARGS_ERROR);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "nan"), DPT_ARGS_ERROR);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--seed", "-1"), DPT_ARGS_ERROR);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "4", "extra"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "unexpected argument 'extra'"), "%s", err);
+}
+END_TEST
+
+START_TEST(config_help) {
+  dp_config c;
+  char err[256];
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--help"), DPT_ARGS_HELP);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "3", "-h"), DPT_ARGS_HELP);
+}
+END_TEST
+
+START_TEST(config_getopt_reset_between_calls) {
+  /* Parsing resets getopt: consecutive parses in one process are independent,
+   * including after an error part-way through an argv. */
+  dp_config c;
+  dpt_common com;
+  char err[256];
+  ck_assert_int_eq(PARSE(&c, &com, err, "--batch", "8", "--devices", "2"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.batch, 8);
+  ck_assert_int_eq(PARSE(&c, &com, err, "--devices", "3", "--bogus", "--batch", "9"),
+                   DPT_ARGS_ERROR);
+  ck_assert_int_eq(PARSE(&c, &com, err, "--batch", "16"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.batch, 16);
+  ck_assert_int_eq(c.n_devices, 1); /* not left over from an earlier call */
+  ck_assert(!dpt_given(&com, DPT_OPT_DEVICES));
+  ck_assert_int_eq(PARSE(&c, &com, err, "--devices", "4", "--batch", "2"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.n_devices, 4);
+  ck_assert_int_eq(c.batch, 2);
+}
+END_TEST
+
+enum { OPT_MODEL = DPT_OPT_USER, OPT_JSON };
+typedef struct {
+  const char *model;
+  int json, verbose;
+} extra_seen;
+
+static int extra_handler(void *user, int code, const char *arg, char *err, size_t errcap) {
+  extra_seen *s = user;
+  switch (code) {
+  case OPT_MODEL: s->model = arg; return 0;
+  case OPT_JSON: s->json = 1; return 0;
+  case 'v': s->verbose++; return 0;
+  }
+  snprintf(err, errcap, "unexpected code %d", code);
+  return -1;
+}
+
+START_TEST(parse_args_with_command_options_and_positionals) {
+  static const struct option extra[] = {{"model", required_argument, NULL, OPT_MODEL},
+                                        {"json", no_argument, NULL, OPT_JSON},
+                                        {"verbose", no_argument, NULL, 'v'},
+                                        {0, 0, 0, 0}};
+  extra_seen s = {0};
+  dp_config c;
+  dpt_common com;
+  char err[256] = "";
+  char **argv = ARGV("pos1", "--model", "m.dpm", "-v", "--batch", "5", "--json", "pos2",
+                     "--verbose");
+  int argc = ARGC("pos1", "--model", "m.dpm", "-v", "--batch", "5", "--json", "pos2",
+                  "--verbose");
+  int r = dpt_parse_args(argc, argv, extra, extra_handler, &s, &c, &com, err, sizeof err);
+  ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_str_eq(s.model, "m.dpm");
+  ck_assert_int_eq(s.json, 1);
+  ck_assert_int_eq(s.verbose, 2);
+  ck_assert_int_eq(c.batch, 5);
+  ck_assert_int_eq(com.n_args, 2);
+  ck_assert_str_eq(argv[com.first_arg], "pos1");
+  ck_assert_str_eq(argv[com.first_arg + 1], "pos2");
+  /* "--" ends the options */
+  char **argv2 = ARGV("--batch", "2", "--", "--json");
+  r = dpt_parse_args(ARGC("--batch", "2", "--", "--json"), argv2, extra, extra_handler, &s, &c, &com, err, sizeof err);
+  ck_assert_int_eq(r, DPT_ARGS_OK);
+  ck_assert_int_eq(com.n_args, 1);
+  ck_assert_str_eq(argv2[com.first_arg], "--json");
+  /* a handler's error is passed through */
+  static const struct option bad_extra[] = {{"other", no_argument, NULL, OPT_JSON + 1},
+                                            {0, 0, 0, 0}};
+  r = dpt_parse_args(2, ARGV("--other"), bad_extra, extra_handler, &s, &c, &com, err, sizeof err);
+  ck_assert_int_eq(r, DPT_ARGS_ERROR);
+  ck_assert_ptr_nonnull(strstr(err, "unexpected code"));
+  r = dpt_parse_args(2, ARGV("--model"), extra, extra_handler, &s, &c, &com, err, sizeof err);
+  ck_assert_int_eq(r, DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--model needs a value"), "%s", err);
+}
+END_TEST
+
+/* ---- formatting ---- */
+
+START_TEST(format_bytes_human) {
+  char b[32];
+  ck_assert_str_eq(dpt_bytes_human(0, b, sizeof b), "0 B");
+  ck_assert_str_eq(dpt_bytes_human(832, b, sizeof b), "832 B");
+  ck_assert_str_eq(dpt_bytes_human(1023, b, sizeof b), "1023 B");
+  ck_assert_str_eq(dpt_bytes_human(1024, b, sizeof b), "1.00 KiB");
+  ck_assert_str_eq(dpt_bytes_human(1536, b, sizeof b), "1.50 KiB");
+  ck_assert_str_eq(dpt_bytes_human(1048575, b, sizeof b), "1.00 MiB");
+  ck_assert_str_eq(dpt_bytes_human(512ull << 20, b, sizeof b), "512.00 MiB");
+  ck_assert_str_eq(dpt_bytes_human(80ull << 30, b, sizeof b), "80.00 GiB");
+  ck_assert_str_eq(dpt_bytes_human(3ull << 40, b, sizeof b), "3.00 TiB");
+  if (SIZE_MAX == UINT64_MAX) ck_assert_str_eq(dpt_bytes_human(SIZE_MAX, b, sizeof b), "16.00 EiB");
+}
+END_TEST
+
+START_TEST(format_bytes_exact) {
+  char b[32];
+  ck_assert_str_eq(dpt_bytes_exact(0, b, sizeof b), "0");
+  ck_assert_str_eq(dpt_bytes_exact(832, b, sizeof b), "832");
+  ck_assert_str_eq(dpt_bytes_exact(999, b, sizeof b), "999");
+  ck_assert_str_eq(dpt_bytes_exact(1000, b, sizeof b), "1,000");
+  ck_assert_str_eq(dpt_bytes_exact(1536, b, sizeof b), "1,536");
+  ck_assert_str_eq(dpt_bytes_exact(123456, b, sizeof b), "123,456");
+  ck_assert_str_eq(dpt_bytes_exact(1234567, b, sizeof b), "1,234,567");
+  ck_assert_str_eq(dpt_bytes_exact(85899345920ull, b, sizeof b), "85,899,345,920");
+  if (SIZE_MAX == UINT64_MAX)
+    ck_assert_str_eq(dpt_bytes_exact(SIZE_MAX, b, sizeof b), "18,446,744,073,709,551,615");
+  char small[4];
+  ck_assert_str_eq(dpt_bytes_exact(1536, small, sizeof small), "1,5"); /* truncated */
+}
+END_TEST
+
+START_TEST(json_string_escapes) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ck_assert_ptr_nonnull(f);
+  dpt_json_string(f, "a\"b\\c\nd\te\x01 ok");
+  fputc(' ', f);
+  dpt_json_string(f, NULL);
+  fclose(f);
+  ck_assert_str_eq(buf, "\"a\\\"b\\\\c\\nd\\te\\u0001 ok\" null");
+  free(buf);
+}
+END_TEST
+
+Suite *cli_suite(void) {
+  Suite *s = suite_create("cli");
+  TCase *tc = tcase_create("sizes");
+  tcase_add_test(tc, size_plain_bytes);
+  tcase_add_test(tc, size_decimal_units);
+  tcase_add_test(tc, size_binary_units);
+  tcase_add_test(tc, size_units_case_insensitive);
+  tcase_add_test(tc, size_fractions_exact_and_floored);
+  tcase_add_test(tc, size_space_before_unit);
+  tcase_add_test(tc, size_refuses_negative_and_signs);
+  tcase_add_test(tc, size_refuses_junk);
+  tcase_add_test(tc, size_refuses_fraction_of_bytes);
+  tcase_add_test(tc, size_overflow);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("numbers");
+  tcase_add_test(tc, int_parses_in_range);
+  tcase_add_test(tc, int_refuses_range_junk_overflow);
+  tcase_add_test(tc, float_parses_and_refuses);
+  tcase_add_test(tc, u64_parses_and_refuses);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("devices");
+  tcase_add_test(tc, devices_count);
+  tcase_add_test(tc, devices_list_of_physical_ids);
+  tcase_add_test(tc, devices_list_max_length);
+  tcase_add_test(tc, devices_refuses_bad);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("enums");
+  tcase_add_test(tc, enums_parse_every_word);
+  tcase_add_test(tc, enums_refuse_unknown_with_choices);
+  tcase_add_test(tc, enum_names_round_trip);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("config");
+  tcase_add_test(tc, config_defaults_without_options);
+  tcase_add_test(tc, config_every_common_option);
+  tcase_add_test(tc, config_equals_form_and_prefix);
+  tcase_add_test(tc, config_weight_decay_left_to_library_unless_given);
+  tcase_add_test(tc, config_usage_errors);
+  tcase_add_test(tc, config_help);
+  tcase_add_test(tc, config_getopt_reset_between_calls);
+  tcase_add_test(tc, parse_args_with_command_options_and_positionals);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("format");
+  tcase_add_test(tc, format_bytes_human);
+  tcase_add_test(tc, format_bytes_exact);
+  tcase_add_test(tc, json_string_escapes);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -1,0 +1,771 @@
+/* tests/test_data.c — the dp tool's dataset loader (tools/data.c) and SVG
+ * writers (tools/svg.c). Run from the repository root (loads data/digits.csv). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "data.h"
+#include "svg.h"
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+/* A temporary file (mkstemp in /tmp) holding `len` bytes of text. */
+typedef struct {
+  char path[64];
+} tmpfile_t;
+
+static void tmp_write_n(tmpfile_t *t, const char *text, size_t len) {
+  strcpy(t->path, "/tmp/dpt_test_XXXXXX");
+  int fd = mkstemp(t->path);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq((long)write(fd, text, len), (long)len);
+  close(fd);
+}
+static void tmp_write(tmpfile_t *t, const char *text) { tmp_write_n(t, text, strlen(text)); }
+
+static void tmp_path(tmpfile_t *t) { /* a fresh, empty file to overwrite */
+  tmp_write(t, "");
+}
+
+/* Loads `text` as a classification CSV; returns the status, the message in err. */
+static dp_status load_text(const char *text, dpt_dataset *d, char *err, size_t cap,
+                           char *path_out) {
+  tmpfile_t t;
+  tmp_write(&t, text);
+  dp_status s = dpt_csv_load(t.path, d, err, cap);
+  if (path_out) strcpy(path_out, t.path);
+  unlink(t.path);
+  return s;
+}
+
+/* Expects load of `text` to fail with `status` and the message
+ * "<path>:<suffix>" exactly. */
+static void expect_error(const char *text, dp_status status, const char *suffix) {
+  dpt_dataset d;
+  char err[256] = "", path[64], want[512];
+  dp_status s = load_text(text, &d, err, sizeof err, path);
+  ck_assert_msg(s == status, "status %d, expected %d (%s)", (int)s, (int)status, err);
+  snprintf(want, sizeof want, "%s:%s", path, suffix);
+  ck_assert_str_eq(err, want);
+  /* nothing is kept on error */
+  ck_assert_ptr_null(d.x);
+  ck_assert_ptr_null(d.label);
+  ck_assert_int_eq(d.n_rows, 0);
+}
+
+static char *slurp(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  char *s = malloc((size_t)n + 1);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq((long)fread(s, 1, (size_t)n, f), n);
+  s[n] = '\0';
+  fclose(f);
+  return s;
+}
+
+static int count_of(const char *hay, const char *needle) {
+  int c = 0;
+  for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) c++;
+  return c;
+}
+
+/* n rows, 3 features: x = (i, 2i, 7), label i % 4. */
+static void make_dataset(dpt_dataset *d, int n) {
+  memset(d, 0, sizeof *d);
+  d->n_rows = n;
+  d->n_features = 3;
+  d->n_classes = 4;
+  d->x = malloc((size_t)n * 3 * sizeof(float));
+  d->label = malloc((size_t)n * sizeof(int32_t));
+  ck_assert_ptr_nonnull(d->x);
+  ck_assert_ptr_nonnull(d->label);
+  for (int i = 0; i < n; i++) {
+    d->x[i * 3 + 0] = (float)i;
+    d->x[i * 3 + 1] = (float)(2 * i);
+    d->x[i * 3 + 2] = 7.0f;
+    d->label[i] = i % 4;
+  }
+}
+
+/* ---- csv parsing ----------------------------------------------------------- */
+
+START_TEST(csv_loads_labels_and_features) {
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(load_text("0,1,2\n3,4.5,-1e2\n2,0,0.25\n", &d, err, sizeof err, NULL),
+                   DP_OK);
+  ck_assert_int_eq(d.n_rows, 3);
+  ck_assert_int_eq(d.n_features, 2);
+  ck_assert_int_eq(d.n_classes, 4);
+  ck_assert_int_eq(d.n_targets, 0);
+  ck_assert_ptr_null(d.y);
+  ck_assert_int_eq(d.label[0], 0);
+  ck_assert_int_eq(d.label[1], 3);
+  ck_assert_int_eq(d.label[2], 2);
+  ck_assert_float_eq(d.x[0], 1.0f);
+  ck_assert_float_eq(d.x[1], 2.0f);
+  ck_assert_float_eq(d.x[2], 4.5f);
+  ck_assert_float_eq(d.x[3], -100.0f);
+  ck_assert_float_eq(d.x[5], 0.25f);
+  dpt_dataset_free(&d);
+  ck_assert_ptr_null(d.x);
+  dpt_dataset_free(&d); /* twice is fine */
+  dpt_dataset_free(NULL);
+}
+END_TEST
+
+START_TEST(csv_accepts_number_forms_and_spaces) {
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(load_text(" +7 ,\t+1.5 , -.5,1e3,1E-2,  -0 ,3.\n", &d, err, sizeof err,
+                             NULL),
+                   DP_OK);
+  ck_assert_int_eq(d.n_rows, 1);
+  ck_assert_int_eq(d.n_features, 6);
+  ck_assert_int_eq(d.label[0], 7);
+  ck_assert_int_eq(d.n_classes, 8);
+  const float want[] = {1.5f, -0.5f, 1000.0f, 0.01f, 0.0f, 3.0f};
+  for (int i = 0; i < 6; i++) ck_assert_float_eq(d.x[i], want[i]);
+  dpt_dataset_free(&d);
+  /* a denormal-range value underflows quietly */
+  ck_assert_int_eq(load_text("0,1e-45\n", &d, err, sizeof err, NULL), DP_OK);
+  dpt_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(csv_accepts_crlf) {
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(load_text("1,2,3\r\n0, 4 ,5\r\n", &d, err, sizeof err, NULL), DP_OK);
+  ck_assert_int_eq(d.n_rows, 2);
+  ck_assert_int_eq(d.n_features, 2);
+  ck_assert_float_eq(d.x[1], 3.0f);
+  ck_assert_float_eq(d.x[3], 5.0f);
+  dpt_dataset_free(&d);
+  /* no newline at the end of the last line */
+  ck_assert_int_eq(load_text("1,2\r\n0,4", &d, err, sizeof err, NULL), DP_OK);
+  ck_assert_int_eq(d.n_rows, 2);
+  ck_assert_float_eq(d.x[1], 4.0f);
+  dpt_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(csv_skips_comments_and_blank_lines) {
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(load_text("# label, a, b\n\n  # indented\n1,2,3\n   \n\t\n2,3,4\n#end",
+                             &d, err, sizeof err, NULL),
+                   DP_OK);
+  ck_assert_int_eq(d.n_rows, 2);
+  ck_assert_int_eq(d.n_features, 2);
+  ck_assert_int_eq(d.label[1], 2);
+  dpt_dataset_free(&d);
+  /* line numbers count comment and blank lines */
+  expect_error("# c\n\n1,2\r\n1,x\n", DP_ERR_PARSE, "4: field 2: expected a number, got \"x\"");
+}
+END_TEST
+
+START_TEST(csv_regression_targets_first) {
+  tmpfile_t t;
+  tmp_write(&t, "1.5,-2,10,20\n0.5,3,30,40\n");
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(dpt_csv_load_regression(t.path, 2, &d, err, sizeof err), DP_OK);
+  ck_assert_int_eq(d.n_rows, 2);
+  ck_assert_int_eq(d.n_targets, 2);
+  ck_assert_int_eq(d.n_features, 2);
+  ck_assert_int_eq(d.n_classes, 0);
+  ck_assert_ptr_null(d.label);
+  ck_assert_float_eq(d.y[0], 1.5f);
+  ck_assert_float_eq(d.y[3], 3.0f);
+  ck_assert_float_eq(d.x[0], 10.0f);
+  ck_assert_float_eq(d.x[3], 40.0f);
+  dpt_dataset_free(&d);
+  /* targets are floats: nan is refused there too */
+  unlink(t.path);
+  tmp_write(&t, "1,2\nnan,3\n");
+  ck_assert_int_eq(dpt_csv_load_regression(t.path, 1, &d, err, sizeof err),
+                   DP_ERR_NONFINITE);
+  ck_assert_ptr_nonnull(strstr(err, ":2: field 1: non-finite value \"nan\""));
+  /* a row must hold the targets and a feature */
+  ck_assert_int_eq(dpt_csv_load_regression(t.path, 2, &d, err, sizeof err), DP_ERR_PARSE);
+  ck_assert_int_eq(dpt_csv_load_regression(t.path, 0, &d, err, sizeof err),
+                   DP_ERR_INVALID);
+  unlink(t.path);
+}
+END_TEST
+
+START_TEST(csv_error_bad_number) {
+  expect_error("0,1,2\n1,2,3\n2,3,abc\n", DP_ERR_PARSE,
+               "3: field 3: expected a number, got \"abc\"");
+  expect_error("0,1,2x\n", DP_ERR_PARSE, "1: field 3: expected a number, got \"2x\"");
+  expect_error("0,1 2,3\n", DP_ERR_PARSE, "1: field 2: expected a number, got \"1 2\"");
+  expect_error("0,0x10\n", DP_ERR_PARSE, "1: field 2: expected a number, got \"0x10\"");
+  expect_error("0,-\n", DP_ERR_PARSE, "1: field 2: expected a number, got \"-\"");
+}
+END_TEST
+
+START_TEST(csv_error_empty_field) {
+  expect_error("0,1,2\n1,,3\n", DP_ERR_PARSE, "2: field 2: empty field");
+  expect_error("0,1,2\n1,2,\n", DP_ERR_PARSE, "2: field 3: empty field");
+  expect_error(" ,1\n", DP_ERR_PARSE, "1: field 1: empty field");
+}
+END_TEST
+
+START_TEST(csv_error_field_count) {
+  expect_error("0,1,2\n1,2\n", DP_ERR_PARSE, "2: field count 2, expected 3");
+  expect_error("0,1,2\n\n# x\n1,2,3,4\n", DP_ERR_PARSE, "4: field count 4, expected 3");
+  expect_error("5\n", DP_ERR_PARSE,
+               "1: field count 1, expected at least 2 (a label and a feature)");
+}
+END_TEST
+
+START_TEST(csv_error_labels) {
+  expect_error("0,1\n-1,2\n", DP_ERR_RANGE, "2: field 1: label -1 is not a non-negative integer");
+  expect_error("1.5,2\n", DP_ERR_PARSE,
+               "1: field 1: label \"1.5\" is not a non-negative integer");
+  expect_error("cat,2\n", DP_ERR_PARSE,
+               "1: field 1: label \"cat\" is not a non-negative integer");
+  expect_error("-x,2\n", DP_ERR_PARSE,
+               "1: field 1: label \"-x\" is not a non-negative integer");
+  expect_error("65536,2\n", DP_ERR_RANGE, "1: field 1: label 65536 is larger than the limit 65535");
+  expect_error("99999999999999999999999,2\n", DP_ERR_RANGE,
+               "1: field 1: label 99999999999999999999999 is larger than the limit 65535");
+  /* the largest allowed label is fine */
+  dpt_dataset d;
+  char err[256];
+  ck_assert_int_eq(load_text("65535,1\n", &d, err, sizeof err, NULL), DP_OK);
+  ck_assert_int_eq(d.n_classes, 65536);
+  dpt_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(csv_error_non_finite) {
+  expect_error("0,1\n1,nan\n", DP_ERR_NONFINITE, "2: field 2: non-finite value \"nan\"");
+  expect_error("0,inf\n", DP_ERR_NONFINITE, "1: field 2: non-finite value \"inf\"");
+  expect_error("0,1, -Infinity \n", DP_ERR_NONFINITE,
+               "1: field 3: non-finite value \"-Infinity\"");
+  expect_error("0,NAN\n", DP_ERR_NONFINITE, "1: field 2: non-finite value \"NAN\"");
+  expect_error("0,1e39\n", DP_ERR_RANGE, "1: field 2: 1e39 is out of float range");
+}
+END_TEST
+
+START_TEST(csv_error_empty_file) {
+  expect_error("", DP_ERR_PARSE, " no data rows");
+  expect_error("# only a comment\n\n  \n", DP_ERR_PARSE, " no data rows");
+}
+END_TEST
+
+START_TEST(csv_error_missing_file_and_args) {
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, err, sizeof err), DP_ERR_IO);
+  ck_assert_str_eq(err, "/nonexistent/dir/x.csv: cannot open: No such file or directory");
+  ck_assert_ptr_null(d.x);
+  ck_assert_int_eq(dpt_csv_load(NULL, &d, err, sizeof err), DP_ERR_INVALID);
+  /* err may be NULL or tiny */
+  ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, NULL, 0), DP_ERR_IO);
+  char tiny[8];
+  ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, tiny, sizeof tiny), DP_ERR_IO);
+  ck_assert_str_eq(tiny, "/nonexi");
+}
+END_TEST
+
+START_TEST(csv_error_long_field_is_shortened) {
+  char text[256];
+  snprintf(text, sizeof text, "0,%s\n", "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghij");
+  expect_error(text, DP_ERR_PARSE,
+               "1: field 2: expected a number, got \"abcdefghijabcdefghijabcdefghijabcdefghij...\"");
+}
+END_TEST
+
+START_TEST(csv_error_nul_byte) {
+  tmpfile_t t;
+  tmp_write_n(&t, "0,1\n1,2\0\n", 9);
+  dpt_dataset d;
+  char err[256] = "", want[128];
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);
+  snprintf(want, sizeof want, "%s:2: NUL byte in line", t.path);
+  ck_assert_str_eq(err, want);
+  unlink(t.path);
+}
+END_TEST
+
+START_TEST(csv_many_rows_grow) {
+  /* more rows than the first allocation, with checked values */
+  size_t cap = 5000 * 16;
+  char *text = malloc(cap), *p = text;
+  ck_assert_ptr_nonnull(text);
+  for (int i = 0; i < 5000; i++) p += sprintf(p, "%d,%d,%d.5\n", i % 10, i, -i);
+  dpt_dataset d;
+  char err[256] = "";
+  ck_assert_int_eq(load_text(text, &d, err, sizeof err, NULL), DP_OK);
+  free(text);
+  ck_assert_int_eq(d.n_rows, 5000);
+  ck_assert_int_eq(d.n_classes, 10);
+  ck_assert_int_eq(d.label[4321], 1);
+  ck_assert_float_eq(d.x[4321 * 2], 4321.0f);
+  ck_assert_float_eq(d.x[4321 * 2 + 1], -4321.5f);
+  dpt_dataset_free(&d);
+}
+END_TEST
+
+START_TEST(digits_csv_loads) {
+  dpt_dataset d;
+  char err[256] = "";
+  dp_status s = dpt_csv_load("data/digits.csv", &d, err, sizeof err);
+  ck_assert_msg(s == DP_OK, "%s", err);
+  ck_assert_int_eq(d.n_rows, 1797);
+  ck_assert_int_eq(d.n_features, 64);
+  ck_assert_int_eq(d.n_classes, 10);
+  /* first line, read independently */
+  FILE *f = fopen("data/digits.csv", "r");
+  ck_assert_ptr_nonnull(f);
+  int v[65];
+  for (int i = 0; i < 65; i++) ck_assert_int_eq(fscanf(f, i ? ",%d" : "%d", &v[i]), 1);
+  fclose(f);
+  ck_assert_int_eq(d.label[0], v[0]);
+  for (int i = 0; i < 64; i++) ck_assert_float_eq(d.x[i], (float)v[i + 1]);
+  int count[10] = {0};
+  for (int i = 0; i < d.n_rows; i++) {
+    ck_assert_int_ge(d.label[i], 0);
+    ck_assert_int_le(d.label[i], 9);
+    count[d.label[i]]++;
+  }
+  for (int c = 0; c < 10; c++) ck_assert_int_ge(count[c], 170);
+  for (size_t i = 0; i < (size_t)d.n_rows * 64; i++) {
+    ck_assert(d.x[i] >= 0.0f && d.x[i] <= 16.0f);
+    ck_assert(d.x[i] == floorf(d.x[i]));
+  }
+  dpt_dataset_free(&d);
+}
+END_TEST
+
+/* ---- split --------------------------------------------------------------------- */
+
+START_TEST(split_sizes) {
+  dpt_dataset all, tr, te;
+  char err[256] = "";
+  make_dataset(&all, 10);
+  const struct { double frac; int n_test; } cases[] = {
+      {0.3, 3}, {0.7, 7}, {0.25, 3}, {0.01, 1}, {0.0, 0}, {0.9, 9}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    ck_assert_int_eq(dpt_dataset_split(&all, cases[k].frac, 1, &tr, &te, err, sizeof err),
+                     DP_OK);
+    ck_assert_int_eq(te.n_rows, cases[k].n_test);
+    ck_assert_int_eq(tr.n_rows, 10 - cases[k].n_test);
+    ck_assert_int_eq(tr.n_features, 3);
+    ck_assert_int_eq(te.n_features, 3);
+    ck_assert_int_eq(tr.n_classes, 4);
+    ck_assert_int_eq(te.n_classes, 4);
+    dpt_dataset_free(&tr);
+    dpt_dataset_free(&te);
+  }
+  dpt_dataset_free(&all);
+}
+END_TEST
+
+START_TEST(split_refuses_bad_fractions) {
+  dpt_dataset all, tr, te;
+  char err[256] = "";
+  make_dataset(&all, 10);
+  ck_assert_int_eq(dpt_dataset_split(&all, 1.0, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_str_eq(err, "test fraction 1 is outside [0, 1)");
+  ck_assert_int_eq(dpt_dataset_split(&all, -0.1, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, NAN, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.95, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_str_eq(err, "test fraction 0.95 of 10 rows leaves no training rows");
+  ck_assert_ptr_null(tr.x);
+  ck_assert_ptr_null(te.x);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.5, 1, &tr, &tr, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(NULL, 0.5, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  dpt_dataset_free(&all);
+}
+END_TEST
+
+START_TEST(split_is_disjoint_and_covers_all) {
+  dpt_dataset all, tr, te;
+  char err[256] = "";
+  make_dataset(&all, 101);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.2, 42, &tr, &te, err, sizeof err), DP_OK);
+  ck_assert_int_eq(te.n_rows, 21);
+  ck_assert_int_eq(tr.n_rows, 80);
+  int seen[101] = {0};
+  const dpt_dataset *parts[2] = {&tr, &te};
+  for (int p = 0; p < 2; p++)
+    for (int i = 0; i < parts[p]->n_rows; i++) {
+      const float *row = parts[p]->x + i * 3;
+      int id = (int)row[0];
+      ck_assert_int_ge(id, 0);
+      ck_assert_int_lt(id, 101);
+      seen[id]++;
+      /* the whole row and its label travel together */
+      ck_assert_float_eq(row[1], (float)(2 * id));
+      ck_assert_float_eq(row[2], 7.0f);
+      ck_assert_int_eq(parts[p]->label[i], id % 4);
+    }
+  for (int i = 0; i < 101; i++) ck_assert_int_eq(seen[i], 1);
+  /* shuffled, not the first rows in order */
+  int in_order = 1;
+  for (int i = 0; i < te.n_rows; i++)
+    if ((int)te.x[i * 3] != i) in_order = 0;
+  ck_assert_int_eq(in_order, 0);
+  dpt_dataset_free(&tr);
+  dpt_dataset_free(&te);
+  dpt_dataset_free(&all);
+}
+END_TEST
+
+START_TEST(split_is_deterministic) {
+  dpt_dataset all, a_tr, a_te, b_tr, b_te, c_tr, c_te;
+  char err[256] = "";
+  make_dataset(&all, 50);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.3, 7, &a_tr, &a_te, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.3, 7, &b_tr, &b_te, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.3, 8, &c_tr, &c_te, err, sizeof err), DP_OK);
+  ck_assert_mem_eq(a_tr.x, b_tr.x, (size_t)a_tr.n_rows * 3 * sizeof(float));
+  ck_assert_mem_eq(a_te.x, b_te.x, (size_t)a_te.n_rows * 3 * sizeof(float));
+  ck_assert_mem_eq(a_te.label, b_te.label, (size_t)a_te.n_rows * sizeof(int32_t));
+  ck_assert_int_ne(memcmp(a_te.x, c_te.x, (size_t)a_te.n_rows * 3 * sizeof(float)), 0);
+  dpt_dataset_free(&a_tr);
+  dpt_dataset_free(&a_te);
+  dpt_dataset_free(&b_tr);
+  dpt_dataset_free(&b_te);
+  dpt_dataset_free(&c_tr);
+  dpt_dataset_free(&c_te);
+  dpt_dataset_free(&all);
+}
+END_TEST
+
+START_TEST(split_copies_regression_targets) {
+  tmpfile_t t;
+  tmp_write(&t, "0.5,0\n1.5,1\n2.5,2\n3.5,3\n");
+  dpt_dataset all, tr, te;
+  char err[256] = "";
+  ck_assert_int_eq(dpt_csv_load_regression(t.path, 1, &all, err, sizeof err), DP_OK);
+  unlink(t.path);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.5, 3, &tr, &te, err, sizeof err), DP_OK);
+  ck_assert_ptr_null(tr.label);
+  ck_assert_ptr_nonnull(tr.y);
+  ck_assert_int_eq(tr.n_targets, 1);
+  for (int i = 0; i < 2; i++) {
+    ck_assert_float_eq(tr.y[i], tr.x[i] + 0.5f);
+    ck_assert_float_eq(te.y[i], te.x[i] + 0.5f);
+  }
+  dpt_dataset_free(&tr);
+  dpt_dataset_free(&te);
+  dpt_dataset_free(&all);
+}
+END_TEST
+
+START_TEST(split_digits) {
+  dpt_dataset all, tr, te;
+  char err[256] = "";
+  ck_assert_int_eq(dpt_csv_load("data/digits.csv", &all, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.2, 0, &tr, &te, err, sizeof err), DP_OK);
+  ck_assert_int_eq(te.n_rows, 360);
+  ck_assert_int_eq(tr.n_rows, 1437);
+  ck_assert_int_eq(tr.n_classes, 10);
+  ck_assert_int_eq(te.n_classes, 10);
+  dpt_dataset_free(&tr);
+  dpt_dataset_free(&te);
+  dpt_dataset_free(&all);
+}
+END_TEST
+
+/* ---- standardize ----------------------------------------------------------------- */
+
+START_TEST(standardize_uses_train_stats) {
+  dpt_dataset tr, te;
+  make_dataset(&tr, 9); /* feature 0: 0..8, mean 4, population var 60/9 */
+  make_dataset(&te, 2);
+  dpt_standardize(&tr, &te);
+  for (int j = 0; j < 2; j++) {
+    double sum = 0, ss = 0;
+    for (int i = 0; i < 9; i++) sum += tr.x[i * 3 + j];
+    for (int i = 0; i < 9; i++) ss += tr.x[i * 3 + j] * tr.x[i * 3 + j];
+    ck_assert_double_eq_tol(sum / 9, 0.0, 1e-6);
+    ck_assert_double_eq_tol(ss / 9, 1.0, 1e-5);
+  }
+  /* the constant feature becomes 0, not NaN */
+  for (int i = 0; i < 9; i++) ck_assert_float_eq(tr.x[i * 3 + 2], 0.0f);
+  ck_assert_float_eq(te.x[2], 0.0f);
+  /* test row 1 (x0 = 1) with the train mean 4 and std sqrt(60/9) */
+  ck_assert_double_eq_tol(te.x[3], (1.0 - 4.0) / sqrt(60.0 / 9.0), 1e-6);
+  dpt_standardize(&tr, NULL);
+  dpt_standardize(NULL, NULL);
+  dpt_dataset_free(&tr);
+  dpt_dataset_free(&te);
+}
+END_TEST
+
+/* ---- epoch order ------------------------------------------------------------------ */
+
+static int is_permutation(const int *p, int n) {
+  int *seen = calloc((size_t)n, sizeof(int));
+  int ok = 1;
+  for (int i = 0; i < n; i++) {
+    if (p[i] < 0 || p[i] >= n || seen[p[i]]) ok = 0;
+    else seen[p[i]] = 1;
+  }
+  free(seen);
+  return ok;
+}
+
+START_TEST(epoch_order_is_a_permutation) {
+  const int ns[] = {1, 2, 3, 10, 1000};
+  for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+    int n = ns[k];
+    int *p = malloc((size_t)n * sizeof(int));
+    for (int e = 0; e < 5; e++) {
+      dpt_epoch_order(n, 12345, e, p);
+      ck_assert(is_permutation(p, n));
+    }
+    free(p);
+  }
+  int untouched = -7;
+  dpt_epoch_order(0, 1, 0, &untouched);
+  ck_assert_int_eq(untouched, -7);
+  dpt_epoch_order(5, 1, 0, NULL);
+}
+END_TEST
+
+START_TEST(epoch_order_is_deterministic) {
+  int a[200], b[200];
+  dpt_epoch_order(200, 99, 3, a);
+  dpt_epoch_order(200, 99, 3, b);
+  ck_assert_mem_eq(a, b, sizeof a);
+  /* pinned: runs recorded with a seed must replay the same order later */
+  int c[8];
+  const int want[8] = {4, 6, 5, 3, 2, 0, 1, 7};
+  dpt_epoch_order(8, 0, 0, c);
+  ck_assert_mem_eq(c, want, sizeof c);
+}
+END_TEST
+
+START_TEST(epoch_order_differs_by_epoch_and_seed) {
+  int a[200], b[200], c[200];
+  dpt_epoch_order(200, 99, 0, a);
+  dpt_epoch_order(200, 99, 1, b);
+  dpt_epoch_order(200, 100, 0, c);
+  ck_assert_int_ne(memcmp(a, b, sizeof a), 0);
+  ck_assert_int_ne(memcmp(a, c, sizeof a), 0);
+  /* and it does shuffle */
+  int identity = 1;
+  for (int i = 0; i < 200; i++)
+    if (a[i] != i) identity = 0;
+  ck_assert_int_eq(identity, 0);
+  /* roughly uniform: element 0 lands in each half about equally often */
+  int low = 0;
+  int p[10];
+  for (int e = 0; e < 2000; e++) {
+    dpt_epoch_order(10, 5, e, p);
+    for (int i = 0; i < 5; i++)
+      if (p[i] == 0) low++;
+  }
+  ck_assert_int_gt(low, 850);
+  ck_assert_int_lt(low, 1150);
+}
+END_TEST
+
+/* ---- svg ------------------------------------------------------------------------- */
+
+START_TEST(svg_line_plot_writes_file) {
+  tmpfile_t t;
+  tmp_path(&t);
+  float y[50];
+  for (int i = 0; i < 50; i++) y[i] = 2.3f * expf(-0.05f * (float)i) + 0.1f;
+  char err[256] = "";
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, "loss <digits> & co", "epoch", "loss", y, 50,
+                                     err, sizeof err),
+                   DP_OK);
+  char *s = slurp(t.path);
+  ck_assert_ptr_nonnull(s);
+  ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
+  ck_assert_int_eq(count_of(s, "<polyline"), 1);
+  ck_assert_int_eq(count_of(s, "points=\"") , 1);
+  ck_assert_ptr_nonnull(strstr(s, "loss &lt;digits&gt; &amp; co"));
+  ck_assert_ptr_nonnull(strstr(s, ">epoch<"));
+  ck_assert_ptr_nonnull(strstr(s, "</svg>\n"));
+  free(s);
+  unlink(t.path);
+}
+END_TEST
+
+START_TEST(svg_line_plot_single_and_constant) {
+  tmpfile_t t;
+  tmp_path(&t);
+  char err[256] = "";
+  float one = 0.75f;
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, NULL, NULL, NULL, &one, 1, err, sizeof err), DP_OK);
+  char *s = slurp(t.path);
+  ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
+  ck_assert_ptr_nonnull(strstr(s, "<polyline"));
+  ck_assert_ptr_nonnull(strstr(s, "<circle"));
+  ck_assert_ptr_null(strstr(s, "nan"));
+  ck_assert_ptr_null(strstr(s, "inf"));
+  free(s);
+  float flat[5] = {0, 0, 0, 0, 0};
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, "t", "x", "y", flat, 5, err, sizeof err), DP_OK);
+  s = slurp(t.path);
+  ck_assert_ptr_nonnull(strstr(s, "<polyline"));
+  ck_assert_ptr_null(strstr(s, "nan"));
+  ck_assert_ptr_null(strstr(s, "inf"));
+  free(s);
+  /* a diverged value splits the line */
+  float gap[5] = {1, 2, NAN, 3, 4};
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, "t", "x", "y", gap, 5, err, sizeof err), DP_OK);
+  s = slurp(t.path);
+  ck_assert_int_eq(count_of(s, "<polyline"), 2);
+  ck_assert_ptr_null(strstr(s, "nan"));
+  free(s);
+  unlink(t.path);
+}
+END_TEST
+
+START_TEST(svg_line_plot_errors) {
+  float y[3] = {1, 2, 3};
+  char err[256] = "";
+  ck_assert_int_eq(dpt_svg_line_plot("/nonexistent/dir/plot.svg", "t", "x", "y", y, 3, err,
+                                     sizeof err),
+                   DP_ERR_IO);
+  ck_assert_str_eq(err,
+                   "/nonexistent/dir/plot.svg: cannot open for writing: No such file or "
+                   "directory");
+  ck_assert_int_eq(dpt_svg_line_plot("/tmp/x.svg", "t", "x", "y", y, 0, err, sizeof err),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_svg_line_plot("/tmp/x.svg", "t", "x", "y", NULL, 3, err, sizeof err),
+                   DP_ERR_INVALID);
+  if (access("/dev/full", W_OK) == 0) { /* the write fails at flush/fclose */
+    ck_assert_int_eq(dpt_svg_line_plot("/dev/full", "t", "x", "y", y, 3, err, sizeof err),
+                     DP_ERR_IO);
+    ck_assert_str_eq(err, "/dev/full: write failed: No space left on device");
+  }
+}
+END_TEST
+
+START_TEST(svg_stacked_bars_writes_file) {
+  tmpfile_t t;
+  tmp_path(&t);
+  const char *bars[] = {"gpu0", "gpu1"};
+  const char *segs[] = {"params", "unused", "activations", "gathered <outputs>"};
+  const double v[] = {
+      1.5 * 1048576, 0, 3.0 * 1048576, 2.0 * 1048576, /* gpu0 */
+      1.5 * 1048576, 0, 1.5 * 1048576, 0,             /* gpu1 */
+  };
+  char err[256] = "";
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, v, err,
+                                        sizeof err),
+                   DP_OK);
+  char *s = slurp(t.path);
+  ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
+  ck_assert_ptr_nonnull(strstr(s, "MiB"));
+  ck_assert_ptr_nonnull(strstr(s, ">gpu0<"));
+  ck_assert_ptr_nonnull(strstr(s, ">gpu1<"));
+  ck_assert_ptr_nonnull(strstr(s, "gathered &lt;outputs&gt;"));
+  ck_assert_ptr_nonnull(strstr(s, ">6.50 MiB<")); /* gpu0's total */
+  ck_assert_ptr_null(strstr(s, "unused"));          /* zero everywhere: no legend */
+  /* 5 non-zero segments drawn, each with a tooltip */
+  ck_assert_int_eq(count_of(s, "<title>"), 5);
+  free(s);
+  /* NULL names and all-zero values still make a file */
+  const double z[] = {0, 0};
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, NULL, 2, NULL, 1, NULL, z, err, sizeof err),
+                   DP_OK);
+  s = slurp(t.path);
+  ck_assert_ptr_nonnull(strstr(s, ">dev 1<"));
+  ck_assert_ptr_null(strstr(s, "nan"));
+  free(s);
+  unlink(t.path);
+}
+END_TEST
+
+START_TEST(svg_stacked_bars_errors) {
+  const double v[] = {1, -1};
+  char err[256] = "";
+  ck_assert_int_eq(dpt_svg_stacked_bars("/tmp/x.svg", "t", 1, NULL, 2, NULL, v, err, sizeof err),
+                   DP_ERR_INVALID);
+  ck_assert_str_eq(err,
+                   "dpt_svg_stacked_bars: bar 0 segment 1: value -1 is not a finite byte "
+                   "count >= 0");
+  const double w[] = {1, 2};
+  ck_assert_int_eq(dpt_svg_stacked_bars("/nonexistent/dir/b.svg", "t", 1, NULL, 2, NULL, w,
+                                        err, sizeof err),
+                   DP_ERR_IO);
+  ck_assert_int_eq(dpt_svg_stacked_bars("/tmp/x.svg", "t", 0, NULL, 2, NULL, w, err, sizeof err),
+                   DP_ERR_INVALID);
+}
+END_TEST
+
+START_TEST(svg_format_bytes) {
+  char b[32];
+  ck_assert_str_eq(dpt_format_bytes(0, b, sizeof b), "0 B");
+  ck_assert_str_eq(dpt_format_bytes(1023, b, sizeof b), "1023 B");
+  ck_assert_str_eq(dpt_format_bytes(1536, b, sizeof b), "1.50 KiB");
+  ck_assert_str_eq(dpt_format_bytes(12.5 * 1048576, b, sizeof b), "12.5 MiB");
+  ck_assert_str_eq(dpt_format_bytes(640.0 * 1073741824.0, b, sizeof b), "640 GiB");
+  ck_assert_str_eq(dpt_format_bytes(2.0 * 1099511627776.0, b, sizeof b), "2.00 TiB");
+}
+END_TEST
+
+Suite *data_suite(void) {
+  Suite *s = suite_create("data");
+
+  TCase *tc = tcase_create("csv");
+  tcase_add_test(tc, csv_loads_labels_and_features);
+  tcase_add_test(tc, csv_accepts_number_forms_and_spaces);
+  tcase_add_test(tc, csv_accepts_crlf);
+  tcase_add_test(tc, csv_skips_comments_and_blank_lines);
+  tcase_add_test(tc, csv_regression_targets_first);
+  tcase_add_test(tc, csv_error_bad_number);
+  tcase_add_test(tc, csv_error_empty_field);
+  tcase_add_test(tc, csv_error_field_count);
+  tcase_add_test(tc, csv_error_labels);
+  tcase_add_test(tc, csv_error_non_finite);
+  tcase_add_test(tc, csv_error_empty_file);
+  tcase_add_test(tc, csv_error_missing_file_and_args);
+  tcase_add_test(tc, csv_error_long_field_is_shortened);
+  tcase_add_test(tc, csv_error_nul_byte);
+  tcase_add_test(tc, csv_many_rows_grow);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("digits");
+  tcase_add_test(tc, digits_csv_loads);
+  tcase_add_test(tc, split_digits);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("split");
+  tcase_add_test(tc, split_sizes);
+  tcase_add_test(tc, split_refuses_bad_fractions);
+  tcase_add_test(tc, split_is_disjoint_and_covers_all);
+  tcase_add_test(tc, split_is_deterministic);
+  tcase_add_test(tc, split_copies_regression_targets);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("standardize");
+  tcase_add_test(tc, standardize_uses_train_stats);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("epoch_order");
+  tcase_add_test(tc, epoch_order_is_a_permutation);
+  tcase_add_test(tc, epoch_order_is_deterministic);
+  tcase_add_test(tc, epoch_order_differs_by_epoch_and_seed);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("svg");
+  tcase_add_test(tc, svg_line_plot_writes_file);
+  tcase_add_test(tc, svg_line_plot_single_and_constant);
+  tcase_add_test(tc, svg_line_plot_errors);
+  tcase_add_test(tc, svg_stacked_bars_writes_file);
+  tcase_add_test(tc, svg_stacked_bars_errors);
+  tcase_add_test(tc, svg_format_bytes);
+  suite_add_tcase(s, tc);
+  return s;
+}

@@ -1,0 +1,519 @@
+/* Shared command-line helpers of the `dp` tool (see cli.h). */
+#include "cli.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static int fail(char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Writes the message; returns -1 (== DPT_ARGS_ERROR). */
+static int fail(char *err, size_t errcap, const char *fmt, ...) {
+  if (err && errcap) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errcap, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+/* ---- sizes ------------------------------------------------------------------- */
+
+/* Multiplier of a unit suffix ("", "b", "k", "kb", "ki", "kib", ... "pib"),
+ * case-insensitive; 0 when the suffix is not a unit. */
+static uint64_t unit_multiplier(const char *u) {
+  static const char prefixes[] = "kmgtp";
+  if (*u == '\0') return 1;
+  if ((u[0] == 'b' || u[0] == 'B') && u[1] == '\0') return 1;
+  const char *pp = strchr(prefixes, tolower((unsigned char)u[0]));
+  if (!pp || u[0] == '\0') return 0;
+  int power = (int)(pp - prefixes) + 1;
+  const char *q = u + 1;
+  uint64_t base = 1000;
+  if (*q == 'i' || *q == 'I') {
+    base = 1024;
+    q++;
+  }
+  if (*q == 'b' || *q == 'B') q++;
+  if (*q != '\0') return 0;
+  uint64_t m = 1;
+  for (int i = 0; i < power; i++) m *= base; /* <= 1024^5, no overflow */
+  return m;
+}
+
+int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
+  static const char units[] = "use B, kB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB";
+  if (!s || !*s) return fail(err, errcap, "empty size");
+  const char *p = s;
+  if (*p == '-') return fail(err, errcap, "size '%s' is negative", s);
+  if (!isdigit((unsigned char)*p))
+    return fail(err, errcap, "size '%s' is not a number (e.g. 512MiB, 1.5GB, 1000)", s);
+  uint64_t ip = 0;
+  for (; isdigit((unsigned char)*p); p++) {
+    unsigned d = (unsigned)(*p - '0');
+    if (ip > (UINT64_MAX - d) / 10) return fail(err, errcap, "size '%s' is too large", s);
+    ip = ip * 10 + d;
+  }
+  const char *frac = NULL;
+  size_t nfrac = 0;
+  if (*p == '.') {
+    frac = ++p;
+    while (isdigit((unsigned char)*p)) p++;
+    nfrac = (size_t)(p - frac);
+    if (nfrac == 0) return fail(err, errcap, "size '%s': digits expected after '.'", s);
+  }
+  const char *sp = p;
+  while (*p == ' ') p++;
+  if (p != sp && *p == '\0') return fail(err, errcap, "size '%s': trailing space", s);
+  uint64_t mult = unit_multiplier(p);
+  if (mult == 0) return fail(err, errcap, "size '%s': unknown unit '%s' (%s)", s, p, units);
+  if (nfrac && mult == 1)
+    return fail(err, errcap, "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)", s);
+  uint64_t v;
+  if (__builtin_mul_overflow(ip, mult, &v))
+    return fail(err, errcap, "size '%s' is too large", s);
+  /* floor(mult * 0.frac), exactly: multiply the decimal fraction by mult digit
+   * by digit from the last; the final carry is the integer part. carry < mult,
+   * so 9 * mult + carry < 10 * 1024^5 fits. */
+  uint64_t carry = 0;
+  for (size_t i = nfrac; i-- > 0;) carry = ((uint64_t)(frac[i] - '0') * mult + carry) / 10;
+  if (__builtin_add_overflow(v, carry, &v) || v > SIZE_MAX)
+    return fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s, (size_t)SIZE_MAX);
+  *out = (size_t)v;
+  return 0;
+}
+
+/* ---- numbers ----------------------------------------------------------------- */
+
+int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
+                  char *err, size_t errcap) {
+  if (min < INT_MIN) min = INT_MIN;
+  if (max > INT_MAX) max = INT_MAX;
+  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
+  if (isspace((unsigned char)*s))
+    return fail(err, errcap, "%s: '%s' is not an integer", what, s);
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end != '\0')
+    return fail(err, errcap, "%s: '%s' is not an integer", what, s);
+  if (errno == ERANGE || v < min || v > max)
+    return fail(err, errcap, "%s: %s is out of range [%ld, %ld]", what, s, min, max);
+  *out = (int)v;
+  return 0;
+}
+
+int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
+                    char *err, size_t errcap) {
+  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected a number", what);
+  if (isspace((unsigned char)*s)) return fail(err, errcap, "%s: '%s' is not a number", what, s);
+  char *end;
+  errno = 0;
+  double v = strtod(s, &end);
+  if (end == s || *end != '\0') return fail(err, errcap, "%s: '%s' is not a number", what, s);
+  if (!isfinite(v) || errno == ERANGE || v < min || v > max || v > FLT_MAX || v < -FLT_MAX)
+    return fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
+                max > FLT_MAX ? (double)FLT_MAX : max);
+  *out = (float)v;
+  return 0;
+}
+
+int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err, size_t errcap) {
+  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
+  if (!isdigit((unsigned char)*s))
+    return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (*end != '\0') return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+  if (errno == ERANGE || v > UINT64_MAX)
+    return fail(err, errcap, "%s: %s is out of range [0, %llu]", what, s,
+                (unsigned long long)UINT64_MAX);
+  *out = (uint64_t)v;
+  return 0;
+}
+
+int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], char *err,
+                      size_t errcap) {
+  char msg[256];
+  if (!s || !*s) return fail(err, errcap, "--devices: empty value");
+  if (!strchr(s, ',')) {
+    int n;
+    if (dpt_parse_int(s, 1, DP_MAX_DEVICES, "--devices", &n, msg, sizeof msg))
+      return fail(err, errcap, "%s (a device count, or a comma list of device ids)", msg);
+    for (int i = 0; i < n; i++) ids[i] = i;
+    *n_devices = n;
+    return 0;
+  }
+  int tmp[DP_MAX_DEVICES], n = 0;
+  const char *p = s;
+  for (;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    if (len == 0) return fail(err, errcap, "--devices: empty device id in list '%s'", s);
+    if (n == DP_MAX_DEVICES)
+      return fail(err, errcap, "--devices: list '%s' has more than %d entries", s,
+                  DP_MAX_DEVICES);
+    char item[32];
+    if (len >= sizeof item)
+      return fail(err, errcap, "--devices: device id '%.*s' is not an integer", (int)len, p);
+    memcpy(item, p, len);
+    item[len] = '\0';
+    if (!isdigit((unsigned char)item[0]))
+      return fail(err, errcap, "--devices: device id '%s' is not a non-negative integer", item);
+    if (dpt_parse_int(item, 0, 1023, "--devices: device id", &tmp[n], err, errcap)) return -1;
+    n++;
+    if (!comma) break;
+    p = comma + 1;
+  }
+  memcpy(ids, tmp, (size_t)n * sizeof *tmp);
+  *n_devices = n;
+  return 0;
+}
+
+/* ---- enumerations ------------------------------------------------------------ */
+
+static const char *const mode_names[] = {[DP_MODE_CLASSIC] = "classic",
+                                         [DP_MODE_ALLREDUCE] = "allreduce"};
+static const char *const optimizer_names[] = {
+    [DP_OPT_SGD] = "sgd", [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_ADAMW] = "adamw"};
+static const char *const split_names[] = {[DP_SPLIT_CHUNK] = "chunk",
+                                          [DP_SPLIT_BALANCED] = "balanced"};
+static const char *const backend_names[] = {[DP_BACKEND_CPU] = "cpu",
+                                            [DP_BACKEND_CUDA] = "cuda"};
+static const char *const layer_names[] = {
+    [DP_LAYER_INPUT] = "input",         [DP_LAYER_LINEAR] = "linear",
+    [DP_LAYER_RELU] = "relu",           [DP_LAYER_GELU] = "gelu",
+    [DP_LAYER_TANH] = "tanh",           [DP_LAYER_SIGMOID] = "sigmoid",
+    [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout"};
+static const char *const loss_names[] = {[DP_LOSS_NONE] = "none", [DP_LOSS_MSE] = "mse",
+                                         [DP_LOSS_SOFTMAX_CE] = "softmax_cross_entropy"};
+
+#define NAME_OF(table, v) \
+  ((unsigned)(v) < sizeof table / sizeof *table && table[v] ? table[v] : "?")
+
+const char *dpt_mode_name(dp_mode m) { return NAME_OF(mode_names, m); }
+const char *dpt_optimizer_name(dp_optimizer o) { return NAME_OF(optimizer_names, o); }
+const char *dpt_split_name(dp_split s) { return NAME_OF(split_names, s); }
+const char *dpt_backend_name(dp_backend b) { return NAME_OF(backend_names, b); }
+const char *dpt_layer_name(dp_layer_kind k) { return NAME_OF(layer_names, k); }
+const char *dpt_loss_name(dp_loss_kind l) { return NAME_OF(loss_names, l); }
+
+/* Index of s in names[0..n-1] (case-insensitive), or -1 with a message. */
+static int parse_word(const char *s, const char *const *names, int n, const char *what,
+                      char *err, size_t errcap) {
+  for (int i = 0; s && i < n; i++)
+    if (strcasecmp(s, names[i]) == 0) return i;
+  char list[128] = "";
+  size_t len = 0;
+  for (int i = 0; i < n && len < sizeof list; i++)
+    len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? "|" : "", names[i]);
+  return fail(err, errcap, "%s: '%s' is not one of %s", what, s ? s : "", list);
+}
+
+#define N_OF(table) ((int)(sizeof table / sizeof *table))
+
+int dpt_parse_mode(const char *s, dp_mode *out, char *err, size_t errcap) {
+  int i = parse_word(s, mode_names, N_OF(mode_names), "--mode", err, errcap);
+  if (i < 0) return -1;
+  *out = (dp_mode)i;
+  return 0;
+}
+int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err, size_t errcap) {
+  int i = parse_word(s, optimizer_names, N_OF(optimizer_names), "--optimizer", err, errcap);
+  if (i < 0) return -1;
+  *out = (dp_optimizer)i;
+  return 0;
+}
+int dpt_parse_split(const char *s, dp_split *out, char *err, size_t errcap) {
+  int i = parse_word(s, split_names, N_OF(split_names), "--split", err, errcap);
+  if (i < 0) return -1;
+  *out = (dp_split)i;
+  return 0;
+}
+int dpt_parse_backend(const char *s, dp_backend *out, char *err, size_t errcap) {
+  int i = parse_word(s, backend_names, N_OF(backend_names), "--backend", err, errcap);
+  if (i < 0) return -1;
+  *out = (dp_backend)i;
+  return 0;
+}
+
+/* ---- formatting ---------------------------------------------------------------- */
+
+char *dpt_bytes_human(size_t n, char *buf, size_t cap) {
+  static const char *const units[] = {"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  if (!cap) return buf;
+  if (n < 1024) {
+    snprintf(buf, cap, "%zu B", n);
+    return buf;
+  }
+  double v = (double)n / 1024.0;
+  int k = 0;
+  /* Move up while the value would print as 1024.00 or more. */
+  while (v >= 1023.995 && k < 5) {
+    v /= 1024.0;
+    k++;
+  }
+  snprintf(buf, cap, "%.2f %s", v, units[k]);
+  return buf;
+}
+
+char *dpt_bytes_exact(size_t n, char *buf, size_t cap) {
+  char digits[32];
+  int nd = snprintf(digits, sizeof digits, "%zu", n);
+  char tmp[48];
+  size_t j = 0;
+  for (int i = 0; i < nd; i++) {
+    if (i > 0 && (nd - i) % 3 == 0) tmp[j++] = ',';
+    tmp[j++] = digits[i];
+  }
+  tmp[j] = '\0';
+  if (cap) snprintf(buf, cap, "%s", tmp);
+  return buf;
+}
+
+void dpt_json_string(FILE *f, const char *s) {
+  if (!s) {
+    fputs("null", f);
+    return;
+  }
+  fputc('"', f);
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    switch (*p) {
+    case '"': fputs("\\\"", f); break;
+    case '\\': fputs("\\\\", f); break;
+    case '\n': fputs("\\n", f); break;
+    case '\r': fputs("\\r", f); break;
+    case '\t': fputs("\\t", f); break;
+    case '\b': fputs("\\b", f); break;
+    case '\f': fputs("\\f", f); break;
+    default:
+      if (*p < 0x20)
+        fprintf(f, "\\u%04x", *p);
+      else
+        fputc(*p, f);
+    }
+  }
+  fputc('"', f);
+}
+
+/* ---- common options ------------------------------------------------------------ */
+
+static const struct option common_options[] = {
+    {"batch", required_argument, NULL, DPT_OPT_BATCH},
+    {"devices", required_argument, NULL, DPT_OPT_DEVICES},
+    {"split", required_argument, NULL, DPT_OPT_SPLIT},
+    {"micro-batch", required_argument, NULL, DPT_OPT_MICRO_BATCH},
+    {"mode", required_argument, NULL, DPT_OPT_MODE},
+    {"optimizer", required_argument, NULL, DPT_OPT_OPTIMIZER},
+    {"inference", no_argument, NULL, DPT_OPT_INFERENCE},
+    {"backend", required_argument, NULL, DPT_OPT_BACKEND},
+    {"lr", required_argument, NULL, DPT_OPT_LR},
+    {"momentum", required_argument, NULL, DPT_OPT_MOMENTUM},
+    {"weight-decay", required_argument, NULL, DPT_OPT_WEIGHT_DECAY},
+    {"beta1", required_argument, NULL, DPT_OPT_BETA1},
+    {"beta2", required_argument, NULL, DPT_OPT_BETA2},
+    {"eps", required_argument, NULL, DPT_OPT_EPS},
+    {"seed", required_argument, NULL, DPT_OPT_SEED},
+    {"help", no_argument, NULL, 'h'},
+};
+#define N_COMMON N_OF(common_options)
+#define MAX_EXTRA 48
+
+int dpt_given(const dpt_common *c, int code) {
+  if (!c || code < DPT_OPT_BATCH || code >= DPT_OPT_COMMON_END) return 0;
+  return (int)((c->given >> (code - DPT_OPT_BATCH)) & 1ul);
+}
+
+static int set_common(int code, const char *arg, dp_config *c, char *err, size_t errcap) {
+  switch (code) {
+  case DPT_OPT_BATCH: return dpt_parse_int(arg, 1, INT_MAX, "--batch", &c->batch, err, errcap);
+  case DPT_OPT_DEVICES: return dpt_parse_devices(arg, &c->n_devices, c->device_ids, err, errcap);
+  case DPT_OPT_SPLIT: return dpt_parse_split(arg, &c->split, err, errcap);
+  case DPT_OPT_MICRO_BATCH:
+    return dpt_parse_int(arg, 0, INT_MAX, "--micro-batch", &c->micro_batch, err, errcap);
+  case DPT_OPT_MODE: return dpt_parse_mode(arg, &c->mode, err, errcap);
+  case DPT_OPT_OPTIMIZER: return dpt_parse_optimizer(arg, &c->optimizer, err, errcap);
+  case DPT_OPT_INFERENCE: c->inference = 1; return 0;
+  case DPT_OPT_BACKEND: return dpt_parse_backend(arg, &c->backend, err, errcap);
+  case DPT_OPT_LR: return dpt_parse_float(arg, 0, FLT_MAX, "--lr", &c->lr, err, errcap);
+  case DPT_OPT_MOMENTUM:
+    return dpt_parse_float(arg, 0, 1, "--momentum", &c->momentum, err, errcap);
+  case DPT_OPT_WEIGHT_DECAY:
+    return dpt_parse_float(arg, 0, FLT_MAX, "--weight-decay", &c->weight_decay, err, errcap);
+  case DPT_OPT_BETA1:
+  case DPT_OPT_BETA2: {
+    const char *what = code == DPT_OPT_BETA1 ? "--beta1" : "--beta2";
+    float v;
+    if (dpt_parse_float(arg, 0, 1, what, &v, err, errcap)) return -1;
+    if (v >= 1.0f) return fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
+    *(code == DPT_OPT_BETA1 ? &c->beta1 : &c->beta2) = v;
+    return 0;
+  }
+  case DPT_OPT_EPS: return dpt_parse_float(arg, 0, 1, "--eps", &c->eps, err, errcap);
+  case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
+  }
+  return fail(err, errcap, "internal: unknown common option %d", code);
+}
+
+static const char *option_name(const struct option *opts, int val) {
+  for (const struct option *o = opts; o->name; o++)
+    if (o->val == val && !o->flag) return o->name;
+  return NULL;
+}
+
+int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
+                   void *user, dp_config *cfg, dpt_common *common, char *err,
+                   size_t errcap) {
+  struct option opts[N_COMMON + MAX_EXTRA + 1];
+  char shortopts[3 * MAX_EXTRA + 4] = ":h"; /* ':' = report a missing value as ':' */
+  size_t nshort = 2;
+  int n = 0;
+  dpt_common local;
+  if (!common) common = &local;
+  memset(common, 0, sizeof *common);
+  dp_config_default(cfg);
+
+  for (int i = 0; i < N_COMMON; i++) opts[n++] = common_options[i];
+  for (const struct option *o = extra; o && o->name; o++) {
+    if (n == N_COMMON + MAX_EXTRA) return fail(err, errcap, "internal: too many options");
+    opts[n++] = *o;
+    if (!o->flag && o->val > 0 && o->val < 128 && isalnum(o->val) && o->val != 'h') {
+      shortopts[nshort++] = (char)o->val;
+      if (o->has_arg == required_argument) shortopts[nshort++] = ':';
+      if (o->has_arg == optional_argument) {
+        shortopts[nshort++] = ':';
+        shortopts[nshort++] = ':';
+      }
+      shortopts[nshort] = '\0';
+    }
+  }
+  memset(&opts[n], 0, sizeof opts[n]);
+
+  optind = 0; /* glibc: 0 forces a full reinitialisation of getopt's state */
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, shortopts, opts, NULL)) != -1) {
+    const char *tok = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+    if (c == 'h') return DPT_ARGS_HELP;
+    if (c == ':') {
+      const char *name = optopt >= 0x100 ? option_name(opts, optopt) : NULL;
+      if (name) return fail(err, errcap, "option --%s needs a value", name);
+      if (optopt > 0 && optopt < 0x100) {
+        name = option_name(opts, optopt);
+        if (name && strncmp(tok, "--", 2) == 0)
+          return fail(err, errcap, "option --%s needs a value", name);
+        return fail(err, errcap, "option -%c needs a value", optopt);
+      }
+      return fail(err, errcap, "option %s needs a value", tok);
+    }
+    if (c == '?') {
+      if (optopt == 0)
+        return fail(err, errcap, "unknown or ambiguous option '%s'", tok);
+      if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0)) {
+        const char *name = option_name(opts, optopt);
+        return fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?", tok);
+      }
+      if (isprint(optopt) && strncmp(tok, "--", 2) != 0)
+        return fail(err, errcap, "unknown option '-%c'", optopt);
+      return fail(err, errcap, "bad option '%s'", tok);
+    }
+    if (c >= DPT_OPT_BATCH && c < DPT_OPT_COMMON_END) {
+      if (set_common(c, optarg, cfg, err, errcap)) return DPT_ARGS_ERROR;
+      common->given |= 1ul << (c - DPT_OPT_BATCH);
+      continue;
+    }
+    if (!fn) return fail(err, errcap, "internal: no handler for option '%s'", tok);
+    if (fn(user, c, optarg, err, errcap)) return DPT_ARGS_ERROR;
+  }
+  common->first_arg = optind;
+  common->n_args = argc - optind;
+  return DPT_ARGS_OK;
+}
+
+int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *common,
+                         char *err, size_t errcap) {
+  dpt_common local;
+  if (!common) common = &local;
+  int r = dpt_parse_args(argc, argv, NULL, NULL, NULL, cfg, common, err, errcap);
+  if (r == DPT_ARGS_OK && common->n_args > 0)
+    return fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
+  return r;
+}
+
+void dpt_print_common_help(FILE *f) {
+  fputs(
+      "Configuration (the same options, with the same meaning, in every command):\n"
+      "  --batch B               largest batch a step takes, in rows (the planned size)\n"
+      "  --devices N|LIST        N replicas on devices 0..N-1 (default 1), or a comma\n"
+      "                          list of physical device ids, one per replica:\n"
+      "                          --devices 0,0,1,1 = 4 replicas, two on each of 2 GPUs\n"
+      "  --split chunk|balanced  how the batch is cut along dim 0 (default chunk):\n"
+      "                          chunk    = torch.chunk: ceil(B/N) rows per device,\n"
+      "                                     the last may be short, fewer devices may\n"
+      "                                     be used\n"
+      "                          balanced = torch.tensor_split: the first B%N devices\n"
+      "                                     get one row more\n"
+      "  --micro-batch K         rows per micro-batch (default 0 = each device's\n"
+      "                          chunk); a fixed K makes results bit-identical\n"
+      "                          across device counts\n"
+      "  --mode classic|allreduce\n"
+      "                          classic   = nn.DataParallel (default): outputs\n"
+      "                                      gathered on device 0, loss, reduced\n"
+      "                                      gradients and optimizer there, replicas\n"
+      "                                      refreshed each step\n"
+      "                          allreduce = DDP-like: each device computes its loss,\n"
+      "                                      gradients all-reduced, every replica\n"
+      "                                      updates; memory is balanced\n"
+      "  --optimizer sgd|momentum|adamw   (default sgd)\n"
+      "  --inference             forward only: no gradients, no optimizer state\n"
+      "  --backend cpu|cuda      cpu: threads as virtual devices (default); cuda: GPUs\n"
+      "  --lr X                  learning rate (default 0.01)\n"
+      "  --momentum X            momentum optimizer, in [0, 1] (default 0.9)\n"
+      "  --weight-decay X        sgd/momentum: L2 added to the gradient (default 0);\n"
+      "                          adamw: decoupled decay (default 0.01)\n"
+      "  --beta1 X, --beta2 X    adamw, in [0, 1) (default 0.9, 0.999)\n"
+      "  --eps X                 adamw (default 1e-8)\n"
+      "  --seed N                parameter init and dropout, unsigned 64-bit\n"
+      "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
+      "an option name is accepted.\n",
+      f);
+}
+
+void dpt_print_config(FILE *f, const dp_config *c) {
+  fprintf(f, "batch %d on %d device%s", c->batch, c->n_devices, c->n_devices == 1 ? "" : "s");
+  int identity = 1;
+  for (int i = 0; i < c->n_devices && i < DP_MAX_DEVICES; i++)
+    if (c->device_ids[i] != i) identity = 0;
+  if (c->backend == DP_BACKEND_CUDA || !identity) {
+    fputs(" [ids ", f);
+    for (int i = 0; i < c->n_devices && i < DP_MAX_DEVICES; i++)
+      fprintf(f, "%s%d", i ? "," : "", c->device_ids[i]);
+    fputc(']', f);
+  }
+  fprintf(f, " (%s split, micro-batch ", dpt_split_name(c->split));
+  if (c->micro_batch > 0)
+    fprintf(f, "%d)", c->micro_batch);
+  else
+    fputs("= chunk)", f);
+  fprintf(f, ", %s mode, ", dpt_mode_name(c->mode));
+  if (c->inference) {
+    fputs("inference", f);
+  } else {
+    fprintf(f, "%s (lr %g", dpt_optimizer_name(c->optimizer), (double)c->lr);
+    if (c->optimizer == DP_OPT_MOMENTUM) fprintf(f, ", momentum %g", (double)c->momentum);
+    if (c->optimizer == DP_OPT_ADAMW)
+      fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2, (double)c->eps);
+    if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
+    fputs("), training", f);
+  }
+  fprintf(f, ", %s backend, seed %llu", dpt_backend_name(c->backend),
+          (unsigned long long)c->seed);
+}

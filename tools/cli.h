@@ -1,0 +1,171 @@
+/* Shared command-line helpers of the `dp` tool: value parsers, byte formatting,
+ * JSON string output, and the common option set that fills a dp_config, so that
+ * every command (`dp plan`, `dp train`, ...) parses those options identically.
+ *
+ * Conventions: parsers return 0 on success and -1 on failure; on failure they
+ * write a one-line message (no trailing newline) into err[errcap] and leave *out
+ * unchanged. err may be NULL when errcap is 0. Nothing here prints or exits,
+ * except the dpt_print_* functions, which write to the FILE they are given. */
+#ifndef DPT_CLI_H
+#define DPT_CLI_H
+
+#include "dp.h"
+
+#include <getopt.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- commands (each returns the process exit status) ------------------------ */
+/* argv[0] is the command name ("plan"); the rest are its arguments. */
+int dpt_cmd_plan(int argc, char **argv);  /* tools/cmd_plan.c */
+int dpt_cmd_train(int argc, char **argv); /* tools/cmd_train.c */
+
+/* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):
+ * a column per device with rows, micro-batches, the bytes of every non-empty
+ * region, the padded total; then a line saying how much more device 0 holds
+ * and which regions make the difference; then the host staging bytes. */
+void dpt_print_plan(FILE *f, const dp_plan *p);
+
+/* Exit statuses shared by all commands. */
+enum {
+  DPT_EXIT_OK = 0,
+  DPT_EXIT_FAIL = 1,  /* planning, model, run-time or I/O error */
+  DPT_EXIT_USAGE = 2, /* bad command line */
+};
+
+/* ---- values ------------------------------------------------------------------- */
+
+/* Byte sizes: a non-negative decimal number, optional spaces, optional unit.
+ *   B (or none) = 1; kB KB k = 1000; MB M = 1000^2; GB G; TB T; PB P (powers of 1000)
+ *   KiB Ki = 1024; MiB Mi = 1024^2; GiB Gi; TiB Ti; PiB Pi (powers of 1024)
+ * Units are case-insensitive ("gib", "GB", "mb" all work). A fraction ("1.5GB")
+ * is allowed with a unit above bytes and is computed exactly, rounded down to a
+ * whole byte. Refused: empty text, signs, junk, unknown units, a fraction of
+ * plain bytes, and any value above SIZE_MAX. */
+int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap);
+
+/* A decimal integer in [min, max]; `what` names the value in messages
+ * ("--batch"). Leading/trailing junk and whitespace are refused. */
+int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
+                  char *err, size_t errcap);
+/* A finite number in [min, max] (inclusive). */
+int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
+                    char *err, size_t errcap);
+/* An unsigned 64-bit decimal integer (no sign). */
+int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
+                  size_t errcap);
+
+/* --devices: either a count ("4": devices 0..3) or a comma list of physical
+ * device ids, one per replica ("0,0,1,1": 4 replicas, two per GPU). A list
+ * needs at least one comma; ids are in [0, 1023]; at most DP_MAX_DEVICES
+ * replicas. Writes *n_devices and ids[0..n-1] (ids must hold DP_MAX_DEVICES). */
+int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], char *err,
+                      size_t errcap);
+
+/* Enumerations, case-insensitive; the messages list the accepted words. */
+int dpt_parse_mode(const char *s, dp_mode *out, char *err, size_t errcap); /* classic|allreduce */
+int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err,
+                        size_t errcap);                                     /* sgd|momentum|adamw */
+int dpt_parse_split(const char *s, dp_split *out, char *err, size_t errcap); /* chunk|balanced */
+int dpt_parse_backend(const char *s, dp_backend *out, char *err, size_t errcap); /* cpu|cuda */
+
+/* The words above ("classic", ...), and the spec words for layers and losses
+ * ("linear", "softmax_cross_entropy"); "?" for a value out of range. */
+const char *dpt_mode_name(dp_mode m);
+const char *dpt_optimizer_name(dp_optimizer o);
+const char *dpt_split_name(dp_split s);
+const char *dpt_backend_name(dp_backend b);
+const char *dpt_layer_name(dp_layer_kind k);
+const char *dpt_loss_name(dp_loss_kind l);
+
+/* ---- formatting ----------------------------------------------------------------- */
+
+/* Human-readable, binary units, two decimals above bytes: "832 B", "1.50 KiB",
+ * "80.00 GiB". Returns buf. cap >= 16 always suffices. */
+char *dpt_bytes_human(size_t n, char *buf, size_t cap);
+/* Exact with thousands separators: "0", "832", "1,536", "85,899,345,920".
+ * Returns buf. cap >= 32 always suffices. */
+char *dpt_bytes_exact(size_t n, char *buf, size_t cap);
+
+/* Writes s as a JSON string literal (quotes included), escaping ", \ and
+ * control characters; NULL is written as null. */
+void dpt_json_string(FILE *f, const char *s);
+
+/* ---- common options ----------------------------------------------------------- */
+
+/* Codes (struct option .val) of the common options. A command numbers its own
+ * long options from DPT_OPT_USER upwards (or uses a plain character for a short
+ * form other than 'h'). */
+enum {
+  DPT_OPT_BATCH = 0x100,
+  DPT_OPT_DEVICES,
+  DPT_OPT_SPLIT,
+  DPT_OPT_MICRO_BATCH,
+  DPT_OPT_MODE,
+  DPT_OPT_OPTIMIZER,
+  DPT_OPT_INFERENCE,
+  DPT_OPT_BACKEND,
+  DPT_OPT_LR,
+  DPT_OPT_MOMENTUM,
+  DPT_OPT_WEIGHT_DECAY,
+  DPT_OPT_BETA1,
+  DPT_OPT_BETA2,
+  DPT_OPT_EPS,
+  DPT_OPT_SEED,
+  DPT_OPT_COMMON_END,
+  DPT_OPT_USER = 0x200,
+};
+
+/* What the parse saw besides the config. */
+typedef struct {
+  unsigned long given; /* bit (code - DPT_OPT_BATCH) per common option present */
+  int first_arg;       /* index in argv of the first positional argument */
+  int n_args;          /* number of positional arguments (argv[first_arg..]) */
+} dpt_common;
+
+/* 1 when the common option `code` (DPT_OPT_*) appeared on the command line. */
+int dpt_given(const dpt_common *c, int code);
+
+/* Called for each of the command's own options; arg is NULL for options
+ * without an argument. Returns 0, or -1 with a message in err. */
+typedef int (*dpt_option_fn)(void *user, int code, const char *arg, char *err,
+                             size_t errcap);
+
+enum { DPT_ARGS_ERROR = -1, DPT_ARGS_OK = 0, DPT_ARGS_HELP = 1 };
+
+/* Parses argv[1..argc-1] with getopt_long: the common options (which fill *cfg,
+ * starting from dp_config_default), -h/--help, and the command's own `extra`
+ * options (terminated by a zero entry; may be NULL; at most 48), each handed to
+ * fn(user, ...). Both "--opt value" and "--opt=value" work; positional
+ * arguments may appear anywhere (glibc permutes argv) and are counted in
+ * *common, not refused — the command decides. "--" ends the options.
+ *
+ * Options not given keep dp_config_default's values (weight_decay stays the
+ * library's "unset" sentinel, which the planner resolves per optimizer:
+ * 0 for sgd/momentum, 0.01 for adamw).
+ *
+ * getopt state: this function RESETS getopt (optind = 0, which makes glibc
+ * reinitialise fully) before parsing, and sets opterr = 0 (getopt prints
+ * nothing; messages go to err). It may be called any number of times, with
+ * different argv arrays, in one process. It is not thread-safe (getopt is not).
+ *
+ * Returns DPT_ARGS_OK; DPT_ARGS_HELP when -h/--help was met (parsing stops
+ * there); DPT_ARGS_ERROR with a message in err (unknown option, missing or bad
+ * value). `common` may be NULL. */
+int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
+                   void *user, dp_config *cfg, dpt_common *common, char *err,
+                   size_t errcap);
+
+/* Same, with only the common options and no positional arguments allowed. */
+int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *common,
+                         char *err, size_t errcap);
+
+/* The help text of the common options, identical in every command. */
+void dpt_print_common_help(FILE *f);
+
+/* One line describing a config, e.g.
+ * "batch 30 on 2 devices (chunk split, micro-batch auto), classic mode, sgd lr 0.01,
+ *  training, cpu backend". */
+void dpt_print_config(FILE *f, const dp_config *c);
+
+#endif

@@ -1,0 +1,627 @@
+/* `dp plan`: plans every byte of a data-parallel step without running it and
+ * prints the per-device arena layout (table, JSON or SVG), the largest batch
+ * that fits a budget, and the static schedule. */
+#include "cli.h"
+#include "svg.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { OPT_MODEL = DPT_OPT_USER, OPT_JSON, OPT_SVG, OPT_BUDGET, OPT_SCHEDULE };
+
+static const struct option plan_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"svg", required_argument, NULL, OPT_SVG},
+    {"budget", required_argument, NULL, OPT_BUDGET},
+    {"schedule", no_argument, NULL, OPT_SCHEDULE},
+    {0, 0, 0, 0},
+};
+
+typedef struct {
+  const char *model, *svg;
+  int json, schedule, budget_set;
+  size_t budget;
+} plan_opts;
+
+/* Search cap of --budget when --batch is absent. */
+#define DEFAULT_BATCH_CAP (1 << 20)
+
+/* Region descriptions for --help, and short phrases for the device-0 line. */
+static const char *const region_help[DP_REGION_COUNT] = {
+    [DP_REGION_PARAMS] = "model parameters, fp32, PyTorch state_dict order",
+    [DP_REGION_GRADS] = "gradients (on device 0: reduced over all devices)",
+    [DP_REGION_GRAD_PARTIALS] = "partial sums of the canonical gradient tree",
+    [DP_REGION_OPT_STATE] = "momentum buffer, or AdamW's (m, v)",
+    [DP_REGION_INPUTS] = "this device's input chunk (rows, in)",
+    [DP_REGION_TARGETS] = "the batch's targets, on the loss device",
+    [DP_REGION_ACTIVATIONS] = "intermediate buffers, placed by liveness",
+    [DP_REGION_OUTPUTS] = "this device's output chunk (rows, out)",
+    [DP_REGION_OUTPUT_GRADS] = "d(loss)/d(outputs) scattered back (rows, out)",
+    [DP_REGION_GATHERED_OUTPUTS] = "all outputs gathered on device 0 (batch, out)",
+    [DP_REGION_GATHERED_GRADS] = "their gradients, on device 0 (batch, out)",
+    [DP_REGION_LOSS] = "per-micro-batch loss sums",
+    [DP_REGION_COMM] = "receive buffer for gradient reductions",
+    [DP_REGION_WORKSPACE] = "backend scratch",
+};
+static const char *const region_phrase[DP_REGION_COUNT] = {
+    [DP_REGION_PARAMS] = "parameters",
+    [DP_REGION_GRADS] = "gradients",
+    [DP_REGION_GRAD_PARTIALS] = "partial gradient sums",
+    [DP_REGION_OPT_STATE] = "optimizer state",
+    [DP_REGION_INPUTS] = "inputs",
+    [DP_REGION_TARGETS] = "targets",
+    [DP_REGION_ACTIVATIONS] = "activations",
+    [DP_REGION_OUTPUTS] = "outputs",
+    [DP_REGION_OUTPUT_GRADS] = "output gradients",
+    [DP_REGION_GATHERED_OUTPUTS] = "gathered outputs",
+    [DP_REGION_GATHERED_GRADS] = "gathered output gradients",
+    [DP_REGION_LOSS] = "loss",
+    [DP_REGION_COMM] = "comm buffer",
+    [DP_REGION_WORKSPACE] = "workspace",
+};
+
+static void plan_help(FILE *f) {
+  fputs(
+      "usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
+      "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
+      "\n"
+      "Plans one data-parallel step without running it: loads the model spec, cuts\n"
+      "the batch across the devices along dim 0 and lays out every device's arena.\n"
+      "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
+      "\n"
+      "Plan options:\n"
+      "  --model FILE            model spec (.dpm), one layer per line (required)\n"
+      "  --json                  print the plan as JSON instead of the table\n"
+      "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
+      "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
+      "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
+      "                          GiB/TiB = powers of 1024): finds the largest batch\n"
+      "                          whose plan fits on every device (and in the host\n"
+      "                          staging arena), then prints the plan at that batch.\n"
+      "                          --batch, if given, caps the search (default cap\n"
+      "                          1048576). Exit status 1 when not even batch 1 fits.\n"
+      "  --schedule              also print the static schedule: every op of one step\n"
+      "  -h, --help              this text\n"
+      "\n",
+      f);
+  dpt_print_common_help(f);
+  fputs("\n"
+        "The table has one column per device that gets rows (with --split chunk, fewer\n"
+        "devices than --devices may get any: B=3 on 4 devices uses 3). Its first rows\n"
+        "are each device's rows and micro-batches; then one row per arena region, in\n"
+        "arena order, in exact bytes (regions empty on every device are left out):\n",
+        f);
+  for (int r = 0; r < DP_REGION_COUNT; r++)
+    fprintf(f, "    %-18s %s\n", dp_region_name((dp_region)r), region_help[r]);
+  fputs("\"total\" is the device's whole arena including alignment padding: the bytes\n"
+        "dp_ctx_create allocates (or dp_ctx_create_static needs) and the runtime's\n"
+        "high-water mark. Parameters are replicated, never split; activations shrink\n"
+        "with the per-device batch; in classic mode device 0 holds more (gathered\n"
+        "outputs and their gradients, targets, loss, reduction buffer, optimizer\n"
+        "state) and the line under the table says by how much and why. \"host\n"
+        "staging\" is the pinned host arena (inputs, targets, outputs) of a step.\n"
+        "\n"
+        "--schedule lists the ops of one step: index, stage (ops of one stage on\n"
+        "different devices run in parallel), phase, op kind, executing device, layer,\n"
+        "global micro-batch, rows covered, and for copies source -> destination as\n"
+        "device:region[+offset] (\"host\" = the caller's memory), then bytes moved or\n"
+        "touched.\n"
+        "\n"
+        "Exit status: 0 ok, 1 model or planning error, 2 usage error.\n"
+        "\n"
+        "Examples:\n"
+        "  dp plan --model examples/seed.dpm --batch 30 --devices 2\n"
+        "  dp plan --model examples/mlp.dpm --batch 4096 --devices 0,0,1,1 --json\n"
+        "  dp plan --model examples/mlp.dpm --devices 8 --optimizer adamw --budget 80GiB\n",
+        f);
+}
+
+static int plan_option(void *user, int code, const char *arg, char *err, size_t errcap) {
+  plan_opts *o = user;
+  switch (code) {
+  case OPT_MODEL: o->model = arg; return 0;
+  case OPT_JSON: o->json = 1; return 0;
+  case OPT_SVG: o->svg = arg; return 0;
+  case OPT_SCHEDULE: o->schedule = 1; return 0;
+  case OPT_BUDGET: {
+    char msg[256];
+    if (dpt_parse_size(arg, &o->budget, msg, sizeof msg)) {
+      snprintf(err, errcap, "--budget: %s", msg);
+      return -1;
+    }
+    o->budget_set = 1;
+    return 0;
+  }
+  }
+  snprintf(err, errcap, "internal: unhandled option %d", code);
+  return -1;
+}
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static int region_used(const dp_plan *p, int r) {
+  for (int d = 0; d < dp_plan_n_devices(p); d++)
+    if (dp_plan_region(p, d, (dp_region)r).size) return 1;
+  return 0;
+}
+
+/* The model spec on one line: "input 5 | linear 2 | loss mse". */
+static char *model_line(const dp_model *m) {
+  size_t n = dp_model_format(m, NULL, 0);
+  char *s = malloc(n + 1);
+  if (!s) return NULL;
+  dp_model_format(m, s, n + 1);
+  while (n > 0 && s[n - 1] == '\n') s[--n] = '\0';
+  /* Replace each newline by " | " into a new buffer. */
+  size_t nl = 0;
+  for (size_t i = 0; i < n; i++) nl += s[i] == '\n';
+  char *t = malloc(n + 2 * nl + 1);
+  if (!t) {
+    free(s);
+    return NULL;
+  }
+  size_t j = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] == '\n') {
+      memcpy(t + j, " | ", 3);
+      j += 3;
+    } else {
+      t[j++] = s[i];
+    }
+  }
+  t[j] = '\0';
+  free(s);
+  return t;
+}
+
+static int largest_other_device(const dp_plan *p) {
+  int k = 1;
+  for (int d = 2; d < dp_plan_n_devices(p); d++)
+    if (dp_plan_device_bytes(p, d) > dp_plan_device_bytes(p, k)) k = d;
+  return k;
+}
+
+/* Writes "dev:region[+offset]" or "host" into buf. */
+static const char *endpoint(char *buf, size_t cap, int dev, int region, size_t off) {
+  if (dev == DP_HOST) {
+    snprintf(buf, cap, "host");
+  } else if (off) {
+    snprintf(buf, cap, "%d:%s+%zu", dev, dp_region_name((dp_region)region), off);
+  } else {
+    snprintf(buf, cap, "%d:%s", dev, dp_region_name((dp_region)region));
+  }
+  return buf;
+}
+
+static void op_detail(const dp_op *op, char *buf, size_t cap) {
+  char a[64], b[64];
+  buf[0] = '\0';
+  switch (op->kind) {
+  case DP_OP_COPY:
+    snprintf(buf, cap, "%s -> %s", endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset),
+             endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset));
+    break;
+  case DP_OP_GRAD_ADD:
+    snprintf(buf, cap, "%s += %s", endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset),
+             endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset));
+    break;
+  case DP_OP_BACKWARD:
+    snprintf(buf, cap, "grads -> %s",
+             endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset));
+    break;
+  default: break;
+  }
+}
+
+static int n_stages(const dp_plan *p) {
+  int s = -1;
+  const dp_op *ops = dp_plan_ops(p);
+  for (int i = 0; i < dp_plan_n_ops(p); i++)
+    if (ops[i].stage > s) s = ops[i].stage;
+  return s + 1;
+}
+
+/* ---- text output ----------------------------------------------------------------- */
+
+static void print_schedule_text(const dp_plan *p) {
+  const dp_op *ops = dp_plan_ops(p);
+  int n = dp_plan_n_ops(p);
+  printf("\nschedule: %d ops in %d stages (one %s step at the planned batch)\n", n,
+         n_stages(p), dp_plan_config(p)->inference ? "inference" : "training");
+  printf("%5s %5s  %-13s %-9s %3s %5s %5s  %-13s %-44s %s\n", "#", "stage", "phase", "op",
+         "dev", "layer", "mb", "rows", "source -> destination", "bytes");
+  for (int i = 0; i < n; i++) {
+    const dp_op *op = &ops[i];
+    char layer[16] = "-", mb[16] = "-", rows[32] = "-", detail[160], bytes[32];
+    if (op->layer >= 0) snprintf(layer, sizeof layer, "%d", op->layer);
+    if (op->micro_batch >= 0) snprintf(mb, sizeof mb, "%d", (int)op->micro_batch);
+    if (op->rows > 0)
+      snprintf(rows, sizeof rows, "[%d,%d)", (int)op->row0, (int)(op->row0 + op->rows));
+    op_detail(op, detail, sizeof detail);
+    printf("%5d %5d  %-13s %-9s %3d %5s %5s  %-13s %-44s %s\n", i, (int)op->stage,
+           dp_phase_name((dp_phase)op->phase), dp_op_kind_name((dp_op_kind)op->kind),
+           (int)op->device, layer, mb, rows, detail[0] ? detail : "-",
+           dpt_bytes_exact(op->bytes, bytes, sizeof bytes));
+  }
+}
+
+static void print_text(const dp_plan *p, const char *model_path) {
+  const dp_model *m = dp_plan_model(p);
+  const dp_config *c = dp_plan_config(p);
+  char a[48], b[48];
+
+  size_t np = dp_model_n_params(m), pbytes = np * 4;
+  char *line = model_line(m);
+  int nl = dp_model_n_layers(m);
+  printf("model   %s\n", model_path);
+  printf("        %s\n", line ? line : "?");
+  printf("        %d layer%s after input, %s parameters, %s B as fp32", nl, nl == 1 ? "" : "s",
+         dpt_bytes_exact(np, a, sizeof a), dpt_bytes_exact(pbytes, b, sizeof b));
+  if (pbytes >= 1024) printf(" (%s)", dpt_bytes_human(pbytes, a, sizeof a));
+  printf("\n");
+  free(line);
+  printf("config  ");
+  dpt_print_config(stdout, c);
+  printf("\n");
+  printf("\n");
+  dpt_print_plan(stdout, p);
+}
+
+void dpt_print_plan(FILE *f, const dp_plan *p) {
+  const dp_config *c = dp_plan_config(p);
+  int nd = dp_plan_n_devices(p);
+  char a[48], b[48];
+
+  if (nd < c->n_devices)
+    fprintf(f, "only %d of %d devices get rows (%s split of %d rows); the rest hold nothing\n\n",
+            nd, c->n_devices, dpt_split_name(c->split), c->batch);
+
+  /* Column widths. */
+  int name_w = (int)strlen("micro-batches");
+  const char *total_label = "total (padded)";
+  if ((int)strlen(total_label) > name_w) name_w = (int)strlen(total_label);
+  for (int r = 0; r < DP_REGION_COUNT; r++) {
+    int w = (int)strlen(dp_region_name((dp_region)r));
+    if (region_used(p, r) && w > name_w) name_w = w;
+  }
+  int col_w = 8;
+  for (int d = 0; d < nd; d++) {
+    char h[32];
+    int w = snprintf(h, sizeof h, "device %d", d);
+    if (w > col_w) col_w = w;
+    w = (int)strlen(dpt_bytes_exact(dp_plan_device_bytes(p, d), a, sizeof a));
+    if (w > col_w) col_w = w;
+    w = (int)strlen(dpt_bytes_human(dp_plan_device_bytes(p, d), a, sizeof a));
+    if (w > col_w) col_w = w;
+  }
+
+  fprintf(f, "%-*s", name_w, "bytes");
+  for (int d = 0; d < nd; d++) {
+    char h[32];
+    snprintf(h, sizeof h, "device %d", d);
+    fprintf(f, "  %*s", col_w, h);
+  }
+  fprintf(f, "\n");
+  if (c->backend == DP_BACKEND_CUDA) {
+    fprintf(f, "%-*s", name_w, "gpu");
+    for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, c->device_ids[d]);
+    fprintf(f, "\n");
+  }
+  fprintf(f, "%-*s", name_w, "rows");
+  for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, dp_plan_device_rows(p, d));
+  fprintf(f, "\n%-*s", name_w, "micro-batches");
+  for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, dp_plan_device_micro_batches(p, d));
+  fprintf(f, "\n");
+  for (int r = 0; r < DP_REGION_COUNT; r++) {
+    if (!region_used(p, r)) continue;
+    fprintf(f, "%-*s", name_w, dp_region_name((dp_region)r));
+    for (int d = 0; d < nd; d++)
+      fprintf(f, "  %*s", col_w, dpt_bytes_exact(dp_plan_region(p, d, (dp_region)r).size, a, sizeof a));
+    fprintf(f, "\n");
+  }
+  fprintf(f, "%-*s", name_w, total_label);
+  for (int d = 0; d < nd; d++)
+    fprintf(f, "  %*s", col_w, dpt_bytes_exact(dp_plan_device_bytes(p, d), a, sizeof a));
+  fprintf(f, "\n%-*s", name_w, "");
+  for (int d = 0; d < nd; d++)
+    fprintf(f, "  %*s", col_w, dpt_bytes_human(dp_plan_device_bytes(p, d), a, sizeof a));
+  fprintf(f, "\n\n");
+
+  if (nd > 1) {
+    int k = largest_other_device(p);
+    size_t t0 = dp_plan_device_bytes(p, 0), tk = dp_plan_device_bytes(p, k);
+    if (t0 > tk) {
+      fprintf(f, "device 0 holds %s B more than device %d (", dpt_bytes_exact(t0 - tk, a, sizeof a), k);
+      int any = 0;
+      for (int r = 0; r < DP_REGION_COUNT; r++)
+        if (dp_plan_region(p, 0, (dp_region)r).size > dp_plan_region(p, k, (dp_region)r).size) {
+          fprintf(f, "%s%s", any ? ", " : "", region_phrase[r]);
+          any = 1;
+        }
+      fprintf(f, "%s)\n", any ? "" : "alignment padding");
+    } else if (t0 == tk) {
+      fprintf(f, "device 0 holds the same as device %d (%s B)\n", k, dpt_bytes_exact(t0, a, sizeof a));
+    } else {
+      fprintf(f, "device %d holds %s B more than device 0\n", k,
+             dpt_bytes_exact(tk - t0, a, sizeof a));
+    }
+  }
+  size_t hb = dp_plan_host_bytes(p);
+  if (hb == 0)
+    fprintf(f, "host staging: 0 B (the %s backend reads and writes the caller's memory "
+           "directly)\n",
+           dpt_backend_name(c->backend));
+  else
+    fprintf(f, "host staging: %s B (%s), pinned host memory for a step's inputs, targets "
+           "and outputs\n",
+           dpt_bytes_exact(hb, a, sizeof a), dpt_bytes_human(hb, b, sizeof b));
+}
+
+/* ---- JSON output ------------------------------------------------------------------ */
+
+/* The shortest %g form that reads back as the same float: 0.01, not 0.00999999978. */
+static const char *float_text(float v, char *buf, size_t cap) {
+  for (int prec = 6; prec <= 9; prec++) {
+    snprintf(buf, cap, "%.*g", prec, (double)v);
+    if (strtof(buf, NULL) == v) break;
+  }
+  return buf;
+}
+
+static void print_json(const dp_plan *p, const char *model_path, const plan_opts *o,
+                       int budget_batch, int budget_cap) {
+  const dp_model *m = dp_plan_model(p);
+  const dp_config *c = dp_plan_config(p);
+  int nd = dp_plan_n_devices(p);
+  FILE *f = stdout;
+  char fl[6][32];
+
+  size_t n = dp_model_format(m, NULL, 0);
+  char *spec = malloc(n + 1);
+  if (spec) dp_model_format(m, spec, n + 1);
+
+  fputs("{\n  \"model\": {\"path\": ", f);
+  dpt_json_string(f, model_path);
+  fprintf(f, ", \"input_width\": %d, \"output_width\": %d, \"n_layers\": %d, \"layers\": [",
+          dp_model_input_width(m), dp_model_output_width(m), dp_model_n_layers(m));
+  for (int i = 0; i < dp_model_n_layers(m); i++) {
+    fputs(i ? ", " : "", f);
+    dpt_json_string(f, dpt_layer_name(dp_model_layer_kind(m, i)));
+  }
+  fputs("], \"loss\": ", f);
+  dpt_json_string(f, dpt_loss_name(dp_model_loss(m)));
+  fprintf(f, ", \"n_params\": %zu, \"param_bytes\": %zu, \"spec\": ", dp_model_n_params(m),
+          dp_model_n_params(m) * 4);
+  dpt_json_string(f, spec ? spec : "");
+  free(spec);
+
+  fprintf(f, "},\n  \"config\": {\"batch\": %d, \"n_devices\": %d, \"device_ids\": [", c->batch,
+          c->n_devices);
+  for (int d = 0; d < c->n_devices && d < DP_MAX_DEVICES; d++)
+    fprintf(f, "%s%d", d ? ", " : "", c->device_ids[d]);
+  fprintf(f, "], \"n_devices_used\": %d, \"split\": \"%s\", \"micro_batch\": %d, "
+             "\"mode\": \"%s\", \"optimizer\": \"%s\", \"inference\": %s, \"backend\": \"%s\", "
+             "\"lr\": %s, \"momentum\": %s, \"weight_decay\": %s, \"beta1\": %s, "
+             "\"beta2\": %s, \"eps\": %s, \"seed\": %llu},\n",
+          nd, dpt_split_name(c->split), c->micro_batch, dpt_mode_name(c->mode),
+          dpt_optimizer_name(c->optimizer), c->inference ? "true" : "false",
+          dpt_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
+          float_text(c->momentum, fl[1], sizeof fl[1]),
+          float_text(c->weight_decay, fl[2], sizeof fl[2]),
+          float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
+          float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed);
+
+  if (o->budget_set)
+    fprintf(f, "  \"budget\": {\"bytes\": %zu, \"max_batch\": %d, \"search_cap\": %d},\n",
+            o->budget, budget_batch, budget_cap);
+
+  fputs("  \"devices\": [", f);
+  for (int d = 0; d < nd; d++) {
+    fprintf(f, "%s\n    {\"id\": %d, \"physical_id\": %d, \"rows\": %d, \"micro_batches\": %d, "
+               "\"total_bytes\": %zu,\n     \"regions\": {",
+            d ? "," : "", d, c->device_ids[d], dp_plan_device_rows(p, d),
+            dp_plan_device_micro_batches(p, d), dp_plan_device_bytes(p, d));
+    for (int r = 0; r < DP_REGION_COUNT; r++) {
+      fputs(r ? ", " : "", f);
+      dpt_json_string(f, dp_region_name((dp_region)r));
+      fprintf(f, ": %zu", dp_plan_region(p, d, (dp_region)r).size);
+    }
+    fputs("},\n     \"offsets\": {", f);
+    for (int r = 0; r < DP_REGION_COUNT; r++) {
+      fputs(r ? ", " : "", f);
+      dpt_json_string(f, dp_region_name((dp_region)r));
+      fprintf(f, ": %zu", dp_plan_region(p, d, (dp_region)r).offset);
+    }
+    fputs("}}", f);
+  }
+  fprintf(f, "\n  ],\n  \"host_bytes\": %zu", dp_plan_host_bytes(p));
+
+  if (o->schedule) {
+    const dp_op *ops = dp_plan_ops(p);
+    fprintf(f, ",\n  \"n_stages\": %d,\n  \"ops\": [", n_stages(p));
+    for (int i = 0; i < dp_plan_n_ops(p); i++) {
+      const dp_op *op = &ops[i];
+      fprintf(f, "%s\n    {\"index\": %d, \"stage\": %d, \"phase\": ", i ? "," : "", i,
+              (int)op->stage);
+      dpt_json_string(f, dp_phase_name((dp_phase)op->phase));
+      fputs(", \"kind\": ", f);
+      dpt_json_string(f, dp_op_kind_name((dp_op_kind)op->kind));
+      fprintf(f, ", \"device\": %d, \"layer\": %d, \"micro_batch\": %d, \"row0\": %d, "
+                 "\"rows\": %d, \"bytes\": %zu",
+              (int)op->device, (int)op->layer, (int)op->micro_batch, (int)op->row0,
+              (int)op->rows, op->bytes);
+      if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD) {
+        fprintf(f, ", \"src_dev\": %d, \"src_region\": ", (int)op->src_dev);
+        dpt_json_string(f, dp_region_name((dp_region)op->src_region));
+        fprintf(f, ", \"src_offset\": %zu", op->src_offset);
+      }
+      if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_BACKWARD) {
+        fprintf(f, ", \"dst_dev\": %d, \"dst_region\": ", (int)op->dst_dev);
+        dpt_json_string(f, dp_region_name((dp_region)op->dst_region));
+        fprintf(f, ", \"dst_offset\": %zu", op->dst_offset);
+      }
+      fputs("}", f);
+    }
+    fputs("\n  ]", f);
+  }
+  fputs("\n}\n", f);
+}
+
+/* ---- SVG --------------------------------------------------------------------------- */
+
+static int write_svg(const dp_plan *p, const char *path, const char *model_path, char *err,
+                     size_t errcap) {
+  const dp_config *c = dp_plan_config(p);
+  int nd = dp_plan_n_devices(p);
+  int seg_region[DP_REGION_COUNT + 1], ns = 0, padding = 0;
+  for (int r = 0; r < DP_REGION_COUNT; r++)
+    if (region_used(p, r)) seg_region[ns++] = r;
+  for (int d = 0; d < nd; d++) {
+    size_t sum = 0;
+    for (int r = 0; r < DP_REGION_COUNT; r++) sum += dp_plan_region(p, d, (dp_region)r).size;
+    if (dp_plan_device_bytes(p, d) > sum) padding = 1;
+  }
+  if (padding) seg_region[ns++] = -1;
+  if (ns == 0) seg_region[ns++] = -1;
+
+  double *values = calloc((size_t)nd * (size_t)ns, sizeof *values);
+  char(*labels)[32] = calloc((size_t)nd, sizeof *labels);
+  const char **bar_labels = calloc((size_t)nd, sizeof *bar_labels);
+  const char *seg_names[DP_REGION_COUNT + 1];
+  if (!values || !labels || !bar_labels) {
+    free(values);
+    free(labels);
+    free(bar_labels);
+    snprintf(err, errcap, "out of memory");
+    return -1;
+  }
+  for (int s = 0; s < ns; s++)
+    seg_names[s] = seg_region[s] < 0 ? "padding" : dp_region_name((dp_region)seg_region[s]);
+  for (int d = 0; d < nd; d++) {
+    snprintf(labels[d], sizeof labels[d], "device %d", d);
+    bar_labels[d] = labels[d];
+    size_t sum = 0;
+    for (int s = 0; s < ns; s++) {
+      if (seg_region[s] < 0) continue;
+      size_t v = dp_plan_region(p, d, (dp_region)seg_region[s]).size;
+      values[(size_t)d * (size_t)ns + (size_t)s] = (double)v;
+      sum += v;
+    }
+    size_t total = dp_plan_device_bytes(p, d);
+    if (seg_region[ns - 1] < 0)
+      values[(size_t)d * (size_t)ns + (size_t)(ns - 1)] = total > sum ? (double)(total - sum) : 0;
+  }
+  const char *base = strrchr(model_path, '/');
+  base = base ? base + 1 : model_path;
+  char title[256];
+  snprintf(title, sizeof title, "%s: batch %d on %d device%s, %s, %s", base, c->batch, nd,
+           nd == 1 ? "" : "s", dpt_mode_name(c->mode),
+           c->inference ? "inference" : dpt_optimizer_name(c->optimizer));
+  dp_status st = dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, values, err,
+                                      errcap);
+  free(values);
+  free(labels);
+  free(bar_labels);
+  return st == DP_OK ? 0 : -1;
+}
+
+/* ---- the command ------------------------------------------------------------------- */
+
+int dpt_cmd_plan(int argc, char **argv) {
+  plan_opts o = {0};
+  dp_config cfg;
+  dpt_common com;
+  char err[512];
+  int r = dpt_parse_args(argc, argv, plan_options, plan_option, &o, &cfg, &com, err, sizeof err);
+  if (r == DPT_ARGS_HELP) {
+    plan_help(stdout);
+    return DPT_EXIT_OK;
+  }
+  if (r == DPT_ARGS_OK && com.n_args > 0) {
+    snprintf(err, sizeof err, "unexpected argument '%s'", argv[com.first_arg]);
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && !o.model) {
+    snprintf(err, sizeof err, "--model FILE is required");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && !o.budget_set && !dpt_given(&com, DPT_OPT_BATCH)) {
+    snprintf(err, sizeof err, "--batch B is required (or --budget SIZE to find it)");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r != DPT_ARGS_OK) {
+    fprintf(stderr, "dp plan: %s\nrun 'dp plan --help' for the options\n", err);
+    return DPT_EXIT_USAGE;
+  }
+
+  dp_model *m = NULL;
+  if (dp_model_load(o.model, &m) != DP_OK) {
+    fprintf(stderr, "dp plan: %s\n", dp_last_error());
+    return DPT_EXIT_FAIL;
+  }
+
+  int status = DPT_EXIT_FAIL, budget_batch = 0, cap = 0;
+  dp_plan *p = NULL;
+  char a[48], b[48];
+  if (o.budget_set) {
+    cap = dpt_given(&com, DPT_OPT_BATCH) ? cfg.batch : DEFAULT_BATCH_CAP;
+    cfg.batch = cap;
+    if (dp_plan_max_batch(m, &cfg, o.budget, cap, &budget_batch) != DP_OK) {
+      fprintf(stderr, "dp plan: %s\n", dp_last_error());
+      goto out;
+    }
+    if (budget_batch == 0) {
+      fprintf(stderr, "dp plan: no batch fits in %s B (%s) per device", dpt_bytes_exact(o.budget, a, sizeof a),
+              dpt_bytes_human(o.budget, b, sizeof b));
+      cfg.batch = 1;
+      if (dp_plan_create(m, &cfg, &p) == DP_OK) {
+        size_t need = dp_plan_host_bytes(p);
+        for (int d = 0; d < dp_plan_n_devices(p); d++)
+          if (dp_plan_device_bytes(p, d) > need) need = dp_plan_device_bytes(p, d);
+        fprintf(stderr, ": batch 1 needs %s B (%s)", dpt_bytes_exact(need, a, sizeof a),
+                dpt_bytes_human(need, b, sizeof b));
+      }
+      fputc('\n', stderr);
+      goto out;
+    }
+    cfg.batch = budget_batch;
+  }
+
+  if (dp_plan_create(m, &cfg, &p) != DP_OK) {
+    fprintf(stderr, "dp plan: %s\n", dp_last_error());
+    goto out;
+  }
+
+  if (o.json) {
+    print_json(p, o.model, &o, budget_batch, cap);
+  } else {
+    if (o.budget_set) {
+      printf("budget  %s B (%s) per device: the largest batch that fits is %d", dpt_bytes_exact(o.budget, a, sizeof a),
+             dpt_bytes_human(o.budget, b, sizeof b), budget_batch);
+      if (budget_batch == cap)
+        printf(" = the search cap (%s)", dpt_given(&com, DPT_OPT_BATCH)
+                                             ? "the --batch given"
+                                             : "raise it with --batch");
+      printf("\n");
+    }
+    print_text(p, o.model);
+    if (o.schedule) print_schedule_text(p);
+  }
+  if (o.svg) {
+    char serr[512] = "";
+    if (write_svg(p, o.svg, o.model, serr, sizeof serr)) {
+      fprintf(stderr, "dp plan: --svg: %s\n", serr[0] ? serr : "could not write the chart");
+      goto out;
+    }
+    if (!o.json) printf("wrote %s\n", o.svg);
+  }
+  fflush(stdout);
+  status = ferror(stdout) ? DPT_EXIT_FAIL : DPT_EXIT_OK;
+  if (status) fprintf(stderr, "dp plan: error writing the output\n");
+out:
+  dp_plan_free(p);
+  dp_model_free(m);
+  return status;
+}

@@ -1,0 +1,339 @@
+/* `dp train`: the main job. Loads a model spec and a CSV dataset, plans the
+ * arenas (and prints the plan), trains with data parallelism over N virtual
+ * devices, then reports held-out accuracy, throughput and a parameter hash. */
+#include "cli.h"
+#include "data.h"
+#include "svg.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum {
+  OPT_MODEL = DPT_OPT_USER,
+  OPT_DATA,
+  OPT_EPOCHS,
+  OPT_TEST_FRACTION,
+  OPT_PLOT,
+  OPT_SAVE,
+  OPT_QUIET,
+  OPT_NO_STANDARDIZE,
+};
+
+typedef struct {
+  const char *model, *data, *plot, *save;
+  int epochs, quiet, no_standardize;
+  float test_fraction;
+} train_opts;
+
+static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
+  train_opts *o = user;
+  switch (code) {
+  case OPT_MODEL: o->model = arg; return 0;
+  case OPT_DATA: o->data = arg; return 0;
+  case OPT_PLOT: o->plot = arg; return 0;
+  case OPT_SAVE: o->save = arg; return 0;
+  case OPT_QUIET: o->quiet = 1; return 0;
+  case OPT_NO_STANDARDIZE: o->no_standardize = 1; return 0;
+  case OPT_EPOCHS: return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
+  case OPT_TEST_FRACTION:
+    return dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &o->test_fraction, err, errcap);
+  }
+  return -1;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
+          "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
+          "                [--split chunk|balanced] [--micro-batch K] [--test-fraction F]\n"
+          "                [--plot loss.svg] [--save params.bin] [--quiet]\n\n"
+          "Trains the model on the CSV data (label first, then the features; for an mse\n"
+          "model, the first <output width> fields are the targets) with data parallelism\n"
+          "over N virtual devices: it prints the memory plan, then progress (a bar on a\n"
+          "terminal, one line per epoch otherwise), then held-out accuracy (or mse),\n"
+          "samples/s and the parameter hash. A held-out share (--test-fraction, default\n"
+          "0.2) is split off with the seed; features are standardised on the training\n"
+          "share (--no-standardize to keep them raw).\n\n"
+          "  --model FILE          model spec (.dpm)\n"
+          "  --data FILE           CSV data\n"
+          "  --epochs E            passes over the training share (default 10)\n"
+          "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
+          "  --plot FILE.svg       write the loss curve (mean loss per epoch)\n"
+          "  --save FILE           write the parameters (see docs/API.md, 'dp train --save')\n"
+          "  --quiet               only the final report\n\n");
+  dpt_print_common_help(f);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Parameter file: "DPPARAM1", u32 version, u64 count, fp32 values
+ * (state_dict order), u64 FNV-1a of the value bytes. */
+static int save_params(const char *path, const float *w, size_t n, char *err, size_t cap) {
+  FILE *f = fopen(path, "wb");
+  if (!f) {
+    snprintf(err, cap, "%s: cannot open for writing", path);
+    return -1;
+  }
+  uint32_t version = 1;
+  uint64_t count = n, h = 0xcbf29ce484222325ull;
+  const unsigned char *b = (const unsigned char *)w;
+  for (size_t k = 0; k < n * 4; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  int ok = fwrite("DPPARAM1", 1, 8, f) == 8 && fwrite(&version, 4, 1, f) == 1 &&
+           fwrite(&count, 8, 1, f) == 1 && fwrite(w, 4, n, f) == n && fwrite(&h, 8, 1, f) == 1;
+  if (fclose(f) != 0) ok = 0;
+  if (!ok) snprintf(err, cap, "%s: write failed", path);
+  return ok ? 0 : -1;
+}
+
+/* Copies rows perm[from..from+n) of d into x (and the targets into t). */
+static void gather_rows(const dpt_dataset *d, const int *perm, int from, int n, float *x,
+                        void *t) {
+  for (int r = 0; r < n; r++) {
+    int src = perm ? perm[from + r] : from + r;
+    memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
+           (size_t)d->n_features * 4);
+    if (d->label)
+      ((int32_t *)t)[r] = d->label[src];
+    else
+      memcpy((float *)t + (size_t)r * d->n_targets, d->y + (size_t)src * d->n_targets,
+             (size_t)d->n_targets * 4);
+  }
+}
+
+static void progress(int tty, int epoch, int epochs, int done, int total, float loss, double sps,
+                     int final) {
+  if (tty) {
+    int width = 30, fill = total ? (int)((long long)width * done / total) : width;
+    char bar[64];
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = '\0';
+    printf("\repoch %3d/%d [%s] loss %.4f  %.0f samples/s", epoch, epochs, bar, (double)loss,
+           sps);
+    if (final) printf("\n");
+    fflush(stdout);
+  } else if (final) {
+    printf("epoch %3d/%d  loss %.4f  %.0f samples/s\n", epoch, epochs, (double)loss, sps);
+  }
+}
+
+/* Held-out accuracy (classification) or mean squared error (regression). */
+static int evaluate(dp_ctx *ctx, const dpt_dataset *d, int batch, int out_w, float *x, float *y,
+                    double *metric) {
+  long correct = 0;
+  double se = 0.0;
+  for (int from = 0; from < d->n_rows; from += batch) {
+    int n = d->n_rows - from < batch ? d->n_rows - from : batch;
+    memcpy(x, d->x + (size_t)from * d->n_features, (size_t)n * d->n_features * 4);
+    if (dp_forward(ctx, n, d->n_features, x, y)) return -1;
+    for (int r = 0; r < n; r++) {
+      const float *yr = y + (size_t)r * out_w;
+      if (d->label) {
+        int best = 0;
+        for (int j = 1; j < out_w; j++)
+          if (yr[j] > yr[best]) best = j;
+        correct += best == d->label[from + r];
+      } else {
+        for (int j = 0; j < out_w; j++) {
+          double e = (double)yr[j] - d->y[(size_t)(from + r) * d->n_targets + j];
+          se += e * e;
+        }
+      }
+    }
+  }
+  *metric = d->label ? (double)correct / d->n_rows : se / ((double)d->n_rows * out_w);
+  return 0;
+}
+
+int dpt_cmd_train(int argc, char **argv) {
+  static const struct option extra[] = {
+      {"model", required_argument, NULL, OPT_MODEL},
+      {"data", required_argument, NULL, OPT_DATA},
+      {"epochs", required_argument, NULL, OPT_EPOCHS},
+      {"test-fraction", required_argument, NULL, OPT_TEST_FRACTION},
+      {"plot", required_argument, NULL, OPT_PLOT},
+      {"save", required_argument, NULL, OPT_SAVE},
+      {"quiet", no_argument, NULL, OPT_QUIET},
+      {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
+      {0, 0, 0, 0}};
+  train_opts o = {.epochs = 10, .test_fraction = 0.2f};
+  dp_config cfg;
+  dpt_common common;
+  char err[512];
+  int r = dpt_parse_args(argc, argv, extra, on_option, &o, &cfg, &common, err, sizeof err);
+  if (r == DPT_ARGS_HELP) {
+    usage(stdout);
+    return DPT_EXIT_OK;
+  }
+  if (r == DPT_ARGS_OK && common.n_args > 0) {
+    snprintf(err, sizeof err, "unexpected argument '%s'", argv[common.first_arg]);
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && (!o.model || !o.data || !dpt_given(&common, DPT_OPT_BATCH))) {
+    snprintf(err, sizeof err, "--model, --data and --batch are required");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && cfg.inference) {
+    snprintf(err, sizeof err, "--inference makes no sense for training");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r != DPT_ARGS_OK) {
+    fprintf(stderr, "dp train: %s\n(see dp train --help)\n", err);
+    return DPT_EXIT_USAGE;
+  }
+
+  int rc = DPT_EXIT_FAIL;
+  dp_model *model = NULL;
+  dp_plan *plan = NULL;
+  dp_ctx *ctx = NULL;
+  dpt_dataset all = {0}, train = {0}, test = {0};
+  float *bx = NULL, *by = NULL, *curve = NULL;
+  void *bt = NULL;
+  int *perm = NULL;
+
+  if (dp_model_load(o.model, &model)) {
+    fprintf(stderr, "dp train: %s\n", dp_last_error());
+    goto out;
+  }
+  int in_w = dp_model_input_width(model), out_w = dp_model_output_width(model);
+  dp_loss_kind loss_kind = dp_model_loss(model);
+  if (loss_kind == DP_LOSS_NONE) {
+    fprintf(stderr, "dp train: %s has no loss line; training needs one\n", o.model);
+    goto out;
+  }
+  dp_status s = loss_kind == DP_LOSS_SOFTMAX_CE
+                    ? dpt_csv_load(o.data, &all, err, sizeof err)
+                    : dpt_csv_load_regression(o.data, out_w, &all, err, sizeof err);
+  if (s) {
+    fprintf(stderr, "dp train: %s\n", err);
+    goto out;
+  }
+  if (all.n_features != in_w) {
+    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", o.data,
+            all.n_features, o.model, in_w);
+    goto out;
+  }
+  if (all.label && all.n_classes > out_w) {
+    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", o.data,
+            all.n_classes - 1, out_w);
+    goto out;
+  }
+  if (dpt_dataset_split(&all, o.test_fraction, cfg.seed, &train, &test, err, sizeof err)) {
+    fprintf(stderr, "dp train: %s\n", err);
+    goto out;
+  }
+  if (!o.no_standardize) dpt_standardize(&train, &test);
+  if (dp_plan_create(model, &cfg, &plan) || dp_ctx_create(plan, &ctx)) {
+    fprintf(stderr, "dp train: %s\n", dp_last_error());
+    goto out;
+  }
+  const dp_config *pc = dp_plan_config(plan);
+  int B = pc->batch, tsz = all.label ? 4 : out_w * 4;
+  bx = malloc((size_t)B * in_w * 4);
+  by = malloc((size_t)B * out_w * 4);
+  bt = malloc((size_t)B * tsz);
+  perm = malloc((size_t)train.n_rows * sizeof *perm);
+  curve = malloc((size_t)o.epochs * sizeof *curve);
+  if (!bx || !by || !bt || !perm || !curve) {
+    fprintf(stderr, "dp train: out of memory\n");
+    goto out;
+  }
+
+  if (!o.quiet) {
+    printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o.model,
+           o.data, train.n_rows, test.n_rows, all.n_features,
+           all.label ? "classification" : "regression");
+    dpt_print_config(stdout, pc);
+    printf("\n");
+    dpt_print_plan(stdout, plan);
+    printf("\n");
+  }
+  int tty = !o.quiet && isatty(STDOUT_FILENO);
+  long steps = 0, samples = 0;
+  double t_train = 0.0;
+  for (int ep = 0; ep < o.epochs; ep++) {
+    dpt_epoch_order(train.n_rows, cfg.seed, ep, perm);
+    double sum = 0.0, t0 = now_s(), t_last = t0;
+    int nb = 0;
+    for (int from = 0; from < train.n_rows; from += B) {
+      int n = train.n_rows - from < B ? train.n_rows - from : B;
+      gather_rows(&train, perm, from, n, bx, bt);
+      float loss;
+      double ts = now_s();
+      if (dp_train_step(ctx, n, in_w, bx, bt, &loss)) {
+        printf("%s", tty ? "\n" : "");
+        fprintf(stderr, "dp train: epoch %d, step %ld: %s\n", ep + 1, steps + 1,
+                dp_ctx_error(ctx));
+        goto out;
+      }
+      double te = now_s();
+      t_train += te - ts;
+      sum += loss;
+      nb++;
+      steps++;
+      samples += n;
+      if (tty && te - t_last > 0.1) {
+        progress(tty, ep + 1, o.epochs, from + n, train.n_rows, (float)(sum / nb),
+                 samples / t_train, 0);
+        t_last = te;
+      }
+    }
+    curve[ep] = (float)(sum / nb);
+    if (!o.quiet) progress(tty, ep + 1, o.epochs, train.n_rows, train.n_rows, curve[ep],
+                           samples / t_train, 1);
+  }
+
+  double metric = 0.0;
+  const dpt_dataset *eval = test.n_rows ? &test : &train;
+  if (evaluate(ctx, eval, B, out_w, bx, by, &metric)) {
+    fprintf(stderr, "dp train: evaluation: %s\n", dp_ctx_error(ctx));
+    goto out;
+  }
+  printf("\n%s: %s %.2f%s (%d rows)\n", test.n_rows ? "held-out" : "training",
+         all.label ? "accuracy" : "mse", all.label ? 100.0 * metric : metric,
+         all.label ? "%" : "", eval->n_rows);
+  printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", steps, t_train,
+         1e3 * t_train / (double)steps, (double)samples / t_train);
+  printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
+         (unsigned long long)dp_params_hash(ctx), dp_model_n_params(model));
+  if (o.plot) {
+    if (dpt_svg_line_plot(o.plot, "training loss", "epoch", "mean loss", curve, o.epochs, err,
+                          sizeof err)) {
+      fprintf(stderr, "dp train: %s\n", err);
+      goto out;
+    }
+    printf("loss curve: %s\n", o.plot);
+  }
+  if (o.save) {
+    size_t n = dp_model_n_params(model);
+    float *w = malloc(n * 4 + 4);
+    int bad = !w || dp_get_params(ctx, w, n) || save_params(o.save, w, n, err, sizeof err);
+    free(w);
+    if (bad) {
+      fprintf(stderr, "dp train: %s\n", w ? err : "out of memory");
+      goto out;
+    }
+    printf("parameters: %s\n", o.save);
+  }
+  rc = DPT_EXIT_OK;
+out:
+  free(bx);
+  free(by);
+  free(bt);
+  free(perm);
+  free(curve);
+  dpt_dataset_free(&all);
+  dpt_dataset_free(&train);
+  dpt_dataset_free(&test);
+  dp_ctx_free(ctx);
+  dp_plan_free(plan);
+  dp_model_free(model);
+  return rc;
+}

@@ -1,0 +1,422 @@
+/* tools/data.c — CSV datasets for `dp train`. See data.h for the format. */
+#if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
+#define _POSIX_C_SOURCE 200809L /* getline */
+#endif
+
+#include "data.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ---------------------------------------------------------------- */
+
+static dp_status fail(dp_status s, char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static dp_status fail(dp_status s, char *err, size_t errcap, const char *fmt, ...) {
+  if (err && errcap > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errcap, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
+/* ---- random numbers: splitmix64 ------------------------------------------- */
+
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static uint64_t next64(uint64_t *state) {
+  *state += 0x9e3779b97f4a7c15ULL;
+  return mix64(*state);
+}
+
+/* Uniform in [0, k), k >= 1, without modulo bias. */
+static uint64_t below(uint64_t *state, uint64_t k) {
+  uint64_t threshold = (0 - k) % k; /* 2^64 mod k */
+  for (;;) {
+    uint64_t r = next64(state);
+    if (r >= threshold) return r % k;
+  }
+}
+
+/* Independent streams from one seed: the split uses domain 1, epoch e uses
+ * domain 2 with e as the index. */
+static uint64_t stream_state(uint64_t seed, uint64_t domain, uint64_t index) {
+  return mix64(mix64(seed ^ (domain * 0xd1b54a32d192ed03ULL)) + index);
+}
+
+static void shuffle(int *perm, int n, uint64_t state) {
+  for (int i = 0; i < n; i++) perm[i] = i;
+  for (int i = n - 1; i > 0; i--) {
+    int j = (int)below(&state, (uint64_t)i + 1);
+    int t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+}
+
+void dpt_epoch_order(int n, uint64_t seed, int epoch, int *perm) {
+  if (n <= 0 || !perm) return;
+  shuffle(perm, n, stream_state(seed, 2, (uint64_t)(int64_t)epoch));
+}
+
+/* ---- datasets ---------------------------------------------------------------- */
+
+void dpt_dataset_free(dpt_dataset *d) {
+  if (!d) return;
+  free(d->x);
+  free(d->label);
+  free(d->y);
+  memset(d, 0, sizeof *d);
+}
+
+/* ---- CSV parsing ------------------------------------------------------------ */
+
+typedef struct {
+  const char *path;
+  long line;
+  char *err;
+  size_t errcap;
+} where;
+
+/* At most 40 bytes of a field, for messages. */
+#define SHOW_MAX 40
+#define SHOW(s) (int)(strlen(s) > SHOW_MAX ? SHOW_MAX : strlen(s)), (s), \
+                (strlen(s) > SHOW_MAX ? "..." : "")
+
+static int is_blank(char c) { return c == ' ' || c == '\t'; }
+
+/* Trims blanks (and a stray '\r') around [s, e) in place; returns the start. */
+static char *trim(char *s, char *e) {
+  while (s < e && is_blank(*s)) s++;
+  while (e > s && (is_blank(e[-1]) || e[-1] == '\r')) e--;
+  *e = '\0';
+  return s;
+}
+
+static dp_status parse_label(const where *w, int field, const char *s, int32_t *out) {
+  if (*s == '\0')
+    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field",
+                w->path, w->line, field);
+  const char *p = s;
+  if (*p == '+' || *p == '-') p++;
+  int digits = 1;
+  for (const char *q = p; *q; q++)
+    if (*q < '0' || *q > '9') digits = 0;
+  if (!digits || *p == '\0')
+    return fail(DP_ERR_PARSE, w->err, w->errcap,
+                "%s:%ld: field %d: label \"%.*s%s\" is not a non-negative integer",
+                w->path, w->line, field, SHOW(s));
+  errno = 0;
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (*s == '-' && (v != 0 || errno == ERANGE))
+    return fail(DP_ERR_RANGE, w->err, w->errcap,
+                "%s:%ld: field %d: label %.*s%s is not a non-negative integer",
+                w->path, w->line, field, SHOW(s));
+  if (errno == ERANGE || v > DPT_MAX_LABEL)
+    return fail(DP_ERR_RANGE, w->err, w->errcap,
+                "%s:%ld: field %d: label %.*s%s is larger than the limit %d", w->path,
+                w->line, field, SHOW(s), DPT_MAX_LABEL);
+  *out = (int32_t)v;
+  return DP_OK;
+}
+
+static dp_status parse_float(const where *w, int field, const char *s, float *out) {
+  if (*s == '\0')
+    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field",
+                w->path, w->line, field);
+  errno = 0;
+  char *end;
+  float v = strtof(s, &end);
+  /* strtof also reads hexadecimal floats; the format is decimal only */
+  if (end == s || *end != '\0' || strpbrk(s, "xX"))
+    return fail(DP_ERR_PARSE, w->err, w->errcap,
+                "%s:%ld: field %d: expected a number, got \"%.*s%s\"", w->path,
+                w->line, field, SHOW(s));
+  if (!isfinite(v)) {
+    if (errno == ERANGE) /* a finite decimal too large for float */
+      return fail(DP_ERR_RANGE, w->err, w->errcap,
+                  "%s:%ld: field %d: %.*s%s is out of float range", w->path, w->line,
+                  field, SHOW(s));
+    return fail(DP_ERR_NONFINITE, w->err, w->errcap,
+                "%s:%ld: field %d: non-finite value \"%.*s%s\"", w->path, w->line,
+                field, SHOW(s));
+  }
+  *out = v; /* ERANGE with a finite result is underflow: keep the tiny value */
+  return DP_OK;
+}
+
+/* Growable arrays of the loader. */
+typedef struct {
+  dpt_dataset d;
+  size_t cap_rows;
+} builder;
+
+static dp_status grow(builder *b, const where *w) {
+  if ((size_t)b->d.n_rows < b->cap_rows) return DP_OK;
+  if (b->d.n_rows == INT_MAX)
+    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: more than %d rows",
+                w->path, w->line, INT_MAX);
+  size_t cap = b->cap_rows ? b->cap_rows * 2 : 256;
+  if (cap > (size_t)INT_MAX) cap = (size_t)INT_MAX;
+  size_t nx, ny;
+  if (__builtin_mul_overflow(cap, (size_t)b->d.n_features, &nx) ||
+      __builtin_mul_overflow(nx, sizeof(float), &nx) ||
+      __builtin_mul_overflow(cap, (size_t)b->d.n_targets, &ny) ||
+      __builtin_mul_overflow(ny, sizeof(float), &ny))
+    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: dataset too large",
+                w->path, w->line);
+  float *x = realloc(b->d.x, nx ? nx : 1);
+  if (!x) goto nomem;
+  b->d.x = x;
+  if (b->d.n_targets > 0) {
+    float *y = realloc(b->d.y, ny ? ny : 1);
+    if (!y) goto nomem;
+    b->d.y = y;
+  } else {
+    int32_t *l = realloc(b->d.label, cap * sizeof(int32_t));
+    if (!l) goto nomem;
+    b->d.label = l;
+  }
+  b->cap_rows = cap;
+  return DP_OK;
+nomem:
+  return fail(DP_ERR_NOMEM, w->err, w->errcap, "%s:%ld: out of memory after %d rows",
+              w->path, w->line, b->d.n_rows);
+}
+
+/* Parses one data row (already known to have the right field count). */
+static dp_status parse_row(builder *b, const where *w, char *line, size_t len) {
+  dp_status s = grow(b, w);
+  if (s != DP_OK) return s;
+  size_t r = (size_t)b->d.n_rows;
+  int nt = b->d.n_targets, nf = b->d.n_features;
+  float *xr = b->d.x + r * (size_t)nf;
+  char *p = line, *end = line + len;
+  int32_t label = 0;
+  for (int field = 1; p <= end; field++) {
+    char *comma = memchr(p, ',', (size_t)(end - p));
+    char *fe = comma ? comma : end;
+    char *f = trim(p, fe);
+    if (nt == 0 && field == 1) {
+      s = parse_label(w, field, f, &label);
+    } else if (field <= nt) {
+      s = parse_float(w, field, f, b->d.y + r * (size_t)nt + (size_t)(field - 1));
+    } else {
+      int k = field - (nt == 0 ? 1 : nt) - 1;
+      s = parse_float(w, field, f, &xr[k]);
+    }
+    if (s != DP_OK) return s;
+    p = fe + 1;
+  }
+  if (nt == 0) {
+    b->d.label[r] = label;
+    if (label + 1 > b->d.n_classes) b->d.n_classes = label + 1;
+  }
+  b->d.n_rows++;
+  return DP_OK;
+}
+
+static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *err,
+                      size_t errcap) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!path || !out)
+    return fail(DP_ERR_INVALID, err, errcap, "dpt_csv_load: NULL argument");
+  if (n_targets < 0)
+    return fail(DP_ERR_INVALID, err, errcap, "%s: n_targets %d is negative", path,
+                n_targets);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return fail(DP_ERR_IO, err, errcap, "%s: cannot open: %s", path, strerror(errno));
+
+  builder b;
+  memset(&b, 0, sizeof b);
+  b.d.n_targets = n_targets;
+  where w = {path, 0, err, errcap};
+  int n_fields = 0; /* fixed by the first data row */
+  char *line = NULL;
+  size_t linecap = 0;
+  ssize_t got;
+  dp_status s = DP_OK;
+  errno = 0;
+  while ((got = getline(&line, &linecap, f)) >= 0) {
+    w.line++;
+    size_t len = (size_t)got;
+    if (len > 0 && line[len - 1] == '\n') len--;
+    if (len > 0 && line[len - 1] == '\r') len--;
+    line[len] = '\0';
+    if (strlen(line) != len) {
+      s = fail(DP_ERR_PARSE, err, errcap, "%s:%ld: NUL byte in line", path, w.line);
+      goto done;
+    }
+    const char *q = line;
+    while (is_blank(*q)) q++;
+    if (*q == '\0' || *q == '#') continue;
+
+    long count = 1;
+    for (const char *c = line; *c; c++)
+      if (*c == ',') count++;
+    if (n_fields == 0) {
+      long min = (n_targets > 0 ? n_targets : 1) + 1;
+      if (count < min) {
+        s = fail(DP_ERR_PARSE, err, errcap,
+                 "%s:%ld: field count %ld, expected at least %ld (%s and a feature)",
+                 path, w.line, count, min, n_targets > 0 ? "targets" : "a label");
+        goto done;
+      }
+      if (count > INT_MAX / 2) {
+        s = fail(DP_ERR_OVERFLOW, err, errcap, "%s:%ld: %ld fields is too many", path,
+                 w.line, count);
+        goto done;
+      }
+      n_fields = (int)count;
+      b.d.n_features = n_fields - (n_targets > 0 ? n_targets : 1);
+    } else if (count != n_fields) {
+      s = fail(DP_ERR_PARSE, err, errcap, "%s:%ld: field count %ld, expected %d", path,
+               w.line, count, n_fields);
+      goto done;
+    }
+    s = parse_row(&b, &w, line, len);
+    if (s != DP_OK) goto done;
+    errno = 0;
+  }
+  if (ferror(f)) {
+    s = fail(DP_ERR_IO, err, errcap, "%s:%ld: read error: %s", path, w.line + 1,
+             strerror(errno ? errno : EIO));
+    goto done;
+  }
+  if (b.d.n_rows == 0) {
+    s = fail(DP_ERR_PARSE, err, errcap, "%s: no data rows", path);
+    goto done;
+  }
+done:
+  free(line);
+  fclose(f);
+  if (s != DP_OK) {
+    dpt_dataset_free(&b.d);
+    return s;
+  }
+  *out = b.d;
+  return DP_OK;
+}
+
+dp_status dpt_csv_load(const char *path, dpt_dataset *out, char *err, size_t errcap) {
+  return load(path, 0, out, err, errcap);
+}
+
+dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *out,
+                                  char *err, size_t errcap) {
+  if (n_targets < 1) {
+    if (out) memset(out, 0, sizeof *out);
+    return fail(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
+                path ? path : "(null)", n_targets);
+  }
+  return load(path, n_targets, out, err, errcap);
+}
+
+/* ---- split ------------------------------------------------------------------- */
+
+/* A new dataset with the rows idx[0..n) of src (n may be 0). */
+static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
+                             dpt_dataset *dst) {
+  memset(dst, 0, sizeof *dst);
+  dst->n_features = src->n_features;
+  dst->n_targets = src->n_targets;
+  dst->n_classes = src->n_classes;
+  size_t nf = (size_t)src->n_features, nt = (size_t)src->n_targets;
+  size_t rows = (size_t)n;
+  /* sizes fit: src already holds at least this many rows */
+  dst->x = malloc(rows * nf * sizeof(float) + 1);
+  if (src->label) dst->label = malloc(rows * sizeof(int32_t) + 1);
+  if (src->y) dst->y = malloc(rows * nt * sizeof(float) + 1);
+  if (!dst->x || (src->label && !dst->label) || (src->y && !dst->y)) {
+    dpt_dataset_free(dst);
+    return DP_ERR_NOMEM;
+  }
+  for (size_t i = 0; i < rows; i++) {
+    size_t r = (size_t)idx[i];
+    memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
+    if (src->label) dst->label[i] = src->label[r];
+    if (src->y) memcpy(dst->y + i * nt, src->y + r * nt, nt * sizeof(float));
+  }
+  dst->n_rows = n;
+  return DP_OK;
+}
+
+dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64_t seed,
+                            dpt_dataset *train, dpt_dataset *test, char *err,
+                            size_t errcap) {
+  if (train) memset(train, 0, sizeof *train);
+  if (test) memset(test, 0, sizeof *test);
+  if (!all || !train || !test || train == test || train == all || test == all)
+    return fail(DP_ERR_INVALID, err, errcap,
+                "dpt_dataset_split: NULL or aliased argument");
+  if (all->n_rows <= 0 || !all->x)
+    return fail(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: empty dataset");
+  if (!(test_fraction >= 0.0 && test_fraction < 1.0))
+    return fail(DP_ERR_INVALID, err, errcap,
+                "test fraction %g is outside [0, 1)", test_fraction);
+  int n = all->n_rows;
+  /* the small slack keeps e.g. 0.7 * 10 = 7.000000000000001 at 7 */
+  double want = ceil(test_fraction * (double)n - 1e-9);
+  int n_test = want < 0 ? 0 : (int)want;
+  if (n_test >= n)
+    return fail(DP_ERR_INVALID, err, errcap,
+                "test fraction %g of %d rows leaves no training rows", test_fraction,
+                n);
+  int *perm = malloc((size_t)n * sizeof(int));
+  if (!perm) return fail(DP_ERR_NOMEM, err, errcap, "dpt_dataset_split: out of memory");
+  shuffle(perm, n, stream_state(seed, 1, 0));
+  dp_status s = gather_rows(all, perm, n_test, test);
+  if (s == DP_OK) s = gather_rows(all, perm + n_test, n - n_test, train);
+  free(perm);
+  if (s != DP_OK) {
+    dpt_dataset_free(train);
+    dpt_dataset_free(test);
+    return fail(s, err, errcap, "dpt_dataset_split: out of memory");
+  }
+  return DP_OK;
+}
+
+/* ---- standardisation ------------------------------------------------------ */
+
+void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
+  if (!train || train->n_rows <= 0 || !train->x) return;
+  int nf = train->n_features;
+  if (test && (test->n_features != nf || !test->x)) test = NULL;
+  size_t n = (size_t)train->n_rows;
+  for (int j = 0; j < nf; j++) {
+    double sum = 0.0;
+    for (size_t i = 0; i < n; i++) sum += train->x[i * (size_t)nf + (size_t)j];
+    double mean = sum / (double)n;
+    double ss = 0.0;
+    for (size_t i = 0; i < n; i++) {
+      double d = train->x[i * (size_t)nf + (size_t)j] - mean;
+      ss += d * d;
+    }
+    double sd = sqrt(ss / (double)n);
+    /* constant (or nearly, relative to the mean) features: scale 1 */
+    if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) sd = 1.0;
+    for (size_t i = 0; i < n; i++) {
+      float *v = &train->x[i * (size_t)nf + (size_t)j];
+      *v = (float)((*v - mean) / sd);
+    }
+    if (test)
+      for (size_t i = 0; i < (size_t)(test->n_rows > 0 ? test->n_rows : 0); i++) {
+        float *v = &test->x[i * (size_t)nf + (size_t)j];
+        *v = (float)((*v - mean) / sd);
+      }
+  }
+}

@@ -1,0 +1,76 @@
+/* tools/data.h — CSV datasets for `dp train`: load, split, scale, shuffle.
+ *
+ * Tool-side code: like the library it never prints and never exits. Functions
+ * that can fail return dp_status and write a one-line message (no newline)
+ * into err[0..errcap) when err is not NULL.
+ *
+ * File format (one sample per line, comma separated, no header):
+ *   label,f1,f2,...,fN            classification (dpt_csv_load)
+ *   t1,...,tK,f1,...,fN           regression (dpt_csv_load_regression)
+ * - label: a non-negative decimal integer (optional '+'), at most
+ *   DPT_MAX_LABEL. Class count = largest label + 1.
+ * - features and targets: decimal floats: integers, decimals, exponents, a
+ *   leading sign ("3", "-0.5", "+1e-3", ".5"). nan/inf are refused, and so
+ *   are values outside float's range and hexadecimal forms.
+ * - spaces and tabs around a field are ignored; an empty field is an error.
+ * - lines whose first non-blank character is '#' are comments; blank lines
+ *   are skipped; LF or CRLF line ends.
+ * - every data row has the same number of fields; at least one feature.
+ * Errors read "path:line: field k: what" (line and field 1-based, the label
+ * is field 1), or "path:line: what" for whole-row problems, e.g.
+ *   data/x.csv:17: field 3: expected a number, got "abc"
+ *   data/x.csv:17: field count 64, expected 65
+ * Status: DP_ERR_IO (open/read), DP_ERR_PARSE (syntax, field count, empty
+ * file), DP_ERR_RANGE (negative or too-large label, float overflow),
+ * DP_ERR_NONFINITE (nan/inf), DP_ERR_NOMEM, DP_ERR_OVERFLOW (sizes).
+ */
+#ifndef DPT_DATA_H
+#define DPT_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dp.h"
+
+#define DPT_MAX_LABEL 65535 /* larger labels are refused (DP_ERR_RANGE) */
+
+typedef struct {
+  int n_rows, n_features;
+  float *x;        /* (n_rows, n_features) row-major */
+  int32_t *label;  /* (n_rows) class index; NULL for regression */
+  float *y;        /* (n_rows, n_targets) regression targets; NULL for
+                      classification */
+  int n_targets;   /* 0 for classification */
+  int n_classes;   /* largest label + 1; 0 for regression */
+} dpt_dataset;
+
+/* Loads a classification CSV. On failure *out is left empty (all zero). */
+dp_status dpt_csv_load(const char *path, dpt_dataset *out, char *err, size_t errcap);
+/* Loads a regression CSV whose first n_targets (>= 1) fields are targets. */
+dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *out,
+                                  char *err, size_t errcap);
+/* Frees the arrays and zeroes *d. NULL and already-freed datasets are fine. */
+void dpt_dataset_free(dpt_dataset *d);
+
+/* Deterministic shuffled split. n_test = ceil(test_fraction * n) (as
+ * scikit-learn's train_test_split); 0 <= test_fraction < 1 and at least one
+ * training row must remain, else DP_ERR_INVALID. The rows are shuffled by
+ * `seed` (Fisher-Yates with a splitmix64 generator); test gets the first
+ * n_test rows of that order and train the rest, each in shuffled order.
+ * train and test are new datasets (free both) and keep all->n_classes; test
+ * may have 0 rows (test_fraction 0). On failure both are left empty. */
+dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64_t seed,
+                            dpt_dataset *train, dpt_dataset *test, char *err,
+                            size_t errcap);
+
+/* Per-feature standardisation: mean and population standard deviation of
+ * each feature over train (in double), then x = (x - mean) / std on train and
+ * on test (test may be NULL). Constant features get std 1 (as scikit-learn's
+ * StandardScaler), so they become 0. Targets are not touched. */
+void dpt_standardize(dpt_dataset *train, dpt_dataset *test);
+
+/* Shuffled epoch order: perm[0..n) becomes a permutation of 0..n-1 that
+ * depends only on (seed, epoch). Does nothing when n <= 0 or perm is NULL. */
+void dpt_epoch_order(int n, uint64_t seed, int epoch, int *perm);
+
+#endif

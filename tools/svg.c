@@ -1,0 +1,356 @@
+/* tools/svg.c — small SVG charts. See svg.h. */
+#include "svg.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+static dp_status fail(dp_status s, char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static dp_status fail(dp_status s, char *err, size_t errcap, const char *fmt, ...) {
+  if (err && errcap > 0) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errcap, fmt, ap);
+    va_end(ap);
+  }
+  return s;
+}
+
+static const char *const FONT = "font-family=\"sans-serif\"";
+static const char *const PALETTE[] = {
+    "#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948",
+    "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac", "#1f77b4", "#8c564b",
+};
+#define N_PALETTE (int)(sizeof PALETTE / sizeof PALETTE[0])
+
+/* Writes s with &, <, >, ", ' escaped. */
+static void put_text(FILE *f, const char *s) {
+  for (; s && *s; s++) {
+    switch (*s) {
+    case '&': fputs("&amp;", f); break;
+    case '<': fputs("&lt;", f); break;
+    case '>': fputs("&gt;", f); break;
+    case '"': fputs("&quot;", f); break;
+    case '\'': fputs("&apos;", f); break;
+    default: fputc(*s, f);
+    }
+  }
+}
+
+/* <text x y anchor [rotate]>escaped</text> */
+static void text_at(FILE *f, double x, double y, const char *anchor, int size,
+                    const char *rotate, const char *s) {
+  fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-size=\"%d\" %s", x, y,
+          anchor, size, FONT);
+  if (rotate) fprintf(f, " transform=\"rotate(%s %.1f %.1f)\"", rotate, x, y);
+  fputs(">", f);
+  put_text(f, s);
+  fputs("</text>\n", f);
+}
+
+/* 1, 2 or 5 times a power of ten, >= raw (raw > 0). */
+static double nice_step(double raw) {
+  double p = pow(10.0, floor(log10(raw)));
+  double m = raw / p;
+  double k = m <= 1.0 ? 1.0 : m <= 2.0 ? 2.0 : m <= 5.0 ? 5.0 : 10.0;
+  return k * p;
+}
+
+/* Decimal places that show multiples of step exactly (0..9). */
+static int step_decimals(double step) {
+  if (step >= 1.0) return 0;
+  int d = (int)ceil(-log10(step) - 1e-9);
+  return d > 9 ? 9 : d;
+}
+
+static void format_tick(char *buf, size_t cap, double v, double step, double maxabs) {
+  if (fabs(v) < step * 1e-6) v = 0.0; /* no "-0.00" */
+  if (maxabs >= 1e6 || step < 1e-6)
+    snprintf(buf, cap, "%.3g", v);
+  else
+    snprintf(buf, cap, "%.*f", step_decimals(step), v);
+}
+
+static dp_status finish(FILE *f, const char *path, char *err, size_t errcap) {
+  int bad = ferror(f);
+  int e = errno;
+  if (fclose(f) != 0) {
+    bad = 1;
+    e = errno;
+  }
+  if (bad)
+    return fail(DP_ERR_IO, err, errcap, "%s: write failed: %s", path,
+                strerror(e ? e : EIO));
+  return DP_OK;
+}
+
+static FILE *open_out(const char *path, char *err, size_t errcap, dp_status *s) {
+  FILE *f = fopen(path, "w");
+  if (!f) *s = fail(DP_ERR_IO, err, errcap, "%s: cannot open for writing: %s", path,
+                    strerror(errno));
+  return f;
+}
+
+/* ---- line plot ------------------------------------------------------------- */
+
+dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xlabel,
+                            const char *ylabel, const float *y, int n, char *err,
+                            size_t errcap) {
+  if (!path || !y || n < 1)
+    return fail(DP_ERR_INVALID, err, errcap,
+                "dpt_svg_line_plot: need a path and at least one value (n = %d)", n);
+
+  const double W = 640, H = 400, L = 80, R = 24, T = 44, B = 56;
+  const double pw = W - L - R, ph = H - T - B;
+
+  /* y range over the finite values, widened to nice tick bounds */
+  double lo = INFINITY, hi = -INFINITY;
+  for (int i = 0; i < n; i++)
+    if (isfinite(y[i])) {
+      if (y[i] < lo) lo = y[i];
+      if (y[i] > hi) hi = y[i];
+    }
+  if (lo > hi) lo = 0.0, hi = 1.0; /* nothing finite: an empty frame */
+  if (hi - lo <= fabs(hi) * 1e-9) { /* constant */
+    double pad = fabs(lo) > 0.0 ? fabs(lo) * 0.1 : 1.0;
+    lo -= pad;
+    hi += pad;
+  }
+  double ystep = nice_step((hi - lo) / 5.0);
+  double y0 = floor(lo / ystep + 1e-9) * ystep, y1 = ceil(hi / ystep - 1e-9) * ystep;
+  if (y1 <= y0) y1 = y0 + ystep;
+  double ymaxabs = fmax(fabs(y0), fabs(y1));
+
+  /* x: point i at i + 1 */
+  double x0 = 1.0, x1 = (double)n;
+  if (n == 1) x0 = 0.0, x1 = 2.0;
+  double xstep = nice_step((x1 - x0) / 6.0);
+  if (xstep < 1.0) xstep = 1.0;
+
+#define PX(v) (L + ((v) - x0) / (x1 - x0) * pw)
+#define PY(v) (T + ph - ((v) - y0) / (y1 - y0) * ph)
+
+  dp_status s = DP_OK;
+  FILE *f = open_out(path, err, errcap, &s);
+  if (!f) return s;
+  fprintf(f,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+          "viewBox=\"0 0 %.0f %.0f\">\n",
+          W, H, W, H);
+  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  if (title) text_at(f, W / 2, 26, "middle", 16, NULL, title);
+
+  /* grid and ticks */
+  char buf[64];
+  int ny = (int)floor((y1 - y0) / ystep + 0.5);
+  fputs("<g stroke=\"#e0e0e0\" stroke-width=\"1\">\n", f);
+  for (int k = 0; k <= ny; k++) {
+    double v = y0 + k * ystep;
+    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", L, PY(v),
+            L + pw, PY(v));
+  }
+  fputs("</g>\n", f);
+  for (int k = 0; k <= ny; k++) {
+    double v = y0 + k * ystep;
+    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"black\"/>\n",
+            L - 5, PY(v), L, PY(v));
+    format_tick(buf, sizeof buf, v, ystep, ymaxabs);
+    text_at(f, L - 8, PY(v) + 4, "end", 11, NULL, buf);
+  }
+  double xt0 = ceil(x0 / xstep) * xstep;
+  for (int k = 0; xt0 + k * xstep <= x1 + 1e-9; k++) {
+    double v = xt0 + k * xstep;
+    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"black\"/>\n",
+            PX(v), T + ph, PX(v), T + ph + 5);
+    snprintf(buf, sizeof buf, "%.0f", v);
+    text_at(f, PX(v), T + ph + 18, "middle", 11, NULL, buf);
+  }
+  /* axes */
+  fprintf(f,
+          "<path d=\"M%.2f %.2f V%.2f H%.2f\" fill=\"none\" stroke=\"black\" "
+          "stroke-width=\"1.2\"/>\n",
+          L, T, T + ph, L + pw);
+  if (xlabel) text_at(f, L + pw / 2, H - 14, "middle", 13, NULL, xlabel);
+  if (ylabel) text_at(f, 18, T + ph / 2, "middle", 13, "-90", ylabel);
+
+  /* the curve: one polyline per run of finite values */
+  int open = 0;
+  for (int i = 0; i < n; i++) {
+    if (!isfinite(y[i])) {
+      if (open) fputs("\"/>\n", f);
+      open = 0;
+      continue;
+    }
+    if (!open)
+      fputs("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.8\" "
+            "stroke-linejoin=\"round\" points=\"",
+            f);
+    fprintf(f, "%s%.2f,%.2f", open ? " " : "", PX(i + 1.0), PY((double)y[i]));
+    open = 1;
+  }
+  if (open) fputs("\"/>\n", f);
+  if (n <= 40)
+    for (int i = 0; i < n; i++)
+      if (isfinite(y[i]))
+        fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\" fill=\"#1f77b4\"/>\n",
+                PX(i + 1.0), PY((double)y[i]));
+#undef PX
+#undef PY
+  fputs("</svg>\n", f);
+  return finish(f, path, err, errcap);
+}
+
+/* ---- stacked bars ------------------------------------------------------------ */
+
+char *dpt_format_bytes(double bytes, char *buf, size_t cap) {
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (u < 4 && fabs(bytes) >= 1024.0) {
+    bytes /= 1024.0;
+    u++;
+  }
+  if (!buf || cap == 0) return buf;
+  if (u == 0)
+    snprintf(buf, cap, "%.0f B", bytes);
+  else
+    snprintf(buf, cap, "%.*f %s", fabs(bytes) < 10 ? 2 : fabs(bytes) < 100 ? 1 : 0,
+             bytes, units[u]);
+  return buf;
+}
+
+dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
+                               const char *const *bar_labels, int n_segments,
+                               const char *const *segment_names, const double *values,
+                               char *err, size_t errcap) {
+  if (!path || !values || n_bars < 1 || n_segments < 1)
+    return fail(DP_ERR_INVALID, err, errcap,
+                "dpt_svg_stacked_bars: need a path, values and at least one bar and "
+                "segment (bars %d, segments %d)",
+                n_bars, n_segments);
+  double top = 0.0;
+  for (int b = 0; b < n_bars; b++) {
+    double t = 0.0;
+    for (int s = 0; s < n_segments; s++) {
+      double v = values[(size_t)b * (size_t)n_segments + (size_t)s];
+      if (!(v >= 0.0) || !isfinite(v))
+        return fail(DP_ERR_INVALID, err, errcap,
+                    "dpt_svg_stacked_bars: bar %d segment %d: value %g is not a "
+                    "finite byte count >= 0",
+                    b, s, v);
+      t += v;
+    }
+    if (t > top) top = t;
+  }
+
+  /* unit from the tallest bar, nice ticks in that unit */
+  static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double scale = 1.0;
+  while (u < 4 && top >= scale * 1024.0) {
+    scale *= 1024.0;
+    u++;
+  }
+  double top_u = top / scale;
+  if (top_u <= 0.0) top_u = 1.0;
+  double step = nice_step(top_u / 5.0);
+  if (u == 0 && step < 1.0) step = 1.0; /* no fractional bytes */
+  double y1 = ceil(top_u / step - 1e-9) * step;
+
+  const double L = 90, R = 20, T = 44, B = 60, LEGEND = 190;
+  double slot = n_bars <= 4 ? 110 : 80;
+  const double pw = slot * n_bars, ph = 300;
+  const double W = L + pw + R + LEGEND;
+  double H = T + ph + B;
+  int n_legend = 0;
+  for (int s = 0; s < n_segments; s++)
+    for (int b = 0; b < n_bars; b++)
+      if (values[(size_t)b * (size_t)n_segments + (size_t)s] > 0.0) {
+        n_legend++;
+        break;
+      }
+  if (T + 20 + 18.0 * n_legend > H) H = T + 20 + 18.0 * n_legend;
+
+#define PY(v) (T + ph - (v) / y1 * ph) /* v in units */
+
+  dp_status st = DP_OK;
+  FILE *f = open_out(path, err, errcap, &st);
+  if (!f) return st;
+  fprintf(f,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+          "viewBox=\"0 0 %.0f %.0f\">\n",
+          W, H, W, H);
+  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+  if (title) text_at(f, L + pw / 2, 26, "middle", 16, NULL, title);
+
+  char buf[64], lab[64];
+  int nt = (int)floor(y1 / step + 0.5);
+  for (int k = 0; k <= nt; k++) {
+    double v = k * step;
+    fprintf(f,
+            "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#e0e0e0\"/>\n",
+            L, PY(v), L + pw, PY(v));
+    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"black\"/>\n",
+            L - 5, PY(v), L, PY(v));
+    snprintf(buf, sizeof buf, "%.*f %s", step_decimals(step), v, units[u]);
+    text_at(f, L - 8, PY(v) + 4, "end", 11, NULL, buf);
+  }
+  fprintf(f,
+          "<path d=\"M%.2f %.2f V%.2f H%.2f\" fill=\"none\" stroke=\"black\" "
+          "stroke-width=\"1.2\"/>\n",
+          L, T, T + ph, L + pw);
+
+  for (int b = 0; b < n_bars; b++) {
+    double bx = L + slot * b + slot * 0.2, bw = slot * 0.6;
+    double acc = 0.0;
+    for (int s = 0; s < n_segments; s++) {
+      double v = values[(size_t)b * (size_t)n_segments + (size_t)s];
+      if (v <= 0.0) continue;
+      double ya = PY((acc + v) / scale), yb = PY(acc / scale);
+      fprintf(f,
+              "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" "
+              "stroke=\"white\" stroke-width=\"0.5\"><title>",
+              bx, ya, bw, yb - ya, PALETTE[s % N_PALETTE]);
+      if (segment_names && segment_names[s])
+        put_text(f, segment_names[s]);
+      else
+        fprintf(f, "segment %d", s);
+      fprintf(f, ": %s (%.0f B)</title></rect>\n", dpt_format_bytes(v, buf, sizeof buf),
+              v);
+      acc += v;
+    }
+    text_at(f, bx + bw / 2, PY(acc / scale) - 6, "middle", 10, NULL,
+            dpt_format_bytes(acc, buf, sizeof buf));
+    if (bar_labels && bar_labels[b])
+      text_at(f, bx + bw / 2, T + ph + 18, "middle", 12, NULL, bar_labels[b]);
+    else {
+      snprintf(lab, sizeof lab, "dev %d", b);
+      text_at(f, bx + bw / 2, T + ph + 18, "middle", 12, NULL, lab);
+    }
+  }
+
+  /* legend: top to bottom in stacking order, bottom segment last (as drawn) */
+  double lx = L + pw + R + 10, ly = T + 10;
+  int row = 0;
+  for (int s = n_segments - 1; s >= 0; s--) {
+    int used = 0;
+    for (int b = 0; b < n_bars; b++)
+      if (values[(size_t)b * (size_t)n_segments + (size_t)s] > 0.0) used = 1;
+    if (!used) continue;
+    double yy = ly + 18.0 * row++;
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n",
+            lx, yy, PALETTE[s % N_PALETTE]);
+    if (segment_names && segment_names[s])
+      text_at(f, lx + 18, yy + 10, "start", 12, NULL, segment_names[s]);
+    else {
+      snprintf(lab, sizeof lab, "segment %d", s);
+      text_at(f, lx + 18, yy + 10, "start", 12, NULL, lab);
+    }
+  }
+#undef PY
+  fputs("</svg>\n", f);
+  return finish(f, path, err, errcap);
+}

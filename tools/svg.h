@@ -1,0 +1,41 @@
+/* tools/svg.h — small SVG charts for the dp tool (plain files, no dependencies).
+ *
+ * Like the library, these never print and never exit: they return dp_status
+ * and write a one-line message into err[0..errcap) (when err is not NULL).
+ * DP_ERR_INVALID for bad arguments, DP_ERR_IO when the file cannot be opened
+ * or written (the check includes fclose, so a full disk is reported). A file
+ * that failed part way is left as it is.
+ * Text arguments (title, labels, names) are XML-escaped; NULL means none.
+ */
+#ifndef DPT_SVG_H
+#define DPT_SVG_H
+
+#include <stddef.h>
+
+#include "dp.h"
+
+/* Line chart of y[0..n), e.g. a loss curve: point i is drawn at x = i + 1.
+ * Axes with "nice" ticks and labels, a title, axis labels, one polyline
+ * (split where y is NaN/Inf; those points are skipped). n >= 1; n = 1 and
+ * constant values get a padded range and a visible point marker. */
+dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xlabel,
+                            const char *ylabel, const float *y, int n, char *err,
+                            size_t errcap);
+
+/* Stacked bars, one per device: values is (n_bars, n_segments) byte counts
+ * (finite, >= 0); segment s of bar b is values[b * n_segments + s], stacked
+ * bottom-up in segment order. The y axis is in binary units (B, KiB, MiB,
+ * GiB, TiB) picked from the tallest bar; the bar's total is written above
+ * it. Zero-size segments are not drawn, and segments that are zero in every
+ * bar are left out of the legend. bar_labels / segment_names may be NULL
+ * ("dev 0", "segment 0", ...). */
+dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
+                               const char *const *bar_labels, int n_segments,
+                               const char *const *segment_names, const double *values,
+                               char *err, size_t errcap);
+
+/* Human-readable bytes: "512 B", "1.50 KiB", "12.5 MiB", "640 GiB". Writes a
+ * NUL-terminated string into buf and returns buf. */
+char *dpt_format_bytes(double bytes, char *buf, size_t cap);
+
+#endif
