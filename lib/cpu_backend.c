@@ -88,8 +88,8 @@ static void forward(const lctx *c) {
     }
     break;
   }
-  case DP_LAYER_RELU:
-    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = x[k] > 0.0f ? x[k] : 0.0f;
+  case DP_LAYER_RELU: /* NaN passes through, as in PyTorch */
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = x[k] <= 0.0f ? 0.0f : x[k];
     break;
   case DP_LAYER_TANH:
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);
@@ -177,7 +177,7 @@ static void backward(const lctx *c, float *grads) {
   case DP_LAYER_RELU: {
     const float *y = layer_out(c);
     if (dx)
-      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = y[k] > 0.0f ? dy[k] : 0.0f;
+      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = y[k] <= 0.0f ? 0.0f : dy[k];
     break;
   }
   case DP_LAYER_TANH: {

@@ -123,6 +123,7 @@ dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
 dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
                                dp_ctx **out) {
   (void)host; /* the CPU backend stages nothing: it reads the caller's memory */
+  if (out) *out = NULL;
   if (!arenas) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create_static: arenas is NULL");
   for (int d = 0; p && d < p->split.n_used; d++)
     if (!arenas[d] || (uintptr_t)arenas[d] % p->align)
@@ -227,7 +228,9 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   e.host_y = y;
   s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, c->infer.n_stages);
   if (s) return ctx_fail(c, s);
-  c->replicas_stale = false;
+  /* Only the devices that got rows were refreshed: a smaller batch leaves the
+   * last devices as they were. */
+  if (rows > c->plan->split.dev_row0[c->plan->split.n_used - 1]) c->replicas_stale = false;
   return DP_OK;
 }
 

@@ -67,9 +67,11 @@ static dp_status run_op(dp_exec *x, const dp_op *op) {
 
 /* One device's share of the current job. */
 static void run_device(dp_exec *x, int dev) {
+  /* Read the job once: after this device's last barrier the caller may already
+   * be writing the next job into x. */
   const dp_op *ops = x->ops;
-  int n = x->n_ops, k = 0;
-  for (int s = 0; s < x->n_stages; s++) {
+  int n = x->n_ops, n_stages = x->n_stages, k = 0;
+  for (int s = 0; s < n_stages; s++) {
     for (; k < n && ops[k].stage == s; k++) {
       if (ops[k].device != dev || atomic_load_explicit(&x->failed, memory_order_relaxed))
         continue;

@@ -133,9 +133,15 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     const dp_layer *l = &m->layers[i];
     if (l->kind == DP_LAYER_LINEAR)
       put(buf, cap, &len, "linear %d%s\n", l->out, l->bias ? "" : " nobias");
-    else if (l->kind == DP_LAYER_DROPOUT)
-      put(buf, cap, &len, "dropout %g\n", (double)l->p);
-    else
+    else if (l->kind == DP_LAYER_DROPOUT) {
+      /* the shortest form that parses back to the same float */
+      char num[32];
+      for (int prec = 6; prec <= 9; prec++) {
+        snprintf(num, sizeof num, "%.*g", prec, (double)l->p);
+        if ((float)strtod(num, NULL) == l->p) break; /* as spec.c reads it */
+      }
+      put(buf, cap, &len, "dropout %s\n", num);
+    } else
       put(buf, cap, &len, "%s\n", dp__layer_name(l->kind));
   }
   if (m->loss == DP_LOSS_MSE) put(buf, cap, &len, "loss mse\n");

@@ -83,11 +83,13 @@ static bool mul3(size_t a, size_t b, size_t c, size_t *out) {
 
 #define OVERFLOW() DP_FAIL(DP_ERR_OVERFLOW, "plan size overflows size_t (dims or batch too large)")
 
-/* Depth of the canonical pairwise tree over n leaves: partial buffers needed
- * besides the destination. */
+/* Partial buffers the canonical pairwise tree over n leaves needs besides the
+ * destination: schedule.c gives a right child the next slot, and with the
+ * split at mid = (lo + hi + 1) / 2 the right half has floor(n/2) leaves, so
+ * the deepest slot is floor(log2(n)) (not the tree depth, ceil(log2(n))). */
 static int tree_levels(int n) {
   int l = 0;
-  while ((1 << l) < n) l++;
+  while (n >> (l + 1)) l++;
   return l;
 }
 

@@ -229,6 +229,7 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
 dp_status dp_model_load(const char *path, dp_model **out) {
   if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: out is NULL");
   *out = NULL;
+  if (!path) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: path is NULL");
   FILE *f = fopen(path, "rb");
   if (!f) return DP_FAIL(DP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   size_t cap = 4096, len = 0;

@@ -19,7 +19,7 @@ static void deal(dp_split pol, int n, int N, int *cnt) {
     for (int d = 0; d < N; d++) cnt[d] = n / N + (d < n % N);
     return;
   }
-  int per = (n + N - 1) / N;
+  int per = n / N + (n % N != 0); /* ceil(n/N); n + N - 1 could overflow */
   for (int d = 0, left = n; d < N; d++) {
     cnt[d] = left < per ? left : per;
     left -= cnt[d];
