@@ -127,8 +127,9 @@ typedef struct dp_plan dp_plan;
 dp_status dp_plan_create(const dp_model *m, const dp_config *c, dp_plan **out);
 void dp_plan_free(dp_plan *p);
 
-/* Largest batch (1..max_batch) whose plan fits `budget` bytes on every device;
- * 0 when even batch 1 does not fit. Exact: batch fits, batch+1 does not. */
+/* Largest batch (1..max_batch) whose plan fits `budget` bytes on every device
+ * and in the host staging arena; 0 when even batch 1 does not fit. Exact: that
+ * batch fits, batch+1 does not. */
 dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
                             int max_batch, int *out_batch);
 
@@ -245,8 +246,11 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y);
 /* Parameters as one flat fp32 array in state_dict order (dp_model_n_params). */
 dp_status dp_get_params(dp_ctx *c, float *out, size_t n);
 dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
-/* Gradients of the last successful step (summed over the batch, as PyTorch's
- * DataParallel leaves them in the module on device 0). */
+/* Gradients on device 0 (summed over the batch, as PyTorch's DataParallel
+ * leaves them in the module): those of the last step that got through
+ * backward. A step refused for non-finite gradients leaves its gradients here
+ * so they can be inspected; one refused earlier (bad input, non-finite loss)
+ * does not touch them. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
 /* Highest arena byte any op has touched, per device (equals the plan total). */

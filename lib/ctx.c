@@ -68,9 +68,10 @@ static dp_status ctx_init(dp_ctx *c) {
     for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = CANARY;
   }
   /* State that must start at zero. */
-  if (n > 0 && p->regions[0][DP_REGION_OPT_STATE].size)
-    memset(c->arena[0] + p->regions[0][DP_REGION_OPT_STATE].offset, 0,
-           p->regions[0][DP_REGION_OPT_STATE].size);
+  static const dp_region zeroed[] = {DP_REGION_GRADS, DP_REGION_OPT_STATE};
+  for (int d = 0; d < n; d++)
+    for (int i = 0; i < 2; i++)
+      memset(c->arena[d] + p->regions[d][zeroed[i]].offset, 0, p->regions[d][zeroed[i]].size);
   init_params(c);
   c->replicas_stale = true;
   int max_mbs = dp__split_max_mbs(&p->cfg);

@@ -1,0 +1,1691 @@
+/* Tests of the planner: the seed example's exact arena layout (hand-computed),
+ * region invariants and activation liveness over many random models and
+ * configurations, the budget search, the static schedule, the CUDA layout
+ * rules and configuration errors. */
+#include "internal.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Assertions for hot loops: Check's ck_assert_* talk to the parent process on
+ * every pass, these only when they fail. */
+#define REQ(expr, ...)                                                                   \
+  do {                                                                                   \
+    if (!(expr)) ck_assert_msg(expr, __VA_ARGS__);                                       \
+  } while (0)
+#define REQ1(expr)                                                                       \
+  do {                                                                                   \
+    if (!(expr)) ck_assert(expr);                                                        \
+  } while (0)
+#define REQ_CMP(a, op, b)                                                                \
+  do {                                                                                   \
+    long long a_ = (long long)(a), b_ = (long long)(b);                                  \
+    if (!(a_ op b_))                                                                     \
+      ck_assert_msg(a_ op b_, "%s %s %s: %lld vs %lld", #a, #op, #b, a_, b_);            \
+  } while (0)
+#define REQ_EQ(a, b) REQ_CMP(a, ==, b)
+#define REQ_NE(a, b) REQ_CMP(a, !=, b)
+#define REQ_LT(a, b) REQ_CMP(a, <, b)
+#define REQ_LE(a, b) REQ_CMP(a, <=, b)
+#define REQ_GT(a, b) REQ_CMP(a, >, b)
+#define REQ_GE(a, b) REQ_CMP(a, >=, b)
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static dp_model *model_of(const char *text) {
+  dp_model *m = NULL;
+  ck_assert_msg(dp_model_parse(text, "test", &m) == DP_OK, "%s", dp_last_error());
+  return m;
+}
+
+static dp_config config_of(int batch, int n_devices) {
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = batch;
+  c.n_devices = n_devices;
+  return c;
+}
+
+static dp_plan *plan_of(const dp_model *m, const dp_config *c) {
+  dp_plan *p = NULL;
+  dp_status s = dp_plan_create(m, c, &p);
+  ck_assert_msg(s == DP_OK, "plan: %s: %s", dp_status_name(s), dp_last_error());
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static const char SEED[] = "input 5\nlinear 2\nloss mse\n";
+
+static size_t max_device_bytes(const dp_plan *p) {
+  size_t mx = 0;
+  for (int d = 0; d < dp_plan_n_devices(p); d++)
+    if (dp_plan_device_bytes(p, d) > mx) mx = dp_plan_device_bytes(p, d);
+  return mx;
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* xorshift64*: the tests' own seeded generator */
+static uint64_t rng_state;
+static uint32_t rnd(uint32_t n) {
+  rng_state ^= rng_state >> 12;
+  rng_state ^= rng_state << 25;
+  rng_state ^= rng_state >> 27;
+  return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32) % n;
+}
+
+/* A random model: 1..max_layers layers of random kinds and widths 1..48. */
+static dp_model *random_model(int max_layers, int with_loss) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(1 + (int)rnd(48), &m), DP_OK);
+  int L = 1 + (int)rnd((uint32_t)max_layers);
+  for (int i = 0; i < L; i++) {
+    switch (rnd(7)) {
+    case 0:
+    case 1: ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(48), (int)rnd(4) != 0), DP_OK); break;
+    case 2: ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK); break;
+    case 3: ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_GELU : DP_LAYER_TANH), DP_OK); break;
+    case 4: ck_assert_int_eq(dp_model_add(m, DP_LAYER_SIGMOID), DP_OK); break;
+    case 5: ck_assert_int_eq(dp_model_add(m, DP_LAYER_LAYERNORM), DP_OK); break;
+    default: ck_assert_int_eq(dp_model_add_dropout(m, 0.125f * (float)rnd(8)), DP_OK); break;
+    }
+  }
+  if (with_loss) ck_assert_int_eq(dp_model_set_loss(m, rnd(2) ? DP_LOSS_MSE : DP_LOSS_SOFTMAX_CE), DP_OK);
+  return m;
+}
+
+static dp_config random_config(int max_batch, int max_devices) {
+  dp_config c = config_of(1 + (int)rnd((uint32_t)max_batch), 1 + (int)rnd((uint32_t)max_devices));
+  c.split = (dp_split)rnd(2);
+  c.micro_batch = rnd(2) ? 0 : 1 + (int)rnd((uint32_t)c.batch);
+  c.optimizer = (dp_optimizer)rnd(3);
+  c.inference = rnd(3) == 0;
+  c.backend = rnd(4) == 0 ? DP_BACKEND_CUDA : DP_BACKEND_CPU;
+  return c;
+}
+
+/* ---- the seed example: exact layout ---------------------------------------- */
+
+typedef struct {
+  size_t offset, size;
+} region_want;
+
+static void expect_layout(const dp_plan *p, int d, const region_want *want, size_t total) {
+  for (int r = 0; r < DP_REGION_COUNT; r++) {
+    dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
+    ck_assert_msg(ri.offset == want[r].offset && ri.size == want[r].size,
+                  "device %d region %s: (offset %zu, size %zu), want (%zu, %zu)", d,
+                  dp_region_name((dp_region)r), ri.offset, ri.size, want[r].offset, want[r].size);
+    ck_assert_uint_eq(ri.align, 64);
+  }
+  ck_assert_uint_eq(dp_plan_device_bytes(p, d), total);
+}
+
+/* Device 1 of the seed plan is the same for every optimizer: params 48 at 0,
+ * grads 48 at 64 (48 -> 64), partials and optimizer state 0 at 128 (112 ->
+ * 128), inputs 15*5*4 = 300 at 128 (-> 428), targets 0 at 448 (428 -> 448),
+ * activations 0 at 448 (a one-layer model has no intermediate buffers),
+ * outputs 15*2*4 = 120 at 448 (-> 568), output_grads 120 at 576 (568 -> 576;
+ * -> 696), and the device-0-only regions all 0 at 704 (696 -> 704).
+ * Total: 704. */
+static const region_want SEED_DEV1[DP_REGION_COUNT] = {
+    [DP_REGION_PARAMS] = {0, 48},          [DP_REGION_GRADS] = {64, 48},
+    [DP_REGION_GRAD_PARTIALS] = {128, 0},  [DP_REGION_OPT_STATE] = {128, 0},
+    [DP_REGION_INPUTS] = {128, 300},       [DP_REGION_TARGETS] = {448, 0},
+    [DP_REGION_ACTIVATIONS] = {448, 0},    [DP_REGION_OUTPUTS] = {448, 120},
+    [DP_REGION_OUTPUT_GRADS] = {576, 120}, [DP_REGION_GATHERED_OUTPUTS] = {704, 0},
+    [DP_REGION_GATHERED_GRADS] = {704, 0}, [DP_REGION_LOSS] = {704, 0},
+    [DP_REGION_COMM] = {704, 0},           [DP_REGION_WORKSPACE] = {704, 0}};
+#define SEED_DEV1_TOTAL 704
+
+START_TEST(seed_splits_thirty_rows_into_two_chunks_of_fifteen) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  dp_plan *p = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_n_devices(p), 2);
+  ck_assert_int_eq(dp_plan_device_rows(p, 0), 15);
+  ck_assert_int_eq(dp_plan_device_rows(p, 1), 15);
+  ck_assert_int_eq(dp_plan_device_micro_batches(p, 0), 1);
+  ck_assert_int_eq(dp_plan_device_micro_batches(p, 1), 1);
+  ck_assert_uint_eq(dp_plan_host_bytes(p), 0); /* cpu: the caller's memory is read directly */
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(seed_region_sizes_match_the_seed_document) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  dp_plan *p = plan_of(m, &c);
+  for (int d = 0; d < 2; d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size, 48); /* 12 floats, replicated */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRADS).size, 48);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_INPUTS).size, 300); /* 15 x 5 x 4 */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OUTPUTS).size, 120); /* 15 x 2 x 4 */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OUTPUT_GRADS).size, 120);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size, 0); /* plain SGD */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size, 0);
+  }
+  /* the output device holds the whole batch's targets, outputs and their grads */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_TARGETS).size, 240); /* 30 x 2 x 4 */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GATHERED_OUTPUTS).size, 240);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GATHERED_GRADS).size, 240);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_LOSS).size, 8); /* 2 micro-batches x 4 */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 48);
+  static const dp_region dev0_only[] = {DP_REGION_TARGETS, DP_REGION_GATHERED_OUTPUTS,
+                                        DP_REGION_GATHERED_GRADS, DP_REGION_LOSS, DP_REGION_COMM};
+  for (size_t i = 0; i < sizeof dev0_only / sizeof *dev0_only; i++)
+    ck_assert_msg(dp_plan_region(p, 1, dev0_only[i]).size == 0, "device 1 has %s",
+                  dp_region_name(dev0_only[i]));
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(seed_sgd_layout_is_exact) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  dp_plan *p = plan_of(m, &c);
+  /* Device 0, regions in enum order, each offset aligned up to 64:
+   *   params            0 + 48  =  48
+   *   grads            64 + 48  = 112
+   *   grad_partials   128 + 0        (one micro-batch per device: no partials)
+   *   optimizer_state 128 + 0        (plain SGD)
+   *   inputs          128 + 300 = 428   (15 x 5 x 4)
+   *   targets         448 + 240 = 688   (30 x 2 x 4)
+   *   activations     704 + 0
+   *   outputs         704 + 120 = 824   (15 x 2 x 4)
+   *   output_grads    832 + 120 = 952
+   *   gathered_outputs 960 + 240 = 1200 (30 x 2 x 4)
+   *   gathered_grads 1216 + 240 = 1456
+   *   loss           1472 + 8   = 1480  (2 micro-batches x 4)
+   *   comm           1536 + 48  = 1584  (receives device 1's grads)
+   *   workspace      1600 + 0
+   *   total = 1600 aligned to 64 = 1600 */
+  static const region_want dev0[DP_REGION_COUNT] = {
+      [DP_REGION_PARAMS] = {0, 48},           [DP_REGION_GRADS] = {64, 48},
+      [DP_REGION_GRAD_PARTIALS] = {128, 0},   [DP_REGION_OPT_STATE] = {128, 0},
+      [DP_REGION_INPUTS] = {128, 300},        [DP_REGION_TARGETS] = {448, 240},
+      [DP_REGION_ACTIVATIONS] = {704, 0},     [DP_REGION_OUTPUTS] = {704, 120},
+      [DP_REGION_OUTPUT_GRADS] = {832, 120},  [DP_REGION_GATHERED_OUTPUTS] = {960, 240},
+      [DP_REGION_GATHERED_GRADS] = {1216, 240}, [DP_REGION_LOSS] = {1472, 8},
+      [DP_REGION_COMM] = {1536, 48},          [DP_REGION_WORKSPACE] = {1600, 0}};
+  expect_layout(p, 0, dev0, 1600);
+  expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL);
+  ck_assert_uint_gt(dp_plan_device_bytes(p, 0), dp_plan_device_bytes(p, 1)); /* GPU 0 needs more */
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(seed_momentum_layout_is_exact) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  c.optimizer = DP_OPT_MOMENTUM;
+  dp_plan *p = plan_of(m, &c);
+  /* Device 0: the momentum buffer (12 floats = 48) shifts everything after it:
+   *   params 0+48, grads 64+48=112, partials 128+0,
+   *   optimizer_state 128 + 48 = 176
+   *   inputs          192 + 300 = 492
+   *   targets         512 + 240 = 752
+   *   activations     768 + 0
+   *   outputs         768 + 120 = 888
+   *   output_grads    896 + 120 = 1016
+   *   gathered_outputs 1024 + 240 = 1264
+   *   gathered_grads 1280 + 240 = 1520
+   *   loss           1536 + 8   = 1544
+   *   comm           1600 + 48  = 1648
+   *   workspace      1664 + 0;   total 1664 */
+  static const region_want dev0[DP_REGION_COUNT] = {
+      [DP_REGION_PARAMS] = {0, 48},           [DP_REGION_GRADS] = {64, 48},
+      [DP_REGION_GRAD_PARTIALS] = {128, 0},   [DP_REGION_OPT_STATE] = {128, 48},
+      [DP_REGION_INPUTS] = {192, 300},        [DP_REGION_TARGETS] = {512, 240},
+      [DP_REGION_ACTIVATIONS] = {768, 0},     [DP_REGION_OUTPUTS] = {768, 120},
+      [DP_REGION_OUTPUT_GRADS] = {896, 120},  [DP_REGION_GATHERED_OUTPUTS] = {1024, 240},
+      [DP_REGION_GATHERED_GRADS] = {1280, 240}, [DP_REGION_LOSS] = {1536, 8},
+      [DP_REGION_COMM] = {1600, 48},          [DP_REGION_WORKSPACE] = {1664, 0}};
+  expect_layout(p, 0, dev0, 1664);
+  expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL); /* optimizer state lives on device 0 only */
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(seed_adamw_layout_is_exact) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  c.optimizer = DP_OPT_ADAMW;
+  dp_plan *p = plan_of(m, &c);
+  /* Device 0: AdamW keeps m and v (2 x 48 = 96):
+   *   params 0+48, grads 64+48=112, partials 128+0,
+   *   optimizer_state 128 + 96 = 224
+   *   inputs          256 + 300 = 556
+   *   targets         576 + 240 = 816
+   *   activations     832 + 0
+   *   outputs         832 + 120 = 952
+   *   output_grads    960 + 120 = 1080
+   *   gathered_outputs 1088 + 240 = 1328
+   *   gathered_grads 1344 + 240 = 1584
+   *   loss           1600 + 8   = 1608
+   *   comm           1664 + 48  = 1712
+   *   workspace      1728 + 0;   total 1728 */
+  static const region_want dev0[DP_REGION_COUNT] = {
+      [DP_REGION_PARAMS] = {0, 48},           [DP_REGION_GRADS] = {64, 48},
+      [DP_REGION_GRAD_PARTIALS] = {128, 0},   [DP_REGION_OPT_STATE] = {128, 96},
+      [DP_REGION_INPUTS] = {256, 300},        [DP_REGION_TARGETS] = {576, 240},
+      [DP_REGION_ACTIVATIONS] = {832, 0},     [DP_REGION_OUTPUTS] = {832, 120},
+      [DP_REGION_OUTPUT_GRADS] = {960, 120},  [DP_REGION_GATHERED_OUTPUTS] = {1088, 240},
+      [DP_REGION_GATHERED_GRADS] = {1344, 240}, [DP_REGION_LOSS] = {1600, 8},
+      [DP_REGION_COMM] = {1664, 48},          [DP_REGION_WORKSPACE] = {1728, 0}};
+  expect_layout(p, 0, dev0, 1728);
+  expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL);
+  ck_assert(dp_plan_config(p)->weight_decay == 0.01f); /* AdamW's default, resolved */
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(seed_inference_layout_is_exact) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  c.inference = 1;
+  dp_plan *p = plan_of(m, &c);
+  /* Every device: params 0+48, grads/partials/opt 0 at 64, inputs 64+300 = 364,
+   * targets and activations 0 at 384, outputs 384+120 = 504, the rest 0 at 512.
+   * Total 512 on both: inference has no output device extras. */
+  for (int d = 0; d < 2; d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_INPUTS).offset, 64);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OUTPUTS).offset, 384);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OUTPUTS).size, 120);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRADS).size, 0);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GATHERED_OUTPUTS).size, 0);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_WORKSPACE).offset, 512);
+    ck_assert_uint_eq(dp_plan_device_bytes(p, d), 512);
+  }
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  c.backend = DP_BACKEND_CUDA;
+  dp_plan *p = plan_of(m, &c);
+  /* Device 0 with 256-byte alignment:
+   *   params 0+48, grads 256+48, partials/opt 512+0, inputs 512+300 = 812,
+   *   targets 1024+240 = 1264, activations/outputs 1280 (+120 = 1400),
+   *   output_grads 1536+120 = 1656, gathered_outputs 1792+240 = 2032,
+   *   gathered_grads 2048+240 = 2288, loss 2304+8 = 2312, comm 2560+48 = 2608,
+   *   workspace 2816; total 2816.
+   * Host staging: x 30*5*4 = 600 at 0, targets 240 at 768, y 240 at 1024 (-> 1264);
+   * total 1280. */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_TARGETS).offset, 1024);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).offset, 2560);
+  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816);
+  for (int d = 0; d < 2; d++)
+    for (int r = 0; r < DP_REGION_COUNT; r++) {
+      dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
+      ck_assert_uint_eq(ri.align, 256);
+      ck_assert_uint_eq(ri.offset % 256, 0);
+    }
+  ck_assert_uint_eq(dp_plan_device_bytes(p, 1) % 256, 0);
+  ck_assert_uint_eq(dp_plan_host_bytes(p), 1280);
+  dp_plan_free(p);
+  c.inference = 1; /* x 600 at 0, no targets, y 240 at 768 (-> 1008): 1024 */
+  p = plan_of(m, &c);
+  ck_assert_uint_eq(dp_plan_host_bytes(p), 1024);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(cpu_plans_need_no_host_staging) {
+  rng_state = 77;
+  for (int it = 0; it < 50; it++) {
+    dp_model *m = random_model(6, 1);
+    dp_config c = random_config(40, 6);
+    c.backend = DP_BACKEND_CPU;
+    dp_plan *p = plan_of(m, &c);
+    ck_assert_uint_eq(dp_plan_host_bytes(p), 0);
+    c.backend = DP_BACKEND_CUDA;
+    dp_plan *q = plan_of(m, &c);
+    ck_assert_uint_gt(dp_plan_host_bytes(q), 0);
+    ck_assert_uint_eq(dp_plan_host_bytes(q) % 256, 0);
+    dp_plan_free(p);
+    dp_plan_free(q);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(unused_devices_have_no_arena) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(3, 4); /* torch.chunk: 1+1+1, the fourth device idles */
+  dp_plan *p = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_n_devices(p), 3);
+  ck_assert_uint_eq(dp_plan_device_bytes(p, 3), 0);
+  ck_assert_int_eq(dp_plan_device_rows(p, 3), 0);
+  ck_assert_int_eq(dp_plan_device_micro_batches(p, 3), 0);
+  ck_assert_uint_eq(dp_plan_region(p, 3, DP_REGION_PARAMS).size, 0);
+  ck_assert_uint_eq(dp_plan_region(p, -1, DP_REGION_PARAMS).size, 0);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COUNT).size, 0);
+  ck_assert_uint_eq(dp_plan_device_bytes(p, -1), 0);
+  for (int i = 0; i < dp_plan_n_ops(p); i++) ck_assert_int_lt(dp_plan_ops(p)[i].device, 3);
+  dp_plan_free(p);
+  ck_assert_int_eq(dp_plan_n_devices(NULL), 0);
+  ck_assert_uint_eq(dp_plan_device_bytes(NULL, 0), 0);
+  ck_assert_int_eq(dp_plan_n_ops(NULL), 0);
+  dp_plan_free(NULL);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- invariants of any plan ------------------------------------------------- */
+
+static int layer_reads_input(dp_layer_kind k) {
+  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM;
+}
+static int layer_reads_output(dp_layer_kind k) {
+  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
+}
+
+/* Regions: sizes from the model and config, aligned, in enum order, tight,
+ * not overlapping, total = end of the last region aligned up. */
+static void check_regions(const dp_plan *p) {
+  const dp_model *m = dp_plan_model(p);
+  const dp_config *c = dp_plan_config(p);
+  size_t A = c->backend == DP_BACKEND_CUDA ? 256 : 64, P = m->n_params * 4;
+  size_t in = (size_t)m->input_width, out = (size_t)dp_model_output_width(m), B = (size_t)c->batch;
+  int train = !c->inference, rows_total = 0;
+  for (int d = 0; d < dp_plan_n_devices(p); d++) {
+    size_t end = 0, rows = (size_t)dp_plan_device_rows(p, d);
+    REQ_GE(dp_plan_device_rows(p, d), 1);
+    rows_total += (int)rows;
+    for (int r = 0; r < DP_REGION_COUNT; r++) {
+      dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
+      REQ_EQ(ri.align, A);
+      REQ(ri.offset % A == 0, "device %d %s at %zu", d, dp_region_name((dp_region)r),
+                    ri.offset);
+      REQ(ri.offset >= end, "device %d %s overlaps the region before", d,
+                    dp_region_name((dp_region)r));
+      REQ_EQ(ri.offset, align_up(end, A)); /* enum order, no slack */
+      end = ri.offset + ri.size;
+    }
+    REQ_GE(dp_plan_device_bytes(p, d), end);
+    REQ_EQ(dp_plan_device_bytes(p, d), align_up(end, A));
+#define SZ(r) dp_plan_region(p, d, r).size
+    REQ_EQ(SZ(DP_REGION_PARAMS), P);
+    REQ_EQ(SZ(DP_REGION_INPUTS), rows * in * 4);
+    REQ_EQ(SZ(DP_REGION_OUTPUTS), rows * out * 4);
+    REQ_EQ(SZ(DP_REGION_GRADS), train ? P : 0);
+    REQ_EQ(SZ(DP_REGION_OUTPUT_GRADS), train ? rows * out * 4 : 0);
+    int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
+    int out_dev = train && d == 0;
+    REQ_EQ(SZ(DP_REGION_OPT_STATE), out_dev ? (size_t)k * P : 0);
+    REQ_EQ(SZ(DP_REGION_TARGETS),
+                      out_dev ? B * (m->loss == DP_LOSS_MSE ? out : 1) * 4 : 0);
+    REQ_EQ(SZ(DP_REGION_GATHERED_OUTPUTS), out_dev ? B * out * 4 : 0);
+    REQ_EQ(SZ(DP_REGION_GATHERED_GRADS), out_dev ? B * out * 4 : 0);
+    REQ_EQ(SZ(DP_REGION_LOSS), out_dev ? (size_t)p->split.n_mb * 4 : 0);
+    if (!train) {
+      REQ_EQ(SZ(DP_REGION_GRAD_PARTIALS), 0);
+      REQ_EQ(SZ(DP_REGION_COMM), 0);
+    }
+#undef SZ
+  }
+  REQ_EQ(rows_total, c->batch);
+}
+
+/* Activation layout: which buffers exist, aligned, inside the region. */
+static void check_act_layout(const dp_plan *p, int d) {
+  const dp_model *m = &p->model;
+  const dp_act_layout *a = &p->act[d];
+  dp_region_info ar = p->regions[d][DP_REGION_ACTIVATIONS];
+  int L = m->n_layers, train = !p->cfg.inference;
+  REQ_EQ(a->rows, dp_plan_device_rows(p, d));
+  int mb_rows = 0;
+  for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++)
+    if (p->mbs[k].rows > mb_rows) mb_rows = p->mbs[k].rows;
+  REQ_EQ(a->mb_rows, mb_rows);
+  for (int i = 0; i < L; i++) {
+    const dp_layer *l = &m->layers[i];
+    struct {
+      size_t off;
+      int present;
+      size_t size;
+      const char *what;
+    } b[3] = {{a->act[i], i < L - 1, (size_t)a->rows * l->out * 4, "act"},
+              {a->stats[i], l->kind == DP_LAYER_LAYERNORM, (size_t)a->rows * 2 * 4, "stats"},
+              {a->dact[i], train && i < L - 1, (size_t)a->mb_rows * l->out * 4, "dact"}};
+    for (int j = 0; j < 3; j++) {
+      if (!b[j].present) {
+        REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
+        continue;
+      }
+      REQ(b[j].off != SIZE_MAX, "device %d %s[%d] missing", d, b[j].what, i);
+      REQ(b[j].off % p->align == 0, "device %d %s[%d] at %zu is not aligned", d,
+                    b[j].what, i, b[j].off);
+      REQ(b[j].off + b[j].size <= ar.size,
+                    "device %d %s[%d] [%zu, %zu) outside the activations region (%zu)", d,
+                    b[j].what, i, b[j].off, b[j].off + b[j].size, ar.size);
+    }
+  }
+}
+
+/* A schedule to check: the plan's own, or one rebuilt for fewer rows. */
+typedef struct {
+  const dp_op *ops;
+  int n_ops;
+  const dp_mb *mbs; /* (split.n_mb), truncated to rows */
+  int rows;
+  int train;
+} sched_view;
+
+static sched_view plan_view(const dp_plan *p) {
+  return (sched_view){dp_plan_ops(p), dp_plan_n_ops(p), p->mbs, p->cfg.batch, !p->cfg.inference};
+}
+
+/* One micro-batch's piece of an activation-region buffer, with its use
+ * interval in the device's op order. */
+typedef struct {
+  size_t lo, hi;
+  int first, last, seen, first_write;
+} piece;
+
+enum { K_ACT = 0, K_STATS = 1, K_DACT = 2 };
+
+static void touch(piece *pc, const dp_plan *p, int d, int kind, int layer, int t, size_t lo,
+                  size_t hi, int write) {
+  (void)p;
+  (void)d;
+  if (!pc->seen) {
+    *pc = (piece){.lo = lo, .hi = hi, .first = t, .last = t, .seen = 1, .first_write = write};
+    return;
+  }
+  REQ(pc->lo == lo && pc->hi == hi, "device %d kind %d layer %d accessed at two ranges",
+                d, kind, layer);
+  pc->last = t;
+}
+
+/* Walks device d's ops in order, recording which activation-region bytes each
+ * forward/backward op reads and writes (as the CPU backend does), and checks
+ * that no two pieces in use at the same time share a byte, and that every
+ * piece is written before it is read. Independent of plan.c's lifetime rules. */
+static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, int d) {
+  const dp_model *m = &p->model;
+  const dp_act_layout *a = &p->act[d];
+  int L = m->n_layers, mb0 = p->split.dev_mb0[d], nmb = p->split.dev_mb0[d + 1] - mb0;
+  int n = 3 * L * nmb;
+  piece *pcs = calloc((size_t)n, sizeof *pcs);
+  ck_assert_ptr_nonnull(pcs);
+#define PIECE(kind, layer, k) (&pcs[((kind) * L + (layer)) * nmb + ((k) - mb0)])
+  const dp_op *ops = v->ops;
+  int t = 0;
+  for (int oi = 0; oi < v->n_ops; oi++) {
+    const dp_op *op = &ops[oi];
+    if (op->device != d) continue;
+    t++;
+    if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) continue;
+    int i = op->layer, k = op->micro_batch;
+    REQ_GE(k, mb0);
+    REQ_LT(k, mb0 + nmb);
+    const dp_layer *l = &m->layers[i];
+    size_t local = (size_t)(op->row0 - p->split.dev_row0[d]), rows = (size_t)op->rows;
+    REQ_EQ(op->row0, v->mbs[k].row0);
+    REQ_EQ(op->rows, v->mbs[k].rows);
+    REQ_GT(op->rows, 0);
+#define ROWS(arr, idx, w) (arr)[idx] + local * (w) * 4, (arr)[idx] + (local + rows) * (w) * 4
+#define WHOLE(arr, idx, w) (arr)[idx], (arr)[idx] + rows * (w) * 4
+    if (op->kind == DP_OP_FORWARD) {
+      if (i > 0) touch(PIECE(K_ACT, i - 1, k), p, d, K_ACT, i - 1, t, ROWS(a->act, i - 1, (size_t)l->in), 0);
+      if (i < L - 1) touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 1);
+      if (l->kind == DP_LAYER_LAYERNORM) touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 1);
+    } else {
+      if (i < L - 1) touch(PIECE(K_DACT, i, k), p, d, K_DACT, i, t, WHOLE(a->dact, i, (size_t)l->out), 0);
+      if (i > 0 && layer_reads_input(l->kind))
+        touch(PIECE(K_ACT, i - 1, k), p, d, K_ACT, i - 1, t, ROWS(a->act, i - 1, (size_t)l->in), 0);
+      if (i < L - 1 && layer_reads_output(l->kind))
+        touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 0);
+      if (l->kind == DP_LAYER_LAYERNORM) touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 0);
+      if (i > 0) touch(PIECE(K_DACT, i - 1, k), p, d, K_DACT, i - 1, t, WHOLE(a->dact, i - 1, (size_t)l->in), 1);
+    }
+#undef ROWS
+#undef WHOLE
+  }
+  size_t region = p->regions[d][DP_REGION_ACTIVATIONS].size;
+  for (int x = 0; x < n; x++) {
+    if (!pcs[x].seen) continue;
+    REQ(pcs[x].first_write, "device %d: piece %d is read before it is written", d, x);
+    REQ(pcs[x].hi <= region, "device %d: piece %d [%zu, %zu) beyond the region (%zu)", d,
+                  x, pcs[x].lo, pcs[x].hi, region);
+    for (int y = x + 1; y < n; y++) {
+      if (!pcs[y].seen || pcs[x].lo == pcs[x].hi || pcs[y].lo == pcs[y].hi) continue;
+      int together = pcs[x].first <= pcs[y].last && pcs[y].first <= pcs[x].last;
+      int overlap = pcs[x].lo < pcs[y].hi && pcs[y].lo < pcs[x].hi;
+      REQ(!(together && overlap),
+                    "device %d: pieces %d (kind %d layer %d, t %d..%d, [%zu,%zu)) and %d (kind %d "
+                    "layer %d, t %d..%d, [%zu,%zu)) are live together and overlap",
+                    d, x, x / nmb / L, x / nmb % L, pcs[x].first, pcs[x].last, pcs[x].lo, pcs[x].hi,
+                    y, y / nmb / L, y / nmb % L, pcs[y].first, pcs[y].last, pcs[y].lo, pcs[y].hi);
+    }
+  }
+#undef PIECE
+  free(pcs);
+}
+
+/* The bytes an op names lie inside the regions it names. */
+static size_t host_bytes_of(const dp_plan *p, int region) {
+  const dp_model *m = &p->model;
+  size_t B = (size_t)p->cfg.batch, out = (size_t)dp_model_output_width(m);
+  if (region == DP_REGION_INPUTS) return B * (size_t)m->input_width * 4;
+  if (region == DP_REGION_TARGETS) return B * (m->loss == DP_LOSS_MSE ? out : 1) * 4;
+  return B * out * 4;
+}
+
+static void check_op_bounds(const dp_plan *p, const sched_view *v) {
+  size_t P = p->model.n_params * 4;
+  const dp_op *ops = v->ops;
+  for (int i = 0; i < v->n_ops; i++) {
+    const dp_op *op = &ops[i];
+    REQ_GE(op->device, 0);
+    REQ_LT(op->device, dp_plan_n_devices(p));
+    if (op->kind == DP_OP_COPY) {
+      size_t scap = op->src_dev == DP_HOST ? host_bytes_of(p, op->src_region)
+                                           : p->regions[op->src_dev][op->src_region].size;
+      size_t dcap = op->dst_dev == DP_HOST ? host_bytes_of(p, op->dst_region)
+                                           : p->regions[op->dst_dev][op->dst_region].size;
+      REQ(op->src_offset + op->bytes <= scap, "op %d (%s): source [%zu, +%zu) beyond %zu",
+                    i, dp_phase_name(op->phase), op->src_offset, op->bytes, scap);
+      REQ(op->dst_offset + op->bytes <= dcap, "op %d (%s): dest [%zu, +%zu) beyond %zu", i,
+                    dp_phase_name(op->phase), op->dst_offset, op->bytes, dcap);
+    } else if (op->kind == DP_OP_BACKWARD) {
+      REQ1(op->dst_region == DP_REGION_GRADS || op->dst_region == DP_REGION_GRAD_PARTIALS);
+      REQ(op->dst_offset + P <= p->regions[op->device][op->dst_region].size,
+                    "op %d: backward grads slot beyond %s", i, dp_region_name(op->dst_region));
+    } else if (op->kind == DP_OP_GRAD_ADD) {
+      REQ_EQ(op->bytes, P);
+      REQ_LE(op->src_offset + P, p->regions[op->device][op->src_region].size);
+      REQ_LE(op->dst_offset + P, p->regions[op->device][op->dst_region].size);
+    }
+  }
+}
+
+/* Regions sized exactly to what the schedule uses: the partial-grad slots
+ * and the comm buffer a device never touches would be bytes planned for
+ * nothing. */
+static void check_grad_memory_is_exact(const dp_plan *p) {
+  size_t P = p->model.n_params * 4;
+  if (p->cfg.inference || P == 0) return;
+  size_t partials[DP_MAX_DEVICES] = {0}, comm[DP_MAX_DEVICES] = {0};
+  const dp_op *ops = dp_plan_ops(p);
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    const dp_op *op = &ops[i];
+    if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_COPY) {
+      if (op->dst_dev >= 0 && op->dst_region == DP_REGION_GRAD_PARTIALS &&
+          op->dst_offset + P > partials[op->dst_dev])
+        partials[op->dst_dev] = op->dst_offset + P;
+      if (op->dst_dev >= 0 && op->dst_region == DP_REGION_COMM) comm[op->dst_dev] = P;
+    }
+  }
+  for (int d = 0; d < dp_plan_n_devices(p); d++) {
+    REQ(p->regions[d][DP_REGION_GRAD_PARTIALS].size == partials[d],
+                  "device %d (%d micro-batches): grad_partials %zu bytes, the schedule uses %zu", d,
+                  dp_plan_device_micro_batches(p, d), p->regions[d][DP_REGION_GRAD_PARTIALS].size,
+                  partials[d]);
+    REQ(p->regions[d][DP_REGION_COMM].size == comm[d],
+                  "device %d: comm %zu bytes, the schedule uses %zu", d,
+                  p->regions[d][DP_REGION_COMM].size, comm[d]);
+  }
+}
+
+/* A contiguous range of global micro-batches whose gradient sum a slot holds. */
+typedef struct {
+  int lo, hi; /* hi == lo: empty */
+} mbrange;
+
+static mbrange *slot_of(mbrange grads[][3], mbrange *partials[], const dp_plan *p, int dev,
+                        int region, size_t off) {
+  size_t P = p->model.n_params * 4;
+  if (region == DP_REGION_GRADS) return &grads[dev][0];
+  if (region == DP_REGION_COMM) return &grads[dev][1];
+  REQ_EQ(region, DP_REGION_GRAD_PARTIALS);
+  REQ_EQ(off % P, 0);
+  return &partials[dev][off / P];
+}
+
+/* Merges src into dst; the canonical tree only ever adds a range to the
+ * range that ends where it starts. */
+static void merge(mbrange *dst, const mbrange *src, int i) {
+  REQ(dst->hi > dst->lo && src->hi > src->lo, "op %d adds an empty slot", i);
+  REQ(dst->hi == src->lo, "op %d adds micro-batches [%d,%d) to [%d,%d): not the tree", i,
+                src->lo, src->hi, dst->lo, dst->hi);
+  dst->hi = src->hi;
+}
+
+/* Phases in order, stages non-decreasing, every row scattered and gathered
+ * once, every layer run once per micro-batch, and the gradients of every
+ * micro-batch summed into device 0 exactly once along the canonical tree. */
+static void check_schedule(const dp_plan *p, const sched_view *v) {
+  const dp_model *m = &p->model;
+  int train = v->train, N = dp_plan_n_devices(p), L = m->n_layers, nmb = 0;
+  while (nmb < p->split.n_mb && v->mbs[nmb].rows > 0) nmb++; /* non-empty micro-batches */
+  int drows[DP_MAX_DEVICES] = {0};
+  for (int d = 0; d < N; d++)
+    for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++) drows[d] += v->mbs[k].rows;
+  size_t P = m->n_params * 4;
+  const dp_op *ops = v->ops;
+  int *fwd = calloc((size_t)(p->split.n_mb * L), sizeof *fwd);
+  int *bwd = calloc((size_t)(p->split.n_mb * L), sizeof *bwd);
+  int scattered = 0, gathered = 0, n_loss = 0, n_opt = 0;
+  mbrange grads[DP_MAX_DEVICES][3];
+  mbrange *partials[DP_MAX_DEVICES];
+  memset(grads, 0, sizeof grads);
+  for (int d = 0; d < N; d++) {
+    size_t ps = p->regions[d][DP_REGION_GRAD_PARTIALS].size;
+    partials[d] = calloc(P ? ps / P + 1 : 1, sizeof(mbrange));
+  }
+  for (int i = 0; i < v->n_ops; i++) {
+    const dp_op *op = &ops[i];
+    if (i > 0) {
+      REQ(op->phase >= ops[i - 1].phase, "op %d: phase %s after %s", i,
+                    dp_phase_name(op->phase), dp_phase_name(ops[i - 1].phase));
+      REQ(op->stage >= ops[i - 1].stage, "op %d: stage decreases", i);
+      if (op->phase != ops[i - 1].phase) REQ_GT(op->stage, ops[i - 1].stage);
+    }
+    if (!train)
+      REQ(op->phase <= DP_PHASE_GATHER, "inference op %d in phase %s", i,
+                    dp_phase_name(op->phase));
+    switch ((dp_op_kind)op->kind) {
+    case DP_OP_COPY:
+      if (op->phase == DP_PHASE_SCATTER && op->src_region == DP_REGION_INPUTS) {
+        REQ_EQ(op->src_dev, DP_HOST);
+        REQ_EQ(op->row0, p->split.dev_row0[op->dst_dev]);
+        REQ_EQ(op->rows, drows[op->dst_dev]);
+        REQ_EQ(op->bytes, (size_t)op->rows * m->input_width * 4);
+        REQ_EQ(op->src_offset, (size_t)op->row0 * m->input_width * 4);
+        REQ_EQ(op->row0, scattered);
+        scattered += op->rows;
+      }
+      if (op->phase == DP_PHASE_GATHER) {
+        REQ_EQ(op->src_region, DP_REGION_OUTPUTS);
+        REQ_EQ(op->dst_dev, train ? 0 : DP_HOST);
+        REQ_EQ(op->row0, gathered);
+        gathered += op->rows;
+      }
+      if (op->phase == DP_PHASE_REDUCE && P) {
+        REQ_EQ(op->src_region, DP_REGION_GRADS);
+        REQ_EQ(op->dst_region, DP_REGION_COMM);
+        grads[op->dst_dev][1] = grads[op->src_dev][0];
+        grads[op->src_dev][0] = (mbrange){0, 0}; /* handed over */
+      }
+      break;
+    case DP_OP_FORWARD:
+      REQ_EQ(op->phase, DP_PHASE_FORWARD);
+      fwd[op->micro_batch * L + op->layer]++;
+      REQ_GE(op->micro_batch, p->split.dev_mb0[op->device]);
+      REQ_LT(op->micro_batch, p->split.dev_mb0[op->device + 1]);
+      break;
+    case DP_OP_BACKWARD: {
+      REQ_EQ(op->phase, DP_PHASE_BACKWARD);
+      bwd[op->micro_batch * L + op->layer]++;
+      REQ_GE(op->micro_batch, p->split.dev_mb0[op->device]);
+      REQ_LT(op->micro_batch, p->split.dev_mb0[op->device + 1]);
+      if (!P) break; /* a model without parameters has no gradients to sum */
+      mbrange *s = slot_of(grads, partials, p, op->device, op->dst_region, op->dst_offset);
+      if (op->layer == L - 1) *s = (mbrange){op->micro_batch, op->micro_batch + 1};
+      else REQ_EQ(s->lo, op->micro_batch);
+      break;
+    }
+    case DP_OP_GRAD_ADD:
+      if (P)
+        merge(slot_of(grads, partials, p, op->device, op->dst_region, op->dst_offset),
+            slot_of(grads, partials, p, op->device, op->src_region, op->src_offset), i);
+      break;
+    case DP_OP_LOSS:
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->rows, v->rows);
+      n_loss++;
+      break;
+    case DP_OP_OPTIMIZER:
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
+      REQ_EQ(i, v->n_ops - 1);
+      /* device 0 now holds the sum over every micro-batch */
+      if (P) {
+        REQ_EQ(grads[0][0].lo, 0);
+        REQ_EQ(grads[0][0].hi, nmb);
+      }
+      n_opt++;
+      break;
+    }
+  }
+  REQ_EQ(scattered, v->rows);
+  REQ_EQ(gathered, v->rows);
+  for (int k = 0; k < p->split.n_mb * L; k++) {
+    if (k >= nmb * L) {
+      REQ_EQ(fwd[k], 0); /* empty micro-batches are skipped */
+      REQ_EQ(bwd[k], 0);
+      continue;
+    }
+    REQ_EQ(fwd[k], 1);
+    REQ_EQ(bwd[k], train ? 1 : 0);
+  }
+  REQ_EQ(n_loss, train);
+  REQ_EQ(n_opt, train);
+  for (int d = 0; d < N; d++) free(partials[d]);
+  free(fwd);
+  free(bwd);
+}
+
+static void check_view(const dp_plan *p, const sched_view *v) {
+  for (int d = 0; d < dp_plan_n_devices(p); d++) check_liveness_by_simulation(p, v, d);
+  check_op_bounds(p, v);
+  check_schedule(p, v);
+}
+
+static void check_plan(const dp_plan *p) {
+  check_regions(p);
+  for (int d = 0; d < dp_plan_n_devices(p); d++) check_act_layout(p, d);
+  sched_view v = plan_view(p);
+  check_view(p, &v);
+  check_grad_memory_is_exact(p);
+}
+
+/* The schedule of a step with `rows` <= the planned batch, as a context
+ * builds it: the planned cut points, micro-batches truncated, empty ones
+ * skipped. It must fit the plan's op capacity and arenas. */
+static void check_smaller_batch(const dp_plan *p, int rows, int train) {
+  dp_mb *mbs = malloc((size_t)p->split.n_mb * sizeof *mbs);
+  dp_op *ops = malloc((size_t)p->ops_cap * sizeof *ops);
+  for (int k = 0; k < p->split.n_mb; k++) {
+    int r = rows - p->mbs[k].row0;
+    mbs[k] = (dp_mb){p->mbs[k].row0, r <= 0 ? 0 : r < p->mbs[k].rows ? r : p->mbs[k].rows};
+  }
+  int n_ops = -1, n_stages = -1;
+  dp_status s = dp__schedule_build(p, mbs, train, ops, p->ops_cap, &n_ops, &n_stages);
+  REQ(s == DP_OK, "rows %d: %s", rows, dp_last_error());
+  REQ_LE(n_ops, p->ops_cap);
+  REQ_GE(n_stages, 1);
+  sched_view v = {ops, n_ops, mbs, rows, train};
+  check_view(p, &v);
+  free(ops);
+  free(mbs);
+}
+
+START_TEST(the_seed_plan_keeps_every_invariant) {
+  dp_model *m = model_of(SEED);
+  for (int opt = 0; opt < 3; opt++)
+    for (int inf = 0; inf < 2; inf++) {
+      dp_config c = config_of(30, 2);
+      c.optimizer = (dp_optimizer)opt;
+      c.inference = inf;
+      dp_plan *p = plan_of(m, &c);
+      check_plan(p);
+      dp_plan_free(p);
+    }
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(random_plans_keep_every_invariant) {
+  rng_state = 0xD1B54A32D192ED03ull;
+  for (int it = 0; it < 400; it++) {
+    dp_model *m = random_model(8, 1);
+    dp_config c = random_config(48, 8);
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(random_inference_plans_without_loss_keep_every_invariant) {
+  rng_state = 0x1234567;
+  for (int it = 0; it < 150; it++) {
+    dp_model *m = random_model(10, 0);
+    dp_config c = random_config(40, 6);
+    c.inference = 1;
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(deep_models_with_many_micro_batches_keep_every_invariant) {
+  rng_state = 99;
+  for (int it = 0; it < 40; it++) {
+    dp_model *m = random_model(24, 1);
+    dp_config c = config_of(64, 1 << rnd(4));
+    c.micro_batch = 1 + (int)rnd(8);
+    c.split = (dp_split)rnd(2);
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(smaller_batches_keep_the_planned_cut_points_and_fit) {
+  rng_state = 0xC0FFEE;
+  for (int it = 0; it < 200; it++) {
+    dp_model *m = random_model(6, 1);
+    dp_config c = random_config(40, 8);
+    dp_plan *p = plan_of(m, &c);
+    int B = c.batch, rows[] = {1, B / 2 + 1, B > 1 ? B - 1 : 1, 1 + (int)rnd((uint32_t)B), B};
+    for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
+      if (!c.inference) check_smaller_batch(p, rows[j], 1);
+      check_smaller_batch(p, rows[j], 0); /* dp_forward on any context */
+    }
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(grad_partials_hold_only_the_slots_the_tree_uses) {
+  /* 3 micro-batches on one device: the tree is ((0, 1), 2), which needs one
+   * partial slot besides the grads, not two. */
+  dp_model *m = model_of("input 4\nlinear 3\nloss mse\n");
+  for (int n_mb = 1; n_mb <= 17; n_mb++) {
+    dp_config c = config_of(2 * n_mb, 1);
+    c.micro_batch = 2;
+    dp_plan *p = plan_of(m, &c);
+    int levels = 0; /* floor(log2(n_mb)): the right spine of the canonical tree */
+    while ((2 << levels) <= n_mb) levels++;
+    ck_assert_msg(dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size == (size_t)levels * 60,
+                  "%d micro-batches: grad_partials %zu bytes, want %d x 60", n_mb,
+                  dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size, levels);
+    check_grad_memory_is_exact(p);
+    dp_plan_free(p);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(inference_plans_are_smaller_than_training_plans) {
+  rng_state = 4242;
+  for (int it = 0; it < 200; it++) {
+    dp_model *m = random_model(8, 1);
+    dp_config c = random_config(48, 8);
+    c.inference = 0;
+    dp_plan *t = plan_of(m, &c);
+    c.inference = 1;
+    dp_plan *i = plan_of(m, &c);
+    ck_assert_int_eq(dp_plan_n_devices(t), dp_plan_n_devices(i));
+    for (int d = 0; d < dp_plan_n_devices(t); d++) {
+      ck_assert_msg(dp_plan_device_bytes(i, d) < dp_plan_device_bytes(t, d),
+                    "device %d: inference %zu >= training %zu", d, dp_plan_device_bytes(i, d),
+                    dp_plan_device_bytes(t, d));
+      ck_assert_uint_le(dp_plan_region(i, d, DP_REGION_ACTIVATIONS).size,
+                        dp_plan_region(t, d, DP_REGION_ACTIVATIONS).size);
+    }
+    dp_plan_free(t);
+    dp_plan_free(i);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(inference_reuses_activation_memory) {
+  /* A chain of equal-width layers: inference needs two live buffers at a time,
+   * so its activations take two slots however deep the model. */
+  dp_model *m = model_of("input 16\nlinear 16\nrelu\nlinear 16\ntanh\nlinear 16\nsigmoid\n"
+                         "linear 16\ngelu\nlinear 16\nloss mse\n");
+  dp_config c = config_of(8, 1);
+  c.inference = 1;
+  dp_plan *p = plan_of(m, &c);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size, 2 * 8 * 16 * 4);
+  dp_plan_free(p);
+  c.inference = 0;
+  p = plan_of(m, &c);
+  ck_assert_uint_gt(dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size, 2 * 8 * 16 * 4);
+  check_plan(p);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- the liveness placer itself ---------------------------------------------- */
+
+static void check_placement(const dp_live_buf *b, int n, size_t total) {
+  size_t end = 0;
+  for (int i = 0; i < n; i++) {
+    if (b[i].size == 0) continue;
+    REQ(b[i].offset % b[i].align == 0, "buffer %d at %zu, align %zu", i, b[i].offset,
+                  b[i].align);
+    if (b[i].offset + b[i].size > end) end = b[i].offset + b[i].size;
+    for (int j = i + 1; j < n; j++) {
+      if (b[j].size == 0) continue;
+      int together = b[i].first <= b[j].last && b[j].first <= b[i].last;
+      int overlap = b[i].offset < b[j].offset + b[j].size && b[j].offset < b[i].offset + b[i].size;
+      REQ(!(together && overlap), "buffers %d and %d are live together and overlap", i, j);
+    }
+  }
+  REQ_EQ(total, end);
+}
+
+START_TEST(live_place_separates_buffers_live_together) {
+  rng_state = 2024;
+  for (int it = 0; it < 2000; it++) {
+    int n = 1 + (int)rnd(40);
+    dp_live_buf b[40], again[40];
+    static const size_t aligns[] = {1, 4, 16, 64, 256};
+    for (int i = 0; i < n; i++) {
+      int f = (int)rnd(20);
+      b[i] = (dp_live_buf){.size = rnd(8) ? 1 + rnd(5000) : 0, .align = aligns[rnd(5)],
+                           .first = f, .last = f + (int)rnd(6)};
+    }
+    memcpy(again, b, sizeof b);
+    size_t total = 0, total2 = 0;
+    ck_assert_int_eq(dp__live_place(b, n, &total), DP_OK);
+    check_placement(b, n, total);
+    /* a pure function of its input */
+    ck_assert_int_eq(dp__live_place(again, n, &total2), DP_OK);
+    ck_assert_uint_eq(total, total2);
+    for (int i = 0; i < n; i++) ck_assert_uint_eq(b[i].offset, again[i].offset);
+    /* never worse than every buffer in its own slot with worst-case padding */
+    size_t bound = 0;
+    for (int i = 0; i < n; i++) bound += b[i].size ? b[i].size + b[i].align - 1 : 0;
+    ck_assert_uint_le(total, bound);
+  }
+}
+END_TEST
+
+START_TEST(live_place_reuses_memory_of_dead_buffers) {
+  /* A [0,1] 100 B and B [2,3] 50 B never meet: both at 0. C [1,2] 10 B meets
+   * both: placed after A (the larger, placed first), at 100. */
+  dp_live_buf b[3] = {{.size = 100, .align = 1, .first = 0, .last = 1},
+                      {.size = 50, .align = 1, .first = 2, .last = 3},
+                      {.size = 10, .align = 1, .first = 1, .last = 2}};
+  size_t total = 0;
+  ck_assert_int_eq(dp__live_place(b, 3, &total), DP_OK);
+  ck_assert_uint_eq(b[0].offset, 0);
+  ck_assert_uint_eq(b[1].offset, 0);
+  ck_assert_uint_eq(b[2].offset, 100);
+  ck_assert_uint_eq(total, 110);
+  /* with 64-byte alignment C moves to 128 */
+  for (int i = 0; i < 3; i++) b[i].align = 64;
+  ck_assert_int_eq(dp__live_place(b, 3, &total), DP_OK);
+  ck_assert_uint_eq(b[2].offset, 128);
+  ck_assert_uint_eq(total, 138);
+  /* a gap between two live buffers is reused when it is large enough */
+  dp_live_buf g[4] = {{.size = 64, .align = 64, .first = 0, .last = 9},
+                      {.size = 64, .align = 64, .first = 0, .last = 1},
+                      {.size = 64, .align = 64, .first = 0, .last = 9},
+                      {.size = 32, .align = 64, .first = 5, .last = 6}};
+  ck_assert_int_eq(dp__live_place(g, 4, &total), DP_OK);
+  ck_assert_uint_eq(g[0].offset, 0);
+  ck_assert_uint_eq(g[1].offset, 64);
+  ck_assert_uint_eq(g[2].offset, 128);
+  ck_assert_uint_eq(g[3].offset, 64); /* g[1] is dead by then */
+  ck_assert_uint_eq(total, 192);
+}
+END_TEST
+
+START_TEST(live_place_handles_empty_and_refuses_too_many) {
+  size_t total = 7;
+  ck_assert_int_eq(dp__live_place(NULL, 0, &total), DP_OK);
+  ck_assert_uint_eq(total, 0);
+  static dp_live_buf many[4 * DP_MAX_LAYERS + 9];
+  ck_assert_int_eq(dp__live_place(many, 4 * DP_MAX_LAYERS + 9, &total), DP_ERR_INVALID);
+}
+END_TEST
+
+START_TEST(live_place_overflow_is_reported) {
+  dp_live_buf b[2] = {{.size = SIZE_MAX - 10, .align = 1, .first = 0, .last = 1},
+                      {.size = 100, .align = 1, .first = 0, .last = 1}};
+  size_t total = 0;
+  ck_assert_int_eq(dp__live_place(b, 2, &total), DP_ERR_OVERFLOW);
+}
+END_TEST
+
+/* ---- budget ---------------------------------------------------------------- */
+
+/* Largest device arena of the plan at `batch`; SIZE_MAX when it cannot be planned. */
+static size_t need_at(const dp_model *m, dp_config c, int batch) {
+  c.batch = batch;
+  dp_plan *p = NULL;
+  if (dp_plan_create(m, &c, &p) != DP_OK) return SIZE_MAX;
+  size_t need = max_device_bytes(p);
+  dp_plan_free(p);
+  return need;
+}
+
+static int max_batch_of(const dp_model *m, const dp_config *c, size_t budget, int cap) {
+  int b = -1;
+  dp_status s = dp_plan_max_batch(m, c, budget, cap, &b);
+  ck_assert_msg(s == DP_OK, "%s", dp_last_error());
+  ck_assert_int_ge(b, 0);
+  ck_assert_int_le(b, cap);
+  return b;
+}
+
+START_TEST(max_batch_is_exact) {
+  rng_state = 31337;
+  for (int it = 0; it < 60; it++) {
+    dp_model *m = random_model(6, 1);
+    dp_config c = random_config(32, 6);
+    c.backend = DP_BACKEND_CPU;
+    if (c.micro_batch > 4) c.micro_batch = 4;
+    int cap = 1 + (int)rnd(48);
+    size_t lo = need_at(m, c, 1), hi = need_at(m, c, cap);
+    size_t budget = lo + (hi > lo ? (size_t)rnd((uint32_t)(hi - lo + 1)) : 0);
+    if (rnd(8) == 0) budget = hi + 1000;
+    int b = max_batch_of(m, &c, budget, cap);
+    ck_assert_int_ge(b, 1);
+    ck_assert_msg(need_at(m, c, b) <= budget, "batch %d does not fit %zu", b, budget);
+    if (b < cap)
+      ck_assert_msg(need_at(m, c, b + 1) > budget, "batch %d fits %zu too", b + 1, budget);
+    /* and no larger batch fits either: the search assumes monotonic sizes */
+    for (int bb = b + 1; bb <= cap; bb++)
+      ck_assert_msg(need_at(m, c, bb) > budget, "batch %d fits %zu but max_batch said %d", bb,
+                    budget, b);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(plan_size_grows_with_the_batch) {
+  rng_state = 5150;
+  for (int it = 0; it < 40; it++) {
+    dp_model *m = random_model(8, 1);
+    dp_config c = random_config(8, 8);
+    if (c.micro_batch > 6) c.micro_batch = 6;
+    size_t prev = 0;
+    for (int b = 1; b <= 48; b++) {
+      size_t need = need_at(m, c, b);
+      ck_assert_msg(need >= prev, "batch %d needs %zu < %zu at batch %d", b, need, prev, b - 1);
+      prev = need;
+    }
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+START_TEST(max_batch_grows_with_the_budget) {
+  dp_model *m = model_of("input 32\nlinear 64\nlayernorm\ngelu\nlinear 10\n"
+                         "loss softmax_cross_entropy\n");
+  dp_config c = config_of(1, 4);
+  c.optimizer = DP_OPT_ADAMW;
+  int prev = 0;
+  for (size_t budget = 0; budget < 200000; budget += 1777) {
+    int b = max_batch_of(m, &c, budget, 512);
+    ck_assert_int_ge(b, prev);
+    prev = b;
+  }
+  ck_assert_int_gt(prev, 1);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(max_batch_is_zero_below_the_smallest_plan) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(1, 2);
+  size_t one = need_at(m, c, 1);
+  ck_assert_int_eq(max_batch_of(m, &c, one - 1, 100), 0);
+  ck_assert_int_eq(max_batch_of(m, &c, 0, 100), 0);
+  ck_assert_int_ge(max_batch_of(m, &c, one, 100), 1);
+  ck_assert_int_eq(max_batch_of(m, &c, SIZE_MAX, 100), 100); /* capped by max_batch */
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(max_batch_of_the_seed_budget) {
+  /* 1600 B per device is the seed plan's device 0 (batch 30, 2 devices);
+   * batch 30 must fit and the answer must be the largest that does. */
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  int b = max_batch_of(m, &c, 1600, 1000);
+  ck_assert_int_ge(b, 30);
+  ck_assert_uint_le(need_at(m, c, b), 1600);
+  ck_assert_uint_gt(need_at(m, c, b + 1), 1600);
+  ck_assert_int_eq(max_batch_of(m, &c, 1599, 1000) < 30, 1);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(max_batch_refuses_bad_arguments) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(1, 2);
+  int b = 5;
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 0, &b), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_plan_max_batch(NULL, &c, 4096, 10, &b), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_plan_max_batch(m, NULL, 4096, 10, &b), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, NULL), DP_ERR_INVALID);
+  c.mode = DP_MODE_ALLREDUCE;
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_UNSUPPORTED);
+  c = config_of(1, 0);
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_INVALID);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- schedule ---------------------------------------------------------------- */
+
+typedef struct {
+  dp_phase phase;
+  dp_op_kind kind;
+  int device, layer, mb;
+  int src_dev, src_region;
+  size_t src_offset;
+  int dst_dev, dst_region;
+  size_t dst_offset, bytes;
+  int row0, rows;
+} op_want;
+
+START_TEST(seed_schedule_is_exact) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  dp_plan *p = plan_of(m, &c);
+  enum { H = DP_HOST, X = -2 }; /* X: not checked */
+  static const op_want want[] = {
+      /* replicas refreshed from device 0: 12 floats */
+      {DP_PHASE_BROADCAST, DP_OP_COPY, X, -1, -1, 0, DP_REGION_PARAMS, 0, 1, DP_REGION_PARAMS, 0, 48, X, X},
+      /* x rows 0..14 and 15..29, 15 x 5 x 4 = 300 B each; targets 30 x 2 x 4 */
+      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_INPUTS, 0, 0, DP_REGION_INPUTS, 0, 300, 0, 15},
+      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_INPUTS, 300, 1, DP_REGION_INPUTS, 0, 300, 15, 15},
+      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_TARGETS, 0, 0, DP_REGION_TARGETS, 0, 240, 0, 30},
+      {DP_PHASE_FORWARD, DP_OP_FORWARD, 0, 0, 0, X, X, X, X, X, X, 120, 0, 15},
+      {DP_PHASE_FORWARD, DP_OP_FORWARD, 1, 0, 1, X, X, X, X, X, X, 120, 15, 15},
+      /* outputs 15 x 2 x 4 = 120 B each, concatenated on device 0 */
+      {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 0, DP_REGION_OUTPUTS, 0, 0, DP_REGION_GATHERED_OUTPUTS, 0, 120, 0, 15},
+      {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 1, DP_REGION_OUTPUTS, 0, 0, DP_REGION_GATHERED_OUTPUTS, 120, 120, 15, 15},
+      {DP_PHASE_LOSS, DP_OP_LOSS, 0, -1, -1, X, X, X, X, X, X, 240, X, 30},
+      {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 0, 0, DP_REGION_OUTPUT_GRADS, 0, 120, 0, 15},
+      {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 120, 1, DP_REGION_OUTPUT_GRADS, 0, 120, 15, 15},
+      {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 0, 0, 0, X, X, X, 0, DP_REGION_GRADS, 0, 48, 0, 15},
+      {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 1, 0, 1, X, X, X, 1, DP_REGION_GRADS, 0, 48, 15, 15},
+      /* device 1's 48 B of grads into device 0's comm buffer, then added */
+      {DP_PHASE_REDUCE, DP_OP_COPY, X, -1, -1, 1, DP_REGION_GRADS, 0, 0, DP_REGION_COMM, 0, 48, X, X},
+      {DP_PHASE_REDUCE, DP_OP_GRAD_ADD, 0, -1, -1, X, DP_REGION_COMM, 0, X, DP_REGION_GRADS, 0, 48, X, X},
+      {DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, 0, -1, -1, X, X, X, X, X, X, 48, X, X},
+  };
+  int n = (int)(sizeof want / sizeof *want);
+  ck_assert_int_eq(dp_plan_n_ops(p), n);
+  const dp_op *ops = dp_plan_ops(p);
+  for (int i = 0; i < n; i++) {
+    const dp_op *o = &ops[i];
+    const op_want *w = &want[i];
+#define EQ(field, v)                                                                            \
+  do {                                                                                          \
+    if ((long long)(v) != (long long)X)                                                         \
+      ck_assert_msg((long long)o->field == (long long)(v), "op %d (%s %s): " #field " %lld, want %lld", \
+                    i, dp_phase_name(o->phase), dp_op_kind_name(o->kind), (long long)o->field,  \
+                    (long long)(v));                                                            \
+  } while (0)
+    EQ(phase, w->phase);
+    EQ(kind, w->kind);
+    EQ(device, w->device);
+    EQ(layer, w->layer);
+    EQ(micro_batch, w->mb);
+    EQ(src_dev, w->src_dev);
+    EQ(src_region, w->src_region);
+    EQ(src_offset, (long long)w->src_offset);
+    EQ(dst_dev, w->dst_dev);
+    EQ(dst_region, w->dst_region);
+    EQ(dst_offset, (long long)w->dst_offset);
+    EQ(bytes, (long long)w->bytes);
+    EQ(row0, w->row0);
+    EQ(rows, w->rows);
+#undef EQ
+    if (i > 0) ck_assert_int_ge(o->stage, ops[i - 1].stage);
+  }
+  /* one stage per phase here: nine stages */
+  ck_assert_int_eq(ops[0].stage, 0);
+  ck_assert_int_eq(ops[n - 1].stage, DP_PHASE_COUNT - 1);
+  for (int i = 0; i < n; i++) ck_assert_int_eq(ops[i].stage, ops[i].phase);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(reduce_pairs_devices_at_distance_one_then_two) {
+  dp_model *m = model_of("input 6\nlinear 5\nrelu\nlinear 3\nloss mse\n");
+  dp_config c = config_of(32, 4);
+  c.micro_batch = 2; /* 16 micro-batches, 4 per device */
+  dp_plan *p = plan_of(m, &c);
+  size_t P = (6 * 5 + 5 + 5 * 3 + 3) * 4; /* 53 params */
+  const dp_op *ops = dp_plan_ops(p);
+  int n_copy = 0, first_stage = -1;
+  static const int want_src[] = {1, 3, 2}, want_dst[] = {0, 2, 0}, want_level[] = {0, 0, 1};
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    const dp_op *o = &ops[i];
+    if (o->phase != DP_PHASE_REDUCE || o->kind != DP_OP_COPY) continue;
+    ck_assert_int_lt(n_copy, 3);
+    ck_assert_int_eq(o->src_dev, want_src[n_copy]);
+    ck_assert_int_eq(o->dst_dev, want_dst[n_copy]);
+    ck_assert_int_eq(o->src_region, DP_REGION_GRADS);
+    ck_assert_int_eq(o->dst_region, DP_REGION_COMM);
+    ck_assert_uint_eq(o->bytes, P);
+    if (first_stage < 0) first_stage = o->stage;
+    ck_assert_int_eq(o->stage, first_stage + want_level[n_copy]); /* distance 1, then 2 */
+    /* the next op adds the received grads on the receiver */
+    ck_assert_int_eq(ops[i + 1].kind, DP_OP_GRAD_ADD);
+    ck_assert_int_eq(ops[i + 1].device, want_dst[n_copy]);
+    ck_assert_int_eq(ops[i + 1].src_region, DP_REGION_COMM);
+    ck_assert_int_eq(ops[i + 1].dst_region, DP_REGION_GRADS);
+    n_copy++;
+  }
+  ck_assert_int_eq(n_copy, 3);
+  /* comm buffers only where something is received: devices 0 and 2 */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, P);
+  ck_assert_uint_eq(dp_plan_region(p, 1, DP_REGION_COMM).size, 0);
+  ck_assert_uint_eq(dp_plan_region(p, 2, DP_REGION_COMM).size, P);
+  ck_assert_uint_eq(dp_plan_region(p, 3, DP_REGION_COMM).size, 0);
+  check_plan(p);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(backward_sums_each_device_block_as_a_subtree) {
+  dp_model *m = model_of("input 6\nlinear 5\nrelu\nlinear 3\nloss mse\n");
+  dp_config c = config_of(32, 4);
+  c.micro_batch = 2;
+  dp_plan *p = plan_of(m, &c);
+  size_t P = 53 * 4;
+  const dp_op *ops = dp_plan_ops(p);
+  /* Device d owns micro-batches 4d..4d+3. Its tree over [lo, lo+4) splits at
+   * lo+2, then at lo+1 and lo+3: slot 0 = grads, slot k = partial k-1.
+   *   mb lo -> slot 0; mb lo+1 -> slot 1; slot 0 += slot 1;
+   *   mb lo+2 -> slot 1; mb lo+3 -> slot 2; slot 1 += slot 2; slot 0 += slot 1 */
+  for (int d = 0; d < 4; d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size, 2 * P);
+    struct {
+      int kind, mb, slot, src_slot;
+    } want[] = {{DP_OP_BACKWARD, 0, 0, 0}, {DP_OP_BACKWARD, 1, 1, 0}, {DP_OP_GRAD_ADD, -1, 0, 1},
+                {DP_OP_BACKWARD, 2, 1, 0}, {DP_OP_BACKWARD, 3, 2, 0}, {DP_OP_GRAD_ADD, -1, 1, 2},
+                {DP_OP_GRAD_ADD, -1, 0, 1}};
+    int w = 0, layer_next = 2;
+    for (int i = 0; i < dp_plan_n_ops(p); i++) {
+      const dp_op *o = &ops[i];
+      if (o->phase != DP_PHASE_BACKWARD || o->device != d) continue;
+      ck_assert_int_lt(w, 7);
+      ck_assert_int_eq(o->kind, want[w].kind);
+      int slot = o->dst_region == DP_REGION_GRADS ? 0 : (int)(o->dst_offset / P) + 1;
+      ck_assert_int_eq(slot, want[w].slot);
+      if (o->kind == DP_OP_BACKWARD) {
+        ck_assert_int_eq(o->micro_batch, 4 * d + want[w].mb);
+        ck_assert_int_eq(o->layer, layer_next); /* layers last to first */
+        ck_assert_int_eq(o->rows, 2);
+        if (--layer_next < 0) {
+          layer_next = 2;
+          w++;
+        }
+      } else {
+        int src = o->src_region == DP_REGION_GRADS ? 0 : (int)(o->src_offset / P) + 1;
+        ck_assert_int_eq(src, want[w].src_slot);
+        w++;
+      }
+    }
+    ck_assert_int_eq(w, 7);
+  }
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(backward_tree_splits_three_micro_batches_as_01_then_2) {
+  /* [0, 3) splits at mid = (0 + 3 + 1) / 2 = 2: ((0, 1), 2), the larger half left */
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(6, 1);
+  c.micro_batch = 2;
+  dp_plan *p = plan_of(m, &c);
+  struct {
+    int kind, mb, dst_region;
+  } want[] = {{DP_OP_BACKWARD, 0, DP_REGION_GRADS},
+              {DP_OP_BACKWARD, 1, DP_REGION_GRAD_PARTIALS},
+              {DP_OP_GRAD_ADD, -1, DP_REGION_GRADS},
+              {DP_OP_BACKWARD, 2, DP_REGION_GRAD_PARTIALS},
+              {DP_OP_GRAD_ADD, -1, DP_REGION_GRADS}};
+  const dp_op *ops = dp_plan_ops(p);
+  int w = 0;
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    if (ops[i].phase != DP_PHASE_BACKWARD) continue;
+    ck_assert_int_lt(w, 5);
+    ck_assert_int_eq(ops[i].kind, want[w].kind);
+    ck_assert_int_eq(ops[i].micro_batch, want[w].mb);
+    ck_assert_int_eq(ops[i].dst_region, want[w].dst_region);
+    ck_assert_uint_eq(ops[i].dst_offset, 0);
+    if (ops[i].kind == DP_OP_GRAD_ADD) {
+      ck_assert_int_eq(ops[i].src_region, DP_REGION_GRAD_PARTIALS);
+      ck_assert_uint_eq(ops[i].src_offset, 0);
+    }
+    w++;
+  }
+  ck_assert_int_eq(w, 5);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size, 48); /* one slot */
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* The additions a training step performs, as (lo, mid, hi): the sum over
+ * micro-batches [lo, mid) gets the sum over [mid, hi) added. */
+typedef struct {
+  int lo, mid, hi;
+} merge3;
+
+static int cmp_merge3(const void *a, const void *b) {
+  const merge3 *x = a, *y = b;
+  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+  return x->hi < y->hi ? -1 : x->hi > y->hi;
+}
+
+static int collect_merges(const dp_plan *p, merge3 *out) {
+  size_t P = p->model.n_params * 4;
+  int n = 0, L = p->model.n_layers;
+  mbrange slots[DP_MAX_DEVICES][8], comm[DP_MAX_DEVICES];
+  memset(slots, 0, sizeof slots);
+  const dp_op *ops = dp_plan_ops(p);
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    const dp_op *o = &ops[i];
+#define SLOT(region, off) ((region) == DP_REGION_COMM ? &comm[o->device] \
+                           : &slots[o->device][(region) == DP_REGION_GRADS ? 0 : 1 + (off) / P])
+    if (o->kind == DP_OP_BACKWARD && o->layer == L - 1)
+      *SLOT(o->dst_region, o->dst_offset) = (mbrange){o->micro_batch, o->micro_batch + 1};
+    if (o->kind == DP_OP_COPY && o->phase == DP_PHASE_REDUCE)
+      comm[o->dst_dev] = slots[o->src_dev][0];
+    if (o->kind == DP_OP_GRAD_ADD) {
+      mbrange *d = SLOT(o->dst_region, o->dst_offset), *s = SLOT(o->src_region, o->src_offset);
+      ck_assert_int_eq(d->hi, s->lo);
+      out[n++] = (merge3){d->lo, d->hi, s->hi};
+      d->hi = s->hi;
+    }
+#undef SLOT
+  }
+  qsort(out, (size_t)n, sizeof *out, cmp_merge3);
+  return n;
+}
+
+START_TEST(gradient_tree_is_the_same_for_1_2_4_8_devices) {
+  /* Fixed micro-batches, N a power of two dividing their count: every device
+   * count must perform exactly the same additions (the canonical tree), which
+   * is what makes the results bit-identical across device counts. */
+  dp_model *m = model_of("input 3\nlinear 4\nrelu\nlinear 2\nloss mse\n");
+  static const int Ms[] = {8, 16, 24, 64};
+  for (size_t j = 0; j < sizeof Ms / sizeof *Ms; j++) {
+    int M = Ms[j];
+    merge3 ref[128], got[128];
+    int n_ref = -1;
+    for (int N = 1; N <= 8; N *= 2) {
+      dp_config c = config_of(2 * M, N);
+      c.micro_batch = 2;
+      dp_plan *p = plan_of(m, &c);
+      int n = collect_merges(p, got);
+      ck_assert_int_eq(n, M - 1); /* a binary tree over M leaves */
+      if (n_ref < 0) {
+        memcpy(ref, got, sizeof got);
+        n_ref = n;
+        /* and it is the canonical tree: [lo, hi) splits at (lo + hi + 1) / 2 */
+        for (int k = 0; k < n; k++) ck_assert_int_eq(got[k].mid, (got[k].lo + got[k].hi + 1) / 2);
+      } else {
+        ck_assert_int_eq(n, n_ref);
+        for (int k = 0; k < n; k++)
+          ck_assert_msg(got[k].lo == ref[k].lo && got[k].mid == ref[k].mid && got[k].hi == ref[k].hi,
+                        "M=%d N=%d: addition %d is [%d,%d)+[%d,%d), with one device [%d,%d)+[%d,%d)",
+                        M, N, k, got[k].lo, got[k].mid, got[k].mid, got[k].hi, ref[k].lo, ref[k].mid,
+                        ref[k].mid, ref[k].hi);
+      }
+      dp_plan_free(p);
+    }
+  }
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(inference_schedule_has_no_training_phases) {
+  dp_model *m = model_of("input 6\nlinear 5\nlayernorm\nrelu\nlinear 3\nloss mse\n");
+  dp_config c = config_of(32, 4);
+  c.micro_batch = 2;
+  c.inference = 1;
+  dp_plan *p = plan_of(m, &c);
+  const dp_op *ops = dp_plan_ops(p);
+  int n_fwd = 0;
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    ck_assert_int_ne(ops[i].kind, DP_OP_LOSS);
+    ck_assert_int_ne(ops[i].kind, DP_OP_BACKWARD);
+    ck_assert_int_ne(ops[i].kind, DP_OP_GRAD_ADD);
+    ck_assert_int_ne(ops[i].kind, DP_OP_OPTIMIZER);
+    ck_assert_int_ne(ops[i].phase, DP_PHASE_REDUCE);
+    ck_assert_int_ne(ops[i].phase, DP_PHASE_SCATTER_GRADS);
+    if (ops[i].kind == DP_OP_COPY) ck_assert_int_ne(ops[i].src_region, DP_REGION_TARGETS);
+    if (ops[i].phase == DP_PHASE_GATHER) ck_assert_int_eq(ops[i].dst_dev, DP_HOST);
+    n_fwd += ops[i].kind == DP_OP_FORWARD;
+  }
+  ck_assert_int_eq(n_fwd, 16 * 4);
+  check_plan(p);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(single_device_plans_have_no_transfers_between_devices) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 1);
+  dp_plan *p = plan_of(m, &c);
+  const dp_op *ops = dp_plan_ops(p);
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    ck_assert_int_ne(ops[i].phase, DP_PHASE_BROADCAST);
+    ck_assert_int_ne(ops[i].phase, DP_PHASE_REDUCE);
+  }
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 0);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_LOSS).size, 4);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- configuration errors ------------------------------------------------------- */
+
+static void plan_refused(const dp_model *m, const dp_config *c, dp_status want, const char *needle) {
+  dp_plan *p = (dp_plan *)(uintptr_t)1;
+  dp_status s = dp_plan_create(m, c, &p);
+  ck_assert_msg(s == want, "status %s (%s), want %s", dp_status_name(s), dp_last_error(),
+                dp_status_name(want));
+  ck_assert_ptr_null(p);
+  ck_assert_msg(strstr(dp_last_error(), needle) != NULL, "'%s' lacks '%s'", dp_last_error(), needle);
+}
+
+START_TEST(batch_zero_is_refused) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(0, 2);
+  plan_refused(m, &c, DP_ERR_INVALID, "batch");
+  c.batch = -3;
+  plan_refused(m, &c, DP_ERR_INVALID, "batch");
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(device_count_out_of_range_is_refused) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 0);
+  plan_refused(m, &c, DP_ERR_INVALID, "device count 0");
+  c.n_devices = DP_MAX_DEVICES + 1;
+  plan_refused(m, &c, DP_ERR_INVALID, "device count 65");
+  c.n_devices = DP_MAX_DEVICES; /* 64 is fine */
+  c.batch = 64;
+  dp_plan *p = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_n_devices(p), 64);
+  check_plan(p);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(allreduce_is_unsupported_for_now) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  c.mode = DP_MODE_ALLREDUCE;
+  plan_refused(m, &c, DP_ERR_UNSUPPORTED, "allreduce");
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(training_without_a_loss_is_refused) {
+  dp_model *m = model_of("input 5\nlinear 2\n");
+  dp_config c = config_of(30, 2);
+  plan_refused(m, &c, DP_ERR_INVALID, "loss");
+  c.inference = 1;
+  dp_plan *p = plan_of(m, &c);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(other_bad_configs_are_refused) {
+  dp_model *m = model_of(SEED), *empty = model_of("input 5\n");
+  dp_config c = config_of(30, 2);
+  c.micro_batch = -1;
+  plan_refused(m, &c, DP_ERR_INVALID, "micro-batch");
+  c = config_of(30, 2);
+  c.optimizer = (dp_optimizer)9;
+  plan_refused(m, &c, DP_ERR_INVALID, "optimizer");
+  c = config_of(30, 2);
+  c.backend = (dp_backend)9;
+  plan_refused(m, &c, DP_ERR_INVALID, "backend");
+  c = config_of(30, 2);
+  c.mode = (dp_mode)9;
+  plan_refused(m, &c, DP_ERR_INVALID, "mode");
+  c = config_of(30, 2);
+  c.split = (dp_split)9;
+  plan_refused(m, &c, DP_ERR_INVALID, "split");
+  c = config_of(30, 2);
+  c.lr = 0.0f;
+  plan_refused(m, &c, DP_ERR_INVALID, "learning rate");
+  c.lr = NAN;
+  plan_refused(m, &c, DP_ERR_INVALID, "learning rate");
+  c = config_of(30, 2);
+  c.optimizer = DP_OPT_MOMENTUM;
+  c.momentum = 1.0f;
+  plan_refused(m, &c, DP_ERR_INVALID, "momentum");
+  c = config_of(30, 2);
+  c.optimizer = DP_OPT_ADAMW;
+  c.beta2 = 1.0f;
+  plan_refused(m, &c, DP_ERR_INVALID, "AdamW");
+  c = config_of(30, 2);
+  c.inference = 1;
+  plan_refused(empty, &c, DP_ERR_INVALID, "no layers");
+  dp_plan *p = (dp_plan *)(uintptr_t)1;
+  ck_assert_int_eq(dp_plan_create(NULL, &c, &p), DP_ERR_INVALID);
+  ck_assert_ptr_null(p);
+  ck_assert_int_eq(dp_plan_create(m, NULL, &p), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_plan_create(m, &c, NULL), DP_ERR_INVALID);
+  dp_model_free(m);
+  dp_model_free(empty);
+}
+END_TEST
+
+START_TEST(config_defaults_are_as_documented) {
+  dp_config c;
+  memset(&c, 0x5a, sizeof c);
+  dp_config_default(&c);
+  ck_assert_int_eq(c.batch, 0);
+  ck_assert_int_eq(c.n_devices, 1);
+  ck_assert_int_eq(c.split, DP_SPLIT_CHUNK);
+  ck_assert_int_eq(c.mode, DP_MODE_CLASSIC);
+  ck_assert_int_eq(c.optimizer, DP_OPT_SGD);
+  ck_assert_int_eq(c.inference, 0);
+  ck_assert_int_eq(c.backend, DP_BACKEND_CPU);
+  ck_assert_int_eq(c.micro_batch, 0);
+  for (int i = 0; i < DP_MAX_DEVICES; i++) ck_assert_int_eq(c.device_ids[i], i);
+  ck_assert(c.lr == 0.01f && c.momentum == 0.9f && c.beta1 == 0.9f && c.beta2 == 0.999f &&
+            c.eps == 1e-8f);
+  /* weight decay resolves per optimizer at plan time: SGD 0 */
+  dp_model *m = model_of(SEED);
+  c.batch = 4;
+  dp_plan *p = plan_of(m, &c);
+  ck_assert(dp_plan_config(p)->weight_decay == 0.0f);
+  ck_assert_int_eq(dp_plan_model(p)->layers[0].kind, DP_LAYER_LINEAR);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(names_cover_every_enum) {
+  for (int r = 0; r < DP_REGION_COUNT; r++) ck_assert_str_ne(dp_region_name((dp_region)r), "?");
+  ck_assert_str_eq(dp_region_name(DP_REGION_COUNT), "?");
+  ck_assert_str_eq(dp_region_name(DP_REGION_OPT_STATE), "optimizer_state");
+  for (int ph = 0; ph < DP_PHASE_COUNT; ph++) ck_assert_str_ne(dp_phase_name((dp_phase)ph), "?");
+  ck_assert_str_eq(dp_phase_name(DP_PHASE_SCATTER_GRADS), "scatter_grads");
+  ck_assert_str_eq(dp_op_kind_name(DP_OP_GRAD_ADD), "grad_add");
+  ck_assert_str_eq(dp_op_kind_name((dp_op_kind)99), "?");
+}
+END_TEST
+
+Suite *planner_suite(void) {
+  Suite *s = suite_create("planner");
+  TCase *tc = tcase_create("seed");
+  tcase_add_test(tc, seed_splits_thirty_rows_into_two_chunks_of_fifteen);
+  tcase_add_test(tc, seed_region_sizes_match_the_seed_document);
+  tcase_add_test(tc, seed_sgd_layout_is_exact);
+  tcase_add_test(tc, seed_momentum_layout_is_exact);
+  tcase_add_test(tc, seed_adamw_layout_is_exact);
+  tcase_add_test(tc, seed_inference_layout_is_exact);
+  tcase_add_test(tc, unused_devices_have_no_arena);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("backend");
+  tcase_add_test(tc, seed_on_cuda_aligns_to_256_and_stages_on_the_host);
+  tcase_add_test(tc, cpu_plans_need_no_host_staging);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("invariants");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, the_seed_plan_keeps_every_invariant);
+  tcase_add_test(tc, random_plans_keep_every_invariant);
+  tcase_add_test(tc, random_inference_plans_without_loss_keep_every_invariant);
+  tcase_add_test(tc, deep_models_with_many_micro_batches_keep_every_invariant);
+  tcase_add_test(tc, smaller_batches_keep_the_planned_cut_points_and_fit);
+  tcase_add_test(tc, grad_partials_hold_only_the_slots_the_tree_uses);
+  tcase_add_test(tc, inference_plans_are_smaller_than_training_plans);
+  tcase_add_test(tc, inference_reuses_activation_memory);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("liveness");
+  tcase_add_test(tc, live_place_separates_buffers_live_together);
+  tcase_add_test(tc, live_place_reuses_memory_of_dead_buffers);
+  tcase_add_test(tc, live_place_handles_empty_and_refuses_too_many);
+  tcase_add_test(tc, live_place_overflow_is_reported);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("budget");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, max_batch_is_exact);
+  tcase_add_test(tc, plan_size_grows_with_the_batch);
+  tcase_add_test(tc, max_batch_grows_with_the_budget);
+  tcase_add_test(tc, max_batch_is_zero_below_the_smallest_plan);
+  tcase_add_test(tc, max_batch_of_the_seed_budget);
+  tcase_add_test(tc, max_batch_refuses_bad_arguments);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("schedule");
+  tcase_add_test(tc, seed_schedule_is_exact);
+  tcase_add_test(tc, reduce_pairs_devices_at_distance_one_then_two);
+  tcase_add_test(tc, backward_sums_each_device_block_as_a_subtree);
+  tcase_add_test(tc, backward_tree_splits_three_micro_batches_as_01_then_2);
+  tcase_add_test(tc, gradient_tree_is_the_same_for_1_2_4_8_devices);
+  tcase_add_test(tc, inference_schedule_has_no_training_phases);
+  tcase_add_test(tc, single_device_plans_have_no_transfers_between_devices);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("config");
+  tcase_add_test(tc, batch_zero_is_refused);
+  tcase_add_test(tc, device_count_out_of_range_is_refused);
+  tcase_add_test(tc, allreduce_is_unsupported_for_now);
+  tcase_add_test(tc, training_without_a_loss_is_refused);
+  tcase_add_test(tc, other_bad_configs_are_refused);
+  tcase_add_test(tc, config_defaults_are_as_documented);
+  tcase_add_test(tc, names_cover_every_enum);
+  suite_add_tcase(s, tc);
+  return s;
+}

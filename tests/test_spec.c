@@ -1,0 +1,801 @@
+/* Tests of the model: the .dpm text parser (every error names "name:line:col"),
+ * the builder API, inferred shapes and parameter counts in state_dict order,
+ * format/parse round trips, loading from files, and absurd dimensions that
+ * must end in DP_ERR_OVERFLOW rather than a wrapped size. */
+#include "internal.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static dp_model *parse_ok(const char *text) {
+  dp_model *m = NULL;
+  dp_status s = dp_model_parse(text, "t.dpm", &m);
+  ck_assert_msg(s == DP_OK, "refused:\n%s\nerror: %s", text, dp_last_error());
+  ck_assert_ptr_nonnull(m);
+  return m;
+}
+
+/* Parsing `text` as "m.dpm" fails with `want` and a message that starts with
+ * "m.dpm:LINE:COL: " and contains `needle`. */
+static void parse_bad_as(const char *text, dp_status want, int line, int col, const char *needle) {
+  dp_model *m = (dp_model *)(uintptr_t)1;
+  dp_status s = dp_model_parse(text, "m.dpm", &m);
+  ck_assert_msg(s == want, "'%s': status %s, want %s (error: %s)", text, dp_status_name(s),
+                dp_status_name(want), dp_last_error());
+  ck_assert_msg(m == NULL, "'%s': *out not NULL on error", text);
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "m.dpm:%d:%d: ", line, col);
+  const char *e = dp_last_error();
+  ck_assert_msg(strncmp(e, prefix, strlen(prefix)) == 0, "'%s': error '%s' does not start with '%s'",
+                text, e, prefix);
+  ck_assert_msg(strstr(e, needle) != NULL, "'%s': error '%s' lacks '%s'", text, e, needle);
+}
+
+static void parse_bad(const char *text, int line, int col, const char *needle) {
+  parse_bad_as(text, DP_ERR_PARSE, line, col, needle);
+}
+
+static void assert_same_model(const dp_model *a, const dp_model *b) {
+  ck_assert_int_eq(a->input_width, b->input_width);
+  ck_assert_int_eq(a->n_layers, b->n_layers);
+  ck_assert_int_eq(a->loss, b->loss);
+  ck_assert_uint_eq(a->n_params, b->n_params);
+  for (int i = 0; i < a->n_layers; i++) {
+    const dp_layer *x = &a->layers[i], *y = &b->layers[i];
+    ck_assert_int_eq(x->kind, y->kind);
+    ck_assert_int_eq(x->in, y->in);
+    ck_assert_int_eq(x->out, y->out);
+    ck_assert_int_eq(x->bias, y->bias);
+    ck_assert_msg(x->p == y->p, "layer %d: dropout p %.9g != %.9g", i, (double)x->p, (double)y->p);
+    ck_assert_uint_eq(x->param_off, y->param_off);
+    ck_assert_uint_eq(x->n_params, y->n_params);
+  }
+}
+
+/* ---- errors: layers ---------------------------------------------------------------- */
+
+START_TEST(unknown_layer_is_named_with_its_position) {
+  parse_bad("input 4\nconv 3\n", 2, 1, "unknown layer 'conv'");
+  parse_bad("input 4\nlinear 3\n\n    softmax\n", 4, 5, "unknown layer 'softmax'");
+  parse_bad("input 4\nLinear 3\n", 2, 1, "unknown layer 'Linear'"); /* keywords are lowercase */
+}
+END_TEST
+
+START_TEST(missing_width_points_after_the_keyword) {
+  parse_bad("input\n", 1, 7, "expected a width after 'input'");
+  parse_bad("input 4\nlinear\n", 2, 8, "expected a width after 'linear'");
+  parse_bad("input 4\n  linear   # no width\n", 2, 10, "expected a width after 'linear'");
+}
+END_TEST
+
+START_TEST(invalid_width_is_refused_at_its_column) {
+  parse_bad("input 4\nlinear abc\n", 2, 8, "linear: expected a positive integer, got 'abc'");
+  parse_bad("input 4\nlinear 3.5\n", 2, 8, "expected a positive integer, got '3.5'");
+  parse_bad("input 4\nlinear +3\n", 2, 8, "expected a positive integer, got '+3'");
+  parse_bad("input 4\nlinear 0x10\n", 2, 8, "expected a positive integer");
+  parse_bad("input four\n", 1, 7, "input: expected a positive integer, got 'four'");
+}
+END_TEST
+
+START_TEST(zero_width_is_out_of_range) {
+  parse_bad("input 0\n", 1, 7, "input: width 0 is out of range");
+  parse_bad("input 3\nlinear 0\n", 2, 8, "linear: width 0 is out of range");
+  parse_bad("input 3\nlinear 000\n", 2, 8, "out of range");
+}
+END_TEST
+
+START_TEST(negative_width_is_refused) {
+  parse_bad("input -3\n", 1, 7, "input: expected a positive integer, got '-3'");
+  parse_bad("input 3\nlinear -1\n", 2, 8, "linear: expected a positive integer, got '-1'");
+}
+END_TEST
+
+START_TEST(huge_width_is_out_of_range_not_wrapped) {
+  parse_bad("input 2147483648\n", 1, 7, "width 2147483648 is out of range (1..2147483647)");
+  parse_bad("input 3\nlinear 4294967297\n", 2, 8, "out of range");          /* wraps to 1 as u32 */
+  parse_bad("input 3\nlinear 99999999999999999999\n", 2, 8, "out of range"); /* > LONG_MAX */
+  parse_bad("input 3\nlinear 1234567890123456789012345678901234567890\n", 2, 8,
+            "expected a positive integer"); /* a token longer than any width */
+  dp_model *m = parse_ok("input 2147483647\nlinear 1\n");
+  ck_assert_int_eq(dp_model_input_width(m), 2147483647);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(first_line_must_be_input) {
+  parse_bad("linear 3\n", 1, 1, "expected 'input N' first, got 'linear'");
+  parse_bad("# a comment\n\n   relu\ninput 3\n", 3, 4, "expected 'input N' first, got 'relu'");
+  parse_bad("loss mse\n", 1, 1, "expected 'input N' first, got 'loss'");
+}
+END_TEST
+
+START_TEST(duplicate_input_is_refused) {
+  parse_bad("input 3\ninput 4\n", 2, 1, "'input' may appear only once");
+  parse_bad("input 3\nlinear 2\n  input 2\n", 3, 3, "'input' may appear only once");
+}
+END_TEST
+
+START_TEST(misspelt_nobias_is_named) {
+  parse_bad("input 3\nlinear 4 nobais\n", 2, 10, "expected 'nobias' or end of line, got 'nobais'");
+  parse_bad("input 3\nlinear 4 bias\n", 2, 10, "got 'bias'");
+  parse_bad("input 3\nlinear 4 NOBIAS\n", 2, 10, "got 'NOBIAS'");
+}
+END_TEST
+
+START_TEST(trailing_tokens_are_refused) {
+  parse_bad("input 3 4\n", 1, 9, "unexpected '4' after 'input'");
+  parse_bad("input 3\nrelu x\n", 2, 6, "unexpected 'x' after 'relu'");
+  parse_bad("input 3\nlayernorm 3\n", 2, 11, "unexpected '3' after 'layernorm'");
+  parse_bad("input 3\nlinear 4 nobias x\n", 2, 17, "unexpected 'x' after 'linear'");
+  parse_bad("input 3\ndropout 0.5 0.2\n", 2, 13, "unexpected '0.2' after 'dropout'");
+  parse_bad("input 3\nlinear 2\nloss mse mean\n", 3, 10, "unexpected 'mean' after 'loss'");
+  /* more tokens than the tokenizer keeps: the first extra one is still named */
+  parse_bad("input 3\ntanh a b c d e f g h i j\n", 2, 6, "unexpected 'a' after 'tanh'");
+}
+END_TEST
+
+START_TEST(dropout_probability_out_of_range) {
+  parse_bad("input 3\ndropout 1\n", 2, 9, "dropout: expected a probability in [0, 1), got '1'");
+  parse_bad("input 3\ndropout 1.5\n", 2, 9, "got '1.5'");
+  parse_bad("input 3\ndropout -0.1\n", 2, 9, "got '-0.1'");
+  parse_bad("input 3\ndropout inf\n", 2, 9, "got 'inf'");
+  dp_model *m = parse_ok("input 3\ndropout 0\ndropout 0.999\n");
+  ck_assert(m->layers[0].p == 0.0f);
+  ck_assert(m->layers[1].p == 0.999f);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(dropout_probability_not_a_number) {
+  parse_bad("input 3\ndropout abc\n", 2, 9, "dropout: expected a probability in [0, 1), got 'abc'");
+  parse_bad("input 3\ndropout 0.5x\n", 2, 9, "got '0.5x'");
+  parse_bad("input 3\ndropout nan\n", 2, 9, "got 'nan'");
+  parse_bad("input 3\ndropout\n", 2, 9, "expected a probability after 'dropout'");
+  parse_bad("input 3\ndropout 0.12345678901234567890123456789012345\n", 2, 9,
+            "expected a probability in [0, 1)");
+}
+END_TEST
+
+START_TEST(unknown_loss_is_named) {
+  parse_bad("input 3\nlinear 2\nloss l1\n", 3, 6,
+            "unknown loss 'l1' (expected mse or softmax_cross_entropy)");
+  parse_bad("input 3\nlinear 2\nloss   cross_entropy\n", 3, 8, "unknown loss 'cross_entropy'");
+}
+END_TEST
+
+START_TEST(missing_loss_kind_points_after_loss) {
+  parse_bad("input 3\nlinear 2\nloss\n", 3, 6,
+            "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
+  parse_bad("input 3\nlinear 2\n  loss # none\n", 3, 8, "after 'loss'");
+}
+END_TEST
+
+START_TEST(a_layer_after_the_loss_is_refused) {
+  parse_bad("input 3\nlinear 2\nloss mse\nrelu\n", 4, 1,
+            "unexpected 'relu': the loss must be the last line");
+  parse_bad("input 3\nlinear 2\nloss mse\n\n# more\n  linear 4\n", 6, 3, "unexpected 'linear'");
+  parse_bad("input 3\nlinear 2\nloss mse\nloss mse\n", 4, 1, "the loss must be the last line");
+}
+END_TEST
+
+START_TEST(a_loss_without_layers_is_refused_at_its_line) {
+  parse_bad("input 3\nloss mse\n", 2, 1, "a loss needs at least one layer");
+}
+END_TEST
+
+START_TEST(too_many_layers_is_refused_at_the_extra_line) {
+  size_t cap = 16 + 6 * (DP_MAX_LAYERS + 2);
+  char *t = malloc(cap), *p = t;
+  p += sprintf(p, "input 2\n");
+  for (int i = 0; i < DP_MAX_LAYERS + 1; i++) p += sprintf(p, "relu\n");
+  parse_bad(t, DP_MAX_LAYERS + 2, 1, "too many layers");
+  /* exactly DP_MAX_LAYERS is fine */
+  p = t + strlen("input 2\n") + 5 * DP_MAX_LAYERS;
+  *p = '\0';
+  dp_model *m = parse_ok(t);
+  ck_assert_int_eq(dp_model_n_layers(m), DP_MAX_LAYERS);
+  dp_model_free(m);
+  free(t);
+}
+END_TEST
+
+START_TEST(empty_text_is_refused) {
+  parse_bad("", 1, 1, "empty model: expected 'input N'");
+  parse_bad("\n", 1, 1, "empty model");
+}
+END_TEST
+
+START_TEST(comment_only_text_is_refused) {
+  parse_bad("# nothing here\n", 1, 1, "empty model");
+  parse_bad("# a\n\n   \t\n# b", 4, 1, "empty model");
+}
+END_TEST
+
+START_TEST(errors_name_the_source) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("relu\n", NULL, &m), DP_ERR_PARSE);
+  ck_assert_msg(strncmp(dp_last_error(), "<spec>:1:1: ", 12) == 0, "%s", dp_last_error());
+  ck_assert_int_eq(dp_model_parse("relu\n", "nets/a.dpm", &m), DP_ERR_PARSE);
+  ck_assert_msg(strncmp(dp_last_error(), "nets/a.dpm:1:1: ", 16) == 0, "%s", dp_last_error());
+}
+END_TEST
+
+START_TEST(null_arguments_are_invalid) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 3\n", "x", NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_parse(NULL, "x", &m), DP_ERR_INVALID);
+  ck_assert_ptr_null(m);
+  ck_assert_int_eq(dp_model_load("/nonexistent", NULL), DP_ERR_INVALID);
+}
+END_TEST
+
+/* ---- accepted forms ------------------------------------------------------------ */
+
+START_TEST(comments_and_blank_lines_are_accepted) {
+  dp_model *m = parse_ok("# header\n\n   \ninput 5   # five features\n  linear 2 # out\n\n"
+                         "\t relu#glued comment\nlinear 3#x\nloss mse # end");
+  ck_assert_int_eq(dp_model_input_width(m), 5);
+  ck_assert_int_eq(dp_model_n_layers(m), 3);
+  ck_assert_int_eq(dp_model_layer_kind(m, 1), DP_LAYER_RELU);
+  ck_assert_int_eq(dp_model_output_width(m), 3);
+  ck_assert_int_eq(dp_model_loss(m), DP_LOSS_MSE);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(crlf_line_ends_are_accepted) {
+  dp_model *m = parse_ok("input 5\r\nlinear 2 nobias\r\n\r\n# c\r\nloss mse\r\n");
+  ck_assert_int_eq(dp_model_n_layers(m), 1);
+  ck_assert_int_eq(m->layers[0].bias, 0);
+  ck_assert_uint_eq(dp_model_n_params(m), 10);
+  dp_model_free(m);
+  /* and errors on CRLF lines keep their line and column */
+  parse_bad("input 5\r\nlinear x\r\n", 2, 8, "got 'x'");
+  parse_bad("input 5\r\nlinear\r\n", 2, 8, "expected a width after 'linear'");
+}
+END_TEST
+
+START_TEST(last_line_without_newline_is_accepted) {
+  dp_model *m = parse_ok("input 5\nlinear 2\nloss softmax_cross_entropy");
+  ck_assert_int_eq(dp_model_loss(m), DP_LOSS_SOFTMAX_CE);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(a_model_without_loss_is_accepted) {
+  dp_model *m = parse_ok("input 5\nlinear 2\n");
+  ck_assert_int_eq(dp_model_loss(m), DP_LOSS_NONE);
+  dp_model_free(m);
+  m = parse_ok("input 5\n"); /* no layers: parses, planning refuses it */
+  ck_assert_int_eq(dp_model_n_layers(m), 0);
+  ck_assert_int_eq(dp_model_output_width(m), 5);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- shapes ------------------------------------------------------------------ */
+
+START_TEST(widths_are_inferred_layer_by_layer) {
+  dp_model *m = parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
+                         "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
+  static const struct {
+    dp_layer_kind k;
+    int in, out;
+  } want[] = {{DP_LAYER_LINEAR, 5, 8}, {DP_LAYER_RELU, 8, 8},    {DP_LAYER_LAYERNORM, 8, 8},
+              {DP_LAYER_LINEAR, 8, 3}, {DP_LAYER_GELU, 3, 3},    {DP_LAYER_DROPOUT, 3, 3},
+              {DP_LAYER_TANH, 3, 3},   {DP_LAYER_SIGMOID, 3, 3}, {DP_LAYER_LINEAR, 3, 2}};
+  ck_assert_int_eq(dp_model_n_layers(m), 9);
+  for (int i = 0; i < 9; i++) {
+    ck_assert_int_eq(dp_model_layer_kind(m, i), want[i].k);
+    ck_assert_int_eq(m->layers[i].in, want[i].in);
+    ck_assert_int_eq(m->layers[i].out, want[i].out);
+  }
+  ck_assert_int_eq(dp_model_input_width(m), 5);
+  ck_assert_int_eq(dp_model_output_width(m), 2);
+  ck_assert_int_eq(dp_model_loss(m), DP_LOSS_SOFTMAX_CE);
+  ck_assert(m->layers[5].p == 0.25f);
+  ck_assert_int_eq(dp_model_layer_kind(m, 9), DP_LAYER_INPUT); /* out of range */
+  ck_assert_int_eq(dp_model_layer_kind(m, -1), DP_LAYER_INPUT);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(n_params_follow_state_dict_order) {
+  dp_model *m = parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
+                         "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
+  /* linear 5->8: weight 8*5 + bias 8 = 48 at 0
+   * layernorm 8: weight 8 + bias 8 = 16 at 48
+   * linear 8->3 nobias: weight 3*8 = 24 at 64
+   * linear 3->2: weight 2*3 + bias 2 = 8 at 88; total 96 */
+  static const struct {
+    size_t off, n;
+  } want[] = {{0, 48}, {48, 0}, {48, 16}, {64, 24}, {88, 0},
+              {88, 0}, {88, 0}, {88, 0},  {88, 8}};
+  for (int i = 0; i < 9; i++) {
+    ck_assert_uint_eq(m->layers[i].n_params, want[i].n);
+    if (want[i].n) ck_assert_uint_eq(m->layers[i].param_off, want[i].off);
+  }
+  ck_assert_uint_eq(dp_model_n_params(m), 96);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(layernorm_has_two_n_params) {
+  dp_model *m = parse_ok("input 7\nlayernorm\nlayernorm\n");
+  ck_assert_uint_eq(dp_model_n_params(m), 28);
+  ck_assert_uint_eq(m->layers[1].param_off, 14);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(nobias_drops_the_bias) {
+  dp_model *a = parse_ok("input 5\nlinear 2\n"), *b = parse_ok("input 5\nlinear 2 nobias\n");
+  ck_assert_uint_eq(dp_model_n_params(a), 12);
+  ck_assert_uint_eq(dp_model_n_params(b), 10);
+  ck_assert_int_eq(a->layers[0].bias, 1);
+  ck_assert_int_eq(b->layers[0].bias, 0);
+  dp_model_free(a);
+  dp_model_free(b);
+}
+END_TEST
+
+START_TEST(the_seed_model_has_twelve_params) {
+  dp_model *m = parse_ok("input 5\nlinear 2\nloss mse\n");
+  ck_assert_uint_eq(dp_model_n_params(m), 12);
+  ck_assert_int_eq(dp_model_n_layers(m), 1);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(accessors_tolerate_null) {
+  ck_assert_int_eq(dp_model_input_width(NULL), 0);
+  ck_assert_int_eq(dp_model_output_width(NULL), 0);
+  ck_assert_int_eq(dp_model_n_layers(NULL), 0);
+  ck_assert_int_eq(dp_model_loss(NULL), DP_LOSS_NONE);
+  ck_assert_uint_eq(dp_model_n_params(NULL), 0);
+  ck_assert_int_eq(dp_model_layer_kind(NULL, 0), DP_LAYER_INPUT);
+  dp_model_free(NULL);
+}
+END_TEST
+
+/* ---- format ------------------------------------------------------------------ */
+
+static char *format_alloc(const dp_model *m) {
+  size_t n = dp_model_format(m, NULL, 0);
+  char *s = malloc(n + 1);
+  ck_assert_uint_eq(dp_model_format(m, s, n + 1), n);
+  ck_assert_uint_eq(strlen(s), n);
+  return s;
+}
+
+START_TEST(format_writes_the_canonical_text) {
+  dp_model *m = parse_ok("  input 5 # x\n\nlinear 8 nobias\nrelu\nlayernorm\ndropout 0.5\n"
+                         "linear 2\nloss softmax_cross_entropy\n");
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input 5\nlinear 8 nobias\nrelu\nlayernorm\ndropout 0.5\nlinear 2\n"
+                      "loss softmax_cross_entropy\n");
+  free(s);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(format_round_trips_through_parse) {
+  const char *texts[] = {
+      "input 5\nlinear 2\nloss mse\n",
+      "input 5\nlinear 2\n",
+      "input 3\nrelu\n",
+      ("input 64\nlinear 128\ngelu\nlayernorm\ndropout 0.1\nlinear 10 nobias\ntanh\nsigmoid\n"
+       "linear 4\nloss softmax_cross_entropy\n"),
+      "input 2147483647\nlinear 1 nobias\n",
+  };
+  for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+    dp_model *a = parse_ok(texts[i]);
+    char *s = format_alloc(a);
+    dp_model *b = parse_ok(s);
+    assert_same_model(a, b);
+    char *s2 = format_alloc(b);
+    ck_assert_str_eq(s, s2);
+    free(s);
+    free(s2);
+    dp_model_free(a);
+    dp_model_free(b);
+  }
+}
+END_TEST
+
+START_TEST(format_round_trips_any_dropout_probability) {
+  /* A probability that six significant digits cannot carry must survive
+   * format -> parse bit for bit. */
+  const float ps[] = {1.0f / 3.0f, 0.1f, 0.123456789f, 1e-7f, 0.99999994f, 0.3f, 0.0f};
+  for (size_t i = 0; i < sizeof ps / sizeof *ps; i++) {
+    dp_model *a = NULL;
+    ck_assert_int_eq(dp_model_new(4, &a), DP_OK);
+    ck_assert_int_eq(dp_model_add_dropout(a, ps[i]), DP_OK);
+    char *s = format_alloc(a);
+    dp_model *b = parse_ok(s);
+    ck_assert_msg(b->layers[0].p == ps[i], "p %.9g formatted as '%s' parses to %.9g", (double)ps[i],
+                  s, (double)b->layers[0].p);
+    free(s);
+    dp_model_free(a);
+    dp_model_free(b);
+  }
+}
+END_TEST
+
+START_TEST(format_short_dropout_probabilities_stay_short) {
+  dp_model *a = NULL;
+  ck_assert_int_eq(dp_model_new(4, &a), DP_OK);
+  ck_assert_int_eq(dp_model_add_dropout(a, 0.1f), DP_OK);
+  ck_assert_int_eq(dp_model_add_dropout(a, 0.25f), DP_OK);
+  char *s = format_alloc(a);
+  ck_assert_str_eq(s, "input 4\ndropout 0.1\ndropout 0.25\n");
+  free(s);
+  dp_model_free(a);
+}
+END_TEST
+
+START_TEST(format_truncates_and_reports_the_needed_length) {
+  dp_model *m = parse_ok("input 5\nlinear 2\nloss mse\n");
+  const char *full = "input 5\nlinear 2\nloss mse\n";
+  ck_assert_uint_eq(dp_model_format(m, NULL, 0), strlen(full));
+  char buf[10];
+  memset(buf, 'Z', sizeof buf);
+  ck_assert_uint_eq(dp_model_format(m, buf, sizeof buf), strlen(full));
+  ck_assert_str_eq(buf, "input 5\nl"); /* NUL-terminated within cap */
+  char one[1] = {'Z'};
+  ck_assert_uint_eq(dp_model_format(m, one, 1), strlen(full));
+  ck_assert_int_eq(one[0], '\0');
+  ck_assert_uint_eq(dp_model_format(NULL, buf, sizeof buf), 0);
+  ck_assert_str_eq(buf, "");
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- load ------------------------------------------------------------------ */
+
+static void write_file(const char *path, const char *data, size_t n) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+  fclose(f);
+}
+
+START_TEST(load_of_a_missing_file_is_an_io_error) {
+  dp_model *m = (dp_model *)(uintptr_t)1;
+  ck_assert_int_eq(dp_model_load("/nonexistent/dir/model.dpm", &m), DP_ERR_IO);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(dp_last_error(), "/nonexistent/dir/model.dpm") != NULL, "%s",
+                dp_last_error());
+}
+END_TEST
+
+START_TEST(load_of_a_directory_is_an_io_error) {
+  dp_model *m = (dp_model *)(uintptr_t)1;
+  ck_assert_int_eq(dp_model_load("/tmp", &m), DP_ERR_IO);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(dp_last_error(), "/tmp") != NULL, "%s", dp_last_error());
+}
+END_TEST
+
+START_TEST(load_of_a_null_path_is_invalid) {
+  dp_model *m = (dp_model *)(uintptr_t)1;
+  ck_assert_int_eq(dp_model_load(NULL, &m), DP_ERR_INVALID);
+  ck_assert_ptr_null(m);
+}
+END_TEST
+
+START_TEST(load_reads_a_file_and_names_it_in_errors) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dp_test_spec_%ld.dpm", (long)getpid());
+  const char *good = "# seed\ninput 5\nlinear 2\nloss mse\n";
+  write_file(path, good, strlen(good));
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_load(path, &m), DP_OK);
+  ck_assert_uint_eq(dp_model_n_params(m), 12);
+  dp_model_free(m);
+
+  const char *bad = "input 5\n\nlinar 2\n";
+  write_file(path, bad, strlen(bad));
+  ck_assert_int_eq(dp_model_load(path, &m), DP_ERR_PARSE);
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "%s:3:1: unknown layer 'linar'", path);
+  ck_assert_msg(strncmp(dp_last_error(), prefix, strlen(prefix)) == 0, "%s", dp_last_error());
+
+  const char nul[] = "input 5\n\0linear 2\n";
+  write_file(path, nul, sizeof nul - 1);
+  ck_assert_int_eq(dp_model_load(path, &m), DP_ERR_PARSE);
+  ck_assert_ptr_null(m);
+  unlink(path);
+}
+END_TEST
+
+START_TEST(load_reads_files_larger_than_its_first_buffer) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dp_test_spec_big_%ld.dpm", (long)getpid());
+  /* 20000 bytes of comments, then the model: several buffer growths */
+  size_t n = 20000;
+  char *t = malloc(n + 64);
+  for (size_t i = 0; i < n; i++) t[i] = (i % 50 == 49) ? '\n' : (i % 50 == 0 ? '#' : 'c');
+  strcpy(t + n, "\ninput 5\nlinear 2\nloss mse\n");
+  write_file(path, t, strlen(t));
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_load(path, &m), DP_OK);
+  ck_assert_uint_eq(dp_model_n_params(m), 12);
+  dp_model_free(m);
+  free(t);
+  unlink(path);
+}
+END_TEST
+
+/* ---- builder ------------------------------------------------------------------ */
+
+START_TEST(builder_matches_the_parser) {
+  dp_model *a = NULL;
+  ck_assert_int_eq(dp_model_new(5, &a), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(a, 8, 1), DP_OK);
+  ck_assert_int_eq(dp_model_add(a, DP_LAYER_RELU), DP_OK);
+  ck_assert_int_eq(dp_model_add(a, DP_LAYER_LAYERNORM), DP_OK);
+  ck_assert_int_eq(dp_model_add_dropout(a, 0.5f), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(a, 2, 0), DP_OK);
+  ck_assert_int_eq(dp_model_set_loss(a, DP_LOSS_MSE), DP_OK);
+  dp_model *b = parse_ok("input 5\nlinear 8\nrelu\nlayernorm\ndropout 0.5\nlinear 2 nobias\n"
+                         "loss mse\n");
+  assert_same_model(a, b);
+  dp_model_free(a);
+  dp_model_free(b);
+}
+END_TEST
+
+START_TEST(builder_refuses_bad_widths) {
+  dp_model *m = (dp_model *)(uintptr_t)1;
+  ck_assert_int_eq(dp_model_new(0, &m), DP_ERR_INVALID);
+  ck_assert_ptr_null(m);
+  ck_assert_int_eq(dp_model_new(-4, &m), DP_ERR_INVALID);
+  ck_assert_ptr_null(m);
+  ck_assert_int_eq(dp_model_new(3, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_new(3, &m), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(m, 0, 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_linear(m, -7, 1), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "-7") != NULL, "%s", dp_last_error());
+  ck_assert_int_eq(dp_model_n_layers(m), 0); /* nothing was added */
+  ck_assert_uint_eq(dp_model_n_params(m), 0);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(builder_refuses_layers_after_the_loss) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(3, &m), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(m, 2, 1), DP_OK);
+  ck_assert_int_eq(dp_model_set_loss(m, DP_LOSS_MSE), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(m, 2, 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_dropout(m, 0.5f), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_loss(m, DP_LOSS_SOFTMAX_CE), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(m), 1);
+  ck_assert_uint_eq(dp_model_n_params(m), 8);
+  ck_assert_int_eq(dp_model_loss(m), DP_LOSS_MSE);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(builder_refuses_bad_kinds_and_probabilities) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(3, &m), DP_OK);
+  ck_assert_int_eq(dp_model_add(m, DP_LAYER_LINEAR), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add(m, DP_LAYER_DROPOUT), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add(m, DP_LAYER_INPUT), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add(m, (dp_layer_kind)99), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_dropout(m, 1.0f), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_dropout(m, -0.01f), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_dropout(m, NAN), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_loss(m, DP_LOSS_MSE), DP_ERR_INVALID); /* no layers yet */
+  ck_assert_int_eq(dp_model_add(m, DP_LAYER_TANH), DP_OK);
+  ck_assert_int_eq(dp_model_set_loss(m, DP_LOSS_NONE), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_loss(m, (dp_loss_kind)7), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(m), 1);
+  ck_assert_int_eq(dp_model_add_linear(NULL, 2, 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add(NULL, DP_LAYER_RELU), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_dropout(NULL, 0.1f), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_loss(NULL, DP_LOSS_MSE), DP_ERR_INVALID);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(builder_refuses_too_many_layers) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(3, &m), DP_OK);
+  for (int i = 0; i < DP_MAX_LAYERS; i++) ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK);
+  ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(m), DP_MAX_LAYERS);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- absurd dimensions --------------------------------------------------------- */
+
+static dp_config cfg_of(int batch, int n_devices, int inference) {
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = batch;
+  c.n_devices = n_devices;
+  c.inference = inference;
+  return c;
+}
+
+static void plan_overflows(const dp_model *m, const dp_config *c) {
+  dp_plan *p = (dp_plan *)(uintptr_t)1;
+  dp_status s = dp_plan_create(m, c, &p);
+  ck_assert_msg(s == DP_ERR_OVERFLOW, "status %s (%s), want overflow", dp_status_name(s),
+                dp_last_error());
+  ck_assert_ptr_null(p);
+  ck_assert_msg(strstr(dp_last_error(), "overflow") != NULL, "%s", dp_last_error());
+}
+
+START_TEST(absurd_dims_parse_but_planning_overflows) {
+  /* n_params = 2e9 * 2e9 + 2e9 = 4.000000002e18 fits; the params alone take
+   * 1.6000000008e19 bytes, and params + grads do not fit in 64 bits. */
+  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\nloss mse\n");
+  ck_assert_uint_eq(dp_model_n_params(m), (size_t)4000000002000000000ull);
+  dp_config c = cfg_of(30, 2, 0);
+  plan_overflows(m, &c);
+  c.optimizer = DP_OPT_ADAMW;
+  plan_overflows(m, &c);
+  c.backend = DP_BACKEND_CUDA;
+  plan_overflows(m, &c);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(absurd_dims_inference_plans_without_wrapping) {
+  /* Inference needs only the params (1.6000000008e19 B) plus small chunks: it
+   * fits in 64 bits, so the plan exists and its sizes are the true ones. */
+  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\n");
+  dp_config c = cfg_of(2, 2, 1);
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  for (int d = 0; d < dp_plan_n_devices(p); d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size, (size_t)16000000008000000000ull);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_INPUTS).size, (size_t)8000000000ull);
+    ck_assert(dp_plan_device_bytes(p, d) >= (size_t)16000000024000000000ull);
+  }
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(two_absurd_layers_overflow_the_param_bytes) {
+  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\nlinear 2000000000\n");
+  dp_config c = cfg_of(1, 1, 1);
+  plan_overflows(m, &c); /* 8e18 params * 4 bytes > 2^64 */
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(absurd_param_count_overflows_in_the_parser) {
+  /* each such layer has ~4e18 params; the fifth makes the total exceed 2^64 */
+  parse_bad_as("input 2000000000\nlinear 2000000000\nlinear 2000000000\nlinear 2000000000\n"
+               "linear 2000000000\nlinear 2000000000\n",
+               DP_ERR_OVERFLOW, 6, 1, "overflow");
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(2000000000, &m), DP_OK);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq(dp_model_add_linear(m, 2000000000, 1), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(m, 2000000000, 1), DP_ERR_OVERFLOW);
+  ck_assert_int_eq(dp_model_n_layers(m), 4);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(huge_batch_with_big_widths_overflows) {
+  /* rows * width * 4 <= (2^31)^2 * 4 = 2^64 is just representable per
+   * region; the sum of inputs and outputs is not. */
+  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000 nobias\nrelu\n");
+  dp_config c = cfg_of(2000000000, 1, 1);
+  plan_overflows(m, &c);
+  c.n_devices = 2; /* 2^30 rows * 2e9 * 4 B of inputs on top of 1.6e19 B of params */
+  c.batch = 2147483647;
+  plan_overflows(m, &c);
+  dp_model_free(m);
+
+  m = parse_ok("input 2147483647\nrelu\nloss mse\n");
+  c = cfg_of(2147483647, 1, 0);
+  plan_overflows(m, &c);
+  c.micro_batch = 1 << 30;
+  plan_overflows(m, &c);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(absurd_dims_max_batch_is_zero_not_an_error) {
+  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\nloss mse\n");
+  dp_config c = cfg_of(1, 2, 0);
+  int b = -1;
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, SIZE_MAX, 1000, &b), DP_OK);
+  ck_assert_int_eq(b, 0);
+  dp_model_free(m);
+}
+END_TEST
+
+Suite *spec_suite(void) {
+  Suite *s = suite_create("spec");
+  TCase *tc = tcase_create("errors");
+  tcase_add_test(tc, unknown_layer_is_named_with_its_position);
+  tcase_add_test(tc, missing_width_points_after_the_keyword);
+  tcase_add_test(tc, invalid_width_is_refused_at_its_column);
+  tcase_add_test(tc, zero_width_is_out_of_range);
+  tcase_add_test(tc, negative_width_is_refused);
+  tcase_add_test(tc, huge_width_is_out_of_range_not_wrapped);
+  tcase_add_test(tc, first_line_must_be_input);
+  tcase_add_test(tc, duplicate_input_is_refused);
+  tcase_add_test(tc, misspelt_nobias_is_named);
+  tcase_add_test(tc, trailing_tokens_are_refused);
+  tcase_add_test(tc, dropout_probability_out_of_range);
+  tcase_add_test(tc, dropout_probability_not_a_number);
+  tcase_add_test(tc, unknown_loss_is_named);
+  tcase_add_test(tc, missing_loss_kind_points_after_loss);
+  tcase_add_test(tc, a_layer_after_the_loss_is_refused);
+  tcase_add_test(tc, a_loss_without_layers_is_refused_at_its_line);
+  tcase_add_test(tc, too_many_layers_is_refused_at_the_extra_line);
+  tcase_add_test(tc, empty_text_is_refused);
+  tcase_add_test(tc, comment_only_text_is_refused);
+  tcase_add_test(tc, errors_name_the_source);
+  tcase_add_test(tc, null_arguments_are_invalid);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("accepted");
+  tcase_add_test(tc, comments_and_blank_lines_are_accepted);
+  tcase_add_test(tc, crlf_line_ends_are_accepted);
+  tcase_add_test(tc, last_line_without_newline_is_accepted);
+  tcase_add_test(tc, a_model_without_loss_is_accepted);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("shapes");
+  tcase_add_test(tc, widths_are_inferred_layer_by_layer);
+  tcase_add_test(tc, n_params_follow_state_dict_order);
+  tcase_add_test(tc, layernorm_has_two_n_params);
+  tcase_add_test(tc, nobias_drops_the_bias);
+  tcase_add_test(tc, the_seed_model_has_twelve_params);
+  tcase_add_test(tc, accessors_tolerate_null);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("format");
+  tcase_add_test(tc, format_writes_the_canonical_text);
+  tcase_add_test(tc, format_round_trips_through_parse);
+  tcase_add_test(tc, format_round_trips_any_dropout_probability);
+  tcase_add_test(tc, format_short_dropout_probabilities_stay_short);
+  tcase_add_test(tc, format_truncates_and_reports_the_needed_length);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("load");
+  tcase_add_test(tc, load_of_a_missing_file_is_an_io_error);
+  tcase_add_test(tc, load_of_a_directory_is_an_io_error);
+  tcase_add_test(tc, load_of_a_null_path_is_invalid);
+  tcase_add_test(tc, load_reads_a_file_and_names_it_in_errors);
+  tcase_add_test(tc, load_reads_files_larger_than_its_first_buffer);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("builder");
+  tcase_add_test(tc, builder_matches_the_parser);
+  tcase_add_test(tc, builder_refuses_bad_widths);
+  tcase_add_test(tc, builder_refuses_layers_after_the_loss);
+  tcase_add_test(tc, builder_refuses_bad_kinds_and_probabilities);
+  tcase_add_test(tc, builder_refuses_too_many_layers);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("overflow");
+  tcase_add_test(tc, absurd_dims_parse_but_planning_overflows);
+  tcase_add_test(tc, absurd_dims_inference_plans_without_wrapping);
+  tcase_add_test(tc, two_absurd_layers_overflow_the_param_bytes);
+  tcase_add_test(tc, absurd_param_count_overflows_in_the_parser);
+  tcase_add_test(tc, huge_batch_with_big_widths_overflows);
+  tcase_add_test(tc, absurd_dims_max_batch_is_zero_not_an_error);
+  suite_add_tcase(s, tc);
+  return s;
+}

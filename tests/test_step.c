@@ -1,0 +1,1148 @@
+/* Step tests: what a training step and a forward pass promise, through dp.h only.
+ *
+ *   dp_equals_single  N devices (1..4) give the outputs, loss and gradients of one
+ *                     device (fp32 rounding apart); fixed micro-batches give the
+ *                     same bits for N = 1, 2, 4
+ *   repeatable        the same run twice gives bit-identical parameters
+ *   bad_input         every refused call leaves parameters, optimizer state and
+ *                     the step counter exactly as they were, and says why
+ *   small_batch       a batch smaller than planned matches a plan for that batch
+ *   high_water        the runtime's arena high-water mark equals the plan
+ *   static_ctx        caller-provided arenas give the same bits as library ones
+ *   learning          training really learns (a separable problem)
+ *   optimizers        one step of SGD, momentum and AdamW against PyTorch's rules
+ *
+ * Tolerance for results that may round differently (element-wise, want = the
+ * single-device value):  |got - want| <= RTOL * (|want| + FLOOR * max|want|).
+ */
+#include "dp.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RTOL 1e-5
+#define FLOOR 1e-2
+
+static const char SEED_SPEC[] = "# the seed: Linear(5, 2) on [30, 5]\n"
+                                "input 5\nlinear 2\nloss mse\n";
+static const char MLP_SPEC[] = "# every layer kind\n"
+                               "input 12\n"
+                               "linear 16\nlayernorm\ngelu\ndropout 0.2\n"
+                               "linear 16\ntanh\n"
+                               "linear 16\nsigmoid\n"
+                               "linear 16\nrelu\n"
+                               "linear 5 nobias\n"
+                               "loss softmax_cross_entropy\n";
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 0x2545F4914F6CDD1Dull;
+}
+
+static float rng_unif(uint64_t *s, float lo, float hi) {
+  return lo + (hi - lo) * (float)(rng_next(s) >> 40) * 0x1p-24f;
+}
+
+static dp_config cfg_make(int batch, int n_devices, dp_optimizer opt) {
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = batch;
+  c.n_devices = n_devices;
+  c.optimizer = opt;
+  c.seed = 7;
+  return c;
+}
+
+typedef struct {
+  dp_model *m;
+  dp_plan *p;
+  dp_ctx *c;
+} rig;
+
+static void rig_open(rig *r, const char *spec, const dp_config *cfg) {
+  memset(r, 0, sizeof *r);
+  ck_assert_msg(dp_model_parse(spec, "test", &r->m) == DP_OK, "parse: %s", dp_last_error());
+  ck_assert_msg(dp_plan_create(r->m, cfg, &r->p) == DP_OK, "plan: %s", dp_last_error());
+  ck_assert_msg(dp_ctx_create(r->p, &r->c) == DP_OK, "ctx: %s", dp_last_error());
+}
+
+static void rig_close(rig *r) {
+  dp_ctx_free(r->c);
+  dp_plan_free(r->p);
+  dp_model_free(r->m);
+  memset(r, 0, sizeof *r);
+}
+
+static size_t rig_np(const rig *r) { return dp_model_n_params(r->m); }
+
+/* A batch for a model: inputs U(-1, 1); targets U(-1, 1) (mse) or labels. */
+typedef struct {
+  int rows, in, out;
+  dp_loss_kind loss;
+  float *x;
+  float *tf;   /* (rows, out), mse */
+  int32_t *ti; /* (rows), softmax_cross_entropy */
+} batch;
+
+static void batch_make(batch *b, const dp_model *m, int rows, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  b->rows = rows;
+  b->in = dp_model_input_width(m);
+  b->out = dp_model_output_width(m);
+  b->loss = dp_model_loss(m);
+  b->x = malloc(sizeof(float) * (size_t)rows * (size_t)b->in);
+  b->tf = malloc(sizeof(float) * (size_t)rows * (size_t)b->out);
+  b->ti = malloc(sizeof(int32_t) * (size_t)rows);
+  ck_assert(b->x && b->tf && b->ti);
+  for (int k = 0; k < rows * b->in; k++) b->x[k] = rng_unif(&s, -1.0f, 1.0f);
+  for (int k = 0; k < rows * b->out; k++) b->tf[k] = rng_unif(&s, -1.0f, 1.0f);
+  for (int r = 0; r < rows; r++) b->ti[r] = (int32_t)(rng_next(&s) % (uint64_t)b->out);
+}
+
+static const void *batch_t(const batch *b) {
+  return b->loss == DP_LOSS_MSE ? (const void *)b->tf : (const void *)b->ti;
+}
+
+static void batch_free(batch *b) {
+  free(b->x);
+  free(b->tf);
+  free(b->ti);
+}
+
+static float *params_random(size_t n, uint64_t seed) {
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 3;
+  float *p = malloc(n * sizeof *p);
+  ck_assert_ptr_nonnull(p);
+  for (size_t k = 0; k < n; k++) p[k] = rng_unif(&s, -0.6f, 0.6f);
+  return p;
+}
+
+static float *fbuf(size_t n) {
+  float *p = calloc(n ? n : 1, sizeof *p);
+  ck_assert_ptr_nonnull(p);
+  return p;
+}
+
+static void step_ok(rig *r, const batch *b, int rows, float *loss) {
+  dp_status s = dp_train_step(r->c, rows, b->in, b->x, batch_t(b), loss);
+  ck_assert_msg(s == DP_OK, "dp_train_step: %s: %s", dp_status_name(s), dp_ctx_error(r->c));
+}
+
+static void forward_ok(rig *r, const batch *b, int rows, float *y) {
+  dp_status s = dp_forward(r->c, rows, b->in, b->x, y);
+  ck_assert_msg(s == DP_OK, "dp_forward: %s: %s", dp_status_name(s), dp_ctx_error(r->c));
+}
+
+static void set_params(rig *r, const float *p) {
+  ck_assert_msg(dp_set_params(r->c, p, rig_np(r)) == DP_OK, "%s", dp_ctx_error(r->c));
+}
+
+static void get_params(rig *r, float *p) {
+  ck_assert_msg(dp_get_params(r->c, p, rig_np(r)) == DP_OK, "%s", dp_ctx_error(r->c));
+}
+
+static void get_grads(rig *r, float *g) {
+  ck_assert_msg(dp_get_grads(r->c, g, rig_np(r)) == DP_OK, "%s", dp_ctx_error(r->c));
+}
+
+static void assert_close(const float *got, const float *want, size_t n, const char *what,
+                         const char *where) {
+  double mx = 0.0;
+  for (size_t k = 0; k < n; k++) mx = fmax(mx, fabs((double)want[k]));
+  for (size_t k = 0; k < n; k++) {
+    double tol = RTOL * (fabs((double)want[k]) + FLOOR * mx);
+    double err = fabs((double)got[k] - (double)want[k]);
+    ck_assert_msg(err <= tol, "%s: %s[%zu] = %.9g, want %.9g (err %.3g > tol %.3g)", where, what,
+                  k, (double)got[k], (double)want[k], err, tol);
+  }
+}
+
+static void assert_close1(float got, float want, const char *what, const char *where) {
+  assert_close(&got, &want, 1, what, where);
+}
+
+/* Arena end of device d: the end of its last non-empty region. */
+static size_t plan_end(const dp_plan *p, int d) {
+  size_t end = 0;
+  for (int r = 0; r < DP_REGION_COUNT; r++) {
+    dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
+    if (ri.size && ri.offset + ri.size > end) end = ri.offset + ri.size;
+  }
+  return end;
+}
+
+/* ---- DP == single device ---------------------------------------------------- */
+
+typedef struct {
+  const char *name;
+  const char *spec;
+  int batch;
+  dp_split split;
+  int micro_batch;
+} equiv_case;
+
+static const equiv_case EQUIV[] = {
+    {"seed", SEED_SPEC, 30, DP_SPLIT_CHUNK, 0},
+    {"mlp", MLP_SPEC, 32, DP_SPLIT_CHUNK, 0},
+    {"mlp balanced", MLP_SPEC, 32, DP_SPLIT_BALANCED, 0},
+    {"mlp micro_batch 4", MLP_SPEC, 32, DP_SPLIT_CHUNK, 4},
+    {"mlp balanced, odd batch, micro_batch 3", MLP_SPEC, 31, DP_SPLIT_BALANCED, 3},
+};
+#define N_EQUIV ((int)(sizeof EQUIV / sizeof *EQUIV))
+
+typedef struct {
+  float *y, *grads, *after, loss, eval_loss;
+} step_result;
+
+/* Forward, one SGD step, grads and params after, for one device count. */
+static void run_equiv(const equiv_case *ec, int n_dev, const float *params, const batch *b,
+                      step_result *res) {
+  dp_config cfg = cfg_make(ec->batch, n_dev, DP_OPT_SGD);
+  cfg.split = ec->split;
+  cfg.micro_batch = ec->micro_batch;
+  rig r;
+  rig_open(&r, ec->spec, &cfg);
+  size_t np = rig_np(&r);
+  res->y = fbuf((size_t)b->rows * (size_t)b->out);
+  res->grads = fbuf(np);
+  res->after = fbuf(np);
+  set_params(&r, params);
+  forward_ok(&r, b, b->rows, res->y);
+  step_ok(&r, b, b->rows, &res->loss);
+  get_grads(&r, res->grads);
+  get_params(&r, res->after);
+  rig_close(&r);
+}
+
+static void step_result_free(step_result *s) {
+  free(s->y);
+  free(s->grads);
+  free(s->after);
+}
+
+/* Mean cross-entropy of logits y against labels (eval mode: no dropout). */
+static float ce_loss(const float *y, const int32_t *t, int rows, int out) {
+  double s = 0.0;
+  for (int r = 0; r < rows; r++) {
+    const float *z = y + (size_t)r * out;
+    double mx = z[0], se = 0.0;
+    for (int j = 1; j < out; j++) mx = fmax(mx, z[j]);
+    for (int j = 0; j < out; j++) se += exp(z[j] - mx);
+    s += mx + log(se) - z[t[r]];
+  }
+  return (float)(s / rows);
+}
+
+START_TEST(test_n_devices_match_one_device) {
+  const equiv_case *ec = &EQUIV[_i];
+  dp_model *m;
+  ck_assert(dp_model_parse(ec->spec, "test", &m) == DP_OK);
+  size_t np = dp_model_n_params(m);
+  float *params = params_random(np, 11);
+  batch b;
+  batch_make(&b, m, ec->batch, 5);
+  step_result ref;
+  run_equiv(ec, 1, params, &b, &ref);
+  if (b.loss == DP_LOSS_SOFTMAX_CE) {
+    /* The model has dropout: the training loss must not be the eval loss, or the
+     * comparison below would not be checking that the masks agree. */
+    float eval = ce_loss(ref.y, b.ti, b.rows, b.out);
+    ck_assert_msg(fabsf(eval - ref.loss) > 1e-4f * fabsf(eval),
+                  "%s: dropout seems inactive (train loss %g == eval loss %g)", ec->name,
+                  (double)ref.loss, (double)eval);
+  }
+  for (int n = 2; n <= 4; n++) {
+    char where[128];
+    snprintf(where, sizeof where, "%s, %d devices vs 1", ec->name, n);
+    step_result got;
+    run_equiv(ec, n, params, &b, &got);
+    assert_close(got.y, ref.y, (size_t)b.rows * b.out, "outputs", where);
+    assert_close1(got.loss, ref.loss, "loss", where);
+    assert_close(got.grads, ref.grads, np, "grads", where);
+    assert_close(got.after, ref.after, np, "params after the step", where);
+    step_result_free(&got);
+  }
+  step_result_free(&ref);
+  batch_free(&b);
+  free(params);
+  dp_model_free(m);
+}
+END_TEST
+
+/* With a fixed micro-batch size the gradient tree does not depend on N: for N a
+ * power of two dividing the micro-batch count the bits are the same. */
+START_TEST(test_micro_batches_give_same_bits_for_1_2_4_devices) {
+  const equiv_case ec = {"mlp micro_batch 4", MLP_SPEC, 32, DP_SPLIT_CHUNK, 4};
+  dp_model *m;
+  ck_assert(dp_model_parse(ec.spec, "test", &m) == DP_OK);
+  size_t np = dp_model_n_params(m);
+  float *params = params_random(np, 12);
+  batch b;
+  batch_make(&b, m, ec.batch, 6);
+  step_result ref;
+  run_equiv(&ec, 1, params, &b, &ref);
+  for (int n = 2; n <= 4; n *= 2) {
+    step_result got;
+    run_equiv(&ec, n, params, &b, &got);
+    ck_assert_msg(memcmp(got.y, ref.y, sizeof(float) * (size_t)b.rows * b.out) == 0,
+                  "outputs differ, %d devices", n);
+    ck_assert_msg(memcmp(&got.loss, &ref.loss, sizeof got.loss) == 0,
+                  "loss %.9g vs %.9g, %d devices", (double)got.loss, (double)ref.loss, n);
+    ck_assert_msg(memcmp(got.grads, ref.grads, np * sizeof(float)) == 0,
+                  "grads differ, %d devices", n);
+    ck_assert_msg(memcmp(got.after, ref.after, np * sizeof(float)) == 0,
+                  "params after the step differ, %d devices", n);
+    step_result_free(&got);
+  }
+  step_result_free(&ref);
+  batch_free(&b);
+  free(params);
+  dp_model_free(m);
+}
+END_TEST
+
+/* Dropout masks are keyed by (seed, step, layer, global row, element): the
+ * agreement across N is checked above; here, the mask must change from one
+ * step to the next. */
+START_TEST(test_dropout_mask_changes_with_the_step) {
+  dp_config cfg = cfg_make(32, 2, DP_OPT_SGD);
+  rig r;
+  rig_open(&r, MLP_SPEC, &cfg);
+  size_t np = rig_np(&r);
+  float *params = params_random(np, 13), *g1 = fbuf(np), *g2 = fbuf(np);
+  batch b;
+  batch_make(&b, r.m, 32, 7);
+  set_params(&r, params);
+  step_ok(&r, &b, 32, NULL);
+  get_grads(&r, g1);
+  set_params(&r, params); /* same params, same batch, next step number */
+  step_ok(&r, &b, 32, NULL);
+  get_grads(&r, g2);
+  ck_assert_msg(memcmp(g1, g2, np * sizeof(float)) != 0,
+                "two steps with the same params and batch gave the same grads: dropout "
+                "mask does not depend on the step");
+  free(params);
+  free(g1);
+  free(g2);
+  batch_free(&b);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- run to run ----------------------------------------------------------- */
+
+static void run_20_steps(int n_dev, const char *spec, int micro_batch, float *out) {
+  dp_config cfg = cfg_make(32, n_dev, DP_OPT_ADAMW);
+  cfg.micro_batch = micro_batch;
+  rig r;
+  rig_open(&r, spec, &cfg);
+  for (int s = 0; s < 20; s++) {
+    batch b;
+    batch_make(&b, r.m, 32, 100 + (uint64_t)s);
+    int rows = s % 3 == 2 ? 19 : 32; /* some smaller batches too */
+    step_ok(&r, &b, rows, NULL);
+    batch_free(&b);
+  }
+  ck_assert_int_eq((int)dp_ctx_step(r.c), 20);
+  get_params(&r, out);
+  rig_close(&r);
+}
+
+START_TEST(test_same_run_twice_is_bit_identical) {
+  int n_dev = _i + 1;
+  const char *specs[] = {SEED_SPEC, MLP_SPEC};
+  for (int k = 0; k < 2; k++)
+    for (int mb = 0; mb <= 4; mb += 4) {
+      dp_model *m;
+      ck_assert(dp_model_parse(specs[k], "test", &m) == DP_OK);
+      size_t np = dp_model_n_params(m);
+      dp_model_free(m);
+      float *a = fbuf(np), *b = fbuf(np);
+      run_20_steps(n_dev, specs[k], mb, a);
+      run_20_steps(n_dev, specs[k], mb, b);
+      ck_assert_msg(memcmp(a, b, np * sizeof(float)) == 0,
+                    "%s, %d devices, micro_batch %d: two identical runs differ",
+                    k ? "mlp" : "seed", n_dev, mb);
+      free(a);
+      free(b);
+    }
+}
+END_TEST
+
+/* ---- bad input changes nothing -------------------------------------------- */
+
+typedef enum {
+  BAD_COLS_LESS,
+  BAD_COLS_MORE,
+  BAD_ROWS_OVER,
+  BAD_ROWS_ZERO,
+  BAD_ROWS_NEGATIVE,
+  BAD_LABEL_NEGATIVE,
+  BAD_LABEL_CLASSES,
+  BAD_LABEL_LAST_ROW,
+  BAD_NAN_INPUT_MSE,
+  BAD_INF_INPUT_MSE,
+  BAD_INF_TARGET_MSE,
+  BAD_NAN_INPUT_CE,
+  BAD_INF_INPUT_CE,
+  BAD_NAN_INPUT_PARTIAL_BATCH,
+  BAD_INF_GRADIENT,
+  BAD_NULL_X,
+  BAD_NULL_TARGET,
+  BAD_NULL_CTX,
+  BAD_COUNT
+} bad_kind;
+
+typedef struct {
+  const char *name;
+  int mlp;           /* model: 0 seed (mse), 1 mlp (softmax_cross_entropy) */
+  dp_status want;
+  const char *word;  /* the message must mention this */
+} bad_case;
+
+static const bad_case BAD[BAD_COUNT] = {
+    [BAD_COLS_LESS] = {"input width - 1", 0, DP_ERR_SHAPE, "columns"},
+    [BAD_COLS_MORE] = {"input width + 1", 1, DP_ERR_SHAPE, "columns"},
+    [BAD_ROWS_OVER] = {"rows > planned batch", 0, DP_ERR_SHAPE, "rows"},
+    [BAD_ROWS_ZERO] = {"rows 0", 1, DP_ERR_SHAPE, "rows"},
+    [BAD_ROWS_NEGATIVE] = {"rows -1", 0, DP_ERR_SHAPE, "rows"},
+    [BAD_LABEL_NEGATIVE] = {"label -1", 1, DP_ERR_RANGE, "label"},
+    [BAD_LABEL_CLASSES] = {"label == classes", 1, DP_ERR_RANGE, "label"},
+    [BAD_LABEL_LAST_ROW] = {"label out of range in the last row", 1, DP_ERR_RANGE, "label"},
+    [BAD_NAN_INPUT_MSE] = {"NaN input (mse)", 0, DP_ERR_NONFINITE, "loss"},
+    [BAD_INF_INPUT_MSE] = {"Inf input (mse)", 0, DP_ERR_NONFINITE, "loss"},
+    [BAD_INF_TARGET_MSE] = {"Inf target (mse)", 0, DP_ERR_NONFINITE, "loss"},
+    [BAD_NAN_INPUT_CE] = {"NaN input (cross-entropy)", 1, DP_ERR_NONFINITE, "loss"},
+    [BAD_INF_INPUT_CE] = {"Inf input (cross-entropy)", 1, DP_ERR_NONFINITE, "loss"},
+    [BAD_NAN_INPUT_PARTIAL_BATCH] = {"NaN in the last device's rows", 1, DP_ERR_NONFINITE,
+                                     "loss"},
+    [BAD_INF_GRADIENT] = {"finite loss, infinite gradient", 0, DP_ERR_NONFINITE, "gradient"},
+    [BAD_NULL_X] = {"x NULL", 0, DP_ERR_INVALID, "NULL"},
+    [BAD_NULL_TARGET] = {"target NULL", 1, DP_ERR_INVALID, "NULL"},
+    [BAD_NULL_CTX] = {"ctx NULL", 0, DP_ERR_INVALID, "NULL"},
+};
+
+/* Seed-model params whose weights on input column 0 are zero: a huge value in
+ * column 0 leaves the outputs (and the loss) finite but overflows dW[:, 0]. */
+static void seed_params_col0_zero(float *p, size_t np) {
+  uint64_t s = 99;
+  for (size_t k = 0; k < np; k++) p[k] = rng_unif(&s, -0.6f, 0.6f);
+  for (int o = 0; o < 2; o++) p[o * 5 + 0] = 0.0f;
+}
+
+/* Makes the bad call on ctx c with the good batch b as the starting point. */
+static dp_status bad_call(bad_kind k, dp_ctx *c, const dp_plan *p, const batch *b) {
+  int B = dp_plan_config(p)->batch, rows = b->rows, cols = b->in;
+  batch w = *b; /* shallow: copies made below where the data change */
+  float *x = malloc(sizeof(float) * (size_t)(B + 1) * (size_t)(b->in + 1));
+  float *tf = malloc(sizeof(float) * (size_t)(B + 1) * (size_t)b->out);
+  int32_t *ti = malloc(sizeof(int32_t) * (size_t)(B + 1));
+  ck_assert(x && tf && ti);
+  memcpy(x, b->x, sizeof(float) * (size_t)rows * (size_t)b->in);
+  memcpy(tf, b->tf, sizeof(float) * (size_t)rows * (size_t)b->out);
+  memcpy(ti, b->ti, sizeof(int32_t) * (size_t)rows);
+  w.x = x;
+  w.tf = tf;
+  w.ti = ti;
+  const void *t = batch_t(&w);
+  dp_status s = DP_OK;
+  switch (k) {
+  case BAD_COLS_LESS: s = dp_train_step(c, rows, cols - 1, x, t, NULL); break;
+  case BAD_COLS_MORE: s = dp_train_step(c, rows, cols + 1, x, t, NULL); break;
+  case BAD_ROWS_OVER: s = dp_train_step(c, B + 1, cols, x, t, NULL); break;
+  case BAD_ROWS_ZERO: s = dp_train_step(c, 0, cols, x, t, NULL); break;
+  case BAD_ROWS_NEGATIVE: s = dp_train_step(c, -1, cols, x, t, NULL); break;
+  case BAD_LABEL_NEGATIVE:
+    ti[3] = -1;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_LABEL_CLASSES:
+    ti[0] = b->out;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_LABEL_LAST_ROW:
+    ti[rows - 1] = 1000;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_NAN_INPUT_MSE:
+  case BAD_NAN_INPUT_CE:
+    x[2 * cols + 1] = NAN;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_INF_INPUT_MSE:
+  case BAD_INF_INPUT_CE:
+    x[cols + 3] = -INFINITY;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_INF_TARGET_MSE:
+    tf[1] = INFINITY;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_NAN_INPUT_PARTIAL_BATCH:
+    x[(size_t)(rows - 1) * cols] = NAN;
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_INF_GRADIENT:
+    for (int r = 0; r < rows; r++) x[(size_t)r * cols] = 3e38f;
+    for (int k2 = 0; k2 < rows * b->out; k2++) tf[k2] = 1e3f; /* large d(loss)/d(out) */
+    s = dp_train_step(c, rows, cols, x, t, NULL);
+    break;
+  case BAD_NULL_X: s = dp_train_step(c, rows, cols, NULL, t, NULL); break;
+  case BAD_NULL_TARGET: s = dp_train_step(c, rows, cols, x, NULL, NULL); break;
+  case BAD_NULL_CTX: s = dp_train_step(NULL, rows, cols, x, t, NULL); break;
+  case BAD_COUNT: break;
+  }
+  free(x);
+  free(tf);
+  free(ti);
+  return s;
+}
+
+/* For every bad call, on 1 and 3 devices with AdamW:
+ *   A: good step 1, bad call, good step 2
+ *   B: good step 1,           good step 2   (a fresh context)
+ * The bad call must return the status, leave params, grads and the step counter
+ * bit-identical, and A and B must agree bit for bit after step 2 (so the
+ * optimizer state, which step 2 reads, was not touched either). */
+START_TEST(test_bad_input_changes_nothing) {
+  const bad_case *bc = &BAD[_i];
+  for (int n_dev = 1; n_dev <= 3; n_dev += 2) {
+    const char *spec = bc->mlp ? MLP_SPEC : SEED_SPEC;
+    int B = bc->mlp ? 32 : 30;
+    dp_config cfg = cfg_make(B, n_dev, DP_OPT_ADAMW);
+    cfg.lr = 0.05f;
+    rig a, b;
+    rig_open(&a, spec, &cfg);
+    rig_open(&b, spec, &cfg);
+    size_t np = rig_np(&a);
+    float *p0 = fbuf(np), *pa = fbuf(np), *pb = fbuf(np), *g0 = fbuf(np);
+    if (bc->mlp) {
+      float *r = params_random(np, 21);
+      memcpy(p0, r, np * sizeof *p0);
+      free(r);
+    } else {
+      seed_params_col0_zero(p0, np);
+    }
+    set_params(&a, p0);
+    set_params(&b, p0);
+    batch b1, b2;
+    batch_make(&b1, a.m, B, 31);
+    batch_make(&b2, a.m, B, 32);
+    step_ok(&a, &b1, B, NULL);
+    step_ok(&b, &b1, B, NULL);
+    if (!bc->mlp) { /* keep column 0's weights at zero (see seed_params_col0_zero) */
+      get_params(&a, p0);
+      for (int o = 0; o < 2; o++) p0[o * 5 + 0] = 0.0f;
+      set_params(&a, p0);
+      set_params(&b, p0);
+    }
+
+    get_params(&a, p0);
+    get_grads(&a, g0);
+    uint64_t step0 = dp_ctx_step(a.c);
+    dp_status s = bad_call((bad_kind)_i, a.c, a.p, &b1);
+    ck_assert_msg(s == bc->want, "%s, %d devices: got %s (%s), want %s", bc->name, n_dev,
+                  dp_status_name(s), dp_last_error(), dp_status_name(bc->want));
+    const char *msg = dp_last_error();
+    ck_assert_msg(msg[0] != '\0', "%s: dp_last_error is empty", bc->name);
+    ck_assert_msg(strstr(msg, bc->word) != NULL, "%s: dp_last_error '%s' does not mention '%s'",
+                  bc->name, msg, bc->word);
+    if (_i != BAD_NULL_CTX) {
+      const char *cmsg = dp_ctx_error(a.c);
+      ck_assert_msg(strstr(cmsg, bc->word) != NULL, "%s: dp_ctx_error '%s' does not mention '%s'",
+                    bc->name, cmsg, bc->word);
+    }
+    get_params(&a, pa);
+    ck_assert_msg(memcmp(pa, p0, np * sizeof *pa) == 0, "%s, %d devices: params changed",
+                  bc->name, n_dev);
+    ck_assert_msg(dp_ctx_step(a.c) == step0, "%s, %d devices: step counter changed", bc->name,
+                  n_dev);
+
+    /* optimizer state, indirectly: the next good step must match B's */
+    float la, lb;
+    step_ok(&a, &b2, B, &la);
+    step_ok(&b, &b2, B, &lb);
+    get_params(&a, pa);
+    get_params(&b, pb);
+    ck_assert_msg(memcmp(&la, &lb, sizeof la) == 0, "%s, %d devices: next loss differs",
+                  bc->name, n_dev);
+    ck_assert_msg(memcmp(pa, pb, np * sizeof *pa) == 0,
+                  "%s, %d devices: the step after the refused call differs from a context "
+                  "that never saw it (optimizer state touched?)",
+                  bc->name, n_dev);
+    ck_assert_int_eq((int)dp_ctx_step(a.c), 2);
+    free(p0);
+    free(pa);
+    free(pb);
+    free(g0);
+    batch_free(&b1);
+    batch_free(&b2);
+    rig_close(&a);
+    rig_close(&b);
+  }
+}
+END_TEST
+
+/* dp.h: dp_get_grads returns "gradients of the last successful step". A refused
+ * step must not replace them. */
+/* A step refused at the loss never reaches backward: the gradients are those of
+ * the last successful step. A step refused for non-finite gradients leaves them
+ * readable, so the caller can see which ones went bad. */
+START_TEST(test_refused_step_gradients_are_last_or_diagnostic) {
+  const bad_kind kinds[] = {BAD_NAN_INPUT_MSE, BAD_INF_GRADIENT};
+  for (int i = 0; i < 2; i++) {
+    dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
+    rig a;
+    rig_open(&a, SEED_SPEC, &cfg);
+    size_t np = rig_np(&a);
+    float *p0 = fbuf(np), *g0 = fbuf(np), *g1 = fbuf(np);
+    seed_params_col0_zero(p0, np);
+    set_params(&a, p0);
+    batch b;
+    batch_make(&b, a.m, 30, 41);
+    step_ok(&a, &b, 30, NULL);
+    get_grads(&a, g0);
+    get_params(&a, p0);
+    for (int o = 0; o < 2; o++) p0[o * 5 + 0] = 0.0f;
+    set_params(&a, p0);
+    ck_assert_int_eq(bad_call(kinds[i], a.c, a.p, &b), DP_ERR_NONFINITE);
+    ck_assert_ptr_nonnull(strstr(dp_ctx_error(a.c), BAD[kinds[i]].word));
+    get_grads(&a, g1);
+    if (kinds[i] == BAD_NAN_INPUT_MSE) {
+      ck_assert_msg(memcmp(g0, g1, np * sizeof *g0) == 0,
+                    "%s: a step refused at the loss changed the gradients", BAD[kinds[i]].name);
+    } else {
+      int bad = 0;
+      for (size_t k = 0; k < np; k++) bad += !isfinite(g1[k]);
+      ck_assert_msg(bad > 0, "%s: the refused step's non-finite gradients are not readable",
+                    BAD[kinds[i]].name);
+    }
+    free(p0);
+    free(g0);
+    free(g1);
+    batch_free(&b);
+    rig_close(&a);
+  }
+}
+END_TEST
+
+START_TEST(test_bad_forward_and_accessor_calls_are_refused) {
+  dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
+  rig r;
+  rig_open(&r, SEED_SPEC, &cfg);
+  size_t np = rig_np(&r);
+  batch b;
+  batch_make(&b, r.m, 30, 51);
+  float y[31 * 2], *p = fbuf(np + 1);
+  ck_assert_int_eq(dp_forward(r.c, 30, 4, b.x, y), DP_ERR_SHAPE);
+  ck_assert_ptr_nonnull(strstr(dp_ctx_error(r.c), "columns"));
+  ck_assert_int_eq(dp_forward(r.c, 31, 5, b.x, y), DP_ERR_SHAPE);
+  ck_assert_ptr_nonnull(strstr(dp_ctx_error(r.c), "rows"));
+  ck_assert_int_eq(dp_forward(r.c, 0, 5, b.x, y), DP_ERR_SHAPE);
+  ck_assert_int_eq(dp_forward(r.c, 30, 5, NULL, y), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_forward(r.c, 30, 5, b.x, NULL), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_ctx_error(r.c), "NULL"));
+  ck_assert_int_eq(dp_forward(NULL, 30, 5, b.x, y), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_get_params(r.c, NULL, np), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_get_params(r.c, p, np + 1), DP_ERR_SHAPE);
+  ck_assert_int_eq(dp_get_params(NULL, p, np), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_set_params(r.c, NULL, np), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_set_params(r.c, p, np - 1), DP_ERR_SHAPE);
+  ck_assert_int_eq(dp_get_grads(r.c, p, 0), DP_ERR_SHAPE);
+  ck_assert_int_eq(dp_get_grads(NULL, p, np), DP_ERR_INVALID);
+  /* a non-finite parameter is refused and changes nothing */
+  float *before = fbuf(np);
+  get_params(&r, before);
+  for (size_t k = 0; k < np; k++) p[k] = 0.25f;
+  p[np - 1] = NAN;
+  ck_assert_int_eq(dp_set_params(r.c, p, np), DP_ERR_NONFINITE);
+  get_params(&r, p);
+  ck_assert(memcmp(p, before, np * sizeof *p) == 0);
+  /* a training call on an inference context */
+  rig inf;
+  dp_config icfg = cfg;
+  icfg.inference = 1;
+  rig_open(&inf, SEED_SPEC, &icfg);
+  ck_assert_int_eq(dp_train_step(inf.c, 30, 5, b.x, b.tf, NULL), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_ctx_error(inf.c), "inference"));
+  ck_assert_int_eq(dp_get_grads(inf.c, p, np), DP_ERR_INVALID);
+  ck_assert_int_eq((int)dp_ctx_step(inf.c), 0);
+  rig_close(&inf);
+  free(before);
+  free(p);
+  batch_free(&b);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- smaller batches ------------------------------------------------------ */
+
+START_TEST(test_smaller_batch_matches_plan_for_it) {
+  int n_dev = _i + 1;
+  const char *specs[] = {SEED_SPEC, MLP_SPEC};
+  for (int k = 0; k < 2; k++) {
+    dp_config c30 = cfg_make(30, n_dev, DP_OPT_MOMENTUM), c17 = cfg_make(17, n_dev,
+                                                                         DP_OPT_MOMENTUM);
+    rig big, small;
+    rig_open(&big, specs[k], &c30);
+    rig_open(&small, specs[k], &c17);
+    size_t np = rig_np(&big);
+    float *p = params_random(np, 61), *gb = fbuf(np), *gs = fbuf(np), *pb = fbuf(np),
+          *ps = fbuf(np);
+    set_params(&big, p);
+    set_params(&small, p);
+    batch b;
+    batch_make(&b, big.m, 30, 62);
+    float yb[30 * 5], ys[30 * 5], lb, ls;
+    char where[96];
+    snprintf(where, sizeof where, "%s, %d devices, 17 of 30 rows", k ? "mlp" : "seed", n_dev);
+    for (int s = 0; s < 3; s++) { /* a few steps: momentum state is exercised */
+      step_ok(&big, &b, 17, &lb);
+      step_ok(&small, &b, 17, &ls);
+      assert_close1(lb, ls, "loss", where);
+      get_grads(&big, gb);
+      get_grads(&small, gs);
+      assert_close(gb, gs, np, "grads", where);
+      get_params(&big, pb);
+      get_params(&small, ps);
+      assert_close(pb, ps, np, "params", where);
+      /* keep the two on identical params so the tolerance does not compound */
+      set_params(&big, ps);
+    }
+    forward_ok(&big, &b, 17, yb);
+    forward_ok(&small, &b, 17, ys);
+    assert_close(yb, ys, (size_t)17 * b.out, "outputs", where);
+    /* and the big one still takes its full batch */
+    step_ok(&big, &b, 30, &lb);
+    ck_assert(isfinite(lb));
+    free(p);
+    free(gb);
+    free(gs);
+    free(pb);
+    free(ps);
+    batch_free(&b);
+    rig_close(&big);
+    rig_close(&small);
+  }
+}
+END_TEST
+
+/* Replicas must hold device 0's parameters whenever they compute: a forward on
+ * a small batch (device 0 only) followed by a full-batch forward must use the
+ * current parameters on every device. */
+START_TEST(test_forward_after_partial_forward_uses_current_params) {
+  dp_config cfg = cfg_make(30, 4, DP_OPT_SGD);
+  cfg.lr = 0.5f;
+  rig r, one;
+  rig_open(&r, SEED_SPEC, &cfg);
+  dp_config c1 = cfg_make(30, 1, DP_OPT_SGD);
+  c1.inference = 1;
+  rig_open(&one, SEED_SPEC, &c1);
+  size_t np = rig_np(&r);
+  float *p = fbuf(np), y[30 * 2], want[30 * 2];
+  batch b;
+  batch_make(&b, r.m, 30, 71);
+  for (int round = 0; round < 2; round++) {
+    step_ok(&r, &b, 30, NULL); /* changes the params on device 0 */
+    forward_ok(&r, &b, 5, y);  /* 5 rows: device 0 only */
+    forward_ok(&r, &b, 30, y); /* every device */
+    get_params(&r, p);
+    set_params(&one, p);
+    forward_ok(&one, &b, 30, want);
+    assert_close(y, want, 30 * 2, "outputs", "4 devices after a 5-row forward");
+  }
+  free(p);
+  batch_free(&b);
+  rig_close(&r);
+  rig_close(&one);
+}
+END_TEST
+
+/* ---- arena high-water mark ------------------------------------------------- */
+
+START_TEST(test_high_water_equals_plan) {
+  const char *specs[] = {SEED_SPEC, MLP_SPEC};
+  int n_dev = _i + 1;
+  for (int k = 0; k < 2; k++)
+    for (int mb = 0; mb <= 4; mb += 4)
+      for (int inference = 0; inference <= 1; inference++) {
+        dp_config cfg = cfg_make(30, n_dev, DP_OPT_ADAMW);
+        cfg.micro_batch = mb;
+        cfg.inference = inference;
+        rig r;
+        rig_open(&r, specs[k], &cfg);
+        batch b;
+        batch_make(&b, r.m, 30, 81);
+        float y[30 * 5];
+        if (inference)
+          forward_ok(&r, &b, 30, y);
+        else
+          step_ok(&r, &b, 30, NULL);
+        for (int d = 0; d < dp_plan_n_devices(r.p); d++) {
+          size_t want = plan_end(r.p, d), got = dp_ctx_high_water(r.c, d);
+          ck_assert_msg(got == want,
+                        "%s, %d devices, micro_batch %d, %s: device %d high water %zu, "
+                        "plan %zu (arena %zu)",
+                        k ? "mlp" : "seed", n_dev, mb, inference ? "inference" : "training", d,
+                        got, want, dp_plan_device_bytes(r.p, d));
+          ck_assert(want <= dp_plan_device_bytes(r.p, d));
+        }
+        ck_assert_int_eq((int)dp_ctx_high_water(r.c, dp_plan_n_devices(r.p)), 0);
+        ck_assert_int_eq((int)dp_ctx_high_water(r.c, -1), 0);
+        batch_free(&b);
+        rig_close(&r);
+      }
+}
+END_TEST
+
+/* ---- caller-provided arenas ------------------------------------------------ */
+
+START_TEST(test_static_ctx_matches_ctx_create) {
+  int n_dev = _i + 1;
+  dp_config cfg = cfg_make(32, n_dev, DP_OPT_ADAMW);
+  rig r;
+  rig_open(&r, MLP_SPEC, &cfg);
+  void *arenas[DP_MAX_DEVICES] = {0};
+  int nd = dp_plan_n_devices(r.p);
+  for (int d = 0; d < nd; d++) {
+    arenas[d] = aligned_alloc(64, dp_plan_device_bytes(r.p, d));
+    ck_assert_ptr_nonnull(arenas[d]);
+  }
+  ck_assert_int_eq((int)dp_plan_host_bytes(r.p), 0);
+  dp_ctx *sc = NULL;
+  ck_assert_msg(dp_ctx_create_static(r.p, arenas, NULL, &sc) == DP_OK, "%s", dp_last_error());
+  size_t np = rig_np(&r);
+  float *pa = fbuf(np), *pb = fbuf(np), ya[32 * 5], yb[32 * 5];
+  for (int s = 0; s < 5; s++) {
+    batch b;
+    batch_make(&b, r.m, 32, 90 + (uint64_t)s);
+    float la, lb;
+    step_ok(&r, &b, s == 3 ? 21 : 32, &la);
+    ck_assert_int_eq(dp_train_step(sc, s == 3 ? 21 : 32, b.in, b.x, b.ti, &lb), DP_OK);
+    ck_assert(memcmp(&la, &lb, sizeof la) == 0);
+    forward_ok(&r, &b, 32, ya);
+    ck_assert_int_eq(dp_forward(sc, 32, b.in, b.x, yb), DP_OK);
+    ck_assert(memcmp(ya, yb, sizeof ya) == 0);
+    batch_free(&b);
+  }
+  get_params(&r, pa);
+  ck_assert_int_eq(dp_get_params(sc, pb, np), DP_OK);
+  ck_assert_msg(memcmp(pa, pb, np * sizeof *pa) == 0, "static and allocated contexts differ");
+  ck_assert(dp_params_hash(sc) == dp_params_hash(r.c));
+  /* the context really lives in the caller's memory */
+  dp_region_info pr = dp_plan_region(r.p, 0, DP_REGION_PARAMS);
+  ck_assert(memcmp((unsigned char *)arenas[0] + pr.offset, pb, np * sizeof *pb) == 0);
+  for (int d = 0; d < nd; d++)
+    ck_assert_uint_eq(dp_ctx_high_water(sc, d), dp_ctx_high_water(r.c, d));
+  dp_ctx_free(sc); /* must not free the caller's arenas */
+  for (int d = 0; d < nd; d++) free(arenas[d]);
+  free(pa);
+  free(pb);
+  rig_close(&r);
+}
+END_TEST
+
+START_TEST(test_static_ctx_refuses_bad_arenas) {
+  dp_config cfg = cfg_make(30, 3, DP_OPT_SGD);
+  rig r;
+  rig_open(&r, SEED_SPEC, &cfg);
+  int nd = dp_plan_n_devices(r.p);
+  ck_assert_int_eq(nd, 3);
+  void *arenas[DP_MAX_DEVICES] = {0}, *raw[DP_MAX_DEVICES] = {0};
+  for (int d = 0; d < nd; d++) {
+    raw[d] = aligned_alloc(64, dp_plan_device_bytes(r.p, d) + 64);
+    ck_assert_ptr_nonnull(raw[d]);
+    arenas[d] = raw[d];
+  }
+  dp_ctx *sc = (dp_ctx *)&cfg; /* any non-NULL value: it must be reset */
+  ck_assert_int_eq(dp_ctx_create_static(r.p, NULL, NULL, &sc), DP_ERR_INVALID);
+  ck_assert_ptr_null(sc);
+  ck_assert(dp_last_error()[0] != '\0');
+
+  for (int d = 0; d < nd; d++) {
+    void *keep = arenas[d];
+    arenas[d] = NULL;
+    sc = (dp_ctx *)&cfg;
+    ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, &sc), DP_ERR_INVALID);
+    ck_assert_ptr_null(sc);
+    ck_assert_ptr_nonnull(strstr(dp_last_error(), "NULL"));
+    for (int off = 4; off < 64; off *= 2) {
+      arenas[d] = (unsigned char *)keep + off;
+      sc = (dp_ctx *)&cfg;
+      ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, &sc), DP_ERR_INVALID);
+      ck_assert_ptr_null(sc);
+      ck_assert_ptr_nonnull(strstr(dp_last_error(), "align"));
+    }
+    arenas[d] = keep;
+  }
+  ck_assert_int_eq(dp_ctx_create_static(NULL, arenas, NULL, &sc), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ctx_create(NULL, &sc), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ctx_create(r.p, NULL), DP_ERR_INVALID);
+  /* and the good arenas work */
+  ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, &sc), DP_OK);
+  dp_ctx_free(sc);
+  for (int d = 0; d < nd; d++) free(raw[d]);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- learning -------------------------------------------------------------- */
+
+/* Four Gaussian-ish blobs in 8 dims, centres 2.5 * e_k, noise U(-1, 1)^8 plus a
+ * shared random offset: linearly separable with margin. */
+START_TEST(test_training_learns_separable_problem) {
+  enum { N = 128, IN = 8, K = 4, STEPS = 200 };
+  static const char spec[] = "input 8\nlinear 32\ngelu\nlinear 32\nrelu\nlinear 4\n"
+                             "loss softmax_cross_entropy\n";
+  dp_config cfg = cfg_make(N, 3, DP_OPT_ADAMW);
+  cfg.lr = 0.01f;
+  rig r;
+  rig_open(&r, spec, &cfg);
+  static float x[N * IN], y[N * K];
+  int32_t t[N];
+  uint64_t s = 12345;
+  for (int i = 0; i < N; i++) {
+    t[i] = i % K;
+    for (int j = 0; j < IN; j++)
+      x[i * IN + j] = rng_unif(&s, -1.0f, 1.0f) + (j == t[i] ? 2.5f : 0.0f) + 0.3f;
+  }
+  float first = 0, last = 0;
+  for (int k = 0; k < STEPS; k++) {
+    float l;
+    ck_assert_msg(dp_train_step(r.c, N, IN, x, t, &l) == DP_OK, "%s", dp_ctx_error(r.c));
+    if (k == 0) first = l;
+    last = l;
+  }
+  ck_assert_int_eq(dp_forward(r.c, N, IN, x, y), DP_OK);
+  int correct = 0;
+  for (int i = 0; i < N; i++) {
+    int best = 0;
+    for (int j = 1; j < K; j++)
+      if (y[i * K + j] > y[i * K + best]) best = j;
+    correct += best == t[i];
+  }
+  double acc = (double)correct / N;
+  ck_assert_msg(acc > 0.95, "training accuracy %.3f after %d steps (loss %g -> %g)", acc, STEPS,
+                (double)first, (double)last);
+  ck_assert_msg(last < 0.25f * first, "loss only went from %g to %g", (double)first,
+                (double)last);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- optimizers against hand computations --------------------------------- */
+
+/* Seed model (Linear(5, 2), mse, mean over all 60 elements), 30 rows: the loss
+ * and gradients by hand, in double. */
+static void seed_by_hand(const float *p, const batch *b, double *loss, double *g) {
+  const float *w = p, *bias = p + 10;
+  double s = 0.0;
+  for (int k = 0; k < 12; k++) g[k] = 0.0;
+  for (int r = 0; r < b->rows; r++)
+    for (int o = 0; o < 2; o++) {
+      double y = bias[o];
+      for (int k = 0; k < 5; k++) y += (double)w[o * 5 + k] * b->x[r * 5 + k];
+      double diff = y - b->tf[r * 2 + o], dy = 2.0 * diff / (b->rows * 2.0);
+      s += diff * diff;
+      for (int k = 0; k < 5; k++) g[o * 5 + k] += dy * b->x[r * 5 + k];
+      g[10 + o] += dy;
+    }
+  *loss = s / (b->rows * 2.0);
+}
+
+static void assert_near_d(const float *got, const double *want, size_t n, double rel,
+                          double abs_tol, const char *what) {
+  for (size_t k = 0; k < n; k++)
+    ck_assert_msg(fabs(got[k] - want[k]) <= rel * fabs(want[k]) + abs_tol,
+                  "%s[%zu] = %.9g, want %.9g", what, k, (double)got[k], want[k]);
+}
+
+START_TEST(test_seed_loss_and_grads_by_hand) {
+  for (int n_dev = 1; n_dev <= 4; n_dev++) {
+    dp_config cfg = cfg_make(30, n_dev, DP_OPT_SGD);
+    rig r;
+    rig_open(&r, SEED_SPEC, &cfg);
+    ck_assert_int_eq((int)rig_np(&r), 12);
+    float *p = params_random(12, 111), g[12];
+    set_params(&r, p);
+    batch b;
+    batch_make(&b, r.m, 30, 112);
+    double wl, wg[12];
+    seed_by_hand(p, &b, &wl, wg);
+    float l;
+    step_ok(&r, &b, 30, &l);
+    get_grads(&r, g);
+    ck_assert_msg(fabs(l - wl) <= 1e-6 * wl, "loss %.9g, want %.9g", (double)l, wl);
+    assert_near_d(g, wg, 12, 1e-5, 1e-7, "grad");
+    free(p);
+    batch_free(&b);
+    rig_close(&r);
+  }
+}
+END_TEST
+
+START_TEST(test_sgd_matches_pytorch_rule) {
+  dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
+  cfg.lr = 0.05f;
+  cfg.weight_decay = 0.1f;
+  rig r;
+  rig_open(&r, SEED_SPEC, &cfg);
+  float *p0 = params_random(12, 121), g[12], p1[12];
+  double want[12];
+  set_params(&r, p0);
+  float p[12];
+  memcpy(p, p0, sizeof p);
+  for (int s = 0; s < 3; s++) {
+    batch b;
+    batch_make(&b, r.m, 30, 122 + (uint64_t)s);
+    step_ok(&r, &b, 30, NULL);
+    get_grads(&r, g);
+    get_params(&r, p1);
+    for (int k = 0; k < 12; k++) /* torch.optim.SGD: p -= lr * (g + wd * p) */
+      want[k] = p[k] - 0.05 * ((double)g[k] + 0.1 * p[k]);
+    assert_near_d(p1, want, 12, 1e-6, 1e-7, "sgd param");
+    memcpy(p, p1, sizeof p);
+    batch_free(&b);
+  }
+  free(p0);
+  rig_close(&r);
+}
+END_TEST
+
+START_TEST(test_momentum_matches_pytorch_rule) {
+  const float wds[2] = {0.0f, 0.01f};
+  for (int w = 0; w < 2; w++) {
+    dp_config cfg = cfg_make(30, 3, DP_OPT_MOMENTUM);
+    cfg.lr = 0.05f;
+    cfg.momentum = 0.9f;
+    cfg.weight_decay = wds[w];
+    rig r;
+    rig_open(&r, SEED_SPEC, &cfg);
+    float *p0 = params_random(12, 131), g[12], p[12], p1[12];
+    double buf[12], want[12], mu = 0.9, wd = wds[w], lr = 0.05;
+    set_params(&r, p0);
+    memcpy(p, p0, sizeof p);
+    for (int s = 0; s < 4; s++) {
+      batch b;
+      batch_make(&b, r.m, 30, 132 + (uint64_t)s);
+      step_ok(&r, &b, 30, NULL);
+      get_grads(&r, g);
+      get_params(&r, p1);
+      /* torch.optim.SGD(momentum=mu, dampening=0): d = g + wd * p;
+       * buf = d on the first step, mu * buf + d afterwards; p -= lr * buf */
+      for (int k = 0; k < 12; k++) {
+        double d = (double)g[k] + wd * p[k];
+        buf[k] = s == 0 ? d : mu * buf[k] + d;
+        want[k] = p[k] - lr * buf[k];
+      }
+      assert_near_d(p1, want, 12, 1e-6, 1e-7, "momentum param");
+      memcpy(p, p1, sizeof p);
+      batch_free(&b);
+    }
+    free(p0);
+    rig_close(&r);
+  }
+}
+END_TEST
+
+START_TEST(test_adamw_matches_pytorch_rule) {
+  dp_config cfg = cfg_make(30, 2, DP_OPT_ADAMW);
+  cfg.lr = 0.01f;
+  rig r;
+  rig_open(&r, SEED_SPEC, &cfg);
+  const dp_config *pc = dp_plan_config(r.p);
+  ck_assert_msg(fabsf(pc->weight_decay - 0.01f) == 0.0f, "AdamW's default weight decay is %g",
+                (double)pc->weight_decay);
+  double lr = pc->lr, b1 = pc->beta1, b2 = pc->beta2, eps = pc->eps, wd = pc->weight_decay;
+  float *p0 = params_random(12, 141), g[12], p[12], p1[12];
+  double m[12] = {0}, v[12] = {0}, want[12];
+  set_params(&r, p0);
+  memcpy(p, p0, sizeof p);
+  for (int s = 0; s < 4; s++) {
+    batch b;
+    batch_make(&b, r.m, 30, 142 + (uint64_t)s);
+    step_ok(&r, &b, 30, NULL);
+    get_grads(&r, g);
+    get_params(&r, p1);
+    /* torch.optim.AdamW: p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps) */
+    double t = s + 1, bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    for (int k = 0; k < 12; k++) {
+      m[k] = b1 * m[k] + (1.0 - b1) * g[k];
+      v[k] = b2 * v[k] + (1.0 - b2) * (double)g[k] * g[k];
+      double q = p[k] * (1.0 - lr * wd);
+      want[k] = q - lr / bc1 * m[k] / (sqrt(v[k]) / sqrt(bc2) + eps);
+    }
+    assert_near_d(p1, want, 12, 1e-6, 1e-7, "adamw param");
+    memcpy(p, p1, sizeof p);
+    batch_free(&b);
+  }
+  free(p0);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- suite ----------------------------------------------------------------- */
+
+Suite *step_suite(void) {
+  Suite *s = suite_create("step");
+
+  TCase *tc = tcase_create("dp_equals_single");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_n_devices_match_one_device, 0, N_EQUIV);
+  tcase_add_test(tc, test_micro_batches_give_same_bits_for_1_2_4_devices);
+  tcase_add_test(tc, test_dropout_mask_changes_with_the_step);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("repeatable");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_same_run_twice_is_bit_identical, 0, 4);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("bad_input");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_bad_input_changes_nothing, 0, BAD_COUNT);
+  tcase_add_test(tc, test_refused_step_gradients_are_last_or_diagnostic);
+  tcase_add_test(tc, test_bad_forward_and_accessor_calls_are_refused);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("small_batch");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_smaller_batch_matches_plan_for_it, 0, 4);
+  tcase_add_test(tc, test_forward_after_partial_forward_uses_current_params);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("high_water");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_high_water_equals_plan, 0, 4);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("static_ctx");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_static_ctx_matches_ctx_create, 0, 4);
+  tcase_add_test(tc, test_static_ctx_refuses_bad_arenas);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("learning");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_training_learns_separable_problem);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("optimizers");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_seed_loss_and_grads_by_hand);
+  tcase_add_test(tc, test_sgd_matches_pytorch_rule);
+  tcase_add_test(tc, test_momentum_matches_pytorch_rule);
+  tcase_add_test(tc, test_adamw_matches_pytorch_rule);
+  suite_add_tcase(s, tc);
+  return s;
+}
