@@ -93,8 +93,16 @@ typedef enum {
   DP_SPLIT_CHUNK = 0, /* torch.chunk: chunk = ceil(B/N), last may be short, fewer
                          devices may be used */
   DP_SPLIT_BALANCED,  /* torch.tensor_split: first B%N devices get one more row */
+  DP_SPLIT_MEMORY,    /* device 0 gets fewer rows so that the largest arena is as
+                         small as it can be (classic mode puts the gathered
+                         outputs on device 0); the others split the rest
+                         balanced */
 } dp_split;
 
+/* classic: nn.DataParallel (loss and optimizer on device 0, parameters
+ * broadcast). allreduce: DDP-like in one process (targets scattered, each
+ * device computes its own loss terms, gradients all-reduced, every replica
+ * applies the same update). */
 typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
 typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
 typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
@@ -106,6 +114,8 @@ typedef struct {
   dp_split split;
   int micro_batch; /* rows per micro-batch; 0 = the per-device chunk */
   dp_mode mode;
+  int shard_optimizer; /* allreduce: each device keeps and updates only its
+                          shard of the optimizer state (ZeRO-1 style) */
   dp_optimizer optimizer;
   int inference;   /* plan forward only: no grads, no optimizer state */
   dp_backend backend;
@@ -189,8 +199,12 @@ typedef enum {
   DP_OP_FORWARD,  /* layer forward on one micro-batch */
   DP_OP_BACKWARD, /* layer backward on one micro-batch, grads into a slot */
   DP_OP_GRAD_ADD, /* grads slot += slot, or grads += comm */
-  DP_OP_LOSS,     /* loss and its gradient over the gathered outputs */
-  DP_OP_OPTIMIZER,
+  DP_OP_ZERO,     /* dst = 0 (a device with no rows adds nothing to the allreduce) */
+  DP_OP_LOSS,     /* per-micro-batch loss sums and d(loss)/d(outputs) for the
+                     device's rows (classic: device 0, all rows) */
+  DP_OP_LOSS_SUM, /* device 0: the loss from all micro-batch sums */
+  DP_OP_GRAD_CHECK, /* refuse the step if a gradient (of the shard) is not finite */
+  DP_OP_OPTIMIZER,  /* update params [dst_offset, +bytes) (a shard, or all) */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
@@ -201,7 +215,8 @@ typedef struct {
   uint8_t phase, kind;
   int16_t device;            /* device that executes the op */
   int16_t layer;             /* -1 when not a layer op */
-  int32_t micro_batch;       /* global micro-batch index, -1 when none */
+  int32_t micro_batch;       /* first global micro-batch index, -1 when none */
+  int32_t n_mb;              /* micro-batches covered (LOSS, LOSS_SUM) */
   int32_t stage;
   int16_t src_dev, dst_dev;  /* COPY: endpoints (DP_HOST = caller memory) */
   uint8_t src_region, dst_region; /* COPY, GRAD_ADD (dst += src), BACKWARD (grads) */
@@ -253,6 +268,17 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
  * does not touch them. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
+
+/* Checkpoints: parameters, optimizer state and the step counter (which is the
+ * RNG position: every random number is keyed by seed and step), in a versioned
+ * file with a checksum per section. The state is stored in its logical layout,
+ * so a checkpoint loads into any device count and mode. Saving writes a
+ * temporary file, fsyncs it, renames it over `path` and fsyncs the directory:
+ * a crash leaves the old file or the new one, never a mix. Loading checks the
+ * model, optimizer and seed match and every checksum before touching the
+ * context; on any error the context is unchanged. */
+dp_status dp_ckpt_save(dp_ctx *c, const char *path);
+dp_status dp_ckpt_load(dp_ctx *c, const char *path);
 /* Highest arena byte any op has touched, per device (equals the plan total). */
 size_t dp_ctx_high_water(const dp_ctx *c, int dev);
 /* FNV-1a 64 of the parameter bytes. */

@@ -240,23 +240,18 @@ static void backward(const lctx *c, float *grads) {
   }
 }
 
-/* Canonical pairwise sum of v[lo, hi). */
-static float tree_sum(const float *v, int lo, int hi) {
-  if (hi - lo == 1) return v[lo];
-  int mid = (lo + hi + 1) / 2;
-  return tree_sum(v, lo, mid) + tree_sum(v, mid, hi);
-}
-
-/* Per-row loss sums for the rows of micro-batch k, with the gradient of the
- * mean loss written beside them. */
-static float loss_rows(const dp_plan *p, const dp_mb *mb, const float *o, const void *target,
-                       float *g, int rows) {
+/* Loss sum over the rows of micro-batch mb, with the gradient of the mean
+ * loss written beside it. o, t and g hold rows from row `base` on; `rows` is
+ * the step's whole batch (the mean's denominator). */
+static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float *o,
+                       const void *target, float *g, int rows) {
   int out = dp_model_output_width(&p->model);
   float s = 0.0f;
+  size_t r0 = (size_t)(mb->row0 - base), r1 = r0 + (size_t)mb->rows;
   if (p->model.loss == DP_LOSS_MSE) {
     const float *t = target;
     float scale = 2.0f / ((float)rows * (float)out);
-    for (size_t idx = (size_t)mb->row0 * out; idx < (size_t)(mb->row0 + mb->rows) * out; idx++) {
+    for (size_t idx = r0 * out; idx < r1 * out; idx++) {
       float diff = o[idx] - t[idx];
       s += diff * diff;
       g[idx] = scale * diff;
@@ -265,9 +260,9 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, const float *o, const 
   }
   const int32_t *t = target;
   float inv = 1.0f / (float)rows;
-  for (int r = mb->row0; r < mb->row0 + mb->rows; r++) {
-    const float *z = o + (size_t)r * out;
-    float *gr = g + (size_t)r * out, mx = z[0], se = 0.0f;
+  for (size_t r = r0; r < r1; r++) {
+    const float *z = o + r * out;
+    float *gr = g + r * out, mx = z[0], se = 0.0f;
     for (int j = 1; j < out; j++) mx = z[j] > mx ? z[j] : mx;
     for (int j = 0; j < out; j++) se += expf(z[j] - mx);
     float lse = mx + logf(se);
@@ -277,36 +272,63 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, const float *o, const 
   return s;
 }
 
-/* The loss over the gathered outputs on device 0: per-micro-batch sums
- * combined in the canonical tree, so the value does not depend on the split. */
-static dp_status loss_op(dp_exec_env *e) {
+/* Loss terms of the op's micro-batches: classic mode reads the gathered
+ * outputs on device 0, allreduce each device's own chunk. The sums go to the
+ * device's LOSS region (device 0 indexes it by global micro-batch). */
+static dp_status loss_op(dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
-  int out = dp_model_output_width(&p->model), n_mb = 0;
-  const float *o = region(e, 0, DP_REGION_GATHERED_OUTPUTS, 0);
-  const void *t = region(e, 0, DP_REGION_TARGETS, 0);
-  float *g = region(e, 0, DP_REGION_GATHERED_GRADS, 0);
-  float *part = region(e, 0, DP_REGION_LOSS, 0); /* (micro-batches) */
-  for (; n_mb < p->split.n_mb && e->mbs[n_mb].rows > 0; n_mb++)
-    part[n_mb] = loss_rows(p, &e->mbs[n_mb], o, t, g, e->rows);
-  float denom = (float)e->rows * (p->model.loss == DP_LOSS_MSE ? (float)out : 1.0f);
-  e->loss = tree_sum(part, 0, n_mb) / denom;
+  int d = op->device;
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  const float *o = region(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
+  float *g = region(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
+  const void *t = region(e, d, DP_REGION_TARGETS, 0);
+  float *part = region(e, d, DP_REGION_LOSS, 0);
+  for (int k = 0; k < op->n_mb; k++)
+    part[k] = loss_rows(p, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->rows);
+  return DP_OK;
+}
+
+/* Canonical pairwise sum of v[lo, hi), leaving out empty micro-batches (the
+ * same tree the gradients take). mbs[lo] is not empty. */
+static float tree_sum(const float *v, const dp_mb *mbs, int lo, int hi) {
+  if (hi - lo == 1) return v[lo];
+  int mid = (lo + hi + 1) / 2;
+  float left = tree_sum(v, mbs, lo, mid);
+  return mbs[mid].rows ? left + tree_sum(v, mbs, mid, hi) : left;
+}
+
+/* The loss from every micro-batch's sum, combined in the canonical tree, so
+ * its bits do not depend on the split or the mode. */
+static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  float denom = (float)op->rows *
+                (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
+  e->loss = tree_sum(region(e, 0, DP_REGION_LOSS, 0), e->mbs, 0, op->n_mb) / denom;
   if (!isfinite(e->loss))
     return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
                    isnan(e->loss) ? "NaN" : "infinite");
   return DP_OK;
 }
 
-static dp_status optimizer_op(const dp_exec_env *e) {
+static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
+  const float *g = region(e, op->device, op->src_region, op->src_offset);
+  for (size_t k = 0; k < op->bytes / 4; k++)
+    if (!isfinite(g[k]))
+      return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
+                     op->src_offset / 4 + k, isnan(g[k]) ? "NaN" : "infinite");
+  return DP_OK;
+}
+
+/* PyTorch's update rules on parameters [off, off + n) of this device; the
+ * state region holds this range only (see dp_plan.opt_off). */
+static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
   const dp_config *c = &p->cfg;
-  size_t n = p->model.n_params;
-  float *w = region(e, 0, DP_REGION_PARAMS, 0), *g = region(e, 0, DP_REGION_GRADS, 0);
-  float *s = region(e, 0, DP_REGION_OPT_STATE, 0);
-  /* Check everything before writing anything: a refused step changes nothing. */
-  for (size_t k = 0; k < n; k++)
-    if (!isfinite(g[k]))
-      return DP_FAIL(DP_ERR_NONFINITE,
-                     "gradient %zu is %s; the step was not applied", k, isnan(g[k]) ? "NaN" : "infinite");
+  int d = op->device;
+  size_t n = op->bytes / 4;
+  float *w = region(e, d, DP_REGION_PARAMS, op->dst_offset);
+  float *g = region(e, d, DP_REGION_GRADS, op->dst_offset);
+  float *s = region(e, d, DP_REGION_OPT_STATE, 0);
   float lr = c->lr, wd = c->weight_decay;
   switch (c->optimizer) {
   case DP_OPT_SGD:
@@ -362,10 +384,19 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     for (size_t k = 0; k < op->bytes / 4; k++) dst[k] += src[k];
     return DP_OK;
   }
+  case DP_OP_ZERO: { /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
+    float *dst = region(e, op->device, op->dst_region, op->dst_offset);
+    for (size_t k = 0; k < op->bytes / 4; k++) dst[k] = -0.0f;
+    return DP_OK;
+  }
   case DP_OP_LOSS:
-    return loss_op(e);
+    return loss_op(e, op);
+  case DP_OP_LOSS_SUM:
+    return loss_sum_op(e, op);
+  case DP_OP_GRAD_CHECK:
+    return grad_check_op(e, op);
   case DP_OP_OPTIMIZER:
-    return optimizer_op(e);
+    return optimizer_op(e, op);
   case DP_OP_COPY:
     break;
   }

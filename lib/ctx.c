@@ -1,38 +1,15 @@
 /* The context: the arenas a plan describes, the executor, and the public
  * step/forward/parameter calls. All allocation happens in dp_ctx_create*;
  * the calls after it allocate nothing. */
-#include "exec.h"
+#include "ctx.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* Arena words no op has written keep this NaN payload, which arithmetic never
- * produces; dp_ctx_high_water finds the last word that changed. */
-#define CANARY 0x7fbadbadu
-
-typedef struct {
-  dp_mb *mbs; /* the plan's micro-batches truncated to `rows` */
-  dp_op *ops;
-  int n_ops, n_stages, rows; /* rows the ops were built for; 0 = none */
-  bool training;
-} sched_cache;
-
-struct dp_ctx {
-  const dp_plan *plan;
-  unsigned char *arena[DP_MAX_DEVICES];
-  bool owns_arenas;
-  sched_cache train, infer;
-  dp_exec exec;
-  bool exec_live;
-  bool replicas_stale;
-  uint64_t step;
-  char error[DP_ERRMSG_CAP];
-};
-
 /* Records the thread's last error in the context too. */
-static dp_status ctx_fail(dp_ctx *c, dp_status s) {
+dp_status dp__ctx_fail(dp_ctx *c, dp_status s) {
   if (s && c) snprintf(c->error, sizeof c->error, "%s", dp_last_error());
   return s;
 }
@@ -65,7 +42,7 @@ static dp_status ctx_init(dp_ctx *c) {
   int n = p->split.n_used;
   for (int d = 0; d < n; d++) {
     uint32_t *w = (uint32_t *)c->arena[d];
-    for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = CANARY;
+    for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = DP_CANARY;
   }
   /* State that must start at zero. */
   static const dp_region zeroed[] = {DP_REGION_GRADS, DP_REGION_OPT_STATE};
@@ -76,7 +53,7 @@ static dp_status ctx_init(dp_ctx *c) {
   c->replicas_stale = true;
   int max_mbs = dp__split_max_mbs(&p->cfg);
   for (int i = 0; i < 2; i++) {
-    sched_cache *sc = i ? &c->infer : &c->train;
+    dp_sched_cache *sc = i ? &c->infer : &c->train;
     sc->mbs = malloc((size_t)max_mbs * sizeof *sc->mbs);
     sc->ops = malloc((size_t)p->ops_cap * sizeof *sc->ops);
   }
@@ -154,7 +131,7 @@ void dp_ctx_free(dp_ctx *c) {
 }
 
 /* The schedule for `rows`, rebuilt (without allocating) when rows change. */
-static dp_status schedule_for(dp_ctx *c, sched_cache *sc, int rows, bool training) {
+static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool training) {
   if (sc->rows == rows) return DP_OK;
   const dp_plan *p = c->plan;
   for (int k = 0; k < p->split.n_mb; k++) {
@@ -180,7 +157,7 @@ static dp_status check_batch(dp_ctx *c, int rows, int cols, const float *x) {
   return DP_OK;
 }
 
-static void env_init(dp_ctx *c, dp_exec_env *e, const sched_cache *sc, int rows, bool training) {
+static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int rows, bool training) {
   *e = (dp_exec_env){.plan = c->plan, .mbs = sc->mbs, .rows = rows, .training = training,
                      .step = c->step, .skip_broadcast = !c->replicas_stale};
   for (int d = 0; d < c->plan->split.n_used; d++) e->arena[d] = c->arena[d];
@@ -202,7 +179,7 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
         s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], r, classes - 1);
   }
   if (!s) s = schedule_for(c, &c->train, rows, true);
-  if (s) return ctx_fail(c, s);
+  if (s) return dp__ctx_fail(c, s);
   dp_exec_env e;
   env_init(c, &e, &c->train, rows, true);
   e.host_x = x;
@@ -210,7 +187,7 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   /* The broadcast runs every training step: the optimizer changed device 0. */
   e.skip_broadcast = false;
   s = dp__exec_run(&c->exec, &e, c->train.ops, c->train.n_ops, c->train.n_stages);
-  if (s) return ctx_fail(c, s);
+  if (s) return dp__ctx_fail(c, s);
   c->step++;
   c->replicas_stale = true;
   if (loss) *loss = e.loss;
@@ -222,13 +199,13 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   dp_status s = check_batch(c, rows, cols, x);
   if (!s && !y) s = DP_FAIL(DP_ERR_INVALID, "outputs are NULL");
   if (!s) s = schedule_for(c, &c->infer, rows, false);
-  if (s) return ctx_fail(c, s);
+  if (s) return dp__ctx_fail(c, s);
   dp_exec_env e;
   env_init(c, &e, &c->infer, rows, false);
   e.host_x = x;
   e.host_y = y;
   s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, c->infer.n_stages);
-  if (s) return ctx_fail(c, s);
+  if (s) return dp__ctx_fail(c, s);
   /* Only the devices that got rows were refreshed: a smaller batch leaves the
    * last devices as they were. */
   if (rows > c->plan->split.dev_row0[c->plan->split.n_used - 1]) c->replicas_stale = false;
@@ -241,9 +218,9 @@ static float *dev0(dp_ctx *c, dp_region r) {
 
 static dp_status check_n(dp_ctx *c, const void *buf, size_t n) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
-  if (!buf) return ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "buffer is NULL"));
+  if (!buf) return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "buffer is NULL"));
   if (n != c->plan->model.n_params)
-    return ctx_fail(c, DP_FAIL(DP_ERR_SHAPE, "buffer holds %zu floats; the model has %zu "
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_SHAPE, "buffer holds %zu floats; the model has %zu "
                                              "parameters",
                                n, c->plan->model.n_params));
   return DP_OK;
@@ -260,7 +237,7 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n) {
   if (s) return s;
   for (size_t k = 0; k < n; k++)
     if (!isfinite(in[k]))
-      return ctx_fail(c, DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k));
+      return dp__ctx_fail(c, DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k));
   memcpy(dev0(c, DP_REGION_PARAMS), in, n * 4);
   c->replicas_stale = true;
   return DP_OK;
@@ -270,7 +247,7 @@ dp_status dp_get_grads(dp_ctx *c, float *out, size_t n) {
   dp_status s = check_n(c, out, n);
   if (s) return s;
   if (c->plan->cfg.inference)
-    return ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "an inference context has no gradients"));
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "an inference context has no gradients"));
   memcpy(out, dev0(c, DP_REGION_GRADS), n * 4);
   return DP_OK;
 }
@@ -281,7 +258,7 @@ size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
   if (!c || dev < 0 || dev >= c->plan->split.n_used) return 0;
   const uint32_t *w = (const uint32_t *)c->arena[dev];
   size_t k = c->plan->dev_bytes[dev] / 4;
-  while (k > 0 && w[k - 1] == CANARY) k--;
+  while (k > 0 && w[k - 1] == DP_CANARY) k--;
   return k * 4;
 }
 

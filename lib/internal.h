@@ -75,8 +75,12 @@ typedef struct {
   int row0, rows;
 } dp_mb;
 
-/* Splits `rows` rows for config c. mbs must hold dp__split_max_mbs(c) entries. */
-dp_status dp__split(const dp_config *c, int rows, dp_split_info *s, dp_mb *mbs);
+/* Splits `rows` rows for config c. mbs must hold dp__split_max_mbs(c) entries.
+ * `first`: device 0's share of the items (rows, or micro-batches when the
+ * micro-batch size is fixed) under DP_SPLIT_MEMORY; ignored otherwise. */
+dp_status dp__split(const dp_config *c, int rows, int first, dp_split_info *s, dp_mb *mbs);
+/* Items the split deals: rows, or micro-batches when their size is fixed. */
+int dp__split_items(const dp_config *c, int rows);
 int dp__split_max_mbs(const dp_config *c);
 
 /* ---- liveness planner (lib/liveness.c), TFLite Micro style ---- */
@@ -108,6 +112,11 @@ struct dp_plan {
   dp_split_info split;
   dp_mb *mbs;     /* (split.n_mb) */
   int grad_levels[DP_MAX_DEVICES]; /* partial-grad slots per device */
+  /* Parameters [opt_off[d], +opt_len[d]) (in floats) whose optimizer state
+   * device d holds and updates: classic: device 0 all; allreduce: every
+   * device all, or its shard with shard_optimizer. The state region holds,
+   * per state vector (momentum; or AdamW m then v), opt_len[d] floats. */
+  size_t opt_off[DP_MAX_DEVICES], opt_len[DP_MAX_DEVICES];
   size_t align;
   dp_region_info regions[DP_MAX_DEVICES][DP_REGION_COUNT];
   size_t dev_bytes[DP_MAX_DEVICES];
@@ -125,6 +134,12 @@ struct dp_plan {
 dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, dp_op *ops,
                              int cap, int *n_ops, int *n_stages);
 int dp__schedule_cap(const dp_plan *p);
+
+static inline bool dp__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
+/* The segment [lo, hi) of n floats that device r holds after `levels` levels
+ * of recursive halving (level l pairs r with r ^ 2^l; the device with that bit
+ * clear keeps the lower half). */
+void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi);
 
 /* ---- rng (lib/rng.c) ---- */
 enum { DP_RNG_INIT = 1, DP_RNG_DROPOUT = 2 };

@@ -51,9 +51,11 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
                    DP_MAX_DEVICES);
   if (c->micro_batch < 0)
     return DP_FAIL(DP_ERR_INVALID, "micro-batch must be >= 0, got %d", c->micro_batch);
-  if (c->mode == DP_MODE_ALLREDUCE)
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "allreduce mode is not implemented yet (classic only)");
-  if (c->mode != DP_MODE_CLASSIC) return DP_FAIL(DP_ERR_INVALID, "unknown mode %d", (int)c->mode);
+  if (c->mode != DP_MODE_CLASSIC && c->mode != DP_MODE_ALLREDUCE)
+    return DP_FAIL(DP_ERR_INVALID, "unknown mode %d", (int)c->mode);
+  if (c->shard_optimizer && c->mode != DP_MODE_ALLREDUCE)
+    return DP_FAIL(DP_ERR_INVALID, "a sharded optimizer needs allreduce mode (in classic mode "
+                                   "only device 0 keeps optimizer state)");
   if (c->optimizer != DP_OPT_SGD && c->optimizer != DP_OPT_MOMENTUM &&
       c->optimizer != DP_OPT_ADAMW)
     return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
@@ -168,19 +170,27 @@ static dp_status plan_device(dp_plan *p, int d) {
   if (!mul3(rows, (size_t)in, 4, &sz[DP_REGION_INPUTS])) return OVERFLOW();
   if (!mul3(rows, (size_t)out, 4, &sz[DP_REGION_OUTPUTS])) return OVERFLOW();
   if (train) {
+    bool classic = c->mode == DP_MODE_CLASSIC;
+    size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out : 1; /* target floats per row */
     sz[DP_REGION_GRADS] = P;
     if (!dp__mul((size_t)p->grad_levels[d], P, &sz[DP_REGION_GRAD_PARTIALS])) return OVERFLOW();
     sz[DP_REGION_OUTPUT_GRADS] = sz[DP_REGION_OUTPUTS];
-    if (reduce_receives(d, p->split.n_used)) sz[DP_REGION_COMM] = P;
-    if (dev0) {
-      int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
-      if (!dp__mul((size_t)k, P, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
-      if (!mul3(B, m->loss == DP_LOSS_MSE ? (size_t)out : 1, 4, &sz[DP_REGION_TARGETS]))
-        return OVERFLOW();
+    int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
+    if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
+    int n_used = p->split.n_used;
+    if (!classic && dp__is_pow2(n_used) && n_used > 1)
+      sz[DP_REGION_COMM] = (m->n_params - m->n_params / 2) * 4; /* the first level's half */
+    else if (reduce_receives(d, n_used))
+      sz[DP_REGION_COMM] = P;
+    if (classic && dev0) {
+      if (!mul3(B, tw, 4, &sz[DP_REGION_TARGETS])) return OVERFLOW();
       if (!mul3(B, (size_t)out, 4, &sz[DP_REGION_GATHERED_OUTPUTS])) return OVERFLOW();
       sz[DP_REGION_GATHERED_GRADS] = sz[DP_REGION_GATHERED_OUTPUTS];
-      sz[DP_REGION_LOSS] = (size_t)p->split.n_mb * 4;
     }
+    if (!classic && !mul3(rows, tw, 4, &sz[DP_REGION_TARGETS])) return OVERFLOW();
+    /* per-micro-batch loss sums: device 0 collects all of them */
+    if (dev0) sz[DP_REGION_LOSS] = (size_t)p->split.n_mb * 4;
+    else if (!classic) sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
@@ -218,6 +228,72 @@ void dp_plan_free(dp_plan *p) {
   free(p);
 }
 
+/* Which parameters each device keeps optimizer state for (see internal.h). */
+static void plan_opt_ranges(dp_plan *p) {
+  size_t P = p->model.n_params;
+  int n = p->split.n_used;
+  for (int d = 0; d < DP_MAX_DEVICES; d++) p->opt_off[d] = p->opt_len[d] = 0;
+  if (p->cfg.inference) return;
+  for (int d = 0; d < n; d++) {
+    size_t lo = 0, hi = P;
+    if (p->cfg.mode == DP_MODE_CLASSIC) {
+      hi = d == 0 ? P : 0;
+    } else if (p->cfg.shard_optimizer && dp__is_pow2(n)) {
+      int levels = 0;
+      while ((1 << levels) < n) levels++;
+      dp__ar_segment(P, levels, d, &lo, &hi); /* where the reduce-scatter leaves it */
+    } else if (p->cfg.shard_optimizer) {
+      lo = (size_t)d * (P / n) + (size_t)(d < (int)(P % n) ? d : (int)(P % n));
+      hi = lo + P / n + (d < (int)(P % n));
+    }
+    p->opt_off[d] = lo;
+    p->opt_len[d] = hi - lo;
+  }
+}
+
+/* Split with device 0 taking `first` items (memory policy), then lay out
+ * every device. */
+static dp_status plan_devices(dp_plan *p, int first) {
+  dp_status s = dp__split(&p->cfg, p->cfg.batch, first, &p->split, p->mbs);
+  if (s) return s;
+  plan_opt_ranges(p);
+  for (int d = 0; d < p->split.n_used; d++)
+    if ((s = plan_device(p, d))) return s;
+  return DP_OK;
+}
+
+static size_t largest_other(const dp_plan *p) {
+  size_t mx = 0;
+  for (int d = 1; d < p->split.n_used; d++) mx = p->dev_bytes[d] > mx ? p->dev_bytes[d] : mx;
+  return mx;
+}
+
+/* Memory policy: device 0's arena grows with its share, the others' shrink;
+ * find the share where the larger of the two is smallest (ties: the larger
+ * share, closer to an even split). */
+static dp_status plan_memory_split(dp_plan *p) {
+  int n = dp__split_items(&p->cfg, p->cfg.batch), N = p->cfg.n_devices;
+  int lo = 1, hi = n / N + (n % N != 0);
+  dp_status s;
+  while (lo < hi) { /* smallest share where device 0 is the larger */
+    int mid = lo + (hi - lo) / 2;
+    if ((s = plan_devices(p, mid))) return s;
+    if (p->dev_bytes[0] >= largest_other(p)) hi = mid;
+    else lo = mid + 1;
+  }
+  int best = lo;
+  size_t best_peak = SIZE_MAX;
+  for (int c0 = lo > 1 ? lo - 1 : lo; c0 <= lo; c0++) {
+    if ((s = plan_devices(p, c0))) return s;
+    size_t peak = p->dev_bytes[0] > largest_other(p) ? p->dev_bytes[0] : largest_other(p);
+    if (peak <= best_peak) {
+      best_peak = peak;
+      best = c0;
+    }
+  }
+  return plan_devices(p, best);
+}
+
 /* Everything but the schedule; `p` is zeroed by the caller. */
 static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) {
   dp_status s = check_config(m, c);
@@ -229,9 +305,8 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   int max_mbs = dp__split_max_mbs(&p->cfg);
   p->mbs = malloc((size_t)max_mbs * sizeof *p->mbs);
   if (!p->mbs) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d micro-batches", max_mbs);
-  if ((s = dp__split(&p->cfg, c->batch, &p->split, p->mbs))) return s;
-  for (int d = 0; d < p->split.n_used; d++)
-    if ((s = plan_device(p, d))) return s;
+  s = c->split == DP_SPLIT_MEMORY && c->n_devices > 1 ? plan_memory_split(p) : plan_devices(p, 0);
+  if (s) return s;
   return plan_host(p);
 }
 

@@ -50,7 +50,10 @@ static void slot_place(const dp_plan *p, int slot, uint8_t *region, size_t *off)
 }
 
 /* Backward of micro-batches [lo, hi) on device d into `slot`, as the
- * canonical subtree. */
+ * canonical subtree. The tree is always the planned one: a smaller batch
+ * empties micro-batches from the end, and an empty subtree is left out (its
+ * sibling passes through unchanged), so the tree does not depend on how the
+ * micro-batches are dealt to devices. mbs[lo] is not empty. */
 static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d, int lo, int hi,
                           int slot) {
   if (hi - lo == 1) {
@@ -67,6 +70,7 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
   }
   int mid = (lo + hi + 1) / 2;
   backward_tree(b, p, mbs, d, lo, mid, slot);
+  if (mbs[mid].rows == 0) return;
   backward_tree(b, p, mbs, d, mid, hi, slot + 1);
   dp_op add = {.phase = DP_PHASE_BACKWARD, .kind = DP_OP_GRAD_ADD, .device = (int16_t)d,
                .layer = -1, .micro_batch = -1, .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
@@ -74,6 +78,105 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
   slot_place(p, slot, &add.dst_region, &add.dst_offset);
   slot_place(p, slot + 1, &add.src_region, &add.src_offset);
   emit(b, add);
+}
+
+/* Loss terms of micro-batches [mb0, mb1), rows [row0, +rows), on device d. */
+static dp_op loss_op(int d, int mb0, int mb1, int row0, int rows, int out) {
+  return (dp_op){.phase = DP_PHASE_LOSS, .kind = DP_OP_LOSS, .device = (int16_t)d, .layer = -1,
+                 .micro_batch = mb0, .n_mb = mb1 - mb0, .src_dev = (int16_t)d,
+                 .dst_dev = (int16_t)d, .bytes = (size_t)rows * out * 4, .row0 = row0,
+                 .rows = rows};
+}
+
+static dp_op loss_sum_op(int n_mb, int rows) {
+  return (dp_op){.phase = DP_PHASE_LOSS, .kind = DP_OP_LOSS_SUM, .layer = -1, .micro_batch = 0,
+                 .n_mb = n_mb, .src_region = DP_REGION_LOSS, .bytes = (size_t)n_mb * 4,
+                 .rows = rows};
+}
+
+static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region, size_t src_off,
+                         size_t bytes) {
+  return (dp_op){.phase = DP_PHASE_REDUCE, .kind = DP_OP_GRAD_ADD, .device = (int16_t)d,
+                 .layer = -1, .micro_batch = -1, .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
+                 .src_region = (uint8_t)src_region, .dst_region = (uint8_t)dst_region,
+                 .src_offset = src_off, .dst_offset = dst_off, .bytes = bytes};
+}
+
+/* The canonical tree continued across devices 0..n-1: at distance 1, 2, 4,
+ * ... device r (r mod 2*dist == 0) adds device r + dist's sum. */
+static void reduce_to_0(builder *b, int n, size_t P) {
+  for (int dist = 1; dist < n; dist *= 2) {
+    for (int r = 0; r + dist < n; r += 2 * dist) {
+      emit(b, copy_op(DP_PHASE_REDUCE, r, r + dist, DP_REGION_GRADS, 0, r, DP_REGION_COMM, 0, P,
+                      0, 0));
+      emit(b, grad_add_op(r, DP_REGION_GRADS, 0, DP_REGION_COMM, 0, P));
+    }
+    next_stage(b);
+  }
+}
+
+/* Reduce-scatter by recursive halving (distance 1 first, so the first sums
+ * are of neighbouring blocks: the canonical tree's lower levels), then, unless
+ * the optimizer is sharded, all-gather by recursive doubling. n is a power of
+ * two. */
+static void allreduce_halving(builder *b, const dp_plan *p, int n) {
+  size_t P = p->model.n_params;
+  int levels = 0;
+  while ((1 << levels) < n) levels++;
+  for (int l = 0; l < levels; l++) {
+    for (int r = 0; r < n; r++) {
+      size_t lo, hi;
+      dp__ar_segment(P, l + 1, r, &lo, &hi); /* the half r keeps */
+      emit(b, copy_op(DP_PHASE_REDUCE, r, r ^ (1 << l), DP_REGION_GRADS, lo * 4, r,
+                      DP_REGION_COMM, 0, (hi - lo) * 4, 0, 0));
+      emit(b, grad_add_op(r, DP_REGION_GRADS, lo * 4, DP_REGION_COMM, 0, (hi - lo) * 4));
+    }
+    next_stage(b);
+  }
+  if (p->cfg.shard_optimizer) return;
+  for (int l = levels - 1; l >= 0; l--) {
+    for (int r = 0; r < n; r++) {
+      size_t lo, hi;
+      dp__ar_segment(P, l + 1, r ^ (1 << l), &lo, &hi); /* what the partner holds */
+      emit(b, copy_op(DP_PHASE_REDUCE, r, r ^ (1 << l), DP_REGION_GRADS, lo * 4, r,
+                      DP_REGION_GRADS, lo * 4, (hi - lo) * 4, 0, 0));
+    }
+    next_stage(b);
+  }
+}
+
+/* Sharded optimizer: every device updated its shard; gather the parameters. */
+static void allgather_params(builder *b, const dp_plan *p, int n) {
+  if (dp__is_pow2(n)) {
+    int levels = 0;
+    while ((1 << levels) < n) levels++;
+    for (int l = levels - 1; l >= 0; l--) {
+      for (int r = 0; r < n; r++) {
+        size_t lo, hi;
+        dp__ar_segment(p->model.n_params, l + 1, r ^ (1 << l), &lo, &hi);
+        emit(b, copy_op(DP_PHASE_OPTIMIZER, r, r ^ (1 << l), DP_REGION_PARAMS, lo * 4, r,
+                        DP_REGION_PARAMS, lo * 4, (hi - lo) * 4, 0, 0));
+      }
+      next_stage(b);
+    }
+    return;
+  }
+  for (int r = 0; r < n; r++)
+    for (int q = 0; q < n; q++)
+      if (q != r)
+        emit(b, copy_op(DP_PHASE_OPTIMIZER, r, q, DP_REGION_PARAMS, p->opt_off[q] * 4, r,
+                        DP_REGION_PARAMS, p->opt_off[q] * 4, p->opt_len[q] * 4, 0, 0));
+  next_stage(b);
+}
+
+void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi) {
+  *lo = 0;
+  *hi = n;
+  for (int l = 0; l < levels; l++) {
+    size_t mid = *lo + (*hi - *lo) / 2;
+    if (r & (1 << l)) *lo = mid;
+    else *hi = mid;
+  }
 }
 
 int dp__schedule_cap(const dp_plan *p) {
@@ -103,17 +206,25 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
     rows += drows[d];
   }
   size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out * 4 : 4; /* target bytes per row */
+  int n_mb = n_act ? dlast[n_act - 1] : 0;                  /* non-empty micro-batches */
 
-  for (int d = 1; d < n_act; d++)
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  /* Allreduce keeps every replica current; it broadcasts only after the
+   * parameters were set from outside (the executor skips it otherwise). */
+  int n_bcast = classic || !training ? n_act : sp->n_used;
+  for (int d = 1; d < n_bcast; d++)
     emit(&b, copy_op(DP_PHASE_BROADCAST, d, 0, DP_REGION_PARAMS, 0, d, DP_REGION_PARAMS, 0, P,
                      0, 0));
   next_stage(&b);
   for (int d = 0; d < n_act; d++) {
     int r0 = sp->dev_row0[d];
-    emit(&b, copy_op(DP_PHASE_SCATTER, d, DP_HOST, DP_REGION_INPUTS, (size_t)r0 * in * 4, d, DP_REGION_INPUTS,
-                     0, (size_t)drows[d] * in * 4, r0, drows[d]));
+    emit(&b, copy_op(DP_PHASE_SCATTER, d, DP_HOST, DP_REGION_INPUTS, (size_t)r0 * in * 4, d,
+                     DP_REGION_INPUTS, 0, (size_t)drows[d] * in * 4, r0, drows[d]));
+    if (training && !classic)
+      emit(&b, copy_op(DP_PHASE_SCATTER, d, DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw, d,
+                       DP_REGION_TARGETS, 0, (size_t)drows[d] * tw, r0, drows[d]));
   }
-  if (training)
+  if (training && classic)
     emit(&b, copy_op(DP_PHASE_SCATTER, 0, DP_HOST, DP_REGION_TARGETS, 0, 0, DP_REGION_TARGETS, 0,
                      (size_t)rows * tw, 0, rows));
   next_stage(&b);
@@ -122,48 +233,88 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
       for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
         emit(&b, (dp_op){.phase = DP_PHASE_FORWARD, .kind = DP_OP_FORWARD, .device = (int16_t)d,
                          .layer = (int16_t)i, .micro_batch = k, .src_dev = (int16_t)d,
-                         .dst_dev = (int16_t)d, .bytes = (size_t)mbs[k].rows * m->layers[i].out * 4,
+                         .dst_dev = (int16_t)d,
+                         .bytes = (size_t)mbs[k].rows * m->layers[i].out * 4,
                          .row0 = mbs[k].row0, .rows = mbs[k].rows});
   next_stage(&b);
-  /* Each device pushes its chunk: the gather runs in parallel. */
-  for (int d = 0; d < n_act; d++) {
-    int r0 = sp->dev_row0[d];
-    size_t bytes = (size_t)drows[d] * out * 4, at = (size_t)r0 * out * 4;
-    if (training)
-      emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, 0,
-                       DP_REGION_GATHERED_OUTPUTS, at, bytes, r0, drows[d]));
-    else
-      emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, DP_HOST, DP_REGION_OUTPUTS, at, bytes, r0,
-                       drows[d]));
-  }
-  next_stage(&b);
-  if (training) {
-    emit(&b, (dp_op){.phase = DP_PHASE_LOSS, .kind = DP_OP_LOSS, .layer = -1, .micro_batch = -1,
-                     .bytes = (size_t)rows * out * 4, .rows = rows});
-    next_stage(&b);
+  if (!training || classic) {
+    /* Each device pushes its chunk: the gather runs in parallel. */
     for (int d = 0; d < n_act; d++) {
       int r0 = sp->dev_row0[d];
-      emit(&b, copy_op(DP_PHASE_SCATTER_GRADS, d, 0, DP_REGION_GATHERED_GRADS,
-                       (size_t)r0 * out * 4, d, DP_REGION_OUTPUT_GRADS, 0,
-                       (size_t)drows[d] * out * 4, r0, drows[d]));
+      size_t bytes = (size_t)drows[d] * out * 4, at = (size_t)r0 * out * 4;
+      if (training)
+        emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, 0,
+                         DP_REGION_GATHERED_OUTPUTS, at, bytes, r0, drows[d]));
+      else
+        emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, DP_HOST, DP_REGION_OUTPUTS,
+                         at, bytes, r0, drows[d]));
     }
     next_stage(&b);
-    for (int d = 0; d < n_act; d++) backward_tree(&b, p, mbs, d, sp->dev_mb0[d], dlast[d], 0);
-    next_stage(&b);
-    for (int dist = 1; dist < n_act; dist *= 2) {
-      for (int r = 0; r + dist < n_act; r += 2 * dist) {
-        emit(&b, copy_op(DP_PHASE_REDUCE, r, r + dist, DP_REGION_GRADS, 0, r, DP_REGION_COMM, 0,
-                         P, 0, 0));
-        emit(&b, (dp_op){.phase = DP_PHASE_REDUCE, .kind = DP_OP_GRAD_ADD, .device = (int16_t)r,
-                         .layer = -1, .micro_batch = -1, .src_dev = (int16_t)r,
-                         .dst_dev = (int16_t)r, .src_region = DP_REGION_COMM,
-                         .dst_region = DP_REGION_GRADS, .bytes = P});
+  }
+  if (training) {
+    if (classic) {
+      emit(&b, loss_op(0, 0, n_mb, 0, rows, out));
+      emit(&b, loss_sum_op(sp->n_mb, rows));
+      next_stage(&b);
+      for (int d = 0; d < n_act; d++) {
+        int r0 = sp->dev_row0[d];
+        emit(&b, copy_op(DP_PHASE_SCATTER_GRADS, d, 0, DP_REGION_GATHERED_GRADS,
+                         (size_t)r0 * out * 4, d, DP_REGION_OUTPUT_GRADS, 0,
+                         (size_t)drows[d] * out * 4, r0, drows[d]));
       }
       next_stage(&b);
+    } else {
+      /* Each device: its own loss terms and output gradients; device 0
+       * collects the per-micro-batch sums. */
+      for (int d = 0; d < n_act; d++)
+        emit(&b, loss_op(d, sp->dev_mb0[d], dlast[d], sp->dev_row0[d], drows[d], out));
+      next_stage(&b);
+      for (int d = 1; d < n_act; d++)
+        emit(&b, copy_op(DP_PHASE_LOSS, d, d, DP_REGION_LOSS, 0, 0, DP_REGION_LOSS,
+                         (size_t)sp->dev_mb0[d] * 4, (size_t)(dlast[d] - sp->dev_mb0[d]) * 4, 0,
+                         0));
+      next_stage(&b);
+      emit(&b, loss_sum_op(sp->n_mb, rows));
+      next_stage(&b);
     }
-    emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER, .kind = DP_OP_OPTIMIZER, .layer = -1,
-                     .micro_batch = -1, .bytes = P});
+    for (int d = 0; d < n_act; d++)
+      backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0);
+    if (!classic) /* devices without rows add -0.0, which leaves every sum as it is */
+      for (int d = n_act; d < sp->n_used; d++)
+        emit(&b, (dp_op){.phase = DP_PHASE_BACKWARD, .kind = DP_OP_ZERO, .device = (int16_t)d,
+                         .layer = -1, .micro_batch = -1, .src_dev = (int16_t)d,
+                         .dst_dev = (int16_t)d, .dst_region = DP_REGION_GRADS, .bytes = P});
     next_stage(&b);
+    if (classic) {
+      reduce_to_0(&b, n_act, P);
+    } else if (dp__is_pow2(sp->n_used)) {
+      allreduce_halving(&b, p, sp->n_used);
+    } else {
+      /* No halving for other counts: the classic tree to device 0, then
+       * every device takes what it updates. */
+      reduce_to_0(&b, sp->n_used, P);
+      for (int d = 1; d < sp->n_used; d++)
+        emit(&b, copy_op(DP_PHASE_REDUCE, d, 0, DP_REGION_GRADS, p->opt_off[d] * 4, d,
+                         DP_REGION_GRADS, p->opt_off[d] * 4, p->opt_len[d] * 4, 0, 0));
+      next_stage(&b);
+    }
+    /* Every device checks what it will apply before any device applies it. */
+    int n_opt = classic ? 1 : sp->n_used;
+    for (int d = 0; d < n_opt; d++)
+      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER, .kind = DP_OP_GRAD_CHECK,
+                       .device = (int16_t)d, .layer = -1, .micro_batch = -1,
+                       .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
+                       .src_region = DP_REGION_GRADS, .src_offset = p->opt_off[d] * 4,
+                       .bytes = p->opt_len[d] * 4});
+    next_stage(&b);
+    for (int d = 0; d < n_opt; d++)
+      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER, .kind = DP_OP_OPTIMIZER,
+                       .device = (int16_t)d, .layer = -1, .micro_batch = -1,
+                       .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
+                       .dst_region = DP_REGION_PARAMS, .dst_offset = p->opt_off[d] * 4,
+                       .bytes = p->opt_len[d] * 4});
+    next_stage(&b);
+    if (!classic && p->cfg.shard_optimizer) allgather_params(&b, p, sp->n_used);
   }
   *n_ops = b.n;
   *n_stages = b.stage;
@@ -179,7 +330,7 @@ const char *dp_phase_name(dp_phase ph) {
 }
 
 const char *dp_op_kind_name(dp_op_kind k) {
-  static const char *const names[] = {"copy", "forward", "backward", "grad_add", "loss",
-                                      "optimizer"};
+  static const char *const names[] = {"copy",     "forward",  "backward",   "grad_add", "zero",
+                                      "loss",     "loss_sum", "grad_check", "optimizer"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

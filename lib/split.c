@@ -13,8 +13,14 @@ int dp__split_max_mbs(const dp_config *c) {
   return c->n_devices < c->batch ? c->n_devices : c->batch;
 }
 
-/* Deals `n` items to `N` devices: counts into cnt[0..N). */
-static void deal(dp_split pol, int n, int N, int *cnt) {
+/* Deals `n` items to `N` devices: counts into cnt[0..N). `first` is device
+ * 0's share under the memory policy. */
+static void deal(dp_split pol, int n, int N, int first, int *cnt) {
+  if (pol == DP_SPLIT_MEMORY && N > 1) {
+    cnt[0] = first < n ? first : n;
+    deal(DP_SPLIT_BALANCED, n - cnt[0], N - 1, 0, cnt + 1);
+    return;
+  }
   if (pol == DP_SPLIT_BALANCED) {
     for (int d = 0; d < N; d++) cnt[d] = n / N + (d < n % N);
     return;
@@ -26,7 +32,11 @@ static void deal(dp_split pol, int n, int N, int *cnt) {
   }
 }
 
-dp_status dp__split(const dp_config *c, int rows, dp_split_info *s, dp_mb *mbs) {
+int dp__split_items(const dp_config *c, int rows) {
+  return c->micro_batch > 0 ? rows / c->micro_batch + (rows % c->micro_batch != 0) : rows;
+}
+
+dp_status dp__split(const dp_config *c, int rows, int first, dp_split_info *s, dp_mb *mbs) {
   int N = c->n_devices;
   if (N < 1 || N > DP_MAX_DEVICES)
     return DP_FAIL(DP_ERR_INVALID, "device count %d is out of range (1..%d)", N,
@@ -34,7 +44,7 @@ dp_status dp__split(const dp_config *c, int rows, dp_split_info *s, dp_mb *mbs) 
   if (rows < 1) return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1 row, got %d", rows);
   if (c->micro_batch < 0)
     return DP_FAIL(DP_ERR_INVALID, "micro-batch size must be >= 0, got %d", c->micro_batch);
-  if (c->split != DP_SPLIT_CHUNK && c->split != DP_SPLIT_BALANCED)
+  if (c->split != DP_SPLIT_CHUNK && c->split != DP_SPLIT_BALANCED && c->split != DP_SPLIT_MEMORY)
     return DP_FAIL(DP_ERR_INVALID, "unknown split policy %d", (int)c->split);
   int cnt[DP_MAX_DEVICES];
   *s = (dp_split_info){0};
@@ -45,9 +55,9 @@ dp_status dp__split(const dp_config *c, int rows, dp_split_info *s, dp_mb *mbs) 
       mbs[k].row0 = k * m;
       mbs[k].rows = rows - k * m < m ? rows - k * m : m;
     }
-    deal(c->split, s->n_mb, N, cnt);
+    deal(c->split, s->n_mb, N, first, cnt);
   } else {
-    deal(c->split, rows, N, cnt);
+    deal(c->split, rows, N, first, cnt);
     for (int d = 0, r = 0; d < N; d++) {
       if (!cnt[d]) continue;
       mbs[s->n_mb++] = (dp_mb){r, cnt[d]};

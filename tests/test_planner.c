@@ -749,7 +749,20 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
     case DP_OP_LOSS:
       REQ_EQ(op->device, 0);
       REQ_EQ(op->rows, v->rows);
+      REQ_EQ(op->n_mb, nmb);
       n_loss++;
+      break;
+    case DP_OP_LOSS_SUM: /* over the planned micro-batches; empty ones are left out */
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->n_mb, p->split.n_mb);
+      REQ_EQ(op->rows, v->rows);
+      break;
+    case DP_OP_GRAD_CHECK:
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->bytes, P);
+      break;
+    case DP_OP_ZERO:
+      REQ(0, "op %d: classic mode zeroes nothing", i);
       break;
     case DP_OP_OPTIMIZER:
       REQ_EQ(op->device, 0);
@@ -1161,8 +1174,8 @@ START_TEST(max_batch_refuses_bad_arguments) {
   ck_assert_int_eq(dp_plan_max_batch(NULL, &c, 4096, 10, &b), DP_ERR_INVALID);
   ck_assert_int_eq(dp_plan_max_batch(m, NULL, 4096, 10, &b), DP_ERR_INVALID);
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, NULL), DP_ERR_INVALID);
-  c.mode = DP_MODE_ALLREDUCE;
-  ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_UNSUPPORTED);
+  c.shard_optimizer = 1; /* classic mode: refused */
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_INVALID);
   c = config_of(1, 0);
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_INVALID);
   dp_model_free(m);
@@ -1199,7 +1212,9 @@ START_TEST(seed_schedule_is_exact) {
       /* outputs 15 x 2 x 4 = 120 B each, concatenated on device 0 */
       {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 0, DP_REGION_OUTPUTS, 0, 0, DP_REGION_GATHERED_OUTPUTS, 0, 120, 0, 15},
       {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 1, DP_REGION_OUTPUTS, 0, 0, DP_REGION_GATHERED_OUTPUTS, 120, 120, 15, 15},
-      {DP_PHASE_LOSS, DP_OP_LOSS, 0, -1, -1, X, X, X, X, X, X, 240, X, 30},
+      /* loss terms over the gathered rows, then the sum of the 2 micro-batches' sums */
+      {DP_PHASE_LOSS, DP_OP_LOSS, 0, -1, 0, X, X, X, X, X, X, 240, 0, 30},
+      {DP_PHASE_LOSS, DP_OP_LOSS_SUM, 0, -1, 0, X, DP_REGION_LOSS, X, X, X, X, 8, X, 30},
       {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 0, 0, DP_REGION_OUTPUT_GRADS, 0, 120, 0, 15},
       {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 120, 1, DP_REGION_OUTPUT_GRADS, 0, 120, 15, 15},
       {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 0, 0, 0, X, X, X, 0, DP_REGION_GRADS, 0, 48, 0, 15},
@@ -1207,7 +1222,8 @@ START_TEST(seed_schedule_is_exact) {
       /* device 1's 48 B of grads into device 0's comm buffer, then added */
       {DP_PHASE_REDUCE, DP_OP_COPY, X, -1, -1, 1, DP_REGION_GRADS, 0, 0, DP_REGION_COMM, 0, 48, X, X},
       {DP_PHASE_REDUCE, DP_OP_GRAD_ADD, 0, -1, -1, X, DP_REGION_COMM, 0, X, DP_REGION_GRADS, 0, 48, X, X},
-      {DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, 0, -1, -1, X, X, X, X, X, X, 48, X, X},
+      {DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, 0, -1, -1, X, DP_REGION_GRADS, 0, X, X, X, 48, X, X},
+      {DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, 0, -1, -1, X, X, X, X, DP_REGION_PARAMS, 0, 48, X, X},
   };
   int n = (int)(sizeof want / sizeof *want);
   ck_assert_int_eq(dp_plan_n_ops(p), n);
@@ -1239,10 +1255,12 @@ START_TEST(seed_schedule_is_exact) {
 #undef EQ
     if (i > 0) ck_assert_int_ge(o->stage, ops[i - 1].stage);
   }
-  /* one stage per phase here: nine stages */
+  /* one stage per phase, except that the gradient check gets a stage of its
+   * own before the update: ten stages */
   ck_assert_int_eq(ops[0].stage, 0);
-  ck_assert_int_eq(ops[n - 1].stage, DP_PHASE_COUNT - 1);
-  for (int i = 0; i < n; i++) ck_assert_int_eq(ops[i].stage, ops[i].phase);
+  ck_assert_int_eq(ops[n - 1].stage, DP_PHASE_COUNT);
+  for (int i = 0; i < n; i++)
+    ck_assert_int_eq(ops[i].stage, ops[i].phase + (ops[i].kind == DP_OP_OPTIMIZER));
   dp_plan_free(p);
   dp_model_free(m);
 }
@@ -1522,11 +1540,11 @@ START_TEST(device_count_out_of_range_is_refused) {
 }
 END_TEST
 
-START_TEST(allreduce_is_unsupported_for_now) {
+START_TEST(sharded_optimizer_needs_allreduce) {
   dp_model *m = model_of(SEED);
   dp_config c = config_of(30, 2);
-  c.mode = DP_MODE_ALLREDUCE;
-  plan_refused(m, &c, DP_ERR_UNSUPPORTED, "allreduce");
+  c.shard_optimizer = 1;
+  plan_refused(m, &c, DP_ERR_INVALID, "allreduce");
   dp_model_free(m);
 }
 END_TEST
@@ -1681,7 +1699,7 @@ Suite *planner_suite(void) {
   tc = tcase_create("config");
   tcase_add_test(tc, batch_zero_is_refused);
   tcase_add_test(tc, device_count_out_of_range_is_refused);
-  tcase_add_test(tc, allreduce_is_unsupported_for_now);
+  tcase_add_test(tc, sharded_optimizer_needs_allreduce);
   tcase_add_test(tc, training_without_a_loss_is_refused);
   tcase_add_test(tc, other_bad_configs_are_refused);
   tcase_add_test(tc, config_defaults_are_as_documented);

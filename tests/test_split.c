@@ -54,7 +54,7 @@ static split_result do_split(int B, int N, int m, dp_split pol) {
   ck_assert_int_ge(r.n_cap, 1);
   r.mbs = malloc((size_t)r.n_cap * sizeof *r.mbs);
   ck_assert_ptr_nonnull(r.mbs);
-  dp_status st = dp__split(&c, B, &r.s, r.mbs);
+  dp_status st = dp__split(&c, B, 0, &r.s, r.mbs);
   ck_assert_msg(st == DP_OK, "B=%d N=%d m=%d: %s", B, N, m, dp_last_error());
   ck_assert_int_le(r.s.n_mb, r.n_cap);
   return r;
@@ -329,7 +329,7 @@ END_TEST
 static void split_bad(dp_config c, int rows, const char *needle) {
   dp_split_info s;
   dp_mb mbs[128];
-  ck_assert_int_eq(dp__split(&c, rows, &s, mbs), DP_ERR_INVALID);
+  ck_assert_int_eq(dp__split(&c, rows, 0, &s, mbs), DP_ERR_INVALID);
   ck_assert_msg(strstr(dp_last_error(), needle) != NULL, "'%s' lacks '%s'", dp_last_error(), needle);
 }
 

@@ -1,0 +1,139 @@
+/* Bit-for-bit reproducibility: run to run, across device counts and across
+ * modes (classic, allreduce, allreduce with a sharded optimizer). */
+#include "dp.h"
+
+#include <check.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Every layer kind, dropout included (its masks are keyed by global row). */
+static const char *SPEC = "input 12\nlinear 16\nlayernorm\ngelu\ndropout 0.2\nlinear 16\n"
+                          "tanh\nlinear 16\nsigmoid\nlinear 16\nrelu\nlinear 5 nobias\n"
+                          "loss softmax_cross_entropy\n";
+enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
+
+typedef struct {
+  float x[B * IN];
+  int32_t y[B];
+} batch;
+
+/* A deterministic batch per step (an LCG of our own). */
+static void make_batch(batch *b, int step) {
+  uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(step + 1);
+  for (int i = 0; i < B * IN; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    b->x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+  }
+  for (int r = 0; r < B; r++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    b->y[r] = (int32_t)((s >> 33) % CLASSES);
+  }
+}
+
+typedef struct {
+  int devices;
+  dp_mode mode;
+  int shard;
+} setup;
+
+/* Trains `steps` steps; returns the parameter hash (0 on failure). rows < B
+ * every fifth step exercises the smaller-batch path too. */
+static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
+  dp_model *m;
+  ck_assert_int_eq(dp_model_parse(SPEC, "det", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = B;
+  c.n_devices = su.devices;
+  c.mode = su.mode;
+  c.shard_optimizer = su.shard;
+  c.micro_batch = micro_batch;
+  c.optimizer = opt;
+  c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
+  c.seed = 7;
+  dp_plan *p;
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  dp_ctx *x;
+  ck_assert_msg(dp_ctx_create(p, &x) == DP_OK, "%s", dp_last_error());
+  batch b;
+  for (int s = 0; s < steps; s++) {
+    make_batch(&b, s);
+    int rows = s % 5 == 4 ? B - 3 * MB - 5 : B;
+    float loss;
+    ck_assert_msg(dp_train_step(x, rows, IN, b.x, b.y, &loss) == DP_OK, "%s", dp_ctx_error(x));
+  }
+  uint64_t h = dp_params_hash(x);
+  dp_ctx_free(x);
+  dp_plan_free(p);
+  dp_model_free(m);
+  return h;
+}
+
+static const setup SETUPS[] = {
+    {1, DP_MODE_CLASSIC, 0},   {2, DP_MODE_CLASSIC, 0},   {4, DP_MODE_CLASSIC, 0},
+    {8, DP_MODE_CLASSIC, 0},   {1, DP_MODE_ALLREDUCE, 0}, {2, DP_MODE_ALLREDUCE, 0},
+    {4, DP_MODE_ALLREDUCE, 0}, {8, DP_MODE_ALLREDUCE, 0}, {1, DP_MODE_ALLREDUCE, 1},
+    {2, DP_MODE_ALLREDUCE, 1}, {4, DP_MODE_ALLREDUCE, 1}, {8, DP_MODE_ALLREDUCE, 1},
+};
+enum { N_SETUPS = sizeof SETUPS / sizeof *SETUPS };
+
+static const char *mode_name(setup s) {
+  return s.mode == DP_MODE_CLASSIC ? "classic" : s.shard ? "allreduce+sharded" : "allreduce";
+}
+
+/* The issue's check: N in {1,2,4,8} x {classic, allreduce, sharded}, 50
+ * steps, with dropout: twelve runs, one hash. */
+static void all_setups_agree(dp_optimizer opt) {
+  uint64_t ref = run(SETUPS[0], opt, 50, MB);
+  ck_assert_uint_ne(ref, 0);
+  for (int i = 1; i < N_SETUPS; i++) {
+    uint64_t h = run(SETUPS[i], opt, 50, MB);
+    ck_assert_msg(h == ref, "%d devices, %s: hash %016llx, 1 device classic: %016llx",
+                  SETUPS[i].devices, mode_name(SETUPS[i]), (unsigned long long)h,
+                  (unsigned long long)ref);
+  }
+}
+
+START_TEST(twelve_setups_same_bits_sgd_momentum) { all_setups_agree(DP_OPT_MOMENTUM); }
+END_TEST
+
+START_TEST(twelve_setups_same_bits_adamw) { all_setups_agree(DP_OPT_ADAMW); }
+END_TEST
+
+START_TEST(same_run_twice_same_bits_after_100_steps) {
+  for (int i = 0; i < N_SETUPS; i += 3) {
+    uint64_t a = run(SETUPS[i], DP_OPT_ADAMW, 100, MB), b = run(SETUPS[i], DP_OPT_ADAMW, 100, MB);
+    ck_assert_msg(a == b, "%d devices %s: %016llx then %016llx", SETUPS[i].devices,
+                  mode_name(SETUPS[i]), (unsigned long long)a, (unsigned long long)b);
+  }
+  /* and without a fixed micro-batch (one per device), on a non-power-of-two count */
+  setup three = {3, DP_MODE_CLASSIC, 0}, three_ar = {3, DP_MODE_ALLREDUCE, 1};
+  ck_assert_uint_eq(run(three, DP_OPT_MOMENTUM, 100, 0), run(three, DP_OPT_MOMENTUM, 100, 0));
+  ck_assert_uint_eq(run(three_ar, DP_OPT_ADAMW, 100, 0), run(three_ar, DP_OPT_ADAMW, 100, 0));
+}
+END_TEST
+
+/* The guarantee is not vacuous: changing the micro-batch partition changes
+ * the reduction tree, and that shows in the bits. */
+START_TEST(different_micro_batch_changes_the_bits) {
+  setup one = {1, DP_MODE_CLASSIC, 0};
+  ck_assert_uint_ne(run(one, DP_OPT_ADAMW, 20, MB), run(one, DP_OPT_ADAMW, 20, 2 * MB));
+}
+END_TEST
+
+Suite *determinism_suite(void) {
+  Suite *s = suite_create("determinism");
+  TCase *tc = tcase_create("across_devices_and_modes");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, twelve_setups_same_bits_sgd_momentum);
+  tcase_add_test(tc, twelve_setups_same_bits_adamw);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("run_to_run");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, same_run_twice_same_bits_after_100_steps);
+  tcase_add_test(tc, different_micro_batch_changes_the_bits);
+  suite_add_tcase(s, tc);
+  return s;
+}
