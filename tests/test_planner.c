@@ -1640,6 +1640,134 @@ START_TEST(names_cover_every_enum) {
 }
 END_TEST
 
+
+/* ---- memory split, allreduce, sharded optimizer ------------------------------------ */
+
+static const char MLP[] = "input 64\nlinear 128\nrelu\nlinear 10\nloss softmax_cross_entropy\n";
+
+static size_t peak_bytes(const dp_plan *p) {
+  size_t mx = 0;
+  for (int d = 0; d < dp_plan_n_devices(p); d++)
+    if (dp_plan_device_bytes(p, d) > mx) mx = dp_plan_device_bytes(p, d);
+  return mx;
+}
+
+START_TEST(memory_split_gives_device_0_fewer_rows_and_a_lower_peak) {
+  /* Wide outputs make device 0's gathered buffers matter. */
+  dp_model *m = model_of("input 32\nlinear 512\nloss mse\n");
+  for (int N = 2; N <= 4; N++) {
+    dp_config c = config_of(96, N);
+    dp_plan *chunk = plan_of(m, &c);
+    c.split = DP_SPLIT_BALANCED;
+    dp_plan *bal = plan_of(m, &c);
+    c.split = DP_SPLIT_MEMORY;
+    dp_plan *mem = plan_of(m, &c);
+    int rows = 0;
+    for (int d = 0; d < dp_plan_n_devices(mem); d++) rows += dp_plan_device_rows(mem, d);
+    ck_assert_int_eq(rows, 96);
+    ck_assert_int_lt(dp_plan_device_rows(mem, 0), dp_plan_device_rows(mem, 1));
+    ck_assert_uint_lt(peak_bytes(mem), peak_bytes(chunk));
+    ck_assert_uint_le(peak_bytes(mem), peak_bytes(bal));
+    /* the arenas come out more even than under an even split of rows */
+    size_t gap_mem = dp_plan_device_bytes(mem, 0) > dp_plan_device_bytes(mem, 1)
+                         ? dp_plan_device_bytes(mem, 0) - dp_plan_device_bytes(mem, 1)
+                         : dp_plan_device_bytes(mem, 1) - dp_plan_device_bytes(mem, 0);
+    ck_assert_uint_lt(gap_mem, dp_plan_device_bytes(bal, 0) - dp_plan_device_bytes(bal, 1));
+    dp_plan_free(chunk);
+    dp_plan_free(bal);
+    dp_plan_free(mem);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(memory_split_with_fixed_micro_batches_deals_whole_micro_batches) {
+  dp_model *m = model_of("input 32\nlinear 512\nloss mse\n");
+  dp_config c = config_of(128, 4);
+  c.split = DP_SPLIT_MEMORY;
+  c.micro_batch = 8;
+  dp_plan *p = plan_of(m, &c);
+  for (int d = 0; d < dp_plan_n_devices(p); d++) ck_assert_int_eq(dp_plan_device_rows(p, d) % 8, 0);
+  ck_assert_int_lt(dp_plan_device_micro_batches(p, 0), dp_plan_device_micro_batches(p, 1));
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(allreduce_balances_memory_and_scatters_targets) {
+  dp_model *m = model_of(MLP);
+  dp_config c = config_of(64, 4);
+  c.mode = DP_MODE_ALLREDUCE;
+  c.optimizer = DP_OPT_ADAMW;
+  dp_plan *p = plan_of(m, &c);
+  size_t P = dp_model_n_params(m) * 4;
+  for (int d = 0; d < 4; d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GATHERED_OUTPUTS).size, 0);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GATHERED_GRADS).size, 0);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_TARGETS).size, 16 * 4); /* its labels */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size, 2 * P); /* full copy */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, (P / 4 - P / 8) * 4);
+  }
+  /* device 0 only adds the other devices' loss sums: within one alignment unit */
+  ck_assert_uint_le(dp_plan_device_bytes(p, 0) - dp_plan_device_bytes(p, 3), 64);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(sharded_optimizer_keeps_one_shard_per_device) {
+  dp_model *m = model_of(MLP);
+  size_t n = dp_model_n_params(m);
+  for (int N = 1; N <= 8; N++) {
+    dp_config c = config_of(64, N);
+    c.mode = DP_MODE_ALLREDUCE;
+    c.optimizer = DP_OPT_ADAMW;
+    c.shard_optimizer = 1;
+    dp_plan *p = plan_of(m, &c);
+    dp_config full = c;
+    full.shard_optimizer = 0;
+    dp_plan *q = plan_of(m, &full);
+    size_t sum = 0;
+    for (int d = 0; d < N; d++) {
+      size_t st = dp_plan_region(p, d, DP_REGION_OPT_STATE).size;
+      ck_assert_uint_le(st, 2 * 4 * (n / N + 1));
+      ck_assert_uint_ge(st, 2 * 4 * (n / N));
+      sum += st;
+      if (N > 1) ck_assert_uint_lt(dp_plan_device_bytes(p, d), dp_plan_device_bytes(q, d));
+    }
+    ck_assert_uint_eq(sum, 2 * 4 * n); /* the shards cover the state exactly once */
+    dp_plan_free(p);
+    dp_plan_free(q);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
+/* Recursive halving pairs devices at distance 1 first, then 2: the first sums
+ * are of neighbouring blocks, as in the canonical tree. */
+START_TEST(allreduce_halves_at_distance_one_then_two) {
+  dp_model *m = model_of(MLP);
+  dp_config c = config_of(64, 4);
+  c.mode = DP_MODE_ALLREDUCE;
+  dp_plan *p = plan_of(m, &c);
+  const dp_op *ops = dp_plan_ops(p);
+  int first_stage = -1, seen = 0;
+  for (int i = 0; i < dp_plan_n_ops(p); i++) {
+    const dp_op *o = &ops[i];
+    if (o->phase != DP_PHASE_REDUCE || o->kind != DP_OP_COPY || o->dst_region != DP_REGION_COMM)
+      continue;
+    if (first_stage < 0) first_stage = o->stage;
+    int dist = o->stage == first_stage ? 1 : 2;
+    ck_assert_int_eq(o->src_dev ^ o->dst_dev, dist);
+    ck_assert_int_eq(o->device, o->dst_dev);
+    seen++;
+  }
+  ck_assert_int_eq(seen, 8); /* 4 devices x 2 levels */
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 Suite *planner_suite(void) {
   Suite *s = suite_create("planner");
   TCase *tc = tcase_create("seed");
@@ -1694,6 +1822,14 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, gradient_tree_is_the_same_for_1_2_4_8_devices);
   tcase_add_test(tc, inference_schedule_has_no_training_phases);
   tcase_add_test(tc, single_device_plans_have_no_transfers_between_devices);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("modes_and_splits");
+  tcase_add_test(tc, memory_split_gives_device_0_fewer_rows_and_a_lower_peak);
+  tcase_add_test(tc, memory_split_with_fixed_micro_batches_deals_whole_micro_batches);
+  tcase_add_test(tc, allreduce_balances_memory_and_scatters_targets);
+  tcase_add_test(tc, sharded_optimizer_keeps_one_shard_per_device);
+  tcase_add_test(tc, allreduce_halves_at_distance_one_then_two);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("config");
