@@ -366,7 +366,7 @@ START_TEST(config_every_common_option) {
                 "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
                 "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
                 "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps",
-                "0.125", "--seed", "18446744073709551615");
+                "0.125", "--seed", "18446744073709551615", "--shard-optimizer");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_int_eq(c.batch, 30);
   ck_assert_int_eq(c.n_devices, 4);
@@ -387,6 +387,7 @@ START_TEST(config_every_common_option) {
   ck_assert_float_eq(c.beta2, 0.75f);
   ck_assert_float_eq(c.eps, 0.125f);
   ck_assert_uint_eq(c.seed, UINT64_MAX);
+  ck_assert_int_eq(c.shard_optimizer, 1);
   for (int code = DPT_OPT_BATCH; code < DPT_OPT_COMMON_END; code++)
     ck_assert_msg(dpt_given(&com, code), "option %d not marked given", code);
 }
@@ -442,6 +443,46 @@ START_TEST(config_usage_errors) {
   ck_assert_int_eq(PARSE(&c, NULL, err, "--seed", "-1"), DPT_ARGS_ERROR);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "4", "extra"), DPT_ARGS_ERROR);
   ck_assert_msg(strstr(err, "unexpected argument 'extra'"), "%s", err);
+}
+END_TEST
+
+/* --shard-optimizer: a flag, off by default, named in the help and in the
+ * one-line config description. */
+START_TEST(config_shard_optimizer) {
+  dp_config c;
+  dpt_common com;
+  char err[256] = "";
+  ck_assert_int_eq(PARSE(&c, &com, err, "--batch", "8"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.shard_optimizer, 0);
+  ck_assert(!dpt_given(&com, DPT_OPT_SHARD_OPTIMIZER));
+  ck_assert_int_eq(PARSE(&c, &com, err, "--mode", "allreduce", "--shard-optimizer", "--batch",
+                         "8"),
+                   DPT_ARGS_OK);
+  ck_assert_int_eq(c.shard_optimizer, 1);
+  ck_assert_int_eq(c.mode, DP_MODE_ALLREDUCE);
+  ck_assert_int_eq(c.batch, 8);
+  ck_assert(dpt_given(&com, DPT_OPT_SHARD_OPTIMIZER));
+  ck_assert_int_eq(PARSE(&c, &com, err, "--shard"), DPT_ARGS_OK); /* a unique prefix */
+  ck_assert_int_eq(c.shard_optimizer, 1);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--shard-optimizer=1"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--shard-optimizer takes no value"), "%s", err);
+
+  char buf[4096] = "";
+  FILE *f = fmemopen(buf, sizeof buf - 1, "w");
+  ck_assert_ptr_nonnull(f);
+  dpt_print_common_help(f);
+  fputc('\n', f);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--mode", "allreduce",
+                         "--shard-optimizer"),
+                   DPT_ARGS_OK);
+  dpt_print_config(f, &c);
+  fputc('\n', f);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--mode", "allreduce"), DPT_ARGS_OK);
+  dpt_print_config(f, &c);
+  fclose(f);
+  ck_assert_msg(strstr(buf, "  --shard-optimizer "), "help lacks the option:\n%s", buf);
+  ck_assert_msg(strstr(buf, "allreduce mode with sharded optimizer state, "), "%s", buf);
+  ck_assert_msg(strstr(buf, "allreduce mode, "), "%s", buf);
 }
 END_TEST
 
@@ -619,6 +660,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, config_equals_form_and_prefix);
   tcase_add_test(tc, config_weight_decay_left_to_library_unless_given);
   tcase_add_test(tc, config_usage_errors);
+  tcase_add_test(tc, config_shard_optimizer);
   tcase_add_test(tc, config_help);
   tcase_add_test(tc, config_getopt_reset_between_calls);
   tcase_add_test(tc, parse_args_with_command_options_and_positionals);

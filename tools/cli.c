@@ -185,7 +185,8 @@ static const char *const mode_names[] = {[DP_MODE_CLASSIC] = "classic",
 static const char *const optimizer_names[] = {
     [DP_OPT_SGD] = "sgd", [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_ADAMW] = "adamw"};
 static const char *const split_names[] = {[DP_SPLIT_CHUNK] = "chunk",
-                                          [DP_SPLIT_BALANCED] = "balanced"};
+                                          [DP_SPLIT_BALANCED] = "balanced",
+                                          [DP_SPLIT_MEMORY] = "memory"};
 static const char *const backend_names[] = {[DP_BACKEND_CPU] = "cpu",
                                             [DP_BACKEND_CUDA] = "cuda"};
 static const char *const layer_names[] = {
@@ -322,6 +323,7 @@ static const struct option common_options[] = {
     {"beta2", required_argument, NULL, DPT_OPT_BETA2},
     {"eps", required_argument, NULL, DPT_OPT_EPS},
     {"seed", required_argument, NULL, DPT_OPT_SEED},
+    {"shard-optimizer", no_argument, NULL, DPT_OPT_SHARD_OPTIMIZER},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -359,6 +361,7 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   }
   case DPT_OPT_EPS: return dpt_parse_float(arg, 0, 1, "--eps", &c->eps, err, errcap);
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
+  case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
   }
   return fail(err, errcap, "internal: unknown common option %d", code);
 }
@@ -455,12 +458,15 @@ void dpt_print_common_help(FILE *f) {
       "  --devices N|LIST        N replicas on devices 0..N-1 (default 1), or a comma\n"
       "                          list of physical device ids, one per replica:\n"
       "                          --devices 0,0,1,1 = 4 replicas, two on each of 2 GPUs\n"
-      "  --split chunk|balanced  how the batch is cut along dim 0 (default chunk):\n"
+      "  --split chunk|balanced|memory\n"
+      "                          how the batch is cut along dim 0 (default chunk):\n"
       "                          chunk    = torch.chunk: ceil(B/N) rows per device,\n"
       "                                     the last may be short, fewer devices may\n"
       "                                     be used\n"
       "                          balanced = torch.tensor_split: the first B%N devices\n"
       "                                     get one row more\n"
+      "                          memory   = device 0 gets fewer rows, so that the\n"
+      "                                     largest arena is as small as it can be\n"
       "  --micro-batch K         rows per micro-batch (default 0 = each device's\n"
       "                          chunk); a fixed K makes results bit-identical\n"
       "                          across device counts\n"
@@ -472,6 +478,9 @@ void dpt_print_common_help(FILE *f) {
       "                          allreduce = DDP-like: each device computes its loss,\n"
       "                                      gradients all-reduced, every replica\n"
       "                                      updates; memory is balanced\n"
+      "  --shard-optimizer       allreduce: each device keeps and updates only its\n"
+      "                          shard of the optimizer state (ZeRO-1 style); the\n"
+      "                          parameters are the same bits as without it\n"
       "  --optimizer sgd|momentum|adamw   (default sgd)\n"
       "  --inference             forward only: no gradients, no optimizer state\n"
       "  --backend cpu|cuda      cpu: threads as virtual devices (default); cuda: GPUs\n"
@@ -503,7 +512,8 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     fprintf(f, "%d)", c->micro_batch);
   else
     fputs("= chunk)", f);
-  fprintf(f, ", %s mode, ", dpt_mode_name(c->mode));
+  fprintf(f, ", %s mode%s, ", dpt_mode_name(c->mode),
+          c->shard_optimizer ? " with sharded optimizer state" : "");
   if (c->inference) {
     fputs("inference", f);
   } else {

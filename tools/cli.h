@@ -19,6 +19,7 @@
 /* argv[0] is the command name ("plan"); the rest are its arguments. */
 int dpt_cmd_plan(int argc, char **argv);  /* tools/cmd_plan.c */
 int dpt_cmd_train(int argc, char **argv); /* tools/cmd_train.c */
+int dpt_cmd_repro(int argc, char **argv); /* tools/cmd_repro.c */
 
 /* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):
  * a column per device with rows, micro-batches, the bytes of every non-empty
@@ -66,7 +67,7 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
 int dpt_parse_mode(const char *s, dp_mode *out, char *err, size_t errcap); /* classic|allreduce */
 int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err,
                         size_t errcap);                                     /* sgd|momentum|adamw */
-int dpt_parse_split(const char *s, dp_split *out, char *err, size_t errcap); /* chunk|balanced */
+int dpt_parse_split(const char *s, dp_split *out, char *err, size_t errcap); /* chunk|balanced|memory */
 int dpt_parse_backend(const char *s, dp_backend *out, char *err, size_t errcap); /* cpu|cuda */
 
 /* The words above ("classic", ...), and the spec words for layers and losses
@@ -112,6 +113,7 @@ enum {
   DPT_OPT_BETA2,
   DPT_OPT_EPS,
   DPT_OPT_SEED,
+  DPT_OPT_SHARD_OPTIMIZER, /* no value: cfg.shard_optimizer = 1 */
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };
@@ -164,8 +166,9 @@ int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *comm
 void dpt_print_common_help(FILE *f);
 
 /* One line describing a config, e.g.
- * "batch 30 on 2 devices (chunk split, micro-batch auto), classic mode, sgd lr 0.01,
- *  training, cpu backend". */
+ * "batch 30 on 2 devices (chunk split, micro-batch = chunk), classic mode, sgd (lr 0.01),
+ *  training, cpu backend, seed 0"; "allreduce mode with sharded optimizer state" when
+ *  shard_optimizer is set. */
 void dpt_print_config(FILE *f, const dp_config *c);
 
 #endif

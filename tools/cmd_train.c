@@ -49,7 +49,7 @@ static void usage(FILE *f) {
   fprintf(f,
           "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
           "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
-          "                [--split chunk|balanced] [--micro-batch K] [--test-fraction F]\n"
+          "                [--split chunk|balanced|memory] [--micro-batch K] [--test-fraction F]\n"
           "                [--plot loss.svg] [--save params.bin] [--quiet]\n\n"
           "Trains the model on the CSV data (label first, then the features; for an mse\n"
           "model, the first <output width> fields are the targets) with data parallelism\n"

@@ -20,6 +20,10 @@ static const command commands[] = {
     {"train", dpt_cmd_train,
      "train a model with data parallelism on the cpu or cuda backend, in\n"
      "            the planned arenas (no allocation after start-up)"},
+    {"repro", dpt_cmd_repro,
+     "check that training gives the same bits for several device counts and\n"
+     "            modes (classic, allreduce, sharded); names the first step and\n"
+     "            tensor where two configurations differ"},
 };
 #define N_COMMANDS ((int)(sizeof commands / sizeof *commands))
 

@@ -1,0 +1,845 @@
+/* `dp repro`: the reproducibility check. Trains the same model on the same
+ * batches under several configurations (device counts x modes) in lockstep,
+ * hashes every parameter tensor after every step, and reports whether all of
+ * them produce the same bits, and if not, the first step and tensor where two
+ * of them part and by how much. */
+#include "cli.h"
+#include "data.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* ---- options ------------------------------------------------------------------ */
+
+enum {
+  OPT_MODEL = DPT_OPT_USER,
+  OPT_DATA,
+  OPT_STEPS,
+  OPT_DEVICES, /* a list of counts here, not dp's --devices */
+  OPT_MODE,    /* a list of modes here, not dp's --mode */
+  OPT_TRACE,
+  OPT_JSON,
+  OPT_SKIP_REFUSED,
+  OPT_NO_STANDARDIZE,
+};
+
+/* Every option of `dp repro`. The common options listed here are handed on,
+ * as "--name=value", to dpt_parse_args, so that they mean exactly what they
+ * mean in every other command; --devices and --mode are repro's own (lists),
+ * and --inference (no training) and --shard-optimizer (the `sharded` mode)
+ * are left out. */
+static const struct option repro_options[] = {
+    {"model", required_argument, NULL, OPT_MODEL},
+    {"data", required_argument, NULL, OPT_DATA},
+    {"steps", required_argument, NULL, OPT_STEPS},
+    {"devices", required_argument, NULL, OPT_DEVICES},
+    {"mode", required_argument, NULL, OPT_MODE},
+    {"trace", no_argument, NULL, OPT_TRACE},
+    {"json", no_argument, NULL, OPT_JSON},
+    {"skip-refused", no_argument, NULL, OPT_SKIP_REFUSED},
+    {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
+    {"batch", required_argument, NULL, DPT_OPT_BATCH},
+    {"micro-batch", required_argument, NULL, DPT_OPT_MICRO_BATCH},
+    {"split", required_argument, NULL, DPT_OPT_SPLIT},
+    {"optimizer", required_argument, NULL, DPT_OPT_OPTIMIZER},
+    {"backend", required_argument, NULL, DPT_OPT_BACKEND},
+    {"lr", required_argument, NULL, DPT_OPT_LR},
+    {"momentum", required_argument, NULL, DPT_OPT_MOMENTUM},
+    {"weight-decay", required_argument, NULL, DPT_OPT_WEIGHT_DECAY},
+    {"beta1", required_argument, NULL, DPT_OPT_BETA1},
+    {"beta2", required_argument, NULL, DPT_OPT_BETA2},
+    {"eps", required_argument, NULL, DPT_OPT_EPS},
+    {"seed", required_argument, NULL, DPT_OPT_SEED},
+    {"help", no_argument, NULL, 'h'},
+    {0, 0, 0, 0},
+};
+
+/* The modes a configuration can have. */
+enum { RM_CLASSIC = 0, RM_ALLREDUCE, RM_SHARDED, RM_COUNT };
+static const char *const rm_names[RM_COUNT] = {"classic", "allreduce", "sharded"};
+
+#define DEFAULT_STEPS 10
+#define MAX_STEPS 1000000
+
+typedef struct {
+  const char *model, *data;
+  int steps, trace, json, skip_refused, no_standardize;
+  int n_counts, counts[DP_MAX_DEVICES]; /* device counts, in the order given */
+  int n_modes, modes[RM_COUNT];         /* RM_*, in the order given */
+  dp_config base;                       /* the common options */
+  int batch_given;
+} repro_opts;
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: dp repro --model M.dpm --data D.csv --batch B [--micro-batch K]\n"
+      "                [--steps S] [--devices 1,2,4,8]\n"
+      "                [--mode classic,allreduce,sharded]\n"
+      "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed N]\n"
+      "                [--trace] [--json] [--skip-refused]\n"
+      "\n"
+      "Checks that training gives the same bits whatever the device count and mode.\n"
+      "Every configuration in the cross product of --devices and --mode trains the\n"
+      "model from the same seed on the same batches: step s takes the B consecutive\n"
+      "rows s*B .. s*B+B-1 of the data in a shuffled order (a new order from --seed\n"
+      "for each pass, wrapping around), so every step has a full batch. The\n"
+      "configurations run in lockstep; after every step the loss and an FNV-1a 64\n"
+      "hash of each parameter tensor are compared with the first configuration that\n"
+      "runs (the reference). Tensors are named as PyTorch's state_dict names an\n"
+      "nn.Sequential of the model's layers (the layer index counts the layers after\n"
+      "`input`): \"0.weight\" (out, in) and \"0.bias\" (out) of a linear layer 0,\n"
+      "\"1.weight\" and \"1.bias\" (width) of a layernorm layer 1.\n"
+      "\n"
+      "Output: one row per configuration: device count, mode, final loss, parameter\n"
+      "hash (as dp train prints it) and `same` or `DIFFERS from step s` against the\n"
+      "reference. On a divergence it names the first step (1-based), the first tensor\n"
+      "in state_dict order, the two configurations and that tensor's max absolute\n"
+      "difference at that step (or the two losses, when only the loss differs).\n"
+      "\n"
+      "Repro options:\n"
+      "  --model FILE          model spec (.dpm) with a loss line\n"
+      "  --data FILE           CSV data: label first (softmax_cross_entropy), or the\n"
+      "                        <output width> targets first (mse), then the features;\n"
+      "                        all rows are used, standardised per feature\n"
+      "  --steps S             training steps (default 10)\n"
+      "  --devices LIST        device counts, comma separated (default 1,2,4,8); here\n"
+      "                        not a list of device ids\n"
+      "  --mode LIST           modes, comma separated: classic, allreduce, sharded\n"
+      "                        (= allreduce with the optimizer state sharded across\n"
+      "                        the devices); default classic,allreduce,sharded\n"
+      "  --trace               also print, for every step and configuration, the loss,\n"
+      "                        the parameter hash and the hash of every tensor\n"
+      "  --json                print the report as one JSON object\n"
+      "  --skip-refused        configurations the library refuses do not make the exit\n"
+      "                        status 2\n"
+      "  --no-standardize      keep the features as they are in the file\n"
+      "\n"
+      "Training options (as in dp train; --devices and --mode are the lists above):\n"
+      "  --batch B             rows per step, and the planned batch (required)\n"
+      "  --micro-batch K       rows per micro-batch (default 0 = each device's chunk,\n"
+      "                        which does not give the same bits across counts)\n"
+      "  --split chunk|balanced|memory  how micro-batches (or rows) are dealt to devices\n"
+      "  --optimizer sgd|momentum|adamw   (default sgd)\n"
+      "  --lr X  --momentum X  --weight-decay X  --beta1 X  --beta2 X  --eps X\n"
+      "                        hyper-parameters, with dp train's defaults\n"
+      "  --backend cpu|cuda    (default cpu)\n"
+      "  --seed N              parameter init, dropout and the batch order (default 0)\n"
+      "\n"
+      "When the bits are guaranteed to be the same (see docs/DETERMINISM.md):\n"
+      "  - a fixed --micro-batch K, the chunk split, and the same batch size;\n"
+      "  - device counts that are powers of two dividing the number of micro-batches\n"
+      "    ceil(B/K) (with K = 4 and B = 32: 1, 2, 4 and 8 devices);\n"
+      "  - classic, allreduce and sharded alike, any optimizer, dropout included;\n"
+      "  - the same backend and the same build (compiler, flags): the cpu and cuda\n"
+      "    backends give different bits, and so may two builds.\n"
+      "Without --micro-batch every device runs its whole chunk as one micro-batch, so\n"
+      "the sums are cut differently for each device count and the bits usually\n"
+      "differ; that is what this command then shows.\n"
+      "\n"
+      "Exit status: 0 every configuration that ran gave the same bits at every step;\n"
+      "1 two configurations differ, or a step failed, or the model or data could not\n"
+      "be loaded; 2 usage error, or a configuration was refused (\"refused: <why>\",\n"
+      "e.g. a mode this build does not implement) and --skip-refused was not given.\n"
+      "A divergence wins over a refusal.\n",
+      f);
+}
+
+/* Parses "1,2,4,8": counts in [1, DP_MAX_DEVICES], no repeats. */
+static int parse_counts(const char *s, repro_opts *o, char *err, size_t errcap) {
+  o->n_counts = 0;
+  if (!s || !*s) return snprintf(err, errcap, "--devices: empty list"), -1;
+  for (const char *p = s;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char item[32], msg[256];
+    if (len == 0 || len >= sizeof item) {
+      snprintf(err, errcap, "--devices: bad entry in '%s' (a comma list of device counts, "
+               "e.g. 1,2,4,8)", s);
+      return -1;
+    }
+    memcpy(item, p, len);
+    item[len] = '\0';
+    int n;
+    if (dpt_parse_int(item, 1, DP_MAX_DEVICES, "--devices: device count", &n, msg, sizeof msg)) {
+      snprintf(err, errcap, "%s", msg);
+      return -1;
+    }
+    for (int i = 0; i < o->n_counts; i++)
+      if (o->counts[i] == n) {
+        snprintf(err, errcap, "--devices: %d appears twice in '%s'", n, s);
+        return -1;
+      }
+    if (o->n_counts == DP_MAX_DEVICES) {
+      snprintf(err, errcap, "--devices: more than %d counts in '%s'", DP_MAX_DEVICES, s);
+      return -1;
+    }
+    o->counts[o->n_counts++] = n;
+    if (!comma) return 0;
+    p = comma + 1;
+  }
+}
+
+/* Parses "classic,allreduce,sharded" (case-insensitive, no repeats). */
+static int parse_modes(const char *s, repro_opts *o, char *err, size_t errcap) {
+  o->n_modes = 0;
+  if (!s || !*s) return snprintf(err, errcap, "--mode: empty list"), -1;
+  for (const char *p = s;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    int m = -1;
+    for (int k = 0; k < RM_COUNT; k++)
+      if (strlen(rm_names[k]) == len && strncasecmp(p, rm_names[k], len) == 0) m = k;
+    if (m < 0) {
+      snprintf(err, errcap, "--mode: '%.*s' is not one of classic|allreduce|sharded", (int)len,
+               p);
+      return -1;
+    }
+    for (int i = 0; i < o->n_modes; i++)
+      if (o->modes[i] == m) {
+        snprintf(err, errcap, "--mode: %s appears twice in '%s'", rm_names[m], s);
+        return -1;
+      }
+    o->modes[o->n_modes++] = m;
+    if (!comma) return 0;
+    p = comma + 1;
+  }
+}
+
+static const char *option_name(int val) {
+  for (const struct option *q = repro_options; q->name; q++)
+    if (q->val == val) return q->name;
+  return "?";
+}
+
+/* Two passes: getopt_long over repro_options (so that prefixes resolve among
+ * all of repro's option names), handling repro's own options and collecting
+ * the common ones as "--name=value"; then dpt_parse_args over those. Returns
+ * DPT_ARGS_OK, DPT_ARGS_HELP or DPT_ARGS_ERROR (message in err). */
+static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err, size_t errcap) {
+  memset(o, 0, sizeof *o);
+  o->steps = DEFAULT_STEPS;
+  o->n_counts = 4;
+  o->counts[0] = 1, o->counts[1] = 2, o->counts[2] = 4, o->counts[3] = 8;
+  o->n_modes = RM_COUNT;
+  for (int k = 0; k < RM_COUNT; k++) o->modes[k] = k;
+
+  char **pass = calloc((size_t)argc + 1, sizeof *pass);
+  int n_pass = 1, r = DPT_ARGS_ERROR;
+  if (!pass) return snprintf(err, errcap, "out of memory"), DPT_ARGS_ERROR;
+  pass[0] = argv[0];
+
+  optind = 0; /* glibc: full reinitialisation */
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":h", repro_options, NULL)) != -1) {
+    const char *tok = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+    switch (c) {
+    case 'h': r = DPT_ARGS_HELP; goto out;
+    case ':': snprintf(err, errcap, "option --%s needs a value", option_name(optopt)); goto out;
+    case '?':
+      if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0))
+        snprintf(err, errcap, "option --%s takes no value ('%s')", option_name(optopt), tok);
+      else if (optopt)
+        snprintf(err, errcap, "unknown option '-%c'", optopt);
+      else
+        snprintf(err, errcap, "unknown or ambiguous option '%s'", tok);
+      goto out;
+    case OPT_MODEL: o->model = optarg; break;
+    case OPT_DATA: o->data = optarg; break;
+    case OPT_STEPS:
+      if (dpt_parse_int(optarg, 1, MAX_STEPS, "--steps", &o->steps, err, errcap)) goto out;
+      break;
+    case OPT_DEVICES:
+      if (parse_counts(optarg, o, err, errcap)) goto out;
+      break;
+    case OPT_MODE:
+      if (parse_modes(optarg, o, err, errcap)) goto out;
+      break;
+    case OPT_TRACE: o->trace = 1; break;
+    case OPT_JSON: o->json = 1; break;
+    case OPT_SKIP_REFUSED: o->skip_refused = 1; break;
+    case OPT_NO_STANDARDIZE: o->no_standardize = 1; break;
+    default: { /* a common option: hand it on */
+      const char *name = option_name(c);
+      size_t len = strlen(name) + (optarg ? strlen(optarg) : 0) + 4;
+      char *a = malloc(len);
+      if (!a) {
+        snprintf(err, errcap, "out of memory");
+        goto out;
+      }
+      snprintf(a, len, "--%s%s%s", name, optarg ? "=" : "", optarg ? optarg : "");
+      pass[n_pass++] = a;
+      if (c == DPT_OPT_BATCH) o->batch_given = 1;
+    }
+    }
+  }
+  if (optind < argc) {
+    snprintf(err, errcap, "unexpected argument '%s'", argv[optind]);
+    goto out;
+  }
+  if (dpt_config_from_args(n_pass, pass, &o->base, NULL, err, errcap) != DPT_ARGS_OK) goto out;
+  if (!o->model || !o->data || !o->batch_given) {
+    snprintf(err, errcap, "--model, --data and --batch are required");
+    goto out;
+  }
+  r = DPT_ARGS_OK;
+out:
+  for (int i = 1; i < n_pass; i++) free(pass[i]);
+  free(pass);
+  return r;
+}
+
+/* ---- parameter tensors -------------------------------------------------------- */
+
+typedef struct {
+  char name[32]; /* "3.weight" */
+  size_t offset, size; /* in floats, into the state_dict-ordered array */
+  int dim0, dim1;      /* shape: (dim0, dim1), or (dim0) when dim1 == 0 */
+} tensor_info;
+
+static void add_tensor(tensor_info *t, int *n, size_t *off, int layer, const char *what,
+                       int d0, int d1) {
+  tensor_info *x = &t[(*n)++];
+  snprintf(x->name, sizeof x->name, "%d.%s", layer, what);
+  x->offset = *off;
+  x->dim0 = d0;
+  x->dim1 = d1;
+  x->size = (size_t)d0 * (size_t)(d1 ? d1 : 1);
+  *off += x->size;
+}
+
+/* The parameter tensors of m in state_dict order. The widths come from the
+ * model's spec text (dp_model_format), checked against the layer kinds and the
+ * parameter count. Returns 0, or -1 with a message. */
+static int model_tensors(const dp_model *m, tensor_info **out, int *n_out, char *err,
+                         size_t errcap) {
+  int L = dp_model_n_layers(m), n = 0, layer = -1, width = dp_model_input_width(m);
+  size_t len = dp_model_format(m, NULL, 0), off = 0;
+  char *text = malloc(len + 1);
+  tensor_info *t = calloc((size_t)2 * L + 1, sizeof *t);
+  if (!text || !t) {
+    snprintf(err, errcap, "out of memory");
+    goto fail;
+  }
+  dp_model_format(m, text, len + 1);
+  char *save = NULL;
+  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    char word[32] = "";
+    if (sscanf(line, "%31s", word) != 1 || word[0] == '#') continue;
+    if (strcmp(word, "input") == 0 || strcmp(word, "loss") == 0) {
+      if (word[0] == 'i') layer = 0;
+      continue;
+    }
+    if (layer < 0 || layer >= L || strcmp(word, dpt_layer_name(dp_model_layer_kind(m, layer)))) {
+      snprintf(err, errcap, "internal: the model's text form does not match its layers");
+      goto fail;
+    }
+    if (dp_model_layer_kind(m, layer) == DP_LAYER_LINEAR) {
+      int w;
+      if (sscanf(line, "%*s %d", &w) != 1 || w < 1) {
+        snprintf(err, errcap, "internal: cannot read the width of layer %d", layer);
+        goto fail;
+      }
+      add_tensor(t, &n, &off, layer, "weight", w, width);
+      if (!strstr(line, "nobias")) add_tensor(t, &n, &off, layer, "bias", w, 0);
+      width = w;
+    } else if (dp_model_layer_kind(m, layer) == DP_LAYER_LAYERNORM) {
+      add_tensor(t, &n, &off, layer, "weight", width, 0);
+      add_tensor(t, &n, &off, layer, "bias", width, 0);
+    }
+    layer++;
+  }
+  if (layer != L || off != dp_model_n_params(m)) {
+    snprintf(err, errcap, "internal: tensor layout (%zu parameters) does not match the "
+             "model (%zu)", off, dp_model_n_params(m));
+    goto fail;
+  }
+  free(text);
+  *out = t;
+  *n_out = n;
+  return 0;
+fail:
+  free(text);
+  free(t);
+  return -1;
+}
+
+static uint64_t fnv1a(const float *v, size_t n) {
+  const unsigned char *b = (const unsigned char *)v;
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t k = 0; k < n * sizeof *v; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  return h;
+}
+
+static uint32_t float_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+/* ---- configurations ---------------------------------------------------------- */
+
+enum { ST_OK = 0, ST_REFUSED, ST_ERROR };
+
+typedef struct {
+  int n_devices, mode; /* RM_* */
+  char label[40];      /* "2 devices classic" */
+  dp_config cfg;
+  dp_plan *plan;
+  dp_ctx *ctx;
+  int status;
+  char msg[600];
+  float loss;      /* of the last step run */
+  uint64_t hash;   /* dp_params_hash after the last step run */
+  uint64_t *th;    /* (n_tensors) tensor hashes after the last step run */
+  int div_step;    /* first step differing from the reference; 0 = none */
+} run_cfg;
+
+/* The first divergence found. */
+typedef struct {
+  int step;      /* 0 = none */
+  int cfg;       /* the configuration that differs from the reference */
+  int tensor;    /* index, or -1 when only the loss differs */
+  double max_diff;
+  size_t at;     /* element of the max difference, within the tensor */
+  float ref_value, value;
+} divergence;
+
+/* The shortest decimal form (%g, 6 to 9 digits) that reads back as v. */
+static const char *float_text(float v, char *buf, size_t cap) {
+  for (int prec = 6; prec <= 9; prec++) {
+    snprintf(buf, cap, "%.*g", prec, (double)v);
+    if ((float)strtod(buf, NULL) == v) break;
+  }
+  return buf;
+}
+
+static void json_float(FILE *f, float v) {
+  char buf[32];
+  if (isfinite(v))
+    fputs(float_text(v, buf, sizeof buf), f);
+  else
+    fputs("null", f);
+}
+
+static void json_hash(FILE *f, uint64_t h) { fprintf(f, "\"%016llx\"", (unsigned long long)h); }
+
+static void json_number(FILE *f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.9g", v);
+  else
+    fputs("null", f);
+}
+
+/* "[17, 3]" or "[5]" for element k of tensor t. */
+static void element_index(const tensor_info *t, size_t k, char *buf, size_t cap) {
+  if (t->dim1)
+    snprintf(buf, cap, "[%zu, %zu]", k / (size_t)t->dim1, k % (size_t)t->dim1);
+  else
+    snprintf(buf, cap, "[%zu]", k);
+}
+
+static void print_trace_header(const tensor_info *t, int nt) {
+  printf("trace: after every step, the loss, the parameter hash and the FNV-1a 64 hash of\n"
+         "every tensor (state_dict order); '*' marks a row that differs from the reference\n");
+  printf("%5s  %-18s  %-16s  %-16s", "step", "configuration", "loss", "params");
+  for (int i = 0; i < nt; i++) printf("  %-16s", t[i].name);
+  printf("\n");
+}
+
+/* Copies the batch of `step` (0-based): data rows at positions step*B ..
+ * step*B+B-1 of the endless sequence of epoch orders. */
+static int make_batch(const dpt_dataset *d, long long step, int B, uint64_t seed, int *perm,
+                      int *perm_epoch, float *x, void *t) {
+  for (int r = 0; r < B; r++) {
+    long long pos = step * B + r;
+    long long ep = pos / d->n_rows;
+    if (ep > INT_MAX) return -1;
+    if (ep != *perm_epoch) {
+      dpt_epoch_order(d->n_rows, seed, (int)ep, perm);
+      *perm_epoch = (int)ep;
+    }
+    int src = perm[pos % d->n_rows];
+    memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
+           (size_t)d->n_features * sizeof *x);
+    if (d->label)
+      ((int32_t *)t)[r] = d->label[src];
+    else
+      memcpy((float *)t + (size_t)r * d->n_targets, d->y + (size_t)src * d->n_targets,
+             (size_t)d->n_targets * sizeof(float));
+  }
+  return 0;
+}
+
+int dpt_cmd_repro(int argc, char **argv) {
+  repro_opts o;
+  char err[600];
+  int r = parse_repro_args(argc, argv, &o, err, sizeof err);
+  if (r == DPT_ARGS_HELP) {
+    usage(stdout);
+    return DPT_EXIT_OK;
+  }
+  if (r != DPT_ARGS_OK) {
+    fprintf(stderr, "dp repro: %s\n(see dp repro --help)\n", err);
+    return DPT_EXIT_USAGE;
+  }
+
+  int rc = DPT_EXIT_FAIL, nc = o.n_counts * o.n_modes, nt = 0, ref = -1;
+  dp_model *model = NULL;
+  dpt_dataset data = {0};
+  tensor_info *tensors = NULL;
+  run_cfg *cf = calloc((size_t)nc, sizeof *cf);
+  float *bx = NULL, *ref_params = NULL, *params = NULL;
+  void *bt = NULL;
+  int *perm = NULL;
+  divergence div = {0};
+  if (!cf) {
+    fprintf(stderr, "dp repro: out of memory\n");
+    return DPT_EXIT_FAIL;
+  }
+
+  if (dp_model_load(o.model, &model)) {
+    fprintf(stderr, "dp repro: %s\n", dp_last_error());
+    goto out;
+  }
+  int in_w = dp_model_input_width(model), out_w = dp_model_output_width(model);
+  dp_loss_kind loss_kind = dp_model_loss(model);
+  if (loss_kind == DP_LOSS_NONE) {
+    fprintf(stderr, "dp repro: %s has no loss line; training needs one\n", o.model);
+    goto out;
+  }
+  if (model_tensors(model, &tensors, &nt, err, sizeof err)) {
+    fprintf(stderr, "dp repro: %s\n", err);
+    goto out;
+  }
+  dp_status s = loss_kind == DP_LOSS_SOFTMAX_CE
+                    ? dpt_csv_load(o.data, &data, err, sizeof err)
+                    : dpt_csv_load_regression(o.data, out_w, &data, err, sizeof err);
+  if (s) {
+    fprintf(stderr, "dp repro: %s\n", err);
+    goto out;
+  }
+  if (data.n_features != in_w) {
+    fprintf(stderr, "dp repro: %s has %d features per row; %s takes %d\n", o.data,
+            data.n_features, o.model, in_w);
+    goto out;
+  }
+  if (data.label && data.n_classes > out_w) {
+    fprintf(stderr, "dp repro: %s has labels up to %d; the model has %d outputs\n", o.data,
+            data.n_classes - 1, out_w);
+    goto out;
+  }
+  if ((long long)o.steps * o.base.batch / data.n_rows >= INT_MAX) {
+    fprintf(stderr, "dp repro: %d steps of %d rows are too many passes over %d rows\n",
+            o.steps, o.base.batch, data.n_rows);
+    goto out;
+  }
+  if (!o.no_standardize) dpt_standardize(&data, NULL);
+
+  size_t np = dp_model_n_params(model);
+  int B = o.base.batch, tsz = data.label ? (int)sizeof(int32_t) : out_w * (int)sizeof(float);
+  bx = malloc((size_t)B * in_w * sizeof *bx);
+  bt = malloc((size_t)B * tsz);
+  perm = malloc((size_t)data.n_rows * sizeof *perm);
+  ref_params = malloc((np ? np : 1) * sizeof *ref_params);
+  params = malloc((np ? np : 1) * sizeof *params);
+  if (!bx || !bt || !perm || !ref_params || !params) {
+    fprintf(stderr, "dp repro: out of memory\n");
+    goto out;
+  }
+
+  /* Every configuration: plan and context, all alive for the lockstep run. */
+  int n_refused = 0, n_errors = 0;
+  for (int i = 0; i < o.n_counts; i++)
+    for (int j = 0; j < o.n_modes; j++) {
+      run_cfg *c = &cf[i * o.n_modes + j];
+      c->n_devices = o.counts[i];
+      c->mode = o.modes[j];
+      snprintf(c->label, sizeof c->label, "%d device%s %s", c->n_devices,
+               c->n_devices == 1 ? "" : "s", rm_names[c->mode]);
+      c->cfg = o.base;
+      c->cfg.n_devices = c->n_devices;
+      c->cfg.mode = c->mode == RM_CLASSIC ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
+      c->cfg.shard_optimizer = c->mode == RM_SHARDED;
+      c->th = calloc((size_t)nt + 1, sizeof *c->th);
+      if (!c->th) {
+        fprintf(stderr, "dp repro: out of memory\n");
+        goto out;
+      }
+      if (dp_plan_create(model, &c->cfg, &c->plan) || dp_ctx_create(c->plan, &c->ctx)) {
+        c->status = ST_REFUSED;
+        snprintf(c->msg, sizeof c->msg, "%s", dp_last_error());
+        n_refused++;
+      } else if (ref < 0) {
+        ref = i * o.n_modes + j;
+      }
+    }
+
+  if (o.json) {
+    printf("{\n  \"model\": ");
+    dpt_json_string(stdout, o.model);
+    printf(",\n  \"data\": ");
+    dpt_json_string(stdout, o.data);
+    printf(",\n  \"rows\": %d,\n  \"steps\": %d,\n  \"batch\": %d,\n  \"micro_batch\": %d,\n",
+           data.n_rows, o.steps, B, o.base.micro_batch);
+    printf("  \"split\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"lr\": ",
+           dpt_split_name(o.base.split), dpt_optimizer_name(o.base.optimizer));
+    json_float(stdout, o.base.lr);
+    printf(",\n  \"seed\": %llu,\n  \"backend\": \"%s\",\n  \"tensors\": [",
+           (unsigned long long)o.base.seed, dpt_backend_name(o.base.backend));
+    for (int i = 0; i < nt; i++) {
+      printf("%s\n    {\"name\": \"%s\", \"shape\": [%d", i ? "," : "", tensors[i].name,
+             tensors[i].dim0);
+      if (tensors[i].dim1) printf(", %d", tensors[i].dim1);
+      printf("]}");
+    }
+    printf("\n  ]");
+    if (o.trace) printf(",\n  \"trace\": [");
+  } else {
+    printf("dp repro: %s on %s: %d rows, %d features, %s\n", o.model, o.data, data.n_rows,
+           data.n_features, data.label ? "classification" : "regression");
+    printf("%d steps of batch %d (%s split, micro-batch ", o.steps, B,
+           dpt_split_name(o.base.split));
+    if (o.base.micro_batch > 0)
+      printf("%d", o.base.micro_batch);
+    else
+      printf("= each device's chunk");
+    printf("), %s lr %g, seed %llu, %s backend; %d configuration%s\n",
+           dpt_optimizer_name(o.base.optimizer), (double)o.base.lr,
+           (unsigned long long)o.base.seed, dpt_backend_name(o.base.backend), nc,
+           nc == 1 ? "" : "s");
+    if (o.base.micro_batch == 0 && nc > 1)
+      printf("note: without --micro-batch the bits are not expected to match across device "
+             "counts\n");
+    printf("\n");
+    if (o.trace && ref >= 0) print_trace_header(tensors, nt);
+  }
+
+  /* The lockstep run. */
+  int perm_epoch = -1, first_trace = 1;
+  for (int step = 1; step <= o.steps && ref >= 0; step++) {
+    if (make_batch(&data, step - 1, B, o.base.seed, perm, &perm_epoch, bx, bt)) {
+      fprintf(stderr, "dp repro: step %d: position out of range\n", step);
+      goto out;
+    }
+    int ref_alive = cf[ref].status == ST_OK;
+    for (int k = 0; k < nc; k++) {
+      run_cfg *c = &cf[k];
+      if (c->status != ST_OK) continue;
+      float *w = k == ref ? ref_params : params;
+      if (dp_train_step(c->ctx, B, in_w, bx, bt, &c->loss) || dp_get_params(c->ctx, w, np)) {
+        c->status = ST_ERROR;
+        snprintf(c->msg, sizeof c->msg, "step %d: %s", step, dp_ctx_error(c->ctx));
+        n_errors++;
+        if (k == ref) ref_alive = 0;
+        continue;
+      }
+      c->hash = dp_params_hash(c->ctx);
+      for (int i = 0; i < nt; i++) c->th[i] = fnv1a(w + tensors[i].offset, tensors[i].size);
+      int differs = 0;
+      if (k != ref && ref_alive) {
+        int ti = -1;
+        for (int i = 0; i < nt && ti < 0; i++)
+          if (c->th[i] != cf[ref].th[i]) ti = i;
+        differs = ti >= 0 || float_bits(c->loss) != float_bits(cf[ref].loss);
+        if (differs && !c->div_step) c->div_step = step;
+        if (differs && !div.step) {
+          div.step = step;
+          div.cfg = k;
+          div.tensor = ti;
+          if (ti >= 0) {
+            const tensor_info *t = &tensors[ti];
+            const float *a = ref_params + t->offset, *b = w + t->offset;
+            div.max_diff = 0.0;
+            div.at = t->size;
+            for (size_t e = 0; e < t->size; e++) {
+              int bits_differ = float_bits(a[e]) != float_bits(b[e]);
+              double d = fabs((double)a[e] - (double)b[e]);
+              if (d != d) d = bits_differ ? INFINITY : 0.0; /* NaN: the largest */
+              /* the largest difference; failing any (-0 vs +0), the first element
+               * whose bits differ */
+              if (d > div.max_diff || (div.at == t->size && bits_differ)) {
+                div.max_diff = d > div.max_diff ? d : div.max_diff;
+                div.at = e;
+              }
+            }
+            div.ref_value = a[div.at];
+            div.value = b[div.at];
+          } else {
+            div.ref_value = cf[ref].loss;
+            div.value = c->loss;
+            div.max_diff = fabs((double)c->loss - (double)cf[ref].loss);
+          }
+        }
+      }
+      if (o.trace) {
+        if (o.json) {
+          printf("%s\n    {\"step\": %d, \"devices\": %d, \"mode\": \"%s\", \"loss\": ",
+                 first_trace ? "" : ",", step, c->n_devices, rm_names[c->mode]);
+          json_float(stdout, c->loss);
+          printf(", \"loss_bits\": \"%08x\", \"params_hash\": ", (unsigned)float_bits(c->loss));
+          json_hash(stdout, c->hash);
+          printf(", \"tensor_hashes\": [");
+          for (int i = 0; i < nt; i++) {
+            if (i) printf(", ");
+            json_hash(stdout, c->th[i]);
+          }
+          printf("], \"same\": %s}", differs ? "false" : "true");
+        } else {
+          printf("%5d  %-18s  %-16.9g  %016llx", step, c->label, (double)c->loss,
+                 (unsigned long long)c->hash);
+          for (int i = 0; i < nt; i++) printf("  %016llx", (unsigned long long)c->th[i]);
+          printf("%s\n", differs ? "  *" : "");
+        }
+        first_trace = 0;
+      }
+    }
+  }
+
+  /* The report. */
+  int n_run = 0, n_differ = 0;
+  for (int k = 0; k < nc; k++) {
+    if (cf[k].status != ST_REFUSED) n_run++;
+    if (cf[k].div_step) n_differ++;
+  }
+  int exit_status = DPT_EXIT_OK;
+  if (n_differ || n_errors)
+    exit_status = DPT_EXIT_FAIL;
+  else if (ref < 0 || (n_refused && !o.skip_refused))
+    exit_status = DPT_EXIT_USAGE;
+  const char *result = n_differ ? "differs" : n_errors ? "error" : ref < 0 ? "refused"
+                                                                    : "same";
+  char where[64] = "";
+  if (div.step && div.tensor >= 0)
+    element_index(&tensors[div.tensor], div.at, where, sizeof where);
+
+  if (o.json) {
+    if (o.trace) printf("\n  ]");
+    printf(",\n  \"configurations\": [");
+    for (int k = 0; k < nc; k++) {
+      run_cfg *c = &cf[k];
+      static const char *const st[] = {"ok", "refused", "error"};
+      printf("%s\n    {\"devices\": %d, \"mode\": \"%s\", \"status\": \"%s\"", k ? "," : "",
+             c->n_devices, rm_names[c->mode], st[c->status]);
+      if (c->status != ST_OK) {
+        printf(", \"message\": ");
+        dpt_json_string(stdout, c->msg);
+      }
+      if (c->status == ST_OK) {
+        printf(", \"final_loss\": ");
+        json_float(stdout, c->loss);
+        printf(", \"loss_bits\": \"%08x\", \"params_hash\": ", (unsigned)float_bits(c->loss));
+        json_hash(stdout, c->hash);
+      }
+      printf(", \"reference\": %s, \"same\": %s, \"first_diverging_step\": ",
+             k == ref ? "true" : "false",
+             c->status == ST_OK && !c->div_step ? "true" : "false");
+      if (c->div_step)
+        printf("%d}", c->div_step);
+      else
+        printf("null}");
+    }
+    printf("\n  ],\n  \"divergence\": ");
+    if (div.step) {
+      printf("{\"step\": %d, \"tensor\": ", div.step);
+      dpt_json_string(stdout, div.tensor >= 0 ? tensors[div.tensor].name : "loss");
+      printf(", \"reference\": {\"devices\": %d, \"mode\": \"%s\"}, ", cf[ref].n_devices,
+             rm_names[cf[ref].mode]);
+      printf("\"other\": {\"devices\": %d, \"mode\": \"%s\"}, \"max_abs_diff\": ",
+             cf[div.cfg].n_devices, rm_names[cf[div.cfg].mode]);
+      json_number(stdout, div.max_diff);
+      printf(", \"index\": ");
+      dpt_json_string(stdout, div.tensor >= 0 ? where : NULL);
+      printf(", \"reference_value\": ");
+      json_float(stdout, div.ref_value);
+      printf(", \"value\": ");
+      json_float(stdout, div.value);
+      printf("}");
+    } else {
+      printf("null");
+    }
+    printf(",\n  \"result\": \"%s\",\n  \"exit_status\": %d\n}\n", result, exit_status);
+  } else {
+    if (o.trace && ref >= 0) printf("\n");
+    printf("%7s  %-9s  %-16s  %-16s  %s\n", "devices", "mode", "final loss", "params hash",
+           ref >= 0 ? "vs reference" : "");
+    for (int k = 0; k < nc; k++) {
+      run_cfg *c = &cf[k];
+      printf("%7d  %-9s  ", c->n_devices, rm_names[c->mode]);
+      if (c->status == ST_REFUSED) {
+        printf("refused: %s\n", c->msg);
+      } else if (c->status == ST_ERROR) {
+        printf("error at %s\n", c->msg);
+      } else {
+        printf("%-16.9g  %016llx  ", (double)c->loss, (unsigned long long)c->hash);
+        if (k == ref)
+          printf("reference\n");
+        else if (c->div_step)
+          printf("DIFFERS from step %d\n", c->div_step);
+        else if (cf[ref].status != ST_OK)
+          printf("?\n");
+        else
+          printf("same\n");
+      }
+    }
+    printf("\n");
+    if (div.step) {
+      run_cfg *c = &cf[div.cfg];
+      printf("DIFFERS: first divergence at step %d, ", div.step);
+      if (div.tensor >= 0) {
+        const tensor_info *t = &tensors[div.tensor];
+        printf("tensor %s (", t->name);
+        if (t->dim1)
+          printf("%d x %d", t->dim0, t->dim1);
+        else
+          printf("%d", t->dim0);
+        printf("), between %s (the reference) and %s: max abs difference %.9g at %s%s "
+               "(%.9g vs %.9g)\n",
+               cf[ref].label, c->label, div.max_diff, t->name, where, (double)div.ref_value,
+               (double)div.value);
+      } else {
+        printf("the loss (every parameter tensor the same), between %s (the reference) and "
+               "%s: %.9g vs %.9g, difference %.9g\n",
+               cf[ref].label, c->label, (double)div.ref_value, (double)div.value,
+               div.max_diff);
+      }
+      printf("%d of %d configurations differ from the reference\n", n_differ, n_run);
+    } else if (ref >= 0 && !n_errors) {
+      printf("same: %d configuration%s gave the same bits (every parameter tensor and the "
+             "loss) after each of %d step%s\n",
+             n_run, n_run == 1 ? "" : "s", o.steps, o.steps == 1 ? "" : "s");
+    }
+    if (n_errors) printf("%d configuration%s failed during training\n", n_errors,
+                         n_errors == 1 ? "" : "s");
+    if (ref < 0)
+      printf("no configuration could run: the library refused all %d\n", nc);
+    else if (n_refused)
+      printf("%d configuration%s refused by the library%s\n", n_refused,
+             n_refused == 1 ? "" : "s",
+             o.skip_refused ? " (skipped: --skip-refused)" : " (exit status 2; "
+                                                             "--skip-refused to ignore)");
+  }
+  rc = exit_status;
+
+out:
+  fflush(stdout);
+  for (int k = 0; k < nc; k++) {
+    dp_ctx_free(cf[k].ctx);
+    dp_plan_free(cf[k].plan);
+    free(cf[k].th);
+  }
+  free(cf);
+  free(bx);
+  free(bt);
+  free(perm);
+  free(ref_params);
+  free(params);
+  free(tensors);
+  dpt_dataset_free(&data);
+  dp_model_free(model);
+  return rc;
+}
