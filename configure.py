@@ -5,10 +5,17 @@
     ninja            libdp.a, build/dp, the tests and the examples
     ninja test       builds everything, runs build/test_dp and each standalone test
     ninja asan       a second, CPU-only build in build-asan/ under ASan+UBSan; runs its tests
+    ninja fuzz       libFuzzer harnesses (fuzz/fuzz_*.c) built with clang in build-fuzz/
+                     (CPU-only, ASan+UBSan), each run FUZZ_SECONDS (default 60); fails on a crash
+    ninja valgrind   a 200-step training loop and 200 forward calls under valgrind memcheck
+                     (2 devices; 4 with arena guards); fails on any error or definite/indirect
+                     leak. clang+libFuzzer and valgrind are installed with apt-get when run as
+                     root and missing; otherwise those two targets say how to install them
     ninja demo       runs DEMO (below)
     ninja install    libdp.a, dp.h, dp and dp.pc under --prefix (DESTDIR respected)
 
-Environment read: CC, NVCC, CFLAGS, LDFLAGS, CUDA_HOME. Python standard library only.
+Environment read: CC, NVCC, CFLAGS, LDFLAGS, CUDA_HOME, FUZZ_CC (the clang of `ninja fuzz`).
+Python standard library only.
 Sources are globbed when this script runs; build.ninja reruns it by itself when
 this script or a source folder changes (a file added or removed).
 """
@@ -21,6 +28,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 
 # ---- `ninja demo` runs this command from the repository root ------------------------
 # dp train on the 8x8 digits: an MLP, 2 virtual devices; prints the memory plan (device 0
@@ -30,14 +38,26 @@ DEMO = ['build/dp', 'train', '--model', 'examples/digits.dpm', '--data', 'data/d
         '--lr', '0.003', '--plot', 'build/digits_loss.svg']
 # -------------------------------------------------------------------------------------
 
-ENV_VARS = ['CC', 'NVCC', 'CFLAGS', 'LDFLAGS', 'CUDA_HOME']
+ENV_VARS = ['CC', 'NVCC', 'CFLAGS', 'LDFLAGS', 'CUDA_HOME', 'FUZZ_CC']
 APT_PACKAGES = {'ninja': 'ninja-build', 'pkg-config': 'pkg-config', 'check': 'check',
                 'cc': 'gcc'}
 SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
             '-fno-sanitize-recover=undefined']
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
-SOURCE_DIRS = ['lib', 'cuda', 'tools', 'tests', 'tests/standalone', 'examples']
+SOURCE_DIRS = ['lib', 'cuda', 'tools', 'tests', 'tests/standalone', 'tests/valgrind', 'examples']
+# fuzz/ is not watched as a folder: its path would be the same ninja node as the
+# `ninja fuzz` target, and every build would run the fuzzers to bring build.ninja
+# up to date. Its sources are watched one by one instead (a new harness needs
+# ./configure.py).
+# `ninja fuzz`: instrumentation of the library and tools (coverage, ASan, UBSan) and of
+# the harnesses' link (libFuzzer's main).
+FUZZ_SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
+                 '-fno-sanitize-recover=undefined']
+# `ninja valgrind`: memcheck, failing on any error and on definite/indirect leaks.
+VALGRIND = ['valgrind', '--tool=memcheck', '--leak-check=full', '--error-exitcode=1',
+            '--errors-for-leak-kinds=definite,indirect', '--show-leak-kinds=definite,indirect']
+VALGRIND_RUNS = ['2', '4 --guards']  # arguments: device count, arena guards
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -117,6 +137,85 @@ def ensure_packages():
     still = missing_packages(find_cc())
     if still:
         fail('still missing after apt-get install: ' + ' '.join(still))
+
+
+# ---- optional tools: clang with libFuzzer (`ninja fuzz`), valgrind (`ninja valgrind`) ------
+
+FUZZ_PROBE = ('#include <stddef.h>\n#include <stdint.h>\n'
+              'int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n) '
+              '{ (void)d; (void)n; return 0; }\n')
+
+
+def clang_candidates():
+    if os.environ.get('FUZZ_CC'):
+        return [os.environ['FUZZ_CC']]
+    return ['clang'] + ['clang-%d' % v for v in range(19, 13, -1)]
+
+
+def fuzzer_links(clang):
+    """True when `clang` compiles and links a libFuzzer harness under ASan+UBSan."""
+    with tempfile.TemporaryDirectory() as d:
+        src = os.path.join(d, 'probe.c')
+        with open(src, 'w') as f:
+            f.write(FUZZ_PROBE)
+        argv = shlex.split(clang) + ['-fsanitize=fuzzer'] + FUZZ_SANITIZE + [
+            src, '-o', os.path.join(d, 'probe')]
+        return run(argv)[0] == 0
+
+
+def find_fuzz_cc():
+    """(clang command, None) when libFuzzer links, else (clang or None, reason)."""
+    found = None
+    for cand in clang_candidates():
+        if not tool(cand):
+            continue
+        found = found or cand
+        if fuzzer_links(cand):
+            return cand, None
+    if not found:
+        return None, 'no clang (set FUZZ_CC, or install the clang package)'
+    return found, '%s cannot link -fsanitize=fuzzer (libFuzzer runtime missing)' % found
+
+
+def clang_major(clang):
+    m = re.search(r'clang version (\d+)', run(shlex.split(clang) + ['--version'])[1])
+    return m.group(1) if m else None
+
+
+def apt_install(names):
+    """apt-get install as root; False (with a note) when that is not possible."""
+    if os.geteuid() != 0 or not shutil.which('apt-get'):
+        return False
+    print('configure.py: installing %s (optional tools): apt-get update && apt-get install -y %s'
+          % (' '.join(names), ' '.join(names)), flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND='noninteractive')
+    for argv in (['apt-get', 'update'], ['apt-get', 'install', '-y'] + names):
+        if subprocess.run(argv, env=env).returncode != 0:
+            print('configure.py: `%s` failed; continuing without it' % ' '.join(argv))
+            return False
+    return True
+
+
+def ensure_optional_tools():
+    """clang + libFuzzer and valgrind: installed through apt-get when run as root and
+    missing. Never fatal: without them `ninja fuzz` / `ninja valgrind` fail with the
+    command that installs them. Returns (fuzz_cc, fuzz_reason, valgrind path)."""
+    fuzz_cc, reason = find_fuzz_cc()
+    if reason and not os.environ.get('FUZZ_CC'):
+        if fuzz_cc is None:
+            pkgs = ['clang']
+        else:  # Debian splits the sanitizer/libFuzzer runtimes out of clang-N
+            major = clang_major(fuzz_cc)
+            pkgs = ['libclang-rt-%s-dev' % major] if major else []
+        if pkgs and apt_install(pkgs):
+            fuzz_cc, reason = find_fuzz_cc()
+            if reason and fuzz_cc and clang_major(fuzz_cc):
+                if apt_install(['libclang-rt-%s-dev' % clang_major(fuzz_cc)]):
+                    fuzz_cc, reason = find_fuzz_cc()
+    valgrind = shutil.which('valgrind')
+    if not valgrind and apt_install(['valgrind']):
+        valgrind = shutil.which('valgrind')
+    return (fuzz_cc if not reason else None), reason, valgrind
 
 
 def find_cuda(args):
@@ -303,6 +402,8 @@ def main():
 
     ensure_packages()
     cc = find_cc()
+    fuzz_cc, fuzz_reason, valgrind = (None, None, None) if args.sanitize else \
+        ensure_optional_tools()
     _, check_cflags = run(['pkg-config', '--cflags', 'check'])
     _, check_libs = run(['pkg-config', '--libs', 'check'])
     _, check_version = run(['pkg-config', '--modversion', 'check'])
@@ -440,6 +541,16 @@ def main():
         defaults += n.build(os.path.join(bd, 'examples', stem(s)), 'link', [obj, libdp])
     n.newline()
 
+    # programs for `ninja valgrind` (built by default, so they stay warning-free; not
+    # run by `ninja test`)
+    vbins = []
+    if not args.sanitize:
+        for s in sources('tests/valgrind/*.c'):
+            obj = n.build(O(s), 'cc', [s])[0]
+            vbins += n.build(B('valgrind_' + stem(s)), 'link', [obj, libdp])
+        defaults += vbins
+        n.newline()
+
     n.build('all', 'phony', defaults)
     n.default(['all'])
     n.newline()
@@ -485,8 +596,66 @@ def main():
         n.build('asan', 'console', variables=[('cmd', asan_cmd), ('desc', 'ASAN')])
     n.newline()
 
+    # ninja valgrind: tests/valgrind/*.c, each run under memcheck per device count
+    if vbins:
+        if valgrind:
+            runs = ['%s %s %s' % (join(VALGRIND), shlex.quote(b), args)
+                    for b in vbins for args in VALGRIND_RUNS]
+            vcmd = ('set -e; ' + '; '.join('echo "== %s"; %s' % (r, r) for r in runs) +
+                    '; echo "valgrind: %d runs, 0 errors, 0 definite/indirect leaks"' % len(runs))
+        else:
+            vcmd = ('echo "ninja valgrind: valgrind not found; install it with: '
+                    'sudo apt-get install -y valgrind, then rerun ./configure.py"; exit 1')
+        n.build('valgrind', 'console', [], vbins,
+                variables=[('cmd', esc(vcmd)), ('desc', 'VALGRIND')])
+        n.newline()
+
+    # ninja fuzz: the library and tools again, with clang's coverage + ASan/UBSan, in
+    # build-fuzz/; one program per fuzz/fuzz_*.c; fuzz/run.sh runs each FUZZ_SECONDS.
+    fuzz_src = sources('fuzz/fuzz_*.c')
+    if not args.sanitize and fuzz_src:
+        fd = 'build-fuzz' if bd == 'build' else bd + '-fuzz'
+        FO = lambda src: os.path.join(fd, os.path.splitext(src)[0] + '.o')
+        if fuzz_cc:
+            fcflags = (common + ['-Iinclude', '-Ilib', '-Itools', '-Ifuzz', '-iquote', 'cuda',
+                                 '-O1', '-g', '-fsanitize=fuzzer-no-link'] + FUZZ_SANITIZE)
+            n.variable('fuzzcc', esc(fuzz_cc))
+            n.variable('fuzzcflags', esc(join(fcflags)))
+            n.variable('fuzzldflags', esc(join(['-pthread', '-fsanitize=fuzzer'] +
+                                               FUZZ_SANITIZE)))
+            n.rule('fuzzcc', '$fuzzcc -MMD -MF $out.d $fuzzcflags -c $in -o $out',
+                   depfile='$out.d', deps='gcc', description='FUZZCC $out')
+            n.rule('fuzzlink', '$fuzzcc $fuzzldflags -o $out $in -lm -pthread',
+                   description='FUZZLINK $out')
+            fobjs = [n.build(FO(s), 'fuzzcc', [s])[0]
+                     for s in lib_src + sources('cuda/*.c')]
+            flib = n.build(os.path.join(fd, 'libdp.a'), 'ar', fobjs)
+            ftools = n.build(os.path.join(fd, 'libdptools.a'), 'ar',
+                             [n.build(FO(s), 'fuzzcc', [s])[0] for s in tool_src])
+            fbins = []
+            for s in fuzz_src:
+                obj = n.build(FO(s), 'fuzzcc', [s])[0]
+                fbins += n.build(os.path.join(fd, stem(s)), 'fuzzlink', [obj] + ftools + flib)
+            # real checkpoints of the fuzz_checkpoint fixtures, in the current format
+            gobj = n.build(O('fuzz/gen_ckpt_seeds.c'), 'cc', ['fuzz/gen_ckpt_seeds.c'],
+                           variables=[('cflags', '$cflags -Ifuzz')])[0]
+            gen = n.build(B('gen_ckpt_seeds'), 'link', [gobj, libdp])[0]
+            fcmd = ('FUZZ_SECONDS=$${FUZZ_SECONDS:-60} fuzz/run.sh %s %s %s'
+                    % (fd, esc(shlex.quote(gen)), join(esc(shlex.quote(stem(s)))
+                                                        for s in fuzz_src)))
+            n.build('fuzz', 'console', [], fbins + [gen, 'fuzz/run.sh'],
+                    variables=[('cmd', fcmd), ('desc', 'FUZZ')])
+        else:
+            fcmd = ('echo "ninja fuzz: %s; on Debian: sudo apt-get install -y clang '
+                    'libclang-rt-14-dev (or set FUZZ_CC), then rerun ./configure.py"; exit 1'
+                    % fuzz_reason)
+            n.build('fuzz', 'console', variables=[('cmd', esc(fcmd)), ('desc', 'FUZZ')])
+        n.newline()
+
     # regenerate build.ninja when this script, the .pc template or a source folder changes
     watched = ['configure.py', 'dp.pc.in'] + [d for d in SOURCE_DIRS if os.path.isdir(d)]
+    watched += sources('fuzz/*.c') + sources('fuzz/*.h')
+    assert 'fuzz' not in watched
     n.build([manifest, suites_h, B('dp.pc')], 'configure', [], watched,
             variables=[('args', esc(shlex.join(sys.argv[1:])))])
 
@@ -511,6 +680,9 @@ def main():
     else:
         print('  CUDA        %s' % cuda_state)
     print('  Check       %s' % check_version)
+    if not args.sanitize:
+        print('  fuzz        %s' % (fuzz_cc + ' (libFuzzer)' if fuzz_cc else 'off: ' + fuzz_reason))
+        print('  valgrind    %s' % (valgrind or 'not found'))
     print('  build       %s, %s' % (bd, join(opt)))
     print('  sources     %d lib, %d cuda, %d tools, %d suites, %d standalone, %d examples'
           % (len(lib_src), len(cuda_src), len(tool_src) + (dp is not None), len(suites),

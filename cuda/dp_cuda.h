@@ -9,8 +9,10 @@
 #define DP_CUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dp.h"
+#include "internal.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,6 +38,133 @@ void dp__cuda_arena_free(int dev, void *p); /* p may be NULL */
  * bytes == 0 gives *out = NULL and DP_OK. */
 dp_status dp__cuda_host_alloc(size_t bytes, void **out);
 void dp__cuda_host_free(void *p); /* p may be NULL */
+
+
+/* ==== The CUDA backend (cuda/backend.cu, cuda/kernels.cu, cuda/gemm.cu) ==========
+ * Design and the executor's obligations: docs/GPU.md. Summary:
+ *   - one stream per logical device (replicas may share a GPU: device_ids 0,0,0,0),
+ *     a cuBLAS handle bound to it, two events (stage parity);
+ *   - ops only enqueue work; the one host synchronisation of a step is
+ *     dp__cuda_step_end;
+ *   - non-finite loss/gradients set a status word in the device's WORKSPACE
+ *     region; every optimizer kernel reads the status words first and changes
+ *     nothing when one is set, so a refused step is refused without a host sync.
+ *
+ * Call order for one dp_train_step / dp_forward (what lib/ctx.c and lib/exec.c
+ * must do):
+ *   dp__cuda_step_begin(bctx)                     calling thread, before dp__exec_run
+ *   dp__exec_run(...), where every device's thread, for EVERY stage s of the run
+ *   (also stages in which it has no op, also after a failure):
+ *       dp__cuda_stage_begin(bctx, dev, s)        before the device's first op of s
+ *       ... the device's ops of s (backend run, transport copy) ...
+ *       dp__cuda_stage_end(bctx, dev, s)          after its last op of s, before the barrier
+ *   dp__cuda_step_end(bctx, &loss)                calling thread, after the last run,
+ *                                                 also when a run failed
+ * Several dp__exec_run calls may make up one step (the commit split) as long as
+ * their stages are consecutive and the first starts at stage 0. */
+
+/* WORKSPACE bytes a CUDA plan must reserve on every device (the planner is
+ * pure C and must not need CUDA to size it): a header of DP_CUDA_WS_HEADER_BYTES
+ * (status words, the loss) followed by the cuBLAS workspace. 32 MiB is NVIDIA's
+ * recommended cublasSetWorkspace size for Hopper (4 MiB for older GPUs); the
+ * size is fixed so that GEMM algorithm choice, and with it the bits, does not
+ * depend on the plan. */
+#define DP_CUDA_WS_HEADER_BYTES ((size_t)4096)
+#define DP_CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
+static inline size_t dp__cuda_workspace_bytes(void) {
+  return DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES;
+}
+
+/* Where the parts of the pinned host staging arena (dp_plan_host_bytes) are:
+ * inputs (batch, in) at x, targets at t, outputs (batch, out) at y, each
+ * aligned to the plan's alignment. Mirrors plan.c's plan_host (keep them in
+ * step). The context copies the caller's x and targets to staging + x / + t,
+ * points dp_exec_env.host_x / host_t / host_y at staging + x / t / y, and after
+ * dp__cuda_step_end copies rows * out floats from staging + y to the caller's y. */
+typedef struct {
+  size_t x, t, y;
+} dp_cuda_staging;
+
+static inline dp_cuda_staging dp__cuda_staging_layout(const dp_plan *p) {
+  const dp_model *m = &p->model;
+  size_t a = p->align, B = (size_t)p->cfg.batch;
+  size_t out = (size_t)dp_model_output_width(m);
+  size_t xb = B * (size_t)m->input_width * 4;
+  size_t tb = p->cfg.inference ? 0 : B * (m->loss == DP_LOSS_MSE ? out : 1) * 4;
+  dp_cuda_staging s;
+  s.x = 0;
+  s.t = (xb + a - 1) / a * a;
+  s.y = (s.t + tb + a - 1) / a * a;
+  return s;
+}
+
+/* Flags of dp__cuda_ctx_init. */
+enum {
+  DP_CUDA_TF32 = 1, /* let cuBLAS use TF32 tensor cores for the FP32 GEMMs
+                       (faster, ~1e-3 relative; off by default: FP32 math, reduced-
+                       precision reductions disallowed) */
+};
+
+/* The backend and transport vtables (lib/internal.h). run() enqueues one
+ * compute op on the op's device stream; copy() enqueues one transfer on the
+ * stream of the device whose thread calls it (set by dp__cuda_stage_begin),
+ * identifying both endpoints by address: a device arena of the context, or
+ * host memory (the pinned staging arena; pageable memory works, slower). The
+ * tctx of the transport is the same bctx. */
+extern const dp_backend_ops dp__cuda_backend;
+extern const dp_transport_ops dp__cuda_transport;
+
+/* Per logical device d < p->split.n_used: cudaSetDevice(p->cfg.device_ids[d]),
+ * a non-blocking stream, two events, a cuBLAS handle (stream, workspace from
+ * the arena's WORKSPACE region, math mode pinned: FP32 unless flags has
+ * DP_CUDA_TF32, no atomics), and peer access between the distinct GPUs used
+ * where the hardware allows it. arenas[d]: device memory of
+ * dp_plan_device_bytes(p, d) bytes on that GPU, 256-aligned (checked). Needs
+ * WORKSPACE >= dp__cuda_workspace_bytes() on every device (DP_ERR_INVALID
+ * otherwise). Allocates (host: the context, a pinned header block; CUDA:
+ * streams, events, handles); nothing after it does. The calling thread's
+ * current device is left as it was. */
+dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                            void **bctx_out);
+void dp__cuda_ctx_free(void *bctx); /* NULL is fine; waits for queued work first */
+
+/* Starts a step (or a forward): resets every device's status words and the
+ * stage bookkeeping. Enqueues only. */
+dp_status dp__cuda_step_begin(void *bctx);
+/* Stage hooks, called by the thread that runs device dev's ops (see above).
+ * stage_begin makes that thread's current GPU device_ids[dev], makes dev's
+ * stream wait for every device that wrote or read dev's arena in stage - 1,
+ * and names dev as the executing device of the thread's transport copies.
+ * stage_end records dev's stage event. Enqueue only. */
+dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage);
+dp_status dp__cuda_stage_end(void *bctx, int dev, int stage);
+/* The one host synchronisation of a step: waits for every stream, reads the
+ * status words. DP_ERR_NONFINITE ("the loss is NaN; the step was not applied",
+ * "gradient 17 is infinite; ...", the CPU backend's wording) when a check
+ * failed: then no optimizer changed anything. DP_ERR_RANGE when a class label
+ * was out of range. DP_ERR_BACKEND when CUDA reported an error (an
+ * asynchronous fault; the CUDA context is then unusable). *loss (may be NULL)
+ * gets the loss LOSS_SUM computed (0 in a forward; NaN/Inf when refused for
+ * it). Leaves the calling thread on device_ids[0]. */
+dp_status dp__cuda_step_end(void *bctx, float *loss);
+
+/* Synchronous copy between any two of: host memory, device memory (UVA: the
+ * direction comes from the pointers). For context set-up and parameter
+ * get/set between steps, and tests. */
+dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes);
+/* dst[0..count) = value on GPU dev (dst: device memory), synchronously. */
+dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count);
+
+/* ---- self-tests (tests/test_cuda.c, tests/gpu/run.sh); these allocate ---- */
+/* u64[i] = the counter-based generator of lib/rng.c computed on GPU 0 for key
+ * (seed, stream, abc[3i], abc[3i+1], abc[3i+2]); uniform[i] its float. */
+dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
+                             uint64_t *u64, float *uniform);
+/* Times C (m, n) = A (m, k) . B (k, n) in FP32 through cuBLAS on GPU dev with
+ * the backend's math mode (tf32: DP_CUDA_TF32's): *ms per GEMM (the mean of
+ * iters after a warm-up) and *tflops. */
+dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32, double *ms,
+                               double *tflops);
 
 #ifdef __cplusplus
 }

@@ -34,3 +34,72 @@ dp_status dp__cuda_host_alloc(size_t bytes, void **out) {
 }
 
 void dp__cuda_host_free(void *p) { (void)p; }
+
+/* ---- the backend (cuda/backend.cu, cuda/selftest.cu) ---- */
+
+static dp_status no_run(void *bctx, dp_exec_env *env, const dp_op *op) {
+  (void)bctx, (void)env, (void)op;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
+}
+
+static dp_status no_copy(void *tctx, void *dst, const void *src, size_t bytes) {
+  (void)tctx, (void)dst, (void)src, (void)bytes;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda transport: " NO_CUDA);
+}
+
+const dp_backend_ops dp__cuda_backend = {.name = "cuda", .run = no_run};
+const dp_transport_ops dp__cuda_transport = {.name = "cuda", .copy = no_copy};
+
+dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                            void **bctx_out) {
+  (void)p, (void)arenas, (void)flags;
+  if (bctx_out) *bctx_out = NULL;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
+}
+
+void dp__cuda_ctx_free(void *bctx) { (void)bctx; }
+
+dp_status dp__cuda_step_begin(void *bctx) {
+  (void)bctx;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
+}
+
+dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage) {
+  (void)bctx, (void)dev, (void)stage;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
+}
+
+dp_status dp__cuda_stage_end(void *bctx, int dev, int stage) {
+  (void)bctx, (void)dev, (void)stage;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
+}
+
+dp_status dp__cuda_step_end(void *bctx, float *loss) {
+  (void)bctx;
+  if (loss) *loss = 0.0f;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
+}
+
+dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
+  (void)dst, (void)src;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "copy of %zu bytes: " NO_CUDA, bytes);
+}
+
+dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count) {
+  (void)dst, (void)value, (void)count;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda device %d: " NO_CUDA, dev);
+}
+
+dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
+                             uint64_t *u64, float *uniform) {
+  (void)seed, (void)stream, (void)abc, (void)n, (void)u64, (void)uniform;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, NO_CUDA);
+}
+
+dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32, double *ms,
+                               double *tflops) {
+  (void)m, (void)n, (void)k, (void)iters, (void)tf32;
+  if (ms) *ms = 0.0;
+  if (tflops) *tflops = 0.0;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda device %d: " NO_CUDA, dev);
+}

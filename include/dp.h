@@ -37,6 +37,8 @@ typedef enum {
   DP_ERR_IO,          /* file could not be read or written */
   DP_ERR_BACKEND,     /* a backend or transport op failed */
   DP_ERR_UNSUPPORTED, /* not available in this build or mode */
+  DP_ERR_CORRUPT,     /* an arena guard was overwritten (config.guards): some op wrote
+                         outside its region; the context is unusable from then on */
 } dp_status;
 
 const char *dp_status_name(dp_status s);
@@ -107,6 +109,13 @@ typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
 typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
 typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
 
+/* What a training step does when its loss or a gradient is NaN or infinite.
+ * Either way nothing is applied: parameters, optimizer state and the step
+ * counter stay as they were. ERROR: the step returns DP_ERR_NONFINITE.
+ * SKIP: the step returns DP_OK with *loss = NaN, and dp_ctx_skipped_steps
+ * counts it (dp_ctx_error says why it was skipped). */
+typedef enum { DP_NONFINITE_ERROR = 0, DP_NONFINITE_SKIP } dp_nonfinite_policy;
+
 typedef struct {
   int batch;       /* largest batch a step may take (rows) */
   int n_devices;   /* logical devices (replicas) */
@@ -126,10 +135,24 @@ typedef struct {
                          AdamW: decoupled (default 0.01) */
   float beta1, beta2, eps; /* AdamW; defaults 0.9, 0.999, 1e-8 */
   uint64_t seed;      /* parameter init and dropout */
+  dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
+  /* Arena guards (default 0; a run-time switch in every build). When set, the
+   * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
+   * 256 on cuda) before the first region and after every region (empty ones
+   * too), so device totals grow (region sizes do not: they count content);
+   * the guard after a region runs from its content end to the next region,
+   * alignment padding included. The context fills guards with a canary and
+   * checks them before any step commits its update and after every step and
+   * forward; a damaged guard fails the call with DP_ERR_CORRUPT naming the
+   * device and the region the write ran out of. Off, the layout is exactly
+   * the unguarded one. The host staging arena has no guards. */
+  int guards;
 } dp_config;
 
 /* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic, SGD,
- * training, cpu backend, device_ids[i] = i. */
+ * training, cpu backend, device_ids[i] = i, non-finite steps are errors,
+ * guards off in every build (DP_DEBUG too: a program that wants them in
+ * checked builds sets guards = 1 under #ifdef DP_DEBUG). */
 void dp_config_default(dp_config *c);
 
 typedef struct dp_plan dp_plan;
@@ -249,11 +272,18 @@ const char *dp_ctx_error(const dp_ctx *c);
 /* One training step on `rows` (1..planned batch) rows.
  * x: (rows, cols) fp32 with cols == the model's input width. target: (rows, out) fp32 for mse, (rows) int32 class
  * indices for softmax_cross_entropy. loss (may be NULL): mean loss.
- * On any error, parameters, optimizer state and step counter are unchanged. */
+ * On any error, parameters, optimizer state and step counter are unchanged:
+ * every check and every op that can fail (transfers included) runs before the
+ * first write to them (see docs/RELIABILITY.md). Two errors also make the
+ * context unusable, every later step and forward returning them again:
+ * DP_ERR_CORRUPT (a guard was hit), and a failure reported by an op of the
+ * final update itself, which cannot fail on the cpu backend. Free such a
+ * context and restore from a checkpoint. */
 dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
                         float *loss);
 /* Inference: scatter -> replicated forward -> gather. x: (rows, cols),
  * y: (rows, out). Dropout is the identity. Works on training contexts too.
+ * On error, y may hold part of the outputs; parameters are unchanged.
  * A batch smaller than planned keeps the planned cut points: the last devices
  * get fewer rows or none. */
 dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y);
@@ -268,6 +298,12 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
  * does not touch them. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
+/* Steps skipped under DP_NONFINITE_SKIP since the context was created. */
+uint64_t dp_ctx_skipped_steps(const dp_ctx *c);
+/* Checks every arena guard now: DP_OK when all hold, DP_ERR_CORRUPT (naming
+ * the device and region; the context becomes unusable) when one was written,
+ * DP_ERR_UNSUPPORTED when the plan has no guards. */
+dp_status dp_ctx_check_guards(dp_ctx *c);
 
 /* Checkpoints: parameters, optimizer state and the step counter (which is the
  * RNG position: every random number is keyed by seed and step), in a versioned

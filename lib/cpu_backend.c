@@ -3,6 +3,7 @@
  * arena. Every loop has a fixed order (no atomics, no thread-count-dependent
  * splits), so results are a pure function of the inputs; each output
  * element's accumulation order depends only on the reduced dimension. */
+#include "gemm.h"
 #include "internal.h"
 
 #include <math.h>
@@ -55,6 +56,18 @@ static float *layer_params(const lctx *c) {
   return region(c->e, c->d, DP_REGION_PARAMS, c->l->param_off * 4);
 }
 
+/* The linear layer's products run as packed GEMMs (gemm.h: one fma chain per
+ * element over the reduced dimension, ascending; the same bits on every
+ * instruction set). Their packing buffers live in the device's WORKSPACE
+ * region, which the planner sizes with dp__model_workspace_bytes; a region too
+ * small for a product gives NULL, and dp__sgemm then runs its unpacked path
+ * (the same bits, slower) rather than write past it. */
+static void *gemm_ws(const lctx *c, int M, int N, int K) {
+  size_t need = dp__gemm_workspace_bytes(M, N, K);
+  if (need == 0 || c->e->plan->regions[c->d][DP_REGION_WORKSPACE].size < need) return NULL;
+  return dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE);
+}
+
 static const float GELU_C = 0.7978845608028654f; /* sqrt(2/pi) */
 static const float GELU_A = 0.044715f;
 
@@ -73,19 +86,10 @@ static void forward(const lctx *c) {
   float *y = layer_out(c);
   int n = c->rows, in = l->in, out = l->out;
   switch (l->kind) {
-  case DP_LAYER_LINEAR: {
+  case DP_LAYER_LINEAR: { /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
-    const float *b = l->bias ? w + (size_t)out * in : NULL;
-    for (int r = 0; r < n; r++) {
-      const float *xr = x + (size_t)r * in;
-      float *yr = y + (size_t)r * out;
-      for (int o = 0; o < out; o++) {
-        const float *wo = w + (size_t)o * in;
-        float acc = 0.0f;
-        for (int k = 0; k < in; k++) acc += xr[k] * wo[k];
-        yr[o] = b ? acc + b[o] : acc;
-      }
-    }
+    dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
+    dp__sgemm(0, 1, n, out, in, x, in, w, in, y, out, &ep, gemm_ws(c, n, out, in));
     break;
   }
   case DP_LAYER_RELU: /* NaN passes through, as in PyTorch */
@@ -147,31 +151,11 @@ static void backward(const lctx *c, float *grads) {
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c), *x = layer_in(c);
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;
-    for (int o = 0; o < out; o++) {
-      float *dwo = dw + (size_t)o * in;
-      for (int k = 0; k < in; k++) dwo[k] = 0.0f;
-      for (int r = 0; r < n; r++) {
-        float g = dy[(size_t)r * out + o];
-        const float *xr = x + (size_t)r * in;
-        for (int k = 0; k < in; k++) dwo[k] += g * xr[k];
-      }
-      if (db) {
-        float s = 0.0f;
-        for (int r = 0; r < n; r++) s += dy[(size_t)r * out + o];
-        db[o] = s;
-      }
-    }
-    if (dx)
-      for (int r = 0; r < n; r++) {
-        float *dxr = dx + (size_t)r * in;
-        const float *dyr = dy + (size_t)r * out;
-        for (int k = 0; k < in; k++) dxr[k] = 0.0f;
-        for (int o = 0; o < out; o++) {
-          const float *wo = w + (size_t)o * in;
-          float g = dyr[o];
-          for (int k = 0; k < in; k++) dxr[k] += g * wo[k];
-        }
-      }
+    /* dw (out, in) = dy^T (out, n) · x (n, in): summed over the rows in order */
+    dp__sgemm(1, 0, out, in, n, dy, out, x, in, dw, in, NULL, gemm_ws(c, out, in, n));
+    if (db) dp__gemm_colsum(n, out, dy, out, db);
+    /* dx (n, in) = dy (n, out) · w (out, in) */
+    if (dx) dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
     break;
   }
   case DP_LAYER_RELU: {

@@ -75,6 +75,7 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   dp_ctx *c = calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
   c->plan = p;
+  c->inject_at = -1;
   *out = c;
   return DP_OK;
 }
@@ -141,8 +142,111 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool trai
   sc->rows = 0;
   dp_status s = dp__schedule_build(p, sc->mbs, training, sc->ops, p->ops_cap, &sc->n_ops,
                                    &sc->n_stages);
-  if (!s) sc->rows = rows;
+  if (s) return s;
+  /* The commit phase starts at the first optimizer op, moved back to the
+   * start of its stage if it is not one (it is: the gradient check has a stage
+   * of its own). */
+  int k = 0;
+  while (k < sc->n_ops && sc->ops[k].kind != DP_OP_OPTIMIZER) k++;
+  while (k > 0 && k < sc->n_ops && sc->ops[k - 1].stage == sc->ops[k].stage) k--;
+  sc->commit = k;
+  sc->rows = rows;
+  return DP_OK;
+}
+
+dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops, int *n_ops,
+                           int *commit) {
+  if (!c || rows < 1 || rows > c->plan->cfg.batch || (training && c->plan->cfg.inference))
+    return DP_FAIL(DP_ERR_INVALID, "dp__ctx_schedule: bad arguments");
+  dp_sched_cache *sc = training ? &c->train : &c->infer;
+  dp_status s = schedule_for(c, sc, rows, training);
+  if (s) return s;
+  *ops = sc->ops;
+  *n_ops = sc->n_ops;
+  *commit = sc->commit;
+  return DP_OK;
+}
+
+void dp__ctx_inject_fault(dp_ctx *c, int k) {
+  if (c) c->inject_at = k < 0 ? -1 : k;
+}
+
+/* ---- guards -------------------------------------------------------------------
+ * With config.guards the planner leaves a guard before the first region and
+ * after every region (plan.c); ctx_init fills the whole arena, guards
+ * included, with DP_CANARY. Nothing may write a guard, so a guard word that
+ * no longer holds the canary was hit by a write that ran out of a region. */
+
+/* Marks the context unusable (see ctx.h); returns s. */
+static dp_status poison(dp_ctx *c, dp_status s) {
+  if (!c->poison) {
+    c->poison = s;
+    snprintf(c->poison_msg, sizeof c->poison_msg, "%s", dp_last_error());
+  }
   return s;
+}
+
+static dp_status poisoned(dp_ctx *c) {
+  return dp__ctx_fail(c, DP_FAIL(c->poison,
+                                 "this context is unusable since an earlier failure left its "
+                                 "state untrustworthy (free it and restore from a "
+                                 "checkpoint): %s",
+                                 c->poison_msg));
+}
+
+static dp_status check_guards(dp_ctx *c) {
+  const dp_plan *p = c->plan;
+  if (!p->cfg.guards) return DP_OK;
+  int bad_guards = 0, bad_dev = -1, bad_region = 0;
+  size_t bad_lo = 0, bad_hi = 0, bad_first = 0, bad_words = 0;
+  bool bad_head = false, bad_tail = false;
+  for (int d = 0; d < p->split.n_used; d++) {
+    const uint32_t *w = (const uint32_t *)c->arena[d];
+    /* guard g follows region g; g = -1 is the one before the first region */
+    for (int g = -1; g < DP_REGION_COUNT; g++) {
+      size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
+      size_t hi = g + 1 < DP_REGION_COUNT ? p->regions[d][g + 1].offset : p->dev_bytes[d];
+      size_t k0 = (lo + 3) / 4, k1 = hi / 4, n = 0, first = 0;
+      for (size_t k = k0; k < k1; k++)
+        if (w[k] != DP_CANARY && n++ == 0) first = k;
+      if (!n) continue;
+      if (bad_guards++ == 0) {
+        bad_dev = d;
+        bad_region = g;
+        bad_lo = k0 * 4;
+        bad_hi = k1 * 4;
+        bad_first = first * 4;
+        bad_words = n;
+        bad_head = w[k0] != DP_CANARY;
+        bad_tail = w[k1 - 1] != DP_CANARY;
+      }
+    }
+  }
+  if (!bad_guards) return DP_OK;
+  /* A write that ran past a region's end hits the head of the guard after
+   * it; one that ran before a region's start, the tail of the guard before. */
+  char what[96];
+  if (bad_region < 0 || (bad_tail && !bad_head && bad_region + 1 < DP_REGION_COUNT))
+    snprintf(what, sizeof what, "before the start of region '%s'",
+             dp_region_name((dp_region)(bad_region + 1)));
+  else
+    snprintf(what, sizeof what, "past the end of region '%s'",
+             dp_region_name((dp_region)bad_region));
+  char more[48] = "";
+  if (bad_guards > 1) snprintf(more, sizeof more, "; %d more guards damaged", bad_guards - 1);
+  return poison(c, DP_FAIL(DP_ERR_CORRUPT,
+                           "device %d: a write ran %s (guard at offset %zu damaged: %zu of its "
+                           "%zu words, the first at offset %zu)%s",
+                           bad_dev, what, bad_lo, bad_words, (bad_hi - bad_lo) / 4, bad_first,
+                           more));
+}
+
+dp_status dp_ctx_check_guards(dp_ctx *c) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (!c->plan->cfg.guards)
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_UNSUPPORTED, "this plan has no arena guards (set "
+                                                       "config.guards)"));
+  return dp__ctx_fail(c, check_guards(c));
 }
 
 static dp_status check_batch(dp_ctx *c, int rows, int cols, const float *x) {
@@ -166,6 +270,7 @@ static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int ro
 dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
                         float *loss) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (c->poison) return poisoned(c);
   const dp_plan *p = c->plan;
   dp_status s = check_batch(c, rows, cols, x);
   if (!s && p->cfg.inference)
@@ -186,16 +291,58 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   e.host_t = target;
   /* The broadcast runs every training step: the optimizer changed device 0. */
   e.skip_broadcast = false;
-  s = dp__exec_run(&c->exec, &e, c->train.ops, c->train.n_ops, c->train.n_stages);
-  if (s) return dp__ctx_fail(c, s);
+  /* The fault guarantee (docs/RELIABILITY.md, "Fault injection and arena
+   * guards"). State a failed step must leave alone: device 0's parameters,
+   * every device's optimizer state, the step counter. Replicas' parameters
+   * are copies of device 0's, refreshed by the broadcast that opens every
+   * training step and by a forward after replicas_stale is set; everything
+   * else in the arenas is rewritten before it is read in every step. The
+   * schedule writes that state only in its commit phase (the optimizer stage
+   * and, with a sharded optimizer, the parameter all-gather after it), so
+   * the step runs in two parts: everything that can fail (transfers, layers,
+   * the loss and gradient checks), then, only when all of it succeeded and
+   * every guard holds, the commit phase, whose ops cannot fail on the cpu
+   * backend (arithmetic and memcpy over planned memory). If one fails anyway
+   * (a backend that can), the state is partly updated and cannot be
+   * restored: the context is poisoned instead of going on with it. */
+  const dp_sched_cache *sc = &c->train;
+  int inject = c->inject_at;
+  c->inject_at = -1;
+  s = dp__exec_run(&c->exec, &e, sc->ops, sc->n_ops, 0, sc->commit, inject);
+  dp_status g = check_guards(c);
+  if (g) return dp__ctx_fail(c, g);
+  if (s) {
+    c->replicas_stale = true;
+    if (s == DP_ERR_NONFINITE && p->cfg.on_nonfinite == DP_NONFINITE_SKIP) {
+      c->skipped++;
+      snprintf(c->error, sizeof c->error, "step %llu skipped: %s", (unsigned long long)c->step,
+               dp_last_error());
+      if (loss) *loss = NAN;
+      return DP_OK;
+    }
+    return dp__ctx_fail(c, s);
+  }
+  s = dp__exec_run(&c->exec, &e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
+  if (s) {
+    c->replicas_stale = true;
+    return dp__ctx_fail(c, poison(c, DP_FAIL(s, "the step's update failed part way, leaving "
+                                                "parameters and optimizer state partly "
+                                                "updated: %s",
+                                             dp_last_error())));
+  }
   c->step++;
   c->replicas_stale = true;
+  /* A guard hit in the commit phase: the update is applied (and counted),
+   * but the context is poisoned all the same. */
+  g = check_guards(c);
+  if (g) return dp__ctx_fail(c, g);
   if (loss) *loss = e.loss;
   return DP_OK;
 }
 
 dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (c->poison) return poisoned(c);
   dp_status s = check_batch(c, rows, cols, x);
   if (!s && !y) s = DP_FAIL(DP_ERR_INVALID, "outputs are NULL");
   if (!s) s = schedule_for(c, &c->infer, rows, false);
@@ -204,8 +351,15 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   env_init(c, &e, &c->infer, rows, false);
   e.host_x = x;
   e.host_y = y;
-  s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, c->infer.n_stages);
-  if (s) return dp__ctx_fail(c, s);
+  int inject = c->inject_at;
+  c->inject_at = -1;
+  s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, 0, c->infer.n_ops, inject);
+  dp_status g = check_guards(c);
+  if (g) return dp__ctx_fail(c, g);
+  if (s) {
+    c->replicas_stale = true;
+    return dp__ctx_fail(c, s);
+  }
   /* Only the devices that got rows were refreshed: a smaller batch leaves the
    * last devices as they were. */
   if (rows > c->plan->split.dev_row0[c->plan->split.n_used - 1]) c->replicas_stale = false;
@@ -253,6 +407,7 @@ dp_status dp_get_grads(dp_ctx *c, float *out, size_t n) {
 }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
+uint64_t dp_ctx_skipped_steps(const dp_ctx *c) { return c ? c->skipped : 0; }
 
 size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
   if (!c || dev < 0 || dev >= c->plan->split.n_used) return 0;

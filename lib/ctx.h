@@ -13,6 +13,10 @@ typedef struct {
   dp_mb *mbs; /* the plan's micro-batches truncated to `rows` */
   dp_op *ops;
   int n_ops, n_stages, rows; /* rows the ops were built for; 0 = none */
+  /* Ops [commit, n_ops) are the commit phase: from the first op that writes
+   * state a failed step must leave alone (the optimizer stage) to the end.
+   * n_ops when there is none (inference). Always the start of a stage. */
+  int commit;
   bool training;
 } dp_sched_cache;
 
@@ -25,11 +29,28 @@ struct dp_ctx {
   bool exec_live;
   bool replicas_stale;
   uint64_t step;
+  uint64_t skipped;    /* steps skipped under DP_NONFINITE_SKIP */
+  int inject_at;       /* test hook: schedule index that fails in the next run, -1 none */
+  /* Nonzero: state can no longer be trusted (a guard was hit, or an op of a
+   * commit phase failed); step and forward return it with poison_msg. */
+  dp_status poison;
+  char poison_msg[DP_ERRMSG_CAP];
   char error[DP_ERRMSG_CAP];
 };
 
 /* Records the thread's last error (already set by DP_FAIL) in the context;
  * returns s. */
 dp_status dp__ctx_fail(dp_ctx *c, dp_status s);
+
+/* ---- test hooks (tests/test_faults.c, tests/test_guards.c) ---- */
+/* The op at schedule index k of the next executor run (dp_train_step or
+ * dp_forward, whichever comes first) fails with DP_ERR_BACKEND instead of
+ * running; k < 0 disarms. Deterministic: an index into the schedule, not a
+ * count of ops as threads happen to run them. */
+void dp__ctx_inject_fault(dp_ctx *c, int k);
+/* The schedule a call of `rows` rows will run (training or inference) and
+ * its commit index (see dp_sched_cache). */
+dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops, int *n_ops,
+                           int *commit);
 
 #endif

@@ -36,6 +36,7 @@ const char *dp_status_name(dp_status s) {
   case DP_ERR_IO: return "i/o error";
   case DP_ERR_BACKEND: return "backend error";
   case DP_ERR_UNSUPPORTED: return "unsupported";
+  case DP_ERR_CORRUPT: return "arena corrupted";
   }
   return "unknown status";
 }

@@ -53,9 +53,6 @@ static void *endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
 
 static dp_status run_op(dp_exec *x, const dp_op *op) {
   dp_exec_env *e = x->env;
-  if (x->fail_at >= 0 && atomic_fetch_add(&x->op_counter, 1) == x->fail_at)
-    return DP_FAIL(DP_ERR_BACKEND, "injected failure at op %d (%s %s, device %d)", x->fail_at,
-                   dp_phase_name(op->phase), dp_op_kind_name(op->kind), op->device);
   if (op->kind == DP_OP_COPY) {
     if (op->phase == DP_PHASE_BROADCAST && e->skip_broadcast) return DP_OK;
     return x->transport->copy(x->tctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
@@ -70,12 +67,12 @@ static void run_device(dp_exec *x, int dev) {
   /* Read the job once: after this device's last barrier the caller may already
    * be writing the next job into x. */
   const dp_op *ops = x->ops;
-  int n = x->n_ops, n_stages = x->n_stages, k = 0;
-  for (int s = 0; s < n_stages; s++) {
-    for (; k < n && ops[k].stage == s; k++) {
+  int k = x->lo, hi = x->hi, s1 = x->s1, inject = x->inject_at;
+  for (int s = x->s0; s <= s1; s++) {
+    for (; k < hi && ops[k].stage == s; k++) {
       if (ops[k].device != dev || atomic_load_explicit(&x->failed, memory_order_relaxed))
         continue;
-      dp_status st = run_op(x, &ops[k]);
+      dp_status st = k == inject ? DP_FAIL(DP_ERR_BACKEND, "injected fault") : run_op(x, &ops[k]);
       if (st) {
         x->status[dev] = st;
         x->fail_op[dev] = k;
@@ -105,7 +102,7 @@ dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void
   x->bctx = bctx;
   x->transport = t;
   x->tctx = tctx;
-  x->fail_at = -1;
+  x->inject_at = -1;
   x->bar.n = n_devices;
   pthread_mutex_init(&x->bar.mu, NULL);
   pthread_cond_init(&x->bar.cv, NULL);
@@ -134,13 +131,57 @@ void dp__exec_destroy(dp_exec *x) {
   pthread_cond_destroy(&x->bar.cv);
 }
 
-dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int n_stages) {
+/* "device 0 params", "host inputs" */
+static void endpoint_name(char *buf, size_t cap, int dev, int region) {
+  if (dev == DP_HOST)
+    snprintf(buf, cap, "host %s",
+             region == DP_REGION_INPUTS    ? "inputs"
+             : region == DP_REGION_TARGETS ? "targets"
+                                           : "outputs");
+  else
+    snprintf(buf, cap, "device %d %s", dev, dp_region_name((dp_region)region));
+}
+
+/* What an op is, for error messages: "backward layer 2 (linear), micro-batch
+ * 3", "reduce copy of 48 bytes, device 1 grads -> device 0 comm". */
+static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap) {
+  const char *ph = dp_phase_name((dp_phase)op->phase), *kind = dp_op_kind_name((dp_op_kind)op->kind);
+  char src[48], dst[48];
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_COPY:
+    endpoint_name(src, sizeof src, op->src_dev, op->src_region);
+    endpoint_name(dst, sizeof dst, op->dst_dev, op->dst_region);
+    snprintf(buf, cap, "%s copy of %zu bytes, %s -> %s", ph, op->bytes, src, dst);
+    return;
+  case DP_OP_FORWARD:
+  case DP_OP_BACKWARD:
+    snprintf(buf, cap, "%s layer %d (%s), micro-batch %d", kind, op->layer,
+             op->layer >= 0 && op->layer < p->model.n_layers
+                 ? dp__layer_name(p->model.layers[op->layer].kind)
+                 : "?",
+             op->micro_batch);
+    return;
+  case DP_OP_LOSS:
+    snprintf(buf, cap, "loss of micro-batches %d..%d", op->micro_batch,
+             op->micro_batch + op->n_mb - 1);
+    return;
+  default:
+    snprintf(buf, cap, "%s %s", ph, kind);
+    return;
+  }
+}
+
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo, int hi,
+                       int inject_at) {
+  if (lo >= hi) return DP_OK;
   x->env = env;
   x->ops = ops;
-  x->n_ops = n_ops;
-  x->n_stages = n_stages;
+  x->lo = lo;
+  x->hi = hi;
+  x->s0 = ops[lo].stage;
+  x->s1 = ops[hi - 1].stage;
+  x->inject_at = inject_at;
   atomic_store(&x->failed, 0);
-  atomic_store(&x->op_counter, 0);
   for (int d = 0; d < x->n_devices; d++) x->status[d] = DP_OK;
   if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
   run_device(x, 0);
@@ -149,6 +190,8 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops
   int first = -1;
   for (int d = 0; d < x->n_devices; d++)
     if (x->status[d] && (first < 0 || x->fail_op[d] < x->fail_op[first])) first = d;
-  return dp__error(x->status[first], __FILE__, __LINE__, "device %d, op %d: %s", first,
-                   x->fail_op[first], x->errmsg[first]);
+  char what[160];
+  describe_op(env->plan, &ops[x->fail_op[first]], what, sizeof what);
+  return dp__error(x->status[first], __FILE__, __LINE__, "device %d, op %d of %d (%s): %s", first,
+                   x->fail_op[first], n_ops, what, x->errmsg[first]);
 }

@@ -31,23 +31,28 @@ struct dp_exec {
   void *tctx;
   dp_worker workers[DP_MAX_DEVICES];
   dp_barrier bar;
-  atomic_int quit, failed, op_counter;
-  /* the current job */
+  atomic_int quit, failed;
+  /* the current job: ops [lo, hi) of a schedule, which cover stages
+   * [s0, s1]; the op at schedule index inject_at fails (test hook, -1: off) */
   dp_exec_env *env;
   const dp_op *ops;
-  int n_ops, n_stages;
+  int lo, hi, s0, s1, inject_at;
   /* per device outcome */
   dp_status status[DP_MAX_DEVICES];
-  int fail_op[DP_MAX_DEVICES];
+  int fail_op[DP_MAX_DEVICES]; /* schedule index */
   char errmsg[DP_MAX_DEVICES][DP_ERRMSG_CAP];
-  /* test hook: the fail_at-th op executed in a step fails (-1: off) */
-  int fail_at;
 };
 
 dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void *bctx,
                         const dp_transport_ops *t, void *tctx);
 void dp__exec_destroy(dp_exec *x);
-/* Runs one schedule to completion; on failure, the first failing op's error. */
-dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int n_stages);
+/* Runs ops [lo, hi) of a schedule (whole stages: the ops of one stage are
+ * all in or all out) to completion; once an op fails, no op of a later stage
+ * starts. On failure, the error of the failing op that comes first in the
+ * schedule, naming it ("device 1, op 17 of 40 (backward layer 2, micro-batch
+ * 3): ..."). The op at schedule index inject_at (-1: none) fails with
+ * DP_ERR_BACKEND instead of running: a deterministic test hook. */
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo, int hi,
+                       int inject_at);
 
 #endif

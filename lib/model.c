@@ -126,6 +126,7 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
 
 size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
   size_t len = 0;
+  if (!buf) cap = 0; /* a length query, whatever cap says */
   if (cap) buf[0] = '\0';
   if (!m) return 0;
   put(buf, cap, &len, "input %d\n", m->input_width);

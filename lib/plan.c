@@ -1,6 +1,7 @@
 /* The planner: from a model and a config, every region of every device's
  * arena (offset, size, alignment) and the static schedule of a step. Pure C,
  * no backend headers; the numbers it produces are the ones the runtime uses. */
+#include "gemm.h"
 #include "internal.h"
 
 #include <stdlib.h>
@@ -28,6 +29,7 @@ const char *dp_region_name(dp_region r) {
 }
 
 void dp_config_default(dp_config *c) {
+  if (!c) return;
   memset(c, 0, sizeof *c);
   c->n_devices = 1;
   for (int i = 0; i < DP_MAX_DEVICES; i++) c->device_ids[i] = i;
@@ -61,6 +63,10 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
   if (c->backend != DP_BACKEND_CPU && c->backend != DP_BACKEND_CUDA)
     return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
+  if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
+    return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
+  if (c->guards != 0 && c->guards != 1)
+    return DP_FAIL(DP_ERR_INVALID, "guards must be 0 or 1, got %d", c->guards);
   if (!c->inference && m->loss == DP_LOSS_NONE)
     return DP_FAIL(DP_ERR_INVALID, "a training plan needs a loss (add 'loss mse' or "
                                    "'loss softmax_cross_entropy', or plan --inference)");
@@ -178,10 +184,13 @@ static dp_status plan_device(dp_plan *p, int d) {
     int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
     if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
     int n_used = p->split.n_used;
-    if (!classic && dp__is_pow2(n_used) && n_used > 1)
-      sz[DP_REGION_COMM] = (m->n_params - m->n_params / 2) * 4; /* the first level's half */
-    else if (reduce_receives(d, n_used))
+    if (!classic && dp__is_pow2(n_used) && n_used > 1) {
+      size_t lo, hi; /* receives the half it keeps at the first level, the largest */
+      dp__ar_segment(m->n_params, 1, d, &lo, &hi);
+      sz[DP_REGION_COMM] = (hi - lo) * 4;
+    } else if (reduce_receives(d, n_used)) {
       sz[DP_REGION_COMM] = P;
+    }
     if (classic && dev0) {
       if (!mul3(B, tw, 4, &sz[DP_REGION_TARGETS])) return OVERFLOW();
       if (!mul3(B, (size_t)out, 4, &sz[DP_REGION_GATHERED_OUTPUTS])) return OVERFLOW();
@@ -192,13 +201,19 @@ static dp_status plan_device(dp_plan *p, int d) {
     if (dev0) sz[DP_REGION_LOSS] = (size_t)p->split.n_mb * 4;
     else if (!classic) sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
+  if (c->backend == DP_BACKEND_CPU) /* the packed GEMMs' buffers (gemm.h) */
+    sz[DP_REGION_WORKSPACE] = dp__model_workspace_bytes(m, a->mb_rows, train);
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
-  size_t cur = 0;
+  /* Guards (config.guards): one alignment unit before the first region and
+   * after every region, empty ones included; the guard after a region is all
+   * of [content end, next region), padding included (ctx.c checks exactly
+   * that span). Without guards this is the plain aligned layout. */
+  size_t guard = c->guards ? p->align : 0, cur = guard;
   for (int r = 0; r < DP_REGION_COUNT; r++) {
     if (!dp__align_up(cur, p->align, &cur)) return OVERFLOW();
     p->regions[d][r] = (dp_region_info){.offset = cur, .size = sz[r], .align = p->align};
-    if (!dp__add(cur, sz[r], &cur)) return OVERFLOW();
+    if (!dp__add(cur, sz[r], &cur) || !dp__add(cur, guard, &cur)) return OVERFLOW();
   }
   if (!dp__align_up(cur, p->align, &p->dev_bytes[d])) return OVERFLOW();
   return DP_OK;
@@ -358,7 +373,7 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
   *out_batch = 0;
   int lo = 0, hi = max_batch; /* invariant: lo fits (or is 0), everything > hi fails */
   while (lo < hi) {
-    int mid = lo + (hi - lo + 1) / 2;
+    int mid = (int)(lo + ((long long)hi - lo + 1) / 2); /* hi may be INT_MAX */
     bool ok;
     dp_status s = fits(m, c, mid, budget, &ok);
     if (s) return s;

@@ -88,6 +88,9 @@ static dp_status parse_prob(const token *t, where w, float *out) {
   if (errno || *end || end == buf || !(v >= 0.0 && v < 1.0))
     return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
                      "dropout: expected a probability in [0, 1), got '%s'", buf);
+  if (!((float)v < 1.0f)) /* e.g. 0.99999999: below 1, but 1 as a float */
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                     "dropout: probability '%s' rounds to 1 as a float; expected [0, 1)", buf);
   *out = (float)v;
   return DP_OK;
 }
@@ -105,7 +108,10 @@ static dp_status at(dp_status s, where w, int col) {
   if (s == DP_OK) return s;
   char msg[DP_ERRMSG_CAP];
   snprintf(msg, sizeof msg, "%s", dp_last_error());
-  char *tail = strstr(msg, " [");
+  /* drop the builder's " [file:line]" suffix (the last " [": the message itself
+   * may contain one, as in "in [0, 1)") */
+  char *tail = NULL;
+  for (char *q = strstr(msg, " ["); q; q = strstr(q + 1, " [")) tail = q;
   if (tail) *tail = '\0';
   return SPEC_FAIL(s == DP_ERR_INVALID ? DP_ERR_PARSE : s, w, col, "%s", msg);
 }

@@ -1,15 +1,28 @@
-/* CUDA backend: device queries and arena allocation.
+/* CUDA backend: device queries, arena allocation, and the backend itself
+ * (cuda/backend.cu, cuda/kernels.cu, cuda/gemm.cu) against the CPU backend.
  *
- * The "gpu" test case needs a GPU. Where dp_cuda_device_count() is 0 (no GPU,
- * no driver, or a build without CUDA) each of its tests prints
+ * The "gpu*" test cases need a GPU. Where dp_cuda_device_count() is 0 (no GPU,
+ * no driver, or a build without CUDA) each of their tests prints
  *   SKIP cuda: <test>: no GPU (<reason>)
  * to stderr and passes; CK_EXCLUDE_TAGS=gpu leaves them out altogether.
- * CUDA is touched only inside tests, which Check runs in forked children. */
+ * CUDA is touched only inside tests, which Check runs in forked children.
+ *
+ * How the backend is tested before lib/ctx.c and lib/exec.c drive it: a pair
+ * of plans of one model and config (cpu and cuda backend) with arenas of
+ * their own; the tests fill both with the same contents and run ops through
+ * the two vtables (dp__cpu_backend / dp__cuda_backend, dp__shm_transport /
+ * dp__cuda_transport), then compare every region. walk() below is a
+ * single-threaded executor with the CUDA stage hooks in the places
+ * docs/GPU.md asks lib/exec.c to call them. Lines starting "TIMING" are
+ * collected by tests/gpu/run.sh. */
 #include <check.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dp_cuda.h"
 
@@ -159,6 +172,900 @@ START_TEST(pinned_host_staging_allocates_and_frees) {
 }
 END_TEST
 
+/* ---- the backend: shared machinery ---- */
+
+#define CANARY 0x7fbadbadu /* lib/ctx.h's DP_CANARY: a NaN no arithmetic makes */
+
+/* The tests' own random numbers (splitmix64), not the library's. */
+typedef struct {
+  uint64_t s;
+} trng;
+
+static uint64_t trng_next(trng *r) {
+  uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static float trng_float(trng *r, float lo, float hi) {
+  return lo + (hi - lo) * ((float)(trng_next(r) >> 40) * 0x1p-24f);
+}
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+/* Bytes of device d's arena before its WORKSPACE region (the last one): the
+ * state the tests set and compare. The workspace (status words, cuBLAS
+ * scratch, 32 MiB) is the backend's own and is never copied. */
+static size_t content_bytes(const dp_plan *p, int d) {
+  return p->regions[d][DP_REGION_WORKSPACE].offset;
+}
+
+
+/* Until lib/plan.c reserves dp__cuda_workspace_bytes() of WORKSPACE in CUDA
+ * plans, the tests grow the region themselves (it is the last one; no guards). */
+static void patch_workspace(dp_plan *p) {
+  size_t need = dp__cuda_workspace_bytes();
+  ck_assert_int_eq(p->cfg.guards, 0);
+  ck_assert_int_eq(DP_REGION_WORKSPACE, DP_REGION_COUNT - 1);
+  for (int d = 0; d < p->split.n_used; d++) {
+    dp_region_info *ws = &p->regions[d][DP_REGION_WORKSPACE];
+    if (ws->size >= need) continue;
+    ws->size = need;
+    p->dev_bytes[d] = round_up(ws->offset + need, p->align);
+  }
+}
+
+/* One model and config with arenas for both backends. Both sides use the
+ * plan the CUDA backend gets (256-byte alignment): the CPU backend runs on any
+ * plan whose alignment is at least its 64, and the same layout (the liveness
+ * planner places activation buffers by alignment) lets the tests compare
+ * arenas region by region. pc and pg are two copies of that plan. */
+typedef struct {
+  dp_model *m;
+  dp_plan *pc, *pg;  /* cpu, cuda */
+  int n;             /* devices used */
+  bool with_cpu;
+  unsigned char *ca[DP_MAX_DEVICES]; /* cpu arenas */
+  void *ga[DP_MAX_DEVICES];          /* gpu arenas */
+  unsigned char *gh[DP_MAX_DEVICES]; /* host copies of the gpu arenas */
+  unsigned char *staging;            /* pinned, dp_plan_host_bytes(pg) */
+  void *bctx;
+  dp_exec_env ec, eg;
+} pair;
+
+static void pair_init(pair *t, const char *spec, const dp_config *cfg, bool with_cpu) {
+  memset(t, 0, sizeof *t);
+  t->with_cpu = with_cpu;
+  ck_assert_msg(dp_model_parse(spec, "test", &t->m) == DP_OK, "%s", dp_last_error());
+  dp_config c = *cfg;
+  c.backend = DP_BACKEND_CUDA;
+  ck_assert_msg(dp_plan_create(t->m, &c, &t->pg) == DP_OK, "%s", dp_last_error());
+  patch_workspace(t->pg);
+  t->n = t->pg->split.n_used;
+  if (with_cpu) {
+    ck_assert_msg(dp_plan_create(t->m, &c, &t->pc) == DP_OK, "%s", dp_last_error());
+    patch_workspace(t->pc);
+    ck_assert_int_eq(t->pc->split.n_used, t->n);
+    ck_assert_int_eq(dp_plan_n_ops(t->pc), dp_plan_n_ops(t->pg));
+  }
+  for (int d = 0; d < t->n; d++) {
+    size_t gb = t->pg->dev_bytes[d];
+    if (with_cpu) {
+      t->ca[d] = aligned_alloc(256, round_up(t->pc->dev_bytes[d], 256));
+      ck_assert_ptr_nonnull(t->ca[d]);
+    }
+    t->gh[d] = malloc(content_bytes(t->pg, d) + 4);
+    ck_assert_ptr_nonnull(t->gh[d]);
+    ck_assert_msg(dp__cuda_arena_alloc(c.device_ids[d], gb, &t->ga[d]) == DP_OK, "device %d: %s",
+                  d, dp_last_error());
+  }
+  ck_assert_msg(dp__cuda_ctx_init(t->pg, t->ga, 0, &t->bctx) == DP_OK, "%s", dp_last_error());
+  size_t hb = dp_plan_host_bytes(t->pg);
+  ck_assert_uint_gt(hb, 0);
+  ck_assert_msg(dp__cuda_host_alloc(hb, (void **)&t->staging) == DP_OK, "%s", dp_last_error());
+  bool training = !cfg->inference;
+  t->eg = (dp_exec_env){.plan = t->pg, .mbs = t->pg->mbs, .rows = cfg->batch,
+                        .training = training};
+  for (int d = 0; d < t->n; d++) t->eg.arena[d] = t->ga[d];
+  if (with_cpu) {
+    t->ec = (dp_exec_env){.plan = t->pc, .mbs = t->pc->mbs, .rows = cfg->batch,
+                          .training = training};
+    for (int d = 0; d < t->n; d++) t->ec.arena[d] = t->ca[d];
+  }
+}
+
+static void pair_free(pair *t) {
+  dp__cuda_ctx_free(t->bctx);
+  for (int d = 0; d < t->n; d++) {
+    dp__cuda_arena_free(t->pg->cfg.device_ids[d], t->ga[d]);
+    free(t->gh[d]);
+    free(t->ca[d]);
+  }
+  dp__cuda_host_free(t->staging);
+  dp_plan_free(t->pc);
+  dp_plan_free(t->pg);
+  dp_model_free(t->m);
+}
+
+static unsigned char *rptr(unsigned char *arena, const dp_plan *p, int d, int r) {
+  return arena + p->regions[d][r].offset;
+}
+
+static void upload(pair *t) {
+  for (int d = 0; d < t->n; d++)
+    ck_assert_msg(dp__cuda_memcpy(t->ga[d], t->gh[d], content_bytes(t->pg, d)) == DP_OK, "%s",
+                  dp_last_error());
+}
+
+static void download(pair *t) {
+  for (int d = 0; d < t->n; d++)
+    ck_assert_msg(dp__cuda_memcpy(t->gh[d], t->ga[d], content_bytes(t->pg, d)) == DP_OK, "%s",
+                  dp_last_error());
+}
+
+/* Every region of every device (workspace aside) gets the same random
+ * contents on both sides: floats in [-1, 1), optimizer state in [0, 1)
+ * (AdamW's v must not be negative), class labels in range. */
+static void fill_random(pair *t, uint64_t seed) {
+  trng r = {seed};
+  bool ce = dp_model_loss(t->m) == DP_LOSS_SOFTMAX_CE;
+  int classes = dp_model_output_width(t->m);
+  for (int d = 0; d < t->n; d++) {
+    memset(t->gh[d], 0, content_bytes(t->pg, d));
+    if (t->with_cpu) memset(t->ca[d], 0, content_bytes(t->pc, d));
+    for (int reg = 0; reg < DP_REGION_WORKSPACE; reg++) {
+      size_t n = t->pg->regions[d][reg].size / 4;
+      uint32_t *g = (uint32_t *)rptr(t->gh[d], t->pg, d, reg);
+      uint32_t *c = t->with_cpu ? (uint32_t *)rptr(t->ca[d], t->pc, d, reg) : NULL;
+      for (size_t k = 0; k < n; k++) {
+        uint32_t bits;
+        if (reg == DP_REGION_TARGETS && ce) {
+          bits = (uint32_t)(trng_next(&r) % (uint64_t)classes);
+        } else {
+          float v = reg == DP_REGION_OPT_STATE ? trng_float(&r, 0.0f, 1.0f)
+                                                : trng_float(&r, -1.0f, 1.0f);
+          memcpy(&bits, &v, 4);
+        }
+        g[k] = bits;
+        if (c) c[k] = bits;
+      }
+    }
+  }
+  upload(t);
+}
+
+/* A fresh context's state: canaries everywhere, zero gradients and optimizer
+ * state, random parameters on device 0 (the broadcast copies them). */
+static void fill_initial(pair *t, uint64_t seed) {
+  for (int d = 0; d < t->n; d++) {
+    for (int side = 0; side < 2; side++) {
+      const dp_plan *p = side ? t->pc : t->pg;
+      unsigned char *a = side ? t->ca[d] : t->gh[d];
+      if (!a) continue;
+      uint32_t *w = (uint32_t *)a;
+      for (size_t k = 0; k < content_bytes(p, d) / 4; k++) w[k] = CANARY;
+      memset(rptr(a, p, d, DP_REGION_GRADS), 0, p->regions[d][DP_REGION_GRADS].size);
+      memset(rptr(a, p, d, DP_REGION_OPT_STATE), 0, p->regions[d][DP_REGION_OPT_STATE].size);
+      if (d == 0) {
+        trng r = {seed};
+        float *w0 = (float *)rptr(a, p, 0, DP_REGION_PARAMS);
+        for (size_t k = 0; k < dp_model_n_params(t->m); k++) w0[k] = trng_float(&r, -0.5f, 0.5f);
+      }
+    }
+  }
+  upload(t);
+}
+
+/* Compares device d's regions (workspace aside) of the two sides: equal bits,
+ * or (unless bitwise) |gpu - cpu| <= tol (|cpu| + mean |cpu| of the region).
+ * Counts elements whose bits differ. Fails the test with the first offender. */
+static size_t compare_dev(const pair *t, int d, double tol, bool bitwise, const char *what) {
+  size_t differ = 0;
+  for (int reg = 0; reg < DP_REGION_WORKSPACE; reg++) {
+    size_t n = t->pg->regions[d][reg].size / 4;
+    const uint32_t *cu = (const uint32_t *)(t->ca[d] + t->pc->regions[d][reg].offset);
+    const uint32_t *gu = (const uint32_t *)(t->gh[d] + t->pg->regions[d][reg].offset);
+    double scale = 0.0;
+    size_t finite = 0;
+    for (size_t k = 0; k < n; k++) {
+      float a;
+      memcpy(&a, &cu[k], 4);
+      if (isfinite(a)) {
+        scale += fabs(a);
+        finite++;
+      }
+    }
+    scale = finite ? scale / (double)finite : 0.0;
+    for (size_t k = 0; k < n; k++) {
+      if (cu[k] == gu[k]) continue;
+      differ++;
+      float a, b;
+      memcpy(&a, &cu[k], 4);
+      memcpy(&b, &gu[k], 4);
+      bool ok = !bitwise && isfinite(a) && isfinite(b) &&
+                fabs((double)a - (double)b) <= tol * (fabs((double)a) + scale);
+      ck_assert_msg(ok,
+                    "%s: device %d region %s element %zu: cpu %.9g (0x%08x), gpu %.9g (0x%08x); "
+                    "%s",
+                    what, d, dp_region_name((dp_region)reg), k, (double)a, cu[k], (double)b,
+                    gu[k], bitwise ? "bits must match" : "beyond the tolerance");
+    }
+  }
+  return differ;
+}
+
+/* exec.c's endpoint(): caller memory for DP_HOST, else a region. */
+static void *endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
+  if (dev == DP_HOST) {
+    const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
+                       : region == DP_REGION_TARGETS ? e->host_t
+                                                     : (const void *)e->host_y;
+    return (unsigned char *)base + off;
+  }
+  return (unsigned char *)e->arena[dev] + e->plan->regions[dev][region].offset + off;
+}
+
+/* Ops [lo, hi) of the plan's schedule (whole stages), stage by stage, device
+ * by device, on one thread: what lib/exec.c does with a thread per device,
+ * including where the CUDA stage hooks go. */
+static dp_status walk(pair *t, bool gpu, int lo, int hi) {
+  const dp_plan *p = gpu ? t->pg : t->pc;
+  const dp_op *ops = dp_plan_ops(p);
+  dp_exec_env *e = gpu ? &t->eg : &t->ec;
+  const dp_backend_ops *b = gpu ? &dp__cuda_backend : &dp__cpu_backend;
+  const dp_transport_ops *tr = gpu ? &dp__cuda_transport : &dp__shm_transport;
+  void *ctx = gpu ? t->bctx : NULL;
+  for (int k = lo; k < hi;) {
+    int s = ops[k].stage, k1 = k;
+    while (k1 < hi && ops[k1].stage == s) k1++;
+    for (int d = 0; d < t->n; d++) {
+      dp_status st = gpu ? dp__cuda_stage_begin(ctx, d, s) : DP_OK;
+      for (int i = k; i < k1 && !st; i++) {
+        const dp_op *op = &ops[i];
+        if (op->device != d) continue;
+        if (op->kind != DP_OP_COPY)
+          st = b->run(ctx, e, op);
+        else if (!(op->phase == DP_PHASE_BROADCAST && e->skip_broadcast))
+          st = tr->copy(ctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+                        endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+      }
+      if (!st && gpu) st = dp__cuda_stage_end(ctx, d, s);
+      if (st) return st;
+    }
+    k = k1;
+  }
+  return DP_OK;
+}
+
+/* A batch for the model: x (batch, in), targets (batch, out) or labels. */
+typedef struct {
+  float *x;
+  void *t;
+  size_t xbytes, tbytes;
+} batch;
+
+static batch make_batch(const pair *t, uint64_t seed) {
+  trng r = {seed};
+  const dp_config *c = &t->pg->cfg;
+  int in = dp_model_input_width(t->m), out = dp_model_output_width(t->m);
+  bool ce = dp_model_loss(t->m) == DP_LOSS_SOFTMAX_CE;
+  batch b = {.xbytes = (size_t)c->batch * in * 4,
+             .tbytes = (size_t)c->batch * (ce ? 1 : out) * 4};
+  b.x = malloc(b.xbytes);
+  b.t = malloc(b.tbytes);
+  ck_assert_ptr_nonnull(b.x);
+  ck_assert_ptr_nonnull(b.t);
+  for (size_t k = 0; k < b.xbytes / 4; k++) b.x[k] = trng_float(&r, -1.0f, 1.0f);
+  for (size_t k = 0; k < b.tbytes / 4; k++) {
+    if (ce)
+      ((int32_t *)b.t)[k] = (int32_t)(trng_next(&r) % (uint64_t)out);
+    else
+      ((float *)b.t)[k] = trng_float(&r, -1.0f, 1.0f);
+  }
+  return b;
+}
+
+static void batch_free(batch *b) {
+  free(b->x);
+  free(b->t);
+}
+
+static dp_status cpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
+  t->ec.step = step;
+  t->ec.host_x = b->x;
+  t->ec.host_t = b->t;
+  t->ec.skip_broadcast = false;
+  dp_status s = walk(t, false, 0, dp_plan_n_ops(t->pc));
+  *loss = t->ec.loss;
+  return s;
+}
+
+/* As lib/ctx.c will: the caller's batch into the pinned staging arena, the
+ * step, the one synchronisation. Ops [lo, hi); step_begin only when lo == 0. */
+static dp_status gpu_run(pair *t, uint64_t step, const batch *b, int lo, int hi, float *loss) {
+  dp_cuda_staging L = dp__cuda_staging_layout(t->pg);
+  memcpy(t->staging + L.x, b->x, b->xbytes);
+  memcpy(t->staging + L.t, b->t, b->tbytes);
+  t->eg.step = step;
+  t->eg.host_x = (const float *)(t->staging + L.x);
+  t->eg.host_t = t->staging + L.t;
+  t->eg.host_y = (float *)(t->staging + L.y);
+  t->eg.skip_broadcast = false;
+  dp_status s = lo == 0 ? dp__cuda_step_begin(t->bctx) : DP_OK;
+  char why[DP_ERRMSG_CAP] = "";
+  if (!s) s = walk(t, true, lo, hi);
+  if (s) snprintf(why, sizeof why, "%s", dp_last_error());
+  dp_status e = dp__cuda_step_end(t->bctx, loss); /* always: nothing left in flight */
+  if (s) {
+    fprintf(stderr, "cuda: step failed: %s\n", why);
+    return s;
+  }
+  return e;
+}
+
+static dp_status gpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
+  return gpu_run(t, step, b, 0, dp_plan_n_ops(t->pg), loss);
+}
+
+/* Runs one compute op alone on the GPU (a step of one stage). */
+static dp_status gpu_one_op(pair *t, const dp_op *op, float *loss) {
+  dp_status s = dp__cuda_step_begin(t->bctx);
+  if (!s) s = dp__cuda_stage_begin(t->bctx, op->device, op->stage);
+  if (!s) s = dp__cuda_backend.run(t->bctx, &t->eg, op);
+  if (!s) s = dp__cuda_stage_end(t->bctx, op->device, op->stage);
+  char why[DP_ERRMSG_CAP];
+  snprintf(why, sizeof why, "%s", dp_last_error());
+  dp_status e = dp__cuda_step_end(t->bctx, loss);
+  if (s) {
+    fprintf(stderr, "cuda: op failed: %s\n", why);
+    return s;
+  }
+  return e;
+}
+
+static const char *const MIXED_MSE =
+    "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm\ntanh\nlinear 9 nobias\nsigmoid\n"
+    "dropout 0.25\nlinear 5\nloss mse\n";
+static const char *const MIXED_CE =
+    "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm\ntanh\nlinear 9 nobias\nsigmoid\n"
+    "dropout 0.25\nlinear 5\nloss softmax_cross_entropy\n";
+
+/* Replicas go round-robin over the visible GPUs (all on GPU 0 with one). */
+static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch, dp_mode mode,
+                             dp_optimizer opt) {
+  dp_config c;
+  dp_config_default(&c);
+  for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d % ngpu;
+  c.batch = batch;
+  c.n_devices = n_devices;
+  c.micro_batch = micro_batch;
+  c.mode = mode;
+  c.optimizer = opt;
+  c.seed = 7;
+  c.weight_decay = opt == DP_OPT_ADAMW ? 0.01f : 0.001f;
+  c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
+  return c;
+}
+
+/* Is op's output exact by construction (no rounding choice at all)? */
+static bool exact_op(const pair *t, const dp_op *op) {
+  if (op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_ZERO) return true;
+  if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) return false;
+  dp_layer_kind k = dp_model_layer_kind(t->m, op->layer);
+  return k == DP_LAYER_RELU || k == DP_LAYER_DROPOUT;
+}
+
+/* Every compute op of the plan's schedule, each alone from the same random
+ * state on both backends: every region of every device must agree. */
+static void check_every_compute_op(const char *name, const char *spec, const dp_config *cfg,
+                                   uint64_t step) {
+  pair t;
+  pair_init(&t, spec, cfg, true);
+  t.ec.step = t.eg.step = step;
+  const dp_op *oc = dp_plan_ops(t.pc), *og = dp_plan_ops(t.pg);
+  int n = dp_plan_n_ops(t.pc), ran = 0, bit_identical = 0, kinds[DP_OP_OPTIMIZER + 1] = {0};
+  for (int k = 0; k < n; k++) {
+    if (oc[k].kind == DP_OP_COPY) continue;
+    ck_assert_int_eq(og[k].kind, oc[k].kind);
+    ck_assert_int_eq(og[k].device, oc[k].device);
+    ck_assert_int_eq(og[k].layer, oc[k].layer);
+    fill_random(&t, 1000 + (uint64_t)k);
+    t.ec.loss = 0.0f;
+    dp_status sc = dp__cpu_backend.run(NULL, &t.ec, &oc[k]);
+    ck_assert_msg(sc == DP_OK, "%s: cpu op %d: %s", name, k, dp_last_error());
+    float gl = 0.0f;
+    dp_status sg = gpu_one_op(&t, &og[k], &gl);
+    ck_assert_msg(sg == DP_OK, "%s: gpu op %d: %s", name, k, dp_last_error());
+    download(&t);
+    char what[160];
+    snprintf(what, sizeof what, "%s: op %d (%s %s, layer %d, micro-batch %d)", name, k,
+             dp_phase_name((dp_phase)oc[k].phase), dp_op_kind_name((dp_op_kind)oc[k].kind),
+             oc[k].layer, oc[k].micro_batch);
+    size_t differ = 0;
+    for (int d = 0; d < t.n; d++) differ += compare_dev(&t, d, 1e-5, exact_op(&t, &oc[k]), what);
+    if (oc[k].kind == DP_OP_LOSS_SUM)
+      ck_assert_msg(fabs((double)gl - (double)t.ec.loss) <= 1e-6 * fabs((double)t.ec.loss),
+                    "%s: loss cpu %.9g gpu %.9g", what, (double)t.ec.loss, (double)gl);
+    ran++;
+    bit_identical += differ == 0;
+    kinds[oc[k].kind]++;
+  }
+  fprintf(stderr,
+          "cuda: %s: %d compute ops (%d forward, %d backward, %d grad_add, %d loss, %d "
+          "optimizer) match the cpu backend; %d of them bit for bit\n",
+          name, ran, kinds[DP_OP_FORWARD], kinds[DP_OP_BACKWARD], kinds[DP_OP_GRAD_ADD],
+          kinds[DP_OP_LOSS], kinds[DP_OP_OPTIMIZER], bit_identical);
+  pair_free(&t);
+}
+
+/* ---- the backend: tests that run anywhere ---- */
+
+START_TEST(staging_layout_matches_the_plan) {
+  static const char *const specs[] = {"input 5\nlinear 3\nloss mse\n",
+                                      "input 6\nlinear 4\nloss softmax_cross_entropy\n"};
+  for (int i = 0; i < 2; i++)
+    for (int inference = 0; inference < 2; inference++) {
+      dp_model *m = NULL;
+      ck_assert_int_eq(dp_model_parse(specs[i], "t", &m), DP_OK);
+      dp_config c;
+      dp_config_default(&c);
+      c.batch = 37;
+      c.n_devices = 3;
+      c.inference = inference;
+      c.backend = DP_BACKEND_CUDA;
+      dp_plan *p = NULL;
+      ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+      dp_cuda_staging L = dp__cuda_staging_layout(p);
+      size_t a = p->align, out = (size_t)dp_model_output_width(m);
+      ck_assert_uint_eq(L.x, 0);
+      ck_assert_uint_eq(L.t, round_up(37 * (size_t)dp_model_input_width(m) * 4, a));
+      ck_assert_uint_ge(L.y, L.t);
+      ck_assert_uint_eq(round_up(L.y + 37 * out * 4, a), dp_plan_host_bytes(p));
+      dp_plan_free(p);
+      dp_model_free(m);
+    }
+}
+END_TEST
+
+START_TEST(workspace_reservation_is_reported) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 8;
+  c.backend = DP_BACKEND_CUDA;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  size_t have = dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, need = dp__cuda_workspace_bytes();
+  ck_assert_uint_eq(need, DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES);
+  if (have < need)
+    fprintf(stderr, "NOTE cuda: CUDA plans reserve %zu bytes of WORKSPACE; the CUDA backend "
+                    "needs %zu (lib/plan.c: dp__cuda_workspace_bytes()); the gpu tests patch "
+                    "their plans\n",
+            have, need);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* Without a GPU (or without CUDA) the backend's set-up fails cleanly. */
+START_TEST(backend_init_fails_cleanly_without_a_gpu) {
+  if (dp_cuda_device_count() > 0) return; /* the gpu cases cover that machine */
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 8;
+  c.n_devices = 2;
+  c.backend = DP_BACKEND_CUDA;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  patch_workspace(p);
+  void *arenas[2] = {NULL, NULL};
+  for (int d = 0; d < 2; d++) {
+    arenas[d] = aligned_alloc(256, round_up(p->dev_bytes[d], 256));
+    ck_assert_ptr_nonnull(arenas[d]);
+  }
+  void *bctx = &bctx;
+  dp_status s = dp__cuda_ctx_init(p, arenas, 0, &bctx);
+  ck_assert_int_ne(s, DP_OK);
+  ck_assert_ptr_null(bctx);
+  ck_assert_msg(dp_last_error()[0] != '\0', "no reason recorded");
+  if (!dp_cuda_available()) ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
+  dp__cuda_ctx_free(NULL);
+  ck_assert_int_ne(dp__cuda_step_begin(NULL), DP_OK);
+  float loss = 1.0f;
+  ck_assert_int_ne(dp__cuda_step_end(NULL, &loss), DP_OK);
+  ck_assert(loss == 0.0f);
+  for (int d = 0; d < 2; d++) free(arenas[d]);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- the backend: with a GPU ---- */
+
+START_TEST(rng_matches_lib_rng_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "rng_matches_lib_rng_bit_for_bit");
+  (void)ngpu;
+  static const uint64_t seeds[] = {0, 1, 7, 0x0123456789abcdefull, ~0ull};
+  static const uint64_t streams[] = {DP_RNG_INIT, DP_RNG_DROPOUT, 0, ~0ull};
+  enum { N = 64 };
+  uint64_t abc[3 * N], u[N];
+  float f[N];
+  trng r = {42};
+  for (int i = 0; i < N; i++) {
+    if (i < 8) { /* dropout-shaped keys: (step << 16) | layer, row, element */
+      abc[3 * i] = ((uint64_t)(i * 1000) << 16) | (uint64_t)i;
+      abc[3 * i + 1] = (uint64_t)i * 37;
+      abc[3 * i + 2] = (uint64_t)i;
+    } else if (i < 12) { /* extremes */
+      abc[3 * i] = i & 1 ? ~0ull : 0;
+      abc[3 * i + 1] = i & 2 ? ~0ull : 0;
+      abc[3 * i + 2] = 0x8000000000000000ull;
+    } else {
+      for (int j = 0; j < 3; j++) abc[3 * i + j] = trng_next(&r);
+    }
+  }
+  for (size_t s = 0; s < sizeof seeds / sizeof *seeds; s++)
+    for (size_t st = 0; st < sizeof streams / sizeof *streams; st++) {
+      ck_assert_msg(dp__cuda_rng_table(seeds[s], streams[st], abc, N, u, f) == DP_OK, "%s",
+                    dp_last_error());
+      for (int i = 0; i < N; i++) {
+        uint64_t want = dp__rng_u64(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1],
+                                    abc[3 * i + 2]);
+        float wf = dp__rng_uniform(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1],
+                                   abc[3 * i + 2]);
+        ck_assert_msg(u[i] == want, "key %d: gpu %016llx, lib/rng.c %016llx", i,
+                      (unsigned long long)u[i], (unsigned long long)want);
+        ck_assert_msg(memcmp(&f[i], &wf, 4) == 0, "key %d: gpu %.9g, lib/rng.c %.9g", i,
+                      (double)f[i], (double)wf);
+      }
+    }
+}
+END_TEST
+
+START_TEST(backend_init_validates_its_inputs) {
+  REQUIRE_GPUS(ngpu, "backend_init_validates_its_inputs");
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 8;
+  c.backend = DP_BACKEND_CUDA;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  patch_workspace(p);
+  void *arena = NULL, *bctx = NULL;
+  ck_assert_int_eq(dp__cuda_arena_alloc(0, p->dev_bytes[0], &arena), DP_OK);
+  /* a workspace one byte short */
+  p->regions[0][DP_REGION_WORKSPACE].size = dp__cuda_workspace_bytes() - 1;
+  ck_assert_int_eq(dp__cuda_ctx_init(p, &arena, 0, &bctx), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "workspace"));
+  p->regions[0][DP_REGION_WORKSPACE].size = dp__cuda_workspace_bytes();
+  /* host memory as an arena */
+  void *host = aligned_alloc(256, round_up(p->dev_bytes[0], 256));
+  ck_assert_int_eq(dp__cuda_ctx_init(p, &host, 0, &bctx), DP_ERR_INVALID);
+  ck_assert_ptr_null(bctx);
+  free(host);
+  /* a GPU that does not exist */
+  p->cfg.device_ids[0] = ngpu;
+  ck_assert_int_eq(dp__cuda_ctx_init(p, &arena, 0, &bctx), DP_ERR_INVALID);
+  p->cfg.device_ids[0] = 0;
+  /* and then it works, twice (TF32 flag too) */
+  for (unsigned flags = 0; flags < 2; flags++) {
+    ck_assert_msg(dp__cuda_ctx_init(p, &arena, flags, &bctx) == DP_OK, "%s", dp_last_error());
+    ck_assert_ptr_nonnull(bctx);
+    /* a copy on a thread that never began a stage is refused, not run */
+    float x = 0.0f;
+    ck_assert_int_eq(dp__cuda_transport.copy(bctx, arena, &x, 4), DP_ERR_BACKEND);
+    ck_assert_int_eq(dp__cuda_stage_begin(bctx, 1, 0), DP_ERR_INVALID);
+    dp__cuda_ctx_free(bctx);
+    bctx = NULL;
+  }
+  dp__cuda_arena_free(0, arena);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(each_op_matches_cpu_classic) {
+  REQUIRE_GPUS(ngpu, "each_op_matches_cpu_classic");
+  dp_config c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op("mse classic sgd", MIXED_MSE, &c, 0);
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  check_every_compute_op("ce classic momentum step 0", MIXED_CE, &c, 0);
+  check_every_compute_op("ce classic momentum step 5", MIXED_CE, &c, 5);
+  /* one micro-batch per device, uneven chunks */
+  c = test_config(ngpu, 31, 3, 0, DP_MODE_CLASSIC, DP_OPT_ADAMW);
+  c.split = DP_SPLIT_BALANCED;
+  check_every_compute_op("mse classic adamw chunks", MIXED_MSE, &c, 3);
+}
+END_TEST
+
+START_TEST(each_op_matches_cpu_allreduce) {
+  REQUIRE_GPUS(ngpu, "each_op_matches_cpu_allreduce");
+  dp_config c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_every_compute_op("ce allreduce adamw step 0", MIXED_CE, &c, 0);
+  c.shard_optimizer = 1;
+  check_every_compute_op("mse allreduce sharded adamw step 9", MIXED_MSE, &c, 9);
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_ALLREDUCE, DP_OPT_MOMENTUM);
+  c.shard_optimizer = 1;
+  check_every_compute_op("ce allreduce sharded momentum, 3 devices", MIXED_CE, &c, 2);
+}
+END_TEST
+
+/* More micro-batches than the loss kernels list (uniform runs), and wide rows. */
+START_TEST(loss_ops_match_cpu_with_many_micro_batches) {
+  REQUIRE_GPUS(ngpu, "loss_ops_match_cpu_with_many_micro_batches");
+  dp_config c = test_config(ngpu, 703, 1, 10, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op("ce, 71 micro-batches", "input 3\nlinear 300\nloss softmax_cross_entropy\n",
+                         &c, 0);
+  check_every_compute_op("mse, 71 micro-batches", "input 3\nlinear 300\nlayernorm\nloss mse\n", &c,
+                         0);
+}
+END_TEST
+
+/* Whole training steps through walk(): the stage hooks, the transport (host
+ * staging, copies between replicas), every op in schedule order. */
+static void check_steps_match_cpu(const char *name, const char *spec, const dp_config *cfg,
+                                  int steps) {
+  pair t;
+  pair_init(&t, spec, cfg, true);
+  fill_initial(&t, 11);
+  batch b = make_batch(&t, 12);
+  for (int i = 0; i < steps; i++) {
+    float lc = 0.0f, lg = 0.0f;
+    ck_assert_msg(cpu_step(&t, (uint64_t)i, &b, &lc) == DP_OK, "%s: cpu step %d: %s", name, i,
+                  dp_last_error());
+    ck_assert_msg(gpu_step(&t, (uint64_t)i, &b, &lg) == DP_OK, "%s: gpu step %d: %s", name, i,
+                  dp_last_error());
+    ck_assert_msg(fabs((double)lc - (double)lg) <= 1e-5 * fabs((double)lc),
+                  "%s: step %d: loss cpu %.9g gpu %.9g", name, i, (double)lc, (double)lg);
+    fprintf(stderr, "cuda: %s: step %d: loss cpu %.9g gpu %.9g\n", name, i, (double)lc,
+            (double)lg);
+  }
+  download(&t);
+  char what[128];
+  snprintf(what, sizeof what, "%s after %d steps", name, steps);
+  for (int d = 0; d < t.n; d++) compare_dev(&t, d, 1e-4, false, what);
+  batch_free(&b);
+  pair_free(&t);
+}
+
+START_TEST(training_steps_match_cpu) {
+  REQUIRE_GPUS(ngpu, "training_steps_match_cpu");
+  dp_config c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_steps_match_cpu("mse classic sgd, 3 replicas", MIXED_MSE, &c, 3);
+  c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.shard_optimizer = 1;
+  check_steps_match_cpu("ce allreduce sharded adamw, 4 replicas", MIXED_CE, &c, 3);
+  c = test_config(ngpu, 31, 2, 0, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  check_steps_match_cpu("ce classic momentum, 2 chunks", MIXED_CE, &c, 3);
+  c = test_config(ngpu, 30, 3, 0, DP_MODE_ALLREDUCE, DP_OPT_SGD);
+  check_steps_match_cpu("mse allreduce sgd, 3 replicas", MIXED_MSE, &c, 3);
+}
+END_TEST
+
+/* The same step twice from the same state: every region, every bit. */
+START_TEST(steps_are_bit_identical_run_to_run) {
+  REQUIRE_GPUS(ngpu, "steps_are_bit_identical_run_to_run");
+  dp_config c = test_config(ngpu, 64, 4, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  pair t;
+  pair_init(&t, MIXED_CE, &c, false);
+  batch b = make_batch(&t, 3);
+  unsigned char *first[DP_MAX_DEVICES];
+  for (int run = 0; run < 2; run++) {
+    fill_initial(&t, 5);
+    for (int i = 0; i < 3; i++) {
+      float loss;
+      ck_assert_msg(gpu_step(&t, (uint64_t)i, &b, &loss) == DP_OK, "%s", dp_last_error());
+    }
+    download(&t);
+    for (int d = 0; d < t.n; d++) {
+      size_t bytes = content_bytes(t.pg, d);
+      if (run == 0) {
+        first[d] = malloc(bytes);
+        memcpy(first[d], t.gh[d], bytes);
+      } else {
+        ck_assert_msg(memcmp(first[d], t.gh[d], bytes) == 0, "device %d: the second run differs",
+                      d);
+        free(first[d]);
+      }
+    }
+  }
+  batch_free(&b);
+  pair_free(&t);
+}
+END_TEST
+
+/* The headline property on the GPU: with a fixed micro-batch, 1, 2 and 4
+ * replicas (all on GPU 0) and both modes give the same parameters, bit for
+ * bit. */
+START_TEST(same_bits_for_1_2_4_replicas_and_both_modes) {
+  REQUIRE_GPUS(ngpu, "same_bits_for_1_2_4_replicas_and_both_modes");
+  size_t P = 0;
+  float *ref = NULL, ref_loss = 0.0f;
+  static const int counts[] = {1, 2, 4};
+  for (int mode = 0; mode < 2; mode++)
+    for (int i = 0; i < 3; i++) {
+      dp_config c = test_config(ngpu, 64, counts[i], 8, (dp_mode)mode, DP_OPT_ADAMW);
+      for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+      pair t;
+      pair_init(&t, MIXED_CE, &c, false);
+      fill_initial(&t, 21);
+      batch b = make_batch(&t, 22);
+      float loss = 0.0f;
+      for (int s = 0; s < 3; s++)
+        ck_assert_msg(gpu_step(&t, (uint64_t)s, &b, &loss) == DP_OK, "%s", dp_last_error());
+      download(&t);
+      P = dp_model_n_params(t.m);
+      const float *w = (const float *)rptr(t.gh[0], t.pg, 0, DP_REGION_PARAMS);
+      if (!ref) {
+        ref = malloc(P * 4);
+        memcpy(ref, w, P * 4);
+        ref_loss = loss;
+      } else {
+        size_t k = 0;
+        while (k < P && memcmp(&ref[k], &w[k], 4) == 0) k++;
+        ck_assert_msg(k == P, "%s, %d replicas: parameter %zu is %.9g, with 1 replica %.9g",
+                      mode ? "allreduce" : "classic", counts[i], k, (double)w[k], (double)ref[k]);
+        ck_assert_msg(memcmp(&loss, &ref_loss, 4) == 0, "loss %.9g vs %.9g", (double)loss,
+                      (double)ref_loss);
+      }
+      batch_free(&b);
+      pair_free(&t);
+    }
+  free(ref);
+}
+END_TEST
+
+/* The first op index of the stage of the first op of `kind`. */
+static int stage_start_of(const dp_plan *p, dp_op_kind kind) {
+  const dp_op *ops = dp_plan_ops(p);
+  int n = dp_plan_n_ops(p), k = 0;
+  while (k < n && ops[k].kind != kind) k++;
+  ck_assert_int_lt(k, n);
+  while (k > 0 && ops[k - 1].stage == ops[k].stage) k--;
+  return k;
+}
+
+/* Snapshot of PARAMS and OPT_STATE of every device. */
+static unsigned char *snapshot_state(const pair *t, int d, size_t *bytes) {
+  size_t a = t->pg->regions[d][DP_REGION_PARAMS].size,
+         b = t->pg->regions[d][DP_REGION_OPT_STATE].size;
+  unsigned char *s = malloc(a + b + 1);
+  memcpy(s, rptr(t->gh[d], t->pg, d, DP_REGION_PARAMS), a);
+  memcpy(s + a, rptr(t->gh[d], t->pg, d, DP_REGION_OPT_STATE), b);
+  *bytes = a + b;
+  return s;
+}
+
+START_TEST(nonfinite_loss_refuses_the_step_on_the_device) {
+  REQUIRE_GPUS(ngpu, "nonfinite_loss_refuses_the_step_on_the_device");
+  for (int mode = 0; mode < 2; mode++) {
+    dp_config c = test_config(ngpu, 16, 2, 4, (dp_mode)mode, DP_OPT_ADAMW);
+    pair t;
+    pair_init(&t, MIXED_MSE, &c, false);
+    fill_initial(&t, 1);
+    batch b = make_batch(&t, 2);
+    float loss;
+    ck_assert_int_eq(gpu_step(&t, 0, &b, &loss), DP_OK); /* some optimizer state */
+    download(&t);
+    size_t sz[2];
+    unsigned char *before[2];
+    for (int d = 0; d < t.n; d++) before[d] = snapshot_state(&t, d, &sz[d]);
+    b.x[13 * dp_model_input_width(t.m) + 2] = NAN; /* row 13: device 1's */
+    ck_assert_int_eq(gpu_step(&t, 1, &b, &loss), DP_ERR_NONFINITE);
+    ck_assert_msg(strstr(dp_last_error(), "loss is NaN") != NULL, "%s", dp_last_error());
+    ck_assert(isnan(loss));
+    download(&t);
+    /* classic: the state is device 0's (the broadcast refreshes the replicas,
+     * refused step or not); allreduce: every replica's */
+    for (int d = 0; d < t.n; d++) {
+      size_t n;
+      unsigned char *after = snapshot_state(&t, d, &n);
+      ck_assert_msg(d > 0 && mode == DP_MODE_CLASSIC ? 1 : memcmp(before[d], after, n) == 0,
+                    "%s: device %d's state changed", mode ? "allreduce" : "classic", d);
+      free(after);
+      free(before[d]);
+    }
+    batch_free(&b);
+    pair_free(&t);
+  }
+}
+END_TEST
+
+/* A non-finite gradient on one device only: every replica refuses (the
+ * status words travel to every optimizer), and step_end names the gradient. */
+START_TEST(nonfinite_gradient_on_one_device_refuses_every_replica) {
+  REQUIRE_GPUS(ngpu, "nonfinite_gradient_on_one_device_refuses_every_replica");
+  for (int sharded = 0; sharded < 2; sharded++) {
+    dp_config c = test_config(ngpu, 16, 2, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+    c.shard_optimizer = sharded;
+    pair t;
+    pair_init(&t, MIXED_MSE, &c, false);
+    fill_initial(&t, 1);
+    batch b = make_batch(&t, 2);
+    int check = stage_start_of(t.pg, DP_OP_GRAD_CHECK), n_ops = dp_plan_n_ops(t.pg);
+    float loss;
+    ck_assert_msg(gpu_run(&t, 0, &b, 0, check, &loss) == DP_OK, "%s", dp_last_error());
+    ck_assert(isfinite(loss));
+    /* poison one gradient in the part device `bad` checks */
+    int bad = sharded ? 0 : 1;
+    size_t j = t.pg->opt_off[bad] + t.pg->opt_len[bad] / 2;
+    float v = sharded ? INFINITY : NAN;
+    unsigned char *g = (unsigned char *)t.ga[bad] + t.pg->regions[bad][DP_REGION_GRADS].offset;
+    ck_assert_int_eq(dp__cuda_memcpy(g + j * 4, &v, 4), DP_OK);
+    download(&t);
+    size_t sz[2];
+    unsigned char *before[2];
+    for (int d = 0; d < t.n; d++) before[d] = snapshot_state(&t, d, &sz[d]);
+    ck_assert_int_eq(gpu_run(&t, 0, &b, check, n_ops, &loss), DP_ERR_NONFINITE);
+    char want[64];
+    snprintf(want, sizeof want, "gradient %zu is %s", j, sharded ? "infinite" : "NaN");
+    ck_assert_msg(strstr(dp_last_error(), want) != NULL, "want '%s' in: %s", want,
+                  dp_last_error());
+    download(&t);
+    for (int d = 0; d < t.n; d++) {
+      size_t n;
+      unsigned char *after = snapshot_state(&t, d, &n);
+      ck_assert_msg(memcmp(before[d], after, n) == 0, "device %d applied a refused step", d);
+      free(after);
+      free(before[d]);
+    }
+    batch_free(&b);
+    pair_free(&t);
+  }
+}
+END_TEST
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Numbers for tests/gpu/run.sh's table: cuBLAS FP32 (and TF32) SGEMM, and
+ * whole training steps of a mid-size MLP through walk() (one enqueueing
+ * thread; lib/exec.c's threads would enqueue in parallel). */
+START_TEST(timing_report) {
+  REQUIRE_GPUS(ngpu, "timing_report");
+  for (int tf32 = 0; tf32 < 2; tf32++) {
+    double ms = 0, tf = 0;
+    ck_assert_msg(dp__cuda_bench_sgemm(0, 4096, 4096, 4096, 20, tf32, &ms, &tf) == DP_OK, "%s",
+                  dp_last_error());
+    fprintf(stderr, "TIMING sgemm 4096x4096x4096 %s: %.3f ms, %.1f TFLOP/s\n",
+            tf32 ? "tf32" : "fp32", ms, tf);
+  }
+  static const int counts[] = {1, 4};
+  for (int i = 0; i < 2; i++) {
+    dp_config c = test_config(ngpu, 1024, counts[i], 256, DP_MODE_CLASSIC, DP_OPT_ADAMW);
+    for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+    pair t;
+    pair_init(&t,
+              "input 1024\nlinear 4096\ngelu\nlinear 4096\ngelu\nlinear 1024\nloss mse\n", &c,
+              false);
+    fill_initial(&t, 1);
+    batch b = make_batch(&t, 2);
+    float loss;
+    for (int s = 0; s < 3; s++) ck_assert_int_eq(gpu_step(&t, (uint64_t)s, &b, &loss), DP_OK);
+    int steps = 20;
+    double t0 = now_ms();
+    for (int s = 0; s < steps; s++)
+      ck_assert_msg(gpu_step(&t, (uint64_t)(3 + s), &b, &loss) == DP_OK, "%s", dp_last_error());
+    double per = (now_ms() - t0) / steps;
+    fprintf(stderr,
+            "TIMING step mlp 1024-4096-4096-1024 batch 1024 micro 256 adamw, %d replica(s) on "
+            "GPU 0: %.3f ms/step, %.0f samples/s (loss %.6g)\n",
+            counts[i], per, 1024.0 / (per * 1e-3), (double)loss);
+    batch_free(&b);
+    pair_free(&t);
+  }
+}
+END_TEST
+
 Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda");
 
@@ -178,5 +1085,33 @@ Suite *cuda_suite(void) {
   tcase_add_test(gpu, pinned_host_staging_allocates_and_frees);
   tcase_set_timeout(gpu, 120); /* first context creation on every device */
   suite_add_tcase(s, gpu);
+
+  TCase *bany = tcase_create("backend_any_machine");
+  tcase_add_test(bany, staging_layout_matches_the_plan);
+  tcase_add_test(bany, workspace_reservation_is_reported);
+  tcase_add_test(bany, backend_init_fails_cleanly_without_a_gpu);
+  tcase_set_timeout(bany, 60);
+  suite_add_tcase(s, bany);
+
+  TCase *kern = tcase_create("gpu_backend");
+  tcase_set_tags(kern, "gpu");
+  tcase_add_test(kern, rng_matches_lib_rng_bit_for_bit);
+  tcase_add_test(kern, backend_init_validates_its_inputs);
+  tcase_add_test(kern, each_op_matches_cpu_classic);
+  tcase_add_test(kern, each_op_matches_cpu_allreduce);
+  tcase_add_test(kern, loss_ops_match_cpu_with_many_micro_batches);
+  tcase_add_test(kern, training_steps_match_cpu);
+  tcase_add_test(kern, steps_are_bit_identical_run_to_run);
+  tcase_add_test(kern, same_bits_for_1_2_4_replicas_and_both_modes);
+  tcase_add_test(kern, nonfinite_loss_refuses_the_step_on_the_device);
+  tcase_add_test(kern, nonfinite_gradient_on_one_device_refuses_every_replica);
+  tcase_set_timeout(kern, 180);
+  suite_add_tcase(s, kern);
+
+  TCase *timing = tcase_create("gpu_timing");
+  tcase_set_tags(timing, "gpu timing");
+  tcase_add_test(timing, timing_report);
+  tcase_set_timeout(timing, 240);
+  suite_add_tcase(s, timing);
   return s;
 }

@@ -383,6 +383,9 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   if (!common) common = &local;
   memset(common, 0, sizeof *common);
   dp_config_default(cfg);
+#ifdef DP_DEBUG
+  cfg->guards = 1; /* checked builds: the tool guards its arenas by default */
+#endif
 
   for (int i = 0; i < N_COMMON; i++) opts[n++] = common_options[i];
   for (const struct option *o = extra; o && o->name; o++) {

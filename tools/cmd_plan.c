@@ -230,7 +230,7 @@ static void print_schedule_text(const dp_plan *p) {
   int n = dp_plan_n_ops(p);
   printf("\nschedule: %d ops in %d stages (one %s step at the planned batch)\n", n,
          n_stages(p), dp_plan_config(p)->inference ? "inference" : "training");
-  printf("%5s %5s  %-13s %-9s %3s %5s %5s  %-13s %-44s %s\n", "#", "stage", "phase", "op",
+  printf("%5s %5s  %-13s %-10s %3s %5s %5s  %-13s %-44s %s\n", "#", "stage", "phase", "op",
          "dev", "layer", "mb", "rows", "source -> destination", "bytes");
   for (int i = 0; i < n; i++) {
     const dp_op *op = &ops[i];
@@ -240,7 +240,7 @@ static void print_schedule_text(const dp_plan *p) {
     if (op->rows > 0)
       snprintf(rows, sizeof rows, "[%d,%d)", (int)op->row0, (int)(op->row0 + op->rows));
     op_detail(op, detail, sizeof detail);
-    printf("%5d %5d  %-13s %-9s %3d %5s %5s  %-13s %-44s %s\n", i, (int)op->stage,
+    printf("%5d %5d  %-13s %-10s %3d %5s %5s  %-13s %-44s %s\n", i, (int)op->stage,
            dp_phase_name((dp_phase)op->phase), dp_op_kind_name((dp_op_kind)op->kind),
            (int)op->device, layer, mb, rows, detail[0] ? detail : "-",
            dpt_bytes_exact(op->bytes, bytes, sizeof bytes));

@@ -1,6 +1,6 @@
 /* tools/data.c — CSV datasets for `dp train`. See data.h for the format. */
 #if !defined(_GNU_SOURCE) && !defined(_POSIX_C_SOURCE)
-#define _POSIX_C_SOURCE 200809L /* getline */
+#define _POSIX_C_SOURCE 200809L /* getc_unlocked */
 #endif
 
 #include "data.h"
@@ -229,6 +229,34 @@ static dp_status parse_row(builder *b, const where *w, char *line, size_t len) {
   return DP_OK;
 }
 
+/* One line of f into *buf (NUL-terminated, the newline kept), growing it up
+ * to DPT_MAX_LINE bytes: a file without newlines (binary data, /dev/zero)
+ * cannot make the loader allocate without bound. */
+typedef enum { LINE_OK, LINE_EOF, LINE_ERROR, LINE_TOO_LONG, LINE_NOMEM } line_status;
+
+static line_status read_line(FILE *f, char **buf, size_t *cap, size_t *len) {
+  size_t n = 0;
+  int c = EOF;
+  while ((c = getc_unlocked(f)) != EOF) {
+    if (n + 1 >= *cap) {
+      if (*cap >= DPT_MAX_LINE) return LINE_TOO_LONG;
+      size_t nc = *cap ? *cap * 2 : 4096;
+      if (nc > DPT_MAX_LINE) nc = DPT_MAX_LINE;
+      char *nb = realloc(*buf, nc);
+      if (!nb) return LINE_NOMEM;
+      *buf = nb;
+      *cap = nc;
+    }
+    (*buf)[n++] = (char)c;
+    if (c == '\n') break;
+  }
+  if (c == EOF && ferror(f)) return LINE_ERROR;
+  if (n == 0) return LINE_EOF;
+  (*buf)[n] = '\0';
+  *len = n;
+  return LINE_OK;
+}
+
 static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *err,
                       size_t errcap) {
   if (out) memset(out, 0, sizeof *out);
@@ -247,13 +275,12 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
   where w = {path, 0, err, errcap};
   int n_fields = 0; /* fixed by the first data row */
   char *line = NULL;
-  size_t linecap = 0;
-  ssize_t got;
+  size_t linecap = 0, len = 0;
+  line_status ls;
   dp_status s = DP_OK;
   errno = 0;
-  while ((got = getline(&line, &linecap, f)) >= 0) {
+  while ((ls = read_line(f, &line, &linecap, &len)) == LINE_OK) {
     w.line++;
-    size_t len = (size_t)got;
     if (len > 0 && line[len - 1] == '\n') len--;
     if (len > 0 && line[len - 1] == '\r') len--;
     line[len] = '\0';
@@ -292,7 +319,18 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
     if (s != DP_OK) goto done;
     errno = 0;
   }
-  if (ferror(f)) {
+  if (ls == LINE_TOO_LONG) {
+    s = fail(DP_ERR_PARSE, err, errcap,
+             "%s:%ld: line longer than %d MiB (not a CSV dataset?)", path, w.line + 1,
+             DPT_MAX_LINE >> 20);
+    goto done;
+  }
+  if (ls == LINE_NOMEM) {
+    s = fail(DP_ERR_NOMEM, err, errcap, "%s:%ld: out of memory for the line", path,
+             w.line + 1);
+    goto done;
+  }
+  if (ls == LINE_ERROR || ferror(f)) {
     s = fail(DP_ERR_IO, err, errcap, "%s:%ld: read error: %s", path, w.line + 1,
              strerror(errno ? errno : EIO));
     goto done;

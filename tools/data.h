@@ -33,6 +33,9 @@
 #include "dp.h"
 
 #define DPT_MAX_LABEL 65535 /* larger labels are refused (DP_ERR_RANGE) */
+/* Longest line (bytes, newline included) the loader reads; a longer one is
+ * refused (DP_ERR_PARSE) before more memory is taken. */
+#define DPT_MAX_LINE (64 << 20)
 
 typedef struct {
   int n_rows, n_features;

@@ -1,0 +1,672 @@
+/* The CUDA backend and transport: the vtables the executor calls
+ * (lib/internal.h), the per-device state, the stage hooks and the step's one
+ * host synchronisation. docs/GPU.md describes the design; dp_cuda.h the
+ * calls and their order.
+ *
+ * Ordering model. Each logical device d has one stream; its ops and the
+ * copies its thread issues run on it in list order, as the executor issues
+ * them. The executor's barrier orders stages on the host only, so the device
+ * side is ordered with events: at the end of stage s every device records
+ * ev[s & 1] on its stream (dp__cuda_stage_end). A device's stream waits, at
+ * the start of stage s (dp__cuda_stage_begin), for every device whose stream
+ * touched (read or wrote) its arena in stage s - 1, and a copy in stage s
+ * waits for stage s - 1 of the other endpoint's device before it reads or
+ * writes there. That is exactly the happens-before the CPU's barrier gives,
+ * edge for edge, without waiting on devices that share nothing. Two events
+ * per device suffice: ev[(s - 1) & 1] is re-recorded only at the end of stage
+ * s + 1, after the barrier that ends stage s, by which time every wait on it
+ * has been enqueued (a wait binds to the record that precedes it). */
+#include "kernels.cuh"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+struct dev_ctx {
+  int phys;                /* cfg.device_ids[d] */
+  unsigned char *arena;    /* device memory, plan->dev_bytes[d] */
+  size_t bytes;
+  cudaStream_t stream;
+  cudaEvent_t ev[2];       /* end of stage s: ev[s & 1] */
+  cublasHandle_t blas;
+  dp_cuda_header *hdr;     /* device pointer: start of WORKSPACE */
+  /* bit X of touched[s & 1]: this device's stream read or wrote device X's
+   * arena during stage s. Written by this device's thread only; read by the
+   * others after the stage's barrier. */
+  uint64_t touched[2];
+  int stage;               /* the stage this device is in; -1 before the first */
+};
+
+struct cuda_ctx {
+  const dp_plan *plan;
+  int n;
+  unsigned flags;
+  dp_cuda_header *host_hdr; /* pinned, n entries: what step_end reads back */
+  dev_ctx dev[DP_MAX_DEVICES];
+};
+
+/* The thread's current logical device, set by dp__cuda_stage_begin: the
+ * transport's copy() is not told which device executes it. */
+thread_local cuda_ctx *tl_ctx = nullptr;
+thread_local int tl_dev = -1;
+
+}  // namespace
+
+static dp_status use_device(int phys) {
+  int cur = -1;
+  DP_CUDA_CHECK(cudaGetDevice(&cur));
+  if (cur != phys) DP_CUDA_CHECK(cudaSetDevice(phys));
+  return DP_OK;
+}
+
+static float *reg(const dp_exec_env *e, int d, int r, size_t off) {
+  return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
+}
+
+/* ---- layers (the pointers lib/cpu_backend.c's lctx helpers compute) ------------- */
+
+namespace {
+struct lay {
+  const dp_exec_env *e;
+  const dp_plan *p;
+  const dp_layer *l;
+  int d, i, L;
+  int local; /* first row of the micro-batch within the device's chunk */
+  int rows;
+};
+}  // namespace
+
+static float *layer_in(const lay &c) {
+  if (c.i == 0) return reg(c.e, c.d, DP_REGION_INPUTS, (size_t)c.local * c.l->in * 4);
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
+             c.p->act[c.d].act[c.i - 1] + (size_t)c.local * c.l->in * 4);
+}
+
+static float *layer_out(const lay &c) {
+  if (c.i == c.L - 1) return reg(c.e, c.d, DP_REGION_OUTPUTS, (size_t)c.local * c.l->out * 4);
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
+             c.p->act[c.d].act[c.i] + (size_t)c.local * c.l->out * 4);
+}
+
+static float *layer_stats(const lay &c) {
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].stats[c.i] + (size_t)c.local * 2 * 4);
+}
+
+static float *layer_dout(const lay &c) {
+  if (c.i == c.L - 1)
+    return reg(c.e, c.d, DP_REGION_OUTPUT_GRADS, (size_t)c.local * c.l->out * 4);
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[c.i]);
+}
+
+static float *layer_din(const lay &c) {
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[c.i - 1]);
+}
+
+static float *layer_params(const lay &c) {
+  return reg(c.e, c.d, DP_REGION_PARAMS, c.l->param_off * 4);
+}
+
+/* Dropout's key: (seed, DP_RNG_DROPOUT, (step << 16) | layer, global row, element). */
+static uint64_t dropout_key(const lay &c) { return (c.e->step << 16) | (uint64_t)c.i; }
+
+static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
+  const dp_layer *l = c.l;
+  const float *in = layer_in(c);
+  float *y = layer_out(c);
+  int n = c.rows;
+  size_t count = (size_t)n * l->out;
+  switch (l->kind) {
+  case DP_LAYER_LINEAR: {
+    const float *w = layer_params(c); /* (out, in) */
+    const float *b = l->bias ? w + (size_t)l->out * l->in : NULL;
+    return dp__cuda_linear_forward(x->blas, x->stream, n, l->in, l->out, in, w, b, y);
+  }
+  case DP_LAYER_RELU:
+  case DP_LAYER_TANH:
+  case DP_LAYER_SIGMOID:
+  case DP_LAYER_GELU:
+    DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count));
+    return DP_OK;
+  case DP_LAYER_LAYERNORM: {
+    const float *g = layer_params(c);
+    DP_CUDA_CHECK(dp_k_layernorm_forward(x->stream, in, g, g + l->out, y, layer_stats(c), n,
+                                         l->out));
+    return DP_OK;
+  }
+  case DP_LAYER_DROPOUT:
+    if (!c.e->training || l->p == 0.0f) {
+      DP_CUDA_CHECK(cudaMemcpyAsync(y, in, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+      return DP_OK;
+    }
+    DP_CUDA_CHECK(dp_k_dropout(x->stream, in, y, n, l->out, c.p->cfg.seed, dropout_key(c),
+                               (uint64_t)global_row0, l->p, 1.0f / (1.0f - l->p)));
+    return DP_OK;
+  case DP_LAYER_INPUT:
+    return DP_OK;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward", (int)l->kind);
+}
+
+/* Parameter gradients are written (not accumulated) at grads, a slot of the
+ * canonical tree. */
+static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
+  const dp_layer *l = c.l;
+  int n = c.rows;
+  size_t count = (size_t)n * l->out;
+  const float *dy = layer_dout(c);
+  float *dx = c.i > 0 ? layer_din(c) : NULL; /* the input's gradient is not needed */
+  switch (l->kind) {
+  case DP_LAYER_LINEAR: {
+    float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)l->out * l->in : NULL;
+    return dp__cuda_linear_backward(x->blas, x->stream, n, l->in, l->out, layer_in(c),
+                                    layer_params(c), dy, dw, db, dx);
+  }
+  case DP_LAYER_RELU:
+  case DP_LAYER_TANH:
+  case DP_LAYER_SIGMOID:
+    if (dx) DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count));
+    return DP_OK;
+  case DP_LAYER_GELU:
+    if (dx) DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_in(c), dy, dx, count));
+    return DP_OK;
+  case DP_LAYER_LAYERNORM: {
+    float *dg = grads + l->param_off;
+    DP_CUDA_CHECK(dp_k_layernorm_backward(x->stream, layer_in(c), layer_stats(c),
+                                          layer_params(c), dy, dx, dg, dg + l->out, n, l->out));
+    return DP_OK;
+  }
+  case DP_LAYER_DROPOUT:
+    if (!dx) return DP_OK;
+    if (l->p == 0.0f) {
+      DP_CUDA_CHECK(cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+      return DP_OK;
+    }
+    DP_CUDA_CHECK(dp_k_dropout(x->stream, dy, dx, n, l->out, c.p->cfg.seed, dropout_key(c),
+                               (uint64_t)global_row0, l->p, 1.0f / (1.0f - l->p)));
+    return DP_OK;
+  case DP_LAYER_INPUT:
+    return DP_OK;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward", (int)l->kind);
+}
+
+/* ---- loss, checks, optimizer ------------------------------------------------------ */
+
+/* The op's micro-batches [mb0, mb0 + n) as rows relative to row0: contiguous;
+ * listed when few, else of one size but the last. */
+static dp_status mb_span(const dp_mb *mbs, int mb0, int n, int row0, dp_cuda_mb_span *s) {
+  memset(s, 0, sizeof *s);
+  s->n = n;
+  if (n <= 0) return DP_OK;
+  s->end = mbs[mb0 + n - 1].row0 + mbs[mb0 + n - 1].rows - row0;
+  s->m = mbs[mb0].rows;
+  for (int i = 0; i < n; i++) {
+    const dp_mb *b = &mbs[mb0 + i];
+    int lo = b->row0 - row0;
+    bool contiguous = i == 0 ? lo == 0 : lo == mbs[mb0 + i - 1].row0 + mbs[mb0 + i - 1].rows - row0;
+    bool uniform = lo == i * s->m && (b->rows == s->m || (i == n - 1 && b->rows < s->m));
+    if (!contiguous || b->rows <= 0 || (n > DP_CUDA_MB_LIST && !uniform))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "cuda backend: loss micro-batches %d..%d are not contiguous runs of one "
+                     "size (micro-batch %d: rows %d..%d)",
+                     mb0, mb0 + n - 1, mb0 + i, b->row0, b->row0 + b->rows - 1);
+    if (n <= DP_CUDA_MB_LIST) s->bound[i] = lo;
+  }
+  if (n <= DP_CUDA_MB_LIST) s->bound[n] = s->end;
+  return DP_OK;
+}
+
+/* As lib/cpu_backend.c's loss_op: classic reads the gathered outputs on device
+ * 0, allreduce each device's own chunk; sums into the device's LOSS region. */
+static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  int d = op->device, out = dp_model_output_width(&p->model);
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  const float *o = reg(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
+  float *g = reg(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
+  const void *t = reg(e, d, DP_REGION_TARGETS, 0);
+  float *part = reg(e, d, DP_REGION_LOSS, 0);
+  dp_cuda_mb_span span;
+  dp_status s = mb_span(e->mbs, op->micro_batch, op->n_mb, op->row0, &span);
+  if (s != DP_OK) return s;
+  if (p->model.loss == DP_LOSS_MSE) {
+    float scale = 2.0f / ((float)e->rows * (float)out);
+    DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o, (const float *)t, g, part, &span, out, scale));
+  } else {
+    float inv = 1.0f / (float)e->rows;
+    DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o, (const int32_t *)t, g, part, &span, out, inv,
+                               op->row0, x->hdr, d));
+  }
+  return DP_OK;
+}
+
+static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  /* The empty micro-batches of a smaller batch are a suffix (ctx.c truncates
+   * the planned ones); the tree leaves them out. */
+  int n_ne = 0;
+  while (n_ne < op->n_mb && e->mbs[n_ne].rows > 0) n_ne++;
+  for (int k = n_ne; k < op->n_mb; k++)
+    if (e->mbs[k].rows > 0)
+      return DP_FAIL(DP_ERR_BACKEND, "cuda backend: micro-batch %d is empty but %d is not", n_ne,
+                     k);
+  if (n_ne == 0) return DP_FAIL(DP_ERR_BACKEND, "cuda backend: loss sum of an empty batch");
+  float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
+                                       ? (float)dp_model_output_width(&p->model)
+                                       : 1.0f);
+  DP_CUDA_CHECK(dp_k_loss_sum(x->stream, reg(e, 0, DP_REGION_LOSS, 0), op->n_mb, n_ne, denom,
+                              x->hdr, op->device));
+  return DP_OK;
+}
+
+static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes);
+
+static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  const dp_config *cf = &p->cfg;
+  int d = op->device;
+  size_t n = op->bytes / 4;
+  /* Which status words refuse this update: classic runs the loss, the check
+   * and the optimizer on device 0 alone; allreduce has every device check its
+   * part and device 0 the loss, and every replica must refuse together, so
+   * the others' words are copied in first (ordered like any copy). */
+  int n_check = 1;
+  if (cf->mode != DP_MODE_CLASSIC && c->n > 1) {
+    n_check = c->n;
+    for (int X = 0; X < c->n; X++) {
+      if (X == d) continue;
+      dp_status s = copy_on(c, d, &x->hdr->status[X], &c->dev[X].hdr->status[X], sizeof(uint32_t));
+      if (s != DP_OK) return s;
+    }
+  }
+  dp_cuda_opt o;
+  memset(&o, 0, sizeof o);
+  o.kind = (int)cf->optimizer;
+  o.lr = cf->lr;
+  o.wd = cf->weight_decay;
+  o.mu = cf->momentum;
+  o.first = e->step == 0;
+  if (cf->optimizer == DP_OPT_ADAMW) { /* lib/cpu_backend.c's scalars, the same way */
+    float b1 = cf->beta1, b2 = cf->beta2, lr = cf->lr, wd = cf->weight_decay;
+    double t = (double)e->step + 1.0;
+    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    o.b1 = b1;
+    o.b2 = b2;
+    o.one_minus_b1 = 1.0f - b1;
+    o.one_minus_b2 = 1.0f - b2;
+    o.eps = cf->eps;
+    o.step_size = (float)(lr / bc1);
+    o.bc2_sqrt = (float)sqrt(bc2);
+    o.decay = 1.0f - lr * wd;
+  }
+  DP_CUDA_CHECK(dp_k_optimizer(x->stream, &o, reg(e, d, DP_REGION_PARAMS, op->dst_offset),
+                               reg(e, d, DP_REGION_GRADS, op->dst_offset),
+                               reg(e, d, DP_REGION_OPT_STATE, 0), n, x->hdr, n_check));
+  return DP_OK;
+}
+
+static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  int d = op->device;
+  if (!c || d < 0 || d >= c->n)
+    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op on device %d, but the context has %d", d,
+                   c ? c->n : 0);
+  dev_ctx *x = &c->dev[d];
+  dp_status s = use_device(x->phys);
+  if (s != DP_OK) return s;
+  const dp_plan *p = e->plan;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_FORWARD:
+  case DP_OP_BACKWARD: {
+    if (op->layer < 0 || op->layer >= p->model.n_layers)
+      return DP_FAIL(DP_ERR_INVALID, "cuda backend: no layer %d", op->layer);
+    lay l = {e, p, &p->model.layers[op->layer], d, op->layer, p->model.n_layers,
+             op->row0 - p->split.dev_row0[d], op->rows};
+    if (op->kind == DP_OP_FORWARD) return forward(x, l, op->row0);
+    return backward(x, l, reg(e, d, op->dst_region, op->dst_offset), op->row0);
+  }
+  case DP_OP_GRAD_ADD:
+    DP_CUDA_CHECK(dp_k_add(x->stream, reg(e, d, op->dst_region, op->dst_offset),
+                           reg(e, d, op->src_region, op->src_offset), op->bytes / 4));
+    return DP_OK;
+  case DP_OP_ZERO: /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
+    DP_CUDA_CHECK(dp_k_fill(x->stream, (uint32_t *)reg(e, d, op->dst_region, op->dst_offset),
+                            0x80000000u, op->bytes / 4));
+    return DP_OK;
+  case DP_OP_LOSS:
+    return loss_op(x, e, op);
+  case DP_OP_LOSS_SUM:
+    return loss_sum_op(x, e, op);
+  case DP_OP_GRAD_CHECK:
+    DP_CUDA_CHECK(dp_k_grad_check(x->stream, reg(e, d, op->src_region, op->src_offset),
+                                  op->bytes / 4, op->src_offset / 4, x->hdr, d));
+    return DP_OK;
+  case DP_OP_OPTIMIZER:
+    return optimizer_op(c, x, e, op);
+  case DP_OP_COPY:
+    break;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
+}
+
+const dp_backend_ops dp__cuda_backend = {"cuda", cuda_run};
+
+/* ---- transport ------------------------------------------------------------------- */
+
+/* The logical device whose arena holds [p, p + bytes): -1 = none (host
+ * memory), -2 = it runs past an arena's end. */
+static int owner(const cuda_ctx *c, const void *ptr, size_t bytes) {
+  uintptr_t a = (uintptr_t)ptr;
+  for (int d = 0; d < c->n; d++) {
+    uintptr_t lo = (uintptr_t)c->dev[d].arena, hi = lo + c->dev[d].bytes;
+    if (a >= lo && a < hi) return bytes <= hi - a ? d : -2;
+  }
+  return -1;
+}
+
+/* Enqueues a copy on device D's stream, after stage s - 1 of the other
+ * endpoint's device, and notes the touch for dp__cuda_stage_begin. */
+static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes) {
+  int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
+  if (sd == -2 || dd == -2)
+    return DP_FAIL(DP_ERR_INVALID, "cuda transport: a copy of %zu bytes runs past the end of "
+                                   "device %d's arena",
+                   bytes, sd == -2 ? owner(c, src, 0) : owner(c, dst, 0));
+  dev_ctx *x = &c->dev[D];
+  int s = x->stage, ends[2] = {sd, dd};
+  if (s < 0)
+    return DP_FAIL(DP_ERR_BACKEND, "cuda transport: device %d copies outside a stage "
+                                   "(dp__cuda_stage_begin was not called)",
+                   D);
+  for (int k = 0; k < 2; k++) {
+    int X = ends[k];
+    if (X < 0 || X == D) continue;
+    x->touched[s & 1] |= 1ull << X;
+    if (s > 0) DP_CUDA_CHECK_D(D, cudaStreamWaitEvent(x->stream, c->dev[X].ev[(s - 1) & 1], 0));
+  }
+  if (bytes == 0) return DP_OK;
+  if (sd < 0 && dd < 0)
+    DP_CUDA_CHECK_D(D, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToHost, x->stream));
+  else if (sd < 0)
+    DP_CUDA_CHECK_D(D, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, x->stream));
+  else if (dd < 0)
+    DP_CUDA_CHECK_D(D, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, x->stream));
+  else if (c->dev[sd].phys == c->dev[dd].phys) /* replicas sharing a GPU */
+    DP_CUDA_CHECK_D(D, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, x->stream));
+  else /* distinct GPUs: over NVLink/PCIe peer access when enabled, else staged by the driver */
+    DP_CUDA_CHECK_D(D, cudaMemcpyPeerAsync(dst, c->dev[dd].phys, src, c->dev[sd].phys, bytes,
+                                           x->stream));
+  return DP_OK;
+}
+
+static dp_status cuda_copy(void *tctx, void *dst, const void *src, size_t bytes) {
+  cuda_ctx *c = (cuda_ctx *)tctx;
+  if (!c || tl_ctx != c || tl_dev < 0 || tl_dev >= c->n)
+    return DP_FAIL(DP_ERR_BACKEND, "cuda transport: copy on a thread that has no device: the "
+                                   "executor must call dp__cuda_stage_begin first");
+  dp_status s = use_device(c->dev[tl_dev].phys);
+  if (s != DP_OK) return s;
+  return copy_on(c, tl_dev, dst, src, bytes);
+}
+
+const dp_transport_ops dp__cuda_transport = {"cuda", cuda_copy};
+
+/* ---- stage and step hooks -------------------------------------------------------- */
+
+static dp_status check_dev(const cuda_ctx *c, int dev, const char *who) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "%s: no context", who);
+  if (dev < 0 || dev >= c->n)
+    return DP_FAIL(DP_ERR_INVALID, "%s: device %d, but the context has %d", who, dev, c->n);
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  dp_status s = check_dev(c, dev, "dp__cuda_stage_begin");
+  if (s != DP_OK) return s;
+  if (stage < 0) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_stage_begin: stage %d", stage);
+  dev_ctx *x = &c->dev[dev];
+  if ((s = use_device(x->phys)) != DP_OK) return s;
+  tl_ctx = c;
+  tl_dev = dev;
+  x->stage = stage;
+  x->touched[stage & 1] = 0;
+  if (stage == 0) return DP_OK;
+  int q = (stage - 1) & 1;
+  for (int X = 0; X < c->n; X++)
+    if (X != dev && ((c->dev[X].touched[q] >> dev) & 1))
+      DP_CUDA_CHECK_D(dev, cudaStreamWaitEvent(x->stream, c->dev[X].ev[q], 0));
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_stage_end(void *bctx, int dev, int stage) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  dp_status s = check_dev(c, dev, "dp__cuda_stage_end");
+  if (s != DP_OK) return s;
+  dev_ctx *x = &c->dev[dev];
+  if (x->stage != stage)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_stage_end: device %d ends stage %d but began %d",
+                   dev, stage, x->stage);
+  if ((s = use_device(x->phys)) != DP_OK) return s;
+  DP_CUDA_CHECK_D(dev, cudaEventRecord(x->ev[stage & 1], x->stream));
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_step_begin(void *bctx) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_begin: no context");
+  tl_ctx = nullptr;
+  tl_dev = -1;
+  for (int d = 0; d < c->n; d++) {
+    dev_ctx *x = &c->dev[d];
+    x->touched[0] = x->touched[1] = 0;
+    x->stage = -1;
+    dp_status s = use_device(x->phys);
+    if (s != DP_OK) return s;
+    DP_CUDA_CHECK_D(d, dp_k_reset_header(x->stream, x->hdr));
+  }
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (loss) *loss = 0.0f;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_end: no context");
+  /* Read every header back and wait for every stream, even after a failure,
+   * so that nothing of this step is still running when we return. */
+  dp_status first = DP_OK; /* its text stays the thread's last error */
+  for (int pass = 0; pass < 2; pass++)
+    for (int d = 0; d < c->n; d++) {
+      dev_ctx *x = &c->dev[d];
+      cudaError_t e = cudaSetDevice(x->phys);
+      const char *call = "cudaSetDevice";
+      if (e == cudaSuccess && pass == 0) {
+        e = cudaMemcpyAsync(&c->host_hdr[d], x->hdr, sizeof(dp_cuda_header),
+                            cudaMemcpyDeviceToHost, x->stream);
+        call = "cudaMemcpyAsync(status words)";
+      } else if (e == cudaSuccess) {
+        e = cudaStreamSynchronize(x->stream);
+        call = "cudaStreamSynchronize";
+      }
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (first == DP_OK) {
+          first = DP_FAIL(DP_ERR_BACKEND, "device %d (GPU %d): %s: %s: %s", d, x->phys, call,
+                          cudaGetErrorName(e), cudaGetErrorString(e));
+        }
+      }
+    }
+  if (cudaSetDevice(c->dev[0].phys) != cudaSuccess) (void)cudaGetLastError();
+  if (first != DP_OK) return first;
+  const dp_cuda_header *h = c->host_hdr;
+  if (loss) *loss = h[0].loss;
+  /* In schedule order: the loss (device 0), labels (the loss ops), then the
+   * gradient checks (the lowest index of any device's shard). */
+  if (h[0].status[0] & DP_CUDA_ST_LOSS)
+    return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
+                   isnan(h[0].loss) ? "NaN" : "infinite");
+  unsigned int bad_row = ~0u;
+  unsigned long long bad_grad = ~0ull;
+  for (int d = 0; d < c->n; d++) {
+    if ((h[d].status[d] & DP_CUDA_ST_LABEL) && h[d].bad_label_row < bad_row)
+      bad_row = h[d].bad_label_row;
+    if ((h[d].status[d] & DP_CUDA_ST_GRAD) && h[d].bad_grad < bad_grad) bad_grad = h[d].bad_grad;
+  }
+  if (bad_row != ~0u)
+    return DP_FAIL(DP_ERR_RANGE, "the label of row %u is outside 0..%d; the step was not applied",
+                   bad_row, dp_model_output_width(&c->plan->model) - 1);
+  if (bad_grad != ~0ull)
+    return DP_FAIL(DP_ERR_NONFINITE, "gradient %llu is %s; the step was not applied",
+                   bad_grad >> 1, (bad_grad & 1) ? "infinite" : "NaN");
+  return DP_OK;
+}
+
+/* ---- context ----------------------------------------------------------------------- */
+
+extern "C" void dp__cuda_ctx_free(void *bctx) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (!c) return;
+  for (int d = 0; d < c->n; d++) {
+    dev_ctx *x = &c->dev[d];
+    if (!x->stream && !x->blas && !x->ev[0] && !x->ev[1]) continue;
+    dp_cuda_device_scope scope;
+    if (scope.enter(x->phys) != DP_OK) continue;
+    if (x->stream) DP_CUDA_TRY(cudaStreamSynchronize(x->stream));
+    if (x->blas) (void)cublasDestroy(x->blas);
+    for (int i = 0; i < 2; i++)
+      if (x->ev[i]) DP_CUDA_TRY(cudaEventDestroy(x->ev[i]));
+    if (x->stream) DP_CUDA_TRY(cudaStreamDestroy(x->stream));
+  }
+  if (c->host_hdr) DP_CUDA_TRY(cudaFreeHost(c->host_hdr));
+  if (tl_ctx == c) {
+    tl_ctx = nullptr;
+    tl_dev = -1;
+  }
+  free(c);
+}
+
+static dp_status init_device(cuda_ctx *c, int d) {
+  const dp_plan *p = c->plan;
+  dev_ctx *x = &c->dev[d];
+  dp_cuda_device_scope scope;
+  dp_status s = scope.enter(x->phys);
+  if (s != DP_OK) return DP_FAIL(s, "device %d: %s", d, dp_last_error());
+  cudaPointerAttributes a;
+  DP_CUDA_CHECK_D(d, cudaPointerGetAttributes(&a, x->arena));
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device != x->phys)
+    return DP_FAIL(DP_ERR_INVALID, "device %d: its arena %p is not memory of GPU %d", d,
+                   (void *)x->arena, x->phys);
+  DP_CUDA_CHECK_D(d, cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
+  for (int i = 0; i < 2; i++)
+    DP_CUDA_CHECK_D(d, cudaEventCreateWithFlags(&x->ev[i], cudaEventDisableTiming));
+  unsigned char *ws = x->arena + p->regions[d][DP_REGION_WORKSPACE].offset;
+  x->hdr = (dp_cuda_header *)ws;
+  s = dp__cuda_blas_create(x->stream, ws + DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES,
+                           (c->flags & DP_CUDA_TF32) != 0, &x->blas);
+  if (s != DP_OK) return DP_FAIL(s, "device %d: %s", d, dp_last_error());
+  return DP_OK;
+}
+
+/* Peer access between the distinct GPUs in use, where the hardware has it.
+ * Only a speed-up: cudaMemcpyPeerAsync works without it (through host
+ * memory), so a refusal (cudaErrorTooManyPeers, say) is not an error. Each
+ * ordered pair of GPUs is visited once: at the first logical devices that
+ * have them. */
+static dp_status enable_peers(cuda_ctx *c) {
+  for (int a = 0; a < c->n; a++)
+    for (int b = 0; b < c->n; b++) {
+      int pa = c->dev[a].phys, pb = c->dev[b].phys;
+      if (pa == pb) continue;
+      bool seen = false;
+      for (int k = 0; k < a && !seen; k++) seen = c->dev[k].phys == pa;
+      for (int k = 0; k < b && !seen; k++) seen = c->dev[k].phys == pb;
+      if (seen) continue;
+      int can = 0;
+      DP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, pa, pb));
+      if (!can) continue;
+      dp_cuda_device_scope scope;
+      dp_status s = scope.enter(pa);
+      if (s != DP_OK) return s;
+      if (cudaDeviceEnablePeerAccess(pb, 0) != cudaSuccess) (void)cudaGetLastError();
+    }
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                                       void **bctx_out) {
+  if (!bctx_out) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: out is NULL");
+  *bctx_out = NULL;
+  if (!p || !arenas) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: plan or arenas is NULL");
+  int n = p->split.n_used;
+  if (n < 1 || n > DP_MAX_DEVICES)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: %d devices", n);
+  size_t need = dp__cuda_workspace_bytes();
+  for (int d = 0; d < n; d++) {
+    dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
+    if (ws.size < need)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "device %d: the plan reserves %zu bytes of workspace; the CUDA backend "
+                     "needs %zu (dp__cuda_workspace_bytes: %zu of status words + %zu for cuBLAS)",
+                     d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES);
+    if (!arenas[d] || (uintptr_t)arenas[d] % 256 || (ws.offset + DP_CUDA_WS_HEADER_BYTES) % 256)
+      return DP_FAIL(DP_ERR_INVALID, "device %d: arena %p or its workspace is not 256-aligned", d,
+                     arenas[d]);
+    if (p->cfg.device_ids[d] < 0)
+      return DP_FAIL(DP_ERR_INVALID, "device %d: GPU id %d", d, p->cfg.device_ids[d]);
+  }
+  cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
+  if (!c) return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_ctx_init: out of memory");
+  c->plan = p;
+  c->n = n;
+  c->flags = flags;
+  for (int d = 0; d < n; d++) {
+    c->dev[d].phys = p->cfg.device_ids[d];
+    c->dev[d].arena = (unsigned char *)arenas[d];
+    c->dev[d].bytes = p->dev_bytes[d];
+    c->dev[d].stage = -1;
+  }
+  dp_status s = DP_OK;
+  for (int d = 0; d < n && s == DP_OK; d++) s = init_device(c, d);
+  if (s == DP_OK) s = enable_peers(c);
+  if (s == DP_OK) {
+    cudaError_t e = cudaHostAlloc((void **)&c->host_hdr, (size_t)n * sizeof(dp_cuda_header),
+                                  cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      c->host_hdr = NULL;
+      s = DP_CUDA_FAIL(dp__cuda_status_of(e), e, "cudaHostAlloc", "%s",
+                       "pinned status read-back block");
+    }
+  }
+  if (s != DP_OK) {
+    char msg[DP_ERRMSG_CAP];
+    snprintf(msg, sizeof msg, "%s", dp_last_error());
+    dp__cuda_ctx_free(c);
+    return DP_FAIL(s, "%s", msg);
+  }
+  *bctx_out = c;
+  return DP_OK;
+}
+
+/* ---- helpers for the context and tests --------------------------------------------- */
+
+extern "C" dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
+  if (bytes == 0) return DP_OK;
+  if (!dst || !src) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_memcpy: NULL pointer");
+  DP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count) {
+  if (count == 0) return DP_OK;
+  if (!dst) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_fill_u32: NULL pointer");
+  dp_cuda_device_scope scope;
+  dp_status s = scope.enter(dev);
+  if (s != DP_OK) return s;
+  DP_CUDA_CHECK(dp_k_fill(0, (uint32_t *)dst, value, count));
+  DP_CUDA_CHECK(cudaStreamSynchronize(0));
+  return DP_OK;
+}

@@ -1,0 +1,462 @@
+/* Device kernels of the CUDA backend: every layer's forward and backward but
+ * the linear layer's GEMMs (cuda/gemm.cu), the losses, the loss sum, gradient
+ * add/zero/check and the optimizers. The math is lib/cpu_backend.c's, formula
+ * for formula; see cuda/kernels.cuh for the determinism rules. */
+#include "kernels.cuh"
+#include "rng.cuh"
+
+#include <math.h>
+
+#define THREADS 256
+#define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
+
+/* Unfused IEEE single-precision arithmetic: the CPU backend's rounding steps. */
+__device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
+
+#define GRID_STRIDE(i, n)                                                                  \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
+       i += (size_t)gridDim.x * blockDim.x)
+
+static unsigned blocks_for(size_t n) {
+  size_t b = (n + THREADS - 1) / THREADS;
+  return b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
+}
+
+constexpr float GELU_C = 0.7978845608028654f; /* sqrt(2/pi), as lib/cpu_backend.c */
+constexpr float GELU_A = 0.044715f;
+
+/* Sum over a warp by a fixed xor butterfly: every lane ends with the same bits
+ * (a + b == b + a), and the association depends only on the lane layout. All 32
+ * lanes must be active. */
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int m = 16; m >= 1; m >>= 1) v = fa(v, __shfl_xor_sync(0xffffffffu, v, m));
+  return v;
+}
+
+/* Sum of THREADS per-thread values in shared memory by a fixed tree; the
+ * result is in sh[0] for every thread after the call. */
+__device__ __forceinline__ void block_tree_sum(float *sh) {
+  for (int w = THREADS / 2; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) sh[threadIdx.x] = fa(sh[threadIdx.x], sh[threadIdx.x + w]);
+    __syncthreads();
+  }
+}
+
+/* ---- activations --------------------------------------------------------------- */
+
+__global__ void k_act_forward(int kind, const float *x, float *y, size_t n) {
+  const float C = GELU_C, A = GELU_A;
+  GRID_STRIDE(i, n) {
+    float v = x[i], r;
+    switch (kind) {
+    case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : v; break; /* NaN passes through */
+    case DP_LAYER_TANH: r = tanhf(v); break;
+    case DP_LAYER_SIGMOID: r = fd(1.0f, fa(1.0f, expf(-v))); break;
+    default: /* DP_LAYER_GELU: 0.5 v (1 + tanh(C (v + A v^3))) */
+      r = fm(fm(0.5f, v), fa(1.0f, tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))))));
+      break;
+    }
+    y[i] = r;
+  }
+}
+
+__global__ void k_act_backward(int kind, const float *xy, const float *dy, float *dx,
+                               size_t n) {
+  const float C = GELU_C, A = GELU_A;
+  GRID_STRIDE(i, n) {
+    float v = xy[i], g = dy[i], r;
+    switch (kind) {
+    case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : g; break;   /* v = y */
+    case DP_LAYER_TANH: r = fm(g, fs(1.0f, fm(v, v))); break; /* v = y */
+    case DP_LAYER_SIGMOID: r = fm(fm(g, v), fs(1.0f, v)); break; /* v = y */
+    default: { /* DP_LAYER_GELU, v = x */
+      float t = tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
+      float dt = fm(fm(fs(1.0f, fm(t, t)), C), fa(1.0f, fm(fm(fm(3.0f, A), v), v)));
+      r = fm(g, fa(fm(0.5f, fa(1.0f, t)), fm(fm(0.5f, v), dt)));
+      break;
+    }
+    }
+    dx[i] = r;
+  }
+}
+
+cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x, float *y,
+                             size_t n) {
+  if (n == 0) return cudaSuccess;
+  k_act_forward<<<blocks_for(n), THREADS, 0, st>>>((int)kind, x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
+                              const float *dy, float *dx, size_t n) {
+  if (n == 0) return cudaSuccess;
+  k_act_backward<<<blocks_for(n), THREADS, 0, st>>>((int)kind, xy, dy, dx, n);
+  return cudaGetLastError();
+}
+
+/* ---- dropout ------------------------------------------------------------------- */
+
+__global__ void k_dropout(const float *x, float *y, int rows, int cols, uint64_t seed,
+                          uint64_t key_a, uint64_t row0, float p, float scale) {
+  size_t n = (size_t)rows * (size_t)cols;
+  GRID_STRIDE(i, n) {
+    size_t r = i / (size_t)cols, j = i % (size_t)cols;
+    float u = dp_d_rng_uniform(seed, DP_RNG_DROPOUT, key_a, row0 + r, j);
+    y[i] = fm(x[i], u >= p ? scale : 0.0f);
+  }
+}
+
+cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, int cols,
+                         uint64_t seed, uint64_t key_a, uint64_t row0, float p, float scale) {
+  size_t n = (size_t)rows * (size_t)cols;
+  if (n == 0) return cudaSuccess;
+  k_dropout<<<blocks_for(n), THREADS, 0, st>>>(x, y, rows, cols, seed, key_a, row0, p, scale);
+  return cudaGetLastError();
+}
+
+/* ---- bias ---------------------------------------------------------------------- */
+
+__global__ void k_bias_add(float *y, const float *b, int rows, int cols) {
+  size_t n = (size_t)rows * (size_t)cols;
+  GRID_STRIDE(i, n) y[i] = fa(y[i], b[i % (size_t)cols]);
+}
+
+cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols) {
+  size_t n = (size_t)rows * (size_t)cols;
+  if (n == 0) return cudaSuccess;
+  k_bias_add<<<blocks_for(n), THREADS, 0, st>>>(y, b, rows, cols);
+  return cudaGetLastError();
+}
+
+/* One thread per column, rows ascending: the CPU's order, coalesced across the
+ * threads of a warp. */
+__global__ void k_colsum(const float *a, int rows, int cols, float *out) {
+  int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float s = 0.0f;
+  for (int r = 0; r < rows; r++) s = fa(s, a[(size_t)r * cols + j]);
+  out[j] = s;
+}
+
+cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out) {
+  if (cols <= 0) return cudaSuccess;
+  k_colsum<<<(unsigned)((cols + THREADS - 1) / THREADS), THREADS, 0, st>>>(a, rows, cols, out);
+  return cudaGetLastError();
+}
+
+/* ---- layernorm (eps 1e-5, affine) ---------------------------------------------- */
+/* One warp per row: lane l sums columns l, l + 32, ... ascending, then the
+ * butterfly. */
+
+#define ROWS_PER_BLOCK (THREADS / 32)
+
+__global__ void k_layernorm_forward(const float *x, const float *g, const float *b, float *y,
+                                    float *stats, int rows, int cols) {
+  int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
+  if (row >= rows) return; /* the whole warp */
+  const float *xr = x + (size_t)row * cols;
+  float *yr = y + (size_t)row * cols;
+  float s = 0.0f;
+  for (int k = lane; k < cols; k += 32) s = fa(s, xr[k]);
+  float mean = fd(warp_sum(s), (float)cols), v = 0.0f;
+  for (int k = lane; k < cols; k += 32) {
+    float d = fs(xr[k], mean);
+    v = fa(v, fm(d, d));
+  }
+  float rstd = fd(1.0f, __fsqrt_rn(fa(fd(warp_sum(v), (float)cols), 1e-5f)));
+  if (lane == 0) {
+    stats[2 * (size_t)row] = mean;
+    stats[2 * (size_t)row + 1] = rstd;
+  }
+  for (int k = lane; k < cols; k += 32) yr[k] = fa(fm(fm(fs(xr[k], mean), rstd), g[k]), b[k]);
+}
+
+/* dx = rstd (dy g - s1 / n - xh s2 / n), s1 = sum dy g, s2 = sum dy g xh. */
+__global__ void k_layernorm_dx(const float *x, const float *stats, const float *g,
+                               const float *dy, float *dx, int rows, int cols) {
+  int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
+  if (row >= rows) return;
+  const float *xr = x + (size_t)row * cols, *dyr = dy + (size_t)row * cols;
+  float *dxr = dx + (size_t)row * cols;
+  float mean = stats[2 * (size_t)row], rstd = stats[2 * (size_t)row + 1], s1 = 0.0f, s2 = 0.0f;
+  for (int k = lane; k < cols; k += 32) {
+    float xh = fm(fs(xr[k], mean), rstd), dxh = fm(dyr[k], g[k]);
+    s1 = fa(s1, dxh);
+    s2 = fa(s2, fm(dxh, xh));
+  }
+  s1 = warp_sum(s1);
+  s2 = warp_sum(s2);
+  float n = (float)cols;
+  for (int k = lane; k < cols; k += 32) {
+    float xh = fm(fs(xr[k], mean), rstd);
+    dxr[k] = fm(rstd, fs(fs(fm(dyr[k], g[k]), fd(s1, n)), fd(fm(xh, s2), n)));
+  }
+}
+
+/* dg[k] = sum_r dy xh, db[k] = sum_r dy: one thread per column, rows ascending
+ * (the CPU's order). */
+__global__ void k_layernorm_dparams(const float *x, const float *stats, const float *dy,
+                                    float *dg, float *db, int rows, int cols) {
+  int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= cols) return;
+  float sg = 0.0f, sb = 0.0f;
+  for (int r = 0; r < rows; r++) {
+    size_t i = (size_t)r * cols + k;
+    float xh = fm(fs(x[i], stats[2 * (size_t)r]), stats[2 * (size_t)r + 1]);
+    sg = fa(sg, fm(dy[i], xh));
+    sb = fa(sb, dy[i]);
+  }
+  dg[k] = sg;
+  db[k] = sb;
+}
+
+cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
+                                   const float *b, float *y, float *stats, int rows, int cols) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  k_layernorm_forward<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0,
+                        st>>>(x, g, b, y, stats, rows, cols);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float *stats,
+                                    const float *g, const float *dy, float *dx, float *dg,
+                                    float *db, int rows, int cols) {
+  if (cols <= 0) return cudaSuccess;
+  k_layernorm_dparams<<<(unsigned)((cols + THREADS - 1) / THREADS), THREADS, 0, st>>>(
+      x, stats, dy, dg, db, rows, cols);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || !dx || rows <= 0) return e;
+  k_layernorm_dx<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0, st>>>(
+      x, stats, g, dy, dx, rows, cols);
+  return cudaGetLastError();
+}
+
+/* ---- gradient add, fill --------------------------------------------------------- */
+
+__global__ void k_add(float *dst, const float *src, size_t n) {
+  GRID_STRIDE(i, n) dst[i] = fa(dst[i], src[i]);
+}
+
+__global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) { GRID_STRIDE(i, n) dst[i] = value; }
+
+cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n) {
+  if (n == 0) return cudaSuccess;
+  k_add<<<blocks_for(n), THREADS, 0, st>>>(dst, src, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n) {
+  if (n == 0) return cudaSuccess;
+  k_fill<<<blocks_for(n), THREADS, 0, st>>>(dst, value, n);
+  return cudaGetLastError();
+}
+
+/* ---- losses -------------------------------------------------------------------- */
+
+__device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, int *lo, int *hi) {
+  if (s.n <= DP_CUDA_MB_LIST) {
+    *lo = s.bound[i];
+    *hi = s.bound[i + 1];
+  } else {
+    *lo = i * s.m;
+    *hi = *lo + s.m < s.end ? *lo + s.m : s.end;
+  }
+}
+
+/* Block i: micro-batch i. Thread t sums elements t, t + THREADS, ... of the
+ * micro-batch ascending; then the fixed block tree. */
+__global__ void __launch_bounds__(THREADS)
+    k_loss_mse(const float *o, const float *t, float *g, float *part, dp_cuda_mb_span span,
+               int cols, float scale) {
+  __shared__ float sh[THREADS];
+  int lo, hi;
+  mb_rows(span, blockIdx.x, &lo, &hi);
+  size_t e1 = (size_t)hi * cols;
+  float s = 0.0f;
+  for (size_t i = (size_t)lo * cols + threadIdx.x; i < e1; i += THREADS) {
+    float d = fs(o[i], t[i]);
+    s = fa(s, fm(d, d));
+    g[i] = fm(scale, d);
+  }
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  block_tree_sum(sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+
+/* Block i: micro-batch i; thread t takes rows t, t + THREADS, ... (each row
+ * the CPU's way: max, sum of exp, log-sum-exp, then the gradient). A label out
+ * of range is flagged (DP_CUDA_ST_LABEL) and its row left out; lib/ctx.c
+ * checks labels on the host before a step, so this is a second line. */
+__global__ void __launch_bounds__(THREADS)
+    k_loss_ce(const float *z, const int32_t *labels, float *g, float *part,
+              dp_cuda_mb_span span, int cols, float inv, int row0, dp_cuda_header *hdr,
+              int dev) {
+  __shared__ float sh[THREADS];
+  int lo, hi;
+  mb_rows(span, blockIdx.x, &lo, &hi);
+  float s = 0.0f;
+  for (int r = lo + (int)threadIdx.x; r < hi; r += THREADS) {
+    const float *zr = z + (size_t)r * cols;
+    float *gr = g + (size_t)r * cols;
+    int t = labels[r];
+    if (t < 0 || t >= cols) {
+      atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_LABEL);
+      atomicMin(&hdr->bad_label_row, (unsigned int)(row0 + r));
+      for (int j = 0; j < cols; j++) gr[j] = 0.0f;
+      continue;
+    }
+    float mx = zr[0], se = 0.0f;
+    for (int j = 1; j < cols; j++) mx = zr[j] > mx ? zr[j] : mx;
+    for (int j = 0; j < cols; j++) se = fa(se, expf(fs(zr[j], mx)));
+    float lse = fa(mx, logf(se));
+    s = fa(s, fs(lse, zr[t]));
+    for (int j = 0; j < cols; j++) gr[j] = fm(fs(expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
+  }
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  block_tree_sum(sh);
+  if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+}
+
+cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
+                          float *part, const dp_cuda_mb_span *span, int cols, float scale) {
+  if (span->n <= 0) return cudaSuccess;
+  k_loss_mse<<<(unsigned)span->n, THREADS, 0, st>>>(o, t, g, part, *span, cols, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
+                         float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
+                         int row0, dp_cuda_header *hdr, int dev) {
+  if (span->n <= 0) return cudaSuccess;
+  k_loss_ce<<<(unsigned)span->n, THREADS, 0, st>>>(z, labels, g, part, *span, cols, inv_rows,
+                                                   row0, hdr, dev);
+  return cudaGetLastError();
+}
+
+/* lib/cpu_backend.c's tree_sum: split [lo, hi) at (lo + hi + 1) / 2; an empty
+ * right part (micro-batch mid >= n_ne: the empty ones are a suffix) is left
+ * out. Depth <= 32. */
+__device__ float tree_sum(const float *v, int lo, int hi, int n_ne) {
+  if (hi - lo == 1) return v[lo];
+  int mid = (lo + hi + 1) / 2;
+  float left = tree_sum(v, lo, mid, n_ne);
+  return mid < n_ne ? fa(left, tree_sum(v, mid, hi, n_ne)) : left;
+}
+
+__global__ void k_loss_sum(const float *part, int n_mb, int n_ne, float denom,
+                           dp_cuda_header *hdr, int dev) {
+  float loss = fd(tree_sum(part, 0, n_mb, n_ne), denom);
+  hdr->loss = loss;
+  if (!isfinite(loss)) hdr->status[dev] |= DP_CUDA_ST_LOSS;
+}
+
+cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne, float denom,
+                          dp_cuda_header *hdr, int dev) {
+  if (n_mb <= 0 || n_ne <= 0) return cudaErrorInvalidValue;
+  k_loss_sum<<<1, 1, 0, st>>>(part, n_mb, n_ne, denom, hdr, dev);
+  return cudaGetLastError();
+}
+
+/* ---- gradient check, optimizers --------------------------------------------------- */
+
+/* Flag and min are order-independent: the same result whatever the thread
+ * order, so these integer atomics do not cost determinism. */
+__global__ void k_grad_check(const float *g, size_t n, size_t base, dp_cuda_header *hdr,
+                             int dev) {
+  GRID_STRIDE(i, n) {
+    float v = g[i];
+    if (!isfinite(v)) {
+      atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_GRAD);
+      atomicMin(&hdr->bad_grad,
+                ((unsigned long long)(base + i) << 1) | (isinf(v) ? 1ull : 0ull));
+    }
+  }
+}
+
+cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
+                            dp_cuda_header *hdr, int dev) {
+  if (n == 0) return cudaSuccess;
+  k_grad_check<<<blocks_for(n), THREADS, 0, st>>>(g, n, base, hdr, dev);
+  return cudaGetLastError();
+}
+
+/* PyTorch's rules, as lib/cpu_backend.c's optimizer_op. Nothing at all is
+ * written when a check of this step failed. */
+__global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, size_t n,
+                            const dp_cuda_header *hdr, int n_check) {
+  __shared__ uint32_t refused;
+  if (threadIdx.x == 0) {
+    uint32_t r = 0;
+    for (int d = 0; d < n_check; d++) r |= hdr->status[d];
+    refused = r;
+  }
+  __syncthreads();
+  if (refused) return;
+  GRID_STRIDE(k, n) {
+    float wk = w[k], gk = g[k];
+    switch (o.kind) {
+    case DP_OPT_SGD: /* w -= lr (g + wd w) */
+      w[k] = fs(wk, fm(o.lr, fa(gk, fm(o.wd, wk))));
+      break;
+    case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + g'; w -= lr buf */
+      float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
+      float b = o.first ? gd : fa(fm(o.mu, s[k]), gd);
+      s[k] = b;
+      w[k] = fs(wk, fm(o.lr, b));
+      break;
+    }
+    default: { /* DP_OPT_ADAMW; m = s[0..n), v = s[n..2n) */
+      float m = fa(fm(o.b1, s[k]), fm(o.one_minus_b1, gk));
+      float v = fa(fm(o.b2, s[n + k]), fm(fm(o.one_minus_b2, gk), gk));
+      s[k] = m;
+      s[n + k] = v;
+      float denom = fa(fd(__fsqrt_rn(v), o.bc2_sqrt), o.eps);
+      w[k] = fs(fm(wk, o.decay), fm(o.step_size, fd(m, denom)));
+      break;
+    }
+    }
+  }
+}
+
+cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
+                           float *state, size_t n, const dp_cuda_header *hdr, int n_check) {
+  if (n == 0) return cudaSuccess;
+  k_optimizer<<<blocks_for(n), THREADS, 0, st>>>(*o, w, g, state, n, hdr, n_check);
+  return cudaGetLastError();
+}
+
+__global__ void k_reset_header(dp_cuda_header *hdr) {
+  for (int d = 0; d < DP_MAX_DEVICES; d++) hdr->status[d] = 0;
+  hdr->bad_grad = ~0ull;
+  hdr->bad_label_row = ~0u;
+  hdr->loss = 0.0f;
+}
+
+cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr) {
+  k_reset_header<<<1, 1, 0, st>>>(hdr);
+  return cudaGetLastError();
+}
+
+/* ---- self-test ------------------------------------------------------------------ */
+
+__global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
+                            uint64_t *u64, float *uniform) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint64_t *k = abc + 3 * (size_t)i;
+  u64[i] = dp_d_rng_u64(seed, stream, k[0], k[1], k[2]);
+  uniform[i] = dp_d_rng_uniform(seed, stream, k[0], k[1], k[2]);
+}
+
+cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream, const uint64_t *abc,
+                           int n, uint64_t *u64, float *uniform) {
+  if (n <= 0) return cudaSuccess;
+  k_rng_table<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st>>>(seed, stream, abc, n,
+                                                                          u64, uniform);
+  return cudaGetLastError();
+}

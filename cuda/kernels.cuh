@@ -1,0 +1,118 @@
+/* The CUDA backend's device code (cuda/kernels.cu) and cuBLAS GEMMs
+ * (cuda/gemm.cu), as host-side launchers for cuda/backend.cu. C++, internal.
+ *
+ * Every launcher enqueues on `st` and returns cudaGetLastError() (launch
+ * errors only; faults during execution surface at dp__cuda_step_end). A
+ * launcher given no elements enqueues nothing and returns cudaSuccess.
+ *
+ * Determinism: no floating-point atomics, and every reduction has a fixed
+ * order that depends only on the shape (ascending loops per thread, fixed
+ * shared-memory trees and fixed xor-butterflies across a warp), so results
+ * are bit-identical run to run and across device counts (GEMMs: cuBLAS, same
+ * shapes and workspace on the same GPU model). Where the CPU backend
+ * (lib/cpu_backend.c) does a separate multiply and add, the kernels use
+ * __fmul_rn/__fadd_rn so that nvcc does not contract them into an FMA: the
+ * element-wise kernels without transcendental functions (relu, dropout, grad
+ * add, zero, the optimizers, the column sums) then give the CPU's bits. */
+#ifndef DP_CUDA_KERNELS_CUH
+#define DP_CUDA_KERNELS_CUH
+
+#include "check.cuh"
+
+/* The start of every device's WORKSPACE region (DP_CUDA_WS_HEADER_BYTES
+ * reserved); the cuBLAS workspace follows. Reset by dp__cuda_step_begin. */
+enum {
+  DP_CUDA_ST_LOSS = 1u,  /* LOSS_SUM: the loss is NaN or infinite (device 0) */
+  DP_CUDA_ST_GRAD = 2u,  /* GRAD_CHECK: a gradient is NaN or infinite */
+  DP_CUDA_ST_LABEL = 4u, /* LOSS: a class label outside 0..classes-1 */
+};
+typedef struct {
+  /* status[d]: device d's own checks (bits above). Before an optimizer op the
+   * other devices' own words are copied in, so that every optimizer kernel
+   * sees every check (allreduce: all replicas refuse together). */
+  uint32_t status[DP_MAX_DEVICES];
+  unsigned long long bad_grad; /* min over bad gradients of index * 2 + (infinite); ~0 none */
+  unsigned int bad_label_row;  /* smallest global row with a bad label; ~0u none */
+  float loss;                  /* LOSS_SUM's result (device 0) */
+} dp_cuda_header;
+static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_HEADER_BYTES, "header too large");
+
+/* Micro-batches of a LOSS op, as rows relative to the op's first row:
+ * micro-batch i covers [lo(i), hi(i)). Up to DP_CUDA_MB_LIST listed
+ * (bound[0..n]); more must be uniform: [i * m, min((i + 1) * m, end)). */
+#define DP_CUDA_MB_LIST 64
+typedef struct {
+  int n, m, end;
+  int bound[DP_CUDA_MB_LIST + 1];
+} dp_cuda_mb_span;
+
+/* The optimizer's scalars, computed on the host exactly as lib/cpu_backend.c
+ * does (AdamW's bias corrections in double). */
+typedef struct {
+  int kind;   /* dp_optimizer */
+  int first;  /* momentum: step 0 (the buffer starts as the gradient) */
+  float lr, wd, mu;
+  float b1, b2, one_minus_b1, one_minus_b2, eps, step_size, bc2_sqrt, decay;
+} dp_cuda_opt;
+
+/* ---- kernels.cu ---- */
+/* relu, gelu (tanh form), tanh, sigmoid on n elements. */
+cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x, float *y,
+                             size_t n);
+/* dx from dy and the saved tensor: the output y for relu, tanh, sigmoid; the
+ * input x for gelu. */
+cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
+                              const float *dy, float *dx, size_t n);
+/* y[r][j] = x[r][j] * (u >= p ? scale : 0), u = dp__rng_uniform(seed,
+ * DP_RNG_DROPOUT, key_a, row0 + r, j): forward (x, y) and backward (dy, dx). */
+cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, int cols,
+                         uint64_t seed, uint64_t key_a, uint64_t row0, float p, float scale);
+cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols);
+/* out[j] = sum over rows, ascending from +0, of a[r][j] (bias gradients). */
+cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out);
+/* stats: (rows, 2) mean, rstd. */
+cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
+                                   const float *b, float *y, float *stats, int rows, int cols);
+/* dg, db written (not accumulated); dx may be NULL (first layer). */
+cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float *stats,
+                                    const float *g, const float *dy, float *dx, float *dg,
+                                    float *db, int rows, int cols);
+cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n);
+cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n);
+/* One block per micro-batch: part[i] = its loss sum, g = d(mean loss)/d(o). */
+cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
+                          float *part, const dp_cuda_mb_span *span, int cols, float scale);
+cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
+                         float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
+                         int row0, dp_cuda_header *hdr, int dev);
+/* hdr->loss = canonical tree over part[0..n_mb) (micro-batches >= n_ne are
+ * empty and left out) / denom; sets DP_CUDA_ST_LOSS when not finite. */
+cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne, float denom,
+                          dp_cuda_header *hdr, int dev);
+/* Flags non-finite g[0..n) (parameter index base + i). */
+cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
+                            dp_cuda_header *hdr, int dev);
+/* Updates w[0..n) unless one of hdr->status[0..n_check) is set. */
+cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
+                           float *state, size_t n, const dp_cuda_header *hdr, int n_check);
+cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr);
+cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream, const uint64_t *abc,
+                           int n, uint64_t *u64, float *uniform);
+
+/* ---- gemm.cu: row-major linear layers through column-major cuBLAS ---- */
+/* A handle for one logical device: bound to st, workspace ws (ws_bytes, from
+ * the arena; NULL/0 leaves cuBLAS's own pool, for self-tests only), math mode
+ * pinned (FP32, no reduced-precision reductions; TF32 tensor ops if tf32), no
+ * atomics, host pointer mode. */
+dp_status dp__cuda_blas_create(cudaStream_t st, void *ws, size_t ws_bytes, bool tf32,
+                               cublasHandle_t *out);
+/* y (rows, out) = x (rows, in) . w^T (w: (out, in)) [+ b (out)]. */
+dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, int in, int out,
+                                  const float *x, const float *w, const float *b, float *y);
+/* dw (out, in) = dy^T . x; db (out) = column sums of dy (NULL: no bias);
+ * dx (rows, in) = dy . w (NULL: not needed). */
+dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, int in, int out,
+                                   const float *x, const float *w, const float *dy, float *dw,
+                                   float *db, float *dx);
+
+#endif

@@ -1,0 +1,649 @@
+/* Checkpoints: dp_ckpt_save / dp_ckpt_load. The format is in docs/CHECKPOINT.md.
+ *
+ * Save streams the file (no copy of the state is built in memory) into
+ * "<path>.tmp.<pid>", fsyncs it, renames it over path and fsyncs the
+ * directory. Load reads the whole file, checks everything (structure, every
+ * checksum, the model, optimizer and seed, every value finite) and only then
+ * writes the context, so a refused load leaves the context as it was.
+ *
+ * The optimizer state is stored in its logical layout (k vectors of n_params
+ * floats). Device d holds, for vector j, parameters [opt_off[d], +opt_len[d])
+ * at float (j * opt_len[d] + e - opt_off[d]) of its OPT_STATE region. */
+#include "ctx.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CK_VERSION 1u
+#define CK_SECTIONS 5u
+#define CK_HEADER 16u  /* magic, version, section count */
+#define CK_SEC_HEAD 16u /* tag, reserved, payload length */
+#define CK_SEC_TAIL 8u  /* checksum */
+#define CK_MODL_FIXED 32u /* MODL payload before the model text */
+#define CK_FLAG_INFERENCE 1u
+
+static const unsigned char CK_MAGIC[8] = {'D', 'P', 'C', 'K', 'P', 'T', 0, 1};
+static const char *const CK_TAGS[CK_SECTIONS] = {"MODL", "STEP", "PARM", "OPTS", "END "};
+enum { SEC_MODL, SEC_STEP, SEC_PARM, SEC_OPTS, SEC_END };
+
+/* ---- little helpers ---------------------------------------------------------- */
+
+#define FNV_INIT 0xcbf29ce484222325ull
+static uint64_t fnv1a(uint64_t h, const unsigned char *b, size_t n) {
+  for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  return h;
+}
+
+static void put32(unsigned char *b, uint32_t v) {
+  for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static void put64(unsigned char *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static uint32_t get32(const unsigned char *b) {
+  uint32_t v = 0;
+  for (int i = 0; i < 4; i++) v |= (uint32_t)b[i] << (8 * i);
+  return v;
+}
+static uint64_t get64(const unsigned char *b) {
+  uint64_t v = 0;
+  for (int i = 0; i < 8; i++) v |= (uint64_t)b[i] << (8 * i);
+  return v;
+}
+static float getf(const unsigned char *b) {
+  uint32_t u = get32(b);
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+/* State vectors of an optimizer: momentum 1, AdamW 2 (m, v), SGD 0. */
+static unsigned state_vectors(dp_optimizer o) {
+  return o == DP_OPT_ADAMW ? 2u : o == DP_OPT_MOMENTUM ? 1u : 0u;
+}
+static const char *opt_name(uint32_t o) {
+  switch (o) {
+  case DP_OPT_SGD: return "sgd";
+  case DP_OPT_MOMENTUM: return "momentum";
+  case DP_OPT_ADAMW: return "adamw";
+  }
+  return "unknown";
+}
+
+static unsigned ctx_state_vectors(const dp_ctx *c) {
+  return c->plan->cfg.inference ? 0u : state_vectors(c->plan->cfg.optimizer);
+}
+
+/* Device d's optimizer-state range (the planner's; all empty for inference). */
+static void opt_range(const dp_plan *p, int d, size_t *off, size_t *len) {
+  *off = p->opt_off[d];
+  *len = p->opt_len[d];
+}
+
+/* The plan's optimizer-state layout must cover every parameter and fit the
+ * regions; checked before any byte moves. */
+static dp_status check_opt_layout(const dp_plan *p, unsigned k) {
+  size_t n = p->model.n_params;
+  if (k == 0 || n == 0) return DP_OK;
+  for (int d = 0; d < p->split.n_used; d++) {
+    size_t off, len, need;
+    opt_range(p, d, &off, &len);
+    if (len == 0) continue;
+    if (off > n || len > n - off || !dp__mul(len, (size_t)k * 4, &need) ||
+        need > p->regions[d][DP_REGION_OPT_STATE].size)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "checkpoint: device %d's optimizer state [%zu, +%zu) does not fit the plan",
+                     d, off, len);
+  }
+  /* Coverage: every element must be held by some device. */
+  for (size_t e = 0; e < n;) {
+    size_t next = e;
+    for (int d = 0; d < p->split.n_used; d++) {
+      size_t off, len;
+      opt_range(p, d, &off, &len);
+      if (len && off <= e && e < off + len && off + len > next) next = off + len;
+    }
+    if (next == e)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "checkpoint: no device holds the optimizer state of parameter %zu", e);
+    e = next;
+  }
+  return DP_OK;
+}
+
+static float *region_f(const dp_ctx *c, int d, dp_region r) {
+  return (float *)(c->arena[d] + c->plan->regions[d][r].offset);
+}
+
+/* ---- save ---------------------------------------------------------------------- */
+
+typedef struct {
+  FILE *f;
+  uint64_t file_h, sec_h;
+  bool failed;
+} writer;
+
+static void w_bytes(writer *w, const void *b, size_t n) {
+  if (w->failed || n == 0) return;
+  w->file_h = fnv1a(w->file_h, b, n);
+  w->sec_h = fnv1a(w->sec_h, b, n);
+  if (fwrite(b, 1, n, w->f) != n) w->failed = true;
+}
+
+static void w_sec_begin(writer *w, int sec, uint64_t len) {
+  unsigned char h[CK_SEC_HEAD];
+  memcpy(h, CK_TAGS[sec], 4);
+  put32(h + 4, 0);
+  put64(h + 8, len);
+  w_bytes(w, h, sizeof h);
+  w->sec_h = FNV_INIT; /* the section checksum covers the payload only */
+}
+
+static void w_sec_end(writer *w, uint64_t checksum) {
+  unsigned char t[8];
+  put64(t, checksum);
+  w_bytes(w, t, 8);
+}
+
+static void w_floats(writer *w, const float *x, size_t n) {
+  unsigned char buf[4096];
+  while (n > 0 && !w->failed) {
+    size_t m = n < sizeof buf / 4 ? n : sizeof buf / 4;
+    for (size_t k = 0; k < m; k++) {
+      uint32_t u;
+      memcpy(&u, &x[k], 4);
+      put32(buf + 4 * k, u);
+    }
+    w_bytes(w, buf, m * 4);
+    x += m;
+    n -= m;
+  }
+}
+
+/* The state vectors in logical order: element e of vector j from the lowest
+ * device whose range covers e, written in runs. */
+static void w_opt_state(writer *w, const dp_ctx *c, unsigned k) {
+  const dp_plan *p = c->plan;
+  size_t n = p->model.n_params;
+  for (unsigned j = 0; j < k; j++) {
+    for (size_t e = 0; e < n && !w->failed;) {
+      int src = -1;
+      size_t off = 0, len = 0, end = n;
+      for (int d = 0; d < p->split.n_used; d++) {
+        size_t o, l;
+        opt_range(p, d, &o, &l);
+        if (l == 0) continue;
+        if (src < 0 && o <= e && e < o + l) {
+          src = d;
+          off = o;
+          len = l;
+          if (o + l < end) end = o + l;
+        } else if (src < 0 && o > e && o < end) {
+          end = o; /* a lower device takes over from o */
+        }
+      }
+      if (src < 0) { /* excluded by check_opt_layout */
+        w->failed = true;
+        break;
+      }
+      const float *s = region_f(c, src, DP_REGION_OPT_STATE) + (size_t)j * len + (e - off);
+      w_floats(w, s, end - e);
+      e = end;
+    }
+  }
+}
+
+/* "checkpoint 'path': cannot <what> 'file': <strerror>" */
+static dp_status io_fail(const char *path, const char *what, const char *file, int err) {
+  if (strcmp(path, file) == 0)
+    return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s it: %s", path, what, strerror(err));
+  return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s '%s': %s", path, what, file,
+                 strerror(err));
+}
+
+/* The directory part of path ("." when none). */
+static char *dir_of(const char *path) {
+  const char *slash = strrchr(path, '/');
+  size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
+  char *d = malloc(n ? n + 1 : 2);
+  if (!d) return NULL;
+  if (n) {
+    memcpy(d, path, n);
+    d[n] = 0;
+  } else {
+    strcpy(d, ".");
+  }
+  return d;
+}
+
+static dp_status write_file(dp_ctx *c, FILE *f) {
+  const dp_plan *p = c->plan;
+  size_t n = p->model.n_params;
+  unsigned k = ctx_state_vectors(c);
+  size_t tlen = dp_model_format(&p->model, NULL, 0);
+  char *text = malloc(tlen + 1);
+  if (!text) return DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory for the model text");
+  dp_model_format(&p->model, text, tlen + 1);
+  if (tlen > UINT32_MAX) {
+    free(text);
+    return DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model text is too long");
+  }
+
+  writer w = {.f = f, .file_h = FNV_INIT};
+  unsigned char h[CK_HEADER];
+  memcpy(h, CK_MAGIC, 8);
+  put32(h + 8, CK_VERSION);
+  put32(h + 12, CK_SECTIONS);
+  w_bytes(&w, h, sizeof h);
+
+  unsigned char m[CK_MODL_FIXED];
+  put64(m, n);
+  put64(m + 8, p->cfg.seed);
+  put32(m + 16, (uint32_t)p->cfg.optimizer);
+  put32(m + 20, k);
+  put32(m + 24, p->cfg.inference ? CK_FLAG_INFERENCE : 0);
+  put32(m + 28, (uint32_t)tlen);
+  w_sec_begin(&w, SEC_MODL, CK_MODL_FIXED + (uint64_t)tlen);
+  w_bytes(&w, m, sizeof m);
+  w_bytes(&w, text, tlen);
+  w_sec_end(&w, w.sec_h);
+  free(text);
+
+  unsigned char st[8];
+  put64(st, c->step);
+  w_sec_begin(&w, SEC_STEP, 8);
+  w_bytes(&w, st, 8);
+  w_sec_end(&w, w.sec_h);
+
+  w_sec_begin(&w, SEC_PARM, (uint64_t)n * 4);
+  w_floats(&w, region_f(c, 0, DP_REGION_PARAMS), n);
+  w_sec_end(&w, w.sec_h);
+
+  w_sec_begin(&w, SEC_OPTS, (uint64_t)k * n * 4);
+  w_opt_state(&w, c, k);
+  w_sec_end(&w, w.sec_h);
+
+  w_sec_begin(&w, SEC_END, 0);
+  w_sec_end(&w, w.file_h); /* everything before this field */
+  return w.failed ? DP_ERR_IO : DP_OK;
+}
+
+dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (!path || !*path)
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_save: path is %s",
+                                   path ? "empty" : "NULL"));
+  if (c->poison) /* a failed update left its state half-written: never persist that */
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "refusing to save: %s", c->poison_msg));
+  dp_status s = check_opt_layout(c->plan, ctx_state_vectors(c));
+  if (s) return dp__ctx_fail(c, s);
+
+  size_t plen = strlen(path), cap = plen + 32;
+  char *tmp = malloc(cap), *dir = dir_of(path);
+  if (!tmp || !dir) {
+    free(tmp);
+    free(dir);
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
+  }
+  snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
+
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    s = io_fail(path, "create", tmp, errno);
+    goto out;
+  }
+  FILE *f = fdopen(fd, "wb");
+  if (!f) {
+    int err = errno;
+    close(fd);
+    s = io_fail(path, "write", tmp, err);
+    goto remove_tmp;
+  }
+  errno = 0;
+  s = write_file(c, f);
+  if (s == DP_ERR_IO) {
+    int err = errno ? errno : EIO;
+    fclose(f);
+    s = io_fail(path, "write", tmp, err);
+    goto remove_tmp;
+  }
+  if (s) {
+    fclose(f);
+    goto remove_tmp;
+  }
+  if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
+    int err = errno;
+    fclose(f);
+    s = io_fail(path, "write", tmp, err);
+    goto remove_tmp;
+  }
+  if (fclose(f) != 0) {
+    s = io_fail(path, "write", tmp, errno);
+    goto remove_tmp;
+  }
+  if (rename(tmp, path) != 0) {
+    s = io_fail(path, "rename", tmp, errno);
+    goto remove_tmp;
+  }
+  /* The rename is durable once the directory is. */
+  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    s = io_fail(path, "open its directory", dir, errno);
+    goto out;
+  }
+  if (fsync(dfd) != 0 && errno != EINVAL) /* EINVAL: the file system cannot sync dirs */
+    s = io_fail(path, "sync its directory", dir, errno);
+  close(dfd);
+  goto out;
+
+remove_tmp:
+  unlink(tmp);
+out:
+  free(tmp);
+  free(dir);
+  return dp__ctx_fail(c, s);
+}
+
+/* ---- load ---------------------------------------------------------------------- */
+
+typedef struct {
+  /* from MODL */
+  uint64_t n_params, seed, step;
+  uint32_t optimizer, k, flags, text_len;
+  const unsigned char *text;
+  const unsigned char *parm, *opts; /* payloads */
+} ckpt_view;
+
+static size_t sec_size(uint64_t payload) { return CK_SEC_HEAD + (size_t)payload + CK_SEC_TAIL; }
+
+/* Exact file size of a checkpoint with these contents (no overflow: callers
+ * bound n and tlen first). */
+static size_t file_size_for(size_t n, unsigned k, size_t tlen) {
+  return CK_HEADER + sec_size(CK_MODL_FIXED + tlen) + sec_size(8) + sec_size(4 * n) +
+         sec_size((size_t)k * 4 * n) + sec_size(0);
+}
+
+static bool ctx_text(const dp_ctx *c, char **text, size_t *len) {
+  *len = dp_model_format(&c->plan->model, NULL, 0);
+  *text = malloc(*len + 1);
+  if (!*text) return false;
+  dp_model_format(&c->plan->model, *text, *len + 1);
+  return true;
+}
+
+/* Checks MODL against the context. */
+static dp_status check_model(const dp_ctx *c, const ckpt_view *v, const char *text, size_t tlen,
+                             const char *path) {
+  const dp_plan *p = c->plan;
+  if (v->text_len != tlen || memcmp(v->text, text, tlen) != 0) {
+    /* Name the first differing line of each. */
+    size_t i = 0;
+    while (i < tlen && i < v->text_len && v->text[i] == (unsigned char)text[i]) i++;
+    size_t a = i, b = i;
+    while (a > 0 && text[a - 1] != '\n') a--;
+    b = a;
+    size_t ea = a, eb = b;
+    while (ea < tlen && text[ea] != '\n') ea++;
+    while (eb < v->text_len && v->text[eb] != '\n') eb++;
+    int line = 1;
+    for (size_t q = 0; q < a; q++) line += text[q] == '\n';
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: the checkpoint's model differs from the context's at line %d: "
+                   "checkpoint '%.*s', context '%.*s'",
+                   path, line, (int)(eb - b > 80 ? 80 : eb - b), (const char *)v->text + b,
+                   (int)(ea - a > 80 ? 80 : ea - a), text + a);
+  }
+  if (v->n_params != p->model.n_params)
+    return DP_FAIL(DP_ERR_INVALID, "%s: the checkpoint has %llu parameters; the context %zu",
+                   path, (unsigned long long)v->n_params, p->model.n_params);
+  bool inference = p->cfg.inference;
+  if (inference) return DP_OK; /* takes the parameters only */
+  if (v->flags & CK_FLAG_INFERENCE)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: the checkpoint was saved from an inference context (parameters only); "
+                   "a training context resumes only from a training checkpoint "
+                   "(use dp_set_params to start from its parameters)",
+                   path);
+  if (v->optimizer != (uint32_t)p->cfg.optimizer)
+    return DP_FAIL(DP_ERR_INVALID, "%s: the checkpoint's optimizer is %s; the context's is %s",
+                   path, opt_name(v->optimizer), opt_name((uint32_t)p->cfg.optimizer));
+  if (v->seed != p->cfg.seed)
+    return DP_FAIL(DP_ERR_INVALID, "%s: the checkpoint's seed is %llu; the context's is %llu",
+                   path, (unsigned long long)v->seed, (unsigned long long)p->cfg.seed);
+  return DP_OK;
+}
+
+/* Section i's header at off: tag and reserved word checked, payload length
+ * returned; the whole section must be within len. */
+static dp_status sec_open(const char *path, const unsigned char *b, size_t len, size_t off, int i,
+                          size_t expect_total, uint64_t *plen) {
+  if (len - off < CK_SEC_HEAD) {
+    if (expect_total)
+      return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
+                     expect_total, len);
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %zu bytes, file has %zu", path,
+                   off + CK_SEC_HEAD, len);
+  }
+  if (memcmp(b + off, CK_TAGS[i], 4) != 0) {
+    char t[5];
+    for (int q = 0; q < 4; q++) t[q] = b[off + q] >= 32 && b[off + q] < 127 ? (char)b[off + q] : '?';
+    t[4] = 0;
+    return DP_FAIL(DP_ERR_PARSE, "%s: section %d is '%s'; expected '%s'", path, i + 1, t,
+                   CK_TAGS[i]);
+  }
+  if (get32(b + off + 4) != 0)
+    return DP_FAIL(DP_ERR_PARSE, "%s: section %s: reserved word is not 0", path, CK_TAGS[i]);
+  *plen = get64(b + off + 8);
+  return DP_OK;
+}
+
+static dp_status sec_body(const char *path, const unsigned char *b, size_t len, size_t off, int i,
+                          uint64_t plen, size_t expect_total) {
+  if (plen > len - off - CK_SEC_HEAD || len - off - CK_SEC_HEAD - plen < CK_SEC_TAIL) {
+    if (expect_total)
+      return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
+                     expect_total, len);
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %llu bytes, file has %zu",
+                   path, (unsigned long long)(off + CK_SEC_HEAD + CK_SEC_TAIL) + plen, len);
+  }
+  const unsigned char *pay = b + off + CK_SEC_HEAD;
+  if (fnv1a(FNV_INIT, pay, (size_t)plen) != get64(pay + plen))
+    return DP_FAIL(DP_ERR_PARSE, "%s: checksum mismatch in section %s", path, CK_TAGS[i]);
+  return DP_OK;
+}
+
+/* Checks the whole image; fills v. `file_size` is the real size (the image
+ * may hold only a prefix when the file is larger than any checkpoint of the
+ * context's model). */
+static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size_t file_size,
+                       const char *path, const char *text, size_t tlen, ckpt_view *v) {
+  memset(v, 0, sizeof *v);
+  if (len >= 8 && memcmp(b, CK_MAGIC, 8) != 0)
+    return DP_FAIL(DP_ERR_PARSE, "%s: not a libdp checkpoint (bad magic)", path);
+  if (len < CK_HEADER)
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %u bytes, file has %zu", path,
+                   CK_HEADER, len);
+  uint32_t version = get32(b + 8), count = get32(b + 12);
+  if (version != CK_VERSION)
+    return DP_FAIL(DP_ERR_PARSE, "%s: checkpoint version %u; this library reads version %u",
+                   path, version, CK_VERSION);
+  if (count != CK_SECTIONS)
+    return DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version 1 has %u", path, count, CK_SECTIONS);
+
+  /* MODL */
+  size_t off = CK_HEADER;
+  uint64_t plen;
+  dp_status s = sec_open(path, b, len, off, SEC_MODL, 0, &plen);
+  if (!s && (plen < CK_MODL_FIXED || plen - CK_MODL_FIXED > UINT32_MAX))
+    s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: payload of %llu bytes", path,
+                (unsigned long long)plen);
+  if (!s) s = sec_body(path, b, len, off, SEC_MODL, plen, 0);
+  if (s && file_size > len) /* only a prefix was read */
+    return DP_FAIL(DP_ERR_PARSE, "%s: file has %zu bytes, more than any checkpoint of this "
+                   "model (at most %zu)", path, file_size, len);
+  if (s) return s;
+  const unsigned char *m = b + off + CK_SEC_HEAD;
+  v->n_params = get64(m);
+  v->seed = get64(m + 8);
+  v->optimizer = get32(m + 16);
+  v->k = get32(m + 20);
+  v->flags = get32(m + 24);
+  v->text_len = get32(m + 28);
+  v->text = m + CK_MODL_FIXED;
+  if (v->text_len != plen - CK_MODL_FIXED || v->optimizer > DP_OPT_ADAMW ||
+      (v->flags & ~CK_FLAG_INFERENCE) ||
+      v->k != ((v->flags & CK_FLAG_INFERENCE) ? 0u : state_vectors((dp_optimizer)v->optimizer)))
+    return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
+  if ((s = check_model(c, v, text, tlen, path))) return s;
+  off += sec_size(plen);
+
+  /* The model matches: the file's exact size is known. */
+  size_t n = c->plan->model.n_params;
+  size_t total = file_size_for(n, v->k, tlen);
+  if (file_size < total)
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path, total,
+                   file_size);
+  if (file_size > total)
+    return DP_FAIL(DP_ERR_PARSE, "%s: expected %zu bytes, file has %zu (trailing data)", path,
+                   total, file_size);
+  /* From here len == file_size == total. */
+  const uint64_t expect[CK_SECTIONS] = {0, 8, (uint64_t)n * 4, (uint64_t)v->k * n * 4, 0};
+  for (int i = SEC_STEP; i <= SEC_END; i++) {
+    if ((s = sec_open(path, b, len, off, i, total, &plen))) return s;
+    if (plen != expect[i])
+      return DP_FAIL(DP_ERR_PARSE, "%s: section %s holds %llu bytes; expected %llu", path,
+                     CK_TAGS[i], (unsigned long long)plen, (unsigned long long)expect[i]);
+    if (i == SEC_END) {
+      if (len - off != CK_SEC_HEAD + CK_SEC_TAIL)
+        return DP_FAIL(DP_ERR_PARSE, "%s: section END is not at the end of the file", path);
+      if (fnv1a(FNV_INIT, b, off + CK_SEC_HEAD) != get64(b + off + CK_SEC_HEAD))
+        return DP_FAIL(DP_ERR_PARSE, "%s: checksum mismatch in section END (the whole file)", path);
+      break;
+    }
+    if ((s = sec_body(path, b, len, off, i, plen, total))) return s;
+    const unsigned char *pay = b + off + CK_SEC_HEAD;
+    if (i == SEC_STEP) v->step = get64(pay);
+    if (i == SEC_PARM) v->parm = pay;
+    if (i == SEC_OPTS) v->opts = pay;
+    off += sec_size(plen);
+  }
+  for (size_t e = 0; e < n; e++)
+    if (!isfinite(getf(v->parm + 4 * e)))
+      return DP_FAIL(DP_ERR_PARSE, "%s: parameter %zu is not finite", path, e);
+  for (size_t e = 0; e < (size_t)v->k * n; e++)
+    if (!isfinite(getf(v->opts + 4 * e)))
+      return DP_FAIL(DP_ERR_PARSE, "%s: optimizer state value %zu (vector %zu) is not finite", path,
+                     e % n, e / n);
+  return DP_OK;
+}
+
+/* Reads at most cap bytes of path into *buf; *file_size is the size. */
+static dp_status read_file(const char *path, size_t cap, unsigned char **buf, size_t *len,
+                           size_t *file_size) {
+  *buf = NULL;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return io_fail(path, "open", path, errno);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return io_fail(path, "stat", path, err);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return DP_FAIL(DP_ERR_IO, "checkpoint: '%s' is not a regular file", path);
+  }
+  size_t want = (uint64_t)st.st_size < cap ? (size_t)st.st_size : cap;
+  unsigned char *b = malloc(want ? want : 1);
+  if (!b) {
+    close(fd);
+    return DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory for %zu bytes", want);
+  }
+  size_t got = 0;
+  while (got < want) {
+    ssize_t r = read(fd, b + got, want - got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      int err = errno;
+      free(b);
+      close(fd);
+      return io_fail(path, "read", path, err);
+    }
+    if (r == 0) break; /* the file shrank: parse what is there */
+    got += (size_t)r;
+  }
+  close(fd);
+  *buf = b;
+  *len = got;
+  *file_size = got < want ? got : (size_t)st.st_size;
+  return DP_OK;
+}
+
+dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (!path || !*path)
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_load: path is %s",
+                                   path ? "empty" : "NULL"));
+  const dp_plan *p = c->plan;
+  size_t n = p->model.n_params;
+  unsigned k = ctx_state_vectors(c);
+  dp_status s = check_opt_layout(p, k);
+  if (s) return dp__ctx_fail(c, s);
+  char *text;
+  size_t tlen;
+  if (!ctx_text(c, &text, &tlen))
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
+  /* The largest checkpoint of this model (AdamW's two state vectors). */
+  size_t cap;
+  if (n > SIZE_MAX / 64 || tlen > SIZE_MAX / 4) {
+    free(text);
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model is too large"));
+  }
+  cap = file_size_for(n, 2, tlen);
+
+  unsigned char *buf;
+  size_t len = 0, file_size = 0;
+  s = read_file(path, cap, &buf, &len, &file_size);
+  if (s) {
+    free(text);
+    return dp__ctx_fail(c, s);
+  }
+  ckpt_view v;
+  s = parse(c, buf, len, file_size, path, text, tlen, &v);
+  free(text);
+  if (s) {
+    free(buf);
+    return dp__ctx_fail(c, s);
+  }
+
+  /* Everything checked: write the context. Nothing below can fail. */
+  for (int d = 0; d < p->split.n_used; d++) {
+    if (p->regions[d][DP_REGION_PARAMS].size < n * 4) continue;
+    float *w = region_f(c, d, DP_REGION_PARAMS);
+    for (size_t e = 0; e < n; e++) w[e] = getf(v.parm + 4 * e);
+  }
+  if (k > 0) { /* k == v.k: check_model matched the optimizer */
+    for (int d = 0; d < p->split.n_used; d++) {
+      size_t off, olen;
+      opt_range(p, d, &off, &olen);
+      if (olen == 0) continue;
+      float *st = region_f(c, d, DP_REGION_OPT_STATE);
+      for (unsigned j = 0; j < k; j++)
+        for (size_t e = 0; e < olen; e++)
+          st[(size_t)j * olen + e] = getf(v.opts + 4 * ((size_t)j * n + off + e));
+    }
+  }
+  c->step = v.step;
+  c->replicas_stale = true;
+  /* Every piece of kept state was just rewritten: a poisoned context is whole again. */
+  c->poison = DP_OK;
+  c->poison_msg[0] = '\0';
+  free(buf);
+  return DP_OK;
+}

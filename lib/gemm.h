@@ -1,0 +1,87 @@
+/* Packed, cache-blocked single-precision GEMM for the CPU backend (internal).
+ *
+ *   C (M, N) = op(A) (M, K) · op(B) (K, N)       row-major, beta = 0 (C is overwritten)
+ *     op(A)[i][k] = transA ? A[k * lda + i] : A[i * lda + k]
+ *     op(B)[k][j] = transB ? B[j * ldb + k] : B[k * ldb + j]
+ *
+ * The linear layer's three products:
+ *   forward      Y (rows, out) = X (rows, in) · W^T        transA 0, transB 1, bias + act
+ *   grad-input   dX (rows, in) = dY (rows, out) · W        transA 0, transB 0
+ *   grad-weight  dW (out, in)  = dY^T · X (rows, in)       transA 1, transB 0, K = rows
+ *   grad-bias    db (out)      = column sums of dY         dp__gemm_colsum
+ *
+ * Determinism contract. Every element of C is
+ *     acc = +0; for k = 0 .. K-1 in ascending order: acc = fma(op(A)[i][k], op(B)[k][j], acc)
+ *     c = acc (+ bias[j] when there is a bias) (then relu: c <= 0 ? +0 : c)
+ * one fused multiply-add per k into a single accumulator, whatever M, N, the
+ * tile position, the blocking or the instruction set. A K-block is resumed by
+ * reloading the partial sum, which does not change it. So the bits depend only
+ * on the operands and K; the AVX-512, AVX2 and scalar (fmaf) tiers give
+ * identical results, and a row or column computed in any sub-problem equals the
+ * same row or column of the whole problem.
+ *
+ * No allocation: the packing buffers live in the caller's workspace of
+ * dp__gemm_workspace_bytes(M, N, K) bytes (64-byte alignment is best; any
+ * alignment works). That is 0 for problems whose panels fit a small buffer on
+ * the stack. Passing NULL for a problem that needs workspace runs an unpacked
+ * path with the same bits (slow; it exists so that an undersized plan can never
+ * write out of bounds). Several threads may run GEMMs at once, each with its
+ * own workspace. */
+#ifndef DP_GEMM_H
+#define DP_GEMM_H
+
+#include "internal.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { DP_GEMM_ACT_NONE = 0, DP_GEMM_ACT_RELU = 1 } dp_gemm_act;
+
+/* Applied once per element after the full K accumulation. */
+typedef struct {
+  const float *bias; /* (N): c = acc + bias[j]; NULL: no bias */
+  dp_gemm_act act;
+} dp_gemm_epilogue;
+
+/* Bytes of workspace dp__sgemm needs for this shape (0 when it packs on the
+ * stack, or when M, N or K is 0). The same on every machine and every tier;
+ * non-decreasing in M, N and K. A call of that shape writes the workspace's
+ * last byte whenever the result is not 0. */
+size_t dp__gemm_workspace_bytes(int M, int N, int K);
+
+/* C = op(A) · op(B) with the epilogue ep (NULL: none). See the contract above.
+ * K = 0 gives C = epilogue(0). Leading dimensions are in floats. */
+void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int lda,
+               const float *B, int ldb, float *C, int ldc, const dp_gemm_epilogue *ep,
+               void *workspace);
+
+/* out[j] = sum over i = 0 .. M-1, ascending, of A[i * lda + j], from +0. */
+void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out);
+
+/* Tiers: "avx512", "avx2", "scalar"; "auto" (or NULL) goes back to the best the
+ * CPU supports. Returns 0, or -1 (nothing changed) for an unknown name or a tier
+ * this CPU lacks. The environment variable DP_GEMM_TIER, read at the first
+ * GEMM, picks the starting tier the same way. Meant for tests and benchmarks:
+ * switch tiers while no GEMM runs. */
+int dp__gemm_force_tier(const char *name);
+bool dp__gemm_tier_supported(const char *name);
+const char *dp__gemm_tier_name(void); /* the tier in use */
+
+/* Workspace of one linear layer's GEMMs on micro-batches of up to mb_rows
+ * rows: the forward; in training also grad-weight and, when input_grad (every
+ * layer but the first), grad-input. */
+size_t dp__linear_workspace_bytes(const dp_layer *l, int mb_rows, bool training,
+                                  bool input_grad);
+/* The largest of those over the model's linear layers: the CPU backend's
+ * WORKSPACE region. */
+size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

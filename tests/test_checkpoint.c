@@ -1,0 +1,962 @@
+/* Checkpoint tests: dp_ckpt_save / dp_ckpt_load (format: docs/CHECKPOINT.md).
+ *
+ *   resume     save at step 20, load into a fresh context (same or another
+ *              device count or mode), run to 50: the same bits as 50 straight
+ *              steps (momentum, AdamW; a model with dropout)
+ *   format     the file's layout, read back by hand; the bytes do not depend
+ *              on the device count or mode (logical optimizer-state layout)
+ *   inference  an inference context saves and loads parameters only
+ *   damage     every truncation and a flipped bit in every byte is refused,
+ *              the context bytewise unchanged and its next step as an
+ *              untouched context's
+ *   crash      a saving child SIGKILLed at random times leaves a loadable file
+ *   mismatch   model, optimizer, seed, kind of context; I/O errors
+ *
+ * lib/ctx.h is used to snapshot a context's arenas and to inject a fault.
+ */
+#include "dp.h"
+#include "ctx.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char MLP_SPEC[] = "input 12\n"
+                               "linear 16\nlayernorm\ngelu\ndropout 0.2\n"
+                               "linear 16\ntanh\n"
+                               "linear 5\n"
+                               "loss softmax_cross_entropy\n";
+static const char MLP17_SPEC[] = "input 12\n"
+                                 "linear 17\nlayernorm\ngelu\ndropout 0.2\n"
+                                 "linear 16\ntanh\n"
+                                 "linear 5\n"
+                                 "loss softmax_cross_entropy\n";
+/* About 85k parameters: an AdamW checkpoint of 1 MB, so a kill often lands
+ * in the middle of writing it. */
+static const char BIG_SPEC[] = "input 64\nlinear 256\nrelu\nlinear 256\nrelu\nlinear 10\n"
+                               "loss softmax_cross_entropy\n";
+
+#define BATCH 32
+#define MICRO 4
+#define SAVE_AT 20
+#define TOTAL 50
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
+  *s ^= *s >> 12;
+  *s ^= *s << 25;
+  *s ^= *s >> 27;
+  return *s * 0x2545F4914F6CDD1Dull;
+}
+
+typedef struct {
+  int n_devices;
+  dp_mode mode;
+  int shard;
+} layout;
+
+static dp_config cfg_make(dp_optimizer opt, layout l) {
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = BATCH;
+  c.micro_batch = MICRO;
+  c.n_devices = l.n_devices;
+  c.mode = l.mode;
+  c.shard_optimizer = l.shard;
+  c.optimizer = opt;
+  c.seed = 7;
+  c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
+  return c;
+}
+
+typedef struct {
+  dp_model *m;
+  dp_plan *p;
+  dp_ctx *c;
+  size_t n;
+} rig;
+
+/* DP_ERR_UNSUPPORTED from the planner (a mode this build lacks) returns false. */
+static bool rig_try(rig *r, const char *spec, const dp_config *cfg) {
+  memset(r, 0, sizeof *r);
+  ck_assert_msg(dp_model_parse(spec, "test", &r->m) == DP_OK, "parse: %s", dp_last_error());
+  dp_status s = dp_plan_create(r->m, cfg, &r->p);
+  if (s == DP_ERR_UNSUPPORTED) {
+    dp_model_free(r->m);
+    return false;
+  }
+  ck_assert_msg(s == DP_OK, "plan: %s", dp_last_error());
+  ck_assert_msg(dp_ctx_create(r->p, &r->c) == DP_OK, "ctx: %s", dp_last_error());
+  r->n = dp_model_n_params(r->m);
+  return true;
+}
+
+static void rig_open(rig *r, const char *spec, const dp_config *cfg) {
+  ck_assert_msg(rig_try(r, spec, cfg), "plan: %s", dp_last_error());
+}
+
+static void rig_close(rig *r) {
+  dp_ctx_free(r->c);
+  dp_plan_free(r->p);
+  dp_model_free(r->m);
+  memset(r, 0, sizeof *r);
+}
+
+/* Step k's batch: a function of k only. No Check calls (a forked child
+ * uses it: Check's macros write to the runner's channel even when they pass). */
+static dp_status try_steps(rig *r, int from, int to, int *failed_at) {
+  int in = dp_model_input_width(r->m), out = dp_model_output_width(r->m);
+  float *x = malloc(sizeof(float) * BATCH * (size_t)in);
+  int32_t t[BATCH];
+  if (!x) return DP_ERR_NOMEM;
+  dp_status st = DP_OK;
+  for (int k = from; k < to && !st; k++) {
+    uint64_t s = (uint64_t)k * 0x9E3779B97F4A7C15ull + 11;
+    for (int i = 0; i < BATCH * in; i++)
+      x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
+    for (int i = 0; i < BATCH; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)out);
+    st = dp_train_step(r->c, BATCH, in, x, t, NULL);
+    *failed_at = k;
+  }
+  free(x);
+  return st;
+}
+
+static void run_steps(rig *r, int from, int to) {
+  int k = from;
+  dp_status st = try_steps(r, from, to, &k);
+  ck_assert_msg(st == DP_OK, "step %d: %s: %s", k, dp_status_name(st), dp_ctx_error(r->c));
+}
+
+static float *params_of(rig *r) {
+  float *p = malloc((r->n ? r->n : 1) * sizeof *p);
+  ck_assert_ptr_nonnull(p);
+  ck_assert_int_eq(dp_get_params(r->c, p, r->n), DP_OK);
+  return p;
+}
+
+static void assert_same_params(rig *a, rig *b, const char *what) {
+  ck_assert_msg(a->n == b->n, "%s: parameter counts differ", what);
+  float *pa = params_of(a), *pb = params_of(b);
+  ck_assert_msg(memcmp(pa, pb, a->n * 4) == 0, "%s: parameters differ", what);
+  ck_assert_msg(dp_params_hash(a->c) == dp_params_hash(b->c), "%s: hashes differ", what);
+  free(pa);
+  free(pb);
+}
+
+static void save_ok(rig *r, const char *path) {
+  dp_status s = dp_ckpt_save(r->c, path);
+  ck_assert_msg(s == DP_OK, "save %s: %s: %s", path, dp_status_name(s), dp_ctx_error(r->c));
+}
+
+static void load_ok(rig *r, const char *path) {
+  dp_status s = dp_ckpt_load(r->c, path);
+  ck_assert_msg(s == DP_OK, "load %s: %s: %s", path, dp_status_name(s), dp_ctx_error(r->c));
+}
+
+/* A fresh directory for the test's files; removed (with its files) by tmp_done. */
+typedef struct {
+  char dir[256];
+  char path[300];
+} tmpdir;
+
+static void tmp_make(tmpdir *t) {
+  const char *base = getenv("TMPDIR");
+  snprintf(t->dir, sizeof t->dir, "%s/dp_ckpt_XXXXXX", base && *base ? base : "/tmp");
+  ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp: %s", strerror(errno));
+  snprintf(t->path, sizeof t->path, "%s/model.ckpt", t->dir);
+}
+
+/* Names in dir (not . and ..). */
+static int dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+/* Removes the files in dir whose name starts with prefix; returns how many. */
+static int remove_prefixed(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  char p[600];
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    if (unlink(p) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+static void tmp_done(tmpdir *t) {
+  remove_prefixed(t->dir, "");
+  rmdir(t->dir);
+}
+
+static unsigned char *file_read(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+/* A new file each time: rewriting one in place makes some file systems (ext4's
+ * auto_da_alloc) flush it on close, which is slow. */
+static void file_write(const char *path, const unsigned char *b, size_t len) {
+  unlink(path);
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+  ck_assert_int_eq(fwrite(b, 1, len, f), len);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* Everything a refused load must leave alone: every arena byte, the step
+ * counter and whether replicas must be refreshed. */
+typedef struct {
+  int n_dev;
+  unsigned char *arena[DP_MAX_DEVICES];
+  size_t bytes[DP_MAX_DEVICES];
+  uint64_t step;
+  bool stale;
+} snapshot;
+
+static void snap_take(snapshot *s, rig *r) {
+  memset(s, 0, sizeof *s);
+  s->n_dev = dp_plan_n_devices(r->p);
+  for (int d = 0; d < s->n_dev; d++) {
+    s->bytes[d] = dp_plan_device_bytes(r->p, d);
+    s->arena[d] = malloc(s->bytes[d] ? s->bytes[d] : 1);
+    ck_assert_ptr_nonnull(s->arena[d]);
+    memcpy(s->arena[d], r->c->arena[d], s->bytes[d]);
+  }
+  s->step = r->c->step;
+  s->stale = r->c->replicas_stale;
+}
+
+static bool snap_same(const snapshot *s, rig *r) {
+  for (int d = 0; d < s->n_dev; d++)
+    if (memcmp(s->arena[d], r->c->arena[d], s->bytes[d]) != 0) return false;
+  return s->step == r->c->step && s->stale == r->c->replicas_stale;
+}
+
+static void snap_free(snapshot *s) {
+  for (int d = 0; d < s->n_dev; d++) free(s->arena[d]);
+}
+
+static const char *opt_str(dp_optimizer o) {
+  return o == DP_OPT_ADAMW ? "adamw" : o == DP_OPT_MOMENTUM ? "momentum" : "sgd";
+}
+
+/* ---- resume ------------------------------------------------------------------- */
+
+static const layout L1 = {1, DP_MODE_CLASSIC, 0}, L2 = {2, DP_MODE_CLASSIC, 0},
+                    L4 = {4, DP_MODE_CLASSIC, 0};
+static const struct {
+  layout save, load;
+} RESUME[] = {
+    {{1, DP_MODE_CLASSIC, 0}, {1, DP_MODE_CLASSIC, 0}},
+    {{1, DP_MODE_CLASSIC, 0}, {4, DP_MODE_CLASSIC, 0}},
+    {{4, DP_MODE_CLASSIC, 0}, {2, DP_MODE_CLASSIC, 0}},
+    {{1, DP_MODE_CLASSIC, 0}, {4, DP_MODE_ALLREDUCE, 1}},
+    {{4, DP_MODE_ALLREDUCE, 1}, {2, DP_MODE_ALLREDUCE, 0}},
+    {{2, DP_MODE_ALLREDUCE, 0}, {1, DP_MODE_CLASSIC, 0}},
+};
+#define N_RESUME ((int)(sizeof RESUME / sizeof RESUME[0]))
+static const dp_optimizer OPTS[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_ADAMW};
+
+/* "Save at step 20, load into a fresh context, run to 50: identical to 50
+ * straight steps." The straight run is one device; micro-batches are fixed,
+ * so every device count and mode gives its bits. */
+START_TEST(test_resume_equals_straight_run) {
+  dp_optimizer opt = OPTS[1 + _i % 2]; /* momentum, adamw (sgd has no state) */
+  layout ls = RESUME[_i / 2].save, ll = RESUME[_i / 2].load;
+  dp_config cs = cfg_make(opt, ls), cl = cfg_make(opt, ll), c1 = cfg_make(opt, L1);
+  rig straight, a, b;
+  if (!rig_try(&a, MLP_SPEC, &cs)) {
+    printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ls.mode, dp_last_error());
+    return;
+  }
+  if (!rig_try(&b, MLP_SPEC, &cl)) {
+    printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ll.mode, dp_last_error());
+    rig_close(&a);
+    return;
+  }
+  rig_open(&straight, MLP_SPEC, &c1);
+  tmpdir t;
+  tmp_make(&t);
+
+  run_steps(&straight, 0, TOTAL);
+  run_steps(&a, 0, SAVE_AT);
+  save_ok(&a, t.path);
+  load_ok(&b, t.path);
+  ck_assert_uint_eq(dp_ctx_step(b.c), SAVE_AT);
+  assert_same_params(&a, &b, "just loaded");
+  run_steps(&b, SAVE_AT, TOTAL);
+  ck_assert_uint_eq(dp_ctx_step(b.c), TOTAL);
+  assert_same_params(&straight, &b, "resumed vs straight");
+  /* Saving changed nothing in the saving context. */
+  run_steps(&a, SAVE_AT, TOTAL);
+  assert_same_params(&straight, &a, "saver vs straight");
+
+  tmp_done(&t);
+  rig_close(&straight);
+  rig_close(&a);
+  rig_close(&b);
+}
+END_TEST
+
+/* Loading over a context that has trained (state, step and replicas all set)
+ * gives the same as loading into a fresh one. */
+START_TEST(test_load_over_trained_context) {
+  dp_config c4 = cfg_make(DP_OPT_ADAMW, L4), c1 = cfg_make(DP_OPT_ADAMW, L1);
+  rig straight, a, b;
+  rig_open(&straight, MLP_SPEC, &c1);
+  rig_open(&a, MLP_SPEC, &c1);
+  rig_open(&b, MLP_SPEC, &c4);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&straight, 0, 30);
+  run_steps(&a, 0, 10);
+  save_ok(&a, t.path);
+  run_steps(&b, 100, 137); /* other data, a later step */
+  load_ok(&b, t.path);
+  ck_assert_uint_eq(dp_ctx_step(b.c), 10);
+  run_steps(&b, 10, 30);
+  assert_same_params(&straight, &b, "loaded over a trained context");
+  tmp_done(&t);
+  rig_close(&straight);
+  rig_close(&a);
+  rig_close(&b);
+}
+END_TEST
+
+/* ---- format --------------------------------------------------------------------- */
+
+static uint64_t fnv(const unsigned char *b, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  return h;
+}
+static uint32_t le32(const unsigned char *b) {
+  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static uint64_t le64(const unsigned char *b) { return le32(b) | (uint64_t)le32(b + 4) << 32; }
+
+START_TEST(test_format_is_as_documented) {
+  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  rig r;
+  rig_open(&r, MLP_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 3);
+  save_ok(&r, t.path);
+  size_t len;
+  unsigned char *b = file_read(t.path, &len);
+  ck_assert(len >= 16);
+  ck_assert(memcmp(b, "DPCKPT\0\1", 8) == 0);
+  ck_assert_uint_eq(le32(b + 8), 1);
+  ck_assert_uint_eq(le32(b + 12), 5);
+  static const char *tags[5] = {"MODL", "STEP", "PARM", "OPTS", "END "};
+  size_t off = 16, n = r.n;
+  float *params = params_of(&r);
+  for (int i = 0; i < 5; i++) {
+    ck_assert(off + 24 <= len);
+    ck_assert_msg(memcmp(b + off, tags[i], 4) == 0, "section %d", i);
+    ck_assert_uint_eq(le32(b + off + 4), 0);
+    uint64_t pl = le64(b + off + 8);
+    ck_assert(off + 24 + pl <= len);
+    const unsigned char *pay = b + off + 16;
+    if (i < 4) ck_assert_uint_eq(le64(pay + pl), fnv(pay, pl));
+    switch (i) {
+    case 0: {
+      char text[1024];
+      size_t tl = dp_model_format(r.m, text, sizeof text);
+      ck_assert_uint_eq(pl, 32 + tl);
+      ck_assert_uint_eq(le64(pay), n);
+      ck_assert_uint_eq(le64(pay + 8), 7);
+      ck_assert_uint_eq(le32(pay + 16), DP_OPT_ADAMW);
+      ck_assert_uint_eq(le32(pay + 20), 2);
+      ck_assert_uint_eq(le32(pay + 24), 0);
+      ck_assert_uint_eq(le32(pay + 28), tl);
+      ck_assert(memcmp(pay + 32, text, tl) == 0);
+      break;
+    }
+    case 1:
+      ck_assert_uint_eq(pl, 8);
+      ck_assert_uint_eq(le64(pay), 3);
+      break;
+    case 2:
+      ck_assert_uint_eq(pl, n * 4);
+      for (size_t e = 0; e < n; e++) {
+        uint32_t u;
+        memcpy(&u, &params[e], 4);
+        ck_assert_uint_eq(le32(pay + 4 * e), u);
+      }
+      break;
+    case 3:
+      ck_assert_uint_eq(pl, 2 * n * 4);
+      break;
+    case 4:
+      ck_assert_uint_eq(pl, 0);
+      ck_assert_uint_eq(le64(pay), fnv(b, off + 16));
+      ck_assert_uint_eq(off + 24, len);
+      break;
+    }
+    off += 24 + pl;
+  }
+  free(params);
+  free(b);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* The same training state saved from 1, 2, 4 devices (and the allreduce
+ * modes, where built) gives the same file bytes. */
+START_TEST(test_file_bytes_independent_of_devices_and_mode) {
+  static const layout ls[] = {{1, DP_MODE_CLASSIC, 0}, {2, DP_MODE_CLASSIC, 0},
+                              {4, DP_MODE_CLASSIC, 0}, {4, DP_MODE_ALLREDUCE, 0},
+                              {4, DP_MODE_ALLREDUCE, 1}, {2, DP_MODE_ALLREDUCE, 1}};
+  dp_optimizer opt = OPTS[_i];
+  tmpdir t;
+  tmp_make(&t);
+  unsigned char *ref = NULL;
+  size_t ref_len = 0;
+  for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
+    dp_config cfg = cfg_make(opt, ls[i]);
+    rig r;
+    if (!rig_try(&r, MLP_SPEC, &cfg)) continue; /* a mode this build lacks */
+    run_steps(&r, 0, 5);
+    save_ok(&r, t.path);
+    size_t len;
+    unsigned char *b = file_read(t.path, &len);
+    if (!ref) {
+      ref = b;
+      ref_len = len;
+    } else {
+      ck_assert_msg(len == ref_len && memcmp(b, ref, len) == 0,
+                    "%s: %d devices, mode %d, shard %d: file differs from 1 device's",
+                    opt_str(opt), ls[i].n_devices, (int)ls[i].mode, ls[i].shard);
+      free(b);
+    }
+    rig_close(&r);
+  }
+  free(ref);
+  tmp_done(&t);
+}
+END_TEST
+
+/* ---- inference ------------------------------------------------------------------ */
+
+START_TEST(test_inference_context_takes_parameters_only) {
+  dp_config ct = cfg_make(DP_OPT_ADAMW, L1), ci = cfg_make(DP_OPT_ADAMW, L2);
+  ci.inference = 1;
+  ci.optimizer = DP_OPT_SGD; /* ignored by an inference context */
+  ci.seed = 99;              /* likewise */
+  rig tr, inf, inf2;
+  rig_open(&tr, MLP_SPEC, &ct);
+  rig_open(&inf, MLP_SPEC, &ci);
+  rig_open(&inf2, MLP_SPEC, &ci);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&tr, 0, 20);
+  save_ok(&tr, t.path);
+  load_ok(&inf, t.path);
+  assert_same_params(&tr, &inf, "training checkpoint into inference context");
+  ck_assert_uint_eq(dp_ctx_step(inf.c), 20);
+
+  /* Forward results: the loaded replicas, not the initial ones. */
+  float x[BATCH * 12], y1[BATCH * 5], y2[BATCH * 5];
+  uint64_t s = 5;
+  for (int i = 0; i < BATCH * 12; i++) x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
+  ck_assert_int_eq(dp_forward(tr.c, BATCH, 12, x, y1), DP_OK);
+  ck_assert_int_eq(dp_forward(inf.c, BATCH, 12, x, y2), DP_OK);
+  ck_assert(memcmp(y1, y2, sizeof y1) == 0);
+
+  /* An inference context's own checkpoint: parameters, no state. */
+  save_ok(&inf, t.path);
+  load_ok(&inf2, t.path);
+  assert_same_params(&inf, &inf2, "inference to inference");
+  size_t len;
+  unsigned char *b = file_read(t.path, &len);
+  const unsigned char *modl = b + 16 + 16;
+  ck_assert_uint_eq(le32(modl + 20), 0); /* no state vectors */
+  ck_assert_uint_eq(le32(modl + 24), 1); /* the inference flag */
+  free(b);
+
+  /* ... which a training context refuses, unchanged. */
+  snapshot sn;
+  snap_take(&sn, &tr);
+  ck_assert_int_eq(dp_ckpt_load(tr.c, t.path), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(tr.c), "inference") != NULL, "%s", dp_ctx_error(tr.c));
+  ck_assert(snap_same(&sn, &tr));
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&tr);
+  rig_close(&inf);
+  rig_close(&inf2);
+}
+END_TEST
+
+/* ---- damage ------------------------------------------------------------------- */
+
+/* A checkpoint file (from `src` at step 3) and a target context of the same
+ * model at another state; plus its twin that no load ever touches. */
+typedef struct {
+  rig src, target, twin;
+  tmpdir t;
+  char bad[320];
+  unsigned char *file;
+  size_t len;
+  snapshot sn;
+} damage_rig;
+
+static void damage_open(damage_rig *d, dp_optimizer opt) {
+  dp_config c1 = cfg_make(opt, L1), c2 = cfg_make(opt, L2);
+  rig_open(&d->src, MLP_SPEC, &c1);
+  rig_open(&d->target, MLP_SPEC, &c2);
+  rig_open(&d->twin, MLP_SPEC, &c2);
+  tmp_make(&d->t);
+  snprintf(d->bad, sizeof d->bad, "%s/bad.ckpt", d->t.dir);
+  run_steps(&d->src, 0, 3);
+  save_ok(&d->src, d->t.path);
+  d->file = file_read(d->t.path, &d->len);
+  run_steps(&d->target, 50, 55);
+  run_steps(&d->twin, 50, 55);
+  snap_take(&d->sn, &d->target);
+}
+
+/* Refused with DP_ERR_PARSE and the target unchanged. */
+static void damage_expect_refused(damage_rig *d, const unsigned char *b, size_t len,
+                                  const char *what, size_t where) {
+  file_write(d->bad, b, len);
+  dp_status s = dp_ckpt_load(d->target.c, d->bad);
+  ck_assert_msg(s == DP_ERR_PARSE, "%s at %zu: got %s (%s)", what, where, dp_status_name(s),
+                dp_ctx_error(d->target.c));
+  ck_assert_msg(snap_same(&d->sn, &d->target), "%s at %zu: the context changed", what, where);
+}
+
+/* One more step on the target and on its untouched twin: the same bits. */
+static void damage_close(damage_rig *d) {
+  run_steps(&d->target, 55, 56);
+  run_steps(&d->twin, 55, 56);
+  assert_same_params(&d->target, &d->twin, "after refused loads");
+  /* The intact file still loads. */
+  load_ok(&d->target, d->t.path);
+  assert_same_params(&d->target, &d->src, "intact file");
+  snap_free(&d->sn);
+  free(d->file);
+  tmp_done(&d->t);
+  rig_close(&d->src);
+  rig_close(&d->target);
+  rig_close(&d->twin);
+}
+
+START_TEST(test_truncated_file_is_refused) {
+  damage_rig d;
+  damage_open(&d, OPTS[_i]);
+  /* Every length through the header, MODL and STEP, near every section
+   * boundary, and every 13th in between. */
+  size_t modl_len = (size_t)le64(d.file + 16 + 8);
+  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.n,
+         bounds[3] = {parm_sec, opts_sec, d.len - 24};
+  int tried = 0;
+  for (size_t len = 0; len < d.len; len++) {
+    bool near = len < parm_sec + 24;
+    for (int i = 0; i < 3; i++) near |= len + 24 >= bounds[i] && len <= bounds[i] + 24;
+    if (!near && len % 13) continue;
+    damage_expect_refused(&d, d.file, len, "truncated", len);
+    tried++;
+  }
+  ck_assert_int_gt(tried, 300);
+  /* And the message says so. */
+  file_write(d.bad, d.file, d.len - 100);
+  ck_assert_int_eq(dp_ckpt_load(d.target.c, d.bad), DP_ERR_PARSE);
+  char want[96];
+  snprintf(want, sizeof want, "truncated: expected %zu bytes, file has %zu", d.len, d.len - 100);
+  ck_assert_msg(strstr(dp_ctx_error(d.target.c), want), "%s", dp_ctx_error(d.target.c));
+  /* Trailing bytes are refused too. */
+  unsigned char *longer = malloc(d.len + 3);
+  ck_assert_ptr_nonnull(longer);
+  memcpy(longer, d.file, d.len);
+  memset(longer + d.len, 0, 3);
+  damage_expect_refused(&d, longer, d.len + 3, "trailing", d.len);
+  free(longer);
+  /* Far more than any checkpoint of this model. */
+  size_t huge = 4 * d.len + 100000;
+  longer = calloc(huge, 1);
+  ck_assert_ptr_nonnull(longer);
+  memcpy(longer, d.file, d.len);
+  damage_expect_refused(&d, longer, huge, "trailing", huge);
+  ck_assert_msg(strstr(dp_ctx_error(d.target.c), "trailing"), "%s", dp_ctx_error(d.target.c));
+  free(longer);
+  damage_close(&d);
+}
+END_TEST
+
+/* A flipped bit in every byte (all 8 bits in the header and the section
+ * headers), so every section and every field. */
+START_TEST(test_flipped_bit_is_refused) {
+  damage_rig d;
+  damage_open(&d, OPTS[_i]);
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  memcpy(b, d.file, d.len);
+  size_t modl_len = (size_t)le64(d.file + 16 + 8);
+  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.n;
+  for (size_t pos = 0; pos < d.len; pos++) {
+    /* all bits: the header, MODL, STEP, END, and PARM's and OPTS' headers and checksums */
+    bool all = pos < parm_sec + 16 || (pos >= opts_sec - 8 && pos < opts_sec + 16) ||
+               pos >= d.len - 32;
+    for (int bit = 0; bit < 8; bit++) {
+      if (!all && bit != (int)(pos % 8)) continue;
+      b[pos] ^= (unsigned char)(1u << bit);
+      damage_expect_refused(&d, b, d.len, "flipped bit", pos * 8 + (size_t)bit);
+      b[pos] ^= (unsigned char)(1u << bit);
+    }
+  }
+  /* Which section was hit is named. */
+  b[parm_sec + 16 + 5] ^= 4; /* a PARM payload byte */
+  file_write(d.bad, b, d.len);
+  ck_assert_int_eq(dp_ckpt_load(d.target.c, d.bad), DP_ERR_PARSE);
+  ck_assert_msg(strstr(dp_ctx_error(d.target.c), "checksum mismatch in section PARM"), "%s",
+                dp_ctx_error(d.target.c));
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
+/* Values that pass the checksums but are not finite are refused. */
+START_TEST(test_nonfinite_values_are_refused) {
+  damage_rig d;
+  damage_open(&d, DP_OPT_MOMENTUM);
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  size_t modl_len = (size_t)le64(d.file + 16 + 8);
+  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + d.src.n * 4;
+  size_t secs[2] = {parm_sec, opts_sec};
+  for (int which = 0; which < 2; which++) {
+    memcpy(b, d.file, d.len);
+    unsigned char *pay = b + secs[which] + 16;
+    uint64_t pl = le64(b + secs[which] + 8);
+    const uint32_t nan_bits = 0x7fc00000u;
+    for (int i = 0; i < 4; i++) pay[4 * 7 + i] = (unsigned char)(nan_bits >> (8 * i));
+    uint64_t h = fnv(pay, pl);
+    for (int i = 0; i < 8; i++) pay[pl + i] = (unsigned char)(h >> (8 * i));
+    size_t end = d.len - 24;
+    h = fnv(b, end + 16);
+    for (int i = 0; i < 8; i++) b[end + 16 + i] = (unsigned char)(h >> (8 * i));
+    damage_expect_refused(&d, b, d.len, "NaN", (size_t)which);
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), "not finite"), "%s", dp_ctx_error(d.target.c));
+  }
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
+/* ---- crash -------------------------------------------------------------------- */
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* "A crash mid-save (a child killed during the write) leaves the previous
+ * checkpoint loadable." The child saves and steps in a loop; it is SIGKILLed
+ * after a random time of 0 to 3 save durations (measured here: fsync makes it
+ * depend on the file system), so kills land before, during and after saves. */
+START_TEST(test_killed_save_leaves_loadable_checkpoint) {
+  dp_config cfg = cfg_make(DP_OPT_ADAMW, L1);
+  rig a, b;
+  rig_open(&a, BIG_SPEC, &cfg);
+  rig_open(&b, BIG_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&a, 0, 1);
+  double t0 = now_s();
+  save_ok(&a, t.path);
+  double t_save = now_s() - t0;
+  unsigned window_us = (unsigned)(3e6 * t_save) + 100;
+  if (window_us > 100000) window_us = 100000;
+  uint64_t rs = (uint64_t)time(NULL) * 2654435761u + (uint64_t)getpid();
+  uint64_t last_step = 1;
+  float *last = params_of(&a);
+  int torn = 0, renewed = 0;
+  fflush(stdout);
+  fflush(stderr);
+  for (int trial = 0; trial < 50; trial++) {
+    run_steps(&a, 1 + trial, 2 + trial); /* the child's first save is news */
+    pid_t pid = fork();
+    ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
+    if (pid == 0) { /* no Check calls in here */
+      alarm(20);     /* never outlive the test */
+      for (int k = 0;; k++) {
+        int at;
+        if (dp_ckpt_save(a.c, t.path) != DP_OK || try_steps(&a, 1000 + k, 1001 + k, &at))
+          _exit(3);
+      }
+    }
+    usleep((useconds_t)(rng_next(&rs) % (window_us + 1)));
+    kill(pid, SIGKILL);
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "trial %d: child ended on its own",
+                  trial);
+    /* The file at path is complete, old or new; temporary files are the
+     * killed child's and are removed. */
+    load_ok(&b, t.path);
+    float *now = params_of(&b);
+    uint64_t step = dp_ctx_step(b.c);
+    bool old = step == last_step && memcmp(now, last, b.n * 4) == 0;
+    ck_assert_msg(old || step >= dp_ctx_step(a.c), "trial %d: neither the old checkpoint nor "
+                  "one of the child's", trial);
+    renewed += !old;
+    free(last);
+    last = now;
+    last_step = step;
+    torn += remove_prefixed(t.dir, "model.ckpt.tmp.");
+    ck_assert_int_eq(dir_entries(t.dir), 1);
+  }
+  free(last);
+  /* How many kills landed mid-save (a temporary file left) and how many
+   * after a rename: both vary from run to run, and are usually > 0. */
+  (void)torn;
+  (void)renewed;
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
+}
+END_TEST
+
+/* ---- mismatch and I/O ----------------------------------------------------------- */
+
+static void expect_invalid(rig *r, const char *path, const char *want1, const char *want2) {
+  snapshot sn;
+  snap_take(&sn, r);
+  dp_status s = dp_ckpt_load(r->c, path);
+  ck_assert_msg(s == DP_ERR_INVALID, "got %s: %s", dp_status_name(s), dp_ctx_error(r->c));
+  ck_assert_msg(strstr(dp_ctx_error(r->c), want1) && strstr(dp_ctx_error(r->c), want2),
+                "message lacks '%s' or '%s': %s", want1, want2, dp_ctx_error(r->c));
+  ck_assert(snap_same(&sn, r));
+  snap_free(&sn);
+}
+
+START_TEST(test_model_mismatch_is_refused) {
+  dp_config cfg = cfg_make(DP_OPT_MOMENTUM, L1);
+  rig r16, r17;
+  rig_open(&r16, MLP_SPEC, &cfg);
+  rig_open(&r17, MLP17_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r16, 0, 2);
+  run_steps(&r17, 0, 2);
+  save_ok(&r17, t.path); /* larger than any checkpoint of r16's model */
+  expect_invalid(&r16, t.path, "linear 17", "linear 16");
+  save_ok(&r16, t.path); /* smaller */
+  expect_invalid(&r17, t.path, "linear 16", "linear 17");
+  /* Far larger than any checkpoint of r16's model: only a prefix is read. */
+  dp_config ca = cfg_make(DP_OPT_ADAMW, L1);
+  rig big;
+  rig_open(&big, BIG_SPEC, &ca);
+  save_ok(&big, t.path);
+  rig_close(&big);
+  expect_invalid(&r16, t.path, "input 64", "input 12");
+  tmp_done(&t);
+  rig_close(&r16);
+  rig_close(&r17);
+}
+END_TEST
+
+START_TEST(test_optimizer_and_seed_mismatch_is_refused) {
+  dp_config cm = cfg_make(DP_OPT_MOMENTUM, L1), ca = cfg_make(DP_OPT_ADAMW, L2),
+            cs = cfg_make(DP_OPT_SGD, L1), cseed = cfg_make(DP_OPT_MOMENTUM, L2);
+  cseed.seed = 8;
+  rig m, a, sgd, seed;
+  rig_open(&m, MLP_SPEC, &cm);
+  rig_open(&a, MLP_SPEC, &ca);
+  rig_open(&sgd, MLP_SPEC, &cs);
+  rig_open(&seed, MLP_SPEC, &cseed);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&m, 0, 2);
+  save_ok(&m, t.path);
+  expect_invalid(&a, t.path, "momentum", "adamw");
+  expect_invalid(&sgd, t.path, "momentum", "sgd");
+  expect_invalid(&seed, t.path, "seed is 7", "8");
+  run_steps(&a, 0, 2);
+  save_ok(&a, t.path);
+  expect_invalid(&m, t.path, "adamw", "momentum");
+  tmp_done(&t);
+  rig_close(&m);
+  rig_close(&a);
+  rig_close(&sgd);
+  rig_close(&seed);
+}
+END_TEST
+
+START_TEST(test_io_errors) {
+  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  rig r;
+  rig_open(&r, MLP_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 2);
+  snapshot sn;
+  snap_take(&sn, &r);
+  char p[400];
+
+  /* A missing file. */
+  snprintf(p, sizeof p, "%s/missing.ckpt", t.dir);
+  ck_assert_int_eq(dp_ckpt_load(r.c, p), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)), "%s",
+                dp_ctx_error(r.c));
+  /* A directory. */
+  ck_assert_int_eq(dp_ckpt_load(r.c, t.dir), DP_ERR_IO);
+  /* Not a checkpoint. */
+  file_write(p, (const unsigned char *)"hello, world\n", 13);
+  ck_assert_int_eq(dp_ckpt_load(r.c, p), DP_ERR_PARSE);
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert(snap_same(&sn, &r));
+
+  /* Saving into a directory that does not exist: nothing is created. */
+  snprintf(p, sizeof p, "%s/no/such/dir/x.ckpt", t.dir);
+  ck_assert_int_eq(dp_ckpt_save(r.c, p), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)), "%s",
+                dp_ctx_error(r.c));
+  struct stat st;
+  ck_assert_int_ne(stat(p, &st), 0);
+  ck_assert_int_eq(dir_entries(t.dir), 0);
+  /* Saving over a directory: refused, and the temporary file removed. */
+  snprintf(p, sizeof p, "%s/adir", t.dir);
+  ck_assert_int_eq(mkdir(p, 0755), 0);
+  ck_assert_int_eq(dp_ckpt_save(r.c, p), DP_ERR_IO);
+  ck_assert_int_eq(dir_entries(t.dir), 1);
+  ck_assert_int_eq(rmdir(p), 0);
+
+  /* NULL arguments. */
+  ck_assert_int_eq(dp_ckpt_save(NULL, t.path), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_load(NULL, t.path), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_save(r.c, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_load(r.c, NULL), DP_ERR_INVALID);
+  ck_assert(snap_same(&sn, &r));
+
+  /* A relative path (the directory is "."). */
+  char cwd[512];
+  ck_assert_ptr_nonnull(getcwd(cwd, sizeof cwd));
+  ck_assert_int_eq(chdir(t.dir), 0);
+  save_ok(&r, "rel.ckpt");
+  load_ok(&r, "rel.ckpt");
+  ck_assert_int_eq(chdir(cwd), 0);
+  ck_assert_int_eq(dir_entries(t.dir), 1);
+
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+
+/* A failed update poisons the context (its state is half-written): saving it
+ * is refused, and loading a good checkpoint makes it whole again. */
+START_TEST(test_poisoned_context_refuses_save_and_load_heals_it) {
+  tmpdir t;
+  tmp_make(&t);
+  layout l = {2, DP_MODE_ALLREDUCE, 1};
+  dp_config cfg = cfg_make(DP_OPT_ADAMW, l);
+  rig a, ref;
+  rig_open(&a, MLP_SPEC, &cfg);
+  rig_open(&ref, MLP_SPEC, &cfg);
+  run_steps(&a, 0, 3);
+  run_steps(&ref, 0, 3);
+  save_ok(&a, t.path);
+  const dp_op *ops;
+  int n_ops, commit;
+  ck_assert_int_eq(dp__ctx_schedule(a.c, BATCH, true, &ops, &n_ops, &commit), DP_OK);
+  ck_assert_int_lt(commit, n_ops);
+  dp__ctx_inject_fault(a.c, n_ops - 1); /* the last op of the update phase */
+  int at = 0;
+  ck_assert_int_ne(try_steps(&a, 3, 4, &at), DP_OK);
+  ck_assert_int_ne(try_steps(&a, 3, 4, &at), DP_OK); /* poisoned: refused */
+  dp_status s = dp_ckpt_save(a.c, t.path);
+  ck_assert_int_eq(s, DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_ctx_error(a.c), "refusing to save"));
+  load_ok(&a, t.path); /* the file saved at step 3 is intact */
+  run_steps(&a, 3, 6);
+  run_steps(&ref, 3, 6);
+  assert_same_params(&a, &ref, "after healing by load");
+  rig_close(&a);
+  rig_close(&ref);
+  tmp_done(&t);
+}
+END_TEST
+
+Suite *checkpoint_suite(void) {
+  Suite *s = suite_create("checkpoint");
+
+  TCase *tc = tcase_create("resume");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_resume_equals_straight_run, 0, 2 * N_RESUME);
+  tcase_add_test(tc, test_load_over_trained_context);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("format");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_format_is_as_documented);
+  tcase_add_loop_test(tc, test_file_bytes_independent_of_devices_and_mode, 0, 3);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("inference");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_inference_context_takes_parameters_only);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("damage");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_truncated_file_is_refused, 1, 3);
+  tcase_add_loop_test(tc, test_flipped_bit_is_refused, 0, 3);
+  tcase_add_test(tc, test_nonfinite_values_are_refused);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("crash");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_killed_save_leaves_loadable_checkpoint);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("poison");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_poisoned_context_refuses_save_and_load_heals_it);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("mismatch");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_model_mismatch_is_refused);
+  tcase_add_test(tc, test_optimizer_and_seed_mismatch_is_refused);
+  tcase_add_test(tc, test_io_errors);
+  suite_add_tcase(s, tc);
+  return s;
+}
