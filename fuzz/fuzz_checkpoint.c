@@ -19,14 +19,12 @@
 #include "ckpt_fixture.h"
 #include "fuzz_util.h"
 
-#include <errno.h>
-#include <sys/stat.h>
 
 static fixture fx[FIXTURE_N];
 static unsigned char *snap[FIXTURE_N][DP_MAX_DEVICES];
 static uint64_t snap_step[FIXTURE_N];
 static int memfd = -1;
-static char save_dir[64];
+static char save_path[96]; /* where the load-save identity check saves */
 
 static uint64_t get64(const uint8_t *b) {
   uint64_t v = 0;
@@ -39,8 +37,6 @@ static void put64(uint8_t *b, uint64_t v) {
 static void put32(uint8_t *b, uint32_t v) {
   for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
 }
-
-static void remove_save_dir(void) { rmdir(save_dir); }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
   (void)argc;
@@ -58,9 +54,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     snap_step[i] = dp_ctx_step(fx[i].ctx);
   }
   const char *base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-  snprintf(save_dir, sizeof save_dir, "%s/dp_fuzz_ckpt.%ld", base, (long)getpid());
-  if (mkdir(save_dir, 0700) != 0 && errno != EEXIST) save_dir[0] = '\0';
-  if (save_dir[0]) atexit(remove_save_dir);
+  snprintf(save_path, sizeof save_path, "%s/dp_fuzz_ckpt.%ld", base, (long)getpid());
   return 0;
 }
 
@@ -117,9 +111,8 @@ static void check_loaded(int i, const uint8_t *b, size_t n, uint64_t h) {
   FUZZ_CHECK(dp_ctx_step(c) == get64(step), "fixture %d: step %llu, file says %llu", i,
              (unsigned long long)dp_ctx_step(c), (unsigned long long)get64(step));
   /* An inference context saves a parameters-only file, whatever it loaded. */
-  if (h % 8 == 0 && save_dir[0] && !dp_plan_config(fx[i].plan)->inference) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/f%d.ckpt", save_dir, i);
+  if (h % 8 == 0 && !dp_plan_config(fx[i].plan)->inference) {
+    const char *path = save_path; /* removed right after: nothing is left behind */
     dp_status s = dp_ckpt_save(c, path);
     FUZZ_CHECK(s == DP_OK, "saving what was loaded: %s", dp_ctx_error(c));
     FILE *f = fopen(path, "rb");

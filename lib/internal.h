@@ -36,6 +36,7 @@ static inline bool dp__align_up(size_t x, size_t a, size_t *out) {
 /* ---- model (lib/model.c, lib/spec.c) ---- */
 #define DP_MAX_LAYERS 256
 #define DP_MAX_WIDTH 0x7fffffff
+#define DP_MAX_MICRO_BATCHES (1 << 22) /* per planned batch */
 
 typedef struct {
   dp_layer_kind kind;

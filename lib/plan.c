@@ -4,6 +4,7 @@
 #include "gemm.h"
 #include "internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -318,6 +319,13 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   if (p->cfg.weight_decay < 0) p->cfg.weight_decay = c->optimizer == DP_OPT_ADAMW ? 0.01f : 0.0f;
   p->align = c->backend == DP_BACKEND_CUDA ? 256 : 64;
   int max_mbs = dp__split_max_mbs(&p->cfg);
+  /* The schedule has about 2 ops per layer per micro-batch, counted in int. */
+  long long ops = (long long)max_mbs * (2LL * m->n_layers + 8) + 64LL * c->n_devices;
+  if (max_mbs > DP_MAX_MICRO_BATCHES || ops > INT_MAX / 2)
+    return DP_FAIL(DP_ERR_OVERFLOW,
+                   "%d micro-batches of %d layers is too many to schedule (at most %d "
+                   "micro-batches); use a larger micro-batch",
+                   max_mbs, m->n_layers, DP_MAX_MICRO_BATCHES);
   p->mbs = malloc((size_t)max_mbs * sizeof *p->mbs);
   if (!p->mbs) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d micro-batches", max_mbs);
   s = c->split == DP_SPLIT_MEMORY && c->n_devices > 1 ? plan_memory_split(p) : plan_devices(p, 0);

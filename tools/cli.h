@@ -20,6 +20,7 @@
 int dpt_cmd_plan(int argc, char **argv);  /* tools/cmd_plan.c */
 int dpt_cmd_train(int argc, char **argv); /* tools/cmd_train.c */
 int dpt_cmd_repro(int argc, char **argv); /* tools/cmd_repro.c */
+int dpt_cmd_bench(int argc, char **argv); /* tools/cmd_bench.c */
 
 /* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):
  * a column per device with rows, micro-batches, the bytes of every non-empty

@@ -24,6 +24,9 @@ static const command commands[] = {
      "check that training gives the same bits for several device counts and\n"
      "            modes (classic, allreduce, sharded); names the first step and\n"
      "            tensor where two configurations differ"},
+    {"bench", dpt_cmd_bench,
+     "measure: one core's FMA peak, GEMM GFLOP/s, ms per training step,\n"
+     "            transport bytes/s, scaling with batch, width and devices"},
 };
 #define N_COMMANDS ((int)(sizeof commands / sizeof *commands))
 

@@ -1,0 +1,379 @@
+/* `dp bench`: measurements, never assertions. peak (one core's FMA peak),
+ * gemm (our GEMM against that peak), step (ms/step and samples/s of a
+ * model), comm (the transport's bytes/s), scaling (step cost as batch,
+ * width and device count grow). Tables by default, --json for scripts. */
+#include "cli.h"
+#include "gemm.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- peak ---------------------------------------------------------------------- */
+
+/* Twelve independent FMA chains in named registers (an array may be kept in
+ * memory at -O2, which would measure store forwarding instead). */
+#define FMA12(FMA)                                                                         \
+  do {                                                                                     \
+    a0 = FMA(a0, m, c); a1 = FMA(a1, m, c); a2 = FMA(a2, m, c); a3 = FMA(a3, m, c);        \
+    a4 = FMA(a4, m, c); a5 = FMA(a5, m, c); a6 = FMA(a6, m, c); a7 = FMA(a7, m, c);        \
+    a8 = FMA(a8, m, c); a9 = FMA(a9, m, c); a10 = FMA(a10, m, c); a11 = FMA(a11, m, c);    \
+  } while (0)
+
+__attribute__((target("avx512f"))) static double peak_avx512(long iters) {
+  __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
+  __m512 a0 = m, a1 = c, a2 = m, a3 = c, a4 = m, a5 = c, a6 = m, a7 = c, a8 = m, a9 = c,
+         a10 = m, a11 = c;
+  double t0 = now_s();
+  for (long it = 0; it < iters; it++) FMA12(_mm512_fmadd_ps);
+  double t = now_s() - t0;
+  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
+                           _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
+  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
+  volatile float sink = _mm512_reduce_add_ps(s);
+  (void)sink;
+  return (double)iters * 12 * 16 * 2 / t / 1e9;
+}
+
+__attribute__((target("avx2,fma"))) static double peak_avx2(long iters) {
+  __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
+  __m256 a0 = m, a1 = c, a2 = m, a3 = c, a4 = m, a5 = c, a6 = m, a7 = c, a8 = m, a9 = c,
+         a10 = m, a11 = c;
+  double t0 = now_s();
+  for (long it = 0; it < iters; it++) FMA12(_mm256_fmadd_ps);
+  double t = now_s() - t0;
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
+                           _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
+  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
+  float out[8];
+  _mm256_storeu_ps(out, s);
+  volatile float sink = out[0];
+  (void)sink;
+  return (double)iters * 12 * 8 * 2 / t / 1e9;
+}
+
+/* Best of a few runs of ~0.2 s: GFLOP/s of one core. 0 when unsupported. */
+static double measure_peak(int avx512) {
+  if (avx512 ? !__builtin_cpu_supports("avx512f") : !__builtin_cpu_supports("fma")) return 0.0;
+  double best = 0.0;
+  for (int r = 0; r < 5; r++) {
+    double g = avx512 ? peak_avx512(4000000) : peak_avx2(4000000);
+    best = g > best ? g : best;
+  }
+  return best;
+}
+
+static int bench_peak(int json) {
+  double p512 = measure_peak(1), p256 = measure_peak(0);
+  if (json) {
+    printf("{\"peak_gflops\":{\"avx512\":%.1f,\"avx2\":%.1f}}\n", p512, p256);
+  } else {
+    printf("one core's fp32 FMA peak (best of 5, ~0.2 s each)\n");
+    printf("  avx512  %8.1f GFLOP/s%s\n", p512, p512 ? "" : "  (not supported)");
+    printf("  avx2    %8.1f GFLOP/s%s\n", p256, p256 ? "" : "  (not supported)");
+  }
+  return DPT_EXIT_OK;
+}
+
+/* ---- step ---------------------------------------------------------------------- */
+
+typedef struct {
+  double ms_per_step, samples_per_s;
+  int steps;
+} step_result;
+
+/* Times `steps` training steps (after a warm-up) on random data. */
+static int time_steps(const dp_model *m, const dp_config *cfg, int steps, step_result *out) {
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  int in = dp_model_input_width(m), outw = dp_model_output_width(m), B = cfg->batch;
+  float *x = malloc((size_t)B * in * 4), *t = malloc((size_t)B * outw * 4);
+  int32_t *lab = malloc((size_t)B * 4);
+  int rc = -1;
+  if (!x || !t || !lab) goto done;
+  uint64_t s = 12345;
+  for (size_t i = 0; i < (size_t)B * in; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+  }
+  for (size_t i = 0; i < (size_t)B * outw; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
+  for (int r = 0; r < B; r++) lab[r] = r % outw;
+  const void *target = dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  if (dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) goto done;
+  float loss;
+  for (int i = 0; i < 10; i++)
+    if (dp_train_step(c, B, in, x, target, &loss)) goto done;
+  /* Repeat until at least 0.3 s has passed, for stable numbers at tiny steps. */
+  int done_steps = 0;
+  double t0 = now_s(), el;
+  do {
+    for (int i = 0; i < steps; i++)
+      if (dp_train_step(c, B, in, x, target, &loss)) goto done;
+    done_steps += steps;
+    el = now_s() - t0;
+  } while (el < 0.3);
+  out->steps = done_steps;
+  out->ms_per_step = 1e3 * el / done_steps;
+  out->samples_per_s = (double)B * done_steps / el;
+  rc = 0;
+done:
+  if (rc) fprintf(stderr, "dp bench: %s\n", c ? dp_ctx_error(c) : dp_last_error());
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  free(x);
+  free(t);
+  free(lab);
+  return rc;
+}
+
+/* ---- comm ---------------------------------------------------------------------- */
+
+/* The shared-memory transport is memcpy between arenas; bytes/s per size. */
+static int bench_comm(int json) {
+  static const size_t sizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
+  enum { N = sizeof sizes / sizeof *sizes };
+  size_t mx = sizes[N - 1];
+  unsigned char *a = aligned_alloc(64, mx), *b = aligned_alloc(64, mx);
+  if (!a || !b) {
+    free(a);
+    free(b);
+    fprintf(stderr, "dp bench comm: out of memory\n");
+    return DPT_EXIT_FAIL;
+  }
+  memset(a, 1, mx);
+  memset(b, 2, mx);
+  if (json) printf("{\"transport\":\"shm\",\"results\":[");
+  else printf("transport shm (memcpy between two arenas)\n%12s %12s\n", "bytes", "GB/s");
+  for (int i = 0; i < N; i++) {
+    long reps = (long)(256 * 1048576.0 / sizes[i]) + 1;
+    double t0 = now_s();
+    for (long r = 0; r < reps; r++) {
+      memcpy(b, a, sizes[i]);
+      a[r % sizes[i]] ^= b[(r * 7) % sizes[i]]; /* keep the copies observable */
+    }
+    double gbs = (double)sizes[i] * reps / (now_s() - t0) / 1e9;
+    if (json) printf("%s{\"bytes\":%zu,\"gb_per_s\":%.2f}", i ? "," : "", sizes[i], gbs);
+    else printf("%12zu %12.2f\n", sizes[i], gbs);
+  }
+  if (json) printf("]}\n");
+  free(a);
+  free(b);
+  return DPT_EXIT_OK;
+}
+
+/* ---- gemm ---------------------------------------------------------------------- */
+
+static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
+  if (tier && dp__gemm_force_tier(tier)) {
+    fprintf(stderr, "dp bench gemm: tier '%s' is unknown or not supported here\n", tier);
+    return DPT_EXIT_USAGE;
+  }
+  int sizes[32], n = 0;
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", sizes_arg ? sizes_arg : "64,128,256,512,1024");
+  for (char *tok = strtok(buf, ","); tok && n < 32; tok = strtok(NULL, ",")) {
+    char err[128];
+    if (dpt_parse_int(tok, 1, 8192, "--sizes", &sizes[n], err, sizeof err)) {
+      fprintf(stderr, "dp bench gemm: %s\n", err);
+      return DPT_EXIT_USAGE;
+    }
+    n++;
+  }
+  double peak = measure_peak(1);
+  if (!peak) peak = measure_peak(0);
+  if (json) printf("{\"peak_gflops\":%.1f,\"tier\":\"%s\",\"results\":[", peak, dp__gemm_tier_name());
+  else printf("sgemm, one thread, tier %s; peak %.1f GFLOP/s\n%8s %12s %10s %8s\n",
+              dp__gemm_tier_name(), peak, "n", "GFLOP/s", "ms", "% peak");
+  for (int i = 0; i < n; i++) {
+    int s = sizes[i];
+    size_t ws = dp__gemm_workspace_bytes(s, s, s);
+    float *A = aligned_alloc(64, (size_t)s * s * 4), *Bm = aligned_alloc(64, (size_t)s * s * 4);
+    float *C = aligned_alloc(64, (size_t)s * s * 4);
+    void *w = aligned_alloc(64, ws ? (ws + 63) / 64 * 64 : 64);
+    if (!A || !Bm || !C || !w) {
+      fprintf(stderr, "dp bench gemm: out of memory\n");
+      return DPT_EXIT_FAIL;
+    }
+    for (size_t k = 0; k < (size_t)s * s; k++) {
+      A[k] = (float)(k % 17) * 0.1f;
+      Bm[k] = (float)(k % 13) * 0.05f;
+    }
+    /* the forward layout: C = A . B^T */
+    dp__sgemm(0, 1, s, s, s, A, s, Bm, s, C, s, NULL, w);
+    int reps = 0;
+    double t0 = now_s(), el;
+    do {
+      dp__sgemm(0, 1, s, s, s, A, s, Bm, s, C, s, NULL, w);
+      reps++;
+      el = now_s() - t0;
+    } while (el < 0.3);
+    double gf = 2.0 * s * s * (double)s * reps / el / 1e9;
+    if (json)
+      printf("%s{\"n\":%d,\"gflops\":%.2f,\"ms\":%.4f,\"pct_peak\":%.1f}", i ? "," : "", s, gf,
+             1e3 * el / reps, 100 * gf / peak);
+    else printf("%8d %12.2f %10.4f %7.1f%%\n", s, gf, 1e3 * el / reps, 100 * gf / peak);
+    free(A);
+    free(Bm);
+    free(C);
+    free(w);
+  }
+  if (json) printf("]}\n");
+  return DPT_EXIT_OK;
+}
+
+/* ---- command ---------------------------------------------------------------------- */
+
+enum { OPT_MODEL = DPT_OPT_USER, OPT_STEPS, OPT_JSON, OPT_SIZES, OPT_TIER };
+
+typedef struct {
+  const char *model, *sizes, *tier;
+  int steps, json;
+} bench_opts;
+
+static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
+  bench_opts *o = user;
+  switch (code) {
+  case OPT_MODEL: o->model = arg; return 0;
+  case OPT_SIZES: o->sizes = arg; return 0;
+  case OPT_TIER: o->tier = arg; return 0;
+  case OPT_JSON: o->json = 1; return 0;
+  case OPT_STEPS: return dpt_parse_int(arg, 1, 1000000, "--steps", &o->steps, err, errcap);
+  }
+  return -1;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: dp bench peak|gemm|step|comm|scaling [options] [--json]\n\n"
+             "  peak                 one core's fp32 FMA peak (AVX-512 and AVX2)\n"
+             "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
+             "                       our GEMM (forward layout, n x n x n) vs that peak\n"
+             "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
+             "                       ms/step and samples/s of training steps\n"
+             "  comm                 bytes/s of the shared-memory transport\n"
+             "  scaling [--model M]  step cost as batch, width and device count grow\n"
+             "                       (default: MLPs 64-W-W-10 with W in 64, 256, 1024)\n\n"
+             "Benchmarks measure; they assert nothing. bench/compare.py runs these\n"
+             "side by side with PyTorch and OpenBLAS and prints ratios.\n\n");
+  dpt_print_common_help(f);
+}
+
+static dp_model *mlp(int in, int w, int out) {
+  dp_model *m = NULL;
+  if (dp_model_new(in, &m) || dp_model_add_linear(m, w, 1) || dp_model_add(m, DP_LAYER_RELU) ||
+      dp_model_add_linear(m, w, 1) || dp_model_add(m, DP_LAYER_RELU) ||
+      dp_model_add_linear(m, out, 1) || dp_model_set_loss(m, DP_LOSS_SOFTMAX_CE)) {
+    dp_model_free(m);
+    return NULL;
+  }
+  return m;
+}
+
+static int bench_scaling(const bench_opts *o, const dp_config *base) {
+  static const int widths[] = {64, 256, 1024}, batches[] = {32, 128, 512}, devs[] = {1, 2, 4};
+  if (o->json) printf("{\"results\":[");
+  else printf("%-22s %6s %7s %10s %12s\n", "model", "batch", "devices", "ms/step", "samples/s");
+  int first = 1;
+  for (int wi = 0; wi < (o->model ? 1 : 3); wi++) {
+    dp_model *m = NULL;
+    char name[64];
+    if (o->model) {
+      if (dp_model_load(o->model, &m)) {
+        fprintf(stderr, "dp bench: %s\n", dp_last_error());
+        return DPT_EXIT_FAIL;
+      }
+      snprintf(name, sizeof name, "%s", o->model);
+    } else {
+      m = mlp(64, widths[wi], 10);
+      snprintf(name, sizeof name, "mlp 64-%d-%d-10", widths[wi], widths[wi]);
+    }
+    for (int bi = 0; bi < 3; bi++)
+      for (int di = 0; di < 3; di++) {
+        dp_config c = *base;
+        c.batch = batches[bi];
+        c.n_devices = devs[di];
+        step_result r;
+        if (time_steps(m, &c, o->steps, &r)) {
+          dp_model_free(m);
+          return DPT_EXIT_FAIL;
+        }
+        if (o->json)
+          printf("%s{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"ms_per_step\":%.4f,"
+                 "\"samples_per_s\":%.0f}",
+                 first ? "" : ",", name, c.batch, c.n_devices, r.ms_per_step, r.samples_per_s);
+        else
+          printf("%-22s %6d %7d %10.4f %12.0f\n", name, c.batch, c.n_devices, r.ms_per_step,
+                 r.samples_per_s);
+        first = 0;
+      }
+    dp_model_free(m);
+  }
+  if (o->json) printf("]}\n");
+  return DPT_EXIT_OK;
+}
+
+int dpt_cmd_bench(int argc, char **argv) {
+  static const struct option extra[] = {{"model", required_argument, NULL, OPT_MODEL},
+                                        {"steps", required_argument, NULL, OPT_STEPS},
+                                        {"sizes", required_argument, NULL, OPT_SIZES},
+                                        {"tier", required_argument, NULL, OPT_TIER},
+                                        {"json", no_argument, NULL, OPT_JSON},
+                                        {0, 0, 0, 0}};
+  bench_opts o = {.steps = 20};
+  dp_config cfg;
+  dpt_common common;
+  char err[512];
+  int r = dpt_parse_args(argc, argv, extra, on_option, &o, &cfg, &common, err, sizeof err);
+  if (r == DPT_ARGS_HELP) {
+    usage(stdout);
+    return DPT_EXIT_OK;
+  }
+  const char *what = r == DPT_ARGS_OK && common.n_args == 1 ? argv[common.first_arg] : NULL;
+  if (r != DPT_ARGS_OK || !what) {
+    fprintf(stderr, "dp bench: %s\n(see dp bench --help)\n",
+            r != DPT_ARGS_OK ? err : "name one benchmark: peak, gemm, step, comm or scaling");
+    return DPT_EXIT_USAGE;
+  }
+  if (strcmp(what, "peak") == 0) return bench_peak(o.json);
+  if (strcmp(what, "comm") == 0) return bench_comm(o.json);
+  if (strcmp(what, "gemm") == 0) return bench_gemm(o.json, o.sizes, o.tier);
+  if (strcmp(what, "scaling") == 0) {
+    if (!dpt_given(&common, DPT_OPT_OPTIMIZER)) cfg.optimizer = DP_OPT_SGD;
+    return bench_scaling(&o, &cfg);
+  }
+  if (strcmp(what, "step") == 0) {
+    if (!o.model || !dpt_given(&common, DPT_OPT_BATCH)) {
+      fprintf(stderr, "dp bench step: --model and --batch are required\n");
+      return DPT_EXIT_USAGE;
+    }
+    dp_model *m = NULL;
+    if (dp_model_load(o.model, &m)) {
+      fprintf(stderr, "dp bench: %s\n", dp_last_error());
+      return DPT_EXIT_FAIL;
+    }
+    step_result res;
+    int bad = time_steps(m, &cfg, o.steps, &res);
+    dp_model_free(m);
+    if (bad) return DPT_EXIT_FAIL;
+    if (o.json)
+      printf("{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"optimizer\":\"%s\",\"steps\":%d,"
+             "\"ms_per_step\":%.5f,\"samples_per_s\":%.0f}\n",
+             o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer), res.steps,
+             res.ms_per_step, res.samples_per_s);
+    else
+      printf("%s, batch %d, %d device(s), %s: %.4f ms/step, %.0f samples/s (%d steps)\n",
+             o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer),
+             res.ms_per_step, res.samples_per_s, res.steps);
+    return DPT_EXIT_OK;
+  }
+  fprintf(stderr, "dp bench: unknown benchmark '%s' (peak, gemm, step, comm, scaling)\n", what);
+  return DPT_EXIT_USAGE;
+}
