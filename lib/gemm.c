@@ -9,7 +9,13 @@
  * element of its tile and adds one k at a time with a fused multiply-add, k
  * ascending; the first K slice starts from +0, later slices reload the partial
  * sums from C, and the last one applies the epilogue. Tiles that stick out of C
- * run the same kernel on zero-padded slivers into a tile on the stack. */
+ * run the same kernel on zero-padded slivers into a tile on the stack.
+ *
+ * Packing moves data and never computes, so every tier may pack its own way
+ * (the AVX2 and AVX-512 tiers share 8 x 8 transposes). Problems of at most
+ * SMALL_FMAS fused multiply-adds skip packing and run the same per-element
+ * sequence directly; problems whose panels fit STACK_WS bytes pack on the
+ * stack. Only the rest use the caller's workspace. */
 #include "gemm.h"
 
 #include <math.h>
@@ -82,8 +88,8 @@ static inline float epi(float acc, const float *bias, int j, int relu) {
 
 /* Slivers of MR rows of op(A)[i0, i0+mc) x [k0, k0+kc): element (s*MR + ii, k)
  * at s*MR*kc + k*MR + ii; rows from mc to mpad are zero. */
-static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, int mc, int k0, int kc,
-                   int MR, int mpad) {
+static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, int mc, int k0,
+                     int kc, int MR, int mpad) {
   for (int s = 0; s < mpad; s += MR) {
     float *d = dst + (size_t)s * kc;
     int rows = mc - s < 0 ? 0 : imin(mc - s, MR);

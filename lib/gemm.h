@@ -22,11 +22,16 @@
  *
  * No allocation: the packing buffers live in the caller's workspace of
  * dp__gemm_workspace_bytes(M, N, K) bytes (64-byte alignment is best; any
- * alignment works). That is 0 for problems whose panels fit a small buffer on
- * the stack. Passing NULL for a problem that needs workspace runs an unpacked
- * path with the same bits (slow; it exists so that an undersized plan can never
- * write out of bounds). Several threads may run GEMMs at once, each with its
- * own workspace. */
+ * alignment works). That is 0 for tiny problems (at most 512 fmas: they run
+ * unpacked) and for problems whose panels fit 32 KiB (they pack into a buffer
+ * on the calling thread's stack). Passing NULL for a problem that needs
+ * workspace runs an unpacked path with the same bits (slow; it exists so that
+ * an undersized plan can never write out of bounds). Several threads may run
+ * GEMMs at once, each with its own workspace.
+ *
+ * Build with the default floating-point flags: -ffast-math (reassociation)
+ * would break the contract; fp-contract does not matter (the products that
+ * count are explicit fmas). */
 #ifndef DP_GEMM_H
 #define DP_GEMM_H
 
