@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static double now_s(void) {
   struct timespec t;
@@ -135,6 +136,62 @@ done:
   return rc;
 }
 
+/* ---- rss ---------------------------------------------------------------------- */
+
+/* Resident set size in KiB (from /proc/self/statm), 0 when unknown. */
+static long rss_kib(void) {
+  long pages_total, pages_res;
+  FILE *f = fopen("/proc/self/statm", "r");
+  if (!f) return 0;
+  int n = fscanf(f, "%ld %ld", &pages_total, &pages_res);
+  fclose(f);
+  return n == 2 ? pages_res * (sysconf(_SC_PAGESIZE) / 1024) : 0;
+}
+
+/* Resident memory after init, then every `steps`/10 steps: it must stay flat. */
+static int bench_rss(const dp_model *m, const dp_config *cfg, int steps, int json) {
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  int in = dp_model_input_width(m), outw = dp_model_output_width(m), B = cfg->batch;
+  float *x = calloc((size_t)B * in, 4), *t = calloc((size_t)B * outw, 4);
+  int32_t *lab = calloc((size_t)B, 4);
+  int rc = DPT_EXIT_FAIL;
+  if (!x || !t || !lab || dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) {
+    fprintf(stderr, "dp bench rss: %s\n", dp_last_error());
+    goto done;
+  }
+  for (int i = 0; i < B * in; i++) x[i] = (float)(i % 7) * 0.1f;
+  const void *target = dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  float loss;
+  /* Warm-up: the first steps touch stack pages and lazily mapped library code. */
+  for (int i = 0; i < 10; i++)
+    if (dp_train_step(c, B, in, x, target, &loss)) goto fail;
+  long r0 = rss_kib(), mx = r0;
+  if (json) printf("{\"rss_kib\":[%ld", r0);
+  else printf("resident set after init and 10 warm-up steps: %ld KiB\n", r0);
+  for (int k = 1; k <= 10; k++) {
+    for (int i = 0; i < steps / 10; i++)
+      if (dp_train_step(c, B, in, x, target, &loss)) goto fail;
+    long r = rss_kib();
+    mx = r > mx ? r : mx;
+    if (json) printf(",%ld", r);
+    else printf("after %6d steps: %ld KiB\n", k * (steps / 10), r);
+  }
+  if (json) printf("],\"growth_kib\":%ld}\n", mx - r0);
+  else printf("growth over %d steps: %ld KiB\n", steps, mx - r0);
+  rc = DPT_EXIT_OK;
+  goto done;
+fail:
+  fprintf(stderr, "dp bench rss: %s\n", dp_ctx_error(c));
+done:
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  free(x);
+  free(t);
+  free(lab);
+  return rc;
+}
+
 /* ---- comm ---------------------------------------------------------------------- */
 
 /* The shared-memory transport is memcpy between arenas; bytes/s per size. */
@@ -236,7 +293,7 @@ enum { OPT_MODEL = DPT_OPT_USER, OPT_STEPS, OPT_JSON, OPT_SIZES, OPT_TIER };
 
 typedef struct {
   const char *model, *sizes, *tier;
-  int steps, json;
+  int steps, steps_given, json;
 } bench_opts;
 
 static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
@@ -246,19 +303,24 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_SIZES: o->sizes = arg; return 0;
   case OPT_TIER: o->tier = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
-  case OPT_STEPS: return dpt_parse_int(arg, 1, 1000000, "--steps", &o->steps, err, errcap);
+  case OPT_STEPS:
+    o->steps_given = 1;
+    return dpt_parse_int(arg, 1, 1000000, "--steps", &o->steps, err, errcap);
   }
   return -1;
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: dp bench peak|gemm|step|comm|scaling [options] [--json]\n\n"
+  fprintf(f, "usage: dp bench peak|gemm|step|comm|rss|scaling [options] [--json]\n\n"
              "  peak                 one core's fp32 FMA peak (AVX-512 and AVX2)\n"
              "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
              "                       our GEMM (forward layout, n x n x n) vs that peak\n"
              "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
              "                       ms/step and samples/s of training steps\n"
              "  comm                 bytes/s of the shared-memory transport\n"
+             "  rss --model M --batch B [--steps K]\n"
+             "                       resident memory after init and over K steps\n"
+             "                       (default 10000): it stays flat\n"
              "  scaling [--model M]  step cost as batch, width and device count grow\n"
              "                       (default: MLPs 64-W-W-10 with W in 64, 256, 1024)\n\n"
              "Benchmarks measure; they assert nothing. bench/compare.py runs these\n"
@@ -349,15 +411,20 @@ int dpt_cmd_bench(int argc, char **argv) {
     if (!dpt_given(&common, DPT_OPT_OPTIMIZER)) cfg.optimizer = DP_OPT_SGD;
     return bench_scaling(&o, &cfg);
   }
-  if (strcmp(what, "step") == 0) {
+  if (strcmp(what, "step") == 0 || strcmp(what, "rss") == 0) {
     if (!o.model || !dpt_given(&common, DPT_OPT_BATCH)) {
-      fprintf(stderr, "dp bench step: --model and --batch are required\n");
+      fprintf(stderr, "dp bench %s: --model and --batch are required\n", what);
       return DPT_EXIT_USAGE;
     }
     dp_model *m = NULL;
     if (dp_model_load(o.model, &m)) {
       fprintf(stderr, "dp bench: %s\n", dp_last_error());
       return DPT_EXIT_FAIL;
+    }
+    if (strcmp(what, "rss") == 0) {
+      int rc = bench_rss(m, &cfg, o.steps_given ? o.steps : 10000, o.json);
+      dp_model_free(m);
+      return rc;
     }
     step_result res;
     int bad = time_steps(m, &cfg, o.steps, &res);
