@@ -506,6 +506,19 @@ START_TEST(standardize_uses_train_stats) {
 }
 END_TEST
 
+/* Found by fuzz_csv: a held-out value of 1e38 over a training spread of 1e-3
+ * overflowed float; standardised values saturate and stay finite. */
+START_TEST(standardize_saturates_far_outliers) {
+  float trx[2] = {0.5f, 0.501f}, tex[2] = {1e38f, -1e38f};
+  int32_t lab[2] = {0, 1};
+  dpt_dataset tr = {.n_rows = 2, .n_features = 1, .x = trx, .label = lab, .n_classes = 2};
+  dpt_dataset te = {.n_rows = 2, .n_features = 1, .x = tex, .label = lab, .n_classes = 2};
+  dpt_standardize(&tr, &te);
+  ck_assert(isfinite(te.x[0]) && te.x[0] > 1e30f);
+  ck_assert(isfinite(te.x[1]) && te.x[1] < -1e30f);
+}
+END_TEST
+
 /* ---- epoch order ------------------------------------------------------------------ */
 
 static int is_permutation(const int *p, int n) {
@@ -751,6 +764,7 @@ Suite *data_suite(void) {
 
   tc = tcase_create("standardize");
   tcase_add_test(tc, standardize_uses_train_stats);
+  tcase_add_test(tc, standardize_saturates_far_outliers);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("epoch_order");

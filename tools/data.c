@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -430,6 +431,12 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
 
 /* ---- standardisation ------------------------------------------------------ */
 
+/* A standardised value far outside the training share's range (a test value of
+ * 1e38 over a tiny spread) may not fit a float: saturate instead of making inf. */
+static float saturate(double v) {
+  return v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : (float)v;
+}
+
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
   if (!train || train->n_rows <= 0 || !train->x) return;
   int nf = train->n_features;
@@ -449,12 +456,12 @@ void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
     if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) sd = 1.0;
     for (size_t i = 0; i < n; i++) {
       float *v = &train->x[i * (size_t)nf + (size_t)j];
-      *v = (float)((*v - mean) / sd);
+      *v = saturate((*v - mean) / sd);
     }
     if (test)
       for (size_t i = 0; i < (size_t)(test->n_rows > 0 ? test->n_rows : 0); i++) {
         float *v = &test->x[i * (size_t)nf + (size_t)j];
-        *v = (float)((*v - mean) / sd);
+        *v = saturate((*v - mean) / sd);
       }
   }
 }
