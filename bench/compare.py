@@ -51,20 +51,20 @@ def ensure_torch():
         apt_install(['python3-torch'])
 
 
-def ensure_openblas():
-    if not os.path.exists('/usr/include/x86_64-linux-gnu/cblas.h') and \
-            not os.path.exists('/usr/include/cblas.h') and \
-            not any(os.path.exists(p) for p in ['/usr/include/x86_64-linux-gnu/openblas-pthread/cblas.h']):
-        apt_install(['libopenblas-dev'])
-
-
 def openblas_gemm(sizes):
-    ensure_openblas()
     exe = os.path.join(ROOT, 'build', 'bench_sgemm_openblas')
-    inc = [d for d in ['/usr/include/x86_64-linux-gnu/openblas-pthread', '/usr/include/openblas']
-           if os.path.isdir(d)]
-    sh([os.environ.get('CC', 'cc'), '-O2', 'bench/sgemm_openblas.c', '-o', exe] +
-       ['-I' + d for d in inc] + ['-lopenblas'])
+
+    def build():
+        inc = [d for d in ['/usr/include/x86_64-linux-gnu/openblas-pthread',
+                           '/usr/include/openblas'] if os.path.isdir(d)]
+        return subprocess.run([os.environ.get('CC', 'cc'), '-O2', 'bench/sgemm_openblas.c',
+                               '-o', exe] + ['-I' + d for d in inc] + ['-lopenblas'],
+                              cwd=ROOT, capture_output=True).returncode == 0
+
+    if not build():  # Debian's libopenblas-dev provides -lopenblas and its cblas.h
+        apt_install(['libopenblas-dev'])
+        if not build():
+            sys.exit('compare.py: cannot build bench/sgemm_openblas.c against OpenBLAS')
     env = {k: v for k, v in os.environ.items() if k != 'OPENBLAS_CORETYPE'}
     env['OPENBLAS_NUM_THREADS'] = '1'
     return json.loads(sh([exe] + [str(s) for s in sizes], env=env))
