@@ -289,8 +289,11 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   env_init(c, &e, &c->train, rows, true);
   e.host_x = x;
   e.host_t = target;
-  /* The broadcast runs every training step: the optimizer changed device 0. */
-  e.skip_broadcast = false;
+  /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
+   * allreduce keeps every replica current and broadcasts only when they are
+   * stale (parameters set from outside, a load, a failed step). */
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  e.skip_broadcast = !classic && !c->replicas_stale;
   /* The fault guarantee (docs/RELIABILITY.md, "Fault injection and arena
    * guards"). State a failed step must leave alone: device 0's parameters,
    * every device's optimizer state, the step counter. Replicas' parameters
@@ -331,7 +334,7 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
                                              dp_last_error())));
   }
   c->step++;
-  c->replicas_stale = true;
+  c->replicas_stale = classic;
   /* A guard hit in the commit phase: the update is applied (and counted),
    * but the context is poisoned all the same. */
   g = check_guards(c);

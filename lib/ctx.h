@@ -17,7 +17,6 @@ typedef struct {
    * state a failed step must leave alone (the optimizer stage) to the end.
    * n_ops when there is none (inference). Always the start of a stage. */
   int commit;
-  bool training;
 } dp_sched_cache;
 
 struct dp_ctx {
