@@ -34,11 +34,6 @@ enum { SEC_MODL, SEC_STEP, SEC_PARM, SEC_OPTS, SEC_END };
 
 /* ---- little helpers ---------------------------------------------------------- */
 
-#define FNV_INIT 0xcbf29ce484222325ull
-static uint64_t fnv1a(uint64_t h, const unsigned char *b, size_t n) {
-  for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
-  return h;
-}
 
 static void put32(unsigned char *b, uint32_t v) {
   for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
@@ -131,8 +126,8 @@ typedef struct {
 
 static void w_bytes(writer *w, const void *b, size_t n) {
   if (w->failed || n == 0) return;
-  w->file_h = fnv1a(w->file_h, b, n);
-  w->sec_h = fnv1a(w->sec_h, b, n);
+  w->file_h = dp__fnv1a(w->file_h, b, n);
+  w->sec_h = dp__fnv1a(w->sec_h, b, n);
   if (fwrite(b, 1, n, w->f) != n) w->failed = true;
 }
 
@@ -142,7 +137,7 @@ static void w_sec_begin(writer *w, int sec, uint64_t len) {
   put32(h + 4, 0);
   put64(h + 8, len);
   w_bytes(w, h, sizeof h);
-  w->sec_h = FNV_INIT; /* the section checksum covers the payload only */
+  w->sec_h = DP_FNV_INIT; /* the section checksum covers the payload only */
 }
 
 static void w_sec_end(writer *w, uint64_t checksum) {
@@ -235,7 +230,7 @@ static dp_status write_file(dp_ctx *c, FILE *f) {
     return DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model text is too long");
   }
 
-  writer w = {.f = f, .file_h = FNV_INIT};
+  writer w = {.f = f, .file_h = DP_FNV_INIT};
   unsigned char h[CK_HEADER];
   memcpy(h, CK_MAGIC, 8);
   put32(h + 8, CK_VERSION);
@@ -453,7 +448,7 @@ static dp_status sec_body(const char *path, const unsigned char *b, size_t len, 
                    path, (unsigned long long)(off + CK_SEC_HEAD + CK_SEC_TAIL) + plen, len);
   }
   const unsigned char *pay = b + off + CK_SEC_HEAD;
-  if (fnv1a(FNV_INIT, pay, (size_t)plen) != get64(pay + plen))
+  if (dp__fnv1a(DP_FNV_INIT, pay, (size_t)plen) != get64(pay + plen))
     return DP_FAIL(DP_ERR_PARSE, "%s: checksum mismatch in section %s", path, CK_TAGS[i]);
   return DP_OK;
 }
@@ -522,7 +517,7 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size
     if (i == SEC_END) {
       if (len - off != CK_SEC_HEAD + CK_SEC_TAIL)
         return DP_FAIL(DP_ERR_PARSE, "%s: section END is not at the end of the file", path);
-      if (fnv1a(FNV_INIT, b, off + CK_SEC_HEAD) != get64(b + off + CK_SEC_HEAD))
+      if (dp__fnv1a(DP_FNV_INIT, b, off + CK_SEC_HEAD) != get64(b + off + CK_SEC_HEAD))
         return DP_FAIL(DP_ERR_PARSE, "%s: checksum mismatch in section END (the whole file)", path);
       break;
     }

@@ -422,8 +422,5 @@ size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
 
 uint64_t dp_params_hash(dp_ctx *c) {
   if (!c) return 0;
-  const unsigned char *b = (const unsigned char *)dev0(c, DP_REGION_PARAMS);
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t k = 0; k < c->plan->model.n_params * 4; k++) h = (h ^ b[k]) * 0x100000001b3ull;
-  return h;
+  return dp__fnv1a(DP_FNV_INIT, dev0(c, DP_REGION_PARAMS), c->plan->model.n_params * 4);
 }

@@ -146,6 +146,10 @@ void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi);
 enum { DP_RNG_INIT = 1, DP_RNG_DROPOUT = 2 };
 /* Counter-based: the same key always gives the same number. */
 uint64_t dp__rng_u64(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
+/* FNV-1a 64 of n bytes, continuing from h (start with DP_FNV_INIT): the hash of
+ * dp_params_hash, checkpoint checksums and dp repro's tensor hashes. */
+#define DP_FNV_INIT 0xcbf29ce484222325ull
+uint64_t dp__fnv1a(uint64_t h, const void *data, size_t n);
 /* Uniform in [0, 1) with 24 bits. */
 float dp__rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
 

@@ -1,4 +1,4 @@
-/* Counter-based random numbers: a value is a pure function of its key
+/* Counter-based random numbers (and the project's one non-cryptographic hash): a value is a pure function of its key
  * (seed, stream, a, b, c), so init and dropout do not depend on the split,
  * the device count or the order in which threads run. The definition is
  * mirrored bit for bit in tools/golden/make_golden.py. */
@@ -17,4 +17,10 @@ uint64_t dp__rng_u64(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uin
 
 float dp__rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c) {
   return (float)(dp__rng_u64(seed, stream, a, b, c) >> 40) * 0x1p-24f;
+}
+
+uint64_t dp__fnv1a(uint64_t h, const void *data, size_t n) {
+  const unsigned char *b = data;
+  for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  return h;
 }

@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <strings.h>
 
 static int fail(char *err, size_t errcap, const char *fmt, ...)
@@ -529,4 +530,10 @@ void dpt_print_config(FILE *f, const dp_config *c) {
   }
   fprintf(f, ", %s backend, seed %llu", dpt_backend_name(c->backend),
           (unsigned long long)c->seed);
+}
+
+double dpt_now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }

@@ -89,6 +89,9 @@ char *dpt_bytes_human(size_t n, char *buf, size_t cap);
  * Returns buf. cap >= 32 always suffices. */
 char *dpt_bytes_exact(size_t n, char *buf, size_t cap);
 
+/* Monotonic clock, in seconds (timing for progress lines and benchmarks). */
+double dpt_now_s(void);
+
 /* Writes s as a JSON string literal (quotes included), escaping ", \ and
  * control characters; NULL is written as null. */
 void dpt_json_string(FILE *f, const char *s);

@@ -13,12 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* ---- peak ---------------------------------------------------------------------- */
 
 /* Twelve independent FMA chains in named registers (an array may be kept in
@@ -34,9 +28,9 @@ __attribute__((target("avx512f"))) static double peak_avx512(long iters) {
   __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-7f);
   __m512 a0 = m, a1 = c, a2 = m, a3 = c, a4 = m, a5 = c, a6 = m, a7 = c, a8 = m, a9 = c,
          a10 = m, a11 = c;
-  double t0 = now_s();
+  double t0 = dpt_now_s();
   for (long it = 0; it < iters; it++) FMA12(_mm512_fmadd_ps);
-  double t = now_s() - t0;
+  double t = dpt_now_s() - t0;
   __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
                            _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
   s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)));
@@ -49,9 +43,9 @@ __attribute__((target("avx2,fma"))) static double peak_avx2(long iters) {
   __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-7f);
   __m256 a0 = m, a1 = c, a2 = m, a3 = c, a4 = m, a5 = c, a6 = m, a7 = c, a8 = m, a9 = c,
          a10 = m, a11 = c;
-  double t0 = now_s();
+  double t0 = dpt_now_s();
   for (long it = 0; it < iters; it++) FMA12(_mm256_fmadd_ps);
-  double t = now_s() - t0;
+  double t = dpt_now_s() - t0;
   __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
                            _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
   s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
@@ -115,12 +109,12 @@ static int time_steps(const dp_model *m, const dp_config *cfg, int steps, step_r
     if (dp_train_step(c, B, in, x, target, &loss)) goto done;
   /* Repeat until at least 0.3 s has passed, for stable numbers at tiny steps. */
   int done_steps = 0;
-  double t0 = now_s(), el;
+  double t0 = dpt_now_s(), el;
   do {
     for (int i = 0; i < steps; i++)
       if (dp_train_step(c, B, in, x, target, &loss)) goto done;
     done_steps += steps;
-    el = now_s() - t0;
+    el = dpt_now_s() - t0;
   } while (el < 0.3);
   out->steps = done_steps;
   out->ms_per_step = 1e3 * el / done_steps;
@@ -212,12 +206,12 @@ static int bench_comm(int json) {
   else printf("transport shm (memcpy between two arenas)\n%12s %12s\n", "bytes", "GB/s");
   for (int i = 0; i < N; i++) {
     long reps = (long)(256 * 1048576.0 / sizes[i]) + 1;
-    double t0 = now_s();
+    double t0 = dpt_now_s();
     for (long r = 0; r < reps; r++) {
       memcpy(b, a, sizes[i]);
       a[r % sizes[i]] ^= b[(r * 7) % sizes[i]]; /* keep the copies observable */
     }
-    double gbs = (double)sizes[i] * reps / (now_s() - t0) / 1e9;
+    double gbs = (double)sizes[i] * reps / (dpt_now_s() - t0) / 1e9;
     if (json) printf("%s{\"bytes\":%zu,\"gb_per_s\":%.2f}", i ? "," : "", sizes[i], gbs);
     else printf("%12zu %12.2f\n", sizes[i], gbs);
   }
@@ -267,11 +261,11 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
     /* the forward layout: C = A . B^T */
     dp__sgemm(0, 1, s, s, s, A, s, Bm, s, C, s, NULL, w);
     int reps = 0;
-    double t0 = now_s(), el;
+    double t0 = dpt_now_s(), el;
     do {
       dp__sgemm(0, 1, s, s, s, A, s, Bm, s, C, s, NULL, w);
       reps++;
-      el = now_s() - t0;
+      el = dpt_now_s() - t0;
     } while (el < 0.3);
     double gf = 2.0 * s * s * (double)s * reps / el / 1e9;
     if (json)

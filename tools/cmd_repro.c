@@ -4,6 +4,7 @@
  * them produce the same bits, and if not, the first step and tensor where two
  * of them part and by how much. */
 #include "cli.h"
+#include "internal.h" /* dp__fnv1a */
 #include "data.h"
 
 #include <limits.h>
@@ -368,12 +369,7 @@ fail:
   return -1;
 }
 
-static uint64_t fnv1a(const float *v, size_t n) {
-  const unsigned char *b = (const unsigned char *)v;
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t k = 0; k < n * sizeof *v; k++) h = (h ^ b[k]) * 0x100000001b3ull;
-  return h;
-}
+static uint64_t fnv1a(const float *v, size_t n) { return dp__fnv1a(DP_FNV_INIT, v, n * sizeof *v); }
 
 static uint32_t float_bits(float f) {
   uint32_t u;

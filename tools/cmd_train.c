@@ -2,6 +2,7 @@
  * arenas (and prints the plan), trains with data parallelism over N virtual
  * devices, then reports held-out accuracy, throughput and a parameter hash. */
 #include "cli.h"
+#include "internal.h" /* dp__fnv1a */
 #include "data.h"
 #include "svg.h"
 
@@ -68,12 +69,6 @@ static void usage(FILE *f) {
   dpt_print_common_help(f);
 }
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Parameter file: "DPPARAM1", u32 version, u64 count, fp32 values
  * (state_dict order), u64 FNV-1a of the value bytes. */
 static int save_params(const char *path, const float *w, size_t n, char *err, size_t cap) {
@@ -83,9 +78,7 @@ static int save_params(const char *path, const float *w, size_t n, char *err, si
     return -1;
   }
   uint32_t version = 1;
-  uint64_t count = n, h = 0xcbf29ce484222325ull;
-  const unsigned char *b = (const unsigned char *)w;
-  for (size_t k = 0; k < n * 4; k++) h = (h ^ b[k]) * 0x100000001b3ull;
+  uint64_t count = n, h = dp__fnv1a(DP_FNV_INIT, w, n * 4);
   int ok = fwrite("DPPARAM1", 1, 8, f) == 8 && fwrite(&version, 4, 1, f) == 1 &&
            fwrite(&count, 8, 1, f) == 1 && fwrite(w, 4, n, f) == n && fwrite(&h, 8, 1, f) == 1;
   if (fclose(f) != 0) ok = 0;
@@ -260,20 +253,20 @@ int dpt_cmd_train(int argc, char **argv) {
   double t_train = 0.0;
   for (int ep = 0; ep < o.epochs; ep++) {
     dpt_epoch_order(train.n_rows, cfg.seed, ep, perm);
-    double sum = 0.0, t0 = now_s(), t_last = t0;
+    double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
     int nb = 0;
     for (int from = 0; from < train.n_rows; from += B) {
       int n = train.n_rows - from < B ? train.n_rows - from : B;
       gather_rows(&train, perm, from, n, bx, bt);
       float loss;
-      double ts = now_s();
+      double ts = dpt_now_s();
       if (dp_train_step(ctx, n, in_w, bx, bt, &loss)) {
         printf("%s", tty ? "\n" : "");
         fprintf(stderr, "dp train: epoch %d, step %ld: %s\n", ep + 1, steps + 1,
                 dp_ctx_error(ctx));
         goto out;
       }
-      double te = now_s();
+      double te = dpt_now_s();
       t_train += te - ts;
       sum += loss;
       nb++;
