@@ -15,7 +15,32 @@
  * edge for edge, without waiting on devices that share nothing. Two events
  * per device suffice: ev[(s - 1) & 1] is re-recorded only at the end of stage
  * s + 1, after the barrier that ends stage s, by which time every wait on it
- * has been enqueued (a wait binds to the record that precedes it). */
+ * has been enqueued (a wait binds to the record that precedes it).
+ *
+ * NCCL pairs (DP_CUDA_NCCL: a copy between the arenas of two logical devices,
+ * one GPU each). The executing device's thread calls copy(), the other
+ * endpoint's thread peer(), in the same stage and both in list order; the
+ * side that owns src enqueues ncclSend on its own stream, the side that owns
+ * dst ncclRecv on its own. Such a pair needs no cross-device event wait and
+ * no touched mark: each side reads or writes only its own arena, on its own
+ * stream, so stream order already puts its part after what the device did
+ * to that buffer in earlier stages and before what it does later; and NCCL's
+ * completion semantics (a send is complete on its stream once src may be
+ * reused, a receive once dst holds the data) carry the data across. The
+ * barrier-equivalent edges the events give one-sided copies come here from
+ * the rendezvous itself. (The optimizer's status-word copies stay one-sided
+ * peer copies, ordered by events as before.)
+ * Deadlock freedom: every device issues its NCCL operations, like everything
+ * else, in the global list order, and the two sides of a pair issue it at the
+ * same list position. An operation waits only for its own stream's earlier
+ * work, for stage events of earlier stages, and for its partner to reach the
+ * same list position; by induction over list positions every one completes.
+ * No stage is wrapped in ncclGroupStart/End: kernels are not deferred by a
+ * group, so a receive followed by an add of its data in the same stage (the
+ * reduce stages) would be reordered. Since a one-sided failure would leave a
+ * partner waiting forever, dp__cuda_step_end checks, before waiting on any
+ * stream, that every send has its receive, and aborts the communicators when
+ * not. */
 #include "backend.cuh"
 
 #include <math.h>
@@ -41,7 +66,7 @@ struct lay {
   int local; /* first row of the micro-batch within the device's chunk */
   int rows;
 };
-}  // namespace
+} // namespace
 
 static float *layer_in(const lay &c) {
   if (c.i == 0) return reg(c.e, c.d, DP_REGION_INPUTS, (size_t)c.local * c.l->in * 4);
@@ -50,13 +75,15 @@ static float *layer_in(const lay &c) {
 }
 
 static float *layer_out(const lay &c) {
-  if (c.i == c.L - 1) return reg(c.e, c.d, DP_REGION_OUTPUTS, (size_t)c.local * c.l->out * 4);
+  if (c.i == c.L - 1)
+    return reg(c.e, c.d, DP_REGION_OUTPUTS, (size_t)c.local * c.l->out * 4);
   return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
              c.p->act[c.d].act[c.i] + (size_t)c.local * c.l->out * 4);
 }
 
 static float *layer_stats(const lay &c) {
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].stats[c.i] + (size_t)c.local * 2 * 4);
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
+             c.p->act[c.d].stats[c.i] + (size_t)c.local * 2 * 4);
 }
 
 static float *layer_dout(const lay &c) {
@@ -72,9 +99,6 @@ static float *layer_din(const lay &c) {
 static float *layer_params(const lay &c) {
   return reg(c.e, c.d, DP_REGION_PARAMS, c.l->param_off * 4);
 }
-
-/* Dropout's key: (seed, DP_RNG_DROPOUT, (step << 16) | layer, global row, element). */
-static uint64_t dropout_key(const lay &c) { return (c.e->step << 16) | (uint64_t)c.i; }
 
 static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   const dp_layer *l = c.l;
@@ -96,8 +120,8 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     return DP_OK;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c);
-    DP_CUDA_CHECK(dp_k_layernorm_forward(x->stream, in, g, g + l->out, y, layer_stats(c), n,
-                                         l->out));
+    DP_CUDA_CHECK(
+        dp_k_layernorm_forward(x->stream, in, g, g + l->out, y, layer_stats(c), n, l->out));
     return DP_OK;
   }
   case DP_LAYER_DROPOUT:
@@ -105,13 +129,16 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
       DP_CUDA_CHECK(cudaMemcpyAsync(y, in, count * 4, cudaMemcpyDeviceToDevice, x->stream));
       return DP_OK;
     }
-    DP_CUDA_CHECK(dp_k_dropout(x->stream, in, y, n, l->out, c.p->cfg.seed, dropout_key(c),
-                               (uint64_t)global_row0, l->p, 1.0f / (1.0f - l->p)));
+    /* key (seed, DP_RNG_DROPOUT, (step << 16) | layer, global row, element);
+     * the kernel reads the step from the header */
+    DP_CUDA_CHECK(dp_k_dropout(x->stream, in, y, n, l->out, c.p->cfg.seed, x->hdr,
+                               (uint64_t)c.i, (uint64_t)global_row0, l->p,
+                               1.0f / (1.0f - l->p)));
     return DP_OK;
-  case DP_LAYER_INPUT:
-    return DP_OK;
+  case DP_LAYER_INPUT: return DP_OK;
   }
-  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward", (int)l->kind);
+  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
+                 (int)l->kind);
 }
 
 /* Parameter gradients are written (not accumulated) at grads, a slot of the
@@ -131,30 +158,35 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
   case DP_LAYER_RELU:
   case DP_LAYER_TANH:
   case DP_LAYER_SIGMOID:
-    if (dx) DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count));
+    if (dx)
+      DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count));
     return DP_OK;
   case DP_LAYER_GELU:
-    if (dx) DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_in(c), dy, dx, count));
+    if (dx)
+      DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_in(c), dy, dx, count));
     return DP_OK;
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;
     DP_CUDA_CHECK(dp_k_layernorm_backward(x->stream, layer_in(c), layer_stats(c),
-                                          layer_params(c), dy, dx, dg, dg + l->out, n, l->out));
+                                          layer_params(c), dy, dx, dg, dg + l->out, n,
+                                          l->out));
     return DP_OK;
   }
   case DP_LAYER_DROPOUT:
     if (!dx) return DP_OK;
     if (l->p == 0.0f) {
-      DP_CUDA_CHECK(cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+      DP_CUDA_CHECK(
+          cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
       return DP_OK;
     }
-    DP_CUDA_CHECK(dp_k_dropout(x->stream, dy, dx, n, l->out, c.p->cfg.seed, dropout_key(c),
-                               (uint64_t)global_row0, l->p, 1.0f / (1.0f - l->p)));
+    DP_CUDA_CHECK(dp_k_dropout(x->stream, dy, dx, n, l->out, c.p->cfg.seed, x->hdr,
+                               (uint64_t)c.i, (uint64_t)global_row0, l->p,
+                               1.0f / (1.0f - l->p)));
     return DP_OK;
-  case DP_LAYER_INPUT:
-    return DP_OK;
+  case DP_LAYER_INPUT: return DP_OK;
   }
-  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward", (int)l->kind);
+  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",
+                 (int)l->kind);
 }
 
 /* ---- loss, checks, optimizer ------------------------------------------------------ */
@@ -170,13 +202,15 @@ static dp_status mb_span(const dp_mb *mbs, int mb0, int n, int row0, dp_cuda_mb_
   for (int i = 0; i < n; i++) {
     const dp_mb *b = &mbs[mb0 + i];
     int lo = b->row0 - row0;
-    bool contiguous = i == 0 ? lo == 0 : lo == mbs[mb0 + i - 1].row0 + mbs[mb0 + i - 1].rows - row0;
+    bool contiguous =
+        i == 0 ? lo == 0 : lo == mbs[mb0 + i - 1].row0 + mbs[mb0 + i - 1].rows - row0;
     bool uniform = lo == i * s->m && (b->rows == s->m || (i == n - 1 && b->rows < s->m));
     if (!contiguous || b->rows <= 0 || (n > DP_CUDA_MB_LIST && !uniform))
-      return DP_FAIL(DP_ERR_BACKEND,
-                     "cuda backend: loss micro-batches %d..%d are not contiguous runs of one "
-                     "size (micro-batch %d: rows %d..%d)",
-                     mb0, mb0 + n - 1, mb0 + i, b->row0, b->row0 + b->rows - 1);
+      return DP_FAIL(
+          DP_ERR_BACKEND,
+          "cuda backend: loss micro-batches %d..%d are not contiguous runs of one "
+          "size (micro-batch %d: rows %d..%d)",
+          mb0, mb0 + n - 1, mb0 + i, b->row0, b->row0 + b->rows - 1);
     if (n <= DP_CUDA_MB_LIST) s->bound[i] = lo;
   }
   if (n <= DP_CUDA_MB_LIST) s->bound[n] = s->end;
@@ -198,7 +232,8 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   if (s != DP_OK) return s;
   if (p->model.loss == DP_LOSS_MSE) {
     float scale = 2.0f / ((float)e->rows * (float)out);
-    DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o, (const float *)t, g, part, &span, out, scale));
+    DP_CUDA_CHECK(
+        dp_k_loss_mse(x->stream, o, (const float *)t, g, part, &span, out, scale));
   } else {
     float inv = 1.0f / (float)e->rows;
     DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o, (const int32_t *)t, g, part, &span, out, inv,
@@ -215,20 +250,21 @@ static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
   while (n_ne < op->n_mb && e->mbs[n_ne].rows > 0) n_ne++;
   for (int k = n_ne; k < op->n_mb; k++)
     if (e->mbs[k].rows > 0)
-      return DP_FAIL(DP_ERR_BACKEND, "cuda backend: micro-batch %d is empty but %d is not", n_ne,
-                     k);
+      return DP_FAIL(DP_ERR_BACKEND, "cuda backend: micro-batch %d is empty but %d is not",
+                     n_ne, k);
   if (n_ne == 0) return DP_FAIL(DP_ERR_BACKEND, "cuda backend: loss sum of an empty batch");
-  float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
-                                       ? (float)dp_model_output_width(&p->model)
-                                       : 1.0f);
-  DP_CUDA_CHECK(dp_k_loss_sum(x->stream, reg(e, 0, DP_REGION_LOSS, 0), op->n_mb, n_ne, denom,
-                              x->hdr, op->device));
+  float denom =
+      (float)op->rows *
+      (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
+  DP_CUDA_CHECK(dp_k_loss_sum(x->stream, reg(e, 0, DP_REGION_LOSS, 0), op->n_mb, n_ne,
+                              denom, x->hdr, op->device));
   return DP_OK;
 }
 
 static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes);
 
-static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
+                              const dp_op *op) {
   const dp_plan *p = e->plan;
   const dp_config *cf = &p->cfg;
   int d = op->device;
@@ -242,29 +278,24 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, con
     n_check = c->n;
     for (int X = 0; X < c->n; X++) {
       if (X == d) continue;
-      dp_status s = copy_on(c, d, &x->hdr->status[X], &c->dev[X].hdr->status[X], sizeof(uint32_t));
+      dp_status s =
+          copy_on(c, d, &x->hdr->status[X], &c->dev[X].hdr->status[X], sizeof(uint32_t));
       if (s != DP_OK) return s;
     }
   }
-  dp_cuda_opt o;
+  dp_cuda_opt o; /* the per-step scalars are in the header (dp__cuda_host_step) */
   memset(&o, 0, sizeof o);
   o.kind = (int)cf->optimizer;
   o.lr = cf->lr;
   o.wd = cf->weight_decay;
   o.mu = cf->momentum;
-  o.first = e->step == 0;
-  if (cf->optimizer == DP_OPT_ADAMW) { /* lib/cpu_backend.c's scalars, the same way */
-    float b1 = cf->beta1, b2 = cf->beta2, lr = cf->lr, wd = cf->weight_decay;
-    double t = (double)e->step + 1.0;
-    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
-    o.b1 = b1;
-    o.b2 = b2;
-    o.one_minus_b1 = 1.0f - b1;
-    o.one_minus_b2 = 1.0f - b2;
+  if (cf->optimizer == DP_OPT_ADAMW) { /* lib/cpu_backend.c's constants, the same way */
+    o.b1 = cf->beta1;
+    o.b2 = cf->beta2;
+    o.one_minus_b1 = 1.0f - cf->beta1;
+    o.one_minus_b2 = 1.0f - cf->beta2;
     o.eps = cf->eps;
-    o.step_size = (float)(lr / bc1);
-    o.bc2_sqrt = (float)sqrt(bc2);
-    o.decay = 1.0f - lr * wd;
+    o.decay = 1.0f - cf->lr * cf->weight_decay;
   }
   DP_CUDA_CHECK(dp_k_optimizer(x->stream, &o, reg(e, d, DP_REGION_PARAMS, op->dst_offset),
                                reg(e, d, DP_REGION_GRADS, op->dst_offset),
@@ -272,23 +303,72 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, con
   return DP_OK;
 }
 
+/* config.fast_collectives: this device's gradients summed in place with every
+ * other device's by NCCL (its order, not the canonical tree's). Every device
+ * runs one in the same stage; the executor keeps them paired after a failure
+ * and dp__cuda_step_end checks the counts before it waits. */
+static dp_status allreduce_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
+                              const dp_op *op) {
+#ifdef DP_HAVE_NCCL
+  if (!c->nccl || !x->comm)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda backend: device %d: fast_collectives needs the NCCL "
+                   "communicators, which this context %s",
+                   op->device,
+                   c->nccl ? "aborted after an unmatched transfer" : "does not have");
+  float *g = reg(e, op->device, op->dst_region, op->dst_offset);
+  size_t n = op->bytes / 4;
+  if (n == 0) return DP_OK;
+  DP_NCCL_CHECK_D(op->device, x->comm,
+                  ncclAllReduce(g, g, n, ncclFloat32, ncclSum, x->comm, x->stream));
+  x->coll_n++;
+  return DP_OK;
+#else
+  (void)c, (void)x, (void)e;
+  return DP_FAIL(DP_ERR_UNSUPPORTED,
+                 "cuda backend: device %d: fast_collectives needs NCCL, "
+                 "which this build does not have",
+                 op->device);
+#endif
+}
+
 static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   int d = op->device;
   if (!c || d < 0 || d >= c->n)
-    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op on device %d, but the context has %d", d,
-                   c ? c->n : 0);
+    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op on device %d, but the context has %d",
+                   d, c ? c->n : 0);
   dev_ctx *x = &c->dev[d];
   dp_status s = use_device(x->phys);
   if (s != DP_OK) return s;
   const dp_plan *p = e->plan;
+  /* The kernels take the step from the header, which dp__cuda_step_begin
+   * filled; an env that disagrees would silently use another dropout mask
+   * and bias correction than the CPU backend. */
+  bool masks = (op->kind == DP_OP_BACKWARD || (op->kind == DP_OP_FORWARD && e->training)) &&
+               op->layer >= 0 && op->layer < p->model.n_layers &&
+               p->model.layers[op->layer].kind == DP_LAYER_DROPOUT &&
+               p->model.layers[op->layer].p != 0.0f;
+  bool uses_step = op->kind == DP_OP_OPTIMIZER || masks;
+  if (uses_step && e->step != c->step)
+    return DP_FAIL(
+        DP_ERR_BACKEND,
+        "cuda backend: the op runs at step %llu but dp__cuda_step_begin was given "
+        "step %llu",
+        (unsigned long long)e->step, (unsigned long long)c->step);
   switch ((dp_op_kind)op->kind) {
   case DP_OP_FORWARD:
   case DP_OP_BACKWARD: {
     if (op->layer < 0 || op->layer >= p->model.n_layers)
       return DP_FAIL(DP_ERR_INVALID, "cuda backend: no layer %d", op->layer);
-    lay l = {e, p, &p->model.layers[op->layer], d, op->layer, p->model.n_layers,
-             op->row0 - p->split.dev_row0[d], op->rows};
+    lay l = {e,
+             p,
+             &p->model.layers[op->layer],
+             d,
+             op->layer,
+             p->model.n_layers,
+             op->row0 - p->split.dev_row0[d],
+             op->rows};
     if (op->kind == DP_OP_FORWARD) return forward(x, l, op->row0);
     return backward(x, l, reg(e, d, op->dst_region, op->dst_offset), op->row0);
   }
@@ -297,26 +377,25 @@ static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
                            reg(e, d, op->src_region, op->src_offset), op->bytes / 4));
     return DP_OK;
   case DP_OP_ZERO: /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
-    DP_CUDA_CHECK(dp_k_fill(x->stream, (uint32_t *)reg(e, d, op->dst_region, op->dst_offset),
+    DP_CUDA_CHECK(dp_k_fill(x->stream,
+                            (uint32_t *)reg(e, d, op->dst_region, op->dst_offset),
                             0x80000000u, op->bytes / 4));
     return DP_OK;
-  case DP_OP_LOSS:
-    return loss_op(x, e, op);
-  case DP_OP_LOSS_SUM:
-    return loss_sum_op(x, e, op);
+  case DP_OP_LOSS: return loss_op(x, e, op);
+  case DP_OP_LOSS_SUM: return loss_sum_op(x, e, op);
   case DP_OP_GRAD_CHECK:
     DP_CUDA_CHECK(dp_k_grad_check(x->stream, reg(e, d, op->src_region, op->src_offset),
                                   op->bytes / 4, op->src_offset / 4, x->hdr, d));
     return DP_OK;
-  case DP_OP_OPTIMIZER:
-    return optimizer_op(c, x, e, op);
-  case DP_OP_COPY:
-    break;
+  case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);
+  case DP_OP_ALLREDUCE: return allreduce_op(c, x, e, op);
+  case DP_OP_COPY: break;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }
 
-const dp_backend_ops dp__cuda_backend = {"cuda", cuda_run};
+const dp_backend_ops dp__cuda_backend = {"cuda", cuda_run, dp__cuda_stage_begin,
+                                         dp__cuda_stage_end};
 
 /* ---- transport ------------------------------------------------------------------- */
 
@@ -336,20 +415,23 @@ static int owner(const cuda_ctx *c, const void *ptr, size_t bytes) {
 static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes) {
   int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
   if (sd == -2 || dd == -2)
-    return DP_FAIL(DP_ERR_INVALID, "cuda transport: a copy of %zu bytes runs past the end of "
-                                   "device %d's arena",
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda transport: a copy of %zu bytes runs past the end of "
+                   "device %d's arena",
                    bytes, sd == -2 ? owner(c, src, 0) : owner(c, dst, 0));
   dev_ctx *x = &c->dev[D];
   int s = x->stage, ends[2] = {sd, dd};
   if (s < 0)
-    return DP_FAIL(DP_ERR_BACKEND, "cuda transport: device %d copies outside a stage "
-                                   "(dp__cuda_stage_begin was not called)",
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: device %d copies outside a stage "
+                   "(dp__cuda_stage_begin was not called)",
                    D);
   for (int k = 0; k < 2; k++) {
     int X = ends[k];
     if (X < 0 || X == D) continue;
     x->touched[s & 1] |= 1ull << X;
-    if (s > 0) DP_CUDA_CHECK_D(D, cudaStreamWaitEvent(x->stream, c->dev[X].ev[(s - 1) & 1], 0));
+    if (s > 0)
+      DP_CUDA_CHECK_D(D, cudaStreamWaitEvent(x->stream, c->dev[X].ev[(s - 1) & 1], 0));
   }
   if (bytes == 0) return DP_OK;
   if (sd < 0 && dd < 0)
@@ -359,24 +441,101 @@ static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t 
   else if (dd < 0)
     DP_CUDA_CHECK_D(D, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, x->stream));
   else if (c->dev[sd].phys == c->dev[dd].phys) /* replicas sharing a GPU */
-    DP_CUDA_CHECK_D(D, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, x->stream));
-  else /* distinct GPUs: over NVLink/PCIe peer access when enabled, else staged by the driver */
-    DP_CUDA_CHECK_D(D, cudaMemcpyPeerAsync(dst, c->dev[dd].phys, src, c->dev[sd].phys, bytes,
-                                           x->stream));
+    DP_CUDA_CHECK_D(D,
+                    cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, x->stream));
+  else /* distinct GPUs: over NVLink/PCIe peer access when enabled, else staged by the
+          driver */
+    DP_CUDA_CHECK_D(D, cudaMemcpyPeerAsync(dst, c->dev[dd].phys, src, c->dev[sd].phys,
+                                           bytes, x->stream));
   return DP_OK;
+}
+
+/* One side of an NCCL pair on device `self`'s stream: the send when self
+ * owns src, else the receive (ranks are logical devices). Both sides skip an
+ * empty copy, so the counts stay matched. */
+static dp_status nccl_side(cuda_ctx *c, int self, void *dst, const void *src, size_t bytes,
+                           int sd, int dd) {
+#ifdef DP_HAVE_NCCL
+  dev_ctx *x = &c->dev[self];
+  if (x->stage < 0)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: device %d moves data outside a stage "
+                   "(dp__cuda_stage_begin was not called)",
+                   self);
+  if (!x->comm)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: device %d: the NCCL communicators were "
+                   "aborted after an unmatched transfer; the context is unusable",
+                   self);
+  if (bytes == 0) return DP_OK;
+  if (self == sd) {
+    DP_NCCL_CHECK_D(self, x->comm, ncclSend(src, bytes, ncclUint8, dd, x->comm, x->stream));
+    x->sent_n[dd]++;
+    x->sent_b[dd] += bytes;
+  } else {
+    DP_NCCL_CHECK_D(self, x->comm, ncclRecv(dst, bytes, ncclUint8, sd, x->comm, x->stream));
+    x->recv_n[sd]++;
+    x->recv_b[sd] += bytes;
+  }
+  return DP_OK;
+#else
+  (void)dst, (void)src, (void)bytes, (void)sd, (void)dd;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda transport: device %d: this build has no NCCL",
+                 self);
+#endif
+}
+
+/* An NCCL pair: both endpoints in arenas of two different logical devices
+ * (with DP_CUDA_NCCL every logical device has a GPU of its own). */
+static bool nccl_pair(const cuda_ctx *c, int sd, int dd) {
+  return c->nccl && sd >= 0 && dd >= 0 && sd != dd;
 }
 
 static dp_status cuda_copy(void *tctx, void *dst, const void *src, size_t bytes) {
   cuda_ctx *c = (cuda_ctx *)tctx;
   if (!c || tl_ctx != c || tl_dev < 0 || tl_dev >= c->n)
-    return DP_FAIL(DP_ERR_BACKEND, "cuda transport: copy on a thread that has no device: the "
-                                   "executor must call dp__cuda_stage_begin first");
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: copy on a thread that has no device: the "
+                   "executor must call dp__cuda_stage_begin first");
   dp_status s = use_device(c->dev[tl_dev].phys);
   if (s != DP_OK) return s;
-  return copy_on(c, tl_dev, dst, src, bytes);
+  int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
+  if (!nccl_pair(c, sd, dd)) return copy_on(c, tl_dev, dst, src, bytes);
+  if (tl_dev != sd && tl_dev != dd) /* peer() would have no side to play */
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda transport: device %d executes a copy from device %d to "
+                   "device %d; with NCCL a copy must be executed by an endpoint",
+                   tl_dev, sd, dd);
+  return nccl_side(c, tl_dev, dst, src, bytes, sd, dd);
 }
 
-const dp_transport_ops dp__cuda_transport = {"cuda", cuda_copy};
+/* The other endpoint's side of a copy (lib/internal.h): the NCCL send or
+ * receive of an NCCL pair; nothing for any other copy, which copy() moves
+ * one-sided. */
+static dp_status cuda_peer(void *tctx, int dev, void *dst, const void *src, size_t bytes) {
+  cuda_ctx *c = (cuda_ctx *)tctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "cuda transport: peer: no context");
+  if (dev < 0 || dev >= c->n)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda transport: peer on device %d, but the context has %d", dev, c->n);
+  int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
+  if (!nccl_pair(c, sd, dd)) return DP_OK; /* a bad span is reported by copy() */
+  if (dev != sd && dev != dd)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda transport: peer on device %d for a copy from device %d "
+                   "to device %d",
+                   dev, sd, dd);
+  if (tl_ctx != c || tl_dev != dev)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: peer for device %d on a thread that began "
+                   "no stage of it (dp__cuda_stage_begin)",
+                   dev);
+  dp_status s = use_device(c->dev[dev].phys);
+  if (s != DP_OK) return s;
+  return nccl_side(c, dev, dst, src, bytes, sd, dd);
+}
+
+const dp_transport_ops dp__cuda_transport = {"cuda", cuda_copy, cuda_peer};
 
 /* ---- stage and step hooks -------------------------------------------------------- */
 
@@ -412,36 +571,160 @@ extern "C" dp_status dp__cuda_stage_end(void *bctx, int dev, int stage) {
   if (s != DP_OK) return s;
   dev_ctx *x = &c->dev[dev];
   if (x->stage != stage)
-    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_stage_end: device %d ends stage %d but began %d",
-                   dev, stage, x->stage);
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_stage_end: device %d ends stage %d but began %d", dev, stage,
+                   x->stage);
   if ((s = use_device(x->phys)) != DP_OK) return s;
   DP_CUDA_CHECK_D(dev, cudaEventRecord(x->ev[stage & 1], x->stream));
   return DP_OK;
 }
 
-extern "C" dp_status dp__cuda_step_begin(void *bctx) {
-  cuda_ctx *c = (cuda_ctx *)bctx;
-  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_begin: no context");
+void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
+  const dp_config *cf = &c->plan->cfg;
+  dp_cuda_step_scalars sc;
+  memset(&sc, 0, sizeof sc);
+  sc.step = step;
+  sc.first = step == 0;
+  if (cf->optimizer == DP_OPT_ADAMW) { /* lib/cpu_backend.c's optimizer_op, the same way */
+    float lr = cf->lr;
+    double t = (double)step + 1.0;
+    double bc1 = 1.0 - pow(cf->beta1, t), bc2 = 1.0 - pow(cf->beta2, t);
+    sc.step_size = (float)(lr / bc1);
+    sc.bc2_sqrt = (float)sqrt(bc2);
+  }
+  /* The previous step was synchronised by dp__cuda_step_end: no copy reads
+   * the block while it is written. */
+  *c->host_sc = sc;
+  c->step = step;
   tl_ctx = nullptr;
   tl_dev = -1;
   for (int d = 0; d < c->n; d++) {
     dev_ctx *x = &c->dev[d];
     x->touched[0] = x->touched[1] = 0;
     x->stage = -1;
+  }
+  dp__cuda_reset_counts(c);
+}
+
+void dp__cuda_reset_counts(cuda_ctx *c) {
+  for (int d = 0; d < c->n; d++) {
+    dev_ctx *x = &c->dev[d];
+    memset(x->sent_n, 0, sizeof x->sent_n);
+    memset(x->sent_b, 0, sizeof x->sent_b);
+    memset(x->recv_n, 0, sizeof x->recv_n);
+    memset(x->recv_b, 0, sizeof x->recv_b);
+    x->coll_n = 0;
+  }
+}
+
+bool dp__cuda_unmatched(const cuda_ctx *c, int *from, int *to) {
+  for (int a = 0; a < c->n; a++)
+    for (int b = 0; b < c->n; b++) {
+      const dev_ctx *x = &c->dev[a], *y = &c->dev[b];
+      if (x->sent_n[b] != y->recv_n[a] || x->sent_b[b] != y->recv_b[a]) {
+        *from = a;
+        *to = b;
+        return true;
+      }
+    }
+  return false;
+}
+
+extern "C" dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_begin: no context");
+  dp__cuda_host_step(c, step);
+  for (int d = 0; d < c->n; d++) {
+    dev_ctx *x = &c->dev[d];
     dp_status s = use_device(x->phys);
     if (s != DP_OK) return s;
     DP_CUDA_CHECK_D(d, dp_k_reset_header(x->stream, x->hdr));
+    /* From pinned memory: in a capture this becomes a copy node that reads
+     * the block when the graph runs, which dp__cuda_graph_launch refills. */
+    DP_CUDA_CHECK_D(d,
+                    cudaMemcpyAsync(&x->hdr->sc, c->host_sc, sizeof(dp_cuda_step_scalars),
+                                    cudaMemcpyHostToDevice, x->stream));
   }
   return DP_OK;
 }
+
+#ifdef DP_HAVE_NCCL
+/* Before waiting on any stream: an NCCL send without its receive (or the
+ * reverse) never completes, and neither would the wait. That happens when a
+ * run stopped on one side of a pair (a failed op). Then the communicators are
+ * aborted, which ends their kernels, and the context can no longer move data
+ * between GPUs. */
+static void nccl_abort_all(cuda_ctx *c) {
+  for (int d = 0; d < c->n; d++) /* NCCL aborts a clique from one thread */
+    if (c->dev[d].comm && ncclCommAbort(c->dev[d].comm) != ncclSuccess)
+      (void)cudaGetLastError();
+  for (int d = 0; d < c->n; d++) c->dev[d].comm = NULL;
+}
+
+static dp_status nccl_settle(cuda_ctx *c) {
+  int a = 0, b = 0;
+  if (!c->nccl) return DP_OK;
+  for (int d = 1; d < c->n; d++) /* a collective waits for every rank */
+    if (c->dev[d].coll_n != c->dev[0].coll_n) {
+      nccl_abort_all(c);
+      return DP_FAIL(
+          DP_ERR_BACKEND,
+          "NCCL: device 0 entered %llu all-reduces and device %d %llu: a run stopped "
+          "part way through a collective; the NCCL communicators were aborted so "
+          "that nothing waits forever, and the context can no longer move data "
+          "between GPUs",
+          (unsigned long long)c->dev[0].coll_n, d, (unsigned long long)c->dev[d].coll_n);
+    }
+  if (!dp__cuda_unmatched(c, &a, &b)) return DP_OK;
+  const dev_ctx *x = &c->dev[a], *y = &c->dev[b];
+  nccl_abort_all(c);
+  return DP_FAIL(
+      DP_ERR_BACKEND,
+      "NCCL: device %d sent %llu transfers (%llu bytes) to device %d, which received "
+      "%llu (%llu bytes): a run stopped between the two sides of a copy; the NCCL "
+      "communicators were aborted so that nothing waits forever, and the context can "
+      "no longer move data between GPUs",
+      a, (unsigned long long)x->sent_n[b], (unsigned long long)x->sent_b[b], b,
+      (unsigned long long)y->recv_n[a], (unsigned long long)y->recv_b[a]);
+}
+
+/* After the streams: errors NCCL found on its own (a peer that vanished). */
+static dp_status nccl_async_errors(cuda_ctx *c) {
+  if (!c->nccl) return DP_OK;
+  for (int d = 0; d < c->n; d++) {
+    ncclComm_t comm = c->dev[d].comm;
+    ncclResult_t r = ncclSuccess;
+    if (!comm) continue;
+    DP_NCCL_CHECK_D(d, comm, ncclCommGetAsyncError(comm, &r));
+    if (r != ncclSuccess && r != ncclInProgress) {
+      const char *l = ncclGetLastError(comm);
+      return DP_FAIL(DP_ERR_BACKEND, "device %d: NCCL: %s (last NCCL error: %s)", d,
+                     ncclGetErrorString(r), l && *l ? l : "none");
+    }
+  }
+  return DP_OK;
+}
+#endif
 
 extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (loss) *loss = 0.0f;
   if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_end: no context");
-  /* Read every header back and wait for every stream, even after a failure,
-   * so that nothing of this step is still running when we return. */
   dp_status first = DP_OK; /* its text stays the thread's last error */
+  if (c->capturing) {      /* a stream wait would invalidate the capture anyway */
+    dp__cuda_capture_abort(c);
+    first =
+        DP_FAIL(DP_ERR_BACKEND, "dp__cuda_step_end: a graph capture was still open; it was "
+                                "dropped (call dp__cuda_capture_end or _abort first)");
+  }
+#ifdef DP_HAVE_NCCL
+  dp_status ns = nccl_settle(c);
+  if (ns != DP_OK && first == DP_OK) first = ns;
+#endif
+  /* Read every header back and wait for every stream, even after a failure,
+   * so that nothing of this step is still running when we return. After a
+   * graph launch the other streams wait for device 0's, which the graph ran
+   * on (dp__cuda_graph_launch), so these read-backs come after the graph. */
   for (int pass = 0; pass < 2; pass++)
     for (int d = 0; d < c->n; d++) {
       dev_ctx *x = &c->dev[d];
@@ -458,12 +741,15 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
         if (first == DP_OK) {
-          first = DP_FAIL(DP_ERR_BACKEND, "device %d (GPU %d): %s: %s: %s", d, x->phys, call,
-                          cudaGetErrorName(e), cudaGetErrorString(e));
+          first = DP_FAIL(DP_ERR_BACKEND, "device %d (GPU %d): %s: %s: %s", d, x->phys,
+                          call, cudaGetErrorName(e), cudaGetErrorString(e));
         }
       }
     }
   if (cudaSetDevice(c->dev[0].phys) != cudaSuccess) (void)cudaGetLastError();
+#ifdef DP_HAVE_NCCL
+  if (first == DP_OK) first = nccl_async_errors(c);
+#endif
   if (first != DP_OK) return first;
   const dp_cuda_header *h = c->host_hdr;
   if (loss) *loss = h[0].loss;
@@ -477,10 +763,12 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
   for (int d = 0; d < c->n; d++) {
     if ((h[d].status[d] & DP_CUDA_ST_LABEL) && h[d].bad_label_row < bad_row)
       bad_row = h[d].bad_label_row;
-    if ((h[d].status[d] & DP_CUDA_ST_GRAD) && h[d].bad_grad < bad_grad) bad_grad = h[d].bad_grad;
+    if ((h[d].status[d] & DP_CUDA_ST_GRAD) && h[d].bad_grad < bad_grad)
+      bad_grad = h[d].bad_grad;
   }
   if (bad_row != ~0u)
-    return DP_FAIL(DP_ERR_RANGE, "the label of row %u is outside 0..%d; the step was not applied",
+    return DP_FAIL(DP_ERR_RANGE,
+                   "the label of row %u is outside 0..%d; the step was not applied",
                    bad_row, dp_model_output_width(&c->plan->model) - 1);
   if (bad_grad != ~0ull)
     return DP_FAIL(DP_ERR_NONFINITE, "gradient %llu is %s; the step was not applied",

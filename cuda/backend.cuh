@@ -1,30 +1,47 @@
-/* The CUDA backend's per-device state, shared by the step code (backend.cu)
- * and the set-up code (context.cu). Internal. */
+/* The CUDA backend's per-device state, shared by the step code (backend.cu),
+ * the set-up code (context.cu) and the CUDA graphs (graph.cu). Internal. */
 #ifndef DP_CUDA_BACKEND_CUH
 #define DP_CUDA_BACKEND_CUH
 
 #include "kernels.cuh"
 
 struct dev_ctx {
-  int phys;                /* cfg.device_ids[d] */
-  unsigned char *arena;    /* device memory, plan->dev_bytes[d] */
+  int phys;             /* cfg.device_ids[d] */
+  unsigned char *arena; /* device memory, plan->dev_bytes[d] */
   size_t bytes;
   cudaStream_t stream;
-  cudaEvent_t ev[2];       /* end of stage s: ev[s & 1] */
+  cudaEvent_t ev[2];   /* end of stage s: ev[s & 1] */
+  cudaEvent_t ev_join; /* graphs: this stream joins device 0's (graph.cu) */
   cublasHandle_t blas;
-  dp_cuda_header *hdr;     /* device pointer: start of WORKSPACE */
+  dp_cuda_header *hdr; /* device pointer: start of WORKSPACE */
   /* bit X of touched[s & 1]: this device's stream read or wrote device X's
    * arena during stage s. Written by this device's thread only; read by the
    * others after the stage's barrier. */
   uint64_t touched[2];
-  int stage;               /* the stage this device is in; -1 before the first */
+  int stage; /* the stage this device is in; -1 before the first */
+#ifdef DP_HAVE_NCCL
+  ncclComm_t comm; /* rank d of the context's clique (DP_CUDA_NCCL), or NULL */
+#endif
+  /* NCCL transfers this device's thread issued this step, by peer: sends
+   * (src here) and receives (dst here), count and bytes. Written by this
+   * device's thread only; dp__cuda_step_end checks that every send has its
+   * receive before it waits on a stream (an unmatched one would never end). */
+  uint64_t sent_n[DP_MAX_DEVICES], sent_b[DP_MAX_DEVICES];
+  uint64_t recv_n[DP_MAX_DEVICES], recv_b[DP_MAX_DEVICES];
+  uint64_t coll_n; /* ncclAllReduce calls this step (fast_collectives): all equal */
 };
 
 struct cuda_ctx {
   const dp_plan *plan;
   int n;
   unsigned flags;
-  dp_cuda_header *host_hdr; /* pinned, n entries: what step_end reads back */
+  bool nccl;                     /* DP_CUDA_NCCL: comm[] are live */
+  bool capturing;                /* between capture_begin and capture_end/abort */
+  dp_cuda_header *host_hdr;      /* pinned, n entries: what step_end reads back */
+  dp_cuda_step_scalars *host_sc; /* pinned, after host_hdr: the step's scalars */
+  uint64_t step;                 /* host copy of host_sc->step, for checks */
+  cudaEvent_t ev_fork;           /* on device 0: forks the other streams (graph.cu) */
+  cudaGraphExec_t graph[DP_CUDA_GRAPH_SLOTS];
   dev_ctx dev[DP_MAX_DEVICES];
 };
 
@@ -39,5 +56,16 @@ static inline dp_status use_device(int phys) {
   if (cur != phys) DP_CUDA_CHECK(cudaSetDevice(phys));
   return DP_OK;
 }
+
+/* backend.cu: writes the step's scalars into the pinned block and resets the
+ * per-step host bookkeeping (stages, touches, NCCL counts). Host only: shared
+ * by dp__cuda_step_begin and dp__cuda_graph_launch. */
+void dp__cuda_host_step(cuda_ctx *c, uint64_t step);
+/* Zeroes the NCCL transfer counts (also when a captured step is dropped:
+ * its transfers never ran). */
+void dp__cuda_reset_counts(cuda_ctx *c);
+/* true, naming one pair, when a device's sends to another do not match that
+ * device's receives from it (count or bytes). */
+bool dp__cuda_unmatched(const cuda_ctx *c, int *from, int *to);
 
 #endif

@@ -37,8 +37,8 @@ static inline dp_status dp__cuda_status_of(cudaError_t e) {
     cudaError_t dp_e_ = (call);                                                            \
     if (dp_e_ != cudaSuccess) {                                                            \
       (void)cudaGetLastError();                                                            \
-      return DP_FAIL(dp__cuda_status_of(dp_e_), "device %d: %s: %s: %s", (int)(dev), #call, \
-                     cudaGetErrorName(dp_e_), cudaGetErrorString(dp_e_));                  \
+      return DP_FAIL(dp__cuda_status_of(dp_e_), "device %d: %s: %s: %s", (int)(dev),       \
+                     #call, cudaGetErrorName(dp_e_), cudaGetErrorString(dp_e_));           \
     }                                                                                      \
   } while (0)
 
@@ -50,6 +50,38 @@ static inline dp_status dp__cuda_status_of(cudaError_t e) {
                      "%s: %s: %s", #call, cublasGetStatusName(dp_b_),                      \
                      cublasGetStatusString(dp_b_));                                        \
   } while (0)
+
+#ifdef DP_HAVE_NCCL
+#include <nccl.h>
+
+/* The same for NCCL (only in a build with NCCL), naming the logical device:
+ *   "device 1: ncclSend(...): unhandled cuda error (run with NCCL_DEBUG=INFO for
+ *    details) (last NCCL error: <ncclGetLastError>)"
+ * ncclGetLastError may be about an earlier asynchronous failure; it is given
+ * for what it is worth. A CUDA error NCCL ran into is cleared like ours. */
+#define DP_NCCL_CHECK_D(dev, comm, call)                                                   \
+  do {                                                                                     \
+    ncclResult_t dp_r_ = (call);                                                           \
+    if (dp_r_ != ncclSuccess) {                                                            \
+      const char *dp_l_ = ncclGetLastError(comm);                                          \
+      (void)cudaGetLastError();                                                            \
+      return DP_FAIL(DP_ERR_BACKEND, "device %d: %s: %s (last NCCL error: %s)",            \
+                     (int)(dev), #call, ncclGetErrorString(dp_r_),                         \
+                     dp_l_ && *dp_l_ ? dp_l_ : "none");                                    \
+    }                                                                                      \
+  } while (0)
+
+#define DP_NCCL_CHECK(comm, call)                                                          \
+  do {                                                                                     \
+    ncclResult_t dp_r_ = (call);                                                           \
+    if (dp_r_ != ncclSuccess) {                                                            \
+      const char *dp_l_ = ncclGetLastError(comm);                                          \
+      (void)cudaGetLastError();                                                            \
+      return DP_FAIL(DP_ERR_BACKEND, "%s: %s (last NCCL error: %s)", #call,                \
+                     ncclGetErrorString(dp_r_), dp_l_ && *dp_l_ ? dp_l_ : "none");         \
+    }                                                                                      \
+  } while (0)
+#endif
 
 /* For cleanup paths that cannot return an error: the failure is recorded (the
  * thread's last error) and otherwise ignored. */

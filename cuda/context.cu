@@ -1,27 +1,61 @@
 /* Set-up and tear-down of the CUDA backend: per device one stream, events, a
  * cuBLAS handle and the status header (in the arena's WORKSPACE), peer access,
- * and the pinned header the step's one synchronisation reads back. Runs at
- * context creation only: the step (backend.cu) allocates nothing. */
+ * the NCCL communicators (DP_CUDA_NCCL), and the pinned block holding the
+ * headers the step's one synchronisation reads back and the step's scalars.
+ * Runs at context creation only: the step (backend.cu) allocates nothing. */
 #include "backend.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+extern "C" int dp__cuda_have_nccl(void) {
+#ifdef DP_HAVE_NCCL
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 /* ---- context ----------------------------------------------------------------------- */
 
 extern "C" void dp__cuda_ctx_free(void *bctx) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (!c) return;
+  if (c->capturing) dp__cuda_capture_abort(c);
+  for (int d = 0; d < c->n; d++) { /* nothing may still run when things go */
+    dev_ctx *x = &c->dev[d];
+    if (!x->stream) continue;
+    dp_cuda_device_scope scope;
+    if (scope.enter(x->phys) == DP_OK) DP_CUDA_TRY(cudaStreamSynchronize(x->stream));
+  }
+  if (c->n > 0) { /* graphs first: they may hold NCCL operations of the comms */
+    dp_cuda_device_scope scope;
+    if (scope.enter(c->dev[0].phys) == DP_OK) {
+      for (int k = 0; k < DP_CUDA_GRAPH_SLOTS; k++)
+        if (c->graph[k]) DP_CUDA_TRY(cudaGraphExecDestroy(c->graph[k]));
+      if (c->ev_fork) DP_CUDA_TRY(cudaEventDestroy(c->ev_fork));
+    }
+  }
+#ifdef DP_HAVE_NCCL
+  /* One thread may destroy every communicator of an ncclCommInitAll clique:
+   * the last destroy finalizes them all (NCCL's commReclaim). */
+  for (int d = 0; d < c->n; d++)
+    if (c->dev[d].comm && ncclCommDestroy(c->dev[d].comm) != ncclSuccess) {
+      (void)cudaGetLastError();
+      DP_FAIL(DP_ERR_BACKEND, "device %d: ncclCommDestroy failed: %s", d,
+              ncclGetLastError(NULL) ? ncclGetLastError(NULL) : "?");
+    }
+#endif
   for (int d = 0; d < c->n; d++) {
     dev_ctx *x = &c->dev[d];
-    if (!x->stream && !x->blas && !x->ev[0] && !x->ev[1]) continue;
+    if (!x->stream && !x->blas && !x->ev[0] && !x->ev[1] && !x->ev_join) continue;
     dp_cuda_device_scope scope;
     if (scope.enter(x->phys) != DP_OK) continue;
-    if (x->stream) DP_CUDA_TRY(cudaStreamSynchronize(x->stream));
     if (x->blas) (void)cublasDestroy(x->blas);
     for (int i = 0; i < 2; i++)
       if (x->ev[i]) DP_CUDA_TRY(cudaEventDestroy(x->ev[i]));
+    if (x->ev_join) DP_CUDA_TRY(cudaEventDestroy(x->ev_join));
     if (x->stream) DP_CUDA_TRY(cudaStreamDestroy(x->stream));
   }
   if (c->host_hdr) DP_CUDA_TRY(cudaFreeHost(c->host_hdr));
@@ -40,12 +74,16 @@ static dp_status init_device(cuda_ctx *c, int d) {
   if (s != DP_OK) return DP_FAIL(s, "device %d: %s", d, dp_last_error());
   cudaPointerAttributes a;
   DP_CUDA_CHECK_D(d, cudaPointerGetAttributes(&a, x->arena));
-  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) || a.device != x->phys)
+  if ((a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged) ||
+      a.device != x->phys)
     return DP_FAIL(DP_ERR_INVALID, "device %d: its arena %p is not memory of GPU %d", d,
                    (void *)x->arena, x->phys);
   DP_CUDA_CHECK_D(d, cudaStreamCreateWithFlags(&x->stream, cudaStreamNonBlocking));
   for (int i = 0; i < 2; i++)
     DP_CUDA_CHECK_D(d, cudaEventCreateWithFlags(&x->ev[i], cudaEventDisableTiming));
+  DP_CUDA_CHECK_D(d, cudaEventCreateWithFlags(&x->ev_join, cudaEventDisableTiming));
+  if (d == 0) /* graph.cu's fork event is recorded on device 0's stream */
+    DP_CUDA_CHECK_D(d, cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming));
   unsigned char *ws = x->arena + p->regions[d][DP_REGION_WORKSPACE].offset;
   x->hdr = (dp_cuda_header *)ws;
   s = dp__cuda_blas_create(x->stream, ws + DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES,
@@ -79,11 +117,43 @@ static dp_status enable_peers(cuda_ctx *c) {
   return DP_OK;
 }
 
-extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
-                                       void **bctx_out) {
+/* DP_CUDA_NCCL: one communicator per logical device, rank d on GPU
+ * device_ids[d] (ncclCommInitAll creates the whole clique from this one
+ * thread). The calling thread's device is restored. */
+static dp_status init_nccl(cuda_ctx *c) {
+#ifdef DP_HAVE_NCCL
+  int devs[DP_MAX_DEVICES];
+  ncclComm_t comms[DP_MAX_DEVICES];
+  for (int d = 0; d < c->n; d++) devs[d] = c->dev[d].phys;
+  int prev = 0;
+  DP_CUDA_CHECK(cudaGetDevice(&prev));
+  ncclResult_t r = ncclCommInitAll(comms, c->n, devs);
+  if (cudaSetDevice(prev) != cudaSuccess) (void)cudaGetLastError();
+  if (r != ncclSuccess) {
+    const char *l = ncclGetLastError(NULL);
+    (void)cudaGetLastError();
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "ncclCommInitAll over %d GPUs (GPU %d first): %s (last NCCL "
+                   "error: %s)",
+                   c->n, devs[0], ncclGetErrorString(r), l && *l ? l : "none");
+  }
+  for (int d = 0; d < c->n; d++) c->dev[d].comm = comms[d];
+  c->nccl = true;
+  return DP_OK;
+#else
+  (void)c;
+  return DP_FAIL(DP_ERR_UNSUPPORTED,
+                 "dp__cuda_ctx_init: DP_CUDA_NCCL, but this build has no "
+                 "NCCL (configure.py found no nccl.h and libnccl.so)");
+#endif
+}
+
+extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
+                                       unsigned flags, void **bctx_out) {
   if (!bctx_out) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: out is NULL");
   *bctx_out = NULL;
-  if (!p || !arenas) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: plan or arenas is NULL");
+  if (!p || !arenas)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: plan or arenas is NULL");
   int n = p->split.n_used;
   if (n < 1 || n > DP_MAX_DEVICES)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: %d devices", n);
@@ -91,15 +161,35 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], u
   for (int d = 0; d < n; d++) {
     dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
     if (ws.size < need)
+      return DP_FAIL(
+          DP_ERR_INVALID,
+          "device %d: the plan reserves %zu bytes of workspace; the CUDA backend "
+          "needs %zu (dp__cuda_workspace_bytes: %zu of status words + %zu for cuBLAS)",
+          d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES);
+    if (!arenas[d] || (uintptr_t)arenas[d] % 256 ||
+        (ws.offset + DP_CUDA_WS_HEADER_BYTES) % 256)
       return DP_FAIL(DP_ERR_INVALID,
-                     "device %d: the plan reserves %zu bytes of workspace; the CUDA backend "
-                     "needs %zu (dp__cuda_workspace_bytes: %zu of status words + %zu for cuBLAS)",
-                     d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES);
-    if (!arenas[d] || (uintptr_t)arenas[d] % 256 || (ws.offset + DP_CUDA_WS_HEADER_BYTES) % 256)
-      return DP_FAIL(DP_ERR_INVALID, "device %d: arena %p or its workspace is not 256-aligned", d,
+                     "device %d: arena %p or its workspace is not 256-aligned", d,
                      arenas[d]);
     if (p->cfg.device_ids[d] < 0)
       return DP_FAIL(DP_ERR_INVALID, "device %d: GPU id %d", d, p->cfg.device_ids[d]);
+  }
+  if (flags & ~(unsigned)(DP_CUDA_TF32 | DP_CUDA_NCCL))
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: unknown flags 0x%x", flags);
+  if (flags & DP_CUDA_NCCL) {
+    if (!dp__cuda_have_nccl())
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "dp__cuda_ctx_init: DP_CUDA_NCCL, but this build has "
+                     "no NCCL (configure.py found no nccl.h and libnccl.so)");
+    /* NCCL gives a GPU one rank of a communicator; replicas sharing a GPU
+     * copy device to device instead (no NCCL flag). */
+    for (int d = 0; d < n; d++)
+      for (int e = 0; e < d; e++)
+        if (p->cfg.device_ids[d] == p->cfg.device_ids[e])
+          return DP_FAIL(DP_ERR_INVALID,
+                         "dp__cuda_ctx_init: NCCL needs a GPU per replica, but "
+                         "replicas %d and %d are both on GPU %d",
+                         e, d, p->cfg.device_ids[d]);
   }
   cuda_ctx *c = (cuda_ctx *)calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_ctx_init: out of memory");
@@ -115,14 +205,22 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], u
   dp_status s = DP_OK;
   for (int d = 0; d < n && s == DP_OK; d++) s = init_device(c, d);
   if (s == DP_OK) s = enable_peers(c);
+  if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = init_nccl(c);
   if (s == DP_OK) {
-    cudaError_t e = cudaHostAlloc((void **)&c->host_hdr, (size_t)n * sizeof(dp_cuda_header),
+    /* n headers read back by step_end, then the step's scalars: one pinned
+     * block (the headers' size keeps the scalars 8-aligned) */
+    static_assert(sizeof(dp_cuda_header) % 8 == 0, "scalars must stay aligned");
+    size_t hb = (size_t)n * sizeof(dp_cuda_header);
+    cudaError_t e = cudaHostAlloc((void **)&c->host_hdr, hb + sizeof(dp_cuda_step_scalars),
                                   cudaHostAllocPortable);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();
       c->host_hdr = NULL;
       s = DP_CUDA_FAIL(dp__cuda_status_of(e), e, "cudaHostAlloc", "%s",
                        "pinned status read-back block");
+    } else {
+      memset((void *)c->host_hdr, 0, hb + sizeof(dp_cuda_step_scalars));
+      c->host_sc = (dp_cuda_step_scalars *)((unsigned char *)c->host_hdr + hb);
     }
   }
   if (s != DP_OK) {

@@ -103,7 +103,14 @@ enum {
   DP_CUDA_TF32 = 1, /* let cuBLAS use TF32 tensor cores for the FP32 GEMMs
                        (faster, ~1e-3 relative; off by default: FP32 math, reduced-
                        precision reductions disallowed) */
+  DP_CUDA_NCCL = 2, /* copies between replicas on distinct GPUs go through NCCL
+                       send/recv (ncclCommInitAll over device_ids, which must then be
+                       distinct): dp__cuda_transport.peer takes part; init fails with
+                       DP_ERR_UNSUPPORTED in a build without NCCL */
 };
+
+/* 1 when this build has NCCL (configure.py found nccl.h and libnccl). */
+int dp__cuda_have_nccl(void);
 
 /* The backend and transport vtables (lib/internal.h). run() enqueues one
  * compute op on the op's device stream; copy() enqueues one transfer on the
@@ -129,8 +136,13 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
 void dp__cuda_ctx_free(void *bctx); /* NULL is fine; waits for queued work first */
 
 /* Starts a step (or a forward): resets every device's status words and the
- * stage bookkeeping. Enqueues only. */
-dp_status dp__cuda_step_begin(void *bctx);
+ * stage bookkeeping, and enqueues on every device a copy of this step's
+ * scalars (the step counter that keys dropout, momentum's first-step flag,
+ * AdamW's bias corrections, computed on the host as lib/cpu_backend.c does)
+ * from a pinned block into the device's WORKSPACE header; kernels read them
+ * there, never from their arguments, so that a captured graph replays any
+ * step. Enqueues only. */
+dp_status dp__cuda_step_begin(void *bctx, uint64_t step);
 /* Stage hooks, called by the thread that runs device dev's ops (see above).
  * stage_begin makes that thread's current GPU device_ids[dev], makes dev's
  * stream wait for every device that wrote or read dev's arena in stage - 1,
@@ -147,6 +159,36 @@ dp_status dp__cuda_stage_end(void *bctx, int dev, int stage);
  * gets the loss LOSS_SUM computed (0 in a forward; NaN/Inf when refused for
  * it). Leaves the calling thread on device_ids[0]. */
 dp_status dp__cuda_step_end(void *bctx, float *loss);
+
+/* ---- CUDA graphs (cuda/graph.cu) ----
+ * A step is captured once and replayed. Capture, instead of a plain step:
+ *   dp__cuda_capture_begin(bctx)        device 0's stream starts a capture
+ *                                       (relaxed mode: the executor's threads
+ *                                       enqueue concurrently); every other
+ *                                       device's stream joins it
+ *   dp__cuda_step_begin(bctx, step)     captured like everything after it
+ *   dp__exec_run(...)                   as in a plain step (stage hooks included)
+ *   dp__cuda_capture_end(bctx, slot)    joins every stream back into device 0's,
+ *                                       ends the capture, instantiates it into
+ *                                       `slot` (replacing what was there);
+ *                                       nothing ran yet
+ * then, for this step and every later one of the same shape:
+ *   dp__cuda_graph_launch(bctx, slot, step)   writes the step's scalars into the
+ *                                       pinned block, launches the graph on
+ *                                       device 0's stream
+ *   dp__cuda_step_end(bctx, &loss)      the one synchronisation, as always
+ * When a run fails during capture: dp__cuda_capture_abort(bctx) ends and drops
+ * the capture (the slot keeps what it had), then dp__cuda_step_end as after
+ * any failed step. Capture and instantiation allocate (driver memory for the
+ * graph); launches do not. The executor must not run a plain step while a
+ * capture is open. */
+enum { DP_CUDA_GRAPH_SLOTS = 4 };
+dp_status dp__cuda_capture_begin(void *bctx);
+dp_status dp__cuda_capture_end(void *bctx, int slot);
+void dp__cuda_capture_abort(void *bctx);
+/* 1 when `slot` holds an instantiated graph. */
+int dp__cuda_graph_ready(const void *bctx, int slot);
+dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step);
 
 /* Synchronous copy between any two of: host memory, device memory (UVA: the
  * direction comes from the pointers). For context set-up and parameter

@@ -17,7 +17,7 @@ __device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); 
 __device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
 
 #define GRID_STRIDE(i, n)                                                                  \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
        i += (size_t)gridDim.x * blockDim.x)
 
 static unsigned blocks_for(size_t n) {
@@ -69,10 +69,10 @@ __global__ void k_act_backward(int kind, const float *xy, const float *dy, float
   GRID_STRIDE(i, n) {
     float v = xy[i], g = dy[i], r;
     switch (kind) {
-    case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : g; break;   /* v = y */
-    case DP_LAYER_TANH: r = fm(g, fs(1.0f, fm(v, v))); break; /* v = y */
+    case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : g; break;         /* v = y */
+    case DP_LAYER_TANH: r = fm(g, fs(1.0f, fm(v, v))); break;    /* v = y */
     case DP_LAYER_SIGMOID: r = fm(fm(g, v), fs(1.0f, v)); break; /* v = y */
-    default: { /* DP_LAYER_GELU, v = x */
+    default: {                                                   /* DP_LAYER_GELU, v = x */
       float t = tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
       float dt = fm(fm(fs(1.0f, fm(t, t)), C), fa(1.0f, fm(fm(fm(3.0f, A), v), v)));
       r = fm(g, fa(fm(0.5f, fa(1.0f, t)), fm(fm(0.5f, v), dt)));
@@ -99,8 +99,12 @@ cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *
 
 /* ---- dropout ------------------------------------------------------------------- */
 
+/* The step comes from the header (written by the step's first copy), so that
+ * a graph captured at one step replays the next with the next step's mask. */
 __global__ void k_dropout(const float *x, float *y, int rows, int cols, uint64_t seed,
-                          uint64_t key_a, uint64_t row0, float p, float scale) {
+                          const dp_cuda_header *hdr, uint64_t layer, uint64_t row0, float p,
+                          float scale) {
+  const uint64_t key_a = (hdr->sc.step << 16) | layer;
   size_t n = (size_t)rows * (size_t)cols;
   GRID_STRIDE(i, n) {
     size_t r = i / (size_t)cols, j = i % (size_t)cols;
@@ -110,10 +114,12 @@ __global__ void k_dropout(const float *x, float *y, int rows, int cols, uint64_t
 }
 
 cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, int cols,
-                         uint64_t seed, uint64_t key_a, uint64_t row0, float p, float scale) {
+                         uint64_t seed, const dp_cuda_header *hdr, uint64_t layer,
+                         uint64_t row0, float p, float scale) {
   size_t n = (size_t)rows * (size_t)cols;
   if (n == 0) return cudaSuccess;
-  k_dropout<<<blocks_for(n), THREADS, 0, st>>>(x, y, rows, cols, seed, key_a, row0, p, scale);
+  k_dropout<<<blocks_for(n), THREADS, 0, st>>>(x, y, rows, cols, seed, hdr, layer, row0, p,
+                                               scale);
   return cudaGetLastError();
 }
 
@@ -143,7 +149,8 @@ __global__ void k_colsum(const float *a, int rows, int cols, float *out) {
 
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out) {
   if (cols <= 0) return cudaSuccess;
-  k_colsum<<<(unsigned)((cols + THREADS - 1) / THREADS), THREADS, 0, st>>>(a, rows, cols, out);
+  k_colsum<<<(unsigned)((cols + THREADS - 1) / THREADS), THREADS, 0, st>>>(a, rows, cols,
+                                                                           out);
   return cudaGetLastError();
 }
 
@@ -153,8 +160,8 @@ cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, flo
 
 #define ROWS_PER_BLOCK (THREADS / 32)
 
-__global__ void k_layernorm_forward(const float *x, const float *g, const float *b, float *y,
-                                    float *stats, int rows, int cols) {
+__global__ void k_layernorm_forward(const float *x, const float *g, const float *b,
+                                    float *y, float *stats, int rows, int cols) {
   int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
   if (row >= rows) return; /* the whole warp */
   const float *xr = x + (size_t)row * cols;
@@ -171,7 +178,8 @@ __global__ void k_layernorm_forward(const float *x, const float *g, const float 
     stats[2 * (size_t)row] = mean;
     stats[2 * (size_t)row + 1] = rstd;
   }
-  for (int k = lane; k < cols; k += 32) yr[k] = fa(fm(fm(fs(xr[k], mean), rstd), g[k]), b[k]);
+  for (int k = lane; k < cols; k += 32)
+    yr[k] = fa(fm(fm(fs(xr[k], mean), rstd), g[k]), b[k]);
 }
 
 /* dx = rstd (dy g - s1 / n - xh s2 / n), s1 = sum dy g, s2 = sum dy g xh. */
@@ -181,7 +189,8 @@ __global__ void k_layernorm_dx(const float *x, const float *stats, const float *
   if (row >= rows) return;
   const float *xr = x + (size_t)row * cols, *dyr = dy + (size_t)row * cols;
   float *dxr = dx + (size_t)row * cols;
-  float mean = stats[2 * (size_t)row], rstd = stats[2 * (size_t)row + 1], s1 = 0.0f, s2 = 0.0f;
+  float mean = stats[2 * (size_t)row], rstd = stats[2 * (size_t)row + 1], s1 = 0.0f,
+        s2 = 0.0f;
   for (int k = lane; k < cols; k += 32) {
     float xh = fm(fs(xr[k], mean), rstd), dxh = fm(dyr[k], g[k]);
     s1 = fa(s1, dxh);
@@ -214,10 +223,11 @@ __global__ void k_layernorm_dparams(const float *x, const float *stats, const fl
 }
 
 cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
-                                   const float *b, float *y, float *stats, int rows, int cols) {
+                                   const float *b, float *y, float *stats, int rows,
+                                   int cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  k_layernorm_forward<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0,
-                        st>>>(x, g, b, y, stats, rows, cols);
+  k_layernorm_forward<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS,
+                        0, st>>>(x, g, b, y, stats, rows, cols);
   return cudaGetLastError();
 }
 
@@ -229,8 +239,8 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
       x, stats, dy, dg, db, rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !dx || rows <= 0) return e;
-  k_layernorm_dx<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0, st>>>(
-      x, stats, g, dy, dx, rows, cols);
+  k_layernorm_dx<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0,
+                   st>>>(x, stats, g, dy, dx, rows, cols);
   return cudaGetLastError();
 }
 
@@ -240,7 +250,9 @@ __global__ void k_add(float *dst, const float *src, size_t n) {
   GRID_STRIDE(i, n) dst[i] = fa(dst[i], src[i]);
 }
 
-__global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) { GRID_STRIDE(i, n) dst[i] = value; }
+__global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) {
+  GRID_STRIDE(i, n) dst[i] = value;
+}
 
 cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n) {
   if (n == 0) return cudaSuccess;
@@ -314,7 +326,8 @@ __global__ void __launch_bounds__(THREADS)
     for (int j = 0; j < cols; j++) se = fa(se, expf(fs(zr[j], mx)));
     float lse = fa(mx, logf(se));
     s = fa(s, fs(lse, zr[t]));
-    for (int j = 0; j < cols; j++) gr[j] = fm(fs(expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
+    for (int j = 0; j < cols; j++)
+      gr[j] = fm(fs(expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
   }
   sh[threadIdx.x] = s;
   __syncthreads();
@@ -333,8 +346,8 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
                          float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
                          int row0, dp_cuda_header *hdr, int dev) {
   if (span->n <= 0) return cudaSuccess;
-  k_loss_ce<<<(unsigned)span->n, THREADS, 0, st>>>(z, labels, g, part, *span, cols, inv_rows,
-                                                   row0, hdr, dev);
+  k_loss_ce<<<(unsigned)span->n, THREADS, 0, st>>>(z, labels, g, part, *span, cols,
+                                                   inv_rows, row0, hdr, dev);
   return cudaGetLastError();
 }
 
@@ -355,8 +368,8 @@ __global__ void k_loss_sum(const float *part, int n_mb, int n_ne, float denom,
   if (!isfinite(loss)) hdr->status[dev] |= DP_CUDA_ST_LOSS;
 }
 
-cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne, float denom,
-                          dp_cuda_header *hdr, int dev) {
+cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
+                          float denom, dp_cuda_header *hdr, int dev) {
   if (n_mb <= 0 || n_ne <= 0) return cudaErrorInvalidValue;
   k_loss_sum<<<1, 1, 0, st>>>(part, n_mb, n_ne, denom, hdr, dev);
   return cudaGetLastError();
@@ -386,7 +399,8 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
 }
 
 /* PyTorch's rules, as lib/cpu_backend.c's optimizer_op. Nothing at all is
- * written when a check of this step failed. */
+ * written when a check of this step failed. The per-step scalars are read
+ * from the header (see k_dropout for why). */
 __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, size_t n,
                             const dp_cuda_header *hdr, int n_check) {
   __shared__ uint32_t refused;
@@ -397,6 +411,8 @@ __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, s
   }
   __syncthreads();
   if (refused) return;
+  const bool first = hdr->sc.first != 0;
+  const float step_size = hdr->sc.step_size, bc2_sqrt = hdr->sc.bc2_sqrt;
   GRID_STRIDE(k, n) {
     float wk = w[k], gk = g[k];
     switch (o.kind) {
@@ -405,7 +421,7 @@ __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, s
       break;
     case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + g'; w -= lr buf */
       float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
-      float b = o.first ? gd : fa(fm(o.mu, s[k]), gd);
+      float b = first ? gd : fa(fm(o.mu, s[k]), gd);
       s[k] = b;
       w[k] = fs(wk, fm(o.lr, b));
       break;
@@ -415,8 +431,8 @@ __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, s
       float v = fa(fm(o.b2, s[n + k]), fm(fm(o.one_minus_b2, gk), gk));
       s[k] = m;
       s[n + k] = v;
-      float denom = fa(fd(__fsqrt_rn(v), o.bc2_sqrt), o.eps);
-      w[k] = fs(fm(wk, o.decay), fm(o.step_size, fd(m, denom)));
+      float denom = fa(fd(__fsqrt_rn(v), bc2_sqrt), o.eps);
+      w[k] = fs(fm(wk, o.decay), fm(step_size, fd(m, denom)));
       break;
     }
     }
@@ -453,10 +469,10 @@ __global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc,
   uniform[i] = dp_d_rng_uniform(seed, stream, k[0], k[1], k[2]);
 }
 
-cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream, const uint64_t *abc,
-                           int n, uint64_t *u64, float *uniform) {
+cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
+                           const uint64_t *abc, int n, uint64_t *u64, float *uniform) {
   if (n <= 0) return cudaSuccess;
-  k_rng_table<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st>>>(seed, stream, abc, n,
-                                                                          u64, uniform);
+  k_rng_table<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st>>>(
+      seed, stream, abc, n, u64, uniform);
   return cudaGetLastError();
 }

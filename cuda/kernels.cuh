@@ -26,14 +26,28 @@ enum {
   DP_CUDA_ST_GRAD = 2u,  /* GRAD_CHECK: a gradient is NaN or infinite */
   DP_CUDA_ST_LABEL = 4u, /* LOSS: a class label outside 0..classes-1 */
 };
+/* This step's scalars, the same on every device: dp__cuda_step_begin (and
+ * dp__cuda_graph_launch) compute them on the host as lib/cpu_backend.c does
+ * and one host-to-device copy per device puts them here, so that a captured
+ * graph, whose kernel arguments are frozen, still sees the step it replays. */
+typedef struct {
+  uint64_t step;     /* keys dropout: (step << 16) | layer */
+  uint32_t first;    /* momentum: 1 at step 0 (the buffer starts as the gradient) */
+  float step_size;   /* AdamW: (float)(lr / (1 - beta1^(step + 1))), in double */
+  float bc2_sqrt;    /* AdamW: (float)sqrt(1 - beta2^(step + 1)), in double */
+  uint32_t reserved; /* 0 */
+} dp_cuda_step_scalars;
+
 typedef struct {
   /* status[d]: device d's own checks (bits above). Before an optimizer op the
    * other devices' own words are copied in, so that every optimizer kernel
    * sees every check (allreduce: all replicas refuse together). */
   uint32_t status[DP_MAX_DEVICES];
-  unsigned long long bad_grad; /* min over bad gradients of index * 2 + (infinite); ~0 none */
-  unsigned int bad_label_row;  /* smallest global row with a bad label; ~0u none */
-  float loss;                  /* LOSS_SUM's result (device 0) */
+  unsigned long long
+      bad_grad; /* min over bad gradients of index * 2 + (infinite); ~0 none */
+  unsigned int bad_label_row; /* smallest global row with a bad label; ~0u none */
+  float loss;                 /* LOSS_SUM's result (device 0) */
+  dp_cuda_step_scalars sc;    /* not touched by the reset: written after it */
 } dp_cuda_header;
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_HEADER_BYTES, "header too large");
 
@@ -46,13 +60,12 @@ typedef struct {
   int bound[DP_CUDA_MB_LIST + 1];
 } dp_cuda_mb_span;
 
-/* The optimizer's scalars, computed on the host exactly as lib/cpu_backend.c
- * does (AdamW's bias corrections in double). */
+/* The optimizer's constants (per plan; the per-step scalars are in the
+ * header's sc): computed on the host exactly as lib/cpu_backend.c does. */
 typedef struct {
-  int kind;   /* dp_optimizer */
-  int first;  /* momentum: step 0 (the buffer starts as the gradient) */
+  int kind; /* dp_optimizer */
   float lr, wd, mu;
-  float b1, b2, one_minus_b1, one_minus_b2, eps, step_size, bc2_sqrt, decay;
+  float b1, b2, one_minus_b1, one_minus_b2, eps, decay;
 } dp_cuda_opt;
 
 /* ---- kernels.cu ---- */
@@ -64,15 +77,18 @@ cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x
 cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
                               const float *dy, float *dx, size_t n);
 /* y[r][j] = x[r][j] * (u >= p ? scale : 0), u = dp__rng_uniform(seed,
- * DP_RNG_DROPOUT, key_a, row0 + r, j): forward (x, y) and backward (dy, dx). */
+ * DP_RNG_DROPOUT, (hdr->sc.step << 16) | layer, row0 + r, j): forward (x, y)
+ * and backward (dy, dx). The step is read on the device. */
 cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, int cols,
-                         uint64_t seed, uint64_t key_a, uint64_t row0, float p, float scale);
+                         uint64_t seed, const dp_cuda_header *hdr, uint64_t layer,
+                         uint64_t row0, float p, float scale);
 cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols);
 /* out[j] = sum over rows, ascending from +0, of a[r][j] (bias gradients). */
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out);
 /* stats: (rows, 2) mean, rstd. */
 cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
-                                   const float *b, float *y, float *stats, int rows, int cols);
+                                   const float *b, float *y, float *stats, int rows,
+                                   int cols);
 /* dg, db written (not accumulated); dx may be NULL (first layer). */
 cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float *stats,
                                     const float *g, const float *dy, float *dx, float *dg,
@@ -87,17 +103,19 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
                          int row0, dp_cuda_header *hdr, int dev);
 /* hdr->loss = canonical tree over part[0..n_mb) (micro-batches >= n_ne are
  * empty and left out) / denom; sets DP_CUDA_ST_LOSS when not finite. */
-cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne, float denom,
-                          dp_cuda_header *hdr, int dev);
+cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
+                          float denom, dp_cuda_header *hdr, int dev);
 /* Flags non-finite g[0..n) (parameter index base + i). */
 cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
                             dp_cuda_header *hdr, int dev);
-/* Updates w[0..n) unless one of hdr->status[0..n_check) is set. */
+/* Updates w[0..n) unless one of hdr->status[0..n_check) is set; the per-step
+ * scalars (momentum's first flag, AdamW's step_size and bc2_sqrt) come from
+ * hdr->sc. */
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
                            float *state, size_t n, const dp_cuda_header *hdr, int n_check);
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr);
-cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream, const uint64_t *abc,
-                           int n, uint64_t *u64, float *uniform);
+cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
+                           const uint64_t *abc, int n, uint64_t *u64, float *uniform);
 
 /* ---- gemm.cu: row-major linear layers through column-major cuBLAS ---- */
 /* A handle for one logical device: bound to st, workspace ws (ws_bytes, from
@@ -107,12 +125,13 @@ cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream, cons
 dp_status dp__cuda_blas_create(cudaStream_t st, void *ws, size_t ws_bytes, bool tf32,
                                cublasHandle_t *out);
 /* y (rows, out) = x (rows, in) . w^T (w: (out, in)) [+ b (out)]. */
-dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, int in, int out,
-                                  const float *x, const float *w, const float *b, float *y);
+dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, int in,
+                                  int out, const float *x, const float *w, const float *b,
+                                  float *y);
 /* dw (out, in) = dy^T . x; db (out) = column sums of dy (NULL: no bias);
  * dx (rows, in) = dy . w (NULL: not needed). */
-dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, int in, int out,
-                                   const float *x, const float *w, const float *dy, float *dw,
-                                   float *db, float *dx);
+dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, int in,
+                                   int out, const float *x, const float *w, const float *dy,
+                                   float *dw, float *db, float *dx);
 
 #endif

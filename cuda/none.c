@@ -47,8 +47,21 @@ static dp_status no_copy(void *tctx, void *dst, const void *src, size_t bytes) {
   return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda transport: " NO_CUDA);
 }
 
-const dp_backend_ops dp__cuda_backend = {.name = "cuda", .run = no_run};
-const dp_transport_ops dp__cuda_transport = {.name = "cuda", .copy = no_copy};
+static dp_status no_peer(void *tctx, int dev, void *dst, const void *src, size_t bytes) {
+  (void)tctx, (void)dst, (void)src, (void)bytes;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda transport: device %d: " NO_CUDA, dev);
+}
+
+/* The stage hooks are the real entry points below (they fail the same way),
+ * so that this vtable has the CUDA build's shape. */
+const dp_backend_ops dp__cuda_backend = {.name = "cuda",
+                                         .run = no_run,
+                                         .stage_begin = dp__cuda_stage_begin,
+                                         .stage_end = dp__cuda_stage_end};
+const dp_transport_ops dp__cuda_transport = {
+    .name = "cuda", .copy = no_copy, .peer = no_peer};
+
+int dp__cuda_have_nccl(void) { return 0; }
 
 dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
                             void **bctx_out) {
@@ -59,8 +72,8 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
 
 void dp__cuda_ctx_free(void *bctx) { (void)bctx; }
 
-dp_status dp__cuda_step_begin(void *bctx) {
-  (void)bctx;
+dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
+  (void)bctx, (void)step;
   return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
 }
 
@@ -80,6 +93,30 @@ dp_status dp__cuda_step_end(void *bctx, float *loss) {
   return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: " NO_CUDA);
 }
 
+/* ---- CUDA graphs (cuda/graph.cu) ---- */
+
+dp_status dp__cuda_capture_begin(void *bctx) {
+  (void)bctx;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda graphs: " NO_CUDA);
+}
+
+dp_status dp__cuda_capture_end(void *bctx, int slot) {
+  (void)bctx;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda graph slot %d: " NO_CUDA, slot);
+}
+
+void dp__cuda_capture_abort(void *bctx) { (void)bctx; }
+
+int dp__cuda_graph_ready(const void *bctx, int slot) {
+  (void)bctx, (void)slot;
+  return 0;
+}
+
+dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step) {
+  (void)bctx, (void)step;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda graph slot %d: " NO_CUDA, slot);
+}
+
 dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
   (void)dst, (void)src;
   return DP_FAIL(DP_ERR_UNSUPPORTED, "copy of %zu bytes: " NO_CUDA, bytes);
@@ -96,8 +133,8 @@ dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc
   return DP_FAIL(DP_ERR_UNSUPPORTED, NO_CUDA);
 }
 
-dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32, double *ms,
-                               double *tflops) {
+dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32,
+                               double *ms, double *tflops) {
   (void)m, (void)n, (void)k, (void)iters, (void)tf32;
   if (ms) *ms = 0.0;
   if (tflops) *tflops = 0.0;

@@ -20,8 +20,8 @@ __device__ __forceinline__ uint64_t dp_d_rng_u64(uint64_t seed, uint64_t stream,
 }
 
 /* Uniform in [0, 1): the top 24 bits (exact in a float) times 2^-24 (exact). */
-__device__ __forceinline__ float dp_d_rng_uniform(uint64_t seed, uint64_t stream, uint64_t a,
-                                                  uint64_t b, uint64_t c) {
+__device__ __forceinline__ float dp_d_rng_uniform(uint64_t seed, uint64_t stream,
+                                                  uint64_t a, uint64_t b, uint64_t c) {
   return (float)(uint32_t)(dp_d_rng_u64(seed, stream, a, b, c) >> 40) * 0x1p-24f;
 }
 

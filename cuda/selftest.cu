@@ -31,7 +31,7 @@ struct stream_guard {
     if (s && cudaStreamDestroy(s) != cudaSuccess) (void)cudaGetLastError();
   }
 };
-}  // namespace
+} // namespace
 
 extern "C" dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc,
                                         int n, uint64_t *u64, float *uniform) {
@@ -47,10 +47,11 @@ extern "C" dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const ui
   DP_CUDA_CHECK(cudaMalloc(&ou.p, (size_t)n * sizeof *u64));
   DP_CUDA_CHECK(cudaMalloc(&of.p, (size_t)n * sizeof *uniform));
   DP_CUDA_CHECK(cudaMemcpy(keys.p, abc, nk, cudaMemcpyHostToDevice));
-  DP_CUDA_CHECK(dp_k_rng_table(0, seed, stream, (const uint64_t *)keys.p, n, (uint64_t *)ou.p,
-                               (float *)of.p));
+  DP_CUDA_CHECK(dp_k_rng_table(0, seed, stream, (const uint64_t *)keys.p, n,
+                               (uint64_t *)ou.p, (float *)of.p));
   DP_CUDA_CHECK(cudaMemcpy(u64, ou.p, (size_t)n * sizeof *u64, cudaMemcpyDeviceToHost));
-  DP_CUDA_CHECK(cudaMemcpy(uniform, of.p, (size_t)n * sizeof *uniform, cudaMemcpyDeviceToHost));
+  DP_CUDA_CHECK(
+      cudaMemcpy(uniform, of.p, (size_t)n * sizeof *uniform, cudaMemcpyDeviceToHost));
   return DP_OK;
 }
 
@@ -78,8 +79,9 @@ extern "C" dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iter
   const float one = 1.0f, zero = 0.0f;
   for (int i = 0; i < iters + 2; i++) { /* two warm-up runs */
     if (i == 2) DP_CUDA_CHECK(cudaEventRecord(g.ev[0], g.s));
-    DP_CUBLAS_CHECK(cublasSgemm(g.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one, (const float *)a.p,
-                                m, (const float *)b.p, k, &zero, (float *)c.p, m));
+    DP_CUBLAS_CHECK(cublasSgemm(g.h, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &one,
+                                (const float *)a.p, m, (const float *)b.p, k, &zero,
+                                (float *)c.p, m));
   }
   DP_CUDA_CHECK(cudaEventRecord(g.ev[1], g.s));
   DP_CUDA_CHECK(cudaEventSynchronize(g.ev[1]));

@@ -109,6 +109,13 @@ typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
 typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
 typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
 
+/* How the CUDA backend moves data between replicas on distinct GPUs. AUTO:
+ * NCCL send/recv when the build has NCCL and every replica has a GPU of its
+ * own, else CUDA copies (cudaMemcpyPeerAsync; same-GPU replicas always use
+ * device-to-device copies). Either way the reductions are the schedule's own
+ * canonical tree (our add kernel), so the bits do not depend on it. */
+typedef enum { DP_TRANSPORT_AUTO = 0, DP_TRANSPORT_COPY, DP_TRANSPORT_NCCL } dp_transport;
+
 /* What a training step does when its loss or a gradient is NaN or infinite.
  * Either way nothing is applied: parameters, optimizer state and the step
  * counter stay as they were. ERROR: the step returns DP_ERR_NONFINITE.
@@ -117,8 +124,8 @@ typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
 typedef enum { DP_NONFINITE_ERROR = 0, DP_NONFINITE_SKIP } dp_nonfinite_policy;
 
 typedef struct {
-  int batch;       /* largest batch a step may take (rows) */
-  int n_devices;   /* logical devices (replicas) */
+  int batch;                      /* largest batch a step may take (rows) */
+  int n_devices;                  /* logical devices (replicas) */
   int device_ids[DP_MAX_DEVICES]; /* physical GPU per replica (cuda) */
   dp_split split;
   int micro_batch; /* rows per micro-batch; 0 = the per-device chunk */
@@ -126,15 +133,15 @@ typedef struct {
   int shard_optimizer; /* allreduce: each device keeps and updates only its
                           shard of the optimizer state (ZeRO-1 style) */
   dp_optimizer optimizer;
-  int inference;   /* plan forward only: no grads, no optimizer state */
+  int inference; /* plan forward only: no grads, no optimizer state */
   dp_backend backend;
   /* hyper-parameters (PyTorch meanings and defaults where PyTorch has one) */
-  float lr;           /* default 0.01 */
-  float momentum;     /* DP_OPT_MOMENTUM; default 0.9 */
-  float weight_decay; /* SGD: L2 added to the gradient (default 0);
-                         AdamW: decoupled (default 0.01) */
-  float beta1, beta2, eps; /* AdamW; defaults 0.9, 0.999, 1e-8 */
-  uint64_t seed;      /* parameter init and dropout */
+  float lr;                         /* default 0.01 */
+  float momentum;                   /* DP_OPT_MOMENTUM; default 0.9 */
+  float weight_decay;               /* SGD: L2 added to the gradient (default 0);
+                                       AdamW: decoupled (default 0.01) */
+  float beta1, beta2, eps;          /* AdamW; defaults 0.9, 0.999, 1e-8 */
+  uint64_t seed;                    /* parameter init and dropout */
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the
    * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
@@ -147,6 +154,25 @@ typedef struct {
    * device and the region the write ran out of. Off, the layout is exactly
    * the unguarded one. The host staging arena has no guards. */
   int guards;
+  /* ---- cuda backend only (a cpu plan with any of them set is refused) ---- */
+  /* Capture a step once, after one plain warm-up step of the same shape, as a
+   * CUDA graph and replay it (cudaGraphLaunch) from then on: one launch per
+   * step instead of one per op. Bit-identical to plain execution. Only full
+   * batches (rows == batch) are captured; smaller ones run plain. */
+  int cuda_graph;
+  /* Let cuBLAS use TF32 tensor cores for the FP32 GEMMs: faster, ~1e-3
+   * relative error, so results no longer match the cpu backend closely
+   * (still bit-identical run to run and across replica counts). */
+  int tf32;
+  dp_transport transport; /* default DP_TRANSPORT_AUTO */
+  /* Allreduce mode across distinct GPUs: sum the gradients with one
+   * ncclAllReduce instead of the library's canonical tree. Faster on many
+   * GPUs, but NCCL picks the summation order from the topology: results are
+   * bit-identical run to run only on a fixed topology and device count, and
+   * differ from other device counts and from the cpu backend in the last
+   * bits. Needs allreduce mode, no sharded optimizer, a GPU per replica and
+   * a build with NCCL. */
+  int fast_collectives;
 } dp_config;
 
 /* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic, SGD,
@@ -170,20 +196,20 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
  * unused). A region's size counts its content; alignment padding shows in the
  * offsets and in the device total. */
 typedef enum {
-  DP_REGION_PARAMS = 0,    /* (n_params) fp32, state_dict order */
-  DP_REGION_GRADS,         /* (n_params) reduced grads (dev 0) / local grads */
-  DP_REGION_GRAD_PARTIALS, /* (levels, n_params) partial sums of the grad tree */
-  DP_REGION_OPT_STATE,     /* momentum buffer, or AdamW (m, v) */
-  DP_REGION_INPUTS,        /* (rows, in) this device's input chunk */
-  DP_REGION_TARGETS,       /* (batch, out) fp32 or (batch) int32, loss device */
-  DP_REGION_ACTIVATIONS,   /* liveness-planned intermediate buffers */
-  DP_REGION_OUTPUTS,       /* (rows, out) this device's output chunk */
-  DP_REGION_OUTPUT_GRADS,  /* (rows, out) scattered d(loss)/d(output) */
+  DP_REGION_PARAMS = 0,       /* (n_params) fp32, state_dict order */
+  DP_REGION_GRADS,            /* (n_params) reduced grads (dev 0) / local grads */
+  DP_REGION_GRAD_PARTIALS,    /* (levels, n_params) partial sums of the grad tree */
+  DP_REGION_OPT_STATE,        /* momentum buffer, or AdamW (m, v) */
+  DP_REGION_INPUTS,           /* (rows, in) this device's input chunk */
+  DP_REGION_TARGETS,          /* (batch, out) fp32 or (batch) int32, loss device */
+  DP_REGION_ACTIVATIONS,      /* liveness-planned intermediate buffers */
+  DP_REGION_OUTPUTS,          /* (rows, out) this device's output chunk */
+  DP_REGION_OUTPUT_GRADS,     /* (rows, out) scattered d(loss)/d(output) */
   DP_REGION_GATHERED_OUTPUTS, /* (batch, out) on the output device */
   DP_REGION_GATHERED_GRADS,   /* (batch, out) on the output device */
-  DP_REGION_LOSS,          /* (micro-batches) per-micro-batch loss sums */
-  DP_REGION_COMM,          /* (n_params) receive buffer for reductions */
-  DP_REGION_WORKSPACE,     /* backend scratch */
+  DP_REGION_LOSS,             /* (micro-batches) per-micro-batch loss sums */
+  DP_REGION_COMM,             /* (n_params) receive buffer for reductions */
+  DP_REGION_WORKSPACE,        /* backend scratch */
   DP_REGION_COUNT
 } dp_region;
 
@@ -193,7 +219,7 @@ typedef struct {
   size_t offset, size, align;
 } dp_region_info;
 
-int dp_plan_n_devices(const dp_plan *p);  /* devices with rows (<= n_devices) */
+int dp_plan_n_devices(const dp_plan *p); /* devices with rows (<= n_devices) */
 int dp_plan_device_rows(const dp_plan *p, int dev);
 int dp_plan_device_micro_batches(const dp_plan *p, int dev);
 size_t dp_plan_device_bytes(const dp_plan *p, int dev); /* arena total */
@@ -208,26 +234,28 @@ typedef enum {
   DP_PHASE_BROADCAST = 0, /* refresh replicas' params from device 0 */
   DP_PHASE_SCATTER,       /* host inputs -> device chunks */
   DP_PHASE_FORWARD,
-  DP_PHASE_GATHER,        /* output chunks -> device 0 (or host) */
+  DP_PHASE_GATHER, /* output chunks -> device 0 (or host) */
   DP_PHASE_LOSS,
   DP_PHASE_SCATTER_GRADS, /* d(loss)/d(outputs) -> device chunks */
   DP_PHASE_BACKWARD,
-  DP_PHASE_REDUCE,        /* gradients -> device 0, canonical tree */
+  DP_PHASE_REDUCE, /* gradients -> device 0, canonical tree */
   DP_PHASE_OPTIMIZER,
   DP_PHASE_COUNT
 } dp_phase;
 
 typedef enum {
-  DP_OP_COPY = 0, /* transport: bytes from (src dev, region, offset) to dst */
-  DP_OP_FORWARD,  /* layer forward on one micro-batch */
-  DP_OP_BACKWARD, /* layer backward on one micro-batch, grads into a slot */
-  DP_OP_GRAD_ADD, /* grads slot += slot, or grads += comm */
-  DP_OP_ZERO,     /* dst = 0 (a device with no rows adds nothing to the allreduce) */
-  DP_OP_LOSS,     /* per-micro-batch loss sums and d(loss)/d(outputs) for the
-                     device's rows (classic: device 0, all rows) */
-  DP_OP_LOSS_SUM, /* device 0: the loss from all micro-batch sums */
+  DP_OP_COPY = 0,   /* transport: bytes from (src dev, region, offset) to dst */
+  DP_OP_FORWARD,    /* layer forward on one micro-batch */
+  DP_OP_BACKWARD,   /* layer backward on one micro-batch, grads into a slot */
+  DP_OP_GRAD_ADD,   /* grads slot += slot, or grads += comm */
+  DP_OP_ZERO,       /* dst = 0 (a device with no rows adds nothing to the allreduce) */
+  DP_OP_LOSS,       /* per-micro-batch loss sums and d(loss)/d(outputs) for the
+                       device's rows (classic: device 0, all rows) */
+  DP_OP_LOSS_SUM,   /* device 0: the loss from all micro-batch sums */
   DP_OP_GRAD_CHECK, /* refuse the step if a gradient (of the shard) is not finite */
   DP_OP_OPTIMIZER,  /* update params [dst_offset, +bytes) (a shard, or all) */
+  DP_OP_ALLREDUCE,  /* config.fast_collectives: every device's grads summed in place by
+                       the transport's own collective (ncclAllReduce), one op per device */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
@@ -236,16 +264,16 @@ typedef enum {
 
 typedef struct {
   uint8_t phase, kind;
-  int16_t device;            /* device that executes the op */
-  int16_t layer;             /* -1 when not a layer op */
-  int32_t micro_batch;       /* first global micro-batch index, -1 when none */
-  int32_t n_mb;              /* micro-batches covered (LOSS, LOSS_SUM) */
+  int16_t device;      /* device that executes the op */
+  int16_t layer;       /* -1 when not a layer op */
+  int32_t micro_batch; /* first global micro-batch index, -1 when none */
+  int32_t n_mb;        /* micro-batches covered (LOSS, LOSS_SUM) */
   int32_t stage;
-  int16_t src_dev, dst_dev;  /* COPY: endpoints (DP_HOST = caller memory) */
+  int16_t src_dev, dst_dev;       /* COPY: endpoints (DP_HOST = caller memory) */
   uint8_t src_region, dst_region; /* COPY, GRAD_ADD (dst += src), BACKWARD (grads) */
   size_t src_offset, dst_offset;
-  size_t bytes;              /* bytes moved (COPY) or touched */
-  int32_t row0, rows;        /* rows the op covers */
+  size_t bytes;       /* bytes moved (COPY) or touched */
+  int32_t row0, rows; /* rows the op covers */
 } dp_op;
 
 int dp_plan_n_ops(const dp_plan *p);
@@ -270,8 +298,8 @@ void dp_ctx_free(dp_ctx *c);
 const char *dp_ctx_error(const dp_ctx *c);
 
 /* One training step on `rows` (1..planned batch) rows.
- * x: (rows, cols) fp32 with cols == the model's input width. target: (rows, out) fp32 for mse, (rows) int32 class
- * indices for softmax_cross_entropy. loss (may be NULL): mean loss.
+ * x: (rows, cols) fp32 with cols == the model's input width. target: (rows, out) fp32 for
+ * mse, (rows) int32 class indices for softmax_cross_entropy. loss (may be NULL): mean loss.
  * On any error, parameters, optimizer state and step counter are unchanged:
  * every check and every op that can fail (transfers included) runs before the
  * first write to them (see docs/RELIABILITY.md). Two errors also make the

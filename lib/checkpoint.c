@@ -22,9 +22,9 @@
 
 #define CK_VERSION 1u
 #define CK_SECTIONS 5u
-#define CK_HEADER 16u  /* magic, version, section count */
-#define CK_SEC_HEAD 16u /* tag, reserved, payload length */
-#define CK_SEC_TAIL 8u  /* checksum */
+#define CK_HEADER 16u     /* magic, version, section count */
+#define CK_SEC_HEAD 16u   /* tag, reserved, payload length */
+#define CK_SEC_TAIL 8u    /* checksum */
 #define CK_MODL_FIXED 32u /* MODL payload before the model text */
 #define CK_FLAG_INFERENCE 1u
 
@@ -33,7 +33,6 @@ static const char *const CK_TAGS[CK_SECTIONS] = {"MODL", "STEP", "PARM", "OPTS",
 enum { SEC_MODL, SEC_STEP, SEC_PARM, SEC_OPTS, SEC_END };
 
 /* ---- little helpers ---------------------------------------------------------- */
-
 
 static void put32(unsigned char *b, uint32_t v) {
   for (int i = 0; i < 4; i++) b[i] = (unsigned char)(v >> (8 * i));
@@ -92,9 +91,10 @@ static dp_status check_opt_layout(const dp_plan *p, unsigned k) {
     if (len == 0) continue;
     if (off > n || len > n - off || !dp__mul(len, (size_t)k * 4, &need) ||
         need > p->regions[d][DP_REGION_OPT_STATE].size)
-      return DP_FAIL(DP_ERR_INVALID,
-                     "checkpoint: device %d's optimizer state [%zu, +%zu) does not fit the plan",
-                     d, off, len);
+      return DP_FAIL(
+          DP_ERR_INVALID,
+          "checkpoint: device %d's optimizer state [%zu, +%zu) does not fit the plan", d,
+          off, len);
   }
   /* Coverage: every element must be held by some device. */
   for (size_t e = 0; e < n;) {
@@ -112,8 +112,46 @@ static dp_status check_opt_layout(const dp_plan *p, unsigned k) {
   return DP_OK;
 }
 
-static float *region_f(const dp_ctx *c, int d, dp_region r) {
-  return (float *)(c->arena[d] + c->plan->regions[d][r].offset);
+/* The state a checkpoint holds, as host memory: device 0's parameters and
+ * every device's optimizer state (k vectors of opt_len floats). cpu: pointers
+ * into the arenas; cuda: copies in one host block (mem), since device arenas
+ * are reached only through dp__ctx_read/dp__ctx_write. */
+typedef struct {
+  const float *params;
+  const float *opt[DP_MAX_DEVICES];
+  float *mem;
+} ck_state;
+
+static dp_status state_read(dp_ctx *c, unsigned k, ck_state *v) {
+  const dp_plan *p = c->plan;
+  memset(v, 0, sizeof *v);
+  if (!c->cuda) {
+    v->params = (const float *)(c->arena[0] + p->regions[0][DP_REGION_PARAMS].offset);
+    for (int d = 0; d < p->split.n_used; d++)
+      v->opt[d] = (const float *)(c->arena[d] + p->regions[d][DP_REGION_OPT_STATE].offset);
+    return DP_OK;
+  }
+  size_t n = p->model.n_params, total = n, off[DP_MAX_DEVICES], len[DP_MAX_DEVICES];
+  for (int d = 0; d < p->split.n_used; d++) {
+    opt_range(p, d, &off[d], &len[d]);
+    total += (size_t)k * len[d]; /* bounded by the plan's regions: no overflow */
+  }
+  if (!(v->mem = malloc(total ? total * 4 : 4)))
+    return DP_FAIL(DP_ERR_NOMEM,
+                   "checkpoint: out of memory for a %zu-byte copy of the state", total * 4);
+  dp_status s = dp__ctx_read(c, 0, DP_REGION_PARAMS, 0, v->mem, n * 4);
+  float *at = v->mem + n;
+  for (int d = 0; d < p->split.n_used && !s; d++) {
+    v->opt[d] = at;
+    s = dp__ctx_read(c, d, DP_REGION_OPT_STATE, 0, at, (size_t)k * len[d] * 4);
+    at += (size_t)k * len[d];
+  }
+  v->params = v->mem;
+  if (s) {
+    free(v->mem);
+    v->mem = NULL;
+  }
+  return s;
 }
 
 /* ---- save ---------------------------------------------------------------------- */
@@ -163,7 +201,7 @@ static void w_floats(writer *w, const float *x, size_t n) {
 
 /* The state vectors in logical order: element e of vector j from the lowest
  * device whose range covers e, written in runs. */
-static void w_opt_state(writer *w, const dp_ctx *c, unsigned k) {
+static void w_opt_state(writer *w, const dp_ctx *c, const ck_state *v, unsigned k) {
   const dp_plan *p = c->plan;
   size_t n = p->model.n_params;
   for (unsigned j = 0; j < k; j++) {
@@ -187,7 +225,7 @@ static void w_opt_state(writer *w, const dp_ctx *c, unsigned k) {
         w->failed = true;
         break;
       }
-      const float *s = region_f(c, src, DP_REGION_OPT_STATE) + (size_t)j * len + (e - off);
+      const float *s = v->opt[src] + (size_t)j * len + (e - off);
       w_floats(w, s, end - e);
       e = end;
     }
@@ -197,7 +235,8 @@ static void w_opt_state(writer *w, const dp_ctx *c, unsigned k) {
 /* "checkpoint 'path': cannot <what> 'file': <strerror>" */
 static dp_status io_fail(const char *path, const char *what, const char *file, int err) {
   if (strcmp(path, file) == 0)
-    return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s it: %s", path, what, strerror(err));
+    return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s it: %s", path, what,
+                   strerror(err));
   return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s '%s': %s", path, what, file,
                  strerror(err));
 }
@@ -217,7 +256,7 @@ static char *dir_of(const char *path) {
   return d;
 }
 
-static dp_status write_file(dp_ctx *c, FILE *f) {
+static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
   const dp_plan *p = c->plan;
   size_t n = p->model.n_params;
   unsigned k = ctx_state_vectors(c);
@@ -257,11 +296,11 @@ static dp_status write_file(dp_ctx *c, FILE *f) {
   w_sec_end(&w, w.sec_h);
 
   w_sec_begin(&w, SEC_PARM, (uint64_t)n * 4);
-  w_floats(&w, region_f(c, 0, DP_REGION_PARAMS), n);
+  w_floats(&w, v->params, n);
   w_sec_end(&w, w.sec_h);
 
   w_sec_begin(&w, SEC_OPTS, (uint64_t)k * n * 4);
-  w_opt_state(&w, c, k);
+  w_opt_state(&w, c, v, k);
   w_sec_end(&w, w.sec_h);
 
   w_sec_begin(&w, SEC_END, 0);
@@ -272,18 +311,21 @@ static dp_status write_file(dp_ctx *c, FILE *f) {
 dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!path || !*path)
-    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_save: path is %s",
-                                   path ? "empty" : "NULL"));
+    return dp__ctx_fail(
+        c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_save: path is %s", path ? "empty" : "NULL"));
   if (c->poison) /* a failed update left its state half-written: never persist that */
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "refusing to save: %s", c->poison_msg));
   dp_status s = check_opt_layout(c->plan, ctx_state_vectors(c));
   if (s) return dp__ctx_fail(c, s);
+  ck_state v;
+  if ((s = state_read(c, ctx_state_vectors(c), &v))) return dp__ctx_fail(c, s);
 
   size_t plen = strlen(path), cap = plen + 32;
   char *tmp = malloc(cap), *dir = dir_of(path);
   if (!tmp || !dir) {
     free(tmp);
     free(dir);
+    free(v.mem);
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
   }
   snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
@@ -301,7 +343,7 @@ dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
     goto remove_tmp;
   }
   errno = 0;
-  s = write_file(c, f);
+  s = write_file(c, &v, f);
   if (s == DP_ERR_IO) {
     int err = errno ? errno : EIO;
     fclose(f);
@@ -342,6 +384,7 @@ remove_tmp:
 out:
   free(tmp);
   free(dir);
+  free(v.mem);
   return dp__ctx_fail(c, s);
 }
 
@@ -355,7 +398,9 @@ typedef struct {
   const unsigned char *parm, *opts; /* payloads */
 } ckpt_view;
 
-static size_t sec_size(uint64_t payload) { return CK_SEC_HEAD + (size_t)payload + CK_SEC_TAIL; }
+static size_t sec_size(uint64_t payload) {
+  return CK_SEC_HEAD + (size_t)payload + CK_SEC_TAIL;
+}
 
 /* Exact file size of a checkpoint with these contents (no overflow: callers
  * bound n and tlen first). */
@@ -373,8 +418,8 @@ static bool ctx_text(const dp_ctx *c, char **text, size_t *len) {
 }
 
 /* Checks MODL against the context. */
-static dp_status check_model(const dp_ctx *c, const ckpt_view *v, const char *text, size_t tlen,
-                             const char *path) {
+static dp_status check_model(const dp_ctx *c, const ckpt_view *v, const char *text,
+                             size_t tlen, const char *path) {
   const dp_plan *p = c->plan;
   if (v->text_len != tlen || memcmp(v->text, text, tlen) != 0) {
     /* Name the first differing line of each. */
@@ -395,57 +440,64 @@ static dp_status check_model(const dp_ctx *c, const ckpt_view *v, const char *te
                    (int)(ea - a > 80 ? 80 : ea - a), text + a);
   }
   if (v->n_params != p->model.n_params)
-    return DP_FAIL(DP_ERR_INVALID, "%s: the checkpoint has %llu parameters; the context %zu",
-                   path, (unsigned long long)v->n_params, p->model.n_params);
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: the checkpoint has %llu parameters; the context %zu", path,
+                   (unsigned long long)v->n_params, p->model.n_params);
   bool inference = p->cfg.inference;
   if (inference) return DP_OK; /* takes the parameters only */
   if (v->flags & CK_FLAG_INFERENCE)
-    return DP_FAIL(DP_ERR_INVALID,
-                   "%s: the checkpoint was saved from an inference context (parameters only); "
-                   "a training context resumes only from a training checkpoint "
-                   "(use dp_set_params to start from its parameters)",
-                   path);
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "%s: the checkpoint was saved from an inference context (parameters only); "
+        "a training context resumes only from a training checkpoint "
+        "(use dp_set_params to start from its parameters)",
+        path);
   if (v->optimizer != (uint32_t)p->cfg.optimizer)
-    return DP_FAIL(DP_ERR_INVALID, "%s: the checkpoint's optimizer is %s; the context's is %s",
-                   path, opt_name(v->optimizer), opt_name((uint32_t)p->cfg.optimizer));
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: the checkpoint's optimizer is %s; the context's is %s", path,
+                   opt_name(v->optimizer), opt_name((uint32_t)p->cfg.optimizer));
   if (v->seed != p->cfg.seed)
-    return DP_FAIL(DP_ERR_INVALID, "%s: the checkpoint's seed is %llu; the context's is %llu",
-                   path, (unsigned long long)v->seed, (unsigned long long)p->cfg.seed);
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: the checkpoint's seed is %llu; the context's is %llu", path,
+                   (unsigned long long)v->seed, (unsigned long long)p->cfg.seed);
   return DP_OK;
 }
 
 /* Section i's header at off: tag and reserved word checked, payload length
  * returned; the whole section must be within len. */
-static dp_status sec_open(const char *path, const unsigned char *b, size_t len, size_t off, int i,
-                          size_t expect_total, uint64_t *plen) {
+static dp_status sec_open(const char *path, const unsigned char *b, size_t len, size_t off,
+                          int i, size_t expect_total, uint64_t *plen) {
   if (len - off < CK_SEC_HEAD) {
     if (expect_total)
       return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
                      expect_total, len);
-    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %zu bytes, file has %zu", path,
-                   off + CK_SEC_HEAD, len);
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %zu bytes, file has %zu",
+                   path, off + CK_SEC_HEAD, len);
   }
   if (memcmp(b + off, CK_TAGS[i], 4) != 0) {
     char t[5];
-    for (int q = 0; q < 4; q++) t[q] = b[off + q] >= 32 && b[off + q] < 127 ? (char)b[off + q] : '?';
+    for (int q = 0; q < 4; q++)
+      t[q] = b[off + q] >= 32 && b[off + q] < 127 ? (char)b[off + q] : '?';
     t[4] = 0;
     return DP_FAIL(DP_ERR_PARSE, "%s: section %d is '%s'; expected '%s'", path, i + 1, t,
                    CK_TAGS[i]);
   }
   if (get32(b + off + 4) != 0)
-    return DP_FAIL(DP_ERR_PARSE, "%s: section %s: reserved word is not 0", path, CK_TAGS[i]);
+    return DP_FAIL(DP_ERR_PARSE, "%s: section %s: reserved word is not 0", path,
+                   CK_TAGS[i]);
   *plen = get64(b + off + 8);
   return DP_OK;
 }
 
-static dp_status sec_body(const char *path, const unsigned char *b, size_t len, size_t off, int i,
-                          uint64_t plen, size_t expect_total) {
+static dp_status sec_body(const char *path, const unsigned char *b, size_t len, size_t off,
+                          int i, uint64_t plen, size_t expect_total) {
   if (plen > len - off - CK_SEC_HEAD || len - off - CK_SEC_HEAD - plen < CK_SEC_TAIL) {
     if (expect_total)
       return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
                      expect_total, len);
-    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %llu bytes, file has %zu",
-                   path, (unsigned long long)(off + CK_SEC_HEAD + CK_SEC_TAIL) + plen, len);
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: truncated: expected at least %llu bytes, file has %zu", path,
+                   (unsigned long long)(off + CK_SEC_HEAD + CK_SEC_TAIL) + plen, len);
   }
   const unsigned char *pay = b + off + CK_SEC_HEAD;
   if (dp__fnv1a(DP_FNV_INIT, pay, (size_t)plen) != get64(pay + plen))
@@ -456,20 +508,22 @@ static dp_status sec_body(const char *path, const unsigned char *b, size_t len, 
 /* Checks the whole image; fills v. `file_size` is the real size (the image
  * may hold only a prefix when the file is larger than any checkpoint of the
  * context's model). */
-static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size_t file_size,
-                       const char *path, const char *text, size_t tlen, ckpt_view *v) {
+static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
+                       size_t file_size, const char *path, const char *text, size_t tlen,
+                       ckpt_view *v) {
   memset(v, 0, sizeof *v);
   if (len >= 8 && memcmp(b, CK_MAGIC, 8) != 0)
     return DP_FAIL(DP_ERR_PARSE, "%s: not a libdp checkpoint (bad magic)", path);
   if (len < CK_HEADER)
-    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %u bytes, file has %zu", path,
-                   CK_HEADER, len);
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %u bytes, file has %zu",
+                   path, CK_HEADER, len);
   uint32_t version = get32(b + 8), count = get32(b + 12);
   if (version != CK_VERSION)
     return DP_FAIL(DP_ERR_PARSE, "%s: checkpoint version %u; this library reads version %u",
                    path, version, CK_VERSION);
   if (count != CK_SECTIONS)
-    return DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version 1 has %u", path, count, CK_SECTIONS);
+    return DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version 1 has %u", path, count,
+                   CK_SECTIONS);
 
   /* MODL */
   size_t off = CK_HEADER;
@@ -480,8 +534,10 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size
                 (unsigned long long)plen);
   if (!s) s = sec_body(path, b, len, off, SEC_MODL, plen, 0);
   if (s && file_size > len) /* only a prefix was read */
-    return DP_FAIL(DP_ERR_PARSE, "%s: file has %zu bytes, more than any checkpoint of this "
-                   "model (at most %zu)", path, file_size, len);
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: file has %zu bytes, more than any checkpoint of this "
+                   "model (at most %zu)",
+                   path, file_size, len);
   if (s) return s;
   const unsigned char *m = b + off + CK_SEC_HEAD;
   v->n_params = get64(m);
@@ -493,7 +549,8 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size
   v->text = m + CK_MODL_FIXED;
   if (v->text_len != plen - CK_MODL_FIXED || v->optimizer > DP_OPT_ADAMW ||
       (v->flags & ~CK_FLAG_INFERENCE) ||
-      v->k != ((v->flags & CK_FLAG_INFERENCE) ? 0u : state_vectors((dp_optimizer)v->optimizer)))
+      v->k !=
+          ((v->flags & CK_FLAG_INFERENCE) ? 0u : state_vectors((dp_optimizer)v->optimizer)))
     return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
   if ((s = check_model(c, v, text, tlen, path))) return s;
   off += sec_size(plen);
@@ -502,11 +559,11 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size
   size_t n = c->plan->model.n_params;
   size_t total = file_size_for(n, v->k, tlen);
   if (file_size < total)
-    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path, total,
-                   file_size);
-  if (file_size > total)
-    return DP_FAIL(DP_ERR_PARSE, "%s: expected %zu bytes, file has %zu (trailing data)", path,
+    return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
                    total, file_size);
+  if (file_size > total)
+    return DP_FAIL(DP_ERR_PARSE, "%s: expected %zu bytes, file has %zu (trailing data)",
+                   path, total, file_size);
   /* From here len == file_size == total. */
   const uint64_t expect[CK_SECTIONS] = {0, 8, (uint64_t)n * 4, (uint64_t)v->k * n * 4, 0};
   for (int i = SEC_STEP; i <= SEC_END; i++) {
@@ -518,7 +575,8 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size
       if (len - off != CK_SEC_HEAD + CK_SEC_TAIL)
         return DP_FAIL(DP_ERR_PARSE, "%s: section END is not at the end of the file", path);
       if (dp__fnv1a(DP_FNV_INIT, b, off + CK_SEC_HEAD) != get64(b + off + CK_SEC_HEAD))
-        return DP_FAIL(DP_ERR_PARSE, "%s: checksum mismatch in section END (the whole file)", path);
+        return DP_FAIL(DP_ERR_PARSE,
+                       "%s: checksum mismatch in section END (the whole file)", path);
       break;
     }
     if ((s = sec_body(path, b, len, off, i, plen, total))) return s;
@@ -533,7 +591,8 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len, size
       return DP_FAIL(DP_ERR_PARSE, "%s: parameter %zu is not finite", path, e);
   for (size_t e = 0; e < (size_t)v->k * n; e++)
     if (!isfinite(getf(v->opts + 4 * e)))
-      return DP_FAIL(DP_ERR_PARSE, "%s: optimizer state value %zu (vector %zu) is not finite", path,
+      return DP_FAIL(DP_ERR_PARSE,
+                     "%s: optimizer state value %zu (vector %zu) is not finite", path,
                      e % n, e / n);
   return DP_OK;
 }
@@ -583,8 +642,8 @@ static dp_status read_file(const char *path, size_t cap, unsigned char **buf, si
 dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!path || !*path)
-    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_load: path is %s",
-                                   path ? "empty" : "NULL"));
+    return dp__ctx_fail(
+        c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_load: path is %s", path ? "empty" : "NULL"));
   const dp_plan *p = c->plan;
   size_t n = p->model.n_params;
   unsigned k = ctx_state_vectors(c);
@@ -617,28 +676,39 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
     return dp__ctx_fail(c, s);
   }
 
-  /* Everything checked: write the context. Nothing below can fail. */
-  for (int d = 0; d < p->split.n_used; d++) {
-    if (p->regions[d][DP_REGION_PARAMS].size < n * 4) continue;
-    float *w = region_f(c, d, DP_REGION_PARAMS);
-    for (size_t e = 0; e < n; e++) w[e] = getf(v.parm + 4 * e);
+  /* Everything checked: decode into host memory, then write the context. On
+   * the cpu backend the writes are memcpys and cannot fail; a cuda device
+   * copy that fails part way leaves the state mixed: the context is then
+   * poisoned (a later load heals it). */
+  float *img = malloc((n + (size_t)k * n) * 4 + 4); /* parameters, then k state vectors */
+  if (!img) {
+    free(buf);
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
   }
-  if (k > 0) { /* k == v.k: check_model matched the optimizer */
-    for (int d = 0; d < p->split.n_used; d++) {
-      size_t off, olen;
-      opt_range(p, d, &off, &olen);
-      if (olen == 0) continue;
-      float *st = region_f(c, d, DP_REGION_OPT_STATE);
-      for (unsigned j = 0; j < k; j++)
-        for (size_t e = 0; e < olen; e++)
-          st[(size_t)j * olen + e] = getf(v.opts + 4 * ((size_t)j * n + off + e));
-    }
+  for (size_t e = 0; e < n; e++) img[e] = getf(v.parm + 4 * e);
+  for (size_t e = 0; e < (size_t)k * n; e++) img[n + e] = getf(v.opts + 4 * e);
+  free(buf);
+  for (int d = 0; d < p->split.n_used && !s; d++)
+    if (p->regions[d][DP_REGION_PARAMS].size >= n * 4)
+      s = dp__ctx_write(c, d, DP_REGION_PARAMS, 0, img, n * 4);
+  for (int d = 0; d < p->split.n_used && k > 0 && !s;
+       d++) { /* k == v.k: check_model matched */
+    size_t off, olen;
+    opt_range(p, d, &off, &olen);
+    for (unsigned j = 0; j < k && !s; j++)
+      s = dp__ctx_write(c, d, DP_REGION_OPT_STATE, (size_t)j * olen * 4,
+                        img + n + (size_t)j * n + off, olen * 4);
   }
-  c->step = v.step;
+  free(img);
   c->replicas_stale = true;
+  if (s)
+    return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
+                                                     "checkpoint '%s': writing the loaded "
+                                                     "state failed part way: %s",
+                                                     path, dp_last_error())));
+  c->step = v.step;
   /* Every piece of kept state was just rewritten: a poisoned context is whole again. */
   c->poison = DP_OK;
   c->poison_msg[0] = '\0';
-  free(buf);
   return DP_OK;
 }

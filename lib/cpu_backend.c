@@ -417,6 +417,8 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     return grad_check_op(e, op);
   case DP_OP_OPTIMIZER:
     return optimizer_op(e, op);
+  case DP_OP_ALLREDUCE: /* the planner gives fast_collectives to cuda plans only */
+    return DP_FAIL(DP_ERR_BACKEND, "cpu backend: fast_collectives needs the cuda backend");
   case DP_OP_COPY:
     break;
   }

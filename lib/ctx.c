@@ -1,6 +1,12 @@
 /* The context: the arenas a plan describes, the executor, and the public
  * step/forward/parameter calls. All allocation happens in dp_ctx_create*;
- * the calls after it allocate nothing. */
+ * the calls after it allocate nothing.
+ *
+ * Two backends. cpu: arenas are host memory, the executor's ops read the
+ * caller's inputs directly. cuda (docs/GPU.md): arenas are device memory that
+ * the host reaches only through dp__ctx_read/dp__ctx_write; inputs and targets
+ * are staged into the pinned host arena first; a step only enqueues work, and
+ * dp__cuda_step_end is its one synchronisation. */
 #include "ctx.h"
 
 #include <math.h>
@@ -16,9 +22,49 @@ dp_status dp__ctx_fail(dp_ctx *c, dp_status s) {
 
 const char *dp_ctx_error(const dp_ctx *c) { return c ? c->error : "no context"; }
 
-static void init_params(dp_ctx *c) {
-  const dp_plan *p = c->plan;
-  float *w = (float *)(c->arena[0] + p->regions[0][DP_REGION_PARAMS].offset);
+static unsigned char *region_ptr(const dp_ctx *c, int d, dp_region r, size_t off) {
+  return c->arena[d] + c->plan->regions[d][r].offset + off;
+}
+
+static dp_status check_span(const dp_ctx *c, int d, dp_region r, size_t off, size_t bytes) {
+  size_t size = c->plan->regions[d][r].size;
+  if (off > size || bytes > size - off)
+    return DP_FAIL(DP_ERR_INVALID, "device %d %s: %zu bytes at offset %zu run past its %zu",
+                   d, dp_region_name(r), bytes, off, size);
+  return DP_OK;
+}
+
+dp_status dp__ctx_read(const dp_ctx *c, int d, dp_region r, size_t off, void *dst,
+                       size_t bytes) {
+  dp_status s = check_span(c, d, r, off, bytes);
+  if (s || !bytes) return s;
+  if (c->cuda) return dp__cuda_memcpy(dst, region_ptr(c, d, r, off), bytes);
+  memcpy(dst, region_ptr(c, d, r, off), bytes);
+  return DP_OK;
+}
+
+dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *src,
+                        size_t bytes) {
+  dp_status s = check_span(c, d, r, off, bytes);
+  if (s || !bytes) return s;
+  if (c->cuda) return dp__cuda_memcpy(region_ptr(c, d, r, off), src, bytes);
+  memcpy(region_ptr(c, d, r, off), src, bytes);
+  return DP_OK;
+}
+
+/* n_words 32-bit words at byte offset off of device d's arena (guards and
+ * the high-water scan, which cross regions): a pointer into the arena on the
+ * cpu, or into c->bounce after a device copy (n_words <= DP_CTX_BOUNCE_WORDS). */
+static const uint32_t *arena_words(const dp_ctx *c, int d, size_t off, size_t n_words,
+                                   dp_status *s) {
+  *s = DP_OK;
+  if (!c->cuda) return (const uint32_t *)(c->arena[d] + off);
+  *s = dp__cuda_memcpy(c->bounce, c->arena[d] + off, n_words * 4);
+  return c->bounce;
+}
+
+/* PyTorch's initialisation of every layer's parameters into w (host). */
+static void init_params(const dp_plan *p, float *w) {
   for (int i = 0; i < p->model.n_layers; i++) {
     const dp_layer *l = &p->model.layers[i];
     float *lw = w + l->param_off;
@@ -26,8 +72,9 @@ static void init_params(dp_ctx *c) {
       /* PyTorch's Linear init: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)). */
       float bound = 1.0f / sqrtf((float)l->in);
       for (size_t k = 0; k < l->n_params; k++)
-        lw[k] = (2.0f * dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 0) - 1.0f) *
-                bound;
+        lw[k] =
+            (2.0f * dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 0) - 1.0f) *
+            bound;
     } else if (l->kind == DP_LAYER_LAYERNORM) {
       for (int k = 0; k < l->out; k++) {
         lw[k] = 1.0f;
@@ -37,19 +84,62 @@ static void init_params(dp_ctx *c) {
   }
 }
 
+/* Canaries everywhere, zeroed gradients and optimizer state, initial
+ * parameters on device 0 (the first step's broadcast copies them). */
+static dp_status fill_arenas(dp_ctx *c) {
+  const dp_plan *p = c->plan;
+  int n = p->split.n_used;
+  static const dp_region zeroed[] = {DP_REGION_GRADS, DP_REGION_OPT_STATE};
+  if (!c->cuda) {
+    for (int d = 0; d < n; d++) {
+      uint32_t *w = (uint32_t *)c->arena[d];
+      for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = DP_CANARY;
+      for (int i = 0; i < 2; i++)
+        memset(region_ptr(c, d, zeroed[i], 0), 0, p->regions[d][zeroed[i]].size);
+    }
+    init_params(p, (float *)region_ptr(c, 0, DP_REGION_PARAMS, 0));
+    return DP_OK;
+  }
+  dp_status s = DP_OK;
+  for (int d = 0; d < n && !s; d++) {
+    int gpu = p->cfg.device_ids[d];
+    s = dp__cuda_fill_u32(gpu, c->arena[d], DP_CANARY, p->dev_bytes[d] / 4);
+    for (int i = 0; i < 2 && !s; i++)
+      s = dp__cuda_fill_u32(gpu, region_ptr(c, d, zeroed[i], 0), 0,
+                            p->regions[d][zeroed[i]].size / 4);
+  }
+  if (s) return s;
+  size_t np = p->model.n_params;
+  float *w = malloc(np ? np * 4 : 4);
+  if (!w)
+    return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for %zu initial parameters", np);
+  init_params(p, w);
+  s = dp__ctx_write(c, 0, DP_REGION_PARAMS, 0, w, np * 4);
+  free(w);
+  return s;
+}
+
+/* The cuda backend's flags for this plan: NCCL between replicas when asked,
+ * or by default when this build has it and every replica has its own GPU. */
+static unsigned cuda_flags(const dp_plan *p) {
+  const dp_config *cf = &p->cfg;
+  unsigned f = cf->tf32 ? DP_CUDA_TF32 : 0;
+  int n = p->split.n_used;
+  bool distinct = n > 1;
+  for (int d = 0; d < n && distinct; d++)
+    for (int e = 0; e < d && distinct; e++)
+      distinct = cf->device_ids[d] != cf->device_ids[e];
+  if (cf->transport == DP_TRANSPORT_NCCL || cf->fast_collectives ||
+      (cf->transport == DP_TRANSPORT_AUTO && distinct && dp__cuda_have_nccl()))
+    f |= DP_CUDA_NCCL;
+  return f;
+}
+
 static dp_status ctx_init(dp_ctx *c) {
   const dp_plan *p = c->plan;
   int n = p->split.n_used;
-  for (int d = 0; d < n; d++) {
-    uint32_t *w = (uint32_t *)c->arena[d];
-    for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = DP_CANARY;
-  }
-  /* State that must start at zero. */
-  static const dp_region zeroed[] = {DP_REGION_GRADS, DP_REGION_OPT_STATE};
-  for (int d = 0; d < n; d++)
-    for (int i = 0; i < 2; i++)
-      memset(c->arena[d] + p->regions[d][zeroed[i]].offset, 0, p->regions[d][zeroed[i]].size);
-  init_params(c);
+  dp_status s = fill_arenas(c);
+  if (s) return s;
   c->replicas_stale = true;
   int max_mbs = dp__split_max_mbs(&p->cfg);
   for (int i = 0; i < 2; i++) {
@@ -59,7 +149,14 @@ static dp_status ctx_init(dp_ctx *c) {
   }
   if (!c->train.mbs || !c->train.ops || !c->infer.mbs || !c->infer.ops)
     return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
-  dp_status s = dp__exec_init(&c->exec, n, &dp__cpu_backend, NULL, &dp__shm_transport, NULL);
+  if (c->cuda) {
+    if ((s = dp__cuda_ctx_init(p, (void *const *)c->arena, cuda_flags(p), &c->bctx)))
+      return s;
+    s = dp__exec_init(&c->exec, n, &dp__cuda_backend, c->bctx, &dp__cuda_transport,
+                      c->bctx);
+  } else {
+    s = dp__exec_init(&c->exec, n, &dp__cpu_backend, NULL, &dp__shm_transport, NULL);
+  }
   if (s) return s;
   c->exec_live = true;
   return DP_OK;
@@ -69,13 +166,15 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create: out is NULL");
   *out = NULL;
   if (!p) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create: plan is NULL");
-  if (p->cfg.backend == DP_BACKEND_CUDA)
-    return DP_FAIL(DP_ERR_UNSUPPORTED,
-                   "the CUDA step is not implemented yet; plan with the cpu backend");
   dp_ctx *c = calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
   c->plan = p;
   c->inject_at = -1;
+  c->cuda = p->cfg.backend == DP_BACKEND_CUDA;
+  if (c->cuda && !(c->bounce = malloc(DP_CTX_BOUNCE_WORDS * 4))) {
+    free(c);
+    return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
+  }
   *out = c;
   return DP_OK;
 }
@@ -86,14 +185,26 @@ dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
   dp_ctx *c = *out;
   c->owns_arenas = true;
   for (int d = 0; d < p->split.n_used && !s; d++) {
+    if (c->cuda) {
+      /* refuses, naming the device and the bytes planned and free, before
+       * anything is allocated on a GPU that cannot hold the plan */
+      s = dp__cuda_arena_alloc(p->cfg.device_ids[d], p->dev_bytes[d],
+                               (void **)&c->arena[d]);
+      if (s) s = DP_FAIL(s, "device %d: %s", d, dp_last_error());
+      continue;
+    }
     c->arena[d] = aligned_alloc(p->align, p->dev_bytes[d] ? p->dev_bytes[d] : p->align);
     if (!c->arena[d])
       s = DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", d,
                   p->dev_bytes[d]);
   }
+  if (!s && c->cuda) s = dp__cuda_host_alloc(p->host_bytes, (void **)&c->staging);
   if (!s) s = ctx_init(c);
   if (s) {
-    dp_ctx_free(c);
+    char msg[DP_ERRMSG_CAP];
+    snprintf(msg, sizeof msg, "%s", dp_last_error());
+    dp_ctx_free(c); /* may record errors of its own */
+    dp__error_restore(msg);
     *out = NULL;
   }
   return s;
@@ -101,19 +212,30 @@ dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
 
 dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
                                dp_ctx **out) {
-  (void)host; /* the CPU backend stages nothing: it reads the caller's memory */
   if (out) *out = NULL;
   if (!arenas) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create_static: arenas is NULL");
   for (int d = 0; p && d < p->split.n_used; d++)
     if (!arenas[d] || (uintptr_t)arenas[d] % p->align)
       return DP_FAIL(DP_ERR_INVALID, "arena of device %d is %s", d,
                      arenas[d] ? "not aligned to the plan's alignment" : "NULL");
+  /* The cpu backend stages nothing (it reads the caller's memory); cuda
+   * stages inputs through `host`, pinned memory of dp_plan_host_bytes. */
+  if (p && p->cfg.backend == DP_BACKEND_CUDA && p->host_bytes &&
+      (!host || (uintptr_t)host % p->align))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "a cuda context needs the pinned host staging arena of %zu "
+                   "bytes (dp_plan_host_bytes), aligned to %zu; got %s",
+                   p->host_bytes, p->align, host ? "a misaligned pointer" : "NULL");
   dp_status s = ctx_new(p, out);
   if (s) return s;
   dp_ctx *c = *out;
   for (int d = 0; d < p->split.n_used; d++) c->arena[d] = arenas[d];
+  if (c->cuda) c->staging = host;
   if ((s = ctx_init(c))) {
+    char msg[DP_ERRMSG_CAP];
+    snprintf(msg, sizeof msg, "%s", dp_last_error());
     dp_ctx_free(c);
+    dp__error_restore(msg);
     *out = NULL;
   }
   return s;
@@ -122,8 +244,17 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
 void dp_ctx_free(dp_ctx *c) {
   if (!c) return;
   if (c->exec_live) dp__exec_destroy(&c->exec);
-  if (c->owns_arenas)
+  if (c->cuda) {
+    dp__cuda_ctx_free(c->bctx); /* waits for queued work first */
+    if (c->owns_arenas) {
+      for (int d = 0; d < c->plan->split.n_used; d++)
+        dp__cuda_arena_free(c->plan->cfg.device_ids[d], c->arena[d]);
+      dp__cuda_host_free(c->staging);
+    }
+  } else if (c->owns_arenas) {
     for (int d = 0; d < DP_MAX_DEVICES; d++) free(c->arena[d]);
+  }
+  free(c->bounce);
   free(c->train.mbs);
   free(c->train.ops);
   free(c->infer.mbs);
@@ -137,7 +268,9 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool trai
   const dp_plan *p = c->plan;
   for (int k = 0; k < p->split.n_mb; k++) {
     int r = rows - p->mbs[k].row0;
-    sc->mbs[k] = (dp_mb){p->mbs[k].row0, r <= 0 ? 0 : r < p->mbs[k].rows ? r : p->mbs[k].rows};
+    sc->mbs[k] = (dp_mb){p->mbs[k].row0, r <= 0               ? 0
+                                         : r < p->mbs[k].rows ? r
+                                                              : p->mbs[k].rows};
   }
   sc->rows = 0;
   dp_status s = dp__schedule_build(p, sc->mbs, training, sc->ops, p->ops_cap, &sc->n_ops,
@@ -154,8 +287,8 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool trai
   return DP_OK;
 }
 
-dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops, int *n_ops,
-                           int *commit) {
+dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops,
+                           int *n_ops, int *commit) {
   if (!c || rows < 1 || rows > c->plan->cfg.batch || (training && c->plan->cfg.inference))
     return DP_FAIL(DP_ERR_INVALID, "dp__ctx_schedule: bad arguments");
   dp_sched_cache *sc = training ? &c->train : &c->infer;
@@ -178,7 +311,7 @@ void dp__ctx_inject_fault(dp_ctx *c, int k) {
  * no longer holds the canary was hit by a write that ran out of a region. */
 
 /* Marks the context unusable (see ctx.h); returns s. */
-static dp_status poison(dp_ctx *c, dp_status s) {
+dp_status dp__ctx_poison(dp_ctx *c, dp_status s) {
   if (!c->poison) {
     c->poison = s;
     snprintf(c->poison_msg, sizeof c->poison_msg, "%s", dp_last_error());
@@ -187,38 +320,61 @@ static dp_status poison(dp_ctx *c, dp_status s) {
 }
 
 static dp_status poisoned(dp_ctx *c) {
-  return dp__ctx_fail(c, DP_FAIL(c->poison,
-                                 "this context is unusable since an earlier failure left its "
-                                 "state untrustworthy (free it and restore from a "
-                                 "checkpoint): %s",
-                                 c->poison_msg));
+  return dp__ctx_fail(c,
+                      DP_FAIL(c->poison,
+                              "this context is unusable since an earlier failure left its "
+                              "state untrustworthy (free it and restore from a "
+                              "checkpoint): %s",
+                              c->poison_msg));
+}
+
+/* Words of device d's arena in [k0, k1) (word indices) that differ from the
+ * canary: how many, the first, and whether the first and last word do. */
+typedef struct {
+  size_t n, first;
+  bool head, tail;
+} canary_scan;
+
+static dp_status scan_canary(const dp_ctx *c, int d, size_t k0, size_t k1, canary_scan *r) {
+  *r = (canary_scan){0};
+  for (size_t k = k0; k < k1;) {
+    size_t m = k1 - k < DP_CTX_BOUNCE_WORDS ? k1 - k : DP_CTX_BOUNCE_WORDS;
+    dp_status s;
+    const uint32_t *w = arena_words(c, d, k * 4, m, &s);
+    if (s) return s;
+    for (size_t i = 0; i < m; i++)
+      if (w[i] != DP_CANARY && r->n++ == 0) r->first = k + i;
+    if (k == k0) r->head = w[0] != DP_CANARY;
+    if (k + m == k1) r->tail = w[m - 1] != DP_CANARY;
+    k += m;
+  }
+  return DP_OK;
 }
 
 static dp_status check_guards(dp_ctx *c) {
   const dp_plan *p = c->plan;
   if (!p->cfg.guards) return DP_OK;
   int bad_guards = 0, bad_dev = -1, bad_region = 0;
-  size_t bad_lo = 0, bad_hi = 0, bad_first = 0, bad_words = 0;
-  bool bad_head = false, bad_tail = false;
+  size_t bad_lo = 0, bad_hi = 0;
+  canary_scan bad = {0};
   for (int d = 0; d < p->split.n_used; d++) {
-    const uint32_t *w = (const uint32_t *)c->arena[d];
     /* guard g follows region g; g = -1 is the one before the first region */
     for (int g = -1; g < DP_REGION_COUNT; g++) {
       size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
       size_t hi = g + 1 < DP_REGION_COUNT ? p->regions[d][g + 1].offset : p->dev_bytes[d];
-      size_t k0 = (lo + 3) / 4, k1 = hi / 4, n = 0, first = 0;
-      for (size_t k = k0; k < k1; k++)
-        if (w[k] != DP_CANARY && n++ == 0) first = k;
-      if (!n) continue;
+      size_t k0 = (lo + 3) / 4, k1 = hi / 4;
+      canary_scan r;
+      dp_status s = scan_canary(c, d, k0, k1, &r);
+      if (s)
+        return dp__ctx_poison(
+            c, DP_FAIL(s, "device %d: cannot read its guards: %s", d, dp_last_error()));
+      if (!r.n) continue;
       if (bad_guards++ == 0) {
         bad_dev = d;
         bad_region = g;
         bad_lo = k0 * 4;
         bad_hi = k1 * 4;
-        bad_first = first * 4;
-        bad_words = n;
-        bad_head = w[k0] != DP_CANARY;
-        bad_tail = w[k1 - 1] != DP_CANARY;
+        bad = r;
       }
     }
   }
@@ -226,19 +382,20 @@ static dp_status check_guards(dp_ctx *c) {
   /* A write that ran past a region's end hits the head of the guard after
    * it; one that ran before a region's start, the tail of the guard before. */
   char what[96];
-  if (bad_region < 0 || (bad_tail && !bad_head && bad_region + 1 < DP_REGION_COUNT))
+  if (bad_region < 0 || (bad.tail && !bad.head && bad_region + 1 < DP_REGION_COUNT))
     snprintf(what, sizeof what, "before the start of region '%s'",
              dp_region_name((dp_region)(bad_region + 1)));
   else
     snprintf(what, sizeof what, "past the end of region '%s'",
              dp_region_name((dp_region)bad_region));
   char more[48] = "";
-  if (bad_guards > 1) snprintf(more, sizeof more, "; %d more guards damaged", bad_guards - 1);
-  return poison(c, DP_FAIL(DP_ERR_CORRUPT,
-                           "device %d: a write ran %s (guard at offset %zu damaged: %zu of its "
-                           "%zu words, the first at offset %zu)%s",
-                           bad_dev, what, bad_lo, bad_words, (bad_hi - bad_lo) / 4, bad_first,
-                           more));
+  if (bad_guards > 1)
+    snprintf(more, sizeof more, "; %d more guards damaged", bad_guards - 1);
+  return dp__ctx_poison(
+      c, DP_FAIL(DP_ERR_CORRUPT,
+                 "device %d: a write ran %s (guard at offset %zu damaged: %zu of its "
+                 "%zu words, the first at offset %zu)%s",
+                 bad_dev, what, bad_lo, bad.n, (bad_hi - bad_lo) / 4, bad.first * 4, more));
 }
 
 dp_status dp_ctx_check_guards(dp_ctx *c) {
@@ -261,16 +418,20 @@ static dp_status check_batch(dp_ctx *c, int rows, int cols, const float *x) {
   return DP_OK;
 }
 
-static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int rows, bool training) {
-  *e = (dp_exec_env){.plan = c->plan, .mbs = sc->mbs, .rows = rows, .training = training,
-                     .step = c->step, .skip_broadcast = !c->replicas_stale};
+static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int rows,
+                     bool training) {
+  *e = (dp_exec_env){.plan = c->plan,
+                     .mbs = sc->mbs,
+                     .rows = rows,
+                     .training = training,
+                     .step = c->step,
+                     .skip_broadcast = !c->replicas_stale};
   for (int d = 0; d < c->plan->split.n_used; d++) e->arena[d] = c->arena[d];
 }
 
-dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
-                        float *loss) {
-  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
-  if (c->poison) return poisoned(c);
+/* Checks a training call's arguments and builds its schedule; changes nothing. */
+static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
+                            const void *target) {
   const dp_plan *p = c->plan;
   dp_status s = check_batch(c, rows, cols, x);
   if (!s && p->cfg.inference)
@@ -281,19 +442,28 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
     int classes = dp_model_output_width(&p->model);
     for (int r = 0; r < rows && !s; r++)
       if (t[r] < 0 || t[r] >= classes)
-        s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], r, classes - 1);
+        s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], r,
+                    classes - 1);
   }
   if (!s) s = schedule_for(c, &c->train, rows, true);
-  if (s) return dp__ctx_fail(c, s);
-  dp_exec_env e;
-  env_init(c, &e, &c->train, rows, true);
-  e.host_x = x;
-  e.host_t = target;
-  /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
-   * allreduce keeps every replica current and broadcasts only when they are
-   * stale (parameters set from outside, a load, a failed step). */
-  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
-  e.skip_broadcast = !classic && !c->replicas_stale;
+  return s;
+}
+
+/* A non-finite loss or gradient under the context's policy: DP_OK (skipped,
+ * counted, *loss NaN) or the error. Nothing was applied either way. */
+static dp_status nonfinite(dp_ctx *c, dp_status s, float *loss) {
+  if (s == DP_ERR_NONFINITE && c->plan->cfg.on_nonfinite == DP_NONFINITE_SKIP) {
+    c->skipped++;
+    snprintf(c->error, sizeof c->error, "step %llu skipped: %s",
+             (unsigned long long)c->step, dp_last_error());
+    if (loss) *loss = NAN;
+    return DP_OK;
+  }
+  return dp__ctx_fail(c, s);
+}
+
+static dp_status cpu_train_step(dp_ctx *c, dp_exec_env *e, int inject, float *loss) {
+  bool classic = c->plan->cfg.mode == DP_MODE_CLASSIC;
   /* The fault guarantee (docs/RELIABILITY.md, "Fault injection and arena
    * guards"). State a failed step must leave alone: device 0's parameters,
    * every device's optimizer state, the step counter. Replicas' parameters
@@ -309,29 +479,21 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
    * (a backend that can), the state is partly updated and cannot be
    * restored: the context is poisoned instead of going on with it. */
   const dp_sched_cache *sc = &c->train;
-  int inject = c->inject_at;
-  c->inject_at = -1;
-  s = dp__exec_run(&c->exec, &e, sc->ops, sc->n_ops, 0, sc->commit, inject);
+  dp_status s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
   dp_status g = check_guards(c);
   if (g) return dp__ctx_fail(c, g);
   if (s) {
     c->replicas_stale = true;
-    if (s == DP_ERR_NONFINITE && p->cfg.on_nonfinite == DP_NONFINITE_SKIP) {
-      c->skipped++;
-      snprintf(c->error, sizeof c->error, "step %llu skipped: %s", (unsigned long long)c->step,
-               dp_last_error());
-      if (loss) *loss = NAN;
-      return DP_OK;
-    }
-    return dp__ctx_fail(c, s);
+    return nonfinite(c, s, loss);
   }
-  s = dp__exec_run(&c->exec, &e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
+  s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
   if (s) {
     c->replicas_stale = true;
-    return dp__ctx_fail(c, poison(c, DP_FAIL(s, "the step's update failed part way, leaving "
-                                                "parameters and optimizer state partly "
-                                                "updated: %s",
-                                             dp_last_error())));
+    return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
+                                                     "the step's update failed part way, "
+                                                     "leaving parameters and optimizer "
+                                                     "state partly updated: %s",
+                                                     dp_last_error())));
   }
   c->step++;
   c->replicas_stale = classic;
@@ -339,8 +501,137 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
    * but the context is poisoned all the same. */
   g = check_guards(c);
   if (g) return dp__ctx_fail(c, g);
-  if (loss) *loss = e.loss;
+  if (loss) *loss = e->loss;
   return DP_OK;
+}
+
+/* ---- the cuda step ---------------------------------------------------------------
+ * The device refuses a non-finite step by itself (every optimizer kernel
+ * reads the status words first), so the whole schedule is enqueued at once,
+ * pre-commit and commit parts back to back with no host check between, and
+ * dp__cuda_step_end, the one synchronisation, says how it went.
+ *
+ * Graphs (config.cuda_graph): a slot per shape of run (training or forward,
+ * with or without the parameter broadcast; full batches only). The first run
+ * of a shape is plain (warm-up: cuBLAS settles its choices), the second is
+ * captured and launched, every later one launched. */
+static int graph_slot(const dp_ctx *c, const dp_exec_env *e, int rows, int inject) {
+  if (!c->plan->cfg.cuda_graph || rows != c->plan->cfg.batch || inject >= 0) return -1;
+  return (e->training ? 0 : 2) + (e->skip_broadcast ? 1 : 0);
+}
+
+/* Copies the caller's inputs (and targets) into the pinned staging arena and
+ * points the executor's host endpoints there. */
+static void stage_inputs(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
+                         const void *target) {
+  const dp_plan *p = c->plan;
+  dp_cuda_staging lay = dp__cuda_staging_layout(p);
+  memcpy(c->staging + lay.x, x, (size_t)rows * (size_t)p->model.input_width * 4);
+  e->host_x = (const float *)(c->staging + lay.x);
+  if (target) {
+    size_t tw = p->model.loss == DP_LOSS_MSE ? (size_t)dp_model_output_width(&p->model) : 1;
+    memcpy(c->staging + lay.t, target, (size_t)rows * tw * 4);
+    e->host_t = c->staging + lay.t;
+  }
+  e->host_y = (float *)(c->staging + lay.y);
+}
+
+/* Enqueues one run of sc (plain, captured then launched, or launched) and
+ * waits for it. *untrusted: the state may be partly updated: the host failed
+ * to enqueue part of the commit phase after all of the pre-commit part, or
+ * the device failed (an asynchronous CUDA fault leaves the CUDA context
+ * unusable). A failure to enqueue before the commit phase, or a capture that
+ * failed (nothing ran), leaves the state as it was. */
+static dp_status cuda_run(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot,
+                          int inject, float *loss, bool *untrusted) {
+  bool commit_failed = false;
+  dp_status s;
+  if (slot >= 0 && dp__cuda_graph_ready(c->bctx, slot)) {
+    s = dp__cuda_graph_launch(c->bctx, slot, c->step);
+  } else {
+    bool capture = slot >= 0 && c->graph_warm[slot];
+    s = capture ? dp__cuda_capture_begin(c->bctx) : DP_OK;
+    if (!s) s = dp__cuda_step_begin(c->bctx, c->step);
+    if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
+    if (!s) {
+      s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
+      commit_failed = s && !capture;
+    }
+    if (capture) {
+      if (s) {
+        char msg[DP_ERRMSG_CAP];
+        snprintf(msg, sizeof msg, "%s", dp_last_error());
+        dp__cuda_capture_abort(c->bctx);
+        dp__error_restore(msg);
+      } else if (!(s = dp__cuda_capture_end(c->bctx, slot))) {
+        s = dp__cuda_graph_launch(c->bctx, slot, c->step);
+      }
+    } else if (!s && slot >= 0) {
+      c->graph_warm[slot] = true;
+    }
+  }
+  /* Always: nothing of this run may still be queued when we return. A
+   * failure to enqueue comes first; its text stays the last error. */
+  char msg[DP_ERRMSG_CAP];
+  if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
+  dp_status end = dp__cuda_step_end(c->bctx, loss);
+  *untrusted = commit_failed || end == DP_ERR_BACKEND;
+  if (s) {
+    if (end == DP_ERR_BACKEND) /* and the device failed too: report both */
+      return DP_FAIL(DP_ERR_BACKEND, "%s; then: %s", msg, dp_last_error());
+    dp__error_restore(msg);
+    return s;
+  }
+  return end;
+}
+
+static dp_status cuda_train_step(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
+                                 const void *target, int inject, float *loss) {
+  bool classic = c->plan->cfg.mode == DP_MODE_CLASSIC;
+  stage_inputs(c, e, rows, x, target);
+  bool untrusted;
+  float l = 0.0f;
+  dp_status s =
+      cuda_run(c, e, &c->train, graph_slot(c, e, rows, inject), inject, &l, &untrusted);
+  if (untrusted) {
+    /* An asynchronous device fault (the CUDA context is unusable), or an
+     * update enqueued only in part: the state cannot be trusted. */
+    c->replicas_stale = true;
+    return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
+                                                     "the step failed on the device or "
+                                                     "part way through its update: %s",
+                                                     dp_last_error())));
+  }
+  dp_status g = check_guards(c);
+  if (g) return dp__ctx_fail(c, g);
+  if (s) { /* refused on the device (non-finite, label) or before its update */
+    c->replicas_stale = true;
+    return nonfinite(c, s, loss);
+  }
+  c->step++;
+  c->replicas_stale = classic;
+  if (loss) *loss = l;
+  return DP_OK;
+}
+
+dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
+                        float *loss) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (c->poison) return poisoned(c);
+  dp_status s = train_args(c, rows, cols, x, target);
+  if (s) return dp__ctx_fail(c, s);
+  dp_exec_env e;
+  env_init(c, &e, &c->train, rows, true);
+  /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
+   * allreduce keeps every replica current and broadcasts only when they are
+   * stale (parameters set from outside, a load, a failed step). */
+  e.skip_broadcast = c->plan->cfg.mode != DP_MODE_CLASSIC && !c->replicas_stale;
+  int inject = c->inject_at;
+  c->inject_at = -1;
+  if (c->cuda) return cuda_train_step(c, &e, rows, x, target, inject, loss);
+  e.host_x = x;
+  e.host_t = target;
+  return cpu_train_step(c, &e, inject, loss);
 }
 
 dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
@@ -352,11 +643,26 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   if (s) return dp__ctx_fail(c, s);
   dp_exec_env e;
   env_init(c, &e, &c->infer, rows, false);
-  e.host_x = x;
-  e.host_y = y;
   int inject = c->inject_at;
   c->inject_at = -1;
-  s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, 0, c->infer.n_ops, inject);
+  if (c->cuda) {
+    stage_inputs(c, &e, rows, x, NULL);
+    bool untrusted;
+    s = cuda_run(c, &e, &c->infer, graph_slot(c, &e, rows, inject), inject, NULL,
+                 &untrusted);
+    if (untrusted)
+      return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
+                                                       "the forward failed on the device: "
+                                                       "%s",
+                                                       dp_last_error())));
+    if (!s)
+      memcpy(y, e.host_y,
+             (size_t)rows * (size_t)dp_model_output_width(&c->plan->model) * 4);
+  } else {
+    e.host_x = x;
+    e.host_y = y;
+    s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, 0, c->infer.n_ops, inject);
+  }
   dp_status g = check_guards(c);
   if (g) return dp__ctx_fail(c, g);
   if (s) {
@@ -369,23 +675,20 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   return DP_OK;
 }
 
-static float *dev0(dp_ctx *c, dp_region r) {
-  return (float *)(c->arena[0] + c->plan->regions[0][r].offset);
-}
-
 static dp_status check_n(dp_ctx *c, const void *buf, size_t n) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!buf) return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "buffer is NULL"));
   if (n != c->plan->model.n_params)
-    return dp__ctx_fail(c, DP_FAIL(DP_ERR_SHAPE, "buffer holds %zu floats; the model has %zu "
-                                             "parameters",
-                               n, c->plan->model.n_params));
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_SHAPE,
+                                   "buffer holds %zu floats; the model has %zu "
+                                   "parameters",
+                                   n, c->plan->model.n_params));
   return DP_OK;
 }
 
 dp_status dp_get_params(dp_ctx *c, float *out, size_t n) {
   dp_status s = check_n(c, out, n);
-  if (!s) memcpy(out, dev0(c, DP_REGION_PARAMS), n * 4);
+  if (!s) s = dp__ctx_fail(c, dp__ctx_read(c, 0, DP_REGION_PARAMS, 0, out, n * 4));
   return s;
 }
 
@@ -395,8 +698,13 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n) {
   for (size_t k = 0; k < n; k++)
     if (!isfinite(in[k]))
       return dp__ctx_fail(c, DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k));
-  memcpy(dev0(c, DP_REGION_PARAMS), in, n * 4);
   c->replicas_stale = true;
+  s = dp__ctx_write(c, 0, DP_REGION_PARAMS, 0, in, n * 4);
+  if (s) /* only a device copy can fail, part way */
+    return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
+                                                     "setting the parameters failed part "
+                                                     "way: %s",
+                                                     dp_last_error())));
   return DP_OK;
 }
 
@@ -404,9 +712,9 @@ dp_status dp_get_grads(dp_ctx *c, float *out, size_t n) {
   dp_status s = check_n(c, out, n);
   if (s) return s;
   if (c->plan->cfg.inference)
-    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "an inference context has no gradients"));
-  memcpy(out, dev0(c, DP_REGION_GRADS), n * 4);
-  return DP_OK;
+    return dp__ctx_fail(c,
+                        DP_FAIL(DP_ERR_INVALID, "an inference context has no gradients"));
+  return dp__ctx_fail(c, dp__ctx_read(c, 0, DP_REGION_GRADS, 0, out, n * 4));
 }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
@@ -414,13 +722,30 @@ uint64_t dp_ctx_skipped_steps(const dp_ctx *c) { return c ? c->skipped : 0; }
 
 size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
   if (!c || dev < 0 || dev >= c->plan->split.n_used) return 0;
-  const uint32_t *w = (const uint32_t *)c->arena[dev];
-  size_t k = c->plan->dev_bytes[dev] / 4;
-  while (k > 0 && w[k - 1] == DP_CANARY) k--;
-  return k * 4;
+  /* from the end, a chunk at a time, to the last word that is not the canary */
+  for (size_t k = c->plan->dev_bytes[dev] / 4; k > 0;) {
+    size_t m = k < DP_CTX_BOUNCE_WORDS ? k : DP_CTX_BOUNCE_WORDS;
+    dp_status s;
+    const uint32_t *w = arena_words(c, dev, (k - m) * 4, m, &s);
+    if (s) return 0; /* documented: 0 when it cannot be read */
+    for (size_t i = m; i > 0; i--)
+      if (w[i - 1] != DP_CANARY) return (k - m + i) * 4;
+    k -= m;
+  }
+  return 0;
 }
 
 uint64_t dp_params_hash(dp_ctx *c) {
   if (!c) return 0;
-  return dp__fnv1a(DP_FNV_INIT, dev0(c, DP_REGION_PARAMS), c->plan->model.n_params * 4);
+  size_t bytes = c->plan->model.n_params * 4;
+  if (!c->cuda) return dp__fnv1a(DP_FNV_INIT, region_ptr(c, 0, DP_REGION_PARAMS, 0), bytes);
+  uint64_t h = DP_FNV_INIT;
+  for (size_t off = 0; off < bytes;) {
+    size_t m =
+        bytes - off < DP_CTX_BOUNCE_WORDS * 4 ? bytes - off : DP_CTX_BOUNCE_WORDS * 4;
+    if (dp__ctx_read(c, 0, DP_REGION_PARAMS, off, c->bounce, m)) return 0;
+    h = dp__fnv1a(h, c->bounce, m);
+    off += m;
+  }
+  return h;
 }

@@ -3,6 +3,7 @@
 #ifndef DP_CTX_H
 #define DP_CTX_H
 
+#include "dp_cuda.h"
 #include "exec.h"
 
 /* Arena words no op has written keep this NaN payload, which arithmetic never
@@ -19,17 +20,30 @@ typedef struct {
   int commit;
 } dp_sched_cache;
 
+/* Host words the cuda backend's arenas are read through (guards, high water,
+ * hash): device memory is never dereferenced on the host. */
+#define DP_CTX_BOUNCE_WORDS 4096
+
 struct dp_ctx {
   const dp_plan *plan;
+  /* cpu: host memory; cuda: device memory, reached only through dp__ctx_read
+   * and dp__ctx_write (or the backend) */
   unsigned char *arena[DP_MAX_DEVICES];
   bool owns_arenas;
+  bool cuda;              /* plan->cfg.backend == DP_BACKEND_CUDA */
+  void *bctx;             /* the cuda backend's context */
+  unsigned char *staging; /* cuda: pinned host staging (dp_plan_host_bytes) */
+  uint32_t *bounce;       /* cuda: DP_CTX_BOUNCE_WORDS host words */
+  /* cuda graphs, per slot (see ctx.c graph_slot): a plain step of this shape
+   * has run, so the next one may be captured */
+  bool graph_warm[DP_CUDA_GRAPH_SLOTS];
   dp_sched_cache train, infer;
   dp_exec exec;
   bool exec_live;
   bool replicas_stale;
   uint64_t step;
-  uint64_t skipped;    /* steps skipped under DP_NONFINITE_SKIP */
-  int inject_at;       /* test hook: schedule index that fails in the next run, -1 none */
+  uint64_t skipped; /* steps skipped under DP_NONFINITE_SKIP */
+  int inject_at;    /* test hook: schedule index that fails in the next run, -1 none */
   /* Nonzero: state can no longer be trusted (a guard was hit, or an op of a
    * commit phase failed); step and forward return it with poison_msg. */
   dp_status poison;
@@ -41,6 +55,16 @@ struct dp_ctx {
  * returns s. */
 dp_status dp__ctx_fail(dp_ctx *c, dp_status s);
 
+/* Copies `bytes` at offset off of device d's region r to host memory dst, or
+ * host memory src into it: memcpy on the cpu backend, a synchronous device
+ * copy on cuda (the only way the host touches a cuda arena). */
+dp_status dp__ctx_read(const dp_ctx *c, int d, dp_region r, size_t off, void *dst,
+                       size_t bytes);
+dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *src,
+                        size_t bytes);
+/* Marks the context unusable (a failed update, a damaged guard); returns s. */
+dp_status dp__ctx_poison(dp_ctx *c, dp_status s);
+
 /* ---- test hooks (tests/test_faults.c, tests/test_guards.c) ---- */
 /* The op at schedule index k of the next executor run (dp_train_step or
  * dp_forward, whichever comes first) fails with DP_ERR_BACKEND instead of
@@ -49,7 +73,7 @@ dp_status dp__ctx_fail(dp_ctx *c, dp_status s);
 void dp__ctx_inject_fault(dp_ctx *c, int k);
 /* The schedule a call of `rows` rows will run (training or inference) and
  * its commit index (see dp_sched_cache). */
-dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops, int *n_ops,
-                           int *commit);
+dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops,
+                           int *n_ops, int *commit);
 
 #endif

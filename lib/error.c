@@ -21,6 +21,10 @@ dp_status dp__error(dp_status s, const char *file, int line, const char *fmt, ..
 
 void dp__error_clear(void) { last_error[0] = '\0'; }
 
+void dp__error_restore(const char *text) {
+  snprintf(last_error, sizeof last_error, "%s", text);
+}
+
 const char *dp_last_error(void) { return last_error; }
 
 const char *dp_status_name(dp_status s) {

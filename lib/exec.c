@@ -4,6 +4,7 @@
  * state are made once by dp__exec_init. */
 #include "exec.h"
 
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,15 +52,47 @@ static void *endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
   return (unsigned char *)dp__region_ptr(e, dev, region) + off;
 }
 
+static bool skipped(const dp_exec_env *e, const dp_op *op) {
+  return op->kind == DP_OP_COPY && op->phase == DP_PHASE_BROADCAST && e->skip_broadcast;
+}
+
 static dp_status run_op(dp_exec *x, const dp_op *op) {
   dp_exec_env *e = x->env;
   if (op->kind == DP_OP_COPY) {
-    if (op->phase == DP_PHASE_BROADCAST && e->skip_broadcast) return DP_OK;
-    return x->transport->copy(x->tctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
-                              endpoint(e, op->src_dev, op->src_region, op->src_offset),
-                              op->bytes);
+    if (skipped(e, op)) return DP_OK;
+    return x->transport->copy(
+        x->tctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+        endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
   }
   return x->backend->run(x->bctx, e, op);
+}
+
+/* A two-sided transport's half of a copy that another device executes, on
+ * the thread of `dev`, the copy's other endpoint. */
+static bool is_peer(const dp_exec *x, const dp_op *op, int dev) {
+  return x->transport->peer && op->kind == DP_OP_COPY && op->device != dev &&
+         (op->src_dev == dev || op->dst_dev == dev) && !skipped(x->env, op);
+}
+
+static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
+  const dp_exec_env *e = x->env;
+  return x->transport->peer(
+      x->tctx, dev, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+      endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+}
+
+/* Records the first failure of device dev: at schedule index k, or in the
+ * stage hook of stage `hook_stage` (-1: an op). */
+static void note(dp_exec *x, int dev, int k, int stage, int hook_stage, dp_status st) {
+  if (!st || x->status[dev]) return;
+  int prev = atomic_load(&x->fail_stage);
+  while (stage < prev && !atomic_compare_exchange_weak(&x->fail_stage, &prev, stage)) {
+  }
+  x->status[dev] = st;
+  x->fail_op[dev] = k;
+  x->fail_hook[dev] = hook_stage;
+  snprintf(x->errmsg[dev], sizeof x->errmsg[dev], "%s", dp_last_error());
+  atomic_store(&x->failed, 1);
 }
 
 /* One device's share of the current job. */
@@ -68,18 +101,32 @@ static void run_device(dp_exec *x, int dev) {
    * be writing the next job into x. */
   const dp_op *ops = x->ops;
   int k = x->lo, hi = x->hi, s1 = x->s1, inject = x->inject_at;
+  const dp_backend_ops *b = x->backend;
+  bool two_sided = x->transport->peer != NULL;
   for (int s = x->s0; s <= s1; s++) {
+    /* A failure in an earlier stage, which every device sees alike (one in
+     * this stage may or may not be visible yet). */
+    bool stopped = atomic_load(&x->fail_stage) < s;
+    /* The hooks run for every stage, after a failure too: an asynchronous
+     * backend must close what its stage_begin opened. */
+    if (b->stage_begin) note(x, dev, k, s, s, b->stage_begin(x->bctx, dev, s));
     for (; k < hi && ops[k].stage == s; k++) {
-      if (ops[k].device != dev || atomic_load_explicit(&x->failed, memory_order_relaxed))
+      const dp_op *op = &ops[k];
+      /* After a failure no op of a later stage starts, and no compute op at
+       * all. With a two-sided transport the copies and collectives of the
+       * failing stage still run on every side: a send whose receive was
+       * skipped, or a collective a rank never entered, would never complete. */
+      if (stopped ||
+          (atomic_load_explicit(&x->failed, memory_order_relaxed) &&
+           !(two_sided && (op->kind == DP_OP_COPY || op->kind == DP_OP_ALLREDUCE))))
         continue;
-      dp_status st = k == inject ? DP_FAIL(DP_ERR_BACKEND, "injected fault") : run_op(x, &ops[k]);
-      if (st) {
-        x->status[dev] = st;
-        x->fail_op[dev] = k;
-        snprintf(x->errmsg[dev], sizeof x->errmsg[dev], "%s", dp_last_error());
-        atomic_store(&x->failed, 1);
-      }
+      if (op->device == dev)
+        note(x, dev, k, s, -1,
+             k == inject ? DP_FAIL(DP_ERR_BACKEND, "injected fault") : run_op(x, op));
+      else if (k != inject && is_peer(x, op, dev))
+        note(x, dev, k, s, -1, run_peer(x, op, dev));
     }
+    if (b->stage_end) note(x, dev, k, s, s, b->stage_end(x->bctx, dev, s));
     barrier_wait(&x->bar);
   }
 }
@@ -113,7 +160,8 @@ dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void
       x->n_devices = d; /* only these exist; shut them down */
       x->bar.n = d;
       dp__exec_destroy(x);
-      return DP_FAIL(DP_ERR_NOMEM, "cannot start the worker of device %d: %s", d, strerror(rc));
+      return DP_FAIL(DP_ERR_NOMEM, "cannot start the worker of device %d: %s", d,
+                     strerror(rc));
     }
     x->n_threads = d;
   }
@@ -145,7 +193,8 @@ static void endpoint_name(char *buf, size_t cap, int dev, int region) {
 /* What an op is, for error messages: "backward layer 2 (linear), micro-batch
  * 3", "reduce copy of 48 bytes, device 1 grads -> device 0 comm". */
 static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap) {
-  const char *ph = dp_phase_name((dp_phase)op->phase), *kind = dp_op_kind_name((dp_op_kind)op->kind);
+  const char *ph = dp_phase_name((dp_phase)op->phase),
+             *kind = dp_op_kind_name((dp_op_kind)op->kind);
   char src[48], dst[48];
   switch ((dp_op_kind)op->kind) {
   case DP_OP_COPY:
@@ -165,14 +214,12 @@ static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap
     snprintf(buf, cap, "loss of micro-batches %d..%d", op->micro_batch,
              op->micro_batch + op->n_mb - 1);
     return;
-  default:
-    snprintf(buf, cap, "%s %s", ph, kind);
-    return;
+  default: snprintf(buf, cap, "%s %s", ph, kind); return;
   }
 }
 
-dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo, int hi,
-                       int inject_at) {
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo,
+                       int hi, int inject_at) {
   if (lo >= hi) return DP_OK;
   x->env = env;
   x->ops = ops;
@@ -182,6 +229,7 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops
   x->s1 = ops[hi - 1].stage;
   x->inject_at = inject_at;
   atomic_store(&x->failed, 0);
+  atomic_store(&x->fail_stage, INT_MAX);
   for (int d = 0; d < x->n_devices; d++) x->status[d] = DP_OK;
   if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
   run_device(x, 0);
@@ -191,7 +239,11 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops
   for (int d = 0; d < x->n_devices; d++)
     if (x->status[d] && (first < 0 || x->fail_op[d] < x->fail_op[first])) first = d;
   char what[160];
+  if (x->fail_hook[first] >= 0)
+    return dp__error(x->status[first], __FILE__, __LINE__,
+                     "device %d, stage %d of the %s backend: %s", first,
+                     x->fail_hook[first], x->backend->name, x->errmsg[first]);
   describe_op(env->plan, &ops[x->fail_op[first]], what, sizeof what);
-  return dp__error(x->status[first], __FILE__, __LINE__, "device %d, op %d of %d (%s): %s", first,
-                   x->fail_op[first], n_ops, what, x->errmsg[first]);
+  return dp__error(x->status[first], __FILE__, __LINE__, "device %d, op %d of %d (%s): %s",
+                   first, x->fail_op[first], n_ops, what, x->errmsg[first]);
 }

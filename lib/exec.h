@@ -32,6 +32,7 @@ struct dp_exec {
   dp_worker workers[DP_MAX_DEVICES];
   dp_barrier bar;
   atomic_int quit, failed;
+  atomic_int fail_stage; /* the earliest stage with a failure; INT_MAX: none */
   /* the current job: ops [lo, hi) of a schedule, which cover stages
    * [s0, s1]; the op at schedule index inject_at fails (test hook, -1: off) */
   dp_exec_env *env;
@@ -39,7 +40,8 @@ struct dp_exec {
   int lo, hi, s0, s1, inject_at;
   /* per device outcome */
   dp_status status[DP_MAX_DEVICES];
-  int fail_op[DP_MAX_DEVICES]; /* schedule index */
+  int fail_op[DP_MAX_DEVICES];   /* schedule index */
+  int fail_hook[DP_MAX_DEVICES]; /* the stage whose hook failed; -1: an op */
   char errmsg[DP_MAX_DEVICES][DP_ERRMSG_CAP];
 };
 
@@ -52,7 +54,7 @@ void dp__exec_destroy(dp_exec *x);
  * schedule, naming it ("device 1, op 17 of 40 (backward layer 2, micro-batch
  * 3): ..."). The op at schedule index inject_at (-1: none) fails with
  * DP_ERR_BACKEND instead of running: a deterministic test hook. */
-dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo, int hi,
-                       int inject_at);
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo,
+                       int hi, int inject_at);
 
 #endif

@@ -18,6 +18,9 @@ dp_status dp__error(dp_status s, const char *file, int line, const char *fmt, ..
     __attribute__((format(printf, 4, 5)));
 #define DP_FAIL(s, ...) dp__error((s), __FILE__, __LINE__, __VA_ARGS__)
 void dp__error_clear(void);
+/* Sets the thread's last error to text verbatim (a message saved across
+ * clean-up calls that may record errors of their own). */
+void dp__error_restore(const char *text);
 
 /* ---- checked size arithmetic ---- */
 static inline bool dp__mul(size_t a, size_t b, size_t *out) {
@@ -40,10 +43,10 @@ static inline bool dp__align_up(size_t x, size_t a, size_t *out) {
 
 typedef struct {
   dp_layer_kind kind;
-  int in, out;       /* widths */
-  int bias;          /* linear */
-  float p;           /* dropout */
-  size_t param_off;  /* first parameter (floats) in the flat array */
+  int in, out;      /* widths */
+  int bias;         /* linear */
+  float p;          /* dropout */
+  size_t param_off; /* first parameter (floats) in the flat array */
   size_t n_params;
 } dp_layer;
 
@@ -64,10 +67,11 @@ int dp__layer_stats_width(dp_layer_kind k);
 
 /* ---- split (lib/split.c) ---- */
 typedef struct {
-  int n_mb;                    /* micro-batches in the batch */
-  int mb_rows;                 /* largest micro-batch */
-  int n_used;                  /* devices with rows */
-  int dev_mb0[DP_MAX_DEVICES + 1]; /* device d owns micro-batches [dev_mb0[d], dev_mb0[d+1]) */
+  int n_mb;    /* micro-batches in the batch */
+  int mb_rows; /* largest micro-batch */
+  int n_used;  /* devices with rows */
+  int dev_mb0[DP_MAX_DEVICES +
+              1]; /* device d owns micro-batches [dev_mb0[d], dev_mb0[d+1]) */
   int dev_row0[DP_MAX_DEVICES + 1];
 } dp_split_info;
 
@@ -111,7 +115,7 @@ struct dp_plan {
   dp_model model; /* a copy: the plan owns its shapes */
   dp_config cfg;
   dp_split_info split;
-  dp_mb *mbs;     /* (split.n_mb) */
+  dp_mb *mbs;                      /* (split.n_mb) */
   int grad_levels[DP_MAX_DEVICES]; /* partial-grad slots per device */
   /* Parameters [opt_off[d], +opt_len[d]) (in floats) whose optimizer state
    * device d holds and updates: classic: device 0 all; allreduce: every
@@ -160,11 +164,26 @@ typedef struct {
   const char *name;
   /* Runs one compute op (FORWARD, BACKWARD, GRAD_ADD, LOSS, OPTIMIZER). */
   dp_status (*run)(void *bctx, dp_exec_env *env, const dp_op *op);
+  /* Optional (NULL: none). Asynchronous backends order their queues with
+   * these: the executor calls them on device dev's thread for every stage s
+   * of a run, also stages in which dev has no op and stages after a failure:
+   * stage_begin before dev's first op of s, stage_end after its last op of s
+   * and before the barrier that ends s. */
+  dp_status (*stage_begin)(void *bctx, int dev, int stage);
+  dp_status (*stage_end)(void *bctx, int dev, int stage);
 } dp_backend_ops;
 
 typedef struct {
   const char *name;
+  /* Executes a COPY op on the thread of the op's device. */
   dp_status (*copy)(void *tctx, void *dst, const void *src, size_t bytes);
+  /* Optional (NULL: one-sided transport). Two-sided transports (NCCL
+   * send/recv) need the other endpoint to take part: the executor calls
+   * peer() on the thread of device dev, the copy's other endpoint (not the
+   * executing device, not the host), in the copy's stage, in list order, so
+   * both sides see a pair's transfers in the same order. A transport returns
+   * DP_OK and does nothing for pairs it moves one-sided. */
+  dp_status (*peer)(void *tctx, int dev, void *dst, const void *src, size_t bytes);
 } dp_transport_ops;
 
 /* What ops see of the context during a step. */
@@ -172,14 +191,14 @@ struct dp_exec_env {
   const dp_plan *plan;
   unsigned char *arena[DP_MAX_DEVICES];
   const dp_mb *mbs;
-  const float *host_x;   /* (rows, in) */
-  const void *host_t;    /* targets */
-  float *host_y;         /* (rows, out) inference outputs */
+  const float *host_x; /* (rows, in) */
+  const void *host_t;  /* targets */
+  float *host_y;       /* (rows, out) inference outputs */
   int rows;
   bool training;
-  uint64_t step;         /* step counter, keys dropout */
-  float loss;            /* result of the loss op */
-  bool skip_broadcast;   /* replicas already hold device 0's parameters */
+  uint64_t step;       /* step counter, keys dropout */
+  float loss;          /* result of the loss op */
+  bool skip_broadcast; /* replicas already hold device 0's parameters */
 };
 
 extern const dp_backend_ops dp__cpu_backend;

@@ -1,6 +1,7 @@
 /* The planner: from a model and a config, every region of every device's
  * arena (offset, size, alignment) and the static schedule of a step. Pure C,
  * no backend headers; the numbers it produces are the ones the runtime uses. */
+#include "dp_cuda.h"
 #include "gemm.h"
 #include "internal.h"
 
@@ -48,7 +49,8 @@ void dp_config_default(dp_config *c) {
 }
 
 static dp_status check_config(const dp_model *m, const dp_config *c) {
-  if (c->batch < 1) return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1, got %d", c->batch);
+  if (c->batch < 1)
+    return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1, got %d", c->batch);
   if (c->n_devices < 1 || c->n_devices > DP_MAX_DEVICES)
     return DP_FAIL(DP_ERR_INVALID, "device count %d is out of range (1..%d)", c->n_devices,
                    DP_MAX_DEVICES);
@@ -57,8 +59,9 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
   if (c->mode != DP_MODE_CLASSIC && c->mode != DP_MODE_ALLREDUCE)
     return DP_FAIL(DP_ERR_INVALID, "unknown mode %d", (int)c->mode);
   if (c->shard_optimizer && c->mode != DP_MODE_ALLREDUCE)
-    return DP_FAIL(DP_ERR_INVALID, "a sharded optimizer needs allreduce mode (in classic mode "
-                                   "only device 0 keeps optimizer state)");
+    return DP_FAIL(DP_ERR_INVALID,
+                   "a sharded optimizer needs allreduce mode (in classic mode "
+                   "only device 0 keeps optimizer state)");
   if (c->optimizer != DP_OPT_SGD && c->optimizer != DP_OPT_MOMENTUM &&
       c->optimizer != DP_OPT_ADAMW)
     return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
@@ -68,15 +71,53 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
   if (c->guards != 0 && c->guards != 1)
     return DP_FAIL(DP_ERR_INVALID, "guards must be 0 or 1, got %d", c->guards);
+  if ((c->cuda_graph != 0 && c->cuda_graph != 1) || (c->tf32 != 0 && c->tf32 != 1))
+    return DP_FAIL(DP_ERR_INVALID, "cuda_graph and tf32 must be 0 or 1, got %d and %d",
+                   c->cuda_graph, c->tf32);
+  if (c->transport != DP_TRANSPORT_AUTO && c->transport != DP_TRANSPORT_COPY &&
+      c->transport != DP_TRANSPORT_NCCL)
+    return DP_FAIL(DP_ERR_INVALID, "unknown transport %d", (int)c->transport);
+  if (c->fast_collectives != 0 && c->fast_collectives != 1)
+    return DP_FAIL(DP_ERR_INVALID, "fast_collectives must be 0 or 1, got %d",
+                   c->fast_collectives);
+  if (c->backend != DP_BACKEND_CUDA &&
+      (c->cuda_graph || c->tf32 || c->transport || c->fast_collectives))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s is a cuda backend option; this plan is for the cpu backend",
+                   c->cuda_graph  ? "cuda_graph"
+                   : c->tf32      ? "tf32"
+                   : c->transport ? "transport"
+                                  : "fast_collectives");
+  if (c->fast_collectives && (c->mode != DP_MODE_ALLREDUCE || c->shard_optimizer ||
+                              c->transport == DP_TRANSPORT_COPY))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "fast_collectives needs allreduce mode without a sharded "
+                   "optimizer, and the NCCL transport");
+  if (c->backend == DP_BACKEND_CUDA)
+    for (int d = 0; d < c->n_devices; d++)
+      if (c->device_ids[d] < 0)
+        return DP_FAIL(DP_ERR_INVALID, "device_ids[%d] is %d; GPU ids are >= 0", d,
+                       c->device_ids[d]);
+  if (c->transport == DP_TRANSPORT_NCCL || c->fast_collectives)
+    for (int d = 0; d < c->n_devices; d++)
+      for (int e = 0; e < d; e++)
+        if (c->device_ids[d] == c->device_ids[e])
+          return DP_FAIL(DP_ERR_INVALID,
+                         "the NCCL transport needs a GPU per replica, but "
+                         "replicas %d and %d are both on GPU %d (use transport "
+                         "auto or copy for replicas that share a GPU)",
+                         e, d, c->device_ids[d]);
   if (!c->inference && m->loss == DP_LOSS_NONE)
     return DP_FAIL(DP_ERR_INVALID, "a training plan needs a loss (add 'loss mse' or "
                                    "'loss softmax_cross_entropy', or plan --inference)");
   if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "the model has no layers");
   if (!c->inference) {
     if (!(c->lr > 0.0f) || c->lr != c->lr)
-      return DP_FAIL(DP_ERR_INVALID, "learning rate must be positive, got %g", (double)c->lr);
+      return DP_FAIL(DP_ERR_INVALID, "learning rate must be positive, got %g",
+                     (double)c->lr);
     if (c->optimizer == DP_OPT_MOMENTUM && !(c->momentum >= 0.0f && c->momentum < 1.0f))
-      return DP_FAIL(DP_ERR_INVALID, "momentum must be in [0, 1), got %g", (double)c->momentum);
+      return DP_FAIL(DP_ERR_INVALID, "momentum must be in [0, 1), got %g",
+                     (double)c->momentum);
     if (c->optimizer == DP_OPT_ADAMW &&
         !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1 && c->eps > 0))
       return DP_FAIL(DP_ERR_INVALID, "AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
@@ -90,7 +131,8 @@ static bool mul3(size_t a, size_t b, size_t c, size_t *out) {
   return dp__mul(a, b, &t) && dp__mul(t, c, out);
 }
 
-#define OVERFLOW() DP_FAIL(DP_ERR_OVERFLOW, "plan size overflows size_t (dims or batch too large)")
+#define OVERFLOW()                                                                         \
+  DP_FAIL(DP_ERR_OVERFLOW, "plan size overflows size_t (dims or batch too large)")
 
 /* Partial buffers the canonical pairwise tree over n leaves needs besides the
  * destination: schedule.c gives a right child the next slot, and with the
@@ -133,7 +175,8 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
       }
     }
     if (dp__layer_stats_width(l->kind)) {
-      b[n] = (dp_live_buf){.align = p->align, .first = i, .last = train ? (n_mb == 1 ? tb : T) : i};
+      b[n] = (dp_live_buf){
+          .align = p->align, .first = i, .last = train ? (n_mb == 1 ? tb : T) : i};
       if (!mul3((size_t)a->rows, (size_t)dp__layer_stats_width(l->kind), 4, &b[n].size))
         return OVERFLOW();
       who[n++] = 1 * L + i;
@@ -180,12 +223,15 @@ static dp_status plan_device(dp_plan *p, int d) {
     bool classic = c->mode == DP_MODE_CLASSIC;
     size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out : 1; /* target floats per row */
     sz[DP_REGION_GRADS] = P;
-    if (!dp__mul((size_t)p->grad_levels[d], P, &sz[DP_REGION_GRAD_PARTIALS])) return OVERFLOW();
+    if (!dp__mul((size_t)p->grad_levels[d], P, &sz[DP_REGION_GRAD_PARTIALS]))
+      return OVERFLOW();
     sz[DP_REGION_OUTPUT_GRADS] = sz[DP_REGION_OUTPUTS];
     int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
     if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
     int n_used = p->split.n_used;
-    if (!classic && dp__is_pow2(n_used) && n_used > 1) {
+    if (c->fast_collectives) {
+      /* summed in place: no receive buffer */
+    } else if (!classic && dp__is_pow2(n_used) && n_used > 1) {
       size_t lo, hi; /* receives the half it keeps at the first level, the largest */
       dp__ar_segment(m->n_params, 1, d, &lo, &hi);
       sz[DP_REGION_COMM] = (hi - lo) * 4;
@@ -199,11 +245,15 @@ static dp_status plan_device(dp_plan *p, int d) {
     }
     if (!classic && !mul3(rows, tw, 4, &sz[DP_REGION_TARGETS])) return OVERFLOW();
     /* per-micro-batch loss sums: device 0 collects all of them */
-    if (dev0) sz[DP_REGION_LOSS] = (size_t)p->split.n_mb * 4;
-    else if (!classic) sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
+    if (dev0)
+      sz[DP_REGION_LOSS] = (size_t)p->split.n_mb * 4;
+    else if (!classic)
+      sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
   if (c->backend == DP_BACKEND_CPU) /* the packed GEMMs' buffers (gemm.h) */
     sz[DP_REGION_WORKSPACE] = dp__model_workspace_bytes(m, a->mb_rows, train);
+  else /* status words, per-step scalars and cuBLAS's workspace (dp_cuda.h) */
+    sz[DP_REGION_WORKSPACE] = dp__cuda_workspace_bytes();
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
   /* Guards (config.guards): one alignment unit before the first region and
@@ -222,17 +272,20 @@ static dp_status plan_device(dp_plan *p, int d) {
 
 static dp_status plan_host(dp_plan *p) {
   p->host_bytes = 0;
-  if (p->cfg.backend != DP_BACKEND_CUDA) return DP_OK; /* the CPU backend reads the
-                                                         caller's memory directly */
+  if (p->cfg.backend != DP_BACKEND_CUDA)
+    return DP_OK; /* the CPU backend reads the
+                    caller's memory directly */
   const dp_model *m = &p->model;
   size_t B = (size_t)p->cfg.batch, x, t = 0, y, cur = 0;
   int out = dp_model_output_width(m);
-  if (!mul3(B, (size_t)m->input_width, 4, &x) || !mul3(B, (size_t)out, 4, &y)) return OVERFLOW();
+  if (!mul3(B, (size_t)m->input_width, 4, &x) || !mul3(B, (size_t)out, 4, &y))
+    return OVERFLOW();
   if (!p->cfg.inference && !mul3(B, m->loss == DP_LOSS_MSE ? (size_t)out : 1, 4, &t))
     return OVERFLOW();
   size_t parts[3] = {x, t, y};
   for (int i = 0; i < 3; i++)
-    if (!dp__align_up(cur, p->align, &cur) || !dp__add(cur, parts[i], &cur)) return OVERFLOW();
+    if (!dp__align_up(cur, p->align, &cur) || !dp__add(cur, parts[i], &cur))
+      return OVERFLOW();
   if (!dp__align_up(cur, p->align, &p->host_bytes)) return OVERFLOW();
   return DP_OK;
 }
@@ -280,7 +333,8 @@ static dp_status plan_devices(dp_plan *p, int first) {
 
 static size_t largest_other(const dp_plan *p) {
   size_t mx = 0;
-  for (int d = 1; d < p->split.n_used; d++) mx = p->dev_bytes[d] > mx ? p->dev_bytes[d] : mx;
+  for (int d = 1; d < p->split.n_used; d++)
+    mx = p->dev_bytes[d] > mx ? p->dev_bytes[d] : mx;
   return mx;
 }
 
@@ -294,8 +348,10 @@ static dp_status plan_memory_split(dp_plan *p) {
   while (lo < hi) { /* smallest share where device 0 is the larger */
     int mid = lo + (hi - lo) / 2;
     if ((s = plan_devices(p, mid))) return s;
-    if (p->dev_bytes[0] >= largest_other(p)) hi = mid;
-    else lo = mid + 1;
+    if (p->dev_bytes[0] >= largest_other(p))
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   int best = lo;
   size_t best_peak = SIZE_MAX;
@@ -316,7 +372,8 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   if (s) return s;
   p->model = *m;
   p->cfg = *c;
-  if (p->cfg.weight_decay < 0) p->cfg.weight_decay = c->optimizer == DP_OPT_ADAMW ? 0.01f : 0.0f;
+  if (p->cfg.weight_decay < 0)
+    p->cfg.weight_decay = c->optimizer == DP_OPT_ADAMW ? 0.01f : 0.0f;
   p->align = c->backend == DP_BACKEND_CUDA ? 256 : 64;
   int max_mbs = dp__split_max_mbs(&p->cfg);
   /* The schedule has about 2 ops per layer per micro-batch, counted in int. */
@@ -327,8 +384,10 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
                    "micro-batches); use a larger micro-batch",
                    max_mbs, m->n_layers, DP_MAX_MICRO_BATCHES);
   p->mbs = malloc((size_t)max_mbs * sizeof *p->mbs);
-  if (!p->mbs) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d micro-batches", max_mbs);
-  s = c->split == DP_SPLIT_MEMORY && c->n_devices > 1 ? plan_memory_split(p) : plan_devices(p, 0);
+  if (!p->mbs)
+    return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d micro-batches", max_mbs);
+  s = c->split == DP_SPLIT_MEMORY && c->n_devices > 1 ? plan_memory_split(p)
+                                                      : plan_devices(p, 0);
   if (s) return s;
   return plan_host(p);
 }
@@ -336,7 +395,8 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
 dp_status dp_plan_create(const dp_model *m, const dp_config *c, dp_plan **out) {
   if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_plan_create: out is NULL");
   *out = NULL;
-  if (!m || !c) return DP_FAIL(DP_ERR_INVALID, "dp_plan_create: model and config are required");
+  if (!m || !c)
+    return DP_FAIL(DP_ERR_INVALID, "dp_plan_create: model and config are required");
   dp_plan *p = calloc(1, sizeof *p);
   if (!p) return DP_FAIL(DP_ERR_NOMEM, "plan: out of memory");
   dp_status s = plan_memory(p, m, c);
@@ -346,7 +406,8 @@ dp_status dp_plan_create(const dp_model *m, const dp_config *c, dp_plan **out) {
     if (!p->ops) s = DP_FAIL(DP_ERR_NOMEM, "plan: out of memory for %d ops", p->ops_cap);
   }
   if (!s)
-    s = dp__schedule_build(p, p->mbs, !c->inference, p->ops, p->ops_cap, &p->n_ops, &p->n_stages);
+    s = dp__schedule_build(p, p->mbs, !c->inference, p->ops, p->ops_cap, &p->n_ops,
+                           &p->n_stages);
   if (s) {
     dp_plan_free(p);
     return s;
@@ -376,7 +437,8 @@ static dp_status fits(const dp_model *m, const dp_config *c, int batch, size_t b
 
 dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
                             int max_batch, int *out_batch) {
-  if (!m || !c || !out_batch) return DP_FAIL(DP_ERR_INVALID, "dp_plan_max_batch: NULL argument");
+  if (!m || !c || !out_batch)
+    return DP_FAIL(DP_ERR_INVALID, "dp_plan_max_batch: NULL argument");
   if (max_batch < 1) return DP_FAIL(DP_ERR_INVALID, "max_batch must be >= 1");
   *out_batch = 0;
   int lo = 0, hi = max_batch; /* invariant: lo fits (or is 0), everything > hi fails */
@@ -385,8 +447,10 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
     bool ok;
     dp_status s = fits(m, c, mid, budget, &ok);
     if (s) return s;
-    if (ok) lo = mid;
-    else hi = mid - 1;
+    if (ok)
+      lo = mid;
+    else
+      hi = mid - 1;
   }
   *out_batch = lo;
   return DP_OK;
@@ -397,7 +461,8 @@ int dp_plan_device_rows(const dp_plan *p, int d) {
   return p && d >= 0 && d < p->split.n_used ? p->act[d].rows : 0;
 }
 int dp_plan_device_micro_batches(const dp_plan *p, int d) {
-  return p && d >= 0 && d < p->split.n_used ? p->split.dev_mb0[d + 1] - p->split.dev_mb0[d] : 0;
+  return p && d >= 0 && d < p->split.n_used ? p->split.dev_mb0[d + 1] - p->split.dev_mb0[d]
+                                            : 0;
 }
 size_t dp_plan_device_bytes(const dp_plan *p, int d) {
   return p && d >= 0 && d < p->split.n_used ? p->dev_bytes[d] : 0;

@@ -12,8 +12,8 @@
 typedef struct {
   dp_op *ops;
   int cap, n;
-  int stage;      /* current stage number */
-  bool used;      /* the current stage has an op */
+  int stage; /* current stage number */
+  bool used; /* the current stage has an op */
   dp_status err;
 } builder;
 
@@ -35,12 +35,22 @@ static void next_stage(builder *b) {
   b->used = false;
 }
 
-static dp_op copy_op(dp_phase ph, int exec, int sd, int sr, size_t so, int dd, int dr, size_t doff,
-                     size_t bytes, int row0, int rows) {
-  return (dp_op){.phase = (uint8_t)ph, .kind = DP_OP_COPY, .device = (int16_t)exec, .layer = -1,
-                 .micro_batch = -1, .src_dev = (int16_t)sd, .dst_dev = (int16_t)dd,
-                 .src_region = (uint8_t)sr, .dst_region = (uint8_t)dr, .src_offset = so,
-                 .dst_offset = doff, .bytes = bytes, .row0 = row0, .rows = rows};
+static dp_op copy_op(dp_phase ph, int exec, int sd, int sr, size_t so, int dd, int dr,
+                     size_t doff, size_t bytes, int row0, int rows) {
+  return (dp_op){.phase = (uint8_t)ph,
+                 .kind = DP_OP_COPY,
+                 .device = (int16_t)exec,
+                 .layer = -1,
+                 .micro_batch = -1,
+                 .src_dev = (int16_t)sd,
+                 .dst_dev = (int16_t)dd,
+                 .src_region = (uint8_t)sr,
+                 .dst_region = (uint8_t)dr,
+                 .src_offset = so,
+                 .dst_offset = doff,
+                 .bytes = bytes,
+                 .row0 = row0,
+                 .rows = rows};
 }
 
 /* A grad slot: 0 = GRADS, k >= 1 = partial k of GRAD_PARTIALS. */
@@ -54,17 +64,24 @@ static void slot_place(const dp_plan *p, int slot, uint8_t *region, size_t *off)
  * empties micro-batches from the end, and an empty subtree is left out (its
  * sibling passes through unchanged), so the tree does not depend on how the
  * micro-batches are dealt to devices. mbs[lo] is not empty. */
-static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d, int lo, int hi,
-                          int slot) {
+static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d, int lo,
+                          int hi, int slot) {
   if (hi - lo == 1) {
     uint8_t r;
     size_t off;
     slot_place(p, slot, &r, &off);
     for (int i = p->model.n_layers - 1; i >= 0; i--)
-      emit(b, (dp_op){.phase = DP_PHASE_BACKWARD, .kind = DP_OP_BACKWARD, .device = (int16_t)d,
-                      .layer = (int16_t)i, .micro_batch = lo, .src_dev = (int16_t)d,
-                      .dst_dev = (int16_t)d, .dst_region = r, .dst_offset = off,
-                      .bytes = p->model.layers[i].n_params * 4, .row0 = mbs[lo].row0,
+      emit(b, (dp_op){.phase = DP_PHASE_BACKWARD,
+                      .kind = DP_OP_BACKWARD,
+                      .device = (int16_t)d,
+                      .layer = (int16_t)i,
+                      .micro_batch = lo,
+                      .src_dev = (int16_t)d,
+                      .dst_dev = (int16_t)d,
+                      .dst_region = r,
+                      .dst_offset = off,
+                      .bytes = p->model.layers[i].n_params * 4,
+                      .row0 = mbs[lo].row0,
                       .rows = mbs[lo].rows});
     return;
   }
@@ -72,8 +89,13 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
   backward_tree(b, p, mbs, d, lo, mid, slot);
   if (mbs[mid].rows == 0) return;
   backward_tree(b, p, mbs, d, mid, hi, slot + 1);
-  dp_op add = {.phase = DP_PHASE_BACKWARD, .kind = DP_OP_GRAD_ADD, .device = (int16_t)d,
-               .layer = -1, .micro_batch = -1, .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
+  dp_op add = {.phase = DP_PHASE_BACKWARD,
+               .kind = DP_OP_GRAD_ADD,
+               .device = (int16_t)d,
+               .layer = -1,
+               .micro_batch = -1,
+               .src_dev = (int16_t)d,
+               .dst_dev = (int16_t)d,
                .bytes = p->model.n_params * 4};
   slot_place(p, slot, &add.dst_region, &add.dst_offset);
   slot_place(p, slot + 1, &add.src_region, &add.src_offset);
@@ -82,24 +104,44 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
 
 /* Loss terms of micro-batches [mb0, mb1), rows [row0, +rows), on device d. */
 static dp_op loss_op(int d, int mb0, int mb1, int row0, int rows, int out) {
-  return (dp_op){.phase = DP_PHASE_LOSS, .kind = DP_OP_LOSS, .device = (int16_t)d, .layer = -1,
-                 .micro_batch = mb0, .n_mb = mb1 - mb0, .src_dev = (int16_t)d,
-                 .dst_dev = (int16_t)d, .bytes = (size_t)rows * out * 4, .row0 = row0,
+  return (dp_op){.phase = DP_PHASE_LOSS,
+                 .kind = DP_OP_LOSS,
+                 .device = (int16_t)d,
+                 .layer = -1,
+                 .micro_batch = mb0,
+                 .n_mb = mb1 - mb0,
+                 .src_dev = (int16_t)d,
+                 .dst_dev = (int16_t)d,
+                 .bytes = (size_t)rows * out * 4,
+                 .row0 = row0,
                  .rows = rows};
 }
 
 static dp_op loss_sum_op(int n_mb, int rows) {
-  return (dp_op){.phase = DP_PHASE_LOSS, .kind = DP_OP_LOSS_SUM, .layer = -1, .micro_batch = 0,
-                 .n_mb = n_mb, .src_region = DP_REGION_LOSS, .bytes = (size_t)n_mb * 4,
+  return (dp_op){.phase = DP_PHASE_LOSS,
+                 .kind = DP_OP_LOSS_SUM,
+                 .layer = -1,
+                 .micro_batch = 0,
+                 .n_mb = n_mb,
+                 .src_region = DP_REGION_LOSS,
+                 .bytes = (size_t)n_mb * 4,
                  .rows = rows};
 }
 
-static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region, size_t src_off,
-                         size_t bytes) {
-  return (dp_op){.phase = DP_PHASE_REDUCE, .kind = DP_OP_GRAD_ADD, .device = (int16_t)d,
-                 .layer = -1, .micro_batch = -1, .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
-                 .src_region = (uint8_t)src_region, .dst_region = (uint8_t)dst_region,
-                 .src_offset = src_off, .dst_offset = dst_off, .bytes = bytes};
+static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region,
+                         size_t src_off, size_t bytes) {
+  return (dp_op){.phase = DP_PHASE_REDUCE,
+                 .kind = DP_OP_GRAD_ADD,
+                 .device = (int16_t)d,
+                 .layer = -1,
+                 .micro_batch = -1,
+                 .src_dev = (int16_t)d,
+                 .dst_dev = (int16_t)d,
+                 .src_region = (uint8_t)src_region,
+                 .dst_region = (uint8_t)dst_region,
+                 .src_offset = src_off,
+                 .dst_offset = dst_off,
+                 .bytes = bytes};
 }
 
 /* The canonical tree continued across devices 0..n-1: at distance 1, 2, 4,
@@ -107,8 +149,8 @@ static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region, 
 static void reduce_to_0(builder *b, int n, size_t P) {
   for (int dist = 1; dist < n; dist *= 2) {
     for (int r = 0; r + dist < n; r += 2 * dist) {
-      emit(b, copy_op(DP_PHASE_REDUCE, r, r + dist, DP_REGION_GRADS, 0, r, DP_REGION_COMM, 0, P,
-                      0, 0));
+      emit(b, copy_op(DP_PHASE_REDUCE, r, r + dist, DP_REGION_GRADS, 0, r, DP_REGION_COMM,
+                      0, P, 0, 0));
       emit(b, grad_add_op(r, DP_REGION_GRADS, 0, DP_REGION_COMM, 0, P));
     }
     next_stage(b);
@@ -174,8 +216,10 @@ void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi) {
   *hi = n;
   for (int l = 0; l < levels; l++) {
     size_t mid = *lo + (*hi - *lo) / 2;
-    if (r & (1 << l)) *lo = mid;
-    else *hi = mid;
+    if (r & (1 << l))
+      *lo = mid;
+    else
+      *hi = mid;
   }
 }
 
@@ -213,8 +257,8 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
    * parameters were set from outside (the executor skips it otherwise). */
   int n_bcast = classic || !training ? n_act : sp->n_used;
   for (int d = 1; d < n_bcast; d++)
-    emit(&b, copy_op(DP_PHASE_BROADCAST, d, 0, DP_REGION_PARAMS, 0, d, DP_REGION_PARAMS, 0, P,
-                     0, 0));
+    emit(&b, copy_op(DP_PHASE_BROADCAST, d, 0, DP_REGION_PARAMS, 0, d, DP_REGION_PARAMS, 0,
+                     P, 0, 0));
   next_stage(&b);
   for (int d = 0; d < n_act; d++) {
     int r0 = sp->dev_row0[d];
@@ -225,17 +269,22 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
                        DP_REGION_TARGETS, 0, (size_t)drows[d] * tw, r0, drows[d]));
   }
   if (training && classic)
-    emit(&b, copy_op(DP_PHASE_SCATTER, 0, DP_HOST, DP_REGION_TARGETS, 0, 0, DP_REGION_TARGETS, 0,
-                     (size_t)rows * tw, 0, rows));
+    emit(&b, copy_op(DP_PHASE_SCATTER, 0, DP_HOST, DP_REGION_TARGETS, 0, 0,
+                     DP_REGION_TARGETS, 0, (size_t)rows * tw, 0, rows));
   next_stage(&b);
   for (int d = 0; d < n_act; d++)
     for (int i = 0; i < L; i++)
       for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
-        emit(&b, (dp_op){.phase = DP_PHASE_FORWARD, .kind = DP_OP_FORWARD, .device = (int16_t)d,
-                         .layer = (int16_t)i, .micro_batch = k, .src_dev = (int16_t)d,
+        emit(&b, (dp_op){.phase = DP_PHASE_FORWARD,
+                         .kind = DP_OP_FORWARD,
+                         .device = (int16_t)d,
+                         .layer = (int16_t)i,
+                         .micro_batch = k,
+                         .src_dev = (int16_t)d,
                          .dst_dev = (int16_t)d,
                          .bytes = (size_t)mbs[k].rows * m->layers[i].out * 4,
-                         .row0 = mbs[k].row0, .rows = mbs[k].rows});
+                         .row0 = mbs[k].row0,
+                         .rows = mbs[k].rows});
   next_stage(&b);
   if (!training || classic) {
     /* Each device pushes its chunk: the gather runs in parallel. */
@@ -246,8 +295,8 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
         emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, 0,
                          DP_REGION_GATHERED_OUTPUTS, at, bytes, r0, drows[d]));
       else
-        emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, DP_HOST, DP_REGION_OUTPUTS,
-                         at, bytes, r0, drows[d]));
+        emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, DP_HOST,
+                         DP_REGION_OUTPUTS, at, bytes, r0, drows[d]));
     }
     next_stage(&b);
   }
@@ -271,8 +320,8 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
       next_stage(&b);
       for (int d = 1; d < n_act; d++)
         emit(&b, copy_op(DP_PHASE_LOSS, d, d, DP_REGION_LOSS, 0, 0, DP_REGION_LOSS,
-                         (size_t)sp->dev_mb0[d] * 4, (size_t)(dlast[d] - sp->dev_mb0[d]) * 4, 0,
-                         0));
+                         (size_t)sp->dev_mb0[d] * 4,
+                         (size_t)(dlast[d] - sp->dev_mb0[d]) * 4, 0, 0));
       next_stage(&b);
       emit(&b, loss_sum_op(sp->n_mb, rows));
       next_stage(&b);
@@ -281,12 +330,33 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
       backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0);
     if (!classic) /* devices without rows add -0.0, which leaves every sum as it is */
       for (int d = n_act; d < sp->n_used; d++)
-        emit(&b, (dp_op){.phase = DP_PHASE_BACKWARD, .kind = DP_OP_ZERO, .device = (int16_t)d,
-                         .layer = -1, .micro_batch = -1, .src_dev = (int16_t)d,
-                         .dst_dev = (int16_t)d, .dst_region = DP_REGION_GRADS, .bytes = P});
+        emit(&b, (dp_op){.phase = DP_PHASE_BACKWARD,
+                         .kind = DP_OP_ZERO,
+                         .device = (int16_t)d,
+                         .layer = -1,
+                         .micro_batch = -1,
+                         .src_dev = (int16_t)d,
+                         .dst_dev = (int16_t)d,
+                         .dst_region = DP_REGION_GRADS,
+                         .bytes = P});
     next_stage(&b);
     if (classic) {
       reduce_to_0(&b, n_act, P);
+    } else if (p->cfg.fast_collectives) {
+      if (sp->n_used > 1) {
+        for (int d = 0; d < sp->n_used; d++)
+          emit(&b, (dp_op){.phase = DP_PHASE_REDUCE,
+                           .kind = DP_OP_ALLREDUCE,
+                           .device = (int16_t)d,
+                           .layer = -1,
+                           .micro_batch = -1,
+                           .src_dev = (int16_t)d,
+                           .dst_dev = (int16_t)d,
+                           .src_region = DP_REGION_GRADS,
+                           .dst_region = DP_REGION_GRADS,
+                           .bytes = P});
+        next_stage(&b);
+      }
     } else if (dp__is_pow2(sp->n_used)) {
       allreduce_halving(&b, p, sp->n_used);
     } else {
@@ -301,17 +371,27 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
     /* Every device checks what it will apply before any device applies it. */
     int n_opt = classic ? 1 : sp->n_used;
     for (int d = 0; d < n_opt; d++)
-      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER, .kind = DP_OP_GRAD_CHECK,
-                       .device = (int16_t)d, .layer = -1, .micro_batch = -1,
-                       .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
-                       .src_region = DP_REGION_GRADS, .src_offset = p->opt_off[d] * 4,
+      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER,
+                       .kind = DP_OP_GRAD_CHECK,
+                       .device = (int16_t)d,
+                       .layer = -1,
+                       .micro_batch = -1,
+                       .src_dev = (int16_t)d,
+                       .dst_dev = (int16_t)d,
+                       .src_region = DP_REGION_GRADS,
+                       .src_offset = p->opt_off[d] * 4,
                        .bytes = p->opt_len[d] * 4});
     next_stage(&b);
     for (int d = 0; d < n_opt; d++)
-      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER, .kind = DP_OP_OPTIMIZER,
-                       .device = (int16_t)d, .layer = -1, .micro_batch = -1,
-                       .src_dev = (int16_t)d, .dst_dev = (int16_t)d,
-                       .dst_region = DP_REGION_PARAMS, .dst_offset = p->opt_off[d] * 4,
+      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER,
+                       .kind = DP_OP_OPTIMIZER,
+                       .device = (int16_t)d,
+                       .layer = -1,
+                       .micro_batch = -1,
+                       .src_dev = (int16_t)d,
+                       .dst_dev = (int16_t)d,
+                       .dst_region = DP_REGION_PARAMS,
+                       .dst_offset = p->opt_off[d] * 4,
                        .bytes = p->opt_len[d] * 4});
     next_stage(&b);
     if (!classic && p->cfg.shard_optimizer) allgather_params(&b, p, sp->n_used);
@@ -322,15 +402,16 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
 }
 
 static const char *const phase_names[DP_PHASE_COUNT] = {
-    "broadcast", "scatter", "forward", "gather", "loss",
-    "scatter_grads", "backward", "reduce", "optimizer"};
+    "broadcast",     "scatter",  "forward", "gather",   "loss",
+    "scatter_grads", "backward", "reduce",  "optimizer"};
 
 const char *dp_phase_name(dp_phase ph) {
   return (unsigned)ph < DP_PHASE_COUNT ? phase_names[ph] : "?";
 }
 
 const char *dp_op_kind_name(dp_op_kind k) {
-  static const char *const names[] = {"copy",     "forward",  "backward",   "grad_add", "zero",
-                                      "loss",     "loss_sum", "grad_check", "optimizer"};
+  static const char *const names[] = {"copy",      "forward",  "backward", "grad_add",
+                                      "zero",      "loss",     "loss_sum", "grad_check",
+                                      "optimizer", "allreduce"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

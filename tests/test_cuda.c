@@ -11,12 +11,14 @@
  * of plans of one model and config (cpu and cuda backend) with arenas of
  * their own; the tests fill both with the same contents and run ops through
  * the two vtables (dp__cpu_backend / dp__cuda_backend, dp__shm_transport /
- * dp__cuda_transport), then compare every region. walk() below is a
- * single-threaded executor with the CUDA stage hooks in the places
- * docs/GPU.md asks lib/exec.c to call them. Lines starting "TIMING" are
- * collected by tests/gpu/run.sh. */
+ * dp__cuda_transport), then compare every region. walk() below is an
+ * executor with the CUDA stage hooks and the transport's peer() in the places
+ * docs/GPU.md asks lib/exec.c to call them: single-threaded, or (pair.threaded,
+ * always with NCCL) one thread per device with a barrier per stage, as
+ * lib/exec.c runs. Lines starting "TIMING" are collected by tests/gpu/run.sh. */
 #include <check.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,6 +77,28 @@ START_TEST(without_cuda_everything_is_unsupported) {
                    DP_ERR_UNSUPPORTED);
   dp__cuda_arena_free(0, NULL);
   dp__cuda_host_free(NULL);
+  ck_assert_int_eq(dp__cuda_have_nccl(), 0);
+  ck_assert_int_eq(dp__cuda_capture_begin(&p), DP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "built without CUDA"));
+  ck_assert_int_eq(dp__cuda_capture_end(&p, 0), DP_ERR_UNSUPPORTED);
+  ck_assert_int_eq(dp__cuda_graph_launch(&p, 0, 1), DP_ERR_UNSUPPORTED);
+  ck_assert_int_eq(dp__cuda_graph_ready(&p, 0), 0);
+  dp__cuda_capture_abort(&p); /* nothing to drop */
+  ck_assert_int_eq(dp__cuda_step_begin(&p, 3), DP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(dp__cuda_transport.peer);
+  ck_assert_int_eq(dp__cuda_transport.peer(&p, 1, &p, &p, 4), DP_ERR_UNSUPPORTED);
+}
+END_TEST
+
+START_TEST(nccl_availability_matches_build) {
+#if defined(DP_HAVE_CUDA) && defined(DP_HAVE_NCCL)
+  ck_assert_int_eq(dp__cuda_have_nccl(), 1);
+#else
+  ck_assert_int_eq(dp__cuda_have_nccl(), 0);
+#endif
+  /* the backend vtable carries the stage hooks lib/exec.c calls */
+  ck_assert_ptr_eq(dp__cuda_backend.stage_begin, dp__cuda_stage_begin);
+  ck_assert_ptr_eq(dp__cuda_backend.stage_end, dp__cuda_stage_end);
 }
 END_TEST
 
@@ -201,7 +225,6 @@ static size_t content_bytes(const dp_plan *p, int d) {
   return p->regions[d][DP_REGION_WORKSPACE].offset;
 }
 
-
 /* Until lib/plan.c reserves dp__cuda_workspace_bytes() of WORKSPACE in CUDA
  * plans, the tests grow the region themselves (it is the last one; no guards). */
 static void patch_workspace(dp_plan *p) {
@@ -223,8 +246,8 @@ static void patch_workspace(dp_plan *p) {
  * arenas region by region. pc and pg are two copies of that plan. */
 typedef struct {
   dp_model *m;
-  dp_plan *pc, *pg;  /* cpu, cuda */
-  int n;             /* devices used */
+  dp_plan *pc, *pg; /* cpu, cuda */
+  int n;            /* devices used */
   bool with_cpu;
   unsigned char *ca[DP_MAX_DEVICES]; /* cpu arenas */
   void *ga[DP_MAX_DEVICES];          /* gpu arenas */
@@ -232,11 +255,18 @@ typedef struct {
   unsigned char *staging;            /* pinned, dp_plan_host_bytes(pg) */
   void *bctx;
   dp_exec_env ec, eg;
+  unsigned flags; /* of dp__cuda_ctx_init */
+  bool threaded;  /* walk() with a thread per device */
 } pair;
 
-static void pair_init(pair *t, const char *spec, const dp_config *cfg, bool with_cpu) {
+static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, bool with_cpu,
+                            unsigned flags) {
   memset(t, 0, sizeof *t);
   t->with_cpu = with_cpu;
+  t->flags = flags;
+  /* one thread managing several NCCL communicators would need group calls,
+   * which would defer its sends/receives past the kernels of their stage */
+  t->threaded = (flags & DP_CUDA_NCCL) != 0;
   ck_assert_msg(dp_model_parse(spec, "test", &t->m) == DP_OK, "%s", dp_last_error());
   dp_config c = *cfg;
   c.backend = DP_BACKEND_CUDA;
@@ -257,22 +287,28 @@ static void pair_init(pair *t, const char *spec, const dp_config *cfg, bool with
     }
     t->gh[d] = malloc(content_bytes(t->pg, d) + 4);
     ck_assert_ptr_nonnull(t->gh[d]);
-    ck_assert_msg(dp__cuda_arena_alloc(c.device_ids[d], gb, &t->ga[d]) == DP_OK, "device %d: %s",
-                  d, dp_last_error());
+    ck_assert_msg(dp__cuda_arena_alloc(c.device_ids[d], gb, &t->ga[d]) == DP_OK,
+                  "device %d: %s", d, dp_last_error());
   }
-  ck_assert_msg(dp__cuda_ctx_init(t->pg, t->ga, 0, &t->bctx) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(dp__cuda_ctx_init(t->pg, t->ga, flags, &t->bctx) == DP_OK, "%s",
+                dp_last_error());
   size_t hb = dp_plan_host_bytes(t->pg);
   ck_assert_uint_gt(hb, 0);
-  ck_assert_msg(dp__cuda_host_alloc(hb, (void **)&t->staging) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(dp__cuda_host_alloc(hb, (void **)&t->staging) == DP_OK, "%s",
+                dp_last_error());
   bool training = !cfg->inference;
-  t->eg = (dp_exec_env){.plan = t->pg, .mbs = t->pg->mbs, .rows = cfg->batch,
-                        .training = training};
+  t->eg = (dp_exec_env){
+      .plan = t->pg, .mbs = t->pg->mbs, .rows = cfg->batch, .training = training};
   for (int d = 0; d < t->n; d++) t->eg.arena[d] = t->ga[d];
   if (with_cpu) {
-    t->ec = (dp_exec_env){.plan = t->pc, .mbs = t->pc->mbs, .rows = cfg->batch,
-                          .training = training};
+    t->ec = (dp_exec_env){
+        .plan = t->pc, .mbs = t->pc->mbs, .rows = cfg->batch, .training = training};
     for (int d = 0; d < t->n; d++) t->ec.arena[d] = t->ca[d];
   }
+}
+
+static void pair_init(pair *t, const char *spec, const dp_config *cfg, bool with_cpu) {
+  pair_init_flags(t, spec, cfg, with_cpu, 0);
 }
 
 static void pair_free(pair *t) {
@@ -294,14 +330,14 @@ static unsigned char *rptr(unsigned char *arena, const dp_plan *p, int d, int r)
 
 static void upload(pair *t) {
   for (int d = 0; d < t->n; d++)
-    ck_assert_msg(dp__cuda_memcpy(t->ga[d], t->gh[d], content_bytes(t->pg, d)) == DP_OK, "%s",
-                  dp_last_error());
+    ck_assert_msg(dp__cuda_memcpy(t->ga[d], t->gh[d], content_bytes(t->pg, d)) == DP_OK,
+                  "%s", dp_last_error());
 }
 
 static void download(pair *t) {
   for (int d = 0; d < t->n; d++)
-    ck_assert_msg(dp__cuda_memcpy(t->gh[d], t->ga[d], content_bytes(t->pg, d)) == DP_OK, "%s",
-                  dp_last_error());
+    ck_assert_msg(dp__cuda_memcpy(t->gh[d], t->ga[d], content_bytes(t->pg, d)) == DP_OK,
+                  "%s", dp_last_error());
 }
 
 /* Every region of every device (workspace aside) gets the same random
@@ -324,7 +360,7 @@ static void fill_random(pair *t, uint64_t seed) {
           bits = (uint32_t)(trng_next(&r) % (uint64_t)classes);
         } else {
           float v = reg == DP_REGION_OPT_STATE ? trng_float(&r, 0.0f, 1.0f)
-                                                : trng_float(&r, -1.0f, 1.0f);
+                                               : trng_float(&r, -1.0f, 1.0f);
           memcpy(&bits, &v, 4);
         }
         g[k] = bits;
@@ -346,11 +382,13 @@ static void fill_initial(pair *t, uint64_t seed) {
       uint32_t *w = (uint32_t *)a;
       for (size_t k = 0; k < content_bytes(p, d) / 4; k++) w[k] = CANARY;
       memset(rptr(a, p, d, DP_REGION_GRADS), 0, p->regions[d][DP_REGION_GRADS].size);
-      memset(rptr(a, p, d, DP_REGION_OPT_STATE), 0, p->regions[d][DP_REGION_OPT_STATE].size);
+      memset(rptr(a, p, d, DP_REGION_OPT_STATE), 0,
+             p->regions[d][DP_REGION_OPT_STATE].size);
       if (d == 0) {
         trng r = {seed};
         float *w0 = (float *)rptr(a, p, 0, DP_REGION_PARAMS);
-        for (size_t k = 0; k < dp_model_n_params(t->m); k++) w0[k] = trng_float(&r, -0.5f, 0.5f);
+        for (size_t k = 0; k < dp_model_n_params(t->m); k++)
+          w0[k] = trng_float(&r, -0.5f, 0.5f);
       }
     }
   }
@@ -360,7 +398,8 @@ static void fill_initial(pair *t, uint64_t seed) {
 /* Compares device d's regions (workspace aside) of the two sides: equal bits,
  * or (unless bitwise) |gpu - cpu| <= tol (|cpu| + mean |cpu| of the region).
  * Counts elements whose bits differ. Fails the test with the first offender. */
-static size_t compare_dev(const pair *t, int d, double tol, bool bitwise, const char *what) {
+static size_t compare_dev(const pair *t, int d, double tol, bool bitwise,
+                          const char *what) {
   size_t differ = 0;
   for (int reg = 0; reg < DP_REGION_WORKSPACE; reg++) {
     size_t n = t->pg->regions[d][reg].size / 4;
@@ -385,11 +424,12 @@ static size_t compare_dev(const pair *t, int d, double tol, bool bitwise, const 
       memcpy(&b, &gu[k], 4);
       bool ok = !bitwise && isfinite(a) && isfinite(b) &&
                 fabs((double)a - (double)b) <= tol * (fabs((double)a) + scale);
-      ck_assert_msg(ok,
-                    "%s: device %d region %s element %zu: cpu %.9g (0x%08x), gpu %.9g (0x%08x); "
-                    "%s",
-                    what, d, dp_region_name((dp_region)reg), k, (double)a, cu[k], (double)b,
-                    gu[k], bitwise ? "bits must match" : "beyond the tolerance");
+      ck_assert_msg(
+          ok,
+          "%s: device %d region %s element %zu: cpu %.9g (0x%08x), gpu %.9g (0x%08x); "
+          "%s",
+          what, d, dp_region_name((dp_region)reg), k, (double)a, cu[k], (double)b, gu[k],
+          bitwise ? "bits must match" : "beyond the tolerance");
     }
   }
   return differ;
@@ -406,30 +446,104 @@ static void *endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
   return (unsigned char *)e->arena[dev] + e->plan->regions[dev][region].offset + off;
 }
 
-/* Ops [lo, hi) of the plan's schedule (whole stages), stage by stage, device
- * by device, on one thread: what lib/exec.c does with a thread per device,
- * including where the CUDA stage hooks go. */
-static dp_status walk(pair *t, bool gpu, int lo, int hi) {
+/* The copy's other endpoint, where lib/exec.c calls transport.peer(): a
+ * device that is not the executing one; -1 for none (the host). */
+static int peer_of(const dp_op *op) {
+  int other = op->src_dev == op->device ? op->dst_dev : op->src_dev;
+  return other == DP_HOST || other == op->device ? -1 : other;
+}
+
+/* Device d's ops of ops [k, k1) (one stage), in list order: its compute ops
+ * and copies, and peer() for the copies it is the other endpoint of. */
+static dp_status walk_ops(pair *t, bool gpu, int d, int k, int k1) {
   const dp_plan *p = gpu ? t->pg : t->pc;
   const dp_op *ops = dp_plan_ops(p);
   dp_exec_env *e = gpu ? &t->eg : &t->ec;
   const dp_backend_ops *b = gpu ? &dp__cuda_backend : &dp__cpu_backend;
   const dp_transport_ops *tr = gpu ? &dp__cuda_transport : &dp__shm_transport;
   void *ctx = gpu ? t->bctx : NULL;
+  dp_status st = DP_OK;
+  for (int i = k; i < k1 && !st; i++) {
+    const dp_op *op = &ops[i];
+    bool skipped = op->phase == DP_PHASE_BROADCAST && e->skip_broadcast;
+    if (op->kind == DP_OP_COPY && !skipped && op->device != d && peer_of(op) == d) {
+      if (tr->peer)
+        st = tr->peer(ctx, d, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+                      endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+      continue;
+    }
+    if (op->device != d) continue;
+    if (op->kind != DP_OP_COPY)
+      st = b->run(ctx, e, op);
+    else if (!skipped)
+      st = tr->copy(ctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+                    endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+  }
+  return st;
+}
+
+typedef struct {
+  pair *t;
+  int d, lo, hi;
+  pthread_barrier_t *bar;
+  dp_status st; /* the device's first failure */
+  char why[DP_ERRMSG_CAP];
+} walker;
+
+/* One device's thread, as lib/exec.c's run_device: every stage's hooks, also
+ * after a failure (then without ops), and the barrier that ends the stage. */
+static void *walk_thread(void *arg) {
+  walker *w = arg;
+  const dp_op *ops = dp_plan_ops(w->t->pg);
+  for (int k = w->lo; k < w->hi;) {
+    int s = ops[k].stage, k1 = k;
+    while (k1 < w->hi && ops[k1].stage == s) k1++;
+    dp_status st = dp__cuda_stage_begin(w->t->bctx, w->d, s);
+    if (!st && !w->st) st = walk_ops(w->t, true, w->d, k, k1);
+    dp_status e = dp__cuda_stage_end(w->t->bctx, w->d, s);
+    if (!st) st = e;
+    if (st && !w->st) {
+      w->st = st;
+      snprintf(w->why, sizeof w->why, "%s", dp_last_error());
+    }
+    pthread_barrier_wait(w->bar);
+    k = k1;
+  }
+  return NULL;
+}
+
+static dp_status walk_threaded(pair *t, int lo, int hi) {
+  pthread_barrier_t bar;
+  pthread_t th[DP_MAX_DEVICES];
+  walker w[DP_MAX_DEVICES];
+  ck_assert_int_eq(pthread_barrier_init(&bar, NULL, (unsigned)t->n), 0);
+  for (int d = 0; d < t->n; d++) {
+    w[d] = (walker){.t = t, .d = d, .lo = lo, .hi = hi, .bar = &bar};
+    ck_assert_int_eq(pthread_create(&th[d], NULL, walk_thread, &w[d]), 0);
+  }
+  for (int d = 0; d < t->n; d++) ck_assert_int_eq(pthread_join(th[d], NULL), 0);
+  pthread_barrier_destroy(&bar);
+  for (int d = 0; d < t->n; d++) /* the text to this thread, as dp__exec_run does */
+    if (w[d].st)
+      return dp__error(w[d].st, __FILE__, __LINE__, "device %d: %s", d, w[d].why);
+  return DP_OK;
+}
+
+/* Ops [lo, hi) of the plan's schedule (whole stages), stage by stage, device
+ * by device: what lib/exec.c does with a thread per device, including where
+ * the CUDA stage hooks and peer() go. On one thread it stops at the first
+ * failure; t->threaded runs walk_threaded (the GPU side only). */
+static dp_status walk(pair *t, bool gpu, int lo, int hi) {
+  if (gpu && t->threaded) return walk_threaded(t, lo, hi);
+  const dp_plan *p = gpu ? t->pg : t->pc;
+  const dp_op *ops = dp_plan_ops(p);
+  void *ctx = gpu ? t->bctx : NULL;
   for (int k = lo; k < hi;) {
     int s = ops[k].stage, k1 = k;
     while (k1 < hi && ops[k1].stage == s) k1++;
     for (int d = 0; d < t->n; d++) {
       dp_status st = gpu ? dp__cuda_stage_begin(ctx, d, s) : DP_OK;
-      for (int i = k; i < k1 && !st; i++) {
-        const dp_op *op = &ops[i];
-        if (op->device != d) continue;
-        if (op->kind != DP_OP_COPY)
-          st = b->run(ctx, e, op);
-        else if (!(op->phase == DP_PHASE_BROADCAST && e->skip_broadcast))
-          st = tr->copy(ctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
-                        endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
-      }
+      if (!st) st = walk_ops(t, gpu, d, k, k1);
       if (!st && gpu) st = dp__cuda_stage_end(ctx, d, s);
       if (st) return st;
     }
@@ -481,9 +595,9 @@ static dp_status cpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
   return s;
 }
 
-/* As lib/ctx.c will: the caller's batch into the pinned staging arena, the
- * step, the one synchronisation. Ops [lo, hi); step_begin only when lo == 0. */
-static dp_status gpu_run(pair *t, uint64_t step, const batch *b, int lo, int hi, float *loss) {
+/* As lib/ctx.c will: the caller's batch into the pinned staging arena (which
+ * the previous step no longer reads: it was synchronised), the env. */
+static void stage_batch(pair *t, uint64_t step, const batch *b) {
   dp_cuda_staging L = dp__cuda_staging_layout(t->pg);
   memcpy(t->staging + L.x, b->x, b->xbytes);
   memcpy(t->staging + L.t, b->t, b->tbytes);
@@ -492,7 +606,14 @@ static dp_status gpu_run(pair *t, uint64_t step, const batch *b, int lo, int hi,
   t->eg.host_t = t->staging + L.t;
   t->eg.host_y = (float *)(t->staging + L.y);
   t->eg.skip_broadcast = false;
-  dp_status s = lo == 0 ? dp__cuda_step_begin(t->bctx) : DP_OK;
+}
+
+/* The staged batch, the step, the one synchronisation. Ops [lo, hi);
+ * step_begin only when lo == 0. */
+static dp_status gpu_run(pair *t, uint64_t step, const batch *b, int lo, int hi,
+                         float *loss) {
+  stage_batch(t, step, b);
+  dp_status s = lo == 0 ? dp__cuda_step_begin(t->bctx, step) : DP_OK;
   char why[DP_ERRMSG_CAP] = "";
   if (!s) s = walk(t, true, lo, hi);
   if (s) snprintf(why, sizeof why, "%s", dp_last_error());
@@ -508,9 +629,37 @@ static dp_status gpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
   return gpu_run(t, step, b, 0, dp_plan_n_ops(t->pg), loss);
 }
 
+/* A whole step through the CUDA graph in `slot`, captured first (through
+ * walk(), instead of running) when the slot is empty, as lib/ctx.c does with
+ * config.cuda_graph. */
+static dp_status gpu_graph_step(pair *t, uint64_t step, const batch *b, int slot,
+                                float *loss) {
+  stage_batch(t, step, b);
+  dp_status s = DP_OK;
+  char why[DP_ERRMSG_CAP] = "";
+  if (!dp__cuda_graph_ready(t->bctx, slot)) {
+    s = dp__cuda_capture_begin(t->bctx);
+    if (!s) s = dp__cuda_step_begin(t->bctx, step);
+    if (!s) s = walk(t, true, 0, dp_plan_n_ops(t->pg));
+    if (!s) s = dp__cuda_capture_end(t->bctx, slot);
+    if (s) {
+      snprintf(why, sizeof why, "%s", dp_last_error());
+      dp__cuda_capture_abort(t->bctx);
+    }
+  }
+  if (!s) s = dp__cuda_graph_launch(t->bctx, slot, step);
+  if (s && !why[0]) snprintf(why, sizeof why, "%s", dp_last_error());
+  dp_status e = dp__cuda_step_end(t->bctx, loss);
+  if (s) {
+    fprintf(stderr, "cuda: graph step failed: %s\n", why);
+    return s;
+  }
+  return e;
+}
+
 /* Runs one compute op alone on the GPU (a step of one stage). */
 static dp_status gpu_one_op(pair *t, const dp_op *op, float *loss) {
-  dp_status s = dp__cuda_step_begin(t->bctx);
+  dp_status s = dp__cuda_step_begin(t->bctx, t->eg.step);
   if (!s) s = dp__cuda_stage_begin(t->bctx, op->device, op->stage);
   if (!s) s = dp__cuda_backend.run(t->bctx, &t->eg, op);
   if (!s) s = dp__cuda_stage_end(t->bctx, op->device, op->stage);
@@ -532,8 +681,8 @@ static const char *const MIXED_CE =
     "dropout 0.25\nlinear 5\nloss softmax_cross_entropy\n";
 
 /* Replicas go round-robin over the visible GPUs (all on GPU 0 with one). */
-static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch, dp_mode mode,
-                             dp_optimizer opt) {
+static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch,
+                             dp_mode mode, dp_optimizer opt) {
   dp_config c;
   dp_config_default(&c);
   for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d % ngpu;
@@ -583,7 +732,8 @@ static void check_every_compute_op(const char *name, const char *spec, const dp_
              dp_phase_name((dp_phase)oc[k].phase), dp_op_kind_name((dp_op_kind)oc[k].kind),
              oc[k].layer, oc[k].micro_batch);
     size_t differ = 0;
-    for (int d = 0; d < t.n; d++) differ += compare_dev(&t, d, 1e-5, exact_op(&t, &oc[k]), what);
+    for (int d = 0; d < t.n; d++)
+      differ += compare_dev(&t, d, 1e-5, exact_op(&t, &oc[k]), what);
     if (oc[k].kind == DP_OP_LOSS_SUM)
       ck_assert_msg(fabs((double)gl - (double)t.ec.loss) <= 1e-6 * fabs((double)t.ec.loss),
                     "%s: loss cpu %.9g gpu %.9g", what, (double)t.ec.loss, (double)gl);
@@ -637,12 +787,14 @@ START_TEST(workspace_reservation_is_reported) {
   c.backend = DP_BACKEND_CUDA;
   dp_plan *p = NULL;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
-  size_t have = dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, need = dp__cuda_workspace_bytes();
+  size_t have = dp_plan_region(p, 0, DP_REGION_WORKSPACE).size,
+         need = dp__cuda_workspace_bytes();
   ck_assert_uint_eq(need, DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES);
   if (have < need)
-    fprintf(stderr, "NOTE cuda: CUDA plans reserve %zu bytes of WORKSPACE; the CUDA backend "
-                    "needs %zu (lib/plan.c: dp__cuda_workspace_bytes()); the gpu tests patch "
-                    "their plans\n",
+    fprintf(stderr,
+            "NOTE cuda: CUDA plans reserve %zu bytes of WORKSPACE; the CUDA backend "
+            "needs %zu (lib/plan.c: dp__cuda_workspace_bytes()); the gpu tests patch "
+            "their plans\n",
             have, need);
   dp_plan_free(p);
   dp_model_free(m);
@@ -674,11 +826,63 @@ START_TEST(backend_init_fails_cleanly_without_a_gpu) {
   ck_assert_msg(dp_last_error()[0] != '\0', "no reason recorded");
   if (!dp_cuda_available()) ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
   dp__cuda_ctx_free(NULL);
-  ck_assert_int_ne(dp__cuda_step_begin(NULL), DP_OK);
+  ck_assert_int_ne(dp__cuda_step_begin(NULL, 0), DP_OK);
+  ck_assert_int_ne(dp__cuda_capture_begin(NULL), DP_OK);
+  ck_assert_int_ne(dp__cuda_capture_end(NULL, 0), DP_OK);
+  dp__cuda_capture_abort(NULL);
+  ck_assert_int_eq(dp__cuda_graph_ready(NULL, 0), 0);
+  ck_assert_int_ne(dp__cuda_graph_launch(NULL, 0, 0), DP_OK);
+  ck_assert_int_ne(dp__cuda_transport.peer(NULL, 0, arenas[0], arenas[1], 4), DP_OK);
   float loss = 1.0f;
   ck_assert_int_ne(dp__cuda_step_end(NULL, &loss), DP_OK);
   ck_assert(loss == 0.0f);
   for (int d = 0; d < 2; d++) free(arenas[d]);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* DP_CUDA_NCCL is checked before any GPU work: two replicas on one GPU are
+ * refused naming both (NCCL gives a GPU one rank), and a build without NCCL
+ * (or CUDA) refuses the flag. The arenas are host memory, which init would
+ * refuse later: these refusals come first, so no GPU is needed. */
+START_TEST(nccl_init_refuses_one_gpu_twice) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 8;
+  c.n_devices = 3;
+  c.backend = DP_BACKEND_CUDA;
+  c.device_ids[0] = 0;
+  c.device_ids[1] = 1;
+  c.device_ids[2] = 1; /* replicas 1 and 2 share GPU 1 */
+  dp_plan *p = NULL;
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  patch_workspace(p);
+  void *arenas[3];
+  for (int d = 0; d < 3; d++) {
+    arenas[d] = aligned_alloc(256, round_up(p->dev_bytes[d], 256));
+    ck_assert_ptr_nonnull(arenas[d]);
+  }
+  void *bctx = &bctx;
+  dp_status s = dp__cuda_ctx_init(p, arenas, DP_CUDA_NCCL, &bctx);
+  ck_assert_ptr_null(bctx);
+  if (!dp_cuda_available()) {
+    ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
+  } else if (!dp__cuda_have_nccl()) {
+    ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(dp_last_error(), "no NCCL") != NULL, "%s", dp_last_error());
+  } else {
+    ck_assert_int_eq(s, DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_last_error(), "replicas 1 and 2 are both on GPU 1") != NULL,
+                  "%s", dp_last_error());
+  }
+  if (dp_cuda_available()) { /* an unknown flag */
+    ck_assert_int_eq(dp__cuda_ctx_init(p, arenas, 0x100, &bctx), DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_last_error(), "flags") != NULL, "%s", dp_last_error());
+  }
+  for (int d = 0; d < 3; d++) free(arenas[d]);
   dp_plan_free(p);
   dp_model_free(m);
 }
@@ -713,8 +917,8 @@ START_TEST(rng_matches_lib_rng_bit_for_bit) {
       ck_assert_msg(dp__cuda_rng_table(seeds[s], streams[st], abc, N, u, f) == DP_OK, "%s",
                     dp_last_error());
       for (int i = 0; i < N; i++) {
-        uint64_t want = dp__rng_u64(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1],
-                                    abc[3 * i + 2]);
+        uint64_t want =
+            dp__rng_u64(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1], abc[3 * i + 2]);
         float wf = dp__rng_uniform(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1],
                                    abc[3 * i + 2]);
         ck_assert_msg(u[i] == want, "key %d: gpu %016llx, lib/rng.c %016llx", i,
@@ -755,7 +959,8 @@ START_TEST(backend_init_validates_its_inputs) {
   p->cfg.device_ids[0] = 0;
   /* and then it works, twice (TF32 flag too) */
   for (unsigned flags = 0; flags < 2; flags++) {
-    ck_assert_msg(dp__cuda_ctx_init(p, &arena, flags, &bctx) == DP_OK, "%s", dp_last_error());
+    ck_assert_msg(dp__cuda_ctx_init(p, &arena, flags, &bctx) == DP_OK, "%s",
+                  dp_last_error());
     ck_assert_ptr_nonnull(bctx);
     /* a copy on a thread that never began a stage is refused, not run */
     float x = 0.0f;
@@ -800,10 +1005,10 @@ END_TEST
 START_TEST(loss_ops_match_cpu_with_many_micro_batches) {
   REQUIRE_GPUS(ngpu, "loss_ops_match_cpu_with_many_micro_batches");
   dp_config c = test_config(ngpu, 703, 1, 10, DP_MODE_CLASSIC, DP_OPT_SGD);
-  check_every_compute_op("ce, 71 micro-batches", "input 3\nlinear 300\nloss softmax_cross_entropy\n",
-                         &c, 0);
-  check_every_compute_op("mse, 71 micro-batches", "input 3\nlinear 300\nlayernorm\nloss mse\n", &c,
-                         0);
+  check_every_compute_op("ce, 71 micro-batches",
+                         "input 3\nlinear 300\nloss softmax_cross_entropy\n", &c, 0);
+  check_every_compute_op("mse, 71 micro-batches",
+                         "input 3\nlinear 300\nlayernorm\nloss mse\n", &c, 0);
 }
 END_TEST
 
@@ -817,10 +1022,10 @@ static void check_steps_match_cpu(const char *name, const char *spec, const dp_c
   batch b = make_batch(&t, 12);
   for (int i = 0; i < steps; i++) {
     float lc = 0.0f, lg = 0.0f;
-    ck_assert_msg(cpu_step(&t, (uint64_t)i, &b, &lc) == DP_OK, "%s: cpu step %d: %s", name, i,
-                  dp_last_error());
-    ck_assert_msg(gpu_step(&t, (uint64_t)i, &b, &lg) == DP_OK, "%s: gpu step %d: %s", name, i,
-                  dp_last_error());
+    ck_assert_msg(cpu_step(&t, (uint64_t)i, &b, &lc) == DP_OK, "%s: cpu step %d: %s", name,
+                  i, dp_last_error());
+    ck_assert_msg(gpu_step(&t, (uint64_t)i, &b, &lg) == DP_OK, "%s: gpu step %d: %s", name,
+                  i, dp_last_error());
     ck_assert_msg(fabs((double)lc - (double)lg) <= 1e-5 * fabs((double)lc),
                   "%s: step %d: loss cpu %.9g gpu %.9g", name, i, (double)lc, (double)lg);
     fprintf(stderr, "cuda: %s: step %d: loss cpu %.9g gpu %.9g\n", name, i, (double)lc,
@@ -869,8 +1074,8 @@ START_TEST(steps_are_bit_identical_run_to_run) {
         first[d] = malloc(bytes);
         memcpy(first[d], t.gh[d], bytes);
       } else {
-        ck_assert_msg(memcmp(first[d], t.gh[d], bytes) == 0, "device %d: the second run differs",
-                      d);
+        ck_assert_msg(memcmp(first[d], t.gh[d], bytes) == 0,
+                      "device %d: the second run differs", d);
         free(first[d]);
       }
     }
@@ -910,7 +1115,8 @@ START_TEST(same_bits_for_1_2_4_replicas_and_both_modes) {
         size_t k = 0;
         while (k < P && memcmp(&ref[k], &w[k], 4) == 0) k++;
         ck_assert_msg(k == P, "%s, %d replicas: parameter %zu is %.9g, with 1 replica %.9g",
-                      mode ? "allreduce" : "classic", counts[i], k, (double)w[k], (double)ref[k]);
+                      mode ? "allreduce" : "classic", counts[i], k, (double)w[k],
+                      (double)ref[k]);
         ck_assert_msg(memcmp(&loss, &ref_loss, 4) == 0, "loss %.9g vs %.9g", (double)loss,
                       (double)ref_loss);
       }
@@ -996,7 +1202,8 @@ START_TEST(nonfinite_gradient_on_one_device_refuses_every_replica) {
     int bad = sharded ? 0 : 1;
     size_t j = t.pg->opt_off[bad] + t.pg->opt_len[bad] / 2;
     float v = sharded ? INFINITY : NAN;
-    unsigned char *g = (unsigned char *)t.ga[bad] + t.pg->regions[bad][DP_REGION_GRADS].offset;
+    unsigned char *g =
+        (unsigned char *)t.ga[bad] + t.pg->regions[bad][DP_REGION_GRADS].offset;
     ck_assert_int_eq(dp__cuda_memcpy(g + j * 4, &v, 4), DP_OK);
     download(&t);
     size_t sz[2];
@@ -1011,12 +1218,231 @@ START_TEST(nonfinite_gradient_on_one_device_refuses_every_replica) {
     for (int d = 0; d < t.n; d++) {
       size_t n;
       unsigned char *after = snapshot_state(&t, d, &n);
-      ck_assert_msg(memcmp(before[d], after, n) == 0, "device %d applied a refused step", d);
+      ck_assert_msg(memcmp(before[d], after, n) == 0, "device %d applied a refused step",
+                    d);
       free(after);
       free(before[d]);
     }
     batch_free(&b);
     pair_free(&t);
+  }
+}
+END_TEST
+
+/* Every byte of every device's arena but the workspace (a host copy). */
+static unsigned char *snapshot_all(pair *t, size_t *bytes) {
+  download(t);
+  size_t total = 0;
+  for (int d = 0; d < t->n; d++) total += content_bytes(t->pg, d);
+  unsigned char *s = malloc(total + 1), *w = s;
+  ck_assert_ptr_nonnull(s);
+  for (int d = 0; d < t->n; d++) {
+    memcpy(w, t->gh[d], content_bytes(t->pg, d));
+    w += content_bytes(t->pg, d);
+  }
+  *bytes = total;
+  return s;
+}
+
+/* Fails naming the device, region and element of the first differing byte. */
+static void assert_same_bytes(const pair *t, const unsigned char *a, const unsigned char *b,
+                              size_t bytes, const char *what) {
+  if (memcmp(a, b, bytes) == 0) return;
+  size_t k = 0;
+  while (a[k] == b[k]) k++;
+  int d = 0;
+  size_t base = 0;
+  while (k >= base + content_bytes(t->pg, d)) base += content_bytes(t->pg, d++);
+  size_t off = k - base;
+  int r = 0;
+  while (r + 1 < DP_REGION_WORKSPACE && off >= t->pg->regions[d][r + 1].offset) r++;
+  ck_abort_msg("%s: device %d region %s byte %zu differs (0x%02x vs 0x%02x)", what, d,
+               dp_region_name((dp_region)r), off - t->pg->regions[d][r].offset, a[k], b[k]);
+}
+
+/* Steps [0, steps) plain, then the same steps from the same state with steps
+ * >= warm through one CUDA graph captured at step `warm`: every loss and every
+ * arena byte (workspace aside) equal. Each step has its own batch (the graph
+ * must read the staging arena when it runs) and dropout and the optimizer
+ * read the per-step scalars, so a graph that froze its capture step's values
+ * differs from step warm + 1 on. */
+static void check_graph_matches_plain(const char *name, const char *spec,
+                                      const dp_config *cfg, bool threaded, int warm,
+                                      int steps) {
+  enum { MAX_STEPS = 8 };
+  ck_assert_int_le(steps, MAX_STEPS);
+  pair t;
+  pair_init(&t, spec, cfg, false);
+  t.threaded = threaded;
+  batch b[MAX_STEPS];
+  float lp[MAX_STEPS], lg[MAX_STEPS];
+  for (int k = 0; k < steps; k++) b[k] = make_batch(&t, 500 + (uint64_t)k);
+  fill_initial(&t, 31);
+  for (int k = 0; k < steps; k++)
+    ck_assert_msg(gpu_step(&t, (uint64_t)k, &b[k], &lp[k]) == DP_OK,
+                  "%s: plain step %d: %s", name, k, dp_last_error());
+  size_t bytes = 0, bytes2 = 0;
+  unsigned char *plain = snapshot_all(&t, &bytes);
+  fill_initial(&t, 31);
+  const int slot = 2;
+  ck_assert_int_eq(dp__cuda_graph_ready(t.bctx, slot), 0);
+  for (int k = 0; k < steps; k++) {
+    dp_status s = k < warm ? gpu_step(&t, (uint64_t)k, &b[k], &lg[k])
+                           : gpu_graph_step(&t, (uint64_t)k, &b[k], slot, &lg[k]);
+    ck_assert_msg(s == DP_OK, "%s: %s step %d: %s", name, k < warm ? "plain" : "graph", k,
+                  dp_last_error());
+    ck_assert_msg(memcmp(&lp[k], &lg[k], 4) == 0,
+                  "%s: step %d: loss plain %.9g, graph %.9g", name, k, (double)lp[k],
+                  (double)lg[k]);
+    if (k >= warm) ck_assert_int_eq(dp__cuda_graph_ready(t.bctx, slot), 1);
+  }
+  ck_assert_int_eq(dp__cuda_graph_ready(t.bctx, 0), 0); /* only the slot asked for */
+  unsigned char *graph = snapshot_all(&t, &bytes2);
+  ck_assert_uint_eq(bytes, bytes2);
+  char what[160];
+  snprintf(what, sizeof what, "%s: after %d steps, graph from step %d", name, steps, warm);
+  assert_same_bytes(&t, plain, graph, bytes, what);
+  fprintf(stderr,
+          "cuda: %s: %d steps, %d of them as graph replays: bit-identical to plain "
+          "(loss %.9g)\n",
+          name, steps, steps - warm, (double)lg[steps - 1]);
+  free(plain);
+  free(graph);
+  for (int k = 0; k < steps; k++) batch_free(&b[k]);
+  pair_free(&t);
+}
+
+START_TEST(graph_replays_are_bit_identical_to_plain_steps) {
+  REQUIRE_GPUS(ngpu, "graph_replays_are_bit_identical_to_plain_steps");
+  /* dropout (MIXED_CE) and AdamW: the step keys the mask and the bias corrections */
+  dp_config c = test_config(ngpu, 64, 4, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_graph_matches_plain("allreduce adamw, 4 replicas, captured at step 1", MIXED_CE, &c,
+                            false, 1, 5);
+  c.shard_optimizer = 1;
+  check_graph_matches_plain("allreduce sharded adamw, 4 replicas, a thread per device",
+                            MIXED_MSE, &c, true, 1, 4);
+  /* captured at step 0: momentum's first-step flag is 1 in the capture, 0 after */
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  check_graph_matches_plain("classic momentum, 3 replicas, captured at step 0", MIXED_CE,
+                            &c, true, 0, 4);
+}
+END_TEST
+
+/* The graph calls refuse what the contract forbids, and a dropped capture
+ * leaves the context as usable as a failed plain step does. */
+START_TEST(graph_capture_refusals_and_abort) {
+  REQUIRE_GPUS(ngpu, "graph_capture_refusals_and_abort");
+  dp_config c = test_config(ngpu, 16, 2, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  pair t;
+  pair_init(&t, MIXED_MSE, &c, false);
+  batch b = make_batch(&t, 9);
+  float loss = 0.0f, ref = 0.0f;
+  fill_initial(&t, 4);
+  ck_assert_int_eq(gpu_step(&t, 0, &b, &ref), DP_OK);
+  size_t bytes = 0, bytes2 = 0;
+  unsigned char *want = snapshot_all(&t, &bytes);
+  fill_initial(&t, 4);
+  ck_assert_int_eq(dp__cuda_capture_end(t.bctx, 0), DP_ERR_INVALID);     /* none open */
+  ck_assert_int_eq(dp__cuda_graph_launch(t.bctx, 0, 0), DP_ERR_INVALID); /* empty slot */
+  ck_assert_int_eq(dp__cuda_graph_launch(t.bctx, DP_CUDA_GRAPH_SLOTS, 0), DP_ERR_INVALID);
+  ck_assert_int_eq(dp__cuda_graph_ready(t.bctx, -1), 0);
+  /* a capture dropped halfway: nothing ran, the slot stays empty */
+  stage_batch(&t, 0, &b);
+  ck_assert_int_eq(dp__cuda_capture_begin(t.bctx), DP_OK);
+  ck_assert_int_eq(dp__cuda_capture_begin(t.bctx), DP_ERR_INVALID); /* one at a time */
+  ck_assert_int_eq(dp__cuda_step_begin(t.bctx, 0), DP_OK);
+  int half = stage_start_of(t.pg, DP_OP_GRAD_CHECK);
+  ck_assert_msg(walk(&t, true, 0, half) == DP_OK, "%s", dp_last_error());
+  ck_assert_int_eq(dp__cuda_graph_launch(t.bctx, 0, 0), DP_ERR_INVALID); /* capture open */
+  dp__cuda_capture_abort(t.bctx);
+  dp__cuda_capture_abort(t.bctx); /* twice: nothing left to drop */
+  ck_assert_int_eq(dp__cuda_graph_ready(t.bctx, 0), 0);
+  (void)dp__cuda_step_end(t.bctx,
+                          &loss); /* as after a failed step; the headers are stale */
+  /* a step_end with a capture still open drops it and says so */
+  ck_assert_int_eq(dp__cuda_capture_begin(t.bctx), DP_OK);
+  ck_assert_int_eq(dp__cuda_step_end(t.bctx, &loss), DP_ERR_BACKEND);
+  ck_assert_msg(strstr(dp_last_error(), "capture") != NULL, "%s", dp_last_error());
+  /* a bad slot at the end drops the capture too */
+  ck_assert_int_eq(dp__cuda_capture_begin(t.bctx), DP_OK);
+  ck_assert_int_eq(dp__cuda_capture_end(t.bctx, DP_CUDA_GRAPH_SLOTS), DP_ERR_INVALID);
+  ck_assert_int_eq(dp__cuda_capture_end(t.bctx, 0), DP_ERR_INVALID); /* none open now */
+  /* and the context still steps exactly as before */
+  ck_assert_msg(gpu_step(&t, 0, &b, &loss) == DP_OK, "%s", dp_last_error());
+  ck_assert(memcmp(&loss, &ref, 4) == 0);
+  unsigned char *got = snapshot_all(&t, &bytes2);
+  assert_same_bytes(&t, want, got, bytes, "a plain step after dropped captures");
+  /* an env whose step disagrees with step_begin's is refused, not run */
+  stage_batch(&t, 1, &b);
+  ck_assert_int_eq(dp__cuda_step_begin(t.bctx, 2), DP_OK);
+  ck_assert_int_eq(walk(&t, true, 0, dp_plan_n_ops(t.pg)), DP_ERR_BACKEND);
+  ck_assert_msg(strstr(dp_last_error(), "step 1") != NULL, "%s", dp_last_error());
+  (void)dp__cuda_step_end(t.bctx, &loss);
+  free(want);
+  free(got);
+  batch_free(&b);
+  pair_free(&t);
+}
+END_TEST
+
+/* With NCCL between distinct GPUs, steps equal the copy transport's bit for
+ * bit (the reductions are the schedule's own adds either way), plain and as a
+ * replayed graph. Needs 2 GPUs and a build with NCCL. */
+START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "nccl_steps_match_copy_transport_bit_for_bit");
+  if (ngpu < 2) {
+    fprintf(stderr,
+            "SKIP cuda: nccl_steps_match_copy_transport_bit_for_bit: needs 2 GPUs (%d "
+            "visible)\n",
+            ngpu);
+    return;
+  }
+  if (!dp__cuda_have_nccl()) {
+    fprintf(stderr,
+            "SKIP cuda: nccl_steps_match_copy_transport_bit_for_bit: this build has no "
+            "NCCL\n");
+    return;
+  }
+  int n = ngpu >= 4 ? 4 : 2;
+  enum { STEPS = 5, PLAIN = 3 };
+  for (int cfg = 0; cfg < 2; cfg++) {
+    dp_config c = cfg == 0 ? test_config(ngpu, 37, n, 5, DP_MODE_CLASSIC, DP_OPT_SGD)
+                           : test_config(ngpu, 64, n, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+    c.shard_optimizer = cfg == 1;
+    for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d % n; /* a GPU each */
+    const char *name = cfg == 0 ? "classic sgd" : "allreduce sharded adamw";
+    pair a, g;
+    pair_init(&a, MIXED_CE, &c, false);
+    pair_init_flags(&g, MIXED_CE, &c, false, DP_CUDA_NCCL);
+    ck_assert(g.threaded);
+    fill_initial(&a, 8);
+    fill_initial(&g, 8);
+    for (int k = 0; k < STEPS; k++) {
+      batch b = make_batch(&a, 40 + (uint64_t)k);
+      float la = 0.0f, lg = 0.0f;
+      ck_assert_msg(gpu_step(&a, (uint64_t)k, &b, &la) == DP_OK, "%s: copy step %d: %s",
+                    name, k, dp_last_error());
+      dp_status s = k < PLAIN ? gpu_step(&g, (uint64_t)k, &b, &lg)
+                              : gpu_graph_step(&g, (uint64_t)k, &b, 1, &lg);
+      ck_assert_msg(s == DP_OK, "%s: nccl step %d: %s", name, k, dp_last_error());
+      ck_assert_msg(memcmp(&la, &lg, 4) == 0, "%s: step %d: loss copy %.9g, nccl %.9g",
+                    name, k, (double)la, (double)lg);
+      batch_free(&b);
+    }
+    size_t ba = 0, bg = 0;
+    unsigned char *sa = snapshot_all(&a, &ba), *sg = snapshot_all(&g, &bg);
+    ck_assert_uint_eq(ba, bg);
+    char what[128];
+    snprintf(what, sizeof what, "%s, %d GPUs: nccl vs copy after %d steps", name, n, STEPS);
+    assert_same_bytes(&a, sa, sg, ba, what);
+    fprintf(stderr,
+            "cuda: %s, %d GPUs: NCCL (%d plain steps, %d graph replays) equals the copy "
+            "transport bit for bit\n",
+            name, n, PLAIN, STEPS - PLAIN);
+    free(sa);
+    free(sg);
+    pair_free(&a);
+    pair_free(&g);
   }
 }
 END_TEST
@@ -1034,8 +1460,8 @@ START_TEST(timing_report) {
   REQUIRE_GPUS(ngpu, "timing_report");
   for (int tf32 = 0; tf32 < 2; tf32++) {
     double ms = 0, tf = 0;
-    ck_assert_msg(dp__cuda_bench_sgemm(0, 4096, 4096, 4096, 20, tf32, &ms, &tf) == DP_OK, "%s",
-                  dp_last_error());
+    ck_assert_msg(dp__cuda_bench_sgemm(0, 4096, 4096, 4096, 20, tf32, &ms, &tf) == DP_OK,
+                  "%s", dp_last_error());
     fprintf(stderr, "TIMING sgemm 4096x4096x4096 %s: %.3f ms, %.1f TFLOP/s\n",
             tf32 ? "tf32" : "fp32", ms, tf);
   }
@@ -1045,21 +1471,24 @@ START_TEST(timing_report) {
     for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
     pair t;
     pair_init(&t,
-              "input 1024\nlinear 4096\ngelu\nlinear 4096\ngelu\nlinear 1024\nloss mse\n", &c,
-              false);
+              "input 1024\nlinear 4096\ngelu\nlinear 4096\ngelu\nlinear 1024\nloss mse\n",
+              &c, false);
     fill_initial(&t, 1);
     batch b = make_batch(&t, 2);
     float loss;
-    for (int s = 0; s < 3; s++) ck_assert_int_eq(gpu_step(&t, (uint64_t)s, &b, &loss), DP_OK);
+    for (int s = 0; s < 3; s++)
+      ck_assert_int_eq(gpu_step(&t, (uint64_t)s, &b, &loss), DP_OK);
     int steps = 20;
     double t0 = now_ms();
     for (int s = 0; s < steps; s++)
-      ck_assert_msg(gpu_step(&t, (uint64_t)(3 + s), &b, &loss) == DP_OK, "%s", dp_last_error());
+      ck_assert_msg(gpu_step(&t, (uint64_t)(3 + s), &b, &loss) == DP_OK, "%s",
+                    dp_last_error());
     double per = (now_ms() - t0) / steps;
-    fprintf(stderr,
-            "TIMING step mlp 1024-4096-4096-1024 batch 1024 micro 256 adamw, %d replica(s) on "
-            "GPU 0: %.3f ms/step, %.0f samples/s (loss %.6g)\n",
-            counts[i], per, 1024.0 / (per * 1e-3), (double)loss);
+    fprintf(
+        stderr,
+        "TIMING step mlp 1024-4096-4096-1024 batch 1024 micro 256 adamw, %d replica(s) on "
+        "GPU 0: %.3f ms/step, %.0f samples/s (loss %.6g)\n",
+        counts[i], per, 1024.0 / (per * 1e-3), (double)loss);
     batch_free(&b);
     pair_free(&t);
   }
@@ -1073,6 +1502,7 @@ Suite *cuda_suite(void) {
   tcase_add_test(any, device_count_never_fails_hard);
   tcase_add_test(any, availability_matches_build);
   tcase_add_test(any, without_cuda_everything_is_unsupported);
+  tcase_add_test(any, nccl_availability_matches_build);
   tcase_set_timeout(any, 60); /* CUDA runtime start-up, driver probing */
   suite_add_tcase(s, any);
 
@@ -1090,6 +1520,7 @@ Suite *cuda_suite(void) {
   tcase_add_test(bany, staging_layout_matches_the_plan);
   tcase_add_test(bany, workspace_reservation_is_reported);
   tcase_add_test(bany, backend_init_fails_cleanly_without_a_gpu);
+  tcase_add_test(bany, nccl_init_refuses_one_gpu_twice);
   tcase_set_timeout(bany, 60);
   suite_add_tcase(s, bany);
 
@@ -1105,6 +1536,9 @@ Suite *cuda_suite(void) {
   tcase_add_test(kern, same_bits_for_1_2_4_replicas_and_both_modes);
   tcase_add_test(kern, nonfinite_loss_refuses_the_step_on_the_device);
   tcase_add_test(kern, nonfinite_gradient_on_one_device_refuses_every_replica);
+  tcase_add_test(kern, graph_replays_are_bit_identical_to_plain_steps);
+  tcase_add_test(kern, graph_capture_refusals_and_abort);
+  tcase_add_test(kern, nccl_steps_match_copy_transport_bit_for_bit);
   tcase_set_timeout(kern, 180);
   suite_add_tcase(s, kern);
 

@@ -300,12 +300,14 @@ START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
    *   targets 1024+240 = 1264, activations/outputs 1280 (+120 = 1400),
    *   output_grads 1536+120 = 1656, gathered_outputs 1792+240 = 2032,
    *   gathered_grads 2048+240 = 2288, loss 2304+8 = 2312, comm 2560+48 = 2608,
-   *   workspace 2816; total 2816.
+   *   workspace 2816 + 4096 (status words) + 32 MiB (cuBLAS) = 33,561,344.
    * Host staging: x 30*5*4 = 600 at 0, targets 240 at 768, y 240 at 1024 (-> 1264);
    * total 1280. */
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_TARGETS).offset, 1024);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).offset, 2560);
-  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).offset, 2816);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, 4096 + (32u << 20));
+  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816 + 4096 + (32u << 20));
   for (int d = 0; d < 2; d++)
     for (int r = 0; r < DP_REGION_COUNT; r++) {
       dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
@@ -742,6 +744,9 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       break;
     case DP_OP_ZERO:
       REQ(0, "op %d: classic mode zeroes nothing", i);
+      break;
+    case DP_OP_ALLREDUCE:
+      REQ(0, "op %d: classic mode has no collective", i);
       break;
     case DP_OP_OPTIMIZER:
       REQ_EQ(op->device, 0);
@@ -1493,6 +1498,82 @@ static void plan_refused(const dp_model *m, const dp_config *c, dp_status want, 
   ck_assert_msg(strstr(dp_last_error(), needle) != NULL, "'%s' lacks '%s'", dp_last_error(), needle);
 }
 
+/* The cuda-only options are refused on the cpu backend, and NCCL needs a GPU
+ * per replica; the refusal names the option. */
+START_TEST(cuda_options_are_checked_at_plan_time) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2);
+  c.cuda_graph = 1;
+  plan_refused(m, &c, DP_ERR_INVALID, "cuda_graph is a cuda backend option");
+  c.cuda_graph = 0;
+  c.tf32 = 1;
+  plan_refused(m, &c, DP_ERR_INVALID, "tf32 is a cuda backend option");
+  c.tf32 = 0;
+  c.transport = DP_TRANSPORT_NCCL;
+  plan_refused(m, &c, DP_ERR_INVALID, "transport is a cuda backend option");
+  c.backend = DP_BACKEND_CUDA;
+  c.device_ids[1] = 0; /* two replicas on GPU 0 */
+  plan_refused(m, &c, DP_ERR_INVALID, "replicas 0 and 1 are both on GPU 0");
+  c.transport = (dp_transport)7;
+  plan_refused(m, &c, DP_ERR_INVALID, "unknown transport 7");
+  c.transport = DP_TRANSPORT_AUTO;
+  c.device_ids[1] = -2;
+  plan_refused(m, &c, DP_ERR_INVALID, "device_ids[1] is -2");
+  c.device_ids[1] = 0; /* replicas sharing a GPU plan fine with copies */
+  c.cuda_graph = c.tf32 = 1;
+  dp_plan *p = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_n_devices(p), 2);
+  dp_plan_free(p);
+  c.cuda_graph = 2;
+  plan_refused(m, &c, DP_ERR_INVALID, "cuda_graph and tf32 must be 0 or 1");
+  c.cuda_graph = 0;
+  c.fast_collectives = 1; /* classic mode */
+  plan_refused(m, &c, DP_ERR_INVALID, "fast_collectives needs allreduce mode");
+  c.mode = DP_MODE_ALLREDUCE; /* replicas 0 and 1 share GPU 0 */
+  plan_refused(m, &c, DP_ERR_INVALID, "replicas 0 and 1 are both on GPU 0");
+  c.device_ids[1] = 1;
+  c.transport = DP_TRANSPORT_COPY;
+  plan_refused(m, &c, DP_ERR_INVALID, "and the NCCL transport");
+  c.transport = DP_TRANSPORT_AUTO;
+  c.backend = DP_BACKEND_CPU;
+  c.tf32 = 0;
+  plan_refused(m, &c, DP_ERR_INVALID, "fast_collectives is a cuda backend option");
+  dp_model_free(m);
+}
+END_TEST
+
+/* fast_collectives: the reduction is one ALLREDUCE op per device in a stage of
+ * its own, in place (no COMM buffer), and nothing else moves gradients. */
+START_TEST(fast_collectives_schedule_one_allreduce_per_device) {
+  dp_model *m = model_of(SEED);
+  for (int n = 2; n <= 3; n++) {
+    dp_config c = config_of(30, n);
+    c.backend = DP_BACKEND_CUDA;
+    c.mode = DP_MODE_ALLREDUCE;
+    c.fast_collectives = 1;
+    dp_plan *p = plan_of(m, &c);
+    int n_ar = 0, stage = -1;
+    for (int k = 0; k < dp_plan_n_ops(p); k++) {
+      dp_op op = dp_plan_ops(p)[k];
+      if (op.kind == DP_OP_ALLREDUCE) {
+        ck_assert_int_eq(op.device, n_ar);
+        ck_assert_uint_eq(op.bytes, 48);
+        ck_assert(op.dst_region == DP_REGION_GRADS && op.dst_offset == 0);
+        if (stage < 0) stage = op.stage;
+        ck_assert_int_eq(op.stage, stage);
+        n_ar++;
+      }
+      ck_assert(op.phase != DP_PHASE_REDUCE || op.kind == DP_OP_ALLREDUCE);
+    }
+    ck_assert_int_eq(n_ar, n);
+    for (int d = 0; d < n; d++) ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, 0);
+    ck_assert_str_eq(dp_op_kind_name(DP_OP_ALLREDUCE), "allreduce");
+    dp_plan_free(p);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(batch_zero_is_refused) {
   dp_model *m = model_of(SEED);
   dp_config c = config_of(0, 2);
@@ -1764,6 +1845,8 @@ Suite *planner_suite(void) {
   tc = tcase_create("backend");
   tcase_add_test(tc, seed_on_cuda_aligns_to_256_and_stages_on_the_host);
   tcase_add_test(tc, cpu_plans_need_no_host_staging);
+  tcase_add_test(tc, cuda_options_are_checked_at_plan_time);
+  tcase_add_test(tc, fast_collectives_schedule_one_allreduce_per_device);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("invariants");
