@@ -45,7 +45,8 @@ SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
             '-fno-sanitize-recover=undefined']
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
-SOURCE_DIRS = ['lib', 'cuda', 'tools', 'tests', 'tests/standalone', 'tests/valgrind', 'examples']
+SOURCE_DIRS = ['lib', 'cuda', 'tools', 'tests', 'tests/standalone', 'tests/valgrind',
+               'tests/emul', 'examples']
 # fuzz/ is not watched as a folder: its path would be the same ninja node as the
 # `ninja fuzz` target, and every build would run the fuzzers to bring build.ninja
 # up to date. Its sources are watched one by one instead (a new harness needs
@@ -56,7 +57,8 @@ FUZZ_SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
                  '-fno-sanitize-recover=undefined']
 # `ninja valgrind`: memcheck, failing on any error and on definite/indirect leaks.
 VALGRIND = ['valgrind', '--tool=memcheck', '--leak-check=full', '--error-exitcode=1',
-            '--errors-for-leak-kinds=definite,indirect', '--show-leak-kinds=definite,indirect']
+            '--errors-for-leak-kinds=definite,indirect', '--show-leak-kinds=definite,indirect',
+            '--suppressions=tests/valgrind/system.supp']
 VALGRIND_RUNS = ['2', '4 --guards']  # arguments: device count, arena guards
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -534,6 +536,13 @@ def main():
         obj = n.build(O(s), 'cc', [s], variables=tcflags)[0]
         test_bins += n.build(B(name), 'link', [obj] + libtest + libtools + [libdp],
                              variables=tlibs)
+    # test_cuda_emul: lib/'s CUDA wiring against an emulated GPU (tests/emul/fake_cuda.c).
+    # Its objects come before libdp.a, so the linker takes the double's dp__cuda_* and
+    # vtables and pulls no cuda/ member (a symbol only cuda/ defines: duplicate symbols).
+    emul_src = sources('tests/emul/*.c')
+    if emul_src:
+        eobjs = [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in emul_src]
+        test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [libdp], variables=tlibs)
     defaults += test_bins
     n.newline()
 
@@ -645,13 +654,18 @@ def main():
             fcmd = ('FUZZ_SECONDS=$${FUZZ_SECONDS:-60} fuzz/run.sh %s %s %s'
                     % (fd, esc(shlex.quote(gen)), join(esc(shlex.quote(stem(s)))
                                                         for s in fuzz_src)))
-            n.build('fuzz', 'console', [], fbins + [gen, 'fuzz/run.sh'],
+            # The target is named like the fuzz/ folder: run it through an output
+            # that never exists, so that it always runs and `ninja -t clean` never
+            # removes the folder.
+            n.build(B('.run-fuzz'), 'console', [], fbins + [gen, 'fuzz/run.sh'],
                     variables=[('cmd', fcmd), ('desc', 'FUZZ')])
+            n.build('fuzz', 'phony', [B('.run-fuzz')])
         else:
             fcmd = ('echo "ninja fuzz: %s; on Debian: sudo apt-get install -y clang '
                     'libclang-rt-14-dev (or set FUZZ_CC), then rerun ./configure.py"; exit 1'
                     % fuzz_reason)
-            n.build('fuzz', 'console', variables=[('cmd', esc(fcmd)), ('desc', 'FUZZ')])
+            n.build(B('.run-fuzz'), 'console', variables=[('cmd', esc(fcmd)), ('desc', 'FUZZ')])
+            n.build('fuzz', 'phony', [B('.run-fuzz')])
         n.newline()
 
     # regenerate build.ninja when this script, the .pc template or a source folder changes

@@ -1,17 +1,22 @@
 /* Tests of the dp tool's shared command-line helpers (tools/cli.c): sizes,
- * numbers, device lists, enumerations, config filling, byte formatting. */
+ * numbers, device lists, enumerations, config filling, byte formatting; and
+ * the cuda options end to end through `dp plan`, `dp train` and `dp bench`. */
+#include "capture.h"
 #include "cli.h"
 
 #include <check.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* argc/argv from a list of string literals; argv[0] is the command name. */
 #define ARGV(...) ((char *[]){"cmd", __VA_ARGS__, NULL})
 #define ARGC(...) ((int)(sizeof((char *[]){"cmd", __VA_ARGS__}) / sizeof(char *)))
-#define PARSE(cfg, common, err, ...) \
-  dpt_config_from_args(ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), (cfg), (common), (err), sizeof(err))
+#define PARSE(cfg, common, err, ...)                                                       \
+  dpt_config_from_args(ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), (cfg), (common), (err),       \
+                       sizeof(err))
 
 static size_t size_ok(const char *s) {
   size_t v = 12345;
@@ -26,7 +31,8 @@ static void size_bad(const char *s, const char *needle) {
   ck_assert_msg(dpt_parse_size(s, &v, err, sizeof err) == -1, "'%s' accepted as %zu", s, v);
   ck_assert_msg(v == 777, "'%s': output changed on error", s);
   ck_assert_msg(err[0] != '\0', "'%s': no message", s);
-  if (needle) ck_assert_msg(strstr(err, needle), "'%s': message '%s' lacks '%s'", s, err, needle);
+  if (needle)
+    ck_assert_msg(strstr(err, needle), "'%s': message '%s' lacks '%s'", s, err, needle);
 }
 
 /* ---- sizes ---- */
@@ -164,9 +170,10 @@ START_TEST(int_refuses_range_junk_overflow) {
   ck_assert_int_eq(dpt_parse_int("", 1, 100, "--batch", &v, err, sizeof err), -1);
   ck_assert_int_eq(dpt_parse_int(" 5", 1, 100, "--batch", &v, err, sizeof err), -1);
   ck_assert_int_eq(dpt_parse_int("1.5", 1, 100, "--batch", &v, err, sizeof err), -1);
-  ck_assert_int_eq(dpt_parse_int("99999999999999999999", 1, 2147483647, "b", &v, err, sizeof err),
+  ck_assert_int_eq(
+      dpt_parse_int("99999999999999999999", 1, 2147483647, "b", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_int("2147483648", 1, 2147483647, "b", &v, err, sizeof err),
                    -1);
-  ck_assert_int_eq(dpt_parse_int("2147483648", 1, 2147483647, "b", &v, err, sizeof err), -1);
   ck_assert_int_eq(v, 42);
 }
 END_TEST
@@ -197,7 +204,8 @@ START_TEST(u64_parses_and_refuses) {
   ck_assert_uint_eq(v, UINT64_MAX);
   ck_assert_int_eq(dpt_parse_u64("0", "--seed", &v, err, sizeof err), 0);
   ck_assert_uint_eq(v, 0);
-  ck_assert_int_eq(dpt_parse_u64("18446744073709551616", "--seed", &v, err, sizeof err), -1);
+  ck_assert_int_eq(dpt_parse_u64("18446744073709551616", "--seed", &v, err, sizeof err),
+                   -1);
   ck_assert_int_eq(dpt_parse_u64("-1", "--seed", &v, err, sizeof err), -1);
   ck_assert_int_eq(dpt_parse_u64("+1", "--seed", &v, err, sizeof err), -1);
   ck_assert_int_eq(dpt_parse_u64("12a", "--seed", &v, err, sizeof err), -1);
@@ -255,13 +263,14 @@ START_TEST(devices_list_max_length) {
 END_TEST
 
 START_TEST(devices_refuses_bad) {
-  static const char *const bad[] = {"", "0", "65", "-1", "x", "2x", "1,", ",1", "1,,2",
-                                    "a,b", "-1,0", "1024,0", " 1,2", "1, 2", "1.5"};
+  static const char *const bad[] = {"",     "0",      "65",   "-1",   "x",
+                                    "2x",   "1,",     ",1",   "1,,2", "a,b",
+                                    "-1,0", "1024,0", " 1,2", "1, 2", "1.5"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     int n = -7, ids[DP_MAX_DEVICES];
     char err[256] = "";
-    ck_assert_msg(dpt_parse_devices(bad[i], &n, ids, err, sizeof err) == -1, "'%s' accepted",
-                  bad[i]);
+    ck_assert_msg(dpt_parse_devices(bad[i], &n, ids, err, sizeof err) == -1,
+                  "'%s' accepted", bad[i]);
     ck_assert_int_eq(n, -7);
     ck_assert_msg(strstr(err, "--devices"), "'%s': message '%s'", bad[i], err);
   }
@@ -327,7 +336,8 @@ START_TEST(enum_names_round_trip) {
   char err[256];
   for (int i = 0; i <= DP_OPT_ADAMW; i++) {
     dp_optimizer o;
-    ck_assert_int_eq(dpt_parse_optimizer(dpt_optimizer_name((dp_optimizer)i), &o, err, sizeof err), 0);
+    ck_assert_int_eq(
+        dpt_parse_optimizer(dpt_optimizer_name((dp_optimizer)i), &o, err, sizeof err), 0);
     ck_assert_int_eq(o, i);
   }
   ck_assert_str_eq(dpt_mode_name(DP_MODE_ALLREDUCE), "allreduce");
@@ -346,7 +356,8 @@ START_TEST(config_defaults_without_options) {
   dp_config c, d;
   dpt_common com;
   char err[256];
-  ck_assert_int_eq(dpt_config_from_args(1, ARGV(NULL), &c, &com, err, sizeof err), DPT_ARGS_OK);
+  ck_assert_int_eq(dpt_config_from_args(1, ARGV(NULL), &c, &com, err, sizeof err),
+                   DPT_ARGS_OK);
   dp_config_default(&d);
   ck_assert_int_eq(c.n_devices, d.n_devices);
   ck_assert_int_eq(c.batch, d.batch);
@@ -362,12 +373,14 @@ START_TEST(config_every_common_option) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split", "balanced",
-                "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
-                "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
-                "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps",
-                "0.125", "--seed", "18446744073709551615", "--shard-optimizer");
+  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split",
+                "balanced", "--micro-batch", "5", "--mode", "allreduce", "--optimizer",
+                "momentum", "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum",
+                "0.8", "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75",
+                "--eps", "0.125", "--seed", "18446744073709551615", "--shard-optimizer",
+                "--graph", "--tf32", "--transport", "copy", "--fast-collectives");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_int_eq(c.fast_collectives, 1);
   ck_assert_int_eq(c.batch, 30);
   ck_assert_int_eq(c.n_devices, 4);
   ck_assert_int_eq(c.device_ids[0], 0);
@@ -388,6 +401,9 @@ START_TEST(config_every_common_option) {
   ck_assert_float_eq(c.eps, 0.125f);
   ck_assert_uint_eq(c.seed, UINT64_MAX);
   ck_assert_int_eq(c.shard_optimizer, 1);
+  ck_assert_int_eq(c.cuda_graph, 1);
+  ck_assert_int_eq(c.tf32, 1);
+  ck_assert_int_eq(c.transport, DP_TRANSPORT_COPY);
   for (int code = DPT_OPT_BATCH; code < DPT_OPT_COMMON_END; code++)
     ck_assert_msg(dpt_given(&com, code), "option %d not marked given", code);
 }
@@ -397,7 +413,8 @@ START_TEST(config_equals_form_and_prefix) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  ck_assert_int_eq(PARSE(&c, &com, err, "--batch=31", "--devices=2", "--micro=4"), DPT_ARGS_OK);
+  ck_assert_int_eq(PARSE(&c, &com, err, "--batch=31", "--devices=2", "--micro=4"),
+                   DPT_ARGS_OK);
   ck_assert_int_eq(c.batch, 31);
   ck_assert_int_eq(c.n_devices, 2);
   ck_assert_int_eq(c.micro_batch, 4);
@@ -455,9 +472,9 @@ START_TEST(config_shard_optimizer) {
   ck_assert_int_eq(PARSE(&c, &com, err, "--batch", "8"), DPT_ARGS_OK);
   ck_assert_int_eq(c.shard_optimizer, 0);
   ck_assert(!dpt_given(&com, DPT_OPT_SHARD_OPTIMIZER));
-  ck_assert_int_eq(PARSE(&c, &com, err, "--mode", "allreduce", "--shard-optimizer", "--batch",
-                         "8"),
-                   DPT_ARGS_OK);
+  ck_assert_int_eq(
+      PARSE(&c, &com, err, "--mode", "allreduce", "--shard-optimizer", "--batch", "8"),
+      DPT_ARGS_OK);
   ck_assert_int_eq(c.shard_optimizer, 1);
   ck_assert_int_eq(c.mode, DP_MODE_ALLREDUCE);
   ck_assert_int_eq(c.batch, 8);
@@ -472,12 +489,13 @@ START_TEST(config_shard_optimizer) {
   ck_assert_ptr_nonnull(f);
   dpt_print_common_help(f);
   fputc('\n', f);
-  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--mode", "allreduce",
-                         "--shard-optimizer"),
-                   DPT_ARGS_OK);
+  ck_assert_int_eq(
+      PARSE(&c, NULL, err, "--batch", "8", "--mode", "allreduce", "--shard-optimizer"),
+      DPT_ARGS_OK);
   dpt_print_config(f, &c);
   fputc('\n', f);
-  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--mode", "allreduce"), DPT_ARGS_OK);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--mode", "allreduce"),
+                   DPT_ARGS_OK);
   dpt_print_config(f, &c);
   fclose(f);
   ck_assert_msg(strstr(buf, "  --shard-optimizer "), "help lacks the option:\n%s", buf);
@@ -540,10 +558,10 @@ START_TEST(parse_args_with_command_options_and_positionals) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  char **argv = ARGV("pos1", "--model", "m.dpm", "-v", "--batch", "5", "--json", "pos2",
-                     "--verbose");
-  int argc = ARGC("pos1", "--model", "m.dpm", "-v", "--batch", "5", "--json", "pos2",
-                  "--verbose");
+  char **argv =
+      ARGV("pos1", "--model", "m.dpm", "-v", "--batch", "5", "--json", "pos2", "--verbose");
+  int argc =
+      ARGC("pos1", "--model", "m.dpm", "-v", "--batch", "5", "--json", "pos2", "--verbose");
   int r = dpt_parse_args(argc, argv, extra, extra_handler, &s, &c, &com, err, sizeof err);
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_str_eq(s.model, "m.dpm");
@@ -555,19 +573,315 @@ START_TEST(parse_args_with_command_options_and_positionals) {
   ck_assert_str_eq(argv[com.first_arg + 1], "pos2");
   /* "--" ends the options */
   char **argv2 = ARGV("--batch", "2", "--", "--json");
-  r = dpt_parse_args(ARGC("--batch", "2", "--", "--json"), argv2, extra, extra_handler, &s, &c, &com, err, sizeof err);
+  r = dpt_parse_args(ARGC("--batch", "2", "--", "--json"), argv2, extra, extra_handler, &s,
+                     &c, &com, err, sizeof err);
   ck_assert_int_eq(r, DPT_ARGS_OK);
   ck_assert_int_eq(com.n_args, 1);
   ck_assert_str_eq(argv2[com.first_arg], "--json");
   /* a handler's error is passed through */
   static const struct option bad_extra[] = {{"other", no_argument, NULL, OPT_JSON + 1},
                                             {0, 0, 0, 0}};
-  r = dpt_parse_args(2, ARGV("--other"), bad_extra, extra_handler, &s, &c, &com, err, sizeof err);
+  r = dpt_parse_args(2, ARGV("--other"), bad_extra, extra_handler, &s, &c, &com, err,
+                     sizeof err);
   ck_assert_int_eq(r, DPT_ARGS_ERROR);
   ck_assert_ptr_nonnull(strstr(err, "unexpected code"));
-  r = dpt_parse_args(2, ARGV("--model"), extra, extra_handler, &s, &c, &com, err, sizeof err);
+  r = dpt_parse_args(2, ARGV("--model"), extra, extra_handler, &s, &c, &com, err,
+                     sizeof err);
   ck_assert_int_eq(r, DPT_ARGS_ERROR);
   ck_assert_msg(strstr(err, "--model needs a value"), "%s", err);
+}
+END_TEST
+
+/* ---- the cuda options (--graph, --tf32, --transport) ---- */
+
+START_TEST(config_cuda_options) {
+  dp_config c;
+  dpt_common com;
+  char err[256] = "";
+  ck_assert_int_eq(PARSE(&c, &com, err, "--batch", "8"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.cuda_graph, 0);
+  ck_assert_int_eq(c.tf32, 0);
+  ck_assert_int_eq(c.transport, DP_TRANSPORT_AUTO);
+  ck_assert(!dpt_given(&com, DPT_OPT_GRAPH));
+  ck_assert(!dpt_given(&com, DPT_OPT_TF32));
+  ck_assert(!dpt_given(&com, DPT_OPT_TRANSPORT));
+  int r =
+      PARSE(&c, &com, err, "--backend", "cuda", "--graph", "--tf32", "--transport", "nccl");
+  ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_int_eq(c.backend, DP_BACKEND_CUDA);
+  ck_assert_int_eq(c.cuda_graph, 1);
+  ck_assert_int_eq(c.tf32, 1);
+  ck_assert_int_eq(c.transport, DP_TRANSPORT_NCCL);
+  ck_assert(dpt_given(&com, DPT_OPT_GRAPH) && dpt_given(&com, DPT_OPT_TF32) &&
+            dpt_given(&com, DPT_OPT_TRANSPORT));
+  ck_assert_int_eq(c.fast_collectives, 0);
+  ck_assert_int_eq(PARSE(&c, &com, err, "--mode", "allreduce", "--fast-collectives"),
+                   DPT_ARGS_OK);
+  ck_assert_int_eq(c.fast_collectives, 1);
+  ck_assert(dpt_given(&com, DPT_OPT_FAST_COLLECTIVES));
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--transport=copy"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.transport, DP_TRANSPORT_COPY);
+  ck_assert_int_eq(c.cuda_graph, 0); /* not left over from the last parse */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--transport", "AUTO"), DPT_ARGS_OK);
+  ck_assert_int_eq(c.transport, DP_TRANSPORT_AUTO);
+
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--transport", "gloo"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--transport: 'gloo' is not one of auto|copy|nccl"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--transport"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--transport needs a value"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--graph=1"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--graph takes no value"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--tf32=yes"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--tf32 takes no value"), "%s", err);
+
+  dp_transport t = DP_TRANSPORT_COPY;
+  ck_assert_int_eq(dpt_parse_transport("nccl", &t, err, sizeof err), 0);
+  ck_assert_int_eq(t, DP_TRANSPORT_NCCL);
+  ck_assert_int_eq(dpt_parse_transport("peer", &t, err, sizeof err), -1);
+  ck_assert_int_eq(t, DP_TRANSPORT_NCCL);
+  for (int i = DP_TRANSPORT_AUTO; i <= DP_TRANSPORT_NCCL; i++) {
+    ck_assert_int_eq(
+        dpt_parse_transport(dpt_transport_name((dp_transport)i), &t, err, sizeof err), 0);
+    ck_assert_int_eq(t, i);
+  }
+  ck_assert_str_eq(dpt_transport_name((dp_transport)7), "?");
+}
+END_TEST
+
+/* One config line per argv, as the commands print them. */
+static void config_line(char *buf, size_t cap, int argc, char **argv) {
+  dp_config c;
+  char err[256] = "";
+  ck_assert_msg(dpt_config_from_args(argc, argv, &c, NULL, err, sizeof err) == DPT_ARGS_OK,
+                "%s", err);
+  FILE *f = fmemopen(buf, cap, "w");
+  ck_assert_ptr_nonnull(f);
+  dpt_print_config(f, &c);
+  fclose(f);
+}
+#define CONFIG_LINE(buf, ...)                                                              \
+  config_line((buf), sizeof(buf), ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
+
+START_TEST(config_cuda_options_in_help_and_summary) {
+  char help[8192] = "";
+  FILE *f = fmemopen(help, sizeof help - 1, "w");
+  ck_assert_ptr_nonnull(f);
+  dpt_print_common_help(f);
+  fclose(f);
+  ck_assert_msg(strstr(help, "\n  --graph "), "help lacks --graph:\n%s", help);
+  ck_assert_msg(strstr(help, "\n  --tf32 "), "help lacks --tf32:\n%s", help);
+  ck_assert_msg(strstr(help, "\n  --transport auto|copy|nccl\n"), "help lacks --transport");
+
+  char line[1024];
+  CONFIG_LINE(line, "--batch", "8");
+  ck_assert_msg(strstr(line, ", cpu backend, seed 0"), "%s", line);
+  CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--devices", "0,0");
+  ck_assert_msg(strstr(line, "[ids 0,0]"), "%s", line);
+  ck_assert_msg(strstr(line, ", cuda backend (transport auto), seed 0"), "%s", line);
+  CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--graph", "--tf32", "--transport",
+              "nccl");
+  ck_assert_msg(strstr(line, ", cuda backend (transport nccl, cuda graph, tf32), seed"),
+                "%s", line);
+  CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--tf32");
+  ck_assert_msg(strstr(line, ", cuda backend (transport auto, tf32), seed"), "%s", line);
+  /* set on a cpu config (which the planner refuses): shown, so the line says why */
+  CONFIG_LINE(line, "--batch", "8", "--graph");
+  ck_assert_msg(strstr(line, ", cpu backend (cuda graph), seed"), "%s", line);
+  CONFIG_LINE(line, "--batch", "8", "--transport", "copy");
+  ck_assert_msg(strstr(line, ", cpu backend (transport copy), seed"), "%s", line);
+}
+END_TEST
+
+/* ---- commands, end to end (tools/cmd_*.c with stdout and stderr captured) ---- */
+
+static cmd_result run_cmd(int (*cmd)(int, char **), int argc, char **argv) {
+  return capture_cmd(cmd, argc, argv);
+}
+#define RUN(cmd, ...) run_cmd((cmd), ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
+
+static int starts_with(const char *s, const char *prefix) {
+  return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+static int n_lines(const char *s) {
+  int n = 0;
+  for (; *s; s++) n += *s == '\n';
+  return n;
+}
+
+/* A file with `text` in it; its path in path[cap]. */
+static void temp_file(char *path, size_t cap, const char *text) {
+  snprintf(path, cap, "/tmp/dp_cli_XXXXXX");
+  int fd = mkstemp(path);
+  ck_assert_msg(fd >= 0, "mkstemp failed");
+  size_t len = strlen(text);
+  ck_assert_int_eq((int)write(fd, text, len), (int)len);
+  close(fd);
+}
+
+static const char SMALL_SPEC[] =
+    "input 4\nlinear 8\nrelu\nlinear 3\nloss softmax_cross_entropy\n";
+
+START_TEST(cuda_options_refused_on_the_cpu_backend) {
+  char model[64];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(SMALL_SPEC, "small", &m), DP_OK);
+  static const char *const opt[3][2] = {
+      {"--graph", NULL}, {"--tf32", NULL}, {"--transport", "copy"}};
+  static const char *const field[3] = {"cuda_graph", "tf32", "transport"};
+  for (int i = 0; i < 3; i++) {
+    /* the planner's message, through the library */
+    dp_config c;
+    char err[256] = "", want[128];
+    char *argv[] = {"cmd", "--batch", "8", (char *)opt[i][0], (char *)opt[i][1], NULL};
+    int argc = opt[i][1] ? 5 : 4;
+    ck_assert_int_eq(dpt_config_from_args(argc, argv, &c, NULL, err, sizeof err),
+                     DPT_ARGS_OK);
+    dp_plan *p = NULL;
+    ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_INVALID);
+    ck_assert_ptr_null(p);
+    snprintf(want, sizeof want, "%s is a cuda backend option", field[i]);
+    ck_assert_msg(strstr(dp_last_error(), want), "'%s' not in: %s", want, dp_last_error());
+    /* the same with --backend cuda plans (no GPU needed to plan) */
+    c.backend = DP_BACKEND_CUDA;
+    ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+    dp_plan_free(p);
+
+    /* and through `dp plan`: exit 1, the message on one line */
+    char *pargv[] = {
+        "plan", "--model", model, "--batch", "8", (char *)opt[i][0], (char *)opt[i][1],
+        NULL};
+    cmd_result r = run_cmd(dpt_cmd_plan, opt[i][1] ? 7 : 6, pargv);
+    ck_assert_msg(r.rc == DPT_EXIT_FAIL, "%s: exit %d", opt[i][0], r.rc);
+    ck_assert_msg(starts_with(r.err, "dp plan: ") && strstr(r.err, want), "%s", r.err);
+    ck_assert_msg(n_lines(r.err) == 1, "not one line:\n%s", r.err);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+  }
+  dp_model_free(m);
+  unlink(model);
+}
+END_TEST
+
+/* `dp plan --backend cuda --devices 0,0,0,0`: plans and prints without a GPU;
+ * the workspace is the CUDA backend's fixed 32 MiB + 4 KiB on every device. */
+START_TEST(plan_cuda_replicas_on_one_gpu) {
+  char model[64];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  const size_t ws = ((size_t)32 << 20) + 4096;
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(SMALL_SPEC, "small", &m), DP_OK);
+  dp_config c;
+  char err[256] = "";
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--backend", "cuda", "--devices", "0,0,0,0",
+                         "--batch", "64", "--graph"),
+                   DPT_ARGS_OK);
+  dp_plan *p = NULL;
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  ck_assert_int_eq(dp_plan_n_devices(p), 4);
+  for (int d = 0; d < 4; d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_WORKSPACE).size, ws);
+    ck_assert_uint_ge(dp_plan_device_bytes(p, d), ws);
+  }
+  dp_plan_free(p);
+  dp_model_free(m);
+
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--backend", "cuda", "--devices",
+                     "0,0,0,0", "--batch", "64", "--graph");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_str_eq(r.err, "");
+  ck_assert_msg(strstr(r.out, "batch 64 on 4 devices [ids 0,0,0,0]"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "cuda backend (transport auto, cuda graph)"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "device 3"), "%s", r.out);
+  char line[128], num[32];
+  dpt_bytes_exact(ws, num, sizeof num); /* "33,558,528" */
+  const char *w = strstr(r.out, "\nworkspace");
+  ck_assert_msg(w, "no workspace row:\n%s", r.out);
+  snprintf(line, sizeof line, "%.*s", (int)strcspn(w + 1, "\n"), w + 1);
+  const char *at = line;
+  for (int d = 0; d < 4; d++) {
+    at = strstr(at, num);
+    ck_assert_msg(at, "workspace row lacks %s for device %d: %s", num, d, line);
+    at += strlen(num);
+  }
+  cmd_result_free(&r);
+
+  r = RUN(dpt_cmd_plan, "--model", model, "--backend", "cuda", "--devices", "0,0,0,0",
+          "--batch", "64", "--tf32", "--json");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\"backend\": \"cuda\""), "%s", r.out);
+  ck_assert_msg(
+      strstr(r.out, "\"cuda_graph\": false, \"tf32\": true, \"transport\": \"auto\""), "%s",
+      r.out);
+  ck_assert_msg(strstr(r.out, "\"device_ids\": [0, 0, 0, 0]"), "%s", r.out);
+  cmd_result_free(&r);
+  unlink(model);
+}
+END_TEST
+
+/* `dp train --backend cuda`: without a GPU one line on stderr and exit 1 (no
+ * crash, nothing allocated); with one, it trains. */
+START_TEST(train_cuda_without_gpu_fails_in_one_line) {
+  char model[64], data[64];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  char csv[4096];
+  size_t len = 0;
+  for (int r = 0; r < 40; r++)
+    len += (size_t)snprintf(csv + len, sizeof csv - len, "%d,%d.5,%d,-%d.25,0.%d\n", r % 3,
+                            r, r % 7, r % 5, r);
+  temp_file(data, sizeof data, csv);
+  int gpus = dp_cuda_device_count();
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                     "--backend", "cuda", "--devices", "0,0", "--epochs", "1", "--quiet");
+  if (gpus == 0) {
+    ck_assert_msg(r.rc == DPT_EXIT_FAIL, "exit %d\nstdout: %s\nstderr: %s", r.rc, r.out,
+                  r.err);
+    ck_assert_msg(n_lines(r.err) == 1, "not one line:\n%s", r.err);
+    ck_assert_msg(starts_with(r.err, "dp train: --backend cuda: "), "%s", r.err);
+    ck_assert_msg(strstr(r.err, "GPU") || strstr(r.err, "CUDA"), "%s", r.err);
+    ck_assert_str_eq(r.out, "");
+  } else {
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d\nstdout: %s\nstderr: %s", r.rc, r.out,
+                  r.err);
+    ck_assert_msg(strstr(r.out, "parameter hash: "), "%s", r.out);
+  }
+  cmd_result_free(&r);
+  unlink(model);
+  unlink(data);
+}
+END_TEST
+
+/* The GPU benchmarks say why they are skipped and exit 0 without a GPU. (With
+ * one they run for seconds: tests/gpu/run.sh runs them.) */
+START_TEST(bench_gpu_skips_visibly_without_gpu) {
+  cmd_result r = RUN(dpt_cmd_bench, "gpu-nothing");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "gpu-step") && strstr(r.err, "gpu-gemm"), "%s", r.err);
+  cmd_result_free(&r);
+  if (dp_cuda_device_count() > 0) {
+    fprintf(stderr,
+            "NOTE cli: bench_gpu_skips_visibly_without_gpu: a GPU is here; the skip "
+            "path is not taken\n");
+    return;
+  }
+  r = RUN(dpt_cmd_bench, "gpu-step");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(starts_with(r.out, "dp bench gpu-step: skipped, no GPU: "), "%s", r.out);
+  ck_assert_int_eq(n_lines(r.out), 1);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_bench, "gpu-gemm", "--json", "--tf32");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(
+      starts_with(r.out, "{\"bench\":\"gpu-gemm\",\"skipped\":true,\"reason\":\""), "%s",
+      r.out);
+  cmd_result_free(&r);
+  /* the cpu benchmarks asked for the cuda backend: one line, exit 1 */
+  r = RUN(dpt_cmd_bench, "scaling", "--backend", "cuda");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, "dp bench scaling: --backend cuda: "), "%s", r.err);
+  ck_assert_int_eq(n_lines(r.err), 1);
+  cmd_result_free(&r);
 }
 END_TEST
 
@@ -584,7 +898,8 @@ START_TEST(format_bytes_human) {
   ck_assert_str_eq(dpt_bytes_human(512ull << 20, b, sizeof b), "512.00 MiB");
   ck_assert_str_eq(dpt_bytes_human(80ull << 30, b, sizeof b), "80.00 GiB");
   ck_assert_str_eq(dpt_bytes_human(3ull << 40, b, sizeof b), "3.00 TiB");
-  if (SIZE_MAX == UINT64_MAX) ck_assert_str_eq(dpt_bytes_human(SIZE_MAX, b, sizeof b), "16.00 EiB");
+  if (SIZE_MAX == UINT64_MAX)
+    ck_assert_str_eq(dpt_bytes_human(SIZE_MAX, b, sizeof b), "16.00 EiB");
 }
 END_TEST
 
@@ -664,6 +979,17 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, config_help);
   tcase_add_test(tc, config_getopt_reset_between_calls);
   tcase_add_test(tc, parse_args_with_command_options_and_positionals);
+  tcase_add_test(tc, config_cuda_options);
+  tcase_add_test(tc, config_cuda_options_in_help_and_summary);
+  suite_add_tcase(s, tc);
+
+  /* end to end; CUDA only in the forked children (dp_cuda_device_count) */
+  tc = tcase_create("commands");
+  tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);
+  tcase_add_test(tc, plan_cuda_replicas_on_one_gpu);
+  tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
+  tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);
+  tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("format");

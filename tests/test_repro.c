@@ -12,6 +12,7 @@
  *              wherever the library runs them
  *   usage      bad command lines exit 2 with a message; --help explains
  */
+#include "capture.h"
 #include "cli.h"
 #include "data.h"
 
@@ -82,7 +83,8 @@ static void classification_csv(tmp_file *t, int rows) {
     }
     int label = score < -0.5 ? 0 : score < 0.5 ? 1 : 2;
     len += (size_t)snprintf(text + len, cap - len, "%d", label);
-    for (int k = 0; k < 6; k++) len += (size_t)snprintf(text + len, cap - len, ",%.5f", f[k]);
+    for (int k = 0; k < 6; k++)
+      len += (size_t)snprintf(text + len, cap - len, ",%.5f", f[k]);
     len += (size_t)snprintf(text + len, cap - len, "\n");
   }
   tmp_write(t, text);
@@ -99,60 +101,23 @@ static void regression_csv(tmp_file *t, int rows) {
   for (int r = 0; r < rows; r++) {
     double f[4];
     for (int k = 0; k < 4; k++) f[k] = 2.0 * rng_unif(&s) - 1.0;
-    len += (size_t)snprintf(text + len, cap - len, "%.5f,%.5f", f[0] - 2 * f[1], f[2] * f[3]);
-    for (int k = 0; k < 4; k++) len += (size_t)snprintf(text + len, cap - len, ",%.5f", f[k]);
+    len +=
+        (size_t)snprintf(text + len, cap - len, "%.5f,%.5f", f[0] - 2 * f[1], f[2] * f[3]);
+    for (int k = 0; k < 4; k++)
+      len += (size_t)snprintf(text + len, cap - len, ",%.5f", f[k]);
     len += (size_t)snprintf(text + len, cap - len, "\n");
   }
   tmp_write(t, text);
   free(text);
 }
 
-static char *slurp(FILE *f) {
-  fflush(f);
-  long n = ftell(f);
-  ck_assert(n >= 0);
-  char *buf = malloc((size_t)n + 1);
-  ck_assert_ptr_nonnull(buf);
-  rewind(f);
-  size_t got = fread(buf, 1, (size_t)n, f);
-  buf[got] = '\0';
-  return buf;
-}
+typedef cmd_result result;
 
-typedef struct {
-  int rc;
-  char *out, *err;
-} result;
-
-static void result_free(result *r) {
-  free(r->out);
-  free(r->err);
-  r->out = r->err = NULL;
-}
+static void result_free(result *r) { cmd_result_free(r); }
 
 /* Runs dpt_cmd_repro with stdout and stderr going to temporary files. */
 static void capture(int argc, char **argv, result *res) {
-  fflush(stdout);
-  fflush(stderr);
-  FILE *fo = tmpfile(), *fe = tmpfile();
-  ck_assert(fo && fe);
-  int so = dup(STDOUT_FILENO), se = dup(STDERR_FILENO);
-  ck_assert(so >= 0 && se >= 0);
-  dup2(fileno(fo), STDOUT_FILENO);
-  dup2(fileno(fe), STDERR_FILENO);
-  res->rc = dpt_cmd_repro(argc, argv);
-  fflush(stdout);
-  fflush(stderr);
-  dup2(so, STDOUT_FILENO);
-  dup2(se, STDERR_FILENO);
-  close(so);
-  close(se);
-  fseek(fo, 0, SEEK_END);
-  fseek(fe, 0, SEEK_END);
-  res->out = slurp(fo);
-  res->err = slurp(fe);
-  fclose(fo);
-  fclose(fe);
+  *res = capture_cmd(dpt_cmd_repro, argc, argv);
 }
 
 static int count_of(const char *hay, const char *needle) {
@@ -172,8 +137,8 @@ static uint64_t fnv1a(const float *v, size_t n) {
  * standardised; step s takes positions s*B.. of the endless sequence of epoch
  * orders), independently of tools/cmd_repro.c. params: (steps, n_params)
  * after each step; loss: (steps); *hash: dp_params_hash at the end. */
-static void train_like_repro(const char *spec, const char *csv, const dp_config *cfg, int steps,
-                             float *params, float *loss, uint64_t *hash) {
+static void train_like_repro(const char *spec, const char *csv, const dp_config *cfg,
+                             int steps, float *params, float *loss, uint64_t *hash) {
   dp_model *m = NULL;
   dp_plan *p = NULL;
   dp_ctx *c = NULL;
@@ -215,7 +180,8 @@ static void train_like_repro(const char *spec, const char *csv, const dp_config 
 }
 
 /* 1 when the library plans (and so `dp repro` runs) `mode` on n devices. */
-static int library_runs(const char *spec, int batch, int micro, int n, dp_mode mode, int shard) {
+static int library_runs(const char *spec, int batch, int micro, int n, dp_mode mode,
+                        int shard) {
   dp_model *m = NULL;
   dp_plan *p = NULL;
   ck_assert(dp_model_parse(spec, "spec", &m) == DP_OK);
@@ -241,7 +207,8 @@ START_TEST(test_fixed_micro_batches_agree_for_1_2_4_devices) {
   classification_csv(&csv, 40);
   result r;
   REPRO(&r, "--model", spec.path, "--data", csv.path, "--batch", "16", "--micro-batch", "4",
-        "--steps", "6", "--devices", "1,2,4", "--mode", "classic", "--seed", "3", "--trace");
+        "--steps", "6", "--devices", "1,2,4", "--mode", "classic", "--seed", "3",
+        "--trace");
   ck_assert_msg(r.rc == 0, "exit %d\nstdout:\n%s\nstderr:\n%s", r.rc, r.out, r.err);
   ck_assert_msg(strstr(r.out, "same: 3 configurations gave the same bits"), "%s", r.out);
   ck_assert_msg(!strstr(r.out, "DIFFERS"), "%s", r.out);
@@ -250,7 +217,8 @@ START_TEST(test_fixed_micro_batches_agree_for_1_2_4_devices) {
   /* state_dict names of an nn.Sequential: layer index after `input`; a
    * layernorm has weight and bias, a `nobias` linear only a weight */
   for (int i = 0; i < MLP_N_TENSORS; i++)
-    ck_assert_msg(strstr(r.out, MLP_TENSORS[i]), "trace lacks %s:\n%s", MLP_TENSORS[i], r.out);
+    ck_assert_msg(strstr(r.out, MLP_TENSORS[i]), "trace lacks %s:\n%s", MLP_TENSORS[i],
+                  r.out);
   ck_assert_msg(!strstr(r.out, "4.bias") && !strstr(r.out, "3.weight"), "%s", r.out);
   /* the trace: one row per step and configuration, none marked */
   ck_assert_int_eq(count_of(r.out, "  1 device classic "), 6);
@@ -340,7 +308,8 @@ START_TEST(test_chunk_micro_batches_diverge_and_the_report_names_where) {
   expected_divergence e = find_divergence(spec.path, csv.path);
   /* one micro-batch of 16 rows vs two of 8: the per-row sums associate
    * differently, so some bit must differ within a few steps */
-  ck_assert_msg(e.step > 0, "1 and 2 devices without micro-batches agreed; pick other data");
+  ck_assert_msg(e.step > 0,
+                "1 and 2 devices without micro-batches agreed; pick other data");
   ck_assert_msg(e.tensor >= 0, "only the loss differs at step %d", e.step);
 
   result r;
@@ -351,8 +320,9 @@ START_TEST(test_chunk_micro_batches_diverge_and_the_report_names_where) {
   snprintf(want, sizeof want, "first divergence at step %d, tensor %s (", e.step,
            MLP_TENSORS[e.tensor]);
   ck_assert_msg(strstr(r.out, want), "lacks '%s':\n%s", want, r.out);
-  ck_assert_msg(strstr(r.out, "between 1 device classic (the reference) and 2 devices classic"),
-                "%s", r.out);
+  ck_assert_msg(
+      strstr(r.out, "between 1 device classic (the reference) and 2 devices classic"), "%s",
+      r.out);
   snprintf(want, sizeof want, "max abs difference %.9g at %s[", e.max_diff,
            MLP_TENSORS[e.tensor]);
   ck_assert_msg(strstr(r.out, want), "lacks '%s':\n%s", want, r.out);
@@ -361,10 +331,11 @@ START_TEST(test_chunk_micro_batches_diverge_and_the_report_names_where) {
    * independent run */
   for (int i = 0; i < MLP_N_TENSORS; i++) {
     snprintf(want, sizeof want, "%016llx", (unsigned long long)e.first_hash[i]);
-    ck_assert_msg(strstr(r.out, want), "trace lacks %s's hash %s:\n%s", MLP_TENSORS[i], want,
-                  r.out);
+    ck_assert_msg(strstr(r.out, want), "trace lacks %s's hash %s:\n%s", MLP_TENSORS[i],
+                  want, r.out);
   }
-  snprintf(want, sizeof want, "  %016llx  reference\n", (unsigned long long)e.final_hash[0]);
+  snprintf(want, sizeof want, "  %016llx  reference\n",
+           (unsigned long long)e.final_hash[0]);
   ck_assert_msg(strstr(r.out, want), "lacks '%s':\n%s", want, r.out);
   snprintf(want, sizeof want, "  %016llx  DIFFERS from step %d\n",
            (unsigned long long)e.final_hash[1], e.step);
@@ -406,8 +377,8 @@ START_TEST(test_refused_configurations_exit_2) {
   REPRO(&r, "--model", spec.path, "--data", csv.path, "--batch", "8", "--micro-batch", "2",
         "--devices", "1,2", "--mode", "classic", "--lr", "0", "--skip-refused", "--json");
   ck_assert_msg(r.rc == 2, "nothing ran, yet exit %d\n%s", r.rc, r.out);
-  ck_assert_msg(strstr(r.out, "\"status\": \"refused\", \"message\": \"learning rate"), "%s",
-                r.out);
+  ck_assert_msg(strstr(r.out, "\"status\": \"refused\", \"message\": \"learning rate"),
+                "%s", r.out);
   ck_assert_msg(strstr(r.out, "\"result\": \"refused\""), "%s", r.out);
   result_free(&r);
   unlink(spec.path);
@@ -470,7 +441,8 @@ START_TEST(test_usage_errors_exit_2) {
   usage_error(&r, "out of range");
   REPRO(&r, "--model", "m.dpm", "--data", "d.csv", "--batch", "4", "--mode", "classic,ddp");
   usage_error(&r, "'ddp' is not one of classic|allreduce|sharded");
-  REPRO(&r, "--model", "m.dpm", "--data", "d.csv", "--batch", "4", "--mode", "sharded,SHARDED");
+  REPRO(&r, "--model", "m.dpm", "--data", "d.csv", "--batch", "4", "--mode",
+        "sharded,SHARDED");
   usage_error(&r, "appears twice");
   REPRO(&r, "--model", "m.dpm", "--data", "d.csv", "--batch", "4", "--steps", "0");
   usage_error(&r, "--steps");
@@ -495,9 +467,10 @@ START_TEST(test_help_explains_the_guarantee) {
   result r;
   REPRO(&r, "--help");
   ck_assert_int_eq(r.rc, 0);
-  const char *needles[] = {"usage: dp repro", "--devices LIST", "--mode LIST", "sharded",
-                           "powers of two", "micro-batch", "state_dict", "--skip-refused",
-                           "Exit status", "--trace", "--json", "--seed"};
+  const char *needles[] = {"usage: dp repro", "--devices LIST", "--mode LIST",
+                           "sharded",         "powers of two",  "micro-batch",
+                           "state_dict",      "--skip-refused", "Exit status",
+                           "--trace",         "--json",         "--seed"};
   for (size_t i = 0; i < sizeof needles / sizeof *needles; i++)
     ck_assert_msg(strstr(r.out, needles[i]), "help lacks '%s'", needles[i]);
   result_free(&r);
@@ -506,8 +479,8 @@ END_TEST
 
 START_TEST(test_bad_files_exit_1) {
   tmp_file spec, csv;
-  tmp_write(&spec, MSE_SPEC); /* 4 features, 2 targets */
-  classification_csv(&csv, 10);      /* 7 fields: as regression, 5 features */
+  tmp_write(&spec, MSE_SPEC);   /* 4 features, 2 targets */
+  classification_csv(&csv, 10); /* 7 fields: as regression, 5 features */
   result r;
   REPRO(&r, "--model", "/nonexistent/m.dpm", "--data", csv.path, "--batch", "4");
   ck_assert_int_eq(r.rc, 1);

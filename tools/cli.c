@@ -76,7 +76,8 @@ int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
   uint64_t mult = unit_multiplier(p);
   if (mult == 0) return fail(err, errcap, "size '%s': unknown unit '%s' (%s)", s, p, units);
   if (nfrac && mult == 1)
-    return fail(err, errcap, "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)", s);
+    return fail(err, errcap, "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)",
+                s);
   uint64_t v;
   if (__builtin_mul_overflow(ip, mult, &v))
     return fail(err, errcap, "size '%s' is too large", s);
@@ -86,15 +87,16 @@ int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
   uint64_t carry = 0;
   for (size_t i = nfrac; i-- > 0;) carry = ((uint64_t)(frac[i] - '0') * mult + carry) / 10;
   if (__builtin_add_overflow(v, carry, &v) || v > SIZE_MAX)
-    return fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s, (size_t)SIZE_MAX);
+    return fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s,
+                (size_t)SIZE_MAX);
   *out = (size_t)v;
   return 0;
 }
 
 /* ---- numbers ----------------------------------------------------------------- */
 
-int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
-                  char *err, size_t errcap) {
+int dpt_parse_int(const char *s, long min, long max, const char *what, int *out, char *err,
+                  size_t errcap) {
   if (min < INT_MIN) min = INT_MIN;
   if (max > INT_MAX) max = INT_MAX;
   if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
@@ -114,11 +116,13 @@ int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
 int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
                     char *err, size_t errcap) {
   if (!s || !*s) return fail(err, errcap, "%s: empty value, expected a number", what);
-  if (isspace((unsigned char)*s)) return fail(err, errcap, "%s: '%s' is not a number", what, s);
+  if (isspace((unsigned char)*s))
+    return fail(err, errcap, "%s: '%s' is not a number", what, s);
   char *end;
   errno = 0;
   double v = strtod(s, &end);
-  if (end == s || *end != '\0') return fail(err, errcap, "%s: '%s' is not a number", what, s);
+  if (end == s || *end != '\0')
+    return fail(err, errcap, "%s: '%s' is not a number", what, s);
   if (!isfinite(v) || errno == ERANGE || v < min || v > max || v > FLT_MAX || v < -FLT_MAX)
     return fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
                 max > FLT_MAX ? (double)FLT_MAX : max);
@@ -126,14 +130,16 @@ int dpt_parse_float(const char *s, double min, double max, const char *what, flo
   return 0;
 }
 
-int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err, size_t errcap) {
+int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
+                  size_t errcap) {
   if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
   if (!isdigit((unsigned char)*s))
     return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
-  if (*end != '\0') return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+  if (*end != '\0')
+    return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
   if (errno == ERANGE || v > UINT64_MAX)
     return fail(err, errcap, "%s: %s is out of range [0, %llu]", what, s,
                 (unsigned long long)UINT64_MAX);
@@ -164,12 +170,15 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
                   DP_MAX_DEVICES);
     char item[32];
     if (len >= sizeof item)
-      return fail(err, errcap, "--devices: device id '%.*s' is not an integer", (int)len, p);
+      return fail(err, errcap, "--devices: device id '%.*s' is not an integer", (int)len,
+                  p);
     memcpy(item, p, len);
     item[len] = '\0';
     if (!isdigit((unsigned char)item[0]))
-      return fail(err, errcap, "--devices: device id '%s' is not a non-negative integer", item);
-    if (dpt_parse_int(item, 0, 1023, "--devices: device id", &tmp[n], err, errcap)) return -1;
+      return fail(err, errcap, "--devices: device id '%s' is not a non-negative integer",
+                  item);
+    if (dpt_parse_int(item, 0, 1023, "--devices: device id", &tmp[n], err, errcap))
+      return -1;
     n++;
     if (!comma) break;
     p = comma + 1;
@@ -181,30 +190,35 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
 
 /* ---- enumerations ------------------------------------------------------------ */
 
-static const char *const mode_names[] = {[DP_MODE_CLASSIC] = "classic",
-                                         [DP_MODE_ALLREDUCE] = "allreduce"};
+static const char *const mode_names[] = {
+    [DP_MODE_CLASSIC] = "classic", [DP_MODE_ALLREDUCE] = "allreduce"};
 static const char *const optimizer_names[] = {
     [DP_OPT_SGD] = "sgd", [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_ADAMW] = "adamw"};
 static const char *const split_names[] = {[DP_SPLIT_CHUNK] = "chunk",
                                           [DP_SPLIT_BALANCED] = "balanced",
                                           [DP_SPLIT_MEMORY] = "memory"};
-static const char *const backend_names[] = {[DP_BACKEND_CPU] = "cpu",
-                                            [DP_BACKEND_CUDA] = "cuda"};
+static const char *const backend_names[] = {
+    [DP_BACKEND_CPU] = "cpu", [DP_BACKEND_CUDA] = "cuda"};
+static const char *const transport_names[] = {[DP_TRANSPORT_AUTO] = "auto",
+                                              [DP_TRANSPORT_COPY] = "copy",
+                                              [DP_TRANSPORT_NCCL] = "nccl"};
 static const char *const layer_names[] = {
     [DP_LAYER_INPUT] = "input",         [DP_LAYER_LINEAR] = "linear",
     [DP_LAYER_RELU] = "relu",           [DP_LAYER_GELU] = "gelu",
     [DP_LAYER_TANH] = "tanh",           [DP_LAYER_SIGMOID] = "sigmoid",
     [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout"};
-static const char *const loss_names[] = {[DP_LOSS_NONE] = "none", [DP_LOSS_MSE] = "mse",
+static const char *const loss_names[] = {[DP_LOSS_NONE] = "none",
+                                         [DP_LOSS_MSE] = "mse",
                                          [DP_LOSS_SOFTMAX_CE] = "softmax_cross_entropy"};
 
-#define NAME_OF(table, v) \
+#define NAME_OF(table, v)                                                                  \
   ((unsigned)(v) < sizeof table / sizeof *table && table[v] ? table[v] : "?")
 
 const char *dpt_mode_name(dp_mode m) { return NAME_OF(mode_names, m); }
 const char *dpt_optimizer_name(dp_optimizer o) { return NAME_OF(optimizer_names, o); }
 const char *dpt_split_name(dp_split s) { return NAME_OF(split_names, s); }
 const char *dpt_backend_name(dp_backend b) { return NAME_OF(backend_names, b); }
+const char *dpt_transport_name(dp_transport t) { return NAME_OF(transport_names, t); }
 const char *dpt_layer_name(dp_layer_kind k) { return NAME_OF(layer_names, k); }
 const char *dpt_loss_name(dp_loss_kind l) { return NAME_OF(loss_names, l); }
 
@@ -244,6 +258,13 @@ int dpt_parse_backend(const char *s, dp_backend *out, char *err, size_t errcap) 
   int i = parse_word(s, backend_names, N_OF(backend_names), "--backend", err, errcap);
   if (i < 0) return -1;
   *out = (dp_backend)i;
+  return 0;
+}
+
+int dpt_parse_transport(const char *s, dp_transport *out, char *err, size_t errcap) {
+  int i = parse_word(s, transport_names, N_OF(transport_names), "--transport", err, errcap);
+  if (i < 0) return -1;
+  *out = (dp_transport)i;
   return 0;
 }
 
@@ -325,6 +346,10 @@ static const struct option common_options[] = {
     {"eps", required_argument, NULL, DPT_OPT_EPS},
     {"seed", required_argument, NULL, DPT_OPT_SEED},
     {"shard-optimizer", no_argument, NULL, DPT_OPT_SHARD_OPTIMIZER},
+    {"graph", no_argument, NULL, DPT_OPT_GRAPH},
+    {"tf32", no_argument, NULL, DPT_OPT_TF32},
+    {"fast-collectives", no_argument, NULL, DPT_OPT_FAST_COLLECTIVES},
+    {"transport", required_argument, NULL, DPT_OPT_TRANSPORT},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -337,8 +362,10 @@ int dpt_given(const dpt_common *c, int code) {
 
 static int set_common(int code, const char *arg, dp_config *c, char *err, size_t errcap) {
   switch (code) {
-  case DPT_OPT_BATCH: return dpt_parse_int(arg, 1, INT_MAX, "--batch", &c->batch, err, errcap);
-  case DPT_OPT_DEVICES: return dpt_parse_devices(arg, &c->n_devices, c->device_ids, err, errcap);
+  case DPT_OPT_BATCH:
+    return dpt_parse_int(arg, 1, INT_MAX, "--batch", &c->batch, err, errcap);
+  case DPT_OPT_DEVICES:
+    return dpt_parse_devices(arg, &c->n_devices, c->device_ids, err, errcap);
   case DPT_OPT_SPLIT: return dpt_parse_split(arg, &c->split, err, errcap);
   case DPT_OPT_MICRO_BATCH:
     return dpt_parse_int(arg, 0, INT_MAX, "--micro-batch", &c->micro_batch, err, errcap);
@@ -350,7 +377,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_MOMENTUM:
     return dpt_parse_float(arg, 0, 1, "--momentum", &c->momentum, err, errcap);
   case DPT_OPT_WEIGHT_DECAY:
-    return dpt_parse_float(arg, 0, FLT_MAX, "--weight-decay", &c->weight_decay, err, errcap);
+    return dpt_parse_float(arg, 0, FLT_MAX, "--weight-decay", &c->weight_decay, err,
+                           errcap);
   case DPT_OPT_BETA1:
   case DPT_OPT_BETA2: {
     const char *what = code == DPT_OPT_BETA1 ? "--beta1" : "--beta2";
@@ -363,6 +391,10 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_EPS: return dpt_parse_float(arg, 0, 1, "--eps", &c->eps, err, errcap);
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
+  case DPT_OPT_GRAPH: c->cuda_graph = 1; return 0;
+  case DPT_OPT_TF32: c->tf32 = 1; return 0;
+  case DPT_OPT_FAST_COLLECTIVES: c->fast_collectives = 1; return 0;
+  case DPT_OPT_TRANSPORT: return dpt_parse_transport(arg, &c->transport, err, errcap);
   }
   return fail(err, errcap, "internal: unknown common option %d", code);
 }
@@ -422,11 +454,11 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
       return fail(err, errcap, "option %s needs a value", tok);
     }
     if (c == '?') {
-      if (optopt == 0)
-        return fail(err, errcap, "unknown or ambiguous option '%s'", tok);
+      if (optopt == 0) return fail(err, errcap, "unknown or ambiguous option '%s'", tok);
       if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0)) {
         const char *name = option_name(opts, optopt);
-        return fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?", tok);
+        return fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?",
+                    tok);
       }
       if (isprint(optopt) && strncmp(tok, "--", 2) != 0)
         return fail(err, errcap, "unknown option '-%c'", optopt);
@@ -456,52 +488,67 @@ int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *comm
 }
 
 void dpt_print_common_help(FILE *f) {
-  fputs(
-      "Configuration (the same options, with the same meaning, in every command):\n"
-      "  --batch B               largest batch a step takes, in rows (the planned size)\n"
-      "  --devices N|LIST        N replicas on devices 0..N-1 (default 1), or a comma\n"
-      "                          list of physical device ids, one per replica:\n"
-      "                          --devices 0,0,1,1 = 4 replicas, two on each of 2 GPUs\n"
-      "  --split chunk|balanced|memory\n"
-      "                          how the batch is cut along dim 0 (default chunk):\n"
-      "                          chunk    = torch.chunk: ceil(B/N) rows per device,\n"
-      "                                     the last may be short, fewer devices may\n"
-      "                                     be used\n"
-      "                          balanced = torch.tensor_split: the first B%N devices\n"
-      "                                     get one row more\n"
-      "                          memory   = device 0 gets fewer rows, so that the\n"
-      "                                     largest arena is as small as it can be\n"
-      "  --micro-batch K         rows per micro-batch (default 0 = each device's\n"
-      "                          chunk); a fixed K makes results bit-identical\n"
-      "                          across device counts\n"
-      "  --mode classic|allreduce\n"
-      "                          classic   = nn.DataParallel (default): outputs\n"
-      "                                      gathered on device 0, loss, reduced\n"
-      "                                      gradients and optimizer there, replicas\n"
-      "                                      refreshed each step\n"
-      "                          allreduce = DDP-like: each device computes its loss,\n"
-      "                                      gradients all-reduced, every replica\n"
-      "                                      updates; memory is balanced\n"
-      "  --shard-optimizer       allreduce: each device keeps and updates only its\n"
-      "                          shard of the optimizer state (ZeRO-1 style); the\n"
-      "                          parameters are the same bits as without it\n"
-      "  --optimizer sgd|momentum|adamw   (default sgd)\n"
-      "  --inference             forward only: no gradients, no optimizer state\n"
-      "  --backend cpu|cuda      cpu: threads as virtual devices (default); cuda: GPUs\n"
-      "  --lr X                  learning rate (default 0.01)\n"
-      "  --momentum X            momentum optimizer, in [0, 1] (default 0.9)\n"
-      "  --weight-decay X        sgd/momentum: L2 added to the gradient (default 0);\n"
-      "                          adamw: decoupled decay (default 0.01)\n"
-      "  --beta1 X, --beta2 X    adamw, in [0, 1) (default 0.9, 0.999)\n"
-      "  --eps X                 adamw (default 1e-8)\n"
-      "  --seed N                parameter init and dropout, unsigned 64-bit\n"
-      "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
-      "an option name is accepted.\n",
-      f);
+  fputs("Configuration (the same options, with the same meaning, in every command):\n"
+        "  --batch B               largest batch a step takes, in rows (the planned size)\n"
+        "  --devices N|LIST        N replicas on devices 0..N-1 (default 1), or a comma\n"
+        "                          list of physical device ids, one per replica:\n"
+        "                          --devices 0,0,1,1 = 4 replicas, two on each of 2 GPUs\n"
+        "  --split chunk|balanced|memory\n"
+        "                          how the batch is cut along dim 0 (default chunk):\n"
+        "                          chunk    = torch.chunk: ceil(B/N) rows per device,\n"
+        "                                     the last may be short, fewer devices may\n"
+        "                                     be used\n"
+        "                          balanced = torch.tensor_split: the first B%N devices\n"
+        "                                     get one row more\n"
+        "                          memory   = device 0 gets fewer rows, so that the\n"
+        "                                     largest arena is as small as it can be\n"
+        "  --micro-batch K         rows per micro-batch (default 0 = each device's\n"
+        "                          chunk); a fixed K makes results bit-identical\n"
+        "                          across device counts\n"
+        "  --mode classic|allreduce\n"
+        "                          classic   = nn.DataParallel (default): outputs\n"
+        "                                      gathered on device 0, loss, reduced\n"
+        "                                      gradients and optimizer there, replicas\n"
+        "                                      refreshed each step\n"
+        "                          allreduce = DDP-like: each device computes its loss,\n"
+        "                                      gradients all-reduced, every replica\n"
+        "                                      updates; memory is balanced\n"
+        "  --shard-optimizer       allreduce: each device keeps and updates only its\n"
+        "                          shard of the optimizer state (ZeRO-1 style); the\n"
+        "                          parameters are the same bits as without it\n"
+        "  --optimizer sgd|momentum|adamw   (default sgd)\n"
+        "  --inference             forward only: no gradients, no optimizer state\n"
+        "  --backend cpu|cuda      cpu: threads as virtual devices (default); cuda: GPUs\n"
+        "  --graph                 cuda: capture a step once as a CUDA graph and replay\n"
+        "                          it (one launch per step; full batches only; the same\n"
+        "                          bits as without it)\n"
+        "  --tf32                  cuda: TF32 tensor cores for the GEMMs: faster, ~1e-3\n"
+        "                          relative error, so no longer close to the cpu backend\n"
+        "  --transport auto|copy|nccl\n"
+        "                          cuda: how replicas on distinct GPUs move data (default\n"
+        "                          auto: NCCL when built with it and every replica has a\n"
+        "                          GPU of its own, else CUDA copies); the same bits\n"
+        "                          either way.\n"
+        "  --fast-collectives      cuda, allreduce, a GPU per replica: sum gradients with\n"
+        "                          ncclAllReduce instead of the canonical tree; faster on\n"
+        "                          many GPUs, bit-identical run to run only on a fixed\n"
+        "                          topology and device count. The cpu backend refuses\n"
+        "                          these four.\n"
+        "  --lr X                  learning rate (default 0.01)\n"
+        "  --momentum X            momentum optimizer, in [0, 1] (default 0.9)\n"
+        "  --weight-decay X        sgd/momentum: L2 added to the gradient (default 0);\n"
+        "                          adamw: decoupled decay (default 0.01)\n"
+        "  --beta1 X, --beta2 X    adamw, in [0, 1) (default 0.9, 0.999)\n"
+        "  --eps X                 adamw (default 1e-8)\n"
+        "  --seed N                parameter init and dropout, unsigned 64-bit\n"
+        "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
+        "an option name is accepted.\n",
+        f);
 }
 
 void dpt_print_config(FILE *f, const dp_config *c) {
-  fprintf(f, "batch %d on %d device%s", c->batch, c->n_devices, c->n_devices == 1 ? "" : "s");
+  fprintf(f, "batch %d on %d device%s", c->batch, c->n_devices,
+          c->n_devices == 1 ? "" : "s");
   int identity = 1;
   for (int i = 0; i < c->n_devices && i < DP_MAX_DEVICES; i++)
     if (c->device_ids[i] != i) identity = 0;
@@ -524,12 +571,35 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     fprintf(f, "%s (lr %g", dpt_optimizer_name(c->optimizer), (double)c->lr);
     if (c->optimizer == DP_OPT_MOMENTUM) fprintf(f, ", momentum %g", (double)c->momentum);
     if (c->optimizer == DP_OPT_ADAMW)
-      fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2, (double)c->eps);
+      fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2,
+              (double)c->eps);
     if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
     fputs("), training", f);
   }
-  fprintf(f, ", %s backend, seed %llu", dpt_backend_name(c->backend),
-          (unsigned long long)c->seed);
+  fprintf(f, ", %s backend", dpt_backend_name(c->backend));
+  /* The cuda options; shown on a cpu config too when set, since the planner
+   * refuses them there and the line should show why. */
+  int sep = 0;
+  if (c->backend == DP_BACKEND_CUDA || c->transport != DP_TRANSPORT_AUTO) {
+    fprintf(f, " (transport %s", dpt_transport_name(c->transport));
+    sep = 1;
+  }
+  if (c->cuda_graph) fprintf(f, "%scuda graph", sep++ ? ", " : " (");
+  if (c->tf32) fprintf(f, "%stf32", sep++ ? ", " : " (");
+  if (c->fast_collectives) fprintf(f, "%sfast collectives", sep++ ? ", " : " (");
+  if (sep) fputc(')', f);
+  fprintf(f, ", seed %llu", (unsigned long long)c->seed);
+}
+
+int dpt_require_backend(const dp_config *c, char *err, size_t errcap) {
+  if (c->backend != DP_BACKEND_CUDA) return 0;
+  if (!dp_cuda_available())
+    return fail(err, errcap,
+                "--backend cuda: this build has no CUDA backend (configure.py "
+                "found no nvcc, or --cpu-only)");
+  if (dp_cuda_device_count() > 0) return 0;
+  /* the library's reason starts "no usable GPU" */
+  return fail(err, errcap, "--backend cuda: %s", dp_last_error());
 }
 
 double dpt_now_s(void) {

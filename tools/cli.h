@@ -48,14 +48,13 @@ int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap);
 
 /* A decimal integer in [min, max]; `what` names the value in messages
  * ("--batch"). Leading/trailing junk and whitespace are refused. */
-int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
-                  char *err, size_t errcap);
+int dpt_parse_int(const char *s, long min, long max, const char *what, int *out, char *err,
+                  size_t errcap);
 /* A finite number in [min, max] (inclusive). */
 int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
                     char *err, size_t errcap);
 /* An unsigned 64-bit decimal integer (no sign). */
-int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
-                  size_t errcap);
+int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err, size_t errcap);
 
 /* --devices: either a count ("4": devices 0..3) or a comma list of physical
  * device ids, one per replica ("0,0,1,1": 4 replicas, two per GPU). A list
@@ -65,11 +64,16 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
                       size_t errcap);
 
 /* Enumerations, case-insensitive; the messages list the accepted words. */
-int dpt_parse_mode(const char *s, dp_mode *out, char *err, size_t errcap); /* classic|allreduce */
+int dpt_parse_mode(const char *s, dp_mode *out, char *err,
+                   size_t errcap); /* classic|allreduce */
 int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err,
-                        size_t errcap);                                     /* sgd|momentum|adamw */
-int dpt_parse_split(const char *s, dp_split *out, char *err, size_t errcap); /* chunk|balanced|memory */
-int dpt_parse_backend(const char *s, dp_backend *out, char *err, size_t errcap); /* cpu|cuda */
+                        size_t errcap); /* sgd|momentum|adamw */
+int dpt_parse_split(const char *s, dp_split *out, char *err,
+                    size_t errcap); /* chunk|balanced|memory */
+int dpt_parse_backend(const char *s, dp_backend *out, char *err,
+                      size_t errcap); /* cpu|cuda */
+int dpt_parse_transport(const char *s, dp_transport *out, char *err,
+                        size_t errcap); /* auto|copy|nccl */
 
 /* The words above ("classic", ...), and the spec words for layers and losses
  * ("linear", "softmax_cross_entropy"); "?" for a value out of range. */
@@ -77,6 +81,7 @@ const char *dpt_mode_name(dp_mode m);
 const char *dpt_optimizer_name(dp_optimizer o);
 const char *dpt_split_name(dp_split s);
 const char *dpt_backend_name(dp_backend b);
+const char *dpt_transport_name(dp_transport t);
 const char *dpt_layer_name(dp_layer_kind k);
 const char *dpt_loss_name(dp_loss_kind l);
 
@@ -118,6 +123,10 @@ enum {
   DPT_OPT_EPS,
   DPT_OPT_SEED,
   DPT_OPT_SHARD_OPTIMIZER, /* no value: cfg.shard_optimizer = 1 */
+  DPT_OPT_GRAPH,           /* no value: cfg.cuda_graph = 1 */
+  DPT_OPT_TF32,            /* no value: cfg.tf32 = 1 */
+  DPT_OPT_TRANSPORT,
+  DPT_OPT_FAST_COLLECTIVES, /* no value: cfg.fast_collectives = 1 */
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };
@@ -172,7 +181,15 @@ void dpt_print_common_help(FILE *f);
 /* One line describing a config, e.g.
  * "batch 30 on 2 devices (chunk split, micro-batch = chunk), classic mode, sgd (lr 0.01),
  *  training, cpu backend, seed 0"; "allreduce mode with sharded optimizer state" when
- *  shard_optimizer is set. */
+ *  shard_optimizer is set; the cuda options after the backend:
+ *  "cuda backend (transport auto, cuda graph, tf32)". */
 void dpt_print_config(FILE *f, const dp_config *c);
+
+/* For the commands that create a context: 0 when c asks for the cpu backend or
+ * a GPU is visible; else -1 with one line in err saying why there is none
+ * ("--backend cuda: no usable GPU ..."), so that a command fails before
+ * allocating anything, whatever the library would have said. Touches CUDA
+ * (dp_cuda_device_count) only for a cuda config. */
+int dpt_require_backend(const dp_config *c, char *err, size_t errcap);
 
 #endif

@@ -1,9 +1,13 @@
 /* `dp bench`: measurements, never assertions. peak (one core's FMA peak),
  * gemm (our GEMM against that peak), step (ms/step and samples/s of a
  * model), comm (the transport's bytes/s), scaling (step cost as batch,
- * width and device count grow). Tables by default, --json for scripts. */
+ * width and device count grow), gpu-step and gpu-gemm (the cuda backend's
+ * step, with and without CUDA graphs, and how much of it the GEMMs are).
+ * Tables by default, --json for scripts. */
 #include "cli.h"
+#include "dp_cuda.h" /* dp__cuda_bench_sgemm, dp__cuda_device_info */
 #include "gemm.h"
+#include "internal.h" /* the model's layer widths, for gpu-gemm */
 
 #include <immintrin.h>
 #include <math.h>
@@ -86,8 +90,11 @@ typedef struct {
   int steps;
 } step_result;
 
-/* Times `steps` training steps (after a warm-up) on random data. */
-static int time_steps(const dp_model *m, const dp_config *cfg, int steps, step_result *out) {
+/* Times `steps` training steps (after a warm-up) on random data, repeated
+ * until at least min_s seconds have passed. On failure the message is in
+ * err (also printed unless quiet). */
+static int time_steps_for(const dp_model *m, const dp_config *cfg, int steps, double min_s,
+                          int quiet, step_result *out, char *err, size_t errcap) {
   dp_plan *p = NULL;
   dp_ctx *c = NULL;
   int in = dp_model_input_width(m), outw = dp_model_output_width(m), B = cfg->batch;
@@ -107,7 +114,7 @@ static int time_steps(const dp_model *m, const dp_config *cfg, int steps, step_r
   float loss;
   for (int i = 0; i < 10; i++)
     if (dp_train_step(c, B, in, x, target, &loss)) goto done;
-  /* Repeat until at least 0.3 s has passed, for stable numbers at tiny steps. */
+  /* Repeat until at least min_s has passed, for stable numbers at tiny steps. */
   int done_steps = 0;
   double t0 = dpt_now_s(), el;
   do {
@@ -115,19 +122,31 @@ static int time_steps(const dp_model *m, const dp_config *cfg, int steps, step_r
       if (dp_train_step(c, B, in, x, target, &loss)) goto done;
     done_steps += steps;
     el = dpt_now_s() - t0;
-  } while (el < 0.3);
+  } while (el < min_s);
   out->steps = done_steps;
   out->ms_per_step = 1e3 * el / done_steps;
   out->samples_per_s = (double)B * done_steps / el;
   rc = 0;
 done:
-  if (rc) fprintf(stderr, "dp bench: %s\n", c ? dp_ctx_error(c) : dp_last_error());
+  if (rc) {
+    snprintf(err, errcap, "%s",
+             !x || !t || !lab ? "out of memory"
+             : c              ? dp_ctx_error(c)
+                              : dp_last_error());
+    if (!quiet) fprintf(stderr, "dp bench: %s\n", err);
+  }
   dp_ctx_free(c);
   dp_plan_free(p);
   free(x);
   free(t);
   free(lab);
   return rc;
+}
+
+static int time_steps(const dp_model *m, const dp_config *cfg, int steps,
+                      step_result *out) {
+  char err[DP_ERRMSG_CAP];
+  return time_steps_for(m, cfg, steps, 0.3, 0, out, err, sizeof err);
 }
 
 /* ---- rss ---------------------------------------------------------------------- */
@@ -305,20 +324,34 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 }
 
 static void usage(FILE *f) {
-  fprintf(f, "usage: dp bench peak|gemm|step|comm|rss|scaling [options] [--json]\n\n"
-             "  peak                 one core's fp32 FMA peak (AVX-512 and AVX2)\n"
-             "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
-             "                       our GEMM (forward layout, n x n x n) vs that peak\n"
-             "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
-             "                       ms/step and samples/s of training steps\n"
-             "  comm                 bytes/s of the shared-memory transport\n"
-             "  rss --model M --batch B [--steps K]\n"
-             "                       resident memory after init and over K steps\n"
-             "                       (default 10000): it stays flat\n"
-             "  scaling [--model M]  step cost as batch, width and device count grow\n"
-             "                       (default: MLPs 64-W-W-10 with W in 64, 256, 1024)\n\n"
-             "Benchmarks measure; they assert nothing. bench/compare.py runs these\n"
-             "side by side with PyTorch and OpenBLAS and prints ratios.\n\n");
+  fprintf(
+      f, "usage: dp bench peak|gemm|step|comm|rss|scaling|gpu-step|gpu-gemm [options]\n"
+         "                [--json]\n\n"
+         "  peak                 one core's fp32 FMA peak (AVX-512 and AVX2)\n"
+         "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
+         "                       our GEMM (forward layout, n x n x n) vs that peak\n"
+         "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
+         "                       ms/step and samples/s of training steps\n"
+         "  comm                 bytes/s of the shared-memory transport\n"
+         "  rss --model M --batch B [--steps K]\n"
+         "                       resident memory after init and over K steps\n"
+         "                       (default 10000): it stays flat\n"
+         "  scaling [--model M]  step cost as batch, width and device count grow\n"
+         "                       (default: MLPs 64-W-W-10 with W in 64, 256, 1024)\n"
+         "  gpu-step [--model M] [--batch B] [--devices LIST] [--tf32] [common options]\n"
+         "                       cuda backend: ms/step and samples/s with and without\n"
+         "                       --graph, and the graph's speed-up; 1 and 4 replicas\n"
+         "                       on GPU 0 unless --devices is given (default model an\n"
+         "                       MLP 1024-4096-4096-1024 with gelu and mse, batch 1024,\n"
+         "                       adamw)\n"
+         "  gpu-gemm [--model M] [--batch B] [--micro-batch K] [--tf32]\n"
+         "                       each GEMM of that model's step (forward y = x W^T,\n"
+         "                       backward dW = dy^T x and dx = dy W per linear layer\n"
+         "                       and micro-batch) timed alone through cuBLAS, summed\n"
+         "                       over a step, against the measured step (1 replica)\n"
+         "                       The gpu benchmarks print why and exit 0 without a GPU.\n\n"
+         "Benchmarks measure; they assert nothing. bench/compare.py runs these\n"
+         "side by side with PyTorch and OpenBLAS and prints ratios.\n\n");
   dpt_print_common_help(f);
 }
 
@@ -376,6 +409,262 @@ static int bench_scaling(const bench_opts *o, const dp_config *base) {
   return DPT_EXIT_OK;
 }
 
+/* ---- gpu-step, gpu-gemm --------------------------------------------------------- */
+
+/* The default model of the GPU benchmarks (test_cuda.c's timing_report times
+ * the same one through the backend alone). */
+static const char GPU_MODEL[] =
+    "input 1024\nlinear 4096\ngelu\nlinear 4096\ngelu\nlinear 1024\n"
+    "loss mse\n";
+#define GPU_MODEL_NAME "mlp 1024-4096-4096-1024"
+#define GPU_MIN_S 0.5 /* timed seconds per configuration (after the warm-up) */
+
+/* 1 when GPU 0 is there (its name in name[cap]); else prints why the
+ * benchmark is skipped (a result, so on stdout) and returns 0. */
+static int gpu_or_skip(const char *what, int json, char *name, size_t cap) {
+  if (dp_cuda_device_count() > 0 &&
+      dp__cuda_device_info(0, name, cap, NULL, NULL, NULL, NULL) == DP_OK)
+    return 1;
+  const char *why = dp_last_error();
+  if (json) {
+    printf("{\"bench\":\"%s\",\"skipped\":true,\"reason\":", what);
+    dpt_json_string(stdout, why);
+    printf("}\n");
+  } else {
+    printf("dp bench %s: skipped, no GPU: %s\n", what, why);
+  }
+  return 0;
+}
+
+/* The model of the GPU benchmarks: --model, or GPU_MODEL. */
+static dp_model *gpu_model(const char *path, const char **name) {
+  dp_model *m = NULL;
+  if (path ? dp_model_load(path, &m) : dp_model_parse(GPU_MODEL, GPU_MODEL_NAME, &m)) {
+    fprintf(stderr, "dp bench: %s\n", dp_last_error());
+    return NULL;
+  }
+  *name = path ? path : GPU_MODEL_NAME;
+  return m;
+}
+
+/* The cuda config of the GPU benchmarks: the common options, with batch 1024
+ * and AdamW unless given, and `replicas` replicas all on GPU 0 unless
+ * --devices was given (replicas == 0). */
+static dp_config gpu_config(const dp_config *base, const dpt_common *common, int replicas,
+                            int graph) {
+  dp_config c = *base;
+  c.backend = DP_BACKEND_CUDA;
+  c.cuda_graph = graph;
+  if (!dpt_given(common, DPT_OPT_BATCH)) c.batch = 1024;
+  if (!dpt_given(common, DPT_OPT_OPTIMIZER)) c.optimizer = DP_OPT_ADAMW;
+  if (replicas > 0) {
+    c.n_devices = replicas;
+    for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+  }
+  return c;
+}
+
+static int bench_gpu_step(const bench_opts *o, const dp_config *base,
+                          const dpt_common *common) {
+  char gpu[256];
+  if (!gpu_or_skip("gpu-step", o->json, gpu, sizeof gpu)) return DPT_EXIT_OK;
+  const char *name;
+  dp_model *m = gpu_model(o->model, &name);
+  if (!m) return DPT_EXIT_FAIL;
+  /* replicas 1 and 4 on GPU 0, or what --devices says */
+  int counts[2] = {1, 4}, n_counts = 2;
+  if (dpt_given(common, DPT_OPT_DEVICES)) {
+    counts[0] = 0;
+    n_counts = 1;
+  }
+  dp_config c0 = gpu_config(base, common, counts[0], 0);
+  if (o->json) {
+    printf("{\"bench\":\"gpu-step\",\"gpu\":");
+    dpt_json_string(stdout, gpu);
+    printf(",\"model\":");
+    dpt_json_string(stdout, name);
+    printf(
+        ",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"tf32\":%d,\"results\":[",
+        c0.batch, c0.micro_batch, dpt_optimizer_name(c0.optimizer), c0.tf32);
+  } else {
+    printf("gpu-step: %s, batch %d, micro-batch %s, %s, %s, on %s\n", name, c0.batch,
+           c0.micro_batch ? "given" : "= chunk", dpt_optimizer_name(c0.optimizer),
+           c0.tf32 ? "tf32" : "fp32", gpu);
+    printf("%-22s %6s %10s %12s %6s\n", "replicas (GPU ids)", "graph", "ms/step",
+           "samples/s", "steps");
+  }
+  int failed = 0;
+  double ms[2][2] = {{0}};
+  for (int i = 0; i < n_counts; i++)
+    for (int g = 0; g < 2; g++) {
+      dp_config c = gpu_config(base, common, counts[i], g);
+      char ids[64] = "", err[DP_ERRMSG_CAP];
+      for (int d = 0, len = 0; d < c.n_devices && len < (int)sizeof ids - 8; d++)
+        len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%d", d ? "," : "",
+                        c.device_ids[d]);
+      step_result r = {0};
+      int bad = time_steps_for(m, &c, o->steps, GPU_MIN_S, 1, &r, err, sizeof err);
+      failed += bad != 0;
+      ms[i][g] = bad ? 0.0 : r.ms_per_step;
+      if (o->json) {
+        printf("%s{\"replicas\":%d,\"device_ids\":\"%s\",\"graph\":%d,", i + g ? "," : "",
+               c.n_devices, ids, g);
+        if (bad) {
+          printf("\"error\":");
+          dpt_json_string(stdout, err);
+          printf("}");
+        } else {
+          printf("\"ms_per_step\":%.4f,\"samples_per_s\":%.0f,\"steps\":%d}", r.ms_per_step,
+                 r.samples_per_s, r.steps);
+        }
+      } else {
+        char label[96];
+        snprintf(label, sizeof label, "%d (%s)", c.n_devices, ids);
+        if (bad)
+          printf("%-22s %6s FAILED: %s\n", label, g ? "yes" : "no", err);
+        else
+          printf("%-22s %6s %10.3f %12.0f %6d\n", label, g ? "yes" : "no", r.ms_per_step,
+                 r.samples_per_s, r.steps);
+      }
+      fflush(stdout);
+    }
+  /* graph speed-up: plain ms / graph ms, per replica count */
+  if (o->json) printf("],\"graph_speedup\":[");
+  for (int i = 0; i < n_counts; i++) {
+    dp_config c = gpu_config(base, common, counts[i], 0);
+    int ok = ms[i][0] > 0 && ms[i][1] > 0;
+    if (o->json) {
+      printf("%s{\"replicas\":%d,\"speedup\":", i ? "," : "", c.n_devices);
+      if (ok)
+        printf("%.3f}", ms[i][0] / ms[i][1]);
+      else
+        printf("null}");
+    } else if (ok) {
+      printf("graph speed-up, %d replica%s: %.3fx (%.3f -> %.3f ms/step)\n", c.n_devices,
+             c.n_devices == 1 ? "" : "s", ms[i][0] / ms[i][1], ms[i][0], ms[i][1]);
+    }
+  }
+  if (o->json) printf("]}\n");
+  dp_model_free(m);
+  return failed ? DPT_EXIT_FAIL : DPT_EXIT_OK;
+}
+
+/* One GEMM of a step: C (m, n) = A (m, k) . B (k, n), `count` times per step. */
+typedef struct {
+  int layer;
+  const char *what; /* "fwd y=xW^T", "bwd dW=dy^Tx", "bwd dx=dyW" */
+  int m, n, k, count;
+  double ms, tflops;
+} gemm_shape;
+
+/* The GEMMs of one training step of m on one replica (cuda/gemm.cu): per
+ * linear layer and micro-batch of r rows, forward y = x W^T (r, out, in),
+ * dW = dy^T x (out, in, r), and dx = dy W (r, in, out) except for the first
+ * layer, whose input needs no gradient. Returns the number written. */
+static int step_gemms(const dp_model *m, int batch, int micro, gemm_shape *g, int cap) {
+  int full = batch / micro, rest = batch % micro, n = 0;
+  for (int part = 0; part < 2; part++) {
+    int rows = part ? rest : micro, count = part ? 1 : full;
+    if (rows == 0 || count == 0) continue;
+    for (int i = 0; i < m->n_layers && n + 3 <= cap; i++) {
+      const dp_layer *l = &m->layers[i];
+      if (l->kind != DP_LAYER_LINEAR) continue;
+      g[n++] = (gemm_shape){i, "fwd  y = x W^T", rows, l->out, l->in, count, 0, 0};
+      g[n++] = (gemm_shape){i, "bwd dW = dy^T x", l->out, l->in, rows, count, 0, 0};
+      if (i > 0)
+        g[n++] = (gemm_shape){i, "bwd dx = dy W", rows, l->in, l->out, count, 0, 0};
+    }
+  }
+  return n;
+}
+
+static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
+                          const dpt_common *common) {
+  char gpu[256];
+  if (!gpu_or_skip("gpu-gemm", o->json, gpu, sizeof gpu)) return DPT_EXIT_OK;
+  const char *name;
+  dp_model *m = gpu_model(o->model, &name);
+  if (!m) return DPT_EXIT_FAIL;
+  dp_config c = gpu_config(base, common, 1, 0);
+  int micro = c.micro_batch > 0 && c.micro_batch < c.batch ? c.micro_batch : c.batch;
+  gemm_shape g[3 * DP_MAX_LAYERS];
+  int n = step_gemms(m, c.batch, micro, g, (int)(sizeof g / sizeof *g));
+  int rc = DPT_EXIT_FAIL;
+  double gemm_ms = 0.0;
+  for (int i = 0; i < n; i++) {
+    /* the same shape again (another layer): measured once */
+    int j = 0;
+    while (j < i && !(g[j].m == g[i].m && g[j].n == g[i].n && g[j].k == g[i].k)) j++;
+    if (j < i) {
+      g[i].ms = g[j].ms;
+      g[i].tflops = g[j].tflops;
+    } else if (dp__cuda_bench_sgemm(0, g[i].m, g[i].n, g[i].k, 50, c.tf32, &g[i].ms,
+                                    &g[i].tflops) != DP_OK) {
+      fprintf(stderr, "dp bench gpu-gemm: sgemm %d x %d x %d: %s\n", g[i].m, g[i].n, g[i].k,
+              dp_last_error());
+      goto out;
+    }
+    gemm_ms += g[i].ms * g[i].count;
+  }
+  /* the whole step, one replica, plain and as a graph */
+  step_result r[2] = {{0}};
+  char err[2][DP_ERRMSG_CAP];
+  int bad[2];
+  for (int gr = 0; gr < 2; gr++) {
+    dp_config cg = gpu_config(base, common, 1, gr);
+    bad[gr] =
+        time_steps_for(m, &cg, o->steps, GPU_MIN_S, 1, &r[gr], err[gr], sizeof err[gr]);
+  }
+  if (o->json) {
+    printf("{\"bench\":\"gpu-gemm\",\"gpu\":");
+    dpt_json_string(stdout, gpu);
+    printf(",\"model\":");
+    dpt_json_string(stdout, name);
+    printf(",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"tf32\":%d,\"gemms\":[",
+           c.batch, micro, dpt_optimizer_name(c.optimizer), c.tf32);
+    for (int i = 0; i < n; i++)
+      printf("%s{\"layer\":%d,\"gemm\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"per_step\":%d,"
+             "\"ms\":%.4f,\"tflops\":%.2f}",
+             i ? "," : "", g[i].layer, g[i].what, g[i].m, g[i].n, g[i].k, g[i].count,
+             g[i].ms, g[i].tflops);
+    printf("],\"gemm_ms_per_step\":%.4f", gemm_ms);
+    for (int gr = 0; gr < 2; gr++) {
+      const char *key = gr ? "graph" : "plain";
+      if (bad[gr]) {
+        printf(",\"%s_error\":", key);
+        dpt_json_string(stdout, err[gr]);
+      } else {
+        printf(",\"%s_ms_per_step\":%.4f,\"%s_step_over_gemm\":%.3f", key,
+               r[gr].ms_per_step, key, r[gr].ms_per_step / gemm_ms);
+      }
+    }
+    printf("}\n");
+  } else {
+    printf("gpu-gemm: %s, batch %d, micro-batch %d, %s, %s, 1 replica on %s\n", name,
+           c.batch, micro, dpt_optimizer_name(c.optimizer), c.tf32 ? "tf32" : "fp32", gpu);
+    printf(
+        "each GEMM of a step alone through cuBLAS (C(m,n) = A(m,k) B(k,n), mean of 50)\n");
+    printf("%5s  %-16s %6s %6s %6s %5s %9s %8s %10s\n", "layer", "gemm", "m", "n", "k", "x",
+           "ms", "TFLOP/s", "ms/step");
+    for (int i = 0; i < n; i++)
+      printf("%5d  %-16s %6d %6d %6d %5d %9.4f %8.2f %10.4f\n", g[i].layer, g[i].what,
+             g[i].m, g[i].n, g[i].k, g[i].count, g[i].ms, g[i].tflops,
+             g[i].ms * g[i].count);
+    printf("GEMM-only time per step: %.4f ms\n", gemm_ms);
+    for (int gr = 0; gr < 2; gr++) {
+      if (bad[gr])
+        printf("step (%s): FAILED: %s\n", gr ? "graph" : "plain", err[gr]);
+      else
+        printf("step (%s): %.4f ms; step time / GEMM-only time = %.3f\n",
+               gr ? "graph" : "plain", r[gr].ms_per_step, r[gr].ms_per_step / gemm_ms);
+    }
+  }
+  rc = bad[0] || bad[1] ? DPT_EXIT_FAIL : DPT_EXIT_OK;
+out:
+  dp_model_free(m);
+  return rc;
+}
+
 int dpt_cmd_bench(int argc, char **argv) {
   static const struct option extra[] = {{"model", required_argument, NULL, OPT_MODEL},
                                         {"steps", required_argument, NULL, OPT_STEPS},
@@ -395,12 +684,21 @@ int dpt_cmd_bench(int argc, char **argv) {
   const char *what = r == DPT_ARGS_OK && common.n_args == 1 ? argv[common.first_arg] : NULL;
   if (r != DPT_ARGS_OK || !what) {
     fprintf(stderr, "dp bench: %s\n(see dp bench --help)\n",
-            r != DPT_ARGS_OK ? err : "name one benchmark: peak, gemm, step, comm or scaling");
+            r != DPT_ARGS_OK ? err
+                             : "name one benchmark: peak, gemm, step, comm, rss, scaling, "
+                               "gpu-step or gpu-gemm");
     return DPT_EXIT_USAGE;
   }
   if (strcmp(what, "peak") == 0) return bench_peak(o.json);
   if (strcmp(what, "comm") == 0) return bench_comm(o.json);
   if (strcmp(what, "gemm") == 0) return bench_gemm(o.json, o.sizes, o.tier);
+  if (strcmp(what, "gpu-step") == 0) return bench_gpu_step(&o, &cfg, &common);
+  if (strcmp(what, "gpu-gemm") == 0) return bench_gpu_gemm(&o, &cfg, &common);
+  /* the cpu benchmarks with --backend cuda: one clear line when there is no GPU */
+  if (dpt_require_backend(&cfg, err, sizeof err)) {
+    fprintf(stderr, "dp bench %s: %s\n", what, err);
+    return DPT_EXIT_FAIL;
+  }
   if (strcmp(what, "scaling") == 0) {
     if (!dpt_given(&common, DPT_OPT_OPTIMIZER)) cfg.optimizer = DP_OPT_SGD;
     return bench_scaling(&o, &cfg);
@@ -435,6 +733,10 @@ int dpt_cmd_bench(int argc, char **argv) {
              res.ms_per_step, res.samples_per_s, res.steps);
     return DPT_EXIT_OK;
   }
-  fprintf(stderr, "dp bench: unknown benchmark '%s' (peak, gemm, step, comm, scaling)\n", what);
+  fprintf(
+      stderr,
+      "dp bench: unknown benchmark '%s' (peak, gemm, step, comm, rss, scaling, gpu-step, "
+      "gpu-gemm)\n",
+      what);
   return DPT_EXIT_USAGE;
 }

@@ -63,29 +63,28 @@ static const char *const region_phrase[DP_REGION_COUNT] = {
 };
 
 static void plan_help(FILE *f) {
-  fputs(
-      "usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
-      "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
-      "\n"
-      "Plans one data-parallel step without running it: loads the model spec, cuts\n"
-      "the batch across the devices along dim 0 and lays out every device's arena.\n"
-      "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
-      "\n"
-      "Plan options:\n"
-      "  --model FILE            model spec (.dpm), one layer per line (required)\n"
-      "  --json                  print the plan as JSON instead of the table\n"
-      "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
-      "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
-      "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
-      "                          GiB/TiB = powers of 1024): finds the largest batch\n"
-      "                          whose plan fits on every device (and in the host\n"
-      "                          staging arena), then prints the plan at that batch.\n"
-      "                          --batch, if given, caps the search (default cap\n"
-      "                          1048576). Exit status 1 when not even batch 1 fits.\n"
-      "  --schedule              also print the static schedule: every op of one step\n"
-      "  -h, --help              this text\n"
-      "\n",
-      f);
+  fputs("usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
+        "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
+        "\n"
+        "Plans one data-parallel step without running it: loads the model spec, cuts\n"
+        "the batch across the devices along dim 0 and lays out every device's arena.\n"
+        "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
+        "\n"
+        "Plan options:\n"
+        "  --model FILE            model spec (.dpm), one layer per line (required)\n"
+        "  --json                  print the plan as JSON instead of the table\n"
+        "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
+        "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
+        "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
+        "                          GiB/TiB = powers of 1024): finds the largest batch\n"
+        "                          whose plan fits on every device (and in the host\n"
+        "                          staging arena), then prints the plan at that batch.\n"
+        "                          --batch, if given, caps the search (default cap\n"
+        "                          1048576). Exit status 1 when not even batch 1 fits.\n"
+        "  --schedule              also print the static schedule: every op of one step\n"
+        "  -h, --help              this text\n"
+        "\n",
+        f);
   dpt_print_common_help(f);
   fputs("\n"
         "The table has one column per device that gets rows (with --split chunk, fewer\n"
@@ -200,11 +199,13 @@ static void op_detail(const dp_op *op, char *buf, size_t cap) {
   buf[0] = '\0';
   switch (op->kind) {
   case DP_OP_COPY:
-    snprintf(buf, cap, "%s -> %s", endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset),
+    snprintf(buf, cap, "%s -> %s",
+             endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset),
              endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset));
     break;
   case DP_OP_GRAD_ADD:
-    snprintf(buf, cap, "%s += %s", endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset),
+    snprintf(buf, cap, "%s += %s",
+             endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset),
              endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset));
     break;
   case DP_OP_BACKWARD:
@@ -257,8 +258,9 @@ static void print_text(const dp_plan *p, const char *model_path) {
   int nl = dp_model_n_layers(m);
   printf("model   %s\n", model_path);
   printf("        %s\n", line ? line : "?");
-  printf("        %d layer%s after input, %s parameters, %s B as fp32", nl, nl == 1 ? "" : "s",
-         dpt_bytes_exact(np, a, sizeof a), dpt_bytes_exact(pbytes, b, sizeof b));
+  printf("        %d layer%s after input, %s parameters, %s B as fp32", nl,
+         nl == 1 ? "" : "s", dpt_bytes_exact(np, a, sizeof a),
+         dpt_bytes_exact(pbytes, b, sizeof b));
   if (pbytes >= 1024) printf(" (%s)", dpt_bytes_human(pbytes, a, sizeof a));
   printf("\n");
   free(line);
@@ -275,8 +277,10 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
   char a[48], b[48];
 
   if (nd < c->n_devices)
-    fprintf(f, "only %d of %d devices get rows (%s split of %d rows); the rest hold nothing\n\n",
-            nd, c->n_devices, dpt_split_name(c->split), c->batch);
+    fprintf(
+        f,
+        "only %d of %d devices get rows (%s split of %d rows); the rest hold nothing\n\n",
+        nd, c->n_devices, dpt_split_name(c->split), c->batch);
 
   /* Column widths. */
   int name_w = (int)strlen("micro-batches");
@@ -312,13 +316,15 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
   fprintf(f, "%-*s", name_w, "rows");
   for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, dp_plan_device_rows(p, d));
   fprintf(f, "\n%-*s", name_w, "micro-batches");
-  for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, dp_plan_device_micro_batches(p, d));
+  for (int d = 0; d < nd; d++)
+    fprintf(f, "  %*d", col_w, dp_plan_device_micro_batches(p, d));
   fprintf(f, "\n");
   for (int r = 0; r < DP_REGION_COUNT; r++) {
     if (!region_used(p, r)) continue;
     fprintf(f, "%-*s", name_w, dp_region_name((dp_region)r));
     for (int d = 0; d < nd; d++)
-      fprintf(f, "  %*s", col_w, dpt_bytes_exact(dp_plan_region(p, d, (dp_region)r).size, a, sizeof a));
+      fprintf(f, "  %*s", col_w,
+              dpt_bytes_exact(dp_plan_region(p, d, (dp_region)r).size, a, sizeof a));
     fprintf(f, "\n");
   }
   fprintf(f, "%-*s", name_w, total_label);
@@ -333,30 +339,35 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
     int k = largest_other_device(p);
     size_t t0 = dp_plan_device_bytes(p, 0), tk = dp_plan_device_bytes(p, k);
     if (t0 > tk) {
-      fprintf(f, "device 0 holds %s B more than device %d (", dpt_bytes_exact(t0 - tk, a, sizeof a), k);
+      fprintf(f, "device 0 holds %s B more than device %d (",
+              dpt_bytes_exact(t0 - tk, a, sizeof a), k);
       int any = 0;
       for (int r = 0; r < DP_REGION_COUNT; r++)
-        if (dp_plan_region(p, 0, (dp_region)r).size > dp_plan_region(p, k, (dp_region)r).size) {
+        if (dp_plan_region(p, 0, (dp_region)r).size >
+            dp_plan_region(p, k, (dp_region)r).size) {
           fprintf(f, "%s%s", any ? ", " : "", region_phrase[r]);
           any = 1;
         }
       fprintf(f, "%s)\n", any ? "" : "alignment padding");
     } else if (t0 == tk) {
-      fprintf(f, "device 0 holds the same as device %d (%s B)\n", k, dpt_bytes_exact(t0, a, sizeof a));
+      fprintf(f, "device 0 holds the same as device %d (%s B)\n", k,
+              dpt_bytes_exact(t0, a, sizeof a));
     } else {
       fprintf(f, "device %d holds %s B more than device 0\n", k,
-             dpt_bytes_exact(tk - t0, a, sizeof a));
+              dpt_bytes_exact(tk - t0, a, sizeof a));
     }
   }
   size_t hb = dp_plan_host_bytes(p);
   if (hb == 0)
-    fprintf(f, "host staging: 0 B (the %s backend reads and writes the caller's memory "
-           "directly)\n",
-           dpt_backend_name(c->backend));
+    fprintf(f,
+            "host staging: 0 B (the %s backend reads and writes the caller's memory "
+            "directly)\n",
+            dpt_backend_name(c->backend));
   else
-    fprintf(f, "host staging: %s B (%s), pinned host memory for a step's inputs, targets "
-           "and outputs\n",
-           dpt_bytes_exact(hb, a, sizeof a), dpt_bytes_human(hb, b, sizeof b));
+    fprintf(f,
+            "host staging: %s B (%s), pinned host memory for a step's inputs, targets "
+            "and outputs\n",
+            dpt_bytes_exact(hb, a, sizeof a), dpt_bytes_human(hb, b, sizeof b));
 }
 
 /* ---- JSON output ------------------------------------------------------------------ */
@@ -397,21 +408,26 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
   dpt_json_string(f, spec ? spec : "");
   free(spec);
 
-  fprintf(f, "},\n  \"config\": {\"batch\": %d, \"n_devices\": %d, \"device_ids\": [", c->batch,
-          c->n_devices);
+  fprintf(f, "},\n  \"config\": {\"batch\": %d, \"n_devices\": %d, \"device_ids\": [",
+          c->batch, c->n_devices);
   for (int d = 0; d < c->n_devices && d < DP_MAX_DEVICES; d++)
     fprintf(f, "%s%d", d ? ", " : "", c->device_ids[d]);
-  fprintf(f, "], \"n_devices_used\": %d, \"split\": \"%s\", \"micro_batch\": %d, "
-             "\"mode\": \"%s\", \"optimizer\": \"%s\", \"inference\": %s, \"backend\": \"%s\", "
-             "\"lr\": %s, \"momentum\": %s, \"weight_decay\": %s, \"beta1\": %s, "
-             "\"beta2\": %s, \"eps\": %s, \"seed\": %llu},\n",
-          nd, dpt_split_name(c->split), c->micro_batch, dpt_mode_name(c->mode),
-          dpt_optimizer_name(c->optimizer), c->inference ? "true" : "false",
-          dpt_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
-          float_text(c->momentum, fl[1], sizeof fl[1]),
-          float_text(c->weight_decay, fl[2], sizeof fl[2]),
-          float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
-          float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed);
+  fprintf(
+      f,
+      "], \"n_devices_used\": %d, \"split\": \"%s\", \"micro_batch\": %d, "
+      "\"mode\": \"%s\", \"optimizer\": \"%s\", \"inference\": %s, \"backend\": \"%s\", "
+      "\"lr\": %s, \"momentum\": %s, \"weight_decay\": %s, \"beta1\": %s, "
+      "\"beta2\": %s, \"eps\": %s, \"seed\": %llu, \"cuda_graph\": %s, \"tf32\": %s, "
+      "\"transport\": \"%s\", \"fast_collectives\": %s},\n",
+      nd, dpt_split_name(c->split), c->micro_batch, dpt_mode_name(c->mode),
+      dpt_optimizer_name(c->optimizer), c->inference ? "true" : "false",
+      dpt_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
+      float_text(c->momentum, fl[1], sizeof fl[1]),
+      float_text(c->weight_decay, fl[2], sizeof fl[2]),
+      float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
+      float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed,
+      c->cuda_graph ? "true" : "false", c->tf32 ? "true" : "false",
+      dpt_transport_name(c->transport), c->fast_collectives ? "true" : "false");
 
   if (o->budget_set)
     fprintf(f, "  \"budget\": {\"bytes\": %zu, \"max_batch\": %d, \"search_cap\": %d},\n",
@@ -419,10 +435,12 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
 
   fputs("  \"devices\": [", f);
   for (int d = 0; d < nd; d++) {
-    fprintf(f, "%s\n    {\"id\": %d, \"physical_id\": %d, \"rows\": %d, \"micro_batches\": %d, "
-               "\"total_bytes\": %zu,\n     \"regions\": {",
-            d ? "," : "", d, c->device_ids[d], dp_plan_device_rows(p, d),
-            dp_plan_device_micro_batches(p, d), dp_plan_device_bytes(p, d));
+    fprintf(
+        f,
+        "%s\n    {\"id\": %d, \"physical_id\": %d, \"rows\": %d, \"micro_batches\": %d, "
+        "\"total_bytes\": %zu,\n     \"regions\": {",
+        d ? "," : "", d, c->device_ids[d], dp_plan_device_rows(p, d),
+        dp_plan_device_micro_batches(p, d), dp_plan_device_bytes(p, d));
     for (int r = 0; r < DP_REGION_COUNT; r++) {
       fputs(r ? ", " : "", f);
       dpt_json_string(f, dp_region_name((dp_region)r));
@@ -448,8 +466,9 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
       dpt_json_string(f, dp_phase_name((dp_phase)op->phase));
       fputs(", \"kind\": ", f);
       dpt_json_string(f, dp_op_kind_name((dp_op_kind)op->kind));
-      fprintf(f, ", \"device\": %d, \"layer\": %d, \"micro_batch\": %d, \"row0\": %d, "
-                 "\"rows\": %d, \"bytes\": %zu",
+      fprintf(f,
+              ", \"device\": %d, \"layer\": %d, \"micro_batch\": %d, \"row0\": %d, "
+              "\"rows\": %d, \"bytes\": %zu",
               (int)op->device, (int)op->layer, (int)op->micro_batch, (int)op->row0,
               (int)op->rows, op->bytes);
       if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD) {
@@ -457,7 +476,8 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
         dpt_json_string(f, dp_region_name((dp_region)op->src_region));
         fprintf(f, ", \"src_offset\": %zu", op->src_offset);
       }
-      if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_BACKWARD) {
+      if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD ||
+          op->kind == DP_OP_BACKWARD) {
         fprintf(f, ", \"dst_dev\": %d, \"dst_region\": ", (int)op->dst_dev);
         dpt_json_string(f, dp_region_name((dp_region)op->dst_region));
         fprintf(f, ", \"dst_offset\": %zu", op->dst_offset);
@@ -480,7 +500,8 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
     if (region_used(p, r)) seg_region[ns++] = r;
   for (int d = 0; d < nd; d++) {
     size_t sum = 0;
-    for (int r = 0; r < DP_REGION_COUNT; r++) sum += dp_plan_region(p, d, (dp_region)r).size;
+    for (int r = 0; r < DP_REGION_COUNT; r++)
+      sum += dp_plan_region(p, d, (dp_region)r).size;
     if (dp_plan_device_bytes(p, d) > sum) padding = 1;
   }
   if (padding) seg_region[ns++] = -1;
@@ -511,7 +532,8 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
     }
     size_t total = dp_plan_device_bytes(p, d);
     if (seg_region[ns - 1] < 0)
-      values[(size_t)d * (size_t)ns + (size_t)(ns - 1)] = total > sum ? (double)(total - sum) : 0;
+      values[(size_t)d * (size_t)ns + (size_t)(ns - 1)] =
+          total > sum ? (double)(total - sum) : 0;
   }
   const char *base = strrchr(model_path, '/');
   base = base ? base + 1 : model_path;
@@ -519,8 +541,8 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
   snprintf(title, sizeof title, "%s: batch %d on %d device%s, %s, %s", base, c->batch, nd,
            nd == 1 ? "" : "s", dpt_mode_name(c->mode),
            c->inference ? "inference" : dpt_optimizer_name(c->optimizer));
-  dp_status st = dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, values, err,
-                                      errcap);
+  dp_status st =
+      dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, values, err, errcap);
   free(values);
   free(labels);
   free(bar_labels);
@@ -534,7 +556,8 @@ int dpt_cmd_plan(int argc, char **argv) {
   dp_config cfg;
   dpt_common com;
   char err[512];
-  int r = dpt_parse_args(argc, argv, plan_options, plan_option, &o, &cfg, &com, err, sizeof err);
+  int r = dpt_parse_args(argc, argv, plan_options, plan_option, &o, &cfg, &com, err,
+                         sizeof err);
   if (r == DPT_ARGS_HELP) {
     plan_help(stdout);
     return DPT_EXIT_OK;
@@ -573,7 +596,8 @@ int dpt_cmd_plan(int argc, char **argv) {
       goto out;
     }
     if (budget_batch == 0) {
-      fprintf(stderr, "dp plan: no batch fits in %s B (%s) per device", dpt_bytes_exact(o.budget, a, sizeof a),
+      fprintf(stderr, "dp plan: no batch fits in %s B (%s) per device",
+              dpt_bytes_exact(o.budget, a, sizeof a),
               dpt_bytes_human(o.budget, b, sizeof b));
       cfg.batch = 1;
       if (dp_plan_create(m, &cfg, &p) == DP_OK) {
@@ -598,8 +622,9 @@ int dpt_cmd_plan(int argc, char **argv) {
     print_json(p, o.model, &o, budget_batch, cap);
   } else {
     if (o.budget_set) {
-      printf("budget  %s B (%s) per device: the largest batch that fits is %d", dpt_bytes_exact(o.budget, a, sizeof a),
-             dpt_bytes_human(o.budget, b, sizeof b), budget_batch);
+      printf("budget  %s B (%s) per device: the largest batch that fits is %d",
+             dpt_bytes_exact(o.budget, a, sizeof a), dpt_bytes_human(o.budget, b, sizeof b),
+             budget_batch);
       if (budget_batch == cap)
         printf(" = the search cap (%s)", dpt_given(&com, DPT_OPT_BATCH)
                                              ? "the --batch given"

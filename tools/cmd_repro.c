@@ -484,6 +484,11 @@ int dpt_cmd_repro(int argc, char **argv) {
     return DPT_EXIT_USAGE;
   }
 
+  if (dpt_require_backend(&o.base, err, sizeof err)) {
+    fprintf(stderr, "dp repro: %s\n", err);
+    return DPT_EXIT_FAIL;
+  }
+
   int rc = DPT_EXIT_FAIL, nc = o.n_counts * o.n_modes, nt = 0, ref = -1;
   dp_model *model = NULL;
   dpt_dataset data = {0};

@@ -47,25 +47,28 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 }
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
-          "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
-          "                [--split chunk|balanced|memory] [--micro-batch K] [--test-fraction F]\n"
-          "                [--plot loss.svg] [--save params.bin] [--quiet]\n\n"
-          "Trains the model on the CSV data (label first, then the features; for an mse\n"
-          "model, the first <output width> fields are the targets) with data parallelism\n"
-          "over N virtual devices: it prints the memory plan, then progress (a bar on a\n"
-          "terminal, one line per epoch otherwise), then held-out accuracy (or mse),\n"
-          "samples/s and the parameter hash. A held-out share (--test-fraction, default\n"
-          "0.2) is split off with the seed; features are standardised on the training\n"
-          "share (--no-standardize to keep them raw).\n\n"
-          "  --model FILE          model spec (.dpm)\n"
-          "  --data FILE           CSV data\n"
-          "  --epochs E            passes over the training share (default 10)\n"
-          "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
-          "  --plot FILE.svg       write the loss curve (mean loss per epoch)\n"
-          "  --save FILE           write the parameters (see docs/API.md, 'dp train --save')\n"
-          "  --quiet               only the final report\n\n");
+  fprintf(
+      f,
+      "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
+      "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
+      "                [--split chunk|balanced|memory] [--micro-batch K]\n"
+      "                [--test-fraction F] [--plot loss.svg] [--save params.bin]\n"
+      "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
+      "Trains the model on the CSV data (label first, then the features; for an mse\n"
+      "model, the first <output width> fields are the targets) with data parallelism\n"
+      "over N devices (virtual ones on the cpu backend, GPUs with --backend cuda):\n"
+      "it prints the memory plan, then progress (a bar on a terminal, one line per\n"
+      "epoch otherwise), then held-out accuracy (or mse), samples/s and the\n"
+      "parameter hash. A held-out share (--test-fraction, default 0.2) is split off\n"
+      "with the seed; features are standardised on the training share\n"
+      "(--no-standardize to keep them raw).\n\n"
+      "  --model FILE          model spec (.dpm)\n"
+      "  --data FILE           CSV data\n"
+      "  --epochs E            passes over the training share (default 10)\n"
+      "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
+      "  --plot FILE.svg       write the loss curve (mean loss per epoch)\n"
+      "  --save FILE           write the parameters (see docs/API.md, 'dp train --save')\n"
+      "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
 }
 
@@ -223,7 +226,16 @@ int dpt_cmd_train(int argc, char **argv) {
     goto out;
   }
   if (!o.no_standardize) dpt_standardize(&train, &test);
-  if (dp_plan_create(model, &cfg, &plan) || dp_ctx_create(plan, &ctx)) {
+  if (dp_plan_create(model, &cfg, &plan)) {
+    fprintf(stderr, "dp train: %s\n", dp_last_error());
+    goto out;
+  }
+  /* the plan is checked first: a config error says what is wrong with it */
+  if (dpt_require_backend(&cfg, err, sizeof err)) {
+    fprintf(stderr, "dp train: %s\n", err);
+    goto out;
+  }
+  if (dp_ctx_create(plan, &ctx)) {
     fprintf(stderr, "dp train: %s\n", dp_last_error());
     goto out;
   }

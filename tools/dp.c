@@ -26,7 +26,9 @@ static const command commands[] = {
      "            tensor where two configurations differ"},
     {"bench", dpt_cmd_bench,
      "measure: one core's FMA peak, GEMM GFLOP/s, ms per training step,\n"
-     "            transport bytes/s, scaling with batch, width and devices"},
+     "            transport bytes/s, scaling with batch, width and devices; on a\n"
+     "            GPU, the cuda step with and without CUDA graphs (gpu-step) and\n"
+     "            its GEMMs alone (gpu-gemm)"},
 };
 #define N_COMMANDS ((int)(sizeof commands / sizeof *commands))
 
@@ -47,7 +49,8 @@ static void usage(FILE *f) {
   fputs("\n"
         "Every command takes the same configuration options (--batch, --devices,\n"
         "--split, --micro-batch, --mode, --optimizer, --inference, --backend, --lr,\n"
-        "--momentum, --weight-decay, --seed, ...) with the same meaning.\n"
+        "--momentum, --weight-decay, --seed, --graph, --tf32, --transport, ...) with\n"
+        "the same meaning.\n"
         "\n"
         "Exit status: 0 ok, 1 failure (model, planning, run-time, I/O), 2 usage error.\n"
         "\n"

@@ -6,14 +6,20 @@
 #                             into .gpu-deps/ (ignored through .git/info/exclude), since
 #                             nothing can be installed on the GPU machine.
 #   tests/gpu/run.sh          ON THE GPU MACHINE (device `run`, carry [".gpu-deps"]):
-#                             configures with --cuda-arch 90 into build-gpu/, builds
-#                             build-gpu/test_dp, runs the cuda suite, prints a table last.
-#                             Under 8 minutes; about 2 expected (not yet measured).
+#                             configures with --cuda-arch 90 into build-gpu/, builds test_dp,
+#                             test_noalloc and dp with ninja -j16, runs the cuda and cuda_api
+#                             suites, test_noalloc, `dp bench gpu-step` and `dp bench
+#                             gpu-gemm`, and prints a summary table last. Every phase has a
+#                             time limit; the whole run stays under 8 minutes (about 4
+#                             expected; not yet measured).
 #
 # Environment: OUT (a folder whose files come back; default /tmp/dp-gpu-out) gets
-# build.log, cuda_suite.log and summary.txt. DP_GPU_SANITIZE=1 also runs the backend
-# test case under compute-sanitizer memcheck (slow; only where the runtime supports it).
-# Exit status: 0 when the suite passed with no test skipped, 1 otherwise.
+# configure.log, build.log, cuda_suite.log, cuda_api_suite.log, noalloc.log,
+# bench_gpu_step.log, bench_gpu_gemm.log and summary.txt. DP_GPU_SANITIZE=1 also runs the
+# backend test case under compute-sanitizer memcheck (slow; only where the runtime has it).
+# Exit status: 0 when everything built and passed and nothing skipped for want of a GPU
+# (a test that needs 2 GPUs may skip on a one-GPU machine: listed, not a failure); 1
+# otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -56,11 +62,19 @@ fi
 
 OUTD=${OUT:-/tmp/dp-gpu-out}
 mkdir -p "$OUTD"
+CLOG=$OUTD/configure.log
 BLOG=$OUTD/build.log
-TLOG=$OUTD/cuda_suite.log
 SUM=$OUTD/summary.txt
 START=$(date +%s)
 elapsed() { echo $(($(date +%s) - START)); }
+# Seconds a phase may take: its own cap, or what is left of the 420 s budget (the device
+# call has about 8 minutes, and the summary must be printed before they end).
+budget() {
+  local left=$((420 - $(elapsed)))
+  [ "$left" -lt 10 ] && left=10
+  [ "$1" -lt "$left" ] && left=$1
+  echo "$left"
+}
 
 echo "== nvidia-smi -L"
 nvidia-smi -L || echo "(nvidia-smi failed)"
@@ -107,55 +121,136 @@ if [ ! -e "$CH/lib64/libcublas.so" ]; then
 fi
 
 echo "== configure ($(elapsed) s)"
-./configure.py --cuda-arch 90 --builddir build-gpu 2>&1 | tee "$BLOG"
-if ! grep -q '^  CUDA        on' "$BLOG"; then
+./configure.py --cuda-arch 90 --builddir build-gpu 2>&1 | tee "$CLOG"
+if ! grep -q '^  CUDA        on' "$CLOG"; then
   echo "run.sh: configure.py turned CUDA off (see above): no GPU backend to test" >&2
   exit 1
 fi
-echo "== build ($(elapsed) s)"
-ninja -f build-gpu/build.ninja build-gpu/test_dp 2>&1 | tee -a "$BLOG"
-warnings=$(grep -c -i 'warning' "$BLOG" || true)
 
-echo "== cuda suite ($(elapsed) s)"
+echo "== build: ninja -j16 test_dp test_noalloc dp ($(elapsed) s)"
 set +e
-CK_VERBOSITY=verbose build-gpu/test_dp cuda 2>&1 | tee "$TLOG"
-rc=${PIPESTATUS[0]}
+timeout "$(budget 240)" ninja -j16 -f build-gpu/build.ninja build-gpu/test_dp \
+  build-gpu/test_noalloc build-gpu/dp 2>&1 | tee "$BLOG"
+brc=${PIPESTATUS[0]}
 set -e
+warnings=$(grep -ci 'warning' "$BLOG" || true)
+
+# Each phase: its log in $OUT, its exit status in a variable; a phase that cannot run
+# (no binary) counts as failed. Called with errexit off (set +e below).
+run_phase() { # NAME LOG CAP COMMAND...
+  local name=$1 log=$2 cap=$3 rc
+  shift 3
+  echo "== $name ($(elapsed) s)"
+  if [ ! -x "$1" ]; then
+    echo "run.sh: $1 was not built" | tee "$log"
+    return 1
+  fi
+  timeout "$(budget "$cap")" "$@" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" = 124 ]; then echo "run.sh: $name: timed out" | tee -a "$log"; fi
+  return "$rc"
+}
+
+CK_VERBOSITY=verbose
+export CK_VERBOSITY
+set +e # from here on every step runs, whatever failed before; the table says what
+run_phase "cuda suite" "$OUTD/cuda_suite.log" 200 build-gpu/test_dp cuda
+rc_cuda=$?
+run_phase "cuda_api suite" "$OUTD/cuda_api_suite.log" 150 build-gpu/test_dp cuda_api
+rc_api=$?
+run_phase "test_noalloc" "$OUTD/noalloc.log" 90 build-gpu/test_noalloc
+rc_noalloc=$?
+run_phase "dp bench gpu-step" "$OUTD/bench_gpu_step.log" 60 build-gpu/dp bench gpu-step
+rc_step=$?
+run_phase "dp bench gpu-gemm" "$OUTD/bench_gpu_gemm.log" 60 build-gpu/dp bench gpu-gemm
+rc_gemm=$?
 
 src=0
-if [ "${DP_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null; then
+if [ "${DP_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null &&
+  [ -x build-gpu/test_dp ]; then
   echo "== compute-sanitizer memcheck, test case gpu_backend ($(elapsed) s)"
-  set +e
   CK_RUN_CASE=gpu_backend CK_DEFAULT_TIMEOUT=600 CK_TIMEOUT_MULTIPLIER=10 \
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 3 build-gpu/test_dp cuda \
-    2>&1 | tee "$OUTD/sanitizer.log" | tail -20
+    timeout "$(budget 300)" compute-sanitizer --tool memcheck --error-exitcode 3 \
+    build-gpu/test_dp cuda 2>&1 | tee "$OUTD/sanitizer.log" | tail -20
   src=${PIPESTATUS[0]}
-  set -e
 fi
 
 # ---- the table, last ----
+# Check's verbose lines: "file:line:P|F|E:tcase:test:iteration: message". A test that
+# skips prints "SKIP <suite>: <test>: <why>" and passes: "no GPU" means this run proved
+# nothing (a failure); another reason (e.g. "needs 2 GPUs" on this one-GPU machine) is
+# expected here, listed, and not a failure.
+suite_rows() { # SUITE LOG
+  local suite=$1 log=$2 res tcase test r why
+  grep -E '^[^:]+:[0-9]+:[PFE]:' "$log" 2>/dev/null | while IFS=: read -r _ _ res tcase test _; do
+    case "$res" in P) r=passed ;; F) r=FAILED ;; *) r=ERROR ;; esac
+    why=$(grep -m1 "^SKIP $suite: $test: " "$log" | sed "s/^SKIP $suite: $test: //" | cut -c1-48)
+    [ -n "$why" ] && r="SKIPPED ($why)"
+    printf '  %-64s %s\n' "$suite/$tcase/$test" "$r"
+  done
+}
+suite_counts() { # SUITE LOG RC
+  local suite=$1 log=$2 rc=$3 p f e s n
+  p=$(grep -cE '^[^:]+:[0-9]+:P:' "$log" 2>/dev/null || true)
+  f=$(grep -cE '^[^:]+:[0-9]+:F:' "$log" 2>/dev/null || true)
+  e=$(grep -cE '^[^:]+:[0-9]+:E:' "$log" 2>/dev/null || true)
+  s=$(grep -c "^SKIP $suite:" "$log" 2>/dev/null || true)
+  n=$(grep -cE "^SKIP $suite: [^:]+: no GPU" "$log" 2>/dev/null || true)
+  printf '%-28s %4d passed (%d of them skipped, %d for want of a GPU), %d failed, %d errors; exit %s\n' \
+    "suite $suite" "$p" "$s" "$n" "$f" "$e" "$rc"
+}
+skip_cuda=$(grep -cE '^SKIP cuda: [^:]+: no GPU' "$OUTD/cuda_suite.log" 2>/dev/null || true)
+skip_api=$(grep -cE '^SKIP cuda_api: [^:]+: no GPU' "$OUTD/cuda_api_suite.log" 2>/dev/null ||
+  true)
+skip_noalloc=$(grep -c '^SKIP noalloc' "$OUTD/noalloc.log" 2>/dev/null || true)
+skip_bench=$(cat "$OUTD"/bench_gpu_*.log 2>/dev/null | grep -c 'skipped, no GPU' || true)
 {
   echo
   echo "== summary (tests/gpu/run.sh, $(elapsed) s)"
   nvidia-smi -L 2>/dev/null | head -1 || true
-  printf '%-62s %s\n' "test" "result"
-  grep -E '^[^:]+:[0-9]+:[PFE]:' "$TLOG" | while IFS=: read -r _ _ res tcase test _; do
-    case "$res" in P) r=passed ;; F) r=FAILED ;; *) r=ERROR ;; esac
-    if grep -q "^SKIP cuda: $test:" "$TLOG"; then r="SKIPPED (no GPU?)"; fi
-    printf '%-62s %s\n' "$tcase/$test" "$r"
-  done
+  nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null |
+    sed 's/^/driver /' | head -1 || true
+  if commit=$(git rev-parse --short HEAD 2>/dev/null); then
+    git diff --quiet HEAD 2>/dev/null || commit="$commit with local changes"
+  else
+    commit="? (no git here)"
+  fi
+  echo "commit $commit"
+  echo "build: exit $brc, $warnings warning line(s)"
+  suite_rows cuda "$OUTD/cuda_suite.log" || true
+  suite_rows cuda_api "$OUTD/cuda_api_suite.log" || true
+  grep -E '^cuda: .* match the cpu backend' "$OUTD/cuda_suite.log" 2>/dev/null |
+    sed 's/^cuda: /ops: /' || true
+  grep -hE '^TIMING ' "$OUTD/cuda_suite.log" "$OUTD/cuda_api_suite.log" 2>/dev/null |
+    sed 's/^TIMING /timing: /' || true
+  grep -hE '^NOTE ' "$OUTD/cuda_suite.log" "$OUTD/cuda_api_suite.log" 2>/dev/null || true
   echo
-  grep -E '^cuda: .* match the cpu backend' "$TLOG" | sed 's/^cuda: /ops: /' || true
-  grep -E '^TIMING ' "$TLOG" | sed 's/^TIMING /timing: /' || true
-  grep -E '^NOTE ' "$TLOG" || true
-  echo "build warnings: $warnings"
-  grep -E '^[0-9]+%: Checks' "$TLOG" || echo "no Check summary line (the suite crashed?)"
+  suite_counts cuda "$OUTD/cuda_suite.log" "$rc_cuda"
+  suite_counts cuda_api "$OUTD/cuda_api_suite.log" "$rc_api"
+  printf '%-28s %s\n' "test_noalloc" \
+    "$(tail -1 "$OUTD/noalloc.log" 2>/dev/null || echo '?'), exit $rc_noalloc"
+  grep -E 'cuda allocator calls:|context creation:|SKIP noalloc|^FAIL' "$OUTD/noalloc.log" \
+    2>/dev/null | sed 's/^/  /' || true
+  echo "bench gpu-step (exit $rc_step):"
+  grep -vE '^==' "$OUTD/bench_gpu_step.log" 2>/dev/null | sed 's/^/  /' || true
+  echo "bench gpu-gemm (exit $rc_gemm):"
+  grep -E 'GEMM-only|^step |FAILED|skipped' "$OUTD/bench_gpu_gemm.log" 2>/dev/null |
+    sed 's/^/  /' || true
   [ "$src" = 0 ] || echo "compute-sanitizer: exit $src (see sanitizer.log)"
 } | tee "$SUM"
 
-skipped=$(grep -c '^SKIP cuda:' "$TLOG" || true)
-if [ "$rc" != 0 ] || [ "$skipped" != 0 ] || [ "$src" != 0 ]; then
-  echo "run.sh: FAILED (suite exit $rc, $skipped skipped, sanitizer exit $src)"
+bad=""
+[ "$brc" = 0 ] || bad="$bad build"
+[ "$rc_cuda" = 0 ] || bad="$bad cuda-suite"
+[ "$rc_api" = 0 ] || bad="$bad cuda_api-suite"
+[ "$rc_noalloc" = 0 ] || bad="$bad noalloc"
+[ "$rc_step" = 0 ] || bad="$bad bench-gpu-step"
+[ "$rc_gemm" = 0 ] || bad="$bad bench-gpu-gemm"
+[ "$src" = 0 ] || bad="$bad sanitizer"
+skipped=$((skip_cuda + skip_api + skip_noalloc + skip_bench))
+[ "$skipped" = 0 ] || bad="$bad no-GPU-skips($skipped)"
+if [ -n "$bad" ]; then
+  echo "run.sh: FAILED:$bad" | tee -a "$SUM"
   exit 1
 fi
-echo "run.sh: all cuda tests passed on the GPU"
+echo "run.sh: everything passed on the GPU" | tee -a "$SUM"

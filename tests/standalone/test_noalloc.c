@@ -9,12 +9,24 @@
  * configuration, with the batch alternating between two sizes so the schedule
  * is rebuilt on the way, and a few refused calls. Every count must be 0.
  *
+ * In a CUDA build it also replaces the CUDA runtime's allocators (cudaMalloc,
+ * cudaMallocAsync, cudaMallocHost, cudaMallocManaged, cudaHostAlloc, cudaFree,
+ * cudaFreeAsync, cudaFreeHost), counted apart, and with a GPU runs the same on cuda
+ * contexts (2 replicas on GPU 0, plain and with cuda_graph). There the warm-up is two
+ * full-batch steps (the second captures the graph), a short step and full
+ * and short forwards (first launches load kernels); the context creation is
+ * counted too, to show that libdp's CUDA allocations reach the counter.
+ * Without a GPU the cuda cases print "SKIP noalloc cuda: no GPU (...)". The
+ * first counted calls' callers are printed (library and symbol) when a count
+ * is not 0.
+ *
  * Its own executable (it defines malloc). Prints the counts; exit 0 on
  * success, 1 on failure. Under AddressSanitizer the allocator cannot be
  * replaced, so the test says "skipped" and exits 0.
  */
 #include "dp.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -48,35 +60,44 @@ extern void __libc_free(void *p);
 extern void *__libc_memalign(size_t align, size_t n);
 
 static atomic_int counting;
-static atomic_long n_calls;
+static atomic_long n_calls, n_cuda_calls;
 
-static inline void note(void) {
-  if (atomic_load_explicit(&counting, memory_order_relaxed))
-    atomic_fetch_add_explicit(&n_calls, 1, memory_order_relaxed);
+/* Callers of the first counted calls, for the report (resolved with dladdr
+ * after counting stops: dladdr is not called from inside the allocator). */
+enum { N_WHERE = 8 };
+static void *host_where[N_WHERE], *cuda_where[N_WHERE];
+
+#define CALLER __builtin_return_address(0)
+
+static inline void note(void *caller) {
+  if (atomic_load_explicit(&counting, memory_order_relaxed)) {
+    long k = atomic_fetch_add_explicit(&n_calls, 1, memory_order_relaxed);
+    if (k < N_WHERE) host_where[k] = caller;
+  }
 }
 
 void *malloc(size_t n) {
-  note();
+  note(CALLER);
   return __libc_malloc(n);
 }
 
 void *calloc(size_t n, size_t size) {
-  note();
+  note(CALLER);
   return __libc_calloc(n, size);
 }
 
 void *realloc(void *p, size_t n) {
-  note();
+  note(CALLER);
   return __libc_realloc(p, n);
 }
 
 void free(void *p) {
-  note();
+  note(CALLER);
   __libc_free(p);
 }
 
 int posix_memalign(void **out, size_t align, size_t n) {
-  note();
+  note(CALLER);
   if (align < sizeof(void *) || (align & (align - 1)) != 0) return EINVAL;
   void *p = __libc_memalign(align, n);
   if (!p) return ENOMEM;
@@ -85,33 +106,156 @@ int posix_memalign(void **out, size_t align, size_t n) {
 }
 
 void *aligned_alloc(size_t align, size_t n) {
-  note();
+  note(CALLER);
   return __libc_memalign(align, n);
 }
 
 void *memalign(size_t align, size_t n) {
-  note();
+  note(CALLER);
   return __libc_memalign(align, n);
 }
 
 void *valloc(size_t n) {
-  note();
+  note(CALLER);
   return __libc_memalign(4096, n);
 }
 
 void *pvalloc(size_t n) {
-  note();
+  note(CALLER);
   return __libc_memalign(4096, (n + 4095) & ~(size_t)4095);
 }
 
+/* ---- the counting CUDA allocators (CUDA builds) ----------------------------------
+ * The build links libcudart.so dynamically and libdp.a statically, so these
+ * definitions are the ones libdp's calls bind to; each counts, then calls the
+ * runtime's own (dlsym(RTLD_NEXT)). The test is compiled without the CUDA
+ * headers: the prototypes below are cuda_runtime_api.h's (CUDA 13), with
+ * cudaError_t, an int-sized enum, as int. */
+#ifdef DP_HAVE_CUDA
+typedef int cudaError_t;
+typedef struct CUstream_st *cudaStream_t;
+cudaError_t cudaMalloc(void **devPtr, size_t size);
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaMallocHost(void **ptr, size_t size);
+cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags);
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags);
+cudaError_t cudaFree(void *devPtr);
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream); /* not counted: the self-check's */
+
+enum { CUDA_ERROR_UNKNOWN = 999 }; /* cudaErrorUnknown: the real function is missing */
+
+static inline void note_cuda(void *caller) {
+  if (atomic_load_explicit(&counting, memory_order_relaxed)) {
+    long k = atomic_fetch_add_explicit(&n_cuda_calls, 1, memory_order_relaxed);
+    if (k < N_WHERE) cuda_where[k] = caller;
+  }
+}
+
+/* The runtime's functions, found once before anything is counted (main), or
+ * on first use (dlsym may allocate; then the call is counted anyway). */
+static struct {
+  cudaError_t (*malloc_)(void **, size_t);
+  cudaError_t (*malloc_async)(void **, size_t, cudaStream_t);
+  cudaError_t (*malloc_host)(void **, size_t);
+  cudaError_t (*malloc_managed)(void **, size_t, unsigned int);
+  cudaError_t (*host_alloc)(void **, size_t, unsigned int);
+  cudaError_t (*free_)(void *);
+  cudaError_t (*free_async)(void *, cudaStream_t);
+  cudaError_t (*free_host)(void *);
+} real_cuda;
+
+#define REAL(field, name)                                                                  \
+  (real_cuda.field                                                                         \
+       ? real_cuda.field                                                                   \
+       : (real_cuda.field = (__typeof__(real_cuda.field))dlsym(RTLD_NEXT, name)))
+
+/* 1 when every runtime allocator was found. */
+static int resolve_cuda(void) {
+  return REAL(malloc_, "cudaMalloc") && REAL(malloc_async, "cudaMallocAsync") &&
+         REAL(malloc_host, "cudaMallocHost") && REAL(malloc_managed, "cudaMallocManaged") &&
+         REAL(host_alloc, "cudaHostAlloc") && REAL(free_, "cudaFree") &&
+         REAL(free_async, "cudaFreeAsync") && REAL(free_host, "cudaFreeHost");
+}
+
+cudaError_t cudaMalloc(void **devPtr, size_t size) {
+  note_cuda(CALLER);
+  return REAL(malloc_, "cudaMalloc") ? real_cuda.malloc_(devPtr, size) : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
+  note_cuda(CALLER);
+  return REAL(malloc_async, "cudaMallocAsync")
+             ? real_cuda.malloc_async(devPtr, size, hStream)
+             : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaMallocHost(void **ptr, size_t size) {
+  note_cuda(CALLER);
+  return REAL(malloc_host, "cudaMallocHost") ? real_cuda.malloc_host(ptr, size)
+                                             : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags) {
+  note_cuda(CALLER);
+  return REAL(malloc_managed, "cudaMallocManaged")
+             ? real_cuda.malloc_managed(devPtr, size, flags)
+             : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags) {
+  note_cuda(CALLER);
+  return REAL(host_alloc, "cudaHostAlloc") ? real_cuda.host_alloc(pHost, size, flags)
+                                           : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaFree(void *devPtr) {
+  note_cuda(CALLER);
+  return REAL(free_, "cudaFree") ? real_cuda.free_(devPtr) : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
+  note_cuda(CALLER);
+  return REAL(free_async, "cudaFreeAsync") ? real_cuda.free_async(devPtr, hStream)
+                                           : CUDA_ERROR_UNKNOWN;
+}
+
+cudaError_t cudaFreeHost(void *ptr) {
+  note_cuda(CALLER);
+  return REAL(free_host, "cudaFreeHost") ? real_cuda.free_host(ptr) : CUDA_ERROR_UNKNOWN;
+}
+#endif /* DP_HAVE_CUDA */
+
 static void count_on(void) {
   atomic_store(&n_calls, 0);
+  atomic_store(&n_cuda_calls, 0);
+  memset(host_where, 0, sizeof host_where);
+  memset(cuda_where, 0, sizeof cuda_where);
   atomic_store(&counting, 1);
 }
 
 static long count_off(void) {
   atomic_store(&counting, 0);
   return atomic_load(&n_calls);
+}
+
+static long cuda_count(void) { return atomic_load(&n_cuda_calls); }
+
+/* Where the first counted calls came from: "libcuda.so.1 (sym+0x12)". */
+static void print_callers(const char *kind, void *const *where, long n) {
+  for (long k = 0; k < n && k < N_WHERE; k++) {
+    Dl_info info;
+    if (where[k] && dladdr(where[k], &info) && info.dli_fname) {
+      const char *lib = strrchr(info.dli_fname, '/');
+      printf("    %s allocator call %ld from %s (%s+0x%lx)\n", kind, k + 1,
+             lib ? lib + 1 : info.dli_fname, info.dli_sname ? info.dli_sname : "?",
+             (unsigned long)((char *)where[k] -
+                             (char *)(info.dli_saddr ? info.dli_saddr : info.dli_fbase)));
+    } else {
+      printf("    %s allocator call %ld from %p\n", kind, k + 1, where[k]);
+    }
+  }
 }
 
 /* ---- the test ------------------------------------------------------------------ */
@@ -201,11 +345,78 @@ static void check_counter_works(void) {
          n1 == 1 && n2 == 1 && n3 == 7 && n4 == 2 ? "ok" : "BROKEN");
 }
 
+#ifdef DP_HAVE_CUDA
+/* Every counting CUDA allocator counts, from this program, and reaches the
+ * runtime (whose calls succeed when there is a GPU). */
+static cudaError_t (*volatile p_cudaMalloc)(void **, size_t) = cudaMalloc;
+static cudaError_t (*volatile p_cudaMallocAsync)(void **, size_t,
+                                                 cudaStream_t) = cudaMallocAsync;
+static cudaError_t (*volatile p_cudaMallocHost)(void **, size_t) = cudaMallocHost;
+static cudaError_t (*volatile p_cudaMallocManaged)(void **, size_t,
+                                                   unsigned int) = cudaMallocManaged;
+static cudaError_t (*volatile p_cudaHostAlloc)(void **, size_t,
+                                               unsigned int) = cudaHostAlloc;
+static cudaError_t (*volatile p_cudaFree)(void *) = cudaFree;
+static cudaError_t (*volatile p_cudaFreeAsync)(void *, cudaStream_t) = cudaFreeAsync;
+static cudaError_t (*volatile p_cudaFreeHost)(void *) = cudaFreeHost;
+
+/* Counts the CUDA allocator calls of one call (>= 1: the runtime may call its
+ * own exported allocators inside). With a GPU the call must succeed. */
+static int counted_cuda_call(const char *what, int gpus, int (*call)(void **), void **p) {
+  count_on();
+  int rc = call(p);
+  count_off();
+  long n = cuda_count();
+  EXPECT(n >= 1, "%s was not counted", what);
+  if (gpus > 0) EXPECT(rc == 0, "%s failed: cudaError_t %d", what, rc);
+  return n >= 1;
+}
+
+static int call_malloc(void **p) { return p_cudaMalloc(p, 256); }
+static int call_malloc_host(void **p) { return p_cudaMallocHost(p, 256); }
+static int call_host_alloc(void **p) { return p_cudaHostAlloc(p, 256, 0); }
+static int call_malloc_managed(void **p) { return p_cudaMallocManaged(p, 256, 1); }
+static int call_malloc_async(void **p) { return p_cudaMallocAsync(p, 256, NULL); }
+static int call_free(void **p) { return p_cudaFree(*p); }
+static int call_free_async(void **p) {
+  int rc = p_cudaFreeAsync(*p, NULL);
+  return rc ? rc : cudaStreamSynchronize(NULL);
+}
+static int call_free_host(void **p) { return p_cudaFreeHost(*p); }
+
+static void check_cuda_counter_works(int gpus) {
+  EXPECT(resolve_cuda(), "the CUDA runtime's allocators were not found (dlsym RTLD_NEXT)");
+  static const struct {
+    const char *name, *free_name;
+    int (*alloc)(void **), (*release)(void **);
+  } calls[] = {{"cudaMalloc", "cudaFree", call_malloc, call_free},
+               {"cudaMallocHost", "cudaFreeHost", call_malloc_host, call_free_host},
+               {"cudaHostAlloc", "cudaFreeHost", call_host_alloc, call_free_host},
+               {"cudaMallocManaged", "cudaFree", call_malloc_managed, call_free},
+               {"cudaMallocAsync", "cudaFreeAsync", call_malloc_async, call_free_async}};
+  int ok = 0, want = 0;
+  for (size_t i = 0; i < sizeof calls / sizeof *calls; i++) {
+    void *p = NULL;
+    ok += counted_cuda_call(calls[i].name, gpus, calls[i].alloc, &p);
+    want++;
+    if (p || gpus > 0) { /* without a GPU the runtime refused: nothing to free */
+      ok += counted_cuda_call(calls[i].free_name, gpus, calls[i].release, &p);
+      want++;
+    }
+  }
+  printf("cuda counter self-check: %s (%d of %d calls seen%s)\n",
+         ok == want ? "ok" : "BROKEN", ok, want,
+         gpus > 0 ? "" : "; no GPU, so the runtime refused the allocations");
+}
+#endif
+
 typedef struct {
   const char *name;
   int n_devices;
   dp_split split;
   int micro_batch;
+  dp_backend backend; /* cuda: every replica on GPU 0 */
+  int cuda_graph;
 } config_case;
 
 static void fill(float *x, int32_t *t, int rows, uint64_t seed) {
@@ -233,16 +444,51 @@ static void run_case(const config_case *cc) {
   cfg.micro_batch = cc->micro_batch;
   cfg.optimizer = DP_OPT_ADAMW;
   cfg.seed = 3;
-  if (dp_model_parse(MLP_SPEC, "mlp", &m) || dp_plan_create(m, &cfg, &p) ||
-      dp_ctx_create(p, &c)) {
+  int cuda = cc->backend == DP_BACKEND_CUDA;
+  if (cuda) {
+    cfg.backend = DP_BACKEND_CUDA;
+    cfg.cuda_graph = cc->cuda_graph;
+    for (int d = 0; d < DP_MAX_DEVICES; d++) cfg.device_ids[d] = 0;
+  }
+  if (dp_model_parse(MLP_SPEC, "mlp", &m) || dp_plan_create(m, &cfg, &p)) {
     EXPECT(0, "%s: setup failed: %s", cc->name, dp_last_error());
     goto done;
   }
+  /* cuda: the creation's CUDA allocations (arenas, pinned staging) must reach
+   * the counter, or a 0 below would prove nothing */
+  if (cuda) count_on();
+  dp_status cs = dp_ctx_create(p, &c);
+  long setup_host = cuda ? count_off() : 0, setup_cuda = cuda ? cuda_count() : 0;
+  if (cs) {
+    EXPECT(0, "%s: setup failed: %s", cc->name, dp_last_error());
+    goto done;
+  }
+  if (cuda) {
+    printf("%-40s context creation: %ld host and %ld cuda allocator calls\n", cc->name,
+           setup_host, setup_cuda);
+    EXPECT(setup_cuda >= cc->n_devices + 1,
+           "%s: context creation made %ld cuda allocator calls, want at least %d (the "
+           "arenas and the staging): the interposition does not see libdp's calls",
+           cc->name, setup_cuda, cc->n_devices + 1);
+  }
   fill(x, t, BATCH, 1);
   float loss = 0;
-  /* warm-up, not counted: one step and one forward at the full batch */
+  /* warm-up, not counted: one step and one forward at the full batch; cuda:
+   * a second full-batch step (the graph's capture), a short step and a short
+   * forward (cuBLAS's kernels for those shapes load on first launch), and a
+   * second full forward */
   EXPECT(dp_train_step(c, BATCH, IN, x, t, &loss) == DP_OK, "%s: warm-up step: %s", cc->name,
          dp_ctx_error(c));
+  if (cuda) {
+    EXPECT(dp_train_step(c, BATCH, IN, x, t, &loss) == DP_OK, "%s: warm-up step 2: %s",
+           cc->name, dp_ctx_error(c));
+    EXPECT(dp_train_step(c, SMALL, IN, x, t, &loss) == DP_OK, "%s: warm-up short step: %s",
+           cc->name, dp_ctx_error(c));
+    EXPECT(dp_forward(c, SMALL, IN, x, y) == DP_OK, "%s: warm-up short forward: %s",
+           cc->name, dp_ctx_error(c));
+    EXPECT(dp_forward(c, BATCH, IN, x, y) == DP_OK, "%s: warm-up forward: %s", cc->name,
+           dp_ctx_error(c));
+  }
   EXPECT(dp_forward(c, BATCH, IN, x, y) == DP_OK, "%s: warm-up forward: %s", cc->name,
          dp_ctx_error(c));
   uint64_t step0 = dp_ctx_step(c);
@@ -254,14 +500,22 @@ static void run_case(const config_case *cc) {
     if (dp_train_step(c, rows, IN, x, t, &loss) != DP_OK) bad_steps++;
     if (!isfinite(loss)) nonfinite++;
   }
-  long n_train = count_off();
+  long n_train = count_off(), c_train = cuda_count();
+  if (n_train || c_train) {
+    print_callers("host", host_where, n_train);
+    print_callers("cuda", cuda_where, c_train);
+  }
 
   count_on();
   for (int k = 0; k < STEPS; k++) {
     int rows = k % 3 ? BATCH : SMALL;
     if (dp_forward(c, rows, IN, x, y) != DP_OK) bad_fwd++;
   }
-  long n_forward = count_off();
+  long n_forward = count_off(), c_forward = cuda_count();
+  if (n_forward || c_forward) {
+    print_callers("host", host_where, n_forward);
+    print_callers("cuda", cuda_where, c_forward);
+  }
 
   /* refused calls record an error message: that must not allocate either */
   count_on();
@@ -276,11 +530,18 @@ static void run_case(const config_case *cc) {
   refused += dp_train_step(c, BATCH, IN, x, t, NULL) == DP_ERR_NONFINITE;
   x[3] = keep;
   refused += dp_forward(c, BATCH, IN, x, NULL) == DP_ERR_INVALID;
-  long n_errors = count_off();
+  long n_errors = count_off(), c_errors = cuda_count();
+  if (n_errors || c_errors) {
+    print_callers("host", host_where, n_errors);
+    print_callers("cuda", cuda_where, c_errors);
+  }
 
   printf("%-40s train %3d steps: %ld allocator calls; forward %3d: %ld; "
          "refused calls: %ld\n",
          cc->name, STEPS, n_train, STEPS, n_forward, n_errors);
+  if (cuda)
+    printf("%-40s cuda allocator calls: train %ld, forward %ld, refused calls %ld\n",
+           cc->name, c_train, c_forward, c_errors);
   EXPECT(bad_steps == 0 && nonfinite == 0, "%s: %d steps failed, %d losses non-finite: %s",
          cc->name, bad_steps, nonfinite, dp_ctx_error(c));
   EXPECT(bad_fwd == 0, "%s: %d forwards failed: %s", cc->name, bad_fwd, dp_ctx_error(c));
@@ -291,6 +552,12 @@ static void run_case(const config_case *cc) {
   EXPECT(n_train == 0, "%s: %ld allocator calls during training steps", cc->name, n_train);
   EXPECT(n_forward == 0, "%s: %ld allocator calls during forward passes", cc->name, n_forward);
   EXPECT(n_errors == 0, "%s: %ld allocator calls during refused calls", cc->name, n_errors);
+  EXPECT(c_train == 0, "%s: %ld cuda allocator calls during training steps", cc->name,
+         c_train);
+  EXPECT(c_forward == 0, "%s: %ld cuda allocator calls during forward passes", cc->name,
+         c_forward);
+  EXPECT(c_errors == 0, "%s: %ld cuda allocator calls during refused calls", cc->name,
+         c_errors);
 done:
   dp_ctx_free(c);
   dp_plan_free(p);
@@ -298,13 +565,33 @@ done:
 }
 
 int main(void) {
+#ifdef DP_HAVE_CUDA
+  resolve_cuda(); /* before anything is counted: dlsym may allocate */
+#endif
   check_counter_works();
   static const config_case cases[] = {
-      {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0},
-      {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0},
-      {"mlp, 3 devices, balanced, micro_batch 4", 3, DP_SPLIT_BALANCED, 4},
+      {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0},
+      {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0},
+      {"mlp, 3 devices, balanced, micro_batch 4", 3, DP_SPLIT_BALANCED, 4, DP_BACKEND_CPU,
+       0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+
+  /* the cuda backend, when there is a GPU */
+  int gpus = dp_cuda_device_count();
+#ifdef DP_HAVE_CUDA
+  check_cuda_counter_works(gpus);
+#endif
+  static const config_case gpu_cases[] = {
+      {"cuda, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0},
+      {"cuda graph, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1},
+  };
+  if (gpus > 0)
+    for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
+      run_case(&gpu_cases[i]);
+  else
+    printf("SKIP noalloc cuda: no GPU (%s)\n", dp_last_error());
+
   /* the counter still works after all that (workers included) */
   check_counter_works();
   printf("%s\n", failures ? "test_noalloc: FAILED" : "test_noalloc: ok");

@@ -1,0 +1,1295 @@
+/* The emulated GPU (see fake_cuda.h): cuda/dp_cuda.h implemented on the CPU,
+ * strictly, to test lib/'s wiring of the CUDA backend where there is no GPU.
+ *
+ * Memory. An arena is a memfd mapped twice: PROT_NONE at the address handed
+ * out (so a host dereference by lib/ faults, as device memory would) and
+ * read-write at an alias, with a PROT_NONE page on either side, that only
+ * this file uses. Staging ("pinned") memory is ordinary host memory, tracked.
+ *
+ * The step. Backend runs and transport copies are validated when called
+ * (stage and thread, op stage, staging memory, arena pointers) and queued
+ * per device; dp__cuda_step_end executes the queues, stage by stage, with the
+ * CPU backend's ops on a shadow env whose arenas are the aliases, then reads
+ * the status as the device would. Queuing instead of running models a
+ * stream: nothing lib/ reads before the synchronisation is up to date. A
+ * capture moves the queues into a slot without running them; a launch
+ * replays the slot with the launch's step. Device semantics (docs/GPU.md):
+ * the ops' step comes from dp__cuda_step_begin / dp__cuda_graph_launch; a
+ * non-finite loss or gradient, or a label out of range, does not fail its op
+ * but makes every optimizer op of the step do nothing, and step_end reports
+ * it in the CPU backend's words. */
+#include "fake_cuda.h"
+
+#include "dp_cuda.h"
+#include "gemm.h"
+#include "internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define FK_MAX_GPUS 64
+#define FK_MAX_ARENAS 512
+#define FK_MAX_HOSTS 256
+#define FK_DEFAULT_GPUS 4
+#define FK_DEFAULT_FREE ((size_t)16 << 30)
+
+typedef struct fk_ctx fk_ctx;
+
+typedef struct {
+  unsigned char *dev;  /* PROT_NONE view: the address lib/ sees */
+  unsigned char *rw;   /* read-write alias of the same pages */
+  unsigned char *span; /* the alias's reservation, a guard page each side */
+  size_t bytes, map, span_bytes;
+  int gpu, fd;
+  long serial;   /* allocation order */
+  fk_ctx *owner; /* the backend context using it, if any */
+  bool live;
+} fk_arena;
+
+typedef struct {
+  unsigned char *p;
+  size_t bytes, map;
+  bool live;
+} fk_host;
+
+static struct {
+  pthread_mutex_t mu;
+  bool configured;
+  int gpus, have_nccl;
+  size_t free_limit[FK_MAX_GPUS], used[FK_MAX_GPUS];
+  fk_arena arenas[FK_MAX_ARENAS];
+  fk_host hosts[FK_MAX_HOSTS];
+  long serial, n_arenas, n_hosts, n_ctxs;
+  size_t arena_bytes;
+} G = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+/* Counters the executor's threads bump concurrently. */
+static atomic_long n_plain, n_ends, n_captures, n_aborts, n_launches, n_runs, n_copies,
+    n_cross, n_peers, n_executed, n_bad_frees, n_memcpys;
+
+static size_t page_bytes(void) { return (size_t)sysconf(_SC_PAGESIZE); }
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+static void configure_locked(void) {
+  if (G.configured) return;
+  G.configured = true;
+  const char *s = getenv("FAKE_CUDA_GPUS");
+  G.gpus = s && *s ? atoi(s) : FK_DEFAULT_GPUS;
+  if (G.gpus < 0) G.gpus = 0;
+  if (G.gpus > FK_MAX_GPUS) G.gpus = FK_MAX_GPUS;
+  G.have_nccl = 1;
+  s = getenv("FAKE_CUDA_FREE_BYTES");
+  size_t lim = s && *s ? (size_t)strtoull(s, NULL, 0) : FK_DEFAULT_FREE;
+  for (int g = 0; g < FK_MAX_GPUS; g++) G.free_limit[g] = lim;
+}
+
+static void lock(void) {
+  pthread_mutex_lock(&G.mu);
+  configure_locked();
+}
+
+static void unlock(void) { pthread_mutex_unlock(&G.mu); }
+
+/* ---- hooks (fake_cuda.h) ---------------------------------------------------------- */
+
+void fake_cuda_set_gpus(int n) {
+  lock();
+  G.gpus = n < 0 ? 0 : n > FK_MAX_GPUS ? FK_MAX_GPUS : n;
+  unlock();
+}
+
+void fake_cuda_set_have_nccl(int yes) {
+  lock();
+  G.have_nccl = yes != 0;
+  unlock();
+}
+
+void fake_cuda_set_free_bytes(int gpu, size_t bytes) {
+  lock();
+  for (int g = 0; g < FK_MAX_GPUS; g++)
+    if (gpu < 0 || g == gpu) G.free_limit[g] = bytes;
+  unlock();
+}
+
+void fake_cuda_reset_config(void) {
+  lock();
+  G.configured = false;
+  configure_locked();
+  unlock();
+}
+
+fake_cuda_stats fake_cuda_get_stats(void) {
+  fake_cuda_stats s;
+  memset(&s, 0, sizeof s);
+  lock();
+  s.arenas = G.n_arenas;
+  s.hosts = G.n_hosts;
+  s.ctxs = G.n_ctxs;
+  s.arena_bytes = G.arena_bytes;
+  unlock();
+  s.plain_steps = atomic_load(&n_plain);
+  s.step_ends = atomic_load(&n_ends);
+  s.captures = atomic_load(&n_captures);
+  s.aborts = atomic_load(&n_aborts);
+  s.launches = atomic_load(&n_launches);
+  s.runs = atomic_load(&n_runs);
+  s.copies = atomic_load(&n_copies);
+  s.cross_copies = atomic_load(&n_cross);
+  s.peers = atomic_load(&n_peers);
+  s.executed = atomic_load(&n_executed);
+  s.bad_frees = atomic_load(&n_bad_frees);
+  s.memcpys = atomic_load(&n_memcpys);
+  return s;
+}
+
+void fake_cuda_reset_counters(void) {
+  atomic_long *all[] = {&n_plain,    &n_ends,     &n_captures,  &n_aborts,
+                        &n_launches, &n_runs,     &n_copies,    &n_cross,
+                        &n_peers,    &n_executed, &n_bad_frees, &n_memcpys};
+  for (size_t i = 0; i < sizeof all / sizeof *all; i++) atomic_store(all[i], 0);
+}
+
+/* The live arena holding p (G.mu held); NULL when none. */
+static fk_arena *arena_at_locked(const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  for (int i = 0; i < FK_MAX_ARENAS; i++) {
+    fk_arena *x = &G.arenas[i];
+    if (x->live && a >= (uintptr_t)x->dev && a < (uintptr_t)x->dev + x->bytes) return x;
+  }
+  return NULL;
+}
+
+/* The live staging block holding [p, p + bytes) (G.mu held); NULL when none. */
+static fk_host *host_at_locked(const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p;
+  for (int i = 0; i < FK_MAX_HOSTS; i++) {
+    fk_host *h = &G.hosts[i];
+    uintptr_t lo = (uintptr_t)h->p;
+    if (h->live && a >= lo && a - lo <= h->bytes && bytes <= h->bytes - (a - lo)) return h;
+  }
+  return NULL;
+}
+
+void *fake_cuda_arena(int gpu, int k, size_t *bytes) {
+  lock();
+  fk_arena *pick[FK_MAX_ARENAS];
+  int n = 0;
+  for (int i = 0; i < FK_MAX_ARENAS; i++)
+    if (G.arenas[i].live && G.arenas[i].gpu == gpu) pick[n++] = &G.arenas[i];
+  /* allocation order: the table reuses free entries */
+  for (int i = 1; i < n; i++)
+    for (int j = i; j > 0 && pick[j - 1]->serial > pick[j]->serial; j--) {
+      fk_arena *t = pick[j];
+      pick[j] = pick[j - 1];
+      pick[j - 1] = t;
+    }
+  void *p = k >= 0 && k < n ? pick[k]->dev : NULL;
+  if (bytes) *bytes = p ? pick[k]->bytes : 0;
+  unlock();
+  return p;
+}
+
+int fake_cuda_is_device(const void *p) {
+  lock();
+  int r = arena_at_locked(p) != NULL;
+  unlock();
+  return r;
+}
+
+static dp_status test_access(void *dst, const void *src, size_t bytes, bool to_device) {
+  const void *dev = to_device ? dst : src;
+  lock();
+  fk_arena *a = arena_at_locked(dev);
+  size_t off = a ? (size_t)((const unsigned char *)dev - a->dev) : 0;
+  if (!a || bytes > a->bytes - off) {
+    unlock();
+    return DP_FAIL(DP_ERR_INVALID, "fake cuda: [%p, +%zu) is not inside one live arena",
+                   dev, bytes);
+  }
+  if (to_device)
+    memcpy(a->rw + off, src, bytes);
+  else
+    memcpy(dst, a->rw + off, bytes);
+  unlock();
+  return DP_OK;
+}
+
+dp_status fake_cuda_poke(void *dev, const void *src, size_t bytes) {
+  return test_access(dev, src, bytes, true);
+}
+
+dp_status fake_cuda_peek(void *dst, const void *dev, size_t bytes) {
+  return test_access(dst, dev, bytes, false);
+}
+
+/* ---- devices and memory ----------------------------------------------------------- */
+
+int dp_cuda_available(void) { return 1; }
+
+int dp_cuda_device_count(void) {
+  lock();
+  int n = G.gpus;
+  unlock();
+  if (n <= 0) DP_FAIL(DP_ERR_BACKEND, "no usable GPU: the emulated machine has none");
+  return n;
+}
+
+int dp__cuda_have_nccl(void) {
+  lock();
+  int r = G.have_nccl;
+  unlock();
+  return r;
+}
+
+static dp_status no_such_gpu_locked(int dev) {
+  return DP_FAIL(DP_ERR_INVALID, "cuda device %d: no such device (%d visible)", dev,
+                 G.gpus);
+}
+
+static size_t free_locked(int dev) {
+  return G.used[dev] < G.free_limit[dev] ? G.free_limit[dev] - G.used[dev] : 0;
+}
+
+dp_status dp__cuda_device_info(int dev, char *name, size_t cap, size_t *total_mem,
+                               size_t *free_mem, int *sm_major, int *sm_minor) {
+  lock();
+  if (dev < 0 || dev >= G.gpus) {
+    dp_status s = no_such_gpu_locked(dev);
+    unlock();
+    return s;
+  }
+  if (name && cap > 0) snprintf(name, cap, "emulated GPU %d (tests/emul/fake_cuda.c)", dev);
+  if (total_mem) *total_mem = G.free_limit[dev];
+  if (free_mem) *free_mem = free_locked(dev);
+  if (sm_major) *sm_major = 9;
+  if (sm_minor) *sm_minor = 0;
+  unlock();
+  return DP_OK;
+}
+
+static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
+
+static void unmap_arena(fk_arena *a) {
+  if (a->dev) munmap(a->dev, a->map);
+  if (a->span) munmap(a->span, a->span_bytes);
+  if (a->fd >= 0) close(a->fd);
+  a->dev = a->rw = a->span = NULL;
+  a->fd = -1;
+}
+
+/* Two views of one memfd: the PROT_NONE one is the "device address". */
+static bool map_arena(fk_arena *a, size_t bytes) {
+  size_t pg = page_bytes();
+  a->bytes = bytes;
+  a->map = round_up(bytes, pg);
+  a->span_bytes = a->map + 2 * pg;
+  a->fd = memfd_create("fake-cuda-arena", MFD_CLOEXEC);
+  if (a->fd < 0 || ftruncate(a->fd, (off_t)a->map) != 0) return false;
+  void *dev = mmap(NULL, a->map, PROT_NONE, MAP_SHARED, a->fd, 0);
+  if (dev == MAP_FAILED) return false;
+  a->dev = dev;
+  void *span = mmap(NULL, a->span_bytes, PROT_NONE,
+                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (span == MAP_FAILED) return false;
+  a->span = span;
+  void *rw =
+      mmap(a->span + pg, a->map, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, a->fd, 0);
+  if (rw == MAP_FAILED) return false;
+  a->rw = rw;
+  return true;
+}
+
+dp_status dp__cuda_arena_alloc(int dev, size_t bytes, void **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "cuda device %d: arena: out is NULL", dev);
+  *out = NULL;
+  lock();
+  dp_status s = DP_OK;
+  if (dev < 0 || dev >= G.gpus) {
+    s = no_such_gpu_locked(dev);
+  } else if (bytes > 0 && bytes > free_locked(dev)) {
+    /* cuda/arena.cu's refusal, word for word */
+    s = DP_FAIL(DP_ERR_NOMEM,
+                "cuda device %d: arena of %zu bytes (%.1f MiB) planned, but only %zu bytes "
+                "(%.1f MiB) free of %zu",
+                dev, bytes, mib(bytes), free_locked(dev), mib(free_locked(dev)),
+                G.free_limit[dev]);
+  } else if (bytes > 0) {
+    fk_arena *a = NULL;
+    for (int i = 0; i < FK_MAX_ARENAS && !a; i++)
+      if (!G.arenas[i].live) a = &G.arenas[i];
+    if (!a) {
+      s = DP_FAIL(DP_ERR_NOMEM, "fake cuda: more than %d live arenas", FK_MAX_ARENAS);
+    } else {
+      memset(a, 0, sizeof *a);
+      a->fd = -1;
+      if (!map_arena(a, bytes)) {
+        unmap_arena(a);
+        s = DP_FAIL(DP_ERR_NOMEM,
+                    "cuda device %d: arena of %zu bytes: cudaMalloc: "
+                    "cudaErrorMemoryAllocation (emulated: mmap failed)",
+                    dev, bytes);
+      } else {
+        a->gpu = dev;
+        a->serial = G.serial++;
+        a->live = true;
+        G.used[dev] += bytes;
+        G.n_arenas++;
+        G.arena_bytes += bytes;
+        *out = a->dev;
+      }
+    }
+  }
+  unlock();
+  return s;
+}
+
+void dp__cuda_arena_free(int dev, void *p) {
+  (void)dev; /* cudaFree finds the device of p by itself */
+  if (!p) return;
+  lock();
+  fk_arena *a = arena_at_locked(p);
+  if (!a || a->dev != p || a->owner) {
+    atomic_fetch_add(&n_bad_frees, 1);
+    DP_FAIL(DP_ERR_BACKEND, "cudaFree(%p): %s", p,
+            !a || a->dev != p ? "not the start of a live arena"
+                              : "the arena is still in use by a backend context");
+    unlock();
+    return;
+  }
+  G.used[a->gpu] -= a->bytes;
+  G.n_arenas--;
+  G.arena_bytes -= a->bytes;
+  unmap_arena(a);
+  a->live = false;
+  unlock();
+}
+
+dp_status dp__cuda_host_alloc(size_t bytes, void **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "host staging arena: out is NULL");
+  *out = NULL;
+  if (bytes == 0) return DP_OK;
+  lock();
+  dp_status s = DP_OK;
+  fk_host *h = NULL;
+  for (int i = 0; i < FK_MAX_HOSTS && !h; i++)
+    if (!G.hosts[i].live) h = &G.hosts[i];
+  size_t pg = page_bytes(), map = round_up(bytes, pg) + pg;
+  void *p = h ? mmap(NULL, map, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+              : MAP_FAILED;
+  if (p == MAP_FAILED) {
+    s = DP_FAIL(DP_ERR_NOMEM,
+                "pinned host staging arena of %zu bytes: cudaHostAlloc: "
+                "cudaErrorMemoryAllocation (emulated)",
+                bytes);
+  } else {
+    /* a write past the end of what was asked for faults (past the page) */
+    mprotect((unsigned char *)p + map - pg, pg, PROT_NONE);
+    *h = (fk_host){.p = p, .bytes = bytes, .map = map, .live = true};
+    G.n_hosts++;
+    *out = p;
+  }
+  unlock();
+  return s;
+}
+
+void dp__cuda_host_free(void *p) {
+  if (!p) return;
+  lock();
+  fk_host *h = host_at_locked(p, 0);
+  if (!h || h->p != p) {
+    atomic_fetch_add(&n_bad_frees, 1);
+    DP_FAIL(DP_ERR_BACKEND, "cudaFreeHost(%p): not the start of a live staging block", p);
+  } else {
+    munmap(h->p, h->map);
+    h->live = false;
+    G.n_hosts--;
+  }
+  unlock();
+}
+
+/* ---- the backend context ---------------------------------------------------------- */
+
+enum { ST_IDLE, ST_STEP, ST_CAPTURE, ST_CAPTURE_STEP, ST_LAUNCHED, ST_ABORTED };
+static const char *const state_names[] = {
+    "idle",      "a step",           "a capture before its step_begin",
+    "a capture", "a launched graph", "an aborted capture"};
+
+enum { CALL_RUN, CALL_COPY };
+
+/* One queued call, with the values a kernel launch would bake in (never a
+ * pointer into the caller's stack). */
+typedef struct {
+  int kind, stage;
+  int rows;
+  bool training;
+  dp_op op;
+  void *dst;
+  const void *src;
+  size_t bytes;
+} fk_call;
+
+typedef struct {
+  int phys;
+  unsigned char *dev, *rw; /* arena as lib/ sees it, and its alias */
+  size_t bytes;
+  bool in_stage;
+  int stage, last_stage;
+  fk_call *q;
+  int nq;
+  dp_mb *mbs; /* this step's micro-batches, as the device's first call saw them */
+  const dp_mb *mbs_from;
+  bool mbs_set;
+} fk_dev;
+
+typedef struct {
+  bool ready;
+  fk_call *calls[DP_MAX_DEVICES];
+  int n[DP_MAX_DEVICES];
+  dp_mb *mbs[DP_MAX_DEVICES];
+} fk_slot;
+
+struct fk_ctx {
+  const dp_plan *p;
+  int n, n_mb, cap;
+  unsigned flags;
+  int state, launched;
+  uint64_t step; /* the step scalars of the queued work */
+  fk_dev dev[DP_MAX_DEVICES];
+  fk_slot slot[DP_CUDA_GRAPH_SLOTS];
+  /* the status words of the last executed step */
+  bool st_loss, st_label, st_grad, st_grad_inf;
+  /* the fast_collectives allreduce being entered: each device's op, by device */
+  const dp_op *coll[DP_MAX_DEVICES];
+  int coll_n, coll_stage;
+  float loss;
+  int bad_row;
+  size_t bad_grad;
+  dp_status fault;
+  char fault_msg[DP_ERRMSG_CAP];
+};
+
+/* The executing device of the calling thread, set by dp__cuda_stage_begin:
+ * copy() is not told which device runs it. */
+static _Thread_local fk_ctx *tl_ctx;
+static _Thread_local int tl_dev = -1;
+
+static void slot_clear(fk_slot *s) {
+  for (int d = 0; d < DP_MAX_DEVICES; d++) {
+    free(s->calls[d]);
+    free(s->mbs[d]);
+  }
+  memset(s, 0, sizeof *s);
+}
+
+static void clear_queues(fk_ctx *c) {
+  for (int d = 0; d < c->n; d++) {
+    fk_dev *x = &c->dev[d];
+    x->in_stage = false;
+    x->stage = x->last_stage = -1;
+    x->nq = 0;
+    x->mbs_set = false;
+    x->mbs_from = NULL;
+  }
+}
+
+void dp__cuda_ctx_free(void *bctx) {
+  fk_ctx *c = bctx;
+  if (!c) return;
+  if (c->state != ST_IDLE) {
+    /* a wiring bug: freed with work queued and no step_end */
+    atomic_fetch_add(&n_bad_frees, 1);
+    DP_FAIL(DP_ERR_BACKEND, "fake cuda: context freed during %s", state_names[c->state]);
+  }
+  lock();
+  for (int i = 0; i < FK_MAX_ARENAS; i++)
+    if (G.arenas[i].owner == c) G.arenas[i].owner = NULL;
+  G.n_ctxs--;
+  unlock();
+  for (int d = 0; d < c->n; d++) {
+    free(c->dev[d].q);
+    free(c->dev[d].mbs);
+  }
+  for (int i = 0; i < DP_CUDA_GRAPH_SLOTS; i++) slot_clear(&c->slot[i]);
+  if (tl_ctx == c) {
+    tl_ctx = NULL;
+    tl_dev = -1;
+  }
+  free(c);
+}
+
+/* cuda/context.cu's checks, and the emulation's own: the arena is one the
+ * double allocated on that GPU and holds the device's planned bytes, and the
+ * CPU ops' GEMM buffers fit the workspace. */
+static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsigned flags) {
+  int n = p->split.n_used;
+  if (n < 1 || n > DP_MAX_DEVICES)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: %d devices", n);
+  if (flags & ~(unsigned)(DP_CUDA_TF32 | DP_CUDA_NCCL))
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: unknown flags 0x%x", flags);
+  if ((flags & DP_CUDA_NCCL) && !G.have_nccl)
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "the NCCL transport: this build has no NCCL");
+  size_t need = dp__cuda_workspace_bytes();
+  for (int d = 0; d < n; d++) {
+    dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
+    int gpu = p->cfg.device_ids[d];
+    if (ws.size < need)
+      return DP_FAIL(
+          DP_ERR_INVALID,
+          "device %d: the plan reserves %zu bytes of workspace; the CUDA backend "
+          "needs %zu (dp__cuda_workspace_bytes: %zu of status words + %zu for "
+          "cuBLAS)",
+          d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES);
+    size_t cpu_ws =
+        dp__model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference);
+    if (cpu_ws > ws.size)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "fake cuda: device %d: the CPU ops it runs need %zu bytes of GEMM "
+                     "workspace, the plan has %zu: the emulation would not be the CPU's",
+                     d, cpu_ws, ws.size);
+    if (!arenas[d] || (uintptr_t)arenas[d] % 256 ||
+        (ws.offset + DP_CUDA_WS_HEADER_BYTES) % 256)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "device %d: arena %p or its workspace is not 256-aligned", d,
+                     arenas[d]);
+    if (gpu < 0 || gpu >= G.gpus) return no_such_gpu_locked(gpu);
+    fk_arena *a = arena_at_locked(arenas[d]);
+    if (!a || a->gpu != gpu)
+      return DP_FAIL(DP_ERR_INVALID, "device %d: its arena %p is not memory of GPU %d", d,
+                     arenas[d], gpu);
+    size_t off = (size_t)((unsigned char *)arenas[d] - a->dev);
+    if (p->dev_bytes[d] > a->bytes - off)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "device %d: its arena holds %zu bytes from %p; the plan needs %zu", d,
+                     a->bytes - off, arenas[d], p->dev_bytes[d]);
+    if (a->owner)
+      return DP_FAIL(DP_ERR_INVALID, "device %d: its arena %p belongs to another context",
+                     d, arenas[d]);
+    for (int e = 0; e < d; e++) {
+      uintptr_t lo = (uintptr_t)arenas[e], hi = lo + p->dev_bytes[e];
+      uintptr_t a0 = (uintptr_t)arenas[d], a1 = a0 + p->dev_bytes[d];
+      if (a0 < hi && lo < a1)
+        return DP_FAIL(DP_ERR_INVALID, "devices %d and %d: their arenas overlap", e, d);
+      if ((flags & DP_CUDA_NCCL) && p->cfg.device_ids[e] == gpu)
+        return DP_FAIL(DP_ERR_INVALID,
+                       "the NCCL transport needs a GPU per replica; replicas %d and %d are "
+                       "both on GPU %d",
+                       e, d, gpu);
+    }
+  }
+  return DP_OK;
+}
+
+dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                            void **bctx_out) {
+  if (!bctx_out) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: out is NULL");
+  *bctx_out = NULL;
+  if (!p || !arenas)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: plan or arenas is NULL");
+  lock();
+  dp_status s = check_init_locked(p, arenas, flags);
+  unlock();
+  if (s) return s;
+  fk_ctx *c = calloc(1, sizeof *c);
+  if (!c) return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_ctx_init: out of memory");
+  c->p = p;
+  c->n = p->split.n_used;
+  c->n_mb = p->split.n_mb;
+  c->cap = p->ops_cap > 0 ? p->ops_cap : 1; /* no device has more calls than ops */
+  c->flags = flags;
+  c->state = ST_IDLE;
+  bool ok = true;
+  for (int d = 0; d < c->n; d++) {
+    fk_dev *x = &c->dev[d];
+    x->phys = p->cfg.device_ids[d];
+    x->dev = arenas[d];
+    x->bytes = p->dev_bytes[d];
+    x->q = malloc((size_t)c->cap * sizeof *x->q);
+    x->mbs = malloc((size_t)(c->n_mb > 0 ? c->n_mb : 1) * sizeof *x->mbs);
+    ok = ok && x->q && x->mbs;
+  }
+  lock();
+  for (int d = 0; d < c->n; d++) {
+    fk_arena *a = arena_at_locked(arenas[d]);
+    c->dev[d].rw = a->rw + ((unsigned char *)arenas[d] - a->dev);
+    if (ok) a->owner = c;
+  }
+  G.n_ctxs++;
+  unlock();
+  clear_queues(c);
+  if (!ok) {
+    dp__cuda_ctx_free(c);
+    return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_ctx_init: out of memory");
+  }
+  *bctx_out = c;
+  return DP_OK;
+}
+
+/* ---- executing queued work ("the device") ----------------------------------------- */
+
+/* The alias of a device address of this context's arenas; host memory as is. */
+static void *translate(const fk_ctx *c, const void *p) {
+  uintptr_t a = (uintptr_t)p;
+  for (int d = 0; d < c->n; d++) {
+    uintptr_t lo = (uintptr_t)c->dev[d].dev;
+    if (a >= lo && a - lo < c->dev[d].bytes) return c->dev[d].rw + (a - lo);
+  }
+  return (void *)p;
+}
+
+/* The CE loss kernel's check: a label outside 0..classes-1 flags the step
+ * (lowest global row) and its rows are left out. The double then writes zero
+ * sums and gradients for all of the op's rows rather than the others' terms
+ * (the step is refused either way; lib/ctx.c checks labels on the host too). */
+static bool bad_labels(fk_ctx *c, const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = c->p;
+  if (p->model.loss != DP_LOSS_SOFTMAX_CE) return false;
+  int d = op->device, cols = dp_model_output_width(&p->model);
+  const int32_t *t = dp__region_ptr(e, d, DP_REGION_TARGETS);
+  bool bad = false;
+  for (int k = 0; k < op->n_mb; k++) {
+    const dp_mb *mb = &e->mbs[op->micro_batch + k];
+    for (int r = mb->row0 - op->row0; r < mb->row0 - op->row0 + mb->rows; r++)
+      if (t[r] < 0 || t[r] >= cols) {
+        if (!c->st_label || op->row0 + r < c->bad_row) c->bad_row = op->row0 + r;
+        c->st_label = bad = true;
+      }
+  }
+  if (!bad) return false;
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  float *g =
+      dp__region_ptr(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS);
+  float *part = dp__region_ptr(e, d, DP_REGION_LOSS);
+  for (int k = 0; k < op->n_mb; k++) {
+    const dp_mb *mb = &e->mbs[op->micro_batch + k];
+    part[k] = 0.0f;
+    memset(g + (size_t)(mb->row0 - op->row0) * cols, 0, (size_t)mb->rows * cols * 4);
+  }
+  return true;
+}
+
+/* GRAD_CHECK flagged: the lowest bad index of any device, as the kernel's
+ * atomicMin does. */
+static void note_bad_grad(fk_ctx *c, const dp_exec_env *e, const dp_op *op) {
+  const float *g =
+      (const float *)((unsigned char *)dp__region_ptr(e, op->device, op->src_region) +
+                      op->src_offset);
+  for (size_t k = 0; k < op->bytes / 4; k++)
+    if (!isfinite(g[k])) {
+      size_t idx = op->src_offset / 4 + k;
+      if (!c->st_grad || idx < c->bad_grad) {
+        c->bad_grad = idx;
+        c->st_grad_inf = isinf(g[k]);
+      }
+      c->st_grad = true;
+      return;
+    }
+}
+
+static void fault(fk_ctx *c, const char *fmt, int a, int b) {
+  if (c->fault) return;
+  c->fault = DP_ERR_BACKEND;
+  snprintf(c->fault_msg, sizeof c->fault_msg, fmt, a, b);
+}
+
+/* config.fast_collectives: ncclAllReduce in place, entered by every device
+ * of the context in one stage; it completes when the last one enters. The
+ * sum runs in device order (NCCL's order depends on the topology; for two
+ * devices this one is the canonical tree's). */
+static void allreduce_enter(fk_ctx *c, const dp_op *op, int stage) {
+  if (c->coll_n == 0) c->coll_stage = stage;
+  const dp_op *o0 = c->coll_n ? c->coll[0] : op;
+  if (stage != c->coll_stage || op->device != c->coll_n ||
+      op->dst_region != o0->dst_region || op->dst_offset != o0->dst_offset ||
+      op->bytes != o0->bytes) {
+    fault(c,
+          "fake cuda: allreduce of device %d in stage %d does not match the collective "
+          "the devices before it entered (a real one hangs)",
+          op->device, stage);
+    return;
+  }
+  c->coll[c->coll_n++] = op;
+  if (c->coll_n < c->n) return;
+  c->coll_n = 0;
+  float *g[DP_MAX_DEVICES];
+  for (int d = 0; d < c->n; d++)
+    g[d] =
+        (float *)(c->dev[d].rw + c->p->regions[d][op->dst_region].offset + op->dst_offset);
+  for (size_t k = 0; k < op->bytes / 4; k++) {
+    float sum = g[0][k];
+    for (int d = 1; d < c->n; d++) sum += g[d][k];
+    for (int d = 0; d < c->n; d++) g[d][k] = sum;
+  }
+}
+
+static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t step) {
+  atomic_fetch_add_explicit(&n_executed, 1, memory_order_relaxed);
+  if (k->kind == CALL_COPY) {
+    memcpy(translate(c, k->dst), translate(c, k->src), k->bytes);
+    return;
+  }
+  /* host_x/t/y stay NULL: compute ops never read caller memory */
+  dp_exec_env e;
+  memset(&e, 0, sizeof e);
+  e.plan = c->p;
+  for (int d = 0; d < c->n; d++) e.arena[d] = c->dev[d].rw;
+  e.mbs = mbs;
+  e.rows = k->rows;
+  e.training = k->training;
+  e.step = step;
+  const dp_op *op = &k->op;
+  if (op->kind == DP_OP_OPTIMIZER && (c->st_loss || c->st_label || c->st_grad)) return;
+  if (op->kind == DP_OP_LOSS && bad_labels(c, &e, op)) return;
+  if (op->kind == DP_OP_ALLREDUCE) {
+    allreduce_enter(c, op, k->stage);
+    return;
+  }
+  dp_status s = dp__cpu_backend.run(NULL, &e, op);
+  if (op->kind == DP_OP_LOSS_SUM) {
+    c->loss = e.loss;
+    if (s == DP_ERR_NONFINITE) c->st_loss = true, s = DP_OK;
+  } else if (op->kind == DP_OP_GRAD_CHECK && s == DP_ERR_NONFINITE) {
+    note_bad_grad(c, &e, op);
+    s = DP_OK;
+  }
+  if (s && !c->fault) {
+    c->fault = s;
+    snprintf(c->fault_msg, sizeof c->fault_msg, "%s", dp_last_error());
+  }
+}
+
+/* Stage by stage; within a stage, device by device in list order (devices
+ * share nothing within a stage: the CPU runs them in parallel). */
+static void exec_all(fk_ctx *c, fk_call *const calls[], const int counts[],
+                     dp_mb *const mbs[], uint64_t step) {
+  c->st_loss = c->st_label = c->st_grad = c->st_grad_inf = false;
+  c->loss = 0.0f;
+  c->bad_row = -1;
+  c->bad_grad = 0;
+  c->fault = DP_OK;
+  c->fault_msg[0] = '\0';
+  c->coll_n = 0;
+  int idx[DP_MAX_DEVICES] = {0};
+  for (;;) {
+    int s = INT_MAX;
+    for (int d = 0; d < c->n; d++)
+      if (idx[d] < counts[d] && calls[d][idx[d]].stage < s) s = calls[d][idx[d]].stage;
+    if (s == INT_MAX) break;
+    for (int d = 0; d < c->n; d++)
+      while (idx[d] < counts[d] && calls[d][idx[d]].stage == s)
+        exec_call(c, &calls[d][idx[d]++], mbs[d], step);
+    if (c->coll_n) {
+      fault(c, "fake cuda: only %d of %d devices entered an allreduce (a real one hangs)",
+            c->coll_n, c->n);
+      c->coll_n = 0;
+    }
+  }
+}
+
+/* ---- the executor's side: validation and queuing ---------------------------------- */
+
+static bool recording(const fk_ctx *c) {
+  return c->state == ST_STEP || c->state == ST_CAPTURE_STEP;
+}
+
+static dp_status not_recording(const fk_ctx *c, const char *what) {
+  return DP_FAIL(DP_ERR_BACKEND,
+                 "fake cuda: %s during %s: the executor may only run ops between "
+                 "dp__cuda_step_begin and dp__cuda_step_end (or capture_end)",
+                 what, state_names[c->state]);
+}
+
+/* The device arena (logical device) holding [p, p + bytes): -1 none, -2 it
+ * starts in one and runs past its end. */
+static int owner(const fk_ctx *c, const void *p, size_t bytes) {
+  uintptr_t a = (uintptr_t)p;
+  for (int d = 0; d < c->n; d++) {
+    uintptr_t lo = (uintptr_t)c->dev[d].dev;
+    if (a >= lo && a - lo < c->dev[d].bytes)
+      return bytes <= c->dev[d].bytes - (a - lo) ? d : -2;
+  }
+  return -1;
+}
+
+/* A host endpoint must be staging memory (the real backend copies
+ * asynchronously and captures graphs: pageable caller memory will not do). */
+static dp_status check_host(const void *p, size_t bytes, const char *what) {
+  lock();
+  bool other_arena = arena_at_locked(p) != NULL;
+  bool ok = host_at_locked(p, bytes) != NULL;
+  unlock();
+  if (other_arena)
+    return DP_FAIL(DP_ERR_BACKEND, "fake cuda: %s %p is device memory of another context",
+                   what, p);
+  if (!ok)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: %s [%p, +%zu) is not inside the pinned staging arena "
+                   "(dp__cuda_host_alloc)",
+                   what, p, bytes);
+  return DP_OK;
+}
+
+static dp_status take_mbs(fk_dev *x, const fk_ctx *c, const dp_mb *mbs) {
+  if (!mbs) return DP_FAIL(DP_ERR_BACKEND, "fake cuda: env.mbs is NULL");
+  size_t n = (size_t)c->n_mb * sizeof *mbs;
+  if (!x->mbs_set) {
+    memcpy(x->mbs, mbs, n);
+    x->mbs_from = mbs;
+    x->mbs_set = true;
+    return DP_OK;
+  }
+  if (mbs != x->mbs_from || memcmp(mbs, x->mbs, n) != 0)
+    return DP_FAIL(
+        DP_ERR_BACKEND,
+        "fake cuda: the micro-batches changed within one step (queued kernels keep "
+        "the values they were launched with)");
+  return DP_OK;
+}
+
+static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+  fk_ctx *c = bctx;
+  if (!c || !e || !op) return DP_FAIL(DP_ERR_INVALID, "fake cuda run: NULL argument");
+  if (!recording(c)) return not_recording(c, "a backend run");
+  int d = op->device;
+  if (d < 0 || d >= c->n)
+    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op on device %d, but the context has %d",
+                   d, c->n);
+  if (tl_ctx != c || tl_dev != d)
+    return DP_FAIL(
+        DP_ERR_BACKEND,
+        "fake cuda: device %d's op runs on a thread whose stage is device %d's (or "
+        "none): dp__cuda_stage_begin first, on the device's own thread",
+        d, tl_ctx == c ? tl_dev : -1);
+  fk_dev *x = &c->dev[d];
+  if (!x->in_stage || op->stage != x->stage)
+    return DP_FAIL(DP_ERR_BACKEND, "fake cuda: device %d runs an op of stage %d in %s %d",
+                   d, op->stage, x->in_stage ? "stage" : "no stage; the last ended was",
+                   x->in_stage ? x->stage : x->last_stage);
+  if (op->kind == DP_OP_COPY || op->kind > DP_OP_ALLREDUCE)
+    return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op",
+                   op->kind);
+  if (op->kind == DP_OP_ALLREDUCE && !(c->flags & DP_CUDA_NCCL))
+    return DP_FAIL(
+        DP_ERR_BACKEND,
+        "cuda backend: device %d: fast_collectives needs the NCCL communicators, "
+        "which this context does not have",
+        d);
+  if ((op->kind == DP_OP_FORWARD || op->kind == DP_OP_BACKWARD) &&
+      (op->layer < 0 || op->layer >= c->p->model.n_layers))
+    return DP_FAIL(DP_ERR_INVALID, "cuda backend: no layer %d", op->layer);
+  if (e->plan != c->p)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: env.plan is not the plan of dp__cuda_ctx_init");
+  for (int k = 0; k < c->n; k++)
+    if (e->arena[k] != c->dev[k].dev)
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "fake cuda: env.arena[%d] = %p is not device %d's arena %p", k,
+                     (void *)e->arena[k], k, (void *)c->dev[k].dev);
+  if (e->rows < 1 || e->rows > c->p->cfg.batch)
+    return DP_FAIL(DP_ERR_BACKEND, "fake cuda: env.rows = %d", e->rows);
+  const void *host[3] = {e->host_x, e->host_t, e->host_y};
+  static const char *const host_names[3] = {"env.host_x", "env.host_t", "env.host_y"};
+  for (int i = 0; i < 3; i++) {
+    dp_status s = host[i] ? check_host(host[i], 1, host_names[i]) : DP_OK;
+    if (s) return s;
+  }
+  dp_status s = take_mbs(x, c, e->mbs);
+  if (s) return s;
+  if (x->nq >= c->cap)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: device %d queued more than %d calls in a step", d, c->cap);
+  x->q[x->nq++] = (fk_call){.kind = CALL_RUN,
+                            .stage = x->stage,
+                            .rows = e->rows,
+                            .training = e->training,
+                            .op = *op};
+  atomic_fetch_add_explicit(&n_runs, 1, memory_order_relaxed);
+  return DP_OK;
+}
+
+/* The executing device of a transport call: the thread's stage. */
+static dp_status thread_dev(fk_ctx *c, const char *who, fk_dev **x) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "fake cuda %s: no context", who);
+  if (!recording(c)) return not_recording(c, who);
+  if (tl_ctx != c || tl_dev < 0 || tl_dev >= c->n)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: %s on a thread that has no device: the "
+                   "executor must call dp__cuda_stage_begin first",
+                   who);
+  *x = &c->dev[tl_dev];
+  if (!(*x)->in_stage)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: device %d: %s outside a stage (after "
+                   "stage_end of stage %d)",
+                   tl_dev, who, (*x)->last_stage);
+  return DP_OK;
+}
+
+static dp_status endpoints(const fk_ctx *c, void *dst, const void *src, size_t bytes,
+                           int *sd, int *dd) {
+  *sd = owner(c, src, bytes);
+  *dd = owner(c, dst, bytes);
+  if (*sd == -2 || *dd == -2)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "cuda transport: a copy of %zu bytes runs past the end of device %d's arena", bytes,
+        *sd == -2 ? owner(c, src, 0) : owner(c, dst, 0));
+  dp_status s = *sd < 0 ? check_host(src, bytes, "copy source") : DP_OK;
+  if (!s && *dd < 0) s = check_host(dst, bytes, "copy destination");
+  return s;
+}
+
+static dp_status fk_copy(void *tctx, void *dst, const void *src, size_t bytes) {
+  fk_ctx *c = tctx;
+  fk_dev *x = NULL;
+  dp_status s = thread_dev(c, "copy", &x);
+  if (s) return s;
+  int sd, dd;
+  if ((s = endpoints(c, dst, src, bytes, &sd, &dd))) return s;
+  if (bytes == 0) return DP_OK;
+  if (x->nq >= c->cap)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: device %d queued more than %d calls in a step", tl_dev,
+                   c->cap);
+  x->q[x->nq++] = (fk_call){
+      .kind = CALL_COPY, .stage = x->stage, .dst = dst, .src = src, .bytes = bytes};
+  atomic_fetch_add_explicit(&n_copies, 1, memory_order_relaxed);
+  if (sd >= 0 && dd >= 0 && sd != dd)
+    atomic_fetch_add_explicit(&n_cross, 1, memory_order_relaxed);
+  return DP_OK;
+}
+
+/* The other endpoint's half of a two-sided copy: checked and counted only
+ * (the copy itself moves the bytes). */
+static dp_status fk_peer(void *tctx, int dev, void *dst, const void *src, size_t bytes) {
+  fk_ctx *c = tctx;
+  fk_dev *x = NULL;
+  dp_status s = thread_dev(c, "peer", &x);
+  if (s) return s;
+  if (dev != tl_dev)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: peer() for device %d on device %d's thread", dev,
+                   tl_dev);
+  int sd, dd;
+  if ((s = endpoints(c, dst, src, bytes, &sd, &dd))) return s;
+  if (!((sd == dev && dd >= 0 && dd != dev) || (dd == dev && sd >= 0 && sd != dev)))
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: peer() on device %d for a copy between %d and %d (-1: "
+                   "host): dev must be the copy's other device endpoint",
+                   dev, sd, dd);
+  atomic_fetch_add_explicit(&n_peers, 1, memory_order_relaxed);
+  return DP_OK;
+}
+
+const dp_backend_ops dp__cuda_backend = {.name = "cuda",
+                                         .run = fk_run,
+                                         .stage_begin = dp__cuda_stage_begin,
+                                         .stage_end = dp__cuda_stage_end};
+const dp_transport_ops dp__cuda_transport = {
+    .name = "cuda", .copy = fk_copy, .peer = fk_peer};
+
+/* ---- stage, step and graph hooks -------------------------------------------------- */
+
+static dp_status check_dev(const fk_ctx *c, int dev, const char *who) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "%s: no context", who);
+  if (dev < 0 || dev >= c->n)
+    return DP_FAIL(DP_ERR_INVALID, "%s: device %d, but the context has %d", who, dev, c->n);
+  return DP_OK;
+}
+
+dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage) {
+  fk_ctx *c = bctx;
+  dp_status s = check_dev(c, dev, "dp__cuda_stage_begin");
+  if (s) return s;
+  if (!recording(c)) return not_recording(c, "dp__cuda_stage_begin");
+  fk_dev *x = &c->dev[dev];
+  if (x->in_stage)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_stage_begin: device %d begins stage %d while stage %d is open",
+                   dev, stage, x->stage);
+  /* every stage, in order, from 0: the event bookkeeping relies on it */
+  if (stage != x->last_stage + 1)
+    return DP_FAIL(
+        DP_ERR_BACKEND,
+        "dp__cuda_stage_begin: device %d begins stage %d after stage %d; the hooks "
+        "must run for every stage of a step, from 0, in order",
+        dev, stage, x->last_stage);
+  x->in_stage = true;
+  x->stage = stage;
+  tl_ctx = c;
+  tl_dev = dev;
+  return DP_OK;
+}
+
+dp_status dp__cuda_stage_end(void *bctx, int dev, int stage) {
+  fk_ctx *c = bctx;
+  dp_status s = check_dev(c, dev, "dp__cuda_stage_end");
+  if (s) return s;
+  if (!recording(c)) return not_recording(c, "dp__cuda_stage_end");
+  fk_dev *x = &c->dev[dev];
+  if (!x->in_stage || x->stage != stage)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_stage_end: device %d ends stage %d but began %d", dev, stage,
+                   x->in_stage ? x->stage : -1);
+  if (tl_ctx != c || tl_dev != dev)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_stage_end: device %d's stage ends on another device's thread",
+                   dev);
+  x->in_stage = false;
+  x->last_stage = stage;
+  return DP_OK;
+}
+
+/* Every device went through the same stages and none is still in one. */
+static dp_status check_stages(const fk_ctx *c, const char *who) {
+  for (int d = 0; d < c->n; d++) {
+    const fk_dev *x = &c->dev[d];
+    if (x->in_stage)
+      return DP_FAIL(DP_ERR_BACKEND, "%s: device %d is still in stage %d (no stage_end)",
+                     who, d, x->stage);
+    if (x->last_stage != c->dev[0].last_stage)
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "%s: device %d ended at stage %d, device 0 at stage %d: every device "
+                     "must run every stage's hooks",
+                     who, d, x->last_stage, c->dev[0].last_stage);
+  }
+  return DP_OK;
+}
+
+dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_begin: no context");
+  if (c->state != ST_IDLE && c->state != ST_CAPTURE)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_step_begin during %s: the previous step needs its step_end",
+                   state_names[c->state]);
+  if (c->state == ST_IDLE) atomic_fetch_add(&n_plain, 1);
+  c->state = c->state == ST_IDLE ? ST_STEP : ST_CAPTURE_STEP;
+  c->step = step;
+  clear_queues(c);
+  tl_ctx = NULL;
+  tl_dev = -1;
+  return DP_OK;
+}
+
+dp_status dp__cuda_step_end(void *bctx, float *loss) {
+  fk_ctx *c = bctx;
+  if (loss) *loss = 0.0f;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_end: no context");
+  int state = c->state;
+  if (state != ST_STEP && state != ST_LAUNCHED && state != ST_ABORTED)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_step_end during %s: no step_begin or graph_launch before it",
+                   state_names[state]);
+  atomic_fetch_add(&n_ends, 1);
+  dp_status s = state == ST_STEP ? check_stages(c, "dp__cuda_step_end") : DP_OK;
+  c->state = ST_IDLE;
+  if (s) {
+    clear_queues(c);
+    return s;
+  }
+  if (state == ST_STEP) {
+    fk_call *calls[DP_MAX_DEVICES];
+    int counts[DP_MAX_DEVICES];
+    dp_mb *mbs[DP_MAX_DEVICES];
+    for (int d = 0; d < c->n; d++) {
+      calls[d] = c->dev[d].q;
+      counts[d] = c->dev[d].nq;
+      mbs[d] = c->dev[d].mbs;
+    }
+    exec_all(c, calls, counts, mbs, c->step);
+  } else if (state == ST_LAUNCHED) {
+    fk_slot *g = &c->slot[c->launched];
+    exec_all(c, g->calls, g->n, g->mbs, c->step);
+  } else { /* aborted capture: nothing ran */
+    exec_all(c, NULL, (int[DP_MAX_DEVICES]){0}, NULL, c->step);
+  }
+  clear_queues(c);
+  if (c->fault)
+    return DP_FAIL(DP_ERR_BACKEND, "emulated GPU: an op failed on the device: %s",
+                   c->fault_msg);
+  if (loss) *loss = c->loss;
+  /* cuda/backend.cu's order: the loss, labels, then gradients */
+  if (c->st_loss)
+    return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
+                   isnan(c->loss) ? "NaN" : "infinite");
+  if (c->st_label)
+    return DP_FAIL(DP_ERR_RANGE,
+                   "the label of row %d is outside 0..%d; the step was not applied",
+                   c->bad_row, dp_model_output_width(&c->p->model) - 1);
+  if (c->st_grad)
+    return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
+                   c->bad_grad, c->st_grad_inf ? "infinite" : "NaN");
+  return DP_OK;
+}
+
+dp_status dp__cuda_capture_begin(void *bctx) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_capture_begin: no context");
+  if (c->state != ST_IDLE)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_capture_begin during %s",
+                   state_names[c->state]);
+  c->state = ST_CAPTURE;
+  clear_queues(c);
+  return DP_OK;
+}
+
+dp_status dp__cuda_capture_end(void *bctx, int slot) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_capture_end: no context");
+  if (slot < 0 || slot >= DP_CUDA_GRAPH_SLOTS)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_capture_end: slot %d", slot);
+  if (c->state == ST_CAPTURE) { /* the capture ends all the same, holding nothing */
+    c->state = ST_IDLE;
+    clear_queues(c);
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_capture_end: nothing was captured (a capture "
+                                   "holds dp__cuda_step_begin and the step's runs)");
+  }
+  if (c->state != ST_CAPTURE_STEP)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_capture_end during %s: no capture is open",
+                   state_names[c->state]);
+  dp_status s = check_stages(c, "dp__cuda_capture_end");
+  c->state = ST_IDLE;
+  fk_slot *g = &c->slot[slot];
+  slot_clear(g);
+  for (int d = 0; d < c->n && !s; d++) { /* instantiation allocates, as the driver's does */
+    const fk_dev *x = &c->dev[d];
+    g->n[d] = x->nq;
+    g->calls[d] = malloc((size_t)(x->nq > 0 ? x->nq : 1) * sizeof *x->q);
+    g->mbs[d] = malloc((size_t)(c->n_mb > 0 ? c->n_mb : 1) * sizeof *x->mbs);
+    if (!g->calls[d] || !g->mbs[d]) {
+      s = DP_FAIL(DP_ERR_NOMEM, "dp__cuda_capture_end: out of memory");
+      break;
+    }
+    memcpy(g->calls[d], x->q, (size_t)x->nq * sizeof *x->q);
+    memcpy(g->mbs[d], x->mbs, (size_t)c->n_mb * sizeof *x->mbs);
+  }
+  clear_queues(c);
+  if (s) {
+    slot_clear(g);
+    return s;
+  }
+  g->ready = true;
+  atomic_fetch_add(&n_captures, 1);
+  return DP_OK;
+}
+
+void dp__cuda_capture_abort(void *bctx) {
+  fk_ctx *c = bctx;
+  if (!c || (c->state != ST_CAPTURE && c->state != ST_CAPTURE_STEP)) return;
+  c->state = ST_ABORTED;
+  clear_queues(c);
+  atomic_fetch_add(&n_aborts, 1);
+}
+
+int dp__cuda_graph_ready(const void *bctx, int slot) {
+  const fk_ctx *c = bctx;
+  return c && slot >= 0 && slot < DP_CUDA_GRAPH_SLOTS && c->slot[slot].ready;
+}
+
+dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_graph_launch: no context");
+  if (!dp__cuda_graph_ready(c, slot))
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_graph_launch: slot %d holds no graph", slot);
+  if (c->state != ST_IDLE)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_graph_launch during %s",
+                   state_names[c->state]);
+  c->state = ST_LAUNCHED;
+  c->launched = slot;
+  c->step = step;
+  atomic_fetch_add(&n_launches, 1);
+  return DP_OK;
+}
+
+/* ---- synchronous helpers ---------------------------------------------------------- */
+
+/* The alias of [p, p + bytes) when p is device memory (G.mu held); p itself
+ * for host memory. Refuses a range past an arena's end, and memory of a
+ * context whose step is in flight: the real copy would race the queued work. */
+static dp_status resolve_locked(const void *p, size_t bytes, void **out, const char *who) {
+  *out = (void *)p;
+  fk_arena *a = arena_at_locked(p);
+  if (!a) return DP_OK;
+  size_t off = (size_t)((const unsigned char *)p - a->dev);
+  if (bytes > a->bytes - off)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "%s: %zu bytes at offset %zu of a %zu-byte arena on GPU %d run past its end", who,
+        bytes, off, a->bytes, a->gpu);
+  if (a->owner && a->owner->state != ST_IDLE)
+    return DP_FAIL(
+        DP_ERR_BACKEND,
+        "%s: GPU %d memory of a context during %s (no dp__cuda_step_end yet): the "
+        "copy would race the queued work",
+        who, a->gpu, state_names[a->owner->state]);
+  *out = a->rw + off;
+  return DP_OK;
+}
+
+dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
+  atomic_fetch_add(&n_memcpys, 1);
+  if (bytes == 0) return DP_OK;
+  if (!dst || !src) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_memcpy: NULL pointer");
+  lock();
+  void *d, *s;
+  dp_status st = resolve_locked(dst, bytes, &d, "dp__cuda_memcpy destination");
+  if (!st) st = resolve_locked(src, bytes, &s, "dp__cuda_memcpy source");
+  if (!st) memcpy(d, s, bytes);
+  unlock();
+  return st;
+}
+
+dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count) {
+  if (count == 0) return DP_OK;
+  if (!dst) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_fill_u32: NULL pointer");
+  lock();
+  dp_status s = DP_OK;
+  fk_arena *a = arena_at_locked(dst);
+  void *w = NULL;
+  if (dev < 0 || dev >= G.gpus)
+    s = no_such_gpu_locked(dev);
+  else if (!a || a->gpu != dev)
+    s = DP_FAIL(DP_ERR_INVALID, "dp__cuda_fill_u32: %p is not memory of GPU %d", dst, dev);
+  else if (count > SIZE_MAX / 4)
+    s = DP_FAIL(DP_ERR_INVALID, "dp__cuda_fill_u32: %zu words", count);
+  else
+    s = resolve_locked(dst, count * 4, &w, "dp__cuda_fill_u32");
+  if (!s) {
+    uint32_t *p = w;
+    for (size_t k = 0; k < count; k++) p[k] = value;
+  }
+  unlock();
+  return s;
+}
+
+/* ---- self-tests --------------------------------------------------------------------- */
+
+dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
+                             uint64_t *u64, float *uniform) {
+  if (n < 0 || (n > 0 && (!abc || !u64 || !uniform)))
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_rng_table: bad arguments");
+  for (int i = 0; i < n; i++) {
+    const uint64_t *k = abc + 3 * (size_t)i;
+    u64[i] = dp__rng_u64(seed, stream, k[0], k[1], k[2]);
+    uniform[i] = dp__rng_uniform(seed, stream, k[0], k[1], k[2]);
+  }
+  return DP_OK;
+}
+
+dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32,
+                               double *ms, double *tflops) {
+  (void)m, (void)n, (void)k, (void)iters, (void)tf32;
+  if (ms) *ms = 0.0;
+  if (tflops) *tflops = 0.0;
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda device %d: the emulated GPU has no timings",
+                 dev);
+}
