@@ -227,17 +227,25 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   float *g = reg(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
   const void *t = reg(e, d, DP_REGION_TARGETS, 0);
   float *part = reg(e, d, DP_REGION_LOSS, 0);
-  dp_cuda_mb_span span;
-  dp_status s = mb_span(e->mbs, op->micro_batch, op->n_mb, op->row0, &span);
-  if (s != DP_OK) return s;
-  if (p->model.loss == DP_LOSS_MSE) {
-    float scale = 2.0f / ((float)e->rows * (float)out);
-    DP_CUDA_CHECK(
-        dp_k_loss_mse(x->stream, o, (const float *)t, g, part, &span, out, scale));
-  } else {
-    float inv = 1.0f / (float)e->rows;
-    DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o, (const int32_t *)t, g, part, &span, out, inv,
-                               op->row0, x->hdr, d));
+  /* At most DP_CUDA_MB_LIST micro-batches per launch, listed: any sizes. A
+   * block per micro-batch computes its sum alone, so the grouping does not
+   * change a bit. */
+  for (int g0 = 0; g0 < op->n_mb; g0 += DP_CUDA_MB_LIST) {
+    int gn = op->n_mb - g0 < DP_CUDA_MB_LIST ? op->n_mb - g0 : DP_CUDA_MB_LIST;
+    int r0 = e->mbs[op->micro_batch + g0].row0 - op->row0; /* the group's first row */
+    dp_cuda_mb_span span;
+    dp_status s = mb_span(e->mbs, op->micro_batch + g0, gn, op->row0 + r0, &span);
+    if (s != DP_OK) return s;
+    size_t ro = (size_t)r0 * (size_t)out;
+    if (p->model.loss == DP_LOSS_MSE) {
+      float scale = 2.0f / ((float)e->rows * (float)out);
+      DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o + ro, (const float *)t + ro, g + ro,
+                                  part + g0, &span, out, scale));
+    } else {
+      float inv = 1.0f / (float)e->rows;
+      DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o + ro, (const int32_t *)t + r0, g + ro,
+                                 part + g0, &span, out, inv, op->row0 + r0, x->hdr, d));
+    }
   }
   return DP_OK;
 }

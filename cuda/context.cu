@@ -235,10 +235,47 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
 
 /* ---- helpers for the context and tests --------------------------------------------- */
 
+/* The GPU whose memory p is, or -1 for host memory. */
+static dp_status device_of(const void *p, int *dev) {
+  cudaPointerAttributes a;
+  DP_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  *dev = a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+  return DP_OK;
+}
+
 extern "C" dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
   if (bytes == 0) return DP_OK;
   if (!dst || !src) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_memcpy: NULL pointer");
+  int dd, sd;
+  dp_status s = device_of(dst, &dd);
+  if (s == DP_OK) s = device_of(src, &sd);
+  if (s != DP_OK) return s;
   DP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  /* cudaMemcpy from pageable memory may return before the DMA into device
+   * memory has landed, and the backend's streams are non-blocking (no
+   * implicit order with the legacy stream): wait for it on the device(s)
+   * involved, so that the next step reads what was written. Between steps
+   * only, so the cost does not matter. */
+  int devs[2] = {dd, sd};
+  for (int i = 0; i < 2; i++) {
+    if (devs[i] < 0 || (i == 1 && devs[1] == devs[0])) continue;
+    dp_cuda_device_scope scope;
+    if ((s = scope.enter(devs[i])) != DP_OK) return s;
+    DP_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_check_pinned(const void *p) {
+  if (!p) return DP_FAIL(DP_ERR_INVALID, "host staging arena is NULL");
+  cudaPointerAttributes a;
+  DP_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+  if (a.type != cudaMemoryTypeHost)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "host staging arena %p is not pinned host memory (it must come from "
+                   "cudaHostAlloc or cudaMallocHost: asynchronous copies and graph capture "
+                   "need it)",
+                   p);
   return DP_OK;
 }
 

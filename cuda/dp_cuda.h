@@ -39,7 +39,6 @@ void dp__cuda_arena_free(int dev, void *p); /* p may be NULL */
 dp_status dp__cuda_host_alloc(size_t bytes, void **out);
 void dp__cuda_host_free(void *p); /* p may be NULL */
 
-
 /* ==== The CUDA backend (cuda/backend.cu, cuda/kernels.cu, cuda/gemm.cu) ==========
  * Design and the executor's obligations: docs/GPU.md. Summary:
  *   - one stream per logical device (replicas may share a GPU: device_ids 0,0,0,0),
@@ -57,8 +56,8 @@ void dp__cuda_host_free(void *p); /* p may be NULL */
  *   (also stages in which it has no op, also after a failure):
  *       dp__cuda_stage_begin(bctx, dev, s)        before the device's first op of s
  *       ... the device's ops of s (backend run, transport copy) ...
- *       dp__cuda_stage_end(bctx, dev, s)          after its last op of s, before the barrier
- *   dp__cuda_step_end(bctx, &loss)                calling thread, after the last run,
+ *       dp__cuda_stage_end(bctx, dev, s)          after its last op of s, before the
+ * barrier dp__cuda_step_end(bctx, &loss)                calling thread, after the last run,
  *                                                 also when a run failed
  * Several dp__exec_run calls may make up one step (the commit split) as long as
  * their stages are consecutive and the first starts at stage 0. */
@@ -194,6 +193,9 @@ dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step);
  * direction comes from the pointers). For context set-up and parameter
  * get/set between steps, and tests. */
 dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes);
+/* DP_OK when p is pinned host memory (cudaHostAlloc/cudaMallocHost), as the
+ * staging arena of dp_ctx_create_static must be; DP_ERR_INVALID otherwise. */
+dp_status dp__cuda_check_pinned(const void *p);
 /* dst[0..count) = value on GPU dev (dst: device memory), synchronously. */
 dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count);
 
@@ -205,8 +207,8 @@ dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc
 /* Times C (m, n) = A (m, k) . B (k, n) in FP32 through cuBLAS on GPU dev with
  * the backend's math mode (tf32: DP_CUDA_TF32's): *ms per GEMM (the mean of
  * iters after a warm-up) and *tflops. */
-dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32, double *ms,
-                               double *tflops);
+dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32,
+                               double *ms, double *tflops);
 
 #ifdef __cplusplus
 }

@@ -122,6 +122,10 @@ dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
   return DP_FAIL(DP_ERR_UNSUPPORTED, "copy of %zu bytes: " NO_CUDA, bytes);
 }
 
+dp_status dp__cuda_check_pinned(const void *p) {
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "staging %p: " NO_CUDA, p);
+}
+
 dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count) {
   (void)dst, (void)value, (void)count;
   return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda device %d: " NO_CUDA, dev);

@@ -226,6 +226,10 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
                    "a cuda context needs the pinned host staging arena of %zu "
                    "bytes (dp_plan_host_bytes), aligned to %zu; got %s",
                    p->host_bytes, p->align, host ? "a misaligned pointer" : "NULL");
+  if (p && p->cfg.backend == DP_BACKEND_CUDA && p->host_bytes) {
+    dp_status s = dp__cuda_check_pinned(host);
+    if (s) return s;
+  }
   dp_status s = ctx_new(p, out);
   if (s) return s;
   dp_ctx *c = *out;
@@ -542,33 +546,68 @@ static void stage_inputs(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
  * the device failed (an asynchronous CUDA fault leaves the CUDA context
  * unusable). A failure to enqueue before the commit phase, or a capture that
  * failed (nothing ran), leaves the state as it was. */
+/* Enqueues the schedule: step_begin, the pre-commit part, the commit part.
+ * *commit_failed: the pre-commit part was enqueued and the commit part only
+ * in part (the update may be partly applied once the queue runs). */
+static dp_status cuda_enqueue(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc,
+                              int inject, bool *commit_failed) {
+  *commit_failed = false;
+  dp_status s = dp__cuda_step_begin(c->bctx, c->step);
+  if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
+  if (!s) {
+    s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
+    *commit_failed = s != DP_OK;
+  }
+  return s;
+}
+
+/* Captures the schedule into graph `slot` and launches it. On failure nothing
+ * ran (a capture only records) and the capture is dropped. */
+static dp_status cuda_capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc,
+                              int slot) {
+  bool partial;
+  dp_status s = dp__cuda_capture_begin(c->bctx);
+  if (!s) {
+    s = cuda_enqueue(c, e, sc, -1, &partial);
+    if (s) {
+      char msg[DP_ERRMSG_CAP];
+      snprintf(msg, sizeof msg, "%s", dp_last_error());
+      dp__cuda_capture_abort(c->bctx);
+      dp__error_restore(msg);
+      return s;
+    }
+    s = dp__cuda_capture_end(c->bctx, slot);
+  }
+  if (!s) s = dp__cuda_graph_launch(c->bctx, slot, c->step);
+  return s;
+}
+
+/* Enqueues one run of sc (plain, captured then launched, or launched) and
+ * waits for it. *untrusted: the state may be partly updated: the host failed
+ * to enqueue part of the commit phase after all of the pre-commit part, or
+ * the device failed (an asynchronous CUDA fault leaves the CUDA context
+ * unusable). A failure to enqueue before the commit phase leaves the state
+ * as it was. A shape whose capture fails runs plain from then on (this run
+ * included); c->error says why. */
 static dp_status cuda_run(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot,
                           int inject, float *loss, bool *untrusted) {
   bool commit_failed = false;
   dp_status s;
   if (slot >= 0 && dp__cuda_graph_ready(c->bctx, slot)) {
     s = dp__cuda_graph_launch(c->bctx, slot, c->step);
+  } else if (slot >= 0 && c->graph_warm[slot] && !c->graph_broken[slot]) {
+    s = cuda_capture(c, e, sc, slot);
+    if (s) {
+      c->graph_broken[slot] = true;
+      char why[DP_ERRMSG_CAP];
+      snprintf(why, sizeof why, "%s", dp_last_error());
+      if (!(s = cuda_enqueue(c, e, sc, inject, &commit_failed)))
+        snprintf(c->error, sizeof c->error,
+                 "graph capture failed; this shape of step runs plain: %.400s", why);
+    }
   } else {
-    bool capture = slot >= 0 && c->graph_warm[slot];
-    s = capture ? dp__cuda_capture_begin(c->bctx) : DP_OK;
-    if (!s) s = dp__cuda_step_begin(c->bctx, c->step);
-    if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
-    if (!s) {
-      s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
-      commit_failed = s && !capture;
-    }
-    if (capture) {
-      if (s) {
-        char msg[DP_ERRMSG_CAP];
-        snprintf(msg, sizeof msg, "%s", dp_last_error());
-        dp__cuda_capture_abort(c->bctx);
-        dp__error_restore(msg);
-      } else if (!(s = dp__cuda_capture_end(c->bctx, slot))) {
-        s = dp__cuda_graph_launch(c->bctx, slot, c->step);
-      }
-    } else if (!s && slot >= 0) {
-      c->graph_warm[slot] = true;
-    }
+    s = cuda_enqueue(c, e, sc, inject, &commit_failed);
+    if (!s && slot >= 0) c->graph_warm[slot] = true;
   }
   /* Always: nothing of this run may still be queued when we return. A
    * failure to enqueue comes first; its text stays the last error. */

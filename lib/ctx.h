@@ -37,6 +37,7 @@ struct dp_ctx {
   /* cuda graphs, per slot (see ctx.c graph_slot): a plain step of this shape
    * has run, so the next one may be captured */
   bool graph_warm[DP_CUDA_GRAPH_SLOTS];
+  bool graph_broken[DP_CUDA_GRAPH_SLOTS]; /* its capture failed: runs plain */
   dp_sched_cache train, infer;
   dp_exec exec;
   bool exec_live;

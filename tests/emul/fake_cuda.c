@@ -72,6 +72,12 @@ static struct {
 } G = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 /* Counters the executor's threads bump concurrently. */
+/* The next n_fail_captures calls of dp__cuda_capture_end fail (a driver that
+ * refuses to instantiate), after ending the capture as the real one does. */
+static atomic_long n_fail_captures;
+
+void fake_cuda_fail_captures(long n) { atomic_store(&n_fail_captures, n); }
+
 static atomic_long n_plain, n_ends, n_captures, n_aborts, n_launches, n_runs, n_copies,
     n_cross, n_peers, n_executed, n_bad_frees, n_memcpys;
 
@@ -1158,6 +1164,12 @@ dp_status dp__cuda_capture_end(void *bctx, int slot) {
                    state_names[c->state]);
   dp_status s = check_stages(c, "dp__cuda_capture_end");
   c->state = ST_IDLE;
+  if (!s && atomic_load(&n_fail_captures) > 0) {
+    atomic_fetch_sub(&n_fail_captures, 1);
+    clear_queues(c);
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_capture_end: cudaGraphInstantiate: "
+                                   "cudaErrorNotSupported (injected by the fake)");
+  }
   fk_slot *g = &c->slot[slot];
   slot_clear(g);
   for (int d = 0; d < c->n && !s; d++) { /* instantiation allocates, as the driver's does */
@@ -1246,6 +1258,16 @@ dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
   if (!st) memcpy(d, s, bytes);
   unlock();
   return st;
+}
+
+dp_status dp__cuda_check_pinned(const void *p) {
+  if (!p) return DP_FAIL(DP_ERR_INVALID, "host staging arena is NULL");
+  lock();
+  bool pinned = host_at_locked(p, 0) != NULL;
+  unlock();
+  if (!pinned)
+    return DP_FAIL(DP_ERR_INVALID, "host staging arena %p is not pinned host memory", p);
+  return DP_OK;
 }
 
 dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count) {

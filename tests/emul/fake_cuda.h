@@ -45,6 +45,8 @@ typedef struct {
 void fake_cuda_set_gpus(int n);
 void fake_cuda_set_have_nccl(int yes);
 void fake_cuda_set_free_bytes(int gpu, size_t bytes);
+/* The next n captures fail at dp__cuda_capture_end (nothing ran). */
+void fake_cuda_fail_captures(long n);
 /* Back to the defaults above (live allocations are kept). */
 void fake_cuda_reset_config(void);
 
