@@ -1248,6 +1248,77 @@ START_TEST(create_static_with_device_memory) {
 }
 END_TEST
 
+/* ---- faults ----------------------------------------------------------------------------
+ * The cuda path's failure handling (lib/ctx.c cuda_run): an op that fails to
+ * enqueue before the commit phase leaves parameters, optimizer state and the
+ * step counter as they were, so the retry and every later step give the bits
+ * of a context that never saw the fault; one that fails in the commit phase
+ * poisons the context (saving refused) until a checkpoint is loaded. The fault
+ * goes to every op of the schedule in turn (dp__ctx_inject_fault). */
+START_TEST(injected_faults_change_nothing_or_poison) {
+  static const struct {
+    int n, shard, graph;
+    dp_mode mode;
+    dp_optimizer opt;
+  } cases[] = {{2, 0, 0, DP_MODE_CLASSIC, DP_OPT_MOMENTUM},
+               {2, 0, 1, DP_MODE_CLASSIC, DP_OPT_ADAMW},
+               {4, 1, 0, DP_MODE_ALLREDUCE, DP_OPT_ADAMW}};
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dp_emul_fault_%ld.ckpt", (long)getpid());
+  for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+    dp_config c =
+        as_cuda(config(cases[ci].n, cases[ci].mode, cases[ci].shard, cases[ci].opt),
+                cases[ci].graph);
+    char what[96];
+    snprintf(what, sizeof what, "%s, %d devices%s", mode_name(c.mode, c.shard_optimizer),
+             c.n_devices, c.cuda_graph ? ", graph" : "");
+    rig ref;
+    rig_open(&ref, CE_SPEC, &c);
+    for (int k = 0; k < 5; k++) step_all((rig *[]){&ref}, 1, k, BATCH, what);
+    const dp_op *ops;
+    int n_ops, commit;
+    ck_assert_int_eq(dp__ctx_schedule(ref.c, BATCH, true, &ops, &n_ops, &commit), DP_OK);
+    ck_assert(commit > 0 && commit < n_ops);
+    if (getenv("DP_FAULT_REPORT"))
+      fprintf(stderr, "faults: %s: %d fault points, %d in the commit phase\n", what, n_ops,
+              n_ops - commit);
+    static batch bt;
+    make_batch(&bt, 2);
+    /* one context, brought back to step 2 by a checkpoint before each fault
+     * (a load also heals a poisoned context) */
+    rig t;
+    rig_open(&t, CE_SPEC, &c);
+    for (int j = 0; j < 2; j++) step_all((rig *[]){&t}, 1, j, BATCH, what);
+    ck_assert_msg(dp_ckpt_save(t.c, path) == DP_OK, "%s", dp_ctx_error(t.c));
+    for (int k = 0; k < n_ops; k++) {
+      ck_assert_msg(dp_ckpt_load(t.c, path) == DP_OK, "%s", dp_ctx_error(t.c));
+      dp__ctx_inject_fault(t.c, k);
+      dp_status s = dp_train_step(t.c, BATCH, IN, bt.x, bt.label, NULL);
+      ck_assert_msg(s == DP_ERR_BACKEND && strstr(dp_ctx_error(t.c), "injected fault"),
+                    "%s: fault at op %d of %d: %s: %s", what, k, n_ops, dp_status_name(s),
+                    dp_ctx_error(t.c));
+      ck_assert_int_eq(dp_ctx_step(t.c), 2);
+      if (k < commit) {
+        for (int j = 2; j < 5; j++) step_all((rig *[]){&t}, 1, j, BATCH, what);
+        same_params2(&ref, &t, what);
+      } else {
+        s = dp_train_step(t.c, BATCH, IN, bt.x, bt.label, NULL);
+        ck_assert_msg(s != DP_OK && strstr(dp_ctx_error(t.c), "unusable"),
+                      "%s: fault at op %d (commit phase from %d): not poisoned: %s", what,
+                      k, commit, dp_ctx_error(t.c));
+        char other[80];
+        snprintf(other, sizeof other, "%s.poisoned", path);
+        ck_assert_int_ne(dp_ckpt_save(t.c, other), DP_OK);
+      }
+    }
+    rig_close(&t);
+    rig_close(&ref);
+  }
+  unlink(path);
+  expect_clean("after the fault tests");
+}
+END_TEST
+
 /* ---- suites ---------------------------------------------------------------------------
  */
 
@@ -1297,6 +1368,9 @@ static Suite *cuda_emul_suite(void) {
   tcase_add_test(tc, params_and_grads_round_trip);
   tcase_add_test(tc, guards_hold_then_catch_damage_on_the_device);
   tcase_add_test(tc, high_water_is_read_through_the_device);
+  suite_add_tcase(s, tc);
+  tc = tcase("faults");
+  tcase_add_test(tc, injected_faults_change_nothing_or_poison);
   suite_add_tcase(s, tc);
   tc = tcase("resources");
   tcase_add_test(tc, refusals_create_nothing);
