@@ -15,7 +15,7 @@
 #
 # Environment: OUT (a folder whose files come back; default /tmp/dp-gpu-out) gets
 # configure.log, build.log, cuda_suite.log, cuda_api_suite.log, noalloc.log,
-# bench_gpu_step.log, bench_gpu_gemm.log and summary.txt. DP_GPU_SANITIZE=1 also runs the
+# bench_gpu_step.log, bench_gpu_gemm.log, bench_torch.log (the PyTorch peer) and summary.txt. DP_GPU_SANITIZE=1 also runs the
 # backend test case under compute-sanitizer memcheck (slow; only where the runtime has it).
 # Exit status: 0 when everything built and passed and nothing skipped for want of a GPU
 # (a test that needs 2 GPUs may skip on a one-GPU machine: listed, not a failure); 1
@@ -164,6 +164,16 @@ run_phase "dp bench gpu-step" "$OUTD/bench_gpu_step.log" 60 build-gpu/dp bench g
 rc_step=$?
 run_phase "dp bench gpu-gemm" "$OUTD/bench_gpu_gemm.log" 60 build-gpu/dp bench gpu-gemm
 rc_gemm=$?
+# The peer, in the same run: PyTorch on the same model, batch, optimizer and precision.
+# Informational: a machine without PyTorch's CUDA is not a failure of libdp.
+PY=$(command -v python3 || true)
+if [ -n "$PY" ]; then
+  run_phase "PyTorch peer" "$OUTD/bench_torch.log" 90 "$PY" bench/torch_gpu_step.py
+  rc_torch=$?
+else
+  echo "run.sh: no python3 for the PyTorch peer" | tee "$OUTD/bench_torch.log"
+  rc_torch=1
+fi
 
 src=0
 if [ "${DP_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null &&
@@ -235,6 +245,30 @@ skip_bench=$(cat "$OUTD"/bench_gpu_*.log 2>/dev/null | grep -c 'skipped, no GPU'
   grep -vE '^==' "$OUTD/bench_gpu_step.log" 2>/dev/null | sed 's/^/  /' || true
   echo "bench gpu-gemm (exit $rc_gemm):"
   grep -E 'GEMM-only|^step |FAILED|skipped' "$OUTD/bench_gpu_gemm.log" 2>/dev/null |
+    sed 's/^/  /' || true
+  echo "PyTorch peer (exit $rc_torch), libdp / PyTorch time per step, 1 replica:"
+  "${PY:-python3}" - "$OUTD/bench_gpu_step.log" "$OUTD/bench_torch.log" <<'PYEOF' 2>&1 |
+import json, re, sys
+ours = {}
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"\s*(\d+) \(([\d,]+)\)\s+(yes|no)\s+([\d.]+)", line)
+    if m:
+        ours[(int(m.group(1)), m.group(3) == "yes")] = float(m.group(4))
+peer = None
+for line in open(sys.argv[2], errors="replace"):
+    if line.startswith("{"):
+        peer = json.loads(line)
+if not peer:
+    print("no PyTorch result (see bench_torch.log)")
+    sys.exit(0)
+print("torch %s on %s: plain %.3f ms/step, graph %.3f ms/step" % (
+    peer["torch"], peer["gpu"], peer["plain_ms"], peer["graph_ms"]))
+for graph, key in ((False, "plain_ms"), (True, "graph_ms")):
+    if (1, graph) in ours:
+        print("%-6s libdp %.3f ms vs PyTorch %.3f ms: ratio %.2f (below 1: libdp faster)" % (
+            "graph" if graph else "plain", ours[(1, graph)], peer[key],
+            ours[(1, graph)] / peer[key]))
+PYEOF
     sed 's/^/  /' || true
   [ "$src" = 0 ] || echo "compute-sanitizer: exit $src (see sanitizer.log)"
 } | tee "$SUM"
