@@ -53,6 +53,29 @@ static dp_op copy_op(dp_phase ph, int exec, int sd, int sr, size_t so, int dd, i
                  .rows = rows};
 }
 
+/* An op of device d on its own memory; the caller sets what else it needs. */
+static dp_op device_op(dp_phase ph, dp_op_kind kind, int d, size_t bytes) {
+  return (dp_op){.phase = (uint8_t)ph,
+                 .kind = (uint8_t)kind,
+                 .device = (int16_t)d,
+                 .layer = -1,
+                 .micro_batch = -1,
+                 .src_dev = (int16_t)d,
+                 .dst_dev = (int16_t)d,
+                 .bytes = bytes};
+}
+
+/* A layer op of micro-batch k (rows mbs[k]) on device d. */
+static dp_op layer_op(dp_phase ph, dp_op_kind kind, int d, int layer, int k,
+                      const dp_mb *mbs, size_t bytes) {
+  dp_op op = device_op(ph, kind, d, bytes);
+  op.layer = (int16_t)layer;
+  op.micro_batch = k;
+  op.row0 = mbs[k].row0;
+  op.rows = mbs[k].rows;
+  return op;
+}
+
 /* A grad slot: 0 = GRADS, k >= 1 = partial k of GRAD_PARTIALS. */
 static void slot_place(const dp_plan *p, int slot, uint8_t *region, size_t *off) {
   *region = slot ? DP_REGION_GRAD_PARTIALS : DP_REGION_GRADS;
@@ -70,33 +93,20 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
     uint8_t r;
     size_t off;
     slot_place(p, slot, &r, &off);
-    for (int i = p->model.n_layers - 1; i >= 0; i--)
-      emit(b, (dp_op){.phase = DP_PHASE_BACKWARD,
-                      .kind = DP_OP_BACKWARD,
-                      .device = (int16_t)d,
-                      .layer = (int16_t)i,
-                      .micro_batch = lo,
-                      .src_dev = (int16_t)d,
-                      .dst_dev = (int16_t)d,
-                      .dst_region = r,
-                      .dst_offset = off,
-                      .bytes = p->model.layers[i].n_params * 4,
-                      .row0 = mbs[lo].row0,
-                      .rows = mbs[lo].rows});
+    for (int i = p->model.n_layers - 1; i >= 0; i--) {
+      dp_op op = layer_op(DP_PHASE_BACKWARD, DP_OP_BACKWARD, d, i, lo, mbs,
+                          p->model.layers[i].n_params * 4);
+      op.dst_region = r;
+      op.dst_offset = off;
+      emit(b, op);
+    }
     return;
   }
   int mid = (lo + hi + 1) / 2;
   backward_tree(b, p, mbs, d, lo, mid, slot);
   if (mbs[mid].rows == 0) return;
   backward_tree(b, p, mbs, d, mid, hi, slot + 1);
-  dp_op add = {.phase = DP_PHASE_BACKWARD,
-               .kind = DP_OP_GRAD_ADD,
-               .device = (int16_t)d,
-               .layer = -1,
-               .micro_batch = -1,
-               .src_dev = (int16_t)d,
-               .dst_dev = (int16_t)d,
-               .bytes = p->model.n_params * 4};
+  dp_op add = device_op(DP_PHASE_BACKWARD, DP_OP_GRAD_ADD, d, p->model.n_params * 4);
   slot_place(p, slot, &add.dst_region, &add.dst_offset);
   slot_place(p, slot + 1, &add.src_region, &add.src_offset);
   emit(b, add);
@@ -104,17 +114,12 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
 
 /* Loss terms of micro-batches [mb0, mb1), rows [row0, +rows), on device d. */
 static dp_op loss_op(int d, int mb0, int mb1, int row0, int rows, int out) {
-  return (dp_op){.phase = DP_PHASE_LOSS,
-                 .kind = DP_OP_LOSS,
-                 .device = (int16_t)d,
-                 .layer = -1,
-                 .micro_batch = mb0,
-                 .n_mb = mb1 - mb0,
-                 .src_dev = (int16_t)d,
-                 .dst_dev = (int16_t)d,
-                 .bytes = (size_t)rows * out * 4,
-                 .row0 = row0,
-                 .rows = rows};
+  dp_op op = device_op(DP_PHASE_LOSS, DP_OP_LOSS, d, (size_t)rows * out * 4);
+  op.micro_batch = mb0;
+  op.n_mb = mb1 - mb0;
+  op.row0 = row0;
+  op.rows = rows;
+  return op;
 }
 
 static dp_op loss_sum_op(int n_mb, int rows) {
@@ -130,18 +135,12 @@ static dp_op loss_sum_op(int n_mb, int rows) {
 
 static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region,
                          size_t src_off, size_t bytes) {
-  return (dp_op){.phase = DP_PHASE_REDUCE,
-                 .kind = DP_OP_GRAD_ADD,
-                 .device = (int16_t)d,
-                 .layer = -1,
-                 .micro_batch = -1,
-                 .src_dev = (int16_t)d,
-                 .dst_dev = (int16_t)d,
-                 .src_region = (uint8_t)src_region,
-                 .dst_region = (uint8_t)dst_region,
-                 .src_offset = src_off,
-                 .dst_offset = dst_off,
-                 .bytes = bytes};
+  dp_op op = device_op(DP_PHASE_REDUCE, DP_OP_GRAD_ADD, d, bytes);
+  op.src_region = (uint8_t)src_region;
+  op.dst_region = (uint8_t)dst_region;
+  op.src_offset = src_off;
+  op.dst_offset = dst_off;
+  return op;
 }
 
 /* The canonical tree continued across devices 0..n-1: at distance 1, 2, 4,
@@ -275,16 +274,8 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
   for (int d = 0; d < n_act; d++)
     for (int i = 0; i < L; i++)
       for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
-        emit(&b, (dp_op){.phase = DP_PHASE_FORWARD,
-                         .kind = DP_OP_FORWARD,
-                         .device = (int16_t)d,
-                         .layer = (int16_t)i,
-                         .micro_batch = k,
-                         .src_dev = (int16_t)d,
-                         .dst_dev = (int16_t)d,
-                         .bytes = (size_t)mbs[k].rows * m->layers[i].out * 4,
-                         .row0 = mbs[k].row0,
-                         .rows = mbs[k].rows});
+        emit(&b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, mbs,
+                          (size_t)mbs[k].rows * m->layers[i].out * 4));
   next_stage(&b);
   if (!training || classic) {
     /* Each device pushes its chunk: the gather runs in parallel. */
@@ -329,32 +320,21 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
     for (int d = 0; d < n_act; d++)
       backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0);
     if (!classic) /* devices without rows add -0.0, which leaves every sum as it is */
-      for (int d = n_act; d < sp->n_used; d++)
-        emit(&b, (dp_op){.phase = DP_PHASE_BACKWARD,
-                         .kind = DP_OP_ZERO,
-                         .device = (int16_t)d,
-                         .layer = -1,
-                         .micro_batch = -1,
-                         .src_dev = (int16_t)d,
-                         .dst_dev = (int16_t)d,
-                         .dst_region = DP_REGION_GRADS,
-                         .bytes = P});
+      for (int d = n_act; d < sp->n_used; d++) {
+        dp_op z = device_op(DP_PHASE_BACKWARD, DP_OP_ZERO, d, P);
+        z.dst_region = DP_REGION_GRADS;
+        emit(&b, z);
+      }
     next_stage(&b);
     if (classic) {
       reduce_to_0(&b, n_act, P);
     } else if (p->cfg.fast_collectives) {
       if (sp->n_used > 1) {
-        for (int d = 0; d < sp->n_used; d++)
-          emit(&b, (dp_op){.phase = DP_PHASE_REDUCE,
-                           .kind = DP_OP_ALLREDUCE,
-                           .device = (int16_t)d,
-                           .layer = -1,
-                           .micro_batch = -1,
-                           .src_dev = (int16_t)d,
-                           .dst_dev = (int16_t)d,
-                           .src_region = DP_REGION_GRADS,
-                           .dst_region = DP_REGION_GRADS,
-                           .bytes = P});
+        for (int d = 0; d < sp->n_used; d++) {
+          dp_op ar = device_op(DP_PHASE_REDUCE, DP_OP_ALLREDUCE, d, P);
+          ar.src_region = ar.dst_region = DP_REGION_GRADS;
+          emit(&b, ar);
+        }
         next_stage(&b);
       }
     } else if (dp__is_pow2(sp->n_used)) {
@@ -370,29 +350,19 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
     }
     /* Every device checks what it will apply before any device applies it. */
     int n_opt = classic ? 1 : sp->n_used;
-    for (int d = 0; d < n_opt; d++)
-      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER,
-                       .kind = DP_OP_GRAD_CHECK,
-                       .device = (int16_t)d,
-                       .layer = -1,
-                       .micro_batch = -1,
-                       .src_dev = (int16_t)d,
-                       .dst_dev = (int16_t)d,
-                       .src_region = DP_REGION_GRADS,
-                       .src_offset = p->opt_off[d] * 4,
-                       .bytes = p->opt_len[d] * 4});
+    for (int d = 0; d < n_opt; d++) {
+      dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, d, p->opt_len[d] * 4);
+      chk.src_region = DP_REGION_GRADS;
+      chk.src_offset = p->opt_off[d] * 4;
+      emit(&b, chk);
+    }
     next_stage(&b);
-    for (int d = 0; d < n_opt; d++)
-      emit(&b, (dp_op){.phase = DP_PHASE_OPTIMIZER,
-                       .kind = DP_OP_OPTIMIZER,
-                       .device = (int16_t)d,
-                       .layer = -1,
-                       .micro_batch = -1,
-                       .src_dev = (int16_t)d,
-                       .dst_dev = (int16_t)d,
-                       .dst_region = DP_REGION_PARAMS,
-                       .dst_offset = p->opt_off[d] * 4,
-                       .bytes = p->opt_len[d] * 4});
+    for (int d = 0; d < n_opt; d++) {
+      dp_op upd = device_op(DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, d, p->opt_len[d] * 4);
+      upd.dst_region = DP_REGION_PARAMS;
+      upd.dst_offset = p->opt_off[d] * 4;
+      emit(&b, upd);
+    }
     next_stage(&b);
     if (!classic && p->cfg.shard_optimizer) allgather_params(&b, p, sp->n_used);
   }
