@@ -540,12 +540,6 @@ static void stage_inputs(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
   e->host_y = (float *)(c->staging + lay.y);
 }
 
-/* Enqueues one run of sc (plain, captured then launched, or launched) and
- * waits for it. *untrusted: the state may be partly updated: the host failed
- * to enqueue part of the commit phase after all of the pre-commit part, or
- * the device failed (an asynchronous CUDA fault leaves the CUDA context
- * unusable). A failure to enqueue before the commit phase, or a capture that
- * failed (nothing ran), leaves the state as it was. */
 /* Enqueues the schedule: step_begin, the pre-commit part, the commit part.
  * *commit_failed: the pre-commit part was enqueued and the commit part only
  * in part (the update may be partly applied once the queue runs). */
@@ -565,7 +559,7 @@ static dp_status cuda_enqueue(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *s
  * ran (a capture only records) and the capture is dropped. */
 static dp_status cuda_capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc,
                               int slot) {
-  bool partial;
+  bool partial; /* irrelevant here: a capture runs nothing */
   dp_status s = dp__cuda_capture_begin(c->bctx);
   if (!s) {
     s = cuda_enqueue(c, e, sc, -1, &partial);
