@@ -11,6 +11,7 @@
  * forked children. Replicas all sit on GPU 0 (device_ids 0,0,...): the lent
  * machine has one GPU. */
 #include "dp.h"
+#include "dp_cuda.h" /* dp__cuda_device_info: the GPU's free memory */
 
 #include <check.h>
 #include <math.h>
@@ -607,6 +608,46 @@ START_TEST(checkpoint_moves_between_cuda_and_cpu) {
 }
 END_TEST
 
+/* What a context takes from the GPU: at least its planned arenas, and what
+ * CUDA keeps beyond them (streams, events, cuBLAS state) is reported, not
+ * guessed; freeing gives the arenas back. 4 replicas on GPU 0, the
+ * benchmark's model. A NOTE line carries the numbers to tests/gpu/run.sh. */
+START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
+  REQUIRE_GPU("device_memory_is_the_plan_plus_reported_overhead");
+  static const char spec[] = "input 1024\nlinear 4096\ngelu\nlinear 4096\ngelu\n"
+                             "linear 1024\nloss mse\n";
+  dp_config g = config(DP_BACKEND_CUDA, 1024, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  size_t f0, f1, f2, total;
+  /* the primary context exists before the first reading (the query makes it) */
+  ck_assert_msg(dp__cuda_device_info(0, NULL, 0, &total, &f0, NULL, NULL) == DP_OK, "%s",
+                dp_last_error());
+  run r;
+  run_open(&r, spec, &g, "4 replicas");
+  ck_assert_msg(dp__cuda_device_info(0, NULL, 0, NULL, &f1, NULL, NULL) == DP_OK, "%s",
+                dp_last_error());
+  size_t planned = 0;
+  for (int d = 0; d < dp_plan_n_devices(r.p); d++) planned += dp_plan_device_bytes(r.p, d);
+  size_t used = f0 > f1 ? f0 - f1 : 0;
+  double mib = 1024.0 * 1024.0;
+  fprintf(stderr,
+          "NOTE cuda_api: 4 replicas of 1024-4096-4096-1024 (AdamW, batch 1024) on GPU 0: "
+          "planned %.1f MiB, cudaMemGetInfo fell by %.1f MiB at create (%.1f MiB beyond "
+          "the plan)\n",
+          (double)planned / mib, (double)used / mib,
+          used > planned ? (double)(used - planned) / mib : 0.0);
+  /* the driver hands out memory in pages of up to 2 MiB per allocation */
+  ck_assert_msg(used + 8u * 2 * 1024 * 1024 >= planned,
+                "the context took %zu bytes from the GPU, less than the %zu it planned",
+                used, planned);
+  run_close(&r);
+  ck_assert_msg(dp__cuda_device_info(0, NULL, 0, NULL, &f2, NULL, NULL) == DP_OK, "%s",
+                dp_last_error());
+  ck_assert_msg(f2 + 8u * 2 * 1024 * 1024 >= f1 + planned,
+                "after dp_ctx_free only %zu of the %zu planned bytes came back",
+                f2 > f1 ? f2 - f1 : 0, planned);
+}
+END_TEST
+
 Suite *cuda_api_suite(void) {
   Suite *s = suite_create("cuda_api");
   TCase *tc = tcase_create("gpu_api");
@@ -621,6 +662,7 @@ Suite *cuda_api_suite(void) {
   tcase_add_test(tc, arena_larger_than_free_memory_is_refused);
   tcase_add_test(tc, missing_gpu_is_refused);
   tcase_add_test(tc, checkpoint_moves_between_cuda_and_cpu);
+  tcase_add_test(tc, device_memory_is_the_plan_plus_reported_overhead);
   /* each test creates its CUDA context afresh (Check forks per test) */
   tcase_set_timeout(tc, 120);
   suite_add_tcase(s, tc);
