@@ -542,6 +542,9 @@ def main():
     emul_src = sources('tests/emul/*.c')
     if emul_src:
         eobjs = [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in emul_src]
+        # The GPU suite through the public API runs here too, against the double, so
+        # that its logic is checked on every run (test_dp runs it on a real GPU).
+        eobjs.append(O('tests/test_cuda_api.c'))
         test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [libdp], variables=tlibs)
     defaults += test_bins
     n.newline()

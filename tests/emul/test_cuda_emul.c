@@ -1380,9 +1380,12 @@ static Suite *cuda_emul_suite(void) {
   return s;
 }
 
+Suite *cuda_api_suite(void); /* tests/test_cuda_api.c, here on the emulated GPU */
+
 int main(void) {
   SRunner *sr = srunner_create(fake_cuda_suite());
   srunner_add_suite(sr, cuda_emul_suite());
+  srunner_add_suite(sr, cuda_api_suite());
   srunner_run_all(sr, CK_ENV);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
