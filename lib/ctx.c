@@ -124,11 +124,8 @@ static dp_status fill_arenas(dp_ctx *c) {
 static unsigned cuda_flags(const dp_plan *p) {
   const dp_config *cf = &p->cfg;
   unsigned f = cf->tf32 ? DP_CUDA_TF32 : 0;
-  int n = p->split.n_used;
-  bool distinct = n > 1;
-  for (int d = 0; d < n && distinct; d++)
-    for (int e = 0; e < d && distinct; e++)
-      distinct = cf->device_ids[d] != cf->device_ids[e];
+  int n = p->split.n_used, a, b;
+  bool distinct = n > 1 && !dp__shared_gpu(cf, n, &a, &b);
   if (cf->transport == DP_TRANSPORT_NCCL || cf->fast_collectives ||
       (cf->transport == DP_TRANSPORT_AUTO && distinct && dp__cuda_have_nccl()))
     f |= DP_CUDA_NCCL;
@@ -179,6 +176,17 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   return DP_OK;
 }
 
+/* A constructor's failure: frees what was made (which may record errors of
+ * its own), keeps the original error text, and leaves *out NULL. */
+static dp_status ctx_abandon(dp_ctx *c, dp_ctx **out, dp_status s) {
+  char msg[DP_ERRMSG_CAP];
+  snprintf(msg, sizeof msg, "%s", dp_last_error());
+  dp_ctx_free(c);
+  dp__error_restore(msg);
+  *out = NULL;
+  return s;
+}
+
 dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
   dp_status s = ctx_new(p, out);
   if (s) return s;
@@ -200,14 +208,7 @@ dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
   }
   if (!s && c->cuda) s = dp__cuda_host_alloc(p->host_bytes, (void **)&c->staging);
   if (!s) s = ctx_init(c);
-  if (s) {
-    char msg[DP_ERRMSG_CAP];
-    snprintf(msg, sizeof msg, "%s", dp_last_error());
-    dp_ctx_free(c); /* may record errors of its own */
-    dp__error_restore(msg);
-    *out = NULL;
-  }
-  return s;
+  return s ? ctx_abandon(c, out, s) : DP_OK;
 }
 
 dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
@@ -220,14 +221,14 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
                      arenas[d] ? "not aligned to the plan's alignment" : "NULL");
   /* The cpu backend stages nothing (it reads the caller's memory); cuda
    * stages inputs through `host`, pinned memory of dp_plan_host_bytes. */
-  if (p && p->cfg.backend == DP_BACKEND_CUDA && p->host_bytes &&
-      (!host || (uintptr_t)host % p->align))
-    return DP_FAIL(DP_ERR_INVALID,
-                   "a cuda context needs the pinned host staging arena of %zu "
-                   "bytes (dp_plan_host_bytes), aligned to %zu; got %s",
-                   p->host_bytes, p->align, host ? "a misaligned pointer" : "NULL");
   if (p && p->cfg.backend == DP_BACKEND_CUDA && p->host_bytes) {
-    dp_status s = dp__cuda_check_pinned(host);
+    if ((uintptr_t)host % p->align)
+      return DP_FAIL(
+          DP_ERR_INVALID,
+          "the pinned host staging arena (%zu bytes, dp_plan_host_bytes) must be "
+          "aligned to %zu",
+          p->host_bytes, p->align);
+    dp_status s = dp__cuda_check_pinned(host); /* NULL included */
     if (s) return s;
   }
   dp_status s = ctx_new(p, out);
@@ -235,14 +236,8 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
   dp_ctx *c = *out;
   for (int d = 0; d < p->split.n_used; d++) c->arena[d] = arenas[d];
   if (c->cuda) c->staging = host;
-  if ((s = ctx_init(c))) {
-    char msg[DP_ERRMSG_CAP];
-    snprintf(msg, sizeof msg, "%s", dp_last_error());
-    dp_ctx_free(c);
-    dp__error_restore(msg);
-    *out = NULL;
-  }
-  return s;
+  s = ctx_init(c);
+  return s ? ctx_abandon(c, out, s) : DP_OK;
 }
 
 void dp_ctx_free(dp_ctx *c) {

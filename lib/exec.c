@@ -92,7 +92,6 @@ static void note(dp_exec *x, int dev, int k, int stage, int hook_stage, dp_statu
   x->fail_op[dev] = k;
   x->fail_hook[dev] = hook_stage;
   snprintf(x->errmsg[dev], sizeof x->errmsg[dev], "%s", dp_last_error());
-  atomic_store(&x->failed, 1);
 }
 
 /* One device's share of the current job. */
@@ -117,7 +116,7 @@ static void run_device(dp_exec *x, int dev) {
        * failing stage still run on every side: a send whose receive was
        * skipped, or a collective a rank never entered, would never complete. */
       if (stopped ||
-          (atomic_load_explicit(&x->failed, memory_order_relaxed) &&
+          (atomic_load_explicit(&x->fail_stage, memory_order_relaxed) != INT_MAX &&
            !(two_sided && (op->kind == DP_OP_COPY || op->kind == DP_OP_ALLREDUCE))))
         continue;
       if (op->device == dev)
@@ -228,12 +227,11 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops
   x->s0 = ops[lo].stage;
   x->s1 = ops[hi - 1].stage;
   x->inject_at = inject_at;
-  atomic_store(&x->failed, 0);
   atomic_store(&x->fail_stage, INT_MAX);
   for (int d = 0; d < x->n_devices; d++) x->status[d] = DP_OK;
   if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
   run_device(x, 0);
-  if (!atomic_load(&x->failed)) return DP_OK;
+  if (atomic_load(&x->fail_stage) == INT_MAX) return DP_OK;
   /* Report the failure that comes first in the schedule. */
   int first = -1;
   for (int d = 0; d < x->n_devices; d++)

@@ -31,7 +31,7 @@ struct dp_exec {
   void *tctx;
   dp_worker workers[DP_MAX_DEVICES];
   dp_barrier bar;
-  atomic_int quit, failed;
+  atomic_int quit;
   atomic_int fail_stage; /* the earliest stage with a failure; INT_MAX: none */
   /* the current job: ops [lo, hi) of a schedule, which cover stages
    * [s0, s1]; the op at schedule index inject_at fails (test hook, -1: off) */

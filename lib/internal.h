@@ -140,6 +140,9 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
                              int cap, int *n_ops, int *n_stages);
 int dp__schedule_cap(const dp_plan *p);
 
+/* Replicas `first` < `second` (of the first n) that share a GPU, if any. */
+bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second);
+
 static inline bool dp__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 /* The segment [lo, hi) of n floats that device r holds after `levels` levels
  * of recursive halving (level l pairs r with r ^ 2^l; the device with that bit

@@ -48,6 +48,17 @@ void dp_config_default(dp_config *c) {
   c->seed = 0;
 }
 
+bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second) {
+  for (int d = 0; d < n; d++)
+    for (int e = 0; e < d; e++)
+      if (c->device_ids[d] == c->device_ids[e]) {
+        *first = e;
+        *second = d;
+        return true;
+      }
+  return false;
+}
+
 static dp_status check_config(const dp_model *m, const dp_config *c) {
   if (c->batch < 1)
     return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1, got %d", c->batch);
@@ -98,15 +109,14 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
       if (c->device_ids[d] < 0)
         return DP_FAIL(DP_ERR_INVALID, "device_ids[%d] is %d; GPU ids are >= 0", d,
                        c->device_ids[d]);
-  if (c->transport == DP_TRANSPORT_NCCL || c->fast_collectives)
-    for (int d = 0; d < c->n_devices; d++)
-      for (int e = 0; e < d; e++)
-        if (c->device_ids[d] == c->device_ids[e])
-          return DP_FAIL(DP_ERR_INVALID,
-                         "the NCCL transport needs a GPU per replica, but "
-                         "replicas %d and %d are both on GPU %d (use transport "
-                         "auto or copy for replicas that share a GPU)",
-                         e, d, c->device_ids[d]);
+  int e, d;
+  if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
+      dp__shared_gpu(c, c->n_devices, &e, &d))
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "the NCCL transport needs a GPU per replica, but replicas %d and %d are both on "
+        "GPU %d (use transport auto or copy for replicas that share a GPU)",
+        e, d, c->device_ids[d]);
   if (!c->inference && m->loss == DP_LOSS_NONE)
     return DP_FAIL(DP_ERR_INVALID, "a training plan needs a loss (add 'loss mse' or "
                                    "'loss softmax_cross_entropy', or plan --inference)");
