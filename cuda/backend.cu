@@ -48,8 +48,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-thread_local cuda_ctx *tl_ctx = nullptr;
-thread_local int tl_dev = -1;
+thread_local cuda_ctx *dp__cuda_tl_ctx = nullptr;
+thread_local int dp__cuda_tl_dev = -1;
 
 static float *reg(const dp_exec_env *e, int d, int r, size_t off) {
   return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
@@ -217,6 +217,29 @@ static dp_status mb_span(const dp_mb *mbs, int mb0, int n, int row0, dp_cuda_mb_
   return DP_OK;
 }
 
+/* The optimizer's constants, computed on the host exactly as
+ * lib/cpu_backend.c's opt_consts_of does; the per-step scalars are in the
+ * header (dp__cuda_host_step). */
+static dp_cuda_opt opt_of(const dp_config *cf) {
+  dp_cuda_opt o;
+  memset(&o, 0, sizeof o);
+  o.kind = (int)cf->optimizer;
+  o.nesterov = cf->nesterov;
+  o.lr = cf->lr;
+  o.wd = cf->weight_decay;
+  o.mu = cf->momentum;
+  o.keep = 1.0f - cf->dampening;
+  if (cf->optimizer == DP_OPT_ADAMW) {
+    o.b1 = cf->beta1;
+    o.b2 = cf->beta2;
+    o.one_minus_b1 = 1.0f - cf->beta1;
+    o.one_minus_b2 = 1.0f - cf->beta2;
+    o.eps = cf->eps;
+    o.decay = 1.0f - cf->lr * cf->weight_decay;
+  }
+  return o;
+}
+
 /* As lib/cpu_backend.c's loss_op: classic reads the gathered outputs on device
  * 0, allreduce each device's own chunk; sums into the device's LOSS region. */
 static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
@@ -291,20 +314,7 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
       if (s != DP_OK) return s;
     }
   }
-  dp_cuda_opt o; /* the per-step scalars are in the header (dp__cuda_host_step) */
-  memset(&o, 0, sizeof o);
-  o.kind = (int)cf->optimizer;
-  o.lr = cf->lr;
-  o.wd = cf->weight_decay;
-  o.mu = cf->momentum;
-  if (cf->optimizer == DP_OPT_ADAMW) { /* lib/cpu_backend.c's constants, the same way */
-    o.b1 = cf->beta1;
-    o.b2 = cf->beta2;
-    o.one_minus_b1 = 1.0f - cf->beta1;
-    o.one_minus_b2 = 1.0f - cf->beta2;
-    o.eps = cf->eps;
-    o.decay = 1.0f - cf->lr * cf->weight_decay;
-  }
+  dp_cuda_opt o = opt_of(cf);
   DP_CUDA_CHECK(dp_k_optimizer(x->stream, &o, reg(e, d, DP_REGION_PARAMS, op->dst_offset),
                                reg(e, d, DP_REGION_GRADS, op->dst_offset),
                                reg(e, d, DP_REGION_OPT_STATE, 0), n, x->hdr, n_check));
@@ -391,10 +401,17 @@ static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     return DP_OK;
   case DP_OP_LOSS: return loss_op(x, e, op);
   case DP_OP_LOSS_SUM: return loss_sum_op(x, e, op);
-  case DP_OP_GRAD_CHECK:
-    DP_CUDA_CHECK(dp_k_grad_check(x->stream, reg(e, d, op->src_region, op->src_offset),
-                                  op->bytes / 4, op->src_offset / 4, x->hdr, d));
+  case DP_OP_GRAD_CHECK: {
+    const float *g = (const float *)reg(e, d, op->src_region, op->src_offset);
+    dp_cuda_opt o = opt_of(&e->plan->cfg);
+    DP_CUDA_CHECK(
+        dp_k_grad_check(x->stream, g, op->bytes / 4, op->src_offset / 4, x->hdr, d));
+    DP_CUDA_CHECK(dp_k_update_check(
+        x->stream, &o, (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset), g,
+        (const float *)reg(e, d, DP_REGION_OPT_STATE, 0), op->bytes / 4, op->src_offset / 4,
+        x->hdr, d));
     return DP_OK;
+  }
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);
   case DP_OP_ALLREDUCE: return allreduce_op(c, x, e, op);
   case DP_OP_COPY: break;
@@ -501,20 +518,20 @@ static bool nccl_pair(const cuda_ctx *c, int sd, int dd) {
 
 static dp_status cuda_copy(void *tctx, void *dst, const void *src, size_t bytes) {
   cuda_ctx *c = (cuda_ctx *)tctx;
-  if (!c || tl_ctx != c || tl_dev < 0 || tl_dev >= c->n)
+  if (!c || dp__cuda_tl_ctx != c || dp__cuda_tl_dev < 0 || dp__cuda_tl_dev >= c->n)
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: copy on a thread that has no device: the "
                    "executor must call dp__cuda_stage_begin first");
-  dp_status s = use_device(c->dev[tl_dev].phys);
+  dp_status s = use_device(c->dev[dp__cuda_tl_dev].phys);
   if (s != DP_OK) return s;
   int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
-  if (!nccl_pair(c, sd, dd)) return copy_on(c, tl_dev, dst, src, bytes);
-  if (tl_dev != sd && tl_dev != dd) /* peer() would have no side to play */
+  if (!nccl_pair(c, sd, dd)) return copy_on(c, dp__cuda_tl_dev, dst, src, bytes);
+  if (dp__cuda_tl_dev != sd && dp__cuda_tl_dev != dd) /* peer() would have no side to play */
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda transport: device %d executes a copy from device %d to "
                    "device %d; with NCCL a copy must be executed by an endpoint",
-                   tl_dev, sd, dd);
-  return nccl_side(c, tl_dev, dst, src, bytes, sd, dd);
+                   dp__cuda_tl_dev, sd, dd);
+  return nccl_side(c, dp__cuda_tl_dev, dst, src, bytes, sd, dd);
 }
 
 /* The other endpoint's side of a copy (lib/internal.h): the NCCL send or
@@ -533,7 +550,7 @@ static dp_status cuda_peer(void *tctx, int dev, void *dst, const void *src, size
                    "cuda transport: peer on device %d for a copy from device %d "
                    "to device %d",
                    dev, sd, dd);
-  if (tl_ctx != c || tl_dev != dev)
+  if (dp__cuda_tl_ctx != c || dp__cuda_tl_dev != dev)
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: peer for device %d on a thread that began "
                    "no stage of it (dp__cuda_stage_begin)",
@@ -561,8 +578,8 @@ extern "C" dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage) {
   if (stage < 0) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_stage_begin: stage %d", stage);
   dev_ctx *x = &c->dev[dev];
   if ((s = use_device(x->phys)) != DP_OK) return s;
-  tl_ctx = c;
-  tl_dev = dev;
+  dp__cuda_tl_ctx = c;
+  dp__cuda_tl_dev = dev;
   x->stage = stage;
   x->touched[stage & 1] = 0;
   if (stage == 0) return DP_OK;
@@ -604,8 +621,8 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
    * the block while it is written. */
   *c->host_sc = sc;
   c->step = step;
-  tl_ctx = nullptr;
-  tl_dev = -1;
+  dp__cuda_tl_ctx = nullptr;
+  dp__cuda_tl_dev = -1;
   for (int d = 0; d < c->n; d++) {
     dev_ctx *x = &c->dev[d];
     x->touched[0] = x->touched[1] = 0;
@@ -767,12 +784,14 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
     return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
                    isnan(h[0].loss) ? "NaN" : "infinite");
   unsigned int bad_row = ~0u;
-  unsigned long long bad_grad = ~0ull;
+  unsigned long long bad_grad = ~0ull, bad_update = ~0ull;
   for (int d = 0; d < c->n; d++) {
     if ((h[d].status[d] & DP_CUDA_ST_LABEL) && h[d].bad_label_row < bad_row)
       bad_row = h[d].bad_label_row;
     if ((h[d].status[d] & DP_CUDA_ST_GRAD) && h[d].bad_grad < bad_grad)
       bad_grad = h[d].bad_grad;
+    if ((h[d].status[d] & DP_CUDA_ST_UPDATE) && h[d].bad_update < bad_update)
+      bad_update = h[d].bad_update;
   }
   if (bad_row != ~0u)
     return DP_FAIL(DP_ERR_RANGE,
@@ -781,5 +800,10 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
   if (bad_grad != ~0ull)
     return DP_FAIL(DP_ERR_NONFINITE, "gradient %llu is %s; the step was not applied",
                    bad_grad >> 1, (bad_grad & 1) ? "infinite" : "NaN");
+  if (bad_update != ~0ull)
+    return DP_FAIL(DP_ERR_NONFINITE,
+                   "the update would make parameter %llu or its optimizer state "
+                   "non-finite (lr %g, weight_decay %g); the step was not applied",
+                   bad_update, (double)c->plan->cfg.lr, (double)c->plan->cfg.weight_decay);
   return DP_OK;
 }

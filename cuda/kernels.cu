@@ -11,10 +11,10 @@
 #define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
 
 /* Unfused IEEE single-precision arithmetic: the CPU backend's rounding steps. */
-__device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); }
-__device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
+static __device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
+static __device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
+static __device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); }
+static __device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
 
 #define GRID_STRIDE(i, n)                                                                  \
   for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
@@ -31,14 +31,14 @@ constexpr float GELU_A = 0.044715f;
 /* Sum over a warp by a fixed xor butterfly: every lane ends with the same bits
  * (a + b == b + a), and the association depends only on the lane layout. All 32
  * lanes must be active. */
-__device__ __forceinline__ float warp_sum(float v) {
+static __device__ __forceinline__ float warp_sum(float v) {
   for (int m = 16; m >= 1; m >>= 1) v = fa(v, __shfl_xor_sync(0xffffffffu, v, m));
   return v;
 }
 
 /* Sum of THREADS per-thread values in shared memory by a fixed tree; the
  * result is in sh[0] for every thread after the call. */
-__device__ __forceinline__ void block_tree_sum(float *sh) {
+static __device__ __forceinline__ void block_tree_sum(float *sh) {
   for (int w = THREADS / 2; w > 0; w >>= 1) {
     if ((int)threadIdx.x < w) sh[threadIdx.x] = fa(sh[threadIdx.x], sh[threadIdx.x + w]);
     __syncthreads();
@@ -47,7 +47,7 @@ __device__ __forceinline__ void block_tree_sum(float *sh) {
 
 /* ---- activations --------------------------------------------------------------- */
 
-__global__ void k_act_forward(int kind, const float *x, float *y, size_t n) {
+static __global__ void k_act_forward(int kind, const float *x, float *y, size_t n) {
   const float C = GELU_C, A = GELU_A;
   GRID_STRIDE(i, n) {
     float v = x[i], r;
@@ -63,7 +63,7 @@ __global__ void k_act_forward(int kind, const float *x, float *y, size_t n) {
   }
 }
 
-__global__ void k_act_backward(int kind, const float *xy, const float *dy, float *dx,
+static __global__ void k_act_backward(int kind, const float *xy, const float *dy, float *dx,
                                size_t n) {
   const float C = GELU_C, A = GELU_A;
   GRID_STRIDE(i, n) {
@@ -101,7 +101,7 @@ cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *
 
 /* The step comes from the header (written by the step's first copy), so that
  * a graph captured at one step replays the next with the next step's mask. */
-__global__ void k_dropout(const float *x, float *y, int rows, int cols, uint64_t seed,
+static __global__ void k_dropout(const float *x, float *y, int rows, int cols, uint64_t seed,
                           const dp_cuda_header *hdr, uint64_t layer, uint64_t row0, float p,
                           float scale) {
   const uint64_t key_a = (hdr->sc.step << 16) | layer;
@@ -125,7 +125,7 @@ cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, in
 
 /* ---- bias ---------------------------------------------------------------------- */
 
-__global__ void k_bias_add(float *y, const float *b, int rows, int cols) {
+static __global__ void k_bias_add(float *y, const float *b, int rows, int cols) {
   size_t n = (size_t)rows * (size_t)cols;
   GRID_STRIDE(i, n) y[i] = fa(y[i], b[i % (size_t)cols]);
 }
@@ -139,7 +139,7 @@ cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, i
 
 /* One thread per column, rows ascending: the CPU's order, coalesced across the
  * threads of a warp. */
-__global__ void k_colsum(const float *a, int rows, int cols, float *out) {
+static __global__ void k_colsum(const float *a, int rows, int cols, float *out) {
   int j = blockIdx.x * blockDim.x + threadIdx.x;
   if (j >= cols) return;
   float s = 0.0f;
@@ -160,7 +160,7 @@ cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, flo
 
 #define ROWS_PER_BLOCK (THREADS / 32)
 
-__global__ void k_layernorm_forward(const float *x, const float *g, const float *b,
+static __global__ void k_layernorm_forward(const float *x, const float *g, const float *b,
                                     float *y, float *stats, int rows, int cols) {
   int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
   if (row >= rows) return; /* the whole warp */
@@ -183,7 +183,7 @@ __global__ void k_layernorm_forward(const float *x, const float *g, const float 
 }
 
 /* dx = rstd (dy g - s1 / n - xh s2 / n), s1 = sum dy g, s2 = sum dy g xh. */
-__global__ void k_layernorm_dx(const float *x, const float *stats, const float *g,
+static __global__ void k_layernorm_dx(const float *x, const float *stats, const float *g,
                                const float *dy, float *dx, int rows, int cols) {
   int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
   if (row >= rows) return;
@@ -207,7 +207,7 @@ __global__ void k_layernorm_dx(const float *x, const float *stats, const float *
 
 /* dg[k] = sum_r dy xh, db[k] = sum_r dy: one thread per column, rows ascending
  * (the CPU's order). */
-__global__ void k_layernorm_dparams(const float *x, const float *stats, const float *dy,
+static __global__ void k_layernorm_dparams(const float *x, const float *stats, const float *dy,
                                     float *dg, float *db, int rows, int cols) {
   int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= cols) return;
@@ -246,11 +246,11 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
 
 /* ---- gradient add, fill --------------------------------------------------------- */
 
-__global__ void k_add(float *dst, const float *src, size_t n) {
+static __global__ void k_add(float *dst, const float *src, size_t n) {
   GRID_STRIDE(i, n) dst[i] = fa(dst[i], src[i]);
 }
 
-__global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) {
+static __global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) {
   GRID_STRIDE(i, n) dst[i] = value;
 }
 
@@ -268,7 +268,7 @@ cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n) 
 
 /* ---- losses -------------------------------------------------------------------- */
 
-__device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, int *lo, int *hi) {
+static __device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, int *lo, int *hi) {
   if (s.n <= DP_CUDA_MB_LIST) {
     *lo = s.bound[i];
     *hi = s.bound[i + 1];
@@ -280,7 +280,7 @@ __device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, int *lo
 
 /* Block i: micro-batch i. Thread t sums elements t, t + THREADS, ... of the
  * micro-batch ascending; then the fixed block tree. */
-__global__ void __launch_bounds__(THREADS)
+static __global__ void __launch_bounds__(THREADS)
     k_loss_mse(const float *o, const float *t, float *g, float *part, dp_cuda_mb_span span,
                int cols, float scale) {
   __shared__ float sh[THREADS];
@@ -303,7 +303,7 @@ __global__ void __launch_bounds__(THREADS)
  * the CPU's way: max, sum of exp, log-sum-exp, then the gradient). A label out
  * of range is flagged (DP_CUDA_ST_LABEL) and its row left out; lib/ctx.c
  * checks labels on the host before a step, so this is a second line. */
-__global__ void __launch_bounds__(THREADS)
+static __global__ void __launch_bounds__(THREADS)
     k_loss_ce(const float *z, const int32_t *labels, float *g, float *part,
               dp_cuda_mb_span span, int cols, float inv, int row0, dp_cuda_header *hdr,
               int dev) {
@@ -354,14 +354,14 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
 /* lib/cpu_backend.c's tree_sum: split [lo, hi) at (lo + hi + 1) / 2; an empty
  * right part (micro-batch mid >= n_ne: the empty ones are a suffix) is left
  * out. Depth <= 32. */
-__device__ float tree_sum(const float *v, int lo, int hi, int n_ne) {
+static __device__ float tree_sum(const float *v, int lo, int hi, int n_ne) {
   if (hi - lo == 1) return v[lo];
   int mid = (lo + hi + 1) / 2;
   float left = tree_sum(v, lo, mid, n_ne);
   return mid < n_ne ? fa(left, tree_sum(v, mid, hi, n_ne)) : left;
 }
 
-__global__ void k_loss_sum(const float *part, int n_mb, int n_ne, float denom,
+static __global__ void k_loss_sum(const float *part, int n_mb, int n_ne, float denom,
                            dp_cuda_header *hdr, int dev) {
   float loss = fd(tree_sum(part, 0, n_mb, n_ne), denom);
   hdr->loss = loss;
@@ -379,7 +379,7 @@ cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne
 
 /* Flag and min are order-independent: the same result whatever the thread
  * order, so these integer atomics do not cost determinism. */
-__global__ void k_grad_check(const float *g, size_t n, size_t base, dp_cuda_header *hdr,
+static __global__ void k_grad_check(const float *g, size_t n, size_t base, dp_cuda_header *hdr,
                              int dev) {
   GRID_STRIDE(i, n) {
     float v = g[i];
@@ -398,10 +398,67 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
   return cudaGetLastError();
 }
 
-/* PyTorch's rules, as lib/cpu_backend.c's optimizer_op. Nothing at all is
- * written when a check of this step failed. The per-step scalars are read
- * from the header (see k_dropout for why). */
-__global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, size_t n,
+/* PyTorch's element rules, as lib/cpu_backend.c's (sgd_w, mom_*, adam_*), one
+ * IEEE operation at a time: the new parameter, and the new state words (s0:
+ * momentum buffer or AdamW's m; s1: AdamW's v). Used by the update and by the
+ * check that refuses an update whose result is not finite. */
+struct upd_out {
+  float w, s0, s1;
+};
+
+static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o, const dp_cuda_header *hdr,
+                                            float wk, float gk, const float *s, size_t n,
+                                            size_t k) {
+  upd_out r = {0.0f, 0.0f, 0.0f};
+  switch (o.kind) {
+  case DP_OPT_SGD: /* w -= lr (g + wd w) */
+    r.w = fs(wk, fm(o.lr, fa(gk, fm(o.wd, wk))));
+    break;
+  case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + (1 - damp) g'; w -= lr step */
+    float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
+    float b = hdr->sc.first != 0 ? gd : fa(fm(o.mu, s[k]), fm(o.keep, gd));
+    r.s0 = b;
+    r.w = fs(wk, fm(o.lr, o.nesterov ? fa(gd, fm(o.mu, b)) : b));
+    break;
+  }
+  default: { /* DP_OPT_ADAMW; m = s[0..n), v = s[n..2n) */
+    float m = fa(fm(o.b1, s[k]), fm(o.one_minus_b1, gk));
+    float v = fa(fm(o.b2, s[n + k]), fm(fm(o.one_minus_b2, gk), gk));
+    float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
+    r.s0 = m;
+    r.s1 = v;
+    r.w = fs(fm(wk, o.decay), fm(hdr->sc.step_size, fd(m, denom)));
+    break;
+  }
+  }
+  return r;
+}
+
+/* Flags an update that would write a non-finite parameter or state word
+ * (parameter index base + k); the flag and the min are order-independent. */
+static __global__ void k_update_check(dp_cuda_opt o, const float *w, const float *g,
+                               const float *s, size_t n, size_t base, dp_cuda_header *hdr,
+                               int dev) {
+  GRID_STRIDE(k, n) {
+    upd_out r = upd_elem(o, hdr, w[k], g[k], s, n, k);
+    if (!isfinite(r.w) || !isfinite(r.s0) || !isfinite(r.s1)) {
+      atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_UPDATE);
+      atomicMin(&hdr->bad_update, (unsigned long long)(base + k));
+    }
+  }
+}
+
+cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
+                              const float *g, const float *state, size_t n, size_t base,
+                              dp_cuda_header *hdr, int dev) {
+  if (n == 0) return cudaSuccess;
+  k_update_check<<<blocks_for(n), THREADS, 0, st>>>(*o, w, g, state, n, base, hdr, dev);
+  return cudaGetLastError();
+}
+
+/* Nothing at all is written when a check of this step failed. The per-step
+ * scalars are read from the header (see k_dropout for why). */
+static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, size_t n,
                             const dp_cuda_header *hdr, int n_check) {
   __shared__ uint32_t refused;
   if (threadIdx.x == 0) {
@@ -411,31 +468,11 @@ __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, s
   }
   __syncthreads();
   if (refused) return;
-  const bool first = hdr->sc.first != 0;
-  const float step_size = hdr->sc.step_size, bc2_sqrt = hdr->sc.bc2_sqrt;
   GRID_STRIDE(k, n) {
-    float wk = w[k], gk = g[k];
-    switch (o.kind) {
-    case DP_OPT_SGD: /* w -= lr (g + wd w) */
-      w[k] = fs(wk, fm(o.lr, fa(gk, fm(o.wd, wk))));
-      break;
-    case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + g'; w -= lr buf */
-      float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
-      float b = first ? gd : fa(fm(o.mu, s[k]), gd);
-      s[k] = b;
-      w[k] = fs(wk, fm(o.lr, b));
-      break;
-    }
-    default: { /* DP_OPT_ADAMW; m = s[0..n), v = s[n..2n) */
-      float m = fa(fm(o.b1, s[k]), fm(o.one_minus_b1, gk));
-      float v = fa(fm(o.b2, s[n + k]), fm(fm(o.one_minus_b2, gk), gk));
-      s[k] = m;
-      s[n + k] = v;
-      float denom = fa(fd(__fsqrt_rn(v), bc2_sqrt), o.eps);
-      w[k] = fs(fm(wk, o.decay), fm(step_size, fd(m, denom)));
-      break;
-    }
-    }
+    upd_out r = upd_elem(o, hdr, w[k], g[k], s, n, k);
+    if (o.kind != DP_OPT_SGD) s[k] = r.s0;
+    if (o.kind == DP_OPT_ADAMW) s[n + k] = r.s1;
+    w[k] = r.w;
   }
 }
 
@@ -446,9 +483,10 @@ cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, cons
   return cudaGetLastError();
 }
 
-__global__ void k_reset_header(dp_cuda_header *hdr) {
+static __global__ void k_reset_header(dp_cuda_header *hdr) {
   for (int d = 0; d < DP_MAX_DEVICES; d++) hdr->status[d] = 0;
   hdr->bad_grad = ~0ull;
+  hdr->bad_update = ~0ull;
   hdr->bad_label_row = ~0u;
   hdr->loss = 0.0f;
 }
@@ -460,7 +498,7 @@ cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr) {
 
 /* ---- self-test ------------------------------------------------------------------ */
 
-__global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
+static __global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
                             uint64_t *u64, float *uniform) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;

@@ -22,9 +22,10 @@
 /* The start of every device's WORKSPACE region (DP_CUDA_WS_HEADER_BYTES
  * reserved); the cuBLAS workspace follows. Reset by dp__cuda_step_begin. */
 enum {
-  DP_CUDA_ST_LOSS = 1u,  /* LOSS_SUM: the loss is NaN or infinite (device 0) */
-  DP_CUDA_ST_GRAD = 2u,  /* GRAD_CHECK: a gradient is NaN or infinite */
-  DP_CUDA_ST_LABEL = 4u, /* LOSS: a class label outside 0..classes-1 */
+  DP_CUDA_ST_LOSS = 1u,   /* LOSS_SUM: the loss is NaN or infinite (device 0) */
+  DP_CUDA_ST_GRAD = 2u,   /* GRAD_CHECK: a gradient is NaN or infinite */
+  DP_CUDA_ST_LABEL = 4u,  /* LOSS: a class label outside 0..classes-1 */
+  DP_CUDA_ST_UPDATE = 8u, /* GRAD_CHECK: the update would write a non-finite value */
 };
 /* This step's scalars, the same on every device: dp__cuda_step_begin (and
  * dp__cuda_graph_launch) compute them on the host as lib/cpu_backend.c does
@@ -45,9 +46,11 @@ typedef struct {
   uint32_t status[DP_MAX_DEVICES];
   unsigned long long
       bad_grad; /* min over bad gradients of index * 2 + (infinite); ~0 none */
-  unsigned int bad_label_row; /* smallest global row with a bad label; ~0u none */
-  float loss;                 /* LOSS_SUM's result (device 0) */
-  dp_cuda_step_scalars sc;    /* not touched by the reset: written after it */
+  unsigned long long bad_update; /* smallest parameter index whose update is
+                                    not finite; ~0 none */
+  unsigned int bad_label_row;    /* smallest global row with a bad label; ~0u none */
+  float loss;                    /* LOSS_SUM's result (device 0) */
+  dp_cuda_step_scalars sc;       /* not touched by the reset: written after it */
 } dp_cuda_header;
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_HEADER_BYTES, "header too large");
 
@@ -64,7 +67,8 @@ typedef struct {
  * header's sc): computed on the host exactly as lib/cpu_backend.c does. */
 typedef struct {
   int kind; /* dp_optimizer */
-  float lr, wd, mu;
+  int nesterov;
+  float lr, wd, mu, keep; /* keep = 1 - dampening */
   float b1, b2, one_minus_b1, one_minus_b2, eps, decay;
 } dp_cuda_opt;
 
@@ -108,6 +112,11 @@ cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne
 /* Flags non-finite g[0..n) (parameter index base + i). */
 cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
                             dp_cuda_header *hdr, int dev);
+/* Flags (DP_CUDA_ST_UPDATE, bad_update) an update of w[0..n) (parameter index
+ * base + i) that would write a non-finite parameter or state word. */
+cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
+                              const float *g, const float *state, size_t n, size_t base,
+                              dp_cuda_header *hdr, int dev);
 /* Updates w[0..n) unless one of hdr->status[0..n_check) is set; the per-step
  * scalars (momentum's first flag, AdamW's step_size and bc2_sqrt) come from
  * hdr->sc. */

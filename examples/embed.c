@@ -75,7 +75,7 @@ int main(void) {
   dp_config_default(&cfg);
   cfg.batch = BATCH;
   cfg.n_devices = DEVICES;
-  cfg.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
   cfg.lr = 0.01f;
   cfg.seed = 1;
   if ((s = dp_plan_create(model, &cfg, &plan))) {

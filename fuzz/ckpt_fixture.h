@@ -34,13 +34,13 @@ static inline void fixture_config(int which, dp_config *c) {
   switch (which) {
   case 0:
     c->guards = 1; /* the loader must write inside the regions, guards or not */
-    c->optimizer = DP_OPT_ADAMW;
+    dp_config_set_optimizer(c, DP_OPT_ADAMW);
     c->mode = DP_MODE_ALLREDUCE;
     c->n_devices = 4;
     c->shard_optimizer = 1;
     break;
   case 1:
-    c->optimizer = DP_OPT_MOMENTUM;
+    dp_config_set_optimizer(c, DP_OPT_MOMENTUM);
     c->n_devices = 2;
     break;
   case 2:

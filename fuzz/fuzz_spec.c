@@ -125,7 +125,7 @@ static void plan_small(const dp_model *m, uint64_t h) {
   cfg.split = (dp_split)((h >> 8) % 3);
   cfg.micro_batch = (int)((h >> 12) % 4);
   cfg.mode = (dp_mode)((h >> 16) % 2);
-  cfg.optimizer = (dp_optimizer)((h >> 20) % 3);
+  dp_config_set_optimizer(&cfg, (dp_optimizer)((h >> 20) % 3));
   cfg.shard_optimizer = cfg.mode == DP_MODE_ALLREDUCE && ((h >> 24) & 1);
   cfg.inference = dp_model_loss(m) == DP_LOSS_NONE;
   cfg.guards = (int)((h >> 28) & 1); /* a write outside its region fails the step */

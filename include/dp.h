@@ -135,13 +135,23 @@ typedef struct {
   dp_optimizer optimizer;
   int inference; /* plan forward only: no grads, no optimizer state */
   dp_backend backend;
-  /* hyper-parameters (PyTorch meanings and defaults where PyTorch has one) */
-  float lr;                         /* default 0.01 */
-  float momentum;                   /* DP_OPT_MOMENTUM; default 0.9 */
-  float weight_decay;               /* SGD: L2 added to the gradient (default 0);
-                                       AdamW: decoupled (default 0.01) */
-  float beta1, beta2, eps;          /* AdamW; defaults 0.9, 0.999, 1e-8 */
-  uint64_t seed;                    /* parameter init and dropout */
+  /* Hyper-parameters: PyTorch's meanings, plain values (no sentinels). Every
+   * one must be finite; the planner refuses a value out of range or one that
+   * contradicts the optimizer, naming it. dp_config_default gives
+   * torch.optim.SGD's defaults; dp_config_set_optimizer gives the defaults of
+   * the optimizer it selects (AdamW: weight_decay 0.01). */
+  float lr; /* > 0; default 0.01 */
+  /* torch.optim.SGD(lr, momentum=0, dampening=0, weight_decay=0, nesterov=False).
+   * DP_OPT_SGD with momentum > 0 keeps a momentum buffer (the plan reports it
+   * as DP_OPT_MOMENTUM, which is SGD with momentum > 0 by name). AdamW refuses
+   * momentum, dampening or nesterov. */
+  float momentum;          /* [0, 1); default 0 */
+  float dampening;         /* [0, 1]; default 0 (needs momentum > 0 when nonzero) */
+  int nesterov;            /* 0 or 1; needs momentum > 0 and dampening 0 */
+  float weight_decay;      /* >= 0. SGD: L2 added to the gradient (PyTorch default 0);
+                              AdamW: decoupled (PyTorch default 0.01) */
+  float beta1, beta2, eps; /* AdamW: 0 <= beta < 1, eps > 0; defaults 0.9, 0.999, 1e-8 */
+  uint64_t seed;           /* parameter init and dropout */
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the
    * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
@@ -180,6 +190,11 @@ typedef struct {
  * guards off in every build (DP_DEBUG too: a program that wants them in
  * checked builds sets guards = 1 under #ifdef DP_DEBUG). */
 void dp_config_default(dp_config *c);
+/* Selects an optimizer with PyTorch's defaults for it, leaving lr and every
+ * non-optimizer field alone: DP_OPT_SGD: momentum 0, dampening 0, nesterov 0,
+ * weight_decay 0; DP_OPT_MOMENTUM: the same with momentum 0.9; DP_OPT_ADAMW:
+ * betas (0.9, 0.999), eps 1e-8, weight_decay 0.01, momentum 0. */
+void dp_config_set_optimizer(dp_config *c, dp_optimizer o);
 
 typedef struct dp_plan dp_plan;
 

@@ -313,72 +313,150 @@ static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
 
 /* 1 when some value is NaN or infinite: all exponent bits set. Branch-free, so
  * it vectorises; the slow search for the index runs only when it says so. */
+static inline uint32_t nonfinite_bit(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return (b & 0x7f800000u) == 0x7f800000u;
+}
+
 static int any_nonfinite(const float *restrict g, size_t n) {
   uint32_t bad = 0;
-  for (size_t k = 0; k < n; k++) {
-    uint32_t b;
-    memcpy(&b, &g[k], 4);
-    bad |= (b & 0x7f800000u) == 0x7f800000u;
-  }
+  for (size_t k = 0; k < n; k++) bad |= nonfinite_bit(g[k]);
   return bad != 0;
 }
 
+/* ---- the optimizers: PyTorch's element rules, written once ----------------------
+ * The update applies them; the check before the commit phase evaluates the same
+ * expressions without storing, so a step whose update would leave a parameter
+ * or its state non-finite is refused with nothing written. */
+typedef struct {
+  float lr, wd, mu, keep, b1, b2, eps, step_size, bc2_sqrt, decay;
+  bool first, nesterov;
+} opt_consts;
+
+static opt_consts opt_consts_of(const dp_config *c, uint64_t step) {
+  opt_consts u = {.lr = c->lr, .wd = c->weight_decay, .mu = c->momentum,
+                  .keep = 1.0f - c->dampening, /* 1 - 0 is exactly 1 */
+                  .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
+                  .decay = 1.0f - c->lr * c->weight_decay, .first = step == 0,
+                  .nesterov = c->nesterov != 0};
+  if (c->optimizer == DP_OPT_ADAMW) {
+    double t = (double)step + 1.0;
+    double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
+    u.step_size = (float)(c->lr / bc1);
+    u.bc2_sqrt = (float)sqrt(bc2);
+  }
+  return u;
+}
+
+/* SGD: w - lr (g + wd w). */
+static inline float sgd_w(const opt_consts *u, float w, float g) {
+  return w - u->lr * (g + u->wd * w);
+}
+/* torch.optim.SGD with momentum: g' = g + wd w; buf = g' on the first step,
+ * else mu buf + (1 - dampening) g'; the step is buf, or g' + mu buf (nesterov). */
+static inline float mom_g(const opt_consts *u, float w, float g) {
+  return u->wd != 0.0f ? g + u->wd * w : g;
+}
+static inline float mom_buf(const opt_consts *u, float buf, float gk) {
+  return u->first ? gk : u->mu * buf + u->keep * gk;
+}
+static inline float mom_w(const opt_consts *u, float w, float gk, float buf) {
+  return w - u->lr * (u->nesterov ? gk + u->mu * buf : buf);
+}
+/* AdamW (decoupled decay): m, v moments, then w decay - step_size m / denom. */
+static inline float adam_m(const opt_consts *u, float m, float g) {
+  return u->b1 * m + (1.0f - u->b1) * g;
+}
+static inline float adam_v(const opt_consts *u, float v, float g) {
+  return u->b2 * v + (1.0f - u->b2) * g * g;
+}
+static inline float adam_w(const opt_consts *u, float w, float m, float v) {
+  float denom = sqrtf(v) / u->bc2_sqrt + u->eps;
+  return w * u->decay - u->step_size * (m / denom);
+}
+
+/* 1 when the update of element k would leave a non-finite parameter or state
+ * word; branch-free per element so that the scan vectorises. */
+static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const float *w,
+                                  const float *g, const float *s, size_t n, size_t k) {
+  switch (o) {
+  case DP_OPT_SGD: return nonfinite_bit(sgd_w(u, w[k], g[k]));
+  case DP_OPT_MOMENTUM: {
+    float gk = mom_g(u, w[k], g[k]), b = mom_buf(u, s[k], gk);
+    return nonfinite_bit(b) | nonfinite_bit(mom_w(u, w[k], gk, b));
+  }
+  case DP_OPT_ADAMW: {
+    float m = adam_m(u, s[k], g[k]), v = adam_v(u, s[n + k], g[k]);
+    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_w(u, w[k], m, v));
+  }
+  }
+  return 0;
+}
+
+static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *restrict w,
+                            const float *restrict g, const float *restrict s, size_t n) {
+  uint32_t bad = 0;
+  for (size_t k = 0; k < n; k++) bad |= update_bad(o, u, w, g, s, n, k);
+  return bad;
+}
+
+/* The gradients of this device's optimizer range are finite, and so is every
+ * value the update would write (parameters and optimizer state). */
 static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
-  const float *g = region(e, op->device, op->src_region, op->src_offset);
-  if (!any_nonfinite(g, op->bytes / 4)) return DP_OK;
-  for (size_t k = 0; k < op->bytes / 4; k++)
-    if (!isfinite(g[k]))
-      return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
-                     op->src_offset / 4 + k, isnan(g[k]) ? "NaN" : "infinite");
+  const dp_config *c = &e->plan->cfg;
+  int d = op->device;
+  size_t n = op->bytes / 4, off = op->src_offset / 4;
+  const float *g = region(e, d, op->src_region, op->src_offset);
+  if (any_nonfinite(g, n)) {
+    for (size_t k = 0; k < n; k++)
+      if (!isfinite(g[k]))
+        return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
+                       off + k, isnan(g[k]) ? "NaN" : "infinite");
+  }
+  const float *w = region(e, d, DP_REGION_PARAMS, op->src_offset);
+  const float *s = region(e, d, DP_REGION_OPT_STATE, 0);
+  opt_consts u = opt_consts_of(c, e->step);
+  if (!update_scan(c->optimizer, &u, w, g, s, n)) return DP_OK;
+  for (size_t k = 0; k < n; k++)
+    if (update_bad(c->optimizer, &u, w, g, s, n, k))
+      return DP_FAIL(DP_ERR_NONFINITE,
+                     "the update would make parameter %zu or its optimizer state "
+                     "non-finite (lr %g, weight_decay %g); the step was not applied",
+                     off + k, (double)c->lr, (double)c->weight_decay);
   return DP_OK;
 }
 
-/* AdamW's element update, alias-free so that it vectorises (the same IEEE
- * operations per element either way: the bits do not change). */
-static void adamw_update(float *restrict w, const float *restrict g, float *restrict m,
-                         float *restrict v, size_t n, float b1, float b2, float eps,
-                         float step_size, float bc2_sqrt, float decay) {
-  for (size_t k = 0; k < n; k++) {
-    w[k] *= decay;
-    m[k] = b1 * m[k] + (1.0f - b1) * g[k];
-    v[k] = b2 * v[k] + (1.0f - b2) * g[k] * g[k];
-    float denom = sqrtf(v[k]) / bc2_sqrt + eps;
-    w[k] -= step_size * (m[k] / denom);
-  }
-}
-
 /* PyTorch's update rules on parameters [off, off + n) of this device; the
- * state region holds this range only (see dp_plan.opt_off). */
+ * state region holds this range only (see dp_plan.opt_off). Alias-free loops
+ * so that they vectorise (the same IEEE operations per element either way). */
 static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
-  const dp_plan *p = e->plan;
-  const dp_config *c = &p->cfg;
+  const dp_config *c = &e->plan->cfg;
   int d = op->device;
   size_t n = op->bytes / 4;
-  float *w = region(e, d, DP_REGION_PARAMS, op->dst_offset);
-  float *g = region(e, d, DP_REGION_GRADS, op->dst_offset);
-  float *s = region(e, d, DP_REGION_OPT_STATE, 0);
-  float lr = c->lr, wd = c->weight_decay;
+  float *restrict w = region(e, d, DP_REGION_PARAMS, op->dst_offset);
+  const float *restrict g = region(e, d, DP_REGION_GRADS, op->dst_offset);
+  float *restrict s = region(e, d, DP_REGION_OPT_STATE, 0);
+  opt_consts u = opt_consts_of(c, e->step);
   switch (c->optimizer) {
   case DP_OPT_SGD:
-    for (size_t k = 0; k < n; k++) w[k] -= lr * (g[k] + wd * w[k]);
+    for (size_t k = 0; k < n; k++) w[k] = sgd_w(&u, w[k], g[k]);
     break;
-  case DP_OPT_MOMENTUM: {
-    float mu = c->momentum;
-    bool first = e->step == 0;
+  case DP_OPT_MOMENTUM:
     for (size_t k = 0; k < n; k++) {
-      float gk = wd != 0.0f ? g[k] + wd * w[k] : g[k];
-      s[k] = first ? gk : mu * s[k] + gk;
-      w[k] -= lr * s[k];
+      float gk = mom_g(&u, w[k], g[k]);
+      s[k] = mom_buf(&u, s[k], gk);
+      w[k] = mom_w(&u, w[k], gk, s[k]);
     }
     break;
-  }
-  case DP_OPT_ADAMW: {
-    double t = (double)e->step + 1.0;
-    double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
-    adamw_update(w, g, s, s + n, n, c->beta1, c->beta2, c->eps, (float)(lr / bc1),
-                 (float)sqrt(bc2), 1.0f - lr * wd);
+  case DP_OPT_ADAMW:
+    for (size_t k = 0; k < n; k++) {
+      float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, s[n + k], g[k]);
+      s[k] = m;
+      s[n + k] = v;
+      w[k] = adam_w(&u, w[k], m, v);
+    }
     break;
-  }
   }
   return DP_OK;
 }

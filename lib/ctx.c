@@ -219,6 +219,26 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
     if (!arenas[d] || (uintptr_t)arenas[d] % p->align)
       return DP_FAIL(DP_ERR_INVALID, "arena of device %d is %s", d,
                      arenas[d] ? "not aligned to the plan's alignment" : "NULL");
+  /* Each device's arena (and the staging arena) must be memory of its own:
+   * two replicas writing the same bytes give wrong results, silently. */
+  if (p) {
+    int n = p->split.n_used;
+    for (int d = 0; d < n; d++)
+      for (int e = d + 1; e <= n; e++) { /* e == n: the host staging arena */
+        uintptr_t a = (uintptr_t)arenas[d],
+                  b = e < n ? (uintptr_t)arenas[e] : (uintptr_t)host;
+        size_t na = p->dev_bytes[d], nb = e < n  ? p->dev_bytes[e]
+                                          : host ? p->host_bytes
+                                                 : 0;
+        if (na && nb && a < b + nb && b < a + na)
+          return DP_FAIL(
+              DP_ERR_INVALID,
+              "the arena of device %d (%zu bytes at %p) overlaps %s%.0d (%zu bytes "
+              "at %p); every device needs memory of its own",
+              d, na, arenas[d], e < n ? "the arena of device " : "the host staging arena",
+              e < n ? e : 0, nb, (void *)b);
+      }
+  }
   /* The cpu backend stages nothing (it reads the caller's memory); cuda
    * stages inputs through `host`, pinned memory of dp_plan_host_bytes. */
   if (p && p->cfg.backend == DP_BACKEND_CUDA && p->host_bytes) {
@@ -742,7 +762,20 @@ dp_status dp_get_grads(dp_ctx *c, float *out, size_t n) {
   if (c->plan->cfg.inference)
     return dp__ctx_fail(c,
                         DP_FAIL(DP_ERR_INVALID, "an inference context has no gradients"));
-  return dp__ctx_fail(c, dp__ctx_read(c, 0, DP_REGION_GRADS, 0, out, n * 4));
+  /* Device d's optimizer reads the fully reduced gradients of its range
+   * [opt_off[d], +opt_len[d]) from its own GRADS region; elsewhere that region
+   * may hold partial sums (a sharded optimizer's reduce-scatter leaves each
+   * device only its shard). So each range is read from the device that owns
+   * it; the ranges tile [0, n) (classic: device 0 holds all of it). */
+  const dp_plan *p = c->plan;
+  for (int d = 0; d < p->split.n_used; d++) {
+    size_t off = p->opt_off[d], len = p->opt_len[d];
+    if (!len) continue;
+    if ((s = dp__ctx_read(c, d, DP_REGION_GRADS, off * 4, out + off, len * 4)))
+      return dp__ctx_fail(c, s);
+    if (len == n) break; /* a full copy (unsharded): the rest hold the same */
+  }
+  return DP_OK;
 }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }

@@ -87,6 +87,9 @@ dp_status dp__split(const dp_config *c, int rows, int first, dp_split_info *s, d
 /* Items the split deals: rows, or micro-batches when their size is fixed. */
 int dp__split_items(const dp_config *c, int rows);
 int dp__split_max_mbs(const dp_config *c);
+/* The last batch of the run of batches, starting at `rows`, that deal their
+ * items to the same devices in the same pattern (INT_MAX when it never ends). */
+int dp__split_run_end(const dp_config *c, int rows);
 
 /* ---- liveness planner (lib/liveness.c), TFLite Micro style ---- */
 typedef struct {

@@ -5,6 +5,7 @@
 #include "gemm.h"
 #include "internal.h"
 
+#include <float.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +41,20 @@ void dp_config_default(dp_config *c) {
   c->optimizer = DP_OPT_SGD;
   c->backend = DP_BACKEND_CPU;
   c->lr = 0.01f;
-  c->momentum = 0.9f;
-  c->weight_decay = -1.0f; /* "unset": resolved per optimizer at plan time */
+  dp_config_set_optimizer(c, DP_OPT_SGD);
+  c->seed = 0;
+}
+
+void dp_config_set_optimizer(dp_config *c, dp_optimizer o) {
+  if (!c) return;
+  c->optimizer = o;
+  c->momentum = o == DP_OPT_MOMENTUM ? 0.9f : 0.0f;
+  c->dampening = 0.0f;
+  c->nesterov = 0;
+  c->weight_decay = o == DP_OPT_ADAMW ? 0.01f : 0.0f;
   c->beta1 = 0.9f;
   c->beta2 = 0.999f;
   c->eps = 1e-8f;
-  c->seed = 0;
 }
 
 bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second) {
@@ -57,6 +66,64 @@ bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second) {
         return true;
       }
   return false;
+}
+
+/* The optimizer's hyper-parameters: finite, in PyTorch's ranges, and none
+ * that the chosen optimizer would silently ignore. Negated comparisons so that
+ * NaN fails every one. */
+static dp_status check_hyper(const dp_config *c) {
+  const struct {
+    const char *name;
+    float v, lo, hi;
+    bool hi_open;
+  } r[] = {
+      {"learning rate", c->lr, 0, FLT_MAX, false},
+      {"momentum", c->momentum, 0, 1, true},
+      {"dampening", c->dampening, 0, 1, false},
+      {"weight_decay", c->weight_decay, 0, FLT_MAX, false},
+      {"AdamW beta1", c->beta1, 0, 1, true},
+      {"AdamW beta2", c->beta2, 0, 1, true},
+      {"AdamW eps", c->eps, 0, FLT_MAX, false},
+  };
+  for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
+    if (!(r[i].v >= r[i].lo && (r[i].hi_open ? r[i].v < r[i].hi : r[i].v <= r[i].hi)))
+      return DP_FAIL(DP_ERR_INVALID, "%s must be %s, got %g", r[i].name,
+                     r[i].hi == FLT_MAX ? "finite and >= 0"
+                     : r[i].hi_open     ? "in [0, 1)"
+                                        : "in [0, 1]",
+                     (double)r[i].v);
+  if (!(c->lr > 0))
+    return DP_FAIL(DP_ERR_INVALID, "learning rate must be positive, got %g", (double)c->lr);
+  if (c->nesterov != 0 && c->nesterov != 1)
+    return DP_FAIL(DP_ERR_INVALID, "nesterov must be 0 or 1, got %d", c->nesterov);
+  if (c->optimizer == DP_OPT_ADAMW) {
+    if (c->momentum != 0 || c->dampening != 0 || c->nesterov)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "momentum, dampening and nesterov are SGD settings; AdamW takes beta1 "
+                     "and beta2 (got momentum %g, dampening %g, nesterov %d)",
+                     (double)c->momentum, (double)c->dampening, c->nesterov);
+    if (!(c->eps > 0))
+      return DP_FAIL(DP_ERR_INVALID, "AdamW needs eps > 0, got %g", (double)c->eps);
+    /* lr * weight_decay scales every parameter by 1 - lr * wd each step */
+    if (!((double)c->lr * c->weight_decay <= 1.0))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "lr * weight_decay is %g; AdamW multiplies every parameter by "
+                     "1 - lr * weight_decay each step, so it must be at most 1",
+                     (double)c->lr * c->weight_decay);
+    return DP_OK;
+  }
+  if (c->optimizer == DP_OPT_MOMENTUM && !(c->momentum > 0))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "the momentum optimizer needs momentum > 0 (got 0; momentum 0 is plain "
+                   "SGD: use DP_OPT_SGD / --optimizer sgd)");
+  if (c->dampening != 0 && !(c->momentum > 0))
+    return DP_FAIL(DP_ERR_INVALID, "dampening %g needs momentum > 0", (double)c->dampening);
+  if (c->nesterov && (!(c->momentum > 0) || c->dampening != 0))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "nesterov momentum requires a momentum > 0 and zero dampening (as "
+                   "PyTorch), got momentum %g, dampening %g",
+                   (double)c->momentum, (double)c->dampening);
+  return DP_OK;
 }
 
 static dp_status check_config(const dp_model *m, const dp_config *c) {
@@ -121,17 +188,7 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_INVALID, "a training plan needs a loss (add 'loss mse' or "
                                    "'loss softmax_cross_entropy', or plan --inference)");
   if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "the model has no layers");
-  if (!c->inference) {
-    if (!(c->lr > 0.0f) || c->lr != c->lr)
-      return DP_FAIL(DP_ERR_INVALID, "learning rate must be positive, got %g",
-                     (double)c->lr);
-    if (c->optimizer == DP_OPT_MOMENTUM && !(c->momentum >= 0.0f && c->momentum < 1.0f))
-      return DP_FAIL(DP_ERR_INVALID, "momentum must be in [0, 1), got %g",
-                     (double)c->momentum);
-    if (c->optimizer == DP_OPT_ADAMW &&
-        !(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1 && c->eps > 0))
-      return DP_FAIL(DP_ERR_INVALID, "AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
-  }
+  if (!c->inference) return check_hyper(c);
   return DP_OK;
 }
 
@@ -382,8 +439,9 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   if (s) return s;
   p->model = *m;
   p->cfg = *c;
-  if (p->cfg.weight_decay < 0)
-    p->cfg.weight_decay = c->optimizer == DP_OPT_ADAMW ? 0.01f : 0.0f;
+  /* SGD with momentum keeps a buffer: one name for it from here on */
+  if (p->cfg.optimizer == DP_OPT_SGD && p->cfg.momentum > 0)
+    p->cfg.optimizer = DP_OPT_MOMENTUM;
   p->align = c->backend == DP_BACKEND_CUDA ? 256 : 64;
   int max_mbs = dp__split_max_mbs(&p->cfg);
   /* The schedule has about 2 ops per layer per micro-batch, counted in int. */
@@ -445,13 +503,10 @@ static dp_status fits(const dp_model *m, const dp_config *c, int batch, size_t b
   return s;
 }
 
-dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
-                            int max_batch, int *out_batch) {
-  if (!m || !c || !out_batch)
-    return DP_FAIL(DP_ERR_INVALID, "dp_plan_max_batch: NULL argument");
-  if (max_batch < 1) return DP_FAIL(DP_ERR_INVALID, "max_batch must be >= 1");
-  *out_batch = 0;
-  int lo = 0, hi = max_batch; /* invariant: lo fits (or is 0), everything > hi fails */
+/* Largest batch in [lo, hi] that fits, given that the plan does not shrink as
+ * the batch grows inside [lo, hi] and that lo fits. */
+static dp_status largest_in_run(const dp_model *m, const dp_config *c, size_t budget,
+                                int lo, int hi, int *out) {
   while (lo < hi) {
     int mid = (int)(lo + ((long long)hi - lo + 1) / 2); /* hi may be INT_MAX */
     bool ok;
@@ -462,7 +517,44 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
     else
       hi = mid - 1;
   }
-  *out_batch = lo;
+  *out = lo;
+  return DP_OK;
+}
+
+/* The plan does not grow with the batch everywhere: when a larger batch uses
+ * more devices, the sharded optimizer state, the receive buffers and the
+ * reduction tree of each device can shrink (allreduce). It grows inside each
+ * run of batches that deal to the same devices (dp__split_run_end), so: the
+ * runs from the largest down; the first whose smallest batch fits holds the
+ * answer, found by bisection inside it. There are at most about N * N runs
+ * below N * N items and one above. */
+dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
+                            int max_batch, int *out_batch) {
+  if (!m || !c || !out_batch)
+    return DP_FAIL(DP_ERR_INVALID, "dp_plan_max_batch: NULL argument");
+  if (max_batch < 1) return DP_FAIL(DP_ERR_INVALID, "max_batch must be >= 1");
+  *out_batch = 0;
+  dp_config cc = *c;
+  cc.batch = 1;
+  dp_status s = check_config(m, &cc);
+  if (s) return s;
+  enum { MAX_RUNS = DP_MAX_DEVICES * DP_MAX_DEVICES + 2 };
+  static _Thread_local int start[MAX_RUNS]; /* 16 KiB: kept off the stack */
+  int n = 0;
+  for (int b = 1;;) {
+    if (n == MAX_RUNS) return DP_FAIL(DP_ERR_INVALID, "dp_plan_max_batch: too many runs");
+    start[n++] = b;
+    int e = dp__split_run_end(c, b);
+    if (e >= max_batch) break;
+    b = e + 1;
+  }
+  for (int k = n - 1; k >= 0; k--) {
+    bool ok;
+    if ((s = fits(m, c, start[k], budget, &ok))) return s;
+    if (!ok) continue;
+    int hi = k + 1 < n ? start[k + 1] - 1 : max_batch;
+    return largest_in_run(m, c, budget, start[k], hi, out_batch);
+  }
   return DP_OK;
 }
 

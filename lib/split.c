@@ -8,6 +8,8 @@
  * micro-batches first, and the same two policies deal micro-batches to devices. */
 #include "internal.h"
 
+#include <limits.h>
+
 int dp__split_max_mbs(const dp_config *c) {
   if (c->micro_batch > 0) return (int)(((long long)c->batch + c->micro_batch - 1) / c->micro_batch);
   return c->n_devices < c->batch ? c->n_devices : c->batch;
@@ -77,4 +79,23 @@ dp_status dp__split(const dp_config *c, int rows, int first, dp_split_info *s, d
     }
   }
   return DP_OK;
+}
+
+/* Batches [rows, end] deal their items to the same number of devices; the
+ * planner relies on a plan not shrinking as the batch grows inside such a run
+ * (dp_plan_max_batch). chunk: ceil(I/N) items per device and u = ceil(I/per)
+ * devices are both constant up to I = u * per; once per > N every I uses all N
+ * devices (I/per > N - N/per > N - 1). balanced: fewer than N items use one
+ * device each; from N on, all N. memory: device 0's share is at most
+ * ceil(I/N), so from 2N items on all N devices have some. */
+int dp__split_run_end(const dp_config *c, int rows) {
+  int N = c->n_devices, I = dp__split_items(c, rows);
+  long long m = c->micro_batch > 0 ? c->micro_batch : 1, end = LLONG_MAX;
+  if (c->split == DP_SPLIT_CHUNK) {
+    long long per = I / N + (I % N != 0);
+    if (per <= N) end = per * (I / per + (I % per != 0));
+  } else if (I < (c->split == DP_SPLIT_BALANCED ? N : 2 * N)) {
+    end = I;
+  }
+  return end >= INT_MAX / m ? INT_MAX : (int)(end * m);
 }

@@ -690,7 +690,7 @@ static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch
   c.n_devices = n_devices;
   c.micro_batch = micro_batch;
   c.mode = mode;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.seed = 7;
   c.weight_decay = opt == DP_OPT_ADAMW ? 0.01f : 0.001f;
   c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;

@@ -86,7 +86,7 @@ static dp_config config(dp_backend b, int batch, int n, dp_mode mode, dp_optimiz
   if (b == DP_BACKEND_CUDA)
     for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
   c.mode = mode;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
   c.seed = 11;
   /* AdamW's update lr * m / (sqrt(v) + eps) is about lr * sign(g) for |g| >> eps:

@@ -50,7 +50,7 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.mode = su.mode;
   c.shard_optimizer = su.shard;
   c.micro_batch = micro_batch;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
   c.seed = 7;
   dp_plan *p;

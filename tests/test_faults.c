@@ -95,7 +95,7 @@ static dp_plan *plan_of(const dp_model *m, const mode_case *mc, int n_dev, dp_op
   c.micro_batch = micro;
   c.mode = mc->mode;
   c.shard_optimizer = mc->shard;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.lr = 0.05f;
   c.seed = 7;
   c.on_nonfinite = pol;

@@ -224,8 +224,10 @@ typedef struct {
 
 /* Loads the case and builds model, plan and context with params0 loaded.
  * n_devices <= 0 keeps the file's N. */
+/* mode, shard: the layout (classic, allreduce, allreduce with a sharded
+ * optimizer); n_devices 0: the golden file's own device count. */
 static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int inference,
-                     int n_devices) {
+                     int n_devices, dp_mode mode, int shard) {
   memset(r, 0, sizeof *r);
   golden_load(&r->g, case_name);
   const golden *g = &r->g;
@@ -269,7 +271,9 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   cfg.split = (dp_split)conf[2];
   cfg.seed = (uint64_t)(uint32_t)conf[3];
   cfg.inference = inference;
-  cfg.optimizer = opt;
+  cfg.mode = mode;
+  cfg.shard_optimizer = shard;
+  dp_config_set_optimizer(&cfg, opt);
   if (opt == DP_OPT_ADAMW) {
     cfg.lr = hp[3];
     cfg.beta1 = hp[4];
@@ -305,7 +309,7 @@ static float *alloc_floats(size_t n) {
  * loss, and the parameters after GOLDEN_STEPS steps. */
 static void check_training(const char *case_name, dp_optimizer opt, const char *prefix) {
   golden_run r;
-  run_open(&r, case_name, opt, 0, 0);
+  run_open(&r, case_name, opt, 0, 0, DP_MODE_CLASSIC, 0);
   char key[64], what[96];
   size_t n;
   snprintf(key, sizeof key, "%s_loss", prefix);
@@ -369,7 +373,7 @@ static void check_forward(golden_run *r, const char *what) {
 
 START_TEST(test_inference_plan_matches_pytorch_eval) {
   golden_run r;
-  run_open(&r, golden_cases[_i], DP_OPT_SGD, 1, 0);
+  run_open(&r, golden_cases[_i], DP_OPT_SGD, 1, 0, DP_MODE_CLASSIC, 0);
   check_forward(&r, "inference plan forward (eval_out)");
   run_close(&r);
 }
@@ -377,7 +381,7 @@ END_TEST
 
 START_TEST(test_training_ctx_forward_is_eval_mode) {
   golden_run r;
-  run_open(&r, golden_cases[_i], DP_OPT_MOMENTUM, 0, 0);
+  run_open(&r, golden_cases[_i], DP_OPT_MOMENTUM, 0, 0, DP_MODE_CLASSIC, 0);
   check_forward(&r, "training ctx forward (eval_out)");
   run_close(&r);
 }
@@ -385,37 +389,50 @@ END_TEST
 
 /* ---- data parallel == single device ----------------------------------------- */
 
-START_TEST(test_grads_same_for_1_to_4_devices) {
+/* dp_get_grads against PyTorch in every layout: classic, allreduce and
+ * allreduce with a sharded optimizer (where each device holds the reduced
+ * gradients of its shard only), on 1 to 4 devices; and the loss. */
+START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
   const char *case_name = golden_cases[_i];
+  static const struct {
+    dp_mode mode;
+    int shard;
+    const char *name;
+  } layouts[] = {{DP_MODE_CLASSIC, 0, "classic"},
+                 {DP_MODE_ALLREDUCE, 0, "allreduce"},
+                 {DP_MODE_ALLREDUCE, 1, "sharded"}};
   float *ref = NULL;
   size_t n_params = 0;
   float ref_loss = 0.0f;
-  for (int nd = 1; nd <= 4; nd++) {
-    golden_run r;
-    run_open(&r, case_name, DP_OPT_MOMENTUM, 0, nd);
-    float *g = alloc_floats(r.n_params);
-    float loss = NAN;
-    CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
-    CHECK_DP(case_name, dp_get_grads(r.ctx, g, r.n_params));
-    char what[96];
-    snprintf(what, sizeof what, "grads with %d device(s) vs PyTorch", nd);
-    check_close(case_name, what, g, golden_f32(&r.g, "grads", NULL), r.n_params);
-    snprintf(what, sizeof what, "loss with %d device(s) vs PyTorch", nd);
-    check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
-    if (nd == 1) {
-      ref = g;
-      n_params = r.n_params;
-      ref_loss = loss;
-    } else {
-      ck_assert_uint_eq(r.n_params, n_params);
-      snprintf(what, sizeof what, "grads with %d devices vs 1 device", nd);
-      check_close(case_name, what, g, ref, n_params);
-      snprintf(what, sizeof what, "loss with %d devices vs 1 device", nd);
-      check_scalar(case_name, what, loss, ref_loss);
-      free(g);
+  for (int li = 0; li < 3; li++)
+    for (int nd = 1; nd <= 4; nd++) {
+      golden_run r;
+      run_open(&r, case_name, DP_OPT_MOMENTUM, 0, nd, layouts[li].mode, layouts[li].shard);
+      float *g = alloc_floats(r.n_params);
+      float loss = NAN;
+      CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
+      CHECK_DP(case_name, dp_get_grads(r.ctx, g, r.n_params));
+      char what[96];
+      snprintf(what, sizeof what, "%s grads with %d device(s) vs PyTorch", layouts[li].name, nd);
+      check_close(case_name, what, g, golden_f32(&r.g, "grads", NULL), r.n_params);
+      snprintf(what, sizeof what, "%s loss with %d device(s) vs PyTorch", layouts[li].name, nd);
+      check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
+      if (!ref) {
+        ref = g;
+        n_params = r.n_params;
+        ref_loss = loss;
+      } else {
+        ck_assert_uint_eq(r.n_params, n_params);
+        snprintf(what, sizeof what, "%s grads with %d devices vs classic on 1", layouts[li].name,
+                 nd);
+        check_close(case_name, what, g, ref, n_params);
+        snprintf(what, sizeof what, "%s loss with %d devices vs classic on 1", layouts[li].name,
+                 nd);
+        check_scalar(case_name, what, loss, ref_loss);
+        free(g);
+      }
+      run_close(&r);
     }
-    run_close(&r);
-  }
   free(ref);
 }
 END_TEST
@@ -444,7 +461,7 @@ Suite *golden_suite(void) {
 
   tc = tcase_create("device_count");
   tcase_set_timeout(tc, 30);
-  tcase_add_loop_test(tc, test_grads_same_for_1_to_4_devices, 0, N_GOLDEN_CASES);
+  tcase_add_loop_test(tc, test_grads_same_for_1_to_4_devices_in_every_mode, 0, N_GOLDEN_CASES);
   suite_add_tcase(s, tc);
 
   return s;

@@ -122,7 +122,7 @@ START_TEST(guards_on_add_one_alignment_unit_per_region_and_one_before) {
           c0.backend = cuda ? DP_BACKEND_CUDA : DP_BACKEND_CPU;
           c0.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
           c0.shard_optimizer = mode == 2;
-          c0.optimizer = DP_OPT_ADAMW;
+          dp_config_set_optimizer(&c0, DP_OPT_ADAMW);
           c0.micro_batch = k ? 3 : 0;
           dp_config c1 = c0;
           c1.guards = 1;
@@ -193,7 +193,7 @@ START_TEST(training_and_inference_leave_every_guard_intact) {
         c0.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
         c0.shard_optimizer = mode == 2;
         c0.micro_batch = mb;
-        c0.optimizer = (dp_optimizer)opt;
+        dp_config_set_optimizer(&c0, (dp_optimizer)opt);
         dp_config c1 = c0;
         c1.guards = 1;
         dp_plan *pa = plan_of(m, &c0), *pb = plan_of(m, &c1);
@@ -269,7 +269,7 @@ START_TEST(a_write_one_float_outside_a_region_is_caught_and_named) {
   dp_config c = config_of(24, sc->n_devices, 1);
   c.mode = sc->mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
   c.shard_optimizer = sc->mode == 2;
-  c.optimizer = DP_OPT_MOMENTUM;
+  dp_config_set_optimizer(&c, DP_OPT_MOMENTUM);
   dp_plan *p = plan_of(m, &c);
   dp_ctx *ctx = ctx_of(p);
   batch bt;

@@ -81,7 +81,7 @@ static dp_config random_config(int max_batch, int max_devices) {
   dp_config c = config_of(1 + (int)rnd((uint32_t)max_batch), 1 + (int)rnd((uint32_t)max_devices));
   c.split = (dp_split)rnd(2);
   c.micro_batch = rnd(2) ? 0 : 1 + (int)rnd((uint32_t)c.batch);
-  c.optimizer = (dp_optimizer)rnd(3);
+  dp_config_set_optimizer(&c, (dp_optimizer)rnd(3));
   c.inference = rnd(3) == 0;
   c.backend = rnd(4) == 0 ? DP_BACKEND_CUDA : DP_BACKEND_CPU;
   return c;
@@ -204,7 +204,7 @@ END_TEST
 START_TEST(seed_momentum_layout_is_exact) {
   dp_model *m = model_of(SEED);
   dp_config c = config_of(30, 2);
-  c.optimizer = DP_OPT_MOMENTUM;
+  dp_config_set_optimizer(&c, DP_OPT_MOMENTUM);
   dp_plan *p = plan_of(m, &c);
   /* Device 0: the momentum buffer (12 floats = 48) shifts everything after it:
    *   params 0+48, grads 64+48=112, partials 128+0,
@@ -237,7 +237,7 @@ END_TEST
 START_TEST(seed_adamw_layout_is_exact) {
   dp_model *m = model_of(SEED);
   dp_config c = config_of(30, 2);
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   dp_plan *p = plan_of(m, &c);
   /* Device 0: AdamW keeps m and v (2 x 48 = 96):
    *   params 0+48, grads 64+48=112, partials 128+0,
@@ -819,7 +819,7 @@ START_TEST(the_seed_plan_keeps_every_invariant) {
   for (int opt = 0; opt < 3; opt++)
     for (int inf = 0; inf < 2; inf++) {
       dp_config c = config_of(30, 2);
-      c.optimizer = (dp_optimizer)opt;
+      dp_config_set_optimizer(&c, (dp_optimizer)opt);
       c.inference = inf;
       dp_plan *p = plan_of(m, &c);
       check_plan(p);
@@ -1091,6 +1091,60 @@ START_TEST(max_batch_is_exact) {
 }
 END_TEST
 
+/* Allreduce plans can shrink as the batch grows (more devices in use: smaller
+ * optimizer shards, receive buffers and trees), so the largest batch that fits
+ * is not found by bisection over the whole range. Checked against every batch. */
+START_TEST(max_batch_is_the_largest_that_fits_when_sizes_dip) {
+  rng_state = 4242;
+  for (int it = 0; it < 80; it++) {
+    dp_model *m = random_model(5, 1);
+    dp_config c = config_of(1, 1 + (int)rnd(8));
+    c.mode = DP_MODE_ALLREDUCE;
+    c.shard_optimizer = (int)rnd(2);
+    c.split = (dp_split)rnd(3);
+    c.micro_batch = rnd(2) ? 0 : 1 + (int)rnd(5);
+    dp_config_set_optimizer(&c, (dp_optimizer)rnd(3));
+    int cap = 1 + (int)rnd(90);
+    size_t need[91], lo = SIZE_MAX, hi = 0;
+    for (int b = 1; b <= cap; b++) {
+      need[b] = need_at(m, c, b);
+      lo = need[b] < lo ? need[b] : lo;
+      hi = need[b] > hi ? need[b] : hi;
+    }
+    size_t budget = lo + (size_t)rnd((uint32_t)(hi - lo + 1)) - (rnd(8) == 0);
+    int want = 0;
+    for (int b = 1; b <= cap; b++)
+      if (need[b] <= budget) want = b;
+    ck_assert_int_eq(max_batch_of(m, &c, budget, cap), want);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+/* The two cases of the report that found the dip (issue 12). */
+START_TEST(max_batch_finds_batches_beyond_a_dip) {
+  dp_model *m = model_of("input 1000\nlinear 1000\nrelu\nlinear 10\n"
+                         "loss softmax_cross_entropy\n");
+  dp_config c = config_of(1, 4);
+  c.mode = DP_MODE_ALLREDUCE;
+  c.shard_optimizer = 1;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
+  ck_assert_uint_eq(need_at(m, c, 4), 13209600);
+  ck_assert_uint_gt(need_at(m, c, 1), 13209600); /* batch 1 uses one device: all state */
+  int b = max_batch_of(m, &c, 13209600, 200);
+  ck_assert_int_ge(b, 4);
+  ck_assert_uint_le(need_at(m, c, b), 13209600);
+  for (int bb = b + 1; bb <= 200; bb++) ck_assert_uint_gt(need_at(m, c, bb), 13209600);
+  c.n_devices = 8;
+  c.micro_batch = 4;
+  ck_assert_uint_le(need_at(m, c, 96), 17253568);
+  b = max_batch_of(m, &c, 17253568, 200);
+  ck_assert_int_ge(b, 96);
+  for (int bb = b + 1; bb <= 200; bb++) ck_assert_uint_gt(need_at(m, c, bb), 17253568);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(plan_size_grows_with_the_batch) {
   rng_state = 5150;
   for (int it = 0; it < 40; it++) {
@@ -1112,7 +1166,7 @@ START_TEST(max_batch_grows_with_the_budget) {
   dp_model *m = model_of("input 32\nlinear 64\nlayernorm\ngelu\nlinear 10\n"
                          "loss softmax_cross_entropy\n");
   dp_config c = config_of(1, 4);
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   int prev = 0;
   for (size_t budget = 0; budget < 200000; budget += 1777) {
     int b = max_batch_of(m, &c, budget, 512);
@@ -1626,7 +1680,7 @@ START_TEST(other_bad_configs_are_refused) {
   c.micro_batch = -1;
   plan_refused(m, &c, DP_ERR_INVALID, "micro-batch");
   c = config_of(30, 2);
-  c.optimizer = (dp_optimizer)9;
+  dp_config_set_optimizer(&c, (dp_optimizer)9);
   plan_refused(m, &c, DP_ERR_INVALID, "optimizer");
   c = config_of(30, 2);
   c.backend = (dp_backend)9;
@@ -1643,11 +1697,11 @@ START_TEST(other_bad_configs_are_refused) {
   c.lr = NAN;
   plan_refused(m, &c, DP_ERR_INVALID, "learning rate");
   c = config_of(30, 2);
-  c.optimizer = DP_OPT_MOMENTUM;
+  dp_config_set_optimizer(&c, DP_OPT_MOMENTUM);
   c.momentum = 1.0f;
   plan_refused(m, &c, DP_ERR_INVALID, "momentum");
   c = config_of(30, 2);
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   c.beta2 = 1.0f;
   plan_refused(m, &c, DP_ERR_INVALID, "AdamW");
   c = config_of(30, 2);
@@ -1660,6 +1714,52 @@ START_TEST(other_bad_configs_are_refused) {
   ck_assert_int_eq(dp_plan_create(m, &c, NULL), DP_ERR_INVALID);
   dp_model_free(m);
   dp_model_free(empty);
+}
+END_TEST
+
+/* Hyper-parameters: finite, in PyTorch's ranges, and none the optimizer would
+ * silently ignore; each refusal names the setting (issue 12, items 3 and 8). */
+START_TEST(hyper_parameters_are_refused_when_not_finite_or_contradictory) {
+  dp_model *m = model_of(SEED);
+  const struct {
+    dp_optimizer opt;
+    int field; /* 0 lr, 1 weight_decay, 2 momentum, 3 dampening, 4 eps */
+    float v;
+    const char *needle;
+  } bad[] = {
+      {DP_OPT_SGD, 0, INFINITY, "learning rate"},   {DP_OPT_ADAMW, 0, NAN, "learning rate"},
+      {DP_OPT_SGD, 0, -1.0f, "learning rate"},      {DP_OPT_SGD, 1, NAN, "weight_decay"},
+      {DP_OPT_SGD, 1, INFINITY, "weight_decay"},    {DP_OPT_SGD, 1, -1.0f, "weight_decay"},
+      {DP_OPT_ADAMW, 1, -1.0f, "weight_decay"},     {DP_OPT_ADAMW, 1, 3e38f, "weight_decay"},
+      {DP_OPT_MOMENTUM, 2, NAN, "momentum"},        {DP_OPT_MOMENTUM, 2, 0.0f, "momentum > 0"},
+      {DP_OPT_SGD, 3, 0.5f, "dampening"},           {DP_OPT_MOMENTUM, 3, 1.5f, "dampening"},
+      {DP_OPT_ADAMW, 2, 0.9f, "SGD settings"},      {DP_OPT_ADAMW, 4, 0.0f, "eps"},
+      {DP_OPT_ADAMW, 4, -INFINITY, "eps"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    dp_config c = config_of(30, 2);
+    dp_config_set_optimizer(&c, bad[i].opt);
+    float *f[] = {&c.lr, &c.weight_decay, &c.momentum, &c.dampening, &c.eps};
+    *f[bad[i].field] = bad[i].v;
+    plan_refused(m, &c, DP_ERR_INVALID, bad[i].needle);
+  }
+  dp_config c = config_of(30, 2);
+  c.nesterov = 1; /* needs momentum */
+  plan_refused(m, &c, DP_ERR_INVALID, "nesterov");
+  c.momentum = 0.9f;
+  c.dampening = 0.1f; /* and no dampening */
+  plan_refused(m, &c, DP_ERR_INVALID, "nesterov");
+  c.dampening = 0.0f;
+  dp_plan *p = plan_of(m, &c); /* SGD with momentum: a momentum buffer */
+  ck_assert_int_eq(dp_plan_config(p)->optimizer, DP_OPT_MOMENTUM);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_OPT_STATE).size,
+                    dp_model_n_params(m) * 4);
+  dp_plan_free(p);
+  c.inference = 1; /* an inference plan has no optimizer: nothing to check */
+  c.lr = NAN;
+  p = plan_of(m, &c);
+  dp_plan_free(p);
+  dp_model_free(m);
 }
 END_TEST
 
@@ -1676,9 +1776,18 @@ START_TEST(config_defaults_are_as_documented) {
   ck_assert_int_eq(c.backend, DP_BACKEND_CPU);
   ck_assert_int_eq(c.micro_batch, 0);
   for (int i = 0; i < DP_MAX_DEVICES; i++) ck_assert_int_eq(c.device_ids[i], i);
-  ck_assert(c.lr == 0.01f && c.momentum == 0.9f && c.beta1 == 0.9f && c.beta2 == 0.999f &&
-            c.eps == 1e-8f);
-  /* weight decay resolves per optimizer at plan time: SGD 0 */
+  /* torch.optim.SGD's defaults, plain values (no sentinels) */
+  ck_assert(c.lr == 0.01f && c.momentum == 0.0f && c.dampening == 0.0f && c.nesterov == 0 &&
+            c.weight_decay == 0.0f && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f);
+  /* dp_config_set_optimizer: PyTorch's defaults of the optimizer it selects */
+  dp_config a = c;
+  dp_config_set_optimizer(&a, DP_OPT_ADAMW);
+  ck_assert(a.optimizer == DP_OPT_ADAMW && a.weight_decay == 0.01f && a.momentum == 0.0f &&
+            a.lr == 0.01f);
+  dp_config_set_optimizer(&a, DP_OPT_MOMENTUM);
+  ck_assert(a.momentum == 0.9f && a.weight_decay == 0.0f);
+  dp_config_set_optimizer(&a, DP_OPT_SGD);
+  ck_assert(a.momentum == 0.0f && a.weight_decay == 0.0f);
   dp_model *m = model_of(SEED);
   c.batch = 4;
   dp_plan *p = plan_of(m, &c);
@@ -1758,7 +1867,7 @@ START_TEST(allreduce_balances_memory_and_scatters_targets) {
   dp_model *m = model_of(MLP);
   dp_config c = config_of(64, 4);
   c.mode = DP_MODE_ALLREDUCE;
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   dp_plan *p = plan_of(m, &c);
   size_t P = dp_model_n_params(m) * 4;
   for (int d = 0; d < 4; d++) {
@@ -1783,7 +1892,7 @@ START_TEST(sharded_optimizer_keeps_one_shard_per_device) {
   for (int N = 1; N <= 8; N++) {
     dp_config c = config_of(64, N);
     c.mode = DP_MODE_ALLREDUCE;
-    c.optimizer = DP_OPT_ADAMW;
+    dp_config_set_optimizer(&c, DP_OPT_ADAMW);
     c.shard_optimizer = 1;
     dp_plan *p = plan_of(m, &c);
     dp_config full = c;
@@ -1871,6 +1980,8 @@ Suite *planner_suite(void) {
   tc = tcase_create("budget");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, max_batch_is_exact);
+  tcase_add_test(tc, max_batch_is_the_largest_that_fits_when_sizes_dip);
+  tcase_add_test(tc, max_batch_finds_batches_beyond_a_dip);
   tcase_add_test(tc, plan_size_grows_with_the_batch);
   tcase_add_test(tc, max_batch_grows_with_the_budget);
   tcase_add_test(tc, max_batch_is_zero_below_the_smallest_plan);
@@ -1902,6 +2013,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, sharded_optimizer_needs_allreduce);
   tcase_add_test(tc, training_without_a_loss_is_refused);
   tcase_add_test(tc, other_bad_configs_are_refused);
+  tcase_add_test(tc, hyper_parameters_are_refused_when_not_finite_or_contradictory);
   tcase_add_test(tc, config_defaults_are_as_documented);
   tcase_add_test(tc, names_cover_every_enum);
   suite_add_tcase(s, tc);

@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define RTOL 1e-5
 #define FLOOR 1e-2
@@ -56,7 +57,7 @@ static dp_config cfg_make(int batch, int n_devices, dp_optimizer opt) {
   dp_config_default(&c);
   c.batch = batch;
   c.n_devices = n_devices;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.seed = 7;
   return c;
 }
@@ -887,6 +888,19 @@ START_TEST(test_static_ctx_refuses_bad_arenas) {
   ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, NULL), DP_ERR_INVALID);
   ck_assert_int_eq(dp_ctx_create(NULL, &sc), DP_ERR_INVALID);
   ck_assert_int_eq(dp_ctx_create(r.p, NULL), DP_ERR_INVALID);
+  /* two devices on the same or overlapping memory (issue 12, item 4) */
+  for (int d = 1; d < nd; d++) {
+    void *keep = arenas[d];
+    size_t shift[] = {0, 64, dp_plan_device_bytes(r.p, 0) - 64};
+    for (int k = 0; k < 3; k++) {
+      arenas[d] = (unsigned char *)arenas[0] + shift[k];
+      sc = (dp_ctx *)&cfg;
+      ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, &sc), DP_ERR_INVALID);
+      ck_assert_ptr_null(sc);
+      ck_assert_msg(strstr(dp_last_error(), "overlaps"), "%s", dp_last_error());
+    }
+    arenas[d] = keep;
+  }
   /* and the good arenas work */
   ck_assert_int_eq(dp_ctx_create_static(r.p, arenas, NULL, &sc), DP_OK);
   dp_ctx_free(sc);
@@ -1018,17 +1032,33 @@ START_TEST(test_sgd_matches_pytorch_rule) {
 }
 END_TEST
 
+/* torch.optim.SGD(lr, momentum, dampening, weight_decay, nesterov), in double:
+ * d = g + wd p; buf = d on the first step, mu buf + (1 - dampening) d after;
+ * the step is buf, or d + mu buf with nesterov; p -= lr * step. DP_OPT_SGD
+ * with momentum > 0 is the same optimizer as DP_OPT_MOMENTUM. */
 START_TEST(test_momentum_matches_pytorch_rule) {
-  const float wds[2] = {0.0f, 0.01f};
-  for (int w = 0; w < 2; w++) {
-    dp_config cfg = cfg_make(30, 3, DP_OPT_MOMENTUM);
+  const struct {
+    dp_optimizer opt;
+    float mu, damp, wd;
+    int nesterov;
+  } cases[] = {
+      {DP_OPT_MOMENTUM, 0.9f, 0.0f, 0.0f, 0},  {DP_OPT_MOMENTUM, 0.9f, 0.0f, 0.01f, 0},
+      {DP_OPT_SGD, 0.9f, 0.0f, 0.01f, 0},      {DP_OPT_SGD, 0.8f, 0.3f, 0.0f, 0},
+      {DP_OPT_MOMENTUM, 0.7f, 1.0f, 0.02f, 0}, {DP_OPT_SGD, 0.9f, 0.0f, 0.0f, 1},
+      {DP_OPT_MOMENTUM, 0.5f, 0.0f, 0.01f, 1},
+  };
+  for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+    dp_config cfg = cfg_make(30, 3, cases[ci].opt);
     cfg.lr = 0.05f;
-    cfg.momentum = 0.9f;
-    cfg.weight_decay = wds[w];
+    cfg.momentum = cases[ci].mu;
+    cfg.dampening = cases[ci].damp;
+    cfg.nesterov = cases[ci].nesterov;
+    cfg.weight_decay = cases[ci].wd;
     rig r;
     rig_open(&r, SEED_SPEC, &cfg);
     float *p0 = params_random(12, 131), g[12], p[12], p1[12];
-    double buf[12], want[12], mu = 0.9, wd = wds[w], lr = 0.05;
+    double buf[12] = {0}, want[12], mu = cases[ci].mu, wd = cases[ci].wd, lr = 0.05,
+                              damp = cases[ci].damp;
     set_params(&r, p0);
     memcpy(p, p0, sizeof p);
     for (int s = 0; s < 4; s++) {
@@ -1037,20 +1067,88 @@ START_TEST(test_momentum_matches_pytorch_rule) {
       step_ok(&r, &b, 30, NULL);
       get_grads(&r, g);
       get_params(&r, p1);
-      /* torch.optim.SGD(momentum=mu, dampening=0): d = g + wd * p;
-       * buf = d on the first step, mu * buf + d afterwards; p -= lr * buf */
       for (int k = 0; k < 12; k++) {
         double d = (double)g[k] + wd * p[k];
-        buf[k] = s == 0 ? d : mu * buf[k] + d;
-        want[k] = p[k] - lr * buf[k];
+        buf[k] = s == 0 ? d : mu * buf[k] + (1.0 - damp) * d;
+        want[k] = p[k] - lr * (cases[ci].nesterov ? d + mu * buf[k] : buf[k]);
       }
-      assert_near_d(p1, want, 12, 1e-6, 1e-7, "momentum param");
+      char what[64];
+      snprintf(what, sizeof what, "momentum case %zu param", ci);
+      assert_near_d(p1, want, 12, 1e-6, 1e-7, what);
       memcpy(p, p1, sizeof p);
       batch_free(&b);
     }
     free(p0);
     rig_close(&r);
   }
+}
+END_TEST
+
+/* An update that would leave a parameter (or its optimizer state) non-finite
+ * is refused like a non-finite gradient: DP_ERR_NONFINITE naming the cause,
+ * parameters, optimizer state and step counter bytewise as they were, in
+ * every layout; a later good step still runs (issue 12, item 3). */
+START_TEST(test_nonfinite_update_is_refused_and_changes_nothing) {
+  const struct {
+    dp_mode mode;
+    int shard, n;
+  } layouts[] = {{DP_MODE_CLASSIC, 0, 1}, {DP_MODE_CLASSIC, 0, 2},
+                 {DP_MODE_ALLREDUCE, 0, 2}, {DP_MODE_ALLREDUCE, 1, 4},
+                 {DP_MODE_ALLREDUCE, 1, 3}};
+  for (int opt = 0; opt < 3; opt++)
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+      dp_config cfg = cfg_make(32, layouts[li].n, (dp_optimizer)opt);
+      cfg.mode = layouts[li].mode;
+      cfg.shard_optimizer = layouts[li].shard;
+      cfg.weight_decay = 0.0f;
+      rig r;
+      rig_open(&r, SEED_SPEC, &cfg);
+      batch b;
+      batch_make(&b, r.m, 32, 77);
+      step_ok(&r, &b, 32, NULL); /* some optimizer state to keep */
+      char ck0[64], ck1[64];
+      snprintf(ck0, sizeof ck0, "/tmp/dp_test_nfu_%d_a.ckpt", (int)getpid());
+      snprintf(ck1, sizeof ck1, "/tmp/dp_test_nfu_%d_b.ckpt", (int)getpid());
+      ck_assert_int_eq(dp_ckpt_save(r.c, ck0), DP_OK);
+      uint64_t h0 = dp_params_hash(r.c), step0 = dp_ctx_step(r.c);
+      /* the same state under an overflowing rate (lr is not part of a
+       * checkpoint's identity: load it into a context planned with it) */
+      dp_config big = cfg;
+      big.lr = 3e38f;
+      rig r2;
+      rig_open(&r2, SEED_SPEC, &big);
+      ck_assert_msg(dp_ckpt_load(r2.c, ck0) == DP_OK, "%s", dp_last_error());
+      float loss = 0.0f;
+      for (int k = 0; k < 32 * b.in; k++) b.x[k] *= 1e3f; /* large gradients */
+      dp_status st = dp_train_step(r2.c, 32, b.in, b.x, batch_t(&b), &loss);
+      ck_assert_msg(st == DP_ERR_NONFINITE, "opt %d layout %zu: %s (%s)", opt, li,
+                    dp_status_name(st), dp_ctx_error(r2.c));
+      ck_assert_msg(strstr(dp_ctx_error(r2.c), "non-finite") &&
+                        strstr(dp_ctx_error(r2.c), "lr 3e+38"),
+                    "%s", dp_ctx_error(r2.c));
+      ck_assert_uint_eq(dp_params_hash(r2.c), h0);
+      ck_assert_uint_eq(dp_ctx_step(r2.c), step0);
+      ck_assert_int_eq(dp_ckpt_save(r2.c, ck1), DP_OK);
+      FILE *fa = fopen(ck0, "rb"), *fb = fopen(ck1, "rb");
+      ck_assert(fa && fb);
+      int ca, cb, same = 1;
+      do {
+        ca = fgetc(fa);
+        cb = fgetc(fb);
+        same &= ca == cb;
+      } while (ca != EOF && cb != EOF);
+      fclose(fa);
+      fclose(fb);
+      ck_assert_msg(same, "opt %d layout %zu: the refused step changed the saved state", opt,
+                    li);
+      for (int k = 0; k < 32 * b.in; k++) b.x[k] /= 1e3f;
+      step_ok(&r, &b, 32, NULL); /* the original context still trains */
+      unlink(ck0);
+      unlink(ck1);
+      batch_free(&b);
+      rig_close(&r2);
+      rig_close(&r);
+    }
 }
 END_TEST
 
@@ -1142,6 +1240,7 @@ Suite *step_suite(void) {
   tcase_add_test(tc, test_seed_loss_and_grads_by_hand);
   tcase_add_test(tc, test_sgd_matches_pytorch_rule);
   tcase_add_test(tc, test_momentum_matches_pytorch_rule);
+  tcase_add_test(tc, test_nonfinite_update_is_refused_and_changes_nothing);
   tcase_add_test(tc, test_adamw_matches_pytorch_rule);
   suite_add_tcase(s, tc);
   return s;

@@ -473,6 +473,8 @@ struct fk_ctx {
   fk_slot slot[DP_CUDA_GRAPH_SLOTS];
   /* the status words of the last executed step */
   bool st_loss, st_label, st_grad, st_grad_inf;
+  bool st_update;                 /* GRAD_CHECK: the update would not be finite */
+  char update_msg[DP_ERRMSG_CAP]; /* the first such report, in the cpu's words */
   /* the fast_collectives allreduce being entered: each device's op, by device */
   const dp_op *coll[DP_MAX_DEVICES];
   int coll_n, coll_stage;
@@ -698,6 +700,11 @@ static void note_bad_grad(fk_ctx *c, const dp_exec_env *e, const dp_op *op) {
       c->st_grad = true;
       return;
     }
+  /* finite gradients: the update would write a non-finite value (the kernel's
+   * DP_CUDA_ST_UPDATE); devices run in order, so the first report has the
+   * lowest index */
+  if (!c->st_update) snprintf(c->update_msg, sizeof c->update_msg, "%s", dp_last_error());
+  c->st_update = true;
 }
 
 static void fault(fk_ctx *c, const char *fmt, int a, int b) {
@@ -752,7 +759,9 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   e.training = k->training;
   e.step = step;
   const dp_op *op = &k->op;
-  if (op->kind == DP_OP_OPTIMIZER && (c->st_loss || c->st_label || c->st_grad)) return;
+  if (op->kind == DP_OP_OPTIMIZER &&
+      (c->st_loss || c->st_label || c->st_grad || c->st_update))
+    return;
   if (op->kind == DP_OP_LOSS && bad_labels(c, &e, op)) return;
   if (op->kind == DP_OP_ALLREDUCE) {
     allreduce_enter(c, op, k->stage);
@@ -776,7 +785,7 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
  * share nothing within a stage: the CPU runs them in parallel). */
 static void exec_all(fk_ctx *c, fk_call *const calls[], const int counts[],
                      dp_mb *const mbs[], uint64_t step) {
-  c->st_loss = c->st_label = c->st_grad = c->st_grad_inf = false;
+  c->st_loss = c->st_label = c->st_grad = c->st_grad_inf = c->st_update = false;
   c->loss = 0.0f;
   c->bad_row = -1;
   c->bad_grad = 0;
@@ -1134,6 +1143,11 @@ dp_status dp__cuda_step_end(void *bctx, float *loss) {
   if (c->st_grad)
     return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
                    c->bad_grad, c->st_grad_inf ? "infinite" : "NaN");
+  if (c->st_update) { /* the text without the cpu backend's file:line */
+    char *at = strrchr(c->update_msg, '[');
+    if (at && at > c->update_msg) at[-1] = '\0';
+    return DP_FAIL(DP_ERR_NONFINITE, "%s", c->update_msg);
+  }
   return DP_OK;
 }
 

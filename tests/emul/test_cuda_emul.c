@@ -137,7 +137,7 @@ static dp_config config(int n, dp_mode mode, int shard, dp_optimizer opt) {
   c.micro_batch = MB;
   c.mode = mode;
   c.shard_optimizer = shard;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
   c.weight_decay = 0.01f;
   c.seed = 11;
@@ -882,6 +882,60 @@ START_TEST(nonfinite_input_is_skipped_under_skip) {
 }
 END_TEST
 
+/* An update that would overflow (lr near FLT_MAX) is refused by the device as
+ * the cpu refuses it: same status and text, nothing written, in classic and
+ * sharded allreduce, plain and replayed. */
+START_TEST(nonfinite_update_is_refused_like_the_cpu) {
+  for (int li = 0; li < 2; li++)
+    for (int graph = 0; graph < 2; graph++) {
+      dp_config c = li ? config(2, DP_MODE_ALLREDUCE, 1, DP_OPT_MOMENTUM)
+                       : config(2, DP_MODE_CLASSIC, 0, DP_OPT_SGD);
+      dp_config g = as_cuda(c, graph);
+      char what[64];
+      snprintf(what, sizeof what, "layout %d, cuda_graph %d", li, graph);
+      rig cpu, cu;
+      rig_open(&cpu, MSE_SPEC, &c);
+      rig_open(&cu, MSE_SPEC, &g);
+      rig *rs[2] = {&cpu, &cu};
+      for (int k = 0; k < 3; k++) step_all(rs, 2, k, BATCH, what);
+      rig_close(&cpu);
+      rig_close(&cu);
+      c.lr = g.lr = 3.4e38f; /* finite, but lr * gradient is not */
+      rig_open(&cpu, MSE_SPEC, &c);
+      rig_open(&cu, MSE_SPEC, &g);
+      static float before[MAXP], after[MAXP];
+      size_t np = n_params(&cu);
+      ck_assert_int_eq(dp_get_params(cu.c, before, np), DP_OK);
+      static batch bt;
+      make_batch(&bt, 4);
+      for (int i = 0; i < BATCH * IN; i++) bt.x[i] *= 1e4f;
+      char msg[2][DP_ERRMSG_CAP];
+      for (int r = 0; r < 2; r++) {
+        float loss = 0.0f;
+        dp_status s = dp_train_step(rs[r]->c, BATCH, IN, bt.x, bt.target, &loss);
+        ck_assert_msg(s == DP_ERR_NONFINITE, "%s: context %d: %s: %s", what, r,
+                      dp_status_name(s), dp_ctx_error(rs[r]->c));
+        snprintf(msg[r], sizeof msg[r], "%s", dp_ctx_error(rs[r]->c));
+        char *at = strrchr(msg[r], '[');
+        if (at) *at = '\0';
+      }
+      ck_assert_msg(strstr(msg[0], "the update would make parameter"), "%s", msg[0]);
+      /* the cpu's text is the executor's "device 0, op k of n (...): " + the op's */
+      ck_assert_msg(strstr(msg[0], msg[1]), "%s: cpu '%s' vs cuda '%s'", what, msg[0],
+                    msg[1]);
+      ck_assert_int_eq(dp_get_params(cu.c, after, np), DP_OK);
+      for (size_t k = 0; k < np; k++)
+        REQ(bits(before[k]) == bits(after[k]),
+            "%s: parameter %zu changed by a refused step", what, k);
+      ck_assert_int_eq(dp_ctx_step(cu.c), 0);
+      same_params(rs, 2, what);
+      rig_close(&cpu);
+      rig_close(&cu);
+      expect_clean(what);
+    }
+}
+END_TEST
+
 /* ---- state in and out: checkpoints, parameters, gradients ---------------------------- */
 
 static void tmp_path(char *buf, size_t cap) {
@@ -1362,6 +1416,7 @@ static Suite *cuda_emul_suite(void) {
   tc = tcase("nonfinite");
   tcase_add_test(tc, nonfinite_input_refuses_the_step);
   tcase_add_test(tc, nonfinite_input_is_skipped_under_skip);
+  tcase_add_test(tc, nonfinite_update_is_refused_like_the_cpu);
   suite_add_tcase(s, tc);
   tc = tcase("state");
   tcase_add_test(tc, checkpoints_move_between_backends_and_device_counts);

@@ -529,7 +529,7 @@ static void run_case(const config_case *cc) {
   cfg.n_devices = cc->n_devices;
   cfg.split = cc->split;
   cfg.micro_batch = cc->micro_batch;
-  cfg.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
   cfg.seed = 3;
   int cuda = cc->backend == DP_BACKEND_CUDA;
   if (cuda) {

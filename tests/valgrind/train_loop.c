@@ -56,7 +56,7 @@ static int train(dp_model *m, int n_devices, int guards, const float *x, const i
   c.guards = guards;
   c.batch = BATCH;
   c.n_devices = n_devices;
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   c.lr = 0.003f;
   c.seed = 11;
   dp_plan *p;
