@@ -201,9 +201,13 @@ typedef struct dp_plan dp_plan;
 dp_status dp_plan_create(const dp_model *m, const dp_config *c, dp_plan **out);
 void dp_plan_free(dp_plan *p);
 
-/* Largest batch (1..max_batch) whose plan fits `budget` bytes on every device
- * and in the host staging arena; 0 when even batch 1 does not fit. Exact: that
- * batch fits, batch+1 does not. */
+/* The largest batch B in 1..max_batch whose plan fits `budget` bytes on every
+ * device and in the host staging arena; 0 when none does. Exact, and not a
+ * bisection over 1..max_batch: a plan can shrink as the batch grows (in
+ * allreduce mode a larger batch may use more devices, so each holds a smaller
+ * optimizer shard and receive buffer), so batches below B may fail while B
+ * fits. Every batch above B, up to max_batch, fails. A context planned for B
+ * takes any batch of 1..B rows. */
 dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
                             int max_batch, int *out_batch);
 
@@ -240,6 +244,9 @@ int dp_plan_device_micro_batches(const dp_plan *p, int dev);
 size_t dp_plan_device_bytes(const dp_plan *p, int dev); /* arena total */
 dp_region_info dp_plan_region(const dp_plan *p, int dev, dp_region r);
 size_t dp_plan_host_bytes(const dp_plan *p); /* staging arena (pinned, cuda) */
+/* Alignment of every region and of the arenas dp_ctx_create_static takes:
+ * 64 bytes on the cpu backend, 256 on cuda. */
+size_t dp_plan_alignment(const dp_plan *p);
 const dp_config *dp_plan_config(const dp_plan *p);
 const dp_model *dp_plan_model(const dp_plan *p);
 
@@ -305,8 +312,10 @@ typedef struct dp_ctx dp_ctx;
  * and starts one worker per extra device. The plan must outlive the context. */
 dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out);
 /* Embedded style: the caller provides the arenas. arenas[d] must hold
- * dp_plan_device_bytes(p, d) bytes aligned to 64; host may be NULL when
- * dp_plan_host_bytes(p) is 0. The memory stays the caller's. */
+ * dp_plan_device_bytes(p, d) bytes aligned to dp_plan_alignment(p), each its
+ * own memory (overlapping arenas are refused); host may be NULL when
+ * dp_plan_host_bytes(p) is 0. The memory stays the caller's. The context
+ * object and its schedules are still allocated from the heap. */
 dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
                                dp_ctx **out);
 void dp_ctx_free(dp_ctx *c);
@@ -334,11 +343,15 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y);
 /* Parameters as one flat fp32 array in state_dict order (dp_model_n_params). */
 dp_status dp_get_params(dp_ctx *c, float *out, size_t n);
 dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
-/* Gradients on device 0 (summed over the batch, as PyTorch's DataParallel
- * leaves them in the module): those of the last step that got through
- * backward. A step refused for non-finite gradients leaves its gradients here
- * so they can be inspected; one refused earlier (bad input, non-finite loss)
- * does not touch them. Zero before the first step. */
+/* The gradient of the step's mean loss with respect to every parameter, in
+ * state_dict order: what PyTorch leaves in .grad after loss.backward() on the
+ * whole batch (the per-device contributions are summed, as DataParallel does;
+ * the mean loss scales each sample by 1/rows). Those of the last step that got
+ * through backward, in every mode (a sharded optimizer's shards are read from
+ * the devices that own them). A step refused for non-finite gradients or a
+ * non-finite update leaves its gradients here so they can be inspected; one
+ * refused earlier (bad input, non-finite loss) does not touch them. Zero
+ * before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
 /* Steps skipped under DP_NONFINITE_SKIP since the context was created. */
@@ -355,7 +368,10 @@ dp_status dp_ctx_check_guards(dp_ctx *c);
  * temporary file, fsyncs it, renames it over `path` and fsyncs the directory:
  * a crash leaves the old file or the new one, never a mix. Loading checks the
  * model, optimizer and seed match and every checksum before touching the
- * context; on any error the context is unchanged. */
+ * context; on any error the context is unchanged. A path that is not a regular
+ * file (a directory, a FIFO, a device) is refused with DP_ERR_IO without
+ * blocking. Both allocate temporary host buffers (the size of the state);
+ * only the step and forward calls are allocation-free. */
 dp_status dp_ckpt_save(dp_ctx *c, const char *path);
 dp_status dp_ckpt_load(dp_ctx *c, const char *path);
 /* Highest arena byte any op has touched, per device (equals the plan total). */

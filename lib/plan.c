@@ -575,6 +575,7 @@ dp_region_info dp_plan_region(const dp_plan *p, int d, dp_region r) {
   return p->regions[d][r];
 }
 size_t dp_plan_host_bytes(const dp_plan *p) { return p ? p->host_bytes : 0; }
+size_t dp_plan_alignment(const dp_plan *p) { return p ? p->align : 0; }
 const dp_config *dp_plan_config(const dp_plan *p) { return p ? &p->cfg : NULL; }
 const dp_model *dp_plan_model(const dp_plan *p) { return p ? &p->model : NULL; }
 int dp_plan_n_ops(const dp_plan *p) { return p ? p->n_ops : 0; }

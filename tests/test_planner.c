@@ -1793,6 +1793,10 @@ START_TEST(config_defaults_are_as_documented) {
   dp_plan *p = plan_of(m, &c);
   ck_assert(dp_plan_config(p)->weight_decay == 0.0f);
   ck_assert_int_eq(dp_plan_model(p)->layers[0].kind, DP_LAYER_LINEAR);
+  ck_assert_uint_eq(dp_plan_alignment(p), 64); /* cpu; every region starts on it */
+  for (int r = 0; r < DP_REGION_COUNT; r++)
+    ck_assert_uint_eq(dp_plan_region(p, 0, (dp_region)r).offset % 64, 0);
+  ck_assert_uint_eq(dp_plan_alignment(NULL), 0);
   dp_plan_free(p);
   dp_model_free(m);
 }
