@@ -419,8 +419,18 @@ static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }
 
+/* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the
+ * same on every device whatever the model. */
+static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
+  (void)m, (void)mb_rows, (void)training;
+  return dp__cuda_workspace_bytes();
+}
+
+/* Positional (C++17 has no designated initialisers): the dp_backend_ops order.
+ * 256: cudaMalloc's alignment, and cuBLAS's preferred one. */
 const dp_backend_ops dp__cuda_backend = {"cuda", cuda_run, dp__cuda_stage_begin,
-                                         dp__cuda_stage_end};
+                                         dp__cuda_stage_end, 256, cuda_workspace_bytes,
+                                         true};
 
 /* ---- transport ------------------------------------------------------------------- */
 
@@ -526,7 +536,8 @@ static dp_status cuda_copy(void *tctx, void *dst, const void *src, size_t bytes)
   if (s != DP_OK) return s;
   int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
   if (!nccl_pair(c, sd, dd)) return copy_on(c, dp__cuda_tl_dev, dst, src, bytes);
-  if (dp__cuda_tl_dev != sd && dp__cuda_tl_dev != dd) /* peer() would have no side to play */
+  /* peer() would have no side to play */
+  if (dp__cuda_tl_dev != sd && dp__cuda_tl_dev != dd)
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda transport: device %d executes a copy from device %d to "
                    "device %d; with NCCL a copy must be executed by an endpoint",

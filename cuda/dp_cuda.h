@@ -74,29 +74,6 @@ static inline size_t dp__cuda_workspace_bytes(void) {
   return DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES;
 }
 
-/* Where the parts of the pinned host staging arena (dp_plan_host_bytes) are:
- * inputs (batch, in) at x, targets at t, outputs (batch, out) at y, each
- * aligned to the plan's alignment. Mirrors plan.c's plan_host (keep them in
- * step). The context copies the caller's x and targets to staging + x / + t,
- * points dp_exec_env.host_x / host_t / host_y at staging + x / t / y, and after
- * dp__cuda_step_end copies rows * out floats from staging + y to the caller's y. */
-typedef struct {
-  size_t x, t, y;
-} dp_cuda_staging;
-
-static inline dp_cuda_staging dp__cuda_staging_layout(const dp_plan *p) {
-  const dp_model *m = &p->model;
-  size_t a = p->align, B = (size_t)p->cfg.batch;
-  size_t out = (size_t)dp_model_output_width(m);
-  size_t xb = B * (size_t)m->input_width * 4;
-  size_t tb = p->cfg.inference ? 0 : B * (m->loss == DP_LOSS_MSE ? out : 1) * 4;
-  dp_cuda_staging s;
-  s.x = 0;
-  s.t = (xb + a - 1) / a * a;
-  s.y = (s.t + tb + a - 1) / a * a;
-  return s;
-}
-
 /* Flags of dp__cuda_ctx_init. */
 enum {
   DP_CUDA_TF32 = 1, /* let cuBLAS use TF32 tensor cores for the FP32 GEMMs

@@ -54,10 +54,19 @@ static dp_status no_peer(void *tctx, int dev, void *dst, const void *src, size_t
 
 /* The stage hooks are the real entry points below (they fail the same way),
  * so that this vtable has the CUDA build's shape. */
+/* dp_cuda.h's WORKSPACE size, as cuda/backend.cu's vtable gives it. */
+static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
+  (void)m, (void)mb_rows, (void)training;
+  return dp__cuda_workspace_bytes();
+}
+
 const dp_backend_ops dp__cuda_backend = {.name = "cuda",
                                          .run = no_run,
                                          .stage_begin = dp__cuda_stage_begin,
-                                         .stage_end = dp__cuda_stage_end};
+                                         .stage_end = dp__cuda_stage_end,
+                                         .align = 256,
+                                         .workspace_bytes = cuda_workspace_bytes,
+                                         .host_staging = true};
 const dp_transport_ops dp__cuda_transport = {
     .name = "cuda", .copy = no_copy, .peer = no_peer};
 

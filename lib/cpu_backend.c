@@ -503,7 +503,16 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
 }
 
-const dp_backend_ops dp__cpu_backend = {.name = "cpu", .run = cpu_run};
+/* The packed GEMMs' buffers (gemm.h). */
+static size_t cpu_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
+  return dp__model_workspace_bytes(m, mb_rows, training);
+}
+
+const dp_backend_ops dp__cpu_backend = {.name = "cpu",
+                                        .run = cpu_run,
+                                        .align = 64, /* a cache line */
+                                        .workspace_bytes = cpu_workspace_bytes,
+                                        .host_staging = false};
 
 static dp_status shm_copy(void *tctx, void *dst, const void *src, size_t bytes) {
   (void)tctx;

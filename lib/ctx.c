@@ -544,15 +544,14 @@ static int graph_slot(const dp_ctx *c, const dp_exec_env *e, int rows, int injec
 static void stage_inputs(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
                          const void *target) {
   const dp_plan *p = c->plan;
-  dp_cuda_staging lay = dp__cuda_staging_layout(p);
-  memcpy(c->staging + lay.x, x, (size_t)rows * (size_t)p->model.input_width * 4);
-  e->host_x = (const float *)(c->staging + lay.x);
+  memcpy(c->staging + p->host_x, x, (size_t)rows * (size_t)p->model.input_width * 4);
+  e->host_x = (const float *)(c->staging + p->host_x);
   if (target) {
     size_t tw = p->model.loss == DP_LOSS_MSE ? (size_t)dp_model_output_width(&p->model) : 1;
-    memcpy(c->staging + lay.t, target, (size_t)rows * tw * 4);
-    e->host_t = c->staging + lay.t;
+    memcpy(c->staging + p->host_t, target, (size_t)rows * tw * 4);
+    e->host_t = c->staging + p->host_t;
   }
-  e->host_y = (float *)(c->staging + lay.y);
+  e->host_y = (float *)(c->staging + p->host_y);
 }
 
 /* Enqueues the schedule: step_begin, the pre-commit part, the commit part.

@@ -130,6 +130,9 @@ struct dp_plan {
   size_t dev_bytes[DP_MAX_DEVICES];
   dp_act_layout act[DP_MAX_DEVICES];
   size_t host_bytes;
+  /* the staging arena (backend.host_staging): inputs (batch, in), targets and
+   * outputs (batch, out), each at an aligned offset */
+  size_t host_x, host_t, host_y;
   int n_ops, ops_cap;
   dp_op *ops;
   int n_stages;
@@ -177,7 +180,19 @@ typedef struct {
    * and before the barrier that ends s. */
   dp_status (*stage_begin)(void *bctx, int dev, int stage);
   dp_status (*stage_end)(void *bctx, int dev, int stage);
+  /* ---- capabilities, plain data for the planner (no backend header needed) ----
+   * Alignment of every region and arena; the WORKSPACE bytes a device needs
+   * for the model at its largest micro-batch; whether the caller's inputs,
+   * targets and outputs pass through a pinned host staging arena (laid out
+   * by the planner: dp_plan.host_x / host_t / host_y). */
+  size_t align;
+  size_t (*workspace_bytes)(const dp_model *m, int mb_rows, bool training);
+  bool host_staging;
 } dp_backend_ops;
+
+/* The backend registered for a config's backend kind (lib/backend.c); NULL
+ * for an unknown kind. */
+const dp_backend_ops *dp__backend_ops(dp_backend kind);
 
 typedef struct {
   const char *name;

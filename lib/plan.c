@@ -1,8 +1,6 @@
 /* The planner: from a model and a config, every region of every device's
  * arena (offset, size, alignment) and the static schedule of a step. Pure C,
  * no backend headers; the numbers it produces are the ones the runtime uses. */
-#include "dp_cuda.h"
-#include "gemm.h"
 #include "internal.h"
 
 #include <float.h>
@@ -143,7 +141,7 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
   if (c->optimizer != DP_OPT_SGD && c->optimizer != DP_OPT_MOMENTUM &&
       c->optimizer != DP_OPT_ADAMW)
     return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
-  if (c->backend != DP_BACKEND_CPU && c->backend != DP_BACKEND_CUDA)
+  if (!dp__backend_ops(c->backend))
     return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
   if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
@@ -317,10 +315,7 @@ static dp_status plan_device(dp_plan *p, int d) {
     else if (!classic)
       sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
-  if (c->backend == DP_BACKEND_CPU) /* the packed GEMMs' buffers (gemm.h) */
-    sz[DP_REGION_WORKSPACE] = dp__model_workspace_bytes(m, a->mb_rows, train);
-  else /* status words, per-step scalars and cuBLAS's workspace (dp_cuda.h) */
-    sz[DP_REGION_WORKSPACE] = dp__cuda_workspace_bytes();
+  sz[DP_REGION_WORKSPACE] = dp__backend_ops(c->backend)->workspace_bytes(m, a->mb_rows, train);
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
   /* Guards (config.guards): one alignment unit before the first region and
@@ -337,11 +332,12 @@ static dp_status plan_device(dp_plan *p, int d) {
   return DP_OK;
 }
 
+/* The host staging arena, for backends that stage the caller's data
+ * (backend.host_staging; the cpu backend reads the caller's memory directly):
+ * inputs, targets, outputs, each aligned. */
 static dp_status plan_host(dp_plan *p) {
-  p->host_bytes = 0;
-  if (p->cfg.backend != DP_BACKEND_CUDA)
-    return DP_OK; /* the CPU backend reads the
-                    caller's memory directly */
+  p->host_bytes = p->host_x = p->host_t = p->host_y = 0;
+  if (!dp__backend_ops(p->cfg.backend)->host_staging) return DP_OK;
   const dp_model *m = &p->model;
   size_t B = (size_t)p->cfg.batch, x, t = 0, y, cur = 0;
   int out = dp_model_output_width(m);
@@ -349,10 +345,12 @@ static dp_status plan_host(dp_plan *p) {
     return OVERFLOW();
   if (!p->cfg.inference && !mul3(B, m->loss == DP_LOSS_MSE ? (size_t)out : 1, 4, &t))
     return OVERFLOW();
-  size_t parts[3] = {x, t, y};
-  for (int i = 0; i < 3; i++)
-    if (!dp__align_up(cur, p->align, &cur) || !dp__add(cur, parts[i], &cur))
-      return OVERFLOW();
+  size_t parts[3] = {x, t, y}, *at[3] = {&p->host_x, &p->host_t, &p->host_y};
+  for (int i = 0; i < 3; i++) {
+    if (!dp__align_up(cur, p->align, &cur)) return OVERFLOW();
+    *at[i] = cur;
+    if (!dp__add(cur, parts[i], &cur)) return OVERFLOW();
+  }
   if (!dp__align_up(cur, p->align, &p->host_bytes)) return OVERFLOW();
   return DP_OK;
 }
@@ -442,7 +440,7 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   /* SGD with momentum keeps a buffer: one name for it from here on */
   if (p->cfg.optimizer == DP_OPT_SGD && p->cfg.momentum > 0)
     p->cfg.optimizer = DP_OPT_MOMENTUM;
-  p->align = c->backend == DP_BACKEND_CUDA ? 256 : 64;
+  p->align = dp__backend_ops(c->backend)->align;
   int max_mbs = dp__split_max_mbs(&p->cfg);
   /* The schedule has about 2 ops per layer per micro-batch, counted in int. */
   long long ops = (long long)max_mbs * (2LL * m->n_layers + 8) + 64LL * c->n_devices;

@@ -598,13 +598,13 @@ static dp_status cpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
 /* As lib/ctx.c will: the caller's batch into the pinned staging arena (which
  * the previous step no longer reads: it was synchronised), the env. */
 static void stage_batch(pair *t, uint64_t step, const batch *b) {
-  dp_cuda_staging L = dp__cuda_staging_layout(t->pg);
-  memcpy(t->staging + L.x, b->x, b->xbytes);
-  memcpy(t->staging + L.t, b->t, b->tbytes);
+  const dp_plan *L = t->pg; /* the planner's staging layout */
+  memcpy(t->staging + L->host_x, b->x, b->xbytes);
+  memcpy(t->staging + L->host_t, b->t, b->tbytes);
   t->eg.step = step;
-  t->eg.host_x = (const float *)(t->staging + L.x);
-  t->eg.host_t = t->staging + L.t;
-  t->eg.host_y = (float *)(t->staging + L.y);
+  t->eg.host_x = (const float *)(t->staging + L->host_x);
+  t->eg.host_t = t->staging + L->host_t;
+  t->eg.host_y = (float *)(t->staging + L->host_y);
   t->eg.skip_broadcast = false;
 }
 
@@ -771,12 +771,11 @@ START_TEST(staging_layout_matches_the_plan) {
       c.backend = DP_BACKEND_CUDA;
       dp_plan *p = NULL;
       ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
-      dp_cuda_staging L = dp__cuda_staging_layout(p);
       size_t a = p->align, out = (size_t)dp_model_output_width(m);
-      ck_assert_uint_eq(L.x, 0);
-      ck_assert_uint_eq(L.t, round_up(37 * (size_t)dp_model_input_width(m) * 4, a));
-      ck_assert_uint_ge(L.y, L.t);
-      ck_assert_uint_eq(round_up(L.y + 37 * out * 4, a), dp_plan_host_bytes(p));
+      ck_assert_uint_eq(p->host_x, 0);
+      ck_assert_uint_eq(p->host_t, round_up(37 * (size_t)dp_model_input_width(m) * 4, a));
+      ck_assert_uint_ge(p->host_y, p->host_t);
+      ck_assert_uint_eq(round_up(p->host_y + 37 * out * 4, a), dp_plan_host_bytes(p));
       dp_plan_free(p);
       dp_model_free(m);
     }

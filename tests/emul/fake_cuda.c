@@ -1004,10 +1004,19 @@ static dp_status fk_peer(void *tctx, int dev, void *dst, const void *src, size_t
   return DP_OK;
 }
 
+/* dp_cuda.h's WORKSPACE size, as cuda/backend.cu's vtable gives it. */
+static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
+  (void)m, (void)mb_rows, (void)training;
+  return dp__cuda_workspace_bytes();
+}
+
 const dp_backend_ops dp__cuda_backend = {.name = "cuda",
                                          .run = fk_run,
                                          .stage_begin = dp__cuda_stage_begin,
-                                         .stage_end = dp__cuda_stage_end};
+                                         .stage_end = dp__cuda_stage_end,
+                                         .align = 256,
+                                         .workspace_bytes = cuda_workspace_bytes,
+                                         .host_staging = true};
 const dp_transport_ops dp__cuda_transport = {
     .name = "cuda", .copy = fk_copy, .peer = fk_peer};
 
