@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes build.ninja for libdp.
 
-    ./configure.py [--cpu-only] [--cuda-arch 90] [--prefix /usr/local] [--debug]
+    ./configure.py [--cpu-only] [--cuda-arch 90] [--prefix /usr/local] [--debug] [--no-install]
     ninja            libdp.a, build/dp, the tests and the examples
     ninja test       builds everything, runs build/test_dp and each standalone test
     ninja asan       a second, CPU-only build in build-asan/ under ASan+UBSan; runs its tests
@@ -13,6 +13,11 @@
                      root and missing; otherwise those two targets say how to install them
     ninja demo       runs DEMO (below)
     ninja install    libdp.a, dp.h, dp and dp.pc under --prefix (DESTDIR respected)
+
+Run by a person as root, this script installs missing packages with apt-get (ninja,
+Check, pkg-config, gcc; clang's libFuzzer and valgrind when missing). Whenever ninja runs
+it (the regenerate rule, `ninja asan`), it is given --no-install and installs nothing: it
+names what is missing and the apt-get command instead.
 
 Environment read: CC, NVCC, CFLAGS, LDFLAGS, CUDA_HOME, FUZZ_CC (the clang of `ninja fuzz`).
 Python standard library only.
@@ -118,16 +123,16 @@ def missing_packages(cc):
     return missing
 
 
-def ensure_packages():
-    """Installs ninja, Check, pkg-config (and gcc) through apt-get when run as root;
-    otherwise prints the command that would and exits 1."""
+def ensure_packages(install):
+    """Installs ninja, Check, pkg-config (and gcc) through apt-get when `install` and run
+    as root; otherwise prints the command that would and exits 1."""
     missing = missing_packages(find_cc())
     if not missing:
         return
     names = ' '.join(missing)
-    if os.geteuid() != 0:
+    if not install or os.geteuid() != 0:
         fail('missing %s; install with:\n  sudo apt-get update && '
-             'sudo apt-get install -y %s' % (names, names))
+             'sudo apt-get install -y %s\nthen rerun ./configure.py' % (names, names))
     if not shutil.which('apt-get'):
         fail('missing %s, and there is no apt-get to install it with' % names)
     print('configure.py: installing %s: apt-get update && apt-get install -y %s'
@@ -184,9 +189,10 @@ def clang_major(clang):
     return m.group(1) if m else None
 
 
-def apt_install(names):
-    """apt-get install as root; False (with a note) when that is not possible."""
-    if os.geteuid() != 0 or not shutil.which('apt-get'):
+def apt_install(names, install):
+    """apt-get install when `install` and root; False (with a note) when that is not
+    possible."""
+    if not install or os.geteuid() != 0 or not shutil.which('apt-get'):
         return False
     print('configure.py: installing %s (optional tools): apt-get update && apt-get install -y %s'
           % (' '.join(names), ' '.join(names)), flush=True)
@@ -198,9 +204,9 @@ def apt_install(names):
     return True
 
 
-def ensure_optional_tools():
-    """clang + libFuzzer and valgrind: installed through apt-get when run as root and
-    missing. Never fatal: without them `ninja fuzz` / `ninja valgrind` fail with the
+def ensure_optional_tools(install):
+    """clang + libFuzzer and valgrind: installed through apt-get when `install`, run as
+    root and missing. Never fatal: without them `ninja fuzz` / `ninja valgrind` fail with the
     command that installs them. Returns (fuzz_cc, fuzz_reason, valgrind path)."""
     fuzz_cc, reason = find_fuzz_cc()
     if reason and not os.environ.get('FUZZ_CC'):
@@ -209,13 +215,13 @@ def ensure_optional_tools():
         else:  # Debian splits the sanitizer/libFuzzer runtimes out of clang-N
             major = clang_major(fuzz_cc)
             pkgs = ['libclang-rt-%s-dev' % major] if major else []
-        if pkgs and apt_install(pkgs):
+        if pkgs and apt_install(pkgs, install):
             fuzz_cc, reason = find_fuzz_cc()
             if reason and fuzz_cc and clang_major(fuzz_cc):
-                if apt_install(['libclang-rt-%s-dev' % clang_major(fuzz_cc)]):
+                if apt_install(['libclang-rt-%s-dev' % clang_major(fuzz_cc)], install):
                     fuzz_cc, reason = find_fuzz_cc()
     valgrind = shutil.which('valgrind')
-    if not valgrind and apt_install(['valgrind']):
+    if not valgrind and apt_install(['valgrind'], install):
         valgrind = shutil.which('valgrind')
     return (fuzz_cc if not reason else None), reason, valgrind
 
@@ -393,6 +399,9 @@ def main():
                     help='build folder (default build); any other writes BUILDDIR/build.ninja')
     ap.add_argument('--sanitize', action='store_true',
                     help='ASan + UBSan, -O1, CPU-only (what `ninja asan` uses)')
+    ap.add_argument('--no-install', action='store_true',
+                    help='never run apt-get; name missing packages instead (what build.ninja '
+                         'passes when ninja reruns this script)')
     args = ap.parse_args()
 
     os.chdir(ROOT)
@@ -402,10 +411,10 @@ def main():
         fail('--builddir must be a new folder inside the repository, got %r' % args.builddir)
     manifest = 'build.ninja' if bd == 'build' else os.path.join(bd, 'build.ninja')
 
-    ensure_packages()
+    ensure_packages(not args.no_install)
     cc = find_cc()
     fuzz_cc, fuzz_reason, valgrind = (None, None, None) if args.sanitize else \
-        ensure_optional_tools()
+        ensure_optional_tools(not args.no_install)
     _, check_cflags = run(['pkg-config', '--cflags', 'check'])
     _, check_libs = run(['pkg-config', '--libs', 'check'])
     _, check_version = run(['pkg-config', '--modversion', 'check'])
@@ -433,30 +442,44 @@ def main():
     example_cflags = common + ['-Iinclude'] + opt + env_flags('CFLAGS')
     test_cflags = ['-Itests', '-I' + os.path.join(bd, 'gen')] + shlex.split(check_cflags)
     ldflags = ['-pthread'] + (SANITIZE if args.sanitize else []) + env_flags('LDFLAGS')
+    # libdp.a needs only these; libdp_cuda.a (the CUDA backend) adds cuda_libs. The
+    # rpaths are for this tree's own programs; the .pc files force none.
     sys_libs = ['-lm', '-pthread']
+    cuda_libs, cuda_pc_libs = [], []
     if cuda:
         lib64 = cuda['lib64']
-        sys_libs += ['-L' + lib64, '-Wl,-rpath,' + lib64, '-lcudart', '-lcublas']
+        cuda_pc_libs = ['-L' + lib64, '-lcudart', '-lcublas']
+        cuda_libs = ['-L' + lib64, '-Wl,-rpath,' + lib64, '-lcudart', '-lcublas']
         if nccl:
             system_dirs = (lib64, '/usr/lib/x86_64-linux-gnu')
             if nccl[1] not in system_dirs:
-                sys_libs += ['-L' + nccl[1], '-Wl,-rpath,' + nccl[1]]
-            sys_libs.append('-lnccl')
-        sys_libs.append('-lstdc++')  # host code of nvcc objects is C++
+                cuda_libs += ['-L' + nccl[1], '-Wl,-rpath,' + nccl[1]]
+                cuda_pc_libs += ['-L' + nccl[1]]
+            cuda_libs.append('-lnccl')
+            cuda_pc_libs.append('-lnccl')
+        cuda_libs.append('-lstdc++')  # host code of nvcc objects is C++
+        cuda_pc_libs.append('-lstdc++')
     nvccflags = []
     if cuda:
         nvopt = ['-O0', '-g', '-DDP_DEBUG'] if args.debug else ['-O2']
+        # -fno-exceptions: cuda/ throws nothing and calls only C APIs; without it g++
+        # puts a global DW.ref.__gxx_personality_v0 into every object with a destructor
+        # (tests/check_symbols.sh: libdp.a defines only dp_/dp__ symbols).
         nvccflags = (['-std=c++17'] + nvopt +
-                     ['-Xcompiler', '-fPIC,-Wall,-Wextra,-iquote,cuda', '-Iinclude', '-Ilib'] +
+                     ['-Xcompiler', '-fPIC,-fno-exceptions,-Wall,-Wextra,-iquote,cuda',
+                      '-Iinclude', '-Ilib'] +
                      cuda_arch_flags(args.cuda_arch) + defines)
         if nccl and nccl[0] not in (os.path.join(cuda['home'], 'include'), '/usr/include'):
             nvccflags.append('-I' + nccl[0])
 
     # -- sources
     lib_src = sources('lib/*.c')
-    cuda_src = sources('cuda/*.cu') if cuda else sources('cuda/*.c')
+    # The CUDA backend: its kernels and the C adapter that registers it (cuda/vtable.c,
+    # plain C: the emulated GPU's test links it too, in every build).
+    cuda_src = sources('cuda/*.cu') + sources('cuda/*.c') if cuda else []
     tool_src = [s for s in sources('tools/*.c') if s != 'tools/dp.c']
-    test_files = sources('tests/test_*.c')
+    # test_cuda.c drives cuda/'s internals: a CUDA build's only
+    test_files = [s for s in sources('tests/test_*.c') if cuda or s != 'tests/test_cuda.c']
     helper_src = [s for s in sources('tests/*.c')
                   if s not in test_files and s != 'tests/check_main.c']
     standalone_src = sources('tests/standalone/*.c')
@@ -489,17 +512,31 @@ def main():
     n.rule('link', '$cc $ldflags -o $out $in $libs', description='LINK $out')
     configure_env = join('%s=%s' % (k, shlex.quote(os.environ[k]))
                          for k in ENV_VARS if os.environ.get(k))
-    # `python3`, as the #! line says: build.ninja may outlive this interpreter's path
-    rerun = (('env %s ' % configure_env) if configure_env else '') + 'python3 configure.py'
+    # `python3`, as the #! line says: build.ninja may outlive this interpreter's path.
+    # --no-install: when ninja reruns this script (regenerating build.ninja, `ninja asan`)
+    # it never runs apt-get; only a person running ./configure.py installs packages
+    # (tests/check_configure.sh checks every such command line).
+    rerun = ((('env %s ' % configure_env) if configure_env else '') +
+             'python3 configure.py --no-install')
+    rerun_args = [a for a in sys.argv[1:] if a != '--no-install']
     n.rule('configure', esc(rerun) + ' $args', generator='1', description='CONFIGURE $args')
     n.rule('console', '$cmd', pool='console', description='$desc')
 
-    # libdp.a
+    # libdp.a (the core and the cpu backend: -lm -pthread) and libdp_cuda.a (the CUDA
+    # backend, registered by dp_cuda_register(); links the CUDA libraries)
     objs = [n.build(O(s), 'cc', [s])[0] for s in lib_src]
-    objs += [n.build(O(s), 'nvcc' if s.endswith('.cu') else 'cc', [s])[0] for s in cuda_src]
     n.newline()
     libdp = n.build(B('libdp.a'), 'ar', objs)[0]
     defaults = [libdp]
+    libcuda = []
+    vtable_obj = n.build(O('cuda/vtable.c'), 'cc', ['cuda/vtable.c'])[0]
+    if cuda:
+        cobjs = [n.build(O(s), 'nvcc', [s])[0] for s in cuda_src if s.endswith('.cu')]
+        libcuda = n.build(B('libdp_cuda.a'), 'ar', cobjs + [vtable_obj])
+        defaults += libcuda
+    # what a program of this tree links: the CUDA backend where there is one
+    all_libs = libcuda + [libdp]
+    flibs = [('libs', esc(join(sys_libs + cuda_libs)))]
 
     # tools
     libtools = []
@@ -509,13 +546,13 @@ def main():
     dp = None
     if os.path.exists('tools/dp.c'):
         dp = n.build(B('dp'), 'link', [n.build(O('tools/dp.c'), 'cc', ['tools/dp.c'])[0]]
-                     + libtools + [libdp])[0]
+                     + libtools + all_libs, variables=flibs)[0]
         defaults.append(dp)
     n.newline()
 
     # tests
     tcflags = [('cflags', '$cflags ' + esc(join(test_cflags)))]
-    tlibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs)))]
+    tlibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + cuda_libs)))]
     suites_h = os.path.join(bd, 'gen', 'suites.h')
     test_bins = []
     libtest = []
@@ -526,7 +563,7 @@ def main():
         tobjs = [n.build(O('tests/check_main.c'), 'cc', ['tests/check_main.c'], [suites_h],
                          variables=tcflags)[0]]
         tobjs += [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in test_files]
-        test_bins += n.build(B('test_dp'), 'link', tobjs + libtest + libtools + [libdp],
+        test_bins += n.build(B('test_dp'), 'link', tobjs + libtest + libtools + all_libs,
                              variables=tlibs)
     for s in standalone_src:
         name = stem(s)
@@ -534,18 +571,20 @@ def main():
                     'cuda'):
             fail('%s: its program name %s collides with another build output' % (s, name))
         obj = n.build(O(s), 'cc', [s], variables=tcflags)[0]
-        test_bins += n.build(B(name), 'link', [obj] + libtest + libtools + [libdp],
+        test_bins += n.build(B(name), 'link', [obj] + libtest + libtools + all_libs,
                              variables=tlibs)
-    # test_cuda_emul: lib/'s CUDA wiring against an emulated GPU (tests/emul/fake_cuda.c).
-    # Its objects come before libdp.a, so the linker takes the double's dp__cuda_* and
-    # vtables and pulls no cuda/ member (a symbol only cuda/ defines: duplicate symbols).
+    # test_cuda_emul: the CUDA backend's adapter (cuda/vtable.c, registered through
+    # dp_cuda_register like the real one) over an emulated GPU (tests/emul/fake_cuda.c,
+    # which implements dp_cuda.h on the CPU), with libdp.a: no CUDA library at all.
     emul_src = sources('tests/emul/*.c')
     if emul_src:
         eobjs = [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in emul_src]
         # The GPU suite through the public API runs here too, against the double, so
         # that its logic is checked on every run (test_dp runs it on a real GPU).
         eobjs.append(O('tests/test_cuda_api.c'))
-        test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [libdp], variables=tlibs)
+        elibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs)))]
+        test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [vtable_obj, libdp],
+                             variables=elibs)
     defaults += test_bins
     n.newline()
 
@@ -578,10 +617,19 @@ def main():
         test_env = ('export ASAN_OPTIONS=$${ASAN_OPTIONS:-detect_leaks=1} '
                     'UBSAN_OPTIONS=$${UBSAN_OPTIONS:-print_stacktrace=1} '
                     'CK_TIMEOUT_MULTIPLIER=$${CK_TIMEOUT_MULTIPLIER:-4}; ')
-    test_cmd = (test_env + 'fail=0; for t in %s; do echo "== $$t"; ./$$t || '
-                '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
-                % esc(join(map(shlex.quote, test_bins))))
-    n.build('test', 'console', [], defaults,
+    # Checks over build outputs first: the libraries' exported symbols (the shipped,
+    # uninstrumented build only: ASan adds its own globals) and this manifest's
+    # configure.py command lines.
+    checks = [] if args.sanitize else [['tests/check_symbols.sh', libdp] + libcuda]
+    checks.append(['tests/check_configure.sh', manifest])
+    test_cmd = test_env + 'fail=0; '
+    for argv in checks:
+        cmd = esc(shlex.join(argv))
+        test_cmd += 'echo "== %s"; %s || { echo "FAILED: %s"; fail=1; }; ' % (cmd, cmd, cmd)
+    test_cmd += ('for t in %s; do echo "== $$t"; ./$$t || '
+                 '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
+                 % esc(join(map(shlex.quote, test_bins))))
+    n.build('test', 'console', [], defaults + [c[0] for c in checks],
             variables=[('cmd', test_cmd), ('desc', 'TEST ' + esc(bd))])
 
     # ninja demo
@@ -642,7 +690,7 @@ def main():
             n.rule('fuzzlink', '$fuzzcc $fuzzldflags -o $out $in -lm -pthread',
                    description='FUZZLINK $out')
             fobjs = [n.build(FO(s), 'fuzzcc', [s])[0]
-                     for s in lib_src + sources('cuda/*.c')]
+                     for s in lib_src]
             flib = n.build(os.path.join(fd, 'libdp.a'), 'ar', fobjs)
             ftools = n.build(os.path.join(fd, 'libdptools.a'), 'ar',
                              [n.build(FO(s), 'fuzzcc', [s])[0] for s in tool_src])
@@ -676,7 +724,7 @@ def main():
     watched += sources('fuzz/*.c') + sources('fuzz/*.h')
     assert 'fuzz' not in watched
     n.build([manifest, suites_h, B('dp.pc')], 'configure', [], watched,
-            variables=[('args', esc(shlex.join(sys.argv[1:])))])
+            variables=[('args', esc(shlex.join(rerun_args)))])
 
     # -- generated files
     write(suites_h, suites_header(suites))

@@ -350,7 +350,7 @@ static dp_status allreduce_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
 #endif
 }
 
-static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   int d = op->device;
   if (!c || d < 0 || d >= c->n)
@@ -413,24 +413,11 @@ static dp_status cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     return DP_OK;
   }
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);
-  case DP_OP_ALLREDUCE: return allreduce_op(c, x, e, op);
+  case DP_OP_ALLREDUCE: /* the transport's: dp__cuda_collective */
   case DP_OP_COPY: break;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }
-
-/* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the
- * same on every device whatever the model. */
-static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
-  (void)m, (void)mb_rows, (void)training;
-  return dp__cuda_workspace_bytes();
-}
-
-/* Positional (C++17 has no designated initialisers): the dp_backend_ops order.
- * 256: cudaMalloc's alignment, and cuBLAS's preferred one. */
-const dp_backend_ops dp__cuda_backend = {"cuda", cuda_run, dp__cuda_stage_begin,
-                                         dp__cuda_stage_end, 256, cuda_workspace_bytes,
-                                         true};
 
 /* ---- transport ------------------------------------------------------------------- */
 
@@ -526,36 +513,42 @@ static bool nccl_pair(const cuda_ctx *c, int sd, int dd) {
   return c->nccl && sd >= 0 && dd >= 0 && sd != dd;
 }
 
-static dp_status cuda_copy(void *tctx, void *dst, const void *src, size_t bytes) {
+/* A COPY op on device dev's thread (dev == op->device). The op names both
+ * ends as (device, region, offset); they are resolved here, in this
+ * process's arenas and staging memory. */
+extern "C" dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)tctx;
-  if (!c || dp__cuda_tl_ctx != c || dp__cuda_tl_dev < 0 || dp__cuda_tl_dev >= c->n)
+  if (!c || dp__cuda_tl_ctx != c || dp__cuda_tl_dev != dev || dev < 0 || dev >= c->n)
     return DP_FAIL(DP_ERR_BACKEND,
-                   "cuda transport: copy on a thread that has no device: the "
-                   "executor must call dp__cuda_stage_begin first");
-  dp_status s = use_device(c->dev[dp__cuda_tl_dev].phys);
+                   "cuda transport: copy for device %d on a thread that began no stage "
+                   "of it: the executor must call dp__cuda_stage_begin first",
+                   dev);
+  void *dst = dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset);
+  const void *src = dp__endpoint(e, op->src_dev, op->src_region, op->src_offset);
+  dp_status s = use_device(c->dev[dev].phys);
   if (s != DP_OK) return s;
-  int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
-  if (!nccl_pair(c, sd, dd)) return copy_on(c, dp__cuda_tl_dev, dst, src, bytes);
+  int sd = op->src_dev, dd = op->dst_dev; /* DP_HOST (-1): the host */
+  if (!nccl_pair(c, sd, dd)) return copy_on(c, dev, dst, src, op->bytes);
   /* peer() would have no side to play */
-  if (dp__cuda_tl_dev != sd && dp__cuda_tl_dev != dd)
+  if (dev != sd && dev != dd)
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda transport: device %d executes a copy from device %d to "
                    "device %d; with NCCL a copy must be executed by an endpoint",
-                   dp__cuda_tl_dev, sd, dd);
-  return nccl_side(c, dp__cuda_tl_dev, dst, src, bytes, sd, dd);
+                   dev, sd, dd);
+  return nccl_side(c, dev, dst, src, op->bytes, sd, dd);
 }
 
 /* The other endpoint's side of a copy (lib/internal.h): the NCCL send or
  * receive of an NCCL pair; nothing for any other copy, which copy() moves
  * one-sided. */
-static dp_status cuda_peer(void *tctx, int dev, void *dst, const void *src, size_t bytes) {
+extern "C" dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)tctx;
   if (!c) return DP_FAIL(DP_ERR_INVALID, "cuda transport: peer: no context");
   if (dev < 0 || dev >= c->n)
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda transport: peer on device %d, but the context has %d", dev, c->n);
-  int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
-  if (!nccl_pair(c, sd, dd)) return DP_OK; /* a bad span is reported by copy() */
+  int sd = op->src_dev, dd = op->dst_dev;
+  if (!nccl_pair(c, sd, dd)) return DP_OK;
   if (dev != sd && dev != dd)
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda transport: peer on device %d for a copy from device %d "
@@ -568,10 +561,24 @@ static dp_status cuda_peer(void *tctx, int dev, void *dst, const void *src, size
                    dev);
   dp_status s = use_device(c->dev[dev].phys);
   if (s != DP_OK) return s;
-  return nccl_side(c, dev, dst, src, bytes, sd, dd);
+  return nccl_side(c, dev, dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+                   dp__endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes,
+                   sd, dd);
 }
 
-const dp_transport_ops dp__cuda_transport = {"cuda", cuda_copy, cuda_peer};
+/* DP_OP_ALLREDUCE (config.fast_collectives) on device dev's thread. */
+extern "C" dp_status dp__cuda_collective(void *tctx, dp_exec_env *e, int dev,
+                                         const dp_op *op) {
+  cuda_ctx *c = (cuda_ctx *)tctx;
+  if (!c || dev < 0 || dev >= c->n)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda transport: collective on device %d, but the "
+                   "context has %d",
+                   dev, c ? c->n : 0);
+  dp_status s = use_device(c->dev[dev].phys);
+  if (s != DP_OK) return s;
+  return allreduce_op(c, &c->dev[dev], e, op);
+}
 
 /* ---- stage and step hooks -------------------------------------------------------- */
 

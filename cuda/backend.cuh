@@ -47,8 +47,8 @@ struct cuda_ctx {
 
 /* The thread's current logical device, set by dp__cuda_stage_begin: the
  * transport's copy() is not told which device executes it. */
-extern thread_local cuda_ctx *tl_ctx;
-extern thread_local int tl_dev;
+extern thread_local cuda_ctx *dp__cuda_tl_ctx;
+extern thread_local int dp__cuda_tl_dev;
 
 static inline dp_status use_device(int phys) {
   int cur = -1;

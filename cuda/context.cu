@@ -59,9 +59,9 @@ extern "C" void dp__cuda_ctx_free(void *bctx) {
     if (x->stream) DP_CUDA_TRY(cudaStreamDestroy(x->stream));
   }
   if (c->host_hdr) DP_CUDA_TRY(cudaFreeHost(c->host_hdr));
-  if (tl_ctx == c) {
-    tl_ctx = nullptr;
-    tl_dev = -1;
+  if (dp__cuda_tl_ctx == c) {
+    dp__cuda_tl_ctx = nullptr;
+    dp__cuda_tl_dev = -1;
   }
   free(c);
 }

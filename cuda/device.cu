@@ -3,9 +3,7 @@
 
 #include <stdio.h>
 
-extern "C" int dp_cuda_available(void) { return 1; }
-
-extern "C" int dp_cuda_device_count(void) {
+extern "C" int dp__cuda_device_count(void) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess) {

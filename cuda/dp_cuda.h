@@ -1,7 +1,9 @@
 /* CUDA backend entry points, callable from C. Internal: not installed.
  *
- * A CUDA build implements them in cuda/NAME.cu; a build without CUDA links
- * cuda/none.c instead, where every call fails with DP_ERR_UNSUPPORTED.
+ * cuda/NAME.cu implements them, and cuda/vtable.c turns them into the
+ * backend's vtable; the emulated GPU (tests/emul/fake_cuda.c) implements the
+ * same calls on the CPU. A build without nvcc has none of it (libdp.a never
+ * calls them).
  * Include it as "dp_cuda.h" (build.ninja passes -iquote cuda), never <cuda.h>,
  * which is the CUDA driver API. Errors are recorded with DP_FAIL and read
  * back with dp_last_error(). */
@@ -18,7 +20,6 @@
 extern "C" {
 #endif
 
-/* dp_cuda_available() and dp_cuda_device_count() are public: see dp.h. */
 
 /* Name (NUL-terminated, cut to cap), memory and compute capability of GPU
  * `dev`. Any output pointer may be NULL. free_mem is read on the device, so
@@ -88,14 +89,20 @@ enum {
 /* 1 when this build has NCCL (configure.py found nccl.h and libnccl). */
 int dp__cuda_have_nccl(void);
 
-/* The backend and transport vtables (lib/internal.h). run() enqueues one
- * compute op on the op's device stream; copy() enqueues one transfer on the
- * stream of the device whose thread calls it (set by dp__cuda_stage_begin),
- * identifying both endpoints by address: a device arena of the context, or
- * host memory (the pinned staging arena; pageable memory works, slower). The
- * tctx of the transport is the same bctx. */
-extern const dp_backend_ops dp__cuda_backend;
-extern const dp_transport_ops dp__cuda_transport;
+/* The backend's and transport's slots (lib/internal.h; cuda/vtable.c puts
+ * them in the vtables). run() enqueues one compute op on the op's device
+ * stream; copy() enqueues one transfer on the stream of the executing device
+ * dev (whose thread calls it, after dp__cuda_stage_begin), the op naming both
+ * ends as (device, region, offset): a device arena of the context, or host
+ * memory (the pinned staging arena; pageable memory works, slower); peer()
+ * is the other endpoint's half of an NCCL pair; collective() is
+ * DP_OP_ALLREDUCE. The tctx of the transport is the same bctx. */
+dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op);
+dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op);
+dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op);
+dp_status dp__cuda_collective(void *tctx, dp_exec_env *e, int dev, const dp_op *op);
+/* Number of visible GPUs; 0 with the reason as the last error. */
+int dp__cuda_device_count(void);
 
 /* Per logical device d < p->split.n_used: cudaSetDevice(p->cfg.device_ids[d]),
  * a non-blocking stream, two events, a cuBLAS handle (stream, workspace from

@@ -64,7 +64,7 @@ static __global__ void k_act_forward(int kind, const float *x, float *y, size_t 
 }
 
 static __global__ void k_act_backward(int kind, const float *xy, const float *dy, float *dx,
-                               size_t n) {
+                                      size_t n) {
   const float C = GELU_C, A = GELU_A;
   GRID_STRIDE(i, n) {
     float v = xy[i], g = dy[i], r;
@@ -101,9 +101,9 @@ cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *
 
 /* The step comes from the header (written by the step's first copy), so that
  * a graph captured at one step replays the next with the next step's mask. */
-static __global__ void k_dropout(const float *x, float *y, int rows, int cols, uint64_t seed,
-                          const dp_cuda_header *hdr, uint64_t layer, uint64_t row0, float p,
-                          float scale) {
+static __global__ void k_dropout(const float *x, float *y, int rows, int cols,
+                                 uint64_t seed, const dp_cuda_header *hdr, uint64_t layer,
+                                 uint64_t row0, float p, float scale) {
   const uint64_t key_a = (hdr->sc.step << 16) | layer;
   size_t n = (size_t)rows * (size_t)cols;
   GRID_STRIDE(i, n) {
@@ -161,7 +161,7 @@ cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, flo
 #define ROWS_PER_BLOCK (THREADS / 32)
 
 static __global__ void k_layernorm_forward(const float *x, const float *g, const float *b,
-                                    float *y, float *stats, int rows, int cols) {
+                                           float *y, float *stats, int rows, int cols) {
   int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
   if (row >= rows) return; /* the whole warp */
   const float *xr = x + (size_t)row * cols;
@@ -184,7 +184,7 @@ static __global__ void k_layernorm_forward(const float *x, const float *g, const
 
 /* dx = rstd (dy g - s1 / n - xh s2 / n), s1 = sum dy g, s2 = sum dy g xh. */
 static __global__ void k_layernorm_dx(const float *x, const float *stats, const float *g,
-                               const float *dy, float *dx, int rows, int cols) {
+                                      const float *dy, float *dx, int rows, int cols) {
   int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
   if (row >= rows) return;
   const float *xr = x + (size_t)row * cols, *dyr = dy + (size_t)row * cols;
@@ -207,8 +207,9 @@ static __global__ void k_layernorm_dx(const float *x, const float *stats, const 
 
 /* dg[k] = sum_r dy xh, db[k] = sum_r dy: one thread per column, rows ascending
  * (the CPU's order). */
-static __global__ void k_layernorm_dparams(const float *x, const float *stats, const float *dy,
-                                    float *dg, float *db, int rows, int cols) {
+static __global__ void k_layernorm_dparams(const float *x, const float *stats,
+                                           const float *dy, float *dg, float *db, int rows,
+                                           int cols) {
   int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= cols) return;
   float sg = 0.0f, sb = 0.0f;
@@ -268,7 +269,8 @@ cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n) 
 
 /* ---- losses -------------------------------------------------------------------- */
 
-static __device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, int *lo, int *hi) {
+static __device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, int *lo,
+                                               int *hi) {
   if (s.n <= DP_CUDA_MB_LIST) {
     *lo = s.bound[i];
     *hi = s.bound[i + 1];
@@ -362,7 +364,7 @@ static __device__ float tree_sum(const float *v, int lo, int hi, int n_ne) {
 }
 
 static __global__ void k_loss_sum(const float *part, int n_mb, int n_ne, float denom,
-                           dp_cuda_header *hdr, int dev) {
+                                  dp_cuda_header *hdr, int dev) {
   float loss = fd(tree_sum(part, 0, n_mb, n_ne), denom);
   hdr->loss = loss;
   if (!isfinite(loss)) hdr->status[dev] |= DP_CUDA_ST_LOSS;
@@ -379,8 +381,8 @@ cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne
 
 /* Flag and min are order-independent: the same result whatever the thread
  * order, so these integer atomics do not cost determinism. */
-static __global__ void k_grad_check(const float *g, size_t n, size_t base, dp_cuda_header *hdr,
-                             int dev) {
+static __global__ void k_grad_check(const float *g, size_t n, size_t base,
+                                    dp_cuda_header *hdr, int dev) {
   GRID_STRIDE(i, n) {
     float v = g[i];
     if (!isfinite(v)) {
@@ -406,9 +408,10 @@ struct upd_out {
   float w, s0, s1;
 };
 
-static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o, const dp_cuda_header *hdr,
-                                            float wk, float gk, const float *s, size_t n,
-                                            size_t k) {
+static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
+                                                   const dp_cuda_header *hdr, float wk,
+                                                   float gk, const float *s, size_t n,
+                                                   size_t k) {
   upd_out r = {0.0f, 0.0f, 0.0f};
   switch (o.kind) {
   case DP_OPT_SGD: /* w -= lr (g + wd w) */
@@ -437,8 +440,8 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o, const d
 /* Flags an update that would write a non-finite parameter or state word
  * (parameter index base + k); the flag and the min are order-independent. */
 static __global__ void k_update_check(dp_cuda_opt o, const float *w, const float *g,
-                               const float *s, size_t n, size_t base, dp_cuda_header *hdr,
-                               int dev) {
+                                      const float *s, size_t n, size_t base,
+                                      dp_cuda_header *hdr, int dev) {
   GRID_STRIDE(k, n) {
     upd_out r = upd_elem(o, hdr, w[k], g[k], s, n, k);
     if (!isfinite(r.w) || !isfinite(r.s0) || !isfinite(r.s1)) {
@@ -458,8 +461,8 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
 
 /* Nothing at all is written when a check of this step failed. The per-step
  * scalars are read from the header (see k_dropout for why). */
-static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s, size_t n,
-                            const dp_cuda_header *hdr, int n_check) {
+static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s,
+                                   size_t n, const dp_cuda_header *hdr, int n_check) {
   __shared__ uint32_t refused;
   if (threadIdx.x == 0) {
     uint32_t r = 0;
@@ -498,8 +501,8 @@ cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr) {
 
 /* ---- self-test ------------------------------------------------------------------ */
 
-static __global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
-                            uint64_t *u64, float *uniform) {
+static __global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc,
+                                   int n, uint64_t *u64, float *uniform) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const uint64_t *k = abc + 3 * (size_t)i;

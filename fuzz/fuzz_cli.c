@@ -75,10 +75,12 @@ static void check_config(const dp_config *c) {
                  (unsigned)c->optimizer <= DP_OPT_ADAMW && (unsigned)c->backend <= DP_BACKEND_CUDA,
              "enum out of range");
   FUZZ_CHECK(isfinite(c->lr) && c->lr >= 0, "lr %g", (double)c->lr);
-  FUZZ_CHECK(c->momentum >= 0 && c->momentum <= 1, "momentum %g", (double)c->momentum);
+  FUZZ_CHECK(c->momentum >= 0 && c->momentum < 1, "momentum %g", (double)c->momentum);
+  FUZZ_CHECK(c->dampening >= 0 && c->dampening <= 1, "dampening %g", (double)c->dampening);
+  FUZZ_CHECK(c->nesterov == 0 || c->nesterov == 1, "nesterov %d", c->nesterov);
   FUZZ_CHECK(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1, "betas");
-  FUZZ_CHECK(c->eps >= 0 && c->eps <= 1, "eps %g", (double)c->eps);
-  FUZZ_CHECK(isfinite(c->weight_decay), "weight decay");
+  FUZZ_CHECK(isfinite(c->eps) && c->eps > 0, "eps %g", (double)c->eps);
+  FUZZ_CHECK(isfinite(c->weight_decay) && c->weight_decay >= 0, "weight decay");
   dpt_print_config(devnull(), c);
 }
 

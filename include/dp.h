@@ -108,6 +108,7 @@ typedef enum {
 typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
 typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
 typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
+const char *dp_backend_name(dp_backend b); /* "cpu", "cuda"; "?" when unknown */
 
 /* How the CUDA backend moves data between replicas on distinct GPUs. AUTO:
  * NCCL send/recv when the build has NCCL and every replica has a GPU of its
@@ -135,9 +136,10 @@ typedef struct {
   dp_optimizer optimizer;
   int inference; /* plan forward only: no grads, no optimizer state */
   dp_backend backend;
-  /* Hyper-parameters: PyTorch's meanings, plain values (no sentinels). Every
-   * one must be finite; the planner refuses a value out of range or one that
-   * contradicts the optimizer, naming it. dp_config_default gives
+  /* Hyper-parameters: PyTorch's meanings, plain values (no sentinels). In a
+   * training plan every one must be finite; the planner refuses a value out
+   * of range or one that contradicts the optimizer, naming it (an inference
+   * plan ignores them). dp_config_default gives
    * torch.optim.SGD's defaults; dp_config_set_optimizer gives the defaults of
    * the optimizer it selects (AdamW: weight_decay 0.01). */
   float lr; /* > 0; default 0.01 */
@@ -185,8 +187,9 @@ typedef struct {
   int fast_collectives;
 } dp_config;
 
-/* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic, SGD,
- * training, cpu backend, device_ids[i] = i, non-finite steps are errors,
+/* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic,
+ * torch.optim.SGD (lr 0.01, momentum 0, dampening 0, nesterov 0,
+ * weight_decay 0), training, cpu backend, device_ids[i] = i, non-finite steps are errors,
  * guards off in every build (DP_DEBUG too: a program that wants them in
  * checked builds sets guards = 1 under #ifdef DP_DEBUG). */
 void dp_config_default(dp_config *c);
@@ -350,8 +353,10 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
  * through backward, in every mode (a sharded optimizer's shards are read from
  * the devices that own them). A step refused for non-finite gradients or a
  * non-finite update leaves its gradients here so they can be inspected; one
- * refused earlier (bad input, non-finite loss) does not touch them. Zero
- * before the first step. */
+ * refused before any device work (bad input) does not touch them. A step
+ * refused for a non-finite loss leaves them as they were on the cpu backend;
+ * on cuda, whose device runs the whole step before the host sees the loss,
+ * they are that step's. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
 /* Steps skipped under DP_NONFINITE_SKIP since the context was created. */
@@ -374,15 +379,26 @@ dp_status dp_ctx_check_guards(dp_ctx *c);
  * only the step and forward calls are allocation-free. */
 dp_status dp_ckpt_save(dp_ctx *c, const char *path);
 dp_status dp_ckpt_load(dp_ctx *c, const char *path);
-/* Highest arena byte any op has touched, per device (equals the plan total). */
+/* Highest arena byte any op has touched, per device: after a step, the end of
+ * the device's last non-empty region, which is the plan's total
+ * (dp_plan_device_bytes) less the final alignment padding. */
 size_t dp_ctx_high_water(const dp_ctx *c, int dev);
 /* FNV-1a 64 of the parameter bytes. */
 uint64_t dp_params_hash(dp_ctx *c);
 
-/* ---- CUDA (compiled in when nvcc was found) -------------------------------- */
-/* Number of visible GPUs; 0 with a reason in dp_last_error() when none. */
+/* ---- CUDA ------------------------------------------------------------------
+ * The CUDA backend is a library of its own, libdp_cuda.a (pkg-config dp-cuda;
+ * built where nvcc was found), so that a CPU-only program links libdp.a with
+ * -lm -pthread and nothing else. A program that wants it links libdp_cuda.a
+ * and calls dp_cuda_register() once, before planning for DP_BACKEND_CUDA;
+ * until then such a plan is refused (DP_ERR_UNSUPPORTED). Registering twice
+ * is harmless. dp_cuda_register is defined in libdp_cuda.a only. */
+dp_status dp_cuda_register(void);
+/* 1 when the CUDA backend is registered. */
+int dp_cuda_available(void);
+/* Number of visible GPUs; 0 with a reason in dp_last_error() when none (or
+ * when the CUDA backend is not registered). */
 int dp_cuda_device_count(void);
-int dp_cuda_available(void); /* 1 when this build has the CUDA backend */
 
 #ifdef __cplusplus
 }

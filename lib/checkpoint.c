@@ -113,9 +113,9 @@ static dp_status check_opt_layout(const dp_plan *p, unsigned k) {
 }
 
 /* The state a checkpoint holds, as host memory: device 0's parameters and
- * every device's optimizer state (k vectors of opt_len floats). cpu: pointers
- * into the arenas; cuda: copies in one host block (mem), since device arenas
- * are reached only through dp__ctx_read/dp__ctx_write. */
+ * every device's optimizer state (k vectors of opt_len floats), copied into
+ * one host block (mem) through dp__ctx_read: the host never dereferences an
+ * arena, whatever the backend. */
 typedef struct {
   const float *params;
   const float *opt[DP_MAX_DEVICES];
@@ -125,12 +125,6 @@ typedef struct {
 static dp_status state_read(dp_ctx *c, unsigned k, ck_state *v) {
   const dp_plan *p = c->plan;
   memset(v, 0, sizeof *v);
-  if (!c->cuda) {
-    v->params = (const float *)(c->arena[0] + p->regions[0][DP_REGION_PARAMS].offset);
-    for (int d = 0; d < p->split.n_used; d++)
-      v->opt[d] = (const float *)(c->arena[d] + p->regions[d][DP_REGION_OPT_STATE].offset);
-    return DP_OK;
-  }
   size_t n = p->model.n_params, total = n, off[DP_MAX_DEVICES], len[DP_MAX_DEVICES];
   for (int d = 0; d < p->split.n_used; d++) {
     opt_range(p, d, &off[d], &len[d]);
@@ -601,7 +595,10 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
 static dp_status read_file(const char *path, size_t cap, unsigned char **buf, size_t *len,
                            size_t *file_size) {
   *buf = NULL;
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: the open of a FIFO without a writer returns at once (a plain
+   * open would wait for one for ever), so that the type check below refuses
+   * it; cleared before reading. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return io_fail(path, "open", path, errno);
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -611,7 +608,17 @@ static dp_status read_file(const char *path, size_t cap, unsigned char **buf, si
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return DP_FAIL(DP_ERR_IO, "checkpoint: '%s' is not a regular file", path);
+    return DP_FAIL(DP_ERR_IO, "checkpoint: '%s' is not a regular file (%s)", path,
+                   S_ISDIR(st.st_mode)    ? "a directory"
+                   : S_ISFIFO(st.st_mode) ? "a FIFO"
+                   : S_ISSOCK(st.st_mode) ? "a socket"
+                                          : "a device");
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+    int err = errno;
+    close(fd);
+    return io_fail(path, "read", path, err);
   }
   size_t want = (uint64_t)st.st_size < cap ? (size_t)st.st_size : cap;
   unsigned char *b = malloc(want ? want : 1);

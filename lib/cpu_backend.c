@@ -7,6 +7,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -495,30 +496,71 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     return grad_check_op(e, op);
   case DP_OP_OPTIMIZER:
     return optimizer_op(e, op);
-  case DP_OP_ALLREDUCE: /* the planner gives fast_collectives to cuda plans only */
-    return DP_FAIL(DP_ERR_BACKEND, "cpu backend: fast_collectives needs the cuda backend");
+  case DP_OP_ALLREDUCE: /* the transport's (the executor never hands it here) */
   case DP_OP_COPY:
     break;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
 }
 
+/* ---- memory: host memory, reached directly ---------------------------------------- */
+
 /* The packed GEMMs' buffers (gemm.h). */
 static size_t cpu_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
   return dp__model_workspace_bytes(m, mb_rows, training);
 }
 
-const dp_backend_ops dp__cpu_backend = {.name = "cpu",
-                                        .run = cpu_run,
-                                        .align = 64, /* a cache line */
-                                        .workspace_bytes = cpu_workspace_bytes,
-                                        .host_staging = false};
+static dp_status cpu_arena_alloc(const dp_plan *p, int dev, void **out) {
+  size_t bytes = p->dev_bytes[dev];
+  *out = aligned_alloc(p->align, bytes ? bytes : p->align);
+  if (!*out)
+    return DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", dev, bytes);
+  return DP_OK;
+}
 
-static dp_status shm_copy(void *tctx, void *dst, const void *src, size_t bytes) {
-  (void)tctx;
+static void cpu_arena_free(const dp_plan *p, int dev, void *arena) {
+  (void)p, (void)dev;
+  free(arena);
+}
+
+static dp_status cpu_copy_bytes(const dp_plan *p, int dev, void *dst, const void *src,
+                                size_t bytes) {
+  (void)p, (void)dev;
   memcpy(dst, src, bytes);
   return DP_OK;
 }
 
-/* Virtual devices share one address space: the transport is memcpy. */
-const dp_transport_ops dp__shm_transport = {.name = "shm", .copy = shm_copy};
+static dp_status cpu_fill_u32(const dp_plan *p, int dev, void *dst, uint32_t value,
+                              size_t count) {
+  (void)p, (void)dev;
+  uint32_t *w = dst;
+  for (size_t k = 0; k < count; k++) w[k] = value;
+  return DP_OK;
+}
+
+/* ---- transport: virtual devices share one address space, so a copy is memcpy ---- */
+
+static dp_status shm_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
+  (void)tctx, (void)dev;
+  memcpy(dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+         dp__endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+  return DP_OK;
+}
+
+static const dp_transport_ops shm_transport = {.name = "shm", .copy = shm_copy};
+
+/* The reference backend: synchronous (an op is done when it returns), no
+ * backend context, no staging, no graphs. */
+const dp_backend_ops dp__cpu_backend = {
+    .name = "cpu",
+    .align = 64, /* a cache line */
+    .workspace_bytes = cpu_workspace_bytes,
+    .host_staging = false,
+    .arena_alloc = cpu_arena_alloc,
+    .arena_free = cpu_arena_free,
+    .read = cpu_copy_bytes,
+    .write = cpu_copy_bytes,
+    .fill_u32 = cpu_fill_u32,
+    .transport = &shm_transport,
+    .run = cpu_run,
+};

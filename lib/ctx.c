@@ -2,11 +2,13 @@
  * step/forward/parameter calls. All allocation happens in dp_ctx_create*;
  * the calls after it allocate nothing.
  *
- * Two backends. cpu: arenas are host memory, the executor's ops read the
- * caller's inputs directly. cuda (docs/GPU.md): arenas are device memory that
- * the host reaches only through dp__ctx_read/dp__ctx_write; inputs and targets
- * are staged into the pinned host arena first; a step only enqueues work, and
- * dp__cuda_step_end is its one synchronisation. */
+ * Everything it asks of a device goes through the plan's backend
+ * (dp_backend_ops, docs/ARCHITECTURE.md), whose capabilities decide the path:
+ * arenas are reached only through the backend's read/write; a backend with
+ * host_staging gets the caller's inputs and targets through the staging
+ * arena; a synchronous backend (no step_end) is checked on the host between
+ * a step's pre-commit and commit parts, an asynchronous one refuses a bad
+ * step on the device and reports it at step_end, its one synchronisation. */
 #include "ctx.h"
 
 #include <math.h>
@@ -38,28 +40,22 @@ dp_status dp__ctx_read(const dp_ctx *c, int d, dp_region r, size_t off, void *ds
                        size_t bytes) {
   dp_status s = check_span(c, d, r, off, bytes);
   if (s || !bytes) return s;
-  if (c->cuda) return dp__cuda_memcpy(dst, region_ptr(c, d, r, off), bytes);
-  memcpy(dst, region_ptr(c, d, r, off), bytes);
-  return DP_OK;
+  return c->be->read(c->plan, d, dst, region_ptr(c, d, r, off), bytes);
 }
 
 dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *src,
                         size_t bytes) {
   dp_status s = check_span(c, d, r, off, bytes);
   if (s || !bytes) return s;
-  if (c->cuda) return dp__cuda_memcpy(region_ptr(c, d, r, off), src, bytes);
-  memcpy(region_ptr(c, d, r, off), src, bytes);
-  return DP_OK;
+  return c->be->write(c->plan, d, region_ptr(c, d, r, off), src, bytes);
 }
 
 /* n_words 32-bit words at byte offset off of device d's arena (guards and
- * the high-water scan, which cross regions): a pointer into the arena on the
- * cpu, or into c->bounce after a device copy (n_words <= DP_CTX_BOUNCE_WORDS). */
+ * the high-water scan, which cross regions), copied into c->bounce
+ * (n_words <= DP_CTX_BOUNCE_WORDS). */
 static const uint32_t *arena_words(const dp_ctx *c, int d, size_t off, size_t n_words,
                                    dp_status *s) {
-  *s = DP_OK;
-  if (!c->cuda) return (const uint32_t *)(c->arena[d] + off);
-  *s = dp__cuda_memcpy(c->bounce, c->arena[d] + off, n_words * 4);
+  *s = c->be->read(c->plan, d, c->bounce, c->arena[d] + off, n_words * 4);
   return c->bounce;
 }
 
@@ -88,25 +84,13 @@ static void init_params(const dp_plan *p, float *w) {
  * parameters on device 0 (the first step's broadcast copies them). */
 static dp_status fill_arenas(dp_ctx *c) {
   const dp_plan *p = c->plan;
-  int n = p->split.n_used;
   static const dp_region zeroed[] = {DP_REGION_GRADS, DP_REGION_OPT_STATE};
-  if (!c->cuda) {
-    for (int d = 0; d < n; d++) {
-      uint32_t *w = (uint32_t *)c->arena[d];
-      for (size_t k = 0; k < p->dev_bytes[d] / 4; k++) w[k] = DP_CANARY;
-      for (int i = 0; i < 2; i++)
-        memset(region_ptr(c, d, zeroed[i], 0), 0, p->regions[d][zeroed[i]].size);
-    }
-    init_params(p, (float *)region_ptr(c, 0, DP_REGION_PARAMS, 0));
-    return DP_OK;
-  }
   dp_status s = DP_OK;
-  for (int d = 0; d < n && !s; d++) {
-    int gpu = p->cfg.device_ids[d];
-    s = dp__cuda_fill_u32(gpu, c->arena[d], DP_CANARY, p->dev_bytes[d] / 4);
+  for (int d = 0; d < p->split.n_used && !s; d++) {
+    s = c->be->fill_u32(p, d, c->arena[d], DP_CANARY, p->dev_bytes[d] / 4);
     for (int i = 0; i < 2 && !s; i++)
-      s = dp__cuda_fill_u32(gpu, region_ptr(c, d, zeroed[i], 0), 0,
-                            p->regions[d][zeroed[i]].size / 4);
+      s = c->be->fill_u32(p, d, region_ptr(c, d, zeroed[i], 0), 0,
+                          p->regions[d][zeroed[i]].size / 4);
   }
   if (s) return s;
   size_t np = p->model.n_params;
@@ -117,19 +101,6 @@ static dp_status fill_arenas(dp_ctx *c) {
   s = dp__ctx_write(c, 0, DP_REGION_PARAMS, 0, w, np * 4);
   free(w);
   return s;
-}
-
-/* The cuda backend's flags for this plan: NCCL between replicas when asked,
- * or by default when this build has it and every replica has its own GPU. */
-static unsigned cuda_flags(const dp_plan *p) {
-  const dp_config *cf = &p->cfg;
-  unsigned f = cf->tf32 ? DP_CUDA_TF32 : 0;
-  int n = p->split.n_used, a, b;
-  bool distinct = n > 1 && !dp__shared_gpu(cf, n, &a, &b);
-  if (cf->transport == DP_TRANSPORT_NCCL || cf->fast_collectives ||
-      (cf->transport == DP_TRANSPORT_AUTO && distinct && dp__cuda_have_nccl()))
-    f |= DP_CUDA_NCCL;
-  return f;
 }
 
 static dp_status ctx_init(dp_ctx *c) {
@@ -146,14 +117,9 @@ static dp_status ctx_init(dp_ctx *c) {
   }
   if (!c->train.mbs || !c->train.ops || !c->infer.mbs || !c->infer.ops)
     return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
-  if (c->cuda) {
-    if ((s = dp__cuda_ctx_init(p, (void *const *)c->arena, cuda_flags(p), &c->bctx)))
-      return s;
-    s = dp__exec_init(&c->exec, n, &dp__cuda_backend, c->bctx, &dp__cuda_transport,
-                      c->bctx);
-  } else {
-    s = dp__exec_init(&c->exec, n, &dp__cpu_backend, NULL, &dp__shm_transport, NULL);
-  }
+  if (c->be->ctx_init && (s = c->be->ctx_init(p, (void *const *)c->arena, &c->bctx)))
+    return s;
+  s = dp__exec_init(&c->exec, n, c->be, c->bctx, c->be->transport, c->bctx);
   if (s) return s;
   c->exec_live = true;
   return DP_OK;
@@ -166,9 +132,9 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   dp_ctx *c = calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
   c->plan = p;
+  c->be = dp__backend_ops(p->cfg.backend); /* registered: the plan was made with it */
   c->inject_at = -1;
-  c->cuda = p->cfg.backend == DP_BACKEND_CUDA;
-  if (c->cuda && !(c->bounce = malloc(DP_CTX_BOUNCE_WORDS * 4))) {
+  if (!(c->bounce = malloc(DP_CTX_BOUNCE_WORDS * 4))) {
     free(c);
     return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
   }
@@ -192,21 +158,11 @@ dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
   if (s) return s;
   dp_ctx *c = *out;
   c->owns_arenas = true;
-  for (int d = 0; d < p->split.n_used && !s; d++) {
-    if (c->cuda) {
-      /* refuses, naming the device and the bytes planned and free, before
-       * anything is allocated on a GPU that cannot hold the plan */
-      s = dp__cuda_arena_alloc(p->cfg.device_ids[d], p->dev_bytes[d],
-                               (void **)&c->arena[d]);
-      if (s) s = DP_FAIL(s, "device %d: %s", d, dp_last_error());
-      continue;
-    }
-    c->arena[d] = aligned_alloc(p->align, p->dev_bytes[d] ? p->dev_bytes[d] : p->align);
-    if (!c->arena[d])
-      s = DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", d,
-                  p->dev_bytes[d]);
-  }
-  if (!s && c->cuda) s = dp__cuda_host_alloc(p->host_bytes, (void **)&c->staging);
+  /* a backend refuses an arena its device cannot hold, naming the device */
+  for (int d = 0; d < p->split.n_used && !s; d++)
+    s = c->be->arena_alloc(p, d, (void **)&c->arena[d]);
+  if (!s && c->be->host_staging && p->host_bytes)
+    s = c->be->host_alloc(p->host_bytes, (void **)&c->staging);
   if (!s) s = ctx_init(c);
   return s ? ctx_abandon(c, out, s) : DP_OK;
 }
@@ -239,23 +195,25 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
               e < n ? e : 0, nb, (void *)b);
       }
   }
-  /* The cpu backend stages nothing (it reads the caller's memory); cuda
-   * stages inputs through `host`, pinned memory of dp_plan_host_bytes. */
-  if (p && p->cfg.backend == DP_BACKEND_CUDA && p->host_bytes) {
+  /* A backend that reads the caller's memory stages nothing; one with
+   * host_staging stages inputs through `host` (dp_plan_host_bytes; the
+   * backend says what memory it must be: pinned, for cuda). */
+  const dp_backend_ops *be = p ? dp__backend_ops(p->cfg.backend) : NULL;
+  if (be && be->host_staging && p->host_bytes) {
     if ((uintptr_t)host % p->align)
       return DP_FAIL(
           DP_ERR_INVALID,
           "the pinned host staging arena (%zu bytes, dp_plan_host_bytes) must be "
           "aligned to %zu",
           p->host_bytes, p->align);
-    dp_status s = dp__cuda_check_pinned(host); /* NULL included */
+    dp_status s = be->check_host ? be->check_host(host) : DP_OK; /* NULL included */
     if (s) return s;
   }
   dp_status s = ctx_new(p, out);
   if (s) return s;
   dp_ctx *c = *out;
   for (int d = 0; d < p->split.n_used; d++) c->arena[d] = arenas[d];
-  if (c->cuda) c->staging = host;
+  if (c->be->host_staging) c->staging = host;
   s = ctx_init(c);
   return s ? ctx_abandon(c, out, s) : DP_OK;
 }
@@ -263,15 +221,11 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
 void dp_ctx_free(dp_ctx *c) {
   if (!c) return;
   if (c->exec_live) dp__exec_destroy(&c->exec);
-  if (c->cuda) {
-    dp__cuda_ctx_free(c->bctx); /* waits for queued work first */
-    if (c->owns_arenas) {
-      for (int d = 0; d < c->plan->split.n_used; d++)
-        dp__cuda_arena_free(c->plan->cfg.device_ids[d], c->arena[d]);
-      dp__cuda_host_free(c->staging);
-    }
-  } else if (c->owns_arenas) {
-    for (int d = 0; d < DP_MAX_DEVICES; d++) free(c->arena[d]);
+  if (c->bctx) c->be->ctx_free(c->bctx); /* waits for queued work first */
+  if (c->owns_arenas) {
+    for (int d = 0; d < c->plan->split.n_used; d++)
+      if (c->arena[d]) c->be->arena_free(c->plan, d, c->arena[d]);
+    if (c->staging) c->be->host_free(c->staging);
   }
   free(c->bounce);
   free(c->train.mbs);
@@ -481,69 +435,51 @@ static dp_status nonfinite(dp_ctx *c, dp_status s, float *loss) {
   return dp__ctx_fail(c, s);
 }
 
-static dp_status cpu_train_step(dp_ctx *c, dp_exec_env *e, int inject, float *loss) {
-  bool classic = c->plan->cfg.mode == DP_MODE_CLASSIC;
-  /* The fault guarantee (docs/RELIABILITY.md, "Fault injection and arena
-   * guards"). State a failed step must leave alone: device 0's parameters,
-   * every device's optimizer state, the step counter. Replicas' parameters
-   * are copies of device 0's, refreshed by the broadcast that opens every
-   * training step and by a forward after replicas_stale is set; everything
-   * else in the arenas is rewritten before it is read in every step. The
-   * schedule writes that state only in its commit phase (the optimizer stage
-   * and, with a sharded optimizer, the parameter all-gather after it), so
-   * the step runs in two parts: everything that can fail (transfers, layers,
-   * the loss and gradient checks), then, only when all of it succeeded and
-   * every guard holds, the commit phase, whose ops cannot fail on the cpu
-   * backend (arithmetic and memcpy over planned memory). If one fails anyway
-   * (a backend that can), the state is partly updated and cannot be
-   * restored: the context is poisoned instead of going on with it. */
-  const dp_sched_cache *sc = &c->train;
-  dp_status s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
-  dp_status g = check_guards(c);
-  if (g) return dp__ctx_fail(c, g);
-  if (s) {
-    c->replicas_stale = true;
-    return nonfinite(c, s, loss);
-  }
-  s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
-  if (s) {
-    c->replicas_stale = true;
-    return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
-                                                     "the step's update failed part way, "
-                                                     "leaving parameters and optimizer "
-                                                     "state partly updated: %s",
-                                                     dp_last_error())));
-  }
-  c->step++;
-  c->replicas_stale = classic;
-  /* A guard hit in the commit phase: the update is applied (and counted),
-   * but the context is poisoned all the same. */
-  g = check_guards(c);
-  if (g) return dp__ctx_fail(c, g);
-  if (loss) *loss = e->loss;
-  return DP_OK;
-}
-
-/* ---- the cuda step ---------------------------------------------------------------
- * The device refuses a non-finite step by itself (every optimizer kernel
- * reads the status words first), so the whole schedule is enqueued at once,
- * pre-commit and commit parts back to back with no host check between, and
- * dp__cuda_step_end, the one synchronisation, says how it went.
+/* ---- one run of a schedule -------------------------------------------------------
+ * The fault guarantee (docs/RELIABILITY.md, "Fault injection and arena
+ * guards"). State a failed step must leave alone: device 0's parameters,
+ * every device's optimizer state, the step counter. Replicas' parameters are
+ * copies of device 0's, refreshed by the broadcast that opens every training
+ * step and by a forward after replicas_stale is set; everything else in the
+ * arenas is rewritten before it is read in every step. The schedule writes
+ * that state only in its commit phase (the optimizer stage and, with a
+ * sharded optimizer, the parameter all-gather after it), so a step runs in
+ * two parts: everything that can fail (transfers, layers, the loss and
+ * gradient checks), then the commit phase.
  *
- * Graphs (config.cuda_graph): a slot per shape of run (training or forward,
- * with or without the parameter broadcast; full batches only). The first run
- * of a shape is plain (warm-up: cuBLAS settles its choices), the second is
- * captured and launched, every later one launched. */
+ * A synchronous backend (no step_end) has done an op's work when it returns,
+ * so the host checks between the parts: the commit phase runs only when all
+ * of the first part succeeded and every guard holds. Its ops cannot fail on
+ * the cpu backend (arithmetic and memcpy over planned memory); if one fails
+ * anyway, the state is partly updated and cannot be restored: the context is
+ * poisoned instead of going on with it.
+ *
+ * An asynchronous backend (step_begin/step_end) only enqueues: the whole
+ * schedule is enqueued at once, the device refuses a bad step by itself
+ * (every optimizer kernel reads the status words first), and step_end, the
+ * one synchronisation, says how it went. With graphs (n_graph_slots, config
+ * cuda_graph) there is a slot per shape of run (training or forward, with or
+ * without the parameter broadcast; full batches only): the first run of a
+ * shape is plain (a warm-up), the second is captured and launched, every
+ * later one launched. */
 static int graph_slot(const dp_ctx *c, const dp_exec_env *e, int rows, int inject) {
-  if (!c->plan->cfg.cuda_graph || rows != c->plan->cfg.batch || inject >= 0) return -1;
+  if (!c->plan->cfg.cuda_graph || c->be->n_graph_slots < DP_CTX_GRAPH_SLOTS ||
+      rows != c->plan->cfg.batch || inject >= 0)
+    return -1;
   return (e->training ? 0 : 2) + (e->skip_broadcast ? 1 : 0);
 }
 
-/* Copies the caller's inputs (and targets) into the pinned staging arena and
- * points the executor's host endpoints there. */
-static void stage_inputs(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
-                         const void *target) {
+/* The caller's inputs, targets and output buffer as the executor's host
+ * endpoints: directly, or through the staging arena (be->host_staging). */
+static void host_io(dp_ctx *c, dp_exec_env *e, int rows, const float *x, const void *target,
+                    float *y) {
   const dp_plan *p = c->plan;
+  if (!c->be->host_staging) {
+    e->host_x = x;
+    e->host_t = target;
+    e->host_y = y;
+    return;
+  }
   memcpy(c->staging + p->host_x, x, (size_t)rows * (size_t)p->model.input_width * 4);
   e->host_x = (const float *)(c->staging + p->host_x);
   if (target) {
@@ -554,14 +490,20 @@ static void stage_inputs(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
   e->host_y = (float *)(c->staging + p->host_y);
 }
 
-/* Enqueues the schedule: step_begin, the pre-commit part, the commit part.
- * *commit_failed: the pre-commit part was enqueued and the commit part only
- * in part (the update may be partly applied once the queue runs). */
-static dp_status cuda_enqueue(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc,
-                              int inject, bool *commit_failed) {
+/* Runs (or, asynchronous, enqueues) the schedule: step_begin, the pre-commit
+ * part, the commit part. *commit_failed: the commit part failed after all of
+ * the pre-commit part ran (the update may be partly applied). A synchronous
+ * backend stops after the pre-commit part when it failed or a guard was hit. */
+static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int inject,
+                           bool *commit_failed) {
   *commit_failed = false;
-  dp_status s = dp__cuda_step_begin(c->bctx, c->step);
+  bool sync = !c->be->step_end;
+  dp_status s = sync ? DP_OK : c->be->step_begin(c->bctx, c->step);
   if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
+  if (sync) {
+    dp_status g = check_guards(c);
+    if (g) return g;
+  }
   if (!s) {
     s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
     *commit_failed = s != DP_OK;
@@ -571,57 +513,61 @@ static dp_status cuda_enqueue(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *s
 
 /* Captures the schedule into graph `slot` and launches it. On failure nothing
  * ran (a capture only records) and the capture is dropped. */
-static dp_status cuda_capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc,
-                              int slot) {
+static dp_status capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot) {
   bool partial; /* irrelevant here: a capture runs nothing */
-  dp_status s = dp__cuda_capture_begin(c->bctx);
+  dp_status s = c->be->capture_begin(c->bctx);
   if (!s) {
-    s = cuda_enqueue(c, e, sc, -1, &partial);
+    s = run_parts(c, e, sc, -1, &partial);
     if (s) {
       char msg[DP_ERRMSG_CAP];
       snprintf(msg, sizeof msg, "%s", dp_last_error());
-      dp__cuda_capture_abort(c->bctx);
+      c->be->capture_abort(c->bctx);
       dp__error_restore(msg);
       return s;
     }
-    s = dp__cuda_capture_end(c->bctx, slot);
+    s = c->be->capture_end(c->bctx, slot);
   }
-  if (!s) s = dp__cuda_graph_launch(c->bctx, slot, c->step);
+  if (!s) s = c->be->graph_launch(c->bctx, slot, c->step);
   return s;
 }
 
-/* Enqueues one run of sc (plain, captured then launched, or launched) and
- * waits for it. *untrusted: the state may be partly updated: the host failed
- * to enqueue part of the commit phase after all of the pre-commit part, or
- * the device failed (an asynchronous CUDA fault leaves the CUDA context
- * unusable). A failure to enqueue before the commit phase leaves the state
- * as it was. A shape whose capture fails runs plain from then on (this run
- * included); c->error says why. */
-static dp_status cuda_run(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot,
-                          int inject, float *loss, bool *untrusted) {
+/* One run of sc (plain, or captured then launched, or launched), to
+ * completion. *untrusted: the state may be partly updated: part of the
+ * commit phase failed after all of the pre-commit part ran, or the device
+ * failed (an asynchronous fault: its context is then unusable). A failure
+ * before the commit phase leaves the state as it was. A shape whose capture
+ * fails runs plain from then on (this run included); c->error says why. */
+static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot,
+                           int inject, float *loss, bool *untrusted) {
+  const dp_backend_ops *be = c->be;
   bool commit_failed = false;
   dp_status s;
-  if (slot >= 0 && dp__cuda_graph_ready(c->bctx, slot)) {
-    s = dp__cuda_graph_launch(c->bctx, slot, c->step);
+  if (slot >= 0 && be->graph_ready(c->bctx, slot)) {
+    s = be->graph_launch(c->bctx, slot, c->step);
   } else if (slot >= 0 && c->graph_warm[slot] && !c->graph_broken[slot]) {
-    s = cuda_capture(c, e, sc, slot);
+    s = capture(c, e, sc, slot);
     if (s) {
       c->graph_broken[slot] = true;
       char why[DP_ERRMSG_CAP];
       snprintf(why, sizeof why, "%s", dp_last_error());
-      if (!(s = cuda_enqueue(c, e, sc, inject, &commit_failed)))
+      if (!(s = run_parts(c, e, sc, inject, &commit_failed)))
         snprintf(c->error, sizeof c->error,
                  "graph capture failed; this shape of step runs plain: %.400s", why);
     }
   } else {
-    s = cuda_enqueue(c, e, sc, inject, &commit_failed);
+    s = run_parts(c, e, sc, inject, &commit_failed);
     if (!s && slot >= 0) c->graph_warm[slot] = true;
+  }
+  if (!be->step_end) {
+    *untrusted = commit_failed;
+    if (loss) *loss = e->loss;
+    return s;
   }
   /* Always: nothing of this run may still be queued when we return. A
    * failure to enqueue comes first; its text stays the last error. */
   char msg[DP_ERRMSG_CAP];
   if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
-  dp_status end = dp__cuda_step_end(c->bctx, loss);
+  dp_status end = be->step_end(c->bctx, loss);
   *untrusted = commit_failed || end == DP_ERR_BACKEND;
   if (s) {
     if (end == DP_ERR_BACKEND) /* and the device failed too: report both */
@@ -630,35 +576,6 @@ static dp_status cuda_run(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, i
     return s;
   }
   return end;
-}
-
-static dp_status cuda_train_step(dp_ctx *c, dp_exec_env *e, int rows, const float *x,
-                                 const void *target, int inject, float *loss) {
-  bool classic = c->plan->cfg.mode == DP_MODE_CLASSIC;
-  stage_inputs(c, e, rows, x, target);
-  bool untrusted;
-  float l = 0.0f;
-  dp_status s =
-      cuda_run(c, e, &c->train, graph_slot(c, e, rows, inject), inject, &l, &untrusted);
-  if (untrusted) {
-    /* An asynchronous device fault (the CUDA context is unusable), or an
-     * update enqueued only in part: the state cannot be trusted. */
-    c->replicas_stale = true;
-    return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
-                                                     "the step failed on the device or "
-                                                     "part way through its update: %s",
-                                                     dp_last_error())));
-  }
-  dp_status g = check_guards(c);
-  if (g) return dp__ctx_fail(c, g);
-  if (s) { /* refused on the device (non-finite, label) or before its update */
-    c->replicas_stale = true;
-    return nonfinite(c, s, loss);
-  }
-  c->step++;
-  c->replicas_stale = classic;
-  if (loss) *loss = l;
-  return DP_OK;
 }
 
 dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
@@ -672,13 +589,37 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
    * allreduce keeps every replica current and broadcasts only when they are
    * stale (parameters set from outside, a load, a failed step). */
-  e.skip_broadcast = c->plan->cfg.mode != DP_MODE_CLASSIC && !c->replicas_stale;
+  bool classic = c->plan->cfg.mode == DP_MODE_CLASSIC;
+  e.skip_broadcast = !classic && !c->replicas_stale;
   int inject = c->inject_at;
   c->inject_at = -1;
-  if (c->cuda) return cuda_train_step(c, &e, rows, x, target, inject, loss);
-  e.host_x = x;
-  e.host_t = target;
-  return cpu_train_step(c, &e, inject, loss);
+  host_io(c, &e, rows, x, target, NULL);
+  bool untrusted;
+  float l = 0.0f;
+  s = run_sched(c, &e, &c->train, graph_slot(c, &e, rows, inject), inject, &l, &untrusted);
+  if (s == DP_ERR_CORRUPT) return dp__ctx_fail(c, s); /* a guard, before the commit */
+  if (untrusted) {
+    c->replicas_stale = true;
+    return dp__ctx_fail(
+        c, dp__ctx_poison(c, DP_FAIL(s,
+                                     "the step's update failed part way (or the device "
+                                     "failed), leaving parameters and optimizer state "
+                                     "partly updated: %s",
+                                     dp_last_error())));
+  }
+  /* A guard hit in the commit phase: the update is applied (and counted) on
+   * a synchronous backend, but the context is poisoned all the same. */
+  dp_status g = check_guards(c);
+  if (s) {
+    if (g) return dp__ctx_fail(c, g);
+    c->replicas_stale = true;
+    return nonfinite(c, s, loss); /* refused before its update */
+  }
+  c->step++;
+  c->replicas_stale = classic;
+  if (g) return dp__ctx_fail(c, g);
+  if (loss) *loss = l;
+  return DP_OK;
 }
 
 dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
@@ -692,24 +633,16 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   env_init(c, &e, &c->infer, rows, false);
   int inject = c->inject_at;
   c->inject_at = -1;
-  if (c->cuda) {
-    stage_inputs(c, &e, rows, x, NULL);
-    bool untrusted;
-    s = cuda_run(c, &e, &c->infer, graph_slot(c, &e, rows, inject), inject, NULL,
-                 &untrusted);
-    if (untrusted)
-      return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
-                                                       "the forward failed on the device: "
-                                                       "%s",
-                                                       dp_last_error())));
-    if (!s)
-      memcpy(y, e.host_y,
-             (size_t)rows * (size_t)dp_model_output_width(&c->plan->model) * 4);
-  } else {
-    e.host_x = x;
-    e.host_y = y;
-    s = dp__exec_run(&c->exec, &e, c->infer.ops, c->infer.n_ops, 0, c->infer.n_ops, inject);
-  }
+  host_io(c, &e, rows, x, NULL, y);
+  bool untrusted;
+  s = run_sched(c, &e, &c->infer, graph_slot(c, &e, rows, inject), inject, NULL,
+                &untrusted);
+  if (untrusted)
+    return dp__ctx_fail(c,
+                        dp__ctx_poison(c, DP_FAIL(s, "the forward failed on the device: %s",
+                                                  dp_last_error())));
+  if (!s && c->be->host_staging)
+    memcpy(y, e.host_y, (size_t)rows * (size_t)dp_model_output_width(&c->plan->model) * 4);
   dp_status g = check_guards(c);
   if (g) return dp__ctx_fail(c, g);
   if (s) {
@@ -798,7 +731,6 @@ size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
 uint64_t dp_params_hash(dp_ctx *c) {
   if (!c) return 0;
   size_t bytes = c->plan->model.n_params * 4;
-  if (!c->cuda) return dp__fnv1a(DP_FNV_INIT, region_ptr(c, 0, DP_REGION_PARAMS, 0), bytes);
   uint64_t h = DP_FNV_INIT;
   for (size_t off = 0; off < bytes;) {
     size_t m =

@@ -3,7 +3,6 @@
 #ifndef DP_CTX_H
 #define DP_CTX_H
 
-#include "dp_cuda.h"
 #include "exec.h"
 
 /* Arena words no op has written keep this NaN payload, which arithmetic never
@@ -20,24 +19,26 @@ typedef struct {
   int commit;
 } dp_sched_cache;
 
-/* Host words the cuda backend's arenas are read through (guards, high water,
- * hash): device memory is never dereferenced on the host. */
+/* Host words arenas are read through (guards, high water, hash): the host
+ * never dereferences an arena itself, whatever the backend. */
 #define DP_CTX_BOUNCE_WORDS 4096
+/* Graph slots the context keeps (backends may offer fewer). */
+#define DP_CTX_GRAPH_SLOTS 4
 
 struct dp_ctx {
   const dp_plan *plan;
-  /* cpu: host memory; cuda: device memory, reached only through dp__ctx_read
-   * and dp__ctx_write (or the backend) */
+  const dp_backend_ops *be; /* the plan's backend */
+  /* backend memory, reached only through dp__ctx_read / dp__ctx_write (or
+   * the backend's ops) */
   unsigned char *arena[DP_MAX_DEVICES];
   bool owns_arenas;
-  bool cuda;              /* plan->cfg.backend == DP_BACKEND_CUDA */
-  void *bctx;             /* the cuda backend's context */
-  unsigned char *staging; /* cuda: pinned host staging (dp_plan_host_bytes) */
-  uint32_t *bounce;       /* cuda: DP_CTX_BOUNCE_WORDS host words */
-  /* cuda graphs, per slot (see ctx.c graph_slot): a plain step of this shape
-   * has run, so the next one may be captured */
-  bool graph_warm[DP_CUDA_GRAPH_SLOTS];
-  bool graph_broken[DP_CUDA_GRAPH_SLOTS]; /* its capture failed: runs plain */
+  void *bctx;             /* the backend's context (NULL for a stateless one) */
+  unsigned char *staging; /* be->host_staging: the staging arena (dp_plan_host_bytes) */
+  uint32_t *bounce;       /* DP_CTX_BOUNCE_WORDS host words */
+  /* graphs (be->n_graph_slots), per slot (see ctx.c graph_slot): a plain
+   * step of this shape has run, so the next one may be captured */
+  bool graph_warm[DP_CTX_GRAPH_SLOTS];
+  bool graph_broken[DP_CTX_GRAPH_SLOTS]; /* its capture failed: runs plain */
   dp_sched_cache train, infer;
   dp_exec exec;
   bool exec_live;
@@ -57,8 +58,8 @@ struct dp_ctx {
 dp_status dp__ctx_fail(dp_ctx *c, dp_status s);
 
 /* Copies `bytes` at offset off of device d's region r to host memory dst, or
- * host memory src into it: memcpy on the cpu backend, a synchronous device
- * copy on cuda (the only way the host touches a cuda arena). */
+ * host memory src into it, through the backend (the only way the host
+ * touches an arena). */
 dp_status dp__ctx_read(const dp_ctx *c, int d, dp_region r, size_t off, void *dst,
                        size_t bytes);
 dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *src,

@@ -42,28 +42,21 @@ static void barrier_wait(dp_barrier *b) {
   pthread_mutex_unlock(&b->mu);
 }
 
-static void *endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
-  if (dev == DP_HOST) {
-    const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
-                       : region == DP_REGION_TARGETS ? e->host_t
-                                                     : (const void *)e->host_y;
-    return (unsigned char *)base + off;
-  }
-  return (unsigned char *)dp__region_ptr(e, dev, region) + off;
-}
-
 static bool skipped(const dp_exec_env *e, const dp_op *op) {
   return op->kind == DP_OP_COPY && op->phase == DP_PHASE_BROADCAST && e->skip_broadcast;
 }
 
+/* Bytes that cross a device boundary go to the transport, the rest to the
+ * backend. */
 static dp_status run_op(dp_exec *x, const dp_op *op) {
   dp_exec_env *e = x->env;
-  if (op->kind == DP_OP_COPY) {
-    if (skipped(e, op)) return DP_OK;
-    return x->transport->copy(
-        x->tctx, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
-        endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
-  }
+  if (op->kind == DP_OP_COPY)
+    return skipped(e, op) ? DP_OK : x->transport->copy(x->tctx, e, op->device, op);
+  if (op->kind == DP_OP_ALLREDUCE)
+    return x->transport->collective
+               ? x->transport->collective(x->tctx, e, op->device, op)
+               : DP_FAIL(DP_ERR_BACKEND, "the %s transport has no collectives",
+                         x->transport->name);
   return x->backend->run(x->bctx, e, op);
 }
 
@@ -75,10 +68,7 @@ static bool is_peer(const dp_exec *x, const dp_op *op, int dev) {
 }
 
 static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
-  const dp_exec_env *e = x->env;
-  return x->transport->peer(
-      x->tctx, dev, endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
-      endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+  return x->transport->peer(x->tctx, x->env, dev, op);
 }
 
 /* Records the first failure of device dev: at schedule index k, or in the

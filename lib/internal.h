@@ -166,20 +166,36 @@ uint64_t dp__fnv1a(uint64_t h, const void *data, size_t n);
 /* Uniform in [0, 1) with 24 bits. */
 float dp__rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
 
-/* ---- backend vtable (ggml style) ---- */
+/* ---- the two seams: backend and transport (ggml style; docs/ARCHITECTURE.md) ----
+ * Everything the core (context, checkpoint, planner, executor) asks of a
+ * device goes through dp_backend_ops; every byte that crosses a device
+ * boundary through dp_transport_ops. The core never names a backend. */
 typedef struct dp_exec_env dp_exec_env;
 
-typedef struct {
+typedef struct dp_transport_ops {
   const char *name;
-  /* Runs one compute op (FORWARD, BACKWARD, GRAD_ADD, LOSS, OPTIMIZER). */
-  dp_status (*run)(void *bctx, dp_exec_env *env, const dp_op *op);
-  /* Optional (NULL: none). Asynchronous backends order their queues with
-   * these: the executor calls them on device dev's thread for every stage s
-   * of a run, also stages in which dev has no op and stages after a failure:
-   * stage_begin before dev's first op of s, stage_end after its last op of s
-   * and before the barrier that ends s. */
-  dp_status (*stage_begin)(void *bctx, int dev, int stage);
-  dp_status (*stage_end)(void *bctx, int dev, int stage);
+  /* A COPY op, on the thread of the device that executes it (dev ==
+   * op->device). Both ends are (device, region, offset) in the op: a device
+   * of this context, or DP_HOST for the caller's memory (the region says
+   * which buffer); dp__endpoint resolves them for a transport whose devices
+   * share this address space. */
+  dp_status (*copy)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: one-sided transport). Two-sided transports (NCCL
+   * send/recv) need the other endpoint to take part: the executor calls
+   * peer() on the thread of device dev, the copy's other endpoint (not the
+   * executing device, not the host), in the copy's stage, in list order, so
+   * both sides see a pair's transfers in the same order. A transport returns
+   * DP_OK and does nothing for pairs it moves one-sided. */
+  dp_status (*peer)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: the plan may not use them; the planner refuses
+   * fast_collectives for backends without one). DP_OP_ALLREDUCE: device
+   * dev's gradients summed in place with every other device's, by the
+   * transport's own collective, on dev's thread. */
+  dp_status (*collective)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+} dp_transport_ops;
+
+typedef struct dp_backend_ops {
+  const char *name;
   /* ---- capabilities, plain data for the planner (no backend header needed) ----
    * Alignment of every region and arena; the WORKSPACE bytes a device needs
    * for the model at its largest micro-batch; whether the caller's inputs,
@@ -188,24 +204,83 @@ typedef struct {
   size_t align;
   size_t (*workspace_bytes)(const dp_model *m, int mb_rows, bool training);
   bool host_staging;
+  /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
+   * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
+   * none, and the planner refuses a config that sets one. */
+  dp_status (*check_config)(const dp_config *c);
+
+  /* ---- memory: at context creation and free only, never in a step ----
+   * One arena of dp_plan_device_bytes(p, dev) for device dev, aligned to
+   * `align`; the staging arena (host_staging only); check_host: caller
+   * memory handed to dp_ctx_create_static as the staging arena is usable
+   * (optional). */
+  dp_status (*arena_alloc)(const dp_plan *p, int dev, void **out);
+  void (*arena_free)(const dp_plan *p, int dev, void *arena); /* NULL is fine */
+  dp_status (*host_alloc)(size_t bytes, void **out);
+  void (*host_free)(void *host);
+  dp_status (*check_host)(const void *host);
+  /* Host access to arena bytes between steps (the host never dereferences
+   * an arena itself): copy from / to device dev's memory, synchronously;
+   * fill count 32-bit words. */
+  dp_status (*read)(const dp_plan *p, int dev, void *dst, const void *src, size_t bytes);
+  dp_status (*write)(const dp_plan *p, int dev, void *dst, const void *src, size_t bytes);
+  dp_status (*fill_u32)(const dp_plan *p, int dev, void *dst, uint32_t value, size_t count);
+
+  /* ---- the backend's context (optional: NULL for a stateless backend) ----
+   * init runs after the arenas are filled; its bctx is also the transport's
+   * tctx. free waits for queued work first. */
+  dp_status (*ctx_init)(const dp_plan *p, void *const arenas[], void **bctx);
+  void (*ctx_free)(void *bctx);
+  const dp_transport_ops *transport;
+
+  /* ---- a step ----
+   * run: one compute op (FORWARD, BACKWARD, GRAD_ADD, ZERO, LOSS, LOSS_SUM,
+   * GRAD_CHECK, OPTIMIZER) on the op's device thread.
+   * stage_begin/stage_end (optional): asynchronous backends order their
+   * queues with these: the executor calls them on device dev's thread for
+   * every stage s of a run, also stages in which dev has no op and stages
+   * after a failure: stage_begin before dev's first op of s, stage_end after
+   * its last op of s and before the barrier that ends s. */
+  dp_status (*run)(void *bctx, dp_exec_env *env, const dp_op *op);
+  dp_status (*stage_begin)(void *bctx, int dev, int stage);
+  dp_status (*stage_end)(void *bctx, int dev, int stage);
+  /* Optional, together. NULL: a synchronous backend: an op has done its work
+   * when it returns, so the context checks a step on the host between its
+   * pre-commit and commit parts. Set: ops only enqueue; step_begin opens a
+   * step (or forward) at counter `step`, the device refuses a non-finite or
+   * out-of-range step by itself (no optimizer writes), and step_end is the
+   * one synchronisation, reporting how the step went (DP_ERR_NONFINITE /
+   * DP_ERR_RANGE: refused, nothing written; DP_ERR_BACKEND: the device
+   * failed) and the loss. */
+  dp_status (*step_begin)(void *bctx, uint64_t step);
+  dp_status (*step_end)(void *bctx, float *loss);
+  /* Optional graphs of whole steps (n_graph_slots > 0): a capture records a
+   * step (step_begin and the executor's runs) into a slot without running
+   * it; a launch replays the slot at counter `step`; step_end follows as
+   * after a plain step. */
+  int n_graph_slots;
+  dp_status (*capture_begin)(void *bctx);
+  dp_status (*capture_end)(void *bctx, int slot);
+  void (*capture_abort)(void *bctx);
+  bool (*graph_ready)(const void *bctx, int slot);
+  dp_status (*graph_launch)(void *bctx, int slot, uint64_t step);
+
+  /* Optional diagnostics (the public dp_cuda_* queries and dp bench): the
+   * devices this backend can see (0 with the reason as the last error); the
+   * name and memory of device dev; the time of one FP32 GEMM C (m, n) =
+   * A (m, k) B (k, n) on it with the backend's math mode (tf32: TF32). */
+  int (*device_count)(void);
+  dp_status (*device_info)(int dev, char *name, size_t cap, size_t *total_mem,
+                           size_t *free_mem);
+  dp_status (*bench_sgemm)(int dev, int m, int n, int k, int iters, int tf32, double *ms,
+                           double *tflops);
 } dp_backend_ops;
 
-/* The backend registered for a config's backend kind (lib/backend.c); NULL
- * for an unknown kind. */
+/* The backend registered for a backend kind (lib/backend.c); NULL when none
+ * is (an unknown kind, or one whose library was not registered). */
 const dp_backend_ops *dp__backend_ops(dp_backend kind);
-
-typedef struct {
-  const char *name;
-  /* Executes a COPY op on the thread of the op's device. */
-  dp_status (*copy)(void *tctx, void *dst, const void *src, size_t bytes);
-  /* Optional (NULL: one-sided transport). Two-sided transports (NCCL
-   * send/recv) need the other endpoint to take part: the executor calls
-   * peer() on the thread of device dev, the copy's other endpoint (not the
-   * executing device, not the host), in the copy's stage, in list order, so
-   * both sides see a pair's transfers in the same order. A transport returns
-   * DP_OK and does nothing for pairs it moves one-sided. */
-  dp_status (*peer)(void *tctx, int dev, void *dst, const void *src, size_t bytes);
-} dp_transport_ops;
+/* Registers ops as the backend of `kind` (the cpu backend is built in). */
+dp_status dp__backend_register(dp_backend kind, const dp_backend_ops *ops);
 
 /* What ops see of the context during a step. */
 struct dp_exec_env {
@@ -223,11 +298,23 @@ struct dp_exec_env {
 };
 
 extern const dp_backend_ops dp__cpu_backend;
-extern const dp_transport_ops dp__shm_transport;
 
 /* Pointer to region r of device d in env. */
 static inline void *dp__region_ptr(const dp_exec_env *e, int dev, int r) {
   return e->arena[dev] + e->plan->regions[dev][r].offset;
+}
+
+/* The address of a transfer's end (device, region, offset) in this process:
+ * a device arena of env, or for DP_HOST the caller's (or the staging
+ * arena's) inputs, targets or outputs, as the region says. */
+static inline void *dp__endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
+  if (dev == DP_HOST) {
+    const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
+                       : region == DP_REGION_TARGETS ? e->host_t
+                                                     : (const void *)e->host_y;
+    return (unsigned char *)base + off;
+  }
+  return (unsigned char *)dp__region_ptr(e, dev, region) + off;
 }
 
 #ifdef __cplusplus

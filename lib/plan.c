@@ -141,47 +141,33 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
   if (c->optimizer != DP_OPT_SGD && c->optimizer != DP_OPT_MOMENTUM &&
       c->optimizer != DP_OPT_ADAMW)
     return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
-  if (!dp__backend_ops(c->backend))
-    return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
+  const dp_backend_ops *be = dp__backend_ops(c->backend);
+  if (!be && strcmp(dp_backend_name(c->backend), "?"))
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend is not registered: link its library (libdp_%s.a, "
+                   "pkg-config dp-%s) and call dp_%s_register() first",
+                   dp_backend_name(c->backend), dp_backend_name(c->backend),
+                   dp_backend_name(c->backend), dp_backend_name(c->backend));
+  if (!be) return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
   if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
   if (c->guards != 0 && c->guards != 1)
     return DP_FAIL(DP_ERR_INVALID, "guards must be 0 or 1, got %d", c->guards);
-  if ((c->cuda_graph != 0 && c->cuda_graph != 1) || (c->tf32 != 0 && c->tf32 != 1))
-    return DP_FAIL(DP_ERR_INVALID, "cuda_graph and tf32 must be 0 or 1, got %d and %d",
-                   c->cuda_graph, c->tf32);
-  if (c->transport != DP_TRANSPORT_AUTO && c->transport != DP_TRANSPORT_COPY &&
-      c->transport != DP_TRANSPORT_NCCL)
-    return DP_FAIL(DP_ERR_INVALID, "unknown transport %d", (int)c->transport);
-  if (c->fast_collectives != 0 && c->fast_collectives != 1)
-    return DP_FAIL(DP_ERR_INVALID, "fast_collectives must be 0 or 1, got %d",
-                   c->fast_collectives);
-  if (c->backend != DP_BACKEND_CUDA &&
+  /* The backend's own options (the config's cuda_* fields): its check, or
+   * refused when it has none. */
+  if (!be->check_config &&
       (c->cuda_graph || c->tf32 || c->transport || c->fast_collectives))
     return DP_FAIL(DP_ERR_INVALID,
-                   "%s is a cuda backend option; this plan is for the cpu backend",
+                   "%s is a cuda backend option; this plan is for the %s backend",
                    c->cuda_graph  ? "cuda_graph"
                    : c->tf32      ? "tf32"
                    : c->transport ? "transport"
-                                  : "fast_collectives");
-  if (c->fast_collectives && (c->mode != DP_MODE_ALLREDUCE || c->shard_optimizer ||
-                              c->transport == DP_TRANSPORT_COPY))
-    return DP_FAIL(DP_ERR_INVALID,
-                   "fast_collectives needs allreduce mode without a sharded "
-                   "optimizer, and the NCCL transport");
-  if (c->backend == DP_BACKEND_CUDA)
-    for (int d = 0; d < c->n_devices; d++)
-      if (c->device_ids[d] < 0)
-        return DP_FAIL(DP_ERR_INVALID, "device_ids[%d] is %d; GPU ids are >= 0", d,
-                       c->device_ids[d]);
-  int e, d;
-  if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
-      dp__shared_gpu(c, c->n_devices, &e, &d))
-    return DP_FAIL(
-        DP_ERR_INVALID,
-        "the NCCL transport needs a GPU per replica, but replicas %d and %d are both on "
-        "GPU %d (use transport auto or copy for replicas that share a GPU)",
-        e, d, c->device_ids[d]);
+                                  : "fast_collectives",
+                   be->name);
+  if (be->check_config) {
+    dp_status s = be->check_config(c);
+    if (s) return s;
+  }
   if (!c->inference && m->loss == DP_LOSS_NONE)
     return DP_FAIL(DP_ERR_INVALID, "a training plan needs a loss (add 'loss mse' or "
                                    "'loss softmax_cross_entropy', or plan --inference)");
@@ -315,7 +301,8 @@ static dp_status plan_device(dp_plan *p, int d) {
     else if (!classic)
       sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
-  sz[DP_REGION_WORKSPACE] = dp__backend_ops(c->backend)->workspace_bytes(m, a->mb_rows, train);
+  sz[DP_REGION_WORKSPACE] =
+      dp__backend_ops(c->backend)->workspace_bytes(m, a->mb_rows, train);
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
   /* Guards (config.guards): one alignment unit before the first region and

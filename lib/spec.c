@@ -4,14 +4,17 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 typedef struct {
   const char *s; /* token start */
   int len;
-  int col;       /* 1-based */
+  int col; /* 1-based */
 } token;
 
 #define MAX_TOKENS 8
@@ -44,9 +47,10 @@ typedef struct {
 } where;
 
 #define SPEC_FAIL(st, w, col, ...) spec_fail((st), (w), (col), __LINE__, __VA_ARGS__)
-static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt, ...)
-    __attribute__((format(printf, 5, 6)));
-static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt, ...) {
+static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt,
+                           ...) __attribute__((format(printf, 5, 6)));
+static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt,
+                           ...) {
   char msg[400];
   va_list ap;
   va_start(ap, fmt);
@@ -55,31 +59,46 @@ static dp_status spec_fail(dp_status st, where w, int col, int srcline, const ch
   return dp__error(st, __FILE__, srcline, "%s:%d:%d: %s", w.name, w.line, col, msg);
 }
 
+/* A token as messages echo it: whole up to 40 bytes, else its first 32 and
+ * "...", so that the closing quote is always there. */
+typedef struct {
+  char s[48];
+} echo_buf;
+static const char *echo(const token *t, echo_buf *b) {
+  if (t->len <= 40)
+    snprintf(b->s, sizeof b->s, "%.*s", t->len, t->s);
+  else
+    snprintf(b->s, sizeof b->s, "%.32s...", t->s);
+  return b->s;
+}
+
 /* A positive int width. */
 static dp_status parse_width(const token *t, where w, const char *what, int *out) {
-  char buf[32];
-  if (t->len >= (int)sizeof buf)
-    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a positive integer, got '%.*s'",
-                     what, t->len, t->s);
-  memcpy(buf, t->s, (size_t)t->len);
-  buf[t->len] = '\0';
+  echo_buf e;
   for (int i = 0; i < t->len; i++)
-    if (!isdigit((unsigned char)buf[i]))
-      return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
-                       "%s: expected a positive integer, got '%s'", what, buf);
-  errno = 0;
-  long v = strtol(buf, NULL, 10);
-  if (errno || v <= 0 || v > DP_MAX_WIDTH)
+    if (!isdigit((unsigned char)t->s[i]))
+      return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a positive integer, got '%s'",
+                       what, echo(t, &e));
+  int i = 0;
+  while (i < t->len - 1 && t->s[i] == '0') i++; /* leading zeros */
+  long long v = 0;
+  for (; i < t->len && v <= DP_MAX_WIDTH; i++) v = v * 10 + (t->s[i] - '0');
+  if (v > DP_MAX_WIDTH)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width '%s' is too large (max %d)", what,
+                     echo(t, &e), DP_MAX_WIDTH);
+  if (v == 0)
     return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width %s is out of range (1..%d)", what,
-                     buf, DP_MAX_WIDTH);
+                     echo(t, &e), DP_MAX_WIDTH);
   *out = (int)v;
   return DP_OK;
 }
 
 static dp_status parse_prob(const token *t, where w, float *out) {
   char buf[32];
+  echo_buf e;
   if (t->len >= (int)sizeof buf)
-    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "dropout: expected a probability in [0, 1)");
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                     "dropout: expected a probability in [0, 1), got '%s'", echo(t, &e));
   memcpy(buf, t->s, (size_t)t->len);
   buf[t->len] = '\0';
   char *end;
@@ -90,7 +109,8 @@ static dp_status parse_prob(const token *t, where w, float *out) {
                      "dropout: expected a probability in [0, 1), got '%s'", buf);
   if (!((float)v < 1.0f)) /* e.g. 0.99999999: below 1, but 1 as a float */
     return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
-                     "dropout: probability '%s' rounds to 1 as a float; expected [0, 1)", buf);
+                     "dropout: probability '%s' rounds to 1 as a float; expected [0, 1)",
+                     buf);
   *out = (float)v;
   return DP_OK;
 }
@@ -99,8 +119,9 @@ static dp_status parse_prob(const token *t, where w, float *out) {
 static dp_status no_more(const token *t, int nt, int n, where w, const char *kw) {
   if (nt <= n) return DP_OK;
   int k = n < MAX_TOKENS ? n : MAX_TOKENS - 1;
-  return SPEC_FAIL(DP_ERR_PARSE, w, t[k].col, "unexpected '%.*s' after '%s'", t[k].len,
-                   t[k].s, kw);
+  echo_buf e;
+  return SPEC_FAIL(DP_ERR_PARSE, w, t[k].col, "unexpected '%s' after '%s'", echo(&t[k], &e),
+                   kw);
 }
 
 /* Re-labels a builder error with the spec location. */
@@ -118,10 +139,11 @@ static dp_status at(dp_status s, where w, int col) {
 
 static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   const token *kw = &t[0];
+  echo_buf e;
   if (!*m) {
     if (!tok_is(kw, "input"))
-      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "expected 'input N' first, got '%.*s'",
-                       kw->len, kw->s);
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "expected 'input N' first, got '%s'",
+                       echo(kw, &e));
     if (nt < 2)
       return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
                        "expected a width after 'input'");
@@ -133,7 +155,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   }
   if ((*m)->loss != DP_LOSS_NONE)
     return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
-                     "unexpected '%.*s': the loss must be the last line", kw->len, kw->s);
+                     "unexpected '%s': the loss must be the last line", echo(kw, &e));
   if (tok_is(kw, "input"))
     return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "'input' may appear only once, first");
   if (tok_is(kw, "linear")) {
@@ -146,8 +168,8 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     int bias = 1;
     if (nt >= 3) {
       if (!tok_is(&t[2], "nobias"))
-        return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col, "expected 'nobias' or end of line, got '%.*s'",
-                         t[2].len, t[2].s);
+        return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col,
+                         "expected 'nobias' or end of line, got '%s'", echo(&t[2], &e));
       bias = 0;
     }
     if ((s = no_more(t, nt, 3, w, "linear"))) return s;
@@ -174,8 +196,8 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
       k = DP_LOSS_SOFTMAX_CE;
     else
       return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
-                       "unknown loss '%.*s' (expected mse or softmax_cross_entropy)",
-                       t[1].len, t[1].s);
+                       "unknown loss '%s' (expected mse or softmax_cross_entropy)",
+                       echo(&t[1], &e));
     dp_status s = no_more(t, nt, 2, w, "loss");
     if (s) return s;
     return at(dp_model_set_loss(*m, k), w, kw->col);
@@ -195,9 +217,9 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     return at(dp_model_add(*m, simple[i].k), w, kw->col);
   }
   return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
-                   "unknown layer '%.*s' (expected linear, relu, gelu, tanh, sigmoid, "
+                   "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
                    "layernorm, dropout or loss)",
-                   kw->len, kw->s);
+                   echo(kw, &e));
 }
 
 dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
@@ -232,39 +254,76 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
   return DP_OK;
 }
 
+/* Opens path for reading if it is a regular file. O_NONBLOCK makes the open of
+ * a FIFO without a writer return at once, so that the type check happens
+ * instead of a wait for ever; it is cleared before reading. */
+static dp_status open_spec(const char *path, FILE **out) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return DP_FAIL(DP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  int fl;
+  dp_status s = DP_OK;
+  if (fstat(fd, &st) != 0)
+    s = DP_FAIL(DP_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+  else if (S_ISDIR(st.st_mode))
+    s = DP_FAIL(DP_ERR_IO, "%s: is a directory, not a model spec", path);
+  else if (!S_ISREG(st.st_mode))
+    s = DP_FAIL(DP_ERR_IO, "%s: not a regular file (%s); a model spec is read from a file",
+                path,
+                S_ISFIFO(st.st_mode)   ? "a FIFO"
+                : S_ISSOCK(st.st_mode) ? "a socket"
+                                       : "a device");
+  else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+    s = DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+  else if (!(*out = fdopen(fd, "rb")))
+    s = DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
+  if (s) close(fd);
+  return s;
+}
+
 dp_status dp_model_load(const char *path, dp_model **out) {
   if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: out is NULL");
   *out = NULL;
   if (!path) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: path is NULL");
-  FILE *f = fopen(path, "rb");
-  if (!f) return DP_FAIL(DP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+  FILE *f = NULL;
+  dp_status s = open_spec(path, &f);
+  if (s) return s;
   size_t cap = 4096, len = 0;
   char *buf = malloc(cap);
-  dp_status s = DP_OK;
   for (;;) {
     if (!buf) {
       s = DP_FAIL(DP_ERR_NOMEM, "%s: out of memory", path);
       break;
     }
     len += fread(buf + len, 1, cap - 1 - len, f);
-    if (len < cap - 1) break;
-    if (cap > (64u << 20)) {
+    if (len > (64u << 20)) {
       s = DP_FAIL(DP_ERR_PARSE, "%s: larger than 64 MiB; not a model spec", path);
       break;
     }
+    if (len < cap - 1) break;
     char *nb = realloc(buf, cap * 2);
     if (!nb) free(buf);
     buf = nb;
     cap *= 2;
   }
-  if (!s && ferror(f)) s = DP_FAIL(DP_ERR_IO, "%s: read error", path);
+  if (!s && ferror(f)) s = DP_FAIL(DP_ERR_IO, "%s: read error: %s", path, strerror(errno));
   fclose(f);
   if (!s) {
     buf[len] = '\0';
-    if (memchr(buf, '\0', len))
-      s = DP_FAIL(DP_ERR_PARSE, "%s: contains a NUL byte; not a text spec", path);
-    else
+    const char *nul = memchr(buf, '\0', len);
+    if (nul) { /* its line and column, as every other spec error has */
+      where w = {path, 1};
+      const char *line = buf;
+      for (const char *q = buf; q < nul; q++)
+        if (*q == '\n') {
+          w.line++;
+          line = q + 1;
+        }
+      s = SPEC_FAIL(DP_ERR_PARSE, w, (int)(nul - line) + 1,
+                    "NUL byte; a model spec is text");
+    } else {
       s = dp_model_parse(buf, path, out);
+    }
   }
   free(buf);
   return s;

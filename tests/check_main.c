@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "dp.h"
+
 #include "suites.h"
 
 typedef struct {
@@ -47,6 +49,13 @@ int main(int argc, char **argv) {
     }
   }
 
+#ifdef DP_HAVE_CUDA
+  /* libdp_cuda.a: plans for the cuda backend (registering touches no CUDA) */
+  if (dp_cuda_register() != DP_OK) {
+    fprintf(stderr, "dp_cuda_register: %s\n", dp_last_error());
+    return 1;
+  }
+#endif
   SRunner *sr = NULL;
   for (const suite_entry *s = all_suites; s->name; s++) {
     int wanted = argc == 1;

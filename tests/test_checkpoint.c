@@ -73,7 +73,7 @@ static dp_config cfg_make(dp_optimizer opt, layout l) {
   c.n_devices = l.n_devices;
   c.mode = l.mode;
   c.shard_optimizer = l.shard;
-  c.optimizer = opt;
+  dp_config_set_optimizer(&c, opt);
   c.seed = 7;
   c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
   return c;
@@ -297,11 +297,13 @@ START_TEST(test_resume_equals_straight_run) {
   dp_config cs = cfg_make(opt, ls), cl = cfg_make(opt, ll), c1 = cfg_make(opt, L1);
   rig straight, a, b;
   if (!rig_try(&a, MLP_SPEC, &cs)) {
-    printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ls.mode, dp_last_error());
+    printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ls.mode,
+           dp_last_error());
     return;
   }
   if (!rig_try(&b, MLP_SPEC, &cl)) {
-    printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ll.mode, dp_last_error());
+    printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ll.mode,
+           dp_last_error());
     rig_close(&a);
     return;
   }
@@ -364,7 +366,9 @@ static uint64_t fnv(const unsigned char *b, size_t n) {
 static uint32_t le32(const unsigned char *b) {
   return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
 }
-static uint64_t le64(const unsigned char *b) { return le32(b) | (uint64_t)le32(b + 4) << 32; }
+static uint64_t le64(const unsigned char *b) {
+  return le32(b) | (uint64_t)le32(b + 4) << 32;
+}
 
 START_TEST(test_format_is_as_documented) {
   dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
@@ -417,9 +421,7 @@ START_TEST(test_format_is_as_documented) {
         ck_assert_uint_eq(le32(pay + 4 * e), u);
       }
       break;
-    case 3:
-      ck_assert_uint_eq(pl, 2 * n * 4);
-      break;
+    case 3: ck_assert_uint_eq(pl, 2 * n * 4); break;
     case 4:
       ck_assert_uint_eq(pl, 0);
       ck_assert_uint_eq(le64(pay), fnv(b, off + 16));
@@ -438,8 +440,8 @@ END_TEST
 /* The same training state saved from 1, 2, 4 devices (and the allreduce
  * modes, where built) gives the same file bytes. */
 START_TEST(test_file_bytes_independent_of_devices_and_mode) {
-  static const layout ls[] = {{1, DP_MODE_CLASSIC, 0}, {2, DP_MODE_CLASSIC, 0},
-                              {4, DP_MODE_CLASSIC, 0}, {4, DP_MODE_ALLREDUCE, 0},
+  static const layout ls[] = {{1, DP_MODE_CLASSIC, 0},   {2, DP_MODE_CLASSIC, 0},
+                              {4, DP_MODE_CLASSIC, 0},   {4, DP_MODE_ALLREDUCE, 0},
                               {4, DP_MODE_ALLREDUCE, 1}, {2, DP_MODE_ALLREDUCE, 1}};
   dp_optimizer opt = OPTS[_i];
   tmpdir t;
@@ -475,8 +477,8 @@ END_TEST
 START_TEST(test_inference_context_takes_parameters_only) {
   dp_config ct = cfg_make(DP_OPT_ADAMW, L1), ci = cfg_make(DP_OPT_ADAMW, L2);
   ci.inference = 1;
-  ci.optimizer = DP_OPT_SGD; /* ignored by an inference context */
-  ci.seed = 99;              /* likewise */
+  dp_config_set_optimizer(&ci, DP_OPT_SGD); /* ignored by an inference context */
+  ci.seed = 99;                             /* likewise */
   rig tr, inf, inf2;
   rig_open(&tr, MLP_SPEC, &ct);
   rig_open(&inf, MLP_SPEC, &ci);
@@ -557,7 +559,8 @@ static void damage_expect_refused(damage_rig *d, const unsigned char *b, size_t 
   dp_status s = dp_ckpt_load(d->target.c, d->bad);
   ck_assert_msg(s == DP_ERR_PARSE, "%s at %zu: got %s (%s)", what, where, dp_status_name(s),
                 dp_ctx_error(d->target.c));
-  ck_assert_msg(snap_same(&d->sn, &d->target), "%s at %zu: the context changed", what, where);
+  ck_assert_msg(snap_same(&d->sn, &d->target), "%s at %zu: the context changed", what,
+                where);
 }
 
 /* One more step on the target and on its untouched twin: the same bits. */
@@ -597,7 +600,8 @@ START_TEST(test_truncated_file_is_refused) {
   file_write(d.bad, d.file, d.len - 100);
   ck_assert_int_eq(dp_ckpt_load(d.target.c, d.bad), DP_ERR_PARSE);
   char want[96];
-  snprintf(want, sizeof want, "truncated: expected %zu bytes, file has %zu", d.len, d.len - 100);
+  snprintf(want, sizeof want, "truncated: expected %zu bytes, file has %zu", d.len,
+           d.len - 100);
   ck_assert_msg(strstr(dp_ctx_error(d.target.c), want), "%s", dp_ctx_error(d.target.c));
   /* Trailing bytes are refused too. */
   unsigned char *longer = malloc(d.len + 3);
@@ -612,7 +616,8 @@ START_TEST(test_truncated_file_is_refused) {
   ck_assert_ptr_nonnull(longer);
   memcpy(longer, d.file, d.len);
   damage_expect_refused(&d, longer, huge, "trailing", huge);
-  ck_assert_msg(strstr(dp_ctx_error(d.target.c), "trailing"), "%s", dp_ctx_error(d.target.c));
+  ck_assert_msg(strstr(dp_ctx_error(d.target.c), "trailing"), "%s",
+                dp_ctx_error(d.target.c));
   free(longer);
   damage_close(&d);
 }
@@ -671,7 +676,8 @@ START_TEST(test_nonfinite_values_are_refused) {
     h = fnv(b, end + 16);
     for (int i = 0; i < 8; i++) b[end + 16 + i] = (unsigned char)(h >> (8 * i));
     damage_expect_refused(&d, b, d.len, "NaN", (size_t)which);
-    ck_assert_msg(strstr(dp_ctx_error(d.target.c), "not finite"), "%s", dp_ctx_error(d.target.c));
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), "not finite"), "%s",
+                  dp_ctx_error(d.target.c));
   }
   free(b);
   damage_close(&d);
@@ -714,7 +720,7 @@ START_TEST(test_killed_save_leaves_loadable_checkpoint) {
     pid_t pid = fork();
     ck_assert_msg(pid >= 0, "fork: %s", strerror(errno));
     if (pid == 0) { /* no Check calls in here */
-      alarm(20);     /* never outlive the test */
+      alarm(20);    /* never outlive the test */
       for (int k = 0;; k++) {
         int at;
         if (dp_ckpt_save(a.c, t.path) != DP_OK || try_steps(&a, 1000 + k, 1001 + k, &at))
@@ -725,16 +731,18 @@ START_TEST(test_killed_save_leaves_loadable_checkpoint) {
     kill(pid, SIGKILL);
     int st;
     ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "trial %d: child ended on its own",
-                  trial);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL,
+                  "trial %d: child ended on its own", trial);
     /* The file at path is complete, old or new; temporary files are the
      * killed child's and are removed. */
     load_ok(&b, t.path);
     float *now = params_of(&b);
     uint64_t step = dp_ctx_step(b.c);
     bool old = step == last_step && memcmp(now, last, b.n * 4) == 0;
-    ck_assert_msg(old || step >= dp_ctx_step(a.c), "trial %d: neither the old checkpoint nor "
-                  "one of the child's", trial);
+    ck_assert_msg(old || step >= dp_ctx_step(a.c),
+                  "trial %d: neither the old checkpoint nor "
+                  "one of the child's",
+                  trial);
     renewed += !old;
     free(last);
     last = now;
@@ -833,8 +841,8 @@ START_TEST(test_io_errors) {
   /* A missing file. */
   snprintf(p, sizeof p, "%s/missing.ckpt", t.dir);
   ck_assert_int_eq(dp_ckpt_load(r.c, p), DP_ERR_IO);
-  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)), "%s",
-                dp_ctx_error(r.c));
+  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
+                "%s", dp_ctx_error(r.c));
   /* A directory. */
   ck_assert_int_eq(dp_ckpt_load(r.c, t.dir), DP_ERR_IO);
   /* Not a checkpoint. */
@@ -846,8 +854,8 @@ START_TEST(test_io_errors) {
   /* Saving into a directory that does not exist: nothing is created. */
   snprintf(p, sizeof p, "%s/no/such/dir/x.ckpt", t.dir);
   ck_assert_int_eq(dp_ckpt_save(r.c, p), DP_ERR_IO);
-  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)), "%s",
-                dp_ctx_error(r.c));
+  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
+                "%s", dp_ctx_error(r.c));
   struct stat st;
   ck_assert_int_ne(stat(p, &st), 0);
   ck_assert_int_eq(dir_entries(t.dir), 0);
@@ -880,6 +888,41 @@ START_TEST(test_io_errors) {
 }
 END_TEST
 
+/* Issue 12: dp_ckpt_load on a FIFO with no writer blocked for ever in open();
+ * the docs promise DP_ERR_IO for anything but a regular file. The alarm turns
+ * a regression into a failure instead of a hang. */
+START_TEST(test_fifo_without_writer_is_refused_at_once) {
+  dp_config cfg = cfg_make(DP_OPT_MOMENTUM, L1);
+  rig r;
+  rig_open(&r, MLP_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 1);
+  snapshot sn;
+  snap_take(&sn, &r);
+  char p[400];
+  snprintf(p, sizeof p, "%s/fifo.ckpt", t.dir);
+  ck_assert_int_eq(mkfifo(p, 0600), 0);
+  alarm(10);
+  dp_status s = dp_ckpt_load(r.c, p);
+  alarm(0);
+  ck_assert_int_eq(s, DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "is not a regular file (a FIFO)"), "%s",
+                dp_ctx_error(r.c));
+  ck_assert(snap_same(&sn, &r));
+  ck_assert_int_eq(unlink(p), 0);
+  /* a directory names itself as one */
+  ck_assert_int_eq(dp_ckpt_load(r.c, t.dir), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "is not a regular file (a directory)"), "%s",
+                dp_ctx_error(r.c));
+  /* a regular file still loads (O_NONBLOCK is cleared before reading) */
+  save_ok(&r, t.path);
+  load_ok(&r, t.path);
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
 
 /* A failed update poisons the context (its state is half-written): saving it
  * is refused, and loading a good checkpoint makes it whole again. */
@@ -957,6 +1000,7 @@ Suite *checkpoint_suite(void) {
   tcase_add_test(tc, test_model_mismatch_is_refused);
   tcase_add_test(tc, test_optimizer_and_seed_mismatch_is_refused);
   tcase_add_test(tc, test_io_errors);
+  tcase_add_test(tc, test_fifo_without_writer_is_refused_at_once);
   suite_add_tcase(s, tc);
   return s;
 }

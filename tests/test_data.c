@@ -1,6 +1,7 @@
 /* tests/test_data.c — the dp tool's dataset loader (tools/data.c) and SVG
  * writers (tools/svg.c). Run from the repository root (loads data/digits.csv). */
 #include <check.h>
+#include <sys/stat.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,9 @@ static void tmp_write_n(tmpfile_t *t, const char *text, size_t len) {
   ck_assert_int_eq((long)write(fd, text, len), (long)len);
   close(fd);
 }
-static void tmp_write(tmpfile_t *t, const char *text) { tmp_write_n(t, text, strlen(text)); }
+static void tmp_write(tmpfile_t *t, const char *text) {
+  tmp_write_n(t, text, strlen(text));
+}
 
 static void tmp_path(tmpfile_t *t) { /* a fresh, empty file to overwrite */
   tmp_write(t, "");
@@ -124,9 +127,8 @@ END_TEST
 START_TEST(csv_accepts_number_forms_and_spaces) {
   dpt_dataset d;
   char err[256] = "";
-  ck_assert_int_eq(load_text(" +7 ,\t+1.5 , -.5,1e3,1E-2,  -0 ,3.\n", &d, err, sizeof err,
-                             NULL),
-                   DP_OK);
+  ck_assert_int_eq(
+      load_text(" +7 ,\t+1.5 , -.5,1e3,1E-2,  -0 ,3.\n", &d, err, sizeof err, NULL), DP_OK);
   ck_assert_int_eq(d.n_rows, 1);
   ck_assert_int_eq(d.n_features, 6);
   ck_assert_int_eq(d.label[0], 7);
@@ -168,7 +170,8 @@ START_TEST(csv_skips_comments_and_blank_lines) {
   ck_assert_int_eq(d.label[1], 2);
   dpt_dataset_free(&d);
   /* line numbers count comment and blank lines */
-  expect_error("# c\n\n1,2\r\n1,x\n", DP_ERR_PARSE, "4: field 2: expected a number, got \"x\"");
+  expect_error("# c\n\n1,2\r\n1,x\n", DP_ERR_PARSE,
+               "4: field 2: expected a number, got \"x\"");
 }
 END_TEST
 
@@ -196,8 +199,7 @@ START_TEST(csv_regression_targets_first) {
   ck_assert_ptr_nonnull(strstr(err, ":2: field 1: non-finite value \"nan\""));
   /* a row must hold the targets and a feature */
   ck_assert_int_eq(dpt_csv_load_regression(t.path, 2, &d, err, sizeof err), DP_ERR_PARSE);
-  ck_assert_int_eq(dpt_csv_load_regression(t.path, 0, &d, err, sizeof err),
-                   DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_csv_load_regression(t.path, 0, &d, err, sizeof err), DP_ERR_INVALID);
   unlink(t.path);
 }
 END_TEST
@@ -228,14 +230,16 @@ START_TEST(csv_error_field_count) {
 END_TEST
 
 START_TEST(csv_error_labels) {
-  expect_error("0,1\n-1,2\n", DP_ERR_RANGE, "2: field 1: label -1 is not a non-negative integer");
+  expect_error("0,1\n-1,2\n", DP_ERR_RANGE,
+               "2: field 1: label -1 is not a non-negative integer");
   expect_error("1.5,2\n", DP_ERR_PARSE,
                "1: field 1: label \"1.5\" is not a non-negative integer");
   expect_error("cat,2\n", DP_ERR_PARSE,
                "1: field 1: label \"cat\" is not a non-negative integer");
   expect_error("-x,2\n", DP_ERR_PARSE,
                "1: field 1: label \"-x\" is not a non-negative integer");
-  expect_error("65536,2\n", DP_ERR_RANGE, "1: field 1: label 65536 is larger than the limit 65535");
+  expect_error("65536,2\n", DP_ERR_RANGE,
+               "1: field 1: label 65536 is larger than the limit 65535");
   expect_error("99999999999999999999999,2\n", DP_ERR_RANGE,
                "1: field 1: label 99999999999999999999999 is larger than the limit 65535");
   /* the largest allowed label is fine */
@@ -267,22 +271,53 @@ START_TEST(csv_error_missing_file_and_args) {
   dpt_dataset d;
   char err[256] = "";
   ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, err, sizeof err), DP_ERR_IO);
-  ck_assert_str_eq(err, "/nonexistent/dir/x.csv: cannot open: No such file or directory");
+  ck_assert_str_eq(err,
+                   "cannot read data '/nonexistent/dir/x.csv': No such file or directory");
   ck_assert_ptr_null(d.x);
   ck_assert_int_eq(dpt_csv_load(NULL, &d, err, sizeof err), DP_ERR_INVALID);
   /* err may be NULL or tiny */
   ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, NULL, 0), DP_ERR_IO);
   char tiny[8];
-  ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, tiny, sizeof tiny), DP_ERR_IO);
-  ck_assert_str_eq(tiny, "/nonexi");
+  ck_assert_int_eq(dpt_csv_load("/nonexistent/dir/x.csv", &d, tiny, sizeof tiny),
+                   DP_ERR_IO);
+  ck_assert_str_eq(tiny, "cannot ");
+}
+END_TEST
+
+/* Issue 12: `dp train --data FIFO` blocked for ever in open() when the FIFO
+ * had no writer. The type is checked without blocking and anything but a
+ * regular file is refused. The alarm makes a regression fail, not hang. */
+START_TEST(csv_fifo_without_writer_is_refused_at_once) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dp_test_data_fifo_%ld", (long)getpid());
+  unlink(path);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  dpt_dataset d;
+  char err[256] = "", want[160];
+  alarm(10);
+  dp_status s = dpt_csv_load(path, &d, err, sizeof err);
+  dp_status s2 = dpt_csv_load_regression(path, 1, &d, err, sizeof err);
+  alarm(0);
+  unlink(path);
+  ck_assert_int_eq(s, DP_ERR_IO);
+  ck_assert_int_eq(s2, DP_ERR_IO);
+  snprintf(want, sizeof want,
+           "cannot read data '%s': is a FIFO (named pipe), not a regular file", path);
+  ck_assert_str_eq(err, want);
+  ck_assert_ptr_null(d.x);
+  /* a directory says so */
+  ck_assert_int_eq(dpt_csv_load("/tmp", &d, err, sizeof err), DP_ERR_IO);
+  ck_assert_str_eq(err, "cannot read data '/tmp': is a directory");
 }
 END_TEST
 
 START_TEST(csv_error_long_field_is_shortened) {
   char text[256];
-  snprintf(text, sizeof text, "0,%s\n", "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghij");
-  expect_error(text, DP_ERR_PARSE,
-               "1: field 2: expected a number, got \"abcdefghijabcdefghijabcdefghijabcdefghij...\"");
+  snprintf(text, sizeof text, "0,%s\n",
+           "abcdefghijabcdefghijabcdefghijabcdefghijabcdefghij");
+  expect_error(
+      text, DP_ERR_PARSE,
+      "1: field 2: expected a number, got \"abcdefghijabcdefghijabcdefghijabcdefghij...\"");
 }
 END_TEST
 
@@ -354,8 +389,10 @@ START_TEST(split_sizes) {
   dpt_dataset all, tr, te;
   char err[256] = "";
   make_dataset(&all, 10);
-  const struct { double frac; int n_test; } cases[] = {
-      {0.3, 3}, {0.7, 7}, {0.25, 3}, {0.01, 1}, {0.0, 0}, {0.9, 9}};
+  const struct {
+    double frac;
+    int n_test;
+  } cases[] = {{0.3, 3}, {0.7, 7}, {0.25, 3}, {0.01, 1}, {0.0, 0}, {0.9, 9}};
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     ck_assert_int_eq(dpt_dataset_split(&all, cases[k].frac, 1, &tr, &te, err, sizeof err),
                      DP_OK);
@@ -376,16 +413,22 @@ START_TEST(split_refuses_bad_fractions) {
   dpt_dataset all, tr, te;
   char err[256] = "";
   make_dataset(&all, 10);
-  ck_assert_int_eq(dpt_dataset_split(&all, 1.0, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, 1.0, 1, &tr, &te, err, sizeof err),
+                   DP_ERR_INVALID);
   ck_assert_str_eq(err, "test fraction 1 is outside [0, 1)");
-  ck_assert_int_eq(dpt_dataset_split(&all, -0.1, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
-  ck_assert_int_eq(dpt_dataset_split(&all, NAN, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
-  ck_assert_int_eq(dpt_dataset_split(&all, 0.95, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, -0.1, 1, &tr, &te, err, sizeof err),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, NAN, 1, &tr, &te, err, sizeof err),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.95, 1, &tr, &te, err, sizeof err),
+                   DP_ERR_INVALID);
   ck_assert_str_eq(err, "test fraction 0.95 of 10 rows leaves no training rows");
   ck_assert_ptr_null(tr.x);
   ck_assert_ptr_null(te.x);
-  ck_assert_int_eq(dpt_dataset_split(&all, 0.5, 1, &tr, &tr, err, sizeof err), DP_ERR_INVALID);
-  ck_assert_int_eq(dpt_dataset_split(NULL, 0.5, 1, &tr, &te, err, sizeof err), DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(&all, 0.5, 1, &tr, &tr, err, sizeof err),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dpt_dataset_split(NULL, 0.5, 1, &tr, &te, err, sizeof err),
+                   DP_ERR_INVALID);
   dpt_dataset_free(&all);
 }
 END_TEST
@@ -525,8 +568,10 @@ static int is_permutation(const int *p, int n) {
   int *seen = calloc((size_t)n, sizeof(int));
   int ok = 1;
   for (int i = 0; i < n; i++) {
-    if (p[i] < 0 || p[i] >= n || seen[p[i]]) ok = 0;
-    else seen[p[i]] = 1;
+    if (p[i] < 0 || p[i] >= n || seen[p[i]])
+      ok = 0;
+    else
+      seen[p[i]] = 1;
   }
   free(seen);
   return ok;
@@ -603,7 +648,7 @@ START_TEST(svg_line_plot_writes_file) {
   ck_assert_ptr_nonnull(s);
   ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
   ck_assert_int_eq(count_of(s, "<polyline"), 1);
-  ck_assert_int_eq(count_of(s, "points=\"") , 1);
+  ck_assert_int_eq(count_of(s, "points=\""), 1);
   ck_assert_ptr_nonnull(strstr(s, "loss &lt;digits&gt; &amp; co"));
   ck_assert_ptr_nonnull(strstr(s, ">epoch<"));
   ck_assert_ptr_nonnull(strstr(s, "</svg>\n"));
@@ -617,7 +662,8 @@ START_TEST(svg_line_plot_single_and_constant) {
   tmp_path(&t);
   char err[256] = "";
   float one = 0.75f;
-  ck_assert_int_eq(dpt_svg_line_plot(t.path, NULL, NULL, NULL, &one, 1, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, NULL, NULL, NULL, &one, 1, err, sizeof err),
+                   DP_OK);
   char *s = slurp(t.path);
   ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
   ck_assert_ptr_nonnull(strstr(s, "<polyline"));
@@ -626,7 +672,8 @@ START_TEST(svg_line_plot_single_and_constant) {
   ck_assert_ptr_null(strstr(s, "inf"));
   free(s);
   float flat[5] = {0, 0, 0, 0, 0};
-  ck_assert_int_eq(dpt_svg_line_plot(t.path, "t", "x", "y", flat, 5, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, "t", "x", "y", flat, 5, err, sizeof err),
+                   DP_OK);
   s = slurp(t.path);
   ck_assert_ptr_nonnull(strstr(s, "<polyline"));
   ck_assert_ptr_null(strstr(s, "nan"));
@@ -634,7 +681,8 @@ START_TEST(svg_line_plot_single_and_constant) {
   free(s);
   /* a diverged value splits the line */
   float gap[5] = {1, 2, NAN, 3, 4};
-  ck_assert_int_eq(dpt_svg_line_plot(t.path, "t", "x", "y", gap, 5, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_svg_line_plot(t.path, "t", "x", "y", gap, 5, err, sizeof err),
+                   DP_OK);
   s = slurp(t.path);
   ck_assert_int_eq(count_of(s, "<polyline"), 2);
   ck_assert_ptr_null(strstr(s, "nan"));
@@ -646,9 +694,9 @@ END_TEST
 START_TEST(svg_line_plot_errors) {
   float y[3] = {1, 2, 3};
   char err[256] = "";
-  ck_assert_int_eq(dpt_svg_line_plot("/nonexistent/dir/plot.svg", "t", "x", "y", y, 3, err,
-                                     sizeof err),
-                   DP_ERR_IO);
+  ck_assert_int_eq(
+      dpt_svg_line_plot("/nonexistent/dir/plot.svg", "t", "x", "y", y, 3, err, sizeof err),
+      DP_ERR_IO);
   ck_assert_str_eq(err,
                    "/nonexistent/dir/plot.svg: cannot open for writing: No such file or "
                    "directory");
@@ -674,8 +722,8 @@ START_TEST(svg_stacked_bars_writes_file) {
       1.5 * 1048576, 0, 1.5 * 1048576, 0,             /* gpu1 */
   };
   char err[256] = "";
-  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, v, err,
-                                        sizeof err),
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, v,
+                                        err, sizeof err),
                    DP_OK);
   char *s = slurp(t.path);
   ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
@@ -684,7 +732,7 @@ START_TEST(svg_stacked_bars_writes_file) {
   ck_assert_ptr_nonnull(strstr(s, ">gpu1<"));
   ck_assert_ptr_nonnull(strstr(s, "gathered &lt;outputs&gt;"));
   ck_assert_ptr_nonnull(strstr(s, ">6.50 MiB<")); /* gpu0's total */
-  ck_assert_ptr_null(strstr(s, "unused"));          /* zero everywhere: no legend */
+  ck_assert_ptr_null(strstr(s, "unused"));        /* zero everywhere: no legend */
   /* 5 non-zero segments drawn, each with a tooltip */
   ck_assert_int_eq(count_of(s, "<title>"), 5);
   free(s);
@@ -703,8 +751,9 @@ END_TEST
 START_TEST(svg_stacked_bars_errors) {
   const double v[] = {1, -1};
   char err[256] = "";
-  ck_assert_int_eq(dpt_svg_stacked_bars("/tmp/x.svg", "t", 1, NULL, 2, NULL, v, err, sizeof err),
-                   DP_ERR_INVALID);
+  ck_assert_int_eq(
+      dpt_svg_stacked_bars("/tmp/x.svg", "t", 1, NULL, 2, NULL, v, err, sizeof err),
+      DP_ERR_INVALID);
   ck_assert_str_eq(err,
                    "dpt_svg_stacked_bars: bar 0 segment 1: value -1 is not a finite byte "
                    "count >= 0");
@@ -712,8 +761,9 @@ START_TEST(svg_stacked_bars_errors) {
   ck_assert_int_eq(dpt_svg_stacked_bars("/nonexistent/dir/b.svg", "t", 1, NULL, 2, NULL, w,
                                         err, sizeof err),
                    DP_ERR_IO);
-  ck_assert_int_eq(dpt_svg_stacked_bars("/tmp/x.svg", "t", 0, NULL, 2, NULL, w, err, sizeof err),
-                   DP_ERR_INVALID);
+  ck_assert_int_eq(
+      dpt_svg_stacked_bars("/tmp/x.svg", "t", 0, NULL, 2, NULL, w, err, sizeof err),
+      DP_ERR_INVALID);
 }
 END_TEST
 
@@ -744,6 +794,7 @@ Suite *data_suite(void) {
   tcase_add_test(tc, csv_error_non_finite);
   tcase_add_test(tc, csv_error_empty_file);
   tcase_add_test(tc, csv_error_missing_file_and_args);
+  tcase_add_test(tc, csv_fifo_without_writer_is_refused_at_once);
   tcase_add_test(tc, csv_error_long_field_is_shortened);
   tcase_add_test(tc, csv_error_nul_byte);
   tcase_add_test(tc, csv_many_rows_grow);

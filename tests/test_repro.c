@@ -192,7 +192,7 @@ static int library_runs(const char *spec, int batch, int micro, int n, dp_mode m
   c.n_devices = n;
   c.mode = mode;
   c.shard_optimizer = shard;
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   int ok = dp_plan_create(m, &c, &p) == DP_OK;
   dp_plan_free(p);
   dp_model_free(m);

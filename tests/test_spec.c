@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -24,7 +25,8 @@ static dp_model *parse_ok(const char *text) {
 
 /* Parsing `text` as "m.dpm" fails with `want` and a message that starts with
  * "m.dpm:LINE:COL: " and contains `needle`. */
-static void parse_bad_as(const char *text, dp_status want, int line, int col, const char *needle) {
+static void parse_bad_as(const char *text, dp_status want, int line, int col,
+                         const char *needle) {
   dp_model *m = (dp_model *)(uintptr_t)1;
   dp_status s = dp_model_parse(text, "m.dpm", &m);
   ck_assert_msg(s == want, "'%s': status %s, want %s (error: %s)", text, dp_status_name(s),
@@ -33,8 +35,8 @@ static void parse_bad_as(const char *text, dp_status want, int line, int col, co
   char prefix[64];
   snprintf(prefix, sizeof prefix, "m.dpm:%d:%d: ", line, col);
   const char *e = dp_last_error();
-  ck_assert_msg(strncmp(e, prefix, strlen(prefix)) == 0, "'%s': error '%s' does not start with '%s'",
-                text, e, prefix);
+  ck_assert_msg(strncmp(e, prefix, strlen(prefix)) == 0,
+                "'%s': error '%s' does not start with '%s'", text, e, prefix);
   ck_assert_msg(strstr(e, needle) != NULL, "'%s': error '%s' lacks '%s'", text, e, needle);
 }
 
@@ -53,7 +55,8 @@ static void assert_same_model(const dp_model *a, const dp_model *b) {
     ck_assert_int_eq(x->in, y->in);
     ck_assert_int_eq(x->out, y->out);
     ck_assert_int_eq(x->bias, y->bias);
-    ck_assert_msg(x->p == y->p, "layer %d: dropout p %.9g != %.9g", i, (double)x->p, (double)y->p);
+    ck_assert_msg(x->p == y->p, "layer %d: dropout p %.9g != %.9g", i, (double)x->p,
+                  (double)y->p);
     ck_assert_uint_eq(x->param_off, y->param_off);
     ck_assert_uint_eq(x->n_params, y->n_params);
   }
@@ -64,7 +67,8 @@ static void assert_same_model(const dp_model *a, const dp_model *b) {
 START_TEST(unknown_layer_is_named_with_its_position) {
   parse_bad("input 4\nconv 3\n", 2, 1, "unknown layer 'conv'");
   parse_bad("input 4\nlinear 3\n\n    softmax\n", 4, 5, "unknown layer 'softmax'");
-  parse_bad("input 4\nLinear 3\n", 2, 1, "unknown layer 'Linear'"); /* keywords are lowercase */
+  parse_bad("input 4\nLinear 3\n", 2, 1,
+            "unknown layer 'Linear'"); /* keywords are lowercase */
 }
 END_TEST
 
@@ -76,7 +80,8 @@ START_TEST(missing_width_points_after_the_keyword) {
 END_TEST
 
 START_TEST(invalid_width_is_refused_at_its_column) {
-  parse_bad("input 4\nlinear abc\n", 2, 8, "linear: expected a positive integer, got 'abc'");
+  parse_bad("input 4\nlinear abc\n", 2, 8,
+            "linear: expected a positive integer, got 'abc'");
   parse_bad("input 4\nlinear 3.5\n", 2, 8, "expected a positive integer, got '3.5'");
   parse_bad("input 4\nlinear +3\n", 2, 8, "expected a positive integer, got '+3'");
   parse_bad("input 4\nlinear 0x10\n", 2, 8, "expected a positive integer");
@@ -98,20 +103,64 @@ START_TEST(negative_width_is_refused) {
 END_TEST
 
 START_TEST(huge_width_is_out_of_range_not_wrapped) {
-  parse_bad("input 2147483648\n", 1, 7, "width 2147483648 is out of range (1..2147483647)");
-  parse_bad("input 3\nlinear 4294967297\n", 2, 8, "out of range");          /* wraps to 1 as u32 */
-  parse_bad("input 3\nlinear 99999999999999999999\n", 2, 8, "out of range"); /* > LONG_MAX */
-  parse_bad("input 3\nlinear 1234567890123456789012345678901234567890\n", 2, 8,
-            "expected a positive integer"); /* a token longer than any width */
+  parse_bad("input 2147483648\n", 1, 7, "width '2147483648' is too large (max 2147483647)");
+  parse_bad("input 3\nlinear 4294967297\n", 2, 8,
+            "too large (max 2147483647)"); /* u32 wrap */
+  parse_bad(
+      "input 3\nlinear 99999999999999999999\n", 2, 8,
+      "linear: width '99999999999999999999' is too large (max 2147483647)"); /* > LONG_MAX
+                                                                              */
+
   dp_model *m = parse_ok("input 2147483647\nlinear 1\n");
   ck_assert_int_eq(dp_model_input_width(m), 2147483647);
   dp_model_free(m);
 }
 END_TEST
 
+/* Issue 12: a width longer than any int said "expected a positive integer" and
+ * cut its echo without the closing quote. It is too large, and the echo is
+ * shortened with "..." inside its quotes. */
+START_TEST(overlong_width_is_too_large_and_its_echo_is_closed) {
+  parse_bad("input 3\nlinear 1234567890123456789012345678901234567890\n", 2, 8,
+            "linear: width '1234567890123456789012345678901234567890' is too large (max "
+            "2147483647)");
+  char text[4200] = "input 3\nlinear ";
+  size_t n = strlen(text);
+  memset(text + n, '9', 4000);
+  strcpy(text + n + 4000, "\n");
+  parse_bad(text, 2, 8,
+            "linear: width '99999999999999999999999999999999...' is too large (max "
+            "2147483647)");
+  ck_assert_msg(strlen(dp_last_error()) < 200, "%s", dp_last_error());
+  /* a long token that is not a number: echoed shortened, quote closed */
+  memset(text + n, 'x', 4000);
+  parse_bad(text, 2, 8,
+            "expected a positive integer, got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'");
+  /* leading zeros are still a width */
+  dp_model *m = parse_ok("input 3\nlinear 00000000000000000000000000000000000000000007\n");
+  ck_assert_int_eq(dp_model_output_width(m), 7);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(long_unknown_words_are_echoed_with_a_closing_quote) {
+  char text[2100] = "input 3\n";
+  size_t n = strlen(text);
+  memset(text + n, 'q', 2000);
+  strcpy(text + n + 2000, "\n");
+  parse_bad(text, 2, 1, "unknown layer 'qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq...' (expected");
+  strcpy(text, "input 3\nloss ");
+  n = strlen(text);
+  memset(text + n, 'q', 2000);
+  strcpy(text + n + 2000, "\n");
+  parse_bad(text, 2, 6, "unknown loss 'qqqqqqqqqqqqqqqqqqqqqqqqqqqqqqqq...' (expected");
+}
+END_TEST
+
 START_TEST(first_line_must_be_input) {
   parse_bad("linear 3\n", 1, 1, "expected 'input N' first, got 'linear'");
-  parse_bad("# a comment\n\n   relu\ninput 3\n", 3, 4, "expected 'input N' first, got 'relu'");
+  parse_bad("# a comment\n\n   relu\ninput 3\n", 3, 4,
+            "expected 'input N' first, got 'relu'");
   parse_bad("loss mse\n", 1, 1, "expected 'input N' first, got 'loss'");
 }
 END_TEST
@@ -123,7 +172,8 @@ START_TEST(duplicate_input_is_refused) {
 END_TEST
 
 START_TEST(misspelt_nobias_is_named) {
-  parse_bad("input 3\nlinear 4 nobais\n", 2, 10, "expected 'nobias' or end of line, got 'nobais'");
+  parse_bad("input 3\nlinear 4 nobais\n", 2, 10,
+            "expected 'nobias' or end of line, got 'nobais'");
   parse_bad("input 3\nlinear 4 bias\n", 2, 10, "got 'bias'");
   parse_bad("input 3\nlinear 4 NOBIAS\n", 2, 10, "got 'NOBIAS'");
 }
@@ -142,7 +192,8 @@ START_TEST(trailing_tokens_are_refused) {
 END_TEST
 
 START_TEST(dropout_probability_out_of_range) {
-  parse_bad("input 3\ndropout 1\n", 2, 9, "dropout: expected a probability in [0, 1), got '1'");
+  parse_bad("input 3\ndropout 1\n", 2, 9,
+            "dropout: expected a probability in [0, 1), got '1'");
   parse_bad("input 3\ndropout 1.5\n", 2, 9, "got '1.5'");
   parse_bad("input 3\ndropout -0.1\n", 2, 9, "got '-0.1'");
   parse_bad("input 3\ndropout inf\n", 2, 9, "got 'inf'");
@@ -154,7 +205,8 @@ START_TEST(dropout_probability_out_of_range) {
 END_TEST
 
 START_TEST(dropout_probability_not_a_number) {
-  parse_bad("input 3\ndropout abc\n", 2, 9, "dropout: expected a probability in [0, 1), got 'abc'");
+  parse_bad("input 3\ndropout abc\n", 2, 9,
+            "dropout: expected a probability in [0, 1), got 'abc'");
   parse_bad("input 3\ndropout 0.5x\n", 2, 9, "got '0.5x'");
   parse_bad("input 3\ndropout nan\n", 2, 9, "got 'nan'");
   parse_bad("input 3\ndropout\n", 2, 9, "expected a probability after 'dropout'");
@@ -166,7 +218,8 @@ END_TEST
 START_TEST(unknown_loss_is_named) {
   parse_bad("input 3\nlinear 2\nloss l1\n", 3, 6,
             "unknown loss 'l1' (expected mse or softmax_cross_entropy)");
-  parse_bad("input 3\nlinear 2\nloss   cross_entropy\n", 3, 8, "unknown loss 'cross_entropy'");
+  parse_bad("input 3\nlinear 2\nloss   cross_entropy\n", 3, 8,
+            "unknown loss 'cross_entropy'");
 }
 END_TEST
 
@@ -180,8 +233,10 @@ END_TEST
 START_TEST(a_layer_after_the_loss_is_refused) {
   parse_bad("input 3\nlinear 2\nloss mse\nrelu\n", 4, 1,
             "unexpected 'relu': the loss must be the last line");
-  parse_bad("input 3\nlinear 2\nloss mse\n\n# more\n  linear 4\n", 6, 3, "unexpected 'linear'");
-  parse_bad("input 3\nlinear 2\nloss mse\nloss mse\n", 4, 1, "the loss must be the last line");
+  parse_bad("input 3\nlinear 2\nloss mse\n\n# more\n  linear 4\n", 6, 3,
+            "unexpected 'linear'");
+  parse_bad("input 3\nlinear 2\nloss mse\nloss mse\n", 4, 1,
+            "the loss must be the last line");
 }
 END_TEST
 
@@ -223,7 +278,8 @@ START_TEST(errors_name_the_source) {
   ck_assert_int_eq(dp_model_parse("relu\n", NULL, &m), DP_ERR_PARSE);
   ck_assert_msg(strncmp(dp_last_error(), "<spec>:1:1: ", 12) == 0, "%s", dp_last_error());
   ck_assert_int_eq(dp_model_parse("relu\n", "nets/a.dpm", &m), DP_ERR_PARSE);
-  ck_assert_msg(strncmp(dp_last_error(), "nets/a.dpm:1:1: ", 16) == 0, "%s", dp_last_error());
+  ck_assert_msg(strncmp(dp_last_error(), "nets/a.dpm:1:1: ", 16) == 0, "%s",
+                dp_last_error());
 }
 END_TEST
 
@@ -283,8 +339,9 @@ END_TEST
 /* ---- shapes ------------------------------------------------------------------ */
 
 START_TEST(widths_are_inferred_layer_by_layer) {
-  dp_model *m = parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
-                         "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
+  dp_model *m =
+      parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
+               "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
   static const struct {
     dp_layer_kind k;
     int in, out;
@@ -308,8 +365,9 @@ START_TEST(widths_are_inferred_layer_by_layer) {
 END_TEST
 
 START_TEST(n_params_follow_state_dict_order) {
-  dp_model *m = parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
-                         "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
+  dp_model *m =
+      parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
+               "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
   /* linear 5->8: weight 8*5 + bias 8 = 48 at 0
    * layernorm 8: weight 8 + bias 8 = 16 at 48
    * linear 8->3 nobias: weight 3*8 = 24 at 64
@@ -336,7 +394,8 @@ START_TEST(layernorm_has_two_n_params) {
 END_TEST
 
 START_TEST(nobias_drops_the_bias) {
-  dp_model *a = parse_ok("input 5\nlinear 2\n"), *b = parse_ok("input 5\nlinear 2 nobias\n");
+  dp_model *a = parse_ok("input 5\nlinear 2\n"),
+           *b = parse_ok("input 5\nlinear 2 nobias\n");
   ck_assert_uint_eq(dp_model_n_params(a), 12);
   ck_assert_uint_eq(dp_model_n_params(b), 10);
   ck_assert_int_eq(a->layers[0].bias, 1);
@@ -391,7 +450,8 @@ START_TEST(format_round_trips_through_parse) {
       "input 5\nlinear 2\nloss mse\n",
       "input 5\nlinear 2\n",
       "input 3\nrelu\n",
-      ("input 64\nlinear 128\ngelu\nlayernorm\ndropout 0.1\nlinear 10 nobias\ntanh\nsigmoid\n"
+      ("input 64\nlinear 128\ngelu\nlayernorm\ndropout 0.1\nlinear 10 "
+       "nobias\ntanh\nsigmoid\n"
        "linear 4\nloss softmax_cross_entropy\n"),
       "input 2147483647\nlinear 1 nobias\n",
   };
@@ -420,8 +480,8 @@ START_TEST(format_round_trips_any_dropout_probability) {
     ck_assert_int_eq(dp_model_add_dropout(a, ps[i]), DP_OK);
     char *s = format_alloc(a);
     dp_model *b = parse_ok(s);
-    ck_assert_msg(b->layers[0].p == ps[i], "p %.9g formatted as '%s' parses to %.9g", (double)ps[i],
-                  s, (double)b->layers[0].p);
+    ck_assert_msg(b->layers[0].p == ps[i], "p %.9g formatted as '%s' parses to %.9g",
+                  (double)ps[i], s, (double)b->layers[0].p);
     free(s);
     dp_model_free(a);
     dp_model_free(b);
@@ -480,7 +540,33 @@ START_TEST(load_of_a_directory_is_an_io_error) {
   dp_model *m = (dp_model *)(uintptr_t)1;
   ck_assert_int_eq(dp_model_load("/tmp", &m), DP_ERR_IO);
   ck_assert_ptr_null(m);
-  ck_assert_msg(strstr(dp_last_error(), "/tmp") != NULL, "%s", dp_last_error());
+  /* issue 12: it said only "read error" */
+  ck_assert_msg(strstr(dp_last_error(), "/tmp: is a directory, not a model spec") != NULL,
+                "%s", dp_last_error());
+}
+END_TEST
+
+/* Issue 12: a FIFO with no writer blocked dp_model_load for ever. It is
+ * refused at once as not a regular file (the alarm turns a regression into a
+ * failure instead of a hang). */
+START_TEST(load_of_a_fifo_without_writer_does_not_block) {
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dp_test_spec_fifo_%ld", (long)getpid());
+  unlink(path);
+  ck_assert_int_eq(mkfifo(path, 0600), 0);
+  alarm(10);
+  dp_model *m = (dp_model *)(uintptr_t)1;
+  dp_status s = dp_model_load(path, &m);
+  alarm(0);
+  unlink(path);
+  ck_assert_int_eq(s, DP_ERR_IO);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(dp_last_error(), "not a regular file (a FIFO)"), "%s",
+                dp_last_error());
+  /* a character device is not a spec either */
+  ck_assert_int_eq(dp_model_load("/dev/null", &m), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_last_error(), "/dev/null: not a regular file (a device)"), "%s",
+                dp_last_error());
 }
 END_TEST
 
@@ -506,12 +592,23 @@ START_TEST(load_reads_a_file_and_names_it_in_errors) {
   ck_assert_int_eq(dp_model_load(path, &m), DP_ERR_PARSE);
   char prefix[96];
   snprintf(prefix, sizeof prefix, "%s:3:1: unknown layer 'linar'", path);
-  ck_assert_msg(strncmp(dp_last_error(), prefix, strlen(prefix)) == 0, "%s", dp_last_error());
+  ck_assert_msg(strncmp(dp_last_error(), prefix, strlen(prefix)) == 0, "%s",
+                dp_last_error());
 
   const char nul[] = "input 5\n\0linear 2\n";
   write_file(path, nul, sizeof nul - 1);
   ck_assert_int_eq(dp_model_load(path, &m), DP_ERR_PARSE);
   ck_assert_ptr_null(m);
+  /* issue 12: the NUL byte has a line and column, like every spec error */
+  snprintf(prefix, sizeof prefix, "%s:2:1: NUL byte", path);
+  ck_assert_msg(strncmp(dp_last_error(), prefix, strlen(prefix)) == 0, "%s",
+                dp_last_error());
+  const char nul2[] = "input 5\nlinear 2\nre\0lu\n";
+  write_file(path, nul2, sizeof nul2 - 1);
+  ck_assert_int_eq(dp_model_load(path, &m), DP_ERR_PARSE);
+  snprintf(prefix, sizeof prefix, "%s:3:3: NUL byte", path);
+  ck_assert_msg(strncmp(dp_last_error(), prefix, strlen(prefix)) == 0, "%s",
+                dp_last_error());
   unlink(path);
 }
 END_TEST
@@ -545,8 +642,9 @@ START_TEST(builder_matches_the_parser) {
   ck_assert_int_eq(dp_model_add_dropout(a, 0.5f), DP_OK);
   ck_assert_int_eq(dp_model_add_linear(a, 2, 0), DP_OK);
   ck_assert_int_eq(dp_model_set_loss(a, DP_LOSS_MSE), DP_OK);
-  dp_model *b = parse_ok("input 5\nlinear 8\nrelu\nlayernorm\ndropout 0.5\nlinear 2 nobias\n"
-                         "loss mse\n");
+  dp_model *b =
+      parse_ok("input 5\nlinear 8\nrelu\nlayernorm\ndropout 0.5\nlinear 2 nobias\n"
+               "loss mse\n");
   assert_same_model(a, b);
   dp_model_free(a);
   dp_model_free(b);
@@ -612,7 +710,8 @@ END_TEST
 START_TEST(builder_refuses_too_many_layers) {
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_new(3, &m), DP_OK);
-  for (int i = 0; i < DP_MAX_LAYERS; i++) ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK);
+  for (int i = 0; i < DP_MAX_LAYERS; i++)
+    ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK);
   ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_n_layers(m), DP_MAX_LAYERS);
   dp_model_free(m);
@@ -646,7 +745,7 @@ START_TEST(absurd_dims_parse_but_planning_overflows) {
   ck_assert_uint_eq(dp_model_n_params(m), (size_t)4000000002000000000ull);
   dp_config c = cfg_of(30, 2, 0);
   plan_overflows(m, &c);
-  c.optimizer = DP_OPT_ADAMW;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   plan_overflows(m, &c);
   c.backend = DP_BACKEND_CUDA;
   plan_overflows(m, &c);
@@ -662,7 +761,8 @@ START_TEST(absurd_dims_inference_plans_without_wrapping) {
   dp_plan *p = NULL;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size, (size_t)16000000008000000000ull);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size,
+                      (size_t)16000000008000000000ull);
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_INPUTS).size, (size_t)8000000000ull);
     ck_assert(dp_plan_device_bytes(p, d) >= (size_t)16000000024000000000ull);
   }
@@ -686,7 +786,8 @@ START_TEST(absurd_param_count_overflows_in_the_parser) {
                DP_ERR_OVERFLOW, 6, 1, "overflow");
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_new(2000000000, &m), DP_OK);
-  for (int i = 0; i < 4; i++) ck_assert_int_eq(dp_model_add_linear(m, 2000000000, 1), DP_OK);
+  for (int i = 0; i < 4; i++)
+    ck_assert_int_eq(dp_model_add_linear(m, 2000000000, 1), DP_OK);
   ck_assert_int_eq(dp_model_add_linear(m, 2000000000, 1), DP_ERR_OVERFLOW);
   ck_assert_int_eq(dp_model_n_layers(m), 4);
   dp_model_free(m);
@@ -732,6 +833,8 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, zero_width_is_out_of_range);
   tcase_add_test(tc, negative_width_is_refused);
   tcase_add_test(tc, huge_width_is_out_of_range_not_wrapped);
+  tcase_add_test(tc, overlong_width_is_too_large_and_its_echo_is_closed);
+  tcase_add_test(tc, long_unknown_words_are_echoed_with_a_closing_quote);
   tcase_add_test(tc, first_line_must_be_input);
   tcase_add_test(tc, duplicate_input_is_refused);
   tcase_add_test(tc, misspelt_nobias_is_named);
@@ -776,6 +879,7 @@ Suite *spec_suite(void) {
   tc = tcase_create("load");
   tcase_add_test(tc, load_of_a_missing_file_is_an_io_error);
   tcase_add_test(tc, load_of_a_directory_is_an_io_error);
+  tcase_add_test(tc, load_of_a_fifo_without_writer_does_not_block);
   tcase_add_test(tc, load_of_a_null_path_is_invalid);
   tcase_add_test(tc, load_reads_a_file_and_names_it_in_errors);
   tcase_add_test(tc, load_reads_files_larger_than_its_first_buffer);

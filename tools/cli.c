@@ -3,14 +3,18 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sched.h>
 #include <strings.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 static int fail(char *err, size_t errcap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -350,6 +354,8 @@ static const struct option common_options[] = {
     {"tf32", no_argument, NULL, DPT_OPT_TF32},
     {"fast-collectives", no_argument, NULL, DPT_OPT_FAST_COLLECTIVES},
     {"transport", required_argument, NULL, DPT_OPT_TRANSPORT},
+    {"dampening", required_argument, NULL, DPT_OPT_DAMPENING},
+    {"nesterov", no_argument, NULL, DPT_OPT_NESTEROV},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -358,6 +364,17 @@ static const struct option common_options[] = {
 int dpt_given(const dpt_common *c, int code) {
   if (!c || code < DPT_OPT_BATCH || code >= DPT_OPT_COMMON_END) return 0;
   return (int)((c->given >> (code - DPT_OPT_BATCH)) & 1ul);
+}
+
+/* A number in [0, 1) (momentum, betas). */
+static int parse_below_one(const char *arg, const char *what, float *out, char *err,
+                           size_t errcap) {
+  float v;
+  if (dpt_parse_float(arg, 0, 1, what, &v, err, errcap)) return -1;
+  if (v >= 1.0f) /* 1, or a value that rounds to 1 as a float */
+    return fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
+  *out = v;
+  return 0;
 }
 
 static int set_common(int code, const char *arg, dp_config *c, char *err, size_t errcap) {
@@ -370,25 +387,35 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_MICRO_BATCH:
     return dpt_parse_int(arg, 0, INT_MAX, "--micro-batch", &c->micro_batch, err, errcap);
   case DPT_OPT_MODE: return dpt_parse_mode(arg, &c->mode, err, errcap);
-  case DPT_OPT_OPTIMIZER: return dpt_parse_optimizer(arg, &c->optimizer, err, errcap);
+  case DPT_OPT_OPTIMIZER: {
+    dp_optimizer o;
+    if (dpt_parse_optimizer(arg, &o, err, errcap)) return -1;
+    dp_config_set_optimizer(c, o); /* PyTorch's defaults for it */
+    return 0;
+  }
   case DPT_OPT_INFERENCE: c->inference = 1; return 0;
   case DPT_OPT_BACKEND: return dpt_parse_backend(arg, &c->backend, err, errcap);
-  case DPT_OPT_LR: return dpt_parse_float(arg, 0, FLT_MAX, "--lr", &c->lr, err, errcap);
+  case DPT_OPT_LR: /* 0 is the planner's to refuse, per configuration (dp repro) */
+    return dpt_parse_float(arg, 0, FLT_MAX, "--lr", &c->lr, err, errcap);
   case DPT_OPT_MOMENTUM:
-    return dpt_parse_float(arg, 0, 1, "--momentum", &c->momentum, err, errcap);
+    return parse_below_one(arg, "--momentum", &c->momentum, err, errcap);
+  case DPT_OPT_DAMPENING:
+    return dpt_parse_float(arg, 0, 1, "--dampening", &c->dampening, err, errcap);
+  case DPT_OPT_NESTEROV: c->nesterov = 1; return 0;
   case DPT_OPT_WEIGHT_DECAY:
     return dpt_parse_float(arg, 0, FLT_MAX, "--weight-decay", &c->weight_decay, err,
                            errcap);
-  case DPT_OPT_BETA1:
-  case DPT_OPT_BETA2: {
-    const char *what = code == DPT_OPT_BETA1 ? "--beta1" : "--beta2";
+  case DPT_OPT_BETA1: return parse_below_one(arg, "--beta1", &c->beta1, err, errcap);
+  case DPT_OPT_BETA2: return parse_below_one(arg, "--beta2", &c->beta2, err, errcap);
+  case DPT_OPT_EPS: {
     float v;
-    if (dpt_parse_float(arg, 0, 1, what, &v, err, errcap)) return -1;
-    if (v >= 1.0f) return fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
-    *(code == DPT_OPT_BETA1 ? &c->beta1 : &c->beta2) = v;
+    if (dpt_parse_float(arg, 0, FLT_MAX, "--eps", &v, err, errcap)) return -1;
+    if (!(v > 0.0f))
+      return fail(err, errcap, "--eps: %s is not above 0 (AdamW divides by sqrt(v) + eps)",
+                  arg);
+    c->eps = v;
     return 0;
   }
-  case DPT_OPT_EPS: return dpt_parse_float(arg, 0, 1, "--eps", &c->eps, err, errcap);
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
   case DPT_OPT_GRAPH: c->cuda_graph = 1; return 0;
@@ -436,6 +463,15 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   }
   memset(&opts[n], 0, sizeof opts[n]);
 
+  /* The common options' values, in command-line order: checked as they come
+   * (on a scratch config), applied after the loop with --optimizer first. */
+  enum { N_CODES = DPT_OPT_COMMON_END - DPT_OPT_BATCH };
+  int order[N_CODES];
+  const char *value[N_CODES];
+  int n_given = 0;
+  int seen_extra[MAX_EXTRA], n_seen_extra = 0;
+  dp_config scratch = *cfg;
+
   optind = 0; /* glibc: 0 forces a full reinitialisation of getopt's state */
   opterr = 0;
   int c;
@@ -465,13 +501,31 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
       return fail(err, errcap, "bad option '%s'", tok);
     }
     if (c >= DPT_OPT_BATCH && c < DPT_OPT_COMMON_END) {
-      if (set_common(c, optarg, cfg, err, errcap)) return DPT_ARGS_ERROR;
+      if (dpt_given(common, c) && optarg)
+        return fail(err, errcap, "--%s given twice", option_name(opts, c));
+      if (set_common(c, optarg, &scratch, err, errcap)) return DPT_ARGS_ERROR;
       common->given |= 1ul << (c - DPT_OPT_BATCH);
+      order[n_given] = c;
+      value[n_given++] = optarg;
       continue;
     }
+    for (int i = 0; optarg && i < n_seen_extra; i++) /* a flag may repeat (-v -v) */
+      if (seen_extra[i] == c) {
+        const char *name = option_name(opts, c);
+        if (name) return fail(err, errcap, "--%s given twice", name);
+        return fail(err, errcap, "-%c given twice", c);
+      }
+    if (n_seen_extra < MAX_EXTRA) seen_extra[n_seen_extra++] = c;
     if (!fn) return fail(err, errcap, "internal: no handler for option '%s'", tok);
     if (fn(user, c, optarg, err, errcap)) return DPT_ARGS_ERROR;
   }
+  /* --optimizer sets PyTorch's defaults for it; the explicit options override */
+  for (int i = 0; i < n_given; i++)
+    if (order[i] == DPT_OPT_OPTIMIZER && set_common(order[i], value[i], cfg, err, errcap))
+      return DPT_ARGS_ERROR;
+  for (int i = 0; i < n_given; i++)
+    if (order[i] != DPT_OPT_OPTIMIZER && set_common(order[i], value[i], cfg, err, errcap))
+      return DPT_ARGS_ERROR;
   common->first_arg = optind;
   common->n_args = argc - optind;
   return DPT_ARGS_OK;
@@ -534,15 +588,25 @@ void dpt_print_common_help(FILE *f) {
         "                          many GPUs, bit-identical run to run only on a fixed\n"
         "                          topology and device count. The cpu backend refuses\n"
         "                          these four.\n"
-        "  --lr X                  learning rate (default 0.01)\n"
-        "  --momentum X            momentum optimizer, in [0, 1] (default 0.9)\n"
-        "  --weight-decay X        sgd/momentum: L2 added to the gradient (default 0);\n"
-        "                          adamw: decoupled decay (default 0.01)\n"
-        "  --beta1 X, --beta2 X    adamw, in [0, 1) (default 0.9, 0.999)\n"
-        "  --eps X                 adamw (default 1e-8)\n"
+        "  --lr X                  learning rate, > 0 (default 0.01)\n"
+        "Optimizer settings are PyTorch's, with its defaults: --optimizer sets the\n"
+        "defaults of the optimizer it names (whatever the option order), then the\n"
+        "options below override them:\n"
+        "    sgd      = torch.optim.SGD: momentum 0, dampening 0, no nesterov,\n"
+        "               weight decay 0 (SGD with --momentum X > 0 is momentum SGD)\n"
+        "    momentum = the same with momentum 0.9\n"
+        "    adamw    = torch.optim.AdamW: betas 0.9 0.999, eps 1e-8, weight decay 0.01\n"
+        "  --momentum X            sgd/momentum, in [0, 1) (default 0; momentum: 0.9)\n"
+        "  --dampening X           sgd/momentum with momentum > 0, in [0, 1] (default 0)\n"
+        "  --nesterov              sgd/momentum: Nesterov momentum (needs momentum > 0\n"
+        "                          and dampening 0)\n"
+        "  --weight-decay X        >= 0; sgd/momentum: L2 added to the gradient\n"
+        "                          (default 0); adamw: decoupled decay (default 0.01)\n"
+        "  --beta1 X, --beta2 X    adamw, each in [0, 1) (default 0.9, 0.999)\n"
+        "  --eps X                 adamw, > 0 (default 1e-8)\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
         "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
-        "an option name is accepted.\n",
+        "an option name is accepted; an option that takes a value may be given once.\n",
         f);
 }
 
@@ -569,7 +633,9 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     fputs("inference", f);
   } else {
     fprintf(f, "%s (lr %g", dpt_optimizer_name(c->optimizer), (double)c->lr);
-    if (c->optimizer == DP_OPT_MOMENTUM) fprintf(f, ", momentum %g", (double)c->momentum);
+    if (c->momentum > 0.0f) fprintf(f, ", momentum %g", (double)c->momentum);
+    if (c->dampening != 0.0f) fprintf(f, ", dampening %g", (double)c->dampening);
+    if (c->nesterov) fputs(", nesterov", f);
     if (c->optimizer == DP_OPT_ADAMW)
       fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2,
               (double)c->eps);
@@ -599,11 +665,156 @@ int dpt_require_backend(const dp_config *c, char *err, size_t errcap) {
                 "found no nvcc, or --cpu-only)");
   if (dp_cuda_device_count() > 0) return 0;
   /* the library's reason starts "no usable GPU" */
-  return fail(err, errcap, "--backend cuda: %s", dp_last_error());
+  return fail(err, errcap, "--backend cuda: %s", dpt_user_msg(dp_last_error()));
 }
 
 double dpt_now_s(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- messages and files for people ------------------------------------------- */
+
+/* Length of a library location " [name.c:123]" at s, or 0. */
+static size_t location_len(const char *s) {
+  if (s[0] != ' ' || s[1] != '[') return 0;
+  size_t i = 2;
+  int dot = 0;
+  while (isalnum((unsigned char)s[i]) || s[i] == '_' || s[i] == '-' || s[i] == '.') {
+    dot |= s[i] == '.';
+    i++;
+  }
+  if (i == 2 || !dot || s[i] != ':' || !isdigit((unsigned char)s[i + 1])) return 0;
+  i++;
+  while (isdigit((unsigned char)s[i])) i++;
+  return s[i] == ']' ? i + 1 : 0;
+}
+
+const char *dpt_user_msg(const char *lib_msg) {
+  static char buf[2048];
+  size_t j = 0;
+  for (const char *p = lib_msg ? lib_msg : ""; *p && j + 1 < sizeof buf;) {
+    size_t skip = location_len(p);
+    if (skip) {
+      p += skip;
+      continue;
+    }
+    buf[j++] = *p++;
+  }
+  buf[j] = '\0';
+  return buf;
+}
+
+/* What a file that is not a regular file is. */
+static const char *not_regular(mode_t m) {
+  if (S_ISDIR(m)) return "is a directory";
+  if (S_ISFIFO(m)) return "is a FIFO (named pipe), not a regular file";
+  if (S_ISCHR(m) || S_ISBLK(m)) return "is a device, not a regular file";
+  if (S_ISSOCK(m)) return "is a socket, not a regular file";
+  return "is not a regular file";
+}
+
+int dpt_open_regular(const char *path, const char *what, char *err, size_t errcap) {
+  if (!path || !*path) return fail(err, errcap, "cannot read %s: empty file name", what);
+  /* O_NONBLOCK: opening a FIFO that has no writer returns at once, so that
+   * the type check below happens instead of a wait for a writer */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return fail(err, errcap, "cannot read %s '%s': %s", what, path,
+                not_regular(st.st_mode));
+  }
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+    int e = errno;
+    close(fd);
+    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
+  }
+  return fd;
+}
+
+int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap) {
+  *out = NULL;
+  int fd = dpt_open_regular(path, "model", err, errcap);
+  if (fd < 0) return -1;
+  close(fd);
+  if (dp_model_load(path, out) == DP_OK) return 0;
+  return fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+}
+
+int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
+                     size_t errcap) {
+  if ((c && c->inference) || dp_model_loss(m) != DP_LOSS_NONE) return 0;
+  return fail(err, errcap,
+              "model '%s' has no loss line; training needs one (end it with 'loss "
+              "softmax_cross_entropy' or 'loss mse'%s)",
+              path, c ? ", or plan with --inference" : "");
+}
+
+int dpt_check_writable(const char *path, const char *what, int replace, char *err,
+                       size_t errcap) {
+  if (!path || !*path) return fail(err, errcap, "cannot write %s: empty file name", what);
+  struct stat st;
+  int exists = stat(path, &st) == 0;
+  if (exists && S_ISDIR(st.st_mode))
+    return fail(err, errcap, "cannot write %s '%s': it is a directory", what, path);
+  if (replace) {
+    /* the temporary file a checkpoint is written to (lib/checkpoint.c) */
+    size_t n = strlen(path) + 32;
+    char *tmp = malloc(n);
+    if (!tmp) return fail(err, errcap, "out of memory");
+    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
+    int e = errno;
+    if (fd >= 0) {
+      close(fd);
+      unlink(tmp);
+    }
+    free(tmp);
+    if (fd < 0)
+      return fail(err, errcap, "cannot write %s '%s': %s", what, path, strerror(e));
+    return 0;
+  }
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK | O_CLOEXEC, 0644);
+  if (fd >= 0) { /* created here: removed again */
+    close(fd);
+    unlink(path);
+    return 0;
+  }
+  if (errno == EEXIST) fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0)
+    return fail(err, errcap, "cannot write %s '%s': %s", what, path, strerror(errno));
+  close(fd);
+  return 0;
+}
+
+int dpt_cpu_count(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
+                            int n_cpus) {
+  if (backend != DP_BACKEND_CPU || n_devices <= n_cpus) return 0;
+  fprintf(f,
+          "%s: warning: %d virtual devices on %d CPU%s: the cpu backend runs a thread per "
+          "device, so they take turns and steps are many times slower; use --devices %d "
+          "or fewer for speed (docs/TOOL.md)\n",
+          cmd, n_devices, n_cpus, n_cpus == 1 ? "" : "s", n_cpus);
+  return 1;
 }

@@ -127,6 +127,8 @@ enum {
   DPT_OPT_TF32,            /* no value: cfg.tf32 = 1 */
   DPT_OPT_TRANSPORT,
   DPT_OPT_FAST_COLLECTIVES, /* no value: cfg.fast_collectives = 1 */
+  DPT_OPT_DAMPENING,
+  DPT_OPT_NESTEROV, /* no value: cfg.nesterov = 1 */
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };
@@ -155,9 +157,15 @@ enum { DPT_ARGS_ERROR = -1, DPT_ARGS_OK = 0, DPT_ARGS_HELP = 1 };
  * arguments may appear anywhere (glibc permutes argv) and are counted in
  * *common, not refused — the command decides. "--" ends the options.
  *
- * Options not given keep dp_config_default's values (weight_decay stays the
- * library's "unset" sentinel, which the planner resolves per optimizer:
- * 0 for sgd/momentum, 0.01 for adamw).
+ * An option that takes a value given twice (common or the command's own) is
+ * refused: "--lr given twice"; a flag without a value may repeat (-v -v).
+ *
+ * The optimizer is PyTorch's: without --optimizer the config is
+ * dp_config_default's (SGD, momentum 0, dampening 0, nesterov off, weight decay
+ * 0); --optimizer applies dp_config_set_optimizer (momentum: momentum 0.9;
+ * adamw: weight decay 0.01) before every other option, wherever it stands on
+ * the command line, so that the explicit hyper-parameter options always
+ * override the optimizer's defaults. Values are checked in command-line order.
  *
  * getopt state: this function RESETS getopt (optind = 0, which makes glibc
  * reinitialise fully) before parsing, and sets opterr = 0 (getopt prints
@@ -166,7 +174,7 @@ enum { DPT_ARGS_ERROR = -1, DPT_ARGS_OK = 0, DPT_ARGS_HELP = 1 };
  *
  * Returns DPT_ARGS_OK; DPT_ARGS_HELP when -h/--help was met (parsing stops
  * there); DPT_ARGS_ERROR with a message in err (unknown option, missing or bad
- * value). `common` may be NULL. */
+ * value, an option given twice). `common` may be NULL. */
 int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
                    void *user, dp_config *cfg, dpt_common *common, char *err,
                    size_t errcap);
@@ -191,5 +199,50 @@ void dpt_print_config(FILE *f, const dp_config *c);
  * allocating anything, whatever the library would have said. Touches CUDA
  * (dp_cuda_device_count) only for a cuda config. */
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap);
+
+/* ---- messages and files for people -------------------------------------------- */
+
+/* A library message (dp_last_error, dp_ctx_error) for a person: every library
+ * source location (" [spec.c:240]") removed. Returns a static buffer that the
+ * next call overwrites (the tool is single-threaded). */
+const char *dpt_user_msg(const char *lib_msg);
+
+/* Opens path for reading without blocking on a FIFO (O_NONBLOCK, cleared after
+ * the type check) and refuses anything but a regular file. Returns the file
+ * descriptor, or -1 with "cannot read <what> '<path>': <why>" in err, <why>
+ * being the system's text ("No such file or directory"), "is a directory" or
+ * "not a regular file (a FIFO)". */
+int dpt_open_regular(const char *path, const char *what, char *err, size_t errcap);
+
+/* dp_model_load with messages for people: "cannot read model 'x.dpm': No such
+ * file or directory", "is a directory", ...; a parse error keeps its
+ * "x.dpm:3:5: " location and loses the library's. 0, or -1 with err. */
+int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap);
+
+/* Refuses a training plan of a model without a loss, naming the file: 0, or -1
+ * with "model 'x.dpm' has no loss line; ..." in err. c: the config of a command
+ * that can plan inference (a config with inference set passes; the message
+ * mentions --inference); NULL for a command that only trains. */
+int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
+                     size_t errcap);
+
+/* Checks, before any work, that `path` can be written by the tool later.
+ * replace = 1 (a checkpoint, written to a temporary file in the same directory
+ * and renamed over path): creates and removes such a temporary file, and
+ * refuses a path that is a directory. replace = 0 (a file written in place):
+ * opens path for writing without truncating it (removing it again when this
+ * call created it). 0, or -1 with "cannot write <what> '<path>': <strerror>". */
+int dpt_check_writable(const char *path, const char *what, int replace, char *err,
+                       size_t errcap);
+
+/* The CPUs this process may run on (sched_getaffinity; sysconf as fallback). */
+int dpt_cpu_count(void);
+
+/* The cpu backend runs one thread per virtual device: with more devices than
+ * CPUs (n_cpus) they take turns and every step is many times slower. Writes one
+ * warning line ("dp train: warning: ...\n") to f and returns 1 when
+ * cfg asks for the cpu backend with n_devices > n_cpus; else 0 and nothing. */
+int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
+                            int n_cpus);
 
 #endif

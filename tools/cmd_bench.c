@@ -23,9 +23,18 @@
  * memory at -O2, which would measure store forwarding instead). */
 #define FMA12(FMA)                                                                         \
   do {                                                                                     \
-    a0 = FMA(a0, m, c); a1 = FMA(a1, m, c); a2 = FMA(a2, m, c); a3 = FMA(a3, m, c);        \
-    a4 = FMA(a4, m, c); a5 = FMA(a5, m, c); a6 = FMA(a6, m, c); a7 = FMA(a7, m, c);        \
-    a8 = FMA(a8, m, c); a9 = FMA(a9, m, c); a10 = FMA(a10, m, c); a11 = FMA(a11, m, c);    \
+    a0 = FMA(a0, m, c);                                                                    \
+    a1 = FMA(a1, m, c);                                                                    \
+    a2 = FMA(a2, m, c);                                                                    \
+    a3 = FMA(a3, m, c);                                                                    \
+    a4 = FMA(a4, m, c);                                                                    \
+    a5 = FMA(a5, m, c);                                                                    \
+    a6 = FMA(a6, m, c);                                                                    \
+    a7 = FMA(a7, m, c);                                                                    \
+    a8 = FMA(a8, m, c);                                                                    \
+    a9 = FMA(a9, m, c);                                                                    \
+    a10 = FMA(a10, m, c);                                                                  \
+    a11 = FMA(a11, m, c);                                                                  \
   } while (0)
 
 __attribute__((target("avx512f"))) static double peak_avx512(long iters) {
@@ -62,7 +71,8 @@ __attribute__((target("avx2,fma"))) static double peak_avx2(long iters) {
 
 /* Best of a few runs of ~0.2 s: GFLOP/s of one core. 0 when unsupported. */
 static double measure_peak(int avx512) {
-  if (avx512 ? !__builtin_cpu_supports("avx512f") : !__builtin_cpu_supports("fma")) return 0.0;
+  if (avx512 ? !__builtin_cpu_supports("avx512f") : !__builtin_cpu_supports("fma"))
+    return 0.0;
   double best = 0.0;
   for (int r = 0; r < 5; r++) {
     double g = avx512 ? peak_avx512(4000000) : peak_avx2(4000000);
@@ -109,7 +119,8 @@ static int time_steps_for(const dp_model *m, const dp_config *cfg, int steps, do
   }
   for (size_t i = 0; i < (size_t)B * outw; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
   for (int r = 0; r < B; r++) lab[r] = r % outw;
-  const void *target = dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  const void *target =
+      dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
   if (dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) goto done;
   float loss;
   for (int i = 0; i < 10; i++)
@@ -131,8 +142,8 @@ done:
   if (rc) {
     snprintf(err, errcap, "%s",
              !x || !t || !lab ? "out of memory"
-             : c              ? dp_ctx_error(c)
-                              : dp_last_error());
+             : c              ? dpt_user_msg(dp_ctx_error(c))
+                              : dpt_user_msg(dp_last_error()));
     if (!quiet) fprintf(stderr, "dp bench: %s\n", err);
   }
   dp_ctx_free(c);
@@ -170,32 +181,39 @@ static int bench_rss(const dp_model *m, const dp_config *cfg, int steps, int jso
   int32_t *lab = calloc((size_t)B, 4);
   int rc = DPT_EXIT_FAIL;
   if (!x || !t || !lab || dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) {
-    fprintf(stderr, "dp bench rss: %s\n", dp_last_error());
+    fprintf(stderr, "dp bench rss: %s\n", dpt_user_msg(dp_last_error()));
     goto done;
   }
   for (int i = 0; i < B * in; i++) x[i] = (float)(i % 7) * 0.1f;
-  const void *target = dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  const void *target =
+      dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
   float loss;
   /* Warm-up: the first steps touch stack pages and lazily mapped library code. */
   for (int i = 0; i < 10; i++)
     if (dp_train_step(c, B, in, x, target, &loss)) goto fail;
   long r0 = rss_kib(), mx = r0;
-  if (json) printf("{\"rss_kib\":[%ld", r0);
-  else printf("resident set after init and 10 warm-up steps: %ld KiB\n", r0);
+  if (json)
+    printf("{\"rss_kib\":[%ld", r0);
+  else
+    printf("resident set after init and 10 warm-up steps: %ld KiB\n", r0);
   for (int k = 1; k <= 10; k++) {
     for (int i = 0; i < steps / 10; i++)
       if (dp_train_step(c, B, in, x, target, &loss)) goto fail;
     long r = rss_kib();
     mx = r > mx ? r : mx;
-    if (json) printf(",%ld", r);
-    else printf("after %6d steps: %ld KiB\n", k * (steps / 10), r);
+    if (json)
+      printf(",%ld", r);
+    else
+      printf("after %6d steps: %ld KiB\n", k * (steps / 10), r);
   }
-  if (json) printf("],\"growth_kib\":%ld}\n", mx - r0);
-  else printf("growth over %d steps: %ld KiB\n", steps, mx - r0);
+  if (json)
+    printf("],\"growth_kib\":%ld}\n", mx - r0);
+  else
+    printf("growth over %d steps: %ld KiB\n", steps, mx - r0);
   rc = DPT_EXIT_OK;
   goto done;
 fail:
-  fprintf(stderr, "dp bench rss: %s\n", dp_ctx_error(c));
+  fprintf(stderr, "dp bench rss: %s\n", dpt_user_msg(dp_ctx_error(c)));
 done:
   dp_ctx_free(c);
   dp_plan_free(p);
@@ -221,8 +239,10 @@ static int bench_comm(int json) {
   }
   memset(a, 1, mx);
   memset(b, 2, mx);
-  if (json) printf("{\"transport\":\"shm\",\"results\":[");
-  else printf("transport shm (memcpy between two arenas)\n%12s %12s\n", "bytes", "GB/s");
+  if (json)
+    printf("{\"transport\":\"shm\",\"results\":[");
+  else
+    printf("transport shm (memcpy between two arenas)\n%12s %12s\n", "bytes", "GB/s");
   for (int i = 0; i < N; i++) {
     long reps = (long)(256 * 1048576.0 / sizes[i]) + 1;
     double t0 = dpt_now_s();
@@ -231,8 +251,10 @@ static int bench_comm(int json) {
       a[r % sizes[i]] ^= b[(r * 7) % sizes[i]]; /* keep the copies observable */
     }
     double gbs = (double)sizes[i] * reps / (dpt_now_s() - t0) / 1e9;
-    if (json) printf("%s{\"bytes\":%zu,\"gb_per_s\":%.2f}", i ? "," : "", sizes[i], gbs);
-    else printf("%12zu %12.2f\n", sizes[i], gbs);
+    if (json)
+      printf("%s{\"bytes\":%zu,\"gb_per_s\":%.2f}", i ? "," : "", sizes[i], gbs);
+    else
+      printf("%12zu %12.2f\n", sizes[i], gbs);
   }
   if (json) printf("]}\n");
   free(a);
@@ -260,13 +282,17 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
   }
   double peak = measure_peak(1);
   if (!peak) peak = measure_peak(0);
-  if (json) printf("{\"peak_gflops\":%.1f,\"tier\":\"%s\",\"results\":[", peak, dp__gemm_tier_name());
-  else printf("sgemm, one thread, tier %s; peak %.1f GFLOP/s\n%8s %12s %10s %8s\n",
-              dp__gemm_tier_name(), peak, "n", "GFLOP/s", "ms", "% peak");
+  if (json)
+    printf("{\"peak_gflops\":%.1f,\"tier\":\"%s\",\"results\":[", peak,
+           dp__gemm_tier_name());
+  else
+    printf("sgemm, one thread, tier %s; peak %.1f GFLOP/s\n%8s %12s %10s %8s\n",
+           dp__gemm_tier_name(), peak, "n", "GFLOP/s", "ms", "% peak");
   for (int i = 0; i < n; i++) {
     int s = sizes[i];
     size_t ws = dp__gemm_workspace_bytes(s, s, s);
-    float *A = aligned_alloc(64, (size_t)s * s * 4), *Bm = aligned_alloc(64, (size_t)s * s * 4);
+    float *A = aligned_alloc(64, (size_t)s * s * 4),
+          *Bm = aligned_alloc(64, (size_t)s * s * 4);
     float *C = aligned_alloc(64, (size_t)s * s * 4);
     void *w = aligned_alloc(64, ws ? (ws + 63) / 64 * 64 : 64);
     if (!A || !Bm || !C || !w) {
@@ -288,9 +314,10 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
     } while (el < 0.3);
     double gf = 2.0 * s * s * (double)s * reps / el / 1e9;
     if (json)
-      printf("%s{\"n\":%d,\"gflops\":%.2f,\"ms\":%.4f,\"pct_peak\":%.1f}", i ? "," : "", s, gf,
-             1e3 * el / reps, 100 * gf / peak);
-    else printf("%8d %12.2f %10.4f %7.1f%%\n", s, gf, 1e3 * el / reps, 100 * gf / peak);
+      printf("%s{\"n\":%d,\"gflops\":%.2f,\"ms\":%.4f,\"pct_peak\":%.1f}", i ? "," : "", s,
+             gf, 1e3 * el / reps, 100 * gf / peak);
+    else
+      printf("%8d %12.2f %10.4f %7.1f%%\n", s, gf, 1e3 * el / reps, 100 * gf / peak);
     free(A);
     free(Bm);
     free(C);
@@ -357,9 +384,10 @@ static void usage(FILE *f) {
 
 static dp_model *mlp(int in, int w, int out) {
   dp_model *m = NULL;
-  if (dp_model_new(in, &m) || dp_model_add_linear(m, w, 1) || dp_model_add(m, DP_LAYER_RELU) ||
-      dp_model_add_linear(m, w, 1) || dp_model_add(m, DP_LAYER_RELU) ||
-      dp_model_add_linear(m, out, 1) || dp_model_set_loss(m, DP_LOSS_SOFTMAX_CE)) {
+  if (dp_model_new(in, &m) || dp_model_add_linear(m, w, 1) ||
+      dp_model_add(m, DP_LAYER_RELU) || dp_model_add_linear(m, w, 1) ||
+      dp_model_add(m, DP_LAYER_RELU) || dp_model_add_linear(m, out, 1) ||
+      dp_model_set_loss(m, DP_LOSS_SOFTMAX_CE)) {
     dp_model_free(m);
     return NULL;
   }
@@ -367,16 +395,21 @@ static dp_model *mlp(int in, int w, int out) {
 }
 
 static int bench_scaling(const bench_opts *o, const dp_config *base) {
-  static const int widths[] = {64, 256, 1024}, batches[] = {32, 128, 512}, devs[] = {1, 2, 4};
-  if (o->json) printf("{\"results\":[");
-  else printf("%-22s %6s %7s %10s %12s\n", "model", "batch", "devices", "ms/step", "samples/s");
+  static const int widths[] = {64, 256, 1024}, batches[] = {32, 128, 512},
+                   devs[] = {1, 2, 4};
+  if (o->json)
+    printf("{\"results\":[");
+  else
+    printf("%-22s %6s %7s %10s %12s\n", "model", "batch", "devices", "ms/step",
+           "samples/s");
   int first = 1;
   for (int wi = 0; wi < (o->model ? 1 : 3); wi++) {
     dp_model *m = NULL;
     char name[64];
     if (o->model) {
-      if (dp_model_load(o->model, &m)) {
-        fprintf(stderr, "dp bench: %s\n", dp_last_error());
+      char err[512];
+      if (dpt_load_model(o->model, &m, err, sizeof err)) {
+        fprintf(stderr, "dp bench: %s\n", err);
         return DPT_EXIT_FAIL;
       }
       snprintf(name, sizeof name, "%s", o->model);
@@ -397,7 +430,8 @@ static int bench_scaling(const bench_opts *o, const dp_config *base) {
         if (o->json)
           printf("%s{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"ms_per_step\":%.4f,"
                  "\"samples_per_s\":%.0f}",
-                 first ? "" : ",", name, c.batch, c.n_devices, r.ms_per_step, r.samples_per_s);
+                 first ? "" : ",", name, c.batch, c.n_devices, r.ms_per_step,
+                 r.samples_per_s);
         else
           printf("%-22s %6d %7d %10.4f %12.0f\n", name, c.batch, c.n_devices, r.ms_per_step,
                  r.samples_per_s);
@@ -425,7 +459,7 @@ static int gpu_or_skip(const char *what, int json, char *name, size_t cap) {
   if (dp_cuda_device_count() > 0 &&
       dp__cuda_device_info(0, name, cap, NULL, NULL, NULL, NULL) == DP_OK)
     return 1;
-  const char *why = dp_last_error();
+  const char *why = dpt_user_msg(dp_last_error());
   if (json) {
     printf("{\"bench\":\"%s\",\"skipped\":true,\"reason\":", what);
     dpt_json_string(stdout, why);
@@ -439,8 +473,10 @@ static int gpu_or_skip(const char *what, int json, char *name, size_t cap) {
 /* The model of the GPU benchmarks: --model, or GPU_MODEL. */
 static dp_model *gpu_model(const char *path, const char **name) {
   dp_model *m = NULL;
-  if (path ? dp_model_load(path, &m) : dp_model_parse(GPU_MODEL, GPU_MODEL_NAME, &m)) {
-    fprintf(stderr, "dp bench: %s\n", dp_last_error());
+  char err[512];
+  if (path ? dpt_load_model(path, &m, err, sizeof err) != 0
+           : dp_model_parse(GPU_MODEL, GPU_MODEL_NAME, &m) != DP_OK) {
+    fprintf(stderr, "dp bench: %s\n", path ? err : dpt_user_msg(dp_last_error()));
     return NULL;
   }
   *name = path ? path : GPU_MODEL_NAME;
@@ -456,7 +492,7 @@ static dp_config gpu_config(const dp_config *base, const dpt_common *common, int
   c.backend = DP_BACKEND_CUDA;
   c.cuda_graph = graph;
   if (!dpt_given(common, DPT_OPT_BATCH)) c.batch = 1024;
-  if (!dpt_given(common, DPT_OPT_OPTIMIZER)) c.optimizer = DP_OPT_ADAMW;
+  if (!dpt_given(common, DPT_OPT_OPTIMIZER)) dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   if (replicas > 0) {
     c.n_devices = replicas;
     for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
@@ -601,7 +637,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     } else if (dp__cuda_bench_sgemm(0, g[i].m, g[i].n, g[i].k, 50, c.tf32, &g[i].ms,
                                     &g[i].tflops) != DP_OK) {
       fprintf(stderr, "dp bench gpu-gemm: sgemm %d x %d x %d: %s\n", g[i].m, g[i].n, g[i].k,
-              dp_last_error());
+              dpt_user_msg(dp_last_error()));
       goto out;
     }
     gemm_ms += g[i].ms * g[i].count;
@@ -700,7 +736,7 @@ int dpt_cmd_bench(int argc, char **argv) {
     return DPT_EXIT_FAIL;
   }
   if (strcmp(what, "scaling") == 0) {
-    if (!dpt_given(&common, DPT_OPT_OPTIMIZER)) cfg.optimizer = DP_OPT_SGD;
+    if (!dpt_given(&common, DPT_OPT_OPTIMIZER)) dp_config_set_optimizer(&cfg, DP_OPT_SGD);
     return bench_scaling(&o, &cfg);
   }
   if (strcmp(what, "step") == 0 || strcmp(what, "rss") == 0) {
@@ -709,10 +745,13 @@ int dpt_cmd_bench(int argc, char **argv) {
       return DPT_EXIT_USAGE;
     }
     dp_model *m = NULL;
-    if (dp_model_load(o.model, &m)) {
-      fprintf(stderr, "dp bench: %s\n", dp_last_error());
+    char lerr[512];
+    if (dpt_load_model(o.model, &m, lerr, sizeof lerr)) {
+      fprintf(stderr, "dp bench: %s\n", lerr);
       return DPT_EXIT_FAIL;
     }
+    dpt_warn_oversubscribed(stderr, "dp bench", cfg.n_devices, cfg.backend,
+                            dpt_cpu_count());
     if (strcmp(what, "rss") == 0) {
       int rc = bench_rss(m, &cfg, o.steps_given ? o.steps : 10000, o.json);
       dp_model_free(m);
@@ -723,10 +762,11 @@ int dpt_cmd_bench(int argc, char **argv) {
     dp_model_free(m);
     if (bad) return DPT_EXIT_FAIL;
     if (o.json)
-      printf("{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"optimizer\":\"%s\",\"steps\":%d,"
-             "\"ms_per_step\":%.5f,\"samples_per_s\":%.0f}\n",
-             o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer), res.steps,
-             res.ms_per_step, res.samples_per_s);
+      printf(
+          "{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"optimizer\":\"%s\",\"steps\":%d,"
+          "\"ms_per_step\":%.5f,\"samples_per_s\":%.0f}\n",
+          o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer), res.steps,
+          res.ms_per_step, res.samples_per_s);
     else
       printf("%s, batch %d, %d device(s), %s: %.4f ms/step, %.0f samples/s (%d steps)\n",
              o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer),

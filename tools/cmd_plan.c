@@ -580,8 +580,10 @@ int dpt_cmd_plan(int argc, char **argv) {
   }
 
   dp_model *m = NULL;
-  if (dp_model_load(o.model, &m) != DP_OK) {
-    fprintf(stderr, "dp plan: %s\n", dp_last_error());
+  if (dpt_load_model(o.model, &m, err, sizeof err) ||
+      dpt_require_loss(o.model, m, &cfg, err, sizeof err)) {
+    fprintf(stderr, "dp plan: %s\n", err);
+    dp_model_free(m);
     return DPT_EXIT_FAIL;
   }
 
@@ -592,7 +594,7 @@ int dpt_cmd_plan(int argc, char **argv) {
     cap = dpt_given(&com, DPT_OPT_BATCH) ? cfg.batch : DEFAULT_BATCH_CAP;
     cfg.batch = cap;
     if (dp_plan_max_batch(m, &cfg, o.budget, cap, &budget_batch) != DP_OK) {
-      fprintf(stderr, "dp plan: %s\n", dp_last_error());
+      fprintf(stderr, "dp plan: %s\n", dpt_user_msg(dp_last_error()));
       goto out;
     }
     if (budget_batch == 0) {
@@ -614,7 +616,7 @@ int dpt_cmd_plan(int argc, char **argv) {
   }
 
   if (dp_plan_create(m, &cfg, &p) != DP_OK) {
-    fprintf(stderr, "dp plan: %s\n", dp_last_error());
+    fprintf(stderr, "dp plan: %s\n", dpt_user_msg(dp_last_error()));
     goto out;
   }
 

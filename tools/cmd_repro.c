@@ -50,6 +50,8 @@ static const struct option repro_options[] = {
     {"backend", required_argument, NULL, DPT_OPT_BACKEND},
     {"lr", required_argument, NULL, DPT_OPT_LR},
     {"momentum", required_argument, NULL, DPT_OPT_MOMENTUM},
+    {"dampening", required_argument, NULL, DPT_OPT_DAMPENING},
+    {"nesterov", no_argument, NULL, DPT_OPT_NESTEROV},
     {"weight-decay", required_argument, NULL, DPT_OPT_WEIGHT_DECAY},
     {"beta1", required_argument, NULL, DPT_OPT_BETA1},
     {"beta2", required_argument, NULL, DPT_OPT_BETA2},
@@ -125,8 +127,11 @@ static void usage(FILE *f) {
       "                        which does not give the same bits across counts)\n"
       "  --split chunk|balanced|memory  how micro-batches (or rows) are dealt to devices\n"
       "  --optimizer sgd|momentum|adamw   (default sgd)\n"
-      "  --lr X  --momentum X  --weight-decay X  --beta1 X  --beta2 X  --eps X\n"
-      "                        hyper-parameters, with dp train's defaults\n"
+      "  --lr X  --momentum X  --dampening X  --nesterov  --weight-decay X\n"
+      "  --beta1 X  --beta2 X  --eps X\n"
+      "                        hyper-parameters, with dp train's ranges and defaults\n"
+      "                        (PyTorch's; --optimizer sets its defaults first, the\n"
+      "                        others override them; see dp train --help)\n"
       "  --backend cpu|cuda    (default cpu)\n"
       "  --seed N              parameter init, dropout and the batch order (default 0)\n"
       "\n"
@@ -158,14 +163,17 @@ static int parse_counts(const char *s, repro_opts *o, char *err, size_t errcap) 
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
     char item[32], msg[256];
     if (len == 0 || len >= sizeof item) {
-      snprintf(err, errcap, "--devices: bad entry in '%s' (a comma list of device counts, "
-               "e.g. 1,2,4,8)", s);
+      snprintf(err, errcap,
+               "--devices: bad entry in '%s' (a comma list of device counts, "
+               "e.g. 1,2,4,8)",
+               s);
       return -1;
     }
     memcpy(item, p, len);
     item[len] = '\0';
     int n;
-    if (dpt_parse_int(item, 1, DP_MAX_DEVICES, "--devices: device count", &n, msg, sizeof msg)) {
+    if (dpt_parse_int(item, 1, DP_MAX_DEVICES, "--devices: device count", &n, msg,
+                      sizeof msg)) {
       snprintf(err, errcap, "%s", msg);
       return -1;
     }
@@ -195,8 +203,8 @@ static int parse_modes(const char *s, repro_opts *o, char *err, size_t errcap) {
     for (int k = 0; k < RM_COUNT; k++)
       if (strlen(rm_names[k]) == len && strncasecmp(p, rm_names[k], len) == 0) m = k;
     if (m < 0) {
-      snprintf(err, errcap, "--mode: '%.*s' is not one of classic|allreduce|sharded", (int)len,
-               p);
+      snprintf(err, errcap, "--mode: '%.*s' is not one of classic|allreduce|sharded",
+               (int)len, p);
       return -1;
     }
     for (int i = 0; i < o->n_modes; i++)
@@ -220,7 +228,8 @@ static const char *option_name(int val) {
  * all of repro's option names), handling repro's own options and collecting
  * the common ones as "--name=value"; then dpt_parse_args over those. Returns
  * DPT_ARGS_OK, DPT_ARGS_HELP or DPT_ARGS_ERROR (message in err). */
-static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err, size_t errcap) {
+static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
+                            size_t errcap) {
   memset(o, 0, sizeof *o);
   o->steps = DEFAULT_STEPS;
   o->n_counts = 4;
@@ -236,14 +245,27 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err, siz
   optind = 0; /* glibc: full reinitialisation */
   opterr = 0;
   int c;
+  unsigned long long seen = 0; /* repro's own options given (the common ones are
+                                  checked by dpt_config_from_args) */
   while ((c = getopt_long(argc, argv, ":h", repro_options, NULL)) != -1) {
     const char *tok = optind > 0 && optind <= argc ? argv[optind - 1] : "?";
+    if (c >= OPT_MODEL && c < OPT_MODEL + 64 && optarg) {
+      unsigned long long bit = 1ull << (c - OPT_MODEL);
+      if (seen & bit) {
+        snprintf(err, errcap, "--%s given twice", option_name(c));
+        goto out;
+      }
+      seen |= bit;
+    }
     switch (c) {
     case 'h': r = DPT_ARGS_HELP; goto out;
-    case ':': snprintf(err, errcap, "option --%s needs a value", option_name(optopt)); goto out;
+    case ':':
+      snprintf(err, errcap, "option --%s needs a value", option_name(optopt));
+      goto out;
     case '?':
       if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0))
-        snprintf(err, errcap, "option --%s takes no value ('%s')", option_name(optopt), tok);
+        snprintf(err, errcap, "option --%s takes no value ('%s')", option_name(optopt),
+                 tok);
       else if (optopt)
         snprintf(err, errcap, "unknown option '-%c'", optopt);
       else
@@ -282,7 +304,8 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err, siz
     snprintf(err, errcap, "unexpected argument '%s'", argv[optind]);
     goto out;
   }
-  if (dpt_config_from_args(n_pass, pass, &o->base, NULL, err, errcap) != DPT_ARGS_OK) goto out;
+  if (dpt_config_from_args(n_pass, pass, &o->base, NULL, err, errcap) != DPT_ARGS_OK)
+    goto out;
   if (!o->model || !o->data || !o->batch_given) {
     snprintf(err, errcap, "--model, --data and --batch are required");
     goto out;
@@ -297,7 +320,7 @@ out:
 /* ---- parameter tensors -------------------------------------------------------- */
 
 typedef struct {
-  char name[32]; /* "3.weight" */
+  char name[32];       /* "3.weight" */
   size_t offset, size; /* in floats, into the state_dict-ordered array */
   int dim0, dim1;      /* shape: (dim0, dim1), or (dim0) when dim1 == 0 */
 } tensor_info;
@@ -335,7 +358,8 @@ static int model_tensors(const dp_model *m, tensor_info **out, int *n_out, char 
       if (word[0] == 'i') layer = 0;
       continue;
     }
-    if (layer < 0 || layer >= L || strcmp(word, dpt_layer_name(dp_model_layer_kind(m, layer)))) {
+    if (layer < 0 || layer >= L ||
+        strcmp(word, dpt_layer_name(dp_model_layer_kind(m, layer)))) {
       snprintf(err, errcap, "internal: the model's text form does not match its layers");
       goto fail;
     }
@@ -355,8 +379,10 @@ static int model_tensors(const dp_model *m, tensor_info **out, int *n_out, char 
     layer++;
   }
   if (layer != L || off != dp_model_n_params(m)) {
-    snprintf(err, errcap, "internal: tensor layout (%zu parameters) does not match the "
-             "model (%zu)", off, dp_model_n_params(m));
+    snprintf(err, errcap,
+             "internal: tensor layout (%zu parameters) does not match the "
+             "model (%zu)",
+             off, dp_model_n_params(m));
     goto fail;
   }
   free(text);
@@ -369,7 +395,9 @@ fail:
   return -1;
 }
 
-static uint64_t fnv1a(const float *v, size_t n) { return dp__fnv1a(DP_FNV_INIT, v, n * sizeof *v); }
+static uint64_t fnv1a(const float *v, size_t n) {
+  return dp__fnv1a(DP_FNV_INIT, v, n * sizeof *v);
+}
 
 static uint32_t float_bits(float f) {
   uint32_t u;
@@ -389,19 +417,19 @@ typedef struct {
   dp_ctx *ctx;
   int status;
   char msg[600];
-  float loss;      /* of the last step run */
-  uint64_t hash;   /* dp_params_hash after the last step run */
-  uint64_t *th;    /* (n_tensors) tensor hashes after the last step run */
-  int div_step;    /* first step differing from the reference; 0 = none */
+  float loss;    /* of the last step run */
+  uint64_t hash; /* dp_params_hash after the last step run */
+  uint64_t *th;  /* (n_tensors) tensor hashes after the last step run */
+  int div_step;  /* first step differing from the reference; 0 = none */
 } run_cfg;
 
 /* The first divergence found. */
 typedef struct {
-  int step;      /* 0 = none */
-  int cfg;       /* the configuration that differs from the reference */
-  int tensor;    /* index, or -1 when only the loss differs */
+  int step;   /* 0 = none */
+  int cfg;    /* the configuration that differs from the reference */
+  int tensor; /* index, or -1 when only the loss differs */
   double max_diff;
-  size_t at;     /* element of the max difference, within the tensor */
+  size_t at; /* element of the max difference, within the tensor */
   float ref_value, value;
 } divergence;
 
@@ -422,7 +450,9 @@ static void json_float(FILE *f, float v) {
     fputs("null", f);
 }
 
-static void json_hash(FILE *f, uint64_t h) { fprintf(f, "\"%016llx\"", (unsigned long long)h); }
+static void json_hash(FILE *f, uint64_t h) {
+  fprintf(f, "\"%016llx\"", (unsigned long long)h);
+}
 
 static void json_number(FILE *f, double v) {
   if (isfinite(v))
@@ -440,8 +470,9 @@ static void element_index(const tensor_info *t, size_t k, char *buf, size_t cap)
 }
 
 static void print_trace_header(const tensor_info *t, int nt) {
-  printf("trace: after every step, the loss, the parameter hash and the FNV-1a 64 hash of\n"
-         "every tensor (state_dict order); '*' marks a row that differs from the reference\n");
+  printf(
+      "trace: after every step, the loss, the parameter hash and the FNV-1a 64 hash of\n"
+      "every tensor (state_dict order); '*' marks a row that differs from the reference\n");
   printf("%5s  %-18s  %-16s  %-16s", "step", "configuration", "loss", "params");
   for (int i = 0; i < nt; i++) printf("  %-16s", t[i].name);
   printf("\n");
@@ -503,16 +534,13 @@ int dpt_cmd_repro(int argc, char **argv) {
     return DPT_EXIT_FAIL;
   }
 
-  if (dp_model_load(o.model, &model)) {
-    fprintf(stderr, "dp repro: %s\n", dp_last_error());
+  if (dpt_load_model(o.model, &model, err, sizeof err) ||
+      dpt_require_loss(o.model, model, NULL, err, sizeof err)) {
+    fprintf(stderr, "dp repro: %s\n", err);
     goto out;
   }
   int in_w = dp_model_input_width(model), out_w = dp_model_output_width(model);
   dp_loss_kind loss_kind = dp_model_loss(model);
-  if (loss_kind == DP_LOSS_NONE) {
-    fprintf(stderr, "dp repro: %s has no loss line; training needs one\n", o.model);
-    goto out;
-  }
   if (model_tensors(model, &tensors, &nt, err, sizeof err)) {
     fprintf(stderr, "dp repro: %s\n", err);
     goto out;
@@ -542,7 +570,8 @@ int dpt_cmd_repro(int argc, char **argv) {
   if (!o.no_standardize) dpt_standardize(&data, NULL);
 
   size_t np = dp_model_n_params(model);
-  int B = o.base.batch, tsz = data.label ? (int)sizeof(int32_t) : out_w * (int)sizeof(float);
+  int B = o.base.batch,
+      tsz = data.label ? (int)sizeof(int32_t) : out_w * (int)sizeof(float);
   bx = malloc((size_t)B * in_w * sizeof *bx);
   bt = malloc((size_t)B * tsz);
   perm = malloc((size_t)data.n_rows * sizeof *perm);
@@ -552,6 +581,13 @@ int dpt_cmd_repro(int argc, char **argv) {
     fprintf(stderr, "dp repro: out of memory\n");
     goto out;
   }
+
+  /* The configurations step one after the other: the largest count decides
+   * whether the virtual devices have a CPU each. */
+  int max_count = 0;
+  for (int i = 0; i < o.n_counts; i++)
+    max_count = o.counts[i] > max_count ? o.counts[i] : max_count;
+  dpt_warn_oversubscribed(stderr, "dp repro", max_count, o.base.backend, dpt_cpu_count());
 
   /* Every configuration: plan and context, all alive for the lockstep run. */
   int n_refused = 0, n_errors = 0;
@@ -573,7 +609,7 @@ int dpt_cmd_repro(int argc, char **argv) {
       }
       if (dp_plan_create(model, &c->cfg, &c->plan) || dp_ctx_create(c->plan, &c->ctx)) {
         c->status = ST_REFUSED;
-        snprintf(c->msg, sizeof c->msg, "%s", dp_last_error());
+        snprintf(c->msg, sizeof c->msg, "%s", dpt_user_msg(dp_last_error()));
         n_refused++;
       } else if (ref < 0) {
         ref = i * o.n_modes + j;
@@ -585,8 +621,9 @@ int dpt_cmd_repro(int argc, char **argv) {
     dpt_json_string(stdout, o.model);
     printf(",\n  \"data\": ");
     dpt_json_string(stdout, o.data);
-    printf(",\n  \"rows\": %d,\n  \"steps\": %d,\n  \"batch\": %d,\n  \"micro_batch\": %d,\n",
-           data.n_rows, o.steps, B, o.base.micro_batch);
+    printf(
+        ",\n  \"rows\": %d,\n  \"steps\": %d,\n  \"batch\": %d,\n  \"micro_batch\": %d,\n",
+        data.n_rows, o.steps, B, o.base.micro_batch);
     printf("  \"split\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"lr\": ",
            dpt_split_name(o.base.split), dpt_optimizer_name(o.base.optimizer));
     json_float(stdout, o.base.lr);
@@ -632,9 +669,11 @@ int dpt_cmd_repro(int argc, char **argv) {
       run_cfg *c = &cf[k];
       if (c->status != ST_OK) continue;
       float *w = k == ref ? ref_params : params;
-      if (dp_train_step(c->ctx, B, in_w, bx, bt, &c->loss) || dp_get_params(c->ctx, w, np)) {
+      if (dp_train_step(c->ctx, B, in_w, bx, bt, &c->loss) ||
+          dp_get_params(c->ctx, w, np)) {
         c->status = ST_ERROR;
-        snprintf(c->msg, sizeof c->msg, "step %d: %s", step, dp_ctx_error(c->ctx));
+        snprintf(c->msg, sizeof c->msg, "step %d: %s", step,
+                 dpt_user_msg(dp_ctx_error(c->ctx)));
         n_errors++;
         if (k == ref) ref_alive = 0;
         continue;
@@ -682,7 +721,8 @@ int dpt_cmd_repro(int argc, char **argv) {
           printf("%s\n    {\"step\": %d, \"devices\": %d, \"mode\": \"%s\", \"loss\": ",
                  first_trace ? "" : ",", step, c->n_devices, rm_names[c->mode]);
           json_float(stdout, c->loss);
-          printf(", \"loss_bits\": \"%08x\", \"params_hash\": ", (unsigned)float_bits(c->loss));
+          printf(", \"loss_bits\": \"%08x\", \"params_hash\": ",
+                 (unsigned)float_bits(c->loss));
           json_hash(stdout, c->hash);
           printf(", \"tensor_hashes\": [");
           for (int i = 0; i < nt; i++) {
@@ -712,8 +752,10 @@ int dpt_cmd_repro(int argc, char **argv) {
     exit_status = DPT_EXIT_FAIL;
   else if (ref < 0 || (n_refused && !o.skip_refused))
     exit_status = DPT_EXIT_USAGE;
-  const char *result = n_differ ? "differs" : n_errors ? "error" : ref < 0 ? "refused"
-                                                                    : "same";
+  const char *result = n_differ   ? "differs"
+                       : n_errors ? "error"
+                       : ref < 0  ? "refused"
+                                  : "same";
   char where[64] = "";
   if (div.step && div.tensor >= 0)
     element_index(&tensors[div.tensor], div.at, where, sizeof where);
@@ -733,7 +775,8 @@ int dpt_cmd_repro(int argc, char **argv) {
       if (c->status == ST_OK) {
         printf(", \"final_loss\": ");
         json_float(stdout, c->loss);
-        printf(", \"loss_bits\": \"%08x\", \"params_hash\": ", (unsigned)float_bits(c->loss));
+        printf(", \"loss_bits\": \"%08x\", \"params_hash\": ",
+               (unsigned)float_bits(c->loss));
         json_hash(stdout, c->hash);
       }
       printf(", \"reference\": %s, \"same\": %s, \"first_diverging_step\": ",
@@ -814,15 +857,17 @@ int dpt_cmd_repro(int argc, char **argv) {
              "loss) after each of %d step%s\n",
              n_run, n_run == 1 ? "" : "s", o.steps, o.steps == 1 ? "" : "s");
     }
-    if (n_errors) printf("%d configuration%s failed during training\n", n_errors,
-                         n_errors == 1 ? "" : "s");
+    if (n_errors)
+      printf("%d configuration%s failed during training\n", n_errors,
+             n_errors == 1 ? "" : "s");
     if (ref < 0)
       printf("no configuration could run: the library refused all %d\n", nc);
     else if (n_refused)
       printf("%d configuration%s refused by the library%s\n", n_refused,
              n_refused == 1 ? "" : "s",
-             o.skip_refused ? " (skipped: --skip-refused)" : " (exit status 2; "
-                                                             "--skip-refused to ignore)");
+             o.skip_refused ? " (skipped: --skip-refused)"
+                            : " (exit status 2; "
+                              "--skip-refused to ignore)");
   }
   rc = exit_status;
 

@@ -2,7 +2,6 @@
  * arenas (and prints the plan), trains with data parallelism over N virtual
  * devices, then reports held-out accuracy, throughput and a parameter hash. */
 #include "cli.h"
-#include "internal.h" /* dp__fnv1a */
 #include "data.h"
 #include "svg.h"
 
@@ -20,12 +19,13 @@ enum {
   OPT_TEST_FRACTION,
   OPT_PLOT,
   OPT_SAVE,
+  OPT_RESUME,
   OPT_QUIET,
   OPT_NO_STANDARDIZE,
 };
 
 typedef struct {
-  const char *model, *data, *plot, *save;
+  const char *model, *data, *plot, *save, *resume;
   int epochs, quiet, no_standardize;
   float test_fraction;
 } train_opts;
@@ -37,56 +37,54 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_DATA: o->data = arg; return 0;
   case OPT_PLOT: o->plot = arg; return 0;
   case OPT_SAVE: o->save = arg; return 0;
+  case OPT_RESUME: o->resume = arg; return 0;
   case OPT_QUIET: o->quiet = 1; return 0;
   case OPT_NO_STANDARDIZE: o->no_standardize = 1; return 0;
-  case OPT_EPOCHS: return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
+  case OPT_EPOCHS:
+    return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
   case OPT_TEST_FRACTION:
-    return dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &o->test_fraction, err, errcap);
+    return dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &o->test_fraction, err,
+                           errcap);
   }
   return -1;
 }
 
 static void usage(FILE *f) {
   fprintf(
-      f,
-      "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
-      "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
-      "                [--split chunk|balanced|memory] [--micro-batch K]\n"
-      "                [--test-fraction F] [--plot loss.svg] [--save params.bin]\n"
-      "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
-      "Trains the model on the CSV data (label first, then the features; for an mse\n"
-      "model, the first <output width> fields are the targets) with data parallelism\n"
-      "over N devices (virtual ones on the cpu backend, GPUs with --backend cuda):\n"
-      "it prints the memory plan, then progress (a bar on a terminal, one line per\n"
-      "epoch otherwise), then held-out accuracy (or mse), samples/s and the\n"
-      "parameter hash. A held-out share (--test-fraction, default 0.2) is split off\n"
-      "with the seed; features are standardised on the training share\n"
-      "(--no-standardize to keep them raw).\n\n"
-      "  --model FILE          model spec (.dpm)\n"
-      "  --data FILE           CSV data\n"
-      "  --epochs E            passes over the training share (default 10)\n"
-      "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
-      "  --plot FILE.svg       write the loss curve (mean loss per epoch)\n"
-      "  --save FILE           write the parameters (see docs/API.md, 'dp train --save')\n"
-      "  --quiet               only the final report\n\n");
+      f, "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
+         "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
+         "                [--split chunk|balanced|memory] [--micro-batch K]\n"
+         "                [--test-fraction F] [--plot loss.svg] [--save F.ckpt]\n"
+         "                [--resume F.ckpt]\n"
+         "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
+         "Trains the model on the CSV data (label first, then the features; for an mse\n"
+         "model, the first <output width> fields are the targets) with data parallelism\n"
+         "over N devices (virtual ones on the cpu backend, GPUs with --backend cuda):\n"
+         "it prints the memory plan, then progress (a bar on a terminal, one line per\n"
+         "epoch otherwise), then held-out accuracy (or mse), samples/s and the\n"
+         "parameter hash. A held-out share (--test-fraction, default 0.2) is split off\n"
+         "with the seed; features are standardised on the training share\n"
+         "(--no-standardize to keep them raw).\n\n"
+         "  --model FILE          model spec (.dpm)\n"
+         "  --data FILE           CSV data\n"
+         "  --epochs E            passes over the training share (default 10)\n"
+         "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
+         "  --plot FILE.svg       write the loss curve (mean loss per epoch); checked for\n"
+         "                        writability before training starts\n"
+         "  --save FILE           after training, write a checkpoint (parameters,\n"
+         "                        optimizer state, step counter) as dp_ckpt_save does:\n"
+         "                        to a temporary file, fsynced, then renamed over FILE,\n"
+         "                        so an interrupted run leaves the old file or the new\n"
+         "                        one (docs/CHECKPOINT.md). Checked for writability\n"
+         "                        before training starts\n"
+         "  --resume FILE         before training, load a checkpoint of the same model,\n"
+         "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
+         "                        train on from it: parameters, optimizer state and step\n"
+         "                        counter continue; the epochs run from the first again,\n"
+         "                        so the data order is not that of one uninterrupted run\n"
+         "                        (a resume is not bit-exact with it)\n"
+         "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
-}
-
-/* Parameter file: "DPPARAM1", u32 version, u64 count, fp32 values
- * (state_dict order), u64 FNV-1a of the value bytes. */
-static int save_params(const char *path, const float *w, size_t n, char *err, size_t cap) {
-  FILE *f = fopen(path, "wb");
-  if (!f) {
-    snprintf(err, cap, "%s: cannot open for writing", path);
-    return -1;
-  }
-  uint32_t version = 1;
-  uint64_t count = n, h = dp__fnv1a(DP_FNV_INIT, w, n * 4);
-  int ok = fwrite("DPPARAM1", 1, 8, f) == 8 && fwrite(&version, 4, 1, f) == 1 &&
-           fwrite(&count, 8, 1, f) == 1 && fwrite(w, 4, n, f) == n && fwrite(&h, 8, 1, f) == 1;
-  if (fclose(f) != 0) ok = 0;
-  if (!ok) snprintf(err, cap, "%s: write failed", path);
-  return ok ? 0 : -1;
 }
 
 /* Copies rows perm[from..from+n) of d into x (and the targets into t). */
@@ -104,15 +102,15 @@ static void gather_rows(const dpt_dataset *d, const int *perm, int from, int n, 
   }
 }
 
-static void progress(int tty, int epoch, int epochs, int done, int total, float loss, double sps,
-                     int final) {
+static void progress(int tty, int epoch, int epochs, int done, int total, float loss,
+                     double sps, int final) {
   if (tty) {
     int width = 30, fill = total ? (int)((long long)width * done / total) : width;
     char bar[64];
     for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
     bar[width] = '\0';
-    printf("\repoch %3d/%d [%s] loss %.4f  %.0f samples/s", epoch, epochs, bar, (double)loss,
-           sps);
+    printf("\repoch %3d/%d [%s] loss %.4f  %.0f samples/s", epoch, epochs, bar,
+           (double)loss, sps);
     if (final) printf("\n");
     fflush(stdout);
   } else if (final) {
@@ -121,8 +119,8 @@ static void progress(int tty, int epoch, int epochs, int done, int total, float 
 }
 
 /* Held-out accuracy (classification) or mean squared error (regression). */
-static int evaluate(dp_ctx *ctx, const dpt_dataset *d, int batch, int out_w, float *x, float *y,
-                    double *metric) {
+static int evaluate(dp_ctx *ctx, const dpt_dataset *d, int batch, int out_w, float *x,
+                    float *y, double *metric) {
   long correct = 0;
   double se = 0.0;
   for (int from = 0; from < d->n_rows; from += batch) {
@@ -156,6 +154,7 @@ int dpt_cmd_train(int argc, char **argv) {
       {"test-fraction", required_argument, NULL, OPT_TEST_FRACTION},
       {"plot", required_argument, NULL, OPT_PLOT},
       {"save", required_argument, NULL, OPT_SAVE},
+      {"resume", required_argument, NULL, OPT_RESUME},
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
       {0, 0, 0, 0}};
@@ -194,16 +193,28 @@ int dpt_cmd_train(int argc, char **argv) {
   void *bt = NULL;
   int *perm = NULL;
 
-  if (dp_model_load(o.model, &model)) {
-    fprintf(stderr, "dp train: %s\n", dp_last_error());
+  /* the output files first: a path that cannot be written fails now, not after
+   * the whole run */
+  if ((o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
+      (o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err))) {
+    fprintf(stderr, "dp train: %s\n", err);
+    goto out;
+  }
+  if (o.resume) { /* readable before anything is loaded; its contents are checked later */
+    int fd = dpt_open_regular(o.resume, "checkpoint", err, sizeof err);
+    if (fd < 0) {
+      fprintf(stderr, "dp train: --resume: %s\n", err);
+      goto out;
+    }
+    close(fd);
+  }
+  if (dpt_load_model(o.model, &model, err, sizeof err) ||
+      dpt_require_loss(o.model, model, NULL, err, sizeof err)) {
+    fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
   int in_w = dp_model_input_width(model), out_w = dp_model_output_width(model);
   dp_loss_kind loss_kind = dp_model_loss(model);
-  if (loss_kind == DP_LOSS_NONE) {
-    fprintf(stderr, "dp train: %s has no loss line; training needs one\n", o.model);
-    goto out;
-  }
   dp_status s = loss_kind == DP_LOSS_SOFTMAX_CE
                     ? dpt_csv_load(o.data, &all, err, sizeof err)
                     : dpt_csv_load_regression(o.data, out_w, &all, err, sizeof err);
@@ -227,7 +238,7 @@ int dpt_cmd_train(int argc, char **argv) {
   }
   if (!o.no_standardize) dpt_standardize(&train, &test);
   if (dp_plan_create(model, &cfg, &plan)) {
-    fprintf(stderr, "dp train: %s\n", dp_last_error());
+    fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
     goto out;
   }
   /* the plan is checked first: a config error says what is wrong with it */
@@ -235,8 +246,15 @@ int dpt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
+  dpt_warn_oversubscribed(stderr, "dp train", dp_plan_n_devices(plan), cfg.backend,
+                          dpt_cpu_count());
   if (dp_ctx_create(plan, &ctx)) {
-    fprintf(stderr, "dp train: %s\n", dp_last_error());
+    fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
+    goto out;
+  }
+  if (o.resume && dp_ckpt_load(ctx, o.resume)) {
+    fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume,
+            dpt_user_msg(dp_ctx_error(ctx)));
     goto out;
   }
   const dp_config *pc = dp_plan_config(plan);
@@ -259,6 +277,9 @@ int dpt_cmd_train(int argc, char **argv) {
     printf("\n");
     dpt_print_plan(stdout, plan);
     printf("\n");
+    if (o.resume)
+      printf("resumed from %s at step %llu\n", o.resume,
+             (unsigned long long)dp_ctx_step(ctx));
   }
   int tty = !o.quiet && isatty(STDOUT_FILENO);
   long steps = 0, samples = 0;
@@ -275,7 +296,14 @@ int dpt_cmd_train(int argc, char **argv) {
       if (dp_train_step(ctx, n, in_w, bx, bt, &loss)) {
         printf("%s", tty ? "\n" : "");
         fprintf(stderr, "dp train: epoch %d, step %ld: %s\n", ep + 1, steps + 1,
-                dp_ctx_error(ctx));
+                dpt_user_msg(dp_ctx_error(ctx)));
+        double decay = (double)pc->lr * pc->weight_decay;
+        if (pc->optimizer != DP_OPT_ADAMW && decay > 2.0) /* |1 - lr*wd| > 1 */
+          fprintf(stderr,
+                  "dp train: the likely cause: --lr * --weight-decay is %g; SGD multiplies "
+                  "the parameters by 1 - lr * weight_decay each step, so above 2 they grow "
+                  "without bound; lower --weight-decay or --lr\n",
+                  decay);
         goto out;
       }
       double te = dpt_now_s();
@@ -291,41 +319,38 @@ int dpt_cmd_train(int argc, char **argv) {
       }
     }
     curve[ep] = (float)(sum / nb);
-    if (!o.quiet) progress(tty, ep + 1, o.epochs, train.n_rows, train.n_rows, curve[ep],
-                           samples / t_train, 1);
+    if (!o.quiet)
+      progress(tty, ep + 1, o.epochs, train.n_rows, train.n_rows, curve[ep],
+               samples / t_train, 1);
   }
 
   double metric = 0.0;
   const dpt_dataset *eval = test.n_rows ? &test : &train;
   if (evaluate(ctx, eval, B, out_w, bx, by, &metric)) {
-    fprintf(stderr, "dp train: evaluation: %s\n", dp_ctx_error(ctx));
+    fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
     goto out;
   }
   printf("\n%s: %s %.2f%s (%d rows)\n", test.n_rows ? "held-out" : "training",
          all.label ? "accuracy" : "mse", all.label ? 100.0 * metric : metric,
          all.label ? "%" : "", eval->n_rows);
-  printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", steps, t_train,
-         1e3 * t_train / (double)steps, (double)samples / t_train);
+  printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", steps,
+         t_train, 1e3 * t_train / (double)steps, (double)samples / t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
          (unsigned long long)dp_params_hash(ctx), dp_model_n_params(model));
   if (o.plot) {
-    if (dpt_svg_line_plot(o.plot, "training loss", "epoch", "mean loss", curve, o.epochs, err,
-                          sizeof err)) {
+    if (dpt_svg_line_plot(o.plot, "training loss", "epoch", "mean loss", curve, o.epochs,
+                          err, sizeof err)) {
       fprintf(stderr, "dp train: %s\n", err);
       goto out;
     }
     printf("loss curve: %s\n", o.plot);
   }
   if (o.save) {
-    size_t n = dp_model_n_params(model);
-    float *w = malloc(n * 4 + 4);
-    int bad = !w || dp_get_params(ctx, w, n) || save_params(o.save, w, n, err, sizeof err);
-    free(w);
-    if (bad) {
-      fprintf(stderr, "dp train: %s\n", w ? err : "out of memory");
+    if (dp_ckpt_save(ctx, o.save)) {
+      fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
       goto out;
     }
-    printf("parameters: %s\n", o.save);
+    printf("checkpoint: %s (step %llu)\n", o.save, (unsigned long long)dp_ctx_step(ctx));
   }
   rc = DPT_EXIT_OK;
 out:

@@ -4,6 +4,7 @@
 #endif
 
 #include "data.h"
+#include "cli.h" /* dpt_open_regular */
 
 #include <errno.h>
 #include <limits.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -93,8 +95,9 @@ typedef struct {
 
 /* At most 40 bytes of a field, for messages. */
 #define SHOW_MAX 40
-#define SHOW(s) (int)(strlen(s) > SHOW_MAX ? SHOW_MAX : strlen(s)), (s), \
-                (strlen(s) > SHOW_MAX ? "..." : "")
+#define SHOW(s)                                                                            \
+  (int)(strlen(s) > SHOW_MAX ? SHOW_MAX : strlen(s)), (s),                                 \
+      (strlen(s) > SHOW_MAX ? "..." : "")
 
 static int is_blank(char c) { return c == ' ' || c == '\t'; }
 
@@ -108,8 +111,8 @@ static char *trim(char *s, char *e) {
 
 static dp_status parse_label(const where *w, int field, const char *s, int32_t *out) {
   if (*s == '\0')
-    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field",
-                w->path, w->line, field);
+    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field", w->path,
+                w->line, field);
   const char *p = s;
   if (*p == '+' || *p == '-') p++;
   int digits = 1;
@@ -117,15 +120,15 @@ static dp_status parse_label(const where *w, int field, const char *s, int32_t *
     if (*q < '0' || *q > '9') digits = 0;
   if (!digits || *p == '\0')
     return fail(DP_ERR_PARSE, w->err, w->errcap,
-                "%s:%ld: field %d: label \"%.*s%s\" is not a non-negative integer",
-                w->path, w->line, field, SHOW(s));
+                "%s:%ld: field %d: label \"%.*s%s\" is not a non-negative integer", w->path,
+                w->line, field, SHOW(s));
   errno = 0;
   char *end;
   long v = strtol(s, &end, 10);
   if (*s == '-' && (v != 0 || errno == ERANGE))
     return fail(DP_ERR_RANGE, w->err, w->errcap,
-                "%s:%ld: field %d: label %.*s%s is not a non-negative integer",
-                w->path, w->line, field, SHOW(s));
+                "%s:%ld: field %d: label %.*s%s is not a non-negative integer", w->path,
+                w->line, field, SHOW(s));
   if (errno == ERANGE || v > DPT_MAX_LABEL)
     return fail(DP_ERR_RANGE, w->err, w->errcap,
                 "%s:%ld: field %d: label %.*s%s is larger than the limit %d", w->path,
@@ -136,24 +139,24 @@ static dp_status parse_label(const where *w, int field, const char *s, int32_t *
 
 static dp_status parse_float(const where *w, int field, const char *s, float *out) {
   if (*s == '\0')
-    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field",
-                w->path, w->line, field);
+    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field", w->path,
+                w->line, field);
   errno = 0;
   char *end;
   float v = strtof(s, &end);
   /* strtof also reads hexadecimal floats; the format is decimal only */
   if (end == s || *end != '\0' || strpbrk(s, "xX"))
     return fail(DP_ERR_PARSE, w->err, w->errcap,
-                "%s:%ld: field %d: expected a number, got \"%.*s%s\"", w->path,
-                w->line, field, SHOW(s));
+                "%s:%ld: field %d: expected a number, got \"%.*s%s\"", w->path, w->line,
+                field, SHOW(s));
   if (!isfinite(v)) {
     if (errno == ERANGE) /* a finite decimal too large for float */
       return fail(DP_ERR_RANGE, w->err, w->errcap,
-                  "%s:%ld: field %d: %.*s%s is out of float range", w->path, w->line,
-                  field, SHOW(s));
+                  "%s:%ld: field %d: %.*s%s is out of float range", w->path, w->line, field,
+                  SHOW(s));
     return fail(DP_ERR_NONFINITE, w->err, w->errcap,
-                "%s:%ld: field %d: non-finite value \"%.*s%s\"", w->path, w->line,
-                field, SHOW(s));
+                "%s:%ld: field %d: non-finite value \"%.*s%s\"", w->path, w->line, field,
+                SHOW(s));
   }
   *out = v; /* ERANGE with a finite result is underflow: keep the tiny value */
   return DP_OK;
@@ -168,8 +171,8 @@ typedef struct {
 static dp_status grow(builder *b, const where *w) {
   if ((size_t)b->d.n_rows < b->cap_rows) return DP_OK;
   if (b->d.n_rows == INT_MAX)
-    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: more than %d rows",
-                w->path, w->line, INT_MAX);
+    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: more than %d rows", w->path,
+                w->line, INT_MAX);
   size_t cap = b->cap_rows ? b->cap_rows * 2 : 256;
   if (cap > (size_t)INT_MAX) cap = (size_t)INT_MAX;
   size_t nx, ny;
@@ -177,8 +180,8 @@ static dp_status grow(builder *b, const where *w) {
       __builtin_mul_overflow(nx, sizeof(float), &nx) ||
       __builtin_mul_overflow(cap, (size_t)b->d.n_targets, &ny) ||
       __builtin_mul_overflow(ny, sizeof(float), &ny))
-    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: dataset too large",
-                w->path, w->line);
+    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: dataset too large", w->path,
+                w->line);
   float *x = realloc(b->d.x, nx ? nx : 1);
   if (!x) goto nomem;
   b->d.x = x;
@@ -266,9 +269,17 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
   if (n_targets < 0)
     return fail(DP_ERR_INVALID, err, errcap, "%s: n_targets %d is negative", path,
                 n_targets);
-  FILE *f = fopen(path, "r");
-  if (!f)
-    return fail(DP_ERR_IO, err, errcap, "%s: cannot open: %s", path, strerror(errno));
+  /* a regular file only, checked without blocking (a FIFO with no writer would
+   * block a plain open for ever) */
+  char why[512];
+  int fd = dpt_open_regular(path, "data", why, sizeof why);
+  if (fd < 0) return fail(DP_ERR_IO, err, errcap, "%s", why);
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    int e = errno;
+    close(fd);
+    return fail(DP_ERR_IO, err, errcap, "cannot read data '%s': %s", path, strerror(e));
+  }
 
   builder b;
   memset(&b, 0, sizeof b);
@@ -300,8 +311,8 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
       long min = (n_targets > 0 ? n_targets : 1) + 1;
       if (count < min) {
         s = fail(DP_ERR_PARSE, err, errcap,
-                 "%s:%ld: field count %ld, expected at least %ld (%s and a feature)",
-                 path, w.line, count, min, n_targets > 0 ? "targets" : "a label");
+                 "%s:%ld: field count %ld, expected at least %ld (%s and a feature)", path,
+                 w.line, count, min, n_targets > 0 ? "targets" : "a label");
         goto done;
       }
       if (count > INT_MAX / 2) {
@@ -400,21 +411,19 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
   if (train) memset(train, 0, sizeof *train);
   if (test) memset(test, 0, sizeof *test);
   if (!all || !train || !test || train == test || train == all || test == all)
-    return fail(DP_ERR_INVALID, err, errcap,
-                "dpt_dataset_split: NULL or aliased argument");
+    return fail(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: NULL or aliased argument");
   if (all->n_rows <= 0 || !all->x)
     return fail(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: empty dataset");
   if (!(test_fraction >= 0.0 && test_fraction < 1.0))
-    return fail(DP_ERR_INVALID, err, errcap,
-                "test fraction %g is outside [0, 1)", test_fraction);
+    return fail(DP_ERR_INVALID, err, errcap, "test fraction %g is outside [0, 1)",
+                test_fraction);
   int n = all->n_rows;
   /* the small slack keeps e.g. 0.7 * 10 = 7.000000000000001 at 7 */
   double want = ceil(test_fraction * (double)n - 1e-9);
   int n_test = want < 0 ? 0 : (int)want;
   if (n_test >= n)
     return fail(DP_ERR_INVALID, err, errcap,
-                "test fraction %g of %d rows leaves no training rows", test_fraction,
-                n);
+                "test fraction %g of %d rows leaves no training rows", test_fraction, n);
   int *perm = malloc((size_t)n * sizeof(int));
   if (!perm) return fail(DP_ERR_NOMEM, err, errcap, "dpt_dataset_split: out of memory");
   shuffle(perm, n, stream_state(seed, 1, 0));

@@ -20,6 +20,9 @@
  * is field 1), or "path:line: what" for whole-row problems, e.g.
  *   data/x.csv:17: field 3: expected a number, got "abc"
  *   data/x.csv:17: field count 64, expected 65
+ * The file must be a regular file: a directory, FIFO, socket or device is
+ * refused (DP_ERR_IO, "cannot read data 'x': is a directory"), checked
+ * without blocking (a FIFO with no writer never makes the loader wait).
  * Status: DP_ERR_IO (open/read), DP_ERR_PARSE (syntax, field count, empty
  * file), DP_ERR_RANGE (negative or too-large label, float overflow),
  * DP_ERR_NONFINITE (nan/inf), DP_ERR_NOMEM, DP_ERR_OVERFLOW (sizes).
@@ -39,12 +42,12 @@
 
 typedef struct {
   int n_rows, n_features;
-  float *x;        /* (n_rows, n_features) row-major */
-  int32_t *label;  /* (n_rows) class index; NULL for regression */
-  float *y;        /* (n_rows, n_targets) regression targets; NULL for
-                      classification */
-  int n_targets;   /* 0 for classification */
-  int n_classes;   /* largest label + 1; 0 for regression */
+  float *x;       /* (n_rows, n_features) row-major */
+  int32_t *label; /* (n_rows) class index; NULL for regression */
+  float *y;       /* (n_rows, n_targets) regression targets; NULL for
+                     classification */
+  int n_targets;  /* 0 for classification */
+  int n_classes;  /* largest label + 1; 0 for regression */
 } dpt_dataset;
 
 /* Loads a classification CSV. On failure *out is left empty (all zero). */

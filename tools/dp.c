@@ -45,7 +45,8 @@ static void usage(FILE *f) {
           "\n"
           "Commands:\n",
           DP_VERSION_MAJOR, DP_VERSION_MINOR);
-  for (int i = 0; i < N_COMMANDS; i++) fprintf(f, "  %-8s  %s\n", commands[i].name, commands[i].summary);
+  for (int i = 0; i < N_COMMANDS; i++)
+    fprintf(f, "  %-8s  %s\n", commands[i].name, commands[i].summary);
   fputs("\n"
         "Every command takes the same configuration options (--batch, --devices,\n"
         "--split, --micro-batch, --mode, --optimizer, --inference, --backend, --lr,\n"
@@ -65,13 +66,51 @@ static const command *find(const char *name) {
   return NULL;
 }
 
+/* Levenshtein distance of a and b, capped: strings longer than 31 bytes are
+ * "far" (99). */
+static int distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 31 || lb > 31) return 99;
+  int row[32];
+  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int up = row[j];
+      int best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  return row[lb];
+}
+
+/* "dp: unknown command 'trian'; did you mean 'train'?" and a one-line hint. */
 static int unknown(const char *name) {
-  fprintf(stderr, "dp: unknown command '%s'\n\n", name);
-  usage(stderr);
+  const command *best = NULL;
+  int bd = 3; /* at most two edits away */
+  for (int i = 0; i < N_COMMANDS; i++) {
+    int d = distance(name, commands[i].name);
+    if (d < bd) {
+      bd = d;
+      best = &commands[i];
+    }
+  }
+  if (best)
+    fprintf(stderr, "dp: unknown command '%s'; did you mean '%s'?\n", name, best->name);
+  else
+    fprintf(stderr, "dp: unknown command '%s'\n", name);
+  fputs("run 'dp --help' for the commands\n", stderr);
   return DPT_EXIT_USAGE;
 }
 
 int main(int argc, char **argv) {
+#ifdef DP_HAVE_CUDA
+  dp_cuda_register(); /* libdp_cuda.a: --backend cuda (a GPU is needed only to run) */
+#endif
   if (argc < 2) {
     usage(stderr);
     return DPT_EXIT_USAGE;
@@ -97,8 +136,10 @@ int main(int argc, char **argv) {
     return DPT_EXIT_OK;
   }
   if (cmd[0] == '-') {
-    fprintf(stderr, "dp: unknown option '%s' (options go after the command)\n\n", cmd);
-    usage(stderr);
+    fprintf(stderr,
+            "dp: unknown option '%s' (options go after the command)\n"
+            "run 'dp --help' for the commands\n",
+            cmd);
     return DPT_EXIT_USAGE;
   }
   const command *c = find(cmd);

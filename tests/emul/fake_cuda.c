@@ -239,9 +239,7 @@ dp_status fake_cuda_peek(void *dst, const void *dev, size_t bytes) {
 
 /* ---- devices and memory ----------------------------------------------------------- */
 
-int dp_cuda_available(void) { return 1; }
-
-int dp_cuda_device_count(void) {
+int dp__cuda_device_count(void) {
   lock();
   int n = G.gpus;
   unlock();
@@ -869,7 +867,9 @@ static dp_status take_mbs(fk_dev *x, const fk_ctx *c, const dp_mb *mbs) {
   return DP_OK;
 }
 
-static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+/* collective: DP_OP_ALLREDUCE, which the transport hands in (dp__cuda_collective);
+ * the backend's run takes every other compute op. */
+static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op, bool collective) {
   fk_ctx *c = bctx;
   if (!c || !e || !op) return DP_FAIL(DP_ERR_INVALID, "fake cuda run: NULL argument");
   if (!recording(c)) return not_recording(c, "a backend run");
@@ -888,9 +888,10 @@ static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     return DP_FAIL(DP_ERR_BACKEND, "fake cuda: device %d runs an op of stage %d in %s %d",
                    d, op->stage, x->in_stage ? "stage" : "no stage; the last ended was",
                    x->in_stage ? x->stage : x->last_stage);
-  if (op->kind == DP_OP_COPY || op->kind > DP_OP_ALLREDUCE)
-    return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op",
-                   op->kind);
+  if (op->kind == DP_OP_COPY || op->kind > DP_OP_ALLREDUCE ||
+      (op->kind == DP_OP_ALLREDUCE) != collective)
+    return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a %s op", op->kind,
+                   collective ? "collective" : "compute");
   if (op->kind == DP_OP_ALLREDUCE && !(c->flags & DP_CUDA_NCCL))
     return DP_FAIL(
         DP_ERR_BACKEND,
@@ -962,13 +963,46 @@ static dp_status endpoints(const fk_ctx *c, void *dst, const void *src, size_t b
   return s;
 }
 
-static dp_status fk_copy(void *tctx, void *dst, const void *src, size_t bytes) {
+dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+  return fk_run(bctx, e, op, false);
+}
+
+dp_status dp__cuda_collective(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
+  if (op && op->device != dev)
+    return DP_FAIL(DP_ERR_BACKEND, "cuda transport: device %d's collective on device %d",
+                   op->device, dev);
+  return fk_run(tctx, e, op, true);
+}
+
+/* The op's (device, region, offset) ends as addresses, and a strict check
+ * that the devices it names own them (DP_HOST: host memory). */
+static dp_status op_ends(const fk_ctx *c, dp_exec_env *e, const dp_op *op, void **dst,
+                         const void **src, int *sd, int *dd) {
+  *dst = dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset);
+  *src = dp__endpoint(e, op->src_dev, op->src_region, op->src_offset);
+  dp_status s = endpoints(c, *dst, *src, op->bytes, sd, dd);
+  if (!s && (*sd != op->src_dev || *dd != op->dst_dev))
+    s = DP_FAIL(DP_ERR_BACKEND,
+                "fake cuda: a copy names devices %d -> %d, but its memory is %d's -> %d's",
+                op->src_dev, op->dst_dev, *sd, *dd);
+  return s;
+}
+
+dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   fk_ctx *c = tctx;
   fk_dev *x = NULL;
   dp_status s = thread_dev(c, "copy", &x);
   if (s) return s;
+  if (dev != tl_dev || dev != op->device)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "cuda transport: copy executed by device %d (op of device %d) on device "
+                   "%d's thread",
+                   dev, op->device, tl_dev);
   int sd, dd;
-  if ((s = endpoints(c, dst, src, bytes, &sd, &dd))) return s;
+  void *dst;
+  const void *src;
+  if ((s = op_ends(c, e, op, &dst, &src, &sd, &dd))) return s;
+  size_t bytes = op->bytes;
   if (bytes == 0) return DP_OK;
   if (x->nq >= c->cap)
     return DP_FAIL(DP_ERR_BACKEND,
@@ -984,7 +1018,7 @@ static dp_status fk_copy(void *tctx, void *dst, const void *src, size_t bytes) {
 
 /* The other endpoint's half of a two-sided copy: checked and counted only
  * (the copy itself moves the bytes). */
-static dp_status fk_peer(void *tctx, int dev, void *dst, const void *src, size_t bytes) {
+dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   fk_ctx *c = tctx;
   fk_dev *x = NULL;
   dp_status s = thread_dev(c, "peer", &x);
@@ -994,7 +1028,9 @@ static dp_status fk_peer(void *tctx, int dev, void *dst, const void *src, size_t
                    "cuda transport: peer() for device %d on device %d's thread", dev,
                    tl_dev);
   int sd, dd;
-  if ((s = endpoints(c, dst, src, bytes, &sd, &dd))) return s;
+  void *dst;
+  const void *src;
+  if ((s = op_ends(c, e, op, &dst, &src, &sd, &dd))) return s;
   if (!((sd == dev && dd >= 0 && dd != dev) || (dd == dev && sd >= 0 && sd != dev)))
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: peer() on device %d for a copy between %d and %d (-1: "
@@ -1003,22 +1039,6 @@ static dp_status fk_peer(void *tctx, int dev, void *dst, const void *src, size_t
   atomic_fetch_add_explicit(&n_peers, 1, memory_order_relaxed);
   return DP_OK;
 }
-
-/* dp_cuda.h's WORKSPACE size, as cuda/backend.cu's vtable gives it. */
-static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
-  (void)m, (void)mb_rows, (void)training;
-  return dp__cuda_workspace_bytes();
-}
-
-const dp_backend_ops dp__cuda_backend = {.name = "cuda",
-                                         .run = fk_run,
-                                         .stage_begin = dp__cuda_stage_begin,
-                                         .stage_end = dp__cuda_stage_end,
-                                         .align = 256,
-                                         .workspace_bytes = cuda_workspace_bytes,
-                                         .host_staging = true};
-const dp_transport_ops dp__cuda_transport = {
-    .name = "cuda", .copy = fk_copy, .peer = fk_peer};
 
 /* ---- stage, step and graph hooks -------------------------------------------------- */
 

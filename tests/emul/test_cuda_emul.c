@@ -446,6 +446,23 @@ START_TEST(init_validates_like_context_cu) {
 }
 END_TEST
 
+/* A COPY op executed by device dev: (src device, region, offset) -> (dst ...). */
+static dp_op copy_op(int dev, int sd, int sr, size_t so, int dd, int dr, size_t doff,
+                     size_t bytes) {
+  dp_op op;
+  memset(&op, 0, sizeof op);
+  op.kind = DP_OP_COPY;
+  op.device = (int16_t)dev;
+  op.src_dev = (int16_t)sd;
+  op.src_region = (uint8_t)sr;
+  op.src_offset = so;
+  op.dst_dev = (int16_t)dd;
+  op.dst_region = (uint8_t)dr;
+  op.dst_offset = doff;
+  op.bytes = bytes;
+  return op;
+}
+
 START_TEST(hooks_out_of_order_are_wiring_bugs) {
   bare b;
   bare_open(&b, 2);
@@ -453,36 +470,7 @@ START_TEST(hooks_out_of_order_are_wiring_bugs) {
   void *x = b.bctx;
   const dp_op *ops = dp_plan_ops(b.p);
   float loss = 1.0f;
-  ck_assert_int_eq(dp__cuda_step_end(x, &loss), DP_ERR_BACKEND); /* no step_begin */
-  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 0), DP_ERR_BACKEND);
-  ck_assert_int_eq(dp__cuda_step_begin(x, 0), DP_OK);
-  ck_assert_int_eq(dp__cuda_step_begin(x, 0), DP_ERR_BACKEND);     /* twice */
-  ck_assert_int_eq(dp__cuda_capture_begin(x), DP_ERR_BACKEND);     /* in a step */
-  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 1), DP_ERR_BACKEND); /* skips stage 0 */
-  /* a copy or an op on a thread with no stage */
   char tmp[16];
-  ck_assert_int_eq(dp__cuda_transport.copy(x, b.staging, b.arena[0], 16), DP_ERR_BACKEND);
-  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 0), DP_OK);
-  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 0), DP_ERR_BACKEND); /* already open */
-  /* host endpoints must be staging; ranges inside an arena */
-  ck_assert_int_eq(dp__cuda_transport.copy(x, tmp, b.arena[0], 16), DP_ERR_BACKEND);
-  ck_assert_int_eq(dp__cuda_transport.copy(x, b.staging, b.arena[0], 16), DP_OK);
-  size_t end = dp_plan_device_bytes(b.p, 0);
-  ck_assert_int_eq(dp__cuda_transport.copy(x, b.staging, (char *)b.arena[0] + end - 8, 16),
-                   DP_ERR_INVALID);
-  /* peer: only the copy's other device endpoint, on its own thread */
-  ck_assert_int_eq(dp__cuda_transport.peer(x, 0, b.arena[1], b.arena[0], 16), DP_OK);
-  ck_assert_int_eq(dp__cuda_transport.peer(x, 0, b.staging, b.arena[0], 16),
-                   DP_ERR_BACKEND);
-  ck_assert_int_eq(dp__cuda_transport.peer(x, 1, b.arena[1], b.arena[0], 16),
-                   DP_ERR_BACKEND);
-  /* an op of device 1 on device 0's thread, an op of another stage */
-  const dp_op *op1 = NULL, *op0_late = NULL;
-  for (int k = 0; k < dp_plan_n_ops(b.p); k++) {
-    if (!op1 && ops[k].device == 1 && ops[k].kind == DP_OP_FORWARD) op1 = &ops[k];
-    if (!op0_late && ops[k].device == 0 && ops[k].kind == DP_OP_FORWARD) op0_late = &ops[k];
-  }
-  ck_assert(op1 && op0_late && op0_late->stage > 0);
   dp_exec_env env;
   memset(&env, 0, sizeof env);
   env.plan = b.p;
@@ -490,13 +478,52 @@ START_TEST(hooks_out_of_order_are_wiring_bugs) {
   env.arena[1] = b.arena[1];
   env.rows = BATCH;
   env.training = true;
+  env.host_y = (float *)b.staging;
   static dp_mb mbs[64];
   env.mbs = mbs;
-  ck_assert_int_eq(dp__cuda_backend.run(x, &env, op1), DP_ERR_BACKEND);
-  ck_assert_int_eq(dp__cuda_backend.run(x, &env, op0_late), DP_ERR_BACKEND);
+  /* device 0's params to the host outputs, to device 1's params; a copy whose
+   * source runs past the end of device 0's arena */
+  const dp_op to_host =
+      copy_op(0, 0, DP_REGION_PARAMS, 0, DP_HOST, DP_REGION_OUTPUTS, 0, 16);
+  const dp_op to_dev1 = copy_op(0, 0, DP_REGION_PARAMS, 0, 1, DP_REGION_PARAMS, 0, 16);
+  dp_region_info ws = dp_plan_region(b.p, 0, DP_REGION_WORKSPACE);
+  size_t end = dp_plan_device_bytes(b.p, 0);
+  const dp_op past = copy_op(0, 0, DP_REGION_WORKSPACE, end - ws.offset - 8, DP_HOST,
+                             DP_REGION_OUTPUTS, 0, 16);
+  ck_assert_int_eq(dp__cuda_step_end(x, &loss), DP_ERR_BACKEND); /* no step_begin */
+  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 0), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_step_begin(x, 0), DP_OK);
+  ck_assert_int_eq(dp__cuda_step_begin(x, 0), DP_ERR_BACKEND);     /* twice */
+  ck_assert_int_eq(dp__cuda_capture_begin(x), DP_ERR_BACKEND);     /* in a step */
+  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 1), DP_ERR_BACKEND); /* skips stage 0 */
+  /* a copy or an op on a thread with no stage */
+  ck_assert_int_eq(dp__cuda_copy(x, &env, 0, &to_host), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 0), DP_OK);
+  ck_assert_int_eq(dp__cuda_stage_begin(x, 0, 0), DP_ERR_BACKEND); /* already open */
+  /* host endpoints must be staging; ranges inside an arena; the executing
+   * device is the thread's */
+  env.host_y = (float *)tmp;
+  ck_assert_int_eq(dp__cuda_copy(x, &env, 0, &to_host), DP_ERR_BACKEND);
+  env.host_y = (float *)b.staging;
+  ck_assert_int_eq(dp__cuda_copy(x, &env, 0, &to_host), DP_OK);
+  ck_assert_int_eq(dp__cuda_copy(x, &env, 0, &past), DP_ERR_INVALID);
+  ck_assert_int_eq(dp__cuda_copy(x, &env, 1, &to_host), DP_ERR_BACKEND);
+  /* peer: only the copy's other device endpoint, on its own thread */
+  ck_assert_int_eq(dp__cuda_peer(x, &env, 0, &to_dev1), DP_OK);
+  ck_assert_int_eq(dp__cuda_peer(x, &env, 0, &to_host), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_peer(x, &env, 1, &to_dev1), DP_ERR_BACKEND);
+  /* an op of device 1 on device 0's thread, an op of another stage */
+  const dp_op *op1 = NULL, *op0_late = NULL;
+  for (int k = 0; k < dp_plan_n_ops(b.p); k++) {
+    if (!op1 && ops[k].device == 1 && ops[k].kind == DP_OP_FORWARD) op1 = &ops[k];
+    if (!op0_late && ops[k].device == 0 && ops[k].kind == DP_OP_FORWARD) op0_late = &ops[k];
+  }
+  ck_assert(op1 && op0_late && op0_late->stage > 0);
+  ck_assert_int_eq(dp__cuda_run(x, &env, op1), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_run(x, &env, op0_late), DP_ERR_BACKEND);
   ck_assert_int_eq(dp__cuda_stage_end(x, 0, 1), DP_ERR_BACKEND); /* not the open one */
   ck_assert_int_eq(dp__cuda_stage_end(x, 0, 0), DP_OK);
-  ck_assert_int_eq(dp__cuda_transport.copy(x, b.staging, b.arena[0], 16), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_copy(x, &env, 0, &to_host), DP_ERR_BACKEND);
   /* device 1 never ran stage 0: step_end refuses the step */
   ck_assert_int_eq(dp__cuda_step_end(x, &loss), DP_ERR_BACKEND);
   ck_assert_msg(strstr(dp_last_error(), "device 1 ended at stage -1"), "%s",
@@ -1438,6 +1465,11 @@ static Suite *cuda_emul_suite(void) {
 Suite *cuda_api_suite(void); /* tests/test_cuda_api.c, here on the emulated GPU */
 
 int main(void) {
+  /* cuda/vtable.c's registration, over the emulated GPU's dp_cuda.h */
+  if (dp_cuda_register() != DP_OK) {
+    fprintf(stderr, "dp_cuda_register: %s\n", dp_last_error());
+    return 1;
+  }
   SRunner *sr = srunner_create(fake_cuda_suite());
   srunner_add_suite(sr, cuda_emul_suite());
   srunner_add_suite(sr, cuda_api_suite());

@@ -657,6 +657,7 @@ int main(void) {
   EXPECT(find_exe() > 0, "dl_iterate_phdr found no segment of this program");
 #ifdef DP_HAVE_CUDA
   resolve_cuda(); /* before anything is counted: dlsym may allocate */
+  EXPECT(dp_cuda_register() == DP_OK, "dp_cuda_register: %s", dp_last_error());
 #endif
   check_counter_works();
   static const config_case cases[] = {

@@ -1,0 +1,136 @@
+/* The CUDA backend's vtables (lib/internal.h) over the calls of dp_cuda.h,
+ * and its registration, dp_cuda_register. Plain C, so that designated
+ * initialisers name every slot. The emulated GPU (tests/emul) implements the
+ * same dp_cuda.h calls on the CPU and is registered through this same file,
+ * so every CI run exercises this adapter too. */
+#include "dp_cuda.h"
+#include "internal.h"
+
+/* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the same
+ * on every device whatever the model. */
+static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
+  (void)m, (void)mb_rows, (void)training;
+  return dp__cuda_workspace_bytes();
+}
+
+/* The cuda options of a config (the planner refuses them for backends that
+ * have none). */
+static dp_status cuda_check_config(const dp_config *c) {
+  if ((c->cuda_graph != 0 && c->cuda_graph != 1) || (c->tf32 != 0 && c->tf32 != 1))
+    return DP_FAIL(DP_ERR_INVALID, "cuda_graph and tf32 must be 0 or 1, got %d and %d",
+                   c->cuda_graph, c->tf32);
+  if (c->transport != DP_TRANSPORT_AUTO && c->transport != DP_TRANSPORT_COPY &&
+      c->transport != DP_TRANSPORT_NCCL)
+    return DP_FAIL(DP_ERR_INVALID, "unknown transport %d", (int)c->transport);
+  if (c->fast_collectives != 0 && c->fast_collectives != 1)
+    return DP_FAIL(DP_ERR_INVALID, "fast_collectives must be 0 or 1, got %d",
+                   c->fast_collectives);
+  if (c->fast_collectives && (c->mode != DP_MODE_ALLREDUCE || c->shard_optimizer ||
+                              c->transport == DP_TRANSPORT_COPY))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "fast_collectives needs allreduce mode without a sharded "
+                   "optimizer, and the NCCL transport");
+  for (int d = 0; d < c->n_devices; d++)
+    if (c->device_ids[d] < 0)
+      return DP_FAIL(DP_ERR_INVALID, "device_ids[%d] is %d; GPU ids are >= 0", d,
+                     c->device_ids[d]);
+  int e, d;
+  if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
+      dp__shared_gpu(c, c->n_devices, &e, &d))
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "the NCCL transport needs a GPU per replica, but replicas %d and %d are both on "
+        "GPU %d (use transport auto or copy for replicas that share a GPU)",
+        e, d, c->device_ids[d]);
+  return DP_OK;
+}
+
+/* One cudaMalloc on the device's GPU; refuses, naming the device and the
+ * bytes planned and free, before anything is allocated on a GPU that cannot
+ * hold the plan. */
+static dp_status cuda_arena_alloc(const dp_plan *p, int dev, void **out) {
+  dp_status s = dp__cuda_arena_alloc(p->cfg.device_ids[dev], p->dev_bytes[dev], out);
+  return s ? DP_FAIL(s, "device %d: %s", dev, dp_last_error()) : DP_OK;
+}
+
+static void cuda_arena_free(const dp_plan *p, int dev, void *arena) {
+  dp__cuda_arena_free(p->cfg.device_ids[dev], arena);
+}
+
+/* Synchronous device copies (UVA: the direction comes from the pointers). */
+static dp_status cuda_move(const dp_plan *p, int dev, void *dst, const void *src,
+                           size_t bytes) {
+  (void)p, (void)dev;
+  return dp__cuda_memcpy(dst, src, bytes);
+}
+
+static dp_status cuda_fill(const dp_plan *p, int dev, void *dst, uint32_t value,
+                           size_t count) {
+  return dp__cuda_fill_u32(p->cfg.device_ids[dev], dst, value, count);
+}
+
+/* NCCL between replicas when asked, or by default when this build has it and
+ * every replica has its own GPU. */
+static dp_status cuda_ctx_init(const dp_plan *p, void *const arenas[], void **bctx) {
+  const dp_config *cf = &p->cfg;
+  unsigned f = cf->tf32 ? DP_CUDA_TF32 : 0;
+  int n = p->split.n_used, a, b;
+  bool distinct = n > 1 && !dp__shared_gpu(cf, n, &a, &b);
+  if (cf->transport == DP_TRANSPORT_NCCL || cf->fast_collectives ||
+      (cf->transport == DP_TRANSPORT_AUTO && distinct && dp__cuda_have_nccl()))
+    f |= DP_CUDA_NCCL;
+  return dp__cuda_ctx_init(p, arenas, f, bctx);
+}
+
+static bool cuda_graph_ready(const void *bctx, int slot) {
+  return dp__cuda_graph_ready(bctx, slot) != 0;
+}
+
+static dp_status cuda_device_info(int dev, char *name, size_t cap, size_t *total_mem,
+                                  size_t *free_mem) {
+  return dp__cuda_device_info(dev, name, cap, total_mem, free_mem, NULL, NULL);
+}
+
+static const dp_transport_ops cuda_transport = {
+    .name = "cuda",
+    .copy = dp__cuda_copy,
+    .peer = dp__cuda_peer,
+    .collective = dp__cuda_collective,
+};
+
+static const dp_backend_ops cuda_backend = {
+    .name = "cuda",
+    .align = 256, /* cudaMalloc's alignment, and cuBLAS's preferred one */
+    .workspace_bytes = cuda_workspace_bytes,
+    .host_staging = true, /* pinned: device copies run asynchronously */
+    .check_config = cuda_check_config,
+    .arena_alloc = cuda_arena_alloc,
+    .arena_free = cuda_arena_free,
+    .host_alloc = dp__cuda_host_alloc,
+    .host_free = dp__cuda_host_free,
+    .check_host = dp__cuda_check_pinned,
+    .read = cuda_move,
+    .write = cuda_move,
+    .fill_u32 = cuda_fill,
+    .ctx_init = cuda_ctx_init,
+    .ctx_free = dp__cuda_ctx_free,
+    .transport = &cuda_transport,
+    .run = dp__cuda_run,
+    .stage_begin = dp__cuda_stage_begin,
+    .stage_end = dp__cuda_stage_end,
+    .step_begin = dp__cuda_step_begin,
+    .step_end = dp__cuda_step_end,
+    .n_graph_slots = DP_CUDA_GRAPH_SLOTS,
+    .capture_begin = dp__cuda_capture_begin,
+    .capture_end = dp__cuda_capture_end,
+    .capture_abort = dp__cuda_capture_abort,
+    .graph_ready = cuda_graph_ready,
+    .graph_launch = dp__cuda_graph_launch,
+    .device_count = dp__cuda_device_count,
+    .device_info = cuda_device_info,
+    .bench_sgemm = dp__cuda_bench_sgemm,
+};
+
+dp_status dp_cuda_register(void) {
+  return dp__backend_register(DP_BACKEND_CUDA, &cuda_backend);
+}
