@@ -648,7 +648,12 @@ def main():
                  'install -m 644 include/dp.h %s' % pfx('include/dp.h'),
                  'install -m 755 %s %s' % (dp, pfx('bin/dp')),
                  'install -m 644 %s %s' % (B('dp.pc'), pfx('lib/pkgconfig/dp.pc'))]
-        n.build('install', 'console', [], [libdp, dp, B('dp.pc')],
+        if cuda:
+            steps += ['install -m 644 %s %s' % (libcuda[0], pfx('lib/libdp_cuda.a')),
+                      'install -m 644 %s %s' % (B('dp-cuda.pc'),
+                                                pfx('lib/pkgconfig/dp-cuda.pc'))]
+        n.build('install', 'console', [], [libdp, dp, B('dp.pc')] + libcuda +
+                ([B('dp-cuda.pc')] if cuda else []),
                 variables=[('cmd', '; '.join(steps)), ('desc', 'INSTALL ' + esc(args.prefix))])
 
     # ninja asan: configure build-asan/ and run its tests
@@ -720,10 +725,12 @@ def main():
         n.newline()
 
     # regenerate build.ninja when this script, the .pc template or a source folder changes
-    watched = ['configure.py', 'dp.pc.in'] + [d for d in SOURCE_DIRS if os.path.isdir(d)]
+    watched = ['configure.py', 'dp.pc.in', 'dp-cuda.pc.in'] + [d for d in SOURCE_DIRS
+                                                               if os.path.isdir(d)]
     watched += sources('fuzz/*.c') + sources('fuzz/*.h')
     assert 'fuzz' not in watched
-    n.build([manifest, suites_h, B('dp.pc')], 'configure', [], watched,
+    n.build([manifest, suites_h, B('dp.pc')] + ([B('dp-cuda.pc')] if cuda else []),
+            'configure', [], watched,
             variables=[('args', esc(shlex.join(rerun_args)))])
 
     # -- generated files
@@ -733,6 +740,12 @@ def main():
     pc = (pc.replace('@PREFIX@', args.prefix).replace('@VERSION@', dp_version())
           .replace('@LIBS@', join(sys_libs)))
     write(B('dp.pc'), pc)
+    if cuda:
+        with open('dp-cuda.pc.in') as f:
+            pc = f.read()
+        pc = (pc.replace('@PREFIX@', args.prefix).replace('@VERSION@', dp_version())
+              .replace('@LIBS@', join(cuda_pc_libs)))
+        write(B('dp-cuda.pc'), pc)
     write(manifest, n.text())
 
     # -- summary

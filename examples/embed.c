@@ -8,7 +8,11 @@
  * answers a query batch by inference. The training steps and forward passes
  * allocate nothing.
  *
- *   cc -std=c11 -Iinclude examples/embed.c libdp.a -lm -pthread -o embed
+ *   cc -std=c11 examples/embed.c $(pkg-config --cflags --static --libs dp) -o embed
+ *
+ * (from a build tree: cc -std=c11 -Iinclude examples/embed.c build/libdp.a -lm -pthread).
+ * Built with -DEMBED_CUDA against dp-cuda (pkg-config --static --libs dp-cuda) it also
+ * registers the CUDA backend and reports the GPUs; it serves on the cpu backend either way.
  *
  * Exit status 0 on success; on any failure the library's error text is printed
  * and the status is 1.
@@ -69,6 +73,10 @@ int main(void) {
   int rc = 1;
   dp_status s;
 
+#ifdef EMBED_CUDA
+  if ((s = dp_cuda_register())) return fail("cuda", s);
+  printf("cuda backend registered: %d GPU(s)\n", dp_cuda_device_count());
+#endif
   if ((s = dp_model_parse(MODEL, "embed", &model))) return fail("model", s);
 
   dp_config cfg;
