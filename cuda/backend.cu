@@ -749,6 +749,53 @@ static dp_status nccl_async_errors(cuda_ctx *c) {
 }
 #endif
 
+/* Waits for device x's stream without blocking inside the driver: polls
+ * cudaStreamQuery and, between polls, NCCL's asynchronous errors (a peer that
+ * failed), until `deadline`. On an NCCL error or the deadline the
+ * communicators are aborted, which ends any NCCL kernel still waiting for its
+ * peer, so a lost or stalled peer becomes an error instead of a hang; a
+ * stalled kernel of our own is reported at the deadline (the context is then
+ * unusable, c->failed). */
+static dp_status wait_stream(cuda_ctx *c, int d, double deadline) {
+  dev_ctx *x = &c->dev[d];
+  for (long polls = 0;; polls++) {
+    cudaError_t e = cudaStreamQuery(x->stream);
+    if (e == cudaSuccess) return DP_OK;
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      c->failed = true;
+      return DP_FAIL(DP_ERR_BACKEND, "device %d (GPU %d): cudaStreamQuery: %s: %s", d,
+                     x->phys, cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+#ifdef DP_HAVE_NCCL
+    if (c->nccl && (polls & 63) == 63) {
+      dp_status ns = nccl_async_errors(c);
+      if (ns != DP_OK) {
+        nccl_abort_all(c);
+        c->failed = true;
+        return ns;
+      }
+    }
+#endif
+    if ((polls & 1023) == 1023 && dp__cuda_now() > deadline) {
+#ifdef DP_HAVE_NCCL
+      if (c->nccl) nccl_abort_all(c);
+#endif
+      c->failed = true;
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "device %d (GPU %d): the step did not finish within %d ms (a stalled "
+                     "kernel, or a transfer whose other side never came)%s; the context is "
+                     "unusable",
+                     d, x->phys, c->timeout_ms,
+                     c->nccl ? "; the NCCL communicators were aborted" : "");
+    }
+    if (polls > 4096) { /* past the first few ms: stop spinning */
+      struct timespec ts = {0, 50000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (loss) *loss = 0.0f;
@@ -768,6 +815,7 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
    * so that nothing of this step is still running when we return. After a
    * graph launch the other streams wait for device 0's, which the graph ran
    * on (dp__cuda_graph_launch), so these read-backs come after the graph. */
+  double deadline = dp__cuda_now() + 1e-3 * c->timeout_ms;
   for (int pass = 0; pass < 2; pass++)
     for (int d = 0; d < c->n; d++) {
       dev_ctx *x = &c->dev[d];
@@ -778,11 +826,14 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
                             cudaMemcpyDeviceToHost, x->stream);
         call = "cudaMemcpyAsync(status words)";
       } else if (e == cudaSuccess) {
-        e = cudaStreamSynchronize(x->stream);
-        call = "cudaStreamSynchronize";
+        /* after a timeout, the other streams get no more time either */
+        dp_status ws = c->failed ? DP_OK : wait_stream(c, d, deadline);
+        if (ws != DP_OK && first == DP_OK) first = ws;
+        continue;
       }
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
+        c->failed = true;
         if (first == DP_OK) {
           first = DP_FAIL(DP_ERR_BACKEND, "device %d (GPU %d): %s: %s: %s", d, x->phys,
                           call, cudaGetErrorName(e), cudaGetErrorString(e));

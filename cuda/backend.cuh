@@ -5,6 +5,19 @@
 
 #include "kernels.cuh"
 
+#include <time.h>
+
+/* The pinned block host reads and writes of device memory go through between
+ * steps (dp__cuda_ctx_copy), a chunk at a time. */
+#define DP_CUDA_BOUNCE_BYTES ((size_t)4 << 20)
+
+/* Monotonic seconds, for the step's deadline. */
+static inline double dp__cuda_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
 struct dev_ctx {
   int phys;             /* cfg.device_ids[d] */
   unsigned char *arena; /* device memory, plan->dev_bytes[d] */
@@ -37,6 +50,9 @@ struct cuda_ctx {
   unsigned flags;
   bool nccl;                     /* DP_CUDA_NCCL: comm[] are live */
   bool capturing;                /* between capture_begin and capture_end/abort */
+  bool failed; /* a step timed out or the device or NCCL failed: free aborts, never waits */
+  int timeout_ms;                /* cfg.timeout_ms, the default filled in */
+  unsigned char *bounce;         /* pinned, DP_CUDA_BOUNCE_BYTES: host copies between steps */
   dp_cuda_header *host_hdr;      /* pinned, n entries: what step_end reads back */
   dp_cuda_step_scalars *host_sc; /* pinned, after host_hdr: the step's scalars */
   uint64_t step;                 /* host copy of host_sc->step, for checks */
@@ -46,7 +62,8 @@ struct cuda_ctx {
 };
 
 /* The thread's current logical device, set by dp__cuda_stage_begin: the
- * transport's copy() is not told which device executes it. */
+ * transport checks that it is the device its copy() and peer() are told
+ * execute them. */
 extern thread_local cuda_ctx *dp__cuda_tl_ctx;
 extern thread_local int dp__cuda_tl_dev;
 

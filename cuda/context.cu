@@ -23,7 +23,18 @@ extern "C" void dp__cuda_ctx_free(void *bctx) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (!c) return;
   if (c->capturing) dp__cuda_capture_abort(c);
-  for (int d = 0; d < c->n; d++) { /* nothing may still run when things go */
+#ifdef DP_HAVE_NCCL
+  /* A failed context (a timeout, a device or NCCL error) may have NCCL kernels
+   * waiting for a peer forever: abort the communicators first (ncclCommDestroy
+   * would wait for them), and never block on a stream. */
+  if (c->failed)
+    for (int d = 0; d < c->n; d++)
+      if (c->dev[d].comm) {
+        if (ncclCommAbort(c->dev[d].comm) != ncclSuccess) (void)cudaGetLastError();
+        c->dev[d].comm = NULL;
+      }
+#endif
+  for (int d = 0; d < c->n && !c->failed; d++) { /* nothing may still run when things go */
     dev_ctx *x = &c->dev[d];
     if (!x->stream) continue;
     dp_cuda_device_scope scope;
@@ -59,6 +70,7 @@ extern "C" void dp__cuda_ctx_free(void *bctx) {
     if (x->stream) DP_CUDA_TRY(cudaStreamDestroy(x->stream));
   }
   if (c->host_hdr) DP_CUDA_TRY(cudaFreeHost(c->host_hdr));
+  if (c->bounce) DP_CUDA_TRY(cudaFreeHost(c->bounce));
   if (dp__cuda_tl_ctx == c) {
     dp__cuda_tl_ctx = nullptr;
     dp__cuda_tl_dev = -1;
@@ -196,6 +208,7 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   c->plan = p;
   c->n = n;
   c->flags = flags;
+  c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
   for (int d = 0; d < n; d++) {
     c->dev[d].phys = p->cfg.device_ids[d];
     c->dev[d].arena = (unsigned char *)arenas[d];
@@ -206,6 +219,30 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   for (int d = 0; d < n && s == DP_OK; d++) s = init_device(c, d);
   if (s == DP_OK) s = enable_peers(c);
   if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = init_nccl(c);
+  /* every kernel loaded now, not lazily during a step (CUDA_MODULE_LOADING=LAZY is
+   * the default since 12.2: a kernel loaded while NCCL kernels spin can deadlock) */
+  for (int d = 0; d < n && s == DP_OK; d++) {
+    dp_cuda_device_scope scope;
+    s = scope.enter(c->dev[d].phys);
+    cudaError_t e = s == DP_OK ? dp_k_preload() : cudaSuccess;
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      s = DP_CUDA_FAIL(DP_ERR_BACKEND, e, "cudaFuncGetAttributes",
+                       "device %d: loading "
+                       "the kernels",
+                       d);
+    }
+  }
+  if (s == DP_OK) {
+    cudaError_t e =
+        cudaHostAlloc((void **)&c->bounce, DP_CUDA_BOUNCE_BYTES, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      c->bounce = NULL;
+      s = DP_CUDA_FAIL(dp__cuda_status_of(e), e, "cudaHostAlloc", "%s",
+                       "pinned bounce block for host copies");
+    }
+  }
   if (s == DP_OK) {
     /* n headers read back by step_end, then the step's scalars: one pinned
      * block (the headers' size keeps the scalars 8-aligned) */
@@ -262,6 +299,47 @@ extern "C" dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
     dp_cuda_device_scope scope;
     if ((s = scope.enter(devs[i])) != DP_OK) return s;
     DP_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const void *src,
+                                       size_t bytes) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (bytes == 0) return DP_OK;
+  if (!c || dev < 0 || dev >= c->n || !dst || !src)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_copy: bad arguments");
+  if (c->failed)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "device %d: the context failed earlier; its memory can "
+                   "no longer be read or written",
+                   dev);
+  dev_ctx *x = &c->dev[dev];
+  uintptr_t lo = (uintptr_t)x->arena, hi = lo + x->bytes;
+  bool to_dev = (uintptr_t)dst >= lo && (uintptr_t)dst < hi;
+  uintptr_t d0 = to_dev ? (uintptr_t)dst : (uintptr_t)src;
+  if (!to_dev && !((uintptr_t)src >= lo && (uintptr_t)src < hi))
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_copy: neither end is device %d's arena",
+                   dev);
+  if (bytes > hi - d0)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp__cuda_ctx_copy: %zu bytes run past device %d's arena", bytes, dev);
+  dp_cuda_device_scope scope;
+  dp_status s = scope.enter(x->phys);
+  if (s != DP_OK) return s;
+  for (size_t off = 0; off < bytes; off += DP_CUDA_BOUNCE_BYTES) {
+    size_t m = bytes - off < DP_CUDA_BOUNCE_BYTES ? bytes - off : DP_CUDA_BOUNCE_BYTES;
+    if (to_dev) {
+      memcpy(c->bounce, (const unsigned char *)src + off, m);
+      DP_CUDA_CHECK_D(dev, cudaMemcpyAsync((unsigned char *)dst + off, c->bounce, m,
+                                           cudaMemcpyHostToDevice, x->stream));
+      DP_CUDA_CHECK_D(dev, cudaStreamSynchronize(x->stream));
+    } else {
+      DP_CUDA_CHECK_D(dev, cudaMemcpyAsync(c->bounce, (const unsigned char *)src + off, m,
+                                           cudaMemcpyDeviceToHost, x->stream));
+      DP_CUDA_CHECK_D(dev, cudaStreamSynchronize(x->stream));
+      memcpy((unsigned char *)dst + off, c->bounce, m);
+    }
   }
   return DP_OK;
 }

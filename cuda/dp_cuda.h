@@ -177,6 +177,11 @@ dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step);
  * direction comes from the pointers). For context set-up and parameter
  * get/set between steps, and tests. */
 dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes);
+/* Synchronous copy between host memory and device dev's arena of the context
+ * (either direction): on dev's stream, through the context's pinned bounce
+ * block, waiting for that stream only (not the whole GPU, not other
+ * contexts). Between steps. */
+dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const void *src, size_t bytes);
 /* DP_OK when p is pinned host memory (cudaHostAlloc/cudaMallocHost), as the
  * staging arena of dp_ctx_create_static must be; DP_ERR_INVALID otherwise. */
 dp_status dp__cuda_check_pinned(const void *p);

@@ -517,3 +517,28 @@ cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
       seed, stream, abc, n, u64, uniform);
   return cudaGetLastError();
 }
+
+/* ---- eager loading ------------------------------------------------------------------ */
+
+/* Loads every kernel of this file on the current device: asking for a kernel's
+ * attributes loads its module, which lazy loading (the default since CUDA 12.2)
+ * would otherwise do at its first launch, inside a step. */
+cudaError_t dp_k_preload(void) {
+  const void *const kernels[] = {
+      (const void *)k_act_forward,  (const void *)k_act_backward,
+      (const void *)k_dropout,      (const void *)k_bias_add,
+      (const void *)k_colsum,       (const void *)k_layernorm_forward,
+      (const void *)k_layernorm_dx, (const void *)k_layernorm_dparams,
+      (const void *)k_add,          (const void *)k_fill,
+      (const void *)k_loss_mse,     (const void *)k_loss_ce,
+      (const void *)k_loss_sum,     (const void *)k_grad_check,
+      (const void *)k_update_check, (const void *)k_optimizer,
+      (const void *)k_reset_header, (const void *)k_rng_table,
+  };
+  for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, kernels[i]);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}

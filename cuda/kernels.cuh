@@ -123,6 +123,8 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
                            float *state, size_t n, const dp_cuda_header *hdr, int n_check);
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr);
+/* Loads every kernel on the current device now (see kernels.cu). */
+cudaError_t dp_k_preload(void);
 cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
                            const uint64_t *abc, int n, uint64_t *u64, float *uniform);
 

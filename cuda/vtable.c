@@ -34,6 +34,15 @@ static dp_status cuda_check_config(const dp_config *c) {
     if (c->device_ids[d] < 0)
       return DP_FAIL(DP_ERR_INVALID, "device_ids[%d] is %d; GPU ids are >= 0", d,
                      c->device_ids[d]);
+  /* One CUDA graph spanning several GPUs with NCCL kernels inside can deadlock
+   * (NCCL documents it for several GPUs per process under capture): graphs go
+   * with the copy transport (transport auto picks it for them). */
+  if (c->cuda_graph && (c->transport == DP_TRANSPORT_NCCL || c->fast_collectives))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda_graph with the NCCL transport%s is refused: one graph across "
+                   "several GPUs with NCCL inside can deadlock; use transport auto or copy "
+                   "with graphs, or NCCL without them",
+                   c->fast_collectives ? " (fast_collectives)" : "");
   int e, d;
   if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
       dp__shared_gpu(c, c->n_devices, &e, &d))
@@ -57,11 +66,14 @@ static void cuda_arena_free(const dp_plan *p, int dev, void *arena) {
   dp__cuda_arena_free(p->cfg.device_ids[dev], arena);
 }
 
-/* Synchronous device copies (UVA: the direction comes from the pointers). */
-static dp_status cuda_move(const dp_plan *p, int dev, void *dst, const void *src,
-                           size_t bytes) {
-  (void)p, (void)dev;
-  return dp__cuda_memcpy(dst, src, bytes);
+/* Synchronous copies between the host and device dev's arena: on the
+ * device's own stream through the context's pinned bounce block once there is
+ * a context (waiting for this context's work only), before it one plain copy. */
+static dp_status cuda_move(void *bctx, const dp_plan *p, int dev, void *dst,
+                           const void *src, size_t bytes) {
+  (void)p;
+  return bctx ? dp__cuda_ctx_copy(bctx, dev, dst, src, bytes)
+              : dp__cuda_memcpy(dst, src, bytes);
 }
 
 static dp_status cuda_fill(const dp_plan *p, int dev, void *dst, uint32_t value,
@@ -69,15 +81,17 @@ static dp_status cuda_fill(const dp_plan *p, int dev, void *dst, uint32_t value,
   return dp__cuda_fill_u32(p->cfg.device_ids[dev], dst, value, count);
 }
 
-/* NCCL between replicas when asked, or by default when this build has it and
- * every replica has its own GPU. */
+/* NCCL between replicas when asked, or by default when this build has it,
+ * every replica has its own GPU and steps are not captured as graphs (see
+ * cuda_check_config). */
 static dp_status cuda_ctx_init(const dp_plan *p, void *const arenas[], void **bctx) {
   const dp_config *cf = &p->cfg;
   unsigned f = cf->tf32 ? DP_CUDA_TF32 : 0;
   int n = p->split.n_used, a, b;
   bool distinct = n > 1 && !dp__shared_gpu(cf, n, &a, &b);
   if (cf->transport == DP_TRANSPORT_NCCL || cf->fast_collectives ||
-      (cf->transport == DP_TRANSPORT_AUTO && distinct && dp__cuda_have_nccl()))
+      (cf->transport == DP_TRANSPORT_AUTO && distinct && !cf->cuda_graph &&
+       dp__cuda_have_nccl()))
     f |= DP_CUDA_NCCL;
   return dp__cuda_ctx_init(p, arenas, f, bctx);
 }

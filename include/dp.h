@@ -111,10 +111,11 @@ typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
 const char *dp_backend_name(dp_backend b); /* "cpu", "cuda"; "?" when unknown */
 
 /* How the CUDA backend moves data between replicas on distinct GPUs. AUTO:
- * NCCL send/recv when the build has NCCL and every replica has a GPU of its
- * own, else CUDA copies (cudaMemcpyPeerAsync; same-GPU replicas always use
- * device-to-device copies). Either way the reductions are the schedule's own
- * canonical tree (our add kernel), so the bits do not depend on it. */
+ * NCCL send/recv when the build has NCCL, every replica has a GPU of its own
+ * and cuda_graph is off (a graph across GPUs with NCCL inside can deadlock:
+ * cuda_graph with NCCL is refused), else CUDA copies (cudaMemcpyPeerAsync; same-GPU
+ * replicas always use device-to-device copies). Either way the reductions are the
+ * schedule's own canonical tree (our add kernel), so the bits do not depend on it. */
 typedef enum { DP_TRANSPORT_AUTO = 0, DP_TRANSPORT_COPY, DP_TRANSPORT_NCCL } dp_transport;
 
 /* What a training step does when its loss or a gradient is NaN or infinite.
@@ -166,6 +167,11 @@ typedef struct {
    * device and the region the write ran out of. Off, the layout is exactly
    * the unguarded one. The host staging arena has no guards. */
   int guards;
+  /* Longest a step may wait for a device or a peer, in milliseconds, before it
+   * fails with DP_ERR_BACKEND (and leaves the context unusable) instead of
+   * hanging: a stalled kernel, an NCCL transfer whose other side never comes.
+   * 0: the default, 60000. */
+  int timeout_ms;
   /* ---- cuda backend only (a cpu plan with any of them set is refused) ---- */
   /* Capture a step once, after one plain warm-up step of the same shape, as a
    * CUDA graph and replay it (cudaGraphLaunch) from then on: one launch per
@@ -399,6 +405,87 @@ int dp_cuda_available(void);
 /* Number of visible GPUs; 0 with a reason in dp_last_error() when none (or
  * when the CUDA backend is not registered). */
 int dp_cuda_device_count(void);
+
+/* ---- inspection, names and diagnostics --------------------------------------
+ * What a tool (the `dp` command, a service's own reports) needs to describe a
+ * model, a plan or the machine without the library's internals. None of it
+ * allocates except dp_bench_sgemm. */
+
+/* One layer of a model (index i = the module index of the equivalent PyTorch
+ * nn.Sequential: activations and dropout are modules too). */
+typedef struct {
+  dp_layer_kind kind;
+  int in, out;         /* widths */
+  int bias;            /* linear: 1 with a bias, 0 with `nobias`; 0 otherwise */
+  float p;             /* dropout probability; 0 otherwise */
+  size_t param_offset; /* first parameter (in floats) in the state_dict-ordered array */
+  size_t n_params;     /* 0 for layers without parameters */
+} dp_layer_info;
+
+/* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or
+ * out; DP_ERR_RANGE for i out of range (*out is zeroed on any error). */
+dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out);
+
+/* One parameter tensor, named and shaped as in PyTorch's state_dict of the
+ * equivalent nn.Sequential: "0.weight" (out, in) and "0.bias" (out) for a
+ * linear at index 0; "3.weight" (n) and "3.bias" (n) for a layernorm at 3. */
+typedef struct {
+  char name[48];
+  int ndim;      /* 1 or 2 */
+  int dims[2];   /* dims[1] is 0 when ndim == 1 */
+  size_t offset; /* first element (in floats) in the array dp_get_params fills */
+  size_t numel;  /* dims[0] (* dims[1]); the tensors tile 0 .. dp_model_n_params */
+} dp_tensor_info;
+
+/* The parameter tensors, in state_dict order (0 for a NULL model). */
+int dp_model_n_tensors(const dp_model *m);
+/* Tensor i, 0 <= i < dp_model_n_tensors(m); errors as dp_model_layer. */
+dp_status dp_model_tensor(const dp_model *m, int i, dp_tensor_info *out);
+
+/* FNV-1a 64 of n bytes: the hash dp_params_hash computes over the parameter
+ * bytes (so dp_hash_bytes of dp_get_params' array equals it) and dp repro
+ * reports per tensor. data may be NULL when n is 0. */
+uint64_t dp_hash_bytes(const void *data, size_t n);
+
+/* Names of enum values: the words of the spec text and of the `dp` command
+ * line ("linear", "softmax_cross_entropy", "none", "chunk", "classic",
+ * "adamw", "nccl"); "?" for a value out of range. The library's one table
+ * per enum (dp_backend_name, dp_region_name, dp_phase_name, dp_op_kind_name
+ * and dp_status_name are declared with their enums). */
+const char *dp_layer_kind_name(dp_layer_kind k);
+const char *dp_loss_name(dp_loss_kind l);
+const char *dp_split_name(dp_split s);
+const char *dp_mode_name(dp_mode m);
+const char *dp_optimizer_name(dp_optimizer o);
+const char *dp_transport_name(dp_transport t);
+
+/* The CPU GEMM tier in use: "avx512", "avx2" or "scalar" (every tier gives
+ * the same bits; DP_GEMM_TIER in the environment picks the first one). */
+const char *dp_gemm_tier(void);
+/* Switches the CPU GEMM tier, for benchmarks and tests; call it while no
+ * step runs. NULL or "auto": the best the CPU supports. An unknown name is
+ * DP_ERR_INVALID, a tier this CPU lacks DP_ERR_UNSUPPORTED; either way
+ * nothing changes. */
+dp_status dp_gemm_set_tier(const char *tier);
+
+/* Times one FP32 GEMM of m x n x k (m, n, k >= 1) on `device` of `backend`:
+ * *ms_per_gemm is the mean over `iters` (>= 1) runs after one warm-up run.
+ * Allocates (and frees) its own operands: not for a fixed-budget process's
+ * steady state.
+ *   cpu:  libdp's CPU GEMM, on the calling thread, in the linear layer's
+ *         forward layout C (m, n) = A (m, k) . B (n, k)^T, with the tier in
+ *         use; device must be 0 and tf32 0 (DP_ERR_INVALID otherwise).
+ *   cuda: cuBLAS C (m, n) = A (m, k) . B (k, n) on GPU `device` through the
+ *         registered backend, TF32 tensor cores when tf32 is 1;
+ *         DP_ERR_UNSUPPORTED when the CUDA backend is not registered; the
+ *         CUDA error (no GPU, ...) otherwise. */
+dp_status dp_bench_sgemm(dp_backend backend, int device, int m, int n, int k, int iters,
+                         int tf32, double *ms_per_gemm);
+/* Name (NUL-terminated, cut to cap) and memory of GPU `gpu`; any output may
+ * be NULL. Reading the free memory creates the GPU's CUDA context.
+ * DP_ERR_UNSUPPORTED when the CUDA backend is not registered. */
+dp_status dp_cuda_device_info(int gpu, char *name, size_t cap, size_t *total_mem,
+                              size_t *free_mem);
 
 #ifdef __cplusplus
 }

@@ -523,9 +523,9 @@ static void cpu_arena_free(const dp_plan *p, int dev, void *arena) {
   free(arena);
 }
 
-static dp_status cpu_copy_bytes(const dp_plan *p, int dev, void *dst, const void *src,
-                                size_t bytes) {
-  (void)p, (void)dev;
+static dp_status cpu_copy_bytes(void *bctx, const dp_plan *p, int dev, void *dst,
+                                const void *src, size_t bytes) {
+  (void)bctx, (void)p, (void)dev;
   memcpy(dst, src, bytes);
   return DP_OK;
 }

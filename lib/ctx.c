@@ -40,14 +40,14 @@ dp_status dp__ctx_read(const dp_ctx *c, int d, dp_region r, size_t off, void *ds
                        size_t bytes) {
   dp_status s = check_span(c, d, r, off, bytes);
   if (s || !bytes) return s;
-  return c->be->read(c->plan, d, dst, region_ptr(c, d, r, off), bytes);
+  return c->be->read(c->bctx, c->plan, d, dst, region_ptr(c, d, r, off), bytes);
 }
 
 dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *src,
                         size_t bytes) {
   dp_status s = check_span(c, d, r, off, bytes);
   if (s || !bytes) return s;
-  return c->be->write(c->plan, d, region_ptr(c, d, r, off), src, bytes);
+  return c->be->write(c->bctx, c->plan, d, region_ptr(c, d, r, off), src, bytes);
 }
 
 /* n_words 32-bit words at byte offset off of device d's arena (guards and
@@ -55,7 +55,7 @@ dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *s
  * (n_words <= DP_CTX_BOUNCE_WORDS). */
 static const uint32_t *arena_words(const dp_ctx *c, int d, size_t off, size_t n_words,
                                    dp_status *s) {
-  *s = c->be->read(c->plan, d, c->bounce, c->arena[d] + off, n_words * 4);
+  *s = c->be->read(c->bctx, c->plan, d, c->bounce, c->arena[d] + off, n_words * 4);
   return c->bounce;
 }
 
@@ -511,10 +511,14 @@ static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   return s;
 }
 
-/* Captures the schedule into graph `slot` and launches it. On failure nothing
- * ran (a capture only records) and the capture is dropped. */
-static dp_status capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot) {
+/* Captures the schedule into graph `slot` and launches it. A failure before
+ * the launch ran nothing (a capture only records) and dropped the capture;
+ * *launched: the launch was attempted, so the graph may have run whatever
+ * the launch returned. */
+static dp_status capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot,
+                         bool *launched) {
   bool partial; /* irrelevant here: a capture runs nothing */
+  *launched = false;
   dp_status s = c->be->capture_begin(c->bctx);
   if (!s) {
     s = run_parts(c, e, sc, -1, &partial);
@@ -527,27 +531,34 @@ static dp_status capture(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, in
     }
     s = c->be->capture_end(c->bctx, slot);
   }
-  if (!s) s = c->be->graph_launch(c->bctx, slot, c->step);
+  if (!s) {
+    *launched = true;
+    s = c->be->graph_launch(c->bctx, slot, c->step);
+  }
   return s;
 }
 
 /* One run of sc (plain, or captured then launched, or launched), to
  * completion. *untrusted: the state may be partly updated: part of the
- * commit phase failed after all of the pre-commit part ran, or the device
- * failed (an asynchronous fault: its context is then unusable). A failure
- * before the commit phase leaves the state as it was. A shape whose capture
- * fails runs plain from then on (this run included); c->error says why. */
+ * commit phase failed after all of the pre-commit part ran, the device
+ * failed (an asynchronous fault: its context is then unusable), or a graph
+ * launch failed (the graph may have run, update included: running the step
+ * again would apply it twice). A failure before the commit phase leaves the
+ * state as it was. A shape whose capture fails runs plain from then on (this
+ * run included); c->error says why. */
 static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int slot,
                            int inject, float *loss, bool *untrusted) {
   const dp_backend_ops *be = c->be;
-  bool commit_failed = false;
+  bool commit_failed = false, launched = false;
   dp_status s;
-  if (slot >= 0 && be->graph_ready(c->bctx, slot)) {
+  if (slot >= 0 && !c->graph_broken[slot] && be->graph_ready(c->bctx, slot)) {
+    launched = true;
     s = be->graph_launch(c->bctx, slot, c->step);
+    if (s) c->graph_broken[slot] = true;
   } else if (slot >= 0 && c->graph_warm[slot] && !c->graph_broken[slot]) {
-    s = capture(c, e, sc, slot);
-    if (s) {
-      c->graph_broken[slot] = true;
+    s = capture(c, e, sc, slot, &launched);
+    if (s) c->graph_broken[slot] = true;
+    if (s && !launched) {
       char why[DP_ERRMSG_CAP];
       snprintf(why, sizeof why, "%s", dp_last_error());
       if (!(s = run_parts(c, e, sc, inject, &commit_failed)))
@@ -568,7 +579,7 @@ static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   char msg[DP_ERRMSG_CAP];
   if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
   dp_status end = be->step_end(c->bctx, loss);
-  *untrusted = commit_failed || end == DP_ERR_BACKEND;
+  *untrusted = commit_failed || end == DP_ERR_BACKEND || (launched && s);
   if (s) {
     if (end == DP_ERR_BACKEND) /* and the device failed too: report both */
       return DP_FAIL(DP_ERR_BACKEND, "%s; then: %s", msg, dp_last_error());

@@ -220,10 +220,13 @@ typedef struct dp_backend_ops {
   void (*host_free)(void *host);
   dp_status (*check_host)(const void *host);
   /* Host access to arena bytes between steps (the host never dereferences
-   * an arena itself): copy from / to device dev's memory, synchronously;
-   * fill count 32-bit words. */
-  dp_status (*read)(const dp_plan *p, int dev, void *dst, const void *src, size_t bytes);
-  dp_status (*write)(const dp_plan *p, int dev, void *dst, const void *src, size_t bytes);
+   * an arena itself): copy from / to device dev's memory, synchronously
+   * (bctx: the backend's context, NULL before ctx_init); fill count 32-bit
+   * words (before ctx_init only). */
+  dp_status (*read)(void *bctx, const dp_plan *p, int dev, void *dst, const void *src,
+                    size_t bytes);
+  dp_status (*write)(void *bctx, const dp_plan *p, int dev, void *dst, const void *src,
+                     size_t bytes);
   dp_status (*fill_u32)(const dp_plan *p, int dev, void *dst, uint32_t value, size_t count);
 
   /* ---- the backend's context (optional: NULL for a stateless backend) ----

@@ -151,6 +151,9 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
   if (!be) return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
   if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
+  if (c->timeout_ms < 0)
+    return DP_FAIL(DP_ERR_INVALID, "timeout_ms must be >= 0 (0: the default), got %d",
+                   c->timeout_ms);
   if (c->guards != 0 && c->guards != 1)
     return DP_FAIL(DP_ERR_INVALID, "guards must be 0 or 1, got %d", c->guards);
   /* The backend's own options (the config's cuda_* fields): its check, or

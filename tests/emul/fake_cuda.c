@@ -77,6 +77,8 @@ static struct {
 static atomic_long n_fail_captures;
 
 void fake_cuda_fail_captures(long n) { atomic_store(&n_fail_captures, n); }
+static atomic_long n_fail_launches;
+void fake_cuda_fail_launches(long n) { atomic_store(&n_fail_launches, n); }
 
 static atomic_long n_plain, n_ends, n_captures, n_aborts, n_launches, n_runs, n_copies,
     n_cross, n_peers, n_executed, n_bad_frees, n_memcpys;
@@ -1262,6 +1264,12 @@ dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step) {
   c->launched = slot;
   c->step = step;
   atomic_fetch_add(&n_launches, 1);
+  if (atomic_load(&n_fail_launches) > 0) {
+    atomic_fetch_sub(&n_fail_launches, 1);
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "dp__cuda_graph_launch: cudaStreamWaitEvent after "
+                   "cudaGraphLaunch: cudaErrorUnknown (injected by the fake)");
+  }
   return DP_OK;
 }
 
@@ -1301,6 +1309,22 @@ dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
   if (!st) memcpy(d, s, bytes);
   unlock();
   return st;
+}
+
+/* The context's copy: one end must be device dev's arena of that context;
+ * otherwise dp__cuda_memcpy's checks (in flight, bounds). */
+dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const void *src, size_t bytes) {
+  fk_ctx *c = bctx;
+  if (!c || dev < 0 || dev >= c->n)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_copy: no context, or device %d", dev);
+  if (bytes == 0) return DP_OK;
+  const unsigned char *a = c->dev[dev].dev, *d = dst, *sp = src;
+  size_t n = c->p->dev_bytes[dev];
+  bool to_dev = d >= a && d < a + n, from_dev = sp >= a && sp < a + n;
+  if (to_dev == from_dev)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp__cuda_ctx_copy: exactly one end must be device %d's arena", dev);
+  return dp__cuda_memcpy(dst, src, bytes);
 }
 
 dp_status dp__cuda_check_pinned(const void *p) {

@@ -47,6 +47,9 @@ void fake_cuda_set_have_nccl(int yes);
 void fake_cuda_set_free_bytes(int gpu, size_t bytes);
 /* The next n captures fail at dp__cuda_capture_end (nothing ran). */
 void fake_cuda_fail_captures(long n);
+/* The next n calls of dp__cuda_graph_launch launch the graph (step_end runs it)
+ * and then report a failure, as a launch whose later CUDA call failed. */
+void fake_cuda_fail_launches(long n);
 /* Back to the defaults above (live allocations are kept). */
 void fake_cuda_reset_config(void);
 

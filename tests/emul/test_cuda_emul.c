@@ -660,7 +660,22 @@ END_TEST
 START_TEST(fast_collectives_allreduce) {
   for (int n = 2; n <= 4; n += 2) {
     dp_config c = config(n, DP_MODE_ALLREDUCE, 0, DP_OPT_ADAMW);
-    dp_config g = as_cuda(c, n == 4);
+    dp_config g = as_cuda(c, 0);
+    g.fast_collectives = 1;
+    /* one graph across GPUs with NCCL inside can deadlock (issue 14, item 2) */
+    g.cuda_graph = 1;
+    dp_plan *refused = NULL;
+    dp_model *mm = NULL;
+    ck_assert_int_eq(dp_model_parse(CE_SPEC, "emul", &mm), DP_OK);
+    ck_assert_int_eq(dp_plan_create(mm, &g, &refused), DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_last_error(), "cuda_graph with the NCCL transport"), "%s",
+                  dp_last_error());
+    g.fast_collectives = 0;
+    g.transport = DP_TRANSPORT_NCCL;
+    ck_assert_int_eq(dp_plan_create(mm, &g, &refused), DP_ERR_INVALID);
+    dp_model_free(mm);
+    g.cuda_graph = 0;
+    g.transport = DP_TRANSPORT_AUTO;
     g.fast_collectives = 1;
     rig cpu, cu;
     rig_open(&cpu, CE_SPEC, &c);
@@ -768,6 +783,41 @@ START_TEST(graph_capture_failure_falls_back_to_plain) {
   rig_close(&plain);
   rig_close(&graph);
   expect_clean("after the capture failure");
+}
+END_TEST
+
+/* A launch that fails after the graph was launched (issue 14, item 4): the
+ * graph may have run, update included, so the step is not run again plain (that
+ * would apply the update twice): the context is poisoned, and its parameters
+ * are those of exactly one update. */
+START_TEST(graph_launch_failure_poisons_instead_of_rerunning) {
+  dp_config c = config(2, DP_MODE_ALLREDUCE, 0, DP_OPT_ADAMW);
+  dp_config gg = as_cuda(c, 1);
+  for (int at = 2; at <= 3; at++) { /* the capture's own launch; a later replay */
+    rig cpu, graph;
+    rig_open(&cpu, CE_SPEC, &c);
+    rig_open(&graph, CE_SPEC, &gg);
+    rig *rs[2] = {&cpu, &graph};
+    for (int k = 0; k < at; k++) step_all(rs, 2, k, BATCH, "before the failed launch");
+    fake_cuda_fail_launches(1);
+    static batch bt;
+    make_batch(&bt, at);
+    float lc = 0.0f, lg = 0.0f;
+    ck_assert_int_eq(dp_train_step(cpu.c, BATCH, IN, bt.x, bt.label, &lc), DP_OK);
+    dp_status s = dp_train_step(graph.c, BATCH, IN, bt.x, bt.label, &lg);
+    ck_assert_msg(s == DP_ERR_BACKEND, "at %d: %s: %s", at, dp_status_name(s),
+                  dp_ctx_error(graph.c));
+    ck_assert_msg(strstr(dp_ctx_error(graph.c), "injected"), "%s", dp_ctx_error(graph.c));
+    /* the graph ran once: the parameters are the cpu's after the same step */
+    same_params(rs, 2, "after the failed launch");
+    s = dp_train_step(graph.c, BATCH, IN, bt.x, bt.label, &lg);
+    ck_assert_msg(s != DP_OK && strstr(dp_ctx_error(graph.c), "unusable"),
+                  "at %d: not poisoned: %s", at, dp_ctx_error(graph.c));
+    fake_cuda_fail_launches(0);
+    rig_close(&cpu);
+    rig_close(&graph);
+    expect_clean("after the failed launch");
+  }
 }
 END_TEST
 
@@ -1437,6 +1487,7 @@ static Suite *cuda_emul_suite(void) {
   tc = tcase("graphs");
   tcase_add_test(tc, graph_replay_equals_plain_and_cpu);
   tcase_add_test(tc, graph_short_batches_run_plain);
+  tcase_add_test(tc, graph_launch_failure_poisons_instead_of_rerunning);
   tcase_add_test(tc, graph_capture_failure_falls_back_to_plain);
   tcase_add_test(tc, graph_allreduce_after_set_params);
   suite_add_tcase(s, tc);
