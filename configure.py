@@ -581,7 +581,7 @@ def main():
         eobjs = [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in emul_src]
         # The GPU suite through the public API runs here too, against the double, so
         # that its logic is checked on every run (test_dp runs it on a real GPU).
-        eobjs.append(O('tests/test_cuda_api.c'))
+        eobjs += [O('tests/test_cuda_api.c'), O('tests/test_cuda_fault.c')]
         elibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs)))]
         test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [vtable_obj, libdp],
                              variables=elibs)

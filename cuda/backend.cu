@@ -600,6 +600,8 @@ extern "C" dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage) {
   dp__cuda_tl_dev = dev;
   x->stage = stage;
   x->touched[stage & 1] = 0;
+  if (c->debug_delay_us && (uint64_t)dev == c->step % (uint64_t)c->n)
+    DP_CUDA_CHECK_D(dev, dp_k_debug_spin(x->stream, c->debug_delay_us));
   if (stage == 0) return DP_OK;
   int q = (stage - 1) & 1;
   for (int X = 0; X < c->n; X++)
@@ -688,6 +690,8 @@ extern "C" dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
                     cudaMemcpyAsync(&x->hdr->sc, c->host_sc, sizeof(dp_cuda_step_scalars),
                                     cudaMemcpyHostToDevice, x->stream));
   }
+  if (c->debug_fault_step && step + 1 == c->debug_fault_step)
+    DP_CUDA_CHECK_D(0, dp_k_debug_fault(c->dev[0].stream));
   return DP_OK;
 }
 

@@ -52,6 +52,13 @@ struct cuda_ctx {
   bool capturing;                /* between capture_begin and capture_end/abort */
   bool failed; /* a step timed out or the device or NCCL failed: free aborts, never waits */
   int timeout_ms;                /* cfg.timeout_ms, the default filled in */
+  /* Debug hooks for tests/gpu/run.sh, read from the environment at creation
+   * (never set in normal use): DP_CUDA_DEBUG_DELAY_US: a spin of that many
+   * microseconds at the start of every stage of replica (step mod n), so that
+   * a missing cross-stream edge shows as changed bits; DP_CUDA_DEBUG_FAULT_STEP:
+   * an illegal-address kernel at the start of that step (1-based; 0: none). */
+  unsigned debug_delay_us;
+  uint64_t debug_fault_step;
   unsigned char *bounce;         /* pinned, DP_CUDA_BOUNCE_BYTES: host copies between steps */
   dp_cuda_header *host_hdr;      /* pinned, n entries: what step_end reads back */
   dp_cuda_step_scalars *host_sc; /* pinned, after host_hdr: the step's scalars */

@@ -209,6 +209,10 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   c->n = n;
   c->flags = flags;
   c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
+  const char *dbg = getenv("DP_CUDA_DEBUG_DELAY_US");
+  c->debug_delay_us = dbg ? (unsigned)strtoul(dbg, NULL, 10) : 0;
+  dbg = getenv("DP_CUDA_DEBUG_FAULT_STEP");
+  c->debug_fault_step = dbg ? strtoull(dbg, NULL, 10) : 0;
   for (int d = 0; d < n; d++) {
     c->dev[d].phys = p->cfg.device_ids[d];
     c->dev[d].arena = (unsigned char *)arenas[d];

@@ -198,6 +198,12 @@ dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc
  * iters after a warm-up) and *tflops. */
 dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32,
                                double *ms, double *tflops);
+/* The layer GEMMs with operands at every 4-byte offset 0..128 B and leading
+ * dimensions 7, 8 and 1024, each result compared by memcmp with the aligned
+ * one: *checked results, *differ of them with other bits; `first` names the
+ * first that differs. */
+dp_status dp__cuda_gemm_alignment_sweep(int dev, int *checked, int *differ, char *first,
+                                        size_t cap);
 
 #ifdef __cplusplus
 }

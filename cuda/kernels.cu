@@ -518,6 +518,25 @@ cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
   return cudaGetLastError();
 }
 
+/* ---- debug hooks (tests/gpu/run.sh) ----------------------------------------------------
+ */
+
+static __global__ void k_debug_spin(unsigned us) {
+  for (unsigned i = 0; i < us; i++) __nanosleep(1000);
+}
+
+cudaError_t dp_k_debug_spin(cudaStream_t st, unsigned us) {
+  k_debug_spin<<<1, 1, 0, st>>>(us);
+  return cudaGetLastError();
+}
+
+static __global__ void k_debug_fault(float *p) { *p = 1.0f; }
+
+cudaError_t dp_k_debug_fault(cudaStream_t st) {
+  k_debug_fault<<<1, 1, 0, st>>>((float *)(uintptr_t)0x10);
+  return cudaGetLastError();
+}
+
 /* ---- eager loading ------------------------------------------------------------------ */
 
 /* Loads every kernel of this file on the current device: asking for a kernel's

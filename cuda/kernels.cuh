@@ -123,6 +123,10 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
                            float *state, size_t n, const dp_cuda_header *hdr, int n_check);
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr);
+/* Debug hooks (cuda_ctx.debug_*): a spin of `us` microseconds; a write to an
+ * unmapped address (an asynchronous illegal-address fault). */
+cudaError_t dp_k_debug_spin(cudaStream_t st, unsigned us);
+cudaError_t dp_k_debug_fault(cudaStream_t st);
 /* Loads every kernel on the current device now (see kernels.cu). */
 cudaError_t dp_k_preload(void);
 cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,

@@ -4,6 +4,10 @@
  * of a step. */
 #include "kernels.cuh"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 namespace {
 /* Device memory freed on scope exit (the current device must be the one it
  * was allocated on, or any: cudaFree finds it). */
@@ -90,4 +94,96 @@ extern "C" dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iter
   *ms = (double)total / iters;
   *tflops = 2.0 * m * n * k / (*ms * 1e-3) / 1e12;
   return DP_OK;
+}
+
+/* The layer GEMMs (dp__cuda_linear_forward/backward, the backend's own calls)
+ * on operands placed at every 4-byte offset 0..128 B from a 256-aligned base,
+ * for widths 7, 8 and 1024 (the leading dimensions), 37 rows: cuBLAS may pick
+ * another kernel for another alignment, and activations of a micro-batch sit
+ * at row offsets inside the arena, so the bits must not depend on it. Every
+ * result is compared with the offset-0 one by memcmp; *differ counts the
+ * (shape, offset, product) triples whose bits differ, and `first` names the
+ * first. */
+extern "C" dp_status dp__cuda_gemm_alignment_sweep(int dev, int *checked, int *differ,
+                                                   char *first, size_t cap) {
+  if (!checked || !differ) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_gemm_alignment_sweep");
+  *checked = *differ = 0;
+  if (first && cap) first[0] = '\0';
+  dp_cuda_device_scope scope;
+  dp_status s = scope.enter(dev);
+  if (s != DP_OK) return s;
+  static const int widths[] = {7, 8, 1024};
+  const int rows = 37, maxw = 1024, slack = 128;
+  const size_t big = (size_t)maxw * maxw * 4 + slack, act = (size_t)rows * maxw * 4 + slack;
+  dev_buf x, w, y, dy, dw, dx, ws;
+  DP_CUDA_CHECK(cudaMalloc(&x.p, act));
+  DP_CUDA_CHECK(cudaMalloc(&w.p, big));
+  DP_CUDA_CHECK(cudaMalloc(&y.p, act));
+  DP_CUDA_CHECK(cudaMalloc(&dy.p, act));
+  DP_CUDA_CHECK(cudaMalloc(&dw.p, big));
+  DP_CUDA_CHECK(cudaMalloc(&dx.p, act));
+  DP_CUDA_CHECK(cudaMalloc(&ws.p, DP_CUDA_BLAS_WS_BYTES));
+  stream_guard g;
+  DP_CUDA_CHECK(cudaStreamCreateWithFlags(&g.s, cudaStreamNonBlocking));
+  s = dp__cuda_blas_create(g.s, ws.p, DP_CUDA_BLAS_WS_BYTES, false, &g.h);
+  if (s != DP_OK) return s;
+  /* host copies: the inputs (the same values at every offset) and the results */
+  size_t hb = (size_t)maxw * maxw;
+  float *hin = (float *)malloc(hb * 4), *ref[3], *got = (float *)malloc(hb * 4);
+  for (int i = 0; i < 3; i++) ref[i] = (float *)malloc(hb * 4);
+  if (!hin || !got || !ref[0] || !ref[1] || !ref[2]) {
+    free(hin), free(got), free(ref[0]), free(ref[1]), free(ref[2]);
+    return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_gemm_alignment_sweep: out of memory");
+  }
+  for (size_t i = 0; i < hb; i++) hin[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
+  for (int a = 0; a < 3 && s == DP_OK; a++)
+    for (int b = 0; b < 3 && s == DP_OK; b++) {
+      int in = widths[a], out = widths[b];
+      for (int off = 0; off <= slack && s == DP_OK; off += 4) {
+        unsigned char *px = (unsigned char *)x.p + off, *pw = (unsigned char *)w.p + off,
+                      *py = (unsigned char *)y.p + off, *pdy = (unsigned char *)dy.p + off,
+                      *pdw = (unsigned char *)dw.p + off,
+                      *pdx = (unsigned char *)dx.p + off;
+        cudaError_t e = cudaMemcpy(px, hin, (size_t)rows * in * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess)
+          e = cudaMemcpy(pw, hin, (size_t)out * in * 4, cudaMemcpyHostToDevice);
+        if (e == cudaSuccess)
+          e = cudaMemcpy(pdy, hin, (size_t)rows * out * 4, cudaMemcpyHostToDevice);
+        if (e != cudaSuccess) {
+          (void)cudaGetLastError();
+          s = DP_FAIL(DP_ERR_BACKEND, "alignment sweep: cudaMemcpy: %s",
+                      cudaGetErrorString(e));
+          break;
+        }
+        s = dp__cuda_linear_forward(g.h, g.s, rows, in, out, (const float *)px,
+                                    (const float *)pw, NULL, (float *)py);
+        if (s == DP_OK)
+          s = dp__cuda_linear_backward(g.h, g.s, rows, in, out, (const float *)px,
+                                       (const float *)pw, (const float *)pdy, (float *)pdw,
+                                       NULL, (float *)pdx);
+        if (s != DP_OK) break;
+        const void *res[3] = {py, pdw, pdx};
+        size_t n[3] = {(size_t)rows * out, (size_t)out * in, (size_t)rows * in};
+        static const char *const what[3] = {"forward y", "backward dW", "backward dx"};
+        for (int r = 0; r < 3 && s == DP_OK; r++) {
+          e = cudaMemcpyAsync(off ? got : ref[r], res[r], n[r] * 4, cudaMemcpyDeviceToHost,
+                              g.s);
+          if (e == cudaSuccess) e = cudaStreamSynchronize(g.s);
+          if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            s = DP_FAIL(DP_ERR_BACKEND, "alignment sweep: %s", cudaGetErrorString(e));
+            break;
+          }
+          if (!off) continue;
+          (*checked)++;
+          if (memcmp(got, ref[r], n[r] * 4) != 0) {
+            if (!*differ && first && cap)
+              snprintf(first, cap, "%s, in %d, out %d, offset %d B", what[r], in, out, off);
+            (*differ)++;
+          }
+        }
+      }
+    }
+  free(hin), free(got), free(ref[0]), free(ref[1]), free(ref[2]);
+  return s;
 }

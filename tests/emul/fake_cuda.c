@@ -473,7 +473,9 @@ struct fk_ctx {
   fk_slot slot[DP_CUDA_GRAPH_SLOTS];
   /* the status words of the last executed step */
   bool st_loss, st_label, st_grad, st_grad_inf;
-  bool st_update;                 /* GRAD_CHECK: the update would not be finite */
+  bool st_update;      /* GRAD_CHECK: the update would not be finite */
+  uint64_t fault_step; /* DP_CUDA_DEBUG_FAULT_STEP, as cuda/context.cu reads it */
+  bool faulted;        /* that step ran: every later step fails (a sticky error) */
   char update_msg[DP_ERRMSG_CAP]; /* the first such report, in the cpu's words */
   /* the fast_collectives allreduce being entered: each device's op, by device */
   const dp_op *coll[DP_MAX_DEVICES];
@@ -613,6 +615,8 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
   c->n_mb = p->split.n_mb;
   c->cap = p->ops_cap > 0 ? p->ops_cap : 1; /* no device has more calls than ops */
   c->flags = flags;
+  const char *fs = getenv("DP_CUDA_DEBUG_FAULT_STEP");
+  c->fault_step = fs ? strtoull(fs, NULL, 10) : 0;
   c->state = ST_IDLE;
   bool ok = true;
   for (int d = 0; d < c->n; d++) {
@@ -1141,6 +1145,17 @@ dp_status dp__cuda_step_end(void *bctx, float *loss) {
   if (s) {
     clear_queues(c);
     return s;
+  }
+  /* the debug fault kernel runs first in its step: nothing of it, or after it */
+  if (c->faulted ||
+      (c->fault_step && c->step + 1 == c->fault_step && state != ST_ABORTED)) {
+    c->faulted = true;
+    clear_queues(c);
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "device 0 (GPU %d): cudaStreamQuery: "
+                   "cudaErrorIllegalAddress: an illegal memory access was "
+                   "encountered (emulated: DP_CUDA_DEBUG_FAULT_STEP)",
+                   c->dev[0].phys);
   }
   if (state == ST_STEP) {
     fk_call *calls[DP_MAX_DEVICES];

@@ -1513,7 +1513,8 @@ static Suite *cuda_emul_suite(void) {
   return s;
 }
 
-Suite *cuda_api_suite(void); /* tests/test_cuda_api.c, here on the emulated GPU */
+Suite *cuda_api_suite(void);   /* tests/test_cuda_api.c, here on the emulated GPU */
+Suite *cuda_fault_suite(void); /* tests/test_cuda_fault.c, likewise */
 
 int main(void) {
   /* cuda/vtable.c's registration, over the emulated GPU's dp_cuda.h */
@@ -1524,6 +1525,7 @@ int main(void) {
   SRunner *sr = srunner_create(fake_cuda_suite());
   srunner_add_suite(sr, cuda_emul_suite());
   srunner_add_suite(sr, cuda_api_suite());
+  srunner_add_suite(sr, cuda_fault_suite());
   srunner_run_all(sr, CK_ENV);
   int failed = srunner_ntests_failed(sr);
   srunner_free(sr);
