@@ -9,7 +9,10 @@
 #                             configures with --cuda-arch 90 into build-gpu/, builds test_dp,
 #                             test_noalloc and dp with ninja -j16, runs the cuda and cuda_api
 #                             suites, test_noalloc, `dp bench gpu-step` and `dp bench
-#                             gpu-gemm`, and prints a summary table last. Every phase has a
+#                             gpu-gemm`, the cuda_api suite again under CUDA_MODULE_LOADING=EAGER, the
+#                             cuda_fault suite, a race stress (4 replicas, delayed vs
+#                             CUDA_LAUNCH_BLOCKING=1), compute-sanitizer when time is left, and
+#                             prints a summary table last. Every phase has a
 #                             time limit; the whole run stays under 8 minutes (about 4
 #                             expected; not yet measured).
 #
@@ -121,7 +124,9 @@ if [ ! -e "$CH/lib64/libcublas.so" ]; then
 fi
 
 echo "== configure ($(elapsed) s)"
-./configure.py --cuda-arch 90 --builddir build-gpu 2>&1 | tee "$CLOG"
+# -lineinfo: compute-sanitizer names source lines (no effect on the code generated)
+NVCC="${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc} -lineinfo" \
+  ./configure.py --no-install --cuda-arch 90 --builddir build-gpu 2>&1 | tee "$CLOG"
 if ! grep -q '^  CUDA        on' "$CLOG"; then
   echo "run.sh: configure.py turned CUDA off (see above): no GPU backend to test" >&2
   exit 1
@@ -158,6 +163,42 @@ run_phase "cuda suite" "$OUTD/cuda_suite.log" 200 build-gpu/test_dp cuda
 rc_cuda=$?
 run_phase "cuda_api suite" "$OUTD/cuda_api_suite.log" 150 build-gpu/test_dp cuda_api
 rc_api=$?
+# The same suite (graphs included) with every module loaded up front, as opposed to
+# lazily (the default since CUDA 12.2; the backend preloads its own kernels either way).
+CUDA_MODULE_LOADING=EAGER run_phase "cuda_api suite, CUDA_MODULE_LOADING=EAGER" \
+  "$OUTD/cuda_api_eager.log" 120 build-gpu/test_dp cuda_api
+rc_eager=$?
+# A device fault (DP_CUDA_DEBUG_FAULT_STEP) must end its step in DP_ERR_BACKEND within 30 s
+# and dp_ctx_free must return; on its own: the fault leaves the CUDA context unusable.
+run_phase "cuda_fault suite" "$OUTD/cuda_fault.log" 90 build-gpu/test_dp cuda_fault
+rc_fault=$?
+# Race stress: 4 replicas on GPU 0, about 200 steps of the digits MLP, with a spin in a
+# rotating replica's every stage (DP_CUDA_DEBUG_DELAY_US), plain and with graphs; the
+# parameter hash must equal that of a run with CUDA_LAUNCH_BLOCKING=1 (no concurrency at
+# all). A missing cross-stream edge would let one replica read another's data early.
+race() { # LOG ENV... -- DP-ARGS...
+  local log=$1
+  shift
+  env "$@" build-gpu/dp train --model examples/digits.dpm --data data/digits.csv \
+    --batch 64 --epochs 9 --optimizer adamw --lr 0.003 --backend cuda \
+    --devices 0,0,0,0 $RACE_GRAPH >>"$log" 2>&1
+}
+rc_race=0
+: >"$OUTD/race.log"
+for RACE_GRAPH in "" "--graph"; do
+  echo "== race stress ${RACE_GRAPH:-plain} ($(elapsed) s)" | tee -a "$OUTD/race.log"
+  if [ -x build-gpu/dp ] && [ "$(budget 60)" -gt 20 ]; then
+    h1=$(race "$OUTD/race.log" DP_CUDA_DEBUG_DELAY_US=200; grep -o 'hash: [0-9a-f]*' \
+      "$OUTD/race.log" | tail -1)
+    h2=$(race "$OUTD/race.log" CUDA_LAUNCH_BLOCKING=1; grep -o 'hash: [0-9a-f]*' \
+      "$OUTD/race.log" | tail -1)
+    echo "race ${RACE_GRAPH:-plain}: delayed $h1, serialised $h2" | tee -a "$OUTD/race.log"
+    [ -n "$h1" ] && [ "$h1" = "$h2" ] || rc_race=1
+  else
+    echo "race ${RACE_GRAPH:-plain}: not run (no dp, or no time left)" | tee -a "$OUTD/race.log"
+    rc_race=1
+  fi
+done
 run_phase "test_noalloc" "$OUTD/noalloc.log" 90 build-gpu/test_noalloc
 rc_noalloc=$?
 run_phase "dp bench gpu-step" "$OUTD/bench_gpu_step.log" 60 build-gpu/dp bench gpu-step
@@ -175,14 +216,21 @@ else
   rc_torch=1
 fi
 
+# compute-sanitizer: memcheck, synccheck and initcheck over the backend test case, in one
+# process (CK_FORK=no: the tool follows no fork), on the -lineinfo build. Slow: only with
+# DP_GPU_SANITIZE=1, or when time is left.
 src=0
-if [ "${DP_GPU_SANITIZE:-0}" = 1 ] && command -v compute-sanitizer >/dev/null &&
-  [ -x build-gpu/test_dp ]; then
-  echo "== compute-sanitizer memcheck, test case gpu_backend ($(elapsed) s)"
-  CK_RUN_CASE=gpu_backend CK_DEFAULT_TIMEOUT=600 CK_TIMEOUT_MULTIPLIER=10 \
-    timeout "$(budget 300)" compute-sanitizer --tool memcheck --error-exitcode 3 \
-    build-gpu/test_dp cuda 2>&1 | tee "$OUTD/sanitizer.log" | tail -20
-  src=${PIPESTATUS[0]}
+if command -v compute-sanitizer >/dev/null && [ -x build-gpu/test_dp ] &&
+  { [ "${DP_GPU_SANITIZE:-0}" = 1 ] || [ "$(budget 400)" -gt 150 ]; }; then
+  for tool in memcheck synccheck initcheck; do
+    echo "== compute-sanitizer $tool, test case gpu_backend ($(elapsed) s)"
+    CK_FORK=no CK_RUN_CASE=gpu_backend CK_DEFAULT_TIMEOUT=600 \
+      timeout "$(budget 100)" compute-sanitizer --tool $tool --error-exitcode 3 \
+      build-gpu/test_dp cuda 2>&1 | tee "$OUTD/sanitizer_$tool.log" | tail -5
+    r=${PIPESTATUS[0]}
+    echo "compute-sanitizer $tool: exit $r" >>"$OUTD/sanitizer.log"
+    [ "$r" = 0 ] || src=$r
+  done
 fi
 
 # ---- the table, last ----
@@ -212,6 +260,8 @@ suite_counts() { # SUITE LOG RC
 skip_cuda=$(grep -cE '^SKIP cuda: [^:]+: no GPU' "$OUTD/cuda_suite.log" 2>/dev/null || true)
 skip_api=$(grep -cE '^SKIP cuda_api: [^:]+: no GPU' "$OUTD/cuda_api_suite.log" 2>/dev/null ||
   true)
+skip_api=$((skip_api + $(grep -cE '^SKIP cuda_fault: [^:]+: no GPU' "$OUTD/cuda_fault.log" \
+  2>/dev/null || true)))
 skip_noalloc=$(grep -c '^SKIP noalloc' "$OUTD/noalloc.log" 2>/dev/null || true)
 skip_bench=$(cat "$OUTD"/bench_gpu_*.log 2>/dev/null | grep -c 'skipped, no GPU' || true)
 {
@@ -237,6 +287,10 @@ skip_bench=$(cat "$OUTD"/bench_gpu_*.log 2>/dev/null | grep -c 'skipped, no GPU'
   echo
   suite_counts cuda "$OUTD/cuda_suite.log" "$rc_cuda"
   suite_counts cuda_api "$OUTD/cuda_api_suite.log" "$rc_api"
+  suite_counts cuda_api "$OUTD/cuda_api_eager.log" "$rc_eager" | sed 's/^suite cuda_api   /suite cuda_api EAGER/'
+  suite_counts cuda_fault "$OUTD/cuda_fault.log" "$rc_fault"
+  grep -E '^NOTE .*alignment' "$OUTD/cuda_suite.log" 2>/dev/null || true
+  grep -E '^race ' "$OUTD/race.log" 2>/dev/null || true
   printf '%-28s %s\n' "test_noalloc" \
     "$(tail -1 "$OUTD/noalloc.log" 2>/dev/null || echo '?'), exit $rc_noalloc"
   grep -E 'cuda allocator calls:|context creation:|SKIP noalloc|^FAIL' "$OUTD/noalloc.log" \
@@ -270,13 +324,16 @@ for graph, key in ((False, "plain_ms"), (True, "graph_ms")):
             ours[(1, graph)] / peer[key]))
 PYEOF
     sed 's/^/  /' || true
-  [ "$src" = 0 ] || echo "compute-sanitizer: exit $src (see sanitizer.log)"
+  cat "$OUTD/sanitizer.log" 2>/dev/null || echo "compute-sanitizer: not run"
 } | tee "$SUM"
 
 bad=""
 [ "$brc" = 0 ] || bad="$bad build"
 [ "$rc_cuda" = 0 ] || bad="$bad cuda-suite"
 [ "$rc_api" = 0 ] || bad="$bad cuda_api-suite"
+[ "$rc_eager" = 0 ] || bad="$bad cuda_api-eager"
+[ "$rc_fault" = 0 ] || bad="$bad cuda_fault"
+[ "$rc_race" = 0 ] || bad="$bad race-stress"
 [ "$rc_noalloc" = 0 ] || bad="$bad noalloc"
 [ "$rc_step" = 0 ] || bad="$bad bench-gpu-step"
 [ "$rc_gemm" = 0 ] || bad="$bad bench-gpu-gemm"
