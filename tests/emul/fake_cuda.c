@@ -476,9 +476,11 @@ struct fk_ctx {
   bool st_update;      /* GRAD_CHECK: the update would not be finite */
   uint64_t fault_step; /* DP_CUDA_DEBUG_FAULT_STEP, as cuda/context.cu reads it */
   bool faulted;        /* that step ran: every later step fails (a sticky error) */
-  char update_msg[DP_ERRMSG_CAP]; /* the first such report, in the cpu's words */
+  char update_msg[DP_ERRMSG_CAP]; /* the lowest device's report, in the cpu's words */
+  int update_dev;
   /* the fast_collectives allreduce being entered: each device's op, by device */
-  const dp_op *coll[DP_MAX_DEVICES];
+  const dp_op *coll_first; /* the first device's op of the collective being entered */
+  uint64_t coll_mask;      /* the devices that entered it */
   int coll_n, coll_stage;
   float loss;
   int bad_row;
@@ -705,9 +707,12 @@ static void note_bad_grad(fk_ctx *c, const dp_exec_env *e, const dp_op *op) {
       return;
     }
   /* finite gradients: the update would write a non-finite value (the kernel's
-   * DP_CUDA_ST_UPDATE); devices run in order, so the first report has the
-   * lowest index */
-  if (!c->st_update) snprintf(c->update_msg, sizeof c->update_msg, "%s", dp_last_error());
+   * DP_CUDA_ST_UPDATE); the lowest device's report has the lowest index (its
+   * optimizer range comes first) */
+  if (!c->st_update || op->device < c->update_dev) {
+    snprintf(c->update_msg, sizeof c->update_msg, "%s", dp_last_error());
+    c->update_dev = op->device;
+  }
   c->st_update = true;
 }
 
@@ -722,9 +727,13 @@ static void fault(fk_ctx *c, const char *fmt, int a, int b) {
  * sum runs in device order (NCCL's order depends on the topology; for two
  * devices this one is the canonical tree's). */
 static void allreduce_enter(fk_ctx *c, const dp_op *op, int stage) {
-  if (c->coll_n == 0) c->coll_stage = stage;
-  const dp_op *o0 = c->coll_n ? c->coll[0] : op;
-  if (stage != c->coll_stage || op->device != c->coll_n ||
+  if (c->coll_n == 0) {
+    c->coll_stage = stage;
+    c->coll_first = op;
+    c->coll_mask = 0;
+  }
+  const dp_op *o0 = c->coll_first; /* the devices enter in any order (streams) */
+  if (stage != c->coll_stage || ((c->coll_mask >> op->device) & 1) ||
       op->dst_region != o0->dst_region || op->dst_offset != o0->dst_offset ||
       op->bytes != o0->bytes) {
     fault(c,
@@ -733,8 +742,8 @@ static void allreduce_enter(fk_ctx *c, const dp_op *op, int stage) {
           op->device, stage);
     return;
   }
-  c->coll[c->coll_n++] = op;
-  if (c->coll_n < c->n) return;
+  c->coll_mask |= 1ull << op->device;
+  if (++c->coll_n < c->n) return;
   c->coll_n = 0;
   float *g[DP_MAX_DEVICES];
   for (int d = 0; d < c->n; d++)
@@ -802,9 +811,20 @@ static void exec_all(fk_ctx *c, fk_call *const calls[], const int counts[],
     for (int d = 0; d < c->n; d++)
       if (idx[d] < counts[d] && calls[d][idx[d]].stage < s) s = calls[d][idx[d]].stage;
     if (s == INT_MAX) break;
-    for (int d = 0; d < c->n; d++)
-      while (idx[d] < counts[d] && calls[d][idx[d]].stage == s)
-        exec_call(c, &calls[d][idx[d]++], mbs[d], step);
+    /* Streams run concurrently: the devices' calls of a stage interleave, one
+     * at a time round-robin, starting from the last device on odd steps and the
+     * first on even ones, so that work of one replica that depended on
+     * another's in the same stage (a missing edge) would change the results. */
+    for (bool more = true; more;) {
+      more = false;
+      for (int i = 0; i < c->n; i++) {
+        int d = step & 1 ? c->n - 1 - i : i;
+        if (idx[d] < counts[d] && calls[d][idx[d]].stage == s) {
+          exec_call(c, &calls[d][idx[d]++], mbs[d], step);
+          more = true;
+        }
+      }
+    }
     if (c->coll_n) {
       fault(c, "fake cuda: only %d of %d devices entered an allreduce (a real one hangs)",
             c->coll_n, c->n);

@@ -540,6 +540,13 @@ START_TEST(hooks_out_of_order_are_wiring_bugs) {
   dp__cuda_capture_abort(x);
   ck_assert_int_eq(dp__cuda_step_begin(x, 0), DP_ERR_BACKEND); /* step_end first */
   ck_assert_int_eq(dp__cuda_step_end(x, &loss), DP_OK);
+  /* during a capture too (a synchronous copy or fill is illegal while capturing) */
+  ck_assert_int_eq(dp__cuda_capture_begin(x), DP_OK);
+  ck_assert_int_eq(dp__cuda_memcpy(tmp, b.arena[1], 16), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_ctx_copy(x, 0, tmp, b.arena[0], 16), DP_ERR_BACKEND);
+  ck_assert_int_eq(dp__cuda_fill_u32(0, b.arena[0], 0, 4), DP_ERR_BACKEND);
+  dp__cuda_capture_abort(x);
+  ck_assert_int_eq(dp__cuda_step_end(x, &loss), DP_OK);
   /* device memory of a context in flight: the copy would race the stream */
   ck_assert_int_eq(dp__cuda_step_begin(x, 0), DP_OK);
   ck_assert_int_eq(dp__cuda_memcpy(tmp, b.arena[1], 16), DP_ERR_BACKEND);
