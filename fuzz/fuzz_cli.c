@@ -161,16 +161,16 @@ static void parse_values(const char *s) {
   }
   dp_mode mode;
   VALUE(dpt_parse_mode(s, &mode, err, sizeof err), mode, (dp_mode)77);
-  if (ok) FUZZ_CHECK(dpt_mode_name(mode)[0] != '?', "mode %d", (int)mode);
+  if (ok) FUZZ_CHECK(dp_mode_name(mode)[0] != '?', "mode %d", (int)mode);
   dp_optimizer opt;
   VALUE(dpt_parse_optimizer(s, &opt, err, sizeof err), opt, (dp_optimizer)77);
-  if (ok) FUZZ_CHECK(dpt_optimizer_name(opt)[0] != '?', "optimizer %d", (int)opt);
+  if (ok) FUZZ_CHECK(dp_optimizer_name(opt)[0] != '?', "optimizer %d", (int)opt);
   dp_split split;
   VALUE(dpt_parse_split(s, &split, err, sizeof err), split, (dp_split)77);
-  if (ok) FUZZ_CHECK(dpt_split_name(split)[0] != '?', "split %d", (int)split);
+  if (ok) FUZZ_CHECK(dp_split_name(split)[0] != '?', "split %d", (int)split);
   dp_backend be;
   VALUE(dpt_parse_backend(s, &be, err, sizeof err), be, (dp_backend)77);
-  if (ok) FUZZ_CHECK(dpt_backend_name(be)[0] != '?', "backend %d", (int)be);
+  if (ok) FUZZ_CHECK(dp_backend_name(be)[0] != '?', "backend %d", (int)be);
   dpt_json_string(devnull(), s);
 }
 

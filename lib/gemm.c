@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DP_GEMM_X86 1
@@ -505,6 +506,56 @@ bool dp__gemm_tier_supported(const char *name) {
 }
 
 const char *dp__gemm_tier_name(void) { return get_tier()->name; }
+
+const char *dp_gemm_tier(void) { return dp__gemm_tier_name(); }
+
+dp_status dp_gemm_set_tier(const char *name) {
+  int t = tier_of(name);
+  if (t == -1)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_gemm_set_tier: unknown GEMM tier '%s' (auto, avx512, avx2, scalar)",
+                   name);
+  if (dp__gemm_force_tier(name))
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "dp_gemm_set_tier: this CPU cannot run the %s tier",
+                   name);
+  return DP_OK;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+dp_status dp__gemm_bench(int m, int n, int k, int iters, double *ms) {
+  size_t a, b, c, ws = dp__gemm_workspace_bytes(m, n, k), wsr;
+  if (!dp__mul((size_t)m, (size_t)k, &a) || !dp__mul((size_t)n, (size_t)k, &b) ||
+      !dp__mul((size_t)m, (size_t)n, &c) || !dp__mul(a, 4, &a) || !dp__mul(b, 4, &b) ||
+      !dp__mul(c, 4, &c) || !dp__align_up(ws ? ws : 64, 64, &wsr) ||
+      !dp__align_up(a, 64, &a) || !dp__align_up(b, 64, &b) || !dp__align_up(c, 64, &c))
+    return DP_FAIL(DP_ERR_OVERFLOW, "dp_bench_sgemm: %d x %d x %d overflows size_t", m, n,
+                   k);
+  float *A = aligned_alloc(64, a), *B = aligned_alloc(64, b), *C = aligned_alloc(64, c);
+  void *w = aligned_alloc(64, wsr);
+  dp_status s = DP_OK;
+  if (!A || !B || !C || !w) {
+    s = DP_FAIL(DP_ERR_NOMEM, "dp_bench_sgemm: %d x %d x %d: out of memory", m, n, k);
+    goto out;
+  }
+  for (size_t i = 0; i < a / 4; i++) A[i] = (float)(i % 17) * 0.1f;
+  for (size_t i = 0; i < b / 4; i++) B[i] = (float)(i % 13) * 0.05f;
+  /* the linear layer's forward layout: C = A . B^T; one warm-up run */
+  dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, w);
+  double t0 = now_ms();
+  for (int it = 0; it < iters; it++) dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, w);
+  *ms = (now_ms() - t0) / iters;
+out:
+  free(A);
+  free(B);
+  free(C);
+  free(w);
+  return s;
+}
 
 /* ---- sizes ----------------------------------------------------------------- */
 

@@ -76,6 +76,10 @@ int dp__gemm_force_tier(const char *name);
 bool dp__gemm_tier_supported(const char *name);
 const char *dp__gemm_tier_name(void); /* the tier in use */
 
+/* dp_bench_sgemm's cpu part (arguments checked by it): times C (m, n) =
+ * A (m, k) . B (n, k)^T on the calling thread with operands it allocates. */
+dp_status dp__gemm_bench(int m, int n, int k, int iters, double *ms);
+
 /* Workspace of one linear layer's GEMMs on micro-batches of up to mb_rows
  * rows: the forward; in training also grad-weight and, when input_grad (every
  * layer but the first), grad-input. */

@@ -6,16 +6,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The one name table of each of the model's enums: the spec words. */
 static const char *const layer_names[] = {
-    [DP_LAYER_INPUT] = "input",     [DP_LAYER_LINEAR] = "linear",
-    [DP_LAYER_RELU] = "relu",       [DP_LAYER_GELU] = "gelu",
-    [DP_LAYER_TANH] = "tanh",       [DP_LAYER_SIGMOID] = "sigmoid",
+    [DP_LAYER_INPUT] = "input",         [DP_LAYER_LINEAR] = "linear",
+    [DP_LAYER_RELU] = "relu",           [DP_LAYER_GELU] = "gelu",
+    [DP_LAYER_TANH] = "tanh",           [DP_LAYER_SIGMOID] = "sigmoid",
     [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout",
 };
+static const char *const loss_names[] = {
+    [DP_LOSS_NONE] = "none",
+    [DP_LOSS_MSE] = "mse",
+    [DP_LOSS_SOFTMAX_CE] = "softmax_cross_entropy",
+};
 
-const char *dp__layer_name(dp_layer_kind k) {
+const char *dp_layer_kind_name(dp_layer_kind k) {
   return (unsigned)k < sizeof layer_names / sizeof *layer_names ? layer_names[k] : "?";
 }
+
+const char *dp_loss_name(dp_loss_kind l) {
+  return (unsigned)l < sizeof loss_names / sizeof *loss_names ? loss_names[l] : "?";
+}
+
+/* The internal spelling, kept for the library's own callers. */
+const char *dp__layer_name(dp_layer_kind k) { return dp_layer_kind_name(k); }
 
 bool dp__layer_needs_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM;
@@ -145,7 +158,62 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     } else
       put(buf, cap, &len, "%s\n", dp__layer_name(l->kind));
   }
-  if (m->loss == DP_LOSS_MSE) put(buf, cap, &len, "loss mse\n");
-  if (m->loss == DP_LOSS_SOFTMAX_CE) put(buf, cap, &len, "loss softmax_cross_entropy\n");
+  if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "loss %s\n", dp_loss_name(m->loss));
   return len;
+}
+
+/* ---- inspection ---------------------------------------------------------------- */
+
+dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!m || !out) return DP_FAIL(DP_ERR_INVALID, "dp_model_layer: model or out is NULL");
+  if (i < 0 || i >= m->n_layers)
+    return DP_FAIL(DP_ERR_RANGE, "dp_model_layer: layer %d out of range (the model has %d)",
+                   i, m->n_layers);
+  const dp_layer *l = &m->layers[i];
+  *out = (dp_layer_info){.kind = l->kind,
+                         .in = l->in,
+                         .out = l->out,
+                         .bias = l->bias,
+                         .p = l->p,
+                         .param_offset = l->param_off,
+                         .n_params = l->n_params};
+  return DP_OK;
+}
+
+/* Parameter tensors of layer l: linear: weight (and bias); layernorm: weight, bias. */
+static int layer_tensors(const dp_layer *l) {
+  if (l->kind == DP_LAYER_LINEAR) return l->bias ? 2 : 1;
+  return l->kind == DP_LAYER_LAYERNORM ? 2 : 0;
+}
+
+int dp_model_n_tensors(const dp_model *m) {
+  int n = 0;
+  for (int i = 0; m && i < m->n_layers; i++) n += layer_tensors(&m->layers[i]);
+  return n;
+}
+
+dp_status dp_model_tensor(const dp_model *m, int i, dp_tensor_info *out) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!m || !out) return DP_FAIL(DP_ERR_INVALID, "dp_model_tensor: model or out is NULL");
+  int left = i;
+  for (int li = 0; i >= 0 && li < m->n_layers; li++) {
+    const dp_layer *l = &m->layers[li];
+    int nt = layer_tensors(l);
+    if (left >= nt) {
+      left -= nt;
+      continue;
+    }
+    /* linear: weight (out, in) then bias (out); layernorm: weight (n) then bias (n) */
+    int bias = left == 1, matrix = l->kind == DP_LAYER_LINEAR && !bias;
+    snprintf(out->name, sizeof out->name, "%d.%s", li, bias ? "bias" : "weight");
+    out->ndim = matrix ? 2 : 1;
+    out->dims[0] = l->out;
+    out->dims[1] = matrix ? l->in : 0;
+    out->numel = matrix ? (size_t)l->out * (size_t)l->in : (size_t)l->out;
+    out->offset = l->param_off + (bias ? l->n_params - out->numel : 0);
+    return DP_OK;
+  }
+  return DP_FAIL(DP_ERR_RANGE, "dp_model_tensor: tensor %d out of range (the model has %d)",
+                 i, dp_model_n_tensors(m));
 }

@@ -24,3 +24,7 @@ uint64_t dp__fnv1a(uint64_t h, const void *data, size_t n) {
   for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
   return h;
 }
+
+uint64_t dp_hash_bytes(const void *data, size_t n) {
+  return n ? dp__fnv1a(DP_FNV_INIT, data, n) : DP_FNV_INIT;
+}

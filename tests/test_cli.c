@@ -341,16 +341,16 @@ START_TEST(enum_names_round_trip) {
   for (int i = 0; i <= DP_OPT_ADAMW; i++) {
     dp_optimizer o;
     ck_assert_int_eq(
-        dpt_parse_optimizer(dpt_optimizer_name((dp_optimizer)i), &o, err, sizeof err), 0);
+        dpt_parse_optimizer(dp_optimizer_name((dp_optimizer)i), &o, err, sizeof err), 0);
     ck_assert_int_eq(o, i);
   }
-  ck_assert_str_eq(dpt_mode_name(DP_MODE_ALLREDUCE), "allreduce");
-  ck_assert_str_eq(dpt_split_name(DP_SPLIT_BALANCED), "balanced");
-  ck_assert_str_eq(dpt_backend_name(DP_BACKEND_CUDA), "cuda");
-  ck_assert_str_eq(dpt_layer_name(DP_LAYER_LAYERNORM), "layernorm");
-  ck_assert_str_eq(dpt_loss_name(DP_LOSS_SOFTMAX_CE), "softmax_cross_entropy");
-  ck_assert_str_eq(dpt_mode_name((dp_mode)99), "?");
-  ck_assert_str_eq(dpt_layer_name((dp_layer_kind)-1), "?");
+  ck_assert_str_eq(dp_mode_name(DP_MODE_ALLREDUCE), "allreduce");
+  ck_assert_str_eq(dp_split_name(DP_SPLIT_BALANCED), "balanced");
+  ck_assert_str_eq(dp_backend_name(DP_BACKEND_CUDA), "cuda");
+  ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_LAYERNORM), "layernorm");
+  ck_assert_str_eq(dp_loss_name(DP_LOSS_SOFTMAX_CE), "softmax_cross_entropy");
+  ck_assert_str_eq(dp_mode_name((dp_mode)99), "?");
+  ck_assert_str_eq(dp_layer_kind_name((dp_layer_kind)-1), "?");
 }
 END_TEST
 
@@ -790,10 +790,10 @@ START_TEST(config_cuda_options) {
   ck_assert_int_eq(t, DP_TRANSPORT_NCCL);
   for (int i = DP_TRANSPORT_AUTO; i <= DP_TRANSPORT_NCCL; i++) {
     ck_assert_int_eq(
-        dpt_parse_transport(dpt_transport_name((dp_transport)i), &t, err, sizeof err), 0);
+        dpt_parse_transport(dp_transport_name((dp_transport)i), &t, err, sizeof err), 0);
     ck_assert_int_eq(t, i);
   }
-  ck_assert_str_eq(dpt_transport_name((dp_transport)7), "?");
+  ck_assert_str_eq(dp_transport_name((dp_transport)7), "?");
 }
 END_TEST
 
@@ -1470,6 +1470,28 @@ START_TEST(bench_gpu_skips_visibly_without_gpu) {
 }
 END_TEST
 
+/* `dp bench gemm` times libdp's GEMM through dp.h alone: one JSON row per
+ * size, the tier in use named; an unknown tier is a usage error. */
+START_TEST(bench_gemm_rows_and_tiers) {
+  cmd_result r =
+      RUN(dpt_cmd_bench, "gemm", "--json", "--sizes", "8,24", "--tier", "scalar");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(starts_with(r.out, "{\"peak_gflops\":"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "\"tier\":\"scalar\",\"results\":[{\"n\":8,\"gflops\":"),
+                "%s", r.out);
+  ck_assert_msg(strstr(r.out, "},{\"n\":24,\"gflops\":") && strstr(r.out, "\"pct_peak\":"),
+                "%s", r.out);
+  ck_assert_int_eq(n_lines(r.out), 1);
+  cmd_result_free(&r);
+  ck_assert_int_eq(dp_gemm_set_tier(NULL), DP_OK);
+  r = RUN(dpt_cmd_bench, "gemm", "--tier", "nonsense");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_str_eq(r.err,
+                   "dp bench gemm: tier 'nonsense' is unknown or not supported here\n");
+  cmd_result_free(&r);
+}
+END_TEST
+
 /* ---- formatting ---- */
 
 START_TEST(format_bytes_human) {
@@ -1584,6 +1606,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, plan_cuda_replicas_on_one_gpu);
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);
+  tcase_add_test(tc, bench_gemm_rows_and_tiers);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 

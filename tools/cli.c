@@ -194,37 +194,12 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
 
 /* ---- enumerations ------------------------------------------------------------ */
 
-static const char *const mode_names[] = {
-    [DP_MODE_CLASSIC] = "classic", [DP_MODE_ALLREDUCE] = "allreduce"};
-static const char *const optimizer_names[] = {
-    [DP_OPT_SGD] = "sgd", [DP_OPT_MOMENTUM] = "momentum", [DP_OPT_ADAMW] = "adamw"};
-static const char *const split_names[] = {[DP_SPLIT_CHUNK] = "chunk",
-                                          [DP_SPLIT_BALANCED] = "balanced",
-                                          [DP_SPLIT_MEMORY] = "memory"};
-static const char *const backend_names[] = {
-    [DP_BACKEND_CPU] = "cpu", [DP_BACKEND_CUDA] = "cuda"};
-static const char *const transport_names[] = {[DP_TRANSPORT_AUTO] = "auto",
-                                              [DP_TRANSPORT_COPY] = "copy",
-                                              [DP_TRANSPORT_NCCL] = "nccl"};
-static const char *const layer_names[] = {
-    [DP_LAYER_INPUT] = "input",         [DP_LAYER_LINEAR] = "linear",
-    [DP_LAYER_RELU] = "relu",           [DP_LAYER_GELU] = "gelu",
-    [DP_LAYER_TANH] = "tanh",           [DP_LAYER_SIGMOID] = "sigmoid",
-    [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout"};
-static const char *const loss_names[] = {[DP_LOSS_NONE] = "none",
-                                         [DP_LOSS_MSE] = "mse",
-                                         [DP_LOSS_SOFTMAX_CE] = "softmax_cross_entropy"};
-
-#define NAME_OF(table, v)                                                                  \
-  ((unsigned)(v) < sizeof table / sizeof *table && table[v] ? table[v] : "?")
-
-const char *dpt_mode_name(dp_mode m) { return NAME_OF(mode_names, m); }
-const char *dpt_optimizer_name(dp_optimizer o) { return NAME_OF(optimizer_names, o); }
-const char *dpt_split_name(dp_split s) { return NAME_OF(split_names, s); }
-const char *dpt_backend_name(dp_backend b) { return NAME_OF(backend_names, b); }
-const char *dpt_transport_name(dp_transport t) { return NAME_OF(transport_names, t); }
-const char *dpt_layer_name(dp_layer_kind k) { return NAME_OF(layer_names, k); }
-const char *dpt_loss_name(dp_loss_kind l) { return NAME_OF(loss_names, l); }
+/* The words are the library's (dp_mode_name, ...): the values of an enum are
+ * 0, 1, ... up to the first one it names "?". */
+#define MAX_WORDS 8
+#define WORDS(name_fn, type, names, n)                                                     \
+  for (n = 0; n < MAX_WORDS && strcmp(name_fn((type)n), "?") != 0; n++)                    \
+    names[n] = name_fn((type)n);
 
 /* Index of s in names[0..n-1] (case-insensitive), or -1 with a message. */
 static int parse_word(const char *s, const char *const *names, int n, const char *what,
@@ -238,39 +213,23 @@ static int parse_word(const char *s, const char *const *names, int n, const char
   return fail(err, errcap, "%s: '%s' is not one of %s", what, s ? s : "", list);
 }
 
+#define PARSE_ENUM(fn, type, name_fn, option)                                              \
+  int fn(const char *s, type *out, char *err, size_t errcap) {                             \
+    const char *names[MAX_WORDS];                                                          \
+    int n, i;                                                                              \
+    WORDS(name_fn, type, names, n)                                                         \
+    if ((i = parse_word(s, names, n, option, err, errcap)) < 0) return -1;                 \
+    *out = (type)i;                                                                        \
+    return 0;                                                                              \
+  }
+
+PARSE_ENUM(dpt_parse_mode, dp_mode, dp_mode_name, "--mode")
+PARSE_ENUM(dpt_parse_optimizer, dp_optimizer, dp_optimizer_name, "--optimizer")
+PARSE_ENUM(dpt_parse_split, dp_split, dp_split_name, "--split")
+PARSE_ENUM(dpt_parse_backend, dp_backend, dp_backend_name, "--backend")
+PARSE_ENUM(dpt_parse_transport, dp_transport, dp_transport_name, "--transport")
+
 #define N_OF(table) ((int)(sizeof table / sizeof *table))
-
-int dpt_parse_mode(const char *s, dp_mode *out, char *err, size_t errcap) {
-  int i = parse_word(s, mode_names, N_OF(mode_names), "--mode", err, errcap);
-  if (i < 0) return -1;
-  *out = (dp_mode)i;
-  return 0;
-}
-int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err, size_t errcap) {
-  int i = parse_word(s, optimizer_names, N_OF(optimizer_names), "--optimizer", err, errcap);
-  if (i < 0) return -1;
-  *out = (dp_optimizer)i;
-  return 0;
-}
-int dpt_parse_split(const char *s, dp_split *out, char *err, size_t errcap) {
-  int i = parse_word(s, split_names, N_OF(split_names), "--split", err, errcap);
-  if (i < 0) return -1;
-  *out = (dp_split)i;
-  return 0;
-}
-int dpt_parse_backend(const char *s, dp_backend *out, char *err, size_t errcap) {
-  int i = parse_word(s, backend_names, N_OF(backend_names), "--backend", err, errcap);
-  if (i < 0) return -1;
-  *out = (dp_backend)i;
-  return 0;
-}
-
-int dpt_parse_transport(const char *s, dp_transport *out, char *err, size_t errcap) {
-  int i = parse_word(s, transport_names, N_OF(transport_names), "--transport", err, errcap);
-  if (i < 0) return -1;
-  *out = (dp_transport)i;
-  return 0;
-}
 
 /* ---- formatting ---------------------------------------------------------------- */
 
@@ -622,17 +581,17 @@ void dpt_print_config(FILE *f, const dp_config *c) {
       fprintf(f, "%s%d", i ? "," : "", c->device_ids[i]);
     fputc(']', f);
   }
-  fprintf(f, " (%s split, micro-batch ", dpt_split_name(c->split));
+  fprintf(f, " (%s split, micro-batch ", dp_split_name(c->split));
   if (c->micro_batch > 0)
     fprintf(f, "%d)", c->micro_batch);
   else
     fputs("= chunk)", f);
-  fprintf(f, ", %s mode%s, ", dpt_mode_name(c->mode),
+  fprintf(f, ", %s mode%s, ", dp_mode_name(c->mode),
           c->shard_optimizer ? " with sharded optimizer state" : "");
   if (c->inference) {
     fputs("inference", f);
   } else {
-    fprintf(f, "%s (lr %g", dpt_optimizer_name(c->optimizer), (double)c->lr);
+    fprintf(f, "%s (lr %g", dp_optimizer_name(c->optimizer), (double)c->lr);
     if (c->momentum > 0.0f) fprintf(f, ", momentum %g", (double)c->momentum);
     if (c->dampening != 0.0f) fprintf(f, ", dampening %g", (double)c->dampening);
     if (c->nesterov) fputs(", nesterov", f);
@@ -642,12 +601,12 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
     fputs("), training", f);
   }
-  fprintf(f, ", %s backend", dpt_backend_name(c->backend));
+  fprintf(f, ", %s backend", dp_backend_name(c->backend));
   /* The cuda options; shown on a cpu config too when set, since the planner
    * refuses them there and the line should show why. */
   int sep = 0;
   if (c->backend == DP_BACKEND_CUDA || c->transport != DP_TRANSPORT_AUTO) {
-    fprintf(f, " (transport %s", dpt_transport_name(c->transport));
+    fprintf(f, " (transport %s", dp_transport_name(c->transport));
     sep = 1;
   }
   if (c->cuda_graph) fprintf(f, "%scuda graph", sep++ ? ", " : " (");

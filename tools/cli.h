@@ -35,6 +35,9 @@ enum {
   DPT_EXIT_USAGE = 2, /* bad command line */
 };
 
+/* Room for one library error message (dp_last_error, dp_ctx_error). */
+#define DPT_MSG_CAP 512
+
 /* ---- values ------------------------------------------------------------------- */
 
 /* Byte sizes: a non-negative decimal number, optional spaces, optional unit.
@@ -63,7 +66,8 @@ int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err, siz
 int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], char *err,
                       size_t errcap);
 
-/* Enumerations, case-insensitive; the messages list the accepted words. */
+/* Enumerations, case-insensitive; the words are the library's names of the
+ * values (dp_mode_name, dp_optimizer_name, ...); the messages list them. */
 int dpt_parse_mode(const char *s, dp_mode *out, char *err,
                    size_t errcap); /* classic|allreduce */
 int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err,
@@ -74,16 +78,6 @@ int dpt_parse_backend(const char *s, dp_backend *out, char *err,
                       size_t errcap); /* cpu|cuda */
 int dpt_parse_transport(const char *s, dp_transport *out, char *err,
                         size_t errcap); /* auto|copy|nccl */
-
-/* The words above ("classic", ...), and the spec words for layers and losses
- * ("linear", "softmax_cross_entropy"); "?" for a value out of range. */
-const char *dpt_mode_name(dp_mode m);
-const char *dpt_optimizer_name(dp_optimizer o);
-const char *dpt_split_name(dp_split s);
-const char *dpt_backend_name(dp_backend b);
-const char *dpt_transport_name(dp_transport t);
-const char *dpt_layer_name(dp_layer_kind k);
-const char *dpt_loss_name(dp_loss_kind l);
 
 /* ---- formatting ----------------------------------------------------------------- */
 

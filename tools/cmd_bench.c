@@ -5,9 +5,6 @@
  * step, with and without CUDA graphs, and how much of it the GEMMs are).
  * Tables by default, --json for scripts. */
 #include "cli.h"
-#include "dp_cuda.h" /* dp__cuda_bench_sgemm, dp__cuda_device_info */
-#include "gemm.h"
-#include "internal.h" /* the model's layer widths, for gpu-gemm */
 
 #include <immintrin.h>
 #include <math.h>
@@ -156,7 +153,7 @@ done:
 
 static int time_steps(const dp_model *m, const dp_config *cfg, int steps,
                       step_result *out) {
-  char err[DP_ERRMSG_CAP];
+  char err[DPT_MSG_CAP];
   return time_steps_for(m, cfg, steps, 0.3, 0, out, err, sizeof err);
 }
 
@@ -265,7 +262,7 @@ static int bench_comm(int json) {
 /* ---- gemm ---------------------------------------------------------------------- */
 
 static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
-  if (tier && dp__gemm_force_tier(tier)) {
+  if (tier && dp_gemm_set_tier(tier)) {
     fprintf(stderr, "dp bench gemm: tier '%s' is unknown or not supported here\n", tier);
     return DPT_EXIT_USAGE;
   }
@@ -283,45 +280,32 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
   double peak = measure_peak(1);
   if (!peak) peak = measure_peak(0);
   if (json)
-    printf("{\"peak_gflops\":%.1f,\"tier\":\"%s\",\"results\":[", peak,
-           dp__gemm_tier_name());
+    printf("{\"peak_gflops\":%.1f,\"tier\":\"%s\",\"results\":[", peak, dp_gemm_tier());
   else
     printf("sgemm, one thread, tier %s; peak %.1f GFLOP/s\n%8s %12s %10s %8s\n",
-           dp__gemm_tier_name(), peak, "n", "GFLOP/s", "ms", "% peak");
+           dp_gemm_tier(), peak, "n", "GFLOP/s", "ms", "% peak");
   for (int i = 0; i < n; i++) {
     int s = sizes[i];
-    size_t ws = dp__gemm_workspace_bytes(s, s, s);
-    float *A = aligned_alloc(64, (size_t)s * s * 4),
-          *Bm = aligned_alloc(64, (size_t)s * s * 4);
-    float *C = aligned_alloc(64, (size_t)s * s * 4);
-    void *w = aligned_alloc(64, ws ? (ws + 63) / 64 * 64 : 64);
-    if (!A || !Bm || !C || !w) {
-      fprintf(stderr, "dp bench gemm: out of memory\n");
+    /* the forward layout (C = A . B^T), timed for about 0.3 s: one run to
+     * size the count, then the timed runs */
+    double ms = 0.0;
+    int reps = 1;
+    dp_status st = dp_bench_sgemm(DP_BACKEND_CPU, 0, s, s, s, 1, 0, &ms);
+    if (st == DP_OK) {
+      double want = ms > 0 ? 300.0 / ms : 1e7;
+      reps = want < 1 ? 1 : want > 1e7 ? 10000000 : (int)ceil(want);
+      st = dp_bench_sgemm(DP_BACKEND_CPU, 0, s, s, s, reps, 0, &ms);
+    }
+    if (st != DP_OK) {
+      fprintf(stderr, "dp bench gemm: %s\n", dpt_user_msg(dp_last_error()));
       return DPT_EXIT_FAIL;
     }
-    for (size_t k = 0; k < (size_t)s * s; k++) {
-      A[k] = (float)(k % 17) * 0.1f;
-      Bm[k] = (float)(k % 13) * 0.05f;
-    }
-    /* the forward layout: C = A . B^T */
-    dp__sgemm(0, 1, s, s, s, A, s, Bm, s, C, s, NULL, w);
-    int reps = 0;
-    double t0 = dpt_now_s(), el;
-    do {
-      dp__sgemm(0, 1, s, s, s, A, s, Bm, s, C, s, NULL, w);
-      reps++;
-      el = dpt_now_s() - t0;
-    } while (el < 0.3);
-    double gf = 2.0 * s * s * (double)s * reps / el / 1e9;
+    double gf = ms > 0 ? 2.0 * s * s * (double)s / (ms * 1e-3) / 1e9 : 0.0;
     if (json)
       printf("%s{\"n\":%d,\"gflops\":%.2f,\"ms\":%.4f,\"pct_peak\":%.1f}", i ? "," : "", s,
-             gf, 1e3 * el / reps, 100 * gf / peak);
+             gf, ms, 100 * gf / peak);
     else
-      printf("%8d %12.2f %10.4f %7.1f%%\n", s, gf, 1e3 * el / reps, 100 * gf / peak);
-    free(A);
-    free(Bm);
-    free(C);
-    free(w);
+      printf("%8d %12.2f %10.4f %7.1f%%\n", s, gf, ms, 100 * gf / peak);
   }
   if (json) printf("]}\n");
   return DPT_EXIT_OK;
@@ -456,8 +440,7 @@ static const char GPU_MODEL[] =
 /* 1 when GPU 0 is there (its name in name[cap]); else prints why the
  * benchmark is skipped (a result, so on stdout) and returns 0. */
 static int gpu_or_skip(const char *what, int json, char *name, size_t cap) {
-  if (dp_cuda_device_count() > 0 &&
-      dp__cuda_device_info(0, name, cap, NULL, NULL, NULL, NULL) == DP_OK)
+  if (dp_cuda_device_count() > 0 && dp_cuda_device_info(0, name, cap, NULL, NULL) == DP_OK)
     return 1;
   const char *why = dpt_user_msg(dp_last_error());
   if (json) {
@@ -521,10 +504,10 @@ static int bench_gpu_step(const bench_opts *o, const dp_config *base,
     dpt_json_string(stdout, name);
     printf(
         ",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"tf32\":%d,\"results\":[",
-        c0.batch, c0.micro_batch, dpt_optimizer_name(c0.optimizer), c0.tf32);
+        c0.batch, c0.micro_batch, dp_optimizer_name(c0.optimizer), c0.tf32);
   } else {
     printf("gpu-step: %s, batch %d, micro-batch %s, %s, %s, on %s\n", name, c0.batch,
-           c0.micro_batch ? "given" : "= chunk", dpt_optimizer_name(c0.optimizer),
+           c0.micro_batch ? "given" : "= chunk", dp_optimizer_name(c0.optimizer),
            c0.tf32 ? "tf32" : "fp32", gpu);
     printf("%-22s %6s %10s %12s %6s\n", "replicas (GPU ids)", "graph", "ms/step",
            "samples/s", "steps");
@@ -534,7 +517,7 @@ static int bench_gpu_step(const bench_opts *o, const dp_config *base,
   for (int i = 0; i < n_counts; i++)
     for (int g = 0; g < 2; g++) {
       dp_config c = gpu_config(base, common, counts[i], g);
-      char ids[64] = "", err[DP_ERRMSG_CAP];
+      char ids[64] = "", err[DPT_MSG_CAP];
       for (int d = 0, len = 0; d < c.n_devices && len < (int)sizeof ids - 8; d++)
         len += snprintf(ids + len, sizeof ids - (size_t)len, "%s%d", d ? "," : "",
                         c.device_ids[d]);
@@ -602,13 +585,12 @@ static int step_gemms(const dp_model *m, int batch, int micro, gemm_shape *g, in
   for (int part = 0; part < 2; part++) {
     int rows = part ? rest : micro, count = part ? 1 : full;
     if (rows == 0 || count == 0) continue;
-    for (int i = 0; i < m->n_layers && n + 3 <= cap; i++) {
-      const dp_layer *l = &m->layers[i];
-      if (l->kind != DP_LAYER_LINEAR) continue;
-      g[n++] = (gemm_shape){i, "fwd  y = x W^T", rows, l->out, l->in, count, 0, 0};
-      g[n++] = (gemm_shape){i, "bwd dW = dy^T x", l->out, l->in, rows, count, 0, 0};
-      if (i > 0)
-        g[n++] = (gemm_shape){i, "bwd dx = dy W", rows, l->in, l->out, count, 0, 0};
+    for (int i = 0; i < dp_model_n_layers(m) && n + 3 <= cap; i++) {
+      dp_layer_info l;
+      if (dp_model_layer(m, i, &l) != DP_OK || l.kind != DP_LAYER_LINEAR) continue;
+      g[n++] = (gemm_shape){i, "fwd  y = x W^T", rows, l.out, l.in, count, 0, 0};
+      g[n++] = (gemm_shape){i, "bwd dW = dy^T x", l.out, l.in, rows, count, 0, 0};
+      if (i > 0) g[n++] = (gemm_shape){i, "bwd dx = dy W", rows, l.in, l.out, count, 0, 0};
     }
   }
   return n;
@@ -623,9 +605,13 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
   if (!m) return DPT_EXIT_FAIL;
   dp_config c = gpu_config(base, common, 1, 0);
   int micro = c.micro_batch > 0 && c.micro_batch < c.batch ? c.micro_batch : c.batch;
-  gemm_shape g[3 * DP_MAX_LAYERS];
-  int n = step_gemms(m, c.batch, micro, g, (int)(sizeof g / sizeof *g));
-  int rc = DPT_EXIT_FAIL;
+  int cap = 6 * dp_model_n_layers(m) + 3, rc = DPT_EXIT_FAIL;
+  gemm_shape *g = malloc((size_t)cap * sizeof *g);
+  if (!g) {
+    fprintf(stderr, "dp bench gpu-gemm: out of memory\n");
+    goto out;
+  }
+  int n = step_gemms(m, c.batch, micro, g, cap);
   double gemm_ms = 0.0;
   for (int i = 0; i < n; i++) {
     /* the same shape again (another layer): measured once */
@@ -634,8 +620,11 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     if (j < i) {
       g[i].ms = g[j].ms;
       g[i].tflops = g[j].tflops;
-    } else if (dp__cuda_bench_sgemm(0, g[i].m, g[i].n, g[i].k, 50, c.tf32, &g[i].ms,
-                                    &g[i].tflops) != DP_OK) {
+    } else if (dp_bench_sgemm(DP_BACKEND_CUDA, 0, g[i].m, g[i].n, g[i].k, 50, c.tf32,
+                              &g[i].ms) == DP_OK) {
+      g[i].tflops =
+          g[i].ms > 0 ? 2.0 * g[i].m * g[i].n * g[i].k / (g[i].ms * 1e-3) / 1e12 : 0;
+    } else {
       fprintf(stderr, "dp bench gpu-gemm: sgemm %d x %d x %d: %s\n", g[i].m, g[i].n, g[i].k,
               dpt_user_msg(dp_last_error()));
       goto out;
@@ -644,7 +633,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
   }
   /* the whole step, one replica, plain and as a graph */
   step_result r[2] = {{0}};
-  char err[2][DP_ERRMSG_CAP];
+  char err[2][DPT_MSG_CAP];
   int bad[2];
   for (int gr = 0; gr < 2; gr++) {
     dp_config cg = gpu_config(base, common, 1, gr);
@@ -657,7 +646,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     printf(",\"model\":");
     dpt_json_string(stdout, name);
     printf(",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"tf32\":%d,\"gemms\":[",
-           c.batch, micro, dpt_optimizer_name(c.optimizer), c.tf32);
+           c.batch, micro, dp_optimizer_name(c.optimizer), c.tf32);
     for (int i = 0; i < n; i++)
       printf("%s{\"layer\":%d,\"gemm\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"per_step\":%d,"
              "\"ms\":%.4f,\"tflops\":%.2f}",
@@ -677,7 +666,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     printf("}\n");
   } else {
     printf("gpu-gemm: %s, batch %d, micro-batch %d, %s, %s, 1 replica on %s\n", name,
-           c.batch, micro, dpt_optimizer_name(c.optimizer), c.tf32 ? "tf32" : "fp32", gpu);
+           c.batch, micro, dp_optimizer_name(c.optimizer), c.tf32 ? "tf32" : "fp32", gpu);
     printf(
         "each GEMM of a step alone through cuBLAS (C(m,n) = A(m,k) B(k,n), mean of 50)\n");
     printf("%5s  %-16s %6s %6s %6s %5s %9s %8s %10s\n", "layer", "gemm", "m", "n", "k", "x",
@@ -697,6 +686,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
   }
   rc = bad[0] || bad[1] ? DPT_EXIT_FAIL : DPT_EXIT_OK;
 out:
+  free(g);
   dp_model_free(m);
   return rc;
 }
@@ -765,11 +755,11 @@ int dpt_cmd_bench(int argc, char **argv) {
       printf(
           "{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"optimizer\":\"%s\",\"steps\":%d,"
           "\"ms_per_step\":%.5f,\"samples_per_s\":%.0f}\n",
-          o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer), res.steps,
+          o.model, cfg.batch, cfg.n_devices, dp_optimizer_name(cfg.optimizer), res.steps,
           res.ms_per_step, res.samples_per_s);
     else
       printf("%s, batch %d, %d device(s), %s: %.4f ms/step, %.0f samples/s (%d steps)\n",
-             o.model, cfg.batch, cfg.n_devices, dpt_optimizer_name(cfg.optimizer),
+             o.model, cfg.batch, cfg.n_devices, dp_optimizer_name(cfg.optimizer),
              res.ms_per_step, res.samples_per_s, res.steps);
     return DPT_EXIT_OK;
   }

@@ -280,7 +280,7 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
     fprintf(
         f,
         "only %d of %d devices get rows (%s split of %d rows); the rest hold nothing\n\n",
-        nd, c->n_devices, dpt_split_name(c->split), c->batch);
+        nd, c->n_devices, dp_split_name(c->split), c->batch);
 
   /* Column widths. */
   int name_w = (int)strlen("micro-batches");
@@ -362,7 +362,7 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
     fprintf(f,
             "host staging: 0 B (the %s backend reads and writes the caller's memory "
             "directly)\n",
-            dpt_backend_name(c->backend));
+            dp_backend_name(c->backend));
   else
     fprintf(f,
             "host staging: %s B (%s), pinned host memory for a step's inputs, targets "
@@ -399,10 +399,10 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
           dp_model_input_width(m), dp_model_output_width(m), dp_model_n_layers(m));
   for (int i = 0; i < dp_model_n_layers(m); i++) {
     fputs(i ? ", " : "", f);
-    dpt_json_string(f, dpt_layer_name(dp_model_layer_kind(m, i)));
+    dpt_json_string(f, dp_layer_kind_name(dp_model_layer_kind(m, i)));
   }
   fputs("], \"loss\": ", f);
-  dpt_json_string(f, dpt_loss_name(dp_model_loss(m)));
+  dpt_json_string(f, dp_loss_name(dp_model_loss(m)));
   fprintf(f, ", \"n_params\": %zu, \"param_bytes\": %zu, \"spec\": ", dp_model_n_params(m),
           dp_model_n_params(m) * 4);
   dpt_json_string(f, spec ? spec : "");
@@ -419,15 +419,15 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
       "\"lr\": %s, \"momentum\": %s, \"weight_decay\": %s, \"beta1\": %s, "
       "\"beta2\": %s, \"eps\": %s, \"seed\": %llu, \"cuda_graph\": %s, \"tf32\": %s, "
       "\"transport\": \"%s\", \"fast_collectives\": %s},\n",
-      nd, dpt_split_name(c->split), c->micro_batch, dpt_mode_name(c->mode),
-      dpt_optimizer_name(c->optimizer), c->inference ? "true" : "false",
-      dpt_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
+      nd, dp_split_name(c->split), c->micro_batch, dp_mode_name(c->mode),
+      dp_optimizer_name(c->optimizer), c->inference ? "true" : "false",
+      dp_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
       float_text(c->momentum, fl[1], sizeof fl[1]),
       float_text(c->weight_decay, fl[2], sizeof fl[2]),
       float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
       float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed,
       c->cuda_graph ? "true" : "false", c->tf32 ? "true" : "false",
-      dpt_transport_name(c->transport), c->fast_collectives ? "true" : "false");
+      dp_transport_name(c->transport), c->fast_collectives ? "true" : "false");
 
   if (o->budget_set)
     fprintf(f, "  \"budget\": {\"bytes\": %zu, \"max_batch\": %d, \"search_cap\": %d},\n",
@@ -539,8 +539,8 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
   base = base ? base + 1 : model_path;
   char title[256];
   snprintf(title, sizeof title, "%s: batch %d on %d device%s, %s, %s", base, c->batch, nd,
-           nd == 1 ? "" : "s", dpt_mode_name(c->mode),
-           c->inference ? "inference" : dpt_optimizer_name(c->optimizer));
+           nd == 1 ? "" : "s", dp_mode_name(c->mode),
+           c->inference ? "inference" : dp_optimizer_name(c->optimizer));
   dp_status st =
       dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, values, err, errcap);
   free(values);

@@ -4,7 +4,6 @@
  * them produce the same bits, and if not, the first step and tensor where two
  * of them part and by how much. */
 #include "cli.h"
-#include "internal.h" /* dp__fnv1a */
 #include "data.h"
 
 #include <limits.h>
@@ -319,85 +318,28 @@ out:
 
 /* ---- parameter tensors -------------------------------------------------------- */
 
-typedef struct {
-  char name[32];       /* "3.weight" */
-  size_t offset, size; /* in floats, into the state_dict-ordered array */
-  int dim0, dim1;      /* shape: (dim0, dim1), or (dim0) when dim1 == 0 */
-} tensor_info;
-
-static void add_tensor(tensor_info *t, int *n, size_t *off, int layer, const char *what,
-                       int d0, int d1) {
-  tensor_info *x = &t[(*n)++];
-  snprintf(x->name, sizeof x->name, "%d.%s", layer, what);
-  x->offset = *off;
-  x->dim0 = d0;
-  x->dim1 = d1;
-  x->size = (size_t)d0 * (size_t)(d1 ? d1 : 1);
-  *off += x->size;
-}
-
-/* The parameter tensors of m in state_dict order. The widths come from the
- * model's spec text (dp_model_format), checked against the layer kinds and the
- * parameter count. Returns 0, or -1 with a message. */
-static int model_tensors(const dp_model *m, tensor_info **out, int *n_out, char *err,
+/* The parameter tensors of m in state_dict order (dp_model_tensor). Returns
+ * 0, or -1 with a message. */
+static int model_tensors(const dp_model *m, dp_tensor_info **out, int *n_out, char *err,
                          size_t errcap) {
-  int L = dp_model_n_layers(m), n = 0, layer = -1, width = dp_model_input_width(m);
-  size_t len = dp_model_format(m, NULL, 0), off = 0;
-  char *text = malloc(len + 1);
-  tensor_info *t = calloc((size_t)2 * L + 1, sizeof *t);
-  if (!text || !t) {
+  int n = dp_model_n_tensors(m);
+  dp_tensor_info *t = calloc((size_t)n + 1, sizeof *t);
+  if (!t) {
     snprintf(err, errcap, "out of memory");
-    goto fail;
+    return -1;
   }
-  dp_model_format(m, text, len + 1);
-  char *save = NULL;
-  for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-    char word[32] = "";
-    if (sscanf(line, "%31s", word) != 1 || word[0] == '#') continue;
-    if (strcmp(word, "input") == 0 || strcmp(word, "loss") == 0) {
-      if (word[0] == 'i') layer = 0;
-      continue;
+  for (int i = 0; i < n; i++)
+    if (dp_model_tensor(m, i, &t[i]) != DP_OK) {
+      snprintf(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+      free(t);
+      return -1;
     }
-    if (layer < 0 || layer >= L ||
-        strcmp(word, dpt_layer_name(dp_model_layer_kind(m, layer)))) {
-      snprintf(err, errcap, "internal: the model's text form does not match its layers");
-      goto fail;
-    }
-    if (dp_model_layer_kind(m, layer) == DP_LAYER_LINEAR) {
-      int w;
-      if (sscanf(line, "%*s %d", &w) != 1 || w < 1) {
-        snprintf(err, errcap, "internal: cannot read the width of layer %d", layer);
-        goto fail;
-      }
-      add_tensor(t, &n, &off, layer, "weight", w, width);
-      if (!strstr(line, "nobias")) add_tensor(t, &n, &off, layer, "bias", w, 0);
-      width = w;
-    } else if (dp_model_layer_kind(m, layer) == DP_LAYER_LAYERNORM) {
-      add_tensor(t, &n, &off, layer, "weight", width, 0);
-      add_tensor(t, &n, &off, layer, "bias", width, 0);
-    }
-    layer++;
-  }
-  if (layer != L || off != dp_model_n_params(m)) {
-    snprintf(err, errcap,
-             "internal: tensor layout (%zu parameters) does not match the "
-             "model (%zu)",
-             off, dp_model_n_params(m));
-    goto fail;
-  }
-  free(text);
   *out = t;
   *n_out = n;
   return 0;
-fail:
-  free(text);
-  free(t);
-  return -1;
 }
 
-static uint64_t fnv1a(const float *v, size_t n) {
-  return dp__fnv1a(DP_FNV_INIT, v, n * sizeof *v);
-}
+static uint64_t fnv1a(const float *v, size_t n) { return dp_hash_bytes(v, n * sizeof *v); }
 
 static uint32_t float_bits(float f) {
   uint32_t u;
@@ -462,14 +404,14 @@ static void json_number(FILE *f, double v) {
 }
 
 /* "[17, 3]" or "[5]" for element k of tensor t. */
-static void element_index(const tensor_info *t, size_t k, char *buf, size_t cap) {
-  if (t->dim1)
-    snprintf(buf, cap, "[%zu, %zu]", k / (size_t)t->dim1, k % (size_t)t->dim1);
+static void element_index(const dp_tensor_info *t, size_t k, char *buf, size_t cap) {
+  if (t->ndim == 2)
+    snprintf(buf, cap, "[%zu, %zu]", k / (size_t)t->dims[1], k % (size_t)t->dims[1]);
   else
     snprintf(buf, cap, "[%zu]", k);
 }
 
-static void print_trace_header(const tensor_info *t, int nt) {
+static void print_trace_header(const dp_tensor_info *t, int nt) {
   printf(
       "trace: after every step, the loss, the parameter hash and the FNV-1a 64 hash of\n"
       "every tensor (state_dict order); '*' marks a row that differs from the reference\n");
@@ -523,7 +465,7 @@ int dpt_cmd_repro(int argc, char **argv) {
   int rc = DPT_EXIT_FAIL, nc = o.n_counts * o.n_modes, nt = 0, ref = -1;
   dp_model *model = NULL;
   dpt_dataset data = {0};
-  tensor_info *tensors = NULL;
+  dp_tensor_info *tensors = NULL;
   run_cfg *cf = calloc((size_t)nc, sizeof *cf);
   float *bx = NULL, *ref_params = NULL, *params = NULL;
   void *bt = NULL;
@@ -625,14 +567,14 @@ int dpt_cmd_repro(int argc, char **argv) {
         ",\n  \"rows\": %d,\n  \"steps\": %d,\n  \"batch\": %d,\n  \"micro_batch\": %d,\n",
         data.n_rows, o.steps, B, o.base.micro_batch);
     printf("  \"split\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"lr\": ",
-           dpt_split_name(o.base.split), dpt_optimizer_name(o.base.optimizer));
+           dp_split_name(o.base.split), dp_optimizer_name(o.base.optimizer));
     json_float(stdout, o.base.lr);
     printf(",\n  \"seed\": %llu,\n  \"backend\": \"%s\",\n  \"tensors\": [",
-           (unsigned long long)o.base.seed, dpt_backend_name(o.base.backend));
+           (unsigned long long)o.base.seed, dp_backend_name(o.base.backend));
     for (int i = 0; i < nt; i++) {
       printf("%s\n    {\"name\": \"%s\", \"shape\": [%d", i ? "," : "", tensors[i].name,
-             tensors[i].dim0);
-      if (tensors[i].dim1) printf(", %d", tensors[i].dim1);
+             tensors[i].dims[0]);
+      if (tensors[i].ndim == 2) printf(", %d", tensors[i].dims[1]);
       printf("]}");
     }
     printf("\n  ]");
@@ -641,14 +583,14 @@ int dpt_cmd_repro(int argc, char **argv) {
     printf("dp repro: %s on %s: %d rows, %d features, %s\n", o.model, o.data, data.n_rows,
            data.n_features, data.label ? "classification" : "regression");
     printf("%d steps of batch %d (%s split, micro-batch ", o.steps, B,
-           dpt_split_name(o.base.split));
+           dp_split_name(o.base.split));
     if (o.base.micro_batch > 0)
       printf("%d", o.base.micro_batch);
     else
       printf("= each device's chunk");
     printf("), %s lr %g, seed %llu, %s backend; %d configuration%s\n",
-           dpt_optimizer_name(o.base.optimizer), (double)o.base.lr,
-           (unsigned long long)o.base.seed, dpt_backend_name(o.base.backend), nc,
+           dp_optimizer_name(o.base.optimizer), (double)o.base.lr,
+           (unsigned long long)o.base.seed, dp_backend_name(o.base.backend), nc,
            nc == 1 ? "" : "s");
     if (o.base.micro_batch == 0 && nc > 1)
       printf("note: without --micro-batch the bits are not expected to match across device "
@@ -679,7 +621,8 @@ int dpt_cmd_repro(int argc, char **argv) {
         continue;
       }
       c->hash = dp_params_hash(c->ctx);
-      for (int i = 0; i < nt; i++) c->th[i] = fnv1a(w + tensors[i].offset, tensors[i].size);
+      for (int i = 0; i < nt; i++)
+        c->th[i] = fnv1a(w + tensors[i].offset, tensors[i].numel);
       int differs = 0;
       if (k != ref && ref_alive) {
         int ti = -1;
@@ -692,17 +635,17 @@ int dpt_cmd_repro(int argc, char **argv) {
           div.cfg = k;
           div.tensor = ti;
           if (ti >= 0) {
-            const tensor_info *t = &tensors[ti];
+            const dp_tensor_info *t = &tensors[ti];
             const float *a = ref_params + t->offset, *b = w + t->offset;
             div.max_diff = 0.0;
-            div.at = t->size;
-            for (size_t e = 0; e < t->size; e++) {
+            div.at = t->numel;
+            for (size_t e = 0; e < t->numel; e++) {
               int bits_differ = float_bits(a[e]) != float_bits(b[e]);
               double d = fabs((double)a[e] - (double)b[e]);
               if (d != d) d = bits_differ ? INFINITY : 0.0; /* NaN: the largest */
               /* the largest difference; failing any (-0 vs +0), the first element
                * whose bits differ */
-              if (d > div.max_diff || (div.at == t->size && bits_differ)) {
+              if (d > div.max_diff || (div.at == t->numel && bits_differ)) {
                 div.max_diff = d > div.max_diff ? d : div.max_diff;
                 div.at = e;
               }
@@ -835,12 +778,12 @@ int dpt_cmd_repro(int argc, char **argv) {
       run_cfg *c = &cf[div.cfg];
       printf("DIFFERS: first divergence at step %d, ", div.step);
       if (div.tensor >= 0) {
-        const tensor_info *t = &tensors[div.tensor];
+        const dp_tensor_info *t = &tensors[div.tensor];
         printf("tensor %s (", t->name);
-        if (t->dim1)
-          printf("%d x %d", t->dim0, t->dim1);
+        if (t->ndim == 2)
+          printf("%d x %d", t->dims[0], t->dims[1]);
         else
-          printf("%d", t->dim0);
+          printf("%d", t->dims[0]);
         printf("), between %s (the reference) and %s: max abs difference %.9g at %s%s "
                "(%.9g vs %.9g)\n",
                cf[ref].label, c->label, div.max_diff, t->name, where, (double)div.ref_value,

@@ -1,0 +1,507 @@
+/* Tests of dp.h's inspection, naming and diagnostic functions (the ones the
+ * `dp` tool needs so that it uses dp.h alone): dp_model_layer, the state_dict
+ * tensor list, dp_hash_bytes, the enum names, the GEMM tier, dp_bench_sgemm and
+ * dp_cuda_device_info; and a check that tools/ includes nothing but dp.h and
+ * its own headers. */
+#include "internal.h" /* dp__backend_ops / dp__backend_register: the pass-through test */
+
+#include <check.h>
+#include <ctype.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Every layer kind, and a linear without a bias:
+ *   index: 0 linear 8, 1 relu, 2 gelu, 3 tanh, 4 sigmoid, 5 layernorm,
+ *          6 dropout 0.25, 7 linear 3 nobias
+ * = nn.Sequential(Linear(5, 8), ReLU(), GELU('tanh'), Tanh(), Sigmoid(),
+ *                 LayerNorm(8), Dropout(0.25), Linear(8, 3, bias=False)) */
+static const char EVERY_KIND[] = "input 5\nlinear 8\nrelu\ngelu\ntanh\nsigmoid\nlayernorm\n"
+                                 "dropout 0.25\nlinear 3 nobias\nloss mse\n";
+
+static dp_model *parse(const char *text) {
+  dp_model *m = NULL;
+  ck_assert_msg(dp_model_parse(text, "test", &m) == DP_OK, "%s", dp_last_error());
+  return m;
+}
+
+/* ---- names ---------------------------------------------------------------------- */
+
+/* Names of values 0..last: non-empty, not "?", distinct; "?" past both ends. */
+#define CHECK_NAMES(fn, type, last)                                                        \
+  do {                                                                                     \
+    for (int i_ = 0; i_ <= (int)(last); i_++) {                                            \
+      const char *n_ = fn((type)i_);                                                       \
+      ck_assert_msg(n_ &&n_[0] && strcmp(n_, "?") != 0, #fn "(%d) = '%s'", i_,             \
+                    n_ ? n_ : "(null)");                                                   \
+      for (int j_ = 0; j_ < i_; j_++)                                                      \
+        ck_assert_msg(strcmp(n_, fn((type)j_)) != 0, #fn ": %d and %d are both '%s'", j_,  \
+                      i_, n_);                                                             \
+    }                                                                                      \
+    ck_assert_str_eq(fn((type)((int)(last) + 1)), "?");                                    \
+    ck_assert_str_eq(fn((type)-1), "?");                                                   \
+    ck_assert_str_eq(fn((type)1000), "?");                                                 \
+  } while (0)
+
+START_TEST(every_enum_value_has_a_name) {
+  CHECK_NAMES(dp_layer_kind_name, dp_layer_kind, DP_LAYER_DROPOUT);
+  CHECK_NAMES(dp_loss_name, dp_loss_kind, DP_LOSS_SOFTMAX_CE);
+  CHECK_NAMES(dp_split_name, dp_split, DP_SPLIT_MEMORY);
+  CHECK_NAMES(dp_mode_name, dp_mode, DP_MODE_ALLREDUCE);
+  CHECK_NAMES(dp_optimizer_name, dp_optimizer, DP_OPT_ADAMW);
+  CHECK_NAMES(dp_transport_name, dp_transport, DP_TRANSPORT_NCCL);
+  CHECK_NAMES(dp_backend_name, dp_backend, DP_BACKEND_CUDA);
+  CHECK_NAMES(dp_region_name, dp_region, DP_REGION_COUNT - 1);
+  CHECK_NAMES(dp_phase_name, dp_phase, DP_PHASE_COUNT - 1);
+  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_ALLREDUCE);
+}
+END_TEST
+
+START_TEST(names_are_the_spec_and_command_line_words) {
+  ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_LINEAR), "linear");
+  ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_LAYERNORM), "layernorm");
+  ck_assert_str_eq(dp_loss_name(DP_LOSS_NONE), "none");
+  ck_assert_str_eq(dp_loss_name(DP_LOSS_MSE), "mse");
+  ck_assert_str_eq(dp_loss_name(DP_LOSS_SOFTMAX_CE), "softmax_cross_entropy");
+  ck_assert_str_eq(dp_split_name(DP_SPLIT_CHUNK), "chunk");
+  ck_assert_str_eq(dp_mode_name(DP_MODE_CLASSIC), "classic");
+  ck_assert_str_eq(dp_optimizer_name(DP_OPT_MOMENTUM), "momentum");
+  ck_assert_str_eq(dp_transport_name(DP_TRANSPORT_AUTO), "auto");
+  /* the layer and loss names are the spec's: a spec written with them parses
+   * back to the same layers */
+  char spec[512];
+  int len = snprintf(spec, sizeof spec, "input 4\n");
+  for (int k = DP_LAYER_RELU; k <= DP_LAYER_LAYERNORM; k++)
+    len += snprintf(spec + len, sizeof spec - (size_t)len, "%s\n",
+                    dp_layer_kind_name((dp_layer_kind)k));
+  snprintf(spec + len, sizeof spec - (size_t)len, "loss %s\n",
+           dp_loss_name(DP_LOSS_SOFTMAX_CE));
+  dp_model *m = parse(spec);
+  ck_assert_int_eq(dp_model_n_layers(m), DP_LAYER_LAYERNORM - DP_LAYER_RELU + 1);
+  for (int i = 0; i < dp_model_n_layers(m); i++)
+    ck_assert_int_eq(dp_model_layer_kind(m, i), DP_LAYER_RELU + i);
+  ck_assert_int_eq(dp_model_loss(m), DP_LOSS_SOFTMAX_CE);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- layers and tensors ------------------------------------------------------------ */
+
+START_TEST(model_layer_describes_every_kind) {
+  dp_model *m = parse(EVERY_KIND);
+  static const struct {
+    dp_layer_kind kind;
+    int in, out, bias;
+    float p;
+    size_t off, n;
+  } want[] = {
+      {DP_LAYER_LINEAR, 5, 8, 1, 0, 0, 48},      {DP_LAYER_RELU, 8, 8, 0, 0, 48, 0},
+      {DP_LAYER_GELU, 8, 8, 0, 0, 48, 0},        {DP_LAYER_TANH, 8, 8, 0, 0, 48, 0},
+      {DP_LAYER_SIGMOID, 8, 8, 0, 0, 48, 0},     {DP_LAYER_LAYERNORM, 8, 8, 0, 0, 48, 16},
+      {DP_LAYER_DROPOUT, 8, 8, 0, 0.25f, 64, 0}, {DP_LAYER_LINEAR, 8, 3, 0, 0, 64, 24},
+  };
+  int n = (int)(sizeof want / sizeof *want);
+  ck_assert_int_eq(dp_model_n_layers(m), n);
+  size_t total = 0;
+  for (int i = 0; i < n; i++) {
+    dp_layer_info l;
+    memset(&l, 0xa5, sizeof l);
+    ck_assert_int_eq(dp_model_layer(m, i, &l), DP_OK);
+    ck_assert_int_eq(l.kind, want[i].kind);
+    ck_assert_int_eq(l.kind, dp_model_layer_kind(m, i));
+    ck_assert_int_eq(l.in, want[i].in);
+    ck_assert_int_eq(l.out, want[i].out);
+    ck_assert_int_eq(l.bias, want[i].bias);
+    ck_assert_float_eq(l.p, want[i].p);
+    ck_assert_uint_eq(l.param_offset, want[i].off);
+    ck_assert_uint_eq(l.n_params, want[i].n);
+    total += l.n_params;
+  }
+  ck_assert_uint_eq(total, dp_model_n_params(m));
+  dp_layer_info l;
+  memset(&l, 0xa5, sizeof l);
+  ck_assert_int_eq(dp_model_layer(m, n, &l), DP_ERR_RANGE);
+  ck_assert_msg(strstr(dp_last_error(), "layer 8 out of range"), "%s", dp_last_error());
+  ck_assert_int_eq(l.kind, 0);
+  ck_assert_uint_eq(l.n_params, 0);
+  ck_assert_int_eq(dp_model_layer(m, -1, &l), DP_ERR_RANGE);
+  ck_assert_int_eq(dp_model_layer(NULL, 0, &l), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_layer(m, 0, NULL), DP_ERR_INVALID);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(tensors_are_the_state_dict_of_the_sequential) {
+  dp_model *m = parse(EVERY_KIND);
+  static const struct {
+    const char *name;
+    int ndim, d0, d1;
+  } want[] = {{"0.weight", 2, 8, 5},
+              {"0.bias", 1, 8, 0},
+              {"5.weight", 1, 8, 0},
+              {"5.bias", 1, 8, 0},
+              {"7.weight", 2, 3, 8}};
+  int n = (int)(sizeof want / sizeof *want);
+  ck_assert_int_eq(dp_model_n_tensors(m), n);
+  size_t off = 0;
+  for (int i = 0; i < n; i++) {
+    dp_tensor_info t;
+    ck_assert_int_eq(dp_model_tensor(m, i, &t), DP_OK);
+    ck_assert_str_eq(t.name, want[i].name);
+    ck_assert_int_eq(t.ndim, want[i].ndim);
+    ck_assert_int_eq(t.dims[0], want[i].d0);
+    ck_assert_int_eq(t.dims[1], want[i].d1);
+    ck_assert_uint_eq(t.numel, (size_t)want[i].d0 * (size_t)(want[i].d1 ? want[i].d1 : 1));
+    ck_assert_uint_eq(t.offset, off); /* the tensors tile the flat array in order */
+    off += t.numel;
+  }
+  ck_assert_uint_eq(off, dp_model_n_params(m));
+  dp_tensor_info t;
+  ck_assert_int_eq(dp_model_tensor(m, n, &t), DP_ERR_RANGE);
+  ck_assert_str_eq(t.name, "");
+  ck_assert_int_eq(dp_model_tensor(m, -1, &t), DP_ERR_RANGE);
+  ck_assert_int_eq(dp_model_tensor(NULL, 0, &t), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_tensors(NULL), 0);
+  dp_model_free(m);
+
+  /* no parameters at all; and the seed document's Linear(5, 2) */
+  m = parse("input 3\nrelu\n");
+  ck_assert_int_eq(dp_model_n_tensors(m), 0);
+  ck_assert_int_eq(dp_model_tensor(m, 0, &t), DP_ERR_RANGE);
+  dp_model_free(m);
+  m = parse("input 5\nlinear 2\nloss mse\n");
+  ck_assert_int_eq(dp_model_n_tensors(m), 2);
+  ck_assert_int_eq(dp_model_tensor(m, 1, &t), DP_OK);
+  ck_assert_str_eq(t.name, "0.bias");
+  ck_assert_uint_eq(t.offset, 10);
+  dp_model_free(m);
+}
+END_TEST
+
+/* Layer widths past 2^16 and the largest layer index still fit the name. */
+START_TEST(tensor_names_fit_at_the_limits) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(3, &m), DP_OK);
+  for (int i = 0; i < DP_MAX_LAYERS - 1; i++)
+    ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(m, 100000, 1), DP_OK);
+  ck_assert_int_eq(dp_model_n_tensors(m), 2);
+  dp_tensor_info t;
+  ck_assert_int_eq(dp_model_tensor(m, 1, &t), DP_OK);
+  ck_assert_str_eq(t.name, "255.bias");
+  ck_assert_int_eq(t.dims[0], 100000);
+  ck_assert_uint_eq(t.offset, 300000);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- hash ---------------------------------------------------------------------------- */
+
+START_TEST(hash_bytes_is_the_params_hash) {
+  /* FNV-1a 64's published values */
+  ck_assert_uint_eq(dp_hash_bytes(NULL, 0), 0xcbf29ce484222325ull);
+  ck_assert_uint_eq(dp_hash_bytes("a", 1), 0xaf63dc4c8601ec8cull);
+  ck_assert_uint_eq(dp_hash_bytes("foobar", 6), 0x85944171f73967e8ull);
+
+  dp_model *m = parse(EVERY_KIND);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 6;
+  c.n_devices = 2;
+  dp_plan *p = NULL;
+  dp_ctx *ctx = NULL;
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(dp_ctx_create(p, &ctx) == DP_OK, "%s", dp_last_error());
+  size_t np = dp_model_n_params(m);
+  float *w = malloc(np * sizeof *w), x[6 * 5], t[6 * 3];
+  ck_assert_ptr_nonnull(w);
+  for (int i = 0; i < 6 * 5; i++) x[i] = (float)(i % 7) * 0.25f - 0.5f;
+  for (int i = 0; i < 6 * 3; i++) t[i] = (float)(i % 3) * 0.5f;
+  for (int step = 0; step < 3; step++) {
+    ck_assert_int_eq(dp_get_params(ctx, w, np), DP_OK);
+    ck_assert_uint_eq(dp_hash_bytes(w, np * sizeof *w), dp_params_hash(ctx));
+    float loss;
+    ck_assert_msg(dp_train_step(ctx, 6, 5, x, t, &loss) == DP_OK, "%s", dp_ctx_error(ctx));
+  }
+  free(w);
+  dp_ctx_free(ctx);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* ---- GEMM tier and benchmarks -------------------------------------------------------- */
+
+START_TEST(gemm_tier_switches_and_refuses_nonsense) {
+  const char *start = dp_gemm_tier();
+  ck_assert_msg(!strcmp(start, "avx512") || !strcmp(start, "avx2") ||
+                    !strcmp(start, "scalar"),
+                "%s", start);
+  ck_assert_int_eq(dp_gemm_set_tier("auto"), DP_OK);
+  const char *best = dp_gemm_tier();
+  ck_assert_int_eq(dp_gemm_set_tier("scalar"), DP_OK);
+  ck_assert_str_eq(dp_gemm_tier(), "scalar");
+  ck_assert_int_eq(dp_gemm_set_tier("nonsense"), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "'nonsense'"), "%s", dp_last_error());
+  ck_assert_str_eq(dp_gemm_tier(), "scalar"); /* unchanged */
+  ck_assert_int_eq(dp_gemm_set_tier(""), DP_ERR_INVALID);
+  static const char *const fast[] = {"avx2", "avx512"};
+  for (int i = 0; i < 2; i++) {
+    dp_status s = dp_gemm_set_tier(fast[i]);
+    ck_assert_msg(s == DP_OK || s == DP_ERR_UNSUPPORTED, "%s: %s", fast[i],
+                  dp_status_name(s));
+    ck_assert_str_eq(dp_gemm_tier(), s == DP_OK ? fast[i] : "scalar");
+    if (s == DP_OK) ck_assert_int_eq(dp_gemm_set_tier("scalar"), DP_OK);
+  }
+  ck_assert_int_eq(dp_gemm_set_tier(NULL), DP_OK);
+  ck_assert_str_eq(dp_gemm_tier(), best);
+}
+END_TEST
+
+START_TEST(bench_sgemm_on_the_cpu) {
+  double ms = -1.0;
+  ck_assert_msg(dp_bench_sgemm(DP_BACKEND_CPU, 0, 48, 40, 33, 3, 0, &ms) == DP_OK, "%s",
+                dp_last_error());
+  ck_assert_msg(ms > 0.0, "%g ms", ms);
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CPU, 0, 1, 1, 1, 1, 0, &ms), DP_OK);
+  /* refused, *ms = 0 */
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CPU, 0, 0, 4, 4, 1, 0, &ms), DP_ERR_INVALID);
+  ck_assert_msg(ms == 0.0, "%g", ms);
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CPU, 0, 4, 4, 4, 0, 0, &ms), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CPU, 0, 4, 4, 4, 1, 0, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CPU, 1, 4, 4, 4, 1, 0, &ms), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CPU, 0, 4, 4, 4, 1, 1, &ms), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "TF32"), "%s", dp_last_error());
+  ck_assert_int_eq(dp_bench_sgemm((dp_backend)7, 0, 4, 4, 4, 1, 0, &ms), DP_ERR_INVALID);
+}
+END_TEST
+
+/* Without the CUDA backend: DP_ERR_UNSUPPORTED naming why. With it (test_dp
+ * registers it in a CUDA build): a time, or the CUDA error when there is no
+ * GPU. */
+START_TEST(bench_sgemm_and_device_info_on_cuda) {
+  double ms = -1.0;
+  char name[128] = "unchanged";
+  size_t total = 0, free_mem = 0;
+  dp_status s = dp_bench_sgemm(DP_BACKEND_CUDA, 0, 64, 64, 64, 2, 0, &ms);
+  dp_status si = dp_cuda_device_info(0, name, sizeof name, &total, &free_mem);
+  if (!dp_cuda_available()) {
+    ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
+    ck_assert_int_eq(si, DP_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(dp_last_error(), "not registered"), "%s", dp_last_error());
+    ck_assert_str_eq(name, "");
+    return;
+  }
+  if (s == DP_OK)
+    ck_assert_msg(ms > 0.0, "%g ms", ms);
+  else
+    ck_assert_msg(ms == 0.0 && dp_last_error()[0], "%s: ms %g, '%s'", dp_status_name(s), ms,
+                  dp_last_error());
+  if (si == DP_OK)
+    ck_assert_msg(name[0] && total > 0 && free_mem <= total, "'%s' %zu %zu", name, total,
+                  free_mem);
+  else
+    ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, NULL) != DP_OK &&
+                      dp_last_error()[0],
+                  "%s", dp_last_error());
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CUDA, 0, 64, 0, 64, 2, 0, &ms),
+                   DP_ERR_INVALID);
+}
+END_TEST
+
+/* A registered backend's diagnostic slots are what dp_bench_sgemm and
+ * dp_cuda_device_info call, with the caller's arguments. (Registers a double
+ * for DP_BACKEND_CUDA and puts the real one back; skipped under CK_FORK=no in a
+ * build without CUDA, where nothing could be put back.) */
+static struct {
+  int dev, m, n, k, iters, tf32;
+  size_t cap;
+} seen;
+
+static int fake_count(void) { return 3; }
+static dp_status fake_info(int dev, char *name, size_t cap, size_t *total,
+                           size_t *free_mem) {
+  seen.dev = dev;
+  seen.cap = cap;
+  if (name && cap) snprintf(name, cap, "fake %d", dev);
+  if (total) *total = 1000;
+  if (free_mem) *free_mem = 600;
+  return DP_OK;
+}
+static dp_status fake_bench(int dev, int m, int n, int k, int iters, int tf32, double *ms,
+                            double *tflops) {
+  seen.dev = dev, seen.m = m, seen.n = n, seen.k = k, seen.iters = iters, seen.tf32 = tf32;
+  *ms = 2.5;
+  *tflops = 1.0;
+  return DP_OK;
+}
+START_TEST(diagnostics_go_through_the_backend_slots) {
+  const dp_backend_ops *real = dp__backend_ops(DP_BACKEND_CUDA);
+  const char *fork = getenv("CK_FORK");
+  if (!real && fork && strcmp(fork, "no") == 0) {
+    fprintf(stderr,
+            "NOTE api: backend pass-through skipped (CK_FORK=no, no CUDA backend)\n");
+    return;
+  }
+  /* the cpu backend's vtable (complete, whatever slots it grows) with the
+   * diagnostic slots replaced */
+  static dp_backend_ops fake;
+  fake = *dp__backend_ops(DP_BACKEND_CPU);
+  fake.name = "fake";
+  fake.device_count = fake_count;
+  fake.device_info = fake_info;
+  fake.bench_sgemm = fake_bench;
+  ck_assert_int_eq(dp__backend_register(DP_BACKEND_CUDA, &fake), DP_OK);
+  double ms = 0.0;
+  ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CUDA, 2, 7, 9, 11, 13, 1, &ms), DP_OK);
+  ck_assert(ms == 2.5);
+  ck_assert_int_eq(seen.dev, 2);
+  ck_assert_int_eq(seen.m, 7);
+  ck_assert_int_eq(seen.n, 9);
+  ck_assert_int_eq(seen.k, 11);
+  ck_assert_int_eq(seen.iters, 13);
+  ck_assert_int_eq(seen.tf32, 1);
+  char name[16];
+  size_t total = 0, free_mem = 0;
+  ck_assert_int_eq(dp_cuda_device_info(1, name, sizeof name, &total, &free_mem), DP_OK);
+  ck_assert_str_eq(name, "fake 1");
+  ck_assert_uint_eq(seen.cap, sizeof name);
+  ck_assert_uint_eq(total, 1000);
+  ck_assert_uint_eq(free_mem, 600);
+  ck_assert_int_eq(dp_cuda_device_count(), 3);
+  if (real) ck_assert_int_eq(dp__backend_register(DP_BACKEND_CUDA, real), DP_OK);
+}
+END_TEST
+
+/* ---- tools/ includes dp.h and its own headers, nothing else of the project --------- */
+
+/* The project's headers a tool may include ("..." form); any other "..."
+ * include, and any <...> include of a header of lib/, cuda/ or tests/, is
+ * refused. */
+static const char *const TOOL_HEADERS[] = {"dp.h", "cli.h", "data.h", "svg.h"};
+
+static int project_header(const char *name) {
+  static const char *const dirs[] = {"lib", "cuda", "tests", "tests/emul", "include"};
+  for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dirs[d], name);
+    FILE *f = fopen(path, "r");
+    if (f) {
+      fclose(f);
+      return strcmp(dirs[d], "include") != 0;
+    }
+  }
+  return 0;
+}
+
+/* Appends "file:line: #include X" to bad for each forbidden include of path. */
+static void check_tool_file(const char *path, char *bad, size_t cap) {
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f, "cannot read %s (tests run from the repository root)", path);
+  char line[1024];
+  for (int ln = 1; fgets(line, sizeof line, f); ln++) {
+    const char *p = line;
+    while (isspace((unsigned char)*p)) p++;
+    if (*p++ != '#') continue;
+    while (*p == ' ' || *p == '\t') p++;
+    if (strncmp(p, "include", 7) != 0) continue;
+    p += 7;
+    while (*p == ' ' || *p == '\t') p++;
+    char close = *p == '"' ? '"' : *p == '<' ? '>' : 0;
+    const char *end = close ? strchr(p + 1, close) : NULL;
+    int ok = 0;
+    char name[256] = "";
+    if (end && (size_t)(end - p - 1) < sizeof name) {
+      memcpy(name, p + 1, (size_t)(end - p - 1));
+      name[end - p - 1] = '\0';
+      if (close == '"') {
+        for (size_t i = 0; i < sizeof TOOL_HEADERS / sizeof *TOOL_HEADERS; i++)
+          ok |= strcmp(name, TOOL_HEADERS[i]) == 0;
+      } else {
+        ok = !project_header(name);
+      }
+    }
+    if (!ok) {
+      size_t len = strlen(bad);
+      snprintf(bad + len, cap - len, "\n  %s:%d: %.*s", path, ln,
+               (int)strcspn(line, "\r\n"), line);
+    }
+  }
+  fclose(f);
+}
+
+START_TEST(tools_include_only_dp_h) {
+  DIR *d = opendir("tools");
+  ck_assert_msg(d, "cannot open tools/ (tests run from the repository root)");
+  char bad[4096] = "";
+  int n_files = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    size_t len = strlen(e->d_name);
+    if (len < 3 || e->d_name[0] == '.' ||
+        (strcmp(e->d_name + len - 2, ".c") != 0 && strcmp(e->d_name + len - 2, ".h") != 0))
+      continue;
+    char path[512];
+    snprintf(path, sizeof path, "tools/%s", e->d_name);
+    check_tool_file(path, bad, sizeof bad);
+    n_files++;
+  }
+  closedir(d);
+  ck_assert_int_ge(n_files, 8); /* dp.c, cli.c, cmd_*.c, ...: the folder was read */
+  ck_assert_msg(
+      bad[0] == '\0',
+      "tools/ may include only dp.h and its own headers (cli.h, data.h, svg.h):%s", bad);
+}
+END_TEST
+
+/* The check itself: it catches each forbidden form. */
+START_TEST(include_check_catches_internal_headers) {
+  char path[] = "/tmp/dp_test_api_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  FILE *f = fdopen(fd, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("#include \"cli.h\"\n#include \"internal.h\"\n#  include <gemm.h>\n"
+        "#include <stdio.h>\n  #include \"dp_cuda.h\" /* x */\n#include \"dp.h\"\n",
+        f);
+  fclose(f);
+  char bad[2048] = "";
+  check_tool_file(path, bad, sizeof bad);
+  unlink(path);
+  ck_assert_msg(strstr(bad, ":2: #include \"internal.h\""), "%s", bad);
+  ck_assert_msg(strstr(bad, ":3: #  include <gemm.h>"), "%s", bad);
+  ck_assert_msg(strstr(bad, ":5:   #include \"dp_cuda.h\""), "%s", bad);
+  ck_assert_msg(!strstr(bad, ":1:") && !strstr(bad, ":4:") && !strstr(bad, ":6:"), "%s",
+                bad);
+}
+END_TEST
+
+Suite *api_suite(void) {
+  Suite *s = suite_create("api");
+  TCase *tc = tcase_create("names");
+  tcase_add_test(tc, every_enum_value_has_a_name);
+  tcase_add_test(tc, names_are_the_spec_and_command_line_words);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("model");
+  tcase_add_test(tc, model_layer_describes_every_kind);
+  tcase_add_test(tc, tensors_are_the_state_dict_of_the_sequential);
+  tcase_add_test(tc, tensor_names_fit_at_the_limits);
+  tcase_add_test(tc, hash_bytes_is_the_params_hash);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("diagnostics");
+  tcase_add_test(tc, gemm_tier_switches_and_refuses_nonsense);
+  tcase_add_test(tc, bench_sgemm_on_the_cpu);
+  tcase_add_test(tc, bench_sgemm_and_device_info_on_cuda);
+  tcase_add_test(tc, diagnostics_go_through_the_backend_slots);
+  tcase_set_timeout(tc, 60);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("tools");
+  tcase_add_test(tc, tools_include_only_dp_h);
+  tcase_add_test(tc, include_check_catches_internal_headers);
+  suite_add_tcase(s, tc);
+  return s;
+}
