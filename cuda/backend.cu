@@ -293,6 +293,7 @@ static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
 }
 
 static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes);
+static dp_status close_group(cuda_ctx *c, int d);
 
 static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
                               const dp_op *op) {
@@ -358,6 +359,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
                    d, c ? c->n : 0);
   dev_ctx *x = &c->dev[d];
   dp_status s = use_device(x->phys);
+  if (s == DP_OK) s = close_group(c, d); /* its transfers go first */
   if (s != DP_OK) return s;
   const dp_plan *p = e->plan;
   /* The kernels take the step from the header, which dp__cuda_step_begin
@@ -435,6 +437,8 @@ static int owner(const cuda_ctx *c, const void *ptr, size_t bytes) {
 /* Enqueues a copy on device D's stream, after stage s - 1 of the other
  * endpoint's device, and notes the touch for dp__cuda_stage_begin. */
 static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes) {
+  dp_status gs = close_group(c, D);
+  if (gs != DP_OK) return gs;
   int sd = owner(c, src, bytes), dd = owner(c, dst, bytes);
   if (sd == -2 || dd == -2)
     return DP_FAIL(DP_ERR_INVALID,
@@ -472,6 +476,20 @@ static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t 
   return DP_OK;
 }
 
+/* Ends device d's open NCCL group, if any: its sends and receives are enqueued
+ * now, before whatever the thread enqueues next on the device's stream. */
+static dp_status close_group(cuda_ctx *c, int d) {
+#ifdef DP_HAVE_NCCL
+  dev_ctx *x = &c->dev[d];
+  if (!x->group_open) return DP_OK;
+  x->group_open = false;
+  DP_NCCL_CHECK_D(d, x->comm, ncclGroupEnd());
+#else
+  (void)c, (void)d;
+#endif
+  return DP_OK;
+}
+
 /* One side of an NCCL pair on device `self`'s stream: the send when self
  * owns src, else the receive (ranks are logical devices). Both sides skip an
  * empty copy, so the counts stay matched. */
@@ -490,6 +508,10 @@ static dp_status nccl_side(cuda_ctx *c, int self, void *dst, const void *src, si
                    "aborted after an unmatched transfer; the context is unusable",
                    self);
   if (bytes == 0) return DP_OK;
+  if (!x->group_open) {
+    DP_NCCL_CHECK_D(self, x->comm, ncclGroupStart());
+    x->group_open = true;
+  }
   if (self == sd) {
     DP_NCCL_CHECK_D(self, x->comm, ncclSend(src, bytes, ncclUint8, dd, x->comm, x->stream));
     x->sent_n[dd]++;
@@ -576,6 +598,7 @@ extern "C" dp_status dp__cuda_collective(void *tctx, dp_exec_env *e, int dev,
                    "context has %d",
                    dev, c ? c->n : 0);
   dp_status s = use_device(c->dev[dev].phys);
+  if (s == DP_OK) s = close_group(c, dev);
   if (s != DP_OK) return s;
   return allreduce_op(c, &c->dev[dev], e, op);
 }
@@ -620,6 +643,7 @@ extern "C" dp_status dp__cuda_stage_end(void *bctx, int dev, int stage) {
                    "dp__cuda_stage_end: device %d ends stage %d but began %d", dev, stage,
                    x->stage);
   if ((s = use_device(x->phys)) != DP_OK) return s;
+  if ((s = close_group(c, dev)) != DP_OK) return s; /* before the stage's event */
   DP_CUDA_CHECK_D(dev, cudaEventRecord(x->ev[stage & 1], x->stream));
   return DP_OK;
 }

@@ -34,6 +34,10 @@ struct dev_ctx {
   int stage; /* the stage this device is in; -1 before the first */
 #ifdef DP_HAVE_NCCL
   ncclComm_t comm; /* rank d of the context's clique (DP_CUDA_NCCL), or NULL */
+  /* This device's thread has an NCCL group open: its consecutive sends and
+   * receives (the two directions of an exchange) are issued together at the
+   * group's end, which comes before any other work it enqueues. */
+  bool group_open;
 #endif
   /* NCCL transfers this device's thread issued this step, by peer: sends
    * (src here) and receives (dst here), count and bytes. Written by this
@@ -48,10 +52,10 @@ struct cuda_ctx {
   const dp_plan *plan;
   int n;
   unsigned flags;
-  bool nccl;                     /* DP_CUDA_NCCL: comm[] are live */
-  bool capturing;                /* between capture_begin and capture_end/abort */
+  bool nccl;      /* DP_CUDA_NCCL: comm[] are live */
+  bool capturing; /* between capture_begin and capture_end/abort */
   bool failed; /* a step timed out or the device or NCCL failed: free aborts, never waits */
-  int timeout_ms;                /* cfg.timeout_ms, the default filled in */
+  int timeout_ms; /* cfg.timeout_ms, the default filled in */
   /* Debug hooks for tests/gpu/run.sh, read from the environment at creation
    * (never set in normal use): DP_CUDA_DEBUG_DELAY_US: a spin of that many
    * microseconds at the start of every stage of replica (step mod n), so that
@@ -59,8 +63,8 @@ struct cuda_ctx {
    * an illegal-address kernel at the start of that step (1-based; 0: none). */
   unsigned debug_delay_us;
   uint64_t debug_fault_step;
-  unsigned char *bounce;         /* pinned, DP_CUDA_BOUNCE_BYTES: host copies between steps */
-  dp_cuda_header *host_hdr;      /* pinned, n entries: what step_end reads back */
+  unsigned char *bounce;    /* pinned, DP_CUDA_BOUNCE_BYTES: host copies between steps */
+  dp_cuda_header *host_hdr; /* pinned, n entries: what step_end reads back */
   dp_cuda_step_scalars *host_sc; /* pinned, after host_hdr: the step's scalars */
   uint64_t step;                 /* host copy of host_sc->step, for checks */
   cudaEvent_t ev_fork;           /* on device 0: forks the other streams (graph.cu) */

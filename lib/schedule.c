@@ -165,11 +165,19 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
   int levels = 0;
   while ((1 << levels) < n) levels++;
   for (int l = 0; l < levels; l++) {
+    /* the level's copies first, then its adds: on each device's thread the two
+     * directions of an exchange are adjacent (its own copy and its partner's),
+     * so a two-sided transport can issue them together (NCCL: one group, both
+     * directions at once) before the add that needs them */
     for (int r = 0; r < n; r++) {
       size_t lo, hi;
       dp__ar_segment(P, l + 1, r, &lo, &hi); /* the half r keeps */
       emit(b, copy_op(DP_PHASE_REDUCE, r, r ^ (1 << l), DP_REGION_GRADS, lo * 4, r,
                       DP_REGION_COMM, 0, (hi - lo) * 4, 0, 0));
+    }
+    for (int r = 0; r < n; r++) {
+      size_t lo, hi;
+      dp__ar_segment(P, l + 1, r, &lo, &hi);
       emit(b, grad_add_op(r, DP_REGION_GRADS, lo * 4, DP_REGION_COMM, 0, (hi - lo) * 4));
     }
     next_stage(b);
