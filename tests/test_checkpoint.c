@@ -16,6 +16,7 @@
  */
 #include "dp.h"
 #include "ctx.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -52,13 +53,6 @@ static const char BIG_SPEC[] = "input 64\nlinear 256\nrelu\nlinear 256\nrelu\nli
 
 /* ---- helpers ------------------------------------------------------------------ */
 
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545F4914F6CDD1Dull;
-}
-
 typedef struct {
   int n_devices;
   dp_mode mode;
@@ -66,50 +60,13 @@ typedef struct {
 } layout;
 
 static dp_config cfg_make(dp_optimizer opt, layout l) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = BATCH;
+  dp_config c = config_of(BATCH, l.n_devices, opt);
   c.micro_batch = MICRO;
-  c.n_devices = l.n_devices;
   c.mode = l.mode;
   c.shard_optimizer = l.shard;
-  dp_config_set_optimizer(&c, opt);
   c.seed = 7;
   c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
   return c;
-}
-
-typedef struct {
-  dp_model *m;
-  dp_plan *p;
-  dp_ctx *c;
-  size_t n;
-} rig;
-
-/* DP_ERR_UNSUPPORTED from the planner (a mode this build lacks) returns false. */
-static bool rig_try(rig *r, const char *spec, const dp_config *cfg) {
-  memset(r, 0, sizeof *r);
-  ck_assert_msg(dp_model_parse(spec, "test", &r->m) == DP_OK, "parse: %s", dp_last_error());
-  dp_status s = dp_plan_create(r->m, cfg, &r->p);
-  if (s == DP_ERR_UNSUPPORTED) {
-    dp_model_free(r->m);
-    return false;
-  }
-  ck_assert_msg(s == DP_OK, "plan: %s", dp_last_error());
-  ck_assert_msg(dp_ctx_create(r->p, &r->c) == DP_OK, "ctx: %s", dp_last_error());
-  r->n = dp_model_n_params(r->m);
-  return true;
-}
-
-static void rig_open(rig *r, const char *spec, const dp_config *cfg) {
-  ck_assert_msg(rig_try(r, spec, cfg), "plan: %s", dp_last_error());
-}
-
-static void rig_close(rig *r) {
-  dp_ctx_free(r->c);
-  dp_plan_free(r->p);
-  dp_model_free(r->m);
-  memset(r, 0, sizeof *r);
 }
 
 /* Step k's batch: a function of k only. No Check calls (a forked child
@@ -139,16 +96,16 @@ static void run_steps(rig *r, int from, int to) {
 }
 
 static float *params_of(rig *r) {
-  float *p = malloc((r->n ? r->n : 1) * sizeof *p);
+  float *p = malloc((r->np ? r->np : 1) * sizeof *p);
   ck_assert_ptr_nonnull(p);
-  ck_assert_int_eq(dp_get_params(r->c, p, r->n), DP_OK);
+  ck_assert_int_eq(dp_get_params(r->c, p, r->np), DP_OK);
   return p;
 }
 
 static void assert_same_params(rig *a, rig *b, const char *what) {
-  ck_assert_msg(a->n == b->n, "%s: parameter counts differ", what);
+  ck_assert_msg(a->np == b->np, "%s: parameter counts differ", what);
   float *pa = params_of(a), *pb = params_of(b);
-  ck_assert_msg(memcmp(pa, pb, a->n * 4) == 0, "%s: parameters differ", what);
+  ck_assert_msg(memcmp(pa, pb, a->np * 4) == 0, "%s: parameters differ", what);
   ck_assert_msg(dp_params_hash(a->c) == dp_params_hash(b->c), "%s: hashes differ", what);
   free(pa);
   free(pb);
@@ -385,7 +342,7 @@ START_TEST(test_format_is_as_documented) {
   ck_assert_uint_eq(le32(b + 8), 1);
   ck_assert_uint_eq(le32(b + 12), 5);
   static const char *tags[5] = {"MODL", "STEP", "PARM", "OPTS", "END "};
-  size_t off = 16, n = r.n;
+  size_t off = 16, n = r.np;
   float *params = params_of(&r);
   for (int i = 0; i < 5; i++) {
     ck_assert(off + 24 <= len);
@@ -585,7 +542,7 @@ START_TEST(test_truncated_file_is_refused) {
   /* Every length through the header, MODL and STEP, near every section
    * boundary, and every 13th in between. */
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.n,
+  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.np,
          bounds[3] = {parm_sec, opts_sec, d.len - 24};
   int tried = 0;
   for (size_t len = 0; len < d.len; len++) {
@@ -632,7 +589,7 @@ START_TEST(test_flipped_bit_is_refused) {
   ck_assert_ptr_nonnull(b);
   memcpy(b, d.file, d.len);
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.n;
+  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.np;
   for (size_t pos = 0; pos < d.len; pos++) {
     /* all bits: the header, MODL, STEP, END, and PARM's and OPTS' headers and checksums */
     bool all = pos < parm_sec + 16 || (pos >= opts_sec - 8 && pos < opts_sec + 16) ||
@@ -662,7 +619,7 @@ START_TEST(test_nonfinite_values_are_refused) {
   unsigned char *b = malloc(d.len);
   ck_assert_ptr_nonnull(b);
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + d.src.n * 4;
+  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + d.src.np * 4;
   size_t secs[2] = {parm_sec, opts_sec};
   for (int which = 0; which < 2; which++) {
     memcpy(b, d.file, d.len);
@@ -738,7 +695,7 @@ START_TEST(test_killed_save_leaves_loadable_checkpoint) {
     load_ok(&b, t.path);
     float *now = params_of(&b);
     uint64_t step = dp_ctx_step(b.c);
-    bool old = step == last_step && memcmp(now, last, b.n * 4) == 0;
+    bool old = step == last_step && memcmp(now, last, b.np * 4) == 0;
     ck_assert_msg(old || step >= dp_ctx_step(a.c),
                   "trial %d: neither the old checkpoint nor "
                   "one of the child's",

@@ -24,6 +24,7 @@
 
 #include "dp_cuda.h"
 #include "exec.h"
+#include "helpers.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -232,14 +233,14 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
   memset(t, 0, sizeof *t);
   t->with_cpu = with_cpu;
   t->flags = flags;
-  ck_assert_msg(dp_model_parse(spec, "test", &t->m) == DP_OK, "%s", dp_last_error());
+  t->m = model_of(spec);
   dp_config c = *cfg;
   c.backend = DP_BACKEND_CUDA;
-  ck_assert_msg(dp_plan_create(t->m, &c, &t->pg) == DP_OK, "%s", dp_last_error());
+  t->pg = plan_of(t->m, &c);
   patch_workspace(t->pg);
   t->n = t->pg->split.n_used;
   if (with_cpu) {
-    ck_assert_msg(dp_plan_create(t->m, &c, &t->pc) == DP_OK, "%s", dp_last_error());
+    t->pc = plan_of(t->m, &c);
     patch_workspace(t->pc);
     ck_assert_int_eq(t->pc->split.n_used, t->n);
     ck_assert_int_eq(dp_plan_n_ops(t->pc), dp_plan_n_ops(t->pg));
@@ -548,14 +549,10 @@ static const char *const MIXED_CE =
 /* Replicas go round-robin over the visible GPUs (all on GPU 0 with one). */
 static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch,
                              dp_mode mode, dp_optimizer opt) {
-  dp_config c;
-  dp_config_default(&c);
+  dp_config c = config_of(batch, n_devices, opt);
   for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d % ngpu;
-  c.batch = batch;
-  c.n_devices = n_devices;
   c.micro_batch = micro_batch;
   c.mode = mode;
-  dp_config_set_optimizer(&c, opt);
   c.seed = 7;
   c.weight_decay = opt == DP_OPT_ADAMW ? 0.01f : 0.001f;
   c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
@@ -626,16 +623,11 @@ START_TEST(staging_layout_matches_the_plan) {
                                       "input 6\nlinear 4\nloss softmax_cross_entropy\n"};
   for (int i = 0; i < 2; i++)
     for (int inference = 0; inference < 2; inference++) {
-      dp_model *m = NULL;
-      ck_assert_int_eq(dp_model_parse(specs[i], "t", &m), DP_OK);
-      dp_config c;
-      dp_config_default(&c);
-      c.batch = 37;
-      c.n_devices = 3;
+      dp_model *m = model_of(specs[i]);
+      dp_config c = config_of(37, 3, DP_OPT_SGD);
       c.inference = inference;
       c.backend = DP_BACKEND_CUDA;
-      dp_plan *p = NULL;
-      ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+      dp_plan *p = plan_of(m, &c);
       size_t a = p->align, out = (size_t)dp_model_output_width(m);
       ck_assert_uint_eq(p->host_x, 0);
       ck_assert_uint_eq(p->host_t, round_up(37 * (size_t)dp_model_input_width(m) * 4, a));
@@ -648,14 +640,10 @@ START_TEST(staging_layout_matches_the_plan) {
 END_TEST
 
 START_TEST(workspace_reservation_is_reported) {
-  dp_model *m = NULL;
-  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = 8;
+  dp_model *m = model_of("input 5\nlinear 3\nloss mse\n");
+  dp_config c = config_of(8, 1, DP_OPT_SGD);
   c.backend = DP_BACKEND_CUDA;
-  dp_plan *p = NULL;
-  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_plan *p = plan_of(m, &c);
   size_t have = dp_plan_region(p, 0, DP_REGION_WORKSPACE).size,
          need = dp__cuda_workspace_bytes();
   ck_assert_uint_eq(need, DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES);
@@ -673,15 +661,10 @@ END_TEST
 /* Without a GPU (or without CUDA) the backend's set-up fails cleanly. */
 START_TEST(backend_init_fails_cleanly_without_a_gpu) {
   if (dp_cuda_device_count() > 0) return; /* the gpu cases cover that machine */
-  dp_model *m = NULL;
-  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = 8;
-  c.n_devices = 2;
+  dp_model *m = model_of("input 5\nlinear 3\nloss mse\n");
+  dp_config c = config_of(8, 2, DP_OPT_SGD);
   c.backend = DP_BACKEND_CUDA;
-  dp_plan *p = NULL;
-  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_plan *p = plan_of(m, &c);
   patch_workspace(p);
   void *arenas[2] = {NULL, NULL};
   for (int d = 0; d < 2; d++) {
@@ -721,18 +704,13 @@ END_TEST
  * (or CUDA) refuses the flag. The arenas are host memory, which init would
  * refuse later: these refusals come first, so no GPU is needed. */
 START_TEST(nccl_init_refuses_one_gpu_twice) {
-  dp_model *m = NULL;
-  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = 8;
-  c.n_devices = 3;
+  dp_model *m = model_of("input 5\nlinear 3\nloss mse\n");
+  dp_config c = config_of(8, 3, DP_OPT_SGD);
   c.backend = DP_BACKEND_CUDA;
   c.device_ids[0] = 0;
   c.device_ids[1] = 1;
   c.device_ids[2] = 1; /* replicas 1 and 2 share GPU 1 */
-  dp_plan *p = NULL;
-  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  dp_plan *p = plan_of(m, &c);
   patch_workspace(p);
   void *arenas[3];
   for (int d = 0; d < 3; d++) {
@@ -806,14 +784,10 @@ END_TEST
 
 START_TEST(backend_init_validates_its_inputs) {
   REQUIRE_GPUS(ngpu, "backend_init_validates_its_inputs");
-  dp_model *m = NULL;
-  ck_assert_int_eq(dp_model_parse("input 5\nlinear 3\nloss mse\n", "t", &m), DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = 8;
+  dp_model *m = model_of("input 5\nlinear 3\nloss mse\n");
+  dp_config c = config_of(8, 1, DP_OPT_SGD);
   c.backend = DP_BACKEND_CUDA;
-  dp_plan *p = NULL;
-  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_plan *p = plan_of(m, &c);
   patch_workspace(p);
   void *arena = NULL, *bctx = NULL;
   ck_assert_int_eq(dp__cuda_arena_alloc(0, p->dev_bytes[0], &arena), DP_OK);

@@ -1,6 +1,7 @@
 /* Bit-for-bit reproducibility: run to run, across device counts and across
  * modes (classic, allreduce, allreduce with a sharded optimizer). */
 #include "dp.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <stdint.h>
@@ -41,22 +42,15 @@ typedef struct {
 /* Trains `steps` steps; returns the parameter hash (0 on failure). rows < B
  * every fifth step exercises the smaller-batch path too. */
 static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
-  dp_model *m;
-  ck_assert_int_eq(dp_model_parse(SPEC, "det", &m), DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = B;
-  c.n_devices = su.devices;
+  dp_config c = config_of(B, su.devices, opt);
   c.mode = su.mode;
   c.shard_optimizer = su.shard;
   c.micro_batch = micro_batch;
-  dp_config_set_optimizer(&c, opt);
   c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
   c.seed = 7;
-  dp_plan *p;
-  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
-  dp_ctx *x;
-  ck_assert_msg(dp_ctx_create(p, &x) == DP_OK, "%s", dp_last_error());
+  rig r;
+  rig_open(&r, SPEC, &c);
+  dp_ctx *x = r.c;
   batch b;
   for (int s = 0; s < steps; s++) {
     make_batch(&b, s);
@@ -65,9 +59,7 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
     ck_assert_msg(dp_train_step(x, rows, IN, b.x, b.y, &loss) == DP_OK, "%s", dp_ctx_error(x));
   }
   uint64_t h = dp_params_hash(x);
-  dp_ctx_free(x);
-  dp_plan_free(p);
-  dp_model_free(m);
+  rig_close(&r);
   return h;
 }
 

@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "ctx.h"
+#include "helpers.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -37,13 +38,6 @@ static const mode_case MODES[] = {
     {"allreduce+shard", DP_MODE_ALLREDUCE, 1},
 };
 #define N_MODES 3
-
-static uint64_t rng_next(uint64_t *s) {
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545F4914F6CDD1Dull;
-}
 
 static float rng_float(uint64_t *s) { return (float)(rng_next(s) >> 40) / 16777216.0f * 2 - 1; }
 
@@ -80,34 +74,17 @@ static void batch_free(batch *b) {
   free(b->t);
 }
 
-static dp_model *model_of(const char *text) {
-  dp_model *m = NULL;
-  ck_assert_msg(dp_model_parse(text, "test", &m) == DP_OK, "%s", dp_last_error());
-  return m;
-}
-
-static dp_plan *plan_of(const dp_model *m, const mode_case *mc, int n_dev, dp_optimizer opt,
-                        int micro, dp_nonfinite_policy pol) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = BATCH;
-  c.n_devices = n_dev;
+/* The plan of `m` for one layout, optimizer, micro-batch and policy. */
+static dp_plan *plan_case(const dp_model *m, const mode_case *mc, int n_dev,
+                          dp_optimizer opt, int micro, dp_nonfinite_policy pol) {
+  dp_config c = config_of(BATCH, n_dev, opt);
   c.micro_batch = micro;
   c.mode = mc->mode;
   c.shard_optimizer = mc->shard;
-  dp_config_set_optimizer(&c, opt);
   c.lr = 0.05f;
   c.seed = 7;
   c.on_nonfinite = pol;
-  dp_plan *p = NULL;
-  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
-  return p;
-}
-
-static dp_ctx *ctx_of(const dp_plan *p) {
-  dp_ctx *c = NULL;
-  ck_assert_msg(dp_ctx_create(p, &c) == DP_OK, "%s", dp_last_error());
-  return c;
+  return plan_of(m, &c);
 }
 
 static dp_status step(dp_ctx *c, const batch *b, float *loss) {
@@ -177,7 +154,7 @@ typedef struct {
  * fault and check it matches the reference bit for bit. */
 static counts fault_every_op(const mode_case *mc, int n_dev, dp_optimizer opt, int rows) {
   dp_model *m = model_of(MODEL);
-  dp_plan *p = plan_of(m, mc, n_dev, opt, MICRO, DP_NONFINITE_ERROR);
+  dp_plan *p = plan_case(m, mc, n_dev, opt, MICRO, DP_NONFINITE_ERROR);
   dp_ctx *ref = ctx_of(p), *c = ctx_of(p);
   int nd = dp_plan_n_devices(p), k_batch = 0;
   float l_ref, l;
@@ -287,7 +264,7 @@ START_TEST(a_failed_forward_changes_nothing) {
   const mode_case *mc = &MODES[_i / 4];
   int n_dev = _i % 4 + 1;
   dp_model *m = model_of(MODEL);
-  dp_plan *p = plan_of(m, mc, n_dev, DP_OPT_ADAMW, 0, DP_NONFINITE_ERROR);
+  dp_plan *p = plan_case(m, mc, n_dev, DP_OPT_ADAMW, 0, DP_NONFINITE_ERROR);
   dp_ctx *ref = ctx_of(p), *c = ctx_of(p);
   batch b = batch_of(m, BATCH, 3);
   step_ok(ref, &b, NULL);
@@ -328,7 +305,7 @@ END_TEST
 
 START_TEST(the_hook_fires_once_and_a_refused_call_keeps_it) {
   dp_model *m = model_of(MODEL);
-  dp_plan *p = plan_of(m, &MODES[0], 2, DP_OPT_SGD, 0, DP_NONFINITE_ERROR);
+  dp_plan *p = plan_case(m, &MODES[0], 2, DP_OPT_SGD, 0, DP_NONFINITE_ERROR);
   dp_ctx *c = ctx_of(p);
   batch b = batch_of(m, BATCH, 0);
   dp__ctx_inject_fault(c, 0);
@@ -365,7 +342,7 @@ static const char NF_MODEL_FLAT[] = "input 4\nlinear 3\nloss mse\n";
 static void nonfinite_case(const mode_case *mc, int n_dev, nf_kind kind,
                            dp_nonfinite_policy pol) {
   dp_model *m = model_of(kind == NF_GRAD_ONLY ? NF_MODEL_FLAT : NF_MODEL_DEEP);
-  dp_plan *p = plan_of(m, mc, n_dev, DP_OPT_ADAMW, 0, pol);
+  dp_plan *p = plan_case(m, mc, n_dev, DP_OPT_ADAMW, 0, pol);
   dp_ctx *ref = ctx_of(p), *c = ctx_of(p);
   size_t np = dp_model_n_params(m);
   float *orig = malloc(np * sizeof *orig), *bad = malloc(np * sizeof *bad);
@@ -452,7 +429,7 @@ END_TEST
 
 START_TEST(skipped_steps_accumulate_and_the_policy_is_checked) {
   dp_model *m = model_of(NF_MODEL_DEEP);
-  dp_plan *p = plan_of(m, &MODES[1], 2, DP_OPT_SGD, 0, DP_NONFINITE_SKIP);
+  dp_plan *p = plan_case(m, &MODES[1], 2, DP_OPT_SGD, 0, DP_NONFINITE_SKIP);
   dp_ctx *c = ctx_of(p);
   batch b = batch_of(m, BATCH, 0);
   for (int i = 0; i < BATCH * 4; i++) b.x[i] = 1e30f;

@@ -6,6 +6,7 @@
  *   DP_GEMM_BENCH=1 CK_RUN_CASE=bench build/test_dp gemm
  * prints GFLOP/s per tier and shape, the naive loops, and the FMA peak. */
 #include "gemm.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <float.h>
@@ -547,19 +548,14 @@ static const char WIDE_SPEC[] = "input 64\nlinear 160\nrelu\nlinear 96\ntanh\nli
 
 static uint64_t wide_run(int n_dev, int inference, bool check_high_water) {
   enum { BATCH = 64, IN = 64, OUT = 10 };
-  dp_model *m;
-  ck_assert_int_eq(dp_model_parse(WIDE_SPEC, "wide", &m), DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = BATCH;
-  c.n_devices = n_dev;
+  dp_config c = config_of(BATCH, n_dev, DP_OPT_SGD);
   c.micro_batch = 16;
   c.inference = inference;
   c.seed = 3;
-  dp_plan *p;
-  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
-  dp_ctx *x;
-  ck_assert_msg(dp_ctx_create(p, &x) == DP_OK, "%s", dp_last_error());
+  rig r;
+  rig_open(&r, WIDE_SPEC, &c);
+  dp_plan *p = r.p;
+  dp_ctx *x = r.c;
   static float in[BATCH * IN], y[BATCH * OUT];
   static int32_t t[BATCH];
   for (int i = 0; i < BATCH * IN; i++) in[i] = rndf();
@@ -592,9 +588,7 @@ static uint64_t wide_run(int n_dev, int inference, bool check_high_water) {
       memcpy(&u, &y[i], 4);
       h = (h ^ u) * 0x100000001b3ull;
     }
-  dp_ctx_free(x);
-  dp_plan_free(p);
-  dp_model_free(m);
+  rig_close(&r);
   return h;
 }
 

@@ -7,43 +7,17 @@
 #include <string.h>
 
 #include "ctx.h"
+#include "helpers.h"
 
 static const char SEED[] = "input 5\nlinear 2\nloss mse\n";
 static const char MLP[] = "input 6\nlinear 10\ngelu\ndropout 0.2\nlayernorm\nlinear 5\n"
                           "loss softmax_cross_entropy\n";
 
-static dp_model *model_of(const char *text) {
-  dp_model *m = NULL;
-  ck_assert_msg(dp_model_parse(text, "test", &m) == DP_OK, "%s", dp_last_error());
-  return m;
-}
-
-static dp_config config_of(int batch, int n_devices, int guards) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = batch;
-  c.n_devices = n_devices;
+/* The default config of that batch and device count, with `guards`. */
+static dp_config guarded(int batch, int n_devices, int guards) {
+  dp_config c = config_of(batch, n_devices, DP_OPT_SGD);
   c.guards = guards;
   return c;
-}
-
-static dp_plan *plan_of(const dp_model *m, const dp_config *c) {
-  dp_plan *p = NULL;
-  ck_assert_msg(dp_plan_create(m, c, &p) == DP_OK, "%s", dp_last_error());
-  return p;
-}
-
-static dp_ctx *ctx_of(const dp_plan *p) {
-  dp_ctx *c = NULL;
-  ck_assert_msg(dp_ctx_create(p, &c) == DP_OK, "%s", dp_last_error());
-  return c;
-}
-
-static uint64_t rng_next(uint64_t *s) {
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545F4914F6CDD1Dull;
 }
 
 typedef struct {
@@ -73,7 +47,7 @@ START_TEST(guards_off_leave_the_seed_layout_exact) {
    * 1: 704 at the time of writing) with dp_config_default; guards = 0 must be
    * that very layout, and guards = 1 that layout plus 15 guards. */
   dp_model *m = model_of(SEED);
-  dp_config d = config_of(30, 2, 0), c = d;
+  dp_config d = guarded(30, 2, 0), c = d;
   ck_assert_int_eq(d.guards, 0); /* the default, in every build */
   for (int cuda = 0; cuda <= 1; cuda++) {
     c.backend = d.backend = cuda ? DP_BACKEND_CUDA : DP_BACKEND_CPU;
@@ -118,7 +92,7 @@ START_TEST(guards_on_add_one_alignment_unit_per_region_and_one_before) {
       for (int mode = 0; mode < 3; mode++)
         for (int n = 1; n <= 4; n++) {
           dp_model *m = model_of(specs[k]);
-          dp_config c0 = config_of(30, n, 0);
+          dp_config c0 = guarded(30, n, 0);
           c0.backend = cuda ? DP_BACKEND_CUDA : DP_BACKEND_CPU;
           c0.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
           c0.shard_optimizer = mode == 2;
@@ -154,7 +128,7 @@ END_TEST
 
 START_TEST(max_batch_counts_the_guards) {
   dp_model *m = model_of(MLP);
-  dp_config c = config_of(1, 2, 1);
+  dp_config c = guarded(1, 2, 1);
   size_t budget = 6000;
   int best = 0, plain = 0;
   ck_assert_int_eq(dp_plan_max_batch(m, &c, budget, 1000, &best), DP_OK);
@@ -189,7 +163,7 @@ START_TEST(training_and_inference_leave_every_guard_intact) {
     for (int mb = 0; mb <= 2; mb += 2)
       for (int opt = 0; opt < 3; opt++) {
         dp_model *m = model_of(specs[k]);
-        dp_config c0 = config_of(29, n, 0);
+        dp_config c0 = guarded(29, n, 0);
         c0.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
         c0.shard_optimizer = mode == 2;
         c0.micro_batch = mb;
@@ -266,7 +240,7 @@ static const stray_case STRAYS[] = {
 START_TEST(a_write_one_float_outside_a_region_is_caught_and_named) {
   const stray_case *sc = &STRAYS[_i];
   dp_model *m = model_of(MLP);
-  dp_config c = config_of(24, sc->n_devices, 1);
+  dp_config c = guarded(24, sc->n_devices, 1);
   c.mode = sc->mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
   c.shard_optimizer = sc->mode == 2;
   dp_config_set_optimizer(&c, DP_OPT_MOMENTUM);
@@ -314,7 +288,7 @@ END_TEST
 
 START_TEST(several_damaged_guards_are_counted) {
   dp_model *m = model_of(MLP);
-  dp_config c = config_of(24, 2, 1);
+  dp_config c = guarded(24, 2, 1);
   dp_plan *p = plan_of(m, &c);
   dp_ctx *ctx = ctx_of(p);
   float one = 1.0f;
@@ -334,7 +308,7 @@ END_TEST
 
 START_TEST(without_guards_there_is_nothing_to_check) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2, 0);
+  dp_config c = guarded(30, 2, 0);
   dp_plan *p = plan_of(m, &c);
   dp_ctx *ctx = ctx_of(p);
   ck_assert_int_eq(dp_ctx_check_guards(ctx), DP_ERR_UNSUPPORTED);
@@ -349,7 +323,7 @@ END_TEST
 /* Caller-provided arenas get their guards filled too. */
 START_TEST(static_arenas_are_guarded) {
   dp_model *m = model_of(MLP);
-  dp_config c = config_of(24, 3, 1);
+  dp_config c = guarded(24, 3, 1);
   dp_plan *p = plan_of(m, &c);
   void *arenas[DP_MAX_DEVICES] = {0};
   for (int d = 0; d < dp_plan_n_devices(p); d++) {

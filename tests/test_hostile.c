@@ -24,6 +24,7 @@
 #include "cli.h"
 #include "data.h"
 #include "../fuzz/ckpt_fixture.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <errno.h>
@@ -46,13 +47,6 @@ static const char CE_SPEC[] =
 /* Widths at the limit: 2^31-1 squared parameters fit size_t, bytes of a batch do not. */
 static const char WIDE_SPEC[] = "input 2147483647\nlinear 2147483647\nloss mse\n";
 
-static dp_model *model_ok(const char *spec) {
-  dp_model *m = NULL;
-  dp_status s = dp_model_parse(spec, "hostile.dpm", &m);
-  ck_assert_msg(s == DP_OK, "spec refused: %s", dp_last_error());
-  return m;
-}
-
 /* s == want and the thread's last error contains `needle`. */
 #define EXPECT(call, want, needle)                                                         \
   do {                                                                                     \
@@ -71,37 +65,6 @@ static dp_model *model_ok(const char *spec) {
     ck_assert_msg(s_ != DP_OK, "%s was accepted", #call);                                  \
     ck_assert_msg(dp_last_error()[0] != '\0', "%s: no message", #call);                    \
   } while (0)
-
-static dp_config config(int batch, int n_devices) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = batch;
-  c.n_devices = n_devices;
-  return c;
-}
-
-/* A model, its plan and a context. */
-typedef struct {
-  dp_model *m;
-  dp_plan *p;
-  dp_ctx *c;
-  size_t np;
-} rig;
-
-static void rig_open(rig *r, const char *spec, const dp_config *cfg) {
-  r->m = model_ok(spec);
-  dp_status s = dp_plan_create(r->m, cfg, &r->p);
-  ck_assert_msg(s == DP_OK, "plan: %s", dp_last_error());
-  s = dp_ctx_create(r->p, &r->c);
-  ck_assert_msg(s == DP_OK, "ctx: %s", dp_last_error());
-  r->np = dp_model_n_params(r->m);
-}
-
-static void rig_close(rig *r) {
-  dp_ctx_free(r->c);
-  dp_plan_free(r->p);
-  dp_model_free(r->m);
-}
 
 /* Every arena byte and the step counter of a context. */
 typedef struct {
@@ -231,7 +194,7 @@ START_TEST(model_functions_take_null) {
   ck_assert_str_eq(buf, "");
   ck_assert_uint_eq(dp_model_format(NULL, NULL, 0), 0);
   ck_assert_uint_eq(dp_model_format(NULL, NULL, 16), 0);
-  dp_model *seed = model_ok(SEED_SPEC);
+  dp_model *seed = model_of(SEED_SPEC);
   /* a NULL buffer is a length query whatever the capacity says */
   size_t need = dp_model_format(seed, NULL, 0);
   ck_assert_uint_eq(dp_model_format(seed, NULL, 100), need);
@@ -249,8 +212,8 @@ START_TEST(config_default_of_null_is_a_no_op) {
 END_TEST
 
 START_TEST(plan_functions_take_null) {
-  dp_model *m = model_ok(SEED_SPEC);
-  dp_config c = config(4, 2);
+  dp_model *m = model_of(SEED_SPEC);
+  dp_config c = config_of(4, 2, DP_OPT_SGD);
   dp_plan *p = (dp_plan *)(uintptr_t)1;
   EXPECT(dp_plan_create(NULL, &c, &p), DP_ERR_INVALID, "required");
   ck_assert_ptr_null(p);
@@ -288,7 +251,7 @@ START_TEST(plan_functions_take_null) {
 END_TEST
 
 START_TEST(context_functions_take_null) {
-  dp_config cfg = config(4, 2);
+  dp_config cfg = config_of(4, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&cfg, DP_OPT_MOMENTUM);
   rig r;
   rig_open(&r, SEED_SPEC, &cfg);
@@ -414,25 +377,25 @@ START_TEST(overflowing_dimensions_are_overflow) {
   dp_model_free(b);
 
   /* plan bytes: (2^31-1)^2 parameters * 4 bytes, and batch * width * 4 */
-  dp_model *wide = model_ok(WIDE_SPEC);
+  dp_model *wide = model_of(WIDE_SPEC);
   dp_plan *p = (dp_plan *)(uintptr_t)1;
-  dp_config c = config(1, 1);
+  dp_config c = config_of(1, 1, DP_OPT_SGD);
   EXPECT(dp_plan_create(wide, &c, &p), DP_ERR_OVERFLOW, "overflow");
   ck_assert_ptr_null(p);
-  c = config(INT_MAX, 64);
+  c = config_of(INT_MAX, 64, DP_OPT_SGD);
   EXPECT(dp_plan_create(wide, &c, &p), DP_ERR_OVERFLOW, "overflow");
   c.inference = 1;
   EXPECT(dp_plan_create(wide, &c, &p), DP_ERR_OVERFLOW, "overflow");
   /* what does not fit in size_t does not fit any budget */
   int best = -1;
-  c = config(1, 2);
+  c = config_of(1, 2, DP_OPT_SGD);
   ck_assert_int_eq(dp_plan_max_batch(wide, &c, SIZE_MAX, 1000, &best), DP_OK);
   ck_assert_int_eq(best, 0);
   dp_model_free(wide);
 
   /* no parameters: the bytes of a batch alone, (2^31-1)^2 * 4 */
-  dp_model *act = model_ok("input 2147483647\nrelu\n");
-  c = config(INT_MAX, 1);
+  dp_model *act = model_of("input 2147483647\nrelu\n");
+  c = config_of(INT_MAX, 1, DP_OPT_SGD);
   c.inference = 1;
   EXPECT(dp_plan_create(act, &c, &p), DP_ERR_OVERFLOW, "overflow");
   dp_model_free(act);
@@ -474,8 +437,8 @@ START_TEST(zero_width_layers_are_refused_with_line_and_column) {
   ck_assert_int_eq(dp_model_n_layers(b), 0);
   dp_model_free(b);
   /* a model with no layers cannot be planned */
-  dp_model *in_only = model_ok("input 3\n");
-  dp_config c = config(4, 1);
+  dp_model *in_only = model_of("input 3\n");
+  dp_config c = config_of(4, 1, DP_OPT_SGD);
   c.inference = 1;
   dp_plan *p;
   EXPECT(dp_plan_create(in_only, &c, &p), DP_ERR_INVALID, "no layers");
@@ -484,44 +447,44 @@ START_TEST(zero_width_layers_are_refused_with_line_and_column) {
 END_TEST
 
 START_TEST(device_counts_out_of_range_are_refused) {
-  dp_model *m = model_ok(SEED_SPEC);
+  dp_model *m = model_of(SEED_SPEC);
   static const int bad[] = {0, -1, DP_MAX_DEVICES + 1, INT_MAX, INT_MIN};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-    dp_config c = config(8, bad[i]);
+    dp_config c = config_of(8, bad[i], DP_OPT_SGD);
     dp_plan *p = (dp_plan *)(uintptr_t)1;
     EXPECT(dp_plan_create(m, &c, &p), DP_ERR_INVALID, "device count");
     ck_assert_ptr_null(p);
     int best = -1;
     EXPECT(dp_plan_max_batch(m, &c, SIZE_MAX, 8, &best), DP_ERR_INVALID, "device count");
   }
-  dp_config c = config(DP_MAX_DEVICES, DP_MAX_DEVICES);
+  dp_config c = config_of(DP_MAX_DEVICES, DP_MAX_DEVICES, DP_OPT_SGD);
   dp_plan *p;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
   ck_assert_int_eq(dp_plan_n_devices(p), DP_MAX_DEVICES);
   dp_plan_free(p);
   /* other enums out of range */
-  c = config(8, 2);
+  c = config_of(8, 2, DP_OPT_SGD);
   c.split = (dp_split)9;
   REFUSED(dp_plan_create(m, &c, &p));
-  c = config(8, 2);
+  c = config_of(8, 2, DP_OPT_SGD);
   c.mode = (dp_mode)-3;
   REFUSED(dp_plan_create(m, &c, &p));
-  c = config(8, 2);
+  c = config_of(8, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, (dp_optimizer)7);
   REFUSED(dp_plan_create(m, &c, &p));
-  c = config(8, 2);
+  c = config_of(8, 2, DP_OPT_SGD);
   c.backend = (dp_backend)7;
   REFUSED(dp_plan_create(m, &c, &p));
-  c = config(8, 2);
+  c = config_of(8, 2, DP_OPT_SGD);
   c.lr = NAN;
   REFUSED(dp_plan_create(m, &c, &p));
   c.lr = -INFINITY;
   REFUSED(dp_plan_create(m, &c, &p));
-  c = config(0, 2);
+  c = config_of(0, 2, DP_OPT_SGD);
   EXPECT(dp_plan_create(m, &c, &p), DP_ERR_INVALID, "batch");
-  c = config(INT_MIN, 2);
+  c = config_of(INT_MIN, 2, DP_OPT_SGD);
   EXPECT(dp_plan_create(m, &c, &p), DP_ERR_INVALID, "batch");
-  c = config(8, 2);
+  c = config_of(8, 2, DP_OPT_SGD);
   c.micro_batch = -1;
   EXPECT(dp_plan_create(m, &c, &p), DP_ERR_INVALID, "micro-batch");
   dp_model_free(m);
@@ -529,8 +492,8 @@ START_TEST(device_counts_out_of_range_are_refused) {
 END_TEST
 
 START_TEST(more_devices_than_rows_uses_fewer_and_says_so) {
-  dp_model *m = model_ok(SEED_SPEC);
-  dp_config c = config(3, 8);
+  dp_model *m = model_of(SEED_SPEC);
+  dp_config c = config_of(3, 8, DP_OPT_SGD);
   dp_plan *p;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
   ck_assert_int_eq(dp_plan_n_devices(p), 3);
@@ -558,12 +521,12 @@ START_TEST(more_devices_than_rows_uses_fewer_and_says_so) {
   dp_ctx_free(ctx);
   dp_plan_free(p);
   /* torch.chunk: B=6 on 4 devices is 2+2+2 */
-  c = config(6, 4);
+  c = config_of(6, 4, DP_OPT_SGD);
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
   ck_assert_int_eq(dp_plan_n_devices(p), 3);
   dp_plan_free(p);
   /* one row on the most devices */
-  c = config(1, DP_MAX_DEVICES);
+  c = config_of(1, DP_MAX_DEVICES, DP_OPT_SGD);
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
   ck_assert_int_eq(dp_plan_n_devices(p), 1);
   dp_plan_free(p);
@@ -572,8 +535,8 @@ START_TEST(more_devices_than_rows_uses_fewer_and_says_so) {
 END_TEST
 
 START_TEST(absurd_budgets) {
-  dp_model *m = model_ok(SEED_SPEC);
-  dp_config c = config(1, 2);
+  dp_model *m = model_of(SEED_SPEC);
+  dp_config c = config_of(1, 2, DP_OPT_SGD);
   int best = -1;
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 0, 1 << 20, &best), DP_OK);
   ck_assert_int_eq(best, 0);
@@ -606,8 +569,8 @@ START_TEST(max_batch_search_up_to_int_max) {
    * overflow); the search then planned a negative batch and returned
    * DP_ERR_INVALID (fixed in lib/plan.c). Every batch of this model fits
    * SIZE_MAX. */
-  dp_model *m = model_ok(SEED_SPEC);
-  dp_config c = config(1, 2);
+  dp_model *m = model_of(SEED_SPEC);
+  dp_config c = config_of(1, 2, DP_OPT_SGD);
   int best = -1;
   dp_status s = dp_plan_max_batch(m, &c, SIZE_MAX, INT_MAX, &best);
   ck_assert_msg(s == DP_OK, "%s: %s", dp_status_name(s), dp_last_error());
@@ -621,8 +584,8 @@ END_TEST
 START_TEST(huge_micro_batch_counts_are_refused_cleanly) {
   /* 2^31-1 micro-batches of one row: a plan would hold billions of ops. The
    * planner refuses before allocating anything for them. */
-  dp_model *m = model_ok(SEED_SPEC);
-  dp_config c = config(INT_MAX, 2);
+  dp_model *m = model_of(SEED_SPEC);
+  dp_config c = config_of(INT_MAX, 2, DP_OPT_SGD);
   c.micro_batch = 1;
   dp_plan *p = (dp_plan *)(uintptr_t)1;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_OVERFLOW);
@@ -637,7 +600,7 @@ START_TEST(huge_micro_batch_counts_are_refused_cleanly) {
 END_TEST
 
 START_TEST(absurd_rows_cols_and_counts) {
-  dp_config cfg = config(6, 2);
+  dp_config cfg = config_of(6, 2, DP_OPT_SGD);
   rig r;
   rig_open(&r, SEED_SPEC, &cfg);
   float x[6 * 5] = {0}, t[6 * 2] = {0}, y[6 * 2] = {0};
@@ -686,7 +649,7 @@ START_TEST(nonfinite_inputs_are_refused_and_change_nothing) {
   static const float bad[] = {NAN, INFINITY, -INFINITY};
   for (int mode = 0; mode < 2; mode++)
     for (int ce = 0; ce < 2; ce++) {
-      dp_config cfg = config(8, 3);
+      dp_config cfg = config_of(8, 3, DP_OPT_SGD);
       cfg.mode = (dp_mode)mode;
       dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
       const char *spec = ce ? CE_SPEC : SEED_SPEC;
@@ -743,7 +706,7 @@ START_TEST(nonfinite_inputs_are_refused_and_change_nothing) {
 END_TEST
 
 START_TEST(labels_out_of_range_are_refused) {
-  dp_config cfg = config(4, 2);
+  dp_config cfg = config_of(4, 2, DP_OPT_SGD);
   rig r;
   rig_open(&r, CE_SPEC, &cfg);
   float x[4 * 4] = {0};
@@ -769,7 +732,7 @@ START_TEST(labels_out_of_range_are_refused) {
 END_TEST
 
 START_TEST(set_params_with_nonfinite_values_is_refused) {
-  dp_config cfg = config(4, 2);
+  dp_config cfg = config_of(4, 2, DP_OPT_SGD);
   rig r;
   rig_open(&r, CE_SPEC, &cfg);
   float *p0 = malloc(r.np * sizeof *p0), *p = malloc(r.np * sizeof *p);
@@ -1105,7 +1068,7 @@ START_TEST(dropout_that_rounds_to_one_is_refused_with_a_whole_message) {
   EXPECT(dp_model_parse("input 3\ndropout 0.99999998\n", "r.dpm", &m), DP_ERR_PARSE,
          "rounds to 1");
   /* the largest float below 1 is still a probability, and round-trips */
-  m = model_ok("input 3\ndropout 0.99999994\n");
+  m = model_of("input 3\ndropout 0.99999994\n");
   char buf[64];
   dp_model_format(m, buf, sizeof buf);
   ck_assert_str_eq(buf, "input 3\ndropout 0.99999994\n");
@@ -1125,7 +1088,7 @@ END_TEST
 START_TEST(format_with_null_buffer_and_capacity_is_a_length_query) {
   /* Found by the null_args cases: dp_model_format(m, NULL, cap > 0) wrote
    * buf[0]. */
-  dp_model *m = model_ok("input 3\nlinear 2 nobias\nloss mse\n");
+  dp_model *m = model_of("input 3\nlinear 2 nobias\nloss mse\n");
   size_t n = dp_model_format(m, NULL, 0);
   ck_assert_uint_eq(n, strlen("input 3\nlinear 2 nobias\nloss mse\n"));
   ck_assert_uint_eq(dp_model_format(m, NULL, SIZE_MAX), n);

@@ -11,31 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "helpers.h"
 #include "req.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static dp_model *model_of(const char *text) {
-  dp_model *m = NULL;
-  ck_assert_msg(dp_model_parse(text, "test", &m) == DP_OK, "%s", dp_last_error());
-  return m;
-}
-
-static dp_config config_of(int batch, int n_devices) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = batch;
-  c.n_devices = n_devices;
-  return c;
-}
-
-static dp_plan *plan_of(const dp_model *m, const dp_config *c) {
-  dp_plan *p = NULL;
-  dp_status s = dp_plan_create(m, c, &p);
-  ck_assert_msg(s == DP_OK, "plan: %s: %s", dp_status_name(s), dp_last_error());
-  ck_assert_ptr_nonnull(p);
-  return p;
-}
 
 static const char SEED[] = "input 5\nlinear 2\nloss mse\n";
 
@@ -78,7 +57,8 @@ static dp_model *random_model(int max_layers, int with_loss) {
 }
 
 static dp_config random_config(int max_batch, int max_devices) {
-  dp_config c = config_of(1 + (int)rnd((uint32_t)max_batch), 1 + (int)rnd((uint32_t)max_devices));
+  dp_config c = config_of(1 + (int)rnd((uint32_t)max_batch),
+                          1 + (int)rnd((uint32_t)max_devices), DP_OPT_SGD);
   c.split = (dp_split)rnd(2);
   c.micro_batch = rnd(2) ? 0 : 1 + (int)rnd((uint32_t)c.batch);
   dp_config_set_optimizer(&c, (dp_optimizer)rnd(3));
@@ -123,7 +103,7 @@ static const region_want SEED_DEV1[DP_REGION_COUNT] = {
 
 START_TEST(seed_splits_thirty_rows_into_two_chunks_of_fifteen) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   ck_assert_int_eq(dp_plan_n_devices(p), 2);
   ck_assert_int_eq(dp_plan_device_rows(p, 0), 15);
@@ -138,7 +118,7 @@ END_TEST
 
 START_TEST(seed_region_sizes_match_the_seed_document) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   for (int d = 0; d < 2; d++) {
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size, 48); /* 12 floats, replicated */
@@ -167,7 +147,7 @@ END_TEST
 
 START_TEST(seed_sgd_layout_is_exact) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   /* Device 0, regions in enum order, each offset aligned up to 64:
    *   params            0 + 48  =  48
@@ -203,7 +183,7 @@ END_TEST
 
 START_TEST(seed_momentum_layout_is_exact) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, DP_OPT_MOMENTUM);
   dp_plan *p = plan_of(m, &c);
   /* Device 0: the momentum buffer (12 floats = 48) shifts everything after it:
@@ -236,7 +216,7 @@ END_TEST
 
 START_TEST(seed_adamw_layout_is_exact) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   dp_plan *p = plan_of(m, &c);
   /* Device 0: AdamW keeps m and v (2 x 48 = 96):
@@ -270,7 +250,7 @@ END_TEST
 
 START_TEST(seed_inference_layout_is_exact) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   c.inference = 1;
   dp_plan *p = plan_of(m, &c);
   /* Every device: params 0+48, grads/partials/opt 0 at 64, inputs 64+300 = 364,
@@ -292,7 +272,7 @@ END_TEST
 
 START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   c.backend = DP_BACKEND_CUDA;
   dp_plan *p = plan_of(m, &c);
   /* Device 0 with 256-byte alignment:
@@ -346,7 +326,8 @@ END_TEST
 
 START_TEST(unused_devices_have_no_arena) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(3, 4); /* torch.chunk: 1+1+1, the fourth device idles */
+  /* torch.chunk: 1+1+1, the fourth device idles */
+  dp_config c = config_of(3, 4, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   ck_assert_int_eq(dp_plan_n_devices(p), 3);
   ck_assert_uint_eq(dp_plan_device_bytes(p, 3), 0);
@@ -818,7 +799,7 @@ START_TEST(the_seed_plan_keeps_every_invariant) {
   dp_model *m = model_of(SEED);
   for (int opt = 0; opt < 3; opt++)
     for (int inf = 0; inf < 2; inf++) {
-      dp_config c = config_of(30, 2);
+      dp_config c = config_of(30, 2, DP_OPT_SGD);
       dp_config_set_optimizer(&c, (dp_optimizer)opt);
       c.inference = inf;
       dp_plan *p = plan_of(m, &c);
@@ -860,7 +841,7 @@ START_TEST(deep_models_with_many_micro_batches_keep_every_invariant) {
   rng_state = 99;
   for (int it = 0; it < 40; it++) {
     dp_model *m = random_model(24, 1);
-    dp_config c = config_of(64, 1 << rnd(4));
+    dp_config c = config_of(64, 1 << rnd(4), DP_OPT_SGD);
     c.micro_batch = 1 + (int)rnd(8);
     c.split = (dp_split)rnd(2);
     dp_plan *p = plan_of(m, &c);
@@ -893,7 +874,7 @@ START_TEST(grad_partials_hold_only_the_slots_the_tree_uses) {
    * partial slot besides the grads, not two. */
   dp_model *m = model_of("input 4\nlinear 3\nloss mse\n");
   for (int n_mb = 1; n_mb <= 17; n_mb++) {
-    dp_config c = config_of(2 * n_mb, 1);
+    dp_config c = config_of(2 * n_mb, 1, DP_OPT_SGD);
     c.micro_batch = 2;
     dp_plan *p = plan_of(m, &c);
     int levels = 0; /* floor(log2(n_mb)): the right spine of the canonical tree */
@@ -937,7 +918,7 @@ START_TEST(inference_reuses_activation_memory) {
    * so its activations take two slots however deep the model. */
   dp_model *m = model_of("input 16\nlinear 16\nrelu\nlinear 16\ntanh\nlinear 16\nsigmoid\n"
                          "linear 16\ngelu\nlinear 16\nloss mse\n");
-  dp_config c = config_of(8, 1);
+  dp_config c = config_of(8, 1, DP_OPT_SGD);
   c.inference = 1;
   dp_plan *p = plan_of(m, &c);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size, 2 * 8 * 16 * 4);
@@ -1098,7 +1079,7 @@ START_TEST(max_batch_is_the_largest_that_fits_when_sizes_dip) {
   rng_state = 4242;
   for (int it = 0; it < 80; it++) {
     dp_model *m = random_model(5, 1);
-    dp_config c = config_of(1, 1 + (int)rnd(8));
+    dp_config c = config_of(1, 1 + (int)rnd(8), DP_OPT_SGD);
     c.mode = DP_MODE_ALLREDUCE;
     c.shard_optimizer = (int)rnd(2);
     c.split = (dp_split)rnd(3);
@@ -1125,7 +1106,7 @@ END_TEST
 START_TEST(max_batch_finds_batches_beyond_a_dip) {
   dp_model *m = model_of("input 1000\nlinear 1000\nrelu\nlinear 10\n"
                          "loss softmax_cross_entropy\n");
-  dp_config c = config_of(1, 4);
+  dp_config c = config_of(1, 4, DP_OPT_SGD);
   c.mode = DP_MODE_ALLREDUCE;
   c.shard_optimizer = 1;
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
@@ -1165,7 +1146,7 @@ END_TEST
 START_TEST(max_batch_grows_with_the_budget) {
   dp_model *m = model_of("input 32\nlinear 64\nlayernorm\ngelu\nlinear 10\n"
                          "loss softmax_cross_entropy\n");
-  dp_config c = config_of(1, 4);
+  dp_config c = config_of(1, 4, DP_OPT_SGD);
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   int prev = 0;
   for (size_t budget = 0; budget < 200000; budget += 1777) {
@@ -1180,7 +1161,7 @@ END_TEST
 
 START_TEST(max_batch_is_zero_below_the_smallest_plan) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(1, 2);
+  dp_config c = config_of(1, 2, DP_OPT_SGD);
   size_t one = need_at(m, c, 1);
   ck_assert_int_eq(max_batch_of(m, &c, one - 1, 100), 0);
   ck_assert_int_eq(max_batch_of(m, &c, 0, 100), 0);
@@ -1194,7 +1175,7 @@ START_TEST(max_batch_of_the_seed_budget) {
   /* 1600 B per device is the seed plan's device 0 (batch 30, 2 devices);
    * batch 30 must fit and the answer must be the largest that does. */
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   int b = max_batch_of(m, &c, 1600, 1000);
   ck_assert_int_ge(b, 30);
   ck_assert_uint_le(need_at(m, c, b), 1600);
@@ -1206,7 +1187,7 @@ END_TEST
 
 START_TEST(max_batch_refuses_bad_arguments) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(1, 2);
+  dp_config c = config_of(1, 2, DP_OPT_SGD);
   int b = 5;
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 0, &b), DP_ERR_INVALID);
   ck_assert_int_eq(dp_plan_max_batch(NULL, &c, 4096, 10, &b), DP_ERR_INVALID);
@@ -1214,7 +1195,7 @@ START_TEST(max_batch_refuses_bad_arguments) {
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, NULL), DP_ERR_INVALID);
   c.shard_optimizer = 1; /* classic mode: refused */
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_INVALID);
-  c = config_of(1, 0);
+  c = config_of(1, 0, DP_OPT_SGD);
   ck_assert_int_eq(dp_plan_max_batch(m, &c, 4096, 10, &b), DP_ERR_INVALID);
   dp_model_free(m);
 }
@@ -1235,7 +1216,7 @@ typedef struct {
 
 START_TEST(seed_schedule_is_exact) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   enum { H = DP_HOST, X = -2 }; /* X: not checked */
   static const op_want want[] = {
@@ -1306,7 +1287,7 @@ END_TEST
 
 START_TEST(reduce_pairs_devices_at_distance_one_then_two) {
   dp_model *m = model_of("input 6\nlinear 5\nrelu\nlinear 3\nloss mse\n");
-  dp_config c = config_of(32, 4);
+  dp_config c = config_of(32, 4, DP_OPT_SGD);
   c.micro_batch = 2; /* 16 micro-batches, 4 per device */
   dp_plan *p = plan_of(m, &c);
   size_t P = (6 * 5 + 5 + 5 * 3 + 3) * 4; /* 53 params */
@@ -1345,7 +1326,7 @@ END_TEST
 
 START_TEST(backward_sums_each_device_block_as_a_subtree) {
   dp_model *m = model_of("input 6\nlinear 5\nrelu\nlinear 3\nloss mse\n");
-  dp_config c = config_of(32, 4);
+  dp_config c = config_of(32, 4, DP_OPT_SGD);
   c.micro_batch = 2;
   dp_plan *p = plan_of(m, &c);
   size_t P = 53 * 4;
@@ -1393,7 +1374,7 @@ END_TEST
 START_TEST(backward_tree_splits_three_micro_batches_as_01_then_2) {
   /* [0, 3) splits at mid = (0 + 3 + 1) / 2 = 2: ((0, 1), 2), the larger half left */
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(6, 1);
+  dp_config c = config_of(6, 1, DP_OPT_SGD);
   c.micro_batch = 2;
   dp_plan *p = plan_of(m, &c);
   struct {
@@ -1474,7 +1455,7 @@ START_TEST(gradient_tree_is_the_same_for_1_2_4_8_devices) {
     merge3 ref[128], got[128];
     int n_ref = -1;
     for (int N = 1; N <= 8; N *= 2) {
-      dp_config c = config_of(2 * M, N);
+      dp_config c = config_of(2 * M, N, DP_OPT_SGD);
       c.micro_batch = 2;
       dp_plan *p = plan_of(m, &c);
       int n = collect_merges(p, got);
@@ -1501,7 +1482,7 @@ END_TEST
 
 START_TEST(inference_schedule_has_no_training_phases) {
   dp_model *m = model_of("input 6\nlinear 5\nlayernorm\nrelu\nlinear 3\nloss mse\n");
-  dp_config c = config_of(32, 4);
+  dp_config c = config_of(32, 4, DP_OPT_SGD);
   c.micro_batch = 2;
   c.inference = 1;
   dp_plan *p = plan_of(m, &c);
@@ -1527,7 +1508,7 @@ END_TEST
 
 START_TEST(single_device_plans_have_no_transfers_between_devices) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 1);
+  dp_config c = config_of(30, 1, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
@@ -1556,7 +1537,7 @@ static void plan_refused(const dp_model *m, const dp_config *c, dp_status want, 
  * per replica; the refusal names the option. */
 START_TEST(cuda_options_are_checked_at_plan_time) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   c.cuda_graph = 1;
   plan_refused(m, &c, DP_ERR_INVALID, "cuda_graph is a cuda backend option");
   c.cuda_graph = 0;
@@ -1601,7 +1582,7 @@ END_TEST
 START_TEST(fast_collectives_schedule_one_allreduce_per_device) {
   dp_model *m = model_of(SEED);
   for (int n = 2; n <= 3; n++) {
-    dp_config c = config_of(30, n);
+    dp_config c = config_of(30, n, DP_OPT_SGD);
     c.backend = DP_BACKEND_CUDA;
     c.mode = DP_MODE_ALLREDUCE;
     c.fast_collectives = 1;
@@ -1630,7 +1611,7 @@ END_TEST
 
 START_TEST(batch_zero_is_refused) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(0, 2);
+  dp_config c = config_of(0, 2, DP_OPT_SGD);
   plan_refused(m, &c, DP_ERR_INVALID, "batch");
   c.batch = -3;
   plan_refused(m, &c, DP_ERR_INVALID, "batch");
@@ -1640,7 +1621,7 @@ END_TEST
 
 START_TEST(device_count_out_of_range_is_refused) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 0);
+  dp_config c = config_of(30, 0, DP_OPT_SGD);
   plan_refused(m, &c, DP_ERR_INVALID, "device count 0");
   c.n_devices = DP_MAX_DEVICES + 1;
   plan_refused(m, &c, DP_ERR_INVALID, "device count 65");
@@ -1656,7 +1637,7 @@ END_TEST
 
 START_TEST(sharded_optimizer_needs_allreduce) {
   dp_model *m = model_of(SEED);
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   c.shard_optimizer = 1;
   plan_refused(m, &c, DP_ERR_INVALID, "allreduce");
   dp_model_free(m);
@@ -1665,7 +1646,7 @@ END_TEST
 
 START_TEST(training_without_a_loss_is_refused) {
   dp_model *m = model_of("input 5\nlinear 2\n");
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   plan_refused(m, &c, DP_ERR_INVALID, "loss");
   c.inference = 1;
   dp_plan *p = plan_of(m, &c);
@@ -1676,35 +1657,35 @@ END_TEST
 
 START_TEST(other_bad_configs_are_refused) {
   dp_model *m = model_of(SEED), *empty = model_of("input 5\n");
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   c.micro_batch = -1;
   plan_refused(m, &c, DP_ERR_INVALID, "micro-batch");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, (dp_optimizer)9);
   plan_refused(m, &c, DP_ERR_INVALID, "optimizer");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   c.backend = (dp_backend)9;
   plan_refused(m, &c, DP_ERR_INVALID, "backend");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   c.mode = (dp_mode)9;
   plan_refused(m, &c, DP_ERR_INVALID, "mode");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   c.split = (dp_split)9;
   plan_refused(m, &c, DP_ERR_INVALID, "split");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   c.lr = 0.0f;
   plan_refused(m, &c, DP_ERR_INVALID, "learning rate");
   c.lr = NAN;
   plan_refused(m, &c, DP_ERR_INVALID, "learning rate");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, DP_OPT_MOMENTUM);
   c.momentum = 1.0f;
   plan_refused(m, &c, DP_ERR_INVALID, "momentum");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   c.beta2 = 1.0f;
   plan_refused(m, &c, DP_ERR_INVALID, "AdamW");
-  c = config_of(30, 2);
+  c = config_of(30, 2, DP_OPT_SGD);
   c.inference = 1;
   plan_refused(empty, &c, DP_ERR_INVALID, "no layers");
   dp_plan *p = (dp_plan *)(uintptr_t)1;
@@ -1737,13 +1718,13 @@ START_TEST(hyper_parameters_are_refused_when_not_finite_or_contradictory) {
       {DP_OPT_ADAMW, 4, -INFINITY, "eps"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-    dp_config c = config_of(30, 2);
+    dp_config c = config_of(30, 2, DP_OPT_SGD);
     dp_config_set_optimizer(&c, bad[i].opt);
     float *f[] = {&c.lr, &c.weight_decay, &c.momentum, &c.dampening, &c.eps};
     *f[bad[i].field] = bad[i].v;
     plan_refused(m, &c, DP_ERR_INVALID, bad[i].needle);
   }
-  dp_config c = config_of(30, 2);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   c.nesterov = 1; /* needs momentum */
   plan_refused(m, &c, DP_ERR_INVALID, "nesterov");
   c.momentum = 0.9f;
@@ -1829,7 +1810,7 @@ START_TEST(memory_split_gives_device_0_fewer_rows_and_a_lower_peak) {
   /* Wide outputs make device 0's gathered buffers matter. */
   dp_model *m = model_of("input 32\nlinear 512\nloss mse\n");
   for (int N = 2; N <= 4; N++) {
-    dp_config c = config_of(96, N);
+    dp_config c = config_of(96, N, DP_OPT_SGD);
     dp_plan *chunk = plan_of(m, &c);
     c.split = DP_SPLIT_BALANCED;
     dp_plan *bal = plan_of(m, &c);
@@ -1856,7 +1837,7 @@ END_TEST
 
 START_TEST(memory_split_with_fixed_micro_batches_deals_whole_micro_batches) {
   dp_model *m = model_of("input 32\nlinear 512\nloss mse\n");
-  dp_config c = config_of(128, 4);
+  dp_config c = config_of(128, 4, DP_OPT_SGD);
   c.split = DP_SPLIT_MEMORY;
   c.micro_batch = 8;
   dp_plan *p = plan_of(m, &c);
@@ -1869,7 +1850,7 @@ END_TEST
 
 START_TEST(allreduce_balances_memory_and_scatters_targets) {
   dp_model *m = model_of(MLP);
-  dp_config c = config_of(64, 4);
+  dp_config c = config_of(64, 4, DP_OPT_SGD);
   c.mode = DP_MODE_ALLREDUCE;
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   dp_plan *p = plan_of(m, &c);
@@ -1894,7 +1875,7 @@ START_TEST(sharded_optimizer_keeps_one_shard_per_device) {
   dp_model *m = model_of(MLP);
   size_t n = dp_model_n_params(m);
   for (int N = 1; N <= 8; N++) {
-    dp_config c = config_of(64, N);
+    dp_config c = config_of(64, N, DP_OPT_SGD);
     c.mode = DP_MODE_ALLREDUCE;
     dp_config_set_optimizer(&c, DP_OPT_ADAMW);
     c.shard_optimizer = 1;
@@ -1922,7 +1903,7 @@ END_TEST
  * are of neighbouring blocks, as in the canonical tree. */
 START_TEST(allreduce_halves_at_distance_one_then_two) {
   dp_model *m = model_of(MLP);
-  dp_config c = config_of(64, 4);
+  dp_config c = config_of(64, 4, DP_OPT_SGD);
   c.mode = DP_MODE_ALLREDUCE;
   dp_plan *p = plan_of(m, &c);
   const dp_op *ops = dp_plan_ops(p);

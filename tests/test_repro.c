@@ -15,6 +15,7 @@
 #include "capture.h"
 #include "cli.h"
 #include "data.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <math.h>
@@ -57,13 +58,6 @@ static void tmp_write(tmp_file *t, const char *text) {
   size_t len = strlen(text);
   ck_assert_int_eq((int)write(fd, text, len), (int)len);
   close(fd);
-}
-
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545F4914F6CDD1Dull;
 }
 
 static double rng_unif(uint64_t *s) { return (double)(rng_next(s) >> 11) * 0x1p-53; }
@@ -140,15 +134,13 @@ static uint64_t fnv1a(const float *v, size_t n) {
 static void train_like_repro(const char *spec, const char *csv, const dp_config *cfg,
                              int steps, float *params, float *loss, uint64_t *hash) {
   dp_model *m = NULL;
-  dp_plan *p = NULL;
-  dp_ctx *c = NULL;
   dpt_dataset d = {0};
   char err[256];
   ck_assert_msg(dp_model_load(spec, &m) == DP_OK, "%s", dp_last_error());
   ck_assert_msg(dpt_csv_load(csv, &d, err, sizeof err) == DP_OK, "%s", err);
   dpt_standardize(&d, NULL);
-  ck_assert_msg(dp_plan_create(m, cfg, &p) == DP_OK, "%s", dp_last_error());
-  ck_assert_msg(dp_ctx_create(p, &c) == DP_OK, "%s", dp_last_error());
+  dp_plan *p = plan_of(m, cfg);
+  dp_ctx *c = ctx_of(p);
   int B = cfg->batch, F = d.n_features, epoch = -1;
   size_t np = dp_model_n_params(m);
   float *x = malloc((size_t)B * F * sizeof *x);
@@ -182,17 +174,12 @@ static void train_like_repro(const char *spec, const char *csv, const dp_config 
 /* 1 when the library plans (and so `dp repro` runs) `mode` on n devices. */
 static int library_runs(const char *spec, int batch, int micro, int n, dp_mode mode,
                         int shard) {
-  dp_model *m = NULL;
+  dp_model *m = model_of(spec);
   dp_plan *p = NULL;
-  ck_assert(dp_model_parse(spec, "spec", &m) == DP_OK);
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = batch;
+  dp_config c = config_of(batch, n, DP_OPT_ADAMW);
   c.micro_batch = micro;
-  c.n_devices = n;
   c.mode = mode;
   c.shard_optimizer = shard;
-  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   int ok = dp_plan_create(m, &c, &p) == DP_OK;
   dp_plan_free(p);
   dp_model_free(m);

@@ -3,6 +3,7 @@
  * format/parse round trips, loading from files, and absurd dimensions that
  * must end in DP_ERR_OVERFLOW rather than a wrapped size. */
 #include "internal.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <math.h>
@@ -14,14 +15,6 @@
 #include <unistd.h>
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static dp_model *parse_ok(const char *text) {
-  dp_model *m = NULL;
-  dp_status s = dp_model_parse(text, "t.dpm", &m);
-  ck_assert_msg(s == DP_OK, "refused:\n%s\nerror: %s", text, dp_last_error());
-  ck_assert_ptr_nonnull(m);
-  return m;
-}
 
 /* Parsing `text` as "m.dpm" fails with `want` and a message that starts with
  * "m.dpm:LINE:COL: " and contains `needle`. */
@@ -111,7 +104,7 @@ START_TEST(huge_width_is_out_of_range_not_wrapped) {
       "linear: width '99999999999999999999' is too large (max 2147483647)"); /* > LONG_MAX
                                                                               */
 
-  dp_model *m = parse_ok("input 2147483647\nlinear 1\n");
+  dp_model *m = model_of("input 2147483647\nlinear 1\n");
   ck_assert_int_eq(dp_model_input_width(m), 2147483647);
   dp_model_free(m);
 }
@@ -137,7 +130,7 @@ START_TEST(overlong_width_is_too_large_and_its_echo_is_closed) {
   parse_bad(text, 2, 8,
             "expected a positive integer, got 'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...'");
   /* leading zeros are still a width */
-  dp_model *m = parse_ok("input 3\nlinear 00000000000000000000000000000000000000000007\n");
+  dp_model *m = model_of("input 3\nlinear 00000000000000000000000000000000000000000007\n");
   ck_assert_int_eq(dp_model_output_width(m), 7);
   dp_model_free(m);
 }
@@ -197,7 +190,7 @@ START_TEST(dropout_probability_out_of_range) {
   parse_bad("input 3\ndropout 1.5\n", 2, 9, "got '1.5'");
   parse_bad("input 3\ndropout -0.1\n", 2, 9, "got '-0.1'");
   parse_bad("input 3\ndropout inf\n", 2, 9, "got 'inf'");
-  dp_model *m = parse_ok("input 3\ndropout 0\ndropout 0.999\n");
+  dp_model *m = model_of("input 3\ndropout 0\ndropout 0.999\n");
   ck_assert(m->layers[0].p == 0.0f);
   ck_assert(m->layers[1].p == 0.999f);
   dp_model_free(m);
@@ -254,7 +247,7 @@ START_TEST(too_many_layers_is_refused_at_the_extra_line) {
   /* exactly DP_MAX_LAYERS is fine */
   p = t + strlen("input 2\n") + 5 * DP_MAX_LAYERS;
   *p = '\0';
-  dp_model *m = parse_ok(t);
+  dp_model *m = model_of(t);
   ck_assert_int_eq(dp_model_n_layers(m), DP_MAX_LAYERS);
   dp_model_free(m);
   free(t);
@@ -295,7 +288,7 @@ END_TEST
 /* ---- accepted forms ------------------------------------------------------------ */
 
 START_TEST(comments_and_blank_lines_are_accepted) {
-  dp_model *m = parse_ok("# header\n\n   \ninput 5   # five features\n  linear 2 # out\n\n"
+  dp_model *m = model_of("# header\n\n   \ninput 5   # five features\n  linear 2 # out\n\n"
                          "\t relu#glued comment\nlinear 3#x\nloss mse # end");
   ck_assert_int_eq(dp_model_input_width(m), 5);
   ck_assert_int_eq(dp_model_n_layers(m), 3);
@@ -307,7 +300,7 @@ START_TEST(comments_and_blank_lines_are_accepted) {
 END_TEST
 
 START_TEST(crlf_line_ends_are_accepted) {
-  dp_model *m = parse_ok("input 5\r\nlinear 2 nobias\r\n\r\n# c\r\nloss mse\r\n");
+  dp_model *m = model_of("input 5\r\nlinear 2 nobias\r\n\r\n# c\r\nloss mse\r\n");
   ck_assert_int_eq(dp_model_n_layers(m), 1);
   ck_assert_int_eq(m->layers[0].bias, 0);
   ck_assert_uint_eq(dp_model_n_params(m), 10);
@@ -319,17 +312,17 @@ START_TEST(crlf_line_ends_are_accepted) {
 END_TEST
 
 START_TEST(last_line_without_newline_is_accepted) {
-  dp_model *m = parse_ok("input 5\nlinear 2\nloss softmax_cross_entropy");
+  dp_model *m = model_of("input 5\nlinear 2\nloss softmax_cross_entropy");
   ck_assert_int_eq(dp_model_loss(m), DP_LOSS_SOFTMAX_CE);
   dp_model_free(m);
 }
 END_TEST
 
 START_TEST(a_model_without_loss_is_accepted) {
-  dp_model *m = parse_ok("input 5\nlinear 2\n");
+  dp_model *m = model_of("input 5\nlinear 2\n");
   ck_assert_int_eq(dp_model_loss(m), DP_LOSS_NONE);
   dp_model_free(m);
-  m = parse_ok("input 5\n"); /* no layers: parses, planning refuses it */
+  m = model_of("input 5\n"); /* no layers: parses, planning refuses it */
   ck_assert_int_eq(dp_model_n_layers(m), 0);
   ck_assert_int_eq(dp_model_output_width(m), 5);
   dp_model_free(m);
@@ -340,7 +333,7 @@ END_TEST
 
 START_TEST(widths_are_inferred_layer_by_layer) {
   dp_model *m =
-      parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
+      model_of("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
                "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
   static const struct {
     dp_layer_kind k;
@@ -366,7 +359,7 @@ END_TEST
 
 START_TEST(n_params_follow_state_dict_order) {
   dp_model *m =
-      parse_ok("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
+      model_of("input 5\nlinear 8\nrelu\nlayernorm\nlinear 3 nobias\ngelu\n"
                "dropout 0.25\ntanh\nsigmoid\nlinear 2\nloss softmax_cross_entropy\n");
   /* linear 5->8: weight 8*5 + bias 8 = 48 at 0
    * layernorm 8: weight 8 + bias 8 = 16 at 48
@@ -386,7 +379,7 @@ START_TEST(n_params_follow_state_dict_order) {
 END_TEST
 
 START_TEST(layernorm_has_two_n_params) {
-  dp_model *m = parse_ok("input 7\nlayernorm\nlayernorm\n");
+  dp_model *m = model_of("input 7\nlayernorm\nlayernorm\n");
   ck_assert_uint_eq(dp_model_n_params(m), 28);
   ck_assert_uint_eq(m->layers[1].param_off, 14);
   dp_model_free(m);
@@ -394,8 +387,8 @@ START_TEST(layernorm_has_two_n_params) {
 END_TEST
 
 START_TEST(nobias_drops_the_bias) {
-  dp_model *a = parse_ok("input 5\nlinear 2\n"),
-           *b = parse_ok("input 5\nlinear 2 nobias\n");
+  dp_model *a = model_of("input 5\nlinear 2\n"),
+           *b = model_of("input 5\nlinear 2 nobias\n");
   ck_assert_uint_eq(dp_model_n_params(a), 12);
   ck_assert_uint_eq(dp_model_n_params(b), 10);
   ck_assert_int_eq(a->layers[0].bias, 1);
@@ -406,7 +399,7 @@ START_TEST(nobias_drops_the_bias) {
 END_TEST
 
 START_TEST(the_seed_model_has_twelve_params) {
-  dp_model *m = parse_ok("input 5\nlinear 2\nloss mse\n");
+  dp_model *m = model_of("input 5\nlinear 2\nloss mse\n");
   ck_assert_uint_eq(dp_model_n_params(m), 12);
   ck_assert_int_eq(dp_model_n_layers(m), 1);
   dp_model_free(m);
@@ -435,7 +428,7 @@ static char *format_alloc(const dp_model *m) {
 }
 
 START_TEST(format_writes_the_canonical_text) {
-  dp_model *m = parse_ok("  input 5 # x\n\nlinear 8 nobias\nrelu\nlayernorm\ndropout 0.5\n"
+  dp_model *m = model_of("  input 5 # x\n\nlinear 8 nobias\nrelu\nlayernorm\ndropout 0.5\n"
                          "linear 2\nloss softmax_cross_entropy\n");
   char *s = format_alloc(m);
   ck_assert_str_eq(s, "input 5\nlinear 8 nobias\nrelu\nlayernorm\ndropout 0.5\nlinear 2\n"
@@ -456,9 +449,9 @@ START_TEST(format_round_trips_through_parse) {
       "input 2147483647\nlinear 1 nobias\n",
   };
   for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
-    dp_model *a = parse_ok(texts[i]);
+    dp_model *a = model_of(texts[i]);
     char *s = format_alloc(a);
-    dp_model *b = parse_ok(s);
+    dp_model *b = model_of(s);
     assert_same_model(a, b);
     char *s2 = format_alloc(b);
     ck_assert_str_eq(s, s2);
@@ -479,7 +472,7 @@ START_TEST(format_round_trips_any_dropout_probability) {
     ck_assert_int_eq(dp_model_new(4, &a), DP_OK);
     ck_assert_int_eq(dp_model_add_dropout(a, ps[i]), DP_OK);
     char *s = format_alloc(a);
-    dp_model *b = parse_ok(s);
+    dp_model *b = model_of(s);
     ck_assert_msg(b->layers[0].p == ps[i], "p %.9g formatted as '%s' parses to %.9g",
                   (double)ps[i], s, (double)b->layers[0].p);
     free(s);
@@ -502,7 +495,7 @@ START_TEST(format_short_dropout_probabilities_stay_short) {
 END_TEST
 
 START_TEST(format_truncates_and_reports_the_needed_length) {
-  dp_model *m = parse_ok("input 5\nlinear 2\nloss mse\n");
+  dp_model *m = model_of("input 5\nlinear 2\nloss mse\n");
   const char *full = "input 5\nlinear 2\nloss mse\n";
   ck_assert_uint_eq(dp_model_format(m, NULL, 0), strlen(full));
   char buf[10];
@@ -643,7 +636,7 @@ START_TEST(builder_matches_the_parser) {
   ck_assert_int_eq(dp_model_add_linear(a, 2, 0), DP_OK);
   ck_assert_int_eq(dp_model_set_loss(a, DP_LOSS_MSE), DP_OK);
   dp_model *b =
-      parse_ok("input 5\nlinear 8\nrelu\nlayernorm\ndropout 0.5\nlinear 2 nobias\n"
+      model_of("input 5\nlinear 8\nrelu\nlayernorm\ndropout 0.5\nlinear 2 nobias\n"
                "loss mse\n");
   assert_same_model(a, b);
   dp_model_free(a);
@@ -720,15 +713,6 @@ END_TEST
 
 /* ---- absurd dimensions --------------------------------------------------------- */
 
-static dp_config cfg_of(int batch, int n_devices, int inference) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = batch;
-  c.n_devices = n_devices;
-  c.inference = inference;
-  return c;
-}
-
 static void plan_overflows(const dp_model *m, const dp_config *c) {
   dp_plan *p = (dp_plan *)(uintptr_t)1;
   dp_status s = dp_plan_create(m, c, &p);
@@ -741,9 +725,9 @@ static void plan_overflows(const dp_model *m, const dp_config *c) {
 START_TEST(absurd_dims_parse_but_planning_overflows) {
   /* n_params = 2e9 * 2e9 + 2e9 = 4.000000002e18 fits; the params alone take
    * 1.6000000008e19 bytes, and params + grads do not fit in 64 bits. */
-  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\nloss mse\n");
+  dp_model *m = model_of("input 2000000000\nlinear 2000000000\nloss mse\n");
   ck_assert_uint_eq(dp_model_n_params(m), (size_t)4000000002000000000ull);
-  dp_config c = cfg_of(30, 2, 0);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
   plan_overflows(m, &c);
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   plan_overflows(m, &c);
@@ -756,8 +740,9 @@ END_TEST
 START_TEST(absurd_dims_inference_plans_without_wrapping) {
   /* Inference needs only the params (1.6000000008e19 B) plus small chunks: it
    * fits in 64 bits, so the plan exists and its sizes are the true ones. */
-  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\n");
-  dp_config c = cfg_of(2, 2, 1);
+  dp_model *m = model_of("input 2000000000\nlinear 2000000000\n");
+  dp_config c = config_of(2, 2, DP_OPT_SGD);
+  c.inference = 1;
   dp_plan *p = NULL;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
@@ -772,8 +757,9 @@ START_TEST(absurd_dims_inference_plans_without_wrapping) {
 END_TEST
 
 START_TEST(two_absurd_layers_overflow_the_param_bytes) {
-  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\nlinear 2000000000\n");
-  dp_config c = cfg_of(1, 1, 1);
+  dp_model *m = model_of("input 2000000000\nlinear 2000000000\nlinear 2000000000\n");
+  dp_config c = config_of(1, 1, DP_OPT_SGD);
+  c.inference = 1;
   plan_overflows(m, &c); /* 8e18 params * 4 bytes > 2^64 */
   dp_model_free(m);
 }
@@ -797,16 +783,17 @@ END_TEST
 START_TEST(huge_batch_with_big_widths_overflows) {
   /* rows * width * 4 <= (2^31)^2 * 4 = 2^64 is just representable per
    * region; the sum of inputs and outputs is not. */
-  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000 nobias\nrelu\n");
-  dp_config c = cfg_of(2000000000, 1, 1);
+  dp_model *m = model_of("input 2000000000\nlinear 2000000000 nobias\nrelu\n");
+  dp_config c = config_of(2000000000, 1, DP_OPT_SGD);
+  c.inference = 1;
   plan_overflows(m, &c);
   c.n_devices = 2; /* 2^30 rows * 2e9 * 4 B of inputs on top of 1.6e19 B of params */
   c.batch = 2147483647;
   plan_overflows(m, &c);
   dp_model_free(m);
 
-  m = parse_ok("input 2147483647\nrelu\nloss mse\n");
-  c = cfg_of(2147483647, 1, 0);
+  m = model_of("input 2147483647\nrelu\nloss mse\n");
+  c = config_of(2147483647, 1, DP_OPT_SGD);
   plan_overflows(m, &c);
   c.micro_batch = 1 << 30;
   plan_overflows(m, &c);
@@ -815,8 +802,8 @@ START_TEST(huge_batch_with_big_widths_overflows) {
 END_TEST
 
 START_TEST(absurd_dims_max_batch_is_zero_not_an_error) {
-  dp_model *m = parse_ok("input 2000000000\nlinear 2000000000\nloss mse\n");
-  dp_config c = cfg_of(1, 2, 0);
+  dp_model *m = model_of("input 2000000000\nlinear 2000000000\nloss mse\n");
+  dp_config c = config_of(1, 2, DP_OPT_SGD);
   int b = -1;
   ck_assert_int_eq(dp_plan_max_batch(m, &c, SIZE_MAX, 1000, &b), DP_OK);
   ck_assert_int_eq(b, 0);

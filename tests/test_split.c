@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "helpers.h"
 #include "req.h"
 
 typedef struct {
@@ -17,10 +18,7 @@ typedef struct {
 } split_result;
 
 static dp_config cfg(int B, int N, int m, dp_split pol) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = B;
-  c.n_devices = N;
+  dp_config c = config_of(B, N, DP_OPT_SGD);
   c.micro_batch = m;
   c.split = pol;
   return c;

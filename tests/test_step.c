@@ -16,6 +16,7 @@
  * single-device value):  |got - want| <= RTOL * (|want| + FLOOR * max|want|).
  */
 #include "dp.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <math.h>
@@ -41,48 +42,16 @@ static const char MLP_SPEC[] = "# every layer kind\n"
 
 /* ---- helpers ---------------------------------------------------------------- */
 
-static uint64_t rng_next(uint64_t *s) { /* xorshift64* */
-  *s ^= *s >> 12;
-  *s ^= *s << 25;
-  *s ^= *s >> 27;
-  return *s * 0x2545F4914F6CDD1Dull;
-}
-
 static float rng_unif(uint64_t *s, float lo, float hi) {
   return lo + (hi - lo) * (float)(rng_next(s) >> 40) * 0x1p-24f;
 }
 
+/* config_of with seed 7, the seed every test here was written with. */
 static dp_config cfg_make(int batch, int n_devices, dp_optimizer opt) {
-  dp_config c;
-  dp_config_default(&c);
-  c.batch = batch;
-  c.n_devices = n_devices;
-  dp_config_set_optimizer(&c, opt);
+  dp_config c = config_of(batch, n_devices, opt);
   c.seed = 7;
   return c;
 }
-
-typedef struct {
-  dp_model *m;
-  dp_plan *p;
-  dp_ctx *c;
-} rig;
-
-static void rig_open(rig *r, const char *spec, const dp_config *cfg) {
-  memset(r, 0, sizeof *r);
-  ck_assert_msg(dp_model_parse(spec, "test", &r->m) == DP_OK, "parse: %s", dp_last_error());
-  ck_assert_msg(dp_plan_create(r->m, cfg, &r->p) == DP_OK, "plan: %s", dp_last_error());
-  ck_assert_msg(dp_ctx_create(r->p, &r->c) == DP_OK, "ctx: %s", dp_last_error());
-}
-
-static void rig_close(rig *r) {
-  dp_ctx_free(r->c);
-  dp_plan_free(r->p);
-  dp_model_free(r->m);
-  memset(r, 0, sizeof *r);
-}
-
-static size_t rig_np(const rig *r) { return dp_model_n_params(r->m); }
 
 /* A batch for a model: inputs U(-1, 1); targets U(-1, 1) (mse) or labels. */
 typedef struct {
@@ -143,15 +112,15 @@ static void forward_ok(rig *r, const batch *b, int rows, float *y) {
 }
 
 static void set_params(rig *r, const float *p) {
-  ck_assert_msg(dp_set_params(r->c, p, rig_np(r)) == DP_OK, "%s", dp_ctx_error(r->c));
+  ck_assert_msg(dp_set_params(r->c, p, r->np) == DP_OK, "%s", dp_ctx_error(r->c));
 }
 
 static void get_params(rig *r, float *p) {
-  ck_assert_msg(dp_get_params(r->c, p, rig_np(r)) == DP_OK, "%s", dp_ctx_error(r->c));
+  ck_assert_msg(dp_get_params(r->c, p, r->np) == DP_OK, "%s", dp_ctx_error(r->c));
 }
 
 static void get_grads(rig *r, float *g) {
-  ck_assert_msg(dp_get_grads(r->c, g, rig_np(r)) == DP_OK, "%s", dp_ctx_error(r->c));
+  ck_assert_msg(dp_get_grads(r->c, g, r->np) == DP_OK, "%s", dp_ctx_error(r->c));
 }
 
 static void assert_close(const float *got, const float *want, size_t n, const char *what,
@@ -211,7 +180,7 @@ static void run_equiv(const equiv_case *ec, int n_dev, const float *params, cons
   cfg.micro_batch = ec->micro_batch;
   rig r;
   rig_open(&r, ec->spec, &cfg);
-  size_t np = rig_np(&r);
+  size_t np = r.np;
   res->y = fbuf((size_t)b->rows * (size_t)b->out);
   res->grads = fbuf(np);
   res->after = fbuf(np);
@@ -244,8 +213,7 @@ static float ce_loss(const float *y, const int32_t *t, int rows, int out) {
 
 START_TEST(test_n_devices_match_one_device) {
   const equiv_case *ec = &EQUIV[_i];
-  dp_model *m;
-  ck_assert(dp_model_parse(ec->spec, "test", &m) == DP_OK);
+  dp_model *m = model_of(ec->spec);
   size_t np = dp_model_n_params(m);
   float *params = params_random(np, 11);
   batch b;
@@ -282,8 +250,7 @@ END_TEST
  * power of two dividing the micro-batch count the bits are the same. */
 START_TEST(test_micro_batches_give_same_bits_for_1_2_4_devices) {
   const equiv_case ec = {"mlp micro_batch 4", MLP_SPEC, 32, DP_SPLIT_CHUNK, 4};
-  dp_model *m;
-  ck_assert(dp_model_parse(ec.spec, "test", &m) == DP_OK);
+  dp_model *m = model_of(ec.spec);
   size_t np = dp_model_n_params(m);
   float *params = params_random(np, 12);
   batch b;
@@ -317,7 +284,7 @@ START_TEST(test_dropout_mask_changes_with_the_step) {
   dp_config cfg = cfg_make(32, 2, DP_OPT_SGD);
   rig r;
   rig_open(&r, MLP_SPEC, &cfg);
-  size_t np = rig_np(&r);
+  size_t np = r.np;
   float *params = params_random(np, 13), *g1 = fbuf(np), *g2 = fbuf(np);
   batch b;
   batch_make(&b, r.m, 32, 7);
@@ -362,8 +329,7 @@ START_TEST(test_same_run_twice_is_bit_identical) {
   const char *specs[] = {SEED_SPEC, MLP_SPEC};
   for (int k = 0; k < 2; k++)
     for (int mb = 0; mb <= 4; mb += 4) {
-      dp_model *m;
-      ck_assert(dp_model_parse(specs[k], "test", &m) == DP_OK);
+      dp_model *m = model_of(specs[k]);
       size_t np = dp_model_n_params(m);
       dp_model_free(m);
       float *a = fbuf(np), *b = fbuf(np);
@@ -523,7 +489,7 @@ START_TEST(test_bad_input_changes_nothing) {
     rig a, b;
     rig_open(&a, spec, &cfg);
     rig_open(&b, spec, &cfg);
-    size_t np = rig_np(&a);
+    size_t np = a.np;
     float *p0 = fbuf(np), *pa = fbuf(np), *pb = fbuf(np), *g0 = fbuf(np);
     if (bc->mlp) {
       float *r = params_random(np, 21);
@@ -603,7 +569,7 @@ START_TEST(test_refused_step_gradients_are_last_or_diagnostic) {
     dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
     rig a;
     rig_open(&a, SEED_SPEC, &cfg);
-    size_t np = rig_np(&a);
+    size_t np = a.np;
     float *p0 = fbuf(np), *g0 = fbuf(np), *g1 = fbuf(np);
     seed_params_col0_zero(p0, np);
     set_params(&a, p0);
@@ -639,7 +605,7 @@ START_TEST(test_bad_forward_and_accessor_calls_are_refused) {
   dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
   rig r;
   rig_open(&r, SEED_SPEC, &cfg);
-  size_t np = rig_np(&r);
+  size_t np = r.np;
   batch b;
   batch_make(&b, r.m, 30, 51);
   float y[31 * 2], *p = fbuf(np + 1);
@@ -695,7 +661,7 @@ START_TEST(test_smaller_batch_matches_plan_for_it) {
     rig big, small;
     rig_open(&big, specs[k], &c30);
     rig_open(&small, specs[k], &c17);
-    size_t np = rig_np(&big);
+    size_t np = big.np;
     float *p = params_random(np, 61), *gb = fbuf(np), *gs = fbuf(np), *pb = fbuf(np),
           *ps = fbuf(np);
     set_params(&big, p);
@@ -747,7 +713,7 @@ START_TEST(test_forward_after_partial_forward_uses_current_params) {
   dp_config c1 = cfg_make(30, 1, DP_OPT_SGD);
   c1.inference = 1;
   rig_open(&one, SEED_SPEC, &c1);
-  size_t np = rig_np(&r);
+  size_t np = r.np;
   float *p = fbuf(np), y[30 * 2], want[30 * 2];
   batch b;
   batch_make(&b, r.m, 30, 71);
@@ -820,7 +786,7 @@ START_TEST(test_static_ctx_matches_ctx_create) {
   ck_assert_int_eq((int)dp_plan_host_bytes(r.p), 0);
   dp_ctx *sc = NULL;
   ck_assert_msg(dp_ctx_create_static(r.p, arenas, NULL, &sc) == DP_OK, "%s", dp_last_error());
-  size_t np = rig_np(&r);
+  size_t np = r.np;
   float *pa = fbuf(np), *pb = fbuf(np), ya[32 * 5], yb[32 * 5];
   for (int s = 0; s < 5; s++) {
     batch b;
@@ -985,7 +951,7 @@ START_TEST(test_seed_loss_and_grads_by_hand) {
     dp_config cfg = cfg_make(30, n_dev, DP_OPT_SGD);
     rig r;
     rig_open(&r, SEED_SPEC, &cfg);
-    ck_assert_int_eq((int)rig_np(&r), 12);
+    ck_assert_int_eq((int)dp_model_n_params(r.m), 12);
     float *p = params_random(12, 111), g[12];
     set_params(&r, p);
     batch b;
