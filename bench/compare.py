@@ -86,8 +86,15 @@ def main():
     peak = dp_json(['peak'])['peak_gflops']
     ours = dp_json(['gemm', '--sizes', '512,1024'])
     blas = openblas_gemm([512, 1024])
-    torch = json.loads(sh(['/usr/bin/python3', 'bench/torch_step.py', '--threads', '1,2',
-                           '--seconds', str(args.seconds)]))
+    # torch.set_num_threads does not reach Debian torch's BLAS (OpenBLAS through the
+    # generic path): each thread count runs in its own process with OpenBLAS and OpenMP
+    # limited to it before torch is imported, so "1 thread" really uses one core.
+    torch = {'results': []}
+    for n in (1, 2):
+        env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
+        torch['results'] += json.loads(sh(['/usr/bin/python3', 'bench/torch_step.py',
+                                           '--threads', str(n), '--seconds',
+                                           str(args.seconds)], env=env))['results']
     tbest = {}
     for r in torch['results']:
         key = r['model']
