@@ -2,6 +2,7 @@
 #include "helpers.h"
 
 #include <check.h>
+#include <stdio.h>
 #include <string.h>
 
 dp_config config_of(int batch, int n_devices, dp_optimizer opt) {
@@ -75,4 +76,10 @@ uint64_t rng_next(uint64_t *s) {
   *s ^= *s << 25;
   *s ^= *s >> 27;
   return *s * 0x2545F4914F6CDD1Dull;
+}
+
+bool cuda_or_skip(const char *suite, const char *test) {
+  if (dp_cuda_available()) return true;
+  fprintf(stderr, "SKIP %s: %s: the cuda backend is not in this build\n", suite, test);
+  return false;
 }

@@ -48,6 +48,11 @@ void rig_close(rig *r);
 #define rig_open(r, spec, cfg) rig_open_at((r), (spec), (cfg), __FILE__, __LINE__)
 #define rig_try(r, spec, cfg) rig_try_at((r), (spec), (cfg), __FILE__, __LINE__)
 
+/* 1 when this build has the cuda backend (registered by tests/check_main.c);
+ * else 0 after printing "SKIP <suite>: <test>: ..." (a CPU-only build, such as
+ * the sanitizer build, plans nothing for cuda). */
+bool cuda_or_skip(const char *suite, const char *test);
+
 /* xorshift64*: the tests' own seeded generator; *s must not be 0. */
 uint64_t rng_next(uint64_t *s);
 

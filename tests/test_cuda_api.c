@@ -11,7 +11,7 @@
  * forked children. Replicas all sit on GPU 0 (device_ids 0,0,...): the lent
  * machine has one GPU. */
 #include "dp.h"
-#include "dp_cuda.h" /* dp__cuda_device_info: the GPU's free memory */
+
 
 #include <check.h>
 #include <math.h>
@@ -619,11 +619,11 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
   dp_config g = config(DP_BACKEND_CUDA, 1024, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
   size_t f0, f1, f2, total;
   /* the primary context exists before the first reading (the query makes it) */
-  ck_assert_msg(dp__cuda_device_info(0, NULL, 0, &total, &f0, NULL, NULL) == DP_OK, "%s",
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, &total, &f0) == DP_OK, "%s",
                 dp_last_error());
   run r;
   run_open(&r, spec, &g, "4 replicas");
-  ck_assert_msg(dp__cuda_device_info(0, NULL, 0, NULL, &f1, NULL, NULL) == DP_OK, "%s",
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f1) == DP_OK, "%s",
                 dp_last_error());
   size_t planned = 0;
   for (int d = 0; d < dp_plan_n_devices(r.p); d++) planned += dp_plan_device_bytes(r.p, d);
@@ -640,7 +640,7 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                 "the context took %zu bytes from the GPU, less than the %zu it planned",
                 used, planned);
   run_close(&r);
-  ck_assert_msg(dp__cuda_device_info(0, NULL, 0, NULL, &f2, NULL, NULL) == DP_OK, "%s",
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f2) == DP_OK, "%s",
                 dp_last_error());
   ck_assert_msg(f2 + 8u * 2 * 1024 * 1024 >= f1 + planned,
                 "after dp_ctx_free only %zu of the %zu planned bytes came back",

@@ -50,6 +50,8 @@ START_TEST(guards_off_leave_the_seed_layout_exact) {
   dp_config d = guarded(30, 2, 0), c = d;
   ck_assert_int_eq(d.guards, 0); /* the default, in every build */
   for (int cuda = 0; cuda <= 1; cuda++) {
+    if (cuda && !cuda_or_skip("guards", "guards_off_leave_the_seed_layout_exact (cuda)"))
+      break;
     c.backend = d.backend = cuda ? DP_BACKEND_CUDA : DP_BACKEND_CPU;
     c.guards = 0;
     dp_plan *pd = plan_of(m, &d), *p0 = plan_of(m, &c);
@@ -87,8 +89,10 @@ END_TEST
  * the total by align * (DP_REGION_COUNT + 1); sizes do not change. */
 START_TEST(guards_on_add_one_alignment_unit_per_region_and_one_before) {
   const char *specs[] = {SEED, MLP};
+  bool with_cuda = cuda_or_skip("guards", "guards_on_add_one_alignment_unit_per_region_and_"
+                                          "one_before (cuda)");
   for (int k = 0; k < 2; k++)
-    for (int cuda = 0; cuda <= 1; cuda++)
+    for (int cuda = 0; cuda <= with_cuda; cuda++)
       for (int mode = 0; mode < 3; mode++)
         for (int n = 1; n <= 4; n++) {
           dp_model *m = model_of(specs[k]);

@@ -237,6 +237,11 @@ int dpt_cmd_train(int argc, char **argv) {
     goto out;
   }
   if (!o.no_standardize) dpt_standardize(&train, &test);
+  /* a backend this build lacks: that first, the planner could only say it less well */
+  if (!dp_cuda_available() && dpt_require_backend(&cfg, err, sizeof err)) {
+    fprintf(stderr, "dp train: %s\n", err);
+    goto out;
+  }
   if (dp_plan_create(model, &cfg, &plan)) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
     goto out;
