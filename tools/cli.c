@@ -460,12 +460,16 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
       return fail(err, errcap, "bad option '%s'", tok);
     }
     if (c >= DPT_OPT_BATCH && c < DPT_OPT_COMMON_END) {
-      if (dpt_given(common, c) && optarg)
+      int again = dpt_given(common, c);
+      if (again && optarg)
         return fail(err, errcap, "--%s given twice", option_name(opts, c));
       if (set_common(c, optarg, &scratch, err, errcap)) return DPT_ARGS_ERROR;
       common->given |= 1ul << (c - DPT_OPT_BATCH);
-      order[n_given] = c;
-      value[n_given++] = optarg;
+      if (!again) { /* a flag without a value may repeat: recorded once (order[] has
+                       room for each common option once) */
+        order[n_given] = c;
+        value[n_given++] = optarg;
+      }
       continue;
     }
     for (int i = 0; optarg && i < n_seen_extra; i++) /* a flag may repeat (-v -v) */
