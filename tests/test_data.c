@@ -722,7 +722,7 @@ START_TEST(svg_stacked_bars_writes_file) {
       1.5 * 1048576, 0, 1.5 * 1048576, 0,             /* gpu1 */
   };
   char err[256] = "";
-  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, v,
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, NULL, v,
                                         err, sizeof err),
                    DP_OK);
   char *s = slurp(t.path);
@@ -735,10 +735,23 @@ START_TEST(svg_stacked_bars_writes_file) {
   ck_assert_ptr_null(strstr(s, "unused"));        /* zero everywhere: no legend */
   /* 5 non-zero segments drawn, each with a tooltip */
   ck_assert_int_eq(count_of(s, "<title>"), 5);
+  /* what only the first bar holds: named on it and marked in the legend */
+  ck_assert_ptr_nonnull(strstr(s, "gathered &lt;outputs&gt; (only gpu0)"));
+  ck_assert_ptr_null(strstr(s, "params (only"));
+  free(s);
+  /* the caller's colours, per segment, whatever else is in the chart */
+  const char *colors[] = {"#111111", "#222222", "#333333", "#444444"};
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "c", 2, bars, 4, segs, colors, v, err,
+                                        sizeof err),
+                   DP_OK);
+  s = slurp(t.path);
+  ck_assert_int_eq(count_of(s, "fill=\"#111111\""), 3); /* two bars and the legend */
+  ck_assert_int_eq(count_of(s, "fill=\"#444444\""), 2); /* gpu0 only, and the legend */
+  ck_assert_int_eq(count_of(s, "#222222"), 0);            /* zero everywhere */
   free(s);
   /* NULL names and all-zero values still make a file */
   const double z[] = {0, 0};
-  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, NULL, 2, NULL, 1, NULL, z, err, sizeof err),
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, NULL, 2, NULL, 1, NULL, NULL, z, err, sizeof err),
                    DP_OK);
   s = slurp(t.path);
   ck_assert_ptr_nonnull(strstr(s, ">dev 1<"));
@@ -752,17 +765,17 @@ START_TEST(svg_stacked_bars_errors) {
   const double v[] = {1, -1};
   char err[256] = "";
   ck_assert_int_eq(
-      dpt_svg_stacked_bars("/tmp/x.svg", "t", 1, NULL, 2, NULL, v, err, sizeof err),
+      dpt_svg_stacked_bars("/tmp/x.svg", "t", 1, NULL, 2, NULL, NULL, v, err, sizeof err),
       DP_ERR_INVALID);
   ck_assert_str_eq(err,
                    "dpt_svg_stacked_bars: bar 0 segment 1: value -1 is not a finite byte "
                    "count >= 0");
   const double w[] = {1, 2};
-  ck_assert_int_eq(dpt_svg_stacked_bars("/nonexistent/dir/b.svg", "t", 1, NULL, 2, NULL, w,
+  ck_assert_int_eq(dpt_svg_stacked_bars("/nonexistent/dir/b.svg", "t", 1, NULL, 2, NULL, NULL, w,
                                         err, sizeof err),
                    DP_ERR_IO);
   ck_assert_int_eq(
-      dpt_svg_stacked_bars("/tmp/x.svg", "t", 0, NULL, 2, NULL, w, err, sizeof err),
+      dpt_svg_stacked_bars("/tmp/x.svg", "t", 0, NULL, 2, NULL, NULL, w, err, sizeof err),
       DP_ERR_INVALID);
 }
 END_TEST

@@ -541,8 +541,21 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
   snprintf(title, sizeof title, "%s: batch %d on %d device%s, %s, %s", base, c->batch, nd,
            nd == 1 ? "" : "s", dp_mode_name(c->mode),
            c->inference ? "inference" : dp_optimizer_name(c->optimizer));
-  dp_status st =
-      dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, values, err, errcap);
+  /* one colour per region, the same in every chart; padding grey */
+  static const char *const region_color[DP_REGION_COUNT] = {
+      [DP_REGION_PARAMS] = "#4e79a7",           [DP_REGION_GRADS] = "#f28e2b",
+      [DP_REGION_GRAD_PARTIALS] = "#ffbe7d",    [DP_REGION_OPT_STATE] = "#e15759",
+      [DP_REGION_INPUTS] = "#76b7b2",           [DP_REGION_TARGETS] = "#59a14f",
+      [DP_REGION_ACTIVATIONS] = "#edc948",      [DP_REGION_OUTPUTS] = "#b07aa1",
+      [DP_REGION_OUTPUT_GRADS] = "#ff9da7",     [DP_REGION_GATHERED_OUTPUTS] = "#9c755f",
+      [DP_REGION_GATHERED_GRADS] = "#d4a6c8",   [DP_REGION_LOSS] = "#86bcb6",
+      [DP_REGION_COMM] = "#499894",             [DP_REGION_WORKSPACE] = "#8cd17d",
+  };
+  const char *seg_colors[DP_REGION_COUNT + 1];
+  for (int s = 0; s < ns; s++)
+    seg_colors[s] = seg_region[s] < 0 ? "#bab0ac" : region_color[seg_region[s]];
+  dp_status st = dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, seg_colors,
+                                      values, err, errcap);
   free(values);
   free(labels);
   free(bar_labels);

@@ -200,6 +200,7 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
                 PX(i + 1.0), PY((double)y[i]));
 #undef PX
 #undef PY
+#undef COLOR
   fputs("</svg>\n", f);
   return finish(f, path, err, errcap);
 }
@@ -222,10 +223,20 @@ char *dpt_format_bytes(double bytes, char *buf, size_t cap) {
   return buf;
 }
 
+/* 1 when segment s is non-zero in bar 0 and zero in every other bar (n_bars > 1). */
+static int only_first(const double *values, int n_bars, int n_segments, int s) {
+  if (n_bars < 2 || !(values[s] > 0.0)) return 0;
+  for (int b = 1; b < n_bars; b++)
+    if (values[(size_t)b * (size_t)n_segments + (size_t)s] > 0.0) return 0;
+  return 1;
+}
+
 dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
                                const char *const *bar_labels, int n_segments,
-                               const char *const *segment_names, const double *values,
+                               const char *const *segment_names,
+                               const char *const *segment_colors, const double *values,
                                char *err, size_t errcap) {
+#define COLOR(s) (segment_colors && segment_colors[s] ? segment_colors[s] : PALETTE[(s) % N_PALETTE])
   if (!path || !values || n_bars < 1 || n_segments < 1)
     return fail(DP_ERR_INVALID, err, errcap,
                 "dpt_svg_stacked_bars: need a path, values and at least one bar and "
@@ -260,10 +271,19 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
   if (u == 0 && step < 1.0) step = 1.0; /* no fractional bytes */
   double y1 = ceil(top_u / step - 1e-9) * step;
 
-  const double L = 90, R = 20, T = 44, B = 60, LEGEND = 190;
+  /* the legend as wide as its longest entry (about 7 px a character at 12 px) */
+  size_t longest = 12;
+  for (int s = 0; s < n_segments; s++) {
+    size_t len = segment_names && segment_names[s] ? strlen(segment_names[s]) : 10;
+    if (only_first(values, n_bars, n_segments, s))
+      len += 8 + (bar_labels && bar_labels[0] ? strlen(bar_labels[0]) : 5);
+    if (len > longest) longest = len;
+  }
+  const double L = 90, R = 20, T = 44, B = 60, LEGEND = 40 + 7.0 * (double)longest;
   double slot = n_bars <= 4 ? 110 : 80;
   const double pw = slot * n_bars, ph = 300;
-  const double W = L + pw + R + LEGEND;
+  double W = L + pw + R + LEGEND;
+  if (title && W < 9.0 * (double)strlen(title) + 40) W = 9.0 * (double)strlen(title) + 40;
   double H = T + ph + B;
   int n_legend = 0;
   for (int s = 0; s < n_segments; s++)
@@ -284,7 +304,7 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
           "viewBox=\"0 0 %.0f %.0f\">\n",
           W, H, W, H);
   fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-  if (title) text_at(f, L + pw / 2, 26, "middle", 16, NULL, title);
+  if (title) text_at(f, W / 2, 26, "middle", 16, NULL, title);
 
   char buf[64], lab[64];
   int nt = (int)floor(y1 / step + 0.5);
@@ -313,13 +333,24 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
       fprintf(f,
               "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\" "
               "stroke=\"white\" stroke-width=\"0.5\"><title>",
-              bx, ya, bw, yb - ya, PALETTE[s % N_PALETTE]);
+              bx, ya, bw, yb - ya, COLOR(s));
       if (segment_names && segment_names[s])
         put_text(f, segment_names[s]);
       else
         fprintf(f, "segment %d", s);
       fprintf(f, ": %s (%.0f B)</title></rect>\n", dpt_format_bytes(v, buf, sizeof buf),
               v);
+      /* what only the first bar holds, named on it where the segment is tall enough */
+      if (b == 0 && yb - ya >= 11 && segment_names && segment_names[s] &&
+          6.0 * (double)strlen(segment_names[s]) <= bw - 4 &&
+          only_first(values, n_bars, n_segments, s))
+      {
+        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\" "
+                   "fill=\"white\" %s>",
+                bx + bw / 2, (ya + yb) / 2 + 4, FONT);
+        put_text(f, segment_names[s]);
+        fputs("</text>\n", f);
+      }
       acc += v;
     }
     text_at(f, bx + bw / 2, PY(acc / scale) - 6, "middle", 10, NULL,
@@ -342,15 +373,21 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
     if (!used) continue;
     double yy = ly + 18.0 * row++;
     fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n",
-            lx, yy, PALETTE[s % N_PALETTE]);
+            lx, yy, COLOR(s));
+    char name[96];
     if (segment_names && segment_names[s])
-      text_at(f, lx + 18, yy + 10, "start", 12, NULL, segment_names[s]);
-    else {
-      snprintf(lab, sizeof lab, "segment %d", s);
-      text_at(f, lx + 18, yy + 10, "start", 12, NULL, lab);
+      snprintf(name, sizeof name, "%s", segment_names[s]);
+    else
+      snprintf(name, sizeof name, "segment %d", s);
+    if (only_first(values, n_bars, n_segments, s)) {
+      size_t len = strlen(name);
+      snprintf(name + len, sizeof name - len, " (only %s)",
+               bar_labels && bar_labels[0] ? bar_labels[0] : "dev 0");
     }
+    text_at(f, lx + 18, yy + 10, "start", 12, NULL, name);
   }
 #undef PY
+#undef COLOR
   fputs("</svg>\n", f);
   return finish(f, path, err, errcap);
 }

@@ -28,10 +28,15 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
  * GiB, TiB) picked from the tallest bar; the bar's total is written above
  * it. Zero-size segments are not drawn, and segments that are zero in every
  * bar are left out of the legend. bar_labels / segment_names may be NULL
- * ("dev 0", "segment 0", ...). */
+ * ("dev 0", "segment 0", ...); segment_colors (CSS colours) may be NULL (a
+ * palette by segment index): a caller that charts the same segments in several
+ * pictures passes one colour per kind of segment, so that each keeps its colour
+ * in every chart. With several bars, a segment that only the first bar has is
+ * named on that bar and marked in the legend ("only <first bar's label>"). */
 dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
                                const char *const *bar_labels, int n_segments,
-                               const char *const *segment_names, const double *values,
+                               const char *const *segment_names,
+                               const char *const *segment_colors, const double *values,
                                char *err, size_t errcap);
 
 /* Human-readable bytes: "512 B", "1.50 KiB", "12.5 MiB", "640 GiB". Writes a
