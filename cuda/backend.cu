@@ -225,7 +225,6 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
   memset(&o, 0, sizeof o);
   o.kind = (int)cf->optimizer;
   o.nesterov = cf->nesterov;
-  o.lr = cf->lr;
   o.wd = cf->weight_decay;
   o.mu = cf->momentum;
   o.keep = 1.0f - cf->dampening;
@@ -235,7 +234,6 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
     o.one_minus_b1 = 1.0f - cf->beta1;
     o.one_minus_b2 = 1.0f - cf->beta2;
     o.eps = cf->eps;
-    o.decay = 1.0f - cf->lr * cf->weight_decay;
   }
   return o;
 }
@@ -654,8 +652,11 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   memset(&sc, 0, sizeof sc);
   sc.step = step;
   sc.first = step == 0;
-  if (cf->optimizer == DP_OPT_ADAMW) { /* lib/cpu_backend.c's optimizer_op, the same way */
-    float lr = cf->lr;
+  /* lib/cpu_backend.c's opt_consts_of, the same way, with the rate in effect */
+  float lr = c->lr;
+  sc.lr = lr;
+  sc.decay = 1.0f - lr * cf->weight_decay;
+  if (cf->optimizer == DP_OPT_ADAMW) {
     double t = (double)step + 1.0;
     double bc1 = 1.0 - pow(cf->beta1, t), bc2 = 1.0 - pow(cf->beta2, t);
     sc.step_size = (float)(lr / bc1);
@@ -901,6 +902,6 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
     return DP_FAIL(DP_ERR_NONFINITE,
                    "the update would make parameter %llu or its optimizer state "
                    "non-finite (lr %g, weight_decay %g); the step was not applied",
-                   bad_update, (double)c->plan->cfg.lr, (double)c->plan->cfg.weight_decay);
+                   bad_update, (double)c->lr, (double)c->plan->cfg.weight_decay);
   return DP_OK;
 }

@@ -56,6 +56,7 @@ struct cuda_ctx {
   bool capturing; /* between capture_begin and capture_end/abort */
   bool failed; /* a step timed out or the device or NCCL failed: free aborts, never waits */
   int timeout_ms; /* cfg.timeout_ms, the default filled in */
+  float lr;       /* the rate in effect: cfg.lr, then dp__cuda_set_lr's */
   /* Debug hooks for tests/gpu/run.sh, read from the environment at creation
    * (never set in normal use): DP_CUDA_DEBUG_DELAY_US: a spin of that many
    * microseconds at the start of every stage of replica (step mod n), so that

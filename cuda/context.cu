@@ -209,6 +209,7 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   c->n = n;
   c->flags = flags;
   c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
+  c->lr = p->cfg.lr;
   const char *dbg = getenv("DP_CUDA_DEBUG_DELAY_US");
   c->debug_delay_us = dbg ? (unsigned)strtoul(dbg, NULL, 10) : 0;
   dbg = getenv("DP_CUDA_DEBUG_FAULT_STEP");
@@ -345,6 +346,13 @@ extern "C" dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const voi
       memcpy((unsigned char *)dst + off, c->bounce, m);
     }
   }
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_set_lr(void *bctx, float lr) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_lr: no context");
+  c->lr = lr; /* read by dp__cuda_host_step into the next step's scalars */
   return DP_OK;
 }
 

@@ -177,6 +177,9 @@ dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step);
  * direction comes from the pointers). For context set-up and parameter
  * get/set between steps, and tests. */
 dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes);
+/* The learning rate of the steps from the next step_begin or graph_launch on
+ * (a per-step scalar, so that graphs replay with it). */
+dp_status dp__cuda_set_lr(void *bctx, float lr);
 /* Synchronous copy between host memory and device dev's arena of the context
  * (either direction): on dev's stream, through the context's pinned bounce
  * block, waiting for that stream only (not the whole GPU, not other

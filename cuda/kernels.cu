@@ -414,14 +414,14 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
                                                    size_t k) {
   upd_out r = {0.0f, 0.0f, 0.0f};
   switch (o.kind) {
-  case DP_OPT_SGD: /* w -= lr (g + wd w) */
-    r.w = fs(wk, fm(o.lr, fa(gk, fm(o.wd, wk))));
+  case DP_OPT_SGD:                                      /* w -= lr (g + wd w) */
+    r.w = fs(wk, fm(hdr->sc.lr, fa(gk, fm(o.wd, wk)))); /* the step's lr (dp_set_lr) */
     break;
   case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + (1 - damp) g'; w -= lr step */
     float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
     float b = hdr->sc.first != 0 ? gd : fa(fm(o.mu, s[k]), fm(o.keep, gd));
     r.s0 = b;
-    r.w = fs(wk, fm(o.lr, o.nesterov ? fa(gd, fm(o.mu, b)) : b));
+    r.w = fs(wk, fm(hdr->sc.lr, o.nesterov ? fa(gd, fm(o.mu, b)) : b));
     break;
   }
   default: { /* DP_OPT_ADAMW; m = s[0..n), v = s[n..2n) */
@@ -430,7 +430,7 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
     r.s0 = m;
     r.s1 = v;
-    r.w = fs(fm(wk, o.decay), fm(hdr->sc.step_size, fd(m, denom)));
+    r.w = fs(fm(wk, hdr->sc.decay), fm(hdr->sc.step_size, fd(m, denom)));
     break;
   }
   }

@@ -36,6 +36,8 @@ typedef struct {
   uint32_t first;    /* momentum: 1 at step 0 (the buffer starts as the gradient) */
   float step_size;   /* AdamW: (float)(lr / (1 - beta1^(step + 1))), in double */
   float bc2_sqrt;    /* AdamW: (float)sqrt(1 - beta2^(step + 1)), in double */
+  float lr;          /* the rate in effect (dp_set_lr): SGD, momentum */
+  float decay;       /* AdamW: 1 - lr * weight_decay, in float */
   uint32_t reserved; /* 0 */
 } dp_cuda_step_scalars;
 
@@ -68,8 +70,8 @@ typedef struct {
 typedef struct {
   int kind; /* dp_optimizer */
   int nesterov;
-  float lr, wd, mu, keep; /* keep = 1 - dampening */
-  float b1, b2, one_minus_b1, one_minus_b2, eps, decay;
+  float wd, mu, keep; /* keep = 1 - dampening; lr and decay are per-step scalars */
+  float b1, b2, one_minus_b1, one_minus_b2, eps;
 } dp_cuda_opt;
 
 /* ---- kernels.cu ---- */

@@ -132,6 +132,7 @@ static const dp_backend_ops cuda_backend = {
     .run = dp__cuda_run,
     .stage_begin = dp__cuda_stage_begin,
     .stage_end = dp__cuda_stage_end,
+    .set_lr = dp__cuda_set_lr,
     .step_begin = dp__cuda_step_begin,
     .step_end = dp__cuda_step_end,
     .n_graph_slots = DP_CUDA_GRAPH_SLOTS,

@@ -365,6 +365,14 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
  * they are that step's. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
+/* The learning rate of the steps from now on (a schedule, PyTorch's
+ * optimizer.param_groups[0]["lr"] = lr): finite and > 0 (AdamW: lr *
+ * weight_decay <= 1), refused otherwise with nothing changed. Allocates
+ * nothing; works with cuda graphs (the rate is a per-step scalar on the
+ * device). Not saved in checkpoints: set it again after dp_ckpt_load. */
+dp_status dp_set_lr(dp_ctx *c, float lr);
+/* The learning rate in effect: config.lr until dp_set_lr changes it. */
+float dp_ctx_lr(const dp_ctx *c);
 /* Steps skipped under DP_NONFINITE_SKIP since the context was created. */
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c);
 /* Checks every arena guard now: DP_OK when all hold, DP_ERR_CORRUPT (naming

@@ -331,16 +331,17 @@ typedef struct {
   bool first, nesterov;
 } opt_consts;
 
-static opt_consts opt_consts_of(const dp_config *c, uint64_t step) {
-  opt_consts u = {.lr = c->lr, .wd = c->weight_decay, .mu = c->momentum,
+/* lr: the rate in effect (dp_exec_env.lr), config.lr until dp_set_lr changes it. */
+static opt_consts opt_consts_of(const dp_config *c, uint64_t step, float lr) {
+  opt_consts u = {.lr = lr, .wd = c->weight_decay, .mu = c->momentum,
                   .keep = 1.0f - c->dampening, /* 1 - 0 is exactly 1 */
                   .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
-                  .decay = 1.0f - c->lr * c->weight_decay, .first = step == 0,
+                  .decay = 1.0f - lr * c->weight_decay, .first = step == 0,
                   .nesterov = c->nesterov != 0};
   if (c->optimizer == DP_OPT_ADAMW) {
     double t = (double)step + 1.0;
     double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
-    u.step_size = (float)(c->lr / bc1);
+    u.step_size = (float)(lr / bc1);
     u.bc2_sqrt = (float)sqrt(bc2);
   }
   return u;
@@ -432,7 +433,7 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
   const float *g = region(e, d, op->src_region, op->src_offset);
   const float *w = region(e, d, DP_REGION_PARAMS, op->src_offset);
   const float *s = region(e, d, DP_REGION_OPT_STATE, 0);
-  opt_consts u = opt_consts_of(c, e->step);
+  opt_consts u = opt_consts_of(c, e->step, e->lr);
   /* One pass: a non-finite gradient makes its update non-finite too, so the
    * update scan covers both (conservatively for AdamW); the exact search says
    * which, if any. */
@@ -446,7 +447,7 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
       return DP_FAIL(DP_ERR_NONFINITE,
                      "the update would make parameter %zu or its optimizer state "
                      "non-finite (lr %g, weight_decay %g); the step was not applied",
-                     off + k, (double)c->lr, (double)c->weight_decay);
+                     off + k, (double)e->lr, (double)c->weight_decay);
   return DP_OK; /* the bound was only cautious */
 }
 
@@ -460,7 +461,7 @@ static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
   float *restrict w = region(e, d, DP_REGION_PARAMS, op->dst_offset);
   const float *restrict g = region(e, d, DP_REGION_GRADS, op->dst_offset);
   float *restrict s = region(e, d, DP_REGION_OPT_STATE, 0);
-  opt_consts u = opt_consts_of(c, e->step);
+  opt_consts u = opt_consts_of(c, e->step, e->lr);
   switch (c->optimizer) {
   case DP_OPT_SGD:
     for (size_t k = 0; k < n; k++) w[k] = sgd_w(&u, w[k], g[k]);

@@ -11,6 +11,7 @@
  * step on the device and reports it at step_end, its one synchronisation. */
 #include "ctx.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,6 +133,7 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   dp_ctx *c = calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
   c->plan = p;
+  c->lr = p->cfg.lr;
   c->be = dp__backend_ops(p->cfg.backend); /* registered: the plan was made with it */
   c->inject_at = -1;
   if (!(c->bounce = malloc(DP_CTX_BOUNCE_WORDS * 4))) {
@@ -398,6 +400,7 @@ static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int ro
                      .rows = rows,
                      .training = training,
                      .step = c->step,
+                     .lr = c->lr,
                      .skip_broadcast = !c->replicas_stale};
   for (int d = 0; d < c->plan->split.n_used; d++) e->arena[d] = c->arena[d];
 }
@@ -720,6 +723,32 @@ dp_status dp_get_grads(dp_ctx *c, float *out, size_t n) {
   }
   return DP_OK;
 }
+
+dp_status dp_set_lr(dp_ctx *c, float lr) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  const dp_config *cf = &c->plan->cfg;
+  if (cf->inference)
+    return dp__ctx_fail(
+        c, DP_FAIL(DP_ERR_INVALID, "an inference context has no learning rate"));
+  if (!(lr > 0.0f && lr <= FLT_MAX))
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID,
+                                   "learning rate must be finite and positive, got %g",
+                                   (double)lr));
+  if (cf->optimizer == DP_OPT_ADAMW && !((double)lr * cf->weight_decay <= 1.0))
+    return dp__ctx_fail(
+        c, DP_FAIL(DP_ERR_INVALID,
+                   "lr * weight_decay is %g; AdamW multiplies every parameter "
+                   "by 1 - lr * weight_decay each step, so it must be at most 1",
+                   (double)lr * cf->weight_decay));
+  if (c->be->set_lr) {
+    dp_status s = c->be->set_lr(c->bctx, lr);
+    if (s) return dp__ctx_fail(c, s);
+  }
+  c->lr = lr;
+  return DP_OK;
+}
+
+float dp_ctx_lr(const dp_ctx *c) { return c ? c->lr : 0.0f; }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c) { return c ? c->skipped : 0; }

@@ -268,6 +268,10 @@ typedef struct dp_backend_ops {
   bool (*graph_ready)(const void *bctx, int slot);
   dp_status (*graph_launch)(void *bctx, int slot, uint64_t step);
 
+  /* Optional: the learning rate changed between steps (dp_set_lr), for a
+   * backend that keeps it on the device (in per-step scalars a graph replays);
+   * NULL: the backend reads env->lr. */
+  dp_status (*set_lr)(void *bctx, float lr);
   /* Optional diagnostics (the public dp_cuda_* queries and dp bench): the
    * devices this backend can see (0 with the reason as the last error); the
    * name and memory of device dev; the time of one FP32 GEMM C (m, n) =
@@ -296,6 +300,7 @@ struct dp_exec_env {
   int rows;
   bool training;
   uint64_t step;       /* step counter, keys dropout */
+  float lr;            /* the learning rate in effect (dp_set_lr; config.lr at first) */
   float loss;          /* result of the loss op */
   bool skip_broadcast; /* replicas already hold device 0's parameters */
 };

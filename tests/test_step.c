@@ -1050,6 +1050,65 @@ START_TEST(test_momentum_matches_pytorch_rule) {
 }
 END_TEST
 
+/* dp_set_lr (issue 16, item 1): steps after it are exactly those of a context
+ * planned with the new rate from the same state (a checkpoint carries the
+ * state, not the rate); refusals change nothing; an inference context has none. */
+START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
+  const struct {
+    dp_mode mode;
+    int shard, n;
+  } layouts[] = {{DP_MODE_CLASSIC, 0, 1}, {DP_MODE_CLASSIC, 0, 3}, {DP_MODE_ALLREDUCE, 1, 4}};
+  for (int opt = 0; opt < 3; opt++)
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+      dp_config a = cfg_make(32, layouts[li].n, (dp_optimizer)opt);
+      a.mode = layouts[li].mode;
+      a.shard_optimizer = layouts[li].shard;
+      if (opt == DP_OPT_MOMENTUM) a.momentum = 0.9f;
+      a.lr = 0.05f;
+      dp_config b = a;
+      b.lr = 0.0125f;
+      rig ra, rb;
+      rig_open(&ra, MLP_SPEC, &a);
+      ck_assert(dp_ctx_lr(ra.c) == 0.05f);
+      batch bt[6];
+      for (int k = 0; k < 6; k++) batch_make(&bt[k], ra.m, 32, 500 + (uint64_t)k);
+      for (int k = 0; k < 3; k++) step_ok(&ra, &bt[k], 32, NULL);
+      char ck[64];
+      snprintf(ck, sizeof ck, "/tmp/dp_test_lr_%d.ckpt", (int)getpid());
+      ck_assert_int_eq(dp_ckpt_save(ra.c, ck), DP_OK);
+      /* refused: nothing changes */
+      const float bad[] = {0.0f, -1.0f, INFINITY, NAN};
+      for (int i = 0; i < 4; i++) {
+        ck_assert_int_eq(dp_set_lr(ra.c, bad[i]), DP_ERR_INVALID);
+        ck_assert_msg(strstr(dp_ctx_error(ra.c), "learning rate"), "%s", dp_ctx_error(ra.c));
+      }
+      if (opt == DP_OPT_ADAMW) ck_assert_int_eq(dp_set_lr(ra.c, 200.0f), DP_ERR_INVALID);
+      ck_assert(dp_ctx_lr(ra.c) == 0.05f);
+      ck_assert_int_eq(dp_set_lr(ra.c, 0.0125f), DP_OK);
+      ck_assert(dp_ctx_lr(ra.c) == 0.0125f);
+      for (int k = 3; k < 6; k++) step_ok(&ra, &bt[k], 32, NULL);
+      rig_open(&rb, MLP_SPEC, &b);
+      ck_assert_int_eq(dp_ckpt_load(rb.c, ck), DP_OK);
+      for (int k = 3; k < 6; k++) step_ok(&rb, &bt[k], 32, NULL);
+      ck_assert_msg(dp_params_hash(ra.c) == dp_params_hash(rb.c),
+                    "optimizer %d layout %zu: a rate set between steps differs from one "
+                    "planned",
+                    opt, li);
+      unlink(ck);
+      for (int k = 0; k < 6; k++) batch_free(&bt[k]);
+      rig_close(&ra);
+      rig_close(&rb);
+    }
+  dp_config ci = cfg_make(8, 1, DP_OPT_SGD);
+  ci.inference = 1;
+  rig ri;
+  rig_open(&ri, SEED_SPEC, &ci);
+  ck_assert_int_eq(dp_set_lr(ri.c, 0.1f), DP_ERR_INVALID);
+  rig_close(&ri);
+  ck_assert_int_eq(dp_set_lr(NULL, 0.1f), DP_ERR_INVALID);
+}
+END_TEST
+
 /* An update that would leave a parameter (or its optimizer state) non-finite
  * is refused like a non-finite gradient: DP_ERR_NONFINITE naming the cause,
  * parameters, optimizer state and step counter bytewise as they were, in
@@ -1207,6 +1266,7 @@ Suite *step_suite(void) {
   tcase_add_test(tc, test_sgd_matches_pytorch_rule);
   tcase_add_test(tc, test_momentum_matches_pytorch_rule);
   tcase_add_test(tc, test_nonfinite_update_is_refused_and_changes_nothing);
+  tcase_add_test(tc, test_set_lr_changes_the_rate_of_later_steps_only);
   tcase_add_test(tc, test_adamw_matches_pytorch_rule);
   suite_add_tcase(s, tc);
   return s;

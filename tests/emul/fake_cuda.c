@@ -469,6 +469,7 @@ struct fk_ctx {
   unsigned flags;
   int state, launched;
   uint64_t step; /* the step scalars of the queued work */
+  float lr;      /* dp__cuda_set_lr's, config.lr at first */
   fk_dev dev[DP_MAX_DEVICES];
   fk_slot slot[DP_CUDA_GRAPH_SLOTS];
   /* the status words of the last executed step */
@@ -617,6 +618,7 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
   c->n_mb = p->split.n_mb;
   c->cap = p->ops_cap > 0 ? p->ops_cap : 1; /* no device has more calls than ops */
   c->flags = flags;
+  c->lr = p->cfg.lr;
   const char *fs = getenv("DP_CUDA_DEBUG_FAULT_STEP");
   c->fault_step = fs ? strtoull(fs, NULL, 10) : 0;
   c->state = ST_IDLE;
@@ -771,6 +773,7 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   e.rows = k->rows;
   e.training = k->training;
   e.step = step;
+  e.lr = c->lr; /* as the device reads it from the step's scalars */
   const dp_op *op = &k->op;
   if (op->kind == DP_OP_OPTIMIZER &&
       (c->st_loss || c->st_label || c->st_grad || c->st_update))
@@ -1360,6 +1363,15 @@ dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const void *src, siz
     return DP_FAIL(DP_ERR_INVALID,
                    "dp__cuda_ctx_copy: exactly one end must be device %d's arena", dev);
   return dp__cuda_memcpy(dst, src, bytes);
+}
+
+dp_status dp__cuda_set_lr(void *bctx, float lr) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_lr: no context");
+  if (c->state != ST_IDLE) /* a step's scalars are fixed once it is queued */
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_set_lr during %s", state_names[c->state]);
+  c->lr = lr;
+  return DP_OK;
 }
 
 dp_status dp__cuda_check_pinned(const void *p) {

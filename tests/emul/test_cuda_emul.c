@@ -793,6 +793,34 @@ START_TEST(graph_capture_failure_falls_back_to_plain) {
 }
 END_TEST
 
+/* dp_set_lr on cuda (issue 16, item 1): the rate is a per-step scalar on the
+ * device, so plain steps and graph replays after the change use it; bit for
+ * bit the cpu's, which sets the same rate between the same steps. */
+START_TEST(set_lr_reaches_plain_steps_and_graph_replays) {
+  for (int opt = 0; opt < 3; opt++) {
+    dp_config c = config(2, DP_MODE_ALLREDUCE, opt == 2, (dp_optimizer)opt);
+    if (opt == DP_OPT_MOMENTUM) c.momentum = 0.9f;
+    for (int graph = 0; graph < 2; graph++) {
+      dp_config g = as_cuda(c, graph);
+      char what[64];
+      snprintf(what, sizeof what, "optimizer %d, cuda_graph %d", opt, graph);
+      rig cpu, cu;
+      rig_open(&cpu, CE_SPEC, &c);
+      rig_open(&cu, CE_SPEC, &g);
+      rig *rs[2] = {&cpu, &cu};
+      for (int k = 0; k < 4; k++) step_all(rs, 2, k, BATCH, what); /* graph: captured */
+      for (int r = 0; r < 2; r++)
+        ck_assert_int_eq(dp_set_lr(rs[r]->c, c.lr * 0.25f), DP_OK);
+      for (int k = 4; k < 8; k++) step_all(rs, 2, k, BATCH, what); /* graph: replays */
+      same_params(rs, 2, what);
+      rig_close(&cpu);
+      rig_close(&cu);
+    }
+  }
+  expect_clean("after the set_lr test");
+}
+END_TEST
+
 /* A launch that fails after the graph was launched (issue 14, item 4): the
  * graph may have run, update included, so the step is not run again plain (that
  * would apply the update twice): the context is poisoned, and its parameters
@@ -1495,6 +1523,7 @@ static Suite *cuda_emul_suite(void) {
   tcase_add_test(tc, graph_replay_equals_plain_and_cpu);
   tcase_add_test(tc, graph_short_batches_run_plain);
   tcase_add_test(tc, graph_launch_failure_poisons_instead_of_rerunning);
+  tcase_add_test(tc, set_lr_reaches_plain_steps_and_graph_replays);
   tcase_add_test(tc, graph_capture_failure_falls_back_to_plain);
   tcase_add_test(tc, graph_allreduce_after_set_params);
   suite_add_tcase(s, tc);
