@@ -366,13 +366,37 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
 /* The learning rate of the steps from now on (a schedule, PyTorch's
- * optimizer.param_groups[0]["lr"] = lr): finite and > 0 (AdamW: lr *
- * weight_decay <= 1), refused otherwise with nothing changed. Allocates
+ * optimizer.param_groups[0]["lr"] = lr): finite and >= 0 (0: a schedule's
+ * floor; AdamW: lr * weight_decay <= 1), refused otherwise with nothing changed. Allocates
  * nothing; works with cuda graphs (the rate is a per-step scalar on the
  * device). Not saved in checkpoints: set it again after dp_ckpt_load. */
 dp_status dp_set_lr(dp_ctx *c, float lr);
 /* The learning rate in effect: config.lr until dp_set_lr changes it. */
 float dp_ctx_lr(const dp_ctx *c);
+
+/* Learning-rate schedules, as torch.optim.lr_scheduler computes them; t counts
+ * scheduler steps (call dp_set_lr(c, dp_lr_at(&s, t)) before each step, or each
+ * epoch, as a PyTorch loop calls scheduler.step()).
+ *   CONSTANT       base_lr
+ *   STEP           StepLR(step_size, gamma): base_lr * gamma^floor(t / step_size)
+ *   COSINE         CosineAnnealingLR(t_max, eta_min), its closed form
+ *   WARMUP_COSINE  SequentialLR([LinearLR(start_factor, 1.0, warmup),
+ *                  CosineAnnealingLR(t_max, eta_min)], milestones=[warmup]) */
+typedef enum { DP_LR_CONSTANT = 0, DP_LR_STEP, DP_LR_COSINE, DP_LR_WARMUP_COSINE } dp_lr_kind;
+typedef struct {
+  dp_lr_kind kind;
+  float base_lr;      /* the optimizer's initial lr */
+  int step_size;      /* STEP: steps between decays (>= 1) */
+  float gamma;        /* STEP: the factor of each decay, (0, 1] */
+  int warmup;         /* WARMUP_COSINE: steps of linear warm-up (>= 1) */
+  float start_factor; /* WARMUP_COSINE: the warm-up's first factor, (0, 1] */
+  int t_max;          /* COSINE, WARMUP_COSINE: the cosine's half period (>= 1) */
+  float eta_min;      /* COSINE, WARMUP_COSINE: the floor, [0, base_lr] */
+} dp_lr_schedule;
+/* DP_OK, or DP_ERR_INVALID naming the field out of range. */
+dp_status dp_lr_schedule_check(const dp_lr_schedule *s);
+/* The rate at scheduler step t; NaN for a schedule dp_lr_schedule_check refuses. */
+float dp_lr_at(const dp_lr_schedule *s, uint64_t t);
 /* Steps skipped under DP_NONFINITE_SKIP since the context was created. */
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c);
 /* Checks every arena guard now: DP_OK when all hold, DP_ERR_CORRUPT (naming

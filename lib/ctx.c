@@ -730,9 +730,10 @@ dp_status dp_set_lr(dp_ctx *c, float lr) {
   if (cf->inference)
     return dp__ctx_fail(
         c, DP_FAIL(DP_ERR_INVALID, "an inference context has no learning rate"));
-  if (!(lr > 0.0f && lr <= FLT_MAX))
+  /* 0 is a rate (a schedule's floor, as in PyTorch); the plan's must be > 0 */
+  if (!(lr >= 0.0f && lr <= FLT_MAX))
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID,
-                                   "learning rate must be finite and positive, got %g",
+                                   "learning rate must be finite and >= 0, got %g",
                                    (double)lr));
   if (cf->optimizer == DP_OPT_ADAMW && !((double)lr * cf->weight_decay <= 1.0))
     return dp__ctx_fail(

@@ -7,6 +7,7 @@
 
 #include <check.h>
 #include <ctype.h>
+#include <math.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -477,6 +478,62 @@ START_TEST(include_check_catches_internal_headers) {
 }
 END_TEST
 
+/* ---- learning-rate schedules (issue 16, item 1) ---------------------------------- */
+
+/* dp_lr_at against torch.optim.lr_scheduler (tests/golden/lr_schedules.txt, written by
+ * tools/golden/make_lr_golden.py): constant, StepLR, CosineAnnealingLR and LinearLR
+ * warm-up then cosine, within 1e-5 relative (PyTorch's recursive forms round
+ * differently from the closed forms). */
+START_TEST(lr_schedules_match_pytorch) {
+  FILE *f = fopen("tests/golden/lr_schedules.txt", "r");
+  ck_assert_msg(f, "tests/golden/lr_schedules.txt: run the tests from the repository root");
+  char line[256];
+  int n = 0, kinds = 0;
+  while (fgets(line, sizeof line, f)) {
+    if (line[0] == '#') continue;
+    int kind, step_size, warmup, t_max;
+    float base, gamma, start, eta_min;
+    unsigned long long t;
+    double want;
+    ck_assert_int_eq(sscanf(line, "%d %f %d %f %d %f %d %f %llu %lf", &kind, &base,
+                            &step_size, &gamma, &warmup, &start, &t_max, &eta_min, &t, &want),
+                     10);
+    dp_lr_schedule sc = {(dp_lr_kind)kind, base, step_size, gamma, warmup, start, t_max,
+                         eta_min};
+    ck_assert_msg(dp_lr_schedule_check(&sc) == DP_OK, "%s: %s", line, dp_last_error());
+    double got = dp_lr_at(&sc, t);
+    ck_assert_msg(fabs(got - want) <= 1e-5 * fabs(want) + 1e-12,
+                  "kind %d, t %llu: libdp %.9g, PyTorch %.9g", kind, t, got, want);
+    kinds |= 1 << kind;
+    n++;
+  }
+  fclose(f);
+  ck_assert_int_ge(n, 100);
+  ck_assert_int_eq(kinds, 15); /* every kind */
+}
+END_TEST
+
+START_TEST(lr_schedules_refuse_bad_fields) {
+  const dp_lr_schedule bad[] = {
+      {DP_LR_CONSTANT, 0.0f, 0, 0, 0, 0, 0, 0},
+      {DP_LR_CONSTANT, NAN, 0, 0, 0, 0, 0, 0},
+      {DP_LR_STEP, 0.1f, 0, 0.5f, 0, 0, 0, 0},
+      {DP_LR_STEP, 0.1f, 3, 1.5f, 0, 0, 0, 0},
+      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 0, 0},
+      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 5, 0.2f},
+      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 0, 0.1f, 5, 0},
+      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 2, 0.0f, 5, 0},
+      {(dp_lr_kind)9, 0.1f, 0, 0, 0, 0, 0, 0},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(dp_lr_schedule_check(&bad[i]), DP_ERR_INVALID);
+    ck_assert(isnan(dp_lr_at(&bad[i], 0)));
+  }
+  ck_assert_int_eq(dp_lr_schedule_check(NULL), DP_ERR_INVALID);
+  ck_assert(isnan(dp_lr_at(NULL, 3)));
+}
+END_TEST
+
 Suite *api_suite(void) {
   Suite *s = suite_create("api");
   TCase *tc = tcase_create("names");
@@ -497,6 +554,11 @@ Suite *api_suite(void) {
   tcase_add_test(tc, bench_sgemm_and_device_info_on_cuda);
   tcase_add_test(tc, diagnostics_go_through_the_backend_slots);
   tcase_set_timeout(tc, 60);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("lr_schedules");
+  tcase_add_test(tc, lr_schedules_match_pytorch);
+  tcase_add_test(tc, lr_schedules_refuse_bad_fields);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("tools");

@@ -965,6 +965,46 @@ static int n_entries(const char *dir) {
 /* Issue 12 (5): --save wrote its own DPPARAM1 file in place. It writes what
  * dp_ckpt_save writes (dp_ckpt_load takes it), and --resume loads it and
  * trains on: the step counter continues. */
+/* The parameter hash a run prints. */
+static void hash_of(const cmd_result *r, char *out, size_t cap) {
+  const char *h = strstr(r->out, "parameter hash: ");
+  ck_assert_msg(h, "no hash in:\n%s", r->out);
+  snprintf(out, cap, "%.16s", h + 16);
+}
+
+/* --lr-schedule (issue 16, item 1): the rate of each step follows the schedule
+ * (a step schedule decaying by 1 each step is the same run as a constant rate,
+ * by 0.5 is not); a bad schedule is refused before training, naming the field. */
+START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
+  char model[64], data[64], h[3][24];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  small_csv(data, sizeof data);
+  char *scheds[3] = {"constant", "step:1:1", "step:1:0.5"};
+  for (int i = 0; i < 3; i++) {
+    cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                       "--epochs", "2", "--quiet", "--lr-schedule", scheds[i]);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: exit %d: %s", scheds[i], r.rc, r.err);
+    hash_of(&r, h[i], sizeof h[i]);
+    cmd_result_free(&r);
+  }
+  ck_assert_str_eq(h[0], h[1]);
+  ck_assert_str_ne(h[0], h[2]);
+  static char *const bad[][2] = {{"cosine:0", "t_max"},
+                                       {"step:2:1.5", "gamma"},
+                                       {"warmup-cosine:0:10", "warmup"},
+                                       {"linear", "is not constant"}};
+  for (int i = 0; i < 4; i++) {
+    cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                       "--quiet", "--lr-schedule", bad[i][0]);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, bad[i][1]), "%s: %s", bad[i][0], r.err);
+    cmd_result_free(&r);
+  }
+  unlink(model);
+  unlink(data);
+}
+END_TEST
+
 START_TEST(train_save_is_a_library_checkpoint_and_resume_trains_on) {
   char model[64], data[64], dir[64] = "/tmp/dp_cli_ckpt_XXXXXX", ck[128], ck2[128];
   temp_file(model, sizeof model, SMALL_SPEC);
@@ -1611,6 +1651,7 @@ Suite *cli_suite(void) {
   tc = tcase_create("commands");
   tcase_add_test(tc, config_repeated_options_are_refused);
   tcase_add_test(tc, train_save_is_a_library_checkpoint_and_resume_trains_on);
+  tcase_add_test(tc, train_lr_schedule_sets_the_rate_of_each_step);
   tcase_add_test(tc, train_refuses_unwritable_outputs_before_training);
   tcase_add_test(tc, train_file_messages_are_uniform_and_fifos_do_not_block);
   tcase_add_test(tc, train_huge_weight_decay_names_the_cause);

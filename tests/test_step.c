@@ -1077,7 +1077,7 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
       snprintf(ck, sizeof ck, "/tmp/dp_test_lr_%d.ckpt", (int)getpid());
       ck_assert_int_eq(dp_ckpt_save(ra.c, ck), DP_OK);
       /* refused: nothing changes */
-      const float bad[] = {0.0f, -1.0f, INFINITY, NAN};
+      const float bad[] = {-1e-9f, -1.0f, INFINITY, NAN};
       for (int i = 0; i < 4; i++) {
         ck_assert_int_eq(dp_set_lr(ra.c, bad[i]), DP_ERR_INVALID);
         ck_assert_msg(strstr(dp_ctx_error(ra.c), "learning rate"), "%s", dp_ctx_error(ra.c));

@@ -20,15 +20,63 @@ enum {
   OPT_PLOT,
   OPT_SAVE,
   OPT_RESUME,
+  OPT_LR_SCHEDULE,
   OPT_QUIET,
   OPT_NO_STANDARDIZE,
 };
 
 typedef struct {
-  const char *model, *data, *plot, *save, *resume;
+  const char *model, *data, *plot, *save, *resume, *schedule;
   int epochs, quiet, no_standardize;
   float test_fraction;
 } train_opts;
+
+/* --lr-schedule: constant | step:N:GAMMA | cosine:T_MAX[:ETA_MIN] |
+ * warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (START: 1/3, LinearLR's default),
+ * in optimizer steps; base_lr is --lr. */
+static int parse_schedule(const char *text, float base_lr, dp_lr_schedule *s, char *err,
+                          size_t errcap) {
+  *s = (dp_lr_schedule){.kind = DP_LR_CONSTANT,
+                        .base_lr = base_lr,
+                        .gamma = 1.0f,
+                        .start_factor = 1.0f / 3.0f};
+  char word[32] = "";
+  double a = 0, b = 0, c = 0, d = 0;
+  char tail;
+  int n = sscanf(text, "%31[a-z-]:%lf:%lf:%lf:%lf%c", word, &a, &b, &c, &d, &tail);
+  if (n < 1 || n > 5) goto bad;
+  if (strcmp(word, "constant") == 0 && n == 1) {
+    /* base_lr throughout */
+  } else if (strcmp(word, "step") == 0 && n == 3) {
+    s->kind = DP_LR_STEP;
+    s->step_size = (int)a;
+    s->gamma = (float)b;
+    if (a != (int)a) goto bad;
+  } else if (strcmp(word, "cosine") == 0 && (n == 2 || n == 3)) {
+    s->kind = DP_LR_COSINE;
+    s->t_max = (int)a;
+    s->eta_min = (float)b;
+    if (a != (int)a) goto bad;
+  } else if (strcmp(word, "warmup-cosine") == 0 && n >= 3) {
+    s->kind = DP_LR_WARMUP_COSINE;
+    s->warmup = (int)a;
+    s->t_max = (int)b;
+    s->eta_min = (float)c;
+    if (n == 5) s->start_factor = (float)d;
+    if (a != (int)a || b != (int)b) goto bad;
+  } else {
+    goto bad;
+  }
+  if (dp_lr_schedule_check(s) == DP_OK) return 0;
+  snprintf(err, errcap, "--lr-schedule %s: %s", text, dpt_user_msg(dp_last_error()));
+  return -1;
+bad:
+  snprintf(err, errcap,
+           "--lr-schedule: '%s' is not constant, step:N:GAMMA, cosine:T_MAX[:ETA_MIN] or "
+           "warmup-cosine:W:T_MAX[:ETA_MIN[:START]]",
+           text);
+  return -1;
+}
 
 static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
   train_opts *o = user;
@@ -38,6 +86,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_PLOT: o->plot = arg; return 0;
   case OPT_SAVE: o->save = arg; return 0;
   case OPT_RESUME: o->resume = arg; return 0;
+  case OPT_LR_SCHEDULE: o->schedule = arg; return 0;
   case OPT_QUIET: o->quiet = 1; return 0;
   case OPT_NO_STANDARDIZE: o->no_standardize = 1; return 0;
   case OPT_EPOCHS:
@@ -55,7 +104,7 @@ static void usage(FILE *f) {
          "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
          "                [--split chunk|balanced|memory] [--micro-batch K]\n"
          "                [--test-fraction F] [--plot loss.svg] [--save F.ckpt]\n"
-         "                [--resume F.ckpt]\n"
+         "                [--resume F.ckpt] [--lr-schedule S]\n"
          "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
          "Trains the model on the CSV data (label first, then the features; for an mse\n"
          "model, the first <output width> fields are the targets) with data parallelism\n"
@@ -77,6 +126,12 @@ static void usage(FILE *f) {
          "                        so an interrupted run leaves the old file or the new\n"
          "                        one (docs/CHECKPOINT.md). Checked for writability\n"
          "                        before training starts\n"
+         "  --lr-schedule S       the learning rate per optimizer step, as\n"
+         "                        torch.optim.lr_scheduler computes it from --lr:\n"
+         "                        constant (default), step:N:GAMMA (StepLR),\n"
+         "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
+         "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
+         "                        steps from START x lr, default 1/3, then the cosine)\n"
          "  --resume FILE         before training, load a checkpoint of the same model,\n"
          "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
          "                        train on from it: parameters, optimizer state and step\n"
@@ -155,6 +210,7 @@ int dpt_cmd_train(int argc, char **argv) {
       {"plot", required_argument, NULL, OPT_PLOT},
       {"save", required_argument, NULL, OPT_SAVE},
       {"resume", required_argument, NULL, OPT_RESUME},
+      {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
       {0, 0, 0, 0}};
@@ -179,6 +235,10 @@ int dpt_cmd_train(int argc, char **argv) {
     snprintf(err, sizeof err, "--inference makes no sense for training");
     r = DPT_ARGS_ERROR;
   }
+  dp_lr_schedule sched;
+  if (r == DPT_ARGS_OK && o.schedule &&
+      parse_schedule(o.schedule, cfg.lr, &sched, err, sizeof err))
+    r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp train: %s\n(see dp train --help)\n", err);
     return DPT_EXIT_USAGE;
@@ -297,6 +357,12 @@ int dpt_cmd_train(int argc, char **argv) {
       int n = train.n_rows - from < B ? train.n_rows - from : B;
       gather_rows(&train, perm, from, n, bx, bt);
       float loss;
+      /* the scheduled rate at this optimizer step (the context's counter: a resumed
+       * run continues its schedule) */
+      if (o.schedule && dp_set_lr(ctx, dp_lr_at(&sched, dp_ctx_step(ctx)))) {
+        fprintf(stderr, "dp train: --lr-schedule: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
+        goto out;
+      }
       double ts = dpt_now_s();
       if (dp_train_step(ctx, n, in_w, bx, bt, &loss)) {
         printf("%s", tty ? "\n" : "");
