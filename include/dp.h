@@ -369,7 +369,8 @@ uint64_t dp_ctx_step(const dp_ctx *c);
  * optimizer.param_groups[0]["lr"] = lr): finite and >= 0 (0: a schedule's
  * floor; AdamW: lr * weight_decay <= 1), refused otherwise with nothing changed. Allocates
  * nothing; works with cuda graphs (the rate is a per-step scalar on the
- * device). Not saved in checkpoints: set it again after dp_ckpt_load. */
+ * device). Checkpoints carry it (version 2): dp_ckpt_load restores the rate
+ * in effect when it was saved, as PyTorch's optimizer.load_state_dict does. */
 dp_status dp_set_lr(dp_ctx *c, float lr);
 /* The learning rate in effect: config.lr until dp_set_lr changes it. */
 float dp_ctx_lr(const dp_ctx *c);

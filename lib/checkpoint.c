@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +21,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CK_VERSION 1u
+#define CK_VERSION 2u /* 2: STEP also holds the learning rate in effect; 1 is still read */
 #define CK_SECTIONS 5u
 #define CK_HEADER 16u     /* magic, version, section count */
 #define CK_SEC_HEAD 16u   /* tag, reserved, payload length */
@@ -55,6 +56,11 @@ static float getf(const unsigned char *b) {
   float f;
   memcpy(&f, &u, 4);
   return f;
+}
+static void putf(unsigned char *b, float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  put32(b, u);
 }
 
 /* State vectors of an optimizer: momentum 1, AdamW 2 (m, v), SGD 0. */
@@ -283,10 +289,12 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
   w_sec_end(&w, w.sec_h);
   free(text);
 
-  unsigned char st[8];
+  unsigned char st[16]; /* step, the rate in effect (dp_set_lr), reserved */
   put64(st, c->step);
-  w_sec_begin(&w, SEC_STEP, 8);
-  w_bytes(&w, st, 8);
+  putf(st + 8, c->lr);
+  put32(st + 12, 0);
+  w_sec_begin(&w, SEC_STEP, 16);
+  w_bytes(&w, st, 16);
   w_sec_end(&w, w.sec_h);
 
   w_sec_begin(&w, SEC_PARM, (uint64_t)n * 4);
@@ -387,6 +395,8 @@ out:
 typedef struct {
   /* from MODL */
   uint64_t n_params, seed, step;
+  uint32_t version;
+  float lr; /* version 2: the rate in effect; NaN in version 1 (no rate saved) */
   uint32_t optimizer, k, flags, text_len;
   const unsigned char *text;
   const unsigned char *parm, *opts; /* payloads */
@@ -398,9 +408,12 @@ static size_t sec_size(uint64_t payload) {
 
 /* Exact file size of a checkpoint with these contents (no overflow: callers
  * bound n and tlen first). */
-static size_t file_size_for(size_t n, unsigned k, size_t tlen) {
-  return CK_HEADER + sec_size(CK_MODL_FIXED + tlen) + sec_size(8) + sec_size(4 * n) +
-         sec_size((size_t)k * 4 * n) + sec_size(0);
+/* STEP's payload: the step (version 1); the step, the rate and a reserved word (2). */
+static size_t step_bytes(uint32_t version) { return version == 1 ? 8 : 16; }
+
+static size_t file_size_for(size_t n, unsigned k, size_t tlen, uint32_t version) {
+  return CK_HEADER + sec_size(CK_MODL_FIXED + tlen) + sec_size(step_bytes(version)) +
+         sec_size(4 * n) + sec_size((size_t)k * 4 * n) + sec_size(0);
 }
 
 static bool ctx_text(const dp_ctx *c, char **text, size_t *len) {
@@ -512,11 +525,13 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %u bytes, file has %zu",
                    path, CK_HEADER, len);
   uint32_t version = get32(b + 8), count = get32(b + 12);
-  if (version != CK_VERSION)
-    return DP_FAIL(DP_ERR_PARSE, "%s: checkpoint version %u; this library reads version %u",
-                   path, version, CK_VERSION);
+  if (version != 1 && version != CK_VERSION)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: checkpoint version %u; this library reads versions 1 and %u", path,
+                   version, CK_VERSION);
+  v->version = version;
   if (count != CK_SECTIONS)
-    return DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version 1 has %u", path, count,
+    return DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version %u has %u", path, count, version,
                    CK_SECTIONS);
 
   /* MODL */
@@ -551,7 +566,7 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
 
   /* The model matches: the file's exact size is known. */
   size_t n = c->plan->model.n_params;
-  size_t total = file_size_for(n, v->k, tlen);
+  size_t total = file_size_for(n, v->k, tlen, version);
   if (file_size < total)
     return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
                    total, file_size);
@@ -559,7 +574,8 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     return DP_FAIL(DP_ERR_PARSE, "%s: expected %zu bytes, file has %zu (trailing data)",
                    path, total, file_size);
   /* From here len == file_size == total. */
-  const uint64_t expect[CK_SECTIONS] = {0, 8, (uint64_t)n * 4, (uint64_t)v->k * n * 4, 0};
+  const uint64_t expect[CK_SECTIONS] = {0, step_bytes(version), (uint64_t)n * 4,
+                                        (uint64_t)v->k * n * 4, 0};
   for (int i = SEC_STEP; i <= SEC_END; i++) {
     if ((s = sec_open(path, b, len, off, i, total, &plen))) return s;
     if (plen != expect[i])
@@ -575,7 +591,13 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     }
     if ((s = sec_body(path, b, len, off, i, plen, total))) return s;
     const unsigned char *pay = b + off + CK_SEC_HEAD;
-    if (i == SEC_STEP) v->step = get64(pay);
+    if (i == SEC_STEP) {
+      v->step = get64(pay);
+      v->lr = version == 1 ? NAN : getf(pay + 8);
+      if (version != 1 && (!(v->lr >= 0.0f && v->lr <= FLT_MAX) || get32(pay + 12)))
+        return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: learning rate %g or reserved word",
+                       path, (double)v->lr);
+    }
     if (i == SEC_PARM) v->parm = pay;
     if (i == SEC_OPTS) v->opts = pay;
     off += sec_size(plen);
@@ -666,7 +688,7 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
     free(text);
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model is too large"));
   }
-  cap = file_size_for(n, 2, tlen);
+  cap = file_size_for(n, 2, tlen, CK_VERSION); /* the larger STEP */
 
   unsigned char *buf;
   size_t len = 0, file_size = 0;
@@ -678,6 +700,13 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   ckpt_view v;
   s = parse(c, buf, len, file_size, path, text, tlen, &v);
   free(text);
+  const dp_config *cf = &c->plan->cfg;
+  if (!s && !isnan(v.lr) && !cf->inference && cf->optimizer == DP_OPT_ADAMW &&
+      !((double)v.lr * cf->weight_decay <= 1.0))
+    s = DP_FAIL(DP_ERR_INVALID,
+                "%s: its learning rate %g times this context's weight_decay %g is above 1 "
+                "(AdamW multiplies every parameter by 1 - lr * weight_decay)",
+                path, (double)v.lr, (double)cf->weight_decay);
   if (s) {
     free(buf);
     return dp__ctx_fail(c, s);
@@ -714,6 +743,15 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
                                                      "state failed part way: %s",
                                                      path, dp_last_error())));
   c->step = v.step;
+  /* the rate in effect when it was saved (version 2); a version 1 file has none
+   * and leaves the context's own. Checked above like dp_set_lr checks it. */
+  if (!isnan(v.lr)) {
+    if (c->be->set_lr && !c->plan->cfg.inference) s = c->be->set_lr(c->bctx, v.lr);
+    if (s)
+      return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path,
+                                                       dp_last_error())));
+    if (!c->plan->cfg.inference) c->lr = v.lr;
+  }
   /* Every piece of kept state was just rewritten: a poisoned context is whole again. */
   c->poison = DP_OK;
   c->poison_msg[0] = '\0';

@@ -339,7 +339,7 @@ START_TEST(test_format_is_as_documented) {
   unsigned char *b = file_read(t.path, &len);
   ck_assert(len >= 16);
   ck_assert(memcmp(b, "DPCKPT\0\1", 8) == 0);
-  ck_assert_uint_eq(le32(b + 8), 1);
+  ck_assert_uint_eq(le32(b + 8), 2);
   ck_assert_uint_eq(le32(b + 12), 5);
   static const char *tags[5] = {"MODL", "STEP", "PARM", "OPTS", "END "};
   size_t off = 16, n = r.np;
@@ -366,10 +366,15 @@ START_TEST(test_format_is_as_documented) {
       ck_assert(memcmp(pay + 32, text, tl) == 0);
       break;
     }
-    case 1:
-      ck_assert_uint_eq(pl, 8);
+    case 1: { /* the step, the rate in effect, a reserved word */
+      ck_assert_uint_eq(pl, 16);
       ck_assert_uint_eq(le64(pay), 3);
+      uint32_t u;
+      memcpy(&u, &cfg.lr, 4);
+      ck_assert_uint_eq(le32(pay + 8), u);
+      ck_assert_uint_eq(le32(pay + 12), 0);
       break;
+    }
     case 2:
       ck_assert_uint_eq(pl, n * 4);
       for (size_t e = 0; e < n; e++) {
@@ -391,6 +396,70 @@ START_TEST(test_format_is_as_documented) {
   free(b);
   tmp_done(&t);
   rig_close(&r);
+}
+END_TEST
+
+/* Version 2 carries the learning rate in effect (dp_set_lr): a load restores it, and
+ * AdamW refuses one whose product with the loading context's weight_decay is above
+ * 1; a version 1 file (no rate) still loads and leaves the context's own rate. */
+START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
+  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  rig a, b;
+  rig_open(&a, MLP_SPEC, &cfg);
+  rig_open(&b, MLP_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&a, 0, 2);
+  ck_assert_int_eq(dp_set_lr(a.c, 0.00125f), DP_OK);
+  save_ok(&a, t.path);
+  ck_assert_int_eq(dp_ckpt_load(b.c, t.path), DP_OK);
+  ck_assert(dp_ctx_lr(b.c) == 0.00125f);
+  run_steps(&a, 2, 4);
+  run_steps(&b, 2, 4);
+  ck_assert_uint_eq(dp_params_hash(a.c), dp_params_hash(b.c));
+  /* AdamW: the saved rate times a larger weight_decay above 1 is refused */
+  dp_config big = cfg;
+  big.lr = 0.001f;
+  big.weight_decay = 900.0f; /* 0.00125 * 900 > 1, 0.001 * 900 < 1 */
+  rig c;
+  rig_open(&c, MLP_SPEC, &big);
+  uint64_t h = dp_params_hash(c.c);
+  ck_assert_int_eq(dp_ckpt_load(c.c, t.path), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(c.c), "weight_decay"), "%s", dp_ctx_error(c.c));
+  ck_assert_uint_eq(dp_params_hash(c.c), h);
+  ck_assert(dp_ctx_lr(c.c) == 0.001f);
+  rig_close(&c);
+  /* the same file as version 1: STEP without the rate, checksums redone */
+  size_t len;
+  unsigned char *v2 = file_read(t.path, &len);
+  size_t modl_len = (size_t)le64(v2 + 16 + 8), step_sec = 16 + 24 + modl_len;
+  unsigned char *v1 = malloc(len);
+  ck_assert_ptr_nonnull(v1);
+  memcpy(v1, v2, step_sec + 16 + 8);                   /* header, MODL, STEP's head + step */
+  memcpy(v1 + step_sec + 24 + 8, v2 + step_sec + 40,   /* the rest, after STEP's checksum */
+         len - (step_sec + 40));
+  size_t n1 = len - 8;
+  v1[8] = 1;                                           /* version */
+  for (int i = 0; i < 8; i++) v1[step_sec + 8 + i] = (unsigned char)(8 >> (8 * i)); /* L */
+  uint64_t hs = fnv(v1 + step_sec + 16, 8);
+  for (int i = 0; i < 8; i++) v1[step_sec + 24 + i] = (unsigned char)(hs >> (8 * i));
+  uint64_t he = fnv(v1, n1 - 8);
+  for (int i = 0; i < 8; i++) v1[n1 - 8 + i] = (unsigned char)(he >> (8 * i));
+  char p1[512];
+  snprintf(p1, sizeof p1, "%s.v1", t.path);
+  file_write(p1, v1, n1);
+  rig d;
+  rig_open(&d, MLP_SPEC, &cfg);
+  ck_assert_msg(dp_ckpt_load(d.c, p1) == DP_OK, "%s", dp_ctx_error(d.c));
+  ck_assert(dp_ctx_lr(d.c) == cfg.lr); /* no rate in the file: its own */
+  ck_assert_uint_eq(dp_ctx_step(d.c), 2);
+  unlink(p1);
+  free(v1);
+  free(v2);
+  rig_close(&d);
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
 }
 END_TEST
 
@@ -542,7 +611,7 @@ START_TEST(test_truncated_file_is_refused) {
   /* Every length through the header, MODL and STEP, near every section
    * boundary, and every 13th in between. */
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.np,
+  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, /* STEP: header, 16 bytes */ opts_sec = parm_sec + 24 + 4 * d.src.np,
          bounds[3] = {parm_sec, opts_sec, d.len - 24};
   int tried = 0;
   for (size_t len = 0; len < d.len; len++) {
@@ -589,7 +658,7 @@ START_TEST(test_flipped_bit_is_refused) {
   ck_assert_ptr_nonnull(b);
   memcpy(b, d.file, d.len);
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + 4 * d.src.np;
+  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, /* STEP: header, 16 bytes */ opts_sec = parm_sec + 24 + 4 * d.src.np;
   for (size_t pos = 0; pos < d.len; pos++) {
     /* all bits: the header, MODL, STEP, END, and PARM's and OPTS' headers and checksums */
     bool all = pos < parm_sec + 16 || (pos >= opts_sec - 8 && pos < opts_sec + 16) ||
@@ -619,7 +688,7 @@ START_TEST(test_nonfinite_values_are_refused) {
   unsigned char *b = malloc(d.len);
   ck_assert_ptr_nonnull(b);
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 32, opts_sec = parm_sec + 24 + d.src.np * 4;
+  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, /* STEP: header, 16 bytes */ opts_sec = parm_sec + 24 + d.src.np * 4;
   size_t secs[2] = {parm_sec, opts_sec};
   for (int which = 0; which < 2; which++) {
     memcpy(b, d.file, d.len);
@@ -927,6 +996,7 @@ Suite *checkpoint_suite(void) {
   tc = tcase_create("format");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_format_is_as_documented);
+  tcase_add_test(tc, test_rate_in_effect_round_trips_and_version_1_still_loads);
   tcase_add_loop_test(tc, test_file_bytes_independent_of_devices_and_mode, 0, 3);
   suite_add_tcase(s, tc);
 

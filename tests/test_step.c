@@ -1089,6 +1089,8 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
       for (int k = 3; k < 6; k++) step_ok(&ra, &bt[k], 32, NULL);
       rig_open(&rb, MLP_SPEC, &b);
       ck_assert_int_eq(dp_ckpt_load(rb.c, ck), DP_OK);
+      ck_assert(dp_ctx_lr(rb.c) == 0.05f); /* the file's rate (version 2) */
+      ck_assert_int_eq(dp_set_lr(rb.c, 0.0125f), DP_OK);
       for (int k = 3; k < 6; k++) step_ok(&rb, &bt[k], 32, NULL);
       ck_assert_msg(dp_params_hash(ra.c) == dp_params_hash(rb.c),
                     "optimizer %d layout %zu: a rate set between steps differs from one "
@@ -1143,6 +1145,7 @@ START_TEST(test_nonfinite_update_is_refused_and_changes_nothing) {
       rig r2;
       rig_open(&r2, SEED_SPEC, &big);
       ck_assert_msg(dp_ckpt_load(r2.c, ck0) == DP_OK, "%s", dp_last_error());
+      ck_assert_int_eq(dp_set_lr(r2.c, big.lr), DP_OK); /* the load restored the file's */
       float loss = 0.0f;
       for (int k = 0; k < 32 * b.in; k++) b.x[k] *= 1e3f; /* large gradients */
       dp_status st = dp_train_step(r2.c, 32, b.in, b.x, batch_t(&b), &loss);
@@ -1153,6 +1156,7 @@ START_TEST(test_nonfinite_update_is_refused_and_changes_nothing) {
                     "%s", dp_ctx_error(r2.c));
       ck_assert_uint_eq(dp_params_hash(r2.c), h0);
       ck_assert_uint_eq(dp_ctx_step(r2.c), step0);
+      ck_assert_int_eq(dp_set_lr(r2.c, cfg.lr), DP_OK); /* the file holds the rate too */
       ck_assert_int_eq(dp_ckpt_save(r2.c, ck1), DP_OK);
       FILE *fa = fopen(ck0, "rb"), *fb = fopen(ck1, "rb");
       ck_assert(fa && fb);
