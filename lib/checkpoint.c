@@ -21,7 +21,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CK_VERSION 2u /* 2: STEP also holds the learning rate in effect; 1 is still read */
+#define CK_VERSION 2u /* 2: STEP also holds the learning rate in effect; 1 is still read   \
+                       */
 #define CK_SECTIONS 5u
 #define CK_HEADER 16u     /* magic, version, section count */
 #define CK_SEC_HEAD 16u   /* tag, reserved, payload length */
@@ -748,8 +749,8 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   if (!isnan(v.lr)) {
     if (c->be->set_lr && !c->plan->cfg.inference) s = c->be->set_lr(c->bctx, v.lr);
     if (s)
-      return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path,
-                                                       dp_last_error())));
+      return dp__ctx_fail(
+          c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path, dp_last_error())));
     if (!c->plan->cfg.inference) c->lr = v.lr;
   }
   /* Every piece of kept state was just rewritten: a poisoned context is whole again. */

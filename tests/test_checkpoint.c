@@ -435,11 +435,11 @@ START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
   size_t modl_len = (size_t)le64(v2 + 16 + 8), step_sec = 16 + 24 + modl_len;
   unsigned char *v1 = malloc(len);
   ck_assert_ptr_nonnull(v1);
-  memcpy(v1, v2, step_sec + 16 + 8);                   /* header, MODL, STEP's head + step */
-  memcpy(v1 + step_sec + 24 + 8, v2 + step_sec + 40,   /* the rest, after STEP's checksum */
+  memcpy(v1, v2, step_sec + 16 + 8);                 /* header, MODL, STEP's head + step */
+  memcpy(v1 + step_sec + 24 + 8, v2 + step_sec + 40, /* the rest, after STEP's checksum */
          len - (step_sec + 40));
   size_t n1 = len - 8;
-  v1[8] = 1;                                           /* version */
+  v1[8] = 1; /* version */
   for (int i = 0; i < 8; i++) v1[step_sec + 8 + i] = (unsigned char)(8 >> (8 * i)); /* L */
   uint64_t hs = fnv(v1 + step_sec + 16, 8);
   for (int i = 0; i < 8; i++) v1[step_sec + 24 + i] = (unsigned char)(hs >> (8 * i));
@@ -611,7 +611,8 @@ START_TEST(test_truncated_file_is_refused) {
   /* Every length through the header, MODL and STEP, near every section
    * boundary, and every 13th in between. */
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, /* STEP: header, 16 bytes */ opts_sec = parm_sec + 24 + 4 * d.src.np,
+  /* STEP: its 24-byte frame and 16 bytes */
+  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, opts_sec = parm_sec + 24 + 4 * d.src.np,
          bounds[3] = {parm_sec, opts_sec, d.len - 24};
   int tried = 0;
   for (size_t len = 0; len < d.len; len++) {
@@ -658,7 +659,8 @@ START_TEST(test_flipped_bit_is_refused) {
   ck_assert_ptr_nonnull(b);
   memcpy(b, d.file, d.len);
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, /* STEP: header, 16 bytes */ opts_sec = parm_sec + 24 + 4 * d.src.np;
+  /* STEP: its 24-byte frame and 16 bytes */
+  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, opts_sec = parm_sec + 24 + 4 * d.src.np;
   for (size_t pos = 0; pos < d.len; pos++) {
     /* all bits: the header, MODL, STEP, END, and PARM's and OPTS' headers and checksums */
     bool all = pos < parm_sec + 16 || (pos >= opts_sec - 8 && pos < opts_sec + 16) ||
@@ -688,7 +690,8 @@ START_TEST(test_nonfinite_values_are_refused) {
   unsigned char *b = malloc(d.len);
   ck_assert_ptr_nonnull(b);
   size_t modl_len = (size_t)le64(d.file + 16 + 8);
-  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, /* STEP: header, 16 bytes */ opts_sec = parm_sec + 24 + d.src.np * 4;
+  /* STEP: its 24-byte frame and 16 bytes */
+  size_t parm_sec = 16 + 24 + modl_len + 24 + 16, opts_sec = parm_sec + 24 + d.src.np * 4;
   size_t secs[2] = {parm_sec, opts_sec};
   for (int which = 0; which < 2; which++) {
     memcpy(b, d.file, d.len);
