@@ -440,7 +440,8 @@ START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
          len - (step_sec + 40));
   size_t n1 = len - 8;
   v1[8] = 1; /* version */
-  for (int i = 0; i < 8; i++) v1[step_sec + 8 + i] = (unsigned char)((uint64_t)8 >> (8 * i)); /* L */
+  for (int i = 0; i < 8; i++)
+    v1[step_sec + 8 + i] = (unsigned char)((uint64_t)8 >> (8 * i)); /* L */
   uint64_t hs = fnv(v1 + step_sec + 16, 8);
   for (int i = 0; i < 8; i++) v1[step_sec + 24 + i] = (unsigned char)(hs >> (8 * i));
   uint64_t he = fnv(v1, n1 - 8);
