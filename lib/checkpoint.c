@@ -68,14 +68,6 @@ static void putf(unsigned char *b, float f) {
 static unsigned state_vectors(dp_optimizer o) {
   return o == DP_OPT_ADAMW ? 2u : o == DP_OPT_MOMENTUM ? 1u : 0u;
 }
-static const char *opt_name(uint32_t o) {
-  switch (o) {
-  case DP_OPT_SGD: return "sgd";
-  case DP_OPT_MOMENTUM: return "momentum";
-  case DP_OPT_ADAMW: return "adamw";
-  }
-  return "unknown";
-}
 
 static unsigned ctx_state_vectors(const dp_ctx *c) {
   return c->plan->cfg.inference ? 0u : state_vectors(c->plan->cfg.optimizer);
@@ -463,7 +455,8 @@ static dp_status check_model(const dp_ctx *c, const ckpt_view *v, const char *te
   if (v->optimizer != (uint32_t)p->cfg.optimizer)
     return DP_FAIL(DP_ERR_INVALID,
                    "%s: the checkpoint's optimizer is %s; the context's is %s", path,
-                   opt_name(v->optimizer), opt_name((uint32_t)p->cfg.optimizer));
+                   dp_optimizer_name((dp_optimizer)v->optimizer),
+                   dp_optimizer_name(p->cfg.optimizer)); /* MODL's check: in range */
   if (v->seed != p->cfg.seed)
     return DP_FAIL(DP_ERR_INVALID,
                    "%s: the checkpoint's seed is %llu; the context's is %llu", path,
@@ -618,31 +611,13 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
 static dp_status read_file(const char *path, size_t cap, unsigned char **buf, size_t *len,
                            size_t *file_size) {
   *buf = NULL;
-  /* O_NONBLOCK: the open of a FIFO without a writer returns at once (a plain
-   * open would wait for one for ever), so that the type check below refuses
-   * it; cleared before reading. */
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return io_fail(path, "open", path, errno);
   struct stat st;
-  if (fstat(fd, &st) != 0) {
-    int err = errno;
-    close(fd);
-    return io_fail(path, "stat", path, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    close(fd);
+  const char *failed;
+  int fd = dp__open_regular(path, &st, &failed); /* never blocks on a FIFO */
+  if (fd == -2)
     return DP_FAIL(DP_ERR_IO, "checkpoint: '%s' is not a regular file (%s)", path,
-                   S_ISDIR(st.st_mode)    ? "a directory"
-                   : S_ISFIFO(st.st_mode) ? "a FIFO"
-                   : S_ISSOCK(st.st_mode) ? "a socket"
-                                          : "a device");
-  }
-  int fl = fcntl(fd, F_GETFL);
-  if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-    int err = errno;
-    close(fd);
-    return io_fail(path, "read", path, err);
-  }
+                   dp__file_kind(st.st_mode));
+  if (fd < 0) return io_fail(path, failed, path, errno);
   size_t want = (uint64_t)st.st_size < cap ? (size_t)st.st_size : cap;
   unsigned char *b = malloc(want ? want : 1);
   if (!b) {

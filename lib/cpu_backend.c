@@ -398,14 +398,11 @@ static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *re
   const opt_consts v = *u;
   uint32_t bad = 0;
   switch (o) {
-  case DP_OPT_SGD:
-    for (size_t k = 0; k < n; k++) bad |= nonfinite_bit(sgd_w(&v, w[k], g[k]));
+  case DP_OPT_SGD: /* exact: the element rule with the optimizer a constant */
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_SGD, &v, w, g, s, n, k);
     break;
   case DP_OPT_MOMENTUM:
-    for (size_t k = 0; k < n; k++) {
-      float gk = mom_g(&v, w[k], g[k]), b = mom_buf(&v, s[k], gk);
-      bad |= nonfinite_bit(b) | nonfinite_bit(mom_w(&v, w[k], gk, b));
-    }
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_MOMENTUM, &v, w, g, s, n, k);
     break;
   case DP_OPT_ADAMW: {
     /* Conservative, without AdamW's sqrt and division: the moments finite and

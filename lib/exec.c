@@ -195,7 +195,7 @@ static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap
   case DP_OP_BACKWARD:
     snprintf(buf, cap, "%s layer %d (%s), micro-batch %d", kind, op->layer,
              op->layer >= 0 && op->layer < p->model.n_layers
-                 ? dp__layer_name(p->model.layers[op->layer].kind)
+                 ? dp_layer_kind_name(p->model.layers[op->layer].kind)
                  : "?",
              op->micro_batch);
     return;

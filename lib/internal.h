@@ -22,6 +22,16 @@ void dp__error_clear(void);
  * clean-up calls that may record errors of their own). */
 void dp__error_restore(const char *text);
 
+/* ---- files the library reads (lib/file.c) ---- */
+#include <sys/stat.h>
+/* Opens path read-only if it is a regular file, never blocking (a FIFO without
+ * a writer included): the fd, with *st filled; -2 when it is not a regular
+ * file (*st says what it is: dp__file_kind); -1 with errno when a call failed
+ * (*failed names it: "open", "stat", "read"). */
+int dp__open_regular(const char *path, struct stat *st, const char **failed);
+/* "a directory", "a FIFO", "a socket", "a device", "a regular file". */
+const char *dp__file_kind(mode_t mode);
+
 /* ---- checked size arithmetic ---- */
 static inline bool dp__mul(size_t a, size_t b, size_t *out) {
   return !__builtin_mul_overflow(a, b, out);
@@ -59,7 +69,6 @@ struct dp_model {
 };
 
 /* What a layer's backward reads from the forward pass. */
-const char *dp__layer_name(dp_layer_kind k);
 bool dp__layer_needs_input(dp_layer_kind k);
 bool dp__layer_needs_output(dp_layer_kind k);
 /* Per-row float count of saved statistics (layernorm: mean, rstd). */

@@ -28,7 +28,6 @@ const char *dp_loss_name(dp_loss_kind l) {
 }
 
 /* The internal spelling, kept for the library's own callers. */
-const char *dp__layer_name(dp_layer_kind k) { return dp_layer_kind_name(k); }
 
 bool dp__layer_needs_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM;
@@ -156,7 +155,7 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
       }
       put(buf, cap, &len, "dropout %s\n", num);
     } else
-      put(buf, cap, &len, "%s\n", dp__layer_name(l->kind));
+      put(buf, cap, &len, "%s\n", dp_layer_kind_name(l->kind));
   }
   if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "loss %s\n", dp_loss_name(m->loss));
   return len;

@@ -254,31 +254,24 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
   return DP_OK;
 }
 
-/* Opens path for reading if it is a regular file. O_NONBLOCK makes the open of
- * a FIFO without a writer return at once, so that the type check happens
- * instead of a wait for ever; it is cleared before reading. */
+/* Opens path for reading if it is a regular file, without blocking on a FIFO. */
 static dp_status open_spec(const char *path, FILE **out) {
-  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) return DP_FAIL(DP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
   struct stat st;
-  int fl;
-  dp_status s = DP_OK;
-  if (fstat(fd, &st) != 0)
-    s = DP_FAIL(DP_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-  else if (S_ISDIR(st.st_mode))
-    s = DP_FAIL(DP_ERR_IO, "%s: is a directory, not a model spec", path);
-  else if (!S_ISREG(st.st_mode))
-    s = DP_FAIL(DP_ERR_IO, "%s: not a regular file (%s); a model spec is read from a file",
-                path,
-                S_ISFIFO(st.st_mode)   ? "a FIFO"
-                : S_ISSOCK(st.st_mode) ? "a socket"
-                                       : "a device");
-  else if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
-    s = DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
-  else if (!(*out = fdopen(fd, "rb")))
-    s = DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
-  if (s) close(fd);
-  return s;
+  const char *failed;
+  int fd = dp__open_regular(path, &st, &failed);
+  if (fd == -2 && S_ISDIR(st.st_mode))
+    return DP_FAIL(DP_ERR_IO, "%s: is a directory, not a model spec", path);
+  if (fd == -2)
+    return DP_FAIL(DP_ERR_IO,
+                   "%s: not a regular file (%s); a model spec is read from a file", path,
+                   dp__file_kind(st.st_mode));
+  if (fd < 0) return DP_FAIL(DP_ERR_IO, "%s: cannot %s: %s", path, failed, strerror(errno));
+  if (!(*out = fdopen(fd, "rb"))) {
+    int err = errno;
+    close(fd);
+    return DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(err));
+  }
+  return DP_OK;
 }
 
 dp_status dp_model_load(const char *path, dp_model **out) {
