@@ -50,8 +50,8 @@ SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
             '-fno-sanitize-recover=undefined']
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
-SOURCE_DIRS = ['lib', 'cuda', 'tools', 'tests', 'tests/standalone', 'tests/valgrind',
-               'tests/emul', 'examples']
+SOURCE_DIRS = ['lib', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',
+               'tests/valgrind', 'tests/emul', 'tests/mpi', 'examples']
 # fuzz/ is not watched as a folder: its path would be the same ninja node as the
 # `ninja fuzz` target, and every build would run the fuzzers to bring build.ninja
 # up to date. Its sources are watched one by one instead (a new harness needs
@@ -223,7 +223,25 @@ def ensure_optional_tools(install):
     valgrind = shutil.which('valgrind')
     if not valgrind and apt_install(['valgrind'], install):
         valgrind = shutil.which('valgrind')
+    if not find_mpi()[0]:  # Debian's Open MPI: the multi-process path (libdp_mpi.a)
+        apt_install(['openmpi-bin', 'libopenmpi-dev'], install)
     return (fuzz_cc if not reason else None), reason, valgrind
+
+
+def find_mpi():
+    """({'cflags', 'libs', 'mpirun'}, state) when an MPI C compiler wrapper (Open MPI's
+    mpicc; MPICC overrides) and mpirun are there, else (None, why not)."""
+    mpicc = os.environ.get('MPICC') or shutil.which('mpicc')
+    mpirun = shutil.which('mpirun')
+    if not mpicc or not mpirun:
+        return None, 'off (no mpicc/mpirun; on Debian: apt-get install openmpi-bin libopenmpi-dev)'
+    st1, comp = run([mpicc, '--showme:compile'])
+    st2, link = run([mpicc, '--showme:link'])
+    if st1 or st2:
+        return None, 'off (%s is not Open MPI\'s wrapper: no --showme)' % mpicc
+    _, ver = run([mpirun, '--version'])
+    return ({'cflags': shlex.split(comp), 'libs': shlex.split(link), 'mpirun': mpirun,
+             'version': first_line(ver)}, 'on')
 
 
 def find_cuda(args):
@@ -419,6 +437,9 @@ def main():
     _, check_libs = run(['pkg-config', '--libs', 'check'])
     _, check_version = run(['pkg-config', '--modversion', 'check'])
     cuda, cuda_state = find_cuda(args)
+    # MPI: the multi-process path (libdp_mpi.a, dp under mpirun); never in the sanitizer
+    # build, whose leak checker would report Open MPI's own allocations
+    mpi, mpi_state = (None, 'off (sanitizer build)') if args.sanitize else find_mpi()
     nccl = find_nccl(cuda) if cuda else None
     env_flags = lambda name: shlex.split(os.environ.get(name, ''))
 
@@ -439,6 +460,8 @@ def main():
         if nccl:
             defines.append('-DDP_HAVE_NCCL=1')
     cflags += defines + env_flags('CFLAGS')
+    # the tools and tests that use dp_mpi.h (compiled with the wrapper's include flags)
+    tool_mpi_flags = (['-DDP_HAVE_MPI=1'] + mpi['cflags']) if mpi else []
     example_cflags = common + ['-Iinclude'] + opt + env_flags('CFLAGS')
     test_cflags = ['-Itests', '-I' + os.path.join(bd, 'gen')] + shlex.split(check_cflags)
     ldflags = ['-pthread'] + (SANITIZE if args.sanitize else []) + env_flags('LDFLAGS')
@@ -478,6 +501,7 @@ def main():
     # plain C: the emulated GPU's test links it too, in every build).
     cuda_src = sources('cuda/*.cu') + sources('cuda/*.c') if cuda else []
     tool_src = [s for s in sources('tools/*.c') if s != 'tools/dp.c']
+    mpi_src = sources('lib/mpi/*.c') if mpi else []
     # test_cuda.c drives cuda/'s internals: a CUDA build's only
     test_files = [s for s in sources('tests/test_*.c') if cuda or s != 'tests/test_cuda.c']
     helper_src = [s for s in sources('tests/*.c')
@@ -534,25 +558,35 @@ def main():
         cobjs = [n.build(O(s), 'nvcc', [s])[0] for s in cuda_src if s.endswith('.cu')]
         libcuda = n.build(B('libdp_cuda.a'), 'ar', cobjs + [vtable_obj])
         defaults += libcuda
-    # what a program of this tree links: the CUDA backend where there is one
-    all_libs = libcuda + [libdp]
-    flibs = [('libs', esc(join(sys_libs + cuda_libs)))]
+    # libdp_mpi.a: the MPI world (include/dp_mpi.h), built with the wrapper's flags
+    libmpi, mpi_libs = [], []
+    if mpi:
+        mflags = [('cflags', '$cflags ' + esc(join(mpi['cflags'])))]
+        libmpi = n.build(B('libdp_mpi.a'), 'ar',
+                         [n.build(O(s), 'cc', [s], variables=mflags)[0] for s in mpi_src])
+        mpi_libs = mpi['libs']
+        defaults += libmpi
+    # what a program of this tree links: the CUDA backend and MPI where there are
+    all_libs = libmpi + libcuda + [libdp]
+    flibs = [('libs', esc(join(sys_libs + cuda_libs + mpi_libs)))]
 
     # tools
     libtools = []
+    tflags = [('cflags', '$cflags ' + esc(join(tool_mpi_flags)))]
     if tool_src:
         libtools = n.build(B('libdptools.a'), 'ar',
-                           [n.build(O(s), 'cc', [s])[0] for s in tool_src])
+                           [n.build(O(s), 'cc', [s], variables=tflags)[0] for s in tool_src])
     dp = None
     if os.path.exists('tools/dp.c'):
-        dp = n.build(B('dp'), 'link', [n.build(O('tools/dp.c'), 'cc', ['tools/dp.c'])[0]]
+        dp = n.build(B('dp'), 'link', [n.build(O('tools/dp.c'), 'cc', ['tools/dp.c'],
+                                               variables=tflags)[0]]
                      + libtools + all_libs, variables=flibs)[0]
         defaults.append(dp)
     n.newline()
 
     # tests
     tcflags = [('cflags', '$cflags ' + esc(join(test_cflags)))]
-    tlibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + cuda_libs)))]
+    tlibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + cuda_libs + mpi_libs)))]
     suites_h = os.path.join(bd, 'gen', 'suites.h')
     test_bins = []
     libtest = []
@@ -585,7 +619,15 @@ def main():
         elibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs)))]
         test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [vtable_obj, libdp],
                              variables=elibs)
-    defaults += test_bins
+    # tests/mpi: programs run under mpirun by tests/mpi/run.sh (a check of `ninja test`)
+    mpi_bins = []
+    if mpi:
+        mtflags = [('cflags', '$cflags ' + esc(join(test_cflags + tool_mpi_flags)))]
+        for s in sources('tests/mpi/*.c'):
+            obj = n.build(O(s), 'cc', [s], variables=mtflags)[0]
+            mpi_bins += n.build(B(stem(s)), 'link', [obj] + libtools + all_libs,
+                                variables=flibs)
+    defaults += test_bins + mpi_bins
     n.newline()
 
     # examples: the public header only
@@ -620,8 +662,10 @@ def main():
     # Checks over build outputs first: the libraries' exported symbols (the shipped,
     # uninstrumented build only: ASan adds its own globals) and this manifest's
     # configure.py command lines.
-    checks = [] if args.sanitize else [['tests/check_symbols.sh', libdp] + libcuda]
+    checks = [] if args.sanitize else [['tests/check_symbols.sh', libdp] + libcuda + libmpi]
     checks.append(['tests/check_configure.sh', manifest])
+    if mpi_bins and dp:  # the job across processes, under mpirun
+        checks.append(['tests/mpi/run.sh', bd])
     test_cmd = test_env + 'fail=0; '
     for argv in checks:
         cmd = esc(shlex.join(argv))
@@ -759,6 +803,7 @@ def main():
         print('  NCCL        %s' % ('%s/nccl.h, %s/libnccl.so' % nccl if nccl else 'not found'))
     else:
         print('  CUDA        %s' % cuda_state)
+    print('  MPI         %s' % ('on: %s' % mpi['version'] if mpi else mpi_state))
     print('  Check       %s' % check_version)
     if not args.sanitize:
         print('  fuzz        %s' % (fuzz_cc + ' (libFuzzer)' if fuzz_cc else 'off: ' + fuzz_reason))

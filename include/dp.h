@@ -126,8 +126,15 @@ typedef enum { DP_TRANSPORT_AUTO = 0, DP_TRANSPORT_COPY, DP_TRANSPORT_NCCL } dp_
 typedef enum { DP_NONFINITE_ERROR = 0, DP_NONFINITE_SKIP } dp_nonfinite_policy;
 
 typedef struct {
-  int batch;                      /* largest batch a step may take (rows) */
-  int n_devices;                  /* logical devices (replicas) */
+  int batch;     /* largest batch a step may take (rows) */
+  int n_devices; /* logical devices (replicas) of the whole job */
+  /* Processes (MPI ranks) the job runs as, each driving n_devices / ranks of
+   * the devices: global device g belongs to rank g / (n_devices / ranks) as its
+   * local device g % (n_devices / ranks). 0 or 1: one process (the default).
+   * The plan is the whole job's, identical on every rank; each rank's context
+   * (dp_ctx_create_mpi, dp_mpi.h) holds only its own devices' arenas, and the
+   * results are bit-identical for every layout of the same n_devices. */
+  int ranks;
   int device_ids[DP_MAX_DEVICES]; /* physical GPU per replica (cuda) */
   dp_split split;
   int micro_batch; /* rows per micro-batch; 0 = the per-device chunk */
@@ -169,8 +176,8 @@ typedef struct {
   int guards;
   /* Longest a step may wait for a device or a peer, in milliseconds, before it
    * fails with DP_ERR_BACKEND (and leaves the context unusable) instead of
-   * hanging: a stalled kernel, an NCCL transfer whose other side never comes.
-   * 0: the default, 60000. */
+   * hanging: a stalled kernel, an NCCL transfer whose other side never comes,
+   * an MPI rank that stopped answering. 0: the default, 60000. */
   int timeout_ms;
   /* ---- cuda backend only (a cpu plan with any of them set is refused) ---- */
   /* Capture a step once, after one plain warm-up step of the same shape, as a
@@ -258,6 +265,23 @@ size_t dp_plan_host_bytes(const dp_plan *p); /* staging arena (pinned, cuda) */
 size_t dp_plan_alignment(const dp_plan *p);
 const dp_config *dp_plan_config(const dp_plan *p);
 const dp_model *dp_plan_model(const dp_plan *p);
+
+/* ---- the job's processes (config.ranks; docs/DISTRIBUTED.md) ---- */
+int dp_plan_ranks(const dp_plan *p);         /* 1 for a one-process plan */
+int dp_plan_local_devices(const dp_plan *p); /* devices per rank: n_devices / ranks */
+int dp_plan_device_rank(const dp_plan *p, int dev); /* the rank that holds dev; -1 */
+/* The rows of a batch of `rows` (1..batch) that rank `rank`'s devices take:
+ * global rows [*row0, *row0 + *n) (*n may be 0: the rank's devices got no
+ * rows). On that rank, dp_train_step and dp_forward take `rows` (the whole
+ * batch, the same on every rank) with x, targets and outputs holding only
+ * these rows. DP_ERR_INVALID for a rank or batch out of range. */
+dp_status dp_plan_rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n);
+/* A hash of everything the ranks of a job must share: the model, the config
+ * (ranks included), the schedule and the build. dp_ctx_create_mpi compares
+ * the ranks' hashes and refuses a job whose ranks differ, naming them. */
+uint64_t dp_plan_hash(const dp_plan *p);
+/* Arena bytes the process of rank `rank` holds: the sum over its devices. */
+size_t dp_plan_rank_bytes(const dp_plan *p, int rank);
 
 /* The static schedule. Ops run in stage order; ops of one stage on different
  * devices run in parallel; within a device, in list order. */
@@ -365,6 +389,8 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
  * they are that step's. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
+/* This context's rank in its job (0 for a one-process context). */
+int dp_ctx_rank(const dp_ctx *c);
 /* The learning rate of the steps from now on (a schedule, PyTorch's
  * optimizer.param_groups[0]["lr"] = lr): finite and >= 0 (0: a schedule's
  * floor; AdamW: lr * weight_decay <= 1), refused otherwise with nothing changed. Allocates
@@ -383,7 +409,12 @@ float dp_ctx_lr(const dp_ctx *c);
  *   COSINE         CosineAnnealingLR(t_max, eta_min), its closed form
  *   WARMUP_COSINE  SequentialLR([LinearLR(start_factor, 1.0, warmup),
  *                  CosineAnnealingLR(t_max, eta_min)], milestones=[warmup]) */
-typedef enum { DP_LR_CONSTANT = 0, DP_LR_STEP, DP_LR_COSINE, DP_LR_WARMUP_COSINE } dp_lr_kind;
+typedef enum {
+  DP_LR_CONSTANT = 0,
+  DP_LR_STEP,
+  DP_LR_COSINE,
+  DP_LR_WARMUP_COSINE
+} dp_lr_kind;
 typedef struct {
   dp_lr_kind kind;
   float base_lr;      /* the optimizer's initial lr */

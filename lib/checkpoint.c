@@ -21,8 +21,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CK_VERSION 2u /* 2: STEP also holds the learning rate in effect; 1 is still read   \
-                       */
+#define CK_VERSION                                                                         \
+  2u /* 2: STEP also holds the learning rate in effect; 1 is still read                    \
+      */
 #define CK_SECTIONS 5u
 #define CK_HEADER 16u     /* magic, version, section count */
 #define CK_SEC_HEAD 16u   /* tag, reserved, payload length */
@@ -314,6 +315,12 @@ dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
   if (s) return dp__ctx_fail(c, s);
   ck_state v;
   if ((s = state_read(c, ctx_state_vectors(c), &v))) return dp__ctx_fail(c, s);
+  /* across processes every rank read the state (collective); rank 0 writes
+   * the one file and every rank returns how that went */
+  if (!dp__ctx_writes_files(c)) {
+    free(v.mem);
+    return dp__ctx_fail(c, dp__ctx_root_status(c, DP_OK));
+  }
 
   size_t plen = strlen(path), cap = plen + 32;
   char *tmp = malloc(cap), *dir = dir_of(path);
@@ -380,7 +387,7 @@ out:
   free(tmp);
   free(dir);
   free(v.mem);
-  return dp__ctx_fail(c, s);
+  return dp__ctx_fail(c, dp__ctx_root_status(c, s));
 }
 
 /* ---- load ---------------------------------------------------------------------- */
@@ -644,6 +651,35 @@ static dp_status read_file(const char *path, size_t cap, unsigned char **buf, si
   return DP_OK;
 }
 
+/* read_file on rank 0 of a job, its bytes sent to every rank (the ranks
+ * need not share a file system); one process: read_file. */
+static dp_status read_shared(dp_ctx *c, const char *path, size_t cap, unsigned char **buf,
+                             size_t *len, size_t *file_size) {
+  dp_status s = dp__ctx_writes_files(c) ? read_file(path, cap, buf, len, file_size) : DP_OK;
+  if ((s = dp__ctx_root_status(c, s)) || dp_ctx_rank(c) == 0) {
+    if (dp_ctx_rank(c) == 0 && s == DP_OK) { /* then the bytes, to the others */
+      uint64_t meta[2] = {*len, *file_size};
+      if ((s = dp__ctx_bcast(c, 0, meta, sizeof meta)) ||
+          (s = dp__ctx_bcast(c, 0, *buf, *len))) {
+        free(*buf);
+        *buf = NULL;
+      }
+    }
+    return s;
+  }
+  uint64_t meta[2];
+  if ((s = dp__ctx_bcast(c, 0, meta, sizeof meta))) return s;
+  *len = (size_t)meta[0];
+  *file_size = (size_t)meta[1];
+  if (!(*buf = malloc(*len ? *len : 1)))
+    return DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory for %zu bytes", *len);
+  if ((s = dp__ctx_bcast(c, 0, *buf, *len))) {
+    free(*buf);
+    *buf = NULL;
+  }
+  return s;
+}
+
 dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!path || !*path)
@@ -666,9 +702,9 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   }
   cap = file_size_for(n, 2, tlen, CK_VERSION); /* the larger STEP */
 
-  unsigned char *buf;
+  unsigned char *buf = NULL;
   size_t len = 0, file_size = 0;
-  s = read_file(path, cap, &buf, &len, &file_size);
+  s = read_shared(c, path, cap, &buf, &len, &file_size);
   if (s) {
     free(text);
     return dp__ctx_fail(c, s);

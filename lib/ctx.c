@@ -37,18 +37,58 @@ static dp_status check_span(const dp_ctx *c, int d, dp_region r, size_t off, siz
   return DP_OK;
 }
 
+static bool is_local(const dp_ctx *c, int d) { return d >= c->dev0 && d < c->dev1; }
+
 dp_status dp__ctx_read(const dp_ctx *c, int d, dp_region r, size_t off, void *dst,
                        size_t bytes) {
   dp_status s = check_span(c, d, r, off, bytes);
   if (s || !bytes) return s;
-  return c->be->read(c->bctx, c->plan, d, dst, region_ptr(c, d, r, off), bytes);
+  if (!c->world)
+    return c->be->read(c->bctx, c->plan, d, dst, region_ptr(c, d, r, off), bytes);
+  /* Across processes a read is collective: the rank that holds d reads, and
+   * every rank gets the bytes. */
+  int owner = dp__rank_of(&c->plan->cfg, d);
+  if (owner == c->rank &&
+      (s = c->be->read(c->bctx, c->plan, d, dst, region_ptr(c, d, r, off), bytes)))
+    return s;
+  return c->world->ops->bcast(c->world->w, owner, dst, bytes);
 }
 
 dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *src,
                         size_t bytes) {
   dp_status s = check_span(c, d, r, off, bytes);
-  if (s || !bytes) return s;
+  if (s || !bytes || !is_local(c, d)) return s; /* another rank writes its own devices */
   return c->be->write(c->bctx, c->plan, d, region_ptr(c, d, r, off), src, bytes);
+}
+
+/* ---- agreement across processes -------------------------------------------------
+ * Collective: every rank's outcome s (at schedule index `order`; -1: before
+ * any op) and batch rows combined; every rank returns the same status, with
+ * the message of the rank where it happened. *value: rank 0's in, out (the
+ * step's loss). A world that fails (a rank lost) poisons the context: the
+ * ranks may no longer hold the same state. */
+static dp_status agree(dp_ctx *c, dp_status s, int order, int rows, uint32_t *value) {
+  dp_agreement a = {.status = s,
+                    .rank = c->rank,
+                    .order = order,
+                    .rows_min = rows,
+                    .rows_max = rows,
+                    .value = value ? *value : 0};
+  if (s) snprintf(a.msg, sizeof a.msg, "%s", dp_last_error());
+  dp_status ws = c->world->ops->agree(c->world->w, &a);
+  if (ws) return dp__ctx_poison(c, ws);
+  if (value) *value = a.value;
+  if (a.rows_min != a.rows_max)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "the ranks disagree on the batch (%d to %d rows): every rank passes the "
+                   "whole batch's row count, and its own rows of it",
+                   a.rows_min, a.rows_max);
+  if (!a.status) return DP_OK;
+  if (a.rank == c->rank && (int32_t)s == a.status) {
+    dp__error_restore(a.msg); /* this rank's own failure, as it was */
+    return s;
+  }
+  return DP_FAIL(a.status, "rank %d: %s", a.rank, a.msg);
 }
 
 /* n_words 32-bit words at byte offset off of device d's arena (guards and
@@ -87,7 +127,7 @@ static dp_status fill_arenas(dp_ctx *c) {
   const dp_plan *p = c->plan;
   static const dp_region zeroed[] = {DP_REGION_GRADS, DP_REGION_OPT_STATE};
   dp_status s = DP_OK;
-  for (int d = 0; d < p->split.n_used && !s; d++) {
+  for (int d = c->dev0; d < c->dev1 && !s; d++) {
     s = c->be->fill_u32(p, d, c->arena[d], DP_CANARY, p->dev_bytes[d] / 4);
     for (int i = 0; i < 2 && !s; i++)
       s = c->be->fill_u32(p, d, region_ptr(c, d, zeroed[i], 0), 0,
@@ -106,7 +146,6 @@ static dp_status fill_arenas(dp_ctx *c) {
 
 static dp_status ctx_init(dp_ctx *c) {
   const dp_plan *p = c->plan;
-  int n = p->split.n_used;
   dp_status s = fill_arenas(c);
   if (s) return s;
   c->replicas_stale = true;
@@ -120,7 +159,14 @@ static dp_status ctx_init(dp_ctx *c) {
     return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
   if (c->be->ctx_init && (s = c->be->ctx_init(p, (void *const *)c->arena, &c->bctx)))
     return s;
-  s = dp__exec_init(&c->exec, n, c->be, c->bctx, c->be->transport, c->bctx);
+  const dp_transport_ops *t = c->be->transport;
+  void *tctx = c->bctx;
+  if (c->world) { /* the world's transport, around the backend's */
+    c->world->inner_ctx = c->bctx;
+    t = c->world->transport;
+    tctx = c->world;
+  }
+  s = dp__exec_init(&c->exec, c->dev0, c->dev1 - c->dev0, c->be, c->bctx, t, tctx);
   if (s) return s;
   c->exec_live = true;
   return DP_OK;
@@ -133,6 +179,7 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   dp_ctx *c = calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "context: out of memory");
   c->plan = p;
+  c->dev1 = p->split.n_used;
   c->lr = p->cfg.lr;
   c->be = dp__backend_ops(p->cfg.backend); /* registered: the plan was made with it */
   c->inject_at = -1;
@@ -155,52 +202,33 @@ static dp_status ctx_abandon(dp_ctx *c, dp_ctx **out, dp_status s) {
   return s;
 }
 
-dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
-  dp_status s = ctx_new(p, out);
-  if (s) return s;
-  dp_ctx *c = *out;
-  c->owns_arenas = true;
-  /* a backend refuses an arena its device cannot hold, naming the device */
-  for (int d = 0; d < p->split.n_used && !s; d++)
-    s = c->be->arena_alloc(p, d, (void **)&c->arena[d]);
-  if (!s && c->be->host_staging && p->host_bytes)
-    s = c->be->host_alloc(p->host_bytes, (void **)&c->staging);
-  if (!s) s = ctx_init(c);
-  return s ? ctx_abandon(c, out, s) : DP_OK;
-}
-
-dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
-                               dp_ctx **out) {
-  if (out) *out = NULL;
+/* Refuses arenas the caller gives that are NULL, misaligned or overlap
+ * (each device needs memory of its own: two replicas writing the same bytes
+ * give wrong results, silently), and a staging arena its backend cannot use. */
+static dp_status check_static(const dp_plan *p, int d0, int d1, void *const arenas[],
+                              void *host) {
   if (!arenas) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create_static: arenas is NULL");
-  for (int d = 0; p && d < p->split.n_used; d++)
+  for (int d = d0; d < d1; d++)
     if (!arenas[d] || (uintptr_t)arenas[d] % p->align)
       return DP_FAIL(DP_ERR_INVALID, "arena of device %d is %s", d,
                      arenas[d] ? "not aligned to the plan's alignment" : "NULL");
-  /* Each device's arena (and the staging arena) must be memory of its own:
-   * two replicas writing the same bytes give wrong results, silently. */
-  if (p) {
-    int n = p->split.n_used;
-    for (int d = 0; d < n; d++)
-      for (int e = d + 1; e <= n; e++) { /* e == n: the host staging arena */
-        uintptr_t a = (uintptr_t)arenas[d],
-                  b = e < n ? (uintptr_t)arenas[e] : (uintptr_t)host;
-        size_t na = p->dev_bytes[d], nb = e < n  ? p->dev_bytes[e]
-                                          : host ? p->host_bytes
-                                                 : 0;
-        if (na && nb && a < b + nb && b < a + na)
-          return DP_FAIL(
-              DP_ERR_INVALID,
-              "the arena of device %d (%zu bytes at %p) overlaps %s%.0d (%zu bytes "
-              "at %p); every device needs memory of its own",
-              d, na, arenas[d], e < n ? "the arena of device " : "the host staging arena",
-              e < n ? e : 0, nb, (void *)b);
-      }
-  }
+  for (int d = d0; d < d1; d++)
+    for (int e = d + 1; e <= d1; e++) { /* e == d1: the host staging arena */
+      uintptr_t a = (uintptr_t)arenas[d],
+                b = e < d1 ? (uintptr_t)arenas[e] : (uintptr_t)host;
+      size_t na = p->dev_bytes[d], nb = e < d1 ? p->dev_bytes[e] : host ? p->host_bytes : 0;
+      if (na && nb && a < b + nb && b < a + na)
+        return DP_FAIL(
+            DP_ERR_INVALID,
+            "the arena of device %d (%zu bytes at %p) overlaps %s%.0d (%zu bytes "
+            "at %p); every device needs memory of its own",
+            d, na, arenas[d], e < d1 ? "the arena of device " : "the host staging arena",
+            e < d1 ? e : 0, nb, (void *)b);
+    }
   /* A backend that reads the caller's memory stages nothing; one with
    * host_staging stages inputs through `host` (dp_plan_host_bytes; the
    * backend says what memory it must be: pinned, for cuda). */
-  const dp_backend_ops *be = p ? dp__backend_ops(p->cfg.backend) : NULL;
+  const dp_backend_ops *be = dp__backend_ops(p->cfg.backend);
   if (be && be->host_staging && p->host_bytes) {
     if ((uintptr_t)host % p->align)
       return DP_FAIL(
@@ -211,21 +239,77 @@ dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *hos
     dp_status s = be->check_host ? be->check_host(host) : DP_OK; /* NULL included */
     if (s) return s;
   }
-  dp_status s = ctx_new(p, out);
-  if (s) return s;
+  return DP_OK;
+}
+
+/* Every constructor: arenas NULL: allocated here; else the caller's
+ * (indexed by global device: this process's are used). wo/w: the world of a
+ * multi-process context (taken over: freed here on failure), NULL for one
+ * process. */
+static dp_status ctx_create(const dp_plan *p, void *const arenas[], void *host,
+                            const dp_world_ops *wo, void *w, dp_ctx **out) {
+  dp_status s = DP_OK;
+  if (p && dp__ranks(&p->cfg) > 1 && !wo)
+    s = DP_FAIL(DP_ERR_INVALID,
+                "this plan is for a job of %d processes (config.ranks): create each "
+                "rank's context with dp_ctx_create_mpi (dp_mpi.h) under mpirun",
+                dp__ranks(&p->cfg));
+  if (!s) s = ctx_new(p, out);
+  if (s) {
+    if (wo && w) wo->free(w);
+    return s;
+  }
   dp_ctx *c = *out;
-  for (int d = 0; d < p->split.n_used; d++) c->arena[d] = arenas[d];
-  if (c->be->host_staging) c->staging = host;
-  s = ctx_init(c);
+  if (wo) {
+    int L = p->cfg.n_devices / dp__ranks(&p->cfg);
+    c->rank = wo->rank;
+    c->dev0 = wo->rank * L < p->split.n_used ? wo->rank * L : p->split.n_used;
+    c->dev1 = c->dev0 + L < p->split.n_used ? c->dev0 + L : p->split.n_used;
+    if ((s = dp__world_new(p, wo, w, c->be->transport, NULL, &c->world))) {
+      wo->free(w);
+      return ctx_abandon(c, out, s);
+    }
+  }
+  if (arenas) {
+    if (!(s = check_static(p, c->dev0, c->dev1, arenas, host))) {
+      for (int d = c->dev0; d < c->dev1; d++) c->arena[d] = arenas[d];
+      if (c->be->host_staging) c->staging = host;
+    }
+  } else {
+    c->owns_arenas = true;
+    /* a backend refuses an arena its device cannot hold, naming the device */
+    for (int d = c->dev0; d < c->dev1 && !s; d++)
+      s = c->be->arena_alloc(p, d, (void **)&c->arena[d]);
+    if (!s && c->be->host_staging && p->host_bytes)
+      s = c->be->host_alloc(p->host_bytes, (void **)&c->staging);
+  }
+  if (!s) s = ctx_init(c);
   return s ? ctx_abandon(c, out, s) : DP_OK;
+}
+
+dp_status dp_ctx_create(const dp_plan *p, dp_ctx **out) {
+  return ctx_create(p, NULL, NULL, NULL, NULL, out);
+}
+
+dp_status dp_ctx_create_static(const dp_plan *p, void *const arenas[], void *host,
+                               dp_ctx **out) {
+  if (out) *out = NULL;
+  if (!arenas) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create_static: arenas is NULL");
+  return ctx_create(p, arenas, host, NULL, NULL, out);
+}
+
+dp_status dp__ctx_create_world(const dp_plan *p, void *const arenas[], void *host,
+                               const dp_world_ops *wo, void *w, dp_ctx **out) {
+  return ctx_create(p, arenas, host, wo, w, out);
 }
 
 void dp_ctx_free(dp_ctx *c) {
   if (!c) return;
   if (c->exec_live) dp__exec_destroy(&c->exec);
   if (c->bctx) c->be->ctx_free(c->bctx); /* waits for queued work first */
+  dp__world_free(c->world);
   if (c->owns_arenas) {
-    for (int d = 0; d < c->plan->split.n_used; d++)
+    for (int d = c->dev0; d < c->dev1; d++)
       if (c->arena[d]) c->be->arena_free(c->plan, d, c->arena[d]);
     if (c->staging) c->be->host_free(c->staging);
   }
@@ -250,6 +334,9 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool trai
   sc->rows = 0;
   dp_status s = dp__schedule_build(p, sc->mbs, training, sc->ops, p->ops_cap, &sc->n_ops,
                                    &sc->n_stages);
+  /* across processes: the persistent transfers of its cross-rank copies */
+  if (!s && c->world)
+    s = dp__world_prepare(c->world, training ? 0 : 1, sc->ops, sc->n_ops, c->arena);
   if (s) return s;
   /* The commit phase starts at the first optimizer op, moved back to the
    * start of its stage if it is not one (it is: the gradient check has a stage
@@ -332,7 +419,7 @@ static dp_status check_guards(dp_ctx *c) {
   int bad_guards = 0, bad_dev = -1, bad_region = 0;
   size_t bad_lo = 0, bad_hi = 0;
   canary_scan bad = {0};
-  for (int d = 0; d < p->split.n_used; d++) {
+  for (int d = c->dev0; d < c->dev1; d++) {
     /* guard g follows region g; g = -1 is the one before the first region */
     for (int g = -1; g < DP_REGION_COUNT; g++) {
       size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
@@ -402,7 +489,9 @@ static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int ro
                      .step = c->step,
                      .lr = c->lr,
                      .skip_broadcast = !c->replicas_stale};
-  for (int d = 0; d < c->plan->split.n_used; d++) e->arena[d] = c->arena[d];
+  for (int d = c->dev0; d < c->dev1; d++) e->arena[d] = c->arena[d];
+  int n;
+  if (c->world) dp__rank_rows(c->plan, rows, c->rank, &e->host_row0, &n);
 }
 
 /* Checks a training call's arguments and builds its schedule; changes nothing. */
@@ -414,11 +503,14 @@ static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
     s = DP_FAIL(DP_ERR_INVALID, "this context was planned for inference; use dp_forward");
   if (!s && !target) s = DP_FAIL(DP_ERR_INVALID, "targets are NULL");
   if (!s && p->model.loss == DP_LOSS_SOFTMAX_CE) {
+    /* this rank's rows: all of them in one process */
+    int row0 = 0, n = rows;
+    if (c->world) dp__rank_rows(p, rows, c->rank, &row0, &n);
     const int32_t *t = target;
     int classes = dp_model_output_width(&p->model);
-    for (int r = 0; r < rows && !s; r++)
+    for (int r = 0; r < n && !s; r++)
       if (t[r] < 0 || t[r] >= classes)
-        s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], r,
+        s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], row0 + r,
                     classes - 1);
   }
   if (!s) s = schedule_for(c, &c->train, rows, true);
@@ -503,7 +595,14 @@ static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   bool sync = !c->be->step_end;
   dp_status s = sync ? DP_OK : c->be->step_begin(c->bctx, c->step);
   if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
-  if (sync) {
+  if (c->world) { /* synchronous (the planner says so): every rank goes on, or none */
+    dp_status g = check_guards(c);
+    uint32_t loss;
+    memcpy(&loss, &e->loss, 4);
+    s = agree(c, g ? g : s, g ? sc->n_ops : s ? c->exec.first_fail : 0, e->rows, &loss);
+    memcpy(&e->loss, &loss, 4);
+    if (s) return s;
+  } else if (sync) {
     dp_status g = check_guards(c);
     if (g) return g;
   }
@@ -592,12 +691,37 @@ static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   return end;
 }
 
+dp_status dp__ctx_root_status(dp_ctx *c, dp_status s) {
+  if (!c->world) return s;
+  struct {
+    int32_t status;
+    char msg[DP_ERRMSG_CAP];
+  } r = {.status = s};
+  if (s && c->rank == 0) snprintf(r.msg, sizeof r.msg, "%s", dp_last_error());
+  dp_status ws = c->world->ops->bcast(c->world->w, 0, &r, sizeof r);
+  if (ws) return dp__ctx_poison(c, ws);
+  if (!r.status || c->rank == 0) return r.status ? s : DP_OK;
+  return DP_FAIL((dp_status)r.status, "rank 0: %s", r.msg);
+}
+
+dp_status dp__ctx_bcast(dp_ctx *c, int root, void *buf, size_t bytes) {
+  if (!c->world) return DP_OK;
+  dp_status s = c->world->ops->bcast(c->world->w, root, buf, bytes);
+  return s ? dp__ctx_poison(c, s) : DP_OK;
+}
+
+/* Across processes, a call's arguments are agreed before anything runs: a
+ * rank refused (or poisoned) refuses the call on every rank. */
+static dp_status agree_args(dp_ctx *c, dp_status s, int rows) {
+  return c->world ? agree(c, s, -1, rows, NULL) : s;
+}
+
 dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
                         float *loss) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
-  if (c->poison) return poisoned(c);
-  dp_status s = train_args(c, rows, cols, x, target);
-  if (s) return dp__ctx_fail(c, s);
+  if (c->poison && !c->world) return poisoned(c);
+  dp_status s = c->poison ? poisoned(c) : train_args(c, rows, cols, x, target);
+  if ((s = agree_args(c, s, rows))) return dp__ctx_fail(c, s);
   dp_exec_env e;
   env_init(c, &e, &c->train, rows, true);
   /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
@@ -638,11 +762,11 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
 
 dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
-  if (c->poison) return poisoned(c);
-  dp_status s = check_batch(c, rows, cols, x);
+  if (c->poison && !c->world) return poisoned(c);
+  dp_status s = c->poison ? poisoned(c) : check_batch(c, rows, cols, x);
   if (!s && !y) s = DP_FAIL(DP_ERR_INVALID, "outputs are NULL");
   if (!s) s = schedule_for(c, &c->infer, rows, false);
-  if (s) return dp__ctx_fail(c, s);
+  if ((s = agree_args(c, s, rows))) return dp__ctx_fail(c, s);
   dp_exec_env e;
   env_init(c, &e, &c->infer, rows, false);
   int inject = c->inject_at;
@@ -752,10 +876,11 @@ dp_status dp_set_lr(dp_ctx *c, float lr) {
 float dp_ctx_lr(const dp_ctx *c) { return c ? c->lr : 0.0f; }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
+int dp_ctx_rank(const dp_ctx *c) { return c ? c->rank : 0; }
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c) { return c ? c->skipped : 0; }
 
 size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
-  if (!c || dev < 0 || dev >= c->plan->split.n_used) return 0;
+  if (!c || !is_local(c, dev)) return 0; /* another rank's device: not here */
   /* from the end, a chunk at a time, to the last word that is not the canary */
   for (size_t k = c->plan->dev_bytes[dev] / 4; k > 0;) {
     size_t m = k < DP_CTX_BOUNCE_WORDS ? k : DP_CTX_BOUNCE_WORDS;
@@ -781,4 +906,20 @@ uint64_t dp_params_hash(dp_ctx *c) {
     off += m;
   }
   return h;
+}
+
+dp_status dp__ctx_run_phase(dp_ctx *c, int rows, dp_phase ph, int iters) {
+  if (!c || c->plan->cfg.inference || rows < 1 || rows > c->plan->cfg.batch || iters < 0)
+    return DP_FAIL(DP_ERR_INVALID, "dp__ctx_run_phase: bad arguments");
+  dp_status s = schedule_for(c, &c->train, rows, true);
+  if (s) return s;
+  const dp_op *ops = c->train.ops;
+  int n = c->train.n_ops, lo = 0;
+  while (lo < n && ops[lo].phase != ph) lo++;
+  int hi = lo;
+  while (hi < n && ops[hi].phase == ph) hi++;
+  dp_exec_env e;
+  env_init(c, &e, &c->train, rows, true);
+  for (int i = 0; i < iters && !s; i++) s = dp__exec_run(&c->exec, &e, ops, n, lo, hi, -1);
+  return s;
 }

@@ -4,6 +4,7 @@
 #define DP_CTX_H
 
 #include "exec.h"
+#include "world.h"
 
 /* Arena words no op has written keep this NaN payload, which arithmetic never
  * produces; dp_ctx_high_water finds the last word that changed. */
@@ -28,6 +29,11 @@ typedef struct {
 struct dp_ctx {
   const dp_plan *plan;
   const dp_backend_ops *be; /* the plan's backend */
+  /* A multi-process context (plan ranks > 1): its world, its rank, and the
+   * used devices it holds, [dev0, dev1); one process: NULL, 0, all of them.
+   * Only these devices have arenas here. */
+  dp_world_tx *world;
+  int rank, dev0, dev1;
   /* backend memory, reached only through dp__ctx_read / dp__ctx_write (or
    * the backend's ops) */
   unsigned char *arena[DP_MAX_DEVICES];
@@ -67,6 +73,25 @@ dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *s
                         size_t bytes);
 /* Marks the context unusable (a failed update, a damaged guard); returns s. */
 dp_status dp__ctx_poison(dp_ctx *c, dp_status s);
+
+/* A multi-process context (lib/mpi/): ranks > 1, its world ops and state
+ * (taken over: freed on failure too); arenas NULL to allocate them, else the
+ * caller's, indexed by global device. */
+dp_status dp__ctx_create_world(const dp_plan *p, void *const arenas[], void *host,
+                               const dp_world_ops *wo, void *w, dp_ctx **out);
+
+/* Across processes (collective; one process: s, and nothing is done): rank
+ * 0's outcome s, which every rank returns (its message, "rank 0: ...");
+ * bytes at buf from rank root to every rank. */
+dp_status dp__ctx_root_status(dp_ctx *c, dp_status s);
+dp_status dp__ctx_bcast(dp_ctx *c, int root, void *buf, size_t bytes);
+/* This process writes the job's files (one process, or rank 0). */
+static inline bool dp__ctx_writes_files(const dp_ctx *c) { return c->rank == 0; }
+
+/* Benchmark hook (dp bench comm): runs the ops of phase ph of the training
+ * schedule of `rows` rows, iters times, on whatever the arenas hold (every
+ * rank of a job, together). */
+dp_status dp__ctx_run_phase(dp_ctx *c, int rows, dp_phase ph, int iters);
 
 /* ---- test hooks (tests/test_faults.c, tests/test_guards.c) ---- */
 /* The op at schedule index k of the next executor run (dp_train_step or

@@ -91,30 +91,44 @@ static void run_device(dp_exec *x, int dev) {
   const dp_op *ops = x->ops;
   int k = x->lo, hi = x->hi, s1 = x->s1, inject = x->inject_at;
   const dp_backend_ops *b = x->backend;
-  bool two_sided = x->transport->peer != NULL;
+  const dp_transport_ops *t = x->transport;
+  bool two_sided = t->peer != NULL, all_copies = t->complete_after_failure;
   for (int s = x->s0; s <= s1; s++) {
     /* A failure in an earlier stage, which every device sees alike (one in
      * this stage may or may not be visible yet). */
     bool stopped = atomic_load(&x->fail_stage) < s;
+    bool started = false; /* transfers to complete before a compute op */
     /* The hooks run for every stage, after a failure too: an asynchronous
      * backend must close what its stage_begin opened. */
     if (b->stage_begin) note(x, dev, k, s, s, b->stage_begin(x->bctx, dev, s));
     for (; k < hi && ops[k].stage == s; k++) {
       const dp_op *op = &ops[k];
+      bool xfer = op->kind == DP_OP_COPY || op->kind == DP_OP_ALLREDUCE;
       /* After a failure no op of a later stage starts, and no compute op at
        * all. With a two-sided transport the copies and collectives of the
        * failing stage still run on every side: a send whose receive was
-       * skipped, or a collective a rank never entered, would never complete. */
-      if (stopped ||
-          (atomic_load_explicit(&x->fail_stage, memory_order_relaxed) != INT_MAX &&
-           !(two_sided && (op->kind == DP_OP_COPY || op->kind == DP_OP_ALLREDUCE))))
-        continue;
-      if (op->device == dev)
-        note(x, dev, k, s, -1,
-             k == inject ? DP_FAIL(DP_ERR_BACKEND, "injected fault") : run_op(x, op));
-      else if (k != inject && is_peer(x, op, dev))
-        note(x, dev, k, s, -1, run_peer(x, op, dev));
+       * skipped, or a collective a rank never entered, would never complete;
+       * across processes (complete_after_failure) every later copy too, as
+       * the other process cannot know of the failure before the run ends. */
+      bool failed = atomic_load_explicit(&x->fail_stage, memory_order_relaxed) != INT_MAX;
+      if (!(xfer && all_copies) && (stopped || (failed && !(two_sided && xfer)))) continue;
+      bool mine = op->device == dev, peer = !mine && is_peer(x, op, dev);
+      if (!mine && !peer) continue;
+      if (!xfer && started && t->flush) {
+        note(x, dev, k, s, -1, t->flush(x->tctx, x->env, dev));
+        started = false;
+      }
+      if (k == inject && (mine || all_copies)) {
+        /* the fault hook: the op fails; a transfer another process waits
+         * for still moves its bytes first */
+        if (xfer && all_copies) (void)(mine ? run_op(x, op) : run_peer(x, op, dev));
+        if (mine) note(x, dev, k, s, -1, DP_FAIL(DP_ERR_BACKEND, "injected fault"));
+      } else if (k != inject || all_copies) {
+        note(x, dev, k, s, -1, mine ? run_op(x, op) : run_peer(x, op, dev));
+      }
+      started |= xfer;
     }
+    if (started && t->flush) note(x, dev, k, s, -1, t->flush(x->tctx, x->env, dev));
     if (b->stage_end) note(x, dev, k, s, s, b->stage_end(x->bctx, dev, s));
     barrier_wait(&x->bar);
   }
@@ -130,9 +144,10 @@ static void *worker_main(void *arg) {
   }
 }
 
-dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void *bctx,
-                        const dp_transport_ops *t, void *tctx) {
+dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_ops *b,
+                        void *bctx, const dp_transport_ops *t, void *tctx) {
   memset(x, 0, sizeof *x);
+  x->dev0 = dev0;
   x->n_devices = n_devices;
   x->backend = b;
   x->bctx = bctx;
@@ -143,7 +158,7 @@ dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void
   pthread_mutex_init(&x->bar.mu, NULL);
   pthread_cond_init(&x->bar.cv, NULL);
   for (int d = 1; d < n_devices; d++) {
-    x->workers[d] = (dp_worker){.exec = x, .dev = d};
+    x->workers[d] = (dp_worker){.exec = x, .dev = dev0 + d};
     int rc = pthread_create(&x->workers[d].thread, NULL, worker_main, &x->workers[d]);
     if (rc) {
       x->n_devices = d; /* only these exist; shut them down */
@@ -209,7 +224,7 @@ static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap
 
 dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo,
                        int hi, int inject_at) {
-  if (lo >= hi) return DP_OK;
+  if (lo >= hi || x->n_devices == 0) return DP_OK;
   x->env = env;
   x->ops = ops;
   x->lo = lo;
@@ -218,14 +233,17 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops
   x->s1 = ops[hi - 1].stage;
   x->inject_at = inject_at;
   atomic_store(&x->fail_stage, INT_MAX);
-  for (int d = 0; d < x->n_devices; d++) x->status[d] = DP_OK;
+  x->first_fail = -1;
+  int d0 = x->dev0, d1 = x->dev0 + x->n_devices;
+  for (int d = d0; d < d1; d++) x->status[d] = DP_OK;
   if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
-  run_device(x, 0);
+  run_device(x, d0);
   if (atomic_load(&x->fail_stage) == INT_MAX) return DP_OK;
   /* Report the failure that comes first in the schedule. */
   int first = -1;
-  for (int d = 0; d < x->n_devices; d++)
+  for (int d = d0; d < d1; d++)
     if (x->status[d] && (first < 0 || x->fail_op[d] < x->fail_op[first])) first = d;
+  x->first_fail = x->fail_op[first];
   char what[160];
   if (x->fail_hook[first] >= 0)
     return dp__error(x->status[first], __FILE__, __LINE__,

@@ -24,7 +24,7 @@ typedef struct {
 } dp_worker;
 
 struct dp_exec {
-  int n_devices, n_threads;
+  int dev0, n_devices, n_threads; /* runs devices [dev0, dev0 + n_devices) */
   const dp_backend_ops *backend;
   void *bctx;
   const dp_transport_ops *transport;
@@ -43,17 +43,20 @@ struct dp_exec {
   int fail_op[DP_MAX_DEVICES];   /* schedule index */
   int fail_hook[DP_MAX_DEVICES]; /* the stage whose hook failed; -1: an op */
   char errmsg[DP_MAX_DEVICES][DP_ERRMSG_CAP];
+  int first_fail; /* after a failed run: the schedule index it reported */
 };
 
-dp_status dp__exec_init(dp_exec *x, int n_devices, const dp_backend_ops *b, void *bctx,
-                        const dp_transport_ops *t, void *tctx);
+/* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs
+ * on the calling thread, each other on a worker of its own. */
+dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_ops *b,
+                        void *bctx, const dp_transport_ops *t, void *tctx);
 void dp__exec_destroy(dp_exec *x);
 /* Runs ops [lo, hi) of a schedule (whole stages: the ops of one stage are
  * all in or all out) to completion; once an op fails, no op of a later stage
- * starts. On failure, the error of the failing op that comes first in the
- * schedule, naming it ("device 1, op 17 of 40 (backward layer 2, micro-batch
- * 3): ..."). The op at schedule index inject_at (-1: none) fails with
- * DP_ERR_BACKEND instead of running: a deterministic test hook. */
+ * starts (but the copies, with a transport that must complete them). On failure, the error
+ * of the failing op that comes first in the schedule, naming it ("device 1, op 17 of 40
+ * (backward layer 2, micro-batch 3): ..."). The op at schedule index inject_at (-1: none)
+ * fails with DP_ERR_BACKEND instead of running: a deterministic test hook. */
 dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo,
                        int hi, int inject_at);
 

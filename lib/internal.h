@@ -74,6 +74,13 @@ bool dp__layer_needs_output(dp_layer_kind k);
 /* Per-row float count of saved statistics (layernorm: mean, rstd). */
 int dp__layer_stats_width(dp_layer_kind k);
 
+/* ---- the job's processes (config.ranks) ---- */
+static inline int dp__ranks(const dp_config *c) { return c->ranks > 1 ? c->ranks : 1; }
+/* The rank that holds global device dev. */
+static inline int dp__rank_of(const dp_config *c, int dev) {
+  return dev / (c->n_devices / dp__ranks(c));
+}
+
 /* ---- split (lib/split.c) ---- */
 typedef struct {
   int n_mb;    /* micro-batches in the batch */
@@ -154,6 +161,14 @@ struct dp_plan {
 dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, dp_op *ops,
                              int cap, int *n_ops, int *n_stages);
 int dp__schedule_cap(const dp_plan *p);
+/* What the ranks of a job compare at start: hashes of the model, the config,
+ * the schedule and the build (version, compiler). */
+#define DP_PLAN_HASHES 4
+#define DP_STR_(x) #x
+#define DP_STR(x) DP_STR_(x)
+void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]);
+/* dp_plan_rank_rows without the checks. */
+void dp__rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n);
 
 /* Replicas `first` < `second` (of the first n) that share a GPU, if any. */
 bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second);
@@ -201,6 +216,15 @@ typedef struct dp_transport_ops {
    * dev's gradients summed in place with every other device's, by the
    * transport's own collective, on dev's thread. */
   dp_status (*collective)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: every copy is done when it returns). A transport whose
+   * copies only start transfers completes device dev's started ones here;
+   * the executor calls it on dev's thread before dev's next compute op and
+   * at the end of every stage. */
+  dp_status (*flush)(void *tctx, dp_exec_env *env, int dev);
+  /* Transfers whose other side is in another process: after a failure the
+   * executor still runs every copy of the run (no compute), so that no peer
+   * waits for a transfer this side skipped; the outcome is agreed after. */
+  bool complete_after_failure;
 } dp_transport_ops;
 
 typedef struct dp_backend_ops {
@@ -292,6 +316,50 @@ typedef struct dp_backend_ops {
                            double *tflops);
 } dp_backend_ops;
 
+/* ---- the world: the job's processes (lib/world.c; MPI: lib/mpi/) ----
+ * A context of a plan with ranks > 1 runs its own rank's devices; the bytes
+ * of a copy between devices of different ranks cross through the world, one
+ * half (send or receive) on each rank, as persistent transfers made when a
+ * schedule is built. The core never names MPI. */
+typedef struct {
+  int k;     /* schedule index of the copy */
+  int peer;  /* the other rank */
+  int dev;   /* the local device whose thread runs this half */
+  bool send; /* this rank's half sends (else receives) */
+  void *buf; /* local end: arena memory, or the world's host bounce */
+  size_t bytes;
+} dp_world_xfer;
+
+/* What every rank agrees on at the end of a run part (collective): the
+ * failure that comes first (lowest `order`, then lowest rank) and rank 0's
+ * value (the step's loss bits; the batch rows before a run). */
+typedef struct {
+  int32_t status; /* DP_OK or the failure */
+  int32_t rank;   /* where it happened */
+  int64_t order;  /* schedule index, or -1 for a failure before any op */
+  int32_t rows_min, rows_max;
+  uint32_t value; /* rank 0's */
+  char msg[DP_ERRMSG_CAP - 32];
+} dp_agreement;
+
+typedef struct dp_world_ops {
+  const char *name;
+  int rank, size;
+  /* Transfers of schedule cache `cache` (0: training, 1: inference), replacing
+   * its previous ones; xfers[i].k are increasing. */
+  dp_status (*prepare)(void *w, int cache, const dp_world_xfer *xfers, int n);
+  /* Starts transfer k of cache on device dev's thread; host: a host buffer
+   * the world copies to its bounce first (a send from caller memory). */
+  dp_status (*start)(void *w, int cache, int k, const void *host);
+  /* Completes every transfer device dev started (bounded by the timeout). */
+  dp_status (*wait)(void *w, int dev);
+  /* Collective, on the calling thread: combines every rank's a into a. */
+  dp_status (*agree)(void *w, dp_agreement *a);
+  /* Collective, between steps: `bytes` at buf from rank root to every rank. */
+  dp_status (*bcast)(void *w, int root, void *buf, size_t bytes);
+  void (*free)(void *w);
+} dp_world_ops;
+
 /* The backend registered for a backend kind (lib/backend.c); NULL when none
  * is (an unknown kind, or one whose library was not registered). */
 const dp_backend_ops *dp__backend_ops(dp_backend kind);
@@ -312,6 +380,7 @@ struct dp_exec_env {
   float lr;            /* the learning rate in effect (dp_set_lr; config.lr at first) */
   float loss;          /* result of the loss op */
   bool skip_broadcast; /* replicas already hold device 0's parameters */
+  int host_row0;       /* the first row of this rank's host buffers */
 };
 
 extern const dp_backend_ops dp__cpu_backend;
@@ -326,10 +395,16 @@ static inline void *dp__region_ptr(const dp_exec_env *e, int dev, int r) {
  * arena's) inputs, targets or outputs, as the region says. */
 static inline void *dp__endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
   if (dev == DP_HOST) {
+    const dp_model *m = &e->plan->model;
+    size_t out = (size_t)m->layers[m->n_layers - 1].out * 4;
     const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
                        : region == DP_REGION_TARGETS ? e->host_t
                                                      : (const void *)e->host_y;
-    return (unsigned char *)base + off;
+    /* offsets count global rows; this rank's buffers start at host_row0 */
+    size_t width = region == DP_REGION_INPUTS    ? (size_t)m->input_width * 4
+                   : region == DP_REGION_TARGETS ? (m->loss == DP_LOSS_MSE ? out : 4)
+                                                 : out;
+    return (unsigned char *)base + (off - (size_t)e->host_row0 * width);
   }
   return (unsigned char *)dp__region_ptr(e, dev, region) + off;
 }

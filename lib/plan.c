@@ -130,6 +130,15 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
   if (c->n_devices < 1 || c->n_devices > DP_MAX_DEVICES)
     return DP_FAIL(DP_ERR_INVALID, "device count %d is out of range (1..%d)", c->n_devices,
                    DP_MAX_DEVICES);
+  if (c->ranks < 0 || c->ranks > c->n_devices)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "ranks must be 1..%d (one or more devices per process), got %d",
+                   c->n_devices, c->ranks);
+  if (c->ranks > 1 && c->n_devices % c->ranks)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%d devices cannot be shared by %d ranks: every rank drives the same "
+                   "number of devices (n_devices must be a multiple of ranks)",
+                   c->n_devices, c->ranks);
   if (c->micro_batch < 0)
     return DP_FAIL(DP_ERR_INVALID, "micro-batch must be >= 0, got %d", c->micro_batch);
   if (c->mode != DP_MODE_CLASSIC && c->mode != DP_MODE_ALLREDUCE)
@@ -149,6 +158,13 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
                    dp_backend_name(c->backend), dp_backend_name(c->backend),
                    dp_backend_name(c->backend), dp_backend_name(c->backend));
   if (!be) return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
+  /* Across processes a step's status must be agreed before its commit phase,
+   * which the host does between the two parts of a synchronous backend's step. */
+  if (c->ranks > 1 && be->step_end)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend does not run across several processes yet (ranks %d); "
+                   "use the cpu backend, or one process (ranks 1)",
+                   be->name, c->ranks);
   if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
   if (c->timeout_ms < 0)
@@ -563,6 +579,119 @@ dp_region_info dp_plan_region(const dp_plan *p, int d, dp_region r) {
   return p->regions[d][r];
 }
 size_t dp_plan_host_bytes(const dp_plan *p) { return p ? p->host_bytes : 0; }
+
+/* ---- plan hashes: what every rank of a job must share ---- */
+static uint64_t h_u64(uint64_t h, uint64_t v) { return dp__fnv1a(h, &v, sizeof v); }
+static uint64_t h_f32(uint64_t h, float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return h_u64(h, u);
+}
+
+void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
+  /* field by field: struct padding is not part of a plan */
+  const dp_model *m = &p->model;
+  uint64_t x =
+      h_u64(h_u64(h_u64(DP_FNV_INIT, (uint64_t)m->input_width), (uint64_t)m->n_layers),
+            (uint64_t)m->loss);
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    x = h_u64(h_u64(h_u64(h_u64(x, l->kind), (uint64_t)l->in), (uint64_t)l->out), l->bias);
+    x = h_f32(x, l->p);
+  }
+  h[0] = x;
+  const dp_config *c = &p->cfg;
+  x = DP_FNV_INIT;
+  int64_t ints[] = {
+      c->batch,    c->n_devices,       dp__ranks(c),       c->split,      c->micro_batch,
+      c->mode,     c->shard_optimizer, c->optimizer,       c->inference,  c->backend,
+      c->nesterov, c->on_nonfinite,    c->guards,          c->timeout_ms, c->cuda_graph,
+      c->tf32,     c->transport,       c->fast_collectives};
+  for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) x = h_u64(x, (uint64_t)ints[i]);
+  float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,
+                c->beta1, c->beta2,    c->eps};
+  for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) x = h_f32(x, fl[i]);
+  x = h_u64(x, c->seed);
+  for (int d = 0; d < c->n_devices; d++) x = h_u64(x, (uint64_t)c->device_ids[d]);
+  h[1] = x;
+  x = DP_FNV_INIT;
+  for (int k = 0; k < p->n_ops; k++) {
+    const dp_op *o = &p->ops[k];
+    int64_t f[] = {o->phase,
+                   o->kind,
+                   o->device,
+                   o->layer,
+                   o->micro_batch,
+                   o->n_mb,
+                   o->stage,
+                   o->src_dev,
+                   o->dst_dev,
+                   o->src_region,
+                   o->dst_region,
+                   (int64_t)o->src_offset,
+                   (int64_t)o->dst_offset,
+                   (int64_t)o->bytes,
+                   o->row0,
+                   o->rows};
+    for (size_t i = 0; i < sizeof f / sizeof *f; i++) x = h_u64(x, (uint64_t)f[i]);
+  }
+  for (int d = 0; d < p->split.n_used; d++) x = h_u64(x, p->dev_bytes[d]);
+  h[2] = x;
+  /* the build: version, compiler, the layout of what crosses processes */
+  static const char build[] =
+      "libdp " DP_STR(DP_VERSION_MAJOR) "." DP_STR(DP_VERSION_MINOR) " " __VERSION__;
+  x = dp__fnv1a(DP_FNV_INIT, build, sizeof build - 1);
+  h[3] = h_u64(h_u64(x, sizeof(dp_agreement)), sizeof(dp_op));
+}
+
+uint64_t dp_plan_hash(const dp_plan *p) {
+  if (!p) return 0;
+  uint64_t h[DP_PLAN_HASHES];
+  dp__plan_hashes(p, h);
+  return dp__fnv1a(DP_FNV_INIT, h, sizeof h);
+}
+
+int dp_plan_ranks(const dp_plan *p) { return p ? dp__ranks(&p->cfg) : 0; }
+int dp_plan_local_devices(const dp_plan *p) {
+  return p ? p->cfg.n_devices / dp__ranks(&p->cfg) : 0;
+}
+int dp_plan_device_rank(const dp_plan *p, int dev) {
+  return p && dev >= 0 && dev < p->cfg.n_devices ? dp__rank_of(&p->cfg, dev) : -1;
+}
+
+dp_status dp_plan_rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n) {
+  if (!p || !row0 || !n) return DP_FAIL(DP_ERR_INVALID, "dp_plan_rank_rows: NULL argument");
+  if (rank < 0 || rank >= dp__ranks(&p->cfg))
+    return DP_FAIL(DP_ERR_INVALID, "rank %d is outside 0..%d", rank,
+                   dp__ranks(&p->cfg) - 1);
+  if (rows < 1 || rows > p->cfg.batch)
+    return DP_FAIL(DP_ERR_SHAPE, "a batch of %d rows is outside the planned 1..%d", rows,
+                   p->cfg.batch);
+  dp__rank_rows(p, rows, rank, row0, n);
+  return DP_OK;
+}
+
+void dp__rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n) {
+  /* A smaller batch keeps the planned cut points: micro-batches empty from
+   * the end, so a rank's rows are its planned rows cut at `rows`. */
+  int L = p->cfg.n_devices / dp__ranks(&p->cfg), d0 = rank * L, d1 = d0 + L;
+  if (d0 > p->split.n_used) d0 = p->split.n_used;
+  if (d1 > p->split.n_used) d1 = p->split.n_used;
+  int lo = p->split.dev_row0[d0], hi = p->split.dev_row0[d1];
+  if (lo > rows) lo = rows;
+  if (hi > rows) hi = rows;
+  *row0 = lo;
+  *n = hi - lo;
+}
+
+size_t dp_plan_rank_bytes(const dp_plan *p, int rank) {
+  if (!p || rank < 0 || rank >= dp__ranks(&p->cfg)) return 0;
+  int L = p->cfg.n_devices / dp__ranks(&p->cfg);
+  size_t total = 0;
+  for (int d = rank * L; d < rank * L + L && d < p->split.n_used; d++)
+    total += p->dev_bytes[d];
+  return total;
+}
 size_t dp_plan_alignment(const dp_plan *p) { return p ? p->align : 0; }
 const dp_config *dp_plan_config(const dp_plan *p) { return p ? &p->cfg : NULL; }
 const dp_model *dp_plan_model(const dp_plan *p) { return p ? &p->model : NULL; }

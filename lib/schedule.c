@@ -275,9 +275,19 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
       emit(&b, copy_op(DP_PHASE_SCATTER, d, DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw, d,
                        DP_REGION_TARGETS, 0, (size_t)drows[d] * tw, r0, drows[d]));
   }
-  if (training && classic)
-    emit(&b, copy_op(DP_PHASE_SCATTER, 0, DP_HOST, DP_REGION_TARGETS, 0, 0,
-                     DP_REGION_TARGETS, 0, (size_t)rows * tw, 0, rows));
+  if (training && classic) {
+    /* Every target to device 0, from the host of the rank that holds its rows
+     * (each rank is fed its own rows; one process: one copy), pushed by that
+     * rank's first device. */
+    int L = p->cfg.n_devices / dp__ranks(&p->cfg);
+    for (int d0 = 0; d0 < n_act; d0 += L) {
+      int nr = 0;
+      for (int d = d0; d < d0 + L && d < n_act; d++) nr += drows[d];
+      int r0 = sp->dev_row0[d0];
+      emit(&b, copy_op(DP_PHASE_SCATTER, d0, DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw, 0,
+                       DP_REGION_TARGETS, (size_t)r0 * tw, (size_t)nr * tw, r0, nr));
+    }
+  }
   next_stage(&b);
   for (int d = 0; d < n_act; d++)
     for (int i = 0; i < L; i++)

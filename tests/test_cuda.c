@@ -259,9 +259,9 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
   ck_assert_msg(dp__cuda_ctx_init(t->pg, t->ga, flags, &t->bctx) == DP_OK, "%s",
                 dp_last_error());
   const dp_backend_ops *gb = dp__backend_ops(DP_BACKEND_CUDA);
-  ck_assert_int_eq(dp__exec_init(&t->xg, t->n, gb, t->bctx, gb->transport, t->bctx), DP_OK);
+  ck_assert_int_eq(dp__exec_init(&t->xg, 0, t->n, gb, t->bctx, gb->transport, t->bctx), DP_OK);
   if (with_cpu)
-    ck_assert_int_eq(dp__exec_init(&t->xc, t->n, &dp__cpu_backend, NULL,
+    ck_assert_int_eq(dp__exec_init(&t->xc, 0, t->n, &dp__cpu_backend, NULL,
                                    dp__cpu_backend.transport, NULL),
                      DP_OK);
   size_t hb = dp_plan_host_bytes(t->pg);

@@ -1,0 +1,368 @@
+/* A job of 8 devices across the processes of mpirun -np R (R in 1, 2, 4, 8:
+ * layouts R x 8/R), checked on every rank against the same job in one
+ * process (rank 0 runs it alongside and shares its bits):
+ *   - classic, allreduce and sharded allreduce, with dropout and AdamW: the
+ *     loss and the parameters after every step (full and short batches), the
+ *     gradients, and a forward's outputs are bit-identical;
+ *   - a step refused on one rank (a bad label, a NaN input, an injected fault
+ *     at every cross-rank copy) is refused on every rank with the same status,
+ *     the state bytewise unchanged, and the retry is bit-identical;
+ *   - a rank planning another batch is refused at create, named;
+ *   - a checkpoint saved by the job loads into one process (and back) and
+ *     continues with the bits of a straight run;
+ *   - no allocator calls by libdp... (tests/standalone/test_noalloc.c counts
+ *     the one-process path; here the steps' counts are printed per rank).
+ * With --kill-rank K, rank K kills itself mid-training; with --stall-rank K
+ * it stops answering (alive): the others must end with an error naming it
+ * (tests/mpi/run.sh checks that the job ends in time).
+ *
+ * Usage: mpirun -np R test_mpi TMPDIR [--kill-rank K | --stall-rank K]. Exit 0 when every
+ * check passed on this rank. */
+#include "dp_mpi.h"
+
+#include "ctx.h" /* test hooks: dp__ctx_inject_fault, dp__ctx_schedule */
+
+#include <math.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define N_DEV 8
+#define BATCH 64 /* M = 16 micro-batches of 4: 1, 2, 4, 8 devices give one set of bits */
+#define IN 12
+#define OUT 5
+
+static int rank, size, failures;
+static const char *tmpdir;
+
+static void fail(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "rank %d: FAIL: ", rank);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\n");
+  va_end(ap);
+  failures++;
+}
+
+#define CHECK(cond, ...)                                                                   \
+  do {                                                                                     \
+    if (!(cond)) fail(__VA_ARGS__);                                                        \
+  } while (0)
+
+static const char *SPEC = "input 12\n"
+                          "linear 16\n"
+                          "relu\n"
+                          "dropout 0.25\n"
+                          "linear 16\n"
+                          "tanh\n"
+                          "linear 5\n"
+                          "loss softmax_cross_entropy\n";
+
+/* The data of step t: the same on every rank (each takes its rows). */
+static void make_batch(int t, float *x, int32_t *y) {
+  for (int r = 0; r < BATCH; r++) {
+    for (int j = 0; j < IN; j++)
+      x[r * IN + j] = sinf(0.37f * (float)(r * IN + j) + 1.3f * (float)t);
+    y[r] = (r * 7 + t * 3) % OUT;
+  }
+}
+
+typedef struct {
+  const char *name;
+  dp_mode mode;
+  int shard;
+} mode_case;
+
+static const mode_case MODES[] = {{"classic", DP_MODE_CLASSIC, 0},
+                                  {"allreduce", DP_MODE_ALLREDUCE, 0},
+                                  {"sharded", DP_MODE_ALLREDUCE, 1}};
+
+static dp_config config_for(const mode_case *m, int ranks) {
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = BATCH;
+  c.n_devices = N_DEV;
+  c.ranks = ranks;
+  c.mode = m->mode;
+  c.shard_optimizer = m->shard;
+  dp_config_set_optimizer(&c, DP_OPT_ADAMW);
+  c.lr = 0.01f;
+  c.seed = 7;
+  c.micro_batch = 4; /* fixed: the bits do not depend on the device count */
+  c.timeout_ms = 20000;
+  return c;
+}
+
+/* Rank 0's value to every rank. */
+static uint64_t share_u64(uint64_t v) {
+  MPI_Bcast(&v, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  return v;
+}
+
+static uint32_t bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
+
+/* The job's step on this rank's rows of the batch. */
+static dp_status job_step(dp_ctx *c, const dp_plan *p, int rows, const float *x,
+                          const int32_t *y, float *loss) {
+  int r0, n;
+  dp_plan_rank_rows(p, rows, rank, &r0, &n);
+  return dp_train_step(c, rows, IN, x + (size_t)r0 * IN, y + r0, loss);
+}
+
+/* Every rank: the same status; rank 0 prints it once. */
+static void expect_all(dp_status got, dp_status want, const char *what) {
+  int mine = (int)got, lo, hi;
+  MPI_Allreduce(&mine, &lo, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &hi, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  CHECK(lo == hi, "%s: the ranks returned different statuses (%d..%d)", what, lo, hi);
+  CHECK(got == want, "%s: status %d (%s), want %d", what, (int)got,
+        got ? dp_last_error() : "ok", (int)want);
+}
+
+static void check_mode(const mode_case *m, dp_model *model) {
+  dp_config cw = config_for(m, size), c1 = config_for(m, 1);
+  dp_plan *pw = NULL, *p1 = NULL;
+  dp_ctx *cx = NULL, *ref = NULL;
+  dp_status s = dp_plan_create(model, &cw, &pw);
+  if (!s) s = dp_ctx_create_mpi(pw, MPI_COMM_WORLD, &cx);
+  if (s) {
+    fail("%s: creating the job's context: %s", m->name, dp_last_error());
+    dp_plan_free(pw);
+    return;
+  }
+  if (rank == 0) {
+    if ((s = dp_plan_create(model, &c1, &p1)) || (s = dp_ctx_create(p1, &ref)))
+      fail("%s: the one-process reference: %s", m->name, dp_last_error());
+  }
+  CHECK(dp_plan_hash(pw) != 0 && dp_plan_ranks(pw) == size, "%s: plan accessors", m->name);
+  size_t np = dp_model_n_params(model);
+  float *x = malloc(sizeof(float) * BATCH * IN), *g = malloc(np * 4),
+        *gref = malloc(np * 4);
+  int32_t *y = malloc(sizeof(int32_t) * BATCH);
+  float *out = malloc(sizeof(float) * BATCH * OUT),
+        *oref = malloc(sizeof(float) * BATCH * OUT);
+  /* full batches, a short one (some ranks get no rows), full again */
+  static const int rows_of[] = {BATCH, BATCH, 37, 3, BATCH, BATCH};
+  for (int t = 0; t < 6; t++) {
+    int rows = rows_of[t];
+    make_batch(t, x, y);
+    float lw = 0, lr = 0;
+    s = job_step(cx, pw, rows, x, y, &lw);
+    expect_all(s, DP_OK, "a step");
+    if (rank == 0 && ref && dp_train_step(ref, rows, IN, x, y, &lr))
+      fail("reference step: %s", dp_last_error());
+    uint64_t hw = dp_params_hash(cx),
+             hr = share_u64(rank == 0 && ref ? dp_params_hash(ref) : 0);
+    uint32_t lref = (uint32_t)share_u64(bits(lr));
+    CHECK(hw == hr, "%s step %d (%d rows): parameters %016llx, one process %016llx",
+          m->name, t, rows, (unsigned long long)hw, (unsigned long long)hr);
+    CHECK(bits(lw) == lref, "%s step %d: loss %.9g differs from one process's", m->name, t,
+          (double)lw);
+  }
+  /* gradients and a forward */
+  s = dp_get_grads(cx, g, np);
+  CHECK(!s, "get_grads: %s", dp_last_error());
+  if (rank == 0 && ref) dp_get_grads(ref, gref, np);
+  MPI_Bcast(gref, (int)np, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  CHECK(!memcmp(g, gref, np * 4), "%s: gradients differ from one process's", m->name);
+  make_batch(99, x, y);
+  int r0, n;
+  dp_plan_rank_rows(pw, BATCH, rank, &r0, &n);
+  s = dp_forward(cx, BATCH, IN, x + (size_t)r0 * IN, out);
+  expect_all(s, DP_OK, "a forward");
+  if (rank == 0 && ref) dp_forward(ref, BATCH, IN, x, oref);
+  MPI_Bcast(oref, BATCH * OUT, MPI_FLOAT, 0, MPI_COMM_WORLD);
+  CHECK(!memcmp(out, oref + (size_t)r0 * OUT, (size_t)n * OUT * 4),
+        "%s: this rank's forward outputs differ from one process's", m->name);
+
+  /* refusals: a bad label on the last rank; a NaN input on the last rank */
+  uint64_t before = dp_params_hash(cx);
+  make_batch(6, x, y);
+  int lr0, ln;
+  dp_plan_rank_rows(pw, BATCH, size - 1, &lr0, &ln);
+  int32_t saved = y[lr0 + ln - 1];
+  if (rank == size - 1) y[lr0 + ln - 1] = OUT + 3;
+  s = job_step(cx, pw, BATCH, x, y, NULL);
+  expect_all(s, DP_ERR_RANGE, "a bad label on the last rank");
+  if (rank != size - 1 && size > 1)
+    CHECK(strstr(dp_ctx_error(cx), "rank") != NULL, "the refusal names no rank: %s",
+          dp_ctx_error(cx));
+  y[lr0 + ln - 1] = saved;
+  float xs = x[(size_t)(lr0 + ln - 1) * IN];
+  if (rank == size - 1) x[(size_t)(lr0 + ln - 1) * IN] = NAN;
+  s = job_step(cx, pw, BATCH, x, y, NULL);
+  expect_all(s, DP_ERR_NONFINITE, "a NaN input on the last rank");
+  x[(size_t)(lr0 + ln - 1) * IN] = xs;
+  CHECK(dp_params_hash(cx) == before, "%s: a refused step changed the parameters", m->name);
+
+  /* an injected fault at every cross-rank copy of the training schedule, on
+   * the rank that executes it */
+  const dp_op *ops;
+  int n_ops, commit, faults = 0;
+  dp__ctx_schedule(cx, BATCH, true, &ops, &n_ops, &commit);
+  for (int k = 0; k < commit; k++) {
+    const dp_op *o = &ops[k];
+    if (o->kind != DP_OP_COPY) continue;
+    int sr = dp_plan_device_rank(pw, o->src_dev < 0 ? o->device : o->src_dev);
+    int dr = dp_plan_device_rank(pw, o->dst_dev < 0 ? o->device : o->dst_dev);
+    if (sr == dr) continue;
+    if (rank == dp_plan_device_rank(pw, o->device)) dp__ctx_inject_fault(cx, k);
+    s = job_step(cx, pw, BATCH, x, y, NULL);
+    /* a skipped broadcast (replicas current) runs no copy: nothing to fail */
+    if (o->phase == DP_PHASE_BROADCAST && m->mode != DP_MODE_CLASSIC) {
+      dp__ctx_inject_fault(cx, -1);
+      if (!s) break; /* a step ran: the reference no longer matches; stop here */
+      continue;
+    }
+    expect_all(s, DP_ERR_BACKEND, "an injected fault at a cross-rank copy");
+    CHECK(dp_params_hash(cx) == before, "%s: a fault at op %d changed the parameters",
+          m->name, k);
+    faults++;
+  }
+  /* the retry: the reference's next step, bit for bit */
+  float lw = 0, lref = 0;
+  s = job_step(cx, pw, BATCH, x, y, &lw);
+  expect_all(s, DP_OK, "the retry after refusals");
+  if (rank == 0 && ref) dp_train_step(ref, BATCH, IN, x, y, &lref);
+  uint64_t hr = share_u64(rank == 0 && ref ? dp_params_hash(ref) : 0);
+  CHECK(dp_params_hash(cx) == hr && bits(lw) == (uint32_t)share_u64(bits(lref)),
+        "%s: the retry differs from one process's step", m->name);
+
+  /* a checkpoint of the job loads into one process and continues alike */
+  char path[512];
+  snprintf(path, sizeof path, "%s/job-%s-%d.ckpt", tmpdir, m->name, size);
+  s = dp_ckpt_save(cx, path);
+  expect_all(s, DP_OK, "saving the job's checkpoint");
+  if (rank == 0 && ref) {
+    dp_ctx *back = NULL;
+    dp_config c2 = config_for(m, 1);
+    c2.n_devices = 2;
+    dp_plan *p2 = NULL;
+    if (dp_plan_create(model, &c2, &p2) || dp_ctx_create(p2, &back) ||
+        dp_ckpt_load(back, path))
+      fail("%s: loading the job's checkpoint in 1 x 2: %s", m->name, dp_last_error());
+    else {
+      make_batch(7, x, y);
+      dp_train_step(back, BATCH, IN, x, y, NULL);
+      dp_train_step(ref, BATCH, IN, x, y, NULL);
+      CHECK(dp_params_hash(back) == dp_params_hash(ref),
+            "%s: saved in %d x %d, loaded in 1 x 2: the next step differs", m->name, size,
+            N_DEV / size);
+    }
+    dp_ctx_free(back);
+    dp_plan_free(p2);
+  } else if (rank == 0) {
+    make_batch(7, x, y);
+  }
+  /* and back: the reference's state into the job */
+  snprintf(path, sizeof path, "%s/ref-%s-%d.ckpt", tmpdir, m->name, size);
+  if (rank == 0 && ref && dp_ckpt_save(ref, path)) fail("save: %s", dp_last_error());
+  MPI_Barrier(MPI_COMM_WORLD);
+  s = dp_ckpt_load(cx, path);
+  expect_all(s, DP_OK, "loading a one-process checkpoint into the job");
+  make_batch(8, x, y);
+  s = job_step(cx, pw, BATCH, x, y, NULL);
+  if (rank == 0 && ref) dp_train_step(ref, BATCH, IN, x, y, NULL);
+  hr = share_u64(rank == 0 && ref ? dp_params_hash(ref) : 0);
+  CHECK(!s && dp_params_hash(cx) == hr,
+        "%s: loaded from one process, the job's next step differs", m->name);
+  if (rank == 0)
+    printf("%-9s %d x %d: 6 steps, grads, forward, 2 refusals, %d injected faults, "
+           "checkpoints both ways: same bits as one process\n",
+           m->name, size, N_DEV / size, faults);
+  free(x);
+  free(y);
+  free(g);
+  free(gref);
+  free(out);
+  free(oref);
+  dp_ctx_free(cx);
+  dp_ctx_free(ref);
+  dp_plan_free(pw);
+  dp_plan_free(p1);
+}
+
+/* A rank that plans another batch is refused on every rank, named. */
+static void check_mismatch(dp_model *model) {
+  if (size < 2) return;
+  dp_config c = config_for(&MODES[1], size);
+  if (rank == size - 1) c.batch = BATCH + 1;
+  dp_plan *p = NULL;
+  dp_ctx *cx = NULL;
+  dp_status s = dp_plan_create(model, &c, &p);
+  if (!s) s = dp_ctx_create_mpi(p, MPI_COMM_WORLD, &cx);
+  expect_all(s, DP_ERR_INVALID, "a rank with another batch");
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", size - 1);
+  CHECK(strstr(dp_last_error(), want) && strstr(dp_last_error(), "config"),
+        "the mismatch message should name %s and the config: %s", want, dp_last_error());
+  if (rank == 0) printf("mismatch: %s\n", strstr(dp_last_error(), want));
+  dp_ctx_free(cx);
+  dp_plan_free(p);
+}
+
+/* Rank `victim` kills itself (or, stall: stops answering) at step 3; the
+ * others must fail, naming it. */
+static int run_kill(dp_model *model, int victim, bool stall) {
+  dp_config c = config_for(&MODES[1], size);
+  c.timeout_ms = 3000;
+  dp_plan *p = NULL;
+  dp_ctx *cx = NULL;
+  if (dp_plan_create(model, &c, &p) || dp_ctx_create_mpi(p, MPI_COMM_WORLD, &cx)) {
+    fprintf(stderr, "rank %d: %s\n", rank, dp_last_error());
+    return 1;
+  }
+  float *x = malloc(sizeof(float) * BATCH * IN);
+  int32_t *y = malloc(sizeof(int32_t) * BATCH);
+  for (int t = 0; t < 10; t++) {
+    if (t == 3 && rank == victim) {
+      if (!stall) raise(SIGKILL);
+      sleep(60); /* alive, but never answers: only the timeout can tell */
+    }
+    make_batch(t, x, y);
+    dp_status s = job_step(cx, p, BATCH, x, y, NULL);
+    if (s) {
+      fprintf(stderr, "rank %d: step %d failed: %s\n", rank, t, dp_ctx_error(cx));
+      MPI_Abort(MPI_COMM_WORLD, 3); /* what a job does when it cannot go on */
+    }
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int level;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (argc < 2) {
+    if (rank == 0) fprintf(stderr, "usage: test_mpi TMPDIR [--kill-rank K]\n");
+    MPI_Finalize();
+    return 2;
+  }
+  tmpdir = argv[1];
+  dp_model *model = NULL;
+  if (dp_model_parse(SPEC, "test", &model)) {
+    fprintf(stderr, "spec: %s\n", dp_last_error());
+    return 2;
+  }
+  if (argc >= 4 && (!strcmp(argv[2], "--kill-rank") || !strcmp(argv[2], "--stall-rank")))
+    return run_kill(model, atoi(argv[3]), !strcmp(argv[2], "--stall-rank"));
+  for (size_t i = 0; i < sizeof MODES / sizeof *MODES; i++) check_mode(&MODES[i], model);
+  check_mismatch(model);
+  dp_model_free(model);
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0)
+    printf("test_mpi %d x %d: %s\n", size, N_DEV / size, total ? "FAILED" : "ok");
+  MPI_Finalize();
+  return total ? 1 : 0;
+}
