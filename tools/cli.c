@@ -315,6 +315,7 @@ static const struct option common_options[] = {
     {"transport", required_argument, NULL, DPT_OPT_TRANSPORT},
     {"dampening", required_argument, NULL, DPT_OPT_DAMPENING},
     {"nesterov", no_argument, NULL, DPT_OPT_NESTEROV},
+    {"ranks", required_argument, NULL, DPT_OPT_RANKS},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -376,6 +377,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return 0;
   }
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
+  case DPT_OPT_RANKS:
+    return dpt_parse_int(arg, 1, DP_MAX_DEVICES, "--ranks", &c->ranks, err, errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
   case DPT_OPT_GRAPH: c->cuda_graph = 1; return 0;
   case DPT_OPT_TF32: c->tf32 = 1; return 0;
@@ -489,6 +492,9 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   for (int i = 0; i < n_given; i++)
     if (order[i] != DPT_OPT_OPTIMIZER && set_common(order[i], value[i], cfg, err, errcap))
       return DPT_ARGS_ERROR;
+  /* under mpirun, the job's processes (dp plan --ranks R plans one without) */
+  if (!dpt_given(common, DPT_OPT_RANKS) && dpt_world_size() > 1)
+    cfg->ranks = dpt_world_size();
   common->first_arg = optind;
   common->n_args = argc - optind;
   return DPT_ARGS_OK;
@@ -568,6 +574,12 @@ void dpt_print_common_help(FILE *f) {
         "  --beta1 X, --beta2 X    adamw, each in [0, 1) (default 0.9, 0.999)\n"
         "  --eps X                 adamw, > 0 (default 1e-8)\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
+        "  --ranks R               processes of the job (MPI ranks), each driving\n"
+        "                          devices/R of the devices; under mpirun the default is\n"
+        "                          the number of processes, else 1 (docs/DISTRIBUTED.md)\n"
+        "  --ranks R               processes of the job (MPI ranks), each driving\n"
+        "                          devices/R of the devices; under mpirun the default is\n"
+        "                          the number of processes, else 1 (docs/DISTRIBUTED.md)\n"
         "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
         "an option name is accepted; an option that takes a value may be given once.\n",
         f);
@@ -576,6 +588,7 @@ void dpt_print_common_help(FILE *f) {
 void dpt_print_config(FILE *f, const dp_config *c) {
   fprintf(f, "batch %d on %d device%s", c->batch, c->n_devices,
           c->n_devices == 1 ? "" : "s");
+  if (c->ranks > 1) fprintf(f, " in %d ranks x %d", c->ranks, c->n_devices / c->ranks);
   int identity = 1;
   for (int i = 0; i < c->n_devices && i < DP_MAX_DEVICES; i++)
     if (c->device_ids[i] != i) identity = 0;

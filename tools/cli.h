@@ -123,6 +123,7 @@ enum {
   DPT_OPT_FAST_COLLECTIVES, /* no value: cfg.fast_collectives = 1 */
   DPT_OPT_DAMPENING,
   DPT_OPT_NESTEROV, /* no value: cfg.nesterov = 1 */
+  DPT_OPT_RANKS,
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };
@@ -193,6 +194,26 @@ void dpt_print_config(FILE *f, const dp_config *c);
  * allocating anything, whatever the library would have said. Touches CUDA
  * (dp_cuda_device_count) only for a cuda config. */
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap);
+
+/* ---- the job's processes (tools/world.c) ------------------------------------
+ * Under mpirun (a build with MPI), dp runs as one rank of a job: --ranks
+ * defaults to the number of processes, each rank creates its context with
+ * dp_ctx_create_mpi, reads the data but feeds its own rows, and only rank 0
+ * prints to stdout and writes files. Elsewhere: one process, rank 0 of 1. */
+/* Called first by main: joins the job when launched by mpirun/srun. */
+void dpt_world_init(int *argc, char ***argv);
+/* Called by main with the exit status: leaves the job (a failure on one rank
+ * ends the whole job: MPI_Abort). Returns status. */
+int dpt_world_exit(int status);
+int dpt_world_rank(void);
+int dpt_world_size(void); /* 1 when not under mpirun */
+/* dp_ctx_create, or dp_ctx_create_mpi for a plan of several ranks. */
+dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
+/* Rank 0 gets every rank's rows of a batch of `rows` (each rank's `mine`:
+ * its dp_plan_rank_rows, `width` floats each) into all (rows, width); one
+ * process: a copy. 0 or -1 with a message in err. */
+int dpt_world_gather_rows(const dp_plan *p, int rows, const float *mine, int width,
+                          float *all, char *err, size_t errcap);
 
 /* ---- messages and files for people -------------------------------------------- */
 

@@ -174,14 +174,20 @@ static void progress(int tty, int epoch, int epochs, int done, int total, float 
 }
 
 /* Held-out accuracy (classification) or mean squared error (regression). */
-static int evaluate(dp_ctx *ctx, const dpt_dataset *d, int batch, int out_w, float *x,
-                    float *y, double *metric) {
+static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int batch,
+                    int out_w, float *x, float *ymine, float *y, double *metric) {
   long correct = 0;
   double se = 0.0;
+  char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
     memcpy(x, d->x + (size_t)from * d->n_features, (size_t)n * d->n_features * 4);
-    if (dp_forward(ctx, n, d->n_features, x, y)) return -1;
+    /* under mpirun: this rank's rows in, rank 0 gathers every rank's outputs */
+    int r0, nr;
+    if (dp_plan_rank_rows(plan, n, dpt_world_rank(), &r0, &nr) ||
+        dp_forward(ctx, n, d->n_features, x + (size_t)r0 * d->n_features, ymine) ||
+        dpt_world_gather_rows(plan, n, ymine, out_w, y, err, sizeof err))
+      return -1;
     for (int r = 0; r < n; r++) {
       const float *yr = y + (size_t)r * out_w;
       if (d->label) {
@@ -255,8 +261,10 @@ int dpt_cmd_train(int argc, char **argv) {
 
   /* the output files first: a path that cannot be written fails now, not after
    * the whole run */
-  if ((o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
-      (o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err))) {
+  /* rank 0 writes the files (every rank, as one process, under mpirun) */
+  int writes = dpt_world_rank() == 0;
+  if ((writes && o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
+      (writes && o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err))) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
@@ -313,7 +321,7 @@ int dpt_cmd_train(int argc, char **argv) {
   }
   dpt_warn_oversubscribed(stderr, "dp train", dp_plan_n_devices(plan), cfg.backend,
                           dpt_cpu_count());
-  if (dp_ctx_create(plan, &ctx)) {
+  if (dpt_ctx_create(plan, &ctx)) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
     goto out;
   }
@@ -325,7 +333,7 @@ int dpt_cmd_train(int argc, char **argv) {
   const dp_config *pc = dp_plan_config(plan);
   int B = pc->batch, tsz = all.label ? 4 : out_w * 4;
   bx = malloc((size_t)B * in_w * 4);
-  by = malloc((size_t)B * out_w * 4);
+  by = calloc((size_t)B * out_w * 2, 4); /* the batch's outputs, then this rank's */
   bt = malloc((size_t)B * tsz);
   perm = malloc((size_t)train.n_rows * sizeof *perm);
   curve = malloc((size_t)o.epochs * sizeof *curve);
@@ -364,7 +372,11 @@ int dpt_cmd_train(int argc, char **argv) {
         goto out;
       }
       double ts = dpt_now_s();
-      if (dp_train_step(ctx, n, in_w, bx, bt, &loss)) {
+      /* under mpirun every rank has the batch and feeds its own rows of it */
+      int r0 = 0, nr = n;
+      if (dp_plan_ranks(plan) > 1) dp_plan_rank_rows(plan, n, dpt_world_rank(), &r0, &nr);
+      if (dp_train_step(ctx, n, in_w, bx + (size_t)r0 * in_w, (char *)bt + (size_t)r0 * tsz,
+                        &loss)) {
         printf("%s", tty ? "\n" : "");
         fprintf(stderr, "dp train: epoch %d, step %ld: %s\n", ep + 1, steps + 1,
                 dpt_user_msg(dp_ctx_error(ctx)));
@@ -397,7 +409,7 @@ int dpt_cmd_train(int argc, char **argv) {
 
   double metric = 0.0;
   const dpt_dataset *eval = test.n_rows ? &test : &train;
-  if (evaluate(ctx, eval, B, out_w, bx, by, &metric)) {
+  if (evaluate(ctx, plan, eval, B, out_w, bx, by + (size_t)B * out_w, by, &metric)) {
     fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
     goto out;
   }
@@ -408,7 +420,7 @@ int dpt_cmd_train(int argc, char **argv) {
          t_train, 1e3 * t_train / (double)steps, (double)samples / t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
          (unsigned long long)dp_params_hash(ctx), dp_model_n_params(model));
-  if (o.plot) {
+  if (o.plot && writes) {
     if (dpt_svg_line_plot(o.plot, "training loss", "epoch", "mean loss", curve, o.epochs,
                           err, sizeof err)) {
       fprintf(stderr, "dp train: %s\n", err);

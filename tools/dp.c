@@ -107,10 +107,7 @@ static int unknown(const char *name) {
   return DPT_EXIT_USAGE;
 }
 
-int main(int argc, char **argv) {
-#ifdef DP_HAVE_CUDA
-  dp_cuda_register(); /* libdp_cuda.a: --backend cuda (a GPU is needed only to run) */
-#endif
+static int run(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
     return DPT_EXIT_USAGE;
@@ -145,4 +142,12 @@ int main(int argc, char **argv) {
   const command *c = find(cmd);
   if (!c) return unknown(cmd);
   return c->run(argc - 1, argv + 1);
+}
+
+int main(int argc, char **argv) {
+#ifdef DP_HAVE_CUDA
+  dp_cuda_register(); /* libdp_cuda.a: --backend cuda (a GPU is needed only to run) */
+#endif
+  dpt_world_init(&argc, &argv); /* under mpirun: one rank of the job */
+  return dpt_world_exit(run(argc, argv));
 }

@@ -1,0 +1,99 @@
+/* The dp tool as one rank of a job under mpirun (docs/DISTRIBUTED.md): joins
+ * the job, creates the rank's context, gathers rows to rank 0. Without MPI in
+ * the build, or when not launched by mpirun or srun, a job of one. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef DP_HAVE_MPI
+#include "dp_mpi.h"
+#endif
+
+static int g_rank, g_size = 1, g_mpi;
+
+int dpt_world_rank(void) { return g_rank; }
+int dpt_world_size(void) { return g_size; }
+
+/* Launched by a process manager that MPI_Init can join (Open MPI's mpirun,
+ * Slurm's srun --mpi=pmix, a PMI launcher); a plain run never starts MPI. */
+static int launched(void) {
+  static const char *const vars[] = {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK",
+                                     "PMI_SIZE"};
+  for (size_t i = 0; i < sizeof vars / sizeof *vars; i++)
+    if (getenv(vars[i])) return 1;
+  return 0;
+}
+
+void dpt_world_init(int *argc, char ***argv) {
+#ifdef DP_HAVE_MPI
+  if (!launched()) return;
+  int level = 0;
+  if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level) != MPI_SUCCESS) return;
+  g_mpi = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  /* people read rank 0; the others' standard output would repeat it */
+  if (g_rank != 0) {
+    FILE *f = freopen("/dev/null", "w", stdout);
+    (void)f; /* failing, the output repeats: harmless */
+  }
+#else
+  (void)argc;
+  (void)argv;
+#endif
+}
+
+int dpt_world_exit(int status) {
+#ifdef DP_HAVE_MPI
+  if (g_mpi) {
+    fflush(stdout);
+    fflush(stderr);
+    /* a rank that fails alone would leave the others waiting for it */
+    if (status && g_size > 1) MPI_Abort(MPI_COMM_WORLD, status);
+    MPI_Finalize();
+  }
+#endif
+  return status;
+}
+
+dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out) {
+  if (dp_plan_ranks(p) == 1 && g_size == 1) return dp_ctx_create(p, out);
+#ifdef DP_HAVE_MPI
+  if (g_mpi) return dp_ctx_create_mpi(p, MPI_COMM_WORLD, out);
+  *out = NULL;
+  /* the library's own message says how to launch */
+  return dp_ctx_create(p, out);
+#else
+  return dp_ctx_create(p, out); /* refuses a plan of several ranks, saying why */
+#endif
+}
+
+int dpt_world_gather_rows(const dp_plan *p, int rows, const float *mine, int width,
+                          float *all, char *err, size_t errcap) {
+  int r0, n;
+  if (dp_plan_rank_rows(p, rows, g_rank, &r0, &n)) {
+    snprintf(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+    return -1;
+  }
+  if (g_size == 1 || !g_mpi) {
+    memcpy(all, mine, (size_t)rows * width * 4);
+    return 0;
+  }
+#ifdef DP_HAVE_MPI
+  int counts[DP_MAX_DEVICES], displs[DP_MAX_DEVICES];
+  for (int q = 0; q < g_size && q < DP_MAX_DEVICES; q++) {
+    int q0, qn;
+    dp_plan_rank_rows(p, rows, q, &q0, &qn);
+    counts[q] = qn * width;
+    displs[q] = q0 * width;
+  }
+  if (MPI_Gatherv(mine, n * width, MPI_FLOAT, all, counts, displs, MPI_FLOAT, 0,
+                  MPI_COMM_WORLD) != MPI_SUCCESS) {
+    snprintf(err, errcap, "gathering the outputs to rank 0 failed");
+    return -1;
+  }
+#endif
+  return 0;
+}
