@@ -381,7 +381,8 @@ END_TEST
 /* The project's headers a tool may include ("..." form); any other "..."
  * include, and any <...> include of a header of lib/, cuda/ or tests/, is
  * refused. */
-static const char *const TOOL_HEADERS[] = {"dp.h", "cli.h", "data.h", "svg.h"};
+/* dp_mpi.h: the public MPI entry points (tools/world.c, under DP_HAVE_MPI) */
+static const char *const TOOL_HEADERS[] = {"dp.h", "dp_mpi.h", "cli.h", "data.h", "svg.h"};
 
 static int project_header(const char *name) {
   static const char *const dirs[] = {"lib", "cuda", "tests", "tests/emul", "include"};
@@ -450,9 +451,10 @@ START_TEST(tools_include_only_dp_h) {
   }
   closedir(d);
   ck_assert_int_ge(n_files, 8); /* dp.c, cli.c, cmd_*.c, ...: the folder was read */
-  ck_assert_msg(
-      bad[0] == '\0',
-      "tools/ may include only dp.h and its own headers (cli.h, data.h, svg.h):%s", bad);
+  ck_assert_msg(bad[0] == '\0',
+                "tools/ may include only dp.h, dp_mpi.h and its own headers (cli.h, "
+                "data.h, svg.h):%s",
+                bad);
 }
 END_TEST
 
@@ -496,10 +498,11 @@ START_TEST(lr_schedules_match_pytorch) {
     unsigned long long t;
     double want;
     ck_assert_int_eq(sscanf(line, "%d %f %d %f %d %f %d %f %llu %lf", &kind, &base,
-                            &step_size, &gamma, &warmup, &start, &t_max, &eta_min, &t, &want),
+                            &step_size, &gamma, &warmup, &start, &t_max, &eta_min, &t,
+                            &want),
                      10);
-    dp_lr_schedule sc = {(dp_lr_kind)kind, base, step_size, gamma, warmup, start, t_max,
-                         eta_min};
+    dp_lr_schedule sc = {(dp_lr_kind)kind, base,  step_size, gamma,
+                         warmup,           start, t_max,     eta_min};
     ck_assert_msg(dp_lr_schedule_check(&sc) == DP_OK, "%s: %s", line, dp_last_error());
     double got = dp_lr_at(&sc, t);
     ck_assert_msg(fabs(got - want) <= 1e-5 * fabs(want) + 1e-12,

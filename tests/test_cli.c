@@ -383,8 +383,9 @@ START_TEST(config_every_common_option) {
                 "0.8", "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75",
                 "--eps", "0.125", "--seed", "18446744073709551615", "--shard-optimizer",
                 "--graph", "--tf32", "--transport", "copy", "--fast-collectives",
-                "--dampening", "0.5", "--nesterov");
+                "--dampening", "0.5", "--nesterov", "--ranks", "2");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_int_eq(c.ranks, 2);
   ck_assert_int_eq(c.fast_collectives, 1);
   ck_assert_int_eq(c.batch, 30);
   ck_assert_int_eq(c.n_devices, 4);
@@ -990,9 +991,9 @@ START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
   ck_assert_str_eq(h[0], h[1]);
   ck_assert_str_ne(h[0], h[2]);
   static char *const bad[][2] = {{"cosine:0", "t_max"},
-                                       {"step:2:1.5", "gamma"},
-                                       {"warmup-cosine:0:10", "warmup"},
-                                       {"linear", "is not constant"}};
+                                 {"step:2:1.5", "gamma"},
+                                 {"warmup-cosine:0:10", "warmup"},
+                                 {"linear", "is not constant"}};
   for (int i = 0; i < 4; i++) {
     cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
                        "--quiet", "--lr-schedule", bad[i][0]);
