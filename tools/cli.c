@@ -787,6 +787,7 @@ int dpt_cpu_count(void) {
 int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
                             int n_cpus) {
   if (backend != DP_BACKEND_CPU || n_devices <= n_cpus) return 0;
+  if (dpt_world_rank() != 0) return 1; /* said once, by rank 0 */
   fprintf(f,
           "%s: warning: %d virtual devices on %d CPU%s: the cpu backend runs a thread per "
           "device, so they take turns and steps are many times slower; use --devices %d "

@@ -209,6 +209,14 @@ int dpt_world_rank(void);
 int dpt_world_size(void); /* 1 when not under mpirun */
 /* dp_ctx_create, or dp_ctx_create_mpi for a plan of several ranks. */
 dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
+/* For a job that runs several configurations in turn (dp repro --layouts):
+ * the context of a plan of R = dp_plan_ranks(p) ranks, run by the job's first
+ * R processes (a plan of one rank: by rank 0 alone, in one process).
+ * Collective: every process of the job calls it for every plan, in the same
+ * order. *here = 0: this process has no part in it (*out NULL, DP_OK). */
+dp_status dpt_ctx_create_part(const dp_plan *p, dp_ctx **out, int *here);
+/* Rank 0's v, on every rank (v itself in one process). */
+int dpt_world_bcast_int(int v);
 /* Rank 0 gets every rank's rows of a batch of `rows` (each rank's `mine`:
  * its dp_plan_rank_rows, `width` floats each) into all (rows, width); one
  * process: a copy. 0 or -1 with a message in err. */

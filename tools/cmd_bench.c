@@ -39,15 +39,18 @@ __attribute__((target("avx512f"))) static double peak_avx512(long iters) {
   /* twelve distinct starting values and a register barrier per iteration: with
    * equal starts the compiler merges identical chains (two FMAs per iteration
    * instead of twelve, a peak 1.55x too high) */
-  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.001f), a2 = _mm512_set1_ps(1.002f),
-         a3 = _mm512_set1_ps(1.003f), a4 = _mm512_set1_ps(1.004f), a5 = _mm512_set1_ps(1.005f),
-         a6 = _mm512_set1_ps(1.006f), a7 = _mm512_set1_ps(1.007f), a8 = _mm512_set1_ps(1.008f),
-         a9 = _mm512_set1_ps(1.009f), a10 = _mm512_set1_ps(1.010f), a11 = _mm512_set1_ps(1.011f);
+  __m512 a0 = _mm512_set1_ps(1.0f), a1 = _mm512_set1_ps(1.001f),
+         a2 = _mm512_set1_ps(1.002f), a3 = _mm512_set1_ps(1.003f),
+         a4 = _mm512_set1_ps(1.004f), a5 = _mm512_set1_ps(1.005f),
+         a6 = _mm512_set1_ps(1.006f), a7 = _mm512_set1_ps(1.007f),
+         a8 = _mm512_set1_ps(1.008f), a9 = _mm512_set1_ps(1.009f),
+         a10 = _mm512_set1_ps(1.010f), a11 = _mm512_set1_ps(1.011f);
   double t0 = dpt_now_s();
   for (long it = 0; it < iters; it++) {
     FMA12(_mm512_fmadd_ps);
-    __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5),
-                     "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
+    __asm__ volatile(""
+                     : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5), "+v"(a6),
+                       "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));
   }
   double t = dpt_now_s() - t0;
   __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
@@ -63,15 +66,18 @@ __attribute__((target("avx2,fma"))) static double peak_avx2(long iters) {
   /* twelve distinct starting values and a register barrier per iteration: with
    * equal starts the compiler merges identical chains (two FMAs per iteration
    * instead of twelve, a peak 1.55x too high) */
-  __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.001f), a2 = _mm256_set1_ps(1.002f),
-         a3 = _mm256_set1_ps(1.003f), a4 = _mm256_set1_ps(1.004f), a5 = _mm256_set1_ps(1.005f),
-         a6 = _mm256_set1_ps(1.006f), a7 = _mm256_set1_ps(1.007f), a8 = _mm256_set1_ps(1.008f),
-         a9 = _mm256_set1_ps(1.009f), a10 = _mm256_set1_ps(1.010f), a11 = _mm256_set1_ps(1.011f);
+  __m256 a0 = _mm256_set1_ps(1.0f), a1 = _mm256_set1_ps(1.001f),
+         a2 = _mm256_set1_ps(1.002f), a3 = _mm256_set1_ps(1.003f),
+         a4 = _mm256_set1_ps(1.004f), a5 = _mm256_set1_ps(1.005f),
+         a6 = _mm256_set1_ps(1.006f), a7 = _mm256_set1_ps(1.007f),
+         a8 = _mm256_set1_ps(1.008f), a9 = _mm256_set1_ps(1.009f),
+         a10 = _mm256_set1_ps(1.010f), a11 = _mm256_set1_ps(1.011f);
   double t0 = dpt_now_s();
   for (long it = 0; it < iters; it++) {
     FMA12(_mm256_fmadd_ps);
-    __asm__ volatile("" : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5),
-                     "+x"(a6), "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
+    __asm__ volatile(""
+                     : "+x"(a0), "+x"(a1), "+x"(a2), "+x"(a3), "+x"(a4), "+x"(a5), "+x"(a6),
+                       "+x"(a7), "+x"(a8), "+x"(a9), "+x"(a10), "+x"(a11));
   }
   double t = dpt_now_s() - t0;
   __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
@@ -115,6 +121,22 @@ typedef struct {
   int steps;
 } step_result;
 
+/* The benchmarks' data: B rows of x (B, in) in [-1, 1) from a fixed LCG, MSE
+ * targets t (B, out) and labels lab (B) from them; returns the target array
+ * the model's loss takes. The same bytes on every call (and every rank). */
+static const void *random_batch(const dp_model *m, int B, float *x, float *t,
+                                int32_t *lab) {
+  int in = dp_model_input_width(m), outw = dp_model_output_width(m);
+  uint64_t s = 12345;
+  for (size_t i = 0; i < (size_t)B * in; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+  }
+  for (size_t i = 0; i < (size_t)B * outw; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
+  for (int r = 0; r < B; r++) lab[r] = r % outw;
+  return dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+}
+
 /* Times `steps` training steps (after a warm-up) on random data, repeated
  * until at least min_s seconds have passed. On failure the message is in
  * err (also printed unless quiet). */
@@ -127,15 +149,7 @@ static int time_steps_for(const dp_model *m, const dp_config *cfg, int steps, do
   int32_t *lab = malloc((size_t)B * 4);
   int rc = -1;
   if (!x || !t || !lab) goto done;
-  uint64_t s = 12345;
-  for (size_t i = 0; i < (size_t)B * in; i++) {
-    s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
-  }
-  for (size_t i = 0; i < (size_t)B * outw; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
-  for (int r = 0; r < B; r++) lab[r] = r % outw;
-  const void *target =
-      dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  const void *target = random_batch(m, B, x, t, lab);
   if (dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) goto done;
   float loss;
   for (int i = 0; i < 10; i++)
@@ -240,8 +254,9 @@ done:
 
 /* ---- comm ---------------------------------------------------------------------- */
 
-/* The shared-memory transport is memcpy between arenas; bytes/s per size. */
-static int bench_comm(int json) {
+/* --shm: the shared-memory transport is memcpy between arenas; bytes/s per
+ * size, in one process. */
+static int bench_comm_shm(int json) {
   static const size_t sizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
   enum { N = sizeof sizes / sizeof *sizes };
   size_t mx = sizes[N - 1];

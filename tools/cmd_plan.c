@@ -224,6 +224,61 @@ static int n_stages(const dp_plan *p) {
   return s + 1;
 }
 
+/* The global devices of a rank, "2-3" (or "2" for one device per rank). */
+static const char *rank_devices(const dp_plan *p, int rank, char *buf, size_t cap) {
+  int L = dp_plan_local_devices(p);
+  if (L == 1)
+    snprintf(buf, cap, "%d", rank);
+  else
+    snprintf(buf, cap, "%d-%d", rank * L, rank * L + L - 1);
+  return buf;
+}
+
+/* The rows of the planned batch that a rank's devices take. */
+static void rank_rows(const dp_plan *p, int rank, int *row0, int *n) {
+  *row0 = *n = 0;
+  if (dp_plan_rank_rows(p, dp_plan_config(p)->batch, rank, row0, n) != DP_OK) *n = 0;
+}
+
+/* Under the table of a job of several ranks: what each rank's process holds. */
+static void print_ranks_text(FILE *f, const dp_plan *p) {
+  int nr = dp_plan_ranks(p), batch = dp_plan_config(p)->batch;
+  char a[48], b[48], dev[32], range[48], of[32];
+  snprintf(of, sizeof of, "of batch %d", batch);
+  int dev_w = (int)strlen("devices"), range_w = (int)strlen(of);
+  int bytes_w = (int)strlen("arena bytes"), human_w = 0;
+  for (int r = 0; r < nr; r++) {
+    int r0, n, w;
+    rank_rows(p, r, &r0, &n);
+    w = (int)strlen(rank_devices(p, r, dev, sizeof dev));
+    if (w > dev_w) dev_w = w;
+    w = snprintf(range, sizeof range, "[%d, %d)", r0, r0 + n);
+    if (w > range_w) range_w = w;
+    w = (int)strlen(dpt_bytes_exact(dp_plan_rank_bytes(p, r), a, sizeof a));
+    if (w > bytes_w) bytes_w = w;
+    w = (int)strlen(dpt_bytes_human(dp_plan_rank_bytes(p, r), a, sizeof a));
+    if (w > human_w) human_w = w;
+  }
+  int L = dp_plan_local_devices(p);
+  fprintf(f,
+          "\n%d ranks x %d device%s (plan hash %016llx); what each rank's process holds:\n",
+          nr, L, L == 1 ? "" : "s", (unsigned long long)dp_plan_hash(p));
+  fprintf(f, "rank  %-*s  rows  %-*s  %*s\n", dev_w, "devices", range_w, of, bytes_w,
+          "arena bytes");
+  for (int r = 0; r < nr; r++) {
+    int r0, n;
+    rank_rows(p, r, &r0, &n);
+    if (n > 0)
+      snprintf(range, sizeof range, "[%d, %d)", r0, r0 + n);
+    else
+      snprintf(range, sizeof range, "-");
+    size_t rb = dp_plan_rank_bytes(p, r);
+    fprintf(f, "%4d  %-*s  %4d  %-*s  %*s  %*s\n", r, dev_w,
+            rank_devices(p, r, dev, sizeof dev), n, range_w, range, bytes_w,
+            dpt_bytes_exact(rb, a, sizeof a), human_w, dpt_bytes_human(rb, b, sizeof b));
+  }
+}
+
 /* ---- text output ----------------------------------------------------------------- */
 
 static void print_schedule_text(const dp_plan *p) {
@@ -308,6 +363,11 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
     fprintf(f, "  %*s", col_w, h);
   }
   fprintf(f, "\n");
+  if (dp_plan_ranks(p) > 1) {
+    fprintf(f, "%-*s", name_w, "rank");
+    for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, dp_plan_device_rank(p, d));
+    fprintf(f, "\n");
+  }
   if (c->backend == DP_BACKEND_CUDA) {
     fprintf(f, "%-*s", name_w, "gpu");
     for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, c->device_ids[d]);
@@ -368,6 +428,7 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
             "host staging: %s B (%s), pinned host memory for a step's inputs, targets "
             "and outputs\n",
             dpt_bytes_exact(hb, a, sizeof a), dpt_bytes_human(hb, b, sizeof b));
+  if (dp_plan_ranks(p) > 1) print_ranks_text(f, p);
 }
 
 /* ---- JSON output ------------------------------------------------------------------ */
@@ -408,8 +469,10 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
   dpt_json_string(f, spec ? spec : "");
   free(spec);
 
-  fprintf(f, "},\n  \"config\": {\"batch\": %d, \"n_devices\": %d, \"device_ids\": [",
-          c->batch, c->n_devices);
+  fprintf(f,
+          "},\n  \"config\": {\"batch\": %d, \"n_devices\": %d, \"ranks\": %d, "
+          "\"device_ids\": [",
+          c->batch, c->n_devices, dp_plan_ranks(p));
   for (int d = 0; d < c->n_devices && d < DP_MAX_DEVICES; d++)
     fprintf(f, "%s%d", d ? ", " : "", c->device_ids[d]);
   fprintf(
@@ -435,12 +498,12 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
 
   fputs("  \"devices\": [", f);
   for (int d = 0; d < nd; d++) {
-    fprintf(
-        f,
-        "%s\n    {\"id\": %d, \"physical_id\": %d, \"rows\": %d, \"micro_batches\": %d, "
-        "\"total_bytes\": %zu,\n     \"regions\": {",
-        d ? "," : "", d, c->device_ids[d], dp_plan_device_rows(p, d),
-        dp_plan_device_micro_batches(p, d), dp_plan_device_bytes(p, d));
+    fprintf(f,
+            "%s\n    {\"id\": %d, \"physical_id\": %d, \"rank\": %d, \"rows\": %d, "
+            "\"micro_batches\": %d, \"total_bytes\": %zu,\n     \"regions\": {",
+            d ? "," : "", d, c->device_ids[d], dp_plan_device_rank(p, d),
+            dp_plan_device_rows(p, d), dp_plan_device_micro_batches(p, d),
+            dp_plan_device_bytes(p, d));
     for (int r = 0; r < DP_REGION_COUNT; r++) {
       fputs(r ? ", " : "", f);
       dpt_json_string(f, dp_region_name((dp_region)r));
@@ -455,6 +518,19 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
     fputs("}}", f);
   }
   fprintf(f, "\n  ],\n  \"host_bytes\": %zu", dp_plan_host_bytes(p));
+
+  /* the job's processes: one entry per rank (one for a one-process plan) */
+  fprintf(f, ",\n  \"plan_hash\": \"%016llx\",\n  \"ranks\": [",
+          (unsigned long long)dp_plan_hash(p));
+  for (int r = 0, L = dp_plan_local_devices(p); r < dp_plan_ranks(p); r++) {
+    int r0, rn;
+    rank_rows(p, r, &r0, &rn);
+    fprintf(f, "%s\n    {\"rank\": %d, \"devices\": [", r ? "," : "", r);
+    for (int d = r * L; d < r * L + L; d++) fprintf(f, "%s%d", d > r * L ? ", " : "", d);
+    fprintf(f, "], \"row0\": %d, \"rows\": %d, \"bytes\": %zu}", r0, rn,
+            dp_plan_rank_bytes(p, r));
+  }
+  fputs("\n  ]", f);
 
   if (o->schedule) {
     const dp_op *ops = dp_plan_ops(p);
@@ -521,7 +597,11 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
   for (int s = 0; s < ns; s++)
     seg_names[s] = seg_region[s] < 0 ? "padding" : dp_region_name((dp_region)seg_region[s]);
   for (int d = 0; d < nd; d++) {
-    snprintf(labels[d], sizeof labels[d], "device %d", d);
+    if (dp_plan_ranks(p) > 1)
+      snprintf(labels[d], sizeof labels[d], "device %d\nrank %d", d,
+               dp_plan_device_rank(p, d));
+    else
+      snprintf(labels[d], sizeof labels[d], "device %d", d);
     bar_labels[d] = labels[d];
     size_t sum = 0;
     for (int s = 0; s < ns; s++) {
@@ -538,24 +618,26 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
   const char *base = strrchr(model_path, '/');
   base = base ? base + 1 : model_path;
   char title[256];
-  snprintf(title, sizeof title, "%s: batch %d on %d device%s, %s, %s", base, c->batch, nd,
-           nd == 1 ? "" : "s", dp_mode_name(c->mode),
+  char job[48] = "";
+  if (dp_plan_ranks(p) > 1) snprintf(job, sizeof job, " in %d ranks", dp_plan_ranks(p));
+  snprintf(title, sizeof title, "%s: batch %d on %d device%s%s, %s, %s", base, c->batch, nd,
+           nd == 1 ? "" : "s", job, dp_mode_name(c->mode),
            c->inference ? "inference" : dp_optimizer_name(c->optimizer));
   /* one colour per region, the same in every chart; padding grey */
   static const char *const region_color[DP_REGION_COUNT] = {
-      [DP_REGION_PARAMS] = "#4e79a7",           [DP_REGION_GRADS] = "#f28e2b",
-      [DP_REGION_GRAD_PARTIALS] = "#ffbe7d",    [DP_REGION_OPT_STATE] = "#e15759",
-      [DP_REGION_INPUTS] = "#76b7b2",           [DP_REGION_TARGETS] = "#59a14f",
-      [DP_REGION_ACTIVATIONS] = "#edc948",      [DP_REGION_OUTPUTS] = "#b07aa1",
-      [DP_REGION_OUTPUT_GRADS] = "#ff9da7",     [DP_REGION_GATHERED_OUTPUTS] = "#9c755f",
-      [DP_REGION_GATHERED_GRADS] = "#d4a6c8",   [DP_REGION_LOSS] = "#86bcb6",
-      [DP_REGION_COMM] = "#499894",             [DP_REGION_WORKSPACE] = "#8cd17d",
+      [DP_REGION_PARAMS] = "#4e79a7",         [DP_REGION_GRADS] = "#f28e2b",
+      [DP_REGION_GRAD_PARTIALS] = "#ffbe7d",  [DP_REGION_OPT_STATE] = "#e15759",
+      [DP_REGION_INPUTS] = "#76b7b2",         [DP_REGION_TARGETS] = "#59a14f",
+      [DP_REGION_ACTIVATIONS] = "#edc948",    [DP_REGION_OUTPUTS] = "#b07aa1",
+      [DP_REGION_OUTPUT_GRADS] = "#ff9da7",   [DP_REGION_GATHERED_OUTPUTS] = "#9c755f",
+      [DP_REGION_GATHERED_GRADS] = "#d4a6c8", [DP_REGION_LOSS] = "#86bcb6",
+      [DP_REGION_COMM] = "#499894",           [DP_REGION_WORKSPACE] = "#8cd17d",
   };
   const char *seg_colors[DP_REGION_COUNT + 1];
   for (int s = 0; s < ns; s++)
     seg_colors[s] = seg_region[s] < 0 ? "#bab0ac" : region_color[seg_region[s]];
-  dp_status st = dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names, seg_colors,
-                                      values, err, errcap);
+  dp_status st = dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names,
+                                      seg_colors, values, err, errcap);
   free(values);
   free(labels);
   free(bar_labels);

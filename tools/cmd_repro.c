@@ -25,6 +25,7 @@ enum {
   OPT_JSON,
   OPT_SKIP_REFUSED,
   OPT_NO_STANDARDIZE,
+  OPT_LAYOUTS, /* ranks x devices per rank, under mpirun */
 };
 
 /* Every option of `dp repro`. The common options listed here are handed on,
@@ -42,6 +43,7 @@ static const struct option repro_options[] = {
     {"json", no_argument, NULL, OPT_JSON},
     {"skip-refused", no_argument, NULL, OPT_SKIP_REFUSED},
     {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
+    {"layouts", required_argument, NULL, OPT_LAYOUTS},
     {"batch", required_argument, NULL, DPT_OPT_BATCH},
     {"micro-batch", required_argument, NULL, DPT_OPT_MICRO_BATCH},
     {"split", required_argument, NULL, DPT_OPT_SPLIT},
@@ -71,6 +73,8 @@ typedef struct {
   const char *model, *data;
   int steps, trace, json, skip_refused, no_standardize;
   int n_counts, counts[DP_MAX_DEVICES]; /* device counts, in the order given */
+  int ranks[DP_MAX_DEVICES];            /* processes of each (--layouts; else 1) */
+  int layouts;                          /* --layouts given */
   int n_modes, modes[RM_COUNT];         /* RM_*, in the order given */
   dp_config base;                       /* the common options */
   int batch_given;
@@ -79,7 +83,7 @@ typedef struct {
 static void usage(FILE *f) {
   fputs(
       "usage: dp repro --model M.dpm --data D.csv --batch B [--micro-batch K]\n"
-      "                [--steps S] [--devices 1,2,4,8]\n"
+      "                [--steps S] [--devices 1,2,4,8 | --layouts 1x8,2x4,4x2,8x1]\n"
       "                [--mode classic,allreduce,sharded]\n"
       "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed N]\n"
       "                [--trace] [--json] [--skip-refused]\n"
@@ -110,6 +114,13 @@ static void usage(FILE *f) {
       "  --steps S             training steps (default 10)\n"
       "  --devices LIST        device counts, comma separated (default 1,2,4,8); here\n"
       "                        not a list of device ids\n"
+      "  --layouts LIST        instead of --devices: job layouts RxL, comma separated:\n"
+      "                        R processes (MPI ranks) of L devices each, R*L devices\n"
+      "                        in all. Run under mpirun with at least the largest R\n"
+      "                        processes: mpirun -np 8 dp repro --layouts\n"
+      "                        1x8,2x4,4x2,8x1 ... runs each layout on the first R\n"
+      "                        processes (1xL: one process, rank 0) and compares\n"
+      "                        every tensor after every step across them\n"
       "  --mode LIST           modes, comma separated: classic, allreduce, sharded\n"
       "                        (= allreduce with the optimizer state sharded across\n"
       "                        the devices); default classic,allreduce,sharded\n"
@@ -191,6 +202,58 @@ static int parse_counts(const char *s, repro_opts *o, char *err, size_t errcap) 
   }
 }
 
+/* Parses "1x8,2x4": layouts R x L (R processes of L devices), no repeats. */
+static int parse_layouts(const char *s, repro_opts *o, char *err, size_t errcap) {
+  o->n_counts = 0;
+  o->layouts = 1;
+  if (!s || !*s) return snprintf(err, errcap, "--layouts: empty list"), -1;
+  for (const char *p = s;;) {
+    const char *comma = strchr(p, ',');
+    size_t len = comma ? (size_t)(comma - p) : strlen(p);
+    char item[32], msg[256];
+    const char *x = len < sizeof item ? memchr(p, 'x', len) : NULL;
+    if (!x || x == p || (size_t)(x - p) + 1 >= len) {
+      snprintf(err, errcap,
+               "--layouts: bad entry '%.*s' in '%s' (RxL: R processes of L devices, e.g. "
+               "1x8,2x4,4x2,8x1)",
+               (int)(len < 31 ? len : 31), p, s);
+      return -1;
+    }
+    int R, L;
+    memcpy(item, p, (size_t)(x - p));
+    item[x - p] = '\0';
+    if (dpt_parse_int(item, 1, DP_MAX_DEVICES, "--layouts: ranks", &R, msg, sizeof msg)) {
+      snprintf(err, errcap, "%s", msg);
+      return -1;
+    }
+    memcpy(item, x + 1, len - (size_t)(x - p) - 1);
+    item[len - (size_t)(x - p) - 1] = '\0';
+    if (dpt_parse_int(item, 1, DP_MAX_DEVICES, "--layouts: devices per rank", &L, msg,
+                      sizeof msg)) {
+      snprintf(err, errcap, "%s", msg);
+      return -1;
+    }
+    if (R * L > DP_MAX_DEVICES) {
+      snprintf(err, errcap, "--layouts: %dx%d is more than %d devices", R, L,
+               DP_MAX_DEVICES);
+      return -1;
+    }
+    for (int i = 0; i < o->n_counts; i++)
+      if (o->ranks[i] == R && o->counts[i] == R * L) {
+        snprintf(err, errcap, "--layouts: %dx%d appears twice in '%s'", R, L, s);
+        return -1;
+      }
+    if (o->n_counts == DP_MAX_DEVICES) {
+      snprintf(err, errcap, "--layouts: more than %d layouts in '%s'", DP_MAX_DEVICES, s);
+      return -1;
+    }
+    o->ranks[o->n_counts] = R;
+    o->counts[o->n_counts++] = R * L;
+    if (!comma) return 0;
+    p = comma + 1;
+  }
+}
+
 /* Parses "classic,allreduce,sharded" (case-insensitive, no repeats). */
 static int parse_modes(const char *s, repro_opts *o, char *err, size_t errcap) {
   o->n_modes = 0;
@@ -233,6 +296,7 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
   o->steps = DEFAULT_STEPS;
   o->n_counts = 4;
   o->counts[0] = 1, o->counts[1] = 2, o->counts[2] = 4, o->counts[3] = 8;
+  for (int i = 0; i < DP_MAX_DEVICES; i++) o->ranks[i] = 1;
   o->n_modes = RM_COUNT;
   for (int k = 0; k < RM_COUNT; k++) o->modes[k] = k;
 
@@ -278,6 +342,9 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
     case OPT_DEVICES:
       if (parse_counts(optarg, o, err, errcap)) goto out;
       break;
+    case OPT_LAYOUTS:
+      if (parse_layouts(optarg, o, err, errcap)) goto out;
+      break;
     case OPT_MODE:
       if (parse_modes(optarg, o, err, errcap)) goto out;
       break;
@@ -305,6 +372,10 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
   }
   if (dpt_config_from_args(n_pass, pass, &o->base, NULL, err, errcap) != DPT_ARGS_OK)
     goto out;
+  if (o->layouts && (seen & (1ull << (OPT_DEVICES - OPT_MODEL)))) {
+    snprintf(err, errcap, "--devices and --layouts are alternatives: give one");
+    goto out;
+  }
   if (!o->model || !o->data || !o->batch_given) {
     snprintf(err, errcap, "--model, --data and --batch are required");
     goto out;
@@ -353,7 +424,10 @@ enum { ST_OK = 0, ST_REFUSED, ST_ERROR };
 
 typedef struct {
   int n_devices, mode; /* RM_* */
-  char label[40];      /* "2 devices classic" */
+  int ranks;           /* processes (--layouts) */
+  int here;            /* this process takes part (under mpirun: rank < ranks) */
+  char label[40];      /* "2 devices classic", "2x4 classic" */
+  char layout[16];     /* "2 devices", "2x4" */
   dp_config cfg;
   dp_plan *plan;
   dp_ctx *ctx;
@@ -537,11 +611,17 @@ int dpt_cmd_repro(int argc, char **argv) {
     for (int j = 0; j < o.n_modes; j++) {
       run_cfg *c = &cf[i * o.n_modes + j];
       c->n_devices = o.counts[i];
+      c->ranks = o.ranks[i];
       c->mode = o.modes[j];
-      snprintf(c->label, sizeof c->label, "%d device%s %s", c->n_devices,
-               c->n_devices == 1 ? "" : "s", rm_names[c->mode]);
+      if (o.layouts)
+        snprintf(c->layout, sizeof c->layout, "%dx%d", c->ranks, c->n_devices / c->ranks);
+      else
+        snprintf(c->layout, sizeof c->layout, "%d device%s", c->n_devices,
+                 c->n_devices == 1 ? "" : "s");
+      snprintf(c->label, sizeof c->label, "%s %s", c->layout, rm_names[c->mode]);
       c->cfg = o.base;
       c->cfg.n_devices = c->n_devices;
+      c->cfg.ranks = c->ranks;
       c->cfg.mode = c->mode == RM_CLASSIC ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
       c->cfg.shard_optimizer = c->mode == RM_SHARDED;
       c->th = calloc((size_t)nt + 1, sizeof *c->th);
@@ -549,11 +629,14 @@ int dpt_cmd_repro(int argc, char **argv) {
         fprintf(stderr, "dp repro: out of memory\n");
         goto out;
       }
-      if (dp_plan_create(model, &c->cfg, &c->plan) || dp_ctx_create(c->plan, &c->ctx)) {
+      c->here = 1;
+      /* a layout of R processes runs on the job's first R (collective) */
+      if (dp_plan_create(model, &c->cfg, &c->plan) ||
+          dpt_ctx_create_part(c->plan, &c->ctx, &c->here)) {
         c->status = ST_REFUSED;
         snprintf(c->msg, sizeof c->msg, "%s", dpt_user_msg(dp_last_error()));
         n_refused++;
-      } else if (ref < 0) {
+      } else if (ref < 0 && c->here) {
         ref = i * o.n_modes + j;
       }
     }
@@ -609,9 +692,13 @@ int dpt_cmd_repro(int argc, char **argv) {
     int ref_alive = cf[ref].status == ST_OK;
     for (int k = 0; k < nc; k++) {
       run_cfg *c = &cf[k];
-      if (c->status != ST_OK) continue;
+      if (c->status != ST_OK || !c->here) continue;
       float *w = k == ref ? ref_params : params;
-      if (dp_train_step(c->ctx, B, in_w, bx, bt, &c->loss) ||
+      /* a layout of several processes: this one feeds its rows */
+      int r0 = 0, nr = B;
+      if (c->ranks > 1) dp_plan_rank_rows(c->plan, B, dpt_world_rank(), &r0, &nr);
+      if (dp_train_step(c->ctx, B, in_w, bx + (size_t)r0 * in_w,
+                        (char *)bt + (size_t)r0 * tsz, &c->loss) ||
           dp_get_params(c->ctx, w, np)) {
         c->status = ST_ERROR;
         snprintf(c->msg, sizeof c->msg, "step %d: %s", step,
@@ -709,8 +796,9 @@ int dpt_cmd_repro(int argc, char **argv) {
     for (int k = 0; k < nc; k++) {
       run_cfg *c = &cf[k];
       static const char *const st[] = {"ok", "refused", "error"};
-      printf("%s\n    {\"devices\": %d, \"mode\": \"%s\", \"status\": \"%s\"", k ? "," : "",
-             c->n_devices, rm_names[c->mode], st[c->status]);
+      printf(
+          "%s\n    {\"devices\": %d, \"ranks\": %d, \"mode\": \"%s\", \"status\": \"%s\"",
+          k ? "," : "", c->n_devices, c->ranks, rm_names[c->mode], st[c->status]);
       if (c->status != ST_OK) {
         printf(", \"message\": ");
         dpt_json_string(stdout, c->msg);
@@ -752,11 +840,14 @@ int dpt_cmd_repro(int argc, char **argv) {
     printf(",\n  \"result\": \"%s\",\n  \"exit_status\": %d\n}\n", result, exit_status);
   } else {
     if (o.trace && ref >= 0) printf("\n");
-    printf("%7s  %-9s  %-16s  %-16s  %s\n", "devices", "mode", "final loss", "params hash",
-           ref >= 0 ? "vs reference" : "");
+    printf("%7s  %-9s  %-16s  %-16s  %s\n", o.layouts ? "layout" : "devices", "mode",
+           "final loss", "params hash", ref >= 0 ? "vs reference" : "");
     for (int k = 0; k < nc; k++) {
       run_cfg *c = &cf[k];
-      printf("%7d  %-9s  ", c->n_devices, rm_names[c->mode]);
+      if (o.layouts)
+        printf("%7s  %-9s  ", c->layout, rm_names[c->mode]);
+      else
+        printf("%7d  %-9s  ", c->n_devices, rm_names[c->mode]);
       if (c->status == ST_REFUSED) {
         printf("refused: %s\n", c->msg);
       } else if (c->status == ST_ERROR) {
@@ -815,6 +906,7 @@ int dpt_cmd_repro(int argc, char **argv) {
   rc = exit_status;
 
 out:
+  rc = dpt_world_bcast_int(rc); /* rank 0 took part in every configuration */
   fflush(stdout);
   for (int k = 0; k < nc; k++) {
     dp_ctx_free(cf[k].ctx);

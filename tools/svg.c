@@ -90,8 +90,9 @@ static dp_status finish(FILE *f, const char *path, char *err, size_t errcap) {
 
 static FILE *open_out(const char *path, char *err, size_t errcap, dp_status *s) {
   FILE *f = fopen(path, "w");
-  if (!f) *s = fail(DP_ERR_IO, err, errcap, "%s: cannot open for writing: %s", path,
-                    strerror(errno));
+  if (!f)
+    *s = fail(DP_ERR_IO, err, errcap, "%s: cannot open for writing: %s", path,
+              strerror(errno));
   return f;
 }
 
@@ -114,7 +115,7 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
       if (y[i] < lo) lo = y[i];
       if (y[i] > hi) hi = y[i];
     }
-  if (lo > hi) lo = 0.0, hi = 1.0; /* nothing finite: an empty frame */
+  if (lo > hi) lo = 0.0, hi = 1.0;  /* nothing finite: an empty frame */
   if (hi - lo <= fabs(hi) * 1e-9) { /* constant */
     double pad = fabs(lo) > 0.0 ? fabs(lo) * 0.1 : 1.0;
     lo -= pad;
@@ -131,8 +132,8 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
   double xstep = nice_step((x1 - x0) / 6.0);
   if (xstep < 1.0) xstep = 1.0;
 
-#define PX(v) (L + ((v) - x0) / (x1 - x0) * pw)
-#define PY(v) (T + ph - ((v) - y0) / (y1 - y0) * ph)
+#define PX(v) (L + ((v)-x0) / (x1 - x0) * pw)
+#define PY(v) (T + ph - ((v)-y0) / (y1 - y0) * ph)
 
   dp_status s = DP_OK;
   FILE *f = open_out(path, err, errcap, &s);
@@ -218,7 +219,10 @@ char *dpt_format_bytes(double bytes, char *buf, size_t cap) {
   if (u == 0)
     snprintf(buf, cap, "%.0f B", bytes);
   else
-    snprintf(buf, cap, "%.*f %s", fabs(bytes) < 10 ? 2 : fabs(bytes) < 100 ? 1 : 0,
+    snprintf(buf, cap, "%.*f %s",
+             fabs(bytes) < 10    ? 2
+             : fabs(bytes) < 100 ? 1
+                                 : 0,
              bytes, units[u]);
   return buf;
 }
@@ -236,7 +240,8 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
                                const char *const *segment_names,
                                const char *const *segment_colors, const double *values,
                                char *err, size_t errcap) {
-#define COLOR(s) (segment_colors && segment_colors[s] ? segment_colors[s] : PALETTE[(s) % N_PALETTE])
+#define COLOR(s)                                                                           \
+  (segment_colors && segment_colors[s] ? segment_colors[s] : PALETTE[(s) % N_PALETTE])
   if (!path || !values || n_bars < 1 || n_segments < 1)
     return fail(DP_ERR_INVALID, err, errcap,
                 "dpt_svg_stacked_bars: need a path, values and at least one bar and "
@@ -276,7 +281,7 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
   for (int s = 0; s < n_segments; s++) {
     size_t len = segment_names && segment_names[s] ? strlen(segment_names[s]) : 10;
     if (only_first(values, n_bars, n_segments, s))
-      len += 8 + (bar_labels && bar_labels[0] ? strlen(bar_labels[0]) : 5);
+      len += 8 + (bar_labels && bar_labels[0] ? strcspn(bar_labels[0], "\n") : 5);
     if (len > longest) longest = len;
   }
   const double L = 90, R = 20, T = 44, B = 60, LEGEND = 40 + 7.0 * (double)longest;
@@ -338,15 +343,14 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
         put_text(f, segment_names[s]);
       else
         fprintf(f, "segment %d", s);
-      fprintf(f, ": %s (%.0f B)</title></rect>\n", dpt_format_bytes(v, buf, sizeof buf),
-              v);
+      fprintf(f, ": %s (%.0f B)</title></rect>\n", dpt_format_bytes(v, buf, sizeof buf), v);
       /* what only the first bar holds, named on it where the segment is tall enough */
       if (b == 0 && yb - ya >= 11 && segment_names && segment_names[s] &&
           6.0 * (double)strlen(segment_names[s]) <= bw - 4 &&
-          only_first(values, n_bars, n_segments, s))
-      {
-        fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\" "
-                   "fill=\"white\" %s>",
+          only_first(values, n_bars, n_segments, s)) {
+        fprintf(f,
+                "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\" font-size=\"10\" "
+                "fill=\"white\" %s>",
                 bx + bw / 2, (ya + yb) / 2 + 4, FONT);
         put_text(f, segment_names[s]);
         fputs("</text>\n", f);
@@ -355,9 +359,14 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
     }
     text_at(f, bx + bw / 2, PY(acc / scale) - 6, "middle", 10, NULL,
             dpt_format_bytes(acc, buf, sizeof buf));
-    if (bar_labels && bar_labels[b])
-      text_at(f, bx + bw / 2, T + ph + 18, "middle", 12, NULL, bar_labels[b]);
-    else {
+    if (bar_labels && bar_labels[b]) {
+      /* a second line after a newline, smaller, under the first */
+      const char *nl = strchr(bar_labels[b], '\n');
+      snprintf(lab, sizeof lab, "%.*s",
+               nl ? (int)(nl - bar_labels[b]) : (int)strlen(bar_labels[b]), bar_labels[b]);
+      text_at(f, bx + bw / 2, T + ph + 18, "middle", 12, NULL, lab);
+      if (nl) text_at(f, bx + bw / 2, T + ph + 33, "middle", 11, NULL, nl + 1);
+    } else {
       snprintf(lab, sizeof lab, "dev %d", b);
       text_at(f, bx + bw / 2, T + ph + 18, "middle", 12, NULL, lab);
     }
@@ -372,8 +381,8 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
       if (values[(size_t)b * (size_t)n_segments + (size_t)s] > 0.0) used = 1;
     if (!used) continue;
     double yy = ly + 18.0 * row++;
-    fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n",
-            lx, yy, COLOR(s));
+    fprintf(f, "<rect x=\"%.2f\" y=\"%.2f\" width=\"12\" height=\"12\" fill=\"%s\"/>\n", lx,
+            yy, COLOR(s));
     char name[96];
     if (segment_names && segment_names[s])
       snprintf(name, sizeof name, "%s", segment_names[s]);
@@ -381,7 +390,8 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
       snprintf(name, sizeof name, "segment %d", s);
     if (only_first(values, n_bars, n_segments, s)) {
       size_t len = strlen(name);
-      snprintf(name + len, sizeof name - len, " (only %s)",
+      int first = bar_labels && bar_labels[0] ? (int)strcspn(bar_labels[0], "\n") : 5;
+      snprintf(name + len, sizeof name - len, " (only %.*s)", first,
                bar_labels && bar_labels[0] ? bar_labels[0] : "dev 0");
     }
     text_at(f, lx + 18, yy + 10, "start", 12, NULL, name);

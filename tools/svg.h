@@ -32,7 +32,9 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
  * palette by segment index): a caller that charts the same segments in several
  * pictures passes one colour per kind of segment, so that each keeps its colour
  * in every chart. With several bars, a segment that only the first bar has is
- * named on that bar and marked in the legend ("only <first bar's label>"). */
+ * named on that bar and marked in the legend ("only <first bar's label>"). A bar
+ * label may have a second line after a '\n' ("device 2\nrank 1"), written
+ * smaller under the first; the legend names the first bar by its first line. */
 dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
                                const char *const *bar_labels, int n_segments,
                                const char *const *segment_names,

@@ -70,6 +70,36 @@ dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out) {
 #endif
 }
 
+dp_status dpt_ctx_create_part(const dp_plan *p, dp_ctx **out, int *here) {
+  int R = dp_plan_ranks(p);
+  *out = NULL;
+  *here = g_rank < R;
+  if (R == 1) return *here ? dp_ctx_create(p, out) : DP_OK;
+#ifdef DP_HAVE_MPI
+  if (g_mpi && R <= g_size) {
+    MPI_Comm sub;
+    if (MPI_Comm_split(MPI_COMM_WORLD, *here ? 0 : MPI_UNDEFINED, g_rank, &sub) !=
+        MPI_SUCCESS) {
+      *here = 1; /* the failure is this process's */
+      return dp_ctx_create(p, out);
+    }
+    if (!*here) return DP_OK;
+    dp_status s = dp_ctx_create_mpi(p, sub, out); /* keeps duplicates of sub */
+    MPI_Comm_free(&sub);
+    return s;
+  }
+#endif
+  *here = 1;
+  return dp_ctx_create(p, out); /* refuses it, saying how to launch */
+}
+
+int dpt_world_bcast_int(int v) {
+#ifdef DP_HAVE_MPI
+  if (g_mpi) MPI_Bcast(&v, 1, MPI_INT, 0, MPI_COMM_WORLD);
+#endif
+  return v;
+}
+
 int dpt_world_gather_rows(const dp_plan *p, int rows, const float *mine, int width,
                           float *all, char *err, size_t errcap) {
   int r0, n;

@@ -32,6 +32,27 @@ done
 # the path a multi-host job takes: no shared memory between the ranks
 run "layout 4x2 over TCP" $MPIRUN --mca btl self,tcp -np 4 "$bd/test_mpi" "$tmp"
 run "layout 2x4 over TCP" $MPIRUN --mca btl self,tcp -np 2 "$bd/test_mpi" "$tmp"
+# the tool: dp train under mpirun gives the one-process parameter hash, and dp repro
+# compares every tensor after every step across layouts
+train="build/dp train --model examples/digits.dpm --data data/digits.csv --devices 4 \
+  --batch 64 --micro-batch 4 --epochs 2 --optimizer adamw --lr 0.003"
+train=$(echo "$train" | sed "s|build/dp|$bd/dp|")
+echo "-- dp train, 1 process and mpirun -np 2 / -np 4"
+$train >"$tmp/t1" 2>&1 || { cat "$tmp/t1"; echo "FAILED: dp train"; fail=1; }
+for np in 2 4; do
+  $MPIRUN -np $np $train >"$tmp/t$np" 2>&1 || { cat "$tmp/t$np"; echo "FAILED: mpirun -np $np dp train"; fail=1; }
+  h1=$(grep "parameter hash" "$tmp/t1") hn=$(grep "parameter hash" "$tmp/t$np")
+  a1=$(grep "^held-out:" "$tmp/t1") an=$(grep "^held-out:" "$tmp/t$np")
+  if [ -z "$h1" ] || [ "$h1" != "$hn" ] || [ "$a1" != "$an" ]; then
+    echo "FAILED: mpirun -np $np dp train: '$hn' '$an', one process: '$h1' '$a1'"
+    fail=1
+  else
+    echo "   -np $np: $hn, $an (as one process)"
+  fi
+done
+run "dp repro --layouts 1x8,2x4,4x2,8x1" $MPIRUN -np 8 "$bd/dp" repro \
+  --model examples/digits.dpm --data data/digits.csv --batch 64 --micro-batch 4 \
+  --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1
 # a rank that dies (SIGKILL: mpirun sees it) or stops answering (alive: only libdp's
 # timeout, 3 s here, can tell) ends the job with an error naming it, never a hang
 lost() { # flag, what the output must say
