@@ -599,12 +599,14 @@ def main():
         tobjs += [n.build(O(s), 'cc', [s], variables=tcflags)[0] for s in test_files]
         test_bins += n.build(B('test_dp'), 'link', tobjs + libtest + libtools + all_libs,
                              variables=tlibs)
+    # standalone tests see dp_mpi.h where there is MPI (test_noalloc --mpi)
+    stflags = [('cflags', '$cflags ' + esc(join(test_cflags + tool_mpi_flags)))]
     for s in standalone_src:
         name = stem(s)
         if name in ('dp', 'test_dp', 'libdp', 'gen', 'lib', 'tools', 'tests', 'examples',
                     'cuda'):
             fail('%s: its program name %s collides with another build output' % (s, name))
-        obj = n.build(O(s), 'cc', [s], variables=tcflags)[0]
+        obj = n.build(O(s), 'cc', [s], variables=stflags)[0]
         test_bins += n.build(B(name), 'link', [obj] + libtest + libtools + all_libs,
                              variables=tlibs)
     # test_cuda_emul: the CUDA backend's adapter (cuda/vtable.c, registered through

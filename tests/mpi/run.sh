@@ -32,6 +32,8 @@ done
 # the path a multi-host job takes: no shared memory between the ranks
 run "layout 4x2 over TCP" $MPIRUN --mca btl self,tcp -np 4 "$bd/test_mpi" "$tmp"
 run "layout 2x4 over TCP" $MPIRUN --mca btl self,tcp -np 2 "$bd/test_mpi" "$tmp"
+# no allocation by libdp after init on any rank; what MPI allocates, reported
+run "no allocation, mpirun -np 2" $MPIRUN -np 2 "$bd/test_noalloc" --mpi
 # the tool: dp train under mpirun gives the one-process parameter hash, and dp repro
 # compares every tensor after every step across layouts
 train="build/dp train --model examples/digits.dpm --data data/digits.csv --devices 4 \

@@ -34,6 +34,9 @@
  * replaced, so the test says "skipped" and exits 0.
  */
 #include "dp.h"
+#ifdef DP_HAVE_MPI
+#include "dp_mpi.h"
+#endif
 
 #include <dlfcn.h>
 #include <errno.h>
@@ -652,7 +655,89 @@ done:
   dp_model_free(m);
 }
 
-int main(void) {
+#ifdef DP_HAVE_MPI
+/* Under mpirun (test_noalloc --mpi): a job of 2 devices per rank, every rank
+ * counting. libdp's calls must be 0 on every rank; what MPI (and libc inside
+ * it) allocates is reported per step. Phase 1: steady full batches (steps and
+ * forwards); phase 2: alternating batch sizes, which rebuilds the schedule and
+ * its persistent MPI requests (MPI_Send_init allocates inside MPI). */
+static void run_mpi_case(const char *name, dp_mode mode, int shard) {
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = BATCH;
+  cfg.n_devices = 2 * size;
+  cfg.ranks = size;
+  cfg.micro_batch = 4;
+  cfg.mode = mode;
+  cfg.shard_optimizer = shard;
+  dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
+  float x[BATCH * IN], y[BATCH * OUT];
+  int32_t t[BATCH];
+  for (int r = 0; r < BATCH; r++) {
+    t[r] = r % OUT;
+    for (int j = 0; j < IN; j++) x[r * IN + j] = sinf(0.1f * (float)(r * IN + j));
+  }
+  if (dp_model_parse(MLP_SPEC, "mlp", &m) || dp_plan_create(m, &cfg, &p) ||
+      dp_ctx_create_mpi(p, MPI_COMM_WORLD, &c)) {
+    EXPECT(0, "rank %d: %s: setup: %s", rank, name, dp_last_error());
+    goto done;
+  }
+  int r0[2], n[2], sizes[2] = {BATCH, SMALL}, bad = 0;
+  for (int i = 0; i < 2; i++) dp_plan_rank_rows(p, sizes[i], rank, &r0[i], &n[i]);
+  /* warm-up: both shapes of step and forward, the full one last */
+  for (int i = 1; i >= 0; i--) {
+    bad += dp_train_step(c, sizes[i], IN, x + r0[i] * IN, t + r0[i], NULL) != DP_OK;
+    bad += dp_forward(c, sizes[i], IN, x + r0[i] * IN, y) != DP_OK;
+  }
+  count_on();
+  for (int k = 0; k < STEPS; k++) {
+    bad += dp_train_step(c, BATCH, IN, x + r0[0] * IN, t + r0[0], NULL) != DP_OK;
+    bad += dp_forward(c, BATCH, IN, x + r0[0] * IN, y) != DP_OK;
+  }
+  long ours1 = count_off(), theirs1 = theirs_count();
+  report_callers("mpi steady", ours1, theirs1, 0);
+  count_on();
+  for (int k = 0; k < STEPS; k++) {
+    int i = k % 2;
+    bad += dp_train_step(c, sizes[i], IN, x + r0[i] * IN, t + r0[i], NULL) != DP_OK;
+  }
+  long ours2 = count_off(), theirs2 = theirs_count();
+  report_callers("mpi alternating", ours2, theirs2, 0);
+  printf("rank %d of %d, %-22s %d steps + %d forwards: libdp %ld allocator calls, MPI "
+         "and libc inside it %ld (%.1f per step); %d steps of alternating sizes "
+         "(requests rebuilt): libdp %ld, MPI %ld\n",
+         rank, size, name, STEPS, STEPS, ours1, theirs1, (double)theirs1 / STEPS, STEPS,
+         ours2, theirs2);
+  EXPECT(bad == 0, "rank %d: %s: %d calls failed: %s", rank, name, bad, dp_ctx_error(c));
+  EXPECT(ours1 == 0 && ours2 == 0, "rank %d: %s: libdp made %ld + %ld allocator calls",
+         rank, name, ours1, ours2);
+done:
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+
+static int run_mpi(int *argc, char ***argv) {
+  int level;
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &level);
+  run_mpi_case("classic", DP_MODE_CLASSIC, 0);
+  run_mpi_case("allreduce", DP_MODE_ALLREDUCE, 0);
+  run_mpi_case("allreduce, sharded", DP_MODE_ALLREDUCE, 1);
+  int total = 0;
+  MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Finalize();
+  printf("%s\n", total ? "test_noalloc --mpi: FAILED" : "test_noalloc --mpi: ok");
+  return total ? 1 : 0;
+}
+#endif
+
+int main(int argc, char **argv) {
   /* before anything is counted: this program's segments, the "ours" ranges */
   EXPECT(find_exe() > 0, "dl_iterate_phdr found no segment of this program");
 #ifdef DP_HAVE_CUDA
@@ -660,6 +745,14 @@ int main(void) {
   EXPECT(dp_cuda_register() == DP_OK, "dp_cuda_register: %s", dp_last_error());
 #endif
   check_counter_works();
+  if (argc > 1 && !strcmp(argv[1], "--mpi")) {
+#ifdef DP_HAVE_MPI
+    return failures ? 1 : run_mpi(&argc, &argv);
+#else
+    printf("test_noalloc --mpi: this build has no MPI\n");
+    return 1;
+#endif
+  }
   static const config_case cases[] = {
       {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0},
       {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0},
