@@ -507,7 +507,9 @@ def main():
     helper_src = [s for s in sources('tests/*.c')
                   if s not in test_files and s != 'tests/check_main.c']
     standalone_src = sources('tests/standalone/*.c')
-    example_src = sources('examples/*.c')
+    # examples/mpi_*.c use dp_mpi.h: built where there is MPI
+    example_src = [e for e in sources('examples/*.c')
+                   if mpi or not os.path.basename(e).startswith('mpi_')]
     suites = find_suites(test_files)
 
     # -- build.ninja
@@ -634,8 +636,13 @@ def main():
 
     # examples: the public header only
     for s in example_src:
-        obj = n.build(O(s), 'cc', [s], variables=[('cflags', esc(join(example_cflags)))])[0]
-        defaults += n.build(os.path.join(bd, 'examples', stem(s)), 'link', [obj, libdp])
+        is_mpi = os.path.basename(s).startswith('mpi_')
+        ecflags = example_cflags + (mpi['cflags'] if is_mpi else [])
+        obj = n.build(O(s), 'cc', [s], variables=[('cflags', esc(join(ecflags)))])[0]
+        defaults += n.build(os.path.join(bd, 'examples', stem(s)), 'link',
+                            [obj] + (libmpi if is_mpi else []) + [libdp],
+                            variables=[('libs', esc(join(sys_libs + mpi_libs)))] if is_mpi
+                            else [])
     n.newline()
 
     # programs for `ninja valgrind` (built by default, so they stay warning-free; not
@@ -694,12 +701,16 @@ def main():
                  'install -m 644 include/dp.h %s' % pfx('include/dp.h'),
                  'install -m 755 %s %s' % (dp, pfx('bin/dp')),
                  'install -m 644 %s %s' % (B('dp.pc'), pfx('lib/pkgconfig/dp.pc'))]
+        if mpi:
+            steps += ['install -m 644 %s %s' % (libmpi[0], pfx('lib/libdp_mpi.a')),
+                      'install -m 644 include/dp_mpi.h %s' % pfx('include/dp_mpi.h'),
+                      'install -m 644 %s %s' % (B('dp-mpi.pc'), pfx('lib/pkgconfig/dp-mpi.pc'))]
         if cuda:
             steps += ['install -m 644 %s %s' % (libcuda[0], pfx('lib/libdp_cuda.a')),
                       'install -m 644 %s %s' % (B('dp-cuda.pc'),
                                                 pfx('lib/pkgconfig/dp-cuda.pc'))]
-        n.build('install', 'console', [], [libdp, dp, B('dp.pc')] + libcuda +
-                ([B('dp-cuda.pc')] if cuda else []),
+        n.build('install', 'console', [], [libdp, dp, B('dp.pc')] + libcuda + libmpi +
+                ([B('dp-cuda.pc')] if cuda else []) + ([B('dp-mpi.pc')] if mpi else []),
                 variables=[('cmd', '; '.join(steps)), ('desc', 'INSTALL ' + esc(args.prefix))])
 
     # ninja asan: configure build-asan/ and run its tests
@@ -771,11 +782,12 @@ def main():
         n.newline()
 
     # regenerate build.ninja when this script, the .pc template or a source folder changes
-    watched = ['configure.py', 'dp.pc.in', 'dp-cuda.pc.in'] + [d for d in SOURCE_DIRS
+    watched = ['configure.py', 'dp.pc.in', 'dp-cuda.pc.in', 'dp-mpi.pc.in'] + [d for d in SOURCE_DIRS
                                                                if os.path.isdir(d)]
     watched += sources('fuzz/*.c') + sources('fuzz/*.h')
     assert 'fuzz' not in watched
-    n.build([manifest, suites_h, B('dp.pc')] + ([B('dp-cuda.pc')] if cuda else []),
+    n.build([manifest, suites_h, B('dp.pc')] + ([B('dp-cuda.pc')] if cuda else []) +
+            ([B('dp-mpi.pc')] if mpi else []),
             'configure', [], watched,
             variables=[('args', esc(shlex.join(rerun_args)))])
 
@@ -792,6 +804,12 @@ def main():
         pc = (pc.replace('@PREFIX@', args.prefix).replace('@VERSION@', dp_version())
               .replace('@LIBS@', join(cuda_pc_libs)))
         write(B('dp-cuda.pc'), pc)
+    if mpi:
+        with open('dp-mpi.pc.in') as f:
+            pc = f.read()
+        write(B('dp-mpi.pc'), pc.replace('@PREFIX@', args.prefix)
+              .replace('@VERSION@', dp_version()).replace('@LIBS@', join(mpi['libs']))
+              .replace('@CFLAGS@', join(mpi['cflags'])))
     write(manifest, n.text())
 
     # -- summary

@@ -52,3 +52,17 @@ if pkc --exists dp-cuda; then
 else
   echo "check_install: dp-cuda: not installed (a build without nvcc)"
 fi
+
+if pkc --exists dp-mpi; then
+  mlibs=$(pkc --static --libs dp-mpi)
+  $cc -std=c11 -Wall -Wextra -Werror examples/mpi_train.c $(pkc --cflags dp-mpi) $mlibs \
+    -o "$tmp/mpi_train" || fail "examples/mpi_train.c does not build against dp-mpi"
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  export OMPI_MCA_btl_vader_single_copy_mechanism=none
+  mpirun --oversubscribe -np 2 "$tmp/mpi_train" >"$tmp/mpi.out" 2>&1 ||
+    { cat "$tmp/mpi.out"; fail "mpirun -np 2 mpi_train (dp-mpi) exited $?"; }
+  grep -q "2 ranks x 4 devices" "$tmp/mpi.out" || { cat "$tmp/mpi.out"; fail "mpi_train said"; }
+  echo "check_install: dp-mpi: built examples/mpi_train.c with: $mlibs; mpirun -np 2 ran it"
+else
+  echo "check_install: dp-mpi: not installed (a build without MPI)"
+fi
