@@ -1460,6 +1460,272 @@ START_TEST(plan_cuda_replicas_on_one_gpu) {
 }
 END_TEST
 
+/* ---- `dp plan --ranks R`: the job's layout (which process holds what) ---- */
+
+static const char SEED_SPEC[] = "input 5\nlinear 2\nloss mse\n";
+
+/* The numbers of the table row `name` (a line starting with name and a space):
+ * up to cap of them, thousands separators dropped; returns how many. */
+static int table_row(const char *out, const char *name, long *v, int cap) {
+  size_t len = strlen(name);
+  const char *at = out;
+  while (at && !(strncmp(at, name, len) == 0 && at[len] == ' ')) {
+    at = strchr(at, '\n');
+    if (at) at++;
+  }
+  ck_assert_msg(at, "no '%s' row in:\n%s", name, out);
+  at += len;
+  int n = 0;
+  while (*at && *at != '\n' && n < cap) {
+    while (*at == ' ') at++;
+    if (*at < '0' || *at > '9') break;
+    long x = 0;
+    for (; (*at >= '0' && *at <= '9') || *at == ','; at++)
+      if (*at != ',') x = x * 10 + (*at - '0');
+    v[n++] = x;
+  }
+  return n;
+}
+
+/* A plan of `model` as `dp plan ARGS` makes it (to compare the tool's numbers
+ * with the library's). */
+static dp_plan *plan_of(const char *spec, int argc, char **argv) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(spec, "m", &m), DP_OK);
+  dp_config cfg;
+  char err[256] = "";
+  ck_assert_msg(dpt_config_from_args(argc, argv, &cfg, NULL, err, sizeof err) ==
+                    DPT_ARGS_OK,
+                "%s", err);
+  dp_plan *p = NULL;
+  ck_assert_msg(dp_plan_create(m, &cfg, &p) == DP_OK, "%s", dp_last_error());
+  dp_model_free(m);
+  return p;
+}
+
+/* The table of `--ranks 4 --devices 8`: a rank row (0 0 1 1 2 2 3 3), and under
+ * it one line per rank with its devices, its rows of the batch (the sum of its
+ * devices' rows, contiguous, covering the batch) and its bytes (the sum of its
+ * devices' totals); one process (--ranks 1 or none) prints what it did before. */
+START_TEST(plan_ranks_table_shows_what_each_rank_holds) {
+  char model[64];
+  temp_file(model, sizeof model, SEED_SPEC);
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8",
+                     "--ranks", "4");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_str_eq(r.err, "");
+  ck_assert_msg(strstr(r.out, "batch 30 on 8 devices in 4 ranks x 2 "), "%s", r.out);
+  long rank[16], rows[16], total[16];
+  ck_assert_int_eq(table_row(r.out, "rank", rank, 16), 8);
+  ck_assert_int_eq(table_row(r.out, "rows", rows, 16), 8);
+  ck_assert_int_eq(table_row(r.out, "total (padded)", total, 16), 8);
+  for (int d = 0; d < 8; d++) ck_assert_int_eq(rank[d], d / 2);
+
+  dp_plan *p = plan_of(SEED_SPEC, ARGC("--batch", "30", "--devices", "8", "--ranks", "4"),
+                       ARGV("--batch", "30", "--devices", "8", "--ranks", "4"));
+  char head[256];
+  snprintf(head, sizeof head,
+           "\n4 ranks x 2 devices (plan hash %016llx); what each rank's process holds:\n"
+           "rank  devices  rows  of batch 30  arena bytes\n",
+           (unsigned long long)dp_plan_hash(p));
+  const char *at = strstr(r.out, head);
+  ck_assert_msg(at, "no rank summary '%s' in:\n%s", head, r.out);
+  at += strlen(head);
+  int next_row = 0;
+  for (int k = 0; k < 4; k++) {
+    int rk = -1, d0 = -1, d1 = -1, n = -1, lo = -1, hi = -1, used = 0;
+    char bytes[32] = "";
+    ck_assert_msg(sscanf(at, "%d %d-%d %d [%d, %d) %31s%n", &rk, &d0, &d1, &n, &lo, &hi,
+                         bytes, &used) == 7,
+                  "rank line %d: %.80s", k, at);
+    ck_assert_int_eq(rk, k);
+    ck_assert_int_eq(d0, 2 * k);
+    ck_assert_int_eq(d1, 2 * k + 1);
+    ck_assert_int_eq(n, (int)(rows[2 * k] + rows[2 * k + 1]));
+    ck_assert_int_eq(lo, next_row);
+    ck_assert_int_eq(hi, lo + n);
+    next_row = hi;
+    size_t sum = (size_t)(total[2 * k] + total[2 * k + 1]);
+    ck_assert_uint_eq(dp_plan_rank_bytes(p, k), sum);
+    char want[32];
+    ck_assert_str_eq(bytes, dpt_bytes_exact(sum, want, sizeof want));
+    at = strchr(at, '\n');
+    ck_assert_ptr_nonnull(at);
+    at++;
+  }
+  ck_assert_int_eq(next_row, 30);
+  ck_assert_str_eq(at, ""); /* the summary ends the output */
+  dp_plan_free(p);
+  cmd_result_free(&r);
+
+  /* one process: no rank row, no summary, the same text with or without --ranks 1 */
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8");
+  cmd_result r1 = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8",
+                      "--ranks", "1");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_int_eq(r1.rc, DPT_EXIT_OK);
+  ck_assert_str_eq(r.out, r1.out);
+  ck_assert_msg(!strstr(r.out, "\nrank ") && !strstr(r.out, "plan hash"), "%s", r.out);
+  cmd_result_free(&r);
+  cmd_result_free(&r1);
+
+  /* fewer devices get rows than the job has: the ranks without any hold nothing */
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "3", "--devices", "8", "--ranks", "4");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\n   0  0-1         2  [0, 2) ") &&
+                    strstr(r.out, "\n   1  2-3         1  [2, 3) ") &&
+                    strstr(r.out, "\n   3  6-7         0  -   "),
+                "%s", r.out);
+  cmd_result_free(&r);
+  unlink(model);
+}
+END_TEST
+
+/* --json: every device has its "rank"; "plan_hash" is the plan's hash in 16
+ * hex digits; "ranks" has one entry per rank with its devices, its rows and
+ * its bytes (the sums over its devices). One process: rank 0, one entry. */
+START_TEST(plan_ranks_json) {
+  char model[64];
+  temp_file(model, sizeof model, SEED_SPEC);
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8",
+                     "--ranks", "4", "--json");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\"n_devices\": 8, \"ranks\": 4, "), "%s", r.out);
+  long rows[8], bytes[8];
+  const char *at = r.out;
+  for (int d = 0; d < 8; d++) {
+    char key[32];
+    snprintf(key, sizeof key, "{\"id\": %d, ", d);
+    at = strstr(at, key);
+    ck_assert_msg(at, "no device %d in:\n%s", d, r.out);
+    int id, phys, rk, nrows, mb;
+    ck_assert_int_eq(sscanf(at,
+                            "{\"id\": %d, \"physical_id\": %d, \"rank\": %d, \"rows\": %d, "
+                            "\"micro_batches\": %d, \"total_bytes\": %ld",
+                            &id, &phys, &rk, &nrows, &mb, &bytes[d]),
+                     6);
+    ck_assert_int_eq(rk, d / 2);
+    rows[d] = nrows;
+    at++;
+  }
+  dp_plan *p = plan_of(SEED_SPEC, ARGC("--batch", "30", "--devices", "8", "--ranks", "4"),
+                       ARGV("--batch", "30", "--devices", "8", "--ranks", "4"));
+  char hash[64];
+  snprintf(hash, sizeof hash, "\"plan_hash\": \"%016llx\",",
+           (unsigned long long)dp_plan_hash(p));
+  ck_assert_msg(strstr(r.out, hash), "no %s in:\n%s", hash, r.out);
+  dp_plan_free(p);
+  at = strstr(r.out, "\"ranks\": [");
+  ck_assert_msg(at, "%s", r.out);
+  int next_row = 0;
+  for (int k = 0; k < 4; k++) {
+    at = strstr(at, "{\"rank\": ");
+    ck_assert_ptr_nonnull(at);
+    int rk, d0, d1, row0, n;
+    long b;
+    ck_assert_int_eq(sscanf(at,
+                            "{\"rank\": %d, \"devices\": [%d, %d], \"row0\": %d, "
+                            "\"rows\": %d, \"bytes\": %ld}",
+                            &rk, &d0, &d1, &row0, &n, &b),
+                     6);
+    ck_assert_int_eq(rk, k);
+    ck_assert_int_eq(d0, 2 * k);
+    ck_assert_int_eq(d1, 2 * k + 1);
+    ck_assert_int_eq(row0, next_row);
+    ck_assert_int_eq(n, (int)(rows[d0] + rows[d1]));
+    ck_assert_int_eq(b, bytes[d0] + bytes[d1]);
+    next_row += n;
+    at++;
+  }
+  ck_assert_int_eq(next_row, 30);
+  cmd_result_free(&r);
+
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "2", "--json");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.out, "\"physical_id\": 1, \"rank\": 0, ") &&
+                    strstr(r.out, "\"ranks\": [\n    {\"rank\": 0, \"devices\": [0, 1], "
+                                  "\"row0\": 0, \"rows\": 30, \"bytes\": ") &&
+                    !strstr(r.out, "\"rank\": 1"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  unlink(model);
+}
+END_TEST
+
+/* Refusals: devices that the ranks cannot share (the planner's message, exit
+ * 1, nothing on stdout, also with --json and --budget); --ranks 0 (usage). */
+START_TEST(plan_ranks_refused) {
+  char model[64];
+  temp_file(model, sizeof model, SEED_SPEC);
+  const char *want = "dp plan: 8 devices cannot be shared by 3 ranks";
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8",
+                     "--ranks", "3");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, want) && n_lines(r.err) == 1, "%s", r.err);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8", "--ranks", "3",
+          "--json");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, want) && n_lines(r.err) == 1, "%s", r.err);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--budget", "4KiB", "--devices", "8", "--ranks",
+          "3");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, want) && n_lines(r.err) == 1, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8", "--ranks",
+          "0");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_str_eq(r.err, "dp plan: --ranks: 0 is out of range [1, 64]\n"
+                          "run 'dp plan --help' for the options\n");
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  unlink(model);
+}
+END_TEST
+
+/* --svg labels each bar with its rank and names the ranks in the title; one
+ * process: neither. The help names --ranks. */
+START_TEST(plan_ranks_svg_and_help) {
+  char model[64], svg[64];
+  temp_file(model, sizeof model, SEED_SPEC);
+  temp_file(svg, sizeof svg, "");
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8",
+                     "--ranks", "4", "--svg", svg);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  FILE *f = fopen(svg, "r");
+  ck_assert_ptr_nonnull(f);
+  char *text = capture_slurp(f);
+  fclose(f);
+  ck_assert_msg(strstr(text, "on 8 devices in 4 ranks, classic"), "%s", text);
+  ck_assert_msg(strstr(text, ">device 7</text>") && strstr(text, ">rank 3</text>"), "%s",
+                text);
+  ck_assert_msg(strstr(text, "(only device 0)</text>"), "%s", text);
+  free(text);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "8", "--svg", svg);
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  cmd_result_free(&r);
+  f = fopen(svg, "r");
+  ck_assert_ptr_nonnull(f);
+  text = capture_slurp(f);
+  fclose(f);
+  ck_assert_msg(!strstr(text, "rank"), "%s", text);
+  free(text);
+  unlink(svg);
+
+  r = RUN(dpt_cmd_plan, "--help");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.out, "--ranks R") && strstr(r.out, "--devices 8 --ranks 4\n") &&
+                    strstr(r.out, "\"plan_hash\""),
+                "%s", r.out);
+  cmd_result_free(&r);
+  unlink(model);
+}
+END_TEST
+
 /* `dp train --backend cuda`: without a GPU one line on stderr and exit 1 (no
  * crash, nothing allocated); with one, it trains. */
 START_TEST(train_cuda_without_gpu_fails_in_one_line) {
@@ -1660,6 +1926,10 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, unknown_command_suggests_the_nearest);
   tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);
   tcase_add_test(tc, plan_cuda_replicas_on_one_gpu);
+  tcase_add_test(tc, plan_ranks_table_shows_what_each_rank_holds);
+  tcase_add_test(tc, plan_ranks_json);
+  tcase_add_test(tc, plan_ranks_refused);
+  tcase_add_test(tc, plan_ranks_svg_and_help);
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);
   tcase_add_test(tc, bench_gemm_rows_and_tiers);

@@ -577,9 +577,6 @@ void dpt_print_common_help(FILE *f) {
         "  --ranks R               processes of the job (MPI ranks), each driving\n"
         "                          devices/R of the devices; under mpirun the default is\n"
         "                          the number of processes, else 1 (docs/DISTRIBUTED.md)\n"
-        "  --ranks R               processes of the job (MPI ranks), each driving\n"
-        "                          devices/R of the devices; under mpirun the default is\n"
-        "                          the number of processes, else 1 (docs/DISTRIBUTED.md)\n"
         "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
         "an option name is accepted; an option that takes a value may be given once.\n",
         f);

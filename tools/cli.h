@@ -25,7 +25,9 @@ int dpt_cmd_bench(int argc, char **argv); /* tools/cmd_bench.c */
 /* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):
  * a column per device with rows, micro-batches, the bytes of every non-empty
  * region, the padded total; then a line saying how much more device 0 holds
- * and which regions make the difference; then the host staging bytes. */
+ * and which regions make the difference; then the host staging bytes; with
+ * several ranks (config.ranks), a rank row and what each rank's process holds
+ * (its devices, rows of the batch and arena bytes). */
 void dpt_print_plan(FILE *f, const dp_plan *p);
 
 /* Exit statuses shared by all commands. */

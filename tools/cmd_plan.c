@@ -102,6 +102,16 @@ static void plan_help(FILE *f) {
         "state) and the line under the table says by how much and why. \"host\n"
         "staging\" is the pinned host arena (inputs, targets, outputs) of a step.\n"
         "\n"
+        "A job of several processes (--ranks R; no MPI is needed to plan one): global\n"
+        "device g belongs to rank g / (devices / R). The table gains a \"rank\" row,\n"
+        "and below it comes what each rank's process holds: its global devices, its\n"
+        "rows of the batch ([first, end), the rows it feeds) and its arena bytes (the\n"
+        "sum over its devices), with the plan hash every rank of the job must share.\n"
+        "--json gives each device its \"rank\" and adds \"plan_hash\" and a \"ranks\"\n"
+        "array of {rank, devices, row0, rows, bytes} (one entry for one process);\n"
+        "--svg labels each bar with its rank. A device count that is not a multiple\n"
+        "of R is refused (exit 1).\n"
+        "\n"
         "--schedule lists the ops of one step: index, stage (ops of one stage on\n"
         "different devices run in parallel), phase, op kind, executing device, layer,\n"
         "global micro-batch, rows covered, and for copies source -> destination as\n"
@@ -113,7 +123,8 @@ static void plan_help(FILE *f) {
         "Examples:\n"
         "  dp plan --model examples/seed.dpm --batch 30 --devices 2\n"
         "  dp plan --model examples/mlp.dpm --batch 4096 --devices 0,0,1,1 --json\n"
-        "  dp plan --model examples/mlp.dpm --devices 8 --optimizer adamw --budget 80GiB\n",
+        "  dp plan --model examples/mlp.dpm --devices 8 --optimizer adamw --budget 80GiB\n"
+        "  dp plan --model examples/seed.dpm --batch 30 --devices 8 --ranks 4\n",
         f);
 }
 

@@ -16,6 +16,7 @@ static int g_rank, g_size = 1, g_mpi;
 int dpt_world_rank(void) { return g_rank; }
 int dpt_world_size(void) { return g_size; }
 
+#ifdef DP_HAVE_MPI
 /* Launched by a process manager that MPI_Init can join (Open MPI's mpirun,
  * Slurm's srun --mpi=pmix, a PMI launcher); a plain run never starts MPI. */
 static int launched(void) {
@@ -25,6 +26,7 @@ static int launched(void) {
     if (getenv(vars[i])) return 1;
   return 0;
 }
+#endif
 
 void dpt_world_init(int *argc, char ***argv) {
 #ifdef DP_HAVE_MPI
