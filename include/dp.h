@@ -449,6 +449,18 @@ dp_status dp_ctx_check_guards(dp_ctx *c);
  * only the step and forward calls are allocation-free. */
 dp_status dp_ckpt_save(dp_ctx *c, const char *path);
 dp_status dp_ckpt_load(dp_ctx *c, const char *path);
+/* Weights to and from PyTorch, as a safetensors file (safetensors.torch's
+ * save_file / load_file): the parameters named and shaped as the state_dict of
+ * the model's nn.Sequential (dp_model_tensor: "0.weight" (out, in), "0.bias",
+ * ...), F32, with metadata {"format": "pt", "libdp_model": the spec text}.
+ * Export writes the file as dp_ckpt_save does (atomically). Import takes a
+ * file with exactly the model's tensors (any order, any other metadata; F32
+ * only: other dtypes, missing, extra or misshapen tensors and non-finite
+ * values are refused, naming the tensor, with the context unchanged) and sets
+ * the parameters as dp_set_params does: optimizer state and step counter stay
+ * as they were (a fresh context: a PyTorch-initialised model to train). */
+dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path);
+dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path);
 /* Highest arena byte any op has touched, per device: after a step, the end of
  * the device's last non-empty region, which is the plan's total
  * (dp_plan_device_bytes) less the final alignment padding. */

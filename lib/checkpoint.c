@@ -228,26 +228,7 @@ static void w_opt_state(writer *w, const dp_ctx *c, const ck_state *v, unsigned 
 
 /* "checkpoint 'path': cannot <what> 'file': <strerror>" */
 static dp_status io_fail(const char *path, const char *what, const char *file, int err) {
-  if (strcmp(path, file) == 0)
-    return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s it: %s", path, what,
-                   strerror(err));
-  return DP_FAIL(DP_ERR_IO, "checkpoint '%s': cannot %s '%s': %s", path, what, file,
-                 strerror(err));
-}
-
-/* The directory part of path ("." when none). */
-static char *dir_of(const char *path) {
-  const char *slash = strrchr(path, '/');
-  size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
-  char *d = malloc(n ? n + 1 : 2);
-  if (!d) return NULL;
-  if (n) {
-    memcpy(d, path, n);
-    d[n] = 0;
-  } else {
-    strcpy(d, ".");
-  }
-  return d;
+  return dp__io_fail("checkpoint", path, what, file, err);
 }
 
 static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
@@ -304,6 +285,16 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
   return w.failed ? DP_ERR_IO : DP_OK;
 }
 
+typedef struct {
+  dp_ctx *c;
+  const ck_state *v;
+} write_job;
+
+static dp_status fill(FILE *f, void *arg) {
+  const write_job *j = arg;
+  return write_file(j->c, j->v, f);
+}
+
 dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!path || !*path)
@@ -322,70 +313,8 @@ dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
     return dp__ctx_fail(c, dp__ctx_root_status(c, DP_OK));
   }
 
-  size_t plen = strlen(path), cap = plen + 32;
-  char *tmp = malloc(cap), *dir = dir_of(path);
-  if (!tmp || !dir) {
-    free(tmp);
-    free(dir);
-    free(v.mem);
-    return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
-  }
-  snprintf(tmp, cap, "%s.tmp.%ld", path, (long)getpid());
-
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    s = io_fail(path, "create", tmp, errno);
-    goto out;
-  }
-  FILE *f = fdopen(fd, "wb");
-  if (!f) {
-    int err = errno;
-    close(fd);
-    s = io_fail(path, "write", tmp, err);
-    goto remove_tmp;
-  }
-  errno = 0;
-  s = write_file(c, &v, f);
-  if (s == DP_ERR_IO) {
-    int err = errno ? errno : EIO;
-    fclose(f);
-    s = io_fail(path, "write", tmp, err);
-    goto remove_tmp;
-  }
-  if (s) {
-    fclose(f);
-    goto remove_tmp;
-  }
-  if (fflush(f) != 0 || fsync(fileno(f)) != 0) {
-    int err = errno;
-    fclose(f);
-    s = io_fail(path, "write", tmp, err);
-    goto remove_tmp;
-  }
-  if (fclose(f) != 0) {
-    s = io_fail(path, "write", tmp, errno);
-    goto remove_tmp;
-  }
-  if (rename(tmp, path) != 0) {
-    s = io_fail(path, "rename", tmp, errno);
-    goto remove_tmp;
-  }
-  /* The rename is durable once the directory is. */
-  int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) {
-    s = io_fail(path, "open its directory", dir, errno);
-    goto out;
-  }
-  if (fsync(dfd) != 0 && errno != EINVAL) /* EINVAL: the file system cannot sync dirs */
-    s = io_fail(path, "sync its directory", dir, errno);
-  close(dfd);
-  goto out;
-
-remove_tmp:
-  unlink(tmp);
-out:
-  free(tmp);
-  free(dir);
+  write_job job = {c, &v};
+  s = dp__write_atomic(path, "checkpoint", fill, &job);
   free(v.mem);
   return dp__ctx_fail(c, dp__ctx_root_status(c, s));
 }

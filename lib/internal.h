@@ -31,6 +31,18 @@ void dp__error_restore(const char *text);
 int dp__open_regular(const char *path, struct stat *st, const char **failed);
 /* "a directory", "a FIFO", "a socket", "a device", "a regular file". */
 const char *dp__file_kind(mode_t mode);
+/* DP_ERR_IO: "<what> '<path>': cannot <failed> it: <strerror>" (or "... cannot
+ * <failed> '<file>': ..." when file is not path). */
+dp_status dp__io_fail(const char *what, const char *path, const char *failed, const char *file,
+                      int err);
+/* Writes path atomically: fill(f, arg) writes the content into
+ * "<path>.tmp.<pid>" (DP_ERR_IO with errno set when a write failed, or another
+ * status with its message), which is then flushed, fsynced and renamed over
+ * path, and the directory fsynced. On failure the temporary file is removed
+ * and path is as it was. `what` names the file in messages ("checkpoint"). */
+#include <stdio.h>
+dp_status dp__write_atomic(const char *path, const char *what,
+                           dp_status (*fill)(FILE *f, void *arg), void *arg);
 
 /* ---- checked size arithmetic ---- */
 static inline bool dp__mul(size_t a, size_t b, size_t *out) {
