@@ -449,6 +449,19 @@ dp_status dp_ctx_check_guards(dp_ctx *c);
  * only the step and forward calls are allocation-free. */
 dp_status dp_ckpt_save(dp_ctx *c, const char *path);
 dp_status dp_ckpt_load(dp_ctx *c, const char *path);
+/* What a checkpoint file holds, without a context: its model (parsed from
+ * the spec text it carries; *model may be NULL to skip it; free it with
+ * dp_model_free) and its header fields. Reads only the beginning of the file;
+ * the rest is checked by dp_ckpt_load. */
+typedef struct {
+  unsigned version;       /* file format version */
+  size_t n_params;
+  uint64_t seed;
+  dp_optimizer optimizer;
+  int inference;          /* saved from an inference context: parameters only */
+  size_t file_bytes;
+} dp_ckpt_summary;
+dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out);
 /* Weights to and from PyTorch, as a safetensors file (safetensors.torch's
  * save_file / load_file): the parameters named and shaped as the state_dict of
  * the model's nn.Sequential (dp_model_tensor: "0.weight" (out, in), "0.bias",

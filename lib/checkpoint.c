@@ -698,3 +698,64 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   c->poison_msg[0] = '\0';
   return DP_OK;
 }
+
+dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out) {
+  if (model) *model = NULL;
+  if (out) memset(out, 0, sizeof *out);
+  if (!path || !*path)
+    return DP_FAIL(DP_ERR_INVALID, "dp_ckpt_info: path is %s", path ? "empty" : "NULL");
+  /* only the beginning: the header and MODL (a model text is far below 1 MiB) */
+  unsigned char *b = NULL;
+  size_t len = 0, file_size = 0;
+  dp_status s = read_file(path, CK_HEADER + CK_SEC_HEAD + CK_MODL_FIXED + (1u << 20), &b,
+                          &len, &file_size);
+  if (s) return s;
+  uint64_t plen = 0;
+  if (len < 8 || memcmp(b, CK_MAGIC, 8) != 0)
+    s = DP_FAIL(DP_ERR_PARSE, "%s: not a libdp checkpoint (bad magic)", path);
+  else if (len < CK_HEADER)
+    s = DP_FAIL(DP_ERR_PARSE, "%s: truncated: %zu bytes", path, len);
+  else if (get32(b + 8) != 1 && get32(b + 8) != CK_VERSION)
+    s = DP_FAIL(DP_ERR_PARSE,
+                "%s: checkpoint version %u; this library reads versions 1 and %u", path,
+                get32(b + 8), CK_VERSION);
+  if (!s) s = sec_open(path, b, len, CK_HEADER, SEC_MODL, 0, &plen);
+  if (!s && (plen < CK_MODL_FIXED || plen - CK_MODL_FIXED > (1u << 20)))
+    s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: payload of %llu bytes", path,
+                (unsigned long long)plen);
+  if (!s) s = sec_body(path, b, len, CK_HEADER, SEC_MODL, plen, 0);
+  dp_model *m = NULL;
+  if (!s) {
+    const unsigned char *mo = b + CK_HEADER + CK_SEC_HEAD;
+    size_t tlen = (size_t)plen - CK_MODL_FIXED;
+    char *text = malloc(tlen + 1);
+    if (!text) {
+      s = DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory");
+    } else {
+      memcpy(text, mo + CK_MODL_FIXED, tlen);
+      text[tlen] = '\0';
+      if (get32(mo + 28) != tlen || strlen(text) != tlen)
+        s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
+      else if ((s = dp_model_parse(text, path, &m)))
+        s = DP_FAIL(s, "%s: the model it holds: %s", path, dp_last_error());
+      else if (dp_model_n_params(m) != get64(mo))
+        s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: %llu parameters for a model of %zu",
+                    path, (unsigned long long)get64(mo), dp_model_n_params(m));
+      free(text);
+    }
+    if (!s && out) {
+      out->version = get32(b + 8);
+      out->n_params = get64(mo);
+      out->seed = get64(mo + 8);
+      out->optimizer = (dp_optimizer)get32(mo + 16);
+      out->inference = (get32(mo + 24) & CK_FLAG_INFERENCE) != 0;
+      out->file_bytes = file_size;
+    }
+  }
+  free(b);
+  if (!s && model)
+    *model = m;
+  else
+    dp_model_free(m);
+  return s;
+}

@@ -24,11 +24,18 @@ static const command commands[] = {
      "check that training gives the same bits for several device counts and\n"
      "            modes (classic, allreduce, sharded); names the first step and\n"
      "            tensor where two configurations differ"},
+    {"export", dpt_cmd_export,
+     "write a checkpoint's weights as a safetensors file PyTorch loads into\n"
+     "            the model's nn.Sequential (model.load_state_dict)"},
+    {"import", dpt_cmd_import,
+     "make a checkpoint from PyTorch weights (a safetensors state_dict) to\n"
+     "            train from with dp train --resume"},
     {"bench", dpt_cmd_bench,
      "measure: one core's FMA peak, GEMM GFLOP/s, ms per training step,\n"
-     "            transport bytes/s, scaling with batch, width and devices; on a\n"
-     "            GPU, the cuda step with and without CUDA graphs (gpu-step) and\n"
-     "            its GEMMs alone (gpu-gemm)"},
+     "            the allreduce and step time across MPI ranks (comm, under\n"
+     "            mpirun), scaling with batch, width and devices; on a GPU, the\n"
+     "            cuda step with and without CUDA graphs (gpu-step) and its GEMMs\n"
+     "            alone (gpu-gemm)"},
 };
 #define N_COMMANDS ((int)(sizeof commands / sizeof *commands))
 
