@@ -19,7 +19,6 @@
 #include "ckpt_fixture.h"
 #include "fuzz_util.h"
 
-
 static fixture fx[FIXTURE_N];
 static unsigned char *snap[FIXTURE_N][DP_MAX_DEVICES];
 static uint64_t snap_step[FIXTURE_N];
@@ -70,7 +69,8 @@ static void repair(uint8_t *b, size_t n) {
     uint64_t plen = get64(b + off + 8);
     if (plen > n - off - 16 - 8) return;
     uint8_t *pay = b + off + 16;
-    if (i == 0 && plen >= 32 && plen - 32 <= UINT32_MAX) put32(pay + 28, (uint32_t)(plen - 32));
+    if (i == 0 && plen >= 32 && plen - 32 <= UINT32_MAX)
+      put32(pay + 28, (uint32_t)(plen - 32));
     bool last = memcmp(b + off, "END ", 4) == 0 || i == 4;
     put64(pay + plen, fuzz_hash(last ? b : pay, last ? (size_t)(pay - b) : (size_t)plen));
     if (last) return;
@@ -87,9 +87,10 @@ static void restore(int i) {
 
 static void check_unchanged(int i, const char *what) {
   for (int d = 0; d < dp_plan_n_devices(fx[i].plan); d++)
-    FUZZ_CHECK(memcmp(fx[i].ctx->arena[d], snap[i][d], dp_plan_device_bytes(fx[i].plan, d)) == 0,
-               "fixture %d, %s input: a refused load changed device %d's arena (%s)", i, what,
-               d, dp_ctx_error(fx[i].ctx));
+    FUZZ_CHECK(
+        memcmp(fx[i].ctx->arena[d], snap[i][d], dp_plan_device_bytes(fx[i].plan, d)) == 0,
+        "fixture %d, %s input: a refused load changed device %d's arena (%s)", i, what, d,
+        dp_ctx_error(fx[i].ctx));
   FUZZ_CHECK(fx[i].ctx->step == snap_step[i],
              "fixture %d: a refused load changed the step counter", i);
 }
@@ -98,27 +99,30 @@ static void check_unchanged(int i, const char *what) {
 static void check_loaded(int i, const uint8_t *b, size_t n, uint64_t h) {
   dp_ctx *c = fx[i].ctx;
   size_t np = dp_model_n_params(fx[i].model);
-  const uint8_t *parm = NULL, *step = NULL;
+  const uint8_t *parm = NULL, *step = NULL, *appd = NULL;
+  size_t appd_n = 0;
   for (size_t off = 16; off + 16 <= n;) {
     uint64_t plen = get64(b + off + 8);
     if (memcmp(b + off, "PARM", 4) == 0) parm = b + off + 16;
     if (memcmp(b + off, "STEP", 4) == 0) step = b + off + 16;
+    if (memcmp(b + off, "APPD", 4) == 0) appd = b + off + 16, appd_n = (size_t)plen;
     if (plen > n) break;
     off += 16 + (size_t)plen + 8;
   }
   FUZZ_CHECK(parm && step, "an accepted file has no PARM or STEP section");
   float got[64];
   FUZZ_CHECK(np <= 64 && dp_get_params(c, got, np) == DP_OK, "dp_get_params");
-  FUZZ_CHECK(memcmp(got, parm, np * 4) == 0, "fixture %d: loaded parameters differ from the file",
-             i);
+  FUZZ_CHECK(memcmp(got, parm, np * 4) == 0,
+             "fixture %d: loaded parameters differ from the file", i);
   FUZZ_CHECK(dp_ctx_step(c) == get64(step), "fixture %d: step %llu, file says %llu", i,
              (unsigned long long)dp_ctx_step(c), (unsigned long long)get64(step));
   /* An inference context saves a parameters-only file, whatever it loaded; a
-   * version 1 file is saved as version 2 (its rate added): the identity holds
-   * for files of the current version. */
-  if (h % 8 == 0 && !dp_plan_config(fx[i].plan)->inference && get32(b + 8) == 2) {
+   * version 1 or 2 file is saved as version 3 (a rate, an APPD section added):
+   * the identity holds for files of the current version, saved again with
+   * their application data. */
+  if (h % 8 == 0 && !dp_plan_config(fx[i].plan)->inference && get32(b + 8) == 3) {
     const char *path = save_path; /* removed right after: nothing is left behind */
-    dp_status s = dp_ckpt_save(c, path);
+    dp_status s = dp_ckpt_save_app(c, path, appd, appd_n);
     FUZZ_CHECK(s == DP_OK, "saving what was loaded: %s", dp_ctx_error(c));
     FILE *f = fopen(path, "rb");
     FUZZ_CHECK(f != NULL, "cannot reopen %s", path);
@@ -129,8 +133,8 @@ static void check_loaded(int i, const uint8_t *b, size_t n, uint64_t h) {
     unlink(path);
     fuzz_count("load-save identity checked");
     FUZZ_CHECK(got_n == n && memcmp(back, b, n) == 0,
-               "fixture %d: load then save is not the identity (%zu bytes, saved %zu)", i, n,
-               got_n);
+               "fixture %d: load then save is not the identity (%zu bytes, saved %zu)", i,
+               n, got_n);
     free(back);
   }
 }

@@ -449,6 +449,15 @@ dp_status dp_ctx_check_guards(dp_ctx *c);
  * only the step and forward calls are allocation-free. */
 dp_status dp_ckpt_save(dp_ctx *c, const char *path);
 dp_status dp_ckpt_load(dp_ctx *c, const char *path);
+/* dp_ckpt_save with application data: app_bytes (at most 16 MiB) at `app`
+ * ride in the checkpoint (its APPD section, checksummed like the rest, opaque
+ * to libdp): what a training loop needs to continue exactly (dp train keeps
+ * its input standardisation, position in the data and schedule there).
+ * dp_ckpt_save writes none; dp_ckpt_load ignores it. dp_ckpt_read_app gives
+ * a file's data back: *app from malloc (free it), NULL with *bytes 0 when
+ * there is none (also for files of format versions 1 and 2). */
+dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t app_bytes);
+dp_status dp_ckpt_read_app(const char *path, void **app, size_t *bytes);
 /* What a checkpoint file holds, without a context: its model (parsed from
  * the spec text it carries; *model may be NULL to skip it; free it with
  * dp_model_free) and its header fields. Reads only the beginning of the file;

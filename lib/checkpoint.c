@@ -21,19 +21,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define CK_VERSION                                                                         \
-  2u /* 2: STEP also holds the learning rate in effect; 1 is still read                    \
-      */
-#define CK_SECTIONS 5u
-#define CK_HEADER 16u     /* magic, version, section count */
-#define CK_SEC_HEAD 16u   /* tag, reserved, payload length */
-#define CK_SEC_TAIL 8u    /* checksum */
-#define CK_MODL_FIXED 32u /* MODL payload before the model text */
+/* 3: an APPD section (the application's data) before END; 2: STEP also holds
+ * the learning rate in effect. 1 and 2 are still read. */
+#define CK_VERSION 3u
+#define CK_SECTIONS 6u                /* version 3; versions 1 and 2 have no APPD */
+#define CK_APP_MAX ((size_t)16 << 20) /* APPD payload bound */
+#define CK_HEADER 16u                 /* magic, version, section count */
+#define CK_SEC_HEAD 16u               /* tag, reserved, payload length */
+#define CK_SEC_TAIL 8u                /* checksum */
+#define CK_MODL_FIXED 32u             /* MODL payload before the model text */
 #define CK_FLAG_INFERENCE 1u
 
 static const unsigned char CK_MAGIC[8] = {'D', 'P', 'C', 'K', 'P', 'T', 0, 1};
-static const char *const CK_TAGS[CK_SECTIONS] = {"MODL", "STEP", "PARM", "OPTS", "END "};
-enum { SEC_MODL, SEC_STEP, SEC_PARM, SEC_OPTS, SEC_END };
+static const char *const CK_TAGS[CK_SECTIONS] = {"MODL", "STEP", "PARM",
+                                                 "OPTS", "APPD", "END "};
+enum { SEC_MODL, SEC_STEP, SEC_PARM, SEC_OPTS, SEC_APPD, SEC_END };
+static unsigned sections_of(uint32_t version) { return version >= 3 ? 6u : 5u; }
 
 /* ---- little helpers ---------------------------------------------------------- */
 
@@ -231,7 +234,8 @@ static dp_status io_fail(const char *path, const char *what, const char *file, i
   return dp__io_fail("checkpoint", path, what, file, err);
 }
 
-static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
+static dp_status write_file(dp_ctx *c, const ck_state *v, const void *app, size_t app_len,
+                            FILE *f) {
   const dp_plan *p = c->plan;
   size_t n = p->model.n_params;
   unsigned k = ctx_state_vectors(c);
@@ -280,6 +284,10 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
   w_opt_state(&w, c, v, k);
   w_sec_end(&w, w.sec_h);
 
+  w_sec_begin(&w, SEC_APPD, app_len);
+  w_bytes(&w, app, app_len);
+  w_sec_end(&w, w.sec_h);
+
   w_sec_begin(&w, SEC_END, 0);
   w_sec_end(&w, w.file_h); /* everything before this field */
   return w.failed ? DP_ERR_IO : DP_OK;
@@ -288,18 +296,28 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, FILE *f) {
 typedef struct {
   dp_ctx *c;
   const ck_state *v;
+  const void *app;
+  size_t app_len;
 } write_job;
 
 static dp_status fill(FILE *f, void *arg) {
   const write_job *j = arg;
-  return write_file(j->c, j->v, f);
+  return write_file(j->c, j->v, j->app, j->app_len, f);
 }
 
 dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
+  return dp_ckpt_save_app(c, path, NULL, 0);
+}
+
+dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t app_bytes) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!path || !*path)
     return dp__ctx_fail(
         c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_save: path is %s", path ? "empty" : "NULL"));
+  if ((app_bytes && !app) || app_bytes > CK_APP_MAX)
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID,
+                                   "dp_ckpt_save_app: %zu bytes of application data %s",
+                                   app_bytes, app ? "(at most 16 MiB)" : "at NULL"));
   if (c->poison) /* a failed update left its state half-written: never persist that */
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "refusing to save: %s", c->poison_msg));
   dp_status s = check_opt_layout(c->plan, ctx_state_vectors(c));
@@ -313,7 +331,7 @@ dp_status dp_ckpt_save(dp_ctx *c, const char *path) {
     return dp__ctx_fail(c, dp__ctx_root_status(c, DP_OK));
   }
 
-  write_job job = {c, &v};
+  write_job job = {c, &v, app, app_bytes};
   s = dp__write_atomic(path, "checkpoint", fill, &job);
   free(v.mem);
   return dp__ctx_fail(c, dp__ctx_root_status(c, s));
@@ -340,9 +358,11 @@ static size_t sec_size(uint64_t payload) {
 /* STEP's payload: the step (version 1); the step, the rate and a reserved word (2). */
 static size_t step_bytes(uint32_t version) { return version == 1 ? 8 : 16; }
 
-static size_t file_size_for(size_t n, unsigned k, size_t tlen, uint32_t version) {
+static size_t file_size_for(size_t n, unsigned k, size_t tlen, uint32_t version,
+                            size_t app_len) {
   return CK_HEADER + sec_size(CK_MODL_FIXED + tlen) + sec_size(step_bytes(version)) +
-         sec_size(4 * n) + sec_size((size_t)k * 4 * n) + sec_size(0);
+         sec_size(4 * n) + sec_size((size_t)k * 4 * n) +
+         (version >= 3 ? sec_size(app_len) : 0) + sec_size(0);
 }
 
 static bool ctx_text(const dp_ctx *c, char **text, size_t *len) {
@@ -455,14 +475,14 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %u bytes, file has %zu",
                    path, CK_HEADER, len);
   uint32_t version = get32(b + 8), count = get32(b + 12);
-  if (version != 1 && version != CK_VERSION)
+  if (version < 1 || version > CK_VERSION)
     return DP_FAIL(DP_ERR_PARSE,
-                   "%s: checkpoint version %u; this library reads versions 1 and %u", path,
+                   "%s: checkpoint version %u; this library reads versions 1 to %u", path,
                    version, CK_VERSION);
   v->version = version;
-  if (count != CK_SECTIONS)
+  if (count != sections_of(version))
     return DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version %u has %u", path, count, version,
-                   CK_SECTIONS);
+                   sections_of(version));
 
   /* MODL */
   size_t off = CK_HEADER;
@@ -494,9 +514,22 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
   if ((s = check_model(c, v, text, tlen, path))) return s;
   off += sec_size(plen);
 
-  /* The model matches: the file's exact size is known. */
+  /* The model matches: the file's exact size is known (version 3: once the
+   * APPD length is read, at a known offset). */
   size_t n = c->plan->model.n_params;
-  size_t total = file_size_for(n, v->k, tlen, version);
+  uint64_t app_len = 0;
+  if (version >= 3) {
+    size_t at = off + sec_size(step_bytes(version)) + sec_size(4 * n) +
+                sec_size((size_t)v->k * 4 * n);
+    if (at >= len || len - at < CK_SEC_HEAD) /* the least it can be: APPD empty */
+      return DP_FAIL(DP_ERR_PARSE,
+                     "%s: truncated: expected at least %zu bytes, file has %zu", path,
+                     file_size_for(n, v->k, tlen, version, 0), file_size);
+    if ((s = sec_open(path, b, len, at, SEC_APPD, 0, &app_len))) return s;
+    if (app_len > CK_APP_MAX)
+      return DP_FAIL(DP_ERR_PARSE, "%s: section APPD is larger than 16 MiB", path);
+  }
+  size_t total = file_size_for(n, v->k, tlen, version, (size_t)app_len);
   if (file_size < total)
     return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
                    total, file_size);
@@ -504,9 +537,10 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     return DP_FAIL(DP_ERR_PARSE, "%s: expected %zu bytes, file has %zu (trailing data)",
                    path, total, file_size);
   /* From here len == file_size == total. */
-  const uint64_t expect[CK_SECTIONS] = {0, step_bytes(version), (uint64_t)n * 4,
-                                        (uint64_t)v->k * n * 4, 0};
+  const uint64_t expect[CK_SECTIONS] = {
+      0, step_bytes(version), (uint64_t)n * 4, (uint64_t)v->k * n * 4, app_len, 0};
   for (int i = SEC_STEP; i <= SEC_END; i++) {
+    if (i == SEC_APPD && version < 3) continue;
     if ((s = sec_open(path, b, len, off, i, total, &plen))) return s;
     if (plen != expect[i])
       return DP_FAIL(DP_ERR_PARSE, "%s: section %s holds %llu bytes; expected %llu", path,
@@ -629,7 +663,7 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
     free(text);
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model is too large"));
   }
-  cap = file_size_for(n, 2, tlen, CK_VERSION); /* the larger STEP */
+  cap = file_size_for(n, 2, tlen, CK_VERSION, CK_APP_MAX); /* the largest */
 
   unsigned char *buf = NULL;
   size_t len = 0, file_size = 0;
@@ -757,5 +791,41 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
     *model = m;
   else
     dp_model_free(m);
+  return s;
+}
+
+dp_status dp_ckpt_read_app(const char *path, void **app, size_t *bytes) {
+  if (!app || !bytes) return DP_FAIL(DP_ERR_INVALID, "dp_ckpt_read_app: NULL argument");
+  *app = NULL;
+  *bytes = 0;
+  if (!path || !*path)
+    return DP_FAIL(DP_ERR_INVALID, "dp_ckpt_read_app: path is %s", path ? "empty" : "NULL");
+  dp_ckpt_summary info;
+  dp_status s = dp_ckpt_info(path, NULL, &info); /* header and MODL checked */
+  if (s || info.version < 3) return s;           /* older files carry none */
+  unsigned char *b = NULL;
+  size_t len = 0, file_size = 0;
+  if ((s = read_file(path, info.file_bytes, &b, &len, &file_size))) return s;
+  /* walk the sections up to APPD, each one's length and checksum checked */
+  size_t off = CK_HEADER;
+  for (int i = SEC_MODL; i <= SEC_APPD && !s; i++) {
+    uint64_t plen = 0;
+    s = sec_open(path, b, len, off, i, 0, &plen);
+    if (!s) s = sec_body(path, b, len, off, i, plen, 0);
+    if (!s && i == SEC_APPD) {
+      if (plen > CK_APP_MAX) {
+        s = DP_FAIL(DP_ERR_PARSE, "%s: section APPD is larger than 16 MiB", path);
+      } else if (plen) {
+        if (!(*app = malloc((size_t)plen)))
+          s = DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory");
+        else {
+          memcpy(*app, b + off + CK_SEC_HEAD, (size_t)plen);
+          *bytes = (size_t)plen;
+        }
+      }
+    }
+    off += sec_size(plen);
+  }
+  free(b);
   return s;
 }

@@ -334,24 +334,25 @@ START_TEST(test_format_is_as_documented) {
   tmpdir t;
   tmp_make(&t);
   run_steps(&r, 0, 3);
-  save_ok(&r, t.path);
+  static const char app[] = "epoch=3 mean=0.5";
+  ck_assert_int_eq(dp_ckpt_save_app(r.c, t.path, app, sizeof app - 1), DP_OK);
   size_t len;
   unsigned char *b = file_read(t.path, &len);
   ck_assert(len >= 16);
   ck_assert(memcmp(b, "DPCKPT\0\1", 8) == 0);
-  ck_assert_uint_eq(le32(b + 8), 2);
-  ck_assert_uint_eq(le32(b + 12), 5);
-  static const char *tags[5] = {"MODL", "STEP", "PARM", "OPTS", "END "};
+  ck_assert_uint_eq(le32(b + 8), 3);
+  ck_assert_uint_eq(le32(b + 12), 6);
+  static const char *tags[6] = {"MODL", "STEP", "PARM", "OPTS", "APPD", "END "};
   size_t off = 16, n = r.np;
   float *params = params_of(&r);
-  for (int i = 0; i < 5; i++) {
+  for (int i = 0; i < 6; i++) {
     ck_assert(off + 24 <= len);
     ck_assert_msg(memcmp(b + off, tags[i], 4) == 0, "section %d", i);
     ck_assert_uint_eq(le32(b + off + 4), 0);
     uint64_t pl = le64(b + off + 8);
     ck_assert(off + 24 + pl <= len);
     const unsigned char *pay = b + off + 16;
-    if (i < 4) ck_assert_uint_eq(le64(pay + pl), fnv(pay, pl));
+    if (i < 5) ck_assert_uint_eq(le64(pay + pl), fnv(pay, pl));
     switch (i) {
     case 0: {
       char text[1024];
@@ -384,7 +385,11 @@ START_TEST(test_format_is_as_documented) {
       }
       break;
     case 3: ck_assert_uint_eq(pl, 2 * n * 4); break;
-    case 4:
+    case 4: /* the application's bytes, as given */
+      ck_assert_uint_eq(pl, sizeof app - 1);
+      ck_assert(memcmp(pay, app, pl) == 0);
+      break;
+    case 5:
       ck_assert_uint_eq(pl, 0);
       ck_assert_uint_eq(le64(pay), fnv(b, off + 16));
       ck_assert_uint_eq(off + 24, len);
@@ -394,6 +399,18 @@ START_TEST(test_format_is_as_documented) {
   }
   free(params);
   free(b);
+  /* read back without a context; a plain save carries none */
+  void *got = NULL;
+  size_t got_n = 0;
+  ck_assert_int_eq(dp_ckpt_read_app(t.path, &got, &got_n), DP_OK);
+  ck_assert_uint_eq(got_n, sizeof app - 1);
+  ck_assert(got && memcmp(got, app, got_n) == 0);
+  free(got);
+  save_ok(&r, t.path);
+  ck_assert_int_eq(dp_ckpt_read_app(t.path, &got, &got_n), DP_OK);
+  ck_assert(got == NULL && got_n == 0);
+  ck_assert_int_eq(dp_ckpt_save_app(r.c, t.path, NULL, 5), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_save_app(r.c, t.path, app, (size_t)17 << 20), DP_ERR_INVALID);
   tmp_done(&t);
   rig_close(&r);
 }
@@ -429,9 +446,13 @@ START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
   ck_assert_uint_eq(dp_params_hash(c.c), h);
   ck_assert(dp_ctx_lr(c.c) == 0.001f);
   rig_close(&c);
-  /* the same file as version 1: STEP without the rate, checksums redone */
+  /* the same file as version 1: no APPD, STEP without the rate, checksums redone */
   size_t len;
   unsigned char *v2 = file_read(t.path, &len);
+  ck_assert_uint_eq(le64(v2 + len - 48 + 8), 0); /* an empty APPD before END: drop it */
+  memmove(v2 + len - 48, v2 + len - 24, 24);
+  len -= 24;
+  v2[12] = 5; /* sections */
   size_t modl_len = (size_t)le64(v2 + 16 + 8), step_sec = 16 + 24 + modl_len;
   unsigned char *v1 = malloc(len);
   ck_assert_ptr_nonnull(v1);
@@ -628,7 +649,7 @@ START_TEST(test_truncated_file_is_refused) {
   file_write(d.bad, d.file, d.len - 100);
   ck_assert_int_eq(dp_ckpt_load(d.target.c, d.bad), DP_ERR_PARSE);
   char want[96];
-  snprintf(want, sizeof want, "truncated: expected %zu bytes, file has %zu", d.len,
+  snprintf(want, sizeof want, "truncated: expected at least %zu bytes, file has %zu", d.len,
            d.len - 100);
   ck_assert_msg(strstr(dp_ctx_error(d.target.c), want), "%s", dp_ctx_error(d.target.c));
   /* Trailing bytes are refused too. */

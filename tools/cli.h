@@ -17,12 +17,13 @@
 
 /* ---- commands (each returns the process exit status) ------------------------ */
 /* argv[0] is the command name ("plan"); the rest are its arguments. */
-int dpt_cmd_plan(int argc, char **argv);   /* tools/cmd_plan.c */
-int dpt_cmd_train(int argc, char **argv);  /* tools/cmd_train.c */
-int dpt_cmd_repro(int argc, char **argv);  /* tools/cmd_repro.c */
-int dpt_cmd_bench(int argc, char **argv);  /* tools/cmd_bench.c */
-int dpt_cmd_export(int argc, char **argv); /* tools/cmd_weights.c */
-int dpt_cmd_import(int argc, char **argv); /* tools/cmd_weights.c */
+int dpt_cmd_plan(int argc, char **argv);    /* tools/cmd_plan.c */
+int dpt_cmd_train(int argc, char **argv);   /* tools/cmd_train.c */
+int dpt_cmd_repro(int argc, char **argv);   /* tools/cmd_repro.c */
+int dpt_cmd_bench(int argc, char **argv);   /* tools/cmd_bench.c */
+int dpt_cmd_predict(int argc, char **argv); /* tools/cmd_predict.c */
+int dpt_cmd_export(int argc, char **argv);  /* tools/cmd_weights.c */
+int dpt_cmd_import(int argc, char **argv);  /* tools/cmd_weights.c */
 
 /* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):
  * a column per device with rows, micro-batches, the bytes of every non-empty

@@ -121,10 +121,11 @@ static void usage(FILE *f) {
          "  --plot FILE.svg       write the loss curve (mean loss per epoch); checked for\n"
          "                        writability before training starts\n"
          "  --save FILE           after training, write a checkpoint (parameters,\n"
-         "                        optimizer state, step counter) as dp_ckpt_save does:\n"
-         "                        to a temporary file, fsynced, then renamed over FILE,\n"
-         "                        so an interrupted run leaves the old file or the new\n"
-         "                        one (docs/CHECKPOINT.md). Checked for writability\n"
+         "                        optimizer state, step counter, and the run: epochs\n"
+         "                        done and the feature standardisation) as dp_ckpt_save\n"
+         "                        does: to a temporary file, fsynced, then renamed over\n"
+         "                        FILE, so an interrupted run leaves the old file or the\n"
+         "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
          "                        before training starts\n"
          "  --lr-schedule S       the learning rate per optimizer step, as\n"
          "                        torch.optim.lr_scheduler computes it from --lr:\n"
@@ -134,10 +135,12 @@ static void usage(FILE *f) {
          "                        steps from START x lr, default 1/3, then the cosine)\n"
          "  --resume FILE         before training, load a checkpoint of the same model,\n"
          "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
-         "                        train on from it: parameters, optimizer state and step\n"
-         "                        counter continue; the epochs run from the first again,\n"
-         "                        so the data order is not that of one uninterrupted run\n"
-         "                        (a resume is not bit-exact with it)\n"
+         "                        train on from it for --epochs more epochs: parameters,\n"
+         "                        optimizer state, step counter, the rate schedule, the\n"
+         "                        data order (the next epoch) and the standardisation\n"
+         "                        continue, so --epochs 10 --save F, then --epochs 10\n"
+         "                        --resume F gives the bits of --epochs 20 (same data,\n"
+         "                        options and --save at the end of the first run)\n"
          "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
 }
@@ -255,6 +258,7 @@ int dpt_cmd_train(int argc, char **argv) {
   dp_plan *plan = NULL;
   dp_ctx *ctx = NULL;
   dpt_dataset all = {0}, train = {0}, test = {0};
+  dpt_scaler scaler = {0}; /* the feature standardisation (n = 0: none) */
   float *bx = NULL, *by = NULL, *curve = NULL;
   void *bt = NULL;
   int *perm = NULL;
@@ -304,7 +308,49 @@ int dpt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
-  if (!o.no_standardize) dpt_standardize(&train, &test);
+  /* The run so far: a resumed run continues its epochs and keeps the
+   * standardisation it trained with (a checkpoint of another program, or of
+   * an older format, carries none: epoch 0, fitted again). */
+  int epoch0 = 0;
+  if (o.resume) {
+    void *app = NULL;
+    size_t app_n = 0;
+    int rows = 0;
+    if (dp_ckpt_read_app(o.resume, &app, &app_n)) {
+      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume,
+              dpt_user_msg(dp_last_error()));
+      goto out;
+    }
+    if (app_n && dpt_run_parse(app, app_n, &epoch0, &rows, &scaler, err, sizeof err)) {
+      free(app);
+      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
+      goto out;
+    }
+    free(app);
+    if (app_n && rows != train.n_rows)
+      fprintf(stderr,
+              "dp train: warning: %s was trained on %d rows; this data gives %d (another "
+              "file, or another --test-fraction): the run will not continue as it was\n",
+              o.resume, rows, train.n_rows);
+    if (app_n && (scaler.n > 0) != !o.no_standardize) {
+      fprintf(stderr,
+              "dp train: %s was trained %s standardised features; resume it %s "
+              "--no-standardize\n",
+              o.resume, scaler.n > 0 ? "on" : "without", scaler.n > 0 ? "without" : "with");
+      goto out;
+    }
+    if (scaler.n && scaler.n != train.n_features) {
+      fprintf(stderr, "dp train: %s standardises %d features; this data has %d\n", o.resume,
+              scaler.n, train.n_features);
+      goto out;
+    }
+  }
+  if (!o.no_standardize && !scaler.n && dpt_scaler_fit(&train, &scaler)) {
+    fprintf(stderr, "dp train: out of memory\n");
+    goto out;
+  }
+  dpt_scaler_apply(&scaler, &train);
+  dpt_scaler_apply(&scaler, &test);
   /* a backend this build lacks: that first, the planner could only say it less well */
   if (!dp_cuda_available() && dpt_require_backend(&cfg, err, sizeof err)) {
     fprintf(stderr, "dp train: %s\n", err);
@@ -357,7 +403,8 @@ int dpt_cmd_train(int argc, char **argv) {
   int tty = !o.quiet && isatty(STDOUT_FILENO);
   long steps = 0, samples = 0;
   double t_train = 0.0;
-  for (int ep = 0; ep < o.epochs; ep++) {
+  int ep_end = epoch0 + o.epochs;
+  for (int ep = epoch0; ep < ep_end; ep++) {
     dpt_epoch_order(train.n_rows, cfg.seed, ep, perm);
     double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
     int nb = 0;
@@ -396,14 +443,14 @@ int dpt_cmd_train(int argc, char **argv) {
       steps++;
       samples += n;
       if (tty && te - t_last > 0.1) {
-        progress(tty, ep + 1, o.epochs, from + n, train.n_rows, (float)(sum / nb),
+        progress(tty, ep + 1, ep_end, from + n, train.n_rows, (float)(sum / nb),
                  samples / t_train, 0);
         t_last = te;
       }
     }
-    curve[ep] = (float)(sum / nb);
+    curve[ep - epoch0] = (float)(sum / nb);
     if (!o.quiet)
-      progress(tty, ep + 1, o.epochs, train.n_rows, train.n_rows, curve[ep],
+      progress(tty, ep + 1, ep_end, train.n_rows, train.n_rows, curve[ep - epoch0],
                samples / t_train, 1);
   }
 
@@ -429,7 +476,15 @@ int dpt_cmd_train(int argc, char **argv) {
     printf("loss curve: %s\n", o.plot);
   }
   if (o.save) {
-    if (dp_ckpt_save(ctx, o.save)) {
+    size_t run_n = 0;
+    char *run = dpt_run_text(ep_end, train.n_rows, &scaler, &run_n);
+    if (!run) {
+      fprintf(stderr, "dp train: out of memory\n");
+      goto out;
+    }
+    dp_status ss = dp_ckpt_save_app(ctx, o.save, run, run_n);
+    free(run);
+    if (ss) {
       fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
       goto out;
     }
@@ -445,6 +500,7 @@ out:
   dpt_dataset_free(&all);
   dpt_dataset_free(&train);
   dpt_dataset_free(&test);
+  dpt_scaler_free(&scaler);
   dp_ctx_free(ctx);
   dp_plan_free(plan);
   dp_model_free(model);

@@ -11,6 +11,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,7 @@ static dp_status parse_float(const where *w, int field, const char *s, float *ou
 typedef struct {
   dpt_dataset d;
   size_t cap_rows;
+  bool features_only; /* rows hold the features only (dpt_csv_load_features) */
 } builder;
 
 static dp_status grow(builder *b, const where *w) {
@@ -185,7 +187,9 @@ static dp_status grow(builder *b, const where *w) {
   float *x = realloc(b->d.x, nx ? nx : 1);
   if (!x) goto nomem;
   b->d.x = x;
-  if (b->d.n_targets > 0) {
+  if (b->features_only) {
+    /* no label, no targets */
+  } else if (b->d.n_targets > 0) {
     float *y = realloc(b->d.y, ny ? ny : 1);
     if (!y) goto nomem;
     b->d.y = y;
@@ -214,7 +218,9 @@ static dp_status parse_row(builder *b, const where *w, char *line, size_t len) {
     char *comma = memchr(p, ',', (size_t)(end - p));
     char *fe = comma ? comma : end;
     char *f = trim(p, fe);
-    if (nt == 0 && field == 1) {
+    if (b->features_only) {
+      s = parse_float(w, field, f, &xr[field - 1]);
+    } else if (nt == 0 && field == 1) {
       s = parse_label(w, field, f, &label);
     } else if (field <= nt) {
       s = parse_float(w, field, f, b->d.y + r * (size_t)nt + (size_t)(field - 1));
@@ -225,7 +231,7 @@ static dp_status parse_row(builder *b, const where *w, char *line, size_t len) {
     if (s != DP_OK) return s;
     p = fe + 1;
   }
-  if (nt == 0) {
+  if (nt == 0 && !b->features_only) {
     b->d.label[r] = label;
     if (label + 1 > b->d.n_classes) b->d.n_classes = label + 1;
   }
@@ -261,8 +267,8 @@ static line_status read_line(FILE *f, char **buf, size_t *cap, size_t *len) {
   return LINE_OK;
 }
 
-static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *err,
-                      size_t errcap) {
+static dp_status load(const char *path, int n_targets, bool features_only, dpt_dataset *out,
+                      char *err, size_t errcap) {
   if (out) memset(out, 0, sizeof *out);
   if (!path || !out)
     return fail(DP_ERR_INVALID, err, errcap, "dpt_csv_load: NULL argument");
@@ -284,6 +290,7 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
   builder b;
   memset(&b, 0, sizeof b);
   b.d.n_targets = n_targets;
+  b.features_only = features_only;
   where w = {path, 0, err, errcap};
   int n_fields = 0; /* fixed by the first data row */
   char *line = NULL;
@@ -308,7 +315,8 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
     for (const char *c = line; *c; c++)
       if (*c == ',') count++;
     if (n_fields == 0) {
-      long min = (n_targets > 0 ? n_targets : 1) + 1;
+      int lead = features_only ? 0 : n_targets > 0 ? n_targets : 1; /* before features */
+      long min = lead + 1;
       if (count < min) {
         s = fail(DP_ERR_PARSE, err, errcap,
                  "%s:%ld: field count %ld, expected at least %ld (%s and a feature)", path,
@@ -321,7 +329,7 @@ static dp_status load(const char *path, int n_targets, dpt_dataset *out, char *e
         goto done;
       }
       n_fields = (int)count;
-      b.d.n_features = n_fields - (n_targets > 0 ? n_targets : 1);
+      b.d.n_features = n_fields - lead;
     } else if (count != n_fields) {
       s = fail(DP_ERR_PARSE, err, errcap, "%s:%ld: field count %ld, expected %d", path,
                w.line, count, n_fields);
@@ -363,7 +371,12 @@ done:
 }
 
 dp_status dpt_csv_load(const char *path, dpt_dataset *out, char *err, size_t errcap) {
-  return load(path, 0, out, err, errcap);
+  return load(path, 0, false, out, err, errcap);
+}
+
+dp_status dpt_csv_load_features(const char *path, dpt_dataset *out, char *err,
+                                size_t errcap) {
+  return load(path, 0, true, out, err, errcap);
 }
 
 dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *out,
@@ -373,7 +386,7 @@ dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *
     return fail(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
                 path ? path : "(null)", n_targets);
   }
-  return load(path, n_targets, out, err, errcap);
+  return load(path, n_targets, false, out, err, errcap);
 }
 
 /* ---- split ------------------------------------------------------------------- */
@@ -448,8 +461,25 @@ static float saturate(double v) {
 
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
   if (!train || train->n_rows <= 0 || !train->x) return;
+  if (test && (test->n_features != train->n_features || !test->x)) test = NULL;
+  dpt_scaler sc;
+  if (dpt_scaler_fit(train, &sc)) return; /* out of memory: left as they are */
+  dpt_scaler_apply(&sc, train);
+  dpt_scaler_apply(&sc, test);
+  dpt_scaler_free(&sc);
+}
+
+int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc) {
+  memset(sc, 0, sizeof *sc);
+  if (!train || train->n_rows <= 0 || !train->x) return 0;
   int nf = train->n_features;
-  if (test && (test->n_features != nf || !test->x)) test = NULL;
+  sc->mean = malloc((size_t)nf * sizeof *sc->mean);
+  sc->std = malloc((size_t)nf * sizeof *sc->std);
+  if (!sc->mean || !sc->std) {
+    dpt_scaler_free(sc);
+    return -1;
+  }
+  sc->n = nf;
   size_t n = (size_t)train->n_rows;
   for (int j = 0; j < nf; j++) {
     double sum = 0.0;
@@ -463,14 +493,99 @@ void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
     double sd = sqrt(ss / (double)n);
     /* constant (or nearly, relative to the mean) features: scale 1 */
     if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) sd = 1.0;
-    for (size_t i = 0; i < n; i++) {
-      float *v = &train->x[i * (size_t)nf + (size_t)j];
-      *v = saturate((*v - mean) / sd);
-    }
-    if (test)
-      for (size_t i = 0; i < (size_t)(test->n_rows > 0 ? test->n_rows : 0); i++) {
-        float *v = &test->x[i * (size_t)nf + (size_t)j];
-        *v = saturate((*v - mean) / sd);
-      }
+    sc->mean[j] = mean;
+    sc->std[j] = sd;
   }
+  return 0;
+}
+
+void dpt_scaler_apply(const dpt_scaler *sc, dpt_dataset *d) {
+  if (!sc || !d || !d->x || d->n_features != sc->n) return;
+  int nf = d->n_features;
+  for (size_t i = 0; i < (size_t)(d->n_rows > 0 ? d->n_rows : 0); i++)
+    for (int j = 0; j < nf; j++) {
+      float *v = &d->x[i * (size_t)nf + (size_t)j];
+      *v = saturate((*v - sc->mean[j]) / sc->std[j]);
+    }
+}
+
+void dpt_scaler_free(dpt_scaler *sc) {
+  if (!sc) return;
+  free(sc->mean);
+  free(sc->std);
+  memset(sc, 0, sizeof *sc);
+}
+
+/* ---- the run, kept in the checkpoint's application data ---------------------
+ * A text (exact: floats in hexadecimal):
+ *   libdp-train 1
+ *   epochs N              epochs done
+ *   rows R                training rows (a check that the data is the same)
+ *   standardize 0|1
+ *   features F
+ *   mean <F values>       with standardize 1
+ *   std <F values>                                                           */
+char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, size_t *len) {
+  char *buf = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&buf, &n);
+  if (!f) return NULL;
+  fprintf(f, "libdp-train 1\nepochs %d\nrows %d\nstandardize %d\nfeatures %d\n", epochs,
+          rows, sc->n > 0, sc->n);
+  for (int k = 0; k < 2 && sc->n > 0; k++) {
+    fputs(k ? "std" : "mean", f);
+    for (int j = 0; j < sc->n; j++) fprintf(f, " %a", k ? sc->std[j] : sc->mean[j]);
+    fputc('\n', f);
+  }
+  if (fclose(f) != 0) {
+    free(buf);
+    return NULL;
+  }
+  *len = n;
+  return buf;
+}
+
+/* Parses dpt_run_text's output: 0, or -1 with a message (a file of another
+ * program, or damaged). */
+int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,
+                  char *err, size_t errcap) {
+  memset(sc, 0, sizeof *sc);
+  char *t = malloc(len + 1);
+  if (!t) return snprintf(err, errcap, "out of memory"), -1;
+  memcpy(t, text, len);
+  t[len] = '\0';
+  int std = 0, nf = 0, used = 0, rc = -1;
+  if (sscanf(t, "libdp-train 1\nepochs %d\nrows %d\nstandardize %d\nfeatures %d\n%n",
+             epochs, rows, &std, &nf, &used) != 4 ||
+      *epochs < 0 || nf < 0 || nf > 1 << 24)
+    goto bad;
+  if (std) {
+    sc->n = nf;
+    sc->mean = malloc((size_t)(nf ? nf : 1) * sizeof *sc->mean);
+    sc->std = malloc((size_t)(nf ? nf : 1) * sizeof *sc->std);
+    if (!sc->mean || !sc->std) goto bad;
+    char *p = t + used;
+    for (int k = 0; k < 2; k++) {
+      const char *word = k ? "std" : "mean";
+      if (strncmp(p, word, strlen(word))) goto bad;
+      p += strlen(word);
+      for (int j = 0; j < nf; j++) {
+        char *e;
+        double v = strtod(p, &e);
+        if (e == p || !isfinite(v) || (k && !(v > 0))) goto bad;
+        (k ? sc->std : sc->mean)[j] = v;
+        p = e;
+      }
+      while (*p == ' ') p++;
+      if (*p++ != '\n') goto bad;
+    }
+  }
+  rc = 0;
+bad:
+  if (rc) {
+    snprintf(err, errcap, "its run record (the application data) is not dp train's");
+    dpt_scaler_free(sc);
+  }
+  free(t);
+  return rc;
 }

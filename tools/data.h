@@ -55,6 +55,10 @@ dp_status dpt_csv_load(const char *path, dpt_dataset *out, char *err, size_t err
 /* Loads a regression CSV whose first n_targets (>= 1) fields are targets. */
 dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *out,
                                   char *err, size_t errcap);
+/* Loads rows of features only (no label, no targets): what dp predict reads
+ * for a service's inputs. */
+dp_status dpt_csv_load_features(const char *path, dpt_dataset *out, char *err,
+                                size_t errcap);
 /* Frees the arrays and zeroes *d. NULL and already-freed datasets are fine. */
 void dpt_dataset_free(dpt_dataset *d);
 
@@ -74,6 +78,30 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
  * on test (test may be NULL). Constant features get std 1 (as scikit-learn's
  * StandardScaler), so they become 0. Targets are not touched. */
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test);
+
+/* The standardisation itself, to keep and apply again (dp train saves it in
+ * its checkpoints; dp predict applies it): per feature, mean and population
+ * standard deviation over train, as dpt_standardize computes them.
+ * dpt_scaler_fit returns 0, or -1 out of memory (*sc empty); an empty
+ * training set gives n = 0. dpt_scaler_apply does x = (x - mean) / std on d
+ * (nothing when its feature count differs). */
+typedef struct {
+  int n;
+  double *mean, *std; /* (n) */
+} dpt_scaler;
+int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc);
+void dpt_scaler_apply(const dpt_scaler *sc, dpt_dataset *d);
+void dpt_scaler_free(dpt_scaler *sc);
+
+/* The run dp train keeps in its checkpoints' application data
+ * (dp_ckpt_save_app), so that a resume continues it and dp predict
+ * standardises as it did: epochs done, training rows, the standardisation (n
+ * = 0: none). dpt_run_text returns malloc'd text (NULL: out of memory), its
+ * length in *len; dpt_run_parse returns 0, or -1 with a message (not dp
+ * train's record, or damaged), filling *sc (free it). */
+char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, size_t *len);
+int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,
+                  char *err, size_t errcap);
 
 /* Shuffled epoch order: perm[0..n) becomes a permutation of 0..n-1 that
  * depends only on (seed, epoch). Does nothing when n <= 0 or perm is NULL. */

@@ -24,6 +24,9 @@ static const command commands[] = {
      "check that training gives the same bits for several device counts and\n"
      "            modes (classic, allreduce, sharded); names the first step and\n"
      "            tensor where two configurations differ"},
+    {"predict", dpt_cmd_predict,
+     "run a checkpoint's model over a CSV and write the predictions (the\n"
+     "            path a service takes)"},
     {"export", dpt_cmd_export,
      "write a checkpoint's weights as a safetensors file PyTorch loads into\n"
      "            the model's nn.Sequential (model.load_state_dict)"},

@@ -1,0 +1,237 @@
+/* `dp predict`: a checkpoint's model over a CSV, predictions to a CSV — the
+ * path a service takes, from the command line. */
+#include "cli.h"
+#include "data.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { OPT_CHECKPOINT = DPT_OPT_USER, OPT_DATA, OPT_OUT, OPT_FEATURES_ONLY };
+
+typedef struct {
+  const char *checkpoint, *data, *out;
+  int features_only;
+} predict_opts;
+
+static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
+  predict_opts *o = user;
+  (void)err, (void)errcap;
+  switch (code) {
+  case OPT_CHECKPOINT: o->checkpoint = arg; return 0;
+  case OPT_DATA: o->data = arg; return 0;
+  case OPT_OUT: o->out = arg; return 0;
+  case OPT_FEATURES_ONLY: o->features_only = 1; return 0;
+  }
+  return -1;
+}
+
+static void usage(FILE *f) {
+  fputs(
+      "usage: dp predict --checkpoint F.ckpt --data D.csv [--out P.csv] [--features-only]\n"
+      "                  [--batch B] [--devices N] [--backend cpu|cuda]\n"
+      "\n"
+      "Runs the checkpoint's model (dp train --save, dp_ckpt_save: the model travels in\n"
+      "the file) over every row of the CSV and writes one line per row, in order:\n"
+      "  classification (softmax_cross_entropy): the predicted class, then the model's\n"
+      "  outputs (logits), e.g. \"3,-1.25,0.5,...\";\n"
+      "  regression (mse) and models without a loss: the outputs.\n"
+      "Rows are as dp train reads them (label, or the targets, first; then the\n"
+      "features), and then the held-out style metric is printed too (accuracy or\n"
+      "mse); with --features-only they hold the features alone. Features are\n"
+      "standardised as the run that saved the checkpoint standardised them (dp train\n"
+      "keeps the means and deviations in the checkpoint); a checkpoint without a run\n"
+      "record (dp_ckpt_save from a program) takes the features as they are.\n"
+      "\n"
+      "  --checkpoint FILE     the model and its parameters\n"
+      "  --data FILE           the rows to predict\n"
+      "  --out FILE            the predictions (default: standard output)\n"
+      "  --features-only       rows hold only the features\n"
+      "  --batch B             rows per forward (default 256); --devices N splits each\n"
+      "                        batch over N devices, with the same results\n"
+      "\n"
+      "Exit status: 0 written, 1 a file could not be read or written or the data does\n"
+      "not fit the model, 2 usage error.\n\n",
+      f);
+  dpt_print_common_help(f);
+}
+
+/* The standardisation a dp train run saved with the checkpoint (n = 0: none,
+ * also for a checkpoint without dp train's record). */
+static int checkpoint_scaler(const char *path, dpt_scaler *sc, char *err, size_t errcap) {
+  memset(sc, 0, sizeof *sc);
+  void *app = NULL;
+  size_t n = 0;
+  if (dp_ckpt_read_app(path, &app, &n)) {
+    snprintf(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+    return -1;
+  }
+  int epochs, rows, rc = 0;
+  if (n && strncmp(app, "libdp-train ", n < 12 ? n : 12) == 0) {
+    char why[256];
+    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, why, sizeof why)))
+      snprintf(err, errcap, "%s: %s", path, why);
+  }
+  free(app);
+  return rc;
+}
+
+int dpt_cmd_predict(int argc, char **argv) {
+  static const struct option extra[] = {
+      {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
+      {"data", required_argument, NULL, OPT_DATA},
+      {"out", required_argument, NULL, OPT_OUT},
+      {"features-only", no_argument, NULL, OPT_FEATURES_ONLY},
+      {0, 0, 0, 0}};
+  predict_opts o = {0};
+  dp_config cfg;
+  dpt_common common;
+  char err[512];
+  int r = dpt_parse_args(argc, argv, extra, on_option, &o, &cfg, &common, err, sizeof err);
+  if (r == DPT_ARGS_HELP) {
+    usage(stdout);
+    return DPT_EXIT_OK;
+  }
+  if (r == DPT_ARGS_OK && common.n_args > 0) {
+    snprintf(err, sizeof err, "unexpected argument '%s'", argv[common.first_arg]);
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && (!o.checkpoint || !o.data)) {
+    snprintf(err, sizeof err, "--checkpoint and --data are required");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r != DPT_ARGS_OK) {
+    fprintf(stderr, "dp predict: %s\n(see dp predict --help)\n", err);
+    return DPT_EXIT_USAGE;
+  }
+  int rc = DPT_EXIT_FAIL;
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  dpt_dataset d = {0};
+  dpt_scaler sc = {0};
+  float *x = NULL, *ymine = NULL, *y = NULL;
+  FILE *out = NULL;
+  int writes = dpt_world_rank() == 0;
+  if (writes && o.out && dpt_check_writable(o.out, "predictions", 1, err, sizeof err)) {
+    fprintf(stderr, "dp predict: %s\n", err);
+    goto done;
+  }
+  if (dp_ckpt_info(o.checkpoint, &m, NULL)) {
+    fprintf(stderr, "dp predict: %s\n", dpt_user_msg(dp_last_error()));
+    goto done;
+  }
+  int in_w = dp_model_input_width(m), out_w = dp_model_output_width(m);
+  dp_loss_kind loss = dp_model_loss(m);
+  dp_status s = o.features_only ? dpt_csv_load_features(o.data, &d, err, sizeof err)
+                : loss == DP_LOSS_SOFTMAX_CE ? dpt_csv_load(o.data, &d, err, sizeof err)
+                : loss == DP_LOSS_MSE
+                    ? dpt_csv_load_regression(o.data, out_w, &d, err, sizeof err)
+                    : dpt_csv_load_features(o.data, &d, err, sizeof err);
+  if (s) {
+    fprintf(stderr, "dp predict: %s\n", err);
+    goto done;
+  }
+  if (d.n_features != in_w) {
+    fprintf(stderr,
+            "dp predict: %s has %d features per row; the checkpoint's model takes %d%s\n",
+            o.data, d.n_features, in_w,
+            o.features_only ? "" : " (rows with the features only: --features-only)");
+    goto done;
+  }
+  if (checkpoint_scaler(o.checkpoint, &sc, err, sizeof err)) {
+    fprintf(stderr, "dp predict: %s\n", err);
+    goto done;
+  }
+  if (sc.n && sc.n != in_w) {
+    fprintf(stderr, "dp predict: %s standardises %d features; the model takes %d\n",
+            o.checkpoint, sc.n, in_w);
+    goto done;
+  }
+  dpt_scaler_apply(&sc, &d);
+  if (!dpt_given(&common, DPT_OPT_BATCH)) cfg.batch = 256;
+  if (cfg.batch > d.n_rows) cfg.batch = d.n_rows;
+  cfg.inference = 1;
+  if (dpt_require_backend(&cfg, err, sizeof err)) {
+    fprintf(stderr, "dp predict: %s\n", err);
+    goto done;
+  }
+  if (dp_plan_create(m, &cfg, &p) || dpt_ctx_create(p, &c) ||
+      dp_ckpt_load(c, o.checkpoint)) {
+    fprintf(stderr, "dp predict: %s\n",
+            dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
+    goto done;
+  }
+  int B = cfg.batch;
+  x = malloc((size_t)B * in_w * 4);
+  ymine = malloc((size_t)B * out_w * 4);
+  y = malloc((size_t)B * out_w * 4);
+  if (!x || !ymine || !y) {
+    fprintf(stderr, "dp predict: out of memory\n");
+    goto done;
+  }
+  out = !writes ? NULL : o.out ? fopen(o.out, "w") : stdout;
+  if (writes && !out) {
+    fprintf(stderr, "dp predict: cannot write '%s'\n", o.out);
+    goto done;
+  }
+  long correct = 0;
+  double se = 0.0;
+  for (int from = 0; from < d.n_rows; from += B) {
+    int n = d.n_rows - from < B ? d.n_rows - from : B, r0, nr;
+    memcpy(x, d.x + (size_t)from * in_w, (size_t)n * in_w * 4);
+    /* under mpirun each rank feeds its rows; rank 0 gathers the outputs */
+    if (dp_plan_rank_rows(p, n, dpt_world_rank(), &r0, &nr) ||
+        dp_forward(c, n, in_w, x + (size_t)r0 * in_w, ymine) ||
+        dpt_world_gather_rows(p, n, ymine, out_w, y, err, sizeof err)) {
+      fprintf(stderr, "dp predict: rows %d..%d: %s\n", from + 1, from + n,
+              dpt_user_msg(dp_ctx_error(c)));
+      goto done;
+    }
+    for (int i = 0; out && i < n; i++) {
+      const float *yr = y + (size_t)i * out_w;
+      if (loss == DP_LOSS_SOFTMAX_CE) {
+        int best = 0;
+        for (int j = 1; j < out_w; j++)
+          if (yr[j] > yr[best]) best = j;
+        fprintf(out, "%d,", best);
+        if (d.label) correct += best == d.label[from + i];
+      } else if (d.y) {
+        for (int j = 0; j < out_w; j++) {
+          double e = (double)yr[j] - d.y[(size_t)(from + i) * d.n_targets + j];
+          se += e * e;
+        }
+      }
+      for (int j = 0; j < out_w; j++) fprintf(out, "%s%.9g", j ? "," : "", (double)yr[j]);
+      fputc('\n', out);
+    }
+  }
+  if (out && out != stdout && fclose(out) != 0) {
+    out = NULL;
+    fprintf(stderr, "dp predict: cannot write '%s'\n", o.out);
+    goto done;
+  }
+  if (out != stdout) out = NULL;
+  FILE *report = o.out ? stdout : stderr; /* the predictions may be on stdout */
+  if (writes) {
+    fprintf(report, "dp predict: %d rows of %s through %s", d.n_rows, o.data, o.checkpoint);
+    if (d.label)
+      fprintf(report, ": accuracy %.2f%%", 100.0 * correct / d.n_rows);
+    else if (d.y)
+      fprintf(report, ": mse %.6g", se / ((double)d.n_rows * out_w));
+    fprintf(report, "%s%s\n", o.out ? " -> " : "", o.out ? o.out : "");
+  }
+  rc = DPT_EXIT_OK;
+done:
+  if (out && out != stdout) fclose(out);
+  free(x);
+  free(ymine);
+  free(y);
+  dpt_scaler_free(&sc);
+  dpt_dataset_free(&d);
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
+  return rc;
+}
