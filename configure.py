@@ -673,6 +673,8 @@ def main():
     # configure.py command lines.
     checks = [] if args.sanitize else [['tests/check_symbols.sh', libdp] + libcuda + libmpi]
     checks.append(['tests/check_configure.sh', manifest])
+    if not args.sanitize:  # weights to and from PyTorch (skipped, visibly, without torch)
+        checks.append(['tests/check_safetensors_torch.sh', bd])
     if mpi_bins and dp:  # the job across processes, under mpirun
         checks.append(['tests/mpi/run.sh', bd])
     test_cmd = test_env + 'fail=0; '

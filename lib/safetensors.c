@@ -156,12 +156,15 @@ static bool jstring(json *j, char *buf, size_t cap) {
         unsigned v = 0;
         for (int i = 0; i < 4; i++) {
           char hx = *j->p++;
-          v = v * 16 + (unsigned)(hx >= '0' && hx <= '9'   ? hx - '0'
-                                  : hx >= 'a' && hx <= 'f' ? hx - 'a' + 10
-                                  : hx >= 'A' && hx <= 'F' ? hx - 'A' + 10
-                                                           : 99);
+          int d = hx >= '0' && hx <= '9'   ? hx - '0'
+                  : hx >= 'a' && hx <= 'f' ? hx - 'a' + 10
+                  : hx >= 'A' && hx <= 'F' ? hx - 'A' + 10
+                                           : -1;
+          if (d < 0) return jfail(j, "a bad hex digit in a \\u escape"), false;
+          v = v * 16 + (unsigned)d;
         }
-        if (v > 0x7f) return jfail(j, "a \\u escape outside ASCII"), false;
+        /* a NUL would end a name early: "0.weight" and a NUL and "x" read as "0.weight" */
+        if (v == 0 || v > 0x7f) return jfail(j, "a \\u escape outside ASCII or NUL"), false;
         ch = (char)v;
       } else {
         return jfail(j, "a bad escape in a string"), false;
@@ -327,7 +330,8 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
   for (int i = 0; i < n; i++) dp_model_tensor(m, i, &ti[i]);
   json j = {(const char *)b + 8, (const char *)b + 8 + hlen, path, DP_OK};
   if (!eat(&j, '{')) return jfail(&j, "it must be a JSON object");
-  if (!eat(&j, '}')) do {
+  bool empty = eat(&j, '}');
+  if (!empty) do {
       char name[64];
       if (!jstring(&j, name, sizeof name) || !eat(&j, ':')) return jfail(&j, "a name");
       if (!strcmp(name, "__metadata__")) {
@@ -353,7 +357,7 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
       st[k].seen = true;
     } while (eat(&j, ','));
   if (j.err) return j.err;
-  if (!eat(&j, '}')) return jfail(&j, "'}' or ',' was expected");
+  if (!empty && !eat(&j, '}')) return jfail(&j, "'}' or ',' was expected");
   ws(&j);
   if (j.p != j.end) return jfail(&j, "something follows the object");
   for (int k = 0; k < n; k++) {

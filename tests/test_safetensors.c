@@ -1,0 +1,971 @@
+/* safetensors tests: dp_ckpt_export_safetensors / dp_ckpt_import_safetensors
+ * (the parameters as PyTorch's state_dict of the equivalent nn.Sequential).
+ *
+ *   round_trip  export, then import into a fresh context of the same model
+ *               (another seed, another device count or an inference context):
+ *               bit-identical parameters; import is dp_set_params (step counter
+ *               and optimizer state kept); the file does not depend on the
+ *               device count or mode
+ *   format      the file's bytes read back by hand: u64 header length, the JSON
+ *               entries (PyTorch's names and shapes, F32, contiguous
+ *               data_offsets), padding to 8, the data little-endian; the seed
+ *               example (examples/seed.dpm)
+ *   hand_built  files written here as PyTorch / safetensors would write them
+ *               (other tensor order, data in another order, metadata, white
+ *               space) are taken
+ *   hostile     malformed files of every kind are refused with their status
+ *               and a message naming the fault, every arena byte, the step
+ *               counter and the parameters' hash unchanged; a directory or a
+ *               FIFO is DP_ERR_IO at once; NULL and empty arguments
+ *   export_io   exporting into a missing directory or over a directory:
+ *               DP_ERR_IO and no file (temporary or not) left behind
+ *
+ * lib/ctx.h is used only to snapshot a context's arenas. */
+#include "dp.h"
+#include "ctx.h"
+#include "helpers.h"
+
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* Every kind of layer: linear with and without a bias, layernorm, the
+ * activations and dropout (which have no tensors but take module indices). */
+static const char MIX_SPEC[] = "input 12\n"
+                               "linear 16\nlayernorm\ngelu\ndropout 0.2\n"
+                               "linear 16 nobias\ntanh\n"
+                               "linear 8\nrelu\nsigmoid\n"
+                               "linear 5\n"
+                               "loss softmax_cross_entropy\n";
+/* The same with another width: every tensor after the first misshapen. */
+static const char MIX17_SPEC[] = "input 12\n"
+                                 "linear 17\nlayernorm\ngelu\ndropout 0.2\n"
+                                 "linear 16 nobias\ntanh\n"
+                                 "linear 8\nrelu\nsigmoid\n"
+                                 "linear 5\n"
+                                 "loss softmax_cross_entropy\n";
+/* PyTorch's state_dict of MIX_SPEC's nn.Sequential, in its order. */
+static const struct {
+  const char *name, *shape;
+  size_t numel;
+} MIX_TENSORS[] = {
+    {"0.weight", "16,12", 192}, {"0.bias", "16", 16},       {"1.weight", "16", 16},
+    {"1.bias", "16", 16},       {"4.weight", "16,16", 256}, {"6.weight", "8,16", 128},
+    {"6.bias", "8", 8},         {"9.weight", "5,8", 40},    {"9.bias", "5", 5},
+};
+#define N_MIX ((int)(sizeof MIX_TENSORS / sizeof MIX_TENSORS[0]))
+
+/* The hostile files' model: 0.weight [4,3] 0.bias [4] 1.weight [4] 1.bias [4]
+ * 3.weight [2,4] (no bias): 32 floats, 128 bytes. */
+static const char SMALL_SPEC[] =
+    "input 3\nlinear 4\nlayernorm\ngelu\nlinear 2 nobias\nloss mse\n";
+#define SMALL_NP 32
+
+#define BATCH 16
+
+/* ---- helpers ------------------------------------------------------------------ */
+
+static dp_config cfg_make(int n_devices, dp_mode mode, uint64_t seed) {
+  dp_config c = config_of(BATCH, n_devices, DP_OPT_ADAMW);
+  c.micro_batch = 4; /* fixed micro-batches: the same bits for every device count */
+  c.mode = mode;
+  c.seed = seed;
+  c.lr = 0.003f;
+  return c;
+}
+
+/* Step k's batch: a function of k only. */
+static void run_steps(rig *r, int from, int to) {
+  int in = dp_model_input_width(r->m), out = dp_model_output_width(r->m);
+  float *x = malloc(sizeof(float) * BATCH * (size_t)in);
+  float *ty = malloc(sizeof(float) * BATCH * (size_t)out);
+  int32_t t[BATCH];
+  ck_assert(x && ty);
+  bool ce = dp_model_loss(r->m) == DP_LOSS_SOFTMAX_CE;
+  for (int k = from; k < to; k++) {
+    uint64_t s = (uint64_t)k * 0x9E3779B97F4A7C15ull + 11;
+    for (int i = 0; i < BATCH * in; i++)
+      x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
+    for (int i = 0; i < BATCH; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)out);
+    for (int i = 0; i < BATCH * out; i++) ty[i] = (float)(rng_next(&s) >> 40) * 0x1p-24f;
+    dp_status st = dp_train_step(r->c, BATCH, in, x, ce ? (const void *)t : ty, NULL);
+    ck_assert_msg(st == DP_OK, "step %d: %s: %s", k, dp_status_name(st),
+                  dp_ctx_error(r->c));
+  }
+  free(x);
+  free(ty);
+}
+
+static float *params_of(rig *r) {
+  float *p = malloc((r->np ? r->np : 1) * sizeof *p);
+  ck_assert_ptr_nonnull(p);
+  ck_assert_int_eq(dp_get_params(r->c, p, r->np), DP_OK);
+  return p;
+}
+
+static void assert_same_params(rig *a, rig *b, const char *what) {
+  ck_assert_msg(a->np == b->np, "%s: parameter counts differ", what);
+  float *pa = params_of(a), *pb = params_of(b);
+  ck_assert_msg(memcmp(pa, pb, a->np * 4) == 0, "%s: parameters differ", what);
+  ck_assert_msg(dp_params_hash(a->c) == dp_params_hash(b->c), "%s: hashes differ", what);
+  free(pa);
+  free(pb);
+}
+
+static void export_ok(rig *r, const char *path) {
+  dp_status s = dp_ckpt_export_safetensors(r->c, path);
+  ck_assert_msg(s == DP_OK, "export %s: %s: %s", path, dp_status_name(s),
+                dp_ctx_error(r->c));
+}
+
+static void import_ok(rig *r, const char *path) {
+  dp_status s = dp_ckpt_import_safetensors(r->c, path);
+  ck_assert_msg(s == DP_OK, "import %s: %s: %s", path, dp_status_name(s),
+                dp_ctx_error(r->c));
+}
+
+/* A fresh directory for the test's files; removed (with its files) by tmp_done. */
+typedef struct {
+  char dir[256];
+  char path[300];
+} tmpdir;
+
+static void tmp_make(tmpdir *t) {
+  const char *base = getenv("TMPDIR");
+  snprintf(t->dir, sizeof t->dir, "%s/dp_st_XXXXXX", base && *base ? base : "/tmp");
+  ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp: %s", strerror(errno));
+  snprintf(t->path, sizeof t->path, "%s/model.safetensors", t->dir);
+}
+
+/* Names in dir (not . and ..). */
+static int dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+static void tmp_done(tmpdir *t) {
+  DIR *d = opendir(t->dir);
+  ck_assert_ptr_nonnull(d);
+  struct dirent *e;
+  char p[600];
+  while ((e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(p, sizeof p, "%s/%s", t->dir, e->d_name);
+    unlink(p);
+  }
+  closedir(d);
+  rmdir(t->dir);
+}
+
+static unsigned char *file_read(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  unsigned char *b = malloc(n > 0 ? (size_t)n + 1 : 1);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+static void file_write(const char *path, const void *b, size_t len) {
+  unlink(path);
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+  ck_assert_int_eq(fwrite(b, 1, len, f), len);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static uint32_t le32(const unsigned char *b) {
+  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+static uint64_t le64(const unsigned char *b) {
+  return le32(b) | (uint64_t)le32(b + 4) << 32;
+}
+static void put_le64(unsigned char *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+static void put_f32(unsigned char *b, float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  for (int i = 0; i < 4; i++) b[i] = (unsigned char)(u >> (8 * i));
+}
+
+/* A safetensors file: the 8-byte length `hlen` (the header's own length when
+ * hlen is UINT64_MAX), the header text and the data. */
+static void st_write(const char *path, uint64_t hlen, const char *hdr, const void *data,
+                     size_t dlen) {
+  size_t n = strlen(hdr);
+  unsigned char *b = malloc(8 + n + dlen);
+  ck_assert_ptr_nonnull(b);
+  put_le64(b, hlen == UINT64_MAX ? n : hlen);
+  memcpy(b + 8, hdr, n);
+  if (dlen) memcpy(b + 8 + n, data, dlen);
+  file_write(path, b, 8 + n + dlen);
+  free(b);
+}
+
+/* Every arena byte, the step counter and the parameters' hash of a context:
+ * what a refused import must leave alone. */
+typedef struct {
+  int n_dev;
+  unsigned char *arena[DP_MAX_DEVICES];
+  size_t bytes[DP_MAX_DEVICES];
+  uint64_t step, hash;
+} snapshot;
+
+static void snap_take(snapshot *s, rig *r) {
+  memset(s, 0, sizeof *s);
+  s->n_dev = dp_plan_n_devices(r->p);
+  for (int d = 0; d < s->n_dev; d++) {
+    s->bytes[d] = dp_plan_device_bytes(r->p, d);
+    s->arena[d] = malloc(s->bytes[d] ? s->bytes[d] : 1);
+    ck_assert_ptr_nonnull(s->arena[d]);
+    memcpy(s->arena[d], r->c->arena[d], s->bytes[d]);
+  }
+  s->step = r->c->step;
+  s->hash = dp_params_hash(r->c);
+}
+
+static void snap_check(const snapshot *s, rig *r, const char *what) {
+  ck_assert_msg(dp_params_hash(r->c) == s->hash, "%s: the parameters' hash changed", what);
+  ck_assert_msg(r->c->step == s->step, "%s: the step counter changed", what);
+  for (int d = 0; d < s->n_dev; d++)
+    ck_assert_msg(memcmp(s->arena[d], r->c->arena[d], s->bytes[d]) == 0,
+                  "%s: device %d's arena changed", what, d);
+}
+
+static void snap_free(snapshot *s) {
+  for (int d = 0; d < s->n_dev; d++) free(s->arena[d]);
+}
+
+/* ---- round trip -------------------------------------------------------------------- */
+
+/* Export from a trained context, import into a fresh one of the same model with
+ * another seed (same or another device count, or an inference context): the
+ * very same bits. */
+START_TEST(test_export_import_is_bit_identical) {
+  static const struct {
+    int n_dev;
+    dp_mode mode;
+    int inference;
+  } TO[] = {{1, DP_MODE_CLASSIC, 0}, {3, DP_MODE_ALLREDUCE, 0}, {1, DP_MODE_CLASSIC, 1}};
+  dp_config ca = cfg_make(2, DP_MODE_CLASSIC, 5),
+            cb = cfg_make(TO[_i].n_dev, TO[_i].mode, 6);
+  cb.inference = TO[_i].inference;
+  rig a, b;
+  rig_open(&a, MIX_SPEC, &ca);
+  rig_open(&b, MIX_SPEC, &cb);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&a, 0, 3);
+  float *pa = params_of(&a), *pb = params_of(&b);
+  ck_assert_msg(memcmp(pa, pb, a.np * 4) != 0,
+                "the two contexts start equal: a vacuous test");
+  export_ok(&a, t.path);
+  import_ok(&b, t.path);
+  assert_same_params(&a, &b, "exported then imported");
+  ck_assert_uint_eq(dp_ctx_step(b.c), 0);
+  /* importing its own export changes nothing */
+  uint64_t h = dp_params_hash(a.c);
+  import_ok(&a, t.path);
+  ck_assert_uint_eq(dp_params_hash(a.c), h);
+  ck_assert_uint_eq(dp_ctx_step(a.c), 3);
+  free(pa);
+  free(pb);
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
+}
+END_TEST
+
+/* Import sets the parameters as dp_set_params does: on a trained context the
+ * step counter and optimizer state stay, so training on from there gives the
+ * bits of a twin given the same parameters by dp_set_params. */
+START_TEST(test_import_is_set_params) {
+  dp_config c = cfg_make(2, DP_MODE_ALLREDUCE, 5), co = cfg_make(1, DP_MODE_CLASSIC, 9);
+  rig a, b, other;
+  rig_open(&a, MIX_SPEC, &c);
+  rig_open(&b, MIX_SPEC, &c);
+  rig_open(&other, MIX_SPEC, &co);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&a, 0, 4);
+  run_steps(&b, 0, 4);
+  run_steps(&other, 50, 52);
+  export_ok(&other, t.path);
+  float *po = params_of(&other);
+  import_ok(&a, t.path);
+  ck_assert_int_eq(dp_set_params(b.c, po, b.np), DP_OK);
+  ck_assert_uint_eq(dp_ctx_step(a.c), 4);
+  assert_same_params(&a, &other, "imported");
+  run_steps(&a, 4, 8);
+  run_steps(&b, 4, 8);
+  assert_same_params(&a, &b, "import vs dp_set_params, then 4 steps");
+  free(po);
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
+  rig_close(&other);
+}
+END_TEST
+
+/* The file is the same bytes whatever the device count or mode. */
+START_TEST(test_file_independent_of_devices_and_mode) {
+  dp_config c1 = cfg_make(1, DP_MODE_CLASSIC, 5), c4 = cfg_make(4, DP_MODE_ALLREDUCE, 5);
+  c4.shard_optimizer = 1;
+  rig a, b;
+  rig_open(&a, MIX_SPEC, &c1);
+  if (!rig_try(&b, MIX_SPEC, &c4)) {
+    printf("skipped: 4 devices, allreduce: %s\n", dp_last_error());
+    rig_close(&a);
+    return;
+  }
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&a, 0, 3);
+  run_steps(&b, 0, 3);
+  char pb[400];
+  snprintf(pb, sizeof pb, "%s/b.safetensors", t.dir);
+  export_ok(&a, t.path);
+  export_ok(&b, pb);
+  size_t la, lb;
+  unsigned char *fa = file_read(t.path, &la), *fb = file_read(pb, &lb);
+  ck_assert_uint_eq(la, lb);
+  ck_assert(memcmp(fa, fb, la) == 0);
+  free(fa);
+  free(fb);
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
+}
+END_TEST
+
+/* ---- format ------------------------------------------------------------------------- */
+
+/* The spec text as a JSON string body (what the exporter writes as metadata). */
+static void json_escape(const char *s, char *out, size_t cap) {
+  size_t n = 0;
+  for (; *s && n + 8 < cap; s++) {
+    if (*s == '\n') {
+      out[n++] = '\\';
+      out[n++] = 'n';
+    } else if (*s == '"' || *s == '\\') {
+      out[n++] = '\\';
+      out[n++] = *s;
+    } else {
+      out[n++] = *s;
+    }
+  }
+  out[n] = '\0';
+}
+
+/* The file's bytes, read back by hand, for a model with every kind of layer. */
+START_TEST(test_file_layout) {
+  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 5);
+  rig r;
+  rig_open(&r, MIX_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 2);
+  export_ok(&r, t.path);
+  size_t len;
+  unsigned char *b = file_read(t.path, &len);
+  ck_assert_uint_ge(len, 8);
+  uint64_t hlen = le64(b);
+  ck_assert_uint_le(hlen, len - 8);
+  ck_assert_msg(hlen % 8 == 0, "the header is %llu bytes: the data is not 8-aligned",
+                (unsigned long long)hlen);
+  char *hdr = malloc(hlen + 1);
+  ck_assert_ptr_nonnull(hdr);
+  memcpy(hdr, b + 8, hlen);
+  hdr[hlen] = '\0';
+  ck_assert_msg(strlen(hdr) == hlen, "a NUL byte in the header");
+  /* a JSON object, padded with spaces (safetensors pads with spaces) */
+  ck_assert_msg(hdr[0] == '{', "%s", hdr);
+  size_t close = hlen;
+  while (close > 0 && hdr[close - 1] == ' ') close--;
+  ck_assert_msg(close > 0 && hdr[close - 1] == '}', "%s", hdr);
+  ck_assert_uint_lt(hlen - close, 8);
+
+  /* PyTorch's names and shapes, F32, data contiguous in state_dict order */
+  ck_assert_int_eq(dp_model_n_tensors(r.m), N_MIX);
+  size_t off = 0;
+  for (int i = 0; i < N_MIX; i++) {
+    char want[200];
+    snprintf(want, sizeof want,
+             "\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+             MIX_TENSORS[i].name, MIX_TENSORS[i].shape, off * 4,
+             (off + MIX_TENSORS[i].numel) * 4);
+    ck_assert_msg(strstr(hdr, want) != NULL, "the header lacks %s:\n%s", want, hdr);
+    off += MIX_TENSORS[i].numel;
+  }
+  ck_assert_uint_eq(off, r.np);
+  int entries = 0;
+  for (const char *p = hdr; (p = strstr(p, "\"dtype\"")); p++) entries++;
+  ck_assert_int_eq(entries, N_MIX);
+  /* metadata: the format safetensors.torch expects and the spec text */
+  ck_assert_msg(strncmp(hdr, "{\"__metadata__\":{\"format\":\"pt\",", 31) == 0, "%s", hdr);
+  char text[1024], esc[2048], want[2100];
+  ck_assert_uint_lt(dp_model_format(r.m, text, sizeof text), sizeof text);
+  json_escape(text, esc, sizeof esc);
+  snprintf(want, sizeof want, "\"libdp_model\":\"%s\"}", esc);
+  ck_assert_msg(strstr(hdr, want) != NULL, "the header lacks %s:\n%s", want, hdr);
+
+  /* the data: the parameters, little-endian, to the file's end */
+  ck_assert_uint_eq(len - 8 - hlen, r.np * 4);
+  float *p = params_of(&r);
+  for (size_t e = 0; e < r.np; e++) {
+    uint32_t u;
+    memcpy(&u, &p[e], 4);
+    ck_assert_msg(le32(b + 8 + hlen + 4 * e) == u, "float %zu differs", e);
+  }
+  free(p);
+  free(hdr);
+  free(b);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* examples/seed.dpm, Linear(5, 2): "0.weight" [2, 5] and "0.bias" [2]. */
+START_TEST(test_seed_example) {
+  size_t tl;
+  ck_assert_msg(access("examples/seed.dpm", R_OK) == 0,
+                "examples/seed.dpm: %s (test_dp runs from the repository root)",
+                strerror(errno));
+  unsigned char *spec = file_read("examples/seed.dpm", &tl);
+  spec[tl] = '\0';
+  dp_config cfg = config_of(30, 1, DP_OPT_SGD);
+  rig r;
+  rig_open(&r, (const char *)spec, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  export_ok(&r, t.path);
+  size_t len;
+  unsigned char *b = file_read(t.path, &len);
+  uint64_t hlen = le64(b);
+  ck_assert_uint_eq(len, 8 + hlen + 12 * 4);
+  char *hdr = strndup((const char *)b + 8, hlen);
+  ck_assert_msg(
+      strstr(hdr,
+             "\"0.weight\":{\"dtype\":\"F32\",\"shape\":[2,5],\"data_offsets\":[0,40]}"),
+      "%s", hdr);
+  ck_assert_msg(
+      strstr(hdr, "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[40,48]}"),
+      "%s", hdr);
+  /* and the example's own file round-trips */
+  rig r2;
+  dp_config c2 = cfg;
+  c2.seed = 99;
+  rig_open(&r2, (const char *)spec, &c2);
+  import_ok(&r2, t.path);
+  assert_same_params(&r, &r2, "seed example");
+  free(hdr);
+  free(b);
+  free(spec);
+  tmp_done(&t);
+  rig_close(&r);
+  rig_close(&r2);
+}
+END_TEST
+
+/* ---- files written by hand ----------------------------------------------------------- */
+
+/* A safetensors entry of an F32 tensor, its data_offsets [b, e]; SMALL_SPEC's entries. */
+#define ENT(name, shape, b, e)                                                             \
+  "\"" name "\":{\"dtype\":\"F32\",\"shape\":[" shape "],"                                 \
+  "\"data_offsets\":[" #b "," #e "]}"
+#define W0 ENT("0.weight", "4,3", 0, 48)
+#define B0 ENT("0.bias", "4", 48, 64)
+#define W1 ENT("1.weight", "4", 64, 80)
+#define B1 ENT("1.bias", "4", 80, 96)
+#define W3 ENT("3.weight", "2,4", 96, 128)
+#define ALL W0 "," B0 "," W1 "," B1 "," W3
+/* The same sorted by name, data too, as safetensors.torch.save_file writes them. */
+#define SORTED                                                                             \
+  ENT("0.bias", "4", 0, 16)                                                                \
+  "," ENT("0.weight", "4,3", 16, 64) "," ENT("1.bias", "4", 64, 80) "," ENT(               \
+      "1.weight", "4", 80, 96) "," ENT("3.weight", "2,4", 96, 128)
+
+/* Parameter e's value in the hand-built files. */
+static float small_value(size_t e) { return (float)e * 0.125f - 1.5f; }
+
+static void small_data(unsigned char *d) {
+  for (size_t e = 0; e < SMALL_NP; e++) put_f32(d + 4 * e, small_value(e));
+}
+
+/* Files as PyTorch and the safetensors package write them: tensors in another
+ * order (save_file sorts them by name, data too), metadata anywhere, white
+ * space, any metadata values. Each is taken, with exactly its values. */
+static const char *const GOOD[] = {
+    /* libdp's order */
+    "{" ALL "}",
+    /* sorted by name, as safetensors.torch.save_file writes them, data in
+     * that order too: 0.bias 0.weight 1.bias 1.weight 3.weight */
+    "{\"__metadata__\":{\"format\":\"pt\"}," SORTED "}",
+    /* reversed, metadata last, extra metadata keys, escapes, white space */
+    "{ \n\t" W3 " ,\r\n " B1 "," W1 "," B0 "," W0
+    " , \"__metadata__\" : { \"format\" : \"pt\", \"who\": \"\\u0041\\\"\\\\\\/\\n\", "
+    "\"x\":\"\" } }       ",
+    /* metadata first and with values that are not strings (skipped) */
+    "{\"__metadata__\":{\"a\":[1,2,{\"b\":null}],\"c\":true,\"d\":-1.5e3,\"e\":{}}," ALL
+    "}",
+    /* empty metadata, shuffled, and unknown fields inside an entry */
+    "{\"__metadata__\":{}," B0 "," W3 ","
+    "\"0.weight\":{\"shape\":[4,3],\"extra\":[[1],{}],\"data_offsets\":[0,48],\"dtype\":"
+    "\"F32\"},"
+    "" B1 "," W1 "}",
+};
+#define N_GOOD ((int)(sizeof GOOD / sizeof GOOD[0]))
+
+/* Where parameter e's value lies in GOOD[1]'s data (sorted by name). */
+static size_t sorted_pos(size_t e) {
+  /* libdp order: 0.weight [0,12) 0.bias [12,16) 1.weight [16,20) 1.bias [20,24) 3.weight
+   * [24,32) sorted:      0.bias [0,4) 0.weight [4,16) 1.bias [16,20) 1.weight
+   * [20,24) 3.weight [24,32) */
+  if (e < 12) return e + 4;
+  if (e < 16) return e - 12;
+  if (e < 20) return e + 4;
+  if (e < 24) return e - 4;
+  return e;
+}
+
+START_TEST(test_hand_built_file_is_taken) {
+  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 3);
+  rig r;
+  rig_open(&r, SMALL_SPEC, &cfg);
+  ck_assert_uint_eq(r.np, SMALL_NP);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 2);
+  unsigned char d[4 * SMALL_NP];
+  if (_i == 1)
+    for (size_t e = 0; e < SMALL_NP; e++) put_f32(d + 4 * sorted_pos(e), small_value(e));
+  else
+    small_data(d);
+  st_write(t.path, UINT64_MAX, GOOD[_i], d, sizeof d);
+  import_ok(&r, t.path);
+  ck_assert_uint_eq(dp_ctx_step(r.c), 2);
+  float *p = params_of(&r);
+  for (size_t e = 0; e < SMALL_NP; e++)
+    ck_assert_msg(p[e] == small_value(e), "file %d: parameter %zu is %g, want %g", _i, e,
+                  (double)p[e], (double)small_value(e));
+  free(p);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- hostile files ------------------------------------------------------------------- */
+
+static char *nested(const char *prefix, int depth, const char *suffix) {
+  size_t n = strlen(prefix) + 2 * (size_t)depth + strlen(suffix) + 1;
+  char *s = malloc(n);
+  ck_assert_ptr_nonnull(s);
+  strcpy(s, prefix);
+  size_t k = strlen(s);
+  for (int i = 0; i < depth; i++) s[k++] = '[';
+  for (int i = 0; i < depth; i++) s[k++] = ']';
+  strcpy(s + k, suffix);
+  return s;
+}
+
+typedef enum {
+  RAW_NONE,
+  RAW_EMPTY,
+  RAW_7,
+  RAW_HLEN_PAST_END,
+  RAW_HLEN_2_63,
+  RAW_HLEN_MAX,
+  RAW_NAN,
+  RAW_INF,
+  RAW_SHORT_DATA,
+  RAW_NESTED_META,
+  RAW_NESTED_FIELD
+} raw_kind;
+
+static const struct {
+  const char *what;
+  raw_kind raw;    /* a case built in code */
+  const char *hdr; /* otherwise: this header, SMALL_SPEC's data */
+  dp_status want;
+  const char *needle; /* in the message */
+} HOSTILE[] = {
+    {"empty file", RAW_EMPTY, NULL, DP_ERR_PARSE, "too short"},
+    {"7 bytes", RAW_7, NULL, DP_ERR_PARSE, "too short"},
+    {"header length past the end", RAW_HLEN_PAST_END, NULL, DP_ERR_PARSE, "runs past"},
+    {"header length 2^63", RAW_HLEN_2_63, NULL, DP_ERR_PARSE, "runs past"},
+    {"header length 2^64-1", RAW_HLEN_MAX, NULL, DP_ERR_PARSE, "runs past"},
+    {"empty header", RAW_NONE, "", DP_ERR_PARSE, "JSON object"},
+    {"not JSON", RAW_NONE, "hello, world", DP_ERR_PARSE, "JSON object"},
+    {"an array", RAW_NONE, "[" ALL "]", DP_ERR_PARSE, "JSON object"},
+    {"no tensors", RAW_NONE, "{}", DP_ERR_INVALID, "no tensor '0.weight'"},
+    {"metadata only", RAW_NONE, "{\"__metadata__\":{\"format\":\"pt\"}}", DP_ERR_INVALID,
+     "no tensor '0.weight'"},
+    {"missing tensor", RAW_NONE, "{" W0 "," B0 "," W1 "," W3 "}", DP_ERR_INVALID,
+     "no tensor '1.bias'"},
+    {"extra tensor", RAW_NONE, "{" ALL "," ENT("3.bias", "2", 0, 8) "}", DP_ERR_INVALID,
+     "'3.bias'"},
+    {"extra tensor first", RAW_NONE, "{" ENT("2.weight", "4", 0, 16) "," ALL "}",
+     DP_ERR_INVALID, "'2.weight'"},
+    {"duplicate tensor", RAW_NONE, "{" ALL "," B0 "}", DP_ERR_PARSE, "'0.bias' twice"},
+    {"transposed weight", RAW_NONE,
+     "{" ENT("0.weight", "3,4", 0, 48) "," B0 "," W1 "," B1 "," W3 "}", DP_ERR_SHAPE,
+     "'0.weight'"},
+    {"flattened weight", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1 "," ENT("3.weight", "8", 96, 128) "}", DP_ERR_SHAPE,
+     "'3.weight'"},
+    {"3-d weight", RAW_NONE,
+     "{" ENT("0.weight", "4,3,1", 0, 48) "," B0 "," W1 "," B1 "," W3 "}", DP_ERR_SHAPE,
+     "'0.weight'"},
+    {"scalar bias", RAW_NONE, "{" W0 "," ENT("0.bias", "", 48, 64) "," W1 "," B1 "," W3 "}",
+     DP_ERR_SHAPE, "'0.bias'"},
+    {"wrong width", RAW_NONE,
+     "{" W0 "," B0 "," ENT("1.weight", "5", 64, 80) "," B1 "," W3 "}", DP_ERR_SHAPE,
+     "'1.weight'"},
+    {"9 dimensions", RAW_NONE,
+     "{" ENT("0.weight", "1,1,1,1,1,1,1,4,3", 0, 48) "," B0 "," W1 "," B1 "," W3 "}",
+     DP_ERR_PARSE, "8 dimensions"},
+    {"negative dimension", RAW_NONE,
+     "{" ENT("0.weight", "-4,3", 0, 48) "," B0 "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "integer"},
+    {"huge dimension", RAW_NONE,
+     "{" ENT("0.weight", "99999999999999999999,3", 0, 48) "," B0 "," W1 "," B1 "," W3 "}",
+     DP_ERR_PARSE, "too large"},
+    {"dtype F16", RAW_NONE,
+     "{\"0.weight\":{\"dtype\":\"F16\",\"shape\":[4,3],\"data_offsets\":[0,24]}," B0 "," W1
+     "," B1 "," W3 "}",
+     DP_ERR_INVALID, "'0.weight' is F16"},
+    {"dtype BF16", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1 ",\"3.weight\":{\"dtype\":\"BF16\",\"shape\":[2,4],"
+     "\"data_offsets\":[96,112]}}",
+     DP_ERR_INVALID, "'3.weight' is BF16"},
+    {"dtype F64", RAW_NONE,
+     "{" W0 ",\"0.bias\":{\"dtype\":\"F64\",\"shape\":[4],\"data_offsets\":[48,80]}," W1
+     "," B1 "," W3 "}",
+     DP_ERR_INVALID, "'0.bias' is F64"},
+    {"dtype a number", RAW_NONE,
+     "{\"0.weight\":{\"dtype\":32,\"shape\":[4,3],\"data_offsets\":[0,48]}," B0 "," W1
+     "," B1 "," W3 "}",
+     DP_ERR_PARSE, "string"},
+    {"no dtype", RAW_NONE,
+     "{\"0.weight\":{\"shape\":[4,3],\"data_offsets\":[0,48]}," B0 "," W1 "," B1 "," W3 "}",
+     DP_ERR_PARSE, "lacks"},
+    {"no data_offsets", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1 ",\"3.weight\":{\"dtype\":\"F32\",\"shape\":[2,4]}}",
+     DP_ERR_PARSE, "lacks"},
+    {"entry not an object", RAW_NONE, "{" W0 ",\"0.bias\":[48,64]," W1 "," B1 "," W3 "}",
+     DP_ERR_PARSE, "object"},
+    {"offsets past the data", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1 "," ENT("3.weight", "2,4", 100, 132) "}", DP_ERR_PARSE,
+     "'3.weight' has data_offsets [100, 132]"},
+    {"offsets far past the data", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1
+     "," ENT("3.weight", "2,4", 9007199254740960, 9007199254740992) "}",
+     DP_ERR_PARSE, "too large"},
+    {"offsets of the wrong size", RAW_NONE,
+     "{" ENT("0.weight", "4,3", 0, 44) "," B0 "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "'0.weight' has data_offsets [0, 44]"},
+    {"end before begin", RAW_NONE,
+     "{" W0 "," ENT("0.bias", "4", 64, 48) "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "'0.bias' has data_offsets [64, 48]"},
+    {"negative offset", RAW_NONE,
+     "{" W0 "," ENT("0.bias", "4", -16, 0) "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "non-negative integer"},
+    {"three offsets", RAW_NONE,
+     "{" W0 ",\"0.bias\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[48,64,80]}," W1
+     "," B1 "," W3 "}",
+     DP_ERR_PARSE, "data_offsets"},
+    {"fractional offset", RAW_NONE,
+     "{" W0 "," ENT("0.bias", "4", 48.0, 64) "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "data_offsets"},
+    {"truncated string", RAW_NONE, "{\"0.weigh", DP_ERR_PARSE, "past the header's end"},
+    {"truncated in a value", RAW_NONE, "{" W0 ",\"0.bias\":{\"dtype\":\"F3", DP_ERR_PARSE,
+     "past the header's end"},
+    {"no closing brace", RAW_NONE, "{" ALL, DP_ERR_PARSE, "'}' or ','"},
+    {"missing comma", RAW_NONE, "{" W0 " " B0 "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "'}' or ','"},
+    {"trailing comma", RAW_NONE, "{" ALL ",}", DP_ERR_PARSE, "string"},
+    {"something after the object", RAW_NONE, "{" ALL "}x", DP_ERR_PARSE, "follows"},
+    {"two objects", RAW_NONE, "{" ALL "}{}", DP_ERR_PARSE, "follows"},
+    {"a NUL in the header", RAW_NONE, "{" ALL "}\0   ", DP_ERR_PARSE, "follows"},
+    {"control character in a name", RAW_NONE, "{\"0.we\night\":{}}", DP_ERR_PARSE,
+     "control character"},
+    {"bad escape", RAW_NONE, "{\"0.we\\qight\":{}}", DP_ERR_PARSE, "escape"},
+    {"non-ASCII \\u escape", RAW_NONE, "{\"0.weigh\\u00e9\":{}}", DP_ERR_PARSE, "escape"},
+    {"bad hex in \\u escape", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1 ",\"3.weigh\\u000g\":{\"dtype\":\"F32\",\"shape\":[2,4],"
+     "\"data_offsets\":[96,128]}}",
+     DP_ERR_PARSE, "escape"},
+    {"NUL \\u escape ending a name early", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1
+     ",\"3.weight\\u0000junk\":{\"dtype\":\"F32\",\"shape\":[2,4],"
+     "\"data_offsets\":[96,128]}}",
+     DP_ERR_PARSE, "escape"},
+    {"short \\u escape", RAW_NONE, "{\"0.weight\\u00", DP_ERR_PARSE, "escape"},
+    {"very long name", RAW_NONE,
+     "{\"0."
+     "weightttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttttt"
+     "tttttttt\":{}}",
+     DP_ERR_PARSE, "too long"},
+    {"name not a string", RAW_NONE, "{0:{}}", DP_ERR_PARSE, "string"},
+    {"metadata unterminated", RAW_NONE, "{\"__metadata__\":{\"format\":\"pt\"," ALL "}",
+     DP_ERR_PARSE, "header"},
+    {"deeply nested metadata", RAW_NESTED_META, NULL, DP_ERR_PARSE, "nested too deep"},
+    {"deeply nested unknown field", RAW_NESTED_FIELD, NULL, DP_ERR_PARSE,
+     "nested too deep"},
+    {"NaN value", RAW_NAN, "{" ALL "}", DP_ERR_NONFINITE, "1.bias[2] is not finite"},
+    {"Inf value", RAW_INF, "{" ALL "}", DP_ERR_NONFINITE, "3.weight[7] is not finite"},
+    {"data cut short", RAW_SHORT_DATA, "{" ALL "}", DP_ERR_PARSE,
+     "'3.weight' has data_offsets"},
+};
+#define N_HOSTILE ((int)(sizeof HOSTILE / sizeof HOSTILE[0]))
+
+START_TEST(test_hostile_file_is_refused) {
+  dp_config cfg = cfg_make(2, DP_MODE_ALLREDUCE, 3);
+  rig r;
+  rig_open(&r, SMALL_SPEC, &cfg);
+  ck_assert_uint_eq(r.np, SMALL_NP);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 2);
+  snapshot sn;
+  snap_take(&sn, &r);
+  unsigned char d[4 * SMALL_NP];
+  small_data(d);
+  const char *what = HOSTILE[_i].what;
+  char *h = NULL;
+  switch (HOSTILE[_i].raw) {
+  case RAW_EMPTY: file_write(t.path, "", 0); break;
+  case RAW_7: file_write(t.path, "\x10\0\0\0\0\0\0", 7); break;
+  case RAW_HLEN_PAST_END:
+    st_write(t.path, strlen("{" ALL "}") + sizeof d + 1, "{" ALL "}", d, sizeof d);
+    break;
+  case RAW_HLEN_2_63: st_write(t.path, 1ull << 63, "{" ALL "}", d, sizeof d); break;
+  case RAW_HLEN_MAX: st_write(t.path, UINT64_MAX - 1, "{" ALL "}", d, sizeof d); break;
+  case RAW_NESTED_META:
+    h = nested("{\"__metadata__\":", 100, "," ALL "}");
+    st_write(t.path, UINT64_MAX, h, d, sizeof d);
+    break;
+  case RAW_NESTED_FIELD:
+    h = nested("{" W0 "," B0 "," W1 "," B1 ",\"3.weight\":{\"x\":", 100,
+               ",\"dtype\":\"F32\",\"shape\":[2,4],\"data_offsets\":[96,128]}}");
+    st_write(t.path, UINT64_MAX, h, d, sizeof d);
+    break;
+  case RAW_NAN:
+    put_f32(d + 4 * 22, NAN); /* 1.bias[2] */
+    goto plain;
+  case RAW_INF:
+    put_f32(d + 4 * 31, -INFINITY); /* 3.weight[7] */
+    goto plain;
+  case RAW_SHORT_DATA:
+    st_write(t.path, UINT64_MAX, HOSTILE[_i].hdr, d, sizeof d - 4);
+    break;
+  case RAW_NONE:
+  plain:
+    if (strcmp(what, "a NUL in the header") == 0) {
+      /* the header's own length covers the NUL and the spaces after it */
+      const char *hd = HOSTILE[_i].hdr;
+      size_t n = strlen(hd) + 4;
+      unsigned char *b = malloc(8 + n + sizeof d);
+      put_le64(b, n);
+      memcpy(b + 8, hd, n);
+      memcpy(b + 8 + n, d, sizeof d);
+      file_write(t.path, b, 8 + n + sizeof d);
+      free(b);
+    } else {
+      st_write(t.path, UINT64_MAX, HOSTILE[_i].hdr, d, sizeof d);
+    }
+    break;
+  }
+  free(h);
+  dp_status s = dp_ckpt_import_safetensors(r.c, t.path);
+  ck_assert_msg(s == HOSTILE[_i].want, "%s: %s (%s), want %s", what, dp_status_name(s),
+                dp_ctx_error(r.c), dp_status_name(HOSTILE[_i].want));
+  ck_assert_msg(strstr(dp_ctx_error(r.c), HOSTILE[_i].needle) != NULL,
+                "%s: message '%s' lacks '%s'", what, dp_ctx_error(r.c), HOSTILE[_i].needle);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), t.path) != NULL,
+                "%s: message '%s' lacks the path", what, dp_ctx_error(r.c));
+  snap_check(&sn, &r, what);
+  /* the context still works, and the same data in a good file is taken */
+  run_steps(&r, 2, 3);
+  st_write(t.path, UINT64_MAX, "{" ALL "}", d, sizeof d);
+  if (HOSTILE[_i].raw != RAW_NAN && HOSTILE[_i].raw != RAW_INF) import_ok(&r, t.path);
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* Another model's export: the first tensor whose shape differs is named. */
+START_TEST(test_other_models_file_is_refused) {
+  dp_config cfg = cfg_make(1, DP_MODE_CLASSIC, 5);
+  rig a, b, small;
+  rig_open(&a, MIX_SPEC, &cfg);
+  rig_open(&b, MIX17_SPEC, &cfg);
+  rig_open(&small, SMALL_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  export_ok(&b, t.path);
+  snapshot sn;
+  snap_take(&sn, &a);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(a.c, t.path), DP_ERR_SHAPE);
+  ck_assert_msg(
+      strstr(dp_ctx_error(a.c), "tensor '0.weight' is [17, 12]; the model's is [16, 12]"),
+      "%s", dp_ctx_error(a.c));
+  snap_check(&sn, &a, "MIX17 into MIX");
+  /* a model with other tensor names: the first unknown one is named */
+  ck_assert_int_eq(dp_ckpt_import_safetensors(small.c, t.path), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(small.c), "'4.weight' that the model does not"), "%s",
+                dp_ctx_error(small.c));
+  export_ok(&small, t.path);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(a.c, t.path), DP_ERR_INVALID);
+  snap_check(&sn, &a, "SMALL into MIX");
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
+  rig_close(&small);
+}
+END_TEST
+
+/* A FIFO without a writer, a directory, a missing file: DP_ERR_IO at once (the
+ * alarm turns a hang into a failure). NULL and empty arguments: DP_ERR_INVALID. */
+START_TEST(test_not_a_file_and_bad_arguments) {
+  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 5);
+  rig r;
+  rig_open(&r, SMALL_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  run_steps(&r, 0, 1);
+  snapshot sn;
+  snap_take(&sn, &r);
+  char p[400];
+  snprintf(p, sizeof p, "%s/fifo.safetensors", t.dir);
+  ck_assert_int_eq(mkfifo(p, 0600), 0);
+  alarm(10);
+  dp_status s = dp_ckpt_import_safetensors(r.c, p);
+  alarm(0);
+  ck_assert_int_eq(s, DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "is not a regular file (a FIFO)"), "%s",
+                dp_ctx_error(r.c));
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, t.dir), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "is not a regular file (a directory)"), "%s",
+                dp_ctx_error(r.c));
+  snprintf(p, sizeof p, "%s/missing.safetensors", t.dir);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, p), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
+                "%s", dp_ctx_error(r.c));
+  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, "/dev/null"), DP_ERR_IO);
+
+  ck_assert_int_eq(dp_ckpt_import_safetensors(NULL, t.path), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_export_safetensors(NULL, t.path), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, NULL), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "NULL"), "%s", dp_ctx_error(r.c));
+  ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, ""), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "empty"), "%s", dp_ctx_error(r.c));
+  ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, ""), DP_ERR_INVALID);
+  snap_check(&sn, &r, "not a file, bad arguments");
+  ck_assert_int_eq(dir_entries(t.dir), 0);
+  /* a regular file still works (O_NONBLOCK is cleared before reading) */
+  export_ok(&r, t.path);
+  import_ok(&r, t.path);
+  snap_check(&sn, &r, "own export imported");
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* ---- export I/O ------------------------------------------------------------------------
+ */
+
+START_TEST(test_export_io_errors) {
+  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 5);
+  rig r;
+  rig_open(&r, SMALL_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t);
+  snapshot sn;
+  snap_take(&sn, &r);
+  char p[400];
+  /* into a directory that does not exist: nothing is created */
+  snprintf(p, sizeof p, "%s/no/such/dir/x.safetensors", t.dir);
+  ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, p), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
+                "%s", dp_ctx_error(r.c));
+  struct stat st;
+  ck_assert_int_ne(stat(p, &st), 0);
+  ck_assert_int_eq(dir_entries(t.dir), 0);
+  /* over a directory: refused, and the temporary file removed */
+  snprintf(p, sizeof p, "%s/adir", t.dir);
+  ck_assert_int_eq(mkdir(p, 0755), 0);
+  ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, p), DP_ERR_IO);
+  ck_assert_int_eq(dir_entries(t.dir), 1);
+  ck_assert_int_eq(dir_entries(p), 0);
+  ck_assert_int_eq(rmdir(p), 0);
+  /* over an existing file: replaced whole, no temporary file left */
+  file_write(t.path, "old contents", 12);
+  export_ok(&r, t.path);
+  ck_assert_int_eq(dir_entries(t.dir), 1);
+  import_ok(&r, t.path);
+  snap_check(&sn, &r, "export errors");
+  snap_free(&sn);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+Suite *safetensors_suite(void) {
+  Suite *s = suite_create("safetensors");
+  TCase *tc = tcase_create("round_trip");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_export_import_is_bit_identical, 0, 3);
+  tcase_add_test(tc, test_import_is_set_params);
+  tcase_add_test(tc, test_file_independent_of_devices_and_mode);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("format");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_file_layout);
+  tcase_add_test(tc, test_seed_example);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("hand_built");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_hand_built_file_is_taken, 0, N_GOOD);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("hostile");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_hostile_file_is_refused, 0, N_HOSTILE);
+  tcase_add_test(tc, test_other_models_file_is_refused);
+  tcase_add_test(tc, test_not_a_file_and_bad_arguments);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("export_io");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_export_io_errors);
+  suite_add_tcase(s, tc);
+  return s;
+}
