@@ -1,10 +1,16 @@
 /* `dp bench`: measurements, never assertions. peak (one core's FMA peak),
  * gemm (our GEMM against that peak), step (ms/step and samples/s of a
- * model), comm (the transport's bytes/s), scaling (step cost as batch,
+ * model), comm (under mpirun: the canonical tree's allreduce against
+ * MPI_Allreduce, and the step time on 1, 2, 4, ... ranks; --shm: the
+ * shared-memory transport's bytes/s), scaling (step cost as batch,
  * width and device count grow), gpu-step and gpu-gemm (the cuda backend's
  * step, with and without CUDA graphs, and how much of it the GEMMs are).
  * Tables by default, --json for scripts. */
 #include "cli.h"
+
+#ifdef DP_HAVE_MPI
+#include "dp_mpi.h"
+#endif
 
 #include <immintrin.h>
 #include <math.h>
@@ -350,11 +356,22 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
 
 /* ---- command ---------------------------------------------------------------------- */
 
-enum { OPT_MODEL = DPT_OPT_USER, OPT_STEPS, OPT_JSON, OPT_SIZES, OPT_TIER };
+enum {
+  OPT_MODEL = DPT_OPT_USER,
+  OPT_STEPS,
+  OPT_JSON,
+  OPT_SIZES,
+  OPT_TIER,
+  OPT_MAX_BYTES,
+  OPT_ITERS,
+  OPT_SHM
+};
 
 typedef struct {
   const char *model, *sizes, *tier;
   int steps, steps_given, json;
+  size_t max_bytes; /* comm: the largest allreduce */
+  int iters, shm;   /* comm: allreduces per round (0: about 0.2 s per size); --shm */
 } bench_opts;
 
 static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
@@ -364,6 +381,15 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_SIZES: o->sizes = arg; return 0;
   case OPT_TIER: o->tier = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
+  case OPT_SHM: o->shm = 1; return 0;
+  case OPT_ITERS: return dpt_parse_int(arg, 1, 10000000, "--iters", &o->iters, err, errcap);
+  case OPT_MAX_BYTES:
+    if (dpt_parse_size(arg, &o->max_bytes, err, errcap)) return -1;
+    if (o->max_bytes < 8 || o->max_bytes / 4 > INT32_MAX) {
+      snprintf(err, errcap, "--max-bytes: %s is out of range (8 B to 8 GiB)", arg);
+      return -1;
+    }
+    return 0;
   case OPT_STEPS:
     o->steps_given = 1;
     return dpt_parse_int(arg, 1, 1000000, "--steps", &o->steps, err, errcap);
@@ -380,7 +406,19 @@ static void usage(FILE *f) {
          "                       our GEMM (forward layout, n x n x n) vs that peak\n"
          "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
          "                       ms/step and samples/s of training steps\n"
-         "  comm                 bytes/s of the shared-memory transport\n"
+         "  comm [--max-bytes SIZE] [--iters N] [--model M] [--batch B] [--steps K]\n"
+         "                       under mpirun (mpirun -np 4 dp bench comm): allreduce\n"
+         "                       of 1 KiB, 4 KiB, ... SIZE (default 64MiB) across the\n"
+         "                       job's ranks, libdp's canonical tree vs MPI_Allreduce\n"
+         "                       (us, bus GB/s as nccl-tests counts it, their ratio;\n"
+         "                       the best of 3 rounds of N allreduces per size, default\n"
+         "                       N: about 0.2 s per size);\n"
+         "                       then ms/step on the first 1, 2, 4, ... ranks (layout\n"
+         "                       r x 1, allreduce mode, default an MLP 784-1024-1024-10,\n"
+         "                       batch 256, K steps) and the parameter hash of each,\n"
+         "                       which must be the same (else exit 1). Not under\n"
+         "                       mpirun: says how to run it and exits 1\n"
+         "  comm --shm           bytes/s of the in-process shared-memory transport\n"
          "  rss --model M --batch B [--steps K]\n"
          "                       resident memory after init and over K steps\n"
          "                       (default 10000): it stays flat\n"
@@ -462,6 +500,331 @@ static int bench_scaling(const bench_opts *o, const dp_config *base) {
   }
   if (o->json) printf("]}\n");
   return DPT_EXIT_OK;
+}
+
+/* ---- comm across processes ------------------------------------------------------- */
+
+#define COMM_MIN_BYTES 1024 /* the first size; then x4 up to --max-bytes */
+#define COMM_SIZE_S 0.2     /* aimed seconds per size (tree and MPI_Allreduce together) */
+#define COMM_MIN_ITERS 3    /* per size */
+#define COMM_ROUNDS 3       /* the best of 3 rounds, where a size has time for them */
+#define COMM_MAX_ITERS 20000
+#define COMM_WARMUP_STEPS 3
+#define COMM_MODEL_NAME "mlp 784-1024-1024-10"
+#define COMM_BATCH 256
+
+/* One layout's row of the step scaling (rank 0's numbers). */
+typedef struct {
+  int ranks;
+  double ms, samples_per_s;
+  uint64_t hash;
+} comm_step_row;
+
+/* Not in an MPI job: how to run it (stderr, exit 1). */
+static int comm_how_to_run(const char *why) {
+  fprintf(
+      stderr,
+      "dp bench comm: %s\n"
+      "  it times the allreduce between the processes of an MPI job (libdp's canonical\n"
+      "  tree vs MPI_Allreduce) and the step time on 1, 2, 4, ... of them;\n"
+      "  run it under mpirun: mpirun -np 4 dp bench comm\n"
+      "  (dp bench comm --shm: the in-process shared-memory transport, no MPI)\n",
+      why);
+  return DPT_EXIT_FAIL;
+}
+
+#ifdef DP_HAVE_MPI
+/* Waits for every rank of comm without spinning: a rank with nothing to do
+ * while others time their steps leaves them the cores (a job of more ranks
+ * than cores). */
+static void quiet_barrier(MPI_Comm comm) {
+  MPI_Request req;
+  int done = 0;
+  if (MPI_Ibarrier(comm, &req) != MPI_SUCCESS) {
+    MPI_Barrier(comm);
+    return;
+  }
+  while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+    struct timespec ts = {0, 200000}; /* 0.2 ms */
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* busbw as nccl-tests defines it for an allreduce: 2 (R - 1) / R x bytes / t,
+ * in GB/s; 0 for one rank (nothing crosses). */
+static double busbw_gbs(int R, size_t bytes, double t) {
+  return R > 1 && t > 0 ? 2.0 * (R - 1) / R * (double)bytes / t / 1e9 : 0.0;
+}
+
+/* Allreduces (tree and MPI) that take about COMM_SIZE_S when one takes
+ * `each` seconds. */
+static int comm_iters(double each) {
+  double want = each > 0 ? ceil(COMM_SIZE_S / each) : COMM_MAX_ITERS;
+  return want < COMM_MIN_ITERS   ? COMM_MIN_ITERS
+         : want > COMM_MAX_ITERS ? COMM_MAX_ITERS
+                                 : (int)want;
+}
+
+/* Part 1: the canonical tree's allreduce vs MPI_Allreduce on MPI_COMM_WORLD,
+ * 1 KiB, 4 KiB, ... --max-bytes. Collective. */
+static int comm_allreduce(const bench_opts *o, int R, int rank) {
+  size_t sizes[64], mx = o->max_bytes & ~(size_t)3;
+  int n = 0;
+  for (size_t b = mx < COMM_MIN_BYTES ? mx : COMM_MIN_BYTES; n < 64; b *= 4) {
+    sizes[n++] = b < mx ? b : mx;
+    if (b >= mx) break;
+  }
+  if (o->json)
+    printf("\"allreduce\":[");
+  else
+    printf("%12s %7s %11s %11s %10s %10s %7s\n", "bytes", "runs", "tree us", "MPI us",
+           "tree GB/s", "MPI GB/s", "ratio");
+  double prev = 0.0, worst = -1.0; /* seconds of tree + MPI at the previous size */
+  for (int i = 0; i < n; i++) {
+    double tree = 0.0, mpi = 0.0;
+    int iters = o->iters;
+    if (!iters) {
+      /* about COMM_SIZE_S per size, decided on rank 0: a guess from the
+       * previous size scaled by the bytes, checked by a trial of a sixteenth
+       * of it (3 allreduces at the first size) unless it is the minimum */
+      int trial = 0;
+      if (rank == 0) {
+        iters = i ? comm_iters(prev * (double)sizes[i] / (double)sizes[i - 1]) : 0;
+        trial = !iters ? COMM_MIN_ITERS : iters > 2 * COMM_MIN_ITERS ? iters / 16 : 0;
+      }
+      MPI_Bcast(&trial, 1, MPI_INT, 0, MPI_COMM_WORLD);
+      if (trial) {
+        if (dp_mpi_bench_allreduce(MPI_COMM_WORLD, sizes[i], trial, &tree, &mpi)) goto fail;
+        iters = comm_iters(tree + mpi);
+      }
+      MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    }
+    /* the best of COMM_ROUNDS rounds of each (a shared machine's noise
+     * only ever adds time), unless a size has time for too few allreduces
+     * (each round sets up a context of its own); --iters is per round */
+    int rounds = COMM_ROUNDS;
+    if (!o->iters && iters < COMM_ROUNDS * COMM_MIN_ITERS)
+      rounds = 1;
+    else if (!o->iters)
+      iters = (iters + COMM_ROUNDS - 1) / COMM_ROUNDS;
+    for (int k = 0; k < rounds; k++) {
+      double tk, mk;
+      if (dp_mpi_bench_allreduce(MPI_COMM_WORLD, sizes[i], iters, &tk, &mk)) goto fail;
+      tree = k == 0 || tk < tree ? tk : tree;
+      mpi = k == 0 || mk < mpi ? mk : mpi;
+    }
+    prev = tree + mpi;
+    double bt = busbw_gbs(R, sizes[i], tree), bm = busbw_gbs(R, sizes[i], mpi);
+    /* tree busbw / MPI busbw = MPI time / tree time; none for one rank (the
+     * tree moves nothing, MPI_Allreduce copies) */
+    double ratio = R > 1 && tree > 0 ? mpi / tree : -1.0;
+    if (ratio >= 0 && sizes[i] >= (1u << 20) && (worst < 0 || ratio < worst)) worst = ratio;
+    char rs[32] = "-", runs[32];
+    snprintf(runs, sizeof runs, "%dx%d", rounds, iters);
+    if (ratio >= 0) snprintf(rs, sizeof rs, o->json ? "%.3f" : "%.2f", ratio);
+    if (o->json)
+      printf("%s{\"bytes\":%zu,\"rounds\":%d,\"iters\":%d,\"tree_us\":%.3f,\"mpi_us\":%.3f,"
+             "\"tree_busbw_gbs\":%.3f,\"mpi_busbw_gbs\":%.3f,\"ratio\":%s}",
+             i ? "," : "", sizes[i], rounds, iters, tree * 1e6, mpi * 1e6, bt, bm,
+             ratio >= 0 ? rs : "null");
+    else
+      printf("%12zu %7s %11.1f %11.1f %10.3f %10.3f %7s\n", sizes[i], runs, tree * 1e6,
+             mpi * 1e6, bt, bm, rs);
+    fflush(stdout);
+  }
+  if (o->json) {
+    printf("],\"lowest_ratio_from_1mib\":");
+    if (worst >= 0)
+      printf("%.3f,", worst);
+    else
+      printf("null,");
+  } else if (worst >= 0) {
+    printf("lowest ratio at >= 1 MiB: %.2f (the goal: >= 0.80 on 4 ranks)\n", worst);
+  }
+  return DPT_EXIT_OK;
+fail:
+  fprintf(stderr, "dp bench comm: rank %d: %s\n", rank, dpt_user_msg(dp_last_error()));
+  return DPT_EXIT_FAIL;
+}
+
+/* One layout r x 1 on the communicator sub (the first r ranks): warm-up, then
+ * `steps` timed steps between barriers, then the parameter hash. Collective
+ * over sub. 0, or -1 with the message printed. */
+static int comm_time_layout(const dp_model *m, const dp_config *c, MPI_Comm sub, int steps,
+                            const float *x, const void *target, comm_step_row *out) {
+  int rank = 0, r0 = 0, nr = 0, in = dp_model_input_width(m);
+  size_t tsz = dp_model_loss(m) == DP_LOSS_MSE ? (size_t)dp_model_output_width(m) * 4 : 4;
+  MPI_Comm_rank(sub, &rank);
+  dp_plan *p = NULL;
+  dp_ctx *ctx = NULL;
+  float loss;
+  int rc = -1;
+  if (dp_plan_create(m, c, &p) || dp_ctx_create_mpi(p, sub, &ctx) ||
+      dp_plan_rank_rows(p, c->batch, rank, &r0, &nr))
+    goto done;
+  const float *xm = x + (size_t)r0 * in;
+  const void *tm = (const char *)target + (size_t)r0 * tsz;
+  for (int i = 0; i < COMM_WARMUP_STEPS; i++)
+    if (dp_train_step(ctx, c->batch, in, xm, tm, &loss)) goto done;
+  MPI_Barrier(sub);
+  double t0 = MPI_Wtime();
+  for (int i = 0; i < steps; i++)
+    if (dp_train_step(ctx, c->batch, in, xm, tm, &loss)) goto done;
+  MPI_Barrier(sub);
+  double el = MPI_Wtime() - t0;
+  out->ranks = c->ranks;
+  out->ms = 1e3 * el / steps;
+  out->samples_per_s = (double)c->batch * steps / el;
+  out->hash = dp_params_hash(ctx);
+  rc = 0;
+done:
+  if (rc)
+    fprintf(stderr, "dp bench comm: %d rank%s, rank %d: %s\n", c->ranks,
+            c->ranks == 1 ? "" : "s", rank,
+            dpt_user_msg(ctx ? dp_ctx_error(ctx) : dp_last_error()));
+  dp_ctx_free(ctx);
+  dp_plan_free(p);
+  return rc;
+}
+
+/* Part 2: step time of one model and global batch on the first 1, 2, 4, ...
+ * ranks (layout r x 1, allreduce mode, one micro-batch size for all), and the
+ * parameter hash of each, which must be one. Collective. */
+static int comm_scaling(const bench_opts *o, const dp_config *base,
+                        const dpt_common *common, int R, int rank) {
+  const char *name = o->model ? o->model : COMM_MODEL_NAME;
+  dp_model *m = NULL;
+  char err[512];
+  if (o->model ? dpt_load_model(o->model, &m, err, sizeof err) ||
+                     dpt_require_loss(o->model, m, NULL, err, sizeof err)
+               : !(m = mlp(784, 1024, 10))) {
+    fprintf(stderr, "dp bench comm: %s\n", o->model ? err : dpt_user_msg(dp_last_error()));
+    dp_model_free(m);
+    return DPT_EXIT_FAIL;
+  }
+  int rmax = 1;
+  while (rmax * 2 <= R) rmax *= 2;
+  dp_config c = *base;
+  c.batch = dpt_given(common, DPT_OPT_BATCH) ? base->batch : COMM_BATCH;
+  c.mode = DP_MODE_ALLREDUCE;
+  /* micro-batches a multiple of the largest layout: the same bits on all */
+  if (!dpt_given(common, DPT_OPT_MICRO_BATCH))
+    c.micro_batch = c.batch / rmax > 0 ? c.batch / rmax : 1;
+  int B = c.batch, in = dp_model_input_width(m), outw = dp_model_output_width(m);
+  float *x = malloc((size_t)B * in * 4), *t = malloc((size_t)B * outw * 4);
+  int32_t *lab = malloc((size_t)B * 4);
+  comm_step_row rows[8];
+  int n = 0, rc = DPT_EXIT_FAIL;
+  if (!x || !t || !lab) {
+    fprintf(stderr, "dp bench comm: out of memory\n");
+    goto out; /* the job ends (dpt_world_exit aborts it) */
+  }
+  const void *target = random_batch(m, B, x, t, lab);
+  if (o->json) {
+    printf("\"scaling\":{\"model\":");
+    dpt_json_string(stdout, name);
+    printf(",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"steps\":%d,"
+           "\"results\":[",
+           B, c.micro_batch, dp_optimizer_name(c.optimizer), o->steps);
+  } else {
+    printf("\nstep time on the first r ranks (layout r x 1, allreduce mode, %d steps\n"
+           "after %d warm-up): %s, batch %d, micro-batch %d, %s\n",
+           o->steps, COMM_WARMUP_STEPS, name, B, c.micro_batch,
+           dp_optimizer_name(c.optimizer));
+    printf("%6s %10s %12s %9s  %s\n", "ranks", "ms/step", "samples/s", "speed-up",
+           "params hash");
+  }
+  for (int r = 1; r <= R && n < 8; r *= 2) {
+    MPI_Comm sub = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank < r ? 0 : MPI_UNDEFINED, rank, &sub);
+    comm_step_row row = {0};
+    if (sub != MPI_COMM_NULL) {
+      c.n_devices = c.ranks = r;
+      int bad = comm_time_layout(m, &c, sub, o->steps, x, target, &row);
+      MPI_Comm_free(&sub);
+      if (bad) goto out; /* on every rank of sub: the job ends */
+    }
+    /* the others wait without taking a core */
+    quiet_barrier(MPI_COMM_WORLD);
+    rows[n++] = row;
+    double speedup = row.ms > 0 ? rows[0].ms / row.ms : 0.0;
+    if (o->json)
+      printf("%s{\"ranks\":%d,\"ms_per_step\":%.4f,\"samples_per_s\":%.0f,\"speedup\":%.3f,"
+             "\"params_hash\":\"%016llx\"}",
+             n > 1 ? "," : "", r, row.ms, row.samples_per_s, speedup,
+             (unsigned long long)row.hash);
+    else
+      printf("%6d %10.3f %12.0f %8.2fx  %016llx%s\n", r, row.ms, row.samples_per_s, speedup,
+             (unsigned long long)row.hash,
+             n > 1 && row.hash != rows[0].hash ? "  DIFFERS" : "");
+    fflush(stdout);
+  }
+  /* rank 0 holds every row (it is in every layout); all ranks share the verdict */
+  int same = 1;
+  for (int i = 1; i < n; i++) same &= rows[i].hash == rows[0].hash;
+  MPI_Bcast(&same, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  if (o->json) {
+    printf("],\"hash_match\":%s}}\n", same ? "true" : "false"); /* the end */
+  } else if (same) {
+    printf("params hash: the same for");
+    for (int i = 0; i < n; i++)
+      printf("%s %d", i ? (i == n - 1 ? " and" : ",") : "", rows[i].ranks);
+    printf(" rank%s\n", n == 1 && rows[0].ranks == 1 ? "" : "s");
+  }
+  if (!same && rank == 0)
+    fprintf(stderr, "dp bench comm: the parameters differ between layouts (hashes above): "
+                    "the same steps must give the same bits on any number of ranks\n");
+  rc = same ? DPT_EXIT_OK : DPT_EXIT_FAIL;
+out:
+  free(x);
+  free(t);
+  free(lab);
+  dp_model_free(m);
+  return rc;
+}
+#endif
+
+/* dp bench comm: under mpirun, the allreduce table and the step scaling;
+ * --shm: the in-process memcpy; elsewhere, how to run it. */
+static int bench_comm(const bench_opts *o, const dp_config *base,
+                      const dpt_common *common) {
+  if (o->shm) return bench_comm_shm(o->json);
+#ifndef DP_HAVE_MPI
+  (void)base;
+  (void)common;
+  return comm_how_to_run("this dp was built without MPI (configure.py found no mpicc and "
+                         "mpirun; on Debian: apt-get install openmpi-bin libopenmpi-dev)");
+#else
+  int inited = 0;
+  MPI_Initialized(&inited);
+  if (!inited) return comm_how_to_run("not in an MPI job (not launched by mpirun)");
+  int R = dpt_world_size(), rank = dpt_world_rank(), cpus = dpt_cpu_count();
+  char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+  int len = 0;
+  MPI_Get_library_version(lib, &len);
+  lib[strcspn(lib, ",\n")] = '\0'; /* "Open MPI v4.1.4" */
+  if (o->json) {
+    printf("{\"bench\":\"comm\",\"mpi\":");
+    dpt_json_string(stdout, lib);
+    printf(",\"ranks\":%d,\"cpus\":%d,", R, cpus);
+  } else {
+    printf("dp bench comm: %d rank%s (%s); rank 0 may run on %d CPU%s%s\n", R,
+           R == 1 ? "" : "s", lib, cpus, cpus == 1 ? "" : "s",
+           R > cpus ? " (fewer than the ranks: on one host they take turns)" : "");
+    printf("\nallreduce of float32 across the ranks: libdp's canonical tree (the reduce\n"
+           "phase of an allreduce step, one device per rank, persistent MPI requests)\n"
+           "vs MPI_Allreduce: us per allreduce, the best of `runs` rounds x allreduces\n"
+           "(timed between barriers); busbw = 2 (R-1)/R x bytes / time (nccl-tests);\n"
+           "ratio = tree busbw / MPI busbw\n");
+  }
+  if (!o->json && (R & (R - 1)))
+    printf("(%d ranks, not a power of two: the tree's reduce phase is a reduce to rank 0\n"
+           "and a copy of each rank's optimizer shard, not a whole allreduce)\n",
+           R);
+  int rc = comm_allreduce(o, R, rank);
+  if (rc == DPT_EXIT_OK) rc = comm_scaling(o, base, common, R, rank);
+  return rc;
+#endif
 }
 
 /* ---- gpu-step, gpu-gemm --------------------------------------------------------- */
@@ -729,13 +1092,17 @@ out:
 }
 
 int dpt_cmd_bench(int argc, char **argv) {
-  static const struct option extra[] = {{"model", required_argument, NULL, OPT_MODEL},
-                                        {"steps", required_argument, NULL, OPT_STEPS},
-                                        {"sizes", required_argument, NULL, OPT_SIZES},
-                                        {"tier", required_argument, NULL, OPT_TIER},
-                                        {"json", no_argument, NULL, OPT_JSON},
-                                        {0, 0, 0, 0}};
-  bench_opts o = {.steps = 20};
+  static const struct option extra[] = {
+      {"model", required_argument, NULL, OPT_MODEL},
+      {"steps", required_argument, NULL, OPT_STEPS},
+      {"sizes", required_argument, NULL, OPT_SIZES},
+      {"tier", required_argument, NULL, OPT_TIER},
+      {"json", no_argument, NULL, OPT_JSON},
+      {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
+      {"iters", required_argument, NULL, OPT_ITERS},
+      {"shm", no_argument, NULL, OPT_SHM},
+      {0, 0, 0, 0}};
+  bench_opts o = {.steps = 20, .max_bytes = 64u << 20};
   dp_config cfg;
   dpt_common common;
   char err[512];
@@ -753,7 +1120,7 @@ int dpt_cmd_bench(int argc, char **argv) {
     return DPT_EXIT_USAGE;
   }
   if (strcmp(what, "peak") == 0) return bench_peak(o.json);
-  if (strcmp(what, "comm") == 0) return bench_comm(o.json);
+  if (strcmp(what, "comm") == 0) return bench_comm(&o, &cfg, &common);
   if (strcmp(what, "gemm") == 0) return bench_gemm(o.json, o.sizes, o.tier);
   if (strcmp(what, "gpu-step") == 0) return bench_gpu_step(&o, &cfg, &common);
   if (strcmp(what, "gpu-gemm") == 0) return bench_gpu_gemm(&o, &cfg, &common);

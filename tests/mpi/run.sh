@@ -55,6 +55,12 @@ done
 run "dp repro --layouts 1x8,2x4,4x2,8x1" $MPIRUN -np 8 "$bd/dp" repro \
   --model examples/digits.dpm --data data/digits.csv --batch 64 --micro-batch 4 \
   --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1
+# dp bench comm: the canonical tree against MPI_Allreduce, and steps on 1 and 2 ranks with
+# one parameter hash (a smoke run: the figures are in docs/PERFORMANCE.md)
+run "dp bench comm, 2 ranks" sh -c "$MPIRUN -np 2 $bd/dp bench comm --max-bytes 64KiB \
+  --iters 3 --steps 3 | grep -x 'params hash: the same for 1 and 2 ranks'"
+run "dp bench comm outside mpirun: exit 1, says how" sh -c "out=\$($bd/dp bench comm 2>&1); \
+  rc=\$?; echo \"\$out\"; test \$rc -eq 1 && echo \"\$out\" | grep -q 'mpirun -np 4 dp bench comm'"
 # a rank that dies (SIGKILL: mpirun sees it) or stops answering (alive: only libdp's
 # timeout, 3 s here, can tell) ends the job with an error naming it, never a hang
 lost() { # flag, what the output must say
