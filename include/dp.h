@@ -162,6 +162,13 @@ typedef struct {
                               AdamW: decoupled (PyTorch default 0.01) */
   float beta1, beta2, eps; /* AdamW: 0 <= beta < 1, eps > 0; defaults 0.9, 0.999, 1e-8 */
   uint64_t seed;           /* parameter init and dropout */
+  /* torch.nn.utils.clip_grad_norm_(parameters, max_norm): before every
+   * update, the L2 norm of all the gradients together is computed and, when
+   * above max_norm, every gradient is scaled by max_norm / (norm + 1e-6). The
+   * norm is summed exactly (bins per exponent, in integers), so it is the same
+   * bits for every device count, mode and layout. dp_ctx_grad_norm gives the
+   * norm of the last step. Finite, >= 0; 0: off (default). cpu backend. */
+  float clip_grad_norm;
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the
    * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
@@ -311,6 +318,10 @@ typedef enum {
   DP_OP_OPTIMIZER,  /* update params [dst_offset, +bytes) (a shard, or all) */
   DP_OP_ALLREDUCE,  /* config.fast_collectives: every device's grads summed in place by
                        the transport's own collective (ncclAllReduce), one op per device */
+  DP_OP_GRAD_NORM,  /* config.clip_grad_norm: exact sums of squares of grads [src_offset,
+                       +bytes) by exponent, into a slot of the comm region */
+  DP_OP_GRAD_CLIP,  /* the norm from n_mb slots; grads [dst_offset, +bytes) scaled when
+                       it is above clip_grad_norm */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
@@ -389,6 +400,11 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n);
  * they are that step's. Zero before the first step. */
 dp_status dp_get_grads(dp_ctx *c, float *out, size_t n);
 uint64_t dp_ctx_step(const dp_ctx *c);
+/* config.clip_grad_norm: the total L2 norm of the gradients of the last step
+ * that reached its clipping (before the scaling), as clip_grad_norm_ returns
+ * it; NaN before any such step, inf or NaN when a gradient was not finite (the
+ * step was refused), 0 without clipping. */
+float dp_ctx_grad_norm(const dp_ctx *c);
 /* This context's rank in its job (0 for a one-process context). */
 int dp_ctx_rank(const dp_ctx *c);
 /* The learning rate of the steps from now on (a schedule, PyTorch's

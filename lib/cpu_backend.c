@@ -26,7 +26,8 @@ static float *region(const dp_exec_env *e, int d, int r, size_t off) {
 
 /* Rows [local, local + rows) of the input of layer i: (rows, in). */
 static float *layer_in(const lctx *c) {
-  if (c->i == 0) return region(c->e, c->d, DP_REGION_INPUTS, (size_t)c->local * c->l->in * 4);
+  if (c->i == 0)
+    return region(c->e, c->d, DP_REGION_INPUTS, (size_t)c->local * c->l->in * 4);
   return region(c->e, c->d, DP_REGION_ACTIVATIONS,
                 c->p->act[c->d].act[c->i - 1] + (size_t)c->local * c->l->in * 4);
 }
@@ -103,15 +104,13 @@ static void forward(const lctx *c) {
   float *y = layer_out(c);
   int n = c->rows, in = l->in, out = l->out;
   switch (l->kind) {
-  case DP_LAYER_LINEAR: { /* y (n, out) = x (n, in) · w^T + b */
+  case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
     dp__sgemm(0, 1, n, out, in, x, in, w, in, y, out, &ep, gemm_ws(c, n, out, in));
     break;
   }
-  case DP_LAYER_RELU:
-    relu_forward(x, y, (size_t)n * out);
-    break;
+  case DP_LAYER_RELU: relu_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_TANH:
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);
     break;
@@ -152,8 +151,7 @@ static void forward(const lctx *c) {
         y[idx] = x[idx] * dropout_scale(c, r, k);
       }
     break;
-  case DP_LAYER_INPUT:
-    break;
+  case DP_LAYER_INPUT: break;
   }
 }
 
@@ -172,7 +170,8 @@ static void backward(const lctx *c, float *grads) {
     dp__sgemm(1, 0, out, in, n, dy, out, x, in, dw, in, NULL, gemm_ws(c, out, in, n));
     if (db) dp__gemm_colsum(n, out, dy, out, db);
     /* dx (n, in) = dy (n, out) · w (out, in) */
-    if (dx) dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
+    if (dx)
+      dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
     break;
   }
   case DP_LAYER_RELU: {
@@ -235,8 +234,7 @@ static void backward(const lctx *c, float *grads) {
         }
     }
     break;
-  case DP_LAYER_INPUT:
-    break;
+  case DP_LAYER_INPUT: break;
   }
 }
 
@@ -270,7 +268,8 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float 
     }
     s += mx + logf(se) - z[t[r]];
     float inv_se = 1.0f / se;
-    for (int j = 0; j < out; j++) gr[j] = (gr[j] * inv_se - (j == t[r] ? 1.0f : 0.0f)) * inv;
+    for (int j = 0; j < out; j++)
+      gr[j] = (gr[j] * inv_se - (j == t[r] ? 1.0f : 0.0f)) * inv;
   }
   return s;
 }
@@ -282,7 +281,8 @@ static dp_status loss_op(dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
   int d = op->device;
   bool classic = p->cfg.mode == DP_MODE_CLASSIC;
-  const float *o = region(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
+  const float *o =
+      region(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
   float *g = region(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
   const void *t = region(e, d, DP_REGION_TARGETS, 0);
   float *part = region(e, d, DP_REGION_LOSS, 0);
@@ -304,8 +304,9 @@ static float tree_sum(const float *v, const dp_mb *mbs, int lo, int hi) {
  * its bits do not depend on the split or the mode. */
 static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
-  float denom = (float)op->rows *
-                (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
+  float denom =
+      (float)op->rows *
+      (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
   e->loss = tree_sum(region(e, 0, DP_REGION_LOSS, 0), e->mbs, 0, op->n_mb) / denom;
   if (!isfinite(e->loss))
     return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
@@ -321,7 +322,6 @@ static inline uint32_t nonfinite_bit(float x) {
   return (b & 0x7f800000u) == 0x7f800000u;
 }
 
-
 /* ---- the optimizers: PyTorch's element rules, written once ----------------------
  * The update applies them; the check before the commit phase evaluates the same
  * expressions without storing, so a step whose update would leave a parameter
@@ -333,10 +333,15 @@ typedef struct {
 
 /* lr: the rate in effect (dp_exec_env.lr), config.lr until dp_set_lr changes it. */
 static opt_consts opt_consts_of(const dp_config *c, uint64_t step, float lr) {
-  opt_consts u = {.lr = lr, .wd = c->weight_decay, .mu = c->momentum,
+  opt_consts u = {.lr = lr,
+                  .wd = c->weight_decay,
+                  .mu = c->momentum,
                   .keep = 1.0f - c->dampening, /* 1 - 0 is exactly 1 */
-                  .b1 = c->beta1, .b2 = c->beta2, .eps = c->eps,
-                  .decay = 1.0f - lr * c->weight_decay, .first = step == 0,
+                  .b1 = c->beta1,
+                  .b2 = c->beta2,
+                  .eps = c->eps,
+                  .decay = 1.0f - lr * c->weight_decay,
+                  .first = step == 0,
                   .nesterov = c->nesterov != 0};
   if (c->optimizer == DP_OPT_ADAMW) {
     double t = (double)step + 1.0;
@@ -413,7 +418,7 @@ static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *re
     for (size_t k = 0; k < n; k++) {
       float m = adam_m(&v, s[k], g[k]), vv = adam_v(&v, s[n + k], g[k]);
       float bound = fabsf(w[k]) * dec + v.step_size * (fabsf(m) * inv_eps);
-      bad |= nonfinite_bit(m) | nonfinite_bit(vv) | (uint32_t)!(bound <= lim);
+      bad |= nonfinite_bit(m) | nonfinite_bit(vv) | (uint32_t) !(bound <= lim);
     }
     break;
   }
@@ -482,15 +487,82 @@ static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
   return DP_OK;
 }
 
+/* ---- gradient clipping (config.clip_grad_norm) ---------------------------------
+ * The squared norm is summed exactly: a float g is m * 2^(E - 150) with an
+ * integer m < 2^24 (E its biased exponent; subnormals: E = 1 without the
+ * implicit bit), so g^2 = m^2 * 2^(2E - 300) with m^2 < 2^48, added into a
+ * 128-bit integer per exponent. Integer sums do not depend on order or on how
+ * the gradients are cut between devices; the conversion to a double at the
+ * end is one fixed computation. */
+static dp_status grad_norm_op(dp_exec_env *e, const dp_op *op) {
+  const float *g = region(e, op->device, op->src_region, op->src_offset);
+  uint64_t *bins =
+      (void *)region(e, op->device, op->dst_region, op->dst_offset); /* (256, 2) */
+  memset(bins, 0, DP_NORM_BINS_BYTES);
+  for (size_t k = 0; k < op->bytes / 4; k++) {
+    uint32_t u;
+    memcpy(&u, &g[k], 4);
+    uint32_t E = (u >> 23) & 0xff, m = u & 0x7fffff;
+    if (E == 0xff) { /* inf (lo) or NaN (hi): counted */
+      bins[2 * 255 + (m != 0)]++;
+      continue;
+    }
+    if (E)
+      m |= 0x800000;
+    else
+      E = 1;
+    uint64_t sq = (uint64_t)m * m, lo = bins[2 * E] + sq;
+    bins[2 * E + 1] += lo < sq; /* the carry */
+    bins[2 * E] = lo;
+  }
+  return DP_OK;
+}
+
+static dp_status grad_clip_op(dp_exec_env *e, const dp_op *op) {
+  const uint64_t *slot =
+      (const void *)region(e, op->device, op->src_region, op->src_offset);
+  double total = 0.0;
+  uint64_t infs = 0, nans = 0;
+  for (int q = 0; q < op->n_mb; q++) {
+    infs += slot[q * 2 * DP_NORM_BINS + 2 * 255];
+    nans += slot[q * 2 * DP_NORM_BINS + 2 * 255 + 1];
+  }
+  for (int E = 254; E >= 1; E--) { /* the largest first */
+    uint64_t lo = 0, hi = 0;
+    for (int q = 0; q < op->n_mb; q++) {
+      const uint64_t *b = slot + q * 2 * DP_NORM_BINS + 2 * E;
+      lo += b[0];
+      hi += b[1] + (lo < b[0]);
+    }
+    if (lo | hi) total += ldexp(ldexp((double)hi, 64) + (double)lo, 2 * E - 300);
+  }
+  float norm = nans ? NAN : infs ? INFINITY : (float)sqrt(total);
+  if (op->device == 0) e->grad_norm = norm;
+  /* a gradient that is not finite: the check that follows names it */
+  if (!isfinite(norm)) return DP_OK;
+  /* PyTorch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1 */
+  float coef = e->plan->cfg.clip_grad_norm / (norm + 1e-6f);
+  if (coef < 1.0f) {
+    float *g = region(e, op->device, op->dst_region, op->dst_offset);
+    for (size_t k = 0; k < op->bytes / 4; k++) g[k] *= coef;
+  }
+  return DP_OK;
+}
+
 static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   (void)bctx;
   const dp_plan *p = e->plan;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_FORWARD:
   case DP_OP_BACKWARD: {
-    lctx c = {.e = e, .p = p, .l = &p->model.layers[op->layer], .d = op->device,
-              .i = op->layer, .L = p->model.n_layers,
-              .local = op->row0 - p->split.dev_row0[op->device], .rows = op->rows};
+    lctx c = {.e = e,
+              .p = p,
+              .l = &p->model.layers[op->layer],
+              .d = op->device,
+              .i = op->layer,
+              .L = p->model.n_layers,
+              .local = op->row0 - p->split.dev_row0[op->device],
+              .rows = op->rows};
     if (op->kind == DP_OP_FORWARD)
       forward(&c);
     else
@@ -508,17 +580,14 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     for (size_t k = 0; k < op->bytes / 4; k++) dst[k] = -0.0f;
     return DP_OK;
   }
-  case DP_OP_LOSS:
-    return loss_op(e, op);
-  case DP_OP_LOSS_SUM:
-    return loss_sum_op(e, op);
-  case DP_OP_GRAD_CHECK:
-    return grad_check_op(e, op);
-  case DP_OP_OPTIMIZER:
-    return optimizer_op(e, op);
+  case DP_OP_LOSS: return loss_op(e, op);
+  case DP_OP_LOSS_SUM: return loss_sum_op(e, op);
+  case DP_OP_GRAD_CHECK: return grad_check_op(e, op);
+  case DP_OP_OPTIMIZER: return optimizer_op(e, op);
+  case DP_OP_GRAD_NORM: return grad_norm_op(e, op);
+  case DP_OP_GRAD_CLIP: return grad_clip_op(e, op);
   case DP_OP_ALLREDUCE: /* the transport's (the executor never hands it here) */
-  case DP_OP_COPY:
-    break;
+  case DP_OP_COPY: break;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
 }
@@ -534,7 +603,8 @@ static dp_status cpu_arena_alloc(const dp_plan *p, int dev, void **out) {
   size_t bytes = p->dev_bytes[dev];
   *out = aligned_alloc(p->align, bytes ? bytes : p->align);
   if (!*out)
-    return DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", dev, bytes);
+    return DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", dev,
+                   bytes);
   return DP_OK;
 }
 
@@ -576,6 +646,7 @@ const dp_backend_ops dp__cpu_backend = {
     .align = 64, /* a cache line */
     .workspace_bytes = cpu_workspace_bytes,
     .host_staging = false,
+    .grad_clip = true,
     .arena_alloc = cpu_arena_alloc,
     .arena_free = cpu_arena_free,
     .read = cpu_copy_bytes,

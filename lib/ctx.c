@@ -67,17 +67,21 @@ dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *s
  * the message of the rank where it happened. *value: rank 0's in, out (the
  * step's loss). A world that fails (a rank lost) poisons the context: the
  * ranks may no longer hold the same state. */
-static dp_status agree(dp_ctx *c, dp_status s, int order, int rows, uint32_t *value) {
+static dp_status agree(dp_ctx *c, dp_status s, int order, int rows, uint32_t value[2]) {
   dp_agreement a = {.status = s,
                     .rank = c->rank,
                     .order = order,
                     .rows_min = rows,
                     .rows_max = rows,
-                    .value = value ? *value : 0};
+                    .value = value ? value[0] : 0,
+                    .value2 = value ? value[1] : 0};
   if (s) snprintf(a.msg, sizeof a.msg, "%s", dp_last_error());
   dp_status ws = c->world->ops->agree(c->world->w, &a);
   if (ws) return dp__ctx_poison(c, ws);
-  if (value) *value = a.value;
+  if (value) {
+    value[0] = a.value;
+    value[1] = a.value2;
+  }
   if (a.rows_min != a.rows_max)
     return DP_FAIL(DP_ERR_INVALID,
                    "the ranks disagree on the batch (%d to %d rows): every rank passes the "
@@ -181,6 +185,7 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   c->plan = p;
   c->dev1 = p->split.n_used;
   c->lr = p->cfg.lr;
+  c->grad_norm = p->cfg.clip_grad_norm > 0 ? NAN : 0.0f;
   c->be = dp__backend_ops(p->cfg.backend); /* registered: the plan was made with it */
   c->inject_at = -1;
   if (!(c->bounce = malloc(DP_CTX_BOUNCE_WORDS * 4))) {
@@ -488,6 +493,7 @@ static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int ro
                      .training = training,
                      .step = c->step,
                      .lr = c->lr,
+                     .grad_norm = NAN,
                      .skip_broadcast = !c->replicas_stale};
   for (int d = c->dev0; d < c->dev1; d++) e->arena[d] = c->arena[d];
   int n;
@@ -597,10 +603,12 @@ static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
   if (c->world) { /* synchronous (the planner says so): every rank goes on, or none */
     dp_status g = check_guards(c);
-    uint32_t loss;
-    memcpy(&loss, &e->loss, 4);
-    s = agree(c, g ? g : s, g ? sc->n_ops : s ? c->exec.first_fail : 0, e->rows, &loss);
-    memcpy(&e->loss, &loss, 4);
+    uint32_t v[2]; /* rank 0's loss and gradient norm, for every rank */
+    memcpy(&v[0], &e->loss, 4);
+    memcpy(&v[1], &e->grad_norm, 4);
+    s = agree(c, g ? g : s, g ? sc->n_ops : s ? c->exec.first_fail : 0, e->rows, v);
+    memcpy(&e->loss, &v[0], 4);
+    memcpy(&e->grad_norm, &v[1], 4);
     if (s) return s;
   } else if (sync) {
     dp_status g = check_guards(c);
@@ -735,6 +743,11 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   bool untrusted;
   float l = 0.0f;
   s = run_sched(c, &e, &c->train, graph_slot(c, &e, rows, inject), inject, &l, &untrusted);
+  /* the norm of a step that reached its clipping, refused or not */
+  if (c->plan->cfg.clip_grad_norm > 0 && !isnan(e.grad_norm))
+    c->grad_norm = e.grad_norm;
+  else if (c->plan->cfg.clip_grad_norm > 0 && (s == DP_ERR_NONFINITE))
+    c->grad_norm = e.grad_norm;
   if (s == DP_ERR_CORRUPT) return dp__ctx_fail(c, s); /* a guard, before the commit */
   if (untrusted) {
     c->replicas_stale = true;
@@ -877,6 +890,7 @@ float dp_ctx_lr(const dp_ctx *c) { return c ? c->lr : 0.0f; }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
 int dp_ctx_rank(const dp_ctx *c) { return c ? c->rank : 0; }
+float dp_ctx_grad_norm(const dp_ctx *c) { return c ? c->grad_norm : NAN; }
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c) { return c ? c->skipped : 0; }
 
 size_t dp_ctx_high_water(const dp_ctx *c, int dev) {

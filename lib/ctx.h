@@ -51,6 +51,7 @@ struct dp_ctx {
   bool replicas_stale;
   uint64_t step;
   float lr;         /* the learning rate in effect: config.lr, then dp_set_lr's */
+  float grad_norm;  /* config.clip_grad_norm: the last step's (dp_ctx_grad_norm) */
   uint64_t skipped; /* steps skipped under DP_NONFINITE_SKIP */
   int inject_at;    /* test hook: schedule index that fails in the next run, -1 none */
   /* Nonzero: state can no longer be trusted (a guard was hit, or an op of a

@@ -191,6 +191,13 @@ static inline bool dp__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
  * clear keeps the lower half). */
 void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi);
 
+/* config.clip_grad_norm: a device's exact sum of squares of its gradients,
+ * a 128-bit integer (lo, hi words) per float exponent: DP_NORM_BINS_BYTES in
+ * the comm region per slot (bin 255 counts the infinite (lo) and NaN (hi)
+ * gradients). */
+#define DP_NORM_BINS 256
+#define DP_NORM_BINS_BYTES (DP_NORM_BINS * 16)
+
 /* ---- rng (lib/rng.c) ---- */
 enum { DP_RNG_INIT = 1, DP_RNG_DROPOUT = 2 };
 /* Counter-based: the same key always gives the same number. */
@@ -249,6 +256,8 @@ typedef struct dp_backend_ops {
   size_t align;
   size_t (*workspace_bytes)(const dp_model *m, int mb_rows, bool training);
   bool host_staging;
+  /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */
+  bool grad_clip;
   /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
    * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
    * none, and the planner refuses a config that sets one. */
@@ -350,7 +359,7 @@ typedef struct {
   int32_t rank;   /* where it happened */
   int64_t order;  /* schedule index, or -1 for a failure before any op */
   int32_t rows_min, rows_max;
-  uint32_t value; /* rank 0's */
+  uint32_t value, value2; /* rank 0's: the loss, the gradient norm */
   char msg[DP_ERRMSG_CAP - 32];
 } dp_agreement;
 
@@ -391,6 +400,7 @@ struct dp_exec_env {
   uint64_t step;       /* step counter, keys dropout */
   float lr;            /* the learning rate in effect (dp_set_lr; config.lr at first) */
   float loss;          /* result of the loss op */
+  float grad_norm;     /* result of device 0's clip op (config.clip_grad_norm) */
   bool skip_broadcast; /* replicas already hold device 0's parameters */
   int host_row0;       /* the first row of this rank's host buffers */
 };

@@ -165,6 +165,15 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
                    "the %s backend does not run across several processes yet (ranks %d); "
                    "use the cpu backend, or one process (ranks 1)",
                    be->name, c->ranks);
+  if (!c->inference && !(c->clip_grad_norm >= 0.0f && c->clip_grad_norm <= FLT_MAX))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "clip_grad_norm must be finite and >= 0 (0: no clipping), got %g",
+                   (double)c->clip_grad_norm);
+  if (!c->inference && c->clip_grad_norm > 0 && !be->grad_clip)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend cannot clip gradients yet (clip_grad_norm); use the cpu "
+                   "backend",
+                   be->name);
   if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
   if (c->timeout_ms < 0)
@@ -307,6 +316,14 @@ static dp_status plan_device(dp_plan *p, int d) {
       sz[DP_REGION_COMM] = (hi - lo) * 4;
     } else if (reduce_receives(d, n_used)) {
       sz[DP_REGION_COMM] = P;
+    }
+    /* clipping: the norm's bins after the reduction (the comm region is free
+     * then), one slot per device with a sharded optimizer (each sums its
+     * shard; the slots are then exchanged), else one */
+    if (c->clip_grad_norm > 0 && (dev0 || !classic)) {
+      size_t slots = !classic && c->shard_optimizer ? (size_t)n_used : 1;
+      if (sz[DP_REGION_COMM] < slots * DP_NORM_BINS_BYTES)
+        sz[DP_REGION_COMM] = slots * DP_NORM_BINS_BYTES;
     }
     if (classic && dev0) {
       if (!mul3(B, tw, 4, &sz[DP_REGION_TARGETS])) return OVERFLOW();

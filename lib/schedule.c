@@ -218,6 +218,44 @@ static void allgather_params(builder *b, const dp_plan *p, int n) {
   next_stage(b);
 }
 
+/* config.clip_grad_norm, after the reduction: every device that updates a
+ * range sums its squares (exactly, by exponent) into its slot of the comm
+ * region; with a sharded optimizer the slots are exchanged so that every
+ * device holds all of them; then every device takes the norm from the slots
+ * and scales its range. The sums are exact, so the norm does not depend on
+ * how the ranges are cut. */
+static void clip_ops(builder *b, const dp_plan *p, int n_opt) {
+  bool sharded = p->cfg.mode != DP_MODE_CLASSIC && p->cfg.shard_optimizer;
+  int slots = sharded ? n_opt : 1;
+  for (int d = 0; d < n_opt; d++) {
+    dp_op nm = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_NORM, d, p->opt_len[d] * 4);
+    nm.src_region = DP_REGION_GRADS;
+    nm.src_offset = p->opt_off[d] * 4;
+    nm.dst_region = DP_REGION_COMM;
+    nm.dst_offset = (size_t)(sharded ? d : 0) * DP_NORM_BINS_BYTES;
+    emit(b, nm);
+  }
+  next_stage(b);
+  if (slots > 1) {
+    for (int r = 0; r < n_opt; r++)
+      for (int q = 0; q < n_opt; q++)
+        if (q != r)
+          emit(b, copy_op(DP_PHASE_OPTIMIZER, r, q, DP_REGION_COMM,
+                          (size_t)q * DP_NORM_BINS_BYTES, r, DP_REGION_COMM,
+                          (size_t)q * DP_NORM_BINS_BYTES, DP_NORM_BINS_BYTES, 0, 0));
+    next_stage(b);
+  }
+  for (int d = 0; d < n_opt; d++) {
+    dp_op cl = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CLIP, d, p->opt_len[d] * 4);
+    cl.src_region = DP_REGION_COMM;
+    cl.n_mb = slots;
+    cl.dst_region = DP_REGION_GRADS;
+    cl.dst_offset = p->opt_off[d] * 4;
+    emit(b, cl);
+  }
+  next_stage(b);
+}
+
 void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi) {
   *lo = 0;
   *hi = n;
@@ -366,8 +404,9 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
                          DP_REGION_GRADS, p->opt_off[d] * 4, p->opt_len[d] * 4, 0, 0));
       next_stage(&b);
     }
-    /* Every device checks what it will apply before any device applies it. */
     int n_opt = classic ? 1 : sp->n_used;
+    if (p->cfg.clip_grad_norm > 0) clip_ops(&b, p, n_opt);
+    /* Every device checks what it will apply before any device applies it. */
     for (int d = 0; d < n_opt; d++) {
       dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, d, p->opt_len[d] * 4);
       chk.src_region = DP_REGION_GRADS;
@@ -398,8 +437,8 @@ const char *dp_phase_name(dp_phase ph) {
 }
 
 const char *dp_op_kind_name(dp_op_kind k) {
-  static const char *const names[] = {"copy",      "forward",  "backward", "grad_add",
-                                      "zero",      "loss",     "loss_sum", "grad_check",
-                                      "optimizer", "allreduce"};
+  static const char *const names[] = {"copy",      "forward",   "backward",  "grad_add",
+                                      "zero",      "loss",      "loss_sum",  "grad_check",
+                                      "optimizer", "allreduce", "grad_norm", "grad_clip"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

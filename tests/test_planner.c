@@ -744,6 +744,12 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       }
       n_opt++;
       break;
+    case DP_OP_GRAD_NORM: /* clip_grad_norm: device 0's whole gradient, classic */
+    case DP_OP_GRAD_CLIP:
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
+      REQ(p->cfg.clip_grad_norm > 0, "op %d: clipping without clip_grad_norm", i);
+      break;
     }
   }
   REQ_EQ(scattered, v->rows);

@@ -93,7 +93,8 @@ static dp_config config_for(const mode_case *m, int ranks) {
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   c.lr = 0.01f;
   c.seed = 7;
-  c.micro_batch = 4; /* fixed: the bits do not depend on the device count */
+  c.micro_batch = 4;        /* fixed: the bits do not depend on the device count */
+  c.clip_grad_norm = 0.05f; /* clipping; sharded: the norm's bins cross ranks too */
   c.timeout_ms = 20000;
   return c;
 }
@@ -167,6 +168,9 @@ static void check_mode(const mode_case *m, dp_model *model) {
           m->name, t, rows, (unsigned long long)hw, (unsigned long long)hr);
     CHECK(bits(lw) == lref, "%s step %d: loss %.9g differs from one process's", m->name, t,
           (double)lw);
+    uint32_t nref = (uint32_t)share_u64(rank == 0 && ref ? bits(dp_ctx_grad_norm(ref)) : 0);
+    CHECK(bits(dp_ctx_grad_norm(cx)) == nref, "%s step %d: gradient norm %.9g differs",
+          m->name, t, (double)dp_ctx_grad_norm(cx));
   }
   /* gradients and a forward */
   s = dp_get_grads(cx, g, np);

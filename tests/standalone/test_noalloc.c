@@ -507,6 +507,9 @@ typedef struct {
   int micro_batch;
   dp_backend backend; /* cuda: every replica on GPU 0 */
   int cuda_graph;
+  dp_mode mode;
+  int shard;
+  float clip; /* clip_grad_norm */
 } config_case;
 
 static void fill(float *x, int32_t *t, int rows, uint64_t seed) {
@@ -534,6 +537,9 @@ static void run_case(const config_case *cc) {
   cfg.micro_batch = cc->micro_batch;
   dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
   cfg.seed = 3;
+  cfg.mode = cc->mode;
+  cfg.shard_optimizer = cc->shard;
+  cfg.clip_grad_norm = cc->clip;
   int cuda = cc->backend == DP_BACKEND_CUDA;
   if (cuda) {
     cfg.backend = DP_BACKEND_CUDA;
@@ -754,10 +760,14 @@ int main(int argc, char **argv) {
 #endif
   }
   static const config_case cases[] = {
-      {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0},
-      {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0},
+      {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0},
+      {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0},
       {"mlp, 3 devices, balanced, micro_batch 4", 3, DP_SPLIT_BALANCED, 4, DP_BACKEND_CPU,
-       0},
+       0, DP_MODE_CLASSIC, 0, 0},
+      {"mlp, 4 devices, sharded, clip_grad_norm", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0,
+       DP_MODE_ALLREDUCE, 1, 0.01f},
+      {"mlp, 2 devices, classic, clip_grad_norm", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0,
+       DP_MODE_CLASSIC, 0, 0.01f},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
 
@@ -767,8 +777,10 @@ int main(int argc, char **argv) {
   check_cuda_counter_works(gpus);
 #endif
   static const config_case gpu_cases[] = {
-      {"cuda, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0},
-      {"cuda graph, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1},
+      {"cuda, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0,
+       DP_MODE_CLASSIC, 0, 0},
+      {"cuda graph, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
+       DP_MODE_CLASSIC, 0, 0},
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
