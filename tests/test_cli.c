@@ -1,12 +1,17 @@
 /* Tests of the dp tool's shared command-line helpers (tools/cli.c): sizes,
  * numbers, device lists, enumerations, config filling, byte formatting; and
- * the cuda options end to end through `dp plan`, `dp train` and `dp bench`. */
+ * the cuda options end to end through `dp plan`, `dp train` and `dp bench`;
+ * `dp train --resume`, `dp predict`, `dp export` and `dp import` end to end on
+ * data/digits.csv (run from the repository root). */
 #include "capture.h"
 #include "cli.h"
+#include "data.h"
 
 #include <check.h>
 #include <dirent.h>
+#include <math.h>
 #include <sched.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1813,6 +1818,759 @@ START_TEST(bench_gemm_rows_and_tiers) {
 }
 END_TEST
 
+/* ---- dp train --resume, dp predict, dp export and dp import, end to end on
+ * the digits (run from the repository root: data/digits.csv) ---- */
+
+#define DIGITS_MODEL "examples/digits.dpm"
+#define DIGITS_CSV "data/digits.csv"
+
+/* dp train on the digits: 1797 rows, 1437 of them training rows (the default
+ * held-out share 0.2), 23 steps an epoch at batch 64. */
+static const char *const DIGITS[] = {"--model", DIGITS_MODEL, "--data",  DIGITS_CSV,
+                                     "--batch", "64",         "--quiet", NULL};
+
+/* Runs cmd with "cmd", the NULL-terminated lists a and b (either may be
+ * NULL), then the arguments up to a NULL. */
+static cmd_result run_lists(int (*cmd)(int, char **), const char *const *a,
+                            const char *const *b, ...) {
+  char *argv[64];
+  int argc = 0;
+  argv[argc++] = "cmd";
+  for (int k = 0; k < 2; k++)
+    for (const char *const *s = k ? b : a; s && *s; s++) {
+      ck_assert_int_lt(argc, 62);
+      argv[argc++] = (char *)*s;
+    }
+  va_list ap;
+  va_start(ap, b);
+  for (char *s; (s = va_arg(ap, char *));) {
+    ck_assert_int_lt(argc, 62);
+    argv[argc++] = s;
+  }
+  va_end(ap);
+  argv[argc] = NULL;
+  return capture_cmd(cmd, argc, argv);
+}
+
+/* A new directory in dir[cap]; dir/name in path[cap]; the directory and its
+ * files removed. */
+static void temp_dir(char *dir, size_t cap) {
+  snprintf(dir, cap, "/tmp/dp_cli_dir_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static char *in_dir(char *path, size_t cap, const char *dir, const char *name) {
+  snprintf(path, cap, "%s/%s", dir, name);
+  return path;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  for (struct dirent *e; (e = readdir(d));) {
+    if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+    char p[512];
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    unlink(p);
+  }
+  closedir(d);
+  rmdir(dir);
+}
+
+/* A file's bytes (NUL-terminated, malloc'd), their count in *len (len may be
+ * NULL). */
+static char *slurp_file(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "cannot read %s", path);
+  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+  long n = ftell(f);
+  ck_assert_int_ge(n, 0);
+  rewind(f);
+  char *buf = malloc((size_t)n + 1);
+  ck_assert_ptr_nonnull(buf);
+  ck_assert_uint_eq(fread(buf, 1, (size_t)n, f), (size_t)n);
+  buf[n] = '\0';
+  fclose(f);
+  if (len) *len = (size_t)n;
+  return buf;
+}
+
+static int same_bytes(const char *a, const char *b) {
+  size_t na, nb;
+  char *x = slurp_file(a, &na), *y = slurp_file(b, &nb);
+  int same = na == nb && memcmp(x, y, na) == 0;
+  free(x);
+  free(y);
+  return same;
+}
+
+static void write_file(const char *path, const char *text) {
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* The first `rows` lines of src (all: rows < 0) with their first `drop`
+ * fields removed, written to path. */
+static void csv_cut(const char *src, const char *path, int drop, int rows) {
+  char *text = slurp_file(src, NULL);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  char *line = text;
+  for (int r = 0; *line && r != rows; r++) {
+    char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) : strlen(line);
+    char *p = line;
+    for (int k = 0; k < drop; k++) {
+      p = memchr(p, ',', len - (size_t)(p - line));
+      ck_assert_ptr_nonnull(p);
+      p++;
+    }
+    fwrite(p, 1, len - (size_t)(p - line), f);
+    fputc('\n', f);
+    line += len + (nl != NULL);
+  }
+  ck_assert_int_eq(fclose(f), 0);
+  free(text);
+}
+
+/* The text after `key` in s (asserted to be there) up to the first of
+ * `stops`, that character included unless it is the line's end, in out[cap]:
+ * ("held-out: accuracy 96.11% (360 rows)\n", "accuracy ", "%") gives "96.11%". */
+static void text_after(const char *s, const char *key, const char *stops, char *out,
+                       size_t cap) {
+  const char *at = strstr(s, key);
+  ck_assert_msg(at, "no '%s' in:\n%s", key, s);
+  at += strlen(key);
+  size_t n = strcspn(at, stops);
+  if (at[n] && at[n] != '\n' && strchr(stops, at[n])) n++; /* the stop itself: "%" */
+  snprintf(out, cap, "%.*s", (int)n, at);
+}
+
+/* The run record dp train keeps in a checkpoint (its application data). */
+static void run_record(const char *ckpt, int *epochs, int *rows, dpt_scaler *sc) {
+  void *app = NULL;
+  size_t n = 0;
+  ck_assert_msg(dp_ckpt_read_app(ckpt, &app, &n) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(app && n > 0, "%s: no run record", ckpt);
+  char err[256] = "";
+  ck_assert_msg(dpt_run_parse(app, n, epochs, rows, sc, err, sizeof err) == 0, "%s", err);
+  free(app);
+}
+
+/* --resume continues the run exactly: --epochs 2 --save A, then --epochs 2
+ * --resume A prints the parameter hash and held-out accuracy of --epochs 4
+ * (AdamW, a cosine schedule; on one device, and on two with micro-batches).
+ * The checkpoints carry the run: epochs done, training rows, the
+ * standardisation (kept as it was by the resume). */
+START_TEST(train_resume_is_bit_exact) {
+  static const char *const layouts[2][9] = {
+      {"--optimizer", "adamw", "--lr-schedule", "cosine:100", NULL},
+      {"--optimizer", "adamw", "--lr-schedule", "cosine:100", "--devices", "2",
+       "--micro-batch", "4", NULL}};
+  char dir[64], a[128], b[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(a, sizeof a, dir, "a.ckpt");
+  in_dir(b, sizeof b, dir, "b.ckpt");
+  for (int l = 0; l < 2; l++) {
+    const char *const *lay = layouts[l];
+    cmd_result full = run_lists(dpt_cmd_train, DIGITS, lay, "--epochs", "4", NULL);
+    ck_assert_msg(full.rc == DPT_EXIT_OK, "layout %d: exit %d: %s", l, full.rc, full.err);
+    cmd_result first =
+        run_lists(dpt_cmd_train, DIGITS, lay, "--epochs", "2", "--save", a, NULL);
+    ck_assert_msg(first.rc == DPT_EXIT_OK, "layout %d: exit %d: %s", l, first.rc,
+                  first.err);
+    ck_assert_msg(strstr(first.out, "(step 46)"), "%s", first.out);
+    cmd_result second = run_lists(dpt_cmd_train, DIGITS, lay, "--epochs", "2", "--resume",
+                                  a, "--save", b, NULL);
+    ck_assert_msg(second.rc == DPT_EXIT_OK, "layout %d: exit %d: %s", l, second.rc,
+                  second.err);
+    ck_assert_str_eq(second.err, "");
+    ck_assert_msg(strstr(second.out, "(step 92)"), "%s", second.out);
+    char h_full[24], h_first[24], h_second[24], acc_full[64], acc_second[64];
+    hash_of(&full, h_full, sizeof h_full);
+    hash_of(&first, h_first, sizeof h_first);
+    hash_of(&second, h_second, sizeof h_second);
+    ck_assert_msg(strcmp(h_second, h_full) == 0, "layout %d: resumed %s, uninterrupted %s",
+                  l, h_second, h_full);
+    ck_assert_str_ne(h_first, h_full);
+    text_after(full.out, "held-out: ", "\n", acc_full, sizeof acc_full);
+    text_after(second.out, "held-out: ", "\n", acc_second, sizeof acc_second);
+    ck_assert_str_eq(acc_second, acc_full);
+    cmd_result_free(&full);
+    cmd_result_free(&first);
+    cmd_result_free(&second);
+
+    int epochs = -1, rows = -1;
+    dpt_scaler sa, sb;
+    run_record(a, &epochs, &rows, &sa);
+    ck_assert_int_eq(epochs, 2);
+    ck_assert_int_eq(rows, 1437);
+    ck_assert_int_eq(sa.n, 64);
+    run_record(b, &epochs, &rows, &sb);
+    ck_assert_int_eq(epochs, 4);
+    ck_assert_int_eq(rows, 1437);
+    ck_assert_int_eq(sb.n, 64);
+    ck_assert(memcmp(sa.mean, sb.mean, 64 * sizeof *sa.mean) == 0);
+    ck_assert(memcmp(sa.std, sb.std, 64 * sizeof *sa.std) == 0);
+    dpt_scaler_free(&sa);
+    dpt_scaler_free(&sb);
+  }
+  ck_assert_int_eq(n_entries(dir), 2); /* no temporary file left */
+  remove_dir(dir);
+}
+END_TEST
+
+/* A resume keeps the standardisation it was trained with: --no-standardize on
+ * a standardised run is refused (and the other way round), before anything
+ * is trained; resumed as trained, an unstandardised run continues exactly.
+ * Other training rows (another --test-fraction): one warning line, and it
+ * trains. */
+START_TEST(train_resume_keeps_the_standardisation) {
+  char dir[64], std[128], raw[128], want[400];
+  temp_dir(dir, sizeof dir);
+  in_dir(std, sizeof std, dir, "std.ckpt");
+  in_dir(raw, sizeof raw, dir, "raw.ckpt");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", std, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", std,
+                "--no-standardize", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: %s was trained on standardised features; resume it without "
+           "--no-standardize\n",
+           std);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize", "--save",
+                raw, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  int epochs = -1, rows = -1;
+  dpt_scaler sc;
+  run_record(raw, &epochs, &rows, &sc);
+  ck_assert_int_eq(epochs, 1);
+  ck_assert_int_eq(rows, 1437);
+  ck_assert_int_eq(sc.n, 0);
+  dpt_scaler_free(&sc);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", raw, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: %s was trained without standardised features; resume it with "
+           "--no-standardize\n",
+           raw);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  cmd_result full =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--no-standardize", NULL);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize",
+                "--resume", raw, NULL);
+  ck_assert_msg(full.rc == DPT_EXIT_OK && r.rc == DPT_EXIT_OK, "%s%s", full.err, r.err);
+  char h_full[24], h_resumed[24];
+  hash_of(&full, h_full, sizeof h_full);
+  hash_of(&r, h_resumed, sizeof h_resumed);
+  ck_assert_str_eq(h_resumed, h_full);
+  cmd_result_free(&full);
+  cmd_result_free(&r);
+
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", std,
+                "--test-fraction", "0.3", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  snprintf(want, sizeof want,
+           "dp train: warning: %s was trained on 1437 rows; this data gives 1257 (", std);
+  ck_assert_msg(starts_with(r.err, want) && n_lines(r.err) == 1, "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* A checkpoint of the digits model trained on every row (--test-fraction 0:
+ * dp train's accuracy is then over the rows dp predict reads), with the
+ * options in `more` (NULL-terminated); the accuracy it printed ("99.55%") in
+ * acc[cap]. */
+static void digits_checkpoint(const char *path, const char *const *more, char *acc,
+                              size_t cap) {
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, more, "--epochs", "1", "--test-fraction",
+                           "0", "--save", path, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\ntraining: accuracy ") && strstr(r.out, "% (1797 rows)\n"),
+                "%s", r.out);
+  text_after(r.out, "training: accuracy ", "%", acc, cap);
+  cmd_result_free(&r);
+}
+
+/* A classification predictions file: `rows` lines, each the class (an integer
+ * in [0, classes)) then `classes` outputs, the class their argmax. */
+static void check_class_predictions(const char *text, int rows, int classes) {
+  const char *p = text;
+  for (int r = 0; r < rows; r++) {
+    char *end;
+    long k = strtol(p, &end, 10);
+    ck_assert_msg(end > p && *end == ',' && k >= 0 && k < classes, "line %d: %.40s", r + 1,
+                  p);
+    p = end;
+    int best = 0;
+    float top = 0;
+    for (int j = 0; j < classes; j++) {
+      ck_assert_msg(*p == ',', "line %d: %d outputs, expected %d", r + 1, j, classes);
+      float v = strtof(p + 1, &end);
+      ck_assert_msg(end > p + 1 && isfinite(v), "line %d: output %d: %.20s", r + 1, j, p);
+      if (j == 0 || v > top) best = j, top = v;
+      p = end;
+    }
+    ck_assert_msg(*p == '\n', "line %d: more than %d outputs", r + 1, classes);
+    ck_assert_msg(best == k, "line %d: class %ld, the argmax is %d", r + 1, k, best);
+    p++;
+  }
+  ck_assert_msg(*p == '\0', "more than %d lines", rows);
+}
+
+/* dp predict after dp train --save: one line per row (the class, then the 10
+ * logits), the accuracy dp train printed over the same rows; the same file on
+ * two devices in batches of 50, and from rows of the features alone; on
+ * standard output without --out (the report then on standard error); a few
+ * rows give the lines of the whole file (the saved standardisation, not one
+ * fitted again on the rows given). */
+START_TEST(predict_writes_a_line_per_row) {
+  static const char *const adamw[] = {"--optimizer", "adamw", NULL};
+  char dir[64], ck[128], p[128], p2[128], p3[128], feat[128], few[128], acc[32], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "f.ckpt");
+  in_dir(p, sizeof p, dir, "p.csv");
+  in_dir(p2, sizeof p2, dir, "p2.csv");
+  in_dir(p3, sizeof p3, dir, "p3.csv");
+  in_dir(feat, sizeof feat, dir, "features.csv");
+  in_dir(few, sizeof few, dir, "few.csv");
+  digits_checkpoint(ck, adamw, acc, sizeof acc);
+
+  cmd_result r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", p);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  snprintf(want, sizeof want,
+           "dp predict: 1797 rows of " DIGITS_CSV " through %s: accuracy %s -> %s\n", ck,
+           acc, p);
+  ck_assert_str_eq(r.out, want);
+  ck_assert_str_eq(r.err, "");
+  cmd_result_free(&r);
+  char *pred = slurp_file(p, NULL);
+  check_class_predictions(pred, 1797, 10);
+
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", p2,
+          "--devices", "2", "--batch", "50");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(p, p2), "--devices 2 --batch 50 wrote other predictions");
+
+  csv_cut(DIGITS_CSV, feat, 1, -1);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", feat, "--features-only", "--out",
+          p3);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  snprintf(want, sizeof want, "dp predict: 1797 rows of %s through %s -> %s\n", feat, ck,
+           p3);
+  ck_assert_str_eq(r.out, want); /* no labels: no accuracy */
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(p, p3), "--features-only wrote other predictions");
+
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strcmp(r.out, pred) == 0, "standard output is not the predictions file");
+  snprintf(want, sizeof want,
+           "dp predict: 1797 rows of " DIGITS_CSV " through %s: accuracy %s\n", ck, acc);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+
+  csv_cut(DIGITS_CSV, few, 0, 3);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", few);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_int_eq(n_lines(r.out), 3);
+  ck_assert_msg(strncmp(r.out, pred, strlen(r.out)) == 0, "three rows:\n%s", r.out);
+  cmd_result_free(&r);
+  free(pred);
+  remove_dir(dir);
+}
+END_TEST
+
+/* What dp predict refuses: rows with another feature count (exit 1, the
+ * counts named, no predictions file), a missing --checkpoint or --data (exit
+ * 2), a checkpoint that is a directory, missing or not a checkpoint, an --out
+ * that is a directory (exit 1, one line, nothing on standard output). */
+START_TEST(predict_refuses_what_does_not_fit) {
+  char dir[64], ck[128], p[128], feat[128], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "f.ckpt");
+  in_dir(p, sizeof p, dir, "p.csv");
+  in_dir(feat, sizeof feat, dir, "features.csv");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  csv_cut(DIGITS_CSV, feat, 1, -1);
+
+  /* features alone read as label and features: 63 */
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", feat, "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp predict: %s has 63 features per row; the checkpoint's model takes 64 (rows "
+           "with the features only: --features-only)\n",
+           feat);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  ck_assert_int_ne(access(p, F_OK), 0);
+  cmd_result_free(&r);
+  /* label and features read as features: 65 */
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--features-only",
+          "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err, "dp predict: " DIGITS_CSV
+                          " has 65 features per row; the checkpoint's model takes 64\n");
+  ck_assert_int_ne(access(p, F_OK), 0);
+  cmd_result_free(&r);
+
+  r = RUN(dpt_cmd_predict, "--data", DIGITS_CSV, "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_str_eq(r.err, "dp predict: --checkpoint and --data are required\n"
+                          "(see dp predict --help)\n");
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  cmd_result_free(&r);
+
+  struct {
+    char *checkpoint, *out;
+    const char *needle;
+  } bad[] = {{dir, NULL, "directory"},
+             {"/nonexistent/x.ckpt", NULL, "No such file or directory"},
+             {DIGITS_CSV, NULL, "not a libdp checkpoint"},
+             {ck, dir, "it is a directory"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char *argv[] = {"predict",         "--checkpoint",
+                    bad[i].checkpoint, "--data",
+                    DIGITS_CSV,        bad[i].out ? "--out" : NULL,
+                    bad[i].out,        NULL};
+    r = capture_cmd(dpt_cmd_predict, bad[i].out ? 7 : 5, argv);
+    ck_assert_msg(r.rc == DPT_EXIT_FAIL, "case %zu: exit %d", i, r.rc);
+    ck_assert_msg(starts_with(r.err, "dp predict: ") && strstr(r.err, bad[i].needle) &&
+                      n_lines(r.err) == 1 && !strstr(r.err, ".c:"),
+                  "case %zu: %s", i, r.err);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+  }
+  remove_dir(dir);
+}
+END_TEST
+
+/* dp predict on a regression model: one line of outputs per row, the mse dp
+ * train printed over the same rows; rows of the features alone give the same
+ * file and no mse. */
+START_TEST(predict_regression_reports_mse) {
+  char dir[64], model[128], data[128], feat[128], ck[128], p[128], p2[128], mse[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(model, sizeof model, dir, "r.dpm");
+  in_dir(data, sizeof data, dir, "r.csv");
+  in_dir(feat, sizeof feat, dir, "features.csv");
+  in_dir(ck, sizeof ck, dir, "r.ckpt");
+  in_dir(p, sizeof p, dir, "p.csv");
+  in_dir(p2, sizeof p2, dir, "p2.csv");
+  write_file(model, "input 3\nlinear 2\nloss mse\n");
+  char csv[4096];
+  size_t len = 0;
+  for (int i = 0; i < 40; i++) /* two targets, then three features */
+    len += (size_t)snprintf(csv + len, sizeof csv - len, "%.2f,%.2f,%d,%d.5,%.1f\n",
+                            i * 0.1, i * -0.05, i % 5, i % 3, i * 0.2);
+  write_file(data, csv);
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                     "--epochs", "1", "--test-fraction", "0", "--quiet", "--save", ck);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  text_after(r.out, "\ntraining: mse ", " ", mse, sizeof mse);
+  ck_assert_msg(strstr(r.out, " (40 rows)\n"), "%s", r.out);
+  double train_mse = strtod(mse, NULL);
+  cmd_result_free(&r);
+
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", data, "--out", p);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  char head[512];
+  snprintf(head, sizeof head, "dp predict: 40 rows of %s through %s: mse ", data, ck);
+  ck_assert_msg(starts_with(r.out, head), "%s", r.out);
+  double got = strtod(r.out + strlen(head), NULL);
+  /* dp train prints two decimals */
+  ck_assert_msg(fabs(got - train_mse) <= 0.005 + 1e-9, "predict mse %g, train %s", got,
+                mse);
+  cmd_result_free(&r);
+  char *pred = slurp_file(p, NULL);
+  ck_assert_int_eq(n_lines(pred), 40);
+  for (const char *at = pred; *at;) {
+    char *end;
+    float a = strtof(at, &end);
+    ck_assert_msg(end > at && *end == ',' && isfinite(a), "%.40s", at);
+    float b = strtof(end + 1, &end);
+    ck_assert_msg(*end == '\n' && isfinite(b), "%.40s", at);
+    at = end + 1;
+  }
+  free(pred);
+
+  csv_cut(data, feat, 2, -1);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", feat, "--features-only", "--out",
+          p2);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(!strstr(r.out, "mse"), "%s", r.out);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(p, p2), "--features-only wrote other outputs");
+  remove_dir(dir);
+}
+END_TEST
+
+/* dp export writes the state_dict as safetensors (named, shaped, the model's
+ * spec in the metadata); dp import of it makes a checkpoint that exports to
+ * the same bytes and predicts the same; import records the optimizer and seed
+ * given, and dp train --resume takes the checkpoint with them. */
+START_TEST(export_import_round_trip) {
+  static const char *const raw[] = {"--optimizer", "adamw", "--no-standardize", NULL};
+  char dir[64], f[128], g[128], g2[128], s[128], s2[128], pf[128], pg[128], acc[32],
+      want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  in_dir(g2, sizeof g2, dir, "g2.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  in_dir(s2, sizeof s2, dir, "g.safetensors");
+  in_dir(pf, sizeof pf, dir, "pf.csv");
+  in_dir(pg, sizeof pg, dir, "pg.csv");
+  digits_checkpoint(f, raw, acc, sizeof acc);
+
+  cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  snprintf(want, sizeof want, "dp export: %s (4 tensors, 9610 parameters) -> %s\n", f, s);
+  ck_assert_str_eq(r.out, want);
+  ck_assert_str_eq(r.err, "");
+  cmd_result_free(&r);
+  size_t n;
+  char *st = slurp_file(s, &n);
+  ck_assert_uint_ge(n, 8);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (unsigned char)st[i];
+  ck_assert_uint_eq(n, 8 + hlen + 9610 * 4);
+  char *header = strndup(st + 8, (size_t)hlen);
+  ck_assert_msg(strstr(header, "\"libdp_model\":\"input 64\\nlinear 128\\nrelu\\nlinear "
+                               "10\\nloss softmax_cross_entropy\\n\"") &&
+                    strstr(header, "\"0.weight\":{\"dtype\":\"F32\",\"shape\":[128,64],") &&
+                    strstr(header, "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[128],") &&
+                    strstr(header, "\"2.weight\":{\"dtype\":\"F32\",\"shape\":[10,128],") &&
+                    strstr(header, "\"2.bias\":{\"dtype\":\"F32\",\"shape\":[10],"),
+                "%s", header);
+  free(header);
+  free(st);
+
+  r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  snprintf(want, sizeof want, "dp import: %s -> %s (step 0, sgd, seed 0)\n", s, g);
+  ck_assert_str_eq(r.out, want);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, g, "--safetensors", s2);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(s, s2), "export of the imported checkpoint differs");
+
+  /* f has no standardisation, g no run record: the same predictions */
+  r = RUN(dpt_cmd_predict, "--checkpoint", f, "--data", DIGITS_CSV, "--out", pf);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  snprintf(want, sizeof want, ": accuracy %s -> ", acc);
+  ck_assert_msg(strstr(r.out, want), "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_predict, "--checkpoint", g, "--data", DIGITS_CSV, "--out", pg);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(pf, pg), "the imported checkpoint predicts otherwise");
+
+  r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g2, "--optimizer", "adamw",
+          "--seed", "7");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  snprintf(want, sizeof want, "dp import: %s -> %s (step 0, adamw, seed 7)\n", s, g2);
+  ck_assert_str_eq(r.out, want);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                "--seed", "7", "--resume", g2, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                "--resume", g2, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "seed") && n_lines(r.err) == 1, "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* What dp export and dp import refuse: a checkpoint that is missing or a
+ * directory, an unwritable output (exit 1, nothing written); safetensors that
+ * do not fit the model, naming the tensor (exit 1, no checkpoint written);
+ * usage errors (exit 2, a pointer to --help, nothing on standard output). */
+START_TEST(export_import_refusals) {
+  char dir[64], f[128], s[128], x[128], g[128], wide[128], nobias[128], deeper[128],
+      want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  in_dir(x, sizeof x, dir, "x.safetensors");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  in_dir(wide, sizeof wide, dir, "wide.dpm");
+  in_dir(nobias, sizeof nobias, dir, "nobias.dpm");
+  in_dir(deeper, sizeof deeper, dir, "deeper.dpm");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", f, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, f, "--safetensors", s);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+
+  r = RUN(dpt_cmd_export, "/nonexistent/x.ckpt", "--safetensors", x);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, "dp export: checkpoint '/nonexistent/x.ckpt': ") &&
+                    strstr(r.err, "No such file or directory") && n_lines(r.err) == 1,
+                "%s", r.err);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, dir, "--safetensors", x);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "directory") && n_lines(r.err) == 1, "%s", r.err);
+  cmd_result_free(&r);
+  ck_assert_int_ne(access(x, F_OK), 0);
+  r = RUN(dpt_cmd_export, f, "--safetensors", "/nonexistent/dir/x.safetensors");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err, "dp export: cannot write safetensors file "
+                          "'/nonexistent/dir/x.safetensors': No such file or directory\n");
+  cmd_result_free(&r);
+
+  /* the model's tensors, of other shapes, missing one, with one more */
+  write_file(wide, "input 64\nlinear 100\nrelu\nlinear 10\nloss softmax_cross_entropy\n");
+  write_file(nobias,
+             "input 64\nlinear 128\nrelu\nlinear 10 nobias\nloss softmax_cross_entropy\n");
+  write_file(deeper, "input 64\nlinear 128\nrelu\nlinear 10\nlinear 3\n"
+                     "loss softmax_cross_entropy\n");
+  struct {
+    const char *model, *needle;
+  } misfit[] = {{wide, "tensor '0.weight' is [128, 64]; the model's is [100, 64]\n"},
+                {nobias, "has a tensor '2.bias' that the model does not"},
+                {deeper, "has no tensor '3.weight' [3, 10]\n"}};
+  for (size_t i = 0; i < sizeof misfit / sizeof *misfit; i++) {
+    char *argv[] = {"import", s, "--model", (char *)misfit[i].model, "--out", g, NULL};
+    r = capture_cmd(dpt_cmd_import, 6, argv);
+    ck_assert_msg(r.rc == DPT_EXIT_FAIL, "case %zu: exit %d", i, r.rc);
+    snprintf(want, sizeof want, "dp import: safetensors file '%s'", s);
+    ck_assert_msg(starts_with(r.err, want) && strstr(r.err, misfit[i].needle) &&
+                      n_lines(r.err) == 1,
+                  "case %zu: %s", i, r.err);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+    ck_assert_int_ne(access(g, F_OK), 0);
+  }
+  /* not a safetensors file */
+  r = RUN(dpt_cmd_import, DIGITS_CSV, "--model", DIGITS_MODEL, "--out", g);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, "dp import: safetensors file '" DIGITS_CSV "'") &&
+                    n_lines(r.err) == 1,
+                "%s", r.err);
+  cmd_result_free(&r);
+  ck_assert_int_ne(access(g, F_OK), 0);
+
+  struct {
+    int (*cmd)(int, char **);
+    char *argv[10];
+    const char *err;
+  } usage[] = {
+      {dpt_cmd_export, {"export", "--safetensors", x}, "dp export: which checkpoint?\n"},
+      {dpt_cmd_export,
+       {"export", f},
+       "dp export: --safetensors FILE is required (and --model, --out are dp import's)\n"},
+      {dpt_cmd_export,
+       {"export", f, "--safetensors", x, "--model", DIGITS_MODEL},
+       "dp export: --safetensors FILE is required (and --model, --out are dp import's)\n"},
+      {dpt_cmd_export,
+       {"export", f, f, "--safetensors", x},
+       "dp export: one input file, please\n"},
+      {dpt_cmd_import,
+       {"import", "--model", DIGITS_MODEL, "--out", g},
+       "dp import: which safetensors file?\n"},
+      {dpt_cmd_import,
+       {"import", s, "--out", g},
+       "dp import: --model and --out are required\n"},
+      {dpt_cmd_import,
+       {"import", s, "--model", DIGITS_MODEL},
+       "dp import: --model and --out are required\n"},
+      {dpt_cmd_import,
+       {"import", s, "--model", DIGITS_MODEL, "--out", g, "--safetensors", s},
+       "dp import: --safetensors is dp export's; dp import reads the safetensors file "
+       "named as its argument\n"},
+  };
+  for (size_t i = 0; i < sizeof usage / sizeof *usage; i++) {
+    int argc = 0;
+    while (usage[i].argv[argc]) argc++;
+    r = capture_cmd(usage[i].cmd, argc, usage[i].argv);
+    ck_assert_msg(r.rc == DPT_EXIT_USAGE, "case %zu: exit %d: %s", i, r.rc, r.err);
+    const char *name = usage[i].cmd == dpt_cmd_export ? "export" : "import";
+    snprintf(want, sizeof want, "%s(see dp %s --help)\n", usage[i].err, name);
+    ck_assert_str_eq(r.err, want);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+  }
+  ck_assert_int_ne(access(x, F_OK), 0);
+  ck_assert_int_ne(access(g, F_OK), 0);
+  remove_dir(dir);
+}
+END_TEST
+
+/* `dp --help` lists predict, export and import; each command has its help. */
+START_TEST(help_lists_predict_export_import) {
+  cmd_result r = RUN(dpt_cmd_predict, "--help");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(starts_with(r.out, "usage: dp predict --checkpoint F.ckpt --data D.csv") &&
+                    strstr(r.out, "--features-only") && strstr(r.out, "--batch B"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, "--help");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(starts_with(r.out, "usage: dp export CHECKPOINT --safetensors FILE\n") &&
+                    strstr(r.out, "model.load_state_dict"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_import, "--help");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(starts_with(r.out, "usage: dp import SAFETENSORS --model M.dpm --out "
+                                   "CHECKPOINT") &&
+                    strstr(r.out, "dp train --resume CHECKPOINT"),
+                "%s", r.out);
+  cmd_result_free(&r);
+
+  char dp[600], cmd[700];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE cli: help_lists_predict_export_import: no dp binary next to the "
+                    "test binary; dp --help not checked\n");
+    return;
+  }
+  int st;
+  snprintf(cmd, sizeof cmd, "'%s' --help 2>&1", dp);
+  char *out = shell_output(cmd, &st);
+  ck_assert_int_eq(WEXITSTATUS(st), DPT_EXIT_OK);
+  ck_assert_msg(strstr(out, "\n  predict   run a checkpoint's model over a CSV") &&
+                    strstr(out, "\n  export    write a checkpoint's weights as a "
+                                "safetensors file") &&
+                    strstr(out, "\n  import    make a checkpoint from PyTorch weights"),
+                "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "'%s' help predict 2>&1", dp);
+  out = shell_output(cmd, &st);
+  ck_assert_int_eq(WEXITSTATUS(st), DPT_EXIT_OK);
+  ck_assert_msg(starts_with(out, "usage: dp predict "), "%s", out);
+  free(out);
+}
+END_TEST
+
 /* ---- formatting ---- */
 
 START_TEST(format_bytes_human) {
@@ -1933,6 +2691,19 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);
   tcase_add_test(tc, bench_gemm_rows_and_tiers);
+  tcase_set_timeout(tc, 60);
+  suite_add_tcase(s, tc);
+
+  /* dp train --resume, dp predict, dp export and dp import on the digits */
+  tc = tcase_create("resume_predict_weights");
+  tcase_add_test(tc, train_resume_is_bit_exact);
+  tcase_add_test(tc, train_resume_keeps_the_standardisation);
+  tcase_add_test(tc, predict_writes_a_line_per_row);
+  tcase_add_test(tc, predict_refuses_what_does_not_fit);
+  tcase_add_test(tc, predict_regression_reports_mse);
+  tcase_add_test(tc, export_import_round_trip);
+  tcase_add_test(tc, export_import_refusals);
+  tcase_add_test(tc, help_lists_predict_export_import);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 

@@ -85,7 +85,13 @@ static int parse(int argc, char **argv, const char *cmd, weights_opts *o, dp_con
              "dp import's)");
     r = DPT_ARGS_ERROR;
   }
-  if (r == DPT_ARGS_OK && need_model && (!o->model || !o->out || o->safetensors)) {
+  if (r == DPT_ARGS_OK && need_model && o->safetensors) {
+    snprintf(err, sizeof err,
+             "--safetensors is dp export's; dp import reads the safetensors file named "
+             "as its argument");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && need_model && (!o->model || !o->out)) {
     snprintf(err, sizeof err, "--model and --out are required");
     r = DPT_ARGS_ERROR;
   }
