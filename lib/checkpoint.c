@@ -318,10 +318,12 @@ dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t 
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID,
                                    "dp_ckpt_save_app: %zu bytes of application data %s",
                                    app_bytes, app ? "(at most 16 MiB)" : "at NULL"));
+  dp_status s = DP_OK;
   if (c->poison) /* a failed update left its state half-written: never persist that */
-    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "refusing to save: %s", c->poison_msg));
-  dp_status s = check_opt_layout(c->plan, ctx_state_vectors(c));
-  if (s) return dp__ctx_fail(c, s);
+    s = DP_FAIL(DP_ERR_INVALID, "refusing to save: %s", c->poison_msg);
+  if (!s) s = check_opt_layout(c->plan, ctx_state_vectors(c));
+  /* across processes the save is collective: every rank goes on, or none */
+  if ((s = dp__ctx_agree(c, s))) return dp__ctx_fail(c, s);
   ck_state v;
   if ((s = state_read(c, ctx_state_vectors(c), &v))) return dp__ctx_fail(c, s);
   /* across processes every rank read the state (collective); rank 0 writes

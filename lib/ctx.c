@@ -699,6 +699,10 @@ static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   return end;
 }
 
+dp_status dp__ctx_agree(dp_ctx *c, dp_status s) {
+  return c->world ? agree(c, s, -1, 0, NULL) : s;
+}
+
 dp_status dp__ctx_root_status(dp_ctx *c, dp_status s) {
   if (!c->world) return s;
   struct {
@@ -824,11 +828,13 @@ dp_status dp_get_params(dp_ctx *c, float *out, size_t n) {
 }
 
 dp_status dp_set_params(dp_ctx *c, const float *in, size_t n) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   dp_status s = check_n(c, in, n);
-  if (s) return s;
-  for (size_t k = 0; k < n; k++)
-    if (!isfinite(in[k]))
-      return dp__ctx_fail(c, DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k));
+  for (size_t k = 0; !s && k < n; k++)
+    if (!isfinite(in[k])) s = DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k);
+  /* across processes every rank goes on, or none: the replicas' staleness
+   * (whether the next step broadcasts) must be the same on every rank */
+  if ((s = dp__ctx_agree(c, s))) return dp__ctx_fail(c, s);
   c->replicas_stale = true;
   s = dp__ctx_write(c, 0, DP_REGION_PARAMS, 0, in, n * 4);
   if (s) /* only a device copy can fail, part way */

@@ -85,6 +85,9 @@ dp_status dp__ctx_create_world(const dp_plan *p, void *const arenas[], void *hos
  * 0's outcome s, which every rank returns (its message, "rank 0: ...");
  * bytes at buf from rank root to every rank. */
 dp_status dp__ctx_root_status(dp_ctx *c, dp_status s);
+/* Across processes (collective): every rank's outcome s combined, the same
+ * status (the first failing rank's message) on every rank; one process: s. */
+dp_status dp__ctx_agree(dp_ctx *c, dp_status s);
 dp_status dp__ctx_bcast(dp_ctx *c, int root, void *buf, size_t bytes);
 /* This process writes the job's files (one process, or rank 0). */
 static inline bool dp__ctx_writes_files(const dp_ctx *c) { return c->rank == 0; }

@@ -232,6 +232,15 @@ static void check_mode(const mode_case *m, dp_model *model) {
           m->name, k);
     faults++;
   }
+  /* dp_set_params refused on one rank is refused on all (the next step's
+   * broadcast must be the same everywhere) */
+  s = dp_get_params(cx, g, np);
+  CHECK(!s, "get_params: %s", dp_last_error());
+  if (rank == size - 1) g[0] = NAN;
+  s = dp_set_params(cx, g, np);
+  expect_all(s, DP_ERR_NONFINITE, "dp_set_params with a NaN on the last rank");
+  CHECK(dp_params_hash(cx) == before, "%s: a refused dp_set_params changed the parameters",
+        m->name);
   /* the retry: the reference's next step, bit for bit */
   float lw = 0, lref = 0;
   s = job_step(cx, pw, BATCH, x, y, &lw);
