@@ -4,7 +4,9 @@
  * semantics in tools/golden/README.md). For each case the model, batch, initial
  * parameters and hyper-parameters come from the file; libdp must reproduce
  * PyTorch's loss, gradients, eval-mode outputs and the parameters after five
- * steps of SGD-momentum and of AdamW, within the tolerance below. Only dp.h is
+ * steps of SGD-momentum and of AdamW, and the same two trainings with gradient
+ * clipping by global norm (config.clip_grad_norm against
+ * torch.nn.utils.clip_grad_norm_), within the tolerance below. Only dp.h is
  * used. Paths are relative to the current directory (the repo root).
  *
  * Tolerance, element-wise against a reference tensor `want`:
@@ -77,8 +79,10 @@ static void golden_load(golden *g, const char *case_name) {
   snprintf(g->case_name, sizeof g->case_name, "%s", case_name);
 
   FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "%s: cannot open (run from the repo root; regenerate with "
-                           "tools/golden/make_golden.py)", path);
+  ck_assert_msg(f != NULL,
+                "%s: cannot open (run from the repo root; regenerate with "
+                "tools/golden/make_golden.py)",
+                path);
   ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
   long size = ftell(f);
   ck_assert_msg(size > 0, "%s: empty or unreadable", path);
@@ -116,7 +120,8 @@ static void golden_load(golden *g, const char *case_name) {
     ck_assert_msg(count < ((size_t)1 << 28), "%s: %s: too large", path, e->name);
     e->count = count;
     size_t esize = e->dtype == GT_TEXT ? 1 : 4;
-    ck_assert_msg(c.len - c.off >= count * esize, "%s: %s: truncated payload", path, e->name);
+    ck_assert_msg(c.len - c.off >= count * esize, "%s: %s: truncated payload", path,
+                  e->name);
     if (e->dtype == GT_TEXT) {
       char *t = malloc(count + 1);
       ck_assert_ptr_nonnull(t);
@@ -215,19 +220,20 @@ typedef struct {
   const void *target;
 } golden_run;
 
-#define CHECK_DP(name, call)                                                         \
-  do {                                                                               \
-    dp_status st_ = (call);                                                          \
-    ck_assert_msg(st_ == DP_OK, "%s: %s -> %s: %s", (name), #call, dp_status_name(st_), \
-                  dp_last_error());                                                  \
+#define CHECK_DP(name, call)                                                               \
+  do {                                                                                     \
+    dp_status st_ = (call);                                                                \
+    ck_assert_msg(st_ == DP_OK, "%s: %s -> %s: %s", (name), #call, dp_status_name(st_),    \
+                  dp_last_error());                                                        \
   } while (0)
 
 /* Loads the case and builds model, plan and context with params0 loaded.
  * n_devices <= 0 keeps the file's N. */
 /* mode, shard: the layout (classic, allreduce, allreduce with a sharded
- * optimizer); n_devices 0: the golden file's own device count. */
+ * optimizer); n_devices 0: the golden file's own device count; clip: set
+ * config.clip_grad_norm to the file's clip_max_norm (0: no clipping). */
 static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int inference,
-                     int n_devices, dp_mode mode, int shard) {
+                     int n_devices, dp_mode mode, int shard, int clip) {
   memset(r, 0, sizeof *r);
   golden_load(&r->g, case_name);
   const golden *g = &r->g;
@@ -245,7 +251,8 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   r->n_params = dp_model_n_params(r->model);
 
   const golden_entry *xe = golden_get(g, "x", GT_F32);
-  ck_assert_msg(xe->ndim == 2 && xe->dims[0] == (uint32_t)r->batch && xe->dims[1] == (uint32_t)in,
+  ck_assert_msg(xe->ndim == 2 && xe->dims[0] == (uint32_t)r->batch &&
+                    xe->dims[1] == (uint32_t)in,
                 "%s: x shape does not match the model", case_name);
   r->x = xe->data;
   if (dp_model_loss(r->model) == DP_LOSS_SOFTMAX_CE) {
@@ -273,6 +280,13 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   cfg.inference = inference;
   cfg.mode = mode;
   cfg.shard_optimizer = shard;
+  if (clip) {
+    const float *max_norm = golden_f32(g, "clip_max_norm", &n);
+    ck_assert_uint_eq(n, 1);
+    ck_assert_msg(max_norm[0] > 0.0f, "%s: clip_max_norm %g", case_name,
+                  (double)max_norm[0]);
+    cfg.clip_grad_norm = max_norm[0];
+  }
   dp_config_set_optimizer(&cfg, opt);
   if (opt == DP_OPT_ADAMW) {
     cfg.lr = hp[3];
@@ -309,7 +323,7 @@ static float *alloc_floats(size_t n) {
  * loss, and the parameters after GOLDEN_STEPS steps. */
 static void check_training(const char *case_name, dp_optimizer opt, const char *prefix) {
   golden_run r;
-  run_open(&r, case_name, opt, 0, 0, DP_MODE_CLASSIC, 0);
+  run_open(&r, case_name, opt, 0, 0, DP_MODE_CLASSIC, 0, 0);
   char key[64], what[96];
   size_t n;
   snprintf(key, sizeof key, "%s_loss", prefix);
@@ -373,7 +387,7 @@ static void check_forward(golden_run *r, const char *what) {
 
 START_TEST(test_inference_plan_matches_pytorch_eval) {
   golden_run r;
-  run_open(&r, golden_cases[_i], DP_OPT_SGD, 1, 0, DP_MODE_CLASSIC, 0);
+  run_open(&r, golden_cases[_i], DP_OPT_SGD, 1, 0, DP_MODE_CLASSIC, 0, 0);
   check_forward(&r, "inference plan forward (eval_out)");
   run_close(&r);
 }
@@ -381,7 +395,7 @@ END_TEST
 
 START_TEST(test_training_ctx_forward_is_eval_mode) {
   golden_run r;
-  run_open(&r, golden_cases[_i], DP_OPT_MOMENTUM, 0, 0, DP_MODE_CLASSIC, 0);
+  run_open(&r, golden_cases[_i], DP_OPT_MOMENTUM, 0, 0, DP_MODE_CLASSIC, 0, 0);
   check_forward(&r, "training ctx forward (eval_out)");
   run_close(&r);
 }
@@ -389,33 +403,38 @@ END_TEST
 
 /* ---- data parallel == single device ----------------------------------------- */
 
+/* The layouts: classic, allreduce and allreduce with a sharded optimizer. */
+static const struct {
+  dp_mode mode;
+  int shard;
+  const char *name;
+} layouts[] = {{DP_MODE_CLASSIC, 0, "classic"},
+               {DP_MODE_ALLREDUCE, 0, "allreduce"},
+               {DP_MODE_ALLREDUCE, 1, "sharded"}};
+
 /* dp_get_grads against PyTorch in every layout: classic, allreduce and
  * allreduce with a sharded optimizer (where each device holds the reduced
  * gradients of its shard only), on 1 to 4 devices; and the loss. */
 START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
   const char *case_name = golden_cases[_i];
-  static const struct {
-    dp_mode mode;
-    int shard;
-    const char *name;
-  } layouts[] = {{DP_MODE_CLASSIC, 0, "classic"},
-                 {DP_MODE_ALLREDUCE, 0, "allreduce"},
-                 {DP_MODE_ALLREDUCE, 1, "sharded"}};
   float *ref = NULL;
   size_t n_params = 0;
   float ref_loss = 0.0f;
   for (int li = 0; li < 3; li++)
     for (int nd = 1; nd <= 4; nd++) {
       golden_run r;
-      run_open(&r, case_name, DP_OPT_MOMENTUM, 0, nd, layouts[li].mode, layouts[li].shard);
+      run_open(&r, case_name, DP_OPT_MOMENTUM, 0, nd, layouts[li].mode, layouts[li].shard,
+               0);
       float *g = alloc_floats(r.n_params);
       float loss = NAN;
       CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
       CHECK_DP(case_name, dp_get_grads(r.ctx, g, r.n_params));
       char what[96];
-      snprintf(what, sizeof what, "%s grads with %d device(s) vs PyTorch", layouts[li].name, nd);
+      snprintf(what, sizeof what, "%s grads with %d device(s) vs PyTorch", layouts[li].name,
+               nd);
       check_close(case_name, what, g, golden_f32(&r.g, "grads", NULL), r.n_params);
-      snprintf(what, sizeof what, "%s loss with %d device(s) vs PyTorch", layouts[li].name, nd);
+      snprintf(what, sizeof what, "%s loss with %d device(s) vs PyTorch", layouts[li].name,
+               nd);
       check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
       if (!ref) {
         ref = g;
@@ -423,17 +442,78 @@ START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
         ref_loss = loss;
       } else {
         ck_assert_uint_eq(r.n_params, n_params);
-        snprintf(what, sizeof what, "%s grads with %d devices vs classic on 1", layouts[li].name,
-                 nd);
+        snprintf(what, sizeof what, "%s grads with %d devices vs classic on 1",
+                 layouts[li].name, nd);
         check_close(case_name, what, g, ref, n_params);
-        snprintf(what, sizeof what, "%s loss with %d devices vs classic on 1", layouts[li].name,
-                 nd);
+        snprintf(what, sizeof what, "%s loss with %d devices vs classic on 1",
+                 layouts[li].name, nd);
         check_scalar(case_name, what, loss, ref_loss);
         free(g);
       }
       run_close(&r);
     }
   free(ref);
+}
+END_TEST
+
+/* ---- gradient clipping -------------------------------------------------------- */
+
+/* config.clip_grad_norm = the file's clip_max_norm (a quarter of the first
+ * gradient's norm, so every step clips) against torch.nn.utils.clip_grad_norm_
+ * before every optimizer.step(): each step's dp_ctx_grad_norm (the norm before
+ * clipping, as clip_grad_norm_ returns it), the clipped gradients of step 0
+ * and the parameters after GOLDEN_STEPS steps. prefix "sgd_clip" (norms in
+ * "clip_norms") or "adamw_clip". The same batch every step, as in
+ * check_training. */
+static void check_clipped_training(const char *case_name, dp_optimizer opt,
+                                   const char *prefix, int n_devices, int li) {
+  golden_run r;
+  run_open(&r, case_name, opt, 0, n_devices, layouts[li].mode, layouts[li].shard, 1);
+  size_t n;
+  char key[64], what[128];
+  snprintf(key, sizeof key, "%s", opt == DP_OPT_ADAMW ? "adamw_clip_norms" : "clip_norms");
+  const float *want_norms = golden_f32(&r.g, key, &n);
+  ck_assert_uint_eq(n, GOLDEN_STEPS);
+  snprintf(key, sizeof key, "%s_params", prefix);
+  const float *want_params = golden_f32(&r.g, key, &n);
+  ck_assert_uint_eq(n, r.n_params);
+  const float *want_grads = golden_f32(&r.g, "clip_grads1", &n);
+  ck_assert_uint_eq(n, r.n_params);
+  float *buf = alloc_floats(r.n_params);
+
+  for (int t = 0; t < GOLDEN_STEPS; t++) {
+    float loss = NAN;
+    CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
+    snprintf(what, sizeof what, "%s %s on %d device(s): grad norm at step %d", prefix,
+             layouts[li].name, n_devices, t);
+    check_scalar(case_name, what, dp_ctx_grad_norm(r.ctx), want_norms[t]);
+    if (t == 0) {
+      CHECK_DP(case_name, dp_get_grads(r.ctx, buf, r.n_params));
+      snprintf(what, sizeof what, "%s %s on %d device(s): clipped grads at step 0", prefix,
+               layouts[li].name, n_devices);
+      check_close(case_name, what, buf, want_grads, r.n_params);
+    }
+  }
+  ck_assert_uint_eq(dp_ctx_step(r.ctx), GOLDEN_STEPS);
+  CHECK_DP(case_name, dp_get_params(r.ctx, buf, r.n_params));
+  snprintf(what, sizeof what, "%s %s on %d device(s): params after %d steps", prefix,
+           layouts[li].name, n_devices, GOLDEN_STEPS);
+  check_close(case_name, what, buf, want_params, r.n_params);
+  free(buf);
+  run_close(&r);
+}
+
+START_TEST(test_clipped_sgd_momentum_matches_pytorch_on_1_2_4_devices_in_every_mode) {
+  for (int li = 0; li < 3; li++)
+    for (int nd = 1; nd <= 4; nd *= 2)
+      check_clipped_training(golden_cases[_i], DP_OPT_MOMENTUM, "sgd_clip", nd, li);
+}
+END_TEST
+
+START_TEST(test_clipped_adamw_matches_pytorch_on_1_2_4_devices_in_every_mode) {
+  for (int li = 0; li < 3; li++)
+    for (int nd = 1; nd <= 4; nd *= 2)
+      check_clipped_training(golden_cases[_i], DP_OPT_ADAMW, "adamw_clip", nd, li);
 }
 END_TEST
 
@@ -461,7 +541,17 @@ Suite *golden_suite(void) {
 
   tc = tcase_create("device_count");
   tcase_set_timeout(tc, 30);
-  tcase_add_loop_test(tc, test_grads_same_for_1_to_4_devices_in_every_mode, 0, N_GOLDEN_CASES);
+  tcase_add_loop_test(tc, test_grads_same_for_1_to_4_devices_in_every_mode, 0,
+                      N_GOLDEN_CASES);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("clip_grad_norm");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(
+      tc, test_clipped_sgd_momentum_matches_pytorch_on_1_2_4_devices_in_every_mode, 0,
+      N_GOLDEN_CASES);
+  tcase_add_loop_test(tc, test_clipped_adamw_matches_pytorch_on_1_2_4_devices_in_every_mode,
+                      0, N_GOLDEN_CASES);
   suite_add_tcase(s, tc);
 
   return s;

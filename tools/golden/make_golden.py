@@ -4,7 +4,9 @@
 Each case is one model spec (libdp's .dpm text), one batch and one set of
 initial parameters. The script builds the same network in PyTorch (CPU,
 float32), runs a forward/backward pass, five steps of SGD with momentum and
-five steps of AdamW, and records everything tests/test_golden.c compares.
+five steps of AdamW, the same two trainings with torch.nn.utils.clip_grad_norm_
+before every optimizer step (max_norm: a quarter of the first gradient's norm,
+so every step clips), and records everything tests/test_golden.c compares.
 
 Dropout cannot use torch's generator: libdp draws its masks from a
 counter-based generator (lib/rng.c), so this script re-implements that
@@ -189,8 +191,11 @@ def flat(tensors):
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-def run_case(spec, B, dtype, torch_seed):
-    """Everything the golden file holds, computed in `dtype`."""
+def run_case(spec, B, dtype, torch_seed, max_norm=None):
+    """Everything the golden file holds, computed in `dtype`.
+
+    max_norm: clip_grad_norm_'s max_norm for the clipping records; None
+    derives it from this run's first gradient (the float32 run does)."""
     in_w, layers, loss_kind = parse_spec(spec)
     torch.manual_seed(torch_seed)
     net = Net(in_w, layers, DROPOUT_SEED)
@@ -230,14 +235,16 @@ def run_case(spec, B, dtype, torch_seed):
     with torch.no_grad():
         r["eval_out"] = net(x, 0, False)
 
-    for name, make_opt in (
-        ("sgdm", lambda ps: torch.optim.SGD(ps, lr=HP["sgd_lr"], momentum=HP["sgd_momentum"],
-                                            weight_decay=HP["sgd_weight_decay"])),
-        ("adamw", lambda ps: torch.optim.AdamW(ps, lr=HP["adamw_lr"],
-                                               betas=(HP["adamw_beta1"], HP["adamw_beta2"]),
-                                               eps=HP["adamw_eps"],
-                                               weight_decay=HP["adamw_weight_decay"])),
-    ):
+    def make_sgd(ps):
+        return torch.optim.SGD(ps, lr=HP["sgd_lr"], momentum=HP["sgd_momentum"],
+                               weight_decay=HP["sgd_weight_decay"])
+
+    def make_adamw(ps):
+        return torch.optim.AdamW(ps, lr=HP["adamw_lr"],
+                                 betas=(HP["adamw_beta1"], HP["adamw_beta2"]),
+                                 eps=HP["adamw_eps"], weight_decay=HP["adamw_weight_decay"])
+
+    for name, make_opt in (("sgdm", make_sgd), ("adamw", make_adamw)):
         set_params(params0)
         opt = make_opt(list(net.parameters()))
         losses = []
@@ -249,6 +256,33 @@ def run_case(spec, B, dtype, torch_seed):
             losses.append(l.detach())
         r[name + "_params5"] = flat(net.parameters())
         r[name + "_loss"] = torch.stack(losses)
+
+    # Gradient clipping by global norm (libdp's config.clip_grad_norm):
+    # clip_grad_norm_ between backward() and every optimizer.step(). max_norm
+    # is a quarter of the first step's unclipped gradient norm, rounded to
+    # float32 (libdp's config field is a float); the float64 rerun is given
+    # the float32 run's value so both clip against the same number.
+    if max_norm is None:
+        max_norm = float(np.float32(0.25 * r["grads"].double().norm().item()))
+    r["clip_max_norm"] = torch.tensor([max_norm], dtype=torch.float32)
+    for name, make_opt in (
+        ("sgd_clip", make_sgd),
+        ("adamw_clip", make_adamw),
+    ):
+        set_params(params0)
+        opt = make_opt(list(net.parameters()))
+        norms = []
+        for t in range(N_STEPS):
+            opt.zero_grad()
+            l = crit(net(x, t, True), target)
+            l.backward()
+            norms.append(nn.utils.clip_grad_norm_(net.parameters(), max_norm).detach())
+            if t == 0 and name == "sgd_clip":
+                r["clip_grads1"] = flat(p.grad for p in net.parameters())
+            opt.step()
+        r[name + "_params"] = flat(net.parameters())
+        r[name + "_norms"] = torch.stack(norms)
+    r["clip_norms"] = r.pop("sgd_clip_norms")
     return r
 
 
@@ -264,6 +298,13 @@ CASES = [
 ]
 COMPARED = ["out", "loss", "grads", "eval_out", "sgdm_params5", "sgdm_loss",
             "adamw_params5", "adamw_loss"]
+# Gradient clipping records, written after "hparams" so that the records above
+# keep their bytes (only the header's entry count changed when these came).
+CLIP_COMPARED = ["clip_norms", "clip_grads1", "sgd_clip_params", "adamw_clip_params",
+                 "adamw_clip_norms"]
+# Every step's norm must exceed max_norm by this factor (float32 and float64
+# runs), so that whether a step clips cannot depend on rounding.
+CLIP_MARGIN = 1.01
 
 
 def tol_ratio(got, want):
@@ -305,9 +346,16 @@ def main():
     for name, lines, B, N, tseed in CASES:
         spec = "\n".join(lines) + "\n"
         r = run_case(spec, B, torch.float32, tseed)
-        r64 = run_case(spec, B, torch.float64, tseed)
-        worst = max((tol_ratio(r[k], r64[k]), k) for k in COMPARED)
+        r64 = run_case(spec, B, torch.float64, tseed, r["clip_max_norm"].item())
+        worst = max((tol_ratio(r[k], r64[k]), k) for k in COMPARED + CLIP_COMPARED)
         if worst[0] > MARGIN:
+            ok = False
+        max_norm = r["clip_max_norm"].item()
+        clip_ratio = min(rr[k].min().item() / max_norm for rr in (r, r64)
+                         for k in ("clip_norms", "adamw_clip_norms"))
+        if clip_ratio < CLIP_MARGIN:
+            print("error: %s: a step's gradient norm is only %.4f x max_norm; clipping must "
+                  "be clear at every step" % (name, clip_ratio), file=sys.stderr)
             ok = False
         ents = [
             entry("spec", DT_TEXT, spec.encode()),
@@ -322,13 +370,17 @@ def main():
         for k in COMPARED:
             ents.append(entry(k, DT_F32, r[k].numpy()))
         ents.append(entry("hparams", DT_F32, [v for _, v in HPARAMS]))
+        ents.append(entry("clip_max_norm", DT_F32, r["clip_max_norm"].numpy()))
+        for k in CLIP_COMPARED:
+            ents.append(entry(k, DT_F32, r[k].numpy()))
         blob = MAGIC + struct.pack("<II", VERSION, len(ents)) + b"".join(ents)
         path = os.path.join(args.out_dir, name + ".bin")
         with open(path, "wb") as f:
             f.write(blob)
-        print("%-14s B=%-3d N=%d params=%-5d loss=%.6f  f32-vs-f64 worst %.3f of tol (%s)  %s"
-              % (name, B, N, r["params0"].numel(), r["loss"].item(), worst[0], worst[1],
-                 os.path.relpath(path)))
+        print("%-14s B=%-3d N=%d params=%-5d loss=%.6f  max_norm=%.6g (norms >= %.2f x)  "
+              "f32-vs-f64 worst %.3f of tol (%s)  %s"
+              % (name, B, N, r["params0"].numel(), r["loss"].item(), max_norm, clip_ratio,
+                 worst[0], worst[1], os.path.relpath(path)))
     if not ok:
         print("error: float32 results are not safely inside the tolerance of the float64 "
               "reference (ratio > %.2f); change the case" % MARGIN, file=sys.stderr)
