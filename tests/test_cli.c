@@ -382,15 +382,17 @@ START_TEST(config_every_common_option) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split",
-                "balanced", "--micro-batch", "5", "--mode", "allreduce", "--optimizer",
-                "momentum", "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum",
-                "0.8", "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75",
-                "--eps", "0.125", "--seed", "18446744073709551615", "--shard-optimizer",
-                "--graph", "--tf32", "--transport", "copy", "--fast-collectives",
-                "--dampening", "0.5", "--nesterov", "--ranks", "2");
+  int r =
+      PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split", "balanced",
+            "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
+            "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
+            "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps", "0.125",
+            "--seed", "18446744073709551615", "--shard-optimizer", "--graph", "--tf32",
+            "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
+            "--ranks", "2", "--clip-grad-norm", "0.5");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_int_eq(c.ranks, 2);
+  ck_assert_float_eq(c.clip_grad_norm, 0.5f);
   ck_assert_int_eq(c.fast_collectives, 1);
   ck_assert_int_eq(c.batch, 30);
   ck_assert_int_eq(c.n_devices, 4);
@@ -2090,6 +2092,400 @@ START_TEST(train_resume_keeps_the_standardisation) {
 }
 END_TEST
 
+/* ---- dp train as a tool people keep open (issue 16, item 5): --eval-every,
+ * --log, --patience, --plot with the held-out curve and --plot-log ---- */
+
+/* The digits run with its epoch lines (DIGITS without --quiet). */
+static const char *const DIGITS_LOUD[] = {"--model", DIGITS_MODEL, "--data", DIGITS_CSV,
+                                          "--batch", "64",         NULL};
+
+/* The line of s that starts with prefix (asserted to be there), without its
+ * newline, in out[cap]. */
+static void line_of(const char *s, const char *prefix, char *out, size_t cap) {
+  const char *at = s;
+  size_t n = strlen(prefix);
+  while (at && strncmp(at, prefix, n) != 0) {
+    at = strchr(at, '\n');
+    if (at) at++;
+  }
+  ck_assert_msg(at, "no line '%s...' in:\n%s", prefix, s);
+  snprintf(out, cap, "%.*s", (int)strcspn(at, "\n"), at);
+}
+
+/* A flat JSON object of numbers and nulls, as --log writes each line:
+ * {"key":number|null,...} and nothing else. At most 16 members. */
+typedef struct {
+  int n;
+  char key[16][32];
+  double v[16];
+  int null[16];
+} json_line;
+
+static void parse_json_line(const char *line, json_line *j) {
+  memset(j, 0, sizeof *j);
+  const char *p = line;
+  ck_assert_msg(*p == '{', "not an object: %s", line);
+  p++;
+  for (;;) {
+    ck_assert_msg(*p == '"', "a key expected at '%s' in %s", p, line);
+    const char *q = strchr(p + 1, '"');
+    ck_assert_msg(q && q - p - 1 < 32 && j->n < 16, "bad key in %s", line);
+    snprintf(j->key[j->n], sizeof j->key[j->n], "%.*s", (int)(q - p - 1), p + 1);
+    for (int i = 0; i < j->n; i++)
+      ck_assert_msg(strcmp(j->key[i], j->key[j->n]) != 0, "key twice: %s", line);
+    p = q + 1;
+    ck_assert_msg(*p == ':', "':' expected in %s", line);
+    p++;
+    if (strncmp(p, "null", 4) == 0) {
+      j->null[j->n] = 1;
+      p += 4;
+    } else {
+      /* JSON numbers: -?digits[.digits][e[+-]digits] (no inf, nan, hex) */
+      ck_assert_msg(*p == '-' || (*p >= '0' && *p <= '9'), "a number expected: %s", line);
+      char *end;
+      j->v[j->n] = strtod(p, &end);
+      ck_assert_msg(end > p && isfinite(j->v[j->n]), "bad number in %s", line);
+      for (const char *c = p; c < end; c++)
+        ck_assert_msg(strchr("0123456789.eE+-", *c), "not a JSON number: %s", line);
+      p = end;
+    }
+    j->n++;
+    if (*p == ',') {
+      p++;
+      continue;
+    }
+    ck_assert_msg(*p == '}' && p[1] == '\0', "'}' expected at the end of %s", line);
+    return;
+  }
+}
+
+/* Index of key in j, or -1. */
+static int json_key(const json_line *j, const char *key) {
+  for (int i = 0; i < j->n; i++)
+    if (strcmp(j->key[i], key) == 0) return i;
+  return -1;
+}
+
+/* Reads a --log file: one object per line (at most `cap`), each checked for the
+ * fields of every epoch (numbers, grad_norm a number or null) and, where
+ * heldout_loss is, a finite heldout_accuracy in [0, 1]; epochs first_epoch,
+ * first_epoch + 1, ...; steps increasing. Returns the number of lines. */
+static int read_log(const char *path, json_line *lines, int cap, int first_epoch) {
+  char *text = slurp_file(path, NULL);
+  int n = 0;
+  double last_step = -1;
+  for (char *line = text, *nl; *line; line = nl + 1) {
+    nl = strchr(line, '\n');
+    ck_assert_msg(nl, "%s: the last line has no newline", path);
+    *nl = '\0';
+    ck_assert_int_lt(n, cap);
+    json_line *j = &lines[n];
+    parse_json_line(line, j);
+    static const char *const keys[] = {"epoch", "step",          "loss",
+                                       "lr",    "samples_per_s", "elapsed_s"};
+    for (int k = 0; k < 6; k++) {
+      int i = json_key(j, keys[k]);
+      ck_assert_msg(i >= 0 && !j->null[i], "%s: no number '%s' in line %d", path, keys[k],
+                    n + 1);
+    }
+    ck_assert_msg(json_key(j, "grad_norm") >= 0, "%s: no grad_norm", path);
+    ck_assert_int_eq((int)j->v[json_key(j, "epoch")], first_epoch + n);
+    double step = j->v[json_key(j, "step")];
+    ck_assert_msg(step > last_step, "%s: step %g after %g", path, step, last_step);
+    last_step = step;
+    int h = json_key(j, "heldout_loss"), a = json_key(j, "heldout_accuracy");
+    ck_assert_msg((h >= 0) == (a >= 0), "%s: line %d", path, n + 1);
+    if (h >= 0)
+      ck_assert_msg(
+          !j->null[h] && j->v[h] > 0 && !j->null[a] && j->v[a] >= 0 && j->v[a] <= 1,
+          "%s: line %d: held-out loss %g, accuracy %g", path, n + 1, j->v[h], j->v[a]);
+    n++;
+  }
+  free(text);
+  return n;
+}
+
+/* --eval-every N: the held-out loss and accuracy on the lines of the N-th
+ * epochs only; the last one is the final report's; training is the same bits
+ * as without it. Refusals of the new options are usage errors. */
+START_TEST(train_eval_every_prints_the_held_out_share) {
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS_LOUD, NULL, "--epochs", "5",
+                           "--eval-every", "2", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  char line[256], want[32];
+  for (int e = 1; e <= 5; e++) {
+    snprintf(want, sizeof want, "epoch %3d/5  loss ", e);
+    line_of(r.out, want, line, sizeof line);
+    const char *h = strstr(line, "  held-out loss ");
+    ck_assert_msg((h != NULL) == (e % 2 == 0), "epoch %d: %s", e, line);
+    if (!h) continue;
+    double loss = -1, acc = -1;
+    ck_assert_msg(sscanf(h, "  held-out loss %lf  accuracy %lf%%", &loss, &acc) == 2, "%s",
+                  line);
+    ck_assert_msg(loss > 0 && loss < 3 && acc > 10 && acc <= 100, "%s", line);
+  }
+  char h_eval[24], h_plain[24];
+  hash_of(&r, h_eval, sizeof h_eval);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "5", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, h_plain, sizeof h_plain);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h_eval, h_plain);
+
+  /* every epoch, on two devices: the same bits again; the last evaluation is
+   * the final report's accuracy */
+  r = run_lists(dpt_cmd_train, DIGITS_LOUD, NULL, "--epochs", "5", "--eval-every", "1",
+                "--devices", "2", "--micro-batch", "4", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result plain = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "5", "--devices",
+                               "2", "--micro-batch", "4", NULL);
+  hash_of(&r, h_eval, sizeof h_eval);
+  hash_of(&plain, h_plain, sizeof h_plain);
+  ck_assert_str_eq(h_eval, h_plain);
+  cmd_result_free(&plain);
+  char acc_epoch[32], acc_final[32];
+  line_of(r.out, "epoch   5/5  loss ", line, sizeof line);
+  text_after(line, "accuracy ", "%", acc_epoch, sizeof acc_epoch);
+  text_after(r.out, "held-out: accuracy ", "%", acc_final, sizeof acc_final);
+  ck_assert_str_eq(acc_epoch, acc_final);
+  cmd_result_free(&r);
+
+  static const char *const bad[][5] = {
+      {"--patience", "2", NULL, NULL, "--patience needs --eval-every"},
+      {"--eval-every", "0", NULL, NULL, "--eval-every: 0 is out of range"},
+      {"--patience", "0", "--eval-every", "1", "--patience: 0 is out of range"},
+      {"--eval-every", "1", "--test-fraction", "0", "--eval-every needs a held-out share"},
+      {"--plot-log", NULL, NULL, NULL, "--plot-log needs --plot"},
+  };
+  for (int i = 0; i < 5; i++) {
+    const char *more[5] = {bad[i][0], bad[i][1], bad[i][2], bad[i][3], NULL};
+    r = run_lists(dpt_cmd_train, DIGITS, more, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_USAGE, "%s: exit %d", bad[i][4], r.rc);
+    snprintf(line, sizeof line, "dp train: %s", bad[i][4]);
+    ck_assert_msg(starts_with(r.err, line), "%s", r.err);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+  }
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--help", NULL);
+  static const char *const opts[] = {"--eval-every N", "--patience P", "--log FILE.jsonl",
+                                     "--plot-log", "--clip-grad-norm X"};
+  for (int i = 0; i < 5; i++)
+    ck_assert_msg(strstr(r.out, opts[i]), "help lacks %s:\n%s", opts[i], r.out);
+  cmd_result_free(&r);
+}
+END_TEST
+
+/* --log F: a JSON object a line, per epoch, with the fields; the held-out
+ * figures after an evaluation; grad_norm null without --clip-grad-norm and
+ * the norm with it. --clip-grad-norm below 0 is refused as --lr is. */
+START_TEST(train_log_writes_a_json_line_per_epoch) {
+  char dir[64], log[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(log, sizeof log, dir, "run.jsonl");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "4", "--eval-every",
+                           "2", "--log", log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  json_line lines[8];
+  ck_assert_int_eq(read_log(log, lines, 8, 1), 4);
+  for (int i = 0; i < 4; i++) {
+    json_line *j = &lines[i];
+    ck_assert_int_eq((int)j->v[json_key(j, "step")], 23 * (i + 1)); /* 23 steps an epoch */
+    ck_assert_msg(fabs(j->v[json_key(j, "lr")] - 0.01) < 1e-9, "lr %g",
+                  j->v[json_key(j, "lr")]);
+    ck_assert(j->null[json_key(j, "grad_norm")]);
+    ck_assert(j->v[json_key(j, "loss")] > 0 && j->v[json_key(j, "samples_per_s")] > 0 &&
+              j->v[json_key(j, "elapsed_s")] >= 0);
+    ck_assert_int_eq(json_key(j, "heldout_loss") >= 0, i % 2 == 1);
+    ck_assert_int_eq(json_key(j, "heldout_mse"), -1);
+  }
+  ck_assert(lines[3].v[json_key(&lines[3], "elapsed_s")] >=
+            lines[0].v[json_key(&lines[0], "elapsed_s")]);
+
+  /* clipping: the norm of each epoch's last step, a positive number; the run
+   * logs anew (not appended) */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--clip-grad-norm", "1",
+                "--log", log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  ck_assert_int_eq(read_log(log, lines, 8, 1), 2);
+  for (int i = 0; i < 2; i++) {
+    int g = json_key(&lines[i], "grad_norm");
+    ck_assert_msg(!lines[i].null[g] && lines[i].v[g] > 0, "grad_norm %g", lines[i].v[g]);
+  }
+
+  /* the config line names it; 0 (off, the default) is not named */
+  char cl[512];
+  CONFIG_LINE(cl, "--batch", "8", "--clip-grad-norm", "0.5");
+  ck_assert_msg(strstr(cl, "sgd (lr 0.01, clip grad norm 0.5), training"), "%s", cl);
+  CONFIG_LINE(cl, "--batch", "8", "--clip-grad-norm", "0");
+  ck_assert_msg(!strstr(cl, "clip"), "%s", cl);
+
+  /* refusals: a negative --clip-grad-norm as a negative --lr (exit 2); a log
+   * that cannot be written, before training (exit 1) */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--clip-grad-norm", "-1", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(starts_with(r.err, "dp train: --clip-grad-norm: -1 is out of range"), "%s",
+                r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--lr", "-1", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(starts_with(r.err, "dp train: --lr: -1 is out of range"), "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--log", "/nonexistent/dir/run.jsonl", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err,
+                   "dp train: cannot write log '/nonexistent/dir/run.jsonl': No such "
+                   "file or directory\n");
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  ck_assert_int_eq(n_entries(dir), 1);
+  remove_dir(dir);
+}
+END_TEST
+
+/* --patience: AdamW at lr 0.03 overfits the digits from the third epoch; with
+ * --eval-every 1 --patience 2 it stops after the fourth, saying so, and --save
+ * keeps the state and the 4 epochs done. --resume continues from there (the
+ * log appended) with the bits of an uninterrupted 6-epoch run. */
+START_TEST(train_patience_stops_early_and_resume_continues) {
+  static const char *const fast[] = {"--optimizer", "adamw", "--lr", "0.03", NULL};
+  char dir[64], ck[128], log[128], line[256];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "stop.ckpt");
+  in_dir(log, sizeof log, dir, "run.jsonl");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "20", "--eval-every", "1",
+                "--patience", "2", "--save", ck, "--log", log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  line_of(r.out, "early stop ", line, sizeof line);
+  ck_assert_msg(starts_with(line, "early stop at epoch 4: held-out loss has not improved "
+                                  "for 2 evaluations (best ") &&
+                    strstr(line, " at epoch 2)"),
+                "%s", line);
+  ck_assert_msg(strstr(r.out, "epoch   4/20  loss ") && !strstr(r.out, "epoch   5/20"),
+                "%s", r.out);
+  ck_assert_msg(strstr(r.out, "(step 92)"), "%s", r.out);
+  /* the best loss named is epoch 2's */
+  double best = 0, l2 = -1;
+  ck_assert(sscanf(strstr(line, "(best "), "(best %lf", &best) == 1);
+  line_of(r.out, "epoch   2/20  loss ", line, sizeof line);
+  ck_assert(sscanf(strstr(line, "held-out loss "), "held-out loss %lf", &l2) == 1);
+  ck_assert_msg(fabs(best - l2) < 1e-9, "best %g, epoch 2 %g", best, l2);
+  cmd_result_free(&r);
+  int epochs = -1, rows = -1;
+  dpt_scaler sc;
+  run_record(ck, &epochs, &rows, &sc);
+  ck_assert_int_eq(epochs, 4);
+  dpt_scaler_free(&sc);
+  json_line lines[8];
+  ck_assert_int_eq(read_log(log, lines, 8, 1), 4);
+
+  r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "2", "--eval-every", "1",
+                "--resume", ck, "--log", log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "resumed from ") && strstr(r.out, " at step 92\n") &&
+                    strstr(r.out, "\nepoch   5/6  loss ") &&
+                    strstr(r.out, "\nepoch   6/6  loss "),
+                "%s", r.out);
+  ck_assert_int_eq(read_log(log, lines, 8, 1), 6);
+  ck_assert_int_eq((int)lines[5].v[json_key(&lines[5], "step")], 138);
+  cmd_result full = run_lists(dpt_cmd_train, DIGITS, fast, "--epochs", "6", NULL);
+  ck_assert_msg(full.rc == DPT_EXIT_OK, "%s", full.err);
+  char h_resumed[24], h_full[24];
+  hash_of(&r, h_resumed, sizeof h_resumed);
+  hash_of(&full, h_full, sizeof h_full);
+  ck_assert_str_eq(h_resumed, h_full);
+  cmd_result_free(&full);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* How many times needle is in s. */
+static int occurrences(const char *s, const char *needle) {
+  int n = 0;
+  for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle)) n++;
+  return n;
+}
+
+/* The y tick labels of a line plot (text anchored at the end, left of the
+ * axis), as numbers in v (at most cap); returns their count. */
+static int y_ticks(const char *svg, double *v, int cap) {
+  int n = 0;
+  for (const char *p = svg; (p = strstr(p, "text-anchor=\"end\"")); p++) {
+    const char *gt = strchr(p, '>');
+    ck_assert_ptr_nonnull(gt);
+    char *end;
+    double x = strtod(gt + 1, &end);
+    ck_assert_msg(end > gt + 1 && *end == '<', "%.60s", gt);
+    if (n < cap) v[n++] = x;
+  }
+  return n;
+}
+
+/* --plot with --eval-every: the held-out curve beside the training one, a
+ * legend, the run's settings under the title; --plot-log: the loss axis in
+ * powers of ten. Without --eval-every, one curve and no legend. */
+START_TEST(train_plot_heldout_curve_and_log_axis) {
+  char dir[64], a[128], b[128], c[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(a, sizeof a, dir, "one.svg");
+  in_dir(b, sizeof b, dir, "two.svg");
+  in_dir(c, sizeof c, dir, "log.svg");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "6", "--plot", a, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "6", "--eval-every", "2",
+                "--devices", "2", "--plot", b, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "6", "--eval-every", "2", "--plot",
+                c, "--plot-log", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  char *one = slurp_file(a, NULL), *two = slurp_file(b, NULL), *lg = slurp_file(c, NULL);
+  ck_assert_int_eq(occurrences(one, "<polyline"), 1);
+  ck_assert_msg(!strstr(one, "held-out"), "%s", one);
+  ck_assert_msg(
+      strstr(one, ">training loss<") &&
+          strstr(one, ">examples/digits.dpm: sgd, lr 0.01, batch 64 on 1 device<"),
+      "%s", one);
+  ck_assert_int_eq(occurrences(two, "<polyline"), 2);
+  ck_assert_msg(strstr(two, ">training and held-out loss<") && strstr(two, ">held-out<") &&
+                    strstr(two, ">training (epoch mean)<") &&
+                    strstr(two, "batch 64 on 2 devices<"),
+                "%s", two);
+  /* the held-out curve: 3 points (epochs 2, 4, 6) */
+  const char *held = strstr(two, "stroke=\"#ff7f0e\" stroke-width=\"1.8\" "
+                                 "stroke-linejoin=\"round\" points=\"");
+  ck_assert_ptr_nonnull(held);
+  held = strstr(held, "points=\"") + 8;
+  int pts = 1;
+  for (const char *q = held; *q != '"'; q++) pts += *q == ' ';
+  ck_assert_int_eq(pts, 3);
+  /* linear ticks are evenly spaced numbers, not all powers of ten; the log
+   * axis's are powers of ten, at least two */
+  double t[32];
+  int n = y_ticks(two, t, 32), pow10s = 0;
+  ck_assert_int_ge(n, 2);
+  for (int i = 0; i < n; i++) pow10s += fabs(log10(t[i]) - round(log10(t[i]))) < 1e-9;
+  ck_assert_int_lt(pow10s, n);
+  n = y_ticks(lg, t, 32);
+  ck_assert_int_ge(n, 2);
+  for (int i = 0; i < n; i++)
+    ck_assert_msg(t[i] > 0 && fabs(log10(t[i]) - round(log10(t[i]))) < 1e-9,
+                  "tick %g is not a power of ten", t[i]);
+  ck_assert_msg(strstr(lg, ">mean loss (log scale)<"), "%s", lg);
+  ck_assert_int_eq(occurrences(lg, "<polyline"), 2);
+  free(one);
+  free(two);
+  free(lg);
+  remove_dir(dir);
+}
+END_TEST
+
 /* A checkpoint of the digits model trained on every row (--test-fraction 0:
  * dp train's accuracy is then over the rows dp predict reads), with the
  * options in `more` (NULL-terminated); the accuracy it printed ("99.55%") in
@@ -2698,6 +3094,10 @@ Suite *cli_suite(void) {
   tc = tcase_create("resume_predict_weights");
   tcase_add_test(tc, train_resume_is_bit_exact);
   tcase_add_test(tc, train_resume_keeps_the_standardisation);
+  tcase_add_test(tc, train_eval_every_prints_the_held_out_share);
+  tcase_add_test(tc, train_log_writes_a_json_line_per_epoch);
+  tcase_add_test(tc, train_patience_stops_early_and_resume_continues);
+  tcase_add_test(tc, train_plot_heldout_curve_and_log_axis);
   tcase_add_test(tc, predict_writes_a_line_per_row);
   tcase_add_test(tc, predict_refuses_what_does_not_fit);
   tcase_add_test(tc, predict_regression_reports_mse);

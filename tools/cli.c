@@ -316,6 +316,7 @@ static const struct option common_options[] = {
     {"dampening", required_argument, NULL, DPT_OPT_DAMPENING},
     {"nesterov", no_argument, NULL, DPT_OPT_NESTEROV},
     {"ranks", required_argument, NULL, DPT_OPT_RANKS},
+    {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -379,6 +380,9 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
   case DPT_OPT_RANKS:
     return dpt_parse_int(arg, 1, DP_MAX_DEVICES, "--ranks", &c->ranks, err, errcap);
+  case DPT_OPT_CLIP_GRAD_NORM: /* 0: no clipping (the default) */
+    return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
+                           errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
   case DPT_OPT_GRAPH: c->cuda_graph = 1; return 0;
   case DPT_OPT_TF32: c->tf32 = 1; return 0;
@@ -573,6 +577,9 @@ void dpt_print_common_help(FILE *f) {
         "                          (default 0); adamw: decoupled decay (default 0.01)\n"
         "  --beta1 X, --beta2 X    adamw, each in [0, 1) (default 0.9, 0.999)\n"
         "  --eps X                 adamw, > 0 (default 1e-8)\n"
+        "  --clip-grad-norm X      torch.nn.utils.clip_grad_norm_(params, X) before\n"
+        "                          every optimizer step: gradients scaled down when\n"
+        "                          their total L2 norm is above X; >= 0 (default 0: off)\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
         "  --ranks R               processes of the job (MPI ranks), each driving\n"
         "                          devices/R of the devices; under mpirun the default is\n"
@@ -613,6 +620,8 @@ void dpt_print_config(FILE *f, const dp_config *c) {
       fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2,
               (double)c->eps);
     if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
+    if (c->clip_grad_norm > 0.0f)
+      fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
     fputs("), training", f);
   }
   fprintf(f, ", %s backend", dp_backend_name(c->backend));

@@ -1,14 +1,20 @@
 /* `dp train`: the main job. Loads a model spec and a CSV dataset, plans the
  * arenas (and prints the plan), trains with data parallelism over N virtual
- * devices, then reports held-out accuracy, throughput and a parameter hash. */
+ * devices, then reports held-out accuracy, throughput and a parameter hash.
+ * While it runs: a progress line (a bar with the elapsed time and an estimate
+ * of the rest on a terminal), the held-out loss every --eval-every epochs
+ * (with --patience, an early stop), a JSON line per epoch (--log) and the
+ * curves (--plot). */
 #include "cli.h"
 #include "data.h"
 #include "svg.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,11 +29,15 @@ enum {
   OPT_LR_SCHEDULE,
   OPT_QUIET,
   OPT_NO_STANDARDIZE,
+  OPT_EVAL_EVERY,
+  OPT_LOG,
+  OPT_PLOT_LOG,
+  OPT_PATIENCE,
 };
 
 typedef struct {
-  const char *model, *data, *plot, *save, *resume, *schedule;
-  int epochs, quiet, no_standardize;
+  const char *model, *data, *plot, *save, *resume, *schedule, *log;
+  int epochs, quiet, no_standardize, eval_every, patience, plot_log;
   float test_fraction;
 } train_opts;
 
@@ -89,6 +99,12 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_LR_SCHEDULE: o->schedule = arg; return 0;
   case OPT_QUIET: o->quiet = 1; return 0;
   case OPT_NO_STANDARDIZE: o->no_standardize = 1; return 0;
+  case OPT_LOG: o->log = arg; return 0;
+  case OPT_PLOT_LOG: o->plot_log = 1; return 0;
+  case OPT_EVAL_EVERY:
+    return dpt_parse_int(arg, 1, 1000000, "--eval-every", &o->eval_every, err, errcap);
+  case OPT_PATIENCE:
+    return dpt_parse_int(arg, 1, 1000000, "--patience", &o->patience, err, errcap);
   case OPT_EPOCHS:
     return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
   case OPT_TEST_FRACTION:
@@ -103,23 +119,43 @@ static void usage(FILE *f) {
       f, "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
          "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
          "                [--split chunk|balanced|memory] [--micro-batch K]\n"
-         "                [--test-fraction F] [--plot loss.svg] [--save F.ckpt]\n"
-         "                [--resume F.ckpt] [--lr-schedule S]\n"
+         "                [--test-fraction F] [--eval-every N [--patience P]]\n"
+         "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
+         "                [--resume F.ckpt] [--lr-schedule S] [--clip-grad-norm X]\n"
          "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
          "Trains the model on the CSV data (label first, then the features; for an mse\n"
          "model, the first <output width> fields are the targets) with data parallelism\n"
          "over N devices (virtual ones on the cpu backend, GPUs with --backend cuda):\n"
-         "it prints the memory plan, then progress (a bar on a terminal, one line per\n"
-         "epoch otherwise), then held-out accuracy (or mse), samples/s and the\n"
-         "parameter hash. A held-out share (--test-fraction, default 0.2) is split off\n"
-         "with the seed; features are standardised on the training share\n"
-         "(--no-standardize to keep them raw).\n\n"
+         "it prints the memory plan, then progress (a bar with the elapsed time and the\n"
+         "time left on a terminal, one line per epoch otherwise), then held-out\n"
+         "accuracy (or mse), samples/s and the parameter hash. A held-out share\n"
+         "(--test-fraction, default 0.2) is split off with the seed; features are\n"
+         "standardised on the training share (--no-standardize to keep them raw).\n\n"
          "  --model FILE          model spec (.dpm)\n"
          "  --data FILE           CSV data\n"
          "  --epochs E            passes over the training share (default 10)\n"
          "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
-         "  --plot FILE.svg       write the loss curve (mean loss per epoch); checked for\n"
-         "                        writability before training starts\n"
+         "  --eval-every N        after every N-th epoch, run the held-out share through\n"
+         "                        the model and print its loss (mean cross-entropy, or\n"
+         "                        mse) and accuracy (or mse) on the epoch line (default\n"
+         "                        0: only at the end); training is the same bits\n"
+         "  --patience P          with --eval-every: stop early when the held-out loss\n"
+         "                        has not improved (gone below its best) for P\n"
+         "                        evaluations in a row; --save then saves the state at\n"
+         "                        the stop and the epochs done, which --resume continues\n"
+         "  --log FILE.jsonl      one JSON object per epoch, a line each, flushed (so\n"
+         "                        tail -f works): epoch, step, loss, lr, grad_norm (null\n"
+         "                        without --clip-grad-norm), samples_per_s, elapsed_s,\n"
+         "                        and after an evaluation heldout_loss and\n"
+         "                        heldout_accuracy (a fraction) or heldout_mse; null for\n"
+         "                        a number that is not finite. Written anew, or appended\n"
+         "                        to with --resume; checked for writability before\n"
+         "                        training starts\n"
+         "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
+         "                        --eval-every, the held-out loss too), the run's\n"
+         "                        settings in the title; checked for writability before\n"
+         "                        training starts\n"
+         "  --plot-log            the plot's loss axis logarithmic (powers of ten)\n"
          "  --save FILE           after training, write a checkpoint (parameters,\n"
          "                        optimizer state, step counter, and the run: epochs\n"
          "                        done and the feature standardisation) as dp_ckpt_save\n"
@@ -160,27 +196,67 @@ static void gather_rows(const dpt_dataset *d, const int *perm, int from, int n, 
   }
 }
 
-static void progress(int tty, int epoch, int epochs, int done, int total, float loss,
-                     double sps, int final) {
+/* A duration as m:ss, or h:mm:ss from an hour; "-:--" when unknown. */
+static char *clock_text(double s, char *buf, size_t cap) {
+  if (!(s >= 0.0) || s > 1e8) {
+    snprintf(buf, cap, "-:--");
+    return buf;
+  }
+  long t = (long)(s + 0.5);
+  if (t >= 3600)
+    snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+  else
+    snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+  return buf;
+}
+
+/* The epoch's line. On a terminal (of `cols` columns), rewritten in place
+ * while the epoch runs: a bar (narrowed so that the line fits), the loss so
+ * far, samples/s, the time since training started and an estimate of the time
+ * left (elapsed and left in seconds; left < 0: unknown). Otherwise one line at
+ * the end of the epoch. `heldout`: the figures of an evaluation after the
+ * epoch ("" when none), after the rest (a line that may wrap: the last). */
+static void progress(int tty, int cols, int epoch, int epochs, int done, int total,
+                     float loss, double sps, double elapsed, double left,
+                     const char *heldout, int final) {
   if (tty) {
-    int width = 30, fill = total ? (int)((long long)width * done / total) : width;
-    char bar[64];
+    char head[32], tail[160], e[32], l[32], bar[64];
+    int nh = snprintf(head, sizeof head, "epoch %3d/%d ", epoch, epochs);
+    int nt = snprintf(tail, sizeof tail, " loss %.4f  %.0f samples/s  elapsed %s eta %s",
+                      (double)loss, sps, clock_text(elapsed, e, sizeof e),
+                      clock_text(left, l, sizeof l));
+    int width = cols - 1 - nh - nt - 2;
+    width = width > 30 ? 30 : width < 10 ? 10 : width;
+    int fill = total ? (int)((long long)width * done / total) : width;
     for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
     bar[width] = '\0';
-    printf("\repoch %3d/%d [%s] loss %.4f  %.0f samples/s", epoch, epochs, bar,
-           (double)loss, sps);
+    /* \033[K: the rest of a longer earlier line erased */
+    printf("\r%s[%s]%s%s\033[K", head, bar, tail, heldout);
     if (final) printf("\n");
     fflush(stdout);
   } else if (final) {
-    printf("epoch %3d/%d  loss %.4f  %.0f samples/s\n", epoch, epochs, (double)loss, sps);
+    printf("epoch %3d/%d  loss %.4f  %.0f samples/s%s\n", epoch, epochs, (double)loss, sps,
+           heldout);
   }
 }
 
-/* Held-out accuracy (classification) or mean squared error (regression). */
+/* A JSON number: %.9g when finite (every float reads back exactly), else null. */
+static void json_number(FILE *f, double v) {
+  if (isfinite(v))
+    fprintf(f, "%.9g", v);
+  else
+    fputs("null", f);
+}
+
+/* Held-out accuracy (classification) or mean squared error (regression) in
+ * *metric, and the loss the model trains on in *loss: the mean softmax
+ * cross-entropy over the rows, or the mse again; both computed in double from
+ * the outputs. Every rank runs the forwards; the figures are rank 0's. */
 static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int batch,
-                    int out_w, float *x, float *ymine, float *y, double *metric) {
+                    int out_w, float *x, float *ymine, float *y, double *metric,
+                    double *loss) {
   long correct = 0;
-  double se = 0.0;
+  double se = 0.0, ce = 0.0;
   char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
@@ -198,6 +274,10 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int 
         for (int j = 1; j < out_w; j++)
           if (yr[j] > yr[best]) best = j;
         correct += best == d->label[from + r];
+        /* -log softmax(y)[label] = logsumexp(y) - y[label], shifted by the max */
+        double top = yr[best], sum = 0.0;
+        for (int j = 0; j < out_w; j++) sum += exp((double)yr[j] - top);
+        ce += top + log(sum) - (double)yr[d->label[from + r]];
       } else {
         for (int j = 0; j < out_w; j++) {
           double e = (double)yr[j] - d->y[(size_t)(from + r) * d->n_targets + j];
@@ -207,6 +287,7 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int 
     }
   }
   *metric = d->label ? (double)correct / d->n_rows : se / ((double)d->n_rows * out_w);
+  *loss = d->label ? ce / d->n_rows : *metric;
   return 0;
 }
 
@@ -222,6 +303,10 @@ int dpt_cmd_train(int argc, char **argv) {
       {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
+      {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
+      {"log", required_argument, NULL, OPT_LOG},
+      {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
+      {"patience", required_argument, NULL, OPT_PATIENCE},
       {0, 0, 0, 0}};
   train_opts o = {.epochs = 10, .test_fraction = 0.2f};
   dp_config cfg;
@@ -244,6 +329,19 @@ int dpt_cmd_train(int argc, char **argv) {
     snprintf(err, sizeof err, "--inference makes no sense for training");
     r = DPT_ARGS_ERROR;
   }
+  if (r == DPT_ARGS_OK && o.patience && !o.eval_every) {
+    snprintf(err, sizeof err,
+             "--patience needs --eval-every (it counts evaluations of the held-out share)");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && o.eval_every && o.test_fraction == 0.0f) {
+    snprintf(err, sizeof err, "--eval-every needs a held-out share (--test-fraction > 0)");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && o.plot_log && !o.plot) {
+    snprintf(err, sizeof err, "--plot-log needs --plot");
+    r = DPT_ARGS_ERROR;
+  }
   dp_lr_schedule sched;
   if (r == DPT_ARGS_OK && o.schedule &&
       parse_schedule(o.schedule, cfg.lr, &sched, err, sizeof err))
@@ -259,16 +357,19 @@ int dpt_cmd_train(int argc, char **argv) {
   dp_ctx *ctx = NULL;
   dpt_dataset all = {0}, train = {0}, test = {0};
   dpt_scaler scaler = {0}; /* the feature standardisation (n = 0: none) */
-  float *bx = NULL, *by = NULL, *curve = NULL;
+  float *bx = NULL, *by = NULL, *curve = NULL, *hcurve = NULL;
+  double *hx = NULL; /* the epochs of the held-out curve hcurve */
   void *bt = NULL;
   int *perm = NULL;
+  FILE *logf = NULL;
 
   /* the output files first: a path that cannot be written fails now, not after
    * the whole run */
   /* rank 0 writes the files (every rank, as one process, under mpirun) */
   int writes = dpt_world_rank() == 0;
   if ((writes && o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
-      (writes && o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err))) {
+      (writes && o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err)) ||
+      (writes && o.log && dpt_check_writable(o.log, "log", 0, err, sizeof err))) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
@@ -383,7 +484,9 @@ int dpt_cmd_train(int argc, char **argv) {
   bt = malloc((size_t)B * tsz);
   perm = malloc((size_t)train.n_rows * sizeof *perm);
   curve = malloc((size_t)o.epochs * sizeof *curve);
-  if (!bx || !by || !bt || !perm || !curve) {
+  hcurve = malloc((size_t)o.epochs * sizeof *hcurve);
+  hx = malloc((size_t)o.epochs * sizeof *hx);
+  if (!bx || !by || !bt || !perm || !curve || !hcurve || !hx) {
     fprintf(stderr, "dp train: out of memory\n");
     goto out;
   }
@@ -400,14 +503,25 @@ int dpt_cmd_train(int argc, char **argv) {
       printf("resumed from %s at step %llu\n", o.resume,
              (unsigned long long)dp_ctx_step(ctx));
   }
-  int tty = !o.quiet && isatty(STDOUT_FILENO);
+  /* the log: a resumed run continues its file */
+  if (writes && o.log && !(logf = fopen(o.log, o.resume ? "a" : "w"))) {
+    fprintf(stderr, "dp train: cannot write log '%s': %s\n", o.log, strerror(errno));
+    goto out;
+  }
+  int tty = !o.quiet && isatty(STDOUT_FILENO), cols = 80;
+  struct winsize ws;
+  if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) cols = ws.ws_col;
   long steps = 0, samples = 0;
-  double t_train = 0.0;
-  int ep_end = epoch0 + o.epochs;
+  double t_train = 0.0, t_run0 = dpt_now_s();
+  int ep_end = epoch0 + o.epochs, ep_done = epoch0, n_held = 0;
+  /* --patience: the best held-out loss, its epoch, evaluations since */
+  double best = INFINITY;
+  int best_ep = 0, since_best = 0, stopped = 0;
   for (int ep = epoch0; ep < ep_end; ep++) {
     dpt_epoch_order(train.n_rows, cfg.seed, ep, perm);
-    double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
+    double sum = 0.0, t0 = dpt_now_s(), t_last = t0, t_epoch = 0.0;
     int nb = 0;
+    long ep_samples = 0;
     for (int from = 0; from < train.n_rows; from += B) {
       int n = train.n_rows - from < B ? train.n_rows - from : B;
       gather_rows(&train, perm, from, n, bx, bt);
@@ -438,25 +552,100 @@ int dpt_cmd_train(int argc, char **argv) {
       }
       double te = dpt_now_s();
       t_train += te - ts;
+      t_epoch += te - ts;
       sum += loss;
       nb++;
       steps++;
       samples += n;
+      ep_samples += n;
       if (tty && te - t_last > 0.1) {
-        progress(tty, ep + 1, ep_end, from + n, train.n_rows, (float)(sum / nb),
-                 samples / t_train, 0);
+        /* the time left: the time so far over the share of the epochs done */
+        double el = te - t_run0,
+               frac = (ep - epoch0 + (double)(from + n) / train.n_rows) / o.epochs;
+        progress(tty, cols, ep + 1, ep_end, from + n, train.n_rows, (float)(sum / nb),
+                 samples / t_train, el, frac > 0 ? el / frac - el : -1.0, "", 0);
         t_last = te;
       }
     }
-    curve[ep - epoch0] = (float)(sum / nb);
-    if (!o.quiet)
-      progress(tty, ep + 1, ep_end, train.n_rows, train.n_rows, curve[ep - epoch0],
-               samples / t_train, 1);
-  }
+    int k = ep - epoch0;
+    curve[k] = (float)(sum / nb);
+    ep_done = ep + 1;
 
-  double metric = 0.0;
+    /* the held-out share after every --eval-every-th epoch (counted from the
+     * run's first, so a resumed run evaluates where the whole one would) */
+    char held[128] = "";
+    double h_metric = NAN, h_loss = NAN;
+    int evaluated = o.eval_every && ep_done % o.eval_every == 0;
+    if (evaluated) {
+      if (evaluate(ctx, plan, &test, B, out_w, bx, by + (size_t)B * out_w, by, &h_metric,
+                   &h_loss)) {
+        printf("%s", tty ? "\n" : "");
+        fprintf(stderr, "dp train: evaluation after epoch %d: %s\n", ep_done,
+                dpt_user_msg(dp_ctx_error(ctx)));
+        goto out;
+      }
+      hx[n_held] = ep_done;
+      hcurve[n_held++] = (float)h_loss;
+      if (all.label)
+        snprintf(held, sizeof held, "  held-out loss %.4f  accuracy %.2f%%", h_loss,
+                 100.0 * h_metric);
+      else
+        snprintf(held, sizeof held, "  held-out loss (mse) %.4g", h_loss);
+    }
+    double el = dpt_now_s() - t_run0;
+    if (!o.quiet)
+      progress(tty, cols, ep_done, ep_end, train.n_rows, train.n_rows, curve[k],
+               samples / t_train, el, el / (k + 1) * (ep_end - ep_done), held, 1);
+    if (logf) {
+      fprintf(logf, "{\"epoch\":%d,\"step\":%llu,\"loss\":", ep_done,
+              (unsigned long long)dp_ctx_step(ctx));
+      json_number(logf, curve[k]);
+      fputs(",\"lr\":", logf);
+      json_number(logf, dp_ctx_lr(ctx));
+      fputs(",\"grad_norm\":", logf);
+      json_number(logf, pc->clip_grad_norm > 0 ? dp_ctx_grad_norm(ctx) : NAN);
+      fputs(",\"samples_per_s\":", logf);
+      json_number(logf, t_epoch > 0 ? (double)ep_samples / t_epoch : NAN);
+      fputs(",\"elapsed_s\":", logf);
+      json_number(logf, el);
+      if (evaluated) {
+        fputs(",\"heldout_loss\":", logf);
+        json_number(logf, h_loss);
+        fputs(all.label ? ",\"heldout_accuracy\":" : ",\"heldout_mse\":", logf);
+        json_number(logf, h_metric);
+      }
+      fputs("}\n", logf);
+      if (fflush(logf) || ferror(logf)) {
+        fprintf(stderr, "dp train: warning: cannot write log '%s': %s; no more lines\n",
+                o.log, strerror(errno));
+        fclose(logf);
+        logf = NULL;
+      }
+    }
+    /* --patience: rank 0 has the figures; every rank stops with it */
+    if (evaluated && o.patience) {
+      if (h_loss < best) {
+        best = h_loss;
+        best_ep = ep_done;
+        since_best = 0;
+      } else {
+        since_best++;
+      }
+      if (dpt_world_bcast_int(since_best >= o.patience)) {
+        stopped = 1;
+        break;
+      }
+    }
+  }
+  if (stopped)
+    printf("early stop at epoch %d: held-out loss has not improved for %d evaluation%s "
+           "(best %.4f at epoch %d)\n",
+           ep_done, o.patience, o.patience == 1 ? "" : "s", best, best_ep);
+
+  double metric = 0.0, eval_loss = 0.0;
   const dpt_dataset *eval = test.n_rows ? &test : &train;
-  if (evaluate(ctx, plan, eval, B, out_w, bx, by + (size_t)B * out_w, by, &metric)) {
+  if (evaluate(ctx, plan, eval, B, out_w, bx, by + (size_t)B * out_w, by, &metric,
+               &eval_loss)) {
     fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
     goto out;
   }
@@ -467,9 +656,40 @@ int dpt_cmd_train(int argc, char **argv) {
          t_train, 1e3 * t_train / (double)steps, (double)samples / t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
          (unsigned long long)dp_params_hash(ctx), dp_model_n_params(model));
+  if (logf) {
+    FILE *lf = logf;
+    logf = NULL;
+    if (fclose(lf)) {
+      fprintf(stderr, "dp train: cannot write log '%s': %s\n", o.log, strerror(errno));
+      goto out;
+    }
+  }
   if (o.plot && writes) {
-    if (dpt_svg_line_plot(o.plot, "training loss", "epoch", "mean loss", curve, o.epochs,
-                          err, sizeof err)) {
+    /* the curves over the run's epochs; the settings under the title */
+    int n_ep = ep_done - epoch0;
+    double *ex = malloc((size_t)n_ep * sizeof *ex);
+    if (!ex) {
+      fprintf(stderr, "dp train: out of memory\n");
+      goto out;
+    }
+    for (int i = 0; i < n_ep; i++) ex[i] = epoch0 + i + 1;
+    char title[512], lr[96];
+    if (o.schedule)
+      snprintf(lr, sizeof lr, "lr %g (%s)", (double)pc->lr, o.schedule);
+    else
+      snprintf(lr, sizeof lr, "lr %g", (double)pc->lr);
+    snprintf(title, sizeof title, "%s\n%s: %s, %s, batch %d on %d device%s",
+             n_held ? "training and held-out loss" : "training loss", o.model,
+             dp_optimizer_name(pc->optimizer), lr, pc->batch, pc->n_devices,
+             pc->n_devices == 1 ? "" : "s");
+    dpt_svg_series lines[2] = {
+        {.name = "training (epoch mean)", .x = ex, .y = curve, .n = n_ep},
+        {.name = "held-out", .x = hx, .y = hcurve, .n = n_held}};
+    dp_status ps = dpt_svg_lines(o.plot, title, "epoch",
+                                 o.plot_log ? "mean loss (log scale)" : "mean loss", lines,
+                                 n_held ? 2 : 1, o.plot_log, err, sizeof err);
+    free(ex);
+    if (ps) {
       fprintf(stderr, "dp train: %s\n", err);
       goto out;
     }
@@ -477,7 +697,7 @@ int dpt_cmd_train(int argc, char **argv) {
   }
   if (o.save) {
     size_t run_n = 0;
-    char *run = dpt_run_text(ep_end, train.n_rows, &scaler, &run_n);
+    char *run = dpt_run_text(ep_done, train.n_rows, &scaler, &run_n);
     if (!run) {
       fprintf(stderr, "dp train: out of memory\n");
       goto out;
@@ -497,6 +717,9 @@ out:
   free(bt);
   free(perm);
   free(curve);
+  free(hcurve);
+  free(hx);
+  if (logf) fclose(logf);
   dpt_dataset_free(&all);
   dpt_dataset_free(&train);
   dpt_dataset_free(&test);

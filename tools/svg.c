@@ -27,29 +27,38 @@ static const char *const PALETTE[] = {
 };
 #define N_PALETTE (int)(sizeof PALETTE / sizeof PALETTE[0])
 
-/* Writes s with &, <, >, ", ' escaped. */
-static void put_text(FILE *f, const char *s) {
-  for (; s && *s; s++) {
-    switch (*s) {
+/* Writes s[0..len) (up to a NUL) with &, <, >, ", ' escaped. */
+static void put_textn(FILE *f, const char *s, size_t len) {
+  for (size_t i = 0; s && i < len && s[i]; i++) {
+    switch (s[i]) {
     case '&': fputs("&amp;", f); break;
     case '<': fputs("&lt;", f); break;
     case '>': fputs("&gt;", f); break;
     case '"': fputs("&quot;", f); break;
     case '\'': fputs("&apos;", f); break;
-    default: fputc(*s, f);
+    default: fputc(s[i], f);
     }
   }
+}
+
+/* Writes s with &, <, >, ", ' escaped. */
+static void put_text(FILE *f, const char *s) { put_textn(f, s, s ? strlen(s) : 0); }
+
+/* <text x y anchor [rotate]>escaped s[0..len)</text> */
+static void text_atn(FILE *f, double x, double y, const char *anchor, int size,
+                     const char *rotate, const char *s, size_t len) {
+  fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-size=\"%d\" %s", x, y,
+          anchor, size, FONT);
+  if (rotate) fprintf(f, " transform=\"rotate(%s %.1f %.1f)\"", rotate, x, y);
+  fputs(">", f);
+  put_textn(f, s, len);
+  fputs("</text>\n", f);
 }
 
 /* <text x y anchor [rotate]>escaped</text> */
 static void text_at(FILE *f, double x, double y, const char *anchor, int size,
                     const char *rotate, const char *s) {
-  fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"%s\" font-size=\"%d\" %s", x, y,
-          anchor, size, FONT);
-  if (rotate) fprintf(f, " transform=\"rotate(%s %.1f %.1f)\"", rotate, x, y);
-  fputs(">", f);
-  put_text(f, s);
-  fputs("</text>\n", f);
+  text_atn(f, x, y, anchor, size, rotate, s, s ? strlen(s) : 0);
 }
 
 /* 1, 2 or 5 times a power of ten, >= raw (raw > 0). */
@@ -98,42 +107,88 @@ static FILE *open_out(const char *path, char *err, size_t errcap, dp_status *s) 
 
 /* ---- line plot ------------------------------------------------------------- */
 
+/* The curves' colours by index (the first is the single curve's of old). */
+static const char *const LINE_COLORS[] = {"#1f77b4", "#ff7f0e", "#2ca02c",
+                                          "#d62728", "#9467bd", "#8c564b"};
+#define N_LINE_COLORS (int)(sizeof LINE_COLORS / sizeof LINE_COLORS[0])
+
+/* A value that can be drawn: finite, and above 0 on a log axis. */
+static int drawable(double v, int log_y) { return isfinite(v) && (!log_y || v > 0.0); }
+
 dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xlabel,
                             const char *ylabel, const float *y, int n, char *err,
                             size_t errcap) {
   if (!path || !y || n < 1)
     return fail(DP_ERR_INVALID, err, errcap,
                 "dpt_svg_line_plot: need a path and at least one value (n = %d)", n);
+  dpt_svg_series one = {.y = y, .n = n};
+  return dpt_svg_lines(path, title, xlabel, ylabel, &one, 1, 0, err, errcap);
+}
 
-  const double W = 640, H = 400, L = 80, R = 24, T = 44, B = 56;
+dp_status dpt_svg_lines(const char *path, const char *title, const char *xlabel,
+                        const char *ylabel, const dpt_svg_series *series, int n_series,
+                        int log_y, char *err, size_t errcap) {
+  if (!path || !series || n_series < 1)
+    return fail(DP_ERR_INVALID, err, errcap,
+                "dpt_svg_lines: need a path and at least one curve (%d)", n_series);
+  for (int c = 0; c < n_series; c++)
+    if (!series[c].y || series[c].n < 1)
+      return fail(DP_ERR_INVALID, err, errcap,
+                  "dpt_svg_lines: curve %d needs at least one value (n = %d)", c,
+                  series[c].n);
+
+  /* a second title line (after a '\n'), smaller, under the first */
+  const char *sub = title ? strchr(title, '\n') : NULL;
+  size_t head = title ? (sub ? (size_t)(sub - title) : strlen(title)) : 0;
+  if (sub) sub++;
+  const double W = 640, H = 400, L = 80, R = 24, T = sub ? 60 : 44, B = 56;
   const double pw = W - L - R, ph = H - T - B;
 
-  /* y range over the finite values, widened to nice tick bounds */
-  double lo = INFINITY, hi = -INFINITY;
-  for (int i = 0; i < n; i++)
-    if (isfinite(y[i])) {
-      if (y[i] < lo) lo = y[i];
-      if (y[i] > hi) hi = y[i];
+#define XOF(c, i) (series[c].x ? series[c].x[i] : (double)(i) + 1.0)
+  /* y range over the values that can be drawn, widened to nice tick bounds
+   * (log: to powers of ten, y0 and y1 being their exponents) */
+  double lo = INFINITY, hi = -INFINITY, x0 = INFINITY, x1 = -INFINITY;
+  for (int c = 0; c < n_series; c++)
+    for (int i = 0; i < series[c].n; i++) {
+      double v = series[c].y[i], xv = XOF(c, i);
+      if (isfinite(xv)) {
+        if (xv < x0) x0 = xv;
+        if (xv > x1) x1 = xv;
+      }
+      if (!drawable(v, log_y)) continue;
+      if (v < lo) lo = v;
+      if (v > hi) hi = v;
     }
-  if (lo > hi) lo = 0.0, hi = 1.0;  /* nothing finite: an empty frame */
-  if (hi - lo <= fabs(hi) * 1e-9) { /* constant */
-    double pad = fabs(lo) > 0.0 ? fabs(lo) * 0.1 : 1.0;
-    lo -= pad;
-    hi += pad;
+  double ystep, y0, y1;
+  if (log_y) {
+    if (lo > hi) lo = 0.1, hi = 1.0; /* nothing to draw: an empty frame */
+    y0 = floor(log10(lo) + 1e-9);
+    y1 = ceil(log10(hi) - 1e-9);
+    if (y1 <= y0) y1 = y0 + 1.0;
+    ystep = ceil((y1 - y0) / 10.0); /* at most about 10 labelled decades */
+  } else {
+    if (lo > hi) lo = 0.0, hi = 1.0;  /* nothing finite: an empty frame */
+    if (hi - lo <= fabs(hi) * 1e-9) { /* constant */
+      double pad = fabs(lo) > 0.0 ? fabs(lo) * 0.1 : 1.0;
+      lo -= pad;
+      hi += pad;
+    }
+    ystep = nice_step((hi - lo) / 5.0);
+    y0 = floor(lo / ystep + 1e-9) * ystep;
+    y1 = ceil(hi / ystep - 1e-9) * ystep;
+    if (y1 <= y0) y1 = y0 + ystep;
   }
-  double ystep = nice_step((hi - lo) / 5.0);
-  double y0 = floor(lo / ystep + 1e-9) * ystep, y1 = ceil(hi / ystep - 1e-9) * ystep;
-  if (y1 <= y0) y1 = y0 + ystep;
   double ymaxabs = fmax(fabs(y0), fabs(y1));
 
-  /* x: point i at i + 1 */
-  double x0 = 1.0, x1 = (double)n;
-  if (n == 1) x0 = 0.0, x1 = 2.0;
+  /* x: the points' range (one point: padded by 1 each side) */
+  if (!(x0 <= x1)) x0 = x1 = 1.0;
+  if (x1 - x0 < 1e-9) x0 -= 1.0, x1 += 1.0;
   double xstep = nice_step((x1 - x0) / 6.0);
   if (xstep < 1.0) xstep = 1.0;
 
 #define PX(v) (L + ((v)-x0) / (x1 - x0) * pw)
-#define PY(v) (T + ph - ((v)-y0) / (y1 - y0) * ph)
+#define PYL(e) (T + ph - ((e)-y0) / (y1 - y0) * ph) /* e: the value or its exponent */
+#define PY(v) PYL(log_y ? log10(v) : (v))
 
   dp_status s = DP_OK;
   FILE *f = open_out(path, err, errcap, &s);
@@ -143,7 +198,8 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
           "viewBox=\"0 0 %.0f %.0f\">\n",
           W, H, W, H);
   fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
-  if (title) text_at(f, W / 2, 26, "middle", 16, NULL, title);
+  if (title) text_atn(f, W / 2, 26, "middle", 16, NULL, title, head);
+  if (sub) text_at(f, W / 2, 44, "middle", 11, NULL, sub);
 
   /* grid and ticks */
   char buf[64];
@@ -151,18 +207,31 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
   fputs("<g stroke=\"#e0e0e0\" stroke-width=\"1\">\n", f);
   for (int k = 0; k <= ny; k++) {
     double v = y0 + k * ystep;
-    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", L, PY(v),
-            L + pw, PY(v));
+    fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", L, PYL(v),
+            L + pw, PYL(v));
   }
   fputs("</g>\n", f);
+  if (log_y && ph / (y1 - y0) >= 40) { /* 2..9 times each power of ten */
+    fputs("<g stroke=\"#f0f0f0\" stroke-width=\"1\">\n", f);
+    for (double e = y0; e < y1; e += 1.0)
+      for (int m = 2; m <= 9; m++) {
+        double yy = PYL(e + log10((double)m));
+        fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\"/>\n", L, yy,
+                L + pw, yy);
+      }
+    fputs("</g>\n", f);
+  }
   for (int k = 0; k <= ny; k++) {
     double v = y0 + k * ystep;
     fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"black\"/>\n",
-            L - 5, PY(v), L, PY(v));
-    format_tick(buf, sizeof buf, v, ystep, ymaxabs);
-    text_at(f, L - 8, PY(v) + 4, "end", 11, NULL, buf);
+            L - 5, PYL(v), L, PYL(v));
+    if (log_y)
+      snprintf(buf, sizeof buf, "%g", pow(10.0, v));
+    else
+      format_tick(buf, sizeof buf, v, ystep, ymaxabs);
+    text_at(f, L - 8, PYL(v) + 4, "end", 11, NULL, buf);
   }
-  double xt0 = ceil(x0 / xstep) * xstep;
+  double xt0 = ceil(x0 / xstep - 1e-9) * xstep;
   for (int k = 0; xt0 + k * xstep <= x1 + 1e-9; k++) {
     double v = xt0 + k * xstep;
     fprintf(f, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"black\"/>\n",
@@ -178,30 +247,67 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
   if (xlabel) text_at(f, L + pw / 2, H - 14, "middle", 13, NULL, xlabel);
   if (ylabel) text_at(f, 18, T + ph / 2, "middle", 13, "-90", ylabel);
 
-  /* the curve: one polyline per run of finite values */
-  int open = 0;
-  for (int i = 0; i < n; i++) {
-    if (!isfinite(y[i])) {
-      if (open) fputs("\"/>\n", f);
-      open = 0;
-      continue;
+  /* each curve: one polyline per run of values that can be drawn */
+  for (int c = 0; c < n_series; c++) {
+    const float *y = series[c].y;
+    int n = series[c].n;
+    const char *color = series[c].color ? series[c].color : LINE_COLORS[c % N_LINE_COLORS];
+    int open = 0;
+    for (int i = 0; i < n; i++) {
+      if (!drawable(y[i], log_y) || !isfinite(XOF(c, i))) {
+        if (open) fputs("\"/>\n", f);
+        open = 0;
+        continue;
+      }
+      if (!open)
+        fprintf(f,
+                "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.8\" "
+                "stroke-linejoin=\"round\" points=\"",
+                color);
+      fprintf(f, "%s%.2f,%.2f", open ? " " : "", PX(XOF(c, i)), PY((double)y[i]));
+      open = 1;
     }
-    if (!open)
-      fputs("<polyline fill=\"none\" stroke=\"#1f77b4\" stroke-width=\"1.8\" "
-            "stroke-linejoin=\"round\" points=\"",
-            f);
-    fprintf(f, "%s%.2f,%.2f", open ? " " : "", PX(i + 1.0), PY((double)y[i]));
-    open = 1;
+    if (open) fputs("\"/>\n", f);
+    if (n <= 40)
+      for (int i = 0; i < n; i++)
+        if (drawable(y[i], log_y) && isfinite(XOF(c, i)))
+          fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\" fill=\"%s\"/>\n",
+                  PX(XOF(c, i)), PY((double)y[i]), color);
   }
-  if (open) fputs("\"/>\n", f);
-  if (n <= 40)
-    for (int i = 0; i < n; i++)
-      if (isfinite(y[i]))
-        fprintf(f, "<circle cx=\"%.2f\" cy=\"%.2f\" r=\"2.5\" fill=\"#1f77b4\"/>\n",
-                PX(i + 1.0), PY((double)y[i]));
+
+  /* the legend, top right inside the frame (about 7 px a character at 12 px) */
+  if (n_series > 1) {
+    size_t longest = 4;
+    for (int c = 0; c < n_series; c++) {
+      size_t len = series[c].name ? strlen(series[c].name) : 8;
+      if (len > longest) longest = len;
+    }
+    double lw = 44 + 7.0 * (double)longest, lh = 8 + 18.0 * n_series;
+    double lx = L + pw - lw - 8, ly = T + 8;
+    fprintf(f,
+            "<rect x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"white\" "
+            "fill-opacity=\"0.85\" stroke=\"#c0c0c0\"/>\n",
+            lx, ly, lw, lh);
+    for (int c = 0; c < n_series; c++) {
+      const char *color =
+          series[c].color ? series[c].color : LINE_COLORS[c % N_LINE_COLORS];
+      double yy = ly + 13 + 18.0 * c;
+      fprintf(f,
+              "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" "
+              "stroke-width=\"1.8\"/>\n",
+              lx + 8, yy, lx + 32, yy, color);
+      if (series[c].name) {
+        text_at(f, lx + 38, yy + 4, "start", 12, NULL, series[c].name);
+      } else {
+        snprintf(buf, sizeof buf, "curve %d", c + 1);
+        text_at(f, lx + 38, yy + 4, "start", 12, NULL, buf);
+      }
+    }
+  }
 #undef PX
 #undef PY
-#undef COLOR
+#undef PYL
+#undef XOF
   fputs("</svg>\n", f);
   return finish(f, path, err, errcap);
 }

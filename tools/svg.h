@@ -22,6 +22,32 @@ dp_status dpt_svg_line_plot(const char *path, const char *title, const char *xla
                             const char *ylabel, const float *y, int n, char *err,
                             size_t errcap);
 
+/* One curve of dpt_svg_lines: y[0..n) at x[0..n) (x NULL: x = i + 1); name
+ * (NULL: none) is its legend entry; color a CSS colour (NULL: the palette by
+ * the curve's index, the first one "#1f77b4"). */
+typedef struct {
+  const char *name;
+  const double *x;
+  const float *y;
+  int n;
+  const char *color;
+} dpt_svg_series;
+
+/* Line chart of several curves on shared axes (the x range covers every
+ * curve's points), each drawn as dpt_svg_line_plot draws its one: a polyline
+ * per run of finite values, point markers for a curve of <= 40 points. With
+ * more than one curve, a legend (a short line of each colour and the name) in
+ * the top right corner. A title with a '\n' has a second line, smaller, under
+ * the first (e.g. the run's settings). log_y: a logarithmic y axis from the
+ * power of ten at or below the smallest positive value to the one at or above
+ * the largest, ticks and labels at the powers of ten ("0.01", "0.1", "1";
+ * "1e-05" beyond 4 decades from 1) and unlabelled grid lines at 2..9 times
+ * them where a decade is tall enough; values <= 0 are skipped there like NaN.
+ * Every curve needs n >= 1 (n_series >= 1). */
+dp_status dpt_svg_lines(const char *path, const char *title, const char *xlabel,
+                        const char *ylabel, const dpt_svg_series *series, int n_series,
+                        int log_y, char *err, size_t errcap);
+
 /* Stacked bars, one per device: values is (n_bars, n_segments) byte counts
  * (finite, >= 0); segment s of bar b is values[b * n_segments + s], stacked
  * bottom-up in segment order. The y axis is in binary units (B, KiB, MiB,
