@@ -415,9 +415,12 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);
   case DP_OP_ALLREDUCE: /* the transport's: dp__cuda_collective */
   case DP_OP_COPY: break;
-  case DP_OP_GRAD_NORM: /* the planner refuses clip_grad_norm here (no grad_clip) */
+  case DP_OP_GRAD_NORM: /* the planner refuses clip_grad_norm and accumulate here */
   case DP_OP_GRAD_CLIP:
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: gradient clipping is not implemented");
+  case DP_OP_GRAD_ACCUM:
+  case DP_OP_GRAD_STASH:
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "cuda backend: gradient clipping and accumulation are not implemented");
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }

@@ -169,6 +169,17 @@ typedef struct {
    * bits for every device count, mode and layout. dp_ctx_grad_norm gives the
    * norm of the last step. Finite, >= 0; 0: off (default). cpu backend. */
   float clip_grad_norm;
+  /* Gradient accumulation: the parameters are updated every `accumulate`
+   * dp_train_step calls, with the gradient of the mean loss over all their
+   * rows (each call's loss gradient is scaled by 1 / (accumulate * rows), as
+   * PyTorch's loss / accumulation_steps before backward). With calls of equal
+   * rows, the update is bit-identical to one step of the concatenated batch on
+   * a context planned for accumulate * batch (the determinism conditions of
+   * docs/DETERMINISM.md; dropout is keyed by the row in the concatenation).
+   * The partial sums live in the optimizer_state region (log2(accumulate)
+   * gradient copies per device: dp plan shows them). A power of two up to
+   * 65536; 0 or 1: every call updates (default). cpu backend. */
+  int accumulate;
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the
    * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
@@ -322,6 +333,10 @@ typedef enum {
                        +bytes) by exponent, into a slot of the comm region */
   DP_OP_GRAD_CLIP,  /* the norm from n_mb slots; grads [dst_offset, +bytes) scaled when
                        it is above clip_grad_norm */
+  DP_OP_GRAD_ACCUM, /* config.accumulate: grads [dst_offset, +bytes) += the partial sums
+                       of the earlier calls (optimizer_state from src_offset) */
+  DP_OP_GRAD_STASH, /* config.accumulate, a call that does not update: its partial sum
+                       into the optimizer_state slots (the commit phase) */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
@@ -405,6 +420,9 @@ uint64_t dp_ctx_step(const dp_ctx *c);
  * it; NaN before any such step, inf or NaN when a gradient was not finite (the
  * step was refused), 0 without clipping. */
 float dp_ctx_grad_norm(const dp_ctx *c);
+/* config.accumulate: training calls accumulated since the last update
+ * (0..accumulate-1); the next call updates when it is accumulate - 1. */
+int dp_ctx_accumulated(const dp_ctx *c);
 /* This context's rank in its job (0 for a one-process context). */
 int dp_ctx_rank(const dp_ctx *c);
 /* The learning rate of the steps from now on (a schedule, PyTorch's
@@ -479,11 +497,11 @@ dp_status dp_ckpt_read_app(const char *path, void **app, size_t *bytes);
  * dp_model_free) and its header fields. Reads only the beginning of the file;
  * the rest is checked by dp_ckpt_load. */
 typedef struct {
-  unsigned version;       /* file format version */
+  unsigned version; /* file format version */
   size_t n_params;
   uint64_t seed;
   dp_optimizer optimizer;
-  int inference;          /* saved from an inference context: parameters only */
+  int inference; /* saved from an inference context: parameters only */
   size_t file_bytes;
 } dp_ckpt_summary;
 dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out);

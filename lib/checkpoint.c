@@ -322,6 +322,11 @@ dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t 
   if (c->poison) /* a failed update left its state half-written: never persist that */
     s = DP_FAIL(DP_ERR_INVALID, "refusing to save: %s", c->poison_msg);
   if (!s) s = check_opt_layout(c->plan, ctx_state_vectors(c));
+  if (!s && c->accum_k)
+    s = DP_FAIL(DP_ERR_INVALID,
+                "refusing to save in the middle of a gradient accumulation (%d of %d calls "
+                "made): save after the call that updates",
+                c->accum_k, dp__accumulate(&c->plan->cfg));
   /* across processes the save is collective: every rank goes on, or none */
   if ((s = dp__ctx_agree(c, s))) return dp__ctx_fail(c, s);
   ck_state v;
@@ -592,27 +597,16 @@ static dp_status read_file(const char *path, size_t cap, unsigned char **buf, si
   if (fd < 0) return io_fail(path, failed, path, errno);
   size_t want = (uint64_t)st.st_size < cap ? (size_t)st.st_size : cap;
   unsigned char *b = malloc(want ? want : 1);
-  if (!b) {
-    close(fd);
-    return DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory for %zu bytes", want);
-  }
-  size_t got = 0;
-  while (got < want) {
-    ssize_t r = read(fd, b + got, want - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int err = errno;
-      free(b);
-      close(fd);
-      return io_fail(path, "read", path, err);
-    }
-    if (r == 0) break; /* the file shrank: parse what is there */
-    got += (size_t)r;
-  }
+  dp_status s = b ? dp__read_fd(fd, b, want, len, "checkpoint", path)
+                  : DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory for %zu bytes", want);
   close(fd);
+  if (s) {
+    free(b);
+    return s;
+  }
   *buf = b;
-  *len = got;
-  *file_size = got < want ? got : (size_t)st.st_size;
+  /* the file shrank while read: parse what is there */
+  *file_size = *len < want ? *len : (size_t)st.st_size;
   return DP_OK;
 }
 
@@ -714,6 +708,7 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   }
   free(img);
   c->replicas_stale = true;
+  c->accum_k = 0; /* a loaded state: an accumulation starts again */
   if (s)
     return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
                                                      "checkpoint '%s': writing the loaded "

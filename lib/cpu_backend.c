@@ -77,7 +77,8 @@ static const float GELU_A = 0.044715f;
 /* Dropout's multiplier for row r (of this micro-batch) and element j: keyed
  * by the global row, so the mask does not depend on the split. */
 static float dropout_scale(const lctx *c, int r, int j) {
-  uint64_t row = (uint64_t)(c->e->plan->split.dev_row0[c->d] + c->local + r);
+  uint64_t row =
+      (uint64_t)(c->e->row_base + c->e->plan->split.dev_row0[c->d] + c->local + r);
   float u = dp__rng_uniform(c->e->plan->cfg.seed, DP_RNG_DROPOUT,
                             (c->e->step << 16) | (uint64_t)c->i, row, (uint64_t)j);
   return u >= c->l->p ? 1.0f / (1.0f - c->l->p) : 0.0f;
@@ -287,7 +288,7 @@ static dp_status loss_op(dp_exec_env *e, const dp_op *op) {
   const void *t = region(e, d, DP_REGION_TARGETS, 0);
   float *part = region(e, d, DP_REGION_LOSS, 0);
   for (int k = 0; k < op->n_mb; k++)
-    part[k] = loss_rows(p, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->rows);
+    part[k] = loss_rows(p, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->loss_rows);
   return DP_OK;
 }
 
@@ -549,6 +550,43 @@ static dp_status grad_clip_op(dp_exec_env *e, const dp_op *op) {
   return DP_OK;
 }
 
+/* ---- gradient accumulation (config.accumulate) -----------------------------------
+ * The calls of an accumulation combine in a pairwise tree, as the
+ * micro-batches of their concatenation would: slot l of the optimizer_state
+ * region holds the sum of the 2^l calls before, and call k adds the slots of
+ * the set bits of k (lowest first, each the left operand) to its own
+ * gradient; a call that does not update then keeps the result in the slot of
+ * k's lowest clear bit (the commit phase: GRAD_STASH). */
+static dp_status grad_accum_op(dp_exec_env *e, const dp_op *op) {
+  size_t n = op->bytes / 4;
+  float *restrict g = region(e, op->device, op->dst_region, op->dst_offset);
+  const float *slots = region(e, op->device, op->src_region, op->src_offset);
+  int k = e->accum_k;
+  for (int l = 0; (k >> l) & 1; l++) {
+    const float *restrict s = slots + (size_t)l * n;
+    for (size_t i = 0; i < n; i++) g[i] = s[i] + g[i];
+  }
+  if (k + 1 == dp__accumulate(&e->plan->cfg)) return DP_OK; /* the update's check follows */
+  /* a call that only accumulates: its gradients must be finite to be kept */
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad |= nonfinite_bit(g[i]);
+  for (size_t i = 0; bad && i < n; i++)
+    if (!isfinite(g[i]))
+      return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the call was not accumulated",
+                     op->dst_offset / 4 + i, isnan(g[i]) ? "NaN" : "infinite");
+  return DP_OK;
+}
+
+static dp_status grad_stash_op(dp_exec_env *e, const dp_op *op) {
+  size_t n = op->bytes / 4;
+  int l = 0;
+  while ((e->accum_k >> l) & 1) l++;
+  float *slots = region(e, op->device, op->src_region, op->src_offset);
+  memcpy(slots + (size_t)l * n, region(e, op->device, op->dst_region, op->dst_offset),
+         n * 4);
+  return DP_OK;
+}
+
 static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   (void)bctx;
   const dp_plan *p = e->plan;
@@ -586,6 +624,8 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_OPTIMIZER: return optimizer_op(e, op);
   case DP_OP_GRAD_NORM: return grad_norm_op(e, op);
   case DP_OP_GRAD_CLIP: return grad_clip_op(e, op);
+  case DP_OP_GRAD_ACCUM: return grad_accum_op(e, op);
+  case DP_OP_GRAD_STASH: return grad_stash_op(e, op);
   case DP_OP_ALLREDUCE: /* the transport's (the executor never hands it here) */
   case DP_OP_COPY: break;
   }

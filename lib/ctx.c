@@ -154,13 +154,13 @@ static dp_status ctx_init(dp_ctx *c) {
   if (s) return s;
   c->replicas_stale = true;
   int max_mbs = dp__split_max_mbs(&p->cfg);
-  for (int i = 0; i < 2; i++) {
-    dp_sched_cache *sc = i ? &c->infer : &c->train;
-    sc->mbs = malloc((size_t)max_mbs * sizeof *sc->mbs);
-    sc->ops = malloc((size_t)p->ops_cap * sizeof *sc->ops);
+  dp_sched_cache *caches[3] = {&c->train, &c->infer, &c->accum};
+  for (int i = 0; i < (dp__accumulate(&p->cfg) > 1 ? 3 : 2); i++) {
+    caches[i]->mbs = malloc((size_t)max_mbs * sizeof *caches[i]->mbs);
+    caches[i]->ops = malloc((size_t)p->ops_cap * sizeof *caches[i]->ops);
+    if (!caches[i]->mbs || !caches[i]->ops)
+      return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
   }
-  if (!c->train.mbs || !c->train.ops || !c->infer.mbs || !c->infer.ops)
-    return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
   if (c->be->ctx_init && (s = c->be->ctx_init(p, (void *const *)c->arena, &c->bctx)))
     return s;
   const dp_transport_ops *t = c->be->transport;
@@ -323,11 +323,27 @@ void dp_ctx_free(dp_ctx *c) {
   free(c->train.ops);
   free(c->infer.mbs);
   free(c->infer.ops);
+  free(c->accum.mbs);
+  free(c->accum.ops);
   free(c);
 }
 
 /* The schedule for `rows`, rebuilt (without allocating) when rows change. */
-static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool training) {
+/* The next training call updates the parameters (config.accumulate: the
+ * last call of an accumulation). */
+static bool updates(const dp_ctx *c) {
+  return c->accum_k + 1 >= dp__accumulate(&c->plan->cfg);
+}
+
+/* DP_SCHED_*: which schedule a cache holds (its world transfers too). */
+static int kind_of(const dp_ctx *c, const dp_sched_cache *sc) {
+  return sc == &c->infer   ? DP_SCHED_INFER
+         : sc == &c->accum ? DP_SCHED_ACCUM
+                           : DP_SCHED_TRAIN;
+}
+
+static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows) {
+  int kind = kind_of(c, sc);
   if (sc->rows == rows) return DP_OK;
   const dp_plan *p = c->plan;
   for (int k = 0; k < p->split.n_mb; k++) {
@@ -337,17 +353,23 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows, bool trai
                                                               : p->mbs[k].rows};
   }
   sc->rows = 0;
-  dp_status s = dp__schedule_build(p, sc->mbs, training, sc->ops, p->ops_cap, &sc->n_ops,
-                                   &sc->n_stages);
+  dp_status s =
+      dp__schedule_build(p, sc->mbs, kind, sc->ops, p->ops_cap, &sc->n_ops, &sc->n_stages);
   /* across processes: the persistent transfers of its cross-rank copies */
   if (!s && c->world)
-    s = dp__world_prepare(c->world, training ? 0 : 1, sc->ops, sc->n_ops, c->arena);
+    s = dp__world_prepare(c->world,
+                          kind == DP_SCHED_TRAIN   ? 0
+                          : kind == DP_SCHED_INFER ? 1
+                                                   : 2,
+                          sc->ops, sc->n_ops, c->arena);
   if (s) return s;
   /* The commit phase starts at the first optimizer op, moved back to the
    * start of its stage if it is not one (it is: the gradient check has a stage
    * of its own). */
   int k = 0;
-  while (k < sc->n_ops && sc->ops[k].kind != DP_OP_OPTIMIZER) k++;
+  while (k < sc->n_ops && sc->ops[k].kind != DP_OP_OPTIMIZER &&
+         sc->ops[k].kind != DP_OP_GRAD_STASH)
+    k++;
   while (k > 0 && k < sc->n_ops && sc->ops[k - 1].stage == sc->ops[k].stage) k--;
   sc->commit = k;
   sc->rows = rows;
@@ -358,8 +380,8 @@ dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops
                            int *n_ops, int *commit) {
   if (!c || rows < 1 || rows > c->plan->cfg.batch || (training && c->plan->cfg.inference))
     return DP_FAIL(DP_ERR_INVALID, "dp__ctx_schedule: bad arguments");
-  dp_sched_cache *sc = training ? &c->train : &c->infer;
-  dp_status s = schedule_for(c, sc, rows, training);
+  dp_sched_cache *sc = !training ? &c->infer : updates(c) ? &c->train : &c->accum;
+  dp_status s = schedule_for(c, sc, rows);
   if (s) return s;
   *ops = sc->ops;
   *n_ops = sc->n_ops;
@@ -494,6 +516,10 @@ static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int ro
                      .step = c->step,
                      .lr = c->lr,
                      .grad_norm = NAN,
+                     .accum_k = c->accum_k,
+                     /* an accumulation's calls as one concatenated batch */
+                     .loss_rows = rows * dp__accumulate(&c->plan->cfg),
+                     .row_base = c->accum_k * rows,
                      .skip_broadcast = !c->replicas_stale};
   for (int d = c->dev0; d < c->dev1; d++) e->arena[d] = c->arena[d];
   int n;
@@ -519,7 +545,7 @@ static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
         s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], row0 + r,
                     classes - 1);
   }
-  if (!s) s = schedule_for(c, &c->train, rows, true);
+  if (!s) s = schedule_for(c, updates(c) ? &c->train : &c->accum, rows);
   return s;
 }
 
@@ -735,7 +761,9 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   dp_status s = c->poison ? poisoned(c) : train_args(c, rows, cols, x, target);
   if ((s = agree_args(c, s, rows))) return dp__ctx_fail(c, s);
   dp_exec_env e;
-  env_init(c, &e, &c->train, rows, true);
+  bool update = updates(c);
+  dp_sched_cache *sc = update ? &c->train : &c->accum;
+  env_init(c, &e, sc, rows, true);
   /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
    * allreduce keeps every replica current and broadcasts only when they are
    * stale (parameters set from outside, a load, a failed step). */
@@ -746,7 +774,8 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   host_io(c, &e, rows, x, target, NULL);
   bool untrusted;
   float l = 0.0f;
-  s = run_sched(c, &e, &c->train, graph_slot(c, &e, rows, inject), inject, &l, &untrusted);
+  s = run_sched(c, &e, sc, update ? graph_slot(c, &e, rows, inject) : -1, inject, &l,
+                &untrusted);
   /* the norm of a step that reached its clipping, refused or not */
   if (c->plan->cfg.clip_grad_norm > 0 && !isnan(e.grad_norm))
     c->grad_norm = e.grad_norm;
@@ -770,7 +799,12 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
     c->replicas_stale = true;
     return nonfinite(c, s, loss); /* refused before its update */
   }
-  c->step++;
+  if (update) { /* an optimizer step; an accumulating call only adds its gradient */
+    c->step++;
+    c->accum_k = 0;
+  } else {
+    c->accum_k++;
+  }
   c->replicas_stale = classic;
   if (g) return dp__ctx_fail(c, g);
   if (loss) *loss = l;
@@ -782,7 +816,7 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   if (c->poison && !c->world) return poisoned(c);
   dp_status s = c->poison ? poisoned(c) : check_batch(c, rows, cols, x);
   if (!s && !y) s = DP_FAIL(DP_ERR_INVALID, "outputs are NULL");
-  if (!s) s = schedule_for(c, &c->infer, rows, false);
+  if (!s) s = schedule_for(c, &c->infer, rows);
   if ((s = agree_args(c, s, rows))) return dp__ctx_fail(c, s);
   dp_exec_env e;
   env_init(c, &e, &c->infer, rows, false);
@@ -836,6 +870,7 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n) {
    * (whether the next step broadcasts) must be the same on every rank */
   if ((s = dp__ctx_agree(c, s))) return dp__ctx_fail(c, s);
   c->replicas_stale = true;
+  c->accum_k = 0; /* new parameters: an accumulation starts again */
   s = dp__ctx_write(c, 0, DP_REGION_PARAMS, 0, in, n * 4);
   if (s) /* only a device copy can fail, part way */
     return dp__ctx_fail(c, dp__ctx_poison(c, DP_FAIL(s,
@@ -897,6 +932,7 @@ float dp_ctx_lr(const dp_ctx *c) { return c ? c->lr : 0.0f; }
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
 int dp_ctx_rank(const dp_ctx *c) { return c ? c->rank : 0; }
 float dp_ctx_grad_norm(const dp_ctx *c) { return c ? c->grad_norm : NAN; }
+int dp_ctx_accumulated(const dp_ctx *c) { return c ? c->accum_k : 0; }
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c) { return c ? c->skipped : 0; }
 
 size_t dp_ctx_high_water(const dp_ctx *c, int dev) {
@@ -931,7 +967,7 @@ uint64_t dp_params_hash(dp_ctx *c) {
 dp_status dp__ctx_run_phase(dp_ctx *c, int rows, dp_phase ph, int iters) {
   if (!c || c->plan->cfg.inference || rows < 1 || rows > c->plan->cfg.batch || iters < 0)
     return DP_FAIL(DP_ERR_INVALID, "dp__ctx_run_phase: bad arguments");
-  dp_status s = schedule_for(c, &c->train, rows, true);
+  dp_status s = schedule_for(c, &c->train, rows);
   if (s) return s;
   const dp_op *ops = c->train.ops;
   int n = c->train.n_ops, lo = 0;

@@ -45,13 +45,16 @@ struct dp_ctx {
    * step of this shape has run, so the next one may be captured */
   bool graph_warm[DP_CTX_GRAPH_SLOTS];
   bool graph_broken[DP_CTX_GRAPH_SLOTS]; /* its capture failed: runs plain */
-  dp_sched_cache train, infer;
+  /* the schedules: a training step, a forward, and (config.accumulate) a
+   * training call that only accumulates */
+  dp_sched_cache train, infer, accum;
   dp_exec exec;
   bool exec_live;
   bool replicas_stale;
   uint64_t step;
   float lr;         /* the learning rate in effect: config.lr, then dp_set_lr's */
   float grad_norm;  /* config.clip_grad_norm: the last step's (dp_ctx_grad_norm) */
+  int accum_k;      /* config.accumulate: calls accumulated since the last update */
   uint64_t skipped; /* steps skipped under DP_NONFINITE_SKIP */
   int inject_at;    /* test hook: schedule index that fails in the next run, -1 none */
   /* Nonzero: state can no longer be trusted (a guard was hit, or an op of a

@@ -41,6 +41,19 @@ int dp__open_regular(const char *path, struct stat *st, const char **failed) {
   return -1;
 }
 
+dp_status dp__read_fd(int fd, void *b, size_t n, size_t *got, const char *what,
+                      const char *path) {
+  *got = 0;
+  while (*got < n) {
+    ssize_t r = read(fd, (unsigned char *)b + *got, n - *got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return dp__io_fail(what, path, "read", path, errno);
+    if (r == 0) break; /* the file ended first (it shrank) */
+    *got += (size_t)r;
+  }
+  return DP_OK;
+}
+
 dp_status dp__io_fail(const char *what, const char *path, const char *failed,
                       const char *file, int err) {
   if (strcmp(path, file) == 0)

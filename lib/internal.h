@@ -29,12 +29,17 @@ void dp__error_restore(const char *text);
  * file (*st says what it is: dp__file_kind); -1 with errno when a call failed
  * (*failed names it: "open", "stat", "read"). */
 int dp__open_regular(const char *path, struct stat *st, const char **failed);
+/* Reads up to n bytes of fd into b (going on after EINTR; fewer when the file
+ * ends first): *got of them. DP_ERR_IO when a read fails:
+ * dp__io_fail(what, path, "read", path, errno). fd stays open. */
+dp_status dp__read_fd(int fd, void *b, size_t n, size_t *got, const char *what,
+                      const char *path);
 /* "a directory", "a FIFO", "a socket", "a device", "a regular file". */
 const char *dp__file_kind(mode_t mode);
 /* DP_ERR_IO: "<what> '<path>': cannot <failed> it: <strerror>" (or "... cannot
  * <failed> '<file>': ..." when file is not path). */
-dp_status dp__io_fail(const char *what, const char *path, const char *failed, const char *file,
-                      int err);
+dp_status dp__io_fail(const char *what, const char *path, const char *failed,
+                      const char *file, int err);
 /* Writes path atomically: fill(f, arg) writes the content into
  * "<path>.tmp.<pid>" (DP_ERR_IO with errno set when a write failed, or another
  * status with its message), which is then flushed, fsynced and renamed over
@@ -88,6 +93,20 @@ int dp__layer_stats_width(dp_layer_kind k);
 
 /* ---- the job's processes (config.ranks) ---- */
 static inline int dp__ranks(const dp_config *c) { return c->ranks > 1 ? c->ranks : 1; }
+/* config.accumulate: calls per update (1: none), and the partial-sum slots
+ * (log2 of it) each updating device keeps after its optimizer state. */
+static inline int dp__accumulate(const dp_config *c) {
+  return c->accumulate > 1 && !c->inference ? c->accumulate : 1;
+}
+static inline int dp__accum_levels(const dp_config *c) {
+  int l = 0;
+  while ((1 << l) < dp__accumulate(c)) l++;
+  return l;
+}
+/* Optimizer state vectors: momentum 1, AdamW 2 (m, v), plain SGD 0. */
+static inline int dp__state_vectors(dp_optimizer o) {
+  return o == DP_OPT_ADAMW ? 2 : o == DP_OPT_MOMENTUM ? 1 : 0;
+}
 /* The rank that holds global device dev. */
 static inline int dp__rank_of(const dp_config *c, int dev) {
   return dev / (c->n_devices / dp__ranks(c));
@@ -170,7 +189,10 @@ struct dp_plan {
  * count). mbs: the plan's micro-batches, truncated to the step's rows (a
  * smaller batch keeps the planned cut points; empty micro-batches are
  * skipped). Pure: no allocation. */
-dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, dp_op *ops,
+/* What a schedule is for: a forward, a training step (that updates), or a
+ * training call of an accumulation that does not update (config.accumulate). */
+enum { DP_SCHED_INFER = 0, DP_SCHED_TRAIN = 1, DP_SCHED_ACCUM = 2 };
+dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op *ops,
                              int cap, int *n_ops, int *n_stages);
 int dp__schedule_cap(const dp_plan *p);
 /* What the ranks of a job compare at start: hashes of the model, the config,
@@ -256,7 +278,8 @@ typedef struct dp_backend_ops {
   size_t align;
   size_t (*workspace_bytes)(const dp_model *m, int mb_rows, bool training);
   bool host_staging;
-  /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */
+  /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm), and
+   * DP_OP_GRAD_ACCUM and DP_OP_GRAD_STASH (config.accumulate) */
   bool grad_clip;
   /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
    * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
@@ -366,7 +389,8 @@ typedef struct {
 typedef struct dp_world_ops {
   const char *name;
   int rank, size;
-  /* Transfers of schedule cache `cache` (0: training, 1: inference), replacing
+  /* Transfers of schedule cache `cache` (0: training, 1: inference, 2: an
+   * accumulating call), replacing
    * its previous ones; xfers[i].k are increasing. */
   dp_status (*prepare)(void *w, int cache, const dp_world_xfer *xfers, int n);
   /* Starts transfer k of cache on device dev's thread; host: a host buffer
@@ -397,10 +421,14 @@ struct dp_exec_env {
   float *host_y;       /* (rows, out) inference outputs */
   int rows;
   bool training;
-  uint64_t step;       /* step counter, keys dropout */
-  float lr;            /* the learning rate in effect (dp_set_lr; config.lr at first) */
-  float loss;          /* result of the loss op */
-  float grad_norm;     /* result of device 0's clip op (config.clip_grad_norm) */
+  uint64_t step;   /* step counter, keys dropout */
+  float lr;        /* the learning rate in effect (dp_set_lr; config.lr at first) */
+  float loss;      /* result of the loss op */
+  float grad_norm; /* result of device 0's clip op (config.clip_grad_norm) */
+  /* config.accumulate: this call's index in the accumulation, the rows its
+   * loss gradient is scaled by (accumulate * rows), and the row of the
+   * concatenation its first row is (dropout's key) */
+  int accum_k, loss_rows, row_base;
   bool skip_broadcast; /* replicas already hold device 0's parameters */
   int host_row0;       /* the first row of this rank's host buffers */
 };

@@ -169,6 +169,16 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_INVALID,
                    "clip_grad_norm must be finite and >= 0 (0: no clipping), got %g",
                    (double)c->clip_grad_norm);
+  if (!c->inference && (c->accumulate < 0 || c->accumulate > 65536 ||
+                        (c->accumulate > 1 && !dp__is_pow2(c->accumulate))))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "accumulate must be a power of two up to 65536 (0 or 1: none), got %d",
+                   c->accumulate);
+  if (!c->inference && c->accumulate > 1 && !be->grad_clip)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend cannot accumulate gradients yet (accumulate); use the "
+                   "cpu backend",
+                   be->name);
   if (!c->inference && c->clip_grad_norm > 0 && !be->grad_clip)
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend cannot clip gradients yet (clip_grad_norm); use the cpu "
@@ -305,7 +315,9 @@ static dp_status plan_device(dp_plan *p, int d) {
     if (!dp__mul((size_t)p->grad_levels[d], P, &sz[DP_REGION_GRAD_PARTIALS]))
       return OVERFLOW();
     sz[DP_REGION_OUTPUT_GRADS] = sz[DP_REGION_OUTPUTS];
-    int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
+    /* the optimizer's state vectors, then (config.accumulate) the partial sums
+     * of the accumulation, one per level of its pairwise tree */
+    int k = dp__state_vectors(c->optimizer) + dp__accum_levels(c);
     if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
     int n_used = p->split.n_used;
     if (c->fast_collectives) {
@@ -620,10 +632,10 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
   const dp_config *c = &p->cfg;
   x = DP_FNV_INIT;
   int64_t ints[] = {
-      c->batch,    c->n_devices,       dp__ranks(c),       c->split,      c->micro_batch,
-      c->mode,     c->shard_optimizer, c->optimizer,       c->inference,  c->backend,
-      c->nesterov, c->on_nonfinite,    c->guards,          c->timeout_ms, c->cuda_graph,
-      c->tf32,     c->transport,       c->fast_collectives};
+      c->batch,       c->n_devices, dp__ranks(c),       dp__accumulate(c),  c->split,
+      c->micro_batch, c->mode,      c->shard_optimizer, c->optimizer,       c->inference,
+      c->backend,     c->nesterov,  c->on_nonfinite,    c->guards,          c->timeout_ms,
+      c->cuda_graph,  c->tf32,      c->transport,       c->fast_collectives};
   for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) x = h_u64(x, (uint64_t)ints[i]);
   float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,
                 c->beta1, c->beta2,    c->eps};

@@ -284,28 +284,16 @@ static dp_status read_all(const char *path, size_t cap, unsigned char **buf, siz
                    "most %zu",
                    path, (long long)st.st_size, cap);
   }
-  size_t want = (size_t)st.st_size, got = 0;
+  size_t want = (size_t)st.st_size;
   unsigned char *b = malloc(want ? want : 1);
-  if (!b) {
-    close(fd);
-    return DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory for %zu bytes", want);
-  }
-  while (got < want) {
-    ssize_t r = read(fd, b + got, want - got);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) {
-      int err = errno;
-      free(b);
-      close(fd);
-      return dp__io_fail("safetensors file", path, "read", path, err);
-    }
-    if (r == 0) break;
-    got += (size_t)r;
-  }
+  dp_status s = b ? dp__read_fd(fd, b, want, len, "safetensors file", path)
+                  : DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory for %zu bytes", want);
   close(fd);
-  *buf = b;
-  *len = got;
-  return DP_OK;
+  if (s)
+    free(b);
+  else
+    *buf = b;
+  return s;
 }
 
 /* Checks the file against the model and decodes it into w (n_params). */

@@ -218,6 +218,17 @@ static void allgather_params(builder *b, const dp_plan *p, int n) {
   next_stage(b);
 }
 
+/* config.accumulate: an op on device d's updating range of GRADS and its
+ * partial sums in OPT_STATE (after the optimizer's state vectors). */
+static dp_op accum_op(const dp_plan *p, dp_op_kind kind, int d) {
+  dp_op op = device_op(DP_PHASE_OPTIMIZER, kind, d, p->opt_len[d] * 4);
+  op.dst_region = DP_REGION_GRADS;
+  op.dst_offset = p->opt_off[d] * 4;
+  op.src_region = DP_REGION_OPT_STATE;
+  op.src_offset = (size_t)dp__state_vectors(p->cfg.optimizer) * p->opt_len[d] * 4;
+  return op;
+}
+
 /* config.clip_grad_norm, after the reduction: every device that updates a
  * range sums its squares (exactly, by exponent) into its slot of the comm
  * region; with a sharded optimizer the slots are exchanged so that every
@@ -270,13 +281,15 @@ void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi) {
 
 int dp__schedule_cap(const dp_plan *p) {
   int n = 0, st = 0;
-  dp__schedule_build(p, p->mbs, !p->cfg.inference, NULL, 0, &n, &st);
+  dp__schedule_build(p, p->mbs, p->cfg.inference ? DP_SCHED_INFER : DP_SCHED_TRAIN, NULL, 0,
+                     &n, &st);
   return n > 0 ? n : 1;
 }
 
-dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, dp_op *ops,
+dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op *ops,
                              int cap, int *n_ops, int *n_stages) {
   builder b = {.ops = ops, .cap = cap};
+  bool training = kind != DP_SCHED_INFER;
   const dp_model *m = &p->model;
   const dp_split_info *sp = &p->split;
   int in = m->input_width, out = dp_model_output_width(m), L = m->n_layers;
@@ -405,6 +418,18 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, bool training, 
       next_stage(&b);
     }
     int n_opt = classic ? 1 : sp->n_used;
+    if (dp__accumulate(&p->cfg) > 1) {
+      /* the earlier calls' partial sums added to this call's gradient */
+      for (int d = 0; d < n_opt; d++) emit(&b, accum_op(p, DP_OP_GRAD_ACCUM, d));
+      next_stage(&b);
+      if (kind == DP_SCHED_ACCUM) { /* no update: keep the sum for the next call */
+        for (int d = 0; d < n_opt; d++) emit(&b, accum_op(p, DP_OP_GRAD_STASH, d));
+        next_stage(&b);
+        *n_ops = b.n;
+        *n_stages = b.stage;
+        return b.err;
+      }
+    }
     if (p->cfg.clip_grad_norm > 0) clip_ops(&b, p, n_opt);
     /* Every device checks what it will apply before any device applies it. */
     for (int d = 0; d < n_opt; d++) {
@@ -437,8 +462,9 @@ const char *dp_phase_name(dp_phase ph) {
 }
 
 const char *dp_op_kind_name(dp_op_kind k) {
-  static const char *const names[] = {"copy",      "forward",   "backward",  "grad_add",
-                                      "zero",      "loss",      "loss_sum",  "grad_check",
-                                      "optimizer", "allreduce", "grad_norm", "grad_clip"};
+  static const char *const names[] = {"copy",       "forward",   "backward",  "grad_add",
+                                      "zero",       "loss",      "loss_sum",  "grad_check",
+                                      "optimizer",  "allreduce", "grad_norm", "grad_clip",
+                                      "grad_accum", "grad_stash"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

@@ -23,7 +23,7 @@ static int end_rank(const dp_world_tx *t, const dp_op *op, int dev) {
 /* op's position in the schedule it belongs to (the training or the inference
  * cache). */
 static void locate(const dp_world_tx *t, const dp_op *op, int *cache, int *k) {
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     if (t->sched[i] && op >= t->sched[i] && op < t->sched[i] + t->n_sched[i]) {
       *cache = i;
       *k = (int)(op - t->sched[i]);

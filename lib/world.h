@@ -14,8 +14,9 @@ typedef struct dp_world_tx {
   const dp_transport_ops *inner; /* the backend's transport, for copies in this process */
   void *inner_ctx;
   const dp_transport_ops *transport; /* the world transport (tctx: this struct) */
-  const dp_op *sched[2]; /* the op arrays prepared (0: training, 1: inference) */
-  int n_sched[2];
+  const dp_op *sched[3];             /* the op arrays prepared (0: training, 1: inference,
+                                        2: an accumulating call) */
+  int n_sched[3];
   dp_world_xfer *xfers; /* (plan ops_cap) scratch for prepare */
 } dp_world_tx;
 

@@ -1,9 +1,15 @@
 /* Helpers shared by the test suites: see helpers.h. */
 #include "helpers.h"
+#include "ctx.h"
 
 #include <check.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 dp_config config_of(int batch, int n_devices, dp_optimizer opt) {
   dp_config c;
@@ -70,6 +76,160 @@ void rig_close(rig *r) {
   dp_model_free(r->m);
   memset(r, 0, sizeof *r);
 }
+
+float *params_of(rig *r) {
+  float *p = malloc((r->np ? r->np : 1) * sizeof *p);
+  ck_assert_ptr_nonnull(p);
+  ck_assert_int_eq(dp_get_params(r->c, p, r->np), DP_OK);
+  return p;
+}
+
+void assert_same_params(rig *a, rig *b, const char *what) {
+  ck_assert_msg(a->np == b->np, "%s: parameter counts differ", what);
+  float *pa = params_of(a), *pb = params_of(b);
+  ck_assert_msg(memcmp(pa, pb, a->np * 4) == 0, "%s: parameters differ", what);
+  ck_assert_msg(dp_params_hash(a->c) == dp_params_hash(b->c), "%s: hashes differ", what);
+  free(pa);
+  free(pb);
+}
+
+void ctx_snap_take(ctx_snap *s, dp_ctx *c) {
+  memset(s, 0, sizeof *s);
+  s->n_dev = dp_plan_n_devices(c->plan);
+  for (int d = 0; d < s->n_dev; d++) {
+    s->bytes[d] = dp_plan_device_bytes(c->plan, d);
+    s->arena[d] = malloc(s->bytes[d] ? s->bytes[d] : 1);
+    ck_assert_ptr_nonnull(s->arena[d]);
+    memcpy(s->arena[d], c->arena[d], s->bytes[d]);
+  }
+  s->step = c->step;
+  s->hash = dp_params_hash(c);
+  s->stale = c->replicas_stale;
+}
+
+void ctx_snap_check(const ctx_snap *s, dp_ctx *c, const char *what) {
+  ck_assert_msg(dp_params_hash(c) == s->hash, "%s: the parameters' hash changed", what);
+  ck_assert_msg(c->step == s->step, "%s: the step counter changed", what);
+  for (int d = 0; d < s->n_dev; d++)
+    ck_assert_msg(memcmp(s->arena[d], c->arena[d], s->bytes[d]) == 0,
+                  "%s: device %d's arena changed", what, d);
+}
+
+void ctx_snap_free(ctx_snap *s) {
+  for (int d = 0; d < s->n_dev; d++) free(s->arena[d]);
+}
+
+void tmp_make(tmpdir *t, const char *prefix, const char *name) {
+  const char *base = getenv("TMPDIR");
+  snprintf(t->dir, sizeof t->dir, "%s/%s_XXXXXX", base && *base ? base : "/tmp", prefix);
+  ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp: %s", strerror(errno));
+  t->path[0] = '\0';
+  if (name) tmp_path(t, name);
+}
+
+const char *tmp_path(tmpdir *t, const char *name) {
+  snprintf(t->path, sizeof t->path, "%s/%s", t->dir, name);
+  return t->path;
+}
+
+void tmp_done(tmpdir *t) {
+  remove_prefixed(t->dir, "");
+  rmdir(t->dir);
+}
+
+int dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+  closedir(d);
+  return n;
+}
+
+int remove_prefixed(const char *dir, const char *prefix) {
+  DIR *d = opendir(dir);
+  ck_assert_ptr_nonnull(d);
+  int n = 0;
+  struct dirent *e;
+  char p[600];
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+    snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+    if (unlink(p) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+unsigned char *file_read(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
+  long n = ftell(f);
+  ck_assert_int_ge(n, 0);
+  rewind(f);
+  unsigned char *b = malloc((size_t)n + 1);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_uint_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+  fclose(f);
+  *len = (size_t)n;
+  return b;
+}
+
+/* A new file each time: rewriting one in place makes some file systems (ext4's
+ * auto_da_alloc) flush it on close, which is slow. */
+void file_write(const char *path, const void *b, size_t len) {
+  unlink(path);
+  FILE *f = fopen(path, "wb");
+  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
+  ck_assert_uint_eq(fwrite(b, 1, len, f), len);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+void expect_write_refused(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
+                          const char *dir, const char *name) {
+  char p[400];
+  /* into a directory that does not exist: nothing is created */
+  snprintf(p, sizeof p, "%s/no/such/dir/%s", dir, name);
+  ck_assert_int_eq(write(c, p), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(c), p) && strstr(dp_ctx_error(c), strerror(ENOENT)),
+                "%s", dp_ctx_error(c));
+  struct stat st;
+  ck_assert_int_ne(stat(p, &st), 0);
+  ck_assert_int_eq(dir_entries(dir), 0);
+  /* over a directory: refused, and the temporary file removed */
+  snprintf(p, sizeof p, "%s/adir", dir);
+  ck_assert_int_eq(mkdir(p, 0755), 0);
+  ck_assert_int_eq(write(c, p), DP_ERR_IO);
+  ck_assert_int_eq(dir_entries(dir), 1);
+  ck_assert_int_eq(dir_entries(p), 0);
+  ck_assert_int_eq(rmdir(p), 0);
+}
+
+void expect_not_a_file_refused(dp_ctx *c, dp_status (*read)(dp_ctx *, const char *),
+                               const char *dir, const char *name) {
+  char p[400];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  ck_assert_int_eq(mkfifo(p, 0600), 0);
+  alarm(10);
+  dp_status s = read(c, p);
+  alarm(0);
+  ck_assert_int_eq(s, DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(c), "is not a regular file (a FIFO)"), "%s",
+                dp_ctx_error(c));
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert_int_eq(read(c, dir), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_ctx_error(c), "is not a regular file (a directory)"), "%s",
+                dp_ctx_error(c));
+}
+
+uint32_t le32(const unsigned char *b) {
+  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
+}
+
+uint64_t le64(const unsigned char *b) { return le32(b) | (uint64_t)le32(b + 4) << 32; }
 
 uint64_t rng_next(uint64_t *s) {
   *s ^= *s >> 12;

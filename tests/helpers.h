@@ -2,7 +2,8 @@
  * which test_dp and the standalone tests link; test_cuda_emul does not).
  *
  * Each one that builds something fails the running test, with libdp's message,
- * when libdp refuses. */
+ * when libdp refuses; the file helpers fail it when a call fails. ctx_snap
+ * reads a context's arenas through lib/ctx.h. */
 #ifndef DP_TEST_HELPERS_H
 #define DP_TEST_HELPERS_H
 
@@ -47,6 +48,68 @@ void rig_close(rig *r);
 #define ctx_of(p) ctx_of_at((p), __FILE__, __LINE__)
 #define rig_open(r, spec, cfg) rig_open_at((r), (spec), (cfg), __FILE__, __LINE__)
 #define rig_try(r, spec, cfg) rig_try_at((r), (spec), (cfg), __FILE__, __LINE__)
+
+/* dp_get_params of r's context: r->np floats (malloc'd). */
+float *params_of(rig *r);
+/* Fails the test, naming `what`, unless a and b hold the same parameter bits
+ * (and so the same dp_params_hash). */
+void assert_same_params(rig *a, rig *b, const char *what);
+
+/* Every arena byte of a context, its step counter, its parameters' hash and
+ * whether its replicas must be refreshed: what a refused call leaves alone. */
+typedef struct {
+  int n_dev;
+  unsigned char *arena[DP_MAX_DEVICES];
+  size_t bytes[DP_MAX_DEVICES];
+  uint64_t step, hash;
+  bool stale;
+} ctx_snap;
+
+void ctx_snap_take(ctx_snap *s, dp_ctx *c);
+/* Fails the test, naming `what`, when c's parameters' hash, step counter or
+ * an arena byte is not as in s (stale is the caller's to compare). */
+void ctx_snap_check(const ctx_snap *s, dp_ctx *c, const char *what);
+void ctx_snap_free(ctx_snap *s);
+
+/* A fresh directory for a test's files, "$TMPDIR/<prefix>_XXXXXX" (/tmp
+ * without TMPDIR), and path, a file in it; tmp_done removes the directory
+ * with its files. */
+typedef struct {
+  char dir[256];
+  char path[300];
+} tmpdir;
+
+/* Makes t->dir; t->path is the file `name` in it ("" when name is NULL). */
+void tmp_make(tmpdir *t, const char *prefix, const char *name);
+/* Sets t->path to the file `name` in t->dir and returns it. */
+const char *tmp_path(tmpdir *t, const char *name);
+void tmp_done(tmpdir *t);
+/* How many names dir holds (not . and ..). */
+int dir_entries(const char *dir);
+/* Removes the files in dir whose name starts with prefix; returns how many. */
+int remove_prefixed(const char *dir, const char *prefix);
+/* The whole file (malloc'd with a byte to spare, for a terminating NUL): *len bytes. */
+unsigned char *file_read(const char *path, size_t *len);
+/* path made anew with len bytes of b. */
+void file_write(const char *path, const void *b, size_t len);
+
+/* A writer of files (dp_ckpt_save, dp_ckpt_export_safetensors) refused with
+ * DP_ERR_IO, nothing left behind in dir (empty at first): into a directory of
+ * dir that does not exist (the message names the path and ENOENT; the file is
+ * `name`), and over a directory. */
+void expect_write_refused(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
+                          const char *dir, const char *name);
+
+/* A reader of files (dp_ckpt_load, dp_ckpt_import_safetensors) refuses with
+ * DP_ERR_IO, "is not a regular file (...)", a FIFO without a writer (at once:
+ * an alarm turns a hang into a failure; the FIFO is `name` in dir, removed
+ * after) and the directory dir itself. */
+void expect_not_a_file_refused(dp_ctx *c, dp_status (*read)(dp_ctx *, const char *),
+                               const char *dir, const char *name);
+
+/* Little-endian integers in a byte buffer. */
+uint32_t le32(const unsigned char *b);
+uint64_t le64(const unsigned char *b);
 
 /* 1 when this build has the cuda backend (registered by tests/check_main.c);
  * else 0 after printing "SKIP <suite>: <test>: ..." (a CPU-only build, such as

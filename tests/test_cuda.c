@@ -259,7 +259,8 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
   ck_assert_msg(dp__cuda_ctx_init(t->pg, t->ga, flags, &t->bctx) == DP_OK, "%s",
                 dp_last_error());
   const dp_backend_ops *gb = dp__backend_ops(DP_BACKEND_CUDA);
-  ck_assert_int_eq(dp__exec_init(&t->xg, 0, t->n, gb, t->bctx, gb->transport, t->bctx), DP_OK);
+  ck_assert_int_eq(dp__exec_init(&t->xg, 0, t->n, gb, t->bctx, gb->transport, t->bctx),
+                   DP_OK);
   if (with_cpu)
     ck_assert_int_eq(dp__exec_init(&t->xc, 0, t->n, &dp__cpu_backend, NULL,
                                    dp__cpu_backend.transport, NULL),
@@ -269,12 +270,18 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
   ck_assert_msg(dp__cuda_host_alloc(hb, (void **)&t->staging) == DP_OK, "%s",
                 dp_last_error());
   bool training = !cfg->inference;
-  t->eg = (dp_exec_env){
-      .plan = t->pg, .mbs = t->pg->mbs, .rows = cfg->batch, .training = training};
+  t->eg = (dp_exec_env){.plan = t->pg,
+                        .mbs = t->pg->mbs,
+                        .rows = cfg->batch,
+                        .loss_rows = cfg->batch,
+                        .training = training};
   for (int d = 0; d < t->n; d++) t->eg.arena[d] = t->ga[d];
   if (with_cpu) {
-    t->ec = (dp_exec_env){
-        .plan = t->pc, .mbs = t->pc->mbs, .rows = cfg->batch, .training = training};
+    t->ec = (dp_exec_env){.plan = t->pc,
+                          .mbs = t->pc->mbs,
+                          .rows = cfg->batch,
+                          .loss_rows = cfg->batch,
+                          .training = training};
     for (int d = 0; d < t->n; d++) t->ec.arena[d] = t->ca[d];
   }
 }

@@ -66,41 +66,15 @@ static const char WIDE_SPEC[] = "input 2147483647\nlinear 2147483647\nloss mse\n
     ck_assert_msg(dp_last_error()[0] != '\0', "%s: no message", #call);                    \
   } while (0)
 
-/* Every arena byte and the step counter of a context. */
-typedef struct {
-  unsigned char *arena[DP_MAX_DEVICES];
-  size_t bytes[DP_MAX_DEVICES];
-  int n;
-  uint64_t step;
-} snapshot;
-
-static void snap_take(snapshot *s, const dp_ctx *c) {
-  s->n = dp_plan_n_devices(c->plan);
-  for (int d = 0; d < s->n; d++) {
-    s->bytes[d] = dp_plan_device_bytes(c->plan, d);
-    s->arena[d] = malloc(s->bytes[d] ? s->bytes[d] : 1);
-    ck_assert_ptr_nonnull(s->arena[d]);
-    memcpy(s->arena[d], c->arena[d], s->bytes[d]);
-  }
-  s->step = dp_ctx_step(c);
-}
-
-static void snap_check(const snapshot *s, const dp_ctx *c, const char *what) {
-  for (int d = 0; d < s->n; d++)
-    ck_assert_msg(memcmp(s->arena[d], c->arena[d], s->bytes[d]) == 0,
-                  "%s: device %d's arena changed", what, d);
-  ck_assert_msg(dp_ctx_step(c) == s->step, "%s: the step counter changed", what);
-}
-
 /* The state a refused step must leave alone: parameters, gradients and
  * optimizer state, and the step counter. The scratch regions a step runs in
  * (inputs, activations, outputs, loss) may have been written before the
  * refusal, and in classic mode the replicas' parameters are a copy of device
  * 0's that every step refreshes first. */
-static void snap_check_state(const snapshot *s, const dp_ctx *c, const char *what) {
+static void snap_check_state(const ctx_snap *s, const dp_ctx *c, const char *what) {
   static const dp_region kept[] = {DP_REGION_PARAMS, DP_REGION_GRADS, DP_REGION_OPT_STATE};
   bool classic = dp_plan_config(c->plan)->mode == DP_MODE_CLASSIC;
-  for (int d = 0; d < s->n; d++)
+  for (int d = 0; d < s->n_dev; d++)
     for (size_t k = classic && d > 0 ? 1 : 0; k < sizeof kept / sizeof *kept; k++) {
       dp_region_info ri = dp_plan_region(c->plan, d, kept[k]);
       ck_assert_msg(memcmp(s->arena[d] + ri.offset, c->arena[d] + ri.offset, ri.size) == 0,
@@ -109,61 +83,10 @@ static void snap_check_state(const snapshot *s, const dp_ctx *c, const char *wha
   ck_assert_msg(dp_ctx_step(c) == s->step, "%s: the step counter changed", what);
 }
 
-static void snap_free(snapshot *s) {
-  for (int d = 0; d < s->n; d++) free(s->arena[d]);
-}
-
-/* A fresh temporary directory; files go in it; tmp_done removes them all. */
-typedef struct {
-  char dir[256];
-  char files[16][320];
-  int n;
-} tmpdir;
-
-static void tmp_make(tmpdir *t) {
-  const char *base = getenv("TMPDIR");
-  snprintf(t->dir, sizeof t->dir, "%s/dp_hostile_XXXXXX", base && *base ? base : "/tmp");
-  ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp: %s", strerror(errno));
-  t->n = 0;
-}
-
-static const char *tmp_path(tmpdir *t, const char *name) {
-  ck_assert_int_lt(t->n, 16);
-  char path[sizeof t->files[0]];
-  snprintf(path, sizeof path, "%s/%s", t->dir, name);
-  memcpy(t->files[t->n], path, sizeof path);
-  return t->files[t->n++];
-}
-
+/* The file `name` in t, written with n bytes of data: its path. */
 static const char *tmp_write(tmpdir *t, const char *name, const void *data, size_t n) {
-  const char *path = tmp_path(t, name);
-  FILE *f = fopen(path, "wb");
-  ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-  ck_assert_uint_eq(fwrite(data, 1, n, f), n);
-  ck_assert_int_eq(fclose(f), 0);
-  return path;
-}
-
-static void tmp_done(tmpdir *t) {
-  for (int i = 0; i < t->n; i++) {
-    if (rmdir(t->files[i]) != 0) unlink(t->files[i]);
-  }
-  rmdir(t->dir);
-}
-
-static unsigned char *read_all(const char *path, size_t *n) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "%s: %s", path, strerror(errno));
-  ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
-  long len = ftell(f);
-  ck_assert_int_ge(len, 0);
-  rewind(f);
-  unsigned char *b = malloc((size_t)len + 1);
-  ck_assert_ptr_nonnull(b);
-  ck_assert_uint_eq(fread(b, 1, (size_t)len, f), (size_t)len);
-  fclose(f);
-  *n = (size_t)len;
-  return b;
+  file_write(tmp_path(t, name), data, n);
+  return t->path;
 }
 
 /* ==== null_args ==================================================================== */
@@ -257,8 +180,8 @@ START_TEST(context_functions_take_null) {
   rig_open(&r, SEED_SPEC, &cfg);
   float x[4 * 5] = {0}, t[4 * 2] = {0}, y[4 * 2], buf[12];
   ck_assert_int_eq(dp_train_step(r.c, 4, 5, x, t, NULL), DP_OK); /* loss NULL is allowed */
-  snapshot before;
-  snap_take(&before, r.c);
+  ctx_snap before;
+  ctx_snap_take(&before, r.c);
 
   dp_ctx *c = (dp_ctx *)(uintptr_t)1;
   EXPECT(dp_ctx_create(NULL, &c), DP_ERR_INVALID, "NULL");
@@ -300,8 +223,8 @@ START_TEST(context_functions_take_null) {
   ck_assert_ptr_nonnull(dp_ctx_error(r.c));
   ck_assert_msg(dp_ctx_error(r.c)[0] != '\0', "the context kept no error text");
 
-  snap_check(&before, r.c, "NULL arguments");
-  snap_free(&before);
+  ctx_snap_check(&before, r.c, "NULL arguments");
+  ctx_snap_free(&before);
   /* and it still works */
   ck_assert_int_eq(dp_train_step(r.c, 4, 5, x, t, NULL), DP_OK);
   ck_assert_int_eq(dp_forward(r.c, 4, 5, x, y), DP_OK);
@@ -605,8 +528,8 @@ START_TEST(absurd_rows_cols_and_counts) {
   rig_open(&r, SEED_SPEC, &cfg);
   float x[6 * 5] = {0}, t[6 * 2] = {0}, y[6 * 2] = {0};
   float *buf = calloc(r.np + 1, sizeof *buf);
-  snapshot before;
-  snap_take(&before, r.c);
+  ctx_snap before;
+  ctx_snap_take(&before, r.c);
   static const int rows[] = {0, -1, 7, INT_MAX, INT_MIN};
   for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
     EXPECT(dp_train_step(r.c, rows[i], 5, x, t, NULL), DP_ERR_SHAPE, "rows");
@@ -623,8 +546,8 @@ START_TEST(absurd_rows_cols_and_counts) {
     EXPECT(dp_set_params(r.c, buf, counts[i]), DP_ERR_SHAPE, "parameters");
     EXPECT(dp_get_grads(r.c, buf, counts[i]), DP_ERR_SHAPE, "parameters");
   }
-  snap_check(&before, r.c, "absurd arguments");
-  snap_free(&before);
+  ctx_snap_check(&before, r.c, "absurd arguments");
+  ctx_snap_free(&before);
   ck_assert_uint_eq(dp_ctx_high_water(r.c, -1), 0);
   ck_assert_uint_eq(dp_ctx_high_water(r.c, 2), 0);
   ck_assert_uint_eq(dp_ctx_high_water(r.c, INT_MAX), 0);
@@ -670,8 +593,8 @@ START_TEST(nonfinite_inputs_are_refused_and_change_nothing) {
           float xb[8 * 5];
           memcpy(xb, x, sizeof xb);
           xb[where ? 8 * in - 1 : 0] = bad[k];
-          snapshot before;
-          snap_take(&before, a.c);
+          ctx_snap before;
+          ctx_snap_take(&before, a.c);
           float loss = 123.0f;
           dp_status s = dp_train_step(a.c, 8, in, xb, t, &loss);
           ck_assert_msg(s == DP_ERR_NONFINITE, "mode %d ce %d value %g: %s (%s)", mode, ce,
@@ -682,18 +605,18 @@ START_TEST(nonfinite_inputs_are_refused_and_change_nothing) {
           char what[64];
           snprintf(what, sizeof what, "mode %d, ce %d, x = %g", mode, ce, (double)bad[k]);
           snap_check_state(&before, a.c, what);
-          snap_free(&before);
+          ctx_snap_free(&before);
         }
       /* non-finite mse targets too */
       if (!ce) {
         float tb[8 * 3];
         memcpy(tb, tf, sizeof tb);
         tb[3] = NAN;
-        snapshot before;
-        snap_take(&before, a.c);
+        ctx_snap before;
+        ctx_snap_take(&before, a.c);
         ck_assert_int_eq(dp_train_step(a.c, 8, in, x, tb, NULL), DP_ERR_NONFINITE);
         snap_check_state(&before, a.c, "non-finite target");
-        snap_free(&before);
+        ctx_snap_free(&before);
       }
       ck_assert_int_eq(dp_train_step(a.c, 8, in, x, t, NULL), DP_OK);
       ck_assert_int_eq(dp_train_step(b.c, 8, in, x, t, NULL), DP_OK);
@@ -711,8 +634,8 @@ START_TEST(labels_out_of_range_are_refused) {
   rig_open(&r, CE_SPEC, &cfg);
   float x[4 * 4] = {0};
   static const int32_t bad[] = {-1, 3, 4, INT32_MAX, INT32_MIN};
-  snapshot before;
-  snap_take(&before, r.c);
+  ctx_snap before;
+  ctx_snap_take(&before, r.c);
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
     for (int row = 0; row < 4; row += 3) {
       int32_t t[4] = {0, 1, 2, 0};
@@ -726,7 +649,7 @@ START_TEST(labels_out_of_range_are_refused) {
   ck_assert_int_eq(dp_train_step(r.c, 3, 4, x, t, NULL), DP_OK);
   before.step++;
   ck_assert_uint_eq(dp_ctx_step(r.c), before.step);
-  snap_free(&before);
+  ctx_snap_free(&before);
   rig_close(&r);
 }
 END_TEST
@@ -783,7 +706,7 @@ typedef struct {
 } ckpt_rig;
 
 static void ckpt_open(ckpt_rig *k) {
-  tmp_make(&k->t);
+  tmp_make(&k->t, "dp_hostile", NULL);
   for (int i = 0; i < FIXTURE_N; i++) {
     ck_assert_msg(fixture_make(i, FIXTURE_MODEL, &k->fx[i]) == DP_OK, "fixture %d: %s", i,
                   dp_last_error());
@@ -793,7 +716,7 @@ static void ckpt_open(ckpt_rig *k) {
     const char *path = tmp_path(&k->t, name);
     ck_assert_msg(dp_ckpt_save(k->fx[i].ctx, path) == DP_OK, "%s",
                   dp_ctx_error(k->fx[i].ctx));
-    k->file[i] = read_all(path, &k->len[i]);
+    k->file[i] = file_read(path, &k->len[i]);
     ck_assert_msg(dp_ckpt_load(k->fx[i].ctx, path) == DP_OK, "%s",
                   dp_ctx_error(k->fx[i].ctx));
   }
@@ -810,13 +733,13 @@ static void ckpt_close(ckpt_rig *k) {
 /* Loading `path` into every fixture is refused with a message; nothing changes. */
 static void refused_everywhere(ckpt_rig *k, const char *path, const char *what) {
   for (int i = 0; i < FIXTURE_N; i++) {
-    snapshot before;
-    snap_take(&before, k->fx[i].ctx);
+    ctx_snap before;
+    ctx_snap_take(&before, k->fx[i].ctx);
     dp_status s = dp_ckpt_load(k->fx[i].ctx, path);
     ck_assert_msg(s != DP_OK, "%s: fixture %d accepted it", what, i);
     ck_assert_msg(dp_ctx_error(k->fx[i].ctx)[0] != '\0', "%s: no message", what);
-    snap_check(&before, k->fx[i].ctx, what);
-    snap_free(&before);
+    ctx_snap_check(&before, k->fx[i].ctx, what);
+    ctx_snap_free(&before);
   }
 }
 
@@ -858,11 +781,11 @@ START_TEST(oversized_checkpoints_are_refused_without_reading_them) {
   FILE *f = fopen(path, "wb");
   ck_assert_uint_eq(fwrite(b, 1, n + 1, f), n + 1);
   fclose(f);
-  snapshot before;
-  snap_take(&before, k.fx[0].ctx);
+  ctx_snap before;
+  ctx_snap_take(&before, k.fx[0].ctx);
   EXPECT(dp_ckpt_load(k.fx[0].ctx, path), DP_ERR_PARSE, "trailing");
-  snap_check(&before, k.fx[0].ctx, "a trailing byte");
-  snap_free(&before);
+  ctx_snap_check(&before, k.fx[0].ctx, "a trailing byte");
+  ctx_snap_free(&before);
   f = fopen(path, "wb");
   ck_assert_uint_eq(fwrite(b, 1, n + (1 << 20), f), n + (1 << 20));
   fclose(f);
@@ -916,12 +839,12 @@ START_TEST(foreign_and_non_files_are_refused) {
   refused_everywhere(&k, "/nonexistent/dir/x.ckpt", "a missing file");
   EXPECT(dp_ckpt_load(k.fx[0].ctx, k.t.dir), DP_ERR_IO, "not a regular file");
   /* saving into a directory that does not exist, or over a directory */
-  snapshot before;
-  snap_take(&before, k.fx[0].ctx);
+  ctx_snap before;
+  ctx_snap_take(&before, k.fx[0].ctx);
   EXPECT(dp_ckpt_save(k.fx[0].ctx, "/nonexistent/dir/x.ckpt"), DP_ERR_IO, "x.ckpt");
   REFUSED(dp_ckpt_save(k.fx[0].ctx, k.t.dir));
-  snap_check(&before, k.fx[0].ctx, "failed saves");
-  snap_free(&before);
+  ctx_snap_check(&before, k.fx[0].ctx, "failed saves");
+  ctx_snap_free(&before);
   ckpt_close(&k);
 }
 END_TEST
@@ -930,7 +853,7 @@ END_TEST
 
 START_TEST(csv_with_a_ten_megabyte_line) {
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_hostile", NULL);
   size_t n = 10u << 20;
   char *b = malloc(n + 16);
   ck_assert_ptr_nonnull(b);
@@ -976,7 +899,7 @@ END_TEST
 
 START_TEST(csv_line_over_the_limit_and_endless_files) {
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_hostile", NULL);
   /* no newline for more than DPT_MAX_LINE bytes: refused at the limit */
   const char *path = tmp_path(&t, "endless.csv");
   int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -1015,7 +938,7 @@ END_TEST
 
 START_TEST(binary_garbage_and_directories) {
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_hostile", NULL);
   unsigned char junk[65536];
   uint64_t s = 12345;
   for (size_t i = 0; i < sizeof junk; i++) {

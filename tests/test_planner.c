@@ -744,6 +744,11 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       }
       n_opt++;
       break;
+    case DP_OP_GRAD_ACCUM: /* accumulate: device 0's whole gradient, classic */
+    case DP_OP_GRAD_STASH:
+      REQ_EQ(op->device, 0);
+      REQ(p->cfg.accumulate > 1, "op %d: accumulation without accumulate", i);
+      break;
     case DP_OP_GRAD_NORM: /* clip_grad_norm: device 0's whole gradient, classic */
     case DP_OP_GRAD_CLIP:
       REQ_EQ(op->device, 0);

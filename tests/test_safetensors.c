@@ -18,23 +18,17 @@
  *               counter and the parameters' hash unchanged; a directory or a
  *               FIFO is DP_ERR_IO at once; NULL and empty arguments
  *   export_io   exporting into a missing directory or over a directory:
- *               DP_ERR_IO and no file (temporary or not) left behind
- *
- * lib/ctx.h is used only to snapshot a context's arenas. */
+ *               DP_ERR_IO and no file (temporary or not) left behind */
 #include "dp.h"
-#include "ctx.h"
 #include "helpers.h"
 
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 /* Every kind of layer: linear with and without a bias, layernorm, the
@@ -104,22 +98,6 @@ static void run_steps(rig *r, int from, int to) {
   free(ty);
 }
 
-static float *params_of(rig *r) {
-  float *p = malloc((r->np ? r->np : 1) * sizeof *p);
-  ck_assert_ptr_nonnull(p);
-  ck_assert_int_eq(dp_get_params(r->c, p, r->np), DP_OK);
-  return p;
-}
-
-static void assert_same_params(rig *a, rig *b, const char *what) {
-  ck_assert_msg(a->np == b->np, "%s: parameter counts differ", what);
-  float *pa = params_of(a), *pb = params_of(b);
-  ck_assert_msg(memcmp(pa, pb, a->np * 4) == 0, "%s: parameters differ", what);
-  ck_assert_msg(dp_params_hash(a->c) == dp_params_hash(b->c), "%s: hashes differ", what);
-  free(pa);
-  free(pb);
-}
-
 static void export_ok(rig *r, const char *path) {
   dp_status s = dp_ckpt_export_safetensors(r->c, path);
   ck_assert_msg(s == DP_OK, "export %s: %s: %s", path, dp_status_name(s),
@@ -132,73 +110,6 @@ static void import_ok(rig *r, const char *path) {
                 dp_ctx_error(r->c));
 }
 
-/* A fresh directory for the test's files; removed (with its files) by tmp_done. */
-typedef struct {
-  char dir[256];
-  char path[300];
-} tmpdir;
-
-static void tmp_make(tmpdir *t) {
-  const char *base = getenv("TMPDIR");
-  snprintf(t->dir, sizeof t->dir, "%s/dp_st_XXXXXX", base && *base ? base : "/tmp");
-  ck_assert_msg(mkdtemp(t->dir) != NULL, "mkdtemp: %s", strerror(errno));
-  snprintf(t->path, sizeof t->path, "%s/model.safetensors", t->dir);
-}
-
-/* Names in dir (not . and ..). */
-static int dir_entries(const char *dir) {
-  DIR *d = opendir(dir);
-  ck_assert_ptr_nonnull(d);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)))
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  closedir(d);
-  return n;
-}
-
-static void tmp_done(tmpdir *t) {
-  DIR *d = opendir(t->dir);
-  ck_assert_ptr_nonnull(d);
-  struct dirent *e;
-  char p[600];
-  while ((e = readdir(d))) {
-    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-    snprintf(p, sizeof p, "%s/%s", t->dir, e->d_name);
-    unlink(p);
-  }
-  closedir(d);
-  rmdir(t->dir);
-}
-
-static unsigned char *file_read(const char *path, size_t *len) {
-  FILE *f = fopen(path, "rb");
-  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
-  fseek(f, 0, SEEK_END);
-  long n = ftell(f);
-  fseek(f, 0, SEEK_SET);
-  unsigned char *b = malloc(n > 0 ? (size_t)n + 1 : 1);
-  ck_assert_ptr_nonnull(b);
-  ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
-  fclose(f);
-  *len = (size_t)n;
-  return b;
-}
-
-static void file_write(const char *path, const void *b, size_t len) {
-  unlink(path);
-  FILE *f = fopen(path, "wb");
-  ck_assert_msg(f != NULL, "open %s: %s", path, strerror(errno));
-  ck_assert_int_eq(fwrite(b, 1, len, f), len);
-  ck_assert_int_eq(fclose(f), 0);
-}
-
-static uint32_t le32(const unsigned char *b) {
-  return (uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 24;
-}
-static uint64_t le64(const unsigned char *b) {
-  return le32(b) | (uint64_t)le32(b + 4) << 32;
-}
 static void put_le64(unsigned char *b, uint64_t v) {
   for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
 }
@@ -206,6 +117,24 @@ static void put_f32(unsigned char *b, float f) {
   uint32_t u;
   memcpy(&u, &f, 4);
   for (int i = 0; i < 4; i++) b[i] = (unsigned char)(u >> (8 * i));
+}
+
+/* What the refusal tests start from: a context of SMALL_SPEC on two devices
+ * (mode, seed) after `steps` steps, a fresh directory and a snapshot of the
+ * context; refusal_close frees them. */
+static void refusal_open(rig *r, tmpdir *t, ctx_snap *sn, dp_mode mode, uint64_t seed,
+                         int steps) {
+  dp_config cfg = cfg_make(2, mode, seed);
+  rig_open(r, SMALL_SPEC, &cfg);
+  tmp_make(t, "dp_st", "model.safetensors");
+  run_steps(r, 0, steps);
+  ctx_snap_take(sn, r->c);
+}
+
+static void refusal_close(rig *r, tmpdir *t, ctx_snap *sn) {
+  ctx_snap_free(sn);
+  tmp_done(t);
+  rig_close(r);
 }
 
 /* A safetensors file: the 8-byte length `hlen` (the header's own length when
@@ -220,40 +149,6 @@ static void st_write(const char *path, uint64_t hlen, const char *hdr, const voi
   if (dlen) memcpy(b + 8 + n, data, dlen);
   file_write(path, b, 8 + n + dlen);
   free(b);
-}
-
-/* Every arena byte, the step counter and the parameters' hash of a context:
- * what a refused import must leave alone. */
-typedef struct {
-  int n_dev;
-  unsigned char *arena[DP_MAX_DEVICES];
-  size_t bytes[DP_MAX_DEVICES];
-  uint64_t step, hash;
-} snapshot;
-
-static void snap_take(snapshot *s, rig *r) {
-  memset(s, 0, sizeof *s);
-  s->n_dev = dp_plan_n_devices(r->p);
-  for (int d = 0; d < s->n_dev; d++) {
-    s->bytes[d] = dp_plan_device_bytes(r->p, d);
-    s->arena[d] = malloc(s->bytes[d] ? s->bytes[d] : 1);
-    ck_assert_ptr_nonnull(s->arena[d]);
-    memcpy(s->arena[d], r->c->arena[d], s->bytes[d]);
-  }
-  s->step = r->c->step;
-  s->hash = dp_params_hash(r->c);
-}
-
-static void snap_check(const snapshot *s, rig *r, const char *what) {
-  ck_assert_msg(dp_params_hash(r->c) == s->hash, "%s: the parameters' hash changed", what);
-  ck_assert_msg(r->c->step == s->step, "%s: the step counter changed", what);
-  for (int d = 0; d < s->n_dev; d++)
-    ck_assert_msg(memcmp(s->arena[d], r->c->arena[d], s->bytes[d]) == 0,
-                  "%s: device %d's arena changed", what, d);
-}
-
-static void snap_free(snapshot *s) {
-  for (int d = 0; d < s->n_dev; d++) free(s->arena[d]);
 }
 
 /* ---- round trip -------------------------------------------------------------------- */
@@ -274,7 +169,7 @@ START_TEST(test_export_import_is_bit_identical) {
   rig_open(&a, MIX_SPEC, &ca);
   rig_open(&b, MIX_SPEC, &cb);
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   run_steps(&a, 0, 3);
   float *pa = params_of(&a), *pb = params_of(&b);
   ck_assert_msg(memcmp(pa, pb, a.np * 4) != 0,
@@ -306,7 +201,7 @@ START_TEST(test_import_is_set_params) {
   rig_open(&b, MIX_SPEC, &c);
   rig_open(&other, MIX_SPEC, &co);
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   run_steps(&a, 0, 4);
   run_steps(&b, 0, 4);
   run_steps(&other, 50, 52);
@@ -339,7 +234,7 @@ START_TEST(test_file_independent_of_devices_and_mode) {
     return;
   }
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   run_steps(&a, 0, 3);
   run_steps(&b, 0, 3);
   char pb[400];
@@ -383,7 +278,7 @@ START_TEST(test_file_layout) {
   rig r;
   rig_open(&r, MIX_SPEC, &cfg);
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   run_steps(&r, 0, 2);
   export_ok(&r, t.path);
   size_t len;
@@ -457,7 +352,7 @@ START_TEST(test_seed_example) {
   rig r;
   rig_open(&r, (const char *)spec, &cfg);
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   export_ok(&r, t.path);
   size_t len;
   unsigned char *b = file_read(t.path, &len);
@@ -554,7 +449,7 @@ START_TEST(test_hand_built_file_is_taken) {
   rig_open(&r, SMALL_SPEC, &cfg);
   ck_assert_uint_eq(r.np, SMALL_NP);
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   run_steps(&r, 0, 2);
   unsigned char d[4 * SMALL_NP];
   if (_i == 1)
@@ -740,15 +635,11 @@ static const struct {
 #define N_HOSTILE ((int)(sizeof HOSTILE / sizeof HOSTILE[0]))
 
 START_TEST(test_hostile_file_is_refused) {
-  dp_config cfg = cfg_make(2, DP_MODE_ALLREDUCE, 3);
   rig r;
-  rig_open(&r, SMALL_SPEC, &cfg);
-  ck_assert_uint_eq(r.np, SMALL_NP);
   tmpdir t;
-  tmp_make(&t);
-  run_steps(&r, 0, 2);
-  snapshot sn;
-  snap_take(&sn, &r);
+  ctx_snap sn;
+  refusal_open(&r, &t, &sn, DP_MODE_ALLREDUCE, 3, 2);
+  ck_assert_uint_eq(r.np, SMALL_NP);
   unsigned char d[4 * SMALL_NP];
   small_data(d);
   const char *what = HOSTILE[_i].what;
@@ -804,14 +695,12 @@ START_TEST(test_hostile_file_is_refused) {
                 "%s: message '%s' lacks '%s'", what, dp_ctx_error(r.c), HOSTILE[_i].needle);
   ck_assert_msg(strstr(dp_ctx_error(r.c), t.path) != NULL,
                 "%s: message '%s' lacks the path", what, dp_ctx_error(r.c));
-  snap_check(&sn, &r, what);
+  ctx_snap_check(&sn, r.c, what);
   /* the context still works, and the same data in a good file is taken */
   run_steps(&r, 2, 3);
   st_write(t.path, UINT64_MAX, "{" ALL "}", d, sizeof d);
   if (HOSTILE[_i].raw != RAW_NAN && HOSTILE[_i].raw != RAW_INF) import_ok(&r, t.path);
-  snap_free(&sn);
-  tmp_done(&t);
-  rig_close(&r);
+  refusal_close(&r, &t, &sn);
 }
 END_TEST
 
@@ -823,23 +712,23 @@ START_TEST(test_other_models_file_is_refused) {
   rig_open(&b, MIX17_SPEC, &cfg);
   rig_open(&small, SMALL_SPEC, &cfg);
   tmpdir t;
-  tmp_make(&t);
+  tmp_make(&t, "dp_st", "model.safetensors");
   export_ok(&b, t.path);
-  snapshot sn;
-  snap_take(&sn, &a);
+  ctx_snap sn;
+  ctx_snap_take(&sn, a.c);
   ck_assert_int_eq(dp_ckpt_import_safetensors(a.c, t.path), DP_ERR_SHAPE);
   ck_assert_msg(
       strstr(dp_ctx_error(a.c), "tensor '0.weight' is [17, 12]; the model's is [16, 12]"),
       "%s", dp_ctx_error(a.c));
-  snap_check(&sn, &a, "MIX17 into MIX");
+  ctx_snap_check(&sn, a.c, "MIX17 into MIX");
   /* a model with other tensor names: the first unknown one is named */
   ck_assert_int_eq(dp_ckpt_import_safetensors(small.c, t.path), DP_ERR_INVALID);
   ck_assert_msg(strstr(dp_ctx_error(small.c), "'4.weight' that the model does not"), "%s",
                 dp_ctx_error(small.c));
   export_ok(&small, t.path);
   ck_assert_int_eq(dp_ckpt_import_safetensors(a.c, t.path), DP_ERR_INVALID);
-  snap_check(&sn, &a, "SMALL into MIX");
-  snap_free(&sn);
+  ctx_snap_check(&sn, a.c, "SMALL into MIX");
+  ctx_snap_free(&sn);
   tmp_done(&t);
   rig_close(&a);
   rig_close(&b);
@@ -850,27 +739,12 @@ END_TEST
 /* A FIFO without a writer, a directory, a missing file: DP_ERR_IO at once (the
  * alarm turns a hang into a failure). NULL and empty arguments: DP_ERR_INVALID. */
 START_TEST(test_not_a_file_and_bad_arguments) {
-  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 5);
   rig r;
-  rig_open(&r, SMALL_SPEC, &cfg);
   tmpdir t;
-  tmp_make(&t);
-  run_steps(&r, 0, 1);
-  snapshot sn;
-  snap_take(&sn, &r);
+  ctx_snap sn;
+  refusal_open(&r, &t, &sn, DP_MODE_CLASSIC, 5, 1);
+  expect_not_a_file_refused(r.c, dp_ckpt_import_safetensors, t.dir, "fifo.safetensors");
   char p[400];
-  snprintf(p, sizeof p, "%s/fifo.safetensors", t.dir);
-  ck_assert_int_eq(mkfifo(p, 0600), 0);
-  alarm(10);
-  dp_status s = dp_ckpt_import_safetensors(r.c, p);
-  alarm(0);
-  ck_assert_int_eq(s, DP_ERR_IO);
-  ck_assert_msg(strstr(dp_ctx_error(r.c), "is not a regular file (a FIFO)"), "%s",
-                dp_ctx_error(r.c));
-  ck_assert_int_eq(unlink(p), 0);
-  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, t.dir), DP_ERR_IO);
-  ck_assert_msg(strstr(dp_ctx_error(r.c), "is not a regular file (a directory)"), "%s",
-                dp_ctx_error(r.c));
   snprintf(p, sizeof p, "%s/missing.safetensors", t.dir);
   ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, p), DP_ERR_IO);
   ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
@@ -885,15 +759,13 @@ START_TEST(test_not_a_file_and_bad_arguments) {
   ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, ""), DP_ERR_INVALID);
   ck_assert_msg(strstr(dp_ctx_error(r.c), "empty"), "%s", dp_ctx_error(r.c));
   ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, ""), DP_ERR_INVALID);
-  snap_check(&sn, &r, "not a file, bad arguments");
+  ctx_snap_check(&sn, r.c, "not a file, bad arguments");
   ck_assert_int_eq(dir_entries(t.dir), 0);
   /* a regular file still works (O_NONBLOCK is cleared before reading) */
   export_ok(&r, t.path);
   import_ok(&r, t.path);
-  snap_check(&sn, &r, "own export imported");
-  snap_free(&sn);
-  tmp_done(&t);
-  rig_close(&r);
+  ctx_snap_check(&sn, r.c, "own export imported");
+  refusal_close(&r, &t, &sn);
 }
 END_TEST
 
@@ -901,38 +773,18 @@ END_TEST
  */
 
 START_TEST(test_export_io_errors) {
-  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 5);
   rig r;
-  rig_open(&r, SMALL_SPEC, &cfg);
   tmpdir t;
-  tmp_make(&t);
-  snapshot sn;
-  snap_take(&sn, &r);
-  char p[400];
-  /* into a directory that does not exist: nothing is created */
-  snprintf(p, sizeof p, "%s/no/such/dir/x.safetensors", t.dir);
-  ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, p), DP_ERR_IO);
-  ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
-                "%s", dp_ctx_error(r.c));
-  struct stat st;
-  ck_assert_int_ne(stat(p, &st), 0);
-  ck_assert_int_eq(dir_entries(t.dir), 0);
-  /* over a directory: refused, and the temporary file removed */
-  snprintf(p, sizeof p, "%s/adir", t.dir);
-  ck_assert_int_eq(mkdir(p, 0755), 0);
-  ck_assert_int_eq(dp_ckpt_export_safetensors(r.c, p), DP_ERR_IO);
-  ck_assert_int_eq(dir_entries(t.dir), 1);
-  ck_assert_int_eq(dir_entries(p), 0);
-  ck_assert_int_eq(rmdir(p), 0);
+  ctx_snap sn;
+  refusal_open(&r, &t, &sn, DP_MODE_CLASSIC, 5, 0);
+  expect_write_refused(r.c, dp_ckpt_export_safetensors, t.dir, "x.safetensors");
   /* over an existing file: replaced whole, no temporary file left */
   file_write(t.path, "old contents", 12);
   export_ok(&r, t.path);
   ck_assert_int_eq(dir_entries(t.dir), 1);
   import_ok(&r, t.path);
-  snap_check(&sn, &r, "export errors");
-  snap_free(&sn);
-  tmp_done(&t);
-  rig_close(&r);
+  ctx_snap_check(&sn, r.c, "export errors");
+  refusal_close(&r, &t, &sn);
 }
 END_TEST
 

@@ -7,8 +7,13 @@
 
 enum { OPT_SAFETENSORS = DPT_OPT_USER, OPT_MODEL, OPT_OUT };
 
+/* A command's command line: its own options, the config and common options
+ * (dpt_parse_args) and its one input file. */
 typedef struct {
   const char *safetensors, *model, *out;
+  dp_config cfg;
+  dpt_common common;
+  const char *in;
 } weights_opts;
 
 static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
@@ -62,16 +67,23 @@ static void import_usage(FILE *f) {
         f);
 }
 
-static int parse(int argc, char **argv, const char *cmd, weights_opts *o, dp_config *cfg,
-                 dpt_common *common, int need_model) {
+/* Parses the command line into *o; --help prints usage(stdout). Returns -1 to
+ * go on, else the exit status. */
+static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
+                 int need_model, weights_opts *o) {
+  memset(o, 0, sizeof *o);
+  dpt_common *common = &o->common;
   static const struct option extra[] = {
       {"safetensors", required_argument, NULL, OPT_SAFETENSORS},
       {"model", required_argument, NULL, OPT_MODEL},
       {"out", required_argument, NULL, OPT_OUT},
       {0, 0, 0, 0}};
   char err[512];
-  int r = dpt_parse_args(argc, argv, extra, on_option, o, cfg, common, err, sizeof err);
-  if (r == DPT_ARGS_HELP) return DPT_ARGS_HELP;
+  int r = dpt_parse_args(argc, argv, extra, on_option, o, &o->cfg, common, err, sizeof err);
+  if (r == DPT_ARGS_HELP) {
+    usage(stdout);
+    return DPT_EXIT_OK;
+  }
   if (r == DPT_ARGS_OK && common->n_args != 1) {
     snprintf(err, sizeof err, "%s",
              common->n_args ? "one input file, please"
@@ -97,89 +109,82 @@ static int parse(int argc, char **argv, const char *cmd, weights_opts *o, dp_con
   }
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp %s: %s\n(see dp %s --help)\n", cmd, err, cmd);
-    return DPT_ARGS_ERROR;
+    return DPT_EXIT_USAGE;
   }
-  return DPT_ARGS_OK;
+  o->in = argv[common->first_arg];
+  return -1;
+}
+
+/* The model, plan and context a command makes. */
+typedef struct {
+  dp_model *m;
+  dp_plan *p;
+  dp_ctx *c;
+} weights_rig;
+
+/* Frees what w holds; returns rc. */
+static int finish(weights_rig *w, int rc) {
+  dp_ctx_free(w->c);
+  dp_plan_free(w->p);
+  dp_model_free(w->m);
+  return rc;
+}
+
+/* "dp <cmd>: <libdp's message>" (the context's once there is one), then finish. */
+static int lib_fail(const char *cmd, weights_rig *w) {
+  fprintf(stderr, "dp %s: %s\n", cmd,
+          dpt_user_msg(w->c ? dp_ctx_error(w->c) : dp_last_error()));
+  return finish(w, DPT_EXIT_FAIL);
 }
 
 int dpt_cmd_export(int argc, char **argv) {
-  weights_opts o = {0};
-  dp_config cfg;
-  dpt_common common;
-  int r = parse(argc, argv, "export", &o, &cfg, &common, 0);
-  if (r == DPT_ARGS_HELP) {
-    export_usage(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r) return DPT_EXIT_USAGE;
-  const char *ckpt = argv[common.first_arg];
+  weights_opts o;
+  int r = parse(argc, argv, "export", export_usage, 0, &o);
+  if (r >= 0) return r;
+  const char *ckpt = o.in;
   char err[512];
-  dp_model *m = NULL;
-  dp_plan *p = NULL;
-  dp_ctx *c = NULL;
-  int rc = DPT_EXIT_FAIL;
   if (dpt_check_writable(o.safetensors, "safetensors file", 1, err, sizeof err)) {
     fprintf(stderr, "dp export: %s\n", err);
     return DPT_EXIT_FAIL;
   }
+  weights_rig w = {0};
   dp_ckpt_summary info;
   /* the parameters only: an inference context of one device takes any checkpoint */
+  dp_config cfg;
   dp_config_default(&cfg);
   cfg.batch = 1;
   cfg.inference = 1;
-  if (dp_ckpt_info(ckpt, &m, &info) || dp_plan_create(m, &cfg, &p) ||
-      dp_ctx_create(p, &c) || dp_ckpt_load(c, ckpt) ||
-      dp_ckpt_export_safetensors(c, o.safetensors)) {
-    fprintf(stderr, "dp export: %s\n", dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
-    goto out;
-  }
-  printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt, dp_model_n_tensors(m),
-         dp_model_n_params(m), o.safetensors);
-  rc = DPT_EXIT_OK;
-out:
-  dp_ctx_free(c);
-  dp_plan_free(p);
-  dp_model_free(m);
-  return rc;
+  if (dp_ckpt_info(ckpt, &w.m, &info) || dp_plan_create(w.m, &cfg, &w.p) ||
+      dp_ctx_create(w.p, &w.c) || dp_ckpt_load(w.c, ckpt) ||
+      dp_ckpt_export_safetensors(w.c, o.safetensors))
+    return lib_fail("export", &w);
+  printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt,
+         dp_model_n_tensors(w.m), dp_model_n_params(w.m), o.safetensors);
+  return finish(&w, DPT_EXIT_OK);
 }
 
 int dpt_cmd_import(int argc, char **argv) {
-  weights_opts o = {0};
-  dp_config cfg;
-  dpt_common common;
-  int r = parse(argc, argv, "import", &o, &cfg, &common, 1);
-  if (r == DPT_ARGS_HELP) {
-    import_usage(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r) return DPT_EXIT_USAGE;
-  const char *st = argv[common.first_arg];
+  weights_opts o;
+  int r = parse(argc, argv, "import", import_usage, 1, &o);
+  if (r >= 0) return r;
+  const char *st = o.in;
+  dp_config *cfg = &o.cfg;
   char err[512];
-  dp_model *m = NULL;
-  dp_plan *p = NULL;
-  dp_ctx *c = NULL;
-  int rc = DPT_EXIT_FAIL;
-  if (dpt_load_model(o.model, &m, err, sizeof err) ||
-      dpt_require_loss(o.model, m, NULL, err, sizeof err) ||
+  weights_rig w = {0};
+  if (dpt_load_model(o.model, &w.m, err, sizeof err) ||
+      dpt_require_loss(o.model, w.m, NULL, err, sizeof err) ||
       dpt_check_writable(o.out, "checkpoint", 1, err, sizeof err)) {
     fprintf(stderr, "dp import: %s\n", err);
-    goto out;
+    return finish(&w, DPT_EXIT_FAIL);
   }
   /* the checkpoint is layout-free: one device plans it; the batch is any */
-  cfg.n_devices = 1;
-  cfg.ranks = 1;
-  if (!cfg.batch) cfg.batch = 1;
-  if (dp_plan_create(m, &cfg, &p) || dp_ctx_create(p, &c) ||
-      dp_ckpt_import_safetensors(c, st) || dp_ckpt_save(c, o.out)) {
-    fprintf(stderr, "dp import: %s\n", dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
-    goto out;
-  }
+  cfg->n_devices = 1;
+  cfg->ranks = 1;
+  if (!cfg->batch) cfg->batch = 1;
+  if (dp_plan_create(w.m, cfg, &w.p) || dp_ctx_create(w.p, &w.c) ||
+      dp_ckpt_import_safetensors(w.c, st) || dp_ckpt_save(w.c, o.out))
+    return lib_fail("import", &w);
   printf("dp import: %s -> %s (step 0, %s, seed %llu)\n", st, o.out,
-         dp_optimizer_name(dp_plan_config(p)->optimizer), (unsigned long long)cfg.seed);
-  rc = DPT_EXIT_OK;
-out:
-  dp_ctx_free(c);
-  dp_plan_free(p);
-  dp_model_free(m);
-  return rc;
+         dp_optimizer_name(dp_plan_config(w.p)->optimizer), (unsigned long long)cfg->seed);
+  return finish(&w, DPT_EXIT_OK);
 }

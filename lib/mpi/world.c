@@ -18,6 +18,7 @@
 #include <time.h>
 
 #define MAX_CHILDREN 32
+#define NCACHE 3 /* the context's schedules: training, inference, an accumulating call */
 
 typedef struct {
   int peer, dev;
@@ -32,11 +33,11 @@ typedef struct {
   int timeout_ms, tag_ub, dev0, local, cap;
   bool lost;
   char lost_msg[DP_ERRMSG_CAP / 2];
-  xfer *x[2]; /* per cache: (n[cache]) */
-  int n[2];
-  int *slot[2]; /* per cache: (cap) schedule index -> x index, -1 none */
+  xfer *x[NCACHE]; /* per cache: (n[cache]) */
+  int n[NCACHE];
+  int *slot[NCACHE]; /* per cache: (cap) schedule index -> x index, -1 none */
   /* per local device: the transfers it started and has not completed */
-  int *pend[DP_MAX_DEVICES]; /* (2 * cap) entries: cache * cap + x index */
+  int *pend[DP_MAX_DEVICES]; /* (NCACHE * cap) entries: cache * cap + x index */
   int npend[DP_MAX_DEVICES];
   unsigned char *bounce; /* a host source's bytes while its send is in flight */
   size_t bounce_bytes;
@@ -127,11 +128,11 @@ static dp_status w_prepare(void *wv, int cache, const dp_world_xfer *xs, int n) 
     const dp_world_xfer *q = &xs[i];
     if (q->k >= w->cap) return DP_FAIL(DP_ERR_BACKEND, "world: schedule index %d", q->k);
     /* tags: the op's index, apart per cache */
-    long tag = 2L * q->k + cache;
+    long tag = (long)NCACHE * q->k + cache;
     if (tag > w->tag_ub)
       return DP_FAIL(DP_ERR_UNSUPPORTED,
                      "this schedule has more ops (%d) than this MPI's tags can name (%d)",
-                     q->k, w->tag_ub / 2);
+                     q->k, w->tag_ub / NCACHE);
     /* counts are ints: bytes, or 4-byte words for larger transfers (floats) */
     MPI_Datatype type = MPI_BYTE;
     size_t count = q->bytes;
@@ -272,7 +273,7 @@ static void w_free(void *wv) {
   /* A lost world leaves its requests: a peer that never comes would block
    * freeing them; the job is ending. */
   if (!w->lost) {
-    for (int c = 0; c < 2; c++)
+    for (int c = 0; c < NCACHE; c++)
       if (w->slot[c]) free_cache(w, c);
     MPI_Request *all[] = {&w->up_send, &w->down_recv};
     for (int i = 0; i < 2; i++)
@@ -284,7 +285,7 @@ static void w_free(void *wv) {
     if (w->data != MPI_COMM_NULL) MPI_Comm_free(&w->data);
     if (w->ctl != MPI_COMM_NULL) MPI_Comm_free(&w->ctl);
   }
-  for (int c = 0; c < 2; c++) {
+  for (int c = 0; c < NCACHE; c++) {
     free(w->x[c]);
     free(w->slot[c]);
   }
@@ -350,14 +351,14 @@ static dp_status world_new(const dp_plan *p, MPI_Comm comm, mpi_world **out) {
                     (m->loss == DP_LOSS_MSE ? (size_t)dp_model_output_width(m) * 4 : 4);
   w->bounce = malloc(w->bounce_bytes ? w->bounce_bytes : 1);
   bool ok = w->bounce;
-  for (int i = 0; i < 2 && ok; i++) {
+  for (int i = 0; i < NCACHE && ok; i++) {
     w->x[i] = malloc((size_t)w->cap * sizeof *w->x[i]);
     w->slot[i] = malloc((size_t)w->cap * sizeof *w->slot[i]);
     ok = w->x[i] && w->slot[i];
     for (int k = 0; ok && k < w->cap; k++) w->slot[i][k] = -1;
   }
   for (int d = 0; d < w->local && ok; d++)
-    ok = (w->pend[d] = malloc(2 * (size_t)w->cap * sizeof *w->pend[d])) != NULL;
+    ok = (w->pend[d] = malloc(NCACHE * (size_t)w->cap * sizeof *w->pend[d])) != NULL;
   if (!ok) return DP_FAIL(DP_ERR_NOMEM, "world: out of memory");
   return make_tree(w);
 }

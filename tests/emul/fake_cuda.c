@@ -771,6 +771,7 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   for (int d = 0; d < c->n; d++) e.arena[d] = c->dev[d].rw;
   e.mbs = mbs;
   e.rows = k->rows;
+  e.loss_rows = k->rows; /* the cuda backend does not accumulate (the planner refuses) */
   e.training = k->training;
   e.step = step;
   e.lr = c->lr; /* as the device reads it from the step's scalars */

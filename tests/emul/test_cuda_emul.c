@@ -477,6 +477,7 @@ START_TEST(hooks_out_of_order_are_wiring_bugs) {
   env.arena[0] = b.arena[0];
   env.arena[1] = b.arena[1];
   env.rows = BATCH;
+  env.loss_rows = BATCH;
   env.training = true;
   env.host_y = (float *)b.staging;
   static dp_mb mbs[64];
