@@ -389,9 +389,10 @@ START_TEST(config_every_common_option) {
             "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps", "0.125",
             "--seed", "18446744073709551615", "--shard-optimizer", "--graph", "--tf32",
             "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
-            "--ranks", "2", "--clip-grad-norm", "0.5");
+            "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_int_eq(c.ranks, 2);
+  ck_assert_int_eq(c.accumulate, 4);
   ck_assert_float_eq(c.clip_grad_norm, 0.5f);
   ck_assert_int_eq(c.fast_collectives, 1);
   ck_assert_int_eq(c.batch, 30);

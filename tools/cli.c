@@ -317,6 +317,7 @@ static const struct option common_options[] = {
     {"nesterov", no_argument, NULL, DPT_OPT_NESTEROV},
     {"ranks", required_argument, NULL, DPT_OPT_RANKS},
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
+    {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -380,6 +381,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
   case DPT_OPT_RANKS:
     return dpt_parse_int(arg, 1, DP_MAX_DEVICES, "--ranks", &c->ranks, err, errcap);
+  case DPT_OPT_ACCUMULATE: /* a power of two: the planner says so */
+    return dpt_parse_int(arg, 1, 65536, "--accumulate", &c->accumulate, err, errcap);
   case DPT_OPT_CLIP_GRAD_NORM: /* 0: no clipping (the default) */
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
                            errcap);
@@ -580,6 +583,9 @@ void dpt_print_common_help(FILE *f) {
         "  --clip-grad-norm X      torch.nn.utils.clip_grad_norm_(params, X) before\n"
         "                          every optimizer step: gradients scaled down when\n"
         "                          their total L2 norm is above X; >= 0 (default 0: off)\n"
+        "  --accumulate K          gradient accumulation: one optimizer step every K\n"
+        "                          batches, on their mean gradient (bit-identical to one\n"
+        "                          step of the K batches together); K a power of two\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
         "  --ranks R               processes of the job (MPI ranks), each driving\n"
         "                          devices/R of the devices; under mpirun the default is\n"
@@ -622,6 +628,7 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
     if (c->clip_grad_norm > 0.0f)
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
+    if (c->accumulate > 1) fprintf(f, ", accumulating %d batches per step", c->accumulate);
     fputs("), training", f);
   }
   fprintf(f, ", %s backend", dp_backend_name(c->backend));

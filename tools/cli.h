@@ -130,6 +130,7 @@ enum {
   DPT_OPT_NESTEROV, /* no value: cfg.nesterov = 1 */
   DPT_OPT_RANKS,
   DPT_OPT_CLIP_GRAD_NORM,
+  DPT_OPT_ACCUMULATE,
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };
