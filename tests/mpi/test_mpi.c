@@ -304,6 +304,48 @@ static void check_mode(const mode_case *m, dp_model *model) {
   dp_plan_free(p1);
 }
 
+/* Gradient accumulation across processes: 2 calls of 32 rows update with the
+ * bits of one step of the 64 rows in one process (the accumulating call's
+ * schedule has transfers of its own). */
+static void check_accumulate(dp_model *model) {
+  dp_config cw = config_for(&MODES[2], size), c1 = config_for(&MODES[2], 1);
+  cw.batch = BATCH / 2;
+  cw.accumulate = 2;
+  dp_plan *pw = NULL, *p1 = NULL;
+  dp_ctx *cx = NULL, *ref = NULL;
+  if (dp_plan_create(model, &cw, &pw) || dp_ctx_create_mpi(pw, MPI_COMM_WORLD, &cx)) {
+    fail("accumulate: %s", dp_last_error());
+    dp_plan_free(pw);
+    return;
+  }
+  if (rank == 0 && (dp_plan_create(model, &c1, &p1) || dp_ctx_create(p1, &ref)))
+    fail("accumulate: the reference: %s", dp_last_error());
+  float *x = malloc(sizeof(float) * BATCH * IN);
+  int32_t *y = malloc(sizeof(int32_t) * BATCH);
+  for (int t = 0; t < 3; t++) {
+    make_batch(t, x, y);
+    for (int k = 0; k < 2; k++) {
+      dp_status s = job_step(cx, pw, BATCH / 2, x + (size_t)k * (BATCH / 2) * IN,
+                             y + k * (BATCH / 2), NULL);
+      expect_all(s, DP_OK, "an accumulating call");
+    }
+    if (rank == 0 && ref) dp_train_step(ref, BATCH, IN, x, y, NULL);
+    uint64_t hr = share_u64(rank == 0 && ref ? dp_params_hash(ref) : 0);
+    CHECK(dp_params_hash(cx) == hr && dp_ctx_step(cx) == (uint64_t)t + 1,
+          "accumulate 2 x %d rows, update %d: not the bits of one %d-row step", BATCH / 2,
+          t + 1, BATCH);
+  }
+  if (rank == 0)
+    printf("accumulate: 2 calls of %d rows = one step of %d, 3 updates\n", BATCH / 2,
+           BATCH);
+  free(x);
+  free(y);
+  dp_ctx_free(cx);
+  dp_ctx_free(ref);
+  dp_plan_free(pw);
+  dp_plan_free(p1);
+}
+
 /* A rank that plans another batch is refused on every rank, named. */
 static void check_mismatch(dp_model *model) {
   if (size < 2) return;
@@ -370,6 +412,7 @@ int main(int argc, char **argv) {
   if (argc >= 4 && (!strcmp(argv[2], "--kill-rank") || !strcmp(argv[2], "--stall-rank")))
     return run_kill(model, atoi(argv[3]), !strcmp(argv[2], "--stall-rank"));
   for (size_t i = 0; i < sizeof MODES / sizeof *MODES; i++) check_mode(&MODES[i], model);
+  check_accumulate(model);
   check_mismatch(model);
   dp_model_free(model);
   int total = 0;
