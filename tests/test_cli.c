@@ -1958,7 +1958,8 @@ static void run_record(const char *ckpt, int *epochs, int *rows, dpt_scaler *sc)
   ck_assert_msg(dp_ckpt_read_app(ckpt, &app, &n) == DP_OK, "%s", dp_last_error());
   ck_assert_msg(app && n > 0, "%s: no run record", ckpt);
   char err[256] = "";
-  ck_assert_msg(dpt_run_parse(app, n, epochs, rows, sc, err, sizeof err) == 0, "%s", err);
+  ck_assert_msg(dpt_run_parse(app, n, epochs, rows, sc, NULL, err, sizeof err) == 0, "%s",
+                err);
   free(app);
 }
 
@@ -2030,6 +2031,40 @@ END_TEST
  * is trained; resumed as trained, an unstandardised run continues exactly.
  * Other training rows (another --test-fraction): one warning line, and it
  * trains. */
+/* The checkpoint carries the run's settings: a resume with another one is
+ * refused, naming the option and both values; the same settings resume. */
+START_TEST(train_resume_refuses_other_settings) {
+  char dir[64], ck[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "s.ckpt");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                "--lr", "0.003", "--clip-grad-norm", "2", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  static const char *const other[][4] = {{"--lr", "0.004", "--clip-grad-norm", "2"},
+                                         {"--lr", "0.003", "--clip-grad-norm", "1"},
+                                         {"--lr", "0.003", "--weight-decay", "0.1"}};
+  static const char *const want[] = {
+      "--lr: the checkpoint's run used 0.003, this one 0.004",
+      "--clip-grad-norm: the checkpoint's run used 2, this one 1",
+      "--weight-decay: the checkpoint's run used 0.01, this one 0.1"};
+  for (int i = 0; i < 3; i++) {
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                  other[i][0], other[i][1], other[i][2], other[i][3], "--resume", ck, NULL);
+    ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+    ck_assert_msg(strstr(r.err, want[i]), "%s", r.err);
+    cmd_result_free(&r);
+  }
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                "--lr", "0.003", "--clip-grad-norm", "2", "--resume", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  remove(ck);
+  rmdir(dir);
+}
+END_TEST
+
 START_TEST(train_resume_keeps_the_standardisation) {
   char dir[64], std[128], raw[128], want[400];
   temp_dir(dir, sizeof dir);
@@ -3095,6 +3130,7 @@ Suite *cli_suite(void) {
   tc = tcase_create("resume_predict_weights");
   tcase_add_test(tc, train_resume_is_bit_exact);
   tcase_add_test(tc, train_resume_keeps_the_standardisation);
+  tcase_add_test(tc, train_resume_refuses_other_settings);
   tcase_add_test(tc, train_eval_every_prints_the_held_out_share);
   tcase_add_test(tc, train_log_writes_a_json_line_per_epoch);
   tcase_add_test(tc, train_patience_stops_early_and_resume_continues);

@@ -77,8 +77,9 @@ START_TEST(norm_and_scaling_match_the_definition) {
 }
 END_TEST
 
-/* 1, 2, 4, 8 devices in classic, allreduce and sharded modes: the same
- * parameters and norm after every step (the norm is summed exactly). */
+/* 1, 2, 4, 8 devices in classic, allreduce and sharded modes, with a rate
+ * schedule: the same parameters and norm after every step (the norm is summed
+ * exactly). */
 START_TEST(same_bits_for_every_device_count_and_mode) {
   static const struct {
     int n;
@@ -95,11 +96,20 @@ START_TEST(same_bits_for_every_device_count_and_mode) {
   }
   float x[B * IN];
   int32_t y[B];
+  /* with a learning-rate schedule too (dp_set_lr before every step) */
+  dp_lr_schedule sched = {.kind = DP_LR_WARMUP_COSINE,
+                          .base_lr = 0.01f,
+                          .gamma = 1.0f,
+                          .start_factor = 1.0f / 3.0f,
+                          .warmup = 2,
+                          .t_max = 6};
   for (int t = 0; t < STEPS; t++) {
     make_batch(x, y, t);
-    for (int i = 0; i < N; i++)
+    for (int i = 0; i < N; i++) {
+      ck_assert_int_eq(dp_set_lr(r[i].c, dp_lr_at(&sched, dp_ctx_step(r[i].c))), DP_OK);
       ck_assert_msg(dp_train_step(r[i].c, B, IN, x, y, NULL) == DP_OK, "%s",
                     dp_ctx_error(r[i].c));
+    }
     for (int i = 1; i < N; i++) {
       ck_assert_msg(dp_params_hash(r[i].c) == dp_params_hash(r[0].c),
                     "step %d: %d devices, mode %d, shard %d differ from one device", t,

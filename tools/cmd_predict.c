@@ -70,7 +70,7 @@ static int checkpoint_scaler(const char *path, dpt_scaler *sc, char *err, size_t
   int epochs, rows, rc = 0;
   if (n && strncmp(app, "libdp-train ", n < 12 ? n : 12) == 0) {
     char why[256];
-    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, why, sizeof why)))
+    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, NULL, why, sizeof why)))
       snprintf(err, errcap, "%s: %s", path, why);
   }
   free(app);

@@ -291,6 +291,63 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int 
   return 0;
 }
 
+/* The run's settings as its checkpoints record them ("name=value" words;
+ * floats exact in hexadecimal): a resume must use the same, or it would not
+ * continue the run. Returns buf. */
+static const char *settings_of(const dp_config *c, const char *schedule, char *buf,
+                               size_t cap) {
+  snprintf(buf, cap,
+           "optimizer=%s lr=%a momentum=%a dampening=%a nesterov=%d weight-decay=%a "
+           "beta1=%a beta2=%a eps=%a clip-grad-norm=%a accumulate=%d batch=%d "
+           "micro-batch=%d seed=%llu lr-schedule=%s",
+           dp_optimizer_name(c->optimizer == DP_OPT_SGD && c->momentum > 0 ? DP_OPT_MOMENTUM
+                                                                           : c->optimizer),
+           (double)c->lr, (double)c->momentum, (double)c->dampening, c->nesterov,
+           (double)c->weight_decay, (double)c->beta1, (double)c->beta2, (double)c->eps,
+           (double)c->clip_grad_norm, c->accumulate > 1 ? c->accumulate : 1, c->batch,
+           c->micro_batch, (unsigned long long)c->seed, schedule ? schedule : "constant");
+  return buf;
+}
+
+/* A hexadecimal float in buf rewritten as the shortest decimal that reads
+ * back as the same float ("0x1.89374cp-9" -> "0.003"). */
+static void shortest_float(char *buf, size_t cap) {
+  if (!strstr(buf, "0x")) return;
+  float v = (float)strtod(buf, NULL);
+  for (int prec = 6; prec <= 9; prec++) {
+    snprintf(buf, cap, "%.*g", prec, (double)v);
+    if ((float)strtod(buf, NULL) == v) return;
+  }
+}
+
+/* The first setting that differs between a checkpoint's run and this one:
+ * 0, or -1 with "--name: the checkpoint's run used X, this one Y" in err. */
+static int same_settings(const char *saved, const char *now, char *err, size_t errcap) {
+  const char *a = saved, *b = now;
+  while (*a || *b) {
+    size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+    if (la != lb || memcmp(a, b, la)) {
+      const char *eq = memchr(a, '=', la), *eqb = memchr(b, '=', lb);
+      int name = eq ? (int)(eq - a) : (int)la;
+      char va[64], vb[64]; /* the values, for people: floats in decimal */
+      snprintf(va, sizeof va, "%.*s", (int)(la - (eq ? (size_t)name + 1 : 0)),
+               eq ? eq + 1 : a);
+      snprintf(vb, sizeof vb, "%.*s", (int)(lb - (eqb ? (size_t)(eqb - b) + 1 : 0)),
+               eqb ? eqb + 1 : b);
+      shortest_float(va, sizeof va);
+      shortest_float(vb, sizeof vb);
+      snprintf(err, errcap,
+               "--%.*s: the checkpoint's run used %s, this one %s; a resume continues the "
+               "run only with the same settings",
+               name, a, va, vb);
+      return -1;
+    }
+    a += la + (a[la] == ' ');
+    b += lb + (b[lb] == ' ');
+  }
+  return 0;
+}
+
 int dpt_cmd_train(int argc, char **argv) {
   static const struct option extra[] = {
       {"model", required_argument, NULL, OPT_MODEL},
@@ -422,12 +479,23 @@ int dpt_cmd_train(int argc, char **argv) {
               dpt_user_msg(dp_last_error()));
       goto out;
     }
-    if (app_n && dpt_run_parse(app, app_n, &epoch0, &rows, &scaler, err, sizeof err)) {
+    char *saved = NULL, now[1024];
+    if (app_n &&
+        dpt_run_parse(app, app_n, &epoch0, &rows, &scaler, &saved, err, sizeof err)) {
       free(app);
       fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
       goto out;
     }
     free(app);
+    /* the checkpoint carries the run's settings: the same, or no resume */
+    int differ =
+        saved && same_settings(saved, settings_of(&cfg, o.schedule, now, sizeof now), err,
+                               sizeof err);
+    free(saved);
+    if (differ) {
+      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
+      goto out;
+    }
     if (app_n && rows != train.n_rows)
       fprintf(stderr,
               "dp train: warning: %s was trained on %d rows; this data gives %d (another "
@@ -697,7 +765,10 @@ int dpt_cmd_train(int argc, char **argv) {
   }
   if (o.save) {
     size_t run_n = 0;
-    char *run = dpt_run_text(ep_done, train.n_rows, &scaler, &run_n);
+    char settings[1024];
+    char *run =
+        dpt_run_text(ep_done, train.n_rows, &scaler,
+                     settings_of(&cfg, o.schedule, settings, sizeof settings), &run_n);
     if (!run) {
       fprintf(stderr, "dp train: out of memory\n");
       goto out;

@@ -525,7 +525,8 @@ void dpt_scaler_free(dpt_scaler *sc) {
  *   features F
  *   mean <F values>       with standardize 1
  *   std <F values>                                                           */
-char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, size_t *len) {
+char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
+                   size_t *len) {
   char *buf = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&buf, &n);
@@ -537,6 +538,7 @@ char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, size_t *len) {
     for (int j = 0; j < sc->n; j++) fprintf(f, " %a", k ? sc->std[j] : sc->mean[j]);
     fputc('\n', f);
   }
+  if (settings) fprintf(f, "settings %s\n", settings);
   if (fclose(f) != 0) {
     free(buf);
     return NULL;
@@ -548,8 +550,9 @@ char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, size_t *len) {
 /* Parses dpt_run_text's output: 0, or -1 with a message (a file of another
  * program, or damaged). */
 int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,
-                  char *err, size_t errcap) {
+                  char **settings, char *err, size_t errcap) {
   memset(sc, 0, sizeof *sc);
+  if (settings) *settings = NULL;
   char *t = malloc(len + 1);
   if (!t) return snprintf(err, errcap, "out of memory"), -1;
   memcpy(t, text, len);
@@ -559,12 +562,12 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
              epochs, rows, &std, &nf, &used) != 4 ||
       *epochs < 0 || nf < 0 || nf > 1 << 24)
     goto bad;
+  char *p = t + used;
   if (std) {
     sc->n = nf;
     sc->mean = malloc((size_t)(nf ? nf : 1) * sizeof *sc->mean);
     sc->std = malloc((size_t)(nf ? nf : 1) * sizeof *sc->std);
     if (!sc->mean || !sc->std) goto bad;
-    char *p = t + used;
     for (int k = 0; k < 2; k++) {
       const char *word = k ? "std" : "mean";
       if (strncmp(p, word, strlen(word))) goto bad;
@@ -580,11 +583,23 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
       if (*p++ != '\n') goto bad;
     }
   }
+  /* the run's settings (optional: earlier records have none) */
+  if (!strncmp(p, "settings ", 9)) {
+    char *nl = strchr(p, '\n');
+    if (!nl) goto bad;
+    if (settings && !(*settings = strndup(p + 9, (size_t)(nl - p - 9)))) goto bad;
+    p = nl + 1;
+  }
+  if (*p) goto bad;
   rc = 0;
 bad:
   if (rc) {
     snprintf(err, errcap, "its run record (the application data) is not dp train's");
     dpt_scaler_free(sc);
+    if (settings) {
+      free(*settings);
+      *settings = NULL;
+    }
   }
   free(t);
   return rc;

@@ -96,12 +96,15 @@ void dpt_scaler_free(dpt_scaler *sc);
 /* The run dp train keeps in its checkpoints' application data
  * (dp_ckpt_save_app), so that a resume continues it and dp predict
  * standardises as it did: epochs done, training rows, the standardisation (n
- * = 0: none). dpt_run_text returns malloc'd text (NULL: out of memory), its
+ * = 0: none), and the run's settings (one line of "name=value" words, dp
+ * train's; *settings malloc'd, NULL when the record has none; settings may
+ * be NULL). dpt_run_text returns malloc'd text (NULL: out of memory), its
  * length in *len; dpt_run_parse returns 0, or -1 with a message (not dp
  * train's record, or damaged), filling *sc (free it). */
-char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, size_t *len);
+char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
+                   size_t *len);
 int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,
-                  char *err, size_t errcap);
+                  char **settings, char *err, size_t errcap);
 
 /* Shuffled epoch order: perm[0..n) becomes a permutation of 0..n-1 that
  * depends only on (seed, epoch). Does nothing when n <= 0 or perm is NULL. */

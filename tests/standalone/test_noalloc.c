@@ -596,8 +596,16 @@ static void run_case(const config_case *cc) {
 
   int bad_steps = 0, bad_fwd = 0, nonfinite = 0;
   count_on();
+  /* a learning-rate schedule too: dp_set_lr before every step */
+  dp_lr_schedule sched = {.kind = DP_LR_WARMUP_COSINE,
+                          .base_lr = cfg.lr,
+                          .gamma = 1.0f,
+                          .start_factor = 1.0f / 3.0f,
+                          .warmup = 10,
+                          .t_max = 200};
   for (int k = 0; k < STEPS; k++) {
     int rows = k % 2 ? SMALL : BATCH; /* rebuilds the schedule every step */
+    if (dp_set_lr(c, dp_lr_at(&sched, dp_ctx_step(c))) != DP_OK) bad_steps++;
     if (dp_train_step(c, rows, IN, x, t, &loss) != DP_OK) bad_steps++;
     if (!isfinite(loss)) nonfinite++;
   }
