@@ -776,10 +776,9 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   float l = 0.0f;
   s = run_sched(c, &e, sc, update ? graph_slot(c, &e, rows, inject) : -1, inject, &l,
                 &untrusted);
-  /* the norm of a step that reached its clipping, refused or not */
-  if (c->plan->cfg.clip_grad_norm > 0 && !isnan(e.grad_norm))
-    c->grad_norm = e.grad_norm;
-  else if (c->plan->cfg.clip_grad_norm > 0 && (s == DP_ERR_NONFINITE))
+  /* the norm of a step that reached its clipping (NaN: not reached, or a NaN
+   * gradient, which refuses the step as non-finite) */
+  if (c->plan->cfg.clip_grad_norm > 0 && (!isnan(e.grad_norm) || s == DP_ERR_NONFINITE))
     c->grad_norm = e.grad_norm;
   if (s == DP_ERR_CORRUPT) return dp__ctx_fail(c, s); /* a guard, before the commit */
   if (untrusted) {
