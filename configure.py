@@ -631,6 +631,27 @@ def main():
             obj = n.build(O(s), 'cc', [s], variables=mtflags)[0]
             mpi_bins += n.build(B(stem(s)), 'link', [obj] + libtools + all_libs,
                                 variables=flibs)
+        # test_cuda_mpi: test_mpi.c's job on the cuda backend across processes, over
+        # the emulated GPU whose NCCL runs on MPI (FAKE_CUDA_MPI): the multi-process
+        # CUDA path on every run, without a GPU (no CUDA library linked)
+        if emul_src and os.path.exists('tests/mpi/test_mpi.c'):
+            cmflags = [('cflags', '$cflags ' + esc(join(
+                test_cflags + tool_mpi_flags + ['-iquote', 'tests/emul', '-DTEST_CUDA', '-DFAKE_CUDA_MPI'])))]
+            cobj = n.build(O('tests/mpi/test_cuda_mpi.c'), 'cc',
+                           ['tests/mpi/test_mpi.c'], variables=cmflags)[0]
+            fobj = n.build(O('tests/emul/fake_cuda_mpi.c'), 'cc',
+                           ['tests/emul/fake_cuda.c'], variables=cmflags)[0]
+            mpi_bins += n.build(B('test_cuda_mpi'), 'link',
+                                [cobj, fobj, vtable_obj] + libmpi + [libdp],
+                                variables=[('libs', esc(join(sys_libs + mpi_libs)))])
+        # ... and on real GPUs (tests/gpu/run.sh, on a machine with two or more)
+        if cuda and os.path.exists('tests/mpi/test_mpi.c'):
+            gmflags = [('cflags', '$cflags ' + esc(join(
+                test_cflags + tool_mpi_flags + ['-DTEST_CUDA', '-DTEST_CUDA_REAL'])))]
+            gobj = n.build(O('tests/mpi/test_cuda_mpi_gpu.c'), 'cc',
+                           ['tests/mpi/test_mpi.c'], variables=gmflags)[0]
+            mpi_bins += n.build(B('test_cuda_mpi_gpu'), 'link', [gobj] + all_libs,
+                                variables=flibs)
     defaults += test_bins + mpi_bins
     n.newline()
 

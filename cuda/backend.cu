@@ -305,8 +305,8 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
    * the others' words are copied in first (ordered like any copy). */
   int n_check = 1;
   if (cf->mode != DP_MODE_CLASSIC && c->n > 1) {
-    n_check = c->n;
-    for (int X = 0; X < c->n; X++) {
+    n_check = c->n; /* another rank's words stay 0: its verdict came by agreement */
+    for (int X = c->d0; X < c->d1; X++) {
       if (X == d) continue;
       dp_status s =
           copy_on(c, d, &x->hdr->status[X], &c->dev[X].hdr->status[X], sizeof(uint32_t));
@@ -336,10 +336,10 @@ static dp_status allreduce_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
   float *g = reg(e, op->device, op->dst_region, op->dst_offset);
   size_t n = op->bytes / 4;
   if (n == 0) return DP_OK;
-  DP_NCCL_CHECK_D(op->device, x->comm,
-                  ncclAllReduce(g, g, n, ncclFloat32, ncclSum, x->comm, x->stream));
   x->coll_n++;
-  return DP_OK;
+  return dp__cuda_nccl_issued(
+      c, op->device, ncclAllReduce(g, g, n, ncclFloat32, ncclSum, x->comm, x->stream),
+      "ncclAllReduce");
 #else
   (void)c, (void)x, (void)e;
   return DP_FAIL(DP_ERR_UNSUPPORTED,
@@ -352,9 +352,10 @@ static dp_status allreduce_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
 extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   int d = op->device;
-  if (!c || d < 0 || d >= c->n)
-    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op on device %d, but the context has %d",
-                   d, c ? c->n : 0);
+  if (!c || !is_local(c, d))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda backend: op on device %d, but this process has devices %d..%d", d,
+                   c ? c->d0 : 0, c ? c->d1 - 1 : -1);
   dev_ctx *x = &c->dev[d];
   dp_status s = use_device(x->phys);
   if (s == DP_OK) s = close_group(c, d); /* its transfers go first */
@@ -431,7 +432,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
  * memory), -2 = it runs past an arena's end. */
 static int owner(const cuda_ctx *c, const void *ptr, size_t bytes) {
   uintptr_t a = (uintptr_t)ptr;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     uintptr_t lo = (uintptr_t)c->dev[d].arena, hi = lo + c->dev[d].bytes;
     if (a >= lo && a < hi) return bytes <= hi - a ? d : -2;
   }
@@ -487,7 +488,7 @@ static dp_status close_group(cuda_ctx *c, int d) {
   dev_ctx *x = &c->dev[d];
   if (!x->group_open) return DP_OK;
   x->group_open = false;
-  DP_NCCL_CHECK_D(d, x->comm, ncclGroupEnd());
+  return dp__cuda_nccl_issued(c, d, ncclGroupEnd(), "ncclGroupEnd");
 #else
   (void)c, (void)d;
 #endif
@@ -539,16 +540,52 @@ static bool nccl_pair(const cuda_ctx *c, int sd, int dd) {
   return c->nccl && sd >= 0 && dd >= 0 && sd != dd;
 }
 
+/* Across processes (c->world), the NCCL ranks (global devices) that send and
+ * receive a copy's bytes: a device end's own, a host end's that of the device
+ * executing the copy (each rank's host feeds its own devices). true when one
+ * of them is another process's: the copy is an NCCL pair across processes,
+ * this process's half enqueued by its end's thread (copy or peer). */
+static bool cross_process(const cuda_ctx *c, const dp_op *op, int *from, int *to) {
+  if (!c->world) return false;
+  *from = op->src_dev >= 0 ? op->src_dev : op->device;
+  *to = op->dst_dev >= 0 ? op->dst_dev : op->device;
+  return *from != *to && (!is_local(c, *from) || !is_local(c, *to));
+}
+
+/* This process's half of a cross-process pair, on device dev's stream: only
+ * the local end is resolved (the other is not in this address space). A host
+ * end is the pinned staging arena, which NCCL accepts (device-accessible). */
+static dp_status remote_side(cuda_ctx *c, dp_exec_env *e, int dev, const dp_op *op,
+                             int from, int to) {
+  dp_status s = use_device(c->dev[dev].phys);
+  if (s != DP_OK) return s;
+  if (dev == from)
+    return nccl_side(c, dev, NULL,
+                     dp__endpoint(e, op->src_dev, op->src_region, op->src_offset),
+                     op->bytes, from, to);
+  return nccl_side(c, dev, dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+                   NULL, op->bytes, from, to);
+}
+
 /* A COPY op on device dev's thread (dev == op->device). The op names both
  * ends as (device, region, offset); they are resolved here, in this
  * process's arenas and staging memory. */
 extern "C" dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)tctx;
-  if (!c || dp__cuda_tl_ctx != c || dp__cuda_tl_dev != dev || dev < 0 || dev >= c->n)
+  if (!c || dp__cuda_tl_ctx != c || dp__cuda_tl_dev != dev || !is_local(c, dev))
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: copy for device %d on a thread that began no stage "
                    "of it: the executor must call dp__cuda_stage_begin first",
                    dev);
+  int from, to;
+  if (cross_process(c, op, &from, &to)) {
+    if (dev != from && dev != to)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "cuda transport: device %d executes a copy from device %d to device "
+                     "%d of another process; it must be one of its ends",
+                     dev, from, to);
+    return remote_side(c, e, dev, op, from, to);
+  }
   void *dst = dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset);
   const void *src = dp__endpoint(e, op->src_dev, op->src_region, op->src_offset);
   dp_status s = use_device(c->dev[dev].phys);
@@ -570,21 +607,24 @@ extern "C" dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp
 extern "C" dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)tctx;
   if (!c) return DP_FAIL(DP_ERR_INVALID, "cuda transport: peer: no context");
-  if (dev < 0 || dev >= c->n)
+  if (!is_local(c, dev))
     return DP_FAIL(DP_ERR_INVALID,
-                   "cuda transport: peer on device %d, but the context has %d", dev, c->n);
-  int sd = op->src_dev, dd = op->dst_dev;
-  if (!nccl_pair(c, sd, dd)) return DP_OK;
-  if (dev != sd && dev != dd)
+                   "cuda transport: peer on device %d, but this process has devices %d..%d",
+                   dev, c->d0, c->d1 - 1);
+  int sd = op->src_dev, dd = op->dst_dev, from = sd, to = dd;
+  bool remote = cross_process(c, op, &from, &to);
+  if (!remote && !nccl_pair(c, sd, dd)) return DP_OK;
+  if (dev != from && dev != to)
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda transport: peer on device %d for a copy from device %d "
                    "to device %d",
-                   dev, sd, dd);
+                   dev, from, to);
   if (dp__cuda_tl_ctx != c || dp__cuda_tl_dev != dev)
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: peer for device %d on a thread that began "
                    "no stage of it (dp__cuda_stage_begin)",
                    dev);
+  if (remote) return remote_side(c, e, dev, op, from, to);
   dp_status s = use_device(c->dev[dev].phys);
   if (s != DP_OK) return s;
   return nccl_side(c, dev, dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
@@ -596,11 +636,11 @@ extern "C" dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp
 extern "C" dp_status dp__cuda_collective(void *tctx, dp_exec_env *e, int dev,
                                          const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)tctx;
-  if (!c || dev < 0 || dev >= c->n)
+  if (!c || !is_local(c, dev))
     return DP_FAIL(DP_ERR_INVALID,
-                   "cuda transport: collective on device %d, but the "
-                   "context has %d",
-                   dev, c ? c->n : 0);
+                   "cuda transport: collective on device %d, but this process has "
+                   "devices %d..%d",
+                   dev, c ? c->d0 : 0, c ? c->d1 - 1 : -1);
   dp_status s = use_device(c->dev[dev].phys);
   if (s == DP_OK) s = close_group(c, dev);
   if (s != DP_OK) return s;
@@ -611,8 +651,9 @@ extern "C" dp_status dp__cuda_collective(void *tctx, dp_exec_env *e, int dev,
 
 static dp_status check_dev(const cuda_ctx *c, int dev, const char *who) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "%s: no context", who);
-  if (dev < 0 || dev >= c->n)
-    return DP_FAIL(DP_ERR_INVALID, "%s: device %d, but the context has %d", who, dev, c->n);
+  if (!is_local(c, dev))
+    return DP_FAIL(DP_ERR_INVALID, "%s: device %d, but this process has devices %d..%d",
+                   who, dev, c->d0, c->d1 - 1);
   return DP_OK;
 }
 
@@ -631,7 +672,7 @@ extern "C" dp_status dp__cuda_stage_begin(void *bctx, int dev, int stage) {
     DP_CUDA_CHECK_D(dev, dp_k_debug_spin(x->stream, c->debug_delay_us));
   if (stage == 0) return DP_OK;
   int q = (stage - 1) & 1;
-  for (int X = 0; X < c->n; X++)
+  for (int X = c->d0; X < c->d1; X++)
     if (X != dev && ((c->dev[X].touched[q] >> dev) & 1))
       DP_CUDA_CHECK_D(dev, cudaStreamWaitEvent(x->stream, c->dev[X].ev[q], 0));
   return DP_OK;
@@ -674,7 +715,7 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   c->step = step;
   dp__cuda_tl_ctx = nullptr;
   dp__cuda_tl_dev = -1;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     dev_ctx *x = &c->dev[d];
     x->touched[0] = x->touched[1] = 0;
     x->stage = -1;
@@ -683,7 +724,7 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
 }
 
 void dp__cuda_reset_counts(cuda_ctx *c) {
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     dev_ctx *x = &c->dev[d];
     memset(x->sent_n, 0, sizeof x->sent_n);
     memset(x->sent_b, 0, sizeof x->sent_b);
@@ -694,8 +735,10 @@ void dp__cuda_reset_counts(cuda_ctx *c) {
 }
 
 bool dp__cuda_unmatched(const cuda_ctx *c, int *from, int *to) {
-  for (int a = 0; a < c->n; a++)
-    for (int b = 0; b < c->n; b++) {
+  /* pairs within this process; one with another rank's device is paired by
+   * NCCL there, and a lost half ends in the step's timeout */
+  for (int a = c->d0; a < c->d1; a++)
+    for (int b = c->d0; b < c->d1; b++) {
       const dev_ctx *x = &c->dev[a], *y = &c->dev[b];
       if (x->sent_n[b] != y->recv_n[a] || x->sent_b[b] != y->recv_b[a]) {
         *from = a;
@@ -710,7 +753,7 @@ extern "C" dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_begin: no context");
   dp__cuda_host_step(c, step);
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     dev_ctx *x = &c->dev[d];
     dp_status s = use_device(x->phys);
     if (s != DP_OK) return s;
@@ -721,8 +764,8 @@ extern "C" dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
                     cudaMemcpyAsync(&x->hdr->sc, c->host_sc, sizeof(dp_cuda_step_scalars),
                                     cudaMemcpyHostToDevice, x->stream));
   }
-  if (c->debug_fault_step && step + 1 == c->debug_fault_step)
-    DP_CUDA_CHECK_D(0, dp_k_debug_fault(c->dev[0].stream));
+  if (c->debug_fault_step && step + 1 == c->debug_fault_step && c->d1 > c->d0)
+    DP_CUDA_CHECK_D(c->d0, dp_k_debug_fault(c->dev[c->d0].stream));
   return DP_OK;
 }
 
@@ -733,25 +776,26 @@ extern "C" dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
  * aborted, which ends their kernels, and the context can no longer move data
  * between GPUs. */
 static void nccl_abort_all(cuda_ctx *c) {
-  for (int d = 0; d < c->n; d++) /* NCCL aborts a clique from one thread */
+  for (int d = c->d0; d < c->d1; d++) /* NCCL aborts a clique from one thread */
     if (c->dev[d].comm && ncclCommAbort(c->dev[d].comm) != ncclSuccess)
       (void)cudaGetLastError();
-  for (int d = 0; d < c->n; d++) c->dev[d].comm = NULL;
+  for (int d = c->d0; d < c->d1; d++) c->dev[d].comm = NULL;
 }
 
 static dp_status nccl_settle(cuda_ctx *c) {
   int a = 0, b = 0;
   if (!c->nccl) return DP_OK;
-  for (int d = 1; d < c->n; d++) /* a collective waits for every rank */
-    if (c->dev[d].coll_n != c->dev[0].coll_n) {
+  for (int d = c->d0 + 1; d < c->d1; d++) /* a collective waits for every rank */
+    if (c->dev[d].coll_n != c->dev[c->d0].coll_n) {
       nccl_abort_all(c);
       return DP_FAIL(
           DP_ERR_BACKEND,
-          "NCCL: device 0 entered %llu all-reduces and device %d %llu: a run stopped "
+          "NCCL: device %d entered %llu all-reduces and device %d %llu: a run stopped "
           "part way through a collective; the NCCL communicators were aborted so "
           "that nothing waits forever, and the context can no longer move data "
           "between GPUs",
-          (unsigned long long)c->dev[0].coll_n, d, (unsigned long long)c->dev[d].coll_n);
+          c->d0, (unsigned long long)c->dev[c->d0].coll_n, d,
+          (unsigned long long)c->dev[d].coll_n);
     }
   if (!dp__cuda_unmatched(c, &a, &b)) return DP_OK;
   const dev_ctx *x = &c->dev[a], *y = &c->dev[b];
@@ -766,10 +810,51 @@ static dp_status nccl_settle(cuda_ctx *c) {
       (unsigned long long)y->recv_n[a], (unsigned long long)y->recv_b[a]);
 }
 
+static void nccl_abort_one(cuda_ctx *c, int d) {
+  if (c->dev[d].comm && ncclCommAbort(c->dev[d].comm) != ncclSuccess)
+    (void)cudaGetLastError();
+  c->dev[d].comm = NULL;
+}
+
+/* A call on an NCCL communicator: an error fails the context's transfers; on
+ * a non-blocking communicator (across processes) ncclInProgress means the
+ * call is still being issued (a connection to a peer being set up), and NCCL
+ * must be polled until it is before anything else goes on the stream, within
+ * the step's timeout: a peer that never comes then ends in an error, with the
+ * communicators aborted, instead of a hang in the call. */
+dp_status dp__cuda_nccl_issued(cuda_ctx *c, int d, ncclResult_t r, const char *call) {
+  ncclComm_t comm = c->dev[d].comm;
+  double deadline = dp__cuda_now() + 1e-3 * c->timeout_ms;
+  for (long polls = 0; r == ncclInProgress; polls++) {
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) r = ncclSystemError;
+    if (r != ncclInProgress) break;
+    if ((polls & 255) == 255 && dp__cuda_now() > deadline) {
+      nccl_abort_one(c, d); /* this thread's; the others' are in use (finish ends them) */
+      c->failed = true;
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "device %d: %s was still in progress after %d ms (a peer process "
+                     "that never came?); the NCCL communicators were aborted and the "
+                     "context is unusable",
+                     d, call, c->timeout_ms);
+    }
+    struct timespec ts = {0, polls < 1000 ? 1000 : 100000};
+    nanosleep(&ts, NULL);
+  }
+  if (r == ncclSuccess) return DP_OK;
+  const char *l = ncclGetLastError(comm);
+  (void)cudaGetLastError();
+  if (c->world) { /* a peer process may wait on this one forever: end it */
+    nccl_abort_one(c, d);
+    c->failed = true;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "device %d: %s: %s (last NCCL error: %s)", d, call,
+                 ncclGetErrorString(r), l && *l ? l : "none");
+}
+
 /* After the streams: errors NCCL found on its own (a peer that vanished). */
 static dp_status nccl_async_errors(cuda_ctx *c) {
   if (!c->nccl) return DP_OK;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     ncclComm_t comm = c->dev[d].comm;
     ncclResult_t r = ncclSuccess;
     if (!comm) continue;
@@ -831,6 +916,20 @@ static dp_status wait_stream(cuda_ctx *c, int d, double deadline) {
   }
 }
 
+/* Waits for everything enqueued so far on this process's devices and reads
+ * their status words back: dp__cuda_step_end, and mid-step dp__cuda_step_sync
+ * (which leaves the step open: the stage bookkeeping and NCCL counts go on). */
+static dp_status finish(cuda_ctx *c, float *loss, dp_status first);
+
+extern "C" dp_status dp__cuda_step_sync(void *bctx, float *loss) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (loss) *loss = 0.0f;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_sync: no context");
+  if (c->capturing)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_step_sync: a graph capture is open");
+  return finish(c, loss, DP_OK);
+}
+
 extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (loss) *loss = 0.0f;
@@ -842,6 +941,21 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
         DP_FAIL(DP_ERR_BACKEND, "dp__cuda_step_end: a graph capture was still open; it was "
                                 "dropped (call dp__cuda_capture_end or _abort first)");
   }
+  return finish(c, loss, first);
+}
+
+static dp_status finish(cuda_ctx *c, float *loss, dp_status first) {
+  if (c->failed) { /* during the run (an NCCL call on a device's thread): end it all */
+#ifdef DP_HAVE_NCCL
+    nccl_abort_all(c);
+#endif
+    if (first == DP_OK)
+      first =
+          DP_FAIL(DP_ERR_BACKEND,
+                  "the context failed (an NCCL transfer or the device did not complete; "
+                  "the step's first error says which); it is unusable");
+    return first;
+  }
 #ifdef DP_HAVE_NCCL
   dp_status ns = nccl_settle(c);
   if (ns != DP_OK && first == DP_OK) first = ns;
@@ -852,7 +966,7 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
    * on (dp__cuda_graph_launch), so these read-backs come after the graph. */
   double deadline = dp__cuda_now() + 1e-3 * c->timeout_ms;
   for (int pass = 0; pass < 2; pass++)
-    for (int d = 0; d < c->n; d++) {
+    for (int d = c->d0; d < c->d1; d++) {
       dev_ctx *x = &c->dev[d];
       cudaError_t e = cudaSetDevice(x->phys);
       const char *call = "cudaSetDevice";
@@ -875,21 +989,22 @@ extern "C" dp_status dp__cuda_step_end(void *bctx, float *loss) {
         }
       }
     }
-  if (cudaSetDevice(c->dev[0].phys) != cudaSuccess) (void)cudaGetLastError();
+  if (c->d1 > c->d0 && cudaSetDevice(c->dev[c->d0].phys) != cudaSuccess)
+    (void)cudaGetLastError();
 #ifdef DP_HAVE_NCCL
   if (first == DP_OK) first = nccl_async_errors(c);
 #endif
   if (first != DP_OK) return first;
   const dp_cuda_header *h = c->host_hdr;
-  if (loss) *loss = h[0].loss;
+  if (loss && c->d0 == 0) *loss = h[0].loss; /* another rank's comes by agreement */
   /* In schedule order: the loss (device 0), labels (the loss ops), then the
    * gradient checks (the lowest index of any device's shard). */
-  if (h[0].status[0] & DP_CUDA_ST_LOSS)
+  if (c->d0 == 0 && (h[0].status[0] & DP_CUDA_ST_LOSS))
     return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
                    isnan(h[0].loss) ? "NaN" : "infinite");
   unsigned int bad_row = ~0u;
   unsigned long long bad_grad = ~0ull, bad_update = ~0ull;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     if ((h[d].status[d] & DP_CUDA_ST_LABEL) && h[d].bad_label_row < bad_row)
       bad_row = h[d].bad_label_row;
     if ((h[d].status[d] & DP_CUDA_ST_GRAD) && h[d].bad_grad < bad_grad)

@@ -50,7 +50,10 @@ struct dev_ctx {
 
 struct cuda_ctx {
   const dp_plan *plan;
-  int n;
+  int n;      /* the plan's devices (p->split.n_used), every rank's */
+  int d0, d1; /* this process's: [0, n) in one process; a rank's across processes */
+  bool world; /* across processes: NCCL over every rank's devices (non-blocking
+                 communicators), copies with an end in another process paired there */
   unsigned flags;
   bool nccl;      /* DP_CUDA_NCCL: comm[] are live */
   bool capturing; /* between capture_begin and capture_end/abort */
@@ -79,6 +82,8 @@ struct cuda_ctx {
 extern thread_local cuda_ctx *dp__cuda_tl_ctx;
 extern thread_local int dp__cuda_tl_dev;
 
+static inline bool is_local(const cuda_ctx *c, int d) { return d >= c->d0 && d < c->d1; }
+
 static inline dp_status use_device(int phys) {
   int cur = -1;
   DP_CUDA_CHECK(cudaGetDevice(&cur));
@@ -96,5 +101,11 @@ void dp__cuda_reset_counts(cuda_ctx *c);
 /* true, naming one pair, when a device's sends to another do not match that
  * device's receives from it (count or bytes). */
 bool dp__cuda_unmatched(const cuda_ctx *c, int *from, int *to);
+#ifdef DP_HAVE_NCCL
+/* The outcome of a call on device d's communicator (backend.cu): polls a
+ * non-blocking one's ncclInProgress within the timeout; on an error or the
+ * deadline across processes, aborts the communicators (c->failed). */
+dp_status dp__cuda_nccl_issued(cuda_ctx *c, int d, ncclResult_t r, const char *call);
+#endif
 
 #endif

@@ -26,21 +26,26 @@ extern "C" void dp__cuda_ctx_free(void *bctx) {
 #ifdef DP_HAVE_NCCL
   /* A failed context (a timeout, a device or NCCL error) may have NCCL kernels
    * waiting for a peer forever: abort the communicators first (ncclCommDestroy
-   * would wait for them), and never block on a stream. */
-  if (c->failed)
-    for (int d = 0; d < c->n; d++)
+   * would wait for them), and never block on a stream. Across processes
+   * always: destroying a non-blocking communicator is a collective that
+   * could wait on a peer process; every transfer ended at step_end. */
+  if (c->failed || c->world)
+    for (int d = c->d0; d < c->d1; d++)
       if (c->dev[d].comm) {
         if (ncclCommAbort(c->dev[d].comm) != ncclSuccess) (void)cudaGetLastError();
         c->dev[d].comm = NULL;
       }
 #endif
-  for (int d = 0; d < c->n && !c->failed; d++) { /* nothing may still run when things go */
+  for (int d = c->d0; d < c->d1 && !c->failed;
+       d++) { /* nothing may still run when things go */
     dev_ctx *x = &c->dev[d];
     if (!x->stream) continue;
     dp_cuda_device_scope scope;
     if (scope.enter(x->phys) == DP_OK) DP_CUDA_TRY(cudaStreamSynchronize(x->stream));
   }
-  if (c->n > 0) { /* graphs first: they may hold NCCL operations of the comms */
+  if (c->d0 == 0 && c->d1 > 0) { /* graphs first: they may hold NCCL operations of the
+                                    comms (one process only: graphs and ev_fork are
+                                    device 0's) */
     dp_cuda_device_scope scope;
     if (scope.enter(c->dev[0].phys) == DP_OK) {
       for (int k = 0; k < DP_CUDA_GRAPH_SLOTS; k++)
@@ -51,14 +56,14 @@ extern "C" void dp__cuda_ctx_free(void *bctx) {
 #ifdef DP_HAVE_NCCL
   /* One thread may destroy every communicator of an ncclCommInitAll clique:
    * the last destroy finalizes them all (NCCL's commReclaim). */
-  for (int d = 0; d < c->n; d++)
+  for (int d = c->d0; d < c->d1; d++)
     if (c->dev[d].comm && ncclCommDestroy(c->dev[d].comm) != ncclSuccess) {
       (void)cudaGetLastError();
       DP_FAIL(DP_ERR_BACKEND, "device %d: ncclCommDestroy failed: %s", d,
               ncclGetLastError(NULL) ? ncclGetLastError(NULL) : "?");
     }
 #endif
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     dev_ctx *x = &c->dev[d];
     if (!x->stream && !x->blas && !x->ev[0] && !x->ev[1] && !x->ev_join) continue;
     dp_cuda_device_scope scope;
@@ -110,13 +115,13 @@ static dp_status init_device(cuda_ctx *c, int d) {
  * ordered pair of GPUs is visited once: at the first logical devices that
  * have them. */
 static dp_status enable_peers(cuda_ctx *c) {
-  for (int a = 0; a < c->n; a++)
-    for (int b = 0; b < c->n; b++) {
+  for (int a = c->d0; a < c->d1; a++)
+    for (int b = c->d0; b < c->d1; b++) {
       int pa = c->dev[a].phys, pb = c->dev[b].phys;
       if (pa == pb) continue;
       bool seen = false;
-      for (int k = 0; k < a && !seen; k++) seen = c->dev[k].phys == pa;
-      for (int k = 0; k < b && !seen; k++) seen = c->dev[k].phys == pb;
+      for (int k = c->d0; k < a && !seen; k++) seen = c->dev[k].phys == pa;
+      for (int k = c->d0; k < b && !seen; k++) seen = c->dev[k].phys == pb;
       if (seen) continue;
       int can = 0;
       DP_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, pa, pb));
@@ -136,7 +141,7 @@ static dp_status init_nccl(cuda_ctx *c) {
 #ifdef DP_HAVE_NCCL
   int devs[DP_MAX_DEVICES];
   ncclComm_t comms[DP_MAX_DEVICES];
-  for (int d = 0; d < c->n; d++) devs[d] = c->dev[d].phys;
+  for (int d = c->d0; d < c->d1; d++) devs[d] = c->dev[d].phys;
   int prev = 0;
   DP_CUDA_CHECK(cudaGetDevice(&prev));
   ncclResult_t r = ncclCommInitAll(comms, c->n, devs);
@@ -149,7 +154,7 @@ static dp_status init_nccl(cuda_ctx *c) {
                    "error: %s)",
                    c->n, devs[0], ncclGetErrorString(r), l && *l ? l : "none");
   }
-  for (int d = 0; d < c->n; d++) c->dev[d].comm = comms[d];
+  for (int d = c->d0; d < c->d1; d++) c->dev[d].comm = comms[d];
   c->nccl = true;
   return DP_OK;
 #else
@@ -160,8 +165,73 @@ static dp_status init_nccl(cuda_ctx *c) {
 #endif
 }
 
-extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
-                                       unsigned flags, void **bctx_out) {
+/* Across processes: one communicator per local device, rank = global device,
+ * over every rank's devices (ncclCommInitRankConfig, non-blocking, so that a
+ * rank that never comes ends in an error within the timeout). Rank 0 makes
+ * the unique id and the world broadcasts it (with rank 0's verdict, so that
+ * a failure there does not leave the others waiting for an id). */
+static dp_status init_nccl_world(cuda_ctx *c, const dp_backend_world *w) {
+#ifdef DP_HAVE_NCCL
+  struct {
+    ncclUniqueId id;
+    int32_t ok;
+  } msg;
+  memset(&msg, 0, sizeof msg);
+  const char *why = "";
+  if (w->rank == 0) {
+    ncclResult_t r = ncclGetUniqueId(&msg.id);
+    msg.ok = r == ncclSuccess;
+    if (!msg.ok) why = ncclGetErrorString(r);
+  }
+  dp_status s = w->bcast(w->w, 0, &msg, sizeof msg);
+  if (s != DP_OK) return s;
+  if (!msg.ok)
+    return DP_FAIL(DP_ERR_BACKEND, "rank 0 could not make the NCCL unique id%s%s",
+                   *why ? ": " : "", why);
+  ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+  cfg.blocking = 0;
+  int prev = 0;
+  DP_CUDA_CHECK(cudaGetDevice(&prev));
+  ncclResult_t r = ncclGroupStart();
+  for (int d = c->d0; d < c->d1 && (r == ncclSuccess || r == ncclInProgress); d++) {
+    if (cudaSetDevice(c->dev[d].phys) != cudaSuccess) {
+      (void)cudaGetLastError();
+      r = ncclInvalidUsage;
+      break;
+    }
+    r = ncclCommInitRankConfig(&c->dev[d].comm, c->n, msg.id, d, &cfg);
+  }
+  ncclResult_t g = ncclGroupEnd();
+  if (r == ncclSuccess || r == ncclInProgress) r = g;
+  if (cudaSetDevice(prev) != cudaSuccess) (void)cudaGetLastError();
+  if (r != ncclSuccess && r != ncclInProgress) {
+    const char *l = ncclGetLastError(NULL);
+    (void)cudaGetLastError();
+    for (int d = c->d0; d < c->d1; d++)
+      if (c->dev[d].comm && ncclCommAbort(c->dev[d].comm) != ncclSuccess)
+        (void)cudaGetLastError();
+    for (int d = c->d0; d < c->d1; d++) c->dev[d].comm = NULL;
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "ncclCommInitRankConfig for devices %d..%d of %d: %s (last NCCL error: "
+                   "%s)",
+                   c->d0, c->d1 - 1, c->n, ncclGetErrorString(r), l && *l ? l : "none");
+  }
+  c->nccl = true;
+  /* each communicator is ready once NCCL stops answering ncclInProgress */
+  for (int d = c->d0; d < c->d1; d++)
+    if ((s = dp__cuda_nccl_issued(c, d, ncclInProgress, "ncclCommInitRankConfig")) != DP_OK)
+      return s;
+  return DP_OK;
+#else
+  (void)c, (void)w;
+  return DP_FAIL(DP_ERR_UNSUPPORTED,
+                 "the cuda backend across processes needs NCCL, which this build does not "
+                 "have (configure.py found no nccl.h and libnccl.so)");
+#endif
+}
+
+static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                          const dp_backend_world *w, void **bctx_out) {
   if (!bctx_out) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: out is NULL");
   *bctx_out = NULL;
   if (!p || !arenas)
@@ -169,8 +239,16 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   int n = p->split.n_used;
   if (n < 1 || n > DP_MAX_DEVICES)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: %d devices", n);
+  int d0 = w ? w->dev0 : 0, d1 = w ? w->dev1 : n;
+  if (d0 < 0 || d1 > n || d0 >= d1)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: devices %d..%d of %d", d0, d1 - 1,
+                   n);
+  if (w && !(flags & DP_CUDA_NCCL))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp__cuda_ctx_init: across processes the copies between ranks need "
+                   "NCCL (DP_CUDA_NCCL)");
   size_t need = dp__cuda_workspace_bytes();
-  for (int d = 0; d < n; d++) {
+  for (int d = d0; d < d1; d++) {
     dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
     if (ws.size < need)
       return DP_FAIL(
@@ -195,8 +273,8 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
                      "no NCCL (configure.py found no nccl.h and libnccl.so)");
     /* NCCL gives a GPU one rank of a communicator; replicas sharing a GPU
      * copy device to device instead (no NCCL flag). */
-    for (int d = 0; d < n; d++)
-      for (int e = 0; e < d; e++)
+    for (int d = d0; d < d1; d++)
+      for (int e = d0; e < d; e++)
         if (p->cfg.device_ids[d] == p->cfg.device_ids[e])
           return DP_FAIL(DP_ERR_INVALID,
                          "dp__cuda_ctx_init: NCCL needs a GPU per replica, but "
@@ -207,6 +285,9 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_ctx_init: out of memory");
   c->plan = p;
   c->n = n;
+  c->d0 = d0;
+  c->d1 = d1;
+  c->world = w != NULL;
   c->flags = flags;
   c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
   c->lr = p->cfg.lr;
@@ -214,19 +295,19 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   c->debug_delay_us = dbg ? (unsigned)strtoul(dbg, NULL, 10) : 0;
   dbg = getenv("DP_CUDA_DEBUG_FAULT_STEP");
   c->debug_fault_step = dbg ? strtoull(dbg, NULL, 10) : 0;
-  for (int d = 0; d < n; d++) {
+  for (int d = d0; d < d1; d++) {
     c->dev[d].phys = p->cfg.device_ids[d];
     c->dev[d].arena = (unsigned char *)arenas[d];
     c->dev[d].bytes = p->dev_bytes[d];
     c->dev[d].stage = -1;
   }
   dp_status s = DP_OK;
-  for (int d = 0; d < n && s == DP_OK; d++) s = init_device(c, d);
+  for (int d = d0; d < d1 && s == DP_OK; d++) s = init_device(c, d);
   if (s == DP_OK) s = enable_peers(c);
-  if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = init_nccl(c);
+  if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = w ? init_nccl_world(c, w) : init_nccl(c);
   /* every kernel loaded now, not lazily during a step (CUDA_MODULE_LOADING=LAZY is
    * the default since 12.2: a kernel loaded while NCCL kernels spin can deadlock) */
-  for (int d = 0; d < n && s == DP_OK; d++) {
+  for (int d = d0; d < d1 && s == DP_OK; d++) {
     dp_cuda_device_scope scope;
     s = scope.enter(c->dev[d].phys);
     cudaError_t e = s == DP_OK ? dp_k_preload() : cudaSuccess;
@@ -275,6 +356,18 @@ extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
   return DP_OK;
 }
 
+extern "C" dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[],
+                                       unsigned flags, void **bctx_out) {
+  return ctx_init(p, arenas, flags, NULL, bctx_out);
+}
+
+extern "C" dp_status dp__cuda_ctx_init_world(const dp_plan *p, void *const arenas[],
+                                             unsigned flags, const dp_backend_world *w,
+                                             void **bctx_out) {
+  if (!w) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init_world: no world");
+  return ctx_init(p, arenas, flags, w, bctx_out);
+}
+
 /* ---- helpers for the context and tests --------------------------------------------- */
 
 /* The GPU whose memory p is, or -1 for host memory. */
@@ -312,7 +405,7 @@ extern "C" dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const voi
                                        size_t bytes) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (bytes == 0) return DP_OK;
-  if (!c || dev < 0 || dev >= c->n || !dst || !src)
+  if (!c || dev < c->d0 || dev >= c->d1 || !dst || !src)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_copy: bad arguments");
   if (c->failed)
     return DP_FAIL(DP_ERR_BACKEND,

@@ -117,6 +117,18 @@ int dp__cuda_device_count(void);
 dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
                             void **bctx_out);
 void dp__cuda_ctx_free(void *bctx); /* NULL is fine; waits for queued work first */
+/* The same for one rank of a job across processes (config.ranks > 1): only
+ * devices [w->dev0, w->dev1) get streams, handles and arenas (arenas[] of the
+ * others are not read); flags must have DP_CUDA_NCCL: one non-blocking NCCL
+ * communicator per local device, rank = global device, over every rank's
+ * devices (ncclCommInitRankConfig; rank 0's unique id through w->bcast, a
+ * collective: every rank calls this). A copy with an end in another process
+ * is an NCCL pair across processes: each process enqueues its half, the
+ * executing device's thread in copy(), the other end's in peer() (a host end
+ * belongs to the executing device: each rank feeds its own rows from its
+ * pinned staging arena). No graphs. */
+dp_status dp__cuda_ctx_init_world(const dp_plan *p, void *const arenas[], unsigned flags,
+                                  const dp_backend_world *w, void **bctx_out);
 
 /* Starts a step (or a forward): resets every device's status words and the
  * stage bookkeeping, and enqueues on every device a copy of this step's
@@ -142,6 +154,11 @@ dp_status dp__cuda_stage_end(void *bctx, int dev, int stage);
  * gets the loss LOSS_SUM computed (0 in a forward; NaN/Inf when refused for
  * it). Leaves the calling thread on device_ids[0]. */
 dp_status dp__cuda_step_end(void *bctx, float *loss);
+/* Mid-step, across processes: waits for everything enqueued since
+ * step_begin on this process's devices and reports it as step_end would
+ * (the loss only on the rank that holds device 0), leaving the step open, so
+ * that the ranks agree before the commit part is enqueued. */
+dp_status dp__cuda_step_sync(void *bctx, float *loss);
 
 /* ---- CUDA graphs (cuda/graph.cu) ----
  * A step is captured once and replayed. Capture, instead of a plain step:

@@ -43,9 +43,26 @@ static dp_status cuda_check_config(const dp_config *c) {
                    "several GPUs with NCCL inside can deadlock; use transport auto or copy "
                    "with graphs, or NCCL without them",
                    c->fast_collectives ? " (fast_collectives)" : "");
+  if (c->ranks > 1 && (c->cuda_graph || c->transport == DP_TRANSPORT_COPY))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "across processes (ranks %d) the cuda backend moves data between ranks "
+                   "with NCCL and runs no graphs: %s is refused (use transport auto or "
+                   "nccl, cuda_graph 0)",
+                   c->ranks, c->cuda_graph ? "cuda_graph" : "transport copy");
   int e, d;
-  if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
-      dp__shared_gpu(c, c->n_devices, &e, &d))
+  /* NCCL wants a GPU per rank of a communicator: per replica in one process,
+   * per replica of a process across processes (another host's GPU 0 is not
+   * this one's) */
+  int local = c->ranks > 1 ? c->n_devices / c->ranks : c->n_devices;
+  if (c->ranks > 1) {
+    for (int r = 0; r < c->ranks; r++)
+      if (dp__shared_gpu_in(c, r * local, local, &e, &d))
+        return DP_FAIL(DP_ERR_INVALID,
+                       "across processes every replica of a rank needs a GPU of its own, "
+                       "but replicas %d and %d (rank %d) are both on GPU %d",
+                       e, d, r, c->device_ids[d]);
+  } else if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
+             dp__shared_gpu(c, c->n_devices, &e, &d))
     return DP_FAIL(
         DP_ERR_INVALID,
         "the NCCL transport needs a GPU per replica, but replicas %d and %d are both on "
@@ -96,6 +113,18 @@ static dp_status cuda_ctx_init(const dp_plan *p, void *const arenas[], void **bc
   return dp__cuda_ctx_init(p, arenas, f, bctx);
 }
 
+/* Across processes (config.ranks > 1): always NCCL, which pairs the halves of
+ * a copy between ranks. */
+static dp_status cuda_ctx_init_world(const dp_plan *p, void *const arenas[],
+                                     const dp_backend_world *w, void **bctx) {
+  unsigned f = (p->cfg.tf32 ? DP_CUDA_TF32 : 0) | DP_CUDA_NCCL;
+  if (!dp__cuda_have_nccl())
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the cuda backend across processes needs NCCL, which this build does "
+                   "not have (configure.py found no nccl.h and libnccl.so)");
+  return dp__cuda_ctx_init_world(p, arenas, f, w, bctx);
+}
+
 static bool cuda_graph_ready(const void *bctx, int slot) {
   return dp__cuda_graph_ready(bctx, slot) != 0;
 }
@@ -135,6 +164,8 @@ static const dp_backend_ops cuda_backend = {
     .set_lr = dp__cuda_set_lr,
     .step_begin = dp__cuda_step_begin,
     .step_end = dp__cuda_step_end,
+    .ctx_init_world = cuda_ctx_init_world,
+    .step_sync = dp__cuda_step_sync,
     .n_graph_slots = DP_CUDA_GRAPH_SLOTS,
     .capture_begin = dp__cuda_capture_begin,
     .capture_end = dp__cuda_capture_end,

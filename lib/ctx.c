@@ -161,8 +161,19 @@ static dp_status ctx_init(dp_ctx *c) {
     if (!caches[i]->mbs || !caches[i]->ops)
       return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
   }
-  if (c->be->ctx_init && (s = c->be->ctx_init(p, (void *const *)c->arena, &c->bctx)))
+  if (c->world && c->be->ctx_init_world) { /* the backend spans the processes itself */
+    dp_backend_world bw = {.rank = c->rank,
+                           .ranks = dp__ranks(&p->cfg),
+                           .dev0 = c->dev0,
+                           .dev1 = c->dev1,
+                           .timeout_ms = p->cfg.timeout_ms ? p->cfg.timeout_ms : 60000,
+                           .bcast = c->world->ops->bcast,
+                           .w = c->world->w};
+    if ((s = c->be->ctx_init_world(p, (void *const *)c->arena, &bw, &c->bctx))) return s;
+  } else if (c->be->ctx_init &&
+             (s = c->be->ctx_init(p, (void *const *)c->arena, &c->bctx))) {
     return s;
+  }
   const dp_transport_ops *t = c->be->transport;
   void *tctx = c->bctx;
   if (c->world) { /* the world's transport, around the backend's */
@@ -270,7 +281,8 @@ static dp_status ctx_create(const dp_plan *p, void *const arenas[], void *host,
     c->rank = wo->rank;
     c->dev0 = wo->rank * L < p->split.n_used ? wo->rank * L : p->split.n_used;
     c->dev1 = c->dev0 + L < p->split.n_used ? c->dev0 + L : p->split.n_used;
-    if ((s = dp__world_new(p, wo, w, c->be->transport, NULL, &c->world))) {
+    if ((s = dp__world_new(p, wo, w, c->be->transport, c->be->ctx_init_world != NULL, NULL,
+                           &c->world))) {
       wo->free(w);
       return ctx_abandon(c, out, s);
     }
@@ -607,11 +619,13 @@ static void host_io(dp_ctx *c, dp_exec_env *e, int rows, const float *x, const v
     e->host_y = y;
     return;
   }
-  memcpy(c->staging + p->host_x, x, (size_t)rows * (size_t)p->model.input_width * 4);
+  int row0 = 0, n = rows; /* across processes the caller holds this rank's rows */
+  if (c->world) dp__rank_rows(p, rows, c->rank, &row0, &n);
+  memcpy(c->staging + p->host_x, x, (size_t)n * (size_t)p->model.input_width * 4);
   e->host_x = (const float *)(c->staging + p->host_x);
   if (target) {
     size_t tw = p->model.loss == DP_LOSS_MSE ? (size_t)dp_model_output_width(&p->model) : 1;
-    memcpy(c->staging + p->host_t, target, (size_t)rows * tw * 4);
+    memcpy(c->staging + p->host_t, target, (size_t)n * tw * 4);
     e->host_t = c->staging + p->host_t;
   }
   e->host_y = (float *)(c->staging + p->host_y);
@@ -619,20 +633,37 @@ static void host_io(dp_ctx *c, dp_exec_env *e, int rows, const float *x, const v
 
 /* Runs (or, asynchronous, enqueues) the schedule: step_begin, the pre-commit
  * part, the commit part. *commit_failed: the commit part failed after all of
- * the pre-commit part ran (the update may be partly applied). A synchronous
- * backend stops after the pre-commit part when it failed or a guard was hit. */
+ * the pre-commit part ran (the update may be partly applied), or the device
+ * failed (step_sync). A synchronous backend stops after the pre-commit part
+ * when it failed or a guard was hit. Across processes every rank goes on to
+ * the commit part, or none: a synchronous backend's pre-commit part has run
+ * when it returns; an asynchronous one's is waited for first (step_sync;
+ * its guards are checked after the whole step, as in one process). */
 static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int inject,
                            bool *commit_failed) {
   *commit_failed = false;
   bool sync = !c->be->step_end;
   dp_status s = sync ? DP_OK : c->be->step_begin(c->bctx, c->step);
   if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
-  if (c->world) { /* synchronous (the planner says so): every rank goes on, or none */
-    dp_status g = check_guards(c);
+  if (c->world) {
+    int order = s ? c->exec.first_fail : 0;
+    dp_status g = DP_OK;
+    if (sync) {
+      g = check_guards(c);
+    } else { /* after a failure too: nothing of the part may still run */
+      char msg[DP_ERRMSG_CAP];
+      if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
+      dp_status ss = c->be->step_sync(c->bctx, &e->loss);
+      *commit_failed = ss == DP_ERR_BACKEND; /* the device failed: untrusted */
+      if (s)
+        dp__error_restore(msg);
+      else if (ss)
+        s = ss, order = sc->commit;
+    }
     uint32_t v[2]; /* rank 0's loss and gradient norm, for every rank */
     memcpy(&v[0], &e->loss, 4);
     memcpy(&v[1], &e->grad_norm, 4);
-    s = agree(c, g ? g : s, g ? sc->n_ops : s ? c->exec.first_fail : 0, e->rows, v);
+    s = agree(c, g ? g : s, g ? sc->n_ops : order, e->rows, v);
     memcpy(&e->loss, &v[0], 4);
     memcpy(&e->grad_norm, &v[1], 4);
     if (s) return s;
@@ -715,6 +746,7 @@ static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   char msg[DP_ERRMSG_CAP];
   if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
   dp_status end = be->step_end(c->bctx, loss);
+  if (c->world && loss) *loss = e->loss; /* rank 0's, agreed after step_sync */
   *untrusted = commit_failed || end == DP_ERR_BACKEND || (launched && s);
   if (s) {
     if (end == DP_ERR_BACKEND) /* and the device failed too: report both */
@@ -829,8 +861,11 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
     return dp__ctx_fail(c,
                         dp__ctx_poison(c, DP_FAIL(s, "the forward failed on the device: %s",
                                                   dp_last_error())));
-  if (!s && c->be->host_staging)
-    memcpy(y, e.host_y, (size_t)rows * (size_t)dp_model_output_width(&c->plan->model) * 4);
+  if (!s && c->be->host_staging) {
+    int row0 = 0, n = rows; /* this rank's rows across processes */
+    if (c->world) dp__rank_rows(c->plan, rows, c->rank, &row0, &n);
+    memcpy(y, e.host_y, (size_t)n * (size_t)dp_model_output_width(&c->plan->model) * 4);
+  }
   dp_status g = check_guards(c);
   if (g) return dp__ctx_fail(c, g);
   if (s) {

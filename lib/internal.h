@@ -206,6 +206,8 @@ void dp__rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n);
 
 /* Replicas `first` < `second` (of the first n) that share a GPU, if any. */
 bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second);
+/* The same among replicas [d0, d0 + n) (one rank's). */
+bool dp__shared_gpu_in(const dp_config *c, int d0, int n, int *first, int *second);
 
 static inline bool dp__is_pow2(int n) { return n > 0 && (n & (n - 1)) == 0; }
 /* The segment [lo, hi) of n floats that device r holds after `levels` levels
@@ -236,6 +238,7 @@ float dp__rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, ui
  * device goes through dp_backend_ops; every byte that crosses a device
  * boundary through dp_transport_ops. The core never names a backend. */
 typedef struct dp_exec_env dp_exec_env;
+typedef struct dp_backend_world dp_backend_world;
 
 typedef struct dp_transport_ops {
   const char *name;
@@ -312,6 +315,20 @@ typedef struct dp_backend_ops {
   dp_status (*ctx_init)(const dp_plan *p, void *const arenas[], void **bctx);
   void (*ctx_free)(void *bctx);
   const dp_transport_ops *transport;
+  /* Optional: a backend that runs across processes (config.ranks > 1) by
+   * itself: its context holds only this rank's devices, and its transport
+   * moves the copies between ranks (both halves pair up across processes,
+   * NCCL send/recv) and runs the collectives over every rank's devices, so
+   * the world carries no bytes of a step for it. Set together with step_sync
+   * when the backend is asynchronous. NULL: the world moves cross-rank bytes
+   * (a synchronous backend whose memory the host can address). */
+  dp_status (*ctx_init_world)(const dp_plan *p, void *const arenas[],
+                              const dp_backend_world *world, void **bctx);
+  /* Optional (asynchronous backends across processes): waits for everything
+   * enqueued since step_begin and reports it as step_end would (status,
+   * loss) without ending the step, so that the ranks can agree on the
+   * pre-commit part before the commit part is enqueued. */
+  dp_status (*step_sync)(void *bctx, float *loss);
 
   /* ---- a step ----
    * run: one compute op (FORWARD, BACKWARD, GRAD_ADD, ZERO, LOSS, LOSS_SUM,
@@ -359,6 +376,18 @@ typedef struct dp_backend_ops {
   dp_status (*bench_sgemm)(int dev, int m, int n, int k, int iters, int tf32, double *ms,
                            double *tflops);
 } dp_backend_ops;
+
+/* What a backend that runs across processes by itself (ctx_init_world) is
+ * told of the job: this process's rank and devices [dev0, dev1) (global
+ * indices), and a collective broadcast between processes for its set-up (the
+ * NCCL unique id). */
+struct dp_backend_world {
+  int rank, ranks;
+  int dev0, dev1;
+  int timeout_ms; /* config.timeout_ms with its default filled in */
+  dp_status (*bcast)(void *w, int root, void *buf, size_t bytes);
+  void *w;
+};
 
 /* ---- the world: the job's processes (lib/world.c; MPI: lib/mpi/) ----
  * A context of a plan with ranks > 1 runs its own rank's devices; the bytes

@@ -56,8 +56,12 @@ void dp_config_set_optimizer(dp_config *c, dp_optimizer o) {
 }
 
 bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second) {
-  for (int d = 0; d < n; d++)
-    for (int e = 0; e < d; e++)
+  return dp__shared_gpu_in(c, 0, n, first, second);
+}
+
+bool dp__shared_gpu_in(const dp_config *c, int d0, int n, int *first, int *second) {
+  for (int d = d0; d < d0 + n; d++)
+    for (int e = d0; e < d; e++)
       if (c->device_ids[d] == c->device_ids[e]) {
         *first = e;
         *second = d;
@@ -159,8 +163,10 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
                    dp_backend_name(c->backend), dp_backend_name(c->backend));
   if (!be) return DP_FAIL(DP_ERR_INVALID, "unknown backend %d", (int)c->backend);
   /* Across processes a step's status must be agreed before its commit phase,
-   * which the host does between the two parts of a synchronous backend's step. */
-  if (c->ranks > 1 && be->step_end)
+   * which the host does between the two parts of a synchronous backend's
+   * step, or after an asynchronous one's step_sync; an asynchronous backend
+   * also moves the cross-rank bytes itself (ctx_init_world). */
+  if (c->ranks > 1 && be->step_end && !(be->step_sync && be->ctx_init_world))
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend does not run across several processes yet (ranks %d); "
                    "use the cpu backend, or one process (ranks 1)",

@@ -1,5 +1,7 @@
 /* The world transport: a multi-process context's transport. Copies whose two
- * ends are in this process go to the backend's own transport; a copy between
+ * ends are in this process go to the backend's own transport, and so do all
+ * copies when that transport spans the processes itself (the cuda backend's
+ * NCCL: inner_spans); otherwise a copy between
  * devices (or a host) of different ranks crosses through the world (the MPI
  * one: lib/mpi/world.c), one half on each rank: the rank of the source sends,
  * the rank of the destination receives. Each half is a persistent transfer
@@ -48,15 +50,26 @@ static dp_status start_half(dp_world_tx *t, dp_exec_env *env, const dp_op *op,
 static dp_status w_copy(void *tctx, dp_exec_env *env, int dev, const dp_op *op) {
   dp_world_tx *t = tctx;
   int sr = end_rank(t, op, op->src_dev), dr = end_rank(t, op, op->dst_dev);
-  if (sr == t->rank && dr == t->rank) return t->inner->copy(t->inner_ctx, env, dev, op);
+  if (t->inner_spans || (sr == t->rank && dr == t->rank))
+    return t->inner->copy(t->inner_ctx, env, dev, op);
   return start_half(t, env, op, op->src_dev == DP_HOST);
 }
 
 static dp_status w_peer(void *tctx, dp_exec_env *env, int dev, const dp_op *op) {
   dp_world_tx *t = tctx;
-  if (rank_of_dev(t, op->device) == t->rank)
+  if (t->inner_spans || rank_of_dev(t, op->device) == t->rank)
     return t->inner->peer ? t->inner->peer(t->inner_ctx, env, dev, op) : DP_OK;
   return start_half(t, env, op, false);
+}
+
+/* Only a backend whose transport spans the processes has collectives across
+ * them (dp__world_prepare refuses them otherwise). */
+static dp_status w_collective(void *tctx, dp_exec_env *env, int dev, const dp_op *op) {
+  dp_world_tx *t = tctx;
+  if (!t->inner_spans || !t->inner->collective)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the transport's own collectives do not run across processes");
+  return t->inner->collective(t->inner_ctx, env, dev, op);
 }
 
 static dp_status w_flush(void *tctx, dp_exec_env *env, int dev) {
@@ -70,12 +83,14 @@ static const dp_transport_ops world_transport = {
     .name = "world",
     .copy = w_copy,
     .peer = w_peer,
+    .collective = w_collective,
     .flush = w_flush,
     .complete_after_failure = true,
 };
 
 dp_status dp__world_new(const dp_plan *p, const dp_world_ops *ops, void *w,
-                        const dp_transport_ops *inner, void *inner_ctx, dp_world_tx **out) {
+                        const dp_transport_ops *inner, bool inner_spans, void *inner_ctx,
+                        dp_world_tx **out) {
   dp_world_tx *t = calloc(1, sizeof *t);
   if (!t) return DP_FAIL(DP_ERR_NOMEM, "world: out of memory");
   t->plan = p;
@@ -84,6 +99,7 @@ dp_status dp__world_new(const dp_plan *p, const dp_world_ops *ops, void *w,
   t->rank = ops->rank;
   t->local = p->cfg.n_devices / dp__ranks(&p->cfg);
   t->inner = inner;
+  t->inner_spans = inner_spans;
   t->inner_ctx = inner_ctx;
   t->transport = &world_transport;
   t->xfers = malloc((size_t)p->ops_cap * sizeof *t->xfers);
@@ -113,7 +129,7 @@ static void *local_end(const dp_world_tx *t, unsigned char *const arena[], int d
 dp_status dp__world_prepare(dp_world_tx *t, int cache, const dp_op *ops, int n_ops,
                             unsigned char *const arena[]) {
   int n = 0;
-  for (int k = 0; k < n_ops; k++) {
+  for (int k = 0; k < n_ops && !t->inner_spans; k++) {
     const dp_op *op = &ops[k];
     if (op->kind == DP_OP_ALLREDUCE)
       return DP_FAIL(DP_ERR_UNSUPPORTED,

@@ -33,7 +33,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
+
+#ifdef FAKE_CUDA_MPI
+#include <mpi.h>
+#endif
 
 #define FK_MAX_GPUS 64
 #define FK_MAX_ARENAS 512
@@ -429,7 +434,9 @@ static const char *const state_names[] = {
     "idle",      "a step",           "a capture before its step_begin",
     "a capture", "a launched graph", "an aborted capture"};
 
-enum { CALL_RUN, CALL_COPY };
+/* CALL_SEND / CALL_RECV: this process's half of an emulated NCCL pair with a
+ * device of another process (the MPI build of the double: MPI underneath). */
+enum { CALL_RUN, CALL_COPY, CALL_SEND, CALL_RECV };
 
 /* One queued call, with the values a kernel launch would bake in (never a
  * pointer into the caller's stack). */
@@ -441,6 +448,7 @@ typedef struct {
   void *dst;
   const void *src;
   size_t bytes;
+  int peer, self; /* CALL_SEND/RECV: the global devices at either end */
 } fk_call;
 
 typedef struct {
@@ -466,6 +474,14 @@ typedef struct {
 struct fk_ctx {
   const dp_plan *p;
   int n, n_mb, cap;
+  int d0, d1;  /* this process's devices: [0, n), or a rank's across processes */
+  bool world;  /* across processes: emulated NCCL over MPI */
+  bool broken; /* an emulated NCCL transfer timed out: communicators aborted */
+  bool synced; /* dp__cuda_step_sync ran in this step */
+  int timeout_ms;
+#ifdef FAKE_CUDA_MPI
+  MPI_Comm comm; /* the emulated NCCL's own (a dup of the world's processes) */
+#endif
   unsigned flags;
   int state, launched;
   uint64_t step; /* the step scalars of the queued work */
@@ -504,7 +520,7 @@ static void slot_clear(fk_slot *s) {
 }
 
 static void clear_queues(fk_ctx *c) {
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     fk_dev *x = &c->dev[d];
     x->in_stage = false;
     x->stage = x->last_stage = -1;
@@ -527,11 +543,14 @@ void dp__cuda_ctx_free(void *bctx) {
     if (G.arenas[i].owner == c) G.arenas[i].owner = NULL;
   G.n_ctxs--;
   unlock();
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     free(c->dev[d].q);
     free(c->dev[d].mbs);
   }
   for (int i = 0; i < DP_CUDA_GRAPH_SLOTS; i++) slot_clear(&c->slot[i]);
+#ifdef FAKE_CUDA_MPI
+  if (c->world) MPI_Comm_free(&c->comm);
+#endif
   if (tl_ctx == c) {
     tl_ctx = NULL;
     tl_dev = -1;
@@ -542,16 +561,20 @@ void dp__cuda_ctx_free(void *bctx) {
 /* cuda/context.cu's checks, and the emulation's own: the arena is one the
  * double allocated on that GPU and holds the device's planned bytes, and the
  * CPU ops' GEMM buffers fit the workspace. */
-static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsigned flags) {
+static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsigned flags,
+                                   int d0, int d1) {
   int n = p->split.n_used;
   if (n < 1 || n > DP_MAX_DEVICES)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: %d devices", n);
+  if (d0 < 0 || d1 > n || d0 > d1)
+    return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: devices %d..%d of %d", d0, d1 - 1,
+                   n);
   if (flags & ~(unsigned)(DP_CUDA_TF32 | DP_CUDA_NCCL))
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: unknown flags 0x%x", flags);
   if ((flags & DP_CUDA_NCCL) && !G.have_nccl)
     return DP_FAIL(DP_ERR_UNSUPPORTED, "the NCCL transport: this build has no NCCL");
   size_t need = dp__cuda_workspace_bytes();
-  for (int d = 0; d < n; d++) {
+  for (int d = d0; d < d1; d++) {
     dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
     int gpu = p->cfg.device_ids[d];
     if (ws.size < need)
@@ -586,7 +609,7 @@ static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsig
     if (a->owner)
       return DP_FAIL(DP_ERR_INVALID, "device %d: its arena %p belongs to another context",
                      d, arenas[d]);
-    for (int e = 0; e < d; e++) {
+    for (int e = d0; e < d; e++) {
       uintptr_t lo = (uintptr_t)arenas[e], hi = lo + p->dev_bytes[e];
       uintptr_t a0 = (uintptr_t)arenas[d], a1 = a0 + p->dev_bytes[d];
       if (a0 < hi && lo < a1)
@@ -601,20 +624,84 @@ static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsig
   return DP_OK;
 }
 
-dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
-                            void **bctx_out) {
+#ifdef FAKE_CUDA_MPI
+static MPI_Comm base_comm = MPI_COMM_NULL; /* fake_cuda_set_mpi_comm's; WORLD if unset */
+void fake_cuda_set_mpi_comm(MPI_Comm comm) { base_comm = comm; }
+static atomic_int drop_sends;
+void fake_cuda_drop_sends(int yes) { atomic_store(&drop_sends, yes != 0); }
+
+/* ncclGetUniqueId on rank 0, the id through the world's broadcast (libdp's
+ * own wiring, under test), then the communicator's "bootstrap": every rank
+ * must hold the same id, and the emulated NCCL's MPI communicator must be the
+ * world's processes in the world's order. */
+static dp_status world_bootstrap(const dp_backend_world *w, MPI_Comm *out) {
+  uint64_t id = 0;
+  if (w->rank == 0) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    id = ((uint64_t)getpid() << 32) ^ (uint64_t)ts.tv_nsec ^ 0x6e63636cull;
+  }
+  dp_status s = w->bcast(w->w, 0, &id, sizeof id);
+  if (s) return s;
+  MPI_Comm base = base_comm == MPI_COMM_NULL ? MPI_COMM_WORLD : base_comm;
+  int size = 0, rank = -1;
+  MPI_Comm_size(base, &size);
+  MPI_Comm_rank(base, &rank);
+  if (size != w->ranks || rank != w->rank)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: the emulated NCCL's communicator has %d processes (this one "
+                   "%d), the world %d (this one %d): fake_cuda_set_mpi_comm",
+                   size, rank, w->ranks, w->rank);
+  if (MPI_Comm_dup(base, out) != MPI_SUCCESS)
+    return DP_FAIL(DP_ERR_BACKEND, "fake cuda: MPI_Comm_dup failed");
+  uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&id, &lo, 1, MPI_UINT64_T, MPI_MIN, *out);
+  MPI_Allreduce(&id, &hi, 1, MPI_UINT64_T, MPI_MAX, *out);
+  if (lo != hi || id == 0) {
+    MPI_Comm_free(out);
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: ncclCommInitRank: the ranks hold different unique ids "
+                   "(the world's broadcast did not carry rank 0's)");
+  }
+  return DP_OK;
+}
+#endif
+
+static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                          const dp_backend_world *w, void **bctx_out) {
   if (!bctx_out) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: out is NULL");
   *bctx_out = NULL;
   if (!p || !arenas)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: plan or arenas is NULL");
+  int d0 = w ? w->dev0 : 0, d1 = w ? w->dev1 : p->split.n_used;
+  if (w && !(flags & DP_CUDA_NCCL))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp__cuda_ctx_init: across processes the copies between ranks need "
+                   "NCCL (DP_CUDA_NCCL)");
   lock();
-  dp_status s = check_init_locked(p, arenas, flags);
+  dp_status s = check_init_locked(p, arenas, flags, d0, d1);
   unlock();
   if (s) return s;
+#ifdef FAKE_CUDA_MPI
+  MPI_Comm comm = MPI_COMM_NULL;
+  if (w && (s = world_bootstrap(w, &comm))) return s;
+#else
+  if (w)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "fake cuda: across processes the emulated NCCL needs the MPI build of "
+                   "the double (FAKE_CUDA_MPI)");
+#endif
   fk_ctx *c = calloc(1, sizeof *c);
   if (!c) return DP_FAIL(DP_ERR_NOMEM, "dp__cuda_ctx_init: out of memory");
   c->p = p;
   c->n = p->split.n_used;
+  c->d0 = d0;
+  c->d1 = d1;
+  c->world = w != NULL;
+  c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
+#ifdef FAKE_CUDA_MPI
+  c->comm = comm;
+#endif
   c->n_mb = p->split.n_mb;
   c->cap = p->ops_cap > 0 ? p->ops_cap : 1; /* no device has more calls than ops */
   c->flags = flags;
@@ -623,7 +710,7 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
   c->fault_step = fs ? strtoull(fs, NULL, 10) : 0;
   c->state = ST_IDLE;
   bool ok = true;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     fk_dev *x = &c->dev[d];
     x->phys = p->cfg.device_ids[d];
     x->dev = arenas[d];
@@ -633,7 +720,7 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
     ok = ok && x->q && x->mbs;
   }
   lock();
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     fk_arena *a = arena_at_locked(arenas[d]);
     c->dev[d].rw = a->rw + ((unsigned char *)arenas[d] - a->dev);
     if (ok) a->owner = c;
@@ -649,12 +736,23 @@ dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned fla
   return DP_OK;
 }
 
+dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
+                            void **bctx_out) {
+  return ctx_init(p, arenas, flags, NULL, bctx_out);
+}
+
+dp_status dp__cuda_ctx_init_world(const dp_plan *p, void *const arenas[], unsigned flags,
+                                  const dp_backend_world *w, void **bctx_out) {
+  if (!w) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init_world: no world");
+  return ctx_init(p, arenas, flags, w, bctx_out);
+}
+
 /* ---- executing queued work ("the device") ----------------------------------------- */
 
 /* The alias of a device address of this context's arenas; host memory as is. */
 static void *translate(const fk_ctx *c, const void *p) {
   uintptr_t a = (uintptr_t)p;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     uintptr_t lo = (uintptr_t)c->dev[d].dev;
     if (a >= lo && a - lo < c->dev[d].bytes) return c->dev[d].rw + (a - lo);
   }
@@ -724,6 +822,82 @@ static void fault(fk_ctx *c, const char *fmt, int a, int b) {
   snprintf(c->fault_msg, sizeof c->fault_msg, fmt, a, b);
 }
 
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+#ifdef FAKE_CUDA_MPI
+/* Polls req until done or the step's timeout: false at the deadline (the
+ * request is cancelled and freed, and the emulated communicators are broken). */
+static bool mpi_done(fk_ctx *c, MPI_Request *req, double deadline) {
+  for (long polls = 0;; polls++) {
+    int done = 0;
+    MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (done) return true;
+    if (now_s() > deadline) {
+      MPI_Cancel(req);
+      MPI_Request_free(req);
+      c->broken = true;
+      return false;
+    }
+    if (polls > 1000) nanosleep(&(struct timespec){0, 50000}, NULL);
+  }
+}
+
+/* The devices [lo, hi) of a rank (the plan's, clipped to the used ones). */
+static void rank_devs(const fk_ctx *c, int r, int *lo, int *hi) {
+  int L = c->p->cfg.n_devices / dp__ranks(&c->p->cfg);
+  *lo = r * L < c->n ? r * L : c->n;
+  *hi = *lo + L < c->n ? *lo + L : c->n;
+}
+
+/* fast_collectives across processes: every device's vector, all ranks', in
+ * device order, then the sum in device order (as in one process). */
+static void allreduce_world(fk_ctx *c, const dp_op *op) {
+  size_t len = op->bytes / 4;
+  int ranks = dp__ranks(&c->p->cfg), counts[DP_MAX_DEVICES], displs[DP_MAX_DEVICES];
+  for (int r = 0; r < ranks; r++) {
+    int lo, hi;
+    rank_devs(c, r, &lo, &hi);
+    counts[r] = (int)((size_t)(hi - lo) * len);
+    displs[r] = (int)((size_t)lo * len);
+  }
+  float *all = malloc((size_t)c->n * len * 4 + 1), *mine = malloc(counts[0] * 4 + 4);
+  if (!all || !mine) {
+    free(all), free(mine);
+    fault(c, "fake cuda: out of memory in the allreduce of device %d (stage %d)",
+          op->device, op->stage);
+    return;
+  }
+  int L = c->d1 - c->d0;
+  for (int d = c->d0; d < c->d1; d++)
+    memcpy(mine + (size_t)(d - c->d0) * len,
+           c->dev[d].rw + c->p->regions[d][op->dst_region].offset + op->dst_offset,
+           op->bytes);
+  MPI_Request req;
+  MPI_Iallgatherv(mine, (int)((size_t)L * len), MPI_FLOAT, all, counts, displs, MPI_FLOAT,
+                  c->comm, &req);
+  if (!mpi_done(c, &req, now_s() + 1e-3 * c->timeout_ms)) {
+    fault(c,
+          "emulated NCCL: the allreduce of device %d did not complete within the "
+          "timeout (stage %d); the communicators were aborted",
+          op->device, op->stage);
+  } else {
+    for (size_t k = 0; k < len; k++) {
+      float sum = all[k];
+      for (int d = 1; d < c->n; d++) sum += all[(size_t)d * len + k];
+      for (int d = c->d0; d < c->d1; d++)
+        ((float *)(c->dev[d].rw + c->p->regions[d][op->dst_region].offset +
+                   op->dst_offset))[k] = sum;
+    }
+  }
+  free(all);
+  free(mine);
+}
+#endif
+
 /* config.fast_collectives: ncclAllReduce in place, entered by every device
  * of the context in one stage; it completes when the last one enters. The
  * sum runs in device order (NCCL's order depends on the topology; for two
@@ -745,16 +919,22 @@ static void allreduce_enter(fk_ctx *c, const dp_op *op, int stage) {
     return;
   }
   c->coll_mask |= 1ull << op->device;
-  if (++c->coll_n < c->n) return;
+  if (++c->coll_n < c->d1 - c->d0) return;
   c->coll_n = 0;
+#ifdef FAKE_CUDA_MPI
+  if (c->world) {
+    allreduce_world(c, op);
+    return;
+  }
+#endif
   float *g[DP_MAX_DEVICES];
-  for (int d = 0; d < c->n; d++)
+  for (int d = c->d0; d < c->d1; d++)
     g[d] =
         (float *)(c->dev[d].rw + c->p->regions[d][op->dst_region].offset + op->dst_offset);
   for (size_t k = 0; k < op->bytes / 4; k++) {
     float sum = g[0][k];
     for (int d = 1; d < c->n; d++) sum += g[d][k];
-    for (int d = 0; d < c->n; d++) g[d][k] = sum;
+    for (int d = c->d0; d < c->d1; d++) g[d][k] = sum;
   }
 }
 
@@ -768,7 +948,7 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   dp_exec_env e;
   memset(&e, 0, sizeof e);
   e.plan = c->p;
-  for (int d = 0; d < c->n; d++) e.arena[d] = c->dev[d].rw;
+  for (int d = c->d0; d < c->d1; d++) e.arena[d] = c->dev[d].rw;
   e.mbs = mbs;
   e.rows = k->rows;
   e.loss_rows = k->rows; /* the cuda backend does not accumulate (the planner refuses) */
@@ -798,10 +978,8 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   }
 }
 
-/* Stage by stage; within a stage, device by device in list order (devices
- * share nothing within a stage: the CPU runs them in parallel). */
-static void exec_all(fk_ctx *c, fk_call *const calls[], const int counts[],
-                     dp_mb *const mbs[], uint64_t step) {
+/* The status words, as dp__cuda_step_begin resets them on the device. */
+static void exec_reset(fk_ctx *c) {
   c->st_loss = c->st_label = c->st_grad = c->st_grad_inf = c->st_update = false;
   c->loss = 0.0f;
   c->bad_row = -1;
@@ -809,29 +987,96 @@ static void exec_all(fk_ctx *c, fk_call *const calls[], const int counts[],
   c->fault = DP_OK;
   c->fault_msg[0] = '\0';
   c->coll_n = 0;
+}
+
+#ifdef FAKE_CUDA_MPI
+/* Posts the MPI half of an emulated NCCL transfer with another process (tag:
+ * the device pair; MPI keeps one pair's messages in order, as NCCL does). */
+static void post(fk_ctx *c, const fk_call *k, MPI_Request *req) {
+  int L = c->p->cfg.n_devices / dp__ranks(&c->p->cfg);
+  int from = k->kind == CALL_SEND ? k->self : k->peer;
+  int to = k->kind == CALL_SEND ? k->peer : k->self;
+  int tag = from * DP_MAX_DEVICES + to;
+  if (k->kind == CALL_SEND) /* a host end is staging memory: translate leaves it */
+    MPI_Isend(translate(c, k->src), (int)k->bytes, MPI_BYTE, to / L, tag, c->comm, req);
+  else
+    MPI_Irecv(translate(c, k->dst), (int)k->bytes, MPI_BYTE, from / L, tag, c->comm, req);
+}
+#endif
+
+/* Stage by stage; within a stage, device by device in list order (devices
+ * share nothing within a stage: the CPU runs them in parallel). A transfer
+ * with another process (CALL_SEND/RECV) holds up its device's queue until it
+ * completes, as NCCL's kernel holds up its stream; the other devices go on. */
+static void exec_all(fk_ctx *c, fk_call *const calls[], const int counts[],
+                     dp_mb *const mbs[], uint64_t step) {
   int idx[DP_MAX_DEVICES] = {0};
+  double deadline = now_s() + 1e-3 * c->timeout_ms;
+#ifdef FAKE_CUDA_MPI
+  MPI_Request req[DP_MAX_DEVICES];
+  for (int d = 0; d < DP_MAX_DEVICES; d++) req[d] = MPI_REQUEST_NULL;
+#endif
   for (;;) {
     int s = INT_MAX;
-    for (int d = 0; d < c->n; d++)
+    for (int d = c->d0; d < c->d1; d++)
       if (idx[d] < counts[d] && calls[d][idx[d]].stage < s) s = calls[d][idx[d]].stage;
     if (s == INT_MAX) break;
     /* Streams run concurrently: the devices' calls of a stage interleave, one
      * at a time round-robin, starting from the last device on odd steps and the
      * first on even ones, so that work of one replica that depended on
      * another's in the same stage (a missing edge) would change the results. */
-    for (bool more = true; more;) {
-      more = false;
-      for (int i = 0; i < c->n; i++) {
-        int d = step & 1 ? c->n - 1 - i : i;
-        if (idx[d] < counts[d] && calls[d][idx[d]].stage == s) {
-          exec_call(c, &calls[d][idx[d]++], mbs[d], step);
+    for (bool more = true, waiting = false; more || waiting;) {
+      more = waiting = false;
+      for (int i = c->d0; i < c->d1; i++) {
+        int d = step & 1 ? c->d1 - 1 - (i - c->d0) : i;
+#ifdef FAKE_CUDA_MPI
+        if (req[d] != MPI_REQUEST_NULL) { /* its transfer holds the stream */
+          int done = 0;
+          MPI_Test(&req[d], &done, MPI_STATUS_IGNORE);
+          if (!done) {
+            waiting = true;
+            continue;
+          }
           more = true;
+        }
+#endif
+        if (idx[d] < counts[d] && calls[d][idx[d]].stage == s) {
+          fk_call *k = &calls[d][idx[d]++];
+          more = true;
+          if (k->kind != CALL_SEND && k->kind != CALL_RECV) {
+            exec_call(c, k, mbs[d], step);
+            continue;
+          }
+#ifdef FAKE_CUDA_MPI
+          if (!c->broken && !(k->kind == CALL_SEND && atomic_load(&drop_sends)))
+            post(c, k, &req[d]);
+#endif
+        }
+      }
+      if (!more && waiting) {
+        if (now_s() > deadline) {
+#ifdef FAKE_CUDA_MPI
+          for (int d = c->d0; d < c->d1; d++)
+            if (req[d] != MPI_REQUEST_NULL) {
+              MPI_Cancel(&req[d]);
+              MPI_Request_free(&req[d]);
+              fault(c,
+                    "emulated NCCL: device %d's transfer with device %d did not complete "
+                    "within the timeout (a peer process lost or stalled); the "
+                    "communicators were aborted",
+                    d, calls[d][idx[d] - 1].peer);
+            }
+#endif
+          c->broken = true;
+          waiting = false;
+        } else {
+          nanosleep(&(struct timespec){0, 20000}, NULL);
         }
       }
     }
     if (c->coll_n) {
       fault(c, "fake cuda: only %d of %d devices entered an allreduce (a real one hangs)",
-            c->coll_n, c->n);
+            c->coll_n, c->d1 - c->d0);
       c->coll_n = 0;
     }
   }
@@ -854,7 +1099,7 @@ static dp_status not_recording(const fk_ctx *c, const char *what) {
  * starts in one and runs past its end. */
 static int owner(const fk_ctx *c, const void *p, size_t bytes) {
   uintptr_t a = (uintptr_t)p;
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     uintptr_t lo = (uintptr_t)c->dev[d].dev;
     if (a >= lo && a - lo < c->dev[d].bytes)
       return bytes <= c->dev[d].bytes - (a - lo) ? d : -2;
@@ -904,9 +1149,10 @@ static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op, bool collec
   if (!c || !e || !op) return DP_FAIL(DP_ERR_INVALID, "fake cuda run: NULL argument");
   if (!recording(c)) return not_recording(c, "a backend run");
   int d = op->device;
-  if (d < 0 || d >= c->n)
-    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op on device %d, but the context has %d",
-                   d, c->n);
+  if (d < c->d0 || d >= c->d1)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda backend: op on device %d, but this process has devices %d..%d", d,
+                   c->d0, c->d1 - 1);
   if (tl_ctx != c || tl_dev != d)
     return DP_FAIL(
         DP_ERR_BACKEND,
@@ -934,7 +1180,7 @@ static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op, bool collec
   if (e->plan != c->p)
     return DP_FAIL(DP_ERR_BACKEND,
                    "fake cuda: env.plan is not the plan of dp__cuda_ctx_init");
-  for (int k = 0; k < c->n; k++)
+  for (int k = c->d0; k < c->d1; k++)
     if (e->arena[k] != c->dev[k].dev)
       return DP_FAIL(DP_ERR_BACKEND,
                      "fake cuda: env.arena[%d] = %p is not device %d's arena %p", k,
@@ -965,7 +1211,7 @@ static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op, bool collec
 static dp_status thread_dev(fk_ctx *c, const char *who, fk_dev **x) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "fake cuda %s: no context", who);
   if (!recording(c)) return not_recording(c, who);
-  if (tl_ctx != c || tl_dev < 0 || tl_dev >= c->n)
+  if (tl_ctx != c || tl_dev < c->d0 || tl_dev >= c->d1)
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: %s on a thread that has no device: the "
                    "executor must call dp__cuda_stage_begin first",
@@ -1018,6 +1264,60 @@ static dp_status op_ends(const fk_ctx *c, dp_exec_env *e, const dp_op *op, void 
   return s;
 }
 
+/* cuda/backend.cu's rule across processes: the NCCL ranks (global devices)
+ * that send and receive a copy's bytes (a host end is the executing
+ * device's); true when one is another process's. */
+static bool cross_process(const fk_ctx *c, const dp_op *op, int *from, int *to) {
+  if (!c->world) return false;
+  *from = op->src_dev >= 0 ? op->src_dev : op->device;
+  *to = op->dst_dev >= 0 ? op->dst_dev : op->device;
+  bool lf = *from >= c->d0 && *from < c->d1, lt = *to >= c->d0 && *to < c->d1;
+  return *from != *to && (!lf || !lt);
+}
+
+/* This process's half of a pair across processes, queued on device dev: the
+ * local end checked (arena of dev, or staging memory for the executing
+ * device's host end), the remote one never resolved. */
+static dp_status queue_half(fk_ctx *c, fk_dev *x, dp_exec_env *e, int dev, const dp_op *op,
+                            int from, int to) {
+  if (dev != from && dev != to)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda transport: device %d has no end in a copy from device %d to "
+                   "device %d of another process",
+                   dev, from, to);
+  bool send = dev == from;
+  int ldev = send ? op->src_dev : op->dst_dev;
+  void *p = dp__endpoint(e, ldev, send ? op->src_region : op->dst_region,
+                         send ? op->src_offset : op->dst_offset);
+  int o = owner(c, p, op->bytes);
+  dp_status s = o == -2 ? DP_FAIL(DP_ERR_INVALID,
+                                  "cuda transport: a copy of %zu bytes runs "
+                                  "past the end of device %d's arena",
+                                  op->bytes, ldev)
+                : o == -1
+                    ? check_host(p, op->bytes, send ? "copy source" : "copy destination")
+                    : DP_OK;
+  if (s) return s;
+  if (o != ldev)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: a copy's local end names device %d, but its memory is %d's",
+                   ldev, o);
+  if (op->bytes == 0) return DP_OK;
+  if (x->nq >= c->cap)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "fake cuda: device %d queued more than %d calls in a step", dev, c->cap);
+  x->q[x->nq++] = (fk_call){.kind = send ? CALL_SEND : CALL_RECV,
+                            .stage = x->stage,
+                            .dst = send ? NULL : p,
+                            .src = send ? p : NULL,
+                            .bytes = op->bytes,
+                            .peer = send ? to : from,
+                            .self = dev};
+  atomic_fetch_add_explicit(&n_copies, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&n_cross, 1, memory_order_relaxed);
+  return DP_OK;
+}
+
 dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   fk_ctx *c = tctx;
   fk_dev *x = NULL;
@@ -1028,6 +1328,8 @@ dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
                    "cuda transport: copy executed by device %d (op of device %d) on device "
                    "%d's thread",
                    dev, op->device, tl_dev);
+  int from, to;
+  if (cross_process(c, op, &from, &to)) return queue_half(c, x, e, dev, op, from, to);
   int sd, dd;
   void *dst;
   const void *src;
@@ -1057,6 +1359,11 @@ dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
     return DP_FAIL(DP_ERR_BACKEND,
                    "cuda transport: peer() for device %d on device %d's thread", dev,
                    tl_dev);
+  int from, to;
+  if (cross_process(c, op, &from, &to)) {
+    atomic_fetch_add_explicit(&n_peers, 1, memory_order_relaxed);
+    return queue_half(c, x, e, dev, op, from, to);
+  }
   int sd, dd;
   void *dst;
   const void *src;
@@ -1074,8 +1381,9 @@ dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
 
 static dp_status check_dev(const fk_ctx *c, int dev, const char *who) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "%s: no context", who);
-  if (dev < 0 || dev >= c->n)
-    return DP_FAIL(DP_ERR_INVALID, "%s: device %d, but the context has %d", who, dev, c->n);
+  if (dev < c->d0 || dev >= c->d1)
+    return DP_FAIL(DP_ERR_INVALID, "%s: device %d, but this process has devices %d..%d",
+                   who, dev, c->d0, c->d1 - 1);
   return DP_OK;
 }
 
@@ -1124,16 +1432,16 @@ dp_status dp__cuda_stage_end(void *bctx, int dev, int stage) {
 
 /* Every device went through the same stages and none is still in one. */
 static dp_status check_stages(const fk_ctx *c, const char *who) {
-  for (int d = 0; d < c->n; d++) {
+  for (int d = c->d0; d < c->d1; d++) {
     const fk_dev *x = &c->dev[d];
     if (x->in_stage)
       return DP_FAIL(DP_ERR_BACKEND, "%s: device %d is still in stage %d (no stage_end)",
                      who, d, x->stage);
-    if (x->last_stage != c->dev[0].last_stage)
+    if (x->last_stage != c->dev[c->d0].last_stage)
       return DP_FAIL(DP_ERR_BACKEND,
-                     "%s: device %d ended at stage %d, device 0 at stage %d: every device "
+                     "%s: device %d ended at stage %d, device %d at stage %d: every device "
                      "must run every stage's hooks",
-                     who, d, x->last_stage, c->dev[0].last_stage);
+                     who, d, x->last_stage, c->d0, c->dev[c->d0].last_stage);
   }
   return DP_OK;
 }
@@ -1147,12 +1455,15 @@ dp_status dp__cuda_step_begin(void *bctx, uint64_t step) {
                    state_names[c->state]);
   if (c->state == ST_IDLE) atomic_fetch_add(&n_plain, 1);
   c->state = c->state == ST_IDLE ? ST_STEP : ST_CAPTURE_STEP;
+  c->synced = false;
   c->step = step;
   clear_queues(c);
   tl_ctx = NULL;
   tl_dev = -1;
   return DP_OK;
 }
+
+static dp_status run_queued(fk_ctx *c, int state, float *loss, bool reset);
 
 dp_status dp__cuda_step_end(void *bctx, float *loss) {
   fk_ctx *c = bctx;
@@ -1166,26 +1477,52 @@ dp_status dp__cuda_step_end(void *bctx, float *loss) {
   atomic_fetch_add(&n_ends, 1);
   dp_status s = state == ST_STEP ? check_stages(c, "dp__cuda_step_end") : DP_OK;
   c->state = ST_IDLE;
-  if (s) {
-    clear_queues(c);
-    return s;
-  }
+  if (!s) s = run_queued(c, state, loss, !c->synced);
+  clear_queues(c);
+  return s;
+}
+
+/* Across processes, mid-step: runs what is queued so far and reports it; the
+ * step stays open (its stages go on; step_end runs the rest). */
+dp_status dp__cuda_step_sync(void *bctx, float *loss) {
+  fk_ctx *c = bctx;
+  if (loss) *loss = 0.0f;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_step_sync: no context");
+  if (c->state != ST_STEP)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_step_sync during %s: only in a plain step",
+                   state_names[c->state]);
+  if (c->synced) return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_step_sync: twice in one step");
+  dp_status s = check_stages(c, "dp__cuda_step_sync");
+  if (!s) s = run_queued(c, ST_STEP, loss, true);
+  for (int d = c->d0; d < c->d1; d++) c->dev[d].nq = 0; /* ran: the rest queues anew */
+  c->synced = true;
+  return s;
+}
+
+/* Runs the queued work (or the launched graph) and reports it as the device's
+ * status words do. reset: the status words start afresh (not after a
+ * step_sync in the same step). */
+static dp_status run_queued(fk_ctx *c, int state, float *loss, bool reset) {
   /* the debug fault kernel runs first in its step: nothing of it, or after it */
   if (c->faulted ||
       (c->fault_step && c->step + 1 == c->fault_step && state != ST_ABORTED)) {
     c->faulted = true;
-    clear_queues(c);
     return DP_FAIL(DP_ERR_BACKEND,
-                   "device 0 (GPU %d): cudaStreamQuery: "
+                   "device %d (GPU %d): cudaStreamQuery: "
                    "cudaErrorIllegalAddress: an illegal memory access was "
                    "encountered (emulated: DP_CUDA_DEBUG_FAULT_STEP)",
-                   c->dev[0].phys);
+                   c->d0, c->dev[c->d0].phys);
   }
+  if (c->broken)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "emulated NCCL: the communicators were aborted after a transfer timed "
+                   "out; the context can no longer move data between processes");
+  if (reset) exec_reset(c);
   if (state == ST_STEP) {
     fk_call *calls[DP_MAX_DEVICES];
     int counts[DP_MAX_DEVICES];
     dp_mb *mbs[DP_MAX_DEVICES];
-    for (int d = 0; d < c->n; d++) {
+    for (int d = c->d0; d < c->d1; d++) {
       calls[d] = c->dev[d].q;
       counts[d] = c->dev[d].nq;
       mbs[d] = c->dev[d].mbs;
@@ -1197,7 +1534,6 @@ dp_status dp__cuda_step_end(void *bctx, float *loss) {
   } else { /* aborted capture: nothing ran */
     exec_all(c, NULL, (int[DP_MAX_DEVICES]){0}, NULL, c->step);
   }
-  clear_queues(c);
   if (c->fault)
     return DP_FAIL(DP_ERR_BACKEND, "emulated GPU: an op failed on the device: %s",
                    c->fault_msg);
@@ -1256,7 +1592,8 @@ dp_status dp__cuda_capture_end(void *bctx, int slot) {
   }
   fk_slot *g = &c->slot[slot];
   slot_clear(g);
-  for (int d = 0; d < c->n && !s; d++) { /* instantiation allocates, as the driver's does */
+  for (int d = c->d0; d < c->d1 && !s;
+       d++) { /* instantiation allocates, as the driver's does */
     const fk_dev *x = &c->dev[d];
     g->n[d] = x->nq;
     g->calls[d] = malloc((size_t)(x->nq > 0 ? x->nq : 1) * sizeof *x->q);
@@ -1354,7 +1691,7 @@ dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
  * otherwise dp__cuda_memcpy's checks (in flight, bounds). */
 dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const void *src, size_t bytes) {
   fk_ctx *c = bctx;
-  if (!c || dev < 0 || dev >= c->n)
+  if (!c || dev < c->d0 || dev >= c->d1)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_copy: no context, or device %d", dev);
   if (bytes == 0) return DP_OK;
   const unsigned char *a = c->dev[dev].dev, *d = dst, *sp = src;

@@ -52,6 +52,16 @@ void fake_cuda_fail_captures(long n);
 void fake_cuda_fail_launches(long n);
 /* Back to the defaults above (live allocations are kept). */
 void fake_cuda_reset_config(void);
+#ifdef FAKE_CUDA_MPI
+#include <mpi.h>
+/* The MPI build of the double (test_cuda_mpi): the processes whose emulated
+ * NCCL carries copies between ranks, in the world's rank order (default
+ * MPI_COMM_WORLD); set before the context is created. */
+void fake_cuda_set_mpi_comm(MPI_Comm comm);
+/* From now on this process's emulated NCCL sends to other processes never
+ * go out (a peer that stalls mid-step): its peers' receives time out. */
+void fake_cuda_drop_sends(int yes);
+#endif
 
 fake_cuda_stats fake_cuda_get_stats(void);
 void fake_cuda_reset_counters(void);

@@ -1281,6 +1281,48 @@ START_TEST(refusals_create_nothing) {
 }
 END_TEST
 
+/* Across processes the planner takes a cuda plan (the backend has ctx_init_world
+ * and step_sync) but refuses what cannot cross processes, naming it; such a plan
+ * needs dp_ctx_create_mpi. The job itself runs in test_cuda_mpi (tests/mpi). */
+START_TEST(ranks_plans_take_nccl_only) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(CE_SPEC, "ranks", &m), DP_OK);
+  dp_config c = as_cuda(config(4, DP_MODE_ALLREDUCE, 0, DP_OPT_SGD), 0);
+  c.ranks = 2;
+  dp_plan *p = NULL;
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  ck_assert_int_eq(dp_plan_ranks(p), 2);
+  dp_ctx *x = NULL;
+  ck_assert_int_eq(dp_ctx_create(p, &x), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "dp_ctx_create_mpi") && !x, "%s", dp_last_error());
+  dp_plan_free(p);
+  static const struct {
+    int graph;
+    dp_transport t;
+    int ids_shared;
+    const char *says;
+  } bad[] = {{1, DP_TRANSPORT_AUTO, 0, "cuda_graph"},
+             {0, DP_TRANSPORT_COPY, 0, "transport copy"},
+             {0, DP_TRANSPORT_AUTO, 1, "replicas 2 and 3 (rank 1) are both on GPU"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    dp_config b = c;
+    b.cuda_graph = bad[i].graph;
+    b.transport = bad[i].t;
+    if (bad[i].ids_shared) b.device_ids[3] = b.device_ids[2];
+    p = NULL;
+    dp_status s = dp_plan_create(m, &b, &p);
+    ck_assert_msg(s == DP_ERR_INVALID && !p && strstr(dp_last_error(), bad[i].says),
+                  "case %zu: %s: %s", i, dp_status_name(s), dp_last_error());
+  }
+  /* another host's GPU 0 is not this one's: ranks may name the same ids */
+  dp_config h = c;
+  h.device_ids[2] = 0, h.device_ids[3] = 1;
+  ck_assert_msg(dp_plan_create(m, &h, &p) == DP_OK, "%s", dp_last_error());
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 /* ---- no allocation after create ------------------------------------------------------ */
 
 static void noalloc_case(dp_mode mode, int graph) {
@@ -1544,6 +1586,7 @@ static Suite *cuda_emul_suite(void) {
   suite_add_tcase(s, tc);
   tc = tcase("resources");
   tcase_add_test(tc, refusals_create_nothing);
+  tcase_add_test(tc, ranks_plans_take_nccl_only);
   tcase_add_test(tc, no_allocation_after_create);
   tcase_add_test(tc, create_static_with_device_memory);
   suite_add_tcase(s, tc);

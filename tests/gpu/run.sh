@@ -134,8 +134,12 @@ fi
 
 echo "== build: ninja -j16 test_dp test_noalloc dp ($(elapsed) s)"
 set +e
+# the job across processes on real GPUs, where configure.py found MPI here
+MPI_BIN=""
+grep -q 'build build-gpu/test_cuda_mpi_gpu:' build-gpu/build.ninja 2>/dev/null &&
+  MPI_BIN=build-gpu/test_cuda_mpi_gpu
 timeout "$(budget 240)" ninja -j16 -f build-gpu/build.ninja build-gpu/test_dp \
-  build-gpu/test_noalloc build-gpu/dp 2>&1 | tee "$BLOG"
+  build-gpu/test_noalloc build-gpu/dp $MPI_BIN 2>&1 | tee "$BLOG"
 brc=${PIPESTATUS[0]}
 set -e
 warnings=$(grep -ci 'warning' "$BLOG" || true)
@@ -216,6 +220,30 @@ else
   rc_torch=1
 fi
 
+# The cuda backend across processes (docs/DISTRIBUTED.md): tests/mpi/test_mpi.c's job,
+# one GPU per replica, under mpirun, against the same job in one process, bit for bit
+# (refusals, injected faults at every cross-rank copy, checkpoints both ways). Needs two
+# GPUs and Open MPI on this machine: otherwise listed as skipped, with the reason.
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+mgpu_why="" rc_mgpu=0
+: >"$OUTD/multi_gpu.log"
+if [ "${ngpu:-0}" -lt 2 ]; then
+  mgpu_why="needs 2 GPUs, this machine has ${ngpu:-0}"
+elif ! command -v mpirun >/dev/null; then
+  mgpu_why="no mpirun on this machine"
+elif [ -z "$MPI_BIN" ] || [ ! -x "$MPI_BIN" ]; then
+  mgpu_why="test_cuda_mpi_gpu not built (configure.py found no MPI)"
+else
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+  for layout in 2x1 2x2 4x1; do
+    np=${layout%x*} per=${layout#*x} devs=$((np * per))
+    [ "$devs" -le "$ngpu" ] || continue
+    echo "== cuda across processes, $layout ($(elapsed) s)" | tee -a "$OUTD/multi_gpu.log"
+    DP_TEST_DEVICES=$devs timeout "$(budget 60)" mpirun --oversubscribe --bind-to none \
+      -np "$np" "$MPI_BIN" "$OUTD" >>"$OUTD/multi_gpu.log" 2>&1 || rc_mgpu=1
+  done
+fi
+
 # compute-sanitizer: memcheck, synccheck and initcheck over the backend test case, in one
 # process (CK_FORK=no: the tool follows no fork), on the -lineinfo build. Slow: only with
 # DP_GPU_SANITIZE=1, or when time is left.
@@ -291,6 +319,13 @@ skip_bench=$(cat "$OUTD"/bench_gpu_*.log 2>/dev/null | grep -c 'skipped, no GPU'
   suite_counts cuda_fault "$OUTD/cuda_fault.log" "$rc_fault"
   grep -E '^NOTE .*alignment' "$OUTD/cuda_suite.log" 2>/dev/null || true
   grep -E '^race ' "$OUTD/race.log" 2>/dev/null || true
+  if [ -n "$mgpu_why" ]; then
+    printf '%-28s %s\n' "cuda across processes" "SKIPPED ($mgpu_why)"
+  else
+    printf '%-28s exit %s\n' "cuda across processes" "$rc_mgpu"
+    grep -E '^(test_cuda_mpi_gpu|rank [0-9]+: FAIL)' "$OUTD/multi_gpu.log" | sed 's/^/  /' ||
+      true
+  fi
   printf '%-28s %s\n' "test_noalloc" \
     "$(tail -1 "$OUTD/noalloc.log" 2>/dev/null || echo '?'), exit $rc_noalloc"
   grep -E 'cuda allocator calls:|context creation:|SKIP noalloc|^FAIL' "$OUTD/noalloc.log" \
@@ -338,6 +373,7 @@ bad=""
 [ "$rc_step" = 0 ] || bad="$bad bench-gpu-step"
 [ "$rc_gemm" = 0 ] || bad="$bad bench-gpu-gemm"
 [ "$src" = 0 ] || bad="$bad sanitizer"
+[ "$rc_mgpu" = 0 ] || bad="$bad cuda-across-processes"
 skipped=$((skip_cuda + skip_api + skip_noalloc + skip_bench))
 [ "$skipped" = 0 ] || bad="$bad no-GPU-skips($skipped)"
 if [ -n "$bad" ]; then

@@ -63,10 +63,10 @@ run "dp bench comm outside mpirun: exit 1, says how" sh -c "out=\$($bd/dp bench 
   rc=\$?; echo \"\$out\"; test \$rc -eq 1 && echo \"\$out\" | grep -q 'mpirun -np 4 dp bench comm'"
 # a rank that dies (SIGKILL: mpirun sees it) or stops answering (alive: only libdp's
 # timeout, 3 s here, can tell) ends the job with an error naming it, never a hang
-lost() { # flag, what the output must say
-  echo "-- a rank that $1 mid-training"
+lost() { # what, flag, what the output must say[, program]
+  echo "-- a rank that $1 mid-training${4:+ ($4)}"
   start=$(date +%s)
-  timeout 120 $MPIRUN -np 4 "$bd/test_mpi" "$tmp" "$2" 2 >"$tmp/lost" 2>&1
+  timeout 120 $MPIRUN -np 4 "$bd/${4:-test_mpi}" "$tmp" "$2" 2 >"$tmp/lost" 2>&1
   rc=$?
   took=$(($(date +%s) - start))
   if [ $rc -eq 0 ] || [ $rc -eq 124 ] || ! grep -q "$3" "$tmp/lost"; then
@@ -80,4 +80,18 @@ lost() { # flag, what the output must say
 }
 lost "is killed" --kill-rank "rank 2 .*exited on signal 9"
 lost "stops answering" --stall-rank "rank 2 of 4 did not answer within 3000 ms"
+# the cuda backend across processes, over the emulated GPU whose NCCL runs on MPI: the
+# same job and checks (docs/DISTRIBUTED.md, "GPUs across processes")
+if [ -x "$bd/test_cuda_mpi" ]; then
+  for np in 1 2 4 8; do
+    run "cuda (emulated GPU, NCCL over MPI): layout ${np}x$((8 / np))" \
+      $MPIRUN -np $np "$bd/test_cuda_mpi" "$tmp"
+  done
+  run "cuda (emulated): layout 4x2 over TCP" $MPIRUN --mca btl self,tcp -np 4 \
+    "$bd/test_cuda_mpi" "$tmp"
+  lost "is killed" --kill-rank "rank 2 .*exited on signal 9" test_cuda_mpi
+  lost "stops answering" --stall-rank "rank 2 of 4 did not answer within 3000 ms" \
+    test_cuda_mpi
+  lost "stops sending" --drop-rank "did not complete within the timeout" test_cuda_mpi
+fi
 exit $fail

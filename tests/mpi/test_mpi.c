@@ -14,11 +14,30 @@
  *     the one-process path; here the steps' counts are printed per rank).
  * With --kill-rank K, rank K kills itself mid-training; with --stall-rank K
  * it stops answering (alive): the others must end with an error naming it
- * (tests/mpi/run.sh checks that the job ends in time).
+ * (tests/mpi/run.sh checks that the job ends in time). test_cuda_mpi also has
+ * --drop-rank K: rank K's NCCL sends stop mid-step (the rest of it goes on).
+ *
+ * Built a second time as test_cuda_mpi (-DTEST_CUDA): the same job on the cuda
+ * backend, over the emulated GPU whose NCCL runs on MPI (tests/emul, built
+ * with FAKE_CUDA_MPI): each rank drives its devices' emulated GPUs, copies
+ * between ranks are NCCL pairs across processes, the pre-commit part is
+ * synchronised (step_sync) before the ranks agree; the reference is still the
+ * cpu backend in one process (the emulated GPU computes the cpu's bits), and
+ * fast_collectives (NCCL's allreduce across the processes) is compared with
+ * the emulated GPU in one process. No clipping or accumulation (cuda refuses
+ * them).
  *
  * Usage: mpirun -np R test_mpi TMPDIR [--kill-rank K | --stall-rank K]. Exit 0 when every
  * check passed on this rank. */
 #include "dp_mpi.h"
+#if defined(TEST_CUDA_REAL) /* real GPUs: tests/gpu/run.sh, a machine with >= 2 */
+#define PROG "test_cuda_mpi_gpu"
+#elif defined(TEST_CUDA)
+#include "fake_cuda.h"
+#define PROG "test_cuda_mpi"
+#else
+#define PROG "test_mpi"
+#endif
 
 #include "ctx.h" /* test hooks: dp__ctx_inject_fault, dp__ctx_schedule */
 
@@ -31,7 +50,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define N_DEV 8
+#define N_DEV n_dev
+static int n_dev = 8; /* test_cuda_mpi_gpu: DP_TEST_DEVICES (one GPU each) */
 #define BATCH 64 /* M = 16 micro-batches of 4: 1, 2, 4, 8 devices give one set of bits */
 #define IN 12
 #define OUT 5
@@ -75,16 +95,24 @@ static void make_batch(int t, float *x, int32_t *y) {
 typedef struct {
   const char *name;
   dp_mode mode;
-  int shard;
+  int shard, fast; /* fast: fast_collectives (cuda only) */
 } mode_case;
 
-static const mode_case MODES[] = {{"classic", DP_MODE_CLASSIC, 0},
-                                  {"allreduce", DP_MODE_ALLREDUCE, 0},
-                                  {"sharded", DP_MODE_ALLREDUCE, 1}};
+static const mode_case MODES[] = {{"classic", DP_MODE_CLASSIC, 0, 0},
+                                  {"allreduce", DP_MODE_ALLREDUCE, 0, 0},
+                                  {"sharded", DP_MODE_ALLREDUCE, 1, 0},
+#ifdef TEST_CUDA
+                                  {"fast_collectives", DP_MODE_ALLREDUCE, 0, 1}
+#endif
+};
 
 static dp_config config_for(const mode_case *m, int ranks) {
   dp_config c;
   dp_config_default(&c);
+#ifdef TEST_CUDA
+  c.backend = DP_BACKEND_CUDA;
+  c.fast_collectives = m->fast;
+#endif
   c.batch = BATCH;
   c.n_devices = N_DEV;
   c.ranks = ranks;
@@ -93,9 +121,23 @@ static dp_config config_for(const mode_case *m, int ranks) {
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   c.lr = 0.01f;
   c.seed = 7;
-  c.micro_batch = 4;        /* fixed: the bits do not depend on the device count */
+  c.micro_batch = 4; /* fixed: the bits do not depend on the device count */
+#ifndef TEST_CUDA
   c.clip_grad_norm = 0.05f; /* clipping; sharded: the norm's bins cross ranks too */
+#endif
   c.timeout_ms = 20000;
+  return c;
+}
+
+/* The one-process reference: the cpu backend, whose bits the emulated GPU
+ * gives; fast_collectives sums in NCCL's order, so its reference is the
+ * emulated GPU in one process. */
+static dp_config reference_for(const mode_case *m) {
+  dp_config c = config_for(m, 1);
+#ifndef TEST_CUDA_REAL /* a real GPU's GEMMs are not the cpu's bits: cuda in one process   \
+                        */
+  if (!m->fast) c.backend = DP_BACKEND_CPU;
+#endif
   return c;
 }
 
@@ -130,7 +172,7 @@ static void expect_all(dp_status got, dp_status want, const char *what) {
 }
 
 static void check_mode(const mode_case *m, dp_model *model) {
-  dp_config cw = config_for(m, size), c1 = config_for(m, 1);
+  dp_config cw = config_for(m, size), c1 = reference_for(m);
   dp_plan *pw = NULL, *p1 = NULL;
   dp_ctx *cx = NULL, *ref = NULL;
   dp_status s = dp_plan_create(model, &cw, &pw);
@@ -168,9 +210,11 @@ static void check_mode(const mode_case *m, dp_model *model) {
           m->name, t, rows, (unsigned long long)hw, (unsigned long long)hr);
     CHECK(bits(lw) == lref, "%s step %d: loss %.9g differs from one process's", m->name, t,
           (double)lw);
+#ifndef TEST_CUDA
     uint32_t nref = (uint32_t)share_u64(rank == 0 && ref ? bits(dp_ctx_grad_norm(ref)) : 0);
     CHECK(bits(dp_ctx_grad_norm(cx)) == nref, "%s step %d: gradient norm %.9g differs",
           m->name, t, (double)dp_ctx_grad_norm(cx));
+#endif
   }
   /* gradients and a forward */
   s = dp_get_grads(cx, g, np);
@@ -257,8 +301,8 @@ static void check_mode(const mode_case *m, dp_model *model) {
   expect_all(s, DP_OK, "saving the job's checkpoint");
   if (rank == 0 && ref) {
     dp_ctx *back = NULL;
-    dp_config c2 = config_for(m, 1);
-    c2.n_devices = 2;
+    dp_config c2 = reference_for(m);
+    c2.n_devices = m->fast ? N_DEV : 2; /* NCCL's sum: the same devices, or other bits */
     dp_plan *p2 = NULL;
     if (dp_plan_create(model, &c2, &p2) || dp_ctx_create(p2, &back) ||
         dp_ckpt_load(back, path))
@@ -268,8 +312,8 @@ static void check_mode(const mode_case *m, dp_model *model) {
       dp_train_step(back, BATCH, IN, x, y, NULL);
       dp_train_step(ref, BATCH, IN, x, y, NULL);
       CHECK(dp_params_hash(back) == dp_params_hash(ref),
-            "%s: saved in %d x %d, loaded in 1 x 2: the next step differs", m->name, size,
-            N_DEV / size);
+            "%s: saved in %d x %d, loaded in 1 x %d: the next step differs", m->name, size,
+            N_DEV / size, c2.n_devices);
     }
     dp_ctx_free(back);
     dp_plan_free(p2);
@@ -304,6 +348,7 @@ static void check_mode(const mode_case *m, dp_model *model) {
   dp_plan_free(p1);
 }
 
+#ifndef TEST_CUDA
 /* Gradient accumulation across processes: 2 calls of 32 rows update with the
  * bits of one step of the 64 rows in one process (the accumulating call's
  * schedule has transfers of its own). */
@@ -346,6 +391,8 @@ static void check_accumulate(dp_model *model) {
   dp_plan_free(p1);
 }
 
+#endif
+
 /* A rank that plans another batch is refused on every rank, named. */
 static void check_mismatch(dp_model *model) {
   if (size < 2) return;
@@ -367,7 +414,7 @@ static void check_mismatch(dp_model *model) {
 
 /* Rank `victim` kills itself (or, stall: stops answering) at step 3; the
  * others must fail, naming it. */
-static int run_kill(dp_model *model, int victim, bool stall) {
+static int run_kill(dp_model *model, int victim, bool stall, bool drop) {
   dp_config c = config_for(&MODES[1], size);
   c.timeout_ms = 3000;
   dp_plan *p = NULL;
@@ -380,8 +427,12 @@ static int run_kill(dp_model *model, int victim, bool stall) {
   int32_t *y = malloc(sizeof(int32_t) * BATCH);
   for (int t = 0; t < 10; t++) {
     if (t == 3 && rank == victim) {
-      if (!stall) raise(SIGKILL);
-      sleep(60); /* alive, but never answers: only the timeout can tell */
+#if defined(TEST_CUDA) && !defined(TEST_CUDA_REAL)
+      if (drop) /* mid-step: its NCCL sends never go out, the rest goes on */
+        fake_cuda_drop_sends(1);
+#endif
+      if (!stall && !drop) raise(SIGKILL);
+      if (stall) sleep(60); /* alive, but never answers: only the timeout can tell */
     }
     make_batch(t, x, y);
     dp_status s = job_step(cx, p, BATCH, x, y, NULL);
@@ -398,6 +449,22 @@ int main(int argc, char **argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+#ifdef TEST_CUDA
+#ifdef TEST_CUDA_REAL
+  const char *nd = getenv("DP_TEST_DEVICES");
+  if (nd) n_dev = atoi(nd);
+  if (n_dev < size || n_dev % size || n_dev > 8) {
+    fprintf(stderr, "DP_TEST_DEVICES=%d: a multiple of %d, at most 8\n", n_dev, size);
+    return 2;
+  }
+#else
+  fake_cuda_set_gpus(N_DEV); /* each process's emulated GPUs: device_ids 0..7 */
+#endif
+  if (dp_cuda_register()) {
+    fprintf(stderr, "dp_cuda_register: %s\n", dp_last_error());
+    return 2;
+  }
+#endif
   if (argc < 2) {
     if (rank == 0) fprintf(stderr, "usage: test_mpi TMPDIR [--kill-rank K]\n");
     MPI_Finalize();
@@ -409,16 +476,19 @@ int main(int argc, char **argv) {
     fprintf(stderr, "spec: %s\n", dp_last_error());
     return 2;
   }
-  if (argc >= 4 && (!strcmp(argv[2], "--kill-rank") || !strcmp(argv[2], "--stall-rank")))
-    return run_kill(model, atoi(argv[3]), !strcmp(argv[2], "--stall-rank"));
+  if (argc >= 4 && (!strcmp(argv[2], "--kill-rank") || !strcmp(argv[2], "--stall-rank") ||
+                    !strcmp(argv[2], "--drop-rank")))
+    return run_kill(model, atoi(argv[3]), !strcmp(argv[2], "--stall-rank"),
+                    !strcmp(argv[2], "--drop-rank"));
   for (size_t i = 0; i < sizeof MODES / sizeof *MODES; i++) check_mode(&MODES[i], model);
+#ifndef TEST_CUDA
   check_accumulate(model);
+#endif
   check_mismatch(model);
   dp_model_free(model);
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0)
-    printf("test_mpi %d x %d: %s\n", size, N_DEV / size, total ? "FAILED" : "ok");
+  if (rank == 0) printf(PROG " %d x %d: %s\n", size, N_DEV / size, total ? "FAILED" : "ok");
   MPI_Finalize();
   return total ? 1 : 0;
 }
