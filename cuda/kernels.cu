@@ -9,6 +9,10 @@
 
 #define THREADS 256
 #define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
+/* Blocks of the reductions whose order is fixed per block (column sums, the CE
+ * loss): many threads, since a column tile or a micro-batch is one block. */
+#define RED_THREADS 1024
+#define FULL_MASK 0xffffffffu
 
 /* Unfused IEEE single-precision arithmetic: the CPU backend's rounding steps. */
 static __device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
@@ -32,8 +36,17 @@ constexpr float GELU_A = 0.044715f;
  * (a + b == b + a), and the association depends only on the lane layout. All 32
  * lanes must be active. */
 static __device__ __forceinline__ float warp_sum(float v) {
-  for (int m = 16; m >= 1; m >>= 1) v = fa(v, __shfl_xor_sync(0xffffffffu, v, m));
+  for (int m = 16; m >= 1; m >>= 1) v = fa(v, __shfl_xor_sync(FULL_MASK, v, m));
   return v;
+}
+
+/* Lanes given to one row (CE loss) or columns in one tile (column sums): the
+ * smallest power of two >= cols, at most 32. A function of cols alone, so the
+ * reduction orders built on it depend on the shape only. */
+static __host__ __device__ __forceinline__ int lanes_for(int cols) {
+  int w = 1;
+  while (w < cols && w < 32) w <<= 1;
+  return w;
 }
 
 /* Sum of THREADS per-thread values in shared memory by a fixed tree; the
@@ -137,20 +150,42 @@ cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, i
   return cudaGetLastError();
 }
 
-/* One thread per column, rows ascending: the CPU's order, coalesced across the
- * threads of a warp. */
-static __global__ void k_colsum(const float *a, int rows, int cols, float *out) {
-  int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
+/* Column sums (bias gradients) of a (rows, cols) matrix. A block is a tile of
+ * W = lanes_for(cols) columns by L = RED_THREADS / W row lanes (thread t:
+ * column t % W of the tile, row lane t / W), so a warp reads 32 consecutive
+ * floats of a row (W = 32) or of consecutive rows (narrow matrices), and a
+ * column gets L threads, not one. The fixed order, a function of (rows, cols)
+ * alone: row lane y sums rows y, y + L, y + 2L, ... ascending from +0; then the
+ * L lane sums of a column are added by a halving tree in shared memory (lane y
+ * += lane y + L/2, then y + L/4, ..., 1). Not the CPU's rows-ascending order:
+ * the bits differ from it in the last places. */
+static __device__ __forceinline__ void column_tree_sum(float *sh, int W, int L) {
+  const int t = (int)threadIdx.x;
+  for (int w = L / 2; w > 0; w >>= 1) {
+    if (t / W < w) sh[t] = fa(sh[t], sh[t + w * W]);
+    __syncthreads();
+  }
+}
+
+static __global__ void __launch_bounds__(RED_THREADS)
+    k_colsum(const float *a, int rows, int cols, float *out) {
+  __shared__ float sh[RED_THREADS];
+  const int W = lanes_for(cols), L = RED_THREADS / W;
+  const int x = (int)threadIdx.x % W, y = (int)threadIdx.x / W;
+  const int j = (int)blockIdx.x * W + x;
   float s = 0.0f;
-  for (int r = 0; r < rows; r++) s = fa(s, a[(size_t)r * cols + j]);
-  out[j] = s;
+  if (j < cols)
+    for (int r = y; r < rows; r += L) s = fa(s, a[(size_t)r * cols + j]);
+  sh[threadIdx.x] = s;
+  __syncthreads();
+  column_tree_sum(sh, W, L);
+  if (y == 0 && j < cols) out[j] = sh[x];
 }
 
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out) {
   if (cols <= 0) return cudaSuccess;
-  k_colsum<<<(unsigned)((cols + THREADS - 1) / THREADS), THREADS, 0, st>>>(a, rows, cols,
-                                                                           out);
+  const int w = lanes_for(cols);
+  k_colsum<<<(unsigned)((cols + w - 1) / w), RED_THREADS, 0, st>>>(a, rows, cols, out);
   return cudaGetLastError();
 }
 
@@ -205,22 +240,38 @@ static __global__ void k_layernorm_dx(const float *x, const float *stats, const 
   }
 }
 
-/* dg[k] = sum_r dy xh, db[k] = sum_r dy: one thread per column, rows ascending
- * (the CPU's order). */
-static __global__ void k_layernorm_dparams(const float *x, const float *stats,
-                                           const float *dy, float *dg, float *db, int rows,
-                                           int cols) {
-  int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= cols) return;
+/* dg[k] = sum_r dy xh, db[k] = sum_r dy: k_colsum's tiles and fixed order
+ * (row lane y: rows y, y + L, ... ascending; then the halving tree over the L
+ * lanes), both sums side by side. */
+static __global__ void __launch_bounds__(RED_THREADS)
+    k_layernorm_dparams(const float *x, const float *stats, const float *dy, float *dg,
+                        float *db, int rows, int cols) {
+  __shared__ float shg[RED_THREADS], shb[RED_THREADS];
+  const int W = lanes_for(cols), L = RED_THREADS / W;
+  const int c = (int)threadIdx.x % W, y = (int)threadIdx.x / W;
+  const int k = (int)blockIdx.x * W + c;
   float sg = 0.0f, sb = 0.0f;
-  for (int r = 0; r < rows; r++) {
-    size_t i = (size_t)r * cols + k;
-    float xh = fm(fs(x[i], stats[2 * (size_t)r]), stats[2 * (size_t)r + 1]);
-    sg = fa(sg, fm(dy[i], xh));
-    sb = fa(sb, dy[i]);
+  if (k < cols)
+    for (int r = y; r < rows; r += L) {
+      size_t i = (size_t)r * cols + k;
+      float xh = fm(fs(x[i], stats[2 * (size_t)r]), stats[2 * (size_t)r + 1]);
+      sg = fa(sg, fm(dy[i], xh));
+      sb = fa(sb, dy[i]);
+    }
+  shg[threadIdx.x] = sg;
+  shb[threadIdx.x] = sb;
+  __syncthreads();
+  for (int w = L / 2; w > 0; w >>= 1) { /* column_tree_sum on both */
+    if (y < w) {
+      shg[threadIdx.x] = fa(shg[threadIdx.x], shg[threadIdx.x + w * W]);
+      shb[threadIdx.x] = fa(shb[threadIdx.x], shb[threadIdx.x + w * W]);
+    }
+    __syncthreads();
   }
-  dg[k] = sg;
-  db[k] = sb;
+  if (y == 0 && k < cols) {
+    dg[k] = shg[c];
+    db[k] = shb[c];
+  }
 }
 
 cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
@@ -236,7 +287,8 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
                                     const float *g, const float *dy, float *dx, float *dg,
                                     float *db, int rows, int cols) {
   if (cols <= 0) return cudaSuccess;
-  k_layernorm_dparams<<<(unsigned)((cols + THREADS - 1) / THREADS), THREADS, 0, st>>>(
+  const int w = lanes_for(cols);
+  k_layernorm_dparams<<<(unsigned)((cols + w - 1) / w), RED_THREADS, 0, st>>>(
       x, stats, dy, dg, db, rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !dx || rows <= 0) return e;
@@ -301,39 +353,71 @@ static __global__ void __launch_bounds__(THREADS)
   if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
 
-/* Block i: micro-batch i; thread t takes rows t, t + THREADS, ... (each row
- * the CPU's way: max, sum of exp, log-sum-exp, then the gradient). A label out
- * of range is flagged (DP_CUDA_ST_LABEL) and its row left out; lib/ctx.c
- * checks labels on the host before a step, so this is a second line. */
-static __global__ void __launch_bounds__(THREADS)
+/* Block i: micro-batch i, its rows handled G = lanes_for(cols) lanes at a time
+ * (a warp per row for cols > 16; 32 / G rows per warp for narrow logits), so
+ * reads and gradient writes are coalesced. The block's Q = RED_THREADS / G
+ * lane groups take rows q, q + Q, q + 2Q, ... of the micro-batch (relative to
+ * its first row). Per row, the CPU's formula: max (exact in any order), sum of
+ * exp(z - max) (lane c: columns c, c + G, ... ascending, then the xor
+ * butterfly over the group's G lanes), lse = max + log(sum), loss = lse - z[t],
+ * gradient (exp(z - lse) - [j == t]) / rows. The fixed order of part[i]: group
+ * q adds its rows' losses ascending from +0, then a halving tree over the Q
+ * group sums in shared memory; it depends on the micro-batch's row count and
+ * cols only, never on where its rows sit or which other micro-batches share
+ * the launch, so classic and allreduce give the same bits. A label out of range
+ * is flagged (DP_CUDA_ST_LABEL; integer atomics, order-independent), its row's
+ * gradient zeroed and its loss left out; lib/ctx.c checks labels on the host
+ * before a step, so this is a second line. */
+static __global__ void __launch_bounds__(RED_THREADS)
     k_loss_ce(const float *z, const int32_t *labels, float *g, float *part,
               dp_cuda_mb_span span, int cols, float inv, int row0, dp_cuda_header *hdr,
               int dev) {
-  __shared__ float sh[THREADS];
+  __shared__ float sh[RED_THREADS];
   int lo, hi;
   mb_rows(span, blockIdx.x, &lo, &hi);
-  float s = 0.0f;
-  for (int r = lo + (int)threadIdx.x; r < hi; r += THREADS) {
-    const float *zr = z + (size_t)r * cols;
+  const int G = lanes_for(cols), Q = RED_THREADS / G, n = hi - lo;
+  const int q = (int)threadIdx.x / G, c = (int)threadIdx.x % G;
+  const int first = (int)(threadIdx.x & 31u) & ~(G - 1); /* the group's lane 0 */
+  float s = 0.0f; /* the group's loss sum (kept by lane 0 of the group) */
+  /* Uniform trip count over the block: every lane reaches every shuffle. */
+  for (int base = 0; base < n; base += Q) {
+    const bool on = base + q < n;
+    const int r = lo + base + q;
+    const float *zr = z + (size_t)r * cols; /* read only when on */
+    float mx = -INFINITY;
+    if (on)
+      for (int j = c; j < cols; j += G) mx = zr[j] > mx ? zr[j] : mx;
+    for (int m = G / 2; m >= 1; m >>= 1) {
+      float o = __shfl_xor_sync(FULL_MASK, mx, m);
+      mx = o > mx ? o : mx;
+    }
+    mx = __shfl_sync(FULL_MASK, mx, first); /* one value per group (+-0, NaN) */
+    float se = 0.0f;
+    if (on)
+      for (int j = c; j < cols; j += G) se = fa(se, expf(fs(zr[j], mx)));
+    for (int m = G / 2; m >= 1; m >>= 1) se = fa(se, __shfl_xor_sync(FULL_MASK, se, m));
+    if (!on) continue; /* no shuffle below */
+    const float lse = fa(mx, logf(se));
+    const int t = labels[r];
     float *gr = g + (size_t)r * cols;
-    int t = labels[r];
     if (t < 0 || t >= cols) {
-      atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_LABEL);
-      atomicMin(&hdr->bad_label_row, (unsigned int)(row0 + r));
-      for (int j = 0; j < cols; j++) gr[j] = 0.0f;
+      if (c == 0) {
+        atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_LABEL);
+        atomicMin(&hdr->bad_label_row, (unsigned int)(row0 + r));
+      }
+      for (int j = c; j < cols; j += G) gr[j] = 0.0f;
       continue;
     }
-    float mx = zr[0], se = 0.0f;
-    for (int j = 1; j < cols; j++) mx = zr[j] > mx ? zr[j] : mx;
-    for (int j = 0; j < cols; j++) se = fa(se, expf(fs(zr[j], mx)));
-    float lse = fa(mx, logf(se));
-    s = fa(s, fs(lse, zr[t]));
-    for (int j = 0; j < cols; j++)
+    for (int j = c; j < cols; j += G)
       gr[j] = fm(fs(expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
+    if (c == 0) s = fa(s, fs(lse, zr[t]));
   }
-  sh[threadIdx.x] = s;
+  if (c == 0) sh[q] = s;
   __syncthreads();
-  block_tree_sum(sh);
+  for (int w = Q / 2; w > 0; w >>= 1) {
+    if ((int)threadIdx.x < w) sh[threadIdx.x] = fa(sh[threadIdx.x], sh[threadIdx.x + w]);
+    __syncthreads();
+  }
   if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
 }
 
@@ -348,32 +432,117 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
                          float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
                          int row0, dp_cuda_header *hdr, int dev) {
   if (span->n <= 0) return cudaSuccess;
-  k_loss_ce<<<(unsigned)span->n, THREADS, 0, st>>>(z, labels, g, part, *span, cols,
-                                                   inv_rows, row0, hdr, dev);
+  k_loss_ce<<<(unsigned)span->n, RED_THREADS, 0, st>>>(z, labels, g, part, *span, cols,
+                                                       inv_rows, row0, hdr, dev);
   return cudaGetLastError();
 }
 
-/* lib/cpu_backend.c's tree_sum: split [lo, hi) at (lo + hi + 1) / 2; an empty
- * right part (micro-batch mid >= n_ne: the empty ones are a suffix) is left
- * out. Depth <= 32. */
-static __device__ float tree_sum(const float *v, int lo, int hi, int n_ne) {
-  if (hi - lo == 1) return v[lo];
-  int mid = (lo + hi + 1) / 2;
-  float left = tree_sum(v, lo, mid, n_ne);
-  return mid < n_ne ? fa(left, tree_sum(v, mid, hi, n_ne)) : left;
+/* ---- the loss sum: lib/cpu_backend.c's tree_sum, bit for bit --------------------- */
+/* tree_sum(v, lo, hi): v[lo] when hi - lo == 1; else, with mid = (lo + hi + 1) / 2,
+ * tree_sum(lo, mid) + tree_sum(mid, hi) when mid < n_ne, and tree_sum(lo, mid)
+ * alone when the right part is empty (micro-batches >= n_ne are the empty ones,
+ * a suffix). k_loss_sum evaluates exactly that expression tree, in parallel:
+ * node (e, j) is the node at depth e whose path from the root spells j's e low
+ * bits, most significant first (0 left, 1 right); its range comes from the same
+ * midpoint descent (tree_node), so its children are (e + 1, 2j) and
+ * (e + 1, 2j + 1). Thread j first evaluates the subtree at node (LS_DEPTH, j)
+ * (subtree_sum: tree_sum's own calls, as a loop), then the top LS_DEPTH levels
+ * are evaluated level by level in shared memory, each node from its children
+ * with tree_sum's rule. By induction from the bottom every node evaluated
+ * holds tree_sum(lo, hi) of its range, so the root has tree_sum(0, n_mb)'s
+ * bits. A node is evaluated iff its lo < n_ne, as in the recursion (left
+ * children share their parent's lo; a right child is entered iff mid < n_ne). */
+#define LS_DEPTH 8 /* 2^LS_DEPTH == THREADS subtrees */
+static_assert((1 << LS_DEPTH) == THREADS, "a thread per subtree");
+
+/* The range [lo, hi) of node (e, j) of the tree over [0, n); false when an
+ * ancestor is a leaf (the node does not exist). */
+static __device__ bool tree_node(int n, int e, int j, int *lo, int *hi) {
+  int l = 0, h = n;
+  for (int b = e - 1; b >= 0; b--) {
+    if (h - l == 1) return false;
+    int mid = (l + h + 1) / 2;
+    if ((j >> b) & 1)
+      l = mid;
+    else
+      h = mid;
+  }
+  *lo = l;
+  *hi = h;
+  return true;
 }
 
-static __global__ void k_loss_sum(const float *part, int n_mb, int n_ne, float denom,
-                                  dp_cuda_header *hdr, int dev) {
-  float loss = fd(tree_sum(part, 0, n_mb, n_ne), denom);
-  hdr->loss = loss;
-  if (!isfinite(loss)) hdr->status[dev] |= DP_CUDA_ST_LOSS;
+/* tree_sum(v, lo, hi) (lo < n_ne) without recursion: descend left parts to a
+ * leaf, pushing a frame per split; on the way back a frame either enters its
+ * right part (mid < n_ne), or returns its left sum, or returns left + right.
+ * Ranges are < 2^31, so at most 31 frames. */
+static __device__ float subtree_sum(const float *v, int lo, int hi, int n_ne) {
+  int flo[32], fhi[32];
+  float fleft[32];
+  bool fright[32]; /* frame is summing its right part */
+  int sp = 0;
+  for (;;) {
+    while (hi - lo > 1) { /* descend into the left part */
+      flo[sp] = lo;
+      fhi[sp] = hi;
+      fright[sp] = false;
+      sp++;
+      hi = (lo + hi + 1) / 2;
+    }
+    float val = v[lo];
+    for (;;) { /* return val to the frames above */
+      if (sp == 0) return val;
+      int f = sp - 1, mid = (flo[f] + fhi[f] + 1) / 2;
+      if (fright[f]) {
+        val = fa(fleft[f], val); /* left + right */
+        sp--;
+      } else if (mid < n_ne) { /* enter the right part */
+        fleft[f] = val;
+        fright[f] = true;
+        lo = mid;
+        hi = fhi[f];
+        break;
+      } else {
+        sp--; /* empty right part: the left sum alone */
+      }
+    }
+  }
+}
+
+static __global__ void __launch_bounds__(THREADS)
+    k_loss_sum(const float *part, int n_mb, int n_ne, float denom, dp_cuda_header *hdr,
+               int dev) {
+  __shared__ float sh[THREADS];
+  const int j = (int)threadIdx.x;
+  int lo, hi;
+  sh[j] = tree_node(n_mb, LS_DEPTH, j, &lo, &hi) && lo < n_ne
+              ? subtree_sum(part, lo, hi, n_ne)
+              : 0.0f; /* never read */
+  __syncthreads();
+  for (int e = LS_DEPTH - 1; e >= 0; e--) {
+    const bool mine = j < (1 << e) && tree_node(n_mb, e, j, &lo, &hi) && lo < n_ne;
+    float v = 0.0f;
+    if (mine) {
+      int mid = (lo + hi + 1) / 2;
+      v = hi - lo == 1 ? part[lo]                     /* a leaf above the cut */
+          : mid < n_ne ? fa(sh[2 * j], sh[2 * j + 1]) /* left + right */
+                       : sh[2 * j];                   /* empty right part */
+    }
+    __syncthreads(); /* every read of level e + 1 before the writes of level e */
+    if (mine) sh[j] = v;
+    __syncthreads();
+  }
+  if (j == 0) {
+    float loss = fd(sh[0], denom);
+    hdr->loss = loss;
+    if (!isfinite(loss)) hdr->status[dev] |= DP_CUDA_ST_LOSS;
+  }
 }
 
 cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
                           float denom, dp_cuda_header *hdr, int dev) {
   if (n_mb <= 0 || n_ne <= 0) return cudaErrorInvalidValue;
-  k_loss_sum<<<1, 1, 0, st>>>(part, n_mb, n_ne, denom, hdr, dev);
+  k_loss_sum<<<1, THREADS, 0, st>>>(part, n_mb, n_ne, denom, hdr, dev);
   return cudaGetLastError();
 }
 

@@ -13,7 +13,8 @@
  * (lib/cpu_backend.c) does a separate multiply and add, the kernels use
  * __fmul_rn/__fadd_rn so that nvcc does not contract them into an FMA: the
  * element-wise kernels without transcendental functions (relu, dropout, grad
- * add, zero, the optimizers, the column sums) then give the CPU's bits. */
+ * add, zero, the optimizers) then give the CPU's bits; the column sums follow a
+ * fixed order of their own (cuda/kernels.cu, k_colsum). */
 #ifndef DP_CUDA_KERNELS_CUH
 #define DP_CUDA_KERNELS_CUH
 
@@ -89,7 +90,8 @@ cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, in
                          uint64_t seed, const dp_cuda_header *hdr, uint64_t layer,
                          uint64_t row0, float p, float scale);
 cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols);
-/* out[j] = sum over rows, ascending from +0, of a[r][j] (bias gradients). */
+/* out[j] = sum over rows of a[r][j] (bias gradients), in k_colsum's fixed order
+ * (row lanes, then a tree; a function of rows and cols only). */
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out);
 /* stats: (rows, 2) mean, rstd. */
 cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,

@@ -2,7 +2,11 @@
  * optimizer, run by one worker thread per virtual device on that device's
  * arena. Every loop has a fixed order (no atomics, no thread-count-dependent
  * splits), so results are a pure function of the inputs; each output
- * element's accumulation order depends only on the reduced dimension. */
+ * element's accumulation order depends only on the reduced dimension. The
+ * executor may run element ranges of an elementwise op (copy, gradient add,
+ * zero, check, update) on several threads at once (exec.c: work sharing):
+ * those ops address everything by the op's offsets, and no element depends
+ * on another, so the bits are the same. */
 #include "gemm.h"
 #include "internal.h"
 
@@ -381,9 +385,11 @@ static inline float adam_w(const opt_consts *u, float w, float m, float v) {
 }
 
 /* 1 when the update of element k would leave a non-finite parameter or state
- * word; branch-free per element so that the scan vectorises. */
+ * word; branch-free per element so that the scan vectorises. s: the first
+ * state vector (momentum, AdamW's m) at this range, sv: AdamW's v. */
 static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const float *w,
-                                  const float *g, const float *s, size_t n, size_t k) {
+                                  const float *g, const float *s, const float *sv,
+                                  size_t k) {
   switch (o) {
   case DP_OPT_SGD: return nonfinite_bit(sgd_w(u, w[k], g[k]));
   case DP_OPT_MOMENTUM: {
@@ -391,7 +397,7 @@ static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const flo
     return nonfinite_bit(b) | nonfinite_bit(mom_w(u, w[k], gk, b));
   }
   case DP_OPT_ADAMW: {
-    float m = adam_m(u, s[k], g[k]), v = adam_v(u, s[n + k], g[k]);
+    float m = adam_m(u, s[k], g[k]), v = adam_v(u, sv[k], g[k]);
     return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_w(u, w[k], m, v));
   }
   }
@@ -399,16 +405,17 @@ static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const flo
 }
 
 static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *restrict w,
-                            const float *restrict g, const float *restrict s, size_t n) {
+                            const float *restrict g, const float *restrict s,
+                            const float *restrict sv, size_t n) {
   /* one loop per optimizer, each free of branches, so that it vectorises */
   const opt_consts v = *u;
   uint32_t bad = 0;
   switch (o) {
   case DP_OPT_SGD: /* exact: the element rule with the optimizer a constant */
-    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_SGD, &v, w, g, s, n, k);
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_SGD, &v, w, g, s, sv, k);
     break;
   case DP_OPT_MOMENTUM:
-    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_MOMENTUM, &v, w, g, s, n, k);
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_MOMENTUM, &v, w, g, s, sv, k);
     break;
   case DP_OPT_ADAMW: {
     /* Conservative, without AdamW's sqrt and division: the moments finite and
@@ -417,7 +424,7 @@ static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *re
      * exactly by the caller's search. */
     float inv_eps = 1.0f / v.eps, dec = fabsf(v.decay), lim = FLT_MAX / 2;
     for (size_t k = 0; k < n; k++) {
-      float m = adam_m(&v, s[k], g[k]), vv = adam_v(&v, s[n + k], g[k]);
+      float m = adam_m(&v, s[k], g[k]), vv = adam_v(&v, sv[k], g[k]);
       float bound = fabsf(w[k]) * dec + v.step_size * (fabsf(m) * inv_eps);
       bad |= nonfinite_bit(m) | nonfinite_bit(vv) | (uint32_t) !(bound <= lim);
     }
@@ -429,24 +436,36 @@ static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *re
 
 /* The gradients of this device's optimizer range are finite, and so is every
  * value the update would write (parameters and optimizer state). */
+/* The optimizer state of parameters [off, ...) of device d: the first state
+ * vector at *s, AdamW's second at *sv. The state region holds the device's
+ * range [opt_off[d], +opt_len[d]) only, one vector after the other; an op may
+ * cover part of that range (the executor shares elementwise ops out). */
+static void opt_state(const dp_exec_env *e, int d, size_t off, float **s, float **sv) {
+  const dp_plan *p = e->plan;
+  float *s0 = region(e, d, DP_REGION_OPT_STATE, 0);
+  *s = s0 + (off - p->opt_off[d]);
+  *sv = *s + p->opt_len[d];
+}
+
 static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
   const dp_config *c = &e->plan->cfg;
   int d = op->device;
   size_t n = op->bytes / 4, off = op->src_offset / 4;
   const float *g = region(e, d, op->src_region, op->src_offset);
   const float *w = region(e, d, DP_REGION_PARAMS, op->src_offset);
-  const float *s = region(e, d, DP_REGION_OPT_STATE, 0);
+  float *s, *sv;
+  opt_state(e, d, off, &s, &sv);
   opt_consts u = opt_consts_of(c, e->step, e->lr);
   /* One pass: a non-finite gradient makes its update non-finite too, so the
    * update scan covers both (conservatively for AdamW); the exact search says
    * which, if any. */
-  if (!update_scan(c->optimizer, &u, w, g, s, n)) return DP_OK;
+  if (!update_scan(c->optimizer, &u, w, g, s, sv, n)) return DP_OK;
   for (size_t k = 0; k < n; k++)
     if (!isfinite(g[k]))
       return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
                      off + k, isnan(g[k]) ? "NaN" : "infinite");
   for (size_t k = 0; k < n; k++)
-    if (update_bad(c->optimizer, &u, w, g, s, n, k))
+    if (update_bad(c->optimizer, &u, w, g, s, sv, k))
       return DP_FAIL(DP_ERR_NONFINITE,
                      "the update would make parameter %zu or its optimizer state "
                      "non-finite (lr %g, weight_decay %g); the step was not applied",
@@ -454,16 +473,18 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
   return DP_OK; /* the bound was only cautious */
 }
 
-/* PyTorch's update rules on parameters [off, off + n) of this device; the
- * state region holds this range only (see dp_plan.opt_off). Alias-free loops
- * so that they vectorise (the same IEEE operations per element either way). */
+/* PyTorch's update rules on parameters [off, off + n) of this device (its
+ * optimizer range or a part of it: opt_state). Alias-free loops so that they
+ * vectorise (the same IEEE operations per element either way). */
 static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
   const dp_config *c = &e->plan->cfg;
   int d = op->device;
   size_t n = op->bytes / 4;
   float *restrict w = region(e, d, DP_REGION_PARAMS, op->dst_offset);
   const float *restrict g = region(e, d, DP_REGION_GRADS, op->dst_offset);
-  float *restrict s = region(e, d, DP_REGION_OPT_STATE, 0);
+  float *s0, *sv0;
+  opt_state(e, d, op->dst_offset / 4, &s0, &sv0);
+  float *restrict s = s0, *restrict sv = sv0;
   opt_consts u = opt_consts_of(c, e->step, e->lr);
   switch (c->optimizer) {
   case DP_OPT_SGD:
@@ -478,9 +499,9 @@ static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
     break;
   case DP_OPT_ADAMW:
     for (size_t k = 0; k < n; k++) {
-      float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, s[n + k], g[k]);
+      float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, sv[k], g[k]);
       s[k] = m;
-      s[n + k] = v;
+      sv[k] = v;
       w[k] = adam_w(&u, w[k], m, v);
     }
     break;

@@ -71,6 +71,59 @@ static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
   return x->transport->peer(x->tctx, x->env, dev, op);
 }
 
+/* ---- work sharing --------------------------------------------------------------
+ * In classic mode the reduction, the check and the update run on device 0
+ * while the others wait at the stage's barrier, and the broadcast on the
+ * replicas while device 0 waits. Elementwise work has no order: every element
+ * is computed by the same IEEE operations whichever thread computes it, so an
+ * op may be cut into element ranges run by every device's thread, with a
+ * barrier after it, without changing a bit. That needs a synchronous backend
+ * (an op has done its work when it returns; no stage hooks) whose devices and
+ * transport live in this one address space (the backend's own transport: no
+ * world around it, no two-sided halves, no flush), and whose run() accepts
+ * such an op on a sub-range (the cpu backend: its ops address parameters,
+ * gradients and optimizer state by the op's offsets). The decision depends
+ * only on the op and the executor, so every device makes the same one, and
+ * every device meets the op's barrier, a failed one too. */
+#define SHARE_MIN_BYTES ((size_t)128 * 1024) /* smaller ops: the barrier costs more */
+#define SHARE_ALIGN ((size_t)64)             /* ranges start on cache lines */
+
+static bool share_capable(const dp_exec *x) {
+  const dp_backend_ops *b = x->backend;
+  const dp_transport_ops *t = x->transport;
+  return x->n_devices > 1 && t == b->transport && !b->step_begin && !b->stage_begin &&
+         !b->stage_end && !b->n_graph_slots && !b->ctx_init_world && !t->peer &&
+         !t->flush && !t->complete_after_failure && t->copy;
+}
+
+static bool local_end(const dp_exec *x, int dev) {
+  return dev == DP_HOST || (dev >= x->dev0 && dev < x->dev0 + x->n_devices);
+}
+
+static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject) {
+  if (!x->share || k == inject || op->bytes < SHARE_MIN_BYTES || op->bytes % 4)
+    return false;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_COPY:
+    return !skipped(x->env, op) && local_end(x, op->src_dev) && local_end(x, op->dst_dev);
+  case DP_OP_GRAD_ADD:
+  case DP_OP_ZERO:
+  case DP_OP_GRAD_CHECK:
+  case DP_OP_OPTIMIZER: return true;
+  default: return false;
+  }
+}
+
+/* Device dev's element range of op: bytes [*b0, *b1). */
+static void share_range(const dp_exec *x, const dp_op *op, int dev, size_t *b0,
+                        size_t *b1) {
+  size_t n = (size_t)x->n_devices, per = (op->bytes + n - 1) / n;
+  per = (per + SHARE_ALIGN - 1) / SHARE_ALIGN * SHARE_ALIGN;
+  size_t j = (size_t)(dev - x->dev0);
+  *b0 = j * per < op->bytes ? j * per : op->bytes;
+  *b1 = *b0 + per < op->bytes ? *b0 + per : op->bytes;
+}
+
 /* Records the first failure of device dev: at schedule index k, or in the
  * stage hook of stage `hook_stage` (-1: an op). */
 static void note(dp_exec *x, int dev, int k, int stage, int hook_stage, dp_status st) {
@@ -93,6 +146,7 @@ static void run_device(dp_exec *x, int dev) {
   const dp_backend_ops *b = x->backend;
   const dp_transport_ops *t = x->transport;
   bool two_sided = t->peer != NULL, all_copies = t->complete_after_failure;
+  int seq = 0; /* shared ops met in this run */
   for (int s = x->s0; s <= s1; s++) {
     /* A failure in an earlier stage, which every device sees alike (one in
      * this stage may or may not be visible yet). */
@@ -111,6 +165,34 @@ static void run_device(dp_exec *x, int dev) {
        * across processes (complete_after_failure) every later copy too, as
        * the other process cannot know of the failure before the run ends. */
       bool failed = atomic_load_explicit(&x->fail_stage, memory_order_relaxed) != INT_MAX;
+      if (shared_op(x, op, k, inject)) {
+        bool *bad = x->part_bad[seq++ & 1];
+        size_t b0, b1;
+        share_range(x, op, dev, &b0, &b1);
+        if (!stopped && !failed && b1 > b0) {
+          dp_op part = *op;
+          part.src_offset += b0;
+          part.dst_offset += b0;
+          part.bytes = b1 - b0;
+          dp_status st = run_op(x, &part);
+          /* a check's message names the first bad element of the whole op:
+           * the op's device runs it again whole (it only reads) */
+          if (st && op->kind == DP_OP_GRAD_CHECK)
+            bad[dev] = true;
+          else
+            note(x, dev, k, s, -1, st);
+        }
+        barrier_wait(&x->bar);
+        if (op->device == dev) {
+          bool any = false;
+          for (int d = x->dev0; d < x->dev0 + x->n_devices; d++) {
+            any |= bad[d];
+            bad[d] = false;
+          }
+          if (any) note(x, dev, k, s, -1, run_op(x, op));
+        }
+        continue;
+      }
       if (!(xfer && all_copies) && (stopped || (failed && !(two_sided && xfer)))) continue;
       bool mine = op->device == dev, peer = !mine && is_peer(x, op, dev);
       if (!mine && !peer) continue;
@@ -154,6 +236,7 @@ dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_op
   x->transport = t;
   x->tctx = tctx;
   x->inject_at = -1;
+  x->share = share_capable(x);
   x->bar.n = n_devices;
   pthread_mutex_init(&x->bar.mu, NULL);
   pthread_cond_init(&x->bar.cv, NULL);

@@ -44,6 +44,13 @@ struct dp_exec {
   int fail_hook[DP_MAX_DEVICES]; /* the stage whose hook failed; -1: an op */
   char errmsg[DP_MAX_DEVICES][DP_ERRMSG_CAP];
   int first_fail; /* after a failed run: the schedule index it reported */
+  /* Work sharing (exec.c): a synchronous backend whose devices all live in
+   * this address space runs a large elementwise op (a copy, a gradient add,
+   * the check, the update) on every device's thread, each an element range,
+   * with a barrier after it. part_bad[slot][dev]: the range of device dev
+   * failed in a check, for the shared op of parity slot. */
+  bool share;
+  bool part_bad[2][DP_MAX_DEVICES];
 };
 
 /* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs

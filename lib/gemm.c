@@ -48,6 +48,7 @@
 #define MR_MAX 12
 #define NR_MAX 32
 #define STACK_WS (32 * 1024) /* problems whose panels fit here pack on the stack */
+#define UA_SLIVERS 2          /* products this many B slivers wide read A in place */
 #ifndef SMALL_FMAS
 #define SMALL_FMAS 512 /* problems of at most this many fmas run unpacked */
 #endif
@@ -67,12 +68,19 @@ typedef void (*pack_a_fn)(float *dst, const float *A, int lda, int transA, int i
 typedef void (*pack_b_fn)(float *dst, const float *B, int ldb, int transB, int k0, int kc, int j0,
                           int nc, int NR, int s0, int s1);
 
+/* kern_fn with op(A) read where it lies instead of from a packed sliver: row
+ * i of the sliver at a + i * sa_i, its step k at + k * sa_k (MR rows that
+ * exist). The same fma per element in the same order as kern_fn. */
+typedef void (*kern_ua_fn)(int kc, const float *a, size_t sa_i, size_t sa_k, const float *b,
+                           float *c, size_t ldc, int flags, const float *bias);
+
 typedef struct {
   const char *name;
   int mr, nr;
   kern_fn kern;
   pack_a_fn pack_a;
   pack_b_fn pack_b;
+  kern_ua_fn kern_ua; /* NULL: A is always packed */
 } tier;
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
@@ -189,6 +197,58 @@ TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c,
 #pragma GCC unroll 6
     for (int i = 0; i < MR_2; i++) {
       __m256 ai = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  if (flags & K_BIAS) {
+    __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      acc[i][0] = _mm256_add_ps(acc[i][0], bb0);
+      acc[i][1] = _mm256_add_ps(acc[i][1], bb1);
+    }
+  }
+  if (flags & K_RELU) {
+    __m256 z = _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++)
+      for (int h = 0; h < 2; h++) /* v <= 0 -> +0; NaN (unordered) passes */
+        acc[i][h] = _mm256_andnot_ps(_mm256_cmp_ps(acc[i][h], z, _CMP_LE_OQ), acc[i][h]);
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR_2; i++) {
+    _mm256_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
+  }
+}
+
+/* kern_avx2 reading op(A) in place (kern_ua_fn): for narrow products (one
+ * or two B slivers) a packed A sliver would be used once or twice, so packing
+ * it costs about what it saves. */
+TGT_AVX2 static void kern_avx2_ua(int kc, const float *a, size_t sa_i, size_t sa_k,
+                                  const float *b, float *c, size_t ldc, int flags,
+                                  const float *bias) {
+  const float *ar[MR_2];
+  for (int i = 0; i < MR_2; i++) ar[i] = a + (size_t)i * sa_i;
+  __m256 acc[MR_2][2];
+  if (flags & K_LOAD) {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      acc[i][0] = _mm256_loadu_ps(c + i * ldc);
+      acc[i][1] = _mm256_loadu_ps(c + i * ldc + 8);
+    }
+  } else {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  }
+  size_t o = 0;
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; k++, o += sa_k, b += NR_2) {
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      __m256 ai = _mm256_broadcast_ss(ar[i] + o);
       acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
       acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
     }
@@ -334,6 +394,16 @@ TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld,
           for (int g = 0; g < W; g += 8) _mm256_storeu_ps(d + g, _mm256_loadu_ps(q + g));
         continue;
       }
+      if (W < 8 && s + 8 <= n) {
+        /* a full 6-wide sliver with 2 more columns in the panel: plain
+         * 8-float loads, stored 8 wide (the 2 extra lanes spill into the next
+         * row, stored right after) but for the panel's last row */
+        int kfull = k0 + kn < kc ? kn : kn - 1;
+        for (int k = 0; k < kfull; k++, q += ld, d += W)
+          _mm256_storeu_ps(d, _mm256_loadu_ps(q));
+        if (kfull < kn) store_n(d, _mm256_loadu_ps(q), W);
+        continue;
+      }
       for (int k = 0; k < kn; k++, q += ld, d += W)
         for (int g = 0; g < W; g += 8) {
           int cnt = imin(8, W - g), valid = n - s - g < 0 ? 0 : imin(n - s - g, cnt);
@@ -434,10 +504,10 @@ TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float
 enum { TIER_SCALAR, TIER_AVX2, TIER_AVX512, TIER_COUNT };
 
 static const tier tiers[TIER_COUNT] = {
-    [TIER_SCALAR] = {"scalar", MR_S, NR_S, kern_scalar, pack_a_c, pack_b_c},
+    [TIER_SCALAR] = {"scalar", MR_S, NR_S, kern_scalar, pack_a_c, pack_b_c, NULL},
 #if DP_GEMM_X86
-    [TIER_AVX2] = {"avx2", MR_2, NR_2, kern_avx2, pack_a_avx2, pack_b_avx2},
-    [TIER_AVX512] = {"avx512", MR_5, NR_5, kern_avx512, pack_a_avx2, pack_b_avx2},
+    [TIER_AVX2] = {"avx2", MR_2, NR_2, kern_avx2, pack_a_avx2, pack_b_avx2, kern_avx2_ua},
+    [TIER_AVX512] = {"avx512", MR_5, NR_5, kern_avx512, pack_a_avx2, pack_b_avx2, NULL},
 #endif
 };
 
@@ -663,6 +733,12 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
   float *Ap = ws, *Bp = ws + round_up(a_floats(M, K), 16);
   _Alignas(64) float tile[MR_MAX * NR_MAX];
   _Alignas(64) float tbias[NR_MAX];
+  /* Narrow products (at most UA_SLIVERS B slivers) read A in place: each A
+   * sliver would serve only those few B slivers. Only a last, partial row
+   * sliver is packed (into apart), so that no row past M is read. */
+  bool ua = t->kern_ua && N <= UA_SLIVERS * NR;
+  size_t sa_i = transA ? 1 : (size_t)lda, sa_k = transA ? (size_t)lda : 1;
+  _Alignas(64) float apart[MR_MAX * KC];
   bool tile_set = false; /* edge tiles reload rows they then drop: define them once */
   for (int jc = 0; jc < N; jc += NC) {
     int nc = imin(NC, N - jc);
@@ -679,7 +755,10 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
       t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
       for (int ic = 0; ic < M; ic += MC) {
         int mc = imin(MC, M - ic);
-        t->pack_a(Ap, A, lda, transA, ic, mc, pc, kc, MR, (int)round_up((size_t)mc, (size_t)MR));
+        if (!ua)
+          t->pack_a(Ap, A, lda, transA, ic, mc, pc, kc, MR, (int)round_up((size_t)mc, (size_t)MR));
+        else if (mc % MR)
+          t->pack_a(apart, A, lda, transA, ic + mc / MR * MR, mc % MR, pc, kc, MR, MR);
         for (int jr = 0; jr < nc; jr += NR) {
           int nr = imin(NR, nc - jr);
           if (fuse && ic == 0) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, jr, jr + NR);
@@ -690,8 +769,11 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
           }
           for (int ir = 0; ir < mc; ir += MR) {
             int mr = imin(MR, mc - ir);
-            const float *ap = Ap + (size_t)ir * kc;
+            const float *ap = ua ? apart : Ap + (size_t)ir * kc;
             float *cp = C + (size_t)(ic + ir) * ldc + jc + jr;
+            /* in place: A's rows ic + ir .. + MR from column pc */
+            const float *au =
+                mr < MR || !ua ? NULL : A + (size_t)(ic + ir) * sa_i + (size_t)pc * sa_k;
             /* the next tile's C rows, which the next call reads or writes first */
             int nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
             if (njr < nc)
@@ -701,7 +783,8 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
                 __builtin_prefetch(q + imin(NR, nc - njr) - 1, 1, 3);
               }
             if (mr == MR && nr == NR) {
-              t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
+              if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, cp, (size_t)ldc, flags, bb);
+              else t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
               continue;
             }
             if (!tile_set) {
@@ -711,7 +794,8 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
             if (flags & K_LOAD)
               for (int i = 0; i < mr; i++)
                 memcpy(tile + i * NR, cp + (size_t)i * ldc, (size_t)nr * sizeof *cp);
-            t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
+            if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, tile, (size_t)NR, flags, bb);
+            else t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
             for (int i = 0; i < mr; i++)
               memcpy(cp + (size_t)i * ldc, tile + i * NR, (size_t)nr * sizeof *cp);
           }

@@ -892,6 +892,250 @@ START_TEST(loss_ops_match_cpu_with_many_micro_batches) {
 }
 END_TEST
 
+/* ---- the reduction kernels at shapes that stress them (issue 14, item 6) ---- */
+
+/* Runs op k of the GPU plan alone twice, each time from the state in t->gh on
+ * entry (uploaded first), and requires the same bytes in every arena after
+ * both runs; t->gh holds the result. */
+static void gpu_op_twice(pair *t, int k, const char *what) {
+  const dp_op *op = &dp_plan_ops(t->pg)[k];
+  unsigned char *before[DP_MAX_DEVICES], *first[DP_MAX_DEVICES];
+  for (int d = 0; d < t->n; d++) {
+    size_t bytes = content_bytes(t->pg, d);
+    before[d] = malloc(bytes + 1);
+    first[d] = malloc(bytes + 1);
+    ck_assert_ptr_nonnull(before[d]);
+    ck_assert_ptr_nonnull(first[d]);
+    memcpy(before[d], t->gh[d], bytes);
+  }
+  for (int run = 0; run < 2; run++) {
+    for (int d = 0; d < t->n; d++) memcpy(t->gh[d], before[d], content_bytes(t->pg, d));
+    upload(t);
+    float loss = 0.0f;
+    dp_status s = gpu_one_op(t, op, &loss);
+    ck_assert_msg(s == DP_OK, "%s: gpu op %d, run %d: %s", what, k, run, dp_last_error());
+    download(t);
+    for (int d = 0; d < t->n; d++) {
+      size_t bytes = content_bytes(t->pg, d);
+      if (run == 0)
+        memcpy(first[d], t->gh[d], bytes);
+      else
+        ck_assert_msg(memcmp(first[d], t->gh[d], bytes) == 0,
+                      "%s: op %d: device %d differs between two runs", what, k, d);
+    }
+  }
+  for (int d = 0; d < t->n; d++) {
+    free(before[d]);
+    free(first[d]);
+  }
+}
+
+/* The bias gradient (k_colsum, through the linear layer's backward) and the
+ * layernorm parameter gradients (k_layernorm_dparams) over one micro-batch of
+ * `rows` rows and `cols` columns: close to the cpu backend, and the same bits
+ * twice. The kernels sum in another fixed order than the cpu's rows-ascending
+ * loop; two orders of a float sum of n terms differ by about sqrt(n) roundings
+ * of the partial sums, so the suite's 1e-5 (for sums of up to ~64 terms)
+ * grows with sqrt(rows / 64): 8e-5 at 4099 rows (a host emulation of the
+ * kernels measured up to 9e-6 of the mean magnitude at 4099 x 1024). */
+static void check_column_sums(int ngpu, int rows, int cols) {
+  char spec[96], name[64];
+  snprintf(spec, sizeof spec, "input 3\nlinear %d\nlayernorm\nloss mse\n", cols);
+  snprintf(name, sizeof name, "column sums, %d x %d", rows, cols);
+  dp_config c = test_config(ngpu, rows, 1, 0, DP_MODE_CLASSIC, DP_OPT_SGD);
+  pair t;
+  pair_init(&t, spec, &c, true);
+  const dp_op *oc = dp_plan_ops(t.pc), *og = dp_plan_ops(t.pg);
+  int ran = 0;
+  for (int k = 0; k < dp_plan_n_ops(t.pc); k++) {
+    if (oc[k].kind != DP_OP_BACKWARD) continue;
+    dp_layer_kind lk = dp_model_layer_kind(t.m, oc[k].layer);
+    if (lk != DP_LAYER_LINEAR && lk != DP_LAYER_LAYERNORM) continue;
+    ck_assert_int_eq(og[k].kind, oc[k].kind);
+    ck_assert_int_eq(og[k].rows, rows);
+    fill_random(&t, 300 + (uint64_t)k);
+    ck_assert_msg(dp__cpu_backend.run(NULL, &t.ec, &oc[k]) == DP_OK, "%s: cpu op %d: %s",
+                  name, k, dp_last_error());
+    char what[128];
+    snprintf(what, sizeof what, "%s: %s backward", name,
+             lk == DP_LAYER_LINEAR ? "linear (bias: colsum)" : "layernorm (dparams)");
+    gpu_op_twice(&t, k, what);
+    compare_dev(&t, 0, 1e-5 * (rows > 64 ? sqrt(rows / 64.0) : 1.0), false, what);
+    ran++;
+  }
+  ck_assert_int_eq(ran, 2);
+  pair_free(&t);
+}
+
+/* Logits z (rows, cols) and labels into the loss op's inputs of every device
+ * (classic: device 0's gathered outputs and targets; allreduce: each device's
+ * own rows), both sides, everything else zero. */
+static void put_logits(pair *t, const float *z, const int32_t *labels, int cols) {
+  const dp_plan *p = t->pg;
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  for (int side = 0; side < (t->with_cpu ? 2 : 1); side++) {
+    const dp_plan *q = side ? t->pc : t->pg;
+    for (int d = 0; d < t->n; d++) {
+      unsigned char *a = side ? t->ca[d] : t->gh[d];
+      memset(a, 0, content_bytes(q, d));
+      if (classic && d > 0) continue;
+      int r0 = classic ? 0 : p->split.dev_row0[d];
+      int n = classic ? p->cfg.batch : p->split.dev_row0[d + 1] - r0;
+      int out = classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS;
+      memcpy(rptr(a, q, d, out), z + (size_t)r0 * cols, (size_t)n * cols * 4);
+      memcpy(rptr(a, q, d, DP_REGION_TARGETS), labels + r0, (size_t)n * 4);
+    }
+  }
+  upload(t);
+}
+
+/* The loss sum over device 0's LOSS region (random partials, the same on
+ * both sides) equals lib/cpu_backend.c's tree bit for bit, also when the last
+ * micro-batches are empty (a smaller batch: left out of the tree). */
+static void check_loss_sum_tree(pair *t, const char *name) {
+  const dp_op *oc = dp_plan_ops(t->pc), *og = dp_plan_ops(t->pg);
+  int k = 0, n = dp_plan_n_ops(t->pc);
+  while (k < n && oc[k].kind != DP_OP_LOSS_SUM) k++;
+  ck_assert_int_lt(k, n);
+  int n_mb = oc[k].n_mb;
+  dp_mb *mbs = malloc((size_t)n_mb * sizeof *mbs);
+  ck_assert_ptr_nonnull(mbs);
+  const int cuts[] = {n_mb, n_mb - 1, n_mb / 2 + 1, 1};
+  for (int i = 0; i < 4; i++) {
+    int n_ne = cuts[i];
+    if (n_ne < 1) continue;
+    memcpy(mbs, t->pc->mbs, (size_t)n_mb * sizeof *mbs);
+    for (int j = n_ne; j < n_mb; j++) mbs[j].rows = 0;
+    t->ec.mbs = t->eg.mbs = mbs;
+    trng r = {900 + (uint64_t)i};
+    float *pc = (float *)rptr(t->ca[0], t->pc, 0, DP_REGION_LOSS),
+          *pg = (float *)rptr(t->gh[0], t->pg, 0, DP_REGION_LOSS);
+    for (int j = 0; j < n_mb; j++) pc[j] = pg[j] = trng_float(&r, -1.0f, 1.0f) * 1000.0f;
+    upload(t);
+    ck_assert_msg(dp__cpu_backend.run(NULL, &t->ec, &oc[k]) == DP_OK,
+                  "%s: cpu loss sum: %s", name, dp_last_error());
+    float gl = 0.0f;
+    ck_assert_msg(gpu_one_op(t, &og[k], &gl) == DP_OK, "%s: gpu loss sum: %s", name,
+                  dp_last_error());
+    ck_assert_msg(memcmp(&gl, &t->ec.loss, 4) == 0,
+                  "%s: loss sum of %d micro-batches (%d not empty): gpu %.9g, cpu %.9g",
+                  name, n_mb, n_ne, (double)gl, (double)t->ec.loss);
+  }
+  t->ec.mbs = t->pc->mbs;
+  t->eg.mbs = t->pg->mbs;
+  free(mbs);
+}
+
+/* The CE loss over micro-batches of m rows (the batch leaves a short last
+ * one; m = 1: 300 of them, five launches of listed spans) and `cols` classes:
+ * the classic loss op (device 0, every micro-batch at its global row, one
+ * span list) within 1e-5 of the cpu backend and the same bits twice; the
+ * allreduce loss ops (2 replicas: device 1's micro-batches at other row
+ * offsets, each device with a span list of its own) then give every
+ * micro-batch's partial and every gradient row bit for bit; the loss sum's
+ * tree equals the cpu's bit for bit; a label out of range is refused. */
+static void check_ce_micro_batches(int ngpu, int m, int cols) {
+  int batch = m == 1 ? 300 : m == 37 ? 4 * 37 - 32 : 3 * m + 1;
+  char spec[96], name[64];
+  snprintf(spec, sizeof spec, "input 3\nlinear %d\nloss softmax_cross_entropy\n", cols);
+  snprintf(name, sizeof name, "ce, micro-batches of %d, %d classes", m, cols);
+  trng r = {(uint64_t)m * 7919 + (uint64_t)cols};
+  float *z = malloc((size_t)batch * cols * 4);
+  int32_t *labels = malloc((size_t)batch * 4);
+  ck_assert_ptr_nonnull(z);
+  ck_assert_ptr_nonnull(labels);
+  for (size_t k = 0; k < (size_t)batch * cols; k++) z[k] = trng_float(&r, -4.0f, 4.0f);
+  for (int k = 0; k < batch; k++) labels[k] = (int32_t)(trng_next(&r) % (uint64_t)cols);
+
+  dp_config c = test_config(ngpu, batch, 1, m, DP_MODE_CLASSIC, DP_OPT_SGD);
+  pair a;
+  pair_init(&a, spec, &c, true);
+  ck_assert_int_eq(a.pg->mbs[0].rows, m);
+  int n_mb = a.pg->split.n_mb, k = 0;
+  while (k < dp_plan_n_ops(a.pc) && dp_plan_ops(a.pc)[k].kind != DP_OP_LOSS) k++;
+  ck_assert_int_lt(k, dp_plan_n_ops(a.pc));
+  put_logits(&a, z, labels, cols);
+  ck_assert_msg(dp__cpu_backend.run(NULL, &a.ec, &dp_plan_ops(a.pc)[k]) == DP_OK,
+                "%s: cpu loss: %s", name, dp_last_error());
+  gpu_op_twice(&a, k, name);
+  compare_dev(&a, 0, 1e-5, false, name);
+  const float *part = (const float *)rptr(a.gh[0], a.pg, 0, DP_REGION_LOSS);
+  const float *grad = (const float *)rptr(a.gh[0], a.pg, 0, DP_REGION_GATHERED_GRADS);
+
+  dp_config c2 = test_config(ngpu, batch, 2, m, DP_MODE_ALLREDUCE, DP_OPT_SGD);
+  pair b;
+  pair_init(&b, spec, &c2, false);
+  ck_assert_int_eq(b.pg->split.n_mb, n_mb);
+  put_logits(&b, z, labels, cols);
+  const dp_op *ob = dp_plan_ops(b.pg);
+  int loss_ops = 0;
+  for (int j = 0; j < dp_plan_n_ops(b.pg); j++) {
+    if (ob[j].kind != DP_OP_LOSS) continue;
+    float l = 0.0f;
+    ck_assert_msg(gpu_one_op(&b, &ob[j], &l) == DP_OK,
+                  "%s: allreduce loss op on device %d: %s", name, ob[j].device,
+                  dp_last_error());
+    loss_ops++;
+  }
+  ck_assert_int_eq(loss_ops, b.n);
+  download(&b);
+  int moved = 0; /* micro-batches at another row offset than in classic */
+  for (int d = 0; d < b.n; d++) {
+    int mb0 = b.pg->split.dev_mb0[d], mb1 = b.pg->split.dev_mb0[d + 1];
+    int r0 = b.pg->split.dev_row0[d], rows = b.pg->split.dev_row0[d + 1] - r0;
+    const float *pb = (const float *)rptr(b.gh[d], b.pg, d, DP_REGION_LOSS);
+    for (int i = mb0; i < mb1; i++) {
+      ck_assert_msg(memcmp(&pb[i - mb0], &part[i], 4) == 0,
+                    "%s: micro-batch %d: allreduce device %d %.9g, classic %.9g", name, i,
+                    d, (double)pb[i - mb0], (double)part[i]);
+      moved += r0 > 0;
+    }
+    const float *gb = (const float *)rptr(b.gh[d], b.pg, d, DP_REGION_OUTPUT_GRADS);
+    ck_assert_msg(memcmp(gb, grad + (size_t)r0 * cols, (size_t)rows * cols * 4) == 0,
+                  "%s: device %d's gradient rows differ from classic's", name, d);
+  }
+  ck_assert_int_gt(moved, 0);
+  pair_free(&b);
+
+  check_loss_sum_tree(&a, name);
+
+  /* a label out of range: refused, naming the row; that row's gradient zero */
+  int bad = batch - 1;
+  labels[bad] = cols;
+  put_logits(&a, z, labels, cols);
+  float l = 0.0f;
+  ck_assert_int_eq(gpu_one_op(&a, &dp_plan_ops(a.pg)[k], &l), DP_ERR_RANGE);
+  char want[64];
+  snprintf(want, sizeof want, "label of row %d", bad);
+  ck_assert_msg(strstr(dp_last_error(), want) != NULL, "want '%s' in: %s", want,
+                dp_last_error());
+  download(&a);
+  grad = (const float *)rptr(a.gh[0], a.pg, 0, DP_REGION_GATHERED_GRADS);
+  for (int j = 0; j < cols; j++)
+    ck_assert_msg(grad[(size_t)bad * cols + j] == 0.0f, "%s: bad row's gradient", name);
+
+  fprintf(stderr,
+          "cuda: %s: %d micro-batches match the cpu backend, repeat bit for bit, and equal "
+          "across span lists (%d at other offsets)\n",
+          name, n_mb, moved);
+  pair_free(&a);
+  free(z);
+  free(labels);
+}
+
+START_TEST(reduction_kernels_at_stress_shapes) {
+  REQUIRE_GPUS(ngpu, "reduction_kernels_at_stress_shapes");
+  static const int rows[] = {1, 7, 1000, 4099}, cols[] = {1, 10, 33, 1024};
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < 4; j++) check_column_sums(ngpu, rows[i], cols[j]);
+  fprintf(stderr, "cuda: column sums (bias, layernorm) at 16 shapes match the cpu backend "
+                  "and repeat bit for bit\n");
+  static const int mbs[] = {1, 37, 3000}, classes[] = {2, 10, 1000};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++) check_ce_micro_batches(ngpu, mbs[i], classes[j]);
+}
+END_TEST
+
 /* Whole training steps through walk(): the stage hooks, the transport (host
  * staging, copies between replicas), every op in schedule order. */
 static void check_steps_match_cpu(const char *name, const char *spec, const dp_config *cfg,
@@ -1407,6 +1651,7 @@ Suite *cuda_suite(void) {
   tcase_add_test(kern, each_op_matches_cpu_classic);
   tcase_add_test(kern, each_op_matches_cpu_allreduce);
   tcase_add_test(kern, loss_ops_match_cpu_with_many_micro_batches);
+  tcase_add_test(kern, reduction_kernels_at_stress_shapes);
   tcase_add_test(kern, training_steps_match_cpu);
   tcase_add_test(kern, steps_are_bit_identical_run_to_run);
   tcase_add_test(kern, same_bits_for_1_2_4_replicas_and_both_modes);
