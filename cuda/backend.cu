@@ -135,6 +135,10 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
                                (uint64_t)c.i, (uint64_t)global_row0, l->p,
                                1.0f / (1.0f - l->p)));
     return DP_OK;
+  case DP_LAYER_CONV2D:
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D:
+  case DP_LAYER_FLATTEN: break; /* not yet: the planner refuses them (image_layers) */
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
@@ -183,6 +187,10 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
                                (uint64_t)c.i, (uint64_t)global_row0, l->p,
                                1.0f / (1.0f - l->p)));
     return DP_OK;
+  case DP_LAYER_CONV2D:
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D:
+  case DP_LAYER_FLATTEN: break; /* not yet: the planner refuses them (image_layers) */
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",

@@ -33,8 +33,15 @@ static void check_same_shapes(const dp_model *a, const dp_model *b) {
   FUZZ_CHECK(dp_model_loss(a) == dp_model_loss(b), "loss");
   FUZZ_CHECK(dp_model_n_params(a) == dp_model_n_params(b), "params %zu vs %zu",
              dp_model_n_params(a), dp_model_n_params(b));
-  for (int i = 0; i < dp_model_n_layers(a); i++)
+  for (int i = 0; i < dp_model_n_layers(a); i++) {
     FUZZ_CHECK(dp_model_layer_kind(a, i) == dp_model_layer_kind(b, i), "layer %d kind", i);
+    dp_layer_info x, y; /* image shapes, kernel, stride, padding too */
+    FUZZ_CHECK(!dp_model_layer(a, i, &x) && !dp_model_layer(b, i, &y), "layer %d info", i);
+    FUZZ_CHECK(x.in == y.in && x.out == y.out && x.channels == y.channels &&
+                   x.height == y.height && x.width == y.width && x.kernel == y.kernel &&
+                   x.stride == y.stride && x.padding == y.padding && x.bias == y.bias,
+               "layer %d shape", i);
+  }
 }
 
 static char *format_checked(const dp_model *m) {
@@ -48,7 +55,8 @@ static char *format_checked(const dp_model *m) {
   /* A short buffer: a NUL-terminated prefix, the same needed length. */
   char small[8];
   memset(small, 'x', sizeof small);
-  FUZZ_CHECK(dp_model_format(m, small, sizeof small) == len, "short buffer changes the length");
+  FUZZ_CHECK(dp_model_format(m, small, sizeof small) == len,
+             "short buffer changes the length");
   FUZZ_CHECK(memchr(small, '\0', sizeof small) != NULL, "short buffer not terminated");
   FUZZ_CHECK(strncmp(small, buf, strlen(small)) == 0, "short buffer is not a prefix");
   return buf;
@@ -74,24 +82,26 @@ static void run_small(const dp_plan *p, const dp_model *m, uint64_t h) {
   int rows = cfg->batch, in = dp_model_input_width(m), out = dp_model_output_width(m);
   float x[9 * 64], y[9 * 64], t[9 * 64];
   int32_t labels[9];
-  for (int i = 0; i < rows * in; i++) x[i] = (float)((int)((h >> (i % 60)) & 15) - 7) * 0.25f;
+  for (int i = 0; i < rows * in; i++)
+    x[i] = (float)((int)((h >> (i % 60)) & 15) - 7) * 0.25f;
   for (int i = 0; i < rows * out; i++) t[i] = (float)(i % 3) - 1.0f;
   for (int r = 0; r < rows; r++) labels[r] = (int32_t)((h + (uint64_t)r) % (uint64_t)out);
   size_t np = dp_model_n_params(m);
   if (!cfg->inference) {
     uint64_t before = dp_params_hash(c);
     float loss = 0.0f;
-    s = dp_train_step(c, rows, in, x, dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t
-                                                                     : (const void *)labels,
-                      &loss);
-    FUZZ_CHECK(s == DP_OK || s == DP_ERR_NONFINITE, "dp_train_step: %s: %s", dp_status_name(s),
-               dp_ctx_error(c));
+    s = dp_train_step(
+        c, rows, in, x,
+        dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)labels, &loss);
+    FUZZ_CHECK(s == DP_OK || s == DP_ERR_NONFINITE, "dp_train_step: %s: %s",
+               dp_status_name(s), dp_ctx_error(c));
     fuzz_count(s == DP_OK ? "trained a step" : "step refused (non-finite)");
     if (s == DP_OK && isfinite(loss)) {
-      FUZZ_CHECK(dp_ctx_step(c) == 1, "step counter %llu", (unsigned long long)dp_ctx_step(c));
+      FUZZ_CHECK(dp_ctx_step(c) == 1, "step counter %llu",
+                 (unsigned long long)dp_ctx_step(c));
     } else if (s == DP_OK) { /* skipped: on_nonfinite = DP_NONFINITE_SKIP */
-      FUZZ_CHECK(cfg->on_nonfinite == DP_NONFINITE_SKIP, "a step returned DP_OK and loss %g",
-                 (double)loss);
+      FUZZ_CHECK(cfg->on_nonfinite == DP_NONFINITE_SKIP,
+                 "a step returned DP_OK and loss %g", (double)loss);
       FUZZ_CHECK(dp_params_hash(c) == before && dp_ctx_step(c) == 0 &&
                      dp_ctx_skipped_steps(c) == 1,
                  "a skipped step changed the parameters or the counters");
@@ -151,12 +161,14 @@ static void plan_small(const dp_model *m, uint64_t h) {
       FUZZ_CHECK(ri.offset >= end, "device %d region %d overlaps the previous", d, r);
       end = ri.offset + ri.size;
     }
-    FUZZ_CHECK(end <= dp_plan_device_bytes(p, d), "device %d: regions end past the total", d);
+    FUZZ_CHECK(end <= dp_plan_device_bytes(p, d), "device %d: regions end past the total",
+               d);
   }
   FUZZ_CHECK(rows == cfg.batch, "devices hold %d rows of %d", rows, cfg.batch);
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++)
-    FUZZ_CHECK(ops[i].device >= 0 && ops[i].device < nd, "op %d on device %d", i, ops[i].device);
+    FUZZ_CHECK(ops[i].device >= 0 && ops[i].device < nd, "op %d on device %d", i,
+               ops[i].device);
   if (runnable(m)) {
     /* the run on at most 2 devices: threads are the cost here, and the
      * executor has its own tests; the plan above took up to 4 */

@@ -56,6 +56,10 @@ typedef enum {
   DP_LAYER_SIGMOID,
   DP_LAYER_LAYERNORM, /* over the feature dim, affine, eps 1e-5 */
   DP_LAYER_DROPOUT,
+  DP_LAYER_CONV2D,    /* nn.Conv2d: NCHW, square kernel, stride, zero padding */
+  DP_LAYER_MAXPOOL2D, /* nn.MaxPool2d(K, stride): no padding, floor mode */
+  DP_LAYER_AVGPOOL2D, /* nn.AvgPool2d(K, stride): no padding, floor mode */
+  DP_LAYER_FLATTEN,   /* nn.Flatten: a view (no copy, no memory) */
 } dp_layer_kind;
 
 typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
@@ -63,8 +67,13 @@ typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
 typedef struct dp_model dp_model;
 
 /* Text spec (.dpm): one layer per line, '#' starts a comment.
- *   input N | linear N [nobias] | relu | gelu | tanh | sigmoid | layernorm |
- *   dropout P | loss mse | loss softmax_cross_entropy
+ *   input N | input C H W | linear N [nobias] | relu | gelu | tanh | sigmoid |
+ *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
+ *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten |
+ *   loss mse | loss softmax_cross_entropy
+ * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
+ * and the pools need an image, linear and layernorm a flat input (flatten
+ * first, as PyTorch's nn.Linear would act on the last dimension only).
  * `name` is used in error messages ("name:line:col: ..."). */
 dp_status dp_model_parse(const char *text, const char *name, dp_model **out);
 dp_status dp_model_load(const char *path, dp_model **out);
@@ -72,8 +81,18 @@ dp_status dp_model_load(const char *path, dp_model **out);
 /* Builder: dp_model_new(in) then add layers in order; shapes are inferred. */
 dp_status dp_model_new(int input_width, dp_model **out);
 dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
-dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm */
+dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten */
 dp_status dp_model_add_dropout(dp_model *m, float p);
+/* Image models: the input is (channels, height, width), NCHW. conv2d: a
+ * square kernel, stride >= 1 (0: 1), zero padding >= 0, PyTorch's init
+ * (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels * kernel^2).
+ * Pools: DP_LAYER_MAXPOOL2D or DP_LAYER_AVGPOOL2D, stride 0: the kernel.
+ * flatten: dp_model_add(m, DP_LAYER_FLATTEN). Each refuses an output that
+ * would be empty, naming the sizes. */
+dp_status dp_model_new_image(int channels, int height, int width, dp_model **out);
+dp_status dp_model_add_conv2d(dp_model *m, int out_channels, int kernel, int stride,
+                              int padding, int bias);
+dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int stride);
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
 void dp_model_free(dp_model *m);
 
@@ -552,6 +571,10 @@ typedef struct {
   float p;             /* dropout probability; 0 otherwise */
   size_t param_offset; /* first parameter (in floats) in the state_dict-ordered array */
   size_t n_params;     /* 0 for layers without parameters */
+  /* the output's shape: channels x height x width (height and width 0: flat,
+   * channels == out); conv2d and pools: kernel, stride, padding */
+  int channels, height, width;
+  int kernel, stride, padding;
 } dp_layer_info;
 
 /* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or
@@ -563,10 +586,10 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out);
  * linear at index 0; "3.weight" (n) and "3.bias" (n) for a layernorm at 3. */
 typedef struct {
   char name[48];
-  int ndim;      /* 1 or 2 */
-  int dims[2];   /* dims[1] is 0 when ndim == 1 */
+  int ndim;      /* 1, 2 or (conv2d's weight: out, in, k, k) 4 */
+  int dims[4];   /* dims[d] is 0 for d >= ndim */
   size_t offset; /* first element (in floats) in the array dp_get_params fills */
-  size_t numel;  /* dims[0] (* dims[1]); the tensors tile 0 .. dp_model_n_params */
+  size_t numel;  /* the product of the dims; the tensors tile 0 .. dp_model_n_params */
 } dp_tensor_info;
 
 /* The parameter tensors, in state_dict order (0 for a NULL model). */

@@ -28,12 +28,13 @@ static float *region(const dp_exec_env *e, int d, int r, size_t off) {
   return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
 }
 
-/* Rows [local, local + rows) of the input of layer i: (rows, in). */
+/* Rows [local, local + rows) of the input of layer i: (rows, in); the output
+ * of layer i - 1, in its owner's buffer when it is a view (flatten). */
 static float *layer_in(const lctx *c) {
-  if (c->i == 0)
-    return region(c->e, c->d, DP_REGION_INPUTS, (size_t)c->local * c->l->in * 4);
+  int o = c->i ? dp__act_owner(&c->p->model, c->i - 1) : -1;
+  if (o < 0) return region(c->e, c->d, DP_REGION_INPUTS, (size_t)c->local * c->l->in * 4);
   return region(c->e, c->d, DP_REGION_ACTIVATIONS,
-                c->p->act[c->d].act[c->i - 1] + (size_t)c->local * c->l->in * 4);
+                c->p->act[c->d].act[o] + (size_t)c->local * c->l->in * 4);
 }
 
 static float *layer_out(const lctx *c) {
@@ -55,8 +56,15 @@ static float *layer_dout(const lctx *c) {
   return region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[c->i]);
 }
 
+/* The gradient of layer i's input, or NULL when nothing needs it (the
+ * model's input, or a view of it). */
 static float *layer_din(const lctx *c) {
-  return region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[c->i - 1]);
+  int o = c->i ? dp__act_owner(&c->p->model, c->i - 1) : -1;
+  return o < 0 ? NULL : region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[o]);
+}
+
+static size_t ws_bytes(const lctx *c) {
+  return c->e->plan->regions[c->d][DP_REGION_WORKSPACE].size;
 }
 
 static float *layer_params(const lctx *c) {
@@ -103,8 +111,9 @@ static void relu_backward(const float *restrict y, const float *restrict dy,
   }
 }
 
-static void forward(const lctx *c) {
+static dp_status forward(const lctx *c) {
   const dp_layer *l = c->l;
+  if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK; /* flatten: nothing moves */
   const float *x = layer_in(c);
   float *y = layer_out(c);
   int n = c->rows, in = l->in, out = l->out;
@@ -156,17 +165,30 @@ static void forward(const lctx *c) {
         y[idx] = x[idx] * dropout_scale(c, r, k);
       }
     break;
+  case DP_LAYER_CONV2D:
+    if (!dp__conv_forward(l, n, x, layer_params(c), y,
+                          dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c)))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "layer %d: the plan's workspace is too small for conv2d", c->i);
+    break;
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D: dp__pool_forward(l, n, x, y); break;
+  case DP_LAYER_FLATTEN: /* a view, but the last layer's output is OUTPUTS: a copy */
+    if (c->i == c->L - 1) memcpy(y, x, (size_t)n * out * 4);
+    break;
   case DP_LAYER_INPUT: break;
   }
+  return DP_OK;
 }
 
 /* Backward of one layer on one micro-batch; parameter grads are written (not
  * accumulated) at grads (a slot of the canonical tree). */
-static void backward(const lctx *c, float *grads) {
+static dp_status backward(const lctx *c, float *grads) {
   const dp_layer *l = c->l;
+  if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK;
   int n = c->rows, in = l->in, out = l->out;
   const float *dy = layer_dout(c);
-  float *dx = c->i > 0 ? layer_din(c) : NULL; /* the input's gradient is not needed */
+  float *dx = layer_din(c); /* NULL: the input's gradient is not needed */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c), *x = layer_in(c);
@@ -239,8 +261,26 @@ static void backward(const lctx *c, float *grads) {
         }
     }
     break;
+  case DP_LAYER_CONV2D: {
+    float *dw = grads + l->param_off;
+    float *db = l->bias ? dw + (l->n_params - (size_t)l->c) : NULL;
+    if (!dp__conv_backward(l, n, layer_in(c), layer_params(c), dy, dw, db, dx,
+                           dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c)))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "layer %d: the plan's workspace is too small for conv2d", c->i);
+    break;
+  }
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D:
+    if (dx)
+      dp__pool_backward(l, n, l->kind == DP_LAYER_MAXPOOL2D ? layer_in(c) : NULL, dy, dx);
+    break;
+  case DP_LAYER_FLATTEN: /* a view; the last layer's gradient comes in OUTPUT_GRADS */
+    if (dx && c->i == c->L - 1) memcpy(dx, dy, (size_t)n * out * 4);
+    break;
   case DP_LAYER_INPUT: break;
   }
+  return DP_OK;
 }
 
 /* Loss sum over the rows of micro-batch mb, with the gradient of the mean
@@ -622,11 +662,8 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
               .L = p->model.n_layers,
               .local = op->row0 - p->split.dev_row0[op->device],
               .rows = op->rows};
-    if (op->kind == DP_OP_FORWARD)
-      forward(&c);
-    else
-      backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
-    return DP_OK;
+    if (op->kind == DP_OP_FORWARD) return forward(&c);
+    return backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
   }
   case DP_OP_GRAD_ADD: {
     float *dst = region(e, op->device, op->dst_region, op->dst_offset);
@@ -706,6 +743,7 @@ const dp_backend_ops dp__cpu_backend = {
     .name = "cpu",
     .align = 64, /* a cache line */
     .workspace_bytes = cpu_workspace_bytes,
+    .image_layers = true,
     .host_staging = false,
     .grad_clip = true,
     .arena_alloc = cpu_arena_alloc,

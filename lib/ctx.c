@@ -109,9 +109,10 @@ static void init_params(const dp_plan *p, float *w) {
   for (int i = 0; i < p->model.n_layers; i++) {
     const dp_layer *l = &p->model.layers[i];
     float *lw = w + l->param_off;
-    if (l->kind == DP_LAYER_LINEAR) {
-      /* PyTorch's Linear init: weight and bias ~ U(-1/sqrt(in), 1/sqrt(in)). */
-      float bound = 1.0f / sqrtf((float)l->in);
+    if (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D) {
+      /* PyTorch's Linear and Conv2d init: weight and bias ~ U(-1/sqrt(fan_in),
+       * 1/sqrt(fan_in)), fan_in = in (linear), in_channels * k * k (conv2d). */
+      float bound = 1.0f / sqrtf((float)dp__layer_fan_in(l));
       for (size_t k = 0; k < l->n_params; k++)
         lw[k] =
             (2.0f * dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 0) - 1.0f) *

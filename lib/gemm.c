@@ -662,7 +662,9 @@ size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training) 
   size_t w = 0;
   for (int i = 0; i < m->n_layers; i++) {
     size_t li = dp__linear_workspace_bytes(&m->layers[i], mb_rows, training, i > 0);
+    size_t ci = dp__conv_workspace_bytes(&m->layers[i], mb_rows, training);
     w = li > w ? li : w;
+    w = ci > w ? ci : w;
   }
   return w;
 }

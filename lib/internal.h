@@ -70,15 +70,19 @@ static inline bool dp__align_up(size_t x, size_t a, size_t *out) {
 
 typedef struct {
   dp_layer_kind kind;
-  int in, out;      /* widths */
-  int bias;         /* linear */
+  int in, out;      /* widths (floats per row) */
+  int bias;         /* linear, conv2d */
   float p;          /* dropout */
   size_t param_off; /* first parameter (floats) in the flat array */
   size_t n_params;
+  int c, h, w;           /* output shape; h == 0: flat (c == out) */
+  int ic, ih, iw;        /* input shape, the same way */
+  int k, stride, pad;    /* conv2d, pools */
 } dp_layer;
 
 struct dp_model {
   int input_width;
+  int input_c, input_h, input_w; /* input_h == 0: flat (input_c == input_width) */
   int n_layers;
   dp_layer layers[DP_MAX_LAYERS];
   dp_loss_kind loss;
@@ -90,6 +94,30 @@ bool dp__layer_needs_input(dp_layer_kind k);
 bool dp__layer_needs_output(dp_layer_kind k);
 /* Per-row float count of saved statistics (layernorm: mean, rstd). */
 int dp__layer_stats_width(dp_layer_kind k);
+/* The layer whose activation buffer holds layer i's output: i itself, or for
+ * a view (flatten) the layer it views, followed back; -1: the input. The last
+ * layer's output is in OUTPUTS whatever it is (a flatten there copies). */
+int dp__act_owner(const dp_model *m, int i);
+static inline bool dp__layer_is_view(const dp_model *m, int i) {
+  return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
+}
+/* conv2d's fan-in, in_channels * k * k; a linear's in. */
+int dp__layer_fan_in(const dp_layer *l);
+
+/* lib/conv.c: the image layers on the CPU, on n images of a micro-batch.
+ * conv2d's workspace (im2col, the transposed output, the GEMMs' packing):
+ * dp__conv_workspace_bytes, 0 for other layers; forward and backward return
+ * false when ws_bytes is short (nothing written). w: (out, in, k, k) then the
+ * bias; dw, db: written, not accumulated; dx may be NULL. */
+size_t dp__conv_workspace_bytes(const dp_layer *l, int mb_rows, bool training);
+bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
+                      void *ws, size_t ws_bytes);
+bool dp__conv_backward(const dp_layer *l, int n, const float *x, const float *w,
+                       const float *dy, float *dw, float *db, float *dx, void *ws,
+                       size_t ws_bytes);
+/* maxpool2d, avgpool2d; dx is written (maxpool needs x: where the max was). */
+void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y);
+void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy, float *dx);
 
 /* ---- the job's processes (config.ranks) ---- */
 static inline int dp__ranks(const dp_config *c) { return c->ranks > 1 ? c->ranks : 1; }
@@ -284,6 +312,8 @@ typedef struct dp_backend_ops {
   /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm), and
    * DP_OP_GRAD_ACCUM and DP_OP_GRAD_STASH (config.accumulate) */
   bool grad_clip;
+  /* runs conv2d, maxpool2d, avgpool2d and flatten layers */
+  bool image_layers;
   /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
    * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
    * none, and the planner refuses a config that sets one. */

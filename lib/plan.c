@@ -180,6 +180,15 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_INVALID,
                    "accumulate must be a power of two up to 65536 (0 or 1: none), got %d",
                    c->accumulate);
+  for (int i = 0; i < m->n_layers && !be->image_layers; i++) {
+    dp_layer_kind k = m->layers[i].kind;
+    if (k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_AVGPOOL2D ||
+        k == DP_LAYER_FLATTEN)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "the %s backend does not run %s layers yet (layer %d); use the cpu "
+                     "backend",
+                     be->name, dp_layer_kind_name(k), i);
+  }
   if (!c->inference && c->accumulate > 1 && !be->grad_clip)
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend cannot accumulate gradients yet (accumulate); use the "
@@ -250,21 +259,27 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
    * micro-batch, so what backward reads stays live to the end. */
   dp_live_buf b[3 * DP_MAX_LAYERS];
   int who[3 * DP_MAX_LAYERS], n = 0; /* who = kind*L + layer */
+  for (int i = 0; i < L; i++) a->act[i] = a->stats[i] = a->dact[i] = SIZE_MAX;
   for (int i = 0; i < L; i++) {
-    a->act[i] = a->stats[i] = a->dact[i] = SIZE_MAX;
     const dp_layer *l = &m->layers[i];
-    int tb = 2 * L - 1 - i; /* backward time of layer i */
+    int tb = 2 * L - 1 - i;                /* backward time of layer i */
+    if (dp__layer_is_view(m, i)) continue; /* in its owner's buffers (below) */
+    /* layers i+1 .. e view this output (flatten): it lives for them too */
+    int e = i;
+    while (e + 1 < L && dp__layer_is_view(m, e + 1)) e++;
     if (i < L - 1) {
-      int last = i + 1; /* read by layer i+1's forward */
-      if (train && dp__layer_needs_input(m->layers[i + 1].kind)) /* by i+1's backward */
-        last = n_mb == 1 ? tb - 1 : T;
+      int reader = e + 1, tr = 2 * L - 1 - reader;                /* the next real layer */
+      int last = reader;                                          /* read by its forward */
+      if (train && dp__layer_needs_input(m->layers[reader].kind)) /* and its backward */
+        last = n_mb == 1 ? tr : T;
       if (train && dp__layer_needs_output(l->kind)) /* by its own backward */
         last = n_mb == 1 ? tb : T;
       b[n] = (dp_live_buf){.align = p->align, .first = i, .last = last};
       if (!mul3((size_t)a->rows, (size_t)l->out, 4, &b[n].size)) return OVERFLOW();
       who[n++] = 0 * L + i;
-      if (train) { /* gradient of this output, per micro-batch */
-        b[n] = (dp_live_buf){.align = p->align, .first = tb - 1, .last = tb};
+      if (train) { /* gradient of this output, per micro-batch: from the reader's
+                      backward to this layer's */
+        b[n] = (dp_live_buf){.align = p->align, .first = tr, .last = tb};
         if (!mul3((size_t)a->mb_rows, (size_t)l->out, 4, &b[n].size)) return OVERFLOW();
         who[n++] = 2 * L + i;
       }
@@ -284,6 +299,12 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
     size_t *dst = kind == 0 ? a->act : kind == 1 ? a->stats : a->dact;
     dst[i] = b[k].offset;
   }
+  for (int i = 0; i < L; i++) /* a view's buffers are its owner's (none: the input's) */
+    if (dp__layer_is_view(m, i)) {
+      int o = dp__act_owner(m, i);
+      a->act[i] = o >= 0 ? a->act[o] : SIZE_MAX;
+      a->dact[i] = o >= 0 ? a->dact[o] : SIZE_MAX;
+    }
   return DP_OK;
 }
 

@@ -67,7 +67,7 @@ static dp_status export_fill(FILE *f, void *arg) {
     fputc(',', h);
     json_str(h, t.name, strlen(t.name));
     fprintf(h, ":{\"dtype\":\"F32\",\"shape\":[%d", t.dims[0]);
-    if (t.ndim == 2) fprintf(h, ",%d", t.dims[1]);
+    for (int d = 1; d < t.ndim; d++) fprintf(h, ",%d", t.dims[d]);
     fprintf(h, "],\"data_offsets\":[%zu,%zu]}", t.offset * 4, (t.offset + t.numel) * 4);
   }
   fputc('}', h);
@@ -331,8 +331,8 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
       if (k == n) {
         char list[256] = "";
         for (int i = 0; i < n && strlen(list) < 200; i++)
-          snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "",
-                   ti[i].name);
+          snprintf(list + strlen(list), sizeof list - strlen(list), "%s%.47s",
+                   i ? ", " : "", ti[i].name);
         return DP_FAIL(DP_ERR_INVALID,
                        "safetensors file '%s' has a tensor '%s' that the model does not "
                        "(its tensors: %s)",
@@ -351,16 +351,21 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
   for (int k = 0; k < n; k++) {
     const dp_tensor_info *t = &ti[k];
     const st_tensor *s = &st[k];
-    char want[40], got[80] = "";
-    snprintf(want, sizeof want, t->ndim == 2 ? "[%d, %d]" : "[%d]", t->dims[0], t->dims[1]);
+    char want[64] = "[", got[80] = "";
+    bool same = s->ndim == t->ndim;
+    for (int d = 0; d < t->ndim; d++) {
+      snprintf(want + strlen(want), sizeof want - strlen(want), "%s%d", d ? ", " : "",
+               t->dims[d]);
+      same = same && s->shape[d] == (uint64_t)t->dims[d];
+    }
+    snprintf(want + strlen(want), sizeof want - strlen(want), "]");
     if (!s->seen)
       return DP_FAIL(DP_ERR_INVALID, "safetensors file '%s' has no tensor '%s' %s", path,
                      t->name, want);
     for (int d = 0; d < s->ndim; d++)
       snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", d ? ", " : "",
                (unsigned long long)s->shape[d]);
-    if (s->ndim != t->ndim || s->shape[0] != (uint64_t)t->dims[0] ||
-        (t->ndim == 2 && s->shape[1] != (uint64_t)t->dims[1]))
+    if (!same)
       return DP_FAIL(DP_ERR_SHAPE,
                      "safetensors file '%s': tensor '%s' is [%s]; the model's is %s", path,
                      t->name, got, want);

@@ -17,7 +17,7 @@ typedef struct {
   int col; /* 1-based */
 } token;
 
-#define MAX_TOKENS 8
+#define MAX_TOKENS 16
 
 /* Splits one line (without its newline) into tokens, stopping at '#'. */
 static int tokenize(const char *line, int len, token *t, int cap) {
@@ -137,21 +137,84 @@ static dp_status at(dp_status s, where w, int col) {
   return SPEC_FAIL(s == DP_ERR_INVALID ? DP_ERR_PARSE : s, w, col, "%s", msg);
 }
 
+/* conv2d OUT K [stride S] [padding P] [nobias] | maxpool2d K [stride S] |
+ * avgpool2d K [stride S]: the options in any order, each once. */
+static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
+  const token *kw = &t[0];
+  bool conv = tok_is(kw, "conv2d");
+  char what[16];
+  snprintf(what, sizeof what, "%.*s", kw->len, kw->s);
+  int need = conv ? 2 : 1, v[2] = {0, 0};
+  static const char *const names[2] = {"output channels", "kernel size"};
+  echo_buf e;
+  for (int i = 0; i < need; i++) {
+    if (nt < 2 + i)
+      return SPEC_FAIL(DP_ERR_PARSE, w, i ? t[i].col + t[i].len + 1 : kw->col + kw->len + 1,
+                       "%s: expected %s (%s)", what, names[conv ? i : 1],
+                       conv ? "conv2d OUT K [stride S] [padding P] [nobias]"
+                            : "a kernel size, then optionally stride S");
+    dp_status s = parse_width(&t[1 + i], w, what, &v[i]);
+    if (s) return s;
+  }
+  int stride = 0, pad = 0, bias = 1;
+  bool seen[3] = {false, false, false};
+  for (int i = 1 + need; i < nt && i < MAX_TOKENS; i++) {
+    const token *o = &t[i];
+    int which = tok_is(o, "stride")    ? 0
+                : tok_is(o, "padding") ? 1
+                : tok_is(o, "nobias")  ? 2
+                                       : -1;
+    if (which < 0 || (!conv && which > 0))
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: expected %s, got '%s'", what,
+                       conv ? "'stride S', 'padding P' or 'nobias'" : "'stride S'",
+                       echo(o, &e));
+    if (seen[which])
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: '%.*s' given twice", what, o->len,
+                       o->s);
+    seen[which] = true;
+    if (which == 2) {
+      bias = 0;
+      continue;
+    }
+    if (i + 1 >= nt)
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col + o->len + 1,
+                       "%s: expected a number after '%s'", what,
+                       which ? "padding" : "stride");
+    const token *num = &t[++i];
+    if (which == 1 && num->len == 1 && num->s[0] == '0') continue; /* padding 0 */
+    dp_status s = parse_width(num, w, what, which ? &pad : &stride);
+    if (s) return s;
+  }
+  if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
+  if (conv) return at(dp_model_add_conv2d(*m, v[0], v[1], stride, pad, bias), w, kw->col);
+  return at(dp_model_add_pool2d(
+                *m, tok_is(kw, "maxpool2d") ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D, v[0],
+                stride),
+            w, kw->col);
+}
+
 static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   const token *kw = &t[0];
   echo_buf e;
   if (!*m) {
     if (!tok_is(kw, "input"))
-      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "expected 'input N' first, got '%s'",
-                       echo(kw, &e));
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
+                       "expected 'input N' or 'input C H W' first, got '%s'", echo(kw, &e));
     if (nt < 2)
       return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
-                       "expected a width after 'input'");
-    int n = 0;
-    dp_status s = parse_width(&t[1], w, "input", &n);
+                       "expected a width (or channels, height and width) after 'input'");
+    int n[3] = {0, 0, 0};
+    dp_status s = parse_width(&t[1], w, "input", &n[0]);
     if (s) return s;
-    if ((s = no_more(t, nt, 2, w, "input"))) return s;
-    return at(dp_model_new(n, m), w, kw->col);
+    if (nt == 2) return at(dp_model_new(n[0], m), w, kw->col);
+    if (nt == 3)
+      return SPEC_FAIL(
+          DP_ERR_PARSE, w, t[2].col,
+          "input: 'input N' takes one number and 'input C H W' three; got two");
+    for (int i = 1; i < 3; i++)
+      if ((s = parse_width(&t[1 + i], w, "input", &n[i]))) return s;
+    if ((s = no_more(t, nt, 4, w, "input"))) return s;
+    return at(dp_model_new_image(n[0], n[1], n[2], m), w, kw->col);
   }
   if ((*m)->loss != DP_LOSS_NONE)
     return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
@@ -185,6 +248,8 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     if ((s = no_more(t, nt, 2, w, "dropout"))) return s;
     return at(dp_model_add_dropout(*m, p), w, kw->col);
   }
+  if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
+    return parse_window(m, t, nt, w);
   if (tok_is(kw, "loss")) {
     if (nt < 2)
       return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
@@ -205,11 +270,9 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   static const struct {
     const char *w;
     dp_layer_kind k;
-  } simple[] = {{"relu", DP_LAYER_RELU},
-                {"gelu", DP_LAYER_GELU},
-                {"tanh", DP_LAYER_TANH},
-                {"sigmoid", DP_LAYER_SIGMOID},
-                {"layernorm", DP_LAYER_LAYERNORM}};
+  } simple[] = {{"relu", DP_LAYER_RELU},           {"gelu", DP_LAYER_GELU},
+                {"tanh", DP_LAYER_TANH},           {"sigmoid", DP_LAYER_SIGMOID},
+                {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN}};
   for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
     if (!tok_is(kw, simple[i].w)) continue;
     dp_status s = no_more(t, nt, 1, w, simple[i].w);
@@ -218,7 +281,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   }
   return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
                    "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
-                   "layernorm, dropout or loss)",
+                   "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten or loss)",
                    echo(kw, &e));
 }
 

@@ -13,6 +13,14 @@
 static const char *SPEC = "input 12\nlinear 16\nlayernorm\ngelu\ndropout 0.2\nlinear 16\n"
                           "tanh\nlinear 16\nsigmoid\nlinear 16\nrelu\nlinear 5 nobias\n"
                           "loss softmax_cross_entropy\n";
+/* The image layers on a 1 x 3 x 4 input (the same 12 floats per row):
+ * conv2d with padding, an overlapping maxpool, dropout on an image, conv2d,
+ * avgpool, flatten, linear. */
+static const char *CNN_SPEC =
+    "input 1 3 4\nconv2d 4 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
+    "dropout 0.2\nconv2d 3 2\ntanh\navgpool2d 1\nflatten\nlinear 5\n"
+    "loss softmax_cross_entropy\n";
+static const char *spec_in_use; /* SPEC unless a test sets it */
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
 typedef struct {
@@ -49,14 +57,15 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
   c.seed = 7;
   rig r;
-  rig_open(&r, SPEC, &c);
+  rig_open(&r, spec_in_use ? spec_in_use : SPEC, &c);
   dp_ctx *x = r.c;
   batch b;
   for (int s = 0; s < steps; s++) {
     make_batch(&b, s);
     int rows = s % 5 == 4 ? B - 3 * MB - 5 : B;
     float loss;
-    ck_assert_msg(dp_train_step(x, rows, IN, b.x, b.y, &loss) == DP_OK, "%s", dp_ctx_error(x));
+    ck_assert_msg(dp_train_step(x, rows, IN, b.x, b.y, &loss) == DP_OK, "%s",
+                  dp_ctx_error(x));
   }
   uint64_t h = dp_params_hash(x);
   rig_close(&r);
@@ -72,7 +81,9 @@ static const setup SETUPS[] = {
 enum { N_SETUPS = sizeof SETUPS / sizeof *SETUPS };
 
 static const char *mode_name(setup s) {
-  return s.mode == DP_MODE_CLASSIC ? "classic" : s.shard ? "allreduce+sharded" : "allreduce";
+  return s.mode == DP_MODE_CLASSIC ? "classic"
+         : s.shard                 ? "allreduce+sharded"
+                                   : "allreduce";
 }
 
 /* The issue's check: N in {1,2,4,8} x {classic, allreduce, sharded}, 50
@@ -94,16 +105,29 @@ END_TEST
 START_TEST(twelve_setups_same_bits_adamw) { all_setups_agree(DP_OPT_ADAMW); }
 END_TEST
 
+START_TEST(twelve_setups_same_bits_cnn) {
+  spec_in_use = CNN_SPEC;
+  all_setups_agree(DP_OPT_ADAMW);
+  setup one = {1, DP_MODE_CLASSIC,
+               0}; /* and not vacuously: other micro-batches, other bits */
+  ck_assert_uint_ne(run(one, DP_OPT_ADAMW, 20, MB), run(one, DP_OPT_ADAMW, 20, 2 * MB));
+  spec_in_use = NULL;
+}
+END_TEST
+
 START_TEST(same_run_twice_same_bits_after_100_steps) {
   for (int i = 0; i < N_SETUPS; i += 3) {
-    uint64_t a = run(SETUPS[i], DP_OPT_ADAMW, 100, MB), b = run(SETUPS[i], DP_OPT_ADAMW, 100, MB);
+    uint64_t a = run(SETUPS[i], DP_OPT_ADAMW, 100, MB),
+             b = run(SETUPS[i], DP_OPT_ADAMW, 100, MB);
     ck_assert_msg(a == b, "%d devices %s: %016llx then %016llx", SETUPS[i].devices,
                   mode_name(SETUPS[i]), (unsigned long long)a, (unsigned long long)b);
   }
   /* and without a fixed micro-batch (one per device), on a non-power-of-two count */
   setup three = {3, DP_MODE_CLASSIC, 0}, three_ar = {3, DP_MODE_ALLREDUCE, 1};
-  ck_assert_uint_eq(run(three, DP_OPT_MOMENTUM, 100, 0), run(three, DP_OPT_MOMENTUM, 100, 0));
-  ck_assert_uint_eq(run(three_ar, DP_OPT_ADAMW, 100, 0), run(three_ar, DP_OPT_ADAMW, 100, 0));
+  ck_assert_uint_eq(run(three, DP_OPT_MOMENTUM, 100, 0),
+                    run(three, DP_OPT_MOMENTUM, 100, 0));
+  ck_assert_uint_eq(run(three_ar, DP_OPT_ADAMW, 100, 0),
+                    run(three_ar, DP_OPT_ADAMW, 100, 0));
 }
 END_TEST
 
@@ -121,6 +145,7 @@ Suite *determinism_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, twelve_setups_same_bits_sgd_momentum);
   tcase_add_test(tc, twelve_setups_same_bits_adamw);
+  tcase_add_test(tc, twelve_setups_same_bits_cnn);
   suite_add_tcase(s, tc);
   tc = tcase_create("run_to_run");
   tcase_set_timeout(tc, 120);

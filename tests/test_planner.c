@@ -56,6 +56,59 @@ static dp_model *random_model(int max_layers, int with_loss) {
   return m;
 }
 
+/* A random image model: C x H x W input, conv2d / pools / elementwise layers
+ * while the shape allows, flatten (sometimes first, sometimes last), then
+ * flat layers. */
+static dp_model *random_image_model(int max_layers, int with_loss) {
+  dp_model *m = NULL;
+  int c = 1 + (int)rnd(3), h = 2 + (int)rnd(9), w = 2 + (int)rnd(9);
+  ck_assert_int_eq(dp_model_new_image(c, h, w, &m), DP_OK);
+  int L = 1 + (int)rnd((uint32_t)max_layers), flat = rnd(6) == 0;
+  if (flat) ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK); /* right after input */
+  for (int i = 0; i < L; i++) {
+    if (flat) {
+      if (rnd(3) == 0)
+        ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK); /* flatten of flat */
+      else if (rnd(2))
+        ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(24), 1), DP_OK);
+      else
+        ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK);
+      continue;
+    }
+    int k = 1 + (int)rnd(3), st = 1 + (int)rnd(2), pad = (int)rnd(2);
+    switch (rnd(6)) {
+    case 0:
+    case 1:
+      if (k <= h + 2 * pad && k <= w + 2 * pad && pad < k) {
+        ck_assert_int_eq(dp_model_add_conv2d(m, 1 + (int)rnd(5), k, st, pad, (int)rnd(3) != 0),
+                         DP_OK);
+        h = (h + 2 * pad - k) / st + 1, w = (w + 2 * pad - k) / st + 1;
+      }
+      break;
+    case 2:
+      if (k <= h && k <= w) {
+        ck_assert_int_eq(dp_model_add_pool2d(m, rnd(2) ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D,
+                                             k, st),
+                         DP_OK);
+        h = (h - k) / st + 1, w = (w - k) / st + 1;
+      }
+      break;
+    case 3: ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_RELU : DP_LAYER_TANH), DP_OK); break;
+    case 4: ck_assert_int_eq(dp_model_add_dropout(m, 0.25f), DP_OK); break;
+    default:
+      ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK);
+      flat = 1;
+      break;
+    }
+  }
+  if (with_loss) {
+    if (dp_model_n_layers(m) == 0) ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK);
+    ck_assert_int_eq(dp_model_set_loss(m, flat && rnd(2) ? DP_LOSS_SOFTMAX_CE : DP_LOSS_MSE),
+                     DP_OK);
+  }
+  return m;
+}
+
 static dp_config random_config(int max_batch, int max_devices) {
   dp_config c = config_of(1 + (int)rnd((uint32_t)max_batch),
                           1 + (int)rnd((uint32_t)max_devices), DP_OPT_SGD);
@@ -354,7 +407,18 @@ END_TEST
 /* ---- invariants of any plan ------------------------------------------------- */
 
 static int layer_reads_input(dp_layer_kind k) {
-  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM;
+  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
+         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D;
+}
+
+/* A flatten before the last layer is a view: its output is its input's
+ * buffer (the model's input when it has no layer before it: -1). */
+static int is_view(const dp_model *m, int i) {
+  return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
+}
+static int owner_of(const dp_model *m, int i) {
+  while (i >= 0 && is_view(m, i)) i--;
+  return i;
 }
 static int layer_reads_output(dp_layer_kind k) {
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
@@ -420,6 +484,15 @@ static void check_act_layout(const dp_plan *p, int d) {
   REQ_EQ(a->mb_rows, mb_rows);
   for (int i = 0; i < L; i++) {
     const dp_layer *l = &m->layers[i];
+    if (is_view(m, i)) { /* no buffers of its own */
+      int o = owner_of(m, i);
+      REQ(a->act[i] == (o >= 0 ? a->act[o] : SIZE_MAX), "device %d act[%d] is not layer %d's",
+          d, i, o);
+      REQ(a->dact[i] == (o >= 0 ? a->dact[o] : SIZE_MAX),
+          "device %d dact[%d] is not layer %d's", d, i, o);
+      REQ(a->stats[i] == SIZE_MAX, "device %d stats[%d] of a view", d, i);
+      continue;
+    }
     struct {
       size_t off;
       int present;
@@ -507,18 +580,20 @@ static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, 
     REQ_GT(op->rows, 0);
 #define ROWS(arr, idx, w) (arr)[idx] + local * (w) * 4, (arr)[idx] + (local + rows) * (w) * 4
 #define WHOLE(arr, idx, w) (arr)[idx], (arr)[idx] + rows * (w) * 4
+    int o = owner_of(m, i - 1); /* where this layer's input lives (-1: INPUTS) */
+    if (is_view(m, i)) continue; /* a view runs nothing */
     if (op->kind == DP_OP_FORWARD) {
-      if (i > 0) touch(PIECE(K_ACT, i - 1, k), p, d, K_ACT, i - 1, t, ROWS(a->act, i - 1, (size_t)l->in), 0);
+      if (o >= 0) touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
       if (i < L - 1) touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 1);
       if (l->kind == DP_LAYER_LAYERNORM) touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 1);
     } else {
       if (i < L - 1) touch(PIECE(K_DACT, i, k), p, d, K_DACT, i, t, WHOLE(a->dact, i, (size_t)l->out), 0);
-      if (i > 0 && layer_reads_input(l->kind))
-        touch(PIECE(K_ACT, i - 1, k), p, d, K_ACT, i - 1, t, ROWS(a->act, i - 1, (size_t)l->in), 0);
+      if (o >= 0 && layer_reads_input(l->kind))
+        touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
       if (i < L - 1 && layer_reads_output(l->kind))
         touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 0);
       if (l->kind == DP_LAYER_LAYERNORM) touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 0);
-      if (i > 0) touch(PIECE(K_DACT, i - 1, k), p, d, K_DACT, i - 1, t, WHOLE(a->dact, i - 1, (size_t)l->in), 1);
+      if (o >= 0) touch(PIECE(K_DACT, o, k), p, d, K_DACT, o, t, WHOLE(a->dact, o, (size_t)l->in), 1);
     }
 #undef ROWS
 #undef WHOLE
@@ -835,6 +910,55 @@ START_TEST(random_plans_keep_every_invariant) {
     dp_plan_free(p);
     dp_model_free(m);
   }
+}
+END_TEST
+
+START_TEST(random_image_plans_keep_every_invariant) {
+  rng_state = 0x5EED1317;
+  for (int it = 0; it < 300; it++) {
+    dp_model *m = random_image_model(9, 1);
+    dp_config c = random_config(24, 6);
+    c.backend = DP_BACKEND_CPU; /* the image layers are the cpu backend's so far */
+    if (rnd(3) == 0) c.micro_batch = 1 + (int)rnd(4);
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+/* flatten costs nothing: the same plan with and without it, to the byte */
+START_TEST(flatten_is_a_view_without_memory) {
+  dp_model *a = model_of("input 2 6 6\nconv2d 4 3\nrelu\nflatten\nlinear 5\nloss mse\n");
+  dp_config c = config_of(16, 2, DP_OPT_ADAMW);
+  dp_plan *p = plan_of(a, &c);
+  for (int d = 0; d < dp_plan_n_devices(p); d++) {
+    REQ_EQ(p->act[d].act[2], p->act[d].act[1]); /* the flatten's output is relu's buffer */
+    REQ_EQ(p->act[d].dact[2], p->act[d].dact[1]);
+  }
+  check_plan(p);
+  dp_model *f = model_of("input 1 4 4\nflatten\nlinear 3\nloss mse\n");
+  dp_model *g = model_of("input 16\nlinear 3\nloss mse\n");
+  dp_plan *pf = plan_of(f, &c), *pg = plan_of(g, &c);
+  for (int d = 0; d < dp_plan_n_devices(pf); d++)
+    REQ_EQ(dp_plan_device_bytes(pf, d), dp_plan_device_bytes(pg, d));
+  REQ_EQ(pf->act[0].act[0], SIZE_MAX); /* a view of the input: no buffer */
+  check_plan(pf);
+  /* the cuda backend refuses the image layers, naming one */
+  if (dp_cuda_available()) {
+    dp_config cc = c;
+    cc.backend = DP_BACKEND_CUDA;
+    dp_plan *q = NULL;
+    REQ_EQ(dp_plan_create(a, &cc, &q), DP_ERR_UNSUPPORTED);
+    REQ(strstr(dp_last_error(), "conv2d") != NULL, "%s", dp_last_error());
+  }
+  dp_plan_free(p);
+  dp_plan_free(pf);
+  dp_plan_free(pg);
+  dp_model_free(a);
+  dp_model_free(f);
+  dp_model_free(g);
 }
 END_TEST
 
@@ -2018,6 +2142,8 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, hyper_parameters_are_refused_when_not_finite_or_contradictory);
   tcase_add_test(tc, config_defaults_are_as_documented);
   tcase_add_test(tc, names_cover_every_enum);
+  tcase_add_test(tc, random_image_plans_keep_every_invariant);
+  tcase_add_test(tc, flatten_is_a_view_without_memory);
   suite_add_tcase(s, tc);
   return s;
 }

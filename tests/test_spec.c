@@ -66,7 +66,8 @@ START_TEST(unknown_layer_is_named_with_its_position) {
 END_TEST
 
 START_TEST(missing_width_points_after_the_keyword) {
-  parse_bad("input\n", 1, 7, "expected a width after 'input'");
+  parse_bad("input\n", 1, 7,
+            "expected a width (or channels, height and width) after 'input'");
   parse_bad("input 4\nlinear\n", 2, 8, "expected a width after 'linear'");
   parse_bad("input 4\n  linear   # no width\n", 2, 10, "expected a width after 'linear'");
 }
@@ -151,10 +152,9 @@ START_TEST(long_unknown_words_are_echoed_with_a_closing_quote) {
 END_TEST
 
 START_TEST(first_line_must_be_input) {
-  parse_bad("linear 3\n", 1, 1, "expected 'input N' first, got 'linear'");
-  parse_bad("# a comment\n\n   relu\ninput 3\n", 3, 4,
-            "expected 'input N' first, got 'relu'");
-  parse_bad("loss mse\n", 1, 1, "expected 'input N' first, got 'loss'");
+  parse_bad("linear 3\n", 1, 1, "expected 'input N' or 'input C H W' first, got 'linear'");
+  parse_bad("# a comment\n\n   relu\ninput 3\n", 3, 4, "first, got 'relu'");
+  parse_bad("loss mse\n", 1, 1, "first, got 'loss'");
 }
 END_TEST
 
@@ -173,7 +173,7 @@ START_TEST(misspelt_nobias_is_named) {
 END_TEST
 
 START_TEST(trailing_tokens_are_refused) {
-  parse_bad("input 3 4\n", 1, 9, "unexpected '4' after 'input'");
+  parse_bad("input 3 4\n", 1, 9, "'input C H W' three; got two");
   parse_bad("input 3\nrelu x\n", 2, 6, "unexpected 'x' after 'relu'");
   parse_bad("input 3\nlayernorm 3\n", 2, 11, "unexpected '3' after 'layernorm'");
   parse_bad("input 3\nlinear 4 nobias x\n", 2, 17, "unexpected 'x' after 'linear'");
@@ -722,6 +722,137 @@ static void plan_overflows(const dp_model *m, const dp_config *c) {
   ck_assert_msg(strstr(dp_last_error(), "overflow") != NULL, "%s", dp_last_error());
 }
 
+/* ---- image layers (conv2d, pools, flatten) ---------------------------------------- */
+
+static dp_model *parse_ok(const char *text) {
+  dp_model *m = NULL;
+  ck_assert_msg(dp_model_parse(text, "m.dpm", &m) == DP_OK, "'%s': %s", text,
+                dp_last_error());
+  return m;
+}
+
+START_TEST(image_layers_infer_shapes_and_params) {
+  dp_model *m = parse_ok("input 3 9 7\n"
+                         "conv2d 4 3 stride 2 padding 1\n" /* 4 x 5 x 4 */
+                         "relu\n"
+                         "maxpool2d 2 stride 1\n" /* 4 x 4 x 3 */
+                         "conv2d 5 2 nobias\n"    /* 5 x 3 x 2 */
+                         "avgpool2d 2\n"          /* 5 x 1 x 1 */
+                         "flatten\n"
+                         "linear 6\n"
+                         "loss softmax_cross_entropy\n");
+  ck_assert_int_eq(dp_model_input_width(m), 3 * 9 * 7);
+  static const struct {
+    int c, h, w, out;
+    size_t params;
+  } want[] = {{4, 5, 4, 80, 4 * 3 * 3 * 3 + 4}, {4, 5, 4, 80, 0}, {4, 4, 3, 48, 0},
+              {5, 3, 2, 30, 5 * 4 * 2 * 2},     {5, 1, 1, 5, 0},  {5, 0, 0, 5, 0},
+              {6, 0, 0, 6, 6 * 5 + 6}};
+  ck_assert_int_eq(dp_model_n_layers(m), 7);
+  for (int i = 0; i < 7; i++) {
+    dp_layer_info li;
+    ck_assert_int_eq(dp_model_layer(m, i, &li), DP_OK);
+    ck_assert_msg(li.channels == want[i].c && li.height == want[i].h &&
+                      li.width == want[i].w && li.out == want[i].out &&
+                      li.n_params == want[i].params,
+                  "layer %d: %d x %d x %d (%d), %zu params", i, li.channels, li.height,
+                  li.width, li.out, li.n_params);
+  }
+  /* state_dict tensors: 0.weight (4, 3, 3, 3), 0.bias, 3.weight (5, 4, 2,
+   * 2), 6.weight, 6.bias */
+  ck_assert_int_eq(dp_model_n_tensors(m), 5);
+  dp_tensor_info t;
+  ck_assert_int_eq(dp_model_tensor(m, 0, &t), DP_OK);
+  ck_assert_msg(!strcmp(t.name, "0.weight") && t.ndim == 4 && t.dims[0] == 4 &&
+                    t.dims[1] == 3 && t.dims[2] == 3 && t.dims[3] == 3 && t.numel == 108,
+                "%s ndim %d", t.name, t.ndim);
+  ck_assert_int_eq(dp_model_tensor(m, 2, &t), DP_OK);
+  ck_assert_msg(!strcmp(t.name, "3.weight") && t.ndim == 4 && t.offset == 112, "%s %zu",
+                t.name, t.offset);
+  ck_assert_int_eq(dp_model_tensor(m, 3, &t), DP_OK);
+  ck_assert_msg(!strcmp(t.name, "6.weight") && t.ndim == 2 && t.dims[1] == 5, "%s", t.name);
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(image_layers_format_round_trips) {
+  const char *text = "input 2 11 11\n"
+                     "conv2d 3 5 stride 3 padding 2\n"
+                     "sigmoid\n"
+                     "maxpool2d 2\n"
+                     "conv2d 4 1 nobias\n"
+                     "avgpool2d 1 stride 2\n"
+                     "flatten\n"
+                     "linear 4\n"
+                     "loss mse\n";
+  dp_model *m = parse_ok(text), *back = NULL;
+  char buf[512];
+  dp_model_format(m, buf, sizeof buf);
+  ck_assert_str_eq(buf, text);
+  ck_assert_int_eq(dp_model_parse(buf, "again", &back), DP_OK);
+  assert_same_model(m, back);
+  dp_model_free(back);
+  dp_model_free(m);
+  /* options in any order, defaults spelt out or not */
+  m = parse_ok("input 1 6 6\nconv2d 2 3 nobias padding 0 stride 1\nmaxpool2d 3 stride 3\n");
+  dp_model_format(m, buf, sizeof buf);
+  ck_assert_str_eq(buf, "input 1 6 6\nconv2d 2 3 nobias\nmaxpool2d 3\n");
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(image_layer_errors_name_line_and_column) {
+  parse_bad("input 1 8\n", 1, 9, "input C H W");
+  parse_bad("input 1 8 8 8\n", 1, 13, "unexpected '8'");
+  parse_bad("input 1 8 0\n", 1, 11, "out of range");
+  parse_bad("input 1 8 8\nconv2d\n", 2, 8, "output channels");
+  parse_bad("input 1 8 8\nconv2d 4\n", 2, 10, "kernel size");
+  parse_bad("input 1 8 8\nconv2d 4 3 strides 2\n", 2, 12, "'stride S'");
+  parse_bad("input 1 8 8\nconv2d 4 3 stride\n", 2, 19, "a number after 'stride'");
+  parse_bad("input 1 8 8\nconv2d 4 3 stride 2 stride 1\n", 2, 21, "given twice");
+  parse_bad("input 1 8 8\nconv2d 4 3 stride -1\n", 2, 19, "positive integer");
+  parse_bad("input 1 8 8\nconv2d 4 9\n", 2, 1, "does not fit the 8 x 8 input");
+  parse_bad("input 1 8 8\nmaxpool2d 2 padding 1\n", 2, 13, "'stride S'");
+  parse_bad("input 1 8 8\nmaxpool2d 2 nobias\n", 2, 13, "'stride S'");
+  parse_bad("input 1 2 2\navgpool2d 3\n", 2, 1, "does not fit the 2 x 2 input");
+  /* shapes: image layers need an image, linear and layernorm a flat input */
+  parse_bad("input 64\nconv2d 4 3\n", 2, 1, "needs an image input");
+  parse_bad("input 64\nmaxpool2d 2\n", 2, 1, "needs an image input");
+  parse_bad("input 1 8 8\nlinear 10\n", 2, 1, "add flatten first");
+  parse_bad("input 1 8 8\nconv2d 2 3\nrelu\nlayernorm\n", 4, 1, "add flatten first");
+  parse_bad("input 1 8 8\nflatten\nconv2d 2 3\n", 3, 1, "needs an image input");
+  parse_bad("input 1 8 8\nconv2d 4 3 stride 2 padding 1 nobias x\n", 2, 38, "got 'x'");
+}
+END_TEST
+
+START_TEST(image_builder_matches_the_parser) {
+  dp_model *b = NULL, *p = parse_ok("input 2 7 5\nconv2d 3 3 stride 2 padding 1\ntanh\n"
+                                    "avgpool2d 2 stride 1\nflatten\nlinear 2\n");
+  ck_assert_int_eq(dp_model_new_image(2, 7, 5, &b), DP_OK);
+  ck_assert_int_eq(dp_model_add_conv2d(b, 3, 3, 2, 1, 1), DP_OK);
+  ck_assert_int_eq(dp_model_add(b, DP_LAYER_TANH), DP_OK);
+  ck_assert_int_eq(dp_model_add_pool2d(b, DP_LAYER_AVGPOOL2D, 2, 1), DP_OK);
+  ck_assert_int_eq(dp_model_add(b, DP_LAYER_FLATTEN), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(b, 2, 1), DP_OK);
+  assert_same_model(b, p);
+  /* refusals change nothing */
+  int n = dp_model_n_layers(b);
+  ck_assert_int_eq(dp_model_add_conv2d(b, 3, 3, 1, 0, 1), DP_ERR_INVALID); /* flat now */
+  ck_assert_int_eq(dp_model_add_pool2d(b, DP_LAYER_RELU, 2, 0), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(b), n);
+  dp_model_free(b);
+  ck_assert_int_eq(dp_model_new_image(0, 7, 5, &b), DP_ERR_INVALID);
+  ck_assert_ptr_null(b);
+  ck_assert_int_eq(dp_model_new_image(1, 7, 5, &b), DP_OK);
+  ck_assert_int_eq(dp_model_add_conv2d(b, 0, 3, 1, 0, 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_conv2d(b, 2, 3, 1, -1, 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_pool2d(b, DP_LAYER_MAXPOOL2D, 8, 0), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(b), 0);
+  dp_model_free(b);
+  dp_model_free(p);
+}
+END_TEST
+
 START_TEST(absurd_dims_parse_but_planning_overflows) {
   /* n_params = 2e9 * 2e9 + 2e9 = 4.000000002e18 fits; the params alone take
    * 1.6000000008e19 bytes, and params + grads do not fit in 64 bits. */
@@ -882,6 +1013,10 @@ Suite *spec_suite(void) {
 
   tc = tcase_create("overflow");
   tcase_add_test(tc, absurd_dims_parse_but_planning_overflows);
+  tcase_add_test(tc, image_layers_infer_shapes_and_params);
+  tcase_add_test(tc, image_layers_format_round_trips);
+  tcase_add_test(tc, image_layer_errors_name_line_and_column);
+  tcase_add_test(tc, image_builder_matches_the_parser);
   tcase_add_test(tc, absurd_dims_inference_plans_without_wrapping);
   tcase_add_test(tc, two_absurd_layers_overflow_the_param_bytes);
   tcase_add_test(tc, absurd_param_count_overflows_in_the_parser);

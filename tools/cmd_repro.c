@@ -477,12 +477,18 @@ static void json_number(FILE *f, double v) {
     fputs("null", f);
 }
 
-/* "[17, 3]" or "[5]" for element k of tensor t. */
+/* "[17, 3]", "[5]" or "[2, 0, 1, 1]" for element k of tensor t. */
 static void element_index(const dp_tensor_info *t, size_t k, char *buf, size_t cap) {
-  if (t->ndim == 2)
-    snprintf(buf, cap, "[%zu, %zu]", k / (size_t)t->dims[1], k % (size_t)t->dims[1]);
-  else
-    snprintf(buf, cap, "[%zu]", k);
+  size_t idx[4] = {0, 0, 0, 0};
+  for (int d = t->ndim - 1; d >= 0; d--) {
+    size_t n = d ? (size_t)t->dims[d] : SIZE_MAX; /* the first takes what is left */
+    idx[d] = k % n;
+    k /= n;
+  }
+  size_t len = 0;
+  for (int d = 0; d < t->ndim && len < cap; d++)
+    len += (size_t)snprintf(buf + len, cap - len, "%s%zu", d ? ", " : "[", idx[d]);
+  if (len < cap) snprintf(buf + len, cap - len, "]");
 }
 
 static void print_trace_header(const dp_tensor_info *t, int nt) {
@@ -657,7 +663,7 @@ int dpt_cmd_repro(int argc, char **argv) {
     for (int i = 0; i < nt; i++) {
       printf("%s\n    {\"name\": \"%s\", \"shape\": [%d", i ? "," : "", tensors[i].name,
              tensors[i].dims[0]);
-      if (tensors[i].ndim == 2) printf(", %d", tensors[i].dims[1]);
+      for (int d = 1; d < tensors[i].ndim; d++) printf(", %d", tensors[i].dims[d]);
       printf("]}");
     }
     printf("\n  ]");
@@ -871,10 +877,7 @@ int dpt_cmd_repro(int argc, char **argv) {
       if (div.tensor >= 0) {
         const dp_tensor_info *t = &tensors[div.tensor];
         printf("tensor %s (", t->name);
-        if (t->ndim == 2)
-          printf("%d x %d", t->dims[0], t->dims[1]);
-        else
-          printf("%d", t->dims[0]);
+        for (int d = 0; d < t->ndim; d++) printf("%s%d", d ? " x " : "", t->dims[d]);
         printf("), between %s (the reference) and %s: max abs difference %.9g at %s%s "
                "(%.9g vs %.9g)\n",
                cf[ref].label, c->label, div.max_diff, t->name, where, (double)div.ref_value,

@@ -331,6 +331,12 @@ static const char MLP_SPEC[] = "input 12\n"
                                "linear 16\nrelu\n"
                                "linear 5 nobias\n"
                                "loss softmax_cross_entropy\n";
+/* the image layers, the same 12 floats per row read as 1 x 3 x 4 */
+static const char CNN_SPEC[] = "input 1 3 4\n"
+                               "conv2d 4 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
+                               "dropout 0.2\nconv2d 3 2\navgpool2d 1\nflatten\n"
+                               "linear 5\n"
+                               "loss softmax_cross_entropy\n";
 enum { IN = 12, OUT = 5, BATCH = 32, SMALL = 19, STEPS = 100 };
 
 static int failures;
@@ -509,7 +515,8 @@ typedef struct {
   int cuda_graph;
   dp_mode mode;
   int shard;
-  float clip; /* clip_grad_norm */
+  float clip;       /* clip_grad_norm */
+  const char *spec; /* NULL: MLP_SPEC */
 } config_case;
 
 static void fill(float *x, int32_t *t, int rows, uint64_t seed) {
@@ -549,7 +556,8 @@ static void run_case(const config_case *cc) {
     cfg.cuda_graph = cc->cuda_graph;
     for (int d = 0; d < DP_MAX_DEVICES; d++) cfg.device_ids[d] = 0;
   }
-  if (dp_model_parse(MLP_SPEC, "mlp", &m) || dp_plan_create(m, &cfg, &p)) {
+  if (dp_model_parse(cc->spec ? cc->spec : MLP_SPEC, "mlp", &m) ||
+      dp_plan_create(m, &cfg, &p)) {
     EXPECT(0, "%s: setup failed: %s", cc->name, dp_last_error());
     goto done;
   }
@@ -772,14 +780,20 @@ int main(int argc, char **argv) {
 #endif
   }
   static const config_case cases[] = {
-      {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0},
-      {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0},
+      {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0,
+       NULL},
+      {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0,
+       NULL},
       {"mlp, 3 devices, balanced, micro_batch 4", 3, DP_SPLIT_BALANCED, 4, DP_BACKEND_CPU,
-       0, DP_MODE_CLASSIC, 0, 0},
+       0, DP_MODE_CLASSIC, 0, 0, NULL},
       {"mlp, 4 devices, sharded, clip_grad_norm, accumulate 2", 4, DP_SPLIT_CHUNK, 0,
-       DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 1, 0.01f},
+       DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 1, 0.01f, NULL},
       {"mlp, 2 devices, classic, clip_grad_norm, accumulate 2", 2, DP_SPLIT_CHUNK, 0,
-       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f},
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, NULL},
+      {"cnn, 2 devices, micro_batch 4", 2, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0,
+       DP_MODE_CLASSIC, 0, 0, CNN_SPEC},
+      {"cnn, 3 devices, allreduce, sharded", 3, DP_SPLIT_BALANCED, 0, DP_BACKEND_CPU, 0,
+       DP_MODE_ALLREDUCE, 1, 0, CNN_SPEC},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
 
@@ -790,9 +804,9 @@ int main(int argc, char **argv) {
 #endif
   static const config_case gpu_cases[] = {
       {"cuda, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0,
-       DP_MODE_CLASSIC, 0, 0},
+       DP_MODE_CLASSIC, 0, 0, NULL},
       {"cuda graph, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
-       DP_MODE_CLASSIC, 0, 0},
+       DP_MODE_CLASSIC, 0, 0, NULL},
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)

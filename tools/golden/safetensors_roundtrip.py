@@ -58,6 +58,9 @@ SPECS = [
      "input 12\nlinear 16\nlayernorm\ngelu\ndropout 0.1\nlinear 16 nobias\ntanh\n"
      "linear 8\nrelu\nsigmoid\nlinear 5\nloss softmax_cross_entropy\n"),
     ("mse", "input 7\nlinear 9 nobias\nrelu\nlayernorm\nlinear 3\nloss mse\n"),
+    ("cnn",
+     "input 2 7 6\nconv2d 3 3 stride 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
+     "conv2d 4 2 nobias\ntanh\navgpool2d 1\nflatten\nlinear 5\nloss softmax_cross_entropy\n"),
 ]
 ROWS = 24
 STEPS = 5
@@ -206,15 +209,54 @@ def load_st(path):
 
 # ---- the model --------------------------------------------------------------------
 
+class Seq(nn.Sequential):
+    """nn.Sequential whose rows are libdp's: an image input is reshaped to NCHW
+    on the way in, and every output flattened per row on the way out (the
+    state_dict names are nn.Sequential's own)."""
+
+    def __init__(self, shape, mods):
+        super().__init__(*mods)
+        self.shape = shape
+
+    def forward(self, x):
+        y = super().forward(x.reshape(x.shape[0], *self.shape))
+        return y.reshape(x.shape[0], -1)
+
+
+def window(n, k, s, p):
+    return (n + 2 * p - k) // s + 1
+
+
 def sequential(spec):
-    """nn.Sequential of a libdp spec, and its loss."""
-    mods, width, loss = [], None, None
+    """nn.Sequential of a libdp spec (Seq), its loss and its output width."""
+    mods, width, loss, img, shape = [], None, None, None, None
     for line in spec.splitlines():
         w = line.split("#")[0].split()
         if not w:
             continue
         if w[0] == "input":
-            width = int(w[1])
+            shape = tuple(int(v) for v in w[1:])
+            img = shape if len(shape) == 3 else None
+            width = shape[0] if img is None else shape[0] * shape[1] * shape[2]
+        elif w[0] in ("conv2d", "maxpool2d", "avgpool2d"):
+            nums = [int(v) for v in w[1:3 if w[0] == "conv2d" else 2]]
+            opt = {w[i]: int(w[i + 1]) for i in range(len(nums) + 1, len(w) - 1)
+                   if w[i] in ("stride", "padding")}
+            c, h, ww = img
+            k = nums[-1]
+            if w[0] == "conv2d":
+                st, pd = opt.get("stride", 1), opt.get("padding", 0)
+                mods.append(nn.Conv2d(c, nums[0], k, stride=st, padding=pd,
+                                      bias="nobias" not in w))
+                c = nums[0]
+            else:
+                st, pd = opt.get("stride", k), 0
+                mods.append((nn.MaxPool2d if w[0] == "maxpool2d" else nn.AvgPool2d)(k, st))
+            img = (c, window(h, k, st, pd), window(ww, k, st, pd))
+            width = img[0] * img[1] * img[2]
+        elif w[0] == "flatten":
+            mods.append(nn.Flatten())
+            img = None
         elif w[0] == "linear":
             n = int(w[1])
             mods.append(nn.Linear(width, n, bias=not (len(w) > 2 and w[2] == "nobias")))
@@ -239,7 +281,7 @@ def sequential(spec):
             loss = w[1]
         else:
             raise ValueError("unknown spec line %r" % line)
-    return nn.Sequential(*mods), loss, width
+    return Seq(shape, mods), loss, width
 
 
 def rel_diff(a, b):
@@ -283,7 +325,9 @@ def run_driver(exe, tmp, spec_path, st_in, x_path, t_path, steps, tag):
 def check_spec(name, spec, exe, tmp, seed):
     torch.manual_seed(seed)
     model, loss, out_w = sequential(spec)
-    in_w = model[0].in_features
+    in_w = 1
+    for v in model.shape:
+        in_w *= v
     x = torch.randn(ROWS, in_w)
     if loss == "softmax_cross_entropy":
         t = torch.randint(0, out_w, (ROWS,))
