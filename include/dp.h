@@ -295,6 +295,11 @@ int dp_plan_n_devices(const dp_plan *p); /* devices with rows (<= n_devices) */
 int dp_plan_device_rows(const dp_plan *p, int dev);
 int dp_plan_device_micro_batches(const dp_plan *p, int dev);
 size_t dp_plan_device_bytes(const dp_plan *p, int dev); /* arena total */
+/* What device dev's intermediate buffers (layer outputs, their gradients,
+ * saved statistics; a flatten has none) would take if each had memory of its
+ * own, aligned: the activations region holds them in less where lifetimes do
+ * not overlap (0 for a bad device). */
+size_t dp_plan_activation_bytes_unshared(const dp_plan *p, int dev);
 dp_region_info dp_plan_region(const dp_plan *p, int dev, dp_region r);
 size_t dp_plan_host_bytes(const dp_plan *p); /* staging arena (pinned, cuda) */
 /* Alignment of every region and of the arenas dp_ctx_create_static takes:

@@ -707,6 +707,24 @@ uint64_t dp_plan_hash(const dp_plan *p) {
   return dp__fnv1a(DP_FNV_INIT, h, sizeof h);
 }
 
+size_t dp_plan_activation_bytes_unshared(const dp_plan *p, int dev) {
+  if (!p || dev < 0 || dev >= p->split.n_used) return 0;
+  const dp_model *m = &p->model;
+  const dp_act_layout *a = &p->act[dev];
+  size_t total = 0, al = p->align;
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    if (dp__layer_is_view(m, i)) continue;
+    size_t sz[3] = {a->act[i] != SIZE_MAX ? (size_t)a->rows * (size_t)l->out * 4 : 0,
+                    a->stats[i] != SIZE_MAX
+                        ? (size_t)a->rows * (size_t)dp__layer_stats_width(l->kind) * 4
+                        : 0,
+                    a->dact[i] != SIZE_MAX ? (size_t)a->mb_rows * (size_t)l->out * 4 : 0};
+    for (int k = 0; k < 3; k++) total += (sz[k] + al - 1) / al * al;
+  }
+  return total;
+}
+
 int dp_plan_ranks(const dp_plan *p) { return p ? dp__ranks(&p->cfg) : 0; }
 int dp_plan_local_devices(const dp_plan *p) {
   return p ? p->cfg.n_devices / dp__ranks(&p->cfg) : 0;

@@ -44,15 +44,23 @@ static dp_model *random_model(int max_layers, int with_loss) {
   for (int i = 0; i < L; i++) {
     switch (rnd(7)) {
     case 0:
-    case 1: ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(48), (int)rnd(4) != 0), DP_OK); break;
+    case 1:
+      ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(48), (int)rnd(4) != 0), DP_OK);
+      break;
     case 2: ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK); break;
-    case 3: ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_GELU : DP_LAYER_TANH), DP_OK); break;
+    case 3:
+      ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_GELU : DP_LAYER_TANH), DP_OK);
+      break;
     case 4: ck_assert_int_eq(dp_model_add(m, DP_LAYER_SIGMOID), DP_OK); break;
     case 5: ck_assert_int_eq(dp_model_add(m, DP_LAYER_LAYERNORM), DP_OK); break;
-    default: ck_assert_int_eq(dp_model_add_dropout(m, 0.125f * (float)rnd(8)), DP_OK); break;
+    default:
+      ck_assert_int_eq(dp_model_add_dropout(m, 0.125f * (float)rnd(8)), DP_OK);
+      break;
     }
   }
-  if (with_loss) ck_assert_int_eq(dp_model_set_loss(m, rnd(2) ? DP_LOSS_MSE : DP_LOSS_SOFTMAX_CE), DP_OK);
+  if (with_loss)
+    ck_assert_int_eq(dp_model_set_loss(m, rnd(2) ? DP_LOSS_MSE : DP_LOSS_SOFTMAX_CE),
+                     DP_OK);
   return m;
 }
 
@@ -64,7 +72,8 @@ static dp_model *random_image_model(int max_layers, int with_loss) {
   int c = 1 + (int)rnd(3), h = 2 + (int)rnd(9), w = 2 + (int)rnd(9);
   ck_assert_int_eq(dp_model_new_image(c, h, w, &m), DP_OK);
   int L = 1 + (int)rnd((uint32_t)max_layers), flat = rnd(6) == 0;
-  if (flat) ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK); /* right after input */
+  if (flat)
+    ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK); /* right after input */
   for (int i = 0; i < L; i++) {
     if (flat) {
       if (rnd(3) == 0)
@@ -80,20 +89,22 @@ static dp_model *random_image_model(int max_layers, int with_loss) {
     case 0:
     case 1:
       if (k <= h + 2 * pad && k <= w + 2 * pad && pad < k) {
-        ck_assert_int_eq(dp_model_add_conv2d(m, 1 + (int)rnd(5), k, st, pad, (int)rnd(3) != 0),
-                         DP_OK);
+        ck_assert_int_eq(
+            dp_model_add_conv2d(m, 1 + (int)rnd(5), k, st, pad, (int)rnd(3) != 0), DP_OK);
         h = (h + 2 * pad - k) / st + 1, w = (w + 2 * pad - k) / st + 1;
       }
       break;
     case 2:
       if (k <= h && k <= w) {
-        ck_assert_int_eq(dp_model_add_pool2d(m, rnd(2) ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D,
-                                             k, st),
-                         DP_OK);
+        ck_assert_int_eq(
+            dp_model_add_pool2d(m, rnd(2) ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D, k, st),
+            DP_OK);
         h = (h - k) / st + 1, w = (w - k) / st + 1;
       }
       break;
-    case 3: ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_RELU : DP_LAYER_TANH), DP_OK); break;
+    case 3:
+      ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_RELU : DP_LAYER_TANH), DP_OK);
+      break;
     case 4: ck_assert_int_eq(dp_model_add_dropout(m, 0.25f), DP_OK); break;
     default:
       ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK);
@@ -102,9 +113,10 @@ static dp_model *random_image_model(int max_layers, int with_loss) {
     }
   }
   if (with_loss) {
-    if (dp_model_n_layers(m) == 0) ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK);
-    ck_assert_int_eq(dp_model_set_loss(m, flat && rnd(2) ? DP_LOSS_SOFTMAX_CE : DP_LOSS_MSE),
-                     DP_OK);
+    if (dp_model_n_layers(m) == 0)
+      ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK);
+    ck_assert_int_eq(
+        dp_model_set_loss(m, flat && rnd(2) ? DP_LOSS_SOFTMAX_CE : DP_LOSS_MSE), DP_OK);
   }
   return m;
 }
@@ -132,7 +144,8 @@ static void expect_layout(const dp_plan *p, int d, const region_want *want, size
     dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
     ck_assert_msg(ri.offset == want[r].offset && ri.size == want[r].size,
                   "device %d region %s: (offset %zu, size %zu), want (%zu, %zu)", d,
-                  dp_region_name((dp_region)r), ri.offset, ri.size, want[r].offset, want[r].size);
+                  dp_region_name((dp_region)r), ri.offset, ri.size, want[r].offset,
+                  want[r].size);
     ck_assert_uint_eq(ri.align, 64);
   }
   ck_assert_uint_eq(dp_plan_device_bytes(p, d), total);
@@ -164,7 +177,8 @@ START_TEST(seed_splits_thirty_rows_into_two_chunks_of_fifteen) {
   ck_assert_int_eq(dp_plan_device_rows(p, 1), 15);
   ck_assert_int_eq(dp_plan_device_micro_batches(p, 0), 1);
   ck_assert_int_eq(dp_plan_device_micro_batches(p, 1), 1);
-  ck_assert_uint_eq(dp_plan_host_bytes(p), 0); /* cpu: the caller's memory is read directly */
+  ck_assert_uint_eq(dp_plan_host_bytes(p),
+                    0); /* cpu: the caller's memory is read directly */
   dp_plan_free(p);
   dp_model_free(m);
 }
@@ -175,9 +189,10 @@ START_TEST(seed_region_sizes_match_the_seed_document) {
   dp_config c = config_of(30, 2, DP_OPT_SGD);
   dp_plan *p = plan_of(m, &c);
   for (int d = 0; d < 2; d++) {
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size, 48); /* 12 floats, replicated */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size,
+                      48); /* 12 floats, replicated */
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRADS).size, 48);
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_INPUTS).size, 300); /* 15 x 5 x 4 */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_INPUTS).size, 300);  /* 15 x 5 x 4 */
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OUTPUTS).size, 120); /* 15 x 2 x 4 */
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OUTPUT_GRADS).size, 120);
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size, 0); /* plain SGD */
@@ -190,7 +205,8 @@ START_TEST(seed_region_sizes_match_the_seed_document) {
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_LOSS).size, 8); /* 2 micro-batches x 4 */
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 48);
   static const dp_region dev0_only[] = {DP_REGION_TARGETS, DP_REGION_GATHERED_OUTPUTS,
-                                        DP_REGION_GATHERED_GRADS, DP_REGION_LOSS, DP_REGION_COMM};
+                                        DP_REGION_GATHERED_GRADS, DP_REGION_LOSS,
+                                        DP_REGION_COMM};
   for (size_t i = 0; i < sizeof dev0_only / sizeof *dev0_only; i++)
     ck_assert_msg(dp_plan_region(p, 1, dev0_only[i]).size == 0, "device 1 has %s",
                   dp_region_name(dev0_only[i]));
@@ -220,16 +236,24 @@ START_TEST(seed_sgd_layout_is_exact) {
    *   workspace      1600 + 0
    *   total = 1600 aligned to 64 = 1600 */
   static const region_want dev0[DP_REGION_COUNT] = {
-      [DP_REGION_PARAMS] = {0, 48},           [DP_REGION_GRADS] = {64, 48},
-      [DP_REGION_GRAD_PARTIALS] = {128, 0},   [DP_REGION_OPT_STATE] = {128, 0},
-      [DP_REGION_INPUTS] = {128, 300},        [DP_REGION_TARGETS] = {448, 240},
-      [DP_REGION_ACTIVATIONS] = {704, 0},     [DP_REGION_OUTPUTS] = {704, 120},
-      [DP_REGION_OUTPUT_GRADS] = {832, 120},  [DP_REGION_GATHERED_OUTPUTS] = {960, 240},
-      [DP_REGION_GATHERED_GRADS] = {1216, 240}, [DP_REGION_LOSS] = {1472, 8},
-      [DP_REGION_COMM] = {1536, 48},          [DP_REGION_WORKSPACE] = {1600, 0}};
+      [DP_REGION_PARAMS] = {0, 48},
+      [DP_REGION_GRADS] = {64, 48},
+      [DP_REGION_GRAD_PARTIALS] = {128, 0},
+      [DP_REGION_OPT_STATE] = {128, 0},
+      [DP_REGION_INPUTS] = {128, 300},
+      [DP_REGION_TARGETS] = {448, 240},
+      [DP_REGION_ACTIVATIONS] = {704, 0},
+      [DP_REGION_OUTPUTS] = {704, 120},
+      [DP_REGION_OUTPUT_GRADS] = {832, 120},
+      [DP_REGION_GATHERED_OUTPUTS] = {960, 240},
+      [DP_REGION_GATHERED_GRADS] = {1216, 240},
+      [DP_REGION_LOSS] = {1472, 8},
+      [DP_REGION_COMM] = {1536, 48},
+      [DP_REGION_WORKSPACE] = {1600, 0}};
   expect_layout(p, 0, dev0, 1600);
   expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL);
-  ck_assert_uint_gt(dp_plan_device_bytes(p, 0), dp_plan_device_bytes(p, 1)); /* GPU 0 needs more */
+  ck_assert_uint_gt(dp_plan_device_bytes(p, 0),
+                    dp_plan_device_bytes(p, 1)); /* GPU 0 needs more */
   dp_plan_free(p);
   dp_model_free(m);
 }
@@ -254,15 +278,23 @@ START_TEST(seed_momentum_layout_is_exact) {
    *   comm           1600 + 48  = 1648
    *   workspace      1664 + 0;   total 1664 */
   static const region_want dev0[DP_REGION_COUNT] = {
-      [DP_REGION_PARAMS] = {0, 48},           [DP_REGION_GRADS] = {64, 48},
-      [DP_REGION_GRAD_PARTIALS] = {128, 0},   [DP_REGION_OPT_STATE] = {128, 48},
-      [DP_REGION_INPUTS] = {192, 300},        [DP_REGION_TARGETS] = {512, 240},
-      [DP_REGION_ACTIVATIONS] = {768, 0},     [DP_REGION_OUTPUTS] = {768, 120},
-      [DP_REGION_OUTPUT_GRADS] = {896, 120},  [DP_REGION_GATHERED_OUTPUTS] = {1024, 240},
-      [DP_REGION_GATHERED_GRADS] = {1280, 240}, [DP_REGION_LOSS] = {1536, 8},
-      [DP_REGION_COMM] = {1600, 48},          [DP_REGION_WORKSPACE] = {1664, 0}};
+      [DP_REGION_PARAMS] = {0, 48},
+      [DP_REGION_GRADS] = {64, 48},
+      [DP_REGION_GRAD_PARTIALS] = {128, 0},
+      [DP_REGION_OPT_STATE] = {128, 48},
+      [DP_REGION_INPUTS] = {192, 300},
+      [DP_REGION_TARGETS] = {512, 240},
+      [DP_REGION_ACTIVATIONS] = {768, 0},
+      [DP_REGION_OUTPUTS] = {768, 120},
+      [DP_REGION_OUTPUT_GRADS] = {896, 120},
+      [DP_REGION_GATHERED_OUTPUTS] = {1024, 240},
+      [DP_REGION_GATHERED_GRADS] = {1280, 240},
+      [DP_REGION_LOSS] = {1536, 8},
+      [DP_REGION_COMM] = {1600, 48},
+      [DP_REGION_WORKSPACE] = {1664, 0}};
   expect_layout(p, 0, dev0, 1664);
-  expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL); /* optimizer state lives on device 0 only */
+  expect_layout(p, 1, SEED_DEV1,
+                SEED_DEV1_TOTAL); /* optimizer state lives on device 0 only */
   dp_plan_free(p);
   dp_model_free(m);
 }
@@ -287,13 +319,20 @@ START_TEST(seed_adamw_layout_is_exact) {
    *   comm           1664 + 48  = 1712
    *   workspace      1728 + 0;   total 1728 */
   static const region_want dev0[DP_REGION_COUNT] = {
-      [DP_REGION_PARAMS] = {0, 48},           [DP_REGION_GRADS] = {64, 48},
-      [DP_REGION_GRAD_PARTIALS] = {128, 0},   [DP_REGION_OPT_STATE] = {128, 96},
-      [DP_REGION_INPUTS] = {256, 300},        [DP_REGION_TARGETS] = {576, 240},
-      [DP_REGION_ACTIVATIONS] = {832, 0},     [DP_REGION_OUTPUTS] = {832, 120},
-      [DP_REGION_OUTPUT_GRADS] = {960, 120},  [DP_REGION_GATHERED_OUTPUTS] = {1088, 240},
-      [DP_REGION_GATHERED_GRADS] = {1344, 240}, [DP_REGION_LOSS] = {1600, 8},
-      [DP_REGION_COMM] = {1664, 48},          [DP_REGION_WORKSPACE] = {1728, 0}};
+      [DP_REGION_PARAMS] = {0, 48},
+      [DP_REGION_GRADS] = {64, 48},
+      [DP_REGION_GRAD_PARTIALS] = {128, 0},
+      [DP_REGION_OPT_STATE] = {128, 96},
+      [DP_REGION_INPUTS] = {256, 300},
+      [DP_REGION_TARGETS] = {576, 240},
+      [DP_REGION_ACTIVATIONS] = {832, 0},
+      [DP_REGION_OUTPUTS] = {832, 120},
+      [DP_REGION_OUTPUT_GRADS] = {960, 120},
+      [DP_REGION_GATHERED_OUTPUTS] = {1088, 240},
+      [DP_REGION_GATHERED_GRADS] = {1344, 240},
+      [DP_REGION_LOSS] = {1600, 8},
+      [DP_REGION_COMM] = {1664, 48},
+      [DP_REGION_WORKSPACE] = {1728, 0}};
   expect_layout(p, 0, dev0, 1728);
   expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL);
   ck_assert(dp_plan_config(p)->weight_decay == 0.01f); /* AdamW's default, resolved */
@@ -430,7 +469,8 @@ static void check_regions(const dp_plan *p) {
   const dp_model *m = dp_plan_model(p);
   const dp_config *c = dp_plan_config(p);
   size_t A = c->backend == DP_BACKEND_CUDA ? 256 : 64, P = m->n_params * 4;
-  size_t in = (size_t)m->input_width, out = (size_t)dp_model_output_width(m), B = (size_t)c->batch;
+  size_t in = (size_t)m->input_width, out = (size_t)dp_model_output_width(m),
+         B = (size_t)c->batch;
   int train = !c->inference, rows_total = 0;
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
     size_t end = 0, rows = (size_t)dp_plan_device_rows(p, d);
@@ -440,9 +480,9 @@ static void check_regions(const dp_plan *p) {
       dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
       REQ_EQ(ri.align, A);
       REQ(ri.offset % A == 0, "device %d %s at %zu", d, dp_region_name((dp_region)r),
-                    ri.offset);
+          ri.offset);
       REQ(ri.offset >= end, "device %d %s overlaps the region before", d,
-                    dp_region_name((dp_region)r));
+          dp_region_name((dp_region)r));
       REQ_EQ(ri.offset, align_up(end, A)); /* enum order, no slack */
       end = ri.offset + ri.size;
     }
@@ -457,8 +497,7 @@ static void check_regions(const dp_plan *p) {
     int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
     int out_dev = train && d == 0;
     REQ_EQ(SZ(DP_REGION_OPT_STATE), out_dev ? (size_t)k * P : 0);
-    REQ_EQ(SZ(DP_REGION_TARGETS),
-                      out_dev ? B * (m->loss == DP_LOSS_MSE ? out : 1) * 4 : 0);
+    REQ_EQ(SZ(DP_REGION_TARGETS), out_dev ? B * (m->loss == DP_LOSS_MSE ? out : 1) * 4 : 0);
     REQ_EQ(SZ(DP_REGION_GATHERED_OUTPUTS), out_dev ? B * out * 4 : 0);
     REQ_EQ(SZ(DP_REGION_GATHERED_GRADS), out_dev ? B * out * 4 : 0);
     REQ_EQ(SZ(DP_REGION_LOSS), out_dev ? (size_t)p->split.n_mb * 4 : 0);
@@ -486,8 +525,8 @@ static void check_act_layout(const dp_plan *p, int d) {
     const dp_layer *l = &m->layers[i];
     if (is_view(m, i)) { /* no buffers of its own */
       int o = owner_of(m, i);
-      REQ(a->act[i] == (o >= 0 ? a->act[o] : SIZE_MAX), "device %d act[%d] is not layer %d's",
-          d, i, o);
+      REQ(a->act[i] == (o >= 0 ? a->act[o] : SIZE_MAX),
+          "device %d act[%d] is not layer %d's", d, i, o);
       REQ(a->dact[i] == (o >= 0 ? a->dact[o] : SIZE_MAX),
           "device %d dact[%d] is not layer %d's", d, i, o);
       REQ(a->stats[i] == SIZE_MAX, "device %d stats[%d] of a view", d, i);
@@ -498,20 +537,21 @@ static void check_act_layout(const dp_plan *p, int d) {
       int present;
       size_t size;
       const char *what;
-    } b[3] = {{a->act[i], i < L - 1, (size_t)a->rows * l->out * 4, "act"},
-              {a->stats[i], l->kind == DP_LAYER_LAYERNORM, (size_t)a->rows * 2 * 4, "stats"},
-              {a->dact[i], train && i < L - 1, (size_t)a->mb_rows * l->out * 4, "dact"}};
+    } b[3] = {
+        {a->act[i], i < L - 1, (size_t)a->rows * l->out * 4, "act"},
+        {a->stats[i], l->kind == DP_LAYER_LAYERNORM, (size_t)a->rows * 2 * 4, "stats"},
+        {a->dact[i], train && i < L - 1, (size_t)a->mb_rows * l->out * 4, "dact"}};
     for (int j = 0; j < 3; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
         continue;
       }
       REQ(b[j].off != SIZE_MAX, "device %d %s[%d] missing", d, b[j].what, i);
-      REQ(b[j].off % p->align == 0, "device %d %s[%d] at %zu is not aligned", d,
-                    b[j].what, i, b[j].off);
+      REQ(b[j].off % p->align == 0, "device %d %s[%d] at %zu is not aligned", d, b[j].what,
+          i, b[j].off);
       REQ(b[j].off + b[j].size <= ar.size,
-                    "device %d %s[%d] [%zu, %zu) outside the activations region (%zu)", d,
-                    b[j].what, i, b[j].off, b[j].off + b[j].size, ar.size);
+          "device %d %s[%d] [%zu, %zu) outside the activations region (%zu)", d, b[j].what,
+          i, b[j].off, b[j].off + b[j].size, ar.size);
     }
   }
 }
@@ -526,7 +566,8 @@ typedef struct {
 } sched_view;
 
 static sched_view plan_view(const dp_plan *p) {
-  return (sched_view){dp_plan_ops(p), dp_plan_n_ops(p), p->mbs, p->cfg.batch, !p->cfg.inference};
+  return (sched_view){dp_plan_ops(p), dp_plan_n_ops(p), p->mbs, p->cfg.batch,
+                      !p->cfg.inference};
 }
 
 /* One micro-batch's piece of an activation-region buffer, with its use
@@ -543,11 +584,12 @@ static void touch(piece *pc, const dp_plan *p, int d, int kind, int layer, int t
   (void)p;
   (void)d;
   if (!pc->seen) {
-    *pc = (piece){.lo = lo, .hi = hi, .first = t, .last = t, .seen = 1, .first_write = write};
+    *pc =
+        (piece){.lo = lo, .hi = hi, .first = t, .last = t, .seen = 1, .first_write = write};
     return;
   }
-  REQ(pc->lo == lo && pc->hi == hi, "device %d kind %d layer %d accessed at two ranges",
-                d, kind, layer);
+  REQ(pc->lo == lo && pc->hi == hi, "device %d kind %d layer %d accessed at two ranges", d,
+      kind, layer);
   pc->last = t;
 }
 
@@ -562,7 +604,7 @@ static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, 
   int n = 3 * L * nmb;
   piece *pcs = calloc((size_t)n, sizeof *pcs);
   ck_assert_ptr_nonnull(pcs);
-#define PIECE(kind, layer, k) (&pcs[((kind) * L + (layer)) * nmb + ((k) - mb0)])
+#define PIECE(kind, layer, k) (&pcs[((kind)*L + (layer)) * nmb + ((k)-mb0)])
   const dp_op *ops = v->ops;
   int t = 0;
   for (int oi = 0; oi < v->n_ops; oi++) {
@@ -578,22 +620,29 @@ static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, 
     REQ_EQ(op->row0, v->mbs[k].row0);
     REQ_EQ(op->rows, v->mbs[k].rows);
     REQ_GT(op->rows, 0);
-#define ROWS(arr, idx, w) (arr)[idx] + local * (w) * 4, (arr)[idx] + (local + rows) * (w) * 4
-#define WHOLE(arr, idx, w) (arr)[idx], (arr)[idx] + rows * (w) * 4
-    int o = owner_of(m, i - 1); /* where this layer's input lives (-1: INPUTS) */
+#define ROWS(arr, idx, w) (arr)[idx] + local *(w)*4, (arr)[idx] + (local + rows) * (w)*4
+#define WHOLE(arr, idx, w) (arr)[idx], (arr)[idx] + rows *(w)*4
+    int o = owner_of(m, i - 1);  /* where this layer's input lives (-1: INPUTS) */
     if (is_view(m, i)) continue; /* a view runs nothing */
     if (op->kind == DP_OP_FORWARD) {
-      if (o >= 0) touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
-      if (i < L - 1) touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 1);
-      if (l->kind == DP_LAYER_LAYERNORM) touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 1);
+      if (o >= 0)
+        touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
+      if (i < L - 1)
+        touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 1);
+      if (l->kind == DP_LAYER_LAYERNORM)
+        touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 1);
     } else {
-      if (i < L - 1) touch(PIECE(K_DACT, i, k), p, d, K_DACT, i, t, WHOLE(a->dact, i, (size_t)l->out), 0);
+      if (i < L - 1)
+        touch(PIECE(K_DACT, i, k), p, d, K_DACT, i, t, WHOLE(a->dact, i, (size_t)l->out),
+              0);
       if (o >= 0 && layer_reads_input(l->kind))
         touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
       if (i < L - 1 && layer_reads_output(l->kind))
         touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 0);
-      if (l->kind == DP_LAYER_LAYERNORM) touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 0);
-      if (o >= 0) touch(PIECE(K_DACT, o, k), p, d, K_DACT, o, t, WHOLE(a->dact, o, (size_t)l->in), 1);
+      if (l->kind == DP_LAYER_LAYERNORM)
+        touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 0);
+      if (o >= 0)
+        touch(PIECE(K_DACT, o, k), p, d, K_DACT, o, t, WHOLE(a->dact, o, (size_t)l->in), 1);
     }
 #undef ROWS
 #undef WHOLE
@@ -602,17 +651,17 @@ static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, 
   for (int x = 0; x < n; x++) {
     if (!pcs[x].seen) continue;
     REQ(pcs[x].first_write, "device %d: piece %d is read before it is written", d, x);
-    REQ(pcs[x].hi <= region, "device %d: piece %d [%zu, %zu) beyond the region (%zu)", d,
-                  x, pcs[x].lo, pcs[x].hi, region);
+    REQ(pcs[x].hi <= region, "device %d: piece %d [%zu, %zu) beyond the region (%zu)", d, x,
+        pcs[x].lo, pcs[x].hi, region);
     for (int y = x + 1; y < n; y++) {
       if (!pcs[y].seen || pcs[x].lo == pcs[x].hi || pcs[y].lo == pcs[y].hi) continue;
       int together = pcs[x].first <= pcs[y].last && pcs[y].first <= pcs[x].last;
       int overlap = pcs[x].lo < pcs[y].hi && pcs[y].lo < pcs[x].hi;
       REQ(!(together && overlap),
-                    "device %d: pieces %d (kind %d layer %d, t %d..%d, [%zu,%zu)) and %d (kind %d "
-                    "layer %d, t %d..%d, [%zu,%zu)) are live together and overlap",
-                    d, x, x / nmb / L, x / nmb % L, pcs[x].first, pcs[x].last, pcs[x].lo, pcs[x].hi,
-                    y, y / nmb / L, y / nmb % L, pcs[y].first, pcs[y].last, pcs[y].lo, pcs[y].hi);
+          "device %d: pieces %d (kind %d layer %d, t %d..%d, [%zu,%zu)) and %d (kind %d "
+          "layer %d, t %d..%d, [%zu,%zu)) are live together and overlap",
+          d, x, x / nmb / L, x / nmb % L, pcs[x].first, pcs[x].last, pcs[x].lo, pcs[x].hi,
+          y, y / nmb / L, y / nmb % L, pcs[y].first, pcs[y].last, pcs[y].lo, pcs[y].hi);
     }
   }
 #undef PIECE
@@ -641,13 +690,13 @@ static void check_op_bounds(const dp_plan *p, const sched_view *v) {
       size_t dcap = op->dst_dev == DP_HOST ? host_bytes_of(p, op->dst_region)
                                            : p->regions[op->dst_dev][op->dst_region].size;
       REQ(op->src_offset + op->bytes <= scap, "op %d (%s): source [%zu, +%zu) beyond %zu",
-                    i, dp_phase_name(op->phase), op->src_offset, op->bytes, scap);
+          i, dp_phase_name(op->phase), op->src_offset, op->bytes, scap);
       REQ(op->dst_offset + op->bytes <= dcap, "op %d (%s): dest [%zu, +%zu) beyond %zu", i,
-                    dp_phase_name(op->phase), op->dst_offset, op->bytes, dcap);
+          dp_phase_name(op->phase), op->dst_offset, op->bytes, dcap);
     } else if (op->kind == DP_OP_BACKWARD) {
       REQ1(op->dst_region == DP_REGION_GRADS || op->dst_region == DP_REGION_GRAD_PARTIALS);
       REQ(op->dst_offset + P <= p->regions[op->device][op->dst_region].size,
-                    "op %d: backward grads slot beyond %s", i, dp_region_name(op->dst_region));
+          "op %d: backward grads slot beyond %s", i, dp_region_name(op->dst_region));
     } else if (op->kind == DP_OP_GRAD_ADD) {
       REQ_EQ(op->bytes, P);
       REQ_LE(op->src_offset + P, p->regions[op->device][op->src_region].size);
@@ -666,7 +715,8 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *op = &ops[i];
-    if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_COPY) {
+    if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_GRAD_ADD ||
+        op->kind == DP_OP_COPY) {
       if (op->dst_dev >= 0 && op->dst_region == DP_REGION_GRAD_PARTIALS &&
           op->dst_offset + P > partials[op->dst_dev])
         partials[op->dst_dev] = op->dst_offset + P;
@@ -675,12 +725,12 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
   }
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
     REQ(p->regions[d][DP_REGION_GRAD_PARTIALS].size == partials[d],
-                  "device %d (%d micro-batches): grad_partials %zu bytes, the schedule uses %zu", d,
-                  dp_plan_device_micro_batches(p, d), p->regions[d][DP_REGION_GRAD_PARTIALS].size,
-                  partials[d]);
+        "device %d (%d micro-batches): grad_partials %zu bytes, the schedule uses %zu", d,
+        dp_plan_device_micro_batches(p, d), p->regions[d][DP_REGION_GRAD_PARTIALS].size,
+        partials[d]);
     REQ(p->regions[d][DP_REGION_COMM].size == comm[d],
-                  "device %d: comm %zu bytes, the schedule uses %zu", d,
-                  p->regions[d][DP_REGION_COMM].size, comm[d]);
+        "device %d: comm %zu bytes, the schedule uses %zu", d,
+        p->regions[d][DP_REGION_COMM].size, comm[d]);
   }
 }
 
@@ -704,7 +754,7 @@ static mbrange *slot_of(mbrange grads[][3], mbrange *partials[], const dp_plan *
 static void merge(mbrange *dst, const mbrange *src, int i) {
   REQ(dst->hi > dst->lo && src->hi > src->lo, "op %d adds an empty slot", i);
   REQ(dst->hi == src->lo, "op %d adds micro-batches [%d,%d) to [%d,%d): not the tree", i,
-                src->lo, src->hi, dst->lo, dst->hi);
+      src->lo, src->hi, dst->lo, dst->hi);
   dst->hi = src->hi;
 }
 
@@ -717,7 +767,8 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
   while (nmb < p->split.n_mb && v->mbs[nmb].rows > 0) nmb++; /* non-empty micro-batches */
   int drows[DP_MAX_DEVICES] = {0};
   for (int d = 0; d < N; d++)
-    for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++) drows[d] += v->mbs[k].rows;
+    for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++)
+      drows[d] += v->mbs[k].rows;
   size_t P = m->n_params * 4;
   const dp_op *ops = v->ops;
   int *fwd = calloc((size_t)(p->split.n_mb * L), sizeof *fwd);
@@ -734,13 +785,13 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
     const dp_op *op = &ops[i];
     if (i > 0) {
       REQ(op->phase >= ops[i - 1].phase, "op %d: phase %s after %s", i,
-                    dp_phase_name(op->phase), dp_phase_name(ops[i - 1].phase));
+          dp_phase_name(op->phase), dp_phase_name(ops[i - 1].phase));
       REQ(op->stage >= ops[i - 1].stage, "op %d: stage decreases", i);
       if (op->phase != ops[i - 1].phase) REQ_GT(op->stage, ops[i - 1].stage);
     }
     if (!train)
       REQ(op->phase <= DP_PHASE_GATHER, "inference op %d in phase %s", i,
-                    dp_phase_name(op->phase));
+          dp_phase_name(op->phase));
     switch ((dp_op_kind)op->kind) {
     case DP_OP_COPY:
       if (op->phase == DP_PHASE_SCATTER && op->src_region == DP_REGION_INPUTS) {
@@ -778,14 +829,16 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       REQ_LT(op->micro_batch, p->split.dev_mb0[op->device + 1]);
       if (!P) break; /* a model without parameters has no gradients to sum */
       mbrange *s = slot_of(grads, partials, p, op->device, op->dst_region, op->dst_offset);
-      if (op->layer == L - 1) *s = (mbrange){op->micro_batch, op->micro_batch + 1};
-      else REQ_EQ(s->lo, op->micro_batch);
+      if (op->layer == L - 1)
+        *s = (mbrange){op->micro_batch, op->micro_batch + 1};
+      else
+        REQ_EQ(s->lo, op->micro_batch);
       break;
     }
     case DP_OP_GRAD_ADD:
       if (P)
         merge(slot_of(grads, partials, p, op->device, op->dst_region, op->dst_offset),
-            slot_of(grads, partials, p, op->device, op->src_region, op->src_offset), i);
+              slot_of(grads, partials, p, op->device, op->src_region, op->src_offset), i);
       break;
     case DP_OP_LOSS:
       REQ_EQ(op->device, 0);
@@ -802,12 +855,8 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       REQ_EQ(op->device, 0);
       REQ_EQ(op->bytes, P);
       break;
-    case DP_OP_ZERO:
-      REQ(0, "op %d: classic mode zeroes nothing", i);
-      break;
-    case DP_OP_ALLREDUCE:
-      REQ(0, "op %d: classic mode has no collective", i);
-      break;
+    case DP_OP_ZERO: REQ(0, "op %d: classic mode zeroes nothing", i); break;
+    case DP_OP_ALLREDUCE: REQ(0, "op %d: classic mode has no collective", i); break;
     case DP_OP_OPTIMIZER:
       REQ_EQ(op->device, 0);
       REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
@@ -944,6 +993,13 @@ START_TEST(flatten_is_a_view_without_memory) {
   for (int d = 0; d < dp_plan_n_devices(pf); d++)
     REQ_EQ(dp_plan_device_bytes(pf, d), dp_plan_device_bytes(pg, d));
   REQ_EQ(pf->act[0].act[0], SIZE_MAX); /* a view of the input: no buffer */
+  /* liveness reuse, as dp plan reports it: the buffers one by one take more */
+  for (int d = 0; d < dp_plan_n_devices(p); d++)
+    REQ(dp_plan_activation_bytes_unshared(p, d) >
+            dp_plan_region(p, d, DP_REGION_ACTIVATIONS).size,
+        "device %d: %zu unshared, %zu placed", d, dp_plan_activation_bytes_unshared(p, d),
+        dp_plan_region(p, d, DP_REGION_ACTIVATIONS).size);
+  REQ_EQ(dp_plan_activation_bytes_unshared(p, 99), 0);
   check_plan(pf);
   /* the cuda backend refuses the image layers, naming one */
   if (dp_cuda_available()) {
@@ -997,7 +1053,8 @@ START_TEST(smaller_batches_keep_the_planned_cut_points_and_fit) {
     dp_model *m = random_model(6, 1);
     dp_config c = random_config(40, 8);
     dp_plan *p = plan_of(m, &c);
-    int B = c.batch, rows[] = {1, B / 2 + 1, B > 1 ? B - 1 : 1, 1 + (int)rnd((uint32_t)B), B};
+    int B = c.batch,
+        rows[] = {1, B / 2 + 1, B > 1 ? B - 1 : 1, 1 + (int)rnd((uint32_t)B), B};
     for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
       if (!c.inference) check_smaller_batch(p, rows[j], 1);
       check_smaller_batch(p, rows[j], 0); /* dp_forward on any context */
@@ -1040,8 +1097,8 @@ START_TEST(inference_plans_are_smaller_than_training_plans) {
     ck_assert_int_eq(dp_plan_n_devices(t), dp_plan_n_devices(i));
     for (int d = 0; d < dp_plan_n_devices(t); d++) {
       ck_assert_msg(dp_plan_device_bytes(i, d) < dp_plan_device_bytes(t, d),
-                    "device %d: inference %zu >= training %zu", d, dp_plan_device_bytes(i, d),
-                    dp_plan_device_bytes(t, d));
+                    "device %d: inference %zu >= training %zu", d,
+                    dp_plan_device_bytes(i, d), dp_plan_device_bytes(t, d));
       ck_assert_uint_le(dp_plan_region(i, d, DP_REGION_ACTIVATIONS).size,
                         dp_plan_region(t, d, DP_REGION_ACTIVATIONS).size);
     }
@@ -1078,12 +1135,13 @@ static void check_placement(const dp_live_buf *b, int n, size_t total) {
   for (int i = 0; i < n; i++) {
     if (b[i].size == 0) continue;
     REQ(b[i].offset % b[i].align == 0, "buffer %d at %zu, align %zu", i, b[i].offset,
-                  b[i].align);
+        b[i].align);
     if (b[i].offset + b[i].size > end) end = b[i].offset + b[i].size;
     for (int j = i + 1; j < n; j++) {
       if (b[j].size == 0) continue;
       int together = b[i].first <= b[j].last && b[j].first <= b[i].last;
-      int overlap = b[i].offset < b[j].offset + b[j].size && b[j].offset < b[i].offset + b[i].size;
+      int overlap =
+          b[i].offset < b[j].offset + b[j].size && b[j].offset < b[i].offset + b[i].size;
       REQ(!(together && overlap), "buffers %d and %d are live together and overlap", i, j);
     }
   }
@@ -1098,8 +1156,10 @@ START_TEST(live_place_separates_buffers_live_together) {
     static const size_t aligns[] = {1, 4, 16, 64, 256};
     for (int i = 0; i < n; i++) {
       int f = (int)rnd(20);
-      b[i] = (dp_live_buf){.size = rnd(8) ? 1 + rnd(5000) : 0, .align = aligns[rnd(5)],
-                           .first = f, .last = f + (int)rnd(6)};
+      b[i] = (dp_live_buf){.size = rnd(8) ? 1 + rnd(5000) : 0,
+                           .align = aligns[rnd(5)],
+                           .first = f,
+                           .last = f + (int)rnd(6)};
     }
     memcpy(again, b, sizeof b);
     size_t total = 0, total2 = 0;
@@ -1204,8 +1264,8 @@ START_TEST(max_batch_is_exact) {
       ck_assert_msg(need_at(m, c, b + 1) > budget, "batch %d fits %zu too", b + 1, budget);
     /* and no larger batch fits either: the search assumes monotonic sizes */
     for (int bb = b + 1; bb <= cap; bb++)
-      ck_assert_msg(need_at(m, c, bb) > budget, "batch %d fits %zu but max_batch said %d", bb,
-                    budget, b);
+      ck_assert_msg(need_at(m, c, bb) > budget, "batch %d fits %zu but max_batch said %d",
+                    bb, budget, b);
     dp_model_free(m);
   }
 }
@@ -1274,7 +1334,8 @@ START_TEST(plan_size_grows_with_the_batch) {
     size_t prev = 0;
     for (int b = 1; b <= 48; b++) {
       size_t need = need_at(m, c, b);
-      ck_assert_msg(need >= prev, "batch %d needs %zu < %zu at batch %d", b, need, prev, b - 1);
+      ck_assert_msg(need >= prev, "batch %d needs %zu < %zu at batch %d", b, need, prev,
+                    b - 1);
       prev = need;
     }
     dp_model_free(m);
@@ -1360,28 +1421,42 @@ START_TEST(seed_schedule_is_exact) {
   enum { H = DP_HOST, X = -2 }; /* X: not checked */
   static const op_want want[] = {
       /* replicas refreshed from device 0: 12 floats */
-      {DP_PHASE_BROADCAST, DP_OP_COPY, X, -1, -1, 0, DP_REGION_PARAMS, 0, 1, DP_REGION_PARAMS, 0, 48, X, X},
+      {DP_PHASE_BROADCAST, DP_OP_COPY, X, -1, -1, 0, DP_REGION_PARAMS, 0, 1,
+       DP_REGION_PARAMS, 0, 48, X, X},
       /* x rows 0..14 and 15..29, 15 x 5 x 4 = 300 B each; targets 30 x 2 x 4 */
-      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_INPUTS, 0, 0, DP_REGION_INPUTS, 0, 300, 0, 15},
-      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_INPUTS, 300, 1, DP_REGION_INPUTS, 0, 300, 15, 15},
-      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_TARGETS, 0, 0, DP_REGION_TARGETS, 0, 240, 0, 30},
+      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_INPUTS, 0, 0, DP_REGION_INPUTS,
+       0, 300, 0, 15},
+      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_INPUTS, 300, 1,
+       DP_REGION_INPUTS, 0, 300, 15, 15},
+      {DP_PHASE_SCATTER, DP_OP_COPY, X, -1, -1, H, DP_REGION_TARGETS, 0, 0,
+       DP_REGION_TARGETS, 0, 240, 0, 30},
       {DP_PHASE_FORWARD, DP_OP_FORWARD, 0, 0, 0, X, X, X, X, X, X, 120, 0, 15},
       {DP_PHASE_FORWARD, DP_OP_FORWARD, 1, 0, 1, X, X, X, X, X, X, 120, 15, 15},
       /* outputs 15 x 2 x 4 = 120 B each, concatenated on device 0 */
-      {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 0, DP_REGION_OUTPUTS, 0, 0, DP_REGION_GATHERED_OUTPUTS, 0, 120, 0, 15},
-      {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 1, DP_REGION_OUTPUTS, 0, 0, DP_REGION_GATHERED_OUTPUTS, 120, 120, 15, 15},
+      {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 0, DP_REGION_OUTPUTS, 0, 0,
+       DP_REGION_GATHERED_OUTPUTS, 0, 120, 0, 15},
+      {DP_PHASE_GATHER, DP_OP_COPY, X, -1, -1, 1, DP_REGION_OUTPUTS, 0, 0,
+       DP_REGION_GATHERED_OUTPUTS, 120, 120, 15, 15},
       /* loss terms over the gathered rows, then the sum of the 2 micro-batches' sums */
       {DP_PHASE_LOSS, DP_OP_LOSS, 0, -1, 0, X, X, X, X, X, X, 240, 0, 30},
       {DP_PHASE_LOSS, DP_OP_LOSS_SUM, 0, -1, 0, X, DP_REGION_LOSS, X, X, X, X, 8, X, 30},
-      {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 0, 0, DP_REGION_OUTPUT_GRADS, 0, 120, 0, 15},
-      {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 120, 1, DP_REGION_OUTPUT_GRADS, 0, 120, 15, 15},
-      {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 0, 0, 0, X, X, X, 0, DP_REGION_GRADS, 0, 48, 0, 15},
-      {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 1, 0, 1, X, X, X, 1, DP_REGION_GRADS, 0, 48, 15, 15},
+      {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 0, 0,
+       DP_REGION_OUTPUT_GRADS, 0, 120, 0, 15},
+      {DP_PHASE_SCATTER_GRADS, DP_OP_COPY, X, -1, -1, 0, DP_REGION_GATHERED_GRADS, 120, 1,
+       DP_REGION_OUTPUT_GRADS, 0, 120, 15, 15},
+      {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 0, 0, 0, X, X, X, 0, DP_REGION_GRADS, 0, 48, 0,
+       15},
+      {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 1, 0, 1, X, X, X, 1, DP_REGION_GRADS, 0, 48, 15,
+       15},
       /* device 1's 48 B of grads into device 0's comm buffer, then added */
-      {DP_PHASE_REDUCE, DP_OP_COPY, X, -1, -1, 1, DP_REGION_GRADS, 0, 0, DP_REGION_COMM, 0, 48, X, X},
-      {DP_PHASE_REDUCE, DP_OP_GRAD_ADD, 0, -1, -1, X, DP_REGION_COMM, 0, X, DP_REGION_GRADS, 0, 48, X, X},
-      {DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, 0, -1, -1, X, DP_REGION_GRADS, 0, X, X, X, 48, X, X},
-      {DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, 0, -1, -1, X, X, X, X, DP_REGION_PARAMS, 0, 48, X, X},
+      {DP_PHASE_REDUCE, DP_OP_COPY, X, -1, -1, 1, DP_REGION_GRADS, 0, 0, DP_REGION_COMM, 0,
+       48, X, X},
+      {DP_PHASE_REDUCE, DP_OP_GRAD_ADD, 0, -1, -1, X, DP_REGION_COMM, 0, X, DP_REGION_GRADS,
+       0, 48, X, X},
+      {DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, 0, -1, -1, X, DP_REGION_GRADS, 0, X, X, X, 48,
+       X, X},
+      {DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, 0, -1, -1, X, X, X, X, DP_REGION_PARAMS, 0, 48,
+       X, X},
   };
   int n = (int)(sizeof want / sizeof *want);
   ck_assert_int_eq(dp_plan_n_ops(p), n);
@@ -1389,12 +1464,13 @@ START_TEST(seed_schedule_is_exact) {
   for (int i = 0; i < n; i++) {
     const dp_op *o = &ops[i];
     const op_want *w = &want[i];
-#define EQ(field, v)                                                                            \
-  do {                                                                                          \
-    if ((long long)(v) != (long long)X)                                                         \
-      ck_assert_msg((long long)o->field == (long long)(v), "op %d (%s %s): " #field " %lld, want %lld", \
-                    i, dp_phase_name(o->phase), dp_op_kind_name(o->kind), (long long)o->field,  \
-                    (long long)(v));                                                            \
+#define EQ(field, v)                                                                       \
+  do {                                                                                     \
+    if ((long long)(v) != (long long)X)                                                    \
+      ck_assert_msg((long long)o->field == (long long)(v),                                 \
+                    "op %d (%s %s): " #field " %lld, want %lld", i,                        \
+                    dp_phase_name(o->phase), dp_op_kind_name(o->kind),                     \
+                    (long long)o->field, (long long)(v));                                  \
   } while (0)
     EQ(phase, w->phase);
     EQ(kind, w->kind);
@@ -1478,8 +1554,9 @@ START_TEST(backward_sums_each_device_block_as_a_subtree) {
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size, 2 * P);
     struct {
       int kind, mb, slot, src_slot;
-    } want[] = {{DP_OP_BACKWARD, 0, 0, 0}, {DP_OP_BACKWARD, 1, 1, 0}, {DP_OP_GRAD_ADD, -1, 0, 1},
-                {DP_OP_BACKWARD, 2, 1, 0}, {DP_OP_BACKWARD, 3, 2, 0}, {DP_OP_GRAD_ADD, -1, 1, 2},
+    } want[] = {{DP_OP_BACKWARD, 0, 0, 0},  {DP_OP_BACKWARD, 1, 1, 0},
+                {DP_OP_GRAD_ADD, -1, 0, 1}, {DP_OP_BACKWARD, 2, 1, 0},
+                {DP_OP_BACKWARD, 3, 2, 0},  {DP_OP_GRAD_ADD, -1, 1, 2},
                 {DP_OP_GRAD_ADD, -1, 0, 1}};
     int w = 0, layer_next = 2;
     for (int i = 0; i < dp_plan_n_ops(p); i++) {
@@ -1565,14 +1642,17 @@ static int collect_merges(const dp_plan *p, merge3 *out) {
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *o = &ops[i];
-#define SLOT(region, off) ((region) == DP_REGION_COMM ? &comm[o->device] \
-                           : &slots[o->device][(region) == DP_REGION_GRADS ? 0 : 1 + (off) / P])
+#define SLOT(region, off)                                                                  \
+  ((region) == DP_REGION_COMM                                                              \
+       ? &comm[o->device]                                                                  \
+       : &slots[o->device][(region) == DP_REGION_GRADS ? 0 : 1 + (off) / P])
     if (o->kind == DP_OP_BACKWARD && o->layer == L - 1)
       *SLOT(o->dst_region, o->dst_offset) = (mbrange){o->micro_batch, o->micro_batch + 1};
     if (o->kind == DP_OP_COPY && o->phase == DP_PHASE_REDUCE)
       comm[o->dst_dev] = slots[o->src_dev][0];
     if (o->kind == DP_OP_GRAD_ADD) {
-      mbrange *d = SLOT(o->dst_region, o->dst_offset), *s = SLOT(o->src_region, o->src_offset);
+      mbrange *d = SLOT(o->dst_region, o->dst_offset),
+              *s = SLOT(o->src_region, o->src_offset);
       ck_assert_int_eq(d->hi, s->lo);
       out[n++] = (merge3){d->lo, d->hi, s->hi};
       d->hi = s->hi;
@@ -1603,14 +1683,16 @@ START_TEST(gradient_tree_is_the_same_for_1_2_4_8_devices) {
         memcpy(ref, got, sizeof got);
         n_ref = n;
         /* and it is the canonical tree: [lo, hi) splits at (lo + hi + 1) / 2 */
-        for (int k = 0; k < n; k++) ck_assert_int_eq(got[k].mid, (got[k].lo + got[k].hi + 1) / 2);
+        for (int k = 0; k < n; k++)
+          ck_assert_int_eq(got[k].mid, (got[k].lo + got[k].hi + 1) / 2);
       } else {
         ck_assert_int_eq(n, n_ref);
         for (int k = 0; k < n; k++)
-          ck_assert_msg(got[k].lo == ref[k].lo && got[k].mid == ref[k].mid && got[k].hi == ref[k].hi,
-                        "M=%d N=%d: addition %d is [%d,%d)+[%d,%d), with one device [%d,%d)+[%d,%d)",
-                        M, N, k, got[k].lo, got[k].mid, got[k].mid, got[k].hi, ref[k].lo, ref[k].mid,
-                        ref[k].mid, ref[k].hi);
+          ck_assert_msg(
+              got[k].lo == ref[k].lo && got[k].mid == ref[k].mid && got[k].hi == ref[k].hi,
+              "M=%d N=%d: addition %d is [%d,%d)+[%d,%d), with one device [%d,%d)+[%d,%d)",
+              M, N, k, got[k].lo, got[k].mid, got[k].mid, got[k].hi, ref[k].lo, ref[k].mid,
+              ref[k].mid, ref[k].hi);
       }
       dp_plan_free(p);
     }
@@ -1663,13 +1745,15 @@ END_TEST
 
 /* ---- configuration errors ------------------------------------------------------- */
 
-static void plan_refused(const dp_model *m, const dp_config *c, dp_status want, const char *needle) {
+static void plan_refused(const dp_model *m, const dp_config *c, dp_status want,
+                         const char *needle) {
   dp_plan *p = (dp_plan *)(uintptr_t)1;
   dp_status s = dp_plan_create(m, c, &p);
   ck_assert_msg(s == want, "status %s (%s), want %s", dp_status_name(s), dp_last_error(),
                 dp_status_name(want));
   ck_assert_ptr_null(p);
-  ck_assert_msg(strstr(dp_last_error(), needle) != NULL, "'%s' lacks '%s'", dp_last_error(), needle);
+  ck_assert_msg(strstr(dp_last_error(), needle) != NULL, "'%s' lacks '%s'", dp_last_error(),
+                needle);
 }
 
 /* The cuda-only options are refused on the cpu backend, and NCCL needs a GPU
@@ -1720,7 +1804,8 @@ END_TEST
 /* fast_collectives: the reduction is one ALLREDUCE op per device in a stage of
  * its own, in place (no COMM buffer), and nothing else moves gradients. */
 START_TEST(fast_collectives_schedule_one_allreduce_per_device) {
-  if (!cuda_or_skip("planner", "fast_collectives_schedule_one_allreduce_per_device")) return;
+  if (!cuda_or_skip("planner", "fast_collectives_schedule_one_allreduce_per_device"))
+    return;
   dp_model *m = model_of(SEED);
   for (int n = 2; n <= 3; n++) {
     dp_config c = config_of(30, n, DP_OPT_SGD);
@@ -1742,7 +1827,8 @@ START_TEST(fast_collectives_schedule_one_allreduce_per_device) {
       ck_assert(op.phase != DP_PHASE_REDUCE || op.kind == DP_OP_ALLREDUCE);
     }
     ck_assert_int_eq(n_ar, n);
-    for (int d = 0; d < n; d++) ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, 0);
+    for (int d = 0; d < n; d++)
+      ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, 0);
     ck_assert_str_eq(dp_op_kind_name(DP_OP_ALLREDUCE), "allreduce");
     dp_plan_free(p);
   }
@@ -1849,13 +1935,20 @@ START_TEST(hyper_parameters_are_refused_when_not_finite_or_contradictory) {
     float v;
     const char *needle;
   } bad[] = {
-      {DP_OPT_SGD, 0, INFINITY, "learning rate"},   {DP_OPT_ADAMW, 0, NAN, "learning rate"},
-      {DP_OPT_SGD, 0, -1.0f, "learning rate"},      {DP_OPT_SGD, 1, NAN, "weight_decay"},
-      {DP_OPT_SGD, 1, INFINITY, "weight_decay"},    {DP_OPT_SGD, 1, -1.0f, "weight_decay"},
-      {DP_OPT_ADAMW, 1, -1.0f, "weight_decay"},     {DP_OPT_ADAMW, 1, 3e38f, "weight_decay"},
-      {DP_OPT_MOMENTUM, 2, NAN, "momentum"},        {DP_OPT_MOMENTUM, 2, 0.0f, "momentum > 0"},
-      {DP_OPT_SGD, 3, 0.5f, "dampening"},           {DP_OPT_MOMENTUM, 3, 1.5f, "dampening"},
-      {DP_OPT_ADAMW, 2, 0.9f, "SGD settings"},      {DP_OPT_ADAMW, 4, 0.0f, "eps"},
+      {DP_OPT_SGD, 0, INFINITY, "learning rate"},
+      {DP_OPT_ADAMW, 0, NAN, "learning rate"},
+      {DP_OPT_SGD, 0, -1.0f, "learning rate"},
+      {DP_OPT_SGD, 1, NAN, "weight_decay"},
+      {DP_OPT_SGD, 1, INFINITY, "weight_decay"},
+      {DP_OPT_SGD, 1, -1.0f, "weight_decay"},
+      {DP_OPT_ADAMW, 1, -1.0f, "weight_decay"},
+      {DP_OPT_ADAMW, 1, 3e38f, "weight_decay"},
+      {DP_OPT_MOMENTUM, 2, NAN, "momentum"},
+      {DP_OPT_MOMENTUM, 2, 0.0f, "momentum > 0"},
+      {DP_OPT_SGD, 3, 0.5f, "dampening"},
+      {DP_OPT_MOMENTUM, 3, 1.5f, "dampening"},
+      {DP_OPT_ADAMW, 2, 0.9f, "SGD settings"},
+      {DP_OPT_ADAMW, 4, 0.0f, "eps"},
       {DP_OPT_ADAMW, 4, -INFINITY, "eps"},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -1900,7 +1993,8 @@ START_TEST(config_defaults_are_as_documented) {
   for (int i = 0; i < DP_MAX_DEVICES; i++) ck_assert_int_eq(c.device_ids[i], i);
   /* torch.optim.SGD's defaults, plain values (no sentinels) */
   ck_assert(c.lr == 0.01f && c.momentum == 0.0f && c.dampening == 0.0f && c.nesterov == 0 &&
-            c.weight_decay == 0.0f && c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f);
+            c.weight_decay == 0.0f && c.beta1 == 0.9f && c.beta2 == 0.999f &&
+            c.eps == 1e-8f);
   /* dp_config_set_optimizer: PyTorch's defaults of the optimizer it selects */
   dp_config a = c;
   dp_config_set_optimizer(&a, DP_OPT_ADAMW);
@@ -1925,20 +2019,22 @@ START_TEST(config_defaults_are_as_documented) {
 END_TEST
 
 START_TEST(names_cover_every_enum) {
-  for (int r = 0; r < DP_REGION_COUNT; r++) ck_assert_str_ne(dp_region_name((dp_region)r), "?");
+  for (int r = 0; r < DP_REGION_COUNT; r++)
+    ck_assert_str_ne(dp_region_name((dp_region)r), "?");
   ck_assert_str_eq(dp_region_name(DP_REGION_COUNT), "?");
   ck_assert_str_eq(dp_region_name(DP_REGION_OPT_STATE), "optimizer_state");
-  for (int ph = 0; ph < DP_PHASE_COUNT; ph++) ck_assert_str_ne(dp_phase_name((dp_phase)ph), "?");
+  for (int ph = 0; ph < DP_PHASE_COUNT; ph++)
+    ck_assert_str_ne(dp_phase_name((dp_phase)ph), "?");
   ck_assert_str_eq(dp_phase_name(DP_PHASE_SCATTER_GRADS), "scatter_grads");
   ck_assert_str_eq(dp_op_kind_name(DP_OP_GRAD_ADD), "grad_add");
   ck_assert_str_eq(dp_op_kind_name((dp_op_kind)99), "?");
 }
 END_TEST
 
-
 /* ---- memory split, allreduce, sharded optimizer ------------------------------------ */
 
-static const char MLP[] = "input 64\nlinear 128\nrelu\nlinear 10\nloss softmax_cross_entropy\n";
+static const char MLP[] =
+    "input 64\nlinear 128\nrelu\nlinear 10\nloss softmax_cross_entropy\n";
 
 static size_t peak_bytes(const dp_plan *p) {
   size_t mx = 0;
@@ -1982,7 +2078,8 @@ START_TEST(memory_split_with_fixed_micro_batches_deals_whole_micro_batches) {
   c.split = DP_SPLIT_MEMORY;
   c.micro_batch = 8;
   dp_plan *p = plan_of(m, &c);
-  for (int d = 0; d < dp_plan_n_devices(p); d++) ck_assert_int_eq(dp_plan_device_rows(p, d) % 8, 0);
+  for (int d = 0; d < dp_plan_n_devices(p); d++)
+    ck_assert_int_eq(dp_plan_device_rows(p, d) % 8, 0);
   ck_assert_int_lt(dp_plan_device_micro_batches(p, 0), dp_plan_device_micro_batches(p, 1));
   dp_plan_free(p);
   dp_model_free(m);
@@ -1999,11 +2096,14 @@ START_TEST(allreduce_balances_memory_and_scatters_targets) {
   for (int d = 0; d < 4; d++) {
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GATHERED_OUTPUTS).size, 0);
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GATHERED_GRADS).size, 0);
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_TARGETS).size, 16 * 4); /* its labels */
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size, 2 * P); /* full copy */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_TARGETS).size,
+                      16 * 4); /* its labels */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size,
+                      2 * P); /* full copy */
     /* the half it keeps at the first halving level: lower (even d) or upper */
     size_t n = P / 4;
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, (d % 2 ? n - n / 2 : n / 2) * 4);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size,
+                      (d % 2 ? n - n / 2 : n / 2) * 4);
   }
   /* device 0 only adds the other devices' loss sums: within one alignment unit */
   ck_assert_uint_le(dp_plan_device_bytes(p, 0) - dp_plan_device_bytes(p, 3), 64);
@@ -2051,7 +2151,8 @@ START_TEST(allreduce_halves_at_distance_one_then_two) {
   int first_stage = -1, seen = 0;
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *o = &ops[i];
-    if (o->phase != DP_PHASE_REDUCE || o->kind != DP_OP_COPY || o->dst_region != DP_REGION_COMM)
+    if (o->phase != DP_PHASE_REDUCE || o->kind != DP_OP_COPY ||
+        o->dst_region != DP_REGION_COMM)
       continue;
     if (first_stage < 0) first_stage = o->stage;
     int dist = o->stage == first_stage ? 1 : 2;
