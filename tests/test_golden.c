@@ -205,8 +205,14 @@ static void check_scalar(const char *case_name, const char *what, float got, flo
 
 /* ---- setting up libdp from a case -------------------------------------------- */
 
-static const char *const golden_cases[] = {"seed", "b31n2", "b3n4", "mlp_all",
-                                           "mlp_mse_b37n3"};
+/* cnn_*: the image layers (conv2d with stride, padding, even and 1x1 kernels and
+ * no bias; overlapping and gapped max/avg pooling in floor mode; flatten first,
+ * in the middle and last; dropout on an image), odd non-square inputs and a
+ * short last chunk, under the same tolerance as the MLPs; see
+ * tools/golden/README.md. */
+static const char *const golden_cases[] = {
+    "seed",    "b31n2",   "b3n4",     "mlp_all",           "mlp_mse_b37n3",
+    "cnn_all", "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 
 typedef struct {

@@ -18,6 +18,20 @@ checks that the float32 results agree with it under the C test's tolerance,
 with a wide margin; otherwise an independent float32 implementation (libdp's)
 could fail the test for rounding reasons alone.
 
+Image layers (input C H W, conv2d, maxpool2d, avgpool2d, flatten) run as
+nn.Conv2d / nn.MaxPool2d / nn.AvgPool2d / nn.Flatten on x reshaped to
+(B, C, H, W); the network's output is flattened per row, as libdp sees it.
+Every max-pooling window is checked to have a unique maximum, clear of the
+runner-up by more than twice the C test's tolerance (ties are allowed only
+where they cannot matter: between zeros that a ReLU made), so that which
+element a window picks cannot depend on rounding.
+
+The bytes depend on which kernels PyTorch's CPU build picks, so the script
+pins them (unless already set in the environment): OpenBLAS's Sandybridge
+kernels on one thread, ATen's AVX2 kernels, and no oneDNN (convolutions take
+PyTorch's im2col + BLAS path). An x86-64 CPU with AVX2 then gives the same
+bytes whichever kernels it would pick by itself.
+
 Usage: /usr/bin/python3 tools/golden/make_golden.py [-o tests/golden]
 Needs python3-torch (Debian's 1.13 is fine) and numpy. See README.md here for
 the file format.
@@ -27,9 +41,14 @@ import os
 import struct
 import sys
 
-import numpy as np
-import torch
-import torch.nn as nn
+# Read when the libraries load, so set before importing numpy and torch.
+os.environ.setdefault("OPENBLAS_CORETYPE", "Sandybridge")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 
 MAGIC = b"DPGOLD\0\0"
 VERSION = 1
@@ -115,47 +134,103 @@ def self_check_rng():
 
 # ---- the network ------------------------------------------------------------
 def parse_spec(text):
-    """Returns (input_width, layers, loss): layers as (kind, arg) tuples."""
-    in_w, layers, loss = None, [], None
+    """Returns (input_shape, layers, loss): input_shape (W,) or (C, H, W);
+    layers as (kind, arg) tuples."""
+    in_shape, layers, loss = None, [], None
     for raw in text.splitlines():
         t = raw.split("#", 1)[0].split()
         if not t:
             continue
         if t[0] == "input":
-            in_w = int(t[1])
+            assert len(t) in (2, 4), raw
+            in_shape = tuple(int(v) for v in t[1:])
         elif t[0] == "loss":
             loss = t[1]
         elif t[0] == "linear":
             layers.append(("linear", (int(t[1]), len(t) < 3)))
         elif t[0] == "dropout":
             layers.append(("dropout", float(t[1])))
+        elif t[0] in ("conv2d", "maxpool2d", "avgpool2d"):
+            conv = t[0] == "conv2d"
+            need = 2 if conv else 1
+            v = [int(a) for a in t[1 : 1 + need]]
+            opt = {"stride": None, "padding": 0, "nobias": False}
+            rest = t[1 + need :]
+            while rest:
+                if rest[0] == "nobias":
+                    assert conv
+                    opt["nobias"] = True
+                    rest = rest[1:]
+                else:
+                    assert rest[0] == "stride" or (conv and rest[0] == "padding"), raw
+                    opt[rest[0]] = int(rest[1])
+                    rest = rest[2:]
+            if conv:  # (out, k, stride, padding, bias); stride defaults to 1
+                layers.append(("conv2d", (v[0], v[1], opt["stride"] or 1, opt["padding"],
+                                          not opt["nobias"])))
+            else:  # (k, stride); stride defaults to k
+                layers.append((t[0], (v[0], opt["stride"] or v[0])))
         else:
-            assert t[0] in ("relu", "gelu", "tanh", "sigmoid", "layernorm"), t[0]
+            assert t[0] in ("relu", "gelu", "tanh", "sigmoid", "layernorm", "flatten"), t[0]
             layers.append((t[0], None))
-    return in_w, layers, loss
+    return in_shape, layers, loss
+
+
+def window_out(n, k, stride, pad):
+    """Output size of a window sliding over n (floor mode), as PyTorch computes it."""
+    span = n + 2 * pad - k
+    assert span >= 0, "window %d does not fit %d (padding %d)" % (k, n, pad)
+    return span // stride + 1
 
 
 class Net(nn.Module):
-    """The spec's layers in order; dropout is applied by hand with libdp's masks."""
+    """The spec's layers in order; dropout is applied by hand with libdp's masks.
 
-    def __init__(self, in_w, layers, seed):
+    The input rows are (C*H*W) floats for an image input, reshaped here to
+    (B, C, H, W) (NCHW, libdp's layout); the output is flattened per row.
+    With `record` set to a list, every max-pooling layer appends
+    (layer index, kind of the layer before it, kernel, stride, its input)."""
+
+    def __init__(self, in_shape, layers, seed):
         super().__init__()
         self.seed = seed
+        self.in_shape = in_shape
+        self.record = None
         self.kinds = []
         mods = []
-        w = in_w
+        shape = in_shape
         for kind, arg in layers:
+            if kind in ("linear", "layernorm"):
+                assert len(shape) == 1, "%s needs a flat input (flatten first)" % kind
+            if kind in ("conv2d", "maxpool2d", "avgpool2d"):
+                assert len(shape) == 3, "%s needs an image input" % kind
             if kind == "linear":
                 out, bias = arg
-                mods.append(nn.Linear(w, out, bias=bias))
-                w = out
+                mods.append(nn.Linear(shape[0], out, bias=bias))
+                shape = (out,)
             elif kind == "layernorm":
+                w = shape[0]
                 ln = nn.LayerNorm(w, eps=1e-5, elementwise_affine=True)
                 # Non-trivial affine parameters so their gradients are exercised.
                 with torch.no_grad():
                     ln.weight.add_(0.1 * torch.randn(w))
                     ln.bias.add_(0.1 * torch.randn(w))
                 mods.append(ln)
+            elif kind == "conv2d":
+                out, k, stride, pad, bias = arg
+                mods.append(nn.Conv2d(shape[0], out, k, stride=stride, padding=pad, bias=bias))
+                shape = (out, window_out(shape[1], k, stride, pad),
+                         window_out(shape[2], k, stride, pad))
+            elif kind in ("maxpool2d", "avgpool2d"):
+                k, stride = arg
+                # No padding, floor mode; AvgPool2d divides by k*k.
+                mods.append(nn.MaxPool2d(k, stride) if kind == "maxpool2d"
+                            else nn.AvgPool2d(k, stride))
+                shape = (shape[0], window_out(shape[1], k, stride, 0),
+                         window_out(shape[2], k, stride, 0))
+            elif kind == "flatten":
+                mods.append(nn.Flatten())
+                shape = (int(np.prod(shape)),)
             elif kind == "relu":
                 mods.append(nn.ReLU())
             elif kind == "gelu":
@@ -168,19 +243,49 @@ class Net(nn.Module):
                 mods.append(nn.Identity())  # placeholder keeps indices aligned
             self.kinds.append((kind, arg))
         self.layers = nn.ModuleList(mods)
-        self.out_w = w
+        self.out_w = int(np.prod(shape))
 
     def forward(self, x, step, training):
+        B = x.shape[0]
+        x = x.reshape((B,) + tuple(self.in_shape))
         for idx, ((kind, arg), mod) in enumerate(zip(self.kinds, self.layers)):
             if kind == "dropout":
                 if training:
                     p = np.float32(arg)  # libdp keeps p as a float
-                    u = dropout_uniform(self.seed, step, idx, x.shape[0], x.shape[1])
+                    # j: the element in the row as libdp stores it (NCHW for an image)
+                    u = dropout_uniform(self.seed, step, idx, B, x[0].numel())
                     mask = torch.from_numpy((u >= p).astype(np.float32)).to(x.dtype)
-                    x = x * mask / (1.0 - float(p))
+                    x = x * mask.reshape(x.shape) / (1.0 - float(p))
             else:
+                if kind == "maxpool2d" and self.record is not None:
+                    prev = self.kinds[idx - 1][0] if idx else "input"
+                    self.record.append((idx, prev, arg[0], arg[1], x.detach().clone()))
                 x = mod(x)
-        return x
+        return x.reshape(B, -1)
+
+
+def check_pool_windows(record):
+    """Worst max-pooling window: (ratio, layer, zero_ties). ratio is the smallest
+    (max - runner-up) over the C test's tolerance for the max, 2 * RTOL * (|max|
+    + FLOOR * max|input|) (twice it: either value may be off by a tolerance);
+    above 1, values within the tolerance of PyTorch's cannot pick a different
+    element. Ties of zeros behind a ReLU are skipped (counted in zero_ties): the
+    ReLU's backward zeroes the gradient whichever zero a window picks."""
+    worst, worst_layer, zero_ties = float("inf"), None, 0
+    for idx, prev, k, s, x in record:
+        win = x.double().unfold(2, k, s).unfold(3, k, s)  # (B, C, OH, OW, k, k)
+        win = win.reshape(-1, k * k)
+        top2 = win.topk(2, dim=1).values if k * k > 1 else None
+        if top2 is None:
+            continue
+        gap = top2[:, 0] - top2[:, 1]
+        harmless = (gap == 0) & (top2[:, 0] == 0) & (prev == "relu")
+        zero_ties += int(harmless.sum())
+        allowed = 2 * RTOL * (top2[:, 0].abs() + FLOOR * x.double().abs().max())
+        ratio = (gap / allowed)[~harmless]
+        if ratio.numel() and ratio.min().item() < worst:
+            worst, worst_layer = ratio.min().item(), idx
+    return worst, worst_layer, zero_ties
 
 
 def make_loss(loss):
@@ -196,9 +301,10 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
 
     max_norm: clip_grad_norm_'s max_norm for the clipping records; None
     derives it from this run's first gradient (the float32 run does)."""
-    in_w, layers, loss_kind = parse_spec(spec)
+    in_shape, layers, loss_kind = parse_spec(spec)
+    in_w = int(np.prod(in_shape))  # a row: C*H*W floats for an image (NCHW)
     torch.manual_seed(torch_seed)
-    net = Net(in_w, layers, DROPOUT_SEED)
+    net = Net(in_shape, layers, DROPOUT_SEED)
     x = torch.randn(B, in_w)
     if loss_kind == "mse":
         target = torch.randn(B, net.out_w)
@@ -210,6 +316,7 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
     if loss_kind == "mse":
         target = target.to(dtype)
     crit = make_loss(loss_kind)
+    net.record = [] if dtype == torch.float32 else None  # max-pooling inputs
     r = {"in_w": in_w, "out_w": net.out_w, "loss_kind": loss_kind}
     r["x"], r["target"], r["params0"] = x, target, params0
 
@@ -283,6 +390,8 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
         r[name + "_params"] = flat(net.parameters())
         r[name + "_norms"] = torch.stack(norms)
     r["clip_norms"] = r.pop("sgd_clip_norms")
+    if net.record is not None:
+        r["pool"] = check_pool_windows(net.record)  # over every forward above
     return r
 
 
@@ -295,6 +404,45 @@ CASES = [
                  "tanh", "linear 16", "sigmoid", "linear 16", "relu", "linear 5 nobias",
                  "loss softmax_cross_entropy"], 32, 4, 4),
     ("mlp_mse_b37n3", ["input 7", "linear 9", "relu", "linear 3", "loss mse"], 37, 3, 5),
+    # Image layers. Shapes (C x H x W) in the comments; B and N leave a short
+    # last chunk (13 on 4: 4+4+4+1; 7 on 3: 3+3+1; 5 on 2: 3+2; 9 on 2: 5+4;
+    # 11 on 4: 3+3+3+2).
+    ("cnn_all", ["input 3 11 9",                        # 3x11x9, odd and not square
+                 "conv2d 4 3 stride 2 padding 1",       # 4x6x5
+                 "relu",
+                 "maxpool2d 2 stride 1",                # 4x5x4, overlapping windows
+                 "conv2d 5 2 padding 1 nobias",         # 5x6x5, even kernel, no bias
+                 "tanh",
+                 "avgpool2d 2",                         # 5x3x2, floor drops the last column
+                 "flatten",                             # 30
+                 "linear 6",
+                 "loss softmax_cross_entropy"], 13, 4, 12),
+    ("cnn_mse", ["input 2 17 14",
+                 "conv2d 3 5 stride 3 padding 2",       # 3x6x5
+                 "sigmoid",
+                 "maxpool2d 2 stride 3",                # 3x2x2, stride > kernel (gaps)
+                 "flatten",                             # 12
+                 "linear 4",
+                 "loss mse"], 7, 3, 7),
+    ("cnn_tail", ["input 2 8 7",
+                  "conv2d 3 3 padding 1",               # 3x8x7, 'same' padding
+                  "gelu",
+                  "avgpool2d 2 stride 3",               # 3x3x2, stride > kernel
+                  "conv2d 4 3 stride 2 padding 2",      # 4x3x2, windows mostly padding
+                  "conv2d 2 1",                         # 2x3x2, 1x1 kernel
+                  "flatten",                            # 12, the last layer
+                  "loss mse"], 5, 2, 8),
+    ("cnn_flatten_first", ["input 1 4 5", "flatten", "linear 3", "relu", "linear 2",
+                           "loss mse"], 9, 2, 9),
+    # Dropout on an image: the mask's element j is the NCHW index in the row.
+    ("cnn_dropout", ["input 2 6 5",
+                     "conv2d 3 3 padding 1",            # 3x6x5
+                     "dropout 0.3",
+                     "relu",
+                     "maxpool2d 2",                     # 3x3x2, floor drops the last column
+                     "flatten",                         # 18
+                     "linear 3",
+                     "loss softmax_cross_entropy"], 11, 4, 21),
 ]
 COMPARED = ["out", "loss", "grads", "eval_out", "sgdm_params5", "sgdm_loss",
             "adamw_params5", "adamw_loss"]
@@ -338,6 +486,10 @@ def main():
                     default=os.path.normpath(os.path.join(here, "..", "..", "tests", "golden")))
     args = ap.parse_args()
     torch.set_num_threads(1)  # fixed reduction order run to run
+    # Convolutions through PyTorch's own im2col + BLAS (pinned above) rather
+    # than oneDNN, whose kernels depend on the CPU; the other layers never
+    # use oneDNN here.
+    torch.backends.mkldnn.enabled = False
     self_check_rng()
     print("rng self-check ok: rng_u64(1,2,3,4,5) = 0x%016x, uniform(1234,2,(3<<16)|3,7,11) = %.9g"
           % (rng_u64(1, 2, 3, 4, 5), rng_uniform(1234, 2, (3 << 16) | 3, 7, 11)))
@@ -353,6 +505,16 @@ def main():
         max_norm = r["clip_max_norm"].item()
         clip_ratio = min(rr[k].min().item() / max_norm for rr in (r, r64)
                          for k in ("clip_norms", "adamw_clip_norms"))
+        pool_gap, pool_layer, zero_ties = r["pool"]
+        pool_note = ""
+        if pool_layer is not None:
+            pool_note = "  maxpool gap >= %.1f x tol (%d zero ties after relu)" % (
+                pool_gap, zero_ties)
+            if pool_gap <= 1.0:
+                print("error: %s: a max-pooling window of layer %d has its two largest "
+                      "values only %.3g x the tolerance apart; the element it picks could "
+                      "depend on rounding" % (name, pool_layer, pool_gap), file=sys.stderr)
+                ok = False
         if clip_ratio < CLIP_MARGIN:
             print("error: %s: a step's gradient norm is only %.4f x max_norm; clipping must "
                   "be clear at every step" % (name, clip_ratio), file=sys.stderr)
@@ -377,10 +539,10 @@ def main():
         path = os.path.join(args.out_dir, name + ".bin")
         with open(path, "wb") as f:
             f.write(blob)
-        print("%-14s B=%-3d N=%d params=%-5d loss=%.6f  max_norm=%.6g (norms >= %.2f x)  "
-              "f32-vs-f64 worst %.3f of tol (%s)  %s"
+        print("%-17s B=%-3d N=%d params=%-5d loss=%.6f  max_norm=%.6g (norms >= %.2f x)  "
+              "f32-vs-f64 worst %.3f of tol (%s)%s  %s"
               % (name, B, N, r["params0"].numel(), r["loss"].item(), max_norm, clip_ratio,
-                 worst[0], worst[1], os.path.relpath(path)))
+                 worst[0], worst[1], pool_note, os.path.relpath(path)))
     if not ok:
         print("error: float32 results are not safely inside the tolerance of the float64 "
               "reference (ratio > %.2f); change the case" % MARGIN, file=sys.stderr)
