@@ -42,6 +42,7 @@
  * stream, that every send has its receive, and aborts the communicators when
  * not. */
 #include "backend.cuh"
+#include "conv.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -68,10 +69,14 @@ struct lay {
 };
 } // namespace
 
+/* Rows [local, local + rows) of layer i's input, (rows, in): the output of
+ * layer i - 1, in its owner's buffer when that is a view (flatten), or the
+ * model's input. */
 static float *layer_in(const lay &c) {
-  if (c.i == 0) return reg(c.e, c.d, DP_REGION_INPUTS, (size_t)c.local * c.l->in * 4);
+  int o = c.i ? dp__act_owner(&c.p->model, c.i - 1) : -1;
+  if (o < 0) return reg(c.e, c.d, DP_REGION_INPUTS, (size_t)c.local * c.l->in * 4);
   return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
-             c.p->act[c.d].act[c.i - 1] + (size_t)c.local * c.l->in * 4);
+             c.p->act[c.d].act[o] + (size_t)c.local * c.l->in * 4);
 }
 
 static float *layer_out(const lay &c) {
@@ -92,8 +97,18 @@ static float *layer_dout(const lay &c) {
   return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[c.i]);
 }
 
+/* The gradient of layer i's input, or NULL when nothing needs it (the
+ * model's input, or a view of it). */
 static float *layer_din(const lay &c) {
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[c.i - 1]);
+  int o = c.i ? dp__act_owner(&c.p->model, c.i - 1) : -1;
+  return o < 0 ? NULL : reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[o]);
+}
+
+/* conv2d's COL and T: the WORKSPACE region after the header and cuBLAS's part. */
+static void *conv_ws(const lay &c, size_t *bytes) {
+  dp_region_info r = c.p->regions[c.d][DP_REGION_WORKSPACE];
+  *bytes = r.size > DP_CUDA_CONV_WS_OFFSET ? r.size - DP_CUDA_CONV_WS_OFFSET : 0;
+  return reg(c.e, c.d, DP_REGION_WORKSPACE, DP_CUDA_CONV_WS_OFFSET);
 }
 
 static float *layer_params(const lay &c) {
@@ -102,6 +117,7 @@ static float *layer_params(const lay &c) {
 
 static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   const dp_layer *l = c.l;
+  if (dp__layer_is_view(&c.p->model, c.i)) return DP_OK; /* flatten: nothing moves */
   const float *in = layer_in(c);
   float *y = layer_out(c);
   int n = c.rows;
@@ -135,10 +151,21 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
                                (uint64_t)c.i, (uint64_t)global_row0, l->p,
                                1.0f / (1.0f - l->p)));
     return DP_OK;
-  case DP_LAYER_CONV2D:
+  case DP_LAYER_CONV2D: {
+    size_t wsb;
+    void *ws = conv_ws(c, &wsb);
+    dp_status s =
+        dp__cuda_conv_forward(x->blas, x->stream, l, n, in, layer_params(c), y, ws, wsb);
+    return s == DP_OK ? s : DP_FAIL(s, "layer %d: %s", c.i, dp_last_error());
+  }
   case DP_LAYER_MAXPOOL2D:
   case DP_LAYER_AVGPOOL2D:
-  case DP_LAYER_FLATTEN: break; /* not yet: the planner refuses them (image_layers) */
+    DP_CUDA_CHECK(dp_k_pool_forward(x->stream, l, n, in, y));
+    return DP_OK;
+  case DP_LAYER_FLATTEN: /* a view, but the last layer's output is OUTPUTS: a copy */
+    if (count)
+      DP_CUDA_CHECK(cudaMemcpyAsync(y, in, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+    return DP_OK;
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
@@ -149,10 +176,11 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
  * canonical tree. */
 static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
   const dp_layer *l = c.l;
+  if (dp__layer_is_view(&c.p->model, c.i)) return DP_OK;
   int n = c.rows;
   size_t count = (size_t)n * l->out;
   const float *dy = layer_dout(c);
-  float *dx = c.i > 0 ? layer_din(c) : NULL; /* the input's gradient is not needed */
+  float *dx = layer_din(c); /* NULL: the input's gradient is not needed */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)l->out * l->in : NULL;
@@ -187,10 +215,26 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
                                (uint64_t)c.i, (uint64_t)global_row0, l->p,
                                1.0f / (1.0f - l->p)));
     return DP_OK;
-  case DP_LAYER_CONV2D:
+  case DP_LAYER_CONV2D: {
+    float *dw = grads + l->param_off;
+    float *db = l->bias ? dw + (l->n_params - (size_t)l->c) : NULL;
+    size_t wsb;
+    void *ws = conv_ws(c, &wsb);
+    dp_status s = dp__cuda_conv_backward(x->blas, x->stream, l, n, layer_in(c),
+                                         layer_params(c), dy, dw, db, dx, ws, wsb);
+    return s == DP_OK ? s : DP_FAIL(s, "layer %d: %s", c.i, dp_last_error());
+  }
   case DP_LAYER_MAXPOOL2D:
   case DP_LAYER_AVGPOOL2D:
-  case DP_LAYER_FLATTEN: break; /* not yet: the planner refuses them (image_layers) */
+    if (dx)
+      DP_CUDA_CHECK(dp_k_pool_backward(
+          x->stream, l, n, l->kind == DP_LAYER_MAXPOOL2D ? layer_in(c) : NULL, dy, dx));
+    return DP_OK;
+  case DP_LAYER_FLATTEN: /* a view; the last layer's gradient comes in OUTPUT_GRADS */
+    if (dx && count)
+      DP_CUDA_CHECK(
+          cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+    return DP_OK;
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",

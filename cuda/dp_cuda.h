@@ -75,6 +75,54 @@ static inline size_t dp__cuda_workspace_bytes(void) {
   return DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES;
 }
 
+/* conv2d's buffers follow the cuBLAS workspace, at DP_CUDA_CONV_WS_OFFSET of
+ * the WORKSPACE region (256-aligned, as the region's header end is): for n
+ * images of a micro-batch, P = h * w output positions, CKK = ic * k * k taps,
+ *   COL (n P, CKK)   im2col, later dCOL     dp__cuda_conv_col_bytes(l, n)
+ *   T   (n P, OUT)   the GEMM's output, later dY^T
+ * each rounded up to 256 bytes (cuda/conv.cu). The cuBLAS part stays fixed;
+ * only this tail depends on the model and the micro-batch rows. Sizes
+ * saturate at SIZE_MAX, which the planner reports as an overflow. */
+#define DP_CUDA_CONV_WS_OFFSET (DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES)
+static inline size_t dp__cuda_mul_sat(size_t a, size_t b) {
+  return a && b > SIZE_MAX / a ? SIZE_MAX : a * b;
+}
+static inline size_t dp__cuda_up256(size_t x) {
+  return x > SIZE_MAX - 255 ? SIZE_MAX : (x + 255) / 256 * 256;
+}
+static inline size_t dp__cuda_conv_np(const dp_layer *l, int n) { /* n P */
+  size_t imgs = n > 0 ? (size_t)n : 0;
+  return dp__cuda_mul_sat(imgs, dp__cuda_mul_sat((size_t)l->h, (size_t)l->w));
+}
+static inline size_t dp__cuda_conv_col_bytes(const dp_layer *l, int n) {
+  size_t kk = dp__cuda_mul_sat((size_t)l->k, (size_t)l->k);
+  size_t ckk = dp__cuda_mul_sat((size_t)l->ic, kk);
+  size_t floats = dp__cuda_mul_sat(dp__cuda_conv_np(l, n), ckk);
+  return dp__cuda_up256(dp__cuda_mul_sat(floats, 4));
+}
+static inline size_t dp__cuda_conv_t_bytes(const dp_layer *l, int n) {
+  size_t floats = dp__cuda_mul_sat(dp__cuda_conv_np(l, n), (size_t)l->c);
+  return dp__cuda_up256(dp__cuda_mul_sat(floats, 4));
+}
+/* COL + T of one conv2d layer (0 for any other kind). */
+static inline size_t dp__cuda_conv_workspace_bytes(const dp_layer *l, int n) {
+  if (l->kind != DP_LAYER_CONV2D || n <= 0) return 0;
+  size_t a = dp__cuda_conv_col_bytes(l, n), b = dp__cuda_conv_t_bytes(l, n);
+  return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+/* The WORKSPACE a CUDA plan reserves per device: the fixed part above, then
+ * the largest conv2d tail at mb_rows images (training or not: forward and
+ * backward use the same COL and T). cuda/vtable.c's workspace_bytes. */
+static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_rows) {
+  size_t tail = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    size_t t = dp__cuda_conv_workspace_bytes(&m->layers[i], mb_rows);
+    tail = t > tail ? t : tail;
+  }
+  size_t fixed = DP_CUDA_CONV_WS_OFFSET;
+  return tail > SIZE_MAX - fixed ? SIZE_MAX : fixed + tail;
+}
+
 /* Flags of dp__cuda_ctx_init. */
 enum {
   DP_CUDA_TF32 = 1, /* let cuBLAS use TF32 tensor cores for the FP32 GEMMs
@@ -110,10 +158,10 @@ int dp__cuda_device_count(void);
  * DP_CUDA_TF32, no atomics), and peer access between the distinct GPUs used
  * where the hardware allows it. arenas[d]: device memory of
  * dp_plan_device_bytes(p, d) bytes on that GPU, 256-aligned (checked). Needs
- * WORKSPACE >= dp__cuda_workspace_bytes() on every device (DP_ERR_INVALID
- * otherwise). Allocates (host: the context, a pinned header block; CUDA:
- * streams, events, handles); nothing after it does. The calling thread's
- * current device is left as it was. */
+ * WORKSPACE >= dp__cuda_model_workspace_bytes(model, act[d].mb_rows) on every
+ * device (DP_ERR_INVALID otherwise). Allocates (host: the context, a pinned
+ * header block; CUDA: streams, events, handles); nothing after it does. The
+ * calling thread's current device is left as it was. */
 dp_status dp__cuda_ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
                             void **bctx_out);
 void dp__cuda_ctx_free(void *bctx); /* NULL is fine; waits for queued work first */

@@ -133,6 +133,8 @@ cudaError_t dp_k_debug_spin(cudaStream_t st, unsigned us);
 cudaError_t dp_k_debug_fault(cudaStream_t st);
 /* Loads every kernel on the current device now (see kernels.cu). */
 cudaError_t dp_k_preload(void);
+/* cudaFuncGetAttributes on each of n kernels: loads them now (not lazily). */
+cudaError_t dp_k_load(const void *const *kernels, size_t n);
 cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
                            const uint64_t *abc, int n, uint64_t *u64, float *uniform);
 

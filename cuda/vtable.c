@@ -7,10 +7,12 @@
 #include "internal.h"
 
 /* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the same
- * on every device whatever the model. */
+ * on every device whatever the model; then conv2d's COL and T for the
+ * largest micro-batch (dp__cuda_model_workspace_bytes), which forward and
+ * backward share. */
 static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
-  (void)m, (void)mb_rows, (void)training;
-  return dp__cuda_workspace_bytes();
+  (void)training;
+  return dp__cuda_model_workspace_bytes(m, mb_rows);
 }
 
 /* The cuda options of a config (the planner refuses them for backends that
@@ -146,6 +148,7 @@ static const dp_backend_ops cuda_backend = {
     .align = 256, /* cudaMalloc's alignment, and cuBLAS's preferred one */
     .workspace_bytes = cuda_workspace_bytes,
     .host_staging = true, /* pinned: device copies run asynchronously */
+    .image_layers = true, /* conv2d, pools, flatten: cuda/conv.cu */
     .check_config = cuda_check_config,
     .arena_alloc = cuda_arena_alloc,
     .arena_free = cuda_arena_free,

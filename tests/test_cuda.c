@@ -194,13 +194,14 @@ static size_t content_bytes(const dp_plan *p, int d) {
   return p->regions[d][DP_REGION_WORKSPACE].offset;
 }
 
-/* Until lib/plan.c reserves dp__cuda_workspace_bytes() of WORKSPACE in CUDA
- * plans, the tests grow the region themselves (it is the last one; no guards). */
+/* Should a plan reserve less WORKSPACE than the CUDA backend needs
+ * (dp__cuda_model_workspace_bytes: the fixed part, then conv2d's COL and T),
+ * the tests grow the region themselves (it is the last one; no guards). */
 static void patch_workspace(dp_plan *p) {
-  size_t need = dp__cuda_workspace_bytes();
   ck_assert_int_eq(p->cfg.guards, 0);
   ck_assert_int_eq(DP_REGION_WORKSPACE, DP_REGION_COUNT - 1);
   for (int d = 0; d < p->split.n_used; d++) {
+    size_t need = dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows);
     dp_region_info *ws = &p->regions[d][DP_REGION_WORKSPACE];
     if (ws->size >= need) continue;
     ws->size = need;
@@ -553,6 +554,22 @@ static const char *const MIXED_CE =
     "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm\ntanh\nlinear 9 nobias\nsigmoid\n"
     "dropout 0.25\nlinear 5\nloss softmax_cross_entropy\n";
 
+/* Image layers (issue 17): odd sizes, stride and padding, an overlapping
+ * maxpool (2 stride 1), avgpool, nobias, flatten in the middle, first and
+ * last. CNN_CE: 3x9x7 -> conv 5x5x4 -> pool 5x4x3 -> conv 4x5x4 -> pool 4x4x3. */
+static const char *const CNN_CE =
+    "input 3 9 7\nconv2d 5 3 stride 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
+    "conv2d 4 2 padding 1 nobias\navgpool2d 2 stride 1\nflatten\nlayernorm\n"
+    "dropout 0.25\nlinear 5\nloss softmax_cross_entropy\n";
+/* 2x6x5 -> conv 3x6x5 -> maxpool 3 stride 2 (overlapping) 3x2x2 -> conv 4x2x2,
+ * flatten last (a copy into OUTPUTS) */
+static const char *const CNN_LAST_MSE =
+    "input 2 6 5\nconv2d 3 3 padding 1\nsigmoid\nmaxpool2d 3 stride 2\n"
+    "conv2d 4 2 stride 2 padding 1\nflatten\nloss mse\n";
+/* flatten first: a view of the input (no input gradient) */
+static const char *const FLAT_FIRST_CE =
+    "input 2 3 3\nflatten\nlinear 7\ntanh\nlinear 4\nloss softmax_cross_entropy\n";
+
 /* Replicas go round-robin over the visible GPUs (all on GPU 0 with one). */
 static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch,
                              dp_mode mode, dp_optimizer opt) {
@@ -576,7 +593,10 @@ static bool exact_op(const pair *t, const dp_op *op) {
   if (op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_ZERO) return true;
   if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) return false;
   dp_layer_kind k = dp_model_layer_kind(t->m, op->layer);
-  return k == DP_LAYER_RELU || k == DP_LAYER_DROPOUT;
+  /* the pools and flatten too: fixed orders, unfused adds and divisions
+   * (cuda/conv.cu), the CPU's bits from the same inputs */
+  return k == DP_LAYER_RELU || k == DP_LAYER_DROPOUT || k == DP_LAYER_MAXPOOL2D ||
+         k == DP_LAYER_AVGPOOL2D || k == DP_LAYER_FLATTEN;
 }
 
 /* Every compute op of the plan's schedule, each alone from the same random
@@ -866,6 +886,14 @@ START_TEST(each_op_matches_cpu_classic) {
   c = test_config(ngpu, 31, 3, 0, DP_MODE_CLASSIC, DP_OPT_ADAMW);
   c.split = DP_SPLIT_BALANCED;
   check_every_compute_op("mse classic adamw chunks", MIXED_MSE, &c, 3);
+  /* image layers */
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op("cnn ce classic sgd", CNN_CE, &c, 0);
+  check_every_compute_op("cnn flatten last, classic sgd", CNN_LAST_MSE, &c, 0);
+  c = test_config(ngpu, 31, 3, 0, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  c.split = DP_SPLIT_BALANCED;
+  check_every_compute_op("cnn ce classic momentum chunks", CNN_CE, &c, 2);
+  check_every_compute_op("flatten first, classic momentum chunks", FLAT_FIRST_CE, &c, 2);
 }
 END_TEST
 
@@ -878,6 +906,12 @@ START_TEST(each_op_matches_cpu_allreduce) {
   c = test_config(ngpu, 37, 3, 5, DP_MODE_ALLREDUCE, DP_OPT_MOMENTUM);
   c.shard_optimizer = 1;
   check_every_compute_op("ce allreduce sharded momentum, 3 devices", MIXED_CE, &c, 2);
+  /* image layers */
+  c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.shard_optimizer = 1;
+  check_every_compute_op("cnn ce allreduce sharded adamw step 4", CNN_CE, &c, 4);
+  check_every_compute_op("cnn flatten last, allreduce sharded adamw", CNN_LAST_MSE, &c, 1);
+  check_every_compute_op("flatten first, allreduce sharded adamw", FLAT_FIRST_CE, &c, 1);
 }
 END_TEST
 
@@ -1174,6 +1208,12 @@ START_TEST(training_steps_match_cpu) {
   check_steps_match_cpu("ce classic momentum, 2 chunks", MIXED_CE, &c, 3);
   c = test_config(ngpu, 30, 3, 0, DP_MODE_ALLREDUCE, DP_OPT_SGD);
   check_steps_match_cpu("mse allreduce sgd, 3 replicas", MIXED_MSE, &c, 3);
+  /* image layers */
+  c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_steps_match_cpu("cnn ce allreduce adamw, 4 replicas", CNN_CE, &c, 3);
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  check_steps_match_cpu("cnn flatten last, classic momentum, 3 replicas", CNN_LAST_MSE, &c,
+                        3);
 }
 END_TEST
 

@@ -573,17 +573,20 @@ static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsig
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: unknown flags 0x%x", flags);
   if ((flags & DP_CUDA_NCCL) && !G.have_nccl)
     return DP_FAIL(DP_ERR_UNSUPPORTED, "the NCCL transport: this build has no NCCL");
-  size_t need = dp__cuda_workspace_bytes();
   for (int d = d0; d < d1; d++) {
     dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
+    /* the fixed part, then conv2d's COL and T at the device's largest
+     * micro-batch (dp__cuda_model_workspace_bytes) */
+    size_t need = dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows);
     int gpu = p->cfg.device_ids[d];
     if (ws.size < need)
       return DP_FAIL(
           DP_ERR_INVALID,
           "device %d: the plan reserves %zu bytes of workspace; the CUDA backend "
-          "needs %zu (dp__cuda_workspace_bytes: %zu of status words + %zu for "
-          "cuBLAS)",
-          d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES);
+          "needs %zu (%zu of status words + %zu for cuBLAS + %zu for conv2d's "
+          "buffers: dp__cuda_model_workspace_bytes)",
+          d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES,
+          need - DP_CUDA_CONV_WS_OFFSET);
     size_t cpu_ws =
         dp__model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference);
     if (cpu_ws > ws.size)

@@ -14,7 +14,8 @@
  * under sanitizers, which own the allocator. */
 #include "fake_cuda.h"
 
-#include "ctx.h" /* DP_CANARY; the double's own tests call dp_cuda.h directly */
+#include "ctx.h"  /* DP_CANARY; the double's own tests call dp_cuda.h directly */
+#include "gemm.h" /* dp__model_workspace_bytes: the CPU ops the double runs */
 #include "dp.h"
 #include "dp_cuda.h"
 #include "req.h"
@@ -631,6 +632,195 @@ START_TEST(forward_and_short_batches_match_cpu) {
   rig_close(&cu);
   rig_close(&cpu);
   expect_clean("after the forward tests");
+}
+END_TEST
+
+/* ---- image layers (conv2d, pools, flatten) against the cpu backend --------------------
+ * The wiring of cuda/backend.cu's image layers: flatten's view resolution
+ * (first: a view of the input, no input gradient; in the middle; last: a copy
+ * into OUTPUTS), conv2d's workspace after cuBLAS's (the double checks the plan
+ * reserves dp__cuda_model_workspace_bytes and that the CPU's conv workspace
+ * fits), pools with overlapping windows, odd sizes, stride and padding. */
+/* overlapping maxpool (4 x 3 x 2), padding, nobias (5 x 4 x 3), avgpool with
+ * stride 1 (5 x 3 x 2), flatten in the middle */
+static const char CNN_CE_SPEC[] = "input 2 7 6\n"
+                                  "conv2d 4 3 padding 1\nrelu\n"
+                                  "maxpool2d 3 stride 2\n"
+                                  "conv2d 5 2 padding 1 nobias\n"
+                                  "avgpool2d 2 stride 1\n"
+                                  "flatten\ndropout 0.2\nlinear 5\n"
+                                  "loss softmax_cross_entropy\n";
+/* stride 2 with padding (3 x 3 x 3), pools to 3 x 2 x 2, conv2d to 5 x 1 x 1,
+ * flatten last (a copy into OUTPUTS) */
+static const char CNN_LAST_SPEC[] = "input 1 5 5\n"
+                                    "conv2d 3 3 stride 2 padding 1\ntanh\n"
+                                    "avgpool2d 2 stride 1\n"
+                                    "maxpool2d 1\n"
+                                    "conv2d 5 2\n"
+                                    "flatten\nloss mse\n";
+/* flatten first: a view of the input, whose gradient nothing needs */
+static const char CNN_FIRST_SPEC[] = "input 1 3 5\nflatten\nlinear 9\ngelu\nlinear 5\n"
+                                     "loss mse\n";
+enum { CNN_MAXIN = 84 };
+
+typedef struct {
+  float x[BATCH * CNN_MAXIN];
+  int32_t label[BATCH];
+  float target[BATCH * OUT];
+} cnn_batch;
+
+static void make_cnn_batch(cnn_batch *b, int k) {
+  uint64_t s = 0x2545F4914F6CDD1Dull * (uint64_t)(k + 3) + 1;
+  for (int i = 0; i < BATCH * CNN_MAXIN; i++) {
+    s = mix(s);
+    b->x[i] = (float)(s >> 40) * 0x1p-23f - 1.0f;
+  }
+  for (int i = 0; i < BATCH * OUT; i++) {
+    s = mix(s);
+    b->target[i] = (float)(s >> 40) * 0x1p-24f;
+  }
+  for (int r = 0; r < BATCH; r++) b->label[r] = (int32_t)((uint64_t)(r * 5 + k) % OUT);
+}
+
+/* Steps (also short batches) and forwards on both rigs: losses, outputs and
+ * parameters bit for bit. */
+static void cnn_both(const char *spec, const dp_config *c, int graph, int steps,
+                     const char *what) {
+  static cnn_batch bt;
+  static float y0[BATCH * OUT], y1[BATCH * OUT];
+  static const int rows[] = {BATCH, SHORT, BATCH, TINY, 1, BATCH};
+  dp_config g = as_cuda(*c, graph);
+  rig cu, cpu;
+  rig_open(&cu, spec, &g);
+  rig_open(&cpu, spec, c);
+  int mse = dp_model_loss(cu.m) == DP_LOSS_MSE, in = dp_model_input_width(cu.m);
+  ck_assert_int_le(in, CNN_MAXIN);
+  ck_assert_int_eq(dp_model_output_width(cu.m), OUT);
+  same_params2(&cu, &cpu, what);
+  for (int k = 0; k < 6; k++) {
+    make_cnn_batch(&bt, k);
+    int n = rows[k];
+    if (k < steps) {
+      float l0 = -1.0f, l1 = -2.0f;
+      const void *t = mse ? (const void *)bt.target : (const void *)bt.label;
+      dp_status s0 = dp_train_step(cu.c, n, in, bt.x, t, &l0);
+      dp_status s1 = dp_train_step(cpu.c, n, in, bt.x, t, &l1);
+      ck_assert_msg(s0 == DP_OK && s1 == DP_OK,
+                    "%s: step %d (%d rows): cuda %s, cpu %s: %s", what, k, n,
+                    dp_status_name(s0), dp_status_name(s1),
+                    s0 ? dp_ctx_error(cu.c) : dp_ctx_error(cpu.c));
+      ck_assert_msg(bits(l0) == bits(l1), "%s: step %d (%d rows): loss %.9g vs cpu %.9g",
+                    what, k, n, l0, l1);
+    }
+    int fr = rows[(k + 1) % 6];
+    memset(y0, 0xff, sizeof y0);
+    memset(y1, 0xff, sizeof y1);
+    ck_assert_msg(dp_forward(cu.c, fr, in, bt.x, y0) == DP_OK, "%s: forward: %s", what,
+                  dp_ctx_error(cu.c));
+    ck_assert_msg(dp_forward(cpu.c, fr, in, bt.x, y1) == DP_OK, "%s: forward: %s", what,
+                  dp_ctx_error(cpu.c));
+    for (int i = 0; i < BATCH * OUT; i++)
+      REQ(bits(y0[i]) == bits(y1[i]), "%s: forward %d of %d rows, output %d: %.9g vs %.9g",
+          what, k, fr, i, y0[i], y1[i]);
+  }
+  same_params2(&cu, &cpu, what);
+  rig_close(&cu);
+  rig_close(&cpu);
+}
+
+START_TEST(image_layers_match_cpu_bit_for_bit) {
+  static const struct {
+    const char *spec, *name;
+  } specs[] = {{CNN_CE_SPEC, "cnn ce"},
+               {CNN_LAST_SPEC, "cnn, flatten last"},
+               {CNN_FIRST_SPEC, "flatten first"}};
+  static const struct {
+    int n;
+    dp_mode mode;
+    int shard, graph;
+    dp_optimizer opt;
+  } cfgs[] = {{1, DP_MODE_CLASSIC, 0, 0, DP_OPT_SGD},
+              {3, DP_MODE_CLASSIC, 0, 0, DP_OPT_MOMENTUM},
+              {4, DP_MODE_ALLREDUCE, 1, 0, DP_OPT_ADAMW},
+              {2, DP_MODE_ALLREDUCE, 0, 1, DP_OPT_ADAMW}, /* captured and replayed */
+              {4, DP_MODE_CLASSIC, 0, 1, DP_OPT_MOMENTUM}};
+  int runs = 0;
+  for (size_t si = 0; si < sizeof specs / sizeof *specs; si++)
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof *cfgs; ci++) {
+      dp_config c = config(cfgs[ci].n, cfgs[ci].mode, cfgs[ci].shard, cfgs[ci].opt);
+      char what[160];
+      snprintf(what, sizeof what, "%s, %s, %d devices%s", specs[si].name,
+               mode_name(c.mode, c.shard_optimizer), c.n_devices,
+               cfgs[ci].graph ? ", cuda_graph" : "");
+      cnn_both(specs[si].spec, &c, cfgs[ci].graph, 6, what);
+      expect_clean(what);
+      runs++;
+    }
+  /* inference plans: forward only */
+  for (size_t si = 0; si < sizeof specs / sizeof *specs; si++) {
+    dp_config c = config(3, DP_MODE_CLASSIC, 0, DP_OPT_SGD);
+    c.inference = 1;
+    char what[160];
+    snprintf(what, sizeof what, "%s, inference plan", specs[si].name);
+    cnn_both(specs[si].spec, &c, 0, 0, what);
+    expect_clean(what);
+    runs++;
+  }
+  ck_assert_int_eq(runs, 18);
+}
+END_TEST
+
+/* The cuda plan's WORKSPACE: the fixed header and cuBLAS part, then conv2d's
+ * COL and T at the largest micro-batch; a plan short of the conv part is
+ * refused at init like one short of the fixed part. */
+START_TEST(conv_workspace_follows_cublas_and_is_checked) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(CNN_CE_SPEC, "ws", &m), DP_OK);
+  dp_config c = as_cuda(config(2, DP_MODE_CLASSIC, 0, DP_OPT_SGD), 0);
+  dp_plan *p = NULL;
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  size_t tail = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    if (l->kind != DP_LAYER_CONV2D) continue;
+    size_t np = (size_t)p->act[0].mb_rows * (size_t)l->h * (size_t)l->w;
+    size_t col = (np * (size_t)(l->ic * l->k * l->k) * 4 + 255) / 256 * 256;
+    size_t t = (np * (size_t)l->c * 4 + 255) / 256 * 256;
+    ck_assert_uint_eq(dp__cuda_conv_workspace_bytes(l, p->act[0].mb_rows), col + t);
+    tail = col + t > tail ? col + t : tail;
+  }
+  ck_assert_uint_gt(tail, 0);
+  for (int d = 0; d < dp_plan_n_devices(p); d++) {
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_WORKSPACE).size,
+                      DP_CUDA_CONV_WS_OFFSET + tail);
+    /* the CPU ops the double runs fit: COL + T + the GEMMs' packing */
+    ck_assert_uint_le(dp__model_workspace_bytes(m, p->act[d].mb_rows, true),
+                      dp_plan_region(p, d, DP_REGION_WORKSPACE).size);
+  }
+  /* a model without conv2d keeps the fixed size */
+  dp_model *f = NULL;
+  ck_assert_int_eq(dp_model_parse(CNN_FIRST_SPEC, "ws", &f), DP_OK);
+  ck_assert_uint_eq(dp__cuda_model_workspace_bytes(f, 8), dp__cuda_workspace_bytes());
+  dp_model_free(f);
+  /* one byte short of conv2d's part: init refuses, naming the parts */
+  void *arena[2] = {NULL, NULL};
+  for (int d = 0; d < 2; d++)
+    ck_assert_int_eq(
+        dp__cuda_arena_alloc(c.device_ids[d], dp_plan_device_bytes(p, d), &arena[d]),
+        DP_OK);
+  p->regions[1][DP_REGION_WORKSPACE].size--;
+  void *bctx = NULL;
+  ck_assert_int_eq(dp__cuda_ctx_init(p, arena, 0, &bctx), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "device 1") && strstr(dp_last_error(), "conv2d"),
+                "%s", dp_last_error());
+  ck_assert_ptr_null(bctx);
+  p->regions[1][DP_REGION_WORKSPACE].size++;
+  ck_assert_msg(dp__cuda_ctx_init(p, arena, 0, &bctx) == DP_OK, "%s", dp_last_error());
+  dp__cuda_ctx_free(bctx);
+  for (int d = 0; d < 2; d++) dp__cuda_arena_free(c.device_ids[d], arena[d]);
+  dp_plan_free(p);
+  dp_model_free(m);
+  expect_clean("conv workspace");
 }
 END_TEST
 
@@ -1561,6 +1751,10 @@ static Suite *cuda_emul_suite(void) {
   tcase_add_test(tc, forward_and_short_batches_match_cpu);
   tcase_add_test(tc, every_cross_device_copy_has_its_peer_call);
   tcase_add_test(tc, fast_collectives_allreduce);
+  suite_add_tcase(s, tc);
+  tc = tcase("images");
+  tcase_add_test(tc, image_layers_match_cpu_bit_for_bit);
+  tcase_add_test(tc, conv_workspace_follows_cublas_and_is_checked);
   suite_add_tcase(s, tc);
   tc = tcase("graphs");
   tcase_add_test(tc, graph_replay_equals_plain_and_cpu);
