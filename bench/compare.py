@@ -5,6 +5,7 @@ on this machine, printed as ratios.
     python3 bench/compare.py            # after ./configure.py && ninja
     python3 bench/compare.py --markdown # the table docs/PERFORMANCE.md holds
     python3 bench/compare.py --builddir build-hb   # another build folder's dp
+    python3 bench/compare.py --only cnn            # the rows whose label has "cnn"
 
 Installs what it needs when missing (as root, through apt): Debian's
 python3-torch (run under /usr/bin/python3) and libopenblas-dev. Unsets
@@ -32,8 +33,17 @@ STEPS = [
      'sgd', 1, 'best', 'mlp_large', None, '-', 60),
     ('mlp 784-1024-1024-10 B=256 sgd, 2 dev vs torch best', 'bench/models/mlp_large.dpm', 256,
      'sgd', 2, 'best', 'mlp_large', 1 / 0.6, '<= 0.6x torch time (>= 1.67x)', 60),
+    # image layers (issue 17): the same nn.Sequential on both sides (torch_step.py
+    # builds it from the spec file), one core each; goal: at least PyTorch's speed
+    ('cnn digits 1x8x8 B=256 adamw, 1 dev vs torch 1 thread', 'bench/models/cnn_digits.dpm',
+     256, 'adamw', 1, 1, 'cnn_digits', 1.0, '>= 1x', 200),
+    ('cnn cifar 3x32x32 B=256 sgd, 1 dev vs torch 1 thread', 'bench/models/cnn_cifar.dpm',
+     256, 'sgd', 1, 1, 'cnn_cifar', 1.0, '>= 1x', 10),
+    ('cnn cifar 3x32x32 B=256 sgd, 2 dev vs torch best', 'bench/models/cnn_cifar.dpm', 256,
+     'sgd', 2, 'best', 'cnn_cifar', None, '-', 10),
 ]
 SCALING_TARGET = 1.8
+MLP_LARGE_1, MLP_LARGE_2 = STEPS[2][0], STEPS[3][0]  # the scaling line's two rows
 
 
 def sh(cmd, env=None):
@@ -109,8 +119,16 @@ def main():
     ap.add_argument('--seconds', type=float, default=1.0, help='PyTorch time per model')
     ap.add_argument('--builddir', default='build', help='the build folder whose dp runs')
     ap.add_argument('--rounds', type=int, default=3, help='libdp rounds (best of them)')
+    ap.add_argument('--only', default='',
+                    help='run only the step rows whose label contains one of these '
+                    'comma-separated words (e.g. cnn); the sgemm table is kept')
     args = ap.parse_args()
-    global DP, BUILD
+    global DP, BUILD, STEPS
+    if args.only:
+        words = args.only.split(',')
+        STEPS = [st for st in STEPS if any(w in st[0] for w in words)]
+        if not STEPS:
+            sys.exit('compare.py: --only %s matches no row' % args.only)
     BUILD = os.path.join(ROOT, args.builddir)
     DP = os.path.join(BUILD, 'dp')
     if not os.path.exists(DP):
@@ -126,9 +144,12 @@ def main():
     torch = {'results': []}
     for n in (1, 2):
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
+        models = sorted({st[6] for st in STEPS})
         one = json.loads(sh(['/usr/bin/python3', 'bench/torch_step.py', '--threads', str(n),
-                             '--seconds', str(args.seconds)], env=env))
+                             '--seconds', str(args.seconds), '--models', ','.join(models)],
+                            env=env))
         torch['torch_version'] = one['torch_version']
+        torch['mkldnn'] = one.get('mkldnn')
         torch['results'] += one['results']
     def torch_ref(key, threads, field):
         rs = [r for r in torch['results'] if r['model'] == key and
@@ -152,13 +173,17 @@ def main():
         verdict = '-' if tgt is None else ('met' if ratio >= tgt else 'not met')
         rows.append((label, g['min_ms'], tmin, ratio, g['mean_ms'], tmean, tmean / g['mean_ms'],
                      ttext + ('' if tgt is None else ': ' + verdict)))
-    scale_min = got[STEPS[2][0]]['min_ms'] / got[STEPS[3][0]]['min_ms']
-    scale_mean = got[STEPS[2][0]]['mean_ms'] / got[STEPS[3][0]]['mean_ms']
+    scaling = MLP_LARGE_1 in got and MLP_LARGE_2 in got
+    if scaling:
+        scale_min = got[MLP_LARGE_1]['min_ms'] / got[MLP_LARGE_2]['min_ms']
+        scale_mean = got[MLP_LARGE_1]['mean_ms'] / got[MLP_LARGE_2]['mean_ms']
 
     print('machine: %s' % sh(['sh', '-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]).strip())
     print('load average at the end: %s' % open('/proc/loadavg').read().split()[0])
     print('peak (one core): avx512 %.1f, avx2 %.1f GFLOP/s' % (peak['avx512'], peak['avx2']))
-    print('PyTorch %s (CPU); OpenBLAS kernel %s' % (torch['torch_version'], blas['core']))
+    print('PyTorch %s (CPU%s); OpenBLAS kernel %s'
+          % (torch['torch_version'], ', oneDNN (mkldnn) on' if torch.get('mkldnn') else '',
+             blas['core']))
     print('step times: the fastest single step (best of %d rounds; PyTorch: of its run), '
           'then the mean\n' % args.rounds)
     if args.markdown:
@@ -170,11 +195,11 @@ def main():
         print('\n| sgemm n | libdp GFLOP/s | OpenBLAS GFLOP/s | ratio | % of peak |')
         print('|---:|---:|---:|---:|---:|')
     else:
-        print('%-52s %9s %9s %8s %9s %9s %8s  %s' % ('step', 'libdp min', 'torch min', 'speed-up',
+        print('%-54s %9s %9s %8s %9s %9s %8s  %s' % ('step', 'libdp min', 'torch min', 'speed-up',
                                                     'libdp avg', 'torch avg', 'speed-up',
                                                     'target'))
         for row in rows:
-            print('%-52s %9.4f %9.4f %7.2fx %9.4f %9.4f %7.2fx  %s' % row)
+            print('%-54s %9.4f %9.4f %7.2fx %9.4f %9.4f %7.2fx  %s' % row)
         print('\n%8s %14s %17s %7s %9s' % ('sgemm n', 'libdp GFLOP/s', 'OpenBLAS GFLOP/s',
                                             'ratio', '% peak'))
     pk = peak['avx512'] or peak['avx2']
@@ -182,10 +207,17 @@ def main():
         fmt = '| %d | %.1f | %.1f | %.2fx | %.0f%% |' if args.markdown else '%8d %14.1f %17.1f %6.2fx %8.0f%%'
         print(fmt % (o['n'], o['gflops'], b['gflops'], o['gflops'] / b['gflops'],
                      100 * o['gflops'] / pk))
-    print('\nmlp_large: 2 virtual devices give %.2fx the samples/s of 1 on the minima '
-          '(%.2fx on the means); target >= %.1fx: %s'
-          % (scale_min, scale_mean, SCALING_TARGET,
-             'met' if scale_min >= SCALING_TARGET else 'not met'))
+    if scaling:
+        print('\nmlp_large: 2 virtual devices give %.2fx the samples/s of 1 on the minima '
+              '(%.2fx on the means); target >= %.1fx: %s'
+              % (scale_min, scale_mean, SCALING_TARGET,
+                 'met' if scale_min >= SCALING_TARGET else 'not met'))
+    cnn = [r for r in rows if r[0].startswith('cnn') and r[7] != '-']
+    if cnn:
+        print('\nimage layers (issue 17), one core each: libdp at %s PyTorch\'s speed '
+              '(minima; %s on the means); goal >= 1.0x: %s'
+              % (', '.join('%.2fx' % r[3] for r in cnn), ', '.join('%.2fx' % r[6] for r in cnn),
+                 'met' if all(r[3] >= 1.0 for r in cnn) else 'not met'))
 
 
 if __name__ == '__main__':

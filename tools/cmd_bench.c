@@ -405,7 +405,8 @@ static void usage(FILE *f) {
          "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
          "                       our GEMM (forward layout, n x n x n) vs that peak\n"
          "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
-         "                       ms/step and samples/s of training steps\n"
+         "                       ms/step and samples/s of training steps (any model:\n"
+         "                       flat or image input, e.g. bench/models/cnn_cifar.dpm)\n"
          "  comm [--max-bytes SIZE] [--iters N] [--model M] [--batch B] [--steps K]\n"
          "                       under mpirun (mpirun -np 4 dp bench comm): allreduce\n"
          "                       of 1 KiB, 4 KiB, ... SIZE (default 64MiB) across the\n"
@@ -433,8 +434,9 @@ static void usage(FILE *f) {
          "  gpu-gemm [--model M] [--batch B] [--micro-batch K] [--tf32]\n"
          "                       each GEMM of that model's step (forward y = x W^T,\n"
          "                       backward dW = dy^T x and dx = dy W per linear layer\n"
-         "                       and micro-batch) timed alone through cuBLAS, summed\n"
-         "                       over a step, against the measured step (1 replica)\n"
+         "                       and micro-batch; conv2d's three on its im2col matrix)\n"
+         "                       timed alone through cuBLAS, summed over a step,\n"
+         "                       against the measured step (1 replica)\n"
          "                       The gpu benchmarks print why and exit 0 without a GPU.\n\n"
          "Benchmarks measure; they assert nothing. bench/compare.py runs these\n"
          "side by side with PyTorch and OpenBLAS and prints ratios.\n\n");
@@ -979,7 +981,10 @@ typedef struct {
 /* The GEMMs of one training step of m on one replica (cuda/gemm.cu): per
  * linear layer and micro-batch of r rows, forward y = x W^T (r, out, in),
  * dW = dy^T x (out, in, r), and dx = dy W (r, in, out) except for the first
- * layer, whose input needs no gradient. Returns the number written. */
+ * layer, whose input needs no gradient. A conv2d layer (cuda/conv.cu, im2col:
+ * r images, P output positions, CKK = in channels x K x K taps) runs the same
+ * three on COL: forward (r P, out, CKK), dW (out, CKK, r P), dCOL (r P, CKK,
+ * out). Returns the number written. */
 static int step_gemms(const dp_model *m, int batch, int micro, gemm_shape *g, int cap) {
   int full = batch / micro, rest = batch % micro, n = 0;
   for (int part = 0; part < 2; part++) {
@@ -987,10 +992,22 @@ static int step_gemms(const dp_model *m, int batch, int micro, gemm_shape *g, in
     if (rows == 0 || count == 0) continue;
     for (int i = 0; i < dp_model_n_layers(m) && n + 3 <= cap; i++) {
       dp_layer_info l;
-      if (dp_model_layer(m, i, &l) != DP_OK || l.kind != DP_LAYER_LINEAR) continue;
-      g[n++] = (gemm_shape){i, "fwd  y = x W^T", rows, l.out, l.in, count, 0, 0};
-      g[n++] = (gemm_shape){i, "bwd dW = dy^T x", l.out, l.in, rows, count, 0, 0};
-      if (i > 0) g[n++] = (gemm_shape){i, "bwd dx = dy W", rows, l.in, l.out, count, 0, 0};
+      if (dp_model_layer(m, i, &l) != DP_OK) continue;
+      if (l.kind == DP_LAYER_LINEAR) {
+        g[n++] = (gemm_shape){i, "fwd  y = x W^T", rows, l.out, l.in, count, 0, 0};
+        g[n++] = (gemm_shape){i, "bwd dW = dy^T x", l.out, l.in, rows, count, 0, 0};
+        if (i > 0)
+          g[n++] = (gemm_shape){i, "bwd dx = dy W", rows, l.in, l.out, count, 0, 0};
+      } else if (l.kind == DP_LAYER_CONV2D && l.channels > 0) {
+        /* the weight is (out, CKK), then out biases when there is a bias */
+        int oc = l.channels, ckk = (int)((l.n_params - (l.bias ? (size_t)oc : 0)) / oc);
+        long np = (long)rows * l.height * l.width;
+        if (np > INT32_MAX) continue; /* not a shape one GEMM call takes */
+        g[n++] = (gemm_shape){i, "fwd  T = COL W^T", (int)np, oc, ckk, count, 0, 0};
+        g[n++] = (gemm_shape){i, "bwd dW = dY^T COL", oc, ckk, (int)np, count, 0, 0};
+        if (i > 0)
+          g[n++] = (gemm_shape){i, "bwd dCOL = dY^T W", (int)np, ckk, oc, count, 0, 0};
+      }
     }
   }
   return n;
@@ -1069,10 +1086,10 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
            c.batch, micro, dp_optimizer_name(c.optimizer), c.tf32 ? "tf32" : "fp32", gpu);
     printf(
         "each GEMM of a step alone through cuBLAS (C(m,n) = A(m,k) B(k,n), mean of 50)\n");
-    printf("%5s  %-16s %6s %6s %6s %5s %9s %8s %10s\n", "layer", "gemm", "m", "n", "k", "x",
+    printf("%5s  %-18s %6s %6s %6s %5s %9s %8s %10s\n", "layer", "gemm", "m", "n", "k", "x",
            "ms", "TFLOP/s", "ms/step");
     for (int i = 0; i < n; i++)
-      printf("%5d  %-16s %6d %6d %6d %5d %9.4f %8.2f %10.4f\n", g[i].layer, g[i].what,
+      printf("%5d  %-18s %6d %6d %6d %5d %9.4f %8.2f %10.4f\n", g[i].layer, g[i].what,
              g[i].m, g[i].n, g[i].k, g[i].count, g[i].ms, g[i].tflops,
              g[i].ms * g[i].count);
     printf("GEMM-only time per step: %.4f ms\n", gemm_ms);
