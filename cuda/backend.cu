@@ -166,6 +166,7 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     if (count)
       DP_CUDA_CHECK(cudaMemcpyAsync(y, in, count * 4, cudaMemcpyDeviceToDevice, x->stream));
     return DP_OK;
+  case DP_LAYER_BATCHNORM: break; /* not yet: the planner refuses it (batchnorm) */
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
@@ -235,6 +236,7 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
       DP_CUDA_CHECK(
           cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
     return DP_OK;
+  case DP_LAYER_BATCHNORM: break; /* not yet: the planner refuses it */
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",
@@ -474,6 +476,8 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_GRAD_STASH:
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "cuda backend: gradient clipping and accumulation are not implemented");
+  case DP_OP_BN_UPDATE:
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: batchnorm is not implemented");
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }

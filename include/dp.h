@@ -60,6 +60,8 @@ typedef enum {
   DP_LAYER_MAXPOOL2D, /* nn.MaxPool2d(K, stride): no padding, floor mode */
   DP_LAYER_AVGPOOL2D, /* nn.AvgPool2d(K, stride): no padding, floor mode */
   DP_LAYER_FLATTEN,   /* nn.Flatten: a view (no copy, no memory) */
+  DP_LAYER_BATCHNORM, /* nn.BatchNorm1d (flat) / 2d (image): eps 1e-5, momentum 0.1,
+                         affine; running statistics as buffers (config.batchnorm) */
 } dp_layer_kind;
 
 typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
@@ -69,7 +71,7 @@ typedef struct dp_model dp_model;
 /* Text spec (.dpm): one layer per line, '#' starts a comment.
  *   input N | input C H W | linear N [nobias] | relu | gelu | tanh | sigmoid |
  *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
- *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten |
+ *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten | batchnorm |
  *   loss mse | loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
  * and the pools need an image, linear and layernorm a flat input (flatten
@@ -81,7 +83,8 @@ dp_status dp_model_load(const char *path, dp_model **out);
 /* Builder: dp_model_new(in) then add layers in order; shapes are inferred. */
 dp_status dp_model_new(int input_width, dp_model **out);
 dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
-dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten */
+dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten,
+                                                           batchnorm */
 dp_status dp_model_add_dropout(dp_model *m, float p);
 /* Image models: the input is (channels, height, width), NCHW. conv2d: a
  * square kernel, stride >= 1 (0: 1), zero padding >= 0, PyTorch's init
@@ -144,6 +147,13 @@ typedef enum { DP_TRANSPORT_AUTO = 0, DP_TRANSPORT_COPY, DP_TRANSPORT_NCCL } dp_
  * counts it (dp_ctx_error says why it was skipped). */
 typedef enum { DP_NONFINITE_ERROR = 0, DP_NONFINITE_SKIP } dp_nonfinite_policy;
 
+/* Batch normalisation under data parallelism. PER_REPLICA: each micro-batch
+ * is normalised with its own statistics (with the default micro-batch, one per
+ * device: nn.DataParallel's behaviour), and the running statistics follow
+ * micro-batch 0 (device 0's replica, as DataParallel keeps them). SYNC: the
+ * whole batch's statistics (SyncBatchNorm); not implemented yet (refused). */
+typedef enum { DP_BN_PER_REPLICA = 0, DP_BN_SYNC } dp_bn_mode;
+
 typedef struct {
   int batch;     /* largest batch a step may take (rows) */
   int n_devices; /* logical devices (replicas) of the whole job */
@@ -199,6 +209,7 @@ typedef struct {
    * gradient copies per device: dp plan shows them). A power of two up to
    * 65536; 0 or 1: every call updates (default). cpu backend. */
   int accumulate;
+  dp_bn_mode batchnorm; /* default DP_BN_PER_REPLICA */
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the
    * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
@@ -361,6 +372,8 @@ typedef enum {
                        of the earlier calls (optimizer_state from src_offset) */
   DP_OP_GRAD_STASH, /* config.accumulate, a call that does not update: its partial sum
                        into the optimizer_state slots (the commit phase) */
+  DP_OP_BN_UPDATE,  /* batchnorm layer `layer`: device 0's running statistics from
+                       micro-batch 0's (the commit phase) */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
@@ -547,6 +560,13 @@ dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path);
 size_t dp_ctx_high_water(const dp_ctx *c, int dev);
 /* FNV-1a 64 of the parameter bytes. */
 uint64_t dp_params_hash(dp_ctx *c);
+/* A batchnorm layer's running statistics (buffers, not parameters: they are in
+ * checkpoints and the safetensors export, not in dp_get_params): C floats of
+ * running_mean and of running_var, and num_batches_tracked (any may be NULL).
+ * layer: the index among the layer lines after `input`. DP_ERR_INVALID when
+ * it is not a batchnorm. Across processes: collective, rank 0's (device 0's). */
+dp_status dp_get_running_stats(dp_ctx *c, int layer, float *mean, float *var,
+                               int64_t *count);
 
 /* ---- CUDA ------------------------------------------------------------------
  * The CUDA backend is a library of its own, libdp_cuda.a (pkg-config dp-cuda;

@@ -128,7 +128,8 @@ typedef struct {
 static dp_status state_read(dp_ctx *c, unsigned k, ck_state *v) {
   const dp_plan *p = c->plan;
   memset(v, 0, sizeof *v);
-  size_t n = p->model.n_params, total = n, off[DP_MAX_DEVICES], len[DP_MAX_DEVICES];
+  size_t nf = dp__param_floats(&p->model), total = nf, off[DP_MAX_DEVICES],
+         len[DP_MAX_DEVICES];
   for (int d = 0; d < p->split.n_used; d++) {
     opt_range(p, d, &off[d], &len[d]);
     total += (size_t)k * len[d]; /* bounded by the plan's regions: no overflow */
@@ -136,8 +137,9 @@ static dp_status state_read(dp_ctx *c, unsigned k, ck_state *v) {
   if (!(v->mem = malloc(total ? total * 4 : 4)))
     return DP_FAIL(DP_ERR_NOMEM,
                    "checkpoint: out of memory for a %zu-byte copy of the state", total * 4);
-  dp_status s = dp__ctx_read(c, 0, DP_REGION_PARAMS, 0, v->mem, n * 4);
-  float *at = v->mem + n;
+  /* the parameters and the buffers after them (batchnorm's running statistics) */
+  dp_status s = dp__ctx_read(c, 0, DP_REGION_PARAMS, 0, v->mem, nf * 4);
+  float *at = v->mem + nf;
   for (int d = 0; d < p->split.n_used && !s; d++) {
     v->opt[d] = at;
     s = dp__ctx_read(c, d, DP_REGION_OPT_STATE, 0, at, (size_t)k * len[d] * 4);
@@ -276,8 +278,9 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, const void *app, size_
   w_bytes(&w, st, 16);
   w_sec_end(&w, w.sec_h);
 
-  w_sec_begin(&w, SEC_PARM, (uint64_t)n * 4);
-  w_floats(&w, v->params, n);
+  size_t nf = dp__param_floats(&p->model); /* the buffers after the parameters */
+  w_sec_begin(&w, SEC_PARM, (uint64_t)nf * 4);
+  w_floats(&w, v->params, nf);
   w_sec_end(&w, w.sec_h);
 
   w_sec_begin(&w, SEC_OPTS, (uint64_t)k * n * 4);
@@ -365,10 +368,11 @@ static size_t sec_size(uint64_t payload) {
 /* STEP's payload: the step (version 1); the step, the rate and a reserved word (2). */
 static size_t step_bytes(uint32_t version) { return version == 1 ? 8 : 16; }
 
-static size_t file_size_for(size_t n, unsigned k, size_t tlen, uint32_t version,
+/* nf: PARM's floats (the parameters and the buffers), n: the parameters. */
+static size_t file_size_for(size_t nf, size_t n, unsigned k, size_t tlen, uint32_t version,
                             size_t app_len) {
   return CK_HEADER + sec_size(CK_MODL_FIXED + tlen) + sec_size(step_bytes(version)) +
-         sec_size(4 * n) + sec_size((size_t)k * 4 * n) +
+         sec_size(4 * nf) + sec_size((size_t)k * 4 * n) +
          (version >= 3 ? sec_size(app_len) : 0) + sec_size(0);
 }
 
@@ -523,20 +527,21 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
 
   /* The model matches: the file's exact size is known (version 3: once the
    * APPD length is read, at a known offset). */
-  size_t n = c->plan->model.n_params;
+  const dp_model *mo = &c->plan->model;
+  size_t n = mo->n_params, nf = dp__param_floats(mo);
   uint64_t app_len = 0;
   if (version >= 3) {
-    size_t at = off + sec_size(step_bytes(version)) + sec_size(4 * n) +
+    size_t at = off + sec_size(step_bytes(version)) + sec_size(4 * nf) +
                 sec_size((size_t)v->k * 4 * n);
     if (at >= len || len - at < CK_SEC_HEAD) /* the least it can be: APPD empty */
       return DP_FAIL(DP_ERR_PARSE,
                      "%s: truncated: expected at least %zu bytes, file has %zu", path,
-                     file_size_for(n, v->k, tlen, version, 0), file_size);
+                     file_size_for(nf, n, v->k, tlen, version, 0), file_size);
     if ((s = sec_open(path, b, len, at, SEC_APPD, 0, &app_len))) return s;
     if (app_len > CK_APP_MAX)
       return DP_FAIL(DP_ERR_PARSE, "%s: section APPD is larger than 16 MiB", path);
   }
-  size_t total = file_size_for(n, v->k, tlen, version, (size_t)app_len);
+  size_t total = file_size_for(nf, n, v->k, tlen, version, (size_t)app_len);
   if (file_size < total)
     return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected %zu bytes, file has %zu", path,
                    total, file_size);
@@ -545,7 +550,7 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
                    path, total, file_size);
   /* From here len == file_size == total. */
   const uint64_t expect[CK_SECTIONS] = {
-      0, step_bytes(version), (uint64_t)n * 4, (uint64_t)v->k * n * 4, app_len, 0};
+      0, step_bytes(version), (uint64_t)nf * 4, (uint64_t)v->k * n * 4, app_len, 0};
   for (int i = SEC_STEP; i <= SEC_END; i++) {
     if (i == SEC_APPD && version < 3) continue;
     if ((s = sec_open(path, b, len, off, i, total, &plen))) return s;
@@ -576,6 +581,16 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
   for (size_t e = 0; e < n; e++)
     if (!isfinite(getf(v->parm + 4 * e)))
       return DP_FAIL(DP_ERR_PARSE, "%s: parameter %zu is not finite", path, e);
+  for (int i = 0; i < mo->n_layers; i++) { /* batchnorm's running statistics */
+    const dp_layer *l = &mo->layers[i];
+    if (l->kind != DP_LAYER_BATCHNORM) continue;
+    for (size_t e = 0; e < 2 * (size_t)l->c; e++) {
+      float x = getf(v->parm + 4 * (n + l->buf_off + e));
+      if (!isfinite(x) || (e >= (size_t)l->c && x < 0.0f))
+        return DP_FAIL(DP_ERR_PARSE, "%s: layer %d's running %s[%zu] is %g", path, i,
+                       e < (size_t)l->c ? "mean" : "var", e % (size_t)l->c, (double)x);
+    }
+  }
   for (size_t e = 0; e < (size_t)v->k * n; e++)
     if (!isfinite(getf(v->opts + 4 * e)))
       return DP_FAIL(DP_ERR_PARSE,
@@ -659,7 +674,8 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
     free(text);
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model is too large"));
   }
-  cap = file_size_for(n, 2, tlen, CK_VERSION, CK_APP_MAX); /* the largest */
+  size_t nf = dp__param_floats(&p->model);
+  cap = file_size_for(nf, n, 2, tlen, CK_VERSION, CK_APP_MAX); /* the largest */
 
   unsigned char *buf = NULL;
   size_t len = 0, file_size = 0;
@@ -687,24 +703,25 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
    * the cpu backend the writes are memcpys and cannot fail; a cuda device
    * copy that fails part way leaves the state mixed: the context is then
    * poisoned (a later load heals it). */
-  float *img = malloc((n + (size_t)k * n) * 4 + 4); /* parameters, then k state vectors */
+  float *img = malloc((nf + (size_t)k * n) * 4 + 4); /* parameters and buffers, then k
+                                                        state vectors */
   if (!img) {
     free(buf);
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
   }
-  for (size_t e = 0; e < n; e++) img[e] = getf(v.parm + 4 * e);
-  for (size_t e = 0; e < (size_t)k * n; e++) img[n + e] = getf(v.opts + 4 * e);
+  for (size_t e = 0; e < nf; e++) img[e] = getf(v.parm + 4 * e);
+  for (size_t e = 0; e < (size_t)k * n; e++) img[nf + e] = getf(v.opts + 4 * e);
   free(buf);
   for (int d = 0; d < p->split.n_used && !s; d++)
-    if (p->regions[d][DP_REGION_PARAMS].size >= n * 4)
-      s = dp__ctx_write(c, d, DP_REGION_PARAMS, 0, img, n * 4);
+    if (p->regions[d][DP_REGION_PARAMS].size >= nf * 4)
+      s = dp__ctx_write(c, d, DP_REGION_PARAMS, 0, img, nf * 4);
   for (int d = 0; d < p->split.n_used && k > 0 && !s;
        d++) { /* k == v.k: check_model matched */
     size_t off, olen;
     opt_range(p, d, &off, &olen);
     for (unsigned j = 0; j < k && !s; j++)
       s = dp__ctx_write(c, d, DP_REGION_OPT_STATE, (size_t)j * olen * 4,
-                        img + n + (size_t)j * n + off, olen * 4);
+                        img + nf + (size_t)j * n + off, olen * 4);
   }
   free(img);
   c->replicas_stale = true;

@@ -21,6 +21,7 @@ typedef struct {
   const dp_layer *l;
   int d, i, L;
   int local; /* first row of the micro-batch within the device's chunk */
+  int mb;    /* the micro-batch's index among the device's */
   int rows;
 } lctx;
 
@@ -69,6 +70,112 @@ static size_t ws_bytes(const lctx *c) {
 
 static float *layer_params(const lctx *c) {
   return region(c->e, c->d, DP_REGION_PARAMS, c->l->param_off * 4);
+}
+
+/* batchnorm: micro-batch mb's saved statistics, dp__bn_stats floats: mean,
+ * rstd, unbiased variance per channel. */
+static float *bn_stats(const dp_exec_env *e, int d, int i, int mb) {
+  const dp_layer *l = &e->plan->model.layers[i];
+  return region(e, d, DP_REGION_ACTIVATIONS,
+                e->plan->act[d].stats[i] + (size_t)mb * dp__bn_stats(l->c) * 4);
+}
+
+/* batchnorm's buffers on device d: running_mean (c), running_var (c), the count. */
+static float *bn_buffers(const dp_exec_env *e, int d, const dp_layer *l) {
+  return region(e, d, DP_REGION_PARAMS, (e->plan->model.n_params + l->buf_off) * 4);
+}
+
+#define BN_EPS 1e-5f
+
+/* y = (x - mean) rstd g + b per channel over n rows of C x S (S = H W, or 1
+ * for a flat input). Training: the micro-batch's own statistics (sums over
+ * rows then positions, ascending; the biased variance), saved for backward and
+ * the running statistics; eval: the running statistics. */
+static void bn_forward(const lctx *c, const float *x, float *y) {
+  const dp_layer *l = c->l;
+  int n = c->rows, C = l->c;
+  size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
+  const float *g = layer_params(c), *b = g + C;
+  float *st = c->e->training ? bn_stats(c->e, c->d, c->i, c->mb) : NULL;
+  const float *run = bn_buffers(c->e, c->d, l);
+  for (int ch = 0; ch < C; ch++) {
+    float mean, rstd;
+    if (st) {
+      float sum = 0.0f, var = 0.0f;
+      for (int r = 0; r < n; r++)
+        for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
+      mean = sum / (float)M;
+      for (int r = 0; r < n; r++)
+        for (size_t k = 0; k < S; k++) {
+          float dv = x[((size_t)r * C + ch) * S + k] - mean;
+          var += dv * dv;
+        }
+      rstd = 1.0f / sqrtf(var / (float)M + BN_EPS);
+      st[ch] = mean;
+      st[C + ch] = rstd;
+      st[2 * C + ch] = M > 1 ? var / (float)(M - 1) : NAN; /* refused before the step */
+    } else {
+      mean = run[ch];
+      rstd = 1.0f / sqrtf(run[C + ch] + BN_EPS);
+    }
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        y[at] = (x[at] - mean) * rstd * g[ch] + b[ch];
+      }
+  }
+}
+
+/* dx = rstd (dy g - s1 / M - xh s2 / M), s1 = sum dy g, s2 = sum dy g xh;
+ * dg = sum dy xh, db = sum dy: the micro-batch's statistics (training only). */
+static void bn_backward(const lctx *c, const float *x, const float *dy, float *dx,
+                        float *grads) {
+  const dp_layer *l = c->l;
+  int n = c->rows, C = l->c;
+  size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
+  const float *g = layer_params(c), *st = bn_stats(c->e, c->d, c->i, c->mb);
+  float *dg = grads + l->param_off, *db = dg + C;
+  for (int ch = 0; ch < C; ch++) {
+    float mean = st[ch], rstd = st[C + ch], sg = 0.0f, sb = 0.0f, s1 = 0.0f, s2 = 0.0f;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        float xh = (x[at] - mean) * rstd, dxh = dy[at] * g[ch];
+        sg += dy[at] * xh;
+        sb += dy[at];
+        s1 += dxh;
+        s2 += dxh * xh;
+      }
+    dg[ch] = sg;
+    db[ch] = sb;
+    if (!dx) continue;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        float xh = (x[at] - mean) * rstd;
+        dx[at] = rstd * (dy[at] * g[ch] - s1 / (float)M - xh * s2 / (float)M);
+      }
+  }
+}
+
+/* The running statistics from micro-batch 0 (device 0's first), PyTorch's rule
+ * in double as ATen's CPU kernel: r = m * stat + (1 - m) * r, m = 0.1, the
+ * unbiased variance; num_batches_tracked + 1. */
+static dp_status bn_update(const dp_exec_env *e, const dp_op *op) {
+  const dp_layer *l = &e->plan->model.layers[op->layer];
+  int C = l->c;
+  const float *st = bn_stats(e, 0, op->layer, 0);
+  float *run = bn_buffers(e, 0, l);
+  const double m = 0.1;
+  for (int ch = 0; ch < C; ch++) {
+    run[ch] = (float)(m * (double)st[ch] + (1.0 - m) * (double)run[ch]);
+    run[C + ch] = (float)(m * (double)st[2 * C + ch] + (1.0 - m) * (double)run[C + ch]);
+  }
+  uint32_t count;
+  memcpy(&count, &run[2 * C], 4);
+  count++;
+  memcpy(&run[2 * C], &count, 4);
+  return DP_OK;
 }
 
 /* The linear layer's products run as packed GEMMs (gemm.h: one fma chain per
@@ -176,6 +283,7 @@ static dp_status forward(const lctx *c) {
   case DP_LAYER_FLATTEN: /* a view, but the last layer's output is OUTPUTS: a copy */
     if (c->i == c->L - 1) memcpy(y, x, (size_t)n * out * 4);
     break;
+  case DP_LAYER_BATCHNORM: bn_forward(c, x, y); break;
   case DP_LAYER_INPUT: break;
   }
   return DP_OK;
@@ -278,6 +386,7 @@ static dp_status backward(const lctx *c, float *grads) {
   case DP_LAYER_FLATTEN: /* a view; the last layer's gradient comes in OUTPUT_GRADS */
     if (dx && c->i == c->L - 1) memcpy(dx, dy, (size_t)n * out * 4);
     break;
+  case DP_LAYER_BATCHNORM: bn_backward(c, layer_in(c), dy, dx, grads); break;
   case DP_LAYER_INPUT: break;
   }
   return DP_OK;
@@ -661,7 +770,8 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
               .i = op->layer,
               .L = p->model.n_layers,
               .local = op->row0 - p->split.dev_row0[op->device],
-              .rows = op->rows};
+              .rows = op->rows,
+              .mb = op->micro_batch - p->split.dev_mb0[op->device]};
     if (op->kind == DP_OP_FORWARD) return forward(&c);
     return backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
   }
@@ -678,6 +788,7 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   }
   case DP_OP_LOSS: return loss_op(e, op);
   case DP_OP_LOSS_SUM: return loss_sum_op(e, op);
+  case DP_OP_BN_UPDATE: return bn_update(e, op);
   case DP_OP_GRAD_CHECK: return grad_check_op(e, op);
   case DP_OP_OPTIMIZER: return optimizer_op(e, op);
   case DP_OP_GRAD_NORM: return grad_norm_op(e, op);
@@ -744,6 +855,7 @@ const dp_backend_ops dp__cpu_backend = {
     .align = 64, /* a cache line */
     .workspace_bytes = cpu_workspace_bytes,
     .image_layers = true,
+    .batchnorm = true,
     .host_staging = false,
     .grad_clip = true,
     .arena_alloc = cpu_arena_alloc,

@@ -122,6 +122,16 @@ static void init_params(const dp_plan *p, float *w) {
         lw[k] = 1.0f;
         lw[l->out + k] = 0.0f;
       }
+    } else if (l->kind == DP_LAYER_BATCHNORM) { /* weight 1, bias 0; running mean 0,
+                                                   running variance 1, count 0 */
+      float *buf = w + p->model.n_params + l->buf_off;
+      for (int k = 0; k < l->c; k++) {
+        lw[k] = 1.0f;
+        lw[l->c + k] = 0.0f;
+        buf[k] = 0.0f;
+        buf[l->c + k] = 1.0f;
+      }
+      memset(&buf[2 * l->c], 0, 4);
     }
   }
 }
@@ -139,7 +149,7 @@ static dp_status fill_arenas(dp_ctx *c) {
                           p->regions[d][zeroed[i]].size / 4);
   }
   if (s) return s;
-  size_t np = p->model.n_params;
+  size_t np = dp__param_floats(&p->model); /* the buffers after the parameters */
   float *w = malloc(np ? np * 4 : 4);
   if (!w)
     return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for %zu initial parameters", np);
@@ -559,6 +569,21 @@ static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
                     classes - 1);
   }
   if (!s) s = schedule_for(c, updates(c) ? &c->train : &c->accum, rows);
+  /* batchnorm normalises each micro-batch with its own statistics: one value
+   * per channel has no variance (PyTorch refuses it as well) */
+  const dp_sched_cache *sc = updates(c) ? &c->train : &c->accum;
+  for (int i = 0; i < p->model.n_layers && !s; i++) {
+    const dp_layer *l = &p->model.layers[i];
+    if (l->kind != DP_LAYER_BATCHNORM) continue;
+    size_t S = l->h ? (size_t)l->h * l->w : 1;
+    for (int k = 0; k < p->split.n_mb && !s; k++)
+      if (sc->mbs[k].rows > 0 && (size_t)sc->mbs[k].rows * S == 1)
+        s = DP_FAIL(DP_ERR_SHAPE,
+                    "batchnorm (layer %d) would normalise micro-batch %d of one row, one "
+                    "value per channel (no variance); use micro-batches of 2 rows or more "
+                    "(config.micro_batch), or a batch that leaves no single row",
+                    i, k);
+  }
   return s;
 }
 
@@ -837,7 +862,9 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   } else {
     c->accum_k++;
   }
-  c->replicas_stale = classic;
+  /* batchnorm's running statistics moved on device 0 only: the replicas take
+   * them with the next broadcast */
+  c->replicas_stale = classic || c->plan->model.n_buffers > 0;
   if (g) return dp__ctx_fail(c, g);
   if (loss) *loss = l;
   return DP_OK;
@@ -912,6 +939,22 @@ dp_status dp_set_params(dp_ctx *c, const float *in, size_t n) {
                                                      "setting the parameters failed part "
                                                      "way: %s",
                                                      dp_last_error())));
+  return DP_OK;
+}
+
+dp_status dp__ctx_set_state(dp_ctx *c, const float *in) {
+  const dp_model *m = &c->plan->model;
+  dp_status s = DP_OK;
+  for (size_t k = 0; !s && k < m->n_params; k++)
+    if (!isfinite(in[k])) s = DP_FAIL(DP_ERR_NONFINITE, "parameter %zu is not finite", k);
+  if ((s = dp__ctx_agree(c, s))) return dp__ctx_fail(c, s);
+  c->replicas_stale = true;
+  c->accum_k = 0;
+  s = dp__ctx_write(c, 0, DP_REGION_PARAMS, 0, in, dp__param_floats(m) * 4);
+  if (s)
+    return dp__ctx_fail(
+        c, dp__ctx_poison(
+               c, DP_FAIL(s, "setting the state failed part way: %s", dp_last_error())));
   return DP_OK;
 }
 
@@ -997,6 +1040,31 @@ uint64_t dp_params_hash(dp_ctx *c) {
     off += m;
   }
   return h;
+}
+
+dp_status dp_get_running_stats(dp_ctx *c, int layer, float *mean, float *var,
+                               int64_t *count) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  const dp_model *m = &c->plan->model;
+  if (layer < 0 || layer >= m->n_layers || m->layers[layer].kind != DP_LAYER_BATCHNORM)
+    return DP_FAIL(DP_ERR_INVALID, "layer %d is not a batchnorm layer", layer);
+  const dp_layer *l = &m->layers[layer];
+  size_t off = (m->n_params + l->buf_off) * 4, C = (size_t)l->c;
+  uint32_t n = 0;
+  /* collective across processes: every read on every rank, NULL outputs too */
+  dp_status s = DP_OK;
+  for (int k = 0; k < 2 && !s; k++) {
+    float *dst = k ? var : mean;
+    for (size_t at = 0; at < C && !s;) { /* through the bounce when dst is NULL */
+      size_t w = C - at < DP_CTX_BOUNCE_WORDS ? C - at : DP_CTX_BOUNCE_WORDS;
+      s = dp__ctx_read(c, 0, DP_REGION_PARAMS, off + (k * C + at) * 4,
+                       dst ? (void *)(dst + at) : (void *)c->bounce, w * 4);
+      at += w;
+    }
+  }
+  if (!s) s = dp__ctx_read(c, 0, DP_REGION_PARAMS, off + 2 * C * 4, &n, 4);
+  if (!s && count) *count = (int64_t)n;
+  return s;
 }
 
 dp_status dp__ctx_run_phase(dp_ctx *c, int rows, dp_phase ph, int iters) {

@@ -111,4 +111,9 @@ void dp__ctx_inject_fault(dp_ctx *c, int k);
 dp_status dp__ctx_schedule(dp_ctx *c, int rows, bool training, const dp_op **ops,
                            int *n_ops, int *commit);
 
+/* The PARAMS region's floats of device 0 (the parameters, then the buffers:
+ * dp__param_floats), as dp_set_params sets the parameters (agreed across
+ * processes; the replicas are stale after it). */
+dp_status dp__ctx_set_state(dp_ctx *c, const float *in);
+
 #endif

@@ -78,6 +78,9 @@ typedef struct {
   int c, h, w;           /* output shape; h == 0: flat (c == out) */
   int ic, ih, iw;        /* input shape, the same way */
   int k, stride, pad;    /* conv2d, pools */
+  size_t buf_off;        /* batchnorm: its buffers (floats after the parameters):
+                            running_mean (c), running_var (c), num_batches_tracked
+                            (one uint32 slot) */
 } dp_layer;
 
 struct dp_model {
@@ -87,7 +90,16 @@ struct dp_model {
   dp_layer layers[DP_MAX_LAYERS];
   dp_loss_kind loss;
   size_t n_params;
+  size_t n_buffers; /* floats after the parameters in PARAMS (batchnorm) */
 };
+
+/* A batchnorm's buffers: 2 c floats and the count. */
+static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }
+/* Floats a batchnorm's forward saves per micro-batch: mean, rstd and the
+ * unbiased variance per channel. */
+static inline size_t dp__bn_stats(int c) { return 3 * (size_t)c; }
+/* The PARAMS region's floats: parameters, then buffers. */
+static inline size_t dp__param_floats(const dp_model *m) { return m->n_params + m->n_buffers; }
 
 /* What a layer's backward reads from the forward pass. */
 bool dp__layer_needs_input(dp_layer_kind k);
@@ -314,6 +326,8 @@ typedef struct dp_backend_ops {
   bool grad_clip;
   /* runs conv2d, maxpool2d, avgpool2d and flatten layers */
   bool image_layers;
+  /* runs batchnorm layers (and DP_OP_BN_UPDATE) */
+  bool batchnorm;
   /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
    * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
    * none, and the planner refuses a config that sets one. */

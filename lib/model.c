@@ -14,6 +14,7 @@ static const char *const layer_names[] = {
     [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout",
     [DP_LAYER_CONV2D] = "conv2d",       [DP_LAYER_MAXPOOL2D] = "maxpool2d",
     [DP_LAYER_AVGPOOL2D] = "avgpool2d", [DP_LAYER_FLATTEN] = "flatten",
+    [DP_LAYER_BATCHNORM] = "batchnorm",
 };
 static const char *const loss_names[] = {
     [DP_LOSS_NONE] = "none",
@@ -33,7 +34,8 @@ const char *dp_loss_name(dp_loss_kind l) {
 
 bool dp__layer_needs_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
-         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D; /* maxpool: where the max was */
+         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
+         k == DP_LAYER_BATCHNORM;
 }
 
 bool dp__layer_needs_output(dp_layer_kind k) {
@@ -114,6 +116,10 @@ static dp_status push(dp_model *m, dp_layer l) {
     return DP_FAIL(DP_ERR_OVERFLOW, "parameter count overflows size_t");
   l.param_off = m->n_params;
   m->n_params = total;
+  if (l.kind == DP_LAYER_BATCHNORM) {
+    l.buf_off = m->n_buffers;
+    m->n_buffers += dp__bn_buffers(l.c);
+  }
   m->layers[m->n_layers++] = l;
   return DP_OK;
 }
@@ -239,11 +245,11 @@ dp_status dp_model_add_linear(dp_model *m, int out_width, int bias) {
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
   if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_TANH &&
-      kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM && kind != DP_LAYER_FLATTEN)
-    return DP_FAIL(
-        DP_ERR_INVALID,
-        "dp_model_add takes relu, gelu, tanh, sigmoid, layernorm or flatten (use "
-        "dp_model_add_linear/_dropout/_conv2d/_pool2d)");
+      kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM && kind != DP_LAYER_FLATTEN &&
+      kind != DP_LAYER_BATCHNORM)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_model_add takes relu, gelu, tanh, sigmoid, layernorm, flatten or "
+                   "batchnorm (use dp_model_add_linear/_dropout/_conv2d/_pool2d)");
   if (kind == DP_LAYER_LAYERNORM) {
     dp_status fs = need_flat(m, "layernorm");
     if (fs) return fs;
@@ -252,6 +258,12 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
   dp_layer l = {.kind = kind, .in = w, .out = w};
   if (kind == DP_LAYER_FLATTEN) l.c = w; /* flat from here on (h = w = 0) */
   if (kind == DP_LAYER_LAYERNORM) l.n_params = 2 * (size_t)w;
+  if (kind == DP_LAYER_BATCHNORM) { /* 1d over the features, 2d over the channels */
+    int c, h, ww;
+    cur_shape(m, &c, &h, &ww);
+    l.n_params = 2 * (size_t)c;
+    l.c = c, l.h = h, l.w = ww;
+  }
   return push(m, l);
 }
 
@@ -359,7 +371,7 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
  * weight, bias. */
 static int layer_tensors(const dp_layer *l) {
   if (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D) return l->bias ? 2 : 1;
-  return l->kind == DP_LAYER_LAYERNORM ? 2 : 0;
+  return l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ? 2 : 0;
 }
 
 int dp_model_n_tensors(const dp_model *m) {
@@ -390,7 +402,7 @@ dp_status dp_model_tensor(const dp_model *m, int i, dp_tensor_info *out) {
       out->numel = (size_t)l->c * (size_t)l->ic * (size_t)l->k * (size_t)l->k;
     } else {
       out->ndim = matrix ? 2 : 1;
-      out->dims[0] = conv ? l->c : l->out;
+      out->dims[0] = conv || l->kind == DP_LAYER_BATCHNORM ? l->c : l->out;
       out->dims[1] = matrix ? l->in : 0;
       out->numel = matrix ? (size_t)l->out * (size_t)l->in : (size_t)out->dims[0];
     }

@@ -180,6 +180,23 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_INVALID,
                    "accumulate must be a power of two up to 65536 (0 or 1: none), got %d",
                    c->accumulate);
+  bool bn = false;
+  for (int i = 0; i < m->n_layers; i++) bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;
+  if (c->batchnorm != DP_BN_PER_REPLICA && c->batchnorm != DP_BN_SYNC)
+    return DP_FAIL(DP_ERR_INVALID, "unknown batchnorm mode %d", (int)c->batchnorm);
+  if (bn && c->batchnorm == DP_BN_SYNC)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "batchnorm sync (whole-batch statistics) is not implemented yet; "
+                   "per_replica normalises each micro-batch with its own statistics");
+  if (bn && !be->batchnorm)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend does not run batchnorm layers yet; use the cpu backend",
+                   be->name);
+  if (bn && !c->inference && c->accumulate > 1)
+    return DP_FAIL(
+        DP_ERR_UNSUPPORTED,
+        "batchnorm with gradient accumulation is not implemented yet (its running "
+        "statistics would move once per call)");
   for (int i = 0; i < m->n_layers && !be->image_layers; i++) {
     dp_layer_kind k = m->layers[i].kind;
     if (k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_AVGPOOL2D ||
@@ -290,6 +307,12 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
       if (!mul3((size_t)a->rows, (size_t)dp__layer_stats_width(l->kind), 4, &b[n].size))
         return OVERFLOW();
       who[n++] = 1 * L + i;
+    } else if (l->kind == DP_LAYER_BATCHNORM && train && n_mb > 0) {
+      /* each micro-batch's statistics: read by its backward and, micro-batch 0's,
+       * by the running-statistics update in the commit phase (to the end) */
+      b[n] = (dp_live_buf){.align = p->align, .first = i, .last = T};
+      if (!mul3((size_t)n_mb, dp__bn_stats(l->c), 4, &b[n].size)) return OVERFLOW();
+      who[n++] = 1 * L + i;
     }
   }
   dp_status s = dp__live_place(b, n, total);
@@ -332,7 +355,9 @@ static dp_status plan_device(dp_plan *p, int d) {
   size_t rows = (size_t)a->rows;
   if (!dp__mul(m->n_params, 4, &P)) return OVERFLOW();
   p->grad_levels[d] = train ? tree_levels(mb1 - mb0) : 0;
-  sz[DP_REGION_PARAMS] = P;
+  /* the parameters, then the buffers (batchnorm's running statistics): the
+   * broadcast carries both, the optimizer and the gradients only the first */
+  if (!mul3(dp__param_floats(m), 1, 4, &sz[DP_REGION_PARAMS])) return OVERFLOW();
   if (!mul3(rows, (size_t)in, 4, &sz[DP_REGION_INPUTS])) return OVERFLOW();
   if (!mul3(rows, (size_t)out, 4, &sz[DP_REGION_OUTPUTS])) return OVERFLOW();
   if (train) {
@@ -654,15 +679,17 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
     const dp_layer *l = &m->layers[i];
     x = h_u64(h_u64(h_u64(h_u64(x, l->kind), (uint64_t)l->in), (uint64_t)l->out), l->bias);
     x = h_f32(x, l->p);
+    int geo[] = {l->c, l->h, l->w, l->k, l->stride, l->pad}; /* image layers */
+    for (size_t g = 0; g < sizeof geo / sizeof *geo; g++) x = h_u64(x, (uint64_t)geo[g]);
   }
   h[0] = x;
   const dp_config *c = &p->cfg;
   x = DP_FNV_INIT;
   int64_t ints[] = {
-      c->batch,       c->n_devices, dp__ranks(c),       dp__accumulate(c),  c->split,
-      c->micro_batch, c->mode,      c->shard_optimizer, c->optimizer,       c->inference,
-      c->backend,     c->nesterov,  c->on_nonfinite,    c->guards,          c->timeout_ms,
-      c->cuda_graph,  c->tf32,      c->transport,       c->fast_collectives};
+      c->batch,       c->n_devices, dp__ranks(c),       dp__accumulate(c),   c->split,
+      c->micro_batch, c->mode,      c->shard_optimizer, c->optimizer,        c->inference,
+      c->backend,     c->nesterov,  c->on_nonfinite,    c->guards,           c->timeout_ms,
+      c->cuda_graph,  c->tf32,      c->transport,       c->fast_collectives, c->batchnorm};
   for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) x = h_u64(x, (uint64_t)ints[i]);
   float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,
                 c->beta1, c->beta2,    c->eps};

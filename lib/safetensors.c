@@ -18,9 +18,59 @@
 
 /* ---- export ------------------------------------------------------------------ */
 
+/* A tensor of the state_dict: a parameter (dp_model_tensor) or a batchnorm
+ * buffer (running_mean, running_var: F32; num_batches_tracked: I64, shape
+ * []). The state is one byte array: the parameters (n_params floats), then each
+ * batchnorm's running_mean, running_var (c floats each) and count (8 bytes, as
+ * int64), in layer order; `off` is the tensor's first byte there. */
+typedef struct {
+  char name[64];
+  int ndim, dims[4];
+  bool i64;
+  size_t off, numel;
+} st_entry;
+
+#define ST_MAX_ENTRIES (5 * DP_MAX_LAYERS)
+
+static int st_entries(const dp_model *m, st_entry *e, size_t *state_bytes) {
+  int n = 0;
+  for (int i = 0; i < dp_model_n_tensors(m); i++, n++) {
+    dp_tensor_info t;
+    dp_model_tensor(m, i, &t);
+    memset(&e[n], 0, sizeof e[n]);
+    snprintf(e[n].name, sizeof e[n].name, "%s", t.name);
+    e[n].ndim = t.ndim;
+    memcpy(e[n].dims, t.dims, sizeof t.dims);
+    e[n].off = t.offset * 4;
+    e[n].numel = t.numel;
+  }
+  size_t off = m->n_params * 4;
+  for (int li = 0; li < m->n_layers; li++) {
+    const dp_layer *l = &m->layers[li];
+    if (l->kind != DP_LAYER_BATCHNORM) continue;
+    static const char *const names[3] = {"running_mean", "running_var",
+                                         "num_batches_tracked"};
+    for (int k = 0; k < 3; k++, n++) {
+      memset(&e[n], 0, sizeof e[n]);
+      snprintf(e[n].name, sizeof e[n].name, "%d.%s", li, names[k]);
+      e[n].i64 = k == 2;
+      e[n].ndim = k < 2 ? 1 : 0;
+      e[n].dims[0] = k < 2 ? l->c : 0;
+      e[n].numel = k < 2 ? (size_t)l->c : 1;
+      e[n].off = off;
+      off += k < 2 ? 4 * (size_t)l->c : 8;
+    }
+  }
+  *state_bytes = off;
+  return n;
+}
+
+/* The byte size of an entry's data. */
+static size_t st_bytes(const st_entry *e) { return e->numel * (e->i64 ? 8 : 4); }
+
 typedef struct {
   const dp_model *m;
-  const float *w; /* (n_params) */
+  const unsigned char *state; /* the state bytes (st_entries), little-endian */
 } export_job;
 
 /* JSON string body of s (names and the spec text: quotes, backslashes and
@@ -39,6 +89,16 @@ static void json_str(FILE *f, const char *s, size_t n) {
       fputc(ch, f);
   }
   fputc('"', f);
+}
+
+static void put_le(unsigned char *b, uint64_t v, int n) {
+  for (int k = 0; k < n; k++) b[k] = (unsigned char)(v >> (8 * k));
+}
+
+static uint64_t u32_of(float v) {
+  uint32_t u;
+  memcpy(&u, &v, 4);
+  return u;
 }
 
 static dp_status export_fill(FILE *f, void *arg) {
@@ -60,15 +120,15 @@ static dp_status export_fill(FILE *f, void *arg) {
   json_str(h, text, tlen);
   fputs("}", h);
   free(text);
-  int n = dp_model_n_tensors(m);
+  st_entry e[ST_MAX_ENTRIES];
+  size_t state_bytes;
+  int n = st_entries(m, e, &state_bytes);
   for (int i = 0; i < n; i++) {
-    dp_tensor_info t;
-    dp_model_tensor(m, i, &t);
     fputc(',', h);
-    json_str(h, t.name, strlen(t.name));
-    fprintf(h, ":{\"dtype\":\"F32\",\"shape\":[%d", t.dims[0]);
-    for (int d = 1; d < t.ndim; d++) fprintf(h, ",%d", t.dims[d]);
-    fprintf(h, "],\"data_offsets\":[%zu,%zu]}", t.offset * 4, (t.offset + t.numel) * 4);
+    json_str(h, e[i].name, strlen(e[i].name));
+    fprintf(h, ":{\"dtype\":\"%s\",\"shape\":[", e[i].i64 ? "I64" : "F32");
+    for (int d = 0; d < e[i].ndim; d++) fprintf(h, "%s%d", d ? "," : "", e[i].dims[d]);
+    fprintf(h, "],\"data_offsets\":[%zu,%zu]}", e[i].off, e[i].off + st_bytes(&e[i]));
   }
   fputc('}', h);
   while (ftell(h) % 8) fputc(' ', h); /* the data starts 8-aligned */
@@ -80,15 +140,8 @@ static dp_status export_fill(FILE *f, void *arg) {
   for (int b = 0; b < 8; b++) len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
   bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hlen, f) == hlen;
   free(hdr);
-  /* the data: the flat parameter array is the tensors in order, little-endian */
-  size_t np = dp_model_n_params(m);
-  for (size_t e = 0; ok && e < np; e++) {
-    uint32_t u;
-    memcpy(&u, &j->w[e], 4);
-    unsigned char b[4] = {(unsigned char)u, (unsigned char)(u >> 8),
-                          (unsigned char)(u >> 16), (unsigned char)(u >> 24)};
-    ok = fwrite(b, 1, 4, f) == 4;
-  }
+  /* the data: the state bytes, the tensors in order, little-endian */
+  ok = ok && fwrite(j->state, 1, state_bytes, f) == state_bytes;
   return ok ? DP_OK : DP_ERR_IO;
 }
 
@@ -98,15 +151,33 @@ dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path) {
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_export_safetensors: path is %s",
                                    path ? "empty" : "NULL"));
   const dp_model *m = &c->plan->model;
-  size_t np = m->n_params;
+  size_t np = m->n_params, bytes;
+  st_entry e[ST_MAX_ENTRIES];
+  int n = st_entries(m, e, &bytes);
+  unsigned char *state = malloc(bytes + 8);
   float *w = malloc(np ? np * 4 : 4);
-  if (!w) return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory"));
-  dp_status s = dp_get_params(c, w, np); /* collective across processes */
+  dp_status s = state && w ? DP_OK : DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
+  if (!s) s = dp_get_params(c, w, np); /* collective across processes */
+  for (size_t k = 0; k < np && !s; k++) put_le(state + 4 * k, u32_of(w[k]), 4);
+  for (int i = 0; i < n && !s; i++) { /* batchnorm's buffers: mean, var, count */
+    if (e[i].off < np * 4 || e[i].i64 || !strstr(e[i].name, "running_mean")) continue;
+    int layer = atoi(e[i].name);
+    size_t C = e[i].numel;
+    float *mv = malloc(2 * C * 4 + 4);
+    int64_t count = 0;
+    if (!mv) s = DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
+    if (!s) s = dp_get_running_stats(c, layer, mv, mv + C, &count);
+    for (size_t k = 0; k < 2 * C && !s; k++)
+      put_le(state + e[i].off + 4 * k, u32_of(mv[k]), 4);
+    if (!s) put_le(state + e[i].off + 8 * C, (uint64_t)count, 8);
+    free(mv);
+  }
   if (!s && dp__ctx_writes_files(c)) {
-    export_job j = {m, w};
+    export_job j = {m, state};
     s = dp__write_atomic(path, "safetensors file", export_fill, &j);
   }
   free(w);
+  free(state);
   return dp__ctx_fail(c, dp__ctx_root_status(c, s));
 }
 
@@ -296,9 +367,10 @@ static dp_status read_all(const char *path, size_t cap, unsigned char **buf, siz
   return s;
 }
 
-/* Checks the file against the model and decodes it into w (n_params). */
+/* Checks the file against the model and decodes it into the state bytes
+ * (st_entries: the parameters, then batchnorm's buffers). */
 static dp_status decode(const dp_model *m, const char *path, const unsigned char *b,
-                        size_t len, float *w) {
+                        size_t len, unsigned char *state) {
   if (len < 8)
     return DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' is %zu bytes: too short", path,
                    len);
@@ -311,11 +383,11 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
                    path, (unsigned long long)hlen, len);
   const unsigned char *data = b + 8 + hlen;
   size_t data_len = len - 8 - (size_t)hlen;
-  int n = dp_model_n_tensors(m);
-  dp_tensor_info ti[2 * DP_MAX_LAYERS];
-  st_tensor st[2 * DP_MAX_LAYERS];
+  st_entry ti[ST_MAX_ENTRIES];
+  size_t state_bytes;
+  int n = st_entries(m, ti, &state_bytes);
+  st_tensor st[ST_MAX_ENTRIES];
   memset(st, 0, sizeof st);
-  for (int i = 0; i < n; i++) dp_model_tensor(m, i, &ti[i]);
   json j = {(const char *)b + 8, (const char *)b + 8 + hlen, path, DP_OK};
   if (!eat(&j, '{')) return jfail(&j, "it must be a JSON object");
   bool empty = eat(&j, '}');
@@ -349,7 +421,7 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
   ws(&j);
   if (j.p != j.end) return jfail(&j, "something follows the object");
   for (int k = 0; k < n; k++) {
-    const dp_tensor_info *t = &ti[k];
+    const st_entry *t = &ti[k];
     const st_tensor *s = &st[k];
     char want[64] = "[", got[80] = "";
     bool same = s->ndim == t->ndim;
@@ -369,28 +441,38 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
       return DP_FAIL(DP_ERR_SHAPE,
                      "safetensors file '%s': tensor '%s' is [%s]; the model's is %s", path,
                      t->name, got, want);
-    if (strcmp(s->dtype, "F32"))
+    const char *dt = t->i64 ? "I64" : "F32";
+    if (strcmp(s->dtype, dt))
       return DP_FAIL(DP_ERR_INVALID,
-                     "safetensors file '%s': tensor '%s' is %s; libdp takes F32 (save "
+                     "safetensors file '%s': tensor '%s' is %s; libdp takes %s (save "
                      "model.float()'s state_dict)",
-                     path, t->name, s->dtype);
-    if (s->end < s->begin || s->end - s->begin != (uint64_t)t->numel * 4 ||
+                     path, t->name, s->dtype, dt);
+    size_t eb = t->i64 ? 8 : 4;
+    if (s->end < s->begin || s->end - s->begin != (uint64_t)st_bytes(t) ||
         s->end > data_len)
       return DP_FAIL(DP_ERR_PARSE,
                      "safetensors file '%s': tensor '%s' has data_offsets [%llu, %llu] for "
-                     "%zu bytes of data (%zu floats)",
+                     "%zu bytes of data (%zu values)",
                      path, t->name, (unsigned long long)s->begin,
                      (unsigned long long)s->end, data_len, t->numel);
     for (size_t e = 0; e < t->numel; e++) {
-      const unsigned char *q = data + s->begin + 4 * e;
-      uint32_t u = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 |
-                   (uint32_t)q[3] << 24;
-      float v;
-      memcpy(&v, &u, 4);
-      if (!isfinite(v))
-        return DP_FAIL(DP_ERR_NONFINITE, "safetensors file '%s': %s[%zu] is not finite",
-                       path, t->name, e);
-      w[t->offset + e] = v;
+      const unsigned char *q = data + s->begin + eb * e;
+      uint64_t u = 0;
+      for (int x = (int)eb - 1; x >= 0; x--) u = u << 8 | q[x];
+      if (t->i64) { /* num_batches_tracked: libdp counts in 32 bits */
+        if (u > UINT32_MAX)
+          return DP_FAIL(DP_ERR_INVALID,
+                         "safetensors file '%s': %s is %lld; libdp counts up to %u", path,
+                         t->name, (long long)u, UINT32_MAX);
+      } else {
+        float v;
+        uint32_t u32 = (uint32_t)u;
+        memcpy(&v, &u32, 4);
+        if (!isfinite(v))
+          return DP_FAIL(DP_ERR_NONFINITE, "safetensors file '%s': %s[%zu] is not finite",
+                         path, t->name, e);
+      }
+      memcpy(state + t->off + eb * e, q, eb); /* little-endian as it is */
     }
   }
   return DP_OK;
@@ -402,22 +484,40 @@ dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path) {
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_import_safetensors: path is %s",
                                    path ? "empty" : "NULL"));
   const dp_model *m = &c->plan->model;
-  size_t np = m->n_params;
+  size_t np = m->n_params, bytes;
+  st_entry e[ST_MAX_ENTRIES];
+  st_entries(m, e, &bytes);
   /* the largest file this model has: its data and a generous header */
-  size_t cap = 8 + ST_MAX_HEADER + np * 4;
-  unsigned char *buf = NULL;
+  size_t cap = 8 + ST_MAX_HEADER + bytes;
+  unsigned char *buf = NULL, *state = malloc(bytes + 8);
   size_t len = 0;
-  float *w = malloc(np ? np * 4 : 4);
-  dp_status s = w ? DP_OK : DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
-  /* across processes rank 0 reads and decides; the parameters go to every rank */
+  float *w = malloc(dp__param_floats(m) * 4 + 4); /* parameters, then the buffers */
+  dp_status s = w && state ? DP_OK : DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
+  /* across processes rank 0 reads and decides; the state goes to every rank */
   if (!s && dp__ctx_writes_files(c)) {
     s = read_all(path, cap, &buf, &len);
-    if (!s) s = decode(m, path, buf, len, w);
+    if (!s) s = decode(m, path, buf, len, state);
     free(buf);
   }
   s = dp__ctx_root_status(c, s);
-  if (!s) s = dp__ctx_bcast(c, 0, w, np * 4);
-  if (!s) s = dp_set_params(c, w, np);
+  if (!s) s = dp__ctx_bcast(c, 0, state, bytes);
+  if (!s) { /* the state bytes as the PARAMS region's floats (the count: 32 bits) */
+    for (size_t k = 0; k < np; k++) memcpy(&w[k], state + 4 * k, 4);
+    for (int li = 0; li < m->n_layers; li++) {
+      const dp_layer *l = &m->layers[li];
+      if (l->kind != DP_LAYER_BATCHNORM) continue;
+      char want[64];
+      snprintf(want, sizeof want, "%d.running_mean", li);
+      int k = 0;
+      while (strcmp(e[k].name, want)) k++; /* st_entries lists it */
+      float *dst = w + np + l->buf_off;
+      memcpy(dst, state + e[k].off, 8 * (size_t)l->c); /* mean, var */
+      memcpy(&dst[2 * l->c], state + e[k].off + 8 * (size_t)l->c,
+             4); /* the count's low word */
+    }
+    s = dp__ctx_set_state(c, w);
+  }
   free(w);
+  free(state);
   return dp__ctx_fail(c, s);
 }

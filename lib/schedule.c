@@ -314,9 +314,9 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
   /* Allreduce keeps every replica current; it broadcasts only after the
    * parameters were set from outside (the executor skips it otherwise). */
   int n_bcast = classic || !training ? n_act : sp->n_used;
-  for (int d = 1; d < n_bcast; d++)
+  for (int d = 1; d < n_bcast; d++) /* the parameters and the buffers after them */
     emit(&b, copy_op(DP_PHASE_BROADCAST, d, 0, DP_REGION_PARAMS, 0, d, DP_REGION_PARAMS, 0,
-                     P, 0, 0));
+                     dp__param_floats(m) * 4, 0, 0));
   next_stage(&b);
   for (int d = 0; d < n_act; d++) {
     int r0 = sp->dev_row0[d];
@@ -445,6 +445,19 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       upd.dst_offset = p->opt_off[d] * 4;
       emit(&b, upd);
     }
+    /* batchnorm's running statistics: device 0's, from micro-batch 0 (the
+     * replicas get them with the next broadcast) */
+    for (int i = 0; i < m->n_layers; i++)
+      if (m->layers[i].kind == DP_LAYER_BATCHNORM) {
+        const dp_layer *l = &m->layers[i];
+        dp_op bn =
+            device_op(DP_PHASE_OPTIMIZER, DP_OP_BN_UPDATE, 0, dp__bn_buffers(l->c) * 4);
+        bn.layer = (int16_t)i;
+        bn.micro_batch = 0;
+        bn.dst_region = DP_REGION_PARAMS;
+        bn.dst_offset = (m->n_params + l->buf_off) * 4;
+        emit(&b, bn);
+      }
     next_stage(&b);
     if (!classic && p->cfg.shard_optimizer) allgather_params(&b, p, sp->n_used);
   }
@@ -462,9 +475,9 @@ const char *dp_phase_name(dp_phase ph) {
 }
 
 const char *dp_op_kind_name(dp_op_kind k) {
-  static const char *const names[] = {"copy",       "forward",   "backward",  "grad_add",
-                                      "zero",       "loss",      "loss_sum",  "grad_check",
-                                      "optimizer",  "allreduce", "grad_norm", "grad_clip",
-                                      "grad_accum", "grad_stash"};
+  static const char *const names[] = {"copy",       "forward",    "backward",  "grad_add",
+                                      "zero",       "loss",       "loss_sum",  "grad_check",
+                                      "optimizer",  "allreduce",  "grad_norm", "grad_clip",
+                                      "grad_accum", "grad_stash", "bn_update"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

@@ -272,17 +272,20 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     dp_layer_kind k;
   } simple[] = {{"relu", DP_LAYER_RELU},           {"gelu", DP_LAYER_GELU},
                 {"tanh", DP_LAYER_TANH},           {"sigmoid", DP_LAYER_SIGMOID},
-                {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN}};
+                {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN},
+                {"batchnorm", DP_LAYER_BATCHNORM}};
   for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
     if (!tok_is(kw, simple[i].w)) continue;
     dp_status s = no_more(t, nt, 1, w, simple[i].w);
     if (s) return s;
     return at(dp_model_add(*m, simple[i].k), w, kw->col);
   }
-  return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
-                   "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
-                   "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten or loss)",
-                   echo(kw, &e));
+  return SPEC_FAIL(
+      DP_ERR_PARSE, w, kw->col,
+      "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
+      "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten, batchnorm or "
+      "loss)",
+      echo(kw, &e));
 }
 
 dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {

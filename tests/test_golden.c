@@ -9,6 +9,15 @@
  * torch.nn.utils.clip_grad_norm_), within the tolerance below. Only dp.h is
  * used. Paths are relative to the current directory (the repo root).
  *
+ * Batch normalisation cases (bn_*) carry a micro_batch entry: libdp runs them
+ * with config.micro_batch set to it, since per_replica batchnorm normalises
+ * each micro-batch with its own statistics (PyTorch's reference does the
+ * same), so the results are then the same for every device count and mode.
+ * They also hold the running statistics (dp_get_running_stats) after every
+ * step of each training and the eval-mode outputs after the two unclipped
+ * trainings; the running means and variances are compared under the
+ * tolerance below, the counts exactly.
+ *
  * Tolerance, element-wise against a reference tensor `want`:
  *   |got - want| <= 1e-5 * (|want| + 0.1 * max|want|)
  * The second term keeps elements much smaller than the tensor's largest (the
@@ -35,7 +44,7 @@
 /* ---- reader ----------------------------------------------------------------- */
 
 enum { GT_F32 = 0, GT_I32 = 1, GT_TEXT = 2 };
-#define GOLDEN_MAX_ENTRIES 32
+#define GOLDEN_MAX_ENTRIES 64
 #define GOLDEN_MAX_DIMS 4
 
 typedef struct {
@@ -152,6 +161,14 @@ static const golden_entry *golden_get(const golden *g, const char *name, uint32_
   return NULL;
 }
 
+/* The entry, or NULL when the file has none of that name (entries only some
+ * cases carry, such as micro_batch). */
+static const golden_entry *golden_find(const golden *g, const char *name, uint32_t dtype) {
+  for (int i = 0; i < g->n; i++)
+    if (strcmp(g->e[i].name, name) == 0) return golden_get(g, name, dtype);
+  return NULL;
+}
+
 static const float *golden_f32(const golden *g, const char *name, size_t *n) {
   const golden_entry *e = golden_get(g, name, GT_F32);
   if (n) *n = e->count;
@@ -208,11 +225,14 @@ static void check_scalar(const char *case_name, const char *what, float got, flo
 /* cnn_*: the image layers (conv2d with stride, padding, even and 1x1 kernels and
  * no bias; overlapping and gapped max/avg pooling in floor mode; flatten first,
  * in the middle and last; dropout on an image), odd non-square inputs and a
- * short last chunk, under the same tolerance as the MLPs; see
- * tools/golden/README.md. */
+ * short last chunk, under the same tolerance as the MLPs. bn_*: batchnorm,
+ * per_replica, with the file's micro-batch size: 1d in an MLP (bn_mlp), 2d
+ * after a conv (bn_cnn), both in one model with a short last micro-batch
+ * (bn_two). See tools/golden/README.md. */
 static const char *const golden_cases[] = {
     "seed",    "b31n2",   "b3n4",     "mlp_all",           "mlp_mse_b37n3",
-    "cnn_all", "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout"};
+    "cnn_all", "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout",
+    "bn_mlp",  "bn_cnn",  "bn_two"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 
 typedef struct {
@@ -221,6 +241,7 @@ typedef struct {
   dp_plan *plan;
   dp_ctx *ctx;
   int batch, in_width;
+  int micro_batch; /* the file's micro_batch (bn_* cases), else 0 */
   size_t n_params;
   const float *x;
   const void *target;
@@ -250,6 +271,12 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   const float *hp = golden_f32(g, "hparams", &n);
   ck_assert_uint_eq(n, 8);
   r->batch = conf[0];
+  const golden_entry *mbe = golden_find(g, "micro_batch", GT_I32);
+  if (mbe) {
+    ck_assert_uint_eq(mbe->count, 1);
+    r->micro_batch = ((const int32_t *)mbe->data)[0];
+    ck_assert_msg(r->micro_batch > 0, "%s: micro_batch %d", case_name, r->micro_batch);
+  }
 
   CHECK_DP(case_name, dp_model_parse(spec, case_name, &r->model));
   int in = dp_model_input_width(r->model), out = dp_model_output_width(r->model);
@@ -282,6 +309,7 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   cfg.batch = r->batch;
   cfg.n_devices = n_devices > 0 ? n_devices : conf[1];
   cfg.split = (dp_split)conf[2];
+  cfg.micro_batch = r->micro_batch; /* per_replica batchnorm's statistics depend on it */
   cfg.seed = (uint64_t)(uint32_t)conf[3];
   cfg.inference = inference;
   cfg.mode = mode;
@@ -323,6 +351,89 @@ static float *alloc_floats(size_t n) {
   return p;
 }
 
+/* ---- batchnorm running statistics ---------------------------------------------- */
+
+/* Compares every batchnorm's running statistics (dp_get_running_stats) with
+ * row `t` of the file's <prefix>_running_mean / _running_var (f32, (steps,
+ * sum of C), the layers concatenated in order) and <prefix>_num_batches (i32,
+ * (steps, batchnorms)), the records after step t. The layers come from the
+ * file's bn_layers ((layer index after `input`, C) each) and must be the
+ * model's batchnorms; every other layer, and one past the last, must be
+ * refused with DP_ERR_INVALID. A case without batchnorm has no records: then
+ * only the refusals are checked. */
+static void check_running_stats(golden_run *r, const char *prefix, int t,
+                                const char *when) {
+  const golden *g = &r->g;
+  const char *cn = g->case_name;
+  int n_layers = dp_model_n_layers(r->model);
+  const golden_entry *le = golden_find(g, "bn_layers", GT_I32);
+  int n_bn = 0;
+  const int32_t *bl = NULL;
+  if (le) {
+    ck_assert_msg(le->ndim == 2 && le->dims[1] == 2, "%s: bn_layers shape", cn);
+    n_bn = (int)le->dims[0];
+    bl = le->data;
+  }
+  float dummy[1];
+  int64_t dummy_count;
+  for (int i = 0, k = 0; i <= n_layers; i++) {
+    int is_bn = k < n_bn && bl[2 * k] == i;
+    if (i < n_layers)
+      ck_assert_msg((dp_model_layer_kind(r->model, i) == DP_LAYER_BATCHNORM) == is_bn,
+                    "%s: layer %d: the model's kind %d and the file's bn_layers disagree",
+                    cn, i, (int)dp_model_layer_kind(r->model, i));
+    if (is_bn) {
+      k++;
+      continue;
+    }
+    dp_status st = dp_get_running_stats(r->ctx, i, dummy, dummy, &dummy_count);
+    ck_assert_msg(st == DP_ERR_INVALID,
+                  "%s: dp_get_running_stats of layer %d (not a batchnorm) -> %s, expected "
+                  "DP_ERR_INVALID",
+                  cn, i, dp_status_name(st));
+  }
+  if (!n_bn) return;
+
+  char key[64], what[160];
+  size_t n;
+  snprintf(key, sizeof key, "%s_running_mean", prefix);
+  const golden_entry *me = golden_get(g, key, GT_F32);
+  snprintf(key, sizeof key, "%s_running_var", prefix);
+  const golden_entry *ve = golden_get(g, key, GT_F32);
+  snprintf(key, sizeof key, "%s_num_batches", prefix);
+  const golden_entry *ce = golden_get(g, key, GT_I32);
+  size_t total_c = 0;
+  for (int k = 0; k < n_bn; k++) total_c += (size_t)bl[2 * k + 1];
+  ck_assert_msg(me->ndim == 2 && me->dims[0] == GOLDEN_STEPS && me->dims[1] == total_c &&
+                    ve->ndim == 2 && ve->dims[0] == GOLDEN_STEPS &&
+                    ve->dims[1] == total_c && ce->ndim == 2 &&
+                    ce->dims[0] == GOLDEN_STEPS && ce->dims[1] == (uint32_t)n_bn,
+                "%s: %s running statistics records have the wrong shape", cn, prefix);
+  ck_assert_int_lt(t, GOLDEN_STEPS);
+  const float *want_mean = (const float *)me->data + (size_t)t * total_c;
+  const float *want_var = (const float *)ve->data + (size_t)t * total_c;
+  const int32_t *want_count = (const int32_t *)ce->data + (size_t)t * n_bn;
+  n = 0;
+  for (int k = 0; k < n_bn; k++) {
+    int layer = bl[2 * k], c = bl[2 * k + 1];
+    float *mean = alloc_floats((size_t)c), *var = alloc_floats((size_t)c);
+    int64_t count = -1;
+    dp_status st = dp_get_running_stats(r->ctx, layer, mean, var, &count);
+    ck_assert_msg(st == DP_OK, "%s: dp_get_running_stats(layer %d) -> %s: %s", cn, layer,
+                  dp_status_name(st), dp_last_error());
+    snprintf(what, sizeof what, "%s: running_mean of layer %d", when, layer);
+    check_close(cn, what, mean, want_mean + n, (size_t)c);
+    snprintf(what, sizeof what, "%s: running_var of layer %d", when, layer);
+    check_close(cn, what, var, want_var + n, (size_t)c);
+    ck_assert_msg(count == (int64_t)want_count[k],
+                  "%s: %s: num_batches_tracked of layer %d is %lld, PyTorch's %d", cn, when,
+                  layer, (long long)count, (int)want_count[k]);
+    n += (size_t)c;
+    free(mean);
+    free(var);
+  }
+}
+
 /* ---- training: five steps against PyTorch's optimizer ------------------------ */
 
 /* prefix "sgdm" or "adamw": compares step 0's loss and gradients, every step's
@@ -354,11 +465,29 @@ static void check_training(const char *case_name, dp_optimizer opt, const char *
     }
     snprintf(what, sizeof what, "%s loss at step %d", prefix, t);
     check_scalar(case_name, what, loss, want_loss[t]);
+    snprintf(what, sizeof what, "%s after step %d", prefix, t);
+    check_running_stats(&r, prefix, t, what);
   }
   ck_assert_uint_eq(dp_ctx_step(r.ctx), GOLDEN_STEPS);
   CHECK_DP(case_name, dp_get_params(r.ctx, buf, r.n_params));
   snprintf(what, sizeof what, "%s params after %d steps", prefix, GOLDEN_STEPS);
   check_close(case_name, what, buf, want_params, r.n_params);
+  /* Eval mode after training (batchnorm: the running statistics). */
+  snprintf(key, sizeof key, "%s_eval_out5", prefix);
+  const golden_entry *ee = golden_find(&r.g, key, GT_F32);
+  if (ee) {
+    ck_assert_uint_eq(ee->count, (size_t)r.batch * (size_t)dp_model_output_width(r.model));
+    float *y = alloc_floats(ee->count);
+    CHECK_DP(case_name, dp_forward(r.ctx, r.batch, r.in_width, r.x, y));
+    snprintf(what, sizeof what, "%s: dp_forward after %d steps (%s)", prefix, GOLDEN_STEPS,
+             key);
+    check_close(case_name, what, y, ee->data, ee->count);
+    free(y);
+    /* dp_forward is eval mode: it leaves the running statistics alone. */
+    snprintf(what, sizeof what, "%s after step %d and dp_forward", prefix,
+             GOLDEN_STEPS - 1);
+    check_running_stats(&r, prefix, GOLDEN_STEPS - 1, what);
+  }
   free(buf);
   run_close(&r);
 }
@@ -442,6 +571,10 @@ START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
       snprintf(what, sizeof what, "%s loss with %d device(s) vs PyTorch", layouts[li].name,
                nd);
       check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
+      /* The running statistics after step 0 come from params0's forward: the
+       * same for both optimizers, so SGD-momentum's record serves. */
+      snprintf(what, sizeof what, "%s on %d device(s) after step 0", layouts[li].name, nd);
+      check_running_stats(&r, "sgdm", 0, what);
       if (!ref) {
         ref = g;
         n_params = r.n_params;
@@ -499,6 +632,9 @@ static void check_clipped_training(const char *case_name, dp_optimizer opt,
                layouts[li].name, n_devices);
       check_close(case_name, what, buf, want_grads, r.n_params);
     }
+    snprintf(what, sizeof what, "%s %s on %d device(s) after step %d", prefix,
+             layouts[li].name, n_devices, t);
+    check_running_stats(&r, prefix, t, what);
   }
   ck_assert_uint_eq(dp_ctx_step(r.ctx), GOLDEN_STEPS);
   CHECK_DP(case_name, dp_get_params(r.ctx, buf, r.n_params));

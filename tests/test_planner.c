@@ -103,7 +103,10 @@ static dp_model *random_image_model(int max_layers, int with_loss) {
       }
       break;
     case 3:
-      ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_RELU : DP_LAYER_TANH), DP_OK);
+      ck_assert_int_eq(dp_model_add(m, rnd(3) == 0 ? DP_LAYER_BATCHNORM
+                                       : rnd(2)    ? DP_LAYER_RELU
+                                                   : DP_LAYER_TANH),
+                       DP_OK);
       break;
     case 4: ck_assert_int_eq(dp_model_add_dropout(m, 0.25f), DP_OK); break;
     default:
@@ -489,7 +492,8 @@ static void check_regions(const dp_plan *p) {
     REQ_GE(dp_plan_device_bytes(p, d), end);
     REQ_EQ(dp_plan_device_bytes(p, d), align_up(end, A));
 #define SZ(r) dp_plan_region(p, d, r).size
-    REQ_EQ(SZ(DP_REGION_PARAMS), P);
+    REQ_EQ(SZ(DP_REGION_PARAMS),
+           P + p->model.n_buffers * 4); /* batchnorm's buffers after */
     REQ_EQ(SZ(DP_REGION_INPUTS), rows * in * 4);
     REQ_EQ(SZ(DP_REGION_OUTPUTS), rows * out * 4);
     REQ_EQ(SZ(DP_REGION_GRADS), train ? P : 0);
@@ -537,10 +541,16 @@ static void check_act_layout(const dp_plan *p, int d) {
       int present;
       size_t size;
       const char *what;
-    } b[3] = {
-        {a->act[i], i < L - 1, (size_t)a->rows * l->out * 4, "act"},
-        {a->stats[i], l->kind == DP_LAYER_LAYERNORM, (size_t)a->rows * 2 * 4, "stats"},
-        {a->dact[i], train && i < L - 1, (size_t)a->mb_rows * l->out * 4, "dact"}};
+    } b[3] = {{a->act[i], i < L - 1, (size_t)a->rows * l->out * 4, "act"},
+              /* layernorm: mean and rstd per row; batchnorm (training): mean, rstd and the
+                 unbiased variance per channel, per micro-batch of the device */
+              {a->stats[i],
+               l->kind == DP_LAYER_LAYERNORM || (l->kind == DP_LAYER_BATCHNORM && train),
+               l->kind == DP_LAYER_LAYERNORM
+                   ? (size_t)a->rows * 2 * 4
+                   : (size_t)dp_plan_device_micro_batches(p, d) * 3 * (size_t)l->c * 4,
+               "stats"},
+              {a->dact[i], train && i < L - 1, (size_t)a->mb_rows * l->out * 4, "dact"}};
     for (int j = 0; j < 3; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
@@ -860,13 +870,20 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
     case DP_OP_OPTIMIZER:
       REQ_EQ(op->device, 0);
       REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
-      REQ_EQ(i, v->n_ops - 1);
+      /* the last op, but for batchnorm's running-statistics updates after it */
+      for (int j = i + 1; j < v->n_ops; j++) REQ_EQ(v->ops[j].kind, DP_OP_BN_UPDATE);
       /* device 0 now holds the sum over every micro-batch */
       if (P) {
         REQ_EQ(grads[0][0].lo, 0);
         REQ_EQ(grads[0][0].hi, nmb);
       }
       n_opt++;
+      break;
+    case DP_OP_BN_UPDATE: /* batchnorm: device 0's buffers, in the optimizer stage */
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
+      REQ(p->model.layers[op->layer].kind == DP_LAYER_BATCHNORM,
+          "op %d: bn_update of layer %d", i, op->layer);
       break;
     case DP_OP_GRAD_ACCUM: /* accumulate: device 0's whole gradient, classic */
     case DP_OP_GRAD_STASH:
@@ -967,6 +984,7 @@ START_TEST(random_image_plans_keep_every_invariant) {
   for (int it = 0; it < 300; it++) {
     dp_model *m = random_image_model(9, 1);
     dp_config c = random_config(24, 6);
+    c.backend = DP_BACKEND_CPU; /* batchnorm is the cpu backend's so far */
     if (rnd(3) == 0) c.micro_batch = 1 + (int)rnd(4);
     dp_plan *p = plan_of(m, &c);
     check_plan(p);

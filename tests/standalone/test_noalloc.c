@@ -332,11 +332,12 @@ static const char MLP_SPEC[] = "input 12\n"
                                "linear 5 nobias\n"
                                "loss softmax_cross_entropy\n";
 /* the image layers, the same 12 floats per row read as 1 x 3 x 4 */
-static const char CNN_SPEC[] = "input 1 3 4\n"
-                               "conv2d 4 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
-                               "dropout 0.2\nconv2d 3 2\navgpool2d 1\nflatten\n"
-                               "linear 5\n"
-                               "loss softmax_cross_entropy\n";
+static const char CNN_SPEC[] =
+    "input 1 3 4\n"
+    "conv2d 4 2 padding 1\nbatchnorm\nrelu\nmaxpool2d 2 stride 1\n"
+    "dropout 0.2\nconv2d 3 2\navgpool2d 1\nflatten\n"
+    "linear 5\n"
+    "loss softmax_cross_entropy\n";
 enum { IN = 12, OUT = 5, BATCH = 32, SMALL = 19, STEPS = 100 };
 
 static int failures;

@@ -26,6 +26,13 @@ runner-up by more than twice the C test's tolerance (ties are allowed only
 where they cannot matter: between zeros that a ReLU made), so that which
 element a window picks cannot depend on rounding.
 
+batchnorm (libdp's per_replica mode) cases name a micro-batch size: the batch
+is run micro-batch by micro-batch in train mode, each normalised with its own
+statistics, micro-batch 0 through the module (its running-statistics update is
+the one kept, as nn.DataParallel keeps device 0's replica), the others without
+running statistics; the loss is the whole batch's. These files also hold the
+running statistics after every step and eval outputs after training.
+
 The bytes depend on which kernels PyTorch's CPU build picks, so the script
 pins them (unless already set in the environment): OpenBLAS's Sandybridge
 kernels on one thread, ATen's AVX2 kernels, and no oneDNN (convolutions take
@@ -105,12 +112,13 @@ def _mix_np(z):
     return z ^ (z >> np.uint64(31))
 
 
-def dropout_uniform(seed, step, layer, rows, width):
-    """u[i][j] = uniform(seed, 2, (step << 16) | layer, i, j) for a (rows, width) block."""
+def dropout_uniform(seed, step, layer, rows, width, row0=0):
+    """u[i][j] = uniform(seed, 2, (step << 16) | layer, i, j) for a (rows, width) block,
+    i = row0 .. row0 + rows - 1 (the row in the whole batch)."""
     a = ((step << 16) | layer) & M64
     prefix = mix(mix(mix(seed & M64) ^ DP_RNG_DROPOUT) ^ a)  # python int
     with np.errstate(over="ignore"):
-        i = np.arange(rows, dtype=np.uint64)[:, None]
+        i = np.arange(row0, row0 + rows, dtype=np.uint64)[:, None]
         j = np.arange(width, dtype=np.uint64)[None, :]
         z = _mix_np(_mix_np(np.uint64(prefix) ^ i) ^ j)
     return ((z >> np.uint64(40)).astype(np.float64) * 2.0**-24).astype(np.float32)
@@ -171,7 +179,9 @@ def parse_spec(text):
             else:  # (k, stride); stride defaults to k
                 layers.append((t[0], (v[0], opt["stride"] or v[0])))
         else:
-            assert t[0] in ("relu", "gelu", "tanh", "sigmoid", "layernorm", "flatten"), t[0]
+            assert t[0] in ("relu", "gelu", "tanh", "sigmoid", "layernorm", "flatten",
+                            "batchnorm"), t[0]
+            assert len(t) == 1, raw
             layers.append((t[0], None))
     return in_shape, layers, loss
 
@@ -186,6 +196,13 @@ def window_out(n, k, stride, pad):
 class Net(nn.Module):
     """The spec's layers in order; dropout is applied by hand with libdp's masks.
 
+    batchnorm is nn.BatchNorm1d(C) on a flat activation (C = its width) and
+    nn.BatchNorm2d(C) on an image (C = channels), eps 1e-5, momentum 0.1,
+    affine. forward() takes the mode explicitly: eval (running statistics),
+    train updating the running statistics (the module itself, micro-batch 0),
+    or train leaving them alone (F.batch_norm without running statistics: the
+    other micro-batches, whose replicas' buffers nn.DataParallel discards).
+
     The input rows are (C*H*W) floats for an image input, reshaped here to
     (B, C, H, W) (NCHW, libdp's layout); the output is flattened per row.
     With `record` set to a list, every max-pooling layer appends
@@ -197,6 +214,7 @@ class Net(nn.Module):
         self.in_shape = in_shape
         self.record = None
         self.kinds = []
+        self.bn_spatial = {}
         mods = []
         shape = in_shape
         for kind, arg in layers:
@@ -216,6 +234,15 @@ class Net(nn.Module):
                     ln.weight.add_(0.1 * torch.randn(w))
                     ln.bias.add_(0.1 * torch.randn(w))
                 mods.append(ln)
+            elif kind == "batchnorm":
+                c = shape[0]  # features (flat) or channels (image)
+                bn = (nn.BatchNorm1d if len(shape) == 1 else nn.BatchNorm2d)(
+                    c, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True)
+                with torch.no_grad():  # as LayerNorm's: so they matter
+                    bn.weight.add_(0.1 * torch.randn(c))
+                    bn.bias.add_(0.1 * torch.randn(c))
+                mods.append(bn)
+                self.bn_spatial[len(mods) - 1] = int(np.prod(shape[1:]))  # H*W (1 if flat)
             elif kind == "conv2d":
                 out, k, stride, pad, bias = arg
                 mods.append(nn.Conv2d(shape[0], out, k, stride=stride, padding=pad, bias=bias))
@@ -245,15 +272,33 @@ class Net(nn.Module):
         self.layers = nn.ModuleList(mods)
         self.out_w = int(np.prod(shape))
 
-    def forward(self, x, step, training):
+    def reset_buffers(self):
+        """The batchnorm buffers as a new module has them (PyTorch's and libdp's start)."""
+        for mod in self.layers:
+            if isinstance(mod, nn.modules.batchnorm._BatchNorm):
+                mod.reset_running_stats()
+
+    def forward(self, x, step, training, row0=0, update_stats=True):
+        """x: rows row0.. of the batch (a micro-batch; row0 keys dropout).
+        training with update_stats: batchnorm updates its running statistics."""
         B = x.shape[0]
         x = x.reshape((B,) + tuple(self.in_shape))
         for idx, ((kind, arg), mod) in enumerate(zip(self.kinds, self.layers)):
-            if kind == "dropout":
+            if kind == "batchnorm":
+                if not training:
+                    mod.eval()
+                    x = mod(x)
+                elif update_stats:
+                    mod.train()
+                    x = mod(x)
+                else:
+                    x = nn.functional.batch_norm(x, None, None, mod.weight, mod.bias,
+                                                 True, 0.0, mod.eps)
+            elif kind == "dropout":
                 if training:
                     p = np.float32(arg)  # libdp keeps p as a float
                     # j: the element in the row as libdp stores it (NCHW for an image)
-                    u = dropout_uniform(self.seed, step, idx, B, x[0].numel())
+                    u = dropout_uniform(self.seed, step, idx, B, x[0].numel(), row0)
                     mask = torch.from_numpy((u >= p).astype(np.float32)).to(x.dtype)
                     x = x * mask.reshape(x.shape) / (1.0 - float(p))
             else:
@@ -296,11 +341,22 @@ def flat(tensors):
     return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
-def run_case(spec, B, dtype, torch_seed, max_norm=None):
+def bn_stats(net):
+    """(running_mean, running_var) of every batchnorm layer concatenated in layer
+    order, and the num_batches_tracked counts."""
+    bns = [m for m in net.layers if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    return (torch.cat([m.running_mean.detach().clone() for m in bns]),
+            torch.cat([m.running_var.detach().clone() for m in bns]),
+            torch.stack([m.num_batches_tracked.detach().clone() for m in bns]))
+
+
+def run_case(spec, B, dtype, torch_seed, max_norm=None, micro_batch=None):
     """Everything the golden file holds, computed in `dtype`.
 
     max_norm: clip_grad_norm_'s max_norm for the clipping records; None
-    derives it from this run's first gradient (the float32 run does)."""
+    derives it from this run's first gradient (the float32 run does).
+    micro_batch: rows per micro-batch (libdp's config.micro_batch; batchnorm's
+    per_replica statistics depend on it); None: the whole batch at once."""
     in_shape, layers, loss_kind = parse_spec(spec)
     in_w = int(np.prod(in_shape))  # a row: C*H*W floats for an image (NCHW)
     torch.manual_seed(torch_seed)
@@ -310,7 +366,7 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
         target = torch.randn(B, net.out_w)
     else:
         target = torch.randint(0, net.out_w, (B,), dtype=torch.int64)
-    params0 = flat(net.state_dict().values()).clone()
+    params0 = flat(net.parameters()).clone()  # state_dict order, buffers left out
     net = net.to(dtype)
     x = x.to(dtype)
     if loss_kind == "mse":
@@ -321,26 +377,59 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
     r["x"], r["target"], r["params0"] = x, target, params0
 
     def set_params(flat_p):
+        """Parameters from flat_p, batchnorm buffers as new (a fresh libdp context)."""
         off = 0
         with torch.no_grad():
             for p in net.parameters():
                 n = p.numel()
                 p.copy_(flat_p[off : off + n].reshape(p.shape).to(dtype))
                 off += n
+        net.reset_buffers()
 
-    # state_dict order equals parameters() order here (no buffers).
-    assert [k for k, _ in net.named_parameters()] == list(net.state_dict().keys())
+    # parameters() order is state_dict order with the buffers left out.
+    buffers = set(k for k, _ in net.named_buffers())
+    assert ([k for k, _ in net.named_parameters()]
+            == [k for k in net.state_dict().keys() if k not in buffers])
+    has_bn = bool(buffers)
+    assert has_bn == (micro_batch is not None), "batchnorm cases (only) set micro_batch"
+    mb = micro_batch or B
+    if has_bn:
+        r["micro_batch"] = mb
+        # (layer index after `input`, C) per batchnorm, in layer order
+        r["bn_layers"] = [(i, m.num_features) for i, m in enumerate(net.layers)
+                          if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        rows = [min(mb, B - r0) for r0 in range(0, B, mb)]
+        for i, c in r["bn_layers"]:
+            # PyTorch refuses (and libdp refuses) one value per channel.
+            per = net.bn_spatial[i]
+            assert min(rows) * per > 1, "a micro-batch has one value per channel"
+
+    def train_forward(t):
+        """Step t's training-mode forward over the micro-batches (per_replica):
+        each normalised with its own statistics; only micro-batch 0's update the
+        running statistics. The outputs are concatenated, so the mean loss over
+        them is the sum of the micro-batches' loss sums over B."""
+        outs = [net(x[r0 : r0 + mb], t, True, row0=r0, update_stats=(r0 == 0))
+                for r0 in range(0, B, mb)]
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
 
     # Step 0: training-mode forward, loss, gradients.
     set_params(params0)
     net.zero_grad()
-    out = net(x, 0, True)
+    out = train_forward(0)
     loss = crit(out, target)
     loss.backward()
     r["out"], r["loss"] = out.detach(), loss.detach().reshape(1)
     r["grads"] = flat(p.grad for p in net.parameters())
+    net.reset_buffers()  # eval_out: params0 with a new context's buffers
     with torch.no_grad():
         r["eval_out"] = net(x, 0, False)
+
+    def record_stats(name, stats):
+        if has_bn:
+            r[name + "_running_mean"] = torch.stack([s[0] for s in stats])
+            r[name + "_running_var"] = torch.stack([s[1] for s in stats])
+            r[name + "_num_batches"] = torch.stack([s[2] for s in stats])
 
     def make_sgd(ps):
         return torch.optim.SGD(ps, lr=HP["sgd_lr"], momentum=HP["sgd_momentum"],
@@ -354,15 +443,21 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
     for name, make_opt in (("sgdm", make_sgd), ("adamw", make_adamw)):
         set_params(params0)
         opt = make_opt(list(net.parameters()))
-        losses = []
+        losses, stats = [], []
         for t in range(N_STEPS):
             opt.zero_grad()
-            l = crit(net(x, t, True), target)  # step t = optimizer steps done so far
+            l = crit(train_forward(t), target)  # step t = optimizer steps done so far
             l.backward()
             opt.step()
             losses.append(l.detach())
+            if has_bn:
+                stats.append(bn_stats(net))
         r[name + "_params5"] = flat(net.parameters())
         r[name + "_loss"] = torch.stack(losses)
+        record_stats(name, stats)
+        if has_bn:  # eval mode after training: the running statistics
+            with torch.no_grad():
+                r[name + "_eval_out5"] = net(x, N_STEPS, False)
 
     # Gradient clipping by global norm (libdp's config.clip_grad_norm):
     # clip_grad_norm_ between backward() and every optimizer.step(). max_norm
@@ -378,17 +473,20 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None):
     ):
         set_params(params0)
         opt = make_opt(list(net.parameters()))
-        norms = []
+        norms, stats = [], []
         for t in range(N_STEPS):
             opt.zero_grad()
-            l = crit(net(x, t, True), target)
+            l = crit(train_forward(t), target)
             l.backward()
             norms.append(nn.utils.clip_grad_norm_(net.parameters(), max_norm).detach())
             if t == 0 and name == "sgd_clip":
                 r["clip_grads1"] = flat(p.grad for p in net.parameters())
             opt.step()
+            if has_bn:
+                stats.append(bn_stats(net))
         r[name + "_params"] = flat(net.parameters())
         r[name + "_norms"] = torch.stack(norms)
+        record_stats(name, stats)
     r["clip_norms"] = r.pop("sgd_clip_norms")
     if net.record is not None:
         r["pool"] = check_pool_windows(net.record)  # over every forward above
@@ -443,6 +541,40 @@ CASES = [
                      "flatten",                         # 18
                      "linear 3",
                      "loss softmax_cross_entropy"], 11, 4, 21),
+    # Batch normalisation, per_replica: the sixth field is the micro-batch
+    # size (config.micro_batch), which the statistics depend on; with it fixed
+    # libdp's results are the same for every device count and mode. The layer
+    # before each batchnorm has no bias: batchnorm cancels it, so its gradient
+    # is zero up to rounding, which AdamW's g / sqrt(v) would blow up into
+    # +-lr steps of a rounding-dependent sign (seen: 5000x the tolerance in
+    # adamw_params5 against the float64 rerun, through the running mean and
+    # eval outputs too).
+    ("bn_mlp", ["input 10",
+                "linear 12 nobias",
+                "batchnorm",                            # BatchNorm1d(12), 4 rows each
+                "relu",
+                "linear 4",
+                "loss softmax_cross_entropy"], 16, 2, 47, 4),
+    ("bn_cnn", ["input 2 6 6",
+                "conv2d 3 3 padding 1 nobias",          # 3x6x6
+                "batchnorm",                            # BatchNorm2d(3), 3*6*6 values each
+                "relu",
+                "maxpool2d 2",                          # 3x3x3
+                "flatten",                              # 27
+                "linear 3",
+                "loss mse"], 12, 4, 55, 3),
+    # Two batchnorms (2d then 1d: layers 1 and 5) and a short last micro-batch
+    # (14 rows in micro-batches of 5: 5+5+4).
+    ("bn_two", ["input 2 4 4",
+                "conv2d 2 3 nobias",                    # 2x2x2
+                "batchnorm",                            # BatchNorm2d(2), 5*2*2 values each
+                "tanh",
+                "flatten",                              # 8
+                "linear 5 nobias",
+                "batchnorm",                            # BatchNorm1d(5), 5 rows (4 in the last)
+                "tanh",
+                "linear 2",
+                "loss mse"], 14, 3, 107, 5),
 ]
 COMPARED = ["out", "loss", "grads", "eval_out", "sgdm_params5", "sgdm_loss",
             "adamw_params5", "adamw_loss"]
@@ -453,6 +585,12 @@ CLIP_COMPARED = ["clip_norms", "clip_grads1", "sgd_clip_params", "adamw_clip_par
 # Every step's norm must exceed max_norm by this factor (float32 and float64
 # runs), so that whether a step clips cannot depend on rounding.
 CLIP_MARGIN = 1.01
+# Batchnorm cases only, after the clipping records: running statistics after
+# every step of each of the four trainings, and eval-mode outputs after the
+# two unclipped ones.
+BN_TRAININGS = ["sgdm", "adamw", "sgd_clip", "adamw_clip"]
+BN_COMPARED = ([t + s for t in BN_TRAININGS for s in ("_running_mean", "_running_var")]
+               + ["sgdm_eval_out5", "adamw_eval_out5"])
 
 
 def tol_ratio(got, want):
@@ -495,13 +633,20 @@ def main():
           % (rng_u64(1, 2, 3, 4, 5), rng_uniform(1234, 2, (3 << 16) | 3, 7, 11)))
     os.makedirs(args.out_dir, exist_ok=True)
     ok = True
-    for name, lines, B, N, tseed in CASES:
+    for name, lines, B, N, tseed, *rest in CASES:
         spec = "\n".join(lines) + "\n"
-        r = run_case(spec, B, torch.float32, tseed)
-        r64 = run_case(spec, B, torch.float64, tseed, r["clip_max_norm"].item())
-        worst = max((tol_ratio(r[k], r64[k]), k) for k in COMPARED + CLIP_COMPARED)
+        mb = rest[0] if rest else None
+        r = run_case(spec, B, torch.float32, tseed, micro_batch=mb)
+        r64 = run_case(spec, B, torch.float64, tseed, r["clip_max_norm"].item(), mb)
+        bn_keys = BN_COMPARED if mb is not None else []
+        worst = max((tol_ratio(r[k], r64[k]), k) for k in COMPARED + CLIP_COMPARED + bn_keys)
         if worst[0] > MARGIN:
             ok = False
+        for t in BN_TRAININGS if mb is not None else []:
+            if not torch.equal(r[t + "_num_batches"], r64[t + "_num_batches"]):
+                print("error: %s: %s_num_batches differ between float32 and float64"
+                      % (name, t), file=sys.stderr)
+                ok = False
         max_norm = r["clip_max_norm"].item()
         clip_ratio = min(rr[k].min().item() / max_norm for rr in (r, r64)
                          for k in ("clip_norms", "adamw_clip_norms"))
@@ -535,10 +680,22 @@ def main():
         ents.append(entry("clip_max_norm", DT_F32, r["clip_max_norm"].numpy()))
         for k in CLIP_COMPARED:
             ents.append(entry(k, DT_F32, r[k].numpy()))
+        if mb is not None:
+            ents.append(entry("micro_batch", DT_I32, [r["micro_batch"]]))
+            ents.append(entry("bn_layers", DT_I32, r["bn_layers"]))
+            for t in BN_TRAININGS:
+                ents.append(entry(t + "_running_mean", DT_F32, r[t + "_running_mean"].numpy()))
+                ents.append(entry(t + "_running_var", DT_F32, r[t + "_running_var"].numpy()))
+                ents.append(entry(t + "_num_batches", DT_I32,
+                                  r[t + "_num_batches"].numpy().astype(np.int32)))
+            for t in ("sgdm", "adamw"):
+                ents.append(entry(t + "_eval_out5", DT_F32, r[t + "_eval_out5"].numpy()))
         blob = MAGIC + struct.pack("<II", VERSION, len(ents)) + b"".join(ents)
         path = os.path.join(args.out_dir, name + ".bin")
         with open(path, "wb") as f:
             f.write(blob)
+        if mb is not None:
+            pool_note += "  micro_batch=%d" % mb
         print("%-17s B=%-3d N=%d params=%-5d loss=%.6f  max_norm=%.6g (norms >= %.2f x)  "
               "f32-vs-f64 worst %.3f of tol (%s)%s  %s"
               % (name, B, N, r["params0"].numel(), r["loss"].item(), max_norm, clip_ratio,

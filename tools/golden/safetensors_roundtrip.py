@@ -61,6 +61,9 @@ SPECS = [
     ("cnn",
      "input 2 7 6\nconv2d 3 3 stride 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
      "conv2d 4 2 nobias\ntanh\navgpool2d 1\nflatten\nlinear 5\nloss softmax_cross_entropy\n"),
+    ("batchnorm",  # running statistics and num_batches_tracked (I64) both ways
+     "input 2 5 5\nconv2d 3 3 padding 1\nbatchnorm\nrelu\nflatten\nlinear 6\nbatchnorm\n"
+     "tanh\nlinear 3\nloss mse\n"),
 ]
 ROWS = 24
 STEPS = 5
@@ -254,6 +257,16 @@ def sequential(spec):
                 mods.append((nn.MaxPool2d if w[0] == "maxpool2d" else nn.AvgPool2d)(k, st))
             img = (c, window(h, k, st, pd), window(ww, k, st, pd))
             width = img[0] * img[1] * img[2]
+        elif w[0] == "batchnorm":
+            bn = nn.BatchNorm2d(img[0]) if img else nn.BatchNorm1d(width)
+            n = img[0] if img else width
+            with torch.no_grad():  # not the defaults, so that they matter
+                bn.weight.add_(0.1 * torch.randn(n))
+                bn.bias.add_(0.1 * torch.randn(n))
+                bn.running_mean.add_(0.1 * torch.randn(n))
+                bn.running_var.add_(0.2 * torch.rand(n))
+                bn.num_batches_tracked.fill_(3)
+            mods.append(bn)
         elif w[0] == "flatten":
             mods.append(nn.Flatten())
             img = None
@@ -385,8 +398,9 @@ def check_spec(name, spec, exe, tmp, seed):
         ok = False
         results.append("  b. training changed no parameter: FAIL")
 
-    # c. torch trains the same steps (no dropout: its masks are not libdp's)
-    if "dropout" not in spec:
+    # c. torch trains the same steps (no dropout: its masks are not libdp's; no
+    # batchnorm: libdp normalises each device's micro-batch on its own, torch the batch)
+    if "dropout" not in spec and "batchnorm" not in spec:
         model.train()
         model.load_state_dict(init)
         opt = torch.optim.SGD(model.parameters(), lr=LR)

@@ -1,0 +1,255 @@
+/* Batch normalisation (per_replica): the shapes and buffers it plans, the same
+ * bits (parameters and running statistics) across device counts and modes,
+ * running statistics that a refused step leaves alone, checkpoints that carry
+ * them, the refusals (one value per channel, sync, accumulation), and eval
+ * forwards that use them. PyTorch's numbers: the golden suite. */
+#include "dp.h"
+#include "helpers.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* 1d after a linear and 2d after a conv, 12 floats per row (1 x 3 x 4) */
+static const char *SPEC = "input 1 3 4\nconv2d 3 2 padding 1\nbatchnorm\nrelu\n"
+                          "maxpool2d 2 stride 1\nflatten\nlinear 8\nbatchnorm\ntanh\n"
+                          "linear 5\nloss softmax_cross_entropy\n";
+enum { B = 32, IN = 12, CLASSES = 5, MB = 4, BN1 = 1, BN2 = 6 };
+
+static void make_batch(float *x, int32_t *y, int step) {
+  uint64_t s = 0x9e3779b97f4a7c15ull * (uint64_t)(step + 1);
+  for (int i = 0; i < B * IN; i++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = (float)((s >> 40) & 0xffff) / 16384.0f - 2.0f;
+  }
+  for (int r = 0; r < B; r++) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    y[r] = (int32_t)((s >> 33) % CLASSES);
+  }
+}
+
+/* The parameters' hash folded with both layers' running statistics and counts. */
+static uint64_t state_hash(dp_ctx *c) {
+  uint64_t h = dp_params_hash(c);
+  int layers[2] = {BN1, BN2}, widths[2] = {3, 8};
+  for (int i = 0; i < 2; i++) {
+    float mv[16];
+    int64_t n = -1;
+    ck_assert_int_eq(dp_get_running_stats(c, layers[i], mv, mv + widths[i], &n), DP_OK);
+    h ^= dp_hash_bytes(mv, 2 * (size_t)widths[i] * 4) * (uint64_t)(i + 3);
+    h ^= (uint64_t)n << (8 * i);
+  }
+  return h;
+}
+
+static dp_config cfg_of(int devices, dp_mode mode, int shard) {
+  dp_config c = config_of(B, devices, DP_OPT_ADAMW);
+  c.mode = mode;
+  c.shard_optimizer = shard;
+  c.micro_batch = MB;
+  c.lr = 0.01f;
+  c.seed = 3;
+  return c;
+}
+
+static uint64_t train(dp_config c, int steps) {
+  rig r;
+  rig_open(&r, SPEC, &c);
+  float x[B * IN];
+  int32_t y[B];
+  for (int s = 0; s < steps; s++) {
+    make_batch(x, y, s);
+    int rows = s % 3 == 2 ? B - MB - 2 : B; /* a short batch too (micro-batches of 2) */
+    ck_assert_msg(dp_train_step(r.c, rows, IN, x, y, NULL) == DP_OK, "%s",
+                  dp_ctx_error(r.c));
+  }
+  uint64_t h = state_hash(r.c);
+  rig_close(&r);
+  return h;
+}
+
+START_TEST(same_bits_and_running_stats_across_devices_and_modes) {
+  uint64_t ref = train(cfg_of(1, DP_MODE_CLASSIC, 0), 12);
+  static const struct {
+    int n;
+    dp_mode mode;
+    int shard;
+  } setups[] = {{2, DP_MODE_CLASSIC, 0},   {4, DP_MODE_CLASSIC, 0},
+                {8, DP_MODE_CLASSIC, 0},   {1, DP_MODE_ALLREDUCE, 0},
+                {2, DP_MODE_ALLREDUCE, 0}, {4, DP_MODE_ALLREDUCE, 1},
+                {8, DP_MODE_ALLREDUCE, 1}};
+  for (size_t i = 0; i < sizeof setups / sizeof *setups; i++) {
+    uint64_t h = train(cfg_of(setups[i].n, setups[i].mode, setups[i].shard), 12);
+    ck_assert_msg(h == ref, "%d devices, mode %d, shard %d: %016llx vs %016llx",
+                  setups[i].n, setups[i].mode, setups[i].shard, (unsigned long long)h,
+                  (unsigned long long)ref);
+  }
+  /* and the statistics are those of the micro-batches: another size, other bits */
+  dp_config other = cfg_of(1, DP_MODE_CLASSIC, 0);
+  other.micro_batch = 2 * MB;
+  ck_assert_uint_ne(train(other, 12), ref);
+}
+END_TEST
+
+START_TEST(running_stats_start_at_pytorch_defaults_and_count_steps) {
+  dp_config c = cfg_of(2, DP_MODE_CLASSIC, 0);
+  rig r;
+  rig_open(&r, SPEC, &c);
+  float mv[16];
+  int64_t n = -1;
+  ck_assert_int_eq(dp_get_running_stats(r.c, BN2, mv, mv + 8, &n), DP_OK);
+  for (int k = 0; k < 8; k++) {
+    ck_assert_float_eq(mv[k], 0.0f);
+    ck_assert_float_eq(mv[8 + k], 1.0f);
+  }
+  ck_assert_int_eq(n, 0);
+  float x[B * IN];
+  int32_t y[B];
+  make_batch(x, y, 0);
+  ck_assert_int_eq(dp_train_step(r.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_get_running_stats(r.c, BN2, mv, mv + 8, &n), DP_OK);
+  ck_assert_int_eq(n, 1);
+  int moved = 0;
+  for (int k = 0; k < 8; k++) moved += mv[k] != 0.0f && mv[8 + k] != 1.0f;
+  ck_assert_int_gt(moved, 0);
+  /* not a batchnorm; out of range */
+  ck_assert_int_eq(dp_get_running_stats(r.c, 0, mv, mv, &n), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_get_running_stats(r.c, 99, NULL, NULL, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_get_running_stats(NULL, BN2, NULL, NULL, NULL), DP_ERR_INVALID);
+  rig_close(&r);
+}
+END_TEST
+
+/* A refused step (a NaN input) moves neither parameters nor running statistics;
+ * the retry equals an undisturbed run. */
+START_TEST(refused_step_leaves_running_stats_alone) {
+  dp_config c = cfg_of(2, DP_MODE_ALLREDUCE, 0);
+  rig r, u;
+  rig_open(&r, SPEC, &c);
+  rig_open(&u, SPEC, &c);
+  float x[B * IN];
+  int32_t y[B];
+  make_batch(x, y, 0);
+  ck_assert_int_eq(dp_train_step(r.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_train_step(u.c, B, IN, x, y, NULL), DP_OK);
+  uint64_t before = state_hash(r.c);
+  make_batch(x, y, 1);
+  float keep = x[5];
+  x[5] = NAN;
+  ck_assert_int_eq(dp_train_step(r.c, B, IN, x, y, NULL), DP_ERR_NONFINITE);
+  ck_assert_uint_eq(state_hash(r.c), before);
+  x[5] = keep;
+  ck_assert_int_eq(dp_train_step(r.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_train_step(u.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_uint_eq(state_hash(r.c), state_hash(u.c));
+  rig_close(&r);
+  rig_close(&u);
+}
+END_TEST
+
+/* Saved on 4 devices, loaded on 1: the running statistics come along, and the
+ * next steps and an eval forward are the straight run's. */
+START_TEST(checkpoints_carry_running_stats) {
+  char path[] = "/tmp/dp_bn_XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  close(fd);
+  dp_config c4 = cfg_of(4, DP_MODE_CLASSIC, 0), c1 = cfg_of(1, DP_MODE_ALLREDUCE, 0);
+  rig a, b;
+  rig_open(&a, SPEC, &c4);
+  rig_open(&b, SPEC, &c1);
+  float x[B * IN], ya[B * CLASSES], yb[B * CLASSES];
+  int32_t y[B];
+  for (int s = 0; s < 3; s++) {
+    make_batch(x, y, s);
+    ck_assert_int_eq(dp_train_step(a.c, B, IN, x, y, NULL), DP_OK);
+  }
+  ck_assert_int_eq(dp_ckpt_save(a.c, path), DP_OK);
+  ck_assert_int_eq(dp_ckpt_load(b.c, path), DP_OK);
+  ck_assert_uint_eq(state_hash(b.c), state_hash(a.c));
+  make_batch(x, y, 7);
+  ck_assert_int_eq(dp_forward(a.c, B, IN, x, ya), DP_OK); /* eval: the running stats */
+  ck_assert_int_eq(dp_forward(b.c, B, IN, x, yb), DP_OK);
+  ck_assert_int_eq(memcmp(ya, yb, sizeof ya), 0);
+  ck_assert_int_eq(dp_train_step(a.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_train_step(b.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_uint_eq(state_hash(b.c), state_hash(a.c));
+  /* the eval forward changed: it reads the statistics the step moved */
+  ck_assert_int_eq(dp_forward(b.c, B, IN, x, yb), DP_OK);
+  ck_assert_int_ne(memcmp(ya, yb, sizeof ya), 0);
+  rig_close(&a);
+  rig_close(&b);
+  unlink(path);
+}
+END_TEST
+
+START_TEST(refusals_name_what_is_wrong) {
+  /* one row in a micro-batch: one value per channel of the 1d batchnorm */
+  dp_config c = cfg_of(1, DP_MODE_CLASSIC, 0);
+  c.micro_batch = 1;
+  rig r;
+  rig_open(&r, "input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n", &c);
+  float x[B * 4] = {0}, t[B * 2] = {0};
+  for (int i = 0; i < B * 4; i++) x[i] = (float)(i % 7);
+  uint64_t h = dp_params_hash(r.c);
+  ck_assert_int_eq(dp_train_step(r.c, B, 4, x, t, NULL), DP_ERR_SHAPE);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "one row"), "%s", dp_ctx_error(r.c));
+  ck_assert_uint_eq(dp_params_hash(r.c), h);
+  rig_close(&r);
+  /* but a 2d batchnorm has H x W values per channel in a row */
+  rig_open(&r, "input 1 2 2\nconv2d 2 1\nbatchnorm\nflatten\nlinear 2\nloss mse\n", &c);
+  ck_assert_int_eq(dp_train_step(r.c, B, 4, x, t, NULL), DP_OK);
+  rig_close(&r);
+  /* sync, accumulation and the cuda backend: refused at planning, naming them */
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(SPEC, "bn", &m), DP_OK);
+  dp_plan *p = NULL;
+  dp_config s = cfg_of(2, DP_MODE_CLASSIC, 0);
+  s.batchnorm = DP_BN_SYNC;
+  ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(dp_last_error(), "sync"), "%s", dp_last_error());
+  s = cfg_of(2, DP_MODE_CLASSIC, 0);
+  s.accumulate = 2;
+  ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
+  s = cfg_of(2, DP_MODE_CLASSIC, 0);
+  s.batchnorm = (dp_bn_mode)7;
+  ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_INVALID);
+  if (dp_cuda_available()) {
+    s = cfg_of(2, DP_MODE_CLASSIC, 0);
+    s.backend = DP_BACKEND_CUDA;
+    ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(dp_last_error(), "batchnorm"), "%s", dp_last_error());
+  }
+  ck_assert_ptr_null(p);
+  /* the shapes: 1d over the features, 2d over the channels; 2 c parameters */
+  dp_layer_info li;
+  ck_assert_int_eq(dp_model_layer(m, BN1, &li), DP_OK);
+  ck_assert_int_eq(li.channels, 3);
+  ck_assert_uint_eq(li.n_params, 6);
+  ck_assert_int_eq(dp_model_layer(m, BN2, &li), DP_OK);
+  ck_assert_int_eq(li.channels, 8);
+  ck_assert_int_eq(li.height, 0);
+  dp_tensor_info t1;
+  ck_assert_int_eq(dp_model_tensor(m, 2, &t1), DP_OK);
+  ck_assert_str_eq(t1.name, "1.weight");
+  ck_assert_int_eq(t1.dims[0], 3);
+  dp_model_free(m);
+}
+END_TEST
+
+Suite *batchnorm_suite(void) {
+  Suite *s = suite_create("batchnorm");
+  TCase *tc = tcase_create("per_replica");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, same_bits_and_running_stats_across_devices_and_modes);
+  tcase_add_test(tc, running_stats_start_at_pytorch_defaults_and_count_steps);
+  tcase_add_test(tc, refused_step_leaves_running_stats_alone);
+  tcase_add_test(tc, checkpoints_carry_running_stats);
+  tcase_add_test(tc, refusals_name_what_is_wrong);
+  suite_add_tcase(s, tc);
+  return s;
+}
