@@ -23,6 +23,11 @@
  * move it) and two linears; softmax cross-entropy. */
 static const char MODEL[] = "input 5\nlinear 8\ngelu\ndropout 0.25\nlayernorm\nlinear 4\n"
                             "loss softmax_cross_entropy\n";
+/* The image layers and batchnorm (whose running statistics a failed step must
+ * not move): 6 floats per row as 1 x 2 x 3. */
+static const char IMAGE_MODEL[] = "input 1 2 3\nconv2d 2 2 padding 1\nbatchnorm\nrelu\n"
+                                  "maxpool2d 2 stride 1\nflatten\nlinear 4\n"
+                                  "loss softmax_cross_entropy\n";
 #define BATCH 16
 #define MICRO 2 /* 8 micro-batches: a gradient tree on every device */
 
@@ -39,7 +44,9 @@ static const mode_case MODES[] = {
 };
 #define N_MODES 3
 
-static float rng_float(uint64_t *s) { return (float)(rng_next(s) >> 40) / 16777216.0f * 2 - 1; }
+static float rng_float(uint64_t *s) {
+  return (float)(rng_next(s) >> 40) / 16777216.0f * 2 - 1;
+}
 
 typedef struct {
   float *x;
@@ -128,8 +135,8 @@ static void snap_free(snapshot *s) {
 
 /* a and b equal: device 0's parameters and every device's optimizer state
  * always; replicas' parameters too when `replicas`. */
-static void snap_expect_equal(const snapshot *a, const snapshot *b, int n_dev, bool replicas,
-                              const char *what) {
+static void snap_expect_equal(const snapshot *a, const snapshot *b, int n_dev,
+                              bool replicas, const char *what) {
   ck_assert_msg(a->step == b->step, "%s: step %llu, want %llu", what,
                 (unsigned long long)a->step, (unsigned long long)b->step);
   ck_assert_msg(a->skipped == b->skipped, "%s: skipped steps differ", what);
@@ -152,13 +159,15 @@ typedef struct {
 /* One configuration: warm both contexts up, then for every op k of the
  * schedule: fail op k, check nothing changed, run the step again without a
  * fault and check it matches the reference bit for bit. */
-static counts fault_every_op(const mode_case *mc, int n_dev, dp_optimizer opt, int rows) {
-  dp_model *m = model_of(MODEL);
+static counts fault_every_op_of(const char *spec, const mode_case *mc, int n_dev,
+                                dp_optimizer opt, int rows) {
+  dp_model *m = model_of(spec);
   dp_plan *p = plan_case(m, mc, n_dev, opt, MICRO, DP_NONFINITE_ERROR);
   dp_ctx *ref = ctx_of(p), *c = ctx_of(p);
   int nd = dp_plan_n_devices(p), k_batch = 0;
   float l_ref, l;
-  for (int w = 0; w < 2; w++, k_batch++) { /* optimizer state and step counter non-trivial */
+  for (int w = 0; w < 2;
+       w++, k_batch++) { /* optimizer state and step counter non-trivial */
     batch b = batch_of(m, rows, k_batch);
     step_ok(ref, &b, &l_ref);
     step_ok(c, &b, &l);
@@ -240,6 +249,10 @@ static counts fault_every_op(const mode_case *mc, int n_dev, dp_optimizer opt, i
   return (counts){commit, n_ops - commit};
 }
 
+static counts fault_every_op(const mode_case *mc, int n_dev, dp_optimizer opt, int rows) {
+  return fault_every_op_of(MODEL, mc, n_dev, opt, rows);
+}
+
 /* _i: mode * 4 + devices - 1 */
 START_TEST(a_failed_step_changes_nothing_and_the_retry_matches) {
   const mode_case *mc = &MODES[_i / 4];
@@ -255,6 +268,16 @@ START_TEST(a_failed_step_changes_nothing_and_the_retry_matches) {
            "commit ops (context poisoned); %.2f s\n",
            mc->name, n_dev, full.domain, part.domain, full.commit, part.commit,
            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+}
+END_TEST
+
+/* The same for a CNN with batchnorm: every op of the schedule, full and short
+ * batches. _i: mode * 4 + devices - 1 */
+START_TEST(a_failed_cnn_step_changes_nothing_and_the_retry_matches) {
+  const mode_case *mc = &MODES[_i / 4];
+  int n_dev = _i % 4 + 1;
+  fault_every_op_of(IMAGE_MODEL, mc, n_dev, DP_OPT_ADAMW, BATCH);
+  if (n_dev >= 3) fault_every_op_of(IMAGE_MODEL, mc, n_dev, DP_OPT_MOMENTUM, 5);
 }
 END_TEST
 
@@ -285,7 +308,8 @@ START_TEST(a_failed_forward_changes_nothing) {
     snap_free(&after);
     snap_free(&before);
     ck_assert_int_eq(dp_forward(c, BATCH, b.in, b.x, y), DP_OK);
-    ck_assert_msg(memcmp(y, y_ref, sizeof y) == 0, "fault at forward op %d: outputs differ", k);
+    ck_assert_msg(memcmp(y, y_ref, sizeof y) == 0, "fault at forward op %d: outputs differ",
+                  k);
   }
   /* and training goes on as if nothing happened */
   batch b2 = batch_of(m, BATCH, 4);
@@ -347,7 +371,8 @@ static void nonfinite_case(const mode_case *mc, int n_dev, nf_kind kind,
   size_t np = dp_model_n_params(m);
   float *orig = malloc(np * sizeof *orig), *bad = malloc(np * sizeof *bad);
   ck_assert(orig && bad);
-  batch good = batch_of(m, BATCH, 1), good2 = batch_of(m, BATCH, 2), nasty = batch_of(m, BATCH, 3);
+  batch good = batch_of(m, BATCH, 1), good2 = batch_of(m, BATCH, 2),
+        nasty = batch_of(m, BATCH, 3);
   if (kind == NF_GRAD_ONLY)
     for (int i = 0; i < BATCH * 4; i++) nasty.x[i] = 3e38f;
   else if (kind == NF_LOSS_FROM_INPUTS)
@@ -373,8 +398,8 @@ static void nonfinite_case(const mode_case *mc, int n_dev, nf_kind kind,
   l = 1.0f;
   dp_status s = step(c, kind == NF_FROM_PARAMS ? &good2 : &nasty, &l);
   char where[96];
-  snprintf(where, sizeof where, "%s, %d devices, case %d, policy %d", mc->name, n_dev, (int)kind,
-           (int)pol);
+  snprintf(where, sizeof where, "%s, %d devices, case %d, policy %d", mc->name, n_dev,
+           (int)kind, (int)pol);
   if (pol == DP_NONFINITE_ERROR) {
     ck_assert_msg(s == DP_ERR_NONFINITE, "%s: got %s (%s)", where, dp_status_name(s),
                   dp_ctx_error(c));
@@ -416,14 +441,14 @@ static void nonfinite_case(const mode_case *mc, int n_dev, nf_kind kind,
 }
 
 START_TEST(a_nonfinite_step_is_refused_and_changes_nothing) {
-  for (int k = 0; k < 3; k++) nonfinite_case(&MODES[_i / 4], _i % 4 + 1, (nf_kind)k,
-                                             DP_NONFINITE_ERROR);
+  for (int k = 0; k < 3; k++)
+    nonfinite_case(&MODES[_i / 4], _i % 4 + 1, (nf_kind)k, DP_NONFINITE_ERROR);
 }
 END_TEST
 
 START_TEST(a_nonfinite_step_is_skipped_and_counted) {
-  for (int k = 0; k < 3; k++) nonfinite_case(&MODES[_i / 4], _i % 4 + 1, (nf_kind)k,
-                                             DP_NONFINITE_SKIP);
+  for (int k = 0; k < 3; k++)
+    nonfinite_case(&MODES[_i / 4], _i % 4 + 1, (nf_kind)k, DP_NONFINITE_SKIP);
 }
 END_TEST
 
@@ -454,7 +479,10 @@ Suite *faults_suite(void) {
   Suite *s = suite_create("faults");
   TCase *tc = tcase_create("step");
   tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, a_failed_step_changes_nothing_and_the_retry_matches, 0, N_MODES * 4);
+  tcase_add_loop_test(tc, a_failed_step_changes_nothing_and_the_retry_matches, 0,
+                      N_MODES * 4);
+  tcase_add_loop_test(tc, a_failed_cnn_step_changes_nothing_and_the_retry_matches, 0,
+                      N_MODES * 4);
   tcase_add_test(tc, the_hook_fires_once_and_a_refused_call_keeps_it);
   suite_add_tcase(s, tc);
   tc = tcase_create("forward");
