@@ -178,9 +178,11 @@ static void kern_scalar(int kc, const float *a, const float *b, float *c, size_t
 #define MR_2 6
 #define NR_2 16
 
-TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c, size_t ldc,
-                               int flags, const float *bias) {
-  __m256 acc[MR_2][2];
+/* The AVX2 kernels' accumulators at the start (the partial sums of an earlier
+ * K-block, or +0) and their epilogue (bias once after the whole sum, relu,
+ * the store). Inlined: the accumulators stay in registers. */
+#define AVX2_INLINE TGT_AVX2 static inline __attribute__((always_inline))
+AVX2_INLINE void avx2_start(__m256 acc[][2], const float *c, size_t ldc, int flags) {
   if (flags & K_LOAD) {
 #pragma GCC unroll 6
     for (int i = 0; i < MR_2; i++) {
@@ -191,16 +193,10 @@ TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c,
 #pragma GCC unroll 6
     for (int i = 0; i < MR_2; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
   }
-#pragma GCC unroll 4
-  for (int k = 0; k < kc; k++, a += MR_2, b += NR_2) {
-    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-#pragma GCC unroll 6
-    for (int i = 0; i < MR_2; i++) {
-      __m256 ai = _mm256_broadcast_ss(a + i);
-      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
-    }
-  }
+}
+
+AVX2_INLINE void avx2_finish(__m256 acc[][2], float *c, size_t ldc, int flags,
+                             const float *bias) {
   if (flags & K_BIAS) {
     __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8);
 #pragma GCC unroll 6
@@ -223,6 +219,23 @@ TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c,
   }
 }
 
+TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c, size_t ldc,
+                               int flags, const float *bias) {
+  __m256 acc[MR_2][2];
+  avx2_start(acc, c, ldc, flags);
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; k++, a += MR_2, b += NR_2) {
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      __m256 ai = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  avx2_finish(acc, c, ldc, flags, bias);
+}
+
 /* kern_avx2 reading op(A) in place (kern_ua_fn): for narrow products (one
  * or two B slivers) a packed A sliver would be used once or twice, so packing
  * it costs about what it saves. */
@@ -232,16 +245,7 @@ TGT_AVX2 static void kern_avx2_ua(int kc, const float *a, size_t sa_i, size_t sa
   const float *ar[MR_2];
   for (int i = 0; i < MR_2; i++) ar[i] = a + (size_t)i * sa_i;
   __m256 acc[MR_2][2];
-  if (flags & K_LOAD) {
-#pragma GCC unroll 6
-    for (int i = 0; i < MR_2; i++) {
-      acc[i][0] = _mm256_loadu_ps(c + i * ldc);
-      acc[i][1] = _mm256_loadu_ps(c + i * ldc + 8);
-    }
-  } else {
-#pragma GCC unroll 6
-    for (int i = 0; i < MR_2; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
-  }
+  avx2_start(acc, c, ldc, flags);
   size_t o = 0;
 #pragma GCC unroll 4
   for (int k = 0; k < kc; k++, o += sa_k, b += NR_2) {
@@ -253,26 +257,7 @@ TGT_AVX2 static void kern_avx2_ua(int kc, const float *a, size_t sa_i, size_t sa
       acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
     }
   }
-  if (flags & K_BIAS) {
-    __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8);
-#pragma GCC unroll 6
-    for (int i = 0; i < MR_2; i++) {
-      acc[i][0] = _mm256_add_ps(acc[i][0], bb0);
-      acc[i][1] = _mm256_add_ps(acc[i][1], bb1);
-    }
-  }
-  if (flags & K_RELU) {
-    __m256 z = _mm256_setzero_ps();
-#pragma GCC unroll 6
-    for (int i = 0; i < MR_2; i++)
-      for (int h = 0; h < 2; h++) /* v <= 0 -> +0; NaN (unordered) passes */
-        acc[i][h] = _mm256_andnot_ps(_mm256_cmp_ps(acc[i][h], z, _CMP_LE_OQ), acc[i][h]);
-  }
-#pragma GCC unroll 6
-  for (int i = 0; i < MR_2; i++) {
-    _mm256_storeu_ps(c + i * ldc, acc[i][0]);
-    _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
-  }
+  avx2_finish(acc, c, ldc, flags, bias);
 }
 
 /* 8 x 8 transpose: rows r[0..7] in, columns out. */
