@@ -477,6 +477,10 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "cuda backend: gradient clipping and accumulation are not implemented");
   case DP_OP_BN_UPDATE:
+  case DP_OP_BN_STATS:
+  case DP_OP_BN_MERGE:
+  case DP_OP_BN_FINAL:
+  case DP_OP_BN_BWD_STATS:
     return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: batchnorm is not implemented");
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);

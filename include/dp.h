@@ -209,7 +209,12 @@ typedef struct {
    * gradient copies per device: dp plan shows them). A power of two up to
    * 65536; 0 or 1: every call updates (default). cpu backend. */
   int accumulate;
-  dp_bn_mode batchnorm; /* default DP_BN_PER_REPLICA */
+  /* Batchnorm layers in training: DP_BN_PER_REPLICA (default) normalises each
+   * micro-batch with its own statistics (nn.DataParallel with one micro-batch
+   * per device); DP_BN_SYNC with the whole batch's (SyncBatchNorm), reduced in
+   * the canonical tree: the same bits for every device count and layout
+   * under the determinism conditions. cpu backend. */
+  dp_bn_mode batchnorm;
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the
    * planner puts a guard of one alignment unit (64 bytes on the cpu backend,
@@ -374,6 +379,13 @@ typedef enum {
                        into the optimizer_state slots (the commit phase) */
   DP_OP_BN_UPDATE,  /* batchnorm layer `layer`: device 0's running statistics from
                        micro-batch 0's (the commit phase) */
+  /* config.batchnorm = DP_BN_SYNC: whole-batch statistics, reduced in the
+   * canonical tree in the middle of the forward and of the backward */
+  DP_OP_BN_STATS,     /* micro-batch's count, mean and sum of squared deviations */
+  DP_OP_BN_MERGE,     /* statistics slot dst_offset merged with slot src_offset */
+  DP_OP_BN_FINAL,     /* the whole batch's mean, 1/std and unbiased variance */
+  DP_OP_BN_BWD_STATS, /* micro-batch's sums of dy and dy * x-hat (its weight and bias
+                         gradients, into the grads slot) */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
@@ -638,6 +650,7 @@ const char *dp_split_name(dp_split s);
 const char *dp_mode_name(dp_mode m);
 const char *dp_optimizer_name(dp_optimizer o);
 const char *dp_transport_name(dp_transport t);
+const char *dp_bn_mode_name(dp_bn_mode m);
 
 /* The CPU GEMM tier in use: "avx512", "avx2" or "scalar" (every tier gives
  * the same bits; DP_GEMM_TIER in the environment picks the first one). */

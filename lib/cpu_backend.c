@@ -50,18 +50,27 @@ static float *layer_stats(const lctx *c) {
                 c->p->act[c->d].stats[c->i] + (size_t)c->local * 2 * 4);
 }
 
+/* The micro-batch's rows of the gradient of layer o's output (o owns its
+ * buffer), `width` floats each: the buffer holds one micro-batch, or all of
+ * the device's rows for a sync batchnorm. */
+static float *dact_rows(const lctx *c, int o, int width) {
+  size_t at = c->p->act[c->d].dact[o];
+  if (dp__bn_sync(c->p, o)) at += (size_t)c->local * width * 4;
+  return region(c->e, c->d, DP_REGION_ACTIVATIONS, at);
+}
+
 /* d(loss)/d(output of layer i) for this micro-batch: (rows, out). */
 static float *layer_dout(const lctx *c) {
   if (c->i == c->L - 1)
     return region(c->e, c->d, DP_REGION_OUTPUT_GRADS, (size_t)c->local * c->l->out * 4);
-  return region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[c->i]);
+  return dact_rows(c, c->i, c->l->out);
 }
 
 /* The gradient of layer i's input, or NULL when nothing needs it (the
  * model's input, or a view of it). */
 static float *layer_din(const lctx *c) {
   int o = c->i ? dp__act_owner(&c->p->model, c->i - 1) : -1;
-  return o < 0 ? NULL : region(c->e, c->d, DP_REGION_ACTIVATIONS, c->p->act[c->d].dact[o]);
+  return o < 0 ? NULL : dact_rows(c, o, c->l->in);
 }
 
 static size_t ws_bytes(const lctx *c) {
@@ -96,11 +105,16 @@ static void bn_forward(const lctx *c, const float *x, float *y) {
   int n = c->rows, C = l->c;
   size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
   const float *g = layer_params(c), *b = g + C;
-  float *st = c->e->training ? bn_stats(c->e, c->d, c->i, c->mb) : NULL;
+  /* sync: the whole batch's statistics, in place of micro-batch 0's */
+  bool sync = c->e->training && dp__bn_sync(c->p, c->i);
+  float *st = c->e->training ? bn_stats(c->e, c->d, c->i, sync ? 0 : c->mb) : NULL;
   const float *run = bn_buffers(c->e, c->d, l);
   for (int ch = 0; ch < C; ch++) {
     float mean, rstd;
-    if (st) {
+    if (sync) {
+      mean = st[ch];
+      rstd = st[C + ch];
+    } else if (st) {
       float sum = 0.0f, var = 0.0f;
       for (int r = 0; r < n; r++)
         for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
@@ -126,6 +140,146 @@ static void bn_forward(const lctx *c, const float *x, float *y) {
   }
 }
 
+/* ---- sync batchnorm (config.batchnorm sync): the whole batch's statistics ----
+ * Each micro-batch's partial (rows, mean, sum of squared deviations: two
+ * passes, ascending), merged pairwise in the canonical tree (Chan et al.'s
+ * update, in double), so the result depends only on the micro-batches, not
+ * on which device holds them. */
+
+static size_t bn_positions(const dp_layer *l) { return l->h ? (size_t)l->h * l->w : 1; }
+
+static uint32_t get_u32(const float *at) {
+  uint32_t v;
+  memcpy(&v, at, 4);
+  return v;
+}
+
+static void put_u32(float *at, uint32_t v) { memcpy(at, &v, 4); }
+
+static dp_status bn_stats_op(const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  const dp_layer *l = &p->model.layers[op->layer];
+  lctx c = {.e = e,
+            .p = p,
+            .l = l,
+            .d = op->device,
+            .i = op->layer,
+            .L = p->model.n_layers,
+            .local = op->row0 - p->split.dev_row0[op->device]};
+  const float *x = layer_in(&c);
+  int n = op->rows, C = l->c;
+  size_t S = bn_positions(l), M = (size_t)n * S;
+  float *part = region(e, op->device, op->dst_region, op->dst_offset);
+  put_u32(part, (uint32_t)n);
+  for (int ch = 0; ch < C; ch++) {
+    float sum = 0.0f, m2 = 0.0f;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
+    float mean = sum / (float)M;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        float dv = x[((size_t)r * C + ch) * S + k] - mean;
+        m2 += dv * dv;
+      }
+    part[1 + ch] = mean;
+    part[1 + C + ch] = m2;
+  }
+  return DP_OK;
+}
+
+/* dst's partial merged with src's (both of layer op->layer). */
+static dp_status bn_merge_op(const dp_exec_env *e, const dp_op *op) {
+  const dp_layer *l = &e->plan->model.layers[op->layer];
+  int C = l->c;
+  float *a = region(e, op->device, op->dst_region, op->dst_offset);
+  const float *b = region(e, op->device, op->src_region, op->src_offset);
+  uint32_t rows = get_u32(a) + get_u32(b);
+  double S = (double)bn_positions(l), na = get_u32(a) * S, nb = get_u32(b) * S, n = na + nb;
+  for (int ch = 0; ch < C; ch++) {
+    double delta = (double)b[1 + ch] - (double)a[1 + ch];
+    a[1 + ch] = (float)((double)a[1 + ch] + delta * (nb / n));
+    a[1 + C + ch] = (float)((double)a[1 + C + ch] + (double)b[1 + C + ch] +
+                            delta * delta * (na * nb / n));
+  }
+  put_u32(a, rows);
+  return DP_OK;
+}
+
+/* The whole batch's mean, rstd (biased variance, as the normalisation) and
+ * unbiased variance (the running statistics') from the tree's root. */
+static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
+  const dp_layer *l = &e->plan->model.layers[op->layer];
+  int C = l->c;
+  float *f = region(e, op->device, op->dst_region, op->dst_offset);
+  const float *root = region(e, op->device, op->src_region, op->src_offset);
+  uint32_t rows = get_u32(root);
+  double M = (double)rows * (double)bn_positions(l);
+  for (int ch = 0; ch < C; ch++) {
+    double m2 = root[1 + C + ch];
+    f[ch] = root[1 + ch];
+    f[C + ch] = (float)(1.0 / sqrt(m2 / M + (double)BN_EPS));
+    f[2 * C + ch] = M > 1 ? (float)(m2 / (M - 1)) : NAN; /* refused before the step */
+  }
+  put_u32(f + 3 * C, rows);
+  return DP_OK;
+}
+
+/* The micro-batch's sums of dy x-hat and dy per channel (ascending), with the
+ * whole batch's statistics: its gradients of the weight and the bias, which
+ * the backward tree sums and the batchnorm's sums are copied from. */
+static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  const dp_layer *l = &p->model.layers[op->layer];
+  lctx c = {.e = e,
+            .p = p,
+            .l = l,
+            .d = op->device,
+            .i = op->layer,
+            .L = p->model.n_layers,
+            .local = op->row0 - p->split.dev_row0[op->device],
+            .rows = op->rows};
+  const float *x = layer_in(&c), *dy = layer_dout(&c), *st = bn_stats(e, c.d, c.i, 0);
+  int n = op->rows, C = l->c;
+  size_t S = bn_positions(l);
+  float *dg = region(e, op->device, op->dst_region, op->dst_offset) + l->param_off,
+        *db = dg + C;
+  for (int ch = 0; ch < C; ch++) {
+    float mean = st[ch], rstd = st[C + ch], sg = 0.0f, sb = 0.0f;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        sg += dy[at] * ((x[at] - mean) * rstd);
+        sb += dy[at];
+      }
+    dg[ch] = sg;
+    db[ch] = sb;
+  }
+  return DP_OK;
+}
+
+/* dx with the whole batch's statistics and sums (sg, sb: this device's copy
+ * of device 0's tree root): rstd (dy g - g sb / M - xh g sg / M). */
+static void bn_sync_backward(const lctx *c, const float *x, const float *dy, float *dx) {
+  if (!dx) return;
+  const dp_layer *l = c->l;
+  int n = c->rows, C = l->c;
+  const float *g = layer_params(c), *st = bn_stats(c->e, c->d, c->i, 0);
+  const float *sums = region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                             c->p->act[c->d].stats[c->i] + dp__bn_sync_bwd(C) * 4);
+  size_t S = bn_positions(l);
+  float M = (float)((double)get_u32(st + 3 * C) * (double)S);
+  for (int ch = 0; ch < C; ch++) {
+    float mean = st[ch], rstd = st[C + ch], s1 = g[ch] * sums[C + ch] / M,
+          s2 = g[ch] * sums[ch] / M;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        float xh = (x[at] - mean) * rstd;
+        dx[at] = rstd * (dy[at] * g[ch] - s1 - xh * s2);
+      }
+  }
+}
+
 /* dx = rstd (dy g - s1 / M - xh s2 / M), s1 = sum dy g, s2 = sum dy g xh;
  * dg = sum dy xh, db = sum dy: the micro-batch's statistics (training only). */
 static void bn_backward(const lctx *c, const float *x, const float *dy, float *dx,
@@ -133,6 +287,10 @@ static void bn_backward(const lctx *c, const float *x, const float *dy, float *d
   const dp_layer *l = c->l;
   int n = c->rows, C = l->c;
   size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
+  if (dp__bn_sync(c->p, c->i)) {
+    bn_sync_backward(c, x, dy, dx);
+    return;
+  }
   const float *g = layer_params(c), *st = bn_stats(c->e, c->d, c->i, c->mb);
   float *dg = grads + l->param_off, *db = dg + C;
   for (int ch = 0; ch < C; ch++) {
@@ -789,6 +947,10 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_LOSS: return loss_op(e, op);
   case DP_OP_LOSS_SUM: return loss_sum_op(e, op);
   case DP_OP_BN_UPDATE: return bn_update(e, op);
+  case DP_OP_BN_STATS: return bn_stats_op(e, op);
+  case DP_OP_BN_MERGE: return bn_merge_op(e, op);
+  case DP_OP_BN_FINAL: return bn_final_op(e, op);
+  case DP_OP_BN_BWD_STATS: return bn_bwd_stats_op(e, op);
   case DP_OP_GRAD_CHECK: return grad_check_op(e, op);
   case DP_OP_OPTIMIZER: return optimizer_op(e, op);
   case DP_OP_GRAD_NORM: return grad_norm_op(e, op);

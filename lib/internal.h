@@ -75,12 +75,12 @@ typedef struct {
   float p;          /* dropout */
   size_t param_off; /* first parameter (floats) in the flat array */
   size_t n_params;
-  int c, h, w;           /* output shape; h == 0: flat (c == out) */
-  int ic, ih, iw;        /* input shape, the same way */
-  int k, stride, pad;    /* conv2d, pools */
-  size_t buf_off;        /* batchnorm: its buffers (floats after the parameters):
-                            running_mean (c), running_var (c), num_batches_tracked
-                            (one uint32 slot) */
+  int c, h, w;        /* output shape; h == 0: flat (c == out) */
+  int ic, ih, iw;     /* input shape, the same way */
+  int k, stride, pad; /* conv2d, pools */
+  size_t buf_off;     /* batchnorm: its buffers (floats after the parameters):
+                         running_mean (c), running_var (c), num_batches_tracked
+                         (one uint32 slot) */
 } dp_layer;
 
 struct dp_model {
@@ -98,8 +98,29 @@ static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }
 /* Floats a batchnorm's forward saves per micro-batch: mean, rstd and the
  * unbiased variance per channel. */
 static inline size_t dp__bn_stats(int c) { return 3 * (size_t)c; }
+/* config.batchnorm = DP_BN_SYNC: a batchnorm's statistics area on a device
+ * with n_mb planned micro-batches (floats from its stats offset; the parts
+ * every device has first, so that they are at the same offset on each):
+ *   the whole batch's: mean (c), rstd (c), unbiased variance (c), rows (one
+ *     uint32 slot) -- the first 3 c as per_replica's micro-batch 0;
+ *   backward sums: this device's (sum dy x-hat (c), sum dy (c): the weight's and
+ *     bias's gradients), then one to receive into;
+ *   forward partials, one to receive into, then a slot per micro-batch: rows
+ *     (uint32 slot), mean (c), sum of squared deviations (c). */
+static inline size_t dp__bn_sync_final(int c) { return 3 * (size_t)c + 1; }
+static inline size_t dp__bn_sync_bwd(int c) { return dp__bn_sync_final(c); }
+static inline size_t dp__bn_sync_part(int c) { return 1 + 2 * (size_t)c; }
+static inline size_t dp__bn_sync_recv(int c) { return dp__bn_sync_bwd(c) + 4 * (size_t)c; }
+static inline size_t dp__bn_sync_fwd(int c, int slot) {
+  return dp__bn_sync_recv(c) + (size_t)(slot + 1) * dp__bn_sync_part(c);
+}
+static inline size_t dp__bn_sync_floats(int c, int n_mb) {
+  return dp__bn_sync_fwd(c, n_mb);
+}
 /* The PARAMS region's floats: parameters, then buffers. */
-static inline size_t dp__param_floats(const dp_model *m) { return m->n_params + m->n_buffers; }
+static inline size_t dp__param_floats(const dp_model *m) {
+  return m->n_params + m->n_buffers;
+}
 
 /* What a layer's backward reads from the forward pass. */
 bool dp__layer_needs_input(dp_layer_kind k);
@@ -129,7 +150,8 @@ bool dp__conv_backward(const dp_layer *l, int n, const float *x, const float *w,
                        size_t ws_bytes);
 /* maxpool2d, avgpool2d; dx is written (maxpool needs x: where the max was). */
 void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y);
-void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy, float *dx);
+void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy,
+                       float *dx);
 
 /* ---- the job's processes (config.ranks) ---- */
 static inline int dp__ranks(const dp_config *c) { return c->ranks > 1 ? c->ranks : 1; }
@@ -235,6 +257,14 @@ enum { DP_SCHED_INFER = 0, DP_SCHED_TRAIN = 1, DP_SCHED_ACCUM = 2 };
 dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op *ops,
                              int cap, int *n_ops, int *n_stages);
 int dp__schedule_cap(const dp_plan *p);
+/* Layer i is a batchnorm with whole-batch statistics (config.batchnorm sync)
+ * in a training plan: its statistics area is dp__bn_sync_floats, and the
+ * gradient of its output is kept for all of the device's rows (the backward
+ * stops there until the whole batch's sums are known). */
+static inline bool dp__bn_sync(const dp_plan *p, int i) {
+  return !p->cfg.inference && p->cfg.batchnorm == DP_BN_SYNC &&
+         p->model.layers[i].kind == DP_LAYER_BATCHNORM;
+}
 /* What the ranks of a job compare at start: hashes of the model, the config,
  * the schedule and the build (version, compiler). */
 #define DP_PLAN_HASHES 4

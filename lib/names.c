@@ -18,6 +18,10 @@ static const char *const optimizer_names[] = {
     [DP_OPT_MOMENTUM] = "momentum",
     [DP_OPT_ADAMW] = "adamw",
 };
+static const char *const bn_mode_names[] = {
+    [DP_BN_PER_REPLICA] = "per_replica",
+    [DP_BN_SYNC] = "sync",
+};
 static const char *const transport_names[] = {
     [DP_TRANSPORT_AUTO] = "auto",
     [DP_TRANSPORT_COPY] = "copy",
@@ -30,3 +34,4 @@ const char *dp_split_name(dp_split s) { return NAME_OF(split_names, s); }
 const char *dp_mode_name(dp_mode m) { return NAME_OF(mode_names, m); }
 const char *dp_optimizer_name(dp_optimizer o) { return NAME_OF(optimizer_names, o); }
 const char *dp_transport_name(dp_transport t) { return NAME_OF(transport_names, t); }
+const char *dp_bn_mode_name(dp_bn_mode m) { return NAME_OF(bn_mode_names, m); }

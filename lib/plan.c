@@ -184,10 +184,6 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
   for (int i = 0; i < m->n_layers; i++) bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;
   if (c->batchnorm != DP_BN_PER_REPLICA && c->batchnorm != DP_BN_SYNC)
     return DP_FAIL(DP_ERR_INVALID, "unknown batchnorm mode %d", (int)c->batchnorm);
-  if (bn && c->batchnorm == DP_BN_SYNC)
-    return DP_FAIL(DP_ERR_UNSUPPORTED,
-                   "batchnorm sync (whole-batch statistics) is not implemented yet; "
-                   "per_replica normalises each micro-batch with its own statistics");
   if (bn && !be->batchnorm)
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend does not run batchnorm layers yet; use the cpu backend",
@@ -265,6 +261,34 @@ static int tree_levels(int n) {
   return l;
 }
 
+/* Bytes of device d's activation buffer `kind` (0 output, 1 saved
+ * statistics, 2 output gradient) of layer i, 0 when it has none (the sizes
+ * before placement: dp_plan_activation_bytes_unshared sums them too).
+ * false: overflow. */
+static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
+  const dp_model *m = &p->model;
+  const dp_layer *l = &m->layers[i];
+  const dp_act_layout *a = &p->act[d];
+  bool train = !p->cfg.inference;
+  int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+  *out = 0;
+  if (dp__layer_is_view(m, i)) return true;
+  switch (kind) {
+  case 0: return i == m->n_layers - 1 || mul3((size_t)a->rows, (size_t)l->out, 4, out);
+  case 1:
+    if (dp__layer_stats_width(l->kind))
+      return mul3((size_t)a->rows, (size_t)dp__layer_stats_width(l->kind), 4, out);
+    if (l->kind != DP_LAYER_BATCHNORM || !train || n_mb == 0) return true;
+    return mul3(dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
+                                  : (size_t)n_mb * dp__bn_stats(l->c),
+                1, 4, out);
+  default: /* per micro-batch, or all rows where the backward waits (sync batchnorm) */
+    if (!train || i == m->n_layers - 1) return true;
+    return mul3(dp__bn_sync(p, i) ? (size_t)a->rows : (size_t)a->mb_rows, (size_t)l->out, 4,
+                out);
+  }
+}
+
 /* Activation buffers of device d, placed by liveness. */
 static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   const dp_model *m = &p->model;
@@ -292,26 +316,39 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
       if (train && dp__layer_needs_output(l->kind)) /* by its own backward */
         last = n_mb == 1 ? tb : T;
       b[n] = (dp_live_buf){.align = p->align, .first = i, .last = last};
-      if (!mul3((size_t)a->rows, (size_t)l->out, 4, &b[n].size)) return OVERFLOW();
+      if (!act_bytes(p, d, 0, i, &b[n].size)) return OVERFLOW();
       who[n++] = 0 * L + i;
       if (train) { /* gradient of this output, per micro-batch: from the reader's
-                      backward to this layer's */
+                      backward to this layer's. A sync batchnorm's holds all rows:
+                      the backward runs in segments between sync batchnorms, each
+                      micro-batch through all of a segment's layers before the
+                      next, so it lives through the segment above (from the
+                      start of the backward) and the one below it (to the next
+                      sync batchnorm's backward, or the end) */
         b[n] = (dp_live_buf){.align = p->align, .first = tr, .last = tb};
-        if (!mul3((size_t)a->mb_rows, (size_t)l->out, 4, &b[n].size)) return OVERFLOW();
+        if (dp__bn_sync(p, i) && n_mb > 1) {
+          int below = i - 1;
+          while (below >= 0 && !dp__bn_sync(p, below)) below--;
+          b[n].first = L;
+          b[n].last = below >= 0 ? 2 * L - 1 - below : T;
+        }
+        if (!act_bytes(p, d, 2, i, &b[n].size)) return OVERFLOW();
         who[n++] = 2 * L + i;
       }
     }
-    if (dp__layer_stats_width(l->kind)) {
-      b[n] = (dp_live_buf){
-          .align = p->align, .first = i, .last = train ? (n_mb == 1 ? tb : T) : i};
-      if (!mul3((size_t)a->rows, (size_t)dp__layer_stats_width(l->kind), 4, &b[n].size))
-        return OVERFLOW();
-      who[n++] = 1 * L + i;
-    } else if (l->kind == DP_LAYER_BATCHNORM && train && n_mb > 0) {
-      /* each micro-batch's statistics: read by its backward and, micro-batch 0's,
-       * by the running-statistics update in the commit phase (to the end) */
-      b[n] = (dp_live_buf){.align = p->align, .first = i, .last = T};
-      if (!mul3((size_t)n_mb, dp__bn_stats(l->c), 4, &b[n].size)) return OVERFLOW();
+    size_t st;
+    if (!act_bytes(p, d, 1, i, &st)) return OVERFLOW();
+    if (st) {
+      /* batchnorm: each micro-batch's statistics (or the whole batch's), read by
+       * the backward and, micro-batch 0's, by the running-statistics update in
+       * the commit phase (to the end) */
+      bool bn = l->kind == DP_LAYER_BATCHNORM;
+      b[n] = (dp_live_buf){.align = p->align,
+                           .size = st,
+                           .first = i,
+                           .last = bn      ? T
+                                   : train ? (n_mb == 1 ? tb : T)
+                                           : i};
       who[n++] = 1 * L + i;
     }
   }
@@ -739,16 +776,16 @@ size_t dp_plan_activation_bytes_unshared(const dp_plan *p, int dev) {
   const dp_model *m = &p->model;
   const dp_act_layout *a = &p->act[dev];
   size_t total = 0, al = p->align;
-  for (int i = 0; i < m->n_layers; i++) {
-    const dp_layer *l = &m->layers[i];
-    if (dp__layer_is_view(m, i)) continue;
-    size_t sz[3] = {a->act[i] != SIZE_MAX ? (size_t)a->rows * (size_t)l->out * 4 : 0,
-                    a->stats[i] != SIZE_MAX
-                        ? (size_t)a->rows * (size_t)dp__layer_stats_width(l->kind) * 4
-                        : 0,
-                    a->dact[i] != SIZE_MAX ? (size_t)a->mb_rows * (size_t)l->out * 4 : 0};
-    for (int k = 0; k < 3; k++) total += (sz[k] + al - 1) / al * al;
-  }
+  for (int i = 0; i < m->n_layers; i++)
+    for (int k = 0; k < 3; k++) {
+      size_t sz;
+      if ((k == 0   ? a->act
+           : k == 1 ? a->stats
+                    : a->dact)[i] == SIZE_MAX ||
+          !act_bytes(p, dev, k, i, &sz))
+        continue;
+      total += (sz + al - 1) / al * al;
+    }
   return total;
 }
 

@@ -82,20 +82,39 @@ static void slot_place(const dp_plan *p, int slot, uint8_t *region, size_t *off)
   *off = slot ? (size_t)(slot - 1) * p->model.n_params * 4 : 0;
 }
 
+/* One segment of the backward: layers top .. bot+1, then, when bot >= 0, the
+ * sums of sync batchnorm bot (which the layers below wait for: its backward
+ * is the next segment's top); the segment's gradients are bytes [p0, p1).
+ * Without sync batchnorm the backward is one segment (top = L - 1, bot = -1). */
+typedef struct {
+  int top, bot;
+  size_t p0, p1;
+} bwd_seg;
+
 /* Backward of micro-batches [lo, hi) on device d into `slot`, as the
- * canonical subtree. The tree is always the planned one: a smaller batch
- * empties micro-batches from the end, and an empty subtree is left out (its
- * sibling passes through unchanged), so the tree does not depend on how the
- * micro-batches are dealt to devices. mbs[lo] is not empty. */
+ * canonical subtree, for the segment's layers and gradients. The tree is
+ * always the planned one: a smaller batch empties micro-batches from the end,
+ * and an empty subtree is left out (its sibling passes through unchanged), so
+ * the tree does not depend on how the micro-batches are dealt to devices.
+ * mbs[lo] is not empty. The segments' gradients are disjoint, so each
+ * parameter's sum is the same tree whatever the segments. */
 static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d, int lo,
-                          int hi, int slot) {
+                          int hi, int slot, const bwd_seg *sg) {
   if (hi - lo == 1) {
     uint8_t r;
     size_t off;
     slot_place(p, slot, &r, &off);
-    for (int i = p->model.n_layers - 1; i >= 0; i--) {
+    for (int i = sg->top; i > sg->bot; i--) {
       dp_op op = layer_op(DP_PHASE_BACKWARD, DP_OP_BACKWARD, d, i, lo, mbs,
                           p->model.layers[i].n_params * 4);
+      op.dst_region = r;
+      op.dst_offset = off;
+      emit(b, op);
+    }
+    if (sg->bot >= 0) {
+      const dp_layer *l = &p->model.layers[sg->bot];
+      dp_op op = layer_op(DP_PHASE_BACKWARD, DP_OP_BN_BWD_STATS, d, sg->bot, lo, mbs,
+                          l->n_params * 4);
       op.dst_region = r;
       op.dst_offset = off;
       emit(b, op);
@@ -103,13 +122,74 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
     return;
   }
   int mid = (lo + hi + 1) / 2;
-  backward_tree(b, p, mbs, d, lo, mid, slot);
+  backward_tree(b, p, mbs, d, lo, mid, slot, sg);
   if (mbs[mid].rows == 0) return;
-  backward_tree(b, p, mbs, d, mid, hi, slot + 1);
-  dp_op add = device_op(DP_PHASE_BACKWARD, DP_OP_GRAD_ADD, d, p->model.n_params * 4);
+  backward_tree(b, p, mbs, d, mid, hi, slot + 1, sg);
+  if (sg->p1 == sg->p0) return;
+  dp_op add = device_op(DP_PHASE_BACKWARD, DP_OP_GRAD_ADD, d, sg->p1 - sg->p0);
   slot_place(p, slot, &add.dst_region, &add.dst_offset);
   slot_place(p, slot + 1, &add.src_region, &add.src_offset);
+  add.dst_offset += sg->p0;
+  add.src_offset += sg->p0;
   emit(b, add);
+}
+
+/* ---- sync batchnorm: whole-batch statistics in the canonical tree ---- */
+
+/* Byte offset of float `at` of batchnorm i's statistics area on device d. */
+static size_t bn_at(const dp_plan *p, int d, int i, size_t at) {
+  return p->act[d].stats[i] + at * 4;
+}
+
+static dp_op bn_op(dp_phase ph, dp_op_kind kind, int d, int i, size_t dst, size_t src,
+                   size_t bytes) {
+  dp_op op = device_op(ph, kind, d, bytes);
+  op.layer = (int16_t)i;
+  op.dst_region = op.src_region = DP_REGION_ACTIVATIONS;
+  op.dst_offset = dst;
+  op.src_offset = src;
+  return op;
+}
+
+/* The forward partials of micro-batches [lo, hi) (local slots from mb0) merged
+ * into slot lo - mb0, as the canonical subtree. */
+static void bn_merge_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d, int i,
+                          int mb0, int lo, int hi) {
+  if (hi - lo == 1) return;
+  int mid = (lo + hi + 1) / 2, c = p->model.layers[i].c;
+  bn_merge_tree(b, p, mbs, d, i, mb0, lo, mid);
+  if (mbs[mid].rows == 0) return;
+  bn_merge_tree(b, p, mbs, d, i, mb0, mid, hi);
+  emit(b, bn_op(DP_PHASE_FORWARD, DP_OP_BN_MERGE, d, i,
+                bn_at(p, d, i, dp__bn_sync_fwd(c, lo - mb0)),
+                bn_at(p, d, i, dp__bn_sync_fwd(c, mid - mb0)), dp__bn_sync_part(c) * 4));
+}
+
+/* Devices 0..n-1's sums (at `mine` of each) combined toward device 0 at
+ * distance 1, 2, 4, ..., as the gradients: a copy into device r's `recv`,
+ * then `kind` (merge or add); the stage stays open after the last level. */
+static void bn_tree_to_0(builder *b, const dp_plan *p, int n, int i, dp_phase ph,
+                         dp_op_kind kind, size_t mine, size_t recv, size_t floats) {
+  for (int dist = 1; dist < n; dist *= 2) {
+    if (dist > 1) next_stage(b);
+    for (int r = 0; r + dist < n; r += 2 * dist) {
+      emit(b, copy_op(ph, r, r + dist, DP_REGION_ACTIVATIONS, bn_at(p, r + dist, i, mine),
+                      r, DP_REGION_ACTIVATIONS, bn_at(p, r, i, recv), floats * 4, 0, 0));
+      dp_op op =
+          bn_op(ph, kind, r, i, bn_at(p, r, i, mine), bn_at(p, r, i, recv), floats * 4);
+      if (kind == DP_OP_GRAD_ADD) op.layer = -1;
+      emit(b, op);
+    }
+  }
+}
+
+/* Device 0's `floats` at `at` to devices 1..n-1 (their own offsets). */
+static void bn_bcast(builder *b, const dp_plan *p, int n, int i, dp_phase ph, size_t at,
+                     size_t floats) {
+  for (int d = 1; d < n; d++)
+    emit(b, copy_op(ph, d, 0, DP_REGION_ACTIVATIONS, bn_at(p, 0, i, at), d,
+                    DP_REGION_ACTIVATIONS, bn_at(p, d, i, at), floats * 4, 0, 0));
+  next_stage(b);
 }
 
 /* Loss terms of micro-batches [mb0, mb1), rows [row0, +rows), on device d. */
@@ -340,12 +420,40 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     }
   }
   next_stage(&b);
-  for (int d = 0; d < n_act; d++)
-    for (int i = 0; i < L; i++)
-      for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
-        emit(&b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, mbs,
-                          (size_t)mbs[k].rows * m->layers[i].out * 4));
-  next_stage(&b);
+  /* The forward, layer by layer on each device; a sync batchnorm (training)
+   * splits it: each micro-batch's statistics, merged in the canonical tree
+   * over the micro-batches and then the devices, and device 0's result for
+   * the whole batch sent to every device before the layer runs. */
+  for (int i0 = 0, i1 = 0; i1 <= L; i1++) {
+    if (i1 < L && !(training && dp__bn_sync(p, i1))) continue;
+    for (int d = 0; d < n_act; d++) {
+      for (int i = i0; i < i1; i++)
+        for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
+          emit(&b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, mbs,
+                            (size_t)mbs[k].rows * m->layers[i].out * 4));
+      if (i1 == L) continue;
+      int c = m->layers[i1].c;
+      for (int k = sp->dev_mb0[d]; k < dlast[d]; k++) {
+        dp_op st = layer_op(DP_PHASE_FORWARD, DP_OP_BN_STATS, d, i1, k, mbs,
+                            dp__bn_sync_part(c) * 4);
+        st.dst_region = DP_REGION_ACTIVATIONS;
+        st.dst_offset = bn_at(p, d, i1, dp__bn_sync_fwd(c, k - sp->dev_mb0[d]));
+        emit(&b, st);
+      }
+      bn_merge_tree(&b, p, mbs, d, i1, sp->dev_mb0[d], sp->dev_mb0[d], sp->dev_mb0[d + 1]);
+    }
+    next_stage(&b);
+    if (i1 == L) break;
+    int c = m->layers[i1].c;
+    if (n_act > 1)
+      bn_tree_to_0(&b, p, n_act, i1, DP_PHASE_FORWARD, DP_OP_BN_MERGE,
+                   dp__bn_sync_fwd(c, 0), dp__bn_sync_recv(c), dp__bn_sync_part(c));
+    emit(&b, bn_op(DP_PHASE_FORWARD, DP_OP_BN_FINAL, 0, i1, bn_at(p, 0, i1, 0),
+                   bn_at(p, 0, i1, dp__bn_sync_fwd(c, 0)), dp__bn_sync_final(c) * 4));
+    next_stage(&b);
+    if (n_act > 1) bn_bcast(&b, p, n_act, i1, DP_PHASE_FORWARD, 0, dp__bn_sync_final(c));
+    i0 = i1;
+  }
   if (!training || classic) {
     /* Each device pushes its chunk: the gather runs in parallel. */
     for (int d = 0; d < n_act; d++) {
@@ -386,8 +494,35 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       emit(&b, loss_sum_op(sp->n_mb, rows));
       next_stage(&b);
     }
-    for (int d = 0; d < n_act; d++)
-      backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0);
+    /* The backward in segments, from the top: each ends at a sync batchnorm,
+     * whose sums over the whole batch the layers below it wait for (each
+     * device's sums are its gradients of the batchnorm's weight and bias). */
+    bwd_seg sg = {.top = L - 1, .p1 = P};
+    for (bool first = true;; first = false) {
+      sg.bot = -1;
+      for (int i = first ? sg.top : sg.top - 1; i >= 0 && sg.bot < 0; i--)
+        if (dp__bn_sync(p, i)) sg.bot = i;
+      sg.p0 = sg.bot >= 0 ? m->layers[sg.bot].param_off * 4 : 0;
+      for (int d = 0; d < n_act; d++) {
+        backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0, &sg);
+        if (sg.bot >= 0)
+          emit(&b, copy_op(DP_PHASE_BACKWARD, d, d, DP_REGION_GRADS, sg.p0, d,
+                           DP_REGION_ACTIVATIONS,
+                           bn_at(p, d, sg.bot, dp__bn_sync_bwd(m->layers[sg.bot].c)),
+                           m->layers[sg.bot].n_params * 4, 0, 0));
+      }
+      if (sg.bot < 0) break;
+      next_stage(&b);
+      int c = m->layers[sg.bot].c;
+      if (n_act > 1) {
+        bn_tree_to_0(&b, p, n_act, sg.bot, DP_PHASE_BACKWARD, DP_OP_GRAD_ADD,
+                     dp__bn_sync_bwd(c), dp__bn_sync_bwd(c) + 2 * (size_t)c, 2 * (size_t)c);
+        next_stage(&b);
+        bn_bcast(&b, p, n_act, sg.bot, DP_PHASE_BACKWARD, dp__bn_sync_bwd(c),
+                 2 * (size_t)c);
+      }
+      sg = (bwd_seg){.top = sg.bot, .p1 = sg.p0};
+    }
     if (!classic) /* devices without rows add -0.0, which leaves every sum as it is */
       for (int d = n_act; d < sp->n_used; d++) {
         dp_op z = device_op(DP_PHASE_BACKWARD, DP_OP_ZERO, d, P);
@@ -475,9 +610,10 @@ const char *dp_phase_name(dp_phase ph) {
 }
 
 const char *dp_op_kind_name(dp_op_kind k) {
-  static const char *const names[] = {"copy",       "forward",    "backward",  "grad_add",
-                                      "zero",       "loss",       "loss_sum",  "grad_check",
-                                      "optimizer",  "allreduce",  "grad_norm", "grad_clip",
-                                      "grad_accum", "grad_stash", "bn_update"};
+  static const char *const names[] = {
+      "copy",      "forward",   "backward",   "grad_add",    "zero",
+      "loss",      "loss_sum",  "grad_check", "optimizer",   "allreduce",
+      "grad_norm", "grad_clip", "grad_accum", "grad_stash",  "bn_update",
+      "bn_stats",  "bn_merge",  "bn_final",   "bn_bwd_stats"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

@@ -56,7 +56,8 @@ START_TEST(every_enum_value_has_a_name) {
   CHECK_NAMES(dp_backend_name, dp_backend, DP_BACKEND_CUDA);
   CHECK_NAMES(dp_region_name, dp_region, DP_REGION_COUNT - 1);
   CHECK_NAMES(dp_phase_name, dp_phase, DP_PHASE_COUNT - 1);
-  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_BN_UPDATE);
+  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_BN_BWD_STATS);
+  CHECK_NAMES(dp_bn_mode_name, dp_bn_mode, DP_BN_SYNC);
 }
 END_TEST
 
@@ -68,6 +69,8 @@ START_TEST(names_are_the_spec_and_command_line_words) {
   ck_assert_str_eq(dp_loss_name(DP_LOSS_SOFTMAX_CE), "softmax_cross_entropy");
   ck_assert_str_eq(dp_split_name(DP_SPLIT_CHUNK), "chunk");
   ck_assert_str_eq(dp_mode_name(DP_MODE_CLASSIC), "classic");
+  ck_assert_str_eq(dp_bn_mode_name(DP_BN_SYNC), "sync");
+  ck_assert_str_eq(dp_bn_mode_name(DP_BN_PER_REPLICA), "per_replica");
   ck_assert_str_eq(dp_optimizer_name(DP_OPT_MOMENTUM), "momentum");
   ck_assert_str_eq(dp_transport_name(DP_TRANSPORT_AUTO), "auto");
   /* the layer and loss names are the spec's: a spec written with them parses

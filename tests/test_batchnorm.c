@@ -1,8 +1,10 @@
-/* Batch normalisation (per_replica): the shapes and buffers it plans, the same
- * bits (parameters and running statistics) across device counts and modes,
- * running statistics that a refused step leaves alone, checkpoints that carry
- * them, the refusals (one value per channel, sync, accumulation), and eval
- * forwards that use them. PyTorch's numbers: the golden suite. */
+/* Batch normalisation, per_replica and sync: the shapes and buffers it plans,
+ * the same bits (parameters and running statistics) across device counts and
+ * modes, running statistics that a refused step leaves alone, checkpoints that
+ * carry them, the refusals (one value per channel, accumulation), eval
+ * forwards that use them, and sync's whole-batch statistics whatever the
+ * micro-batches. PyTorch's numbers: the golden suite. The tests that run in
+ * both modes are loop tests: _i is the dp_bn_mode. */
 #include "dp.h"
 #include "helpers.h"
 
@@ -46,8 +48,9 @@ static uint64_t state_hash(dp_ctx *c) {
   return h;
 }
 
-static dp_config cfg_of(int devices, dp_mode mode, int shard) {
+static dp_config cfg_of(int devices, dp_mode mode, int shard, dp_bn_mode bn) {
   dp_config c = config_of(B, devices, DP_OPT_ADAMW);
+  c.batchnorm = bn;
   c.mode = mode;
   c.shard_optimizer = shard;
   c.micro_batch = MB;
@@ -73,7 +76,7 @@ static uint64_t train(dp_config c, int steps) {
 }
 
 START_TEST(same_bits_and_running_stats_across_devices_and_modes) {
-  uint64_t ref = train(cfg_of(1, DP_MODE_CLASSIC, 0), 12);
+  uint64_t ref = train(cfg_of(1, DP_MODE_CLASSIC, 0, (dp_bn_mode)_i), 12);
   static const struct {
     int n;
     dp_mode mode;
@@ -83,20 +86,22 @@ START_TEST(same_bits_and_running_stats_across_devices_and_modes) {
                 {2, DP_MODE_ALLREDUCE, 0}, {4, DP_MODE_ALLREDUCE, 1},
                 {8, DP_MODE_ALLREDUCE, 1}};
   for (size_t i = 0; i < sizeof setups / sizeof *setups; i++) {
-    uint64_t h = train(cfg_of(setups[i].n, setups[i].mode, setups[i].shard), 12);
+    uint64_t h =
+        train(cfg_of(setups[i].n, setups[i].mode, setups[i].shard, (dp_bn_mode)_i), 12);
     ck_assert_msg(h == ref, "%d devices, mode %d, shard %d: %016llx vs %016llx",
                   setups[i].n, setups[i].mode, setups[i].shard, (unsigned long long)h,
                   (unsigned long long)ref);
   }
-  /* and the statistics are those of the micro-batches: another size, other bits */
-  dp_config other = cfg_of(1, DP_MODE_CLASSIC, 0);
+  /* another micro-batch size: other bits (per_replica: other statistics; sync:
+   * another tree) */
+  dp_config other = cfg_of(1, DP_MODE_CLASSIC, 0, (dp_bn_mode)_i);
   other.micro_batch = 2 * MB;
   ck_assert_uint_ne(train(other, 12), ref);
 }
 END_TEST
 
 START_TEST(running_stats_start_at_pytorch_defaults_and_count_steps) {
-  dp_config c = cfg_of(2, DP_MODE_CLASSIC, 0);
+  dp_config c = cfg_of(2, DP_MODE_CLASSIC, 0, (dp_bn_mode)_i);
   rig r;
   rig_open(&r, SPEC, &c);
   float mv[16];
@@ -127,7 +132,7 @@ END_TEST
 /* A refused step (a NaN input) moves neither parameters nor running statistics;
  * the retry equals an undisturbed run. */
 START_TEST(refused_step_leaves_running_stats_alone) {
-  dp_config c = cfg_of(2, DP_MODE_ALLREDUCE, 0);
+  dp_config c = cfg_of(2, DP_MODE_ALLREDUCE, 0, (dp_bn_mode)_i);
   rig r, u;
   rig_open(&r, SPEC, &c);
   rig_open(&u, SPEC, &c);
@@ -158,7 +163,8 @@ START_TEST(checkpoints_carry_running_stats) {
   int fd = mkstemp(path);
   ck_assert_int_ge(fd, 0);
   close(fd);
-  dp_config c4 = cfg_of(4, DP_MODE_CLASSIC, 0), c1 = cfg_of(1, DP_MODE_ALLREDUCE, 0);
+  dp_config c4 = cfg_of(4, DP_MODE_CLASSIC, 0, (dp_bn_mode)_i),
+            c1 = cfg_of(1, DP_MODE_ALLREDUCE, 0, (dp_bn_mode)_i);
   rig a, b;
   rig_open(&a, SPEC, &c4);
   rig_open(&b, SPEC, &c1);
@@ -189,7 +195,7 @@ END_TEST
 
 START_TEST(refusals_name_what_is_wrong) {
   /* one row in a micro-batch: one value per channel of the 1d batchnorm */
-  dp_config c = cfg_of(1, DP_MODE_CLASSIC, 0);
+  dp_config c = cfg_of(1, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
   c.micro_batch = 1;
   rig r;
   rig_open(&r, "input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n", &c);
@@ -204,22 +210,18 @@ START_TEST(refusals_name_what_is_wrong) {
   rig_open(&r, "input 1 2 2\nconv2d 2 1\nbatchnorm\nflatten\nlinear 2\nloss mse\n", &c);
   ck_assert_int_eq(dp_train_step(r.c, B, 4, x, t, NULL), DP_OK);
   rig_close(&r);
-  /* sync, accumulation and the cuda backend: refused at planning, naming them */
+  /* accumulation and the cuda backend: refused at planning, naming them */
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_parse(SPEC, "bn", &m), DP_OK);
   dp_plan *p = NULL;
-  dp_config s = cfg_of(2, DP_MODE_CLASSIC, 0);
-  s.batchnorm = DP_BN_SYNC;
-  ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
-  ck_assert_msg(strstr(dp_last_error(), "sync"), "%s", dp_last_error());
-  s = cfg_of(2, DP_MODE_CLASSIC, 0);
+  dp_config s = cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
   s.accumulate = 2;
   ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
-  s = cfg_of(2, DP_MODE_CLASSIC, 0);
+  s = cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
   s.batchnorm = (dp_bn_mode)7;
   ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_INVALID);
   if (dp_cuda_available()) {
-    s = cfg_of(2, DP_MODE_CLASSIC, 0);
+    s = cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
     s.backend = DP_BACKEND_CUDA;
     ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
     ck_assert_msg(strstr(dp_last_error(), "batchnorm"), "%s", dp_last_error());
@@ -241,15 +243,106 @@ START_TEST(refusals_name_what_is_wrong) {
 }
 END_TEST
 
+/* Trains `steps` full batches with plain SGD and returns the parameters (n
+ * floats). (Not AdamW: the biases before the batchnorms have gradients of
+ * zero up to rounding, which g / sqrt(v) turns into whole steps.) */
+static float *train_params(dp_config c, int steps, size_t *n) {
+  dp_config_set_optimizer(&c, DP_OPT_SGD);
+  c.lr = 0.1f;
+  rig r;
+  rig_open(&r, SPEC, &c);
+  float x[B * IN];
+  int32_t y[B];
+  for (int s = 0; s < steps; s++) {
+    make_batch(x, y, s);
+    ck_assert_msg(dp_train_step(r.c, B, IN, x, y, NULL) == DP_OK, "%s", dp_ctx_error(r.c));
+  }
+  *n = dp_model_n_params(r.m);
+  float *w = malloc(*n * 4);
+  ck_assert_int_eq(dp_get_params(r.c, w, *n), DP_OK);
+  rig_close(&r);
+  return w;
+}
+
+/* Largest |a - b| over the largest |b|. */
+static double rel_diff(const float *a, const float *b, size_t n) {
+  double d = 0, m = 0;
+  for (size_t k = 0; k < n; k++) {
+    d = fmax(d, fabs((double)a[k] - (double)b[k]));
+    m = fmax(m, fabs((double)b[k]));
+  }
+  return d / m;
+}
+
+/* sync normalises with the whole batch: whatever the micro-batches and the
+ * devices (3: not a power of two, so other bits), the training is the one of
+ * a single micro-batch (per_replica with the batch as its micro-batch) up to
+ * rounding, and far from per_replica's micro-batch statistics. */
+START_TEST(sync_statistics_are_the_whole_batch) {
+  size_t n;
+  dp_config whole = cfg_of(1, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
+  whole.micro_batch = B;
+  float *ref = train_params(whole, 4, &n);
+  static const struct {
+    int devices, micro_batch;
+  } lay[] = {{1, MB}, {2, 2 * MB}, {3, MB}, {4, 0}, {8, 1}};
+  for (size_t i = 0; i < sizeof lay / sizeof *lay; i++) {
+    dp_config c = cfg_of(lay[i].devices, DP_MODE_ALLREDUCE, 0, DP_BN_SYNC);
+    c.micro_batch = lay[i].micro_batch;
+    float *w = train_params(c, 4, &n);
+    double d = rel_diff(w, ref, n);
+    ck_assert_msg(d < 1e-4, "%d devices, micro-batch %d: %g from the whole batch's",
+                  lay[i].devices, lay[i].micro_batch, d);
+    free(w);
+  }
+  float *pr = train_params(cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA), 4, &n);
+  ck_assert_double_gt(rel_diff(pr, ref, n), 1e-3);
+  free(pr);
+  free(ref);
+}
+END_TEST
+
+/* sync: a micro-batch of one row is fine (the batch has the variance); a batch
+ * of one row of a 1d batchnorm is not, and is refused before anything moves. */
+START_TEST(sync_refuses_only_a_batch_of_one_value) {
+  dp_config c = cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_SYNC);
+  c.micro_batch = 1;
+  rig r;
+  rig_open(&r, "input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n", &c);
+  float x[B * 4] = {0}, t[B * 2] = {0};
+  for (int i = 0; i < B * 4; i++) x[i] = (float)(i % 7);
+  ck_assert_int_eq(dp_train_step(r.c, B, 4, x, t, NULL), DP_OK);
+  uint64_t h = dp_params_hash(r.c);
+  float mv[6];
+  int64_t count = -1;
+  ck_assert_int_eq(dp_train_step(r.c, 1, 4, x, t, NULL), DP_ERR_SHAPE);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "one row"), "%s", dp_ctx_error(r.c));
+  ck_assert_uint_eq(dp_params_hash(r.c), h);
+  ck_assert_int_eq(dp_get_running_stats(r.c, 1, mv, mv + 3, &count), DP_OK);
+  ck_assert_int_eq(count, 1);
+  ck_assert_int_eq(dp_train_step(r.c, 2, 4, x, t, NULL), DP_OK);
+  rig_close(&r);
+}
+END_TEST
+
 Suite *batchnorm_suite(void) {
   Suite *s = suite_create("batchnorm");
-  TCase *tc = tcase_create("per_replica");
-  tcase_set_timeout(tc, 120);
-  tcase_add_test(tc, same_bits_and_running_stats_across_devices_and_modes);
-  tcase_add_test(tc, running_stats_start_at_pytorch_defaults_and_count_steps);
-  tcase_add_test(tc, refused_step_leaves_running_stats_alone);
-  tcase_add_test(tc, checkpoints_carry_running_stats);
+  TCase *tc = tcase_create("both_modes");
+  tcase_set_timeout(tc, 240);
+  tcase_add_loop_test(tc, same_bits_and_running_stats_across_devices_and_modes,
+                      DP_BN_PER_REPLICA, DP_BN_SYNC + 1);
+  tcase_add_loop_test(tc, running_stats_start_at_pytorch_defaults_and_count_steps,
+                      DP_BN_PER_REPLICA, DP_BN_SYNC + 1);
+  tcase_add_loop_test(tc, refused_step_leaves_running_stats_alone, DP_BN_PER_REPLICA,
+                      DP_BN_SYNC + 1);
+  tcase_add_loop_test(tc, checkpoints_carry_running_stats, DP_BN_PER_REPLICA,
+                      DP_BN_SYNC + 1);
   tcase_add_test(tc, refusals_name_what_is_wrong);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("sync");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, sync_statistics_are_the_whole_batch);
+  tcase_add_test(tc, sync_refuses_only_a_batch_of_one_value);
   suite_add_tcase(s, tc);
   return s;
 }

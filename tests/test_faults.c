@@ -82,9 +82,13 @@ static void batch_free(batch *b) {
 }
 
 /* The plan of `m` for one layout, optimizer, micro-batch and policy. */
+/* plan_case's config.batchnorm (a test that wants sync sets it and puts it back) */
+static dp_bn_mode bn_mode = DP_BN_PER_REPLICA;
+
 static dp_plan *plan_case(const dp_model *m, const mode_case *mc, int n_dev,
                           dp_optimizer opt, int micro, dp_nonfinite_policy pol) {
   dp_config c = config_of(BATCH, n_dev, opt);
+  c.batchnorm = bn_mode;
   c.micro_batch = micro;
   c.mode = mc->mode;
   c.shard_optimizer = mc->shard;
@@ -278,6 +282,19 @@ START_TEST(a_failed_cnn_step_changes_nothing_and_the_retry_matches) {
   int n_dev = _i % 4 + 1;
   fault_every_op_of(IMAGE_MODEL, mc, n_dev, DP_OPT_ADAMW, BATCH);
   if (n_dev >= 3) fault_every_op_of(IMAGE_MODEL, mc, n_dev, DP_OPT_MOMENTUM, 5);
+}
+END_TEST
+
+/* And with sync batchnorm, whose statistics cross the devices twice in the
+ * middle of the step (trees in the forward and in the backward): a fault at
+ * any of those ops too, full and short batches. */
+START_TEST(a_failed_sync_batchnorm_step_changes_nothing_and_the_retry_matches) {
+  const mode_case *mc = &MODES[_i / 4];
+  int n_dev = _i % 4 + 1;
+  bn_mode = DP_BN_SYNC;
+  fault_every_op_of(IMAGE_MODEL, mc, n_dev, DP_OPT_ADAMW, BATCH);
+  if (n_dev >= 3) fault_every_op_of(IMAGE_MODEL, mc, n_dev, DP_OPT_MOMENTUM, 5);
+  bn_mode = DP_BN_PER_REPLICA;
 }
 END_TEST
 
@@ -482,6 +499,9 @@ Suite *faults_suite(void) {
   tcase_add_loop_test(tc, a_failed_step_changes_nothing_and_the_retry_matches, 0,
                       N_MODES * 4);
   tcase_add_loop_test(tc, a_failed_cnn_step_changes_nothing_and_the_retry_matches, 0,
+                      N_MODES * 4);
+  tcase_add_loop_test(tc,
+                      a_failed_sync_batchnorm_step_changes_nothing_and_the_retry_matches, 0,
                       N_MODES * 4);
   tcase_add_test(tc, the_hook_fires_once_and_a_refused_call_keeps_it);
   suite_add_tcase(s, tc);

@@ -228,6 +228,7 @@ PARSE_ENUM(dpt_parse_optimizer, dp_optimizer, dp_optimizer_name, "--optimizer")
 PARSE_ENUM(dpt_parse_split, dp_split, dp_split_name, "--split")
 PARSE_ENUM(dpt_parse_backend, dp_backend, dp_backend_name, "--backend")
 PARSE_ENUM(dpt_parse_transport, dp_transport, dp_transport_name, "--transport")
+PARSE_ENUM(dpt_parse_bn_mode, dp_bn_mode, dp_bn_mode_name, "--batchnorm")
 
 #define N_OF(table) ((int)(sizeof table / sizeof *table))
 
@@ -318,6 +319,7 @@ static const struct option common_options[] = {
     {"ranks", required_argument, NULL, DPT_OPT_RANKS},
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
+    {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -391,6 +393,7 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_TF32: c->tf32 = 1; return 0;
   case DPT_OPT_FAST_COLLECTIVES: c->fast_collectives = 1; return 0;
   case DPT_OPT_TRANSPORT: return dpt_parse_transport(arg, &c->transport, err, errcap);
+  case DPT_OPT_BATCHNORM: return dpt_parse_bn_mode(arg, &c->batchnorm, err, errcap);
   }
   return fail(err, errcap, "internal: unknown common option %d", code);
 }
@@ -546,6 +549,12 @@ void dpt_print_common_help(FILE *f) {
         "  --shard-optimizer       allreduce: each device keeps and updates only its\n"
         "                          shard of the optimizer state (ZeRO-1 style); the\n"
         "                          parameters are the same bits as without it\n"
+        "  --batchnorm per_replica|sync\n"
+        "                          batchnorm layers in training: per_replica = each\n"
+        "                          micro-batch's own statistics (default; nn.DataParallel\n"
+        "                          with one micro-batch per device); sync = the whole\n"
+        "                          batch's (SyncBatchNorm), the same whatever the\n"
+        "                          devices and micro-batches\n"
         "  --optimizer sgd|momentum|adamw   (default sgd)\n"
         "  --inference             forward only: no gradients, no optimizer state\n"
         "  --backend cpu|cuda      cpu: threads as virtual devices (default); cuda: GPUs\n"
@@ -629,6 +638,8 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->clip_grad_norm > 0.0f)
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
     if (c->accumulate > 1) fprintf(f, ", accumulating %d batches per step", c->accumulate);
+    if (c->batchnorm != DP_BN_PER_REPLICA)
+      fprintf(f, ", batchnorm %s", dp_bn_mode_name(c->batchnorm));
     fputs("), training", f);
   }
   fprintf(f, ", %s backend", dp_backend_name(c->backend));

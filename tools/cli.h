@@ -83,6 +83,8 @@ int dpt_parse_backend(const char *s, dp_backend *out, char *err,
                       size_t errcap); /* cpu|cuda */
 int dpt_parse_transport(const char *s, dp_transport *out, char *err,
                         size_t errcap); /* auto|copy|nccl */
+int dpt_parse_bn_mode(const char *s, dp_bn_mode *out, char *err,
+                      size_t errcap); /* per_replica|sync */
 
 /* ---- formatting ----------------------------------------------------------------- */
 
@@ -131,6 +133,7 @@ enum {
   DPT_OPT_RANKS,
   DPT_OPT_CLIP_GRAD_NORM,
   DPT_OPT_ACCUMULATE,
+  DPT_OPT_BATCHNORM,
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };

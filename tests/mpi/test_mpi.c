@@ -10,6 +10,9 @@
  *   - a rank planning another batch is refused at create, named;
  *   - a checkpoint saved by the job loads into one process (and back) and
  *     continues with the bits of a straight run;
+ *   - sync batchnorm (its statistics' trees cross the ranks mid-forward and
+ *     mid-backward): one process's parameters, running statistics and eval
+ *     outputs, and a fault at any of those cross-rank copies refused;
  *   - no allocator calls by libdp... (tests/standalone/test_noalloc.c counts
  *     the one-process path; here the steps' counts are printed per rank).
  * With --kill-rank K, rank K kills itself mid-training; with --stall-rank K
@@ -391,6 +394,116 @@ static void check_accumulate(dp_model *model) {
   dp_plan_free(p1);
 }
 
+/* The parameters' hash folded with every batchnorm's running statistics
+ * (collective: rank 0's). */
+static uint64_t bn_state(dp_ctx *c, const dp_model *m) {
+  uint64_t h = dp_params_hash(c);
+  for (int i = 0; i < dp_model_n_layers(m); i++) {
+    dp_layer_info li;
+    if (dp_model_layer(m, i, &li) || li.kind != DP_LAYER_BATCHNORM) continue;
+    float mv[64];
+    int64_t n = 0;
+    if (li.channels > 32 || dp_get_running_stats(c, i, mv, mv + li.channels, &n)) {
+      fail("running statistics of layer %d: %s", i, dp_last_error());
+      continue;
+    }
+    h = dp_hash_bytes(mv, 2 * (size_t)li.channels * 4) ^ (h * 31 + (uint64_t)n);
+  }
+  return h;
+}
+
+/* sync batchnorm: the statistics' trees cross the ranks in the middle of the
+ * forward and of the backward; the job gives one process's bits (parameters
+ * and running statistics, full and short batches, an eval forward), and a
+ * fault at any cross-rank copy of those trees is refused on every rank with
+ * nothing moved. */
+static void check_sync_batchnorm(void) {
+  static const char *BN_SPEC = "input 1 3 4\nconv2d 3 2 padding 1 nobias\nbatchnorm\n"
+                               "relu\nflatten\nlinear 16 nobias\nbatchnorm\ntanh\n"
+                               "linear 5\nloss softmax_cross_entropy\n";
+  dp_model *model = NULL;
+  if (dp_model_parse(BN_SPEC, "bn", &model)) {
+    fail("sync batchnorm spec: %s", dp_last_error());
+    return;
+  }
+  for (size_t mi = 0; mi < sizeof MODES / sizeof *MODES; mi++) {
+    const mode_case *m = &MODES[mi];
+    dp_config cw = config_for(m, size), c1 = config_for(m, 1);
+    cw.batchnorm = c1.batchnorm = DP_BN_SYNC;
+    cw.clip_grad_norm = c1.clip_grad_norm = 0;
+    dp_plan *pw = NULL, *p1 = NULL;
+    dp_ctx *cx = NULL, *ref = NULL;
+    if (dp_plan_create(model, &cw, &pw) || dp_ctx_create_mpi(pw, MPI_COMM_WORLD, &cx)) {
+      fail("sync batchnorm, %s: %s", m->name, dp_last_error());
+      dp_plan_free(pw);
+      continue;
+    }
+    if (rank == 0 && (dp_plan_create(model, &c1, &p1) || dp_ctx_create(p1, &ref)))
+      fail("sync batchnorm, %s: the reference: %s", m->name, dp_last_error());
+    float *x = malloc(sizeof(float) * BATCH * IN),
+          *out = malloc(sizeof(float) * BATCH * OUT),
+          *oref = malloc(sizeof(float) * BATCH * OUT);
+    int32_t *y = malloc(sizeof(int32_t) * BATCH);
+    static const int rows_of[] = {BATCH, 37, 3, BATCH};
+    for (int t = 0; t < 4; t++) {
+      make_batch(t, x, y);
+      expect_all(job_step(cx, pw, rows_of[t], x, y, NULL), DP_OK, "a sync batchnorm step");
+      if (rank == 0 && ref) dp_train_step(ref, rows_of[t], IN, x, y, NULL);
+      uint64_t hr = share_u64(rank == 0 && ref ? bn_state(ref, model) : 0);
+      CHECK(bn_state(cx, model) == hr,
+            "sync batchnorm, %s, step %d (%d rows): not one "
+            "process's parameters and running statistics",
+            m->name, t, rows_of[t]);
+    }
+    int r0, n;
+    dp_plan_rank_rows(pw, BATCH, rank, &r0, &n);
+    expect_all(dp_forward(cx, BATCH, IN, x + (size_t)r0 * IN, out), DP_OK, "a forward");
+    if (rank == 0 && ref) dp_forward(ref, BATCH, IN, x, oref);
+    MPI_Bcast(oref, BATCH * OUT, MPI_FLOAT, 0, MPI_COMM_WORLD);
+    CHECK(!memcmp(out, oref + (size_t)r0 * OUT, (size_t)n * OUT * 4),
+          "sync batchnorm, %s: eval outputs differ from one process's", m->name);
+    /* a fault at every cross-rank copy of the forward and backward trees */
+    uint64_t before = bn_state(cx, model);
+    const dp_op *ops;
+    int n_ops, commit, faults = 0;
+    dp__ctx_schedule(cx, BATCH, true, &ops, &n_ops, &commit);
+    for (int k = 0; k < commit; k++) {
+      const dp_op *o = &ops[k];
+      if (o->kind != DP_OP_COPY ||
+          (o->phase != DP_PHASE_FORWARD && o->phase != DP_PHASE_BACKWARD) ||
+          dp_plan_device_rank(pw, o->src_dev) == dp_plan_device_rank(pw, o->dst_dev))
+        continue;
+      if (rank == dp_plan_device_rank(pw, o->device)) dp__ctx_inject_fault(cx, k);
+      expect_all(job_step(cx, pw, BATCH, x, y, NULL), DP_ERR_BACKEND,
+                 "an injected fault at a cross-rank batchnorm copy");
+      CHECK(bn_state(cx, model) == before,
+            "sync batchnorm, %s: a fault at op %d moved "
+            "the state",
+            m->name, k);
+      faults++;
+    }
+    CHECK(size == 1 || faults > 0, "sync batchnorm, %s: no cross-rank copy in the trees",
+          m->name);
+    expect_all(job_step(cx, pw, BATCH, x, y, NULL), DP_OK, "the retry");
+    if (rank == 0 && ref) dp_train_step(ref, BATCH, IN, x, y, NULL);
+    uint64_t hr = share_u64(rank == 0 && ref ? bn_state(ref, model) : 0);
+    CHECK(bn_state(cx, model) == hr, "sync batchnorm, %s: the retry differs", m->name);
+    if (rank == 0)
+      printf("sync batchnorm, %s: one process's bits; %d faults at cross-rank copies "
+             "refused\n",
+             m->name, faults);
+    free(x);
+    free(y);
+    free(out);
+    free(oref);
+    dp_ctx_free(cx);
+    dp_ctx_free(ref);
+    dp_plan_free(pw);
+    dp_plan_free(p1);
+  }
+  dp_model_free(model);
+}
+
 #endif
 
 /* A rank that plans another batch is refused on every rank, named. */
@@ -483,6 +596,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof MODES / sizeof *MODES; i++) check_mode(&MODES[i], model);
 #ifndef TEST_CUDA
   check_accumulate(model);
+  check_sync_batchnorm();
 #endif
   check_mismatch(model);
   dp_model_free(model);

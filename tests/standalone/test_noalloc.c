@@ -518,6 +518,7 @@ typedef struct {
   int shard;
   float clip;       /* clip_grad_norm */
   const char *spec; /* NULL: MLP_SPEC */
+  dp_bn_mode bn;    /* config.batchnorm */
 } config_case;
 
 static void fill(float *x, int32_t *t, int rows, uint64_t seed) {
@@ -548,6 +549,7 @@ static void run_case(const config_case *cc) {
   cfg.mode = cc->mode;
   cfg.shard_optimizer = cc->shard;
   cfg.clip_grad_norm = cc->clip;
+  cfg.batchnorm = cc->bn;
   /* the clipping cases accumulate too: 2 calls per update (the schedules of
    * both kinds of call alternate) */
   cfg.accumulate = cc->clip > 0 ? 2 : 0;
@@ -782,19 +784,23 @@ int main(int argc, char **argv) {
   }
   static const config_case cases[] = {
       {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0,
-       NULL},
+       NULL, DP_BN_PER_REPLICA},
       {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0,
-       NULL},
+       NULL, DP_BN_PER_REPLICA},
       {"mlp, 3 devices, balanced, micro_batch 4", 3, DP_SPLIT_BALANCED, 4, DP_BACKEND_CPU,
-       0, DP_MODE_CLASSIC, 0, 0, NULL},
+       0, DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA},
       {"mlp, 4 devices, sharded, clip_grad_norm, accumulate 2", 4, DP_SPLIT_CHUNK, 0,
-       DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 1, 0.01f, NULL},
+       DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 1, 0.01f, NULL, DP_BN_PER_REPLICA},
       {"mlp, 2 devices, classic, clip_grad_norm, accumulate 2", 2, DP_SPLIT_CHUNK, 0,
-       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, NULL},
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, NULL, DP_BN_PER_REPLICA},
       {"cnn, 2 devices, micro_batch 4", 2, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0,
-       DP_MODE_CLASSIC, 0, 0, CNN_SPEC},
+       DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_PER_REPLICA},
       {"cnn, 3 devices, allreduce, sharded", 3, DP_SPLIT_BALANCED, 0, DP_BACKEND_CPU, 0,
-       DP_MODE_ALLREDUCE, 1, 0, CNN_SPEC},
+       DP_MODE_ALLREDUCE, 1, 0, CNN_SPEC, DP_BN_PER_REPLICA},
+      {"cnn, 4 devices, sync batchnorm, micro_batch 2", 4, DP_SPLIT_CHUNK, 2,
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_SYNC},
+      {"cnn, 3 devices, allreduce, sync batchnorm", 3, DP_SPLIT_BALANCED, 0, DP_BACKEND_CPU,
+       0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
 
@@ -805,9 +811,9 @@ int main(int argc, char **argv) {
 #endif
   static const config_case gpu_cases[] = {
       {"cuda, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0,
-       DP_MODE_CLASSIC, 0, 0, NULL},
+       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA},
       {"cuda graph, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
-       DP_MODE_CLASSIC, 0, 0, NULL},
+       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA},
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
