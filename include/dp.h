@@ -151,7 +151,7 @@ typedef enum { DP_NONFINITE_ERROR = 0, DP_NONFINITE_SKIP } dp_nonfinite_policy;
  * is normalised with its own statistics (with the default micro-batch, one per
  * device: nn.DataParallel's behaviour), and the running statistics follow
  * micro-batch 0 (device 0's replica, as DataParallel keeps them). SYNC: the
- * whole batch's statistics (SyncBatchNorm); not implemented yet (refused). */
+ * whole batch's statistics (SyncBatchNorm), reduced in the canonical tree. */
 typedef enum { DP_BN_PER_REPLICA = 0, DP_BN_SYNC } dp_bn_mode;
 
 typedef struct {

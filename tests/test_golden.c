@@ -18,6 +18,21 @@
  * trainings; the running means and variances are compared under the
  * tolerance below, the counts exactly.
  *
+ * bn_sync_* cases carry the same records and bn_sync = 1: libdp runs them with
+ * config.batchnorm = DP_BN_SYNC (SyncBatchNorm: every batchnorm normalises
+ * with the whole batch's statistics; PyTorch's reference is the module on the
+ * whole batch). Their results do not depend on the micro-batches beyond
+ * rounding, so besides the tests every case gets (with the file's
+ * micro_batch), the batchnorm_layouts tests run every training of each
+ * bn_sync case on 1 to 4 devices in every layout with the file's micro_batch,
+ * with none (one per device), with 1 and 2 rows, and in per_replica mode with
+ * the whole batch as one micro-batch, all against PyTorch's data; and, where
+ * docs/DETERMINISM.md promises it (a fixed micro-batch size, 1, 2 or 4
+ * devices dividing the micro-batch count), check that the losses, gradient
+ * norms, gradients, parameters, running statistics and eval outputs are the
+ * same bits as classic on 1 device. The per_replica cases get the same sweep
+ * with their file's micro_batch.
+ *
  * Tolerance, element-wise against a reference tensor `want`:
  *   |got - want| <= 1e-5 * (|want| + 0.1 * max|want|)
  * The second term keeps elements much smaller than the tensor's largest (the
@@ -228,12 +243,43 @@ static void check_scalar(const char *case_name, const char *what, float got, flo
  * short last chunk, under the same tolerance as the MLPs. bn_*: batchnorm,
  * per_replica, with the file's micro-batch size: 1d in an MLP (bn_mlp), 2d
  * after a conv (bn_cnn), both in one model with a short last micro-batch
- * (bn_two). See tools/golden/README.md. */
+ * (bn_two). bn_sync_*: the same three shapes of model in sync mode (the file's
+ * bn_sync record), whole-batch statistics. See tools/golden/README.md. */
 static const char *const golden_cases[] = {
-    "seed",    "b31n2",   "b3n4",     "mlp_all",           "mlp_mse_b37n3",
-    "cnn_all", "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout",
-    "bn_mlp",  "bn_cnn",  "bn_two"};
+    "seed",       "b31n2",   "b3n4",     "mlp_all",           "mlp_mse_b37n3",
+    "cnn_all",    "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout",
+    "bn_mlp",     "bn_cnn",  "bn_two",   "bn_sync_mlp",       "bn_sync_cnn",
+    "bn_sync_two"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
+
+/* The layouts: classic, allreduce and allreduce with a sharded optimizer. */
+static const struct {
+  dp_mode mode;
+  int shard;
+  const char *name;
+} layouts[] = {{DP_MODE_CLASSIC, 0, "classic"},
+               {DP_MODE_ALLREDUCE, 0, "allreduce"},
+               {DP_MODE_ALLREDUCE, 1, "sharded"}};
+#define N_LAYOUTS ((int)(sizeof layouts / sizeof layouts[0]))
+
+/* run_setup.micro_batch besides 0 (the file's) and a size > 0. */
+enum {
+  MB_NONE = -1, /* config.micro_batch = 0: one micro-batch per device (the default) */
+  MB_BATCH = -2 /* the whole batch as one micro-batch */
+};
+
+/* How a case is run. Zero-initialised: the file's own setup (its N, classic,
+ * its micro_batch and batchnorm mode, no clipping, a training plan). */
+typedef struct {
+  int inference;
+  int n_devices;   /* 0: the file's N */
+  int layout;      /* index in layouts[] */
+  int clip;        /* config.clip_grad_norm = the file's clip_max_norm (0: none) */
+  int micro_batch; /* 0: the file's micro_batch (0 when it has none); MB_NONE,
+                      MB_BATCH, or rows per micro-batch */
+  int per_replica; /* a bn_sync file run in per_replica mode (which, with the
+                      whole batch as one micro-batch, normalises the same) */
+} run_setup;
 
 typedef struct {
   golden g;
@@ -241,7 +287,14 @@ typedef struct {
   dp_plan *plan;
   dp_ctx *ctx;
   int batch, in_width;
-  int micro_batch; /* the file's micro_batch (bn_* cases), else 0 */
+  int micro_batch; /* config.micro_batch of the run */
+  int n_devices;   /* config.n_devices of the run */
+  int bn_sync;     /* config.batchnorm = DP_BN_SYNC */
+  /* The run is one that docs/DETERMINISM.md promises the bits of: a fixed
+   * micro-batch size, the chunk split, and a device count that is a power of
+   * two dividing the micro-batch count. */
+  int same_bits;
+  char desc[128]; /* the layout, for messages */
   size_t n_params;
   const float *x;
   const void *target;
@@ -254,13 +307,16 @@ typedef struct {
                   dp_last_error());                                                        \
   } while (0)
 
-/* Loads the case and builds model, plan and context with params0 loaded.
- * n_devices <= 0 keeps the file's N. */
-/* mode, shard: the layout (classic, allreduce, allreduce with a sharded
- * optimizer); n_devices 0: the golden file's own device count; clip: set
- * config.clip_grad_norm to the file's clip_max_norm (0: no clipping). */
-static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int inference,
-                     int n_devices, dp_mode mode, int shard, int clip) {
+/* Loads the case and builds model, plan and context with params0 loaded, set
+ * up as s says (NULL: the file's own setup). The optimizer's hyper-parameters
+ * come from the file. */
+static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
+                     const run_setup *s) {
+  static const run_setup file_setup = {0};
+  if (!s) s = &file_setup;
+  ck_assert(s->layout >= 0 && s->layout < N_LAYOUTS);
+  /* per_replica normalises as sync only with a single micro-batch */
+  ck_assert(!s->per_replica || s->micro_batch == MB_BATCH);
   memset(r, 0, sizeof *r);
   golden_load(&r->g, case_name);
   const golden *g = &r->g;
@@ -271,12 +327,32 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   const float *hp = golden_f32(g, "hparams", &n);
   ck_assert_uint_eq(n, 8);
   r->batch = conf[0];
+  int file_mb = 0;
   const golden_entry *mbe = golden_find(g, "micro_batch", GT_I32);
   if (mbe) {
     ck_assert_uint_eq(mbe->count, 1);
-    r->micro_batch = ((const int32_t *)mbe->data)[0];
-    ck_assert_msg(r->micro_batch > 0, "%s: micro_batch %d", case_name, r->micro_batch);
+    file_mb = ((const int32_t *)mbe->data)[0];
+    ck_assert_msg(file_mb > 0, "%s: micro_batch %d", case_name, file_mb);
   }
+  const golden_entry *se = golden_find(g, "bn_sync", GT_I32);
+  if (se) {
+    ck_assert_msg(se->count == 1 && ((const int32_t *)se->data)[0] == 1 && mbe,
+                  "%s: bn_sync must be [1], in a batchnorm case", case_name);
+    r->bn_sync = !s->per_replica;
+  }
+  r->micro_batch = s->micro_batch == 0          ? file_mb
+                   : s->micro_batch == MB_NONE  ? 0
+                   : s->micro_batch == MB_BATCH ? r->batch
+                                                : s->micro_batch;
+  ck_assert_int_ge(r->micro_batch, 0);
+  r->n_devices = s->n_devices > 0 ? s->n_devices : conf[1];
+  int n_mb = r->micro_batch ? (r->batch + r->micro_batch - 1) / r->micro_batch : 0;
+  r->same_bits = n_mb > 0 && conf[2] == DP_SPLIT_CHUNK &&
+                 (r->n_devices & (r->n_devices - 1)) == 0 && n_mb % r->n_devices == 0;
+  snprintf(r->desc, sizeof r->desc, "%s on %d device(s), micro_batch %d%s%s",
+           layouts[s->layout].name, r->n_devices, r->micro_batch,
+           mbe ? (r->bn_sync ? ", batchnorm sync" : ", batchnorm per_replica") : "",
+           s->clip ? ", clipped" : "");
 
   CHECK_DP(case_name, dp_model_parse(spec, case_name, &r->model));
   int in = dp_model_input_width(r->model), out = dp_model_output_width(r->model);
@@ -307,14 +383,15 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
   dp_config cfg;
   dp_config_default(&cfg);
   cfg.batch = r->batch;
-  cfg.n_devices = n_devices > 0 ? n_devices : conf[1];
+  cfg.n_devices = r->n_devices;
   cfg.split = (dp_split)conf[2];
   cfg.micro_batch = r->micro_batch; /* per_replica batchnorm's statistics depend on it */
+  cfg.batchnorm = r->bn_sync ? DP_BN_SYNC : DP_BN_PER_REPLICA;
   cfg.seed = (uint64_t)(uint32_t)conf[3];
-  cfg.inference = inference;
-  cfg.mode = mode;
-  cfg.shard_optimizer = shard;
-  if (clip) {
+  cfg.inference = s->inference;
+  cfg.mode = layouts[s->layout].mode;
+  cfg.shard_optimizer = layouts[s->layout].shard;
+  if (s->clip) {
     const float *max_norm = golden_f32(g, "clip_max_norm", &n);
     ck_assert_uint_eq(n, 1);
     ck_assert_msg(max_norm[0] > 0.0f, "%s: clip_max_norm %g", case_name,
@@ -333,7 +410,9 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt, int
     cfg.momentum = hp[1];
     cfg.weight_decay = hp[2];
   }
-  CHECK_DP(case_name, dp_plan_create(r->model, &cfg, &r->plan));
+  dp_status st = dp_plan_create(r->model, &cfg, &r->plan);
+  ck_assert_msg(st == DP_OK, "%s: %s: dp_plan_create -> %s: %s", case_name, r->desc,
+                dp_status_name(st), dp_last_error());
   CHECK_DP(case_name, dp_ctx_create(r->plan, &r->ctx));
   CHECK_DP(case_name, dp_set_params(r->ctx, p0, r->n_params));
 }
@@ -353,6 +432,37 @@ static float *alloc_floats(size_t n) {
 
 /* ---- batchnorm running statistics ---------------------------------------------- */
 
+/* The file's bn_layers ((layer index after `input`, C) per batchnorm, in
+ * layer order; none: *n_bn = 0) and the sum of their C. */
+static const int32_t *bn_layers(const golden_run *r, int *n_bn, size_t *total_c) {
+  const golden_entry *le = golden_find(&r->g, "bn_layers", GT_I32);
+  *n_bn = 0;
+  *total_c = 0;
+  if (!le) return NULL;
+  ck_assert_msg(le->ndim == 2 && le->dims[1] == 2, "%s: bn_layers shape", r->g.case_name);
+  const int32_t *bl = le->data;
+  *n_bn = (int)le->dims[0];
+  for (int k = 0; k < *n_bn; k++) *total_c += (size_t)bl[2 * k + 1];
+  return bl;
+}
+
+/* Every batchnorm's running statistics (dp_get_running_stats), concatenated
+ * in layer order as the file's records are: mean and var (total_c floats
+ * each), count (n_bn). */
+static void read_running_stats(golden_run *r, float *mean, float *var, int64_t *count) {
+  int n_bn;
+  size_t total_c, off = 0;
+  const int32_t *bl = bn_layers(r, &n_bn, &total_c);
+  for (int k = 0; k < n_bn; k++) {
+    int layer = bl[2 * k];
+    count[k] = -1;
+    dp_status st = dp_get_running_stats(r->ctx, layer, mean + off, var + off, &count[k]);
+    ck_assert_msg(st == DP_OK, "%s: dp_get_running_stats(layer %d) -> %s: %s",
+                  r->g.case_name, layer, dp_status_name(st), dp_last_error());
+    off += (size_t)bl[2 * k + 1];
+  }
+}
+
 /* Compares every batchnorm's running statistics (dp_get_running_stats) with
  * row `t` of the file's <prefix>_running_mean / _running_var (f32, (steps,
  * sum of C), the layers concatenated in order) and <prefix>_num_batches (i32,
@@ -366,14 +476,9 @@ static void check_running_stats(golden_run *r, const char *prefix, int t,
   const golden *g = &r->g;
   const char *cn = g->case_name;
   int n_layers = dp_model_n_layers(r->model);
-  const golden_entry *le = golden_find(g, "bn_layers", GT_I32);
-  int n_bn = 0;
-  const int32_t *bl = NULL;
-  if (le) {
-    ck_assert_msg(le->ndim == 2 && le->dims[1] == 2, "%s: bn_layers shape", cn);
-    n_bn = (int)le->dims[0];
-    bl = le->data;
-  }
+  int n_bn;
+  size_t total_c;
+  const int32_t *bl = bn_layers(r, &n_bn, &total_c);
   float dummy[1];
   int64_t dummy_count;
   for (int i = 0, k = 0; i <= n_layers; i++) {
@@ -394,16 +499,13 @@ static void check_running_stats(golden_run *r, const char *prefix, int t,
   }
   if (!n_bn) return;
 
-  char key[64], what[160];
-  size_t n;
+  char key[64], what[200];
   snprintf(key, sizeof key, "%s_running_mean", prefix);
   const golden_entry *me = golden_get(g, key, GT_F32);
   snprintf(key, sizeof key, "%s_running_var", prefix);
   const golden_entry *ve = golden_get(g, key, GT_F32);
   snprintf(key, sizeof key, "%s_num_batches", prefix);
   const golden_entry *ce = golden_get(g, key, GT_I32);
-  size_t total_c = 0;
-  for (int k = 0; k < n_bn; k++) total_c += (size_t)bl[2 * k + 1];
   ck_assert_msg(me->ndim == 2 && me->dims[0] == GOLDEN_STEPS && me->dims[1] == total_c &&
                     ve->ndim == 2 && ve->dims[0] == GOLDEN_STEPS &&
                     ve->dims[1] == total_c && ce->ndim == 2 &&
@@ -413,98 +515,194 @@ static void check_running_stats(golden_run *r, const char *prefix, int t,
   const float *want_mean = (const float *)me->data + (size_t)t * total_c;
   const float *want_var = (const float *)ve->data + (size_t)t * total_c;
   const int32_t *want_count = (const int32_t *)ce->data + (size_t)t * n_bn;
-  n = 0;
+  float *mean = alloc_floats(total_c), *var = alloc_floats(total_c);
+  int64_t count[GOLDEN_MAX_ENTRIES];
+  ck_assert_int_le(n_bn, GOLDEN_MAX_ENTRIES);
+  read_running_stats(r, mean, var, count);
+  size_t off = 0;
   for (int k = 0; k < n_bn; k++) {
     int layer = bl[2 * k], c = bl[2 * k + 1];
-    float *mean = alloc_floats((size_t)c), *var = alloc_floats((size_t)c);
-    int64_t count = -1;
-    dp_status st = dp_get_running_stats(r->ctx, layer, mean, var, &count);
-    ck_assert_msg(st == DP_OK, "%s: dp_get_running_stats(layer %d) -> %s: %s", cn, layer,
-                  dp_status_name(st), dp_last_error());
     snprintf(what, sizeof what, "%s: running_mean of layer %d", when, layer);
-    check_close(cn, what, mean, want_mean + n, (size_t)c);
+    check_close(cn, what, mean + off, want_mean + off, (size_t)c);
     snprintf(what, sizeof what, "%s: running_var of layer %d", when, layer);
-    check_close(cn, what, var, want_var + n, (size_t)c);
-    ck_assert_msg(count == (int64_t)want_count[k],
+    check_close(cn, what, var + off, want_var + off, (size_t)c);
+    ck_assert_msg(count[k] == (int64_t)want_count[k],
                   "%s: %s: num_batches_tracked of layer %d is %lld, PyTorch's %d", cn, when,
-                  layer, (long long)count, (int)want_count[k]);
-    n += (size_t)c;
-    free(mean);
-    free(var);
+                  layer, (long long)count[k], (int)want_count[k]);
+    off += (size_t)c;
   }
+  free(mean);
+  free(var);
 }
 
 /* ---- training: five steps against PyTorch's optimizer ------------------------ */
 
-/* prefix "sgdm" or "adamw": compares step 0's loss and gradients, every step's
- * loss, and the parameters after GOLDEN_STEPS steps. */
-static void check_training(const char *case_name, dp_optimizer opt, const char *prefix) {
+/* The file's four trainings (the same batch every step): SGD-momentum and
+ * AdamW, without and with gradient clipping (config.clip_grad_norm = the
+ * file's clip_max_norm, a quarter of the first gradient's norm, so every step
+ * clips, against torch.nn.utils.clip_grad_norm_ before every
+ * optimizer.step()). prefix names the running statistics records; an
+ * unclipped training also has <prefix>_loss (each step's loss; step 0's is
+ * `loss`, its gradients `grads`) and <prefix>_eval_out5 (batchnorm cases: eval
+ * mode after the training), a clipped one the norms clip_grad_norm_ returns
+ * (before clipping: dp_ctx_grad_norm) and step 0's clipped gradients
+ * (clip_grads1). */
+static const struct {
+  const char *prefix;
+  dp_optimizer opt;
+  int clip;
+  const char *params; /* parameters after GOLDEN_STEPS steps */
+  const char *norms;  /* clipped: each step's gradient norm */
+} trainings[] = {
+    {"sgdm", DP_OPT_MOMENTUM, 0, "sgdm_params5", NULL},
+    {"adamw", DP_OPT_ADAMW, 0, "adamw_params5", NULL},
+    {"sgd_clip", DP_OPT_MOMENTUM, 1, "sgd_clip_params", "clip_norms"},
+    {"adamw_clip", DP_OPT_ADAMW, 1, "adamw_clip_params", "adamw_clip_norms"},
+};
+enum { TR_SGDM, TR_ADAMW, TR_SGD_CLIP, TR_ADAMW_CLIP, N_TRAININGS };
+
+/* What a training ended with, for comparing the bits of two layouts. */
+typedef struct {
+  char desc[128];
+  int same_bits; /* golden_run.same_bits */
+  float loss[GOLDEN_STEPS], norm[GOLDEN_STEPS];
+  size_t n_params, n_out, total_c;
+  int n_bn;
+  float *grads0; /* step 0's gradients (clipped when the training clips) */
+  float *params; /* after GOLDEN_STEPS steps */
+  float *eval5;  /* dp_forward after them (n_out floats; NULL when none is compared) */
+  float *mean, *var;
+  int64_t count[GOLDEN_MAX_ENTRIES]; /* running statistics after the last step */
+} run_bits;
+
+static void run_bits_free(run_bits *b) {
+  free(b->grads0);
+  free(b->params);
+  free(b->eval5);
+  free(b->mean);
+  free(b->var);
+  memset(b, 0, sizeof *b);
+}
+
+/* Runs training `ti` of the case set up as s (NULL: the file's own setup;
+ * s->clip is the training's) and compares with PyTorch: first dp_forward at
+ * params0 (eval mode, eval_out; it must change nothing), then at every step
+ * the loss (unclipped) or the gradient norm (clipped) and the running
+ * statistics, step 0's gradients, the parameters after GOLDEN_STEPS steps and
+ * (batchnorm, unclipped) dp_forward after them against <prefix>_eval_out5,
+ * which must leave the running statistics alone. bits: NULL, or filled with
+ * the results (run_bits_free). */
+static void train_and_check(const char *case_name, int ti, const run_setup *s,
+                            run_bits *bits) {
+  static const run_setup file_setup = {0};
+  run_setup setup = s ? *s : file_setup;
+  setup.clip = trainings[ti].clip;
+  setup.inference = 0;
+  const char *prefix = trainings[ti].prefix;
   golden_run r;
-  run_open(&r, case_name, opt, 0, 0, DP_MODE_CLASSIC, 0, 0);
-  char key[64], what[96];
-  size_t n;
-  snprintf(key, sizeof key, "%s_loss", prefix);
-  const float *want_loss = golden_f32(&r.g, key, &n);
+  run_open(&r, case_name, trainings[ti].opt, &setup);
+  char key[64], what[256];
+  size_t n, n_out = (size_t)r.batch * (size_t)dp_model_output_width(r.model);
+  const float *want_params = golden_f32(&r.g, trainings[ti].params, &n);
+  ck_assert_uint_eq(n, r.n_params);
+  const float *want_grads = golden_f32(&r.g, setup.clip ? "clip_grads1" : "grads", &n);
+  ck_assert_uint_eq(n, r.n_params);
+  const float *want = NULL; /* each step's loss or gradient norm */
+  if (setup.clip) {
+    want = golden_f32(&r.g, trainings[ti].norms, &n);
+  } else {
+    snprintf(key, sizeof key, "%s_loss", prefix);
+    want = golden_f32(&r.g, key, &n);
+  }
   ck_assert_uint_eq(n, GOLDEN_STEPS);
-  snprintf(key, sizeof key, "%s_params5", prefix);
-  const float *want_params = golden_f32(&r.g, key, &n);
-  ck_assert_uint_eq(n, r.n_params);
-  const float *want_grads = golden_f32(&r.g, "grads", &n);
-  ck_assert_uint_eq(n, r.n_params);
-  float *buf = alloc_floats(r.n_params);
+  snprintf(key, sizeof key, "%s_eval_out5", prefix);
+  const golden_entry *ee = golden_find(&r.g, key, GT_F32);
+  if (ee) ck_assert_uint_eq(ee->count, n_out);
+  run_bits local;
+  run_bits *b = bits ? bits : &local;
+  memset(b, 0, sizeof *b);
+  snprintf(b->desc, sizeof b->desc, "%s", r.desc);
+  b->same_bits = r.same_bits;
+  b->n_params = r.n_params;
+  b->n_out = n_out;
+  bn_layers(&r, &b->n_bn, &b->total_c);
+  ck_assert_int_le(b->n_bn, GOLDEN_MAX_ENTRIES);
+  b->grads0 = alloc_floats(r.n_params);
+  b->params = alloc_floats(r.n_params);
+  b->mean = alloc_floats(b->total_c);
+  b->var = alloc_floats(b->total_c);
+
+  /* Eval mode at params0, with the new context's running statistics. */
+  float *y = alloc_floats(n_out);
+  CHECK_DP(case_name, dp_forward(r.ctx, r.batch, r.in_width, r.x, y));
+  snprintf(what, sizeof what, "%s, %s: dp_forward at params0 (eval_out)", prefix, r.desc);
+  check_close(case_name, what, y, golden_f32(&r.g, "eval_out", NULL), n_out);
 
   for (int t = 0; t < GOLDEN_STEPS; t++) {
-    ck_assert_msg(dp_ctx_step(r.ctx) == (uint64_t)t, "%s: step counter %llu before step %d",
-                  case_name, (unsigned long long)dp_ctx_step(r.ctx), t);
+    ck_assert_msg(dp_ctx_step(r.ctx) == (uint64_t)t,
+                  "%s: %s: step counter %llu before step %d", case_name, r.desc,
+                  (unsigned long long)dp_ctx_step(r.ctx), t);
     float loss = NAN;
-    CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
-    if (t == 0) {
-      check_scalar(case_name, "loss at step 0", loss, golden_f32(&r.g, "loss", NULL)[0]);
-      CHECK_DP(case_name, dp_get_grads(r.ctx, buf, r.n_params));
-      check_close(case_name, "grads at step 0 (params0)", buf, want_grads, r.n_params);
+    dp_status st = dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss);
+    ck_assert_msg(st == DP_OK, "%s: %s, %s: dp_train_step (step %d) -> %s: %s", case_name,
+                  prefix, r.desc, t, dp_status_name(st), dp_last_error());
+    b->loss[t] = loss;
+    b->norm[t] = dp_ctx_grad_norm(r.ctx);
+    if (setup.clip) {
+      snprintf(what, sizeof what, "%s, %s: grad norm at step %d", prefix, r.desc, t);
+      check_scalar(case_name, what, b->norm[t], want[t]);
+    } else {
+      snprintf(what, sizeof what, "%s, %s: loss at step %d", prefix, r.desc, t);
+      check_scalar(case_name, what, loss, want[t]);
     }
-    snprintf(what, sizeof what, "%s loss at step %d", prefix, t);
-    check_scalar(case_name, what, loss, want_loss[t]);
-    snprintf(what, sizeof what, "%s after step %d", prefix, t);
+    if (t == 0) {
+      snprintf(what, sizeof what, "%s, %s: loss at step 0 (`loss`)", prefix, r.desc);
+      if (!setup.clip)
+        check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
+      CHECK_DP(case_name, dp_get_grads(r.ctx, b->grads0, r.n_params));
+      snprintf(what, sizeof what, "%s, %s: %s grads at step 0 (params0)", prefix, r.desc,
+               setup.clip ? "clipped" : "unclipped");
+      check_close(case_name, what, b->grads0, want_grads, r.n_params);
+    }
+    snprintf(what, sizeof what, "%s, %s: after step %d", prefix, r.desc, t);
     check_running_stats(&r, prefix, t, what);
   }
   ck_assert_uint_eq(dp_ctx_step(r.ctx), GOLDEN_STEPS);
-  CHECK_DP(case_name, dp_get_params(r.ctx, buf, r.n_params));
-  snprintf(what, sizeof what, "%s params after %d steps", prefix, GOLDEN_STEPS);
-  check_close(case_name, what, buf, want_params, r.n_params);
-  /* Eval mode after training (batchnorm: the running statistics). */
-  snprintf(key, sizeof key, "%s_eval_out5", prefix);
-  const golden_entry *ee = golden_find(&r.g, key, GT_F32);
-  if (ee) {
-    ck_assert_uint_eq(ee->count, (size_t)r.batch * (size_t)dp_model_output_width(r.model));
-    float *y = alloc_floats(ee->count);
+  CHECK_DP(case_name, dp_get_params(r.ctx, b->params, r.n_params));
+  snprintf(what, sizeof what, "%s, %s: params after %d steps", prefix, r.desc,
+           GOLDEN_STEPS);
+  check_close(case_name, what, b->params, want_params, r.n_params);
+  read_running_stats(&r, b->mean, b->var, b->count);
+  if (ee) { /* eval mode after training: batchnorm's running statistics */
     CHECK_DP(case_name, dp_forward(r.ctx, r.batch, r.in_width, r.x, y));
-    snprintf(what, sizeof what, "%s: dp_forward after %d steps (%s)", prefix, GOLDEN_STEPS,
-             key);
-    check_close(case_name, what, y, ee->data, ee->count);
-    free(y);
+    snprintf(what, sizeof what, "%s, %s: dp_forward after %d steps (%s)", prefix, r.desc,
+             GOLDEN_STEPS, key);
+    check_close(case_name, what, y, ee->data, n_out);
+    b->eval5 = y;
+    y = NULL;
     /* dp_forward is eval mode: it leaves the running statistics alone. */
-    snprintf(what, sizeof what, "%s after step %d and dp_forward", prefix,
+    snprintf(what, sizeof what, "%s, %s: after step %d and dp_forward", prefix, r.desc,
              GOLDEN_STEPS - 1);
     check_running_stats(&r, prefix, GOLDEN_STEPS - 1, what);
   }
-  free(buf);
+  free(y);
   run_close(&r);
+  if (!bits) run_bits_free(&local);
 }
 
 START_TEST(test_matches_pytorch_sgd_momentum) {
-  check_training(golden_cases[_i], DP_OPT_MOMENTUM, "sgdm");
+  train_and_check(golden_cases[_i], TR_SGDM, NULL, NULL);
 }
 END_TEST
 
 START_TEST(test_matches_pytorch_adamw) {
-  check_training(golden_cases[_i], DP_OPT_ADAMW, "adamw");
+  train_and_check(golden_cases[_i], TR_ADAMW, NULL, NULL);
 }
 END_TEST
 
 /* The design doc's permanent example, named on its own so it shows in reports. */
 START_TEST(test_seed_matches_pytorch_sgd_momentum) {
-  check_training("seed", DP_OPT_MOMENTUM, "sgdm");
+  train_and_check("seed", TR_SGDM, NULL, NULL);
 }
 END_TEST
 
@@ -522,7 +720,7 @@ static void check_forward(golden_run *r, const char *what) {
 
 START_TEST(test_inference_plan_matches_pytorch_eval) {
   golden_run r;
-  run_open(&r, golden_cases[_i], DP_OPT_SGD, 1, 0, DP_MODE_CLASSIC, 0, 0);
+  run_open(&r, golden_cases[_i], DP_OPT_SGD, &(run_setup){.inference = 1});
   check_forward(&r, "inference plan forward (eval_out)");
   run_close(&r);
 }
@@ -530,22 +728,13 @@ END_TEST
 
 START_TEST(test_training_ctx_forward_is_eval_mode) {
   golden_run r;
-  run_open(&r, golden_cases[_i], DP_OPT_MOMENTUM, 0, 0, DP_MODE_CLASSIC, 0, 0);
+  run_open(&r, golden_cases[_i], DP_OPT_MOMENTUM, NULL);
   check_forward(&r, "training ctx forward (eval_out)");
   run_close(&r);
 }
 END_TEST
 
 /* ---- data parallel == single device ----------------------------------------- */
-
-/* The layouts: classic, allreduce and allreduce with a sharded optimizer. */
-static const struct {
-  dp_mode mode;
-  int shard;
-  const char *name;
-} layouts[] = {{DP_MODE_CLASSIC, 0, "classic"},
-               {DP_MODE_ALLREDUCE, 0, "allreduce"},
-               {DP_MODE_ALLREDUCE, 1, "sharded"}};
 
 /* dp_get_grads against PyTorch in every layout: classic, allreduce and
  * allreduce with a sharded optimizer (where each device holds the reduced
@@ -555,11 +744,10 @@ START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
   float *ref = NULL;
   size_t n_params = 0;
   float ref_loss = 0.0f;
-  for (int li = 0; li < 3; li++)
+  for (int li = 0; li < N_LAYOUTS; li++)
     for (int nd = 1; nd <= 4; nd++) {
       golden_run r;
-      run_open(&r, case_name, DP_OPT_MOMENTUM, 0, nd, layouts[li].mode, layouts[li].shard,
-               0);
+      run_open(&r, case_name, DP_OPT_MOMENTUM, &(run_setup){.n_devices = nd, .layout = li});
       float *g = alloc_floats(r.n_params);
       float loss = NAN;
       CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
@@ -597,65 +785,120 @@ END_TEST
 
 /* ---- gradient clipping -------------------------------------------------------- */
 
-/* config.clip_grad_norm = the file's clip_max_norm (a quarter of the first
- * gradient's norm, so every step clips) against torch.nn.utils.clip_grad_norm_
- * before every optimizer.step(): each step's dp_ctx_grad_norm (the norm before
- * clipping, as clip_grad_norm_ returns it), the clipped gradients of step 0
- * and the parameters after GOLDEN_STEPS steps. prefix "sgd_clip" (norms in
- * "clip_norms") or "adamw_clip". The same batch every step, as in
- * check_training. */
-static void check_clipped_training(const char *case_name, dp_optimizer opt,
-                                   const char *prefix, int n_devices, int li) {
-  golden_run r;
-  run_open(&r, case_name, opt, 0, n_devices, layouts[li].mode, layouts[li].shard, 1);
-  size_t n;
-  char key[64], what[128];
-  snprintf(key, sizeof key, "%s", opt == DP_OPT_ADAMW ? "adamw_clip_norms" : "clip_norms");
-  const float *want_norms = golden_f32(&r.g, key, &n);
-  ck_assert_uint_eq(n, GOLDEN_STEPS);
-  snprintf(key, sizeof key, "%s_params", prefix);
-  const float *want_params = golden_f32(&r.g, key, &n);
-  ck_assert_uint_eq(n, r.n_params);
-  const float *want_grads = golden_f32(&r.g, "clip_grads1", &n);
-  ck_assert_uint_eq(n, r.n_params);
-  float *buf = alloc_floats(r.n_params);
-
-  for (int t = 0; t < GOLDEN_STEPS; t++) {
-    float loss = NAN;
-    CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, &loss));
-    snprintf(what, sizeof what, "%s %s on %d device(s): grad norm at step %d", prefix,
-             layouts[li].name, n_devices, t);
-    check_scalar(case_name, what, dp_ctx_grad_norm(r.ctx), want_norms[t]);
-    if (t == 0) {
-      CHECK_DP(case_name, dp_get_grads(r.ctx, buf, r.n_params));
-      snprintf(what, sizeof what, "%s %s on %d device(s): clipped grads at step 0", prefix,
-               layouts[li].name, n_devices);
-      check_close(case_name, what, buf, want_grads, r.n_params);
-    }
-    snprintf(what, sizeof what, "%s %s on %d device(s) after step %d", prefix,
-             layouts[li].name, n_devices, t);
-    check_running_stats(&r, prefix, t, what);
-  }
-  ck_assert_uint_eq(dp_ctx_step(r.ctx), GOLDEN_STEPS);
-  CHECK_DP(case_name, dp_get_params(r.ctx, buf, r.n_params));
-  snprintf(what, sizeof what, "%s %s on %d device(s): params after %d steps", prefix,
-           layouts[li].name, n_devices, GOLDEN_STEPS);
-  check_close(case_name, what, buf, want_params, r.n_params);
-  free(buf);
-  run_close(&r);
+/* The clipped trainings (train_and_check) on 1, 2 and 4 devices in every layout. */
+static void check_clipped_everywhere(const char *case_name, int ti) {
+  for (int li = 0; li < N_LAYOUTS; li++)
+    for (int nd = 1; nd <= 4; nd *= 2)
+      train_and_check(case_name, ti, &(run_setup){.n_devices = nd, .layout = li}, NULL);
 }
 
 START_TEST(test_clipped_sgd_momentum_matches_pytorch_on_1_2_4_devices_in_every_mode) {
-  for (int li = 0; li < 3; li++)
-    for (int nd = 1; nd <= 4; nd *= 2)
-      check_clipped_training(golden_cases[_i], DP_OPT_MOMENTUM, "sgd_clip", nd, li);
+  check_clipped_everywhere(golden_cases[_i], TR_SGD_CLIP);
 }
 END_TEST
 
 START_TEST(test_clipped_adamw_matches_pytorch_on_1_2_4_devices_in_every_mode) {
-  for (int li = 0; li < 3; li++)
-    for (int nd = 1; nd <= 4; nd *= 2)
-      check_clipped_training(golden_cases[_i], DP_OPT_ADAMW, "adamw_clip", nd, li);
+  check_clipped_everywhere(golden_cases[_i], TR_ADAMW_CLIP);
+}
+END_TEST
+
+/* ---- every layout, every micro-batch size (batchnorm) ------------------------- */
+
+/* Fails unless a and b (n floats of `what`) are the same bits. */
+static void check_same_bits(const char *case_name, const char *prefix, const char *what,
+                            const run_bits *ref, const run_bits *b, const float *x,
+                            const float *y, size_t n) {
+  if (memcmp(x, y, n * sizeof *x) == 0) return;
+  size_t i = 0;
+  while (memcmp(&x[i], &y[i], sizeof *x) == 0) i++;
+  ck_abort_msg("%s: %s: %s differs between %s and %s (promised the same bits): [%zu] "
+               "%.9g vs %.9g",
+               case_name, prefix, what, ref->desc, b->desc, i, (double)x[i], (double)y[i]);
+}
+
+static void check_same_run_bits(const char *case_name, const char *prefix,
+                                const run_bits *ref, const run_bits *b) {
+  ck_assert(ref->n_params == b->n_params && ref->total_c == b->total_c &&
+            ref->n_bn == b->n_bn && ref->n_out == b->n_out && !ref->eval5 == !b->eval5);
+  check_same_bits(case_name, prefix, "each step's loss", ref, b, ref->loss, b->loss,
+                  GOLDEN_STEPS);
+  check_same_bits(case_name, prefix, "each step's gradient norm", ref, b, ref->norm,
+                  b->norm, GOLDEN_STEPS);
+  check_same_bits(case_name, prefix, "step 0's gradients", ref, b, ref->grads0, b->grads0,
+                  b->n_params);
+  check_same_bits(case_name, prefix, "the parameters after training", ref, b, ref->params,
+                  b->params, b->n_params);
+  check_same_bits(case_name, prefix, "running_mean after training", ref, b, ref->mean,
+                  b->mean, b->total_c);
+  check_same_bits(case_name, prefix, "running_var after training", ref, b, ref->var, b->var,
+                  b->total_c);
+  ck_assert_msg(memcmp(ref->count, b->count, (size_t)b->n_bn * sizeof *b->count) == 0,
+                "%s: %s: num_batches_tracked differs between %s and %s", case_name, prefix,
+                ref->desc, b->desc);
+  if (b->eval5)
+    check_same_bits(case_name, prefix, "dp_forward after training", ref, b, ref->eval5,
+                    b->eval5, b->n_out);
+}
+
+/* The layout sweeps: each bn_sync case with each of sync_micro_batches, and
+ * each per_replica batchnorm case with its file's micro-batch size (the only
+ * one PyTorch's data holds for it). Sync batchnorm's statistics are the whole
+ * batch's whatever the micro-batches, so a bn_sync case must match PyTorch
+ * with every size (1 leaves one value per channel in each micro-batch of a
+ * 1d batchnorm, which only whole-batch statistics can normalise), and in
+ * per_replica mode with the whole batch as one micro-batch (the same
+ * statistics: the sync data checked against per_replica's code too). */
+static const char *const sync_cases[] = {"bn_sync_mlp", "bn_sync_cnn", "bn_sync_two"};
+static const char *const per_replica_cases[] = {"bn_mlp", "bn_cnn", "bn_two"};
+static const struct {
+  int micro_batch; /* run_setup.micro_batch: 0 the file's, MB_NONE, MB_BATCH or rows */
+  int per_replica;
+} sync_micro_batches[] = {{0, 0}, {MB_NONE, 0}, {1, 0}, {2, 0}, {MB_BATCH, 1}};
+#define N_SYNC_SWEEPS                                                                      \
+  ((int)(sizeof sync_cases / sizeof sync_cases[0] *                                        \
+         (sizeof sync_micro_batches / sizeof sync_micro_batches[0])))
+#define N_SWEEPS                                                                           \
+  (N_SYNC_SWEEPS + (int)(sizeof per_replica_cases / sizeof per_replica_cases[0]))
+
+/* Sweep i: its case, and its setup's micro-batch fields. */
+static const char *sweep(int i, run_setup *s) {
+  memset(s, 0, sizeof *s);
+  if (i >= N_SYNC_SWEEPS) return per_replica_cases[i - N_SYNC_SWEEPS];
+  int n = (int)(sizeof sync_micro_batches / sizeof sync_micro_batches[0]);
+  s->micro_batch = sync_micro_batches[i % n].micro_batch;
+  s->per_replica = sync_micro_batches[i % n].per_replica;
+  return sync_cases[i / n];
+}
+
+/* Every training of a sweep on 1 to 4 devices in every layout against
+ * PyTorch (train_and_check), and, where docs/DETERMINISM.md promises it
+ * (golden_run.same_bits: a fixed micro-batch size and 1, 2 or 4 devices
+ * dividing the micro-batch count), the same bits as classic on 1 device:
+ * losses, gradient norms, step 0's gradients, the parameters and running
+ * statistics after training and the eval outputs after it. */
+START_TEST(test_every_layout_matches_pytorch_and_fixed_micro_batch_gives_same_bits) {
+  run_setup s;
+  const char *case_name = sweep(_i, &s);
+  for (int ti = 0; ti < N_TRAININGS; ti++) {
+    run_bits ref = {0};
+    for (s.layout = 0; s.layout < N_LAYOUTS; s.layout++)
+      for (s.n_devices = 1; s.n_devices <= 4; s.n_devices++) {
+        run_bits b;
+        train_and_check(case_name, ti, &s, &b);
+        if (s.layout == 0 && s.n_devices == 1) /* the reference */
+          ck_assert_msg(b.same_bits == (s.micro_batch != MB_NONE), "%s: %s", case_name,
+                        b.desc);
+        if (!b.same_bits) {
+          run_bits_free(&b);
+        } else if (!ref.params) {
+          ref = b;
+        } else {
+          check_same_run_bits(case_name, trainings[ti].prefix, &ref, &b);
+          run_bits_free(&b);
+        }
+      }
+    run_bits_free(&ref);
+  }
 }
 END_TEST
 
@@ -694,6 +937,13 @@ Suite *golden_suite(void) {
       N_GOLDEN_CASES);
   tcase_add_loop_test(tc, test_clipped_adamw_matches_pytorch_on_1_2_4_devices_in_every_mode,
                       0, N_GOLDEN_CASES);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("batchnorm_layouts");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(
+      tc, test_every_layout_matches_pytorch_and_fixed_micro_batch_gives_same_bits, 0,
+      N_SWEEPS);
   suite_add_tcase(s, tc);
 
   return s;

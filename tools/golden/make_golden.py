@@ -33,6 +33,14 @@ the one kept, as nn.DataParallel keeps device 0's replica), the others without
 running statistics; the loss is the whole batch's. These files also hold the
 running statistics after every step and eval outputs after training.
 
+bn_sync_* cases are batchnorm in libdp's sync mode (SyncBatchNorm): in
+training every batchnorm normalises with the whole batch's statistics, so the
+reference is the plain module run on the whole batch in train mode, whatever
+the micro-batches; the running statistics are updated once per step from the
+whole batch. Their files carry the same records plus "bn_sync" = 1; their
+micro_batch is the one the C test runs first (any other gives the same
+results up to rounding).
+
 The bytes depend on which kernels PyTorch's CPU build picks, so the script
 pins them (unless already set in the environment): OpenBLAS's Sandybridge
 kernels on one thread, ATen's AVX2 kernels, and no oneDNN (convolutions take
@@ -350,13 +358,15 @@ def bn_stats(net):
             torch.stack([m.num_batches_tracked.detach().clone() for m in bns]))
 
 
-def run_case(spec, B, dtype, torch_seed, max_norm=None, micro_batch=None):
+def run_case(spec, B, dtype, torch_seed, max_norm=None, micro_batch=None, sync=False):
     """Everything the golden file holds, computed in `dtype`.
 
     max_norm: clip_grad_norm_'s max_norm for the clipping records; None
     derives it from this run's first gradient (the float32 run does).
     micro_batch: rows per micro-batch (libdp's config.micro_batch; batchnorm's
-    per_replica statistics depend on it); None: the whole batch at once."""
+    per_replica statistics depend on it); None: the whole batch at once.
+    sync: batchnorm in sync mode (whole-batch statistics: the module run on the
+    whole batch, micro_batch only recorded for the C test)."""
     in_shape, layers, loss_kind = parse_spec(spec)
     in_w = int(np.prod(in_shape))  # a row: C*H*W floats for an image (NCHW)
     torch.manual_seed(torch_seed)
@@ -392,13 +402,15 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None, micro_batch=None):
             == [k for k in net.state_dict().keys() if k not in buffers])
     has_bn = bool(buffers)
     assert has_bn == (micro_batch is not None), "batchnorm cases (only) set micro_batch"
+    assert has_bn or not sync, "sync is a batchnorm mode"
     mb = micro_batch or B
     if has_bn:
         r["micro_batch"] = mb
         # (layer index after `input`, C) per batchnorm, in layer order
         r["bn_layers"] = [(i, m.num_features) for i, m in enumerate(net.layers)
                           if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        rows = [min(mb, B - r0) for r0 in range(0, B, mb)]
+        # sync: the statistics are the whole batch's, whatever the micro-batches
+        rows = [B] if sync else [min(mb, B - r0) for r0 in range(0, B, mb)]
         for i, c in r["bn_layers"]:
             # PyTorch refuses (and libdp refuses) one value per channel.
             per = net.bn_spatial[i]
@@ -408,7 +420,10 @@ def run_case(spec, B, dtype, torch_seed, max_norm=None, micro_batch=None):
         """Step t's training-mode forward over the micro-batches (per_replica):
         each normalised with its own statistics; only micro-batch 0's update the
         running statistics. The outputs are concatenated, so the mean loss over
-        them is the sum of the micro-batches' loss sums over B."""
+        them is the sum of the micro-batches' loss sums over B. sync: the whole
+        batch at once (what SyncBatchNorm computes over all the replicas)."""
+        if sync:
+            return net(x, t, True)
         outs = [net(x[r0 : r0 + mb], t, True, row0=r0, update_stats=(r0 == 0))
                 for r0 in range(0, B, mb)]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
@@ -575,6 +590,39 @@ CASES = [
                 "tanh",
                 "linear 2",
                 "loss mse"], 14, 3, 107, 5),
+    # Batch normalisation, sync (SyncBatchNorm; the seventh field): every
+    # batchnorm normalises with the whole batch's statistics, so PyTorch's
+    # reference is the module on the whole batch and the micro-batch size
+    # (the sixth field, recorded as micro_batch) does not matter beyond
+    # rounding: the C test also runs each case with other micro-batch sizes.
+    # Each cut is four micro-batches, the last short (so 1, 2 and 4 devices
+    # give the same bits; on the file's N = 3 they are dealt 2+2+0, on N = 4
+    # one each). Biasless layers before the batchnorms, as above.
+    ("bn_sync_mlp", ["input 9",
+                     "linear 11 nobias",
+                     "batchnorm",                       # BatchNorm1d(11), over 15 rows
+                     "relu",
+                     "linear 3",
+                     "loss softmax_cross_entropy"], 15, 3, 211, 4, "sync"),  # 4+4+4+3
+    ("bn_sync_cnn", ["input 3 7 5",
+                     "conv2d 4 3 padding 1 nobias",     # 4x7x5
+                     "batchnorm",                       # BatchNorm2d(4), over 11*7*5 values
+                     "relu",
+                     "maxpool2d 2",                     # 4x3x2, floor drops a row and a column
+                     "flatten",                         # 24
+                     "linear 3",
+                     "loss mse"], 11, 4, 324, 3, "sync"),  # 3+3+3+2
+    # Two batchnorms (2d then 1d: layers 1 and 5).
+    ("bn_sync_two", ["input 2 5 4",
+                     "conv2d 3 3 nobias",               # 3x3x2
+                     "batchnorm",                       # BatchNorm2d(3), over 14*3*2 values
+                     "tanh",
+                     "flatten",                         # 18
+                     "linear 5 nobias",
+                     "batchnorm",                       # BatchNorm1d(5), over 14 rows
+                     "tanh",
+                     "linear 2",
+                     "loss mse"], 14, 3, 328, 4, "sync"),  # 4+4+4+2
 ]
 COMPARED = ["out", "loss", "grads", "eval_out", "sgdm_params5", "sgdm_loss",
             "adamw_params5", "adamw_loss"]
@@ -636,8 +684,10 @@ def main():
     for name, lines, B, N, tseed, *rest in CASES:
         spec = "\n".join(lines) + "\n"
         mb = rest[0] if rest else None
-        r = run_case(spec, B, torch.float32, tseed, micro_batch=mb)
-        r64 = run_case(spec, B, torch.float64, tseed, r["clip_max_norm"].item(), mb)
+        sync = rest[1:] == ["sync"]
+        assert rest[1:] in ([], ["sync"]), name
+        r = run_case(spec, B, torch.float32, tseed, micro_batch=mb, sync=sync)
+        r64 = run_case(spec, B, torch.float64, tseed, r["clip_max_norm"].item(), mb, sync)
         bn_keys = BN_COMPARED if mb is not None else []
         worst = max((tol_ratio(r[k], r64[k]), k) for k in COMPARED + CLIP_COMPARED + bn_keys)
         if worst[0] > MARGIN:
@@ -690,12 +740,14 @@ def main():
                                   r[t + "_num_batches"].numpy().astype(np.int32)))
             for t in ("sgdm", "adamw"):
                 ents.append(entry(t + "_eval_out5", DT_F32, r[t + "_eval_out5"].numpy()))
+        if sync:  # last, so that the per_replica files keep their bytes
+            ents.append(entry("bn_sync", DT_I32, [1]))
         blob = MAGIC + struct.pack("<II", VERSION, len(ents)) + b"".join(ents)
         path = os.path.join(args.out_dir, name + ".bin")
         with open(path, "wb") as f:
             f.write(blob)
         if mb is not None:
-            pool_note += "  micro_batch=%d" % mb
+            pool_note += "  micro_batch=%d%s" % (mb, " sync" if sync else "")
         print("%-17s B=%-3d N=%d params=%-5d loss=%.6f  max_norm=%.6g (norms >= %.2f x)  "
               "f32-vs-f64 worst %.3f of tol (%s)%s  %s"
               % (name, B, N, r["params0"].numel(), r["loss"].item(), max_norm, clip_ratio,
