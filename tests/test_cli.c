@@ -382,15 +382,16 @@ START_TEST(config_every_common_option) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  int r =
-      PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split", "balanced",
-            "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
-            "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
-            "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps", "0.125",
-            "--seed", "18446744073709551615", "--shard-optimizer", "--graph", "--tf32",
-            "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
-            "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4");
+  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split",
+                "balanced", "--micro-batch", "5", "--mode", "allreduce", "--optimizer",
+                "momentum", "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum",
+                "0.8", "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75",
+                "--eps", "0.125", "--seed", "18446744073709551615", "--shard-optimizer",
+                "--graph", "--tf32", "--transport", "copy", "--fast-collectives",
+                "--dampening", "0.5", "--nesterov", "--ranks", "2", "--clip-grad-norm",
+                "0.5", "--accumulate", "4", "--batchnorm", "sync");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_int_eq(c.batchnorm, DP_BN_SYNC);
   ck_assert_int_eq(c.ranks, 2);
   ck_assert_int_eq(c.accumulate, 4);
   ck_assert_float_eq(c.clip_grad_norm, 0.5f);

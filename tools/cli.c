@@ -638,9 +638,9 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->clip_grad_norm > 0.0f)
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
     if (c->accumulate > 1) fprintf(f, ", accumulating %d batches per step", c->accumulate);
-    if (c->batchnorm != DP_BN_PER_REPLICA)
-      fprintf(f, ", batchnorm %s", dp_bn_mode_name(c->batchnorm));
     fputs("), training", f);
+    if (c->batchnorm != DP_BN_PER_REPLICA)
+      fprintf(f, " with %s batchnorm", dp_bn_mode_name(c->batchnorm));
   }
   fprintf(f, ", %s backend", dp_backend_name(c->backend));
   /* The cuda options; shown on a cpu config too when set, since the planner
