@@ -361,20 +361,29 @@ static float dropout_scale(const lctx *c, int r, int j) {
   return u >= c->l->p ? 1.0f / (1.0f - c->l->p) : 0.0f;
 }
 
-/* Branch-free and alias-free, so they vectorise: the signs of activations are
- * random, and a branch per element mispredicts half the time. NaN passes
- * through, as in PyTorch. */
-static void relu_forward(const float *restrict x, float *restrict y, size_t n) {
+/* Branch-free and alias-free, so they vectorise (gemm.h: DP_SIMD_FN): the
+ * signs of activations are random, and a branch per element mispredicts half
+ * the time. NaN passes through, as in PyTorch. */
+static inline DP_SIMD_BODY int relu_forward_body(const float *restrict x, float *restrict y,
+                                                 size_t n) {
   for (size_t k = 0; k < n; k++) y[k] = x[k] <= 0.0f ? 0.0f : x[k];
+  return 0;
 }
+DP_SIMD_FN(relu_forward, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
 
-static void relu_backward(const float *restrict y, const float *restrict dy,
-                          float *restrict dx, size_t n) {
+static inline DP_SIMD_BODY int relu_backward_body(const float *restrict y,
+                                                  const float *restrict dy,
+                                                  float *restrict dx, size_t n) {
   for (size_t k = 0; k < n; k++) {
     float g = dy[k]; /* loaded unconditionally, so the select needs no branch */
     dx[k] = y[k] <= 0.0f ? 0.0f : g;
   }
+  return 0;
 }
+DP_SIMD_FN(relu_backward,
+           (const float *restrict y, const float *restrict dy, float *restrict dx,
+            size_t n),
+           (y, dy, dx, n))
 
 static dp_status forward(const lctx *c) {
   const dp_layer *l = c->l;
@@ -711,9 +720,11 @@ static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const flo
   return 0;
 }
 
-static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *restrict w,
-                            const float *restrict g, const float *restrict s,
-                            const float *restrict sv, size_t n) {
+static inline DP_SIMD_BODY int update_scan_body(dp_optimizer o, const opt_consts *u,
+                                                const float *restrict w,
+                                                const float *restrict g,
+                                                const float *restrict s,
+                                                const float *restrict sv, size_t n) {
   /* one loop per optimizer, each free of branches, so that it vectorises */
   const opt_consts v = *u;
   uint32_t bad = 0;
@@ -738,8 +749,13 @@ static uint32_t update_scan(dp_optimizer o, const opt_consts *u, const float *re
     break;
   }
   }
-  return bad;
+  return bad != 0;
 }
+DP_SIMD_FN(update_scan,
+           (dp_optimizer o, const opt_consts *u, const float *restrict w,
+            const float *restrict g, const float *restrict s, const float *restrict sv,
+            size_t n),
+           (o, u, w, g, s, sv, n))
 
 /* The gradients of this device's optimizer range are finite, and so is every
  * value the update would write (parameters and optimizer state). */
@@ -780,20 +796,14 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
   return DP_OK; /* the bound was only cautious */
 }
 
-/* PyTorch's update rules on parameters [off, off + n) of this device (its
- * optimizer range or a part of it: opt_state). Alias-free loops so that they
+/* PyTorch's update rules on n parameters. Alias-free loops so that they
  * vectorise (the same IEEE operations per element either way). */
-static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
-  const dp_config *c = &e->plan->cfg;
-  int d = op->device;
-  size_t n = op->bytes / 4;
-  float *restrict w = region(e, d, DP_REGION_PARAMS, op->dst_offset);
-  const float *restrict g = region(e, d, DP_REGION_GRADS, op->dst_offset);
-  float *s0, *sv0;
-  opt_state(e, d, op->dst_offset / 4, &s0, &sv0);
-  float *restrict s = s0, *restrict sv = sv0;
-  opt_consts u = opt_consts_of(c, e->step, e->lr);
-  switch (c->optimizer) {
+static inline DP_SIMD_BODY int update_body(dp_optimizer o, const opt_consts *uc,
+                                           float *restrict w, const float *restrict g,
+                                           float *restrict s, float *restrict sv,
+                                           size_t n) {
+  const opt_consts u = *uc;
+  switch (o) {
   case DP_OPT_SGD:
     for (size_t k = 0; k < n; k++) w[k] = sgd_w(&u, w[k], g[k]);
     break;
@@ -813,6 +823,23 @@ static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
     }
     break;
   }
+  return 0;
+}
+DP_SIMD_FN(update,
+           (dp_optimizer o, const opt_consts *uc, float *restrict w,
+            const float *restrict g, float *restrict s, float *restrict sv, size_t n),
+           (o, uc, w, g, s, sv, n))
+
+/* The update of parameters [off, off + n) of this device (its optimizer range
+ * or a part of it: opt_state). */
+static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
+  const dp_config *c = &e->plan->cfg;
+  int d = op->device;
+  float *s, *sv;
+  opt_state(e, d, op->dst_offset / 4, &s, &sv);
+  opt_consts u = opt_consts_of(c, e->step, e->lr);
+  update(c->optimizer, &u, region(e, d, DP_REGION_PARAMS, op->dst_offset),
+         region(e, d, DP_REGION_GRADS, op->dst_offset), s, sv, op->bytes / 4);
   return DP_OK;
 }
 
@@ -915,6 +942,14 @@ static dp_status grad_stash_op(dp_exec_env *e, const dp_op *op) {
   return DP_OK;
 }
 
+static inline DP_SIMD_BODY int grad_add_body(float *restrict dst, const float *restrict src,
+                                             size_t n) {
+  for (size_t k = 0; k < n; k++) dst[k] += src[k];
+  return 0;
+}
+DP_SIMD_FN(grad_add, (float *restrict dst, const float *restrict src, size_t n),
+           (dst, src, n))
+
 static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   (void)bctx;
   const dp_plan *p = e->plan;
@@ -933,12 +968,10 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     if (op->kind == DP_OP_FORWARD) return forward(&c);
     return backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
   }
-  case DP_OP_GRAD_ADD: {
-    float *dst = region(e, op->device, op->dst_region, op->dst_offset);
-    const float *src = region(e, op->device, op->src_region, op->src_offset);
-    for (size_t k = 0; k < op->bytes / 4; k++) dst[k] += src[k];
+  case DP_OP_GRAD_ADD:
+    grad_add(region(e, op->device, op->dst_region, op->dst_offset),
+             region(e, op->device, op->src_region, op->src_offset), op->bytes / 4);
     return DP_OK;
-  }
   case DP_OP_ZERO: { /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
     float *dst = region(e, op->device, op->dst_region, op->dst_offset);
     for (size_t k = 0; k < op->bytes / 4; k++) dst[k] = -0.0f;

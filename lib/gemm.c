@@ -562,6 +562,8 @@ bool dp__gemm_tier_supported(const char *name) {
 
 const char *dp__gemm_tier_name(void) { return get_tier()->name; }
 
+bool dp__simd_avx2(void) { return get_tier() != &tiers[TIER_SCALAR]; }
+
 const char *dp_gemm_tier(void) { return dp__gemm_tier_name(); }
 
 dp_status dp_gemm_set_tier(const char *name) {
@@ -818,10 +820,18 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
   }
 }
 
-void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out) {
+static inline DP_SIMD_BODY int colsum_body(int M, int N, const float *restrict A, int lda,
+                                           float *restrict out) {
   for (int j = 0; j < N; j++) out[j] = 0.0f;
   for (int i = 0; i < M; i++) {
     const float *a = A + (size_t)i * lda;
     for (int j = 0; j < N; j++) out[j] += a[j];
   }
+  return 0;
+}
+DP_SIMD_FN(colsum, (int M, int N, const float *restrict A, int lda, float *restrict out),
+           (M, N, A, lda, out))
+
+void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out) {
+  colsum(M, N, A, lda, out);
 }

@@ -67,6 +67,26 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
 /* out[j] = sum over i = 0 .. M-1, ascending, of A[i * lda + j], from +0. */
 void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out);
 
+/* The CPU backend's elementwise loops (the optimizer, its non-finite scan,
+ * relu, gradient adds, column sums) follow the tier: on the AVX2 and AVX-512
+ * tiers they run a copy compiled for AVX2 (8 lanes instead of SSE's 4), on the
+ * scalar tier the baseline copy. Each element is the same IEEE operations in
+ * the same order either way (ISO C: no contraction into fma), so the bits do
+ * not change. DP_SIMD_FN(name, params, args) defines `static int name params`
+ * from `static inline DP_SIMD_BODY int name##_body params`. */
+bool dp__simd_avx2(void);
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DP_SIMD_BODY __attribute__((always_inline))
+#define DP_SIMD_FN(name, params, args)                                                     \
+  __attribute__((target("avx2"))) static int name##_avx2 params { return name##_body args; } \
+  static int name##_base params { return name##_body args; }                                \
+  static int name params { return dp__simd_avx2() ? name##_avx2 args : name##_base args; }
+#else
+#define DP_SIMD_BODY
+#define DP_SIMD_FN(name, params, args)                                                     \
+  static int name params { return name##_body args; }
+#endif
+
 /* Tiers: "avx512", "avx2", "scalar"; "auto" (or NULL) goes back to the best the
  * CPU supports. Returns 0, or -1 (nothing changed) for an unknown name or a tier
  * this CPU lacks. The environment variable DP_GEMM_TIER, read at the first

@@ -139,6 +139,37 @@ START_TEST(different_micro_batch_changes_the_bits) {
 }
 END_TEST
 
+/* Across instruction sets: every CPU tier this machine has (the GEMM's and the
+ * elementwise loops', which follow it) gives the reference's bits, for each
+ * optimizer, the CNN, and both batchnorm modes. */
+START_TEST(every_cpu_tier_gives_the_same_bits) {
+  static const char *const tiers[] = {"scalar", "avx2", "avx512"};
+  static const char *const specs[] = {
+      NULL, "input 1 3 4\nconv2d 4 2 padding 1 nobias\nbatchnorm\nrelu\nmaxpool2d 2 "
+            "stride 1\nflatten\nlinear 7 nobias\nbatchnorm\nlinear 5\n"
+            "loss softmax_cross_entropy\n"};
+  setup two = {2, DP_MODE_ALLREDUCE, 0};
+  for (int sp = 0; sp < 2; sp++)
+    for (int opt = 0; opt < 3; opt++) {
+      spec_in_use = specs[sp];
+      uint64_t ref = 0;
+      int ran = 0;
+      for (int t = 0; t < 3; t++) {
+        if (dp_gemm_set_tier(tiers[t]) != DP_OK) continue; /* not on this CPU */
+        uint64_t h = run(two, (dp_optimizer)opt, 12, MB);
+        if (!ran++) ref = h;
+        ck_assert_msg(h == ref, "spec %d, optimizer %d: tier %s gives %016llx, %s %016llx",
+                      sp, opt, tiers[t], (unsigned long long)h, tiers[0],
+                      (unsigned long long)ref);
+      }
+      ck_assert_int_ge(ran, 1);
+      if (ran < 2) printf("SKIP determinism: only the scalar CPU tier here\n");
+    }
+  dp_gemm_set_tier("auto");
+  spec_in_use = NULL;
+}
+END_TEST
+
 Suite *determinism_suite(void) {
   Suite *s = suite_create("determinism");
   TCase *tc = tcase_create("across_devices_and_modes");
@@ -151,6 +182,7 @@ Suite *determinism_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, same_run_twice_same_bits_after_100_steps);
   tcase_add_test(tc, different_micro_batch_changes_the_bits);
+  tcase_add_test(tc, every_cpu_tier_gives_the_same_bits);
   suite_add_tcase(s, tc);
   return s;
 }
