@@ -383,7 +383,8 @@ typedef enum {
    * canonical tree in the middle of the forward and of the backward */
   DP_OP_BN_STATS,     /* micro-batch's count, mean and sum of squared deviations */
   DP_OP_BN_MERGE,     /* statistics slot dst_offset merged with slot src_offset */
-  DP_OP_BN_FINAL,     /* the whole batch's mean, 1/std and unbiased variance */
+  DP_OP_BN_FINAL,     /* the whole batch's mean, 1/std and unbiased variance from the
+                         tree's root (bytes: the result's, at dst_offset) */
   DP_OP_BN_BWD_STATS, /* micro-batch's sums of dy and dy * x-hat (its weight and bias
                          gradients, into the grads slot) */
 } dp_op_kind;

@@ -5,6 +5,7 @@
 #include "internal.h"
 
 #include <check.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,12 +37,18 @@ static uint32_t rnd(uint32_t n) {
   return (uint32_t)((rng_state * 0x2545F4914F6CDD1Dull) >> 32) % n;
 }
 
-/* A random model: 1..max_layers layers of random kinds and widths 1..48. */
-static dp_model *random_model(int max_layers, int with_loss) {
+/* A random model: 1..max_layers layers of random kinds and widths 1..48;
+ * with bn, a quarter of them batchnorm (BatchNorm1d over the features; the
+ * draws without bn are those of before). */
+static dp_model *random_flat_model(int max_layers, int with_loss, int bn) {
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_new(1 + (int)rnd(48), &m), DP_OK);
   int L = 1 + (int)rnd((uint32_t)max_layers);
   for (int i = 0; i < L; i++) {
+    if (bn && rnd(4) == 0) {
+      ck_assert_int_eq(dp_model_add(m, DP_LAYER_BATCHNORM), DP_OK);
+      continue;
+    }
     switch (rnd(7)) {
     case 0:
     case 1:
@@ -64,10 +71,15 @@ static dp_model *random_model(int max_layers, int with_loss) {
   return m;
 }
 
+static dp_model *random_model(int max_layers, int with_loss) {
+  return random_flat_model(max_layers, with_loss, 0);
+}
+
 /* A random image model: C x H x W input, conv2d / pools / elementwise layers
  * while the shape allows, flatten (sometimes first, sometimes last), then
- * flat layers. */
-static dp_model *random_image_model(int max_layers, int with_loss) {
+ * flat layers. bn: more batchnorm (2d, and 1d after the flatten; the draws
+ * without bn are those of before). */
+static dp_model *random_image_model(int max_layers, int with_loss, int bn) {
   dp_model *m = NULL;
   int c = 1 + (int)rnd(3), h = 2 + (int)rnd(9), w = 2 + (int)rnd(9);
   ck_assert_int_eq(dp_model_new_image(c, h, w, &m), DP_OK);
@@ -76,7 +88,9 @@ static dp_model *random_image_model(int max_layers, int with_loss) {
     ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK); /* right after input */
   for (int i = 0; i < L; i++) {
     if (flat) {
-      if (rnd(3) == 0)
+      if (bn && rnd(4) == 0)
+        ck_assert_int_eq(dp_model_add(m, DP_LAYER_BATCHNORM), DP_OK);
+      else if (rnd(3) == 0)
         ck_assert_int_eq(dp_model_add(m, DP_LAYER_FLATTEN), DP_OK); /* flatten of flat */
       else if (rnd(2))
         ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(24), 1), DP_OK);
@@ -103,9 +117,9 @@ static dp_model *random_image_model(int max_layers, int with_loss) {
       }
       break;
     case 3:
-      ck_assert_int_eq(dp_model_add(m, rnd(3) == 0 ? DP_LAYER_BATCHNORM
-                                       : rnd(2)    ? DP_LAYER_RELU
-                                                   : DP_LAYER_TANH),
+      ck_assert_int_eq(dp_model_add(m, rnd(bn ? 2 : 3) == 0 ? DP_LAYER_BATCHNORM
+                                       : rnd(2)             ? DP_LAYER_RELU
+                                                            : DP_LAYER_TANH),
                        DP_OK);
       break;
     case 4: ck_assert_int_eq(dp_model_add_dropout(m, 0.25f), DP_OK); break;
@@ -450,7 +464,7 @@ END_TEST
 
 static int layer_reads_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
-         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D;
+         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_BATCHNORM;
 }
 
 /* A flatten before the last layer is a view: its output is its input's
@@ -514,17 +528,78 @@ static void check_regions(const dp_plan *p) {
   REQ_EQ(rows_total, c->batch);
 }
 
-/* Activation layout: which buffers exist, aligned, inside the region. */
+/* ---- sync batchnorm, as these tests see it ---- */
+
+/* Layer i normalises with the whole batch's statistics: config.batchnorm
+ * sync, in a training plan (an inference plan normalises with the running
+ * statistics). */
+static int is_sync_bn(const dp_plan *p, int i) {
+  return !p->cfg.inference && p->cfg.batchnorm == DP_BN_SYNC &&
+         p->model.layers[i].kind == DP_LAYER_BATCHNORM;
+}
+
+static int dev_mbs(const dp_plan *p, int d) {
+  return p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+}
+
+/* The parts of a sync batchnorm's statistics area on a device, in floats
+ * from its offset, computed here from the layout lib/internal.h describes:
+ * the whole batch's mean, rstd and unbiased variance (c each) and rows (one
+ * slot); the device's backward sums (sum dy x-hat, sum dy: 2 c) and another
+ * device's, received; a forward partial (rows, mean, sum of squared
+ * deviations: 1 + 2 c) received, then one per planned micro-batch of the
+ * device (part SB_SLOT + j). */
+enum { SB_FINAL, SB_SUMS, SB_SUMS_RECV, SB_PART_RECV, SB_SLOT };
+
+static size_t sb_at(int c, int part) {
+  size_t C = (size_t)c;
+  if (part == SB_FINAL) return 0;
+  if (part == SB_SUMS) return 3 * C + 1;
+  if (part == SB_SUMS_RECV) return 5 * C + 1;
+  return 7 * C + 1 + (size_t)(part - SB_PART_RECV) * (2 * C + 1);
+}
+
+static size_t sb_len(int c, int part) {
+  size_t C = (size_t)c;
+  return part == SB_FINAL ? 3 * C + 1 : part < SB_PART_RECV ? 2 * C : 2 * C + 1;
+}
+
+/* The whole area's floats on a device with n_mb planned micro-batches. */
+static size_t sb_floats(int c, int n_mb) { return sb_at(c, SB_SLOT + n_mb); }
+
+/* Which part of which sync batchnorm's statistics area the bytes [off,
+ * +bytes) of device d's activations are, exactly: 1 with *layer and *part,
+ * 0 when they are none. */
+static int sync_part(const dp_plan *p, int d, size_t off, size_t bytes, int *layer,
+                     int *part) {
+  if (d < 0 || d >= dp_plan_n_devices(p)) return 0;
+  for (int i = 0; i < p->model.n_layers; i++) {
+    size_t at = p->act[d].stats[i];
+    if (!is_sync_bn(p, i) || at == SIZE_MAX || off < at) continue;
+    int c = p->model.layers[i].c;
+    for (int q = 0; q < SB_SLOT + dev_mbs(p, d); q++)
+      if (off == at + sb_at(c, q) * 4 && bytes == sb_len(c, q) * 4) {
+        *layer = i;
+        *part = q;
+        return 1;
+      }
+  }
+  return 0;
+}
+
+/* Activation layout: which buffers exist, their sizes, aligned, inside the
+ * region; the sizes add up to what dp plan reports unshared. */
 static void check_act_layout(const dp_plan *p, int d) {
   const dp_model *m = &p->model;
   const dp_act_layout *a = &p->act[d];
   dp_region_info ar = p->regions[d][DP_REGION_ACTIVATIONS];
-  int L = m->n_layers, train = !p->cfg.inference;
+  int L = m->n_layers, train = !p->cfg.inference, n_mb = dp_plan_device_micro_batches(p, d);
   REQ_EQ(a->rows, dp_plan_device_rows(p, d));
   int mb_rows = 0;
   for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++)
     if (p->mbs[k].rows > mb_rows) mb_rows = p->mbs[k].rows;
   REQ_EQ(a->mb_rows, mb_rows);
+  size_t unshared = 0;
   for (int i = 0; i < L; i++) {
     const dp_layer *l = &m->layers[i];
     if (is_view(m, i)) { /* no buffers of its own */
@@ -536,21 +611,29 @@ static void check_act_layout(const dp_plan *p, int d) {
       REQ(a->stats[i] == SIZE_MAX, "device %d stats[%d] of a view", d, i);
       continue;
     }
+    int sync = is_sync_bn(p, i);
+    size_t rows = (size_t)a->rows, C = (size_t)l->c, out = (size_t)l->out;
     struct {
       size_t off;
       int present;
       size_t size;
       const char *what;
-    } b[3] = {{a->act[i], i < L - 1, (size_t)a->rows * l->out * 4, "act"},
-              /* layernorm: mean and rstd per row; batchnorm (training): mean, rstd and the
-                 unbiased variance per channel, per micro-batch of the device */
+    } b[3] = {{a->act[i], i < L - 1, rows * out * 4, "act"},
+              /* layernorm: mean and rstd per row; batchnorm (training): per
+                 replica, mean, rstd and the unbiased variance per channel, per
+                 micro-batch of the device; sync, the whole batch's statistics,
+                 the backward sums and the partials (sb_floats) */
               {a->stats[i],
                l->kind == DP_LAYER_LAYERNORM || (l->kind == DP_LAYER_BATCHNORM && train),
-               l->kind == DP_LAYER_LAYERNORM
-                   ? (size_t)a->rows * 2 * 4
-                   : (size_t)dp_plan_device_micro_batches(p, d) * 3 * (size_t)l->c * 4,
+               l->kind == DP_LAYER_LAYERNORM ? rows * 2 * 4
+               : sync                        ? sb_floats(l->c, n_mb) * 4
+                                             : (size_t)n_mb * 3 * C * 4,
                "stats"},
-              {a->dact[i], train && i < L - 1, (size_t)a->mb_rows * l->out * 4, "dact"}};
+              /* the gradient of the output: one micro-batch's, or with sync
+                 batchnorm all of the device's rows (the backward waits there
+                 for the whole batch's sums) */
+              {a->dact[i], train && i < L - 1, (sync ? rows : (size_t)a->mb_rows) * out * 4,
+               "dact"}};
     for (int j = 0; j < 3; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
@@ -562,8 +645,12 @@ static void check_act_layout(const dp_plan *p, int d) {
       REQ(b[j].off + b[j].size <= ar.size,
           "device %d %s[%d] [%zu, %zu) outside the activations region (%zu)", d, b[j].what,
           i, b[j].off, b[j].off + b[j].size, ar.size);
+      unshared += align_up(b[j].size, p->align);
     }
   }
+  REQ(dp_plan_activation_bytes_unshared(p, d) == unshared,
+      "device %d: %zu activation bytes unshared, the buffers' sizes add up to %zu", d,
+      dp_plan_activation_bytes_unshared(p, d), unshared);
 }
 
 /* A schedule to check: the plan's own, or one rebuilt for fewer rows. */
@@ -580,8 +667,9 @@ static sched_view plan_view(const dp_plan *p) {
                       !p->cfg.inference};
 }
 
-/* One micro-batch's piece of an activation-region buffer, with its use
- * interval in the device's op order. */
+/* One piece of an activation-region buffer (a micro-batch's rows or buffer,
+ * or a part of a sync batchnorm's statistics), with its use interval in the
+ * device's op order. */
 typedef struct {
   size_t lo, hi;
   int first, last, seen, first_write;
@@ -589,93 +677,273 @@ typedef struct {
 
 enum { K_ACT = 0, K_STATS = 1, K_DACT = 2 };
 
-static void touch(piece *pc, const dp_plan *p, int d, int kind, int layer, int t, size_t lo,
-                  size_t hi, int write) {
-  (void)p;
-  (void)d;
+/* The walk over device d's ops: its pieces are (kind, layer, sub), sub a
+ * micro-batch (its index among the device's) or, for a sync batchnorm's
+ * statistics, a part (slot j: sub j; the other parts after the micro-batches). */
+typedef struct {
+  const dp_plan *p;
+  const sched_view *v;
+  const dp_act_layout *a;
+  piece *pcs;
+  int d, L, W, mb0, nmb;
+  int t0, t1; /* the op's interval: its time, or for an op of another device
+                 on this one's bytes, all of its stage's times here */
+  int op;     /* its index */
+} sim;
+
+static void touch(sim *s, int kind, int layer, int sub, size_t lo, size_t hi, int write) {
+  REQ(sub >= 0 && sub < s->W, "op %d: device %d kind %d layer %d piece %d", s->op, s->d,
+      kind, layer, sub);
+  piece *pc = &s->pcs[(kind * s->L + layer) * s->W + sub];
   if (!pc->seen) {
-    *pc =
-        (piece){.lo = lo, .hi = hi, .first = t, .last = t, .seen = 1, .first_write = write};
+    *pc = (piece){
+        .lo = lo, .hi = hi, .first = s->t0, .last = s->t1, .seen = 1, .first_write = write};
     return;
   }
-  REQ(pc->lo == lo && pc->hi == hi, "device %d kind %d layer %d accessed at two ranges", d,
-      kind, layer);
-  pc->last = t;
+  REQ(pc->lo == lo && pc->hi == hi,
+      "op %d: device %d kind %d layer %d piece %d accessed at [%zu, %zu) and [%zu, %zu)",
+      s->op, s->d, kind, layer, sub, pc->lo, pc->hi, lo, hi);
+  if (s->t0 < pc->first) pc->first = s->t0;
+  if (s->t1 > pc->last) pc->last = s->t1;
+}
+
+static size_t op_local(const sim *s, const dp_op *op) {
+  return (size_t)(op->row0 - s->p->split.dev_row0[s->d]);
+}
+
+/* The op's micro-batch's rows of layer o's output (width floats a row). */
+static void sim_act(sim *s, const dp_op *op, int o, size_t width, int write) {
+  size_t at = s->a->act[o] + op_local(s, op) * width * 4;
+  touch(s, K_ACT, o, op->micro_batch - s->mb0, at, at + (size_t)op->rows * width * 4,
+        write);
+}
+
+/* The gradient of layer o's output for the op's micro-batch: a buffer of one
+ * micro-batch, or its rows of a sync batchnorm's (all of the device's rows). */
+static void sim_dact(sim *s, const dp_op *op, int o, size_t width, int write) {
+  size_t at = s->a->dact[o] + (is_sync_bn(s->p, o) ? op_local(s, op) * width * 4 : 0);
+  touch(s, K_DACT, o, op->micro_batch - s->mb0, at, at + (size_t)op->rows * width * 4,
+        write);
+}
+
+/* Part q of sync batchnorm b's statistics area. */
+static void sim_part(sim *s, int b, int q, int write) {
+  int c = s->p->model.layers[b].c;
+  size_t at = s->a->stats[b] + sb_at(c, q) * 4;
+  touch(s, K_STATS, b, q >= SB_SLOT ? q - SB_SLOT : s->nmb + q, at, at + sb_len(c, q) * 4,
+        write);
+}
+
+/* Slot j of a per-replica batchnorm's statistics: mean, rstd, variance. */
+static void sim_bn_slot(sim *s, int b, int j, int write) {
+  size_t len = 3 * (size_t)s->p->model.layers[b].c * 4,
+         at = s->a->stats[b] + (size_t)j * len;
+  touch(s, K_STATS, b, j, at, at + len, write);
+}
+
+/* The sync batchnorm part the op names in its (region, offset) on device dev,
+ * which must be one, of layer `want` unless that is -1. */
+static int op_part(const sim *s, int dev, int region, size_t off, size_t bytes,
+                   const dp_op *op, int want, int *layer) {
+  int b = -1, q = -1;
+  REQ(region == DP_REGION_ACTIVATIONS && sync_part(s->p, dev, off, bytes, &b, &q) &&
+          (want < 0 || b == want),
+      "op %d (%s, layer %d): device %d %s [%zu, +%zu) is no sync batchnorm statistics "
+      "part%s",
+      s->op, dp_op_kind_name(op->kind), op->layer, dev, dp_region_name(region), off, bytes,
+      want >= 0 ? " of its layer" : "");
+  if (layer) *layer = b;
+  return q;
+}
+
+/* What the op reads and writes of device d's activations, as the CPU backend
+ * does (lib/cpu_backend.c). */
+static void sim_op(sim *s, const dp_op *op) {
+  const dp_plan *p = s->p;
+  const dp_model *m = &p->model;
+  int L = s->L, d = s->d, train = s->v->train, b, q;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_FORWARD:
+  case DP_OP_BACKWARD:
+  case DP_OP_BN_STATS:
+  case DP_OP_BN_BWD_STATS: {
+    int i = op->layer, k = op->micro_batch;
+    REQ(i >= 0 && i < L, "op %d: layer %d", s->op, i);
+    REQ_GE(k, s->mb0);
+    REQ_LT(k, s->mb0 + s->nmb);
+    REQ_EQ(op->row0, s->v->mbs[k].row0);
+    REQ_EQ(op->rows, s->v->mbs[k].rows);
+    REQ_GT(op->rows, 0);
+    const dp_layer *l = &m->layers[i];
+    int o = owner_of(m, i - 1); /* where this layer's input lives (-1: INPUTS) */
+    int bn = l->kind == DP_LAYER_BATCHNORM, sync = train && is_sync_bn(p, i);
+    size_t in = (size_t)l->in, out = (size_t)l->out;
+    if (op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS)
+      REQ(sync, "op %d: %s of layer %d", s->op, dp_op_kind_name(op->kind), i);
+    if (is_view(m, i)) break; /* a view runs nothing */
+    if (op->kind == DP_OP_FORWARD) {
+      if (o >= 0) sim_act(s, op, o, in, 0);
+      if (i < L - 1) sim_act(s, op, i, out, 1);
+      if (l->kind == DP_LAYER_LAYERNORM) { /* (rows, 2): mean, rstd */
+        size_t at = s->a->stats[i] + op_local(s, op) * 2 * 4;
+        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * 2 * 4, 1);
+      }
+      if (bn && train) { /* eval: the running statistics, in PARAMS */
+        if (sync)        /* the whole batch's, device 0's sent here */
+          sim_part(s, i, SB_FINAL, 0);
+        else /* its own */
+          sim_bn_slot(s, i, k - s->mb0, 1);
+      }
+    } else if (op->kind == DP_OP_BACKWARD) {
+      if (i < L - 1) sim_dact(s, op, i, out, 0);
+      if (o >= 0 && layer_reads_input(l->kind)) sim_act(s, op, o, in, 0);
+      if (i < L - 1 && layer_reads_output(l->kind)) sim_act(s, op, i, out, 0);
+      if (l->kind == DP_LAYER_LAYERNORM) {
+        size_t at = s->a->stats[i] + op_local(s, op) * 2 * 4;
+        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * 2 * 4, 0);
+      }
+      if (bn && !sync) sim_bn_slot(s, i, k - s->mb0, 0);
+      if (sync && o >= 0) { /* dx from the whole batch's statistics and sums */
+        sim_part(s, i, SB_FINAL, 0);
+        sim_part(s, i, SB_SUMS, 0);
+      }
+      if (o >= 0) sim_dact(s, op, o, in, 1);
+    } else if (op->kind == DP_OP_BN_STATS) { /* its partial from its input rows */
+      if (o >= 0) sim_act(s, op, o, in, 0);
+      q = op_part(s, d, op->dst_region, op->dst_offset, op->bytes, op, i, NULL);
+      REQ(q == SB_SLOT + k - s->mb0, "op %d: bn_stats of micro-batch %d into part %d",
+          s->op, k, q);
+      sim_part(s, i, q, 1);
+    } else { /* BN_BWD_STATS: sums of dy x-hat and dy, into its gradient slot */
+      if (o >= 0) sim_act(s, op, o, in, 0);
+      if (i < L - 1) sim_dact(s, op, i, out, 0);
+      sim_part(s, i, SB_FINAL, 0);
+    }
+    break;
+  }
+  case DP_OP_BN_MERGE: /* dst's partial merged with src's, on this device */
+    q = op_part(s, d, op->src_region, op->src_offset, op->bytes, op, op->layer, NULL);
+    REQ(q >= SB_PART_RECV, "op %d: merges part %d", s->op, q);
+    sim_part(s, op->layer, q, 0);
+    q = op_part(s, d, op->dst_region, op->dst_offset, op->bytes, op, op->layer, NULL);
+    REQ(q >= SB_PART_RECV, "op %d: merges into part %d", s->op, q);
+    sim_part(s, op->layer, q, 0);
+    break;
+  case DP_OP_BN_FINAL: /* the whole batch's statistics from the tree's root */
+    q = op_part(s, d, op->src_region, op->src_offset,
+                sb_len(m->layers[op->layer].c, SB_SLOT) * 4, op, op->layer, NULL);
+    REQ_EQ(q, SB_SLOT);
+    sim_part(s, op->layer, q, 0);
+    q = op_part(s, d, op->dst_region, op->dst_offset, op->bytes, op, op->layer, NULL);
+    REQ_EQ(q, SB_FINAL);
+    sim_part(s, op->layer, q, 1);
+    break;
+  case DP_OP_COPY: /* only statistics parts cross between activations */
+    if (op->src_dev == d && op->src_region == DP_REGION_ACTIVATIONS) {
+      q = op_part(s, d, op->src_region, op->src_offset, op->bytes, op, -1, &b);
+      sim_part(s, b, q, 0);
+    }
+    if (op->dst_dev == d && op->dst_region == DP_REGION_ACTIVATIONS) {
+      q = op_part(s, d, op->dst_region, op->dst_offset, op->bytes, op, -1, &b);
+      sim_part(s, b, q, 1);
+    }
+    break;
+  case DP_OP_GRAD_ADD: /* the backward sums' tree adds in the statistics area */
+    if (op->src_region == DP_REGION_ACTIVATIONS) {
+      q = op_part(s, d, op->src_region, op->src_offset, op->bytes, op, -1, &b);
+      sim_part(s, b, q, 0);
+    }
+    if (op->dst_region == DP_REGION_ACTIVATIONS) {
+      q = op_part(s, d, op->dst_region, op->dst_offset, op->bytes, op, -1, &b);
+      sim_part(s, b, q, 0);
+    }
+    break;
+  case DP_OP_BN_UPDATE: /* device 0's running statistics from micro-batch 0's (sync:
+                           the whole batch's) */
+    REQ(op->layer >= 0 && op->layer < L, "op %d: layer %d", s->op, op->layer);
+    if (is_sync_bn(p, op->layer))
+      sim_part(s, op->layer, SB_FINAL, 0);
+    else
+      sim_bn_slot(s, op->layer, 0, 0);
+    break;
+  default: break;
+  }
+}
+
+/* The op runs on device d or moves bytes of its activations. */
+static int op_reaches(const dp_op *op, int d) {
+  return op->device == d ||
+         (op->kind == DP_OP_COPY &&
+          ((op->src_dev == d && op->src_region == DP_REGION_ACTIVATIONS) ||
+           (op->dst_dev == d && op->dst_region == DP_REGION_ACTIVATIONS)));
 }
 
 /* Walks device d's ops in order, recording which activation-region bytes each
- * forward/backward op reads and writes (as the CPU backend does), and checks
- * that no two pieces in use at the same time share a byte, and that every
- * piece is written before it is read. Independent of plan.c's lifetime rules. */
+ * op reads and writes (as the CPU backend does), and checks that no two
+ * pieces in use at the same time share a byte, and that every piece is
+ * written before it is read. A copy that another device runs on this
+ * device's bytes may run at any time of its stage here. Independent of
+ * plan.c's lifetime rules. */
 static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, int d) {
-  const dp_model *m = &p->model;
-  const dp_act_layout *a = &p->act[d];
-  int L = m->n_layers, mb0 = p->split.dev_mb0[d], nmb = p->split.dev_mb0[d + 1] - mb0;
-  int n = 3 * L * nmb;
-  piece *pcs = calloc((size_t)n, sizeof *pcs);
-  ck_assert_ptr_nonnull(pcs);
-#define PIECE(kind, layer, k) (&pcs[((kind)*L + (layer)) * nmb + ((k)-mb0)])
-  const dp_op *ops = v->ops;
-  int t = 0;
+  sim s = {.p = p,
+           .v = v,
+           .a = &p->act[d],
+           .d = d,
+           .L = p->model.n_layers,
+           .mb0 = p->split.dev_mb0[d],
+           .nmb = dev_mbs(p, d)};
+  s.W = s.nmb + SB_SLOT;
+  int n = 3 * s.L * s.W, n_st = 1;
+  s.pcs = calloc((size_t)n, sizeof *s.pcs);
+  ck_assert_ptr_nonnull(s.pcs);
   for (int oi = 0; oi < v->n_ops; oi++) {
-    const dp_op *op = &ops[oi];
-    if (op->device != d) continue;
+    REQ_GE(v->ops[oi].stage, 0);
+    if (v->ops[oi].stage >= n_st) n_st = v->ops[oi].stage + 1;
+  }
+  int *st_lo = malloc((size_t)n_st * sizeof *st_lo),
+      *st_hi = malloc((size_t)n_st * sizeof *st_hi);
+  for (int x = 0; x < n_st; x++) st_lo[x] = INT_MAX, st_hi[x] = 0;
+  for (int oi = 0, t = 0; oi < v->n_ops; oi++) {
+    const dp_op *op = &v->ops[oi];
+    if (!op_reaches(op, d)) continue;
     t++;
-    if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) continue;
-    int i = op->layer, k = op->micro_batch;
-    REQ_GE(k, mb0);
-    REQ_LT(k, mb0 + nmb);
-    const dp_layer *l = &m->layers[i];
-    size_t local = (size_t)(op->row0 - p->split.dev_row0[d]), rows = (size_t)op->rows;
-    REQ_EQ(op->row0, v->mbs[k].row0);
-    REQ_EQ(op->rows, v->mbs[k].rows);
-    REQ_GT(op->rows, 0);
-#define ROWS(arr, idx, w) (arr)[idx] + local *(w)*4, (arr)[idx] + (local + rows) * (w)*4
-#define WHOLE(arr, idx, w) (arr)[idx], (arr)[idx] + rows *(w)*4
-    int o = owner_of(m, i - 1);  /* where this layer's input lives (-1: INPUTS) */
-    if (is_view(m, i)) continue; /* a view runs nothing */
-    if (op->kind == DP_OP_FORWARD) {
-      if (o >= 0)
-        touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
-      if (i < L - 1)
-        touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 1);
-      if (l->kind == DP_LAYER_LAYERNORM)
-        touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 1);
-    } else {
-      if (i < L - 1)
-        touch(PIECE(K_DACT, i, k), p, d, K_DACT, i, t, WHOLE(a->dact, i, (size_t)l->out),
-              0);
-      if (o >= 0 && layer_reads_input(l->kind))
-        touch(PIECE(K_ACT, o, k), p, d, K_ACT, o, t, ROWS(a->act, o, (size_t)l->in), 0);
-      if (i < L - 1 && layer_reads_output(l->kind))
-        touch(PIECE(K_ACT, i, k), p, d, K_ACT, i, t, ROWS(a->act, i, (size_t)l->out), 0);
-      if (l->kind == DP_LAYER_LAYERNORM)
-        touch(PIECE(K_STATS, i, k), p, d, K_STATS, i, t, ROWS(a->stats, i, 2), 0);
-      if (o >= 0)
-        touch(PIECE(K_DACT, o, k), p, d, K_DACT, o, t, WHOLE(a->dact, o, (size_t)l->in), 1);
-    }
-#undef ROWS
-#undef WHOLE
+    if (t < st_lo[op->stage]) st_lo[op->stage] = t;
+    if (t > st_hi[op->stage]) st_hi[op->stage] = t;
+  }
+  for (int oi = 0, t = 0; oi < v->n_ops; oi++) {
+    const dp_op *op = &v->ops[oi];
+    if (!op_reaches(op, d)) continue;
+    t++;
+    s.op = oi;
+    s.t0 = op->device == d ? t : st_lo[op->stage];
+    s.t1 = op->device == d ? t : st_hi[op->stage];
+    sim_op(&s, op);
   }
   size_t region = p->regions[d][DP_REGION_ACTIVATIONS].size;
-  for (int x = 0; x < n; x++) {
-    if (!pcs[x].seen) continue;
-    REQ(pcs[x].first_write, "device %d: piece %d is read before it is written", d, x);
-    REQ(pcs[x].hi <= region, "device %d: piece %d [%zu, %zu) beyond the region (%zu)", d, x,
-        pcs[x].lo, pcs[x].hi, region);
-    for (int y = x + 1; y < n; y++) {
-      if (!pcs[y].seen || pcs[x].lo == pcs[x].hi || pcs[y].lo == pcs[y].hi) continue;
-      int together = pcs[x].first <= pcs[y].last && pcs[y].first <= pcs[x].last;
-      int overlap = pcs[x].lo < pcs[y].hi && pcs[y].lo < pcs[x].hi;
-      REQ(!(together && overlap),
-          "device %d: pieces %d (kind %d layer %d, t %d..%d, [%zu,%zu)) and %d (kind %d "
-          "layer %d, t %d..%d, [%zu,%zu)) are live together and overlap",
-          d, x, x / nmb / L, x / nmb % L, pcs[x].first, pcs[x].last, pcs[x].lo, pcs[x].hi,
-          y, y / nmb / L, y / nmb % L, pcs[y].first, pcs[y].last, pcs[y].lo, pcs[y].hi);
+  int *seen = malloc((size_t)n * sizeof *seen), n_seen = 0;
+  for (int x = 0; x < n; x++)
+    if (s.pcs[x].seen) {
+      REQ(s.pcs[x].first_write, "device %d: piece %d is read before it is written", d, x);
+      REQ(s.pcs[x].hi <= region, "device %d: piece %d [%zu, %zu) beyond the region (%zu)",
+          d, x, s.pcs[x].lo, s.pcs[x].hi, region);
+      if (s.pcs[x].lo < s.pcs[x].hi) seen[n_seen++] = x;
     }
-  }
-#undef PIECE
-  free(pcs);
+  for (int ix = 0; ix < n_seen; ix++)
+    for (int iy = ix + 1; iy < n_seen; iy++) {
+      int x = seen[ix], y = seen[iy];
+      const piece *a = &s.pcs[x], *b = &s.pcs[y];
+      int together = a->first <= b->last && b->first <= a->last;
+      int overlap = a->lo < b->hi && b->lo < a->hi;
+      REQ(!(together && overlap),
+          "device %d: pieces (kind %d layer %d sub %d, t %d..%d, [%zu,%zu)) and (kind %d "
+          "layer %d sub %d, t %d..%d, [%zu,%zu)) are live together and overlap",
+          d, x / s.W / s.L, x / s.W % s.L, x % s.W, a->first, a->last, a->lo, a->hi,
+          y / s.W / s.L, y / s.W % s.L, y % s.W, b->first, b->last, b->lo, b->hi);
+    }
+  free(seen);
+  free(st_lo);
+  free(st_hi);
+  free(s.pcs);
 }
 
 /* The bytes an op names lie inside the regions it names. */
@@ -694,6 +962,7 @@ static void check_op_bounds(const dp_plan *p, const sched_view *v) {
     const dp_op *op = &ops[i];
     REQ_GE(op->device, 0);
     REQ_LT(op->device, dp_plan_n_devices(p));
+    const dp_region_info *rg = p->regions[op->device];
     if (op->kind == DP_OP_COPY) {
       size_t scap = op->src_dev == DP_HOST ? host_bytes_of(p, op->src_region)
                                            : p->regions[op->src_dev][op->src_region].size;
@@ -703,14 +972,38 @@ static void check_op_bounds(const dp_plan *p, const sched_view *v) {
           i, dp_phase_name(op->phase), op->src_offset, op->bytes, scap);
       REQ(op->dst_offset + op->bytes <= dcap, "op %d (%s): dest [%zu, +%zu) beyond %zu", i,
           dp_phase_name(op->phase), op->dst_offset, op->bytes, dcap);
-    } else if (op->kind == DP_OP_BACKWARD) {
+    } else if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_BN_BWD_STATS) {
+      /* a whole gradient slot, its layer's part written */
       REQ1(op->dst_region == DP_REGION_GRADS || op->dst_region == DP_REGION_GRAD_PARTIALS);
-      REQ(op->dst_offset + P <= p->regions[op->device][op->dst_region].size,
-          "op %d: backward grads slot beyond %s", i, dp_region_name(op->dst_region));
-    } else if (op->kind == DP_OP_GRAD_ADD) {
-      REQ_EQ(op->bytes, P);
-      REQ_LE(op->src_offset + P, p->regions[op->device][op->src_region].size);
-      REQ_LE(op->dst_offset + P, p->regions[op->device][op->dst_region].size);
+      REQ(op->dst_offset + P <= rg[op->dst_region].size, "op %d: %s grads slot beyond %s",
+          i, dp_op_kind_name(op->kind), dp_region_name(op->dst_region));
+    } else if (op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_BN_MERGE ||
+               op->kind == DP_OP_BN_FINAL || op->kind == DP_OP_BN_STATS) {
+      /* bytes [offset, +bytes) of the op's device's regions: gradients (a
+       * segment's range of a slot, or all of it) or a sync batchnorm's
+       * statistics */
+      REQ_LT(op->dst_region, DP_REGION_COUNT);
+      REQ(op->dst_offset + op->bytes <= rg[op->dst_region].size,
+          "op %d (%s): dest [%zu, +%zu) beyond %s (%zu)", i, dp_op_kind_name(op->kind),
+          op->dst_offset, op->bytes, dp_region_name(op->dst_region),
+          rg[op->dst_region].size);
+      if (op->kind == DP_OP_BN_FINAL)
+        REQ(op->layer >= 0 && op->layer < p->model.n_layers, "op %d: bn_final of layer %d",
+            i, op->layer);
+      if (op->kind != DP_OP_BN_STATS) { /* which reads its layer's input rows */
+        /* bn_final's bytes are its result's; it reads the root's partial */
+        size_t sb = op->kind == DP_OP_BN_FINAL
+                        ? sb_len(p->model.layers[op->layer].c, SB_SLOT) * 4
+                        : op->bytes;
+        REQ_LT(op->src_region, DP_REGION_COUNT);
+        REQ(op->src_offset + sb <= rg[op->src_region].size,
+            "op %d (%s): source [%zu, +%zu) beyond %s (%zu)", i, dp_op_kind_name(op->kind),
+            op->src_offset, sb, dp_region_name(op->src_region), rg[op->src_region].size);
+      }
+      if (op->kind == DP_OP_GRAD_ADD && op->dst_region != DP_REGION_ACTIVATIONS) {
+        REQ_LE(op->bytes, P);
+        REQ_LE(op->dst_offset % (P ? P : 1) + op->bytes, P); /* inside one slot */
+      }
     }
   }
 }
@@ -725,11 +1018,13 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *op = &ops[i];
-    if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_GRAD_ADD ||
-        op->kind == DP_OP_COPY) {
+    if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_BN_BWD_STATS ||
+        op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_COPY) {
+      /* the whole slot a segment's gradients are in */
+      size_t end = (op->dst_offset / P + 1) * P;
       if (op->dst_dev >= 0 && op->dst_region == DP_REGION_GRAD_PARTIALS &&
-          op->dst_offset + P > partials[op->dst_dev])
-        partials[op->dst_dev] = op->dst_offset + P;
+          end > partials[op->dst_dev])
+        partials[op->dst_dev] = end;
       if (op->dst_dev >= 0 && op->dst_region == DP_REGION_COMM) comm[op->dst_dev] = P;
     }
   }
@@ -744,20 +1039,11 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
   }
 }
 
-/* A contiguous range of global micro-batches whose gradient sum a slot holds. */
+/* A contiguous range of global micro-batches (or devices) whose sum a slot
+ * holds. */
 typedef struct {
   int lo, hi; /* hi == lo: empty */
 } mbrange;
-
-static mbrange *slot_of(mbrange grads[][3], mbrange *partials[], const dp_plan *p, int dev,
-                        int region, size_t off) {
-  size_t P = p->model.n_params * 4;
-  if (region == DP_REGION_GRADS) return &grads[dev][0];
-  if (region == DP_REGION_COMM) return &grads[dev][1];
-  REQ_EQ(region, DP_REGION_GRAD_PARTIALS);
-  REQ_EQ(off % P, 0);
-  return &partials[dev][off / P];
-}
 
 /* Merges src into dst; the canonical tree only ever adds a range to the
  * range that ends where it starts. */
@@ -768,29 +1054,259 @@ static void merge(mbrange *dst, const mbrange *src, int i) {
   dst->hi = src->hi;
 }
 
+static int covers(const mbrange *r, int lo, int hi) { return r->lo == lo && r->hi == hi; }
+
+/* The additions a training step performs, as (lo, mid, hi): the sum over
+ * micro-batches [lo, mid) gets the sum over [mid, hi) added. */
+typedef struct {
+  int lo, mid, hi;
+} merge3;
+
+static int cmp_merge3(const void *a, const void *b) {
+  const merge3 *x = a, *y = b;
+  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+  return x->hi < y->hi ? -1 : x->hi > y->hi;
+}
+
+/* The backward's segments (sync batchnorm), from the model, on their own:
+ * segment s runs layers top[s] .. bot[s] + 1 of a micro-batch, then when
+ * bot[s] >= 0 that batchnorm's sums (BN_BWD_STATS, which writes its weight's
+ * and bias's gradients); its gradients are the bytes [p0[s], p1[s]). The
+ * layers below wait for the whole batch's sums: segment s + 1 starts with
+ * bot[s]'s backward (dx only). Without sync batchnorm: one segment, all
+ * layers, all bytes. */
+typedef struct {
+  int n;
+  int top[DP_MAX_LAYERS + 1], bot[DP_MAX_LAYERS + 1];
+  size_t p0[DP_MAX_LAYERS + 1], p1[DP_MAX_LAYERS + 1];
+  int of_layer[DP_MAX_LAYERS]; /* the segment whose backward ops run layer i */
+} segments;
+
+static void segments_of(const dp_plan *p, segments *sg) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers, top = L - 1;
+  size_t p1 = m->n_params * 4;
+  sg->n = 0;
+  for (int i = L - 1;; i--) {
+    if (i >= 0 && !is_sync_bn(p, i)) continue;
+    int s = sg->n++;
+    sg->top[s] = top;
+    sg->bot[s] = i;
+    sg->p0[s] = i >= 0 ? m->layers[i].param_off * 4 : 0;
+    sg->p1[s] = p1;
+    for (int j = i + 1; j <= top; j++) sg->of_layer[j] = s;
+    if (i < 0) break;
+    top = i;
+    p1 = sg->p0[s];
+  }
+}
+
+/* The segment whose leaves end with batchnorm b's sums. */
+static int segment_ending_at(const segments *sg, int b) {
+  for (int s = 0; s < sg->n; s++)
+    if (sg->bot[s] == b) return s;
+  return -1;
+}
+
+/* What a slot (a gradient slot's segment, or a part of a sync batchnorm's
+ * statistics) holds: the micro-batches (or devices) summed; for a leaf of
+ * the backward, the layer it runs next; and who wrote it last. A slot
+ * written by one device is read by another only in a later stage. */
+typedef struct {
+  mbrange r;
+  int next;
+  int wdev, wstage;
+} held;
+
+static void written(held *h, const dp_op *op) {
+  h->wdev = op->device;
+  h->wstage = op->stage;
+}
+
+static void read_after_write(const held *h, const dp_op *op, int i) {
+  REQ(h->wdev == op->device || h->wstage < op->stage,
+      "op %d (%s, device %d, stage %d) reads what device %d wrote in stage %d", i,
+      dp_op_kind_name(op->kind), op->device, op->stage, h->wdev, h->wstage);
+}
+
+/* A leaf of segment s has run all its layers (and its batchnorm's sums). */
+static int leaf_done(const held *h, const segments *sg, int s) {
+  return h->next == (sg->bot[s] >= 0 ? sg->bot[s] - 1 : -1);
+}
+
+/* A sync batchnorm's parts on a device. */
+typedef struct {
+  held *part; /* [0]: the partial received, [1 + j]: micro-batch slot j */
+  held fin, sums, sums_recv;
+} bnstate;
+
+/* What check_schedule tracks. */
+typedef struct {
+  const dp_plan *p;
+  const sched_view *v;
+  segments sg;
+  int L, nmb, n_act, dlast[DP_MAX_DEVICES];
+  held *slots[DP_MAX_DEVICES]; /* [slot * sg.n + segment]; slot 0 GRADS, 1 COMM,
+                                  2 + k partial k */
+  int n_slots[DP_MAX_DEVICES];
+  bnstate *bn; /* [device * L + layer] */
+  /* the additions of each tree: the gradients' of segment s (tree s), the
+   * statistics' of sync batchnorm b (tree sg.n + b) */
+  merge3 *adds;
+  int *n_adds, cap;
+} sched_state;
+
+static held *grad_slot(sched_state *st, int dev, int region, size_t off, int seg, int i) {
+  size_t P = st->p->model.n_params * 4;
+  int k = region == DP_REGION_GRADS ? 0 : region == DP_REGION_COMM ? 1 : -1;
+  if (k < 0) {
+    REQ(region == DP_REGION_GRAD_PARTIALS, "op %d: gradients in %s", i,
+        dp_region_name(region));
+    k = 2 + (int)(off / P);
+  }
+  REQ(k < st->n_slots[dev], "op %d: device %d slot %d beyond its %d", i, dev, k,
+      st->n_slots[dev]);
+  return &st->slots[dev][k * st->sg.n + seg];
+}
+
+static held *bn_part(sched_state *st, int dev, int b, int q) {
+  bnstate *bs = &st->bn[dev * st->L + b];
+  if (q == SB_FINAL) return &bs->fin;
+  if (q == SB_SUMS) return &bs->sums;
+  if (q == SB_SUMS_RECV) return &bs->sums_recv;
+  return &bs->part[q - SB_PART_RECV];
+}
+
+/* The sync batchnorm part of device dev that the op names, of layer `want`
+ * unless that is -1. */
+static int sched_part(sched_state *st, int dev, int region, size_t off, size_t bytes,
+                      const dp_op *op, int i, int want, int *layer) {
+  int b = -1, q = -1;
+  REQ(region == DP_REGION_ACTIVATIONS && sync_part(st->p, dev, off, bytes, &b, &q) &&
+          (want < 0 || b == want),
+      "op %d (%s %s, layer %d): device %d %s [%zu, +%zu) is no sync batchnorm statistics "
+      "part%s",
+      i, dp_phase_name(op->phase), dp_op_kind_name(op->kind), op->layer, dev,
+      dp_region_name(region), off, bytes, want >= 0 ? " of its layer" : "");
+  if (layer) *layer = b;
+  return q;
+}
+
+/* dst += src in tree t, recorded. */
+static void tree_add(sched_state *st, int t, held *dst, const held *src, const dp_op *op,
+                     int i) {
+  read_after_write(dst, op, i);
+  read_after_write(src, op, i);
+  merge3 a = {dst->r.lo, dst->r.hi, src->r.hi};
+  merge(&dst->r, &src->r, i);
+  REQ(st->n_adds[t] < st->cap, "op %d: more than %d additions in tree %d", i, st->cap, t);
+  st->adds[t * st->cap + st->n_adds[t]++] = a;
+  written(dst, op);
+}
+
+/* A copy whose ends are activations: a part of a sync batchnorm's statistics
+ * (the forward's partials up the tree and the whole batch's statistics down;
+ * the backward's sums the same way), or a device's sums from its gradients. */
+static void check_bn_copy(sched_state *st, const dp_op *op, int i) {
+  const dp_plan *p = st->p;
+  int b, sb;
+  REQ(st->v->train, "op %d: statistics copied in a forward", i);
+  int q =
+      sched_part(st, op->dst_dev, op->dst_region, op->dst_offset, op->bytes, op, i, -1, &b);
+  held *dst = bn_part(st, op->dst_dev, b, q);
+  if (op->src_region == DP_REGION_GRADS) {
+    /* the device's sums of dy x-hat and dy: its gradient of b's weight and bias,
+     * summed over all of its micro-batches */
+    int d = op->device, s = segment_ending_at(&st->sg, b);
+    REQ_EQ(op->phase, DP_PHASE_BACKWARD);
+    REQ(op->src_dev == d && op->dst_dev == d, "op %d: sums of device %d copied by %d", i,
+        op->src_dev, d);
+    REQ_EQ(q, SB_SUMS);
+    REQ_EQ(op->src_offset, p->model.layers[b].param_off * 4);
+    REQ_GE(s, 0);
+    held *g = grad_slot(st, d, DP_REGION_GRADS, 0, s, i);
+    read_after_write(g, op, i);
+    REQ(leaf_done(g, &st->sg, s) && covers(&g->r, p->split.dev_mb0[d], st->dlast[d]),
+        "op %d: device %d's sums of layer %d from the gradients of micro-batches [%d,%d), "
+        "want [%d,%d)",
+        i, d, b, g->r.lo, g->r.hi, p->split.dev_mb0[d], st->dlast[d]);
+    REQ(dst->r.hi == dst->r.lo, "op %d: device %d's sums of layer %d copied twice", i, d,
+        b);
+    dst->r = (mbrange){d, d + 1};
+  } else {
+    int sq = sched_part(st, op->src_dev, op->src_region, op->src_offset, op->bytes, op, i,
+                        b, &sb);
+    held *src = bn_part(st, op->src_dev, b, sq);
+    REQ_NE(op->src_dev, op->dst_dev);
+    read_after_write(src, op, i);
+    REQ(src->r.hi > src->r.lo, "op %d: copies an empty part %d of layer %d", i, sq, b);
+    int up = sq == SB_SLOT && q == SB_PART_RECV, fin = sq == SB_FINAL && q == SB_FINAL,
+        sums_up = sq == SB_SUMS && q == SB_SUMS_RECV,
+        sums_down = sq == SB_SUMS && q == SB_SUMS;
+    REQ(up || fin || sums_up || sums_down,
+        "op %d: copies part %d of layer %d's statistics to part %d", i, sq, b, q);
+    REQ_EQ(op->phase, up || fin ? DP_PHASE_FORWARD : DP_PHASE_BACKWARD);
+    if (fin || sums_down) { /* device 0's result for the whole batch, to every device */
+      REQ_EQ(op->src_dev, 0);
+      REQ(covers(&src->r, 0, fin ? st->nmb : st->n_act),
+          "op %d: sends layer %d's %s of [%d,%d)", i, b, fin ? "statistics" : "sums",
+          src->r.lo, src->r.hi);
+    }
+    dst->r = src->r;
+    if (up || sums_up) src->r = (mbrange){0, 0}; /* handed over */
+  }
+  written(dst, op);
+}
+
 /* Phases in order, stages non-decreasing, every row scattered and gathered
  * once, every layer run once per micro-batch, and the gradients of every
- * micro-batch summed into device 0 exactly once along the canonical tree. */
+ * micro-batch summed into device 0 exactly once along the canonical tree:
+ * with sync batchnorm, for each segment of the backward its own, and the
+ * statistics of each sync batchnorm (the forward's over the micro-batches,
+ * the backward's sums over the devices) too, all the same tree. */
 static void check_schedule(const dp_plan *p, const sched_view *v) {
   const dp_model *m = &p->model;
   int train = v->train, N = dp_plan_n_devices(p), L = m->n_layers, nmb = 0;
   while (nmb < p->split.n_mb && v->mbs[nmb].rows > 0) nmb++; /* non-empty micro-batches */
-  int drows[DP_MAX_DEVICES] = {0};
-  for (int d = 0; d < N; d++)
+  sched_state *st = calloc(1, sizeof *st);
+  ck_assert_ptr_nonnull(st);
+  st->p = p;
+  st->v = v;
+  st->L = L;
+  st->nmb = nmb;
+  segments_of(p, &st->sg);
+  int S = st->sg.n, drows[DP_MAX_DEVICES] = {0};
+  for (int d = 0; d < N; d++) {
+    st->dlast[d] = p->split.dev_mb0[d];
     for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++)
-      drows[d] += v->mbs[k].rows;
+      if (v->mbs[k].rows > 0) {
+        drows[d] += v->mbs[k].rows;
+        st->dlast[d] = k + 1;
+      }
+    if (drows[d]) st->n_act = d + 1;
+  }
   size_t P = m->n_params * 4;
   const dp_op *ops = v->ops;
-  int *fwd = calloc((size_t)(p->split.n_mb * L), sizeof *fwd);
-  int *bwd = calloc((size_t)(p->split.n_mb * L), sizeof *bwd);
+  int n_mb = p->split.n_mb;
+  int *fwd = calloc((size_t)(n_mb * L), sizeof *fwd);
+  int *bwd = calloc((size_t)(n_mb * L), sizeof *bwd);
+  int *bn_stats = calloc((size_t)(n_mb * L), sizeof *bn_stats);
+  int *bn_bwd = calloc((size_t)(n_mb * L), sizeof *bn_bwd);
+  int *bn_final = calloc((size_t)L, sizeof *bn_final);
   int scattered = 0, gathered = 0, n_loss = 0, n_opt = 0;
-  mbrange grads[DP_MAX_DEVICES][3];
-  mbrange *partials[DP_MAX_DEVICES];
-  memset(grads, 0, sizeof grads);
   for (int d = 0; d < N; d++) {
     size_t ps = p->regions[d][DP_REGION_GRAD_PARTIALS].size;
-    partials[d] = calloc(P ? ps / P + 1 : 1, sizeof(mbrange));
+    st->n_slots[d] = 2 + (P ? (int)(ps / P) : 0);
+    st->slots[d] = calloc((size_t)(st->n_slots[d] * S), sizeof(held));
   }
+  st->bn = calloc((size_t)(N * L), sizeof *st->bn);
+  for (int d = 0; d < N; d++)
+    for (int b = 0; b < L; b++)
+      if (is_sync_bn(p, b))
+        st->bn[d * L + b].part = calloc((size_t)dev_mbs(p, d) + 1, sizeof(held));
+  st->cap = 2 * n_mb + 2 * N;
+  st->adds = calloc((size_t)((S + L) * st->cap), sizeof *st->adds);
+  st->n_adds = calloc((size_t)(S + L), sizeof *st->n_adds);
   for (int i = 0; i < v->n_ops; i++) {
     const dp_op *op = &ops[i];
     if (i > 0) {
@@ -802,6 +1318,23 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
     if (!train)
       REQ(op->phase <= DP_PHASE_GATHER, "inference op %d in phase %s", i,
           dp_phase_name(op->phase));
+    int d = op->device, k = op->micro_batch, b = op->layer, q, sq;
+    int mb_op = op->kind == DP_OP_FORWARD || op->kind == DP_OP_BACKWARD ||
+                op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS;
+    if (mb_op) { /* a layer's op on one of the device's micro-batches */
+      REQ(b >= 0 && b < L, "op %d: layer %d", i, b);
+      REQ_GE(k, p->split.dev_mb0[d]);
+      REQ_LT(k, p->split.dev_mb0[d + 1]);
+      REQ_EQ(op->row0, v->mbs[k].row0);
+      REQ_EQ(op->rows, v->mbs[k].rows);
+    }
+    if (op->kind >= DP_OP_BN_STATS && op->kind <= DP_OP_BN_BWD_STATS) {
+      /* sync batchnorm's ops: its layers' only, in a training step */
+      REQ(train && b >= 0 && b < L && is_sync_bn(p, b), "op %d: %s of layer %d", i,
+          dp_op_kind_name(op->kind), b);
+      REQ_EQ(op->phase,
+             op->kind == DP_OP_BN_BWD_STATS ? DP_PHASE_BACKWARD : DP_PHASE_FORWARD);
+    }
     switch ((dp_op_kind)op->kind) {
     case DP_OP_COPY:
       if (op->phase == DP_PHASE_SCATTER && op->src_region == DP_REGION_INPUTS) {
@@ -819,36 +1352,164 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
         REQ_EQ(op->row0, gathered);
         gathered += op->rows;
       }
-      if (op->phase == DP_PHASE_REDUCE && P) {
+      if (op->phase == DP_PHASE_REDUCE && P) { /* a device's whole sum, every segment */
         REQ_EQ(op->src_region, DP_REGION_GRADS);
         REQ_EQ(op->dst_region, DP_REGION_COMM);
-        grads[op->dst_dev][1] = grads[op->src_dev][0];
-        grads[op->src_dev][0] = (mbrange){0, 0}; /* handed over */
+        REQ_EQ(op->src_offset, 0);
+        REQ_EQ(op->dst_offset, 0);
+        REQ_EQ(op->bytes, P);
+        for (int s = 0; s < S; s++) {
+          held *src = grad_slot(st, op->src_dev, DP_REGION_GRADS, 0, s, i),
+               *dst = grad_slot(st, op->dst_dev, DP_REGION_COMM, 0, s, i);
+          read_after_write(src, op, i);
+          *dst = *src;
+          written(dst, op);
+          src->r = (mbrange){0, 0}; /* handed over */
+        }
       }
+      if (op->src_region == DP_REGION_ACTIVATIONS ||
+          op->dst_region == DP_REGION_ACTIVATIONS)
+        check_bn_copy(st, op, i);
       break;
     case DP_OP_FORWARD:
       REQ_EQ(op->phase, DP_PHASE_FORWARD);
-      fwd[op->micro_batch * L + op->layer]++;
-      REQ_GE(op->micro_batch, p->split.dev_mb0[op->device]);
-      REQ_LT(op->micro_batch, p->split.dev_mb0[op->device + 1]);
+      fwd[k * L + b]++;
+      if (train && is_sync_bn(p, b)) { /* after the whole batch's statistics are here */
+        held *f = bn_part(st, d, b, SB_FINAL);
+        read_after_write(f, op, i);
+        REQ(covers(&f->r, 0, nmb),
+            "op %d: forward of layer %d on device %d with statistics of [%d,%d)", i, b, d,
+            f->r.lo, f->r.hi);
+      }
       break;
     case DP_OP_BACKWARD: {
       REQ_EQ(op->phase, DP_PHASE_BACKWARD);
-      bwd[op->micro_batch * L + op->layer]++;
-      REQ_GE(op->micro_batch, p->split.dev_mb0[op->device]);
-      REQ_LT(op->micro_batch, p->split.dev_mb0[op->device + 1]);
+      bwd[k * L + b]++;
+      if (train && is_sync_bn(p, b)) { /* dx: after the whole batch's sums are here */
+        held *f = bn_part(st, d, b, SB_FINAL), *sums = bn_part(st, d, b, SB_SUMS);
+        read_after_write(f, op, i);
+        REQ(covers(&f->r, 0, nmb), "op %d: backward of layer %d without the statistics", i,
+            b);
+        if (owner_of(m, b - 1) >= 0) {
+          read_after_write(sums, op, i);
+          REQ(covers(&sums->r, 0, st->n_act),
+              "op %d: backward of layer %d on device %d with the sums of devices [%d,%d)",
+              i, b, d, sums->r.lo, sums->r.hi);
+        }
+      }
       if (!P) break; /* a model without parameters has no gradients to sum */
-      mbrange *s = slot_of(grads, partials, p, op->device, op->dst_region, op->dst_offset);
-      if (op->layer == L - 1)
-        *s = (mbrange){op->micro_batch, op->micro_batch + 1};
+      REQ_EQ(op->dst_offset % P, 0);
+      int s = st->sg.of_layer[b];
+      held *h = grad_slot(st, d, op->dst_region, op->dst_offset, s, i);
+      if (b == st->sg.top[s]) /* a leaf of the segment starts at its top layer */
+        h->r = (mbrange){k, k + 1};
       else
-        REQ_EQ(s->lo, op->micro_batch);
+        REQ(covers(&h->r, k, k + 1) && h->next == b,
+            "op %d: backward of layer %d micro-batch %d into a slot of segment %d holding "
+            "[%d,%d) at layer %d",
+            i, b, k, s, h->r.lo, h->r.hi, h->next);
+      h->next = b - 1;
+      written(h, op);
+      break;
+    }
+    case DP_OP_BN_BWD_STATS: { /* the leaf's last op: b's weight and bias gradients */
+      held *f = bn_part(st, d, b, SB_FINAL);
+      read_after_write(f, op, i);
+      REQ(covers(&f->r, 0, nmb), "op %d: bn_bwd_stats of layer %d without the statistics",
+          i, b);
+      bn_bwd[k * L + b]++;
+      int s = segment_ending_at(&st->sg, b);
+      REQ_GE(s, 0);
+      REQ_EQ(op->dst_offset % P, 0);
+      held *h = grad_slot(st, d, op->dst_region, op->dst_offset, s, i);
+      if (b == st->sg.top[s]) /* a segment without layers of its own */
+        h->r = (mbrange){k, k + 1};
+      else
+        REQ(covers(&h->r, k, k + 1) && h->next == b,
+            "op %d: bn_bwd_stats of layer %d micro-batch %d into a slot holding [%d,%d) at "
+            "layer %d",
+            i, b, k, h->r.lo, h->r.hi, h->next);
+      h->next = b - 1;
+      written(h, op);
+      break;
+    }
+    case DP_OP_BN_STATS: { /* the micro-batch's partial into its slot */
+      q = sched_part(st, d, op->dst_region, op->dst_offset, op->bytes, op, i, b, NULL);
+      REQ(q == SB_SLOT + k - p->split.dev_mb0[d],
+          "op %d: bn_stats of micro-batch %d into part %d", i, k, q);
+      REQ_GT(op->rows, 0);
+      held *h = bn_part(st, d, b, q);
+      h->r = (mbrange){k, k + 1};
+      written(h, op);
+      bn_stats[k * L + b]++;
+      break;
+    }
+    case DP_OP_BN_MERGE: /* partials of adjacent micro-batches, on one device */
+      q = sched_part(st, d, op->dst_region, op->dst_offset, op->bytes, op, i, b, NULL);
+      sq = sched_part(st, d, op->src_region, op->src_offset, op->bytes, op, i, b, NULL);
+      REQ(q >= SB_PART_RECV && sq >= SB_PART_RECV, "op %d: merges part %d into part %d", i,
+          sq, q);
+      tree_add(st, S + b, bn_part(st, d, b, q), bn_part(st, d, b, sq), op, i);
+      break;
+    case DP_OP_BN_FINAL: { /* device 0's, from the root: after every merge */
+      REQ_EQ(d, 0);
+      sq = sched_part(st, d, op->src_region, op->src_offset,
+                      sb_len(m->layers[b].c, SB_SLOT) * 4, op, i, b, NULL);
+      q = sched_part(st, d, op->dst_region, op->dst_offset, op->bytes, op, i, b, NULL);
+      REQ_EQ(sq, SB_SLOT);
+      REQ_EQ(q, SB_FINAL);
+      held *root = bn_part(st, d, b, sq), *f = bn_part(st, d, b, q);
+      read_after_write(root, op, i);
+      REQ(covers(&root->r, 0, nmb), "op %d: layer %d's statistics from [%d,%d) of %d", i, b,
+          root->r.lo, root->r.hi, nmb);
+      f->r = root->r;
+      written(f, op);
+      bn_final[b]++;
       break;
     }
     case DP_OP_GRAD_ADD:
-      if (P)
-        merge(slot_of(grads, partials, p, op->device, op->dst_region, op->dst_offset),
-              slot_of(grads, partials, p, op->device, op->src_region, op->src_offset), i);
+      if (op->src_region == DP_REGION_ACTIVATIONS ||
+          op->dst_region == DP_REGION_ACTIVATIONS) {
+        /* the backward sums of a sync batchnorm, over the devices */
+        REQ(train, "op %d: sums added in a forward", i);
+        REQ_EQ(op->phase, DP_PHASE_BACKWARD);
+        q = sched_part(st, d, op->dst_region, op->dst_offset, op->bytes, op, i, -1, &b);
+        sq = sched_part(st, d, op->src_region, op->src_offset, op->bytes, op, i, b, NULL);
+        REQ(q == SB_SUMS && sq == SB_SUMS_RECV, "op %d: adds part %d to part %d", i, sq, q);
+        held *dh = bn_part(st, d, b, q), *sh = bn_part(st, d, b, sq);
+        read_after_write(dh, op, i);
+        read_after_write(sh, op, i);
+        merge(&dh->r, &sh->r, i);
+        written(dh, op);
+        break;
+      }
+      if (P) {
+        /* a segment's range of two slots (the backward), or all of it (the
+         * reduction): the segments it covers, each its own tree */
+        size_t off = op->dst_offset % P;
+        REQ_EQ(op->src_offset % P, off);
+        int n_seg = 0;
+        size_t covered = 0;
+        for (int s = 0; s < S; s++) {
+          if (st->sg.p1[s] == st->sg.p0[s] || st->sg.p0[s] < off ||
+              st->sg.p1[s] > off + op->bytes)
+            continue;
+          held *dh = grad_slot(st, d, op->dst_region, op->dst_offset, s, i),
+               *sh = grad_slot(st, d, op->src_region, op->src_offset, s, i);
+          REQ(leaf_done(dh, &st->sg, s) && leaf_done(sh, &st->sg, s),
+              "op %d: adds segment %d's gradients before its layers ran", i, s);
+          tree_add(st, s, dh, sh, op, i);
+          covered += st->sg.p1[s] - st->sg.p0[s];
+          n_seg++;
+        }
+        REQ(covered == op->bytes,
+            "op %d: adds bytes [%zu, +%zu) of the gradients: not whole segments", i, off,
+            op->bytes);
+        if (op->phase == DP_PHASE_BACKWARD)
+          REQ(n_seg == 1, "op %d: a backward addition over %d segments", i, n_seg);
+        else
+          REQ_EQ(op->bytes, P);
+      }
       break;
     case DP_OP_LOSS:
       REQ_EQ(op->device, 0);
@@ -872,18 +1533,25 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
       /* the last op, but for batchnorm's running-statistics updates after it */
       for (int j = i + 1; j < v->n_ops; j++) REQ_EQ(v->ops[j].kind, DP_OP_BN_UPDATE);
-      /* device 0 now holds the sum over every micro-batch */
-      if (P) {
-        REQ_EQ(grads[0][0].lo, 0);
-        REQ_EQ(grads[0][0].hi, nmb);
+      /* device 0 now holds the sum over every micro-batch, in every segment */
+      for (int s = 0; P && s < S; s++) {
+        if (st->sg.p1[s] == st->sg.p0[s]) continue;
+        held *h = grad_slot(st, 0, DP_REGION_GRADS, 0, s, i);
+        read_after_write(h, op, i);
+        REQ(covers(&h->r, 0, nmb) && leaf_done(h, &st->sg, s),
+            "segment %d (layers %d..%d): device 0 holds the gradients of [%d,%d) of %d", s,
+            st->sg.top[s], st->sg.bot[s] + 1, h->r.lo, h->r.hi, nmb);
       }
       n_opt++;
       break;
     case DP_OP_BN_UPDATE: /* batchnorm: device 0's buffers, in the optimizer stage */
       REQ_EQ(op->device, 0);
       REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
-      REQ(p->model.layers[op->layer].kind == DP_LAYER_BATCHNORM,
-          "op %d: bn_update of layer %d", i, op->layer);
+      REQ(b >= 0 && b < L && p->model.layers[b].kind == DP_LAYER_BATCHNORM,
+          "op %d: bn_update of layer %d", i, b);
+      if (is_sync_bn(p, b)) /* from the whole batch's statistics */
+        REQ(covers(&bn_part(st, 0, b, SB_FINAL)->r, 0, nmb), "op %d: bn_update of layer %d",
+            i, b);
       break;
     case DP_OP_GRAD_ACCUM: /* accumulate: device 0's whole gradient, classic */
     case DP_OP_GRAD_STASH:
@@ -900,20 +1568,59 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
   }
   REQ_EQ(scattered, v->rows);
   REQ_EQ(gathered, v->rows);
-  for (int k = 0; k < p->split.n_mb * L; k++) {
+  for (int k = 0; k < n_mb * L; k++) {
+    int sync = train && is_sync_bn(p, k % L);
     if (k >= nmb * L) {
       REQ_EQ(fwd[k], 0); /* empty micro-batches are skipped */
       REQ_EQ(bwd[k], 0);
+      REQ_EQ(bn_stats[k], 0);
+      REQ_EQ(bn_bwd[k], 0);
       continue;
     }
     REQ_EQ(fwd[k], 1);
     REQ_EQ(bwd[k], train ? 1 : 0);
+    /* sync batchnorm: each micro-batch's statistics once, and its sums once */
+    REQ(bn_stats[k] == sync && bn_bwd[k] == sync,
+        "micro-batch %d layer %d: %d bn_stats, %d bn_bwd_stats", k / L, k % L, bn_stats[k],
+        bn_bwd[k]);
   }
+  for (int b = 0; b < L; b++) REQ_EQ(bn_final[b], train && is_sync_bn(p, b));
   REQ_EQ(n_loss, train);
   REQ_EQ(n_opt, train);
-  for (int d = 0; d < N; d++) free(partials[d]);
+  /* one tree: every segment's gradients and every sync batchnorm's statistics
+   * summed with the same additions */
+  int ref = -1;
+  for (int t = 0; t < S + L; t++) {
+    if (t < S ? !P || st->sg.p1[t] == st->sg.p0[t] : !(train && is_sync_bn(p, t - S)))
+      continue;
+    merge3 *a = st->adds + t * st->cap;
+    qsort(a, (size_t)st->n_adds[t], sizeof *a, cmp_merge3);
+    if (!train) continue;
+    REQ(st->n_adds[t] == nmb - 1, "tree %d: %d additions over %d micro-batches", t,
+        st->n_adds[t], nmb);
+    if (ref < 0) {
+      ref = t;
+      continue;
+    }
+    const merge3 *r = st->adds + ref * st->cap;
+    for (int j = 0; j < st->n_adds[t]; j++)
+      REQ(a[j].lo == r[j].lo && a[j].mid == r[j].mid && a[j].hi == r[j].hi,
+          "tree %d addition %d is [%d,%d)+[%d,%d), tree %d's [%d,%d)+[%d,%d)", t, j,
+          a[j].lo, a[j].mid, a[j].mid, a[j].hi, ref, r[j].lo, r[j].mid, r[j].mid, r[j].hi);
+  }
+  for (int d = 0; d < N; d++) {
+    free(st->slots[d]);
+    for (int b = 0; b < L; b++) free(st->bn[d * L + b].part);
+  }
+  free(st->bn);
+  free(st->adds);
+  free(st->n_adds);
+  free(st);
   free(fwd);
   free(bwd);
+  free(bn_stats);
+  free(bn_bwd);
+  free(bn_final);
 }
 
 static void check_view(const dp_plan *p, const sched_view *v) {
@@ -982,12 +1689,52 @@ END_TEST
 START_TEST(random_image_plans_keep_every_invariant) {
   rng_state = 0x5EED1317;
   for (int it = 0; it < 300; it++) {
-    dp_model *m = random_image_model(9, 1);
+    dp_model *m = random_image_model(9, 1, 0);
     dp_config c = random_config(24, 6);
     c.backend = DP_BACKEND_CPU; /* batchnorm is the cpu backend's so far */
     if (rnd(3) == 0) c.micro_batch = 1 + (int)rnd(4);
+    /* batchnorm per replica or over the whole batch (training: the forward
+     * and backward wait for the statistics and the sums of every device) */
+    c.batchnorm = rnd(2) ? DP_BN_SYNC : DP_BN_PER_REPLICA;
     dp_plan *p = plan_of(m, &c);
     check_plan(p);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+/* A random model with at least one batchnorm: flat (BatchNorm1d) or image
+ * (BatchNorm2d, and 1d after a flatten). */
+static dp_model *random_bn_model(void) {
+  for (;;) {
+    dp_model *m = rnd(2) ? random_image_model(9, 1, 1) : random_flat_model(8, 1, 1);
+    for (int i = 0; i < m->n_layers; i++)
+      if (m->layers[i].kind == DP_LAYER_BATCHNORM) return m;
+    dp_model_free(m);
+  }
+}
+
+/* Sync batchnorm: the statistics and sums trees, the backward in segments
+ * and the gradient buffers that hold all of a device's rows, on 1..6 devices
+ * with several micro-batches each, at the planned batch and smaller ones,
+ * training and inference plans (and forwards of training plans). */
+START_TEST(random_sync_batchnorm_plans_keep_every_invariant) {
+  rng_state = 0xB47C4;
+  for (int it = 0; it < 150; it++) {
+    dp_model *m = random_bn_model();
+    dp_config c = random_config(32, 6);
+    c.backend = DP_BACKEND_CPU;
+    c.batchnorm = DP_BN_SYNC;
+    if (rnd(3)) c.micro_batch = 1 + (int)rnd(4);
+    c.inference = rnd(4) == 0;
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    int B = c.batch, rows[] = {1 + (int)rnd((uint32_t)B), B > 1 ? B - 1 : 1};
+    for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
+      if (!c.inference) check_smaller_batch(p, rows[j], 1);
+      check_smaller_batch(p, rows[j], 0);
+    }
     dp_plan_free(p);
     dp_model_free(m);
   }
@@ -1651,18 +2398,6 @@ START_TEST(backward_tree_splits_three_micro_batches_as_01_then_2) {
 }
 END_TEST
 
-/* The additions a training step performs, as (lo, mid, hi): the sum over
- * micro-batches [lo, mid) gets the sum over [mid, hi) added. */
-typedef struct {
-  int lo, mid, hi;
-} merge3;
-
-static int cmp_merge3(const void *a, const void *b) {
-  const merge3 *x = a, *y = b;
-  if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
-  return x->hi < y->hi ? -1 : x->hi > y->hi;
-}
-
 static int collect_merges(const dp_plan *p, merge3 *out) {
   size_t P = p->model.n_params * 4;
   int n = 0, L = p->model.n_layers;
@@ -2224,6 +2959,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, grad_partials_hold_only_the_slots_the_tree_uses);
   tcase_add_test(tc, inference_plans_are_smaller_than_training_plans);
   tcase_add_test(tc, inference_reuses_activation_memory);
+  tcase_add_test(tc, random_sync_batchnorm_plans_keep_every_invariant);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("liveness");
