@@ -48,7 +48,7 @@
 #define MR_MAX 12
 #define NR_MAX 32
 #define STACK_WS (32 * 1024) /* problems whose panels fit here pack on the stack */
-#define UA_SLIVERS 2          /* products this many B slivers wide read A in place */
+#define UA_SLIVERS 4          /* products this many B slivers wide read A in place */
 #ifndef SMALL_FMAS
 #define SMALL_FMAS 512 /* problems of at most this many fmas run unpacked */
 #endif
