@@ -183,13 +183,14 @@ static void bn_tree_to_0(builder *b, const dp_plan *p, int n, int i, dp_phase ph
   }
 }
 
-/* Device 0's `floats` at `at` to devices 1..n-1 (their own offsets). */
+/* Device 0's `floats` at `at` to devices 1..n-1 (their own offsets), each
+ * pulled by its device; the stage stays open: what the devices run next
+ * reads it after the copy, in list order, so no barrier is needed. */
 static void bn_bcast(builder *b, const dp_plan *p, int n, int i, dp_phase ph, size_t at,
                      size_t floats) {
   for (int d = 1; d < n; d++)
     emit(b, copy_op(ph, d, 0, DP_REGION_ACTIVATIONS, bn_at(p, 0, i, at), d,
                     DP_REGION_ACTIVATIONS, bn_at(p, d, i, at), floats * 4, 0, 0));
-  next_stage(b);
 }
 
 /* Loss terms of micro-batches [mb0, mb1), rows [row0, +rows), on device d. */
