@@ -188,11 +188,6 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend does not run batchnorm layers yet; use the cpu backend",
                    be->name);
-  if (bn && !c->inference && c->accumulate > 1)
-    return DP_FAIL(
-        DP_ERR_UNSUPPORTED,
-        "batchnorm with gradient accumulation is not implemented yet (its running "
-        "statistics would move once per call)");
   for (int i = 0; i < m->n_layers && !be->image_layers; i++) {
     dp_layer_kind k = m->layers[i].kind;
     if (k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_AVGPOOL2D ||

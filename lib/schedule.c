@@ -360,6 +360,23 @@ void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi) {
   }
 }
 
+/* batchnorm's running statistics, in the commit phase: device 0's, from
+ * micro-batch 0 (sync: from the whole batch's; the replicas get them with
+ * the next broadcast). */
+static void bn_updates(builder *b, const dp_plan *p) {
+  const dp_model *m = &p->model;
+  for (int i = 0; i < m->n_layers; i++)
+    if (m->layers[i].kind == DP_LAYER_BATCHNORM) {
+      const dp_layer *l = &m->layers[i];
+      dp_op bn = device_op(DP_PHASE_OPTIMIZER, DP_OP_BN_UPDATE, 0, dp__bn_buffers(l->c) * 4);
+      bn.layer = (int16_t)i;
+      bn.micro_batch = 0;
+      bn.dst_region = DP_REGION_PARAMS;
+      bn.dst_offset = (m->n_params + l->buf_off) * 4;
+      emit(b, bn);
+    }
+}
+
 int dp__schedule_cap(const dp_plan *p) {
   int n = 0, st = 0;
   dp__schedule_build(p, p->mbs, p->cfg.inference ? DP_SCHED_INFER : DP_SCHED_TRAIN, NULL, 0,
@@ -560,6 +577,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       next_stage(&b);
       if (kind == DP_SCHED_ACCUM) { /* no update: keep the sum for the next call */
         for (int d = 0; d < n_opt; d++) emit(&b, accum_op(p, DP_OP_GRAD_STASH, d));
+        bn_updates(&b, p); /* every training forward moves them, as in PyTorch */
         next_stage(&b);
         *n_ops = b.n;
         *n_stages = b.stage;
@@ -581,19 +599,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       upd.dst_offset = p->opt_off[d] * 4;
       emit(&b, upd);
     }
-    /* batchnorm's running statistics: device 0's, from micro-batch 0 (the
-     * replicas get them with the next broadcast) */
-    for (int i = 0; i < m->n_layers; i++)
-      if (m->layers[i].kind == DP_LAYER_BATCHNORM) {
-        const dp_layer *l = &m->layers[i];
-        dp_op bn =
-            device_op(DP_PHASE_OPTIMIZER, DP_OP_BN_UPDATE, 0, dp__bn_buffers(l->c) * 4);
-        bn.layer = (int16_t)i;
-        bn.micro_batch = 0;
-        bn.dst_region = DP_REGION_PARAMS;
-        bn.dst_offset = (m->n_params + l->buf_off) * 4;
-        emit(&b, bn);
-      }
+    bn_updates(&b, p);
     next_stage(&b);
     if (!classic && p->cfg.shard_optimizer) allgather_params(&b, p, sp->n_used);
   }
