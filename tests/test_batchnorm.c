@@ -210,14 +210,11 @@ START_TEST(refusals_name_what_is_wrong) {
   rig_open(&r, "input 1 2 2\nconv2d 2 1\nbatchnorm\nflatten\nlinear 2\nloss mse\n", &c);
   ck_assert_int_eq(dp_train_step(r.c, B, 4, x, t, NULL), DP_OK);
   rig_close(&r);
-  /* accumulation and the cuda backend: refused at planning, naming them */
+  /* an unknown mode */
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_parse(SPEC, "bn", &m), DP_OK);
   dp_plan *p = NULL;
   dp_config s = cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
-  s.accumulate = 2;
-  ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_UNSUPPORTED);
-  s = cfg_of(2, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
   s.batchnorm = (dp_bn_mode)7;
   ck_assert_int_eq(dp_plan_create(m, &s, &p), DP_ERR_INVALID);
   if (dp_cuda_available()) {
@@ -240,6 +237,50 @@ START_TEST(refusals_name_what_is_wrong) {
   ck_assert_str_eq(t1.name, "1.weight");
   ck_assert_int_eq(t1.dims[0], 3);
   dp_model_free(m);
+}
+END_TEST
+
+/* Gradient accumulation: every call is a training forward, so the running
+ * statistics move on every call, from that call's micro-batch 0 (sync: that
+ * call's batch), as PyTorch's do in an accumulation loop. With per_replica
+ * statistics and micro-batches that divide the calls, the update is still the
+ * concatenated batch's, bit for bit. */
+START_TEST(accumulation_moves_running_stats_every_call) {
+  dp_bn_mode mode = (dp_bn_mode)_i;
+  dp_config ca = cfg_of(2, DP_MODE_CLASSIC, 0, mode), cs = ca,
+            cc = cfg_of(2, DP_MODE_CLASSIC, 0, mode);
+  ca.batch = cs.batch = B / 2;
+  ca.accumulate = 2;
+  rig a, s, c;
+  rig_open(&a, SPEC, &ca);
+  rig_open(&s, SPEC, &cs); /* single steps of the calls' batches */
+  rig_open(&c, SPEC, &cc); /* the concatenated batch */
+  float x[B * IN], mv[2][16];
+  int32_t y[B];
+  int64_t n[2];
+  make_batch(x, y, 0);
+  ck_assert_int_eq(dp_train_step(a.c, B / 2, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_ctx_accumulated(a.c), 1);
+  ck_assert_int_eq(dp_train_step(s.c, B / 2, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_get_running_stats(a.c, BN2, mv[0], mv[0] + 8, &n[0]), DP_OK);
+  ck_assert_int_eq(dp_get_running_stats(s.c, BN2, mv[1], mv[1] + 8, &n[1]), DP_OK);
+  ck_assert_int_eq(n[0], 1);
+  ck_assert_int_eq(n[1], 1);
+  ck_assert_int_eq(memcmp(mv[0], mv[1], sizeof mv[0]), 0); /* the same forward */
+  ck_assert_int_eq(dp_train_step(a.c, B / 2, IN, x + B / 2 * IN, y + B / 2, NULL), DP_OK);
+  ck_assert_int_eq(dp_ctx_accumulated(a.c), 0);
+  ck_assert_int_eq(dp_get_running_stats(a.c, BN2, mv[0], mv[0] + 8, &n[0]), DP_OK);
+  ck_assert_int_eq(n[0], 2);
+  ck_assert_int_eq(dp_train_step(c.c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_get_running_stats(c.c, BN2, mv[1], mv[1] + 8, &n[1]), DP_OK);
+  ck_assert_int_eq(n[1], 1);
+  if (mode == DP_BN_PER_REPLICA)
+    ck_assert_uint_eq(dp_params_hash(a.c), dp_params_hash(c.c));
+  else /* the statistics of each call's 16 rows, not of all 32: another update */
+    ck_assert_uint_ne(dp_params_hash(a.c), dp_params_hash(c.c));
+  rig_close(&a);
+  rig_close(&s);
+  rig_close(&c);
 }
 END_TEST
 
@@ -336,6 +377,8 @@ Suite *batchnorm_suite(void) {
   tcase_add_loop_test(tc, refused_step_leaves_running_stats_alone, DP_BN_PER_REPLICA,
                       DP_BN_SYNC + 1);
   tcase_add_loop_test(tc, checkpoints_carry_running_stats, DP_BN_PER_REPLICA,
+                      DP_BN_SYNC + 1);
+  tcase_add_loop_test(tc, accumulation_moves_running_stats_every_call, DP_BN_PER_REPLICA,
                       DP_BN_SYNC + 1);
   tcase_add_test(tc, refusals_name_what_is_wrong);
   suite_add_tcase(s, tc);
