@@ -799,6 +799,8 @@ int main(int argc, char **argv) {
        DP_MODE_ALLREDUCE, 1, 0, CNN_SPEC, DP_BN_PER_REPLICA},
       {"cnn, 4 devices, sync batchnorm, micro_batch 2", 4, DP_SPLIT_CHUNK, 2,
        DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_SYNC},
+      {"cnn, 2 devices, sync batchnorm, clip_grad_norm, accumulate 2", 2, DP_SPLIT_CHUNK, 4,
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, CNN_SPEC, DP_BN_SYNC},
       {"cnn, 3 devices, allreduce, sync batchnorm", 3, DP_SPLIT_BALANCED, 0, DP_BACKEND_CPU,
        0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC},
   };
