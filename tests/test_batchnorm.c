@@ -267,6 +267,15 @@ START_TEST(accumulation_moves_running_stats_every_call) {
   ck_assert_int_eq(n[0], 1);
   ck_assert_int_eq(n[1], 1);
   ck_assert_int_eq(memcmp(mv[0], mv[1], sizeof mv[0]), 0); /* the same forward */
+  /* a refused call moves neither the accumulation nor the statistics */
+  uint64_t before = state_hash(a.c);
+  float keep = x[B / 2 * IN + 3];
+  x[B / 2 * IN + 3] = NAN;
+  ck_assert_int_eq(dp_train_step(a.c, B / 2, IN, x + B / 2 * IN, y + B / 2, NULL),
+                   DP_ERR_NONFINITE);
+  x[B / 2 * IN + 3] = keep;
+  ck_assert_uint_eq(state_hash(a.c), before);
+  ck_assert_int_eq(dp_ctx_accumulated(a.c), 1);
   ck_assert_int_eq(dp_train_step(a.c, B / 2, IN, x + B / 2 * IN, y + B / 2, NULL), DP_OK);
   ck_assert_int_eq(dp_ctx_accumulated(a.c), 0);
   ck_assert_int_eq(dp_get_running_stats(a.c, BN2, mv[0], mv[0] + 8, &n[0]), DP_OK);
