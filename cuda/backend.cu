@@ -42,6 +42,7 @@
  * stream, that every send has its receive, and aborts the communicators when
  * not. */
 #include "backend.cuh"
+#include "batchnorm.cuh"
 #include "conv.cuh"
 
 #include <math.h>
@@ -66,6 +67,7 @@ struct lay {
   int d, i, L;
   int local; /* first row of the micro-batch within the device's chunk */
   int rows;
+  int mb; /* the micro-batch's index among the device's */
 };
 } // namespace
 
@@ -91,18 +93,41 @@ static float *layer_stats(const lay &c) {
              c.p->act[c.d].stats[c.i] + (size_t)c.local * 2 * 4);
 }
 
+/* The micro-batch's rows of the gradient of layer o's output (o owns its
+ * buffer), `width` floats each: the buffer holds one micro-batch, or all of
+ * the device's rows for a sync batchnorm (lib/cpu_backend.c's dact_rows). */
+static float *dact_rows(const lay &c, int o, int width) {
+  size_t at = c.p->act[c.d].dact[o];
+  if (dp__bn_sync(c.p, o)) at += (size_t)c.local * width * 4;
+  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, at);
+}
+
 static float *layer_dout(const lay &c) {
   if (c.i == c.L - 1)
     return reg(c.e, c.d, DP_REGION_OUTPUT_GRADS, (size_t)c.local * c.l->out * 4);
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[c.i]);
+  return dact_rows(c, c.i, c.l->out);
 }
 
 /* The gradient of layer i's input, or NULL when nothing needs it (the
  * model's input, or a view of it). */
 static float *layer_din(const lay &c) {
   int o = c.i ? dp__act_owner(&c.p->model, c.i - 1) : -1;
-  return o < 0 ? NULL : reg(c.e, c.d, DP_REGION_ACTIVATIONS, c.p->act[c.d].dact[o]);
+  return o < 0 ? NULL : dact_rows(c, o, c.l->in);
 }
+
+/* batchnorm: the statistics area of layer i on device d, from float `at`
+ * (per_replica: micro-batch mb's at mb * dp__bn_stats(c); sync: the whole
+ * batch's at 0, then the backward sums at dp__bn_sync_bwd(c)). */
+static float *bn_area(const dp_exec_env *e, int d, int i, size_t at) {
+  return reg(e, d, DP_REGION_ACTIVATIONS, e->plan->act[d].stats[i] + at * 4);
+}
+
+/* batchnorm's buffers on device d: running_mean (c), running_var (c), the count. */
+static float *bn_buffers(const dp_exec_env *e, int d, const dp_layer *l) {
+  return reg(e, d, DP_REGION_PARAMS, (e->plan->model.n_params + l->buf_off) * 4);
+}
+
+static int bn_positions(const dp_layer *l) { return l->h ? l->h * l->w : 1; }
 
 /* conv2d's COL and T: the WORKSPACE region after the header and cuBLAS's part. */
 static void *conv_ws(const lay &c, size_t *bytes) {
@@ -166,7 +191,21 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     if (count)
       DP_CUDA_CHECK(cudaMemcpyAsync(y, in, count * 4, cudaMemcpyDeviceToDevice, x->stream));
     return DP_OK;
-  case DP_LAYER_BATCHNORM: break; /* not yet: the planner refuses it (batchnorm) */
+  case DP_LAYER_BATCHNORM: { /* cuda/batchnorm.cu */
+    const float *g = layer_params(c);
+    int C = l->c, S = bn_positions(l);
+    if (!c.e->training) /* eval: the running statistics */
+      DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_buffers(c.e, c.d, l), NULL,
+                                  bn_buffers(c.e, c.d, l) + C, n, C, S));
+    else if (dp__bn_sync(c.p, c.i)) /* the whole batch's, from DP_OP_BN_FINAL */
+      DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_area(c.e, c.d, c.i, 0),
+                                  bn_area(c.e, c.d, c.i, (size_t)C), NULL, n, C, S));
+    else /* the micro-batch's own, saved in its slot */
+      DP_CUDA_CHECK(dp_k_bn_forward_train(
+          x->stream, in, g, g + C, y,
+          bn_area(c.e, c.d, c.i, (size_t)c.mb * dp__bn_stats(C)), n, C, S));
+    return DP_OK;
+  }
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
@@ -236,7 +275,19 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
       DP_CUDA_CHECK(
           cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
     return DP_OK;
-  case DP_LAYER_BATCHNORM: break; /* not yet: the planner refuses it */
+  case DP_LAYER_BATCHNORM: { /* cuda/batchnorm.cu */
+    const float *g = layer_params(c);
+    int C = l->c, S = bn_positions(l);
+    if (dp__bn_sync(c.p, c.i)) /* dx only: DP_OP_BN_BWD_STATS wrote the gradients */
+      DP_CUDA_CHECK(dp_k_bn_sync_dx(x->stream, layer_in(c), bn_area(c.e, c.d, c.i, 0),
+                                    bn_area(c.e, c.d, c.i, dp__bn_sync_bwd(C)), g, dy, dx,
+                                    n, C, S));
+    else
+      DP_CUDA_CHECK(dp_k_bn_backward(
+          x->stream, layer_in(c), bn_area(c.e, c.d, c.i, (size_t)c.mb * dp__bn_stats(C)), g,
+          dy, dx, grads + l->param_off, grads + l->param_off + C, n, C, S));
+    return DP_OK;
+  }
   case DP_LAYER_INPUT: return DP_OK;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",
@@ -403,6 +454,59 @@ static dp_status allreduce_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
 #endif
 }
 
+/* The batchnorm ops of lib/schedule.c, addressed as lib/cpu_backend.c's
+ * bn_update, bn_stats_op, bn_merge_op, bn_final_op and bn_bwd_stats_op. */
+static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  int d = op->device;
+  if (op->layer < 0 || op->layer >= p->model.n_layers ||
+      p->model.layers[op->layer].kind != DP_LAYER_BATCHNORM)
+    return DP_FAIL(DP_ERR_INVALID, "cuda backend: op kind %d on layer %d, not a batchnorm",
+                   op->kind, op->layer);
+  const dp_layer *l = &p->model.layers[op->layer];
+  int C = l->c, S = bn_positions(l);
+  lay ly = {e,
+            p,
+            l,
+            d,
+            op->layer,
+            p->model.n_layers,
+            op->row0 - p->split.dev_row0[d],
+            op->rows,
+            op->micro_batch - p->split.dev_mb0[d]};
+  float *dst = reg(e, d, op->dst_region, op->dst_offset);
+  const float *src = reg(e, d, op->src_region, op->src_offset);
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_BN_UPDATE: {
+    /* Device 0's running statistics from its micro-batch 0's (sync: the whole
+     * batch's, in the same place), in the commit phase: refused with the
+     * step, like the optimizer, by the status words the optimizer op before
+     * it on this stream copied in (allreduce: every device's). */
+    int n_check = p->cfg.mode != DP_MODE_CLASSIC && c->n > 1 ? c->n : 1;
+    DP_CUDA_CHECK(dp_k_bn_update(x->stream, bn_area(e, 0, op->layer, 0),
+                                 bn_buffers(e, 0, l), C, x->hdr, n_check));
+    return DP_OK;
+  }
+  case DP_OP_BN_STATS:
+    DP_CUDA_CHECK(dp_k_bn_part(x->stream, layer_in(ly), dst, op->rows, C, S));
+    return DP_OK;
+  case DP_OP_BN_MERGE:
+    DP_CUDA_CHECK(dp_k_bn_merge(x->stream, dst, src, C, S));
+    return DP_OK;
+  case DP_OP_BN_FINAL:
+    DP_CUDA_CHECK(dp_k_bn_final(x->stream, dst, src, C, S));
+    return DP_OK;
+  case DP_OP_BN_BWD_STATS:
+    DP_CUDA_CHECK(dp_k_bn_bwd_sums(x->stream, layer_in(ly), bn_area(e, d, op->layer, 0),
+                                   layer_dout(ly), dst + l->param_off,
+                                   dst + l->param_off + C, op->rows, C, S));
+    return DP_OK;
+  default: break;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a batchnorm op",
+                 op->kind);
+}
+
 extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   int d = op->device;
@@ -441,7 +545,8 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
              op->layer,
              p->model.n_layers,
              op->row0 - p->split.dev_row0[d],
-             op->rows};
+             op->rows,
+             op->micro_batch - p->split.dev_mb0[d]};
     if (op->kind == DP_OP_FORWARD) return forward(x, l, op->row0);
     return backward(x, l, reg(e, d, op->dst_region, op->dst_offset), op->row0);
   }
@@ -480,8 +585,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_BN_STATS:
   case DP_OP_BN_MERGE:
   case DP_OP_BN_FINAL:
-  case DP_OP_BN_BWD_STATS:
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda backend: batchnorm is not implemented");
+  case DP_OP_BN_BWD_STATS: return bn_op(c, x, e, op);
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }

@@ -2,7 +2,8 @@
  * the linear layer's GEMMs (cuda/gemm.cu), the losses, the loss sum, gradient
  * add/zero/check and the optimizers. The math is lib/cpu_backend.c's, formula
  * for formula; see cuda/kernels.cuh for the determinism rules. */
-#include "conv.cuh" /* dp_k_conv_preload */
+#include "batchnorm.cuh" /* dp_k_bn_preload */
+#include "conv.cuh"      /* dp_k_conv_preload */
 #include "kernels.cuh"
 #include "rng.cuh"
 
@@ -709,10 +710,10 @@ cudaError_t dp_k_debug_fault(cudaStream_t st) {
 
 /* ---- eager loading ------------------------------------------------------------------ */
 
-/* Loads every kernel of this file and of cuda/conv.cu on the current device:
- * asking for a kernel's attributes loads its module, which lazy loading (the
- * default since CUDA 12.2) would otherwise do at its first launch, inside a
- * step. */
+/* Loads every kernel of this file, cuda/conv.cu and cuda/batchnorm.cu on the
+ * current device: asking for a kernel's attributes loads its module, which
+ * lazy loading (the default since CUDA 12.2) would otherwise do at its first
+ * launch, inside a step. */
 cudaError_t dp_k_preload(void) {
   const void *const kernels[] = {
       (const void *)k_act_forward,  (const void *)k_act_backward,
@@ -726,7 +727,8 @@ cudaError_t dp_k_preload(void) {
       (const void *)k_reset_header, (const void *)k_rng_table,
   };
   cudaError_t e = dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
-  return e != cudaSuccess ? e : dp_k_conv_preload();
+  if (e == cudaSuccess) e = dp_k_conv_preload();
+  return e != cudaSuccess ? e : dp_k_bn_preload();
 }
 
 cudaError_t dp_k_load(const void *const *kernels, size_t n) {

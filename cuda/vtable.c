@@ -149,6 +149,7 @@ static const dp_backend_ops cuda_backend = {
     .workspace_bytes = cuda_workspace_bytes,
     .host_staging = true, /* pinned: device copies run asynchronously */
     .image_layers = true, /* conv2d, pools, flatten: cuda/conv.cu */
+    .batchnorm = true,    /* both modes: cuda/batchnorm.cu */
     .check_config = cuda_check_config,
     .arena_alloc = cuda_arena_alloc,
     .arena_free = cuda_arena_free,

@@ -213,7 +213,7 @@ typedef struct {
    * micro-batch with its own statistics (nn.DataParallel with one micro-batch
    * per device); DP_BN_SYNC with the whole batch's (SyncBatchNorm), reduced in
    * the canonical tree: the same bits for every device count and layout
-   * under the determinism conditions. cpu backend. */
+   * under the determinism conditions. Both backends. */
   dp_bn_mode batchnorm;
   dp_nonfinite_policy on_nonfinite; /* default DP_NONFINITE_ERROR */
   /* Arena guards (default 0; a run-time switch in every build). When set, the

@@ -275,14 +275,16 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
                         .mbs = t->pg->mbs,
                         .rows = cfg->batch,
                         .loss_rows = cfg->batch,
-                        .training = training};
+                        .training = training,
+                        .lr = cfg->lr};
   for (int d = 0; d < t->n; d++) t->eg.arena[d] = t->ga[d];
   if (with_cpu) {
     t->ec = (dp_exec_env){.plan = t->pc,
                           .mbs = t->pc->mbs,
                           .rows = cfg->batch,
                           .loss_rows = cfg->batch,
-                          .training = training};
+                          .training = training,
+                          .lr = cfg->lr}; /* the cpu optimizer's rate (dp_set_lr's) */
     for (int d = 0; d < t->n; d++) t->ec.arena[d] = t->ca[d];
   }
 }
@@ -322,9 +324,60 @@ static void download(pair *t) {
                   "%s", dp_last_error());
 }
 
+/* Word k of batchnorm layer i's statistics area (sync: dp__bn_sync_*'s
+ * layout) or, with buffers, of its running statistics, on device d of both
+ * sides' host images. */
+static uint32_t *bn_word(pair *t, int side, int d, int i, bool buffers, size_t k) {
+  const dp_plan *p = side ? t->pc : t->pg;
+  unsigned char *a = side ? t->ca[d] : t->gh[d];
+  const dp_layer *l = &p->model.layers[i];
+  if (buffers)
+    return (uint32_t *)(rptr(a, p, d, DP_REGION_PARAMS) +
+                        (p->model.n_params + l->buf_off + k) * 4);
+  return (uint32_t *)(rptr(a, p, d, DP_REGION_ACTIVATIONS) + p->act[d].stats[i] + k * 4);
+}
+
+static void bn_put(pair *t, int d, int i, bool buffers, size_t k, uint32_t bits) {
+  for (int side = 0; side < (t->with_cpu ? 2 : 1); side++)
+    *bn_word(t, side, d, i, buffers, k) = bits;
+}
+
+static uint32_t fbits(float v) {
+  uint32_t b;
+  memcpy(&b, &v, 4);
+  return b;
+}
+
+/* Random state that a batchnorm can meet (fill_random's floats elsewhere):
+ * running variances in [0.5, 1.5), counts that are counts (num_batches_tracked;
+ * sync: the whole batch's rows, and every partial's rows, 1..8), sums of
+ * squared deviations >= 0. */
+static void sane_bn_state(pair *t, trng *r) {
+  const dp_plan *p = t->pg;
+  for (int d = 0; d < t->n; d++)
+    for (int i = 0; i < p->model.n_layers; i++) {
+      const dp_layer *l = &p->model.layers[i];
+      if (l->kind != DP_LAYER_BATCHNORM) continue;
+      int C = l->c;
+      for (int k = 0; k < C; k++)
+        bn_put(t, d, i, true, C + k, fbits(trng_float(r, 0.5f, 1.5f)));
+      bn_put(t, d, i, true, 2 * (size_t)C, (uint32_t)(trng_next(r) % 1000));
+      if (p->cfg.inference || !dp__bn_sync(p, i)) continue;
+      bn_put(t, d, i, false, 3 * (size_t)C, 1 + (uint32_t)(trng_next(r) % 100));
+      int slots = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+      for (int s = -1; s < slots; s++) { /* the receive slot, then one per micro-batch */
+        size_t at = s < 0 ? dp__bn_sync_recv(C) : dp__bn_sync_fwd(C, s);
+        bn_put(t, d, i, false, at, 1 + (uint32_t)(trng_next(r) % 8));
+        for (int k = 0; k < C; k++)
+          bn_put(t, d, i, false, at + 1 + C + k, fbits(trng_float(r, 0.0f, 4.0f)));
+      }
+    }
+}
+
 /* Every region of every device (workspace aside) gets the same random
  * contents on both sides: floats in [-1, 1), optimizer state in [0, 1)
- * (AdamW's v must not be negative), class labels in range. */
+ * (AdamW's v must not be negative), class labels in range, batchnorm state
+ * that makes sense (sane_bn_state). */
 static void fill_random(pair *t, uint64_t seed) {
   trng r = {seed};
   bool ce = dp_model_loss(t->m) == DP_LOSS_SOFTMAX_CE;
@@ -350,11 +403,14 @@ static void fill_random(pair *t, uint64_t seed) {
       }
     }
   }
+  sane_bn_state(t, &r);
   upload(t);
 }
 
 /* A fresh context's state: canaries everywhere, zero gradients and optimizer
- * state, random parameters on device 0 (the broadcast copies them). */
+ * state, random parameters on device 0 (the broadcast copies them), and
+ * batchnorm's running statistics as lib/ctx.c starts them (mean 0, var 1,
+ * count 0). */
 static void fill_initial(pair *t, uint64_t seed) {
   for (int d = 0; d < t->n; d++) {
     for (int side = 0; side < 2; side++) {
@@ -372,6 +428,15 @@ static void fill_initial(pair *t, uint64_t seed) {
         for (size_t k = 0; k < dp_model_n_params(t->m); k++)
           w0[k] = trng_float(&r, -0.5f, 0.5f);
       }
+    }
+    for (int i = 0; i < t->m->n_layers; i++) {
+      const dp_layer *l = &t->m->layers[i];
+      if (l->kind != DP_LAYER_BATCHNORM) continue;
+      for (int k = 0; k < 2 * l->c + 1; k++)
+        bn_put(t, d, i, true, (size_t)k,
+               k < l->c       ? fbits(0.0f)
+               : k < 2 * l->c ? fbits(1.0f)
+                              : 0);
     }
   }
   upload(t);
@@ -599,15 +664,22 @@ static bool exact_op(const pair *t, const dp_op *op) {
          k == DP_LAYER_AVGPOOL2D || k == DP_LAYER_FLATTEN;
 }
 
+static void gpu_op_twice(pair *t, int k, const char *what);
+
 /* Every compute op of the plan's schedule, each alone from the same random
- * state on both backends: every region of every device must agree. */
-static void check_every_compute_op(const char *name, const char *spec, const dp_config *cfg,
-                                   uint64_t step) {
+ * state on both backends: every region of every device must agree (within
+ * tol, or bit for bit where exact_op says so). twice: each op but the loss
+ * sum also runs a second time from the same state, and must give the same
+ * bytes. */
+static void check_every_compute_op_at(const char *name, const char *spec,
+                                      const dp_config *cfg, uint64_t step, double tol,
+                                      bool twice) {
   pair t;
   pair_init(&t, spec, cfg, true);
   t.ec.step = t.eg.step = step;
   const dp_op *oc = dp_plan_ops(t.pc), *og = dp_plan_ops(t.pg);
-  int n = dp_plan_n_ops(t.pc), ran = 0, bit_identical = 0, kinds[DP_OP_OPTIMIZER + 1] = {0};
+  int n = dp_plan_n_ops(t.pc), ran = 0, bit_identical = 0,
+      kinds[DP_OP_BN_BWD_STATS + 1] = {0};
   for (int k = 0; k < n; k++) {
     if (oc[k].kind == DP_OP_COPY) continue;
     ck_assert_int_eq(og[k].kind, oc[k].kind);
@@ -617,17 +689,21 @@ static void check_every_compute_op(const char *name, const char *spec, const dp_
     t.ec.loss = 0.0f;
     dp_status sc = dp__cpu_backend.run(NULL, &t.ec, &oc[k]);
     ck_assert_msg(sc == DP_OK, "%s: cpu op %d: %s", name, k, dp_last_error());
-    float gl = 0.0f;
-    dp_status sg = gpu_one_op(&t, &og[k], &gl);
-    ck_assert_msg(sg == DP_OK, "%s: gpu op %d: %s", name, k, dp_last_error());
-    download(&t);
     char what[160];
     snprintf(what, sizeof what, "%s: op %d (%s %s, layer %d, micro-batch %d)", name, k,
              dp_phase_name((dp_phase)oc[k].phase), dp_op_kind_name((dp_op_kind)oc[k].kind),
              oc[k].layer, oc[k].micro_batch);
+    float gl = 0.0f;
+    if (twice && oc[k].kind != DP_OP_LOSS_SUM) {
+      gpu_op_twice(&t, k, what);
+    } else {
+      dp_status sg = gpu_one_op(&t, &og[k], &gl);
+      ck_assert_msg(sg == DP_OK, "%s: gpu op %d: %s", name, k, dp_last_error());
+      download(&t);
+    }
     size_t differ = 0;
     for (int d = 0; d < t.n; d++)
-      differ += compare_dev(&t, d, 1e-5, exact_op(&t, &oc[k]), what);
+      differ += compare_dev(&t, d, tol, exact_op(&t, &oc[k]), what);
     if (oc[k].kind == DP_OP_LOSS_SUM)
       ck_assert_msg(fabs((double)gl - (double)t.ec.loss) <= 1e-6 * fabs((double)t.ec.loss),
                     "%s: loss cpu %.9g gpu %.9g", what, (double)t.ec.loss, (double)gl);
@@ -635,12 +711,19 @@ static void check_every_compute_op(const char *name, const char *spec, const dp_
     bit_identical += differ == 0;
     kinds[oc[k].kind]++;
   }
+  int bn = kinds[DP_OP_BN_UPDATE] + kinds[DP_OP_BN_STATS] + kinds[DP_OP_BN_MERGE] +
+           kinds[DP_OP_BN_FINAL] + kinds[DP_OP_BN_BWD_STATS];
   fprintf(stderr,
           "cuda: %s: %d compute ops (%d forward, %d backward, %d grad_add, %d loss, %d "
-          "optimizer) match the cpu backend; %d of them bit for bit\n",
+          "optimizer, %d batchnorm) match the cpu backend; %d of them bit for bit\n",
           name, ran, kinds[DP_OP_FORWARD], kinds[DP_OP_BACKWARD], kinds[DP_OP_GRAD_ADD],
-          kinds[DP_OP_LOSS], kinds[DP_OP_OPTIMIZER], bit_identical);
+          kinds[DP_OP_LOSS], kinds[DP_OP_OPTIMIZER], bn, bit_identical);
   pair_free(&t);
+}
+
+static void check_every_compute_op(const char *name, const char *spec, const dp_config *cfg,
+                                   uint64_t step) {
+  check_every_compute_op_at(name, spec, cfg, step, 1e-5, false);
 }
 
 /* ---- the backend: tests that run anywhere ---- */
@@ -1655,6 +1738,270 @@ START_TEST(timing_report) {
 }
 END_TEST
 
+/* ---- batchnorm (cuda/batchnorm.cu) ----
+ * Both modes against the cpu backend: each op alone (the per-channel
+ * reductions in their fixed order differ from the cpu's ascending sums in the
+ * last places; the merge, the final statistics and the running-statistics
+ * update are the cpu's double expressions), whole steps (running statistics
+ * included: they are in PARAMS), the same bits run to run, in graph replays
+ * and for 1, 2 and 4 replicas, and no running statistic moves in a refused
+ * step. */
+
+/* 1d after a linear */
+static const char *const BN_1D_MSE = "input 7\nlinear 13\nbatchnorm\nrelu\nlinear 5\n"
+                                     "loss mse\n";
+/* 2d after a conv (5 x 5 x 4), then 1d after a linear */
+static const char *const BN_CNN_CE =
+    "input 3 9 7\nconv2d 5 3 stride 2 padding 1\nbatchnorm\nrelu\nmaxpool2d 2 stride 1\n"
+    "flatten\nlinear 11\nbatchnorm\ntanh\nlinear 5\nloss softmax_cross_entropy\n";
+
+static dp_config bn_config(int ngpu, int batch, int n, int mb, dp_mode mode,
+                           dp_optimizer opt, dp_bn_mode bn) {
+  dp_config c = test_config(ngpu, batch, n, mb, mode, opt);
+  c.batchnorm = bn;
+  return c;
+}
+
+START_TEST(batchnorm_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "batchnorm_ops_match_cpu");
+  for (int m = 0; m < 2; m++) {
+    dp_bn_mode bn = (dp_bn_mode)m;
+    char name[128];
+    const char *mn = dp_bn_mode_name(bn);
+    /* 37 rows in micro-batches of 5: the last one has 2 */
+    dp_config c = bn_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD, bn);
+    snprintf(name, sizeof name, "bn cnn ce %s, classic sgd, 2 replicas", mn);
+    check_every_compute_op(name, BN_CNN_CE, &c, 0);
+    c = bn_config(ngpu, 37, 1, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM, bn);
+    snprintf(name, sizeof name, "bn 1d mse %s, classic momentum, 1 replica", mn);
+    check_every_compute_op(name, BN_1D_MSE, &c, 2);
+    c = bn_config(ngpu, 37, 2, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, bn);
+    c.shard_optimizer = 1;
+    snprintf(name, sizeof name, "bn 1d mse %s, allreduce sharded adamw, 2 replicas", mn);
+    check_every_compute_op(name, BN_1D_MSE, &c, 3);
+    /* three replicas: the statistics' tree to device 0 is not a power of two */
+    c = bn_config(ngpu, 37, 3, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, bn);
+    snprintf(name, sizeof name, "bn cnn ce %s, allreduce adamw, 3 replicas", mn);
+    check_every_compute_op(name, BN_CNN_CE, &c, 1);
+  }
+  /* eval: the running statistics */
+  dp_config c = bn_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD, DP_BN_PER_REPLICA);
+  c.inference = 1;
+  check_every_compute_op("bn cnn ce, inference plan, 2 replicas", BN_CNN_CE, &c, 0);
+  check_every_compute_op("bn 1d mse, inference plan, 2 replicas", BN_1D_MSE, &c, 0);
+}
+END_TEST
+
+/* The channel reductions at shapes that stress chan_walk's dealing: H W above
+ * the block (S = 1023 > 512 threads), between (S = 42: 12 rows and 8
+ * positions a step), 1 (1100 rows of a flat batchnorm, two per thread), one
+ * channel; each op twice, the same bytes. Two orders of a float sum of M
+ * terms differ by about sqrt(M) roundings: the tolerance grows as in
+ * check_column_sums. */
+START_TEST(batchnorm_kernels_at_stress_shapes) {
+  REQUIRE_GPUS(ngpu, "batchnorm_kernels_at_stress_shapes");
+  static const struct {
+    const char *name, *spec;
+    int batch, mb;
+    size_t m; /* values per channel of a micro-batch */
+  } cases[] = {
+      {"S 1023",
+       "input 1 33 31\nconv2d 3 3 padding 1\nbatchnorm\nflatten\nlinear 3\nloss mse\n", 40,
+       20, 20 * 1023},
+      {"S 42",
+       "input 2 7 6\nconv2d 1 3 padding 1\nbatchnorm\nflatten\nlinear 3\nloss mse\n", 50,
+       25, 25 * 42},
+      {"S 1, 1100 rows", "input 5\nlinear 40\nbatchnorm\nlinear 3\nloss mse\n", 1100, 0,
+       1100},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    for (int m = 0; m < 2; m++) {
+      dp_config c = bn_config(ngpu, cases[i].batch, 1, cases[i].mb, DP_MODE_CLASSIC,
+                              DP_OPT_SGD, (dp_bn_mode)m);
+      char name[96];
+      snprintf(name, sizeof name, "bn %s, %s", cases[i].name,
+               dp_bn_mode_name((dp_bn_mode)m));
+      double tol = 1e-5 * (cases[i].m > 64 ? sqrt((double)cases[i].m / 64.0) : 1.0);
+      check_every_compute_op_at(name, cases[i].spec, &c, 0, tol, true);
+    }
+}
+END_TEST
+
+START_TEST(batchnorm_steps_match_cpu) {
+  REQUIRE_GPUS(ngpu, "batchnorm_steps_match_cpu");
+  static const struct {
+    const char *name, *spec;
+    int n;
+    dp_mode mode;
+    dp_optimizer opt;
+  } cases[] = {
+      {"bn 1d mse, classic sgd, 1 replica", BN_1D_MSE, 1, DP_MODE_CLASSIC, DP_OPT_SGD},
+      {"bn cnn ce, classic momentum, 2 replicas", BN_CNN_CE, 2, DP_MODE_CLASSIC,
+       DP_OPT_MOMENTUM},
+      {"bn cnn ce, allreduce adamw, 1 replica", BN_CNN_CE, 1, DP_MODE_ALLREDUCE,
+       DP_OPT_ADAMW},
+      {"bn 1d mse, allreduce adamw, 2 replicas", BN_1D_MSE, 2, DP_MODE_ALLREDUCE,
+       DP_OPT_ADAMW}};
+  for (int m = 0; m < 2; m++)
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+      dp_config c =
+          bn_config(ngpu, 37, cases[i].n, 5, cases[i].mode, cases[i].opt, (dp_bn_mode)m);
+      char name[128];
+      snprintf(name, sizeof name, "%s, %s", cases[i].name, dp_bn_mode_name((dp_bn_mode)m));
+      check_steps_match_cpu(name, cases[i].spec, &c, 3);
+    }
+}
+END_TEST
+
+/* The same steps twice from the same state, and again with the steps after
+ * the first as graph replays: every arena byte (running statistics and the
+ * statistics areas included). */
+START_TEST(batchnorm_steps_are_bit_identical_run_to_run) {
+  REQUIRE_GPUS(ngpu, "batchnorm_steps_are_bit_identical_run_to_run");
+  for (int m = 0; m < 2; m++) {
+    dp_config c = bn_config(ngpu, 64, 2, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, (dp_bn_mode)m);
+    pair t;
+    pair_init(&t, BN_CNN_CE, &c, false);
+    batch b = make_batch(&t, 3);
+    unsigned char *first[DP_MAX_DEVICES];
+    for (int run = 0; run < 2; run++) {
+      fill_initial(&t, 5);
+      for (int i = 0; i < 3; i++) {
+        float loss;
+        ck_assert_msg(gpu_step(&t, (uint64_t)i, &b, &loss) == DP_OK, "%s", dp_last_error());
+      }
+      download(&t);
+      for (int d = 0; d < t.n; d++) {
+        size_t bytes = content_bytes(t.pg, d);
+        if (run == 0) {
+          first[d] = malloc(bytes);
+          memcpy(first[d], t.gh[d], bytes);
+        } else {
+          ck_assert_msg(memcmp(first[d], t.gh[d], bytes) == 0,
+                        "%s: device %d: the second run differs",
+                        dp_bn_mode_name((dp_bn_mode)m), d);
+          free(first[d]);
+        }
+      }
+    }
+    batch_free(&b);
+    pair_free(&t);
+    char name[96];
+    snprintf(name, sizeof name, "bn cnn ce %s, classic momentum, 2 replicas",
+             dp_bn_mode_name((dp_bn_mode)m));
+    c = bn_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM, (dp_bn_mode)m);
+    check_graph_matches_plain(name, BN_CNN_CE, &c, 1, 4);
+  }
+}
+END_TEST
+
+/* With a fixed micro-batch: 1, 2 and 4 replicas (all on GPU 0), classic and
+ * allreduce give the same parameters and running statistics, bit for bit, in
+ * each mode. */
+START_TEST(batchnorm_same_bits_for_1_2_4_replicas_and_both_modes) {
+  REQUIRE_GPUS(ngpu, "batchnorm_same_bits_for_1_2_4_replicas_and_both_modes");
+  static const int counts[] = {1, 2, 4};
+  for (int m = 0; m < 2; m++) {
+    float *ref = NULL, ref_loss = 0.0f;
+    for (int mode = 0; mode < 2; mode++)
+      for (int i = 0; i < 3; i++) {
+        dp_config c =
+            bn_config(ngpu, 64, counts[i], 8, (dp_mode)mode, DP_OPT_ADAMW, (dp_bn_mode)m);
+        for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+        pair t;
+        pair_init(&t, BN_CNN_CE, &c, false);
+        fill_initial(&t, 21);
+        batch b = make_batch(&t, 22);
+        float loss = 0.0f;
+        for (int s = 0; s < 3; s++)
+          ck_assert_msg(gpu_step(&t, (uint64_t)s, &b, &loss) == DP_OK, "%s",
+                        dp_last_error());
+        download(&t);
+        size_t P = dp__param_floats(t.m); /* parameters, then the running statistics */
+        const float *w = (const float *)rptr(t.gh[0], t.pg, 0, DP_REGION_PARAMS);
+        if (!ref) {
+          ref = malloc(P * 4);
+          memcpy(ref, w, P * 4);
+          ref_loss = loss;
+        } else {
+          size_t k = 0;
+          while (k < P && memcmp(&ref[k], &w[k], 4) == 0) k++;
+          ck_assert_msg(k == P,
+                        "%s, %s, %d replicas: %s %zu is %.9g (0x%08x), with 1 replica "
+                        "%.9g (0x%08x)",
+                        dp_bn_mode_name((dp_bn_mode)m), mode ? "allreduce" : "classic",
+                        counts[i], k < dp_model_n_params(t.m) ? "parameter" : "buffer", k,
+                        (double)w[k], fbits(w[k]), (double)ref[k], fbits(ref[k]));
+          ck_assert_msg(memcmp(&loss, &ref_loss, 4) == 0, "loss %.9g vs %.9g", (double)loss,
+                        (double)ref_loss);
+        }
+        batch_free(&b);
+        pair_free(&t);
+      }
+    fprintf(stderr,
+            "cuda: bn cnn ce %s: parameters and running statistics bit for bit for 1, 2, 4 "
+            "replicas, classic and allreduce\n",
+            dp_bn_mode_name((dp_bn_mode)m));
+    free(ref);
+  }
+}
+END_TEST
+
+/* A step refused on the device moves no running statistic: a NaN input (the
+ * loss; classic and allreduce), and a NaN gradient on device 1 only
+ * (allreduce: device 0's running-statistics update sees device 1's status
+ * word, which its optimizer op copied in). PARAMS holds them. */
+START_TEST(batchnorm_refused_steps_keep_running_stats) {
+  REQUIRE_GPUS(ngpu, "batchnorm_refused_steps_keep_running_stats");
+  for (int m = 0; m < 2; m++)
+    for (int how = 0; how < 3; how++) {
+      dp_mode mode = how == 0 ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
+      dp_config c = bn_config(ngpu, 16, 2, 4, mode, DP_OPT_ADAMW, (dp_bn_mode)m);
+      pair t;
+      pair_init(&t, BN_1D_MSE, &c, false);
+      fill_initial(&t, 1);
+      batch b = make_batch(&t, 2);
+      float loss;
+      ck_assert_int_eq(gpu_step(&t, 0, &b, &loss), DP_OK); /* statistics that moved */
+      int check = stage_start_of(t.pg, DP_OP_GRAD_CHECK), n_ops = dp_plan_n_ops(t.pg);
+      if (how < 2) {
+        b.x[13 * dp_model_input_width(t.m) + 2] = NAN; /* row 13: device 1's */
+      } else {
+        ck_assert_msg(gpu_run(&t, 1, &b, 0, check, &loss) == DP_OK, "%s", dp_last_error());
+        float v = NAN;
+        unsigned char *g =
+            (unsigned char *)t.ga[1] + t.pg->regions[1][DP_REGION_GRADS].offset;
+        ck_assert_int_eq(dp__cuda_memcpy(g + 4 * 4, &v, 4), DP_OK);
+      }
+      download(&t);
+      size_t sz;
+      unsigned char *before = snapshot_state(&t, 0, &sz);
+      const dp_layer *l = &t.m->layers[1];
+      uint32_t count0 = *bn_word(&t, 0, 0, 1, true, 2 * (size_t)l->c);
+      ck_assert_uint_eq(count0, 1);
+      dp_status s =
+          how < 2 ? gpu_step(&t, 1, &b, &loss) : gpu_run(&t, 1, &b, check, n_ops, &loss);
+      ck_assert_msg(s == DP_ERR_NONFINITE, "%s: %s", dp_status_name(s), dp_last_error());
+      download(&t);
+      size_t n;
+      unsigned char *after = snapshot_state(&t, 0, &n);
+      ck_assert_msg(
+          memcmp(before, after, n) == 0,
+          "%s, %s: device 0's parameters or running statistics moved in a refused "
+          "step (count %u)",
+          dp_bn_mode_name((dp_bn_mode)m),
+          how == 0   ? "classic, NaN input"
+          : how == 1 ? "allreduce, NaN input"
+                     : "allreduce, NaN gradient on device 1",
+          *bn_word(&t, 0, 0, 1, true, 2 * (size_t)l->c));
+      free(before);
+      free(after);
+      batch_free(&b);
+      pair_free(&t);
+    }
+}
+END_TEST
+
 Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda");
 
@@ -1702,6 +2049,17 @@ Suite *cuda_suite(void) {
   tcase_add_test(kern, nccl_steps_match_copy_transport_bit_for_bit);
   tcase_set_timeout(kern, 180);
   suite_add_tcase(s, kern);
+
+  TCase *bn = tcase_create("gpu_batchnorm");
+  tcase_set_tags(bn, "gpu");
+  tcase_add_test(bn, batchnorm_ops_match_cpu);
+  tcase_add_test(bn, batchnorm_kernels_at_stress_shapes);
+  tcase_add_test(bn, batchnorm_steps_match_cpu);
+  tcase_add_test(bn, batchnorm_steps_are_bit_identical_run_to_run);
+  tcase_add_test(bn, batchnorm_same_bits_for_1_2_4_replicas_and_both_modes);
+  tcase_add_test(bn, batchnorm_refused_steps_keep_running_stats);
+  tcase_set_timeout(bn, 240);
+  suite_add_tcase(s, bn);
 
   TCase *timing = tcase_create("gpu_timing");
   tcase_set_tags(timing, "gpu timing");

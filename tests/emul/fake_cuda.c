@@ -959,7 +959,8 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   e.step = step;
   e.lr = c->lr; /* as the device reads it from the step's scalars */
   const dp_op *op = &k->op;
-  if (op->kind == DP_OP_OPTIMIZER &&
+  /* the commit phase's writes, refused on the device with the step */
+  if ((op->kind == DP_OP_OPTIMIZER || op->kind == DP_OP_BN_UPDATE) &&
       (c->st_loss || c->st_label || c->st_grad || c->st_update))
     return;
   if (op->kind == DP_OP_LOSS && bad_labels(c, &e, op)) return;
@@ -1167,7 +1168,10 @@ static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op, bool collec
     return DP_FAIL(DP_ERR_BACKEND, "fake cuda: device %d runs an op of stage %d in %s %d",
                    d, op->stage, x->in_stage ? "stage" : "no stage; the last ended was",
                    x->in_stage ? x->stage : x->last_stage);
-  if (op->kind == DP_OP_COPY || op->kind > DP_OP_ALLREDUCE ||
+  /* the ops cuda/backend.cu runs: not clipping or accumulation (the planner
+   * refuses them for this backend) */
+  bool bn = op->kind >= DP_OP_BN_UPDATE && op->kind <= DP_OP_BN_BWD_STATS;
+  if (op->kind == DP_OP_COPY || (op->kind > DP_OP_ALLREDUCE && !bn) ||
       (op->kind == DP_OP_ALLREDUCE) != collective)
     return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a %s op", op->kind,
                    collective ? "collective" : "compute");

@@ -1718,6 +1718,240 @@ START_TEST(injected_faults_change_nothing_or_poison) {
 }
 END_TEST
 
+/* ---- batchnorm against the cpu backend ---------------------------------------------
+ * The wiring of cuda/backend.cu's batchnorm: the planner accepts it for cuda,
+ * the ops of both modes reach the backend (per_replica's statistics slot per
+ * micro-batch, sync's partials, merges, final statistics and backward sums,
+ * and the gradient of a sync batchnorm's output kept for all of a device's
+ * rows), and the running statistics move on device 0 in the commit phase,
+ * refused with the step, and reach the replicas for eval forwards. The double
+ * runs the cpu ops, so every mismatch here is an address or an order. */
+/* 1d after a linear */
+static const char BN_1D_SPEC[] = "input 12\nlinear 16\nbatchnorm\nrelu\nlinear 5\n"
+                                 "loss softmax_cross_entropy\n";
+/* 2d after a conv (4 x 7 x 6), the image layers around it */
+static const char BN_2D_SPEC[] = "input 2 7 6\nconv2d 4 3 padding 1\nbatchnorm\nrelu\n"
+                                 "maxpool2d 2\nflatten\nlinear 5\n"
+                                 "loss softmax_cross_entropy\n";
+/* two of them, 2d then 1d, mse */
+static const char BN_TWO_SPEC[] =
+    "input 1 3 4\nconv2d 3 2 padding 1\nbatchnorm\nrelu\n"
+    "maxpool2d 2 stride 1\nflatten\nlinear 8\nbatchnorm\ntanh\n"
+    "linear 5\nloss mse\n";
+enum { BN_MAXC = 16 };
+
+/* Every batchnorm layer's running statistics and count, bit for bit. */
+static void same_running_stats(rig *a, rig *b, const char *what) {
+  int n = 0;
+  for (int i = 0; i < dp_model_n_layers(a->m); i++) {
+    if (dp_model_layer_kind(a->m, i) != DP_LAYER_BATCHNORM) continue;
+    int C = a->m->layers[i].c;
+    ck_assert_int_le(C, BN_MAXC);
+    float ma[BN_MAXC], va[BN_MAXC], mb[BN_MAXC], vb[BN_MAXC];
+    int64_t na = -1, nb = -2;
+    ck_assert_msg(dp_get_running_stats(a->c, i, ma, va, &na) == DP_OK, "%s: %s", what,
+                  dp_ctx_error(a->c));
+    ck_assert_msg(dp_get_running_stats(b->c, i, mb, vb, &nb) == DP_OK, "%s: %s", what,
+                  dp_ctx_error(b->c));
+    ck_assert_msg(na == nb, "%s: layer %d: num_batches_tracked %lld vs %lld", what, i,
+                  (long long)na, (long long)nb);
+    for (int k = 0; k < C; k++) {
+      REQ(bits(ma[k]) == bits(mb[k]), "%s: layer %d: running_mean[%d] %.9g vs %.9g", what,
+          i, k, ma[k], mb[k]);
+      REQ(bits(va[k]) == bits(vb[k]), "%s: layer %d: running_var[%d] %.9g vs %.9g", what, i,
+          k, va[k], vb[k]);
+    }
+    n++;
+  }
+  ck_assert_int_gt(n, 0);
+}
+
+/* Steps on both rigs with the row counts of `rows` (short batches: a short
+ * last micro-batch), each followed by an eval forward of another row count
+ * (the running statistics): losses, outputs, parameters and running
+ * statistics bit for bit. */
+static void bn_steps(rig *cu, rig *cpu, int k0, int steps, const char *what) {
+  static cnn_batch bt;
+  static float y0[BATCH * OUT], y1[BATCH * OUT];
+  static const int rows[] = {BATCH, 30, BATCH, SHORT, TINY, 27};
+  int mse = dp_model_loss(cu->m) == DP_LOSS_MSE, in = dp_model_input_width(cu->m);
+  ck_assert_int_le(in, CNN_MAXIN);
+  for (int k = k0; k < k0 + steps; k++) {
+    make_cnn_batch(&bt, k);
+    int n = rows[k % 6];
+    float l0 = -1.0f, l1 = -2.0f;
+    const void *t = mse ? (const void *)bt.target : (const void *)bt.label;
+    dp_status s0 = dp_train_step(cu->c, n, in, bt.x, t, &l0);
+    dp_status s1 = dp_train_step(cpu->c, n, in, bt.x, t, &l1);
+    ck_assert_msg(s0 == DP_OK && s1 == DP_OK, "%s: step %d (%d rows): cuda %s, cpu %s: %s",
+                  what, k, n, dp_status_name(s0), dp_status_name(s1),
+                  s0 ? dp_ctx_error(cu->c) : dp_ctx_error(cpu->c));
+    ck_assert_msg(bits(l0) == bits(l1), "%s: step %d (%d rows): loss %.9g vs cpu %.9g",
+                  what, k, n, l0, l1);
+    int fr = rows[(k + 1) % 6];
+    memset(y0, 0xff, sizeof y0);
+    memset(y1, 0xff, sizeof y1);
+    ck_assert_msg(dp_forward(cu->c, fr, in, bt.x, y0) == DP_OK, "%s: forward: %s", what,
+                  dp_ctx_error(cu->c));
+    ck_assert_msg(dp_forward(cpu->c, fr, in, bt.x, y1) == DP_OK, "%s: forward: %s", what,
+                  dp_ctx_error(cpu->c));
+    for (int i = 0; i < BATCH * OUT; i++)
+      REQ(bits(y0[i]) == bits(y1[i]), "%s: forward %d of %d rows, output %d: %.9g vs %.9g",
+          what, k, fr, i, y0[i], y1[i]);
+  }
+  same_params2(cu, cpu, what);
+  same_running_stats(cu, cpu, what);
+}
+
+static const struct {
+  const char *spec, *name;
+} bn_specs[] = {{BN_1D_SPEC, "bn 1d"}, {BN_2D_SPEC, "bn 2d"}, {BN_TWO_SPEC, "bn two"}};
+
+START_TEST(batchnorm_matches_cpu_bit_for_bit) {
+  static const struct {
+    int n;
+    dp_mode mode;
+    int shard, graph, mb;
+    dp_optimizer opt;
+  } cfgs[] = {{1, DP_MODE_CLASSIC, 0, 0, MB, DP_OPT_ADAMW},
+              {2, DP_MODE_CLASSIC, 0, 0, MB, DP_OPT_MOMENTUM},
+              {4, DP_MODE_CLASSIC, 0, 0, 5, DP_OPT_SGD}, /* a short last micro-batch */
+              {2, DP_MODE_ALLREDUCE, 0, 0, MB, DP_OPT_ADAMW},
+              {4, DP_MODE_ALLREDUCE, 1, 0, 5, DP_OPT_ADAMW},
+              {4, DP_MODE_CLASSIC, 0, 1, MB, DP_OPT_MOMENTUM}, /* captured and replayed */
+              {2, DP_MODE_ALLREDUCE, 0, 1, MB, DP_OPT_ADAMW}};
+  int runs = 0;
+  for (int bn = 0; bn < 2; bn++)
+    for (size_t si = 0; si < sizeof bn_specs / sizeof *bn_specs; si++)
+      for (size_t ci = 0; ci < sizeof cfgs / sizeof *cfgs; ci++) {
+        dp_config c = config(cfgs[ci].n, cfgs[ci].mode, cfgs[ci].shard, cfgs[ci].opt);
+        c.batchnorm = bn ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+        c.micro_batch = cfgs[ci].mb;
+        dp_config g = as_cuda(c, cfgs[ci].graph);
+        char what[160];
+        snprintf(what, sizeof what, "%s, %s, %s, %d devices, micro-batch %d%s",
+                 bn_specs[si].name, dp_bn_mode_name(c.batchnorm),
+                 mode_name(c.mode, c.shard_optimizer), c.n_devices, c.micro_batch,
+                 cfgs[ci].graph ? ", cuda_graph" : "");
+        rig cu, cpu;
+        rig_open(&cu, bn_specs[si].spec, &g);
+        rig_open(&cpu, bn_specs[si].spec, &c);
+        ck_assert_int_eq(dp_plan_n_devices(cu.p), cfgs[ci].n);
+        same_params2(&cu, &cpu, what);
+        same_running_stats(&cu, &cpu, what); /* PyTorch's defaults on both */
+        bn_steps(&cu, &cpu, 0, 7, what);
+        rig_close(&cu);
+        rig_close(&cpu);
+        expect_clean(what);
+        runs++;
+      }
+  /* inference plans: the running statistics (PyTorch's defaults) */
+  for (size_t si = 0; si < sizeof bn_specs / sizeof *bn_specs; si++) {
+    dp_config c = config(3, DP_MODE_CLASSIC, 0, DP_OPT_SGD);
+    c.inference = 1;
+    char what[160];
+    snprintf(what, sizeof what, "%s, inference plan", bn_specs[si].name);
+    cnn_both(bn_specs[si].spec, &c, 0, 0, what);
+    expect_clean(what);
+    runs++;
+  }
+  ck_assert_int_eq(runs, 45);
+}
+END_TEST
+
+/* A step refused on the device (NaN input: the loss is NaN) moves no running
+ * statistic, in either mode, plain and replayed, as on the cpu; training
+ * then goes on as on the cpu. */
+START_TEST(batchnorm_refused_step_keeps_running_stats) {
+  for (int bn = 0; bn < 2; bn++)
+    for (int graph = 0; graph < 2; graph++) {
+      dp_config c = config(2, graph ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC, 0, DP_OPT_ADAMW);
+      c.batchnorm = bn ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+      dp_config g = as_cuda(c, graph);
+      char what[96];
+      snprintf(what, sizeof what, "%s, %s, cuda_graph %d", dp_bn_mode_name(c.batchnorm),
+               mode_name(c.mode, 0), graph);
+      rig cu, cpu;
+      rig_open(&cu, BN_TWO_SPEC, &g);
+      rig_open(&cpu, BN_TWO_SPEC, &c);
+      bn_steps(&cu, &cpu, 0, 3, what);
+      const int layer = 6; /* the second batchnorm, 8 channels */
+      float m0[8], v0[8], m1[8], v1[8];
+      int64_t n0 = -1, n1 = -2;
+      ck_assert_int_eq(dp_get_running_stats(cu.c, layer, m0, v0, &n0), DP_OK);
+      ck_assert_int_eq(n0, 3);
+      static cnn_batch bt;
+      make_cnn_batch(&bt, 3);
+      int in = dp_model_input_width(cu.m);
+      bt.x[5 * in + 2] = NAN;
+      for (int r = 0; r < 2; r++) {
+        rig *x = r ? &cpu : &cu;
+        dp_status s = dp_train_step(x->c, BATCH, in, bt.x, bt.target, NULL);
+        ck_assert_msg(s == DP_ERR_NONFINITE, "%s: %s: %s: %s", what, r ? "cpu" : "cuda",
+                      dp_status_name(s), dp_ctx_error(x->c));
+      }
+      ck_assert_int_eq(dp_ctx_step(cu.c), 3);
+      ck_assert_int_eq(dp_get_running_stats(cu.c, layer, m1, v1, &n1), DP_OK);
+      ck_assert_int_eq(n1, 3);
+      for (int k = 0; k < 8; k++)
+        REQ(bits(m0[k]) == bits(m1[k]) && bits(v0[k]) == bits(v1[k]),
+            "%s: channel %d's running statistics moved in a refused step", what, k);
+      same_running_stats(&cu, &cpu, what);
+      bn_steps(&cu, &cpu, 4, 3, what);
+      rig_close(&cu);
+      rig_close(&cpu);
+      expect_clean(what);
+    }
+}
+END_TEST
+
+/* Checkpoints carry the running statistics between the backends and device
+ * counts: the cuda backend saves, the cpu backend (or a cuda context with
+ * other devices and graphs, after steps of its own) loads, and both go on
+ * with the same bits as a cpu context that never stopped. */
+START_TEST(batchnorm_checkpoints_move_between_backends) {
+  for (int bn = 0; bn < 2; bn++)
+    for (int to_cuda = 0; to_cuda < 2; to_cuda++) {
+      dp_config c = config(2, DP_MODE_CLASSIC, 0, DP_OPT_ADAMW);
+      c.batchnorm = bn ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+      dp_config src_cfg = as_cuda(c, 0);
+      dp_config ref_cfg = config(1, DP_MODE_CLASSIC, 0, DP_OPT_ADAMW);
+      ref_cfg.batchnorm = c.batchnorm;
+      dp_config dst_cfg = to_cuda
+                              ? as_cuda(config(4, DP_MODE_ALLREDUCE, 1, DP_OPT_ADAMW), 1)
+                              : config(4, DP_MODE_ALLREDUCE, 0, DP_OPT_ADAMW);
+      dst_cfg.batchnorm = c.batchnorm;
+      char what[96], path[64];
+      snprintf(what, sizeof what, "%s, cuda 2 devices -> %s 4 devices",
+               dp_bn_mode_name(c.batchnorm), to_cuda ? "cuda (graphs)" : "cpu");
+      tmp_path(path, sizeof path);
+      rig src, ref, dst;
+      rig_open(&src, BN_TWO_SPEC, &src_cfg);
+      rig_open(&ref, BN_TWO_SPEC, &ref_cfg);
+      rig_open(&dst, BN_TWO_SPEC, &dst_cfg);
+      bn_steps(&src, &ref, 0, 4, what); /* same bits for 1 and 2 devices */
+      for (int k = 40; k < 42; k++) {   /* steps of its own, replayed from the second on */
+        static cnn_batch bt;
+        make_cnn_batch(&bt, k);
+        ck_assert_msg(dp_train_step(dst.c, BATCH, dp_model_input_width(dst.m), bt.x,
+                                    bt.target, NULL) == DP_OK,
+                      "%s: %s", what, dp_ctx_error(dst.c));
+      }
+      ck_assert_msg(dp_ckpt_save(src.c, path) == DP_OK, "%s: save: %s", what,
+                    dp_ctx_error(src.c));
+      ck_assert_msg(dp_ckpt_load(dst.c, path) == DP_OK, "%s: load: %s", what,
+                    dp_ctx_error(dst.c));
+      same_running_stats(&dst, &ref, what);
+      bn_steps(&dst, &ref, 4, 4, what);
+      rig_close(&src);
+      rig_close(&ref);
+      rig_close(&dst);
+      unlink(path);
+      expect_clean(what);
+    }
+}
+END_TEST
+
 /* ---- suites ---------------------------------------------------------------------------
  */
 
@@ -1755,6 +1989,11 @@ static Suite *cuda_emul_suite(void) {
   tc = tcase("images");
   tcase_add_test(tc, image_layers_match_cpu_bit_for_bit);
   tcase_add_test(tc, conv_workspace_follows_cublas_and_is_checked);
+  suite_add_tcase(s, tc);
+  tc = tcase("batchnorm");
+  tcase_add_test(tc, batchnorm_matches_cpu_bit_for_bit);
+  tcase_add_test(tc, batchnorm_refused_step_keeps_running_stats);
+  tcase_add_test(tc, batchnorm_checkpoints_move_between_backends);
   suite_add_tcase(s, tc);
   tc = tcase("graphs");
   tcase_add_test(tc, graph_replay_equals_plain_and_cpu);

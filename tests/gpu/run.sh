@@ -11,7 +11,9 @@
 #                             suites, test_noalloc, `dp bench gpu-step` and `dp bench
 #                             gpu-gemm`, the cuda_api suite again under CUDA_MODULE_LOADING=EAGER, the
 #                             cuda_fault suite, a race stress (4 replicas, delayed vs
-#                             CUDA_LAUNCH_BLOCKING=1), compute-sanitizer when time is left, and
+#                             CUDA_LAUNCH_BLOCKING=1; the digits MLP plain and with graphs,
+#                             a CNN with sync batchnorm), compute-sanitizer (the backend
+#                             case; memcheck of the batchnorm case) when time is left, and
 #                             prints a summary table last. Every phase has a
 #                             time limit; the whole run stays under 8 minutes (about 4
 #                             expected; not yet measured).
@@ -180,12 +182,13 @@ rc_fault=$?
 # rotating replica's every stage (DP_CUDA_DEBUG_DELAY_US), plain and with graphs; the
 # parameter hash must equal that of a run with CUDA_LAUNCH_BLOCKING=1 (no concurrency at
 # all). A missing cross-stream edge would let one replica read another's data early.
-race() { # LOG ENV... -- DP-ARGS...
+race() { # LOG ENV... (RACE_MODEL, RACE_EPOCHS, RACE_GRAPH, RACE_EXTRA: dp's arguments)
   local log=$1
   shift
-  env "$@" build-gpu/dp train --model examples/digits.dpm --data data/digits.csv \
-    --batch 64 --epochs 9 --optimizer adamw --lr 0.003 --backend cuda \
-    --devices 0,0,0,0 $RACE_GRAPH >>"$log" 2>&1
+  env "$@" build-gpu/dp train --model "${RACE_MODEL:-examples/digits.dpm}" \
+    --data data/digits.csv --batch 64 --epochs "${RACE_EPOCHS:-9}" --optimizer adamw \
+    --lr 0.003 --backend cuda --devices 0,0,0,0 ${RACE_GRAPH:-} ${RACE_EXTRA:-} \
+    >>"$log" 2>&1
 }
 rc_race=0
 : >"$OUTD/race.log"
@@ -203,6 +206,26 @@ for RACE_GRAPH in "" "--graph"; do
     rc_race=1
   fi
 done
+# Sync batchnorm: the statistics' trees cross the replicas in the middle of the forward
+# and of the backward (cuda/batchnorm.cu); a conv + 2d and 1d batchnorm model on the
+# digits, micro-batches of 8 (merges within a replica too), plain steps.
+RACE_MODEL=$(mktemp --suffix=.dpm)
+printf '%s\n' 'input 1 8 8' 'conv2d 8 3 padding 1' batchnorm relu 'maxpool2d 2' flatten \
+  'linear 32' batchnorm relu 'linear 10' 'loss softmax_cross_entropy' >"$RACE_MODEL"
+RACE_EPOCHS=3 RACE_GRAPH="" RACE_EXTRA="--batchnorm sync --micro-batch 8"
+echo "== race stress, sync batchnorm ($(elapsed) s)" | tee -a "$OUTD/race.log"
+if [ -x build-gpu/dp ] && [ "$(budget 60)" -gt 20 ]; then
+  h1=$(race "$OUTD/race.log" DP_CUDA_DEBUG_DELAY_US=200; grep -o 'hash: [0-9a-f]*' \
+    "$OUTD/race.log" | tail -1)
+  h2=$(race "$OUTD/race.log" CUDA_LAUNCH_BLOCKING=1; grep -o 'hash: [0-9a-f]*' \
+    "$OUTD/race.log" | tail -1)
+  echo "race sync batchnorm: delayed $h1, serialised $h2" | tee -a "$OUTD/race.log"
+  [ -n "$h1" ] && [ "$h1" = "$h2" ] || rc_race=1
+else
+  echo "race sync batchnorm: not run (no dp, or no time left)" | tee -a "$OUTD/race.log"
+  rc_race=1
+fi
+unset RACE_MODEL RACE_EPOCHS RACE_EXTRA
 run_phase "test_noalloc" "$OUTD/noalloc.log" 90 build-gpu/test_noalloc
 rc_noalloc=$?
 run_phase "dp bench gpu-step" "$OUTD/bench_gpu_step.log" 60 build-gpu/dp bench gpu-step
@@ -259,6 +282,16 @@ if command -v compute-sanitizer >/dev/null && [ -x build-gpu/test_dp ] &&
     echo "compute-sanitizer $tool: exit $r" >>"$OUTD/sanitizer.log"
     [ "$r" = 0 ] || src=$r
   done
+  # the batchnorm kernels (cuda/batchnorm.cu): memcheck, when time is still left
+  if [ "${DP_GPU_SANITIZE:-0}" = 1 ] || [ "$(budget 400)" -gt 60 ]; then
+    echo "== compute-sanitizer memcheck, test case gpu_batchnorm ($(elapsed) s)"
+    CK_FORK=no CK_RUN_CASE=gpu_batchnorm CK_DEFAULT_TIMEOUT=600 \
+      timeout "$(budget 100)" compute-sanitizer --tool memcheck --error-exitcode 3 \
+      build-gpu/test_dp cuda 2>&1 | tee "$OUTD/sanitizer_memcheck_bn.log" | tail -5
+    r=${PIPESTATUS[0]}
+    echo "compute-sanitizer memcheck (gpu_batchnorm): exit $r" >>"$OUTD/sanitizer.log"
+    [ "$r" = 0 ] || src=$r
+  fi
 fi
 
 # ---- the table, last ----
@@ -309,6 +342,8 @@ skip_bench=$(cat "$OUTD"/bench_gpu_*.log 2>/dev/null | grep -c 'skipped, no GPU'
   suite_rows cuda_api "$OUTD/cuda_api_suite.log" || true
   grep -E '^cuda: .* match the cpu backend' "$OUTD/cuda_suite.log" 2>/dev/null |
     sed 's/^cuda: /ops: /' || true
+  grep -E '^cuda: .*(bit for bit for 1, 2, 4|as graph replays: bit-identical)' \
+    "$OUTD/cuda_suite.log" 2>/dev/null | sed 's/^cuda: /bits: /' || true
   grep -hE '^TIMING ' "$OUTD/cuda_suite.log" "$OUTD/cuda_api_suite.log" 2>/dev/null |
     sed 's/^TIMING /timing: /' || true
   grep -hE '^NOTE ' "$OUTD/cuda_suite.log" "$OUTD/cuda_api_suite.log" 2>/dev/null || true

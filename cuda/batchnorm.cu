@@ -1,0 +1,347 @@
+/* Batch normalisation kernels: lib/cpu_backend.c's bn_forward, bn_backward,
+ * bn_update and the sync ops (bn_stats_op, bn_merge_op, bn_final_op,
+ * bn_bwd_stats_op, bn_sync_backward), the same quantities from the same
+ * formulas, one IEEE operation at a time (__fmul_rn and friends: nvcc
+ * contracts nothing).
+ *
+ * Channel reductions: one block of BN_THREADS threads per channel. The
+ * channel's M = n S elements in (row, position) order, j = r S + k, are dealt
+ * round-robin: thread t sums j = t, t + T, t + 2T, ... ascending from +0
+ * (chan_walk), then the T thread sums are added by a halving tree in shared
+ * memory (thread t += thread t + T/2, then t + T/4, ..., 1; block_sum). The
+ * order depends on (n, S) alone, never on the launch, the device or the
+ * device count; every pass over the channel (the mean, then the squared
+ * deviations; the backward's sums) takes it. It is not the CPU's ascending
+ * order, so the sums differ from the cpu backend's in the last places.
+ * Element-wise kernels (eval and sync normalisation, the sync backward's dx)
+ * write each element from one thread. The merge, the final statistics and the
+ * running-statistics update are a handful of double operations per channel,
+ * written as lib/'s (__dmul_rn, __dadd_rn, __ddiv_rn, __dsqrt_rn: the CPU's
+ * rounding), in one block, which also writes the partial's count word after
+ * every thread has read it. */
+#include "batchnorm.cuh"
+
+#include <math.h>
+
+#define BN_THREADS 512 /* a channel's block */
+#define THREADS 256    /* element-wise kernels and the per-channel double loops */
+#define MAX_BLOCKS (1u << 20)
+#define BN_EPS 1e-5f /* lib/cpu_backend.c's */
+
+#define GRID_STRIDE(i, n)                                                                  \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
+       i += (size_t)gridDim.x * blockDim.x)
+
+static unsigned blocks_for(size_t n) {
+  size_t b = (n + THREADS - 1) / THREADS;
+  return b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
+}
+
+static __device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
+static __device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
+static __device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); }
+static __device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
+static __device__ __forceinline__ double dm(double a, double b) { return __dmul_rn(a, b); }
+static __device__ __forceinline__ double da(double a, double b) { return __dadd_rn(a, b); }
+static __device__ __forceinline__ double ds(double a, double b) { return __dsub_rn(a, b); }
+static __device__ __forceinline__ double dd(double a, double b) { return __ddiv_rn(a, b); }
+
+static __device__ __forceinline__ uint32_t word(const float *at) {
+  return *(const uint32_t *)at;
+}
+
+/* f(i) for thread t's elements of channel ch, in its order: j = t, t + T, ...
+ * of the channel's (row, position) index j = r S + k, element
+ * ((r C + ch) S + k). (r, k) advance by T without a division per element. */
+template <typename F>
+static __device__ __forceinline__ void chan_walk(int n, int C, int S, int ch, F f) {
+  const unsigned s = (unsigned)S, dr = BN_THREADS / s, dk = BN_THREADS % s;
+  unsigned r = threadIdx.x / s, k = threadIdx.x % s;
+  while (r < (unsigned)n) {
+    f(((size_t)r * (size_t)C + (size_t)ch) * s + k);
+    r += dr;
+    k += dk;
+    if (k >= s) {
+      k -= s;
+      r++;
+    }
+  }
+}
+
+/* The K block-wide sums of v[0..K) by the fixed halving tree, returned in v
+ * to every thread; sh: K x BN_THREADS floats, free again on return. */
+template <int K>
+static __device__ __forceinline__ void block_sum(float (&v)[K], float (*sh)[BN_THREADS]) {
+  const int t = (int)threadIdx.x;
+  for (int q = 0; q < K; q++) sh[q][t] = v[q];
+  __syncthreads();
+  for (int w = BN_THREADS / 2; w > 0; w >>= 1) {
+    if (t < w)
+      for (int q = 0; q < K; q++) sh[q][t] = fa(sh[q][t], sh[q][t + w]);
+    __syncthreads();
+  }
+  for (int q = 0; q < K; q++) v[q] = sh[q][0];
+  __syncthreads();
+}
+
+/* The channel's mean and sum of squared deviations (two passes). */
+static __device__ __forceinline__ void chan_moments(const float *x, int n, int C, int S,
+                                                    int ch, float (*sh)[BN_THREADS],
+                                                    float *mean, float *m2) {
+  const float M = (float)((size_t)n * (size_t)S);
+  float v[1] = {0.0f};
+  chan_walk(n, C, S, ch, [&](size_t i) { v[0] = fa(v[0], x[i]); });
+  block_sum<1>(v, sh);
+  const float mu = fd(v[0], M);
+  v[0] = 0.0f;
+  chan_walk(n, C, S, ch, [&](size_t i) {
+    float d = fs(x[i], mu);
+    v[0] = fa(v[0], fm(d, d));
+  });
+  block_sum<1>(v, sh);
+  *mean = mu;
+  *m2 = v[0];
+}
+
+/* ---- per_replica and eval ----------------------------------------------------------- */
+
+static __global__ void __launch_bounds__(BN_THREADS)
+    k_bn_forward_train(const float *x, const float *g, const float *b, float *y,
+                       float *stats, int n, int C, int S) {
+  __shared__ float sh[1][BN_THREADS];
+  const int ch = (int)blockIdx.x;
+  const size_t Mi = (size_t)n * (size_t)S;
+  const float M = (float)Mi;
+  float mean, var;
+  chan_moments(x, n, C, S, ch, sh, &mean, &var);
+  const float rstd = fd(1.0f, __fsqrt_rn(fa(fd(var, M), BN_EPS)));
+  if (threadIdx.x == 0) {
+    stats[ch] = mean;
+    stats[C + ch] = rstd;
+    stats[2 * C + ch] = Mi > 1 ? fd(var, (float)(Mi - 1)) : NAN; /* refused before */
+  }
+  const float gg = g[ch], bb = b[ch];
+  chan_walk(n, C, S, ch,
+            [&](size_t i) { y[i] = fa(fm(fm(fs(x[i], mean), rstd), gg), bb); });
+}
+
+static __global__ void k_bn_apply(const float *x, const float *g, const float *b, float *y,
+                                  const float *mean, const float *rstd, const float *var,
+                                  int C, int S, size_t total) {
+  GRID_STRIDE(i, total) {
+    const int ch = (int)((i / (size_t)S) % (size_t)C);
+    const float r = rstd ? rstd[ch] : fd(1.0f, __fsqrt_rn(fa(var[ch], BN_EPS)));
+    y[i] = fa(fm(fm(fs(x[i], mean[ch]), r), g[ch]), b[ch]);
+  }
+}
+
+static __global__ void __launch_bounds__(BN_THREADS)
+    k_bn_backward(const float *x, const float *stats, const float *g, const float *dy,
+                  float *dx, float *dg, float *db, int n, int C, int S) {
+  __shared__ float sh[4][BN_THREADS];
+  const int ch = (int)blockIdx.x;
+  const float M = (float)((size_t)n * (size_t)S);
+  const float mean = stats[ch], rstd = stats[C + ch], gg = g[ch];
+  float v[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* sum dy xh, sum dy, s1, s2 */
+  chan_walk(n, C, S, ch, [&](size_t i) {
+    float xh = fm(fs(x[i], mean), rstd), dxh = fm(dy[i], gg);
+    v[0] = fa(v[0], fm(dy[i], xh));
+    v[1] = fa(v[1], dy[i]);
+    v[2] = fa(v[2], dxh);
+    v[3] = fa(v[3], fm(dxh, xh));
+  });
+  block_sum<4>(v, sh);
+  if (threadIdx.x == 0) {
+    dg[ch] = v[0];
+    db[ch] = v[1];
+  }
+  if (!dx) return;
+  const float s1 = fd(v[2], M);
+  chan_walk(n, C, S, ch, [&](size_t i) {
+    float xh = fm(fs(x[i], mean), rstd);
+    dx[i] = fm(rstd, fs(fs(fm(dy[i], gg), s1), fd(fm(xh, v[3]), M)));
+  });
+}
+
+/* ---- sync --------------------------------------------------------------------------- */
+
+static __global__ void __launch_bounds__(BN_THREADS)
+    k_bn_part(const float *x, float *part, int n, int C, int S) {
+  __shared__ float sh[1][BN_THREADS];
+  const int ch = (int)blockIdx.x;
+  float mean, m2;
+  chan_moments(x, n, C, S, ch, sh, &mean, &m2);
+  if (threadIdx.x == 0) {
+    part[1 + ch] = mean;
+    part[1 + C + ch] = m2;
+    if (ch == 0) *(uint32_t *)part = (uint32_t)n;
+  }
+}
+
+static __global__ void k_bn_merge(float *a, const float *b, int C, int S) {
+  const uint32_t ca = word(a), cb = word(b);
+  const double na = dm((double)ca, (double)S), nb = dm((double)cb, (double)S),
+               nn = da(na, nb);
+  for (int ch = (int)threadIdx.x; ch < C; ch += (int)blockDim.x) {
+    const double am = (double)a[1 + ch], delta = ds((double)b[1 + ch], am);
+    a[1 + ch] = (float)da(am, dm(delta, dd(nb, nn)));
+    a[1 + C + ch] = (float)da(da((double)a[1 + C + ch], (double)b[1 + C + ch]),
+                              dm(dm(delta, delta), dd(dm(na, nb), nn)));
+  }
+  __syncthreads(); /* every thread has read a's count */
+  if (threadIdx.x == 0) *(uint32_t *)a = ca + cb;
+}
+
+static __global__ void k_bn_final(float *f, const float *root, int C, int S) {
+  const uint32_t rows = word(root);
+  const double M = dm((double)rows, (double)S);
+  for (int ch = (int)threadIdx.x; ch < C; ch += (int)blockDim.x) {
+    const double m2 = (double)root[1 + C + ch];
+    f[ch] = root[1 + ch];
+    f[C + ch] = (float)dd(1.0, __dsqrt_rn(da(dd(m2, M), (double)BN_EPS)));
+    f[2 * C + ch] = M > 1 ? (float)dd(m2, ds(M, 1.0)) : NAN; /* refused before */
+  }
+  if (threadIdx.x == 0) *(uint32_t *)(f + 3 * (size_t)C) = rows;
+}
+
+static __global__ void __launch_bounds__(BN_THREADS)
+    k_bn_bwd_sums(const float *x, const float *f, const float *dy, float *dg, float *db,
+                  int n, int C, int S) {
+  __shared__ float sh[2][BN_THREADS];
+  const int ch = (int)blockIdx.x;
+  const float mean = f[ch], rstd = f[C + ch];
+  float v[2] = {0.0f, 0.0f}; /* sum dy xh, sum dy */
+  chan_walk(n, C, S, ch, [&](size_t i) {
+    v[0] = fa(v[0], fm(dy[i], fm(fs(x[i], mean), rstd)));
+    v[1] = fa(v[1], dy[i]);
+  });
+  block_sum<2>(v, sh);
+  if (threadIdx.x == 0) {
+    dg[ch] = v[0];
+    db[ch] = v[1];
+  }
+}
+
+static __global__ void k_bn_sync_dx(const float *x, const float *f, const float *sums,
+                                    const float *g, const float *dy, float *dx, int C,
+                                    int S, size_t total) {
+  const float M = (float)dm((double)word(f + 3 * (size_t)C), (double)S);
+  GRID_STRIDE(i, total) {
+    const int ch = (int)((i / (size_t)S) % (size_t)C);
+    const float mean = f[ch], rstd = f[C + ch], gg = g[ch];
+    const float s1 = fd(fm(gg, sums[C + ch]), M), s2 = fd(fm(gg, sums[ch]), M);
+    const float xh = fm(fs(x[i], mean), rstd);
+    dx[i] = fm(rstd, fs(fs(fm(dy[i], gg), s1), fm(xh, s2)));
+  }
+}
+
+/* ---- running statistics ------------------------------------------------------------- */
+
+static __global__ void k_bn_update(const float *stats, float *buf, int C,
+                                   const dp_cuda_header *hdr, int n_check) {
+  __shared__ uint32_t refused;
+  if (threadIdx.x == 0) {
+    uint32_t r = 0;
+    for (int d = 0; d < n_check; d++) r |= hdr->status[d];
+    refused = r;
+  }
+  __syncthreads();
+  if (refused) return;
+  const double m = 0.1, keep = 1.0 - m; /* lib/'s constants, folded alike */
+  for (int ch = (int)threadIdx.x; ch < C; ch += (int)blockDim.x) {
+    buf[ch] = (float)da(dm(m, (double)stats[ch]), dm(keep, (double)buf[ch]));
+    buf[C + ch] =
+        (float)da(dm(m, (double)stats[2 * C + ch]), dm(keep, (double)buf[C + ch]));
+  }
+  if (threadIdx.x == 0) {
+    uint32_t *count = (uint32_t *)(buf + 2 * (size_t)C);
+    *count = *count + 1u;
+  }
+}
+
+/* ---- launchers ---------------------------------------------------------------------- */
+
+static size_t elems(int n, int C, int S) {
+  return n > 0 && C > 0 && S > 0 ? (size_t)n * (size_t)C * (size_t)S : 0;
+}
+
+cudaError_t dp_k_bn_forward_train(cudaStream_t st, const float *x, const float *g,
+                                  const float *b, float *y, float *stats, int n, int C,
+                                  int S) {
+  if (C <= 0 || S <= 0) return cudaSuccess;
+  k_bn_forward_train<<<(unsigned)C, BN_THREADS, 0, st>>>(x, g, b, y, stats, n < 0 ? 0 : n,
+                                                         C, S);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_apply(cudaStream_t st, const float *x, const float *g, const float *b,
+                          float *y, const float *mean, const float *rstd, const float *var,
+                          int n, int C, int S) {
+  size_t total = elems(n, C, S);
+  if (total == 0) return cudaSuccess;
+  k_bn_apply<<<blocks_for(total), THREADS, 0, st>>>(x, g, b, y, mean, rstd, var, C, S,
+                                                    total);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_backward(cudaStream_t st, const float *x, const float *stats,
+                             const float *g, const float *dy, float *dx, float *dg,
+                             float *db, int n, int C, int S) {
+  if (C <= 0 || S <= 0) return cudaSuccess;
+  k_bn_backward<<<(unsigned)C, BN_THREADS, 0, st>>>(x, stats, g, dy, dx, dg, db,
+                                                    n < 0 ? 0 : n, C, S);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_part(cudaStream_t st, const float *x, float *part, int n, int C,
+                         int S) {
+  if (C <= 0 || S <= 0) return cudaSuccess;
+  k_bn_part<<<(unsigned)C, BN_THREADS, 0, st>>>(x, part, n < 0 ? 0 : n, C, S);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_merge(cudaStream_t st, float *a, const float *b, int C, int S) {
+  if (C <= 0) return cudaSuccess;
+  k_bn_merge<<<1, THREADS, 0, st>>>(a, b, C, S);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, int S) {
+  if (C <= 0) return cudaSuccess;
+  k_bn_final<<<1, THREADS, 0, st>>>(f, root, C, S);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_bwd_sums(cudaStream_t st, const float *x, const float *f,
+                             const float *dy, float *dg, float *db, int n, int C, int S) {
+  if (C <= 0 || S <= 0) return cudaSuccess;
+  k_bn_bwd_sums<<<(unsigned)C, BN_THREADS, 0, st>>>(x, f, dy, dg, db, n < 0 ? 0 : n, C, S);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_sync_dx(cudaStream_t st, const float *x, const float *f,
+                            const float *sums, const float *g, const float *dy, float *dx,
+                            int n, int C, int S) {
+  size_t total = elems(n, C, S);
+  if (total == 0 || !dx) return cudaSuccess;
+  k_bn_sync_dx<<<blocks_for(total), THREADS, 0, st>>>(x, f, sums, g, dy, dx, C, S, total);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_update(cudaStream_t st, const float *stats, float *buf, int C,
+                           const dp_cuda_header *hdr, int n_check) {
+  if (C <= 0) return cudaSuccess;
+  k_bn_update<<<1, THREADS, 0, st>>>(stats, buf, C, hdr, n_check);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_bn_preload(void) {
+  const void *const kernels[] = {
+      (const void *)k_bn_forward_train, (const void *)k_bn_apply,
+      (const void *)k_bn_backward,      (const void *)k_bn_part,
+      (const void *)k_bn_merge,         (const void *)k_bn_final,
+      (const void *)k_bn_bwd_sums,      (const void *)k_bn_sync_dx,
+      (const void *)k_bn_update,
+  };
+  return dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
+}
