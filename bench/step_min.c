@@ -3,7 +3,7 @@
  * never faster), next to the mean. Built and run by bench/compare.py;
  * by hand:
  *   cc -O2 -Iinclude bench/step_min.c build/libdp.a -lm -pthread -o build/bench_step_min
- *   build/bench_step_min MODEL BATCH DEVICES OPTIMIZER [STEPS]
+ *   build/bench_step_min MODEL BATCH DEVICES OPTIMIZER [STEPS [classic|allreduce|sharded]]
  * Prints one JSON object. Not part of the library; measures, asserts nothing. */
 #include "dp.h"
 
@@ -26,7 +26,10 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   if (argc < 5) {
-    fprintf(stderr, "usage: %s MODEL BATCH DEVICES sgd|adamw|momentum [STEPS]\n", argv[0]);
+    fprintf(stderr,
+            "usage: %s MODEL BATCH DEVICES sgd|adamw|momentum [STEPS "
+            "[classic|allreduce|sharded]]\n",
+            argv[0]);
     return 2;
   }
   int B = atoi(argv[2]), devs = atoi(argv[3]), steps = argc > 5 ? atoi(argv[5]) : 200;
@@ -45,6 +48,9 @@ int main(int argc, char **argv) {
   dp_config_set_optimizer(&cfg, opt);
   cfg.batch = B;
   cfg.n_devices = devs;
+  const char *mode = argc > 6 ? argv[6] : "classic";
+  cfg.mode = strcmp(mode, "classic") == 0 ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
+  cfg.shard_optimizer = strcmp(mode, "sharded") == 0;
   if (dp_plan_create(m, &cfg, &p) || dp_ctx_create(p, &c)) {
     fprintf(stderr, "%s: cannot plan or create the context\n", argv[0]);
     return 1;
