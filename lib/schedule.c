@@ -6,7 +6,13 @@
  * micro-batch index, splitting [lo, hi) at mid = (lo + hi + 1) / 2: each
  * device sums its own block as a subtree, then devices combine pairwise at
  * distance 1, 2, 4, ... toward device 0 (device r with r mod 2^(k+1) = 2^k
- * sends to r - 2^k at level k). */
+ * sends to r - 2^k at level k).
+ *
+ * A sync batchnorm (whole-batch statistics) needs the whole batch in the
+ * middle of the step: the forward stops before it for its statistics' tree
+ * (the same tree, with Chan's merge) and the backward runs in segments that
+ * end at it, for its sums' tree; each segment's gradient adds cover only its
+ * layers' parameters, so every parameter's sum is still the one tree. */
 #include "internal.h"
 
 typedef struct {
