@@ -29,6 +29,20 @@ static float *region(const dp_exec_env *e, int d, int r, size_t off) {
   return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
 }
 
+/* A layer op's context: its layer, device and micro-batch. */
+static lctx op_lctx(const dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  return (lctx){.e = e,
+                .p = p,
+                .l = &p->model.layers[op->layer],
+                .d = op->device,
+                .i = op->layer,
+                .L = p->model.n_layers,
+                .local = op->row0 - p->split.dev_row0[op->device],
+                .rows = op->rows,
+                .mb = op->micro_batch - p->split.dev_mb0[op->device]};
+}
+
 /* Rows [local, local + rows) of the input of layer i: (rows, in); the output
  * of layer i - 1, in its owner's buffer when it is a view (flatten). */
 static float *layer_in(const lctx *c) {
@@ -157,15 +171,8 @@ static uint32_t get_u32(const float *at) {
 static void put_u32(float *at, uint32_t v) { memcpy(at, &v, 4); }
 
 static dp_status bn_stats_op(const dp_exec_env *e, const dp_op *op) {
-  const dp_plan *p = e->plan;
-  const dp_layer *l = &p->model.layers[op->layer];
-  lctx c = {.e = e,
-            .p = p,
-            .l = l,
-            .d = op->device,
-            .i = op->layer,
-            .L = p->model.n_layers,
-            .local = op->row0 - p->split.dev_row0[op->device]};
+  lctx c = op_lctx(e, op);
+  const dp_layer *l = c.l;
   const float *x = layer_in(&c);
   int n = op->rows, C = l->c;
   size_t S = bn_positions(l), M = (size_t)n * S;
@@ -228,16 +235,8 @@ static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
  * whole batch's statistics: its gradients of the weight and the bias, which
  * the backward tree sums and the batchnorm's sums are copied from. */
 static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
-  const dp_plan *p = e->plan;
-  const dp_layer *l = &p->model.layers[op->layer];
-  lctx c = {.e = e,
-            .p = p,
-            .l = l,
-            .d = op->device,
-            .i = op->layer,
-            .L = p->model.n_layers,
-            .local = op->row0 - p->split.dev_row0[op->device],
-            .rows = op->rows};
+  lctx c = op_lctx(e, op);
+  const dp_layer *l = c.l;
   const float *x = layer_in(&c), *dy = layer_dout(&c), *st = bn_stats(e, c.d, c.i, 0);
   int n = op->rows, C = l->c;
   size_t S = bn_positions(l);
@@ -952,19 +951,10 @@ DP_SIMD_FN(grad_add, (float *restrict dst, const float *restrict src, size_t n),
 
 static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   (void)bctx;
-  const dp_plan *p = e->plan;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_FORWARD:
   case DP_OP_BACKWARD: {
-    lctx c = {.e = e,
-              .p = p,
-              .l = &p->model.layers[op->layer],
-              .d = op->device,
-              .i = op->layer,
-              .L = p->model.n_layers,
-              .local = op->row0 - p->split.dev_row0[op->device],
-              .rows = op->rows,
-              .mb = op->micro_batch - p->split.dev_mb0[op->device]};
+    lctx c = op_lctx(e, op);
     if (op->kind == DP_OP_FORWARD) return forward(&c);
     return backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
   }

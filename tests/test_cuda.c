@@ -1300,12 +1300,11 @@ START_TEST(training_steps_match_cpu) {
 }
 END_TEST
 
-/* The same step twice from the same state: every region, every bit. */
-START_TEST(steps_are_bit_identical_run_to_run) {
-  REQUIRE_GPUS(ngpu, "steps_are_bit_identical_run_to_run");
-  dp_config c = test_config(ngpu, 64, 4, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+/* Three steps of `spec` twice from the same state: every region of every
+ * device, every bit. */
+static void steps_twice_same_bits(const char *what, const char *spec, const dp_config *c) {
   pair t;
-  pair_init(&t, MIXED_CE, &c, false);
+  pair_init(&t, spec, c, false);
   batch b = make_batch(&t, 3);
   unsigned char *first[DP_MAX_DEVICES];
   for (int run = 0; run < 2; run++) {
@@ -1322,13 +1321,20 @@ START_TEST(steps_are_bit_identical_run_to_run) {
         memcpy(first[d], t.gh[d], bytes);
       } else {
         ck_assert_msg(memcmp(first[d], t.gh[d], bytes) == 0,
-                      "device %d: the second run differs", d);
+                      "%s: device %d: the second run differs", what, d);
         free(first[d]);
       }
     }
   }
   batch_free(&b);
   pair_free(&t);
+}
+
+/* The same step twice from the same state: every region, every bit. */
+START_TEST(steps_are_bit_identical_run_to_run) {
+  REQUIRE_GPUS(ngpu, "steps_are_bit_identical_run_to_run");
+  dp_config c = test_config(ngpu, 64, 4, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  steps_twice_same_bits("mixed ce", MIXED_CE, &c);
 }
 END_TEST
 
@@ -1860,32 +1866,7 @@ START_TEST(batchnorm_steps_are_bit_identical_run_to_run) {
   REQUIRE_GPUS(ngpu, "batchnorm_steps_are_bit_identical_run_to_run");
   for (int m = 0; m < 2; m++) {
     dp_config c = bn_config(ngpu, 64, 2, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, (dp_bn_mode)m);
-    pair t;
-    pair_init(&t, BN_CNN_CE, &c, false);
-    batch b = make_batch(&t, 3);
-    unsigned char *first[DP_MAX_DEVICES];
-    for (int run = 0; run < 2; run++) {
-      fill_initial(&t, 5);
-      for (int i = 0; i < 3; i++) {
-        float loss;
-        ck_assert_msg(gpu_step(&t, (uint64_t)i, &b, &loss) == DP_OK, "%s", dp_last_error());
-      }
-      download(&t);
-      for (int d = 0; d < t.n; d++) {
-        size_t bytes = content_bytes(t.pg, d);
-        if (run == 0) {
-          first[d] = malloc(bytes);
-          memcpy(first[d], t.gh[d], bytes);
-        } else {
-          ck_assert_msg(memcmp(first[d], t.gh[d], bytes) == 0,
-                        "%s: device %d: the second run differs",
-                        dp_bn_mode_name((dp_bn_mode)m), d);
-          free(first[d]);
-        }
-      }
-    }
-    batch_free(&b);
-    pair_free(&t);
+    steps_twice_same_bits(dp_bn_mode_name((dp_bn_mode)m), BN_CNN_CE, &c);
     char name[96];
     snprintf(name, sizeof name, "bn cnn ce %s, classic momentum, 2 replicas",
              dp_bn_mode_name((dp_bn_mode)m));
