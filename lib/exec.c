@@ -82,9 +82,14 @@ static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
  * transport live in this one address space (the backend's own transport: no
  * world around it, no two-sided halves, no flush), and whose run() accepts
  * such an op on a sub-range (the cpu backend: its ops address parameters,
- * gradients and optimizer state by the op's offsets). The decision depends
- * only on the op and the executor, so every device makes the same one, and
- * every device meets the op's barrier, a failed one too. */
+ * gradients and optimizer state by the op's offsets). The other threads start
+ * their ranges as soon as they reach the op in the list, so an op is shared
+ * only while no device it touches has run an op of its own earlier in the
+ * stage (whose results it might read before they are written: the backward's
+ * gradient adds after the device's layer ops); the reductions, checks,
+ * updates and broadcasts open their stages. The decision depends only on the
+ * op list and the executor, so every device makes the same one, and every
+ * device meets the op's barrier, a failed one too. */
 #define SHARE_MIN_BYTES ((size_t)128 * 1024) /* smaller ops: the barrier costs more */
 #define SHARE_ALIGN ((size_t)64)             /* ranges start on cache lines */
 
@@ -100,9 +105,15 @@ static bool local_end(const dp_exec *x, int dev) {
   return dev == DP_HOST || (dev >= x->dev0 && dev < x->dev0 + x->n_devices);
 }
 
-static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject) {
+/* busy[d]: device dev0 + d has run an op of its own earlier in this stage. */
+static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject,
+                      const bool *busy) {
   if (!x->share || k == inject || op->bytes < SHARE_MIN_BYTES || op->bytes % 4)
     return false;
+  int ends[3] = {op->device, op->src_dev, op->dst_dev};
+  for (int i = 0; i < 3; i++)
+    if (ends[i] != DP_HOST && local_end(x, ends[i]) && busy[ends[i] - x->dev0])
+      return false;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_COPY:
     return !skipped(x->env, op) && local_end(x, op->src_dev) && local_end(x, op->dst_dev);
@@ -147,7 +158,9 @@ static void run_device(dp_exec *x, int dev) {
   const dp_transport_ops *t = x->transport;
   bool two_sided = t->peer != NULL, all_copies = t->complete_after_failure;
   int seq = 0; /* shared ops met in this run */
+  bool busy[DP_MAX_DEVICES];
   for (int s = x->s0; s <= s1; s++) {
+    memset(busy, 0, sizeof busy);
     /* A failure in an earlier stage, which every device sees alike (one in
      * this stage may or may not be visible yet). */
     bool stopped = atomic_load(&x->fail_stage) < s;
@@ -165,7 +178,11 @@ static void run_device(dp_exec *x, int dev) {
        * across processes (complete_after_failure) every later copy too, as
        * the other process cannot know of the failure before the run ends. */
       bool failed = atomic_load_explicit(&x->fail_stage, memory_order_relaxed) != INT_MAX;
-      if (shared_op(x, op, k, inject)) {
+      if (!shared_op(x, op, k, inject, busy)) {
+        int ends[3] = {op->device, op->src_dev, op->dst_dev};
+        for (int i = 0; i < 3; i++)
+          if (ends[i] != DP_HOST && local_end(x, ends[i])) busy[ends[i] - x->dev0] = true;
+      } else {
         bool *bad = x->part_bad[seq++ & 1];
         size_t b0, b1;
         share_range(x, op, dev, &b0, &b1);

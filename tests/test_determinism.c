@@ -139,6 +139,26 @@ START_TEST(different_micro_batch_changes_the_bits) {
 }
 END_TEST
 
+/* Large enough (74k parameters, 295 KB of gradients) that the executor shares
+ * its elementwise ops across the device threads (exec.c: work sharing), with
+ * several micro-batches per device, so the backward's own gradient adds come
+ * right after the device's layer ops in their stage. */
+START_TEST(shared_ops_keep_the_bits_with_many_micro_batches) {
+  spec_in_use = "input 12\nlinear 4096\nrelu\nlinear 5\nloss softmax_cross_entropy\n";
+  uint64_t ref = run((setup){1, DP_MODE_CLASSIC, 0}, DP_OPT_MOMENTUM, 6, MB);
+  static const setup more[] = {{2, DP_MODE_CLASSIC, 0},
+                               {4, DP_MODE_CLASSIC, 0},
+                               {2, DP_MODE_ALLREDUCE, 0},
+                               {4, DP_MODE_ALLREDUCE, 1}};
+  for (int i = 0; i < 4; i++) {
+    uint64_t h = run(more[i], DP_OPT_MOMENTUM, 6, MB);
+    ck_assert_msg(h == ref, "%d devices %s: %016llx, 1 device %016llx", more[i].devices,
+                  mode_name(more[i]), (unsigned long long)h, (unsigned long long)ref);
+  }
+  spec_in_use = NULL;
+}
+END_TEST
+
 /* Across instruction sets: every CPU tier this machine has (the GEMM's and the
  * elementwise loops', which follow it) gives the reference's bits, for each
  * optimizer, the CNN, and both batchnorm modes. */
@@ -177,6 +197,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, twelve_setups_same_bits_sgd_momentum);
   tcase_add_test(tc, twelve_setups_same_bits_adamw);
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
+  tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   suite_add_tcase(s, tc);
   tc = tcase_create("run_to_run");
   tcase_set_timeout(tc, 120);
