@@ -10,8 +10,9 @@
  * on every device whatever the model; then conv2d's COL and T for the
  * largest micro-batch (dp__cuda_model_workspace_bytes), which forward and
  * backward share. */
-static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
-  (void)training;
+static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, int n_mb,
+                                   bool training) {
+  (void)n_mb, (void)training;
   return dp__cuda_model_workspace_bytes(m, mb_rows);
 }
 

@@ -347,6 +347,26 @@ static void *gemm_ws(const lctx *c, int M, int N, int K) {
   return dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE);
 }
 
+/* The forward's weights, W^T packed once per step for all of the device's
+ * micro-batches: the forward runs layer by layer, so one buffer, after the
+ * GEMMs' workspace, serves every layer; micro-batch 0 packs it, the others
+ * read it (the same bits: gemm.h). NULL with one micro-batch, or when the
+ * region has no room (an undersized plan, the emulated GPU's). */
+static size_t packed_wt_at(size_t gemm_ws) { return (gemm_ws + 63) / 64 * 64; }
+
+static const float *packed_wt(const lctx *c, const float *w) {
+  const dp_plan *p = c->p;
+  int d = c->d, in = c->l->in, out = c->l->out;
+  if (p->split.dev_mb0[d + 1] - p->split.dev_mb0[d] < 2) return NULL;
+  size_t at = packed_wt_at(
+      dp__model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference));
+  if (at + dp__gemm_packed_b_bytes(in, out) > ws_bytes(c)) return NULL;
+  float *dst =
+      (float *)((unsigned char *)dp__region_ptr(c->e, d, DP_REGION_WORKSPACE) + at);
+  if (c->mb == 0) dp__gemm_pack_b(1, in, out, w, in, dst);
+  return dst;
+}
+
 static const float GELU_C = 0.7978845608028654f; /* sqrt(2/pi) */
 static const float GELU_A = 0.044715f;
 
@@ -394,7 +414,8 @@ static dp_status forward(const lctx *c) {
   case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
-    dp__sgemm(0, 1, n, out, in, x, in, w, in, y, out, &ep, gemm_ws(c, n, out, in));
+    dp__sgemm_pb(0, 1, n, out, in, x, in, w, in, packed_wt(c, w), y, out, &ep,
+                 gemm_ws(c, n, out, in));
     break;
   }
   case DP_LAYER_RELU: relu_forward(x, y, (size_t)n * out); break;
@@ -988,9 +1009,11 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
 
 /* ---- memory: host memory, reached directly ---------------------------------------- */
 
-/* The packed GEMMs' buffers (gemm.h). */
-static size_t cpu_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
-  return dp__model_workspace_bytes(m, mb_rows, training);
+/* The packed GEMMs' buffers (gemm.h); with several micro-batches, then the
+ * forward's packed weights (packed_wt). */
+static size_t cpu_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training) {
+  size_t w = dp__model_workspace_bytes(m, mb_rows, training);
+  return n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w;
 }
 
 static dp_status cpu_arena_alloc(const dp_plan *p, int dev, void **out) {

@@ -715,9 +715,10 @@ static void gemm_unpacked(const tier *t, UNPACKED_ARGS) {
   gemm_unpacked_c(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
 }
 
+/* Bpre: op(B) already packed whole (dp__gemm_pack_b, this tier), or NULL. */
 static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int K,
                         const float *A, int lda, const float *B, int ldb, float *C, int ldc,
-                        const float *bias, int relu, float *ws) {
+                        const float *bias, int relu, float *ws, const float *Bpre) {
   const int MR = t->mr, NR = t->nr;
   float *Ap = ws, *Bp = ws + round_up(a_floats(M, K), 16);
   _Alignas(64) float tile[MR_MAX * NR_MAX];
@@ -739,9 +740,10 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
        * just before the first row block uses it, so the sliver is still in L1
        * then; a row-major B is packed whole, reading its rows contiguously.
        * The zero slivers past the tier's rounding (up to RN) are packed first. */
-      bool fuse = transB != 0;
+      bool fuse = transB != 0 && !Bpre;
       int nr_end = (int)round_up((size_t)nc, (size_t)NR), rn_end = (int)round_up((size_t)nc, RN);
-      t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
+      const float *Bb = Bpre ? Bpre + (size_t)jc * K + (size_t)rn_end * pc : Bp;
+      if (!Bpre) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
       for (int ic = 0; ic < M; ic += MC) {
         int mc = imin(MC, M - ic);
         if (!ua)
@@ -751,7 +753,7 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
         for (int jr = 0; jr < nc; jr += NR) {
           int nr = imin(NR, nc - jr);
           if (fuse && ic == 0) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, jr, jr + NR);
-          const float *bp = Bp + (size_t)jr * kc, *bb = bias ? bias + jc + jr : NULL;
+          const float *bp = Bb + (size_t)jr * kc, *bb = bias ? bias + jc + jr : NULL;
           if (bb && nr < NR) {
             for (int j = 0; j < NR; j++) tbias[j] = j < nr ? bb[j] : 0.0f;
             bb = tbias;
@@ -812,9 +814,10 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
   } else if (need <= STACK_WS) {
     _Alignas(64) unsigned char buf[STACK_WS];
     gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu,
-                (float *)(void *)buf);
+                (float *)(void *)buf, NULL);
   } else if (workspace) {
-    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, workspace);
+    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, workspace,
+                NULL);
   } else {
     gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
   }
@@ -834,4 +837,46 @@ DP_SIMD_FN(colsum, (int M, int N, const float *restrict A, int lda, float *restr
 
 void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out) {
   colsum(M, N, A, lda, out);
+}
+
+size_t dp__gemm_packed_b_bytes(int K, int N) {
+  return K > 0 && N > 0 ? round_up((size_t)N, RN) * (size_t)K * 4 : 0;
+}
+
+size_t dp__model_packed_wt_bytes(const dp_model *m) {
+  size_t w = 0;
+  for (int i = 0; i < m->n_layers; i++)
+    if (m->layers[i].kind == DP_LAYER_LINEAR) {
+      size_t b = dp__gemm_packed_b_bytes(m->layers[i].in, m->layers[i].out);
+      w = b > w ? b : w;
+    }
+  return w;
+}
+
+/* The layout gemm_packed packs block by block: for each NC-wide column block
+ * jc (its nc columns rounded to RN), for each KC-deep block pc, the slivers of
+ * that block; block (jc, pc) at jc K + round_up(nc, RN) pc floats. */
+void dp__gemm_pack_b(int transB, int K, int N, const float *B, int ldb, float *dst) {
+  const tier *t = get_tier();
+  for (int jc = 0; jc < N; jc += NC) {
+    int nc = imin(NC, N - jc), rn_end = (int)round_up((size_t)nc, RN);
+    for (int pc = 0; pc < K; pc += KC)
+      t->pack_b(dst + (size_t)jc * K + (size_t)rn_end * pc, B, ldb, transB, pc,
+                imin(KC, K - pc), jc, nc, t->nr, 0, rn_end);
+  }
+}
+
+void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, int lda,
+                  const float *B, int ldb, const float *Bpacked, float *C, int ldc,
+                  const dp_gemm_epilogue *ep, void *workspace) {
+  /* the prepacked path needs the packed route and the A block's workspace */
+  if (!Bpacked || M <= 0 || N <= 0 || K <= 0 || !packs(M, N, K) ||
+      (layout_bytes(M, N, K) > STACK_WS && !workspace)) {
+    dp__sgemm(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, ep, workspace);
+    return;
+  }
+  _Alignas(64) unsigned char buf[STACK_WS];
+  float *ws = layout_bytes(M, N, K) <= STACK_WS ? (float *)(void *)buf : workspace;
+  gemm_packed(get_tier(), transA, transB, M, N, K, A, lda, B, ldb, C, ldc,
+              ep ? ep->bias : NULL, ep && ep->act == DP_GEMM_ACT_RELU, ws, Bpacked);
 }

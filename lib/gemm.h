@@ -64,6 +64,23 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
                const float *B, int ldb, float *C, int ldc, const dp_gemm_epilogue *ep,
                void *workspace);
 
+/* Several products with the same B (the forward's weights over the
+ * micro-batches of a step): op(B) (K, N) packed once into
+ * dp__gemm_packed_b_bytes(K, N) bytes (64-byte aligned) by dp__gemm_pack_b,
+ * with the tier in use, then dp__sgemm_pb reads it instead of packing B: the
+ * same bits as dp__sgemm (which it runs when Bpacked is NULL or the shape
+ * does not take the packed route). No tier switch between a pack and its
+ * uses. */
+size_t dp__gemm_packed_b_bytes(int K, int N);
+void dp__gemm_pack_b(int transB, int K, int N, const float *B, int ldb, float *dst);
+void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, int lda,
+                  const float *B, int ldb, const float *Bpacked, float *C, int ldc,
+                  const dp_gemm_epilogue *ep, void *workspace);
+
+/* The largest dp__gemm_packed_b_bytes of the model's linear layers' forward
+ * weights (W^T: K = in, N = out). */
+size_t dp__model_packed_wt_bytes(const dp_model *m);
+
 /* out[j] = sum over i = 0 .. M-1, ascending, of A[i * lda + j], from +0. */
 void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out);
 

@@ -345,11 +345,11 @@ typedef struct dp_backend_ops {
   const char *name;
   /* ---- capabilities, plain data for the planner (no backend header needed) ----
    * Alignment of every region and arena; the WORKSPACE bytes a device needs
-   * for the model at its largest micro-batch; whether the caller's inputs,
-   * targets and outputs pass through a pinned host staging arena (laid out
-   * by the planner: dp_plan.host_x / host_t / host_y). */
+   * for the model at its largest micro-batch, with n_mb micro-batches; whether the caller's
+   * inputs, targets and outputs pass through a pinned host staging arena (laid out by the
+   * planner: dp_plan.host_x / host_t / host_y). */
   size_t align;
-  size_t (*workspace_bytes)(const dp_model *m, int mb_rows, bool training);
+  size_t (*workspace_bytes)(const dp_model *m, int mb_rows, int n_mb, bool training);
   bool host_staging;
   /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm), and
    * DP_OP_GRAD_ACCUM and DP_OP_GRAD_STASH (config.accumulate) */

@@ -434,7 +434,7 @@ static dp_status plan_device(dp_plan *p, int d) {
       sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
   sz[DP_REGION_WORKSPACE] =
-      dp__backend_ops(c->backend)->workspace_bytes(m, a->mb_rows, train);
+      dp__backend_ops(c->backend)->workspace_bytes(m, a->mb_rows, mb1 - mb0, train);
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
   /* Guards (config.guards): one alignment unit before the first region and

@@ -248,6 +248,39 @@ START_TEST(tiers_give_identical_bits) {
 }
 END_TEST
 
+/* B packed once (dp__gemm_pack_b) and read by dp__sgemm_pb: dp__sgemm's bits,
+ * on every tier, for shapes across the blocking (K past KC, N past NC), both
+ * layouts of B, with and without workspace. */
+START_TEST(prepacked_b_gives_the_same_bits) {
+  for (int ti = 0; ti < N_TIERS; ti++) {
+    if (!use_tier(TIERS[ti], "prepacked_b_gives_the_same_bits")) continue;
+    for (int s = 0; s < 24; s++) {
+      int M = 1 + (int)rnd(s % 4 ? 70 : 260), N = 1 + (int)rnd(s % 5 ? 90 : 1100);
+      int K = 1 + (int)rnd(s % 3 ? 90 : 600);
+      prob p = prob_make(s & 1, (s >> 1) & 1, M, N, K, 1);
+      dp_gemm_epilogue ep = {.bias = p.bias, .act = s % 3 ? DP_GEMM_ACT_NONE : DP_GEMM_ACT_RELU};
+      float *ref = run_gemm(&p, &ep);
+      float *bp = xmalloc(dp__gemm_packed_b_bytes(K, N) + 64);
+      dp__gemm_pack_b(p.tB, K, N, p.B, p.ldb, bp);
+      size_t wsb = dp__gemm_workspace_bytes(M, N, K);
+      void *ws = wsb ? xmalloc(wsb) : NULL;
+      float *C = xmalloc(p.c_len * sizeof(float) + 4);
+      for (size_t i = 0; i < p.c_len; i++) C[i] = NAN;
+      dp__sgemm_pb(p.tA, p.tB, M, N, K, p.A, p.lda, p.B, p.ldb, bp, C, p.ldc, &ep, ws);
+      for (int i = 0; i < M; i++)
+        REQ(memcmp(C + (size_t)i * p.ldc, ref + (size_t)i * N, (size_t)N * 4) == 0,
+            "tier %s, M %d N %d K %d tB %d: row %d differs", TIERS[ti], M, N, K, p.tB, i);
+      free(C);
+      free(ws);
+      free(bp);
+      free(ref);
+      prob_free(&p);
+    }
+  }
+  dp__gemm_force_tier("auto");
+}
+END_TEST
+
 /* Rows [r0, r1) computed on their own equal the same rows of the whole
  * problem; the same for columns [c0, c1) (with the bias slice). */
 START_TEST(rows_and_columns_do_not_depend_on_the_problem_size) {
@@ -542,9 +575,11 @@ END_TEST
 /* ---- in the CPU backend ----------------------------------------------------------- */
 
 /* A model wide enough that its GEMMs need planned workspace: the planner
- * reserves dp__model_workspace_bytes, a training step and a forward write its
- * last byte (the arena's high-water mark is the plan's end), and the bits do
- * not depend on the device count. */
+ * reserves dp__model_workspace_bytes (then, on a device with several
+ * micro-batches, 64-byte aligned, the forward's packed weights:
+ * dp__model_packed_wt_bytes), a training step and a forward write its last
+ * byte (the arena's high-water mark is the plan's end), and the bits do not
+ * depend on the device count. */
 static const char WIDE_SPEC[] = "input 64\nlinear 160\nrelu\nlinear 96\ntanh\nlinear 10\n"
                                 "loss softmax_cross_entropy\n";
 
@@ -572,7 +607,10 @@ static uint64_t wide_run(int n_dev, int inference, bool check_high_water) {
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
     dp_region_info ws = dp_plan_region(p, d, DP_REGION_WORKSPACE);
     const dp_model *pm = dp_plan_model(p);
-    ck_assert_uint_eq(ws.size, dp__model_workspace_bytes(pm, 16, !inference));
+    size_t gemm = dp__model_workspace_bytes(pm, 16, !inference);
+    int n_mb = dp_plan_device_micro_batches(p, d);
+    ck_assert_uint_eq(ws.size,
+                      n_mb > 1 ? (gemm + 63) / 64 * 64 + dp__model_packed_wt_bytes(pm) : gemm);
     ck_assert_uint_gt(ws.size, 0);
     if (!check_high_water) continue;
     size_t end = 0;
@@ -797,6 +835,7 @@ Suite *gemm_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, every_tier_follows_the_fma_sequence);
   tcase_add_test(tc, tiers_give_identical_bits);
+  tcase_add_test(tc, prepacked_b_gives_the_same_bits);
   tcase_add_test(tc, rows_and_columns_do_not_depend_on_the_problem_size);
   tcase_add_test(tc, without_workspace_the_unpacked_path_gives_the_same_bits);
   suite_add_tcase(s, tc);
