@@ -20,27 +20,14 @@
  * rounding), in one block, which also writes the partial's count word after
  * every thread has read it. */
 #include "batchnorm.cuh"
+#include "grid.cuh"
 
 #include <math.h>
 
-#define BN_THREADS 512 /* a channel's block */
-#define THREADS 256    /* element-wise kernels and the per-channel double loops */
-#define MAX_BLOCKS (1u << 20)
+#define BN_THREADS                                                                         \
+  512                /* a channel's block; element-wise kernels and the per-channel        \
+                        double loops take grid.cuh's THREADS */
 #define BN_EPS 1e-5f /* lib/cpu_backend.c's */
-
-#define GRID_STRIDE(i, n)                                                                  \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
-       i += (size_t)gridDim.x * blockDim.x)
-
-static unsigned blocks_for(size_t n) {
-  size_t b = (n + THREADS - 1) / THREADS;
-  return b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
-}
-
-static __device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
-static __device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
-static __device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); }
-static __device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
 static __device__ __forceinline__ double dm(double a, double b) { return __dmul_rn(a, b); }
 static __device__ __forceinline__ double da(double a, double b) { return __dadd_rn(a, b); }
 static __device__ __forceinline__ double ds(double a, double b) { return __dsub_rn(a, b); }

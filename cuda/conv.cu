@@ -37,24 +37,10 @@
  * CPU's bits, and the same bits run to run and across device counts (their
  * shapes are the micro-batch's). */
 #include "conv.cuh"
+#include "grid.cuh"
 
 #include <limits.h>
 #include <math.h>
-
-#define THREADS 256
-#define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
-
-#define GRID_STRIDE(i, n)                                                                  \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
-       i += (size_t)gridDim.x * blockDim.x)
-
-static unsigned blocks_for(size_t n) {
-  size_t b = (n + THREADS - 1) / THREADS;
-  return b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
-}
-
-static __device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
-static __device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
 
 namespace {
 /* A layer's image shapes: input C x H x W, kernel K, stride S, padding Pd,

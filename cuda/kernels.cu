@@ -5,31 +5,15 @@
 #include "batchnorm.cuh" /* dp_k_bn_preload */
 #include "conv.cuh"      /* dp_k_conv_preload */
 #include "kernels.cuh"
+#include "grid.cuh"
 #include "rng.cuh"
 
 #include <math.h>
 
-#define THREADS 256
-#define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
 /* Blocks of the reductions whose order is fixed per block (column sums, the CE
  * loss): many threads, since a column tile or a micro-batch is one block. */
 #define RED_THREADS 1024
 #define FULL_MASK 0xffffffffu
-
-/* Unfused IEEE single-precision arithmetic: the CPU backend's rounding steps. */
-static __device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }
-static __device__ __forceinline__ float fa(float a, float b) { return __fadd_rn(a, b); }
-static __device__ __forceinline__ float fs(float a, float b) { return __fsub_rn(a, b); }
-static __device__ __forceinline__ float fd(float a, float b) { return __fdiv_rn(a, b); }
-
-#define GRID_STRIDE(i, n)                                                                  \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                  \
-       i += (size_t)gridDim.x * blockDim.x)
-
-static unsigned blocks_for(size_t n) {
-  size_t b = (n + THREADS - 1) / THREADS;
-  return b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
-}
 
 constexpr float GELU_C = 0.7978845608028654f; /* sqrt(2/pi), as lib/cpu_backend.c */
 constexpr float GELU_A = 0.044715f;
