@@ -22,28 +22,38 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILD = os.path.join(ROOT, 'build')
 DP = os.path.join(BUILD, 'dp')
 
-# (label, model file, batch, optimizer, libdp devices, torch threads or 'best', torch
-# model key, target on the speed-up = torch ms / libdp ms, its text, libdp steps timed)
+# (label, model file, batch, optimizer, libdp devices, libdp mode, torch threads or
+# 'best', torch model key, target on the speed-up = torch ms / libdp ms, its text, libdp
+# steps timed). Issue 15 compares libdp's step with PyTorch's best setting (1 or 2
+# threads, whichever is faster on this machine).
 STEPS = [
-    ('seed Linear(5,2) B=30 sgd, 2 dev vs torch 1 thread', 'examples/seed.dpm', 30, 'sgd', 2,
-     1, 'seed', 10.0, '>= 10x', 20000),
-    ('mlp 64-128-10 B=256 adamw, 1 dev vs torch 1 thread', 'bench/models/mlp_small.dpm', 256,
-     'adamw', 1, 1, 'mlp_small', 5.0, '>= 5x', 3000),
+    ('seed Linear(5,2) B=30 sgd, 2 dev vs torch best', 'examples/seed.dpm', 30, 'sgd', 2,
+     'classic', 'best', 'seed', 10.0, '>= 10x', 20000),
+    ('mlp 64-128-10 B=256 adamw, 2 dev vs torch best', 'bench/models/mlp_small.dpm', 256,
+     'adamw', 2, 'classic', 'best', 'mlp_small', 5.0, '>= 5x', 3000),
+    ('mlp 64-128-10 B=256 adamw, 1 dev vs torch best', 'bench/models/mlp_small.dpm', 256,
+     'adamw', 1, 'classic', 'best', 'mlp_small', None, '-', 3000),
     ('mlp 784-1024-1024-10 B=256 sgd, 1 dev vs torch best', 'bench/models/mlp_large.dpm', 256,
-     'sgd', 1, 'best', 'mlp_large', None, '-', 60),
+     'sgd', 1, 'classic', 'best', 'mlp_large', None, '-', 60),
     ('mlp 784-1024-1024-10 B=256 sgd, 2 dev vs torch best', 'bench/models/mlp_large.dpm', 256,
-     'sgd', 2, 'best', 'mlp_large', 1 / 0.6, '<= 0.6x torch time (>= 1.67x)', 60),
+     'sgd', 2, 'classic', 'best', 'mlp_large', 1 / 0.6, '<= 0.6x torch time (>= 1.67x)', 60),
+    ('mlp 784-1024-1024-10 B=256 sgd, 2 dev allreduce', 'bench/models/mlp_large.dpm', 256,
+     'sgd', 2, 'allreduce', 'best', 'mlp_large', None, '-', 60),
+    ('mlp 784-1024-1024-10 B=256 sgd, 2 dev sharded', 'bench/models/mlp_large.dpm', 256,
+     'sgd', 2, 'sharded', 'best', 'mlp_large', None, '-', 60),
     # image layers (issue 17): the same nn.Sequential on both sides (torch_step.py
     # builds it from the spec file), one core each; goal: at least PyTorch's speed
     ('cnn digits 1x8x8 B=256 adamw, 1 dev vs torch 1 thread', 'bench/models/cnn_digits.dpm',
-     256, 'adamw', 1, 1, 'cnn_digits', 1.0, '>= 1x', 200),
+     256, 'adamw', 1, 'classic', 1, 'cnn_digits', 1.0, '>= 1x', 200),
     ('cnn cifar 3x32x32 B=256 sgd, 1 dev vs torch 1 thread', 'bench/models/cnn_cifar.dpm',
-     256, 'sgd', 1, 1, 'cnn_cifar', 1.0, '>= 1x', 10),
+     256, 'sgd', 1, 'classic', 1, 'cnn_cifar', 1.0, '>= 1x', 10),
     ('cnn cifar 3x32x32 B=256 sgd, 2 dev vs torch best', 'bench/models/cnn_cifar.dpm', 256,
-     'sgd', 2, 'best', 'cnn_cifar', None, '-', 10),
+     'sgd', 2, 'classic', 'best', 'cnn_cifar', None, '-', 10),
 ]
 SCALING_TARGET = 1.8
-MLP_LARGE_1, MLP_LARGE_2 = STEPS[2][0], STEPS[3][0]  # the scaling line's two rows
+# the scaling line: one device against two in each mode
+MLP_LARGE_1 = STEPS[3][0]
+MLP_LARGE_2 = [(st[5], st[0]) for st in STEPS[4:7]]
 
 
 def sh(cmd, env=None):
@@ -100,11 +110,11 @@ def step_min_exe():
     return exe
 
 
-def dp_step(exe, model, batch, devs, opt, steps, rounds):
+def dp_step(exe, model, batch, devs, mode, opt, steps, rounds):
     """The best of `rounds` runs (interleaved by the caller): min, median and mean ms."""
     best = None
     for _ in range(rounds):
-        r = json.loads(sh([exe, model, str(batch), str(devs), opt, str(steps)]))
+        r = json.loads(sh([exe, model, str(batch), str(devs), opt, str(steps), mode]))
         if best is None:
             best = r
         else:
@@ -144,7 +154,7 @@ def main():
     torch = {'results': []}
     for n in (1, 2):
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
-        models = sorted({st[6] for st in STEPS})
+        models = sorted({st[7] for st in STEPS})
         one = json.loads(sh(['/usr/bin/python3', 'bench/torch_step.py', '--threads', str(n),
                              '--seconds', str(args.seconds), '--models', ','.join(models)],
                             env=env))
@@ -160,23 +170,23 @@ def main():
     exe = step_min_exe()
     got = {}
     for _ in range(args.rounds):
-        for (label, model, batch, opt, devs, threads, tkey, tgt, ttext, steps) in STEPS:
-            r = dp_step(exe, model, batch, devs, opt, steps, 1)
+        for (label, model, batch, opt, devs, mode, threads, tkey, tgt, ttext, steps) in STEPS:
+            r = dp_step(exe, model, batch, devs, mode, opt, steps, 1)
             g = got.setdefault(label, r)
             for k in ('min_ms', 'median_ms', 'mean_ms'):
                 g[k] = min(g[k], r[k])
     rows = []
-    for (label, model, batch, opt, devs, threads, tkey, tgt, ttext, steps) in STEPS:
+    for (label, model, batch, opt, devs, mode, threads, tkey, tgt, ttext, steps) in STEPS:
         g = got[label]
         tmin, tmean = torch_ref(tkey, threads, 'min_ms'), torch_ref(tkey, threads, 'ms_per_step')
         ratio = tmin / g['min_ms']
         verdict = '-' if tgt is None else ('met' if ratio >= tgt else 'not met')
         rows.append((label, g['min_ms'], tmin, ratio, g['mean_ms'], tmean, tmean / g['mean_ms'],
                      ttext + ('' if tgt is None else ': ' + verdict)))
-    scaling = MLP_LARGE_1 in got and MLP_LARGE_2 in got
-    if scaling:
-        scale_min = got[MLP_LARGE_1]['min_ms'] / got[MLP_LARGE_2]['min_ms']
-        scale_mean = got[MLP_LARGE_1]['mean_ms'] / got[MLP_LARGE_2]['mean_ms']
+    # (mode, 1 device / 2 devices on the minima, on the means)
+    scaling = [(mode, got[MLP_LARGE_1]['min_ms'] / got[l]['min_ms'],
+                got[MLP_LARGE_1]['mean_ms'] / got[l]['mean_ms'])
+               for mode, l in MLP_LARGE_2 if MLP_LARGE_1 in got and l in got]
 
     print('machine: %s' % sh(['sh', '-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]).strip())
     print('load average at the end: %s' % open('/proc/loadavg').read().split()[0])
@@ -207,11 +217,11 @@ def main():
         fmt = '| %d | %.1f | %.1f | %.2fx | %.0f%% |' if args.markdown else '%8d %14.1f %17.1f %6.2fx %8.0f%%'
         print(fmt % (o['n'], o['gflops'], b['gflops'], o['gflops'] / b['gflops'],
                      100 * o['gflops'] / pk))
-    if scaling:
-        print('\nmlp_large: 2 virtual devices give %.2fx the samples/s of 1 on the minima '
+    for mode, scale_min, scale_mean in scaling:
+        print('%smlp_large, %s: 2 virtual devices give %.2fx the samples/s of 1 on the minima '
               '(%.2fx on the means); target >= %.1fx: %s'
-              % (scale_min, scale_mean, SCALING_TARGET,
-                 'met' if scale_min >= SCALING_TARGET else 'not met'))
+              % ('\n' if mode == scaling[0][0] else '', mode, scale_min, scale_mean,
+                 SCALING_TARGET, 'met' if scale_min >= SCALING_TARGET else 'not met'))
     cnn = [r for r in rows if r[0].startswith('cnn') and r[7] != '-']
     if cnn:
         print('\nimage layers (issue 17), one core each: libdp at %s PyTorch\'s speed '
