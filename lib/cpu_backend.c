@@ -48,15 +48,19 @@ static lctx op_lctx(const dp_exec_env *e, const dp_op *op) {
 static float *layer_in(const lctx *c) {
   int o = c->i ? dp__act_owner(&c->p->model, c->i - 1) : -1;
   if (o < 0) return region(c->e, c->d, DP_REGION_INPUTS, (size_t)c->local * c->l->in * 4);
-  return region(c->e, c->d, DP_REGION_ACTIVATIONS,
-                c->p->act[c->d].act[o] + (size_t)c->local * c->l->in * 4);
+  size_t at = c->p->act[c->d].act[o];
+  return at == SIZE_MAX ? NULL /* a linear fused with its relu keeps no output */
+                        : region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                                 at + (size_t)c->local * c->l->in * 4);
 }
 
 static float *layer_out(const lctx *c) {
   if (c->i == c->L - 1)
     return region(c->e, c->d, DP_REGION_OUTPUTS, (size_t)c->local * c->l->out * 4);
-  return region(c->e, c->d, DP_REGION_ACTIVATIONS,
-                c->p->act[c->d].act[c->i] + (size_t)c->local * c->l->out * 4);
+  size_t at = c->p->act[c->d].act[c->i];
+  return at == SIZE_MAX ? NULL
+                        : region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                                 at + (size_t)c->local * c->l->out * 4);
 }
 
 static float *layer_stats(const lctx *c) {
@@ -414,11 +418,21 @@ static dp_status forward(const lctx *c) {
   case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
+    if (c->i + 1 < c->L && dp__relu_fused(&c->p->model, c->i + 1)) {
+      /* the relu after it, in the epilogue: straight into the relu's output */
+      lctx r = *c;
+      r.i = c->i + 1;
+      r.l = &c->p->model.layers[r.i];
+      y = layer_out(&r);
+      ep.act = DP_GEMM_ACT_RELU;
+    }
     dp__sgemm_pb(0, 1, n, out, in, x, in, w, in, packed_wt(c, w), y, out, &ep,
                  gemm_ws(c, n, out, in));
     break;
   }
-  case DP_LAYER_RELU: relu_forward(x, y, (size_t)n * out); break;
+  case DP_LAYER_RELU: /* done by the linear before it when fused */
+    if (!dp__relu_fused(&c->p->model, c->i)) relu_forward(x, y, (size_t)n * out);
+    break;
   case DP_LAYER_TANH:
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);
     break;
@@ -1064,6 +1078,7 @@ const dp_backend_ops dp__cpu_backend = {
     .workspace_bytes = cpu_workspace_bytes,
     .image_layers = true,
     .batchnorm = true,
+    .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
     .host_staging = false,
     .grad_clip = true,
     .arena_alloc = cpu_arena_alloc,

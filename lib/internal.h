@@ -134,6 +134,15 @@ int dp__act_owner(const dp_model *m, int i);
 static inline bool dp__layer_is_view(const dp_model *m, int i) {
   return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
 }
+/* Layer i is a relu right after a linear layer. A backend with
+ * fuses_linear_relu applies it in the linear's GEMM epilogue: the linear's
+ * forward writes the relu's output (live from then on) and keeps no output
+ * of its own (the planner gives it no buffer); the relu's forward does
+ * nothing. Its backward is unchanged (it reads its own output). */
+static inline bool dp__relu_fused(const dp_model *m, int i) {
+  return i > 0 && m->layers[i].kind == DP_LAYER_RELU &&
+         m->layers[i - 1].kind == DP_LAYER_LINEAR;
+}
 /* conv2d's fan-in, in_channels * k * k; a linear's in. */
 int dp__layer_fan_in(const dp_layer *l);
 
@@ -358,6 +367,9 @@ typedef struct dp_backend_ops {
   bool image_layers;
   /* runs batchnorm layers (and DP_OP_BN_UPDATE) */
   bool batchnorm;
+  /* computes a relu that follows a linear layer in the linear's forward
+   * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
+  bool fuses_linear_relu;
   /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
    * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
    * none, and the planner refuses a config that sets one. */

@@ -290,6 +290,7 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   dp_act_layout *a = &p->act[d];
   int L = m->n_layers, T = 2 * L;
   bool train = !p->cfg.inference;
+  bool fuse = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
   int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
   /* With several micro-batches per device, backward runs micro-batch by
    * micro-batch, so what backward reads stays live to the end. */
@@ -310,9 +311,16 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
         last = n_mb == 1 ? tr : T;
       if (train && dp__layer_needs_output(l->kind)) /* by its own backward */
         last = n_mb == 1 ? tb : T;
-      b[n] = (dp_live_buf){.align = p->align, .first = i, .last = last};
+      /* a relu fused into the linear before it is written by that forward */
+      /* With a backend that fuses a linear and the relu after it, the linear
+       * writes the relu's output (live from the linear's forward on) and has
+       * none of its own. */
+      bool into_relu = fuse && dp__relu_fused(m, i + 1);
+      b[n] = (dp_live_buf){.align = p->align,
+                           .first = fuse && dp__relu_fused(m, i) ? i - 1 : i,
+                           .last = last};
       if (!act_bytes(p, d, 0, i, &b[n].size)) return OVERFLOW();
-      who[n++] = 0 * L + i;
+      if (!into_relu) who[n++] = 0 * L + i;
       if (train) { /* gradient of this output, per micro-batch: from the reader's
                       backward to this layer's. A sync batchnorm's holds all rows:
                       the backward runs in segments between sync batchnorms, each

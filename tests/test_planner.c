@@ -618,7 +618,12 @@ static void check_act_layout(const dp_plan *p, int d) {
       int present;
       size_t size;
       const char *what;
-    } b[3] = {{a->act[i], i < L - 1, rows * out * 4, "act"},
+    } b[3] = {/* none for a linear whose relu the backend runs in its epilogue */
+              {a->act[i],
+               i < L - 1 &&
+                   !(dp__backend_ops(p->cfg.backend)->fuses_linear_relu &&
+                     l->kind == DP_LAYER_LINEAR && m->layers[i + 1].kind == DP_LAYER_RELU),
+               rows * out * 4, "act"},
               /* layernorm: mean and rstd per row; batchnorm (training): per
                  replica, mean, rstd and the unbiased variance per channel, per
                  micro-batch of the device; sync, the whole batch's statistics,
@@ -781,9 +786,21 @@ static void sim_op(sim *s, const dp_op *op) {
     if (op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS)
       REQ(sync, "op %d: %s of layer %d", s->op, dp_op_kind_name(op->kind), i);
     if (is_view(m, i)) break; /* a view runs nothing */
+    /* A backend that fuses (the CPU backend) runs a relu right after a
+     * linear in the linear's GEMM epilogue: the linear writes the relu's
+     * output, the relu's forward runs nothing. */
+    int fuses = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
+    int fused_relu = fuses && i + 1 < L && l->kind == DP_LAYER_LINEAR &&
+                     m->layers[i + 1].kind == DP_LAYER_RELU;
+    if (fuses && op->kind == DP_OP_FORWARD && l->kind == DP_LAYER_RELU && i > 0 &&
+        m->layers[i - 1].kind == DP_LAYER_LINEAR)
+      break;
     if (op->kind == DP_OP_FORWARD) {
       if (o >= 0) sim_act(s, op, o, in, 0);
-      if (i < L - 1) sim_act(s, op, i, out, 1);
+      if (fused_relu && i + 1 < L - 1)
+        sim_act(s, op, i + 1, out, 1);
+      else if (!fused_relu && i < L - 1)
+        sim_act(s, op, i, out, 1);
       if (l->kind == DP_LAYER_LAYERNORM) { /* (rows, 2): mean, rstd */
         size_t at = s->a->stats[i] + op_local(s, op) * 2 * 4;
         touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * 2 * 4, 1);

@@ -6,7 +6,8 @@
  *   repeatable        the same run twice gives bit-identical parameters
  *   bad_input         every refused call leaves parameters, optimizer state and
  *                     the step counter exactly as they were, and says why
- *   small_batch       a batch smaller than planned matches a plan for that batch
+ *   small_batch       a batch smaller than planned matches a plan for that batch;
+ *                     a relu after a linear is exactly relu(x W^T + b)
  *   high_water        the runtime's arena high-water mark equals the plan
  *   static_ctx        caller-provided arenas give the same bits as library ones
  *   learning          training really learns (a separable problem)
@@ -733,6 +734,64 @@ START_TEST(test_forward_after_partial_forward_uses_current_params) {
 }
 END_TEST
 
+/* A relu right after a linear layer (the CPU backend runs it in the GEMM's
+ * epilogue, writing the relu's output directly): the outputs are exactly
+ * relu(x W^T + b) by the GEMM contract, one fmaf chain per element, k
+ * ascending, then the bias, then the relu; with the relu as the last layer,
+ * on 1-3 devices, with several micro-batches per device (the forward's
+ * weights packed once) and without, in training and inference contexts. */
+static void linear_relu_ref(const float *x, int rows, int in, int out, const float *w,
+                            float *y) {
+  const float *b = w + (size_t)out * in;
+  for (int r = 0; r < rows; r++)
+    for (int j = 0; j < out; j++) {
+      float acc = 0.0f;
+      for (int k = 0; k < in; k++)
+        acc = fmaf(x[(size_t)r * in + k], w[(size_t)j * in + k], acc);
+      acc = acc + b[j];
+      y[(size_t)r * out + j] = acc <= 0.0f ? 0.0f : acc;
+    }
+}
+
+START_TEST(test_linear_then_relu_is_exact) {
+  static const char spec[] = "input 13\nlinear 70\nrelu\nlinear 11\nrelu\nloss mse\n";
+  enum { ROWS = 29 };
+  int n_dev = 1 + _i % 3, mb = _i / 3 % 2 ? 4 : 0, inference = _i / 6;
+  dp_config cfg = cfg_make(ROWS, n_dev, DP_OPT_SGD);
+  cfg.micro_batch = mb;
+  cfg.inference = inference;
+  rig r;
+  rig_open(&r, spec, &cfg);
+  float *p = params_random(r.np, 17), h[ROWS * 70], want[ROWS * 11], y[ROWS * 11];
+  set_params(&r, p);
+  batch b;
+  batch_make(&b, r.m, ROWS, 5);
+  linear_relu_ref(b.x, ROWS, 13, 70, p, h);
+  linear_relu_ref(h, ROWS, 70, 11, p + 70 * 13 + 70, want);
+  int zeros = 0;
+  for (int k = 0; k < ROWS * 11; k++) zeros += want[k] == 0.0f;
+  ck_assert_msg(zeros > 0 && zeros < ROWS * 11, "the reference has %d zeros: no test",
+                zeros);
+  for (int round = 0; round < 2; round++) {
+    forward_ok(&r, &b, ROWS, y);
+    for (int k = 0; k < ROWS * 11; k++)
+      ck_assert_msg(memcmp(&y[k], &want[k], 4) == 0,
+                    "%d devices, micro-batch %d, %s: output %d = %a, relu(x W^T + b) = %a",
+                    n_dev, mb, inference ? "inference" : "training", k, (double)y[k],
+                    (double)want[k]);
+    if (!inference) step_ok(&r, &b, ROWS, NULL); /* and the same after a step */
+    if (!inference) {
+      get_params(&r, p);
+      linear_relu_ref(b.x, ROWS, 13, 70, p, h);
+      linear_relu_ref(h, ROWS, 70, 11, p + 70 * 13 + 70, want);
+    }
+  }
+  free(p);
+  batch_free(&b);
+  rig_close(&r);
+}
+END_TEST
+
 /* ---- arena high-water mark ------------------------------------------------- */
 
 START_TEST(test_high_water_equals_plan) {
@@ -1246,6 +1305,7 @@ Suite *step_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_smaller_batch_matches_plan_for_it, 0, 4);
   tcase_add_test(tc, test_forward_after_partial_forward_uses_current_params);
+  tcase_add_loop_test(tc, test_linear_then_relu_is_exact, 0, 12);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("high_water");
