@@ -243,9 +243,42 @@ static void reduce_to_0(builder *b, int n, size_t P) {
   }
 }
 
+/* The gradient check of every device's reduced segment. Each device applies
+ * the whole update, but the replicas are identical (parameters, optimizer
+ * state, and after the all-gather the gradients), so the update of a segment
+ * is finite everywhere if it is on the segment's owner: one pass over the
+ * parameters in all instead of one per device. In ascending order of the
+ * segments, so that the first failure in the schedule names the first bad
+ * element, as one whole check would. */
+static void check_segments(builder *b, const dp_plan *p, int n, int levels) {
+  for (size_t at = 0; at < p->model.n_params;) {
+    for (int r = 0; r < n; r++) {
+      size_t lo, hi;
+      dp__ar_segment(p->model.n_params, levels, r, &lo, &hi);
+      if (lo != at) continue;
+      dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, r, (hi - lo) * 4);
+      chk.src_region = DP_REGION_GRADS;
+      chk.src_offset = lo * 4;
+      emit(b, chk);
+      at = hi;
+      break;
+    }
+  }
+}
+
+/* Whether allreduce mode checks the reduced segments (check_segments) rather
+ * than every device its whole gradient: not when the gradient changes after
+ * the reduction (accumulated partial sums, clipping). */
+static bool checks_segments(const dp_plan *p, int n) {
+  return p->cfg.mode != DP_MODE_CLASSIC && !p->cfg.shard_optimizer &&
+         !p->cfg.fast_collectives && dp__is_pow2(n) && dp__accumulate(&p->cfg) <= 1 &&
+         !(p->cfg.clip_grad_norm > 0);
+}
+
 /* Reduce-scatter by recursive halving (distance 1 first, so the first sums
  * are of neighbouring blocks: the canonical tree's lower levels), then, unless
- * the optimizer is sharded, all-gather by recursive doubling. n is a power of
+ * the optimizer is sharded, all-gather by recursive doubling, with the
+ * segments' checks (checks_segments) in its last stage. n is a power of
  * two. */
 static void allreduce_halving(builder *b, const dp_plan *p, int n) {
   size_t P = p->model.n_params;
@@ -277,6 +310,13 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
       emit(b, copy_op(DP_PHASE_REDUCE, r, r ^ (1 << l), DP_REGION_GRADS, lo * 4, r,
                       DP_REGION_GRADS, lo * 4, (hi - lo) * 4, 0, 0));
     }
+    /* the last level's copies write the half of the gradient a device's own
+     * segment is not in: its check can share their stage */
+    if (l == 0 && checks_segments(p, n)) check_segments(b, p, n, levels);
+    next_stage(b);
+  }
+  if (levels == 0 && checks_segments(p, n)) {
+    check_segments(b, p, n, levels);
     next_stage(b);
   }
 }
@@ -591,8 +631,20 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       }
     }
     if (p->cfg.clip_grad_norm > 0) clip_ops(&b, p, n_opt);
-    /* Every device checks what it will apply before any device applies it. */
-    for (int d = 0; d < n_opt; d++) {
+    /* Every device checks what it will apply before any device applies it
+     * (or, allreduce, the owner of each reduced segment: check_segments); in
+     * ascending order of the ranges (a sharded optimizer's are not in device
+     * order), so that the first failure in the schedule names the first bad
+     * element. */
+    for (int k = 0; k < n_opt && !(!classic && checks_segments(p, sp->n_used)); k++) {
+      int d = 0; /* the device with the k-th lowest range */
+      for (int e = 0; e < n_opt; e++) {
+        int below = 0;
+        for (int f = 0; f < n_opt; f++)
+          below +=
+              p->opt_off[f] < p->opt_off[e] || (p->opt_off[f] == p->opt_off[e] && f < e);
+        if (below == k) d = e;
+      }
       dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, d, p->opt_len[d] * 4);
       chk.src_region = DP_REGION_GRADS;
       chk.src_offset = p->opt_off[d] * 4;

@@ -1170,6 +1170,51 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
 }
 END_TEST
 
+/* The refusal names the first parameter whose update is non-finite, the same
+ * one in every layout: allreduce mode checks each device's reduced segment
+ * (not every device its whole gradient), in ascending order. Inputs 0..2 are
+ * zero, so parameters 0-2 and 5-7 (their weights) keep a zero gradient and a
+ * finite update under SGD and momentum; the first bad one is 3, in the second
+ * of four segments (the third device's). */
+START_TEST(test_nonfinite_update_names_the_first_parameter_in_every_layout) {
+  const struct {
+    dp_mode mode;
+    int shard, n;
+  } layouts[] = {{DP_MODE_CLASSIC, 0, 1},   {DP_MODE_CLASSIC, 0, 2},
+                 {DP_MODE_ALLREDUCE, 0, 2}, {DP_MODE_ALLREDUCE, 0, 4},
+                 {DP_MODE_ALLREDUCE, 1, 4}, {DP_MODE_ALLREDUCE, 0, 3}};
+  size_t want = 0;
+  for (int opt = 0; opt < 3; opt++)
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+      dp_config cfg = cfg_make(32, layouts[li].n, (dp_optimizer)opt);
+      cfg.mode = layouts[li].mode;
+      cfg.shard_optimizer = layouts[li].shard;
+      cfg.weight_decay = 0.0f;
+      cfg.lr = 3e38f;
+      rig r;
+      rig_open(&r, SEED_SPEC, &cfg);
+      batch b;
+      batch_make(&b, r.m, 32, 78);
+      for (int k = 0; k < 32; k++) /* and large gradients for the others */
+        for (int j = 0; j < b.in; j++)
+          b.x[k * b.in + j] = j < 3 ? 0.0f : b.x[k * b.in + j] * 1e3f;
+      dp_status st = dp_train_step(r.c, 32, b.in, b.x, batch_t(&b), NULL);
+      ck_assert_msg(st == DP_ERR_NONFINITE, "opt %d layout %zu: %s (%s)", opt, li,
+                    dp_status_name(st), dp_ctx_error(r.c));
+      const char *at = strstr(dp_ctx_error(r.c), "parameter ");
+      size_t k = SIZE_MAX;
+      ck_assert_msg(at && sscanf(at, "parameter %zu", &k) == 1, "%s", dp_ctx_error(r.c));
+      if (li == 0) want = k;
+      ck_assert_msg(k == want, "opt %d layout %zu: names parameter %zu, not %zu: %s", opt,
+                    li, k, want, dp_ctx_error(r.c));
+      /* AdamW's step size overflows at this rate: every update is bad */
+      ck_assert_msg(k == (opt == DP_OPT_ADAMW ? 0u : 3u), "opt %d: parameter %zu", opt, k);
+      batch_free(&b);
+      rig_close(&r);
+    }
+}
+END_TEST
+
 /* An update that would leave a parameter (or its optimizer state) non-finite
  * is refused like a non-finite gradient: DP_ERR_NONFINITE naming the cause,
  * parameters, optimizer state and step counter bytewise as they were, in
@@ -1330,6 +1375,7 @@ Suite *step_suite(void) {
   tcase_add_test(tc, test_sgd_matches_pytorch_rule);
   tcase_add_test(tc, test_momentum_matches_pytorch_rule);
   tcase_add_test(tc, test_nonfinite_update_is_refused_and_changes_nothing);
+  tcase_add_test(tc, test_nonfinite_update_names_the_first_parameter_in_every_layout);
   tcase_add_test(tc, test_set_lr_changes_the_rate_of_later_steps_only);
   tcase_add_test(tc, test_adamw_matches_pytorch_rule);
   suite_add_tcase(s, tc);
