@@ -1170,6 +1170,16 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
 }
 END_TEST
 
+/* The layouts of the non-finite update tests: (mode, shard_optimizer, devices);
+ * allreduce with 3 devices reduces to device 0 and scatters, the others halve. */
+static const struct {
+  dp_mode mode;
+  int shard, n;
+} nf_layouts[] = {{DP_MODE_CLASSIC, 0, 1},   {DP_MODE_CLASSIC, 0, 2},
+                  {DP_MODE_ALLREDUCE, 0, 2}, {DP_MODE_ALLREDUCE, 0, 4},
+                  {DP_MODE_ALLREDUCE, 1, 4}, {DP_MODE_ALLREDUCE, 0, 3},
+                  {DP_MODE_ALLREDUCE, 1, 3}};
+
 /* The refusal names the first parameter whose update is non-finite, the same
  * one in every layout: allreduce mode checks each device's reduced segment
  * (not every device its whole gradient), in ascending order. Inputs 0..2 are
@@ -1177,18 +1187,12 @@ END_TEST
  * finite update under SGD and momentum; the first bad one is 3, in the second
  * of four segments (the third device's). */
 START_TEST(test_nonfinite_update_names_the_first_parameter_in_every_layout) {
-  const struct {
-    dp_mode mode;
-    int shard, n;
-  } layouts[] = {{DP_MODE_CLASSIC, 0, 1},   {DP_MODE_CLASSIC, 0, 2},
-                 {DP_MODE_ALLREDUCE, 0, 2}, {DP_MODE_ALLREDUCE, 0, 4},
-                 {DP_MODE_ALLREDUCE, 1, 4}, {DP_MODE_ALLREDUCE, 0, 3}};
   size_t want = 0;
   for (int opt = 0; opt < 3; opt++)
-    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
-      dp_config cfg = cfg_make(32, layouts[li].n, (dp_optimizer)opt);
-      cfg.mode = layouts[li].mode;
-      cfg.shard_optimizer = layouts[li].shard;
+    for (size_t li = 0; li < sizeof nf_layouts / sizeof nf_layouts[0]; li++) {
+      dp_config cfg = cfg_make(32, nf_layouts[li].n, (dp_optimizer)opt);
+      cfg.mode = nf_layouts[li].mode;
+      cfg.shard_optimizer = nf_layouts[li].shard;
       cfg.weight_decay = 0.0f;
       cfg.lr = 3e38f;
       rig r;
@@ -1220,17 +1224,11 @@ END_TEST
  * parameters, optimizer state and step counter bytewise as they were, in
  * every layout; a later good step still runs (issue 12, item 3). */
 START_TEST(test_nonfinite_update_is_refused_and_changes_nothing) {
-  const struct {
-    dp_mode mode;
-    int shard, n;
-  } layouts[] = {{DP_MODE_CLASSIC, 0, 1}, {DP_MODE_CLASSIC, 0, 2},
-                 {DP_MODE_ALLREDUCE, 0, 2}, {DP_MODE_ALLREDUCE, 1, 4},
-                 {DP_MODE_ALLREDUCE, 1, 3}};
   for (int opt = 0; opt < 3; opt++)
-    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
-      dp_config cfg = cfg_make(32, layouts[li].n, (dp_optimizer)opt);
-      cfg.mode = layouts[li].mode;
-      cfg.shard_optimizer = layouts[li].shard;
+    for (size_t li = 0; li < sizeof nf_layouts / sizeof nf_layouts[0]; li++) {
+      dp_config cfg = cfg_make(32, nf_layouts[li].n, (dp_optimizer)opt);
+      cfg.mode = nf_layouts[li].mode;
+      cfg.shard_optimizer = nf_layouts[li].shard;
       cfg.weight_decay = 0.0f;
       rig r;
       rig_open(&r, SEED_SPEC, &cfg);
