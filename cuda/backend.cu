@@ -77,15 +77,19 @@ struct lay {
 static float *layer_in(const lay &c) {
   int o = c.i ? dp__act_owner(&c.p->model, c.i - 1) : -1;
   if (o < 0) return reg(c.e, c.d, DP_REGION_INPUTS, (size_t)c.local * c.l->in * 4);
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
-             c.p->act[c.d].act[o] + (size_t)c.local * c.l->in * 4);
+  size_t at = c.p->act[c.d].act[o];
+  return at == SIZE_MAX
+             ? NULL /* a linear fused with its relu keeps no output */
+             : reg(c.e, c.d, DP_REGION_ACTIVATIONS, at + (size_t)c.local * c.l->in * 4);
 }
 
 static float *layer_out(const lay &c) {
   if (c.i == c.L - 1)
     return reg(c.e, c.d, DP_REGION_OUTPUTS, (size_t)c.local * c.l->out * 4);
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
-             c.p->act[c.d].act[c.i] + (size_t)c.local * c.l->out * 4);
+  size_t at = c.p->act[c.d].act[c.i];
+  return at == SIZE_MAX
+             ? NULL
+             : reg(c.e, c.d, DP_REGION_ACTIVATIONS, at + (size_t)c.local * c.l->out * 4);
 }
 
 static float *layer_stats(const lay &c) {
@@ -151,9 +155,19 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c); /* (out, in) */
     const float *b = l->bias ? w + (size_t)l->out * l->in : NULL;
-    return dp__cuda_linear_forward(x->blas, x->stream, n, l->in, l->out, in, w, b, y);
+    bool relu = dp__relu_fused(c.p, c.i + 1);
+    if (relu) { /* the relu after it: in the bias kernel, into the relu's output */
+      lay r = c;
+      r.i = c.i + 1;
+      r.l = &c.p->model.layers[r.i];
+      y = layer_out(r);
+    }
+    return dp__cuda_linear_forward(x->blas, x->stream, n, l->in, l->out, in, w, b, relu, y);
   }
   case DP_LAYER_RELU:
+    if (dp__relu_fused(c.p, c.i)) return DP_OK; /* done by the linear before it */
+    DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count));
+    return DP_OK;
   case DP_LAYER_TANH:
   case DP_LAYER_SIGMOID:
   case DP_LAYER_GELU:

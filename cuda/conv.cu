@@ -302,7 +302,7 @@ dp_status dp__cuda_conv_forward(cublasHandle_t h, cudaStream_t st, const dp_laye
   if (s != DP_OK) return s;
   const float *b = l->bias ? w + (size_t)l->c * d.ckk : NULL;
   DP_CUDA_CHECK(dp_k_im2col(st, l, n, x, d.col));
-  s = dp__cuda_linear_forward(h, st, (int)d.np, (int)d.ckk, l->c, d.col, w, b, d.t);
+  s = dp__cuda_linear_forward(h, st, (int)d.np, (int)d.ckk, l->c, d.col, w, b, false, d.t);
   if (s != DP_OK) return s;
   DP_CUDA_CHECK(dp_k_rows_to_planes(st, n, (int)d.P, l->c, d.t, y));
   return DP_OK;

@@ -50,12 +50,12 @@ dp_status dp__cuda_blas_create(cudaStream_t st, void *ws, size_t ws_bytes, bool 
 
 dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, int in,
                                   int out, const float *x, const float *w, const float *b,
-                                  float *y) {
+                                  bool relu, float *y) {
   if (rows <= 0) return DP_OK;
   const float one = 1.0f, zero = 0.0f;
   DP_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &one, w, in, x,
                               in, &zero, y, out));
-  if (b) DP_CUDA_CHECK(dp_k_bias_add(st, y, b, rows, out));
+  if (b || relu) DP_CUDA_CHECK(dp_k_bias_add(st, y, b, rows, out, relu));
   return DP_OK;
 }
 

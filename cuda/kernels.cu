@@ -124,15 +124,19 @@ cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, in
 
 /* ---- bias ---------------------------------------------------------------------- */
 
-static __global__ void k_bias_add(float *y, const float *b, int rows, int cols) {
+static __global__ void k_bias_add(float *y, const float *b, int rows, int cols, int relu) {
   size_t n = (size_t)rows * (size_t)cols;
-  GRID_STRIDE(i, n) y[i] = fa(y[i], b[i % (size_t)cols]);
+  GRID_STRIDE(i, n) {
+    float v = b ? fa(y[i], b[i % (size_t)cols]) : y[i];
+    y[i] = relu && v <= 0.0f ? 0.0f : v; /* NaN passes through */
+  }
 }
 
-cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols) {
+cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols,
+                          bool relu) {
   size_t n = (size_t)rows * (size_t)cols;
   if (n == 0) return cudaSuccess;
-  k_bias_add<<<blocks_for(n), THREADS, 0, st>>>(y, b, rows, cols);
+  k_bias_add<<<blocks_for(n), THREADS, 0, st>>>(y, b, rows, cols, relu ? 1 : 0);
   return cudaGetLastError();
 }
 

@@ -89,7 +89,9 @@ cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *
 cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, int cols,
                          uint64_t seed, const dp_cuda_header *hdr, uint64_t layer,
                          uint64_t row0, float p, float scale);
-cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols);
+/* y += b per row, then relu if asked (b NULL: only the relu) */
+cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, int cols,
+                          bool relu);
 /* out[j] = sum over rows of a[r][j] (bias gradients), in k_colsum's fixed order
  * (row lanes, then a tree; a function of rows and cols only). */
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out);
@@ -145,10 +147,11 @@ cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
  * atomics, host pointer mode. */
 dp_status dp__cuda_blas_create(cudaStream_t st, void *ws, size_t ws_bytes, bool tf32,
                                cublasHandle_t *out);
-/* y (rows, out) = x (rows, in) . w^T (w: (out, in)) [+ b (out)]. */
+/* y (rows, out) = x (rows, in) . w^T (w: (out, in)) [+ b (out)], then, if relu,
+ * relu (a relu layer fused into the linear: dp__relu_fused). */
 dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, int in,
                                   int out, const float *x, const float *w, const float *b,
-                                  float *y);
+                                  bool relu, float *y);
 /* dw (out, in) = dy^T . x; db (out) = column sums of dy (NULL: no bias);
  * dx (rows, in) = dy . w (NULL: not needed). */
 dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, int in,

@@ -156,7 +156,7 @@ extern "C" dp_status dp__cuda_gemm_alignment_sweep(int dev, int *checked, int *d
           break;
         }
         s = dp__cuda_linear_forward(g.h, g.s, rows, in, out, (const float *)px,
-                                    (const float *)pw, NULL, (float *)py);
+                                    (const float *)pw, NULL, false, (float *)py);
         if (s == DP_OK)
           s = dp__cuda_linear_backward(g.h, g.s, rows, in, out, (const float *)px,
                                        (const float *)pw, (const float *)pdy, (float *)pdw,

@@ -418,7 +418,7 @@ static dp_status forward(const lctx *c) {
   case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
-    if (c->i + 1 < c->L && dp__relu_fused(&c->p->model, c->i + 1)) {
+    if (dp__relu_fused(c->p, c->i + 1)) {
       /* the relu after it, in the epilogue: straight into the relu's output */
       lctx r = *c;
       r.i = c->i + 1;
@@ -431,7 +431,7 @@ static dp_status forward(const lctx *c) {
     break;
   }
   case DP_LAYER_RELU: /* done by the linear before it when fused */
-    if (!dp__relu_fused(&c->p->model, c->i)) relu_forward(x, y, (size_t)n * out);
+    if (!dp__relu_fused(c->p, c->i)) relu_forward(x, y, (size_t)n * out);
     break;
   case DP_LAYER_TANH:
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);

@@ -134,15 +134,6 @@ int dp__act_owner(const dp_model *m, int i);
 static inline bool dp__layer_is_view(const dp_model *m, int i) {
   return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
 }
-/* Layer i is a relu right after a linear layer. A backend with
- * fuses_linear_relu applies it in the linear's GEMM epilogue: the linear's
- * forward writes the relu's output (live from then on) and keeps no output
- * of its own (the planner gives it no buffer); the relu's forward does
- * nothing. Its backward is unchanged (it reads its own output). */
-static inline bool dp__relu_fused(const dp_model *m, int i) {
-  return i > 0 && m->layers[i].kind == DP_LAYER_RELU &&
-         m->layers[i - 1].kind == DP_LAYER_LINEAR;
-}
 /* conv2d's fan-in, in_channels * k * k; a linear's in. */
 int dp__layer_fan_in(const dp_layer *l);
 
@@ -523,6 +514,14 @@ typedef struct dp_world_ops {
 /* The backend registered for a backend kind (lib/backend.c); NULL when none
  * is (an unknown kind, or one whose library was not registered). */
 const dp_backend_ops *dp__backend_ops(dp_backend kind);
+/* Layer i of the plan's model is a relu right after a linear layer and the
+ * plan's backend has fuses_linear_relu: the linear's forward applies the relu
+ * in its GEMM epilogue and writes the relu's output (live from then on),
+ * keeping no output of its own (no buffer); the relu's forward does nothing.
+ * Its backward is unchanged (it reads its own output). Every backend that runs
+ * the plan's ops follows this (the emulated GPU runs the cpu backend's ops on
+ * a cuda plan). */
+bool dp__relu_fused(const dp_plan *p, int i);
 /* Registers ops as the backend of `kind` (the cpu backend is built in). */
 dp_status dp__backend_register(dp_backend kind, const dp_backend_ops *ops);
 

@@ -284,13 +284,19 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   }
 }
 
+bool dp__relu_fused(const dp_plan *p, int i) {
+  const dp_model *m = &p->model;
+  return i > 0 && i < m->n_layers && m->layers[i].kind == DP_LAYER_RELU &&
+         m->layers[i - 1].kind == DP_LAYER_LINEAR &&
+         dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
+}
+
 /* Activation buffers of device d, placed by liveness. */
 static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   const dp_model *m = &p->model;
   dp_act_layout *a = &p->act[d];
   int L = m->n_layers, T = 2 * L;
   bool train = !p->cfg.inference;
-  bool fuse = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
   int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
   /* With several micro-batches per device, backward runs micro-batch by
    * micro-batch, so what backward reads stays live to the end. */
@@ -315,10 +321,9 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
       /* With a backend that fuses a linear and the relu after it, the linear
        * writes the relu's output (live from the linear's forward on) and has
        * none of its own. */
-      bool into_relu = fuse && dp__relu_fused(m, i + 1);
-      b[n] = (dp_live_buf){.align = p->align,
-                           .first = fuse && dp__relu_fused(m, i) ? i - 1 : i,
-                           .last = last};
+      bool into_relu = dp__relu_fused(p, i + 1);
+      b[n] = (dp_live_buf){
+          .align = p->align, .first = dp__relu_fused(p, i) ? i - 1 : i, .last = last};
       if (!act_bytes(p, d, 0, i, &b[n].size)) return OVERFLOW();
       if (!into_relu) who[n++] = 0 * L + i;
       if (train) { /* gradient of this output, per micro-batch: from the reader's
