@@ -231,15 +231,22 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
 static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
   const dp_layer *l = c.l;
   if (dp__layer_is_view(&c.p->model, c.i)) return DP_OK;
+  /* a relu before a linear: done by the linear's backward (dp__relu_bwd_fused) */
+  if (dp__relu_bwd_fused(c.p, c.i)) return DP_OK;
   int n = c.rows;
   size_t count = (size_t)n * l->out;
   const float *dy = layer_dout(c);
-  float *dx = layer_din(c); /* NULL: the input's gradient is not needed */
+  /* a linear after such a relu writes the relu's input gradient, masked */
+  bool masked = c.i > 0 && dp__relu_bwd_fused(c.p, c.i - 1);
+  lay relu = c;
+  if (masked) relu.i = c.i - 1, relu.l = &c.p->model.layers[relu.i];
+  float *dx = layer_din(relu); /* NULL: the input's gradient is not needed */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)l->out * l->in : NULL;
-    return dp__cuda_linear_backward(x->blas, x->stream, n, l->in, l->out, layer_in(c),
-                                    layer_params(c), dy, dw, db, dx);
+    const float *xin = layer_in(c);
+    return dp__cuda_linear_backward(x->blas, x->stream, n, l->in, l->out, xin,
+                                    layer_params(c), dy, dw, db, masked ? xin : NULL, dx);
   }
   case DP_LAYER_RELU:
   case DP_LAYER_TANH:

@@ -325,7 +325,7 @@ dp_status dp__cuda_conv_backward(cublasHandle_t h, cudaStream_t st, const dp_lay
   DP_CUDA_CHECK(dp_k_im2col(st, l, n, x, d.col));
   /* dW = T^T' COL, db = colsum(T), dCOL = T W into COL (after dW read it) */
   s = dp__cuda_linear_backward(h, st, (int)d.np, (int)d.ckk, l->c, d.col, w, d.t, dw, db,
-                               dx ? d.col : NULL);
+                               NULL, dx ? d.col : NULL);
   if (s != DP_OK) return s;
   if (dx) DP_CUDA_CHECK(dp_k_col2im(st, l, n, d.col, dx));
   return DP_OK;

@@ -61,7 +61,7 @@ dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, i
 
 dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, int in,
                                    int out, const float *x, const float *w, const float *dy,
-                                   float *dw, float *db, float *dx) {
+                                   float *dw, float *db, const float *relu_out, float *dx) {
   const float one = 1.0f, zero = 0.0f;
   /* rows == 0 cannot come from the schedule (empty micro-batches have no
    * ops); cuBLAS with k = 0 and beta = 0 would write zeros, as the CPU does. */
@@ -71,5 +71,8 @@ dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, 
   if (dx && rows > 0)
     DP_CUBLAS_CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, in, rows, out, &one, w, in, dy,
                                 out, &zero, dx, in));
+  if (dx && relu_out && rows > 0) /* in place: each element reads its own dx first */
+    DP_CUDA_CHECK(
+        dp_k_act_backward(st, DP_LAYER_RELU, relu_out, dx, dx, (size_t)rows * in));
   return DP_OK;
 }

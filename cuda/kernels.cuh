@@ -152,10 +152,12 @@ dp_status dp__cuda_blas_create(cudaStream_t st, void *ws, size_t ws_bytes, bool 
 dp_status dp__cuda_linear_forward(cublasHandle_t h, cudaStream_t st, int rows, int in,
                                   int out, const float *x, const float *w, const float *b,
                                   bool relu, float *y);
-/* dw (out, in) = dy^T . x; db (out) = column sums of dy (NULL: no bias);
- * dx (rows, in) = dy . w (NULL: not needed). */
+/* dw (out, in) = dy^T . x; db (out) = column sums of dy (NULL: no bias); dx
+ * (rows, in) = dy . w (NULL: not needed), then 0 where relu_out (rows, in;
+ * NULL: none) <= 0 (the backward of a relu before the linear:
+ * dp__relu_bwd_fused). */
 dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, int in,
                                    int out, const float *x, const float *w, const float *dy,
-                                   float *dw, float *db, float *dx);
+                                   float *dw, float *db, const float *relu_out, float *dx);
 
 #endif

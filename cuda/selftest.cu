@@ -160,7 +160,7 @@ extern "C" dp_status dp__cuda_gemm_alignment_sweep(int dev, int *checked, int *d
         if (s == DP_OK)
           s = dp__cuda_linear_backward(g.h, g.s, rows, in, out, (const float *)px,
                                        (const float *)pw, (const float *)pdy, (float *)pdw,
-                                       NULL, (float *)pdx);
+                                       NULL, NULL, (float *)pdx);
         if (s != DP_OK) break;
         const void *res[3] = {py, pdw, pdx};
         size_t n[3] = {(size_t)rows * out, (size_t)out * in, (size_t)rows * in};

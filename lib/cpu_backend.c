@@ -495,9 +495,16 @@ static dp_status forward(const lctx *c) {
 static dp_status backward(const lctx *c, float *grads) {
   const dp_layer *l = c->l;
   if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK;
+  /* a relu before a linear: done by the linear's grad-input product */
+  if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK;
   int n = c->rows, in = l->in, out = l->out;
   const float *dy = layer_dout(c);
-  float *dx = layer_din(c); /* NULL: the input's gradient is not needed */
+  /* A linear after such a relu writes the relu's input gradient, masked by the
+   * relu's output (its own input). */
+  bool masked = c->i > 0 && dp__relu_bwd_fused(c->p, c->i - 1);
+  lctx relu = *c;
+  if (masked) relu.i = c->i - 1, relu.l = &c->p->model.layers[relu.i];
+  float *dx = layer_din(&relu); /* NULL: the input's gradient is not needed */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c), *x = layer_in(c);
@@ -505,9 +512,10 @@ static dp_status backward(const lctx *c, float *grads) {
     /* dw (out, in) = dy^T (out, n) · x (n, in): summed over the rows in order */
     dp__sgemm(1, 0, out, in, n, dy, out, x, in, dw, in, NULL, gemm_ws(c, out, in, n));
     if (db) dp__gemm_colsum(n, out, dy, out, db);
-    /* dx (n, in) = dy (n, out) · w (out, in) */
+    /* dx (n, in) = dy (n, out) · w (out, in), then the relu's mask: x <= 0 gives 0 */
+    dp_gemm_epilogue ep = {.mask = masked ? x : NULL, .ldm = in};
     if (dx)
-      dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
+      dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, &ep, gemm_ws(c, n, in, out));
     break;
   }
   case DP_LAYER_RELU: {

@@ -291,6 +291,11 @@ bool dp__relu_fused(const dp_plan *p, int i) {
          dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
 }
 
+bool dp__relu_bwd_fused(const dp_plan *p, int i) {
+  return dp__relu_fused(p, i) && i + 1 < p->model.n_layers &&
+         p->model.layers[i + 1].kind == DP_LAYER_LINEAR;
+}
+
 /* Activation buffers of device d, placed by liveness. */
 static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   const dp_model *m = &p->model;
@@ -334,6 +339,11 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
                       start of the backward) and the one below it (to the next
                       sync batchnorm's backward, or the end) */
         b[n] = (dp_live_buf){.align = p->align, .first = tr, .last = tb};
+        /* a relu whose backward runs in the next linear's grad-input product:
+         * the relu's input gradient is written there, one step earlier, and
+         * its output gradient is never made */
+        if (dp__relu_bwd_fused(p, reader)) b[n].first = tr - 1;
+        bool skip = dp__relu_bwd_fused(p, i);
         if (dp__bn_sync(p, i) && n_mb > 1) {
           int below = i - 1;
           while (below >= 0 && !dp__bn_sync(p, below)) below--;
@@ -341,7 +351,7 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
           b[n].last = below >= 0 ? 2 * L - 1 - below : T;
         }
         if (!act_bytes(p, d, 2, i, &b[n].size)) return OVERFLOW();
-        who[n++] = 2 * L + i;
+        if (!skip) who[n++] = 2 * L + i;
       }
     }
     size_t st;

@@ -251,18 +251,25 @@ static void reduce_to_0(builder *b, int n, size_t P) {
  * segments, so that the first failure in the schedule names the first bad
  * element, as one whole check would. */
 static void check_segments(builder *b, const dp_plan *p, int n, int levels) {
+  /* the segments tile [0, P); with fewer parameters than devices some are
+   * empty, and those check nothing */
   for (size_t at = 0; at < p->model.n_params;) {
-    for (int r = 0; r < n; r++) {
+    int owner = -1;
+    size_t next = at;
+    for (int r = 0; r < n && owner < 0; r++) {
       size_t lo, hi;
       dp__ar_segment(p->model.n_params, levels, r, &lo, &hi);
-      if (lo != at) continue;
-      dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, r, (hi - lo) * 4);
-      chk.src_region = DP_REGION_GRADS;
-      chk.src_offset = lo * 4;
-      emit(b, chk);
-      at = hi;
-      break;
+      if (lo == at && hi > lo) owner = r, next = hi;
     }
+    if (owner < 0) { /* cannot happen: the segments tile [0, P) */
+      if (!b->err) b->err = DP_FAIL(DP_ERR_INVALID, "schedule: no segment at %zu", at);
+      return;
+    }
+    dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, owner, (next - at) * 4);
+    chk.src_region = DP_REGION_GRADS;
+    chk.src_offset = at * 4;
+    emit(b, chk);
+    at = next;
   }
 }
 
