@@ -93,16 +93,6 @@ static inline float epi(float acc, const float *bias, int j, int relu) {
   return acc;
 }
 
-/* The mask epilogue (dp_gemm_epilogue.mask) on rows [0, m) x columns [0, n)
- * of c: a relu's backward, selected per element, after everything else. */
-static void apply_mask(float *c, size_t ldc, const float *mask, size_t ldm, int m, int n) {
-  for (int i = 0; i < m; i++) {
-    float *restrict ci = c + (size_t)i * ldc;
-    const float *restrict mi = mask + (size_t)i * ldm;
-    for (int j = 0; j < n; j++) ci[j] = mi[j] <= 0.0f ? 0.0f : ci[j];
-  }
-}
-
 /* ---- packing (no arithmetic: the same for every tier) ---------------------- */
 
 /* Slivers of MR rows of op(A)[i0, i0+mc) x [k0, k0+kc): element (s*MR + ii, k)
@@ -728,8 +718,7 @@ static void gemm_unpacked(const tier *t, UNPACKED_ARGS) {
 /* Bpre: op(B) already packed whole (dp__gemm_pack_b, this tier), or NULL. */
 static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int K,
                         const float *A, int lda, const float *B, int ldb, float *C, int ldc,
-                        const float *bias, int relu, const float *mask, int ldm, float *ws,
-                        const float *Bpre) {
+                        const float *bias, int relu, float *ws, const float *Bpre) {
   const int MR = t->mr, NR = t->nr;
   float *Ap = ws, *Bp = ws + round_up(a_floats(M, K), 16);
   _Alignas(64) float tile[MR_MAX * NR_MAX];
@@ -784,13 +773,9 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
                 __builtin_prefetch(q, 1, 3);
                 __builtin_prefetch(q + imin(NR, nc - njr) - 1, 1, 3);
               }
-            /* the mask's tile, applied while C's tile is in L1 */
-            const float *mp =
-                mask && pc + kc == K ? mask + (size_t)(ic + ir) * ldm + jc + jr : NULL;
             if (mr == MR && nr == NR) {
               if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, cp, (size_t)ldc, flags, bb);
               else t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
-              if (mp) apply_mask(cp, (size_t)ldc, mp, (size_t)ldm, MR, NR);
               continue;
             }
             if (!tile_set) {
@@ -804,7 +789,6 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
             else t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
             for (int i = 0; i < mr; i++)
               memcpy(cp + (size_t)i * ldc, tile + i * NR, (size_t)nr * sizeof *cp);
-            if (mp) apply_mask(cp, (size_t)ldc, mp, (size_t)ldm, mr, nr);
           }
         }
       }
@@ -818,26 +802,24 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
   if (M <= 0 || N <= 0) return;
   const float *bias = ep ? ep->bias : NULL;
   int relu = ep && ep->act == DP_GEMM_ACT_RELU;
-  const float *mask = ep ? ep->mask : NULL;
-  int ldm = ep ? ep->ldm : 0;
   if (K <= 0) {
     for (int i = 0; i < M; i++)
       for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = epi(0.0f, bias, j, relu);
-    if (mask) apply_mask(C, (size_t)ldc, mask, (size_t)ldm, M, N);
     return;
   }
   const tier *t = get_tier();
   size_t need = layout_bytes(M, N, K);
-  if (!packs(M, N, K) || (need > STACK_WS && !workspace)) {
+  if (!packs(M, N, K)) {
     gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
-    if (mask) apply_mask(C, (size_t)ldc, mask, (size_t)ldm, M, N);
   } else if (need <= STACK_WS) {
     _Alignas(64) unsigned char buf[STACK_WS];
-    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, mask, ldm,
+    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu,
                 (float *)(void *)buf, NULL);
+  } else if (workspace) {
+    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, workspace,
+                NULL);
   } else {
-    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, mask, ldm,
-                workspace, NULL);
+    gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
   }
 }
 
@@ -896,6 +878,5 @@ void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, i
   _Alignas(64) unsigned char buf[STACK_WS];
   float *ws = layout_bytes(M, N, K) <= STACK_WS ? (float *)(void *)buf : workspace;
   gemm_packed(get_tier(), transA, transB, M, N, K, A, lda, B, ldb, C, ldc,
-              ep ? ep->bias : NULL, ep && ep->act == DP_GEMM_ACT_RELU, ep ? ep->mask : NULL,
-              ep ? ep->ldm : 0, ws, Bpacked);
+              ep ? ep->bias : NULL, ep && ep->act == DP_GEMM_ACT_RELU, ws, Bpacked);
 }

@@ -13,7 +13,6 @@
  * Determinism contract. Every element of C is
  *     acc = +0; for k = 0 .. K-1 in ascending order: acc = fma(op(A)[i][k], op(B)[k][j], acc)
  *     c = acc (+ bias[j] when there is a bias) (then relu: c <= 0 ? +0 : c)
- *         (then the mask: mask[i][j] <= 0 ? +0 : c, a relu's backward)
  * one fused multiply-add per k into a single accumulator, whatever M, N, the
  * tile position, the blocking or the instruction set. A K-block is resumed by
  * reloading the partial sum, which does not change it. So the bits depend only
@@ -47,14 +46,10 @@ extern "C" {
 
 typedef enum { DP_GEMM_ACT_NONE = 0, DP_GEMM_ACT_RELU = 1 } dp_gemm_act;
 
-/* Applied once per element after the full K accumulation, in this order. */
+/* Applied once per element after the full K accumulation. */
 typedef struct {
   const float *bias; /* (N): c = acc + bias[j]; NULL: no bias */
   dp_gemm_act act;
-  /* (M, N), row stride ldm: c = mask[i * ldm + j] <= 0 ? +0 : c (a relu's
-   * backward, mask its output: NaN passes); NULL: none */
-  const float *mask;
-  int ldm;
 } dp_gemm_epilogue;
 
 /* Bytes of workspace dp__sgemm needs for this shape (0 when it packs on the

@@ -522,10 +522,10 @@ const dp_backend_ops *dp__backend_ops(dp_backend kind);
  * the plan's ops follows this (the emulated GPU runs the cpu backend's ops on
  * a cuda plan). */
 bool dp__relu_fused(const dp_plan *p, int i);
-/* ... and layer i + 1 is a linear layer: its grad-input product applies the
- * relu's backward as a mask (its input, the relu's output, <= 0 gives 0) and
- * writes the relu's input gradient; the relu's backward does nothing and its
- * output gradient gets no buffer. */
+/* ... and layer i + 1 is a linear layer: that linear's backward writes its
+ * grad-input product straight into the relu's input gradient and applies the
+ * relu's backward there in place (its input, the relu's output, <= 0 gives 0);
+ * the relu's backward does nothing and its output gradient gets no buffer. */
 bool dp__relu_bwd_fused(const dp_plan *p, int i);
 /* Registers ops as the backend of `kind` (the cpu backend is built in). */
 dp_status dp__backend_register(dp_backend kind, const dp_backend_ops *ops);

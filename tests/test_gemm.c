@@ -100,7 +100,6 @@ static void contract_ref(const prob *p, const dp_gemm_epilogue *ep, float *out) 
       for (int k = 0; k < p->K; k++) acc = fmaf(opA(p, i, k), opB(p, k, j), acc);
       if (ep && ep->bias) acc = acc + ep->bias[j];
       if (ep && ep->act == DP_GEMM_ACT_RELU) acc = acc <= 0.0f ? 0.0f : acc;
-      if (ep && ep->mask) acc = ep->mask[(size_t)i * ep->ldm + j] <= 0.0f ? 0.0f : acc;
       out[(size_t)i * p->N + j] = acc;
     }
 }
@@ -404,51 +403,6 @@ START_TEST(relu_zeroes_negatives_and_signed_zeros_and_passes_nan) {
     }
   }
   dp__gemm_force_tier("auto");
-}
-END_TEST
-
-/* The mask epilogue (a relu's backward fused into the grad-input product):
- * c = mask <= 0 ? +0 : c after bias and relu, on every tier, for the shapes
- * that reach every edge in every layout, packed, on the stack and without
- * workspace (the unpacked path), and with K = 0. */
-START_TEST(mask_zeroes_where_the_mask_is_not_positive) {
-  const float mv[] = {-1.0f, -0.0f, 0.0f, 2.0f, NAN, 1e-40f, -1e-40f, INFINITY};
-  for (int ti = 0; ti < N_TIERS; ti++) {
-    if (!use_tier(TIERS[ti], "mask_zeroes_where_the_mask_is_not_positive")) continue;
-    for (int s = 0; s < N_SHAPES; s++)
-      for (int lay = 0; lay < 4; lay++) {
-        int M = SHAPES[s][0], N = SHAPES[s][1], K = SHAPES[s][2], ldm = N + 3;
-        prob p = prob_make(lay & 1, lay >> 1, M, N, K, 1);
-        float *mask = xmalloc((size_t)M * ldm * 4);
-        for (size_t k = 0; k < (size_t)M * ldm; k++) mask[k] = mv[rnd(8)];
-        dp_gemm_epilogue ep = {.bias = s % 2 ? p.bias : NULL,
-                               .act = s % 3 ? DP_GEMM_ACT_NONE : DP_GEMM_ACT_RELU,
-                               .mask = mask,
-                               .ldm = ldm};
-        float *R = xmalloc((size_t)M * N * 4), *C = run_gemm(&p, &ep);
-        contract_ref(&p, &ep, R);
-        long d = first_diff(C, R, (size_t)M * N);
-        REQ(d < 0, "tier %s, tA %d tB %d M %d N %d K %d: element %ld = %a, want %a", TIERS[ti],
-            p.tA, p.tB, M, N, K, d, (double)C[d < 0 ? 0 : d], (double)R[d < 0 ? 0 : d]);
-        free(C);
-        /* without the workspace it needs: the unpacked path */
-        float *U = xmalloc(p.c_len * 4);
-        dp__sgemm(p.tA, p.tB, M, N, K, p.A, p.lda, p.B, p.ldb, U, p.ldc, &ep, NULL);
-        for (int i = 0; i < M; i++)
-          REQ(memcmp(U + (size_t)i * p.ldc, R + (size_t)i * N, (size_t)N * 4) == 0,
-              "tier %s M %d N %d K %d: row %d without workspace", TIERS[ti], M, N, K, i);
-        free(U);
-        free(R);
-        free(mask);
-        prob_free(&p);
-      }
-  }
-  dp__gemm_force_tier("auto");
-  /* K = 0: the epilogue of zero, then the mask */
-  float bias[2] = {1.0f, 2.0f}, mask[2] = {0.0f, 1.0f}, C[2];
-  dp_gemm_epilogue ep = {.bias = bias, .mask = mask, .ldm = 2};
-  dp__sgemm(0, 0, 1, 2, 0, NULL, 1, NULL, 2, C, 2, &ep, NULL);
-  ck_assert(C[0] == 0.0f && !signbit(C[0]) && C[1] == 2.0f);
 }
 END_TEST
 
@@ -889,7 +843,6 @@ Suite *gemm_suite(void) {
   tc = tcase_create("epilogue");
   tcase_add_test(tc, bias_is_added_once_after_the_whole_sum);
   tcase_add_test(tc, relu_zeroes_negatives_and_signed_zeros_and_passes_nan);
-  tcase_add_test(tc, mask_zeroes_where_the_mask_is_not_positive);
   tcase_add_test(tc, k_zero_gives_the_epilogue_of_zero);
   tcase_add_test(tc, colsum_is_an_ascending_row_sum);
   suite_add_tcase(s, tc);
