@@ -523,7 +523,8 @@ static dp_status backward(const lctx *c, float *grads) {
     /* dx (n, in) = dy (n, out) · w (out, in); then the relu's backward in place
      * (x, its output, <= 0 gives 0): one streaming pass, faster here than a
      * mask applied tile by tile in the GEMM (PERFORMANCE.md, round four) */
-    if (dx) dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
+    if (dx)
+      dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
     if (dx && masked) relu_mask(x, dx, (size_t)n * in);
     break;
   }
