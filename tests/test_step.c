@@ -1180,6 +1180,15 @@ static const struct {
                   {DP_MODE_ALLREDUCE, 1, 4}, {DP_MODE_ALLREDUCE, 0, 3},
                   {DP_MODE_ALLREDUCE, 1, 3}};
 
+/* Batch 32 in layout li with optimizer opt, no weight decay. */
+static dp_config nf_config(size_t li, int opt) {
+  dp_config cfg = cfg_make(32, nf_layouts[li].n, (dp_optimizer)opt);
+  cfg.mode = nf_layouts[li].mode;
+  cfg.shard_optimizer = nf_layouts[li].shard;
+  cfg.weight_decay = 0.0f;
+  return cfg;
+}
+
 /* The refusal names the first parameter whose update is non-finite, the same
  * one in every layout: allreduce mode checks each device's reduced segment
  * (not every device its whole gradient), in ascending order. Inputs 0..2 are
@@ -1190,10 +1199,7 @@ START_TEST(test_nonfinite_update_names_the_first_parameter_in_every_layout) {
   size_t want = 0;
   for (int opt = 0; opt < 3; opt++)
     for (size_t li = 0; li < sizeof nf_layouts / sizeof nf_layouts[0]; li++) {
-      dp_config cfg = cfg_make(32, nf_layouts[li].n, (dp_optimizer)opt);
-      cfg.mode = nf_layouts[li].mode;
-      cfg.shard_optimizer = nf_layouts[li].shard;
-      cfg.weight_decay = 0.0f;
+      dp_config cfg = nf_config(li, opt);
       cfg.lr = 3e38f;
       rig r;
       rig_open(&r, SEED_SPEC, &cfg);
@@ -1226,10 +1232,7 @@ END_TEST
 START_TEST(test_nonfinite_update_is_refused_and_changes_nothing) {
   for (int opt = 0; opt < 3; opt++)
     for (size_t li = 0; li < sizeof nf_layouts / sizeof nf_layouts[0]; li++) {
-      dp_config cfg = cfg_make(32, nf_layouts[li].n, (dp_optimizer)opt);
-      cfg.mode = nf_layouts[li].mode;
-      cfg.shard_optimizer = nf_layouts[li].shard;
-      cfg.weight_decay = 0.0f;
+      dp_config cfg = nf_config(li, opt);
       rig r;
       rig_open(&r, SEED_SPEC, &cfg);
       batch b;
