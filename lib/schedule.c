@@ -643,15 +643,15 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
      * ascending order of the ranges (a sharded optimizer's are not in device
      * order), so that the first failure in the schedule names the first bad
      * element. */
+    int order[DP_MAX_DEVICES]; /* the devices by the start of their range */
+    for (int k = 0; k < n_opt; k++) {
+      int j = k;
+      for (; j > 0 && p->opt_off[order[j - 1]] > p->opt_off[k]; j--)
+        order[j] = order[j - 1];
+      order[j] = k;
+    }
     for (int k = 0; k < n_opt && !(!classic && checks_segments(p, sp->n_used)); k++) {
-      int d = 0; /* the device with the k-th lowest range */
-      for (int e = 0; e < n_opt; e++) {
-        int below = 0;
-        for (int f = 0; f < n_opt; f++)
-          below +=
-              p->opt_off[f] < p->opt_off[e] || (p->opt_off[f] == p->opt_off[e] && f < e);
-        if (below == k) d = e;
-      }
+      int d = order[k];
       dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, d, p->opt_len[d] * 4);
       chk.src_region = DP_REGION_GRADS;
       chk.src_offset = p->opt_off[d] * 4;
