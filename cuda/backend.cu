@@ -71,6 +71,14 @@ struct lay {
 };
 } // namespace
 
+/* The same micro-batch's context at layer i (a fused neighbour's buffers). */
+static lay at_layer(const lay &c, int i) {
+  lay r = c;
+  r.i = i;
+  r.l = &c.p->model.layers[i];
+  return r;
+}
+
 /* Rows [local, local + rows) of layer i's input, (rows, in): the output of
  * layer i - 1, in its owner's buffer when that is a view (flatten), or the
  * model's input. */
@@ -156,12 +164,8 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     const float *w = layer_params(c); /* (out, in) */
     const float *b = l->bias ? w + (size_t)l->out * l->in : NULL;
     bool relu = dp__relu_fused(c.p, c.i + 1);
-    if (relu) { /* the relu after it: in the bias kernel, into the relu's output */
-      lay r = c;
-      r.i = c.i + 1;
-      r.l = &c.p->model.layers[r.i];
-      y = layer_out(r);
-    }
+    if (relu) /* the relu after it: in the bias kernel, into the relu's output */
+      y = layer_out(at_layer(c, c.i + 1));
     return dp__cuda_linear_forward(x->blas, x->stream, n, l->in, l->out, in, w, b, relu, y);
   }
   case DP_LAYER_RELU:
@@ -238,9 +242,7 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
   const float *dy = layer_dout(c);
   /* a linear after such a relu writes the relu's input gradient, masked */
   bool masked = c.i > 0 && dp__relu_bwd_fused(c.p, c.i - 1);
-  lay relu = c;
-  if (masked) relu.i = c.i - 1, relu.l = &c.p->model.layers[relu.i];
-  float *dx = layer_din(relu); /* NULL: the input's gradient is not needed */
+  float *dx = layer_din(masked ? at_layer(c, c.i - 1) : c); /* NULL: not needed */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)l->out * l->in : NULL;

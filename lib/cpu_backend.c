@@ -43,6 +43,14 @@ static lctx op_lctx(const dp_exec_env *e, const dp_op *op) {
                 .mb = op->micro_batch - p->split.dev_mb0[op->device]};
 }
 
+/* The same micro-batch's context at layer i (a fused neighbour's buffers). */
+static lctx at_layer(const lctx *c, int i) {
+  lctx r = *c;
+  r.i = i;
+  r.l = &c->p->model.layers[i];
+  return r;
+}
+
 /* Rows [local, local + rows) of the input of layer i: (rows, in); the output
  * of layer i - 1, in its owner's buffer when it is a view (flatten). */
 static float *layer_in(const lctx *c) {
@@ -428,9 +436,7 @@ static dp_status forward(const lctx *c) {
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
     if (dp__relu_fused(c->p, c->i + 1)) {
       /* the relu after it, in the epilogue: straight into the relu's output */
-      lctx r = *c;
-      r.i = c->i + 1;
-      r.l = &c->p->model.layers[r.i];
+      lctx r = at_layer(c, c->i + 1);
       y = layer_out(&r);
       ep.act = DP_GEMM_ACT_RELU;
     }
@@ -510,9 +516,8 @@ static dp_status backward(const lctx *c, float *grads) {
   /* A linear after such a relu writes the relu's input gradient, masked by the
    * relu's output (its own input). */
   bool masked = c->i > 0 && dp__relu_bwd_fused(c->p, c->i - 1);
-  lctx relu = *c;
-  if (masked) relu.i = c->i - 1, relu.l = &c->p->model.layers[relu.i];
-  float *dx = layer_din(&relu); /* NULL: the input's gradient is not needed */
+  lctx din = masked ? at_layer(c, c->i - 1) : *c;
+  float *dx = layer_din(&din); /* NULL: the input's gradient is not needed */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c), *x = layer_in(c);

@@ -282,6 +282,25 @@ static bool checks_segments(const dp_plan *p, int n) {
          !(p->cfg.clip_grad_norm > 0);
 }
 
+/* Every updating device checks its range, in ascending order of the ranges
+ * (a sharded optimizer's are not in device order), so that the first failure
+ * in the schedule names the first bad element. */
+static void check_ranges(builder *b, const dp_plan *p, int n_opt) {
+  int order[DP_MAX_DEVICES]; /* the devices by the start of their range */
+  for (int k = 0; k < n_opt; k++) {
+    int j = k;
+    for (; j > 0 && p->opt_off[order[j - 1]] > p->opt_off[k]; j--) order[j] = order[j - 1];
+    order[j] = k;
+  }
+  for (int k = 0; k < n_opt; k++) {
+    int d = order[k];
+    dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, d, p->opt_len[d] * 4);
+    chk.src_region = DP_REGION_GRADS;
+    chk.src_offset = p->opt_off[d] * 4;
+    emit(b, chk);
+  }
+}
+
 /* Reduce-scatter by recursive halving (distance 1 first, so the first sums
  * are of neighbouring blocks: the canonical tree's lower levels), then, unless
  * the optimizer is sharded, all-gather by recursive doubling, with the
@@ -639,24 +658,8 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     }
     if (p->cfg.clip_grad_norm > 0) clip_ops(&b, p, n_opt);
     /* Every device checks what it will apply before any device applies it
-     * (or, allreduce, the owner of each reduced segment: check_segments); in
-     * ascending order of the ranges (a sharded optimizer's are not in device
-     * order), so that the first failure in the schedule names the first bad
-     * element. */
-    int order[DP_MAX_DEVICES]; /* the devices by the start of their range */
-    for (int k = 0; k < n_opt; k++) {
-      int j = k;
-      for (; j > 0 && p->opt_off[order[j - 1]] > p->opt_off[k]; j--)
-        order[j] = order[j - 1];
-      order[j] = k;
-    }
-    for (int k = 0; k < n_opt && !(!classic && checks_segments(p, sp->n_used)); k++) {
-      int d = order[k];
-      dp_op chk = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, d, p->opt_len[d] * 4);
-      chk.src_region = DP_REGION_GRADS;
-      chk.src_offset = p->opt_off[d] * 4;
-      emit(&b, chk);
-    }
+     * (allreduce: the owner of each reduced segment checked it already) */
+    if (!checks_segments(p, sp->n_used)) check_ranges(&b, p, n_opt);
     next_stage(&b);
     for (int d = 0; d < n_opt; d++) {
       dp_op upd = device_op(DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, d, p->opt_len[d] * 4);
