@@ -597,6 +597,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   }
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);
   case DP_OP_ALLREDUCE: /* the transport's: dp__cuda_collective */
+  case DP_OP_COPY_ADD:  /* the transport's (not this one's: never planned here) */
   case DP_OP_COPY: break;
   case DP_OP_GRAD_NORM: /* the planner refuses clip_grad_norm and accumulate here */
   case DP_OP_GRAD_CLIP:

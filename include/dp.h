@@ -387,6 +387,9 @@ typedef enum {
                          tree's root (bytes: the result's, at dst_offset) */
   DP_OP_BN_BWD_STATS, /* micro-batch's sums of dy and dy * x-hat (its weight and bias
                          gradients, into the grads slot) */
+  DP_OP_COPY_ADD,     /* transport: dst += src, float by float, between two devices of
+                         one process whose transport adds in place (the cpu backend's):
+                         a reduction step's copy and add in one pass, no comm buffer */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which

@@ -1039,6 +1039,7 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_GRAD_ACCUM: return grad_accum_op(e, op);
   case DP_OP_GRAD_STASH: return grad_stash_op(e, op);
   case DP_OP_ALLREDUCE: /* the transport's (the executor never hands it here) */
+  case DP_OP_COPY_ADD:
   case DP_OP_COPY: break;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
@@ -1091,7 +1092,17 @@ static dp_status shm_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) 
   return DP_OK;
 }
 
-static const dp_transport_ops shm_transport = {.name = "shm", .copy = shm_copy};
+/* A reduction step in one pass: dst += src as grad_add does (the same bits as a
+ * copy into comm and a GRAD_ADD), reading the other device's memory in place. */
+static dp_status shm_copy_add(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
+  (void)tctx, (void)dev;
+  grad_add(dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+           dp__endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes / 4);
+  return DP_OK;
+}
+
+static const dp_transport_ops shm_transport = {
+    .name = "shm", .copy = shm_copy, .copy_add = shm_copy_add};
 
 /* The reference backend: synchronous (an op is done when it returns), no
  * backend context, no staging, no graphs. */

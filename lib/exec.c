@@ -52,6 +52,11 @@ static dp_status run_op(dp_exec *x, const dp_op *op) {
   dp_exec_env *e = x->env;
   if (op->kind == DP_OP_COPY)
     return skipped(e, op) ? DP_OK : x->transport->copy(x->tctx, e, op->device, op);
+  if (op->kind == DP_OP_COPY_ADD)
+    return x->transport->copy_add
+               ? x->transport->copy_add(x->tctx, e, op->device, op)
+               : DP_FAIL(DP_ERR_BACKEND, "the %s transport cannot add in place",
+                         x->transport->name);
   if (op->kind == DP_OP_ALLREDUCE)
     return x->transport->collective
                ? x->transport->collective(x->tctx, e, op->device, op)
@@ -117,6 +122,7 @@ static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject,
   switch ((dp_op_kind)op->kind) {
   case DP_OP_COPY:
     return !skipped(x->env, op) && local_end(x, op->src_dev) && local_end(x, op->dst_dev);
+  case DP_OP_COPY_ADD:
   case DP_OP_GRAD_ADD:
   case DP_OP_ZERO:
   case DP_OP_GRAD_CHECK:
@@ -170,6 +176,8 @@ static void run_device(dp_exec *x, int dev) {
     if (b->stage_begin) note(x, dev, k, s, s, b->stage_begin(x->bctx, dev, s));
     for (; k < hi && ops[k].stage == s; k++) {
       const dp_op *op = &ops[k];
+      /* (a COPY_ADD reads and writes this process's memory when it runs, like
+       * a compute op: no other side waits for it) */
       bool xfer = op->kind == DP_OP_COPY || op->kind == DP_OP_ALLREDUCE;
       /* After a failure no op of a later stage starts, and no compute op at
        * all. With a two-sided transport the copies and collectives of the
@@ -311,6 +319,11 @@ static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap
     endpoint_name(src, sizeof src, op->src_dev, op->src_region);
     endpoint_name(dst, sizeof dst, op->dst_dev, op->dst_region);
     snprintf(buf, cap, "%s copy of %zu bytes, %s -> %s", ph, op->bytes, src, dst);
+    return;
+  case DP_OP_COPY_ADD:
+    endpoint_name(src, sizeof src, op->src_dev, op->src_region);
+    endpoint_name(dst, sizeof dst, op->dst_dev, op->dst_region);
+    snprintf(buf, cap, "%s %s of %zu bytes, %s += %s", ph, kind, op->bytes, dst, src);
     return;
   case DP_OP_FORWARD:
   case DP_OP_BACKWARD:

@@ -173,6 +173,9 @@ static inline int dp__state_vectors(dp_optimizer o) {
 static inline int dp__rank_of(const dp_config *c, int dev) {
   return dev / (c->n_devices / dp__ranks(c));
 }
+/* Whether a reduction step that adds device src's gradients into device
+ * dst's is one DP_OP_COPY_ADD (lib/plan.c): no comm buffer on dst. */
+bool dp__copy_adds(const dp_config *c, int dst, int src);
 
 /* ---- split (lib/split.c) ---- */
 typedef struct {
@@ -325,6 +328,12 @@ typedef struct dp_transport_ops {
    * both sides see a pair's transfers in the same order. A transport returns
    * DP_OK and does nothing for pairs it moves one-sided. */
   dp_status (*peer)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: the plan reduces through a copy into the comm region and a
+   * GRAD_ADD). DP_OP_COPY_ADD: dst += src, float by float, in one pass, on the
+   * thread of the device that executes it; only a transport whose devices
+   * share this address space has it (the planner asks the backend's own
+   * transport, and emits the op only between devices of one process). */
+  dp_status (*copy_add)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
   /* Optional (NULL: the plan may not use them; the planner refuses
    * fast_collectives for backends without one). DP_OP_ALLREDUCE: device
    * dev's gradients summed in place with every other device's, by the

@@ -386,11 +386,33 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   return DP_OK;
 }
 
-/* Which devices receive in the classic reduce tree (see schedule.c). */
-static bool reduce_receives(int d, int n_used) {
+/* A reduction step between devices of one process, on a backend whose own
+ * transport adds in place (schedule.c: reduce_copy). */
+bool dp__copy_adds(const dp_config *c, int dst, int src) {
+  return dp__backend_ops(c->backend)->transport->copy_add &&
+         dp__rank_of(c, dst) == dp__rank_of(c, src);
+}
+
+/* Whether classic mode's reduction copies another device's gradients into
+ * device d's comm region (a sender in another process, or a transport
+ * without copy_add). */
+static bool reduce_receives(const dp_config *c, int d, int n_used) {
   for (int dist = 1; dist < n_used; dist *= 2)
-    if (d % (2 * dist) == 0 && d + dist < n_used) return true;
+    if (d % (2 * dist) == 0 && d + dist < n_used && !dp__copy_adds(c, d, d + dist))
+      return true;
   return false;
+}
+
+/* Allreduce mode's receive buffer on device d: the largest half it keeps at a
+ * level whose partner's half crosses through a copy (dp__copy_adds). */
+static size_t halving_receives(const dp_config *c, size_t n_params, int d, int n_used) {
+  size_t most = 0;
+  for (int l = 0; (1 << l) < n_used; l++) {
+    size_t lo, hi;
+    dp__ar_segment(n_params, l + 1, d, &lo, &hi);
+    if (!dp__copy_adds(c, d, d ^ (1 << l)) && hi - lo > most) most = hi - lo;
+  }
+  return most * 4;
 }
 
 static dp_status plan_device(dp_plan *p, int d) {
@@ -430,10 +452,8 @@ static dp_status plan_device(dp_plan *p, int d) {
     if (c->fast_collectives) {
       /* summed in place: no receive buffer */
     } else if (!classic && dp__is_pow2(n_used) && n_used > 1) {
-      size_t lo, hi; /* receives the half it keeps at the first level, the largest */
-      dp__ar_segment(m->n_params, 1, d, &lo, &hi);
-      sz[DP_REGION_COMM] = (hi - lo) * 4;
-    } else if (reduce_receives(d, n_used)) {
+      sz[DP_REGION_COMM] = halving_receives(c, m->n_params, d, n_used);
+    } else if (reduce_receives(c, d, n_used)) {
       sz[DP_REGION_COMM] = P;
     }
     /* clipping: the norm's bins after the reduction (the comm region is free

@@ -230,14 +230,34 @@ static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region,
   return op;
 }
 
+/* Device dst's gradients [off, +bytes) += device src's, on dst: in one pass
+ * when the transport adds in place (dp__copy_adds), else its first half, the
+ * copy into dst's comm region (the add follows: reduce_add). */
+static void reduce_copy(builder *b, const dp_plan *p, int dst, int src, size_t off,
+                        size_t bytes) {
+  dp_op op = copy_op(DP_PHASE_REDUCE, dst, src, DP_REGION_GRADS, off, dst, DP_REGION_COMM,
+                     0, bytes, 0, 0);
+  if (dp__copy_adds(&p->cfg, dst, src)) {
+    op.kind = DP_OP_COPY_ADD;
+    op.dst_region = DP_REGION_GRADS;
+    op.dst_offset = off;
+  }
+  emit(b, op);
+}
+
+static void reduce_add(builder *b, const dp_plan *p, int dst, int src, size_t off,
+                       size_t bytes) {
+  if (!dp__copy_adds(&p->cfg, dst, src))
+    emit(b, grad_add_op(dst, DP_REGION_GRADS, off, DP_REGION_COMM, 0, bytes));
+}
+
 /* The canonical tree continued across devices 0..n-1: at distance 1, 2, 4,
  * ... device r (r mod 2*dist == 0) adds device r + dist's sum. */
-static void reduce_to_0(builder *b, int n, size_t P) {
+static void reduce_to_0(builder *b, const dp_plan *p, int n, size_t P) {
   for (int dist = 1; dist < n; dist *= 2) {
     for (int r = 0; r + dist < n; r += 2 * dist) {
-      emit(b, copy_op(DP_PHASE_REDUCE, r, r + dist, DP_REGION_GRADS, 0, r, DP_REGION_COMM,
-                      0, P, 0, 0));
-      emit(b, grad_add_op(r, DP_REGION_GRADS, 0, DP_REGION_COMM, 0, P));
+      reduce_copy(b, p, r, r + dist, 0, P);
+      reduce_add(b, p, r, r + dist, 0, P);
     }
     next_stage(b);
   }
@@ -318,13 +338,12 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
     for (int r = 0; r < n; r++) {
       size_t lo, hi;
       dp__ar_segment(P, l + 1, r, &lo, &hi); /* the half r keeps */
-      emit(b, copy_op(DP_PHASE_REDUCE, r, r ^ (1 << l), DP_REGION_GRADS, lo * 4, r,
-                      DP_REGION_COMM, 0, (hi - lo) * 4, 0, 0));
+      reduce_copy(b, p, r, r ^ (1 << l), lo * 4, (hi - lo) * 4);
     }
     for (int r = 0; r < n; r++) {
       size_t lo, hi;
       dp__ar_segment(P, l + 1, r, &lo, &hi);
-      emit(b, grad_add_op(r, DP_REGION_GRADS, lo * 4, DP_REGION_COMM, 0, (hi - lo) * 4));
+      reduce_add(b, p, r, r ^ (1 << l), lo * 4, (hi - lo) * 4);
     }
     next_stage(b);
   }
@@ -621,7 +640,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       }
     next_stage(&b);
     if (classic) {
-      reduce_to_0(&b, n_act, P);
+      reduce_to_0(&b, p, n_act, P);
     } else if (p->cfg.fast_collectives) {
       if (sp->n_used > 1) {
         for (int d = 0; d < sp->n_used; d++) {
@@ -636,7 +655,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     } else {
       /* No halving for other counts: the classic tree to device 0, then
        * every device takes what it updates. */
-      reduce_to_0(&b, sp->n_used, P);
+      reduce_to_0(&b, p, sp->n_used, P);
       for (int d = 1; d < sp->n_used; d++)
         emit(&b, copy_op(DP_PHASE_REDUCE, d, 0, DP_REGION_GRADS, p->opt_off[d] * 4, d,
                          DP_REGION_GRADS, p->opt_off[d] * 4, p->opt_len[d] * 4, 0, 0));
@@ -686,9 +705,9 @@ const char *dp_phase_name(dp_phase ph) {
 
 const char *dp_op_kind_name(dp_op_kind k) {
   static const char *const names[] = {
-      "copy",      "forward",   "backward",   "grad_add",    "zero",
-      "loss",      "loss_sum",  "grad_check", "optimizer",   "allreduce",
-      "grad_norm", "grad_clip", "grad_accum", "grad_stash",  "bn_update",
-      "bn_stats",  "bn_merge",  "bn_final",   "bn_bwd_stats"};
+      "copy",      "forward",   "backward",   "grad_add",     "zero",
+      "loss",      "loss_sum",  "grad_check", "optimizer",    "allreduce",
+      "grad_norm", "grad_clip", "grad_accum", "grad_stash",   "bn_update",
+      "bn_stats",  "bn_merge",  "bn_final",   "bn_bwd_stats", "copy_add"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

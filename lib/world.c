@@ -55,6 +55,19 @@ static dp_status w_copy(void *tctx, dp_exec_env *env, int dev, const dp_op *op) 
   return start_half(t, env, op, op->src_dev == DP_HOST);
 }
 
+/* Planned only between devices of one rank whose backend adds in place
+ * (dp__copy_adds). */
+static dp_status w_copy_add(void *tctx, dp_exec_env *env, int dev, const dp_op *op) {
+  dp_world_tx *t = tctx;
+  if (!t->inner->copy_add || end_rank(t, op, op->src_dev) != t->rank ||
+      end_rank(t, op, op->dst_dev) != t->rank)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "world transport: an in-place add from device %d to device %d, which "
+                   "are not both this rank's (%d)",
+                   op->src_dev, op->dst_dev, t->rank);
+  return t->inner->copy_add(t->inner_ctx, env, dev, op);
+}
+
 static dp_status w_peer(void *tctx, dp_exec_env *env, int dev, const dp_op *op) {
   dp_world_tx *t = tctx;
   if (t->inner_spans || rank_of_dev(t, op->device) == t->rank)
@@ -82,6 +95,7 @@ static dp_status w_flush(void *tctx, dp_exec_env *env, int dev) {
 static const dp_transport_ops world_transport = {
     .name = "world",
     .copy = w_copy,
+    .copy_add = w_copy_add,
     .peer = w_peer,
     .collective = w_collective,
     .flush = w_flush,

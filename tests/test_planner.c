@@ -220,7 +220,9 @@ START_TEST(seed_region_sizes_match_the_seed_document) {
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GATHERED_OUTPUTS).size, 240);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GATHERED_GRADS).size, 240);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_LOSS).size, 8); /* 2 micro-batches x 4 */
-  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 48);
+  /* device 1's gradients are added into device 0's in place (the cpu
+   * transport's copy_add): no receive buffer; the cuda plan has one of 48 */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 0);
   static const dp_region dev0_only[] = {DP_REGION_TARGETS, DP_REGION_GATHERED_OUTPUTS,
                                         DP_REGION_GATHERED_GRADS, DP_REGION_LOSS,
                                         DP_REGION_COMM};
@@ -249,9 +251,11 @@ START_TEST(seed_sgd_layout_is_exact) {
    *   gathered_outputs 960 + 240 = 1200 (30 x 2 x 4)
    *   gathered_grads 1216 + 240 = 1456
    *   loss           1472 + 8   = 1480  (2 micro-batches x 4)
-   *   comm           1536 + 48  = 1584  (receives device 1's grads)
-   *   workspace      1600 + 0
-   *   total = 1600 aligned to 64 = 1600 */
+   *   comm           1536 + 0       (the cpu transport adds device 1's grads
+   *                                      into device 0's in place: no receive
+   *                                      buffer; on cuda it is 48)
+   *   workspace      1536 + 0
+   *   total = 1536 */
   static const region_want dev0[DP_REGION_COUNT] = {
       [DP_REGION_PARAMS] = {0, 48},
       [DP_REGION_GRADS] = {64, 48},
@@ -265,9 +269,9 @@ START_TEST(seed_sgd_layout_is_exact) {
       [DP_REGION_GATHERED_OUTPUTS] = {960, 240},
       [DP_REGION_GATHERED_GRADS] = {1216, 240},
       [DP_REGION_LOSS] = {1472, 8},
-      [DP_REGION_COMM] = {1536, 48},
-      [DP_REGION_WORKSPACE] = {1600, 0}};
-  expect_layout(p, 0, dev0, 1600);
+      [DP_REGION_COMM] = {1536, 0},
+      [DP_REGION_WORKSPACE] = {1536, 0}};
+  expect_layout(p, 0, dev0, 1536);
   expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL);
   ck_assert_uint_gt(dp_plan_device_bytes(p, 0),
                     dp_plan_device_bytes(p, 1)); /* GPU 0 needs more */
@@ -292,8 +296,8 @@ START_TEST(seed_momentum_layout_is_exact) {
    *   gathered_outputs 1024 + 240 = 1264
    *   gathered_grads 1280 + 240 = 1520
    *   loss           1536 + 8   = 1544
-   *   comm           1600 + 48  = 1648
-   *   workspace      1664 + 0;   total 1664 */
+   *   comm           1600 + 0    (no receive buffer on the cpu backend)
+   *   workspace      1600 + 0;   total 1600 */
   static const region_want dev0[DP_REGION_COUNT] = {
       [DP_REGION_PARAMS] = {0, 48},
       [DP_REGION_GRADS] = {64, 48},
@@ -307,9 +311,9 @@ START_TEST(seed_momentum_layout_is_exact) {
       [DP_REGION_GATHERED_OUTPUTS] = {1024, 240},
       [DP_REGION_GATHERED_GRADS] = {1280, 240},
       [DP_REGION_LOSS] = {1536, 8},
-      [DP_REGION_COMM] = {1600, 48},
-      [DP_REGION_WORKSPACE] = {1664, 0}};
-  expect_layout(p, 0, dev0, 1664);
+      [DP_REGION_COMM] = {1600, 0},
+      [DP_REGION_WORKSPACE] = {1600, 0}};
+  expect_layout(p, 0, dev0, 1600);
   expect_layout(p, 1, SEED_DEV1,
                 SEED_DEV1_TOTAL); /* optimizer state lives on device 0 only */
   dp_plan_free(p);
@@ -333,8 +337,8 @@ START_TEST(seed_adamw_layout_is_exact) {
    *   gathered_outputs 1088 + 240 = 1328
    *   gathered_grads 1344 + 240 = 1584
    *   loss           1600 + 8   = 1608
-   *   comm           1664 + 48  = 1712
-   *   workspace      1728 + 0;   total 1728 */
+   *   comm           1664 + 0    (no receive buffer on the cpu backend)
+   *   workspace      1664 + 0;   total 1664 */
   static const region_want dev0[DP_REGION_COUNT] = {
       [DP_REGION_PARAMS] = {0, 48},
       [DP_REGION_GRADS] = {64, 48},
@@ -348,9 +352,9 @@ START_TEST(seed_adamw_layout_is_exact) {
       [DP_REGION_GATHERED_OUTPUTS] = {1088, 240},
       [DP_REGION_GATHERED_GRADS] = {1344, 240},
       [DP_REGION_LOSS] = {1600, 8},
-      [DP_REGION_COMM] = {1664, 48},
-      [DP_REGION_WORKSPACE] = {1728, 0}};
-  expect_layout(p, 0, dev0, 1728);
+      [DP_REGION_COMM] = {1664, 0},
+      [DP_REGION_WORKSPACE] = {1664, 0}};
+  expect_layout(p, 0, dev0, 1664);
   expect_layout(p, 1, SEED_DEV1, SEED_DEV1_TOTAL);
   ck_assert(dp_plan_config(p)->weight_decay == 0.01f); /* AdamW's default, resolved */
   dp_plan_free(p);
@@ -396,6 +400,7 @@ START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
    * total 1280. */
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_TARGETS).offset, 1024);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).offset, 2560);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 48);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).offset, 2816);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, 4096 + (32u << 20));
   ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816 + 4096 + (32u << 20));
@@ -1547,6 +1552,34 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
           REQ_EQ(op->bytes, P);
       }
       break;
+    case DP_OP_COPY_ADD: /* a reduction step in one pass, between devices of one process */
+      REQ_EQ(op->phase, DP_PHASE_REDUCE);
+      REQ_EQ(op->device, op->dst_dev);
+      REQ_EQ(op->src_region, DP_REGION_GRADS);
+      REQ_EQ(op->dst_region, DP_REGION_GRADS);
+      REQ_EQ(op->src_offset, op->dst_offset);
+      REQ(op->src_dev != op->dst_dev && dp__copy_adds(&p->cfg, op->dst_dev, op->src_dev),
+          "op %d: adds device %d's gradients into device %d's in place", i, op->src_dev,
+          op->dst_dev);
+      if (P) { /* whole segments, each its own tree */
+        size_t covered = 0;
+        for (int s = 0; s < S; s++) {
+          if (st->sg.p1[s] == st->sg.p0[s] || st->sg.p0[s] < op->dst_offset ||
+              st->sg.p1[s] > op->dst_offset + op->bytes)
+            continue;
+          held *dh = grad_slot(st, op->dst_dev, DP_REGION_GRADS, 0, s, i),
+               *sh = grad_slot(st, op->src_dev, DP_REGION_GRADS, 0, s, i);
+          REQ(leaf_done(dh, &st->sg, s) && leaf_done(sh, &st->sg, s),
+              "op %d: adds segment %d's gradients before its layers ran", i, s);
+          tree_add(st, s, dh, sh, op, i);
+          sh->r = (mbrange){0, 0}; /* handed over */
+          covered += st->sg.p1[s] - st->sg.p0[s];
+        }
+        REQ(covered == op->bytes,
+            "op %d: adds bytes [%zu, +%zu) of the gradients: not whole segments", i,
+            op->dst_offset, op->bytes);
+      }
+      break;
     case DP_OP_LOSS:
       REQ_EQ(op->device, 0);
       REQ_EQ(op->rows, v->rows);
@@ -2158,10 +2191,11 @@ START_TEST(max_batch_finds_batches_beyond_a_dip) {
   c.mode = DP_MODE_ALLREDUCE;
   c.shard_optimizer = 1;
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
-  /* the report's budget, 13209600, was batch 4's plan; now 4032 B less: the
-   * relu's output gradient has no buffer (its backward runs in the next
-   * linear's grad-input product) */
-  ck_assert_uint_eq(need_at(m, c, 4), 13205568);
+  /* the report's budget, 13209600, was batch 4's plan; now 2,026,112 B less:
+   * the relu's output gradient has no buffer (its backward runs in the next
+   * linear's grad-input product: 4032 B), and neither has the reduction (the
+   * cpu transport adds the partner's half in place: 2,022,080 B) */
+  ck_assert_uint_eq(need_at(m, c, 4), 11183488);
   ck_assert_uint_gt(need_at(m, c, 1), 13209600); /* batch 1 uses one device: all state */
   int b = max_batch_of(m, &c, 13209600, 200);
   ck_assert_int_ge(b, 4);
@@ -2171,11 +2205,11 @@ START_TEST(max_batch_finds_batches_beyond_a_dip) {
   c.micro_batch = 4;
   /* (a device with two micro-batches also holds the forward's packed weights,
    * 4 MB here: cpu_backend.c packed_wt) */
-  ck_assert_uint_le(need_at(m, c, 96), 20467456);
-  ck_assert_uint_gt(need_at(m, c, 40), 20467456); /* the dip: a smaller batch needs more */
-  b = max_batch_of(m, &c, 20467456, 200);
+  ck_assert_uint_eq(need_at(m, c, 96), 18413376);
+  ck_assert_uint_gt(need_at(m, c, 40), 18413376); /* the dip: a smaller batch needs more */
+  b = max_batch_of(m, &c, 18413376, 200);
   ck_assert_int_ge(b, 96);
-  for (int bb = b + 1; bb <= 200; bb++) ck_assert_uint_gt(need_at(m, c, bb), 20467456);
+  for (int bb = b + 1; bb <= 200; bb++) ck_assert_uint_gt(need_at(m, c, bb), 18413376);
   dp_model_free(m);
 }
 END_TEST
@@ -2227,15 +2261,15 @@ START_TEST(max_batch_is_zero_below_the_smallest_plan) {
 END_TEST
 
 START_TEST(max_batch_of_the_seed_budget) {
-  /* 1600 B per device is the seed plan's device 0 (batch 30, 2 devices);
+  /* 1536 B per device is the seed plan's device 0 (batch 30, 2 devices);
    * batch 30 must fit and the answer must be the largest that does. */
   dp_model *m = model_of(SEED);
   dp_config c = config_of(30, 2, DP_OPT_SGD);
-  int b = max_batch_of(m, &c, 1600, 1000);
+  int b = max_batch_of(m, &c, 1536, 1000);
   ck_assert_int_ge(b, 30);
-  ck_assert_uint_le(need_at(m, c, b), 1600);
-  ck_assert_uint_gt(need_at(m, c, b + 1), 1600);
-  ck_assert_int_eq(max_batch_of(m, &c, 1599, 1000) < 30, 1);
+  ck_assert_uint_le(need_at(m, c, b), 1536);
+  ck_assert_uint_gt(need_at(m, c, b + 1), 1536);
+  ck_assert_int_eq(max_batch_of(m, &c, 1535, 1000) < 30, 1);
   dp_model_free(m);
 }
 END_TEST
@@ -2303,11 +2337,11 @@ START_TEST(seed_schedule_is_exact) {
        15},
       {DP_PHASE_BACKWARD, DP_OP_BACKWARD, 1, 0, 1, X, X, X, 1, DP_REGION_GRADS, 0, 48, 15,
        15},
-      /* device 1's 48 B of grads into device 0's comm buffer, then added */
-      {DP_PHASE_REDUCE, DP_OP_COPY, X, -1, -1, 1, DP_REGION_GRADS, 0, 0, DP_REGION_COMM, 0,
-       48, X, X},
-      {DP_PHASE_REDUCE, DP_OP_GRAD_ADD, 0, -1, -1, X, DP_REGION_COMM, 0, X, DP_REGION_GRADS,
-       0, 48, X, X},
+      /* device 1's 48 B of grads added into device 0's in one pass (the cpu
+       * transport reads them in place; cuda copies them into a comm buffer
+       * and adds there) */
+      {DP_PHASE_REDUCE, DP_OP_COPY_ADD, 0, -1, -1, 1, DP_REGION_GRADS, 0, 0,
+       DP_REGION_GRADS, 0, 48, X, X},
       {DP_PHASE_OPTIMIZER, DP_OP_GRAD_CHECK, 0, -1, -1, X, DP_REGION_GRADS, 0, X, X, X, 48,
        X, X},
       {DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, 0, -1, -1, X, X, X, X, DP_REGION_PARAMS, 0, 48,
@@ -2355,42 +2389,60 @@ START_TEST(seed_schedule_is_exact) {
 }
 END_TEST
 
-START_TEST(reduce_pairs_devices_at_distance_one_then_two) {
+/* The reduction of a 4-device classic plan: device 1 into 0 and 3 into 2
+ * (distance 1), then 2 into 0. Between devices of one process the cpu
+ * transport adds in place (COPY_ADD, no receive buffer); across processes
+ * (ranks) a copy into the receiver's comm region and a GRAD_ADD there. */
+static void expect_reduce_pairs(int ranks, const bool *fused_at_level) {
   dp_model *m = model_of("input 6\nlinear 5\nrelu\nlinear 3\nloss mse\n");
   dp_config c = config_of(32, 4, DP_OPT_SGD);
   c.micro_batch = 2; /* 16 micro-batches, 4 per device */
+  c.ranks = ranks;
   dp_plan *p = plan_of(m, &c);
   size_t P = (6 * 5 + 5 + 5 * 3 + 3) * 4; /* 53 params */
   const dp_op *ops = dp_plan_ops(p);
-  int n_copy = 0, first_stage = -1;
+  int n_pair = 0, first_stage = -1;
   static const int want_src[] = {1, 3, 2}, want_dst[] = {0, 2, 0}, want_level[] = {0, 0, 1};
+  size_t comm[4] = {0};
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *o = &ops[i];
-    if (o->phase != DP_PHASE_REDUCE || o->kind != DP_OP_COPY) continue;
-    ck_assert_int_lt(n_copy, 3);
-    ck_assert_int_eq(o->src_dev, want_src[n_copy]);
-    ck_assert_int_eq(o->dst_dev, want_dst[n_copy]);
+    if (o->phase != DP_PHASE_REDUCE || (o->kind != DP_OP_COPY && o->kind != DP_OP_COPY_ADD))
+      continue;
+    ck_assert_int_lt(n_pair, 3);
+    int lv = want_level[n_pair];
+    ck_assert_int_eq(o->kind, fused_at_level[lv] ? DP_OP_COPY_ADD : DP_OP_COPY);
+    ck_assert_int_eq(o->device, want_dst[n_pair]);
+    ck_assert_int_eq(o->src_dev, want_src[n_pair]);
+    ck_assert_int_eq(o->dst_dev, want_dst[n_pair]);
     ck_assert_int_eq(o->src_region, DP_REGION_GRADS);
-    ck_assert_int_eq(o->dst_region, DP_REGION_COMM);
     ck_assert_uint_eq(o->bytes, P);
     if (first_stage < 0) first_stage = o->stage;
-    ck_assert_int_eq(o->stage, first_stage + want_level[n_copy]); /* distance 1, then 2 */
-    /* the next op adds the received grads on the receiver */
-    ck_assert_int_eq(ops[i + 1].kind, DP_OP_GRAD_ADD);
-    ck_assert_int_eq(ops[i + 1].device, want_dst[n_copy]);
-    ck_assert_int_eq(ops[i + 1].src_region, DP_REGION_COMM);
-    ck_assert_int_eq(ops[i + 1].dst_region, DP_REGION_GRADS);
-    n_copy++;
+    ck_assert_int_eq(o->stage, first_stage + lv); /* distance 1, then 2 */
+    if (o->kind == DP_OP_COPY_ADD) {
+      ck_assert_int_eq(o->dst_region, DP_REGION_GRADS);
+    } else { /* the next op adds the received grads on the receiver */
+      ck_assert_int_eq(o->dst_region, DP_REGION_COMM);
+      ck_assert_int_eq(ops[i + 1].kind, DP_OP_GRAD_ADD);
+      ck_assert_int_eq(ops[i + 1].device, want_dst[n_pair]);
+      ck_assert_int_eq(ops[i + 1].src_region, DP_REGION_COMM);
+      ck_assert_int_eq(ops[i + 1].dst_region, DP_REGION_GRADS);
+      comm[want_dst[n_pair]] = P;
+    }
+    n_pair++;
   }
-  ck_assert_int_eq(n_copy, 3);
-  /* comm buffers only where something is received: devices 0 and 2 */
-  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, P);
-  ck_assert_uint_eq(dp_plan_region(p, 1, DP_REGION_COMM).size, 0);
-  ck_assert_uint_eq(dp_plan_region(p, 2, DP_REGION_COMM).size, P);
-  ck_assert_uint_eq(dp_plan_region(p, 3, DP_REGION_COMM).size, 0);
+  ck_assert_int_eq(n_pair, 3);
+  /* comm buffers only where something is received through a copy */
+  for (int d = 0; d < 4; d++)
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, comm[d]);
   check_plan(p);
   dp_plan_free(p);
   dp_model_free(m);
+}
+
+START_TEST(reduce_pairs_devices_at_distance_one_then_two) {
+  expect_reduce_pairs(1, (const bool[]){true, true});  /* one process: all in place */
+  expect_reduce_pairs(2, (const bool[]){true, false}); /* 0-1 | 2-3: level 1 crosses */
+  expect_reduce_pairs(4, (const bool[]){false, false});
 }
 END_TEST
 
@@ -2496,6 +2548,12 @@ static int collect_merges(const dp_plan *p, merge3 *out) {
     if (o->kind == DP_OP_GRAD_ADD) {
       mbrange *d = SLOT(o->dst_region, o->dst_offset),
               *s = SLOT(o->src_region, o->src_offset);
+      ck_assert_int_eq(d->hi, s->lo);
+      out[n++] = (merge3){d->lo, d->hi, s->hi};
+      d->hi = s->hi;
+    }
+    if (o->kind == DP_OP_COPY_ADD) { /* the other device's sum, in place */
+      mbrange *d = &slots[o->dst_dev][0], *s = &slots[o->src_dev][0];
       ck_assert_int_eq(d->hi, s->lo);
       out[n++] = (merge3){d->lo, d->hi, s->hi};
       d->hi = s->hi;
@@ -2943,14 +3001,27 @@ START_TEST(allreduce_balances_memory_and_scatters_targets) {
                       16 * 4); /* its labels */
     ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size,
                       2 * P); /* full copy */
-    /* the half it keeps at the first halving level: lower (even d) or upper */
-    size_t n = P / 4;
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size,
-                      (d % 2 ? n - n / 2 : n / 2) * 4);
+    /* one process: the partner's half is added in place, no receive buffer */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, 0);
   }
   /* device 0 only adds the other devices' loss sums: within one alignment unit */
   ck_assert_uint_le(dp_plan_device_bytes(p, 0) - dp_plan_device_bytes(p, 3), 64);
   dp_plan_free(p);
+  /* one device per process: every level crosses, so each device receives the
+   * half it keeps at the first level, lower (even d) or upper; two per
+   * process (0-1 | 2-3): only the second level crosses, a quarter */
+  size_t n = P / 4;
+  for (int ranks = 2; ranks <= 4; ranks += 2) {
+    c.ranks = ranks;
+    p = plan_of(m, &c);
+    for (int d = 0; d < 4; d++) {
+      size_t lo, hi;
+      dp__ar_segment(n, ranks == 4 ? 1 : 2, d, &lo, &hi);
+      ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_COMM).size, (hi - lo) * 4);
+      if (ranks == 4) ck_assert_uint_eq(hi - lo, d % 2 ? n - n / 2 : n / 2);
+    }
+    dp_plan_free(p);
+  }
   dp_model_free(m);
 }
 END_TEST
@@ -2994,9 +3065,11 @@ START_TEST(allreduce_halves_at_distance_one_then_two) {
   int first_stage = -1, seen = 0;
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *o = &ops[i];
-    if (o->phase != DP_PHASE_REDUCE || o->kind != DP_OP_COPY ||
-        o->dst_region != DP_REGION_COMM)
+    if (o->phase != DP_PHASE_REDUCE ||
+        !(o->kind == DP_OP_COPY_ADD ||
+          (o->kind == DP_OP_COPY && o->dst_region == DP_REGION_COMM)))
       continue;
+    ck_assert_int_eq(o->kind, DP_OP_COPY_ADD); /* one process: added in place */
     if (first_stage < 0) first_stage = o->stage;
     int dist = o->stage == first_stage ? 1 : 2;
     ck_assert_int_eq(o->src_dev ^ o->dst_dev, dist);

@@ -215,6 +215,7 @@ static void op_detail(const dp_op *op, char *buf, size_t cap) {
              endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset));
     break;
   case DP_OP_GRAD_ADD:
+  case DP_OP_COPY_ADD:
     snprintf(buf, cap, "%s += %s",
              endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset),
              endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset));
@@ -566,13 +567,14 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
               "\"rows\": %d, \"bytes\": %zu",
               (int)op->device, (int)op->layer, (int)op->micro_batch, (int)op->row0,
               (int)op->rows, op->bytes);
-      if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD) {
+      int two_ends = op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD ||
+                     op->kind == DP_OP_COPY_ADD;
+      if (two_ends) {
         fprintf(f, ", \"src_dev\": %d, \"src_region\": ", (int)op->src_dev);
         dpt_json_string(f, dp_region_name((dp_region)op->src_region));
         fprintf(f, ", \"src_offset\": %zu", op->src_offset);
       }
-      if (op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD ||
-          op->kind == DP_OP_BACKWARD) {
+      if (two_ends || op->kind == DP_OP_BACKWARD) {
         fprintf(f, ", \"dst_dev\": %d, \"dst_region\": ", (int)op->dst_dev);
         dpt_json_string(f, dp_region_name((dp_region)op->dst_region));
         fprintf(f, ", \"dst_offset\": %zu", op->dst_offset);
