@@ -5,6 +5,8 @@
     ninja            libdp.a, build/dp, the tests and the examples
     ninja test       builds everything, runs build/test_dp and each standalone test
     ninja asan       a second, CPU-only build in build-asan/ under ASan+UBSan; runs its tests
+    ninja tsan       a CPU-only build in build-tsan/ under ThreadSanitizer; runs the test
+                     suites whose steps run on several threads (TSAN_SUITES); fails on a race
     ninja fuzz       libFuzzer harnesses (fuzz/fuzz_*.c) built with clang in build-fuzz/
                      (CPU-only, ASan+UBSan), each run FUZZ_SECONDS (default 60); fails on a crash
     ninja valgrind   a 200-step training loop and 200 forward calls under valgrind memcheck
@@ -48,6 +50,11 @@ APT_PACKAGES = {'ninja': 'ninja-build', 'pkg-config': 'pkg-config', 'check': 'ch
                 'cc': 'gcc'}
 SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
             '-fno-sanitize-recover=undefined']
+TSANITIZE = ['-fsanitize=thread', '-fno-omit-frame-pointer']
+# test_dp's suites that `ninja tsan` runs: those whose steps run on several device
+# threads (the executor's barriers, work sharing and left-out barriers, lib/exec.c)
+TSAN_SUITES = ['step', 'faults', 'determinism', 'accumulate', 'batchnorm', 'clip', 'repro',
+               'hostile', 'guards']
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
 SOURCE_DIRS = ['lib', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',
@@ -415,8 +422,10 @@ def main():
     ap.add_argument('--debug', action='store_true', help='-O0 -g -DDP_DEBUG (default -O3 -g)')
     ap.add_argument('--builddir', default='build',
                     help='build folder (default build); any other writes BUILDDIR/build.ninja')
-    ap.add_argument('--sanitize', action='store_true',
-                    help='ASan + UBSan, -O1, CPU-only (what `ninja asan` uses)')
+    ap.add_argument('--sanitize', nargs='?', const='address', choices=['address', 'thread'],
+                    help='-O1, CPU-only, under sanitizers: address (the default) is ASan + '
+                         'UBSan (what `ninja asan` uses), thread is ThreadSanitizer (what '
+                         '`ninja tsan` uses)')
     ap.add_argument('--no-install', action='store_true',
                     help='never run apt-get; name missing packages instead (what build.ninja '
                          'passes when ninja reruns this script)')
@@ -444,8 +453,9 @@ def main():
     env_flags = lambda name: shlex.split(os.environ.get(name, ''))
 
     # -- flags
+    san_flags = TSANITIZE if args.sanitize == 'thread' else SANITIZE
     if args.sanitize:
-        opt = ['-O1', '-g'] + SANITIZE + (['-DDP_DEBUG'] if args.debug else [])
+        opt = ['-O1', '-g'] + san_flags + (['-DDP_DEBUG'] if args.debug else [])
     else:
         opt = ['-O0', '-g', '-DDP_DEBUG'] if args.debug else ['-O3', '-g']
     # ISO C mode keeps fp contraction off; -fno-math-errno only lets sqrtf vectorise.
@@ -464,7 +474,7 @@ def main():
     tool_mpi_flags = (['-DDP_HAVE_MPI=1'] + mpi['cflags']) if mpi else []
     example_cflags = common + ['-Iinclude'] + opt + env_flags('CFLAGS')
     test_cflags = ['-Itests', '-I' + os.path.join(bd, 'gen')] + shlex.split(check_cflags)
-    ldflags = ['-pthread'] + (SANITIZE if args.sanitize else []) + env_flags('LDFLAGS')
+    ldflags = ['-pthread'] + (san_flags if args.sanitize else []) + env_flags('LDFLAGS')
     # libdp.a needs only these; libdp_cuda.a (the CUDA backend) adds cuda_libs. The
     # rpaths are for this tree's own programs; the .pc files force none.
     sys_libs = ['-lm', '-pthread']
@@ -682,7 +692,11 @@ def main():
 
     # ninja test: every test program from the repository root; fails if any failed
     test_env = ''
-    if args.sanitize:
+    if args.sanitize == 'thread':
+        # a race aborts the test that found it, which fails its suite
+        test_env = ("export TSAN_OPTIONS=$${TSAN_OPTIONS:-'halt_on_error=1 abort_on_error=1'} "
+                    'CK_TIMEOUT_MULTIPLIER=$${CK_TIMEOUT_MULTIPLIER:-10}; ')
+    elif args.sanitize:
         # LeakSanitizer works here (ptrace is allowed); where a sandbox forbids ptrace,
         # run with ASAN_OPTIONS=detect_leaks=0 instead. Check's timeouts are stretched
         # for the slower instrumented code.
@@ -702,9 +716,14 @@ def main():
     for argv in checks:
         cmd = esc(shlex.join(argv))
         test_cmd += 'echo "== %s"; %s || { echo "FAILED: %s"; fail=1; }; ' % (cmd, cmd, cmd)
-    test_cmd += ('for t in %s; do echo "== $$t"; ./$$t || '
-                 '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
-                 % esc(join(map(shlex.quote, test_bins))))
+    if args.sanitize == 'thread':
+        test_cmd += ('for s in %s; do echo "== %s, suite $$s"; CK_RUN_SUITE=$$s ./%s || '
+                     '{ echo "FAILED: suite $$s"; fail=1; }; done; exit $$fail'
+                     % (esc(join(TSAN_SUITES)), esc(B('test_dp')), esc(B('test_dp'))))
+    else:
+        test_cmd += ('for t in %s; do echo "== $$t"; ./$$t || '
+                     '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
+                     % esc(join(map(shlex.quote, test_bins))))
     n.build('test', 'console', [], defaults + [c[0] for c in checks],
             variables=[('cmd', test_cmd), ('desc', 'TEST ' + esc(bd))])
 
@@ -741,6 +760,9 @@ def main():
         asan_cmd = ('%s --builddir build-asan --sanitize && ninja -f build-asan/build.ninja test'
                     % esc(rerun))
         n.build('asan', 'console', variables=[('cmd', asan_cmd), ('desc', 'ASAN')])
+        tsan_cmd = ('%s --builddir build-tsan --sanitize=thread && '
+                    'ninja -f build-tsan/build.ninja test' % esc(rerun))
+        n.build('tsan', 'console', variables=[('cmd', tsan_cmd), ('desc', 'TSAN')])
     n.newline()
 
     # ninja valgrind: tests/valgrind/*.c, each run under memcheck per device count

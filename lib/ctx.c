@@ -169,7 +169,8 @@ static dp_status ctx_init(dp_ctx *c) {
   for (int i = 0; i < (dp__accumulate(&p->cfg) > 1 ? 3 : 2); i++) {
     caches[i]->mbs = malloc((size_t)max_mbs * sizeof *caches[i]->mbs);
     caches[i]->ops = malloc((size_t)p->ops_cap * sizeof *caches[i]->ops);
-    if (!caches[i]->mbs || !caches[i]->ops)
+    caches[i]->sync = malloc((size_t)p->ops_cap); /* no more stages than ops */
+    if (!caches[i]->mbs || !caches[i]->ops || !caches[i]->sync)
       return DP_FAIL(DP_ERR_NOMEM, "context: out of memory for the schedule");
   }
   if (c->world && c->be->ctx_init_world) { /* the backend spans the processes itself */
@@ -344,10 +345,13 @@ void dp_ctx_free(dp_ctx *c) {
   free(c->bounce);
   free(c->train.mbs);
   free(c->train.ops);
+  free(c->train.sync);
   free(c->infer.mbs);
   free(c->infer.ops);
+  free(c->infer.sync);
   free(c->accum.mbs);
   free(c->accum.ops);
+  free(c->accum.sync);
   free(c);
 }
 
@@ -395,6 +399,7 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows) {
     k++;
   while (k > 0 && k < sc->n_ops && sc->ops[k - 1].stage == sc->ops[k].stage) k--;
   sc->commit = k;
+  dp__exec_sync(&c->exec, sc->ops, sc->n_ops, sc->sync);
   sc->rows = rows;
   return DP_OK;
 }
@@ -679,7 +684,8 @@ static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   *commit_failed = false;
   bool sync = !c->be->step_end;
   dp_status s = sync ? DP_OK : c->be->step_begin(c->bctx, c->step);
-  if (!s) s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, 0, sc->commit, inject);
+  if (!s)
+    s = dp__exec_run(&c->exec, e, sc->ops, sc->sync, sc->n_ops, 0, sc->commit, inject);
   if (c->world) {
     int order = s ? c->exec.first_fail : 0;
     dp_status g = DP_OK;
@@ -707,7 +713,8 @@ static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
     if (g) return g;
   }
   if (!s) {
-    s = dp__exec_run(&c->exec, e, sc->ops, sc->n_ops, sc->commit, sc->n_ops, inject);
+    s = dp__exec_run(&c->exec, e, sc->ops, sc->sync, sc->n_ops, sc->commit, sc->n_ops,
+                     inject);
     *commit_failed = s != DP_OK;
   }
   return s;
@@ -1088,6 +1095,7 @@ dp_status dp__ctx_run_phase(dp_ctx *c, int rows, dp_phase ph, int iters) {
   while (hi < n && ops[hi].phase == ph) hi++;
   dp_exec_env e;
   env_init(c, &e, &c->train, rows, true);
-  for (int i = 0; i < iters && !s; i++) s = dp__exec_run(&c->exec, &e, ops, n, lo, hi, -1);
+  for (int i = 0; i < iters && !s; i++)
+    s = dp__exec_run(&c->exec, &e, ops, c->train.sync, n, lo, hi, -1);
   return s;
 }

@@ -13,6 +13,7 @@
 typedef struct {
   dp_mb *mbs; /* the plan's micro-batches truncated to `rows` */
   dp_op *ops;
+  uint8_t *sync;             /* per stage: the devices meet at its end (dp__exec_sync) */
   int n_ops, n_stages, rows; /* rows the ops were built for; 0 = none */
   /* Ops [commit, n_ops) are the commit phase: from the first op that writes
    * state a failed step must leave alone (the optimizer stage) to the end.

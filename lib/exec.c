@@ -17,15 +17,21 @@
 #endif
 
 /* Spin, then yield, then sleep: cheap when the devices are busy on their own
- * cores, polite when there are more virtual devices than cores. */
+ * cores, polite when there are more virtual devices than cores. The last
+ * thread in takes the mutex only when someone sleeps: a sleeper counts itself
+ * before it reads gen, and the releaser bumps gen before it reads the count
+ * (both sequentially consistent), so either the sleeper sees the new gen or
+ * the releaser sees the sleeper. */
 static void barrier_wait(dp_barrier *b) {
   unsigned gen = atomic_load_explicit(&b->gen, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
     atomic_store_explicit(&b->count, 0, memory_order_relaxed);
-    pthread_mutex_lock(&b->mu);
-    atomic_fetch_add_explicit(&b->gen, 1, memory_order_release);
-    pthread_cond_broadcast(&b->cv);
-    pthread_mutex_unlock(&b->mu);
+    atomic_fetch_add(&b->gen, 1);
+    if (atomic_load(&b->sleepers) > 0) {
+      pthread_mutex_lock(&b->mu);
+      pthread_cond_broadcast(&b->cv);
+      pthread_mutex_unlock(&b->mu);
+    }
     return;
   }
   for (int i = 0; i < 4000; i++) {
@@ -37,8 +43,9 @@ static void barrier_wait(dp_barrier *b) {
     sched_yield();
   }
   pthread_mutex_lock(&b->mu);
-  while (atomic_load_explicit(&b->gen, memory_order_acquire) == gen)
-    pthread_cond_wait(&b->cv, &b->mu);
+  atomic_fetch_add(&b->sleepers, 1);
+  while (atomic_load(&b->gen) == gen) pthread_cond_wait(&b->cv, &b->mu);
+  atomic_fetch_sub(&b->sleepers, 1);
   pthread_mutex_unlock(&b->mu);
 }
 
@@ -110,24 +117,152 @@ static bool local_end(const dp_exec *x, int dev) {
   return dev == DP_HOST || (dev >= x->dev0 && dev < x->dev0 + x->n_devices);
 }
 
-/* busy[d]: device dev0 + d has run an op of its own earlier in this stage. */
-static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject,
-                      const bool *busy) {
-  if (!x->share || k == inject || op->bytes < SHARE_MIN_BYTES || op->bytes % 4)
-    return false;
-  int ends[3] = {op->device, op->src_dev, op->dst_dev};
-  for (int i = 0; i < 3; i++)
-    if (ends[i] != DP_HOST && local_end(x, ends[i]) && busy[ends[i] - x->dev0])
-      return false;
+/* An op of a kind and size that work sharing cuts into ranges (when
+ * shared_op's other conditions hold too). */
+static bool shareable(const dp_exec *x, const dp_op *op) {
+  if (!x->share || op->bytes < SHARE_MIN_BYTES || op->bytes % 4) return false;
   switch ((dp_op_kind)op->kind) {
-  case DP_OP_COPY:
-    return !skipped(x->env, op) && local_end(x, op->src_dev) && local_end(x, op->dst_dev);
+  case DP_OP_COPY: return local_end(x, op->src_dev) && local_end(x, op->dst_dev);
   case DP_OP_COPY_ADD:
   case DP_OP_GRAD_ADD:
   case DP_OP_ZERO:
   case DP_OP_GRAD_CHECK:
   case DP_OP_OPTIMIZER: return true;
   default: return false;
+  }
+}
+
+/* busy[d]: device dev0 + d has run an op of its own earlier in this stage. */
+static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject,
+                      const bool *busy) {
+  if (k == inject || !shareable(x, op) || skipped(x->env, op)) return false;
+  int ends[3] = {op->device, op->src_dev, op->dst_dev};
+  for (int i = 0; i < 3; i++)
+    if (ends[i] != DP_HOST && local_end(x, ends[i]) && busy[ends[i] - x->dev0])
+      return false;
+  return true;
+}
+
+/* ---- barriers left out -----------------------------------------------------------
+ * The devices meet at the end of a stage only when the next stage needs it
+ * (dp__exec_sync): when one of its ops touches memory that ops another thread
+ * ran since the last meeting wrote, or writes memory they read. What an op
+ * touches, by region: a copy its two ends (an in-place add reads its
+ * destination too); a compute op only its own device's memory (a backend
+ * addresses no other): a forward pass writes activations, outputs and
+ * workspace, a backward pass those (outputs read) and the output gradients
+ * and gradients, both read parameters and inputs; the gradient check only
+ * reads; any other op may read and write every region but the parameters
+ * (which the optimizer and batchnorm's running statistics write).
+ * A shared op runs on every thread. After a failure the devices stop at the
+ * first stage after it that they reach: what they ran meanwhile touches
+ * nothing another device is using, and a stage that writes the state a
+ * refused step keeps (parameters, gradients, optimizer state) always starts
+ * with a meeting, so that every device has seen the failures before it. */
+
+#define ALL_REGIONS ((uint32_t)((1u << DP_REGION_COUNT) - 1))
+#define R(region) (1u << DP_REGION_##region)
+
+typedef struct {
+  int slot[2];         /* local device, or n_devices for the host; -1: unused */
+  uint32_t r[2], w[2]; /* regions read and written there */
+} footprint;
+
+static int slot_of(const dp_exec *x, int dev) {
+  return dev == DP_HOST ? x->n_devices : dev - x->dev0;
+}
+
+static footprint footprint_of(const dp_exec *x, const dp_op *op) {
+  footprint f = {.slot = {-1, -1}};
+  if (op->kind == DP_OP_COPY || op->kind == DP_OP_COPY_ADD) {
+    f.slot[0] = slot_of(x, op->src_dev);
+    f.r[0] = 1u << op->src_region;
+    f.slot[1] = slot_of(x, op->dst_dev);
+    f.w[1] = 1u << op->dst_region;
+    if (op->kind == DP_OP_COPY_ADD) f.r[1] = f.w[1];
+    return f;
+  }
+  f.slot[0] = slot_of(x, op->device);
+  f.r[0] = f.w[0] = ALL_REGIONS;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_FORWARD: /* never the loss's, the optimizer's or the reduction's */
+    f.w[0] = R(ACTIVATIONS) | R(OUTPUTS) | R(WORKSPACE);
+    f.r[0] = f.w[0] | R(PARAMS) | R(INPUTS);
+    break;
+  case DP_OP_BACKWARD:
+    f.w[0] = R(ACTIVATIONS) | R(OUTPUT_GRADS) | R(GRADS) | R(GRAD_PARTIALS) | R(WORKSPACE);
+    f.r[0] = f.w[0] | R(PARAMS) | R(INPUTS) | R(OUTPUTS);
+    break;
+  case DP_OP_GRAD_CHECK: f.w[0] = 0; break; /* it only reads */
+  case DP_OP_OPTIMIZER:
+  case DP_OP_BN_UPDATE: break;
+  default: f.w[0] &= ~R(PARAMS); break;
+  }
+  return f;
+}
+
+/* Whether op, on thread t (-1: every thread), touches what the other
+ * threads' ops since the last meeting touched in a conflicting way. */
+static bool conflicts(const dp_exec *x, const footprint *f, int t) {
+  for (int u = 0; u < x->n_devices; u++) {
+    if (u == t) continue;
+    for (int i = 0; i < 2; i++) {
+      int e = f->slot[i];
+      if (e < 0) continue;
+      if ((f->w[i] & (x->win_r[u][e] | x->win_w[u][e])) || (f->r[i] & x->win_w[u][e]))
+        return true;
+    }
+  }
+  return false;
+}
+
+/* What a refused step leaves as it was (RELIABILITY.md): an op that writes it
+ * waits until every device has seen the failures of the stages before. */
+static bool writes_kept(const footprint *f) {
+  return ((f->w[0] | f->w[1]) & (R(PARAMS) | R(GRADS) | R(OPT_STATE))) != 0;
+}
+
+static void touch(dp_exec *x, const footprint *f, int t) {
+  for (int u = t < 0 ? 0 : t; u < (t < 0 ? x->n_devices : t + 1); u++)
+    for (int i = 0; i < 2; i++)
+      if (f->slot[i] >= 0) {
+        x->win_r[u][f->slot[i]] |= f->r[i];
+        x->win_w[u][f->slot[i]] |= f->w[i];
+      }
+}
+
+static void forget(dp_exec *x) {
+  for (int u = 0; u < x->n_devices; u++) {
+    memset(x->win_r[u], 0, (size_t)(x->n_devices + 1) * sizeof **x->win_r);
+    memset(x->win_w[u], 0, (size_t)(x->n_devices + 1) * sizeof **x->win_w);
+  }
+}
+
+#undef R
+
+void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
+  int n_stages = n_ops ? ops[n_ops - 1].stage + 1 : 0;
+  memset(sync, 1, (size_t)n_stages);
+  if (!x->share) return;
+  forget(x);
+  for (int k = 0; k < n_ops;) {
+    int s = ops[k].stage, end = k;
+    while (end < n_ops && ops[end].stage == s) end++;
+    if (s > 0) {
+      bool meet = false;
+      for (int i = k; i < end && !meet; i++) {
+        footprint f = footprint_of(x, &ops[i]);
+        meet = writes_kept(&f) ||
+               conflicts(x, &f, shareable(x, &ops[i]) ? -1 : slot_of(x, ops[i].device));
+      }
+      sync[s - 1] = meet;
+      if (meet) forget(x);
+    }
+    for (int i = k; i < end; i++) {
+      footprint f = footprint_of(x, &ops[i]);
+      touch(x, &f, shareable(x, &ops[i]) ? -1 : slot_of(x, ops[i].device));
+    }
+    k = end;
   }
 }
 
@@ -159,6 +294,7 @@ static void run_device(dp_exec *x, int dev) {
   /* Read the job once: after this device's last barrier the caller may already
    * be writing the next job into x. */
   const dp_op *ops = x->ops;
+  const uint8_t *sync = x->sync;
   int k = x->lo, hi = x->hi, s1 = x->s1, inject = x->inject_at;
   const dp_backend_ops *b = x->backend;
   const dp_transport_ops *t = x->transport;
@@ -243,7 +379,7 @@ static void run_device(dp_exec *x, int dev) {
     }
     if (started && t->flush) note(x, dev, k, s, -1, t->flush(x->tctx, x->env, dev));
     if (b->stage_end) note(x, dev, k, s, s, b->stage_end(x->bctx, dev, s));
-    barrier_wait(&x->bar);
+    if (s == s1 || !sync || sync[s]) barrier_wait(&x->bar);
   }
 }
 
@@ -341,11 +477,12 @@ static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap
   }
 }
 
-dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo,
-                       int hi, int inject_at) {
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uint8_t *sync,
+                       int n_ops, int lo, int hi, int inject_at) {
   if (lo >= hi || x->n_devices == 0) return DP_OK;
   x->env = env;
   x->ops = ops;
+  x->sync = sync;
   x->lo = lo;
   x->hi = hi;
   x->s0 = ops[lo].stage;

@@ -10,6 +10,7 @@
 typedef struct {
   atomic_int count;
   atomic_uint gen;
+  atomic_int sleepers; /* threads that sleep on cv, or are about to */
   int n;
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -37,6 +38,7 @@ struct dp_exec {
    * [s0, s1]; the op at schedule index inject_at fails (test hook, -1: off) */
   dp_exec_env *env;
   const dp_op *ops;
+  const uint8_t *sync; /* NULL: the devices meet after every stage */
   int lo, hi, s0, s1, inject_at;
   /* per device outcome */
   dp_status status[DP_MAX_DEVICES];
@@ -51,6 +53,11 @@ struct dp_exec {
    * failed in a check, for the shared op of parity slot. */
   bool share;
   bool part_bad[2][DP_MAX_DEVICES];
+  /* dp__exec_sync's scratch: per thread, the regions (bit per dp_region) of
+   * each device (and, last, of the host) that its ops since the last barrier
+   * read and wrote */
+  uint32_t win_r[DP_MAX_DEVICES][DP_MAX_DEVICES + 1],
+      win_w[DP_MAX_DEVICES][DP_MAX_DEVICES + 1];
 };
 
 /* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs
@@ -64,7 +71,15 @@ void dp__exec_destroy(dp_exec *x);
  * of the failing op that comes first in the schedule, naming it ("device 1, op 17 of 40
  * (backward layer 2, micro-batch 3): ..."). The op at schedule index inject_at (-1: none)
  * fails with DP_ERR_BACKEND instead of running: a deterministic test hook. */
-dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, int n_ops, int lo,
-                       int hi, int inject_at);
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uint8_t *sync,
+                       int n_ops, int lo, int hi, int inject_at);
+/* sync[s] for every stage s of the schedule ops[0, n_ops): whether the
+ * devices must meet at the end of stage s (dp__exec_run meets at the end of
+ * its last stage whatever it says). Only an executor that shares work (a
+ * synchronous backend whose devices and transport live in this address
+ * space) leaves a barrier out, and only where no op of the next stage
+ * touches a region another thread's ops since the last barrier wrote, or
+ * writes one they read. */
+void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync);
 
 #endif

@@ -487,7 +487,7 @@ static size_t compare_dev(const pair *t, int d, double tol, bool bitwise,
  * executor calls them. */
 static dp_status walk(pair *t, bool gpu, int lo, int hi) {
   const dp_plan *p = gpu ? t->pg : t->pc;
-  return dp__exec_run(gpu ? &t->xg : &t->xc, gpu ? &t->eg : &t->ec, dp_plan_ops(p),
+  return dp__exec_run(gpu ? &t->xg : &t->xc, gpu ? &t->eg : &t->ec, dp_plan_ops(p), NULL,
                       dp_plan_n_ops(p), lo, hi, -1);
 }
 

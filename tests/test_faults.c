@@ -492,6 +492,100 @@ START_TEST(skipped_steps_accumulate_and_the_policy_is_checked) {
 }
 END_TEST
 
+/* ---- barriers left out (lib/exec.c, dp__exec_sync) ---------------------------- */
+
+/* The seed step on 2 devices meets at 6 of its 10 stage ends: after the
+ * gather (the loss reads device 1's rows), the loss (the scatter of its
+ * gradients reads it), the scatter (the backward writes gradients, kept
+ * state), the backward (the reduction reads device 1's gradients), the check
+ * (the end of the part before the commit) and the update (the end of the
+ * step). The broadcast, the scatter of the inputs and the forward share
+ * nothing across devices; the check runs on device 0 after its own
+ * reduction. */
+START_TEST(the_seed_step_meets_only_where_it_must) {
+  dp_model *m = model_of("input 5\nlinear 2\nloss mse\n");
+  dp_config cfg = config_of(30, 2, DP_OPT_SGD);
+  dp_plan *p = plan_of(m, &cfg);
+  dp_ctx *c = ctx_of(p);
+  const dp_op *ops;
+  int n_ops, commit;
+  ck_assert_int_eq(dp__ctx_schedule(c, 30, true, &ops, &n_ops, &commit), DP_OK);
+  static const uint8_t want[] = {0, 0, 0, 1, 1, 1, 1, 0, 1, 1};
+  ck_assert_int_eq(c->train.n_stages, (int)sizeof want);
+  for (int i = 0; i < n_ops; i++) {
+    int s = ops[i].stage;
+    ck_assert_msg(c->train.sync[s] == want[s], "stage %d (%s): meet %d, want %d", s,
+                  dp_phase_name((dp_phase)ops[i].phase), c->train.sync[s], want[s]);
+  }
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
+/* Whether op writes what a refused step keeps, by its kind and ends alone. */
+static bool op_writes_kept(const dp_op *op) {
+  if (op->kind == DP_OP_COPY || op->kind == DP_OP_COPY_ADD)
+    return op->dst_region == DP_REGION_PARAMS || op->dst_region == DP_REGION_GRADS ||
+           op->dst_region == DP_REGION_OPT_STATE;
+  return op->kind != DP_OP_FORWARD && op->kind != DP_OP_GRAD_CHECK;
+}
+
+/* In every layout: a stage that writes parameters, gradients or optimizer
+ * state starts with a meeting (so a failure before it stops every device
+ * first), and so does a stage whose copy reads or writes another device's
+ * region that the stage before wrote; the step's last stage ends with one;
+ * and with several devices some stage ends without one. */
+START_TEST(every_layout_meets_before_kept_state_and_crossing_data) {
+  const mode_case *mc = &MODES[_i % N_MODES];
+  int n_dev = 1 + _i / N_MODES;
+  const char *specs[] = {MODEL, IMAGE_MODEL};
+  for (int k = 0; k < 2; k++)
+    for (int sync_bn = 0; sync_bn <= k; sync_bn++) {
+      bn_mode = sync_bn ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+      dp_model *m = model_of(specs[k]);
+      dp_plan *p = plan_case(m, mc, n_dev, DP_OPT_ADAMW, MICRO, DP_NONFINITE_ERROR);
+      bn_mode = DP_BN_PER_REPLICA;
+      dp_ctx *c = ctx_of(p);
+      const dp_op *ops;
+      int n_ops, commit, left_out = 0;
+      ck_assert_int_eq(dp__ctx_schedule(c, BATCH, true, &ops, &n_ops, &commit), DP_OK);
+      const uint8_t *sync = c->train.sync;
+      int n_stages = c->train.n_stages;
+      ck_assert_int_eq(sync[n_stages - 1], 1);
+      for (int i = 0; i < n_ops; i++) {
+        int s = ops[i].stage;
+        if (s == 0) continue;
+        char what[128];
+        snprintf(what, sizeof what, "%s, %s, %d devices, op %d (%s %s)", k ? "cnn" : "mlp",
+                 mc->name, n_dev, i, dp_phase_name((dp_phase)ops[i].phase),
+                 dp_op_kind_name((dp_op_kind)ops[i].kind));
+        if (op_writes_kept(&ops[i]))
+          ck_assert_msg(sync[s - 1], "%s writes kept state without a meeting", what);
+        /* a copy between devices after a stage that wrote its far end on
+         * another device's thread */
+        if ((ops[i].kind == DP_OP_COPY || ops[i].kind == DP_OP_COPY_ADD) &&
+            ops[i].src_dev != ops[i].dst_dev && ops[i].src_dev >= 0 &&
+            ops[i].dst_dev >= 0) {
+          int far = ops[i].device == ops[i].src_dev ? ops[i].dst_dev : ops[i].src_dev;
+          for (int j = 0; j < n_ops && ops[j].stage <= s - 1; j++)
+            if (ops[j].stage == s - 1 && ops[j].device == far &&
+                ops[j].kind != DP_OP_COPY && ops[j].kind != DP_OP_GRAD_CHECK &&
+                ops[j].kind != DP_OP_FORWARD)
+              ck_assert_msg(sync[s - 1], "%s crosses to device %d, busy the stage before",
+                            what, far);
+        }
+      }
+      for (int s = 0; s < n_stages; s++) left_out += !sync[s];
+      if (n_dev > 1)
+        ck_assert_msg(left_out > 0, "%s, %d devices: every stage meets", mc->name, n_dev);
+      dp_ctx_free(c);
+      dp_plan_free(p);
+      dp_model_free(m);
+    }
+}
+END_TEST
+
 Suite *faults_suite(void) {
   Suite *s = suite_create("faults");
   TCase *tc = tcase_create("step");
@@ -514,6 +608,9 @@ Suite *faults_suite(void) {
   tcase_add_loop_test(tc, a_nonfinite_step_is_refused_and_changes_nothing, 0, N_MODES * 4);
   tcase_add_loop_test(tc, a_nonfinite_step_is_skipped_and_counted, 0, N_MODES * 4);
   tcase_add_test(tc, skipped_steps_accumulate_and_the_policy_is_checked);
+  tcase_add_test(tc, the_seed_step_meets_only_where_it_must);
+  tcase_add_loop_test(tc, every_layout_meets_before_kept_state_and_crossing_data, 0,
+                      N_MODES * 4);
   suite_add_tcase(s, tc);
   return s;
 }
