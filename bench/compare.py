@@ -110,6 +110,18 @@ def step_min_exe():
     return exe
 
 
+def gemm_pair():
+    """bench/gemm_pair.c: the large MLP's GEMMs alone, 256 rows on one core against 128 rows
+    on each of two at once (the scaling the arithmetic alone allows here)."""
+    exe = os.path.join(BUILD, 'bench_gemm_pair')
+    r = subprocess.run([os.environ.get('CC', 'cc'), '-O2', '-Iinclude', '-Ilib',
+                        'bench/gemm_pair.c', os.path.join(BUILD, 'libdp.a'), '-lm', '-pthread',
+                        '-o', exe], cwd=ROOT, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit('compare.py: cannot build bench/gemm_pair.c:\n' + r.stderr)
+    return json.loads(sh([exe, '15']))
+
+
 def dp_step(exe, model, batch, devs, mode, opt, steps, rounds):
     """The best of `rounds` runs (interleaved by the caller): min, median and mean ms."""
     best = None
@@ -187,6 +199,7 @@ def main():
     scaling = [(mode, got[MLP_LARGE_1]['min_ms'] / got[l]['min_ms'],
                 got[MLP_LARGE_1]['mean_ms'] / got[l]['mean_ms'])
                for mode, l in MLP_LARGE_2 if MLP_LARGE_1 in got and l in got]
+    pair = gemm_pair() if scaling else None
 
     print('machine: %s' % sh(['sh', '-c', "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"]).strip())
     print('load average at the end: %s' % open('/proc/loadavg').read().split()[0])
@@ -222,6 +235,11 @@ def main():
               '(%.2fx on the means); target >= %.1fx: %s'
               % ('\n' if mode == scaling[0][0] else '', mode, scale_min, scale_mean,
                  SCALING_TARGET, 'met' if scale_min >= SCALING_TARGET else 'not met'))
+    if pair:
+        print('mlp_large\'s GEMMs alone (bench/gemm_pair.c, no step around them): 256 rows on '
+              'one core %.2f ms, 128 rows on each of two cores at once %.2f ms: %.2fx'
+              % (pair['one_core_256_rows_ms'], pair['two_cores_128_rows_ms'],
+                 pair['scaling']))
     cnn = [r for r in rows if r[0].startswith('cnn') and r[7] != '-']
     if cnn:
         print('\nimage layers (issue 17), one core each: libdp at %s PyTorch\'s speed '
