@@ -58,7 +58,7 @@ TSAN_SUITES = ['step', 'faults', 'determinism', 'accumulate', 'batchnorm', 'clip
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
 SOURCE_DIRS = ['lib', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',
-               'tests/valgrind', 'tests/emul', 'tests/mpi', 'examples']
+               'tests/valgrind', 'tests/emul', 'tests/mpi', 'tests/cuda_sim', 'examples']
 # fuzz/ is not watched as a folder: its path would be the same ninja node as the
 # `ninja fuzz` target, and every build would run the fuzzers to bring build.ninja
 # up to date. Its sources are watched one by one instead (a new harness needs
@@ -663,6 +663,39 @@ def main():
             mpi_bins += n.build(B('test_cuda_mpi_gpu'), 'link', [gobj] + all_libs,
                                 variables=flibs)
     defaults += test_bins + mpi_bins
+    # test_cuda_sim: the real cuda/ sources (host code and kernels, unchanged but for
+    # the launch seam) compiled for the host with g++ against the CPU simulation of
+    # the CUDA runtime, cuBLAS and NCCL in tests/cuda_sim/, running the GPU suites
+    # (docs/GPU.md, "The CUDA simulation"). Built wherever there is a C++ compiler.
+    sim_bins = []
+    cxx = tool(os.environ.get('CXX', 'g++'))
+    if cxx and not args.sanitize and os.path.isdir('tests/cuda_sim'):
+        SO = lambda src: os.path.join(bd, 'sim', os.path.splitext(src)[0] + '.o')
+        simdefs = ['-DDP_HAVE_CUDA=1', '-DDP_HAVE_NCCL=1', '-DDP_CUDA_SIM=1']
+        simcxx = (['-std=c++17', '-Wall', '-Wextra', '-pthread', '-fno-exceptions', '-O1', '-g',
+                   '-ffp-contract=off', '-fno-math-errno', '-isystem', 'tests/cuda_sim/include',
+                   '-Itests/cuda_sim', '-Iinclude', '-Ilib', '-iquote', 'cuda'] + simdefs)
+        sim_gen = os.path.join(bd, 'gen', 'sim')
+        n.rule('cxx_sim', '%s -MMD -MF $out.d $simflags -c $in -o $out' % esc(cxx),
+               depfile='$out.d', deps='gcc', description='CXX $out')
+        sv = [('simflags', esc(join(simcxx)))]
+        sobjs = [n.build(SO(s), 'cxx_sim', [s], variables=[(
+            'simflags', esc(join(simcxx + ['-x', 'c++'])))])[0] for s in sources('cuda/*.cu')]
+        sobjs += [n.build(SO(s), 'cxx_sim', [s], variables=sv)[0]
+                  for s in sources('tests/cuda_sim/*.cc') + sources('tests/cuda_sim/*.S')]
+        scflags = [('cflags', '$cflags ' + esc(join(simdefs + ['-I' + sim_gen] + test_cflags)))]
+        sobjs.append(n.build(SO('cuda/vtable.c'), 'cc', ['cuda/vtable.c'], variables=scflags)[0])
+        libsim = n.build(B('libdp_cuda_sim.a'), 'ar', sobjs)
+        sim_tests = ['tests/test_cuda.c', 'tests/test_cuda_api.c', 'tests/test_cuda_fault.c']
+        tobjs = [n.build(SO('tests/check_main.c'), 'cc', ['tests/check_main.c'],
+                         [os.path.join(sim_gen, 'suites.h')], variables=scflags)[0]]
+        tobjs += [n.build(SO(s), 'cc', [s], variables=scflags)[0] for s in sim_tests]
+        slibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + ['-lstdc++'])))]
+        sim_bins += n.build(B('test_cuda_sim'), 'link', tobjs + libtest + libtools + libsim +
+                            [libdp], variables=slibs)
+        defaults += sim_bins
+        n.build('cuda-sim', 'console', [], sim_bins,
+                variables=[('cmd', './' + esc(sim_bins[0])), ('desc', 'CUDA-SIM')])
     n.newline()
 
     # examples: the public header only
@@ -723,7 +756,7 @@ def main():
     else:
         test_cmd += ('for t in %s; do echo "== $$t"; ./$$t || '
                      '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
-                     % esc(join(map(shlex.quote, test_bins))))
+                     % esc(join(map(shlex.quote, test_bins + sim_bins))))
     n.build('test', 'console', [], defaults + [c[0] for c in checks],
             variables=[('cmd', test_cmd), ('desc', 'TEST ' + esc(bd))])
 
@@ -831,13 +864,16 @@ def main():
                                                                if os.path.isdir(d)]
     watched += sources('fuzz/*.c') + sources('fuzz/*.h')
     assert 'fuzz' not in watched
-    n.build([manifest, suites_h, B('dp.pc')] + ([B('dp-cuda.pc')] if cuda else []) +
+    n.build([manifest, suites_h, os.path.join(bd, 'gen', 'sim', 'suites.h'), B('dp.pc')] + ([B('dp-cuda.pc')] if cuda else []) +
             ([B('dp-mpi.pc')] if mpi else []),
             'configure', [], watched,
             variables=[('args', esc(shlex.join(rerun_args)))])
 
     # -- generated files
     write(suites_h, suites_header(suites))
+    sim_suites = [x for x in find_suites(['tests/test_cuda.c', 'tests/test_cuda_api.c',
+                                          'tests/test_cuda_fault.c'])]
+    write(os.path.join(bd, 'gen', 'sim', 'suites.h'), suites_header(sim_suites))
     with open('dp.pc.in') as f:
         pc = f.read()
     pc = (pc.replace('@PREFIX@', args.prefix).replace('@VERSION@', dp_version())

@@ -421,6 +421,26 @@ static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
 static dp_status copy_on(cuda_ctx *c, int D, void *dst, const void *src, size_t bytes);
 static dp_status close_group(cuda_ctx *c, int d);
 
+/* The optimizer state of parameters [off, off + bytes) (byte offsets) on device d:
+ * the device keeps state for [opt_off[d], +opt_len[d]) only, one vector after
+ * the other (momentum's buffer; AdamW's m, then v), as lib/cpu_backend.c reads
+ * it. A segment outside that range is refused, not read out of place. */
+static dp_status opt_state_of(const dp_exec_env *e, int d, size_t off, size_t bytes, float **m,
+                              float **v) {
+  const dp_plan *p = e->plan;
+  size_t first = off / 4, n = bytes / 4;
+  *m = *v = NULL;
+  if (p->cfg.optimizer == DP_OPT_SGD) return DP_OK; /* stateless */
+  if (first < p->opt_off[d] || first + n > p->opt_off[d] + p->opt_len[d])
+    return DP_FAIL(DP_ERR_INVALID,
+                   "cuda backend: device %d: parameters %zu..%zu have no optimizer state "
+                   "here (it holds %zu..%zu)",
+                   d, first, first + n, p->opt_off[d], p->opt_off[d] + p->opt_len[d]);
+  *m = reg(e, d, DP_REGION_OPT_STATE, (first - p->opt_off[d]) * 4);
+  *v = *m + p->opt_len[d];
+  return DP_OK;
+}
+
 static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
                               const dp_op *op) {
   const dp_plan *p = e->plan;
@@ -442,9 +462,12 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
     }
   }
   dp_cuda_opt o = opt_of(cf);
+  float *m, *v;
+  dp_status ss = opt_state_of(e, d, op->dst_offset, op->bytes, &m, &v);
+  if (ss != DP_OK) return ss;
   DP_CUDA_CHECK(dp_k_optimizer(x->stream, &o, reg(e, d, DP_REGION_PARAMS, op->dst_offset),
-                               reg(e, d, DP_REGION_GRADS, op->dst_offset),
-                               reg(e, d, DP_REGION_OPT_STATE, 0), n, x->hdr, n_check));
+                               reg(e, d, DP_REGION_GRADS, op->dst_offset), m, v, n, x->hdr,
+                               n_check));
   return DP_OK;
 }
 
@@ -589,10 +612,12 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     dp_cuda_opt o = opt_of(&e->plan->cfg);
     DP_CUDA_CHECK(
         dp_k_grad_check(x->stream, g, op->bytes / 4, op->src_offset / 4, x->hdr, d));
-    DP_CUDA_CHECK(dp_k_update_check(
-        x->stream, &o, (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset), g,
-        (const float *)reg(e, d, DP_REGION_OPT_STATE, 0), op->bytes / 4, op->src_offset / 4,
-        x->hdr, d));
+    float *m, *v;
+    dp_status ss = opt_state_of(e, d, op->src_offset, op->bytes, &m, &v);
+    if (ss != DP_OK) return ss;
+    DP_CUDA_CHECK(dp_k_update_check(x->stream, &o,
+                                    (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset),
+                                    g, m, v, op->bytes / 4, op->src_offset / 4, x->hdr, d));
     return DP_OK;
   }
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);

@@ -256,7 +256,7 @@ cudaError_t dp_k_bn_forward_train(cudaStream_t st, const float *x, const float *
                                   const float *b, float *y, float *stats, int n, int C,
                                   int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  k_bn_forward_train<<<(unsigned)C, BN_THREADS, 0, st>>>(x, g, b, y, stats, n < 0 ? 0 : n,
+  DP_LAUNCH(k_bn_forward_train, (unsigned)C, BN_THREADS, 0, st)(x, g, b, y, stats, n < 0 ? 0 : n,
                                                          C, S);
   return cudaGetLastError();
 }
@@ -266,7 +266,7 @@ cudaError_t dp_k_bn_apply(cudaStream_t st, const float *x, const float *g, const
                           int n, int C, int S) {
   size_t total = elems(n, C, S);
   if (total == 0) return cudaSuccess;
-  k_bn_apply<<<blocks_for(total), THREADS, 0, st>>>(x, g, b, y, mean, rstd, var, C, S,
+  DP_LAUNCH(k_bn_apply, blocks_for(total), THREADS, 0, st)(x, g, b, y, mean, rstd, var, C, S,
                                                     total);
   return cudaGetLastError();
 }
@@ -275,7 +275,7 @@ cudaError_t dp_k_bn_backward(cudaStream_t st, const float *x, const float *stats
                              const float *g, const float *dy, float *dx, float *dg,
                              float *db, int n, int C, int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  k_bn_backward<<<(unsigned)C, BN_THREADS, 0, st>>>(x, stats, g, dy, dx, dg, db,
+  DP_LAUNCH(k_bn_backward, (unsigned)C, BN_THREADS, 0, st)(x, stats, g, dy, dx, dg, db,
                                                     n < 0 ? 0 : n, C, S);
   return cudaGetLastError();
 }
@@ -283,26 +283,26 @@ cudaError_t dp_k_bn_backward(cudaStream_t st, const float *x, const float *stats
 cudaError_t dp_k_bn_part(cudaStream_t st, const float *x, float *part, int n, int C,
                          int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  k_bn_part<<<(unsigned)C, BN_THREADS, 0, st>>>(x, part, n < 0 ? 0 : n, C, S);
+  DP_LAUNCH(k_bn_part, (unsigned)C, BN_THREADS, 0, st)(x, part, n < 0 ? 0 : n, C, S);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_bn_merge(cudaStream_t st, float *a, const float *b, int C, int S) {
   if (C <= 0) return cudaSuccess;
-  k_bn_merge<<<1, THREADS, 0, st>>>(a, b, C, S);
+  DP_LAUNCH(k_bn_merge, 1, THREADS, 0, st)(a, b, C, S);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, int S) {
   if (C <= 0) return cudaSuccess;
-  k_bn_final<<<1, THREADS, 0, st>>>(f, root, C, S);
+  DP_LAUNCH(k_bn_final, 1, THREADS, 0, st)(f, root, C, S);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_bn_bwd_sums(cudaStream_t st, const float *x, const float *f,
                              const float *dy, float *dg, float *db, int n, int C, int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  k_bn_bwd_sums<<<(unsigned)C, BN_THREADS, 0, st>>>(x, f, dy, dg, db, n < 0 ? 0 : n, C, S);
+  DP_LAUNCH(k_bn_bwd_sums, (unsigned)C, BN_THREADS, 0, st)(x, f, dy, dg, db, n < 0 ? 0 : n, C, S);
   return cudaGetLastError();
 }
 
@@ -311,14 +311,14 @@ cudaError_t dp_k_bn_sync_dx(cudaStream_t st, const float *x, const float *f,
                             int n, int C, int S) {
   size_t total = elems(n, C, S);
   if (total == 0 || !dx) return cudaSuccess;
-  k_bn_sync_dx<<<blocks_for(total), THREADS, 0, st>>>(x, f, sums, g, dy, dx, C, S, total);
+  DP_LAUNCH(k_bn_sync_dx, blocks_for(total), THREADS, 0, st)(x, f, sums, g, dy, dx, C, S, total);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_bn_update(cudaStream_t st, const float *stats, float *buf, int C,
                            const dp_cuda_header *hdr, int n_check) {
   if (C <= 0) return cudaSuccess;
-  k_bn_update<<<1, THREADS, 0, st>>>(stats, buf, C, hdr, n_check);
+  DP_LAUNCH(k_bn_update, 1, THREADS, 0, st)(stats, buf, C, hdr, n_check);
   return cudaGetLastError();
 }
 

@@ -389,13 +389,21 @@ extern "C" dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes) {
   dp_status s = device_of(dst, &dd);
   if (s == DP_OK) s = device_of(src, &sd);
   if (s != DP_OK) return s;
-  DP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
-  /* cudaMemcpy from pageable memory may return before the DMA into device
-   * memory has landed, and the backend's streams are non-blocking (no
-   * implicit order with the legacy stream): wait for it on the device(s)
-   * involved, so that the next step reads what was written. Between steps
-   * only, so the cost does not matter. */
+  /* cudaMemcpy runs on the legacy stream of the *current* device, and from pageable
+   * memory it may return before the DMA into device memory has landed; the
+   * backend's streams are non-blocking (no implicit order with the legacy stream).
+   * So: copy with a GPU of the copy current, then wait for every GPU involved,
+   * so that the next step reads what was written (the simulation showed a copy
+   * into device 1 issued while device 0 was current, and waited for on device 1,
+   * landing after the next op). Between steps only, so the cost does not matter. */
   int devs[2] = {dd, sd};
+  {
+    dp_cuda_device_scope scope;
+    if (dd >= 0 || sd >= 0) {
+      if ((s = scope.enter(dd >= 0 ? dd : sd)) != DP_OK) return s;
+    }
+    DP_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  }
   for (int i = 0; i < 2; i++) {
     if (devs[i] < 0 || (i == 1 && devs[1] == devs[0])) continue;
     dp_cuda_device_scope scope;

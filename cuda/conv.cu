@@ -209,7 +209,7 @@ cudaError_t dp_k_im2col(cudaStream_t st, const dp_layer *l, int n, const float *
   cshape s = shape_of(l);
   size_t total = images(n) * s.OH * s.OW * ((size_t)s.C * s.K * s.K);
   if (total == 0) return cudaSuccess;
-  k_im2col<<<blocks_for(total), THREADS, 0, st>>>(s, x, col, total);
+  DP_LAUNCH(k_im2col, blocks_for(total), THREADS, 0, st)(s, x, col, total);
   return cudaGetLastError();
 }
 
@@ -218,7 +218,7 @@ cudaError_t dp_k_col2im(cudaStream_t st, const dp_layer *l, int n, const float *
   cshape s = shape_of(l);
   size_t total = images(n) * s.C * s.H * s.W;
   if (total == 0) return cudaSuccess;
-  k_col2im<<<blocks_for(total), THREADS, 0, st>>>(s, dcol, dx, total);
+  DP_LAUNCH(k_col2im, blocks_for(total), THREADS, 0, st)(s, dcol, dx, total);
   return cudaGetLastError();
 }
 
@@ -226,7 +226,7 @@ cudaError_t dp_k_rows_to_planes(cudaStream_t st, int n, int P, int out, const fl
                                 float *y) {
   size_t total = images(n) * (size_t)(P > 0 ? P : 0) * (size_t)(out > 0 ? out : 0);
   if (total == 0) return cudaSuccess;
-  k_rows_to_planes<<<blocks_for(total), THREADS, 0, st>>>((size_t)P, (size_t)out, t, y,
+  DP_LAUNCH(k_rows_to_planes, blocks_for(total), THREADS, 0, st)((size_t)P, (size_t)out, t, y,
                                                           total);
   return cudaGetLastError();
 }
@@ -235,7 +235,7 @@ cudaError_t dp_k_planes_to_rows(cudaStream_t st, int n, int P, int out, const fl
                                 float *t) {
   size_t total = images(n) * (size_t)(P > 0 ? P : 0) * (size_t)(out > 0 ? out : 0);
   if (total == 0) return cudaSuccess;
-  k_planes_to_rows<<<blocks_for(total), THREADS, 0, st>>>((size_t)P, (size_t)out, dy, t,
+  DP_LAUNCH(k_planes_to_rows, blocks_for(total), THREADS, 0, st)((size_t)P, (size_t)out, dy, t,
                                                           total);
   return cudaGetLastError();
 }
@@ -245,7 +245,7 @@ cudaError_t dp_k_pool_forward(cudaStream_t st, const dp_layer *l, int n, const f
   cshape s = shape_of(l);
   size_t total = images(n) * s.C * s.OH * s.OW;
   if (total == 0) return cudaSuccess;
-  k_pool_forward<<<blocks_for(total), THREADS, 0, st>>>(s, l->kind == DP_LAYER_MAXPOOL2D, x,
+  DP_LAUNCH(k_pool_forward, blocks_for(total), THREADS, 0, st)(s, l->kind == DP_LAYER_MAXPOOL2D, x,
                                                         y, total);
   return cudaGetLastError();
 }
@@ -255,7 +255,7 @@ cudaError_t dp_k_pool_backward(cudaStream_t st, const dp_layer *l, int n, const 
   cshape s = shape_of(l);
   size_t total = images(n) * s.C * s.H * s.W;
   if (total == 0) return cudaSuccess;
-  k_pool_backward<<<blocks_for(total), THREADS, 0, st>>>(s, l->kind == DP_LAYER_MAXPOOL2D,
+  DP_LAUNCH(k_pool_backward, blocks_for(total), THREADS, 0, st)(s, l->kind == DP_LAYER_MAXPOOL2D,
                                                          x, dy, dx, total);
   return cudaGetLastError();
 }

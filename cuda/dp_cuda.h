@@ -272,6 +272,8 @@ dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32
  * first that differs. */
 dp_status dp__cuda_gemm_alignment_sweep(int dev, int *checked, int *differ, char *first,
                                         size_t cap);
+/* The sweep at 16-byte steps for widths 8 and 1024 only (every operand aligned). */
+dp_status dp__cuda_gemm_alignment_sweep_aligned(int dev, int *checked, int *differ);
 
 #ifdef __cplusplus
 }

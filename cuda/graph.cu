@@ -93,6 +93,13 @@ extern "C" dp_status dp__cuda_capture_begin(void *bctx) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_capture_begin: no context");
   if (c->capturing)
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_capture_begin: a capture is already open");
+  /* the backend itself refuses what cuda/vtable.c refuses at plan time: a graph
+   * whose NCCL sends and receives replay as one dependency chain can wait for
+   * itself (the CUDA simulation hangs on exactly that) */
+  if (c->nccl)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "dp__cuda_capture_begin: the context moves data with NCCL, and one "
+                   "graph across several GPUs with NCCL inside can deadlock");
   dev_ctx *x0 = &c->dev[0];
   dp_status s = use_device(x0->phys);
   if (s != DP_OK) return s;

@@ -8,6 +8,13 @@
 
 #include <stddef.h>
 
+/* The launch seam: nvcc's triple angle brackets here; the CPU simulation of the
+ * CUDA runtime (tests/cuda_sim) defines DP_LAUNCH itself and runs these same
+ * kernel bodies with their launch geometry. */
+#ifndef DP_LAUNCH
+#define DP_LAUNCH(k, grid, block, smem, st) k<<<(grid), (block), (smem), (st)>>>
+#endif
+
 #define THREADS 256
 #define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
 

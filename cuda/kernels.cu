@@ -85,14 +85,14 @@ static __global__ void k_act_backward(int kind, const float *xy, const float *dy
 cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x, float *y,
                              size_t n) {
   if (n == 0) return cudaSuccess;
-  k_act_forward<<<blocks_for(n), THREADS, 0, st>>>((int)kind, x, y, n);
+  DP_LAUNCH(k_act_forward, blocks_for(n), THREADS, 0, st)((int)kind, x, y, n);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
                               const float *dy, float *dx, size_t n) {
   if (n == 0) return cudaSuccess;
-  k_act_backward<<<blocks_for(n), THREADS, 0, st>>>((int)kind, xy, dy, dx, n);
+  DP_LAUNCH(k_act_backward, blocks_for(n), THREADS, 0, st)((int)kind, xy, dy, dx, n);
   return cudaGetLastError();
 }
 
@@ -117,7 +117,7 @@ cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, in
                          uint64_t row0, float p, float scale) {
   size_t n = (size_t)rows * (size_t)cols;
   if (n == 0) return cudaSuccess;
-  k_dropout<<<blocks_for(n), THREADS, 0, st>>>(x, y, rows, cols, seed, hdr, layer, row0, p,
+  DP_LAUNCH(k_dropout, blocks_for(n), THREADS, 0, st)(x, y, rows, cols, seed, hdr, layer, row0, p,
                                                scale);
   return cudaGetLastError();
 }
@@ -136,7 +136,7 @@ cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, i
                           bool relu) {
   size_t n = (size_t)rows * (size_t)cols;
   if (n == 0) return cudaSuccess;
-  k_bias_add<<<blocks_for(n), THREADS, 0, st>>>(y, b, rows, cols, relu ? 1 : 0);
+  DP_LAUNCH(k_bias_add, blocks_for(n), THREADS, 0, st)(y, b, rows, cols, relu ? 1 : 0);
   return cudaGetLastError();
 }
 
@@ -175,7 +175,7 @@ static __global__ void __launch_bounds__(RED_THREADS)
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out) {
   if (cols <= 0) return cudaSuccess;
   const int w = lanes_for(cols);
-  k_colsum<<<(unsigned)((cols + w - 1) / w), RED_THREADS, 0, st>>>(a, rows, cols, out);
+  DP_LAUNCH(k_colsum, (unsigned)((cols + w - 1) / w), RED_THREADS, 0, st)(a, rows, cols, out);
   return cudaGetLastError();
 }
 
@@ -268,8 +268,8 @@ cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float 
                                    const float *b, float *y, float *stats, int rows,
                                    int cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  k_layernorm_forward<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS,
-                        0, st>>>(x, g, b, y, stats, rows, cols);
+  DP_LAUNCH(k_layernorm_forward, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS,
+                        0, st)(x, g, b, y, stats, rows, cols);
   return cudaGetLastError();
 }
 
@@ -278,12 +278,12 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
                                     float *db, int rows, int cols) {
   if (cols <= 0) return cudaSuccess;
   const int w = lanes_for(cols);
-  k_layernorm_dparams<<<(unsigned)((cols + w - 1) / w), RED_THREADS, 0, st>>>(
+  DP_LAUNCH(k_layernorm_dparams, (unsigned)((cols + w - 1) / w), RED_THREADS, 0, st)(
       x, stats, dy, dg, db, rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !dx || rows <= 0) return e;
-  k_layernorm_dx<<<(unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0,
-                   st>>>(x, stats, g, dy, dx, rows, cols);
+  DP_LAUNCH(k_layernorm_dx, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0,
+                   st)(x, stats, g, dy, dx, rows, cols);
   return cudaGetLastError();
 }
 
@@ -299,13 +299,13 @@ static __global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) {
 
 cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n) {
   if (n == 0) return cudaSuccess;
-  k_add<<<blocks_for(n), THREADS, 0, st>>>(dst, src, n);
+  DP_LAUNCH(k_add, blocks_for(n), THREADS, 0, st)(dst, src, n);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n) {
   if (n == 0) return cudaSuccess;
-  k_fill<<<blocks_for(n), THREADS, 0, st>>>(dst, value, n);
+  DP_LAUNCH(k_fill, blocks_for(n), THREADS, 0, st)(dst, value, n);
   return cudaGetLastError();
 }
 
@@ -414,7 +414,7 @@ static __global__ void __launch_bounds__(RED_THREADS)
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
                           float *part, const dp_cuda_mb_span *span, int cols, float scale) {
   if (span->n <= 0) return cudaSuccess;
-  k_loss_mse<<<(unsigned)span->n, THREADS, 0, st>>>(o, t, g, part, *span, cols, scale);
+  DP_LAUNCH(k_loss_mse, (unsigned)span->n, THREADS, 0, st)(o, t, g, part, *span, cols, scale);
   return cudaGetLastError();
 }
 
@@ -422,7 +422,7 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
                          float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
                          int row0, dp_cuda_header *hdr, int dev) {
   if (span->n <= 0) return cudaSuccess;
-  k_loss_ce<<<(unsigned)span->n, RED_THREADS, 0, st>>>(z, labels, g, part, *span, cols,
+  DP_LAUNCH(k_loss_ce, (unsigned)span->n, RED_THREADS, 0, st)(z, labels, g, part, *span, cols,
                                                        inv_rows, row0, hdr, dev);
   return cudaGetLastError();
 }
@@ -532,7 +532,7 @@ static __global__ void __launch_bounds__(THREADS)
 cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
                           float denom, dp_cuda_header *hdr, int dev) {
   if (n_mb <= 0 || n_ne <= 0) return cudaErrorInvalidValue;
-  k_loss_sum<<<1, THREADS, 0, st>>>(part, n_mb, n_ne, denom, hdr, dev);
+  DP_LAUNCH(k_loss_sum, 1, THREADS, 0, st)(part, n_mb, n_ne, denom, hdr, dev);
   return cudaGetLastError();
 }
 
@@ -555,7 +555,7 @@ static __global__ void k_grad_check(const float *g, size_t n, size_t base,
 cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
                             dp_cuda_header *hdr, int dev) {
   if (n == 0) return cudaSuccess;
-  k_grad_check<<<blocks_for(n), THREADS, 0, st>>>(g, n, base, hdr, dev);
+  DP_LAUNCH(k_grad_check, blocks_for(n), THREADS, 0, st)(g, n, base, hdr, dev);
   return cudaGetLastError();
 }
 
@@ -569,8 +569,8 @@ struct upd_out {
 
 static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
                                                    const dp_cuda_header *hdr, float wk,
-                                                   float gk, const float *s, size_t n,
-                                                   size_t k) {
+                                                   float gk, const float *m0,
+                                                   const float *v0, size_t k) {
   upd_out r = {0.0f, 0.0f, 0.0f};
   switch (o.kind) {
   case DP_OPT_SGD:                                      /* w -= lr (g + wd w) */
@@ -578,14 +578,14 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     break;
   case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + (1 - damp) g'; w -= lr step */
     float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
-    float b = hdr->sc.first != 0 ? gd : fa(fm(o.mu, s[k]), fm(o.keep, gd));
+    float b = hdr->sc.first != 0 ? gd : fa(fm(o.mu, m0[k]), fm(o.keep, gd));
     r.s0 = b;
     r.w = fs(wk, fm(hdr->sc.lr, o.nesterov ? fa(gd, fm(o.mu, b)) : b));
     break;
   }
-  default: { /* DP_OPT_ADAMW; m = s[0..n), v = s[n..2n) */
-    float m = fa(fm(o.b1, s[k]), fm(o.one_minus_b1, gk));
-    float v = fa(fm(o.b2, s[n + k]), fm(fm(o.one_minus_b2, gk), gk));
+  default: { /* DP_OPT_ADAMW: m0[k] and v0[k] are the element's two moments */
+    float m = fa(fm(o.b1, m0[k]), fm(o.one_minus_b1, gk));
+    float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gk), gk));
     float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
     r.s0 = m;
     r.s1 = v;
@@ -599,10 +599,10 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
 /* Flags an update that would write a non-finite parameter or state word
  * (parameter index base + k); the flag and the min are order-independent. */
 static __global__ void k_update_check(dp_cuda_opt o, const float *w, const float *g,
-                                      const float *s, size_t n, size_t base,
+                                      const float *m, const float *v, size_t n, size_t base,
                                       dp_cuda_header *hdr, int dev) {
   GRID_STRIDE(k, n) {
-    upd_out r = upd_elem(o, hdr, w[k], g[k], s, n, k);
+    upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, k);
     if (!isfinite(r.w) || !isfinite(r.s0) || !isfinite(r.s1)) {
       atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_UPDATE);
       atomicMin(&hdr->bad_update, (unsigned long long)(base + k));
@@ -611,17 +611,18 @@ static __global__ void k_update_check(dp_cuda_opt o, const float *w, const float
 }
 
 cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
-                              const float *g, const float *state, size_t n, size_t base,
-                              dp_cuda_header *hdr, int dev) {
+                              const float *g, const float *m, const float *v, size_t n,
+                              size_t base, dp_cuda_header *hdr, int dev) {
   if (n == 0) return cudaSuccess;
-  k_update_check<<<blocks_for(n), THREADS, 0, st>>>(*o, w, g, state, n, base, hdr, dev);
+  DP_LAUNCH(k_update_check, blocks_for(n), THREADS, 0, st)(*o, w, g, m, v, n, base, hdr, dev);
   return cudaGetLastError();
 }
 
 /* Nothing at all is written when a check of this step failed. The per-step
  * scalars are read from the header (see k_dropout for why). */
-static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *s,
-                                   size_t n, const dp_cuda_header *hdr, int n_check) {
+static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *m,
+                                   float *v, size_t n, const dp_cuda_header *hdr,
+                                   int n_check) {
   __shared__ uint32_t refused;
   if (threadIdx.x == 0) {
     uint32_t r = 0;
@@ -631,17 +632,18 @@ static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, floa
   __syncthreads();
   if (refused) return;
   GRID_STRIDE(k, n) {
-    upd_out r = upd_elem(o, hdr, w[k], g[k], s, n, k);
-    if (o.kind != DP_OPT_SGD) s[k] = r.s0;
-    if (o.kind == DP_OPT_ADAMW) s[n + k] = r.s1;
+    upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, k);
+    if (o.kind != DP_OPT_SGD) m[k] = r.s0;
+    if (o.kind == DP_OPT_ADAMW) v[k] = r.s1;
     w[k] = r.w;
   }
 }
 
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
-                           float *state, size_t n, const dp_cuda_header *hdr, int n_check) {
+                           float *m, float *v, size_t n, const dp_cuda_header *hdr,
+                           int n_check) {
   if (n == 0) return cudaSuccess;
-  k_optimizer<<<blocks_for(n), THREADS, 0, st>>>(*o, w, g, state, n, hdr, n_check);
+  DP_LAUNCH(k_optimizer, blocks_for(n), THREADS, 0, st)(*o, w, g, m, v, n, hdr, n_check);
   return cudaGetLastError();
 }
 
@@ -654,7 +656,7 @@ static __global__ void k_reset_header(dp_cuda_header *hdr) {
 }
 
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr) {
-  k_reset_header<<<1, 1, 0, st>>>(hdr);
+  DP_LAUNCH(k_reset_header, 1, 1, 0, st)(hdr);
   return cudaGetLastError();
 }
 
@@ -672,7 +674,7 @@ static __global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_
 cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
                            const uint64_t *abc, int n, uint64_t *u64, float *uniform) {
   if (n <= 0) return cudaSuccess;
-  k_rng_table<<<(unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st>>>(
+  DP_LAUNCH(k_rng_table, (unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st)(
       seed, stream, abc, n, u64, uniform);
   return cudaGetLastError();
 }
@@ -685,14 +687,14 @@ static __global__ void k_debug_spin(unsigned us) {
 }
 
 cudaError_t dp_k_debug_spin(cudaStream_t st, unsigned us) {
-  k_debug_spin<<<1, 1, 0, st>>>(us);
+  DP_LAUNCH(k_debug_spin, 1, 1, 0, st)(us);
   return cudaGetLastError();
 }
 
 static __global__ void k_debug_fault(float *p) { *p = 1.0f; }
 
 cudaError_t dp_k_debug_fault(cudaStream_t st) {
-  k_debug_fault<<<1, 1, 0, st>>>((float *)(uintptr_t)0x10);
+  DP_LAUNCH(k_debug_fault, 1, 1, 0, st)((float *)(uintptr_t)0x10);
   return cudaGetLastError();
 }
 

@@ -119,15 +119,19 @@ cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne
 cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
                             dp_cuda_header *hdr, int dev);
 /* Flags (DP_CUDA_ST_UPDATE, bad_update) an update of w[0..n) (parameter index
- * base + i) that would write a non-finite parameter or state word. */
+ * base + i) that would write a non-finite parameter or state word. m[0..n) and
+ * v[0..n) are the same elements' optimizer state (momentum's buffer, AdamW's two
+ * moments; unused where the optimizer has none): the caller resolves them from
+ * the device's state layout (dp_plan.opt_off/opt_len), as lib/cpu_backend.c. */
 cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
-                              const float *g, const float *state, size_t n, size_t base,
-                              dp_cuda_header *hdr, int dev);
+                              const float *g, const float *m, const float *v, size_t n,
+                              size_t base, dp_cuda_header *hdr, int dev);
 /* Updates w[0..n) unless one of hdr->status[0..n_check) is set; the per-step
  * scalars (momentum's first flag, AdamW's step_size and bc2_sqrt) come from
  * hdr->sc. */
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
-                           float *state, size_t n, const dp_cuda_header *hdr, int n_check);
+                           float *m, float *v, size_t n, const dp_cuda_header *hdr,
+                           int n_check);
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr);
 /* Debug hooks (cuda_ctx.debug_*): a spin of `us` microseconds; a write to an
  * unmapped address (an asynchronous illegal-address fault). */

@@ -1,0 +1,184 @@
+/* cuBLAS in the CUDA simulation: a handle (stream, workspace, math, pointer and
+ * atomics modes) and SGEMM with cuBLAS's column-major semantics.
+ *
+ * The product's order is fixed and documented (docs/GPU.md): each C element is
+ * sum over p of op(A)[i,p] op(B)[p,j], accumulated with fmaf from +0 in ascending
+ * p, then alpha * sum (+ beta * C when beta != 0; C is not read when beta == 0,
+ * as cuBLAS). Like the real library, whose kernel choice depends on alignment,
+ * the result depends on it: when A, B and C are 16-byte aligned and every leading
+ * dimension is a multiple of 4, p runs in one pass; otherwise it runs as two
+ * halves added at the end — so bits that depend on where a slice starts show up
+ * here as they would on a GPU. With CUBLAS_TF32_TENSOR_OP_MATH the inputs are
+ * rounded to TF32 (10 mantissa bits, to nearest even) first. Each call scribbles on
+ * the handle's workspace, as a real kernel may, so data kept there is lost. */
+#include "cublas_v2.h"
+#include "sim.h"
+
+#include <stdlib.h>
+
+struct dp_sim_blas {
+  cudaStream_t stream;
+  void *ws;
+  size_t ws_bytes;
+  int math, pointer_mode, atomics;
+};
+
+struct gemm_args {
+  cublasHandle_t h;
+  int ta, tb, m, n, k, lda, ldb, ldc;
+  float alpha, beta;
+  const float *a, *b;
+  float *c;
+  void *ws;
+  size_t ws_bytes;
+  int math;
+};
+
+extern "C" const char *cublasGetStatusName(cublasStatus_t s) {
+  switch (s) {
+  case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+  case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+  case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+  case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+  case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+  case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+  default: return "CUBLAS_STATUS_INTERNAL_ERROR";
+  }
+}
+extern "C" const char *cublasGetStatusString(cublasStatus_t s) {
+  switch (s) {
+  case CUBLAS_STATUS_SUCCESS: return "success";
+  case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
+  case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
+  case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+  case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
+  case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
+  default: return "an internal operation failed";
+  }
+}
+
+extern "C" cublasStatus_t cublasCreate(cublasHandle_t *h) {
+  if (!h) return CUBLAS_STATUS_INVALID_VALUE;
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    (void)cudaGetLastError();
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  *h = (dp_sim_blas *)calloc(1, sizeof(dp_sim_blas));
+  return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+extern "C" cublasStatus_t cublasDestroy(cublasHandle_t h) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  free(h);
+  return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->stream = s;
+  h->ws = NULL; /* as cuBLAS: a new stream means the default workspace pool again */
+  h->ws_bytes = 0;
+  return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if ((ws && (uintptr_t)ws % 256) || (bytes && !ws) || (ws && !dp_sim_lookup(ws, bytes, NULL, NULL)))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  h->ws = ws;
+  h->ws_bytes = bytes;
+  return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  int base = (int)mode & ~CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION;
+  if (base != CUBLAS_DEFAULT_MATH && base != CUBLAS_TF32_TENSOR_OP_MATH &&
+      base != CUBLAS_PEDANTIC_MATH && base != CUBLAS_TENSOR_OP_MATH)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  h->math = base;
+  return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetAtomicsMode(cublasHandle_t h, cublasAtomicsMode_t mode) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  h->atomics = (int)mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+extern "C" cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t mode) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode != CUBLAS_POINTER_MODE_HOST && mode != CUBLAS_POINTER_MODE_DEVICE)
+    return CUBLAS_STATUS_INVALID_VALUE;
+  h->pointer_mode = (int)mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+static float tf32(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+static float at(const float *a, int ld, int trans, int row, int col, bool round) {
+  float v = trans ? a[(size_t)row * ld + col] : a[(size_t)col * ld + row];
+  return round ? tf32(v) : v;
+}
+
+static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
+  (void)s;
+  const gemm_args *g = (const gemm_args *)op->args;
+  if (g->ws && g->ws_bytes) memset(g->ws, 0xa5, g->ws_bytes < 4096 ? g->ws_bytes : 4096);
+  bool aligned = (uintptr_t)g->a % 16 == 0 && (uintptr_t)g->b % 16 == 0 &&
+                 (uintptr_t)g->c % 16 == 0 && g->lda % 4 == 0 && g->ldb % 4 == 0 &&
+                 g->ldc % 4 == 0;
+  int split = aligned || getenv("DP_SIM_GEMM_ONE_PASS") ? g->k : g->k / 2;
+  bool round = g->math == CUBLAS_TF32_TENSOR_OP_MATH;
+  for (int j = 0; j < g->n; j++)
+    for (int i = 0; i < g->m; i++) {
+      float lo = 0.0f, hi = 0.0f;
+      for (int p = 0; p < split; p++)
+        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), lo);
+      for (int p = split; p < g->k; p++)
+        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), hi);
+      float sum = split < g->k ? lo + hi : lo;
+      float *c = &g->c[(size_t)j * g->ldc + i];
+      *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * sum) : g->alpha * sum;
+    }
+}
+
+/* Whether the column-major matrix (rows x cols, leading dimension ld) lies in one
+ * allocation of the simulation. */
+static bool inside(const float *p, int rows, int cols, int ld) {
+  if (rows == 0 || cols == 0) return true;
+  size_t bytes = ((size_t)(cols - 1) * ld + rows) * sizeof(float);
+  return dp_sim_lookup(p, bytes, NULL, NULL);
+}
+
+extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
+                                      cublasOperation_t tb, int m, int n, int k,
+                                      const float *alpha, const float *a, int lda,
+                                      const float *b, int ldb, const float *beta, float *c,
+                                      int ldc) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
+  int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+  int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+  if (m < 0 || n < 0 || k < 0 || !alpha || !beta || lda < (ar > 1 ? ar : 1) ||
+      ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1) || (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) ||
+      (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if ((k > 0 && (!inside(a, ar, ac, lda) || !inside(b, br, bc, ldb))) || !inside(c, m, n, ldc)) {
+    dp_sim_report("cublasSgemm: an operand is not device memory of the simulation, or runs "
+                  "past the end of its allocation (m %d, n %d, k %d, lda %d, ldb %d, ldc %d)",
+                  m, n, k, lda, ldb, ldc);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  dp_sim_op op;
+  op.kind = SIM_EXT;
+  op.u.x.run = run_gemm;
+  gemm_args *g = (gemm_args *)op.args;
+  *g = gemm_args{h, ta == CUBLAS_OP_T, tb == CUBLAS_OP_T, m, n, k, lda, ldb, ldc, *alpha, *beta,
+                 a, b, c, h->ws, h->ws_bytes, h->math};
+  cudaError_t e = dp_sim_enqueue(h->stream, &op);
+  if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  return CUBLAS_STATUS_SUCCESS;
+}
