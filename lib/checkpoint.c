@@ -1,8 +1,8 @@
 /* Checkpoints: dp_ckpt_save / dp_ckpt_load. The format is in docs/CHECKPOINT.md.
  *
- * Save streams the file (no copy of the state is built in memory) into
- * "<path>.tmp.<pid>", fsyncs it, renames it over path and fsyncs the
- * directory. Load reads the whole file, checks everything (structure, every
+ * Save streams the file (no copy of the state is built in memory) into a
+ * new temporary file beside path (dp__write_atomic: O_EXCL | O_NOFOLLOW, a
+ * random name), fsyncs it, renames it over path and fsyncs the directory. Load reads the whole file, checks everything (structure, every
  * checksum, the model, optimizer and seed, every value finite) and only then
  * writes the context, so a refused load leaves the context as it was.
  *

@@ -784,6 +784,8 @@ START_TEST(test_io_errors) {
 
   /* Saving into a directory that does not exist, or over a directory. */
   expect_write_refused(r.c, dp_ckpt_save, t.dir, "x.ckpt");
+  /* ... or over a FIFO or a device, or through a planted link (issue 26) */
+  expect_write_keeps_nodes(r.c, dp_ckpt_save, t.dir, "x.ckpt");
 
   /* NULL arguments. */
   ck_assert_int_eq(dp_ckpt_save(NULL, t.path), DP_ERR_INVALID);

@@ -1124,12 +1124,12 @@ START_TEST(train_refuses_unwritable_outputs_before_training) {
   char want[200];
   r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--plot", dir);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
-  snprintf(want, sizeof want, "dp train: cannot write plot '%s': it is a directory\n", dir);
+  snprintf(want, sizeof want, "dp train: cannot write plot '%s': is a directory\n", dir);
   ck_assert_str_eq(r.err, want);
   cmd_result_free(&r);
   r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--save", dir);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
-  snprintf(want, sizeof want, "dp train: cannot write checkpoint '%s': it is a directory\n",
+  snprintf(want, sizeof want, "dp train: cannot write checkpoint '%s': is a directory\n",
            dir);
   ck_assert_str_eq(r.err, want);
   cmd_result_free(&r);
@@ -2066,6 +2066,37 @@ START_TEST(train_resume_refuses_other_settings) {
 }
 END_TEST
 
+/* Issue 26 (9): docs/TOOL.md lets a resume change the micro-batch (a layout,
+ * like the device count), but the run record refused it ("the checkpoint's
+ * run used 0, this one 4"). It resumes and trains on; the run's settings
+ * still have to match. */
+START_TEST(train_resume_may_change_the_micro_batch) {
+  char dir[64], ck[128], ck4[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "m.ckpt");
+  in_dir(ck4, sizeof ck4, dir, "m4.ckpt");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--micro-batch", "4",
+                "--resume", ck, "--save", ck4, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "(step 46)"), "%s", r.out);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--micro-batch", "8",
+                "--devices", "2", "--resume", ck4, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--micro-batch", "4",
+                "--seed", "3", "--resume", ck4, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "seed"), "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
 START_TEST(train_resume_keeps_the_standardisation) {
   char dir[64], std[128], raw[128], want[400];
   temp_dir(dir, sizeof dir);
@@ -2680,7 +2711,7 @@ START_TEST(predict_refuses_what_does_not_fit) {
   } bad[] = {{dir, NULL, "directory"},
              {"/nonexistent/x.ckpt", NULL, "No such file or directory"},
              {DIGITS_CSV, NULL, "not a libdp checkpoint"},
-             {ck, dir, "it is a directory"}};
+             {ck, dir, "is a directory"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char *argv[] = {"predict",         "--checkpoint",
                     bad[i].checkpoint, "--data",
@@ -2694,6 +2725,66 @@ START_TEST(predict_refuses_what_does_not_fit) {
     ck_assert_str_eq(r.out, "");
     cmd_result_free(&r);
   }
+  remove_dir(dir);
+}
+END_TEST
+
+/* Issue 26: dp predict wrote inf and nan and exited 0, and took labels the
+ * model has no output for as wrong predictions. Outputs that overflow are
+ * written with a warning naming the rows, exit 3; a label out of range is
+ * refused naming its row, nothing written. */
+START_TEST(predict_flags_nonfinite_outputs_and_bad_labels) {
+  char dir[64], ck[128], p[128], data[128], bad[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "huge.ckpt");
+  in_dir(p, sizeof p, dir, "p.csv");
+  in_dir(bad, sizeof bad, dir, "bad.csv");
+  small_csv(data, sizeof data);
+  /* parameters of 1e38: every output overflows */
+  dp_model *m;
+  dp_plan *pl;
+  dp_ctx *c;
+  small_ctx("sgd", &m, &pl, &c);
+  size_t np = dp_model_n_params(m);
+  float *w = malloc(np * sizeof *w);
+  ck_assert_ptr_nonnull(w);
+  for (size_t i = 0; i < np; i++) w[i] = 1e38f;
+  ck_assert_msg(dp_set_params(c, w, np) == DP_OK, "%s", dp_ctx_error(c));
+  ck_assert_msg(dp_ckpt_save(c, ck) == DP_OK, "%s", dp_ctx_error(c));
+  free(w);
+  small_free(m, pl, c);
+  cmd_result r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", data, "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_NONFINITE);
+  ck_assert_int_eq(r.rc, 3);
+  ck_assert_msg(strstr(r.err, "dp predict: warning: 40 of 40 rows have an output that is "
+                              "not finite (inf or nan; the first: row 1)") &&
+                    n_lines(r.err) == 1,
+                "%s", r.err);
+  cmd_result_free(&r);
+  char *pred = slurp_file(p, NULL);
+  ck_assert_int_eq(n_lines(pred), 40);
+  ck_assert_msg(strstr(pred, "inf") || strstr(pred, "nan"), "%s", pred);
+  free(pred);
+  /* the small model has 3 outputs: a label 3 on the 7th row is refused */
+  char *rows = slurp_file(data, NULL), *line = rows;
+  for (int i = 0; i < 6; i++) line = strchr(line, '\n') + 1;
+  ck_assert_int_eq(line[0], '0'); /* row 7's label, 6 % 3 */
+  line[0] = '3';
+  write_file(bad, rows);
+  free(rows);
+  unlink(p);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", bad, "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  char want[400];
+  snprintf(want, sizeof want,
+           "dp predict: %s: row 7 has label 3; the checkpoint's model has 3 outputs "
+           "(labels 0 to 2)\n",
+           bad);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  ck_assert_int_ne(access(p, F_OK), 0);
+  cmd_result_free(&r);
+  unlink(data);
   remove_dir(dir);
 }
 END_TEST
@@ -3132,12 +3223,14 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_resume_is_bit_exact);
   tcase_add_test(tc, train_resume_keeps_the_standardisation);
   tcase_add_test(tc, train_resume_refuses_other_settings);
+  tcase_add_test(tc, train_resume_may_change_the_micro_batch);
   tcase_add_test(tc, train_eval_every_prints_the_held_out_share);
   tcase_add_test(tc, train_log_writes_a_json_line_per_epoch);
   tcase_add_test(tc, train_patience_stops_early_and_resume_continues);
   tcase_add_test(tc, train_plot_heldout_curve_and_log_axis);
   tcase_add_test(tc, predict_writes_a_line_per_row);
   tcase_add_test(tc, predict_refuses_what_does_not_fit);
+  tcase_add_test(tc, predict_flags_nonfinite_outputs_and_bad_labels);
   tcase_add_test(tc, predict_regression_reports_mse);
   tcase_add_test(tc, export_import_round_trip);
   tcase_add_test(tc, export_import_refusals);

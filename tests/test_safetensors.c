@@ -778,6 +778,7 @@ START_TEST(test_export_io_errors) {
   ctx_snap sn;
   refusal_open(&r, &t, &sn, DP_MODE_CLASSIC, 5, 0);
   expect_write_refused(r.c, dp_ckpt_export_safetensors, t.dir, "x.safetensors");
+  expect_write_keeps_nodes(r.c, dp_ckpt_export_safetensors, t.dir, "x.safetensors");
   /* over an existing file: replaced whole, no temporary file left */
   file_write(t.path, "old contents", 12);
   export_ok(&r, t.path);

@@ -38,6 +38,9 @@ enum {
   DPT_EXIT_OK = 0,
   DPT_EXIT_FAIL = 1,  /* planning, model, run-time or I/O error */
   DPT_EXIT_USAGE = 2, /* bad command line */
+  /* dp predict: the predictions were written, but some are not finite (inf,
+   * nan), so that a script does not take them for good ones */
+  DPT_EXIT_NONFINITE = 3,
 };
 
 /* Room for one library error message (dp_last_error, dp_ctx_error). */
@@ -259,14 +262,31 @@ int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap);
 int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
                      size_t errcap);
 
-/* Checks, before any work, that `path` can be written by the tool later.
- * replace = 1 (a checkpoint, written to a temporary file in the same directory
- * and renamed over path): creates and removes such a temporary file, and
- * refuses a path that is a directory. replace = 0 (a file written in place):
- * opens path for writing without truncating it (removing it again when this
- * call created it). 0, or -1 with "cannot write <what> '<path>': <strerror>". */
+/* Checks, before any work, that `path` can be written by the tool later, as
+ * dp_file_check does (dp.h): replace = 1 (a file written whole to a temporary
+ * file and renamed over path: a checkpoint, a chart, predictions) creates and
+ * removes such a temporary file; replace = 0 (a log, appended in place) opens
+ * path for writing without truncating it (removing it again when this call
+ * created it). Either refuses a path that is a directory, FIFO, socket or
+ * device (and, in place, a symbolic link), never creating, truncating or
+ * following anything there. 0, or -1 with "cannot write <what> '<path>': ...". */
 int dpt_check_writable(const char *path, const char *what, int replace, char *err,
                        size_t errcap);
+
+/* A file a command reads or writes, for dpt_check_distinct (path NULL: not
+ * given). what names it in messages ("checkpoint"). */
+typedef struct {
+  const char *path, *what;
+} dpt_file_role;
+
+/* Refuses an output that is one of the command's inputs, so that a write never
+ * destroys what the command reads, or that is another of its outputs. Files
+ * are compared by device and inode, not by name: an output is an input when
+ * it is the same file, a hard link to it or a symbolic link to it; two
+ * outputs are one when they are the same file, or the same name. 0, or -1
+ * with "cannot write <what> '<out>': it is the <what> '<in>' it reads" in err. */
+int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_role *ins,
+                       int n_ins, char *err, size_t errcap);
 
 /* The CPUs this process may run on (sched_getaffinity; sysconf as fallback). */
 int dpt_cpu_count(void);

@@ -320,13 +320,22 @@ static void shortest_float(char *buf, size_t cap) {
   }
 }
 
+/* A setting a resume may change: another micro-batch cuts the same batch
+ * otherwise (a layout, like the device count; the checkpoint holds nothing
+ * that depends on it), so the run goes on with the new layout's bits. */
+static int may_change(const char *a, size_t la, const char *b, size_t lb) {
+  static const char mb[] = "micro-batch=";
+  size_t n = sizeof mb - 1;
+  return la > n && lb > n && memcmp(a, mb, n) == 0 && memcmp(b, mb, n) == 0;
+}
+
 /* The first setting that differs between a checkpoint's run and this one:
  * 0, or -1 with "--name: the checkpoint's run used X, this one Y" in err. */
 static int same_settings(const char *saved, const char *now, char *err, size_t errcap) {
   const char *a = saved, *b = now;
   while (*a || *b) {
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
-    if (la != lb || memcmp(a, b, la)) {
+    if ((la != lb || memcmp(a, b, la)) && !may_change(a, la, b, lb)) {
       const char *eq = memchr(a, '=', la), *eqb = memchr(b, '=', lb);
       int name = eq ? (int)(eq - a) : (int)la;
       char va[64], vb[64]; /* the values, for people: floats in decimal */
@@ -424,9 +433,15 @@ int dpt_cmd_train(int argc, char **argv) {
    * the whole run */
   /* rank 0 writes the files (every rank, as one process, under mpirun) */
   int writes = dpt_world_rank() == 0;
-  if ((writes && o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
-      (writes && o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err)) ||
-      (writes && o.log && dpt_check_writable(o.log, "log", 0, err, sizeof err))) {
+  /* no output may be an input (--save may be --resume: it is written after
+   * the resume read it, whole, by a rename) */
+  dpt_file_role outs[] = {{o.save, "checkpoint"}, {o.plot, "plot"}, {o.log, "log"}},
+                ins[] = {{o.model, "model"}, {o.data, "data"}, {o.resume, "checkpoint"}};
+  if (writes && (dpt_check_distinct(outs, 3, ins, 2, err, sizeof err) ||
+                 dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof err) ||
+                 (o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
+                 (o.plot && dpt_check_writable(o.plot, "plot", 1, err, sizeof err)) ||
+                 (o.log && dpt_check_writable(o.log, "log", 0, err, sizeof err)))) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
@@ -572,8 +587,8 @@ int dpt_cmd_train(int argc, char **argv) {
              (unsigned long long)dp_ctx_step(ctx));
   }
   /* the log: a resumed run continues its file */
-  if (writes && o.log && !(logf = fopen(o.log, o.resume ? "a" : "w"))) {
-    fprintf(stderr, "dp train: cannot write log '%s': %s\n", o.log, strerror(errno));
+  if (writes && o.log && dp_file_append(o.log, "log", !o.resume, &logf)) {
+    fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
     goto out;
   }
   int tty = !o.quiet && isatty(STDOUT_FILENO), cols = 80;
