@@ -328,3 +328,58 @@ bool cuda_or_skip(const char *suite, const char *test) {
   fprintf(stderr, "SKIP %s: %s: the cuda backend is not in this build\n", suite, test);
   return false;
 }
+
+/* ---- checkpoint files by hand (docs/CHECKPOINT.md) ----------------------------- */
+
+uint64_t fnv1a_bytes(const unsigned char *b, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static void put64le(unsigned char *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+void ckpt_reseal(unsigned char *b, size_t len) {
+  size_t off = 16;
+  while (off + 24 <= len) {
+    uint64_t pl = le64(b + off + 8);
+    if (pl > len - off - 24) return; /* a damaged length: nothing to follow */
+    if (memcmp(b + off, "END ", 4) == 0) {
+      put64le(b + off + 16, fnv1a_bytes(b, off + 16));
+      return;
+    }
+    put64le(b + off + 16 + pl, fnv1a_bytes(b + off + 16, (size_t)pl));
+    off += 24 + (size_t)pl;
+  }
+}
+
+unsigned char *ckpt_as_version(const unsigned char *v3, size_t len, int version,
+                               size_t *out_len) {
+  ck_assert(version >= 1 && version <= 3 && len >= 16 && le32(v3 + 8) == 3);
+  unsigned char *b = malloc(len);
+  ck_assert_ptr_nonnull(b);
+  size_t n = 0, off = 16;
+  memcpy(b, v3, 16);
+  b[8] = (unsigned char)version;
+  b[12] = version >= 3 ? 6 : 5;
+  n = 16;
+  while (off + 24 <= len) { /* each section, as the version has it */
+    const unsigned char *s = v3 + off;
+    size_t pl = (size_t)le64(s + 8);
+    ck_assert(pl <= len - off - 24);
+    bool appd = memcmp(s, "APPD", 4) == 0, step = memcmp(s, "STEP", 4) == 0;
+    if (!(appd && version < 3)) {
+      size_t keep = step && version == 1 ? 8 : pl; /* version 1: the step alone */
+      memcpy(b + n, s, 16 + keep);
+      put64le(b + n + 8, keep);
+      n += 24 + keep;
+    }
+    off += 24 + pl;
+  }
+  ck_assert_uint_eq(off, len);
+  ckpt_reseal(b, n);
+  *out_len = n;
+  return b;
+}

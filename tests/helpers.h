@@ -127,6 +127,9 @@ void expect_not_a_file_refused(dp_ctx *c, dp_status (*read)(dp_ctx *, const char
 uint32_t le32(const unsigned char *b);
 uint64_t le64(const unsigned char *b);
 
+/* Checkpoint files by hand: fnv1a_bytes, ckpt_reseal, ckpt_as_version. */
+#include "ckpt_bytes.h"
+
 /* 1 when this build has the cuda backend (registered by tests/check_main.c);
  * else 0 after printing "SKIP <suite>: <test>: ..." (a CPU-only build, such as
  * the sanitizer build, plans nothing for cuda). */

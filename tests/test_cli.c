@@ -5,6 +5,7 @@
  * data/digits.csv (run from the repository root). */
 #include "capture.h"
 #include "cli.h"
+#include "ckpt_bytes.h"
 #include "data.h"
 
 #include <check.h>
@@ -2993,6 +2994,40 @@ START_TEST(export_import_refusals) {
     cmd_result_free(&r);
     ck_assert_int_ne(access(g, F_OK), 0);
   }
+  /* the header's length 4 bytes short (padded so that the object still ends
+   * whole): every weight would be read one float early; refused, naming why,
+   * and --out neither made nor changed */
+  {
+    size_t n;
+    char *b = slurp_file(s, &n), shifted[160];
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (unsigned char)b[i];
+    in_dir(shifted, sizeof shifted, dir, "shifted.safetensors");
+    FILE *out = fopen(shifted, "wb");
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((hlen + 8 - 4) >> (8 * i));
+    ck_assert(out && fwrite(len8, 1, 8, out) == 8 &&
+              fwrite(b + 8, 1, (size_t)hlen, out) == hlen &&
+              fwrite("        ", 1, 8, out) == 8 &&
+              fwrite(b + 8 + hlen, 1, n - 8 - (size_t)hlen, out) == n - 8 - hlen &&
+              fclose(out) == 0);
+    free(b);
+    for (int exists = 0; exists < 2; exists++) {
+      if (exists) write_file(g, "old contents");
+      r = RUN(dpt_cmd_import, shifted, "--model", DIGITS_MODEL, "--out", g);
+      ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+      ck_assert_msg(strstr(r.err, "4 bytes follow the last tensor '2.bias'") &&
+                        n_lines(r.err) == 1,
+                    "%s", r.err);
+      ck_assert_str_eq(r.out, "");
+      cmd_result_free(&r);
+      if (!exists) ck_assert_int_ne(access(g, F_OK), 0);
+    }
+    char *kept = slurp_file(g, NULL);
+    ck_assert_str_eq(kept, "old contents");
+    free(kept);
+    unlink(g);
+  }
   /* not a safetensors file */
   r = RUN(dpt_cmd_import, DIGITS_CSV, "--model", DIGITS_MODEL, "--out", g);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
@@ -3044,6 +3079,115 @@ START_TEST(export_import_refusals) {
   }
   ck_assert_int_ne(access(x, F_OK), 0);
   ck_assert_int_ne(access(g, F_OK), 0);
+  remove_dir(dir);
+}
+END_TEST
+
+/* A checkpoint of the digits model as dp train makes it by default (SGD,
+ * seed 0) at step 0, carrying `record` as its run record. */
+static void digits_checkpoint_with_record(const char *path, const char *record) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_load(DIGITS_MODEL, &m), DP_OK);
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 64;
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &cfg, &p), DP_OK);
+  ck_assert_int_eq(dp_ctx_create(p, &c), DP_OK);
+  ck_assert_int_eq(dp_ckpt_save_app(c, path, record, strlen(record)), DP_OK);
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+
+/* A run record's numbers are range-checked before a resume computes with
+ * them (issue 26: "epochs 2147483647" overflowed int at the resume's epoch
+ * arithmetic, and the run trained 0 epochs and exited 0): one line, exit 1,
+ * nothing trained; so is a resume that would run past DPT_MAX_EPOCHS. */
+START_TEST(train_resume_refuses_a_record_out_of_range) {
+  char dir[64], ck[128], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "r.ckpt");
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 2147483647\nrows 1437\n"
+                                    "standardize 0\nfeatures 0\n");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize",
+                           "--resume", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(
+      want, sizeof want,
+      "dp train: cannot resume from '%s': its run record (the application data) is not "
+      "dp train's: epochs 2147483647 is out of range (0 to 1000000000)\n",
+      ck);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 999999999\nrows 1437\n"
+                                    "standardize 0\nfeatures 0\n");
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--no-standardize",
+                "--resume", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: cannot resume from '%s': 999999999 epochs done and --epochs 2 would "
+           "pass 1000000000 epochs\n",
+           ck);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  /* dp predict reads the same record: refused the same way */
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 3\nrows -1\n"
+                                    "standardize 0\nfeatures 0\n");
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "rows: \"-1\" is not a number") && n_lines(r.err) == 1, "%s",
+                r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* The tool reads every checkpoint version the library loads (issue 26:
+ * predict, export and --resume refused a version 2 file): the same state as
+ * versions 1, 2 and 3 predicts the same bytes and exports the same
+ * safetensors file, and resumes (older versions carry no run record: from
+ * epoch 0). */
+START_TEST(every_command_reads_every_checkpoint_version) {
+  static const char *const raw[] = {"--no-standardize", NULL};
+  char dir[64], f[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "v3.ckpt");
+  digits_checkpoint(f, raw, acc, sizeof acc);
+  size_t len, n;
+  unsigned char *v3 = (unsigned char *)slurp_file(f, &len);
+  for (int v = 3; v >= 1; v--) {
+    char ck[128], pred[128], pred3[128], st[128], st3[128], name[32];
+    snprintf(name, sizeof name, "v%d.ckpt", v);
+    in_dir(ck, sizeof ck, dir, name);
+    snprintf(name, sizeof name, "p%d.csv", v);
+    in_dir(pred, sizeof pred, dir, name);
+    snprintf(name, sizeof name, "s%d.safetensors", v);
+    in_dir(st, sizeof st, dir, name);
+    in_dir(pred3, sizeof pred3, dir, "p3.csv");
+    in_dir(st3, sizeof st3, dir, "s3.safetensors");
+    unsigned char *b = ckpt_as_version(v3, len, v, &n);
+    FILE *out = fopen(ck, "wb");
+    ck_assert(out && fwrite(b, 1, n, out) == n && fclose(out) == 0);
+    free(b);
+    cmd_result r =
+        RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", pred);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: predict: %s", v, r.err);
+    cmd_result_free(&r);
+    ck_assert_msg(same_bytes(pred, pred3), "version %d predicts otherwise", v);
+    r = RUN(dpt_cmd_export, ck, "--safetensors", st);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: export: %s", v, r.err);
+    cmd_result_free(&r);
+    ck_assert_msg(same_bytes(st, st3), "version %d exports otherwise", v);
+    r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--test-fraction", "0",
+                  "--resume", ck, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: resume: %s", v, r.err);
+    cmd_result_free(&r);
+  }
+  free(v3);
   remove_dir(dir);
 }
 END_TEST
@@ -3234,6 +3378,8 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, predict_regression_reports_mse);
   tcase_add_test(tc, export_import_round_trip);
   tcase_add_test(tc, export_import_refusals);
+  tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
+  tcase_add_test(tc, every_command_reads_every_checkpoint_version);
   tcase_add_test(tc, help_lists_predict_export_import);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);

@@ -10,6 +10,7 @@
 #include "svg.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,8 +313,9 @@ static const char *settings_of(const dp_config *c, const char *schedule, char *b
 /* A hexadecimal float in buf rewritten as the shortest decimal that reads
  * back as the same float ("0x1.89374cp-9" -> "0.003"). */
 static void shortest_float(char *buf, size_t cap) {
-  if (!strstr(buf, "0x")) return;
-  float v = (float)strtod(buf, NULL);
+  double d = strtod(buf, NULL);
+  if (!strstr(buf, "0x") || !(fabs(d) <= FLT_MAX)) return; /* a record's, as it is */
+  float v = (float)d;
   for (int prec = 6; prec <= 9; prec++) {
     snprintf(buf, cap, "%.*g", prec, (double)v);
     if ((float)strtod(buf, NULL) == v) return;
@@ -509,6 +511,14 @@ int dpt_cmd_train(int argc, char **argv) {
     free(saved);
     if (differ) {
       fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
+      goto out;
+    }
+    if (epoch0 > DPT_MAX_EPOCHS - o.epochs) { /* the record's count, range-checked */
+      fprintf(
+          stderr,
+          "dp train: cannot resume from '%s': %d epochs done and --epochs %d would pass "
+          "%d epochs\n",
+          o.resume, epoch0, o.epochs, DPT_MAX_EPOCHS);
       goto out;
     }
     if (app_n && rows != train.n_rows)
