@@ -230,6 +230,22 @@ dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
 dp_status dpt_ctx_create_part(const dp_plan *p, dp_ctx **out, int *here);
 /* Rank 0's v, on every rank (v itself in one process). */
 int dpt_world_bcast_int(int v);
+/* Rank 0 gets every rank's n bytes of `mine`, in rank order, in all (size()
+ * x n bytes; NULL on the other ranks); one process: a copy. Collective.
+ * 0, or -1 (the exchange failed). */
+int dpt_world_gather(const void *mine, size_t n, void *all);
+/* The failure at hand is known to every rank (agreed on): dpt_world_exit
+ * leaves without MPI_Abort, each rank with its own exit status. */
+void dpt_world_failed_together(void);
+/* dp_ckpt_read_app on rank 0, its bytes sent to every rank (the ranks need
+ * not share a file system: the others never open path). Collective. 0, or -1
+ * with rank 0's message in err on rank 0 and err empty elsewhere (a failure
+ * every rank knows of), or -1 with this rank's own failure in err. */
+int dpt_world_read_app(const char *path, void **app, size_t *n, char *err, size_t errcap);
+/* A job layout of `ranks` processes against the job's size: 0 when it fits,
+ * else -1 with "this layout needs 8 processes, the job has 2: run it under
+ * mpirun -np 8" (or how to get MPI) in msg. */
+int dpt_world_layout_msg(int ranks, char *msg, size_t cap);
 /* Rank 0 gets every rank's rows of a batch of `rows` (each rank's `mine`:
  * its dp_plan_rank_rows, `width` floats each) into all (rows, width); one
  * process: a copy. 0 or -1 with a message in err. */

@@ -5,6 +5,7 @@
  * of the rest on a terminal), the held-out loss every --eval-every epochs
  * (with --patience, an early stop), a JSON line per epoch (--log) and the
  * curves (--plot). */
+#include "agree.h"
 #include "cli.h"
 #include "data.h"
 #include "svg.h"
@@ -359,6 +360,27 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
   return 0;
 }
 
+/* Under mpirun, before the first step: every rank's model, data as read and
+ * options the same as rank 0's, or the job ends on every rank with rank 0's
+ * one message (tools/agree.h). 0, or -1 (said). */
+static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dataset *all,
+                       const dp_config *cfg) {
+  char err[1024];
+  dpt_train_inputs in = {.model = model,
+                         .data = all,
+                         .cfg = cfg,
+                         .schedule = o->schedule,
+                         .epochs = o->epochs,
+                         .eval_every = o->eval_every,
+                         .patience = o->patience,
+                         .no_standardize = o->no_standardize,
+                         .resume = o->resume != NULL,
+                         .test_fraction = o->test_fraction};
+  if (!dpt_agree_train(&in, err, sizeof err)) return 0;
+  if (*err) fprintf(stderr, "dp train: %s\n", err);
+  return -1;
+}
+
 int dpt_cmd_train(int argc, char **argv) {
   static const struct option extra[] = {
       {"model", required_argument, NULL, OPT_MODEL},
@@ -447,7 +469,7 @@ int dpt_cmd_train(int argc, char **argv) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
-  if (o.resume) { /* readable before anything is loaded; its contents are checked later */
+  if (o.resume && writes) { /* read by rank 0 (sent to the others), checked later */
     int fd = dpt_open_regular(o.resume, "checkpoint", err, sizeof err);
     if (fd < 0) {
       fprintf(stderr, "dp train: --resume: %s\n", err);
@@ -479,6 +501,7 @@ int dpt_cmd_train(int argc, char **argv) {
             all.n_classes - 1, out_w);
     goto out;
   }
+  if (agree_ranks(&o, model, &all, &cfg)) goto out;
   if (dpt_dataset_split(&all, o.test_fraction, cfg.seed, &train, &test, err, sizeof err)) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
@@ -491,9 +514,8 @@ int dpt_cmd_train(int argc, char **argv) {
     void *app = NULL;
     size_t app_n = 0;
     int rows = 0;
-    if (dp_ckpt_read_app(o.resume, &app, &app_n)) {
-      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume,
-              dpt_user_msg(dp_last_error()));
+    if (dpt_world_read_app(o.resume, &app, &app_n, err, sizeof err)) {
+      if (*err) fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
       goto out;
     }
     char *saved = NULL, now[1024];
