@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -527,8 +528,9 @@ dp_status dp_ctx_check_guards(dp_ctx *c);
  * RNG position: every random number is keyed by seed and step), in a versioned
  * file with a checksum per section. The state is stored in its logical layout,
  * so a checkpoint loads into any device count and mode. Saving writes a
- * temporary file, fsyncs it, renames it over `path` and fsyncs the directory:
- * a crash leaves the old file or the new one, never a mix. Loading checks the
+ * temporary file, fsyncs it, renames it over `path` and fsyncs the directory
+ * (dp_file_create, below): a crash leaves the old file or the new one, never
+ * a mix. Loading checks the
  * model, optimizer and seed match and every checksum before touching the
  * context; on any error the context is unchanged. A path that is not a regular
  * file (a directory, a FIFO, a device) is refused with DP_ERR_IO without
@@ -570,6 +572,44 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
  * as they were (a fresh context: a PyTorch-initialised model to train). */
 dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path);
 dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path);
+
+/* Files written whole (checkpoints and safetensors exports use this; so do the
+ * dp tool's predictions and charts), public so that a program writes its
+ * files the same way. dp_file_create makes a new temporary file in path's
+ * directory, "<path>.tmp.<12 random hex digits>", with O_CREAT | O_EXCL |
+ * O_NOFOLLOW and mode 0600 (an existing file or a link planted at the name is
+ * never opened; another name is drawn on a clash); write the content to
+ * dp_file_stream(f) (a stdio stream of libdp's, without a file descriptor:
+ * fileno gives -1; the first failed write's reason is kept for the
+ * message). dp_file_commit flushes it, sets its mode to 0666 less
+ * the umask (what a new file gets from fopen), fsyncs it, renames it over
+ * path and fsyncs the directory: a crash leaves the old file or the new one.
+ * dp_file_discard abandons it. Both free f, and on any failure the temporary
+ * file is removed and path is as it was.
+ * Only a regular file or nothing may be at path: a directory, FIFO, socket or
+ * device there is refused (DP_ERR_IO "cannot write <what> '<path>': is a
+ * character device, not a regular file"), by dp_file_create and again just
+ * before the rename, and left untouched. A symbolic link at path is replaced
+ * by the rename (not followed: its target is not written) when it names a
+ * regular file or nothing, and refused like its target otherwise. `what`
+ * names the file in messages ("checkpoint"). Errors go to dp_last_error(). */
+typedef struct dp_file dp_file;
+dp_status dp_file_create(const char *path, const char *what, dp_file **f);
+FILE *dp_file_stream(dp_file *f);
+dp_status dp_file_commit(dp_file *f);
+void dp_file_discard(dp_file *f); /* NULL: nothing */
+/* A file written in place and appended to (a log that `tail -f` follows):
+ * opened with O_APPEND | O_NOFOLLOW | O_NONBLOCK, created (mode 0666 less the
+ * umask) when missing, and kept only if it is a regular file: a symbolic link
+ * at path is refused (opening it would follow it), and so is anything that is
+ * not a regular file. truncate: emptied after that check. *out: fclose it. */
+dp_status dp_file_append(const char *path, const char *what, int truncate, FILE **out);
+/* Whether path can be written as dp_file_create (in_place 0) or
+ * dp_file_append (in_place 1) would write it, before the work that makes the
+ * content: the same refusals, and a temporary file (or, in place, the missing
+ * file) is created and removed again, so that a missing or read-only
+ * directory fails now. Nothing at path is created, truncated or followed. */
+dp_status dp_file_check(const char *path, const char *what, int in_place);
 /* Highest arena byte any op has touched, per device: after a step, the end of
  * the device's last non-empty region, which is the plan's total
  * (dp_plan_device_bytes) less the final alignment padding. */

@@ -1,8 +1,8 @@
 /* Checkpoints: dp_ckpt_save / dp_ckpt_load. The format is in docs/CHECKPOINT.md.
  *
- * Save streams the file (no copy of the state is built in memory) into
- * "<path>.tmp.<pid>", fsyncs it, renames it over path and fsyncs the
- * directory. Load reads the whole file, checks everything (structure, every
+ * Save streams the file (no copy of the state is built in memory) into a
+ * new temporary file beside path (dp__write_atomic: O_EXCL | O_NOFOLLOW, a
+ * random name), fsyncs it, renames it over path and fsyncs the directory. Load reads the whole file, checks everything (structure, every
  * checksum, the model, optimizer and seed, every value finite) and only then
  * writes the context, so a refused load leaves the context as it was.
  *
@@ -31,6 +31,10 @@
 #define CK_SEC_TAIL 8u                /* checksum */
 #define CK_MODL_FIXED 32u             /* MODL payload before the model text */
 #define CK_FLAG_INFERENCE 1u
+/* The step counter keys dropout and AdamW's bias correction, computed in
+ * double: counts up to 2^53 are exact there, and far from the 64-bit wrap
+ * that would make a step the "first" again. No run gets near it. */
+#define CK_MAX_STEP ((uint64_t)1 << 53)
 
 static const unsigned char CK_MAGIC[8] = {'D', 'P', 'C', 'K', 'P', 'T', 0, 1};
 static const char *const CK_TAGS[CK_SECTIONS] = {"MODL", "STEP", "PARM",
@@ -473,6 +477,26 @@ static dp_status sec_body(const char *path, const unsigned char *b, size_t len, 
   return DP_OK;
 }
 
+/* The optimizer state is finite, and AdamW's second moment v (a running mean
+ * of squared gradients) is never negative: the update divides by its square
+ * root, so a negative one would write NaN parameters on the next step. */
+static dp_status check_opt_values(const ckpt_view *v, size_t n, const char *path) {
+  bool adamw = v->optimizer == DP_OPT_ADAMW && v->k == 2;
+  for (size_t e = 0; e < (size_t)v->k * n; e++) {
+    float x = getf(v->opts + 4 * e);
+    if (!isfinite(x))
+      return DP_FAIL(DP_ERR_PARSE,
+                     "%s: optimizer state value %zu (vector %zu) is not finite", path,
+                     e % n, e / n);
+    if (adamw && e >= n && x < 0.0f)
+      return DP_FAIL(DP_ERR_PARSE,
+                     "%s: AdamW's second moment v[%zu] is %g; a mean of squares is never "
+                     "negative",
+                     path, e - n, (double)x);
+  }
+  return DP_OK;
+}
+
 /* Checks the whole image; fills v. `file_size` is the real size (the image
  * may hold only a prefix when the file is larger than any checkpoint of the
  * context's model). */
@@ -569,6 +593,11 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     const unsigned char *pay = b + off + CK_SEC_HEAD;
     if (i == SEC_STEP) {
       v->step = get64(pay);
+      if (v->step > CK_MAX_STEP)
+        return DP_FAIL(
+            DP_ERR_PARSE,
+            "%s: section STEP: step %llu is above the largest libdp takes (2^53)", path,
+            (unsigned long long)v->step);
       v->lr = version == 1 ? NAN : getf(pay + 8);
       if (version != 1 && (!(v->lr >= 0.0f && v->lr <= FLT_MAX) || get32(pay + 12)))
         return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: learning rate %g or reserved word",
@@ -591,12 +620,7 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
                        e < (size_t)l->c ? "mean" : "var", e % (size_t)l->c, (double)x);
     }
   }
-  for (size_t e = 0; e < (size_t)v->k * n; e++)
-    if (!isfinite(getf(v->opts + 4 * e)))
-      return DP_FAIL(DP_ERR_PARSE,
-                     "%s: optimizer state value %zu (vector %zu) is not finite", path,
-                     e % n, e / n);
-  return DP_OK;
+  return check_opt_values(v, n, path);
 }
 
 /* Reads at most cap bytes of path into *buf; *file_size is the size. */
@@ -763,10 +787,13 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
     s = DP_FAIL(DP_ERR_PARSE, "%s: not a libdp checkpoint (bad magic)", path);
   else if (len < CK_HEADER)
     s = DP_FAIL(DP_ERR_PARSE, "%s: truncated: %zu bytes", path, len);
-  else if (get32(b + 8) != 1 && get32(b + 8) != CK_VERSION)
+  else if (get32(b + 8) < 1 || get32(b + 8) > CK_VERSION) /* every version parse takes */
     s = DP_FAIL(DP_ERR_PARSE,
-                "%s: checkpoint version %u; this library reads versions 1 and %u", path,
+                "%s: checkpoint version %u; this library reads versions 1 to %u", path,
                 get32(b + 8), CK_VERSION);
+  else if (get32(b + 12) != sections_of(get32(b + 8)))
+    s = DP_FAIL(DP_ERR_PARSE, "%s: %u sections; version %u has %u", path, get32(b + 12),
+                get32(b + 8), sections_of(get32(b + 8)));
   if (!s) s = sec_open(path, b, len, CK_HEADER, SEC_MODL, 0, &plen);
   if (!s && (plen < CK_MODL_FIXED || plen - CK_MODL_FIXED > (1u << 20)))
     s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: payload of %llu bytes", path,

@@ -34,17 +34,18 @@ int dp__open_regular(const char *path, struct stat *st, const char **failed);
  * dp__io_fail(what, path, "read", path, errno). fd stays open. */
 dp_status dp__read_fd(int fd, void *b, size_t n, size_t *got, const char *what,
                       const char *path);
-/* "a directory", "a FIFO", "a socket", "a device", "a regular file". */
+/* "a directory", "a FIFO", "a socket", "a character device", "a block device",
+ * "a symbolic link" (from lstat), "a regular file". */
 const char *dp__file_kind(mode_t mode);
 /* DP_ERR_IO: "<what> '<path>': cannot <failed> it: <strerror>" (or "... cannot
  * <failed> '<file>': ..." when file is not path). */
 dp_status dp__io_fail(const char *what, const char *path, const char *failed,
                       const char *file, int err);
-/* Writes path atomically: fill(f, arg) writes the content into
- * "<path>.tmp.<pid>" (DP_ERR_IO with errno set when a write failed, or another
- * status with its message), which is then flushed, fsynced and renamed over
- * path, and the directory fsynced. On failure the temporary file is removed
- * and path is as it was. `what` names the file in messages ("checkpoint"). */
+/* Writes path atomically through dp_file_create / dp_file_commit (dp.h):
+ * fill(f, arg) writes the content into the temporary file (DP_ERR_IO with
+ * errno set when a write failed, or another status with its message). On
+ * failure the temporary file is removed and path is as it was. `what` names
+ * the file in messages ("checkpoint"). */
 #include <stdio.h>
 dp_status dp__write_atomic(const char *path, const char *what,
                            dp_status (*fill)(FILE *f, void *arg), void *arg);

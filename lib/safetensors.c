@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,7 +27,7 @@
 typedef struct {
   char name[64];
   int ndim, dims[4];
-  bool i64;
+  bool i64, var; /* var: a running_var (never negative) */
   size_t off, numel;
 } st_entry;
 
@@ -54,6 +55,7 @@ static int st_entries(const dp_model *m, st_entry *e, size_t *state_bytes) {
       memset(&e[n], 0, sizeof e[n]);
       snprintf(e[n].name, sizeof e[n].name, "%d.%s", li, names[k]);
       e[n].i64 = k == 2;
+      e[n].var = k == 1;
       e[n].ndim = k < 2 ? 1 : 0;
       e[n].dims[0] = k < 2 ? l->c : 0;
       e[n].numel = k < 2 ? (size_t)l->c : 1;
@@ -183,15 +185,25 @@ dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path) {
 
 /* ---- import: a small JSON reader for the header -------------------------------- */
 
+/* Strict, as the safetensors format asks (RFC 8259 JSON in UTF-8): a file
+ * another reader would take differently, or refuse, is refused here too. */
 typedef struct {
-  const char *p, *end;
+  const char *start, *p, *end; /* the header: [start, end) */
   const char *path;
   dp_status err;
 } json;
 
-static dp_status jfail(json *j, const char *what) {
-  if (!j->err)
+static dp_status jfail(json *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static dp_status jfail(json *j, const char *fmt, ...) {
+  if (!j->err) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
     j->err = DP_FAIL(DP_ERR_PARSE, "safetensors file '%s': header: %s", j->path, what);
+  }
   return j->err;
 }
 
@@ -209,39 +221,106 @@ static bool eat(json *j, char ch) {
   return false;
 }
 
-/* A string into buf (cap bytes, NUL-terminated); \uXXXX escapes of ASCII only. */
+/* The length (2-4) of the UTF-8 sequence at p, a byte >= 0x80, or 0 when it
+ * is not UTF-8 (RFC 3629): a stray continuation byte, a cut sequence, an
+ * overlong form, a surrogate, a code point above U+10FFFF. */
+static int utf8_len(const unsigned char *p, const unsigned char *end) {
+  unsigned c = p[0], cp, min;
+  int n;
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2, cp = c & 0x1f, min = 0x80;
+  } else if ((c & 0xf0) == 0xe0) {
+    n = 3, cp = c & 0x0f, min = 0x800;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4, cp = c & 0x07, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (end - p < n) return 0;
+  for (int k = 1; k < n; k++) {
+    if ((p[k] & 0xc0) != 0x80) return 0;
+    cp = cp << 6 | (p[k] & 0x3fu);
+  }
+  return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : n;
+}
+
+/* The four hex digits of a \u escape, or -1. */
+static long hex4(json *j) {
+  if (j->end - j->p < 4) return -1;
+  long v = 0;
+  for (int i = 0; i < 4; i++) {
+    char hx = *j->p++;
+    int d = hx >= '0' && hx <= '9'   ? hx - '0'
+            : hx >= 'a' && hx <= 'f' ? hx - 'a' + 10
+            : hx >= 'A' && hx <= 'F' ? hx - 'A' + 10
+                                     : -1;
+    if (d < 0) return -1;
+    v = v * 16 + d;
+  }
+  return v;
+}
+
+/* A \u escape after its "\u". A name (buf) takes ASCII only: a NUL would end
+ * it early ("0.weight", NUL, "x" read as "0.weight"), and libdp's names are
+ * ASCII. A skipped string takes any scalar value: a surrogate pair, never a
+ * lone half. Returns the character for a name, 1 for a skipped string, -1. */
+static long unicode_escape(json *j, bool name) {
+  long v = hex4(j);
+  if (v < 0) return jfail(j, "a bad \\u escape"), -1;
+  if (name) {
+    if (v == 0 || v > 0x7f) return jfail(j, "a \\u escape outside ASCII or NUL"), -1;
+    return v;
+  }
+  if (v >= 0xdc00 && v <= 0xdfff)
+    return jfail(j, "a \\u escape of a lone low surrogate (\\u%04lx)", v), -1;
+  if (v >= 0xd800 && v <= 0xdbff) {
+    long lo = -1;
+    if (j->end - j->p >= 2 && j->p[0] == '\\' && j->p[1] == 'u') {
+      j->p += 2;
+      lo = hex4(j);
+    }
+    if (!(lo >= 0xdc00 && lo <= 0xdfff))
+      return jfail(j, "a \\u escape of a high surrogate without its low half"), -1;
+  }
+  return 1;
+}
+
+/* A string into buf (cap bytes, NUL-terminated), or checked and skipped
+ * (buf NULL): UTF-8, no control characters (JSON escapes them). */
 static bool jstring(json *j, char *buf, size_t cap) {
   if (!eat(j, '"')) return jfail(j, "a string was expected"), false;
   size_t n = 0;
   while (j->p < j->end && *j->p != '"') {
-    char ch = *j->p++;
-    if ((unsigned char)ch < 0x20) return jfail(j, "a control character in a string"), false;
+    unsigned char ch = (unsigned char)*j->p;
+    if (ch < 0x20) return jfail(j, "a control character in a string"), false;
+    if (ch >= 0x80) { /* a whole UTF-8 sequence, as it is */
+      int k = utf8_len((const unsigned char *)j->p, (const unsigned char *)j->end);
+      if (!k)
+        return jfail(j, "a string is not valid UTF-8 (byte 0x%02x at offset %td)", ch,
+                     j->p - j->start),
+               false;
+      for (int i = 0; i < k; i++, n++)
+        if (buf && n + 1 < cap) buf[n] = j->p[i];
+      j->p += k;
+      continue;
+    }
+    j->p++;
     if (ch == '\\') {
       if (j->p >= j->end) break;
       char e = *j->p++;
       static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-      const char *k = strchr(from, e);
-      if (e && k) {
-        ch = to[k - from];
-      } else if (e == 'u' && j->end - j->p >= 4) {
-        unsigned v = 0;
-        for (int i = 0; i < 4; i++) {
-          char hx = *j->p++;
-          int d = hx >= '0' && hx <= '9'   ? hx - '0'
-                  : hx >= 'a' && hx <= 'f' ? hx - 'a' + 10
-                  : hx >= 'A' && hx <= 'F' ? hx - 'A' + 10
-                                           : -1;
-          if (d < 0) return jfail(j, "a bad hex digit in a \\u escape"), false;
-          v = v * 16 + (unsigned)d;
-        }
-        /* a NUL would end a name early: "0.weight" and a NUL and "x" read as "0.weight" */
-        if (v == 0 || v > 0x7f) return jfail(j, "a \\u escape outside ASCII or NUL"), false;
-        ch = (char)v;
+      const char *k = e ? strchr(from, e) : NULL;
+      if (k) {
+        ch = (unsigned char)to[k - from];
+      } else if (e == 'u') {
+        long v = unicode_escape(j, buf != NULL);
+        if (v < 0) return false;
+        ch = (unsigned char)v;
       } else {
         return jfail(j, "a bad escape in a string"), false;
       }
     }
-    if (buf && n + 1 < cap) buf[n] = ch;
+    if (buf && n + 1 < cap) buf[n] = (char)ch;
     n++;
   }
   if (!eat(j, '"')) return jfail(j, "a string runs past the header's end"), false;
@@ -252,17 +331,44 @@ static bool jstring(json *j, char *buf, size_t cap) {
   return true;
 }
 
-/* A non-negative integer below 2^53 (JSON numbers are doubles). */
+static bool digit(const json *j) { return j->p < j->end && *j->p >= '0' && *j->p <= '9'; }
+
+/* A non-negative integer below 2^53 (JSON numbers are doubles); no leading
+ * zero, as JSON has none. */
 static bool jint(json *j, uint64_t *out) {
   ws(j);
   uint64_t v = 0;
   const char *s = j->p;
-  while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
+  while (digit(j)) {
     v = v * 10 + (uint64_t)(*j->p++ - '0');
     if (v >> 53) return jfail(j, "an integer is too large"), false;
   }
   if (j->p == s) return jfail(j, "a non-negative integer was expected"), false;
+  if (*s == '0' && j->p - s > 1) return jfail(j, "an integer with a leading zero"), false;
   *out = v;
+  return true;
+}
+
+/* A number as JSON writes it: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)? */
+static bool jnumber(json *j) {
+  const char *s = j->p;
+  if (j->p < j->end && *j->p == '-') j->p++;
+  const char *int0 = j->p;
+  while (digit(j)) j->p++;
+  bool ok = j->p > int0 && (*int0 != '0' || j->p - int0 == 1);
+  if (ok && j->p < j->end && *j->p == '.') {
+    const char *f = ++j->p;
+    while (digit(j)) j->p++;
+    ok = j->p > f;
+  }
+  if (ok && j->p < j->end && (*j->p == 'e' || *j->p == 'E')) {
+    j->p++;
+    if (j->p < j->end && (*j->p == '+' || *j->p == '-')) j->p++;
+    const char *x = j->p;
+    while (digit(j)) j->p++;
+    ok = j->p > x;
+  }
+  if (!ok) return jfail(j, "a bad number at offset %td", s - j->start), false;
   return true;
 }
 
@@ -285,11 +391,16 @@ static bool jskip(json *j, int depth) {
     if (!eat(j, close)) return jfail(j, "',' or a closing bracket was expected"), false;
     return true;
   }
-  /* a number, true, false, null */
-  const char *s = j->p;
-  while (j->p < j->end && *j->p && strchr("+-.0123456789eEtruefalsn", *j->p)) j->p++;
-  if (j->p == s) return jfail(j, "a value was expected"), false;
-  return true;
+  static const char *const words[] = {"true", "false", "null"};
+  for (int w = 0; w < 3; w++) {
+    size_t n = strlen(words[w]);
+    if ((size_t)(j->end - j->p) >= n && !memcmp(j->p, words[w], n)) {
+      j->p += n;
+      return true;
+    }
+  }
+  if (ch == '-' || (ch >= '0' && ch <= '9')) return jnumber(j);
+  return jfail(j, "a value was expected at offset %td", j->p - j->start), false;
 }
 
 typedef struct {
@@ -300,8 +411,9 @@ typedef struct {
   bool seen;
 } st_tensor;
 
-/* {"dtype": ..., "shape": [...], "data_offsets": [b, e]} */
-static bool jtensor(json *j, st_tensor *t) {
+/* {"dtype": ..., "shape": [...], "data_offsets": [b, e]}, each once; other
+ * fields are skipped. */
+static bool jtensor(json *j, const char *name, st_tensor *t) {
   bool have_dtype = false, have_shape = false, have_off = false;
   if (!eat(j, '{')) return jfail(j, "a tensor's entry must be an object"), false;
   if (eat(j, '}')) return jfail(j, "a tensor's entry is empty"), false;
@@ -309,9 +421,16 @@ static bool jtensor(json *j, st_tensor *t) {
     char key[32];
     if (!jstring(j, key, sizeof key) || !eat(j, ':'))
       return jfail(j, "a member name was expected"), false;
+    bool *have = !strcmp(key, "dtype")          ? &have_dtype
+                 : !strcmp(key, "shape")        ? &have_shape
+                 : !strcmp(key, "data_offsets") ? &have_off
+                                                : NULL;
+    /* a second value would silently replace the first */
+    if (have && *have)
+      return jfail(j, "tensor '%s' has its field \"%s\" twice", name, key), false;
+    if (have) *have = true;
     if (!strcmp(key, "dtype")) {
       if (!jstring(j, t->dtype, sizeof t->dtype)) return false;
-      have_dtype = true;
     } else if (!strcmp(key, "shape")) {
       if (!eat(j, '[')) return jfail(j, "a shape must be an array"), false;
       t->ndim = 0;
@@ -322,12 +441,10 @@ static bool jtensor(json *j, st_tensor *t) {
         } while (eat(j, ','));
         if (!eat(j, ']')) return jfail(j, "a shape's ']' is missing"), false;
       }
-      have_shape = true;
     } else if (!strcmp(key, "data_offsets")) {
       if (!eat(j, '[') || !jint(j, &t->begin) || !eat(j, ',') || !jint(j, &t->end) ||
           !eat(j, ']'))
         return jfail(j, "data_offsets must be [begin, end]"), false;
-      have_off = true;
     } else if (!jskip(j, 1)) {
       return false;
     }
@@ -367,35 +484,24 @@ static dp_status read_all(const char *path, size_t cap, unsigned char **buf, siz
   return s;
 }
 
-/* Checks the file against the model and decodes it into the state bytes
- * (st_entries: the parameters, then batchnorm's buffers). */
-static dp_status decode(const dp_model *m, const char *path, const unsigned char *b,
-                        size_t len, unsigned char *state) {
-  if (len < 8)
-    return DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' is %zu bytes: too short", path,
-                   len);
-  uint64_t hlen = 0;
-  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
-  if (hlen > ST_MAX_HEADER || hlen > len - 8)
-    return DP_FAIL(DP_ERR_PARSE,
-                   "safetensors file '%s': its header length %llu runs past the file's %zu "
-                   "bytes",
-                   path, (unsigned long long)hlen, len);
-  const unsigned char *data = b + 8 + hlen;
-  size_t data_len = len - 8 - (size_t)hlen;
-  st_entry ti[ST_MAX_ENTRIES];
-  size_t state_bytes;
-  int n = st_entries(m, ti, &state_bytes);
-  st_tensor st[ST_MAX_ENTRIES];
-  memset(st, 0, sizeof st);
-  json j = {(const char *)b + 8, (const char *)b + 8 + hlen, path, DP_OK};
-  if (!eat(&j, '{')) return jfail(&j, "it must be a JSON object");
-  bool empty = eat(&j, '}');
+/* The header's object into st, by the model's tensor index (ti): every name
+ * the model's, none twice, "__metadata__" at most once and an object. */
+static dp_status parse_header(json *j, const st_entry *ti, int n, st_tensor *st) {
+  /* The format's header is an object: its first byte is '{' */
+  if (j->p == j->end || *j->p != '{')
+    return jfail(j, "it must be a JSON object, starting with '{'");
+  j->p++;
+  bool empty = eat(j, '}'), meta = false;
   if (!empty) do {
       char name[64];
-      if (!jstring(&j, name, sizeof name) || !eat(&j, ':')) return jfail(&j, "a name");
+      if (!jstring(j, name, sizeof name) || !eat(j, ':')) return jfail(j, "a name");
       if (!strcmp(name, "__metadata__")) {
-        if (!jskip(&j, 1)) return j.err;
+        if (meta) return jfail(j, "\"__metadata__\" appears twice");
+        meta = true;
+        ws(j);
+        if (j->p == j->end || *j->p != '{')
+          return jfail(j, "__metadata__ must be an object");
+        if (!jskip(j, 1)) return j->err;
         continue;
       }
       int k = 0;
@@ -408,18 +514,25 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
         return DP_FAIL(DP_ERR_INVALID,
                        "safetensors file '%s' has a tensor '%s' that the model does not "
                        "(its tensors: %s)",
-                       path, name, list);
+                       j->path, name, list);
       }
       if (st[k].seen)
-        return DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' names tensor '%s' twice", path,
-                       name);
-      if (!jtensor(&j, &st[k])) return j.err;
+        return DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' names tensor '%s' twice",
+                       j->path, name);
+      if (!jtensor(j, name, &st[k])) return j->err;
       st[k].seen = true;
-    } while (eat(&j, ','));
-  if (j.err) return j.err;
-  if (!empty && !eat(&j, '}')) return jfail(&j, "'}' or ',' was expected");
-  ws(&j);
-  if (j.p != j.end) return jfail(&j, "something follows the object");
+    } while (eat(j, ','));
+  if (j->err) return j->err;
+  if (!empty && !eat(j, '}')) return jfail(j, "'}' or ',' was expected");
+  ws(j); /* the padding after the object */
+  if (j->p != j->end) return jfail(j, "something follows the object");
+  return DP_OK;
+}
+
+/* Each of the model's tensors is there, with its shape and dtype, and
+ * data_offsets [begin, end] of exactly its byte size within the data. */
+static dp_status check_entries(const char *path, const st_entry *ti, const st_tensor *st,
+                               int n, size_t data_len) {
   for (int k = 0; k < n; k++) {
     const st_entry *t = &ti[k];
     const st_tensor *s = &st[k];
@@ -447,7 +560,6 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
                      "safetensors file '%s': tensor '%s' is %s; libdp takes %s (save "
                      "model.float()'s state_dict)",
                      path, t->name, s->dtype, dt);
-    size_t eb = t->i64 ? 8 : 4;
     if (s->end < s->begin || s->end - s->begin != (uint64_t)st_bytes(t) ||
         s->end > data_len)
       return DP_FAIL(DP_ERR_PARSE,
@@ -455,8 +567,68 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
                      "%zu bytes of data (%zu values)",
                      path, t->name, (unsigned long long)s->begin,
                      (unsigned long long)s->end, data_len, t->numel);
+  }
+  return DP_OK;
+}
+
+/* The tensors sorted by offset tile the data exactly, as the format asks:
+ * the first starts at 0, each where the one before ends, the last at the
+ * data's end. Without that, two tensors may share bytes, or a header length
+ * a few bytes short (which moves the data's start into the padding) shifts
+ * every value and still fits. */
+static dp_status check_tiling(const char *path, const st_entry *ti, const st_tensor *st,
+                              int n, size_t data_len) {
+  int order[ST_MAX_ENTRIES];
+  for (int k = 0; k < n; k++) { /* insertion sort by (begin, end): n is small */
+    int i = k;
+    while (i > 0 &&
+           (st[order[i - 1]].begin > st[k].begin ||
+            (st[order[i - 1]].begin == st[k].begin && st[order[i - 1]].end > st[k].end))) {
+      order[i] = order[i - 1];
+      i--;
+    }
+    order[i] = k;
+  }
+  uint64_t at = 0;
+  for (int i = 0; i < n; i++) {
+    const st_tensor *s = &st[order[i]];
+    const char *name = ti[order[i]].name;
+    if (s->begin < at)
+      return DP_FAIL(DP_ERR_PARSE,
+                     "safetensors file '%s': tensor '%s' [%llu, %llu] overlaps tensor '%s' "
+                     "(which ends at %llu)",
+                     path, name, (unsigned long long)s->begin, (unsigned long long)s->end,
+                     ti[order[i - 1]].name, (unsigned long long)at);
+    if (s->begin > at)
+      return DP_FAIL(DP_ERR_PARSE,
+                     "safetensors file '%s': tensor '%s' starts at byte %llu of the data, "
+                     "after a gap of %llu bytes %s%s%s (the tensors must tile the data)",
+                     path, name, (unsigned long long)s->begin,
+                     (unsigned long long)(s->begin - at),
+                     i ? "after tensor '" : "at its start", i ? ti[order[i - 1]].name : "",
+                     i ? "'" : "");
+    at = s->end;
+  }
+  if (at != data_len)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "safetensors file '%s': %llu %s the last tensor%s%s%s (the data "
+                   "has %zu bytes, the tensors %llu; is the header length right?)",
+                   path, (unsigned long long)(data_len - at),
+                   data_len - at == 1 ? "byte follows" : "bytes follow", n ? " '" : "",
+                   n ? ti[order[n - 1]].name : "", n ? "'" : "", data_len,
+                   (unsigned long long)at);
+  return DP_OK;
+}
+
+/* The values into the state bytes: floats finite, running variances >= 0
+ * (batchnorm divides by their square root), counts within libdp's 32 bits. */
+static dp_status copy_values(const char *path, const st_entry *ti, const st_tensor *st,
+                             int n, const unsigned char *data, unsigned char *state) {
+  for (int k = 0; k < n; k++) {
+    const st_entry *t = &ti[k];
+    size_t eb = t->i64 ? 8 : 4;
     for (size_t e = 0; e < t->numel; e++) {
-      const unsigned char *q = data + s->begin + eb * e;
+      const unsigned char *q = data + st[k].begin + eb * e;
       uint64_t u = 0;
       for (int x = (int)eb - 1; x >= 0; x--) u = u << 8 | q[x];
       if (t->i64) { /* num_batches_tracked: libdp counts in 32 bits */
@@ -471,11 +643,46 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
         if (!isfinite(v))
           return DP_FAIL(DP_ERR_NONFINITE, "safetensors file '%s': %s[%zu] is not finite",
                          path, t->name, e);
+        if (t->var && v < 0.0f)
+          return DP_FAIL(DP_ERR_INVALID,
+                         "safetensors file '%s': %s[%zu] is %g; a variance is never "
+                         "negative",
+                         path, t->name, e, (double)v);
       }
       memcpy(state + t->off + eb * e, q, eb); /* little-endian as it is */
     }
   }
   return DP_OK;
+}
+
+/* Checks the file against the model and decodes it into the state bytes
+ * (st_entries: the parameters, then batchnorm's buffers). */
+static dp_status decode(const dp_model *m, const char *path, const unsigned char *b,
+                        size_t len, unsigned char *state) {
+  if (len < 8)
+    return DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' is %zu bytes: too short", path,
+                   len);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
+  if (hlen > ST_MAX_HEADER || hlen > len - 8)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "safetensors file '%s': its header length %llu runs past the file's %zu "
+                   "bytes",
+                   path, (unsigned long long)hlen, len);
+  const unsigned char *data = b + 8 + hlen;
+  size_t data_len = len - 8 - (size_t)hlen;
+  st_entry ti[ST_MAX_ENTRIES];
+  size_t state_bytes;
+  int n = st_entries(m, ti, &state_bytes);
+  st_tensor st[ST_MAX_ENTRIES];
+  memset(st, 0, sizeof st);
+  const char *h = (const char *)b + 8;
+  json j = {h, h, h + hlen, path, DP_OK};
+  dp_status s = parse_header(&j, ti, n, st);
+  if (!s) s = check_entries(path, ti, st, n, data_len);
+  if (!s) s = check_tiling(path, ti, st, n, data_len);
+  if (!s) s = copy_values(path, ti, st, n, data, state);
+  return s;
 }
 
 dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path) {

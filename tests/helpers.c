@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 dp_config config_of(int batch, int n_devices, dp_optimizer opt) {
@@ -208,6 +209,90 @@ void expect_write_refused(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
   ck_assert_int_eq(rmdir(p), 0);
 }
 
+bool make_node(const char *path, char kind) {
+  int rc = kind == 'p'   ? mkfifo(path, 0600)
+           : kind == 'd' ? mkdir(path, 0700)
+                         : mknod(path, S_IFCHR | 0600, makedev(1, 3));
+  if (rc == 0) return true;
+  ck_assert_msg(kind == 'c' && (errno == EPERM || errno == EACCES), "make %c %s: %s", kind,
+                path, strerror(errno));
+  return false;
+}
+
+/* The write is refused, naming `kind`, and the node at p is as it was. */
+static void refused_untouched(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
+                              const char *p, const char *kind) {
+  struct stat before, after;
+  ck_assert_int_eq(lstat(p, &before), 0);
+  alarm(10); /* a write that opened a FIFO would block: a failure, not a hang */
+  dp_status s = write(c, p);
+  alarm(0);
+  ck_assert_msg(s == DP_ERR_IO, "%s: %s", p, dp_status_name(s));
+  ck_assert_msg(strstr(dp_ctx_error(c), kind) && strstr(dp_ctx_error(c), p), "%s",
+                dp_ctx_error(c));
+  ck_assert_int_eq(lstat(p, &after), 0);
+  ck_assert_uint_eq(after.st_mode, before.st_mode);
+  ck_assert_uint_eq(after.st_ino, before.st_ino);
+  ck_assert_uint_eq(after.st_rdev, before.st_rdev);
+}
+
+void expect_write_keeps_nodes(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
+                              const char *dir, const char *name) {
+  char p[400], node[400], victim[400], tmp[440];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  snprintf(node, sizeof node, "%s/node", dir);
+  snprintf(victim, sizeof victim, "%s/victim", dir);
+  ck_assert_int_eq(dir_entries(dir), 0);
+  /* a FIFO, a device, a link to a FIFO: refused, kept, no temporary file left */
+  ck_assert(make_node(p, 'p'));
+  refused_untouched(c, write, p, "is a FIFO (named pipe), not a regular file");
+  ck_assert_int_eq(dir_entries(dir), 1);
+  ck_assert_int_eq(unlink(p), 0);
+  if (make_node(p, 'c')) {
+    refused_untouched(c, write, p, "is a character device, not a regular file");
+    ck_assert_int_eq(dir_entries(dir), 1);
+    ck_assert_int_eq(unlink(p), 0);
+  }
+  ck_assert(make_node(node, 'p'));
+  ck_assert_int_eq(symlink(node, p), 0);
+  refused_untouched(c, write, p, "is a symbolic link to a FIFO");
+  ck_assert_int_eq(dir_entries(dir), 2);
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert_int_eq(unlink(node), 0);
+  /* a link planted at the temporary name of old: never opened */
+  file_write(victim, "precious\n", 9);
+  snprintf(tmp, sizeof tmp, "%s.tmp.%ld", p, (long)getpid());
+  ck_assert_int_eq(symlink(victim, tmp), 0);
+  mode_t mask = umask(027);
+  dp_status s = write(c, p);
+  umask(mask);
+  ck_assert_msg(s == DP_OK, "%s", dp_ctx_error(c));
+  size_t n;
+  unsigned char *b = file_read(victim, &n);
+  ck_assert_msg(n == 9 && memcmp(b, "precious\n", 9) == 0, "the victim was written");
+  free(b);
+  struct stat st;
+  ck_assert_int_eq(lstat(tmp, &st), 0);
+  ck_assert(S_ISLNK(st.st_mode));
+  ck_assert_int_eq(lstat(p, &st), 0);
+  ck_assert(S_ISREG(st.st_mode));
+  ck_assert_uint_eq(st.st_mode & 0777, 0640); /* 0666 less the umask */
+  ck_assert_int_eq(dir_entries(dir), 3);
+  ck_assert_int_eq(unlink(tmp), 0);
+  /* a link at the path itself: replaced by the new file, its target kept */
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert_int_eq(symlink(victim, p), 0);
+  ck_assert_msg(write(c, p) == DP_OK, "%s", dp_ctx_error(c));
+  ck_assert_int_eq(lstat(p, &st), 0);
+  ck_assert(S_ISREG(st.st_mode));
+  b = file_read(victim, &n);
+  ck_assert_msg(n == 9 && memcmp(b, "precious\n", 9) == 0, "the link's target was written");
+  free(b);
+  ck_assert_int_eq(dir_entries(dir), 2);
+  ck_assert_int_eq(unlink(p), 0);
+  ck_assert_int_eq(unlink(victim), 0);
+}
+
 void expect_not_a_file_refused(dp_ctx *c, dp_status (*read)(dp_ctx *, const char *),
                                const char *dir, const char *name) {
   char p[400];
@@ -242,4 +327,59 @@ bool cuda_or_skip(const char *suite, const char *test) {
   if (dp_cuda_available()) return true;
   fprintf(stderr, "SKIP %s: %s: the cuda backend is not in this build\n", suite, test);
   return false;
+}
+
+/* ---- checkpoint files by hand (docs/CHECKPOINT.md) ----------------------------- */
+
+uint64_t fnv1a_bytes(const unsigned char *b, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static void put64le(unsigned char *b, uint64_t v) {
+  for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
+}
+
+void ckpt_reseal(unsigned char *b, size_t len) {
+  size_t off = 16;
+  while (off + 24 <= len) {
+    uint64_t pl = le64(b + off + 8);
+    if (pl > len - off - 24) return; /* a damaged length: nothing to follow */
+    if (memcmp(b + off, "END ", 4) == 0) {
+      put64le(b + off + 16, fnv1a_bytes(b, off + 16));
+      return;
+    }
+    put64le(b + off + 16 + pl, fnv1a_bytes(b + off + 16, (size_t)pl));
+    off += 24 + (size_t)pl;
+  }
+}
+
+unsigned char *ckpt_as_version(const unsigned char *v3, size_t len, int version,
+                               size_t *out_len) {
+  ck_assert(version >= 1 && version <= 3 && len >= 16 && le32(v3 + 8) == 3);
+  unsigned char *b = malloc(len);
+  ck_assert_ptr_nonnull(b);
+  size_t n = 0, off = 16;
+  memcpy(b, v3, 16);
+  b[8] = (unsigned char)version;
+  b[12] = version >= 3 ? 6 : 5;
+  n = 16;
+  while (off + 24 <= len) { /* each section, as the version has it */
+    const unsigned char *s = v3 + off;
+    size_t pl = (size_t)le64(s + 8);
+    ck_assert(pl <= len - off - 24);
+    bool appd = memcmp(s, "APPD", 4) == 0, step = memcmp(s, "STEP", 4) == 0;
+    if (!(appd && version < 3)) {
+      size_t keep = step && version == 1 ? 8 : pl; /* version 1: the step alone */
+      memcpy(b + n, s, 16 + keep);
+      put64le(b + n + 8, keep);
+      n += 24 + keep;
+    }
+    off += 24 + pl;
+  }
+  ck_assert_uint_eq(off, len);
+  ckpt_reseal(b, n);
+  *out_len = n;
+  return b;
 }

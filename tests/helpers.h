@@ -100,6 +100,22 @@ void file_write(const char *path, const void *b, size_t len);
 void expect_write_refused(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
                           const char *dir, const char *name);
 
+/* Makes a node at path: 'p' a FIFO, 'c' a character device (1, 3: what
+ * /dev/null is), 'd' a directory. false when the system does not let this
+ * process make it (mknod needs CAP_MKNOD): the caller skips that case. */
+bool make_node(const char *path, char kind);
+
+/* A writer of files (as expect_write_refused) never destroys or follows what
+ * is at the path (issue 26): a FIFO, a character device, a symbolic link to
+ * a FIFO are refused with DP_ERR_IO naming what they are, and stay as they
+ * were; a symbolic link planted at the old predictable temporary name
+ * "<path>.tmp.<pid>" is never opened (its target keeps its bytes); a symbolic
+ * link at the path to a regular file is replaced by the new file, its target
+ * untouched; the file gets mode 0666 less the umask. dir is empty before and
+ * after. */
+void expect_write_keeps_nodes(dp_ctx *c, dp_status (*write)(dp_ctx *, const char *),
+                              const char *dir, const char *name);
+
 /* A reader of files (dp_ckpt_load, dp_ckpt_import_safetensors) refuses with
  * DP_ERR_IO, "is not a regular file (...)", a FIFO without a writer (at once:
  * an alarm turns a hang into a failure; the FIFO is `name` in dir, removed
@@ -110,6 +126,9 @@ void expect_not_a_file_refused(dp_ctx *c, dp_status (*read)(dp_ctx *, const char
 /* Little-endian integers in a byte buffer. */
 uint32_t le32(const unsigned char *b);
 uint64_t le64(const unsigned char *b);
+
+/* Checkpoint files by hand: fnv1a_bytes, ckpt_reseal, ckpt_as_version. */
+#include "ckpt_bytes.h"
 
 /* 1 when this build has the cuda backend (registered by tests/check_main.c);
  * else 0 after printing "SKIP <suite>: <test>: ..." (a CPU-only build, such as

@@ -385,7 +385,8 @@ END_TEST
  * include, and any <...> include of a header of lib/, cuda/ or tests/, is
  * refused. */
 /* dp_mpi.h: the public MPI entry points (tools/world.c, under DP_HAVE_MPI) */
-static const char *const TOOL_HEADERS[] = {"dp.h", "dp_mpi.h", "cli.h", "data.h", "svg.h"};
+static const char *const TOOL_HEADERS[] = {"dp.h",   "dp_mpi.h", "cli.h",
+                                           "data.h", "svg.h",    "agree.h"};
 
 static int project_header(const char *name) {
   static const char *const dirs[] = {"lib", "cuda", "tests", "tests/emul", "include"};
@@ -456,7 +457,7 @@ START_TEST(tools_include_only_dp_h) {
   ck_assert_int_ge(n_files, 8); /* dp.c, cli.c, cmd_*.c, ...: the folder was read */
   ck_assert_msg(bad[0] == '\0',
                 "tools/ may include only dp.h, dp_mpi.h and its own headers (cli.h, "
-                "data.h, svg.h):%s",
+                "data.h, svg.h, agree.h):%s",
                 bad);
 }
 END_TEST

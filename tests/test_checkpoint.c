@@ -4,11 +4,14 @@
  *              device count or mode), run to 50: the same bits as 50 straight
  *              steps (momentum, AdamW; a model with dropout)
  *   format     the file's layout, read back by hand; the bytes do not depend
- *              on the device count or mode (logical optimizer-state layout)
+ *              on the device count or mode (logical optimizer-state layout);
+ *              every reader takes versions 1, 2 and 3
  *   inference  an inference context saves and loads parameters only
  *   damage     every truncation and a flipped bit in every byte is refused,
  *              the context bytewise unchanged and its next step as an
- *              untouched context's
+ *              untouched context's; behind repaired checksums, values no
+ *              training produces (a negative AdamW v, a step above 2^53) are
+ *              refused and every other mutation is read exactly
  *   crash      a saving child SIGKILLed at random times leaves a loadable file
  *   mismatch   model, optimizer, seed, kind of context; I/O errors
  *
@@ -20,6 +23,8 @@
 
 #include <check.h>
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -615,6 +620,287 @@ START_TEST(test_nonfinite_values_are_refused) {
 }
 END_TEST
 
+/* The payload of section `tag` (its offset in *pay, its length returned). */
+static size_t section_of(const unsigned char *b, size_t len, const char *tag, size_t *pay) {
+  for (size_t off = 16; off + 24 <= len; off += 24 + (size_t)le64(b + off + 8))
+    if (memcmp(b + off, tag, 4) == 0) {
+      *pay = off + 16;
+      return (size_t)le64(b + off + 8);
+    }
+  ck_abort_msg("no section %s", tag);
+  return 0;
+}
+
+static void put_f32le(unsigned char *b, float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  for (int i = 0; i < 4; i++) b[i] = (unsigned char)(u >> (8 * i));
+}
+
+/* AdamW's second moment is a mean of squares: a negative one (checksums
+ * recomputed, so only the value check can find it) is refused, naming the
+ * element, before the context changes (every arena byte, the parameters'
+ * hash); a load would have made the next step write NaN parameters. */
+START_TEST(test_negative_second_moment_is_refused) {
+  damage_rig d;
+  damage_open(&d, DP_OPT_ADAMW);
+  size_t pay, pl = section_of(d.file, d.len, "OPTS", &pay), n = d.src.np;
+  ck_assert_uint_eq(pl, 2 * n * 4);
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  static const struct {
+    size_t at;
+    float v;
+    const char *needle;
+  } bad[] = {{5, -1e-3f, "AdamW's second moment v[5] is -0.001; a mean of squares"},
+             {0, -FLT_MIN, "AdamW's second moment v[0] is -1.17549e-38"},
+             {~(size_t)0, -FLT_MAX, "second moment v["}}; /* ~0: the last */
+  uint64_t h = dp_params_hash(d.target.c);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    memcpy(b, d.file, d.len);
+    size_t at = bad[i].at == ~(size_t)0 ? n - 1 : bad[i].at;
+    put_f32le(b + pay + 4 * (n + at), bad[i].v);
+    ckpt_reseal(b, d.len);
+    damage_expect_refused(&d, b, d.len, "negative v", at);
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), bad[i].needle), "%s",
+                  dp_ctx_error(d.target.c));
+    ck_assert_uint_eq(dp_params_hash(d.target.c), h);
+  }
+  /* momentum's buffer and AdamW's first moment may be negative: m = -1 loads */
+  memcpy(b, d.file, d.len);
+  put_f32le(b + pay + 4 * 3, -1.0f);
+  ckpt_reseal(b, d.len);
+  file_write(d.bad, b, d.len);
+  rig fresh;
+  dp_config c2 = cfg_make(DP_OPT_ADAMW, L2);
+  rig_open(&fresh, MLP_SPEC, &c2);
+  load_ok(&fresh, d.bad);
+  run_steps(&fresh, 3, 4);
+  rig_close(&fresh);
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
+/* The step counter is range-checked: above 2^53 (doubles count it exactly
+ * up to there, and the 64-bit counter would wrap to a "first" step) it is
+ * refused; 2^53 itself loads. */
+START_TEST(test_step_out_of_range_is_refused) {
+  damage_rig d;
+  damage_open(&d, DP_OPT_MOMENTUM);
+  size_t pay;
+  ck_assert_uint_eq(section_of(d.file, d.len, "STEP", &pay), 16);
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  const uint64_t steps[] = {((uint64_t)1 << 53) + 1, UINT64_MAX, (uint64_t)1 << 53};
+  for (int i = 0; i < 3; i++) {
+    memcpy(b, d.file, d.len);
+    for (int k = 0; k < 8; k++) b[pay + k] = (unsigned char)(steps[i] >> (8 * k));
+    ckpt_reseal(b, d.len);
+    if (i < 2) {
+      damage_expect_refused(&d, b, d.len, "step", (size_t)i);
+      ck_assert_msg(strstr(dp_ctx_error(d.target.c), "step") &&
+                        strstr(dp_ctx_error(d.target.c), "2^53"),
+                    "%s", dp_ctx_error(d.target.c));
+      continue;
+    }
+    file_write(d.bad, b, d.len);
+    rig fresh;
+    dp_config c2 = cfg_make(DP_OPT_MOMENTUM, L2);
+    rig_open(&fresh, MLP_SPEC, &c2);
+    load_ok(&fresh, d.bad);
+    ck_assert_uint_eq(dp_ctx_step(fresh.c), steps[i]);
+    rig_close(&fresh);
+  }
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
+/* Every reader takes every version the loader takes (issue 26: dp_ckpt_info
+ * and dp_ckpt_read_app once took versions 1 and 3 only, so dp predict, export
+ * and --resume refused a version 2 file the library loads). The same state
+ * as versions 1, 2, 3: each loads, dp_ckpt_info names its version and size,
+ * dp_ckpt_read_app gives its data (none before version 3). Versions 0 and 4,
+ * and a section count not the version's, are refused by all three. */
+START_TEST(test_every_reader_takes_every_version) {
+  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  rig a, b;
+  rig_open(&a, MLP_SPEC, &cfg);
+  rig_open(&b, MLP_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t, "dp_ckpt", "v3.ckpt");
+  run_steps(&a, 0, 3);
+  static const char app[] = "libdp-train 1\nepochs 1\n";
+  ck_assert_int_eq(dp_ckpt_save_app(a.c, t.path, app, sizeof app - 1), DP_OK);
+  size_t len;
+  unsigned char *v3 = file_read(t.path, &len);
+  for (int vi = 0; vi < 3; vi++) {
+    int v = (int[]){2, 1, 3}[vi]; /* 2 first: the version issue 26 found refused */
+    size_t n;
+    unsigned char *f = ckpt_as_version(v3, len, v, &n);
+    if (v == 3) ck_assert(n == len && memcmp(f, v3, n) == 0);
+    tmp_path(&t, v == 1 ? "v1.ckpt" : v == 2 ? "v2.ckpt" : "v3b.ckpt");
+    file_write(t.path, f, n);
+    run_steps(&b, 100, 101); /* another state */
+    ck_assert_msg(dp_ckpt_load(b.c, t.path) == DP_OK, "version %d: %s", v,
+                  dp_ctx_error(b.c));
+    assert_same_params(&a, &b, "loaded");
+    ck_assert_uint_eq(dp_ctx_step(b.c), 3);
+    dp_model *m = NULL;
+    dp_ckpt_summary info;
+    ck_assert_msg(dp_ckpt_info(t.path, &m, &info) == DP_OK, "version %d: %s", v,
+                  dp_last_error());
+    ck_assert_uint_eq(info.version, (unsigned)v);
+    ck_assert_uint_eq(info.n_params, a.np);
+    ck_assert_uint_eq(info.file_bytes, n);
+    ck_assert_int_eq(info.optimizer, DP_OPT_ADAMW);
+    ck_assert_uint_eq(dp_model_n_params(m), a.np);
+    dp_model_free(m);
+    void *got = NULL;
+    size_t got_n = 0;
+    ck_assert_msg(dp_ckpt_read_app(t.path, &got, &got_n) == DP_OK, "version %d: %s", v,
+                  dp_last_error());
+    if (v < 3)
+      ck_assert(got == NULL && got_n == 0);
+    else
+      ck_assert(got_n == sizeof app - 1 && memcmp(got, app, got_n) == 0);
+    free(got);
+    for (int bad = 0; bad < 3; bad++) { /* version 0, 4, the other section count */
+      unsigned char *g = malloc(n);
+      ck_assert_ptr_nonnull(g);
+      memcpy(g, f, n);
+      if (bad < 2)
+        g[8] = bad ? 4 : 0;
+      else
+        g[12] = v < 3 ? 6 : 5;
+      ckpt_reseal(g, n);
+      file_write(t.path, g, n);
+      free(g);
+      ctx_snap sn;
+      ctx_snap_take(&sn, b.c);
+      ck_assert_int_eq(dp_ckpt_load(b.c, t.path), DP_ERR_PARSE);
+      ck_assert_int_eq(dp_ckpt_info(t.path, NULL, &info), DP_ERR_PARSE);
+      ck_assert_msg(strstr(dp_last_error(), bad < 2 ? "version" : "sections"), "%s",
+                    dp_last_error());
+      ck_assert_int_eq(dp_ckpt_read_app(t.path, &got, &got_n), DP_ERR_PARSE);
+      ck_assert(got == NULL && got_n == 0);
+      ctx_snap_check(&sn, b.c, "another version");
+      ctx_snap_free(&sn);
+    }
+    free(f);
+  }
+  free(v3);
+  tmp_done(&t);
+  rig_close(&a);
+  rig_close(&b);
+}
+END_TEST
+
+/* The hostile user's attack with the checksums repaired (ckpt_reseal), so
+ * that every mutation reaches the structure, model and value checks behind
+ * them: a flipped bit in every byte of the header, MODL, STEP and each
+ * section's frame, in every byte of the batchnorm's buffers and of AdamW's
+ * second moment's first floats, and in one float in 16 of the rest. A refusal
+ * leaves every arena byte as it was. An acceptance must be exact (device 0's
+ * parameters, buffers and optimizer state hold the file's bytes, the step and
+ * rate its STEP: nothing read otherwise than written) and, for a mutated
+ * state, sound (the next step, if it succeeds, leaves every parameter finite). */
+static const char ATTACK_SPEC[] = "input 12\nlinear 8\nbatchnorm\nrelu\nlinear 5\n"
+                                  "loss softmax_cross_entropy\n";
+
+typedef struct {
+  rig src, dst;
+  tmpdir t;
+  char own[320];
+  unsigned char *file;
+  size_t len, parm, opts, step; /* the payloads' offsets */
+  int refused, accepted, stepped;
+} ck_attack;
+
+static void ck_attack_one(ck_attack *a, const unsigned char *b, size_t where, bool step) {
+  file_write(a->t.path, b, a->len);
+  ctx_snap sn; /* per load: an accepted one's step leaves scratch regions written */
+  ctx_snap_take(&sn, a->dst.c);
+  dp_status s = dp_ckpt_load(a->dst.c, a->t.path);
+  if (s != DP_OK) {
+    ctx_snap_check(&sn, a->dst.c, "refused");
+    ctx_snap_free(&sn);
+    a->refused++;
+    return;
+  }
+  ctx_snap_free(&sn);
+  const dp_plan *p = a->dst.p;
+  dp_region_info pr = dp_plan_region(p, 0, DP_REGION_PARAMS),
+                 os = dp_plan_region(p, 0, DP_REGION_OPT_STATE);
+  size_t nf = (size_t)le64(b + a->parm - 8), no = (size_t)le64(b + a->opts - 8);
+  float lr = dp_ctx_lr(a->dst.c);
+  if (nf > pr.size || no != os.size ||
+      memcmp(a->dst.c->arena[0] + pr.offset, b + a->parm, nf) != 0 ||
+      memcmp(a->dst.c->arena[0] + os.offset, b + a->opts, no) != 0 ||
+      dp_ctx_step(a->dst.c) != le64(b + a->step) || memcmp(&lr, b + a->step + 8, 4) != 0)
+    ck_abort_msg("byte %zu: accepted, but the context does not hold the file's state",
+                 where);
+  int k = 0;
+  if (step && try_steps(&a->dst, 60, 61, &k) == DP_OK) {
+    float *w = params_of(&a->dst);
+    for (size_t e = 0; e < a->dst.np; e++)
+      if (!isfinite(w[e]))
+        ck_abort_msg("byte %zu: accepted, and the next step wrote parameter %zu = %g",
+                     where, e, (double)w[e]);
+    free(w);
+    a->stepped++;
+  }
+  load_ok(&a->dst, a->own); /* back to where it was */
+  a->accepted++;
+}
+
+START_TEST(test_resealed_mutations_are_refused_or_exact) {
+  ck_attack a;
+  memset(&a, 0, sizeof a);
+  dp_config c1 = cfg_make(DP_OPT_ADAMW, L1), c2 = cfg_make(DP_OPT_ADAMW, L2);
+  rig_open(&a.src, ATTACK_SPEC, &c1);
+  rig_open(&a.dst, ATTACK_SPEC, &c2);
+  tmp_make(&a.t, "dp_ckpt", "attack.ckpt");
+  snprintf(a.own, sizeof a.own, "%s/own.ckpt", a.t.dir);
+  run_steps(&a.src, 0, 3);
+  run_steps(&a.dst, 50, 52);
+  save_ok(&a.src, a.t.path);
+  save_ok(&a.dst, a.own);
+  a.file = file_read(a.t.path, &a.len);
+  size_t parm_len = section_of(a.file, a.len, "PARM", &a.parm);
+  section_of(a.file, a.len, "OPTS", &a.opts);
+  section_of(a.file, a.len, "STEP", &a.step);
+  size_t np = a.src.np, buffers = a.parm + 4 * np, v = a.opts + 4 * np, frames[7], nf = 0;
+  for (size_t off = 16; off + 24 <= a.len; off += 24 + (size_t)le64(a.file + off + 8))
+    frames[nf++] = off;
+  unsigned char *b = malloc(a.len);
+  ck_assert_ptr_nonnull(b);
+  for (size_t at = 0; at < a.len; at++) {
+    bool frame = at < a.parm; /* the header, MODL, STEP and PARM's frame */
+    for (size_t i = 0; i < nf; i++) frame |= at >= frames[i] && at < frames[i] + 24;
+    bool state = (at >= buffers && at < a.parm + parm_len) || (at >= v && at < v + 64);
+    if (!frame && !state && (at - a.parm) / 4 % 16) continue;
+    for (int bit = 0; bit < 8; bit++) {
+      memcpy(b, a.file, a.len);
+      b[at] ^= (unsigned char)(1u << bit);
+      ckpt_reseal(b, a.len);
+      ck_attack_one(&a, b, at, state || (at >= a.step && at < a.step + 16));
+    }
+  }
+  if (getenv("DP_ATTACK_REPORT"))
+    fprintf(stderr, "checkpoint attack: %d refused, %d accepted (%d stepped)\n", a.refused,
+            a.accepted, a.stepped);
+  ck_assert_int_gt(a.refused, 500);
+  ck_assert_int_gt(a.accepted, 500);
+  free(b);
+  free(a.file);
+  tmp_done(&a.t);
+  rig_close(&a.src);
+  rig_close(&a.dst);
+}
+END_TEST
+
 /* ---- crash -------------------------------------------------------------------- */
 
 static double now_s(void) {
@@ -784,6 +1070,8 @@ START_TEST(test_io_errors) {
 
   /* Saving into a directory that does not exist, or over a directory. */
   expect_write_refused(r.c, dp_ckpt_save, t.dir, "x.ckpt");
+  /* ... or over a FIFO or a device, or through a planted link (issue 26) */
+  expect_write_keeps_nodes(r.c, dp_ckpt_save, t.dir, "x.ckpt");
 
   /* NULL arguments. */
   ck_assert_int_eq(dp_ckpt_save(NULL, t.path), DP_ERR_INVALID);
@@ -878,6 +1166,7 @@ Suite *checkpoint_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_format_is_as_documented);
   tcase_add_test(tc, test_rate_in_effect_round_trips_and_version_1_still_loads);
+  tcase_add_test(tc, test_every_reader_takes_every_version);
   tcase_add_loop_test(tc, test_file_bytes_independent_of_devices_and_mode, 0, 3);
   suite_add_tcase(s, tc);
 
@@ -891,6 +1180,9 @@ Suite *checkpoint_suite(void) {
   tcase_add_loop_test(tc, test_truncated_file_is_refused, 1, 3);
   tcase_add_loop_test(tc, test_flipped_bit_is_refused, 0, 3);
   tcase_add_test(tc, test_nonfinite_values_are_refused);
+  tcase_add_test(tc, test_negative_second_moment_is_refused);
+  tcase_add_test(tc, test_step_out_of_range_is_refused);
+  tcase_add_test(tc, test_resealed_mutations_are_refused_or_exact);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("crash");

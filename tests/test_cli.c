@@ -5,6 +5,7 @@
  * data/digits.csv (run from the repository root). */
 #include "capture.h"
 #include "cli.h"
+#include "ckpt_bytes.h"
 #include "data.h"
 
 #include <check.h>
@@ -1124,12 +1125,12 @@ START_TEST(train_refuses_unwritable_outputs_before_training) {
   char want[200];
   r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--plot", dir);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
-  snprintf(want, sizeof want, "dp train: cannot write plot '%s': it is a directory\n", dir);
+  snprintf(want, sizeof want, "dp train: cannot write plot '%s': is a directory\n", dir);
   ck_assert_str_eq(r.err, want);
   cmd_result_free(&r);
   r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--save", dir);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
-  snprintf(want, sizeof want, "dp train: cannot write checkpoint '%s': it is a directory\n",
+  snprintf(want, sizeof want, "dp train: cannot write checkpoint '%s': is a directory\n",
            dir);
   ck_assert_str_eq(r.err, want);
   cmd_result_free(&r);
@@ -2066,6 +2067,37 @@ START_TEST(train_resume_refuses_other_settings) {
 }
 END_TEST
 
+/* Issue 26 (9): docs/TOOL.md lets a resume change the micro-batch (a layout,
+ * like the device count), but the run record refused it ("the checkpoint's
+ * run used 0, this one 4"). It resumes and trains on; the run's settings
+ * still have to match. */
+START_TEST(train_resume_may_change_the_micro_batch) {
+  char dir[64], ck[128], ck4[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "m.ckpt");
+  in_dir(ck4, sizeof ck4, dir, "m4.ckpt");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--micro-batch", "4",
+                "--resume", ck, "--save", ck4, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "(step 46)"), "%s", r.out);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--micro-batch", "8",
+                "--devices", "2", "--resume", ck4, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--micro-batch", "4",
+                "--seed", "3", "--resume", ck4, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "seed"), "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
 START_TEST(train_resume_keeps_the_standardisation) {
   char dir[64], std[128], raw[128], want[400];
   temp_dir(dir, sizeof dir);
@@ -2680,7 +2712,7 @@ START_TEST(predict_refuses_what_does_not_fit) {
   } bad[] = {{dir, NULL, "directory"},
              {"/nonexistent/x.ckpt", NULL, "No such file or directory"},
              {DIGITS_CSV, NULL, "not a libdp checkpoint"},
-             {ck, dir, "it is a directory"}};
+             {ck, dir, "is a directory"}};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
     char *argv[] = {"predict",         "--checkpoint",
                     bad[i].checkpoint, "--data",
@@ -2694,6 +2726,66 @@ START_TEST(predict_refuses_what_does_not_fit) {
     ck_assert_str_eq(r.out, "");
     cmd_result_free(&r);
   }
+  remove_dir(dir);
+}
+END_TEST
+
+/* Issue 26: dp predict wrote inf and nan and exited 0, and took labels the
+ * model has no output for as wrong predictions. Outputs that overflow are
+ * written with a warning naming the rows, exit 3; a label out of range is
+ * refused naming its row, nothing written. */
+START_TEST(predict_flags_nonfinite_outputs_and_bad_labels) {
+  char dir[64], ck[128], p[128], data[128], bad[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "huge.ckpt");
+  in_dir(p, sizeof p, dir, "p.csv");
+  in_dir(bad, sizeof bad, dir, "bad.csv");
+  small_csv(data, sizeof data);
+  /* parameters of 1e38: every output overflows */
+  dp_model *m;
+  dp_plan *pl;
+  dp_ctx *c;
+  small_ctx("sgd", &m, &pl, &c);
+  size_t np = dp_model_n_params(m);
+  float *w = malloc(np * sizeof *w);
+  ck_assert_ptr_nonnull(w);
+  for (size_t i = 0; i < np; i++) w[i] = 1e38f;
+  ck_assert_msg(dp_set_params(c, w, np) == DP_OK, "%s", dp_ctx_error(c));
+  ck_assert_msg(dp_ckpt_save(c, ck) == DP_OK, "%s", dp_ctx_error(c));
+  free(w);
+  small_free(m, pl, c);
+  cmd_result r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", data, "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_NONFINITE);
+  ck_assert_int_eq(r.rc, 3);
+  ck_assert_msg(strstr(r.err, "dp predict: warning: 40 of 40 rows have an output that is "
+                              "not finite (inf or nan; the first: row 1)") &&
+                    n_lines(r.err) == 1,
+                "%s", r.err);
+  cmd_result_free(&r);
+  char *pred = slurp_file(p, NULL);
+  ck_assert_int_eq(n_lines(pred), 40);
+  ck_assert_msg(strstr(pred, "inf") || strstr(pred, "nan"), "%s", pred);
+  free(pred);
+  /* the small model has 3 outputs: a label 3 on the 7th row is refused */
+  char *rows = slurp_file(data, NULL), *line = rows;
+  for (int i = 0; i < 6; i++) line = strchr(line, '\n') + 1;
+  ck_assert_int_eq(line[0], '0'); /* row 7's label, 6 % 3 */
+  line[0] = '3';
+  write_file(bad, rows);
+  free(rows);
+  unlink(p);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", bad, "--out", p);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  char want[400];
+  snprintf(want, sizeof want,
+           "dp predict: %s: row 7 has label 3; the checkpoint's model has 3 outputs "
+           "(labels 0 to 2)\n",
+           bad);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  ck_assert_int_ne(access(p, F_OK), 0);
+  cmd_result_free(&r);
+  unlink(data);
   remove_dir(dir);
 }
 END_TEST
@@ -2902,6 +2994,40 @@ START_TEST(export_import_refusals) {
     cmd_result_free(&r);
     ck_assert_int_ne(access(g, F_OK), 0);
   }
+  /* the header's length 4 bytes short (padded so that the object still ends
+   * whole): every weight would be read one float early; refused, naming why,
+   * and --out neither made nor changed */
+  {
+    size_t n;
+    char *b = slurp_file(s, &n), shifted[160];
+    uint64_t hlen = 0;
+    for (int i = 7; i >= 0; i--) hlen = hlen << 8 | (unsigned char)b[i];
+    in_dir(shifted, sizeof shifted, dir, "shifted.safetensors");
+    FILE *out = fopen(shifted, "wb");
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((hlen + 8 - 4) >> (8 * i));
+    ck_assert(out && fwrite(len8, 1, 8, out) == 8 &&
+              fwrite(b + 8, 1, (size_t)hlen, out) == hlen &&
+              fwrite("        ", 1, 8, out) == 8 &&
+              fwrite(b + 8 + hlen, 1, n - 8 - (size_t)hlen, out) == n - 8 - hlen &&
+              fclose(out) == 0);
+    free(b);
+    for (int exists = 0; exists < 2; exists++) {
+      if (exists) write_file(g, "old contents");
+      r = RUN(dpt_cmd_import, shifted, "--model", DIGITS_MODEL, "--out", g);
+      ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+      ck_assert_msg(strstr(r.err, "4 bytes follow the last tensor '2.bias'") &&
+                        n_lines(r.err) == 1,
+                    "%s", r.err);
+      ck_assert_str_eq(r.out, "");
+      cmd_result_free(&r);
+      if (!exists) ck_assert_int_ne(access(g, F_OK), 0);
+    }
+    char *kept = slurp_file(g, NULL);
+    ck_assert_str_eq(kept, "old contents");
+    free(kept);
+    unlink(g);
+  }
   /* not a safetensors file */
   r = RUN(dpt_cmd_import, DIGITS_CSV, "--model", DIGITS_MODEL, "--out", g);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
@@ -2953,6 +3079,115 @@ START_TEST(export_import_refusals) {
   }
   ck_assert_int_ne(access(x, F_OK), 0);
   ck_assert_int_ne(access(g, F_OK), 0);
+  remove_dir(dir);
+}
+END_TEST
+
+/* A checkpoint of the digits model as dp train makes it by default (SGD,
+ * seed 0) at step 0, carrying `record` as its run record. */
+static void digits_checkpoint_with_record(const char *path, const char *record) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_load(DIGITS_MODEL, &m), DP_OK);
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 64;
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &cfg, &p), DP_OK);
+  ck_assert_int_eq(dp_ctx_create(p, &c), DP_OK);
+  ck_assert_int_eq(dp_ckpt_save_app(c, path, record, strlen(record)), DP_OK);
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+
+/* A run record's numbers are range-checked before a resume computes with
+ * them (issue 26: "epochs 2147483647" overflowed int at the resume's epoch
+ * arithmetic, and the run trained 0 epochs and exited 0): one line, exit 1,
+ * nothing trained; so is a resume that would run past DPT_MAX_EPOCHS. */
+START_TEST(train_resume_refuses_a_record_out_of_range) {
+  char dir[64], ck[128], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "r.ckpt");
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 2147483647\nrows 1437\n"
+                                    "standardize 0\nfeatures 0\n");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize",
+                           "--resume", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(
+      want, sizeof want,
+      "dp train: cannot resume from '%s': its run record (the application data) is not "
+      "dp train's: epochs 2147483647 is out of range (0 to 1000000000)\n",
+      ck);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 999999999\nrows 1437\n"
+                                    "standardize 0\nfeatures 0\n");
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--no-standardize",
+                "--resume", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: cannot resume from '%s': 999999999 epochs done and --epochs 2 would "
+           "pass 1000000000 epochs\n",
+           ck);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+  /* dp predict reads the same record: refused the same way */
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 3\nrows -1\n"
+                                    "standardize 0\nfeatures 0\n");
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "rows: \"-1\" is not a number") && n_lines(r.err) == 1, "%s",
+                r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* The tool reads every checkpoint version the library loads (issue 26:
+ * predict, export and --resume refused a version 2 file): the same state as
+ * versions 1, 2 and 3 predicts the same bytes and exports the same
+ * safetensors file, and resumes (older versions carry no run record: from
+ * epoch 0). */
+START_TEST(every_command_reads_every_checkpoint_version) {
+  static const char *const raw[] = {"--no-standardize", NULL};
+  char dir[64], f[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "v3.ckpt");
+  digits_checkpoint(f, raw, acc, sizeof acc);
+  size_t len, n;
+  unsigned char *v3 = (unsigned char *)slurp_file(f, &len);
+  for (int v = 3; v >= 1; v--) {
+    char ck[128], pred[128], pred3[128], st[128], st3[128], name[32];
+    snprintf(name, sizeof name, "v%d.ckpt", v);
+    in_dir(ck, sizeof ck, dir, name);
+    snprintf(name, sizeof name, "p%d.csv", v);
+    in_dir(pred, sizeof pred, dir, name);
+    snprintf(name, sizeof name, "s%d.safetensors", v);
+    in_dir(st, sizeof st, dir, name);
+    in_dir(pred3, sizeof pred3, dir, "p3.csv");
+    in_dir(st3, sizeof st3, dir, "s3.safetensors");
+    unsigned char *b = ckpt_as_version(v3, len, v, &n);
+    FILE *out = fopen(ck, "wb");
+    ck_assert(out && fwrite(b, 1, n, out) == n && fclose(out) == 0);
+    free(b);
+    cmd_result r =
+        RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", pred);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: predict: %s", v, r.err);
+    cmd_result_free(&r);
+    ck_assert_msg(same_bytes(pred, pred3), "version %d predicts otherwise", v);
+    r = RUN(dpt_cmd_export, ck, "--safetensors", st);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: export: %s", v, r.err);
+    cmd_result_free(&r);
+    ck_assert_msg(same_bytes(st, st3), "version %d exports otherwise", v);
+    r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--test-fraction", "0",
+                  "--resume", ck, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: resume: %s", v, r.err);
+    cmd_result_free(&r);
+  }
+  free(v3);
   remove_dir(dir);
 }
 END_TEST
@@ -3132,15 +3367,19 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_resume_is_bit_exact);
   tcase_add_test(tc, train_resume_keeps_the_standardisation);
   tcase_add_test(tc, train_resume_refuses_other_settings);
+  tcase_add_test(tc, train_resume_may_change_the_micro_batch);
   tcase_add_test(tc, train_eval_every_prints_the_held_out_share);
   tcase_add_test(tc, train_log_writes_a_json_line_per_epoch);
   tcase_add_test(tc, train_patience_stops_early_and_resume_continues);
   tcase_add_test(tc, train_plot_heldout_curve_and_log_axis);
   tcase_add_test(tc, predict_writes_a_line_per_row);
   tcase_add_test(tc, predict_refuses_what_does_not_fit);
+  tcase_add_test(tc, predict_flags_nonfinite_outputs_and_bad_labels);
   tcase_add_test(tc, predict_regression_reports_mse);
   tcase_add_test(tc, export_import_round_trip);
   tcase_add_test(tc, export_import_refusals);
+  tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
+  tcase_add_test(tc, every_command_reads_every_checkpoint_version);
   tcase_add_test(tc, help_lists_predict_export_import);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);

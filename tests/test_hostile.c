@@ -917,7 +917,8 @@ START_TEST(csv_line_over_the_limit_and_endless_files) {
   /* devices (/dev/zero never ends, /dev/null is empty) are not regular files:
    * refused before any read, as FIFOs are (which would block) */
   ck_assert_int_eq(dpt_csv_load("/dev/zero", &d, err, sizeof err), DP_ERR_IO);
-  ck_assert_str_eq(err, "cannot read data '/dev/zero': is a device, not a regular file");
+  ck_assert_str_eq(
+      err, "cannot read data '/dev/zero': is a character device, not a regular file");
   ck_assert_int_eq(dpt_csv_load("/dev/null", &d, err, sizeof err), DP_ERR_IO);
   ck_assert_msg(strstr(err, "not a regular file") != NULL, "message: %s", err);
   dp_model *m;

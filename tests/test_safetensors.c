@@ -15,7 +15,10 @@
  *               space) are taken
  *   hostile     malformed files of every kind are refused with their status
  *               and a message naming the fault, every arena byte, the step
- *               counter and the parameters' hash unchanged; a directory or a
+ *               counter and the parameters' hash unchanged (offsets that do not
+ *               tile the data, a header length a few bytes off, keys twice, bad
+ *               UTF-8 or JSON, impossible running statistics); every mutation
+ *               of a real export refused or read exactly; a directory or a
  *               FIFO is DP_ERR_IO at once; NULL and empty arguments
  *   export_io   exporting into a missing directory or over a directory:
  *               DP_ERR_IO and no file (temporary or not) left behind */
@@ -24,6 +27,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -428,6 +432,11 @@ static const char *const GOOD[] = {
     "\"0.weight\":{\"shape\":[4,3],\"extra\":[[1],{}],\"data_offsets\":[0,48],\"dtype\":"
     "\"F32\"},"
     "" B1 "," W1 "}",
+    /* UTF-8 in metadata (raw, and escaped with a surrogate pair), JSON numbers of
+     * every form, white space of every kind after the object */
+    "{\"__metadata__\":{\"\xc3\xa9\":\"\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80\","
+    "\"s\":\"\\ud83d\\ude00 \\u00e9\",\"n\":[0,-0,-0.5e+3,1E-2,12.25,7e9]}," ALL
+    "} \t\r\n      ",
 };
 #define N_GOOD ((int)(sizeof GOOD / sizeof GOOD[0]))
 
@@ -494,7 +503,13 @@ typedef enum {
   RAW_INF,
   RAW_SHORT_DATA,
   RAW_NESTED_META,
-  RAW_NESTED_FIELD
+  RAW_NESTED_FIELD,
+  RAW_TRAIL1, /* 1, 4 zero bytes after the data */
+  RAW_TRAIL4,
+  RAW_HLEN_M1, /* the header padded with 8 spaces, its length 1, 4, 8 short, 4 long */
+  RAW_HLEN_M4,
+  RAW_HLEN_M8,
+  RAW_HLEN_P4
 } raw_kind;
 
 static const struct {
@@ -631,6 +646,101 @@ static const struct {
     {"Inf value", RAW_INF, "{" ALL "}", DP_ERR_NONFINITE, "3.weight[7] is not finite"},
     {"data cut short", RAW_SHORT_DATA, "{" ALL "}", DP_ERR_PARSE,
      "'3.weight' has data_offsets"},
+    /* the tensors must tile the data: no overlap, no gap, nothing after */
+    {"overlapping tensors", RAW_NONE,
+     "{" W0 "," ENT("0.bias", "4", 44, 60) "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "tensor '0.bias' [44, 60] overlaps tensor '0.weight' (which ends at 48)"},
+    {"two tensors on the same bytes", RAW_NONE,
+     "{" W0 "," B0 "," ENT("1.weight", "4", 48, 64) "," B1 "," W3 "}", DP_ERR_PARSE,
+     "[48, 64] overlaps tensor '0."},
+    {"a gap between tensors", RAW_TRAIL4,
+     "{" W0 "," ENT("0.bias", "4", 52, 68) "," ENT("1.weight", "4", 68, 84) "," ENT(
+         "1.bias", "4", 84, 100) "," ENT("3.weight", "2,4", 100, 132) "}",
+     DP_ERR_PARSE,
+     "tensor '0.bias' starts at byte 52 of the data, after a gap of 4 bytes after tensor "
+     "'0.weight'"},
+    {"a gap at the start", RAW_TRAIL4,
+     "{" ENT("0.weight", "4,3", 4, 52) "," ENT("0.bias", "4", 52, 68) "," ENT(
+         "1.weight", "4", 68, 84) "," ENT("1.bias", "4", 84, 100) "," ENT("3.weight", "2,4",
+                                                                          100, 132) "}",
+     DP_ERR_PARSE,
+     "tensor '0.weight' starts at byte 4 of the data, after a gap of 4 bytes at "
+     "its start"},
+    {"trailing data", RAW_TRAIL4, "{" ALL "}", DP_ERR_PARSE,
+     "4 bytes follow the last tensor '3.weight'"},
+    {"one trailing byte", RAW_TRAIL1, "{" ALL "}", DP_ERR_PARSE,
+     "1 byte follows the last tensor '3.weight'"},
+    /* the data's start moved into the padding: every value shifted (issue 26) */
+    {"header length 4 short", RAW_HLEN_M4, "{" ALL "}", DP_ERR_PARSE,
+     "4 bytes follow the last tensor"},
+    {"header length 1 short", RAW_HLEN_M1, "{" ALL "}", DP_ERR_PARSE,
+     "1 byte follows the last tensor"},
+    {"header length 8 short", RAW_HLEN_M8, "{" ALL "}", DP_ERR_PARSE,
+     "8 bytes follow the last tensor"},
+    {"header length 4 long", RAW_HLEN_P4, "{" ALL "}", DP_ERR_PARSE, "follows the object"},
+    /* duplicate keys: a second value would replace the first */
+    {"dtype twice", RAW_NONE,
+     "{\"0.weight\":{\"dtype\":\"F32\",\"dtype\":\"F16\",\"shape\":[4,3],"
+     "\"data_offsets\":[0,48]}," B0 "," W1 "," B1 "," W3 "}",
+     DP_ERR_PARSE, "tensor '0.weight' has its field \"dtype\" twice"},
+    {"shape twice", RAW_NONE,
+     "{" W0 ",\"0.bias\":{\"shape\":[4],\"dtype\":\"F32\",\"shape\":[4],"
+     "\"data_offsets\":[48,64]}," W1 "," B1 "," W3 "}",
+     DP_ERR_PARSE, "tensor '0.bias' has its field \"shape\" twice"},
+    {"data_offsets twice", RAW_NONE,
+     "{" W0 "," B0 "," W1 "," B1 ",\"3.weight\":{\"dtype\":\"F32\",\"shape\":[2,4],"
+     "\"data_offsets\":[0,32],\"data_offsets\":[96,128]}}",
+     DP_ERR_PARSE, "tensor '3.weight' has its field \"data_offsets\" twice"},
+    {"__metadata__ twice", RAW_NONE,
+     "{\"__metadata__\":{},\"__metadata__\":{\"format\":\"pt\"}," ALL "}", DP_ERR_PARSE,
+     "\"__metadata__\" appears twice"},
+    {"__metadata__ a string", RAW_NONE, "{\"__metadata__\":\"pt\"," ALL "}", DP_ERR_PARSE,
+     "__metadata__ must be an object"},
+    /* the header starts with '{' */
+    {"a space before the object", RAW_NONE, " {" ALL "}", DP_ERR_PARSE,
+     "starting with '{'"},
+    {"a newline before the object", RAW_NONE, "\n{" ALL "}", DP_ERR_PARSE,
+     "starting with '{'"},
+    /* UTF-8 and JSON's own grammar */
+    {"a byte 0xff in metadata", RAW_NONE, "{\"__metadata__\":{\"a\":\"\xff\"}," ALL "}",
+     DP_ERR_PARSE, "not valid UTF-8 (byte 0xff"},
+    {"a stray continuation byte", RAW_NONE, "{\"__metadata__\":{\"a\":\"x\x80\"}," ALL "}",
+     DP_ERR_PARSE, "not valid UTF-8"},
+    {"an overlong '/'", RAW_NONE, "{\"__metadata__\":{\"a\":\"\xc0\xaf\"}," ALL "}",
+     DP_ERR_PARSE, "not valid UTF-8"},
+    {"an overlong 3-byte form", RAW_NONE,
+     "{\"__metadata__\":{\"a\":\"\xe0\x80\xaf\"}," ALL "}", DP_ERR_PARSE,
+     "not valid UTF-8"},
+    {"a UTF-8 surrogate", RAW_NONE, "{\"__metadata__\":{\"a\":\"\xed\xa0\x80\"}," ALL "}",
+     DP_ERR_PARSE, "not valid UTF-8"},
+    {"above U+10FFFF", RAW_NONE, "{\"__metadata__\":{\"a\":\"\xf4\x90\x80\x80\"}," ALL "}",
+     DP_ERR_PARSE, "not valid UTF-8"},
+    {"a cut UTF-8 sequence", RAW_NONE, "{\"__metadata__\":{\"a\":\"\xe2\x82\"}," ALL "}",
+     DP_ERR_PARSE, "not valid UTF-8"},
+    {"bad UTF-8 in a name", RAW_NONE, "{\"0.weight\xc3\":{}}", DP_ERR_PARSE,
+     "not valid UTF-8"},
+    {"a control character in metadata", RAW_NONE,
+     "{\"__metadata__\":{\"a\":\"\x1f\"}," ALL "}", DP_ERR_PARSE, "control character"},
+    {"a lone high surrogate escape", RAW_NONE,
+     "{\"__metadata__\":{\"a\":\"\\ud800\"}," ALL "}", DP_ERR_PARSE,
+     "high surrogate without its low half"},
+    {"a lone low surrogate escape", RAW_NONE,
+     "{\"__metadata__\":{\"a\":\"\\udc00x\"}," ALL "}", DP_ERR_PARSE, "lone low surrogate"},
+    {"a bare word in metadata", RAW_NONE, "{\"__metadata__\":{\"a\":tru}," ALL "}",
+     DP_ERR_PARSE, "a value was expected"},
+    {"a number with a leading zero", RAW_NONE, "{\"__metadata__\":{\"a\":01}," ALL "}",
+     DP_ERR_PARSE, "a bad number"},
+    {"a number without digits after '.'", RAW_NONE, "{\"__metadata__\":{\"a\":1.}," ALL "}",
+     DP_ERR_PARSE, "a bad number"},
+    {"a number without an exponent", RAW_NONE, "{\"__metadata__\":{\"a\":1e}," ALL "}",
+     DP_ERR_PARSE, "a bad number"},
+    {"a minus alone", RAW_NONE, "{\"__metadata__\":{\"a\":-}," ALL "}", DP_ERR_PARSE,
+     "a bad number"},
+    {"two numbers run together", RAW_NONE, "{\"__metadata__\":{\"a\":1-2}," ALL "}",
+     DP_ERR_PARSE, "closing bracket"},
+    {"an offset with a leading zero", RAW_NONE,
+     "{" W0 "," ENT("0.bias", "4", 048, 064) "," W1 "," B1 "," W3 "}", DP_ERR_PARSE,
+     "leading zero"},
 };
 #define N_HOSTILE ((int)(sizeof HOSTILE / sizeof HOSTILE[0]))
 
@@ -653,7 +763,7 @@ START_TEST(test_hostile_file_is_refused) {
   case RAW_HLEN_2_63: st_write(t.path, 1ull << 63, "{" ALL "}", d, sizeof d); break;
   case RAW_HLEN_MAX: st_write(t.path, UINT64_MAX - 1, "{" ALL "}", d, sizeof d); break;
   case RAW_NESTED_META:
-    h = nested("{\"__metadata__\":", 100, "," ALL "}");
+    h = nested("{\"__metadata__\":{\"a\":", 100, "}," ALL "}");
     st_write(t.path, UINT64_MAX, h, d, sizeof d);
     break;
   case RAW_NESTED_FIELD:
@@ -670,6 +780,30 @@ START_TEST(test_hostile_file_is_refused) {
   case RAW_SHORT_DATA:
     st_write(t.path, UINT64_MAX, HOSTILE[_i].hdr, d, sizeof d - 4);
     break;
+  case RAW_HLEN_M1:
+  case RAW_HLEN_M4:
+  case RAW_HLEN_M8:
+  case RAW_HLEN_P4: { /* valid with its own length: 8 spaces of padding */
+    char hd[512];
+    snprintf(hd, sizeof hd, "%s        ", HOSTILE[_i].hdr);
+    raw_kind k = HOSTILE[_i].raw;
+    size_t n = strlen(hd);
+    st_write(t.path,
+             k == RAW_HLEN_P4 ? n + 4
+                              : n - (k == RAW_HLEN_M1   ? 1
+                                     : k == RAW_HLEN_M4 ? 4
+                                                        : 8),
+             hd, d, sizeof d);
+    break;
+  }
+  case RAW_TRAIL1:
+  case RAW_TRAIL4: {
+    unsigned char more[4 * SMALL_NP + 4] = {0};
+    memcpy(more, d, sizeof d);
+    st_write(t.path, UINT64_MAX, HOSTILE[_i].hdr, more,
+             sizeof d + (HOSTILE[_i].raw == RAW_TRAIL1 ? 1 : 4));
+    break;
+  }
   case RAW_NONE:
   plain:
     if (strcmp(what, "a NUL in the header") == 0) {
@@ -769,6 +903,315 @@ START_TEST(test_not_a_file_and_bad_arguments) {
 }
 END_TEST
 
+/* ---- batchnorm's running statistics and mutated files --------------------------- */
+
+/* A batchnorm at module 1 (its running_mean, running_var, num_batches_tracked
+ * after the parameters) and a layernorm: 50 floats and a count. */
+static const char BN_SPEC[] =
+    "input 3\nlinear 4\nbatchnorm\nlayernorm\nlinear 2\nloss mse\n";
+
+/* The state an import sets, as the export's data holds it: the parameters,
+ * then running_mean, running_var (4 floats each) and the count (int64). */
+static unsigned char *bn_state(rig *r, size_t *n) {
+  *n = r->np * 4 + 8 * 4 + 8;
+  unsigned char *b = malloc(*n);
+  float *p = params_of(r), mv[8];
+  int64_t count = 0;
+  ck_assert_ptr_nonnull(b);
+  ck_assert_int_eq(dp_get_running_stats(r->c, 1, mv, mv + 4, &count), DP_OK);
+  for (size_t e = 0; e < r->np; e++) put_f32(b + 4 * e, p[e]);
+  for (int e = 0; e < 8; e++) put_f32(b + 4 * (r->np + (size_t)e), mv[e]);
+  put_le64(b + 4 * r->np + 32, (uint64_t)count);
+  free(p);
+  return b;
+}
+
+/* An exported file's bytes and where its parts are. */
+typedef struct {
+  unsigned char *b;
+  size_t len, hlen; /* the file; its header's length */
+  char *hdr;        /* the header as a string */
+  const unsigned char *data;
+  size_t dlen;
+} st_file;
+
+static void st_file_read(st_file *f, const char *path) {
+  f->b = file_read(path, &f->len);
+  f->hlen = (size_t)le64(f->b);
+  ck_assert_uint_le(8 + f->hlen, f->len);
+  f->hdr = strndup((const char *)f->b + 8, f->hlen);
+  ck_assert_ptr_nonnull(f->hdr);
+  f->data = f->b + 8 + f->hlen;
+  f->dlen = f->len - 8 - f->hlen;
+}
+
+static void st_file_free(st_file *f) {
+  free(f->b);
+  free(f->hdr);
+}
+
+/* The data offset of a tensor, read from the header. */
+static size_t begin_of(const st_file *f, const char *name) {
+  char key[80];
+  snprintf(key, sizeof key, "\"%s\":{", name);
+  const char *at = strstr(f->hdr, key);
+  ck_assert_msg(at, "no %s in %s", name, f->hdr);
+  at = strstr(at, "\"data_offsets\":[");
+  ck_assert_ptr_nonnull(at);
+  return (size_t)strtoull(at + strlen("\"data_offsets\":["), NULL, 10);
+}
+
+/* Running statistics no batchnorm can have are refused, naming the tensor and
+ * the element, with the context unchanged (every arena byte, the parameters'
+ * hash); the file as exported is taken with exactly its values. */
+START_TEST(test_running_stats_are_checked) {
+  dp_config cfg = cfg_make(2, DP_MODE_ALLREDUCE, 3);
+  rig src, dst;
+  rig_open(&src, BN_SPEC, &cfg);
+  cfg.seed = 4;
+  rig_open(&dst, BN_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t, "dp_st", "bn.safetensors");
+  run_steps(&src, 0, 3);
+  run_steps(&dst, 0, 1);
+  export_ok(&src, t.path);
+  st_file f;
+  st_file_read(&f, t.path);
+  size_t mean = begin_of(&f, "1.running_mean"), var = begin_of(&f, "1.running_var"),
+         count = begin_of(&f, "1.num_batches_tracked");
+  ctx_snap sn;
+  ctx_snap_take(&sn, dst.c);
+  static const struct {
+    int which, at; /* 0 mean, 1 var, 2 count */
+    float v;
+    dp_status want;
+    const char *needle;
+  } bad[] = {
+      {1, 1, -0.5f, DP_ERR_INVALID,
+       "1.running_var[1] is -0.5; a variance is never negative"},
+      {1, 3, -FLT_MIN, DP_ERR_INVALID, "1.running_var[3] is -1.17549e-38"},
+      {1, 0, NAN, DP_ERR_NONFINITE, "1.running_var[0] is not finite"},
+      {0, 3, INFINITY, DP_ERR_NONFINITE, "1.running_mean[3] is not finite"},
+      {2, 0, 0, DP_ERR_INVALID, "1.num_batches_tracked is -1; libdp counts up to"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    unsigned char *b = malloc(f.len);
+    ck_assert_ptr_nonnull(b);
+    memcpy(b, f.b, f.len);
+    unsigned char *d = b + 8 + f.hlen;
+    if (bad[i].which == 2)
+      put_le64(d + count, UINT64_MAX);
+    else
+      put_f32(d + (bad[i].which ? var : mean) + 4 * (size_t)bad[i].at, bad[i].v);
+    file_write(t.path, b, f.len);
+    free(b);
+    dp_status s = dp_ckpt_import_safetensors(dst.c, t.path);
+    ck_assert_msg(s == bad[i].want, "case %zu: %s (%s)", i, dp_status_name(s),
+                  dp_ctx_error(dst.c));
+    ck_assert_msg(strstr(dp_ctx_error(dst.c), bad[i].needle) &&
+                      strstr(dp_ctx_error(dst.c), t.path),
+                  "case %zu: %s", i, dp_ctx_error(dst.c));
+    ctx_snap_check(&sn, dst.c, bad[i].needle);
+  }
+  /* a zero variance, and -0, are variances; the file as exported is taken exactly */
+  unsigned char *b = malloc(f.len);
+  memcpy(b, f.b, f.len);
+  put_f32(b + 8 + f.hlen + var, 0.0f);
+  put_f32(b + 8 + f.hlen + var + 4, -0.0f);
+  file_write(t.path, b, f.len);
+  import_ok(&dst, t.path);
+  free(b);
+  file_write(t.path, f.b, f.len);
+  import_ok(&dst, t.path);
+  size_t n1, n2;
+  unsigned char *a = bn_state(&src, &n1), *c = bn_state(&dst, &n2);
+  ck_assert(n1 == n2 && n1 == f.dlen && memcmp(a, c, n1) == 0 &&
+            memcmp(a, f.data, n1) == 0);
+  free(a);
+  free(c);
+  ctx_snap_free(&sn);
+  st_file_free(&f);
+  tmp_done(&t);
+  rig_close(&src);
+  rig_close(&dst);
+}
+END_TEST
+
+/* The hostile user's attack on a real export: a target context (another
+ * state) imports each mutated file. A refusal must leave every arena byte as
+ * it was; an acceptance must give exactly the values the data holds where the
+ * exported header says (a mutation of the header, the data's bytes as they
+ * were; of the data, the mutated bytes: safetensors has no checksum, so a
+ * changed finite value is another valid file). Nothing may read the data
+ * shifted, from other offsets or with another meaning. */
+typedef struct {
+  rig src, dst;
+  tmpdir t;
+  char own[320]; /* the target's own export: restores it after an acceptance */
+  st_file f;
+  ctx_snap sn;
+  int refused, accepted;
+} attack_rig;
+
+static void attack(attack_rig *a, const unsigned char *b, size_t len,
+                   const unsigned char *want, const char *what, size_t where) {
+  file_write(a->t.path, b, len);
+  dp_status s = dp_ckpt_import_safetensors(a->dst.c, a->t.path);
+  if (s != DP_OK) {
+    if (!strstr(dp_ctx_error(a->dst.c), a->t.path))
+      ck_abort_msg("%s at %zu: %s: message '%s' lacks the path", what, where,
+                   dp_status_name(s), dp_ctx_error(a->dst.c));
+    ctx_snap_check(&a->sn, a->dst.c, what);
+    a->refused++;
+    return;
+  }
+  size_t n;
+  unsigned char *got = bn_state(&a->dst, &n);
+  if (!want || n != a->f.dlen || memcmp(got, want, n) != 0)
+    ck_abort_msg("%s at %zu: accepted, %s", what, where,
+                 want ? "with values other than the data's" : "but it must be refused");
+  free(got);
+  import_ok(&a->dst, a->own);
+  ctx_snap_check(&a->sn, a->dst.c, "restored");
+  a->accepted++;
+}
+
+/* The file with header h (its own length + `dh`) and the exported data. */
+static void attack_header(attack_rig *a, const char *h, long dh, const char *what,
+                          size_t where, bool may_accept) {
+  size_t n = strlen(h);
+  unsigned char *b = malloc(8 + n + a->f.dlen);
+  ck_assert_ptr_nonnull(b);
+  put_le64(b, (uint64_t)((long)n + dh));
+  memcpy(b + 8, h, n);
+  memcpy(b + 8 + n, a->f.data, a->f.dlen);
+  attack(a, b, 8 + n + a->f.dlen, may_accept ? a->f.data : NULL, what, where);
+  free(b);
+}
+
+/* s with [at, at + cut) replaced by ins (malloc'd). */
+static char *splice(const char *s, size_t at, size_t cut, const char *ins) {
+  size_t n = strlen(s), k = strlen(ins);
+  char *r = malloc(n - cut + k + 1);
+  ck_assert_ptr_nonnull(r);
+  memcpy(r, s, at);
+  memcpy(r + at, ins, k);
+  strcpy(r + at + k, s + at + cut);
+  return r;
+}
+
+/* Every tensor's entry duplicated, each of its fields duplicated, its
+ * offsets moved by 4 either way; the metadata duplicated. */
+static void attack_structure(attack_rig *a) {
+  const char *h = a->f.hdr;
+  for (int i = 0; i < dp_model_n_tensors(a->src.m) + 3; i++) {
+    char name[64], key[80];
+    if (i < dp_model_n_tensors(a->src.m)) {
+      dp_tensor_info ti;
+      dp_model_tensor(a->src.m, i, &ti);
+      snprintf(name, sizeof name, "%s", ti.name);
+    } else {
+      static const char *const buf[] = {"running_mean", "running_var",
+                                        "num_batches_tracked"};
+      snprintf(name, sizeof name, "1.%s", buf[i - dp_model_n_tensors(a->src.m)]);
+    }
+    snprintf(key, sizeof key, "\"%s\":{", name);
+    const char *e = strstr(h, key), *close = e ? strchr(e, '}') : NULL;
+    ck_assert_msg(e && close, "no entry %s in %s", name, h);
+    size_t at = (size_t)(e - h), elen = (size_t)(close + 1 - e);
+    char entry[256], ins[300];
+    snprintf(entry, sizeof entry, "%.*s", (int)elen, e);
+    snprintf(ins, sizeof ins, "%s,", entry); /* the entry twice */
+    char *m = splice(h, at, 0, ins);
+    attack_header(a, m, 0, "entry twice", (size_t)i, false);
+    free(m);
+    static const char *const fields[] = {"\"dtype\":", "\"shape\":", "\"data_offsets\":"};
+    for (int k = 0; k < 3; k++) { /* the field twice, first with its own value */
+      const char *fld = strstr(entry, fields[k]);
+      ck_assert_ptr_nonnull(fld);
+      size_t flen = strcspn(fld + strlen(fields[k]), "]\"") + strlen(fields[k]) + 1;
+      if (fld[strlen(fields[k])] == '"') /* a string: up to its closing quote */
+        flen = (size_t)(strchr(fld + strlen(fields[k]) + 1, '"') + 1 - fld);
+      snprintf(ins, sizeof ins, "%.*s,", (int)flen, fld);
+      m = splice(h, at + strlen(key), 0, ins);
+      attack_header(a, m, 0, "field twice", (size_t)(3 * i + k), false);
+      free(m);
+    }
+    const char *off = strstr(entry, "\"data_offsets\":[");
+    unsigned long long b0, b1;
+    ck_assert_int_eq(sscanf(off, "\"data_offsets\":[%llu,%llu]", &b0, &b1), 2);
+    for (int dir = -1; dir <= 1; dir += 2) { /* moved by 4: an overlap and a gap */
+      if (dir < 0 && b0 < 4) continue;
+      char moved[80];
+      snprintf(moved, sizeof moved, "\"data_offsets\":[%llu,%llu]",
+               b0 + 4ull * (unsigned)dir, b1 + 4ull * (unsigned)dir);
+      size_t olen = strcspn(off, "]") + 1;
+      m = splice(h, at + (size_t)(off - entry), olen, moved);
+      attack_header(a, m, 0, "offsets moved", (size_t)i, false);
+      free(m);
+    }
+  }
+  char *m = splice(h, 1, 0, "\"__metadata__\":{},");
+  attack_header(a, m, 0, "metadata twice", 0, false);
+  free(m);
+}
+
+START_TEST(test_mutated_files_are_refused_or_exact) {
+  attack_rig a = {0};
+  dp_config cfg = cfg_make(2, DP_MODE_ALLREDUCE, 3);
+  rig_open(&a.src, BN_SPEC, &cfg);
+  cfg.seed = 4;
+  rig_open(&a.dst, BN_SPEC, &cfg);
+  tmp_make(&a.t, "dp_st", "mutated.safetensors");
+  snprintf(a.own, sizeof a.own, "%s/own.safetensors", a.t.dir);
+  run_steps(&a.src, 0, 3);
+  run_steps(&a.dst, 0, 1);
+  export_ok(&a.dst, a.own);
+  export_ok(&a.src, a.t.path);
+  st_file_read(&a.f, a.t.path);
+  ctx_snap_take(&a.sn, a.dst.c);
+  unsigned char *b = malloc(a.f.len + 16);
+  ck_assert_ptr_nonnull(b);
+  attack(&a, a.f.b, a.f.len, a.f.data, "the export itself", 0);
+  ck_assert_int_eq(a.accepted, 1);
+  /* a flipped bit in every byte: the length and header, then the data */
+  for (size_t at = 0; at < a.f.len; at++)
+    for (int bit = 0; bit < 8; bit++) {
+      memcpy(b, a.f.b, a.f.len);
+      b[at] ^= (unsigned char)(1u << bit);
+      attack(&a, b, a.f.len, at < 8 + a.f.hlen ? a.f.data : b + 8 + a.f.hlen, "bit flip",
+             at);
+    }
+  /* every truncation, and bytes after the data */
+  for (size_t len = 0; len < a.f.len; len++) attack(&a, a.f.b, len, NULL, "truncated", len);
+  memcpy(b, a.f.b, a.f.len);
+  memset(b + a.f.len, 0, 16);
+  for (size_t k = 1; k <= 16; k++) attack(&a, b, a.f.len + k, NULL, "trailing", k);
+  /* the header length moved, with the export's padding and with 8 more spaces
+   * (so that a shorter length still ends on a whole object) */
+  char *padded = malloc(a.f.hlen + 9);
+  snprintf(padded, a.f.hlen + 9, "%s        ", a.f.hdr);
+  attack_header(&a, padded, 0, "padded", 0, true);
+  for (long dh = -9; dh <= 9; dh++) {
+    if (!dh) continue;
+    attack_header(&a, a.f.hdr, dh, "header length moved", (size_t)(dh + 9), false);
+    attack_header(&a, padded, dh, "padded header length moved", (size_t)(dh + 9), false);
+  }
+  free(padded);
+  attack_structure(&a);
+  /* metadata flips are the header mutations that may be taken */
+  ck_assert_int_gt(a.refused, 5000);
+  if (getenv("DP_ATTACK_REPORT"))
+    fprintf(stderr, "safetensors attack: %d refused, %d accepted\n", a.refused, a.accepted);
+  free(b);
+  ctx_snap_free(&a.sn);
+  st_file_free(&a.f);
+  tmp_done(&a.t);
+  rig_close(&a.src);
+  rig_close(&a.dst);
+}
+END_TEST
+
 /* ---- export I/O ------------------------------------------------------------------------
  */
 
@@ -778,6 +1221,7 @@ START_TEST(test_export_io_errors) {
   ctx_snap sn;
   refusal_open(&r, &t, &sn, DP_MODE_CLASSIC, 5, 0);
   expect_write_refused(r.c, dp_ckpt_export_safetensors, t.dir, "x.safetensors");
+  expect_write_keeps_nodes(r.c, dp_ckpt_export_safetensors, t.dir, "x.safetensors");
   /* over an existing file: replaced whole, no temporary file left */
   file_write(t.path, "old contents", 12);
   export_ok(&r, t.path);
@@ -813,6 +1257,8 @@ Suite *safetensors_suite(void) {
   tcase_add_loop_test(tc, test_hostile_file_is_refused, 0, N_HOSTILE);
   tcase_add_test(tc, test_other_models_file_is_refused);
   tcase_add_test(tc, test_not_a_file_and_bad_arguments);
+  tcase_add_test(tc, test_running_stats_are_checked);
+  tcase_add_test(tc, test_mutated_files_are_refused_or_exact);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("export_io");

@@ -558,8 +558,9 @@ START_TEST(load_of_a_fifo_without_writer_does_not_block) {
                 dp_last_error());
   /* a character device is not a spec either */
   ck_assert_int_eq(dp_model_load("/dev/null", &m), DP_ERR_IO);
-  ck_assert_msg(strstr(dp_last_error(), "/dev/null: not a regular file (a device)"), "%s",
-                dp_last_error());
+  ck_assert_msg(
+      strstr(dp_last_error(), "/dev/null: not a regular file (a character device)"), "%s",
+      dp_last_error());
 }
 END_TEST
 

@@ -710,7 +710,8 @@ const char *dpt_user_msg(const char *lib_msg) {
 static const char *not_regular(mode_t m) {
   if (S_ISDIR(m)) return "is a directory";
   if (S_ISFIFO(m)) return "is a FIFO (named pipe), not a regular file";
-  if (S_ISCHR(m) || S_ISBLK(m)) return "is a device, not a regular file";
+  if (S_ISCHR(m)) return "is a character device, not a regular file";
+  if (S_ISBLK(m)) return "is a block device, not a regular file";
   if (S_ISSOCK(m)) return "is a socket, not a regular file";
   return "is not a regular file";
 }
@@ -762,38 +763,59 @@ int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, ch
 
 int dpt_check_writable(const char *path, const char *what, int replace, char *err,
                        size_t errcap) {
-  if (!path || !*path) return fail(err, errcap, "cannot write %s: empty file name", what);
+  if (dp_file_check(path, what, !replace) == DP_OK) return 0;
+  return fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+}
+
+/* The identities of a path: what it names (followed) and the entry itself
+ * (not followed, the thing a rename replaces); 0 for those that do not exist. */
+typedef struct {
+  int n;
+  dev_t dev[2];
+  ino_t ino[2];
+} file_ids;
+
+static file_ids ids_of(const char *path, int entry_too) {
+  file_ids id = {0};
   struct stat st;
-  int exists = stat(path, &st) == 0;
-  if (exists && S_ISDIR(st.st_mode))
-    return fail(err, errcap, "cannot write %s '%s': it is a directory", what, path);
-  if (replace) {
-    /* the temporary file a checkpoint is written to (lib/checkpoint.c) */
-    size_t n = strlen(path) + 32;
-    char *tmp = malloc(n);
-    if (!tmp) return fail(err, errcap, "out of memory");
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NONBLOCK | O_CLOEXEC, 0644);
-    int e = errno;
-    if (fd >= 0) {
-      close(fd);
-      unlink(tmp);
+  if (stat(path, &st) == 0) {
+    id.dev[id.n] = st.st_dev;
+    id.ino[id.n++] = st.st_ino;
+  }
+  if (entry_too && lstat(path, &st) == 0 && S_ISLNK(st.st_mode)) {
+    id.dev[id.n] = st.st_dev;
+    id.ino[id.n++] = st.st_ino;
+  }
+  return id;
+}
+
+static int ids_meet(const file_ids *a, const file_ids *b) {
+  for (int i = 0; i < a->n; i++)
+    for (int j = 0; j < b->n; j++)
+      if (a->dev[i] == b->dev[j] && a->ino[i] == b->ino[j]) return 1;
+  return 0;
+}
+
+int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_role *ins,
+                       int n_ins, char *err, size_t errcap) {
+  for (int o = 0; o < n_outs; o++) {
+    if (!outs[o].path) continue;
+    file_ids out = ids_of(outs[o].path, 1);
+    for (int i = 0; i < n_ins; i++) {
+      if (!ins[i].path) continue;
+      file_ids in = ids_of(ins[i].path, 0);
+      if (ids_meet(&out, &in))
+        return fail(err, errcap, "cannot write %s '%s': it is the %s '%s' it reads",
+                    outs[o].what, outs[o].path, ins[i].what, ins[i].path);
     }
-    free(tmp);
-    if (fd < 0)
-      return fail(err, errcap, "cannot write %s '%s': %s", what, path, strerror(e));
-    return 0;
+    for (int k = 0; k < o; k++) {
+      if (!outs[k].path) continue;
+      file_ids other = ids_of(outs[k].path, 1);
+      if (strcmp(outs[k].path, outs[o].path) == 0 || ids_meet(&out, &other))
+        return fail(err, errcap, "cannot write %s '%s': it is also the %s '%s'",
+                    outs[o].what, outs[o].path, outs[k].what, outs[k].path);
+    }
   }
-  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NONBLOCK | O_CLOEXEC, 0644);
-  if (fd >= 0) { /* created here: removed again */
-    close(fd);
-    unlink(path);
-    return 0;
-  }
-  if (errno == EEXIST) fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0)
-    return fail(err, errcap, "cannot write %s '%s': %s", what, path, strerror(errno));
-  close(fd);
   return 0;
 }
 

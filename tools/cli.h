@@ -38,6 +38,9 @@ enum {
   DPT_EXIT_OK = 0,
   DPT_EXIT_FAIL = 1,  /* planning, model, run-time or I/O error */
   DPT_EXIT_USAGE = 2, /* bad command line */
+  /* dp predict: the predictions were written, but some are not finite (inf,
+   * nan), so that a script does not take them for good ones */
+  DPT_EXIT_NONFINITE = 3,
 };
 
 /* Room for one library error message (dp_last_error, dp_ctx_error). */
@@ -227,6 +230,22 @@ dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
 dp_status dpt_ctx_create_part(const dp_plan *p, dp_ctx **out, int *here);
 /* Rank 0's v, on every rank (v itself in one process). */
 int dpt_world_bcast_int(int v);
+/* Rank 0 gets every rank's n bytes of `mine`, in rank order, in all (size()
+ * x n bytes; NULL on the other ranks); one process: a copy. Collective.
+ * 0, or -1 (the exchange failed). */
+int dpt_world_gather(const void *mine, size_t n, void *all);
+/* The failure at hand is known to every rank (agreed on): dpt_world_exit
+ * leaves without MPI_Abort, each rank with its own exit status. */
+void dpt_world_failed_together(void);
+/* dp_ckpt_read_app on rank 0, its bytes sent to every rank (the ranks need
+ * not share a file system: the others never open path). Collective. 0, or -1
+ * with rank 0's message in err on rank 0 and err empty elsewhere (a failure
+ * every rank knows of), or -1 with this rank's own failure in err. */
+int dpt_world_read_app(const char *path, void **app, size_t *n, char *err, size_t errcap);
+/* A job layout of `ranks` processes against the job's size: 0 when it fits,
+ * else -1 with "this layout needs 8 processes, the job has 2: run it under
+ * mpirun -np 8" (or how to get MPI) in msg. */
+int dpt_world_layout_msg(int ranks, char *msg, size_t cap);
 /* Rank 0 gets every rank's rows of a batch of `rows` (each rank's `mine`:
  * its dp_plan_rank_rows, `width` floats each) into all (rows, width); one
  * process: a copy. 0 or -1 with a message in err. */
@@ -259,14 +278,31 @@ int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap);
 int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
                      size_t errcap);
 
-/* Checks, before any work, that `path` can be written by the tool later.
- * replace = 1 (a checkpoint, written to a temporary file in the same directory
- * and renamed over path): creates and removes such a temporary file, and
- * refuses a path that is a directory. replace = 0 (a file written in place):
- * opens path for writing without truncating it (removing it again when this
- * call created it). 0, or -1 with "cannot write <what> '<path>': <strerror>". */
+/* Checks, before any work, that `path` can be written by the tool later, as
+ * dp_file_check does (dp.h): replace = 1 (a file written whole to a temporary
+ * file and renamed over path: a checkpoint, a chart, predictions) creates and
+ * removes such a temporary file; replace = 0 (a log, appended in place) opens
+ * path for writing without truncating it (removing it again when this call
+ * created it). Either refuses a path that is a directory, FIFO, socket or
+ * device (and, in place, a symbolic link), never creating, truncating or
+ * following anything there. 0, or -1 with "cannot write <what> '<path>': ...". */
 int dpt_check_writable(const char *path, const char *what, int replace, char *err,
                        size_t errcap);
+
+/* A file a command reads or writes, for dpt_check_distinct (path NULL: not
+ * given). what names it in messages ("checkpoint"). */
+typedef struct {
+  const char *path, *what;
+} dpt_file_role;
+
+/* Refuses an output that is one of the command's inputs, so that a write never
+ * destroys what the command reads, or that is another of its outputs. Files
+ * are compared by device and inode, not by name: an output is an input when
+ * it is the same file, a hard link to it or a symbolic link to it; two
+ * outputs are one when they are the same file, or the same name. 0, or -1
+ * with "cannot write <what> '<out>': it is the <what> '<in>' it reads" in err. */
+int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_role *ins,
+                       int n_ins, char *err, size_t errcap);
 
 /* The CPUs this process may run on (sched_getaffinity; sysconf as fallback). */
 int dpt_cpu_count(void);

@@ -52,7 +52,8 @@ static void usage(FILE *f) {
       "                        batch over N devices, with the same results\n"
       "\n"
       "Exit status: 0 written, 1 a file could not be read or written or the data does\n"
-      "not fit the model, 2 usage error.\n\n",
+      "not fit the model (nothing written), 2 usage error, 3 written but some outputs\n"
+      "are not finite (inf or nan; a warning names how many rows and the first).\n\n",
       f);
   dpt_print_common_help(f);
 }
@@ -74,6 +75,84 @@ static int checkpoint_scaler(const char *path, dpt_scaler *sc, char *err, size_t
       snprintf(err, errcap, "%s: %s", path, why);
   }
   free(app);
+  return rc;
+}
+
+/* A label the model has no output for would only ever count as a wrong
+ * prediction: refused, naming the first such row (1-based, data rows only). */
+static int labels_fit(const dpt_dataset *d, int out_w, const char *data) {
+  for (int r = 0; d->label && r < d->n_rows; r++)
+    if (d->label[r] >= out_w) {
+      fprintf(stderr,
+              "dp predict: %s: row %d has label %d; the checkpoint's model has %d outputs "
+              "(labels 0 to %d)\n",
+              data, r + 1, (int)d->label[r], out_w, out_w - 1);
+      return -1;
+    }
+  return 0;
+}
+
+/* What the rows gave: the metric's sums, and the rows with an output that is
+ * not finite (how many, the first one 1-based). */
+typedef struct {
+  long correct;
+  double se;
+  int n_bad, first_bad;
+} predict_sums;
+
+/* One line of predictions for the row with outputs yr (row `at` of d). */
+static void predict_line(FILE *out, const dpt_dataset *d, int at, const float *yr,
+                         int out_w, dp_loss_kind loss, predict_sums *sum) {
+  int finite = 1;
+  for (int j = 0; j < out_w; j++) finite &= isfinite(yr[j]) != 0;
+  if (!finite && !sum->n_bad++) sum->first_bad = at + 1;
+  if (loss == DP_LOSS_SOFTMAX_CE) {
+    int best = 0;
+    for (int j = 1; j < out_w; j++)
+      if (yr[j] > yr[best]) best = j;
+    fprintf(out, "%d,", best);
+    if (d->label) sum->correct += best == d->label[at];
+  } else if (d->y) {
+    for (int j = 0; j < out_w; j++) {
+      double e = (double)yr[j] - d->y[(size_t)at * d->n_targets + j];
+      sum->se += e * e;
+    }
+  }
+  for (int j = 0; j < out_w; j++) fprintf(out, "%s%.9g", j ? "," : "", (double)yr[j]);
+  fputc('\n', out);
+}
+
+/* Every row of d through the context, B at a time; a line each to out (NULL
+ * on the ranks that do not write). 0, or -1 with the message printed. */
+static int predict_rows(dp_ctx *c, const dp_plan *p, const dpt_dataset *d, int B,
+                        dp_loss_kind loss, FILE *out, predict_sums *sum) {
+  int in_w = d->n_features, out_w = dp_model_output_width(dp_plan_model(p)), rc = -1;
+  float *x = malloc((size_t)B * in_w * 4), *ymine = malloc((size_t)B * out_w * 4),
+        *y = malloc((size_t)B * out_w * 4);
+  char err[DPT_MSG_CAP];
+  if (!x || !ymine || !y) {
+    fprintf(stderr, "dp predict: out of memory\n");
+    goto done;
+  }
+  for (int from = 0; from < d->n_rows; from += B) {
+    int n = d->n_rows - from < B ? d->n_rows - from : B, r0, nr;
+    memcpy(x, d->x + (size_t)from * in_w, (size_t)n * in_w * 4);
+    /* under mpirun each rank feeds its rows; rank 0 gathers the outputs */
+    if (dp_plan_rank_rows(p, n, dpt_world_rank(), &r0, &nr) ||
+        dp_forward(c, n, in_w, x + (size_t)r0 * in_w, ymine) ||
+        dpt_world_gather_rows(p, n, ymine, out_w, y, err, sizeof err)) {
+      fprintf(stderr, "dp predict: rows %d..%d: %s\n", from + 1, from + n,
+              dpt_user_msg(dp_ctx_error(c)));
+      goto done;
+    }
+    for (int i = 0; out && i < n; i++)
+      predict_line(out, d, from + i, y + (size_t)i * out_w, out_w, loss, sum);
+  }
+  rc = 0;
+done:
+  free(x);
+  free(ymine);
+  free(y);
   return rc;
 }
 
@@ -111,10 +190,13 @@ int dpt_cmd_predict(int argc, char **argv) {
   dp_ctx *c = NULL;
   dpt_dataset d = {0};
   dpt_scaler sc = {0};
-  float *x = NULL, *ymine = NULL, *y = NULL;
-  FILE *out = NULL;
+  dp_file *of = NULL; /* --out, written whole and renamed over the path at the end */
   int writes = dpt_world_rank() == 0;
-  if (writes && o.out && dpt_check_writable(o.out, "predictions", 1, err, sizeof err)) {
+  dpt_file_role outs[] = {{o.out, "predictions"}},
+                ins[] = {{o.checkpoint, "checkpoint"}, {o.data, "data"}};
+  if (writes && o.out &&
+      (dpt_check_distinct(outs, 1, ins, 2, err, sizeof err) ||
+       dpt_check_writable(o.out, "predictions", 1, err, sizeof err))) {
     fprintf(stderr, "dp predict: %s\n", err);
     goto done;
   }
@@ -140,6 +222,7 @@ int dpt_cmd_predict(int argc, char **argv) {
             o.features_only ? "" : " (rows with the features only: --features-only)");
     goto done;
   }
+  if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(&d, out_w, o.data)) goto done;
   if (checkpoint_scaler(o.checkpoint, &sc, err, sizeof err)) {
     fprintf(stderr, "dp predict: %s\n", err);
     goto done;
@@ -163,71 +246,38 @@ int dpt_cmd_predict(int argc, char **argv) {
             dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
     goto done;
   }
-  int B = cfg.batch;
-  x = malloc((size_t)B * in_w * 4);
-  ymine = malloc((size_t)B * out_w * 4);
-  y = malloc((size_t)B * out_w * 4);
-  if (!x || !ymine || !y) {
-    fprintf(stderr, "dp predict: out of memory\n");
+  if (writes && o.out && dp_file_create(o.out, "predictions", &of)) {
+    fprintf(stderr, "dp predict: %s\n", dpt_user_msg(dp_last_error()));
     goto done;
   }
-  out = !writes ? NULL : o.out ? fopen(o.out, "w") : stdout;
-  if (writes && !out) {
-    fprintf(stderr, "dp predict: cannot write '%s'\n", o.out);
+  FILE *out = !writes ? NULL : of ? dp_file_stream(of) : stdout;
+  predict_sums sum = {0};
+  if (predict_rows(c, p, &d, cfg.batch, loss, out, &sum)) goto done;
+  dp_file *done_of = of;
+  of = NULL;
+  if (done_of && dp_file_commit(done_of)) {
+    fprintf(stderr, "dp predict: %s\n", dpt_user_msg(dp_last_error()));
     goto done;
   }
-  long correct = 0;
-  double se = 0.0;
-  for (int from = 0; from < d.n_rows; from += B) {
-    int n = d.n_rows - from < B ? d.n_rows - from : B, r0, nr;
-    memcpy(x, d.x + (size_t)from * in_w, (size_t)n * in_w * 4);
-    /* under mpirun each rank feeds its rows; rank 0 gathers the outputs */
-    if (dp_plan_rank_rows(p, n, dpt_world_rank(), &r0, &nr) ||
-        dp_forward(c, n, in_w, x + (size_t)r0 * in_w, ymine) ||
-        dpt_world_gather_rows(p, n, ymine, out_w, y, err, sizeof err)) {
-      fprintf(stderr, "dp predict: rows %d..%d: %s\n", from + 1, from + n,
-              dpt_user_msg(dp_ctx_error(c)));
-      goto done;
-    }
-    for (int i = 0; out && i < n; i++) {
-      const float *yr = y + (size_t)i * out_w;
-      if (loss == DP_LOSS_SOFTMAX_CE) {
-        int best = 0;
-        for (int j = 1; j < out_w; j++)
-          if (yr[j] > yr[best]) best = j;
-        fprintf(out, "%d,", best);
-        if (d.label) correct += best == d.label[from + i];
-      } else if (d.y) {
-        for (int j = 0; j < out_w; j++) {
-          double e = (double)yr[j] - d.y[(size_t)(from + i) * d.n_targets + j];
-          se += e * e;
-        }
-      }
-      for (int j = 0; j < out_w; j++) fprintf(out, "%s%.9g", j ? "," : "", (double)yr[j]);
-      fputc('\n', out);
-    }
-  }
-  if (out && out != stdout && fclose(out) != 0) {
-    out = NULL;
-    fprintf(stderr, "dp predict: cannot write '%s'\n", o.out);
-    goto done;
-  }
-  if (out != stdout) out = NULL;
   FILE *report = o.out ? stdout : stderr; /* the predictions may be on stdout */
   if (writes) {
     fprintf(report, "dp predict: %d rows of %s through %s", d.n_rows, o.data, o.checkpoint);
     if (d.label)
-      fprintf(report, ": accuracy %.2f%%", 100.0 * correct / d.n_rows);
+      fprintf(report, ": accuracy %.2f%%", 100.0 * sum.correct / d.n_rows);
     else if (d.y)
-      fprintf(report, ": mse %.6g", se / ((double)d.n_rows * out_w));
+      fprintf(report, ": mse %.6g", sum.se / ((double)d.n_rows * out_w));
     fprintf(report, "%s%s\n", o.out ? " -> " : "", o.out ? o.out : "");
   }
   rc = DPT_EXIT_OK;
+  if (writes && sum.n_bad) { /* written, but not to be taken for good predictions */
+    fprintf(stderr,
+            "dp predict: warning: %d of %d rows have an output that is not finite (inf or "
+            "nan; the first: row %d): the model overflows on them (exit status %d)\n",
+            sum.n_bad, d.n_rows, sum.first_bad, DPT_EXIT_NONFINITE);
+    rc = DPT_EXIT_NONFINITE;
+  }
 done:
-  if (out && out != stdout) fclose(out);
-  free(x);
-  free(ymine);
-  free(y);
+  dp_file_discard(of);
   dpt_scaler_free(&sc);
   dpt_dataset_free(&d);
   dp_ctx_free(c);

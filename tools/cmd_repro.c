@@ -637,10 +637,11 @@ int dpt_cmd_repro(int argc, char **argv) {
       }
       c->here = 1;
       /* a layout of R processes runs on the job's first R (collective) */
-      if (dp_plan_create(model, &c->cfg, &c->plan) ||
+      if (dpt_world_layout_msg(c->ranks, c->msg, sizeof c->msg) ||
+          dp_plan_create(model, &c->cfg, &c->plan) ||
           dpt_ctx_create_part(c->plan, &c->ctx, &c->here)) {
         c->status = ST_REFUSED;
-        snprintf(c->msg, sizeof c->msg, "%s", dpt_user_msg(dp_last_error()));
+        if (!*c->msg) snprintf(c->msg, sizeof c->msg, "%s", dpt_user_msg(dp_last_error()));
         n_refused++;
       } else if (ref < 0 && c->here) {
         ref = i * o.n_modes + j;
@@ -898,10 +899,9 @@ int dpt_cmd_repro(int argc, char **argv) {
       printf("%d configuration%s failed during training\n", n_errors,
              n_errors == 1 ? "" : "s");
     if (ref < 0)
-      printf("no configuration could run: the library refused all %d\n", nc);
+      printf("no configuration could run: all %d were refused\n", nc);
     else if (n_refused)
-      printf("%d configuration%s refused by the library%s\n", n_refused,
-             n_refused == 1 ? "" : "s",
+      printf("%d configuration%s refused%s\n", n_refused, n_refused == 1 ? "" : "s",
              o.skip_refused ? " (skipped: --skip-refused)"
                             : " (exit status 2; "
                               "--skip-refused to ignore)");

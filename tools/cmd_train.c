@@ -5,11 +5,13 @@
  * of the rest on a terminal), the held-out loss every --eval-every epochs
  * (with --patience, an early stop), a JSON line per epoch (--log) and the
  * curves (--plot). */
+#include "agree.h"
 #include "cli.h"
 #include "data.h"
 #include "svg.h"
 
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -312,12 +314,22 @@ static const char *settings_of(const dp_config *c, const char *schedule, char *b
 /* A hexadecimal float in buf rewritten as the shortest decimal that reads
  * back as the same float ("0x1.89374cp-9" -> "0.003"). */
 static void shortest_float(char *buf, size_t cap) {
-  if (!strstr(buf, "0x")) return;
-  float v = (float)strtod(buf, NULL);
+  double d = strtod(buf, NULL);
+  if (!strstr(buf, "0x") || !(fabs(d) <= FLT_MAX)) return; /* a record's, as it is */
+  float v = (float)d;
   for (int prec = 6; prec <= 9; prec++) {
     snprintf(buf, cap, "%.*g", prec, (double)v);
     if ((float)strtod(buf, NULL) == v) return;
   }
+}
+
+/* A setting a resume may change: another micro-batch cuts the same batch
+ * otherwise (a layout, like the device count; the checkpoint holds nothing
+ * that depends on it), so the run goes on with the new layout's bits. */
+static int may_change(const char *a, size_t la, const char *b, size_t lb) {
+  static const char mb[] = "micro-batch=";
+  size_t n = sizeof mb - 1;
+  return la > n && lb > n && memcmp(a, mb, n) == 0 && memcmp(b, mb, n) == 0;
 }
 
 /* The first setting that differs between a checkpoint's run and this one:
@@ -326,7 +338,7 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
   const char *a = saved, *b = now;
   while (*a || *b) {
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
-    if (la != lb || memcmp(a, b, la)) {
+    if ((la != lb || memcmp(a, b, la)) && !may_change(a, la, b, lb)) {
       const char *eq = memchr(a, '=', la), *eqb = memchr(b, '=', lb);
       int name = eq ? (int)(eq - a) : (int)la;
       char va[64], vb[64]; /* the values, for people: floats in decimal */
@@ -346,6 +358,27 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
     b += lb + (b[lb] == ' ');
   }
   return 0;
+}
+
+/* Under mpirun, before the first step: every rank's model, data as read and
+ * options the same as rank 0's, or the job ends on every rank with rank 0's
+ * one message (tools/agree.h). 0, or -1 (said). */
+static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dataset *all,
+                       const dp_config *cfg) {
+  char err[1024];
+  dpt_train_inputs in = {.model = model,
+                         .data = all,
+                         .cfg = cfg,
+                         .schedule = o->schedule,
+                         .epochs = o->epochs,
+                         .eval_every = o->eval_every,
+                         .patience = o->patience,
+                         .no_standardize = o->no_standardize,
+                         .resume = o->resume != NULL,
+                         .test_fraction = o->test_fraction};
+  if (!dpt_agree_train(&in, err, sizeof err)) return 0;
+  if (*err) fprintf(stderr, "dp train: %s\n", err);
+  return -1;
 }
 
 int dpt_cmd_train(int argc, char **argv) {
@@ -424,13 +457,19 @@ int dpt_cmd_train(int argc, char **argv) {
    * the whole run */
   /* rank 0 writes the files (every rank, as one process, under mpirun) */
   int writes = dpt_world_rank() == 0;
-  if ((writes && o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
-      (writes && o.plot && dpt_check_writable(o.plot, "plot", 0, err, sizeof err)) ||
-      (writes && o.log && dpt_check_writable(o.log, "log", 0, err, sizeof err))) {
+  /* no output may be an input (--save may be --resume: it is written after
+   * the resume read it, whole, by a rename) */
+  dpt_file_role outs[] = {{o.save, "checkpoint"}, {o.plot, "plot"}, {o.log, "log"}},
+                ins[] = {{o.model, "model"}, {o.data, "data"}, {o.resume, "checkpoint"}};
+  if (writes && (dpt_check_distinct(outs, 3, ins, 2, err, sizeof err) ||
+                 dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof err) ||
+                 (o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
+                 (o.plot && dpt_check_writable(o.plot, "plot", 1, err, sizeof err)) ||
+                 (o.log && dpt_check_writable(o.log, "log", 0, err, sizeof err)))) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
   }
-  if (o.resume) { /* readable before anything is loaded; its contents are checked later */
+  if (o.resume && writes) { /* read by rank 0 (sent to the others), checked later */
     int fd = dpt_open_regular(o.resume, "checkpoint", err, sizeof err);
     if (fd < 0) {
       fprintf(stderr, "dp train: --resume: %s\n", err);
@@ -462,6 +501,7 @@ int dpt_cmd_train(int argc, char **argv) {
             all.n_classes - 1, out_w);
     goto out;
   }
+  if (agree_ranks(&o, model, &all, &cfg)) goto out;
   if (dpt_dataset_split(&all, o.test_fraction, cfg.seed, &train, &test, err, sizeof err)) {
     fprintf(stderr, "dp train: %s\n", err);
     goto out;
@@ -474,9 +514,8 @@ int dpt_cmd_train(int argc, char **argv) {
     void *app = NULL;
     size_t app_n = 0;
     int rows = 0;
-    if (dp_ckpt_read_app(o.resume, &app, &app_n)) {
-      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume,
-              dpt_user_msg(dp_last_error()));
+    if (dpt_world_read_app(o.resume, &app, &app_n, err, sizeof err)) {
+      if (*err) fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
       goto out;
     }
     char *saved = NULL, now[1024];
@@ -494,6 +533,14 @@ int dpt_cmd_train(int argc, char **argv) {
     free(saved);
     if (differ) {
       fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
+      goto out;
+    }
+    if (epoch0 > DPT_MAX_EPOCHS - o.epochs) { /* the record's count, range-checked */
+      fprintf(
+          stderr,
+          "dp train: cannot resume from '%s': %d epochs done and --epochs %d would pass "
+          "%d epochs\n",
+          o.resume, epoch0, o.epochs, DPT_MAX_EPOCHS);
       goto out;
     }
     if (app_n && rows != train.n_rows)
@@ -572,8 +619,8 @@ int dpt_cmd_train(int argc, char **argv) {
              (unsigned long long)dp_ctx_step(ctx));
   }
   /* the log: a resumed run continues its file */
-  if (writes && o.log && !(logf = fopen(o.log, o.resume ? "a" : "w"))) {
-    fprintf(stderr, "dp train: cannot write log '%s': %s\n", o.log, strerror(errno));
+  if (writes && o.log && dp_file_append(o.log, "log", !o.resume, &logf)) {
+    fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
     goto out;
   }
   int tty = !o.quiet && isatty(STDOUT_FILENO), cols = 80;

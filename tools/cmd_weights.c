@@ -143,7 +143,9 @@ int dpt_cmd_export(int argc, char **argv) {
   if (r >= 0) return r;
   const char *ckpt = o.in;
   char err[512];
-  if (dpt_check_writable(o.safetensors, "safetensors file", 1, err, sizeof err)) {
+  dpt_file_role out = {o.safetensors, "safetensors file"}, in = {ckpt, "checkpoint"};
+  if (dpt_check_distinct(&out, 1, &in, 1, err, sizeof err) ||
+      dpt_check_writable(o.safetensors, "safetensors file", 1, err, sizeof err)) {
     fprintf(stderr, "dp export: %s\n", err);
     return DPT_EXIT_FAIL;
   }
@@ -171,7 +173,10 @@ int dpt_cmd_import(int argc, char **argv) {
   dp_config *cfg = &o.cfg;
   char err[512];
   weights_rig w = {0};
-  if (dpt_load_model(o.model, &w.m, err, sizeof err) ||
+  dpt_file_role out = {o.out, "checkpoint"},
+                ins[] = {{st, "safetensors file"}, {o.model, "model"}};
+  if (dpt_check_distinct(&out, 1, ins, 2, err, sizeof err) ||
+      dpt_load_model(o.model, &w.m, err, sizeof err) ||
       dpt_require_loss(o.model, w.m, NULL, err, sizeof err) ||
       dpt_check_writable(o.out, "checkpoint", 1, err, sizeof err)) {
     fprintf(stderr, "dp import: %s\n", err);

@@ -547,26 +547,70 @@ char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *setti
   return buf;
 }
 
+/* "<key> <n>\n" at *p, n a decimal in [0, hi] as dpt_run_text writes it (no
+ * sign, space or leading zero): n in *out, *p past the line. Every number
+ * read from a file is range-checked before arithmetic uses it (an epoch count
+ * of 2147483647 once overflowed dp train's resume arithmetic). */
+static int record_int(const char **p, const char *key, int hi, int *out, char *why,
+                      size_t whycap) {
+  size_t k = strlen(key);
+  if (strncmp(*p, key, k) || (*p)[k] != ' ')
+    return snprintf(why, whycap, "no line \"%s N\" where it belongs", key), -1;
+  const char *s = *p + k + 1, *d = s;
+  int shown = (int)strcspn(s, "\n");
+  if (shown > 40) shown = 40; /* the message shows at most 40 characters of it */
+  long long v = 0;
+  while (*d >= '0' && *d <= '9') {
+    v = v * 10 + (*d++ - '0'); /* v <= hi <= INT_MAX before: no overflow */
+    if (v > hi)
+      return snprintf(why, whycap, "%s %.*s is out of range (0 to %d)", key, shown, s, hi),
+             -1;
+  }
+  if (d == s || (*s == '0' && d - s > 1) || *d != '\n')
+    return snprintf(why, whycap, "%s: \"%.*s\" is not a number", key, shown, s), -1;
+  *out = (int)v;
+  *p = d + 1;
+  return 0;
+}
+
+/* The record's counts: epochs done, training rows, standardize 0 or 1, and
+ * the feature count (0 without standardisation, 1 to 2^24 with). */
+static int record_head(const char **p, int *epochs, int *rows, int *std, int *nf, char *why,
+                       size_t whycap) {
+  if (strncmp(*p, "libdp-train 1\n", 14))
+    return snprintf(why, whycap, "it does not start with \"libdp-train 1\""), -1;
+  *p += 14;
+  if (record_int(p, "epochs", DPT_MAX_EPOCHS, epochs, why, whycap) ||
+      record_int(p, "rows", INT_MAX, rows, why, whycap) ||
+      record_int(p, "standardize", 1, std, why, whycap) ||
+      record_int(p, "features", 1 << 24, nf, why, whycap))
+    return -1;
+  if ((*nf > 0) != (*std == 1))
+    return snprintf(why, whycap, "standardize %d with %d features", *std, *nf), -1;
+  return 0;
+}
+
 /* Parses dpt_run_text's output: 0, or -1 with a message (a file of another
  * program, or damaged). */
 int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,
                   char **settings, char *err, size_t errcap) {
   memset(sc, 0, sizeof *sc);
   if (settings) *settings = NULL;
-  char *t = malloc(len + 1);
+  char *t = malloc(len + 1), why[160] = "";
   if (!t) return snprintf(err, errcap, "out of memory"), -1;
   memcpy(t, text, len);
   t[len] = '\0';
-  int std = 0, nf = 0, used = 0, rc = -1;
-  if (sscanf(t, "libdp-train 1\nepochs %d\nrows %d\nstandardize %d\nfeatures %d\n%n",
-             epochs, rows, &std, &nf, &used) != 4 ||
-      *epochs < 0 || nf < 0 || nf > 1 << 24)
+  int std = 0, nf = 0, rc = -1;
+  const char *p = t;
+  if (strlen(t) != len) { /* a NUL would end the text early */
+    snprintf(why, sizeof why, "a NUL byte");
     goto bad;
-  char *p = t + used;
+  }
+  if (record_head(&p, epochs, rows, &std, &nf, why, sizeof why)) goto bad;
   if (std) {
     sc->n = nf;
-    sc->mean = malloc((size_t)(nf ? nf : 1) * sizeof *sc->mean);
-    sc->std = malloc((size_t)(nf ? nf : 1) * sizeof *sc->std);
+    sc->mean = malloc((size_t)nf * sizeof *sc->mean);
+    sc->std = malloc((size_t)nf * sizeof *sc->std);
     if (!sc->mean || !sc->std) goto bad;
     for (int k = 0; k < 2; k++) {
       const char *word = k ? "std" : "mean";
@@ -574,8 +618,15 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
       p += strlen(word);
       for (int j = 0; j < nf; j++) {
         char *e;
+        if (*p != ' ' || (p[1] && strchr(" \t\n\v\f\r", p[1])))
+          goto bad; /* one space: strtod would skip a newline too */
         double v = strtod(p, &e);
-        if (e == p || !isfinite(v) || (k && !(v > 0))) goto bad;
+        /* a mean is finite, a deviation finite and > 0 (it divides) */
+        if (e == p || !isfinite(v) || (k && !(v > 0))) {
+          snprintf(why, sizeof why, "%s[%d] is not a finite number%s", word, j,
+                   k ? " above 0" : "");
+          goto bad;
+        }
         (k ? sc->std : sc->mean)[j] = v;
         p = e;
       }
@@ -585,7 +636,7 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
   }
   /* the run's settings (optional: earlier records have none) */
   if (!strncmp(p, "settings ", 9)) {
-    char *nl = strchr(p, '\n');
+    const char *nl = strchr(p, '\n');
     if (!nl) goto bad;
     if (settings && !(*settings = strndup(p + 9, (size_t)(nl - p - 9)))) goto bad;
     p = nl + 1;
@@ -594,7 +645,8 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
   rc = 0;
 bad:
   if (rc) {
-    snprintf(err, errcap, "its run record (the application data) is not dp train's");
+    snprintf(err, errcap, "its run record (the application data) is not dp train's%s%s",
+             *why ? ": " : "", why);
     dpt_scaler_free(sc);
     if (settings) {
       free(*settings);

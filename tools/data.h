@@ -100,7 +100,10 @@ void dpt_scaler_free(dpt_scaler *sc);
  * train's; *settings malloc'd, NULL when the record has none; settings may
  * be NULL). dpt_run_text returns malloc'd text (NULL: out of memory), its
  * length in *len; dpt_run_parse returns 0, or -1 with a message (not dp
- * train's record, or damaged), filling *sc (free it). */
+ * train's record, or damaged), filling *sc (free it). It checks every number:
+ * epochs 0 to DPT_MAX_EPOCHS, rows 0 to INT_MAX, standardize 0 or 1, features
+ * 0 (standardize 0) or 1 to 2^24, means finite, deviations finite and > 0. */
+#define DPT_MAX_EPOCHS 1000000000 /* a record's epochs, and a resume's total */
 char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
                    size_t *len);
 int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,

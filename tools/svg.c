@@ -1,6 +1,8 @@
 /* tools/svg.c — small SVG charts. See svg.h. */
 #include "svg.h"
 
+#include "cli.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -84,24 +86,17 @@ static void format_tick(char *buf, size_t cap, double v, double step, double max
     snprintf(buf, cap, "%.*f", step_decimals(step), v);
 }
 
-static dp_status finish(FILE *f, const char *path, char *err, size_t errcap) {
-  int bad = ferror(f);
-  int e = errno;
-  if (fclose(f) != 0) {
-    bad = 1;
-    e = errno;
-  }
-  if (bad)
-    return fail(DP_ERR_IO, err, errcap, "%s: write failed: %s", path,
-                strerror(e ? e : EIO));
-  return DP_OK;
+/* The chart is written whole to a temporary file and renamed over path
+ * (dp_file_create): a failed write leaves the old file as it was. */
+static dp_status finish(dp_file *out, char *err, size_t errcap) {
+  if (dp_file_commit(out) == DP_OK) return DP_OK;
+  return fail(DP_ERR_IO, err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
-static FILE *open_out(const char *path, char *err, size_t errcap, dp_status *s) {
-  FILE *f = fopen(path, "w");
-  if (!f)
-    *s = fail(DP_ERR_IO, err, errcap, "%s: cannot open for writing: %s", path,
-              strerror(errno));
+static dp_file *open_out(const char *path, char *err, size_t errcap, dp_status *s) {
+  dp_file *f = NULL;
+  if ((*s = dp_file_create(path, "chart", &f)))
+    fail(*s, err, errcap, "%s", dpt_user_msg(dp_last_error()));
   return f;
 }
 
@@ -191,8 +186,9 @@ dp_status dpt_svg_lines(const char *path, const char *title, const char *xlabel,
 #define PY(v) PYL(log_y ? log10(v) : (v))
 
   dp_status s = DP_OK;
-  FILE *f = open_out(path, err, errcap, &s);
-  if (!f) return s;
+  dp_file *out = open_out(path, err, errcap, &s);
+  if (!out) return s;
+  FILE *f = dp_file_stream(out);
   fprintf(f,
           "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
           "viewBox=\"0 0 %.0f %.0f\">\n",
@@ -309,7 +305,7 @@ dp_status dpt_svg_lines(const char *path, const char *title, const char *xlabel,
 #undef PYL
 #undef XOF
   fputs("</svg>\n", f);
-  return finish(f, path, err, errcap);
+  return finish(out, err, errcap);
 }
 
 /* ---- stacked bars ------------------------------------------------------------ */
@@ -408,8 +404,9 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
 #define PY(v) (T + ph - (v) / y1 * ph) /* v in units */
 
   dp_status st = DP_OK;
-  FILE *f = open_out(path, err, errcap, &st);
-  if (!f) return st;
+  dp_file *out = open_out(path, err, errcap, &st);
+  if (!out) return st;
+  FILE *f = dp_file_stream(out);
   fprintf(f,
           "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
           "viewBox=\"0 0 %.0f %.0f\">\n",
@@ -505,5 +502,5 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
 #undef PY
 #undef COLOR
   fputs("</svg>\n", f);
-  return finish(f, path, err, errcap);
+  return finish(out, err, errcap);
 }

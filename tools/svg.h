@@ -2,9 +2,11 @@
  *
  * Like the library, these never print and never exit: they return dp_status
  * and write a one-line message into err[0..errcap) (when err is not NULL).
- * DP_ERR_INVALID for bad arguments, DP_ERR_IO when the file cannot be opened
- * or written (the check includes fclose, so a full disk is reported). A file
- * that failed part way is left as it is.
+ * DP_ERR_INVALID for bad arguments, DP_ERR_IO when the file cannot be
+ * written ("cannot write chart 'x.svg': ..."; a full disk is reported). The
+ * chart is written as checkpoints are (dp_file_create: a temporary file
+ * renamed over path), so a write that fails leaves the old file as it was,
+ * and a directory, FIFO or device at path is refused, untouched.
  * Text arguments (title, labels, names) are XML-escaped; NULL means none.
  */
 #ifndef DPT_SVG_H

@@ -3,6 +3,7 @@
  * the build, or when not launched by mpirun or srun, a job of one. */
 #include "cli.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,8 @@
 #endif
 
 static int g_rank, g_size = 1, g_mpi;
+/* every rank knows the job failed and leaves by itself: no MPI_Abort */
+static int g_together;
 
 int dpt_world_rank(void) { return g_rank; }
 int dpt_world_size(void) { return g_size; }
@@ -53,7 +56,7 @@ int dpt_world_exit(int status) {
     fflush(stdout);
     fflush(stderr);
     /* a rank that fails alone would leave the others waiting for it */
-    if (status && g_size > 1) MPI_Abort(MPI_COMM_WORLD, status);
+    if (status && g_size > 1 && !g_together) MPI_Abort(MPI_COMM_WORLD, status);
     MPI_Finalize();
   }
 #endif
@@ -128,4 +131,71 @@ int dpt_world_gather_rows(const dp_plan *p, int rows, const float *mine, int wid
   }
 #endif
   return 0;
+}
+
+void dpt_world_failed_together(void) { g_together = 1; }
+
+int dpt_world_gather(const void *mine, size_t n, void *all) {
+  if (g_size == 1 || !g_mpi) {
+    memcpy(all, mine, n);
+    return 0;
+  }
+#ifdef DP_HAVE_MPI
+  if (n > INT_MAX || MPI_Gather(mine, (int)n, MPI_BYTE, all, (int)n, MPI_BYTE, 0,
+                                MPI_COMM_WORLD) != MPI_SUCCESS)
+    return -1;
+#endif
+  return 0;
+}
+
+int dpt_world_read_app(const char *path, void **app, size_t *n, char *err, size_t errcap) {
+  *app = NULL;
+  *n = 0;
+  if (errcap) *err = '\0';
+  dp_status s = DP_OK;
+  if (g_rank == 0 && (s = dp_ckpt_read_app(path, app, n)))
+    snprintf(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  if (g_size == 1 || !g_mpi) return s ? -1 : 0;
+#ifdef DP_HAVE_MPI
+  /* rank 0's status and size, then its bytes (at most 16 MiB: an int count) */
+  unsigned long long meta[2] = {(unsigned long long)s, *n};
+  MPI_Bcast(meta, 2, MPI_UNSIGNED_LONG_LONG, 0, MPI_COMM_WORLD);
+  if (meta[0]) {
+    dpt_world_failed_together(); /* rank 0 says why; the others only leave */
+    return -1;
+  }
+  if (g_rank != 0 && meta[1] && !(*app = malloc((size_t)meta[1]))) {
+    snprintf(err, errcap, "out of memory for the checkpoint's run record");
+    return -1; /* this rank alone: the job is aborted */
+  }
+  *n = (size_t)meta[1];
+  if (*n && MPI_Bcast(*app, (int)*n, MPI_BYTE, 0, MPI_COMM_WORLD) != MPI_SUCCESS) {
+    snprintf(err, errcap, "the checkpoint's run record did not reach every rank");
+    free(*app);
+    *app = NULL;
+    return -1;
+  }
+#endif
+  return 0;
+}
+
+int dpt_world_layout_msg(int ranks, char *msg, size_t cap) {
+  if (ranks <= g_size) return 0;
+#ifdef DP_HAVE_MPI
+  if (g_mpi)
+    snprintf(msg, cap,
+             "this layout needs %d processes, the job has %d: run it under mpirun -np %d",
+             ranks, g_size, ranks);
+  else
+    snprintf(msg, cap,
+             "this layout needs %d processes; this dp runs as one (not under mpirun): run "
+             "it under mpirun -np %d",
+             ranks, ranks);
+#else
+  snprintf(msg, cap,
+           "this layout needs %d processes, and this dp was built without MPI "
+           "(configure.py found no mpicc): install Open MPI and run configure.py again",
+           ranks);
+#endif
+  return -1;
 }

@@ -55,6 +55,73 @@ done
 run "dp repro --layouts 1x8,2x4,4x2,8x1" $MPIRUN -np 8 "$bd/dp" repro \
   --model examples/digits.dpm --data data/digits.csv --batch 64 --micro-batch 4 \
   --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1
+# the layout's process count against the job's, before the library is asked
+run "dp repro --layouts 8x1 under -np 2: says it needs 8 processes" sh -c "out=\$($MPIRUN \
+  -np 2 $bd/dp repro --model examples/digits.dpm --data data/digits.csv --batch 64 \
+  --micro-batch 4 --steps 1 --layouts 2x1,8x1 --mode classic 2>&1); rc=\$?; echo \"\$out\"; \
+  test \$rc -ne 0 && echo \"\$out\" | grep -q '8x1 .*refused: this layout needs 8 processes, \
+the job has 2: run it under mpirun -np 8' && echo \"\$out\" | grep -q '2x1 .*reference'"
+# ranks that disagree (docs/RELIABILITY.md, "Rank agreement"): before the first step the
+# ranks compare digests of their model, data as read and options; a rank that differs
+# ends the job on every rank, each leaving by itself with a non-zero status, with one
+# message from rank 0 naming it, at once (not after the 60 s timeout). rank.sh reports
+# each rank's status; mpirun is told to wait for every rank (and then exits 0 itself:
+# without that setting it exits non-zero, ending the ranks still running).
+printf '#!/bin/sh\n"$@"\nrc=$?\necho "rank $OMPI_COMM_WORLD_RANK exit $rc" >&2\nexit $rc\n' \
+  >"$tmp/rank.sh"
+chmod +x "$tmp/rank.sh"
+small="$bd/dp train --model examples/digits.dpm --devices 2 --batch 64 --micro-batch 4 --quiet"
+# the same row count, one feature of the first row changed
+awk -F, -v OFS=, 'NR == 1 { $NF = $NF + 1 } 1' data/digits.csv >"$tmp/other.csv"
+disagree() { # what, what the message must say, rank 0's arguments, rank 1's command
+  echo "-- ranks that disagree: $1"
+  start=$(date +%s)
+  timeout 120 $MPIRUN --mca orte_abort_on_non_zero_status 0 \
+    -np 1 "$tmp/rank.sh" $small --data data/digits.csv $3 : -np 1 "$tmp/rank.sh" $4 \
+    >"$tmp/dis" 2>&1
+  rc=$?
+  took=$(($(date +%s) - start))
+  if [ $rc -eq 124 ] || [ $took -gt 20 ] ||
+    [ "$(grep -c 'the ranks disagree' "$tmp/dis")" != 1 ] || ! grep -q "$2" "$tmp/dis" ||
+    ! grep -q "rank 0 exit [1-9]" "$tmp/dis" || ! grep -q "rank 1 exit [1-9]" "$tmp/dis"; then
+    cat "$tmp/dis"
+    echo "FAILED: ranks that disagree: $1 (exit $rc after ${took}s; want one message with" \
+      "'$2' and a non-zero exit on every rank, within 20 s)"
+    fail=1
+  else
+    grep 'the ranks disagree' "$tmp/dis" | sed 's/^/   /'
+    echo "   every rank exited non-zero, after ${took}s"
+  fi
+}
+disagree "another data file of the same row count" \
+  "rank 1's training data differs from rank 0's (1797 rows, .*give every rank the same --data" \
+  "--epochs 1" "$small --data $tmp/other.csv --epochs 1"
+disagree "other --epochs" "rank 1 runs with --epochs 3, rank 0 with --epochs 2" \
+  "--epochs 2" "$small --data data/digits.csv --epochs 3"
+# --resume: rank 0 reads the checkpoint and sends it (the ranks need not share a file
+# system): rank 1's path, missing or another checkpoint, is never opened, and the job
+# resumes rank 0's, bit for bit as one process does
+echo "-- dp train --resume under mpirun: rank 0's checkpoint, whatever rank 1's path"
+$small --data data/digits.csv --epochs 1 --save "$tmp/a.ckpt" >"$tmp/r1" 2>&1 &&
+  $small --data data/digits.csv --epochs 2 --save "$tmp/b.ckpt" >"$tmp/r1" 2>&1 &&
+  $small --data data/digits.csv --epochs 1 --resume "$tmp/a.ckpt" >"$tmp/r1" 2>&1 ||
+  { cat "$tmp/r1"; echo "FAILED: dp train --save / --resume in one process"; fail=1; }
+h1=$(grep "parameter hash" "$tmp/r1")
+for other in "$tmp/missing.ckpt" "$tmp/b.ckpt"; do
+  $MPIRUN -np 1 $small --data data/digits.csv --epochs 1 --resume "$tmp/a.ckpt" : -np 1 \
+    $small --data data/digits.csv --epochs 1 --resume "$other" >"$tmp/r2" 2>&1
+  rc=$?
+  h2=$(grep "parameter hash" "$tmp/r2")
+  if [ $rc -ne 0 ] || [ -z "$h1" ] || [ "$h1" != "$h2" ]; then
+    cat "$tmp/r2"
+    echo "FAILED: rank 1 with --resume $other: exit $rc, '$h2'; one process: '$h1'"
+    fail=1
+  else
+    echo "   rank 1 given $(basename "$other"): $h2 (as one process)"
+  fi
+done
+disagree "one rank without --resume" "rank 1 runs with no --resume, rank 0 with --resume" \
+  "--epochs 1 --resume $tmp/a.ckpt" "$small --data data/digits.csv --epochs 1"
 # dp bench comm: the canonical tree against MPI_Allreduce, and steps on 1 and 2 ranks with
 # one parameter hash (a smoke run: the figures are in docs/PERFORMANCE.md)
 run "dp bench comm, 2 ranks" sh -c "$MPIRUN -np 2 $bd/dp bench comm --max-bytes 64KiB \
