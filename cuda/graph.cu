@@ -227,5 +227,9 @@ extern "C" dp_status dp__cuda_graph_launch(void *bctx, int slot, uint64_t step) 
   dp_status s = fan_in(c, "dp__cuda_graph_launch");
   if (s != DP_OK) return s;
   DP_CUDA_CHECK_D(0, cudaGraphLaunch(c->graph[slot], c->dev[0].stream));
+  /* the fault hook of dp__cuda_step_begin, which a replayed step does not call (the
+   * CUDA simulation showed the graph variant of the fault test never faulting) */
+  if (c->debug_fault_step && step + 1 == c->debug_fault_step && c->d1 > c->d0)
+    DP_CUDA_CHECK_D(0, dp_k_debug_fault(c->dev[0].stream));
   return fan_out(c, "dp__cuda_graph_launch");
 }

@@ -1295,8 +1295,16 @@ END_TEST
 
 /* Whole training steps through walk(): the stage hooks, the transport (host
  * staging, copies between replicas), every op in schedule order. */
+static void check_steps_match_cpu_tol(const char *name, const char *spec,
+                                      const dp_config *cfg, int steps, double tol);
 static void check_steps_match_cpu(const char *name, const char *spec, const dp_config *cfg,
                                   int steps) {
+  check_steps_match_cpu_tol(name, spec, cfg, steps, 1e-4);
+}
+
+/* tol: the regions' (compare_dev) after the steps; the loss is always to 1e-5. */
+static void check_steps_match_cpu_tol(const char *name, const char *spec,
+                                      const dp_config *cfg, int steps, double tol) {
   pair t;
   pair_init(&t, spec, cfg, true);
   fill_initial(&t, 11);
@@ -1315,7 +1323,7 @@ static void check_steps_match_cpu(const char *name, const char *spec, const dp_c
   download(&t);
   char what[128];
   snprintf(what, sizeof what, "%s after %d steps", name, steps);
-  for (int d = 0; d < t.n; d++) compare_dev(&t, d, 1e-4, false, what);
+  for (int d = 0; d < t.n; d++) compare_dev(&t, d, tol, false, what);
   batch_free(&b);
   pair_free(&t);
 }
@@ -1753,6 +1761,10 @@ static double now_ms(void) {
  * thread; lib/exec.c's threads would enqueue in parallel). */
 START_TEST(timing_report) {
   REQUIRE_GPUS(ngpu, "timing_report");
+#ifdef DP_CUDA_SIM
+  fprintf(stderr, "SKIP cuda: timing_report: the CUDA simulation checks behaviour, not speed\n");
+  return;
+#endif
   for (int tf32 = 0; tf32 < 2; tf32++) {
     double ms = 0, tf = 0;
     ck_assert_msg(dp__cuda_bench_sgemm(0, 4096, 4096, 4096, 20, tf32, &ms, &tf) == DP_OK,
@@ -1900,7 +1912,10 @@ START_TEST(batchnorm_steps_match_cpu) {
           bn_config(ngpu, 37, cases[i].n, 5, cases[i].mode, cases[i].opt, (dp_bn_mode)m);
       char name[128];
       snprintf(name, sizeof name, "%s, %s", cases[i].name, dp_bn_mode_name((dp_bn_mode)m));
-      check_steps_match_cpu(name, cases[i].spec, &c, 3);
+      /* 1e-3: batch norm over 5-row micro-batches divides by small deviations, so the
+       * GEMMs' and channel sums' own orders (the CUDA simulation's cuBLAS sums as
+       * documented, not as lib/gemm.c) grow to ~7e-4 after 3 momentum steps */
+      check_steps_match_cpu_tol(name, cases[i].spec, &c, 3, 1e-3);
     }
 }
 END_TEST
@@ -1996,9 +2011,19 @@ START_TEST(batchnorm_refused_steps_keep_running_stats) {
       } else {
         ck_assert_msg(gpu_run(&t, 1, &b, 0, check, &loss) == DP_OK, "%s", dp_last_error());
         float v = NAN;
+        /* into the segment device 1 checks: allreduce checks each device's reduced
+         * segment once (its reduced gradients are every device's), so a NaN put
+         * after the reduction elsewhere is another device's to see */
+        size_t at = SIZE_MAX;
+        for (int k = check; k < n_ops && at == SIZE_MAX; k++) {
+          const dp_op *o = &dp_plan_ops(t.pg)[k];
+          if (o->kind == DP_OP_GRAD_CHECK && o->device == 1 && o->bytes >= 4)
+            at = o->src_offset;
+        }
+        ck_assert_msg(at != SIZE_MAX, "device 1 checks no gradient segment");
         unsigned char *g =
             (unsigned char *)t.ga[1] + t.pg->regions[1][DP_REGION_GRADS].offset;
-        ck_assert_int_eq(dp__cuda_memcpy(g + 4 * 4, &v, 4), DP_OK);
+        ck_assert_int_eq(dp__cuda_memcpy(g + at, &v, 4), DP_OK);
       }
       download(&t);
       size_t sz;
@@ -2008,7 +2033,8 @@ START_TEST(batchnorm_refused_steps_keep_running_stats) {
       ck_assert_uint_eq(count0, 1);
       dp_status s =
           how < 2 ? gpu_step(&t, 1, &b, &loss) : gpu_run(&t, 1, &b, check, n_ops, &loss);
-      ck_assert_msg(s == DP_ERR_NONFINITE, "%s: %s", dp_status_name(s), dp_last_error());
+      ck_assert_msg(s == DP_ERR_NONFINITE, "%s, case %d: %s: %s",
+                    dp_bn_mode_name((dp_bn_mode)m), how, dp_status_name(s), dp_last_error());
       download(&t);
       size_t n;
       unsigned char *after = snapshot_state(&t, 0, &n);
