@@ -693,9 +693,28 @@ def main():
         slibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + ['-lstdc++'])))]
         sim_bins += n.build(B('test_cuda_sim'), 'link', tobjs + libtest + libtools + libsim +
                             [libdp], variables=slibs)
+        # test_noalloc_sim: the no-allocation check on the simulation. Its counting
+        # allocators wrap the runtime's through dlsym(RTLD_NEXT), as with libcudart.so,
+        # so the runtime part of the simulation is a shared library here.
+        rt_src = sources('tests/cuda_sim/*.cc') + sources('tests/cuda_sim/*.S')
+        if os.path.exists('tests/standalone/test_noalloc.c'):
+            pic = [n.build(os.path.join(bd, 'sim', 'pic', os.path.splitext(s)[0] + '.o'),
+                           'cxx_sim', [s], variables=[('simflags', esc(join(simcxx + ['-fPIC'])))])[0]
+                   for s in rt_src]
+            n.rule('cxx_so', '%s -shared -pthread -o $out $in' % esc(cxx), description='SO $out')
+            so = n.build(B('libdp_cuda_sim_rt.so'), 'cxx_so', pic)
+            kobjs = [o for o in sobjs if not any(o == SO(r) for r in rt_src)]
+            libk = n.build(B('libdp_cuda_sim_code.a'), 'ar', kobjs)
+            nobj = n.build(SO('tests/standalone/test_noalloc.c'), 'cc',
+                           ['tests/standalone/test_noalloc.c'], variables=scflags)[0]
+            nlibs = [('libs', esc(join(sys_libs + ['-ldl', '-lstdc++', '-L' + bd,
+                                                   '-Wl,-rpath,' + os.path.abspath(bd), '-ldp_cuda_sim_rt'])))]
+            sim_bins += n.build(B('test_noalloc_sim'), 'link', [nobj] + libtest + libtools +
+                                libk + [libdp], [so[0]], variables=nlibs)
         defaults += sim_bins
         n.build('cuda-sim', 'console', [], sim_bins,
-                variables=[('cmd', './' + esc(sim_bins[0])), ('desc', 'CUDA-SIM')])
+                variables=[('cmd', ' && '.join('./' + esc(b) for b in sim_bins)),
+                           ('desc', 'CUDA-SIM')])
     n.newline()
 
     # examples: the public header only

@@ -1000,3 +1000,19 @@ extern "C" cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x) {
   free(x);
   return cudaSuccess;
 }
+
+/* ---- the rest of the allocators (tests/standalone/test_noalloc.c counts them all) ---- */
+
+extern "C" cudaError_t cudaMallocAsync(void **p, size_t bytes, cudaStream_t s) {
+  /* stream-ordered in CUDA; here at once, after what the stream has queued */
+  cudaError_t e = cudaStreamSynchronize(s);
+  return e == cudaSuccess ? cudaMalloc(p, bytes) : e;
+}
+extern "C" cudaError_t cudaFreeAsync(void *p, cudaStream_t s) {
+  cudaError_t e = cudaStreamSynchronize(s);
+  return e == cudaSuccess ? sim_free(p, true) : e;
+}
+extern "C" cudaError_t cudaMallocManaged(void **p, size_t bytes, unsigned int flags) {
+  (void)flags;
+  return cudaMalloc(p, bytes); /* host-addressable anyway: device memory is host memory */
+}
