@@ -711,7 +711,24 @@ def main():
                                                    '-Wl,-rpath,' + os.path.abspath(bd), '-ldp_cuda_sim_rt'])))]
             sim_bins += n.build(B('test_noalloc_sim'), 'link', [nobj] + libtest + libtools +
                                 libk + [libdp], [so[0]], variables=nlibs)
-        defaults += sim_bins
+        # test_cuda_mpi_sim: tests/mpi/test_mpi.c's job on the simulation across
+        # processes, its NCCL over MPI (tests/mpi/run.sh runs it under mpirun)
+        sim_mpi_bins = []
+        if mpi and os.path.exists('tests/mpi/test_mpi.c'):
+            mcxx = simcxx + ['-DDP_SIM_MPI=1'] + mpi['cflags']
+            nmpi = n.build(os.path.join(bd, 'sim', 'mpi', 'nccl.o'), 'cxx_sim',
+                           ['tests/cuda_sim/nccl.cc'], variables=[('simflags', esc(join(mcxx)))])
+            mobjs = [o for o in sobjs if o != SO('tests/cuda_sim/nccl.cc')] + nmpi
+            libsim_mpi = n.build(B('libdp_cuda_sim_mpi.a'), 'ar', mobjs)
+            mcf = [('cflags', '$cflags ' + esc(join(simdefs + test_cflags + tool_mpi_flags + [
+                '-DTEST_CUDA', '-DTEST_CUDA_REAL'])))]
+            mo = n.build(os.path.join(bd, 'sim', 'tests', 'mpi', 'test_cuda_mpi_sim.o'), 'cc',
+                         ['tests/mpi/test_mpi.c'], variables=mcf)[0]
+            sim_mpi_bins += n.build(B('test_cuda_mpi_sim'), 'link',
+                                    [mo] + libtools + libmpi + libsim_mpi + [libdp],
+                                    variables=[('libs', esc(join(sys_libs + mpi_libs +
+                                                                 ['-lstdc++'])))])
+        defaults += sim_bins + sim_mpi_bins
         n.build('cuda-sim', 'console', [], sim_bins,
                 variables=[('cmd', ' && '.join('./' + esc(b) for b in sim_bins)),
                            ('desc', 'CUDA-SIM')])

@@ -1,4 +1,5 @@
-/* NCCL in the CUDA simulation, between the devices of one process: communicators
+/* NCCL in the CUDA simulation, between the devices of one process and, built with
+ * DP_SIM_MPI, across processes over MPI: communicators
  * (a clique per unique id), point-to-point send/receive matched in order per pair
  * of ranks, groups, a sum all-reduce in rank order, asynchronous errors and abort.
  *
@@ -13,6 +14,19 @@
 
 #include <stdlib.h>
 #include <unistd.h>
+
+#ifdef DP_SIM_MPI
+/* Across processes: NCCL rank g lives in MPI_COMM_WORLD rank g / L, L being the ranks
+ * a process holds (libdp's layout: rank * local devices + device). A pair's bytes go
+ * as one MPI message, tagged by (sender, receiver) so that MPI's order per tag is
+ * NCCL's order per pair; the all-reduce sends every local rank's buffer to every
+ * other process and sums all of them in rank order, as in one process. */
+#define OMPI_SKIP_MPICXX 1 /* the C API only */
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#define TAG_P2P 1000
+#define TAG_AR 20000
+#endif
 
 #define MAX_RANKS 16
 #define CHANNEL 64
@@ -38,6 +52,7 @@ struct clique {
   float *ar_recv[MAX_RANKS];
   size_t ar_count[MAX_RANKS];
   bool aborted;
+  int local_n; /* ranks held by this process (counted at the first transfer) */
   clique *next;
 };
 struct dp_sim_comm {
@@ -226,13 +241,130 @@ static void comm_error(dp_sim_comm *m, ncclResult_t r, const char *what) {
 
 static bool gone(const dp_sim_comm *m) { return m->cl->aborted || m->destroyed; }
 
+/* The MPI process and the count of ranks of this process (cl->local_n). */
+static int local_ranks(clique *cl) {
+  if (!cl->local_n)
+    for (int r = 0; r < MAX_RANKS; r++) cl->local_n += cl->rank[r] != NULL;
+  return cl->local_n ? cl->local_n : 1;
+}
+static bool remote(const item *it) {
+  if (it->kind == ITEM_ALLREDUCE) return false;
+  int L = local_ranks(it->comm->cl);
+  return it->peer / L != it->comm->rank / L;
+}
+
+#ifdef DP_SIM_MPI
+/* Waits for n requests without the lock held; false if the communicator went away
+ * (the requests are left: the job is ending). */
+static bool mpi_wait(MPI_Request *rq, int n, const dp_sim_comm *m) {
+  for (;;) {
+    int done = 0;
+    MPI_Testall(n, rq, &done, MPI_STATUSES_IGNORE);
+    if (done) return true;
+    pthread_mutex_lock(&dp_sim_mu);
+    bool g = gone(m);
+    pthread_mutex_unlock(&dp_sim_mu);
+    if (g) return false;
+    dp_sim_nanosleep(20000);
+  }
+}
+
+/* The all-reduce's exchange with the other processes, by the last local rank to
+ * arrive (lock held on entry and exit): every rank's buffer, in rank order. */
+static void allreduce_across(clique *cl, const dp_sim_comm *m, size_t n) {
+  int L = local_ranks(cl), me = m->rank / L, procs = cl->nranks / L;
+  float *far = (float *)malloc(sizeof(float) * n * (size_t)cl->nranks + 1);
+  MPI_Request *rq = (MPI_Request *)malloc(sizeof(MPI_Request) * (size_t)(2 * cl->nranks * procs + 1));
+  if (!far || !rq) {
+    comm_error((dp_sim_comm *)m, ncclSystemError, "all-reduce: out of memory");
+    free(far), free(rq);
+    return;
+  }
+  int k = 0;
+  for (int q = 0; q < cl->nranks; q++) {
+    if (q / L == me)
+      for (int P = 0; P < procs; P++) {
+        if (P != me)
+          MPI_Isend(cl->ar_send[q], (int)n, MPI_FLOAT, P, TAG_AR + q, MPI_COMM_WORLD, &rq[k++]);
+      }
+    else
+      MPI_Irecv(far + (size_t)q * n, (int)n, MPI_FLOAT, q / L, TAG_AR + q, MPI_COMM_WORLD,
+                &rq[k++]);
+  }
+  pthread_mutex_unlock(&dp_sim_mu);
+  bool ok = mpi_wait(rq, k, m);
+  pthread_mutex_lock(&dp_sim_mu);
+  if (ok)
+    for (size_t e = 0; e < n; e++) {
+      float v = 0.0f;
+      for (int q = 0; q < cl->nranks; q++) {
+        float x = q / L == me ? cl->ar_send[q][e] : far[(size_t)q * n + e];
+        v = q ? v + x : x;
+      }
+      for (int q = me * L; q < (me + 1) * L; q++) cl->ar_recv[q][e] = v;
+    }
+  free(far);
+  free(rq);
+}
+#endif
+
+/* The in-process all-reduce (and across processes with DP_SIM_MPI); lock held. */
+static void allreduce(const item *it) {
+  clique *cl = it->comm->cl;
+  int r = it->comm->rank;
+  uint64_t gen = cl->ar_gen;
+  cl->ar_send[r] = (const float *)it->src;
+  cl->ar_recv[r] = (float *)it->dst;
+  cl->ar_count[r] = it->bytes / 4;
+  if (++cl->ar_arrived < local_ranks(cl)) {
+    while (cl->ar_gen == gen && !gone(it->comm)) pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
+    return;
+  }
+  size_t n = it->bytes / 4;
+  int L = local_ranks(cl), me = r / L;
+  for (int q = me * L; q < (me + 1) * L; q++)
+    if (cl->ar_count[q] != n) comm_error(it->comm, ncclInvalidUsage, "all-reduce sizes differ");
+  if (L < cl->nranks) {
+#ifdef DP_SIM_MPI
+    allreduce_across(cl, it->comm, n);
+#else
+    comm_error(it->comm, ncclSystemError, "all-reduce across processes needs DP_SIM_MPI");
+#endif
+  } else {
+    for (size_t e = 0; e < n; e++) { /* rank order; in place is safe element by element */
+      float v = cl->ar_send[0][e];
+      for (int q = 1; q < cl->nranks; q++) v += cl->ar_send[q][e];
+      for (int q = 0; q < cl->nranks; q++) cl->ar_recv[q][e] = v;
+    }
+  }
+  cl->ar_arrived = 0;
+  cl->ar_gen++;
+  pthread_cond_broadcast(&dp_sim_cv);
+}
+
 static void run_group(dp_sim_op *op, dp_sim_stream *s) {
   const group_args *g = (const group_args *)op->args;
   uint64_t mine[GROUP_ITEMS];
   pthread_mutex_lock(&dp_sim_mu);
+#ifdef DP_SIM_MPI
+  MPI_Request rq[GROUP_ITEMS];
+  int n_rq = 0;
+  const dp_sim_comm *any = g->n ? g->it[0].comm : NULL;
+  for (int i = 0; i < g->n; i++) { /* the other processes' halves, posted first */
+    const item *it = &g->it[i];
+    if (!remote(it)) continue;
+    int L = local_ranks(it->comm->cl), tag = TAG_P2P + it->comm->rank * MAX_RANKS + it->peer;
+    if (it->kind == ITEM_SEND)
+      MPI_Isend(it->src, (int)it->bytes, MPI_BYTE, it->peer / L, tag, MPI_COMM_WORLD,
+                &rq[n_rq++]);
+    else
+      MPI_Irecv(it->dst, (int)it->bytes, MPI_BYTE, it->peer / L,
+                TAG_P2P + it->peer * MAX_RANKS + it->comm->rank, MPI_COMM_WORLD, &rq[n_rq++]);
+  }
+#endif
   for (int i = 0; i < g->n; i++) { /* post the sends */
     const item *it = &g->it[i];
-    if (it->kind != ITEM_SEND) continue;
+    if (it->kind != ITEM_SEND || remote(it)) continue;
     channel *ch = &it->comm->cl->ch[it->comm->rank][it->peer];
     while (ch->sent - ch->taken >= CHANNEL && !gone(it->comm))
       pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
@@ -242,7 +374,7 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
   }
   for (int i = 0; i < g->n; i++) { /* take the receives, in order */
     const item *it = &g->it[i];
-    if (it->kind != ITEM_RECV) continue;
+    if (it->kind != ITEM_RECV || remote(it)) continue;
     clique *cl = it->comm->cl;
     channel *ch = &cl->ch[it->peer][it->comm->rank];
     /* the sender's stream must get there: release what it has queued */
@@ -267,35 +399,19 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
   }
   for (int i = 0; i < g->n; i++) { /* the send buffers are free once taken */
     const item *it = &g->it[i];
-    if (it->kind != ITEM_SEND) continue;
+    if (it->kind != ITEM_SEND || remote(it)) continue;
     channel *ch = &it->comm->cl->ch[it->comm->rank][it->peer];
     while (ch->taken < mine[i] && !gone(it->comm)) pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
   }
-  for (int i = 0; i < g->n; i++) {
-    const item *it = &g->it[i];
-    if (it->kind != ITEM_ALLREDUCE) continue;
-    clique *cl = it->comm->cl;
-    int r = it->comm->rank;
-    uint64_t gen = cl->ar_gen;
-    cl->ar_send[r] = (const float *)it->src;
-    cl->ar_recv[r] = (float *)it->dst;
-    cl->ar_count[r] = it->bytes / 4;
-    if (++cl->ar_arrived == cl->nranks) {
-      size_t n = cl->ar_count[0];
-      for (int q = 1; q < cl->nranks; q++)
-        if (cl->ar_count[q] != n) comm_error(it->comm, ncclInvalidUsage, "all-reduce sizes differ");
-      for (size_t e = 0; e < n; e++) { /* rank order; in place is safe element by element */
-        float v = cl->ar_send[0][e];
-        for (int q = 1; q < cl->nranks; q++) v += cl->ar_send[q][e];
-        for (int q = 0; q < cl->nranks; q++) cl->ar_recv[q][e] = v;
-      }
-      cl->ar_arrived = 0;
-      cl->ar_gen++;
-      pthread_cond_broadcast(&dp_sim_cv);
-    } else {
-      while (cl->ar_gen == gen && !gone(it->comm)) pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
-    }
+#ifdef DP_SIM_MPI
+  if (n_rq) {
+    pthread_mutex_unlock(&dp_sim_mu);
+    (void)mpi_wait(rq, n_rq, any);
+    pthread_mutex_lock(&dp_sim_mu);
   }
+#endif
+  for (int i = 0; i < g->n; i++)
+    if (g->it[i].kind == ITEM_ALLREDUCE) allreduce(&g->it[i]);
   pthread_mutex_unlock(&dp_sim_mu);
   (void)s;
 }
@@ -332,8 +448,10 @@ static ncclResult_t issue(const item &it, cudaStream_t s) {
   if (!it.comm || gone(it.comm)) return fail(ncclInvalidArgument, "invalid communicator");
   if (it.kind != ITEM_ALLREDUCE && (it.peer < 0 || it.peer >= it.comm->cl->nranks))
     return fail(ncclInvalidArgument, "peer out of range");
+#ifndef DP_SIM_MPI
   if (it.kind != ITEM_ALLREDUCE && !it.comm->cl->rank[it.peer])
     return fail(ncclSystemError, "the simulated NCCL reaches only the devices of this process");
+#endif
   if (it.bytes && ((it.src && !dp_sim_lookup(it.src, it.bytes, NULL, NULL)) ||
                    (it.dst && !dp_sim_lookup(it.dst, it.bytes, NULL, NULL))))
     return fail(ncclInvalidArgument, "a buffer is not device memory of the simulation");

@@ -33,7 +33,9 @@
  * Usage: mpirun -np R test_mpi TMPDIR [--kill-rank K | --stall-rank K]. Exit 0 when every
  * check passed on this rank. */
 #include "dp_mpi.h"
-#if defined(TEST_CUDA_REAL) /* real GPUs: tests/gpu/run.sh, a machine with >= 2 */
+#if defined(TEST_CUDA_REAL) && defined(DP_CUDA_SIM) /* the CUDA simulation's NCCL over MPI */
+#define PROG "test_cuda_mpi_sim"
+#elif defined(TEST_CUDA_REAL) /* real GPUs: tests/gpu/run.sh, a machine with >= 2 */
 #define PROG "test_cuda_mpi_gpu"
 #elif defined(TEST_CUDA)
 #include "fake_cuda.h"
