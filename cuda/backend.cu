@@ -425,8 +425,8 @@ static dp_status close_group(cuda_ctx *c, int d);
  * the device keeps state for [opt_off[d], +opt_len[d]) only, one vector after
  * the other (momentum's buffer; AdamW's m, then v), as lib/cpu_backend.c reads
  * it. A segment outside that range is refused, not read out of place. */
-static dp_status opt_state_of(const dp_exec_env *e, int d, size_t off, size_t bytes, float **m,
-                              float **v) {
+static dp_status opt_state_of(const dp_exec_env *e, int d, size_t off, size_t bytes,
+                              float **m, float **v) {
   const dp_plan *p = e->plan;
   size_t first = off / 4, n = bytes / 4;
   *m = *v = NULL;
@@ -615,9 +615,9 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     float *m, *v;
     dp_status ss = opt_state_of(e, d, op->src_offset, op->bytes, &m, &v);
     if (ss != DP_OK) return ss;
-    DP_CUDA_CHECK(dp_k_update_check(x->stream, &o,
-                                    (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset),
-                                    g, m, v, op->bytes / 4, op->src_offset / 4, x->hdr, d));
+    DP_CUDA_CHECK(dp_k_update_check(
+        x->stream, &o, (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset), g, m, v,
+        op->bytes / 4, op->src_offset / 4, x->hdr, d));
     return DP_OK;
   }
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);

@@ -20,7 +20,6 @@
 extern "C" {
 #endif
 
-
 /* Name (NUL-terminated, cut to cap), memory and compute capability of GPU
  * `dev`. Any output pointer may be NULL. free_mem is read on the device, so
  * the call creates the device's primary context. */

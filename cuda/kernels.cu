@@ -117,8 +117,8 @@ cudaError_t dp_k_dropout(cudaStream_t st, const float *x, float *y, int rows, in
                          uint64_t row0, float p, float scale) {
   size_t n = (size_t)rows * (size_t)cols;
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_dropout, blocks_for(n), THREADS, 0, st)(x, y, rows, cols, seed, hdr, layer, row0, p,
-                                               scale);
+  DP_LAUNCH(k_dropout, blocks_for(n), THREADS, 0, st)
+  (x, y, rows, cols, seed, hdr, layer, row0, p, scale);
   return cudaGetLastError();
 }
 
@@ -175,7 +175,8 @@ static __global__ void __launch_bounds__(RED_THREADS)
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out) {
   if (cols <= 0) return cudaSuccess;
   const int w = lanes_for(cols);
-  DP_LAUNCH(k_colsum, (unsigned)((cols + w - 1) / w), RED_THREADS, 0, st)(a, rows, cols, out);
+  DP_LAUNCH(k_colsum, (unsigned)((cols + w - 1) / w), RED_THREADS, 0, st)
+  (a, rows, cols, out);
   return cudaGetLastError();
 }
 
@@ -268,8 +269,9 @@ cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float 
                                    const float *b, float *y, float *stats, int rows,
                                    int cols) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  DP_LAUNCH(k_layernorm_forward, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS,
-                        0, st)(x, g, b, y, stats, rows, cols);
+  DP_LAUNCH(k_layernorm_forward, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+            THREADS, 0, st)
+  (x, g, b, y, stats, rows, cols);
   return cudaGetLastError();
 }
 
@@ -278,12 +280,13 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
                                     float *db, int rows, int cols) {
   if (cols <= 0) return cudaSuccess;
   const int w = lanes_for(cols);
-  DP_LAUNCH(k_layernorm_dparams, (unsigned)((cols + w - 1) / w), RED_THREADS, 0, st)(
-      x, stats, dy, dg, db, rows, cols);
+  DP_LAUNCH(k_layernorm_dparams, (unsigned)((cols + w - 1) / w), RED_THREADS, 0, st)
+  (x, stats, dy, dg, db, rows, cols);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || !dx || rows <= 0) return e;
-  DP_LAUNCH(k_layernorm_dx, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK), THREADS, 0,
-                   st)(x, stats, g, dy, dx, rows, cols);
+  DP_LAUNCH(k_layernorm_dx, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
+            THREADS, 0, st)
+  (x, stats, g, dy, dx, rows, cols);
   return cudaGetLastError();
 }
 
@@ -414,7 +417,8 @@ static __global__ void __launch_bounds__(RED_THREADS)
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
                           float *part, const dp_cuda_mb_span *span, int cols, float scale) {
   if (span->n <= 0) return cudaSuccess;
-  DP_LAUNCH(k_loss_mse, (unsigned)span->n, THREADS, 0, st)(o, t, g, part, *span, cols, scale);
+  DP_LAUNCH(k_loss_mse, (unsigned)span->n, THREADS, 0, st)
+  (o, t, g, part, *span, cols, scale);
   return cudaGetLastError();
 }
 
@@ -422,8 +426,8 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
                          float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
                          int row0, dp_cuda_header *hdr, int dev) {
   if (span->n <= 0) return cudaSuccess;
-  DP_LAUNCH(k_loss_ce, (unsigned)span->n, RED_THREADS, 0, st)(z, labels, g, part, *span, cols,
-                                                       inv_rows, row0, hdr, dev);
+  DP_LAUNCH(k_loss_ce, (unsigned)span->n, RED_THREADS, 0, st)
+  (z, labels, g, part, *span, cols, inv_rows, row0, hdr, dev);
   return cudaGetLastError();
 }
 
@@ -614,7 +618,8 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
                               const float *g, const float *m, const float *v, size_t n,
                               size_t base, dp_cuda_header *hdr, int dev) {
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_update_check, blocks_for(n), THREADS, 0, st)(*o, w, g, m, v, n, base, hdr, dev);
+  DP_LAUNCH(k_update_check, blocks_for(n), THREADS, 0, st)
+  (*o, w, g, m, v, n, base, hdr, dev);
   return cudaGetLastError();
 }
 
@@ -674,8 +679,8 @@ static __global__ void k_rng_table(uint64_t seed, uint64_t stream, const uint64_
 cudaError_t dp_k_rng_table(cudaStream_t st, uint64_t seed, uint64_t stream,
                            const uint64_t *abc, int n, uint64_t *u64, float *uniform) {
   if (n <= 0) return cudaSuccess;
-  DP_LAUNCH(k_rng_table, (unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st)(
-      seed, stream, abc, n, u64, uniform);
+  DP_LAUNCH(k_rng_table, (unsigned)((n + THREADS - 1) / THREADS), THREADS, 0, st)
+  (seed, stream, abc, n, u64, uniform);
   return cudaGetLastError();
 }
 

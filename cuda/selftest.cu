@@ -150,7 +150,8 @@ static dp_status sweep(int dev, const int *widths, int n_widths, int step, int *
         if (e == cudaSuccess)
           e = cudaMemcpyAsync(pw, hin, (size_t)out * in * 4, cudaMemcpyHostToDevice, g.s);
         if (e == cudaSuccess)
-          e = cudaMemcpyAsync(pdy, hin, (size_t)rows * out * 4, cudaMemcpyHostToDevice, g.s);
+          e = cudaMemcpyAsync(pdy, hin, (size_t)rows * out * 4, cudaMemcpyHostToDevice,
+                              g.s);
         if (e != cudaSuccess) {
           (void)cudaGetLastError();
           s = DP_FAIL(DP_ERR_BACKEND, "alignment sweep: cudaMemcpyAsync: %s",

@@ -672,7 +672,8 @@ static void gpu_op_twice(pair *t, int k, const char *what);
  * forward, keep the workspace it left, and restore the random state around it. */
 static void cpu_pack_as_step(pair *t, const dp_op *oc, int n, int k, uint64_t seed) {
   const dp_op *op = &oc[k];
-  if (op->kind != DP_OP_FORWARD || dp_model_layer_kind(t->m, op->layer) != DP_LAYER_LINEAR ||
+  if (op->kind != DP_OP_FORWARD ||
+      dp_model_layer_kind(t->m, op->layer) != DP_LAYER_LINEAR ||
       op->micro_batch == t->pc->split.dev_mb0[op->device])
     return;
   for (int j = 0; j < n; j++) {
@@ -986,12 +987,13 @@ START_TEST(gemm_alignment_sweep_sees_kernel_choice) {
          differ, checked, differ ? "; first: " : "", differ ? first : "");
   ck_assert_int_gt(checked, 0);
 #ifdef DP_CUDA_SIM
-  ck_assert_msg(differ > 0, "the simulated GEMM depends on alignment, the sweep saw nothing");
+  ck_assert_msg(differ > 0,
+                "the simulated GEMM depends on alignment, the sweep saw nothing");
   /* shapes 8 and 1024 (leading dimensions multiples of 4) at offsets 16, 32, ...,
    * 128: 4 per shape pair, 3 products each, all aligned, so all equal */
   int aligned_checked = 0, aligned_differ = 0;
-  ck_assert_int_eq(dp__cuda_gemm_alignment_sweep_aligned(0, &aligned_checked, &aligned_differ),
-                   DP_OK);
+  ck_assert_int_eq(
+      dp__cuda_gemm_alignment_sweep_aligned(0, &aligned_checked, &aligned_differ), DP_OK);
   ck_assert_int_gt(aligned_checked, 0);
   ck_assert_int_eq(aligned_differ, 0);
 #endif
@@ -1762,7 +1764,8 @@ static double now_ms(void) {
 START_TEST(timing_report) {
   REQUIRE_GPUS(ngpu, "timing_report");
 #ifdef DP_CUDA_SIM
-  fprintf(stderr, "SKIP cuda: timing_report: the CUDA simulation checks behaviour, not speed\n");
+  fprintf(stderr,
+          "SKIP cuda: timing_report: the CUDA simulation checks behaviour, not speed\n");
   return;
 #endif
   for (int tf32 = 0; tf32 < 2; tf32++) {
@@ -2034,7 +2037,8 @@ START_TEST(batchnorm_refused_steps_keep_running_stats) {
       dp_status s =
           how < 2 ? gpu_step(&t, 1, &b, &loss) : gpu_run(&t, 1, &b, check, n_ops, &loss);
       ck_assert_msg(s == DP_ERR_NONFINITE, "%s, case %d: %s: %s",
-                    dp_bn_mode_name((dp_bn_mode)m), how, dp_status_name(s), dp_last_error());
+                    dp_bn_mode_name((dp_bn_mode)m), how, dp_status_name(s),
+                    dp_last_error());
       download(&t);
       size_t n;
       unsigned char *after = snapshot_state(&t, 0, &n);

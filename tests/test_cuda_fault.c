@@ -89,7 +89,8 @@ Suite *cuda_fault_suite(void) {
   TCase *tc = tcase_create("gpu_fault");
   tcase_set_tags(tc, "gpu");
   tcase_set_timeout(tc, 120);
-  tcase_add_loop_test(tc, device_fault_fails_the_step_in_bounded_time_and_free_returns, 0, 2);
+  tcase_add_loop_test(tc, device_fault_fails_the_step_in_bounded_time_and_free_returns, 0,
+                      2);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -50,7 +50,8 @@ extern "C" const char *cublasGetStatusString(cublasStatus_t s) {
   case CUBLAS_STATUS_SUCCESS: return "success";
   case CUBLAS_STATUS_NOT_INITIALIZED: return "the library was not initialized";
   case CUBLAS_STATUS_ALLOC_FAILED: return "the resource allocation failed";
-  case CUBLAS_STATUS_INVALID_VALUE: return "an invalid numeric value was used as an argument";
+  case CUBLAS_STATUS_INVALID_VALUE:
+    return "an invalid numeric value was used as an argument";
   case CUBLAS_STATUS_EXECUTION_FAILED: return "the GPU program failed to execute";
   case CUBLAS_STATUS_NOT_SUPPORTED: return "the functionality requested is not supported";
   default: return "an internal operation failed";
@@ -81,7 +82,8 @@ extern "C" cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
 }
 extern "C" cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if ((ws && (uintptr_t)ws % 256) || (bytes && !ws) || (ws && !dp_sim_lookup(ws, bytes, NULL, NULL)))
+  if ((ws && (uintptr_t)ws % 256) || (bytes && !ws) ||
+      (ws && !dp_sim_lookup(ws, bytes, NULL, NULL)))
     return CUBLAS_STATUS_INVALID_VALUE;
   h->ws = ws;
   h->ws_bytes = bytes;
@@ -135,9 +137,11 @@ static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
     for (int i = 0; i < g->m; i++) {
       float lo = 0.0f, hi = 0.0f;
       for (int p = 0; p < split; p++)
-        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), lo);
+        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round),
+                  at(g->b, g->ldb, g->tb, p, j, round), lo);
       for (int p = split; p < g->k; p++)
-        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), hi);
+        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round),
+                  at(g->b, g->ldb, g->tb, p, j, round), hi);
       float sum = split < g->k ? lo + hi : lo;
       float *c = &g->c[(size_t)j * g->ldc + i];
       *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * sum) : g->alpha * sum;
@@ -162,22 +166,39 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
   int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
   int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
   if (m < 0 || n < 0 || k < 0 || !alpha || !beta || lda < (ar > 1 ? ar : 1) ||
-      ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1) || (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) ||
-      (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
+      ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1) ||
+      (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
     return CUBLAS_STATUS_INVALID_VALUE;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  if ((k > 0 && (!inside(a, ar, ac, lda) || !inside(b, br, bc, ldb))) || !inside(c, m, n, ldc)) {
-    dp_sim_report("cublasSgemm: an operand is not device memory of the simulation, or runs "
-                  "past the end of its allocation (m %d, n %d, k %d, lda %d, ldb %d, ldc %d)",
-                  m, n, k, lda, ldb, ldc);
+  if ((k > 0 && (!inside(a, ar, ac, lda) || !inside(b, br, bc, ldb))) ||
+      !inside(c, m, n, ldc)) {
+    dp_sim_report(
+        "cublasSgemm: an operand is not device memory of the simulation, or runs "
+        "past the end of its allocation (m %d, n %d, k %d, lda %d, ldb %d, ldc %d)",
+        m, n, k, lda, ldb, ldc);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   dp_sim_op op;
   op.kind = SIM_EXT;
   op.u.x.run = run_gemm;
   gemm_args *g = (gemm_args *)op.args;
-  *g = gemm_args{h, ta == CUBLAS_OP_T, tb == CUBLAS_OP_T, m, n, k, lda, ldb, ldc, *alpha, *beta,
-                 a, b, c, h->ws, h->ws_bytes, h->math};
+  *g = gemm_args{h,
+                 ta == CUBLAS_OP_T,
+                 tb == CUBLAS_OP_T,
+                 m,
+                 n,
+                 k,
+                 lda,
+                 ldb,
+                 ldc,
+                 *alpha,
+                 *beta,
+                 a,
+                 b,
+                 c,
+                 h->ws,
+                 h->ws_bytes,
+                 h->math};
   cudaError_t e = dp_sim_enqueue(h->stream, &op);
   if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;

@@ -81,9 +81,9 @@ __attribute__((noinline)) static block_rt *runtime(void) {
   /* one mapping for every stack (a guard page each would cost 1024 mappings per
    * worker, and Linux allows 65530 a process); a canary at each stack's bottom
    * catches an overflow instead */
-  unsigned char *st = (unsigned char *)mmap(NULL, (size_t)STACK_BYTES * MAX_THREADS,
-                                            PROT_READ | PROT_WRITE,
-                                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  unsigned char *st =
+      (unsigned char *)mmap(NULL, (size_t)STACK_BYTES * MAX_THREADS, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (b == MAP_FAILED || st == MAP_FAILED) {
     dp_sim_report("cannot map fiber stacks");
     abort();
@@ -132,10 +132,10 @@ static void fiber_main(void) {
 #if defined(__x86_64__)
 static void start_fiber(block_rt *b, fiber *f, unsigned char *top) {
   uint64_t *sp = (uint64_t *)((uintptr_t)top & ~(uintptr_t)15);
-  *--sp = 0;                      /* fiber_main's return address: none */
-  *--sp = (uint64_t)fiber_main;   /* dp_sim_swap's ret goes here */
+  *--sp = 0;                             /* fiber_main's return address: none */
+  *--sp = (uint64_t)fiber_main;          /* dp_sim_swap's ret goes here */
   for (int i = 0; i < 6; i++) *--sp = 0; /* rbp rbx r12-r15 */
-  *--sp = 0x037f00001f80ull;      /* mxcsr (low), x87 control word (high) */
+  *--sp = 0x037f00001f80ull;             /* mxcsr (low), x87 control word (high) */
   f->sp = sp;
   dp_sim_swap(&b->sched_sp, f->sp);
 }
@@ -162,7 +162,9 @@ static bool runnable(block_rt *b, fiber *f) {
   }
 }
 
-static const char *kernel_name(const dp_sim_op *op) { return op->u.k.name ? op->u.k.name : "?"; }
+static const char *kernel_name(const dp_sim_op *op) {
+  return op->u.k.name ? op->u.k.name : "?";
+}
 
 /* Runs one block to completion; false if its threads can never all finish. */
 static bool run_block(block_rt *b, uint3 bid) {
@@ -202,8 +204,8 @@ static bool run_block(block_rt *b, uint3 bid) {
       }
       if (f->state == F_DONE) b->free_stack[b->n_free++] = f->stack;
       if (!stack_intact(b, f->stack)) {
-        dp_sim_report("kernel %s: thread %d overflowed its %u KiB stack", kernel_name(op), t,
-                      STACK_BYTES >> 10);
+        dp_sim_report("kernel %s: thread %d overflowed its %u KiB stack", kernel_name(op),
+                      t, STACK_BYTES >> 10);
         return false;
       }
       if (b->failed) return false;
@@ -251,7 +253,8 @@ extern "C" uint64_t dp_sim_shfl(unsigned mask, uint64_t v, int how, int arg, int
   }
   unsigned parity = ws->gen & 1u;
   ws->slot[parity][lane] = v;
-  if (ws->count == 0) ws->mask = mask;
+  if (ws->count == 0)
+    ws->mask = mask;
   else if (ws->mask != mask) {
     dp_sim_report("kernel %s: thread %d: warp shuffle masks differ (0x%08x, 0x%08x)",
                   kernel_name(b->op), f->tid, ws->mask, mask);
@@ -291,11 +294,12 @@ static void on_fault(int sig, siginfo_t *si, void *uc) {
   if (b && b->in_kernel) {
     b->in_kernel = 0;
     fiber *f = &b->f[b->cur];
-    dp_sim_report("kernel %s: illegal address %p (outside every allocation, or in the guard "
-                  "pages around one) at block (%u,%u,%u) thread (%u,%u,%u)",
-                  kernel_name(b->op), si->si_addr, f->view.block_idx.x, f->view.block_idx.y,
-                  f->view.block_idx.z, f->view.thread_idx.x, f->view.thread_idx.y,
-                  f->view.thread_idx.z);
+    dp_sim_report(
+        "kernel %s: illegal address %p (outside every allocation, or in the guard "
+        "pages around one) at block (%u,%u,%u) thread (%u,%u,%u)",
+        kernel_name(b->op), si->si_addr, f->view.block_idx.x, f->view.block_idx.y,
+        f->view.block_idx.z, f->view.thread_idx.x, f->view.thread_idx.y,
+        f->view.thread_idx.z);
     siglongjmp(b->fault_jmp, 1);
   }
   struct sigaction *old = sig == SIGSEGV ? &old_segv : &old_bus;

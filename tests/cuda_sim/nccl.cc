@@ -110,13 +110,14 @@ extern "C" ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   if (!id) return ncclInvalidArgument;
   static uint64_t counter;
   memset(id, 0, sizeof *id);
-  uint64_t v[3] = {(uint64_t)getpid(), dp_sim_now_ns(), __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST)};
+  uint64_t v[3] = {(uint64_t)getpid(), dp_sim_now_ns(),
+                   __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST)};
   memcpy(id->internal, v, sizeof v);
   return ncclSuccess;
 }
 
-static ncclResult_t join(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank, int dev,
-                         bool blocking) {
+static ncclResult_t join(ncclComm_t *out, int nranks, const ncclUniqueId *id, int rank,
+                         int dev, bool blocking) {
   if (!out) return ncclInvalidArgument;
   *out = NULL;
   if (nranks < 1 || nranks > MAX_RANKS || rank < 0 || rank >= nranks)
@@ -137,14 +138,15 @@ static ncclResult_t join(ncclComm_t *out, int nranks, const ncclUniqueId *id, in
   }
   char msg[160] = "";
   if (c->nranks != nranks)
-    snprintf(msg, sizeof msg, "rank %d: nranks %d, but the communicator has %d", rank, nranks,
-             c->nranks);
+    snprintf(msg, sizeof msg, "rank %d: nranks %d, but the communicator has %d", rank,
+             nranks, c->nranks);
   else if (c->rank[rank])
     snprintf(msg, sizeof msg, "rank %d joined twice", rank);
   for (int r = 0; r < MAX_RANKS && !*msg; r++)
     if (c->rank[r] && c->rank[r]->dev == dev)
-      snprintf(msg, sizeof msg, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d",
-               rank, r, dev);
+      snprintf(msg, sizeof msg,
+               "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", rank,
+               r, dev);
   if (*msg) {
     snprintf(last_error, sizeof last_error, "%s", msg);
     pthread_mutex_unlock(&dp_sim_mu);
@@ -165,13 +167,15 @@ static ncclResult_t join(ncclComm_t *out, int nranks, const ncclUniqueId *id, in
   return blocking ? ncclSuccess : ncclInProgress;
 }
 
-extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId id,
-                                               int rank, ncclConfig_t *cfg) {
+extern "C" ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks,
+                                               ncclUniqueId id, int rank,
+                                               ncclConfig_t *cfg) {
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) return ncclUnhandledCudaError;
   return join(comm, nranks, &id, rank, dev, !cfg || cfg->blocking);
 }
-extern "C" ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int rank) {
+extern "C" ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id,
+                                         int rank) {
   return ncclCommInitRankConfig(comm, nranks, id, rank, NULL);
 }
 extern "C" ncclResult_t ncclCommInitAll(ncclComm_t *comms, int n, const int *devs) {
@@ -232,7 +236,8 @@ extern "C" ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return leave(comm, false);
 }
 
-/* ---- running a group (on a stream's worker) ------------------------------------------- */
+/* ---- running a group (on a stream's worker) -------------------------------------------
+ */
 
 static void comm_error(dp_sim_comm *m, ncclResult_t r, const char *what) {
   if (m->async == ncclSuccess) m->async = r;
@@ -274,7 +279,8 @@ static bool mpi_wait(MPI_Request *rq, int n, const dp_sim_comm *m) {
 static void allreduce_across(clique *cl, const dp_sim_comm *m, size_t n) {
   int L = local_ranks(cl), me = m->rank / L, procs = cl->nranks / L;
   float *far = (float *)malloc(sizeof(float) * n * (size_t)cl->nranks + 1);
-  MPI_Request *rq = (MPI_Request *)malloc(sizeof(MPI_Request) * (size_t)(2 * cl->nranks * procs + 1));
+  MPI_Request *rq =
+      (MPI_Request *)malloc(sizeof(MPI_Request) * (size_t)(2 * cl->nranks * procs + 1));
   if (!far || !rq) {
     comm_error((dp_sim_comm *)m, ncclSystemError, "all-reduce: out of memory");
     free(far), free(rq);
@@ -285,7 +291,8 @@ static void allreduce_across(clique *cl, const dp_sim_comm *m, size_t n) {
     if (q / L == me)
       for (int P = 0; P < procs; P++) {
         if (P != me)
-          MPI_Isend(cl->ar_send[q], (int)n, MPI_FLOAT, P, TAG_AR + q, MPI_COMM_WORLD, &rq[k++]);
+          MPI_Isend(cl->ar_send[q], (int)n, MPI_FLOAT, P, TAG_AR + q, MPI_COMM_WORLD,
+                    &rq[k++]);
       }
     else
       MPI_Irecv(far + (size_t)q * n, (int)n, MPI_FLOAT, q / L, TAG_AR + q, MPI_COMM_WORLD,
@@ -323,7 +330,8 @@ static void allreduce(const item *it) {
   size_t n = it->bytes / 4;
   int L = local_ranks(cl), me = r / L;
   for (int q = me * L; q < (me + 1) * L; q++)
-    if (cl->ar_count[q] != n) comm_error(it->comm, ncclInvalidUsage, "all-reduce sizes differ");
+    if (cl->ar_count[q] != n)
+      comm_error(it->comm, ncclInvalidUsage, "all-reduce sizes differ");
   if (L < cl->nranks) {
 #ifdef DP_SIM_MPI
     allreduce_across(cl, it->comm, n);
@@ -353,13 +361,15 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
   for (int i = 0; i < g->n; i++) { /* the other processes' halves, posted first */
     const item *it = &g->it[i];
     if (!remote(it)) continue;
-    int L = local_ranks(it->comm->cl), tag = TAG_P2P + it->comm->rank * MAX_RANKS + it->peer;
+    int L = local_ranks(it->comm->cl),
+        tag = TAG_P2P + it->comm->rank * MAX_RANKS + it->peer;
     if (it->kind == ITEM_SEND)
       MPI_Isend(it->src, (int)it->bytes, MPI_BYTE, it->peer / L, tag, MPI_COMM_WORLD,
                 &rq[n_rq++]);
     else
       MPI_Irecv(it->dst, (int)it->bytes, MPI_BYTE, it->peer / L,
-                TAG_P2P + it->peer * MAX_RANKS + it->comm->rank, MPI_COMM_WORLD, &rq[n_rq++]);
+                TAG_P2P + it->peer * MAX_RANKS + it->comm->rank, MPI_COMM_WORLD,
+                &rq[n_rq++]);
   }
 #endif
   for (int i = 0; i < g->n; i++) { /* post the sends */
@@ -379,7 +389,8 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
     channel *ch = &cl->ch[it->peer][it->comm->rank];
     /* the sender's stream must get there: release what it has queued */
     if (ch->sent <= ch->taken) dp_sim_release_all_locked();
-    while (ch->sent <= ch->taken && !gone(it->comm)) pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
+    while (ch->sent <= ch->taken && !gone(it->comm))
+      pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
     if (gone(it->comm)) break;
     posted p = ch->q[ch->taken % CHANNEL];
     if (p.bytes != it->bytes) {
@@ -401,7 +412,8 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
     const item *it = &g->it[i];
     if (it->kind != ITEM_SEND || remote(it)) continue;
     channel *ch = &it->comm->cl->ch[it->comm->rank][it->peer];
-    while (ch->taken < mine[i] && !gone(it->comm)) pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
+    while (ch->taken < mine[i] && !gone(it->comm))
+      pthread_cond_wait(&dp_sim_cv, &dp_sim_mu);
   }
 #ifdef DP_SIM_MPI
   if (n_rq) {
@@ -416,7 +428,8 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
   (void)s;
 }
 
-/* ---- issuing -------------------------------------------------------------------------- */
+/* ---- issuing --------------------------------------------------------------------------
+ */
 
 static ncclResult_t flush(void) {
   ncclResult_t r = ncclSuccess;
@@ -450,7 +463,8 @@ static ncclResult_t issue(const item &it, cudaStream_t s) {
     return fail(ncclInvalidArgument, "peer out of range");
 #ifndef DP_SIM_MPI
   if (it.kind != ITEM_ALLREDUCE && !it.comm->cl->rank[it.peer])
-    return fail(ncclSystemError, "the simulated NCCL reaches only the devices of this process");
+    return fail(ncclSystemError,
+                "the simulated NCCL reaches only the devices of this process");
 #endif
   if (it.bytes && ((it.src && !dp_sim_lookup(it.src, it.bytes, NULL, NULL)) ||
                    (it.dst && !dp_sim_lookup(it.dst, it.bytes, NULL, NULL))))
@@ -470,7 +484,8 @@ extern "C" ncclResult_t ncclGroupStart(void) {
   return ncclSuccess;
 }
 extern "C" ncclResult_t ncclGroupEnd(void) {
-  if (group_depth == 0) return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (group_depth == 0)
+    return fail(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--group_depth) return ncclSuccess;
   return flush();
 }

@@ -50,7 +50,8 @@ static const err_text errors[] = {
     {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
     {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
      "invalid configuration argument"},
-    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer",
+     "invalid device pointer"},
     {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
      "invalid copy direction for memcpy"},
     {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
@@ -224,8 +225,9 @@ static cudaError_t sim_alloc(void **out, size_t bytes, int dev) {
   size_t pages = (body + page - 1) / page * page;
   if (dev >= 0 && bytes > DEVICE_BYTES - dev_used[dev])
     return dp_sim_set_error(cudaErrorMemoryAllocation);
-  unsigned char *m = (unsigned char *)mmap(NULL, pages + 2 * page, PROT_READ | PROT_WRITE,
-                                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  unsigned char *m =
+      (unsigned char *)mmap(NULL, pages + 2 * page, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (m == MAP_FAILED) return dp_sim_set_error(cudaErrorMemoryAllocation);
   mprotect(m, page, PROT_NONE);
   mprotect(m + page + pages, page, PROT_NONE);
@@ -261,7 +263,8 @@ static int find_alloc_locked(const void *p, bool exact) {
 bool dp_sim_lookup(const void *p, size_t n, int *dev, bool *pinned) {
   pthread_mutex_lock(&dp_sim_mu);
   int i = find_alloc_locked(p, false);
-  bool ok = i >= 0 && n <= allocs[i].bytes - (size_t)((const unsigned char *)p - allocs[i].user);
+  bool ok =
+      i >= 0 && n <= allocs[i].bytes - (size_t)((const unsigned char *)p - allocs[i].user);
   if (dev) *dev = i >= 0 ? allocs[i].dev : -1;
   if (pinned) *pinned = i >= 0 && allocs[i].dev < 0;
   pthread_mutex_unlock(&dp_sim_mu);
@@ -299,7 +302,9 @@ extern "C" cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned int flags)
     return dp_sim_set_error(cudaErrorInvalidValue);
   return sim_alloc(p, bytes, -1);
 }
-extern "C" cudaError_t cudaMallocHost(void **p, size_t bytes) { return sim_alloc(p, bytes, -1); }
+extern "C" cudaError_t cudaMallocHost(void **p, size_t bytes) {
+  return sim_alloc(p, bytes, -1);
+}
 extern "C" cudaError_t cudaFreeHost(void *p) { return sim_free(p, false); }
 
 extern "C" cudaError_t cudaPointerGetAttributes(cudaPointerAttributes *a, const void *p) {
@@ -392,8 +397,10 @@ static void *worker(void *arg) {
     }
     bool poisoned = sticky[s->dev] != cudaSuccess;
     pthread_mutex_unlock(&dp_sim_mu);
-    if (!poisoned) run_op(s, op);
-    else if (op->kind == SIM_STAGED_COPY) free((void *)op->u.m.src);
+    if (!poisoned)
+      run_op(s, op);
+    else if (op->kind == SIM_STAGED_COPY)
+      free((void *)op->u.m.src);
     pthread_mutex_lock(&dp_sim_mu);
     s->done++;
     pthread_cond_broadcast(&dp_sim_cv);
@@ -402,12 +409,13 @@ static void *worker(void *arg) {
   return NULL;
 }
 
-static cudaError_t new_stream(dp_sim_stream **out, int dev, unsigned flags, bool is_legacy) {
+static cudaError_t new_stream(dp_sim_stream **out, int dev, unsigned flags,
+                              bool is_legacy) {
   dp_sim_stream *s = (dp_sim_stream *)calloc(1, sizeof *s);
-  dp_sim_op *ring = s ? (dp_sim_op *)mmap(NULL, sizeof(dp_sim_op) * DP_SIM_RING,
-                                          PROT_READ | PROT_WRITE,
-                                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
-                      : (dp_sim_op *)MAP_FAILED;
+  dp_sim_op *ring =
+      s ? (dp_sim_op *)mmap(NULL, sizeof(dp_sim_op) * DP_SIM_RING, PROT_READ | PROT_WRITE,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0)
+        : (dp_sim_op *)MAP_FAILED;
   if (!s || ring == MAP_FAILED) {
     free(s);
     return dp_sim_set_error(cudaErrorMemoryAllocation);
@@ -450,7 +458,8 @@ dp_sim_stream *dp_sim_stream_of(cudaStream_t s) {
 }
 
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
-  if (!s || (flags & ~cudaStreamNonBlocking)) return dp_sim_set_error(cudaErrorInvalidValue);
+  if (!s || (flags & ~cudaStreamNonBlocking))
+    return dp_sim_set_error(cudaErrorInvalidValue);
   cudaError_t e = check_dev(cur_dev);
   if (e == cudaSuccess) e = dp_sim_sticky(cur_dev);
   if (e != cudaSuccess) return e;
@@ -494,8 +503,8 @@ static void implicit_waits_locked(dp_sim_stream *s, dp_sim_op *waits, int *n) {
   if (s->legacy) {
     for (int i = 0; i < MAX_STREAMS; i++) {
       dp_sim_stream *b = streams[i];
-      if (b && b != s && b->dev == s->dev && !b->legacy && !(b->flags & cudaStreamNonBlocking) &&
-          b->tail > b->done && *n < 64) {
+      if (b && b != s && b->dev == s->dev && !b->legacy &&
+          !(b->flags & cudaStreamNonBlocking) && b->tail > b->done && *n < 64) {
         waits[*n].kind = SIM_WAIT;
         waits[*n].u.w.s = b;
         waits[(*n)++].u.w.count = b->tail;
@@ -595,7 +604,8 @@ extern "C" cudaError_t cudaStreamQuery(cudaStream_t st) {
   }
   dp_sim_release(s, s->tail);
   e = sticky[s->dev] != cudaSuccess ? sticky[s->dev]
-                                    : s->done == s->tail ? cudaSuccess : cudaErrorNotReady;
+      : s->done == s->tail          ? cudaSuccess
+                                    : cudaErrorNotReady;
   pthread_mutex_unlock(&dp_sim_mu);
   /* not ready is an answer, not an error: cudaGetLastError does not keep it */
   return e == cudaErrorNotReady ? e : dp_sim_set_error(e);
@@ -670,7 +680,8 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
   return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned int flags) {
+extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e,
+                                           unsigned int flags) {
   if (!e) return dp_sim_set_error(cudaErrorInvalidResourceHandle);
   if (flags != 0) return dp_sim_set_error(cudaErrorInvalidValue);
   dp_sim_stream *s = dp_sim_stream_of(st);
@@ -783,7 +794,8 @@ static cudaError_t copy_async(void *dst, const void *src, size_t n, cudaMemcpyKi
   op.u.m.dst = dst;
   op.u.m.src = src;
   op.u.m.n = n;
-  if (!dev_dst && !dev_src) { /* host to host: the copy runs on the host, after the stream */
+  if (!dev_dst &&
+      !dev_src) { /* host to host: the copy runs on the host, after the stream */
     pthread_mutex_lock(&dp_sim_mu);
     uint64_t c = str->tail;
     pthread_mutex_unlock(&dp_sim_mu);
@@ -816,19 +828,20 @@ static cudaError_t copy_async(void *dst, const void *src, size_t n, cudaMemcpyKi
   return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind k,
-                                       cudaStream_t s) {
+extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n,
+                                       cudaMemcpyKind k, cudaStream_t s) {
   return copy_async(dst, src, n, k, s, false);
 }
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind k) {
   return copy_async(dst, src, n, k, NULL, true);
 }
-extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src, int src_dev,
-                                           size_t n, cudaStream_t s) {
+extern "C" cudaError_t cudaMemcpyPeerAsync(void *dst, int dst_dev, const void *src,
+                                           int src_dev, size_t n, cudaStream_t s) {
   side d, sr;
   cudaError_t e = check_copy(dst, src, n, cudaMemcpyDeviceToDevice, &d, &sr);
   if (e != cudaSuccess) return e;
-  if (n && (d.dev != dst_dev || sr.dev != src_dev)) return dp_sim_set_error(cudaErrorInvalidValue);
+  if (n && (d.dev != dst_dev || sr.dev != src_dev))
+    return dp_sim_set_error(cudaErrorInvalidValue);
   return copy_async(dst, src, n, cudaMemcpyDeviceToDevice, s, false);
 }
 extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
@@ -887,7 +900,8 @@ struct dp_sim_graph_exec {
 };
 
 void dp_sim_graph_add(dp_sim_graph *g, const dp_sim_op *op) {
-  if (op->kind == SIM_WAIT || op->kind == SIM_RECORD) return; /* the order is the capture's */
+  if (op->kind == SIM_WAIT || op->kind == SIM_RECORD)
+    return; /* the order is the capture's */
   if (g->n == g->cap) {
     size_t cap = g->cap ? 2 * g->cap : 64;
     dp_sim_op *m = (dp_sim_op *)realloc(g->nodes, cap * sizeof *m);
@@ -949,12 +963,13 @@ extern "C" cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t *out) {
   return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus *out) {
+extern "C" cudaError_t cudaStreamIsCapturing(cudaStream_t st,
+                                             cudaStreamCaptureStatus *out) {
   if (!out) return dp_sim_set_error(cudaErrorInvalidValue);
   dp_sim_stream *s = dp_sim_stream_of(st);
   if (!s) return dp_sim_set_error(cudaErrorMemoryAllocation);
   pthread_mutex_lock(&dp_sim_mu);
-  *out = !s->cap ? cudaStreamCaptureStatusNone
+  *out = !s->cap                       ? cudaStreamCaptureStatusNone
          : s->cap_error != cudaSuccess ? cudaStreamCaptureStatusInvalidated
                                        : cudaStreamCaptureStatusActive;
   pthread_mutex_unlock(&dp_sim_mu);

@@ -90,8 +90,8 @@ struct dp_sim_event {
   unsigned flags;
   dp_sim_stream *s; /* the last record's stream and position (done count), or NULL */
   uint64_t count;
-  uint64_t t_ns;       /* when the last record ran */
-  dp_sim_graph *cap;   /* recorded during this capture */
+  uint64_t t_ns;     /* when the last record ran */
+  dp_sim_graph *cap; /* recorded during this capture */
 };
 
 /* The simulation's one lock and condition: every state change broadcasts. */

@@ -23,8 +23,14 @@ typedef enum {
   CUBLAS_TF32_TENSOR_OP_MATH = 3,
   CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION = 16,
 } cublasMath_t;
-typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cublasPointerMode_t;
-typedef enum { CUBLAS_ATOMICS_NOT_ALLOWED = 0, CUBLAS_ATOMICS_ALLOWED = 1 } cublasAtomicsMode_t;
+typedef enum {
+  CUBLAS_POINTER_MODE_HOST = 0,
+  CUBLAS_POINTER_MODE_DEVICE = 1
+} cublasPointerMode_t;
+typedef enum {
+  CUBLAS_ATOMICS_NOT_ALLOWED = 0,
+  CUBLAS_ATOMICS_ALLOWED = 1
+} cublasAtomicsMode_t;
 typedef struct dp_sim_blas *cublasHandle_t;
 
 extern "C" {
@@ -35,8 +41,8 @@ cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void *ws, size_t bytes);
 cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 cublasStatus_t cublasSetAtomicsMode(cublasHandle_t h, cublasAtomicsMode_t mode);
 cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t mode);
-cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
-                           int n, int k, const float *alpha, const float *a, int lda,
+cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                           int m, int n, int k, const float *alpha, const float *a, int lda,
                            const float *b, int ldb, const float *beta, float *c, int ldc);
 const char *cublasGetStatusName(cublasStatus_t s);
 const char *cublasGetStatusString(cublasStatus_t s);

@@ -177,7 +177,8 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
-cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned long long flags);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g,
+                                 unsigned long long flags);
 cudaError_t cudaGraphUpload(cudaGraphExec_t x, cudaStream_t s);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
@@ -185,7 +186,8 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 cudaError_t dp_sim_func_attributes(struct cudaFuncAttributes *a, const void *fn);
 }
 
-template <typename T> static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *fn) {
+template <typename T>
+static inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *a, T *fn) {
   return dp_sim_func_attributes(a, (const void *)fn);
 }
 
@@ -227,7 +229,8 @@ enum { DP_SIM_SHFL_IDX, DP_SIM_SHFL_XOR, DP_SIM_SHFL_DOWN, DP_SIM_SHFL_UP };
 static inline void __syncthreads(void) { dp_sim_syncthreads(); }
 static inline void __nanosleep(unsigned ns) { dp_sim_nanosleep(ns); }
 
-template <typename T> static inline T dp_sim_shfl_t(unsigned m, T v, int how, int arg, int w) {
+template <typename T>
+static inline T dp_sim_shfl_t(unsigned m, T v, int how, int arg, int w) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffle of T");
   uint64_t bits = 0;
   memcpy(&bits, &v, sizeof v);
@@ -239,36 +242,47 @@ template <typename T> static inline T dp_sim_shfl_t(unsigned m, T v, int how, in
 template <typename T> static inline T __shfl_sync(unsigned m, T v, int src, int w = 32) {
   return dp_sim_shfl_t(m, v, DP_SIM_SHFL_IDX, src, w);
 }
-template <typename T> static inline T __shfl_xor_sync(unsigned m, T v, int lane, int w = 32) {
+template <typename T>
+static inline T __shfl_xor_sync(unsigned m, T v, int lane, int w = 32) {
   return dp_sim_shfl_t(m, v, DP_SIM_SHFL_XOR, lane, w);
 }
-template <typename T> static inline T __shfl_down_sync(unsigned m, T v, unsigned d, int w = 32) {
+template <typename T>
+static inline T __shfl_down_sync(unsigned m, T v, unsigned d, int w = 32) {
   return dp_sim_shfl_t(m, v, DP_SIM_SHFL_DOWN, (int)d, w);
 }
-template <typename T> static inline T __shfl_up_sync(unsigned m, T v, unsigned d, int w = 32) {
+template <typename T>
+static inline T __shfl_up_sync(unsigned m, T v, unsigned d, int w = 32) {
   return dp_sim_shfl_t(m, v, DP_SIM_SHFL_UP, (int)d, w);
 }
 
 /* Atomics: real ones (kernels of different streams run on different threads). */
-template <typename T> static inline T atomicOr(T *p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
-template <typename T> static inline T atomicAnd(T *p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicOr(T *p, T v) {
+  return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+}
+template <typename T> static inline T atomicAnd(T *p, T v) {
+  return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST);
+}
 template <typename T> static inline T atomicAdd(T *p, T v) {
   static_assert(std::is_integral<T>::value, "the simulation has integer atomicAdd only");
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 template <typename T> static inline T atomicMin(T *p, T v) {
   T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
-  while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST,
+                                                 __ATOMIC_SEQ_CST)) {
   }
   return old;
 }
 template <typename T> static inline T atomicMax(T *p, T v) {
   T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
-  while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+  while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST,
+                                                 __ATOMIC_SEQ_CST)) {
   }
   return old;
 }
-template <typename T> static inline T atomicExch(T *p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> static inline T atomicExch(T *p, T v) {
+  return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST);
+}
 template <typename T> static inline T atomicCAS(T *p, T c, T v) {
   __atomic_compare_exchange_n(p, &c, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return c;
@@ -288,12 +302,29 @@ static inline double __dsub_rn(double a, double b) { return a - b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __ddiv_rn(double a, double b) { return a / b; }
 static inline double __dsqrt_rn(double a) { return sqrt(a); }
-static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
-static inline int __float_as_int(float f) { int v; memcpy(&v, &f, 4); return v; }
-static inline float __uint_as_float(unsigned v) { float f; memcpy(&f, &v, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned v; memcpy(&v, &f, 4); return v; }
+static inline float __int_as_float(int v) {
+  float f;
+  memcpy(&f, &v, 4);
+  return f;
+}
+static inline int __float_as_int(float f) {
+  int v;
+  memcpy(&v, &f, 4);
+  return v;
+}
+static inline float __uint_as_float(unsigned v) {
+  float f;
+  memcpy(&f, &v, 4);
+  return f;
+}
+static inline unsigned __float_as_uint(float f) {
+  unsigned v;
+  memcpy(&v, &f, 4);
+  return v;
+}
 
-/* ---- the launch seam ------------------------------------------------------------------ */
+/* ---- the launch seam ------------------------------------------------------------------
+ */
 
 /* A launch's arguments travel by value inside the stream's op (no allocation), as
  * the kernel's parameter types, like nvcc's parameter buffer. */
@@ -321,8 +352,10 @@ template <typename... P> struct dp_sim_launcher {
   size_t smem;
   cudaStream_t st;
   template <typename... A> void operator()(A &&...a) const {
-    static_assert(sizeof(dp_sim_args<P...>) <= DP_SIM_ARG_BYTES, "kernel parameters too large");
-    dp_sim_args<P...> s{fn, std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
+    static_assert(sizeof(dp_sim_args<P...>) <= DP_SIM_ARG_BYTES,
+                  "kernel parameters too large");
+    dp_sim_args<P...> s{fn,
+                        std::tuple<typename std::decay<P>::type...>(std::forward<A>(a)...)};
     static_assert((std::is_trivially_copyable<typename std::decay<P>::type>::value && ...),
                   "kernel parameters must be trivially copyable");
     dp_sim_launch((const void *)fn, name, grid, block, smem, st, dp_sim_run_body<P...>, &s,
@@ -330,10 +363,12 @@ template <typename... P> struct dp_sim_launcher {
   }
 };
 template <typename... P>
-static inline dp_sim_launcher<P...> dp_sim_launch_of(void (*fn)(P...), const char *name, dim3 g,
-                                                     dim3 b, size_t smem, cudaStream_t st) {
+static inline dp_sim_launcher<P...> dp_sim_launch_of(void (*fn)(P...), const char *name,
+                                                     dim3 g, dim3 b, size_t smem,
+                                                     cudaStream_t st) {
   return dp_sim_launcher<P...>{fn, name, g, b, smem, st};
 }
-#define DP_LAUNCH(k, grid, block, smem, st) dp_sim_launch_of(k, #k, dim3(grid), dim3(block), (smem), (st))
+#define DP_LAUNCH(k, grid, block, smem, st)                                                \
+  dp_sim_launch_of(k, #k, dim3(grid), dim3(block), (smem), (st))
 
 #endif

@@ -19,7 +19,13 @@ typedef enum {
   ncclRemoteError = 6,
   ncclInProgress = 7,
 } ncclResult_t;
-typedef enum { ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclFloat32 = 7 } ncclDataType_t;
+typedef enum {
+  ncclInt8 = 0,
+  ncclUint8 = 1,
+  ncclInt32 = 2,
+  ncclUint32 = 3,
+  ncclFloat32 = 7
+} ncclDataType_t;
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3 } ncclRedOp_t;
 typedef struct dp_sim_comm *ncclComm_t;
 #define NCCL_UNIQUE_ID_BYTES 128
@@ -52,8 +58,8 @@ ncclResult_t ncclCommCount(ncclComm_t comm, int *n);
 ncclResult_t ncclCommUserRank(ncclComm_t comm, int *rank);
 ncclResult_t ncclGroupStart(void);
 ncclResult_t ncclGroupEnd(void);
-ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
-                      cudaStream_t s);
+ncclResult_t ncclSend(const void *buf, size_t count, ncclDataType_t t, int peer,
+                      ncclComm_t comm, cudaStream_t s);
 ncclResult_t ncclRecv(void *buf, size_t count, ncclDataType_t t, int peer, ncclComm_t comm,
                       cudaStream_t s);
 ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count, ncclDataType_t t,
