@@ -134,6 +134,12 @@ def ensure_packages(install):
     """Installs ninja, Check, pkg-config (and gcc) through apt-get when `install` and run
     as root; otherwise prints the command that would and exits 1."""
     missing = missing_packages(find_cc())
+    # g++ builds the CUDA simulation (tests/cuda_sim): installed along when this script
+    # installs anything or runs as root; without it the simulated GPU suites are left
+    # out, and the summary says so
+    if not tool(os.environ.get('CXX', 'g++')) and install and os.geteuid() == 0 and (
+            missing or shutil.which('apt-get')):
+        missing.append('g++')
     if not missing:
         return
     names = ' '.join(missing)
@@ -148,7 +154,8 @@ def ensure_packages(install):
     for argv in (['apt-get', 'update'], ['apt-get', 'install', '-y'] + missing):
         if subprocess.run(argv, env=env).returncode != 0:
             fail('`%s` failed' % ' '.join(argv))
-    still = missing_packages(find_cc())
+    still = missing_packages(find_cc()) + ([] if tool(os.environ.get('CXX', 'g++')) or
+                                           'g++' not in missing else ['g++'])
     if still:
         fail('still missing after apt-get install: ' + ' '.join(still))
 
@@ -940,6 +947,10 @@ def main():
         print('  NCCL        %s' % ('%s/nccl.h, %s/libnccl.so' % nccl if nccl else 'not found'))
     else:
         print('  CUDA        %s' % cuda_state)
+    sim_cxx = tool(os.environ.get('CXX', 'g++'))
+    print('  CUDA sim    %s' % ((('on: %s (build/test_cuda_sim)' % sim_cxx) if sim_cxx
+                                 else 'off: no g++ (the simulated GPU suites are left out)')
+                                if not args.sanitize else 'off (sanitizer build)'))
     print('  MPI         %s' % ('on: %s' % mpi['version'] if mpi else mpi_state))
     print('  Check       %s' % check_version)
     if not args.sanitize:
