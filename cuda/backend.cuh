@@ -108,4 +108,8 @@ bool dp__cuda_unmatched(const cuda_ctx *c, int *from, int *to);
 dp_status dp__cuda_nccl_issued(cuda_ctx *c, int d, ncclResult_t r, const char *call);
 #endif
 
+/* Runs every cuBLAS call of the plan's steps once, on scratch memory, so that no
+ * kernel loads lazily during a step (cuda/backend.cu). Before any NCCL call. */
+dp_status dp__cuda_warm_gemms(cuda_ctx *c);
+
 #endif

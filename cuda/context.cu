@@ -308,6 +308,7 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   dp_status s = DP_OK;
   for (int d = d0; d < d1 && s == DP_OK; d++) s = init_device(c, d);
   if (s == DP_OK) s = enable_peers(c);
+  if (s == DP_OK) s = dp__cuda_warm_gemms(c); /* before NCCL: no lazy cuBLAS load later */
   if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = w ? init_nccl_world(c, w) : init_nccl(c);
   /* every kernel loaded now, not lazily during a step (CUDA_MODULE_LOADING=LAZY is
    * the default since 12.2: a kernel loaded while NCCL kernels spin can deadlock) */

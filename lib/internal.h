@@ -57,6 +57,9 @@ static inline bool dp__mul(size_t a, size_t b, size_t *out) {
 static inline bool dp__add(size_t a, size_t b, size_t *out) {
   return !__builtin_add_overflow(a, b, out);
 }
+/* Bytes between partial-gradient slots in GRAD_PARTIALS (lib/plan.c). */
+size_t dp__partial_stride(const dp_plan *p);
+
 static inline bool dp__align_up(size_t x, size_t a, size_t *out) {
   size_t t;
   if (!dp__add(x, a - 1, &t)) return false;

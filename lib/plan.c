@@ -441,7 +441,9 @@ static dp_status plan_device(dp_plan *p, int d) {
     bool classic = c->mode == DP_MODE_CLASSIC;
     size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out : 1; /* target floats per row */
     sz[DP_REGION_GRADS] = P;
-    if (!dp__mul((size_t)p->grad_levels[d], P, &sz[DP_REGION_GRAD_PARTIALS]))
+    size_t stride = 0; /* each partial at the alignment unit: see dp__partial_stride */
+    if (!dp__align_up(P, p->align, &stride) ||
+        !dp__mul((size_t)p->grad_levels[d], stride, &sz[DP_REGION_GRAD_PARTIALS]))
       return OVERFLOW();
     sz[DP_REGION_OUTPUT_GRADS] = sz[DP_REGION_OUTPUTS];
     /* the optimizer's state vectors, then (config.accumulate) the partial sums
@@ -873,3 +875,13 @@ const dp_config *dp_plan_config(const dp_plan *p) { return p ? &p->cfg : NULL; }
 const dp_model *dp_plan_model(const dp_plan *p) { return p ? &p->model : NULL; }
 int dp_plan_n_ops(const dp_plan *p) { return p ? p->n_ops : 0; }
 const dp_op *dp_plan_ops(const dp_plan *p) { return p ? p->ops : NULL; }
+
+/* The byte distance between partial-gradient slots in GRAD_PARTIALS: the gradient
+ * size rounded up to the plan's alignment, so that every slot starts aligned. A GPU
+ * GEMM picks its kernel by its operands' alignment; slots at n_params * 4 bytes apart
+ * put a weight gradient at another alignment for another device count, and the bits
+ * followed (issue 28, found by the CUDA simulation). */
+size_t dp__partial_stride(const dp_plan *p) {
+  size_t b = p->model.n_params * 4, a = b;
+  return dp__align_up(b, p->align, &a) ? a : b;
+}

@@ -85,7 +85,7 @@ static dp_op layer_op(dp_phase ph, dp_op_kind kind, int d, int layer, int k,
 /* A grad slot: 0 = GRADS, k >= 1 = partial k of GRAD_PARTIALS. */
 static void slot_place(const dp_plan *p, int slot, uint8_t *region, size_t *off) {
   *region = slot ? DP_REGION_GRAD_PARTIALS : DP_REGION_GRADS;
-  *off = slot ? (size_t)(slot - 1) * p->model.n_params * 4 : 0;
+  *off = slot ? (size_t)(slot - 1) * dp__partial_stride(p) : 0;
 }
 
 /* One segment of the backward: layers top .. bot+1, then, when bot >= 0, the

@@ -28,6 +28,10 @@
 
 #define MIB ((size_t)1 << 20)
 
+#ifdef DP_CUDA_SIM
+int dp_sim_cold_gemms(void); /* tests/cuda_sim/cublas.cc */
+#endif
+
 /* Number of GPUs, or 0 after printing the visible skip line. */
 static int gpus_or_skip(const char *test) {
   int n = dp_cuda_device_count();
@@ -1730,6 +1734,10 @@ START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
       }
       dp_status s = gpu_step(&g, (uint64_t)k, &b, &lg);
       ck_assert_msg(s == DP_OK, "%s: nccl step %d: %s", name, k, dp_last_error());
+#ifdef DP_CUDA_SIM
+      /* every cuBLAS kernel a step needs was loaded before NCCL started (finding 4) */
+      ck_assert_int_eq(dp_sim_cold_gemms(), 0);
+#endif
       ck_assert_msg(memcmp(&la, &lg, 4) == 0, "%s: step %d: loss copy %.9g, nccl %.9g",
                     name, k, (double)la, (double)lg);
       batch_free(&b);

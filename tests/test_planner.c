@@ -1043,7 +1043,8 @@ static void check_op_bounds(const dp_plan *p, const sched_view *v) {
       }
       if (op->kind == DP_OP_GRAD_ADD && op->dst_region != DP_REGION_ACTIVATIONS) {
         REQ_LE(op->bytes, P);
-        REQ_LE(op->dst_offset % (P ? P : 1) + op->bytes, P); /* inside one slot */
+        size_t S = op->dst_region == DP_REGION_GRAD_PARTIALS ? dp__partial_stride(p) : P;
+        REQ_LE(op->dst_offset % (S ? S : 1) + op->bytes, P); /* inside one slot */
       }
     }
   }
@@ -1062,7 +1063,8 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
     if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_BN_BWD_STATS ||
         op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_COPY) {
       /* the whole slot a segment's gradients are in */
-      size_t end = (op->dst_offset / P + 1) * P;
+      size_t S = op->dst_region == DP_REGION_GRAD_PARTIALS ? dp__partial_stride(p) : P;
+      size_t end = S ? (op->dst_offset / S + 1) * S : 0;
       if (op->dst_dev >= 0 && op->dst_region == DP_REGION_GRAD_PARTIALS &&
           end > partials[op->dst_dev])
         partials[op->dst_dev] = end;
@@ -1197,13 +1199,19 @@ typedef struct {
   int *n_adds, cap;
 } sched_state;
 
+/* A gradient offset within its slot: slots are n_params * 4 bytes (GRADS, COMM) or
+ * dp__partial_stride apart (GRAD_PARTIALS, each slot aligned). */
+static size_t in_slot(const dp_plan *p, int region, size_t off) {
+  size_t S = region == DP_REGION_GRAD_PARTIALS ? dp__partial_stride(p) : p->model.n_params * 4;
+  return S ? off % S : 0;
+}
+
 static held *grad_slot(sched_state *st, int dev, int region, size_t off, int seg, int i) {
-  size_t P = st->p->model.n_params * 4;
   int k = region == DP_REGION_GRADS ? 0 : region == DP_REGION_COMM ? 1 : -1;
   if (k < 0) {
     REQ(region == DP_REGION_GRAD_PARTIALS, "op %d: gradients in %s", i,
         dp_region_name(region));
-    k = 2 + (int)(off / P);
+    k = 2 + (int)(off / dp__partial_stride(st->p));
   }
   REQ(k < st->n_slots[dev], "op %d: device %d slot %d beyond its %d", i, dev, k,
       st->n_slots[dev]);
@@ -1439,7 +1447,10 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
         }
       }
       if (!P) break; /* a model without parameters has no gradients to sum */
-      REQ_EQ(op->dst_offset % P, 0);
+      REQ_EQ(op->dst_offset % (op->dst_region == DP_REGION_GRAD_PARTIALS
+                                   ? dp__partial_stride(p)
+                                   : P),
+             0);
       int s = st->sg.of_layer[b];
       held *h = grad_slot(st, d, op->dst_region, op->dst_offset, s, i);
       if (b == st->sg.top[s]) /* a leaf of the segment starts at its top layer */
@@ -1461,7 +1472,7 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       bn_bwd[k * L + b]++;
       int s = segment_ending_at(&st->sg, b);
       REQ_GE(s, 0);
-      REQ_EQ(op->dst_offset % P, 0);
+      REQ_EQ(in_slot(st->p, op->dst_region, op->dst_offset), 0);
       held *h = grad_slot(st, d, op->dst_region, op->dst_offset, s, i);
       if (b == st->sg.top[s]) /* a segment without layers of its own */
         h->r = (mbrange){k, k + 1};
@@ -1527,8 +1538,8 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       if (P) {
         /* a segment's range of two slots (the backward), or all of it (the
          * reduction): the segments it covers, each its own tree */
-        size_t off = op->dst_offset % P;
-        REQ_EQ(op->src_offset % P, off);
+        size_t off = in_slot(st->p, op->dst_region, op->dst_offset);
+        REQ_EQ(in_slot(st->p, op->src_region, op->src_offset), off);
         int n_seg = 0;
         size_t covered = 0;
         for (int s = 0; s < S; s++) {
@@ -1957,8 +1968,9 @@ START_TEST(grad_partials_hold_only_the_slots_the_tree_uses) {
     dp_plan *p = plan_of(m, &c);
     int levels = 0; /* floor(log2(n_mb)): the right spine of the canonical tree */
     while ((2 << levels) <= n_mb) levels++;
-    ck_assert_msg(dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size == (size_t)levels * 60,
-                  "%d micro-batches: grad_partials %zu bytes, want %d x 60", n_mb,
+    ck_assert_msg(dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size ==
+                      (size_t)levels * dp__partial_stride(p),
+                  "%d micro-batches: grad_partials %zu bytes, want %d slots", n_mb,
                   dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size, levels);
     check_grad_memory_is_exact(p);
     dp_plan_free(p);
@@ -2451,14 +2463,15 @@ START_TEST(backward_sums_each_device_block_as_a_subtree) {
   dp_config c = config_of(32, 4, DP_OPT_SGD);
   c.micro_batch = 2;
   dp_plan *p = plan_of(m, &c);
-  size_t P = 53 * 4;
+  ck_assert_uint_eq(p->model.n_params, 53);
   const dp_op *ops = dp_plan_ops(p);
   /* Device d owns micro-batches 4d..4d+3. Its tree over [lo, lo+4) splits at
    * lo+2, then at lo+1 and lo+3: slot 0 = grads, slot k = partial k-1.
    *   mb lo -> slot 0; mb lo+1 -> slot 1; slot 0 += slot 1;
    *   mb lo+2 -> slot 1; mb lo+3 -> slot 2; slot 1 += slot 2; slot 0 += slot 1 */
   for (int d = 0; d < 4; d++) {
-    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size, 2 * P);
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size,
+                      2 * dp__partial_stride(p));
     struct {
       int kind, mb, slot, src_slot;
     } want[] = {{DP_OP_BACKWARD, 0, 0, 0},  {DP_OP_BACKWARD, 1, 1, 0},
@@ -2471,7 +2484,9 @@ START_TEST(backward_sums_each_device_block_as_a_subtree) {
       if (o->phase != DP_PHASE_BACKWARD || o->device != d) continue;
       ck_assert_int_lt(w, 7);
       ck_assert_int_eq(o->kind, want[w].kind);
-      int slot = o->dst_region == DP_REGION_GRADS ? 0 : (int)(o->dst_offset / P) + 1;
+      int slot = o->dst_region == DP_REGION_GRADS
+                     ? 0
+                     : (int)(o->dst_offset / dp__partial_stride(p)) + 1;
       ck_assert_int_eq(slot, want[w].slot);
       if (o->kind == DP_OP_BACKWARD) {
         ck_assert_int_eq(o->micro_batch, 4 * d + want[w].mb);
@@ -2482,7 +2497,9 @@ START_TEST(backward_sums_each_device_block_as_a_subtree) {
           w++;
         }
       } else {
-        int src = o->src_region == DP_REGION_GRADS ? 0 : (int)(o->src_offset / P) + 1;
+        int src = o->src_region == DP_REGION_GRADS
+                      ? 0
+                      : (int)(o->src_offset / dp__partial_stride(p)) + 1;
         ck_assert_int_eq(src, want[w].src_slot);
         w++;
       }
@@ -2523,7 +2540,8 @@ START_TEST(backward_tree_splits_three_micro_batches_as_01_then_2) {
     w++;
   }
   ck_assert_int_eq(w, 5);
-  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size, 48); /* one slot */
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_GRAD_PARTIALS).size,
+                    dp__partial_stride(p)); /* one slot: 48 bytes, aligned up */
   dp_plan_free(p);
   dp_model_free(m);
 }

@@ -16,6 +16,40 @@
 
 #include <stdlib.h>
 
+/* Lazy loading: a real cuBLAS loads a kernel at its first launch, which can deadlock
+ * while an NCCL kernel of the same device spins. Each device's first use of a call's
+ * kernel-choosing parameters is noted; one that comes while the device has a live
+ * NCCL communicator is counted and reported (dp_sim_cold_gemms). */
+#define MAX_KEYS 512
+struct gemm_kind {
+  int dev, ta, tb, m, n, k, lda, ldb, ldc, aligned, math;
+};
+static gemm_kind kinds[MAX_KEYS];
+static int n_kinds, n_cold;
+int dp_sim_nccl_live[DP_SIM_MAX_DEVICES];
+
+extern "C" int dp_sim_cold_gemms(void) {
+  pthread_mutex_lock(&dp_sim_mu);
+  int n = n_cold;
+  pthread_mutex_unlock(&dp_sim_mu);
+  return n;
+}
+
+static void note_kind(const gemm_kind &g) {
+  pthread_mutex_lock(&dp_sim_mu);
+  bool seen = false;
+  for (int i = 0; i < n_kinds && !seen; i++) seen = !memcmp(&kinds[i], &g, sizeof g);
+  bool cold = !seen && g.dev >= 0 && g.dev < DP_SIM_MAX_DEVICES && dp_sim_nccl_live[g.dev] > 0;
+  if (!seen && n_kinds < MAX_KEYS) kinds[n_kinds++] = g;
+  if (cold) n_cold++;
+  pthread_mutex_unlock(&dp_sim_mu);
+  if (cold)
+    dp_sim_report("cublasSgemm on device %d: a kernel first needed while NCCL is live there "
+                  "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d): a real cuBLAS loads it now, "
+                  "which can deadlock with a spinning NCCL kernel",
+                  g.dev, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
+}
+
 struct dp_sim_blas {
   cudaStream_t stream;
   void *ws;
@@ -178,6 +212,11 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
         m, n, k, lda, ldb, ldc);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
+  bool aligned = (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0 &&
+                 lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0;
+  dp_sim_stream *st = dp_sim_stream_of(h->stream);
+  note_kind(gemm_kind{st ? st->dev : -1, (int)ta, (int)tb, m, n, k, lda, ldb, ldc, aligned,
+                      h->math});
   dp_sim_op op;
   op.kind = SIM_EXT;
   op.u.x.run = run_gemm;

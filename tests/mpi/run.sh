@@ -163,4 +163,14 @@ if [ -x "$bd/test_cuda_mpi" ]; then
     test_cuda_mpi
   lost "stops sending" --drop-rank "did not complete within the timeout" test_cuda_mpi
 fi
+# the same job on the CUDA simulation (tests/cuda_sim): cuda/'s own code, its NCCL pairs
+# and all-reduce over MPI between the processes; 8 simulated GPUs visible to each process,
+# one per device (docs/GPU.md, "The CUDA simulation")
+if [ -x "$bd/test_cuda_mpi_sim" ]; then
+  for np in 2 4; do
+    run "cuda (simulated GPUs, NCCL over MPI): layout ${np}x$((8 / np))" \
+      env DP_SIM_GPUS=8 DP_TEST_DEVICES=8 $MPIRUN -x DP_SIM_GPUS -x DP_TEST_DEVICES \
+      -np $np "$bd/test_cuda_mpi_sim" "$tmp"
+  done
+fi
 exit $fail

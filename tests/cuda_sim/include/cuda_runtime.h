@@ -184,6 +184,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 cudaError_t dp_sim_func_attributes(struct cudaFuncAttributes *a, const void *fn);
+/* How many cuBLAS kernels were first needed on a device while NCCL was live there. */
+int dp_sim_cold_gemms(void);
 }
 
 template <typename T>
