@@ -158,6 +158,58 @@ static float at(const float *a, int ld, int trans, int row, int col, bool round)
   return round ? tf32(v) : v;
 }
 
+/* One column j of C's sums over p in [p0, p1): acc[i] = fma(a(i,p), b(p,j), acc[i]) in
+ * ascending p, for rows [i0, i0 + n) — the documented order, loop-interchanged so that
+ * the inner loop runs over rows. fmaf is exact, so the hardware instruction (when the
+ * CPU has one) and libm give the same bits; the target attribute only makes it fast. */
+#define GEMM_ROWS 256
+template <bool T>
+__attribute__((target("fma"))) static void column_sums(const gemm_args *g, int j, int i0, int n, int p0, int p1, bool round,
+                        float *acc) {
+  for (int i = 0; i < n; i++) acc[i] = 0.0f;
+  for (int p = p0; p < p1; p++) {
+    float bv = at(g->b, g->ldb, g->tb, p, j, round);
+    for (int i = 0; i < n; i++) {
+      float av = T ? g->a[(size_t)(i0 + i) * g->lda + p] : g->a[(size_t)p * g->lda + i0 + i];
+      acc[i] = fmaf(round ? tf32(av) : av, bv, acc[i]);
+    }
+  }
+}
+
+__attribute__((target("fma"))) static void gemm_fma(const gemm_args *g, int split, bool round) {
+  float lo[GEMM_ROWS], hi[GEMM_ROWS];
+  for (int j = 0; j < g->n; j++)
+    for (int i0 = 0; i0 < g->m; i0 += GEMM_ROWS) {
+      int n = g->m - i0 < GEMM_ROWS ? g->m - i0 : GEMM_ROWS;
+      if (g->ta) {
+        column_sums<true>(g, j, i0, n, 0, split, round, lo);
+        column_sums<true>(g, j, i0, n, split, g->k, round, hi);
+      } else {
+        column_sums<false>(g, j, i0, n, 0, split, round, lo);
+        column_sums<false>(g, j, i0, n, split, g->k, round, hi);
+      }
+      for (int i = 0; i < n; i++) {
+        float sum = split < g->k ? lo[i] + hi[i] : lo[i];
+        float *c = &g->c[(size_t)j * g->ldc + i0 + i];
+        *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * sum) : g->alpha * sum;
+      }
+    }
+}
+
+static void gemm_plain(const gemm_args *g, int split, bool round) {
+  for (int j = 0; j < g->n; j++)
+    for (int i = 0; i < g->m; i++) {
+      float lo = 0.0f, hi = 0.0f;
+      for (int p = 0; p < split; p++)
+        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), lo);
+      for (int p = split; p < g->k; p++)
+        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), hi);
+      float sum = split < g->k ? lo + hi : lo;
+      float *c = &g->c[(size_t)j * g->ldc + i];
+      *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * sum) : g->alpha * sum;
+    }
+}
+
 static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
   (void)s;
   const gemm_args *g = (const gemm_args *)op->args;
@@ -167,19 +219,9 @@ static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
                  g->ldc % 4 == 0;
   int split = aligned || getenv("DP_SIM_GEMM_ONE_PASS") ? g->k : g->k / 2;
   bool round = g->math == CUBLAS_TF32_TENSOR_OP_MATH;
-  for (int j = 0; j < g->n; j++)
-    for (int i = 0; i < g->m; i++) {
-      float lo = 0.0f, hi = 0.0f;
-      for (int p = 0; p < split; p++)
-        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round),
-                  at(g->b, g->ldb, g->tb, p, j, round), lo);
-      for (int p = split; p < g->k; p++)
-        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round),
-                  at(g->b, g->ldb, g->tb, p, j, round), hi);
-      float sum = split < g->k ? lo + hi : lo;
-      float *c = &g->c[(size_t)j * g->ldc + i];
-      *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * sum) : g->alpha * sum;
-    }
+  static const bool fma_hw = __builtin_cpu_supports("fma");
+  if (fma_hw) gemm_fma(g, split, round);
+  else gemm_plain(g, split, round);
 }
 
 /* Whether the column-major matrix (rows x cols, leading dimension ld) lies in one
