@@ -387,11 +387,12 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
     if (s != DP_OK) return s;
     size_t ro = (size_t)r0 * (size_t)out;
     if (p->model.loss == DP_LOSS_MSE) {
-      float scale = 2.0f / ((float)e->rows * (float)out);
+      /* the mean over the whole accumulation (loss_rows: rows * accumulate) */
+      float scale = 2.0f / ((float)e->loss_rows * (float)out);
       DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o + ro, (const float *)t + ro, g + ro,
                                   part + g0, &span, out, scale));
     } else {
-      float inv = 1.0f / (float)e->rows;
+      float inv = 1.0f / (float)e->loss_rows;
       DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o + ro, (const int32_t *)t + r0, g + ro,
                                  part + g0, &span, out, inv, op->row0 + r0, x->hdr, d));
     }
@@ -441,6 +442,81 @@ static dp_status opt_state_of(const dp_exec_env *e, int d, size_t off, size_t by
   return DP_OK;
 }
 
+/* Before a commit-phase kernel that must refuse with every check (the
+ * optimizer, GRAD_STASH): allreduce copies the other devices' status words
+ * into device d's header; *n_check: how many words the kernel reads. */
+static dp_status gather_status(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, int d,
+                               int *n_check) {
+  *n_check = 1;
+  if (e->plan->cfg.mode == DP_MODE_CLASSIC || c->n <= 1) return DP_OK;
+  *n_check = c->n; /* another rank's words stay 0: its verdict came by agreement */
+  for (int X = c->d0; X < c->d1; X++) {
+    if (X == d) continue;
+    dp_status s =
+        copy_on(c, d, &x->hdr->status[X], &c->dev[X].hdr->status[X], sizeof(uint32_t));
+    if (s != DP_OK) return s;
+  }
+  return DP_OK;
+}
+
+/* ---- config.clip_grad_norm and config.accumulate (lib/cpu_backend.c's
+ * grad_norm_op, grad_clip_op, grad_accum_op, grad_stash_op) ---- */
+static dp_status grad_norm_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  int d = op->device;
+  DP_CUDA_CHECK(dp_k_grad_norm(
+      x->stream, reg(e, d, op->src_region, op->src_offset), op->bytes / 4,
+      (unsigned long long *)(void *)reg(e, d, op->dst_region, op->dst_offset)));
+  return DP_OK;
+}
+
+/* The norm and coefficient on the device (its header: a graph replays them),
+ * then the scaling. */
+static dp_status grad_clip_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  int d = op->device;
+  DP_CUDA_CHECK(dp_k_clip_coef(
+      x->stream,
+      (const unsigned long long *)(void *)reg(e, d, op->src_region, op->src_offset),
+      op->n_mb, e->plan->cfg.clip_grad_norm, x->hdr));
+  DP_CUDA_CHECK(dp_k_clip_scale(x->stream, reg(e, d, op->dst_region, op->dst_offset),
+                                op->bytes / 4, x->hdr));
+  return DP_OK;
+}
+
+/* The slots of the set bits of k added to this call's gradient, lowest first
+ * (each the left operand: the sum is commutative bit for bit). k comes from
+ * the host: only the updating call, whose k is always accumulate - 1, is
+ * ever captured in a graph. */
+static dp_status grad_accum_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
+                               const dp_op *op) {
+  int d = op->device, k = e->accum_k, A = dp__accumulate(&e->plan->cfg);
+  size_t n = op->bytes / 4;
+  if (k < 0 || k >= A || (c->capturing && k + 1 != A))
+    return DP_FAIL(DP_ERR_BACKEND, "cuda backend: call %d of an accumulation of %d%s", k, A,
+                   c->capturing ? " in a graph capture (only the last is captured)" : "");
+  float *g = reg(e, d, op->dst_region, op->dst_offset);
+  const float *slots = reg(e, d, op->src_region, op->src_offset);
+  for (int l = 0; (k >> l) & 1; l++)
+    DP_CUDA_CHECK(dp_k_add(x->stream, g, slots + (size_t)l * n, n));
+  if (k + 1 == A) return DP_OK; /* the update's check follows */
+  /* a call that only accumulates: its gradients must be finite to be kept */
+  x->accum_call = true;
+  DP_CUDA_CHECK(dp_k_grad_check(x->stream, g, n, op->dst_offset / 4, x->hdr, d));
+  return DP_OK;
+}
+
+static dp_status grad_stash_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
+                               const dp_op *op) {
+  int d = op->device, l = 0, n_check;
+  size_t n = op->bytes / 4;
+  while ((e->accum_k >> l) & 1) l++;
+  dp_status s = gather_status(c, x, e, d, &n_check);
+  if (s != DP_OK) return s;
+  DP_CUDA_CHECK(dp_k_checked_copy(
+      x->stream, reg(e, d, op->src_region, op->src_offset) + (size_t)l * n,
+      reg(e, d, op->dst_region, op->dst_offset), n, x->hdr, n_check));
+  return DP_OK;
+}
+
 static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
                               const dp_op *op) {
   const dp_plan *p = e->plan;
@@ -451,16 +527,9 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
    * and the optimizer on device 0 alone; allreduce has every device check its
    * part and device 0 the loss, and every replica must refuse together, so
    * the others' words are copied in first (ordered like any copy). */
-  int n_check = 1;
-  if (cf->mode != DP_MODE_CLASSIC && c->n > 1) {
-    n_check = c->n; /* another rank's words stay 0: its verdict came by agreement */
-    for (int X = c->d0; X < c->d1; X++) {
-      if (X == d) continue;
-      dp_status s =
-          copy_on(c, d, &x->hdr->status[X], &c->dev[X].hdr->status[X], sizeof(uint32_t));
-      if (s != DP_OK) return s;
-    }
-  }
+  int n_check;
+  dp_status cs = gather_status(c, x, e, d, &n_check);
+  if (cs != DP_OK) return cs;
   dp_cuda_opt o = opt_of(cf);
   float *m, *v;
   dp_status ss = opt_state_of(e, d, op->dst_offset, op->bytes, &m, &v);
@@ -691,8 +760,10 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
              op->row0 - p->split.dev_row0[d],
              op->rows,
              op->micro_batch - p->split.dev_mb0[d]};
-    if (op->kind == DP_OP_FORWARD) return forward(x, l, op->row0);
-    return backward(x, l, reg(e, d, op->dst_region, op->dst_offset), op->row0);
+    /* dropout's rows: of the accumulation's concatenation (row_base) */
+    int row0 = e->row_base + op->row0;
+    if (op->kind == DP_OP_FORWARD) return forward(x, l, row0);
+    return backward(x, l, reg(e, d, op->dst_region, op->dst_offset), row0);
   }
   case DP_OP_GRAD_ADD:
     DP_CUDA_CHECK(dp_k_add(x->stream, reg(e, d, op->dst_region, op->dst_offset),
@@ -722,12 +793,10 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_ALLREDUCE: /* the transport's: dp__cuda_collective */
   case DP_OP_COPY_ADD:  /* the transport's (not this one's: never planned here) */
   case DP_OP_COPY: break;
-  case DP_OP_GRAD_NORM: /* the planner refuses clip_grad_norm and accumulate here */
-  case DP_OP_GRAD_CLIP:
-  case DP_OP_GRAD_ACCUM:
-  case DP_OP_GRAD_STASH:
-    return DP_FAIL(DP_ERR_UNSUPPORTED,
-                   "cuda backend: gradient clipping and accumulation are not implemented");
+  case DP_OP_GRAD_NORM: return grad_norm_op(x, e, op);
+  case DP_OP_GRAD_CLIP: return grad_clip_op(x, e, op);
+  case DP_OP_GRAD_ACCUM: return grad_accum_op(c, x, e, op);
+  case DP_OP_GRAD_STASH: return grad_stash_op(c, x, e, op);
   case DP_OP_BN_UPDATE:
   case DP_OP_BN_STATS:
   case DP_OP_BN_MERGE:
@@ -1024,12 +1093,14 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
    * the block while it is written. */
   *c->host_sc = sc;
   c->step = step;
+  c->grad_norm = NAN;
   dp__cuda_tl_ctx = nullptr;
   dp__cuda_tl_dev = -1;
   for (int d = c->d0; d < c->d1; d++) {
     dev_ctx *x = &c->dev[d];
     x->touched[0] = x->touched[1] = 0;
     x->stage = -1;
+    x->accum_call = false;
   }
   dp__cuda_reset_counts(c);
 }
@@ -1232,6 +1303,10 @@ static dp_status wait_stream(cuda_ctx *c, int d, double deadline) {
  * (which leaves the step open: the stage bookkeeping and NCCL counts go on). */
 static dp_status finish(cuda_ctx *c, float *loss, dp_status first);
 
+extern "C" float dp__cuda_grad_norm(const void *bctx) {
+  return bctx ? ((const cuda_ctx *)bctx)->grad_norm : NAN;
+}
+
 extern "C" dp_status dp__cuda_step_sync(void *bctx, float *loss) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (loss) *loss = 0.0f;
@@ -1308,6 +1383,15 @@ static dp_status finish(cuda_ctx *c, float *loss, dp_status first) {
   if (first != DP_OK) return first;
   const dp_cuda_header *h = c->host_hdr;
   if (loss && c->d0 == 0) *loss = h[0].loss; /* another rank's comes by agreement */
+  bool accum_call = false, bad_label = false;
+  for (int d = c->d0; d < c->d1; d++) {
+    accum_call |= c->dev[d].accum_call;
+    bad_label |= (h[d].status[d] & DP_CUDA_ST_LABEL) != 0;
+  }
+  /* The norm as the cpu backend reports it: a step refused by its loss or a
+   * label never reached its clipping there (NaN) */
+  if (c->d0 == 0)
+    c->grad_norm = (h[0].status[0] & DP_CUDA_ST_LOSS) || bad_label ? NAN : h[0].grad_norm;
   /* In schedule order: the loss (device 0), labels (the loss ops), then the
    * gradient checks (the lowest index of any device's shard). */
   if (c->d0 == 0 && (h[0].status[0] & DP_CUDA_ST_LOSS))
@@ -1328,8 +1412,10 @@ static dp_status finish(cuda_ctx *c, float *loss, dp_status first) {
                    "the label of row %u is outside 0..%d; the step was not applied",
                    bad_row, dp_model_output_width(&c->plan->model) - 1);
   if (bad_grad != ~0ull)
-    return DP_FAIL(DP_ERR_NONFINITE, "gradient %llu is %s; the step was not applied",
-                   bad_grad >> 1, (bad_grad & 1) ? "infinite" : "NaN");
+    return DP_FAIL(DP_ERR_NONFINITE, "gradient %llu is %s; %s", bad_grad >> 1,
+                   (bad_grad & 1) ? "infinite" : "NaN",
+                   accum_call ? "the call was not accumulated"
+                              : "the step was not applied");
   if (bad_update != ~0ull)
     return DP_FAIL(DP_ERR_NONFINITE,
                    "the update would make parameter %llu or its optimizer state "

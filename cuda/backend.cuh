@@ -46,6 +46,9 @@ struct dev_ctx {
   uint64_t sent_n[DP_MAX_DEVICES], sent_b[DP_MAX_DEVICES];
   uint64_t recv_n[DP_MAX_DEVICES], recv_b[DP_MAX_DEVICES];
   uint64_t coll_n; /* ncclAllReduce calls this step (fast_collectives): all equal */
+  /* config.accumulate: this step is a call that only accumulates (its
+   * gradient check refuses it as "not accumulated"). This device's thread. */
+  bool accum_call;
 };
 
 struct cuda_ctx {
@@ -71,7 +74,9 @@ struct cuda_ctx {
   dp_cuda_header *host_hdr; /* pinned, n entries: what step_end reads back */
   dp_cuda_step_scalars *host_sc; /* pinned, after host_hdr: the step's scalars */
   uint64_t step;                 /* host copy of host_sc->step, for checks */
-  cudaEvent_t ev_fork;           /* on device 0: forks the other streams (graph.cu) */
+  float grad_norm;     /* device 0's norm of the last step (config.clip_grad_norm); NaN:
+                          not reached, or device 0 is another rank's */
+  cudaEvent_t ev_fork; /* on device 0: forks the other streams (graph.cu) */
   cudaGraphExec_t graph[DP_CUDA_GRAPH_SLOTS];
   dev_ctx dev[DP_MAX_DEVICES];
 };

@@ -206,6 +206,10 @@ dp_status dp__cuda_step_end(void *bctx, float *loss);
  * (the loss only on the rank that holds device 0), leaving the step open, so
  * that the ranks agree before the commit part is enqueued. */
 dp_status dp__cuda_step_sync(void *bctx, float *loss);
+/* Device 0's gradient norm (config.clip_grad_norm) of the step the last
+ * step_end or step_sync reported; NaN when it did not reach its clipping
+ * (refused for its loss or a label, failed) or device 0 is another rank's. */
+float dp__cuda_grad_norm(const void *bctx);
 
 /* ---- CUDA graphs (cuda/graph.cu) ----
  * A step is captured once and replayed. Capture, instead of a plain step:

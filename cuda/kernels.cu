@@ -652,12 +652,139 @@ cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, cons
   return cudaGetLastError();
 }
 
+/* ---- gradient clipping, accumulation ------------------------------------------------ */
+
+#define NORM_THREADS 1024
+#define DP_K_NORM_CHUNK 65536 /* 2^16 squares below 2^48: a uint64 sum cannot overflow */
+
+/* Integer sums do not depend on the order the threads add in: the bins are
+ * lib/cpu_backend.c's grad_norm_op's, bit for bit. */
+static __global__ void __launch_bounds__(NORM_THREADS)
+    k_grad_norm(const float *g, size_t n, unsigned long long *bins) {
+  __shared__ unsigned long long sq[DP_NORM_BINS];
+  __shared__ unsigned long long cnt[2]; /* inf, NaN */
+  const unsigned t = threadIdx.x;
+  for (unsigned i = t; i < 2 * DP_NORM_BINS; i += blockDim.x) bins[i] = 0;
+  for (size_t c0 = 0; c0 < n; c0 += DP_K_NORM_CHUNK) {
+    for (unsigned i = t; i < DP_NORM_BINS; i += blockDim.x) sq[i] = 0;
+    if (t < 2) cnt[t] = 0;
+    __syncthreads(); /* the zeroes (and the last chunk's folds) before any add */
+    size_t end = n - c0 < DP_K_NORM_CHUNK ? n : c0 + DP_K_NORM_CHUNK;
+    for (size_t k = c0 + t; k < end; k += blockDim.x) {
+      uint32_t u = __float_as_uint(g[k]);
+      uint32_t E = (u >> 23) & 0xffu, m = u & 0x7fffffu;
+      if (E == 0xffu) { /* inf (lo) or NaN (hi): counted */
+        atomicAdd(&cnt[m != 0], 1ull);
+        continue;
+      }
+      if (E)
+        m |= 0x800000u;
+      else
+        E = 1; /* subnormal: no implicit bit */
+      unsigned long long s = (unsigned long long)m * m;
+      if (s) atomicAdd(&sq[E], s);
+    }
+    __syncthreads(); /* every add of the chunk before the fold */
+    for (unsigned i = t; i < DP_NORM_BINS; i += blockDim.x) {
+      unsigned long long lo = bins[2 * i], hi = bins[2 * i + 1];
+      if (i == DP_NORM_BINS - 1) {
+        lo += cnt[0];
+        hi += cnt[1];
+      } else {
+        lo += sq[i];
+        hi += lo < sq[i]; /* the carry */
+      }
+      bins[2 * i] = lo;
+      bins[2 * i + 1] = hi;
+    }
+    __syncthreads(); /* the fold reads sq before the next chunk zeroes it */
+  }
+}
+
+cudaError_t dp_k_grad_norm(cudaStream_t st, const float *g, size_t n,
+                           unsigned long long *bins) {
+  DP_LAUNCH(k_grad_norm, 1, NORM_THREADS, 0, st)(g, n, bins);
+  return cudaGetLastError();
+}
+
+/* grad_clip_op's arithmetic, one IEEE operation at a time: the slots summed
+ * per exponent (the largest first) into a double, its square root as a
+ * float, PyTorch's coefficient. */
+static __global__ void k_clip_coef(const unsigned long long *slots, int n_slots, float clip,
+                                   dp_cuda_header *hdr) {
+  const int B = 2 * DP_NORM_BINS;
+  unsigned long long infs = 0, nans = 0;
+  for (int q = 0; q < n_slots; q++) {
+    infs += slots[q * B + 2 * 255];
+    nans += slots[q * B + 2 * 255 + 1];
+  }
+  double total = 0.0;
+  for (int E = 254; E >= 1; E--) {
+    unsigned long long lo = 0, hi = 0;
+    for (int q = 0; q < n_slots; q++) {
+      const unsigned long long *b = slots + q * B + 2 * E;
+      lo += b[0];
+      hi += b[1] + (lo < b[0]);
+    }
+    if (lo | hi)
+      total = __dadd_rn(total,
+                        ldexp(__dadd_rn(ldexp((double)hi, 64), (double)lo), 2 * E - 300));
+  }
+  float norm = nans   ? __uint_as_float(0x7fc00000u)
+               : infs ? __uint_as_float(0x7f800000u)
+                      : (float)__dsqrt_rn(total);
+  hdr->grad_norm = norm;
+  hdr->clip_coef = isfinite(norm) ? fd(clip, fa(norm, 1e-6f)) : 1.0f;
+}
+
+cudaError_t dp_k_clip_coef(cudaStream_t st, const unsigned long long *slots, int n_slots,
+                           float clip, dp_cuda_header *hdr) {
+  if (n_slots <= 0) return cudaErrorInvalidValue;
+  DP_LAUNCH(k_clip_coef, 1, 1, 0, st)(slots, n_slots, clip, hdr);
+  return cudaGetLastError();
+}
+
+static __global__ void k_clip_scale(float *g, size_t n, const dp_cuda_header *hdr) {
+  const float c = hdr->clip_coef;
+  if (!(c < 1.0f)) return;
+  GRID_STRIDE(i, n) g[i] = fm(g[i], c);
+}
+
+cudaError_t dp_k_clip_scale(cudaStream_t st, float *g, size_t n,
+                            const dp_cuda_header *hdr) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_clip_scale, blocks_for(n), THREADS, 0, st)(g, n, hdr);
+  return cudaGetLastError();
+}
+
+static __global__ void k_checked_copy(float *dst, const float *src, size_t n,
+                                      const dp_cuda_header *hdr, int n_check) {
+  __shared__ uint32_t refused;
+  if (threadIdx.x == 0) {
+    uint32_t r = 0;
+    for (int d = 0; d < n_check; d++) r |= hdr->status[d];
+    refused = r;
+  }
+  __syncthreads();
+  if (refused) return;
+  GRID_STRIDE(i, n) dst[i] = src[i];
+}
+
+cudaError_t dp_k_checked_copy(cudaStream_t st, float *dst, const float *src, size_t n,
+                              const dp_cuda_header *hdr, int n_check) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_checked_copy, blocks_for(n), THREADS, 0, st)(dst, src, n, hdr, n_check);
+  return cudaGetLastError();
+}
+
 static __global__ void k_reset_header(dp_cuda_header *hdr) {
   for (int d = 0; d < DP_MAX_DEVICES; d++) hdr->status[d] = 0;
   hdr->bad_grad = ~0ull;
   hdr->bad_update = ~0ull;
   hdr->bad_label_row = ~0u;
   hdr->loss = 0.0f;
+  hdr->grad_norm = __uint_as_float(0x7fc00000u); /* NaN: not reached */
+  hdr->clip_coef = 1.0f;
 }
 
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr) {
@@ -720,6 +847,8 @@ cudaError_t dp_k_preload(void) {
       (const void *)k_loss_sum,     (const void *)k_grad_check,
       (const void *)k_update_check, (const void *)k_optimizer,
       (const void *)k_reset_header, (const void *)k_rng_table,
+      (const void *)k_grad_norm,    (const void *)k_clip_coef,
+      (const void *)k_clip_scale,   (const void *)k_checked_copy,
   };
   cudaError_t e = dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
   if (e == cudaSuccess) e = dp_k_conv_preload();

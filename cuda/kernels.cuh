@@ -53,7 +53,9 @@ typedef struct {
                                     not finite; ~0 none */
   unsigned int bad_label_row;    /* smallest global row with a bad label; ~0u none */
   float loss;                    /* LOSS_SUM's result (device 0) */
-  dp_cuda_step_scalars sc;       /* not touched by the reset: written after it */
+  float grad_norm;         /* GRAD_CLIP's norm (config.clip_grad_norm); NaN: not reached */
+  float clip_coef;         /* GRAD_CLIP: the factor its gradients are scaled by (1: none) */
+  dp_cuda_step_scalars sc; /* not touched by the reset: written after it */
 } dp_cuda_header;
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_HEADER_BYTES, "header too large");
 
@@ -132,6 +134,24 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
                            float *m, float *v, size_t n, const dp_cuda_header *hdr,
                            int n_check);
+/* config.clip_grad_norm (lib/cpu_backend.c's grad_norm_op and grad_clip_op, the
+ * same bytes and bits). bins (256, 2): the exact sum of squares of g[0..n), a
+ * 128-bit integer (lo, hi) per biased exponent, inf and NaN counted in bin 255;
+ * one block over chunks of at most DP_K_NORM_CHUNK elements, whose squares
+ * (< 2^48 each) an integer atomicAdd sums in shared memory without overflow,
+ * then folded into bins in a fixed order. */
+cudaError_t dp_k_grad_norm(cudaStream_t st, const float *g, size_t n,
+                           unsigned long long *bins);
+/* From n_slots such bins: hdr->grad_norm, and hdr->clip_coef = clip / (norm +
+ * 1e-6) (1 when the norm is not finite). */
+cudaError_t dp_k_clip_coef(cudaStream_t st, const unsigned long long *slots, int n_slots,
+                           float clip, dp_cuda_header *hdr);
+/* g[0..n) *= hdr->clip_coef when it is below 1. */
+cudaError_t dp_k_clip_scale(cudaStream_t st, float *g, size_t n, const dp_cuda_header *hdr);
+/* dst[0..n) = src[0..n) unless one of hdr->status[0..n_check) is set
+ * (config.accumulate's GRAD_STASH: a refused call keeps nothing). */
+cudaError_t dp_k_checked_copy(cudaStream_t st, float *dst, const float *src, size_t n,
+                              const dp_cuda_header *hdr, int n_check);
 cudaError_t dp_k_reset_header(cudaStream_t st, dp_cuda_header *hdr);
 /* Debug hooks (cuda_ctx.debug_*): a spin of `us` microseconds; a write to an
  * unmapped address (an asynchronous illegal-address fault). */

@@ -695,7 +695,9 @@ static dp_status run_parts(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
       char msg[DP_ERRMSG_CAP];
       if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
       dp_status ss = c->be->step_sync(c->bctx, &e->loss);
-      *commit_failed = ss == DP_ERR_BACKEND; /* the device failed: untrusted */
+      if (c->be->grad_norm)
+        e->grad_norm = c->be->grad_norm(c->bctx); /* rank 0's: agreed below */
+      *commit_failed = ss == DP_ERR_BACKEND;      /* the device failed: untrusted */
       if (s)
         dp__error_restore(msg);
       else if (ss)
@@ -789,6 +791,7 @@ static dp_status run_sched(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, 
   if (s) snprintf(msg, sizeof msg, "%s", dp_last_error());
   dp_status end = be->step_end(c->bctx, loss);
   if (c->world && loss) *loss = e->loss; /* rank 0's, agreed after step_sync */
+  if (!c->world && be->grad_norm) e->grad_norm = be->grad_norm(c->bctx);
   *untrusted = commit_failed || end == DP_ERR_BACKEND || (launched && s);
   if (s) {
     if (end == DP_ERR_BACKEND) /* and the device failed too: report both */

@@ -441,6 +441,11 @@ typedef struct dp_backend_ops {
    * failed) and the loss. */
   dp_status (*step_begin)(void *bctx, uint64_t step);
   dp_status (*step_end)(void *bctx, float *loss);
+  /* Optional (asynchronous backends with grad_clip): device 0's gradient norm
+   * (config.clip_grad_norm) of the step that step_end or step_sync last
+   * reported, as the cpu backend's clip op sets env->grad_norm (NaN: the
+   * step did not reach its clipping, or device 0 is another rank's). */
+  float (*grad_norm)(const void *bctx);
   /* Optional graphs of whole steps (n_graph_slots > 0): a capture records a
    * step (step_begin and the executor's runs) into a slot without running
    * it; a launch replays the slot at counter `step`; step_end follows as

@@ -660,6 +660,11 @@ static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch
 /* Is op's output exact by construction (no rounding choice at all)? */
 static bool exact_op(const pair *t, const dp_op *op) {
   if (op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_ZERO) return true;
+  /* clipping and accumulation: integer sums, one fixed double computation,
+   * unfused multiplies and adds (cuda/kernels.cu) */
+  if (op->kind == DP_OP_GRAD_NORM || op->kind == DP_OP_GRAD_CLIP ||
+      op->kind == DP_OP_GRAD_ACCUM || op->kind == DP_OP_GRAD_STASH)
+    return true;
   if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) return false;
   dp_layer_kind k = dp_model_layer_kind(t->m, op->layer);
   /* the pools and flatten too: fixed orders, unfused adds and divisions
@@ -669,6 +674,29 @@ static bool exact_op(const pair *t, const dp_op *op) {
 }
 
 static void gpu_op_twice(pair *t, int k, const char *what);
+
+/* GRAD_CLIP reads the norm's bins (256 (lo, hi) words per slot) from the comm
+ * region: random floats there would count infinities and NaNs (bin 255) and
+ * overflow the float norm, so that nothing is scaled. Bins of a plausible
+ * sum instead (the same on both sides): exponents 100..139 with lo words
+ * below 2^48, and at exponent 130 lo words whose sum over the slots carries
+ * into hi, plus a hi word at exponent 101. */
+static void norm_bins_for(pair *t, const dp_op *op, uint64_t seed) {
+  for (int side = 0; side < 2; side++) {
+    trng r = {seed}; /* the same bits on both sides */
+    const dp_plan *p = side ? t->pc : t->pg;
+    unsigned char *a = side ? t->ca[op->device] : t->gh[op->device];
+    uint64_t *b = (uint64_t *)(rptr(a, p, op->device, op->src_region) + op->src_offset);
+    memset(b, 0, (size_t)op->n_mb * DP_NORM_BINS_BYTES);
+    for (int q = 0; q < op->n_mb; q++) {
+      uint64_t *s = b + (size_t)q * 2 * DP_NORM_BINS;
+      for (int E = 100; E < 140; E++) s[2 * E] = trng_next(&r) >> 16;
+      s[2 * 130] = 0xffffffffffff0000ull - (uint64_t)q;
+      s[2 * 101 + 1] = 3;
+    }
+  }
+  upload(t);
+}
 
 /* The cpu backend packs a linear layer's weights into its WORKSPACE at the
  * device's first micro-batch and reuses them for the others (lib/cpu_backend.c,
@@ -707,6 +735,9 @@ static void check_every_compute_op_at(const char *name, const char *spec,
   pair t;
   pair_init(&t, spec, cfg, true);
   t.ec.step = t.eg.step = step;
+  /* the updating call of an accumulation (the schedule of the plan) */
+  t.ec.accum_k = t.eg.accum_k = dp__accumulate(cfg) - 1;
+  t.ec.loss_rows = t.eg.loss_rows = cfg->batch * dp__accumulate(cfg);
   const dp_op *oc = dp_plan_ops(t.pc), *og = dp_plan_ops(t.pg);
   int n = dp_plan_n_ops(t.pc), ran = 0, bit_identical = 0,
       kinds[DP_OP_BN_BWD_STATS + 1] = {0};
@@ -717,6 +748,7 @@ static void check_every_compute_op_at(const char *name, const char *spec,
     ck_assert_int_eq(og[k].layer, oc[k].layer);
     fill_random(&t, 1000 + (uint64_t)k);
     cpu_pack_as_step(&t, oc, n, k, 1000 + (uint64_t)k);
+    if (oc[k].kind == DP_OP_GRAD_CLIP) norm_bins_for(&t, &oc[k], 2000 + (uint64_t)k);
     t.ec.loss = 0.0f;
     dp_status sc = dp__cpu_backend.run(NULL, &t.ec, &oc[k]);
     ck_assert_msg(sc == DP_OK, "%s: cpu op %d: %s", name, k, dp_last_error());
@@ -746,9 +778,17 @@ static void check_every_compute_op_at(const char *name, const char *spec,
            kinds[DP_OP_BN_FINAL] + kinds[DP_OP_BN_BWD_STATS];
   fprintf(stderr,
           "cuda: %s: %d compute ops (%d forward, %d backward, %d grad_add, %d loss, %d "
-          "optimizer, %d batchnorm) match the cpu backend; %d of them bit for bit\n",
+          "optimizer, %d batchnorm, %d clip, %d accumulate) match the cpu backend; %d of "
+          "them bit for bit\n",
           name, ran, kinds[DP_OP_FORWARD], kinds[DP_OP_BACKWARD], kinds[DP_OP_GRAD_ADD],
-          kinds[DP_OP_LOSS], kinds[DP_OP_OPTIMIZER], bn, bit_identical);
+          kinds[DP_OP_LOSS], kinds[DP_OP_OPTIMIZER], bn,
+          kinds[DP_OP_GRAD_NORM] + kinds[DP_OP_GRAD_CLIP],
+          kinds[DP_OP_GRAD_ACCUM] + kinds[DP_OP_GRAD_STASH], bit_identical);
+  if (cfg->clip_grad_norm > 0)
+    ck_assert_msg(kinds[DP_OP_GRAD_NORM] > 0 && kinds[DP_OP_GRAD_CLIP] > 0,
+                  "%s: no clip ops", name);
+  if (dp__accumulate(cfg) > 1)
+    ck_assert_msg(kinds[DP_OP_GRAD_ACCUM] > 0, "%s: no accumulation ops", name);
   pair_free(&t);
 }
 
@@ -2067,6 +2107,370 @@ START_TEST(batchnorm_refused_steps_keep_running_stats) {
 }
 END_TEST
 
+/* ---- gradient clipping and accumulation (issue 28: feature parity) ---- */
+
+/* The accumulation's calls that do not update (DP_SCHED_ACCUM): GRAD_ACCUM at
+ * every k < accumulate - 1 and GRAD_STASH, each alone from the same random
+ * state on both backends, bit for bit; then a NaN gradient in the last
+ * device's range refuses GRAD_ACCUM with the cpu backend's words. */
+static void check_accum_calls(const char *name, const char *spec, const dp_config *cfg) {
+  pair t;
+  pair_init(&t, spec, cfg, true);
+  int A = dp__accumulate(cfg), cap = dp__schedule_cap(t.pc), n = 0, stages = 0;
+  dp_op *ops = calloc((size_t)cap, sizeof *ops);
+  ck_assert_ptr_nonnull(ops);
+  ck_assert_int_eq(
+      dp__schedule_build(t.pc, t.pc->mbs, DP_SCHED_ACCUM, ops, cap, &n, &stages), DP_OK);
+  int ran = 0, stashes = 0;
+  for (int k = 0; k + 1 < A; k++)
+    for (int i = 0; i < n; i++) {
+      if (ops[i].kind != DP_OP_GRAD_ACCUM && ops[i].kind != DP_OP_GRAD_STASH) continue;
+      t.ec.accum_k = t.eg.accum_k = k;
+      fill_random(&t, 3000 + (uint64_t)(k * n + i));
+      ck_assert_msg(dp__cpu_backend.run(NULL, &t.ec, &ops[i]) == DP_OK, "%s: cpu: %s", name,
+                    dp_last_error());
+      float gl;
+      ck_assert_msg(gpu_one_op(&t, &ops[i], &gl) == DP_OK, "%s: gpu: %s", name,
+                    dp_last_error());
+      download(&t);
+      char what[160];
+      snprintf(what, sizeof what, "%s: call %d of %d: op %d (%s, device %d)", name, k, A, i,
+               dp_op_kind_name((dp_op_kind)ops[i].kind), ops[i].device);
+      for (int d = 0; d < t.n; d++) compare_dev(&t, d, 0.0, true, what);
+      ran++;
+      stashes += ops[i].kind == DP_OP_GRAD_STASH;
+    }
+  ck_assert_int_gt(stashes, 0);
+  /* a non-finite gradient: the call is refused on the device, as on the cpu */
+  for (int i = n - 1; i >= 0; i--) {
+    if (ops[i].kind != DP_OP_GRAD_ACCUM) continue;
+    t.ec.accum_k = t.eg.accum_k = 0;
+    fill_random(&t, 4000);
+    size_t at = 3 + ops[i].dst_offset / 4;
+    float bad = NAN;
+    memcpy(rptr(t.ca[ops[i].device], t.pc, ops[i].device, DP_REGION_GRADS) + at * 4, &bad,
+           4);
+    memcpy(rptr(t.gh[ops[i].device], t.pg, ops[i].device, DP_REGION_GRADS) + at * 4, &bad,
+           4);
+    upload(&t);
+    ck_assert_int_eq(dp__cpu_backend.run(NULL, &t.ec, &ops[i]), DP_ERR_NONFINITE);
+    char want[96];
+    snprintf(want, sizeof want, "gradient %zu is NaN; the call was not accumulated", at);
+    ck_assert_msg(strstr(dp_last_error(), want), "cpu: %s", dp_last_error());
+    float gl;
+    ck_assert_int_eq(gpu_one_op(&t, &ops[i], &gl), DP_ERR_NONFINITE);
+    ck_assert_msg(strstr(dp_last_error(), want), "gpu: %s (want %s)", dp_last_error(),
+                  want);
+    break;
+  }
+  fprintf(stderr, "cuda: %s: %d accumulation ops of the calls that do not update match\n",
+          name, ran);
+  free(ops);
+  pair_free(&t);
+}
+
+START_TEST(clip_and_accumulate_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "clip_and_accumulate_ops_match_cpu");
+  dp_config c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  c.clip_grad_norm = 0.05f; /* below the norm: scaled */
+  check_every_compute_op("clip, ce classic momentum", MIXED_CE, &c, 1);
+  c.clip_grad_norm = 1e30f; /* above it: unchanged */
+  check_every_compute_op("clip above the norm, ce classic momentum", MIXED_CE, &c, 1);
+  c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.clip_grad_norm = 0.05f;
+  check_every_compute_op("clip, mse allreduce adamw", MIXED_MSE, &c, 2);
+  c.shard_optimizer = 1; /* a slot per device, exchanged */
+  check_every_compute_op("clip, mse allreduce sharded adamw", MIXED_MSE, &c, 2);
+  c = test_config(ngpu, 32, 2, 4, DP_MODE_CLASSIC, DP_OPT_SGD);
+  c.accumulate = 2;
+  check_every_compute_op("accumulate 2, ce classic sgd", MIXED_CE, &c, 0);
+  check_accum_calls("accumulate 2, ce classic sgd", MIXED_CE, &c);
+  c = test_config(ngpu, 32, 2, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.shard_optimizer = 1;
+  c.accumulate = 4;
+  c.clip_grad_norm = 0.05f;
+  check_every_compute_op("accumulate 4 and clip, mse allreduce sharded", MIXED_MSE, &c, 3);
+  check_accum_calls("accumulate 4, mse allreduce sharded", MIXED_MSE, &c);
+}
+END_TEST
+
+/* Through the public API: a context on the cuda backend and one on the cpu. */
+static const char *const CLIP_SPEC =
+    "input 12\nlinear 16\nlayernorm\ngelu\ndropout 0.2\n"
+    "linear 16\ntanh\nlinear 5\nloss softmax_cross_entropy\n";
+enum { CB = 32, CIN = 12, CCLASSES = 5, CMB = 4 };
+
+static dp_config clip_cfg(dp_backend be, int batch, int n, dp_mode mode, int shard,
+                          float clip, int K) {
+  dp_config c = config_of(batch, n, DP_OPT_ADAMW);
+  c.backend = be;
+  if (be == DP_BACKEND_CUDA)
+    for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+  c.micro_batch = CMB;
+  c.mode = mode;
+  c.shard_optimizer = shard;
+  c.seed = 11;
+  c.eps = 1e-3f; /* see test_config */
+  c.clip_grad_norm = clip;
+  c.accumulate = K;
+  return c;
+}
+
+static void clip_data(float *x, int32_t *y, size_t rows, uint64_t seed) {
+  trng r = {seed};
+  for (size_t i = 0; i < rows * CIN; i++) x[i] = trng_float(&r, -3.0f, 3.0f);
+  for (size_t i = 0; i < rows; i++) y[i] = (int32_t)(trng_next(&r) % CCLASSES);
+}
+
+/* The simulated cuBLAS sums a GEMM in two halves when an operand is not
+ * 16-byte aligned or a leading dimension not a multiple of 4 (as a real
+ * library may pick another kernel: tests/cuda_sim/cublas.cc), which makes
+ * the bits depend on how many micro-batches a device holds. One pass
+ * everywhere (DP_SIM_GEMM_ONE_PASS; check forks a process per test) leaves
+ * only what the backend itself does: then every layout and the concatenated
+ * batch must give the same bits. true when that holds here. */
+static bool one_pass_gemms(void) {
+#ifdef DP_CUDA_SIM
+  setenv("DP_SIM_GEMM_ONE_PASS", "1", 1);
+  return true;
+#else
+  return false;
+#endif
+}
+
+static void expect_params_close(rig *a, rig *b, double tol, const char *what) {
+  float *pa = params_of(a), *pb = params_of(b);
+  for (size_t k = 0; k < a->np; k++)
+    ck_assert_msg(fabs((double)pa[k] - (double)pb[k]) <= tol * (1.0 + fabs((double)pb[k])),
+                  "%s: parameter %zu: cuda %.9g cpu %.9g", what, k, (double)pa[k],
+                  (double)pb[k]);
+  free(pa);
+  free(pb);
+}
+
+/* Clipping on the cuda backend, through the public API, in 1, 2, 4 replicas,
+ * classic, allreduce and sharded: the norm reaches dp_ctx_grad_norm (NaN
+ * before the first step); it is the norm of the unclipped gradients (a
+ * context without clipping, given the same parameters) and the clipped
+ * gradients are those times the cpu backend's coefficient, bit for bit; a
+ * norm below max_norm changes nothing; the modes give the same bits; the cpu
+ * backend's norm and parameters, to its GEMMs' rounding. */
+START_TEST(clip_steps_match_cpu_and_every_layout) {
+  REQUIRE_GPUS(ngpu, "clip_steps_match_cpu_and_every_layout");
+  (void)ngpu;
+  static const struct {
+    int n;
+    dp_mode mode;
+    int shard;
+  } L[] = {{1, DP_MODE_CLASSIC, 0},   {2, DP_MODE_CLASSIC, 0},   {4, DP_MODE_CLASSIC, 0},
+           {2, DP_MODE_ALLREDUCE, 0}, {4, DP_MODE_ALLREDUCE, 0}, {2, DP_MODE_ALLREDUCE, 1},
+           {4, DP_MODE_ALLREDUCE, 1}};
+  enum { N = sizeof L / sizeof *L, STEPS = 3 };
+  float x[CB * CIN];
+  int32_t y[CB];
+  bool exact = one_pass_gemms();
+  for (int hi = 0; hi < 2; hi++) { /* max_norm below the norm (clips), then above */
+    float clip = hi ? 1e6f : 0.05f;
+    rig r[N], plain[N], cpu[N];
+    for (int i = 0; i < N; i++) {
+      dp_config c = clip_cfg(DP_BACKEND_CUDA, CB, L[i].n, L[i].mode, L[i].shard, clip, 0);
+      rig_open(&r[i], CLIP_SPEC, &c);
+      ck_assert(isnan(dp_ctx_grad_norm(r[i].c)));
+      c.clip_grad_norm = 0.0f;
+      rig_open(&plain[i], CLIP_SPEC, &c);
+      ck_assert(dp_ctx_grad_norm(plain[i].c) == 0.0f);
+      c = clip_cfg(DP_BACKEND_CPU, CB, L[i].n, L[i].mode, L[i].shard, clip, 0);
+      rig_open(&cpu[i], CLIP_SPEC, &c);
+    }
+    for (int t = 0; t < STEPS; t++) {
+      clip_data(x, y, CB, 50 + (uint64_t)t);
+      for (int i = 0; i < N; i++) {
+        float *w = params_of(&r[i]);
+        ck_assert_int_eq(dp_set_params(plain[i].c, w, plain[i].np), DP_OK);
+        free(w);
+        ck_assert_msg(dp_train_step(r[i].c, CB, CIN, x, y, NULL) == DP_OK, "%s",
+                      dp_ctx_error(r[i].c));
+        ck_assert_int_eq(dp_train_step(plain[i].c, CB, CIN, x, y, NULL), DP_OK);
+        ck_assert_int_eq(dp_train_step(cpu[i].c, CB, CIN, x, y, NULL), DP_OK);
+        float norm = dp_ctx_grad_norm(r[i].c);
+        ck_assert_msg(isfinite(norm) && norm > 0.0f, "norm %g", (double)norm);
+        float *ga = malloc(r[i].np * 4), *gb = malloc(r[i].np * 4);
+        ck_assert_int_eq(dp_get_grads(r[i].c, ga, r[i].np), DP_OK);
+        ck_assert_int_eq(dp_get_grads(plain[i].c, gb, plain[i].np), DP_OK);
+        double ss = 0.0;
+        for (size_t k = 0; k < plain[i].np; k++) ss += (double)gb[k] * gb[k];
+        ck_assert_msg(fabsf(norm - (float)sqrt(ss)) <= 2e-7f * norm,
+                      "norm %.9g, double reference %.9g", (double)norm, sqrt(ss));
+        float coef = clip / (norm + 1e-6f);
+        ck_assert(hi ? coef >= 1.0f : coef < 1.0f);
+        for (size_t k = 0; k < plain[i].np; k++) {
+          float want = coef < 1.0f ? gb[k] * coef : gb[k];
+          ck_assert_msg(
+              memcmp(&ga[k], &want, 4) == 0,
+              "max_norm %g, step %d, %d replicas, mode %d, shard %d: gradient %zu "
+              "is %.9g, want %.9g",
+              (double)clip, t, L[i].n, (int)L[i].mode, L[i].shard, k, (double)ga[k],
+              (double)want);
+        }
+        free(ga);
+        free(gb);
+        if (hi) /* not clipped: the unclipped step's parameters */
+          ck_assert_uint_eq(dp_params_hash(r[i].c), dp_params_hash(plain[i].c));
+        else
+          ck_assert_uint_ne(dp_params_hash(r[i].c), dp_params_hash(plain[i].c));
+        float nc = dp_ctx_grad_norm(cpu[i].c);
+        ck_assert_msg(fabs((double)nc - (double)norm) <= 1e-4 * nc,
+                      "step %d: norm cpu %.9g cuda %.9g", t, (double)nc, (double)norm);
+        /* the modes of one replica count (with one-pass GEMMs every layout): the
+         * same bits */
+        for (int j = 0; j < i; j++) {
+          if (L[j].n != L[i].n && !exact) continue;
+          float a = dp_ctx_grad_norm(r[j].c);
+          ck_assert_msg(memcmp(&a, &norm, 4) == 0 &&
+                            dp_params_hash(r[i].c) == dp_params_hash(r[j].c),
+                        "max_norm %g, step %d, %d replicas: mode %d shard %d differs from "
+                        "mode %d shard %d",
+                        (double)clip, t, L[i].n, (int)L[i].mode, L[i].shard, (int)L[j].mode,
+                        L[j].shard);
+          break;
+        }
+      }
+      fprintf(stderr, "cuda: clip %g, step %d: norm cpu %.9g cuda %.9g\n", (double)clip, t,
+              (double)dp_ctx_grad_norm(cpu[0].c), (double)dp_ctx_grad_norm(r[0].c));
+    }
+    for (int i = 0; i < N; i++) {
+      expect_params_close(&r[i], &cpu[i], 1e-4, "clip, after the steps");
+      rig_close(&r[i]);
+      rig_close(&plain[i]);
+      rig_close(&cpu[i]);
+    }
+  }
+  unsetenv("DP_SIM_GEMM_ONE_PASS");
+}
+END_TEST
+
+/* Accumulation on the cuda backend: K calls of B rows (K 2 and 4; classic,
+ * allreduce, sharded; with and without clipping) update once, on every K-th
+ * call, with the bits (and norm) of one step of the K*B concatenated rows
+ * (with one-pass GEMMs: one_pass_gemms), and the cpu backend's accumulation's
+ * parameters and norms to the GEMMs' rounding. */
+START_TEST(accumulation_equals_the_concatenated_batch_on_cuda) {
+  REQUIRE_GPUS(ngpu, "accumulation_equals_the_concatenated_batch_on_cuda");
+  (void)ngpu;
+  static const struct {
+    int n;
+    dp_mode mode;
+    int shard;
+  } L[] = {{1, DP_MODE_CLASSIC, 0},
+           {2, DP_MODE_CLASSIC, 0},
+           {4, DP_MODE_ALLREDUCE, 0},
+           {2, DP_MODE_ALLREDUCE, 1}};
+  enum { STEPS = 2, MAXK = 4 };
+  static float X[STEPS * MAXK * CB * CIN];
+  static int32_t Y[STEPS * MAXK * CB];
+  clip_data(X, Y, STEPS * MAXK * CB, 77);
+  int concat_same = 0, updates = 0;
+  bool exact = one_pass_gemms();
+  for (int K = 2; K <= MAXK; K *= 2) {
+    uint64_t hash2[2] = {0, 0};
+    for (size_t i = 0; i < sizeof L / sizeof *L; i++)
+      for (int clip = 0; clip < 2; clip++) {
+        float cn = clip ? 0.05f : 0.0f;
+        dp_config ca = clip_cfg(DP_BACKEND_CUDA, CB, L[i].n, L[i].mode, L[i].shard, cn, K);
+        dp_config cb =
+            clip_cfg(DP_BACKEND_CUDA, K * CB, L[i].n, L[i].mode, L[i].shard, cn, 0);
+        dp_config cc = clip_cfg(DP_BACKEND_CPU, CB, L[i].n, L[i].mode, L[i].shard, cn, K);
+        rig a, b, cpu;
+        rig_open(&a, CLIP_SPEC, &ca);
+        rig_open(&b, CLIP_SPEC, &cb);
+        rig_open(&cpu, CLIP_SPEC, &cc);
+        for (int t = 0; t < STEPS; t++) {
+          for (int k = 0; k < K; k++) {
+            ck_assert_int_eq(dp_ctx_accumulated(a.c), k);
+            size_t r0 = (size_t)(t * K + k) * CB;
+            ck_assert_msg(dp_train_step(a.c, CB, CIN, X + r0 * CIN, Y + r0, NULL) == DP_OK,
+                          "%s", dp_ctx_error(a.c));
+            ck_assert_int_eq(dp_train_step(cpu.c, CB, CIN, X + r0 * CIN, Y + r0, NULL),
+                             DP_OK);
+            ck_assert_uint_eq(dp_ctx_step(a.c), (uint64_t)(k + 1 == K ? t + 1 : t));
+          }
+          size_t r0 = (size_t)t * K * CB;
+          ck_assert_int_eq(dp_train_step(b.c, K * CB, CIN, X + r0 * CIN, Y + r0, NULL),
+                           DP_OK);
+          concat_same += dp_params_hash(a.c) == dp_params_hash(b.c);
+          ck_assert_msg(!exact || dp_params_hash(a.c) == dp_params_hash(b.c),
+                        "K %d, %d replicas, mode %d, shard %d, clip %d: update %d differs "
+                        "from the concatenated step",
+                        K, L[i].n, (int)L[i].mode, L[i].shard, clip, t + 1);
+          updates++;
+          if (clip) {
+            float na = dp_ctx_grad_norm(a.c), nb = dp_ctx_grad_norm(b.c),
+                  nc = dp_ctx_grad_norm(cpu.c);
+            ck_assert(!exact || memcmp(&na, &nb, 4) == 0);
+            ck_assert_msg(isfinite(na) && fabs((double)nc - (double)na) <= 1e-4 * nc &&
+                              fabs((double)nb - (double)na) <= 1e-4 * nb,
+                          "norm cpu %.9g, cuda %.9g, concatenated %.9g", (double)nc,
+                          (double)na, (double)nb);
+          }
+        }
+        expect_params_close(&a, &cpu, 1e-4, "accumulation, after the updates");
+        expect_params_close(&a, &b, 1e-4, "accumulation against the concatenated step");
+        /* the modes of one replica count (L's 2 classic and 2 sharded) */
+        uint64_t h = dp_params_hash(a.c);
+        if (L[i].n == 2 && L[i].mode == DP_MODE_CLASSIC) hash2[clip] = h;
+        if (L[i].n == 2 && L[i].mode != DP_MODE_CLASSIC)
+          ck_assert_msg(h == hash2[clip],
+                        "K %d, clip %d: 2 replicas: sharded allreduce "
+                        "differs from classic",
+                        K, clip);
+        rig_close(&a);
+        rig_close(&b);
+        rig_close(&cpu);
+      }
+  }
+  fprintf(stderr,
+          "cuda: accumulation: %d of %d updates have the concatenated step's bits\n",
+          concat_same, updates);
+  unsetenv("DP_SIM_GEMM_ONE_PASS");
+}
+END_TEST
+
+/* A refused call in the middle of an accumulation (a NaN input: the loss)
+ * leaves it where it was on the cuda backend too, and its retry gives the
+ * bits of an undisturbed run. */
+START_TEST(refused_accumulating_call_on_cuda) {
+  REQUIRE_GPUS(ngpu, "refused_accumulating_call_on_cuda");
+  (void)ngpu;
+  enum { K = 4 };
+  static float X[K * CB * CIN];
+  static int32_t Y[K * CB];
+  clip_data(X, Y, K * CB, 91);
+  dp_config c = clip_cfg(DP_BACKEND_CUDA, CB, 2, DP_MODE_ALLREDUCE, 1, 0.05f, K);
+  rig a, ref;
+  rig_open(&a, CLIP_SPEC, &c);
+  rig_open(&ref, CLIP_SPEC, &c);
+  for (int k = 0; k < K; k++) {
+    size_t r0 = (size_t)k * CB;
+    if (k == 2) {
+      float keep = X[r0 * CIN + 3];
+      X[r0 * CIN + 3] = NAN;
+      ck_assert_int_eq(dp_train_step(a.c, CB, CIN, X + r0 * CIN, Y + r0, NULL),
+                       DP_ERR_NONFINITE);
+      X[r0 * CIN + 3] = keep;
+      ck_assert_int_eq(dp_ctx_accumulated(a.c), 2);
+    }
+    ck_assert_int_eq(dp_train_step(a.c, CB, CIN, X + r0 * CIN, Y + r0, NULL), DP_OK);
+    ck_assert_int_eq(dp_train_step(ref.c, CB, CIN, X + r0 * CIN, Y + r0, NULL), DP_OK);
+  }
+  ck_assert_uint_eq(dp_ctx_step(a.c), 1);
+  ck_assert_uint_eq(dp_params_hash(a.c), dp_params_hash(ref.c));
+  float na = dp_ctx_grad_norm(a.c), nr = dp_ctx_grad_norm(ref.c);
+  ck_assert(isfinite(na) && memcmp(&na, &nr, 4) == 0);
+  rig_close(&a);
+  rig_close(&ref);
+}
+END_TEST
+
 Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda");
 
@@ -2114,6 +2518,15 @@ Suite *cuda_suite(void) {
   tcase_add_test(kern, nccl_steps_match_copy_transport_bit_for_bit);
   tcase_set_timeout(kern, 180);
   suite_add_tcase(s, kern);
+
+  TCase *ca = tcase_create("gpu_clip_accumulate");
+  tcase_set_tags(ca, "gpu");
+  tcase_add_test(ca, clip_and_accumulate_ops_match_cpu);
+  tcase_add_test(ca, clip_steps_match_cpu_and_every_layout);
+  tcase_add_test(ca, accumulation_equals_the_concatenated_batch_on_cuda);
+  tcase_add_test(ca, refused_accumulating_call_on_cuda);
+  tcase_set_timeout(ca, 300);
+  suite_add_tcase(s, ca);
 
   TCase *bn = tcase_create("gpu_batchnorm");
   tcase_set_tags(bn, "gpu");

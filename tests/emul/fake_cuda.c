@@ -1774,3 +1774,9 @@ dp_status dp__cuda_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32
   return DP_FAIL(DP_ERR_UNSUPPORTED, "cuda device %d: the emulated GPU has no timings",
                  dev);
 }
+
+/* The emulated GPU reports no gradient norm (its tests do not clip). */
+float dp__cuda_grad_norm(const void *bctx) {
+  (void)bctx;
+  return NAN;
+}
