@@ -638,7 +638,7 @@ struct gemm_key {
 
 static unsigned mod256(const void *p) { return (unsigned)((uintptr_t)p & 255u); }
 
-static dp_status warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t each) {
+dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t each) {
   const dp_plan *p = c->plan;
   dev_ctx *x = &c->dev[d];
   dp_exec_env e = {};
@@ -650,21 +650,28 @@ static dp_status warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t 
   for (int k = 0; k < dp_plan_n_ops(p); k++) {
     const dp_op *op = &ops[k];
     if (op->device != d || (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) ||
-        op->layer < 0 || p->model.layers[op->layer].kind != DP_LAYER_LINEAR || op->rows <= 0)
+        op->layer < 0 || p->model.layers[op->layer].kind != DP_LAYER_LINEAR ||
+        op->rows <= 0)
       continue;
     const dp_layer *l = &p->model.layers[op->layer];
-    lay c0 = {&e, p, l, d, op->layer, p->model.n_layers, op->row0 - p->split.dev_row0[d],
-              op->rows, op->micro_batch - p->split.dev_mb0[d]};
+    lay c0 = {&e,
+              p,
+              l,
+              d,
+              op->layer,
+              p->model.n_layers,
+              op->row0 - p->split.dev_row0[d],
+              op->rows,
+              op->micro_batch - p->split.dev_mb0[d]};
     const float *in = layer_in(c0), *w = layer_params(c0);
-    float *y = op->kind == DP_OP_FORWARD ? layer_out(dp__relu_fused(p, op->layer + 1)
-                                                         ? at_layer(c0, op->layer + 1)
-                                                         : c0)
-                                         : layer_dout(c0);
-    gemm_key key = {op->kind, op->rows, l->in, l->out, op->layer, mod256(in), mod256(w),
-                    mod256(y)};
+    float *y =
+        op->kind == DP_OP_FORWARD
+            ? layer_out(dp__relu_fused(p, op->layer + 1) ? at_layer(c0, op->layer + 1) : c0)
+            : layer_dout(c0);
+    gemm_key key = {op->kind,  op->rows,   l->in,     l->out,
+                    op->layer, mod256(in), mod256(w), mod256(y)};
     bool dup = false;
-    for (int i = 0; i < n_seen && !dup; i++)
-      dup = !memcmp(&seen[i], &key, sizeof key);
+    for (int i = 0; i < n_seen && !dup; i++) dup = !memcmp(&seen[i], &key, sizeof key);
     if (dup) continue;
     if (n_seen < 64) seen[n_seen++] = key;
     /* scratch operands at the real ones' alignment; contents do not matter */
@@ -684,7 +691,7 @@ static dp_status warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t 
 }
 
 /* The largest operand of a linear layer's GEMMs in the plan, in bytes, + 256. */
-static size_t warm_bytes(const dp_plan *p) {
+size_t dp__cuda_warm_bytes(const dp_plan *p) {
   size_t m = 0;
   for (int i = 0; i < p->model.n_layers; i++) {
     const dp_layer *l = &p->model.layers[i];
@@ -698,26 +705,6 @@ static size_t warm_bytes(const dp_plan *p) {
     if (big * 4 > m) m = big * 4;
   }
   return m + 256;
-}
-
-dp_status dp__cuda_warm_gemms(cuda_ctx *c) {
-  size_t each = (warm_bytes(c->plan) + 255) / 256 * 256;
-  for (int d = c->d0; d < c->d1; d++) {
-    dp_cuda_device_scope scope;
-    dp_status s = scope.enter(c->dev[d].phys);
-    if (s != DP_OK) return s;
-    void *scratch = NULL;
-    DP_CUDA_CHECK_D(d, cudaMalloc(&scratch, 4 * each));
-    s = warm_device(c, d, (unsigned char *)scratch, each);
-    cudaError_t e = cudaFree(scratch);
-    if (s != DP_OK) return s;
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return DP_CUDA_FAIL(DP_ERR_BACKEND, e, "cudaFree", "device %d: the warm-up's scratch",
-                          d);
-    }
-  }
-  return DP_OK;
 }
 
 extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {

@@ -226,14 +226,7 @@ static __global__ void k_bn_sync_dx(const float *x, const float *f, const float 
 
 static __global__ void k_bn_update(const float *stats, float *buf, int C,
                                    const dp_cuda_header *hdr, int n_check) {
-  __shared__ uint32_t refused;
-  if (threadIdx.x == 0) {
-    uint32_t r = 0;
-    for (int d = 0; d < n_check; d++) r |= hdr->status[d];
-    refused = r;
-  }
-  __syncthreads();
-  if (refused) return;
+  if (block_refused(hdr->status, n_check)) return;
   const double m = 0.1, keep = 1.0 - m; /* lib/'s constants, folded alike */
   for (int ch = (int)threadIdx.x; ch < C; ch += (int)blockDim.x) {
     buf[ch] = (float)da(dm(m, (double)stats[ch]), dm(keep, (double)buf[ch]));
@@ -256,8 +249,8 @@ cudaError_t dp_k_bn_forward_train(cudaStream_t st, const float *x, const float *
                                   const float *b, float *y, float *stats, int n, int C,
                                   int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  DP_LAUNCH(k_bn_forward_train, (unsigned)C, BN_THREADS, 0, st)(x, g, b, y, stats, n < 0 ? 0 : n,
-                                                         C, S);
+  DP_LAUNCH(k_bn_forward_train, (unsigned)C, BN_THREADS, 0, st)
+  (x, g, b, y, stats, n < 0 ? 0 : n, C, S);
   return cudaGetLastError();
 }
 
@@ -266,8 +259,8 @@ cudaError_t dp_k_bn_apply(cudaStream_t st, const float *x, const float *g, const
                           int n, int C, int S) {
   size_t total = elems(n, C, S);
   if (total == 0) return cudaSuccess;
-  DP_LAUNCH(k_bn_apply, blocks_for(total), THREADS, 0, st)(x, g, b, y, mean, rstd, var, C, S,
-                                                    total);
+  DP_LAUNCH(k_bn_apply, blocks_for(total), THREADS, 0, st)
+  (x, g, b, y, mean, rstd, var, C, S, total);
   return cudaGetLastError();
 }
 
@@ -275,8 +268,8 @@ cudaError_t dp_k_bn_backward(cudaStream_t st, const float *x, const float *stats
                              const float *g, const float *dy, float *dx, float *dg,
                              float *db, int n, int C, int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  DP_LAUNCH(k_bn_backward, (unsigned)C, BN_THREADS, 0, st)(x, stats, g, dy, dx, dg, db,
-                                                    n < 0 ? 0 : n, C, S);
+  DP_LAUNCH(k_bn_backward, (unsigned)C, BN_THREADS, 0, st)
+  (x, stats, g, dy, dx, dg, db, n < 0 ? 0 : n, C, S);
   return cudaGetLastError();
 }
 
@@ -302,7 +295,8 @@ cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, i
 cudaError_t dp_k_bn_bwd_sums(cudaStream_t st, const float *x, const float *f,
                              const float *dy, float *dg, float *db, int n, int C, int S) {
   if (C <= 0 || S <= 0) return cudaSuccess;
-  DP_LAUNCH(k_bn_bwd_sums, (unsigned)C, BN_THREADS, 0, st)(x, f, dy, dg, db, n < 0 ? 0 : n, C, S);
+  DP_LAUNCH(k_bn_bwd_sums, (unsigned)C, BN_THREADS, 0, st)
+  (x, f, dy, dg, db, n < 0 ? 0 : n, C, S);
   return cudaGetLastError();
 }
 
@@ -311,7 +305,8 @@ cudaError_t dp_k_bn_sync_dx(cudaStream_t st, const float *x, const float *f,
                             int n, int C, int S) {
   size_t total = elems(n, C, S);
   if (total == 0 || !dx) return cudaSuccess;
-  DP_LAUNCH(k_bn_sync_dx, blocks_for(total), THREADS, 0, st)(x, f, sums, g, dy, dx, C, S, total);
+  DP_LAUNCH(k_bn_sync_dx, blocks_for(total), THREADS, 0, st)
+  (x, f, sums, g, dy, dx, C, S, total);
   return cudaGetLastError();
 }
 

@@ -230,6 +230,28 @@ static dp_status init_nccl_world(cuda_ctx *c, const dp_backend_world *w) {
 #endif
 }
 
+/* cuBLAS's lazy kernel loads, done now (cuda/backend.cu, dp__cuda_warm_device): on
+ * scratch memory of its own, freed again, so that no region's content changes. */
+static dp_status warm_gemms(cuda_ctx *c) {
+  size_t each = (dp__cuda_warm_bytes(c->plan) + 255) / 256 * 256;
+  for (int d = c->d0; d < c->d1; d++) {
+    dp_cuda_device_scope scope;
+    dp_status s = scope.enter(c->dev[d].phys);
+    if (s != DP_OK) return s;
+    void *scratch = NULL;
+    DP_CUDA_CHECK_D(d, cudaMalloc(&scratch, 4 * each));
+    s = dp__cuda_warm_device(c, d, (unsigned char *)scratch, each);
+    cudaError_t e = cudaFree(scratch);
+    if (s != DP_OK) return s;
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return DP_CUDA_FAIL(DP_ERR_BACKEND, e, "cudaFree", "device %d: the warm-up's scratch",
+                          d);
+    }
+  }
+  return DP_OK;
+}
+
 static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags,
                           const dp_backend_world *w, void **bctx_out) {
   if (!bctx_out) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: out is NULL");
@@ -308,7 +330,7 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   dp_status s = DP_OK;
   for (int d = d0; d < d1 && s == DP_OK; d++) s = init_device(c, d);
   if (s == DP_OK) s = enable_peers(c);
-  if (s == DP_OK) s = dp__cuda_warm_gemms(c); /* before NCCL: no lazy cuBLAS load later */
+  if (s == DP_OK) s = warm_gemms(c); /* before NCCL: no lazy cuBLAS load later */
   if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = w ? init_nccl_world(c, w) : init_nccl(c);
   /* every kernel loaded now, not lazily during a step (CUDA_MODULE_LOADING=LAZY is
    * the default since 12.2: a kernel loaded while NCCL kernels spin can deadlock) */

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* The launch seam: nvcc's triple angle brackets here; the CPU simulation of the
  * CUDA runtime (tests/cuda_sim) defines DP_LAUNCH itself and runs these same
@@ -25,6 +26,21 @@
 static inline unsigned blocks_for(size_t n) {
   size_t b = (n + THREADS - 1) / THREADS;
   return b > MAX_BLOCKS ? MAX_BLOCKS : (unsigned)b;
+}
+
+/* Whether one of status[0..n_check) is set, as the whole block sees it (thread 0
+ * reads the words, the block waits): the optimizer, its checked copy and the
+ * running-statistics update write nothing in a refused step. Every thread of the
+ * block calls it, once per kernel. */
+static __device__ __forceinline__ bool block_refused(const uint32_t *status, int n_check) {
+  __shared__ uint32_t refused;
+  if (threadIdx.x == 0) {
+    uint32_t r = 0;
+    for (int d = 0; d < n_check; d++) r |= status[d];
+    refused = r;
+  }
+  __syncthreads();
+  return refused != 0;
 }
 
 static __device__ __forceinline__ float fm(float a, float b) { return __fmul_rn(a, b); }

@@ -628,14 +628,7 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
 static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *m,
                                    float *v, size_t n, const dp_cuda_header *hdr,
                                    int n_check) {
-  __shared__ uint32_t refused;
-  if (threadIdx.x == 0) {
-    uint32_t r = 0;
-    for (int d = 0; d < n_check; d++) r |= hdr->status[d];
-    refused = r;
-  }
-  __syncthreads();
-  if (refused) return;
+  if (block_refused(hdr->status, n_check)) return;
   GRID_STRIDE(k, n) {
     upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, k);
     if (o.kind != DP_OPT_SGD) m[k] = r.s0;
@@ -759,14 +752,7 @@ cudaError_t dp_k_clip_scale(cudaStream_t st, float *g, size_t n,
 
 static __global__ void k_checked_copy(float *dst, const float *src, size_t n,
                                       const dp_cuda_header *hdr, int n_check) {
-  __shared__ uint32_t refused;
-  if (threadIdx.x == 0) {
-    uint32_t r = 0;
-    for (int d = 0; d < n_check; d++) r |= hdr->status[d];
-    refused = r;
-  }
-  __syncthreads();
-  if (refused) return;
+  if (block_refused(hdr->status, n_check)) return;
   GRID_STRIDE(i, n) dst[i] = src[i];
 }
 
