@@ -52,13 +52,13 @@ SANITIZE = ['-fsanitize=address,undefined', '-fno-omit-frame-pointer',
             '-fno-sanitize-recover=undefined']
 TSANITIZE = ['-fsanitize=thread', '-fno-omit-frame-pointer']
 # test_dp's suites that `ninja tsan` runs: those whose steps run on several device
-# threads (the executor's barriers, work sharing and left-out barriers, lib/exec.c)
+# threads (the executor's barriers, work sharing and left-out barriers, lib/core/exec.c)
 TSAN_SUITES = ['step', 'faults', 'determinism', 'accumulate', 'batchnorm', 'clip', 'repro',
                'hostile', 'guards']
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
-SOURCE_DIRS = ['lib', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',
-               'tests/valgrind', 'tests/emul', 'tests/mpi', 'tests/cuda_sim', 'examples']
+SOURCE_DIRS = ['lib', 'lib/util', 'lib/model', 'lib/core', 'lib/cpu', 'lib/format', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',
+               'tests/valgrind', 'tests/emul', 'tests/checked', 'tests/mpi', 'tests/cuda_sim', 'examples']
 # fuzz/ is not watched as a folder: its path would be the same ninja node as the
 # `ninja fuzz` target, and every build would run the fuzzers to bring build.ninja
 # up to date. Its sources are watched one by one instead (a new harness needs
@@ -72,6 +72,10 @@ VALGRIND = ['valgrind', '--tool=memcheck', '--leak-check=full', '--error-exitcod
             '--errors-for-leak-kinds=definite,indirect', '--show-leak-kinds=definite,indirect',
             '--suppressions=tests/valgrind/system.supp']
 VALGRIND_RUNS = ['2', '4 --guards']  # arguments: device count, arena guards
+
+# lib/'s folders that make libdp.a, lowest layer first (docs/ARCHITECTURE.md); lib/mpi is
+# libdp_mpi.a.
+LIB_LAYERS = ['util', 'model', 'core', 'cpu', 'format']
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
@@ -513,7 +517,7 @@ def main():
             nvccflags.append('-I' + nccl[0])
 
     # -- sources
-    lib_src = sources('lib/*.c')
+    lib_src = sources('lib/*.c') + [s for d in LIB_LAYERS for s in sources('lib/%s/*.c' % d)]
     # The CUDA backend: its kernels and the C adapter that registers it (cuda/vtable.c,
     # plain C: the emulated GPU's test links it too, in every build).
     cuda_src = sources('cuda/*.cu') + sources('cuda/*.c') if cuda else []
@@ -523,6 +527,7 @@ def main():
     test_files = [s for s in sources('tests/test_*.c') if cuda or s != 'tests/test_cuda.c']
     helper_src = [s for s in sources('tests/*.c')
                   if s not in test_files and s != 'tests/check_main.c']
+    helper_src += sources('tests/checked/*.c')  # the test-only "checked" backend
     standalone_src = sources('tests/standalone/*.c')
     # examples/mpi_*.c use dp_mpi.h: built where there is MPI
     example_src = [e for e in sources('examples/*.c')
@@ -784,6 +789,7 @@ def main():
     # configure.py command lines.
     checks = [] if args.sanitize else [['tests/check_symbols.sh', libdp] + libcuda + libmpi]
     checks.append(['tests/check_configure.sh', manifest])
+    checks.append([sys.executable, 'tests/check_layers.py'])  # docs/ARCHITECTURE.md's include rules
     if not args.sanitize:  # weights to and from PyTorch (skipped, visibly, without torch)
         checks.append(['tests/check_safetensors_torch.sh', bd])
     if mpi_bins and dp:  # the job across processes, under mpirun

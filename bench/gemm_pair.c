@@ -1,7 +1,7 @@
 /* How far two cores can scale the large MLP's arithmetic alone: the products
  * of one training step of 784-1024-1024-10 (per linear layer y = x W^T,
  * dW = dy^T x, and dx = dy W but for the first layer) through libdp's GEMM
- * (lib/gemm.h), timed
+ * (lib/cpu/gemm.h), timed
  *   - at 256 rows on one core (what 1 device runs), and
  *   - at 128 rows on each of two cores at once, each with its own weights and
  *     activations (what 2 replicas run), the slower core's time counting.
@@ -12,7 +12,7 @@
  *   /tmp/gp [ROUNDS]
  * Prints one JSON object. Not part of the library; measures, asserts nothing. */
 #define _GNU_SOURCE
-#include "gemm.h"
+#include "cpu/gemm.h"
 
 #include <pthread.h>
 #include <sched.h>

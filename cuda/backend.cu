@@ -1,5 +1,5 @@
 /* The CUDA backend and transport: the vtables the executor calls
- * (lib/internal.h), the per-device state, the stage hooks and the step's one
+ * (lib/core/backend.h), the per-device state, the stage hooks and the step's one
  * host synchronisation. docs/GPU.md describes the design; dp_cuda.h the
  * calls and their order.
  *
@@ -42,6 +42,7 @@
  * stream, that every send has its receive, and aborts the communicators when
  * not. */
 #include "backend.cuh"
+#include "core/operands.h"
 #include "batchnorm.cuh"
 #include "conv.cuh"
 
@@ -57,99 +58,66 @@ static float *reg(const dp_exec_env *e, int d, int r, size_t off) {
   return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
 }
 
-/* ---- layers (the pointers lib/cpu_backend.c's lctx helpers compute) ------------- */
+/* ---- layers: the operands the core resolved (lib/core/operands.c) ---------------- */
 
 namespace {
 struct lay {
   const dp_exec_env *e;
   const dp_plan *p;
   const dp_layer *l;
+  const dp_op *op;
   int d, i, L;
   int local; /* first row of the micro-batch within the device's chunk */
   int rows;
   int mb; /* the micro-batch's index among the device's */
+  dp_layer_operands o;
 };
 } // namespace
 
-/* The same micro-batch's context at layer i (a fused neighbour's buffers). */
-static lay at_layer(const lay &c, int i) {
-  lay r = c;
-  r.i = i;
-  r.l = &c.p->model.layers[i];
-  return r;
+/* Op's context at layer i (its own, or a fused neighbour's buffers). */
+static lay lay_of(const dp_exec_env *e, const dp_op *op, int i) {
+  lay c = {};
+  c.e = e;
+  c.p = e->plan;
+  c.l = &c.p->model.layers[i];
+  c.op = op;
+  c.i = i;
+  c.L = c.p->model.n_layers;
+  dp__layer_operands(c.p, op, i, &c.o);
+  c.d = c.o.device;
+  c.local = c.o.local;
+  c.rows = c.o.rows;
+  c.mb = c.o.mb;
+  return c;
 }
 
-/* Rows [local, local + rows) of layer i's input, (rows, in): the output of
- * layer i - 1, in its owner's buffer when that is a view (flatten), or the
- * model's input. */
-static float *layer_in(const lay &c) {
-  int o = c.i ? dp__act_owner(&c.p->model, c.i - 1) : -1;
-  if (o < 0) return reg(c.e, c.d, DP_REGION_INPUTS, (size_t)c.local * c.l->in * 4);
-  size_t at = c.p->act[c.d].act[o];
-  return at == SIZE_MAX
-             ? NULL /* a linear fused with its relu keeps no output */
-             : reg(c.e, c.d, DP_REGION_ACTIVATIONS, at + (size_t)c.local * c.l->in * 4);
-}
+static lay at_layer(const lay &c, int i) { return lay_of(c.e, c.op, i); }
 
-static float *layer_out(const lay &c) {
-  if (c.i == c.L - 1)
-    return reg(c.e, c.d, DP_REGION_OUTPUTS, (size_t)c.local * c.l->out * 4);
-  size_t at = c.p->act[c.d].act[c.i];
-  return at == SIZE_MAX
-             ? NULL
-             : reg(c.e, c.d, DP_REGION_ACTIVATIONS, at + (size_t)c.local * c.l->out * 4);
-}
+static float *ptr(const lay &c, dp_span s) { return dp__span_ptr(c.e, c.d, s); }
+/* (rows, in); NULL for a linear fused with its relu, which keeps no output */
+static float *layer_in(const lay &c) { return ptr(c, c.o.in); }
+static float *layer_out(const lay &c) { return ptr(c, c.o.out); }
+static float *layer_stats(const lay &c) { return ptr(c, c.o.stats); }
+static float *layer_dout(const lay &c) { return ptr(c, c.o.dout); }
+/* NULL when nothing needs it (the model's input, or a view of it) */
+static float *layer_din(const lay &c) { return ptr(c, c.o.din); }
+static float *layer_params(const lay &c) { return ptr(c, c.o.params); }
 
-static float *layer_stats(const lay &c) {
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS,
-             c.p->act[c.d].stats[c.i] + (size_t)c.local * 2 * 4);
-}
+/* batchnorm: its statistics area on the device, from float `at` (per_replica:
+ * micro-batch mb's at mb * dp__bn_stats(c); sync: the whole batch's at 0, then
+ * the backward sums at dp__bn_sync_bwd(c)). */
+static float *bn_area(const lay &c, size_t at) { return ptr(c, c.o.bn_area) + at; }
 
-/* The micro-batch's rows of the gradient of layer o's output (o owns its
- * buffer), `width` floats each: the buffer holds one micro-batch, or all of
- * the device's rows for a sync batchnorm (lib/cpu_backend.c's dact_rows). */
-static float *dact_rows(const lay &c, int o, int width) {
-  size_t at = c.p->act[c.d].dact[o];
-  if (dp__bn_sync(c.p, o)) at += (size_t)c.local * width * 4;
-  return reg(c.e, c.d, DP_REGION_ACTIVATIONS, at);
-}
-
-static float *layer_dout(const lay &c) {
-  if (c.i == c.L - 1)
-    return reg(c.e, c.d, DP_REGION_OUTPUT_GRADS, (size_t)c.local * c.l->out * 4);
-  return dact_rows(c, c.i, c.l->out);
-}
-
-/* The gradient of layer i's input, or NULL when nothing needs it (the
- * model's input, or a view of it). */
-static float *layer_din(const lay &c) {
-  int o = c.i ? dp__act_owner(&c.p->model, c.i - 1) : -1;
-  return o < 0 ? NULL : dact_rows(c, o, c.l->in);
-}
-
-/* batchnorm: the statistics area of layer i on device d, from float `at`
- * (per_replica: micro-batch mb's at mb * dp__bn_stats(c); sync: the whole
- * batch's at 0, then the backward sums at dp__bn_sync_bwd(c)). */
-static float *bn_area(const dp_exec_env *e, int d, int i, size_t at) {
-  return reg(e, d, DP_REGION_ACTIVATIONS, e->plan->act[d].stats[i] + at * 4);
-}
-
-/* batchnorm's buffers on device d: running_mean (c), running_var (c), the count. */
-static float *bn_buffers(const dp_exec_env *e, int d, const dp_layer *l) {
-  return reg(e, d, DP_REGION_PARAMS, (e->plan->model.n_params + l->buf_off) * 4);
-}
+/* batchnorm's buffers on the device: running_mean (c), running_var (c), the count. */
+static float *bn_buffers(const lay &c) { return ptr(c, c.o.bn_buffers); }
 
 static int bn_positions(const dp_layer *l) { return l->h ? l->h * l->w : 1; }
 
 /* conv2d's COL and T: the WORKSPACE region after the header and cuBLAS's part. */
 static void *conv_ws(const lay &c, size_t *bytes) {
-  dp_region_info r = c.p->regions[c.d][DP_REGION_WORKSPACE];
-  *bytes = r.size > DP_CUDA_CONV_WS_OFFSET ? r.size - DP_CUDA_CONV_WS_OFFSET : 0;
-  return reg(c.e, c.d, DP_REGION_WORKSPACE, DP_CUDA_CONV_WS_OFFSET);
-}
-
-static float *layer_params(const lay &c) {
-  return reg(c.e, c.d, DP_REGION_PARAMS, c.l->param_off * 4);
+  size_t all = c.o.workspace.bytes;
+  *bytes = all > DP_CUDA_CONV_WS_OFFSET ? all - DP_CUDA_CONV_WS_OFFSET : 0;
+  return (unsigned char *)ptr(c, c.o.workspace) + DP_CUDA_CONV_WS_OFFSET;
 }
 
 static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
@@ -213,15 +181,14 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     const float *g = layer_params(c);
     int C = l->c, S = bn_positions(l);
     if (!c.e->training) /* eval: the running statistics */
-      DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_buffers(c.e, c.d, l), NULL,
-                                  bn_buffers(c.e, c.d, l) + C, n, C, S));
+      DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_buffers(c), NULL,
+                                  bn_buffers(c) + C, n, C, S));
     else if (dp__bn_sync(c.p, c.i)) /* the whole batch's, from DP_OP_BN_FINAL */
-      DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_area(c.e, c.d, c.i, 0),
-                                  bn_area(c.e, c.d, c.i, (size_t)C), NULL, n, C, S));
+      DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_area(c, 0),
+                                  bn_area(c, (size_t)C), NULL, n, C, S));
     else /* the micro-batch's own, saved in its slot */
       DP_CUDA_CHECK(dp_k_bn_forward_train(
-          x->stream, in, g, g + C, y,
-          bn_area(c.e, c.d, c.i, (size_t)c.mb * dp__bn_stats(C)), n, C, S));
+          x->stream, in, g, g + C, y, bn_area(c, (size_t)c.mb * dp__bn_stats(C)), n, C, S));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -302,13 +269,12 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
     const float *g = layer_params(c);
     int C = l->c, S = bn_positions(l);
     if (dp__bn_sync(c.p, c.i)) /* dx only: DP_OP_BN_BWD_STATS wrote the gradients */
-      DP_CUDA_CHECK(dp_k_bn_sync_dx(x->stream, layer_in(c), bn_area(c.e, c.d, c.i, 0),
-                                    bn_area(c.e, c.d, c.i, dp__bn_sync_bwd(C)), g, dy, dx,
-                                    n, C, S));
+      DP_CUDA_CHECK(dp_k_bn_sync_dx(x->stream, layer_in(c), bn_area(c, 0),
+                                    bn_area(c, dp__bn_sync_bwd(C)), g, dy, dx, n, C, S));
     else
       DP_CUDA_CHECK(dp_k_bn_backward(
-          x->stream, layer_in(c), bn_area(c.e, c.d, c.i, (size_t)c.mb * dp__bn_stats(C)), g,
-          dy, dx, grads + l->param_off, grads + l->param_off + C, n, C, S));
+          x->stream, layer_in(c), bn_area(c, (size_t)c.mb * dp__bn_stats(C)), g, dy, dx,
+          grads + l->param_off, grads + l->param_off + C, n, C, S));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -346,7 +312,7 @@ static dp_status mb_span(const dp_mb *mbs, int mb0, int n, int row0, dp_cuda_mb_
 }
 
 /* The optimizer's constants, computed on the host exactly as
- * lib/cpu_backend.c's opt_consts_of does; the per-step scalars are in the
+ * lib/cpu/backend.c's opt_consts_of does; the per-step scalars are in the
  * header (dp__cuda_host_step). */
 static dp_cuda_opt opt_of(const dp_config *cf) {
   dp_cuda_opt o;
@@ -366,7 +332,7 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
   return o;
 }
 
-/* As lib/cpu_backend.c's loss_op: classic reads the gathered outputs on device
+/* As lib/cpu/backend.c's loss_op: classic reads the gathered outputs on device
  * 0, allreduce each device's own chunk; sums into the device's LOSS region. */
 static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
@@ -424,22 +390,15 @@ static dp_status close_group(cuda_ctx *c, int d);
 
 /* The optimizer state of parameters [off, off + bytes) (byte offsets) on device d:
  * the device keeps state for [opt_off[d], +opt_len[d]) only, one vector after
- * the other (momentum's buffer; AdamW's m, then v), as lib/cpu_backend.c reads
+ * the other (momentum's buffer; AdamW's m, then v), as lib/cpu/backend.c reads
  * it. A segment outside that range is refused, not read out of place. */
 static dp_status opt_state_of(const dp_exec_env *e, int d, size_t off, size_t bytes,
                               float **m, float **v) {
-  const dp_plan *p = e->plan;
-  size_t first = off / 4, n = bytes / 4;
-  *m = *v = NULL;
-  if (p->cfg.optimizer == DP_OPT_SGD) return DP_OK; /* stateless */
-  if (first < p->opt_off[d] || first + n > p->opt_off[d] + p->opt_len[d])
-    return DP_FAIL(DP_ERR_INVALID,
-                   "cuda backend: device %d: parameters %zu..%zu have no optimizer state "
-                   "here (it holds %zu..%zu)",
-                   d, first, first + n, p->opt_off[d], p->opt_off[d] + p->opt_len[d]);
-  *m = reg(e, d, DP_REGION_OPT_STATE, (first - p->opt_off[d]) * 4);
-  *v = *m + p->opt_len[d];
-  return DP_OK;
+  dp_opt_operands o;
+  dp_status st = dp__opt_operands(e->plan, d, off / 4, bytes / 4, DP_REGION_GRADS, off, &o);
+  *m = st ? NULL : dp__span_ptr(e, d, o.state[0]);
+  *v = st ? NULL : dp__span_ptr(e, d, o.state[1]);
+  return st;
 }
 
 /* Before a commit-phase kernel that must refuse with every check (the
@@ -459,7 +418,7 @@ static dp_status gather_status(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, in
   return DP_OK;
 }
 
-/* ---- config.clip_grad_norm and config.accumulate (lib/cpu_backend.c's
+/* ---- config.clip_grad_norm and config.accumulate (lib/cpu/backend.c's
  * grad_norm_op, grad_clip_op, grad_accum_op, grad_stash_op) ---- */
 static dp_status grad_norm_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   int d = op->device;
@@ -569,7 +528,7 @@ static dp_status allreduce_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
 #endif
 }
 
-/* The batchnorm ops of lib/schedule.c, addressed as lib/cpu_backend.c's
+/* The batchnorm ops of lib/core/schedule.c, addressed as lib/cpu/backend.c's
  * bn_update, bn_stats_op, bn_merge_op, bn_final_op and bn_bwd_stats_op. */
 static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
@@ -580,15 +539,7 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
                    op->kind, op->layer);
   const dp_layer *l = &p->model.layers[op->layer];
   int C = l->c, S = bn_positions(l);
-  lay ly = {e,
-            p,
-            l,
-            d,
-            op->layer,
-            p->model.n_layers,
-            op->row0 - p->split.dev_row0[d],
-            op->rows,
-            op->micro_batch - p->split.dev_mb0[d]};
+  lay ly = lay_of(e, op, op->layer);
   float *dst = reg(e, d, op->dst_region, op->dst_offset);
   const float *src = reg(e, d, op->src_region, op->src_offset);
   switch ((dp_op_kind)op->kind) {
@@ -598,8 +549,8 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
      * step, like the optimizer, by the status words the optimizer op before
      * it on this stream copied in (allreduce: every device's). */
     int n_check = p->cfg.mode != DP_MODE_CLASSIC && c->n > 1 ? c->n : 1;
-    DP_CUDA_CHECK(dp_k_bn_update(x->stream, bn_area(e, 0, op->layer, 0),
-                                 bn_buffers(e, 0, l), C, x->hdr, n_check));
+    DP_CUDA_CHECK(
+        dp_k_bn_update(x->stream, bn_area(ly, 0), bn_buffers(ly), C, x->hdr, n_check));
     return DP_OK;
   }
   case DP_OP_BN_STATS:
@@ -612,9 +563,9 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
     DP_CUDA_CHECK(dp_k_bn_final(x->stream, dst, src, C, S));
     return DP_OK;
   case DP_OP_BN_BWD_STATS:
-    DP_CUDA_CHECK(dp_k_bn_bwd_sums(x->stream, layer_in(ly), bn_area(e, d, op->layer, 0),
-                                   layer_dout(ly), dst + l->param_off,
-                                   dst + l->param_off + C, op->rows, C, S));
+    DP_CUDA_CHECK(dp_k_bn_bwd_sums(x->stream, layer_in(ly), bn_area(ly, 0), layer_dout(ly),
+                                   dst + l->param_off, dst + l->param_off + C, op->rows, C,
+                                   S));
     return DP_OK;
   default: break;
   }
@@ -632,7 +583,7 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
 namespace {
 struct gemm_key {
   int dir, rows, in, out, layer;
-  unsigned ax, aw, ay; /* offsets mod 256 of the operands */
+  unsigned ax, aw, ay, ad; /* offsets mod 256 of the operands (ad: dx, 256 when none) */
 };
 } // namespace
 
@@ -654,22 +605,20 @@ dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_
         op->rows <= 0)
       continue;
     const dp_layer *l = &p->model.layers[op->layer];
-    lay c0 = {&e,
-              p,
-              l,
-              d,
-              op->layer,
-              p->model.n_layers,
-              op->row0 - p->split.dev_row0[d],
-              op->rows,
-              op->micro_batch - p->split.dev_mb0[d]};
+    lay c0 = lay_of(&e, op, op->layer);
     const float *in = layer_in(c0), *w = layer_params(c0);
     float *y =
         op->kind == DP_OP_FORWARD
             ? layer_out(dp__relu_fused(p, op->layer + 1) ? at_layer(c0, op->layer + 1) : c0)
             : layer_dout(c0);
-    gemm_key key = {op->kind,  op->rows,   l->in,     l->out,
-                    op->layer, mod256(in), mod256(w), mod256(y)};
+    /* the input gradient as backward() writes it: the relu's before it when fused */
+    bool masked = op->layer > 0 && dp__relu_bwd_fused(p, op->layer - 1);
+    const float *dx = op->kind == DP_OP_FORWARD
+                          ? NULL
+                          : layer_din(masked ? at_layer(c0, op->layer - 1) : c0);
+    gemm_key key = {op->kind,  op->rows,  l->in,
+                    l->out,    op->layer, mod256(in),
+                    mod256(w), mod256(y), dx ? mod256(dx) : 256u};
     bool dup = false;
     for (int i = 0; i < n_seen && !dup; i++) dup = !memcmp(&seen[i], &key, sizeof key);
     if (dup) continue;
@@ -677,13 +626,13 @@ dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_
     /* scratch operands at the real ones' alignment; contents do not matter */
     float *sx = (float *)(scratch + key.ax), *sw = (float *)(scratch + each + key.aw),
           *sy = (float *)(scratch + 2 * each + key.ay),
-          *sd = (float *)(scratch + 3 * each + mod256(layer_din(c0)));
+          *sd = (float *)(scratch + 3 * each + (dx ? key.ad : 0));
     dp_status s =
         op->kind == DP_OP_FORWARD
             ? dp__cuda_linear_forward(x->blas, x->stream, op->rows, l->in, l->out, sx, sw,
                                       NULL, false, sy)
             : dp__cuda_linear_backward(x->blas, x->stream, op->rows, l->in, l->out, sx, sw,
-                                       sy, sd, NULL, NULL, layer_din(c0) ? sd : NULL);
+                                       sy, sd, NULL, masked ? sx : NULL, dx ? sd : NULL);
     if (s != DP_OK) return s;
   }
   DP_CUDA_CHECK_D(d, cudaStreamSynchronize(x->stream));
@@ -738,15 +687,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_BACKWARD: {
     if (op->layer < 0 || op->layer >= p->model.n_layers)
       return DP_FAIL(DP_ERR_INVALID, "cuda backend: no layer %d", op->layer);
-    lay l = {e,
-             p,
-             &p->model.layers[op->layer],
-             d,
-             op->layer,
-             p->model.n_layers,
-             op->row0 - p->split.dev_row0[d],
-             op->rows,
-             op->micro_batch - p->split.dev_mb0[d]};
+    lay l = lay_of(e, op, op->layer);
     /* dropout's rows: of the accumulation's concatenation (row_base) */
     int row0 = e->row_base + op->row0;
     if (op->kind == DP_OP_FORWARD) return forward(x, l, row0);
@@ -968,7 +909,7 @@ extern "C" dp_status dp__cuda_copy(void *tctx, dp_exec_env *e, int dev, const dp
   return nccl_side(c, dev, dst, src, op->bytes, sd, dd);
 }
 
-/* The other endpoint's side of a copy (lib/internal.h): the NCCL send or
+/* The other endpoint's side of a copy (lib/core/backend.h): the NCCL send or
  * receive of an NCCL pair; nothing for any other copy, which copy() moves
  * one-sided. */
 extern "C" dp_status dp__cuda_peer(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
@@ -1066,7 +1007,7 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   memset(&sc, 0, sizeof sc);
   sc.step = step;
   sc.first = step == 0;
-  /* lib/cpu_backend.c's opt_consts_of, the same way, with the rate in effect */
+  /* lib/cpu/backend.c's opt_consts_of, the same way, with the rate in effect */
   float lr = c->lr;
   sc.lr = lr;
   sc.decay = 1.0f - lr * cf->weight_decay;

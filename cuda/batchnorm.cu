@@ -1,4 +1,4 @@
-/* Batch normalisation kernels: lib/cpu_backend.c's bn_forward, bn_backward,
+/* Batch normalisation kernels: lib/cpu/backend.c's bn_forward, bn_backward,
  * bn_update and the sync ops (bn_stats_op, bn_merge_op, bn_final_op,
  * bn_bwd_stats_op, bn_sync_backward), the same quantities from the same
  * formulas, one IEEE operation at a time (__fmul_rn and friends: nvcc
@@ -27,7 +27,7 @@
 #define BN_THREADS                                                                         \
   512                /* a channel's block; element-wise kernels and the per-channel        \
                         double loops take grid.cuh's THREADS */
-#define BN_EPS 1e-5f /* lib/cpu_backend.c's */
+#define BN_EPS 1e-5f /* lib/cpu/backend.c's */
 static __device__ __forceinline__ double dm(double a, double b) { return __dmul_rn(a, b); }
 static __device__ __forceinline__ double da(double a, double b) { return __dadd_rn(a, b); }
 static __device__ __forceinline__ double ds(double a, double b) { return __dsub_rn(a, b); }

@@ -1,4 +1,4 @@
-/* Batch normalisation on the GPU (cuda/batchnorm.cu): lib/cpu_backend.c's
+/* Batch normalisation on the GPU (cuda/batchnorm.cu): lib/cpu/backend.c's
  * bn_* functions, quantity for quantity, on channels-first rows: element
  * (r, ch, k) of n rows at ((r C + ch) S + k), S = H W (1 for a flat
  * batchnorm). C++, internal.

@@ -13,7 +13,7 @@
 /* internal.h declares dp__error and friends for C; give them C linkage here
  * (harmless once internal.h carries its own extern "C" guard). */
 extern "C" {
-#include "internal.h"
+#include "core/backend.h"
 }
 
 #include "dp_cuda.h"

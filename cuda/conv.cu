@@ -1,5 +1,5 @@
-/* The image layers on the GPU, NCHW as lib/conv.c (a row of a micro-batch is
- * one image, C x H x W floats); the math and the orders are lib/conv.c's.
+/* The image layers on the GPU, NCHW as lib/cpu/conv.c (a row of a micro-batch is
+ * one image, C x H x W floats); the math and the orders are lib/cpu/conv.c's.
  *
  * conv2d over the micro-batch's n images, P = OH * OW output positions,
  * CKK = C * K * K taps, the buffers after the cuBLAS workspace (dp_cuda.h,
@@ -21,14 +21,14 @@
  * Fixed orders (no atomics; one thread per output element):
  *   - col2im: dx[s][c][iy][ix] = +0 + the dCOL taps that read it, windows in
  *     ascending (oy, ox) order (each window reads an element through at most
- *     one tap). lib/conv.c scatters in (image, oy, ox, c, ky, kx) order into a
+ *     one tap). lib/cpu/conv.c scatters in (image, oy, ox, c, ky, kx) order into a
  *     zeroed dx, which adds each element's taps in that same (oy, ox) order:
  *     the same bits from the same dCOL.
  *   - avgpool forward: +0 + the window in (ky, kx) order, then / (K K);
  *     backward: each element gathers dy / (K K) over the windows that hold it,
- *     (oy, ox) ascending, from +0: lib/conv.c's scatter order again.
+ *     (oy, ox) ascending, from +0: lib/cpu/conv.c's scatter order again.
  *   - maxpool: the window's argmax is the first largest in (ky, kx) order, a
- *     NaN taken at once (lib/conv.c's argmax, recomputed in backward); an
+ *     NaN taken at once (lib/cpu/conv.c's argmax, recomputed in backward); an
  *     element gathers dy of every window whose argmax it is, (oy, ox)
  *     ascending, from +0: overlapping windows sum as on the CPU.
  * Adds are __fadd_rn and divisions __fdiv_rn (no contraction), so the pools
@@ -135,7 +135,7 @@ static __global__ void k_planes_to_rows(size_t P, size_t out, const float *dy, f
 
 /* ---- pools ------------------------------------------------------------------------- */
 
-/* lib/conv.c's argmax: the first largest in (ky, kx) order, a NaN taken at once;
+/* lib/cpu/conv.c's argmax: the first largest in (ky, kx) order, a NaN taken at once;
  * the index within the plane. */
 static __device__ __forceinline__ size_t window_argmax(const float *xc, int W, int y0,
                                                        int x0, int K) {
@@ -312,7 +312,7 @@ dp_status dp__cuda_conv_backward(cublasHandle_t h, cudaStream_t st, const dp_lay
                                  int n, const float *x, const float *w, const float *dy,
                                  float *dw, float *db, float *dx, void *ws,
                                  size_t ws_bytes) {
-  if (n <= 0) { /* an empty micro-batch: zero gradients, as lib/conv.c */
+  if (n <= 0) { /* an empty micro-batch: zero gradients, as lib/cpu/conv.c */
     size_t ckk = (size_t)l->ic * (size_t)l->k * (size_t)l->k;
     DP_CUDA_CHECK(cudaMemsetAsync(dw, 0, (size_t)l->c * ckk * 4, st));
     if (db) DP_CUDA_CHECK(cudaMemsetAsync(db, 0, (size_t)l->c * 4, st));

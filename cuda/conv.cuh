@@ -1,11 +1,11 @@
 /* The image layers on the GPU (cuda/conv.cu): conv2d as im2col + cuBLAS
  * GEMMs (cuda/gemm.cu's linear-layer calls at (n P, CKK) x (OUT, CKK)),
- * maxpool2d and avgpool2d, NCHW as lib/conv.c. C++, internal.
+ * maxpool2d and avgpool2d, NCHW as lib/cpu/conv.c. C++, internal.
  *
  * Launchers enqueue on `st` and return cudaGetLastError(); nothing is
  * enqueued for no elements. No atomics: every output element is written by
  * one thread, and every sum (col2im, the pools' backward, avgpool's window)
- * runs in a fixed ascending order that is lib/conv.c's, so these kernels give
+ * runs in a fixed ascending order that is lib/cpu/conv.c's, so these kernels give
  * the CPU's bits from the same inputs; only the GEMMs (cuBLAS) and the bias
  * gradient (k_colsum's order) differ from the CPU in the last bits. */
 #ifndef DP_CUDA_CONV_CUH

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "dp.h"
-#include "internal.h"
+#include "core/backend.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,7 +49,7 @@ void dp__cuda_host_free(void *p); /* p may be NULL */
  *     region; every optimizer kernel reads the status words first and changes
  *     nothing when one is set, so a refused step is refused without a host sync.
  *
- * Call order for one dp_train_step / dp_forward (what lib/ctx.c and lib/exec.c
+ * Call order for one dp_train_step / dp_forward (what lib/core/ctx.c and lib/core/exec.c
  * must do):
  *   dp__cuda_step_begin(bctx)                     calling thread, before dp__exec_run
  *   dp__exec_run(...), where every device's thread, for EVERY stage s of the run
@@ -136,7 +136,7 @@ enum {
 /* 1 when this build has NCCL (configure.py found nccl.h and libnccl). */
 int dp__cuda_have_nccl(void);
 
-/* The backend's and transport's slots (lib/internal.h; cuda/vtable.c puts
+/* The backend's and transport's slots (lib/core/backend.h; cuda/vtable.c puts
  * them in the vtables). run() enqueues one compute op on the op's device
  * stream; copy() enqueues one transfer on the stream of the executing device
  * dev (whose thread calls it, after dp__cuda_stage_begin), the op naming both
@@ -180,7 +180,7 @@ dp_status dp__cuda_ctx_init_world(const dp_plan *p, void *const arenas[], unsign
 /* Starts a step (or a forward): resets every device's status words and the
  * stage bookkeeping, and enqueues on every device a copy of this step's
  * scalars (the step counter that keys dropout, momentum's first-step flag,
- * AdamW's bias corrections, computed on the host as lib/cpu_backend.c does)
+ * AdamW's bias corrections, computed on the host as lib/cpu/backend.c does)
  * from a pinned block into the device's WORKSPACE header; kernels read them
  * there, never from their arguments, so that a captured graph replays any
  * step. Enqueues only. */
@@ -260,7 +260,7 @@ dp_status dp__cuda_check_pinned(const void *p);
 dp_status dp__cuda_fill_u32(int dev, void *dst, uint32_t value, size_t count);
 
 /* ---- self-tests (tests/test_cuda.c, tests/gpu/run.sh); these allocate ---- */
-/* u64[i] = the counter-based generator of lib/rng.c computed on GPU 0 for key
+/* u64[i] = the counter-based generator of lib/util/rng.c computed on GPU 0 for key
  * (seed, stream, abc[3i], abc[3i+1], abc[3i+2]); uniform[i] its float. */
 dp_status dp__cuda_rng_table(uint64_t seed, uint64_t stream, const uint64_t *abc, int n,
                              uint64_t *u64, float *uniform);

@@ -1,6 +1,6 @@
 /* Device kernels of the CUDA backend: every layer's forward and backward but
  * the linear layer's GEMMs (cuda/gemm.cu), the losses, the loss sum, gradient
- * add/zero/check and the optimizers. The math is lib/cpu_backend.c's, formula
+ * add/zero/check and the optimizers. The math is lib/cpu/backend.c's, formula
  * for formula; see cuda/kernels.cuh for the determinism rules. */
 #include "batchnorm.cuh" /* dp_k_bn_preload */
 #include "conv.cuh"      /* dp_k_conv_preload */
@@ -15,7 +15,7 @@
 #define RED_THREADS 1024
 #define FULL_MASK 0xffffffffu
 
-constexpr float GELU_C = 0.7978845608028654f; /* sqrt(2/pi), as lib/cpu_backend.c */
+constexpr float GELU_C = 0.7978845608028654f; /* sqrt(2/pi), as lib/cpu/backend.c */
 constexpr float GELU_A = 0.044715f;
 
 /* Sum over a warp by a fixed xor butterfly: every lane ends with the same bits
@@ -359,7 +359,7 @@ static __global__ void __launch_bounds__(THREADS)
  * cols only, never on where its rows sit or which other micro-batches share
  * the launch, so classic and allreduce give the same bits. A label out of range
  * is flagged (DP_CUDA_ST_LABEL; integer atomics, order-independent), its row's
- * gradient zeroed and its loss left out; lib/ctx.c checks labels on the host
+ * gradient zeroed and its loss left out; lib/core/ctx.c checks labels on the host
  * before a step, so this is a second line. */
 static __global__ void __launch_bounds__(RED_THREADS)
     k_loss_ce(const float *z, const int32_t *labels, float *g, float *part,
@@ -431,7 +431,7 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
   return cudaGetLastError();
 }
 
-/* ---- the loss sum: lib/cpu_backend.c's tree_sum, bit for bit --------------------- */
+/* ---- the loss sum: lib/cpu/backend.c's tree_sum, bit for bit --------------------- */
 /* tree_sum(v, lo, hi): v[lo] when hi - lo == 1; else, with mid = (lo + hi + 1) / 2,
  * tree_sum(lo, mid) + tree_sum(mid, hi) when mid < n_ne, and tree_sum(lo, mid)
  * alone when the right part is empty (micro-batches >= n_ne are the empty ones,
@@ -563,7 +563,7 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
   return cudaGetLastError();
 }
 
-/* PyTorch's element rules, as lib/cpu_backend.c's (sgd_w, mom_*, adam_*), one
+/* PyTorch's element rules, as lib/cpu/backend.c's (sgd_w, mom_*, adam_*), one
  * IEEE operation at a time: the new parameter, and the new state words (s0:
  * momentum buffer or AdamW's m; s1: AdamW's v). Used by the update and by the
  * check that refuses an update whose result is not finite. */
@@ -651,7 +651,7 @@ cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, cons
 #define DP_K_NORM_CHUNK 65536 /* 2^16 squares below 2^48: a uint64 sum cannot overflow */
 
 /* Integer sums do not depend on the order the threads add in: the bins are
- * lib/cpu_backend.c's grad_norm_op's, bit for bit. */
+ * lib/cpu/backend.c's grad_norm_op's, bit for bit. */
 static __global__ void __launch_bounds__(NORM_THREADS)
     k_grad_norm(const float *g, size_t n, unsigned long long *bins) {
   __shared__ unsigned long long sq[DP_NORM_BINS];

@@ -10,7 +10,7 @@
  * shared-memory trees and fixed xor-butterflies across a warp), so results
  * are bit-identical run to run and across device counts (GEMMs: cuBLAS, same
  * shapes and workspace on the same GPU model). Where the CPU backend
- * (lib/cpu_backend.c) does a separate multiply and add, the kernels use
+ * (lib/cpu/backend.c) does a separate multiply and add, the kernels use
  * __fmul_rn/__fadd_rn so that nvcc does not contract them into an FMA: the
  * element-wise kernels without transcendental functions (relu, dropout, grad
  * add, zero, the optimizers) then give the CPU's bits; the column sums follow a
@@ -29,7 +29,7 @@ enum {
   DP_CUDA_ST_UPDATE = 8u, /* GRAD_CHECK: the update would write a non-finite value */
 };
 /* This step's scalars, the same on every device: dp__cuda_step_begin (and
- * dp__cuda_graph_launch) compute them on the host as lib/cpu_backend.c does
+ * dp__cuda_graph_launch) compute them on the host as lib/cpu/backend.c does
  * and one host-to-device copy per device puts them here, so that a captured
  * graph, whose kernel arguments are frozen, still sees the step it replays. */
 typedef struct {
@@ -69,7 +69,7 @@ typedef struct {
 } dp_cuda_mb_span;
 
 /* The optimizer's constants (per plan; the per-step scalars are in the
- * header's sc): computed on the host exactly as lib/cpu_backend.c does. */
+ * header's sc): computed on the host exactly as lib/cpu/backend.c does. */
 typedef struct {
   int kind; /* dp_optimizer */
   int nesterov;
@@ -124,7 +124,7 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
  * base + i) that would write a non-finite parameter or state word. m[0..n) and
  * v[0..n) are the same elements' optimizer state (momentum's buffer, AdamW's two
  * moments; unused where the optimizer has none): the caller resolves them from
- * the device's state layout (dp_plan.opt_off/opt_len), as lib/cpu_backend.c. */
+ * the device's state layout (dp_plan.opt_off/opt_len), as lib/cpu/backend.c. */
 cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
                               const float *g, const float *m, const float *v, size_t n,
                               size_t base, dp_cuda_header *hdr, int dev);
@@ -134,7 +134,7 @@ cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
                            float *m, float *v, size_t n, const dp_cuda_header *hdr,
                            int n_check);
-/* config.clip_grad_norm (lib/cpu_backend.c's grad_norm_op and grad_clip_op, the
+/* config.clip_grad_norm (lib/cpu/backend.c's grad_norm_op and grad_clip_op, the
  * same bytes and bits). bins (256, 2): the exact sum of squares of g[0..n), a
  * 128-bit integer (lo, hi) per biased exponent, inf and NaN counted in bin 255;
  * one block over chunks of at most DP_K_NORM_CHUNK elements, whose squares

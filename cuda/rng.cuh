@@ -1,7 +1,7 @@
-/* lib/rng.c's counter-based generator on the device, bit for bit: the same
+/* lib/util/rng.c's counter-based generator on the device, bit for bit: the same
  * mix (splitmix64's finaliser) chained over (seed, stream, a, b, c), and the
  * same 24-bit uniform. tests/test_cuda.c compares a table of keys with
- * lib/rng.c. Keep the two in step. */
+ * lib/util/rng.c. Keep the two in step. */
 #ifndef DP_CUDA_RNG_CUH
 #define DP_CUDA_RNG_CUH
 

@@ -1,10 +1,10 @@
-/* The CUDA backend's vtables (lib/internal.h) over the calls of dp_cuda.h,
+/* The CUDA backend's vtables (lib/core/backend.h) over the calls of dp_cuda.h,
  * and its registration, dp_cuda_register. Plain C, so that designated
  * initialisers name every slot. The emulated GPU (tests/emul) implements the
  * same dp_cuda.h calls on the CPU and is registered through this same file,
  * so every CI run exercises this adapter too. */
 #include "dp_cuda.h"
-#include "internal.h"
+#include "core/backend.h"
 
 /* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the same
  * on every device whatever the model; then conv2d's COL and T for the
@@ -149,7 +149,8 @@ static const dp_backend_ops cuda_backend = {
     .align = 256, /* cudaMalloc's alignment, and cuBLAS's preferred one */
     .workspace_bytes = cuda_workspace_bytes,
     .host_staging = true,      /* pinned: device copies run asynchronously */
-    .grad_clip = true,         /* clipping and accumulation: cuda/backend.cu */
+    .grad_clip = true,         /* clipping: cuda/backend.cu */
+    .accumulate = true,        /* accumulation: cuda/backend.cu */
     .image_layers = true,      /* conv2d, pools, flatten: cuda/conv.cu */
     .batchnorm = true,         /* both modes: cuda/batchnorm.cu */
     .fuses_linear_relu = true, /* the relu in the linear's bias kernel */
@@ -186,5 +187,5 @@ static const dp_backend_ops cuda_backend = {
 };
 
 dp_status dp_cuda_register(void) {
-  return dp__backend_register(DP_BACKEND_CUDA, &cuda_backend);
+  return dp__backend_register(&cuda_backend, NULL); /* "cuda": DP_BACKEND_CUDA */
 }

@@ -1,4 +1,4 @@
-/* libFuzzer harness: dp_ckpt_load (lib/checkpoint.c) on arbitrary bytes.
+/* libFuzzer harness: dp_ckpt_load (lib/format/checkpoint.c) on arbitrary bytes.
  *
  * The bytes are written to an in-memory file (memfd) and loaded into each of
  * the fixed contexts of ckpt_fixture.h (every optimizer-state layout). Then:
@@ -15,7 +15,7 @@
  * whole-file checksum and the MODL text length recomputed from the sections'
  * own length fields. That reaches the structure, model, size and value checks
  * behind the checksums. */
-#include "ctx.h"
+#include "core/ctx.h"
 #include "ckpt_fixture.h"
 #include "fuzz_util.h"
 

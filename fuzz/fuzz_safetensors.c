@@ -1,4 +1,4 @@
-/* libFuzzer harness: dp_ckpt_import_safetensors (lib/safetensors.c) on
+/* libFuzzer harness: dp_ckpt_import_safetensors (lib/format/safetensors.c) on
  * arbitrary bytes.
  *
  * The bytes are written to an in-memory file (memfd) and imported into two
@@ -17,7 +17,7 @@
  * each input is also imported a second time "repaired": with the length set
  * to end at the brace that closes the header's top-level object (strings and
  * escapes followed). That reaches the JSON reader and the tensor checks. */
-#include "ctx.h"
+#include "core/ctx.h"
 #include "fuzz_util.h"
 
 #include <math.h>

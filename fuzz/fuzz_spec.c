@@ -1,4 +1,4 @@
-/* libFuzzer harness: the .dpm model spec parser (lib/spec.c, lib/model.c).
+/* libFuzzer harness: the .dpm model spec parser (lib/model/spec.c, lib/model/model.c).
  *
  * For arbitrary bytes (made a C string: the parser takes text up to the first
  * NUL), dp_model_parse must either

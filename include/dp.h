@@ -130,8 +130,18 @@ typedef enum {
  * applies the same update). */
 typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
 typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
+/* A backend, by its kind: the index of its name in the registry. The cpu
+ * backend is built in; others register from their own library (the cuda
+ * backend: dp_cuda_register) under a name, and "cpu" and "cuda" keep these
+ * two kinds whether registered or not. */
 typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
-const char *dp_backend_name(dp_backend b); /* "cpu", "cuda"; "?" when unknown */
+const char *dp_backend_name(dp_backend b); /* "cpu", "cuda", ...; "?" when unknown */
+/* Kinds [0, dp_backend_count()) have names; dp_backend_available says whether
+ * a backend is registered under one (a plan can name it). */
+int dp_backend_count(void);
+int dp_backend_available(dp_backend b);
+/* The kind of the registered backend `name`; DP_ERR_UNSUPPORTED when none is. */
+dp_status dp_backend_find(const char *name, dp_backend *kind);
 
 /* How the CUDA backend moves data between replicas on distinct GPUs. AUTO:
  * NCCL send/recv when the build has NCCL, every replica has a GPU of its own

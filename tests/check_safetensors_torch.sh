@@ -1,5 +1,5 @@
 #!/bin/sh
-# libdp <-> PyTorch through safetensors files: tools/golden/safetensors_roundtrip.py
+# libdp <-> PyTorch through safetensors files: tests/fixtures/golden/safetensors_roundtrip.py
 # against BUILD_DIR/libdp.a (torch -> libdp import and forward, libdp training and
 # export -> torch load_state_dict(strict=True) and forward, torch's own training).
 #   usage: tests/check_safetensors_torch.sh [BUILD_DIR]   (default build)
@@ -20,7 +20,7 @@ if [ -z "$py" ]; then
   done
   [ -n "$py" ] || py=python3 # reports the SKIP itself
 fi
-out=$("$py" tools/golden/safetensors_roundtrip.py "$bd" 2>&1)
+out=$("$py" tests/fixtures/golden/safetensors_roundtrip.py "$bd" 2>&1)
 rc=$?
 printf '%s\n' "$out"
 case $rc in

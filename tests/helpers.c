@@ -1,6 +1,6 @@
 /* Helpers shared by the test suites: see helpers.h. */
 #include "helpers.h"
-#include "ctx.h"
+#include "core/ctx.h"
 
 #include <check.h>
 #include <dirent.h>

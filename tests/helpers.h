@@ -3,7 +3,7 @@
  *
  * Each one that builds something fails the running test, with libdp's message,
  * when libdp refuses; the file helpers fail it when a call fails. ctx_snap
- * reads a context's arenas through lib/ctx.h. */
+ * reads a context's arenas through lib/core/ctx.h. */
 #ifndef DP_TEST_HELPERS_H
 #define DP_TEST_HELPERS_H
 

@@ -3,7 +3,7 @@
  * tensor list, dp_hash_bytes, the enum names, the GEMM tier, dp_bench_sgemm and
  * dp_cuda_device_info; and a check that tools/ includes nothing but dp.h and
  * its own headers. */
-#include "internal.h" /* dp__backend_ops / dp__backend_register: the pass-through test */
+#include "core/backend.h" /* dp__backend_ops / dp__backend_register: the pass-through test */
 
 #include <check.h>
 #include <ctype.h>
@@ -353,11 +353,13 @@ START_TEST(diagnostics_go_through_the_backend_slots) {
    * diagnostic slots replaced */
   static dp_backend_ops fake;
   fake = *dp__backend_ops(DP_BACKEND_CPU);
-  fake.name = "fake";
+  fake.name = "cuda"; /* in the cuda backend's place: its kind */
   fake.device_count = fake_count;
   fake.device_info = fake_info;
   fake.bench_sgemm = fake_bench;
-  ck_assert_int_eq(dp__backend_register(DP_BACKEND_CUDA, &fake), DP_OK);
+  dp_backend kind = DP_BACKEND_CPU;
+  ck_assert_int_eq(dp__backend_register(&fake, &kind), DP_OK);
+  ck_assert_int_eq(kind, DP_BACKEND_CUDA);
   double ms = 0.0;
   ck_assert_int_eq(dp_bench_sgemm(DP_BACKEND_CUDA, 2, 7, 9, 11, 13, 1, &ms), DP_OK);
   ck_assert(ms == 2.5);
@@ -375,7 +377,57 @@ START_TEST(diagnostics_go_through_the_backend_slots) {
   ck_assert_uint_eq(total, 1000);
   ck_assert_uint_eq(free_mem, 600);
   ck_assert_int_eq(dp_cuda_device_count(), 3);
-  if (real) ck_assert_int_eq(dp__backend_register(DP_BACKEND_CUDA, real), DP_OK);
+  if (real) ck_assert_int_eq(dp__backend_register(real, NULL), DP_OK);
+}
+END_TEST
+
+/* Backends register by name: a new name gets a kind of its own that a plan can
+ * name and the registry lists; the built-in cpu backend cannot be replaced; an
+ * incomplete vtable is refused. */
+START_TEST(backends_register_by_name) {
+  static dp_backend_ops other;
+  other = *dp__backend_ops(DP_BACKEND_CPU);
+  other.name = "other";
+  int before = dp_backend_count();
+  dp_backend kind = DP_BACKEND_CPU, found = DP_BACKEND_CPU;
+  ck_assert_int_eq(dp_backend_find("other", &found), DP_ERR_UNSUPPORTED);
+  ck_assert_int_eq(dp__backend_register(&other, &kind), DP_OK);
+  ck_assert_int_ge(kind, 2);
+  ck_assert_int_eq(dp_backend_count(), before + 1);
+  ck_assert_str_eq(dp_backend_name(kind), "other");
+  ck_assert_int_eq(dp_backend_find("other", &found), DP_OK);
+  ck_assert_int_eq(found, kind);
+  ck_assert(dp_backend_available(kind));
+  /* again: the same kind, no new slot */
+  ck_assert_int_eq(dp__backend_register(&other, &found), DP_OK);
+  ck_assert_int_eq(found, kind);
+  ck_assert_int_eq(dp_backend_count(), before + 1);
+  /* a plan names it like any backend and runs on it */
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 5\nlinear 2\nloss mse\n", "other", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.backend = kind;
+  c.n_devices = 2;
+  c.batch = 4;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_ctx *x = NULL;
+  ck_assert_int_eq(dp_ctx_create(p, &x), DP_OK);
+  dp_ctx_free(x);
+  dp_plan_free(p);
+  dp_model_free(m);
+  static dp_backend_ops cpu2;
+  cpu2 = *dp__backend_ops(DP_BACKEND_CPU);
+  ck_assert_int_eq(dp__backend_register(&cpu2, NULL), DP_ERR_INVALID);
+  ck_assert_ptr_eq(dp__backend_ops(DP_BACKEND_CPU), dp__backend_ops(DP_BACKEND_CPU));
+  static dp_backend_ops bad;
+  bad = other;
+  bad.name = "bad";
+  bad.run = NULL;
+  ck_assert_int_eq(dp__backend_register(&bad, NULL), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_backend_find("bad", &found), DP_ERR_UNSUPPORTED);
+  ck_assert_str_eq(dp_backend_name((dp_backend)99), "?");
 }
 END_TEST
 
@@ -384,12 +436,14 @@ END_TEST
 /* The project's headers a tool may include ("..." form); any other "..."
  * include, and any <...> include of a header of lib/, cuda/ or tests/, is
  * refused. */
-/* dp_mpi.h: the public MPI entry points (tools/world.c, under DP_HAVE_MPI) */
+/* dp_mpi.h: the public MPI entry points (tools/ranks.c, under DP_HAVE_MPI) */
 static const char *const TOOL_HEADERS[] = {"dp.h",   "dp_mpi.h", "cli.h",
                                            "data.h", "svg.h",    "agree.h"};
 
 static int project_header(const char *name) {
-  static const char *const dirs[] = {"lib", "cuda", "tests", "tests/emul", "include"};
+  static const char *const dirs[] = {"lib",     "lib/util",   "lib/model", "lib/core",
+                                     "lib/cpu", "lib/format", "lib/mpi",   "cuda",
+                                     "tests",   "tests/emul", "include"};
   for (size_t d = 0; d < sizeof dirs / sizeof *dirs; d++) {
     char path[512];
     snprintf(path, sizeof path, "%s/%s", dirs[d], name);
@@ -469,14 +523,14 @@ START_TEST(include_check_catches_internal_headers) {
   ck_assert_int_ge(fd, 0);
   FILE *f = fdopen(fd, "w");
   ck_assert_ptr_nonnull(f);
-  fputs("#include \"cli.h\"\n#include \"internal.h\"\n#  include <gemm.h>\n"
+  fputs("#include \"cli.h\"\n#include \"core/ctx.h\"\n#  include <gemm.h>\n"
         "#include <stdio.h>\n  #include \"dp_cuda.h\" /* x */\n#include \"dp.h\"\n",
         f);
   fclose(f);
   char bad[2048] = "";
   check_tool_file(path, bad, sizeof bad);
   unlink(path);
-  ck_assert_msg(strstr(bad, ":2: #include \"internal.h\""), "%s", bad);
+  ck_assert_msg(strstr(bad, ":2: #include \"core/ctx.h\""), "%s", bad);
   ck_assert_msg(strstr(bad, ":3: #  include <gemm.h>"), "%s", bad);
   ck_assert_msg(strstr(bad, ":5:   #include \"dp_cuda.h\""), "%s", bad);
   ck_assert_msg(!strstr(bad, ":1:") && !strstr(bad, ":4:") && !strstr(bad, ":6:"), "%s",
@@ -487,8 +541,8 @@ END_TEST
 /* ---- learning-rate schedules (issue 16, item 1) ---------------------------------- */
 
 /* dp_lr_at against torch.optim.lr_scheduler (tests/golden/lr_schedules.txt, written by
- * tools/golden/make_lr_golden.py): constant, StepLR, CosineAnnealingLR and LinearLR
- * warm-up then cosine, within 1e-5 relative (PyTorch's recursive forms round
+ * tests/fixtures/golden/make_lr_golden.py): constant, StepLR, CosineAnnealingLR and
+ * LinearLR warm-up then cosine, within 1e-5 relative (PyTorch's recursive forms round
  * differently from the closed forms). */
 START_TEST(lr_schedules_match_pytorch) {
   FILE *f = fopen("tests/golden/lr_schedules.txt", "r");
@@ -560,6 +614,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, bench_sgemm_on_the_cpu);
   tcase_add_test(tc, bench_sgemm_and_device_info_on_cuda);
   tcase_add_test(tc, diagnostics_go_through_the_backend_slots);
+  tcase_add_test(tc, backends_register_by_name);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 

@@ -15,10 +15,10 @@
  *   crash      a saving child SIGKILLed at random times leaves a loadable file
  *   mismatch   model, optimizer, seed, kind of context; I/O errors
  *
- * lib/ctx.h is used to snapshot a context's arenas and to inject a fault.
+ * lib/core/ctx.h is used to snapshot a context's arenas and to inject a fault.
  */
 #include "dp.h"
-#include "ctx.h"
+#include "core/ctx.h"
 #include "helpers.h"
 
 #include <check.h>

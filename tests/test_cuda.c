@@ -7,9 +7,9 @@
  * to stderr and passes; CK_EXCLUDE_TAGS=gpu leaves them out altogether.
  * CUDA is touched only inside tests, which Check runs in forked children.
  *
- * How the backend is tested below lib/ctx.c: a pair of plans of one model and
+ * How the backend is tested below lib/core/ctx.c: a pair of plans of one model and
  * config (cpu and cuda backend) with arenas of their own; the tests fill both
- * with the same contents and run ops through lib/exec.c, the one executor,
+ * with the same contents and run ops through lib/core/exec.c, the one executor,
  * with each side's registered vtables (dp__backend_ops), then compare every
  * region. Lines starting "TIMING" are collected by tests/gpu/run.sh. */
 #include <check.h>
@@ -23,7 +23,8 @@
 #include <time.h>
 
 #include "dp_cuda.h"
-#include "exec.h"
+#include "core/exec.h"
+#include "cpu/cpu.h"
 #include "helpers.h"
 
 #define MIB ((size_t)1 << 20)
@@ -55,7 +56,7 @@ START_TEST(device_count_never_fails_hard) {
 END_TEST
 
 /* test_dp registers the CUDA backend (tests/check_main.c); its vtable carries
- * the stage hooks lib/exec.c calls. */
+ * the stage hooks lib/core/exec.c calls. */
 START_TEST(availability_matches_build) {
   ck_assert_int_eq(dp_cuda_available(), 1);
   const dp_backend_ops *b = dp__backend_ops(DP_BACKEND_CUDA);
@@ -171,7 +172,7 @@ END_TEST
 
 /* ---- the backend: shared machinery ---- */
 
-#define CANARY 0x7fbadbadu /* lib/ctx.h's DP_CANARY: a NaN no arithmetic makes */
+#define CANARY 0x7fbadbadu /* lib/core/ctx.h's DP_CANARY: a NaN no arithmetic makes */
 
 /* The tests' own random numbers (splitmix64), not the library's. */
 typedef struct {
@@ -229,7 +230,7 @@ typedef struct {
   unsigned char *staging;            /* pinned, dp_plan_host_bytes(pg) */
   void *bctx;
   dp_exec_env ec, eg;
-  dp_exec xc, xg; /* lib/exec.c over each side's vtables */
+  dp_exec xc, xg; /* lib/core/exec.c over each side's vtables */
   unsigned flags; /* of dp__cuda_ctx_init */
 } pair;
 
@@ -413,7 +414,7 @@ static void fill_random(pair *t, uint64_t seed) {
 
 /* A fresh context's state: canaries everywhere, zero gradients and optimizer
  * state, random parameters on device 0 (the broadcast copies them), and
- * batchnorm's running statistics as lib/ctx.c starts them (mean 0, var 1,
+ * batchnorm's running statistics as lib/core/ctx.c starts them (mean 0, var 1,
  * count 0). */
 static void fill_initial(pair *t, uint64_t seed) {
   for (int d = 0; d < t->n; d++) {
@@ -486,7 +487,7 @@ static size_t compare_dev(const pair *t, int d, double tol, bool bitwise,
   return differ;
 }
 
-/* Ops [lo, hi) of the plan's schedule (whole stages) through lib/exec.c: a
+/* Ops [lo, hi) of the plan's schedule (whole stages) through lib/core/exec.c: a
  * thread per device, the stage hooks and the transport's peer() where the
  * executor calls them. */
 static dp_status walk(pair *t, bool gpu, int lo, int hi) {
@@ -538,7 +539,7 @@ static dp_status cpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
   return s;
 }
 
-/* As lib/ctx.c will: the caller's batch into the pinned staging arena (which
+/* As lib/core/ctx.c will: the caller's batch into the pinned staging arena (which
  * the previous step no longer reads: it was synchronised), the env. */
 static void stage_batch(pair *t, uint64_t step, const batch *b) {
   const dp_plan *L = t->pg; /* the planner's staging layout */
@@ -573,7 +574,7 @@ static dp_status gpu_step(pair *t, uint64_t step, const batch *b, float *loss) {
 }
 
 /* A whole step through the CUDA graph in `slot`, captured first (through
- * walk(), instead of running) when the slot is empty, as lib/ctx.c does with
+ * walk(), instead of running) when the slot is empty, as lib/core/ctx.c does with
  * config.cuda_graph. */
 static dp_status gpu_graph_step(pair *t, uint64_t step, const batch *b, int slot,
                                 float *loss) {
@@ -699,7 +700,7 @@ static void norm_bins_for(pair *t, const dp_op *op, uint64_t seed) {
 }
 
 /* The cpu backend packs a linear layer's weights into its WORKSPACE at the
- * device's first micro-batch and reuses them for the others (lib/cpu_backend.c,
+ * device's first micro-batch and reuses them for the others (lib/cpu/backend.c,
  * packed_wt): before op k alone, at a later micro-batch, run that first
  * forward, keep the workspace it left, and restore the random state around it. */
 static void cpu_pack_as_step(pair *t, const dp_op *oc, int n, int k, uint64_t seed) {
@@ -831,7 +832,7 @@ START_TEST(workspace_reservation_is_reported) {
   if (have < need)
     fprintf(stderr,
             "NOTE cuda: CUDA plans reserve %zu bytes of WORKSPACE; the CUDA backend "
-            "needs %zu (lib/plan.c: dp__cuda_workspace_bytes()); the gpu tests patch "
+            "needs %zu (lib/core/plan.c: dp__cuda_workspace_bytes()); the gpu tests patch "
             "their plans\n",
             have, need);
   dp_plan_free(p);
@@ -954,9 +955,9 @@ START_TEST(rng_matches_lib_rng_bit_for_bit) {
             dp__rng_u64(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1], abc[3 * i + 2]);
         float wf = dp__rng_uniform(seeds[s], streams[st], abc[3 * i], abc[3 * i + 1],
                                    abc[3 * i + 2]);
-        ck_assert_msg(u[i] == want, "key %d: gpu %016llx, lib/rng.c %016llx", i,
+        ck_assert_msg(u[i] == want, "key %d: gpu %016llx, lib/util/rng.c %016llx", i,
                       (unsigned long long)u[i], (unsigned long long)want);
-        ck_assert_msg(memcmp(&f[i], &wf, 4) == 0, "key %d: gpu %.9g, lib/rng.c %.9g", i,
+        ck_assert_msg(memcmp(&f[i], &wf, 4) == 0, "key %d: gpu %.9g, lib/util/rng.c %.9g", i,
                       (double)f[i], (double)wf);
       }
     }
@@ -1193,7 +1194,7 @@ static void put_logits(pair *t, const float *z, const int32_t *labels, int cols)
 }
 
 /* The loss sum over device 0's LOSS region (random partials, the same on
- * both sides) equals lib/cpu_backend.c's tree bit for bit, also when the last
+ * both sides) equals lib/cpu/backend.c's tree bit for bit, also when the last
  * micro-batches are empty (a smaller batch: left out of the tree). */
 static void check_loss_sum_tree(pair *t, const char *name) {
   const dp_op *oc = dp_plan_ops(t->pc), *og = dp_plan_ops(t->pg);
@@ -1808,7 +1809,7 @@ static double now_ms(void) {
 
 /* Numbers for tests/gpu/run.sh's table: cuBLAS FP32 (and TF32) SGEMM, and
  * whole training steps of a mid-size MLP through walk() (one enqueueing
- * thread; lib/exec.c's threads would enqueue in parallel). */
+ * thread; lib/core/exec.c's threads would enqueue in parallel). */
 START_TEST(timing_report) {
   REQUIRE_GPUS(ngpu, "timing_report");
 #ifdef DP_CUDA_SIM
@@ -1965,7 +1966,7 @@ START_TEST(batchnorm_steps_match_cpu) {
       snprintf(name, sizeof name, "%s, %s", cases[i].name, dp_bn_mode_name((dp_bn_mode)m));
       /* 1e-3: batch norm over 5-row micro-batches divides by small deviations, so the
        * GEMMs' and channel sums' own orders (the CUDA simulation's cuBLAS sums as
-       * documented, not as lib/gemm.c) grow to ~7e-4 after 3 momentum steps */
+       * documented, not as lib/cpu/gemm.c) grow to ~7e-4 after 3 momentum steps */
       check_steps_match_cpu_tol(name, cases[i].spec, &c, 3, 1e-3);
     }
 }

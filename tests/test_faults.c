@@ -1,7 +1,7 @@
 /* Fault injection: a failed step leaves parameters, optimizer state and the
  * step counter bytewise as they were, and the next step gives exactly the
  * bits of a context that never saw the fault. The fault is injected at every
- * op of the schedule in turn (dp__ctx_inject_fault, lib/ctx.h), for classic,
+ * op of the schedule in turn (dp__ctx_inject_fault, lib/core/ctx.h), for classic,
  * allreduce and allreduce with a sharded optimizer, on 1 to 4 devices; ops of
  * the commit phase (the optimizer stage and what follows it, which cannot
  * fail on the cpu backend) are injected too and must poison the context.
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "ctx.h"
+#include "core/ctx.h"
 #include "helpers.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -492,7 +492,7 @@ START_TEST(skipped_steps_accumulate_and_the_policy_is_checked) {
 }
 END_TEST
 
-/* ---- barriers left out (lib/exec.c, dp__exec_sync) ---------------------------- */
+/* ---- barriers left out (lib/core/exec.c, dp__exec_sync) ---------------------------- */
 
 /* The seed step on 2 devices meets at 6 of its 10 stage ends: after the
  * gather (the loss reads device 1's rows), the loss (the scatter of its

@@ -1,11 +1,11 @@
-/* Tests of the packed SGEMM (lib/gemm.c): results against a double-precision
+/* Tests of the packed SGEMM (lib/cpu/gemm.c): results against a double-precision
  * reference, the determinism contract (every element is one fma chain over k
  * ascending: the same bits on every tier, for every M and N, with any row or
  * column subset), the epilogue, and that the workspace is the only scratch.
  *
  *   DP_GEMM_BENCH=1 CK_RUN_CASE=bench build/test_dp gemm
  * prints GFLOP/s per tier and shape, the naive loops, and the FMA peak. */
-#include "gemm.h"
+#include "cpu/gemm.h"
 #include "helpers.h"
 
 #include <check.h>
@@ -704,7 +704,7 @@ static double peak_gflops(const char *tier) {
 #endif
 }
 
-/* The linear layer's loops before the packed GEMM (lib/cpu_backend.c). */
+/* The linear layer's loops before the packed GEMM (lib/cpu/backend.c). */
 static void naive_forward(int n, int in, int out, const float *x, const float *w, float *y) {
   for (int r = 0; r < n; r++)
     for (int o = 0; o < out; o++) {

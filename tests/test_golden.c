@@ -1,7 +1,7 @@
 /* Golden tests: libdp against PyTorch reference data.
  *
- * tests/golden/<case>.bin are written by tools/golden/make_golden.py (format and
- * semantics in tools/golden/README.md). For each case the model, batch, initial
+ * tests/golden/<case>.bin are written by tests/fixtures/golden/make_golden.py (format and
+ * semantics in tests/fixtures/golden/README.md). For each case the model, batch, initial
  * parameters and hyper-parameters come from the file; libdp must reproduce
  * PyTorch's loss, gradients, eval-mode outputs and the parameters after five
  * steps of SGD-momentum and of AdamW, and the same two trainings with gradient
@@ -105,7 +105,7 @@ static void golden_load(golden *g, const char *case_name) {
   FILE *f = fopen(path, "rb");
   ck_assert_msg(f != NULL,
                 "%s: cannot open (run from the repo root; regenerate with "
-                "tools/golden/make_golden.py)",
+                "tests/fixtures/golden/make_golden.py)",
                 path);
   ck_assert_int_eq(fseek(f, 0, SEEK_END), 0);
   long size = ftell(f);
@@ -244,7 +244,7 @@ static void check_scalar(const char *case_name, const char *what, float got, flo
  * per_replica, with the file's micro-batch size: 1d in an MLP (bn_mlp), 2d
  * after a conv (bn_cnn), both in one model with a short last micro-batch
  * (bn_two). bn_sync_*: the same three shapes of model in sync mode (the file's
- * bn_sync record), whole-batch statistics. See tools/golden/README.md. */
+ * bn_sync record), whole-batch statistics. See tests/fixtures/golden/README.md. */
 static const char *const golden_cases[] = {
     "seed",       "b31n2",   "b3n4",     "mlp_all",           "mlp_mse_b37n3",
     "cnn_all",    "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout",

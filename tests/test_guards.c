@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ctx.h"
+#include "core/ctx.h"
 #include "helpers.h"
 
 static const char SEED[] = "input 5\nlinear 2\nloss mse\n";

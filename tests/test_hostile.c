@@ -18,9 +18,9 @@
  *   regressions  exact inputs of bugs found by the fuzzers (fuzz/) and by the
  *                cases above
  *
- * lib/ctx.h is used only to snapshot a context's arenas. */
+ * lib/core/ctx.h is used only to snapshot a context's arenas. */
 #include "dp.h"
-#include "ctx.h"
+#include "core/ctx.h"
 #include "cli.h"
 #include "data.h"
 #include "../fuzz/ckpt_fixture.h"
@@ -129,7 +129,7 @@ END_TEST
 
 START_TEST(config_default_of_null_is_a_no_op) {
   /* Found by these cases: dp_config_default(NULL) wrote through NULL (fixed in
-   * lib/plan.c). */
+   * lib/core/plan.c). */
   dp_config_default(NULL);
 }
 END_TEST
@@ -490,7 +490,7 @@ START_TEST(max_batch_search_up_to_int_max) {
   /* Found by these cases: dp_plan_max_batch computed lo + (hi - lo + 1) / 2
    * in int, which overflows when max_batch is INT_MAX (UBSan: signed integer
    * overflow); the search then planned a negative batch and returned
-   * DP_ERR_INVALID (fixed in lib/plan.c). Every batch of this model fits
+   * DP_ERR_INVALID (fixed in lib/core/plan.c). Every batch of this model fits
    * SIZE_MAX. */
   dp_model *m = model_of(SEED_SPEC);
   dp_config c = config_of(1, 2, DP_OPT_SGD);

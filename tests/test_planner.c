@@ -2,7 +2,7 @@
  * region invariants and activation liveness over many random models and
  * configurations, the budget search, the static schedule, the CUDA layout
  * rules and configuration errors. */
-#include "internal.h"
+#include "core/backend.h"
 
 #include <check.h>
 #include <limits.h>
@@ -548,7 +548,7 @@ static int dev_mbs(const dp_plan *p, int d) {
 }
 
 /* The parts of a sync batchnorm's statistics area on a device, in floats
- * from its offset, computed here from the layout lib/internal.h describes:
+ * from its offset, computed here from the layout lib/core/backend.h describes:
  * the whole batch's mean, rstd and unbiased variance (c each) and rows (one
  * slot); the device's backward sums (sum dy x-hat, sum dy: 2 c) and another
  * device's, received; a forward partial (rows, mean, sum of squared
@@ -773,7 +773,7 @@ static int op_part(const sim *s, int dev, int region, size_t off, size_t bytes,
 }
 
 /* What the op reads and writes of device d's activations, as the CPU backend
- * does (lib/cpu_backend.c). */
+ * does (lib/cpu/backend.c). */
 static void sim_op(sim *s, const dp_op *op) {
   const dp_plan *p = s->p;
   const dp_model *m = &p->model;

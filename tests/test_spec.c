@@ -2,7 +2,7 @@
  * the builder API, inferred shapes and parameter counts in state_dict order,
  * format/parse round trips, loading from files, and absurd dimensions that
  * must end in DP_ERR_OVERFLOW rather than a wrapped size. */
-#include "internal.h"
+#include "core/backend.h"
 #include "helpers.h"
 
 #include <check.h>

@@ -1,7 +1,7 @@
 /* Tests of dp__split: cutting a batch along dim 0 (torch.chunk and
  * torch.tensor_split semantics), fixed micro-batches dealt to devices in
  * contiguous blocks, and the invariants every split keeps. */
-#include "internal.h"
+#include "core/backend.h"
 
 #include <check.h>
 #include <stdint.h>

@@ -208,7 +208,7 @@ void dpt_print_config(FILE *f, const dp_config *c);
  * (dp_cuda_device_count) only for a cuda config. */
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap);
 
-/* ---- the job's processes (tools/world.c) ------------------------------------
+/* ---- the job's processes (tools/ranks.c) ------------------------------------
  * Under mpirun (a build with MPI), dp runs as one rank of a job: --ranks
  * defaults to the number of processes, each rank creates its context with
  * dp_ctx_create_mpi, reads the data but feeds its own rows, and only rank 0

@@ -3,7 +3,7 @@
  * MPI_Allreduce on the same bytes, in the same run. */
 #include "dp_mpi.h"
 
-#include "ctx.h"
+#include "core/ctx.h"
 
 #include <stdlib.h>
 

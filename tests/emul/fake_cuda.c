@@ -21,8 +21,8 @@
 #include "fake_cuda.h"
 
 #include "dp_cuda.h"
-#include "gemm.h"
-#include "internal.h"
+#include "cpu/gemm.h"
+#include "core/backend.h"
 
 #include <limits.h>
 #include <math.h>
@@ -765,7 +765,7 @@ static void *translate(const fk_ctx *c, const void *p) {
 /* The CE loss kernel's check: a label outside 0..classes-1 flags the step
  * (lowest global row) and its rows are left out. The double then writes zero
  * sums and gradients for all of the op's rows rather than the others' terms
- * (the step is refused either way; lib/ctx.c checks labels on the host too). */
+ * (the step is refused either way; lib/core/ctx.c checks labels on the host too). */
 static bool bad_labels(fk_ctx *c, const dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = c->p;
   if (p->model.loss != DP_LOSS_SOFTMAX_CE) return false;

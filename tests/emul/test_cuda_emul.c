@@ -14,8 +14,8 @@
  * under sanitizers, which own the allocator. */
 #include "fake_cuda.h"
 
-#include "ctx.h"  /* DP_CANARY; the double's own tests call dp_cuda.h directly */
-#include "gemm.h" /* dp__model_workspace_bytes: the CPU ops the double runs */
+#include "core/ctx.h"  /* DP_CANARY; the double's own tests call dp_cuda.h directly */
+#include "cpu/gemm.h" /* dp__model_workspace_bytes: the CPU ops the double runs */
 #include "dp.h"
 #include "dp_cuda.h"
 #include "req.h"
@@ -1648,7 +1648,7 @@ START_TEST(create_static_with_device_memory) {
 END_TEST
 
 /* ---- faults ----------------------------------------------------------------------------
- * The cuda path's failure handling (lib/ctx.c cuda_run): an op that fails to
+ * The cuda path's failure handling (lib/core/ctx.c cuda_run): an op that fails to
  * enqueue before the commit phase leaves parameters, optimizer state and the
  * step counter as they were, so the retry and every later step give the bits
  * of a context that never saw the fault; one that fails in the commit phase

@@ -44,7 +44,7 @@
 #define PROG "test_mpi"
 #endif
 
-#include "ctx.h" /* test hooks: dp__ctx_inject_fault, dp__ctx_schedule */
+#include "core/ctx.h" /* test hooks: dp__ctx_inject_fault, dp__ctx_schedule */
 
 #include <math.h>
 #include <signal.h>

@@ -1,0 +1,254 @@
+/* The two seams between the core and a device: the backend and the
+ * transport (docs/ARCHITECTURE.md), what ops see of a step, and the
+ * registry (lib/core/registry.c). Not installed. */
+#ifndef DP_BACKEND_H
+#define DP_BACKEND_H
+
+#include "core/plan.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the two seams: backend and transport (ggml style; docs/ARCHITECTURE.md) ----
+ * Everything the core (context, checkpoint, planner, executor) asks of a
+ * device goes through dp_backend_ops; every byte that crosses a device
+ * boundary through dp_transport_ops. The core never names a backend. */
+typedef struct dp_exec_env dp_exec_env;
+typedef struct dp_backend_world dp_backend_world;
+
+typedef struct dp_transport_ops {
+  const char *name;
+  /* A COPY op, on the thread of the device that executes it (dev ==
+   * op->device). Both ends are (device, region, offset) in the op: a device
+   * of this context, or DP_HOST for the caller's memory (the region says
+   * which buffer); dp__endpoint resolves them for a transport whose devices
+   * share this address space. */
+  dp_status (*copy)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: one-sided transport). Two-sided transports (NCCL
+   * send/recv) need the other endpoint to take part: the executor calls
+   * peer() on the thread of device dev, the copy's other endpoint (not the
+   * executing device, not the host), in the copy's stage, in list order, so
+   * both sides see a pair's transfers in the same order. A transport returns
+   * DP_OK and does nothing for pairs it moves one-sided. */
+  dp_status (*peer)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: the plan reduces through a copy into the comm region and a
+   * GRAD_ADD). DP_OP_COPY_ADD: dst += src, float by float, in one pass, on the
+   * thread of the device that executes it; only a transport whose devices
+   * share this address space has it (the planner asks the backend's own
+   * transport, and emits the op only between devices of one process). */
+  dp_status (*copy_add)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: the plan may not use them; the planner refuses
+   * fast_collectives for backends without one). DP_OP_ALLREDUCE: device
+   * dev's gradients summed in place with every other device's, by the
+   * transport's own collective, on dev's thread. */
+  dp_status (*collective)(void *tctx, dp_exec_env *env, int dev, const dp_op *op);
+  /* Optional (NULL: every copy is done when it returns). A transport whose
+   * copies only start transfers completes device dev's started ones here;
+   * the executor calls it on dev's thread before dev's next compute op and
+   * at the end of every stage. */
+  dp_status (*flush)(void *tctx, dp_exec_env *env, int dev);
+  /* Transfers whose other side is in another process: after a failure the
+   * executor still runs every copy of the run (no compute), so that no peer
+   * waits for a transfer this side skipped; the outcome is agreed after. */
+  bool complete_after_failure;
+} dp_transport_ops;
+
+typedef struct dp_backend_ops {
+  const char *name;
+  /* ---- capabilities, plain data for the planner (no backend header needed) ----
+   * Alignment of every region and arena; the WORKSPACE bytes a device needs
+   * for the model at its largest micro-batch, with n_mb micro-batches; whether the caller's
+   * inputs, targets and outputs pass through a pinned host staging arena (laid out by the
+   * planner: dp_plan.host_x / host_t / host_y). */
+  size_t align;
+  size_t (*workspace_bytes)(const dp_model *m, int mb_rows, int n_mb, bool training);
+  bool host_staging;
+  /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */
+  bool grad_clip;
+  /* runs DP_OP_GRAD_ACCUM and DP_OP_GRAD_STASH (config.accumulate) */
+  bool accumulate;
+  /* its arenas are host memory that any thread of this process may address,
+   * its ops are done when they return and it has no step, stage or graph
+   * hooks: the executor may run an elementwise op's element ranges on several
+   * device threads at once and leave out the barriers no data needs
+   * (lib/core/exec.c: work sharing) */
+  bool host_memory;
+  /* runs conv2d, maxpool2d, avgpool2d and flatten layers */
+  bool image_layers;
+  /* runs batchnorm layers (and DP_OP_BN_UPDATE) */
+  bool batchnorm;
+  /* computes a relu that follows a linear layer in the linear's forward
+   * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
+  bool fuses_linear_relu;
+  /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
+   * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
+   * none, and the planner refuses a config that sets one. */
+  dp_status (*check_config)(const dp_config *c);
+
+  /* ---- memory: at context creation and free only, never in a step ----
+   * One arena of dp_plan_device_bytes(p, dev) for device dev, aligned to
+   * `align`; the staging arena (host_staging only); check_host: caller
+   * memory handed to dp_ctx_create_static as the staging arena is usable
+   * (optional). */
+  dp_status (*arena_alloc)(const dp_plan *p, int dev, void **out);
+  void (*arena_free)(const dp_plan *p, int dev, void *arena); /* NULL is fine */
+  dp_status (*host_alloc)(size_t bytes, void **out);
+  void (*host_free)(void *host);
+  dp_status (*check_host)(const void *host);
+  /* Host access to arena bytes between steps (the host never dereferences
+   * an arena itself): copy from / to device dev's memory, synchronously
+   * (bctx: the backend's context, NULL before ctx_init); fill count 32-bit
+   * words (before ctx_init only). */
+  dp_status (*read)(void *bctx, const dp_plan *p, int dev, void *dst, const void *src,
+                    size_t bytes);
+  dp_status (*write)(void *bctx, const dp_plan *p, int dev, void *dst, const void *src,
+                     size_t bytes);
+  dp_status (*fill_u32)(const dp_plan *p, int dev, void *dst, uint32_t value, size_t count);
+
+  /* ---- the backend's context (optional: NULL for a stateless backend) ----
+   * init runs after the arenas are filled; its bctx is also the transport's
+   * tctx. free waits for queued work first. */
+  dp_status (*ctx_init)(const dp_plan *p, void *const arenas[], void **bctx);
+  void (*ctx_free)(void *bctx);
+  const dp_transport_ops *transport;
+  /* Optional: a backend that runs across processes (config.ranks > 1) by
+   * itself: its context holds only this rank's devices, and its transport
+   * moves the copies between ranks (both halves pair up across processes,
+   * NCCL send/recv) and runs the collectives over every rank's devices, so
+   * the world carries no bytes of a step for it. Set together with step_sync
+   * when the backend is asynchronous. NULL: the world moves cross-rank bytes
+   * (a synchronous backend whose memory the host can address). */
+  dp_status (*ctx_init_world)(const dp_plan *p, void *const arenas[],
+                              const dp_backend_world *world, void **bctx);
+  /* Optional (asynchronous backends across processes): waits for everything
+   * enqueued since step_begin and reports it as step_end would (status,
+   * loss) without ending the step, so that the ranks can agree on the
+   * pre-commit part before the commit part is enqueued. */
+  dp_status (*step_sync)(void *bctx, float *loss);
+
+  /* ---- a step ----
+   * run: one compute op (FORWARD, BACKWARD, GRAD_ADD, ZERO, LOSS, LOSS_SUM,
+   * GRAD_CHECK, OPTIMIZER) on the op's device thread.
+   * stage_begin/stage_end (optional): asynchronous backends order their
+   * queues with these: the executor calls them on device dev's thread for
+   * every stage s of a run, also stages in which dev has no op and stages
+   * after a failure: stage_begin before dev's first op of s, stage_end after
+   * its last op of s and before the barrier that ends s. */
+  dp_status (*run)(void *bctx, dp_exec_env *env, const dp_op *op);
+  dp_status (*stage_begin)(void *bctx, int dev, int stage);
+  dp_status (*stage_end)(void *bctx, int dev, int stage);
+  /* Optional, together. NULL: a synchronous backend: an op has done its work
+   * when it returns, so the context checks a step on the host between its
+   * pre-commit and commit parts. Set: ops only enqueue; step_begin opens a
+   * step (or forward) at counter `step`, the device refuses a non-finite or
+   * out-of-range step by itself (no optimizer writes), and step_end is the
+   * one synchronisation, reporting how the step went (DP_ERR_NONFINITE /
+   * DP_ERR_RANGE: refused, nothing written; DP_ERR_BACKEND: the device
+   * failed) and the loss. */
+  dp_status (*step_begin)(void *bctx, uint64_t step);
+  dp_status (*step_end)(void *bctx, float *loss);
+  /* Optional (asynchronous backends with grad_clip): device 0's gradient norm
+   * (config.clip_grad_norm) of the step that step_end or step_sync last
+   * reported, as the cpu backend's clip op sets env->grad_norm (NaN: the
+   * step did not reach its clipping, or device 0 is another rank's). */
+  float (*grad_norm)(const void *bctx);
+  /* Optional graphs of whole steps (n_graph_slots > 0): a capture records a
+   * step (step_begin and the executor's runs) into a slot without running
+   * it; a launch replays the slot at counter `step`; step_end follows as
+   * after a plain step. */
+  int n_graph_slots;
+  dp_status (*capture_begin)(void *bctx);
+  dp_status (*capture_end)(void *bctx, int slot);
+  void (*capture_abort)(void *bctx);
+  bool (*graph_ready)(const void *bctx, int slot);
+  dp_status (*graph_launch)(void *bctx, int slot, uint64_t step);
+
+  /* Optional: the learning rate changed between steps (dp_set_lr), for a
+   * backend that keeps it on the device (in per-step scalars a graph replays);
+   * NULL: the backend reads env->lr. */
+  dp_status (*set_lr)(void *bctx, float lr);
+  /* Optional diagnostics (the public dp_cuda_* queries and dp bench): the
+   * devices this backend can see (0 with the reason as the last error); the
+   * name and memory of device dev; the time of one FP32 GEMM C (m, n) =
+   * A (m, k) B (k, n) on it with the backend's math mode (tf32: TF32). */
+  int (*device_count)(void);
+  dp_status (*device_info)(int dev, char *name, size_t cap, size_t *total_mem,
+                           size_t *free_mem);
+  dp_status (*bench_sgemm)(int dev, int m, int n, int k, int iters, int tf32, double *ms,
+                           double *tflops);
+} dp_backend_ops;
+
+/* What a backend that runs across processes by itself (ctx_init_world) is
+ * told of the job: this process's rank and devices [dev0, dev1) (global
+ * indices), and a collective broadcast between processes for its set-up (the
+ * NCCL unique id). */
+struct dp_backend_world {
+  int rank, ranks;
+  int dev0, dev1;
+  int timeout_ms; /* config.timeout_ms with its default filled in */
+  dp_status (*bcast)(void *w, int root, void *buf, size_t bytes);
+  void *w;
+};
+
+/* The backend registered for a backend kind (lib/backend.c); NULL when none
+ * is (an unknown kind, or one whose library was not registered). */
+const dp_backend_ops *dp__backend_ops(dp_backend kind);
+/* Registers ops under its name (ops->name, shorter than DP_BACKEND_NAME_CAP):
+ * *kind (may be NULL) is the kind a dp_config names it by; registering a
+ * name again replaces its ops and keeps its kind ("cuda" has DP_BACKEND_CUDA).
+ * Built-in backends (lib/builtin.c) cannot be replaced. */
+#define DP_BACKEND_NAME_CAP 16
+dp_status dp__backend_register(const dp_backend_ops *ops, dp_backend *kind);
+
+/* What ops see of the context during a step. */
+struct dp_exec_env {
+  const dp_plan *plan;
+  unsigned char *arena[DP_MAX_DEVICES];
+  const dp_mb *mbs;
+  const float *host_x; /* (rows, in) */
+  const void *host_t;  /* targets */
+  float *host_y;       /* (rows, out) inference outputs */
+  int rows;
+  bool training;
+  uint64_t step;   /* step counter, keys dropout */
+  float lr;        /* the learning rate in effect (dp_set_lr; config.lr at first) */
+  float loss;      /* result of the loss op */
+  float grad_norm; /* result of device 0's clip op (config.clip_grad_norm) */
+  /* config.accumulate: this call's index in the accumulation, the rows its
+   * loss gradient is scaled by (accumulate * rows), and the row of the
+   * concatenation its first row is (dropout's key) */
+  int accum_k, loss_rows, row_base;
+  bool skip_broadcast; /* replicas already hold device 0's parameters */
+  int host_row0;       /* the first row of this rank's host buffers */
+};
+
+/* Pointer to region r of device d in env. */
+static inline void *dp__region_ptr(const dp_exec_env *e, int dev, int r) {
+  return e->arena[dev] + e->plan->regions[dev][r].offset;
+}
+
+/* The address of a transfer's end (device, region, offset) in this process:
+ * a device arena of env, or for DP_HOST the caller's (or the staging
+ * arena's) inputs, targets or outputs, as the region says. */
+static inline void *dp__endpoint(const dp_exec_env *e, int dev, int region, size_t off) {
+  if (dev == DP_HOST) {
+    const dp_model *m = &e->plan->model;
+    size_t out = (size_t)m->layers[m->n_layers - 1].out * 4;
+    const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
+                       : region == DP_REGION_TARGETS ? e->host_t
+                                                     : (const void *)e->host_y;
+    /* offsets count global rows; this rank's buffers start at host_row0 */
+    size_t width = region == DP_REGION_INPUTS    ? (size_t)m->input_width * 4
+                   : region == DP_REGION_TARGETS ? (m->loss == DP_LOSS_MSE ? out : 4)
+                                                 : out;
+    return (unsigned char *)base + (off - (size_t)e->host_row0 * width);
+  }
+  return (unsigned char *)dp__region_ptr(e, dev, region) + off;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,512 @@
+/* The executor: walks the static schedule. Device 0's ops run on the calling
+ * thread, every other device's on its own persistent worker; all meet at a
+ * barrier after each stage. Nothing here allocates: the workers and their
+ * state are made once by dp__exec_init. */
+#include "core/exec.h"
+
+#include <limits.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CPU_RELAX() _mm_pause()
+#else
+#define CPU_RELAX() ((void)0)
+#endif
+
+/* Spin, then yield, then sleep: cheap when the devices are busy on their own
+ * cores, polite when there are more virtual devices than cores. The last
+ * thread in takes the mutex only when someone sleeps: a sleeper counts itself
+ * before it reads gen, and the releaser bumps gen before it reads the count
+ * (both sequentially consistent), so either the sleeper sees the new gen or
+ * the releaser sees the sleeper. */
+static void barrier_wait(dp_barrier *b) {
+  unsigned gen = atomic_load_explicit(&b->gen, memory_order_acquire);
+  if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
+    atomic_store_explicit(&b->count, 0, memory_order_relaxed);
+    atomic_fetch_add(&b->gen, 1);
+    if (atomic_load(&b->sleepers) > 0) {
+      pthread_mutex_lock(&b->mu);
+      pthread_cond_broadcast(&b->cv);
+      pthread_mutex_unlock(&b->mu);
+    }
+    return;
+  }
+  for (int i = 0; i < 4000; i++) {
+    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+    CPU_RELAX();
+  }
+  for (int i = 0; i < 64; i++) {
+    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+    sched_yield();
+  }
+  pthread_mutex_lock(&b->mu);
+  atomic_fetch_add(&b->sleepers, 1);
+  while (atomic_load(&b->gen) == gen) pthread_cond_wait(&b->cv, &b->mu);
+  atomic_fetch_sub(&b->sleepers, 1);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static bool skipped(const dp_exec_env *e, const dp_op *op) {
+  return op->kind == DP_OP_COPY && op->phase == DP_PHASE_BROADCAST && e->skip_broadcast;
+}
+
+/* Bytes that cross a device boundary go to the transport, the rest to the
+ * backend. */
+static dp_status run_op(dp_exec *x, const dp_op *op) {
+  dp_exec_env *e = x->env;
+  if (op->kind == DP_OP_COPY)
+    return skipped(e, op) ? DP_OK : x->transport->copy(x->tctx, e, op->device, op);
+  if (op->kind == DP_OP_COPY_ADD)
+    return x->transport->copy_add
+               ? x->transport->copy_add(x->tctx, e, op->device, op)
+               : DP_FAIL(DP_ERR_BACKEND, "the %s transport cannot add in place",
+                         x->transport->name);
+  if (op->kind == DP_OP_ALLREDUCE)
+    return x->transport->collective
+               ? x->transport->collective(x->tctx, e, op->device, op)
+               : DP_FAIL(DP_ERR_BACKEND, "the %s transport has no collectives",
+                         x->transport->name);
+  return x->backend->run(x->bctx, e, op);
+}
+
+/* A two-sided transport's half of a copy that another device executes, on
+ * the thread of `dev`, the copy's other endpoint. */
+static bool is_peer(const dp_exec *x, const dp_op *op, int dev) {
+  return x->transport->peer && op->kind == DP_OP_COPY && op->device != dev &&
+         (op->src_dev == dev || op->dst_dev == dev) && !skipped(x->env, op);
+}
+
+static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
+  return x->transport->peer(x->tctx, x->env, dev, op);
+}
+
+/* ---- work sharing --------------------------------------------------------------
+ * In classic mode the reduction, the check and the update run on device 0
+ * while the others wait at the stage's barrier, and the broadcast on the
+ * replicas while device 0 waits. Elementwise work has no order: every element
+ * is computed by the same IEEE operations whichever thread computes it, so an
+ * op may be cut into element ranges run by every device's thread, with a
+ * barrier after it, without changing a bit. That needs a synchronous backend
+ * (an op has done its work when it returns; no stage hooks) whose devices and
+ * transport live in this one address space (the backend's own transport: no
+ * world around it, no two-sided halves, no flush), and whose run() accepts
+ * such an op on a sub-range (the cpu backend: its ops address parameters,
+ * gradients and optimizer state by the op's offsets). The other threads start
+ * their ranges as soon as they reach the op in the list, so an op is shared
+ * only while no device it touches has run an op of its own earlier in the
+ * stage (whose results it might read before they are written: the backward's
+ * gradient adds after the device's layer ops); the reductions, checks,
+ * updates and broadcasts open their stages. The decision depends only on the
+ * op list and the executor, so every device makes the same one, and every
+ * device meets the op's barrier, a failed one too. */
+#define SHARE_MIN_BYTES ((size_t)128 * 1024) /* smaller ops: the barrier costs more */
+#define SHARE_ALIGN ((size_t)64)             /* ranges start on cache lines */
+
+/* A backend that says its devices are host memory of this process (the
+ * registry checks it has none of the hooks work sharing cannot keep), with its
+ * own transport (not a world's, which crosses processes). */
+static bool share_capable(const dp_exec *x) {
+  const dp_backend_ops *b = x->backend;
+  return x->n_devices > 1 && b->host_memory && x->transport == b->transport &&
+         x->transport->copy;
+}
+
+static bool local_end(const dp_exec *x, int dev) {
+  return dev == DP_HOST || (dev >= x->dev0 && dev < x->dev0 + x->n_devices);
+}
+
+/* An op of a kind and size that work sharing cuts into ranges (when
+ * shared_op's other conditions hold too). */
+static bool shareable(const dp_exec *x, const dp_op *op) {
+  if (!x->share || op->bytes < SHARE_MIN_BYTES || op->bytes % 4) return false;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_COPY: return local_end(x, op->src_dev) && local_end(x, op->dst_dev);
+  case DP_OP_COPY_ADD:
+  case DP_OP_GRAD_ADD:
+  case DP_OP_ZERO:
+  case DP_OP_GRAD_CHECK:
+  case DP_OP_OPTIMIZER: return true;
+  default: return false;
+  }
+}
+
+/* busy[d]: device dev0 + d has run an op of its own earlier in this stage. */
+static bool shared_op(const dp_exec *x, const dp_op *op, int k, int inject,
+                      const bool *busy) {
+  if (k == inject || !shareable(x, op) || skipped(x->env, op)) return false;
+  int ends[3] = {op->device, op->src_dev, op->dst_dev};
+  for (int i = 0; i < 3; i++)
+    if (ends[i] != DP_HOST && local_end(x, ends[i]) && busy[ends[i] - x->dev0])
+      return false;
+  return true;
+}
+
+/* ---- barriers left out -----------------------------------------------------------
+ * The devices meet at the end of a stage only when the next stage needs it
+ * (dp__exec_sync): when one of its ops touches memory that ops another thread
+ * ran since the last meeting wrote, or writes memory they read. What an op
+ * touches, by region: a copy its two ends (an in-place add reads its
+ * destination too); a compute op only its own device's memory (a backend
+ * addresses no other): a forward pass writes activations, outputs and
+ * workspace, a backward pass those (outputs read) and the output gradients
+ * and gradients, both read parameters and inputs; the gradient check only
+ * reads; any other op may read and write every region but the parameters
+ * (which the optimizer and batchnorm's running statistics write).
+ * A shared op runs on every thread. After a failure the devices stop at the
+ * first stage after it that they reach: what they ran meanwhile touches
+ * nothing another device is using, and a stage that writes the state a
+ * refused step keeps (parameters, gradients, optimizer state) always starts
+ * with a meeting, so that every device has seen the failures before it. */
+
+#define ALL_REGIONS ((uint32_t)((1u << DP_REGION_COUNT) - 1))
+#define R(region) (1u << DP_REGION_##region)
+
+typedef struct {
+  int slot[2];         /* local device, or n_devices for the host; -1: unused */
+  uint32_t r[2], w[2]; /* regions read and written there */
+} footprint;
+
+static int slot_of(const dp_exec *x, int dev) {
+  return dev == DP_HOST ? x->n_devices : dev - x->dev0;
+}
+
+static footprint footprint_of(const dp_exec *x, const dp_op *op) {
+  footprint f = {.slot = {-1, -1}};
+  if (op->kind == DP_OP_COPY || op->kind == DP_OP_COPY_ADD) {
+    f.slot[0] = slot_of(x, op->src_dev);
+    f.r[0] = 1u << op->src_region;
+    f.slot[1] = slot_of(x, op->dst_dev);
+    f.w[1] = 1u << op->dst_region;
+    if (op->kind == DP_OP_COPY_ADD) f.r[1] = f.w[1];
+    return f;
+  }
+  f.slot[0] = slot_of(x, op->device);
+  f.r[0] = f.w[0] = ALL_REGIONS;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_FORWARD: /* never the loss's, the optimizer's or the reduction's */
+    f.w[0] = R(ACTIVATIONS) | R(OUTPUTS) | R(WORKSPACE);
+    f.r[0] = f.w[0] | R(PARAMS) | R(INPUTS);
+    break;
+  case DP_OP_BACKWARD:
+    f.w[0] = R(ACTIVATIONS) | R(OUTPUT_GRADS) | R(GRADS) | R(GRAD_PARTIALS) | R(WORKSPACE);
+    f.r[0] = f.w[0] | R(PARAMS) | R(INPUTS) | R(OUTPUTS);
+    break;
+  case DP_OP_GRAD_CHECK: f.w[0] = 0; break; /* it only reads */
+  case DP_OP_OPTIMIZER:
+  case DP_OP_BN_UPDATE: break;
+  default: f.w[0] &= ~R(PARAMS); break;
+  }
+  return f;
+}
+
+/* Whether op, on thread t (-1: every thread), touches what the other
+ * threads' ops since the last meeting touched in a conflicting way. */
+static bool conflicts(const dp_exec *x, const footprint *f, int t) {
+  for (int u = 0; u < x->n_devices; u++) {
+    if (u == t) continue;
+    for (int i = 0; i < 2; i++) {
+      int e = f->slot[i];
+      if (e < 0) continue;
+      if ((f->w[i] & (x->win_r[u][e] | x->win_w[u][e])) || (f->r[i] & x->win_w[u][e]))
+        return true;
+    }
+  }
+  return false;
+}
+
+/* What a refused step leaves as it was (RELIABILITY.md): an op that writes it
+ * waits until every device has seen the failures of the stages before. */
+static bool writes_kept(const footprint *f) {
+  return ((f->w[0] | f->w[1]) & (R(PARAMS) | R(GRADS) | R(OPT_STATE))) != 0;
+}
+
+static void touch(dp_exec *x, const footprint *f, int t) {
+  for (int u = t < 0 ? 0 : t; u < (t < 0 ? x->n_devices : t + 1); u++)
+    for (int i = 0; i < 2; i++)
+      if (f->slot[i] >= 0) {
+        x->win_r[u][f->slot[i]] |= f->r[i];
+        x->win_w[u][f->slot[i]] |= f->w[i];
+      }
+}
+
+static void forget(dp_exec *x) {
+  for (int u = 0; u < x->n_devices; u++) {
+    memset(x->win_r[u], 0, (size_t)(x->n_devices + 1) * sizeof **x->win_r);
+    memset(x->win_w[u], 0, (size_t)(x->n_devices + 1) * sizeof **x->win_w);
+  }
+}
+
+#undef R
+
+void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
+  int n_stages = n_ops ? ops[n_ops - 1].stage + 1 : 0;
+  memset(sync, 1, (size_t)n_stages);
+  if (!x->share) return;
+  forget(x);
+  for (int k = 0; k < n_ops;) {
+    int s = ops[k].stage, end = k;
+    while (end < n_ops && ops[end].stage == s) end++;
+    if (s > 0) {
+      bool meet = false;
+      for (int i = k; i < end && !meet; i++) {
+        footprint f = footprint_of(x, &ops[i]);
+        meet = writes_kept(&f) ||
+               conflicts(x, &f, shareable(x, &ops[i]) ? -1 : slot_of(x, ops[i].device));
+      }
+      sync[s - 1] = meet;
+      if (meet) forget(x);
+    }
+    for (int i = k; i < end; i++) {
+      footprint f = footprint_of(x, &ops[i]);
+      touch(x, &f, shareable(x, &ops[i]) ? -1 : slot_of(x, ops[i].device));
+    }
+    k = end;
+  }
+}
+
+/* Device dev's element range of op: bytes [*b0, *b1). */
+static void share_range(const dp_exec *x, const dp_op *op, int dev, size_t *b0,
+                        size_t *b1) {
+  size_t n = (size_t)x->n_devices, per = (op->bytes + n - 1) / n;
+  per = (per + SHARE_ALIGN - 1) / SHARE_ALIGN * SHARE_ALIGN;
+  size_t j = (size_t)(dev - x->dev0);
+  *b0 = j * per < op->bytes ? j * per : op->bytes;
+  *b1 = *b0 + per < op->bytes ? *b0 + per : op->bytes;
+}
+
+/* Records the first failure of device dev: at schedule index k, or in the
+ * stage hook of stage `hook_stage` (-1: an op). */
+static void note(dp_exec *x, int dev, int k, int stage, int hook_stage, dp_status st) {
+  if (!st || x->status[dev]) return;
+  int prev = atomic_load(&x->fail_stage);
+  while (stage < prev && !atomic_compare_exchange_weak(&x->fail_stage, &prev, stage)) {
+  }
+  x->status[dev] = st;
+  x->fail_op[dev] = k;
+  x->fail_hook[dev] = hook_stage;
+  snprintf(x->errmsg[dev], sizeof x->errmsg[dev], "%s", dp_last_error());
+}
+
+/* One device's share of the current job. */
+static void run_device(dp_exec *x, int dev) {
+  /* Read the job once: after this device's last barrier the caller may already
+   * be writing the next job into x. */
+  const dp_op *ops = x->ops;
+  const uint8_t *sync = x->sync;
+  int k = x->lo, hi = x->hi, s1 = x->s1, inject = x->inject_at;
+  const dp_backend_ops *b = x->backend;
+  const dp_transport_ops *t = x->transport;
+  bool two_sided = t->peer != NULL, all_copies = t->complete_after_failure;
+  int seq = 0; /* shared ops met in this run */
+  bool busy[DP_MAX_DEVICES];
+  for (int s = x->s0; s <= s1; s++) {
+    memset(busy, 0, sizeof busy);
+    /* A failure in an earlier stage, which every device sees alike (one in
+     * this stage may or may not be visible yet). */
+    bool stopped = atomic_load(&x->fail_stage) < s;
+    bool started = false; /* transfers to complete before a compute op */
+    /* The hooks run for every stage, after a failure too: an asynchronous
+     * backend must close what its stage_begin opened. */
+    if (b->stage_begin) note(x, dev, k, s, s, b->stage_begin(x->bctx, dev, s));
+    for (; k < hi && ops[k].stage == s; k++) {
+      const dp_op *op = &ops[k];
+      /* (a COPY_ADD reads and writes this process's memory when it runs, like
+       * a compute op: no other side waits for it) */
+      bool xfer = op->kind == DP_OP_COPY || op->kind == DP_OP_ALLREDUCE;
+      /* After a failure no op of a later stage starts, and no compute op at
+       * all. With a two-sided transport the copies and collectives of the
+       * failing stage still run on every side: a send whose receive was
+       * skipped, or a collective a rank never entered, would never complete;
+       * across processes (complete_after_failure) every later copy too, as
+       * the other process cannot know of the failure before the run ends. */
+      bool failed = atomic_load_explicit(&x->fail_stage, memory_order_relaxed) != INT_MAX;
+      /* A gradient check runs after a failure in its own stage too: it only
+       * reads what earlier stages wrote, and the failure reported is the
+       * first in the schedule, not the first in time, so the error names the
+       * same element however the threads ran (allreduce mode checks each
+       * device's segment, in ascending order). */
+      if (op->kind == DP_OP_GRAD_CHECK) failed = false;
+      if (!shared_op(x, op, k, inject, busy)) {
+        int ends[3] = {op->device, op->src_dev, op->dst_dev};
+        for (int i = 0; i < 3; i++)
+          if (ends[i] != DP_HOST && local_end(x, ends[i])) busy[ends[i] - x->dev0] = true;
+      } else {
+        bool *bad = x->part_bad[seq++ & 1];
+        size_t b0, b1;
+        share_range(x, op, dev, &b0, &b1);
+        if (!stopped && !failed && b1 > b0) {
+          dp_op part = *op;
+          part.src_offset += b0;
+          part.dst_offset += b0;
+          part.bytes = b1 - b0;
+          dp_status st = run_op(x, &part);
+          /* a check's message names the first bad element of the whole op:
+           * the op's device runs it again whole (it only reads) */
+          if (st && op->kind == DP_OP_GRAD_CHECK)
+            bad[dev] = true;
+          else
+            note(x, dev, k, s, -1, st);
+        }
+        barrier_wait(&x->bar);
+        if (op->device == dev) {
+          bool any = false;
+          for (int d = x->dev0; d < x->dev0 + x->n_devices; d++) {
+            any |= bad[d];
+            bad[d] = false;
+          }
+          if (any) note(x, dev, k, s, -1, run_op(x, op));
+        }
+        continue;
+      }
+      if (!(xfer && all_copies) && (stopped || (failed && !(two_sided && xfer)))) continue;
+      bool mine = op->device == dev, peer = !mine && is_peer(x, op, dev);
+      if (!mine && !peer) continue;
+      if (!xfer && started && t->flush) {
+        note(x, dev, k, s, -1, t->flush(x->tctx, x->env, dev));
+        started = false;
+      }
+      if (k == inject && (mine || all_copies)) {
+        /* the fault hook: the op fails; a transfer another process waits
+         * for still moves its bytes first */
+        if (xfer && all_copies) (void)(mine ? run_op(x, op) : run_peer(x, op, dev));
+        if (mine) note(x, dev, k, s, -1, DP_FAIL(DP_ERR_BACKEND, "injected fault"));
+      } else if (k != inject || all_copies) {
+        note(x, dev, k, s, -1, mine ? run_op(x, op) : run_peer(x, op, dev));
+      }
+      started |= xfer;
+    }
+    if (started && t->flush) note(x, dev, k, s, -1, t->flush(x->tctx, x->env, dev));
+    if (b->stage_end) note(x, dev, k, s, s, b->stage_end(x->bctx, dev, s));
+    if (s == s1 || !sync || sync[s]) barrier_wait(&x->bar);
+  }
+}
+
+static void *worker_main(void *arg) {
+  dp_worker *w = arg;
+  dp_exec *x = w->exec;
+  for (;;) {
+    barrier_wait(&x->bar); /* wait for a job */
+    if (atomic_load(&x->quit)) return NULL;
+    run_device(x, w->dev);
+  }
+}
+
+dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_ops *b,
+                        void *bctx, const dp_transport_ops *t, void *tctx) {
+  memset(x, 0, sizeof *x);
+  x->dev0 = dev0;
+  x->n_devices = n_devices;
+  x->backend = b;
+  x->bctx = bctx;
+  x->transport = t;
+  x->tctx = tctx;
+  x->inject_at = -1;
+  x->share = share_capable(x);
+  x->bar.n = n_devices;
+  pthread_mutex_init(&x->bar.mu, NULL);
+  pthread_cond_init(&x->bar.cv, NULL);
+  for (int d = 1; d < n_devices; d++) {
+    x->workers[d] = (dp_worker){.exec = x, .dev = dev0 + d};
+    int rc = pthread_create(&x->workers[d].thread, NULL, worker_main, &x->workers[d]);
+    if (rc) {
+      x->n_devices = d; /* only these exist; shut them down */
+      x->bar.n = d;
+      dp__exec_destroy(x);
+      return DP_FAIL(DP_ERR_NOMEM, "cannot start the worker of device %d: %s", d,
+                     strerror(rc));
+    }
+    x->n_threads = d;
+  }
+  return DP_OK;
+}
+
+void dp__exec_destroy(dp_exec *x) {
+  if (x->n_threads > 0) {
+    atomic_store(&x->quit, 1);
+    barrier_wait(&x->bar);
+    for (int d = 1; d <= x->n_threads; d++) pthread_join(x->workers[d].thread, NULL);
+  }
+  x->n_threads = 0;
+  pthread_mutex_destroy(&x->bar.mu);
+  pthread_cond_destroy(&x->bar.cv);
+}
+
+/* "device 0 params", "host inputs" */
+static void endpoint_name(char *buf, size_t cap, int dev, int region) {
+  if (dev == DP_HOST)
+    snprintf(buf, cap, "host %s",
+             region == DP_REGION_INPUTS    ? "inputs"
+             : region == DP_REGION_TARGETS ? "targets"
+                                           : "outputs");
+  else
+    snprintf(buf, cap, "device %d %s", dev, dp_region_name((dp_region)region));
+}
+
+/* What an op is, for error messages: "backward layer 2 (linear), micro-batch
+ * 3", "reduce copy of 48 bytes, device 1 grads -> device 0 comm". */
+static void describe_op(const dp_plan *p, const dp_op *op, char *buf, size_t cap) {
+  const char *ph = dp_phase_name((dp_phase)op->phase),
+             *kind = dp_op_kind_name((dp_op_kind)op->kind);
+  char src[48], dst[48];
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_COPY:
+    endpoint_name(src, sizeof src, op->src_dev, op->src_region);
+    endpoint_name(dst, sizeof dst, op->dst_dev, op->dst_region);
+    snprintf(buf, cap, "%s copy of %zu bytes, %s -> %s", ph, op->bytes, src, dst);
+    return;
+  case DP_OP_COPY_ADD:
+    endpoint_name(src, sizeof src, op->src_dev, op->src_region);
+    endpoint_name(dst, sizeof dst, op->dst_dev, op->dst_region);
+    snprintf(buf, cap, "%s %s of %zu bytes, %s += %s", ph, kind, op->bytes, dst, src);
+    return;
+  case DP_OP_FORWARD:
+  case DP_OP_BACKWARD:
+    snprintf(buf, cap, "%s layer %d (%s), micro-batch %d", kind, op->layer,
+             op->layer >= 0 && op->layer < p->model.n_layers
+                 ? dp_layer_kind_name(p->model.layers[op->layer].kind)
+                 : "?",
+             op->micro_batch);
+    return;
+  case DP_OP_LOSS:
+    snprintf(buf, cap, "loss of micro-batches %d..%d", op->micro_batch,
+             op->micro_batch + op->n_mb - 1);
+    return;
+  default: snprintf(buf, cap, "%s %s", ph, kind); return;
+  }
+}
+
+dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uint8_t *sync,
+                       int n_ops, int lo, int hi, int inject_at) {
+  if (lo >= hi || x->n_devices == 0) return DP_OK;
+  x->env = env;
+  x->ops = ops;
+  x->sync = sync;
+  x->lo = lo;
+  x->hi = hi;
+  x->s0 = ops[lo].stage;
+  x->s1 = ops[hi - 1].stage;
+  x->inject_at = inject_at;
+  atomic_store(&x->fail_stage, INT_MAX);
+  x->first_fail = -1;
+  int d0 = x->dev0, d1 = x->dev0 + x->n_devices;
+  for (int d = d0; d < d1; d++) x->status[d] = DP_OK;
+  if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
+  run_device(x, d0);
+  if (atomic_load(&x->fail_stage) == INT_MAX) return DP_OK;
+  /* Report the failure that comes first in the schedule. */
+  int first = -1;
+  for (int d = d0; d < d1; d++)
+    if (x->status[d] && (first < 0 || x->fail_op[d] < x->fail_op[first])) first = d;
+  x->first_fail = x->fail_op[first];
+  char what[160];
+  if (x->fail_hook[first] >= 0)
+    return dp__error(x->status[first], __FILE__, __LINE__,
+                     "device %d, stage %d of the %s backend: %s", first,
+                     x->fail_hook[first], x->backend->name, x->errmsg[first]);
+  describe_op(env->plan, &ops[x->fail_op[first]], what, sizeof what);
+  return dp__error(x->status[first], __FILE__, __LINE__, "device %d, op %d of %d (%s): %s",
+                   first, x->fail_op[first], n_ops, what, x->errmsg[first]);
+}

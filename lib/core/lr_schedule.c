@@ -1,0 +1,64 @@
+/* Learning-rate schedules as torch.optim.lr_scheduler computes them, for a
+ * caller that sets the rate between steps (dp_set_lr). Pure arithmetic in
+ * double, like PyTorch's Python floats; t counts scheduler steps. */
+#include "core/plan.h"
+
+#include <math.h>
+
+static const double PI = 3.14159265358979323846;
+
+dp_status dp_lr_schedule_check(const dp_lr_schedule *s) {
+  if (!s) return DP_FAIL(DP_ERR_INVALID, "dp_lr_schedule_check: schedule is NULL");
+  if (!(s->base_lr > 0.0f && s->base_lr <= 3.4e38f))
+    return DP_FAIL(DP_ERR_INVALID, "schedule: base_lr must be finite and positive, got %g",
+                   (double)s->base_lr);
+  switch (s->kind) {
+  case DP_LR_CONSTANT: return DP_OK;
+  case DP_LR_STEP:
+    if (s->step_size < 1 || !(s->gamma > 0.0f && s->gamma <= 1.0f))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "step schedule: step_size must be >= 1 and gamma in (0, 1], got %d "
+                     "and %g",
+                     s->step_size, (double)s->gamma);
+    return DP_OK;
+  case DP_LR_WARMUP_COSINE:
+    if (s->warmup < 1 || !(s->start_factor > 0.0f && s->start_factor <= 1.0f))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "warm-up: warmup must be >= 1 step and start_factor in (0, 1], got %d "
+                     "and %g",
+                     s->warmup, (double)s->start_factor);
+    __attribute__((fallthrough)); /* the cosine after it */
+  case DP_LR_COSINE:
+    if (s->t_max < 1 || !(s->eta_min >= 0.0f && s->eta_min <= s->base_lr))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "cosine schedule: t_max must be >= 1 and 0 <= eta_min <= base_lr, got "
+                     "%d and %g",
+                     s->t_max, (double)s->eta_min);
+    return DP_OK;
+  }
+  return DP_FAIL(DP_ERR_INVALID, "unknown schedule kind %d", (int)s->kind);
+}
+
+/* CosineAnnealingLR's closed form (it repeats after t_max, as PyTorch's does). */
+static double cosine(const dp_lr_schedule *s, double t) {
+  double base = s->base_lr, lo = s->eta_min;
+  return lo + (base - lo) * (1.0 + cos(PI * t / s->t_max)) / 2.0;
+}
+
+float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
+  if (!s || dp_lr_schedule_check(s) != DP_OK) return NAN;
+  double base = s->base_lr;
+  switch (s->kind) {
+  case DP_LR_CONSTANT: return s->base_lr;
+  case DP_LR_STEP:
+    return (float)(base * pow(s->gamma, (double)(t / (uint64_t)s->step_size)));
+  case DP_LR_COSINE: return (float)cosine(s, (double)t);
+  case DP_LR_WARMUP_COSINE: /* SequentialLR(LinearLR(start_factor, 1, warmup), cosine) */
+    if (t < (uint64_t)s->warmup) {
+      double f = s->start_factor + (1.0 - s->start_factor) * (double)t / s->warmup;
+      return (float)(base * f);
+    }
+    return (float)cosine(s, (double)(t - (uint64_t)s->warmup));
+  }
+  return NAN;
+}

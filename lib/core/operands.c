@@ -1,0 +1,84 @@
+/* The one resolved operand view: where each tensor of an op lies, from the
+ * plan alone. The backends (lib/cpu/backend.c, cuda/backend.cu) take every
+ * pointer from here; the plan is checked against the same view
+ * (dp__plan_verify), so an op can only reach bytes the plan gave it. */
+#include "core/operands.h"
+
+#include <stdlib.h>
+
+static dp_span span(int region, size_t off, size_t bytes) {
+  return (dp_span){.region = region, .off = off, .bytes = bytes};
+}
+
+/* Rows [local, local + rows) of a (rows, width) tensor at byte `at` of region r;
+ * none when the plan keeps no buffer (at == SIZE_MAX). */
+static dp_span rows_at(int r, size_t at, int local, int rows, int width) {
+  if (at == SIZE_MAX) return DP_SPAN_NONE;
+  return span(r, at + (size_t)local * width * 4, (size_t)rows * width * 4);
+}
+
+/* The micro-batch's rows of the gradient of layer o's output (o owns its
+ * buffer): the buffer holds one micro-batch, or all of the device's rows for a
+ * sync batchnorm. */
+static dp_span dact_rows(const dp_plan *p, int d, int o, int local, int rows, int width) {
+  return rows_at(DP_REGION_ACTIVATIONS, p->act[d].dact[o], dp__bn_sync(p, o) ? local : 0,
+                 rows, width);
+}
+
+void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_operands *o) {
+  const dp_model *m = &p->model;
+  const dp_layer *l = &m->layers[i];
+  const dp_act_layout *a = &p->act[op->device];
+  int d = op->device, L = m->n_layers, rows = op->rows;
+  int local = op->row0 - p->split.dev_row0[d];
+  *o = (dp_layer_operands){.layer = i,
+                           .device = d,
+                           .mb = op->micro_batch - p->split.dev_mb0[d],
+                           .local = local,
+                           .rows = rows};
+  int own = i ? dp__act_owner(m, i - 1) : -1; /* whose buffer holds the input */
+  o->in = own < 0 ? rows_at(DP_REGION_INPUTS, 0, local, rows, l->in)
+                  : rows_at(DP_REGION_ACTIVATIONS, a->act[own], local, rows, l->in);
+  o->din = own < 0 ? DP_SPAN_NONE : dact_rows(p, d, own, local, rows, l->in);
+  if (i == L - 1) {
+    o->out = rows_at(DP_REGION_OUTPUTS, 0, local, rows, l->out);
+    o->dout = rows_at(DP_REGION_OUTPUT_GRADS, 0, local, rows, l->out);
+  } else {
+    o->out = rows_at(DP_REGION_ACTIVATIONS, a->act[i], local, rows, l->out);
+    o->dout = dact_rows(p, d, i, local, rows, l->out);
+  }
+  o->params = span(DP_REGION_PARAMS, l->param_off * 4, l->n_params * 4);
+  o->stats = DP_SPAN_NONE;
+  o->bn_area = o->bn_buffers = DP_SPAN_NONE;
+  if (dp__layer_stats_width(l->kind))
+    o->stats = rows_at(DP_REGION_ACTIVATIONS, a->stats[i], local, rows,
+                       dp__layer_stats_width(l->kind));
+  if (l->kind == DP_LAYER_BATCHNORM) {
+    int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+    size_t floats = dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
+                                      : (size_t)n_mb * dp__bn_stats(l->c);
+    if (a->stats[i] != SIZE_MAX)
+      o->bn_area = span(DP_REGION_ACTIVATIONS, a->stats[i], floats * 4);
+    o->bn_buffers =
+        span(DP_REGION_PARAMS, (m->n_params + l->buf_off) * 4, dp__bn_buffers(l->c) * 4);
+  }
+  o->workspace = span(DP_REGION_WORKSPACE, 0, p->regions[d][DP_REGION_WORKSPACE].size);
+}
+
+dp_status dp__opt_operands(const dp_plan *p, int d, size_t first, size_t n, int grad_region,
+                           size_t grad_off, dp_opt_operands *o) {
+  *o = (dp_opt_operands){.params = span(DP_REGION_PARAMS, first * 4, n * 4),
+                         .grads = span(grad_region, grad_off, n * 4),
+                         .state = {DP_SPAN_NONE, DP_SPAN_NONE}};
+  int k = dp__state_vectors(p->cfg.optimizer);
+  if (!k) return DP_OK;
+  if (first < p->opt_off[d] || first + n > p->opt_off[d] + p->opt_len[d])
+    return DP_FAIL(DP_ERR_INVALID,
+                   "device %d: parameters %zu..%zu have no optimizer state here (it holds "
+                   "%zu..%zu)",
+                   d, first, first + n, p->opt_off[d], p->opt_off[d] + p->opt_len[d]);
+  for (int v = 0; v < k; v++)
+    o->state[v] =
+        span(DP_REGION_OPT_STATE, (first - p->opt_off[d] + v * p->opt_len[d]) * 4, n * 4);
+  return DP_OK;
+}

@@ -1,0 +1,180 @@
+/* The plan (lib/core/): the split of a batch, buffer placement, the
+ * per-device regions and the static schedule. Not installed. */
+#ifndef DP_PLAN_H
+#define DP_PLAN_H
+
+#include "model/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the job's processes (config.ranks) ---- */
+static inline int dp__ranks(const dp_config *c) { return c->ranks > 1 ? c->ranks : 1; }
+/* config.accumulate: calls per update (1: none), and the partial-sum slots
+ * (log2 of it) each updating device keeps after its optimizer state. */
+static inline int dp__accumulate(const dp_config *c) {
+  return c->accumulate > 1 && !c->inference ? c->accumulate : 1;
+}
+static inline int dp__accum_levels(const dp_config *c) {
+  int l = 0;
+  while ((1 << l) < dp__accumulate(c)) l++;
+  return l;
+}
+/* Optimizer state vectors: momentum 1, AdamW 2 (m, v), plain SGD 0. */
+static inline int dp__state_vectors(dp_optimizer o) {
+  return o == DP_OPT_ADAMW ? 2 : o == DP_OPT_MOMENTUM ? 1 : 0;
+}
+/* The rank that holds global device dev. */
+static inline int dp__rank_of(const dp_config *c, int dev) {
+  return dev / (c->n_devices / dp__ranks(c));
+}
+/* Whether a reduction step that adds device src's gradients into device
+ * dst's is one DP_OP_COPY_ADD (lib/plan.c): no comm buffer on dst. */
+bool dp__copy_adds(const dp_config *c, int dst, int src);
+
+/* ---- split (lib/split.c) ---- */
+typedef struct {
+  int n_mb;    /* micro-batches in the batch */
+  int mb_rows; /* largest micro-batch */
+  int n_used;  /* devices with rows */
+  int dev_mb0[DP_MAX_DEVICES +
+              1]; /* device d owns micro-batches [dev_mb0[d], dev_mb0[d+1]) */
+  int dev_row0[DP_MAX_DEVICES + 1];
+} dp_split_info;
+
+/* Micro-batch k covers rows [dp__mb_row0(k), +dp__mb_rows(k)). */
+typedef struct {
+  int row0, rows;
+} dp_mb;
+
+/* Splits `rows` rows for config c. mbs must hold dp__split_max_mbs(c) entries.
+ * `first`: device 0's share of the items (rows, or micro-batches when the
+ * micro-batch size is fixed) under DP_SPLIT_MEMORY; ignored otherwise. */
+dp_status dp__split(const dp_config *c, int rows, int first, dp_split_info *s, dp_mb *mbs);
+/* Items the split deals: rows, or micro-batches when their size is fixed. */
+int dp__split_items(const dp_config *c, int rows);
+int dp__split_max_mbs(const dp_config *c);
+/* The last batch of the run of batches, starting at `rows`, that deal their
+ * items to the same devices in the same pattern (INT_MAX when it never ends). */
+int dp__split_run_end(const dp_config *c, int rows);
+
+/* ---- liveness planner (lib/liveness.c), TFLite Micro style ---- */
+typedef struct {
+  size_t size, align;
+  int first, last; /* inclusive use interval */
+  size_t offset;   /* result */
+} dp_live_buf;
+
+/* Greedy placement: largest first, lowest offset that does not overlap any
+ * already placed buffer whose interval intersects. Returns the arena size. */
+dp_status dp__live_place(dp_live_buf *b, int n, size_t *total);
+
+/* ---- plan (lib/plan.c, lib/schedule.c) ---- */
+/* Activation-region buffers of one device. */
+/* Offsets inside the device's ACTIVATIONS region; SIZE_MAX = not there
+ * (layer 0's input is INPUTS, the last layer's output is OUTPUTS, its
+ * gradient is OUTPUT_GRADS). */
+typedef struct {
+  size_t act[DP_MAX_LAYERS];   /* output of layer i: (rows, out_i) */
+  size_t stats[DP_MAX_LAYERS]; /* saved statistics of layer i: (rows, 2) */
+  size_t dact[DP_MAX_LAYERS];  /* gradient of layer i's output: (mb_rows, out_i) */
+  int rows, mb_rows;           /* this device's rows and largest micro-batch */
+} dp_act_layout;
+
+struct dp_plan {
+  dp_model model; /* a copy: the plan owns its shapes */
+  dp_config cfg;
+  dp_split_info split;
+  dp_mb *mbs;                      /* (split.n_mb) */
+  int grad_levels[DP_MAX_DEVICES]; /* partial-grad slots per device */
+  /* Parameters [opt_off[d], +opt_len[d]) (in floats) whose optimizer state
+   * device d holds and updates: classic: device 0 all; allreduce: every
+   * device all, or its shard with shard_optimizer. The state region holds,
+   * per state vector (momentum; or AdamW m then v), opt_len[d] floats. */
+  size_t opt_off[DP_MAX_DEVICES], opt_len[DP_MAX_DEVICES];
+  size_t align;
+  dp_region_info regions[DP_MAX_DEVICES][DP_REGION_COUNT];
+  size_t dev_bytes[DP_MAX_DEVICES];
+  dp_act_layout act[DP_MAX_DEVICES];
+  size_t host_bytes;
+  /* the staging arena (backend.host_staging): inputs (batch, in), targets and
+   * outputs (batch, out), each at an aligned offset */
+  size_t host_x, host_t, host_y;
+  int n_ops, ops_cap;
+  dp_op *ops;
+  int n_stages;
+};
+
+/* Builds the schedule of one step into ops (capacity cap; ops may be NULL to
+ * count). mbs: the plan's micro-batches, truncated to the step's rows (a
+ * smaller batch keeps the planned cut points; empty micro-batches are
+ * skipped). Pure: no allocation. */
+/* What a schedule is for: a forward, a training step (that updates), or a
+ * training call of an accumulation that does not update (config.accumulate). */
+enum { DP_SCHED_INFER = 0, DP_SCHED_TRAIN = 1, DP_SCHED_ACCUM = 2 };
+dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op *ops,
+                             int cap, int *n_ops, int *n_stages);
+int dp__schedule_cap(const dp_plan *p);
+/* The activation buffers of device d with their sizes and lifetimes, as the
+ * liveness planner places them (lib/core/plan.c; offsets not set): b[k] is
+ * buffer who[k] = kind * n_layers + layer (kind 0: the layer's output, 1: its
+ * saved statistics, 2: its output's gradient). */
+dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[3 * DP_MAX_LAYERS],
+                          int who[3 * DP_MAX_LAYERS], int *n);
+/* Layer i is a batchnorm with whole-batch statistics (config.batchnorm sync)
+ * in a training plan: its statistics area is dp__bn_sync_floats, and the
+ * gradient of its output is kept for all of the device's rows (the backward
+ * stops there until the whole batch's sums are known). */
+static inline bool dp__bn_sync(const dp_plan *p, int i) {
+  return !p->cfg.inference && p->cfg.batchnorm == DP_BN_SYNC &&
+         p->model.layers[i].kind == DP_LAYER_BATCHNORM;
+}
+/* What the ranks of a job compare at start: hashes of the model, the config,
+ * the schedule and the build (version, compiler). */
+#define DP_PLAN_HASHES 4
+#define DP_STR_(x) #x
+#define DP_STR(x) DP_STR_(x)
+void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]);
+/* dp_plan_rank_rows without the checks. */
+void dp__rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n);
+
+/* Replicas `first` < `second` (of the first n) that share a GPU, if any. */
+bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second);
+/* The same among replicas [d0, d0 + n) (one rank's). */
+bool dp__shared_gpu_in(const dp_config *c, int d0, int n, int *first, int *second);
+
+/* The segment [lo, hi) of n floats that device r holds after `levels` levels
+ * of recursive halving (level l pairs r with r ^ 2^l; the device with that bit
+ * clear keeps the lower half). */
+void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi);
+
+/* config.clip_grad_norm: a device's exact sum of squares of its gradients,
+ * a 128-bit integer (lo, hi words) per float exponent: DP_NORM_BINS_BYTES in
+ * the comm region per slot (bin 255 counts the infinite (lo) and NaN (hi)
+ * gradients). */
+#define DP_NORM_BINS 256
+#define DP_NORM_BINS_BYTES (DP_NORM_BINS * 16)
+
+/* Bytes between partial-gradient slots in GRAD_PARTIALS (lib/plan.c). */
+size_t dp__partial_stride(const dp_plan *p);
+
+/* Layer i of the plan's model is a relu right after a linear layer and the
+ * plan's backend has fuses_linear_relu: the linear's forward applies the relu
+ * in its GEMM epilogue and writes the relu's output (live from then on),
+ * keeping no output of its own (no buffer); the relu's forward does nothing.
+ * Its backward is unchanged (it reads its own output). Every backend that runs
+ * the plan's ops follows this (the emulated GPU runs the cpu backend's ops on
+ * a cuda plan). */
+bool dp__relu_fused(const dp_plan *p, int i);
+/* ... and layer i + 1 is a linear layer: that linear's backward writes its
+ * grad-input product straight into the relu's input gradient and applies the
+ * relu's backward there in place (its input, the relu's output, <= 0 gives 0);
+ * the relu's backward does nothing and its output gradient gets no buffer. */
+bool dp__relu_bwd_fused(const dp_plan *p, int i);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,1102 @@
+/* The CPU backend: the reference implementation of every layer, loss and
+ * optimizer, run by one worker thread per virtual device on that device's
+ * arena. Every loop has a fixed order (no atomics, no thread-count-dependent
+ * splits), so results are a pure function of the inputs; each output
+ * element's accumulation order depends only on the reduced dimension. The
+ * executor may run element ranges of an elementwise op (copy, gradient add,
+ * zero, check, update) on several threads at once (exec.c: work sharing):
+ * those ops address everything by the op's offsets, and no element depends
+ * on another, so the bits are the same. */
+#include "cpu/gemm.h"
+#include "core/operands.h"
+#include "cpu/cpu.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A layer op's context: its layer, device and micro-batch, and the operands
+ * the core resolved for it (lib/core/operands.c: every pointer below). */
+typedef struct {
+  const dp_exec_env *e;
+  const dp_plan *p;
+  const dp_layer *l;
+  int d, i, L;
+  int local; /* first row of the micro-batch within the device's chunk */
+  int mb;    /* the micro-batch's index among the device's */
+  int rows;
+  const dp_op *op;
+  dp_layer_operands o;
+} lctx;
+
+static float *region(const dp_exec_env *e, int d, int r, size_t off) {
+  return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
+}
+
+/* The context of op at layer i (its own, or a fused neighbour's buffers). */
+static lctx lctx_at(const dp_exec_env *e, const dp_op *op, int i) {
+  const dp_plan *p = e->plan;
+  lctx c = {
+      .e = e, .p = p, .l = &p->model.layers[i], .i = i, .L = p->model.n_layers, .op = op};
+  dp__layer_operands(p, op, i, &c.o);
+  c.d = c.o.device;
+  c.local = c.o.local;
+  c.mb = c.o.mb;
+  c.rows = c.o.rows;
+  return c;
+}
+
+static lctx op_lctx(const dp_exec_env *e, const dp_op *op) {
+  return lctx_at(e, op, op->layer);
+}
+
+/* The same micro-batch's context at layer i (a fused neighbour's buffers). */
+static lctx at_layer(const lctx *c, int i) { return lctx_at(c->e, c->op, i); }
+
+static float *ptr(const lctx *c, dp_span s) { return dp__span_ptr(c->e, c->d, s); }
+/* (rows, in); NULL for a linear fused with its relu, which keeps no output */
+static float *layer_in(const lctx *c) { return ptr(c, c->o.in); }
+static float *layer_out(const lctx *c) { return ptr(c, c->o.out); }
+static float *layer_stats(const lctx *c) { return ptr(c, c->o.stats); }
+/* d(loss)/d(output of layer i) for this micro-batch: (rows, out) */
+static float *layer_dout(const lctx *c) { return ptr(c, c->o.dout); }
+/* NULL when nothing needs it (the model's input, or a view of it) */
+static float *layer_din(const lctx *c) { return ptr(c, c->o.din); }
+static size_t ws_bytes(const lctx *c) { return c->o.workspace.bytes; }
+static float *layer_params(const lctx *c) { return ptr(c, c->o.params); }
+
+/* batchnorm: micro-batch mb's saved statistics, dp__bn_stats floats: mean,
+ * rstd, unbiased variance per channel. */
+static float *bn_stats(const lctx *c, int mb) {
+  return ptr(c, c->o.bn_area) + (size_t)mb * dp__bn_stats(c->l->c);
+}
+
+/* batchnorm's buffers on the device: running_mean (c), running_var (c), the count. */
+static float *bn_buffers(const lctx *c) { return ptr(c, c->o.bn_buffers); }
+
+#define BN_EPS 1e-5f
+
+/* y = (x - mean) rstd g + b per channel over n rows of C x S (S = H W, or 1
+ * for a flat input). Training: the micro-batch's own statistics (sums over
+ * rows then positions, ascending; the biased variance), saved for backward and
+ * the running statistics; eval: the running statistics. */
+static void bn_forward(const lctx *c, const float *x, float *y) {
+  const dp_layer *l = c->l;
+  int n = c->rows, C = l->c;
+  size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
+  const float *g = layer_params(c), *b = g + C;
+  /* sync: the whole batch's statistics, in place of micro-batch 0's */
+  bool sync = c->e->training && dp__bn_sync(c->p, c->i);
+  float *st = c->e->training ? bn_stats(c, sync ? 0 : c->mb) : NULL;
+  const float *run = bn_buffers(c);
+  for (int ch = 0; ch < C; ch++) {
+    float mean, rstd;
+    if (sync) {
+      mean = st[ch];
+      rstd = st[C + ch];
+    } else if (st) {
+      float sum = 0.0f, var = 0.0f;
+      for (int r = 0; r < n; r++)
+        for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
+      mean = sum / (float)M;
+      for (int r = 0; r < n; r++)
+        for (size_t k = 0; k < S; k++) {
+          float dv = x[((size_t)r * C + ch) * S + k] - mean;
+          var += dv * dv;
+        }
+      rstd = 1.0f / sqrtf(var / (float)M + BN_EPS);
+      st[ch] = mean;
+      st[C + ch] = rstd;
+      st[2 * C + ch] = M > 1 ? var / (float)(M - 1) : NAN; /* refused before the step */
+    } else {
+      mean = run[ch];
+      rstd = 1.0f / sqrtf(run[C + ch] + BN_EPS);
+    }
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        y[at] = (x[at] - mean) * rstd * g[ch] + b[ch];
+      }
+  }
+}
+
+/* ---- sync batchnorm (config.batchnorm sync): the whole batch's statistics ----
+ * Each micro-batch's partial (rows, mean, sum of squared deviations: two
+ * passes, ascending), merged pairwise in the canonical tree (Chan et al.'s
+ * update, in double), so the result depends only on the micro-batches, not
+ * on which device holds them. */
+
+static size_t bn_positions(const dp_layer *l) { return l->h ? (size_t)l->h * l->w : 1; }
+
+static uint32_t get_u32(const float *at) {
+  uint32_t v;
+  memcpy(&v, at, 4);
+  return v;
+}
+
+static void put_u32(float *at, uint32_t v) { memcpy(at, &v, 4); }
+
+static dp_status bn_stats_op(const dp_exec_env *e, const dp_op *op) {
+  lctx c = op_lctx(e, op);
+  const dp_layer *l = c.l;
+  const float *x = layer_in(&c);
+  int n = op->rows, C = l->c;
+  size_t S = bn_positions(l), M = (size_t)n * S;
+  float *part = region(e, op->device, op->dst_region, op->dst_offset);
+  put_u32(part, (uint32_t)n);
+  for (int ch = 0; ch < C; ch++) {
+    float sum = 0.0f, m2 = 0.0f;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
+    float mean = sum / (float)M;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        float dv = x[((size_t)r * C + ch) * S + k] - mean;
+        m2 += dv * dv;
+      }
+    part[1 + ch] = mean;
+    part[1 + C + ch] = m2;
+  }
+  return DP_OK;
+}
+
+/* dst's partial merged with src's (both of layer op->layer). */
+static dp_status bn_merge_op(const dp_exec_env *e, const dp_op *op) {
+  const dp_layer *l = &e->plan->model.layers[op->layer];
+  int C = l->c;
+  float *a = region(e, op->device, op->dst_region, op->dst_offset);
+  const float *b = region(e, op->device, op->src_region, op->src_offset);
+  uint32_t rows = get_u32(a) + get_u32(b);
+  double S = (double)bn_positions(l), na = get_u32(a) * S, nb = get_u32(b) * S, n = na + nb;
+  for (int ch = 0; ch < C; ch++) {
+    double delta = (double)b[1 + ch] - (double)a[1 + ch];
+    a[1 + ch] = (float)((double)a[1 + ch] + delta * (nb / n));
+    a[1 + C + ch] = (float)((double)a[1 + C + ch] + (double)b[1 + C + ch] +
+                            delta * delta * (na * nb / n));
+  }
+  put_u32(a, rows);
+  return DP_OK;
+}
+
+/* The whole batch's mean, rstd (biased variance, as the normalisation) and
+ * unbiased variance (the running statistics') from the tree's root. */
+static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
+  const dp_layer *l = &e->plan->model.layers[op->layer];
+  int C = l->c;
+  float *f = region(e, op->device, op->dst_region, op->dst_offset);
+  const float *root = region(e, op->device, op->src_region, op->src_offset);
+  uint32_t rows = get_u32(root);
+  double M = (double)rows * (double)bn_positions(l);
+  for (int ch = 0; ch < C; ch++) {
+    double m2 = root[1 + C + ch];
+    f[ch] = root[1 + ch];
+    f[C + ch] = (float)(1.0 / sqrt(m2 / M + (double)BN_EPS));
+    f[2 * C + ch] = M > 1 ? (float)(m2 / (M - 1)) : NAN; /* refused before the step */
+  }
+  put_u32(f + 3 * C, rows);
+  return DP_OK;
+}
+
+/* The micro-batch's sums of dy x-hat and dy per channel (ascending), with the
+ * whole batch's statistics: its gradients of the weight and the bias, which
+ * the backward tree sums and the batchnorm's sums are copied from. */
+static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
+  lctx c = op_lctx(e, op);
+  const dp_layer *l = c.l;
+  const float *x = layer_in(&c), *dy = layer_dout(&c), *st = bn_stats(&c, 0);
+  int n = op->rows, C = l->c;
+  size_t S = bn_positions(l);
+  float *dg = region(e, op->device, op->dst_region, op->dst_offset) + l->param_off,
+        *db = dg + C;
+  for (int ch = 0; ch < C; ch++) {
+    float mean = st[ch], rstd = st[C + ch], sg = 0.0f, sb = 0.0f;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        sg += dy[at] * ((x[at] - mean) * rstd);
+        sb += dy[at];
+      }
+    dg[ch] = sg;
+    db[ch] = sb;
+  }
+  return DP_OK;
+}
+
+/* dx with the whole batch's statistics and sums (sg, sb: this device's copy
+ * of device 0's tree root): rstd (dy g - g sb / M - xh g sg / M). */
+static void bn_sync_backward(const lctx *c, const float *x, const float *dy, float *dx) {
+  if (!dx) return;
+  const dp_layer *l = c->l;
+  int n = c->rows, C = l->c;
+  const float *g = layer_params(c), *st = bn_stats(c, 0);
+  const float *sums = region(c->e, c->d, DP_REGION_ACTIVATIONS,
+                             c->p->act[c->d].stats[c->i] + dp__bn_sync_bwd(C) * 4);
+  size_t S = bn_positions(l);
+  float M = (float)((double)get_u32(st + 3 * C) * (double)S);
+  for (int ch = 0; ch < C; ch++) {
+    float mean = st[ch], rstd = st[C + ch], s1 = g[ch] * sums[C + ch] / M,
+          s2 = g[ch] * sums[ch] / M;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        float xh = (x[at] - mean) * rstd;
+        dx[at] = rstd * (dy[at] * g[ch] - s1 - xh * s2);
+      }
+  }
+}
+
+/* dx = rstd (dy g - s1 / M - xh s2 / M), s1 = sum dy g, s2 = sum dy g xh;
+ * dg = sum dy xh, db = sum dy: the micro-batch's statistics (training only). */
+static void bn_backward(const lctx *c, const float *x, const float *dy, float *dx,
+                        float *grads) {
+  const dp_layer *l = c->l;
+  int n = c->rows, C = l->c;
+  size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
+  if (dp__bn_sync(c->p, c->i)) {
+    bn_sync_backward(c, x, dy, dx);
+    return;
+  }
+  const float *g = layer_params(c), *st = bn_stats(c, c->mb);
+  float *dg = grads + l->param_off, *db = dg + C;
+  for (int ch = 0; ch < C; ch++) {
+    float mean = st[ch], rstd = st[C + ch], sg = 0.0f, sb = 0.0f, s1 = 0.0f, s2 = 0.0f;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        float xh = (x[at] - mean) * rstd, dxh = dy[at] * g[ch];
+        sg += dy[at] * xh;
+        sb += dy[at];
+        s1 += dxh;
+        s2 += dxh * xh;
+      }
+    dg[ch] = sg;
+    db[ch] = sb;
+    if (!dx) continue;
+    for (int r = 0; r < n; r++)
+      for (size_t k = 0; k < S; k++) {
+        size_t at = ((size_t)r * C + ch) * S + k;
+        float xh = (x[at] - mean) * rstd;
+        dx[at] = rstd * (dy[at] * g[ch] - s1 / (float)M - xh * s2 / (float)M);
+      }
+  }
+}
+
+/* The running statistics from micro-batch 0 (device 0's first), PyTorch's rule
+ * in double as ATen's CPU kernel: r = m * stat + (1 - m) * r, m = 0.1, the
+ * unbiased variance; num_batches_tracked + 1. */
+static dp_status bn_update(const dp_exec_env *e, const dp_op *op) {
+  lctx c = op_lctx(e, op); /* device 0's */
+  const dp_layer *l = c.l;
+  int C = l->c;
+  const float *st = bn_stats(&c, 0);
+  float *run = bn_buffers(&c);
+  const double m = 0.1;
+  for (int ch = 0; ch < C; ch++) {
+    run[ch] = (float)(m * (double)st[ch] + (1.0 - m) * (double)run[ch]);
+    run[C + ch] = (float)(m * (double)st[2 * C + ch] + (1.0 - m) * (double)run[C + ch]);
+  }
+  uint32_t count;
+  memcpy(&count, &run[2 * C], 4);
+  count++;
+  memcpy(&run[2 * C], &count, 4);
+  return DP_OK;
+}
+
+/* The linear layer's products run as packed GEMMs (gemm.h: one fma chain per
+ * element over the reduced dimension, ascending; the same bits on every
+ * instruction set). Their packing buffers live in the device's WORKSPACE
+ * region, which the planner sizes with dp__model_workspace_bytes; a region too
+ * small for a product gives NULL, and dp__sgemm then runs its unpacked path
+ * (the same bits, slower) rather than write past it. */
+static void *gemm_ws(const lctx *c, int M, int N, int K) {
+  size_t need = dp__gemm_workspace_bytes(M, N, K);
+  if (need == 0 || c->e->plan->regions[c->d][DP_REGION_WORKSPACE].size < need) return NULL;
+  return dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE);
+}
+
+/* The forward's weights, W^T packed once per step for all of the device's
+ * micro-batches: the forward runs layer by layer, so one buffer, after the
+ * GEMMs' workspace, serves every layer; micro-batch 0 packs it, the others
+ * read it (the same bits: gemm.h). NULL with one micro-batch, or when the
+ * region has no room (an undersized plan, the emulated GPU's). */
+static size_t packed_wt_at(size_t gemm_ws) { return (gemm_ws + 63) / 64 * 64; }
+
+static const float *packed_wt(const lctx *c, const float *w) {
+  const dp_plan *p = c->p;
+  int d = c->d, in = c->l->in, out = c->l->out;
+  if (p->split.dev_mb0[d + 1] - p->split.dev_mb0[d] < 2) return NULL;
+  size_t at = packed_wt_at(
+      dp__model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference));
+  if (at + dp__gemm_packed_b_bytes(in, out) > ws_bytes(c)) return NULL;
+  float *dst =
+      (float *)((unsigned char *)dp__region_ptr(c->e, d, DP_REGION_WORKSPACE) + at);
+  if (c->mb == 0) dp__gemm_pack_b(1, in, out, w, in, dst);
+  return dst;
+}
+
+static const float GELU_C = 0.7978845608028654f; /* sqrt(2/pi) */
+static const float GELU_A = 0.044715f;
+
+/* Dropout's multiplier for row r (of this micro-batch) and element j: keyed
+ * by the global row, so the mask does not depend on the split. */
+static float dropout_scale(const lctx *c, int r, int j) {
+  uint64_t row =
+      (uint64_t)(c->e->row_base + c->e->plan->split.dev_row0[c->d] + c->local + r);
+  float u = dp__rng_uniform(c->e->plan->cfg.seed, DP_RNG_DROPOUT,
+                            (c->e->step << 16) | (uint64_t)c->i, row, (uint64_t)j);
+  return u >= c->l->p ? 1.0f / (1.0f - c->l->p) : 0.0f;
+}
+
+/* Branch-free and alias-free, so they vectorise (gemm.h: DP_SIMD_FN): the
+ * signs of activations are random, and a branch per element mispredicts half
+ * the time. NaN passes through, as in PyTorch. */
+static inline DP_SIMD_BODY int relu_forward_body(const float *restrict x, float *restrict y,
+                                                 size_t n) {
+  for (size_t k = 0; k < n; k++) y[k] = x[k] <= 0.0f ? 0.0f : x[k];
+  return 0;
+}
+DP_SIMD_FN(relu_forward, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
+
+static inline DP_SIMD_BODY int relu_backward_body(const float *restrict y,
+                                                  const float *restrict dy,
+                                                  float *restrict dx, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    float g = dy[k]; /* loaded unconditionally, so the select needs no branch */
+    dx[k] = y[k] <= 0.0f ? 0.0f : g;
+  }
+  return 0;
+}
+DP_SIMD_FN(relu_backward,
+           (const float *restrict y, const float *restrict dy, float *restrict dx,
+            size_t n),
+           (y, dy, dx, n))
+
+/* relu_backward with dy = dx, in place (dp__relu_bwd_fused). */
+static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *restrict dx,
+                                              size_t n) {
+  for (size_t k = 0; k < n; k++) dx[k] = y[k] <= 0.0f ? 0.0f : dx[k];
+  return 0;
+}
+DP_SIMD_FN(relu_mask, (const float *restrict y, float *restrict dx, size_t n), (y, dx, n))
+
+static dp_status forward(const lctx *c) {
+  const dp_layer *l = c->l;
+  if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK; /* flatten: nothing moves */
+  const float *x = layer_in(c);
+  float *y = layer_out(c);
+  int n = c->rows, in = l->in, out = l->out;
+  switch (l->kind) {
+  case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
+    const float *w = layer_params(c); /* (out, in) */
+    dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
+    if (dp__relu_fused(c->p, c->i + 1)) {
+      /* the relu after it, in the epilogue: straight into the relu's output */
+      lctx r = at_layer(c, c->i + 1);
+      y = layer_out(&r);
+      ep.act = DP_GEMM_ACT_RELU;
+    }
+    dp__sgemm_pb(0, 1, n, out, in, x, in, w, in, packed_wt(c, w), y, out, &ep,
+                 gemm_ws(c, n, out, in));
+    break;
+  }
+  case DP_LAYER_RELU: /* done by the linear before it when fused */
+    if (!dp__relu_fused(c->p, c->i)) relu_forward(x, y, (size_t)n * out);
+    break;
+  case DP_LAYER_TANH:
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);
+    break;
+  case DP_LAYER_SIGMOID:
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = 1.0f / (1.0f + expf(-x[k]));
+    break;
+  case DP_LAYER_GELU:
+    for (size_t k = 0; k < (size_t)n * out; k++) {
+      float v = x[k];
+      y[k] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
+    }
+    break;
+  case DP_LAYER_LAYERNORM: {
+    const float *g = layer_params(c), *b = g + out;
+    float *st = layer_stats(c); /* (rows, 2): mean, rstd */
+    for (int r = 0; r < n; r++) {
+      const float *xr = x + (size_t)r * out;
+      float *yr = y + (size_t)r * out;
+      float sum = 0.0f;
+      for (int k = 0; k < out; k++) sum += xr[k];
+      float mean = sum / (float)out, var = 0.0f;
+      for (int k = 0; k < out; k++) var += (xr[k] - mean) * (xr[k] - mean);
+      float rstd = 1.0f / sqrtf(var / (float)out + 1e-5f);
+      st[2 * r] = mean;
+      st[2 * r + 1] = rstd;
+      for (int k = 0; k < out; k++) yr[k] = (xr[k] - mean) * rstd * g[k] + b[k];
+    }
+    break;
+  }
+  case DP_LAYER_DROPOUT:
+    if (!c->e->training || l->p == 0.0f) {
+      memcpy(y, x, (size_t)n * out * 4);
+      break;
+    }
+    for (int r = 0; r < n; r++)
+      for (int k = 0; k < out; k++) {
+        size_t idx = (size_t)r * out + k;
+        y[idx] = x[idx] * dropout_scale(c, r, k);
+      }
+    break;
+  case DP_LAYER_CONV2D:
+    if (!dp__conv_forward(l, n, x, layer_params(c), y,
+                          dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c)))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "layer %d: the plan's workspace is too small for conv2d", c->i);
+    break;
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D: dp__pool_forward(l, n, x, y); break;
+  case DP_LAYER_FLATTEN: /* a view, but the last layer's output is OUTPUTS: a copy */
+    if (c->i == c->L - 1) memcpy(y, x, (size_t)n * out * 4);
+    break;
+  case DP_LAYER_BATCHNORM: bn_forward(c, x, y); break;
+  case DP_LAYER_INPUT: break;
+  }
+  return DP_OK;
+}
+
+/* Backward of one layer on one micro-batch; parameter grads are written (not
+ * accumulated) at grads (a slot of the canonical tree). */
+static dp_status backward(const lctx *c, float *grads) {
+  const dp_layer *l = c->l;
+  if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK;
+  /* a relu before a linear: done by the linear's grad-input product */
+  if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK;
+  int n = c->rows, in = l->in, out = l->out;
+  const float *dy = layer_dout(c);
+  /* A linear after such a relu writes the relu's input gradient, masked by the
+   * relu's output (its own input). */
+  bool masked = c->i > 0 && dp__relu_bwd_fused(c->p, c->i - 1);
+  lctx din = masked ? at_layer(c, c->i - 1) : *c;
+  float *dx = layer_din(&din); /* NULL: the input's gradient is not needed */
+  switch (l->kind) {
+  case DP_LAYER_LINEAR: {
+    const float *w = layer_params(c), *x = layer_in(c);
+    float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;
+    /* dw (out, in) = dy^T (out, n) · x (n, in): summed over the rows in order */
+    dp__sgemm(1, 0, out, in, n, dy, out, x, in, dw, in, NULL, gemm_ws(c, out, in, n));
+    if (db) dp__gemm_colsum(n, out, dy, out, db);
+    /* dx (n, in) = dy (n, out) · w (out, in); then the relu's backward in place
+     * (x, its output, <= 0 gives 0): one streaming pass, faster here than a
+     * mask applied tile by tile in the GEMM (PERFORMANCE.md, round four) */
+    if (dx)
+      dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
+    if (dx && masked) relu_mask(x, dx, (size_t)n * in);
+    break;
+  }
+  case DP_LAYER_RELU: {
+    const float *y = layer_out(c);
+    if (dx) relu_backward(y, dy, dx, (size_t)n * out);
+    break;
+  }
+  case DP_LAYER_TANH: {
+    const float *y = layer_out(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = dy[k] * (1.0f - y[k] * y[k]);
+    break;
+  }
+  case DP_LAYER_SIGMOID: {
+    const float *y = layer_out(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) dx[k] = dy[k] * y[k] * (1.0f - y[k]);
+    break;
+  }
+  case DP_LAYER_GELU: {
+    const float *x = layer_in(c);
+    if (dx)
+      for (size_t k = 0; k < (size_t)n * out; k++) {
+        float v = x[k], t = tanhf(GELU_C * (v + GELU_A * v * v * v));
+        float dt = (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+        dx[k] = dy[k] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+      }
+    break;
+  }
+  case DP_LAYER_LAYERNORM: {
+    const float *x = layer_in(c), *st = layer_stats(c), *g = layer_params(c);
+    float *dg = grads + l->param_off, *db = dg + out;
+    for (int k = 0; k < out; k++) dg[k] = db[k] = 0.0f;
+    for (int r = 0; r < n; r++) {
+      const float *xr = x + (size_t)r * out, *dyr = dy + (size_t)r * out;
+      float mean = st[2 * r], rstd = st[2 * r + 1], s1 = 0.0f, s2 = 0.0f;
+      for (int k = 0; k < out; k++) {
+        float xh = (xr[k] - mean) * rstd, dxh = dyr[k] * g[k];
+        dg[k] += dyr[k] * xh;
+        db[k] += dyr[k];
+        s1 += dxh;
+        s2 += dxh * xh;
+      }
+      if (dx) {
+        float *dxr = dx + (size_t)r * out;
+        for (int k = 0; k < out; k++) {
+          float xh = (xr[k] - mean) * rstd;
+          dxr[k] = rstd * (dyr[k] * g[k] - s1 / (float)out - xh * s2 / (float)out);
+        }
+      }
+    }
+    break;
+  }
+  case DP_LAYER_DROPOUT:
+    if (dx) {
+      for (int r = 0; r < n; r++)
+        for (int k = 0; k < out; k++) {
+          size_t idx = (size_t)r * out + k;
+          dx[idx] = l->p == 0.0f ? dy[idx] : dy[idx] * dropout_scale(c, r, k);
+        }
+    }
+    break;
+  case DP_LAYER_CONV2D: {
+    float *dw = grads + l->param_off;
+    float *db = l->bias ? dw + (l->n_params - (size_t)l->c) : NULL;
+    if (!dp__conv_backward(l, n, layer_in(c), layer_params(c), dy, dw, db, dx,
+                           dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c)))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "layer %d: the plan's workspace is too small for conv2d", c->i);
+    break;
+  }
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D:
+    if (dx)
+      dp__pool_backward(l, n, l->kind == DP_LAYER_MAXPOOL2D ? layer_in(c) : NULL, dy, dx);
+    break;
+  case DP_LAYER_FLATTEN: /* a view; the last layer's gradient comes in OUTPUT_GRADS */
+    if (dx && c->i == c->L - 1) memcpy(dx, dy, (size_t)n * out * 4);
+    break;
+  case DP_LAYER_BATCHNORM: bn_backward(c, layer_in(c), dy, dx, grads); break;
+  case DP_LAYER_INPUT: break;
+  }
+  return DP_OK;
+}
+
+/* Loss sum over the rows of micro-batch mb, with the gradient of the mean
+ * loss written beside it. o, t and g hold rows from row `base` on; `rows` is
+ * the step's whole batch (the mean's denominator). */
+static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float *o,
+                       const void *target, float *g, int rows) {
+  int out = dp_model_output_width(&p->model);
+  float s = 0.0f;
+  size_t r0 = (size_t)(mb->row0 - base), r1 = r0 + (size_t)mb->rows;
+  if (p->model.loss == DP_LOSS_MSE) {
+    const float *t = target;
+    float scale = 2.0f / ((float)rows * (float)out);
+    for (size_t idx = r0 * out; idx < r1 * out; idx++) {
+      float diff = o[idx] - t[idx];
+      s += diff * diff;
+      g[idx] = scale * diff;
+    }
+    return s;
+  }
+  const int32_t *t = target;
+  float inv = 1.0f / (float)rows;
+  for (size_t r = r0; r < r1; r++) {
+    const float *z = o + r * out;
+    float *gr = g + r * out, mx = z[0], se = 0.0f;
+    for (int j = 1; j < out; j++) mx = z[j] > mx ? z[j] : mx;
+    for (int j = 0; j < out; j++) {
+      gr[j] = expf(z[j] - mx); /* kept: one exp per logit */
+      se += gr[j];
+    }
+    s += mx + logf(se) - z[t[r]];
+    float inv_se = 1.0f / se;
+    for (int j = 0; j < out; j++)
+      gr[j] = (gr[j] * inv_se - (j == t[r] ? 1.0f : 0.0f)) * inv;
+  }
+  return s;
+}
+
+/* Loss terms of the op's micro-batches: classic mode reads the gathered
+ * outputs on device 0, allreduce each device's own chunk. The sums go to the
+ * device's LOSS region (device 0 indexes it by global micro-batch). */
+static dp_status loss_op(dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  int d = op->device;
+  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+  const float *o =
+      region(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
+  float *g = region(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
+  const void *t = region(e, d, DP_REGION_TARGETS, 0);
+  float *part = region(e, d, DP_REGION_LOSS, 0);
+  for (int k = 0; k < op->n_mb; k++)
+    part[k] = loss_rows(p, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->loss_rows);
+  return DP_OK;
+}
+
+/* Canonical pairwise sum of v[lo, hi), leaving out empty micro-batches (the
+ * same tree the gradients take). mbs[lo] is not empty. */
+static float tree_sum(const float *v, const dp_mb *mbs, int lo, int hi) {
+  if (hi - lo == 1) return v[lo];
+  int mid = (lo + hi + 1) / 2;
+  float left = tree_sum(v, mbs, lo, mid);
+  return mbs[mid].rows ? left + tree_sum(v, mbs, mid, hi) : left;
+}
+
+/* The loss from every micro-batch's sum, combined in the canonical tree, so
+ * its bits do not depend on the split or the mode. */
+static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
+  const dp_plan *p = e->plan;
+  float denom =
+      (float)op->rows *
+      (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
+  e->loss = tree_sum(region(e, 0, DP_REGION_LOSS, 0), e->mbs, 0, op->n_mb) / denom;
+  if (!isfinite(e->loss))
+    return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
+                   isnan(e->loss) ? "NaN" : "infinite");
+  return DP_OK;
+}
+
+/* 1 when x is NaN or infinite: all exponent bits set. Branch-free, so scans
+ * vectorise; the slow search for the index runs only when one says so. */
+static inline uint32_t nonfinite_bit(float x) {
+  uint32_t b;
+  memcpy(&b, &x, 4);
+  return (b & 0x7f800000u) == 0x7f800000u;
+}
+
+/* ---- the optimizers: PyTorch's element rules, written once ----------------------
+ * The update applies them; the check before the commit phase evaluates the same
+ * expressions without storing, so a step whose update would leave a parameter
+ * or its state non-finite is refused with nothing written. */
+typedef struct {
+  float lr, wd, mu, keep, b1, b2, eps, step_size, bc2_sqrt, decay;
+  bool first, nesterov;
+} opt_consts;
+
+/* lr: the rate in effect (dp_exec_env.lr), config.lr until dp_set_lr changes it. */
+static opt_consts opt_consts_of(const dp_config *c, uint64_t step, float lr) {
+  opt_consts u = {.lr = lr,
+                  .wd = c->weight_decay,
+                  .mu = c->momentum,
+                  .keep = 1.0f - c->dampening, /* 1 - 0 is exactly 1 */
+                  .b1 = c->beta1,
+                  .b2 = c->beta2,
+                  .eps = c->eps,
+                  .decay = 1.0f - lr * c->weight_decay,
+                  .first = step == 0,
+                  .nesterov = c->nesterov != 0};
+  if (c->optimizer == DP_OPT_ADAMW) {
+    double t = (double)step + 1.0;
+    double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
+    u.step_size = (float)(lr / bc1);
+    u.bc2_sqrt = (float)sqrt(bc2);
+  }
+  return u;
+}
+
+/* SGD: w - lr (g + wd w). */
+static inline float sgd_w(const opt_consts *u, float w, float g) {
+  return w - u->lr * (g + u->wd * w);
+}
+/* torch.optim.SGD with momentum: g' = g + wd w; buf = g' on the first step,
+ * else mu buf + (1 - dampening) g'; the step is buf, or g' + mu buf (nesterov). */
+static inline float mom_g(const opt_consts *u, float w, float g) {
+  return u->wd != 0.0f ? g + u->wd * w : g;
+}
+static inline float mom_buf(const opt_consts *u, float buf, float gk) {
+  return u->first ? gk : u->mu * buf + u->keep * gk;
+}
+static inline float mom_w(const opt_consts *u, float w, float gk, float buf) {
+  return w - u->lr * (u->nesterov ? gk + u->mu * buf : buf);
+}
+/* AdamW (decoupled decay): m, v moments, then w decay - step_size m / denom. */
+static inline float adam_m(const opt_consts *u, float m, float g) {
+  return u->b1 * m + (1.0f - u->b1) * g;
+}
+static inline float adam_v(const opt_consts *u, float v, float g) {
+  return u->b2 * v + (1.0f - u->b2) * g * g;
+}
+static inline float adam_w(const opt_consts *u, float w, float m, float v) {
+  float denom = sqrtf(v) / u->bc2_sqrt + u->eps;
+  return w * u->decay - u->step_size * (m / denom);
+}
+
+/* 1 when the update of element k would leave a non-finite parameter or state
+ * word; branch-free per element so that the scan vectorises. s: the first
+ * state vector (momentum, AdamW's m) at this range, sv: AdamW's v. */
+static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const float *w,
+                                  const float *g, const float *s, const float *sv,
+                                  size_t k) {
+  switch (o) {
+  case DP_OPT_SGD: return nonfinite_bit(sgd_w(u, w[k], g[k]));
+  case DP_OPT_MOMENTUM: {
+    float gk = mom_g(u, w[k], g[k]), b = mom_buf(u, s[k], gk);
+    return nonfinite_bit(b) | nonfinite_bit(mom_w(u, w[k], gk, b));
+  }
+  case DP_OPT_ADAMW: {
+    float m = adam_m(u, s[k], g[k]), v = adam_v(u, sv[k], g[k]);
+    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_w(u, w[k], m, v));
+  }
+  }
+  return 0;
+}
+
+static inline DP_SIMD_BODY int update_scan_body(dp_optimizer o, const opt_consts *u,
+                                                const float *restrict w,
+                                                const float *restrict g,
+                                                const float *restrict s,
+                                                const float *restrict sv, size_t n) {
+  /* one loop per optimizer, each free of branches, so that it vectorises */
+  const opt_consts v = *u;
+  uint32_t bad = 0;
+  switch (o) {
+  case DP_OPT_SGD: /* exact: the element rule with the optimizer a constant */
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_SGD, &v, w, g, s, sv, k);
+    break;
+  case DP_OPT_MOMENTUM:
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_MOMENTUM, &v, w, g, s, sv, k);
+    break;
+  case DP_OPT_ADAMW: {
+    /* Conservative, without AdamW's sqrt and division: the moments finite and
+     * |w decay| + step_size |m| / eps (denom >= eps) below FLT_MAX / 2 cannot
+     * give a non-finite parameter; an element that fails the bound is decided
+     * exactly by the caller's search. */
+    float inv_eps = 1.0f / v.eps, dec = fabsf(v.decay), lim = FLT_MAX / 2;
+    for (size_t k = 0; k < n; k++) {
+      float m = adam_m(&v, s[k], g[k]), vv = adam_v(&v, sv[k], g[k]);
+      float bound = fabsf(w[k]) * dec + v.step_size * (fabsf(m) * inv_eps);
+      bad |= nonfinite_bit(m) | nonfinite_bit(vv) | (uint32_t) !(bound <= lim);
+    }
+    break;
+  }
+  }
+  return bad != 0;
+}
+DP_SIMD_FN(update_scan,
+           (dp_optimizer o, const opt_consts *u, const float *restrict w,
+            const float *restrict g, const float *restrict s, const float *restrict sv,
+            size_t n),
+           (o, u, w, g, s, sv, n))
+
+/* The gradients of this device's optimizer range are finite, and so is every
+ * value the update would write (parameters and optimizer state). */
+/* The optimizer state of parameters [off, off + n) of device d (the core's
+ * view, lib/core/operands.c): the first state vector at *s, AdamW's second at
+ * *sv; NULL where the optimizer has none. An op may cover part of the
+ * device's range (the executor shares elementwise ops out). */
+static dp_status opt_state(const dp_exec_env *e, int d, size_t off, size_t n, float **s,
+                           float **sv) {
+  dp_opt_operands o;
+  dp_status st = dp__opt_operands(e->plan, d, off, n, DP_REGION_GRADS, off * 4, &o);
+  *s = dp__span_ptr(e, d, o.state[0]);
+  *sv = dp__span_ptr(e, d, o.state[1]);
+  return st;
+}
+
+static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
+  const dp_config *c = &e->plan->cfg;
+  int d = op->device;
+  size_t n = op->bytes / 4, off = op->src_offset / 4;
+  const float *g = region(e, d, op->src_region, op->src_offset);
+  const float *w = region(e, d, DP_REGION_PARAMS, op->src_offset);
+  float *s, *sv;
+  dp_status st = opt_state(e, d, off, n, &s, &sv);
+  if (st) return st;
+  opt_consts u = opt_consts_of(c, e->step, e->lr);
+  /* One pass: a non-finite gradient makes its update non-finite too, so the
+   * update scan covers both (conservatively for AdamW); the exact search says
+   * which, if any. */
+  if (!update_scan(c->optimizer, &u, w, g, s, sv, n)) return DP_OK;
+  for (size_t k = 0; k < n; k++)
+    if (!isfinite(g[k]))
+      return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
+                     off + k, isnan(g[k]) ? "NaN" : "infinite");
+  for (size_t k = 0; k < n; k++)
+    if (update_bad(c->optimizer, &u, w, g, s, sv, k))
+      return DP_FAIL(DP_ERR_NONFINITE,
+                     "the update would make parameter %zu or its optimizer state "
+                     "non-finite (lr %g, weight_decay %g); the step was not applied",
+                     off + k, (double)e->lr, (double)c->weight_decay);
+  return DP_OK; /* the bound was only cautious */
+}
+
+/* PyTorch's update rules on n parameters. Alias-free loops so that they
+ * vectorise (the same IEEE operations per element either way). */
+static inline DP_SIMD_BODY int update_body(dp_optimizer o, const opt_consts *uc,
+                                           float *restrict w, const float *restrict g,
+                                           float *restrict s, float *restrict sv,
+                                           size_t n) {
+  const opt_consts u = *uc;
+  switch (o) {
+  case DP_OPT_SGD:
+    for (size_t k = 0; k < n; k++) w[k] = sgd_w(&u, w[k], g[k]);
+    break;
+  case DP_OPT_MOMENTUM:
+    for (size_t k = 0; k < n; k++) {
+      float gk = mom_g(&u, w[k], g[k]);
+      s[k] = mom_buf(&u, s[k], gk);
+      w[k] = mom_w(&u, w[k], gk, s[k]);
+    }
+    break;
+  case DP_OPT_ADAMW:
+    for (size_t k = 0; k < n; k++) {
+      float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, sv[k], g[k]);
+      s[k] = m;
+      sv[k] = v;
+      w[k] = adam_w(&u, w[k], m, v);
+    }
+    break;
+  }
+  return 0;
+}
+DP_SIMD_FN(update,
+           (dp_optimizer o, const opt_consts *uc, float *restrict w,
+            const float *restrict g, float *restrict s, float *restrict sv, size_t n),
+           (o, uc, w, g, s, sv, n))
+
+/* The update of parameters [off, off + n) of this device (its optimizer range
+ * or a part of it: opt_state). */
+static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
+  const dp_config *c = &e->plan->cfg;
+  int d = op->device;
+  float *s, *sv;
+  dp_status st = opt_state(e, d, op->dst_offset / 4, op->bytes / 4, &s, &sv);
+  if (st) return st;
+  opt_consts u = opt_consts_of(c, e->step, e->lr);
+  update(c->optimizer, &u, region(e, d, DP_REGION_PARAMS, op->dst_offset),
+         region(e, d, DP_REGION_GRADS, op->dst_offset), s, sv, op->bytes / 4);
+  return DP_OK;
+}
+
+/* ---- gradient clipping (config.clip_grad_norm) ---------------------------------
+ * The squared norm is summed exactly: a float g is m * 2^(E - 150) with an
+ * integer m < 2^24 (E its biased exponent; subnormals: E = 1 without the
+ * implicit bit), so g^2 = m^2 * 2^(2E - 300) with m^2 < 2^48, added into a
+ * 128-bit integer per exponent. Integer sums do not depend on order or on how
+ * the gradients are cut between devices; the conversion to a double at the
+ * end is one fixed computation. */
+static dp_status grad_norm_op(dp_exec_env *e, const dp_op *op) {
+  const float *g = region(e, op->device, op->src_region, op->src_offset);
+  uint64_t *bins =
+      (void *)region(e, op->device, op->dst_region, op->dst_offset); /* (256, 2) */
+  memset(bins, 0, DP_NORM_BINS_BYTES);
+  for (size_t k = 0; k < op->bytes / 4; k++) {
+    uint32_t u;
+    memcpy(&u, &g[k], 4);
+    uint32_t E = (u >> 23) & 0xff, m = u & 0x7fffff;
+    if (E == 0xff) { /* inf (lo) or NaN (hi): counted */
+      bins[2 * 255 + (m != 0)]++;
+      continue;
+    }
+    if (E)
+      m |= 0x800000;
+    else
+      E = 1;
+    uint64_t sq = (uint64_t)m * m, lo = bins[2 * E] + sq;
+    bins[2 * E + 1] += lo < sq; /* the carry */
+    bins[2 * E] = lo;
+  }
+  return DP_OK;
+}
+
+static dp_status grad_clip_op(dp_exec_env *e, const dp_op *op) {
+  const uint64_t *slot =
+      (const void *)region(e, op->device, op->src_region, op->src_offset);
+  double total = 0.0;
+  uint64_t infs = 0, nans = 0;
+  for (int q = 0; q < op->n_mb; q++) {
+    infs += slot[q * 2 * DP_NORM_BINS + 2 * 255];
+    nans += slot[q * 2 * DP_NORM_BINS + 2 * 255 + 1];
+  }
+  for (int E = 254; E >= 1; E--) { /* the largest first */
+    uint64_t lo = 0, hi = 0;
+    for (int q = 0; q < op->n_mb; q++) {
+      const uint64_t *b = slot + q * 2 * DP_NORM_BINS + 2 * E;
+      lo += b[0];
+      hi += b[1] + (lo < b[0]);
+    }
+    if (lo | hi) total += ldexp(ldexp((double)hi, 64) + (double)lo, 2 * E - 300);
+  }
+  float norm = nans ? NAN : infs ? INFINITY : (float)sqrt(total);
+  if (op->device == 0) e->grad_norm = norm;
+  /* a gradient that is not finite: the check that follows names it */
+  if (!isfinite(norm)) return DP_OK;
+  /* PyTorch: clip_coef = max_norm / (total_norm + 1e-6), clamped to 1 */
+  float coef = e->plan->cfg.clip_grad_norm / (norm + 1e-6f);
+  if (coef < 1.0f) {
+    float *g = region(e, op->device, op->dst_region, op->dst_offset);
+    for (size_t k = 0; k < op->bytes / 4; k++) g[k] *= coef;
+  }
+  return DP_OK;
+}
+
+/* ---- gradient accumulation (config.accumulate) -----------------------------------
+ * The calls of an accumulation combine in a pairwise tree, as the
+ * micro-batches of their concatenation would: slot l of the optimizer_state
+ * region holds the sum of the 2^l calls before, and call k adds the slots of
+ * the set bits of k (lowest first, each the left operand) to its own
+ * gradient; a call that does not update then keeps the result in the slot of
+ * k's lowest clear bit (the commit phase: GRAD_STASH). */
+static dp_status grad_accum_op(dp_exec_env *e, const dp_op *op) {
+  size_t n = op->bytes / 4;
+  float *restrict g = region(e, op->device, op->dst_region, op->dst_offset);
+  const float *slots = region(e, op->device, op->src_region, op->src_offset);
+  int k = e->accum_k;
+  for (int l = 0; (k >> l) & 1; l++) {
+    const float *restrict s = slots + (size_t)l * n;
+    for (size_t i = 0; i < n; i++) g[i] = s[i] + g[i];
+  }
+  if (k + 1 == dp__accumulate(&e->plan->cfg)) return DP_OK; /* the update's check follows */
+  /* a call that only accumulates: its gradients must be finite to be kept */
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; i++) bad |= nonfinite_bit(g[i]);
+  for (size_t i = 0; bad && i < n; i++)
+    if (!isfinite(g[i]))
+      return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the call was not accumulated",
+                     op->dst_offset / 4 + i, isnan(g[i]) ? "NaN" : "infinite");
+  return DP_OK;
+}
+
+static dp_status grad_stash_op(dp_exec_env *e, const dp_op *op) {
+  size_t n = op->bytes / 4;
+  int l = 0;
+  while ((e->accum_k >> l) & 1) l++;
+  float *slots = region(e, op->device, op->src_region, op->src_offset);
+  memcpy(slots + (size_t)l * n, region(e, op->device, op->dst_region, op->dst_offset),
+         n * 4);
+  return DP_OK;
+}
+
+static inline DP_SIMD_BODY int grad_add_body(float *restrict dst, const float *restrict src,
+                                             size_t n) {
+  for (size_t k = 0; k < n; k++) dst[k] += src[k];
+  return 0;
+}
+DP_SIMD_FN(grad_add, (float *restrict dst, const float *restrict src, size_t n),
+           (dst, src, n))
+
+static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+  (void)bctx;
+  switch ((dp_op_kind)op->kind) {
+  case DP_OP_FORWARD:
+  case DP_OP_BACKWARD: {
+    lctx c = op_lctx(e, op);
+    if (op->kind == DP_OP_FORWARD) return forward(&c);
+    return backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
+  }
+  case DP_OP_GRAD_ADD:
+    grad_add(region(e, op->device, op->dst_region, op->dst_offset),
+             region(e, op->device, op->src_region, op->src_offset), op->bytes / 4);
+    return DP_OK;
+  case DP_OP_ZERO: { /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
+    float *dst = region(e, op->device, op->dst_region, op->dst_offset);
+    for (size_t k = 0; k < op->bytes / 4; k++) dst[k] = -0.0f;
+    return DP_OK;
+  }
+  case DP_OP_LOSS: return loss_op(e, op);
+  case DP_OP_LOSS_SUM: return loss_sum_op(e, op);
+  case DP_OP_BN_UPDATE: return bn_update(e, op);
+  case DP_OP_BN_STATS: return bn_stats_op(e, op);
+  case DP_OP_BN_MERGE: return bn_merge_op(e, op);
+  case DP_OP_BN_FINAL: return bn_final_op(e, op);
+  case DP_OP_BN_BWD_STATS: return bn_bwd_stats_op(e, op);
+  case DP_OP_GRAD_CHECK: return grad_check_op(e, op);
+  case DP_OP_OPTIMIZER: return optimizer_op(e, op);
+  case DP_OP_GRAD_NORM: return grad_norm_op(e, op);
+  case DP_OP_GRAD_CLIP: return grad_clip_op(e, op);
+  case DP_OP_GRAD_ACCUM: return grad_accum_op(e, op);
+  case DP_OP_GRAD_STASH: return grad_stash_op(e, op);
+  case DP_OP_ALLREDUCE: /* the transport's (the executor never hands it here) */
+  case DP_OP_COPY_ADD:
+  case DP_OP_COPY: break;
+  }
+  return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
+}
+
+/* ---- memory: host memory, reached directly ---------------------------------------- */
+
+/* The packed GEMMs' buffers (gemm.h); with several micro-batches, then the
+ * forward's packed weights (packed_wt). */
+static size_t cpu_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training) {
+  size_t w = dp__model_workspace_bytes(m, mb_rows, training);
+  return n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w;
+}
+
+static dp_status cpu_arena_alloc(const dp_plan *p, int dev, void **out) {
+  size_t bytes = p->dev_bytes[dev];
+  *out = aligned_alloc(p->align, bytes ? bytes : p->align);
+  if (!*out)
+    return DP_FAIL(DP_ERR_NOMEM, "device %d: cannot allocate its %zu-byte arena", dev,
+                   bytes);
+  return DP_OK;
+}
+
+static void cpu_arena_free(const dp_plan *p, int dev, void *arena) {
+  (void)p, (void)dev;
+  free(arena);
+}
+
+static dp_status cpu_copy_bytes(void *bctx, const dp_plan *p, int dev, void *dst,
+                                const void *src, size_t bytes) {
+  (void)bctx, (void)p, (void)dev;
+  memcpy(dst, src, bytes);
+  return DP_OK;
+}
+
+static dp_status cpu_fill_u32(const dp_plan *p, int dev, void *dst, uint32_t value,
+                              size_t count) {
+  (void)p, (void)dev;
+  uint32_t *w = dst;
+  for (size_t k = 0; k < count; k++) w[k] = value;
+  return DP_OK;
+}
+
+/* ---- transport: virtual devices share one address space, so a copy is memcpy ---- */
+
+static dp_status shm_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
+  (void)tctx, (void)dev;
+  memcpy(dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+         dp__endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes);
+  return DP_OK;
+}
+
+/* A reduction step in one pass: dst += src as grad_add does (the same bits as a
+ * copy into comm and a GRAD_ADD), reading the other device's memory in place. */
+static dp_status shm_copy_add(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
+  (void)tctx, (void)dev;
+  grad_add(dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+           dp__endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes / 4);
+  return DP_OK;
+}
+
+static const dp_transport_ops shm_transport = {
+    .name = "shm", .copy = shm_copy, .copy_add = shm_copy_add};
+
+/* dp_bench_sgemm's cpu part: the GEMM on the calling thread (device 0). */
+static dp_status cpu_bench_sgemm(int dev, int m, int n, int k, int iters, int tf32,
+                                 double *ms, double *tflops) {
+  if (dev != 0 || tf32)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_bench_sgemm: the cpu backend runs on the calling "
+                   "thread (device 0) and has no TF32 (got device %d, "
+                   "tf32 %d)",
+                   dev, tf32);
+  dp_status s = dp__gemm_bench(m, n, k, iters, ms);
+  *tflops = !s && *ms > 0 ? 2.0 * m * n * k / (*ms * 1e9) : 0.0;
+  return s;
+}
+
+/* The reference backend: synchronous (an op is done when it returns), no
+ * backend context, no staging, no graphs. */
+const dp_backend_ops dp__cpu_backend = {
+    .name = "cpu",
+    .align = 64, /* a cache line */
+    .workspace_bytes = cpu_workspace_bytes,
+    .image_layers = true,
+    .batchnorm = true,
+    .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
+    .host_staging = false,
+    .grad_clip = true,
+    .accumulate = true,
+    .host_memory = true,
+    .arena_alloc = cpu_arena_alloc,
+    .arena_free = cpu_arena_free,
+    .read = cpu_copy_bytes,
+    .write = cpu_copy_bytes,
+    .fill_u32 = cpu_fill_u32,
+    .transport = &shm_transport,
+    .run = cpu_run,
+    .bench_sgemm = cpu_bench_sgemm,
+};

@@ -1,0 +1,882 @@
+/* Packed, cache-blocked SGEMM with AVX-512, AVX2 and portable tiers. See
+ * gemm.h for the contract; the notes here are about how it is kept.
+ *
+ * Blocking (Goto style; the same for every tier, so that the workspace size is
+ * too): for each NC-wide column panel, for each KC-deep slice of K (ascending),
+ * B's slice is packed into NR-wide slivers; for each MC-tall row block, A's
+ * slice is packed into MR-tall slivers; then an MR x NR micro-kernel runs every
+ * (A sliver, B sliver) pair. The micro-kernel keeps one accumulator lane per
+ * element of its tile and adds one k at a time with a fused multiply-add, k
+ * ascending; the first K slice starts from +0, later slices reload the partial
+ * sums from C, and the last one applies the epilogue. Tiles that stick out of C
+ * run the same kernel on zero-padded slivers into a tile on the stack.
+ *
+ * Packing moves data and never computes, so every tier may pack its own way
+ * (the AVX2 and AVX-512 tiers share 8 x 8 transposes). Problems of at most
+ * SMALL_FMAS fused multiply-adds skip packing and run the same per-element
+ * sequence directly; problems whose panels fit STACK_WS bytes pack on the
+ * stack. Only the rest use the caller's workspace. */
+#include "cpu/gemm.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define DP_GEMM_X86 1
+#include <immintrin.h>
+#else
+#define DP_GEMM_X86 0
+#endif
+
+/* Blocking, shared by all tiers. RM and RN are multiples of every tier's MR
+ * and NR: the packed panels are rounded to them, so the workspace size does
+ * not depend on the tier. */
+#ifndef KC
+#define KC 256
+#endif
+#ifndef MC
+#define MC 96
+#endif
+#ifndef NC
+#define NC 1024
+#endif
+#define RM 12
+#define RN 32
+#define MR_MAX 12
+#define NR_MAX 32
+#define STACK_WS (32 * 1024) /* problems whose panels fit here pack on the stack */
+#define UA_SLIVERS 4          /* products this many B slivers wide read A in place */
+#ifndef SMALL_FMAS
+#define SMALL_FMAS 512 /* problems of at most this many fmas run unpacked */
+#endif
+
+/* micro-kernel flags */
+enum { K_LOAD = 1, K_BIAS = 2, K_RELU = 4 };
+
+/* c (MR, NR; row stride ldc) = [c if K_LOAD, else 0] + a-sliver · b-sliver over
+ * kc steps; then, if asked, + bias (NR) and relu. */
+typedef void (*kern_fn)(int kc, const float *a, const float *b, float *c, size_t ldc, int flags,
+                        const float *bias);
+/* Packs op(A)[i0, i0+mc) x [k0, k0+kc) into MR-tall slivers, zero rows up to mpad. */
+typedef void (*pack_a_fn)(float *dst, const float *A, int lda, int transA, int i0, int mc, int k0,
+                          int kc, int MR, int mpad);
+/* Packs op(B)[k0, k0+kc) x [j0, j0+nc) into NR-wide slivers, zero past nc:
+ * the slivers of panel columns [s0, s1) (multiples of NR), at dst + s0 * kc. */
+typedef void (*pack_b_fn)(float *dst, const float *B, int ldb, int transB, int k0, int kc, int j0,
+                          int nc, int NR, int s0, int s1);
+
+/* kern_fn with op(A) read where it lies instead of from a packed sliver: row
+ * i of the sliver at a + i * sa_i, its step k at + k * sa_k (MR rows that
+ * exist). The same fma per element in the same order as kern_fn. */
+typedef void (*kern_ua_fn)(int kc, const float *a, size_t sa_i, size_t sa_k, const float *b,
+                           float *c, size_t ldc, int flags, const float *bias);
+
+typedef struct {
+  const char *name;
+  int mr, nr;
+  kern_fn kern;
+  pack_a_fn pack_a;
+  pack_b_fn pack_b;
+  kern_ua_fn kern_ua; /* NULL: A is always packed */
+} tier;
+
+static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static int imin(int a, int b) { return a < b ? a : b; }
+
+/* The epilogue of one element, as every tier applies it. */
+static inline float epi(float acc, const float *bias, int j, int relu) {
+  if (bias) acc = acc + bias[j];
+  if (relu) acc = acc <= 0.0f ? 0.0f : acc; /* NaN passes through */
+  return acc;
+}
+
+/* ---- packing (no arithmetic: the same for every tier) ---------------------- */
+
+/* Slivers of MR rows of op(A)[i0, i0+mc) x [k0, k0+kc): element (s*MR + ii, k)
+ * at s*MR*kc + k*MR + ii; rows from mc to mpad are zero. */
+static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, int mc, int k0,
+                     int kc, int MR, int mpad) {
+  for (int s = 0; s < mpad; s += MR) {
+    float *d = dst + (size_t)s * kc;
+    int rows = mc - s < 0 ? 0 : imin(mc - s, MR);
+    if (rows == 0) {
+      memset(d, 0, (size_t)MR * kc * sizeof *d);
+    } else if (transA) { /* op(A)[i][k] = A[k][i]: MR contiguous floats per k */
+      const float *src = A + (size_t)k0 * lda + i0 + s;
+      for (int k = 0; k < kc; k++, src += lda, d += MR) {
+        int ii = 0;
+        for (; ii < rows; ii++) d[ii] = src[ii];
+        for (; ii < MR; ii++) d[ii] = 0.0f;
+      }
+    } else { /* A[i][k]: each row contiguous in k */
+      for (int ii = 0; ii < MR; ii++) {
+        if (ii < rows) {
+          const float *src = A + (size_t)(i0 + s + ii) * lda + k0;
+          for (int k = 0; k < kc; k++) d[(size_t)k * MR + ii] = src[k];
+        } else {
+          for (int k = 0; k < kc; k++) d[(size_t)k * MR + ii] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+/* Slivers of NR columns of op(B)[k0, k0+kc) x [j0, j0+nc): element (k, s*NR + jj)
+ * at s*NR*kc + k*NR + jj; columns from nc to npad are zero. */
+static void pack_b_c(float *dst, const float *B, int ldb, int transB, int k0, int kc, int j0,
+                     int nc, int NR, int s0, int s1) {
+  for (int s = s0; s < s1; s += NR) {
+    float *d = dst + (size_t)s * kc;
+    int cols = nc - s < 0 ? 0 : imin(nc - s, NR);
+    if (cols == 0) {
+      memset(d, 0, (size_t)NR * kc * sizeof *d);
+    } else if (!transB) { /* B[k][j]: NR contiguous floats per k */
+      const float *src = B + (size_t)k0 * ldb + j0 + s;
+      for (int k = 0; k < kc; k++, src += ldb, d += NR) {
+        int jj = 0;
+        for (; jj < cols; jj++) d[jj] = src[jj];
+        for (; jj < NR; jj++) d[jj] = 0.0f;
+      }
+    } else { /* op(B)[k][j] = B[j][k]: each column of op(B) contiguous in k */
+      for (int jj = 0; jj < NR; jj++) {
+        if (jj < cols) {
+          const float *src = B + (size_t)(j0 + s + jj) * ldb + k0;
+          for (int k = 0; k < kc; k++) d[(size_t)k * NR + jj] = src[k];
+        } else {
+          for (int k = 0; k < kc; k++) d[(size_t)k * NR + jj] = 0.0f;
+        }
+      }
+    }
+  }
+}
+
+/* ---- scalar tier: fmaf, the same sequence per element ---------------------- */
+
+#define MR_S 4
+#define NR_S 8
+
+static void kern_scalar(int kc, const float *a, const float *b, float *c, size_t ldc, int flags,
+                        const float *bias) {
+  float acc[MR_S][NR_S];
+  for (int i = 0; i < MR_S; i++)
+    for (int j = 0; j < NR_S; j++) acc[i][j] = flags & K_LOAD ? c[i * ldc + j] : 0.0f;
+  for (int k = 0; k < kc; k++, a += MR_S, b += NR_S)
+    for (int i = 0; i < MR_S; i++)
+      for (int j = 0; j < NR_S; j++) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
+  for (int i = 0; i < MR_S; i++)
+    for (int j = 0; j < NR_S; j++)
+      c[i * ldc + j] = epi(acc[i][j], flags & K_BIAS ? bias : NULL, j, flags & K_RELU);
+}
+
+#if DP_GEMM_X86
+/* ---- AVX2 tier: 6 x 16 (12 ymm accumulators) ------------------------------ */
+
+#define TGT_AVX2 __attribute__((target("avx2,fma")))
+#define MR_2 6
+#define NR_2 16
+
+/* The AVX2 kernels' accumulators at the start (the partial sums of an earlier
+ * K-block, or +0) and their epilogue (bias once after the whole sum, relu,
+ * the store). Inlined: the accumulators stay in registers. */
+#define AVX2_INLINE TGT_AVX2 static inline __attribute__((always_inline))
+AVX2_INLINE void avx2_start(__m256 acc[][2], const float *c, size_t ldc, int flags) {
+  if (flags & K_LOAD) {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      acc[i][0] = _mm256_loadu_ps(c + i * ldc);
+      acc[i][1] = _mm256_loadu_ps(c + i * ldc + 8);
+    }
+  } else {
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  }
+}
+
+AVX2_INLINE void avx2_finish(__m256 acc[][2], float *c, size_t ldc, int flags,
+                             const float *bias) {
+  if (flags & K_BIAS) {
+    __m256 bb0 = _mm256_loadu_ps(bias), bb1 = _mm256_loadu_ps(bias + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      acc[i][0] = _mm256_add_ps(acc[i][0], bb0);
+      acc[i][1] = _mm256_add_ps(acc[i][1], bb1);
+    }
+  }
+  if (flags & K_RELU) {
+    __m256 z = _mm256_setzero_ps();
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++)
+      for (int h = 0; h < 2; h++) /* v <= 0 -> +0; NaN (unordered) passes */
+        acc[i][h] = _mm256_andnot_ps(_mm256_cmp_ps(acc[i][h], z, _CMP_LE_OQ), acc[i][h]);
+  }
+#pragma GCC unroll 6
+  for (int i = 0; i < MR_2; i++) {
+    _mm256_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm256_storeu_ps(c + i * ldc + 8, acc[i][1]);
+  }
+}
+
+TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c, size_t ldc,
+                               int flags, const float *bias) {
+  __m256 acc[MR_2][2];
+  avx2_start(acc, c, ldc, flags);
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; k++, a += MR_2, b += NR_2) {
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      __m256 ai = _mm256_broadcast_ss(a + i);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  avx2_finish(acc, c, ldc, flags, bias);
+}
+
+/* kern_avx2 reading op(A) in place (kern_ua_fn): for narrow products (one
+ * or two B slivers) a packed A sliver would be used once or twice, so packing
+ * it costs about what it saves. */
+TGT_AVX2 static void kern_avx2_ua(int kc, const float *a, size_t sa_i, size_t sa_k,
+                                  const float *b, float *c, size_t ldc, int flags,
+                                  const float *bias) {
+  const float *ar[MR_2];
+  for (int i = 0; i < MR_2; i++) ar[i] = a + (size_t)i * sa_i;
+  __m256 acc[MR_2][2];
+  avx2_start(acc, c, ldc, flags);
+  size_t o = 0;
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; k++, o += sa_k, b += NR_2) {
+    __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#pragma GCC unroll 6
+    for (int i = 0; i < MR_2; i++) {
+      __m256 ai = _mm256_broadcast_ss(ar[i] + o);
+      acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  avx2_finish(acc, c, ldc, flags, bias);
+}
+
+/* 8 x 8 transpose: rows r[0..7] in, columns out. */
+TGT_AVX2 static inline void transpose8(__m256 r[8]) {
+  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
+  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
+  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
+  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* The first n (0..8) lanes. */
+TGT_AVX2 static inline __m256i lanes(int n) {
+  static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+  return _mm256_loadu_si256((const __m256i *)(const void *)(m + 8 - n));
+}
+
+/* The first cnt (1..7) lanes of v to o, without touching o[cnt..]. */
+TGT_AVX2 static inline void store_part(float *o, __m256 v, int cnt) {
+  __m128 lo = _mm256_castps256_ps128(v);
+  if (cnt >= 4) {
+    _mm_storeu_ps(o, lo);
+    lo = _mm256_extractf128_ps(v, 1);
+    o += 4;
+    cnt -= 4;
+  }
+  if (cnt >= 2) {
+    _mm_storel_pi((__m64 *)(void *)o, lo);
+    lo = _mm_movehl_ps(lo, lo);
+    o += 2;
+    cnt -= 2;
+  }
+  if (cnt) _mm_store_ss(o, lo);
+}
+
+/* The first cnt (1..8) lanes of v to o. */
+TGT_AVX2 static inline void store_n(float *o, __m256 v, int cnt) {
+  if (cnt == 8) _mm256_storeu_ps(o, v);
+  else store_part(o, v, cnt);
+}
+
+/* One sliver of width W: lane l (< n; the others are zero) at step k is
+ * src[l * ld + k]; it goes to d[k * W + l]. 8 x 8 transposes, in groups of 8
+ * lanes (the last group may be narrower: W = 6, 12); masked loads past kc.
+ * A sliver narrower than 8 (W = 6) is stored 8 wide, row by row: the 2 extra
+ * lanes land on the next row, stored right after; only its last row is
+ * stored exactly. (Masked stores are slow on AMD; exact 6-lane stores take
+ * two.) */
+TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, int n, int kc,
+                                 int rows_left) {
+  for (int g = 0; g < W; g += 8, d += 8) {
+    int cnt = imin(8, W - g), valid = n - g < 0 ? 0 : imin(n - g, cnt);
+    bool spill = W < 8;
+    if (valid == 0) {
+      for (int k = 0; k < kc; k++) store_n(d + (size_t)k * W, _mm256_setzero_ps(), cnt);
+      continue;
+    }
+    const float *p[8];
+    for (int l = 0; l < 8; l++) p[l] = src + (size_t)(g + (l < valid ? l : 0)) * ld;
+    /* the next 8 source rows (of this sliver or the next), fetched a group
+     * ahead: rows 1 KiB long do not train the hardware prefetchers */
+    int pf = imin(8, rows_left - g - 8);
+    const float *q = pf > 0 ? src + (size_t)(g + 8) * ld : NULL;
+    int k = 0;
+    for (; k + 8 <= kc; k += 8) {
+      if (q && k % 16 == 0)
+        for (int l = 0; l < pf; l++) __builtin_prefetch(q + (size_t)l * ld + k, 0, 3);
+      __m256 r[8];
+#pragma GCC unroll 8
+      for (int l = 0; l < 8; l++) r[l] = l < valid ? _mm256_loadu_ps(p[l] + k) : _mm256_setzero_ps();
+      transpose8(r);
+      if (cnt == 8 || (spill && k + 8 < kc)) {
+#pragma GCC unroll 8
+        for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(d + (size_t)(k + kk) * W, r[kk]);
+      } else {
+        for (int kk = 0; kk < 8; kk++) store_n(d + (size_t)(k + kk) * W, r[kk], cnt);
+      }
+    }
+    if (k < kc) {
+      int kn = kc - k;
+      __m256i kmask = lanes(kn);
+      __m256 r[8];
+      for (int l = 0; l < 8; l++)
+        r[l] = l < valid ? _mm256_maskload_ps(p[l] + k, kmask) : _mm256_setzero_ps();
+      transpose8(r);
+      for (int kk = 0; kk < kn; kk++) {
+        float *o = d + (size_t)(k + kk) * W;
+        if (spill && k + kk + 1 < kc) _mm256_storeu_ps(o, r[kk]);
+        else store_n(o, r[kk], cnt);
+      }
+    }
+  }
+}
+
+/* A whole panel of slivers of width W when lane l (< n; zero up to npad) at
+ * step k is src[k * ld + l]: row copies, 8 rows at a time, so that the source
+ * is read along its rows and each sliver written contiguously. W = 6 spills
+ * into the next row as in pack_t_avx2. */
+TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld, int n, int npad,
+                                 int kc) {
+  for (int k0 = 0; k0 < kc; k0 += 8) {
+    int kn = imin(8, kc - k0);
+    for (int s = 0; s < npad; s += W) {
+      float *d = dst + (size_t)s * kc + (size_t)k0 * W;
+      const float *q = src + (size_t)k0 * ld + s;
+      if (W % 8 == 0 && s + W <= n) { /* a full sliver */
+        for (int k = 0; k < kn; k++, q += ld, d += W)
+          for (int g = 0; g < W; g += 8) _mm256_storeu_ps(d + g, _mm256_loadu_ps(q + g));
+        continue;
+      }
+      if (W < 8 && s + 8 <= n) {
+        /* a full 6-wide sliver with 2 more columns in the panel: plain
+         * 8-float loads, stored 8 wide (the 2 extra lanes spill into the next
+         * row, stored right after) but for the panel's last row */
+        int kfull = k0 + kn < kc ? kn : kn - 1;
+        for (int k = 0; k < kfull; k++, q += ld, d += W)
+          _mm256_storeu_ps(d, _mm256_loadu_ps(q));
+        if (kfull < kn) store_n(d, _mm256_loadu_ps(q), W);
+        continue;
+      }
+      for (int k = 0; k < kn; k++, q += ld, d += W)
+        for (int g = 0; g < W; g += 8) {
+          int cnt = imin(8, W - g), valid = n - s - g < 0 ? 0 : imin(n - s - g, cnt);
+          __m256 v = valid == 8  ? _mm256_loadu_ps(q + g)
+                     : valid > 0 ? _mm256_maskload_ps(q + g, lanes(valid))
+                                 : _mm256_setzero_ps();
+          if (W < 8 && k0 + k + 1 < kc) _mm256_storeu_ps(d + g, v);
+          else store_n(d + g, v, cnt);
+        }
+    }
+  }
+}
+
+TGT_AVX2 static void pack_a_avx2(float *dst, const float *A, int lda, int transA, int i0, int mc,
+                                 int k0, int kc, int MR, int mpad) {
+  if (transA) {
+    pack_c_avx2(dst, MR, A + (size_t)k0 * lda + i0, (size_t)lda, mc, mpad, kc);
+    return;
+  }
+  for (int s = 0; s < mpad; s += MR) {
+    float *d = dst + (size_t)s * kc;
+    int rows = mc - s < 0 ? 0 : imin(mc - s, MR);
+    if (rows == 0) memset(d, 0, (size_t)MR * kc * sizeof *d);
+    else pack_t_avx2(d, MR, A + (size_t)(i0 + s) * lda + k0, (size_t)lda, rows, kc, mc - s);
+  }
+}
+
+TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB, int k0, int kc,
+                                 int j0, int nc, int NR, int s0, int s1) {
+  if (!transB && s0 < nc) {
+    pack_c_avx2(dst + (size_t)s0 * kc, NR, B + (size_t)k0 * ldb + j0 + s0, (size_t)ldb, nc - s0,
+                s1 - s0, kc);
+    return;
+  }
+  for (int s = s0; s < s1; s += NR) {
+    float *d = dst + (size_t)s * kc;
+    int cols = nc - s < 0 ? 0 : imin(nc - s, NR);
+    if (cols == 0) memset(d, 0, (size_t)NR * kc * sizeof *d);
+    else pack_t_avx2(d, NR, B + (size_t)(j0 + s) * ldb + k0, (size_t)ldb, cols, kc, nc - s);
+  }
+}
+
+/* ---- AVX-512 tier: 12 x 32 (24 zmm accumulators) -------------------------- */
+
+#define TGT_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
+#define MR_5 12
+#define NR_5 32
+
+TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float *c, size_t ldc,
+                                   int flags, const float *bias) {
+  __m512 acc[MR_5][2];
+  if (flags & K_LOAD) {
+#pragma GCC unroll 12
+    for (int i = 0; i < MR_5; i++) {
+      acc[i][0] = _mm512_loadu_ps(c + i * ldc);
+      acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
+    }
+  } else {
+#pragma GCC unroll 12
+    for (int i = 0; i < MR_5; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  }
+#pragma GCC unroll 4
+  for (int k = 0; k < kc; k++, a += MR_5, b += NR_5) {
+    __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR_5; i++) {
+      __m512 ai = _mm512_set1_ps(a[i]);
+      acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    }
+  }
+  if (flags & K_BIAS) {
+    __m512 bb0 = _mm512_loadu_ps(bias), bb1 = _mm512_loadu_ps(bias + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < MR_5; i++) {
+      acc[i][0] = _mm512_add_ps(acc[i][0], bb0);
+      acc[i][1] = _mm512_add_ps(acc[i][1], bb1);
+    }
+  }
+  if (flags & K_RELU) {
+    __m512 z = _mm512_setzero_ps();
+#pragma GCC unroll 12
+    for (int i = 0; i < MR_5; i++)
+      for (int h = 0; h < 2; h++) /* v <= 0 -> +0; NaN (unordered) passes */
+        acc[i][h] = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(acc[i][h], z, _CMP_LE_OQ) & 0xffff,
+                                        acc[i][h]);
+  }
+#pragma GCC unroll 12
+  for (int i = 0; i < MR_5; i++) {
+    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
+    _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
+  }
+}
+#endif /* DP_GEMM_X86 */
+
+/* ---- tiers and dispatch ---------------------------------------------------- */
+
+enum { TIER_SCALAR, TIER_AVX2, TIER_AVX512, TIER_COUNT };
+
+static const tier tiers[TIER_COUNT] = {
+    [TIER_SCALAR] = {"scalar", MR_S, NR_S, kern_scalar, pack_a_c, pack_b_c, NULL},
+#if DP_GEMM_X86
+    [TIER_AVX2] = {"avx2", MR_2, NR_2, kern_avx2, pack_a_avx2, pack_b_avx2, kern_avx2_ua},
+    [TIER_AVX512] = {"avx512", MR_5, NR_5, kern_avx512, pack_a_avx2, pack_b_avx2, NULL},
+#endif
+};
+
+_Static_assert(RM % MR_S == 0 && RN % NR_S == 0 && MC % RM == 0, "blocking");
+#if DP_GEMM_X86
+_Static_assert(RM % MR_2 == 0 && RN % NR_2 == 0 && RM % MR_5 == 0 && RN % NR_5 == 0, "blocking");
+_Static_assert(MR_5 <= MR_MAX && NR_5 <= NR_MAX, "tile");
+#endif
+
+static bool cpu_has(int t) {
+  switch (t) {
+  case TIER_SCALAR:
+    return true;
+#if DP_GEMM_X86
+  case TIER_AVX2:
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  case TIER_AVX512:
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+  default:
+    return false;
+  }
+}
+
+static int tier_of(const char *name) {
+  if (!name || strcmp(name, "auto") == 0) return -2;
+  for (int t = 0; t < TIER_COUNT; t++)
+    if (tiers[t].name && strcmp(tiers[t].name, name) == 0) return t;
+  return -1;
+}
+
+static int best_tier(void) {
+  for (int t = TIER_COUNT - 1; t > 0; t--)
+    if (cpu_has(t)) return t;
+  return TIER_SCALAR;
+}
+
+/* The tier in use, + 1 (0: not chosen yet). Relaxed atomics: the choice is
+ * made once (or forced by a test between runs); any thread may read it. */
+static int cur_tier;
+
+static const tier *get_tier(void) {
+  int t = __atomic_load_n(&cur_tier, __ATOMIC_RELAXED);
+  if (t == 0) {
+    int want = tier_of(getenv("DP_GEMM_TIER"));
+    t = (want >= 0 && cpu_has(want) ? want : best_tier()) + 1;
+    __atomic_store_n(&cur_tier, t, __ATOMIC_RELAXED);
+  }
+  return &tiers[t - 1];
+}
+
+int dp__gemm_force_tier(const char *name) {
+  int t = tier_of(name);
+  if (t == -2) t = best_tier();
+  if (t < 0 || !cpu_has(t)) return -1;
+  __atomic_store_n(&cur_tier, t + 1, __ATOMIC_RELAXED);
+  return 0;
+}
+
+bool dp__gemm_tier_supported(const char *name) {
+  int t = tier_of(name);
+  return t == -2 || (t >= 0 && cpu_has(t));
+}
+
+const char *dp__gemm_tier_name(void) { return get_tier()->name; }
+
+bool dp__simd_avx2(void) { return get_tier() != &tiers[TIER_SCALAR]; }
+
+const char *dp_gemm_tier(void) { return dp__gemm_tier_name(); }
+
+dp_status dp_gemm_set_tier(const char *name) {
+  int t = tier_of(name);
+  if (t == -1)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_gemm_set_tier: unknown GEMM tier '%s' (auto, avx512, avx2, scalar)",
+                   name);
+  if (dp__gemm_force_tier(name))
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "dp_gemm_set_tier: this CPU cannot run the %s tier",
+                   name);
+  return DP_OK;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+dp_status dp__gemm_bench(int m, int n, int k, int iters, double *ms) {
+  size_t a, b, c, ws = dp__gemm_workspace_bytes(m, n, k), wsr;
+  if (!dp__mul((size_t)m, (size_t)k, &a) || !dp__mul((size_t)n, (size_t)k, &b) ||
+      !dp__mul((size_t)m, (size_t)n, &c) || !dp__mul(a, 4, &a) || !dp__mul(b, 4, &b) ||
+      !dp__mul(c, 4, &c) || !dp__align_up(ws ? ws : 64, 64, &wsr) ||
+      !dp__align_up(a, 64, &a) || !dp__align_up(b, 64, &b) || !dp__align_up(c, 64, &c))
+    return DP_FAIL(DP_ERR_OVERFLOW, "dp_bench_sgemm: %d x %d x %d overflows size_t", m, n,
+                   k);
+  float *A = aligned_alloc(64, a), *B = aligned_alloc(64, b), *C = aligned_alloc(64, c);
+  void *w = aligned_alloc(64, wsr);
+  dp_status s = DP_OK;
+  if (!A || !B || !C || !w) {
+    s = DP_FAIL(DP_ERR_NOMEM, "dp_bench_sgemm: %d x %d x %d: out of memory", m, n, k);
+    goto out;
+  }
+  for (size_t i = 0; i < a / 4; i++) A[i] = (float)(i % 17) * 0.1f;
+  for (size_t i = 0; i < b / 4; i++) B[i] = (float)(i % 13) * 0.05f;
+  /* the linear layer's forward layout: C = A . B^T; one warm-up run */
+  dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, w);
+  double t0 = now_ms();
+  for (int it = 0; it < iters; it++) dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, w);
+  *ms = (now_ms() - t0) / iters;
+out:
+  free(A);
+  free(B);
+  free(C);
+  free(w);
+  return s;
+}
+
+/* ---- sizes ----------------------------------------------------------------- */
+
+/* Floats of the packed A block and bytes of the whole layout (A block rounded
+ * to 64 bytes, then the B panel: its end is written by the first B slice). */
+static size_t a_floats(int M, int K) { return round_up((size_t)imin(M, MC), RM) * imin(K, KC); }
+static size_t layout_bytes(int M, int N, int K) {
+  return round_up(a_floats(M, K) * 4, 64) + round_up((size_t)imin(N, NC), RN) * imin(K, KC) * 4;
+}
+
+/* Whether dp__sgemm packs this shape (it needs M, N, K > 0). */
+static bool packs(int M, int N, int K) { return (size_t)M * N * K > SMALL_FMAS; }
+
+size_t dp__gemm_workspace_bytes(int M, int N, int K) {
+  if (M <= 0 || N <= 0 || K <= 0 || !packs(M, N, K)) return 0;
+  size_t b = layout_bytes(M, N, K);
+  return b <= STACK_WS ? 0 : b;
+}
+
+size_t dp__linear_workspace_bytes(const dp_layer *l, int mb_rows, bool training,
+                                  bool input_grad) {
+  if (l->kind != DP_LAYER_LINEAR || mb_rows <= 0) return 0;
+  size_t w = dp__gemm_workspace_bytes(mb_rows, l->out, l->in); /* forward */
+  if (training) {
+    size_t gw = dp__gemm_workspace_bytes(l->out, l->in, mb_rows);
+    size_t gi = input_grad ? dp__gemm_workspace_bytes(mb_rows, l->in, l->out) : 0;
+    w = gw > w ? gw : w;
+    w = gi > w ? gi : w;
+  }
+  return w;
+}
+
+size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
+  size_t w = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    size_t li = dp__linear_workspace_bytes(&m->layers[i], mb_rows, training, i > 0);
+    size_t ci = dp__conv_workspace_bytes(&m->layers[i], mb_rows, training);
+    w = li > w ? li : w;
+    w = ci > w ? ci : w;
+  }
+  return w;
+}
+
+/* ---- the drivers ----------------------------------------------------------- */
+
+/* The same sequence per element without packing: for tiny problems, where
+ * packing costs more than it saves, and for calls without the workspace they
+ * need (slow then). Four columns at a time, so that four fma chains overlap.
+ * FMA is fmaf: libm's for the portable tier, the instruction under
+ * target("fma") (both are the correctly rounded fused multiply-add). */
+#define UNPACKED_BODY(FMA)                                                                  \
+  for (int i = 0; i < M; i++) {                                                            \
+    float *c = C + (size_t)i * ldc;                                                        \
+    int j = 0;                                                                             \
+    for (; j + 4 <= N; j += 4) {                                                           \
+      float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;                                    \
+      for (int k = 0; k < K; k++) {                                                        \
+        float a = transA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];                \
+        if (transB) {                                                                      \
+          const float *b = B + (size_t)j * ldb + k;                                        \
+          a0 = FMA(a, b[0], a0), a1 = FMA(a, b[ldb], a1);                                  \
+          a2 = FMA(a, b[2 * (size_t)ldb], a2), a3 = FMA(a, b[3 * (size_t)ldb], a3);        \
+        } else {                                                                           \
+          const float *b = B + (size_t)k * ldb + j;                                        \
+          a0 = FMA(a, b[0], a0), a1 = FMA(a, b[1], a1);                                    \
+          a2 = FMA(a, b[2], a2), a3 = FMA(a, b[3], a3);                                    \
+        }                                                                                  \
+      }                                                                                    \
+      c[j] = epi(a0, bias, j, relu), c[j + 1] = epi(a1, bias, j + 1, relu);                \
+      c[j + 2] = epi(a2, bias, j + 2, relu), c[j + 3] = epi(a3, bias, j + 3, relu);        \
+    }                                                                                      \
+    for (; j < N; j++) {                                                                   \
+      float acc = 0.0f;                                                                    \
+      for (int k = 0; k < K; k++) {                                                        \
+        float a = transA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];                \
+        float b = transB ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j];                \
+        acc = FMA(a, b, acc);                                                              \
+      }                                                                                    \
+      c[j] = epi(acc, bias, j, relu);                                                      \
+    }                                                                                      \
+  }
+
+#define UNPACKED_ARGS                                                                       \
+  int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B,      \
+      int ldb, float *C, int ldc, const float *bias, int relu
+
+static void gemm_unpacked_c(UNPACKED_ARGS) { UNPACKED_BODY(fmaf) }
+#if DP_GEMM_X86
+TGT_AVX2 static void gemm_unpacked_fma(UNPACKED_ARGS) { UNPACKED_BODY(__builtin_fmaf) }
+#endif
+
+static void gemm_unpacked(const tier *t, UNPACKED_ARGS) {
+#if DP_GEMM_X86
+  if (t != &tiers[TIER_SCALAR]) {
+    gemm_unpacked_fma(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
+    return;
+  }
+#endif
+  (void)t;
+  gemm_unpacked_c(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
+}
+
+/* Bpre: op(B) already packed whole (dp__gemm_pack_b, this tier), or NULL. */
+static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int K,
+                        const float *A, int lda, const float *B, int ldb, float *C, int ldc,
+                        const float *bias, int relu, float *ws, const float *Bpre) {
+  const int MR = t->mr, NR = t->nr;
+  float *Ap = ws, *Bp = ws + round_up(a_floats(M, K), 16);
+  _Alignas(64) float tile[MR_MAX * NR_MAX];
+  _Alignas(64) float tbias[NR_MAX];
+  /* Narrow products (at most UA_SLIVERS B slivers) read A in place: each A
+   * sliver would serve only those few B slivers. Only a last, partial row
+   * sliver is packed (into apart), so that no row past M is read. */
+  bool ua = t->kern_ua && N <= UA_SLIVERS * NR;
+  size_t sa_i = transA ? 1 : (size_t)lda, sa_k = transA ? (size_t)lda : 1;
+  _Alignas(64) float apart[MR_MAX * KC];
+  bool tile_set = false; /* edge tiles reload rows they then drop: define them once */
+  for (int jc = 0; jc < N; jc += NC) {
+    int nc = imin(NC, N - jc);
+    for (int pc = 0; pc < K; pc += KC) {
+      int kc = imin(KC, K - pc);
+      int flags = (pc > 0 ? K_LOAD : 0) |
+                  (pc + kc == K ? (bias ? K_BIAS : 0) | (relu ? K_RELU : 0) : 0);
+      /* A transposed B (the forward's weights) is packed sliver by sliver
+       * just before the first row block uses it, so the sliver is still in L1
+       * then; a row-major B is packed whole, reading its rows contiguously.
+       * The zero slivers past the tier's rounding (up to RN) are packed first. */
+      bool fuse = transB != 0 && !Bpre;
+      int nr_end = (int)round_up((size_t)nc, (size_t)NR), rn_end = (int)round_up((size_t)nc, RN);
+      const float *Bb = Bpre ? Bpre + (size_t)jc * K + (size_t)rn_end * pc : Bp;
+      if (!Bpre) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
+      for (int ic = 0; ic < M; ic += MC) {
+        int mc = imin(MC, M - ic);
+        if (!ua)
+          t->pack_a(Ap, A, lda, transA, ic, mc, pc, kc, MR, (int)round_up((size_t)mc, (size_t)MR));
+        else if (mc % MR)
+          t->pack_a(apart, A, lda, transA, ic + mc / MR * MR, mc % MR, pc, kc, MR, MR);
+        for (int jr = 0; jr < nc; jr += NR) {
+          int nr = imin(NR, nc - jr);
+          if (fuse && ic == 0) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, jr, jr + NR);
+          const float *bp = Bb + (size_t)jr * kc, *bb = bias ? bias + jc + jr : NULL;
+          if (bb && nr < NR) {
+            for (int j = 0; j < NR; j++) tbias[j] = j < nr ? bb[j] : 0.0f;
+            bb = tbias;
+          }
+          for (int ir = 0; ir < mc; ir += MR) {
+            int mr = imin(MR, mc - ir);
+            const float *ap = ua ? apart : Ap + (size_t)ir * kc;
+            float *cp = C + (size_t)(ic + ir) * ldc + jc + jr;
+            /* in place: A's rows ic + ir .. + MR from column pc */
+            const float *au =
+                mr < MR || !ua ? NULL : A + (size_t)(ic + ir) * sa_i + (size_t)pc * sa_k;
+            /* the next tile's C rows, which the next call reads or writes first */
+            int nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
+            if (njr < nc)
+              for (int i = 0; i < imin(MR, mc - nir); i++) {
+                const float *q = C + (size_t)(ic + nir + i) * ldc + jc + njr;
+                __builtin_prefetch(q, 1, 3);
+                __builtin_prefetch(q + imin(NR, nc - njr) - 1, 1, 3);
+              }
+            if (mr == MR && nr == NR) {
+              if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, cp, (size_t)ldc, flags, bb);
+              else t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
+              continue;
+            }
+            if (!tile_set) {
+              memset(tile, 0, sizeof tile);
+              tile_set = true;
+            }
+            if (flags & K_LOAD)
+              for (int i = 0; i < mr; i++)
+                memcpy(tile + i * NR, cp + (size_t)i * ldc, (size_t)nr * sizeof *cp);
+            if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, tile, (size_t)NR, flags, bb);
+            else t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
+            for (int i = 0; i < mr; i++)
+              memcpy(cp + (size_t)i * ldc, tile + i * NR, (size_t)nr * sizeof *cp);
+          }
+        }
+      }
+    }
+  }
+}
+
+void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int lda,
+               const float *B, int ldb, float *C, int ldc, const dp_gemm_epilogue *ep,
+               void *workspace) {
+  if (M <= 0 || N <= 0) return;
+  const float *bias = ep ? ep->bias : NULL;
+  int relu = ep && ep->act == DP_GEMM_ACT_RELU;
+  if (K <= 0) {
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) C[(size_t)i * ldc + j] = epi(0.0f, bias, j, relu);
+    return;
+  }
+  const tier *t = get_tier();
+  size_t need = layout_bytes(M, N, K);
+  if (!packs(M, N, K)) {
+    gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
+  } else if (need <= STACK_WS) {
+    _Alignas(64) unsigned char buf[STACK_WS];
+    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu,
+                (float *)(void *)buf, NULL);
+  } else if (workspace) {
+    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, workspace,
+                NULL);
+  } else {
+    gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
+  }
+}
+
+static inline DP_SIMD_BODY int colsum_body(int M, int N, const float *restrict A, int lda,
+                                           float *restrict out) {
+  for (int j = 0; j < N; j++) out[j] = 0.0f;
+  for (int i = 0; i < M; i++) {
+    const float *a = A + (size_t)i * lda;
+    for (int j = 0; j < N; j++) out[j] += a[j];
+  }
+  return 0;
+}
+DP_SIMD_FN(colsum, (int M, int N, const float *restrict A, int lda, float *restrict out),
+           (M, N, A, lda, out))
+
+void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out) {
+  colsum(M, N, A, lda, out);
+}
+
+size_t dp__gemm_packed_b_bytes(int K, int N) {
+  return K > 0 && N > 0 ? round_up((size_t)N, RN) * (size_t)K * 4 : 0;
+}
+
+size_t dp__model_packed_wt_bytes(const dp_model *m) {
+  size_t w = 0;
+  for (int i = 0; i < m->n_layers; i++)
+    if (m->layers[i].kind == DP_LAYER_LINEAR) {
+      size_t b = dp__gemm_packed_b_bytes(m->layers[i].in, m->layers[i].out);
+      w = b > w ? b : w;
+    }
+  return w;
+}
+
+/* The layout gemm_packed packs block by block: for each NC-wide column block
+ * jc (its nc columns rounded to RN), for each KC-deep block pc, the slivers of
+ * that block; block (jc, pc) at jc K + round_up(nc, RN) pc floats. */
+void dp__gemm_pack_b(int transB, int K, int N, const float *B, int ldb, float *dst) {
+  const tier *t = get_tier();
+  for (int jc = 0; jc < N; jc += NC) {
+    int nc = imin(NC, N - jc), rn_end = (int)round_up((size_t)nc, RN);
+    for (int pc = 0; pc < K; pc += KC)
+      t->pack_b(dst + (size_t)jc * K + (size_t)rn_end * pc, B, ldb, transB, pc,
+                imin(KC, K - pc), jc, nc, t->nr, 0, rn_end);
+  }
+}
+
+void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, int lda,
+                  const float *B, int ldb, const float *Bpacked, float *C, int ldc,
+                  const dp_gemm_epilogue *ep, void *workspace) {
+  /* the prepacked path needs the packed route and the A block's workspace */
+  if (!Bpacked || M <= 0 || N <= 0 || K <= 0 || !packs(M, N, K) ||
+      (layout_bytes(M, N, K) > STACK_WS && !workspace)) {
+    dp__sgemm(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, ep, workspace);
+    return;
+  }
+  _Alignas(64) unsigned char buf[STACK_WS];
+  float *ws = layout_bytes(M, N, K) <= STACK_WS ? (float *)(void *)buf : workspace;
+  gemm_packed(get_tier(), transA, transB, M, N, K, A, lda, B, ldb, C, ldc,
+              ep ? ep->bias : NULL, ep && ep->act == DP_GEMM_ACT_RELU, ws, Bpacked);
+}

@@ -1,0 +1,414 @@
+/* The model: an ordered list of layers with inferred widths and a flat
+ * parameter layout in PyTorch state_dict order. Shapes only; no memory. */
+#include "model/model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The one name table of each of the model's enums: the spec words. */
+static const char *const layer_names[] = {
+    [DP_LAYER_INPUT] = "input",         [DP_LAYER_LINEAR] = "linear",
+    [DP_LAYER_RELU] = "relu",           [DP_LAYER_GELU] = "gelu",
+    [DP_LAYER_TANH] = "tanh",           [DP_LAYER_SIGMOID] = "sigmoid",
+    [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout",
+    [DP_LAYER_CONV2D] = "conv2d",       [DP_LAYER_MAXPOOL2D] = "maxpool2d",
+    [DP_LAYER_AVGPOOL2D] = "avgpool2d", [DP_LAYER_FLATTEN] = "flatten",
+    [DP_LAYER_BATCHNORM] = "batchnorm",
+};
+static const char *const loss_names[] = {
+    [DP_LOSS_NONE] = "none",
+    [DP_LOSS_MSE] = "mse",
+    [DP_LOSS_SOFTMAX_CE] = "softmax_cross_entropy",
+};
+
+const char *dp_layer_kind_name(dp_layer_kind k) {
+  return (unsigned)k < sizeof layer_names / sizeof *layer_names ? layer_names[k] : "?";
+}
+
+const char *dp_loss_name(dp_loss_kind l) {
+  return (unsigned)l < sizeof loss_names / sizeof *loss_names ? loss_names[l] : "?";
+}
+
+/* The internal spelling, kept for the library's own callers. */
+
+bool dp__layer_needs_input(dp_layer_kind k) {
+  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
+         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
+         k == DP_LAYER_BATCHNORM;
+}
+
+bool dp__layer_needs_output(dp_layer_kind k) {
+  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
+}
+
+int dp__layer_stats_width(dp_layer_kind k) { return k == DP_LAYER_LAYERNORM ? 2 : 0; }
+
+int dp__act_owner(const dp_model *m, int i) {
+  while (i >= 0 && dp__layer_is_view(m, i)) i--;
+  return i;
+}
+
+int dp__layer_fan_in(const dp_layer *l) {
+  return l->kind == DP_LAYER_CONV2D ? l->ic * l->k * l->k : l->in;
+}
+
+dp_status dp_model_new(int input_width, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_new: out is NULL");
+  *out = NULL;
+  if (input_width <= 0)
+    return DP_FAIL(DP_ERR_INVALID, "input width must be positive, got %d", input_width);
+  dp_model *m = calloc(1, sizeof *m);
+  if (!m) return DP_FAIL(DP_ERR_NOMEM, "dp_model_new: out of memory");
+  m->input_width = input_width;
+  m->input_c = input_width;
+  *out = m;
+  return DP_OK;
+}
+
+dp_status dp_model_new_image(int channels, int height, int width, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_new_image: out is NULL");
+  *out = NULL;
+  if (channels <= 0 || height <= 0 || width <= 0)
+    return DP_FAIL(DP_ERR_INVALID, "image input must be positive, got %d x %d x %d",
+                   channels, height, width);
+  size_t n;
+  if (!dp__mul((size_t)channels * (size_t)height, (size_t)width, &n) || n > DP_MAX_WIDTH)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "image input %d x %d x %d: %s floats per row is too many", channels,
+                   height, width, "more than 2^31 - 1");
+  dp_status s = dp_model_new((int)n, out);
+  if (s) return s;
+  (*out)->input_c = channels;
+  (*out)->input_h = height;
+  (*out)->input_w = width;
+  return DP_OK;
+}
+
+void dp_model_free(dp_model *m) { free(m); }
+
+static int cur_width(const dp_model *m) {
+  return m->n_layers ? m->layers[m->n_layers - 1].out : m->input_width;
+}
+
+/* The current output shape (h == 0: flat). */
+static void cur_shape(const dp_model *m, int *c, int *h, int *w) {
+  if (m->n_layers) {
+    const dp_layer *l = &m->layers[m->n_layers - 1];
+    *c = l->c, *h = l->h, *w = l->w;
+  } else {
+    *c = m->input_c, *h = m->input_h, *w = m->input_w;
+  }
+}
+
+/* Appends a layer with n_params parameters; refuses after the loss. Shapes:
+ * the input's is the current one; a layer that keeps it (elementwise ones)
+ * leaves c/h/w 0 and gets it here. */
+static dp_status push(dp_model *m, dp_layer l) {
+  if (m->loss != DP_LOSS_NONE)
+    return DP_FAIL(DP_ERR_INVALID, "no layer may follow the loss");
+  cur_shape(m, &l.ic, &l.ih, &l.iw);
+  if (l.c == 0) l.c = l.ih ? l.ic : l.out, l.h = l.ih, l.w = l.iw;
+  if (m->n_layers >= DP_MAX_LAYERS)
+    return DP_FAIL(DP_ERR_INVALID, "too many layers (at most %d)", DP_MAX_LAYERS);
+  size_t total;
+  if (!dp__add(m->n_params, l.n_params, &total))
+    return DP_FAIL(DP_ERR_OVERFLOW, "parameter count overflows size_t");
+  l.param_off = m->n_params;
+  m->n_params = total;
+  if (l.kind == DP_LAYER_BATCHNORM) {
+    l.buf_off = m->n_buffers;
+    m->n_buffers += dp__bn_buffers(l.c);
+  }
+  m->layers[m->n_layers++] = l;
+  return DP_OK;
+}
+
+/* A layer that needs a flat input (PyTorch's nn.Linear and nn.LayerNorm act on
+ * the last dimension of an image, which is not what a flat width means). */
+static dp_status need_flat(const dp_model *m, const char *what) {
+  int c, h, w;
+  cur_shape(m, &c, &h, &w);
+  if (h)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "%s needs a flat input, but the input here is an image %d x %d x %d: add "
+        "flatten first",
+        what, c, h, w);
+  return DP_OK;
+}
+
+static dp_status need_image(const dp_model *m, const char *what) {
+  int c, h, w;
+  cur_shape(m, &c, &h, &w);
+  if (!h)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s needs an image input (input C H W, then conv2d or pools), but the "
+                   "input here is flat (%d)",
+                   what, c);
+  return DP_OK;
+}
+
+/* The output size of a window over n (padding pad each side), or 0 when the
+ * window does not fit. */
+static int window_out(int n, int k, int stride, int pad) {
+  long long span = (long long)n + 2LL * pad - k;
+  return span < 0 ? 0 : (int)(span / stride + 1);
+}
+
+dp_status dp_model_add_conv2d(dp_model *m, int out_channels, int kernel, int stride,
+                              int padding, int bias) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  dp_status s = need_image(m, "conv2d");
+  if (s) return s;
+  if (stride == 0) stride = 1;
+  if (out_channels <= 0 || kernel <= 0 || stride < 0 || padding < 0 || kernel > 4096 ||
+      stride > 4096 || padding > 4096)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "conv2d: channels, kernel and stride must be positive and padding >= 0 "
+                   "(at most 4096), got %d, %d, %d, %d",
+                   out_channels, kernel, stride, padding);
+  int c, h, w;
+  cur_shape(m, &c, &h, &w);
+  int oh = window_out(h, kernel, stride, padding),
+      ow = window_out(w, kernel, stride, padding);
+  if (oh == 0 || ow == 0)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "conv2d: a %d x %d kernel with padding %d does not fit the %d x %d input", kernel,
+        kernel, padding, h, w);
+  size_t ckk, wn, outw;
+  if (!dp__mul((size_t)c, (size_t)kernel * (size_t)kernel, &ckk) ||
+      !dp__mul(ckk, (size_t)out_channels, &wn) ||
+      !dp__mul((size_t)out_channels * (size_t)oh, (size_t)ow, &outw) ||
+      outw > DP_MAX_WIDTH || ckk > DP_MAX_WIDTH)
+    return DP_FAIL(DP_ERR_OVERFLOW, "conv2d %d -> %d, kernel %d: sizes overflow", c,
+                   out_channels, kernel);
+  dp_layer l = {.kind = DP_LAYER_CONV2D,
+                .in = cur_width(m),
+                .out = (int)outw,
+                .bias = bias ? 1 : 0,
+                .n_params = wn + (bias ? (size_t)out_channels : 0),
+                .c = out_channels,
+                .h = oh,
+                .w = ow,
+                .k = kernel,
+                .stride = stride,
+                .pad = padding};
+  return push(m, l);
+}
+
+dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int stride) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (kind != DP_LAYER_MAXPOOL2D && kind != DP_LAYER_AVGPOOL2D)
+    return DP_FAIL(DP_ERR_INVALID, "dp_model_add_pool2d takes maxpool2d or avgpool2d");
+  const char *what = dp_layer_kind_name(kind);
+  dp_status s = need_image(m, what);
+  if (s) return s;
+  if (stride == 0) stride = kernel;
+  if (kernel <= 0 || stride <= 0 || kernel > 4096 || stride > 4096)
+    return DP_FAIL(DP_ERR_INVALID, "%s: kernel and stride must be 1..4096, got %d and %d",
+                   what, kernel, stride);
+  int c, h, w;
+  cur_shape(m, &c, &h, &w);
+  int oh = window_out(h, kernel, stride, 0), ow = window_out(w, kernel, stride, 0);
+  if (oh == 0 || ow == 0)
+    return DP_FAIL(DP_ERR_INVALID, "%s: a %d x %d window does not fit the %d x %d input",
+                   what, kernel, kernel, h, w);
+  dp_layer l = {.kind = kind,
+                .in = cur_width(m),
+                .out = c * oh * ow,
+                .c = c,
+                .h = oh,
+                .w = ow,
+                .k = kernel,
+                .stride = stride};
+  return push(m, l);
+}
+
+dp_status dp_model_add_linear(dp_model *m, int out_width, int bias) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  dp_status fs = need_flat(m, "linear");
+  if (fs) return fs;
+  if (out_width <= 0)
+    return DP_FAIL(DP_ERR_INVALID, "linear width must be positive, got %d", out_width);
+  dp_layer l = {
+      .kind = DP_LAYER_LINEAR, .in = cur_width(m), .out = out_width, .bias = bias ? 1 : 0};
+  size_t w;
+  if (!dp__mul((size_t)l.in, (size_t)l.out, &w) ||
+      !dp__add(w, l.bias ? (size_t)l.out : 0, &l.n_params))
+    return DP_FAIL(DP_ERR_OVERFLOW, "linear %d x %d: parameter count overflows size_t",
+                   l.out, l.in);
+  return push(m, l);
+}
+
+dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_TANH &&
+      kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM && kind != DP_LAYER_FLATTEN &&
+      kind != DP_LAYER_BATCHNORM)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_model_add takes relu, gelu, tanh, sigmoid, layernorm, flatten or "
+                   "batchnorm (use dp_model_add_linear/_dropout/_conv2d/_pool2d)");
+  if (kind == DP_LAYER_LAYERNORM) {
+    dp_status fs = need_flat(m, "layernorm");
+    if (fs) return fs;
+  }
+  int w = cur_width(m);
+  dp_layer l = {.kind = kind, .in = w, .out = w};
+  if (kind == DP_LAYER_FLATTEN) l.c = w; /* flat from here on (h = w = 0) */
+  if (kind == DP_LAYER_LAYERNORM) l.n_params = 2 * (size_t)w;
+  if (kind == DP_LAYER_BATCHNORM) { /* 1d over the features, 2d over the channels */
+    int c, h, ww;
+    cur_shape(m, &c, &h, &ww);
+    l.n_params = 2 * (size_t)c;
+    l.c = c, l.h = h, l.w = ww;
+  }
+  return push(m, l);
+}
+
+dp_status dp_model_add_dropout(dp_model *m, float p) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (!(p >= 0.0f && p < 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "dropout probability must be in [0, 1), got %g", p);
+  int w = cur_width(m);
+  return push(m, (dp_layer){.kind = DP_LAYER_DROPOUT, .in = w, .out = w, .p = p});
+}
+
+dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (loss != DP_LOSS_MSE && loss != DP_LOSS_SOFTMAX_CE)
+    return DP_FAIL(DP_ERR_INVALID, "unknown loss %d", (int)loss);
+  if (m->loss != DP_LOSS_NONE) return DP_FAIL(DP_ERR_INVALID, "the loss is already set");
+  if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "a loss needs at least one layer");
+  m->loss = loss;
+  return DP_OK;
+}
+
+int dp_model_input_width(const dp_model *m) { return m ? m->input_width : 0; }
+int dp_model_output_width(const dp_model *m) { return m ? cur_width(m) : 0; }
+int dp_model_n_layers(const dp_model *m) { return m ? m->n_layers : 0; }
+dp_layer_kind dp_model_layer_kind(const dp_model *m, int i) {
+  return m && i >= 0 && i < m->n_layers ? m->layers[i].kind : DP_LAYER_INPUT;
+}
+dp_loss_kind dp_model_loss(const dp_model *m) { return m ? m->loss : DP_LOSS_NONE; }
+size_t dp_model_n_params(const dp_model *m) { return m ? m->n_params : 0; }
+
+/* snprintf into a running buffer; keeps counting past the end. */
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(*len < cap ? buf + *len : NULL, *len < cap ? cap - *len : 0, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len += (size_t)n;
+}
+
+size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
+  size_t len = 0;
+  if (!buf) cap = 0; /* a length query, whatever cap says */
+  if (cap) buf[0] = '\0';
+  if (!m) return 0;
+  if (m->input_h)
+    put(buf, cap, &len, "input %d %d %d\n", m->input_c, m->input_h, m->input_w);
+  else
+    put(buf, cap, &len, "input %d\n", m->input_width);
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    if (l->kind == DP_LAYER_LINEAR)
+      put(buf, cap, &len, "linear %d%s\n", l->out, l->bias ? "" : " nobias");
+    else if (l->kind == DP_LAYER_CONV2D) {
+      put(buf, cap, &len, "conv2d %d %d", l->c, l->k);
+      if (l->stride != 1) put(buf, cap, &len, " stride %d", l->stride);
+      if (l->pad) put(buf, cap, &len, " padding %d", l->pad);
+      put(buf, cap, &len, "%s\n", l->bias ? "" : " nobias");
+    } else if (l->kind == DP_LAYER_MAXPOOL2D || l->kind == DP_LAYER_AVGPOOL2D) {
+      put(buf, cap, &len, "%s %d", dp_layer_kind_name(l->kind), l->k);
+      if (l->stride != l->k) put(buf, cap, &len, " stride %d", l->stride);
+      put(buf, cap, &len, "\n");
+    } else if (l->kind == DP_LAYER_DROPOUT) {
+      /* the shortest form that parses back to the same float */
+      char num[32];
+      for (int prec = 6; prec <= 9; prec++) {
+        snprintf(num, sizeof num, "%.*g", prec, (double)l->p);
+        if ((float)strtod(num, NULL) == l->p) break; /* as spec.c reads it */
+      }
+      put(buf, cap, &len, "dropout %s\n", num);
+    } else
+      put(buf, cap, &len, "%s\n", dp_layer_kind_name(l->kind));
+  }
+  if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "loss %s\n", dp_loss_name(m->loss));
+  return len;
+}
+
+/* ---- inspection ---------------------------------------------------------------- */
+
+dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!m || !out) return DP_FAIL(DP_ERR_INVALID, "dp_model_layer: model or out is NULL");
+  if (i < 0 || i >= m->n_layers)
+    return DP_FAIL(DP_ERR_RANGE, "dp_model_layer: layer %d out of range (the model has %d)",
+                   i, m->n_layers);
+  const dp_layer *l = &m->layers[i];
+  *out = (dp_layer_info){.kind = l->kind,
+                         .in = l->in,
+                         .out = l->out,
+                         .bias = l->bias,
+                         .p = l->p,
+                         .param_offset = l->param_off,
+                         .n_params = l->n_params,
+                         .channels = l->c,
+                         .height = l->h,
+                         .width = l->w,
+                         .kernel = l->k,
+                         .stride = l->stride,
+                         .padding = l->pad};
+  return DP_OK;
+}
+
+/* Parameter tensors of layer l: linear, conv2d: weight (and bias); layernorm:
+ * weight, bias. */
+static int layer_tensors(const dp_layer *l) {
+  if (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D) return l->bias ? 2 : 1;
+  return l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ? 2 : 0;
+}
+
+int dp_model_n_tensors(const dp_model *m) {
+  int n = 0;
+  for (int i = 0; m && i < m->n_layers; i++) n += layer_tensors(&m->layers[i]);
+  return n;
+}
+
+dp_status dp_model_tensor(const dp_model *m, int i, dp_tensor_info *out) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!m || !out) return DP_FAIL(DP_ERR_INVALID, "dp_model_tensor: model or out is NULL");
+  int left = i;
+  for (int li = 0; i >= 0 && li < m->n_layers; li++) {
+    const dp_layer *l = &m->layers[li];
+    int nt = layer_tensors(l);
+    if (left >= nt) {
+      left -= nt;
+      continue;
+    }
+    /* linear: weight (out, in) then bias (out); conv2d: weight (out, in, k, k) then
+     * bias (out); layernorm: weight (n) then bias (n) */
+    int bias = left == 1, matrix = l->kind == DP_LAYER_LINEAR && !bias;
+    int conv = l->kind == DP_LAYER_CONV2D;
+    snprintf(out->name, sizeof out->name, "%d.%s", li, bias ? "bias" : "weight");
+    if (conv && !bias) {
+      out->ndim = 4;
+      out->dims[0] = l->c, out->dims[1] = l->ic, out->dims[2] = l->k, out->dims[3] = l->k;
+      out->numel = (size_t)l->c * (size_t)l->ic * (size_t)l->k * (size_t)l->k;
+    } else {
+      out->ndim = matrix ? 2 : 1;
+      out->dims[0] = conv || l->kind == DP_LAYER_BATCHNORM ? l->c : l->out;
+      out->dims[1] = matrix ? l->in : 0;
+      out->numel = matrix ? (size_t)l->out * (size_t)l->in : (size_t)out->dims[0];
+    }
+    out->offset = l->param_off + (bias ? l->n_params - out->numel : 0);
+    return DP_OK;
+  }
+  return DP_FAIL(DP_ERR_RANGE, "dp_model_tensor: tensor %d out of range (the model has %d)",
+                 i, dp_model_n_tensors(m));
+}

@@ -1,0 +1,90 @@
+/* The model: layers and their shapes, parsed from a spec or built by the
+ * builder (lib/model/). Shapes only, no memory. Not installed. */
+#ifndef DP_MODEL_H
+#define DP_MODEL_H
+
+#include "util/util.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- model (lib/model.c, lib/spec.c) ---- */
+#define DP_MAX_LAYERS 256
+#define DP_MAX_WIDTH 0x7fffffff
+#define DP_MAX_MICRO_BATCHES (1 << 22) /* per planned batch */
+
+typedef struct {
+  dp_layer_kind kind;
+  int in, out;      /* widths (floats per row) */
+  int bias;         /* linear, conv2d */
+  float p;          /* dropout */
+  size_t param_off; /* first parameter (floats) in the flat array */
+  size_t n_params;
+  int c, h, w;        /* output shape; h == 0: flat (c == out) */
+  int ic, ih, iw;     /* input shape, the same way */
+  int k, stride, pad; /* conv2d, pools */
+  size_t buf_off;     /* batchnorm: its buffers (floats after the parameters):
+                         running_mean (c), running_var (c), num_batches_tracked
+                         (one uint32 slot) */
+} dp_layer;
+
+struct dp_model {
+  int input_width;
+  int input_c, input_h, input_w; /* input_h == 0: flat (input_c == input_width) */
+  int n_layers;
+  dp_layer layers[DP_MAX_LAYERS];
+  dp_loss_kind loss;
+  size_t n_params;
+  size_t n_buffers; /* floats after the parameters in PARAMS (batchnorm) */
+};
+
+/* A batchnorm's buffers: 2 c floats and the count. */
+static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }
+/* Floats a batchnorm's forward saves per micro-batch: mean, rstd and the
+ * unbiased variance per channel. */
+static inline size_t dp__bn_stats(int c) { return 3 * (size_t)c; }
+/* config.batchnorm = DP_BN_SYNC: a batchnorm's statistics area on a device
+ * with n_mb planned micro-batches (floats from its stats offset; the parts
+ * every device has first, so that they are at the same offset on each):
+ *   the whole batch's: mean (c), rstd (c), unbiased variance (c), rows (one
+ *     uint32 slot) -- the first 3 c as per_replica's micro-batch 0;
+ *   backward sums: this device's (sum dy x-hat (c), sum dy (c): the weight's and
+ *     bias's gradients), then one to receive into;
+ *   forward partials, one to receive into, then a slot per micro-batch: rows
+ *     (uint32 slot), mean (c), sum of squared deviations (c). */
+static inline size_t dp__bn_sync_final(int c) { return 3 * (size_t)c + 1; }
+static inline size_t dp__bn_sync_bwd(int c) { return dp__bn_sync_final(c); }
+static inline size_t dp__bn_sync_part(int c) { return 1 + 2 * (size_t)c; }
+static inline size_t dp__bn_sync_recv(int c) { return dp__bn_sync_bwd(c) + 4 * (size_t)c; }
+static inline size_t dp__bn_sync_fwd(int c, int slot) {
+  return dp__bn_sync_recv(c) + (size_t)(slot + 1) * dp__bn_sync_part(c);
+}
+static inline size_t dp__bn_sync_floats(int c, int n_mb) {
+  return dp__bn_sync_fwd(c, n_mb);
+}
+/* The PARAMS region's floats: parameters, then buffers. */
+static inline size_t dp__param_floats(const dp_model *m) {
+  return m->n_params + m->n_buffers;
+}
+
+/* What a layer's backward reads from the forward pass. */
+bool dp__layer_needs_input(dp_layer_kind k);
+bool dp__layer_needs_output(dp_layer_kind k);
+/* Per-row float count of saved statistics (layernorm: mean, rstd). */
+int dp__layer_stats_width(dp_layer_kind k);
+/* The layer whose activation buffer holds layer i's output: i itself, or for
+ * a view (flatten) the layer it views, followed back; -1: the input. The last
+ * layer's output is in OUTPUTS whatever it is (a flatten there copies). */
+int dp__act_owner(const dp_model *m, int i);
+static inline bool dp__layer_is_view(const dp_model *m, int i) {
+  return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
+}
+/* conv2d's fan-in, in_channels * k * k; a linear's in. */
+int dp__layer_fan_in(const dp_layer *l);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,389 @@
+/* The .dpm text format: one layer per line, '#' comments, shapes inferred.
+ * Every error names "name:line:col" and says what was expected. */
+#include "model/model.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+typedef struct {
+  const char *s; /* token start */
+  int len;
+  int col; /* 1-based */
+} token;
+
+#define MAX_TOKENS 16
+
+/* Splits one line (without its newline) into tokens, stopping at '#'. */
+static int tokenize(const char *line, int len, token *t, int cap) {
+  int n = 0;
+  for (int i = 0; i < len;) {
+    if (line[i] == '#') break;
+    if (isspace((unsigned char)line[i])) {
+      i++;
+      continue;
+    }
+    int j = i;
+    while (j < len && !isspace((unsigned char)line[j]) && line[j] != '#') j++;
+    if (n < cap) t[n] = (token){line + i, j - i, i + 1};
+    n++;
+    i = j;
+  }
+  return n;
+}
+
+static bool tok_is(const token *t, const char *w) {
+  return (size_t)t->len == strlen(w) && memcmp(t->s, w, (size_t)t->len) == 0;
+}
+
+typedef struct {
+  const char *name;
+  int line;
+} where;
+
+#define SPEC_FAIL(st, w, col, ...) spec_fail((st), (w), (col), __LINE__, __VA_ARGS__)
+static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt,
+                           ...) __attribute__((format(printf, 5, 6)));
+static dp_status spec_fail(dp_status st, where w, int col, int srcline, const char *fmt,
+                           ...) {
+  char msg[400];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return dp__error(st, __FILE__, srcline, "%s:%d:%d: %s", w.name, w.line, col, msg);
+}
+
+/* A token as messages echo it: whole up to 40 bytes, else its first 32 and
+ * "...", so that the closing quote is always there. */
+typedef struct {
+  char s[48];
+} echo_buf;
+static const char *echo(const token *t, echo_buf *b) {
+  if (t->len <= 40)
+    snprintf(b->s, sizeof b->s, "%.*s", t->len, t->s);
+  else
+    snprintf(b->s, sizeof b->s, "%.32s...", t->s);
+  return b->s;
+}
+
+/* A positive int width. */
+static dp_status parse_width(const token *t, where w, const char *what, int *out) {
+  echo_buf e;
+  for (int i = 0; i < t->len; i++)
+    if (!isdigit((unsigned char)t->s[i]))
+      return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a positive integer, got '%s'",
+                       what, echo(t, &e));
+  int i = 0;
+  while (i < t->len - 1 && t->s[i] == '0') i++; /* leading zeros */
+  long long v = 0;
+  for (; i < t->len && v <= DP_MAX_WIDTH; i++) v = v * 10 + (t->s[i] - '0');
+  if (v > DP_MAX_WIDTH)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width '%s' is too large (max %d)", what,
+                     echo(t, &e), DP_MAX_WIDTH);
+  if (v == 0)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width %s is out of range (1..%d)", what,
+                     echo(t, &e), DP_MAX_WIDTH);
+  *out = (int)v;
+  return DP_OK;
+}
+
+static dp_status parse_prob(const token *t, where w, float *out) {
+  char buf[32];
+  echo_buf e;
+  if (t->len >= (int)sizeof buf)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                     "dropout: expected a probability in [0, 1), got '%s'", echo(t, &e));
+  memcpy(buf, t->s, (size_t)t->len);
+  buf[t->len] = '\0';
+  char *end;
+  errno = 0;
+  double v = strtod(buf, &end);
+  if (errno || *end || end == buf || !(v >= 0.0 && v < 1.0))
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                     "dropout: expected a probability in [0, 1), got '%s'", buf);
+  if (!((float)v < 1.0f)) /* e.g. 0.99999999: below 1, but 1 as a float */
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
+                     "dropout: probability '%s' rounds to 1 as a float; expected [0, 1)",
+                     buf);
+  *out = (float)v;
+  return DP_OK;
+}
+
+/* Refuses tokens after the `n` a keyword takes. */
+static dp_status no_more(const token *t, int nt, int n, where w, const char *kw) {
+  if (nt <= n) return DP_OK;
+  int k = n < MAX_TOKENS ? n : MAX_TOKENS - 1;
+  echo_buf e;
+  return SPEC_FAIL(DP_ERR_PARSE, w, t[k].col, "unexpected '%s' after '%s'", echo(&t[k], &e),
+                   kw);
+}
+
+/* Re-labels a builder error with the spec location. */
+static dp_status at(dp_status s, where w, int col) {
+  if (s == DP_OK) return s;
+  char msg[DP_ERRMSG_CAP];
+  snprintf(msg, sizeof msg, "%s", dp_last_error());
+  /* drop the builder's " [file:line]" suffix (the last " [": the message itself
+   * may contain one, as in "in [0, 1)") */
+  char *tail = NULL;
+  for (char *q = strstr(msg, " ["); q; q = strstr(q + 1, " [")) tail = q;
+  if (tail) *tail = '\0';
+  return SPEC_FAIL(s == DP_ERR_INVALID ? DP_ERR_PARSE : s, w, col, "%s", msg);
+}
+
+/* conv2d OUT K [stride S] [padding P] [nobias] | maxpool2d K [stride S] |
+ * avgpool2d K [stride S]: the options in any order, each once. */
+static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
+  const token *kw = &t[0];
+  bool conv = tok_is(kw, "conv2d");
+  char what[16];
+  snprintf(what, sizeof what, "%.*s", kw->len, kw->s);
+  int need = conv ? 2 : 1, v[2] = {0, 0};
+  static const char *const names[2] = {"output channels", "kernel size"};
+  echo_buf e;
+  for (int i = 0; i < need; i++) {
+    if (nt < 2 + i)
+      return SPEC_FAIL(DP_ERR_PARSE, w, i ? t[i].col + t[i].len + 1 : kw->col + kw->len + 1,
+                       "%s: expected %s (%s)", what, names[conv ? i : 1],
+                       conv ? "conv2d OUT K [stride S] [padding P] [nobias]"
+                            : "a kernel size, then optionally stride S");
+    dp_status s = parse_width(&t[1 + i], w, what, &v[i]);
+    if (s) return s;
+  }
+  int stride = 0, pad = 0, bias = 1;
+  bool seen[3] = {false, false, false};
+  for (int i = 1 + need; i < nt && i < MAX_TOKENS; i++) {
+    const token *o = &t[i];
+    int which = tok_is(o, "stride")    ? 0
+                : tok_is(o, "padding") ? 1
+                : tok_is(o, "nobias")  ? 2
+                                       : -1;
+    if (which < 0 || (!conv && which > 0))
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: expected %s, got '%s'", what,
+                       conv ? "'stride S', 'padding P' or 'nobias'" : "'stride S'",
+                       echo(o, &e));
+    if (seen[which])
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: '%.*s' given twice", what, o->len,
+                       o->s);
+    seen[which] = true;
+    if (which == 2) {
+      bias = 0;
+      continue;
+    }
+    if (i + 1 >= nt)
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col + o->len + 1,
+                       "%s: expected a number after '%s'", what,
+                       which ? "padding" : "stride");
+    const token *num = &t[++i];
+    if (which == 1 && num->len == 1 && num->s[0] == '0') continue; /* padding 0 */
+    dp_status s = parse_width(num, w, what, which ? &pad : &stride);
+    if (s) return s;
+  }
+  if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
+  if (conv) return at(dp_model_add_conv2d(*m, v[0], v[1], stride, pad, bias), w, kw->col);
+  return at(dp_model_add_pool2d(
+                *m, tok_is(kw, "maxpool2d") ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D, v[0],
+                stride),
+            w, kw->col);
+}
+
+static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
+  const token *kw = &t[0];
+  echo_buf e;
+  if (!*m) {
+    if (!tok_is(kw, "input"))
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
+                       "expected 'input N' or 'input C H W' first, got '%s'", echo(kw, &e));
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected a width (or channels, height and width) after 'input'");
+    int n[3] = {0, 0, 0};
+    dp_status s = parse_width(&t[1], w, "input", &n[0]);
+    if (s) return s;
+    if (nt == 2) return at(dp_model_new(n[0], m), w, kw->col);
+    if (nt == 3)
+      return SPEC_FAIL(
+          DP_ERR_PARSE, w, t[2].col,
+          "input: 'input N' takes one number and 'input C H W' three; got two");
+    for (int i = 1; i < 3; i++)
+      if ((s = parse_width(&t[1 + i], w, "input", &n[i]))) return s;
+    if ((s = no_more(t, nt, 4, w, "input"))) return s;
+    return at(dp_model_new_image(n[0], n[1], n[2], m), w, kw->col);
+  }
+  if ((*m)->loss != DP_LOSS_NONE)
+    return SPEC_FAIL(DP_ERR_PARSE, w, kw->col,
+                     "unexpected '%s': the loss must be the last line", echo(kw, &e));
+  if (tok_is(kw, "input"))
+    return SPEC_FAIL(DP_ERR_PARSE, w, kw->col, "'input' may appear only once, first");
+  if (tok_is(kw, "linear")) {
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected a width after 'linear'");
+    int n = 0;
+    dp_status s = parse_width(&t[1], w, "linear", &n);
+    if (s) return s;
+    int bias = 1;
+    if (nt >= 3) {
+      if (!tok_is(&t[2], "nobias"))
+        return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col,
+                         "expected 'nobias' or end of line, got '%s'", echo(&t[2], &e));
+      bias = 0;
+    }
+    if ((s = no_more(t, nt, 3, w, "linear"))) return s;
+    return at(dp_model_add_linear(*m, n, bias), w, kw->col);
+  }
+  if (tok_is(kw, "dropout")) {
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected a probability after 'dropout'");
+    float p = 0.0f;
+    dp_status s = parse_prob(&t[1], w, &p);
+    if (s) return s;
+    if ((s = no_more(t, nt, 2, w, "dropout"))) return s;
+    return at(dp_model_add_dropout(*m, p), w, kw->col);
+  }
+  if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
+    return parse_window(m, t, nt, w);
+  if (tok_is(kw, "loss")) {
+    if (nt < 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                       "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
+    dp_loss_kind k;
+    if (tok_is(&t[1], "mse"))
+      k = DP_LOSS_MSE;
+    else if (tok_is(&t[1], "softmax_cross_entropy"))
+      k = DP_LOSS_SOFTMAX_CE;
+    else
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
+                       "unknown loss '%s' (expected mse or softmax_cross_entropy)",
+                       echo(&t[1], &e));
+    dp_status s = no_more(t, nt, 2, w, "loss");
+    if (s) return s;
+    return at(dp_model_set_loss(*m, k), w, kw->col);
+  }
+  static const struct {
+    const char *w;
+    dp_layer_kind k;
+  } simple[] = {{"relu", DP_LAYER_RELU},           {"gelu", DP_LAYER_GELU},
+                {"tanh", DP_LAYER_TANH},           {"sigmoid", DP_LAYER_SIGMOID},
+                {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN},
+                {"batchnorm", DP_LAYER_BATCHNORM}};
+  for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
+    if (!tok_is(kw, simple[i].w)) continue;
+    dp_status s = no_more(t, nt, 1, w, simple[i].w);
+    if (s) return s;
+    return at(dp_model_add(*m, simple[i].k), w, kw->col);
+  }
+  return SPEC_FAIL(
+      DP_ERR_PARSE, w, kw->col,
+      "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
+      "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten, batchnorm or "
+      "loss)",
+      echo(kw, &e));
+}
+
+dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_parse: out is NULL");
+  *out = NULL;
+  if (!text) return DP_FAIL(DP_ERR_INVALID, "dp_model_parse: text is NULL");
+  where w = {name ? name : "<spec>", 0};
+  dp_model *m = NULL;
+  const char *p = text;
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    int len = nl ? (int)(nl - p) : (int)strlen(p);
+    if (len > 0 && p[len - 1] == '\r') len--;
+    w.line++;
+    token t[MAX_TOKENS];
+    int nt = tokenize(p, len, t, MAX_TOKENS);
+    if (nt > 0) {
+      dp_status s = parse_line(&m, t, nt, w);
+      if (s) {
+        dp_model_free(m);
+        return s;
+      }
+    }
+    if (!nl) break;
+    p = nl + 1;
+  }
+  if (!m) {
+    w.line = w.line ? w.line : 1;
+    return SPEC_FAIL(DP_ERR_PARSE, w, 1, "empty model: expected 'input N'");
+  }
+  *out = m;
+  return DP_OK;
+}
+
+/* Opens path for reading if it is a regular file, without blocking on a FIFO. */
+static dp_status open_spec(const char *path, FILE **out) {
+  struct stat st;
+  const char *failed;
+  int fd = dp__open_regular(path, &st, &failed);
+  if (fd == -2 && S_ISDIR(st.st_mode))
+    return DP_FAIL(DP_ERR_IO, "%s: is a directory, not a model spec", path);
+  if (fd == -2)
+    return DP_FAIL(DP_ERR_IO,
+                   "%s: not a regular file (%s); a model spec is read from a file", path,
+                   dp__file_kind(st.st_mode));
+  if (fd < 0) return DP_FAIL(DP_ERR_IO, "%s: cannot %s: %s", path, failed, strerror(errno));
+  if (!(*out = fdopen(fd, "rb"))) {
+    int err = errno;
+    close(fd);
+    return DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(err));
+  }
+  return DP_OK;
+}
+
+dp_status dp_model_load(const char *path, dp_model **out) {
+  if (!out) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: out is NULL");
+  *out = NULL;
+  if (!path) return DP_FAIL(DP_ERR_INVALID, "dp_model_load: path is NULL");
+  FILE *f = NULL;
+  dp_status s = open_spec(path, &f);
+  if (s) return s;
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  for (;;) {
+    if (!buf) {
+      s = DP_FAIL(DP_ERR_NOMEM, "%s: out of memory", path);
+      break;
+    }
+    len += fread(buf + len, 1, cap - 1 - len, f);
+    if (len > (64u << 20)) {
+      s = DP_FAIL(DP_ERR_PARSE, "%s: larger than 64 MiB; not a model spec", path);
+      break;
+    }
+    if (len < cap - 1) break;
+    char *nb = realloc(buf, cap * 2);
+    if (!nb) free(buf);
+    buf = nb;
+    cap *= 2;
+  }
+  if (!s && ferror(f)) s = DP_FAIL(DP_ERR_IO, "%s: read error: %s", path, strerror(errno));
+  fclose(f);
+  if (!s) {
+    buf[len] = '\0';
+    const char *nul = memchr(buf, '\0', len);
+    if (nul) { /* its line and column, as every other spec error has */
+      where w = {path, 1};
+      const char *line = buf;
+      for (const char *q = buf; q < nul; q++)
+        if (*q == '\n') {
+          w.line++;
+          line = q + 1;
+        }
+      s = SPEC_FAIL(DP_ERR_PARSE, w, (int)(nul - line) + 1,
+                    "NUL byte; a model spec is text");
+    } else {
+      s = dp_model_parse(buf, path, out);
+    }
+  }
+  free(buf);
+  return s;
+}

@@ -1,0 +1,46 @@
+/* Error recording: a thread-local last-error text with the library's file:line. */
+#include "util/util.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char last_error[DP_ERRMSG_CAP];
+
+dp_status dp__error(dp_status s, const char *file, int line, const char *fmt, ...) {
+  const char *base = strrchr(file, '/');
+  base = base ? base + 1 : file;
+  /* The message first (it is what a user reads), the library location last. */
+  char msg[DP_ERRMSG_CAP - 64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(last_error, sizeof last_error, "%s [%s:%d]", msg, base, line);
+  return s;
+}
+
+void dp__error_clear(void) { last_error[0] = '\0'; }
+
+void dp__error_restore(const char *text) {
+  snprintf(last_error, sizeof last_error, "%s", text);
+}
+
+const char *dp_last_error(void) { return last_error; }
+
+const char *dp_status_name(dp_status s) {
+  switch (s) {
+  case DP_OK: return "ok";
+  case DP_ERR_INVALID: return "invalid argument";
+  case DP_ERR_PARSE: return "parse error";
+  case DP_ERR_OVERFLOW: return "size overflow";
+  case DP_ERR_NOMEM: return "out of memory";
+  case DP_ERR_SHAPE: return "shape mismatch";
+  case DP_ERR_RANGE: return "out of range";
+  case DP_ERR_NONFINITE: return "non-finite value";
+  case DP_ERR_IO: return "i/o error";
+  case DP_ERR_BACKEND: return "backend error";
+  case DP_ERR_UNSUPPORTED: return "unsupported";
+  case DP_ERR_CORRUPT: return "arena corrupted";
+  }
+  return "unknown status";
+}
