@@ -16,20 +16,35 @@ static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, int n_mb,
   return dp__cuda_model_workspace_bytes(m, mb_rows);
 }
 
-/* The cuda options of a config (the planner refuses them for backends that
- * have none). */
-static dp_status cuda_check_config(const dp_config *c) {
-  if ((c->cuda_graph != 0 && c->cuda_graph != 1) || (c->tf32 != 0 && c->tf32 != 1))
-    return DP_FAIL(DP_ERR_INVALID, "cuda_graph and tf32 must be 0 or 1, got %d and %d",
-                   c->cuda_graph, c->tf32);
-  if (c->transport != DP_TRANSPORT_AUTO && c->transport != DP_TRANSPORT_COPY &&
-      c->transport != DP_TRANSPORT_NCCL)
-    return DP_FAIL(DP_ERR_INVALID, "unknown transport %d", (int)c->transport);
-  if (c->fast_collectives != 0 && c->fast_collectives != 1)
-    return DP_FAIL(DP_ERR_INVALID, "fast_collectives must be 0 or 1, got %d",
-                   c->fast_collectives);
-  if (c->fast_collectives && (c->mode != DP_MODE_ALLREDUCE || c->shard_optimizer ||
-                              c->transport == DP_TRANSPORT_COPY))
+/* The cuda backend's options (dp_config.backend_options); the deprecated
+ * dp_config fields cuda_graph, tf32, transport and fast_collectives map onto
+ * them (lib/core/options.c). The plan hash covers them in this order. */
+enum { OPT_GRAPH, OPT_TF32, OPT_TRANSPORT, OPT_FAST_COLLECTIVES };
+static const dp_backend_option cuda_options[] = {
+    [OPT_GRAPH] = {"graph", "0|1",
+                   "capture a step once and replay it as a CUDA graph (bit-identical)"},
+    [OPT_TF32] = {"tf32", "0|1", "TF32 tensor cores for the FP32 GEMMs (~1e-3 relative)"},
+    /* the words' indices are dp_transport's values */
+    [OPT_TRANSPORT] = {"transport", "auto|copy|nccl",
+                       "how replicas on distinct GPUs exchange: auto, device copies, NCCL"},
+    [OPT_FAST_COLLECTIVES] = {"fast_collectives", "0|1",
+                              "one ncclAllReduce instead of the canonical tree (allreduce "
+                              "mode; bits depend on the topology)"},
+    {NULL, NULL, NULL},
+};
+
+static unsigned cuda_features(const dp_config *c, const int *opt) {
+  (void)c;
+  return (opt[OPT_GRAPH] ? DP_FEATURE_GRAPHS : 0u) |
+         (opt[OPT_FAST_COLLECTIVES] ? DP_FEATURE_COLLECTIVE : 0u);
+}
+
+/* The config on this backend, its options parsed. */
+static dp_status cuda_check_config(const dp_config *c, const int *opt) {
+  bool graph = opt[OPT_GRAPH], fast = opt[OPT_FAST_COLLECTIVES];
+  dp_transport transport = (dp_transport)opt[OPT_TRANSPORT];
+  if (fast && (c->mode != DP_MODE_ALLREDUCE || c->shard_optimizer ||
+               transport == DP_TRANSPORT_COPY))
     return DP_FAIL(DP_ERR_INVALID,
                    "fast_collectives needs allreduce mode without a sharded "
                    "optimizer, and the NCCL transport");
@@ -40,18 +55,18 @@ static dp_status cuda_check_config(const dp_config *c) {
   /* One CUDA graph spanning several GPUs with NCCL kernels inside can deadlock
    * (NCCL documents it for several GPUs per process under capture): graphs go
    * with the copy transport (transport auto picks it for them). */
-  if (c->cuda_graph && (c->transport == DP_TRANSPORT_NCCL || c->fast_collectives))
+  if (graph && (transport == DP_TRANSPORT_NCCL || fast))
     return DP_FAIL(DP_ERR_INVALID,
                    "cuda_graph with the NCCL transport%s is refused: one graph across "
                    "several GPUs with NCCL inside can deadlock; use transport auto or copy "
                    "with graphs, or NCCL without them",
-                   c->fast_collectives ? " (fast_collectives)" : "");
-  if (c->ranks > 1 && (c->cuda_graph || c->transport == DP_TRANSPORT_COPY))
+                   fast ? " (fast_collectives)" : "");
+  if (c->ranks > 1 && (graph || transport == DP_TRANSPORT_COPY))
     return DP_FAIL(DP_ERR_INVALID,
                    "across processes (ranks %d) the cuda backend moves data between ranks "
                    "with NCCL and runs no graphs: %s is refused (use transport auto or "
                    "nccl, cuda_graph 0)",
-                   c->ranks, c->cuda_graph ? "cuda_graph" : "transport copy");
+                   c->ranks, graph ? "cuda_graph" : "transport copy");
   int e, d;
   /* NCCL wants a GPU per rank of a communicator: per replica in one process,
    * per replica of a process across processes (another host's GPU 0 is not
@@ -64,7 +79,7 @@ static dp_status cuda_check_config(const dp_config *c) {
                        "across processes every replica of a rank needs a GPU of its own, "
                        "but replicas %d and %d (rank %d) are both on GPU %d",
                        e, d, r, c->device_ids[d]);
-  } else if ((c->transport == DP_TRANSPORT_NCCL || c->fast_collectives) &&
+  } else if ((transport == DP_TRANSPORT_NCCL || fast) &&
              dp__shared_gpu(c, c->n_devices, &e, &d))
     return DP_FAIL(
         DP_ERR_INVALID,
@@ -105,12 +120,12 @@ static dp_status cuda_fill(const dp_plan *p, int dev, void *dst, uint32_t value,
  * every replica has its own GPU and steps are not captured as graphs (see
  * cuda_check_config). */
 static dp_status cuda_ctx_init(const dp_plan *p, void *const arenas[], void **bctx) {
-  const dp_config *cf = &p->cfg;
-  unsigned f = cf->tf32 ? DP_CUDA_TF32 : 0;
+  const int *opt = p->bopt;
+  unsigned f = opt[OPT_TF32] ? DP_CUDA_TF32 : 0;
   int n = p->split.n_used, a, b;
-  bool distinct = n > 1 && !dp__shared_gpu(cf, n, &a, &b);
-  if (cf->transport == DP_TRANSPORT_NCCL || cf->fast_collectives ||
-      (cf->transport == DP_TRANSPORT_AUTO && distinct && !cf->cuda_graph &&
+  bool distinct = n > 1 && !dp__shared_gpu(&p->cfg, n, &a, &b);
+  if (opt[OPT_TRANSPORT] == DP_TRANSPORT_NCCL || opt[OPT_FAST_COLLECTIVES] ||
+      (opt[OPT_TRANSPORT] == DP_TRANSPORT_AUTO && distinct && !opt[OPT_GRAPH] &&
        dp__cuda_have_nccl()))
     f |= DP_CUDA_NCCL;
   return dp__cuda_ctx_init(p, arenas, f, bctx);
@@ -120,7 +135,7 @@ static dp_status cuda_ctx_init(const dp_plan *p, void *const arenas[], void **bc
  * a copy between ranks. */
 static dp_status cuda_ctx_init_world(const dp_plan *p, void *const arenas[],
                                      const dp_backend_world *w, void **bctx) {
-  unsigned f = (p->cfg.tf32 ? DP_CUDA_TF32 : 0) | DP_CUDA_NCCL;
+  unsigned f = (p->bopt[OPT_TF32] ? DP_CUDA_TF32 : 0) | DP_CUDA_NCCL;
   if (!dp__cuda_have_nccl())
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the cuda backend across processes needs NCCL, which this build does "
@@ -146,6 +161,8 @@ static const dp_transport_ops cuda_transport = {
 
 static const dp_backend_ops cuda_backend = {
     .name = "cuda",
+    .options = cuda_options,
+    .features = cuda_features,
     .align = 256, /* cudaMalloc's alignment, and cuBLAS's preferred one */
     .workspace_bytes = cuda_workspace_bytes,
     .host_staging = true,      /* pinned: device copies run asynchronously */

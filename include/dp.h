@@ -135,6 +135,7 @@ typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
  * backend: dp_cuda_register) under a name, and "cpu" and "cuda" keep these
  * two kinds whether registered or not. */
 typedef enum { DP_BACKEND_CPU = 0, DP_BACKEND_CUDA } dp_backend;
+#define DP_BACKEND_OPTIONS_CAP 128         /* dp_config.backend_options, with its NUL */
 const char *dp_backend_name(dp_backend b); /* "cpu", "cuda", ...; "?" when unknown */
 /* Kinds [0, dp_backend_count()) have names; dp_backend_available says whether
  * a backend is registered under one (a plan can name it). */
@@ -243,7 +244,17 @@ typedef struct {
    * hanging: a stalled kernel, an NCCL transfer whose other side never comes,
    * an MPI rank that stopped answering. 0: the default, 60000. */
   int timeout_ms;
-  /* ---- cuda backend only (a cpu plan with any of them set is refused) ---- */
+  /* The backend's own options: "name=value" items separated by commas or
+   * spaces, e.g. "graph=1" or "transport=nccl,tf32=1" for the cuda backend.
+   * Each backend lists its own (dp_backend_option_info) and checks them; the
+   * plan keeps them (dp_plan_backend_options) and its hash covers them. An
+   * option of no such name, or a value the backend does not list, is refused
+   * at plan time. Empty: every option at its default. */
+  char backend_options[DP_BACKEND_OPTIONS_CAP];
+  /* ---- deprecated: the cuda backend's options as fields (a cpu plan with any
+   * of them set is refused). Use backend_options ("graph", "tf32",
+   * "transport", "fast_collectives"); a field and an option that disagree are
+   * refused. ---- */
   /* Capture a step once, after one plain warm-up step of the same shape, as a
    * CUDA graph and replay it (cudaGraphLaunch) from then on: one launch per
    * step instead of one per op. Bit-identical to plain execution. Only full
@@ -263,6 +274,13 @@ typedef struct {
    * a build with NCCL. */
   int fast_collectives;
 } dp_config;
+
+/* What a backend's options can be: option i (0, 1, ...) of backend b, its
+ * name, the words it takes ("0|1", "auto|copy|nccl"; the first is the
+ * default) and a line of help. DP_ERR_RANGE past its last option,
+ * DP_ERR_UNSUPPORTED when b is not registered. */
+dp_status dp_backend_option_info(dp_backend b, int i, const char **name,
+                                 const char **values, const char **help);
 
 /* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic,
  * torch.optim.SGD (lr 0.01, momentum 0, dampening 0, nesterov 0,
@@ -349,6 +367,10 @@ dp_status dp_plan_rank_rows(const dp_plan *p, int rows, int rank, int *row0, int
  * (ranks included), the schedule and the build. dp_ctx_create_mpi compares
  * the ranks' hashes and refuses a job whose ranks differ, naming them. */
 uint64_t dp_plan_hash(const dp_plan *p);
+/* The plan's backend options, every one with its value (defaults included),
+ * as "name=value" items separated by spaces ("" for a backend without
+ * options); truncated to cap - 1 bytes. DP_ERR_INVALID for a NULL argument. */
+dp_status dp_plan_backend_options(const dp_plan *p, char *buf, size_t cap);
 /* Arena bytes the process of rank `rank` holds: the sum over its devices. */
 size_t dp_plan_rank_bytes(const dp_plan *p, int rank);
 

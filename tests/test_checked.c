@@ -35,7 +35,8 @@ static uint64_t train(const char *spec, dp_config c, dp_backend b, int in, int c
   uint64_t s = 42;
   for (int i = 0; i < ROWS * in; i++) x[i] = (float)(rng_next(&s) % 1000) / 500.0f - 1.0f;
   for (int i = 0; i < ROWS * 2; i++) t[i] = (float)(rng_next(&s) % 100) / 100.0f;
-  for (int i = 0; i < ROWS; i++) lab[i] = (int32_t)(rng_next(&s) % (uint64_t)classes);
+  for (int i = 0; i < ROWS; i++) /* classes 0: a regression target, no labels */
+    lab[i] = classes ? (int32_t)(rng_next(&s) % (uint64_t)classes) : 0;
   for (int k = 0; k < 3; k++) {
     float loss = 0.0f;
     ck_assert_msg(dp_train_step(r.c, ROWS, in, x, classes ? (const void *)lab : t, &loss) ==

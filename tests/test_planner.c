@@ -1202,7 +1202,8 @@ typedef struct {
 /* A gradient offset within its slot: slots are n_params * 4 bytes (GRADS, COMM) or
  * dp__partial_stride apart (GRAD_PARTIALS, each slot aligned). */
 static size_t in_slot(const dp_plan *p, int region, size_t off) {
-  size_t S = region == DP_REGION_GRAD_PARTIALS ? dp__partial_stride(p) : p->model.n_params * 4;
+  size_t S =
+      region == DP_REGION_GRAD_PARTIALS ? dp__partial_stride(p) : p->model.n_params * 4;
   return S ? off % S : 0;
 }
 
@@ -1447,9 +1448,8 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
         }
       }
       if (!P) break; /* a model without parameters has no gradients to sum */
-      REQ_EQ(op->dst_offset % (op->dst_region == DP_REGION_GRAD_PARTIALS
-                                   ? dp__partial_stride(p)
-                                   : P),
+      REQ_EQ(op->dst_offset %
+                 (op->dst_region == DP_REGION_GRAD_PARTIALS ? dp__partial_stride(p) : P),
              0);
       int s = st->sg.of_layer[b];
       held *h = grad_slot(st, d, op->dst_region, op->dst_offset, s, i);
@@ -2693,7 +2693,9 @@ START_TEST(cuda_options_are_checked_at_plan_time) {
   c.device_ids[1] = 0; /* two replicas on GPU 0 */
   plan_refused(m, &c, DP_ERR_INVALID, "replicas 0 and 1 are both on GPU 0");
   c.transport = (dp_transport)7;
-  plan_refused(m, &c, DP_ERR_INVALID, "unknown transport 7");
+  plan_refused(m, &c, DP_ERR_INVALID,
+               "config.transport is 7; the cuda backend's option transport takes "
+               "auto|copy|nccl");
   c.transport = DP_TRANSPORT_AUTO;
   c.device_ids[1] = -2;
   plan_refused(m, &c, DP_ERR_INVALID, "device_ids[1] is -2");
@@ -2703,7 +2705,7 @@ START_TEST(cuda_options_are_checked_at_plan_time) {
   ck_assert_int_eq(dp_plan_n_devices(p), 2);
   dp_plan_free(p);
   c.cuda_graph = 2;
-  plan_refused(m, &c, DP_ERR_INVALID, "cuda_graph and tf32 must be 0 or 1");
+  plan_refused(m, &c, DP_ERR_INVALID, "config.cuda_graph is 2");
   c.cuda_graph = 0;
   c.fast_collectives = 1; /* classic mode */
   plan_refused(m, &c, DP_ERR_INVALID, "fast_collectives needs allreduce mode");
@@ -2716,6 +2718,73 @@ START_TEST(cuda_options_are_checked_at_plan_time) {
   c.backend = DP_BACKEND_CPU;
   c.tf32 = 0;
   plan_refused(m, &c, DP_ERR_INVALID, "fast_collectives is a cuda backend option");
+  dp_model_free(m);
+}
+END_TEST
+
+/* Backend options as text (dp_config.backend_options): parsed against the
+ * backend's own table, refused with the backend's list when unknown, printed
+ * back with every default, hashed like the deprecated fields they replace. */
+START_TEST(backend_options_are_the_backends_own) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
+  snprintf(c.backend_options, sizeof c.backend_options, "graph=1");
+  plan_refused(m, &c, DP_ERR_INVALID,
+               "backend option 'graph': the cpu backend has no options");
+  const char *name = "x", *values = "x", *help = "x";
+  ck_assert_int_eq(dp_backend_option_info(DP_BACKEND_CPU, 0, &name, &values, &help),
+                   DP_ERR_RANGE);
+  ck_assert_ptr_null(name);
+  c.backend_options[0] = '\0';
+  dp_plan *p = plan_of(m, &c);
+  char text[DP_BACKEND_OPTIONS_CAP] = "junk";
+  ck_assert_int_eq(dp_plan_backend_options(p, text, sizeof text), DP_OK);
+  ck_assert_str_eq(text, "");
+  dp_plan_free(p);
+  if (!cuda_or_skip("planner", "backend_options_are_the_backends_own")) {
+    dp_model_free(m);
+    return;
+  }
+  c.backend = DP_BACKEND_CUDA;
+  int n = 0;
+  while (dp_backend_option_info(DP_BACKEND_CUDA, n, &name, &values, &help) == DP_OK) n++;
+  ck_assert_int_eq(n, 4);
+  ck_assert_int_eq(dp_backend_option_info(DP_BACKEND_CUDA, 2, &name, &values, &help),
+                   DP_OK);
+  ck_assert_str_eq(name, "transport");
+  ck_assert_str_eq(values, "auto|copy|nccl");
+  ck_assert_ptr_nonnull(help);
+  snprintf(c.backend_options, sizeof c.backend_options, " tf32=1, graph=1 ");
+  p = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_backend_options(p, text, sizeof text), DP_OK);
+  ck_assert_str_eq(text, "graph=1 tf32=1 transport=auto fast_collectives=0");
+  uint64_t h = dp_plan_hash(p);
+  dp_plan_free(p);
+  c.backend_options[0] = '\0';
+  c.cuda_graph = c.tf32 = 1; /* the deprecated fields: the same plan */
+  p = plan_of(m, &c);
+  ck_assert_uint_eq(dp_plan_hash(p), h);
+  dp_plan_free(p);
+  snprintf(c.backend_options, sizeof c.backend_options, "tf32=0");
+  plan_refused(m, &c, DP_ERR_INVALID, "config.tf32 (1) and backend option tf32 disagree");
+  c.cuda_graph = c.tf32 = 0;
+  static const struct {
+    const char *text, *needle;
+  } bad[] = {
+      {"graph=2", "backend option 'graph=2': graph takes 0|1"},
+      {"nope=1",
+       "the cuda backend has the options graph, tf32, transport, fast_collectives"},
+      {"graph", "backend option 'graph' is not name=value"},
+      {"=1", "backend option '=1' is not name=value"},
+      {"graph=1,graph=0", "backend option graph is given twice"},
+      {"transport=nccl,graph=1", "cuda_graph with the NCCL transport is refused"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    snprintf(c.backend_options, sizeof c.backend_options, "%s", bad[i].text);
+    plan_refused(m, &c, DP_ERR_INVALID, bad[i].needle);
+  }
+  memset(c.backend_options, 'a', sizeof c.backend_options); /* no NUL */
+  plan_refused(m, &c, DP_ERR_INVALID, "not terminated");
   dp_model_free(m);
 }
 END_TEST
@@ -3116,6 +3185,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, seed_on_cuda_aligns_to_256_and_stages_on_the_host);
   tcase_add_test(tc, cpu_plans_need_no_host_staging);
   tcase_add_test(tc, cuda_options_are_checked_at_plan_time);
+  tcase_add_test(tc, backend_options_are_the_backends_own);
   tcase_add_test(tc, fast_collectives_schedule_one_allreduce_per_device);
   suite_add_tcase(s, tc);
 

@@ -54,8 +54,24 @@ typedef struct dp_transport_ops {
   bool complete_after_failure;
 } dp_transport_ops;
 
+/* One of a backend's own options (dp_config.backend_options): a name and the
+ * words it takes, "0|1" or "auto|copy|nccl"; its value is the word's index
+ * (the first is the default). */
+typedef struct {
+  const char *name, *values, *help;
+} dp_backend_option;
+
+/* What the core does differently for a backend's options (features): capture
+ * and replay steps as graphs (the context's graph slots); sum gradients with
+ * the transport's collective (DP_OP_ALLREDUCE, no receive buffers). */
+enum { DP_FEATURE_GRAPHS = 1u << 0, DP_FEATURE_COLLECTIVE = 1u << 1 };
+
 typedef struct dp_backend_ops {
   const char *name;
+  /* Its options (terminated by a NULL name; NULL: none) and, optional, what
+   * they make the core do: DP_FEATURE_* of a config and its parsed options. */
+  const dp_backend_option *options;
+  unsigned (*features)(const dp_config *c, const int *opt);
   /* ---- capabilities, plain data for the planner (no backend header needed) ----
    * Alignment of every region and arena; the WORKSPACE bytes a device needs
    * for the model at its largest micro-batch, with n_mb micro-batches; whether the caller's
@@ -81,10 +97,9 @@ typedef struct dp_backend_ops {
   /* computes a relu that follows a linear layer in the linear's forward
    * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
   bool fuses_linear_relu;
-  /* Optional: the backend's own config options (cuda_graph, tf32, ...) are
-   * valid; DP_ERR_INVALID naming the option otherwise. NULL: the backend has
-   * none, and the planner refuses a config that sets one. */
-  dp_status (*check_config)(const dp_config *c);
+  /* Optional: the config suits the backend, its options parsed (opt[i]: the
+   * value of options[i]); DP_ERR_INVALID naming what does not otherwise. */
+  dp_status (*check_config)(const dp_config *c, const int *opt);
 
   /* ---- memory: at context creation and free only, never in a step ----
    * One arena of dp_plan_device_bytes(p, dev) for device dev, aligned to
@@ -191,6 +206,11 @@ struct dp_backend_world {
   void *w;
 };
 
+/* The options of c for backend be into opt (every one, defaults included):
+ * backend_options parsed, and the deprecated cuda fields of dp_config mapped
+ * onto the options of those names (lib/core/options.c). */
+dp_status dp__backend_options(const dp_backend_ops *be, const dp_config *c,
+                              int opt[DP_MAX_BACKEND_OPTIONS]);
 /* The backend registered for a backend kind (lib/backend.c); NULL when none
  * is (an unknown kind, or one whose library was not registered). */
 const dp_backend_ops *dp__backend_ops(dp_backend kind);

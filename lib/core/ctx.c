@@ -646,8 +646,9 @@ static dp_status nonfinite(dp_ctx *c, dp_status s, float *loss) {
  * shape is plain (a warm-up), the second is captured and launched, every
  * later one launched. */
 static int graph_slot(const dp_ctx *c, const dp_exec_env *e, int rows, int inject) {
-  if (!c->plan->cfg.cuda_graph || c->be->n_graph_slots < DP_CTX_GRAPH_SLOTS ||
-      rows != c->plan->cfg.batch || inject >= 0)
+  if (!(c->plan->features & DP_FEATURE_GRAPHS) ||
+      c->be->n_graph_slots < DP_CTX_GRAPH_SLOTS || rows != c->plan->cfg.batch ||
+      inject >= 0)
     return -1;
   return (e->training ? 0 : 2) + (e->skip_broadcast ? 1 : 0);
 }

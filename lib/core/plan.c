@@ -128,7 +128,8 @@ static dp_status check_hyper(const dp_config *c) {
   return DP_OK;
 }
 
-static dp_status check_config(const dp_model *m, const dp_config *c) {
+static dp_status check_config(const dp_model *m, const dp_config *c,
+                              int opt[DP_MAX_BACKEND_OPTIONS]) {
   if (c->batch < 1)
     return DP_FAIL(DP_ERR_INVALID, "batch must be at least 1, got %d", c->batch);
   if (c->n_devices < 1 || c->n_devices > DP_MAX_DEVICES)
@@ -214,19 +215,11 @@ static dp_status check_config(const dp_model *m, const dp_config *c) {
                    c->timeout_ms);
   if (c->guards != 0 && c->guards != 1)
     return DP_FAIL(DP_ERR_INVALID, "guards must be 0 or 1, got %d", c->guards);
-  /* The backend's own options (the config's cuda_* fields): its check, or
-   * refused when it has none. */
-  if (!be->check_config &&
-      (c->cuda_graph || c->tf32 || c->transport || c->fast_collectives))
-    return DP_FAIL(DP_ERR_INVALID,
-                   "%s is a cuda backend option; this plan is for the %s backend",
-                   c->cuda_graph  ? "cuda_graph"
-                   : c->tf32      ? "tf32"
-                   : c->transport ? "transport"
-                                  : "fast_collectives",
-                   be->name);
+  /* The backend's own options, parsed from its table, then its check. */
+  dp_status so = dp__backend_options(be, c, opt);
+  if (so) return so;
   if (be->check_config) {
-    dp_status s = be->check_config(c);
+    dp_status s = be->check_config(c, opt);
     if (s) return s;
   }
   if (!c->inference && m->loss == DP_LOSS_NONE)
@@ -465,7 +458,7 @@ static dp_status plan_device(dp_plan *p, int d) {
     int k = dp__state_vectors(c->optimizer) + dp__accum_levels(c);
     if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
     int n_used = p->split.n_used;
-    if (c->fast_collectives) {
+    if (p->features & DP_FEATURE_COLLECTIVE) {
       /* summed in place: no receive buffer */
     } else if (!classic && dp__is_pow2(n_used) && n_used > 1) {
       sz[DP_REGION_COMM] = halving_receives(c, m->n_params, d, n_used);
@@ -611,10 +604,12 @@ static dp_status plan_memory_split(dp_plan *p) {
 
 /* Everything but the schedule; `p` is zeroed by the caller. */
 static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) {
-  dp_status s = check_config(m, c);
+  dp_status s = check_config(m, c, p->bopt);
   if (s) return s;
   p->model = *m;
   p->cfg = *c;
+  const dp_backend_ops *be = dp__backend_ops(c->backend);
+  p->features = be->features ? be->features(c, p->bopt) : 0;
   /* SGD with momentum keeps a buffer: one name for it from here on */
   if (p->cfg.optimizer == DP_OPT_SGD && p->cfg.momentum > 0)
     p->cfg.optimizer = DP_OPT_MOMENTUM;
@@ -712,7 +707,8 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
   *out_batch = 0;
   dp_config cc = *c;
   cc.batch = 1;
-  dp_status s = check_config(m, &cc);
+  int opt[DP_MAX_BACKEND_OPTIONS];
+  dp_status s = check_config(m, &cc, opt);
   if (s) return s;
   enum { MAX_RUNS = DP_MAX_DEVICES * DP_MAX_DEVICES + 2 };
   static _Thread_local int start[MAX_RUNS]; /* 16 KiB: kept off the stack */
@@ -776,12 +772,14 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
   h[0] = x;
   const dp_config *c = &p->cfg;
   x = DP_FNV_INIT;
-  int64_t ints[] = {
-      c->batch,       c->n_devices, dp__ranks(c),       dp__accumulate(c),   c->split,
-      c->micro_batch, c->mode,      c->shard_optimizer, c->optimizer,        c->inference,
-      c->backend,     c->nesterov,  c->on_nonfinite,    c->guards,           c->timeout_ms,
-      c->cuda_graph,  c->tf32,      c->transport,       c->fast_collectives, c->batchnorm};
+  int64_t ints[] = {c->batch, c->n_devices, dp__ranks(c), dp__accumulate(c), c->split,
+                    c->micro_batch, c->mode, c->shard_optimizer, c->optimizer, c->inference,
+                    c->backend, c->nesterov, c->on_nonfinite, c->guards, c->timeout_ms,
+                    /* the backend's options where the cuda fields were: the same hashes */
+                    p->bopt[0], p->bopt[1], p->bopt[2], p->bopt[3], c->batchnorm};
   for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) x = h_u64(x, (uint64_t)ints[i]);
+  for (int i = 4; i < DP_MAX_BACKEND_OPTIONS; i++) /* a backend with more options */
+    if (p->bopt[i]) x = h_u64(h_u64(x, (uint64_t)i), (uint64_t)p->bopt[i]);
   float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,
                 c->beta1, c->beta2,    c->eps};
   for (size_t i = 0; i < sizeof fl / sizeof *fl; i++) x = h_f32(x, fl[i]);

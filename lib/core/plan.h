@@ -82,6 +82,8 @@ typedef struct {
   int rows, mb_rows;           /* this device's rows and largest micro-batch */
 } dp_act_layout;
 
+#define DP_MAX_BACKEND_OPTIONS 8 /* per backend (dp_backend_ops.options) */
+
 struct dp_plan {
   dp_model model; /* a copy: the plan owns its shapes */
   dp_config cfg;
@@ -101,6 +103,10 @@ struct dp_plan {
   /* the staging arena (backend.host_staging): inputs (batch, in), targets and
    * outputs (batch, out), each at an aligned offset */
   size_t host_x, host_t, host_y;
+  /* the backend's options (dp_backend_ops.options, parsed) and what they make
+   * the core do (DP_FEATURE_*) */
+  int bopt[DP_MAX_BACKEND_OPTIONS];
+  unsigned features;
   int n_ops, ops_cap;
   dp_op *ops;
   int n_stages;

@@ -298,8 +298,8 @@ static void check_segments(builder *b, const dp_plan *p, int n, int levels) {
  * the reduction (accumulated partial sums, clipping). */
 static bool checks_segments(const dp_plan *p, int n) {
   return p->cfg.mode != DP_MODE_CLASSIC && !p->cfg.shard_optimizer &&
-         !p->cfg.fast_collectives && dp__is_pow2(n) && dp__accumulate(&p->cfg) <= 1 &&
-         !(p->cfg.clip_grad_norm > 0);
+         !(p->features & DP_FEATURE_COLLECTIVE) && dp__is_pow2(n) &&
+         dp__accumulate(&p->cfg) <= 1 && !(p->cfg.clip_grad_norm > 0);
 }
 
 /* Every updating device checks its range, in ascending order of the ranges
@@ -459,7 +459,8 @@ static void bn_updates(builder *b, const dp_plan *p) {
   for (int i = 0; i < m->n_layers; i++)
     if (m->layers[i].kind == DP_LAYER_BATCHNORM) {
       const dp_layer *l = &m->layers[i];
-      dp_op bn = device_op(DP_PHASE_OPTIMIZER, DP_OP_BN_UPDATE, 0, dp__bn_buffers(l->c) * 4);
+      dp_op bn =
+          device_op(DP_PHASE_OPTIMIZER, DP_OP_BN_UPDATE, 0, dp__bn_buffers(l->c) * 4);
       bn.layer = (int16_t)i;
       bn.micro_batch = 0;
       bn.dst_region = DP_REGION_PARAMS;
@@ -641,7 +642,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     next_stage(&b);
     if (classic) {
       reduce_to_0(&b, p, n_act, P);
-    } else if (p->cfg.fast_collectives) {
+    } else if (p->features & DP_FEATURE_COLLECTIVE) {
       if (sp->n_used > 1) {
         for (int d = 0; d < sp->n_used; d++) {
           dp_op ar = device_op(DP_PHASE_REDUCE, DP_OP_ALLREDUCE, d, P);
