@@ -332,16 +332,16 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
   return o;
 }
 
-/* As lib/cpu/backend.c's loss_op: classic reads the gathered outputs on device
- * 0, allreduce each device's own chunk; sums into the device's LOSS region. */
+/* As lib/cpu/backend.c's loss_op: the operands from dp__loss_operands, one sum
+ * per micro-batch. */
 static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
   int d = op->device, out = dp_model_output_width(&p->model);
-  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
-  const float *o = reg(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
-  float *g = reg(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
-  const void *t = reg(e, d, DP_REGION_TARGETS, 0);
-  float *part = reg(e, d, DP_REGION_LOSS, 0);
+  dp_loss_operands lo;
+  dp__loss_operands(p, op, &lo);
+  const float *o = dp__span_ptr(e, d, lo.out);
+  float *g = dp__span_ptr(e, d, lo.dout), *part = dp__span_ptr(e, d, lo.sums);
+  const void *t = dp__span_ptr(e, d, lo.targets);
   /* At most DP_CUDA_MB_LIST micro-batches per launch, listed: any sizes. A
    * block per micro-batch computes its sum alone, so the grouping does not
    * change a bit. */

@@ -30,11 +30,11 @@ static uint64_t train(const char *spec, dp_config c, dp_backend b, int in, int c
   rig r;
   rig_open(&r, spec, &c);
   enum { ROWS = 30 };
-  float x[ROWS * 72], t[ROWS * 2];
+  float x[ROWS * 72], t[ROWS * 8];
   int32_t lab[ROWS];
   uint64_t s = 42;
   for (int i = 0; i < ROWS * in; i++) x[i] = (float)(rng_next(&s) % 1000) / 500.0f - 1.0f;
-  for (int i = 0; i < ROWS * 2; i++) t[i] = (float)(rng_next(&s) % 100) / 100.0f;
+  for (int i = 0; i < ROWS * 8; i++) t[i] = (float)(rng_next(&s) % 100) / 100.0f;
   for (int i = 0; i < ROWS; i++) /* classes 0: a regression target, no labels */
     lab[i] = classes ? (int32_t)(rng_next(&s) % (uint64_t)classes) : 0;
   for (int k = 0; k < 3; k++) {
@@ -60,6 +60,45 @@ START_TEST(checked_backend_runs_with_the_cpu_bits) {
   ck_assert_uint_eq(train(cnn_spec, c, k, 72, 3),
                     train(cnn_spec, c, DP_BACKEND_CPU, 72, 3));
   ck_assert_int_gt(dp_checked_ops_run(), run0);
+  ck_assert_int_eq(dp_checked_ops_refused(), bad0);
+}
+END_TEST
+
+/* The checked backend pads every micro-batch's slice of a row tensor to 256 B
+ * (dp_backend_ops.slice_align, as cuda does, issue 28's finding 3): its
+ * plans are larger than the cpu's, every op still reads and writes inside its
+ * own slice, and the bits stay the cpu's (packed) in both modes, for
+ * micro-batches of 1, 3 and 7 rows, for widths that are not multiples of 4,
+ * with gradient accumulation and with sync batchnorm. */
+START_TEST(padded_micro_batch_slices_keep_the_cpu_bits) {
+  dp_backend k = checked_kind();
+  static const char *const odd_mlp = "input 5\nlinear 7\nlayernorm\nrelu\nlinear 3\n"
+                                     "tanh\nloss mse\n";
+  static const char *const sync_cnn = "input 2 6 6\nconv2d 3 3 padding 1\nbatchnorm\n"
+                                      "relu\nmaxpool2d 2\nflatten\nlinear 5\nloss "
+                                      "softmax_cross_entropy\n";
+  static const int mbs[] = {1, 3, 7};
+  long bad0 = dp_checked_ops_refused();
+  for (int mode = 0; mode < 2; mode++)
+    for (int i = 0; i < 3; i++) {
+      dp_config c = config_of(30, 3, DP_OPT_ADAMW);
+      c.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+      c.micro_batch = mbs[i];
+      c.backend = k;
+      rig r;
+      rig_open(&r, odd_mlp, &c);
+      /* 7 rows of 5 floats (140 B) are padded to 256 B per slice */
+      size_t packed = (size_t)dp_plan_device_rows(r.p, 1) * 5 * 4;
+      ck_assert_uint_gt(dp_plan_region(r.p, 1, DP_REGION_INPUTS).size, packed);
+      rig_close(&r);
+      ck_assert_msg(train(odd_mlp, c, k, 5, 0) == train(odd_mlp, c, DP_BACKEND_CPU, 5, 0),
+                    "mlp, %s, micro-batches of %d", mode ? "allreduce" : "classic", mbs[i]);
+      c.batchnorm = DP_BN_SYNC;
+      c.accumulate = i == 1 ? 2 : 1;
+      ck_assert_msg(
+          train(sync_cnn, c, k, 72, 5) == train(sync_cnn, c, DP_BACKEND_CPU, 72, 5),
+          "sync-bn cnn, %s, micro-batches of %d", mode ? "allreduce" : "classic", mbs[i]);
+    }
   ck_assert_int_eq(dp_checked_ops_refused(), bad0);
 }
 END_TEST
@@ -122,6 +161,7 @@ Suite *checked_suite(void) {
   TCase *tc = tcase_create("checked");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, checked_backend_runs_with_the_cpu_bits);
+  tcase_add_test(tc, padded_micro_batch_slices_keep_the_cpu_bits);
   tcase_add_test(tc, checked_backend_refuses_an_op_outside_its_region);
   tcase_add_test(tc, plan_verify_finds_overlaps_and_stray_operands);
   suite_add_tcase(s, tc);

@@ -485,6 +485,33 @@ static int layer_reads_output(dp_layer_kind k) {
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
 }
 
+/* Bytes of device d's row tensor of width w: one slice per micro-batch, each
+ * but the last padded to the backend's slice alignment (256 B for cuda, whose
+ * GEMMs choose kernels by alignment; packed for cpu), so a micro-batch's rows
+ * start at the same alignment on any number of devices. */
+static size_t slices_bytes(const dp_plan *p, int d, int w) {
+  int mb0 = p->split.dev_mb0[d], mb1 = p->split.dev_mb0[d + 1];
+  size_t sa = dp_plan_config(p)->backend == DP_BACKEND_CUDA ? 256 : 0, n = 0;
+  for (int k = mb0; k < mb1; k++) {
+    size_t b = (size_t)p->mbs[k].rows * (size_t)w * 4;
+    size_t full = (size_t)p->split.mb_rows * (size_t)w * 4;
+    n += k == mb1 - 1 ? b : sa ? align_up(full, sa) : full;
+  }
+  return n;
+}
+
+/* Where on device d the slice of the micro-batch that starts at row `row0`
+ * begins, in a row tensor of width w; SIZE_MAX when no micro-batch of d starts
+ * there. */
+static size_t slice_offset(const dp_plan *p, int d, int row0, int w) {
+  size_t sa = dp_plan_config(p)->backend == DP_BACKEND_CUDA ? 256 : 0;
+  size_t full = (size_t)p->split.mb_rows * (size_t)w * 4,
+         stride = sa ? align_up(full, sa) : full;
+  for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++)
+    if (p->mbs[k].row0 == row0) return (size_t)(k - p->split.dev_mb0[d]) * stride;
+  return SIZE_MAX;
+}
+
 /* Regions: sizes from the model and config, aligned, in enum order, tight,
  * not overlapping, total = end of the last region aligned up. */
 static void check_regions(const dp_plan *p) {
@@ -513,10 +540,11 @@ static void check_regions(const dp_plan *p) {
 #define SZ(r) dp_plan_region(p, d, r).size
     REQ_EQ(SZ(DP_REGION_PARAMS),
            P + p->model.n_buffers * 4); /* batchnorm's buffers after */
-    REQ_EQ(SZ(DP_REGION_INPUTS), rows * in * 4);
-    REQ_EQ(SZ(DP_REGION_OUTPUTS), rows * out * 4);
+    REQ_EQ(SZ(DP_REGION_INPUTS), slices_bytes(p, d, (int)in));
+    REQ_EQ(SZ(DP_REGION_OUTPUTS), slices_bytes(p, d, (int)out));
+    if (c->backend != DP_BACKEND_CUDA) REQ_EQ(SZ(DP_REGION_INPUTS), rows * in * 4);
     REQ_EQ(SZ(DP_REGION_GRADS), train ? P : 0);
-    REQ_EQ(SZ(DP_REGION_OUTPUT_GRADS), train ? rows * out * 4 : 0);
+    REQ_EQ(SZ(DP_REGION_OUTPUT_GRADS), train ? slices_bytes(p, d, (int)out) : 0);
     int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
     int out_dev = train && d == 0;
     REQ_EQ(SZ(DP_REGION_OPT_STATE), out_dev ? (size_t)k * P : 0);
@@ -620,7 +648,7 @@ static void check_act_layout(const dp_plan *p, int d) {
     /* a backend that fuses a relu after a linear: the linear keeps no output;
      * and with a linear after the relu, the relu no output gradient */
     int fuses = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
-    size_t rows = (size_t)a->rows, C = (size_t)l->c, out = (size_t)l->out;
+    size_t C = (size_t)l->c, out = (size_t)l->out;
     struct {
       size_t off;
       int present;
@@ -630,14 +658,14 @@ static void check_act_layout(const dp_plan *p, int d) {
               {a->act[i],
                i < L - 1 && !(fuses && l->kind == DP_LAYER_LINEAR &&
                               m->layers[i + 1].kind == DP_LAYER_RELU),
-               rows * out * 4, "act"},
+               slices_bytes(p, d, (int)out), "act"},
               /* layernorm: mean and rstd per row; batchnorm (training): per
                  replica, mean, rstd and the unbiased variance per channel, per
                  micro-batch of the device; sync, the whole batch's statistics,
                  the backward sums and the partials (sb_floats) */
               {a->stats[i],
                l->kind == DP_LAYER_LAYERNORM || (l->kind == DP_LAYER_BATCHNORM && train),
-               l->kind == DP_LAYER_LAYERNORM ? rows * 2 * 4
+               l->kind == DP_LAYER_LAYERNORM ? slices_bytes(p, d, 2)
                : sync                        ? sb_floats(l->c, n_mb) * 4
                                              : (size_t)n_mb * 3 * C * 4,
                "stats"},
@@ -649,7 +677,7 @@ static void check_act_layout(const dp_plan *p, int d) {
                    !(fuses && l->kind == DP_LAYER_RELU && i > 0 &&
                      m->layers[i - 1].kind == DP_LAYER_LINEAR &&
                      m->layers[i + 1].kind == DP_LAYER_LINEAR),
-               (sync ? rows : (size_t)a->mb_rows) * out * 4, "dact"}};
+               sync ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4, "dact"}};
     for (int j = 0; j < 3; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
@@ -1388,17 +1416,25 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
     switch ((dp_op_kind)op->kind) {
     case DP_OP_COPY:
       if (op->phase == DP_PHASE_SCATTER && op->src_region == DP_REGION_INPUTS) {
+        /* a run of the device's micro-batches whose slices lie back to back */
+        int dd = op->dst_dev;
         REQ_EQ(op->src_dev, DP_HOST);
-        REQ_EQ(op->row0, p->split.dev_row0[op->dst_dev]);
-        REQ_EQ(op->rows, drows[op->dst_dev]);
+        REQ_GE(op->row0, p->split.dev_row0[dd]);
+        REQ_LE(op->row0 + op->rows, p->split.dev_row0[dd] + drows[dd]);
         REQ_EQ(op->bytes, (size_t)op->rows * m->input_width * 4);
         REQ_EQ(op->src_offset, (size_t)op->row0 * m->input_width * 4);
+        REQ_EQ(op->dst_offset, slice_offset(p, dd, op->row0, m->input_width));
+        REQ(op->row0 + op->rows == p->split.dev_row0[dd] + drows[dd] ||
+                slice_offset(p, dd, op->row0 + op->rows, m->input_width) != SIZE_MAX,
+            "op %d: a scatter ends inside a micro-batch", i);
         REQ_EQ(op->row0, scattered);
         scattered += op->rows;
       }
       if (op->phase == DP_PHASE_GATHER) {
         REQ_EQ(op->src_region, DP_REGION_OUTPUTS);
         REQ_EQ(op->dst_dev, train ? 0 : DP_HOST);
+        REQ_EQ(op->src_offset,
+               slice_offset(p, op->src_dev, op->row0, dp_model_output_width(m)));
         REQ_EQ(op->row0, gathered);
         gathered += op->rows;
       }

@@ -78,6 +78,12 @@ typedef struct dp_backend_ops {
    * inputs, targets and outputs pass through a pinned host staging arena (laid out by the
    * planner: dp_plan.host_x / host_t / host_y). */
   size_t align;
+  /* Where a device holds several micro-batches, each one's rows of a row tensor
+   * (inputs, activations, outputs, their gradients) start at a multiple of this,
+   * so that a slice's alignment does not depend on how many micro-batches come
+   * before it on its device (a GPU GEMM picks its kernel by alignment, and so its
+   * bits). 0: packed (the cpu's kernels give the same bits at any alignment). */
+  size_t slice_align;
   size_t (*workspace_bytes)(const dp_model *m, int mb_rows, int n_mb, bool training);
   bool host_staging;
   /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */

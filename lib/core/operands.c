@@ -10,19 +10,19 @@ static dp_span span(int region, size_t off, size_t bytes) {
   return (dp_span){.region = region, .off = off, .bytes = bytes};
 }
 
-/* Rows [local, local + rows) of a (rows, width) tensor at byte `at` of region r;
- * none when the plan keeps no buffer (at == SIZE_MAX). */
-static dp_span rows_at(int r, size_t at, int local, int rows, int width) {
+/* Micro-batch slice j's rows (rows, width) of a row tensor at byte `at` of
+ * region r; none when the plan keeps no buffer (at == SIZE_MAX). */
+static dp_span slice_at(const dp_plan *p, int r, size_t at, int j, int rows, int width) {
   if (at == SIZE_MAX) return DP_SPAN_NONE;
-  return span(r, at + (size_t)local * width * 4, (size_t)rows * width * 4);
+  return span(r, at + (size_t)j * dp__slice_stride(p, width), (size_t)rows * width * 4);
 }
 
 /* The micro-batch's rows of the gradient of layer o's output (o owns its
- * buffer): the buffer holds one micro-batch, or all of the device's rows for a
- * sync batchnorm. */
-static dp_span dact_rows(const dp_plan *p, int d, int o, int local, int rows, int width) {
-  return rows_at(DP_REGION_ACTIVATIONS, p->act[d].dact[o], dp__bn_sync(p, o) ? local : 0,
-                 rows, width);
+ * buffer): the buffer holds one micro-batch, or all of the device's micro-batches
+ * for a sync batchnorm. */
+static dp_span dact_rows(const dp_plan *p, int d, int o, int j, int rows, int width) {
+  return slice_at(p, DP_REGION_ACTIVATIONS, p->act[d].dact[o], dp__bn_sync(p, o) ? j : 0,
+                  rows, width);
 }
 
 void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_operands *o) {
@@ -37,22 +37,23 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
                            .local = local,
                            .rows = rows};
   int own = i ? dp__act_owner(m, i - 1) : -1; /* whose buffer holds the input */
-  o->in = own < 0 ? rows_at(DP_REGION_INPUTS, 0, local, rows, l->in)
-                  : rows_at(DP_REGION_ACTIVATIONS, a->act[own], local, rows, l->in);
-  o->din = own < 0 ? DP_SPAN_NONE : dact_rows(p, d, own, local, rows, l->in);
+  int j = o->mb;
+  o->in = own < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->in)
+                  : slice_at(p, DP_REGION_ACTIVATIONS, a->act[own], j, rows, l->in);
+  o->din = own < 0 ? DP_SPAN_NONE : dact_rows(p, d, own, j, rows, l->in);
   if (i == L - 1) {
-    o->out = rows_at(DP_REGION_OUTPUTS, 0, local, rows, l->out);
-    o->dout = rows_at(DP_REGION_OUTPUT_GRADS, 0, local, rows, l->out);
+    o->out = slice_at(p, DP_REGION_OUTPUTS, 0, j, rows, l->out);
+    o->dout = slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out);
   } else {
-    o->out = rows_at(DP_REGION_ACTIVATIONS, a->act[i], local, rows, l->out);
-    o->dout = dact_rows(p, d, i, local, rows, l->out);
+    o->out = slice_at(p, DP_REGION_ACTIVATIONS, a->act[i], j, rows, l->out);
+    o->dout = dact_rows(p, d, i, j, rows, l->out);
   }
   o->params = span(DP_REGION_PARAMS, l->param_off * 4, l->n_params * 4);
   o->stats = DP_SPAN_NONE;
   o->bn_area = o->bn_buffers = DP_SPAN_NONE;
   if (dp__layer_stats_width(l->kind))
-    o->stats = rows_at(DP_REGION_ACTIVATIONS, a->stats[i], local, rows,
-                       dp__layer_stats_width(l->kind));
+    o->stats = slice_at(p, DP_REGION_ACTIVATIONS, a->stats[i], j, rows,
+                        dp__layer_stats_width(l->kind));
   if (l->kind == DP_LAYER_BATCHNORM) {
     int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
     size_t floats = dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
@@ -63,6 +64,29 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
         span(DP_REGION_PARAMS, (m->n_params + l->buf_off) * 4, dp__bn_buffers(l->c) * 4);
   }
   o->workspace = span(DP_REGION_WORKSPACE, 0, p->regions[d][DP_REGION_WORKSPACE].size);
+}
+
+void dp__loss_operands(const dp_plan *p, const dp_op *op, dp_loss_operands *o) {
+  int d = op->device, out = dp_model_output_width(&p->model);
+  size_t tw = p->model.loss == DP_LOSS_MSE ? (size_t)out * 4 : 4;
+  size_t bytes = (size_t)op->rows * out * 4;
+  /* device 0's sums are indexed by global micro-batch, the others' by their own */
+  int j = op->micro_batch - p->split.dev_mb0[d];
+  dp_span sums = span(DP_REGION_LOSS, (size_t)j * 4, (size_t)op->n_mb * 4);
+  if (p->cfg.mode == DP_MODE_CLASSIC) { /* the whole batch, gathered on device 0 */
+    *o = (dp_loss_operands){.out = span(DP_REGION_GATHERED_OUTPUTS, 0, bytes),
+                            .dout = span(DP_REGION_GATHERED_GRADS, 0, bytes),
+                            .targets = span(DP_REGION_TARGETS, 0, (size_t)op->rows * tw),
+                            .sums = sums};
+    return;
+  }
+  size_t at = (size_t)j * dp__slice_stride(p, out);
+  *o = (dp_loss_operands){.out = span(DP_REGION_OUTPUTS, at, bytes),
+                          .dout = span(DP_REGION_OUTPUT_GRADS, at, bytes),
+                          .targets = span(DP_REGION_TARGETS,
+                                          (size_t)(op->row0 - p->split.dev_row0[d]) * tw,
+                                          (size_t)op->rows * tw),
+                          .sums = sums};
 }
 
 dp_status dp__opt_operands(const dp_plan *p, int d, size_t first, size_t n, int grad_region,

@@ -27,7 +27,7 @@ typedef struct {
 typedef struct {
   int layer, device;
   int mb;    /* the micro-batch's index among the device's */
-  int local; /* its first row within the device's chunk */
+  int local; /* its first row within the device's rows (dropout keys rows by it) */
   int rows;
   dp_span in;  /* (rows, in): the output of layer - 1 (its owner's for a view), or INPUTS */
   dp_span out; /* (rows, out): ACTIVATIONS, or OUTPUTS for the last layer */
@@ -44,6 +44,18 @@ typedef struct {
 /* The operands of layer `layer` for op (a layer op: forward or backward of a
  * micro-batch). Pure: reads the plan only. */
 void dp__layer_operands(const dp_plan *p, const dp_op *op, int layer, dp_layer_operands *o);
+
+/* A loss op's operands: its rows' outputs, output gradients and targets, the
+ * op's first row first (classic: device 0's gathered batch; allreduce: a run of
+ * the device's micro-batches whose slices lie back to back, dp__slice_stride).
+ * Targets are packed: (rows, out) floats for mse, (rows) int32 labels. `sums`:
+ * one float per micro-batch of the op, in the device's LOSS region (device 0's
+ * indexed by global micro-batch, the others' by their own). */
+typedef struct {
+  dp_span out, dout, targets, sums;
+} dp_loss_operands;
+
+void dp__loss_operands(const dp_plan *p, const dp_op *op, dp_loss_operands *o);
 
 /* An optimizer-range op's operands (check, update, accumulate, clip), for
  * parameters [first, first + n) (floats) on device d: the parameters, the

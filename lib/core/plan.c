@@ -249,6 +249,32 @@ static int tree_levels(int n) {
   return l;
 }
 
+/* Micro-batch slices (issue 28, finding 3): slice j of a row tensor at j times
+ * the largest micro-batch's bytes, rounded up to the backend's slice_align, so a
+ * micro-batch's rows sit at the same alignment whatever its place on its device. */
+size_t dp__slice_stride(const dp_plan *p, int w) {
+  size_t b, a;
+  if (!mul3((size_t)p->split.mb_rows, (size_t)w, 4, &b)) return SIZE_MAX;
+  if (!p->slice_align) return b;
+  return dp__align_up(b, p->slice_align, &a) ? a : SIZE_MAX;
+}
+
+size_t dp__rows_bytes(const dp_plan *p, int d, int w) {
+  int mb0 = p->split.dev_mb0[d], mb1 = p->split.dev_mb0[d + 1];
+  size_t S = dp__slice_stride(p, w), last, n;
+  if (mb1 == mb0) return 0;
+  if (S == SIZE_MAX || !mul3((size_t)p->mbs[mb1 - 1].rows, (size_t)w, 4, &last) ||
+      !dp__mul((size_t)(mb1 - mb0 - 1), S, &n) || !dp__add(n, last, &n))
+    return SIZE_MAX;
+  return n;
+}
+
+/* dp__rows_bytes into *out; false: overflow. */
+static bool rows_bytes(const dp_plan *p, int d, int w, size_t *out) {
+  *out = dp__rows_bytes(p, d, w);
+  return *out != SIZE_MAX;
+}
+
 /* Bytes of device d's activation buffer `kind` (0 output, 1 saved
  * statistics, 2 output gradient) of layer i, 0 when it has none (the sizes
  * before placement: dp_plan_activation_bytes_unshared sums them too).
@@ -262,18 +288,18 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   *out = 0;
   if (dp__layer_is_view(m, i)) return true;
   switch (kind) {
-  case 0: return i == m->n_layers - 1 || mul3((size_t)a->rows, (size_t)l->out, 4, out);
+  case 0: return i == m->n_layers - 1 || rows_bytes(p, d, l->out, out);
   case 1:
     if (dp__layer_stats_width(l->kind))
-      return mul3((size_t)a->rows, (size_t)dp__layer_stats_width(l->kind), 4, out);
+      return rows_bytes(p, d, dp__layer_stats_width(l->kind), out);
     if (l->kind != DP_LAYER_BATCHNORM || !train || n_mb == 0) return true;
     return mul3(dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
                                   : (size_t)n_mb * dp__bn_stats(l->c),
                 1, 4, out);
   default: /* per micro-batch, or all rows where the backward waits (sync batchnorm) */
     if (!train || i == m->n_layers - 1) return true;
-    return mul3(dp__bn_sync(p, i) ? (size_t)a->rows : (size_t)a->mb_rows, (size_t)l->out, 4,
-                out);
+    if (dp__bn_sync(p, i)) return rows_bytes(p, d, l->out, out);
+    return mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
   }
 }
 
@@ -442,8 +468,9 @@ static dp_status plan_device(dp_plan *p, int d) {
   /* the parameters, then the buffers (batchnorm's running statistics): the
    * broadcast carries both, the optimizer and the gradients only the first */
   if (!mul3(dp__param_floats(m), 1, 4, &sz[DP_REGION_PARAMS])) return OVERFLOW();
-  if (!mul3(rows, (size_t)in, 4, &sz[DP_REGION_INPUTS])) return OVERFLOW();
-  if (!mul3(rows, (size_t)out, 4, &sz[DP_REGION_OUTPUTS])) return OVERFLOW();
+  if (!rows_bytes(p, d, in, &sz[DP_REGION_INPUTS]) ||
+      !rows_bytes(p, d, out, &sz[DP_REGION_OUTPUTS]))
+    return OVERFLOW();
   if (train) {
     bool classic = c->mode == DP_MODE_CLASSIC;
     size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out : 1; /* target floats per row */
@@ -613,7 +640,8 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   /* SGD with momentum keeps a buffer: one name for it from here on */
   if (p->cfg.optimizer == DP_OPT_SGD && p->cfg.momentum > 0)
     p->cfg.optimizer = DP_OPT_MOMENTUM;
-  p->align = dp__backend_ops(c->backend)->align;
+  p->align = be->align;
+  p->slice_align = be->slice_align;
   int max_mbs = dp__split_max_mbs(&p->cfg);
   /* The schedule has about 2 ops per layer per micro-batch, counted in int. */
   long long ops = (long long)max_mbs * (2LL * m->n_layers + 8) + 64LL * c->n_devices;

@@ -95,7 +95,7 @@ struct dp_plan {
    * device all, or its shard with shard_optimizer. The state region holds,
    * per state vector (momentum; or AdamW m then v), opt_len[d] floats. */
   size_t opt_off[DP_MAX_DEVICES], opt_len[DP_MAX_DEVICES];
-  size_t align;
+  size_t align, slice_align; /* dp_backend_ops.align and .slice_align */
   dp_region_info regions[DP_MAX_DEVICES][DP_REGION_COUNT];
   size_t dev_bytes[DP_MAX_DEVICES];
   dp_act_layout act[DP_MAX_DEVICES];
@@ -164,6 +164,11 @@ void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi);
 
 /* Bytes between partial-gradient slots in GRAD_PARTIALS (lib/plan.c). */
 size_t dp__partial_stride(const dp_plan *p);
+/* Row tensors of width w on device d hold one slice per micro-batch, slice j at
+ * j * dp__slice_stride(p, w) (dp_backend_ops.slice_align); dp__rows_bytes is
+ * the size of such a tensor for all of device d's rows. */
+size_t dp__slice_stride(const dp_plan *p, int w);
+size_t dp__rows_bytes(const dp_plan *p, int d, int w);
 
 /* Layer i of the plan's model is a relu right after a linear layer and the
  * plan's backend has fuses_linear_relu: the linear's forward applies the relu

@@ -41,22 +41,77 @@ static void next_stage(builder *b) {
   b->used = false;
 }
 
-static dp_op copy_op(dp_phase ph, int exec, int sd, int sr, size_t so, int dd, int dr,
-                     size_t doff, size_t bytes, int row0, int rows) {
+/* A copy's ends, a device (or DP_HOST), a region and a byte offset: two types,
+ * so that a copy written with its source and destination swapped does not
+ * compile. */
+typedef struct {
+  int dev, region;
+  size_t off;
+} from_end;
+typedef struct {
+  int dev, region;
+  size_t off;
+} to_end;
+#define FROM(dev, region, off) ((from_end){(dev), (region), (off)})
+#define TO(dev, region, off) ((to_end){(dev), (region), (off)})
+
+/* A copy run by device `exec` (its stream, its transport call). */
+static dp_op copy_op(dp_phase ph, int exec, from_end s, to_end t, size_t bytes, int row0,
+                     int rows) {
   return (dp_op){.phase = (uint8_t)ph,
                  .kind = DP_OP_COPY,
                  .device = (int16_t)exec,
                  .layer = -1,
                  .micro_batch = -1,
-                 .src_dev = (int16_t)sd,
-                 .dst_dev = (int16_t)dd,
-                 .src_region = (uint8_t)sr,
-                 .dst_region = (uint8_t)dr,
-                 .src_offset = so,
-                 .dst_offset = doff,
+                 .src_dev = (int16_t)s.dev,
+                 .dst_dev = (int16_t)t.dev,
+                 .src_region = (uint8_t)s.region,
+                 .dst_region = (uint8_t)t.region,
+                 .src_offset = s.off,
+                 .dst_offset = t.off,
                  .bytes = bytes,
                  .row0 = row0,
                  .rows = rows};
+}
+
+/* The end of the run of micro-batches from k (before `end`) whose slices of a
+ * width-w row tensor lie back to back (dp__slice_stride): each but the last fills
+ * its slice. */
+static int slice_run_end(const dp_plan *p, const dp_mb *mbs, int k, int end, int w) {
+  size_t S = dp__slice_stride(p, w);
+  int j = k + 1;
+  while (j < end && (size_t)mbs[j - 1].rows * w * 4 == S) j++;
+  return j;
+}
+
+/* A device's rows copied between a packed tensor (row after row; `packed` is
+ * where the device's first row goes) and the device's sliced one (one slice per
+ * micro-batch, dp__slice_stride): micro-batches dev_mb0[d] .. mb_end of device d,
+ * width w floats; the sliced end is at offset 0 of its region. */
+typedef struct {
+  dp_phase ph;
+  int exec, d, mb_end, w;
+  bool to_slices; /* packed -> slices (scatter), else slices -> packed (gather) */
+  from_end from;
+  to_end to;
+} rows_copy;
+
+/* One copy per run of back-to-back slices. */
+static void rows_copies(builder *b, const dp_plan *p, const dp_mb *mbs,
+                        const rows_copy *c) {
+  int k0 = p->split.dev_mb0[c->d], row0 = p->split.dev_row0[c->d];
+  bool to_slices = c->to_slices;
+  size_t S = dp__slice_stride(p, c->w), rb = (size_t)c->w * 4;
+  for (int k = k0, j; k < c->mb_end; k = j) {
+    j = slice_run_end(p, mbs, k, c->mb_end, c->w);
+    int rows = mbs[j - 1].row0 + mbs[j - 1].rows - mbs[k].row0;
+    size_t sliced = (size_t)(k - k0) * S, packed = (size_t)(mbs[k].row0 - row0) * rb;
+    from_end f = c->from;
+    to_end t = c->to;
+    f.off += to_slices ? packed : sliced;
+    t.off += to_slices ? sliced : packed;
+    emit(b, copy_op(c->ph, c->exec, f, t, (size_t)rows * rb, mbs[k].row0, rows));
+  }
 }
 
 /* An op of device d on its own memory; the caller sets what else it needs. */
@@ -179,8 +234,9 @@ static void bn_tree_to_0(builder *b, const dp_plan *p, int n, int i, dp_phase ph
   for (int dist = 1; dist < n; dist *= 2) {
     if (dist > 1) next_stage(b);
     for (int r = 0; r + dist < n; r += 2 * dist) {
-      emit(b, copy_op(ph, r, r + dist, DP_REGION_ACTIVATIONS, bn_at(p, r + dist, i, mine),
-                      r, DP_REGION_ACTIVATIONS, bn_at(p, r, i, recv), floats * 4, 0, 0));
+      emit(b, copy_op(
+                  ph, r, FROM(r + dist, DP_REGION_ACTIVATIONS, bn_at(p, r + dist, i, mine)),
+                  TO(r, DP_REGION_ACTIVATIONS, bn_at(p, r, i, recv)), floats * 4, 0, 0));
       dp_op op =
           bn_op(ph, kind, r, i, bn_at(p, r, i, mine), bn_at(p, r, i, recv), floats * 4);
       if (kind == DP_OP_GRAD_ADD) op.layer = -1;
@@ -195,8 +251,8 @@ static void bn_tree_to_0(builder *b, const dp_plan *p, int n, int i, dp_phase ph
 static void bn_bcast(builder *b, const dp_plan *p, int n, int i, dp_phase ph, size_t at,
                      size_t floats) {
   for (int d = 1; d < n; d++)
-    emit(b, copy_op(ph, d, 0, DP_REGION_ACTIVATIONS, bn_at(p, 0, i, at), d,
-                    DP_REGION_ACTIVATIONS, bn_at(p, d, i, at), floats * 4, 0, 0));
+    emit(b, copy_op(ph, d, FROM(0, DP_REGION_ACTIVATIONS, bn_at(p, 0, i, at)),
+                    TO(d, DP_REGION_ACTIVATIONS, bn_at(p, d, i, at)), floats * 4, 0, 0));
 }
 
 /* Loss terms of micro-batches [mb0, mb1), rows [row0, +rows), on device d. */
@@ -235,8 +291,8 @@ static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region,
  * copy into dst's comm region (the add follows: reduce_add). */
 static void reduce_copy(builder *b, const dp_plan *p, int dst, int src, size_t off,
                         size_t bytes) {
-  dp_op op = copy_op(DP_PHASE_REDUCE, dst, src, DP_REGION_GRADS, off, dst, DP_REGION_COMM,
-                     0, bytes, 0, 0);
+  dp_op op = copy_op(DP_PHASE_REDUCE, dst, FROM(src, DP_REGION_GRADS, off),
+                     TO(dst, DP_REGION_COMM, 0), bytes, 0, 0);
   if (dp__copy_adds(&p->cfg, dst, src)) {
     op.kind = DP_OP_COPY_ADD;
     op.dst_region = DP_REGION_GRADS;
@@ -352,8 +408,8 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
     for (int r = 0; r < n; r++) {
       size_t lo, hi;
       dp__ar_segment(P, l + 1, r ^ (1 << l), &lo, &hi); /* what the partner holds */
-      emit(b, copy_op(DP_PHASE_REDUCE, r, r ^ (1 << l), DP_REGION_GRADS, lo * 4, r,
-                      DP_REGION_GRADS, lo * 4, (hi - lo) * 4, 0, 0));
+      emit(b, copy_op(DP_PHASE_REDUCE, r, FROM(r ^ (1 << l), DP_REGION_GRADS, lo * 4),
+                      TO(r, DP_REGION_GRADS, lo * 4), (hi - lo) * 4, 0, 0));
     }
     /* the last level's copies write the half of the gradient a device's own
      * segment is not in: its check can share their stage */
@@ -375,8 +431,8 @@ static void allgather_params(builder *b, const dp_plan *p, int n) {
       for (int r = 0; r < n; r++) {
         size_t lo, hi;
         dp__ar_segment(p->model.n_params, l + 1, r ^ (1 << l), &lo, &hi);
-        emit(b, copy_op(DP_PHASE_OPTIMIZER, r, r ^ (1 << l), DP_REGION_PARAMS, lo * 4, r,
-                        DP_REGION_PARAMS, lo * 4, (hi - lo) * 4, 0, 0));
+        emit(b, copy_op(DP_PHASE_OPTIMIZER, r, FROM(r ^ (1 << l), DP_REGION_PARAMS, lo * 4),
+                        TO(r, DP_REGION_PARAMS, lo * 4), (hi - lo) * 4, 0, 0));
       }
       next_stage(b);
     }
@@ -385,8 +441,9 @@ static void allgather_params(builder *b, const dp_plan *p, int n) {
   for (int r = 0; r < n; r++)
     for (int q = 0; q < n; q++)
       if (q != r)
-        emit(b, copy_op(DP_PHASE_OPTIMIZER, r, q, DP_REGION_PARAMS, p->opt_off[q] * 4, r,
-                        DP_REGION_PARAMS, p->opt_off[q] * 4, p->opt_len[q] * 4, 0, 0));
+        emit(b,
+             copy_op(DP_PHASE_OPTIMIZER, r, FROM(q, DP_REGION_PARAMS, p->opt_off[q] * 4),
+                     TO(r, DP_REGION_PARAMS, p->opt_off[q] * 4), p->opt_len[q] * 4, 0, 0));
   next_stage(b);
 }
 
@@ -423,9 +480,10 @@ static void clip_ops(builder *b, const dp_plan *p, int n_opt) {
     for (int r = 0; r < n_opt; r++)
       for (int q = 0; q < n_opt; q++)
         if (q != r)
-          emit(b, copy_op(DP_PHASE_OPTIMIZER, r, q, DP_REGION_COMM,
-                          (size_t)q * DP_NORM_BINS_BYTES, r, DP_REGION_COMM,
-                          (size_t)q * DP_NORM_BINS_BYTES, DP_NORM_BINS_BYTES, 0, 0));
+          emit(b, copy_op(DP_PHASE_OPTIMIZER, r,
+                          FROM(q, DP_REGION_COMM, (size_t)q * DP_NORM_BINS_BYTES),
+                          TO(r, DP_REGION_COMM, (size_t)q * DP_NORM_BINS_BYTES),
+                          DP_NORM_BINS_BYTES, 0, 0));
     next_stage(b);
   }
   for (int d = 0; d < n_opt; d++) {
@@ -505,16 +563,19 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
    * parameters were set from outside (the executor skips it otherwise). */
   int n_bcast = classic || !training ? n_act : sp->n_used;
   for (int d = 1; d < n_bcast; d++) /* the parameters and the buffers after them */
-    emit(&b, copy_op(DP_PHASE_BROADCAST, d, 0, DP_REGION_PARAMS, 0, d, DP_REGION_PARAMS, 0,
-                     dp__param_floats(m) * 4, 0, 0));
+    emit(&b, copy_op(DP_PHASE_BROADCAST, d, FROM(0, DP_REGION_PARAMS, 0),
+                     TO(d, DP_REGION_PARAMS, 0), dp__param_floats(m) * 4, 0, 0));
   next_stage(&b);
   for (int d = 0; d < n_act; d++) {
     int r0 = sp->dev_row0[d];
-    emit(&b, copy_op(DP_PHASE_SCATTER, d, DP_HOST, DP_REGION_INPUTS, (size_t)r0 * in * 4, d,
-                     DP_REGION_INPUTS, 0, (size_t)drows[d] * in * 4, r0, drows[d]));
+    rows_copies(&b, p, mbs,
+                &(rows_copy){DP_PHASE_SCATTER, d, d, dlast[d], in, true,
+                             FROM(DP_HOST, DP_REGION_INPUTS, (size_t)r0 * in * 4),
+                             TO(d, DP_REGION_INPUTS, 0)});
     if (training && !classic)
-      emit(&b, copy_op(DP_PHASE_SCATTER, d, DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw, d,
-                       DP_REGION_TARGETS, 0, (size_t)drows[d] * tw, r0, drows[d]));
+      emit(&b,
+           copy_op(DP_PHASE_SCATTER, d, FROM(DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw),
+                   TO(d, DP_REGION_TARGETS, 0), (size_t)drows[d] * tw, r0, drows[d]));
   }
   if (training && classic) {
     /* Every target to device 0, from the host of the rank that holds its rows
@@ -525,8 +586,9 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       int nr = 0;
       for (int d = d0; d < d0 + L && d < n_act; d++) nr += drows[d];
       int r0 = sp->dev_row0[d0];
-      emit(&b, copy_op(DP_PHASE_SCATTER, d0, DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw, 0,
-                       DP_REGION_TARGETS, (size_t)r0 * tw, (size_t)nr * tw, r0, nr));
+      emit(&b,
+           copy_op(DP_PHASE_SCATTER, d0, FROM(DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw),
+                   TO(0, DP_REGION_TARGETS, (size_t)r0 * tw), (size_t)nr * tw, r0, nr));
     }
   }
   next_stage(&b);
@@ -568,13 +630,17 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     /* Each device pushes its chunk: the gather runs in parallel. */
     for (int d = 0; d < n_act; d++) {
       int r0 = sp->dev_row0[d];
-      size_t bytes = (size_t)drows[d] * out * 4, at = (size_t)r0 * out * 4;
+      size_t at = (size_t)r0 * out * 4;
       if (training)
-        emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, 0,
-                         DP_REGION_GATHERED_OUTPUTS, at, bytes, r0, drows[d]));
+        rows_copies(&b, p, mbs,
+                    &(rows_copy){DP_PHASE_GATHER, d, d, dlast[d], out, false,
+                                 FROM(d, DP_REGION_OUTPUTS, 0),
+                                 TO(0, DP_REGION_GATHERED_OUTPUTS, at)});
       else
-        emit(&b, copy_op(DP_PHASE_GATHER, d, d, DP_REGION_OUTPUTS, 0, DP_HOST,
-                         DP_REGION_OUTPUTS, at, bytes, r0, drows[d]));
+        rows_copies(&b, p, mbs,
+                    &(rows_copy){DP_PHASE_GATHER, d, d, dlast[d], out, false,
+                                 FROM(d, DP_REGION_OUTPUTS, 0),
+                                 TO(DP_HOST, DP_REGION_OUTPUTS, at)});
     }
     next_stage(&b);
   }
@@ -585,20 +651,25 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       next_stage(&b);
       for (int d = 0; d < n_act; d++) {
         int r0 = sp->dev_row0[d];
-        emit(&b, copy_op(DP_PHASE_SCATTER_GRADS, d, 0, DP_REGION_GATHERED_GRADS,
-                         (size_t)r0 * out * 4, d, DP_REGION_OUTPUT_GRADS, 0,
-                         (size_t)drows[d] * out * 4, r0, drows[d]));
+        rows_copies(&b, p, mbs,
+                    &(rows_copy){DP_PHASE_SCATTER_GRADS, d, d, dlast[d], out, true,
+                                 FROM(0, DP_REGION_GATHERED_GRADS, (size_t)r0 * out * 4),
+                                 TO(d, DP_REGION_OUTPUT_GRADS, 0)});
       }
       next_stage(&b);
     } else {
       /* Each device: its own loss terms and output gradients; device 0
        * collects the per-micro-batch sums. */
       for (int d = 0; d < n_act; d++)
-        emit(&b, loss_op(d, sp->dev_mb0[d], dlast[d], sp->dev_row0[d], drows[d], out));
+        for (int k = sp->dev_mb0[d], j; k < dlast[d]; k = j) {
+          j = slice_run_end(p, mbs, k, dlast[d], out);
+          emit(&b, loss_op(d, k, j, mbs[k].row0,
+                           mbs[j - 1].row0 + mbs[j - 1].rows - mbs[k].row0, out));
+        }
       next_stage(&b);
       for (int d = 1; d < n_act; d++)
-        emit(&b, copy_op(DP_PHASE_LOSS, d, d, DP_REGION_LOSS, 0, 0, DP_REGION_LOSS,
-                         (size_t)sp->dev_mb0[d] * 4,
+        emit(&b, copy_op(DP_PHASE_LOSS, d, FROM(d, DP_REGION_LOSS, 0),
+                         TO(0, DP_REGION_LOSS, (size_t)sp->dev_mb0[d] * 4),
                          (size_t)(dlast[d] - sp->dev_mb0[d]) * 4, 0, 0));
       next_stage(&b);
       emit(&b, loss_sum_op(sp->n_mb, rows));
@@ -616,9 +687,9 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       for (int d = 0; d < n_act; d++) {
         backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0, &sg);
         if (sg.bot >= 0)
-          emit(&b, copy_op(DP_PHASE_BACKWARD, d, d, DP_REGION_GRADS, sg.p0, d,
-                           DP_REGION_ACTIVATIONS,
-                           bn_at(p, d, sg.bot, dp__bn_sync_bwd(m->layers[sg.bot].c)),
+          emit(&b, copy_op(DP_PHASE_BACKWARD, d, FROM(d, DP_REGION_GRADS, sg.p0),
+                           TO(d, DP_REGION_ACTIVATIONS,
+                              bn_at(p, d, sg.bot, dp__bn_sync_bwd(m->layers[sg.bot].c))),
                            m->layers[sg.bot].n_params * 4, 0, 0));
       }
       if (sg.bot < 0) break;
@@ -658,8 +729,9 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
        * every device takes what it updates. */
       reduce_to_0(&b, p, sp->n_used, P);
       for (int d = 1; d < sp->n_used; d++)
-        emit(&b, copy_op(DP_PHASE_REDUCE, d, 0, DP_REGION_GRADS, p->opt_off[d] * 4, d,
-                         DP_REGION_GRADS, p->opt_off[d] * 4, p->opt_len[d] * 4, 0, 0));
+        emit(&b,
+             copy_op(DP_PHASE_REDUCE, d, FROM(0, DP_REGION_GRADS, p->opt_off[d] * 4),
+                     TO(d, DP_REGION_GRADS, p->opt_off[d] * 4), p->opt_len[d] * 4, 0, 0));
       next_stage(&b);
     }
     int n_opt = classic ? 1 : sp->n_used;

@@ -109,6 +109,16 @@ static dp_status verify_layer_op(const dp_plan *p, const act_set *s, const char 
   return DP_OK;
 }
 
+static dp_status verify_loss_op(const dp_plan *p, const char *k, const dp_op *op) {
+  dp_loss_operands o;
+  dp__loss_operands(p, op, &o);
+  dp_status st = check_span(p, NULL, k, op->device, o.out, "the outputs");
+  if (!st) st = check_span(p, NULL, k, op->device, o.dout, "the output gradients");
+  if (!st) st = check_span(p, NULL, k, op->device, o.targets, "the targets");
+  if (!st) st = check_span(p, NULL, k, op->device, o.sums, "the loss sums");
+  return st;
+}
+
 /* An op's source and destination as (region, offset, bytes) of their devices. */
 static dp_status verify_op(const dp_plan *p, const act_set *sets, int i, const dp_op *op) {
   char k[96]; /* "op 17 (forward, layer 2)": the op in messages */
@@ -122,6 +132,7 @@ static dp_status verify_op(const dp_plan *p, const act_set *sets, int i, const d
       return BAD("%s names layer %d of %d", k, op->layer, p->model.n_layers);
     return verify_layer_op(p, sets ? &sets[op->device] : NULL, k, op);
   }
+  if (op->kind == DP_OP_LOSS) return verify_loss_op(p, k, op);
   if (op->kind != DP_OP_COPY && op->kind != DP_OP_COPY_ADD && op->kind != DP_OP_GRAD_ADD)
     return DP_OK;
   int sd = op->kind == DP_OP_GRAD_ADD ? op->device : op->src_dev;

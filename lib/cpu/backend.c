@@ -608,20 +608,19 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float 
   return s;
 }
 
-/* Loss terms of the op's micro-batches: classic mode reads the gathered
- * outputs on device 0, allreduce each device's own chunk. The sums go to the
- * device's LOSS region (device 0 indexes it by global micro-batch). */
+/* Loss terms of the op's micro-batches (dp__loss_operands: classic mode's
+ * gathered outputs on device 0, or a run of a device's own micro-batches), one
+ * sum per micro-batch. */
 static dp_status loss_op(dp_exec_env *e, const dp_op *op) {
-  const dp_plan *p = e->plan;
+  dp_loss_operands lo;
+  dp__loss_operands(e->plan, op, &lo);
   int d = op->device;
-  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
-  const float *o =
-      region(e, d, classic ? DP_REGION_GATHERED_OUTPUTS : DP_REGION_OUTPUTS, 0);
-  float *g = region(e, d, classic ? DP_REGION_GATHERED_GRADS : DP_REGION_OUTPUT_GRADS, 0);
-  const void *t = region(e, d, DP_REGION_TARGETS, 0);
-  float *part = region(e, d, DP_REGION_LOSS, 0);
+  const float *o = dp__span_ptr(e, d, lo.out);
+  float *g = dp__span_ptr(e, d, lo.dout), *part = dp__span_ptr(e, d, lo.sums);
+  const void *t = dp__span_ptr(e, d, lo.targets);
   for (int k = 0; k < op->n_mb; k++)
-    part[k] = loss_rows(p, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->loss_rows);
+    part[k] =
+        loss_rows(e->plan, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->loss_rows);
   return DP_OK;
 }
 

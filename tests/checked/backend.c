@@ -46,6 +46,9 @@ dp_status dp_checked_register(dp_backend *kind) {
   transport.copy_add = cpu->transport->copy_add ? checked_copy_add : NULL;
   backend = *cpu;
   backend.name = "checked";
+  /* cuda's slice layout on the cpu's kernels: the padded micro-batch slices
+   * (dp_backend_ops.slice_align) must give the cpu's bits */
+  backend.slice_align = 256;
   backend.run = checked_run;
   backend.transport = &transport;
   return dp__backend_register(&backend, kind);

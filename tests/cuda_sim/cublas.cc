@@ -214,10 +214,15 @@ static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
   (void)s;
   const gemm_args *g = (const gemm_args *)op->args;
   if (g->ws && g->ws_bytes) memset(g->ws, 0xa5, g->ws_bytes < 4096 ? g->ws_bytes : 4096);
-  bool aligned = (uintptr_t)g->a % 16 == 0 && (uintptr_t)g->b % 16 == 0 &&
-                 (uintptr_t)g->c % 16 == 0 && g->lda % 4 == 0 && g->ldb % 4 == 0 &&
-                 g->ldc % 4 == 0;
-  int split = aligned || getenv("DP_SIM_GEMM_ONE_PASS") ? g->k : g->k / 2;
+  /* Three kernels, chosen as a real library weighs the operands' addresses and
+   * their leading dimensions separately: one pass when both are 16-byte
+   * aligned, else two sums split at k / 2 (aligned addresses) or k / 3. */
+  bool ptrs = (uintptr_t)g->a % 16 == 0 && (uintptr_t)g->b % 16 == 0 &&
+              (uintptr_t)g->c % 16 == 0;
+  bool lds = g->lda % 4 == 0 && g->ldb % 4 == 0 && g->ldc % 4 == 0;
+  int split = (ptrs && lds) || getenv("DP_SIM_GEMM_ONE_PASS") ? g->k
+              : ptrs                                          ? g->k / 2
+                                                              : g->k / 3;
   bool round = g->math == CUBLAS_TF32_TENSOR_OP_MATH;
   static const bool fma_hw = __builtin_cpu_supports("fma");
   if (fma_hw) gemm_fma(g, split, round);
