@@ -16,17 +16,25 @@
 #include <time.h>
 #include <unistd.h>
 
-static int fail(char *err, size_t errcap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Writes the message; returns -1 (== DPT_ARGS_ERROR). */
-static int fail(char *err, size_t errcap, const char *fmt, ...) {
-  if (err && errcap) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errcap, fmt, ap);
-    va_end(ap);
-  }
+static int vfail(char *err, size_t errcap, const char *fmt, va_list ap) {
+  if (err && errcap) vsnprintf(err, errcap, fmt, ap);
   return -1;
+}
+
+int dpt_fail(char *err, size_t errcap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(err, errcap, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+dp_status dpt_fail_status(dp_status s, char *err, size_t errcap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(err, errcap, fmt, ap);
+  va_end(ap);
+  return s;
 }
 
 /* ---- sizes ------------------------------------------------------------------- */
@@ -55,15 +63,16 @@ static uint64_t unit_multiplier(const char *u) {
 
 int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
   static const char units[] = "use B, kB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB";
-  if (!s || !*s) return fail(err, errcap, "empty size");
+  if (!s || !*s) return dpt_fail(err, errcap, "empty size");
   const char *p = s;
-  if (*p == '-') return fail(err, errcap, "size '%s' is negative", s);
+  if (*p == '-') return dpt_fail(err, errcap, "size '%s' is negative", s);
   if (!isdigit((unsigned char)*p))
-    return fail(err, errcap, "size '%s' is not a number (e.g. 512MiB, 1.5GB, 1000)", s);
+    return dpt_fail(err, errcap, "size '%s' is not a number (e.g. 512MiB, 1.5GB, 1000)", s);
   uint64_t ip = 0;
   for (; isdigit((unsigned char)*p); p++) {
     unsigned d = (unsigned)(*p - '0');
-    if (ip > (UINT64_MAX - d) / 10) return fail(err, errcap, "size '%s' is too large", s);
+    if (ip > (UINT64_MAX - d) / 10)
+      return dpt_fail(err, errcap, "size '%s' is too large", s);
     ip = ip * 10 + d;
   }
   const char *frac = NULL;
@@ -72,27 +81,28 @@ int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
     frac = ++p;
     while (isdigit((unsigned char)*p)) p++;
     nfrac = (size_t)(p - frac);
-    if (nfrac == 0) return fail(err, errcap, "size '%s': digits expected after '.'", s);
+    if (nfrac == 0) return dpt_fail(err, errcap, "size '%s': digits expected after '.'", s);
   }
   const char *sp = p;
   while (*p == ' ') p++;
-  if (p != sp && *p == '\0') return fail(err, errcap, "size '%s': trailing space", s);
+  if (p != sp && *p == '\0') return dpt_fail(err, errcap, "size '%s': trailing space", s);
   uint64_t mult = unit_multiplier(p);
-  if (mult == 0) return fail(err, errcap, "size '%s': unknown unit '%s' (%s)", s, p, units);
+  if (mult == 0)
+    return dpt_fail(err, errcap, "size '%s': unknown unit '%s' (%s)", s, p, units);
   if (nfrac && mult == 1)
-    return fail(err, errcap, "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)",
-                s);
+    return dpt_fail(err, errcap,
+                    "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)", s);
   uint64_t v;
   if (__builtin_mul_overflow(ip, mult, &v))
-    return fail(err, errcap, "size '%s' is too large", s);
+    return dpt_fail(err, errcap, "size '%s' is too large", s);
   /* floor(mult * 0.frac), exactly: multiply the decimal fraction by mult digit
    * by digit from the last; the final carry is the integer part. carry < mult,
    * so 9 * mult + carry < 10 * 1024^5 fits. */
   uint64_t carry = 0;
   for (size_t i = nfrac; i-- > 0;) carry = ((uint64_t)(frac[i] - '0') * mult + carry) / 10;
   if (__builtin_add_overflow(v, carry, &v) || v > SIZE_MAX)
-    return fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s,
-                (size_t)SIZE_MAX);
+    return dpt_fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s,
+                    (size_t)SIZE_MAX);
   *out = (size_t)v;
   return 0;
 }
@@ -103,50 +113,50 @@ int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
                   size_t errcap) {
   if (min < INT_MIN) min = INT_MIN;
   if (max > INT_MAX) max = INT_MAX;
-  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
+  if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected an integer", what);
   if (isspace((unsigned char)*s))
-    return fail(err, errcap, "%s: '%s' is not an integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not an integer", what, s);
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);
   if (end == s || *end != '\0')
-    return fail(err, errcap, "%s: '%s' is not an integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not an integer", what, s);
   if (errno == ERANGE || v < min || v > max)
-    return fail(err, errcap, "%s: %s is out of range [%ld, %ld]", what, s, min, max);
+    return dpt_fail(err, errcap, "%s: %s is out of range [%ld, %ld]", what, s, min, max);
   *out = (int)v;
   return 0;
 }
 
 int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
                     char *err, size_t errcap) {
-  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected a number", what);
+  if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected a number", what);
   if (isspace((unsigned char)*s))
-    return fail(err, errcap, "%s: '%s' is not a number", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
   char *end;
   errno = 0;
   double v = strtod(s, &end);
   if (end == s || *end != '\0')
-    return fail(err, errcap, "%s: '%s' is not a number", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
   if (!isfinite(v) || errno == ERANGE || v < min || v > max || v > FLT_MAX || v < -FLT_MAX)
-    return fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
-                max > FLT_MAX ? (double)FLT_MAX : max);
+    return dpt_fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
+                    max > FLT_MAX ? (double)FLT_MAX : max);
   *out = (float)v;
   return 0;
 }
 
 int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
                   size_t errcap) {
-  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
+  if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected an integer", what);
   if (!isdigit((unsigned char)*s))
-    return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (*end != '\0')
-    return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
   if (errno == ERANGE || v > UINT64_MAX)
-    return fail(err, errcap, "%s: %s is out of range [0, %llu]", what, s,
-                (unsigned long long)UINT64_MAX);
+    return dpt_fail(err, errcap, "%s: %s is out of range [0, %llu]", what, s,
+                    (unsigned long long)UINT64_MAX);
   *out = (uint64_t)v;
   return 0;
 }
@@ -154,11 +164,12 @@ int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
 int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], char *err,
                       size_t errcap) {
   char msg[256];
-  if (!s || !*s) return fail(err, errcap, "--devices: empty value");
+  if (!s || !*s) return dpt_fail(err, errcap, "--devices: empty value");
   if (!strchr(s, ',')) {
     int n;
     if (dpt_parse_int(s, 1, DP_MAX_DEVICES, "--devices", &n, msg, sizeof msg))
-      return fail(err, errcap, "%s (a device count, or a comma list of device ids)", msg);
+      return dpt_fail(err, errcap, "%s (a device count, or a comma list of device ids)",
+                      msg);
     for (int i = 0; i < n; i++) ids[i] = i;
     *n_devices = n;
     return 0;
@@ -168,19 +179,20 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
   for (;;) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    if (len == 0) return fail(err, errcap, "--devices: empty device id in list '%s'", s);
+    if (len == 0)
+      return dpt_fail(err, errcap, "--devices: empty device id in list '%s'", s);
     if (n == DP_MAX_DEVICES)
-      return fail(err, errcap, "--devices: list '%s' has more than %d entries", s,
-                  DP_MAX_DEVICES);
+      return dpt_fail(err, errcap, "--devices: list '%s' has more than %d entries", s,
+                      DP_MAX_DEVICES);
     char item[32];
     if (len >= sizeof item)
-      return fail(err, errcap, "--devices: device id '%.*s' is not an integer", (int)len,
-                  p);
+      return dpt_fail(err, errcap, "--devices: device id '%.*s' is not an integer",
+                      (int)len, p);
     memcpy(item, p, len);
     item[len] = '\0';
     if (!isdigit((unsigned char)item[0]))
-      return fail(err, errcap, "--devices: device id '%s' is not a non-negative integer",
-                  item);
+      return dpt_fail(err, errcap,
+                      "--devices: device id '%s' is not a non-negative integer", item);
     if (dpt_parse_int(item, 0, 1023, "--devices: device id", &tmp[n], err, errcap))
       return -1;
     n++;
@@ -210,7 +222,7 @@ static int parse_word(const char *s, const char *const *names, int n, const char
   size_t len = 0;
   for (int i = 0; i < n && len < sizeof list; i++)
     len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? "|" : "", names[i]);
-  return fail(err, errcap, "%s: '%s' is not one of %s", what, s ? s : "", list);
+  return dpt_fail(err, errcap, "%s: '%s' is not one of %s", what, s ? s : "", list);
 }
 
 #define PARSE_ENUM(fn, type, name_fn, option)                                              \
@@ -336,7 +348,7 @@ static int parse_below_one(const char *arg, const char *what, float *out, char *
   float v;
   if (dpt_parse_float(arg, 0, 1, what, &v, err, errcap)) return -1;
   if (v >= 1.0f) /* 1, or a value that rounds to 1 as a float */
-    return fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
+    return dpt_fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
   *out = v;
   return 0;
 }
@@ -375,8 +387,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     float v;
     if (dpt_parse_float(arg, 0, FLT_MAX, "--eps", &v, err, errcap)) return -1;
     if (!(v > 0.0f))
-      return fail(err, errcap, "--eps: %s is not above 0 (AdamW divides by sqrt(v) + eps)",
-                  arg);
+      return dpt_fail(err, errcap,
+                      "--eps: %s is not above 0 (AdamW divides by sqrt(v) + eps)", arg);
     c->eps = v;
     return 0;
   }
@@ -395,7 +407,7 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_TRANSPORT: return dpt_parse_transport(arg, &c->transport, err, errcap);
   case DPT_OPT_BATCHNORM: return dpt_parse_bn_mode(arg, &c->batchnorm, err, errcap);
   }
-  return fail(err, errcap, "internal: unknown common option %d", code);
+  return dpt_fail(err, errcap, "internal: unknown common option %d", code);
 }
 
 static const char *option_name(const struct option *opts, int val) {
@@ -421,7 +433,8 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
 
   for (int i = 0; i < N_COMMON; i++) opts[n++] = common_options[i];
   for (const struct option *o = extra; o && o->name; o++) {
-    if (n == N_COMMON + MAX_EXTRA) return fail(err, errcap, "internal: too many options");
+    if (n == N_COMMON + MAX_EXTRA)
+      return dpt_fail(err, errcap, "internal: too many options");
     opts[n++] = *o;
     if (!o->flag && o->val > 0 && o->val < 128 && isalnum(o->val) && o->val != 'h') {
       shortopts[nshort++] = (char)o->val;
@@ -452,30 +465,31 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
     if (c == 'h') return DPT_ARGS_HELP;
     if (c == ':') {
       const char *name = optopt >= 0x100 ? option_name(opts, optopt) : NULL;
-      if (name) return fail(err, errcap, "option --%s needs a value", name);
+      if (name) return dpt_fail(err, errcap, "option --%s needs a value", name);
       if (optopt > 0 && optopt < 0x100) {
         name = option_name(opts, optopt);
         if (name && strncmp(tok, "--", 2) == 0)
-          return fail(err, errcap, "option --%s needs a value", name);
-        return fail(err, errcap, "option -%c needs a value", optopt);
+          return dpt_fail(err, errcap, "option --%s needs a value", name);
+        return dpt_fail(err, errcap, "option -%c needs a value", optopt);
       }
-      return fail(err, errcap, "option %s needs a value", tok);
+      return dpt_fail(err, errcap, "option %s needs a value", tok);
     }
     if (c == '?') {
-      if (optopt == 0) return fail(err, errcap, "unknown or ambiguous option '%s'", tok);
+      if (optopt == 0)
+        return dpt_fail(err, errcap, "unknown or ambiguous option '%s'", tok);
       if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0)) {
         const char *name = option_name(opts, optopt);
-        return fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?",
-                    tok);
+        return dpt_fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?",
+                        tok);
       }
       if (isprint(optopt) && strncmp(tok, "--", 2) != 0)
-        return fail(err, errcap, "unknown option '-%c'", optopt);
-      return fail(err, errcap, "bad option '%s'", tok);
+        return dpt_fail(err, errcap, "unknown option '-%c'", optopt);
+      return dpt_fail(err, errcap, "bad option '%s'", tok);
     }
     if (c >= DPT_OPT_BATCH && c < DPT_OPT_COMMON_END) {
       int again = dpt_given(common, c);
       if (again && optarg)
-        return fail(err, errcap, "--%s given twice", option_name(opts, c));
+        return dpt_fail(err, errcap, "--%s given twice", option_name(opts, c));
       if (set_common(c, optarg, &scratch, err, errcap)) return DPT_ARGS_ERROR;
       common->given |= 1ul << (c - DPT_OPT_BATCH);
       if (!again) { /* a flag without a value may repeat: recorded once (order[] has
@@ -488,11 +502,11 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
     for (int i = 0; optarg && i < n_seen_extra; i++) /* a flag may repeat (-v -v) */
       if (seen_extra[i] == c) {
         const char *name = option_name(opts, c);
-        if (name) return fail(err, errcap, "--%s given twice", name);
-        return fail(err, errcap, "-%c given twice", c);
+        if (name) return dpt_fail(err, errcap, "--%s given twice", name);
+        return dpt_fail(err, errcap, "-%c given twice", c);
       }
     if (n_seen_extra < MAX_EXTRA) seen_extra[n_seen_extra++] = c;
-    if (!fn) return fail(err, errcap, "internal: no handler for option '%s'", tok);
+    if (!fn) return dpt_fail(err, errcap, "internal: no handler for option '%s'", tok);
     if (fn(user, c, optarg, err, errcap)) return DPT_ARGS_ERROR;
   }
   /* --optimizer sets PyTorch's defaults for it; the explicit options override */
@@ -510,13 +524,25 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   return DPT_ARGS_OK;
 }
 
+int dpt_parse_command(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
+                      void *user, void (*usage)(FILE *), dp_config *cfg, dpt_common *common,
+                      char *err, size_t errcap) {
+  dpt_common local;
+  if (!common) common = &local;
+  int r = dpt_parse_args(argc, argv, extra, fn, user, cfg, common, err, errcap);
+  if (r == DPT_ARGS_HELP && usage) usage(stdout);
+  if (r == DPT_ARGS_OK && common->n_args > 0)
+    return dpt_fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
+  return r;
+}
+
 int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *common,
                          char *err, size_t errcap) {
   dpt_common local;
   if (!common) common = &local;
   int r = dpt_parse_args(argc, argv, NULL, NULL, NULL, cfg, common, err, errcap);
   if (r == DPT_ARGS_OK && common->n_args > 0)
-    return fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
+    return dpt_fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
   return r;
 }
 
@@ -660,12 +686,12 @@ void dpt_print_config(FILE *f, const dp_config *c) {
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap) {
   if (c->backend != DP_BACKEND_CUDA) return 0;
   if (!dp_cuda_available())
-    return fail(err, errcap,
-                "--backend cuda: this build has no CUDA backend (configure.py "
-                "found no nvcc, or --cpu-only)");
+    return dpt_fail(err, errcap,
+                    "--backend cuda: this build has no CUDA backend (configure.py "
+                    "found no nvcc, or --cpu-only)");
   if (dp_cuda_device_count() > 0) return 0;
   /* the library's reason starts "no usable GPU" */
-  return fail(err, errcap, "--backend cuda: %s", dpt_user_msg(dp_last_error()));
+  return dpt_fail(err, errcap, "--backend cuda: %s", dpt_user_msg(dp_last_error()));
 }
 
 double dpt_now_s(void) {
@@ -717,28 +743,29 @@ static const char *not_regular(mode_t m) {
 }
 
 int dpt_open_regular(const char *path, const char *what, char *err, size_t errcap) {
-  if (!path || !*path) return fail(err, errcap, "cannot read %s: empty file name", what);
+  if (!path || !*path)
+    return dpt_fail(err, errcap, "cannot read %s: empty file name", what);
   /* O_NONBLOCK: opening a FIFO that has no writer returns at once, so that
    * the type check below happens instead of a wait for a writer */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(errno));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int e = errno;
     close(fd);
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path,
-                not_regular(st.st_mode));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path,
+                    not_regular(st.st_mode));
   }
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
     int e = errno;
     close(fd);
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
   }
   return fd;
 }
@@ -749,22 +776,22 @@ int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap) {
   if (fd < 0) return -1;
   close(fd);
   if (dp_model_load(path, out) == DP_OK) return 0;
-  return fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
 int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
                      size_t errcap) {
   if ((c && c->inference) || dp_model_loss(m) != DP_LOSS_NONE) return 0;
-  return fail(err, errcap,
-              "model '%s' has no loss line; training needs one (end it with 'loss "
-              "softmax_cross_entropy' or 'loss mse'%s)",
-              path, c ? ", or plan with --inference" : "");
+  return dpt_fail(err, errcap,
+                  "model '%s' has no loss line; training needs one (end it with 'loss "
+                  "softmax_cross_entropy' or 'loss mse'%s)",
+                  path, c ? ", or plan with --inference" : "");
 }
 
 int dpt_check_writable(const char *path, const char *what, int replace, char *err,
                        size_t errcap) {
   if (dp_file_check(path, what, !replace) == DP_OK) return 0;
-  return fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
 /* The identities of a path: what it names (followed) and the entry itself
@@ -805,15 +832,15 @@ int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_rol
       if (!ins[i].path) continue;
       file_ids in = ids_of(ins[i].path, 0);
       if (ids_meet(&out, &in))
-        return fail(err, errcap, "cannot write %s '%s': it is the %s '%s' it reads",
-                    outs[o].what, outs[o].path, ins[i].what, ins[i].path);
+        return dpt_fail(err, errcap, "cannot write %s '%s': it is the %s '%s' it reads",
+                        outs[o].what, outs[o].path, ins[i].what, ins[i].path);
     }
     for (int k = 0; k < o; k++) {
       if (!outs[k].path) continue;
       file_ids other = ids_of(outs[k].path, 1);
       if (strcmp(outs[k].path, outs[o].path) == 0 || ids_meet(&out, &other))
-        return fail(err, errcap, "cannot write %s '%s': it is also the %s '%s'",
-                    outs[o].what, outs[o].path, outs[k].what, outs[k].path);
+        return dpt_fail(err, errcap, "cannot write %s '%s': it is also the %s '%s'",
+                        outs[o].what, outs[o].path, outs[k].what, outs[k].path);
     }
   }
   return 0;

@@ -46,6 +46,13 @@ enum {
 /* Room for one library error message (dp_last_error, dp_ctx_error). */
 #define DPT_MSG_CAP 512
 
+/* Writes the message (printf-style) into err[errcap] (nothing when err is NULL
+ * or errcap 0) and returns -1 (== DPT_ARGS_ERROR); dpt_fail_status returns s. */
+int dpt_fail(char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+dp_status dpt_fail_status(dp_status s, char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* ---- values ------------------------------------------------------------------- */
 
 /* Byte sizes: a non-negative decimal number, optional spaces, optional unit.
@@ -186,6 +193,13 @@ enum { DPT_ARGS_ERROR = -1, DPT_ARGS_OK = 0, DPT_ARGS_HELP = 1 };
 int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
                    void *user, dp_config *cfg, dpt_common *common, char *err,
                    size_t errcap);
+
+/* The preamble of a command without positional arguments: dpt_parse_args;
+ * on -h/--help, usage(stdout) (usage may be NULL) and DPT_ARGS_HELP; a
+ * positional argument is refused ("unexpected argument 'x'"). */
+int dpt_parse_command(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
+                      void *user, void (*usage)(FILE *), dp_config *cfg, dpt_common *common,
+                      char *err, size_t errcap);
 
 /* Same, with only the common options and no positional arguments allowed. */
 int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *common,

@@ -672,24 +672,13 @@ int dpt_cmd_plan(int argc, char **argv) {
   dp_config cfg;
   dpt_common com;
   char err[512];
-  int r = dpt_parse_args(argc, argv, plan_options, plan_option, &o, &cfg, &com, err,
-                         sizeof err);
-  if (r == DPT_ARGS_HELP) {
-    plan_help(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r == DPT_ARGS_OK && com.n_args > 0) {
-    snprintf(err, sizeof err, "unexpected argument '%s'", argv[com.first_arg]);
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && !o.model) {
-    snprintf(err, sizeof err, "--model FILE is required");
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && !o.budget_set && !dpt_given(&com, DPT_OPT_BATCH)) {
-    snprintf(err, sizeof err, "--batch B is required (or --budget SIZE to find it)");
-    r = DPT_ARGS_ERROR;
-  }
+  int r = dpt_parse_command(argc, argv, plan_options, plan_option, &o, plan_help, &cfg,
+                            &com, err, sizeof err);
+  if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
+  if (r == DPT_ARGS_OK && !o.model)
+    r = dpt_fail(err, sizeof err, "--model FILE is required");
+  if (r == DPT_ARGS_OK && !o.budget_set && !dpt_given(&com, DPT_OPT_BATCH))
+    r = dpt_fail(err, sizeof err, "--batch B is required (or --budget SIZE to find it)");
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp plan: %s\nrun 'dp plan --help' for the options\n", err);
     return DPT_EXIT_USAGE;

@@ -167,19 +167,11 @@ int dpt_cmd_predict(int argc, char **argv) {
   dp_config cfg;
   dpt_common common;
   char err[512];
-  int r = dpt_parse_args(argc, argv, extra, on_option, &o, &cfg, &common, err, sizeof err);
-  if (r == DPT_ARGS_HELP) {
-    usage(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r == DPT_ARGS_OK && common.n_args > 0) {
-    snprintf(err, sizeof err, "unexpected argument '%s'", argv[common.first_arg]);
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && (!o.checkpoint || !o.data)) {
-    snprintf(err, sizeof err, "--checkpoint and --data are required");
-    r = DPT_ARGS_ERROR;
-  }
+  int r = dpt_parse_command(argc, argv, extra, on_option, &o, usage, &cfg, &common, err,
+                            sizeof err);
+  if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
+  if (r == DPT_ARGS_OK && (!o.checkpoint || !o.data))
+    r = dpt_fail(err, sizeof err, "--checkpoint and --data are required");
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp predict: %s\n(see dp predict --help)\n", err);
     return DPT_EXIT_USAGE;
