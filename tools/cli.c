@@ -303,6 +303,92 @@ void dpt_json_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* ---- backend options ------------------------------------------------------------ */
+
+#define ITEM_SEPS ", \t"
+
+/* The next item of a list at *at: its name [*name, *name + *nlen) and value
+ * [*value, *value + *vlen) (an item without '=': value empty); 0 at the end. */
+static int next_item(const char **at, const char **name, size_t *nlen, const char **value,
+                     size_t *vlen) {
+  const char *s = *at + strspn(*at, ITEM_SEPS);
+  size_t len = strcspn(s, ITEM_SEPS);
+  if (!len) return 0;
+  const char *eq = memchr(s, '=', len);
+  *name = s;
+  *nlen = eq ? (size_t)(eq - s) : len;
+  *value = eq ? eq + 1 : s + len;
+  *vlen = eq ? len - *nlen - 1 : 0;
+  *at = s + len;
+  return 1;
+}
+
+int dpt_backend_option_get(const char *options, const char *name, char *val, size_t cap) {
+  const char *at = options ? options : "", *n, *v;
+  size_t nlen, vlen;
+  int found = 0;
+  if (cap) val[0] = '\0';
+  while (next_item(&at, &n, &nlen, &v, &vlen))
+    if (nlen == strlen(name) && !strncmp(n, name, nlen)) {
+      found = 1;
+      if (cap) snprintf(val, cap, "%.*s", (int)vlen, v);
+    }
+  return found;
+}
+
+int dpt_backend_option_on(const char *options, const char *name) {
+  char v[8];
+  return dpt_backend_option_get(options, name, v, sizeof v) && !strcmp(v, "1");
+}
+
+int dpt_backend_option_add(dp_config *c, const char *name, const char *value, char *err,
+                           size_t errcap) {
+  char item[DP_BACKEND_OPTIONS_CAP + 1];
+  int n = snprintf(item, sizeof item, "%s=%s", name, value);
+  const char *at = c->backend_options, *in, *iv;
+  size_t nlen, vlen;
+  while (next_item(&at, &in, &nlen, &iv, &vlen))
+    if ((size_t)(at - in) == (size_t)n && !strncmp(in, item, (size_t)n)) return 0;
+  size_t len = strlen(c->backend_options);
+  if (n < 0 || len + (len ? 1 : 0) + (size_t)n >= sizeof c->backend_options)
+    return dpt_fail(err, errcap,
+                    "--backend-option %s: the backend options would pass %d bytes ('%s')",
+                    item, DP_BACKEND_OPTIONS_CAP - 1, c->backend_options);
+  char *d = c->backend_options + len;
+  if (len) *d++ = ',';
+  memcpy(d, item, (size_t)n + 1);
+  return 0;
+}
+
+int dpt_backend_option_set(dp_config *c, const char *name, const char *value, char *err,
+                           size_t errcap) {
+  char kept[DP_BACKEND_OPTIONS_CAP] = "";
+  size_t len = 0;
+  const char *at = c->backend_options, *n, *v;
+  size_t nlen, vlen;
+  while (next_item(&at, &n, &nlen, &v, &vlen)) {
+    if (nlen == strlen(name) && !strncmp(n, name, nlen)) continue;
+    size_t ilen = (size_t)(at - n);
+    if (len + (len ? 1 : 0) + ilen >= sizeof kept) break; /* cannot happen: it fitted */
+    if (len) kept[len++] = ',';
+    memcpy(kept + len, n, ilen);
+    kept[len += ilen] = '\0';
+  }
+  memcpy(c->backend_options, kept, len + 1);
+  return value ? dpt_backend_option_add(c, name, value, err, errcap) : 0;
+}
+
+int dpt_parse_backend_option(const char *s, dp_config *c, char *err, size_t errcap) {
+  const char *eq = s ? strchr(s, '=') : NULL;
+  if (!s || !eq || eq == s || !eq[1] || s[strcspn(s, ITEM_SEPS)])
+    return dpt_fail(err, errcap,
+                    "--backend-option: '%s' is not NAME=VALUE (one option, e.g. tf32=1)",
+                    s ? s : "");
+  char name[DP_BACKEND_OPTIONS_CAP];
+  snprintf(name, sizeof name, "%.*s", (int)(eq - s), s);
+  return dpt_backend_option_add(c, name, eq + 1, err, errcap);
+}
+
 /* ---- common options ------------------------------------------------------------ */
 
 static const struct option common_options[] = {
@@ -332,6 +418,7 @@ static const struct option common_options[] = {
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
+    {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -401,9 +488,11 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
                            errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
-  case DPT_OPT_GRAPH: c->cuda_graph = 1; return 0;
-  case DPT_OPT_TF32: c->tf32 = 1; return 0;
-  case DPT_OPT_FAST_COLLECTIVES: c->fast_collectives = 1; return 0;
+  case DPT_OPT_GRAPH: return dpt_backend_option_add(c, "graph", "1", err, errcap);
+  case DPT_OPT_TF32: return dpt_backend_option_add(c, "tf32", "1", err, errcap);
+  case DPT_OPT_FAST_COLLECTIVES:
+    return dpt_backend_option_add(c, "fast_collectives", "1", err, errcap);
+  case DPT_OPT_BACKEND_OPTION: return dpt_parse_backend_option(arg, c, err, errcap);
   case DPT_OPT_TRANSPORT: return dpt_parse_transport(arg, &c->transport, err, errcap);
   case DPT_OPT_BATCHNORM: return dpt_parse_bn_mode(arg, &c->batchnorm, err, errcap);
   }
@@ -455,6 +544,9 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   const char *value[N_CODES];
   int n_given = 0;
   int seen_extra[MAX_EXTRA], n_seen_extra = 0;
+  enum { MAX_BACKEND_ITEMS = 64 };
+  const char *items[MAX_BACKEND_ITEMS]; /* --backend-option, each time, in order */
+  int n_items = 0;
   dp_config scratch = *cfg;
 
   optind = 0; /* glibc: 0 forces a full reinitialisation of getopt's state */
@@ -488,10 +580,17 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
     }
     if (c >= DPT_OPT_BATCH && c < DPT_OPT_COMMON_END) {
       int again = dpt_given(common, c);
-      if (again && optarg)
+      if (again && optarg && c != DPT_OPT_BACKEND_OPTION)
         return dpt_fail(err, errcap, "--%s given twice", option_name(opts, c));
       if (set_common(c, optarg, &scratch, err, errcap)) return DPT_ARGS_ERROR;
       common->given |= 1ul << (c - DPT_OPT_BATCH);
+      if (c == DPT_OPT_BACKEND_OPTION) { /* repeatable: applied after the others */
+        if (n_items == MAX_BACKEND_ITEMS)
+          return dpt_fail(err, errcap, "--backend-option given more than %d times",
+                          MAX_BACKEND_ITEMS);
+        items[n_items++] = optarg;
+        continue;
+      }
       if (!again) { /* a flag without a value may repeat: recorded once (order[] has
                        room for each common option once) */
         order[n_given] = c;
@@ -516,6 +615,8 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   for (int i = 0; i < n_given; i++)
     if (order[i] != DPT_OPT_OPTIMIZER && set_common(order[i], value[i], cfg, err, errcap))
       return DPT_ARGS_ERROR;
+  for (int i = 0; i < n_items; i++)
+    if (dpt_parse_backend_option(items[i], cfg, err, errcap)) return DPT_ARGS_ERROR;
   /* under mpirun, the job's processes (dp plan --ranks R plans one without) */
   if (!dpt_given(common, DPT_OPT_RANKS) && dpt_world_size() > 1)
     cfg->ranks = dpt_world_size();
@@ -599,6 +700,12 @@ void dpt_print_common_help(FILE *f) {
         "                          many GPUs, bit-identical run to run only on a fixed\n"
         "                          topology and device count. The cpu backend refuses\n"
         "                          these four.\n"
+        "  --backend-option NAME=VALUE\n"
+        "                          one of the backend's own options, added to its list\n"
+        "                          (repeatable), e.g. --backend-option tf32=1; --graph,\n"
+        "                          --tf32 and --fast-collectives are graph=1, tf32=1\n"
+        "                          and fast_collectives=1. The backend checks the names\n"
+        "                          and values when planning (the cpu backend has none).\n"
         "  --lr X                  learning rate, > 0 (default 0.01)\n"
         "Optimizer settings are PyTorch's, with its defaults: --optimizer sets the\n"
         "defaults of the optimizer it names (whatever the option order), then the\n"
@@ -628,6 +735,36 @@ void dpt_print_common_help(FILE *f) {
         "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
         "an option name is accepted; an option that takes a value may be given once.\n",
         f);
+}
+
+/* The backend options of a config, when any is set (config.backend_options,
+ * or a transport other than auto); shown on a cpu config too, since the
+ * planner refuses them there and the line should show why. */
+static void print_backend_options(FILE *f, const dp_config *c) {
+  static const char *const known[][2] = {
+      {"graph", "cuda graph"}, {"tf32", "tf32"}, {"fast_collectives", "fast collectives"}};
+  const char *o = c->backend_options;
+  char v[DP_BACKEND_OPTIONS_CAP];
+  int sep = 0;
+  if (dpt_backend_option_get(o, "transport", v, sizeof v))
+    sep = fprintf(f, " (transport %s", v) > 0;
+  else if (c->transport != DP_TRANSPORT_AUTO)
+    sep = fprintf(f, " (transport %s", dp_transport_name(c->transport)) > 0;
+  for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+    if (dpt_backend_option_on(o, known[k][0]))
+      fprintf(f, "%s%s", sep++ ? ", " : " (", known[k][1]);
+  const char *at = o, *n, *iv;
+  size_t nlen, vlen;
+  while (next_item(&at, &n, &nlen, &iv, &vlen)) {
+    int shown = nlen == strlen("transport") && !strncmp(n, "transport", nlen);
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+      if (nlen == strlen(known[k][0]) && !strncmp(n, known[k][0], nlen) &&
+          (vlen == 1 && (*iv == '1' || *iv == '0')))
+        shown = 1;
+    if (vlen == 1 && *iv == '0') shown = 1; /* an option at 0: nothing to show */
+    if (!shown) fprintf(f, "%s%.*s", sep++ ? ", " : " (", (int)(at - n), n);
+  }
+  if (sep) fputc(')', f);
 }
 
 void dpt_print_config(FILE *f, const dp_config *c) {
@@ -669,17 +806,7 @@ void dpt_print_config(FILE *f, const dp_config *c) {
       fprintf(f, " with %s batchnorm", dp_bn_mode_name(c->batchnorm));
   }
   fprintf(f, ", %s backend", dp_backend_name(c->backend));
-  /* The cuda options; shown on a cpu config too when set, since the planner
-   * refuses them there and the line should show why. */
-  int sep = 0;
-  if (c->backend == DP_BACKEND_CUDA || c->transport != DP_TRANSPORT_AUTO) {
-    fprintf(f, " (transport %s", dp_transport_name(c->transport));
-    sep = 1;
-  }
-  if (c->cuda_graph) fprintf(f, "%scuda graph", sep++ ? ", " : " (");
-  if (c->tf32) fprintf(f, "%stf32", sep++ ? ", " : " (");
-  if (c->fast_collectives) fprintf(f, "%sfast collectives", sep++ ? ", " : " (");
-  if (sep) fputc(')', f);
+  print_backend_options(f, c);
   fprintf(f, ", seed %llu", (unsigned long long)c->seed);
 }
 

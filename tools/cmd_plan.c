@@ -495,13 +495,19 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
           c->batch, c->n_devices, dp_plan_ranks(p));
   for (int d = 0; d < c->n_devices && d < DP_MAX_DEVICES; d++)
     fprintf(f, "%s%d", d ? ", " : "", c->device_ids[d]);
+  /* the backend's options as the plan has them, every one with its value */
+  char bo[256], tv[32];
+  dp_plan_backend_options(p, bo, sizeof bo);
+  const char *transport = dpt_backend_option_get(bo, "transport", tv, sizeof tv)
+                              ? tv
+                              : dp_transport_name(c->transport);
   fprintf(
       f,
       "], \"n_devices_used\": %d, \"split\": \"%s\", \"micro_batch\": %d, "
       "\"mode\": \"%s\", \"optimizer\": \"%s\", \"inference\": %s, \"backend\": \"%s\", "
       "\"lr\": %s, \"momentum\": %s, \"weight_decay\": %s, \"beta1\": %s, "
       "\"beta2\": %s, \"eps\": %s, \"seed\": %llu, \"cuda_graph\": %s, \"tf32\": %s, "
-      "\"transport\": \"%s\", \"fast_collectives\": %s},\n",
+      "\"transport\": \"%s\", \"fast_collectives\": %s, \"backend_options\": ",
       nd, dp_split_name(c->split), c->micro_batch, dp_mode_name(c->mode),
       dp_optimizer_name(c->optimizer), c->inference ? "true" : "false",
       dp_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
@@ -509,8 +515,11 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
       float_text(c->weight_decay, fl[2], sizeof fl[2]),
       float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
       float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed,
-      c->cuda_graph ? "true" : "false", c->tf32 ? "true" : "false",
-      dp_transport_name(c->transport), c->fast_collectives ? "true" : "false");
+      dpt_backend_option_on(bo, "graph") ? "true" : "false",
+      dpt_backend_option_on(bo, "tf32") ? "true" : "false", transport,
+      dpt_backend_option_on(bo, "fast_collectives") ? "true" : "false");
+  dpt_json_string(f, bo);
+  fputs("},\n", f);
 
   if (o->budget_set)
     fprintf(f, "  \"budget\": {\"bytes\": %zu, \"max_batch\": %d, \"search_cap\": %d},\n",
