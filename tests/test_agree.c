@@ -121,6 +121,18 @@ START_TEST(agree_names_the_option_and_both_values) {
   j.cfg.micro_batch = 1;
   record(&j, &r[1]);
   expect(r, 2, 1, "--micro-batch 1, rank 0 with --micro-batch 0");
+  j.cfg.micro_batch = 0;
+  snprintf(j.cfg.backend_options, sizeof j.cfg.backend_options, "tf32=1");
+  record(&j, &r[1]);
+  expect(r, 2, 1,
+         "rank 1 runs with --backend-options tf32=1, rank 0 with --backend-options (none)");
+  snprintf(j.cfg.backend_options, sizeof j.cfg.backend_options, "graph=1,tf32=1");
+  record(&j, &r[0]);
+  snprintf(j.cfg.backend_options, sizeof j.cfg.backend_options, "graph=1,tf32=0");
+  record(&j, &r[1]);
+  expect(r, 2, 1,
+         "rank 1 runs with --backend-options graph=1,tf32=0, rank 0 with "
+         "--backend-options graph=1,tf32=1");
   dp_model_free(j.model);
 }
 END_TEST

@@ -383,20 +383,23 @@ START_TEST(config_every_common_option) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split",
-                "balanced", "--micro-batch", "5", "--mode", "allreduce", "--optimizer",
-                "momentum", "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum",
-                "0.8", "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75",
-                "--eps", "0.125", "--seed", "18446744073709551615", "--shard-optimizer",
-                "--graph", "--tf32", "--transport", "copy", "--fast-collectives",
-                "--dampening", "0.5", "--nesterov", "--ranks", "2", "--clip-grad-norm",
-                "0.5", "--accumulate", "4", "--batchnorm", "sync");
+  int r =
+      PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split", "balanced",
+            "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
+            "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
+            "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps", "0.125",
+            "--seed", "18446744073709551615", "--shard-optimizer", "--graph", "--tf32",
+            "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
+            "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4", "--batchnorm",
+            "sync", "--backend-option", "foo=bar");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_int_eq(c.batchnorm, DP_BN_SYNC);
   ck_assert_int_eq(c.ranks, 2);
   ck_assert_int_eq(c.accumulate, 4);
   ck_assert_float_eq(c.clip_grad_norm, 0.5f);
-  ck_assert_int_eq(c.fast_collectives, 1);
+  /* the cuda flags are backend options now, the deprecated fields left alone */
+  ck_assert_str_eq(c.backend_options, "graph=1,tf32=1,fast_collectives=1,foo=bar");
+  ck_assert_int_eq(c.fast_collectives, 0);
   ck_assert_int_eq(c.batch, 30);
   ck_assert_int_eq(c.n_devices, 4);
   ck_assert_int_eq(c.device_ids[0], 0);
@@ -417,8 +420,8 @@ START_TEST(config_every_common_option) {
   ck_assert_float_eq(c.eps, 0.125f);
   ck_assert_uint_eq(c.seed, UINT64_MAX);
   ck_assert_int_eq(c.shard_optimizer, 1);
-  ck_assert_int_eq(c.cuda_graph, 1);
-  ck_assert_int_eq(c.tf32, 1);
+  ck_assert_int_eq(c.cuda_graph, 0);
+  ck_assert_int_eq(c.tf32, 0);
   ck_assert_int_eq(c.transport, DP_TRANSPORT_COPY);
   ck_assert_float_eq(c.dampening, 0.5f);
   ck_assert_int_eq(c.nesterov, 1);
@@ -759,8 +762,7 @@ START_TEST(config_cuda_options) {
   dpt_common com;
   char err[256] = "";
   ck_assert_int_eq(PARSE(&c, &com, err, "--batch", "8"), DPT_ARGS_OK);
-  ck_assert_int_eq(c.cuda_graph, 0);
-  ck_assert_int_eq(c.tf32, 0);
+  ck_assert_str_eq(c.backend_options, "");
   ck_assert_int_eq(c.transport, DP_TRANSPORT_AUTO);
   ck_assert(!dpt_given(&com, DPT_OPT_GRAPH));
   ck_assert(!dpt_given(&com, DPT_OPT_TF32));
@@ -769,19 +771,19 @@ START_TEST(config_cuda_options) {
       PARSE(&c, &com, err, "--backend", "cuda", "--graph", "--tf32", "--transport", "nccl");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_int_eq(c.backend, DP_BACKEND_CUDA);
-  ck_assert_int_eq(c.cuda_graph, 1);
-  ck_assert_int_eq(c.tf32, 1);
+  ck_assert_str_eq(c.backend_options, "graph=1,tf32=1");
+  ck_assert_int_eq(c.cuda_graph, 0);
+  ck_assert_int_eq(c.tf32, 0);
   ck_assert_int_eq(c.transport, DP_TRANSPORT_NCCL);
   ck_assert(dpt_given(&com, DPT_OPT_GRAPH) && dpt_given(&com, DPT_OPT_TF32) &&
             dpt_given(&com, DPT_OPT_TRANSPORT));
-  ck_assert_int_eq(c.fast_collectives, 0);
   ck_assert_int_eq(PARSE(&c, &com, err, "--mode", "allreduce", "--fast-collectives"),
                    DPT_ARGS_OK);
-  ck_assert_int_eq(c.fast_collectives, 1);
+  ck_assert_str_eq(c.backend_options, "fast_collectives=1");
   ck_assert(dpt_given(&com, DPT_OPT_FAST_COLLECTIVES));
   ck_assert_int_eq(PARSE(&c, NULL, err, "--transport=copy"), DPT_ARGS_OK);
   ck_assert_int_eq(c.transport, DP_TRANSPORT_COPY);
-  ck_assert_int_eq(c.cuda_graph, 0); /* not left over from the last parse */
+  ck_assert_str_eq(c.backend_options, ""); /* not left over from the last parse */
   ck_assert_int_eq(PARSE(&c, NULL, err, "--transport", "AUTO"), DPT_ARGS_OK);
   ck_assert_int_eq(c.transport, DP_TRANSPORT_AUTO);
 
@@ -831,19 +833,30 @@ START_TEST(config_cuda_options_in_help_and_summary) {
   ck_assert_msg(strstr(help, "\n  --graph "), "help lacks --graph:\n%s", help);
   ck_assert_msg(strstr(help, "\n  --tf32 "), "help lacks --tf32:\n%s", help);
   ck_assert_msg(strstr(help, "\n  --transport auto|copy|nccl\n"), "help lacks --transport");
+  ck_assert_msg(strstr(help, "\n  --backend-option NAME=VALUE\n"),
+                "help lacks --backend-option");
 
   char line[1024];
   CONFIG_LINE(line, "--batch", "8");
   ck_assert_msg(strstr(line, ", cpu backend, seed 0"), "%s", line);
   CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--devices", "0,0");
   ck_assert_msg(strstr(line, "[ids 0,0]"), "%s", line);
-  ck_assert_msg(strstr(line, ", cuda backend (transport auto), seed 0"), "%s", line);
+  /* no backend option set: none shown */
+  ck_assert_msg(strstr(line, ", cuda backend, seed 0"), "%s", line);
   CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--graph", "--tf32", "--transport",
               "nccl");
   ck_assert_msg(strstr(line, ", cuda backend (transport nccl, cuda graph, tf32), seed"),
                 "%s", line);
   CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--tf32");
-  ck_assert_msg(strstr(line, ", cuda backend (transport auto, tf32), seed"), "%s", line);
+  ck_assert_msg(strstr(line, ", cuda backend (tf32), seed"), "%s", line);
+  /* from the backend options, whichever flag set them; known ones first, an
+   * item at 0 left out, any other as it was given */
+  CONFIG_LINE(line, "--batch", "8", "--backend", "cuda", "--backend-option", "tf32=1",
+              "--backend-option", "transport=nccl", "--graph", "--backend-option",
+              "fast_collectives=0", "--backend-option", "foo=bar");
+  ck_assert_msg(
+      strstr(line, ", cuda backend (transport nccl, cuda graph, tf32, foo=bar), seed"),
+      "%s", line);
   /* set on a cpu config (which the planner refuses): shown, so the line says why */
   CONFIG_LINE(line, "--batch", "8", "--graph");
   ck_assert_msg(strstr(line, ", cpu backend (cuda graph), seed"), "%s", line);
@@ -858,6 +871,69 @@ static cmd_result run_cmd(int (*cmd)(int, char **), int argc, char **argv) {
   return capture_cmd(cmd, argc, argv);
 }
 #define RUN(cmd, ...) run_cmd((cmd), ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
+
+/* ---- --backend-option NAME=VALUE and the cuda flags as backend options ---- */
+
+START_TEST(config_backend_options) {
+  dp_config c;
+  dpt_common com;
+  char err[256] = "";
+  /* the flags: items in command-line order */
+  ck_assert_int_eq(PARSE(&c, &com, err, "--tf32", "--graph"), DPT_ARGS_OK);
+  ck_assert_str_eq(c.backend_options, "tf32=1,graph=1");
+  ck_assert_int_eq(c.tf32, 0);
+  ck_assert_int_eq(c.cuda_graph, 0);
+  ck_assert_int_eq(PARSE(&c, &com, err, "--backend-option", "tf32=1"), DPT_ARGS_OK);
+  ck_assert_str_eq(c.backend_options, "tf32=1");
+  ck_assert(dpt_given(&com, DPT_OPT_BACKEND_OPTION));
+  ck_assert(!dpt_given(&com, DPT_OPT_TF32));
+  /* repeatable, appended after the flags' items; the same item once */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--backend-option=transport=nccl",
+                         "--backend-option", "graph=0", "--tf32", "--backend-option",
+                         "tf32=1"),
+                   DPT_ARGS_OK);
+  ck_assert_str_eq(c.backend_options, "tf32=1,transport=nccl,graph=0");
+  /* a value that disagrees is kept, for the planner to refuse */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--tf32", "--backend-option", "tf32=0"),
+                   DPT_ARGS_OK);
+  ck_assert_str_eq(c.backend_options, "tf32=1,tf32=0");
+  char v[16];
+  ck_assert_int_eq(dpt_backend_option_get("graph=0 tf32=1", "tf32", v, sizeof v), 1);
+  ck_assert_str_eq(v, "1");
+  ck_assert_int_eq(dpt_backend_option_get("graph=0 tf32=1", "transport", v, sizeof v), 0);
+  ck_assert_int_eq(dpt_backend_option_on("graph=0,tf32=1", "graph"), 0);
+  ck_assert_int_eq(dpt_backend_option_on("graph=0,tf32=1", "tf32"), 1);
+
+  /* malformed: refused, with the item and the form it needs */
+  static const char *const bad[] = {"tf32", "=1", "tf32=", "tf32=1,graph=1", "tf32 =1", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    err[0] = '\0';
+    ck_assert_int_eq(PARSE(&c, NULL, err, "--backend-option", (char *)bad[i]),
+                     DPT_ARGS_ERROR);
+    char want[64];
+    snprintf(want, sizeof want, "--backend-option: '%s' is not NAME=VALUE", bad[i]);
+    ck_assert_msg(strstr(err, want), "'%s': %s", bad[i], err);
+  }
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--backend-option"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--backend-option needs a value"), "%s", err);
+  /* more than the config holds */
+  char big[200];
+  memset(big, 'x', sizeof big);
+  memcpy(big, "name=", 5);
+  big[sizeof big - 1] = '\0';
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--backend-option", big), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "the backend options would pass 127 bytes"), "%s", err);
+
+  /* through a command: the usage error on stderr, exit 2 */
+  cmd_result r =
+      RUN(dpt_cmd_plan, "--model", "x.dpm", "--batch", "8", "--backend-option", "tf32");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "dp plan: --backend-option: 'tf32' is not NAME=VALUE"), "%s",
+                r.err);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
+}
+END_TEST
 
 static int starts_with(const char *s, const char *prefix) {
   return strncmp(s, prefix, strlen(prefix)) == 0;
@@ -900,7 +976,7 @@ START_TEST(config_repeated_options_are_refused) {
   char *many[64] = {"cmd"};
   for (int i = 1; i < 61; i++) many[i] = i % 2 ? "--graph" : "--inference";
   ck_assert_int_eq(dpt_config_from_args(61, many, &c, NULL, err, sizeof err), DPT_ARGS_OK);
-  ck_assert_int_eq(c.cuda_graph, 1);
+  ck_assert_str_eq(c.backend_options, "graph=1"); /* once, however often given */
   ck_assert_int_eq(c.inference, 1);
   /* a command's own options too, through the commands */
   char model[64];
@@ -1371,7 +1447,12 @@ START_TEST(cuda_options_refused_on_the_cpu_backend) {
   ck_assert_int_eq(dp_model_parse(SMALL_SPEC, "small", &m), DP_OK);
   static const char *const opt[3][2] = {
       {"--graph", NULL}, {"--tf32", NULL}, {"--transport", "copy"}};
-  static const char *const field[3] = {"cuda_graph", "tf32", "transport"};
+  /* --graph and --tf32 set backend options, which the cpu backend has none of;
+   * --transport still sets the deprecated field */
+  static const char *const want_msg[3] = {
+      "backend option 'graph': the cpu backend has no options",
+      "backend option 'tf32': the cpu backend has no options",
+      "transport is a cuda backend option"};
   for (int i = 0; i < 3; i++) {
     /* the planner's message, through the library */
     dp_config c;
@@ -1383,7 +1464,7 @@ START_TEST(cuda_options_refused_on_the_cpu_backend) {
     dp_plan *p = NULL;
     ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_INVALID);
     ck_assert_ptr_null(p);
-    snprintf(want, sizeof want, "%s is a cuda backend option", field[i]);
+    snprintf(want, sizeof want, "%s", want_msg[i]);
     ck_assert_msg(strstr(dp_last_error(), want), "'%s' not in: %s", want, dp_last_error());
     /* the same with --backend cuda plans (no GPU needed to plan; a build
      * without the cuda backend plans nothing for it) */
@@ -1442,7 +1523,7 @@ START_TEST(plan_cuda_replicas_on_one_gpu) {
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   ck_assert_str_eq(r.err, "");
   ck_assert_msg(strstr(r.out, "batch 64 on 4 devices [ids 0,0,0,0]"), "%s", r.out);
-  ck_assert_msg(strstr(r.out, "cuda backend (transport auto, cuda graph)"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "cuda backend (cuda graph)"), "%s", r.out);
   ck_assert_msg(strstr(r.out, "device 3"), "%s", r.out);
   char line[128], num[32];
   dpt_bytes_exact(ws, num, sizeof num); /* "33,558,528" */
@@ -3337,6 +3418,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, config_getopt_reset_between_calls);
   tcase_add_test(tc, parse_args_with_command_options_and_positionals);
   tcase_add_test(tc, config_cuda_options);
+  tcase_add_test(tc, config_backend_options);
   tcase_add_test(tc, config_cuda_options_in_help_and_summary);
   suite_add_tcase(s, tc);
 

@@ -99,10 +99,14 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_int(w, "accumulate", c->accumulate);
   add_text(w, "batchnorm", dp_bn_mode_name(c->batchnorm));
   add_text(w, "backend", dp_backend_name(c->backend));
-  add_flag(w, "graph", c->cuda_graph);
-  add_flag(w, "tf32", c->tf32);
   add_text(w, "transport", dp_transport_name(c->transport));
-  add_flag(w, "fast-collectives", c->fast_collectives);
+  /* the backend's own options (--graph, --tf32, --fast-collectives,
+   * --backend-option) as one word: items joined by commas */
+  char bo[DP_BACKEND_OPTIONS_CAP];
+  snprintf(bo, sizeof bo, "%s", c->backend_options[0] ? c->backend_options : "(none)");
+  for (char *q = bo; *q; q++)
+    if (*q == ' ' || *q == '\t') *q = ',';
+  add_text(w, "backend-options", bo);
 }
 
 /* The rows as read, bit for bit, with their shape. */

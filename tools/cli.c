@@ -16,17 +16,25 @@
 #include <time.h>
 #include <unistd.h>
 
-static int fail(char *err, size_t errcap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-/* Writes the message; returns -1 (== DPT_ARGS_ERROR). */
-static int fail(char *err, size_t errcap, const char *fmt, ...) {
-  if (err && errcap) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errcap, fmt, ap);
-    va_end(ap);
-  }
+static int vfail(char *err, size_t errcap, const char *fmt, va_list ap) {
+  if (err && errcap) vsnprintf(err, errcap, fmt, ap);
   return -1;
+}
+
+int dpt_fail(char *err, size_t errcap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(err, errcap, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+dp_status dpt_fail_status(dp_status s, char *err, size_t errcap, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vfail(err, errcap, fmt, ap);
+  va_end(ap);
+  return s;
 }
 
 /* ---- sizes ------------------------------------------------------------------- */
@@ -55,15 +63,16 @@ static uint64_t unit_multiplier(const char *u) {
 
 int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
   static const char units[] = "use B, kB, MB, GB, TB, PB or KiB, MiB, GiB, TiB, PiB";
-  if (!s || !*s) return fail(err, errcap, "empty size");
+  if (!s || !*s) return dpt_fail(err, errcap, "empty size");
   const char *p = s;
-  if (*p == '-') return fail(err, errcap, "size '%s' is negative", s);
+  if (*p == '-') return dpt_fail(err, errcap, "size '%s' is negative", s);
   if (!isdigit((unsigned char)*p))
-    return fail(err, errcap, "size '%s' is not a number (e.g. 512MiB, 1.5GB, 1000)", s);
+    return dpt_fail(err, errcap, "size '%s' is not a number (e.g. 512MiB, 1.5GB, 1000)", s);
   uint64_t ip = 0;
   for (; isdigit((unsigned char)*p); p++) {
     unsigned d = (unsigned)(*p - '0');
-    if (ip > (UINT64_MAX - d) / 10) return fail(err, errcap, "size '%s' is too large", s);
+    if (ip > (UINT64_MAX - d) / 10)
+      return dpt_fail(err, errcap, "size '%s' is too large", s);
     ip = ip * 10 + d;
   }
   const char *frac = NULL;
@@ -72,27 +81,28 @@ int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap) {
     frac = ++p;
     while (isdigit((unsigned char)*p)) p++;
     nfrac = (size_t)(p - frac);
-    if (nfrac == 0) return fail(err, errcap, "size '%s': digits expected after '.'", s);
+    if (nfrac == 0) return dpt_fail(err, errcap, "size '%s': digits expected after '.'", s);
   }
   const char *sp = p;
   while (*p == ' ') p++;
-  if (p != sp && *p == '\0') return fail(err, errcap, "size '%s': trailing space", s);
+  if (p != sp && *p == '\0') return dpt_fail(err, errcap, "size '%s': trailing space", s);
   uint64_t mult = unit_multiplier(p);
-  if (mult == 0) return fail(err, errcap, "size '%s': unknown unit '%s' (%s)", s, p, units);
+  if (mult == 0)
+    return dpt_fail(err, errcap, "size '%s': unknown unit '%s' (%s)", s, p, units);
   if (nfrac && mult == 1)
-    return fail(err, errcap, "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)",
-                s);
+    return dpt_fail(err, errcap,
+                    "size '%s': a fraction of a byte (use a unit, e.g. 1.5KiB)", s);
   uint64_t v;
   if (__builtin_mul_overflow(ip, mult, &v))
-    return fail(err, errcap, "size '%s' is too large", s);
+    return dpt_fail(err, errcap, "size '%s' is too large", s);
   /* floor(mult * 0.frac), exactly: multiply the decimal fraction by mult digit
    * by digit from the last; the final carry is the integer part. carry < mult,
    * so 9 * mult + carry < 10 * 1024^5 fits. */
   uint64_t carry = 0;
   for (size_t i = nfrac; i-- > 0;) carry = ((uint64_t)(frac[i] - '0') * mult + carry) / 10;
   if (__builtin_add_overflow(v, carry, &v) || v > SIZE_MAX)
-    return fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s,
-                (size_t)SIZE_MAX);
+    return dpt_fail(err, errcap, "size '%s' is too large (more than %zu bytes)", s,
+                    (size_t)SIZE_MAX);
   *out = (size_t)v;
   return 0;
 }
@@ -103,50 +113,50 @@ int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
                   size_t errcap) {
   if (min < INT_MIN) min = INT_MIN;
   if (max > INT_MAX) max = INT_MAX;
-  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
+  if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected an integer", what);
   if (isspace((unsigned char)*s))
-    return fail(err, errcap, "%s: '%s' is not an integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not an integer", what, s);
   char *end;
   errno = 0;
   long v = strtol(s, &end, 10);
   if (end == s || *end != '\0')
-    return fail(err, errcap, "%s: '%s' is not an integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not an integer", what, s);
   if (errno == ERANGE || v < min || v > max)
-    return fail(err, errcap, "%s: %s is out of range [%ld, %ld]", what, s, min, max);
+    return dpt_fail(err, errcap, "%s: %s is out of range [%ld, %ld]", what, s, min, max);
   *out = (int)v;
   return 0;
 }
 
 int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
                     char *err, size_t errcap) {
-  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected a number", what);
+  if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected a number", what);
   if (isspace((unsigned char)*s))
-    return fail(err, errcap, "%s: '%s' is not a number", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
   char *end;
   errno = 0;
   double v = strtod(s, &end);
   if (end == s || *end != '\0')
-    return fail(err, errcap, "%s: '%s' is not a number", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
   if (!isfinite(v) || errno == ERANGE || v < min || v > max || v > FLT_MAX || v < -FLT_MAX)
-    return fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
-                max > FLT_MAX ? (double)FLT_MAX : max);
+    return dpt_fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
+                    max > FLT_MAX ? (double)FLT_MAX : max);
   *out = (float)v;
   return 0;
 }
 
 int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
                   size_t errcap) {
-  if (!s || !*s) return fail(err, errcap, "%s: empty value, expected an integer", what);
+  if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected an integer", what);
   if (!isdigit((unsigned char)*s))
-    return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
   char *end;
   errno = 0;
   unsigned long long v = strtoull(s, &end, 10);
   if (*end != '\0')
-    return fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
+    return dpt_fail(err, errcap, "%s: '%s' is not a non-negative integer", what, s);
   if (errno == ERANGE || v > UINT64_MAX)
-    return fail(err, errcap, "%s: %s is out of range [0, %llu]", what, s,
-                (unsigned long long)UINT64_MAX);
+    return dpt_fail(err, errcap, "%s: %s is out of range [0, %llu]", what, s,
+                    (unsigned long long)UINT64_MAX);
   *out = (uint64_t)v;
   return 0;
 }
@@ -154,11 +164,12 @@ int dpt_parse_u64(const char *s, const char *what, uint64_t *out, char *err,
 int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], char *err,
                       size_t errcap) {
   char msg[256];
-  if (!s || !*s) return fail(err, errcap, "--devices: empty value");
+  if (!s || !*s) return dpt_fail(err, errcap, "--devices: empty value");
   if (!strchr(s, ',')) {
     int n;
     if (dpt_parse_int(s, 1, DP_MAX_DEVICES, "--devices", &n, msg, sizeof msg))
-      return fail(err, errcap, "%s (a device count, or a comma list of device ids)", msg);
+      return dpt_fail(err, errcap, "%s (a device count, or a comma list of device ids)",
+                      msg);
     for (int i = 0; i < n; i++) ids[i] = i;
     *n_devices = n;
     return 0;
@@ -168,19 +179,20 @@ int dpt_parse_devices(const char *s, int *n_devices, int ids[DP_MAX_DEVICES], ch
   for (;;) {
     const char *comma = strchr(p, ',');
     size_t len = comma ? (size_t)(comma - p) : strlen(p);
-    if (len == 0) return fail(err, errcap, "--devices: empty device id in list '%s'", s);
+    if (len == 0)
+      return dpt_fail(err, errcap, "--devices: empty device id in list '%s'", s);
     if (n == DP_MAX_DEVICES)
-      return fail(err, errcap, "--devices: list '%s' has more than %d entries", s,
-                  DP_MAX_DEVICES);
+      return dpt_fail(err, errcap, "--devices: list '%s' has more than %d entries", s,
+                      DP_MAX_DEVICES);
     char item[32];
     if (len >= sizeof item)
-      return fail(err, errcap, "--devices: device id '%.*s' is not an integer", (int)len,
-                  p);
+      return dpt_fail(err, errcap, "--devices: device id '%.*s' is not an integer",
+                      (int)len, p);
     memcpy(item, p, len);
     item[len] = '\0';
     if (!isdigit((unsigned char)item[0]))
-      return fail(err, errcap, "--devices: device id '%s' is not a non-negative integer",
-                  item);
+      return dpt_fail(err, errcap,
+                      "--devices: device id '%s' is not a non-negative integer", item);
     if (dpt_parse_int(item, 0, 1023, "--devices: device id", &tmp[n], err, errcap))
       return -1;
     n++;
@@ -210,7 +222,7 @@ static int parse_word(const char *s, const char *const *names, int n, const char
   size_t len = 0;
   for (int i = 0; i < n && len < sizeof list; i++)
     len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", i ? "|" : "", names[i]);
-  return fail(err, errcap, "%s: '%s' is not one of %s", what, s ? s : "", list);
+  return dpt_fail(err, errcap, "%s: '%s' is not one of %s", what, s ? s : "", list);
 }
 
 #define PARSE_ENUM(fn, type, name_fn, option)                                              \
@@ -291,6 +303,92 @@ void dpt_json_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* ---- backend options ------------------------------------------------------------ */
+
+#define ITEM_SEPS ", \t"
+
+/* The next item of a list at *at: its name [*name, *name + *nlen) and value
+ * [*value, *value + *vlen) (an item without '=': value empty); 0 at the end. */
+static int next_item(const char **at, const char **name, size_t *nlen, const char **value,
+                     size_t *vlen) {
+  const char *s = *at + strspn(*at, ITEM_SEPS);
+  size_t len = strcspn(s, ITEM_SEPS);
+  if (!len) return 0;
+  const char *eq = memchr(s, '=', len);
+  *name = s;
+  *nlen = eq ? (size_t)(eq - s) : len;
+  *value = eq ? eq + 1 : s + len;
+  *vlen = eq ? len - *nlen - 1 : 0;
+  *at = s + len;
+  return 1;
+}
+
+int dpt_backend_option_get(const char *options, const char *name, char *val, size_t cap) {
+  const char *at = options ? options : "", *n, *v;
+  size_t nlen, vlen;
+  int found = 0;
+  if (cap) val[0] = '\0';
+  while (next_item(&at, &n, &nlen, &v, &vlen))
+    if (nlen == strlen(name) && !strncmp(n, name, nlen)) {
+      found = 1;
+      if (cap) snprintf(val, cap, "%.*s", (int)vlen, v);
+    }
+  return found;
+}
+
+int dpt_backend_option_on(const char *options, const char *name) {
+  char v[8];
+  return dpt_backend_option_get(options, name, v, sizeof v) && !strcmp(v, "1");
+}
+
+int dpt_backend_option_add(dp_config *c, const char *name, const char *value, char *err,
+                           size_t errcap) {
+  char item[DP_BACKEND_OPTIONS_CAP + 1];
+  int n = snprintf(item, sizeof item, "%s=%s", name, value);
+  const char *at = c->backend_options, *in, *iv;
+  size_t nlen, vlen;
+  while (next_item(&at, &in, &nlen, &iv, &vlen))
+    if ((size_t)(at - in) == (size_t)n && !strncmp(in, item, (size_t)n)) return 0;
+  size_t len = strlen(c->backend_options);
+  if (n < 0 || len + (len ? 1 : 0) + (size_t)n >= sizeof c->backend_options)
+    return dpt_fail(err, errcap,
+                    "--backend-option %s: the backend options would pass %d bytes ('%s')",
+                    item, DP_BACKEND_OPTIONS_CAP - 1, c->backend_options);
+  char *d = c->backend_options + len;
+  if (len) *d++ = ',';
+  memcpy(d, item, (size_t)n + 1);
+  return 0;
+}
+
+int dpt_backend_option_set(dp_config *c, const char *name, const char *value, char *err,
+                           size_t errcap) {
+  char kept[DP_BACKEND_OPTIONS_CAP] = "";
+  size_t len = 0;
+  const char *at = c->backend_options, *n, *v;
+  size_t nlen, vlen;
+  while (next_item(&at, &n, &nlen, &v, &vlen)) {
+    if (nlen == strlen(name) && !strncmp(n, name, nlen)) continue;
+    size_t ilen = (size_t)(at - n);
+    if (len + (len ? 1 : 0) + ilen >= sizeof kept) break; /* cannot happen: it fitted */
+    if (len) kept[len++] = ',';
+    memcpy(kept + len, n, ilen);
+    kept[len += ilen] = '\0';
+  }
+  memcpy(c->backend_options, kept, len + 1);
+  return value ? dpt_backend_option_add(c, name, value, err, errcap) : 0;
+}
+
+int dpt_parse_backend_option(const char *s, dp_config *c, char *err, size_t errcap) {
+  const char *eq = s ? strchr(s, '=') : NULL;
+  if (!s || !eq || eq == s || !eq[1] || s[strcspn(s, ITEM_SEPS)])
+    return dpt_fail(err, errcap,
+                    "--backend-option: '%s' is not NAME=VALUE (one option, e.g. tf32=1)",
+                    s ? s : "");
+  char name[DP_BACKEND_OPTIONS_CAP];
+  snprintf(name, sizeof name, "%.*s", (int)(eq - s), s);
+  return dpt_backend_option_add(c, name, eq + 1, err, errcap);
+}
+
 /* ---- common options ------------------------------------------------------------ */
 
 static const struct option common_options[] = {
@@ -320,6 +418,7 @@ static const struct option common_options[] = {
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
+    {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
 };
 #define N_COMMON N_OF(common_options)
@@ -336,7 +435,7 @@ static int parse_below_one(const char *arg, const char *what, float *out, char *
   float v;
   if (dpt_parse_float(arg, 0, 1, what, &v, err, errcap)) return -1;
   if (v >= 1.0f) /* 1, or a value that rounds to 1 as a float */
-    return fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
+    return dpt_fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);
   *out = v;
   return 0;
 }
@@ -375,8 +474,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     float v;
     if (dpt_parse_float(arg, 0, FLT_MAX, "--eps", &v, err, errcap)) return -1;
     if (!(v > 0.0f))
-      return fail(err, errcap, "--eps: %s is not above 0 (AdamW divides by sqrt(v) + eps)",
-                  arg);
+      return dpt_fail(err, errcap,
+                      "--eps: %s is not above 0 (AdamW divides by sqrt(v) + eps)", arg);
     c->eps = v;
     return 0;
   }
@@ -389,13 +488,15 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
                            errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
-  case DPT_OPT_GRAPH: c->cuda_graph = 1; return 0;
-  case DPT_OPT_TF32: c->tf32 = 1; return 0;
-  case DPT_OPT_FAST_COLLECTIVES: c->fast_collectives = 1; return 0;
+  case DPT_OPT_GRAPH: return dpt_backend_option_add(c, "graph", "1", err, errcap);
+  case DPT_OPT_TF32: return dpt_backend_option_add(c, "tf32", "1", err, errcap);
+  case DPT_OPT_FAST_COLLECTIVES:
+    return dpt_backend_option_add(c, "fast_collectives", "1", err, errcap);
+  case DPT_OPT_BACKEND_OPTION: return dpt_parse_backend_option(arg, c, err, errcap);
   case DPT_OPT_TRANSPORT: return dpt_parse_transport(arg, &c->transport, err, errcap);
   case DPT_OPT_BATCHNORM: return dpt_parse_bn_mode(arg, &c->batchnorm, err, errcap);
   }
-  return fail(err, errcap, "internal: unknown common option %d", code);
+  return dpt_fail(err, errcap, "internal: unknown common option %d", code);
 }
 
 static const char *option_name(const struct option *opts, int val) {
@@ -421,7 +522,8 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
 
   for (int i = 0; i < N_COMMON; i++) opts[n++] = common_options[i];
   for (const struct option *o = extra; o && o->name; o++) {
-    if (n == N_COMMON + MAX_EXTRA) return fail(err, errcap, "internal: too many options");
+    if (n == N_COMMON + MAX_EXTRA)
+      return dpt_fail(err, errcap, "internal: too many options");
     opts[n++] = *o;
     if (!o->flag && o->val > 0 && o->val < 128 && isalnum(o->val) && o->val != 'h') {
       shortopts[nshort++] = (char)o->val;
@@ -442,6 +544,9 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   const char *value[N_CODES];
   int n_given = 0;
   int seen_extra[MAX_EXTRA], n_seen_extra = 0;
+  enum { MAX_BACKEND_ITEMS = 64 };
+  const char *items[MAX_BACKEND_ITEMS]; /* --backend-option, each time, in order */
+  int n_items = 0;
   dp_config scratch = *cfg;
 
   optind = 0; /* glibc: 0 forces a full reinitialisation of getopt's state */
@@ -452,32 +557,40 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
     if (c == 'h') return DPT_ARGS_HELP;
     if (c == ':') {
       const char *name = optopt >= 0x100 ? option_name(opts, optopt) : NULL;
-      if (name) return fail(err, errcap, "option --%s needs a value", name);
+      if (name) return dpt_fail(err, errcap, "option --%s needs a value", name);
       if (optopt > 0 && optopt < 0x100) {
         name = option_name(opts, optopt);
         if (name && strncmp(tok, "--", 2) == 0)
-          return fail(err, errcap, "option --%s needs a value", name);
-        return fail(err, errcap, "option -%c needs a value", optopt);
+          return dpt_fail(err, errcap, "option --%s needs a value", name);
+        return dpt_fail(err, errcap, "option -%c needs a value", optopt);
       }
-      return fail(err, errcap, "option %s needs a value", tok);
+      return dpt_fail(err, errcap, "option %s needs a value", tok);
     }
     if (c == '?') {
-      if (optopt == 0) return fail(err, errcap, "unknown or ambiguous option '%s'", tok);
+      if (optopt == 0)
+        return dpt_fail(err, errcap, "unknown or ambiguous option '%s'", tok);
       if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0)) {
         const char *name = option_name(opts, optopt);
-        return fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?",
-                    tok);
+        return dpt_fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?",
+                        tok);
       }
       if (isprint(optopt) && strncmp(tok, "--", 2) != 0)
-        return fail(err, errcap, "unknown option '-%c'", optopt);
-      return fail(err, errcap, "bad option '%s'", tok);
+        return dpt_fail(err, errcap, "unknown option '-%c'", optopt);
+      return dpt_fail(err, errcap, "bad option '%s'", tok);
     }
     if (c >= DPT_OPT_BATCH && c < DPT_OPT_COMMON_END) {
       int again = dpt_given(common, c);
-      if (again && optarg)
-        return fail(err, errcap, "--%s given twice", option_name(opts, c));
+      if (again && optarg && c != DPT_OPT_BACKEND_OPTION)
+        return dpt_fail(err, errcap, "--%s given twice", option_name(opts, c));
       if (set_common(c, optarg, &scratch, err, errcap)) return DPT_ARGS_ERROR;
       common->given |= 1ul << (c - DPT_OPT_BATCH);
+      if (c == DPT_OPT_BACKEND_OPTION) { /* repeatable: applied after the others */
+        if (n_items == MAX_BACKEND_ITEMS)
+          return dpt_fail(err, errcap, "--backend-option given more than %d times",
+                          MAX_BACKEND_ITEMS);
+        items[n_items++] = optarg;
+        continue;
+      }
       if (!again) { /* a flag without a value may repeat: recorded once (order[] has
                        room for each common option once) */
         order[n_given] = c;
@@ -488,11 +601,11 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
     for (int i = 0; optarg && i < n_seen_extra; i++) /* a flag may repeat (-v -v) */
       if (seen_extra[i] == c) {
         const char *name = option_name(opts, c);
-        if (name) return fail(err, errcap, "--%s given twice", name);
-        return fail(err, errcap, "-%c given twice", c);
+        if (name) return dpt_fail(err, errcap, "--%s given twice", name);
+        return dpt_fail(err, errcap, "-%c given twice", c);
       }
     if (n_seen_extra < MAX_EXTRA) seen_extra[n_seen_extra++] = c;
-    if (!fn) return fail(err, errcap, "internal: no handler for option '%s'", tok);
+    if (!fn) return dpt_fail(err, errcap, "internal: no handler for option '%s'", tok);
     if (fn(user, c, optarg, err, errcap)) return DPT_ARGS_ERROR;
   }
   /* --optimizer sets PyTorch's defaults for it; the explicit options override */
@@ -502,6 +615,8 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   for (int i = 0; i < n_given; i++)
     if (order[i] != DPT_OPT_OPTIMIZER && set_common(order[i], value[i], cfg, err, errcap))
       return DPT_ARGS_ERROR;
+  for (int i = 0; i < n_items; i++)
+    if (dpt_parse_backend_option(items[i], cfg, err, errcap)) return DPT_ARGS_ERROR;
   /* under mpirun, the job's processes (dp plan --ranks R plans one without) */
   if (!dpt_given(common, DPT_OPT_RANKS) && dpt_world_size() > 1)
     cfg->ranks = dpt_world_size();
@@ -510,13 +625,25 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   return DPT_ARGS_OK;
 }
 
+int dpt_parse_command(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
+                      void *user, void (*usage)(FILE *), dp_config *cfg, dpt_common *common,
+                      char *err, size_t errcap) {
+  dpt_common local;
+  if (!common) common = &local;
+  int r = dpt_parse_args(argc, argv, extra, fn, user, cfg, common, err, errcap);
+  if (r == DPT_ARGS_HELP && usage) usage(stdout);
+  if (r == DPT_ARGS_OK && common->n_args > 0)
+    return dpt_fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
+  return r;
+}
+
 int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *common,
                          char *err, size_t errcap) {
   dpt_common local;
   if (!common) common = &local;
   int r = dpt_parse_args(argc, argv, NULL, NULL, NULL, cfg, common, err, errcap);
   if (r == DPT_ARGS_OK && common->n_args > 0)
-    return fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
+    return dpt_fail(err, errcap, "unexpected argument '%s'", argv[common->first_arg]);
   return r;
 }
 
@@ -573,6 +700,12 @@ void dpt_print_common_help(FILE *f) {
         "                          many GPUs, bit-identical run to run only on a fixed\n"
         "                          topology and device count. The cpu backend refuses\n"
         "                          these four.\n"
+        "  --backend-option NAME=VALUE\n"
+        "                          one of the backend's own options, added to its list\n"
+        "                          (repeatable), e.g. --backend-option tf32=1; --graph,\n"
+        "                          --tf32 and --fast-collectives are graph=1, tf32=1\n"
+        "                          and fast_collectives=1. The backend checks the names\n"
+        "                          and values when planning (the cpu backend has none).\n"
         "  --lr X                  learning rate, > 0 (default 0.01)\n"
         "Optimizer settings are PyTorch's, with its defaults: --optimizer sets the\n"
         "defaults of the optimizer it names (whatever the option order), then the\n"
@@ -602,6 +735,36 @@ void dpt_print_common_help(FILE *f) {
         "Options take their value as '--opt value' or '--opt=value'; a unique prefix of\n"
         "an option name is accepted; an option that takes a value may be given once.\n",
         f);
+}
+
+/* The backend options of a config, when any is set (config.backend_options,
+ * or a transport other than auto); shown on a cpu config too, since the
+ * planner refuses them there and the line should show why. */
+static void print_backend_options(FILE *f, const dp_config *c) {
+  static const char *const known[][2] = {
+      {"graph", "cuda graph"}, {"tf32", "tf32"}, {"fast_collectives", "fast collectives"}};
+  const char *o = c->backend_options;
+  char v[DP_BACKEND_OPTIONS_CAP];
+  int sep = 0;
+  if (dpt_backend_option_get(o, "transport", v, sizeof v))
+    sep = fprintf(f, " (transport %s", v) > 0;
+  else if (c->transport != DP_TRANSPORT_AUTO)
+    sep = fprintf(f, " (transport %s", dp_transport_name(c->transport)) > 0;
+  for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+    if (dpt_backend_option_on(o, known[k][0]))
+      fprintf(f, "%s%s", sep++ ? ", " : " (", known[k][1]);
+  const char *at = o, *n, *iv;
+  size_t nlen, vlen;
+  while (next_item(&at, &n, &nlen, &iv, &vlen)) {
+    int shown = nlen == strlen("transport") && !strncmp(n, "transport", nlen);
+    for (size_t k = 0; k < sizeof known / sizeof *known; k++)
+      if (nlen == strlen(known[k][0]) && !strncmp(n, known[k][0], nlen) &&
+          (vlen == 1 && (*iv == '1' || *iv == '0')))
+        shown = 1;
+    if (vlen == 1 && *iv == '0') shown = 1; /* an option at 0: nothing to show */
+    if (!shown) fprintf(f, "%s%.*s", sep++ ? ", " : " (", (int)(at - n), n);
+  }
+  if (sep) fputc(')', f);
 }
 
 void dpt_print_config(FILE *f, const dp_config *c) {
@@ -643,29 +806,19 @@ void dpt_print_config(FILE *f, const dp_config *c) {
       fprintf(f, " with %s batchnorm", dp_bn_mode_name(c->batchnorm));
   }
   fprintf(f, ", %s backend", dp_backend_name(c->backend));
-  /* The cuda options; shown on a cpu config too when set, since the planner
-   * refuses them there and the line should show why. */
-  int sep = 0;
-  if (c->backend == DP_BACKEND_CUDA || c->transport != DP_TRANSPORT_AUTO) {
-    fprintf(f, " (transport %s", dp_transport_name(c->transport));
-    sep = 1;
-  }
-  if (c->cuda_graph) fprintf(f, "%scuda graph", sep++ ? ", " : " (");
-  if (c->tf32) fprintf(f, "%stf32", sep++ ? ", " : " (");
-  if (c->fast_collectives) fprintf(f, "%sfast collectives", sep++ ? ", " : " (");
-  if (sep) fputc(')', f);
+  print_backend_options(f, c);
   fprintf(f, ", seed %llu", (unsigned long long)c->seed);
 }
 
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap) {
   if (c->backend != DP_BACKEND_CUDA) return 0;
   if (!dp_cuda_available())
-    return fail(err, errcap,
-                "--backend cuda: this build has no CUDA backend (configure.py "
-                "found no nvcc, or --cpu-only)");
+    return dpt_fail(err, errcap,
+                    "--backend cuda: this build has no CUDA backend (configure.py "
+                    "found no nvcc, or --cpu-only)");
   if (dp_cuda_device_count() > 0) return 0;
   /* the library's reason starts "no usable GPU" */
-  return fail(err, errcap, "--backend cuda: %s", dpt_user_msg(dp_last_error()));
+  return dpt_fail(err, errcap, "--backend cuda: %s", dpt_user_msg(dp_last_error()));
 }
 
 double dpt_now_s(void) {
@@ -717,28 +870,29 @@ static const char *not_regular(mode_t m) {
 }
 
 int dpt_open_regular(const char *path, const char *what, char *err, size_t errcap) {
-  if (!path || !*path) return fail(err, errcap, "cannot read %s: empty file name", what);
+  if (!path || !*path)
+    return dpt_fail(err, errcap, "cannot read %s: empty file name", what);
   /* O_NONBLOCK: opening a FIFO that has no writer returns at once, so that
    * the type check below happens instead of a wait for a writer */
   int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0)
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(errno));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
     int e = errno;
     close(fd);
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path,
-                not_regular(st.st_mode));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path,
+                    not_regular(st.st_mode));
   }
   int fl = fcntl(fd, F_GETFL);
   if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
     int e = errno;
     close(fd);
-    return fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
+    return dpt_fail(err, errcap, "cannot read %s '%s': %s", what, path, strerror(e));
   }
   return fd;
 }
@@ -749,22 +903,22 @@ int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap) {
   if (fd < 0) return -1;
   close(fd);
   if (dp_model_load(path, out) == DP_OK) return 0;
-  return fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
 int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
                      size_t errcap) {
   if ((c && c->inference) || dp_model_loss(m) != DP_LOSS_NONE) return 0;
-  return fail(err, errcap,
-              "model '%s' has no loss line; training needs one (end it with 'loss "
-              "softmax_cross_entropy' or 'loss mse'%s)",
-              path, c ? ", or plan with --inference" : "");
+  return dpt_fail(err, errcap,
+                  "model '%s' has no loss line; training needs one (end it with 'loss "
+                  "softmax_cross_entropy' or 'loss mse'%s)",
+                  path, c ? ", or plan with --inference" : "");
 }
 
 int dpt_check_writable(const char *path, const char *what, int replace, char *err,
                        size_t errcap) {
   if (dp_file_check(path, what, !replace) == DP_OK) return 0;
-  return fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
 /* The identities of a path: what it names (followed) and the entry itself
@@ -805,15 +959,15 @@ int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_rol
       if (!ins[i].path) continue;
       file_ids in = ids_of(ins[i].path, 0);
       if (ids_meet(&out, &in))
-        return fail(err, errcap, "cannot write %s '%s': it is the %s '%s' it reads",
-                    outs[o].what, outs[o].path, ins[i].what, ins[i].path);
+        return dpt_fail(err, errcap, "cannot write %s '%s': it is the %s '%s' it reads",
+                        outs[o].what, outs[o].path, ins[i].what, ins[i].path);
     }
     for (int k = 0; k < o; k++) {
       if (!outs[k].path) continue;
       file_ids other = ids_of(outs[k].path, 1);
       if (strcmp(outs[k].path, outs[o].path) == 0 || ids_meet(&out, &other))
-        return fail(err, errcap, "cannot write %s '%s': it is also the %s '%s'",
-                    outs[o].what, outs[o].path, outs[k].what, outs[k].path);
+        return dpt_fail(err, errcap, "cannot write %s '%s': it is also the %s '%s'",
+                        outs[o].what, outs[o].path, outs[k].what, outs[k].path);
     }
   }
   return 0;

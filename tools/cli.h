@@ -46,6 +46,13 @@ enum {
 /* Room for one library error message (dp_last_error, dp_ctx_error). */
 #define DPT_MSG_CAP 512
 
+/* Writes the message (printf-style) into err[errcap] (nothing when err is NULL
+ * or errcap 0) and returns -1 (== DPT_ARGS_ERROR); dpt_fail_status returns s. */
+int dpt_fail(char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+dp_status dpt_fail_status(dp_status s, char *err, size_t errcap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* ---- values ------------------------------------------------------------------- */
 
 /* Byte sizes: a non-negative decimal number, optional spaces, optional unit.
@@ -89,6 +96,28 @@ int dpt_parse_transport(const char *s, dp_transport *out, char *err,
 int dpt_parse_bn_mode(const char *s, dp_bn_mode *out, char *err,
                       size_t errcap); /* per_replica|sync */
 
+/* ---- backend options (dp_config.backend_options) ---------------------------------- */
+
+/* Appends the item "name=value" to c->backend_options (items separated by
+ * commas), unless that very item is there already. The names and values are
+ * the backend's to check, at plan time. -1 with a message when the text would
+ * not fit (DP_BACKEND_OPTIONS_CAP). */
+int dpt_backend_option_add(dp_config *c, const char *name, const char *value, char *err,
+                           size_t errcap);
+/* Every item named `name` removed from c->backend_options, then, unless value
+ * is NULL, "name=value" appended. 0, or -1 as dpt_backend_option_add. */
+int dpt_backend_option_set(dp_config *c, const char *name, const char *value, char *err,
+                           size_t errcap);
+/* --backend-option NAME=VALUE: one item, checked for its form (a name, '=',
+ * a value; no comma or space), then appended as dpt_backend_option_add does. */
+int dpt_parse_backend_option(const char *s, dp_config *c, char *err, size_t errcap);
+/* The value of option `name` in a list of items ("graph=1,tf32=1" or the
+ * plan's "graph=0 tf32=1 ..."), the last one given, into val[cap]: 1, or 0
+ * (val "") when the list has no such item. */
+int dpt_backend_option_get(const char *options, const char *name, char *val, size_t cap);
+/* 1 when the list sets option `name` to 1. */
+int dpt_backend_option_on(const char *options, const char *name);
+
 /* ---- formatting ----------------------------------------------------------------- */
 
 /* Human-readable, binary units, two decimals above bytes: "832 B", "1.50 KiB",
@@ -127,16 +156,17 @@ enum {
   DPT_OPT_EPS,
   DPT_OPT_SEED,
   DPT_OPT_SHARD_OPTIMIZER, /* no value: cfg.shard_optimizer = 1 */
-  DPT_OPT_GRAPH,           /* no value: cfg.cuda_graph = 1 */
-  DPT_OPT_TF32,            /* no value: cfg.tf32 = 1 */
+  DPT_OPT_GRAPH,           /* no value: backend option graph=1 */
+  DPT_OPT_TF32,            /* no value: backend option tf32=1 */
   DPT_OPT_TRANSPORT,
-  DPT_OPT_FAST_COLLECTIVES, /* no value: cfg.fast_collectives = 1 */
+  DPT_OPT_FAST_COLLECTIVES, /* no value: backend option fast_collectives=1 */
   DPT_OPT_DAMPENING,
   DPT_OPT_NESTEROV, /* no value: cfg.nesterov = 1 */
   DPT_OPT_RANKS,
   DPT_OPT_CLIP_GRAD_NORM,
   DPT_OPT_ACCUMULATE,
   DPT_OPT_BATCHNORM,
+  DPT_OPT_BACKEND_OPTION, /* NAME=VALUE, repeatable: appended to cfg.backend_options */
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };
@@ -187,6 +217,13 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
                    void *user, dp_config *cfg, dpt_common *common, char *err,
                    size_t errcap);
 
+/* The preamble of a command without positional arguments: dpt_parse_args;
+ * on -h/--help, usage(stdout) (usage may be NULL) and DPT_ARGS_HELP; a
+ * positional argument is refused ("unexpected argument 'x'"). */
+int dpt_parse_command(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
+                      void *user, void (*usage)(FILE *), dp_config *cfg, dpt_common *common,
+                      char *err, size_t errcap);
+
 /* Same, with only the common options and no positional arguments allowed. */
 int dpt_config_from_args(int argc, char **argv, dp_config *cfg, dpt_common *common,
                          char *err, size_t errcap);
@@ -197,8 +234,11 @@ void dpt_print_common_help(FILE *f);
 /* One line describing a config, e.g.
  * "batch 30 on 2 devices (chunk split, micro-batch = chunk), classic mode, sgd (lr 0.01),
  *  training, cpu backend, seed 0"; "allreduce mode with sharded optimizer state" when
- *  shard_optimizer is set; the cuda options after the backend:
- *  "cuda backend (transport auto, cuda graph, tf32)". */
+ *  shard_optimizer is set; the backend options (config.backend_options, and a
+ *  transport other than auto) after the backend, when any is set:
+ *  "cuda backend (transport auto, cuda graph, tf32)"; graph=1, tf32=1 and
+ *  fast_collectives=1 read "cuda graph", "tf32", "fast collectives", an item
+ *  set to 0 is left out, any other reads "name=value". */
 void dpt_print_config(FILE *f, const dp_config *c);
 
 /* For the commands that create a context: 0 when c asks for the cpu backend or

@@ -875,7 +875,9 @@ static dp_config gpu_config(const dp_config *base, const dpt_common *common, int
                             int graph) {
   dp_config c = *base;
   c.backend = DP_BACKEND_CUDA;
-  c.cuda_graph = graph;
+  /* graph=1 or not, whatever the common options said (the name fits: the
+   * options only lose an item) */
+  (void)dpt_backend_option_set(&c, "graph", graph ? "1" : NULL, NULL, 0);
   if (!dpt_given(common, DPT_OPT_BATCH)) c.batch = 1024;
   if (!dpt_given(common, DPT_OPT_OPTIMIZER)) dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   if (replicas > 0) {
@@ -899,6 +901,7 @@ static int bench_gpu_step(const bench_opts *o, const dp_config *base,
     n_counts = 1;
   }
   dp_config c0 = gpu_config(base, common, counts[0], 0);
+  int tf32 = dpt_backend_option_on(c0.backend_options, "tf32");
   if (o->json) {
     printf("{\"bench\":\"gpu-step\",\"gpu\":");
     dpt_json_string(stdout, gpu);
@@ -906,11 +909,11 @@ static int bench_gpu_step(const bench_opts *o, const dp_config *base,
     dpt_json_string(stdout, name);
     printf(
         ",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"tf32\":%d,\"results\":[",
-        c0.batch, c0.micro_batch, dp_optimizer_name(c0.optimizer), c0.tf32);
+        c0.batch, c0.micro_batch, dp_optimizer_name(c0.optimizer), tf32);
   } else {
     printf("gpu-step: %s, batch %d, micro-batch %s, %s, %s, on %s\n", name, c0.batch,
            c0.micro_batch ? "given" : "= chunk", dp_optimizer_name(c0.optimizer),
-           c0.tf32 ? "tf32" : "fp32", gpu);
+           tf32 ? "tf32" : "fp32", gpu);
     printf("%-22s %6s %10s %12s %6s\n", "replicas (GPU ids)", "graph", "ms/step",
            "samples/s", "steps");
   }
@@ -1021,6 +1024,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
   dp_model *m = gpu_model(o->model, &name);
   if (!m) return DPT_EXIT_FAIL;
   dp_config c = gpu_config(base, common, 1, 0);
+  int tf32 = dpt_backend_option_on(c.backend_options, "tf32");
   int micro = c.micro_batch > 0 && c.micro_batch < c.batch ? c.micro_batch : c.batch;
   int cap = 6 * dp_model_n_layers(m) + 3, rc = DPT_EXIT_FAIL;
   gemm_shape *g = malloc((size_t)cap * sizeof *g);
@@ -1037,7 +1041,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     if (j < i) {
       g[i].ms = g[j].ms;
       g[i].tflops = g[j].tflops;
-    } else if (dp_bench_sgemm(DP_BACKEND_CUDA, 0, g[i].m, g[i].n, g[i].k, 50, c.tf32,
+    } else if (dp_bench_sgemm(DP_BACKEND_CUDA, 0, g[i].m, g[i].n, g[i].k, 50, tf32,
                               &g[i].ms) == DP_OK) {
       g[i].tflops =
           g[i].ms > 0 ? 2.0 * g[i].m * g[i].n * g[i].k / (g[i].ms * 1e-3) / 1e12 : 0;
@@ -1063,7 +1067,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     printf(",\"model\":");
     dpt_json_string(stdout, name);
     printf(",\"batch\":%d,\"micro_batch\":%d,\"optimizer\":\"%s\",\"tf32\":%d,\"gemms\":[",
-           c.batch, micro, dp_optimizer_name(c.optimizer), c.tf32);
+           c.batch, micro, dp_optimizer_name(c.optimizer), tf32);
     for (int i = 0; i < n; i++)
       printf("%s{\"layer\":%d,\"gemm\":\"%s\",\"m\":%d,\"n\":%d,\"k\":%d,\"per_step\":%d,"
              "\"ms\":%.4f,\"tflops\":%.2f}",
@@ -1083,7 +1087,7 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     printf("}\n");
   } else {
     printf("gpu-gemm: %s, batch %d, micro-batch %d, %s, %s, 1 replica on %s\n", name,
-           c.batch, micro, dp_optimizer_name(c.optimizer), c.tf32 ? "tf32" : "fp32", gpu);
+           c.batch, micro, dp_optimizer_name(c.optimizer), tf32 ? "tf32" : "fp32", gpu);
     printf(
         "each GEMM of a step alone through cuBLAS (C(m,n) = A(m,k) B(k,n), mean of 50)\n");
     printf("%5s  %-18s %6s %6s %6s %5s %9s %8s %10s\n", "layer", "gemm", "m", "n", "k", "x",

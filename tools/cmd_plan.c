@@ -338,36 +338,40 @@ static void print_text(const dp_plan *p, const char *model_path) {
   dpt_print_plan(stdout, p);
 }
 
-void dpt_print_plan(FILE *f, const dp_plan *p) {
-  const dp_config *c = dp_plan_config(p);
-  int nd = dp_plan_n_devices(p);
-  char a[48], b[48];
+/* The widths of the arena table: the row names' column, each device's. */
+typedef struct {
+  int name_w, col_w;
+} table_widths;
 
-  if (nd < c->n_devices)
-    fprintf(
-        f,
-        "only %d of %d devices get rows (%s split of %d rows); the rest hold nothing\n\n",
-        nd, c->n_devices, dp_split_name(c->split), c->batch);
+static const char *const TOTAL_LABEL = "total (padded)";
 
-  /* Column widths. */
-  int name_w = (int)strlen("micro-batches");
-  const char *total_label = "total (padded)";
-  if ((int)strlen(total_label) > name_w) name_w = (int)strlen(total_label);
+static table_widths table_widths_of(const dp_plan *p, int nd) {
+  char a[48];
+  table_widths t = {(int)strlen("micro-batches"), 8};
+  if ((int)strlen(TOTAL_LABEL) > t.name_w) t.name_w = (int)strlen(TOTAL_LABEL);
   for (int r = 0; r < DP_REGION_COUNT; r++) {
     int w = (int)strlen(dp_region_name((dp_region)r));
-    if (region_used(p, r) && w > name_w) name_w = w;
+    if (region_used(p, r) && w > t.name_w) t.name_w = w;
   }
-  int col_w = 8;
   for (int d = 0; d < nd; d++) {
     char h[32];
     int w = snprintf(h, sizeof h, "device %d", d);
-    if (w > col_w) col_w = w;
+    if (w > t.col_w) t.col_w = w;
     w = (int)strlen(dpt_bytes_exact(dp_plan_device_bytes(p, d), a, sizeof a));
-    if (w > col_w) col_w = w;
+    if (w > t.col_w) t.col_w = w;
     w = (int)strlen(dpt_bytes_human(dp_plan_device_bytes(p, d), a, sizeof a));
-    if (w > col_w) col_w = w;
+    if (w > t.col_w) t.col_w = w;
   }
+  return t;
+}
 
+/* The table: a column per device; the header, rank, gpu, rows and
+ * micro-batch rows, a row per non-empty region, the padded total. */
+static void print_arena_table(FILE *f, const dp_plan *p, int nd) {
+  const dp_config *c = dp_plan_config(p);
+  table_widths t = table_widths_of(p, nd);
+  int name_w = t.name_w, col_w = t.col_w;
+  char a[48];
   fprintf(f, "%-*s", name_w, "bytes");
   for (int d = 0; d < nd; d++) {
     char h[32];
@@ -399,36 +403,45 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
               dpt_bytes_exact(dp_plan_region(p, d, (dp_region)r).size, a, sizeof a));
     fprintf(f, "\n");
   }
-  fprintf(f, "%-*s", name_w, total_label);
+  fprintf(f, "%-*s", name_w, TOTAL_LABEL);
   for (int d = 0; d < nd; d++)
     fprintf(f, "  %*s", col_w, dpt_bytes_exact(dp_plan_device_bytes(p, d), a, sizeof a));
   fprintf(f, "\n%-*s", name_w, "");
   for (int d = 0; d < nd; d++)
     fprintf(f, "  %*s", col_w, dpt_bytes_human(dp_plan_device_bytes(p, d), a, sizeof a));
   fprintf(f, "\n\n");
+}
 
-  if (nd > 1) {
-    int k = largest_other_device(p);
-    size_t t0 = dp_plan_device_bytes(p, 0), tk = dp_plan_device_bytes(p, k);
-    if (t0 > tk) {
-      fprintf(f, "device 0 holds %s B more than device %d (",
-              dpt_bytes_exact(t0 - tk, a, sizeof a), k);
-      int any = 0;
-      for (int r = 0; r < DP_REGION_COUNT; r++)
-        if (dp_plan_region(p, 0, (dp_region)r).size >
-            dp_plan_region(p, k, (dp_region)r).size) {
-          fprintf(f, "%s%s", any ? ", " : "", region_phrase[r]);
-          any = 1;
-        }
-      fprintf(f, "%s)\n", any ? "" : "alignment padding");
-    } else if (t0 == tk) {
-      fprintf(f, "device 0 holds the same as device %d (%s B)\n", k,
-              dpt_bytes_exact(t0, a, sizeof a));
-    } else {
-      fprintf(f, "device %d holds %s B more than device 0\n", k,
-              dpt_bytes_exact(tk - t0, a, sizeof a));
-    }
+/* How much more device 0 holds than the largest other device, and which
+ * regions make the difference. */
+static void print_device0_difference(FILE *f, const dp_plan *p) {
+  char a[48];
+  int k = largest_other_device(p);
+  size_t t0 = dp_plan_device_bytes(p, 0), tk = dp_plan_device_bytes(p, k);
+  if (t0 > tk) {
+    fprintf(f, "device 0 holds %s B more than device %d (",
+            dpt_bytes_exact(t0 - tk, a, sizeof a), k);
+    int any = 0;
+    for (int r = 0; r < DP_REGION_COUNT; r++)
+      if (dp_plan_region(p, 0, (dp_region)r).size >
+          dp_plan_region(p, k, (dp_region)r).size) {
+        fprintf(f, "%s%s", any ? ", " : "", region_phrase[r]);
+        any = 1;
+      }
+    fprintf(f, "%s)\n", any ? "" : "alignment padding");
+  } else if (t0 == tk) {
+    fprintf(f, "device 0 holds the same as device %d (%s B)\n", k,
+            dpt_bytes_exact(t0, a, sizeof a));
+  } else {
+    fprintf(f, "device %d holds %s B more than device 0\n", k,
+            dpt_bytes_exact(tk - t0, a, sizeof a));
   }
+}
+
+/* What liveness saves in device 0's activations, and the host staging. */
+static void print_activations_and_staging(FILE *f, const dp_plan *p) {
+  const dp_config *c = dp_plan_config(p);
+  char a[48], b[48];
   size_t un = dp_plan_activation_bytes_unshared(p, 0),
          act = dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size;
   if (un > act)
@@ -448,6 +461,19 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
             "host staging: %s B (%s), pinned host memory for a step's inputs, targets "
             "and outputs\n",
             dpt_bytes_exact(hb, a, sizeof a), dpt_bytes_human(hb, b, sizeof b));
+}
+
+void dpt_print_plan(FILE *f, const dp_plan *p) {
+  const dp_config *c = dp_plan_config(p);
+  int nd = dp_plan_n_devices(p);
+  if (nd < c->n_devices)
+    fprintf(
+        f,
+        "only %d of %d devices get rows (%s split of %d rows); the rest hold nothing\n\n",
+        nd, c->n_devices, dp_split_name(c->split), c->batch);
+  print_arena_table(f, p, nd);
+  if (nd > 1) print_device0_difference(f, p);
+  print_activations_and_staging(f, p);
   if (dp_plan_ranks(p) > 1) print_ranks_text(f, p);
 }
 
@@ -495,13 +521,19 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
           c->batch, c->n_devices, dp_plan_ranks(p));
   for (int d = 0; d < c->n_devices && d < DP_MAX_DEVICES; d++)
     fprintf(f, "%s%d", d ? ", " : "", c->device_ids[d]);
+  /* the backend's options as the plan has them, every one with its value */
+  char bo[256], tv[32];
+  dp_plan_backend_options(p, bo, sizeof bo);
+  const char *transport = dpt_backend_option_get(bo, "transport", tv, sizeof tv)
+                              ? tv
+                              : dp_transport_name(c->transport);
   fprintf(
       f,
       "], \"n_devices_used\": %d, \"split\": \"%s\", \"micro_batch\": %d, "
       "\"mode\": \"%s\", \"optimizer\": \"%s\", \"inference\": %s, \"backend\": \"%s\", "
       "\"lr\": %s, \"momentum\": %s, \"weight_decay\": %s, \"beta1\": %s, "
       "\"beta2\": %s, \"eps\": %s, \"seed\": %llu, \"cuda_graph\": %s, \"tf32\": %s, "
-      "\"transport\": \"%s\", \"fast_collectives\": %s},\n",
+      "\"transport\": \"%s\", \"fast_collectives\": %s, \"backend_options\": ",
       nd, dp_split_name(c->split), c->micro_batch, dp_mode_name(c->mode),
       dp_optimizer_name(c->optimizer), c->inference ? "true" : "false",
       dp_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
@@ -509,8 +541,11 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
       float_text(c->weight_decay, fl[2], sizeof fl[2]),
       float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
       float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed,
-      c->cuda_graph ? "true" : "false", c->tf32 ? "true" : "false",
-      dp_transport_name(c->transport), c->fast_collectives ? "true" : "false");
+      dpt_backend_option_on(bo, "graph") ? "true" : "false",
+      dpt_backend_option_on(bo, "tf32") ? "true" : "false", transport,
+      dpt_backend_option_on(bo, "fast_collectives") ? "true" : "false");
+  dpt_json_string(f, bo);
+  fputs("},\n", f);
 
   if (o->budget_set)
     fprintf(f, "  \"budget\": {\"bytes\": %zu, \"max_batch\": %d, \"search_cap\": %d},\n",
@@ -672,24 +707,13 @@ int dpt_cmd_plan(int argc, char **argv) {
   dp_config cfg;
   dpt_common com;
   char err[512];
-  int r = dpt_parse_args(argc, argv, plan_options, plan_option, &o, &cfg, &com, err,
-                         sizeof err);
-  if (r == DPT_ARGS_HELP) {
-    plan_help(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r == DPT_ARGS_OK && com.n_args > 0) {
-    snprintf(err, sizeof err, "unexpected argument '%s'", argv[com.first_arg]);
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && !o.model) {
-    snprintf(err, sizeof err, "--model FILE is required");
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && !o.budget_set && !dpt_given(&com, DPT_OPT_BATCH)) {
-    snprintf(err, sizeof err, "--batch B is required (or --budget SIZE to find it)");
-    r = DPT_ARGS_ERROR;
-  }
+  int r = dpt_parse_command(argc, argv, plan_options, plan_option, &o, plan_help, &cfg,
+                            &com, err, sizeof err);
+  if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
+  if (r == DPT_ARGS_OK && !o.model)
+    r = dpt_fail(err, sizeof err, "--model FILE is required");
+  if (r == DPT_ARGS_OK && !o.budget_set && !dpt_given(&com, DPT_OPT_BATCH))
+    r = dpt_fail(err, sizeof err, "--batch B is required (or --budget SIZE to find it)");
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp plan: %s\nrun 'dp plan --help' for the options\n", err);
     return DPT_EXIT_USAGE;

@@ -156,132 +156,169 @@ done:
   return rc;
 }
 
-int dpt_cmd_predict(int argc, char **argv) {
+/* The state of one `dp predict` run, handed from phase to phase. */
+typedef struct {
+  predict_opts o;
+  dp_config cfg;
+  dpt_common common;
+  char err[512];
+  int writes; /* rank 0 writes (the predictions, the report) */
+  dp_model *m;
+  dp_plan *p;
+  dp_ctx *c;
+  dpt_dataset d;
+  dpt_scaler sc;
+  dp_file *of; /* --out, written whole and renamed over the path at the end */
+  int in_w, out_w;
+  dp_loss_kind loss;
+} predict_run;
+
+/* The command line into t. Returns -1 to go on, else the exit status. */
+static int parse_predict(int argc, char **argv, predict_run *t) {
   static const struct option extra[] = {
       {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
       {"data", required_argument, NULL, OPT_DATA},
       {"out", required_argument, NULL, OPT_OUT},
       {"features-only", no_argument, NULL, OPT_FEATURES_ONLY},
       {0, 0, 0, 0}};
-  predict_opts o = {0};
-  dp_config cfg;
-  dpt_common common;
-  char err[512];
-  int r = dpt_parse_args(argc, argv, extra, on_option, &o, &cfg, &common, err, sizeof err);
-  if (r == DPT_ARGS_HELP) {
-    usage(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r == DPT_ARGS_OK && common.n_args > 0) {
-    snprintf(err, sizeof err, "unexpected argument '%s'", argv[common.first_arg]);
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && (!o.checkpoint || !o.data)) {
-    snprintf(err, sizeof err, "--checkpoint and --data are required");
-    r = DPT_ARGS_ERROR;
-  }
+  int r = dpt_parse_command(argc, argv, extra, on_option, &t->o, usage, &t->cfg, &t->common,
+                            t->err, sizeof t->err);
+  if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
+  if (r == DPT_ARGS_OK && (!t->o.checkpoint || !t->o.data))
+    r = dpt_fail(t->err, sizeof t->err, "--checkpoint and --data are required");
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp predict: %s\n(see dp predict --help)\n", err);
+    fprintf(stderr, "dp predict: %s\n(see dp predict --help)\n", t->err);
     return DPT_EXIT_USAGE;
   }
-  int rc = DPT_EXIT_FAIL;
-  dp_model *m = NULL;
-  dp_plan *p = NULL;
-  dp_ctx *c = NULL;
-  dpt_dataset d = {0};
-  dpt_scaler sc = {0};
-  dp_file *of = NULL; /* --out, written whole and renamed over the path at the end */
-  int writes = dpt_world_rank() == 0;
-  dpt_file_role outs[] = {{o.out, "predictions"}},
-                ins[] = {{o.checkpoint, "checkpoint"}, {o.data, "data"}};
-  if (writes && o.out &&
-      (dpt_check_distinct(outs, 1, ins, 2, err, sizeof err) ||
-       dpt_check_writable(o.out, "predictions", 1, err, sizeof err))) {
+  return -1;
+}
+
+/* The output checked, the checkpoint's model, the data (as its loss reads
+ * it) and the standardisation its training run used, applied. 0, or -1
+ * (said). */
+static int load_inputs(predict_run *t) {
+  const predict_opts *o = &t->o;
+  char *err = t->err;
+  size_t errcap = sizeof t->err;
+  dpt_file_role outs[] = {{o->out, "predictions"}},
+                ins[] = {{o->checkpoint, "checkpoint"}, {o->data, "data"}};
+  if (t->writes && o->out &&
+      (dpt_check_distinct(outs, 1, ins, 2, err, errcap) ||
+       dpt_check_writable(o->out, "predictions", 1, err, errcap))) {
     fprintf(stderr, "dp predict: %s\n", err);
-    goto done;
+    return -1;
   }
-  if (dp_ckpt_info(o.checkpoint, &m, NULL)) {
+  if (dp_ckpt_info(o->checkpoint, &t->m, NULL)) {
     fprintf(stderr, "dp predict: %s\n", dpt_user_msg(dp_last_error()));
-    goto done;
+    return -1;
   }
-  int in_w = dp_model_input_width(m), out_w = dp_model_output_width(m);
-  dp_loss_kind loss = dp_model_loss(m);
-  dp_status s = o.features_only ? dpt_csv_load_features(o.data, &d, err, sizeof err)
-                : loss == DP_LOSS_SOFTMAX_CE ? dpt_csv_load(o.data, &d, err, sizeof err)
+  int in_w = t->in_w = dp_model_input_width(t->m),
+      out_w = t->out_w = dp_model_output_width(t->m);
+  dp_loss_kind loss = t->loss = dp_model_loss(t->m);
+  dpt_dataset *d = &t->d;
+  dp_status s = o->features_only ? dpt_csv_load_features(o->data, d, err, errcap)
+                : loss == DP_LOSS_SOFTMAX_CE ? dpt_csv_load(o->data, d, err, errcap)
                 : loss == DP_LOSS_MSE
-                    ? dpt_csv_load_regression(o.data, out_w, &d, err, sizeof err)
-                    : dpt_csv_load_features(o.data, &d, err, sizeof err);
+                    ? dpt_csv_load_regression(o->data, out_w, d, err, errcap)
+                    : dpt_csv_load_features(o->data, d, err, errcap);
   if (s) {
     fprintf(stderr, "dp predict: %s\n", err);
-    goto done;
+    return -1;
   }
-  if (d.n_features != in_w) {
+  if (d->n_features != in_w) {
     fprintf(stderr,
             "dp predict: %s has %d features per row; the checkpoint's model takes %d%s\n",
-            o.data, d.n_features, in_w,
-            o.features_only ? "" : " (rows with the features only: --features-only)");
-    goto done;
+            o->data, d->n_features, in_w,
+            o->features_only ? "" : " (rows with the features only: --features-only)");
+    return -1;
   }
-  if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(&d, out_w, o.data)) goto done;
-  if (checkpoint_scaler(o.checkpoint, &sc, err, sizeof err)) {
+  if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(d, out_w, o->data)) return -1;
+  if (checkpoint_scaler(o->checkpoint, &t->sc, err, errcap)) {
     fprintf(stderr, "dp predict: %s\n", err);
-    goto done;
+    return -1;
   }
-  if (sc.n && sc.n != in_w) {
+  if (t->sc.n && t->sc.n != in_w) {
     fprintf(stderr, "dp predict: %s standardises %d features; the model takes %d\n",
-            o.checkpoint, sc.n, in_w);
-    goto done;
+            o->checkpoint, t->sc.n, in_w);
+    return -1;
   }
-  dpt_scaler_apply(&sc, &d);
-  if (!dpt_given(&common, DPT_OPT_BATCH)) cfg.batch = 256;
-  if (cfg.batch > d.n_rows) cfg.batch = d.n_rows;
-  cfg.inference = 1;
-  if (dpt_require_backend(&cfg, err, sizeof err)) {
-    fprintf(stderr, "dp predict: %s\n", err);
-    goto done;
+  dpt_scaler_apply(&t->sc, d);
+  return 0;
+}
+
+/* An inference plan (batch 256 unless given, at most the rows), its context
+ * with the checkpoint loaded, and the output file. 0, or -1 (said). */
+static int make_context(predict_run *t) {
+  dp_config *cfg = &t->cfg;
+  if (!dpt_given(&t->common, DPT_OPT_BATCH)) cfg->batch = 256;
+  if (cfg->batch > t->d.n_rows) cfg->batch = t->d.n_rows;
+  cfg->inference = 1;
+  if (dpt_require_backend(cfg, t->err, sizeof t->err)) {
+    fprintf(stderr, "dp predict: %s\n", t->err);
+    return -1;
   }
-  if (dp_plan_create(m, &cfg, &p) || dpt_ctx_create(p, &c) ||
-      dp_ckpt_load(c, o.checkpoint)) {
+  if (dp_plan_create(t->m, cfg, &t->p) || dpt_ctx_create(t->p, &t->c) ||
+      dp_ckpt_load(t->c, t->o.checkpoint)) {
     fprintf(stderr, "dp predict: %s\n",
-            dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
-    goto done;
+            dpt_user_msg(t->c ? dp_ctx_error(t->c) : dp_last_error()));
+    return -1;
   }
-  if (writes && o.out && dp_file_create(o.out, "predictions", &of)) {
+  if (t->writes && t->o.out && dp_file_create(t->o.out, "predictions", &t->of)) {
     fprintf(stderr, "dp predict: %s\n", dpt_user_msg(dp_last_error()));
-    goto done;
+    return -1;
   }
-  FILE *out = !writes ? NULL : of ? dp_file_stream(of) : stdout;
+  return 0;
+}
+
+/* The predictions written (and --out committed), then the report line and
+ * the warning of rows that are not finite. The exit status, or -1 (said). */
+static int predict(predict_run *t) {
+  const predict_opts *o = &t->o;
+  const dpt_dataset *d = &t->d;
+  FILE *out = !t->writes ? NULL : t->of ? dp_file_stream(t->of) : stdout;
   predict_sums sum = {0};
-  if (predict_rows(c, p, &d, cfg.batch, loss, out, &sum)) goto done;
-  dp_file *done_of = of;
-  of = NULL;
+  if (predict_rows(t->c, t->p, d, t->cfg.batch, t->loss, out, &sum)) return -1;
+  dp_file *done_of = t->of;
+  t->of = NULL;
   if (done_of && dp_file_commit(done_of)) {
     fprintf(stderr, "dp predict: %s\n", dpt_user_msg(dp_last_error()));
-    goto done;
+    return -1;
   }
-  FILE *report = o.out ? stdout : stderr; /* the predictions may be on stdout */
-  if (writes) {
-    fprintf(report, "dp predict: %d rows of %s through %s", d.n_rows, o.data, o.checkpoint);
-    if (d.label)
-      fprintf(report, ": accuracy %.2f%%", 100.0 * sum.correct / d.n_rows);
-    else if (d.y)
-      fprintf(report, ": mse %.6g", sum.se / ((double)d.n_rows * out_w));
-    fprintf(report, "%s%s\n", o.out ? " -> " : "", o.out ? o.out : "");
+  FILE *report = o->out ? stdout : stderr; /* the predictions may be on stdout */
+  if (t->writes) {
+    fprintf(report, "dp predict: %d rows of %s through %s", d->n_rows, o->data,
+            o->checkpoint);
+    if (d->label)
+      fprintf(report, ": accuracy %.2f%%", 100.0 * sum.correct / d->n_rows);
+    else if (d->y)
+      fprintf(report, ": mse %.6g", sum.se / ((double)d->n_rows * t->out_w));
+    fprintf(report, "%s%s\n", o->out ? " -> " : "", o->out ? o->out : "");
   }
-  rc = DPT_EXIT_OK;
-  if (writes && sum.n_bad) { /* written, but not to be taken for good predictions */
+  if (t->writes && sum.n_bad) { /* written, but not to be taken for good predictions */
     fprintf(stderr,
             "dp predict: warning: %d of %d rows have an output that is not finite (inf or "
             "nan; the first: row %d): the model overflows on them (exit status %d)\n",
-            sum.n_bad, d.n_rows, sum.first_bad, DPT_EXIT_NONFINITE);
-    rc = DPT_EXIT_NONFINITE;
+            sum.n_bad, d->n_rows, sum.first_bad, DPT_EXIT_NONFINITE);
+    return DPT_EXIT_NONFINITE;
   }
-done:
-  dp_file_discard(of);
-  dpt_scaler_free(&sc);
-  dpt_dataset_free(&d);
-  dp_ctx_free(c);
-  dp_plan_free(p);
-  dp_model_free(m);
+  return DPT_EXIT_OK;
+}
+
+int dpt_cmd_predict(int argc, char **argv) {
+  predict_run t = {.o = {0}};
+  int rc = parse_predict(argc, argv, &t);
+  if (rc >= 0) return rc;
+  t.writes = dpt_world_rank() == 0;
+  rc = DPT_EXIT_FAIL;
+  if (!load_inputs(&t) && !make_context(&t)) {
+    int r = predict(&t);
+    if (r >= 0) rc = r;
+  }
+  dp_file_discard(t.of);
+  dpt_scaler_free(&t.sc);
+  dpt_dataset_free(&t.d);
+  dp_ctx_free(t.c);
+  dp_plan_free(t.p);
+  dp_model_free(t.m);
   return rc;
 }

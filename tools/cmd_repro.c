@@ -524,406 +524,499 @@ static int make_batch(const dpt_dataset *d, long long step, int B, uint64_t seed
   return 0;
 }
 
-int dpt_cmd_repro(int argc, char **argv) {
+/* The state of one `dp repro` run, handed from phase to phase. */
+typedef struct {
   repro_opts o;
   char err[600];
-  int r = parse_repro_args(argc, argv, &o, err, sizeof err);
-  if (r == DPT_ARGS_HELP) {
-    usage(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp repro: %s\n(see dp repro --help)\n", err);
-    return DPT_EXIT_USAGE;
-  }
+  int nc, nt, ref; /* configurations, parameter tensors, the reference (-1: none) */
+  dp_model *model;
+  dpt_dataset data;
+  dp_tensor_info *tensors;
+  run_cfg *cf;
+  float *bx, *ref_params, *params;
+  void *bt;
+  int *perm;
+  divergence div;
+  int in_w, out_w, batch, tsz;
+  size_t np;
+  int n_refused, n_errors, n_run, n_differ;
+} repro_run;
 
-  if (dpt_require_backend(&o.base, err, sizeof err)) {
+/* The model, its tensors and the data, checked against each other, and the
+ * buffers of the lockstep run. 0, or -1 (said). */
+static int load_repro(repro_run *t) {
+  const repro_opts *o = &t->o;
+  char *err = t->err;
+  if (dpt_load_model(o->model, &t->model, err, sizeof t->err) ||
+      dpt_require_loss(o->model, t->model, NULL, err, sizeof t->err)) {
     fprintf(stderr, "dp repro: %s\n", err);
-    return DPT_EXIT_FAIL;
+    return -1;
   }
-
-  int rc = DPT_EXIT_FAIL, nc = o.n_counts * o.n_modes, nt = 0, ref = -1;
-  dp_model *model = NULL;
-  dpt_dataset data = {0};
-  dp_tensor_info *tensors = NULL;
-  run_cfg *cf = calloc((size_t)nc, sizeof *cf);
-  float *bx = NULL, *ref_params = NULL, *params = NULL;
-  void *bt = NULL;
-  int *perm = NULL;
-  divergence div = {0};
-  if (!cf) {
-    fprintf(stderr, "dp repro: out of memory\n");
-    return DPT_EXIT_FAIL;
-  }
-
-  if (dpt_load_model(o.model, &model, err, sizeof err) ||
-      dpt_require_loss(o.model, model, NULL, err, sizeof err)) {
+  int in_w = t->in_w = dp_model_input_width(t->model),
+      out_w = t->out_w = dp_model_output_width(t->model);
+  dp_loss_kind loss_kind = dp_model_loss(t->model);
+  if (model_tensors(t->model, &t->tensors, &t->nt, err, sizeof t->err)) {
     fprintf(stderr, "dp repro: %s\n", err);
-    goto out;
+    return -1;
   }
-  int in_w = dp_model_input_width(model), out_w = dp_model_output_width(model);
-  dp_loss_kind loss_kind = dp_model_loss(model);
-  if (model_tensors(model, &tensors, &nt, err, sizeof err)) {
-    fprintf(stderr, "dp repro: %s\n", err);
-    goto out;
-  }
+  dpt_dataset *data = &t->data;
   dp_status s = loss_kind == DP_LOSS_SOFTMAX_CE
-                    ? dpt_csv_load(o.data, &data, err, sizeof err)
-                    : dpt_csv_load_regression(o.data, out_w, &data, err, sizeof err);
+                    ? dpt_csv_load(o->data, data, err, sizeof t->err)
+                    : dpt_csv_load_regression(o->data, out_w, data, err, sizeof t->err);
   if (s) {
     fprintf(stderr, "dp repro: %s\n", err);
-    goto out;
+    return -1;
   }
-  if (data.n_features != in_w) {
-    fprintf(stderr, "dp repro: %s has %d features per row; %s takes %d\n", o.data,
-            data.n_features, o.model, in_w);
-    goto out;
+  if (data->n_features != in_w) {
+    fprintf(stderr, "dp repro: %s has %d features per row; %s takes %d\n", o->data,
+            data->n_features, o->model, in_w);
+    return -1;
   }
-  if (data.label && data.n_classes > out_w) {
-    fprintf(stderr, "dp repro: %s has labels up to %d; the model has %d outputs\n", o.data,
-            data.n_classes - 1, out_w);
-    goto out;
+  if (data->label && data->n_classes > out_w) {
+    fprintf(stderr, "dp repro: %s has labels up to %d; the model has %d outputs\n", o->data,
+            data->n_classes - 1, out_w);
+    return -1;
   }
-  if ((long long)o.steps * o.base.batch / data.n_rows >= INT_MAX) {
+  if ((long long)o->steps * o->base.batch / data->n_rows >= INT_MAX) {
     fprintf(stderr, "dp repro: %d steps of %d rows are too many passes over %d rows\n",
-            o.steps, o.base.batch, data.n_rows);
-    goto out;
+            o->steps, o->base.batch, data->n_rows);
+    return -1;
   }
-  if (!o.no_standardize) dpt_standardize(&data, NULL);
+  if (!o->no_standardize) dpt_standardize(data, NULL);
 
-  size_t np = dp_model_n_params(model);
-  int B = o.base.batch,
-      tsz = data.label ? (int)sizeof(int32_t) : out_w * (int)sizeof(float);
-  bx = malloc((size_t)B * in_w * sizeof *bx);
-  bt = malloc((size_t)B * tsz);
-  perm = malloc((size_t)data.n_rows * sizeof *perm);
-  ref_params = malloc((np ? np : 1) * sizeof *ref_params);
-  params = malloc((np ? np : 1) * sizeof *params);
-  if (!bx || !bt || !perm || !ref_params || !params) {
+  size_t np = t->np = dp_model_n_params(t->model);
+  int B = t->batch = o->base.batch;
+  t->tsz = data->label ? (int)sizeof(int32_t) : out_w * (int)sizeof(float);
+  t->bx = malloc((size_t)B * in_w * sizeof *t->bx);
+  t->bt = malloc((size_t)B * t->tsz);
+  t->perm = malloc((size_t)data->n_rows * sizeof *t->perm);
+  t->ref_params = malloc((np ? np : 1) * sizeof *t->ref_params);
+  t->params = malloc((np ? np : 1) * sizeof *t->params);
+  if (!t->bx || !t->bt || !t->perm || !t->ref_params || !t->params) {
     fprintf(stderr, "dp repro: out of memory\n");
-    goto out;
+    return -1;
   }
+  return 0;
+}
 
+/* Every configuration: plan and context, all alive for the lockstep run; a
+ * refused one keeps its message. 0, or -1 (said). */
+static int make_configs(repro_run *t) {
+  const repro_opts *o = &t->o;
   /* The configurations step one after the other: the largest count decides
    * whether the virtual devices have a CPU each. */
   int max_count = 0;
-  for (int i = 0; i < o.n_counts; i++)
-    max_count = o.counts[i] > max_count ? o.counts[i] : max_count;
-  dpt_warn_oversubscribed(stderr, "dp repro", max_count, o.base.backend, dpt_cpu_count());
+  for (int i = 0; i < o->n_counts; i++)
+    max_count = o->counts[i] > max_count ? o->counts[i] : max_count;
+  dpt_warn_oversubscribed(stderr, "dp repro", max_count, o->base.backend, dpt_cpu_count());
 
-  /* Every configuration: plan and context, all alive for the lockstep run. */
-  int n_refused = 0, n_errors = 0;
-  for (int i = 0; i < o.n_counts; i++)
-    for (int j = 0; j < o.n_modes; j++) {
-      run_cfg *c = &cf[i * o.n_modes + j];
-      c->n_devices = o.counts[i];
-      c->ranks = o.ranks[i];
-      c->mode = o.modes[j];
-      if (o.layouts)
+  for (int i = 0; i < o->n_counts; i++)
+    for (int j = 0; j < o->n_modes; j++) {
+      run_cfg *c = &t->cf[i * o->n_modes + j];
+      c->n_devices = o->counts[i];
+      c->ranks = o->ranks[i];
+      c->mode = o->modes[j];
+      if (o->layouts)
         snprintf(c->layout, sizeof c->layout, "%dx%d", c->ranks, c->n_devices / c->ranks);
       else
         snprintf(c->layout, sizeof c->layout, "%d device%s", c->n_devices,
                  c->n_devices == 1 ? "" : "s");
       snprintf(c->label, sizeof c->label, "%s %s", c->layout, rm_names[c->mode]);
-      c->cfg = o.base;
+      c->cfg = o->base;
       c->cfg.n_devices = c->n_devices;
       c->cfg.ranks = c->ranks;
       c->cfg.mode = c->mode == RM_CLASSIC ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
       c->cfg.shard_optimizer = c->mode == RM_SHARDED;
-      c->th = calloc((size_t)nt + 1, sizeof *c->th);
+      c->th = calloc((size_t)t->nt + 1, sizeof *c->th);
       if (!c->th) {
         fprintf(stderr, "dp repro: out of memory\n");
-        goto out;
+        return -1;
       }
       c->here = 1;
       /* a layout of R processes runs on the job's first R (collective) */
       if (dpt_world_layout_msg(c->ranks, c->msg, sizeof c->msg) ||
-          dp_plan_create(model, &c->cfg, &c->plan) ||
+          dp_plan_create(t->model, &c->cfg, &c->plan) ||
           dpt_ctx_create_part(c->plan, &c->ctx, &c->here)) {
         c->status = ST_REFUSED;
         if (!*c->msg) snprintf(c->msg, sizeof c->msg, "%s", dpt_user_msg(dp_last_error()));
-        n_refused++;
-      } else if (ref < 0 && c->here) {
-        ref = i * o.n_modes + j;
+        t->n_refused++;
+      } else if (t->ref < 0 && c->here) {
+        t->ref = i * o->n_modes + j;
       }
     }
+  return 0;
+}
 
-  if (o.json) {
+/* What the run compares, before the first step: the JSON document's head or
+ * the text's. */
+static void print_header(const repro_run *t) {
+  const repro_opts *o = &t->o;
+  const dpt_dataset *data = &t->data;
+  int B = t->batch, nc = t->nc;
+  if (o->json) {
     printf("{\n  \"model\": ");
-    dpt_json_string(stdout, o.model);
+    dpt_json_string(stdout, o->model);
     printf(",\n  \"data\": ");
-    dpt_json_string(stdout, o.data);
+    dpt_json_string(stdout, o->data);
     printf(
         ",\n  \"rows\": %d,\n  \"steps\": %d,\n  \"batch\": %d,\n  \"micro_batch\": %d,\n",
-        data.n_rows, o.steps, B, o.base.micro_batch);
+        data->n_rows, o->steps, B, o->base.micro_batch);
     printf("  \"split\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"lr\": ",
-           dp_split_name(o.base.split), dp_optimizer_name(o.base.optimizer));
-    json_float(stdout, o.base.lr);
+           dp_split_name(o->base.split), dp_optimizer_name(o->base.optimizer));
+    json_float(stdout, o->base.lr);
     printf(",\n  \"seed\": %llu,\n  \"backend\": \"%s\",\n  \"tensors\": [",
-           (unsigned long long)o.base.seed, dp_backend_name(o.base.backend));
-    for (int i = 0; i < nt; i++) {
-      printf("%s\n    {\"name\": \"%s\", \"shape\": [%d", i ? "," : "", tensors[i].name,
-             tensors[i].dims[0]);
-      for (int d = 1; d < tensors[i].ndim; d++) printf(", %d", tensors[i].dims[d]);
+           (unsigned long long)o->base.seed, dp_backend_name(o->base.backend));
+    for (int i = 0; i < t->nt; i++) {
+      printf("%s\n    {\"name\": \"%s\", \"shape\": [%d", i ? "," : "", t->tensors[i].name,
+             t->tensors[i].dims[0]);
+      for (int d = 1; d < t->tensors[i].ndim; d++) printf(", %d", t->tensors[i].dims[d]);
       printf("]}");
     }
     printf("\n  ]");
-    if (o.trace) printf(",\n  \"trace\": [");
-  } else {
-    printf("dp repro: %s on %s: %d rows, %d features, %s\n", o.model, o.data, data.n_rows,
-           data.n_features, data.label ? "classification" : "regression");
-    printf("%d steps of batch %d (%s split, micro-batch ", o.steps, B,
-           dp_split_name(o.base.split));
-    if (o.base.micro_batch > 0)
-      printf("%d", o.base.micro_batch);
-    else
-      printf("= each device's chunk");
-    printf("), %s lr %g, seed %llu, %s backend; %d configuration%s\n",
-           dp_optimizer_name(o.base.optimizer), (double)o.base.lr,
-           (unsigned long long)o.base.seed, dp_backend_name(o.base.backend), nc,
-           nc == 1 ? "" : "s");
-    if (o.base.micro_batch == 0 && nc > 1)
-      printf("note: without --micro-batch the bits are not expected to match across device "
-             "counts\n");
-    printf("\n");
-    if (o.trace && ref >= 0) print_trace_header(tensors, nt);
+    if (o->trace) printf(",\n  \"trace\": [");
+    return;
   }
+  printf("dp repro: %s on %s: %d rows, %d features, %s\n", o->model, o->data, data->n_rows,
+         data->n_features, data->label ? "classification" : "regression");
+  printf("%d steps of batch %d (%s split, micro-batch ", o->steps, B,
+         dp_split_name(o->base.split));
+  if (o->base.micro_batch > 0)
+    printf("%d", o->base.micro_batch);
+  else
+    printf("= each device's chunk");
+  printf("), %s lr %g, seed %llu, %s backend; %d configuration%s\n",
+         dp_optimizer_name(o->base.optimizer), (double)o->base.lr,
+         (unsigned long long)o->base.seed, dp_backend_name(o->base.backend), nc,
+         nc == 1 ? "" : "s");
+  if (o->base.micro_batch == 0 && nc > 1)
+    printf("note: without --micro-batch the bits are not expected to match across device "
+           "counts\n");
+  printf("\n");
+  if (o->trace && t->ref >= 0) print_trace_header(t->tensors, t->nt);
+}
 
-  /* The lockstep run. */
-  int perm_epoch = -1, first_trace = 1;
-  for (int step = 1; step <= o.steps && ref >= 0; step++) {
-    if (make_batch(&data, step - 1, B, o.base.seed, perm, &perm_epoch, bx, bt)) {
-      fprintf(stderr, "dp repro: step %d: position out of range\n", step);
-      goto out;
+/* The first divergence, at `step`, of configuration k (parameters w) from the
+ * reference: in tensor ti (the largest difference in it), or in the loss
+ * alone (ti < 0). */
+static void record_divergence(repro_run *t, int step, int k, int ti, const float *w) {
+  divergence *div = &t->div;
+  const run_cfg *c = &t->cf[k], *rc = &t->cf[t->ref];
+  div->step = step;
+  div->cfg = k;
+  div->tensor = ti;
+  if (ti < 0) {
+    div->ref_value = rc->loss;
+    div->value = c->loss;
+    div->max_diff = fabs((double)c->loss - (double)rc->loss);
+    return;
+  }
+  const dp_tensor_info *ten = &t->tensors[ti];
+  const float *a = t->ref_params + ten->offset, *b = w + ten->offset;
+  div->max_diff = 0.0;
+  div->at = ten->numel;
+  for (size_t e = 0; e < ten->numel; e++) {
+    int bits_differ = float_bits(a[e]) != float_bits(b[e]);
+    double d = fabs((double)a[e] - (double)b[e]);
+    if (d != d) d = bits_differ ? INFINITY : 0.0; /* NaN: the largest */
+    /* the largest difference; failing any (-0 vs +0), the first element
+     * whose bits differ */
+    if (d > div->max_diff || (div->at == ten->numel && bits_differ)) {
+      div->max_diff = d > div->max_diff ? d : div->max_diff;
+      div->at = e;
     }
-    int ref_alive = cf[ref].status == ST_OK;
-    for (int k = 0; k < nc; k++) {
-      run_cfg *c = &cf[k];
+  }
+  div->ref_value = a[div->at];
+  div->value = b[div->at];
+}
+
+/* Configuration k after `step` against the reference: 1 when its bits
+ * differ (the first divergence recorded). */
+static int compare_to_ref(repro_run *t, int step, int k, const float *w) {
+  run_cfg *c = &t->cf[k];
+  const run_cfg *rc = &t->cf[t->ref];
+  int ti = -1;
+  for (int i = 0; i < t->nt && ti < 0; i++)
+    if (c->th[i] != rc->th[i]) ti = i;
+  int differs = ti >= 0 || float_bits(c->loss) != float_bits(rc->loss);
+  if (differs && !c->div_step) c->div_step = step;
+  if (differs && !t->div.step) record_divergence(t, step, k, ti, w);
+  return differs;
+}
+
+/* --trace: configuration c's line (or JSON object) after `step`. */
+static void print_trace(const repro_run *t, const run_cfg *c, int step, int differs,
+                        int first) {
+  if (t->o.json) {
+    printf("%s\n    {\"step\": %d, \"devices\": %d, \"mode\": \"%s\", \"loss\": ",
+           first ? "" : ",", step, c->n_devices, rm_names[c->mode]);
+    json_float(stdout, c->loss);
+    printf(", \"loss_bits\": \"%08x\", \"params_hash\": ", (unsigned)float_bits(c->loss));
+    json_hash(stdout, c->hash);
+    printf(", \"tensor_hashes\": [");
+    for (int i = 0; i < t->nt; i++) {
+      if (i) printf(", ");
+      json_hash(stdout, c->th[i]);
+    }
+    printf("], \"same\": %s}", differs ? "false" : "true");
+  } else {
+    printf("%5d  %-18s  %-16.9g  %016llx", step, c->label, (double)c->loss,
+           (unsigned long long)c->hash);
+    for (int i = 0; i < t->nt; i++) printf("  %016llx", (unsigned long long)c->th[i]);
+    printf("%s\n", differs ? "  *" : "");
+  }
+}
+
+/* One step of configuration k on the batch in bx/bt, its hashes taken.
+ * 0, or -1: the step failed (the configuration marked, its message kept). */
+static int step_config(repro_run *t, int k, int step, float *w) {
+  run_cfg *c = &t->cf[k];
+  int B = t->batch;
+  /* a layout of several processes: this one feeds its rows */
+  int r0 = 0, nr = B;
+  if (c->ranks > 1) dp_plan_rank_rows(c->plan, B, dpt_world_rank(), &r0, &nr);
+  if (dp_train_step(c->ctx, B, t->in_w, t->bx + (size_t)r0 * t->in_w,
+                    (char *)t->bt + (size_t)r0 * t->tsz, &c->loss) ||
+      dp_get_params(c->ctx, w, t->np)) {
+    c->status = ST_ERROR;
+    snprintf(c->msg, sizeof c->msg, "step %d: %s", step,
+             dpt_user_msg(dp_ctx_error(c->ctx)));
+    t->n_errors++;
+    return -1;
+  }
+  c->hash = dp_params_hash(c->ctx);
+  for (int i = 0; i < t->nt; i++)
+    c->th[i] = fnv1a(w + t->tensors[i].offset, t->tensors[i].numel);
+  return 0;
+}
+
+/* The lockstep run: every configuration takes each step on the same batch,
+ * and is compared with the reference after it. 0, or -1 (said). */
+static int run_lockstep(repro_run *t) {
+  const repro_opts *o = &t->o;
+  int perm_epoch = -1, first_trace = 1, ref = t->ref;
+  for (int step = 1; step <= o->steps && ref >= 0; step++) {
+    if (make_batch(&t->data, step - 1, t->batch, o->base.seed, t->perm, &perm_epoch, t->bx,
+                   t->bt)) {
+      fprintf(stderr, "dp repro: step %d: position out of range\n", step);
+      return -1;
+    }
+    int ref_alive = t->cf[ref].status == ST_OK;
+    for (int k = 0; k < t->nc; k++) {
+      run_cfg *c = &t->cf[k];
       if (c->status != ST_OK || !c->here) continue;
-      float *w = k == ref ? ref_params : params;
-      /* a layout of several processes: this one feeds its rows */
-      int r0 = 0, nr = B;
-      if (c->ranks > 1) dp_plan_rank_rows(c->plan, B, dpt_world_rank(), &r0, &nr);
-      if (dp_train_step(c->ctx, B, in_w, bx + (size_t)r0 * in_w,
-                        (char *)bt + (size_t)r0 * tsz, &c->loss) ||
-          dp_get_params(c->ctx, w, np)) {
-        c->status = ST_ERROR;
-        snprintf(c->msg, sizeof c->msg, "step %d: %s", step,
-                 dpt_user_msg(dp_ctx_error(c->ctx)));
-        n_errors++;
+      float *w = k == ref ? t->ref_params : t->params;
+      if (step_config(t, k, step, w)) {
         if (k == ref) ref_alive = 0;
         continue;
       }
-      c->hash = dp_params_hash(c->ctx);
-      for (int i = 0; i < nt; i++)
-        c->th[i] = fnv1a(w + tensors[i].offset, tensors[i].numel);
-      int differs = 0;
-      if (k != ref && ref_alive) {
-        int ti = -1;
-        for (int i = 0; i < nt && ti < 0; i++)
-          if (c->th[i] != cf[ref].th[i]) ti = i;
-        differs = ti >= 0 || float_bits(c->loss) != float_bits(cf[ref].loss);
-        if (differs && !c->div_step) c->div_step = step;
-        if (differs && !div.step) {
-          div.step = step;
-          div.cfg = k;
-          div.tensor = ti;
-          if (ti >= 0) {
-            const dp_tensor_info *t = &tensors[ti];
-            const float *a = ref_params + t->offset, *b = w + t->offset;
-            div.max_diff = 0.0;
-            div.at = t->numel;
-            for (size_t e = 0; e < t->numel; e++) {
-              int bits_differ = float_bits(a[e]) != float_bits(b[e]);
-              double d = fabs((double)a[e] - (double)b[e]);
-              if (d != d) d = bits_differ ? INFINITY : 0.0; /* NaN: the largest */
-              /* the largest difference; failing any (-0 vs +0), the first element
-               * whose bits differ */
-              if (d > div.max_diff || (div.at == t->numel && bits_differ)) {
-                div.max_diff = d > div.max_diff ? d : div.max_diff;
-                div.at = e;
-              }
-            }
-            div.ref_value = a[div.at];
-            div.value = b[div.at];
-          } else {
-            div.ref_value = cf[ref].loss;
-            div.value = c->loss;
-            div.max_diff = fabs((double)c->loss - (double)cf[ref].loss);
-          }
-        }
-      }
-      if (o.trace) {
-        if (o.json) {
-          printf("%s\n    {\"step\": %d, \"devices\": %d, \"mode\": \"%s\", \"loss\": ",
-                 first_trace ? "" : ",", step, c->n_devices, rm_names[c->mode]);
-          json_float(stdout, c->loss);
-          printf(", \"loss_bits\": \"%08x\", \"params_hash\": ",
-                 (unsigned)float_bits(c->loss));
-          json_hash(stdout, c->hash);
-          printf(", \"tensor_hashes\": [");
-          for (int i = 0; i < nt; i++) {
-            if (i) printf(", ");
-            json_hash(stdout, c->th[i]);
-          }
-          printf("], \"same\": %s}", differs ? "false" : "true");
-        } else {
-          printf("%5d  %-18s  %-16.9g  %016llx", step, c->label, (double)c->loss,
-                 (unsigned long long)c->hash);
-          for (int i = 0; i < nt; i++) printf("  %016llx", (unsigned long long)c->th[i]);
-          printf("%s\n", differs ? "  *" : "");
-        }
+      int differs = k != ref && ref_alive && compare_to_ref(t, step, k, w);
+      if (o->trace) {
+        print_trace(t, c, step, differs, first_trace);
         first_trace = 0;
       }
     }
   }
+  return 0;
+}
 
-  /* The report. */
-  int n_run = 0, n_differ = 0;
-  for (int k = 0; k < nc; k++) {
-    if (cf[k].status != ST_REFUSED) n_run++;
-    if (cf[k].div_step) n_differ++;
+/* The report's JSON: the configurations, the divergence, the result. */
+static void report_json(const repro_run *t, const char *result, const char *where,
+                        int exit_status) {
+  const divergence *div = &t->div;
+  const run_cfg *cf = t->cf;
+  int ref = t->ref;
+  if (t->o.trace) printf("\n  ]");
+  printf(",\n  \"configurations\": [");
+  for (int k = 0; k < t->nc; k++) {
+    const run_cfg *c = &cf[k];
+    static const char *const st[] = {"ok", "refused", "error"};
+    printf("%s\n    {\"devices\": %d, \"ranks\": %d, \"mode\": \"%s\", \"status\": \"%s\"",
+           k ? "," : "", c->n_devices, c->ranks, rm_names[c->mode], st[c->status]);
+    if (c->status != ST_OK) {
+      printf(", \"message\": ");
+      dpt_json_string(stdout, c->msg);
+    }
+    if (c->status == ST_OK) {
+      printf(", \"final_loss\": ");
+      json_float(stdout, c->loss);
+      printf(", \"loss_bits\": \"%08x\", \"params_hash\": ", (unsigned)float_bits(c->loss));
+      json_hash(stdout, c->hash);
+    }
+    printf(", \"reference\": %s, \"same\": %s, \"first_diverging_step\": ",
+           k == ref ? "true" : "false",
+           c->status == ST_OK && !c->div_step ? "true" : "false");
+    if (c->div_step)
+      printf("%d}", c->div_step);
+    else
+      printf("null}");
+  }
+  printf("\n  ],\n  \"divergence\": ");
+  if (div->step) {
+    printf("{\"step\": %d, \"tensor\": ", div->step);
+    dpt_json_string(stdout, div->tensor >= 0 ? t->tensors[div->tensor].name : "loss");
+    printf(", \"reference\": {\"devices\": %d, \"mode\": \"%s\"}, ", cf[ref].n_devices,
+           rm_names[cf[ref].mode]);
+    printf("\"other\": {\"devices\": %d, \"mode\": \"%s\"}, \"max_abs_diff\": ",
+           cf[div->cfg].n_devices, rm_names[cf[div->cfg].mode]);
+    json_number(stdout, div->max_diff);
+    printf(", \"index\": ");
+    dpt_json_string(stdout, div->tensor >= 0 ? where : NULL);
+    printf(", \"reference_value\": ");
+    json_float(stdout, div->ref_value);
+    printf(", \"value\": ");
+    json_float(stdout, div->value);
+    printf("}");
+  } else {
+    printf("null");
+  }
+  printf(",\n  \"result\": \"%s\",\n  \"exit_status\": %d\n}\n", result, exit_status);
+}
+
+/* The report's table: a line per configuration. */
+static void report_table(const repro_run *t) {
+  const repro_opts *o = &t->o;
+  const run_cfg *cf = t->cf;
+  int ref = t->ref;
+  if (o->trace && ref >= 0) printf("\n");
+  printf("%7s  %-9s  %-16s  %-16s  %s\n", o->layouts ? "layout" : "devices", "mode",
+         "final loss", "params hash", ref >= 0 ? "vs reference" : "");
+  for (int k = 0; k < t->nc; k++) {
+    const run_cfg *c = &cf[k];
+    if (o->layouts)
+      printf("%7s  %-9s  ", c->layout, rm_names[c->mode]);
+    else
+      printf("%7d  %-9s  ", c->n_devices, rm_names[c->mode]);
+    if (c->status == ST_REFUSED) {
+      printf("refused: %s\n", c->msg);
+    } else if (c->status == ST_ERROR) {
+      printf("error at %s\n", c->msg);
+    } else {
+      printf("%-16.9g  %016llx  ", (double)c->loss, (unsigned long long)c->hash);
+      if (k == ref)
+        printf("reference\n");
+      else if (c->div_step)
+        printf("DIFFERS from step %d\n", c->div_step);
+      else if (cf[ref].status != ST_OK)
+        printf("?\n");
+      else
+        printf("same\n");
+    }
+  }
+  printf("\n");
+}
+
+/* The report's text: the table, then the verdict. */
+static void report_text(const repro_run *t, const char *where) {
+  const repro_opts *o = &t->o;
+  const divergence *div = &t->div;
+  const run_cfg *cf = t->cf;
+  int ref = t->ref, n_run = t->n_run, n_errors = t->n_errors, n_refused = t->n_refused;
+  report_table(t);
+  if (div->step) {
+    const run_cfg *c = &cf[div->cfg];
+    printf("DIFFERS: first divergence at step %d, ", div->step);
+    if (div->tensor >= 0) {
+      const dp_tensor_info *ten = &t->tensors[div->tensor];
+      printf("tensor %s (", ten->name);
+      for (int d = 0; d < ten->ndim; d++) printf("%s%d", d ? " x " : "", ten->dims[d]);
+      printf("), between %s (the reference) and %s: max abs difference %.9g at %s%s "
+             "(%.9g vs %.9g)\n",
+             cf[ref].label, c->label, div->max_diff, ten->name, where,
+             (double)div->ref_value, (double)div->value);
+    } else {
+      printf("the loss (every parameter tensor the same), between %s (the reference) and "
+             "%s: %.9g vs %.9g, difference %.9g\n",
+             cf[ref].label, c->label, (double)div->ref_value, (double)div->value,
+             div->max_diff);
+    }
+    printf("%d of %d configurations differ from the reference\n", t->n_differ, n_run);
+  } else if (ref >= 0 && !n_errors) {
+    printf("same: %d configuration%s gave the same bits (every parameter tensor and the "
+           "loss) after each of %d step%s\n",
+           n_run, n_run == 1 ? "" : "s", o->steps, o->steps == 1 ? "" : "s");
+  }
+  if (n_errors)
+    printf("%d configuration%s failed during training\n", n_errors,
+           n_errors == 1 ? "" : "s");
+  if (ref < 0)
+    printf("no configuration could run: all %d were refused\n", t->nc);
+  else if (n_refused)
+    printf("%d configuration%s refused%s\n", n_refused, n_refused == 1 ? "" : "s",
+           o->skip_refused ? " (skipped: --skip-refused)"
+                           : " (exit status 2; "
+                             "--skip-refused to ignore)");
+}
+
+/* The report; returns the exit status it states. */
+static int report(repro_run *t) {
+  for (int k = 0; k < t->nc; k++) {
+    if (t->cf[k].status != ST_REFUSED) t->n_run++;
+    if (t->cf[k].div_step) t->n_differ++;
   }
   int exit_status = DPT_EXIT_OK;
-  if (n_differ || n_errors)
+  if (t->n_differ || t->n_errors)
     exit_status = DPT_EXIT_FAIL;
-  else if (ref < 0 || (n_refused && !o.skip_refused))
+  else if (t->ref < 0 || (t->n_refused && !t->o.skip_refused))
     exit_status = DPT_EXIT_USAGE;
-  const char *result = n_differ   ? "differs"
-                       : n_errors ? "error"
-                       : ref < 0  ? "refused"
-                                  : "same";
+  const char *result = t->n_differ   ? "differs"
+                       : t->n_errors ? "error"
+                       : t->ref < 0  ? "refused"
+                                     : "same";
   char where[64] = "";
-  if (div.step && div.tensor >= 0)
-    element_index(&tensors[div.tensor], div.at, where, sizeof where);
+  if (t->div.step && t->div.tensor >= 0)
+    element_index(&t->tensors[t->div.tensor], t->div.at, where, sizeof where);
+  if (t->o.json)
+    report_json(t, result, where, exit_status);
+  else
+    report_text(t, where);
+  return exit_status;
+}
 
-  if (o.json) {
-    if (o.trace) printf("\n  ]");
-    printf(",\n  \"configurations\": [");
-    for (int k = 0; k < nc; k++) {
-      run_cfg *c = &cf[k];
-      static const char *const st[] = {"ok", "refused", "error"};
-      printf(
-          "%s\n    {\"devices\": %d, \"ranks\": %d, \"mode\": \"%s\", \"status\": \"%s\"",
-          k ? "," : "", c->n_devices, c->ranks, rm_names[c->mode], st[c->status]);
-      if (c->status != ST_OK) {
-        printf(", \"message\": ");
-        dpt_json_string(stdout, c->msg);
-      }
-      if (c->status == ST_OK) {
-        printf(", \"final_loss\": ");
-        json_float(stdout, c->loss);
-        printf(", \"loss_bits\": \"%08x\", \"params_hash\": ",
-               (unsigned)float_bits(c->loss));
-        json_hash(stdout, c->hash);
-      }
-      printf(", \"reference\": %s, \"same\": %s, \"first_diverging_step\": ",
-             k == ref ? "true" : "false",
-             c->status == ST_OK && !c->div_step ? "true" : "false");
-      if (c->div_step)
-        printf("%d}", c->div_step);
-      else
-        printf("null}");
-    }
-    printf("\n  ],\n  \"divergence\": ");
-    if (div.step) {
-      printf("{\"step\": %d, \"tensor\": ", div.step);
-      dpt_json_string(stdout, div.tensor >= 0 ? tensors[div.tensor].name : "loss");
-      printf(", \"reference\": {\"devices\": %d, \"mode\": \"%s\"}, ", cf[ref].n_devices,
-             rm_names[cf[ref].mode]);
-      printf("\"other\": {\"devices\": %d, \"mode\": \"%s\"}, \"max_abs_diff\": ",
-             cf[div.cfg].n_devices, rm_names[cf[div.cfg].mode]);
-      json_number(stdout, div.max_diff);
-      printf(", \"index\": ");
-      dpt_json_string(stdout, div.tensor >= 0 ? where : NULL);
-      printf(", \"reference_value\": ");
-      json_float(stdout, div.ref_value);
-      printf(", \"value\": ");
-      json_float(stdout, div.value);
-      printf("}");
-    } else {
-      printf("null");
-    }
-    printf(",\n  \"result\": \"%s\",\n  \"exit_status\": %d\n}\n", result, exit_status);
-  } else {
-    if (o.trace && ref >= 0) printf("\n");
-    printf("%7s  %-9s  %-16s  %-16s  %s\n", o.layouts ? "layout" : "devices", "mode",
-           "final loss", "params hash", ref >= 0 ? "vs reference" : "");
-    for (int k = 0; k < nc; k++) {
-      run_cfg *c = &cf[k];
-      if (o.layouts)
-        printf("%7s  %-9s  ", c->layout, rm_names[c->mode]);
-      else
-        printf("%7d  %-9s  ", c->n_devices, rm_names[c->mode]);
-      if (c->status == ST_REFUSED) {
-        printf("refused: %s\n", c->msg);
-      } else if (c->status == ST_ERROR) {
-        printf("error at %s\n", c->msg);
-      } else {
-        printf("%-16.9g  %016llx  ", (double)c->loss, (unsigned long long)c->hash);
-        if (k == ref)
-          printf("reference\n");
-        else if (c->div_step)
-          printf("DIFFERS from step %d\n", c->div_step);
-        else if (cf[ref].status != ST_OK)
-          printf("?\n");
-        else
-          printf("same\n");
-      }
-    }
-    printf("\n");
-    if (div.step) {
-      run_cfg *c = &cf[div.cfg];
-      printf("DIFFERS: first divergence at step %d, ", div.step);
-      if (div.tensor >= 0) {
-        const dp_tensor_info *t = &tensors[div.tensor];
-        printf("tensor %s (", t->name);
-        for (int d = 0; d < t->ndim; d++) printf("%s%d", d ? " x " : "", t->dims[d]);
-        printf("), between %s (the reference) and %s: max abs difference %.9g at %s%s "
-               "(%.9g vs %.9g)\n",
-               cf[ref].label, c->label, div.max_diff, t->name, where, (double)div.ref_value,
-               (double)div.value);
-      } else {
-        printf("the loss (every parameter tensor the same), between %s (the reference) and "
-               "%s: %.9g vs %.9g, difference %.9g\n",
-               cf[ref].label, c->label, (double)div.ref_value, (double)div.value,
-               div.max_diff);
-      }
-      printf("%d of %d configurations differ from the reference\n", n_differ, n_run);
-    } else if (ref >= 0 && !n_errors) {
-      printf("same: %d configuration%s gave the same bits (every parameter tensor and the "
-             "loss) after each of %d step%s\n",
-             n_run, n_run == 1 ? "" : "s", o.steps, o.steps == 1 ? "" : "s");
-    }
-    if (n_errors)
-      printf("%d configuration%s failed during training\n", n_errors,
-             n_errors == 1 ? "" : "s");
-    if (ref < 0)
-      printf("no configuration could run: all %d were refused\n", nc);
-    else if (n_refused)
-      printf("%d configuration%s refused%s\n", n_refused, n_refused == 1 ? "" : "s",
-             o.skip_refused ? " (skipped: --skip-refused)"
-                            : " (exit status 2; "
-                              "--skip-refused to ignore)");
+static void free_repro(repro_run *t) {
+  for (int k = 0; k < t->nc; k++) {
+    dp_ctx_free(t->cf[k].ctx);
+    dp_plan_free(t->cf[k].plan);
+    free(t->cf[k].th);
   }
-  rc = exit_status;
+  free(t->cf);
+  free(t->bx);
+  free(t->bt);
+  free(t->perm);
+  free(t->ref_params);
+  free(t->params);
+  free(t->tensors);
+  dpt_dataset_free(&t->data);
+  dp_model_free(t->model);
+}
 
-out:
+int dpt_cmd_repro(int argc, char **argv) {
+  repro_run t = {.ref = -1};
+  int r = parse_repro_args(argc, argv, &t.o, t.err, sizeof t.err);
+  if (r == DPT_ARGS_HELP) {
+    usage(stdout);
+    return DPT_EXIT_OK;
+  }
+  if (r != DPT_ARGS_OK) {
+    fprintf(stderr, "dp repro: %s\n(see dp repro --help)\n", t.err);
+    return DPT_EXIT_USAGE;
+  }
+  if (dpt_require_backend(&t.o.base, t.err, sizeof t.err)) {
+    fprintf(stderr, "dp repro: %s\n", t.err);
+    return DPT_EXIT_FAIL;
+  }
+  t.nc = t.o.n_counts * t.o.n_modes;
+  t.cf = calloc((size_t)t.nc, sizeof *t.cf);
+  if (!t.cf) {
+    fprintf(stderr, "dp repro: out of memory\n");
+    return DPT_EXIT_FAIL;
+  }
+  int rc = DPT_EXIT_FAIL;
+  if (!load_repro(&t) && !make_configs(&t)) {
+    print_header(&t);
+    if (!run_lockstep(&t)) rc = report(&t);
+  }
   rc = dpt_world_bcast_int(rc); /* rank 0 took part in every configuration */
   fflush(stdout);
-  for (int k = 0; k < nc; k++) {
-    dp_ctx_free(cf[k].ctx);
-    dp_plan_free(cf[k].plan);
-    free(cf[k].th);
-  }
-  free(cf);
-  free(bx);
-  free(bt);
-  free(perm);
-  free(ref_params);
-  free(params);
-  free(tensors);
-  dpt_dataset_free(&data);
-  dp_model_free(model);
+  free_repro(&t);
   return rc;
 }

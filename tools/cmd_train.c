@@ -381,7 +381,37 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
   return -1;
 }
 
-int dpt_cmd_train(int argc, char **argv) {
+/* The state of one `dp train` run, handed from phase to phase. */
+typedef struct {
+  train_opts o;
+  dp_config cfg;
+  dp_lr_schedule sched;
+  char err[512];
+  int writes; /* rank 0 writes the files (every rank, as one process, under mpirun) */
+  dp_model *model;
+  dp_plan *plan;
+  dp_ctx *ctx;
+  const dp_config *pc; /* the plan's config */
+  dpt_dataset all, train, test;
+  dpt_scaler scaler; /* the feature standardisation (n = 0: none) */
+  float *bx, *by, *curve, *hcurve;
+  double *hx; /* the epochs of the held-out curve hcurve */
+  void *bt;
+  int *perm;
+  FILE *logf;
+  int in_w, out_w, batch, tsz;
+  int epoch0, ep_end, ep_done, n_held;
+  int tty, cols;
+  long steps, samples;
+  double t_train, t_run0;
+  /* --patience: the best held-out loss, its epoch, evaluations since */
+  double best;
+  int best_ep, since_best, stopped;
+} train_run;
+
+/* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
+ * the exit status (usage printed, or the error said). */
+static int parse_train(int argc, char **argv, train_run *t) {
   static const struct option extra[] = {
       {"model", required_argument, NULL, OPT_MODEL},
       {"data", required_argument, NULL, OPT_DATA},
@@ -398,452 +428,555 @@ int dpt_cmd_train(int argc, char **argv) {
       {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
       {"patience", required_argument, NULL, OPT_PATIENCE},
       {0, 0, 0, 0}};
-  train_opts o = {.epochs = 10, .test_fraction = 0.2f};
-  dp_config cfg;
+  train_opts *o = &t->o;
   dpt_common common;
-  char err[512];
-  int r = dpt_parse_args(argc, argv, extra, on_option, &o, &cfg, &common, err, sizeof err);
-  if (r == DPT_ARGS_HELP) {
-    usage(stdout);
-    return DPT_EXIT_OK;
-  }
-  if (r == DPT_ARGS_OK && common.n_args > 0) {
-    snprintf(err, sizeof err, "unexpected argument '%s'", argv[common.first_arg]);
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && (!o.model || !o.data || !dpt_given(&common, DPT_OPT_BATCH))) {
-    snprintf(err, sizeof err, "--model, --data and --batch are required");
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && cfg.inference) {
-    snprintf(err, sizeof err, "--inference makes no sense for training");
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && o.patience && !o.eval_every) {
-    snprintf(err, sizeof err,
-             "--patience needs --eval-every (it counts evaluations of the held-out share)");
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && o.eval_every && o.test_fraction == 0.0f) {
-    snprintf(err, sizeof err, "--eval-every needs a held-out share (--test-fraction > 0)");
-    r = DPT_ARGS_ERROR;
-  }
-  if (r == DPT_ARGS_OK && o.plot_log && !o.plot) {
-    snprintf(err, sizeof err, "--plot-log needs --plot");
-    r = DPT_ARGS_ERROR;
-  }
-  dp_lr_schedule sched;
-  if (r == DPT_ARGS_OK && o.schedule &&
-      parse_schedule(o.schedule, cfg.lr, &sched, err, sizeof err))
+  char *err = t->err;
+  size_t errcap = sizeof t->err;
+  int r = dpt_parse_command(argc, argv, extra, on_option, o, usage, &t->cfg, &common, err,
+                            errcap);
+  if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
+  if (r == DPT_ARGS_OK && (!o->model || !o->data || !dpt_given(&common, DPT_OPT_BATCH)))
+    r = dpt_fail(err, errcap, "--model, --data and --batch are required");
+  if (r == DPT_ARGS_OK && t->cfg.inference)
+    r = dpt_fail(err, errcap, "--inference makes no sense for training");
+  if (r == DPT_ARGS_OK && o->patience && !o->eval_every)
+    r = dpt_fail(
+        err, errcap,
+        "--patience needs --eval-every (it counts evaluations of the held-out share)");
+  if (r == DPT_ARGS_OK && o->eval_every && o->test_fraction == 0.0f)
+    r = dpt_fail(err, errcap, "--eval-every needs a held-out share (--test-fraction > 0)");
+  if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
+    r = dpt_fail(err, errcap, "--plot-log needs --plot");
+  if (r == DPT_ARGS_OK && o->schedule &&
+      parse_schedule(o->schedule, t->cfg.lr, &t->sched, err, errcap))
     r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp train: %s\n(see dp train --help)\n", err);
     return DPT_EXIT_USAGE;
   }
+  return -1;
+}
 
-  int rc = DPT_EXIT_FAIL;
-  dp_model *model = NULL;
-  dp_plan *plan = NULL;
-  dp_ctx *ctx = NULL;
-  dpt_dataset all = {0}, train = {0}, test = {0};
-  dpt_scaler scaler = {0}; /* the feature standardisation (n = 0: none) */
-  float *bx = NULL, *by = NULL, *curve = NULL, *hcurve = NULL;
-  double *hx = NULL; /* the epochs of the held-out curve hcurve */
-  void *bt = NULL;
-  int *perm = NULL;
-  FILE *logf = NULL;
-
-  /* the output files first: a path that cannot be written fails now, not after
-   * the whole run */
-  /* rank 0 writes the files (every rank, as one process, under mpirun) */
-  int writes = dpt_world_rank() == 0;
+/* The output files first: a path that cannot be written fails now, not after
+ * the whole run. 0, or -1 (said). */
+static int check_files(train_run *t) {
+  const train_opts *o = &t->o;
+  char *err = t->err;
   /* no output may be an input (--save may be --resume: it is written after
    * the resume read it, whole, by a rename) */
-  dpt_file_role outs[] = {{o.save, "checkpoint"}, {o.plot, "plot"}, {o.log, "log"}},
-                ins[] = {{o.model, "model"}, {o.data, "data"}, {o.resume, "checkpoint"}};
-  if (writes && (dpt_check_distinct(outs, 3, ins, 2, err, sizeof err) ||
-                 dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof err) ||
-                 (o.save && dpt_check_writable(o.save, "checkpoint", 1, err, sizeof err)) ||
-                 (o.plot && dpt_check_writable(o.plot, "plot", 1, err, sizeof err)) ||
-                 (o.log && dpt_check_writable(o.log, "log", 0, err, sizeof err)))) {
+  dpt_file_role outs[] = {{o->save, "checkpoint"}, {o->plot, "plot"}, {o->log, "log"}},
+                ins[] = {{o->model, "model"}, {o->data, "data"}, {o->resume, "checkpoint"}};
+  if (t->writes &&
+      (dpt_check_distinct(outs, 3, ins, 2, err, sizeof t->err) ||
+       dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof t->err) ||
+       (o->save && dpt_check_writable(o->save, "checkpoint", 1, err, sizeof t->err)) ||
+       (o->plot && dpt_check_writable(o->plot, "plot", 1, err, sizeof t->err)) ||
+       (o->log && dpt_check_writable(o->log, "log", 0, err, sizeof t->err)))) {
     fprintf(stderr, "dp train: %s\n", err);
-    goto out;
+    return -1;
   }
-  if (o.resume && writes) { /* read by rank 0 (sent to the others), checked later */
-    int fd = dpt_open_regular(o.resume, "checkpoint", err, sizeof err);
+  if (o->resume && t->writes) { /* read by rank 0 (sent to the others), checked later */
+    int fd = dpt_open_regular(o->resume, "checkpoint", err, sizeof t->err);
     if (fd < 0) {
       fprintf(stderr, "dp train: --resume: %s\n", err);
-      goto out;
+      return -1;
     }
     close(fd);
   }
-  if (dpt_load_model(o.model, &model, err, sizeof err) ||
-      dpt_require_loss(o.model, model, NULL, err, sizeof err)) {
+  return 0;
+}
+
+/* The model and the data, checked against each other, agreed on by the ranks
+ * and split into the training and held-out shares. 0, or -1 (said). */
+static int load_inputs(train_run *t) {
+  const train_opts *o = &t->o;
+  char *err = t->err;
+  if (dpt_load_model(o->model, &t->model, err, sizeof t->err) ||
+      dpt_require_loss(o->model, t->model, NULL, err, sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
-    goto out;
+    return -1;
   }
-  int in_w = dp_model_input_width(model), out_w = dp_model_output_width(model);
-  dp_loss_kind loss_kind = dp_model_loss(model);
-  dp_status s = loss_kind == DP_LOSS_SOFTMAX_CE
-                    ? dpt_csv_load(o.data, &all, err, sizeof err)
-                    : dpt_csv_load_regression(o.data, out_w, &all, err, sizeof err);
+  t->in_w = dp_model_input_width(t->model);
+  t->out_w = dp_model_output_width(t->model);
+  dp_loss_kind loss_kind = dp_model_loss(t->model);
+  dp_status s =
+      loss_kind == DP_LOSS_SOFTMAX_CE
+          ? dpt_csv_load(o->data, &t->all, err, sizeof t->err)
+          : dpt_csv_load_regression(o->data, t->out_w, &t->all, err, sizeof t->err);
   if (s) {
     fprintf(stderr, "dp train: %s\n", err);
-    goto out;
+    return -1;
   }
-  if (all.n_features != in_w) {
-    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", o.data,
-            all.n_features, o.model, in_w);
-    goto out;
+  if (t->all.n_features != t->in_w) {
+    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", o->data,
+            t->all.n_features, o->model, t->in_w);
+    return -1;
   }
-  if (all.label && all.n_classes > out_w) {
-    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", o.data,
-            all.n_classes - 1, out_w);
-    goto out;
+  if (t->all.label && t->all.n_classes > t->out_w) {
+    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", o->data,
+            t->all.n_classes - 1, t->out_w);
+    return -1;
   }
-  if (agree_ranks(&o, model, &all, &cfg)) goto out;
-  if (dpt_dataset_split(&all, o.test_fraction, cfg.seed, &train, &test, err, sizeof err)) {
+  if (agree_ranks(o, t->model, &t->all, &t->cfg)) return -1;
+  if (dpt_dataset_split(&t->all, o->test_fraction, t->cfg.seed, &t->train, &t->test, err,
+                        sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
-    goto out;
+    return -1;
   }
-  /* The run so far: a resumed run continues its epochs and keeps the
-   * standardisation it trained with (a checkpoint of another program, or of
-   * an older format, carries none: epoch 0, fitted again). */
-  int epoch0 = 0;
-  if (o.resume) {
-    void *app = NULL;
-    size_t app_n = 0;
-    int rows = 0;
-    if (dpt_world_read_app(o.resume, &app, &app_n, err, sizeof err)) {
-      if (*err) fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
-      goto out;
-    }
-    char *saved = NULL, now[1024];
-    if (app_n &&
-        dpt_run_parse(app, app_n, &epoch0, &rows, &scaler, &saved, err, sizeof err)) {
-      free(app);
-      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
-      goto out;
-    }
+  return 0;
+}
+
+/* What the checkpoint's record says against this run: its settings must be
+ * the same, its epochs within the limit, its standardisation the one asked
+ * for. 0, or -1 (said). */
+static int check_resumed(train_run *t, int rows, int has_record) {
+  const train_opts *o = &t->o;
+  if (t->epoch0 > DPT_MAX_EPOCHS - o->epochs) { /* the record's count, range-checked */
+    fprintf(stderr,
+            "dp train: cannot resume from '%s': %d epochs done and --epochs %d would pass "
+            "%d epochs\n",
+            o->resume, t->epoch0, o->epochs, DPT_MAX_EPOCHS);
+    return -1;
+  }
+  if (has_record && rows != t->train.n_rows)
+    fprintf(stderr,
+            "dp train: warning: %s was trained on %d rows; this data gives %d (another "
+            "file, or another --test-fraction): the run will not continue as it was\n",
+            o->resume, rows, t->train.n_rows);
+  if (has_record && (t->scaler.n > 0) != !o->no_standardize) {
+    fprintf(stderr,
+            "dp train: %s was trained %s standardised features; resume it %s "
+            "--no-standardize\n",
+            o->resume, t->scaler.n > 0 ? "on" : "without",
+            t->scaler.n > 0 ? "without" : "with");
+    return -1;
+  }
+  if (t->scaler.n && t->scaler.n != t->train.n_features) {
+    fprintf(stderr, "dp train: %s standardises %d features; this data has %d\n", o->resume,
+            t->scaler.n, t->train.n_features);
+    return -1;
+  }
+  return 0;
+}
+
+/* The run so far: a resumed run continues its epochs and keeps the
+ * standardisation it trained with (a checkpoint of another program, or of
+ * an older format, carries none: epoch 0, fitted again). 0, or -1 (said). */
+static int read_resume(train_run *t) {
+  const train_opts *o = &t->o;
+  char *err = t->err;
+  void *app = NULL;
+  size_t app_n = 0;
+  int rows = 0;
+  if (dpt_world_read_app(o->resume, &app, &app_n, err, sizeof t->err)) {
+    if (*err) fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
+    return -1;
+  }
+  char *saved = NULL, now[1024];
+  if (app_n && dpt_run_parse(app, app_n, &t->epoch0, &rows, &t->scaler, &saved, err,
+                             sizeof t->err)) {
     free(app);
-    /* the checkpoint carries the run's settings: the same, or no resume */
-    int differ =
-        saved && same_settings(saved, settings_of(&cfg, o.schedule, now, sizeof now), err,
-                               sizeof err);
-    free(saved);
-    if (differ) {
-      fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume, err);
-      goto out;
-    }
-    if (epoch0 > DPT_MAX_EPOCHS - o.epochs) { /* the record's count, range-checked */
-      fprintf(
-          stderr,
-          "dp train: cannot resume from '%s': %d epochs done and --epochs %d would pass "
-          "%d epochs\n",
-          o.resume, epoch0, o.epochs, DPT_MAX_EPOCHS);
-      goto out;
-    }
-    if (app_n && rows != train.n_rows)
-      fprintf(stderr,
-              "dp train: warning: %s was trained on %d rows; this data gives %d (another "
-              "file, or another --test-fraction): the run will not continue as it was\n",
-              o.resume, rows, train.n_rows);
-    if (app_n && (scaler.n > 0) != !o.no_standardize) {
-      fprintf(stderr,
-              "dp train: %s was trained %s standardised features; resume it %s "
-              "--no-standardize\n",
-              o.resume, scaler.n > 0 ? "on" : "without", scaler.n > 0 ? "without" : "with");
-      goto out;
-    }
-    if (scaler.n && scaler.n != train.n_features) {
-      fprintf(stderr, "dp train: %s standardises %d features; this data has %d\n", o.resume,
-              scaler.n, train.n_features);
-      goto out;
-    }
+    fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
+    return -1;
   }
-  if (!o.no_standardize && !scaler.n && dpt_scaler_fit(&train, &scaler)) {
-    fprintf(stderr, "dp train: out of memory\n");
-    goto out;
+  free(app);
+  /* the checkpoint carries the run's settings: the same, or no resume */
+  int differ =
+      saved && same_settings(saved, settings_of(&t->cfg, o->schedule, now, sizeof now), err,
+                             sizeof t->err);
+  free(saved);
+  if (differ) {
+    fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
+    return -1;
   }
-  dpt_scaler_apply(&scaler, &train);
-  dpt_scaler_apply(&scaler, &test);
+  return check_resumed(t, rows, app_n != 0);
+}
+
+/* The plan, the context (a resumed run's state loaded into it) and the
+ * buffers of the epoch loop. 0, or -1 (said). */
+static int make_context(train_run *t) {
+  const train_opts *o = &t->o;
+  char *err = t->err;
   /* a backend this build lacks: that first, the planner could only say it less well */
-  if (!dp_cuda_available() && dpt_require_backend(&cfg, err, sizeof err)) {
+  if (!dp_cuda_available() && dpt_require_backend(&t->cfg, err, sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
-    goto out;
+    return -1;
   }
-  if (dp_plan_create(model, &cfg, &plan)) {
+  if (dp_plan_create(t->model, &t->cfg, &t->plan)) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
-    goto out;
+    return -1;
   }
   /* the plan is checked first: a config error says what is wrong with it */
-  if (dpt_require_backend(&cfg, err, sizeof err)) {
+  if (dpt_require_backend(&t->cfg, err, sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
-    goto out;
+    return -1;
   }
-  dpt_warn_oversubscribed(stderr, "dp train", dp_plan_n_devices(plan), cfg.backend,
+  dpt_warn_oversubscribed(stderr, "dp train", dp_plan_n_devices(t->plan), t->cfg.backend,
                           dpt_cpu_count());
-  if (dpt_ctx_create(plan, &ctx)) {
+  if (dpt_ctx_create(t->plan, &t->ctx)) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
-    goto out;
+    return -1;
   }
-  if (o.resume && dp_ckpt_load(ctx, o.resume)) {
-    fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o.resume,
-            dpt_user_msg(dp_ctx_error(ctx)));
-    goto out;
+  if (o->resume && dp_ckpt_load(t->ctx, o->resume)) {
+    fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume,
+            dpt_user_msg(dp_ctx_error(t->ctx)));
+    return -1;
   }
-  const dp_config *pc = dp_plan_config(plan);
-  int B = pc->batch, tsz = all.label ? 4 : out_w * 4;
-  bx = malloc((size_t)B * in_w * 4);
-  by = calloc((size_t)B * out_w * 2, 4); /* the batch's outputs, then this rank's */
-  bt = malloc((size_t)B * tsz);
-  perm = malloc((size_t)train.n_rows * sizeof *perm);
-  curve = malloc((size_t)o.epochs * sizeof *curve);
-  hcurve = malloc((size_t)o.epochs * sizeof *hcurve);
-  hx = malloc((size_t)o.epochs * sizeof *hx);
-  if (!bx || !by || !bt || !perm || !curve || !hcurve || !hx) {
+  t->pc = dp_plan_config(t->plan);
+  int B = t->batch = t->pc->batch;
+  t->tsz = t->all.label ? 4 : t->out_w * 4;
+  t->bx = malloc((size_t)B * t->in_w * 4);
+  t->by = calloc((size_t)B * t->out_w * 2, 4); /* the batch's outputs, then this rank's */
+  t->bt = malloc((size_t)B * t->tsz);
+  t->perm = malloc((size_t)t->train.n_rows * sizeof *t->perm);
+  t->curve = malloc((size_t)o->epochs * sizeof *t->curve);
+  t->hcurve = malloc((size_t)o->epochs * sizeof *t->hcurve);
+  t->hx = malloc((size_t)o->epochs * sizeof *t->hx);
+  if (!t->bx || !t->by || !t->bt || !t->perm || !t->curve || !t->hcurve || !t->hx) {
     fprintf(stderr, "dp train: out of memory\n");
-    goto out;
+    return -1;
   }
+  return 0;
+}
 
-  if (!o.quiet) {
-    printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o.model,
-           o.data, train.n_rows, test.n_rows, all.n_features,
-           all.label ? "classification" : "regression");
-    dpt_print_config(stdout, pc);
+/* What is about to run (unless --quiet), then the log opened: a resumed run
+ * continues its file. 0, or -1 (said). */
+static int start_run(train_run *t) {
+  const train_opts *o = &t->o;
+  if (!o->quiet) {
+    printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o->model,
+           o->data, t->train.n_rows, t->test.n_rows, t->all.n_features,
+           t->all.label ? "classification" : "regression");
+    dpt_print_config(stdout, t->pc);
     printf("\n");
-    dpt_print_plan(stdout, plan);
+    dpt_print_plan(stdout, t->plan);
     printf("\n");
-    if (o.resume)
-      printf("resumed from %s at step %llu\n", o.resume,
-             (unsigned long long)dp_ctx_step(ctx));
+    if (o->resume)
+      printf("resumed from %s at step %llu\n", o->resume,
+             (unsigned long long)dp_ctx_step(t->ctx));
   }
-  /* the log: a resumed run continues its file */
-  if (writes && o.log && dp_file_append(o.log, "log", !o.resume, &logf)) {
+  if (t->writes && o->log && dp_file_append(o->log, "log", !o->resume, &t->logf)) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
-    goto out;
+    return -1;
   }
-  int tty = !o.quiet && isatty(STDOUT_FILENO), cols = 80;
+  t->tty = !o->quiet && isatty(STDOUT_FILENO);
+  t->cols = 80;
   struct winsize ws;
-  if (tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) cols = ws.ws_col;
-  long steps = 0, samples = 0;
-  double t_train = 0.0, t_run0 = dpt_now_s();
-  int ep_end = epoch0 + o.epochs, ep_done = epoch0, n_held = 0;
-  /* --patience: the best held-out loss, its epoch, evaluations since */
-  double best = INFINITY;
-  int best_ep = 0, since_best = 0, stopped = 0;
-  for (int ep = epoch0; ep < ep_end; ep++) {
-    dpt_epoch_order(train.n_rows, cfg.seed, ep, perm);
-    double sum = 0.0, t0 = dpt_now_s(), t_last = t0, t_epoch = 0.0;
-    int nb = 0;
-    long ep_samples = 0;
-    for (int from = 0; from < train.n_rows; from += B) {
-      int n = train.n_rows - from < B ? train.n_rows - from : B;
-      gather_rows(&train, perm, from, n, bx, bt);
-      float loss;
-      /* the scheduled rate at this optimizer step (the context's counter: a resumed
-       * run continues its schedule) */
-      if (o.schedule && dp_set_lr(ctx, dp_lr_at(&sched, dp_ctx_step(ctx)))) {
-        fprintf(stderr, "dp train: --lr-schedule: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
-        goto out;
-      }
-      double ts = dpt_now_s();
-      /* under mpirun every rank has the batch and feeds its own rows of it */
-      int r0 = 0, nr = n;
-      if (dp_plan_ranks(plan) > 1) dp_plan_rank_rows(plan, n, dpt_world_rank(), &r0, &nr);
-      if (dp_train_step(ctx, n, in_w, bx + (size_t)r0 * in_w, (char *)bt + (size_t)r0 * tsz,
-                        &loss)) {
-        printf("%s", tty ? "\n" : "");
-        fprintf(stderr, "dp train: epoch %d, step %ld: %s\n", ep + 1, steps + 1,
-                dpt_user_msg(dp_ctx_error(ctx)));
-        double decay = (double)pc->lr * pc->weight_decay;
-        if (pc->optimizer != DP_OPT_ADAMW && decay > 2.0) /* |1 - lr*wd| > 1 */
-          fprintf(stderr,
-                  "dp train: the likely cause: --lr * --weight-decay is %g; SGD multiplies "
-                  "the parameters by 1 - lr * weight_decay each step, so above 2 they grow "
-                  "without bound; lower --weight-decay or --lr\n",
-                  decay);
-        goto out;
-      }
-      double te = dpt_now_s();
-      t_train += te - ts;
-      t_epoch += te - ts;
-      sum += loss;
-      nb++;
-      steps++;
-      samples += n;
-      ep_samples += n;
-      if (tty && te - t_last > 0.1) {
-        /* the time left: the time so far over the share of the epochs done */
-        double el = te - t_run0,
-               frac = (ep - epoch0 + (double)(from + n) / train.n_rows) / o.epochs;
-        progress(tty, cols, ep + 1, ep_end, from + n, train.n_rows, (float)(sum / nb),
-                 samples / t_train, el, frac > 0 ? el / frac - el : -1.0, "", 0);
-        t_last = te;
-      }
-    }
-    int k = ep - epoch0;
-    curve[k] = (float)(sum / nb);
-    ep_done = ep + 1;
+  if (t->tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
+    t->cols = ws.ws_col;
+  t->t_run0 = dpt_now_s();
+  t->ep_end = t->epoch0 + o->epochs;
+  t->ep_done = t->epoch0;
+  t->best = INFINITY;
+  return 0;
+}
 
-    /* the held-out share after every --eval-every-th epoch (counted from the
-     * run's first, so a resumed run evaluates where the whole one would) */
-    char held[128] = "";
-    double h_metric = NAN, h_loss = NAN;
-    int evaluated = o.eval_every && ep_done % o.eval_every == 0;
-    if (evaluated) {
-      if (evaluate(ctx, plan, &test, B, out_w, bx, by + (size_t)B * out_w, by, &h_metric,
-                   &h_loss)) {
-        printf("%s", tty ? "\n" : "");
-        fprintf(stderr, "dp train: evaluation after epoch %d: %s\n", ep_done,
-                dpt_user_msg(dp_ctx_error(ctx)));
-        goto out;
-      }
-      hx[n_held] = ep_done;
-      hcurve[n_held++] = (float)h_loss;
-      if (all.label)
-        snprintf(held, sizeof held, "  held-out loss %.4f  accuracy %.2f%%", h_loss,
-                 100.0 * h_metric);
-      else
-        snprintf(held, sizeof held, "  held-out loss (mse) %.4g", h_loss);
+/* A failed step said, with the likely cause when it is the weight decay. */
+static void step_failed(const train_run *t, int ep) {
+  printf("%s", t->tty ? "\n" : "");
+  fprintf(stderr, "dp train: epoch %d, step %ld: %s\n", ep + 1, t->steps + 1,
+          dpt_user_msg(dp_ctx_error(t->ctx)));
+  double decay = (double)t->pc->lr * t->pc->weight_decay;
+  if (t->pc->optimizer != DP_OPT_ADAMW && decay > 2.0) /* |1 - lr*wd| > 1 */
+    fprintf(stderr,
+            "dp train: the likely cause: --lr * --weight-decay is %g; SGD multiplies "
+            "the parameters by 1 - lr * weight_decay each step, so above 2 they grow "
+            "without bound; lower --weight-decay or --lr\n",
+            decay);
+}
+
+/* What one epoch did, for its line and its log record. */
+typedef struct {
+  double t_epoch; /* seconds in dp_train_step */
+  long samples;
+} epoch_stats;
+
+/* The steps of epoch ep over the shuffled training rows; its mean loss into
+ * curve[ep - epoch0]. 0, or -1 (said). */
+static int train_epoch(train_run *t, int ep, epoch_stats *es) {
+  const dpt_dataset *train = &t->train;
+  int B = t->batch;
+  dpt_epoch_order(train->n_rows, t->cfg.seed, ep, t->perm);
+  double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
+  int nb = 0;
+  for (int from = 0; from < train->n_rows; from += B) {
+    int n = train->n_rows - from < B ? train->n_rows - from : B;
+    gather_rows(train, t->perm, from, n, t->bx, t->bt);
+    float loss;
+    /* the scheduled rate at this optimizer step (the context's counter: a resumed
+     * run continues its schedule) */
+    if (t->o.schedule && dp_set_lr(t->ctx, dp_lr_at(&t->sched, dp_ctx_step(t->ctx)))) {
+      fprintf(stderr, "dp train: --lr-schedule: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
+      return -1;
     }
-    double el = dpt_now_s() - t_run0;
-    if (!o.quiet)
-      progress(tty, cols, ep_done, ep_end, train.n_rows, train.n_rows, curve[k],
-               samples / t_train, el, el / (k + 1) * (ep_end - ep_done), held, 1);
-    if (logf) {
-      fprintf(logf, "{\"epoch\":%d,\"step\":%llu,\"loss\":", ep_done,
-              (unsigned long long)dp_ctx_step(ctx));
-      json_number(logf, curve[k]);
-      fputs(",\"lr\":", logf);
-      json_number(logf, dp_ctx_lr(ctx));
-      fputs(",\"grad_norm\":", logf);
-      json_number(logf, pc->clip_grad_norm > 0 ? dp_ctx_grad_norm(ctx) : NAN);
-      fputs(",\"samples_per_s\":", logf);
-      json_number(logf, t_epoch > 0 ? (double)ep_samples / t_epoch : NAN);
-      fputs(",\"elapsed_s\":", logf);
-      json_number(logf, el);
-      if (evaluated) {
-        fputs(",\"heldout_loss\":", logf);
-        json_number(logf, h_loss);
-        fputs(all.label ? ",\"heldout_accuracy\":" : ",\"heldout_mse\":", logf);
-        json_number(logf, h_metric);
-      }
-      fputs("}\n", logf);
-      if (fflush(logf) || ferror(logf)) {
-        fprintf(stderr, "dp train: warning: cannot write log '%s': %s; no more lines\n",
-                o.log, strerror(errno));
-        fclose(logf);
-        logf = NULL;
-      }
+    double ts = dpt_now_s();
+    /* under mpirun every rank has the batch and feeds its own rows of it */
+    int r0 = 0, nr = n;
+    if (dp_plan_ranks(t->plan) > 1)
+      dp_plan_rank_rows(t->plan, n, dpt_world_rank(), &r0, &nr);
+    if (dp_train_step(t->ctx, n, t->in_w, t->bx + (size_t)r0 * t->in_w,
+                      (char *)t->bt + (size_t)r0 * t->tsz, &loss)) {
+      step_failed(t, ep);
+      return -1;
     }
-    /* --patience: rank 0 has the figures; every rank stops with it */
-    if (evaluated && o.patience) {
-      if (h_loss < best) {
-        best = h_loss;
-        best_ep = ep_done;
-        since_best = 0;
-      } else {
-        since_best++;
-      }
-      if (dpt_world_bcast_int(since_best >= o.patience)) {
-        stopped = 1;
-        break;
-      }
+    double te = dpt_now_s();
+    t->t_train += te - ts;
+    es->t_epoch += te - ts;
+    sum += loss;
+    nb++;
+    t->steps++;
+    t->samples += n;
+    es->samples += n;
+    if (t->tty && te - t_last > 0.1) {
+      /* the time left: the time so far over the share of the epochs done */
+      double el = te - t->t_run0,
+             frac = (ep - t->epoch0 + (double)(from + n) / train->n_rows) / t->o.epochs;
+      progress(t->tty, t->cols, ep + 1, t->ep_end, from + n, train->n_rows,
+               (float)(sum / nb), t->samples / t->t_train, el,
+               frac > 0 ? el / frac - el : -1.0, "", 0);
+      t_last = te;
     }
   }
-  if (stopped)
+  t->curve[ep - t->epoch0] = (float)(sum / nb);
+  return 0;
+}
+
+/* The held-out figures after an epoch. */
+typedef struct {
+  int evaluated;
+  double metric, loss;
+  char text[128]; /* for the epoch's line */
+} held_out;
+
+/* The held-out share after every --eval-every-th epoch (counted from the
+ * run's first, so a resumed run evaluates where the whole one would).
+ * 0, or -1 (said). */
+static int evaluate_epoch(train_run *t, held_out *h) {
+  int B = t->batch, out_w = t->out_w;
+  h->text[0] = '\0';
+  h->metric = NAN;
+  h->loss = NAN;
+  h->evaluated = t->o.eval_every && t->ep_done % t->o.eval_every == 0;
+  if (!h->evaluated) return 0;
+  if (evaluate(t->ctx, t->plan, &t->test, B, out_w, t->bx, t->by + (size_t)B * out_w, t->by,
+               &h->metric, &h->loss)) {
+    printf("%s", t->tty ? "\n" : "");
+    fprintf(stderr, "dp train: evaluation after epoch %d: %s\n", t->ep_done,
+            dpt_user_msg(dp_ctx_error(t->ctx)));
+    return -1;
+  }
+  t->hx[t->n_held] = t->ep_done;
+  t->hcurve[t->n_held++] = (float)h->loss;
+  if (t->all.label)
+    snprintf(h->text, sizeof h->text, "  held-out loss %.4f  accuracy %.2f%%", h->loss,
+             100.0 * h->metric);
+  else
+    snprintf(h->text, sizeof h->text, "  held-out loss (mse) %.4g", h->loss);
+  return 0;
+}
+
+/* The epoch's record in the --log file (one JSON object a line); a write that
+ * fails stops the log with a warning. */
+static void log_epoch(train_run *t, int k, double el, const epoch_stats *es,
+                      const held_out *h) {
+  FILE *logf = t->logf;
+  fprintf(logf, "{\"epoch\":%d,\"step\":%llu,\"loss\":", t->ep_done,
+          (unsigned long long)dp_ctx_step(t->ctx));
+  json_number(logf, t->curve[k]);
+  fputs(",\"lr\":", logf);
+  json_number(logf, dp_ctx_lr(t->ctx));
+  fputs(",\"grad_norm\":", logf);
+  json_number(logf, t->pc->clip_grad_norm > 0 ? dp_ctx_grad_norm(t->ctx) : NAN);
+  fputs(",\"samples_per_s\":", logf);
+  json_number(logf, es->t_epoch > 0 ? (double)es->samples / es->t_epoch : NAN);
+  fputs(",\"elapsed_s\":", logf);
+  json_number(logf, el);
+  if (h->evaluated) {
+    fputs(",\"heldout_loss\":", logf);
+    json_number(logf, h->loss);
+    fputs(t->all.label ? ",\"heldout_accuracy\":" : ",\"heldout_mse\":", logf);
+    json_number(logf, h->metric);
+  }
+  fputs("}\n", logf);
+  if (fflush(logf) || ferror(logf)) {
+    fprintf(stderr, "dp train: warning: cannot write log '%s': %s; no more lines\n",
+            t->o.log, strerror(errno));
+    fclose(logf);
+    t->logf = NULL;
+  }
+}
+
+/* --patience: rank 0 has the figures; every rank stops with it. 1: stop. */
+static int patience_over(train_run *t, const held_out *h) {
+  if (!h->evaluated || !t->o.patience) return 0;
+  if (h->loss < t->best) {
+    t->best = h->loss;
+    t->best_ep = t->ep_done;
+    t->since_best = 0;
+  } else {
+    t->since_best++;
+  }
+  return dpt_world_bcast_int(t->since_best >= t->o.patience);
+}
+
+/* The epochs: steps, then the held-out evaluation, the progress line and the
+ * log record of each; --patience may stop early. 0, or -1 (said). */
+static int run_epochs(train_run *t) {
+  for (int ep = t->epoch0; ep < t->ep_end; ep++) {
+    epoch_stats es = {0};
+    if (train_epoch(t, ep, &es)) return -1;
+    int k = ep - t->epoch0;
+    t->ep_done = ep + 1;
+    held_out h;
+    if (evaluate_epoch(t, &h)) return -1;
+    double el = dpt_now_s() - t->t_run0;
+    if (!t->o.quiet)
+      progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
+               t->curve[k], t->samples / t->t_train, el,
+               el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
+    if (t->logf) log_epoch(t, k, el, &es, &h);
+    if (patience_over(t, &h)) {
+      t->stopped = 1;
+      break;
+    }
+  }
+  if (t->stopped)
     printf("early stop at epoch %d: held-out loss has not improved for %d evaluation%s "
            "(best %.4f at epoch %d)\n",
-           ep_done, o.patience, o.patience == 1 ? "" : "s", best, best_ep);
+           t->ep_done, t->o.patience, t->o.patience == 1 ? "" : "s", t->best, t->best_ep);
+  return 0;
+}
 
+/* The final evaluation, the step timings and the parameter hash; then the log
+ * closed. 0, or -1 (said). */
+static int final_report(train_run *t) {
   double metric = 0.0, eval_loss = 0.0;
-  const dpt_dataset *eval = test.n_rows ? &test : &train;
-  if (evaluate(ctx, plan, eval, B, out_w, bx, by + (size_t)B * out_w, by, &metric,
-               &eval_loss)) {
-    fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
-    goto out;
+  int B = t->batch, out_w = t->out_w;
+  const dpt_dataset *eval = t->test.n_rows ? &t->test : &t->train;
+  if (evaluate(t->ctx, t->plan, eval, B, out_w, t->bx, t->by + (size_t)B * out_w, t->by,
+               &metric, &eval_loss)) {
+    fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
+    return -1;
   }
-  printf("\n%s: %s %.2f%s (%d rows)\n", test.n_rows ? "held-out" : "training",
-         all.label ? "accuracy" : "mse", all.label ? 100.0 * metric : metric,
-         all.label ? "%" : "", eval->n_rows);
-  printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", steps,
-         t_train, 1e3 * t_train / (double)steps, (double)samples / t_train);
+  int label = t->all.label != 0;
+  printf("\n%s: %s %.2f%s (%d rows)\n", t->test.n_rows ? "held-out" : "training",
+         label ? "accuracy" : "mse", label ? 100.0 * metric : metric, label ? "%" : "",
+         eval->n_rows);
+  printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", t->steps,
+         t->t_train, 1e3 * t->t_train / (double)t->steps, (double)t->samples / t->t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
-         (unsigned long long)dp_params_hash(ctx), dp_model_n_params(model));
-  if (logf) {
-    FILE *lf = logf;
-    logf = NULL;
+         (unsigned long long)dp_params_hash(t->ctx), dp_model_n_params(t->model));
+  if (t->logf) {
+    FILE *lf = t->logf;
+    t->logf = NULL;
     if (fclose(lf)) {
-      fprintf(stderr, "dp train: cannot write log '%s': %s\n", o.log, strerror(errno));
-      goto out;
+      fprintf(stderr, "dp train: cannot write log '%s': %s\n", t->o.log, strerror(errno));
+      return -1;
     }
   }
-  if (o.plot && writes) {
-    /* the curves over the run's epochs; the settings under the title */
-    int n_ep = ep_done - epoch0;
-    double *ex = malloc((size_t)n_ep * sizeof *ex);
-    if (!ex) {
-      fprintf(stderr, "dp train: out of memory\n");
-      goto out;
-    }
-    for (int i = 0; i < n_ep; i++) ex[i] = epoch0 + i + 1;
-    char title[512], lr[96];
-    if (o.schedule)
-      snprintf(lr, sizeof lr, "lr %g (%s)", (double)pc->lr, o.schedule);
-    else
-      snprintf(lr, sizeof lr, "lr %g", (double)pc->lr);
-    snprintf(title, sizeof title, "%s\n%s: %s, %s, batch %d on %d device%s",
-             n_held ? "training and held-out loss" : "training loss", o.model,
-             dp_optimizer_name(pc->optimizer), lr, pc->batch, pc->n_devices,
-             pc->n_devices == 1 ? "" : "s");
-    dpt_svg_series lines[2] = {
-        {.name = "training (epoch mean)", .x = ex, .y = curve, .n = n_ep},
-        {.name = "held-out", .x = hx, .y = hcurve, .n = n_held}};
-    dp_status ps = dpt_svg_lines(o.plot, title, "epoch",
-                                 o.plot_log ? "mean loss (log scale)" : "mean loss", lines,
-                                 n_held ? 2 : 1, o.plot_log, err, sizeof err);
-    free(ex);
-    if (ps) {
-      fprintf(stderr, "dp train: %s\n", err);
-      goto out;
-    }
-    printf("loss curve: %s\n", o.plot);
+  return 0;
+}
+
+/* --plot: the curves over the run's epochs; the settings under the title.
+ * 0, or -1 (said). */
+static int write_plot(train_run *t) {
+  const train_opts *o = &t->o;
+  const dp_config *pc = t->pc;
+  int n_ep = t->ep_done - t->epoch0, n_held = t->n_held;
+  double *ex = malloc((size_t)n_ep * sizeof *ex);
+  if (!ex) {
+    fprintf(stderr, "dp train: out of memory\n");
+    return -1;
   }
-  if (o.save) {
-    size_t run_n = 0;
-    char settings[1024];
-    char *run =
-        dpt_run_text(ep_done, train.n_rows, &scaler,
-                     settings_of(&cfg, o.schedule, settings, sizeof settings), &run_n);
-    if (!run) {
-      fprintf(stderr, "dp train: out of memory\n");
-      goto out;
-    }
-    dp_status ss = dp_ckpt_save_app(ctx, o.save, run, run_n);
-    free(run);
-    if (ss) {
-      fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_ctx_error(ctx)));
-      goto out;
-    }
-    printf("checkpoint: %s (step %llu)\n", o.save, (unsigned long long)dp_ctx_step(ctx));
+  for (int i = 0; i < n_ep; i++) ex[i] = t->epoch0 + i + 1;
+  char title[512], lr[96];
+  if (o->schedule)
+    snprintf(lr, sizeof lr, "lr %g (%s)", (double)pc->lr, o->schedule);
+  else
+    snprintf(lr, sizeof lr, "lr %g", (double)pc->lr);
+  snprintf(title, sizeof title, "%s\n%s: %s, %s, batch %d on %d device%s",
+           n_held ? "training and held-out loss" : "training loss", o->model,
+           dp_optimizer_name(pc->optimizer), lr, pc->batch, pc->n_devices,
+           pc->n_devices == 1 ? "" : "s");
+  dpt_svg_series lines[2] = {
+      {.name = "training (epoch mean)", .x = ex, .y = t->curve, .n = n_ep},
+      {.name = "held-out", .x = t->hx, .y = t->hcurve, .n = n_held}};
+  dp_status ps = dpt_svg_lines(o->plot, title, "epoch",
+                               o->plot_log ? "mean loss (log scale)" : "mean loss", lines,
+                               n_held ? 2 : 1, o->plot_log, t->err, sizeof t->err);
+  free(ex);
+  if (ps) {
+    fprintf(stderr, "dp train: %s\n", t->err);
+    return -1;
   }
-  rc = DPT_EXIT_OK;
-out:
-  free(bx);
-  free(by);
-  free(bt);
-  free(perm);
-  free(curve);
-  free(hcurve);
-  free(hx);
-  if (logf) fclose(logf);
-  dpt_dataset_free(&all);
-  dpt_dataset_free(&train);
-  dpt_dataset_free(&test);
-  dpt_scaler_free(&scaler);
-  dp_ctx_free(ctx);
-  dp_plan_free(plan);
-  dp_model_free(model);
+  printf("loss curve: %s\n", o->plot);
+  return 0;
+}
+
+/* --save: the checkpoint, with the run's record (epochs, rows, the
+ * standardisation, the settings). 0, or -1 (said). */
+static int save_checkpoint(train_run *t) {
+  size_t run_n = 0;
+  char settings[1024];
+  char *run =
+      dpt_run_text(t->ep_done, t->train.n_rows, &t->scaler,
+                   settings_of(&t->cfg, t->o.schedule, settings, sizeof settings), &run_n);
+  if (!run) {
+    fprintf(stderr, "dp train: out of memory\n");
+    return -1;
+  }
+  dp_status ss = dp_ckpt_save_app(t->ctx, t->o.save, run, run_n);
+  free(run);
+  if (ss) {
+    fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
+    return -1;
+  }
+  printf("checkpoint: %s (step %llu)\n", t->o.save,
+         (unsigned long long)dp_ctx_step(t->ctx));
+  return 0;
+}
+
+static void free_run(train_run *t) {
+  free(t->bx);
+  free(t->by);
+  free(t->bt);
+  free(t->perm);
+  free(t->curve);
+  free(t->hcurve);
+  free(t->hx);
+  if (t->logf) fclose(t->logf);
+  dpt_dataset_free(&t->all);
+  dpt_dataset_free(&t->train);
+  dpt_dataset_free(&t->test);
+  dpt_scaler_free(&t->scaler);
+  dp_ctx_free(t->ctx);
+  dp_plan_free(t->plan);
+  dp_model_free(t->model);
+}
+
+/* Everything after the command line: 0, or -1 (said). */
+static int train(train_run *t) {
+  if (check_files(t) || load_inputs(t)) return -1;
+  if (t->o.resume && read_resume(t)) return -1;
+  if (!t->o.no_standardize && !t->scaler.n && dpt_scaler_fit(&t->train, &t->scaler)) {
+    fprintf(stderr, "dp train: out of memory\n");
+    return -1;
+  }
+  dpt_scaler_apply(&t->scaler, &t->train);
+  dpt_scaler_apply(&t->scaler, &t->test);
+  if (make_context(t) || start_run(t) || run_epochs(t) || final_report(t)) return -1;
+  if (t->o.plot && t->writes && write_plot(t)) return -1;
+  if (t->o.save && save_checkpoint(t)) return -1;
+  return 0;
+}
+
+int dpt_cmd_train(int argc, char **argv) {
+  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}};
+  int rc = parse_train(argc, argv, &t);
+  if (rc < 0) {
+    t.writes = dpt_world_rank() == 0;
+    rc = train(&t) ? DPT_EXIT_FAIL : DPT_EXIT_OK;
+  }
+  free_run(&t);
   return rc;
 }

@@ -17,21 +17,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* ---- errors ---------------------------------------------------------------- */
-
-static dp_status fail(dp_status s, char *err, size_t errcap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static dp_status fail(dp_status s, char *err, size_t errcap, const char *fmt, ...) {
-  if (err && errcap > 0) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errcap, fmt, ap);
-    va_end(ap);
-  }
-  return s;
-}
-
 /* ---- random numbers: splitmix64 ------------------------------------------- */
 
 static uint64_t mix64(uint64_t z) {
@@ -112,52 +97,53 @@ static char *trim(char *s, char *e) {
 
 static dp_status parse_label(const where *w, int field, const char *s, int32_t *out) {
   if (*s == '\0')
-    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field", w->path,
-                w->line, field);
+    return dpt_fail_status(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field",
+                           w->path, w->line, field);
   const char *p = s;
   if (*p == '+' || *p == '-') p++;
   int digits = 1;
   for (const char *q = p; *q; q++)
     if (*q < '0' || *q > '9') digits = 0;
   if (!digits || *p == '\0')
-    return fail(DP_ERR_PARSE, w->err, w->errcap,
-                "%s:%ld: field %d: label \"%.*s%s\" is not a non-negative integer", w->path,
-                w->line, field, SHOW(s));
+    return dpt_fail_status(
+        DP_ERR_PARSE, w->err, w->errcap,
+        "%s:%ld: field %d: label \"%.*s%s\" is not a non-negative integer", w->path,
+        w->line, field, SHOW(s));
   errno = 0;
   char *end;
   long v = strtol(s, &end, 10);
   if (*s == '-' && (v != 0 || errno == ERANGE))
-    return fail(DP_ERR_RANGE, w->err, w->errcap,
-                "%s:%ld: field %d: label %.*s%s is not a non-negative integer", w->path,
-                w->line, field, SHOW(s));
+    return dpt_fail_status(DP_ERR_RANGE, w->err, w->errcap,
+                           "%s:%ld: field %d: label %.*s%s is not a non-negative integer",
+                           w->path, w->line, field, SHOW(s));
   if (errno == ERANGE || v > DPT_MAX_LABEL)
-    return fail(DP_ERR_RANGE, w->err, w->errcap,
-                "%s:%ld: field %d: label %.*s%s is larger than the limit %d", w->path,
-                w->line, field, SHOW(s), DPT_MAX_LABEL);
+    return dpt_fail_status(DP_ERR_RANGE, w->err, w->errcap,
+                           "%s:%ld: field %d: label %.*s%s is larger than the limit %d",
+                           w->path, w->line, field, SHOW(s), DPT_MAX_LABEL);
   *out = (int32_t)v;
   return DP_OK;
 }
 
 static dp_status parse_float(const where *w, int field, const char *s, float *out) {
   if (*s == '\0')
-    return fail(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field", w->path,
-                w->line, field);
+    return dpt_fail_status(DP_ERR_PARSE, w->err, w->errcap, "%s:%ld: field %d: empty field",
+                           w->path, w->line, field);
   errno = 0;
   char *end;
   float v = strtof(s, &end);
   /* strtof also reads hexadecimal floats; the format is decimal only */
   if (end == s || *end != '\0' || strpbrk(s, "xX"))
-    return fail(DP_ERR_PARSE, w->err, w->errcap,
-                "%s:%ld: field %d: expected a number, got \"%.*s%s\"", w->path, w->line,
-                field, SHOW(s));
+    return dpt_fail_status(DP_ERR_PARSE, w->err, w->errcap,
+                           "%s:%ld: field %d: expected a number, got \"%.*s%s\"", w->path,
+                           w->line, field, SHOW(s));
   if (!isfinite(v)) {
     if (errno == ERANGE) /* a finite decimal too large for float */
-      return fail(DP_ERR_RANGE, w->err, w->errcap,
-                  "%s:%ld: field %d: %.*s%s is out of float range", w->path, w->line, field,
-                  SHOW(s));
-    return fail(DP_ERR_NONFINITE, w->err, w->errcap,
-                "%s:%ld: field %d: non-finite value \"%.*s%s\"", w->path, w->line, field,
-                SHOW(s));
+      return dpt_fail_status(DP_ERR_RANGE, w->err, w->errcap,
+                             "%s:%ld: field %d: %.*s%s is out of float range", w->path,
+                             w->line, field, SHOW(s));
+    return dpt_fail_status(DP_ERR_NONFINITE, w->err, w->errcap,
+                           "%s:%ld: field %d: non-finite value \"%.*s%s\"", w->path,
+                           w->line, field, SHOW(s));
   }
   *out = v; /* ERANGE with a finite result is underflow: keep the tiny value */
   return DP_OK;
@@ -173,8 +159,8 @@ typedef struct {
 static dp_status grow(builder *b, const where *w) {
   if ((size_t)b->d.n_rows < b->cap_rows) return DP_OK;
   if (b->d.n_rows == INT_MAX)
-    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: more than %d rows", w->path,
-                w->line, INT_MAX);
+    return dpt_fail_status(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: more than %d rows",
+                           w->path, w->line, INT_MAX);
   size_t cap = b->cap_rows ? b->cap_rows * 2 : 256;
   if (cap > (size_t)INT_MAX) cap = (size_t)INT_MAX;
   size_t nx, ny;
@@ -182,8 +168,8 @@ static dp_status grow(builder *b, const where *w) {
       __builtin_mul_overflow(nx, sizeof(float), &nx) ||
       __builtin_mul_overflow(cap, (size_t)b->d.n_targets, &ny) ||
       __builtin_mul_overflow(ny, sizeof(float), &ny))
-    return fail(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: dataset too large", w->path,
-                w->line);
+    return dpt_fail_status(DP_ERR_OVERFLOW, w->err, w->errcap, "%s:%ld: dataset too large",
+                           w->path, w->line);
   float *x = realloc(b->d.x, nx ? nx : 1);
   if (!x) goto nomem;
   b->d.x = x;
@@ -201,8 +187,9 @@ static dp_status grow(builder *b, const where *w) {
   b->cap_rows = cap;
   return DP_OK;
 nomem:
-  return fail(DP_ERR_NOMEM, w->err, w->errcap, "%s:%ld: out of memory after %d rows",
-              w->path, w->line, b->d.n_rows);
+  return dpt_fail_status(DP_ERR_NOMEM, w->err, w->errcap,
+                         "%s:%ld: out of memory after %d rows", w->path, w->line,
+                         b->d.n_rows);
 }
 
 /* Parses one data row (already known to have the right field count). */
@@ -271,20 +258,21 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
                       char *err, size_t errcap) {
   if (out) memset(out, 0, sizeof *out);
   if (!path || !out)
-    return fail(DP_ERR_INVALID, err, errcap, "dpt_csv_load: NULL argument");
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_csv_load: NULL argument");
   if (n_targets < 0)
-    return fail(DP_ERR_INVALID, err, errcap, "%s: n_targets %d is negative", path,
-                n_targets);
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "%s: n_targets %d is negative",
+                           path, n_targets);
   /* a regular file only, checked without blocking (a FIFO with no writer would
    * block a plain open for ever) */
   char why[512];
   int fd = dpt_open_regular(path, "data", why, sizeof why);
-  if (fd < 0) return fail(DP_ERR_IO, err, errcap, "%s", why);
+  if (fd < 0) return dpt_fail_status(DP_ERR_IO, err, errcap, "%s", why);
   FILE *f = fdopen(fd, "r");
   if (!f) {
     int e = errno;
     close(fd);
-    return fail(DP_ERR_IO, err, errcap, "cannot read data '%s': %s", path, strerror(e));
+    return dpt_fail_status(DP_ERR_IO, err, errcap, "cannot read data '%s': %s", path,
+                           strerror(e));
   }
 
   builder b;
@@ -304,7 +292,8 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
     if (len > 0 && line[len - 1] == '\r') len--;
     line[len] = '\0';
     if (strlen(line) != len) {
-      s = fail(DP_ERR_PARSE, err, errcap, "%s:%ld: NUL byte in line", path, w.line);
+      s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s:%ld: NUL byte in line", path,
+                          w.line);
       goto done;
     }
     const char *q = line;
@@ -318,21 +307,22 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
       int lead = features_only ? 0 : n_targets > 0 ? n_targets : 1; /* before features */
       long min = lead + 1;
       if (count < min) {
-        s = fail(DP_ERR_PARSE, err, errcap,
-                 "%s:%ld: field count %ld, expected at least %ld (%s and a feature)", path,
-                 w.line, count, min, n_targets > 0 ? "targets" : "a label");
+        s = dpt_fail_status(
+            DP_ERR_PARSE, err, errcap,
+            "%s:%ld: field count %ld, expected at least %ld (%s and a feature)", path,
+            w.line, count, min, n_targets > 0 ? "targets" : "a label");
         goto done;
       }
       if (count > INT_MAX / 2) {
-        s = fail(DP_ERR_OVERFLOW, err, errcap, "%s:%ld: %ld fields is too many", path,
-                 w.line, count);
+        s = dpt_fail_status(DP_ERR_OVERFLOW, err, errcap, "%s:%ld: %ld fields is too many",
+                            path, w.line, count);
         goto done;
       }
       n_fields = (int)count;
       b.d.n_features = n_fields - lead;
     } else if (count != n_fields) {
-      s = fail(DP_ERR_PARSE, err, errcap, "%s:%ld: field count %ld, expected %d", path,
-               w.line, count, n_fields);
+      s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s:%ld: field count %ld, expected %d",
+                          path, w.line, count, n_fields);
       goto done;
     }
     s = parse_row(&b, &w, line, len);
@@ -340,23 +330,23 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
     errno = 0;
   }
   if (ls == LINE_TOO_LONG) {
-    s = fail(DP_ERR_PARSE, err, errcap,
-             "%s:%ld: line longer than %d MiB (not a CSV dataset?)", path, w.line + 1,
-             DPT_MAX_LINE >> 20);
+    s = dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                        "%s:%ld: line longer than %d MiB (not a CSV dataset?)", path,
+                        w.line + 1, DPT_MAX_LINE >> 20);
     goto done;
   }
   if (ls == LINE_NOMEM) {
-    s = fail(DP_ERR_NOMEM, err, errcap, "%s:%ld: out of memory for the line", path,
-             w.line + 1);
+    s = dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s:%ld: out of memory for the line",
+                        path, w.line + 1);
     goto done;
   }
   if (ls == LINE_ERROR || ferror(f)) {
-    s = fail(DP_ERR_IO, err, errcap, "%s:%ld: read error: %s", path, w.line + 1,
-             strerror(errno ? errno : EIO));
+    s = dpt_fail_status(DP_ERR_IO, err, errcap, "%s:%ld: read error: %s", path, w.line + 1,
+                        strerror(errno ? errno : EIO));
     goto done;
   }
   if (b.d.n_rows == 0) {
-    s = fail(DP_ERR_PARSE, err, errcap, "%s: no data rows", path);
+    s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: no data rows", path);
     goto done;
   }
 done:
@@ -383,8 +373,8 @@ dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *
                                   char *err, size_t errcap) {
   if (n_targets < 1) {
     if (out) memset(out, 0, sizeof *out);
-    return fail(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
-                path ? path : "(null)", n_targets);
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
+                           path ? path : "(null)", n_targets);
   }
   return load(path, n_targets, false, out, err, errcap);
 }
@@ -424,21 +414,24 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
   if (train) memset(train, 0, sizeof *train);
   if (test) memset(test, 0, sizeof *test);
   if (!all || !train || !test || train == test || train == all || test == all)
-    return fail(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: NULL or aliased argument");
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap,
+                           "dpt_dataset_split: NULL or aliased argument");
   if (all->n_rows <= 0 || !all->x)
-    return fail(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: empty dataset");
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: empty dataset");
   if (!(test_fraction >= 0.0 && test_fraction < 1.0))
-    return fail(DP_ERR_INVALID, err, errcap, "test fraction %g is outside [0, 1)",
-                test_fraction);
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap,
+                           "test fraction %g is outside [0, 1)", test_fraction);
   int n = all->n_rows;
   /* the small slack keeps e.g. 0.7 * 10 = 7.000000000000001 at 7 */
   double want = ceil(test_fraction * (double)n - 1e-9);
   int n_test = want < 0 ? 0 : (int)want;
   if (n_test >= n)
-    return fail(DP_ERR_INVALID, err, errcap,
-                "test fraction %g of %d rows leaves no training rows", test_fraction, n);
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap,
+                           "test fraction %g of %d rows leaves no training rows",
+                           test_fraction, n);
   int *perm = malloc((size_t)n * sizeof(int));
-  if (!perm) return fail(DP_ERR_NOMEM, err, errcap, "dpt_dataset_split: out of memory");
+  if (!perm)
+    return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "dpt_dataset_split: out of memory");
   shuffle(perm, n, stream_state(seed, 1, 0));
   dp_status s = gather_rows(all, perm, n_test, test);
   if (s == DP_OK) s = gather_rows(all, perm + n_test, n - n_test, train);
@@ -446,7 +439,7 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
   if (s != DP_OK) {
     dpt_dataset_free(train);
     dpt_dataset_free(test);
-    return fail(s, err, errcap, "dpt_dataset_split: out of memory");
+    return dpt_fail_status(s, err, errcap, "dpt_dataset_split: out of memory");
   }
   return DP_OK;
 }
