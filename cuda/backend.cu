@@ -343,8 +343,8 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   float *g = dp__span_ptr(e, d, lo.dout), *part = dp__span_ptr(e, d, lo.sums);
   const void *t = dp__span_ptr(e, d, lo.targets);
   /* At most DP_CUDA_MB_LIST micro-batches per launch, listed: any sizes. A
-   * block per micro-batch computes its sum alone, so the grouping does not
-   * change a bit. */
+   * micro-batch's sum comes from blocks of its own, cut by its shape alone
+   * (cuda/kernels.cu, loss_chunks), so the grouping does not change a bit. */
   for (int g0 = 0; g0 < op->n_mb; g0 += DP_CUDA_MB_LIST) {
     int gn = op->n_mb - g0 < DP_CUDA_MB_LIST ? op->n_mb - g0 : DP_CUDA_MB_LIST;
     int r0 = e->mbs[op->micro_batch + g0].row0 - op->row0; /* the group's first row */
@@ -356,11 +356,13 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
       /* the mean over the whole accumulation (loss_rows: rows * accumulate) */
       float scale = 2.0f / ((float)e->loss_rows * (float)out);
       DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o + ro, (const float *)t + ro, g + ro,
-                                  part + g0, &span, out, scale));
+                                  part + g0, dp_cuda_loss_chunks(x->hdr), &span, out,
+                                  scale));
     } else {
       float inv = 1.0f / (float)e->loss_rows;
       DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o + ro, (const int32_t *)t + r0, g + ro,
-                                 part + g0, &span, out, inv, op->row0 + r0, x->hdr, d));
+                                 part + g0, dp_cuda_loss_chunks(x->hdr), &span, out, inv,
+                                 op->row0 + r0, x->hdr, d));
     }
   }
   return DP_OK;
@@ -584,6 +586,7 @@ namespace {
 struct gemm_key {
   int dir, rows, in, out, layer;
   unsigned ax, aw, ay, ad; /* offsets mod 256 of the operands (ad: dx, 256 when none) */
+  unsigned ag;             /* and of the weight gradient (backward; 256 in a forward) */
 };
 } // namespace
 
@@ -616,9 +619,20 @@ dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_
     const float *dx = op->kind == DP_OP_FORWARD
                           ? NULL
                           : layer_din(masked ? at_layer(c0, op->layer - 1) : c0);
-    gemm_key key = {op->kind,  op->rows,  l->in,
-                    l->out,    op->layer, mod256(in),
-                    mod256(w), mod256(y), dx ? mod256(dx) : 256u};
+    /* the weight gradient where backward() writes it: a slot of the canonical tree */
+    const float *dw = op->kind == DP_OP_FORWARD
+                          ? NULL
+                          : reg(&e, d, op->dst_region, op->dst_offset) + l->param_off;
+    gemm_key key = {op->kind,
+                    op->rows,
+                    l->in,
+                    l->out,
+                    op->layer,
+                    mod256(in),
+                    mod256(w),
+                    mod256(y),
+                    dx ? mod256(dx) : 256u,
+                    dw ? mod256(dw) : 256u};
     bool dup = false;
     for (int i = 0; i < n_seen && !dup; i++) dup = !memcmp(&seen[i], &key, sizeof key);
     if (dup) continue;
@@ -626,13 +640,14 @@ dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_
     /* scratch operands at the real ones' alignment; contents do not matter */
     float *sx = (float *)(scratch + key.ax), *sw = (float *)(scratch + each + key.aw),
           *sy = (float *)(scratch + 2 * each + key.ay),
-          *sd = (float *)(scratch + 3 * each + (dx ? key.ad : 0));
+          *sd = (float *)(scratch + 3 * each + (dx ? key.ad : 0)),
+          *sg = (float *)(scratch + 4 * each + (dw ? key.ag : 0));
     dp_status s =
         op->kind == DP_OP_FORWARD
             ? dp__cuda_linear_forward(x->blas, x->stream, op->rows, l->in, l->out, sx, sw,
                                       NULL, false, sy)
             : dp__cuda_linear_backward(x->blas, x->stream, op->rows, l->in, l->out, sx, sw,
-                                       sy, sd, NULL, masked ? sx : NULL, dx ? sd : NULL);
+                                       sy, sg, NULL, masked ? sx : NULL, dx ? sd : NULL);
     if (s != DP_OK) return s;
   }
   DP_CUDA_CHECK_D(d, cudaStreamSynchronize(x->stream));
@@ -707,12 +722,10 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_GRAD_CHECK: {
     const float *g = (const float *)reg(e, d, op->src_region, op->src_offset);
     dp_cuda_opt o = opt_of(&e->plan->cfg);
-    DP_CUDA_CHECK(
-        dp_k_grad_check(x->stream, g, op->bytes / 4, op->src_offset / 4, x->hdr, d));
     float *m, *v;
     dp_status ss = opt_state_of(e, d, op->src_offset, op->bytes, &m, &v);
     if (ss != DP_OK) return ss;
-    DP_CUDA_CHECK(dp_k_update_check(
+    DP_CUDA_CHECK(dp_k_step_check(
         x->stream, &o, (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset), g, m, v,
         op->bytes / 4, op->src_offset / 4, x->hdr, d));
     return DP_OK;
@@ -1188,6 +1201,8 @@ static dp_status nccl_async_errors(cuda_ctx *c) {
  * unusable, c->failed). */
 static dp_status wait_stream(cuda_ctx *c, int d, double deadline) {
   dev_ctx *x = &c->dev[d];
+  double spin_until = dp__cuda_now() + 2e-3 + 2.0 * c->last_wait_s;
+  bool nap = false;
   for (long polls = 0;; polls++) {
     cudaError_t e = cudaStreamQuery(x->stream);
     if (e == cudaSuccess) return DP_OK;
@@ -1219,7 +1234,9 @@ static dp_status wait_stream(cuda_ctx *c, int d, double deadline) {
                      d, x->phys, c->timeout_ms,
                      c->nccl ? "; the NCCL communicators were aborted" : "");
     }
-    if (polls > 4096) { /* past the first few ms: stop spinning */
+    /* past twice the last step's wait: a long stall, not a step's end */
+    if (!nap && (polls & 63) == 63) nap = dp__cuda_now() > spin_until;
+    if (nap) {
       struct timespec ts = {0, 50000};
       nanosleep(&ts, NULL);
     }
@@ -1278,7 +1295,7 @@ static dp_status finish(cuda_ctx *c, float *loss, dp_status first) {
    * so that nothing of this step is still running when we return. After a
    * graph launch the other streams wait for device 0's, which the graph ran
    * on (dp__cuda_graph_launch), so these read-backs come after the graph. */
-  double deadline = dp__cuda_now() + 1e-3 * c->timeout_ms;
+  double t0 = dp__cuda_now(), deadline = t0 + 1e-3 * c->timeout_ms;
   for (int pass = 0; pass < 2; pass++)
     for (int d = c->d0; d < c->d1; d++) {
       dev_ctx *x = &c->dev[d];
@@ -1309,6 +1326,7 @@ static dp_status finish(cuda_ctx *c, float *loss, dp_status first) {
   if (first == DP_OK) first = nccl_async_errors(c);
 #endif
   if (first != DP_OK) return first;
+  c->last_wait_s = dp__cuda_now() - t0; /* wait_stream's spin time next step */
   const dp_cuda_header *h = c->host_hdr;
   if (loss && c->d0 == 0) *loss = h[0].loss; /* another rank's comes by agreement */
   bool accum_call = false, bad_label = false;

@@ -62,7 +62,12 @@ struct cuda_ctx {
   bool capturing; /* between capture_begin and capture_end/abort */
   bool failed; /* a step timed out or the device or NCCL failed: free aborts, never waits */
   int timeout_ms; /* cfg.timeout_ms, the default filled in */
-  float lr;       /* the rate in effect: cfg.lr, then dp__cuda_set_lr's */
+  /* How long the last step's wait for the streams took (seconds): wait_stream
+   * spins, without naps, for up to twice that, so a step's end is seen at once
+   * whatever its length (issue 28, finding 5), and only a step far longer than
+   * the last one naps between polls. */
+  double last_wait_s;
+  float lr; /* the rate in effect: cfg.lr, then dp__cuda_set_lr's */
   /* Debug hooks for tests/gpu/run.sh, read from the environment at creation
    * (never set in normal use): DP_CUDA_DEBUG_DELAY_US: a spin of that many
    * microseconds at the start of every stage of replica (step mod n), so that

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 extern "C" int dp__cuda_have_nccl(void) {
 #ifdef DP_HAVE_NCCL
@@ -230,6 +231,120 @@ static dp_status init_nccl_world(cuda_ctx *c, const dp_backend_world *w) {
 #endif
 }
 
+#ifdef DP_HAVE_NCCL
+/* Device d's stream has run everything enqueued, NCCL's errors polled meanwhile,
+ * within the context's timeout (a peer process that never came ends in an error). */
+static dp_status settle_nccl(cuda_ctx *c, int d, double deadline) {
+  dev_ctx *x = &c->dev[d];
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(x->stream);
+    if (e == cudaSuccess) return DP_OK;
+    if (e != cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return DP_CUDA_FAIL(DP_ERR_BACKEND, e, "cudaStreamQuery",
+                          "device %d: connecting the NCCL peers", d);
+    }
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(x->comm, &r) != ncclSuccess) r = ncclSystemError;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      const char *l = ncclGetLastError(x->comm);
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "device %d: connecting the NCCL peers: %s (last NCCL error: %s)", d,
+                     ncclGetErrorString(r), l && *l ? l : "none");
+    }
+    if (dp__cuda_now() > deadline)
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "device %d: connecting the NCCL peers took more than %d ms (a peer "
+                     "process that never came?)",
+                     d, c->timeout_ms);
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* The plan's NCCL links: from[a][b], device a sends to device b in some step
+ * (a copy whose ends are two devices; across processes also a host end, which is
+ * its executing device's, cuda/backend.cu's cross_process). */
+static void nccl_links(const cuda_ctx *c, bool (*from)[DP_MAX_DEVICES]) {
+  const dp_op *ops = dp_plan_ops(c->plan);
+  for (int i = 0; i < dp_plan_n_ops(c->plan); i++) {
+    const dp_op *op = &ops[i];
+    if (op->kind != DP_OP_COPY) continue;
+    int a = op->src_dev >= 0 ? op->src_dev : op->device;
+    int b = op->dst_dev >= 0 ? op->dst_dev : op->device;
+    if (a != b && ((op->src_dev >= 0 && op->dst_dev >= 0) || c->world)) from[a][b] = true;
+  }
+}
+
+/* NCCL links a pair of ranks at their first transfer and a communicator at its
+ * first all-reduce, allocating buffers and handshaking then: in the first step,
+ * had it been left to itself (issue 28, finding 4). So every link the plan's
+ * steps use is made here: one float to each peer a device sends to and from each
+ * it receives from, in the loss ops' scratch of its workspace (no step has data
+ * there yet), in one group; then each of the plan's all-reduces once, on the
+ * gradients it reduces (every step writes them before it reduces them). */
+static dp_status connect_nccl(cuda_ctx *c) {
+  bool from[DP_MAX_DEVICES][DP_MAX_DEVICES] = {};
+  nccl_links(c, from);
+  double deadline = dp__cuda_now() + 1e-3 * c->timeout_ms;
+  ncclResult_t r = ncclGroupStart();
+  for (int d = c->d0; d < c->d1 && r == ncclSuccess; d++) {
+    dev_ctx *x = &c->dev[d];
+    dp_cuda_device_scope scope;
+    if (scope.enter(x->phys) != DP_OK)
+      return DP_FAIL(DP_ERR_BACKEND, "%s", dp_last_error());
+    float *buf = dp_cuda_loss_chunks(x->hdr); /* [0]: sent; [1 + peer]: received */
+    for (int e = 0; e < c->n && r == ncclSuccess; e++) {
+      if (from[d][e]) r = ncclSend(buf, 1, ncclFloat32, e, x->comm, x->stream);
+      if (from[e][d] && r == ncclSuccess)
+        r = ncclRecv(buf + 1 + e, 1, ncclFloat32, e, x->comm, x->stream);
+    }
+  }
+  ncclResult_t g = ncclGroupEnd();
+  if (r == ncclSuccess) r = g;
+  for (int d = c->d0; d < c->d1; d++) {
+    dp_status s = dp__cuda_nccl_issued(c, d, r, "ncclSend/ncclRecv (connecting)");
+    if (s != DP_OK) return s;
+  }
+  /* the all-reduces: the k-th of every device together, as a step issues them */
+  const dp_op *ops = dp_plan_ops(c->plan);
+  int n_ops = dp_plan_n_ops(c->plan), at[DP_MAX_DEVICES];
+  for (int d = c->d0; d < c->d1; d++) at[d] = 0;
+  for (;;) {
+    bool any = false;
+    r = ncclGroupStart();
+    for (int d = c->d0; d < c->d1; d++) {
+      while (at[d] < n_ops &&
+             (ops[at[d]].kind != DP_OP_ALLREDUCE || ops[at[d]].device != d))
+        at[d]++;
+      if (at[d] == n_ops || r != ncclSuccess) continue;
+      const dp_op *op = &ops[at[d]++];
+      dev_ctx *x = &c->dev[d];
+      dp_cuda_device_scope scope;
+      if (scope.enter(x->phys) != DP_OK) break;
+      float *gr =
+          (float *)(x->arena + c->plan->regions[d][op->dst_region].offset + op->dst_offset);
+      r = ncclAllReduce(gr, gr, op->bytes / 4, ncclFloat32, ncclSum, x->comm, x->stream);
+      any = true;
+    }
+    g = ncclGroupEnd();
+    if (r == ncclSuccess) r = g;
+    for (int d = c->d0; d < c->d1 && any; d++) {
+      dp_status s = dp__cuda_nccl_issued(c, d, r, "ncclAllReduce (connecting)");
+      if (s != DP_OK) return s;
+    }
+    if (!any) break;
+  }
+  for (int d = c->d0; d < c->d1; d++) {
+    dp_cuda_device_scope scope;
+    dp_status s = scope.enter(c->dev[d].phys);
+    if (s == DP_OK) s = settle_nccl(c, d, deadline);
+    if (s != DP_OK) return s;
+  }
+  return DP_OK;
+}
+#endif
+
 /* cuBLAS's lazy kernel loads, done now (cuda/backend.cu, dp__cuda_warm_device): on
  * scratch memory of its own, freed again, so that no region's content changes. */
 static dp_status warm_gemms(cuda_ctx *c) {
@@ -239,7 +354,7 @@ static dp_status warm_gemms(cuda_ctx *c) {
     dp_status s = scope.enter(c->dev[d].phys);
     if (s != DP_OK) return s;
     void *scratch = NULL;
-    DP_CUDA_CHECK_D(d, cudaMalloc(&scratch, 4 * each));
+    DP_CUDA_CHECK_D(d, cudaMalloc(&scratch, 5 * each)); /* x, w, y, dx, dw */
     s = dp__cuda_warm_device(c, d, (unsigned char *)scratch, each);
     cudaError_t e = cudaFree(scratch);
     if (s != DP_OK) return s;
@@ -332,6 +447,10 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   if (s == DP_OK) s = enable_peers(c);
   if (s == DP_OK) s = warm_gemms(c); /* before NCCL: no lazy cuBLAS load later */
   if (s == DP_OK && (flags & DP_CUDA_NCCL)) s = w ? init_nccl_world(c, w) : init_nccl(c);
+#ifdef DP_HAVE_NCCL
+  if (s == DP_OK && c->nccl) s = connect_nccl(c); /* no lazy NCCL connect in a step */
+  if (s != DP_OK && c->nccl) c->failed = true;    /* free aborts, never waits */
+#endif
   /* every kernel loaded now, not lazily during a step (CUDA_MODULE_LOADING=LAZY is
    * the default since 12.2: a kernel loaded while NCCL kernels spin can deadlock) */
   for (int d = d0; d < d1 && s == DP_OK; d++) {

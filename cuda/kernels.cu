@@ -325,49 +325,86 @@ static __device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, 
   }
 }
 
-/* Block i: micro-batch i. Thread t sums elements t, t + THREADS, ... of the
- * micro-batch ascending; then the fixed block tree. */
+/* Blocks per micro-batch (issue 28, finding 5: one block per micro-batch put
+ * a replica's loss on one SM). A micro-batch of n rows, `pass` rows per block
+ * pass, is cut into loss_chunks(n, pass) chunks of ceil(n / chunks) rows, a
+ * block each, at least 4 passes per block, at most DP_CUDA_LOSS_CHUNKS: from
+ * its shape alone, so its bits do not depend on which launch, device or span
+ * list it is in. Each block's sum goes to chunk slot (i, c) of the loss
+ * scratch; k_loss_chunks adds a micro-batch's chunk sums from +0 in
+ * ascending c. */
+static __host__ __device__ __forceinline__ int loss_chunks(int n, int pass) {
+  int c = (n + 4 * pass - 1) / (4 * pass);
+  return c < 1 ? 1 : c > DP_CUDA_LOSS_CHUNKS ? DP_CUDA_LOSS_CHUNKS : c;
+}
+static __host__ __device__ __forceinline__ int mse_pass(int cols) {
+  return cols >= THREADS ? 1 : THREADS / cols;
+}
+static __host__ __device__ __forceinline__ int ce_pass(int cols) {
+  return RED_THREADS / lanes_for(cols);
+}
+
+/* Block b of a launch over `per` chunk slots per micro-batch: micro-batch
+ * b / per, its chunk b % per; rows [*lo, *hi) of the chunk. false: no such
+ * chunk (the micro-batch has fewer), the block does nothing. */
+static __device__ __forceinline__ bool
+loss_chunk(const dp_cuda_mb_span &s, int per, int pass, int *i, int *c, int *lo, int *hi) {
+  int m0, m1;
+  *i = (int)blockIdx.x / per;
+  *c = (int)blockIdx.x % per;
+  mb_rows(s, *i, &m0, &m1);
+  int n = m1 - m0, C = loss_chunks(n, pass);
+  if (*c >= C) return false;
+  int R = (n + C - 1) / C;
+  *lo = m0 + *c * R < m1 ? m0 + *c * R : m1;
+  *hi = *lo + R < m1 ? *lo + R : m1;
+  return true;
+}
+
+/* A chunk's block: thread t sums elements t, t + THREADS, ... of its rows
+ * ascending; then the fixed block tree. */
 static __global__ void __launch_bounds__(THREADS)
-    k_loss_mse(const float *o, const float *t, float *g, float *part, dp_cuda_mb_span span,
-               int cols, float scale) {
+    k_loss_mse(const float *o, const float *t, float *g, float *chunks,
+               dp_cuda_mb_span span, int cols, float scale, int per) {
   __shared__ float sh[THREADS];
-  int lo, hi;
-  mb_rows(span, blockIdx.x, &lo, &hi);
+  int i, c, lo, hi;
+  if (!loss_chunk(span, per, mse_pass(cols), &i, &c, &lo, &hi)) return;
   size_t e1 = (size_t)hi * cols;
   float s = 0.0f;
-  for (size_t i = (size_t)lo * cols + threadIdx.x; i < e1; i += THREADS) {
-    float d = fs(o[i], t[i]);
+  for (size_t k = (size_t)lo * cols + threadIdx.x; k < e1; k += THREADS) {
+    float d = fs(o[k], t[k]);
     s = fa(s, fm(d, d));
-    g[i] = fm(scale, d);
+    g[k] = fm(scale, d);
   }
   sh[threadIdx.x] = s;
   __syncthreads();
   block_tree_sum(sh);
-  if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+  if (threadIdx.x == 0) chunks[i * DP_CUDA_LOSS_CHUNKS + c] = sh[0];
 }
 
-/* Block i: micro-batch i, its rows handled G = lanes_for(cols) lanes at a time
- * (a warp per row for cols > 16; 32 / G rows per warp for narrow logits), so
+/* A chunk's block, its rows handled G = lanes_for(cols) lanes at a time (a
+ * warp per row for cols > 16; 32 / G rows per warp for narrow logits), so
  * reads and gradient writes are coalesced. The block's Q = RED_THREADS / G
- * lane groups take rows q, q + Q, q + 2Q, ... of the micro-batch (relative to
- * its first row). Per row, the CPU's formula: max (exact in any order), sum of
+ * lane groups take rows q, q + Q, q + 2Q, ... of the chunk (relative to its
+ * first row). Per row, the CPU's formula: max (exact in any order), sum of
  * exp(z - max) (lane c: columns c, c + G, ... ascending, then the xor
  * butterfly over the group's G lanes), lse = max + log(sum), loss = lse - z[t],
- * gradient (exp(z - lse) - [j == t]) / rows. The fixed order of part[i]: group
- * q adds its rows' losses ascending from +0, then a halving tree over the Q
- * group sums in shared memory; it depends on the micro-batch's row count and
- * cols only, never on where its rows sit or which other micro-batches share
- * the launch, so classic and allreduce give the same bits. A label out of range
- * is flagged (DP_CUDA_ST_LABEL; integer atomics, order-independent), its row's
- * gradient zeroed and its loss left out; lib/core/ctx.c checks labels on the host
- * before a step, so this is a second line. */
+ * gradient (exp(z - lse) - [j == t]) / rows. The fixed order of the chunk's
+ * sum: group q adds its rows' losses ascending from +0, then a halving tree
+ * over the Q group sums in shared memory; with loss_chunks it depends on the
+ * micro-batch's row count and cols only, never on where its rows sit or which
+ * other micro-batches share the launch, so classic and allreduce give the same
+ * bits. A label out of range is flagged (DP_CUDA_ST_LABEL; integer atomics,
+ * order-independent), its row's gradient zeroed and its loss left out;
+ * lib/core/ctx.c checks labels on the host before a step, so this is a second
+ * line. */
 static __global__ void __launch_bounds__(RED_THREADS)
-    k_loss_ce(const float *z, const int32_t *labels, float *g, float *part,
+    k_loss_ce(const float *z, const int32_t *labels, float *g, float *chunks,
               dp_cuda_mb_span span, int cols, float inv, int row0, dp_cuda_header *hdr,
-              int dev) {
+              int dev, int per) {
   __shared__ float sh[RED_THREADS];
-  int lo, hi;
-  mb_rows(span, blockIdx.x, &lo, &hi);
+  int i, ch, lo, hi;
+  if (!loss_chunk(span, per, ce_pass(cols), &i, &ch, &lo, &hi)) return;
   const int G = lanes_for(cols), Q = RED_THREADS / G, n = hi - lo;
   const int q = (int)threadIdx.x / G, c = (int)threadIdx.x % G;
   const int first = (int)(threadIdx.x & 31u) & ~(G - 1); /* the group's lane 0 */
@@ -411,23 +448,56 @@ static __global__ void __launch_bounds__(RED_THREADS)
     if ((int)threadIdx.x < w) sh[threadIdx.x] = fa(sh[threadIdx.x], sh[threadIdx.x + w]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) part[blockIdx.x] = sh[0];
+  if (threadIdx.x == 0) chunks[i * DP_CUDA_LOSS_CHUNKS + ch] = sh[0];
+}
+
+/* part[i]: micro-batch i's chunk sums added from +0 in ascending chunk order. */
+static __global__ void k_loss_chunks(const float *chunks, float *part, dp_cuda_mb_span span,
+                                     int pass) {
+  int i = (int)(blockIdx.x * blockDim.x + threadIdx.x), lo, hi;
+  if (i >= span.n) return;
+  mb_rows(span, i, &lo, &hi);
+  int C = loss_chunks(hi - lo, pass);
+  float s = 0.0f;
+  for (int c = 0; c < C; c++) s = fa(s, chunks[i * DP_CUDA_LOSS_CHUNKS + c]);
+  part[i] = s;
+}
+
+/* The most chunks any micro-batch of the span has (its largest: the listed
+ * bounds, or the uniform size m). */
+static int span_chunks(const dp_cuda_mb_span *s, int pass) {
+  int rows = s->m;
+  if (s->n <= DP_CUDA_MB_LIST)
+    for (int i = 0; i < s->n; i++)
+      rows = s->bound[i + 1] - s->bound[i] > rows ? s->bound[i + 1] - s->bound[i] : rows;
+  return loss_chunks(rows, pass);
 }
 
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
-                          float *part, const dp_cuda_mb_span *span, int cols, float scale) {
+                          float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
+                          float scale) {
   if (span->n <= 0) return cudaSuccess;
-  DP_LAUNCH(k_loss_mse, (unsigned)span->n, THREADS, 0, st)
-  (o, t, g, part, *span, cols, scale);
+  if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue; /* the scratch's size */
+  int per = span_chunks(span, mse_pass(cols));
+  DP_LAUNCH(k_loss_mse, (unsigned)(span->n * per), THREADS, 0, st)
+  (o, t, g, chunks, *span, cols, scale, per);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, mse_pass(cols));
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
-                         float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
-                         int row0, dp_cuda_header *hdr, int dev) {
+                         float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
+                         float inv_rows, int row0, dp_cuda_header *hdr, int dev) {
   if (span->n <= 0) return cudaSuccess;
-  DP_LAUNCH(k_loss_ce, (unsigned)span->n, RED_THREADS, 0, st)
-  (z, labels, g, part, *span, cols, inv_rows, row0, hdr, dev);
+  if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue;
+  int per = span_chunks(span, ce_pass(cols));
+  DP_LAUNCH(k_loss_ce, (unsigned)(span->n * per), RED_THREADS, 0, st)
+  (z, labels, g, chunks, *span, cols, inv_rows, row0, hdr, dev, per);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, ce_pass(cols));
   return cudaGetLastError();
 }
 
@@ -600,13 +670,22 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
   return r;
 }
 
-/* Flags an update that would write a non-finite parameter or state word
- * (parameter index base + k); the flag and the min are order-independent. */
-static __global__ void k_update_check(dp_cuda_opt o, const float *w, const float *g,
-                                      const float *m, const float *v, size_t n, size_t base,
-                                      dp_cuda_header *hdr, int dev) {
+/* The step's check in one pass over the parameters (issue 28, finding 5: a
+ * pass of its own for the gradients read them twice): flags a non-finite
+ * gradient (DP_CUDA_ST_GRAD, as k_grad_check) and an update that would write a
+ * non-finite parameter or state word (DP_CUDA_ST_UPDATE; parameter index
+ * base + k). The flags and the mins are order-independent. */
+static __global__ void k_step_check(dp_cuda_opt o, const float *w, const float *g,
+                                    const float *m, const float *v, size_t n, size_t base,
+                                    dp_cuda_header *hdr, int dev) {
   GRID_STRIDE(k, n) {
-    upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, k);
+    float gk = g[k];
+    if (!isfinite(gk)) {
+      atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_GRAD);
+      atomicMin(&hdr->bad_grad,
+                ((unsigned long long)(base + k) << 1) | (isinf(gk) ? 1ull : 0ull));
+    }
+    upd_out r = upd_elem(o, hdr, w[k], gk, m, v, k);
     if (!isfinite(r.w) || !isfinite(r.s0) || !isfinite(r.s1)) {
       atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_UPDATE);
       atomicMin(&hdr->bad_update, (unsigned long long)(base + k));
@@ -614,11 +693,11 @@ static __global__ void k_update_check(dp_cuda_opt o, const float *w, const float
   }
 }
 
-cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
-                              const float *g, const float *m, const float *v, size_t n,
-                              size_t base, dp_cuda_header *hdr, int dev) {
+cudaError_t dp_k_step_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
+                            const float *g, const float *m, const float *v, size_t n,
+                            size_t base, dp_cuda_header *hdr, int dev) {
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_update_check, blocks_for(n), THREADS, 0, st)
+  DP_LAUNCH(k_step_check, blocks_for(n), THREADS, 0, st)
   (*o, w, g, m, v, n, base, hdr, dev);
   return cudaGetLastError();
 }
@@ -830,11 +909,12 @@ cudaError_t dp_k_preload(void) {
       (const void *)k_layernorm_dx, (const void *)k_layernorm_dparams,
       (const void *)k_add,          (const void *)k_fill,
       (const void *)k_loss_mse,     (const void *)k_loss_ce,
-      (const void *)k_loss_sum,     (const void *)k_grad_check,
-      (const void *)k_update_check, (const void *)k_optimizer,
-      (const void *)k_reset_header, (const void *)k_rng_table,
-      (const void *)k_grad_norm,    (const void *)k_clip_coef,
-      (const void *)k_clip_scale,   (const void *)k_checked_copy,
+      (const void *)k_loss_chunks,  (const void *)k_loss_sum,
+      (const void *)k_grad_check,   (const void *)k_step_check,
+      (const void *)k_optimizer,    (const void *)k_reset_header,
+      (const void *)k_rng_table,    (const void *)k_grad_norm,
+      (const void *)k_clip_coef,    (const void *)k_clip_scale,
+      (const void *)k_checked_copy,
   };
   cudaError_t e = dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
   if (e == cudaSuccess) e = dp_k_conv_preload();

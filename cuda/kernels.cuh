@@ -57,7 +57,16 @@ typedef struct {
   float clip_coef;         /* GRAD_CLIP: the factor its gradients are scaled by (1: none) */
   dp_cuda_step_scalars sc; /* not touched by the reset: written after it */
 } dp_cuda_header;
-static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_HEADER_BYTES, "header too large");
+/* The loss ops' scratch follows the header in the WORKSPACE's first
+ * DP_CUDA_WS_HEADER_BYTES: a micro-batch's rows are summed by up to
+ * DP_CUDA_LOSS_CHUNKS blocks (cuda/kernels.cu, loss_chunks), their sums kept
+ * here until k_loss_chunks adds them. */
+#define DP_CUDA_LOSS_CHUNKS 16
+#define DP_CUDA_WS_LOSS_OFFSET ((size_t)4096)
+static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_LOSS_OFFSET, "header too large");
+static inline float *dp_cuda_loss_chunks(dp_cuda_header *hdr) {
+  return (float *)((unsigned char *)hdr + DP_CUDA_WS_LOSS_OFFSET);
+}
 
 /* Micro-batches of a LOSS op, as rows relative to the op's first row:
  * micro-batch i covers [lo(i), hi(i)). Up to DP_CUDA_MB_LIST listed
@@ -67,6 +76,9 @@ typedef struct {
   int n, m, end;
   int bound[DP_CUDA_MB_LIST + 1];
 } dp_cuda_mb_span;
+static_assert(DP_CUDA_WS_LOSS_OFFSET + DP_CUDA_MB_LIST * DP_CUDA_LOSS_CHUNKS * 4 <=
+                  DP_CUDA_WS_HEADER_BYTES,
+              "the loss scratch must fit the workspace's header area");
 
 /* The optimizer's constants (per plan; the per-step scalars are in the
  * header's sc): computed on the host exactly as lib/cpu/backend.c does. */
@@ -108,11 +120,14 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
 cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n);
 cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n);
 /* One block per micro-batch: part[i] = its loss sum, g = d(mean loss)/d(o). */
+/* chunks: the loss scratch (dp_cuda_loss_chunks), DP_CUDA_LOSS_CHUNKS floats per
+ * micro-batch of the span (at most DP_CUDA_MB_LIST of them per launch). */
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
-                          float *part, const dp_cuda_mb_span *span, int cols, float scale);
+                          float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
+                          float scale);
 cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
-                         float *part, const dp_cuda_mb_span *span, int cols, float inv_rows,
-                         int row0, dp_cuda_header *hdr, int dev);
+                         float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
+                         float inv_rows, int row0, dp_cuda_header *hdr, int dev);
 /* hdr->loss = canonical tree over part[0..n_mb) (micro-batches >= n_ne are
  * empty and left out) / denom; sets DP_CUDA_ST_LOSS when not finite. */
 cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
@@ -120,14 +135,15 @@ cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne
 /* Flags non-finite g[0..n) (parameter index base + i). */
 cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
                             dp_cuda_header *hdr, int dev);
-/* Flags (DP_CUDA_ST_UPDATE, bad_update) an update of w[0..n) (parameter index
- * base + i) that would write a non-finite parameter or state word. m[0..n) and
+/* In one pass: flags non-finite g[0..n) as dp_k_grad_check, and (DP_CUDA_ST_UPDATE,
+ * bad_update) an update of w[0..n) (parameter index base + i) that would write a
+ * non-finite parameter or state word. m[0..n) and
  * v[0..n) are the same elements' optimizer state (momentum's buffer, AdamW's two
  * moments; unused where the optimizer has none): the caller resolves them from
  * the device's state layout (dp_plan.opt_off/opt_len), as lib/cpu/backend.c. */
-cudaError_t dp_k_update_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
-                              const float *g, const float *m, const float *v, size_t n,
-                              size_t base, dp_cuda_header *hdr, int dev);
+cudaError_t dp_k_step_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
+                            const float *g, const float *m, const float *v, size_t n,
+                            size_t base, dp_cuda_header *hdr, int dev);
 /* Updates w[0..n) unless one of hdr->status[0..n_check) is set; the per-step
  * scalars (momentum's first flag, AdamW's step_size and bc2_sqrt) come from
  * hdr->sc. */

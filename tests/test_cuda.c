@@ -30,7 +30,8 @@
 #define MIB ((size_t)1 << 20)
 
 #ifdef DP_CUDA_SIM
-int dp_sim_cold_gemms(void); /* tests/cuda_sim/cublas.cc */
+int dp_sim_cold_gemms(void);  /* tests/cuda_sim/cublas.cc */
+long dp_sim_nccl_links(void); /* tests/cuda_sim/nccl.cc */
 #endif
 
 /* Number of GPUs, or 0 after printing the visible skip line. */
@@ -1794,7 +1795,15 @@ START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
     const char *name = cfg == 0 ? "classic sgd" : "allreduce sharded adamw";
     pair a, g;
     pair_init(&a, MIXED_CE, &c, false);
+#ifdef DP_CUDA_SIM
+    long links0 = dp_sim_nccl_links();
+#endif
     pair_init_flags(&g, MIXED_CE, &c, false, DP_CUDA_NCCL);
+#ifdef DP_CUDA_SIM
+    /* every NCCL link the steps use is made at creation, none in a step (finding 4) */
+    long links = dp_sim_nccl_links();
+    ck_assert_int_gt(links, links0);
+#endif
     fill_initial(&a, 8);
     fill_initial(&g, 8);
     for (int k = 0; k < STEPS; k++) {
@@ -1811,6 +1820,8 @@ START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
 #ifdef DP_CUDA_SIM
       /* every cuBLAS kernel a step needs was loaded before NCCL started (finding 4) */
       ck_assert_int_eq(dp_sim_cold_gemms(), 0);
+      ck_assert_msg(dp_sim_nccl_links() == links, "%s: step %d made %ld NCCL links", name,
+                    k, dp_sim_nccl_links() - links);
 #endif
       ck_assert_msg(memcmp(&la, &lg, 4) == 0, "%s: step %d: loss copy %.9g, nccl %.9g",
                     name, k, (double)la, (double)lg);

@@ -7,7 +7,8 @@
  * as cuBLAS). Like the real library, whose kernel choice depends on alignment,
  * the result depends on it: when A, B and C are 16-byte aligned and every leading
  * dimension is a multiple of 4, p runs in one pass; otherwise it runs as two
- * halves added at the end — so bits that depend on where a slice starts show up
+ * parts added at the end, split at k/2 when the addresses are aligned and at
+ * k/3 when they are not — so bits that depend on where a slice starts show up
  * here as they would on a GPU. With CUBLAS_TF32_TENSOR_OP_MATH the inputs are
  * rounded to TF32 (10 mantissa bits, to nearest even) first. Each call scribbles on
  * the handle's workspace, as a real kernel may, so data kept there is lost. */
@@ -39,15 +40,17 @@ static void note_kind(const gemm_kind &g) {
   pthread_mutex_lock(&dp_sim_mu);
   bool seen = false;
   for (int i = 0; i < n_kinds && !seen; i++) seen = !memcmp(&kinds[i], &g, sizeof g);
-  bool cold = !seen && g.dev >= 0 && g.dev < DP_SIM_MAX_DEVICES && dp_sim_nccl_live[g.dev] > 0;
+  bool cold =
+      !seen && g.dev >= 0 && g.dev < DP_SIM_MAX_DEVICES && dp_sim_nccl_live[g.dev] > 0;
   if (!seen && n_kinds < MAX_KEYS) kinds[n_kinds++] = g;
   if (cold) n_cold++;
   pthread_mutex_unlock(&dp_sim_mu);
   if (cold)
-    dp_sim_report("cublasSgemm on device %d: a kernel first needed while NCCL is live there "
-                  "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d): a real cuBLAS loads it now, "
-                  "which can deadlock with a spinning NCCL kernel",
-                  g.dev, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
+    dp_sim_report(
+        "cublasSgemm on device %d: a kernel first needed while NCCL is live there "
+        "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d): a real cuBLAS loads it now, "
+        "which can deadlock with a spinning NCCL kernel",
+        g.dev, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
 }
 
 struct dp_sim_blas {
@@ -164,19 +167,22 @@ static float at(const float *a, int ld, int trans, int row, int col, bool round)
  * CPU has one) and libm give the same bits; the target attribute only makes it fast. */
 #define GEMM_ROWS 256
 template <bool T>
-__attribute__((target("fma"))) static void column_sums(const gemm_args *g, int j, int i0, int n, int p0, int p1, bool round,
-                        float *acc) {
+__attribute__((target("fma"))) static void column_sums(const gemm_args *g, int j, int i0,
+                                                       int n, int p0, int p1, bool round,
+                                                       float *acc) {
   for (int i = 0; i < n; i++) acc[i] = 0.0f;
   for (int p = p0; p < p1; p++) {
     float bv = at(g->b, g->ldb, g->tb, p, j, round);
     for (int i = 0; i < n; i++) {
-      float av = T ? g->a[(size_t)(i0 + i) * g->lda + p] : g->a[(size_t)p * g->lda + i0 + i];
+      float av =
+          T ? g->a[(size_t)(i0 + i) * g->lda + p] : g->a[(size_t)p * g->lda + i0 + i];
       acc[i] = fmaf(round ? tf32(av) : av, bv, acc[i]);
     }
   }
 }
 
-__attribute__((target("fma"))) static void gemm_fma(const gemm_args *g, int split, bool round) {
+__attribute__((target("fma"))) static void gemm_fma(const gemm_args *g, int split,
+                                                    bool round) {
   float lo[GEMM_ROWS], hi[GEMM_ROWS];
   for (int j = 0; j < g->n; j++)
     for (int i0 = 0; i0 < g->m; i0 += GEMM_ROWS) {
@@ -201,9 +207,11 @@ static void gemm_plain(const gemm_args *g, int split, bool round) {
     for (int i = 0; i < g->m; i++) {
       float lo = 0.0f, hi = 0.0f;
       for (int p = 0; p < split; p++)
-        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), lo);
+        lo = fmaf(at(g->a, g->lda, g->ta, i, p, round),
+                  at(g->b, g->ldb, g->tb, p, j, round), lo);
       for (int p = split; p < g->k; p++)
-        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round), at(g->b, g->ldb, g->tb, p, j, round), hi);
+        hi = fmaf(at(g->a, g->lda, g->ta, i, p, round),
+                  at(g->b, g->ldb, g->tb, p, j, round), hi);
       float sum = split < g->k ? lo + hi : lo;
       float *c = &g->c[(size_t)j * g->ldc + i];
       *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * sum) : g->alpha * sum;
@@ -217,16 +225,18 @@ static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
   /* Three kernels, chosen as a real library weighs the operands' addresses and
    * their leading dimensions separately: one pass when both are 16-byte
    * aligned, else two sums split at k / 2 (aligned addresses) or k / 3. */
-  bool ptrs = (uintptr_t)g->a % 16 == 0 && (uintptr_t)g->b % 16 == 0 &&
-              (uintptr_t)g->c % 16 == 0;
+  bool ptrs =
+      (uintptr_t)g->a % 16 == 0 && (uintptr_t)g->b % 16 == 0 && (uintptr_t)g->c % 16 == 0;
   bool lds = g->lda % 4 == 0 && g->ldb % 4 == 0 && g->ldc % 4 == 0;
   int split = (ptrs && lds) || getenv("DP_SIM_GEMM_ONE_PASS") ? g->k
               : ptrs                                          ? g->k / 2
                                                               : g->k / 3;
   bool round = g->math == CUBLAS_TF32_TENSOR_OP_MATH;
   static const bool fma_hw = __builtin_cpu_supports("fma");
-  if (fma_hw) gemm_fma(g, split, round);
-  else gemm_plain(g, split, round);
+  if (fma_hw)
+    gemm_fma(g, split, round);
+  else
+    gemm_plain(g, split, round);
 }
 
 /* Whether the column-major matrix (rows x cols, leading dimension ld) lies in one
@@ -259,8 +269,10 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
         m, n, k, lda, ldb, ldc);
     return CUBLAS_STATUS_INVALID_VALUE;
   }
-  bool aligned = (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0 &&
-                 lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0;
+  /* the kernel class run_gemm picks: addresses aligned (bit 1), leading dims (bit 0) */
+  int aligned =
+      ((uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0) * 2 +
+      (lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0);
   dp_sim_stream *st = dp_sim_stream_of(h->stream);
   note_kind(gemm_kind{st ? st->dev : -1, (int)ta, (int)tb, m, n, k, lda, ldb, ldc, aligned,
                       h->math});

@@ -52,6 +52,8 @@ struct clique {
   float *ar_recv[MAX_RANKS];
   size_t ar_count[MAX_RANKS];
   bool aborted;
+  bool linked[2][MAX_RANKS][MAX_RANKS]; /* [send, receive][rank][peer]: note_link */
+  bool ar_linked[MAX_RANKS];
   int local_n; /* ranks held by this process (counted at the first transfer) */
   clique *next;
 };
@@ -460,6 +462,23 @@ static ncclResult_t flush(void) {
   return r;
 }
 
+/* Lazy connection, as a real NCCL makes it: a rank's first send to a peer, first
+ * receive from one and first all-reduce each set up a link (buffers allocated,
+ * a handshake). Counted, so a test can see that every link was made before the
+ * first step (dp_sim_nccl_links). */
+static long n_links;
+extern "C" long dp_sim_nccl_links(void) {
+  return __atomic_load_n(&n_links, __ATOMIC_RELAXED);
+}
+
+static void note_link(const item &it) {
+  clique *cl = it.comm->cl;
+  int me = it.comm->rank, k = it.kind == ITEM_SEND ? 0 : it.kind == ITEM_RECV ? 1 : 2;
+  bool *l = k == 2 ? &cl->ar_linked[me] : &cl->linked[k][me][it.peer];
+  if (!__atomic_exchange_n(l, true, __ATOMIC_RELAXED))
+    __atomic_add_fetch(&n_links, 1, __ATOMIC_RELAXED);
+}
+
 static ncclResult_t issue(const item &it, cudaStream_t s) {
   if (!it.comm || gone(it.comm)) return fail(ncclInvalidArgument, "invalid communicator");
   if (it.kind != ITEM_ALLREDUCE && (it.peer < 0 || it.peer >= it.comm->cl->nranks))
@@ -473,6 +492,7 @@ static ncclResult_t issue(const item &it, cudaStream_t s) {
                    (it.dst && !dp_sim_lookup(it.dst, it.bytes, NULL, NULL))))
     return fail(ncclInvalidArgument, "a buffer is not device memory of the simulation");
   if (n_pending == 256) return fail(ncclInvalidUsage, "too many operations in one group");
+  note_link(it);
 
   pending[n_pending] = it;
   pending_stream[n_pending++] = s;
