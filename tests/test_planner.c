@@ -395,15 +395,15 @@ START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
    *   targets 1024+240 = 1264, activations/outputs 1280 (+120 = 1400),
    *   output_grads 1536+120 = 1656, gathered_outputs 1792+240 = 2032,
    *   gathered_grads 2048+240 = 2288, loss 2304+8 = 2312, comm 2560+48 = 2608,
-   *   workspace 2816 + 4096 (status words) + 32 MiB (cuBLAS) = 33,561,344.
+   *   workspace 2816 + 8192 (status words, loss scratch) + 32 MiB (cuBLAS) = 33,565,440.
    * Host staging: x 30*5*4 = 600 at 0, targets 240 at 768, y 240 at 1024 (-> 1264);
    * total 1280. */
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_TARGETS).offset, 1024);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).offset, 2560);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 48);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).offset, 2816);
-  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, 4096 + (32u << 20));
-  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816 + 4096 + (32u << 20));
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, 8192 + (32u << 20));
+  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816 + 8192 + (32u << 20));
   for (int d = 0; d < 2; d++)
     for (int r = 0; r < DP_REGION_COUNT; r++) {
       dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
@@ -1919,7 +1919,7 @@ START_TEST(flatten_is_a_view_without_memory) {
   REQ_EQ(dp_plan_activation_bytes_unshared(p, 99), 0);
   check_plan(pf);
   /* the cuda backend runs the image layers too: flatten is a view there as
-   * well, and WORKSPACE is the fixed 4 KiB header + 32 MiB of cuBLAS, then
+   * well, and WORKSPACE is the fixed 8 KiB header + 32 MiB of cuBLAS, then
    * conv2d's COL (n P, CKK) and T (n P, OUT), each 256-aligned (dp_cuda.h) */
   if (dp_cuda_available()) {
     dp_config cc = c;
@@ -1933,7 +1933,7 @@ START_TEST(flatten_is_a_view_without_memory) {
       size_t col = (np * 2 * 3 * 3 * 4 + 255) / 256 * 256; /* CKK = 2 x 3 x 3 */
       size_t t = (np * 4 * 4 + 255) / 256 * 256;           /* OUT = 4 */
       REQ_EQ(dp_plan_region(q, d, DP_REGION_WORKSPACE).size,
-             (size_t)4096 + ((size_t)32 << 20) + col + t);
+             (size_t)8192 + ((size_t)32 << 20) + col + t);
     }
     check_plan(q);
     dp_plan_free(q);
