@@ -80,10 +80,21 @@ static dp_status finish(dp_file *out, char *err, size_t errcap) {
   return dpt_fail_status(DP_ERR_IO, err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
-static dp_file *open_out(const char *path, char *err, size_t errcap, dp_status *s) {
+/* The chart file at path, begun: the svg element of W x H and a white
+ * background. NULL (with *s and err set) when it cannot be made. */
+static dp_file *open_out(const char *path, double W, double H, char *err, size_t errcap,
+                         dp_status *s) {
   dp_file *f = NULL;
-  if ((*s = dp_file_create(path, "chart", &f)))
+  if ((*s = dp_file_create(path, "chart", &f))) {
     dpt_fail_status(*s, err, errcap, "%s", dpt_user_msg(dp_last_error()));
+    return NULL;
+  }
+  FILE *o = dp_file_stream(f);
+  fprintf(o,
+          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+          "viewBox=\"0 0 %.0f %.0f\">\n",
+          W, H, W, H);
+  fprintf(o, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
   return f;
 }
 
@@ -320,14 +331,9 @@ dp_status dpt_svg_lines(const char *path, const char *title, const char *xlabel,
   line_ranges(&fr, series, n_series);
 
   dp_status s = DP_OK;
-  dp_file *out = open_out(path, err, errcap, &s);
+  dp_file *out = open_out(path, fr.W, fr.H, err, errcap, &s);
   if (!out) return s;
   FILE *f = dp_file_stream(out);
-  fprintf(f,
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-          "viewBox=\"0 0 %.0f %.0f\">\n",
-          fr.W, fr.H, fr.W, fr.H);
-  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
   if (title) text_atn(f, fr.W / 2, 26, "middle", 16, NULL, title, head);
   if (sub) text_at(f, fr.W / 2, 44, "middle", 11, NULL, sub);
   line_axes(f, &fr, xlabel, ylabel);
@@ -565,14 +571,9 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
   bar_layout(&c, title, top);
 
   dp_status st = DP_OK;
-  dp_file *out = open_out(path, err, errcap, &st);
+  dp_file *out = open_out(path, c.W, c.H, err, errcap, &st);
   if (!out) return st;
   FILE *f = dp_file_stream(out);
-  fprintf(f,
-          "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-          "viewBox=\"0 0 %.0f %.0f\">\n",
-          c.W, c.H, c.W, c.H);
-  fprintf(f, "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
   if (title) text_at(f, c.W / 2, 26, "middle", 16, NULL, title);
   bar_axes(f, &c);
   for (int b = 0; b < n_bars; b++) bar_draw(f, &c, b);
