@@ -29,8 +29,11 @@
  * function that libdp calls and that allocates inside (fopen, ...) is libc's.
  *
  * Its own executable (it defines malloc). Exit 0 on success, 1 on a
- * violation. Under a sanitizer the allocator cannot be replaced: it prints
- * "SKIP test_oom: ..." and exits 0.
+ * violation. In a sanitizer build the sanitizer owns malloc: configure.py
+ * links this program with -Wl,--wrap for each allocator and strdup
+ * (DP_OOM_WRAP), so libdp's calls still come here (and the sanitizer checks
+ * every error path for leaks and bad accesses); compiled under a sanitizer
+ * without that, it prints "SKIP test_oom: ..." and exits 0.
  */
 #include "dp.h"
 
@@ -45,6 +48,11 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Under a sanitizer, the sanitizer owns malloc: the build links this program
+ * with -Wl,--wrap=malloc,... (configure.py, DP_OOM_WRAP) so that libdp's calls
+ * (and this program's) reach __wrap_malloc, which calls the sanitizer's
+ * (__real_malloc). libc's own calls are not seen then: no second pass. */
+#ifndef DP_OOM_WRAP
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 #define DP_OOM_SKIP 1
 #elif defined(__has_feature)
@@ -53,16 +61,38 @@
 #define DP_OOM_SKIP 1
 #endif
 #endif
+#endif
 
 #ifndef DP_OOM_SKIP
 
 /* ---- the failing allocator --------------------------------------------------- */
 
+#ifdef DP_OOM_WRAP
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t size);
+void *__real_realloc(void *p, size_t n);
+void __real_free(void *p);
+void *__real_memalign(size_t align, size_t n);
+char *__real_strdup(const char *s);
+#define FN(name) __wrap_##name
+#define REAL_MALLOC __real_malloc
+#define REAL_CALLOC __real_calloc
+#define REAL_REALLOC __real_realloc
+#define REAL_FREE __real_free
+#define REAL_MEMALIGN __real_memalign
+#else
 extern void *__libc_malloc(size_t n);
 extern void *__libc_calloc(size_t n, size_t size);
 extern void *__libc_realloc(void *p, size_t n);
 extern void __libc_free(void *p);
 extern void *__libc_memalign(size_t align, size_t n);
+#define FN(name) name
+#define REAL_MALLOC __libc_malloc
+#define REAL_CALLOC __libc_calloc
+#define REAL_REALLOC __libc_realloc
+#define REAL_FREE __libc_free
+#define REAL_MEMALIGN __libc_memalign
+#endif
 
 #define CALLER __builtin_return_address(0)
 
@@ -175,32 +205,32 @@ static inline void forget(void *p) {
   if (p && atomic_load_explicit(&tracking, memory_order_relaxed)) live_remove(p);
 }
 
-void *malloc(size_t n) {
+void *FN(malloc)(size_t n) {
   void *caller = CALLER;
   if (inject(caller)) {
     errno = ENOMEM;
     return NULL;
   }
-  return record(caller, __libc_malloc(n));
+  return record(caller, REAL_MALLOC(n));
 }
 
-void *calloc(size_t n, size_t size) {
+void *FN(calloc)(size_t n, size_t size) {
   void *caller = CALLER;
   if (inject(caller)) {
     errno = ENOMEM;
     return NULL;
   }
-  return record(caller, __libc_calloc(n, size));
+  return record(caller, REAL_CALLOC(n, size));
 }
 
-void *realloc(void *p, size_t n) {
+void *FN(realloc)(void *p, size_t n) {
   void *caller = CALLER;
   if (n > 0 && inject(caller)) { /* realloc(p, 0) frees: never failed */
     errno = ENOMEM;
     return NULL;
   }
   forget(p);
-  void *q = __libc_realloc(p, n);
+  void *q = REAL_REALLOC(p, n);
   if (!q && n > 0) {
     live_add(p); /* failed: p is still live (and was ours if it was tracked) */
     return NULL;
@@ -208,56 +238,68 @@ void *realloc(void *p, size_t n) {
   return record(caller, q);
 }
 
-void free(void *p) {
+void FN(free)(void *p) {
   forget(p);
-  __libc_free(p);
+  REAL_FREE(p);
 }
 
-int posix_memalign(void **out, size_t align, size_t n) {
+int FN(posix_memalign)(void **out, size_t align, size_t n) {
   void *caller = CALLER;
   if (align < sizeof(void *) || (align & (align - 1)) != 0) return EINVAL;
   if (inject(caller)) return ENOMEM;
-  void *p = __libc_memalign(align, n);
+  void *p = REAL_MEMALIGN(align, n);
   if (!p) return ENOMEM;
   *out = record(caller, p);
   return 0;
 }
 
-void *aligned_alloc(size_t align, size_t n) {
+void *FN(aligned_alloc)(size_t align, size_t n) {
   void *caller = CALLER;
   if (inject(caller)) {
     errno = ENOMEM;
     return NULL;
   }
-  return record(caller, __libc_memalign(align, n));
+  return record(caller, REAL_MEMALIGN(align, n));
 }
 
-void *memalign(size_t align, size_t n) {
+void *FN(memalign)(size_t align, size_t n) {
   void *caller = CALLER;
   if (inject(caller)) {
     errno = ENOMEM;
     return NULL;
   }
-  return record(caller, __libc_memalign(align, n));
+  return record(caller, REAL_MEMALIGN(align, n));
 }
 
-void *valloc(size_t n) {
+void *FN(valloc)(size_t n) {
   void *caller = CALLER;
   if (inject(caller)) {
     errno = ENOMEM;
     return NULL;
   }
-  return record(caller, __libc_memalign(4096, n));
+  return record(caller, REAL_MEMALIGN(4096, n));
 }
 
-void *pvalloc(size_t n) {
+void *FN(pvalloc)(size_t n) {
   void *caller = CALLER;
   if (inject(caller)) {
     errno = ENOMEM;
     return NULL;
   }
-  return record(caller, __libc_memalign(4096, (n + 4095) & ~(size_t)4095));
+  return record(caller, REAL_MEMALIGN(4096, (n + 4095) & ~(size_t)4095));
 }
+
+#ifdef DP_OOM_WRAP
+/* libdp's strdup calls, which libc's malloc would serve out of sight */
+char *FN(strdup)(const char *str) {
+  void *caller = CALLER;
+  if (inject(caller)) {
+    errno = ENOMEM;
+    return NULL;
+  }
+  return record(caller, __real_strdup(str));
+}
+#endif
 
 /* ---- crash report ---------------------------------------------------------------- */
 
@@ -265,6 +307,7 @@ static volatile const char *current_call = "(none)";
 static volatile const char *current_case = "(none)";
 static volatile long current_n;
 
+#ifndef DP_OOM_WRAP
 static void put(const char *s) {
   ssize_t r = write(2, s, strlen(s));
   (void)r;
@@ -296,6 +339,7 @@ static void on_crash(int sig) {
   put("\n");
   _exit(1);
 }
+#endif
 
 /* ---- the scenario ------------------------------------------------------------------ */
 
@@ -554,9 +598,13 @@ int main(int argc, char **argv) {
       return 2;
     }
   }
+#ifndef DP_OOM_WRAP /* the sanitizer reports crashes itself */
   signal(SIGSEGV, on_crash);
   signal(SIGBUS, on_crash);
   signal(SIGABRT, on_crash);
+#else
+  libdp_only = 1;
+#endif
   dl_iterate_phdr(exe_segments, NULL);
   if (n_exe_segs == 0) {
     printf("test_oom: FAILED: dl_iterate_phdr found no segment of this program\n");
