@@ -103,13 +103,14 @@ static atomic_int armed, tracking, fail_theirs;
 static atomic_long n_allocs, n_injected, fail_at;
 
 enum { N_SEGS = 16 };
-static uintptr_t exe_lo[N_SEGS], exe_hi[N_SEGS];
+static uintptr_t exe_lo[N_SEGS], exe_hi[N_SEGS], exe_base;
 static int n_exe_segs;
 
 static int exe_segments(struct dl_phdr_info *info, size_t size, void *arg) {
   (void)size;
   (void)arg;
   if (info->dlpi_name && info->dlpi_name[0]) return 1;
+  exe_base = (uintptr_t)info->dlpi_addr;
   for (int i = 0; i < info->dlpi_phnum && n_exe_segs < N_SEGS; i++) {
     const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
     if (ph->p_type != PT_LOAD) continue;
@@ -184,6 +185,21 @@ static void live_reset(void) {
   unlock();
 }
 
+/* The distinct callers of the allocations failed (libdp's call sites). */
+enum { N_SITES = 256 };
+static void *sites[N_SITES];
+static int n_sites;
+static atomic_flag sites_lock = ATOMIC_FLAG_INIT;
+
+static void note_site(void *caller) {
+  while (atomic_flag_test_and_set_explicit(&sites_lock, memory_order_acquire)) {
+  }
+  int i = 0;
+  while (i < n_sites && sites[i] != caller) i++;
+  if (i == n_sites && n_sites < N_SITES) sites[n_sites++] = caller;
+  atomic_flag_clear_explicit(&sites_lock, memory_order_release);
+}
+
 /* 1: this allocation (libdp's, made while armed) must fail. */
 static inline int inject(void *caller) {
   if (!atomic_load_explicit(&armed, memory_order_relaxed)) return 0;
@@ -192,6 +208,7 @@ static inline int inject(void *caller) {
   long k = atomic_fetch_add_explicit(&n_allocs, 1, memory_order_relaxed) + 1;
   if (k != atomic_load_explicit(&fail_at, memory_order_relaxed)) return 0;
   atomic_fetch_add_explicit(&n_injected, 1, memory_order_relaxed);
+  if (from_exe(caller)) note_site(caller);
   return 1;
 }
 
@@ -361,7 +378,9 @@ typedef struct {
 } oom_case;
 
 static int failures;
-static char dir[64], ckpt_path[128], st_path[128];
+static char dir[64], ckpt_path[128], st_path[128], spec_path[2][128];
+/* the inference context's arenas (dp_ctx_create_static) */
+static _Alignas(4096) unsigned char static_arena[2][1 << 20];
 
 #define VIOLATION(...)                                                                     \
   do {                                                                                     \
@@ -431,7 +450,8 @@ static int stray_files(void) {
   struct dirent *e;
   while ((e = readdir(d))) {
     if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
-        !strcmp(e->d_name, "model.ckpt") || !strcmp(e->d_name, "model.safetensors"))
+        !strcmp(e->d_name, "model.ckpt") || !strcmp(e->d_name, "model.safetensors") ||
+        !strcmp(e->d_name, "mlp.dpm") || !strcmp(e->d_name, "cnn.dpm"))
       continue;
     printf("  stray file %s/%s\n", dir, e->d_name);
     n++;
@@ -440,19 +460,56 @@ static int stray_files(void) {
   return n;
 }
 
+static float x[BATCH * IN], y[BATCH * OUT], before[MAX_PARAMS], after[MAX_PARAMS];
+static int32_t t[BATCH];
+static uint64_t before_hash, before_step;
+
+/* The context's parameters, their hash and step counter, into before[];
+ * nonzero (a violation counted) when they cannot be read. */
+static int snapshot(dp_ctx *c, size_t np) {
+  if (dp_get_params(c, before, np) != DP_OK) {
+    VIOLATION("dp_get_params: %s", dp_last_error());
+    return 1;
+  }
+  before_hash = dp_params_hash(c);
+  before_step = dp_ctx_step(c);
+  return 0;
+}
+
+/* 1 when they differ from the snapshot. */
+static int changed(dp_ctx *c, size_t np) {
+  return dp_get_params(c, after, np) != DP_OK ||
+         memcmp(before, after, np * sizeof *before) != 0 ||
+         dp_params_hash(c) != before_hash || dp_ctx_step(c) != before_step;
+}
+
+/* One training step, armed; a failed one must change nothing. 1: it failed. */
+static int train(dp_ctx *c, size_t np, long *nomem, long *other) {
+  float loss = 0;
+  if (snapshot(c, np)) return 1;
+  if (CALL(dp_train_step(c, BATCH, IN, x, t, &loss))) {
+    if (changed(c, np))
+      VIOLATION("a failed dp_train_step changed the parameters or the step counter");
+    return 1;
+  }
+  return 0;
+}
+
 /* Runs the scenario once. Returns 1 when every call succeeded. */
 static int scenario(const oom_case *oc, long *nomem, long *other) {
-  static float x[BATCH * IN], y[BATCH * OUT], before[MAX_PARAMS], after[MAX_PARAMS];
-  static int32_t t[BATCH];
   static const char app[] = "application state";
   dp_model *m = NULL, *info_model = NULL;
-  dp_plan *p = NULL;
-  dp_ctx *c = NULL;
+  dp_plan *p = NULL, *ip = NULL;
+  dp_ctx *c = NULL, *ic = NULL;
   void *app_back = NULL;
   size_t app_bytes = 0;
   dp_ckpt_summary sum;
   int ok = 0;
   fill(x, t, BATCH);
+  /* the spec from a file (written once by main) */
+  if (CALL(dp_model_load(spec_path[oc->spec == CNN_SPEC], &m))) goto done;
+  dp_model_free(m);
+  m = NULL;
   if (CALL(dp_model_parse(oc->spec, oc->name, &m))) goto done;
   dp_config cfg;
   dp_config_default(&cfg);
@@ -461,6 +518,9 @@ static int scenario(const oom_case *oc, long *nomem, long *other) {
   cfg.mode = oc->mode;
   dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
   cfg.seed = 5;
+  int fit = 0;
+  if (CALL(dp_plan_max_batch(m, &cfg, (size_t)1 << 30, BATCH, &fit))) goto done;
+  if (fit != BATCH) VIOLATION("dp_plan_max_batch: %d, want %d", fit, (int)BATCH);
   if (CALL(dp_plan_create(m, &cfg, &p))) goto done;
   if (CALL(dp_ctx_create(p, &c))) goto done;
   size_t np = dp_model_n_params(m);
@@ -468,36 +528,69 @@ static int scenario(const oom_case *oc, long *nomem, long *other) {
     VIOLATION("%zu parameters, more than the test's %d", np, (int)MAX_PARAMS);
     goto done;
   }
-  for (int k = 0; k < 2; k++) {
-    float loss = 0;
-    if (dp_get_params(c, before, np) != DP_OK) {
-      VIOLATION("dp_get_params: %s", dp_last_error());
-      goto done;
-    }
-    uint64_t h0 = dp_params_hash(c), s0 = dp_ctx_step(c);
-    if (CALL(dp_train_step(c, BATCH, IN, x, t, &loss))) {
-      if (dp_get_params(c, after, np) != DP_OK ||
-          memcmp(before, after, np * sizeof *before) != 0 || dp_params_hash(c) != h0 ||
-          dp_ctx_step(c) != s0)
-        VIOLATION("a failed dp_train_step changed the parameters or the step counter");
-      goto done;
-    }
-  }
+  for (int k = 0; k < 2; k++)
+    if (train(c, np, nomem, other)) goto done;
   if (CALL(dp_forward(c, BATCH, IN, x, y))) goto done;
   if (CALL(dp_ckpt_save(c, ckpt_path))) goto done;
   if (CALL(dp_ckpt_save_app(c, ckpt_path, app, sizeof app))) goto done;
+  uint64_t h_saved = dp_params_hash(c), step_saved = dp_ctx_step(c);
   if (CALL(dp_ckpt_info(ckpt_path, &info_model, &sum))) goto done;
+  if (sum.n_params != np || sum.seed != cfg.seed)
+    VIOLATION("dp_ckpt_info: %zu parameters, seed %llu", sum.n_params,
+              (unsigned long long)sum.seed);
   if (CALL(dp_ckpt_read_app(ckpt_path, &app_back, &app_bytes))) goto done;
   if (app_bytes != sizeof app || !app_back || memcmp(app_back, app, sizeof app) != 0)
     VIOLATION("dp_ckpt_read_app gave back other data");
-  if (CALL(dp_ckpt_load(c, ckpt_path))) goto done;
+  /* a step past the checkpoint: a load that fails must leave its result */
+  if (train(c, np, nomem, other) || snapshot(c, np)) goto done;
+  if (CALL(dp_ckpt_load(c, ckpt_path))) {
+    if (changed(c, np)) VIOLATION("a failed dp_ckpt_load changed the context");
+    goto done;
+  }
+  if (dp_params_hash(c) != h_saved || dp_ctx_step(c) != step_saved)
+    VIOLATION("dp_ckpt_load did not restore the saved parameters and step");
   if (CALL(dp_ckpt_export_safetensors(c, st_path))) goto done;
-  if (CALL(dp_ckpt_import_safetensors(c, st_path))) goto done;
+  uint64_t h_exported = dp_params_hash(c);
+  if (train(c, np, nomem, other) || snapshot(c, np)) goto done;
+  if (CALL(dp_ckpt_import_safetensors(c, st_path))) {
+    if (changed(c, np))
+      VIOLATION("a failed dp_ckpt_import_safetensors changed the context");
+    goto done;
+  }
+  if (dp_params_hash(c) != h_exported)
+    VIOLATION("dp_ckpt_import_safetensors did not set the exported parameters");
+  /* an inference plan on caller-provided arenas, loading the checkpoint */
+  dp_config icfg = cfg;
+  icfg.inference = 1;
+  if (CALL(dp_plan_create(m, &icfg, &ip))) goto done;
+  int nd = dp_plan_n_devices(ip);
+  void *arenas[2] = {NULL, NULL};
+  size_t align = dp_plan_alignment(ip);
+  for (int d = 0; d < nd && d < 2; d++) {
+    size_t bytes = (dp_plan_device_bytes(ip, d) + align - 1) / align * align;
+    arenas[d] = bytes <= sizeof static_arena[d] ? static_arena[d] : NULL;
+    if (!arenas[d]) {
+      VIOLATION("device %d needs %zu bytes, more than the test's arena", d, bytes);
+      goto done;
+    }
+  }
+  if (dp_plan_host_bytes(ip) > 0) {
+    VIOLATION("a cpu plan with a host staging arena");
+    goto done;
+  }
+  if (CALL(dp_ctx_create_static(ip, arenas, NULL, &ic))) goto done;
+  if (CALL(dp_ckpt_load(ic, ckpt_path))) goto done;
+  if (CALL(dp_forward(ic, BATCH, IN, x, y))) goto done;
+  /* a CPU GEMM benchmark (allocates its operands) */
+  double ms = 0;
+  if (CALL(dp_bench_sgemm(DP_BACKEND_CPU, 0, 8, 8, 8, 1, 0, &ms))) goto done;
   ok = 1;
 done:
   current_call = "freeing";
   free(app_back);
   dp_model_free(info_model);
+  dp_ctx_free(ic);
+  dp_plan_free(ip);
   dp_ctx_free(c);
   dp_plan_free(p);
   dp_model_free(m);
@@ -614,6 +707,7 @@ int main(int argc, char **argv) {
     printf("test_oom: FAILED: the injector does not work\n");
     return 1;
   }
+  n_sites = 0; /* the self-check's are this program's */
   const char *tmp = getenv("TMPDIR");
   snprintf(dir, sizeof dir, "%s/test_oom.XXXXXX", tmp && strlen(tmp) < 40 ? tmp : "/tmp");
   if (!mkdtemp(dir)) {
@@ -622,6 +716,14 @@ int main(int argc, char **argv) {
   }
   snprintf(ckpt_path, sizeof ckpt_path, "%s/model.ckpt", dir);
   snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
+  for (int i = 0; i < 2; i++) {
+    snprintf(spec_path[i], sizeof spec_path[i], "%s/%s.dpm", dir, i ? "cnn" : "mlp");
+    FILE *f = fopen(spec_path[i], "w");
+    if (!f || fputs(i ? CNN_SPEC : MLP_SPEC, f) == EOF || fclose(f) != 0) {
+      printf("test_oom: FAILED: cannot write %s\n", spec_path[i]);
+      return 1;
+    }
+  }
 
   /* pass 1: libdp's own allocations */
   long nomem = 0, other = 0;
@@ -637,6 +739,8 @@ int main(int argc, char **argv) {
   }
   unlink(ckpt_path);
   unlink(st_path);
+  unlink(spec_path[0]);
+  unlink(spec_path[1]);
   rmdir(dir);
   if (failures) {
     printf("test_oom: FAILED (%d violations)\n", failures);
@@ -647,9 +751,13 @@ int main(int argc, char **argv) {
            "DP_ERR_NOMEM, %ld other statuses, %ld absorbed by libc), every failure "
            "reported and clean\n",
            total2, nomem2, other2, absorbed2);
-  printf("test_oom: %ld allocation sites failed one by one (%ld DP_ERR_NOMEM, %ld other "
-         "statuses, %ld absorbed), every failure reported and clean\n",
-         total, nomem, other, absorbed);
+  if (verbose)
+    for (int i = 0; i < n_sites; i++)
+      printf("  call site %d: %#lx (addr2line -f -e test_oom that)\n", i + 1,
+             (unsigned long)((uintptr_t)sites[i] - exe_base));
+  printf("test_oom: %ld allocations at %d call sites failed one by one (%ld DP_ERR_NOMEM, "
+         "%ld other statuses, %ld absorbed), every failure reported and clean\n",
+         total, n_sites, nomem, other, absorbed);
   return 0;
 }
 
