@@ -630,9 +630,19 @@ def main():
         if name in ('dp', 'test_dp', 'libdp', 'gen', 'lib', 'tools', 'tests', 'examples',
                     'cuda'):
             fail('%s: its program name %s collides with another build output' % (s, name))
-        obj = n.build(O(s), 'cc', [s], variables=stflags)[0]
+        sflags, slibs = stflags, tlibs
+        if name == 'test_oom' and args.sanitize:
+            # the sanitizer owns malloc: libdp's allocator calls (and the test's)
+            # are redirected at link time to the test's failing allocator, which
+            # calls the sanitizer's (__real_malloc)
+            sflags = [('cflags', '$cflags ' + esc(join(test_cflags + tool_mpi_flags +
+                                                       ['-DDP_OOM_WRAP=1'])))]
+            slibs = [('libs', tlibs[0][1] + ' ' + esc(join('-Wl,--wrap=' + f for f in (
+                'malloc', 'calloc', 'realloc', 'free', 'posix_memalign', 'aligned_alloc',
+                'memalign', 'valloc', 'pvalloc', 'strdup'))))]
+        obj = n.build(O(s), 'cc', [s], variables=sflags)[0]
         test_bins += n.build(B(name), 'link', [obj] + libtest + libtools + all_libs,
-                             variables=tlibs)
+                             variables=slibs)
     # test_cuda_emul: the CUDA backend's adapter (cuda/vtable.c, registered through
     # dp_cuda_register like the real one) over an emulated GPU (tests/emul/fake_cuda.c,
     # which implements dp_cuda.h on the CPU), with libdp.a: no CUDA library at all.

@@ -76,21 +76,23 @@ typedef struct {
 } export_job;
 
 /* JSON string body of s (names and the spec text: quotes, backslashes and
- * control characters escaped). */
-static void json_str(FILE *f, const char *s, size_t n) {
-  fputc('"', f);
+ * control characters escaped). Nonzero when a write failed (a memory stream
+ * that could not grow). */
+static int json_str(FILE *f, const char *s, size_t n) {
+  int bad = fputc('"', f) == EOF;
   for (size_t i = 0; i < n; i++) {
     unsigned char ch = (unsigned char)s[i];
     if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
+      bad |= fprintf(f, "\\%c", ch) < 0;
     else if (ch == '\n')
-      fputs("\\n", f);
+      bad |= fputs("\\n", f) == EOF;
     else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
+      bad |= fprintf(f, "\\u%04x", ch) < 0;
     else
-      fputc(ch, f);
+      bad |= fputc(ch, f) == EOF;
   }
-  fputc('"', f);
+  bad |= fputc('"', f) == EOF;
+  return bad;
 }
 
 static void put_le(unsigned char *b, uint64_t v, int n) {
@@ -118,23 +120,30 @@ static dp_status export_fill(FILE *f, void *arg) {
     free(text);
     return DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
   }
-  fputs("{\"__metadata__\":{\"format\":\"pt\",\"libdp_model\":", h);
-  json_str(h, text, tlen);
-  fputs("}", h);
+  /* every write checked: glibc's memory stream does not set the error flag
+   * when it cannot grow its buffer (the header would be cut), and its fclose
+   * leaves hdr NULL when the last realloc fails */
+  int bad = fputs("{\"__metadata__\":{\"format\":\"pt\",\"libdp_model\":", h) == EOF;
+  bad |= json_str(h, text, tlen);
+  bad |= fputs("}", h) == EOF;
   free(text);
   st_entry e[ST_MAX_ENTRIES];
   size_t state_bytes;
   int n = st_entries(m, e, &state_bytes);
-  for (int i = 0; i < n; i++) {
-    fputc(',', h);
-    json_str(h, e[i].name, strlen(e[i].name));
-    fprintf(h, ":{\"dtype\":\"%s\",\"shape\":[", e[i].i64 ? "I64" : "F32");
-    for (int d = 0; d < e[i].ndim; d++) fprintf(h, "%s%d", d ? "," : "", e[i].dims[d]);
-    fprintf(h, "],\"data_offsets\":[%zu,%zu]}", e[i].off, e[i].off + st_bytes(&e[i]));
+  for (int i = 0; i < n && !bad; i++) {
+    bad |= fputc(',', h) == EOF;
+    bad |= json_str(h, e[i].name, strlen(e[i].name));
+    bad |= fprintf(h, ":{\"dtype\":\"%s\",\"shape\":[", e[i].i64 ? "I64" : "F32") < 0;
+    for (int d = 0; d < e[i].ndim; d++)
+      bad |= fprintf(h, "%s%d", d ? "," : "", e[i].dims[d]) < 0;
+    bad |= fprintf(h, "],\"data_offsets\":[%zu,%zu]}", e[i].off,
+                   e[i].off + st_bytes(&e[i])) < 0;
   }
-  fputc('}', h);
-  while (ftell(h) % 8) fputc(' ', h); /* the data starts 8-aligned */
-  if (fclose(h) != 0) {
+  bad |= fputc('}', h) == EOF;
+  long pos = 0; /* the data starts 8-aligned */
+  while (!bad && (pos = ftell(h)) >= 0 && pos % 8) bad |= fputc(' ', h) == EOF;
+  bad |= pos < 0 || ferror(h);
+  if (fclose(h) != 0 || bad || !hdr) {
     free(hdr);
     return DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
   }

@@ -335,7 +335,8 @@ static dp_status open_spec(const char *path, FILE **out) {
   if (!(*out = fdopen(fd, "rb"))) {
     int err = errno;
     close(fd);
-    return DP_FAIL(DP_ERR_IO, "%s: cannot read: %s", path, strerror(err));
+    return DP_FAIL(err == ENOMEM ? DP_ERR_NOMEM : DP_ERR_IO, "%s: cannot read: %s", path,
+                   strerror(err));
   }
   return DP_OK;
 }

@@ -80,12 +80,13 @@ struct dp_file {
   char *path, *tmp, *what;
 };
 
-/* DP_ERR_IO "cannot write <what> '<path>': [cannot <op>: ]<strerror>". The
+/* DP_ERR_IO "cannot write <what> '<path>': [cannot <op>: ]<strerror>"
+ * (DP_ERR_NOMEM when err is ENOMEM: a stream could not get its buffer). The
  * temporary file's name is left out: it is random, and removed again. */
 static dp_status write_fail(const char *what, const char *path, const char *op, int err) {
-  if (!op) return DP_FAIL(DP_ERR_IO, "cannot write %s '%s': %s", what, path, strerror(err));
-  return DP_FAIL(DP_ERR_IO, "cannot write %s '%s': cannot %s: %s", what, path, op,
-                 strerror(err));
+  dp_status s = err == ENOMEM ? DP_ERR_NOMEM : DP_ERR_IO;
+  if (!op) return DP_FAIL(s, "cannot write %s '%s': %s", what, path, strerror(err));
+  return DP_FAIL(s, "cannot write %s '%s': cannot %s: %s", what, path, op, strerror(err));
 }
 
 /* What a node is, in the words of the dp tool's refusals of inputs. */
