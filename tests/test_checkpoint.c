@@ -207,11 +207,6 @@ END_TEST
 
 /* ---- format --------------------------------------------------------------------- */
 
-static uint64_t fnv(const unsigned char *b, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t k = 0; k < n; k++) h = (h ^ b[k]) * 0x100000001b3ull;
-  return h;
-}
 START_TEST(test_format_is_as_documented) {
   dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
   rig r;
@@ -237,7 +232,7 @@ START_TEST(test_format_is_as_documented) {
     uint64_t pl = le64(b + off + 8);
     ck_assert(off + 24 + pl <= len);
     const unsigned char *pay = b + off + 16;
-    if (i < 5) ck_assert_uint_eq(le64(pay + pl), fnv(pay, pl));
+    if (i < 5) ck_assert_uint_eq(le64(pay + pl), fnv1a_bytes(pay, pl));
     switch (i) {
     case 0: {
       char text[1024];
@@ -276,7 +271,7 @@ START_TEST(test_format_is_as_documented) {
       break;
     case 5:
       ck_assert_uint_eq(pl, 0);
-      ck_assert_uint_eq(le64(pay), fnv(b, off + 16));
+      ck_assert_uint_eq(le64(pay), fnv1a_bytes(b, off + 16));
       ck_assert_uint_eq(off + 24, len);
       break;
     }
@@ -348,9 +343,9 @@ START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
   v1[8] = 1; /* version */
   for (int i = 0; i < 8; i++)
     v1[step_sec + 8 + i] = (unsigned char)((uint64_t)8 >> (8 * i)); /* L */
-  uint64_t hs = fnv(v1 + step_sec + 16, 8);
+  uint64_t hs = fnv1a_bytes(v1 + step_sec + 16, 8);
   for (int i = 0; i < 8; i++) v1[step_sec + 24 + i] = (unsigned char)(hs >> (8 * i));
-  uint64_t he = fnv(v1, n1 - 8);
+  uint64_t he = fnv1a_bytes(v1, n1 - 8);
   for (int i = 0; i < 8; i++) v1[n1 - 8 + i] = (unsigned char)(he >> (8 * i));
   char p1[512];
   snprintf(p1, sizeof p1, "%s.v1", t.path);
@@ -606,10 +601,10 @@ START_TEST(test_nonfinite_values_are_refused) {
     uint64_t pl = le64(b + secs[which] + 8);
     const uint32_t nan_bits = 0x7fc00000u;
     for (int i = 0; i < 4; i++) pay[4 * 7 + i] = (unsigned char)(nan_bits >> (8 * i));
-    uint64_t h = fnv(pay, pl);
+    uint64_t h = fnv1a_bytes(pay, pl);
     for (int i = 0; i < 8; i++) pay[pl + i] = (unsigned char)(h >> (8 * i));
     size_t end = d.len - 24;
-    h = fnv(b, end + 16);
+    h = fnv1a_bytes(b, end + 16);
     for (int i = 0; i < 8; i++) b[end + 16 + i] = (unsigned char)(h >> (8 * i));
     damage_expect_refused(&d, b, d.len, "NaN", (size_t)which);
     ck_assert_msg(strstr(dp_ctx_error(d.target.c), "not finite"), "%s",

@@ -120,11 +120,8 @@ static int count_of(const char *hay, const char *needle) {
   return n;
 }
 
-static uint64_t fnv1a(const float *v, size_t n) {
-  const unsigned char *b = (const unsigned char *)v;
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t k = 0; k < n * sizeof *v; k++) h = (h ^ b[k]) * 0x100000001b3ull;
-  return h;
+static uint64_t fnv1a(const float *v, size_t n) { /* the floats' bytes */
+  return fnv1a_bytes((const unsigned char *)v, n * sizeof *v);
 }
 
 /* Trains `steps` steps as dp repro feeds a configuration (all rows,
