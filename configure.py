@@ -800,6 +800,7 @@ def main():
     checks = [] if args.sanitize else [['tests/check_symbols.sh', libdp] + libcuda + libmpi]
     checks.append(['tests/check_configure.sh', manifest])
     checks.append([sys.executable, 'tests/check_layers.py'])  # docs/ARCHITECTURE.md's include rules
+    checks.append([sys.executable, 'tests/check_docs.py'])  # the docs name what the code has
     if not args.sanitize:  # weights to and from PyTorch (skipped, visibly, without torch)
         checks.append(['tests/check_safetensors_torch.sh', bd])
     if mpi_bins and dp:  # the job across processes, under mpirun
