@@ -6,7 +6,8 @@
 # The Python is $PYTHON when set, else the first of /usr/bin/python3 (Debian's
 # python3-torch) and python3 that imports torch. Without torch the check is
 # skipped, visibly ("SKIP safetensors_torch: ..."), and passes; any other
-# failure fails it.
+# failure fails it. Where the safetensors package is importable the check runs
+# twice: with it, and with the script's own reader and writer (DP_ST_BY_HAND=1).
 set -u
 cd "$(dirname "$0")/.." || exit 1
 bd=${1:-build}
@@ -23,6 +24,14 @@ fi
 out=$("$py" tests/fixtures/golden/safetensors_roundtrip.py "$bd" 2>&1)
 rc=$?
 printf '%s\n' "$out"
+# With the safetensors package there, once more without it (the script's own
+# reader and writer, as on a machine with Debian's torch alone: DP_ST_BY_HAND).
+if [ $rc = 0 ] && "$py" -c 'import safetensors' >/dev/null 2>&1; then
+  echo "check_safetensors_torch: again, the files read and written by hand"
+  out=$(DP_ST_BY_HAND=1 "$py" tests/fixtures/golden/safetensors_roundtrip.py "$bd" 2>&1)
+  rc=$?
+  printf '%s\n' "$out"
+fi
 case $rc in
 0) echo "check_safetensors_torch: passed" ;;
 77)
