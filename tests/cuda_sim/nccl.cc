@@ -80,6 +80,15 @@ struct group_args {
 static_assert(sizeof(group_args) <= DP_SIM_ARG_BYTES, "group too large");
 
 static clique *cliques;
+
+/* tests/mpi/test_mpi.c --drop-rank: this process's sends to other processes stop
+ * going out (each completes here as if sent); its peers' receives wait until the
+ * backend's step timeout aborts their communicators. */
+static int drop_remote_sends;
+extern "C" void dp_sim_nccl_drop_sends(int yes) {
+  __atomic_store_n(&drop_remote_sends, yes != 0, __ATOMIC_RELAXED);
+}
+
 static char last_error[512];
 static thread_local int group_depth;
 static thread_local item pending[256];
@@ -368,6 +377,8 @@ static void run_group(dp_sim_op *op, dp_sim_stream *s) {
     if (!remote(it)) continue;
     int L = local_ranks(it->comm->cl),
         tag = TAG_P2P + it->comm->rank * MAX_RANKS + it->peer;
+    if (it->kind == ITEM_SEND && __atomic_load_n(&drop_remote_sends, __ATOMIC_RELAXED))
+      continue; /* dropped: never goes out */
     if (it->kind == ITEM_SEND)
       MPI_Isend(it->src, (int)it->bytes, MPI_BYTE, it->peer / L, tag, MPI_COMM_WORLD,
                 &rq[n_rq++]);

@@ -172,5 +172,15 @@ if [ -x "$bd/test_cuda_mpi_sim" ]; then
       env DP_SIM_GPUS=8 DP_TEST_DEVICES=8 $MPIRUN -x DP_SIM_GPUS -x DP_TEST_DEVICES \
       -np $np "$bd/test_cuda_mpi_sim" "$tmp"
   done
+  # lost ranks on the simulation: cuda/'s own step deadline and NCCL abort end the job
+  # (the emulator's cases above test the emulator's NCCL; these the backend's code)
+  export DP_SIM_GPUS=8 DP_TEST_DEVICES=8
+  plain=$MPIRUN
+  MPIRUN="$MPIRUN -x DP_SIM_GPUS -x DP_TEST_DEVICES"
+  lost "is killed" --kill-rank "rank 2 .*exited on signal 9" test_cuda_mpi_sim
+  lost "stops answering" --stall-rank "rank [0-9] of 4 did not answer within 3000 ms" \
+    test_cuda_mpi_sim
+  lost "stops sending" --drop-rank "did not finish within 3000 ms" test_cuda_mpi_sim
+  MPIRUN=$plain
 fi
 exit $fail

@@ -33,9 +33,11 @@
  * Usage: mpirun -np R test_mpi TMPDIR [--kill-rank K | --stall-rank K]. Exit 0 when every
  * check passed on this rank. */
 #include "dp_mpi.h"
-#if defined(TEST_CUDA_REAL) && defined(DP_CUDA_SIM) /* the CUDA simulation's NCCL over MPI */
+#if defined(TEST_CUDA_REAL) &&                                                             \
+    defined(DP_CUDA_SIM) /* the CUDA simulation's NCCL over MPI */
 #define PROG "test_cuda_mpi_sim"
-#elif defined(TEST_CUDA_REAL) /* real GPUs: tests/gpu/run.sh, a machine with >= 2 */
+void dp_sim_nccl_drop_sends(int yes); /* tests/cuda_sim/nccl.cc: --drop-rank */
+#elif defined(TEST_CUDA_REAL)         /* real GPUs: tests/gpu/run.sh, a machine with >= 2 */
 #define PROG "test_cuda_mpi_gpu"
 #elif defined(TEST_CUDA)
 #include "fake_cuda.h"
@@ -545,6 +547,8 @@ static int run_kill(dp_model *model, int victim, bool stall, bool drop) {
 #if defined(TEST_CUDA) && !defined(TEST_CUDA_REAL)
       if (drop) /* mid-step: its NCCL sends never go out, the rest goes on */
         fake_cuda_drop_sends(1);
+#elif defined(DP_CUDA_SIM)
+      if (drop) dp_sim_nccl_drop_sends(1); /* the same, in the simulated NCCL */
 #endif
       if (!stall && !drop) raise(SIGKILL);
       if (stall) sleep(60); /* alive, but never answers: only the timeout can tell */
