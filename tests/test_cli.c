@@ -1076,13 +1076,35 @@ START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
   }
   ck_assert_str_eq(h[0], h[1]);
   ck_assert_str_ne(h[0], h[2]);
+  /* in epochs (issue 30, item 6): "Ne" is the steps of N epochs, as printed */
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                     "--epochs", "2", "--lr-schedule", "step:1e:0.5");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "step:1e:0.5: exit %d: %s", r.rc, r.err);
+  const char *spe = strstr(r.out, "steps per epoch: ");
+  ck_assert_msg(spe, "no steps per epoch in:\n%s", r.out);
+  int per = atoi(spe + 17);
+  ck_assert_int_gt(per, 1);
+  char he[24], hs[24], sched[32];
+  hash_of(&r, he, sizeof he);
+  cmd_result_free(&r);
+  snprintf(sched, sizeof sched, "step:%d:0.5", per);
+  r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs", "2",
+          "--quiet", "--lr-schedule", sched);
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  hash_of(&r, hs, sizeof hs);
+  cmd_result_free(&r);
+  ck_assert_str_eq(he, hs);
+  ck_assert_str_ne(he, h[2]); /* not step:1:0.5 */
   static char *const bad[][2] = {{"cosine:0", "t_max"},
+                                 {"cosine:2x", "is not constant"},
+                                 {"step:2:0.5e", "is not constant"},
+                                 {"cosine:-1e", "is not constant"},
                                  {"step:2:1.5", "gamma"},
                                  {"warmup-cosine:0:10", "warmup"},
                                  {"linear", "is not constant"}};
-  for (int i = 0; i < 4; i++) {
-    cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
-                       "--quiet", "--lr-schedule", bad[i][0]);
+  for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
+    r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--quiet",
+            "--lr-schedule", bad[i][0]);
     ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
     ck_assert_msg(strstr(r.err, bad[i][1]), "%s: %s", bad[i][0], r.err);
     cmd_result_free(&r);

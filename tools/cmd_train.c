@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,49 +44,83 @@ typedef struct {
   float test_fraction;
 } train_opts;
 
+/* One field of --lr-schedule: a number, or with an `e` suffix a number of
+ * epochs (an integer field only). *v the number, *epochs whether it had one. 0,
+ * or -1: not a number. */
+static int schedule_field(const char *f, double *v, int *epochs) {
+  char *end = NULL;
+  errno = 0;
+  *v = strtod(f, &end);
+  *epochs = end && *end == 'e' && end[1] == '\0';
+  return end == f || errno || (*end && !*epochs) || !isfinite(*v) ? -1 : 0;
+}
+
 /* --lr-schedule: constant | step:N:GAMMA | cosine:T_MAX[:ETA_MIN] |
  * warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (START: 1/3, LinearLR's default),
- * in optimizer steps; base_lr is --lr. */
-static int parse_schedule(const char *text, float base_lr, dp_lr_schedule *s, char *err,
-                          size_t errcap) {
+ * in optimizer steps; base_lr is --lr. N, T_MAX and W may be given in epochs
+ * with an `e` suffix (2e, 0.5e): the optimizer steps by the end of that many
+ * epochs of `calls` training calls each, `accumulate` calls per step. With
+ * calls 0 (before the data is read) such fields are only checked for form
+ * (*in_epochs set); the schedule is parsed again once calls is known. */
+static int parse_schedule(const char *text, float base_lr, long calls, int accumulate,
+                          dp_lr_schedule *s, int *in_epochs, char *err, size_t errcap) {
   *s = (dp_lr_schedule){.kind = DP_LR_CONSTANT,
                         .base_lr = base_lr,
                         .gamma = 1.0f,
                         .start_factor = 1.0f / 3.0f};
-  char word[32] = "";
-  double a = 0, b = 0, c = 0, d = 0;
-  char tail;
-  int n = sscanf(text, "%31[a-z-]:%lf:%lf:%lf:%lf%c", word, &a, &b, &c, &d, &tail);
-  if (n < 1 || n > 5) goto bad;
-  if (strcmp(word, "constant") == 0 && n == 1) {
+  *in_epochs = 0;
+  char buf[128], *field[6];
+  double v[5] = {0};
+  int n = 0, ep[5] = {0};
+  if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) goto bad;
+  for (char *p = buf, *q; n < 6; p = q + 1) {
+    field[n++] = p;
+    if (!(q = strchr(p, ':'))) break;
+    *q = '\0';
+  }
+  for (int i = 1; i < n; i++) {
+    if (schedule_field(field[i], &v[i - 1], &ep[i - 1])) goto bad;
+    if (ep[i - 1]) {
+      *in_epochs = 1;
+      if (v[i - 1] <= 0) goto bad;
+      /* the steps done by the end of that many epochs (at least 1) */
+      double st = calls > 0 ? floor(v[i - 1] * (double)calls / accumulate) : 1.0;
+      v[i - 1] = st < 1.0 ? 1.0 : st > INT_MAX ? INT_MAX : st;
+    }
+  }
+  const char *word = field[0];
+  int k = n - 1; /* numbers after the word */
+  if (strcmp(word, "constant") == 0 && k == 0) {
     /* base_lr throughout */
-  } else if (strcmp(word, "step") == 0 && n == 3) {
+  } else if (strcmp(word, "step") == 0 && k == 2 && !ep[1]) {
     s->kind = DP_LR_STEP;
-    s->step_size = (int)a;
-    s->gamma = (float)b;
-    if (a != (int)a) goto bad;
-  } else if (strcmp(word, "cosine") == 0 && (n == 2 || n == 3)) {
+    s->step_size = (int)v[0];
+    s->gamma = (float)v[1];
+    if (v[0] != (int)v[0]) goto bad;
+  } else if (strcmp(word, "cosine") == 0 && (k == 1 || k == 2) && !ep[1]) {
     s->kind = DP_LR_COSINE;
-    s->t_max = (int)a;
-    s->eta_min = (float)b;
-    if (a != (int)a) goto bad;
-  } else if (strcmp(word, "warmup-cosine") == 0 && n >= 3) {
+    s->t_max = (int)v[0];
+    s->eta_min = (float)v[1];
+    if (v[0] != (int)v[0]) goto bad;
+  } else if (strcmp(word, "warmup-cosine") == 0 && k >= 2 && k <= 4 && !ep[2] && !ep[3]) {
     s->kind = DP_LR_WARMUP_COSINE;
-    s->warmup = (int)a;
-    s->t_max = (int)b;
-    s->eta_min = (float)c;
-    if (n == 5) s->start_factor = (float)d;
-    if (a != (int)a || b != (int)b) goto bad;
+    s->warmup = (int)v[0];
+    s->t_max = (int)v[1];
+    s->eta_min = (float)v[2];
+    if (k == 4) s->start_factor = (float)v[3];
+    if (v[0] != (int)v[0] || v[1] != (int)v[1]) goto bad;
   } else {
     goto bad;
   }
+  if (*in_epochs && calls <= 0) return 0; /* checked again with the epochs' steps */
   if (dp_lr_schedule_check(s) == DP_OK) return 0;
   snprintf(err, errcap, "--lr-schedule %s: %s", text, dpt_user_msg(dp_last_error()));
   return -1;
 bad:
   snprintf(err, errcap,
            "--lr-schedule: '%s' is not constant, step:N:GAMMA, cosine:T_MAX[:ETA_MIN] or "
-           "warmup-cosine:W:T_MAX[:ETA_MIN[:START]]",
+           "warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (N, T_MAX, W in steps, or in epochs "
+           "with an e suffix: 2e)",
            text);
   return -1;
 }
@@ -170,7 +205,10 @@ static void usage(FILE *f) {
          "                        constant (default), step:N:GAMMA (StepLR),\n"
          "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
          "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
-         "                        steps from START x lr, default 1/3, then the cosine)\n"
+         "                        steps from START x lr, default 1/3, then the cosine).\n"
+         "                        N, T_MAX and W count optimizer steps, or epochs with an\n"
+         "                        e suffix (warmup-cosine:1e:10e; dp train prints the\n"
+         "                        steps per epoch)\n"
          "  --resume FILE         before training, load a checkpoint of the same model,\n"
          "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
          "                        train on from it for --epochs more epochs: parameters,\n"
@@ -447,8 +485,9 @@ static int parse_train(int argc, char **argv, train_run *t) {
     r = dpt_fail(err, errcap, "--eval-every needs a held-out share (--test-fraction > 0)");
   if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
     r = dpt_fail(err, errcap, "--plot-log needs --plot");
+  int in_epochs = 0;
   if (r == DPT_ARGS_OK && o->schedule &&
-      parse_schedule(o->schedule, t->cfg.lr, &t->sched, err, errcap))
+      parse_schedule(o->schedule, t->cfg.lr, 0, 1, &t->sched, &in_epochs, err, errcap))
     r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp train: %s\n(see dp train --help)\n", err);
@@ -643,6 +682,14 @@ static int make_context(train_run *t) {
  * continues its file. 0, or -1 (said). */
 static int start_run(train_run *t) {
   const train_opts *o = &t->o;
+  /* training calls per epoch, and the optimizer steps they make (accumulation) */
+  long calls = (t->train.n_rows + t->batch - 1) / t->batch;
+  int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1, in_epochs = 0;
+  if (o->schedule && parse_schedule(o->schedule, t->sched.base_lr, calls, K, &t->sched,
+                                    &in_epochs, t->err, sizeof t->err)) {
+    fprintf(stderr, "dp train: %s\n", t->err);
+    return -1;
+  }
   if (!o->quiet) {
     printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o->model,
            o->data, t->train.n_rows, t->test.n_rows, t->all.n_features,
@@ -651,6 +698,13 @@ static int start_run(train_run *t) {
     printf("\n");
     dpt_print_plan(stdout, t->plan);
     printf("\n");
+    if (K > 1)
+      printf("steps per epoch: %ld training calls of up to %d rows, %g optimizer steps "
+             "(one per %d calls)\n",
+             calls, t->batch, (double)calls / K, K);
+    else
+      printf("steps per epoch: %ld (batches of up to %d of %d rows)\n", calls, t->batch,
+             t->train.n_rows);
     if (o->resume)
       printf("resumed from %s at step %llu\n", o->resume,
              (unsigned long long)dp_ctx_step(t->ctx));
