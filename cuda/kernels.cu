@@ -332,7 +332,9 @@ static __device__ __forceinline__ void mb_rows(const dp_cuda_mb_span &s, int i, 
  * its shape alone, so its bits do not depend on which launch, device or span
  * list it is in. Each block's sum goes to chunk slot (i, c) of the loss
  * scratch; k_loss_chunks adds a micro-batch's chunk sums from +0 in
- * ascending c. */
+ * ascending c. When every micro-batch of a launch has one chunk, its block
+ * writes part[i] itself (+0 + s is s: the same bits) and k_loss_chunks is not
+ * launched. */
 static __host__ __device__ __forceinline__ int loss_chunks(int n, int pass) {
   int c = (n + 4 * pass - 1) / (4 * pass);
   return c < 1 ? 1 : c > DP_CUDA_LOSS_CHUNKS ? DP_CUDA_LOSS_CHUNKS : c;
@@ -364,8 +366,8 @@ loss_chunk(const dp_cuda_mb_span &s, int per, int pass, int *i, int *c, int *lo,
 /* A chunk's block: thread t sums elements t, t + THREADS, ... of its rows
  * ascending; then the fixed block tree. */
 static __global__ void __launch_bounds__(THREADS)
-    k_loss_mse(const float *o, const float *t, float *g, float *chunks,
-               dp_cuda_mb_span span, int cols, float scale, int per) {
+    k_loss_mse(const float *o, const float *t, float *g, float *sums, dp_cuda_mb_span span,
+               int cols, float scale, int per, int ld) {
   __shared__ float sh[THREADS];
   int i, c, lo, hi;
   if (!loss_chunk(span, per, mse_pass(cols), &i, &c, &lo, &hi)) return;
@@ -379,7 +381,7 @@ static __global__ void __launch_bounds__(THREADS)
   sh[threadIdx.x] = s;
   __syncthreads();
   block_tree_sum(sh);
-  if (threadIdx.x == 0) chunks[i * DP_CUDA_LOSS_CHUNKS + c] = sh[0];
+  if (threadIdx.x == 0) sums[i * ld + c] = sh[0];
 }
 
 /* A chunk's block, its rows handled G = lanes_for(cols) lanes at a time (a
@@ -399,9 +401,9 @@ static __global__ void __launch_bounds__(THREADS)
  * lib/core/ctx.c checks labels on the host before a step, so this is a second
  * line. */
 static __global__ void __launch_bounds__(RED_THREADS)
-    k_loss_ce(const float *z, const int32_t *labels, float *g, float *chunks,
+    k_loss_ce(const float *z, const int32_t *labels, float *g, float *sums,
               dp_cuda_mb_span span, int cols, float inv, int row0, dp_cuda_header *hdr,
-              int dev, int per) {
+              int dev, int per, int ld) {
   __shared__ float sh[RED_THREADS];
   int i, ch, lo, hi;
   if (!loss_chunk(span, per, ce_pass(cols), &i, &ch, &lo, &hi)) return;
@@ -448,7 +450,7 @@ static __global__ void __launch_bounds__(RED_THREADS)
     if ((int)threadIdx.x < w) sh[threadIdx.x] = fa(sh[threadIdx.x], sh[threadIdx.x + w]);
     __syncthreads();
   }
-  if (threadIdx.x == 0) chunks[i * DP_CUDA_LOSS_CHUNKS + ch] = sh[0];
+  if (threadIdx.x == 0) sums[i * ld + ch] = sh[0];
 }
 
 /* part[i]: micro-batch i's chunk sums added from +0 in ascending chunk order. */
@@ -480,9 +482,10 @@ cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float
   if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue; /* the scratch's size */
   int per = span_chunks(span, mse_pass(cols));
   DP_LAUNCH(k_loss_mse, (unsigned)(span->n * per), THREADS, 0, st)
-  (o, t, g, chunks, *span, cols, scale, per);
+  (o, t, g, per == 1 ? part : chunks, *span, cols, scale, per,
+   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || per == 1) return e; /* one chunk each: its sum is part[i] */
   DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, mse_pass(cols));
   return cudaGetLastError();
 }
@@ -494,9 +497,10 @@ cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels,
   if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue;
   int per = span_chunks(span, ce_pass(cols));
   DP_LAUNCH(k_loss_ce, (unsigned)(span->n * per), RED_THREADS, 0, st)
-  (z, labels, g, chunks, *span, cols, inv_rows, row0, hdr, dev, per);
+  (z, labels, g, per == 1 ? part : chunks, *span, cols, inv_rows, row0, hdr, dev, per,
+   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
+  if (e != cudaSuccess || per == 1) return e;
   DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, ce_pass(cols));
   return cudaGetLastError();
 }

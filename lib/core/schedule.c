@@ -84,13 +84,18 @@ static int slice_run_end(const dp_plan *p, const dp_mb *mbs, int k, int end, int
   return j;
 }
 
+/* The rows of micro-batches [k, j) (consecutive: they are). */
+static int run_rows(const dp_mb *mbs, int k, int j) {
+  return mbs[j - 1].row0 + mbs[j - 1].rows - mbs[k].row0;
+}
+
 /* A device's rows copied between a packed tensor (row after row; `packed` is
  * where the device's first row goes) and the device's sliced one (one slice per
  * micro-batch, dp__slice_stride): micro-batches dev_mb0[d] .. mb_end of device d,
- * width w floats; the sliced end is at offset 0 of its region. */
+ * width w floats, run by device d; the sliced end is at offset 0 of its region. */
 typedef struct {
   dp_phase ph;
-  int exec, d, mb_end, w;
+  int d, mb_end, w;
   bool to_slices; /* packed -> slices (scatter), else slices -> packed (gather) */
   from_end from;
   to_end to;
@@ -104,13 +109,13 @@ static void rows_copies(builder *b, const dp_plan *p, const dp_mb *mbs,
   size_t S = dp__slice_stride(p, c->w), rb = (size_t)c->w * 4;
   for (int k = k0, j; k < c->mb_end; k = j) {
     j = slice_run_end(p, mbs, k, c->mb_end, c->w);
-    int rows = mbs[j - 1].row0 + mbs[j - 1].rows - mbs[k].row0;
+    int rows = run_rows(mbs, k, j);
     size_t sliced = (size_t)(k - k0) * S, packed = (size_t)(mbs[k].row0 - row0) * rb;
     from_end f = c->from;
     to_end t = c->to;
     f.off += to_slices ? packed : sliced;
     t.off += to_slices ? sliced : packed;
-    emit(b, copy_op(c->ph, c->exec, f, t, (size_t)rows * rb, mbs[k].row0, rows));
+    emit(b, copy_op(c->ph, c->d, f, t, (size_t)rows * rb, mbs[k].row0, rows));
   }
 }
 
@@ -569,7 +574,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
   for (int d = 0; d < n_act; d++) {
     int r0 = sp->dev_row0[d];
     rows_copies(&b, p, mbs,
-                &(rows_copy){DP_PHASE_SCATTER, d, d, dlast[d], in, true,
+                &(rows_copy){DP_PHASE_SCATTER, d, dlast[d], in, true,
                              FROM(DP_HOST, DP_REGION_INPUTS, (size_t)r0 * in * 4),
                              TO(d, DP_REGION_INPUTS, 0)});
     if (training && !classic)
@@ -631,16 +636,12 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     for (int d = 0; d < n_act; d++) {
       int r0 = sp->dev_row0[d];
       size_t at = (size_t)r0 * out * 4;
-      if (training)
-        rows_copies(&b, p, mbs,
-                    &(rows_copy){DP_PHASE_GATHER, d, d, dlast[d], out, false,
-                                 FROM(d, DP_REGION_OUTPUTS, 0),
-                                 TO(0, DP_REGION_GATHERED_OUTPUTS, at)});
-      else
-        rows_copies(&b, p, mbs,
-                    &(rows_copy){DP_PHASE_GATHER, d, d, dlast[d], out, false,
-                                 FROM(d, DP_REGION_OUTPUTS, 0),
-                                 TO(DP_HOST, DP_REGION_OUTPUTS, at)});
+      /* training: to device 0's gathered outputs; inference: to the host's */
+      to_end to = training ? TO(0, DP_REGION_GATHERED_OUTPUTS, at)
+                           : TO(DP_HOST, DP_REGION_OUTPUTS, at);
+      rows_copies(&b, p, mbs,
+                  &(rows_copy){DP_PHASE_GATHER, d, dlast[d], out, false,
+                               FROM(d, DP_REGION_OUTPUTS, 0), to});
     }
     next_stage(&b);
   }
@@ -652,7 +653,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       for (int d = 0; d < n_act; d++) {
         int r0 = sp->dev_row0[d];
         rows_copies(&b, p, mbs,
-                    &(rows_copy){DP_PHASE_SCATTER_GRADS, d, d, dlast[d], out, true,
+                    &(rows_copy){DP_PHASE_SCATTER_GRADS, d, dlast[d], out, true,
                                  FROM(0, DP_REGION_GATHERED_GRADS, (size_t)r0 * out * 4),
                                  TO(d, DP_REGION_OUTPUT_GRADS, 0)});
       }
@@ -663,8 +664,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       for (int d = 0; d < n_act; d++)
         for (int k = sp->dev_mb0[d], j; k < dlast[d]; k = j) {
           j = slice_run_end(p, mbs, k, dlast[d], out);
-          emit(&b, loss_op(d, k, j, mbs[k].row0,
-                           mbs[j - 1].row0 + mbs[j - 1].rows - mbs[k].row0, out));
+          emit(&b, loss_op(d, k, j, mbs[k].row0, run_rows(mbs, k, j), out));
         }
       next_stage(&b);
       for (int d = 1; d < n_act; d++)
