@@ -192,6 +192,12 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
+  case DP_LAYER_EMBEDDING: /* refused at plan time (sequence_layers) */
+  case DP_LAYER_ATTENTION:
+  case DP_LAYER_RESIDUAL:
+  case DP_LAYER_RESIDUAL_END:
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "layer %d: %s does not run on cuda yet", c.i,
+                   dp_layer_kind_name(l->kind));
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
                  (int)l->kind);
@@ -278,6 +284,12 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
+  case DP_LAYER_EMBEDDING: /* refused at plan time (sequence_layers) */
+  case DP_LAYER_ATTENTION:
+  case DP_LAYER_RESIDUAL:
+  case DP_LAYER_RESIDUAL_END:
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "layer %d: %s does not run on cuda yet", c.i,
+                   dp_layer_kind_name(l->kind));
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",
                  (int)l->kind);

@@ -63,6 +63,14 @@ typedef enum {
   DP_LAYER_FLATTEN,   /* nn.Flatten: a view (no copy, no memory) */
   DP_LAYER_BATCHNORM, /* nn.BatchNorm1d (flat) / 2d (image): eps 1e-5, momentum 0.1,
                          affine; running statistics as buffers (config.batchnorm) */
+  /* Sequences (transformers): rows of (T, D) floats, position-major. */
+  DP_LAYER_EMBEDDING,    /* token ids (T) -> (T, D): nn.Embedding(V, D) of each id plus a
+                            learned position embedding nn.Embedding(T, D) */
+  DP_LAYER_ATTENTION,    /* causal multi-head self-attention of a fused q, k, v
+                            projection (T, 3D) -> (T, D): softmax(q k^T / sqrt(D/H)) v
+                            per head, each position attending to itself and earlier ones */
+  DP_LAYER_RESIDUAL,     /* a residual block's start: a view of its input x */
+  DP_LAYER_RESIDUAL_END, /* the block's end: x + (the block's output) */
 } dp_layer_kind;
 
 typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
@@ -73,10 +81,20 @@ typedef struct dp_model dp_model;
  *   input N | input C H W | linear N [nobias] | relu | gelu | tanh | sigmoid |
  *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
  *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten | batchnorm |
+ *   input tokens T | embed V D | attention H | residual | end |
  *   loss mse | loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
  * and the pools need an image, linear and layernorm a flat input (flatten
  * first, as PyTorch's nn.Linear would act on the last dimension only).
+ * Sequences: `input tokens T` takes rows of T token ids (floats holding
+ * integers 0 .. V-1) and must be followed by `embed V D`; from there a row is
+ * (T, D) and linear, layernorm, the activations and dropout act on each
+ * position, as PyTorch's modules on a (B, T, D) tensor do. `attention H`
+ * takes (T, 3D) (q, k and v side by side, each D wide, head h at columns
+ * h D/H ..) and gives (T, D). `residual` ... `end` wraps layers f: the block
+ * gives x + f(x) and f must keep x's shape; blocks nest. The cross-entropy
+ * of a sequence is over every position: targets (T) int32 per row, the mean
+ * over the batch's B T tokens.
  * `name` is used in error messages ("name:line:col: ..."). */
 dp_status dp_model_parse(const char *text, const char *name, dp_model **out);
 dp_status dp_model_load(const char *path, dp_model **out);
@@ -97,11 +115,25 @@ dp_status dp_model_new_image(int channels, int height, int width, dp_model **out
 dp_status dp_model_add_conv2d(dp_model *m, int out_channels, int kernel, int stride,
                               int padding, int bias);
 dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int stride);
+/* Sequence models: the input is T token ids per row; then an embedding of a
+ * vocabulary of V ids into D, which must come first. attention: heads >= 1
+ * dividing D, the input (T, 3D). A residual block: begin, the layers, end
+ * (the output's shape must be the begin's input shape). */
+dp_status dp_model_new_tokens(int context, dp_model **out);
+dp_status dp_model_add_embedding(dp_model *m, int vocab, int width);
+dp_status dp_model_add_attention(dp_model *m, int heads);
+dp_status dp_model_begin_residual(dp_model *m);
+dp_status dp_model_end_residual(dp_model *m);
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
 void dp_model_free(dp_model *m);
 
 int dp_model_input_width(const dp_model *m);
 int dp_model_output_width(const dp_model *m);
+/* Positions per row of the output: T for a sequence, 1 otherwise. */
+int dp_model_positions(const dp_model *m);
+/* Elements per row of the targets dp_train_step takes: mse: the output width
+ * (floats); softmax cross-entropy: one int32 label per position. */
+int dp_model_target_width(const dp_model *m);
 int dp_model_n_layers(const dp_model *m); /* layers after `input` */
 dp_layer_kind dp_model_layer_kind(const dp_model *m, int i);
 dp_loss_kind dp_model_loss(const dp_model *m);
@@ -688,6 +720,10 @@ typedef struct {
    * channels == out); conv2d and pools: kernel, stride, padding */
   int channels, height, width;
   int kernel, stride, padding;
+  /* sequences: positions T (0: not a sequence; channels is then the width
+   * per position), embedding: vocab; attention: heads; a residual block's
+   * begin and end: the other's layer index */
+  int positions, vocab, heads, link;
 } dp_layer_info;
 
 /* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or

@@ -100,6 +100,8 @@ typedef struct dp_backend_ops {
   bool image_layers;
   /* runs batchnorm layers (and DP_OP_BN_UPDATE) */
   bool batchnorm;
+  /* runs embedding, attention and residual layers */
+  bool sequence_layers;
   /* computes a relu that follows a linear layer in the linear's forward
    * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
   bool fuses_linear_relu;

@@ -119,9 +119,17 @@ static void init_params(const dp_plan *p, float *w) {
             (2.0f * dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 0) - 1.0f) *
             bound;
     } else if (l->kind == DP_LAYER_LAYERNORM) {
-      for (int k = 0; k < l->out; k++) {
+      size_t n = l->n_params / 2; /* the features (per position on a sequence) */
+      for (size_t k = 0; k < n; k++) {
         lw[k] = 1.0f;
-        lw[l->out + k] = 0.0f;
+        lw[n + k] = 0.0f;
+      }
+    } else if (l->kind == DP_LAYER_EMBEDDING) {
+      /* nn.Embedding's init, N(0, 1), for both tables (Box-Muller) */
+      for (size_t k = 0; k < l->n_params; k++) {
+        double u1 = dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 0);
+        double u2 = dp__rng_uniform(p->cfg.seed, DP_RNG_INIT, (uint64_t)i, k, 1);
+        lw[k] = (float)(sqrt(-2.0 * log(1.0 - u1)) * cos(6.283185307179586 * u2));
       }
     } else if (l->kind == DP_LAYER_BATCHNORM) { /* weight 1, bias 0; running mean 0,
                                                    running variance 1, count 0 */
@@ -536,6 +544,18 @@ static dp_status check_batch(dp_ctx *c, int rows, int cols, const float *x) {
   if (rows < 1 || rows > p->cfg.batch)
     return DP_FAIL(DP_ERR_SHAPE, "a batch of %d rows is outside the planned 1..%d", rows,
                    p->cfg.batch);
+  if (!p->model.input_t) return DP_OK;
+  /* token ids: integers in 0 .. V-1 (the embedding indexes its table by them);
+   * this rank's rows (all of them in one process) */
+  int row0 = 0, n = rows, V = p->model.layers[0].vocab;
+  if (c->world) dp__rank_rows(p, rows, c->rank, &row0, &n);
+  for (size_t k = 0; k < (size_t)n * (size_t)cols; k++)
+    if (!(x[k] >= 0.0f && x[k] < (float)V && x[k] == floorf(x[k])))
+      return DP_FAIL(DP_ERR_RANGE,
+                     "token %g at position %zu of row %zu is not an id in 0..%d (the "
+                     "embedding's vocabulary)",
+                     (double)x[k], k % (size_t)cols, (size_t)row0 + k / (size_t)cols,
+                     V - 1);
   return DP_OK;
 }
 
@@ -571,11 +591,15 @@ static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
     int row0 = 0, n = rows;
     if (c->world) dp__rank_rows(p, rows, c->rank, &row0, &n);
     const int32_t *t = target;
-    int classes = dp_model_output_width(&p->model);
-    for (int r = 0; r < n && !s; r++)
-      if (t[r] < 0 || t[r] >= classes)
-        s = DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[r], row0 + r,
-                    classes - 1);
+    int P = dp_model_positions(&p->model), classes = dp_model_output_width(&p->model) / P;
+    for (size_t k = 0; k < (size_t)n * (size_t)P && !s; k++)
+      if (t[k] < 0 || t[k] >= classes)
+        s = P == 1
+                ? DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[k],
+                          row0 + (int)k, classes - 1)
+                : DP_FAIL(DP_ERR_RANGE,
+                          "label %d at position %d of row %d is outside 0..%d", t[k],
+                          (int)(k % (size_t)P), row0 + (int)(k / (size_t)P), classes - 1);
   }
   if (!s) s = schedule_for(c, updates(c) ? &c->train : &c->accum, rows);
   /* batchnorm normalises each micro-batch (sync: the batch) with its own
@@ -669,7 +693,7 @@ static void host_io(dp_ctx *c, dp_exec_env *e, int rows, const float *x, const v
   memcpy(c->staging + p->host_x, x, (size_t)n * (size_t)p->model.input_width * 4);
   e->host_x = (const float *)(c->staging + p->host_x);
   if (target) {
-    size_t tw = p->model.loss == DP_LOSS_MSE ? (size_t)dp_model_output_width(&p->model) : 1;
+    size_t tw = (size_t)dp_model_target_width(&p->model);
     memcpy(c->staging + p->host_t, target, (size_t)n * tw * 4);
     e->host_t = c->staging + p->host_t;
   }

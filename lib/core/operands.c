@@ -51,9 +51,20 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
   o->params = span(DP_REGION_PARAMS, l->param_off * 4, l->n_params * 4);
   o->stats = DP_SPAN_NONE;
   o->bn_area = o->bn_buffers = DP_SPAN_NONE;
-  if (dp__layer_stats_width(l->kind))
-    o->stats = slice_at(p, DP_REGION_ACTIVATIONS, a->stats[i], j, rows,
-                        dp__layer_stats_width(l->kind));
+  if (dp__layer_stats_width(l))
+    o->stats =
+        slice_at(p, DP_REGION_ACTIVATIONS, a->stats[i], j, rows, dp__layer_stats_width(l));
+  o->skip = DP_SPAN_NONE;
+  if (l->kind == DP_LAYER_RESIDUAL_END) { /* x, the block's input */
+    int so = dp__skip_owner(m, i);
+    o->skip = so < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->out)
+                     : slice_at(p, DP_REGION_ACTIVATIONS, a->act[so], j, rows, l->out);
+  } else if (l->kind == DP_LAYER_RESIDUAL && own >= 0 && l->link > 0) {
+    /* the gradient of the block's output, which reaches x past the block */
+    int e = l->link;
+    o->skip = e == L - 1 ? slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out)
+                         : dact_rows(p, d, e, j, rows, l->out);
+  }
   if (l->kind == DP_LAYER_BATCHNORM) {
     int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
     size_t floats = dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
@@ -68,7 +79,7 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
 
 void dp__loss_operands(const dp_plan *p, const dp_op *op, dp_loss_operands *o) {
   int d = op->device, out = dp_model_output_width(&p->model);
-  size_t tw = p->model.loss == DP_LOSS_MSE ? (size_t)out * 4 : 4;
+  size_t tw = (size_t)dp_model_target_width(&p->model) * 4;
   size_t bytes = (size_t)op->rows * out * 4;
   /* device 0's sums are indexed by global micro-batch, the others' by their own */
   int j = op->micro_batch - p->split.dev_mb0[d];

@@ -39,6 +39,10 @@ typedef struct {
                       micro-batch dp__bn_stats each, or dp__bn_sync_floats) */
   dp_span bn_buffers; /* batchnorm: running_mean (c), running_var (c), the count */
   dp_span workspace;  /* the device's WORKSPACE region */
+  /* a residual block's end: (rows, out) its input x (the forward adds it);
+   * its begin: (rows, in) the gradient of the end's output, which the begin's
+   * backward adds to din (din and dout are one buffer there: a view) */
+  dp_span skip;
 } dp_layer_operands;
 
 /* The operands of layer `layer` for op (a layer op: forward or backward of a

@@ -198,6 +198,24 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
                      "backend",
                      be->name, dp_layer_kind_name(k), i);
   }
+  for (int i = 0; i < m->n_layers && !be->sequence_layers; i++) {
+    dp_layer_kind k = m->layers[i].kind;
+    if (k == DP_LAYER_EMBEDDING || k == DP_LAYER_ATTENTION || k == DP_LAYER_RESIDUAL ||
+        k == DP_LAYER_RESIDUAL_END)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "the %s backend does not run %s layers yet (layer %d); use the cpu "
+                     "backend",
+                     be->name, dp_layer_kind_name(k), i);
+  }
+  if (dp__model_open_residual(m) >= 0)
+    return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no end",
+                   dp__model_open_residual(m));
+  if (bn && c->batchnorm == DP_BN_SYNC && !c->inference)
+    for (int i = 0; i < m->n_layers; i++)
+      if (m->layers[i].kind == DP_LAYER_RESIDUAL)
+        return DP_FAIL(DP_ERR_UNSUPPORTED,
+                       "sync batchnorm in a model with residual blocks is not supported "
+                       "yet; use batchnorm per_replica");
   if (!c->inference && c->accumulate > 1 && !be->accumulate)
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend cannot accumulate gradients yet (accumulate); use the "
@@ -290,8 +308,7 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   switch (kind) {
   case 0: return i == m->n_layers - 1 || rows_bytes(p, d, l->out, out);
   case 1:
-    if (dp__layer_stats_width(l->kind))
-      return rows_bytes(p, d, dp__layer_stats_width(l->kind), out);
+    if (dp__layer_stats_width(l)) return rows_bytes(p, d, dp__layer_stats_width(l), out);
     if (l->kind != DP_LAYER_BATCHNORM || !train || n_mb == 0) return true;
     return mul3(dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
                                   : (size_t)n_mb * dp__bn_stats(l->c),
@@ -342,6 +359,11 @@ dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[3 * DP_MAX_LAYE
         last = n_mb == 1 ? tr : T;
       if (train && dp__layer_needs_output(l->kind)) /* by its own backward */
         last = n_mb == 1 ? tb : T;
+      /* the input of residual blocks: read again by their ends' forwards */
+      for (int k = e + 1; k < L; k++)
+        if (m->layers[k].kind == DP_LAYER_RESIDUAL_END && dp__skip_owner(m, k) == i &&
+            k > last)
+          last = k;
       /* a relu fused into the linear before it is written by that forward */
       /* With a backend that fuses a linear and the relu after it, the linear
        * writes the relu's output (live from the linear's forward on) and has
@@ -359,6 +381,9 @@ dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[3 * DP_MAX_LAYE
                       start of the backward) and the one below it (to the next
                       sync batchnorm's backward, or the end) */
         b[n] = (dp_live_buf){.align = p->align, .first = tr, .last = tb};
+        /* a residual end's output gradient reaches its block's input too: the
+         * begin's backward adds it, after the block's layers */
+        if (l->kind == DP_LAYER_RESIDUAL_END) b[n].last = 2 * L - 1 - l->link;
         /* a relu whose backward runs in the next linear's grad-input product:
          * the relu's input gradient is written there, one step earlier, and
          * its output gradient is never made */
@@ -473,7 +498,7 @@ static dp_status plan_device(dp_plan *p, int d) {
     return OVERFLOW();
   if (train) {
     bool classic = c->mode == DP_MODE_CLASSIC;
-    size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out : 1; /* target floats per row */
+    size_t tw = (size_t)dp_model_target_width(m); /* target elements per row */
     sz[DP_REGION_GRADS] = P;
     size_t stride = 0; /* each partial at the alignment unit: see dp__partial_stride */
     if (!dp__align_up(P, p->align, &stride) ||
@@ -541,7 +566,7 @@ static dp_status plan_host(dp_plan *p) {
   int out = dp_model_output_width(m);
   if (!mul3(B, (size_t)m->input_width, 4, &x) || !mul3(B, (size_t)out, 4, &y))
     return OVERFLOW();
-  if (!p->cfg.inference && !mul3(B, m->loss == DP_LOSS_MSE ? (size_t)out : 1, 4, &t))
+  if (!p->cfg.inference && !mul3(B, (size_t)dp_model_target_width(m), 4, &t))
     return OVERFLOW();
   size_t parts[3] = {x, t, y}, *at[3] = {&p->host_x, &p->host_t, &p->host_y};
   for (int i = 0; i < 3; i++) {

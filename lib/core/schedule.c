@@ -560,7 +560,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
     if (drows[d]) n_act = d + 1;
     rows += drows[d];
   }
-  size_t tw = m->loss == DP_LOSS_MSE ? (size_t)out * 4 : 4; /* target bytes per row */
+  size_t tw = (size_t)dp_model_target_width(m) * 4; /* target bytes per row */
   int n_mb = n_act ? dlast[n_act - 1] : 0;                  /* non-empty micro-batches */
 
   bool classic = p->cfg.mode == DP_MODE_CLASSIC;

@@ -324,7 +324,7 @@ static size_t packed_wt_at(size_t gemm_ws) { return (gemm_ws + 63) / 64 * 64; }
 
 static const float *packed_wt(const lctx *c, const float *w) {
   const dp_plan *p = c->p;
-  int d = c->d, in = c->l->in, out = c->l->out;
+  int d = c->d, in = dp__pos_in(c->l), out = dp__pos_out(c->l);
   if (p->split.dev_mb0[d + 1] - p->split.dev_mb0[d] < 2) return NULL;
   size_t at = packed_wt_at(
       dp__model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference));
@@ -386,7 +386,24 @@ static dp_status forward(const lctx *c) {
   const float *x = layer_in(c);
   float *y = layer_out(c);
   int n = c->rows, in = l->in, out = l->out;
+  if (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_LAYERNORM) {
+    /* on a sequence: every position a row, the widths per position */
+    n *= dp__positions(l);
+    in = dp__pos_in(l);
+    out = dp__pos_out(l);
+  }
   switch (l->kind) {
+  case DP_LAYER_EMBEDDING: dp__embed_forward(l, n, x, layer_params(c), y); break;
+  case DP_LAYER_ATTENTION:
+    dp__attention_forward(l, n, x, layer_stats(c), y,
+                          dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c));
+    break;
+  case DP_LAYER_RESIDUAL_END: { /* x + f(x): the block's input, then its output */
+    const float *skip = ptr(c, c->o.skip);
+    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = skip[k] + x[k];
+    break;
+  }
+  case DP_LAYER_RESIDUAL: break;      /* a view */
   case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
@@ -462,8 +479,16 @@ static dp_status forward(const lctx *c) {
 
 /* Backward of one layer on one micro-batch; parameter grads are written (not
  * accumulated) at grads (a slot of the canonical tree). */
+static int grad_add(float *restrict dst, const float *restrict src, size_t n);
+
 static dp_status backward(const lctx *c, float *grads) {
   const dp_layer *l = c->l;
+  if (l->kind == DP_LAYER_RESIDUAL) { /* dx (its input's gradient, in place) += dskip */
+    float *dx = layer_din(c);
+    const float *ds = ptr(c, c->o.skip);
+    if (dx && ds) grad_add(dx, ds, (size_t)c->rows * l->out);
+    return DP_OK;
+  }
   if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK;
   /* a relu before a linear: done by the linear's grad-input product */
   if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK;
@@ -474,7 +499,26 @@ static dp_status backward(const lctx *c, float *grads) {
   bool masked = c->i > 0 && dp__relu_bwd_fused(c->p, c->i - 1);
   lctx din = masked ? at_layer(c, c->i - 1) : *c;
   float *dx = layer_din(&din); /* NULL: the input's gradient is not needed */
+  if (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_LAYERNORM) {
+    n *= dp__positions(l); /* as the forward */
+    in = dp__pos_in(l);
+    out = dp__pos_out(l);
+  }
   switch (l->kind) {
+  case DP_LAYER_EMBEDDING:
+    dp__embed_backward(l, n, layer_in(c), dy, grads + l->param_off);
+    break;
+  case DP_LAYER_ATTENTION:
+    if (dx && !dp__attention_backward(l, n, layer_in(c), layer_stats(c), dy, dx,
+                                      dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE),
+                                      ws_bytes(c)))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "layer %d: the plan's workspace is too small for attention", c->i);
+    break;
+  case DP_LAYER_RESIDUAL_END: /* the block's output gets dy; x gets it at the begin */
+    if (dx) memcpy(dx, dy, (size_t)n * out * 4);
+    break;
+  case DP_LAYER_RESIDUAL: break; /* above */
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c), *x = layer_in(c);
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;
@@ -590,8 +634,12 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float 
     }
     return s;
   }
+  /* a sequence's every position is a row of `out / P` classes */
   const int32_t *t = target;
-  float inv = 1.0f / (float)rows;
+  size_t P = (size_t)dp_model_positions(&p->model);
+  out /= (int)P;
+  r0 *= P, r1 *= P;
+  float inv = 1.0f / ((float)rows * (float)P);
   for (size_t r = r0; r < r1; r++) {
     const float *z = o + r * out;
     float *gr = g + r * out, mx = z[0], se = 0.0f;
@@ -637,9 +685,9 @@ static float tree_sum(const float *v, const dp_mb *mbs, int lo, int hi) {
  * its bits do not depend on the split or the mode. */
 static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
-  float denom =
-      (float)op->rows *
-      (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
+  float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
+                                       ? (float)dp_model_output_width(&p->model)
+                                       : (float)dp_model_positions(&p->model));
   e->loss = tree_sum(region(e, 0, DP_REGION_LOSS, 0), e->mbs, 0, op->n_mb) / denom;
   if (!isfinite(e->loss))
     return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",
@@ -1084,6 +1132,7 @@ const dp_backend_ops dp__cpu_backend = {
     .align = 64, /* a cache line */
     .workspace_bytes = cpu_workspace_bytes,
     .image_layers = true,
+    .sequence_layers = true,
     .batchnorm = true,
     .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
     .host_staging = false,

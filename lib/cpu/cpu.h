@@ -25,6 +25,23 @@ void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y);
 void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy,
                        float *dx);
 
+/* lib/cpu/sequence.c. The embedding: y (n, T, D) from ids (n, T) (checked
+ * integers below the vocabulary) and w (tokens (V, D), then positions (T, D));
+ * dw written, not accumulated. */
+void dp__embed_forward(const dp_layer *l, int n, const float *ids, const float *w,
+                       float *y);
+void dp__embed_backward(const dp_layer *l, int n, const float *ids, const float *dy,
+                        float *dw);
+/* Causal self-attention: qkv (n, T, 3D) -> y (n, T, D), the probabilities p
+ * (n, H, T, T) saved by the forward for the backward, which writes dqkv.
+ * Workspace: dp__attention_workspace_bytes (the backward returns false when
+ * short; the forward runs unpacked GEMMs then, with the same bits). */
+size_t dp__attention_workspace_bytes(const dp_layer *l, bool training);
+void dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
+                           void *ws, size_t ws_bytes);
+bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const float *p,
+                            const float *dy, float *dqkv, void *ws, size_t ws_bytes);
+
 extern const dp_backend_ops dp__cpu_backend;
 
 #ifdef __cplusplus

@@ -48,7 +48,7 @@
 #define MR_MAX 12
 #define NR_MAX 32
 #define STACK_WS (32 * 1024) /* problems whose panels fit here pack on the stack */
-#define UA_SLIVERS 4          /* products this many B slivers wide read A in place */
+#define UA_SLIVERS 4         /* products this many B slivers wide read A in place */
 #ifndef SMALL_FMAS
 #define SMALL_FMAS 512 /* problems of at most this many fmas run unpacked */
 #endif
@@ -58,15 +58,15 @@ enum { K_LOAD = 1, K_BIAS = 2, K_RELU = 4 };
 
 /* c (MR, NR; row stride ldc) = [c if K_LOAD, else 0] + a-sliver · b-sliver over
  * kc steps; then, if asked, + bias (NR) and relu. */
-typedef void (*kern_fn)(int kc, const float *a, const float *b, float *c, size_t ldc, int flags,
-                        const float *bias);
+typedef void (*kern_fn)(int kc, const float *a, const float *b, float *c, size_t ldc,
+                        int flags, const float *bias);
 /* Packs op(A)[i0, i0+mc) x [k0, k0+kc) into MR-tall slivers, zero rows up to mpad. */
-typedef void (*pack_a_fn)(float *dst, const float *A, int lda, int transA, int i0, int mc, int k0,
-                          int kc, int MR, int mpad);
+typedef void (*pack_a_fn)(float *dst, const float *A, int lda, int transA, int i0, int mc,
+                          int k0, int kc, int MR, int mpad);
 /* Packs op(B)[k0, k0+kc) x [j0, j0+nc) into NR-wide slivers, zero past nc:
  * the slivers of panel columns [s0, s1) (multiples of NR), at dst + s0 * kc. */
-typedef void (*pack_b_fn)(float *dst, const float *B, int ldb, int transB, int k0, int kc, int j0,
-                          int nc, int NR, int s0, int s1);
+typedef void (*pack_b_fn)(float *dst, const float *B, int ldb, int transB, int k0, int kc,
+                          int j0, int nc, int NR, int s0, int s1);
 
 /* kern_fn with op(A) read where it lies instead of from a packed sliver: row
  * i of the sliver at a + i * sa_i, its step k at + k * sa_k (MR rows that
@@ -97,8 +97,8 @@ static inline float epi(float acc, const float *bias, int j, int relu) {
 
 /* Slivers of MR rows of op(A)[i0, i0+mc) x [k0, k0+kc): element (s*MR + ii, k)
  * at s*MR*kc + k*MR + ii; rows from mc to mpad are zero. */
-static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, int mc, int k0,
-                     int kc, int MR, int mpad) {
+static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, int mc,
+                     int k0, int kc, int MR, int mpad) {
   for (int s = 0; s < mpad; s += MR) {
     float *d = dst + (size_t)s * kc;
     int rows = mc - s < 0 ? 0 : imin(mc - s, MR);
@@ -126,8 +126,8 @@ static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, in
 
 /* Slivers of NR columns of op(B)[k0, k0+kc) x [j0, j0+nc): element (k, s*NR + jj)
  * at s*NR*kc + k*NR + jj; columns from nc to npad are zero. */
-static void pack_b_c(float *dst, const float *B, int ldb, int transB, int k0, int kc, int j0,
-                     int nc, int NR, int s0, int s1) {
+static void pack_b_c(float *dst, const float *B, int ldb, int transB, int k0, int kc,
+                     int j0, int nc, int NR, int s0, int s1) {
   for (int s = s0; s < s1; s += NR) {
     float *d = dst + (size_t)s * kc;
     int cols = nc - s < 0 ? 0 : imin(nc - s, NR);
@@ -158,8 +158,8 @@ static void pack_b_c(float *dst, const float *B, int ldb, int transB, int k0, in
 #define MR_S 4
 #define NR_S 8
 
-static void kern_scalar(int kc, const float *a, const float *b, float *c, size_t ldc, int flags,
-                        const float *bias) {
+static void kern_scalar(int kc, const float *a, const float *b, float *c, size_t ldc,
+                        int flags, const float *bias) {
   float acc[MR_S][NR_S];
   for (int i = 0; i < MR_S; i++)
     for (int j = 0; j < NR_S; j++) acc[i][j] = flags & K_LOAD ? c[i * ldc + j] : 0.0f;
@@ -306,8 +306,10 @@ TGT_AVX2 static inline void store_part(float *o, __m256 v, int cnt) {
 
 /* The first cnt (1..8) lanes of v to o. */
 TGT_AVX2 static inline void store_n(float *o, __m256 v, int cnt) {
-  if (cnt == 8) _mm256_storeu_ps(o, v);
-  else store_part(o, v, cnt);
+  if (cnt == 8)
+    _mm256_storeu_ps(o, v);
+  else
+    store_part(o, v, cnt);
 }
 
 /* One sliver of width W: lane l (< n; the others are zero) at step k is
@@ -317,8 +319,8 @@ TGT_AVX2 static inline void store_n(float *o, __m256 v, int cnt) {
  * lanes land on the next row, stored right after; only its last row is
  * stored exactly. (Masked stores are slow on AMD; exact 6-lane stores take
  * two.) */
-TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, int n, int kc,
-                                 int rows_left) {
+TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, int n,
+                                 int kc, int rows_left) {
   for (int g = 0; g < W; g += 8, d += 8) {
     int cnt = imin(8, W - g), valid = n - g < 0 ? 0 : imin(n - g, cnt);
     bool spill = W < 8;
@@ -338,7 +340,8 @@ TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, i
         for (int l = 0; l < pf; l++) __builtin_prefetch(q + (size_t)l * ld + k, 0, 3);
       __m256 r[8];
 #pragma GCC unroll 8
-      for (int l = 0; l < 8; l++) r[l] = l < valid ? _mm256_loadu_ps(p[l] + k) : _mm256_setzero_ps();
+      for (int l = 0; l < 8; l++)
+        r[l] = l < valid ? _mm256_loadu_ps(p[l] + k) : _mm256_setzero_ps();
       transpose8(r);
       if (cnt == 8 || (spill && k + 8 < kc)) {
 #pragma GCC unroll 8
@@ -356,8 +359,10 @@ TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, i
       transpose8(r);
       for (int kk = 0; kk < kn; kk++) {
         float *o = d + (size_t)(k + kk) * W;
-        if (spill && k + kk + 1 < kc) _mm256_storeu_ps(o, r[kk]);
-        else store_n(o, r[kk], cnt);
+        if (spill && k + kk + 1 < kc)
+          _mm256_storeu_ps(o, r[kk]);
+        else
+          store_n(o, r[kk], cnt);
       }
     }
   }
@@ -367,8 +372,8 @@ TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, i
  * step k is src[k * ld + l]: row copies, 8 rows at a time, so that the source
  * is read along its rows and each sliver written contiguously. W = 6 spills
  * into the next row as in pack_t_avx2. */
-TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld, int n, int npad,
-                                 int kc) {
+TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld, int n,
+                                 int npad, int kc) {
   for (int k0 = 0; k0 < kc; k0 += 8) {
     int kn = imin(8, kc - k0);
     for (int s = 0; s < npad; s += W) {
@@ -395,15 +400,17 @@ TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld,
           __m256 v = valid == 8  ? _mm256_loadu_ps(q + g)
                      : valid > 0 ? _mm256_maskload_ps(q + g, lanes(valid))
                                  : _mm256_setzero_ps();
-          if (W < 8 && k0 + k + 1 < kc) _mm256_storeu_ps(d + g, v);
-          else store_n(d + g, v, cnt);
+          if (W < 8 && k0 + k + 1 < kc)
+            _mm256_storeu_ps(d + g, v);
+          else
+            store_n(d + g, v, cnt);
         }
     }
   }
 }
 
-TGT_AVX2 static void pack_a_avx2(float *dst, const float *A, int lda, int transA, int i0, int mc,
-                                 int k0, int kc, int MR, int mpad) {
+TGT_AVX2 static void pack_a_avx2(float *dst, const float *A, int lda, int transA, int i0,
+                                 int mc, int k0, int kc, int MR, int mpad) {
   if (transA) {
     pack_c_avx2(dst, MR, A + (size_t)k0 * lda + i0, (size_t)lda, mc, mpad, kc);
     return;
@@ -411,23 +418,27 @@ TGT_AVX2 static void pack_a_avx2(float *dst, const float *A, int lda, int transA
   for (int s = 0; s < mpad; s += MR) {
     float *d = dst + (size_t)s * kc;
     int rows = mc - s < 0 ? 0 : imin(mc - s, MR);
-    if (rows == 0) memset(d, 0, (size_t)MR * kc * sizeof *d);
-    else pack_t_avx2(d, MR, A + (size_t)(i0 + s) * lda + k0, (size_t)lda, rows, kc, mc - s);
+    if (rows == 0)
+      memset(d, 0, (size_t)MR * kc * sizeof *d);
+    else
+      pack_t_avx2(d, MR, A + (size_t)(i0 + s) * lda + k0, (size_t)lda, rows, kc, mc - s);
   }
 }
 
-TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB, int k0, int kc,
-                                 int j0, int nc, int NR, int s0, int s1) {
+TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB, int k0,
+                                 int kc, int j0, int nc, int NR, int s0, int s1) {
   if (!transB && s0 < nc) {
-    pack_c_avx2(dst + (size_t)s0 * kc, NR, B + (size_t)k0 * ldb + j0 + s0, (size_t)ldb, nc - s0,
-                s1 - s0, kc);
+    pack_c_avx2(dst + (size_t)s0 * kc, NR, B + (size_t)k0 * ldb + j0 + s0, (size_t)ldb,
+                nc - s0, s1 - s0, kc);
     return;
   }
   for (int s = s0; s < s1; s += NR) {
     float *d = dst + (size_t)s * kc;
     int cols = nc - s < 0 ? 0 : imin(nc - s, NR);
-    if (cols == 0) memset(d, 0, (size_t)NR * kc * sizeof *d);
-    else pack_t_avx2(d, NR, B + (size_t)(j0 + s) * ldb + k0, (size_t)ldb, cols, kc, nc - s);
+    if (cols == 0)
+      memset(d, 0, (size_t)NR * kc * sizeof *d);
+    else
+      pack_t_avx2(d, NR, B + (size_t)(j0 + s) * ldb + k0, (size_t)ldb, cols, kc, nc - s);
   }
 }
 
@@ -437,8 +448,8 @@ TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB
 #define MR_5 12
 #define NR_5 32
 
-TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float *c, size_t ldc,
-                                   int flags, const float *bias) {
+TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float *c,
+                                   size_t ldc, int flags, const float *bias) {
   __m512 acc[MR_5][2];
   if (flags & K_LOAD) {
 #pragma GCC unroll 12
@@ -473,8 +484,8 @@ TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float
 #pragma GCC unroll 12
     for (int i = 0; i < MR_5; i++)
       for (int h = 0; h < 2; h++) /* v <= 0 -> +0; NaN (unordered) passes */
-        acc[i][h] = _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(acc[i][h], z, _CMP_LE_OQ) & 0xffff,
-                                        acc[i][h]);
+        acc[i][h] = _mm512_maskz_mov_ps(
+            ~_mm512_cmp_ps_mask(acc[i][h], z, _CMP_LE_OQ) & 0xffff, acc[i][h]);
   }
 #pragma GCC unroll 12
   for (int i = 0; i < MR_5; i++) {
@@ -498,14 +509,14 @@ static const tier tiers[TIER_COUNT] = {
 
 _Static_assert(RM % MR_S == 0 && RN % NR_S == 0 && MC % RM == 0, "blocking");
 #if DP_GEMM_X86
-_Static_assert(RM % MR_2 == 0 && RN % NR_2 == 0 && RM % MR_5 == 0 && RN % NR_5 == 0, "blocking");
+_Static_assert(RM % MR_2 == 0 && RN % NR_2 == 0 && RM % MR_5 == 0 && RN % NR_5 == 0,
+               "blocking");
 _Static_assert(MR_5 <= MR_MAX && NR_5 <= NR_MAX, "tile");
 #endif
 
 static bool cpu_has(int t) {
   switch (t) {
-  case TIER_SCALAR:
-    return true;
+  case TIER_SCALAR: return true;
 #if DP_GEMM_X86
   case TIER_AVX2:
     __builtin_cpu_init();
@@ -515,8 +526,7 @@ static bool cpu_has(int t) {
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
-  default:
-    return false;
+  default: return false;
   }
 }
 
@@ -618,9 +628,12 @@ out:
 
 /* Floats of the packed A block and bytes of the whole layout (A block rounded
  * to 64 bytes, then the B panel: its end is written by the first B slice). */
-static size_t a_floats(int M, int K) { return round_up((size_t)imin(M, MC), RM) * imin(K, KC); }
+static size_t a_floats(int M, int K) {
+  return round_up((size_t)imin(M, MC), RM) * imin(K, KC);
+}
 static size_t layout_bytes(int M, int N, int K) {
-  return round_up(a_floats(M, K) * 4, 64) + round_up((size_t)imin(N, NC), RN) * imin(K, KC) * 4;
+  return round_up(a_floats(M, K) * 4, 64) +
+         round_up((size_t)imin(N, NC), RN) * imin(K, KC) * 4;
 }
 
 /* Whether dp__sgemm packs this shape (it needs M, N, K > 0). */
@@ -635,10 +648,13 @@ size_t dp__gemm_workspace_bytes(int M, int N, int K) {
 size_t dp__linear_workspace_bytes(const dp_layer *l, int mb_rows, bool training,
                                   bool input_grad) {
   if (l->kind != DP_LAYER_LINEAR || mb_rows <= 0) return 0;
-  size_t w = dp__gemm_workspace_bytes(mb_rows, l->out, l->in); /* forward */
+  /* on a sequence, rows of every position, widths per position */
+  long long m = (long long)mb_rows * dp__positions(l);
+  int M = m > 0x7fffffff ? 0x7fffffff : (int)m, in = dp__pos_in(l), out = dp__pos_out(l);
+  size_t w = dp__gemm_workspace_bytes(M, out, in); /* forward */
   if (training) {
-    size_t gw = dp__gemm_workspace_bytes(l->out, l->in, mb_rows);
-    size_t gi = input_grad ? dp__gemm_workspace_bytes(mb_rows, l->in, l->out) : 0;
+    size_t gw = dp__gemm_workspace_bytes(out, in, M);
+    size_t gi = input_grad ? dp__gemm_workspace_bytes(M, in, out) : 0;
     w = gw > w ? gw : w;
     w = gi > w ? gi : w;
   }
@@ -650,6 +666,8 @@ size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training) 
   for (int i = 0; i < m->n_layers; i++) {
     size_t li = dp__linear_workspace_bytes(&m->layers[i], mb_rows, training, i > 0);
     size_t ci = dp__conv_workspace_bytes(&m->layers[i], mb_rows, training);
+    size_t ai = dp__attention_workspace_bytes(&m->layers[i], training);
+    w = ai > w ? ai : w;
     w = li > w ? li : w;
     w = ci > w ? ci : w;
   }
@@ -663,7 +681,7 @@ size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training) 
  * need (slow then). Four columns at a time, so that four fma chains overlap.
  * FMA is fmaf: libm's for the portable tier, the instruction under
  * target("fma") (both are the correctly rounded fused multiply-add). */
-#define UNPACKED_BODY(FMA)                                                                  \
+#define UNPACKED_BODY(FMA)                                                                 \
   for (int i = 0; i < M; i++) {                                                            \
     float *c = C + (size_t)i * ldc;                                                        \
     int j = 0;                                                                             \
@@ -695,13 +713,15 @@ size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training) 
     }                                                                                      \
   }
 
-#define UNPACKED_ARGS                                                                       \
-  int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B,      \
+#define UNPACKED_ARGS                                                                      \
+  int transA, int transB, int M, int N, int K, const float *A, int lda, const float *B,    \
       int ldb, float *C, int ldc, const float *bias, int relu
 
-static void gemm_unpacked_c(UNPACKED_ARGS) { UNPACKED_BODY(fmaf) }
+static void gemm_unpacked_c(UNPACKED_ARGS){UNPACKED_BODY(fmaf)}
 #if DP_GEMM_X86
-TGT_AVX2 static void gemm_unpacked_fma(UNPACKED_ARGS) { UNPACKED_BODY(__builtin_fmaf) }
+TGT_AVX2 static void gemm_unpacked_fma(UNPACKED_ARGS) {
+  UNPACKED_BODY(__builtin_fmaf)
+}
 #endif
 
 static void gemm_unpacked(const tier *t, UNPACKED_ARGS) {
@@ -741,18 +761,22 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
        * then; a row-major B is packed whole, reading its rows contiguously.
        * The zero slivers past the tier's rounding (up to RN) are packed first. */
       bool fuse = transB != 0 && !Bpre;
-      int nr_end = (int)round_up((size_t)nc, (size_t)NR), rn_end = (int)round_up((size_t)nc, RN);
+      int nr_end = (int)round_up((size_t)nc, (size_t)NR),
+          rn_end = (int)round_up((size_t)nc, RN);
       const float *Bb = Bpre ? Bpre + (size_t)jc * K + (size_t)rn_end * pc : Bp;
-      if (!Bpre) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
+      if (!Bpre)
+        t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
       for (int ic = 0; ic < M; ic += MC) {
         int mc = imin(MC, M - ic);
         if (!ua)
-          t->pack_a(Ap, A, lda, transA, ic, mc, pc, kc, MR, (int)round_up((size_t)mc, (size_t)MR));
+          t->pack_a(Ap, A, lda, transA, ic, mc, pc, kc, MR,
+                    (int)round_up((size_t)mc, (size_t)MR));
         else if (mc % MR)
           t->pack_a(apart, A, lda, transA, ic + mc / MR * MR, mc % MR, pc, kc, MR, MR);
         for (int jr = 0; jr < nc; jr += NR) {
           int nr = imin(NR, nc - jr);
-          if (fuse && ic == 0) t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, jr, jr + NR);
+          if (fuse && ic == 0)
+            t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, jr, jr + NR);
           const float *bp = Bb + (size_t)jr * kc, *bb = bias ? bias + jc + jr : NULL;
           if (bb && nr < NR) {
             for (int j = 0; j < NR; j++) tbias[j] = j < nr ? bb[j] : 0.0f;
@@ -774,8 +798,10 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
                 __builtin_prefetch(q + imin(NR, nc - njr) - 1, 1, 3);
               }
             if (mr == MR && nr == NR) {
-              if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, cp, (size_t)ldc, flags, bb);
-              else t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
+              if (au)
+                t->kern_ua(kc, au, sa_i, sa_k, bp, cp, (size_t)ldc, flags, bb);
+              else
+                t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
               continue;
             }
             if (!tile_set) {
@@ -785,8 +811,10 @@ static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int
             if (flags & K_LOAD)
               for (int i = 0; i < mr; i++)
                 memcpy(tile + i * NR, cp + (size_t)i * ldc, (size_t)nr * sizeof *cp);
-            if (au) t->kern_ua(kc, au, sa_i, sa_k, bp, tile, (size_t)NR, flags, bb);
-            else t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
+            if (au)
+              t->kern_ua(kc, au, sa_i, sa_k, bp, tile, (size_t)NR, flags, bb);
+            else
+              t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
             for (int i = 0; i < mr; i++)
               memcpy(cp + (size_t)i * ldc, tile + i * NR, (size_t)nr * sizeof *cp);
           }
@@ -847,7 +875,8 @@ size_t dp__model_packed_wt_bytes(const dp_model *m) {
   size_t w = 0;
   for (int i = 0; i < m->n_layers; i++)
     if (m->layers[i].kind == DP_LAYER_LINEAR) {
-      size_t b = dp__gemm_packed_b_bytes(m->layers[i].in, m->layers[i].out);
+      size_t b =
+          dp__gemm_packed_b_bytes(dp__pos_in(&m->layers[i]), dp__pos_out(&m->layers[i]));
       w = b > w ? b : w;
     }
   return w;

@@ -14,7 +14,9 @@ static const char *const layer_names[] = {
     [DP_LAYER_LAYERNORM] = "layernorm", [DP_LAYER_DROPOUT] = "dropout",
     [DP_LAYER_CONV2D] = "conv2d",       [DP_LAYER_MAXPOOL2D] = "maxpool2d",
     [DP_LAYER_AVGPOOL2D] = "avgpool2d", [DP_LAYER_FLATTEN] = "flatten",
-    [DP_LAYER_BATCHNORM] = "batchnorm",
+    [DP_LAYER_BATCHNORM] = "batchnorm", [DP_LAYER_EMBEDDING] = "embed",
+    [DP_LAYER_ATTENTION] = "attention", [DP_LAYER_RESIDUAL] = "residual",
+    [DP_LAYER_RESIDUAL_END] = "end",
 };
 static const char *const loss_names[] = {
     [DP_LOSS_NONE] = "none",
@@ -35,14 +37,20 @@ const char *dp_loss_name(dp_loss_kind l) {
 bool dp__layer_needs_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
          k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
-         k == DP_LAYER_BATCHNORM;
+         k == DP_LAYER_BATCHNORM || k == DP_LAYER_EMBEDDING /* the ids */ ||
+         k == DP_LAYER_ATTENTION /* q, k, v */;
 }
 
 bool dp__layer_needs_output(dp_layer_kind k) {
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
 }
 
-int dp__layer_stats_width(dp_layer_kind k) { return k == DP_LAYER_LAYERNORM ? 2 : 0; }
+int dp__layer_stats_width(const dp_layer *l) {
+  if (l->kind == DP_LAYER_LAYERNORM) return 2 * dp__positions(l);
+  if (l->kind != DP_LAYER_ATTENTION) return 0;
+  size_t n = (size_t)l->heads * (size_t)l->t * (size_t)l->t;
+  return n > DP_MAX_WIDTH ? 0 : (int)n;
+}
 
 int dp__act_owner(const dp_model *m, int i) {
   while (i >= 0 && dp__layer_is_view(m, i)) i--;
@@ -50,7 +58,7 @@ int dp__act_owner(const dp_model *m, int i) {
 }
 
 int dp__layer_fan_in(const dp_layer *l) {
-  return l->kind == DP_LAYER_CONV2D ? l->ic * l->k * l->k : l->in;
+  return l->kind == DP_LAYER_CONV2D ? l->ic * l->k * l->k : dp__pos_in(l);
 }
 
 dp_status dp_model_new(int input_width, dp_model **out) {
@@ -91,6 +99,12 @@ static int cur_width(const dp_model *m) {
   return m->n_layers ? m->layers[m->n_layers - 1].out : m->input_width;
 }
 
+/* The current output's positions (0: not a sequence; the token input's ids are
+ * not one yet: the embedding makes it). */
+static int cur_t(const dp_model *m) {
+  return m->n_layers ? m->layers[m->n_layers - 1].t : 0;
+}
+
 /* The current output shape (h == 0: flat). */
 static void cur_shape(const dp_model *m, int *c, int *h, int *w) {
   if (m->n_layers) {
@@ -107,8 +121,13 @@ static void cur_shape(const dp_model *m, int *c, int *h, int *w) {
 static dp_status push(dp_model *m, dp_layer l) {
   if (m->loss != DP_LOSS_NONE)
     return DP_FAIL(DP_ERR_INVALID, "no layer may follow the loss");
+  if (m->input_t && m->n_layers == 0 && l.kind != DP_LAYER_EMBEDDING)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "a token input (input tokens T) must be followed by 'embed V D', not %s",
+                   dp_layer_kind_name(l.kind));
   cur_shape(m, &l.ic, &l.ih, &l.iw);
-  if (l.c == 0) l.c = l.ih ? l.ic : l.out, l.h = l.ih, l.w = l.iw;
+  if (l.kind != DP_LAYER_FLATTEN && l.kind != DP_LAYER_EMBEDDING) l.t = cur_t(m);
+  if (l.c == 0) l.c = l.ih || l.t ? l.ic : l.out, l.h = l.ih, l.w = l.iw;
   if (m->n_layers >= DP_MAX_LAYERS)
     return DP_FAIL(DP_ERR_INVALID, "too many layers (at most %d)", DP_MAX_LAYERS);
   size_t total;
@@ -141,6 +160,11 @@ static dp_status need_flat(const dp_model *m, const char *what) {
 static dp_status need_image(const dp_model *m, const char *what) {
   int c, h, w;
   cur_shape(m, &c, &h, &w);
+  if (!h && cur_t(m))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s needs an image input, but the input here is a "
+                   "sequence (%d positions of %d)",
+                   what, cur_t(m), c);
   if (!h)
     return DP_FAIL(DP_ERR_INVALID,
                    "%s needs an image input (input C H W, then conv2d or pools), but the "
@@ -232,13 +256,19 @@ dp_status dp_model_add_linear(dp_model *m, int out_width, int bias) {
   if (fs) return fs;
   if (out_width <= 0)
     return DP_FAIL(DP_ERR_INVALID, "linear width must be positive, got %d", out_width);
+  /* on a sequence, the same weights at every position: (out, in) per position */
+  int t = cur_t(m), in = t ? cur_width(m) / t : cur_width(m);
+  size_t w, rw;
+  if (!dp__mul((size_t)out_width, (size_t)(t ? t : 1), &rw) || rw > DP_MAX_WIDTH)
+    return DP_FAIL(DP_ERR_OVERFLOW, "linear %d on %d positions: %s", out_width, t,
+                   "more than 2^31 - 1 floats per row");
   dp_layer l = {
-      .kind = DP_LAYER_LINEAR, .in = cur_width(m), .out = out_width, .bias = bias ? 1 : 0};
-  size_t w;
-  if (!dp__mul((size_t)l.in, (size_t)l.out, &w) ||
-      !dp__add(w, l.bias ? (size_t)l.out : 0, &l.n_params))
+      .kind = DP_LAYER_LINEAR, .in = cur_width(m), .out = (int)rw, .bias = bias ? 1 : 0};
+  if (t) l.c = out_width;
+  if (!dp__mul((size_t)in, (size_t)out_width, &w) ||
+      !dp__add(w, l.bias ? (size_t)out_width : 0, &l.n_params))
     return DP_FAIL(DP_ERR_OVERFLOW, "linear %d x %d: parameter count overflows size_t",
-                   l.out, l.in);
+                   out_width, in);
   return push(m, l);
 }
 
@@ -254,10 +284,14 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
     dp_status fs = need_flat(m, "layernorm");
     if (fs) return fs;
   }
+  if (kind == DP_LAYER_BATCHNORM && cur_t(m))
+    return DP_FAIL(DP_ERR_INVALID, "batchnorm on a sequence is not supported; use "
+                                   "layernorm (over each position's features)");
   int w = cur_width(m);
   dp_layer l = {.kind = kind, .in = w, .out = w};
   if (kind == DP_LAYER_FLATTEN) l.c = w; /* flat from here on (h = w = 0) */
-  if (kind == DP_LAYER_LAYERNORM) l.n_params = 2 * (size_t)w;
+  if (kind == DP_LAYER_LAYERNORM)        /* over each position's features */
+    l.n_params = 2 * (size_t)(cur_t(m) ? w / cur_t(m) : w);
   if (kind == DP_LAYER_BATCHNORM) { /* 1d over the features, 2d over the channels */
     int c, h, ww;
     cur_shape(m, &c, &h, &ww);
@@ -275,8 +309,108 @@ dp_status dp_model_add_dropout(dp_model *m, float p) {
   return push(m, (dp_layer){.kind = DP_LAYER_DROPOUT, .in = w, .out = w, .p = p});
 }
 
+/* ---- sequences ---------------------------------------------------------------- */
+
+dp_status dp_model_new_tokens(int context, dp_model **out) {
+  if (out) *out = NULL;
+  if (context <= 0 || context > 65536)
+    return DP_FAIL(DP_ERR_INVALID, "input tokens: the context must be 1..65536, got %d",
+                   context);
+  dp_status s = dp_model_new(context, out);
+  if (!s) (*out)->input_t = context;
+  return s;
+}
+
+dp_status dp_model_add_embedding(dp_model *m, int vocab, int width) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (!m->input_t || m->n_layers)
+    return DP_FAIL(DP_ERR_INVALID, "embed must come right after 'input tokens T' (it "
+                                   "reads token ids)");
+  if (vocab <= 0 || vocab > (1 << 24) || width <= 0)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "embed: the vocabulary must be 1..16777216 (ids are floats) and the "
+                   "width positive, got %d and %d",
+                   vocab, width);
+  int t = m->input_t;
+  size_t rw, nv, nt;
+  if (!dp__mul((size_t)t, (size_t)width, &rw) || rw > DP_MAX_WIDTH ||
+      !dp__mul((size_t)vocab, (size_t)width, &nv) ||
+      !dp__mul((size_t)t, (size_t)width, &nt))
+    return DP_FAIL(DP_ERR_OVERFLOW, "embed %d x %d on %d positions: sizes overflow", vocab,
+                   width, t);
+  dp_layer l = {.kind = DP_LAYER_EMBEDDING,
+                .in = t,
+                .out = (int)rw,
+                .c = width,
+                .t = t,
+                .vocab = vocab,
+                .n_params = nv + nt};
+  return push(m, l);
+}
+
+dp_status dp_model_add_attention(dp_model *m, int heads) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  int t = cur_t(m), w = cur_width(m);
+  if (!t)
+    return DP_FAIL(DP_ERR_INVALID, "attention needs a sequence (input tokens T, embed V "
+                                   "D, then a linear to 3 D)");
+  int c3 = w / t;
+  if (heads <= 0 || c3 % 3 || (c3 / 3) % heads)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "attention %d: its input must be q, k and v side by side, 3 D wide with "
+                   "D divisible by the heads; here it is %d wide per position",
+                   heads, c3);
+  dp_layer l = {
+      .kind = DP_LAYER_ATTENTION, .in = w, .out = w / 3, .c = c3 / 3, .heads = heads};
+  size_t st = (size_t)heads * (size_t)t * (size_t)t;
+  if (st > DP_MAX_WIDTH)
+    return DP_FAIL(DP_ERR_OVERFLOW,
+                   "attention %d on %d positions: its scores are more "
+                   "than 2^31 - 1 floats per row",
+                   heads, t);
+  return push(m, l);
+}
+
+/* The innermost residual block still open, or -1. */
+static int open_residual(const dp_model *m) {
+  for (int i = m->n_layers - 1; i >= 0; i--)
+    if (m->layers[i].kind == DP_LAYER_RESIDUAL && m->layers[i].link < 0) return i;
+  return -1;
+}
+
+dp_status dp_model_begin_residual(dp_model *m) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  int w = cur_width(m);
+  return push(m, (dp_layer){.kind = DP_LAYER_RESIDUAL, .in = w, .out = w, .link = -1});
+}
+
+dp_status dp_model_end_residual(dp_model *m) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  int f = open_residual(m);
+  if (f < 0) return DP_FAIL(DP_ERR_INVALID, "'end' without a 'residual' to close");
+  if (f == m->n_layers - 1)
+    return DP_FAIL(DP_ERR_INVALID, "the residual block (layer %d) is empty", f);
+  const dp_layer *r = &m->layers[f], *last = &m->layers[m->n_layers - 1];
+  if (last->out != r->in || last->h != r->ih || last->t != r->t ||
+      (last->h && (last->c != r->ic || last->w != r->iw)))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "the residual block's output (%d floats per row) must have the shape of "
+                   "its input (%d, at layer %d) to be added to it",
+                   last->out, r->in, f);
+  int w = cur_width(m), k = m->n_layers;
+  dp_status s =
+      push(m, (dp_layer){.kind = DP_LAYER_RESIDUAL_END, .in = w, .out = w, .link = f});
+  if (!s) m->layers[f].link = k;
+  return s;
+}
+
+int dp__model_open_residual(const dp_model *m) { return open_residual(m); }
+
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (open_residual(m) >= 0)
+    return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no 'end'",
+                   open_residual(m));
   if (loss != DP_LOSS_MSE && loss != DP_LOSS_SOFTMAX_CE)
     return DP_FAIL(DP_ERR_INVALID, "unknown loss %d", (int)loss);
   if (m->loss != DP_LOSS_NONE) return DP_FAIL(DP_ERR_INVALID, "the loss is already set");
@@ -287,6 +421,11 @@ dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
 
 int dp_model_input_width(const dp_model *m) { return m ? m->input_width : 0; }
 int dp_model_output_width(const dp_model *m) { return m ? cur_width(m) : 0; }
+int dp_model_positions(const dp_model *m) { return m && cur_t(m) ? cur_t(m) : 1; }
+int dp_model_target_width(const dp_model *m) {
+  if (!m) return 0;
+  return m->loss == DP_LOSS_MSE ? cur_width(m) : dp_model_positions(m);
+}
 int dp_model_n_layers(const dp_model *m) { return m ? m->n_layers : 0; }
 dp_layer_kind dp_model_layer_kind(const dp_model *m, int i) {
   return m && i >= 0 && i < m->n_layers ? m->layers[i].kind : DP_LAYER_INPUT;
@@ -312,12 +451,22 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
   if (!m) return 0;
   if (m->input_h)
     put(buf, cap, &len, "input %d %d %d\n", m->input_c, m->input_h, m->input_w);
+  else if (m->input_t)
+    put(buf, cap, &len, "input tokens %d\n", m->input_t);
   else
     put(buf, cap, &len, "input %d\n", m->input_width);
+  int depth = 0; /* residual blocks open: two spaces each */
   for (int i = 0; i < m->n_layers; i++) {
     const dp_layer *l = &m->layers[i];
+    if (l->kind == DP_LAYER_RESIDUAL_END) depth--;
+    for (int k = 0; k < depth; k++) put(buf, cap, &len, "  ");
+    if (l->kind == DP_LAYER_RESIDUAL) depth++;
     if (l->kind == DP_LAYER_LINEAR)
-      put(buf, cap, &len, "linear %d%s\n", l->out, l->bias ? "" : " nobias");
+      put(buf, cap, &len, "linear %d%s\n", dp__pos_out(l), l->bias ? "" : " nobias");
+    else if (l->kind == DP_LAYER_EMBEDDING)
+      put(buf, cap, &len, "embed %d %d\n", l->vocab, l->c);
+    else if (l->kind == DP_LAYER_ATTENTION)
+      put(buf, cap, &len, "attention %d\n", l->heads);
     else if (l->kind == DP_LAYER_CONV2D) {
       put(buf, cap, &len, "conv2d %d %d", l->c, l->k);
       if (l->stride != 1) put(buf, cap, &len, " stride %d", l->stride);
@@ -351,19 +500,25 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
     return DP_FAIL(DP_ERR_RANGE, "dp_model_layer: layer %d out of range (the model has %d)",
                    i, m->n_layers);
   const dp_layer *l = &m->layers[i];
-  *out = (dp_layer_info){.kind = l->kind,
-                         .in = l->in,
-                         .out = l->out,
-                         .bias = l->bias,
-                         .p = l->p,
-                         .param_offset = l->param_off,
-                         .n_params = l->n_params,
-                         .channels = l->c,
-                         .height = l->h,
-                         .width = l->w,
-                         .kernel = l->k,
-                         .stride = l->stride,
-                         .padding = l->pad};
+  *out = (dp_layer_info){
+      .kind = l->kind,
+      .in = l->in,
+      .out = l->out,
+      .bias = l->bias,
+      .p = l->p,
+      .param_offset = l->param_off,
+      .n_params = l->n_params,
+      .channels = l->c,
+      .height = l->h,
+      .width = l->w,
+      .kernel = l->k,
+      .stride = l->stride,
+      .padding = l->pad,
+      .positions = l->t,
+      .vocab = l->vocab,
+      .heads = l->heads,
+      .link =
+          l->kind == DP_LAYER_RESIDUAL || l->kind == DP_LAYER_RESIDUAL_END ? l->link : 0};
   return DP_OK;
 }
 
@@ -371,7 +526,20 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
  * weight, bias. */
 static int layer_tensors(const dp_layer *l) {
   if (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D) return l->bias ? 2 : 1;
-  return l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ? 2 : 0;
+  return l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ||
+                 l->kind == DP_LAYER_EMBEDDING
+             ? 2
+             : 0;
+}
+
+/* An embedding's tensors: "i.tok.weight" (V, D), then "i.pos.weight" (T, D). */
+static void embedding_tensor(const dp_layer *l, int li, int pos, dp_tensor_info *out) {
+  snprintf(out->name, sizeof out->name, "%d.%s.weight", li, pos ? "pos" : "tok");
+  out->ndim = 2;
+  out->dims[0] = pos ? l->t : l->vocab;
+  out->dims[1] = l->c;
+  out->numel = (size_t)out->dims[0] * (size_t)l->c;
+  out->offset = l->param_off + (pos ? (size_t)l->vocab * (size_t)l->c : 0);
 }
 
 int dp_model_n_tensors(const dp_model *m) {
@@ -392,7 +560,12 @@ dp_status dp_model_tensor(const dp_model *m, int i, dp_tensor_info *out) {
       continue;
     }
     /* linear: weight (out, in) then bias (out); conv2d: weight (out, in, k, k) then
-     * bias (out); layernorm: weight (n) then bias (n) */
+     * bias (out); layernorm: weight (n) then bias (n); on a sequence, the widths
+     * per position */
+    if (l->kind == DP_LAYER_EMBEDDING) {
+      embedding_tensor(l, li, left, out);
+      return DP_OK;
+    }
     int bias = left == 1, matrix = l->kind == DP_LAYER_LINEAR && !bias;
     int conv = l->kind == DP_LAYER_CONV2D;
     snprintf(out->name, sizeof out->name, "%d.%s", li, bias ? "bias" : "weight");
@@ -402,9 +575,10 @@ dp_status dp_model_tensor(const dp_model *m, int i, dp_tensor_info *out) {
       out->numel = (size_t)l->c * (size_t)l->ic * (size_t)l->k * (size_t)l->k;
     } else {
       out->ndim = matrix ? 2 : 1;
-      out->dims[0] = conv || l->kind == DP_LAYER_BATCHNORM ? l->c : l->out;
-      out->dims[1] = matrix ? l->in : 0;
-      out->numel = matrix ? (size_t)l->out * (size_t)l->in : (size_t)out->dims[0];
+      out->dims[0] = conv || l->kind == DP_LAYER_BATCHNORM ? l->c : dp__pos_out(l);
+      out->dims[1] = matrix ? dp__pos_in(l) : 0;
+      out->numel =
+          matrix ? (size_t)out->dims[0] * (size_t)out->dims[1] : (size_t)out->dims[0];
     }
     out->offset = l->param_off + (bias ? l->n_params - out->numel : 0);
     return DP_OK;

@@ -27,11 +27,17 @@ typedef struct {
   size_t buf_off;     /* batchnorm: its buffers (floats after the parameters):
                          running_mean (c), running_var (c), num_batches_tracked
                          (one uint32 slot) */
+  int t;              /* sequences: positions per row (0: none); the output is
+                         (t, c) and the input (t, ic) */
+  int vocab, heads;   /* embedding, attention */
+  int link;           /* residual: the index of its end (-1 while open); its
+                         end: the index of the residual */
 } dp_layer;
 
 struct dp_model {
   int input_width;
   int input_c, input_h, input_w; /* input_h == 0: flat (input_c == input_width) */
+  int input_t;                   /* token input: ids per row (== input_width), or 0 */
   int n_layers;
   dp_layer layers[DP_MAX_LAYERS];
   dp_loss_kind loss;
@@ -71,15 +77,31 @@ static inline size_t dp__param_floats(const dp_model *m) {
 /* What a layer's backward reads from the forward pass. */
 bool dp__layer_needs_input(dp_layer_kind k);
 bool dp__layer_needs_output(dp_layer_kind k);
-/* Per-row float count of saved statistics (layernorm: mean, rstd). */
-int dp__layer_stats_width(dp_layer_kind k);
+/* Per-row float count of saved statistics (layernorm: mean and rstd per
+ * position; attention: the probabilities (heads, t, t)); 0 when none, or too
+ * many (dp_model refuses such a layer). */
+int dp__layer_stats_width(const dp_layer *l);
 /* The layer whose activation buffer holds layer i's output: i itself, or for
  * a view (flatten) the layer it views, followed back; -1: the input. The last
  * layer's output is in OUTPUTS whatever it is (a flatten there copies). */
 int dp__act_owner(const dp_model *m, int i);
 static inline bool dp__layer_is_view(const dp_model *m, int i) {
-  return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
+  return (m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1) ||
+         m->layers[i].kind == DP_LAYER_RESIDUAL;
 }
+/* The layer whose buffer holds the skip input of residual end k: the owner
+ * of its residual's input (-1: the model's input). */
+static inline int dp__skip_owner(const dp_model *m, int k) {
+  return dp__act_owner(m, m->layers[k].link);
+}
+/* A linear or layernorm on a sequence acts on each of its t positions: rows
+ * of the layer's GEMM or normalisation per row of the batch, and the widths
+ * per position. */
+static inline int dp__positions(const dp_layer *l) { return l->t ? l->t : 1; }
+static inline int dp__pos_in(const dp_layer *l) { return l->in / dp__positions(l); }
+static inline int dp__pos_out(const dp_layer *l) { return l->out / dp__positions(l); }
+/* The innermost residual block without its end, or -1. */
+int dp__model_open_residual(const dp_model *m);
 /* conv2d's fan-in, in_channels * k * k; a linear's in. */
 int dp__layer_fan_in(const dp_layer *l);
 

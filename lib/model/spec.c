@@ -193,6 +193,29 @@ static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
             w, kw->col);
 }
 
+/* embed V D | attention H */
+static dp_status parse_sequence(dp_model **m, const token *t, int nt, where w) {
+  const token *kw = &t[0];
+  bool embed = tok_is(kw, "embed");
+  const char *what = embed ? "embed" : "attention";
+  int need = embed ? 2 : 1, v[2] = {0, 0};
+  for (int i = 0; i < need; i++) {
+    if (nt < 2 + i)
+      return SPEC_FAIL(
+          DP_ERR_PARSE, w, i ? t[i].col + t[i].len + 1 : kw->col + kw->len + 1,
+          "%s: expected %s", what,
+          embed ? (i ? "the width D (embed V D)" : "the vocabulary V (embed V D)")
+                : "the number of heads (attention H)");
+    dp_status s = parse_width(&t[1 + i], w, what, &v[i]);
+    if (s) return s;
+  }
+  dp_status s = no_more(t, nt, 1 + need, w, what);
+  if (s) return s;
+  return at(embed ? dp_model_add_embedding(*m, v[0], v[1])
+                  : dp_model_add_attention(*m, v[0]),
+            w, kw->col);
+}
+
 static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   const token *kw = &t[0];
   echo_buf e;
@@ -204,7 +227,16 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
       return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
                        "expected a width (or channels, height and width) after 'input'");
     int n[3] = {0, 0, 0};
-    dp_status s = parse_width(&t[1], w, "input", &n[0]);
+    dp_status s;
+    if (tok_is(&t[1], "tokens")) {
+      if (nt < 3)
+        return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col + t[1].len + 1,
+                         "input tokens: expected the context (positions per row)");
+      if ((s = parse_width(&t[2], w, "input tokens", &n[0]))) return s;
+      if ((s = no_more(t, nt, 3, w, "input tokens"))) return s;
+      return at(dp_model_new_tokens(n[0], m), w, kw->col);
+    }
+    s = parse_width(&t[1], w, "input", &n[0]);
     if (s) return s;
     if (nt == 2) return at(dp_model_new(n[0], m), w, kw->col);
     if (nt == 3)
@@ -250,6 +282,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   }
   if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
     return parse_window(m, t, nt, w);
+  if (tok_is(kw, "embed") || tok_is(kw, "attention")) return parse_sequence(m, t, nt, w);
   if (tok_is(kw, "loss")) {
     if (nt < 2)
       return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
@@ -273,18 +306,23 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   } simple[] = {{"relu", DP_LAYER_RELU},           {"gelu", DP_LAYER_GELU},
                 {"tanh", DP_LAYER_TANH},           {"sigmoid", DP_LAYER_SIGMOID},
                 {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN},
-                {"batchnorm", DP_LAYER_BATCHNORM}};
+                {"batchnorm", DP_LAYER_BATCHNORM}, {"residual", DP_LAYER_RESIDUAL},
+                {"end", DP_LAYER_RESIDUAL_END}};
   for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
     if (!tok_is(kw, simple[i].w)) continue;
     dp_status s = no_more(t, nt, 1, w, simple[i].w);
     if (s) return s;
+    if (simple[i].k == DP_LAYER_RESIDUAL)
+      return at(dp_model_begin_residual(*m), w, kw->col);
+    if (simple[i].k == DP_LAYER_RESIDUAL_END)
+      return at(dp_model_end_residual(*m), w, kw->col);
     return at(dp_model_add(*m, simple[i].k), w, kw->col);
   }
   return SPEC_FAIL(
       DP_ERR_PARSE, w, kw->col,
       "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
-      "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten, batchnorm or "
-      "loss)",
+      "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten, batchnorm, embed, "
+      "attention, residual, end or loss)",
       echo(kw, &e));
 }
 
@@ -294,6 +332,7 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
   if (!text) return DP_FAIL(DP_ERR_INVALID, "dp_model_parse: text is NULL");
   where w = {name ? name : "<spec>", 0};
   dp_model *m = NULL;
+  int at_line[DP_MAX_LAYERS], at_col[DP_MAX_LAYERS]; /* where each layer was */
   const char *p = text;
   while (*p) {
     const char *nl = strchr(p, '\n');
@@ -308,6 +347,10 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
         dp_model_free(m);
         return s;
       }
+      if (m && m->n_layers > 0) {
+        at_line[m->n_layers - 1] = w.line;
+        at_col[m->n_layers - 1] = t[0].col;
+      }
     }
     if (!nl) break;
     p = nl + 1;
@@ -315,6 +358,14 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
   if (!m) {
     w.line = w.line ? w.line : 1;
     return SPEC_FAIL(DP_ERR_PARSE, w, 1, "empty model: expected 'input N'");
+  }
+  int open = dp__model_open_residual(m);
+  if (open >= 0) {
+    w.line = at_line[open];
+    dp_model_free(m);
+    return SPEC_FAIL(
+        DP_ERR_PARSE, w, at_col[open],
+        "this 'residual' has no 'end' (the block runs to the end of the spec)");
   }
   *out = m;
   return DP_OK;

@@ -347,8 +347,7 @@ static dp_status world_new(const dp_plan *p, MPI_Comm comm, mpi_world **out) {
   w->dev0 = w->ops.rank * w->local;
   w->cap = p->ops_cap;
   const dp_model *m = dp_plan_model(p);
-  w->bounce_bytes = (size_t)c->batch *
-                    (m->loss == DP_LOSS_MSE ? (size_t)dp_model_output_width(m) * 4 : 4);
+  w->bounce_bytes = (size_t)c->batch * (size_t)dp_model_target_width(m) * 4;
   w->bounce = malloc(w->bounce_bytes ? w->bounce_bytes : 1);
   bool ok = w->bounce;
   for (int i = 0; i < NCACHE && ok; i++) {

@@ -1,0 +1,125 @@
+/* The sequence layers on the CPU: the embedding and causal self-attention, on
+ * the n rows of a micro-batch, each row (T, width) position-major. Every
+ * product runs through the packed GEMM (gemm.h: one fma chain per element,
+ * ascending over the reduced dimension, the same bits on every instruction
+ * set); every other sum has a fixed order. */
+#include "cpu/gemm.h"
+
+#include <math.h>
+#include <string.h>
+
+void dp__embed_forward(const dp_layer *l, int n, const float *ids, const float *w,
+                       float *y) {
+  int T = l->t, D = l->c;
+  const float *pos = w + (size_t)l->vocab * D; /* (T, D) after the tokens' (V, D) */
+  for (int r = 0; r < n; r++)
+    for (int t = 0; t < T; t++) {
+      /* the ids were checked before the step (integers in 0 .. V-1) */
+      const float *tok = w + (size_t)ids[(size_t)r * T + t] * D;
+      const float *pt = pos + (size_t)t * D;
+      float *yr = y + ((size_t)r * T + t) * D;
+      for (int k = 0; k < D; k++) yr[k] = tok[k] + pt[k];
+    }
+}
+
+void dp__embed_backward(const dp_layer *l, int n, const float *ids, const float *dy,
+                        float *dw) {
+  int T = l->t, D = l->c;
+  float *dpos = dw + (size_t)l->vocab * D;
+  memset(dw, 0, l->n_params * 4);
+  /* rows, then positions, ascending: each gradient row's sum has one order */
+  for (int r = 0; r < n; r++)
+    for (int t = 0; t < T; t++) {
+      const float *g = dy + ((size_t)r * T + t) * D;
+      float *dt = dw + (size_t)ids[(size_t)r * T + t] * D, *dp = dpos + (size_t)t * D;
+      for (int k = 0; k < D; k++) {
+        dt[k] += g[k];
+        dp[k] += g[k];
+      }
+    }
+}
+
+/* The attention's workspace: the backward's (T, T) scratch, then the GEMMs'. */
+static size_t scratch_bytes(const dp_layer *l) {
+  return ((size_t)l->t * (size_t)l->t * 4 + 63) / 64 * 64;
+}
+
+static size_t gemm_bytes(const dp_layer *l) {
+  int T = l->t, hd = l->c / l->heads;
+  size_t a = dp__gemm_workspace_bytes(T, T, hd), b = dp__gemm_workspace_bytes(T, hd, T);
+  return a > b ? a : b;
+}
+
+size_t dp__attention_workspace_bytes(const dp_layer *l, bool training) {
+  if (l->kind != DP_LAYER_ATTENTION) return 0;
+  return (training ? scratch_bytes(l) : 0) + gemm_bytes(l);
+}
+
+/* The GEMMs' part of a workspace of ws_bytes at ws (NULL: too small, and the
+ * GEMM runs unpacked with the same bits). */
+static void *gemm_ws(const dp_layer *l, void *ws, size_t ws_bytes, size_t at) {
+  size_t need = gemm_bytes(l);
+  return need && ws && ws_bytes >= at + need ? (unsigned char *)ws + at : NULL;
+}
+
+/* softmax over row i's first i + 1 scores (scaled), the rest 0: the causal mask */
+static void causal_softmax(float *s, int T, float scale) {
+  for (int i = 0; i < T; i++) {
+    float *r = s + (size_t)i * T, mx = -INFINITY, sum = 0.0f;
+    for (int j = 0; j <= i; j++) {
+      r[j] *= scale;
+      mx = r[j] > mx ? r[j] : mx;
+    }
+    for (int j = 0; j <= i; j++) {
+      r[j] = expf(r[j] - mx);
+      sum += r[j];
+    }
+    for (int j = 0; j <= i; j++) r[j] /= sum;
+    for (int j = i + 1; j < T; j++) r[j] = 0.0f;
+  }
+}
+
+void dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
+                           void *ws, size_t ws_bytes) {
+  int T = l->t, D = l->c, H = l->heads, hd = D / H;
+  float scale = 1.0f / sqrtf((float)hd);
+  void *gw = gemm_ws(l, ws, ws_bytes, 0);
+  for (int r = 0; r < n; r++)
+    for (int h = 0; h < H; h++) {
+      const float *q = qkv + (size_t)r * T * 3 * D + (size_t)h * hd, *k = q + D, *v = k + D;
+      float *ph = p + ((size_t)r * H + h) * T * T;                    /* (T, T) */
+      dp__sgemm(0, 1, T, T, hd, q, 3 * D, k, 3 * D, ph, T, NULL, gw); /* q k^T */
+      causal_softmax(ph, T, scale);
+      dp__sgemm(0, 0, T, hd, T, ph, T, v, 3 * D, y + (size_t)r * T * D + (size_t)h * hd, D,
+                NULL, gw); /* p v */
+    }
+}
+
+bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const float *p,
+                            const float *dy, float *dqkv, void *ws, size_t ws_bytes) {
+  int T = l->t, D = l->c, H = l->heads, hd = D / H;
+  float scale = 1.0f / sqrtf((float)hd);
+  if (!ws || ws_bytes < scratch_bytes(l)) return false;
+  float *ds = ws; /* (T, T): d(probabilities), then d(scores) in place */
+  void *gw = gemm_ws(l, ws, ws_bytes, scratch_bytes(l));
+  for (int r = 0; r < n; r++)
+    for (int h = 0; h < H; h++) {
+      size_t at = (size_t)r * T * 3 * D + (size_t)h * hd;
+      const float *q = qkv + at, *k = q + D, *v = k + D;
+      float *dq = dqkv + at, *dk = dq + D, *dv = dk + D;
+      const float *ph = p + ((size_t)r * H + h) * T * T;
+      const float *g = dy + (size_t)r * T * D + (size_t)h * hd;    /* (T, hd), ld D */
+      dp__sgemm(1, 0, T, hd, T, ph, T, g, D, dv, 3 * D, NULL, gw); /* dv = p^T dy */
+      dp__sgemm(0, 1, T, T, hd, g, D, v, 3 * D, ds, T, NULL, gw);  /* dp = dy v^T */
+      for (int i = 0; i < T; i++) { /* ds = p (dp - sum p dp), scaled */
+        const float *pr = ph + (size_t)i * T;
+        float *dr = ds + (size_t)i * T, dot = 0.0f;
+        for (int j = 0; j <= i; j++) dot += pr[j] * dr[j];
+        for (int j = 0; j <= i; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
+        for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
+      }
+      dp__sgemm(0, 0, T, hd, T, ds, T, k, 3 * D, dq, 3 * D, NULL, gw); /* dq = ds k */
+      dp__sgemm(1, 0, T, hd, T, ds, T, q, 3 * D, dk, 3 * D, NULL, gw); /* dk = ds^T q */
+    }
+  return true;
+}
