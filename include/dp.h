@@ -175,6 +175,32 @@ int dp_backend_count(void);
 int dp_backend_available(dp_backend b);
 /* The kind of the registered backend `name`; DP_ERR_UNSUPPORTED when none is. */
 dp_status dp_backend_find(const char *name, dp_backend *kind);
+/* What a registered backend reports of itself, so that a program can act on
+ * any backend without naming one (the `dp` command names none): bits of
+ * DP_BACKEND_CAP_*, 0 when b is not registered.
+ *   DEVICES     its devices are the machine's own (the cuda backend: GPUs):
+ *               config.device_ids pick among them (replicas may share one), a
+ *               context needs one to be visible, dp_backend_device_count
+ *               counts them. Without it the devices are virtual (the cpu
+ *               backend: a thread each), as many as asked, and device_ids
+ *               only label them.
+ *   GEMM_BENCH  dp_bench_sgemm times its GEMM. */
+#define DP_BACKEND_CAP_DEVICES 1u
+#define DP_BACKEND_CAP_GEMM_BENCH 2u
+unsigned dp_backend_caps(dp_backend b);
+/* The registered backend of lowest kind that has every cap in `caps`;
+ * DP_ERR_UNSUPPORTED when none has (the message lists the registered ones). */
+dp_status dp_backend_find_caps(unsigned caps, dp_backend *kind);
+/* The devices of backend b (DP_BACKEND_CAP_DEVICES): how many are visible, 0
+ * with the reason in dp_last_error() when none is, b is not registered or has
+ * no devices of its own; the name (NUL-terminated, cut to cap) and memory of
+ * device dev, any output may be NULL (reading the free memory may create the
+ * device's context), DP_ERR_UNSUPPORTED when b is not registered or has no
+ * device query. dp_cuda_device_count and dp_cuda_device_info are these for
+ * DP_BACKEND_CUDA. */
+int dp_backend_device_count(dp_backend b);
+dp_status dp_backend_device_info(dp_backend b, int dev, char *name, size_t cap,
+                                 size_t *total_mem, size_t *free_mem);
 
 /* How the CUDA backend moves data between replicas on distinct GPUs. AUTO:
  * NCCL send/recv when the build has NCCL, every replica has a GPU of its own

@@ -7,8 +7,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* FNV-1a 64, the checkpoint's checksum. */
-uint64_t fnv1a_bytes(const unsigned char *b, size_t n);
 /* A checkpoint's every checksum recomputed from its sections' own lengths (a
  * mutation made to reach the checks behind them); stops at a length that runs
  * past len. */

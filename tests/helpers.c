@@ -12,13 +12,22 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-dp_config config_of(int batch, int n_devices, dp_optimizer opt) {
+dp_config cfg_make(cfg_args a) {
   dp_config c;
   dp_config_default(&c);
-  c.batch = batch;
-  c.n_devices = n_devices;
-  dp_config_set_optimizer(&c, opt);
+  c.batch = a.batch;
+  c.n_devices = a.n_devices;
+  dp_config_set_optimizer(&c, a.opt);
+  c.mode = a.mode;
+  c.shard_optimizer = a.shard;
+  c.micro_batch = a.micro_batch;
+  c.seed = a.seed;
+  if (a.lr != 0.0f) c.lr = a.lr;
   return c;
+}
+
+dp_config config_of(int batch, int n_devices, dp_optimizer opt) {
+  return CFG(.batch = batch, .n_devices = n_devices, .opt = opt);
 }
 
 dp_model *model_of_at(const char *spec, const char *file, int line) {
@@ -329,13 +338,37 @@ bool cuda_or_skip(const char *suite, const char *test) {
   return false;
 }
 
-/* ---- checkpoint files by hand (docs/CHECKPOINT.md) ----------------------------- */
-
-uint64_t fnv1a_bytes(const unsigned char *b, size_t n) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
-  return h;
+dp_status try_steps(rig *r, int from, int to, int *failed_at) {
+  int rows = dp_plan_config(r->p)->batch;
+  int in = dp_model_input_width(r->m), out = dp_model_output_width(r->m);
+  float *x = malloc(sizeof(float) * (size_t)rows * (size_t)in);
+  float *ty = malloc(sizeof(float) * (size_t)rows * (size_t)out);
+  int32_t *t = malloc(sizeof(int32_t) * (size_t)rows);
+  bool ce = dp_model_loss(r->m) == DP_LOSS_SOFTMAX_CE;
+  dp_status st = x && ty && t ? DP_OK : DP_ERR_NOMEM;
+  *failed_at = from;
+  for (int k = from; k < to && !st; k++) {
+    uint64_t s = (uint64_t)k * 0x9E3779B97F4A7C15ull + 11;
+    for (int i = 0; i < rows * in; i++)
+      x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
+    for (int i = 0; i < rows; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)out);
+    for (int i = 0; i < rows * out; i++) ty[i] = (float)(rng_next(&s) >> 40) * 0x1p-24f;
+    st = dp_train_step(r->c, rows, in, x, ce ? (const void *)t : ty, NULL);
+    *failed_at = k;
+  }
+  free(x);
+  free(ty);
+  free(t);
+  return st;
 }
+
+void run_steps(rig *r, int from, int to) {
+  int k = from;
+  dp_status st = try_steps(r, from, to, &k);
+  ck_assert_msg(st == DP_OK, "step %d: %s: %s", k, dp_status_name(st), dp_ctx_error(r->c));
+}
+
+/* ---- checkpoint files by hand (docs/CHECKPOINT.md) ----------------------------- */
 
 static void put64le(unsigned char *b, uint64_t v) {
   for (int i = 0; i < 8; i++) b[i] = (unsigned char)(v >> (8 * i));
@@ -347,10 +380,10 @@ void ckpt_reseal(unsigned char *b, size_t len) {
     uint64_t pl = le64(b + off + 8);
     if (pl > len - off - 24) return; /* a damaged length: nothing to follow */
     if (memcmp(b + off, "END ", 4) == 0) {
-      put64le(b + off + 16, fnv1a_bytes(b, off + 16));
+      put64le(b + off + 16, dp_hash_bytes(b, off + 16));
       return;
     }
-    put64le(b + off + 16 + pl, fnv1a_bytes(b + off + 16, (size_t)pl));
+    put64le(b + off + 16 + pl, dp_hash_bytes(b + off + 16, (size_t)pl));
     off += 24 + (size_t)pl;
   }
 }

@@ -13,10 +13,29 @@
 
 #include "dp.h"
 
-/* dp_config_default with `batch`, `n_devices` and `opt` (dp_config_set_optimizer's
- * hyper-parameters); everything else, seed 0 included, as the default.
- * config_of(b, n, DP_OPT_SGD) is the plain default of that batch and device count. */
+/* A test's config, the fields it sets named: dp_config_default with batch and
+ * n_devices as given, opt's hyper-parameters (dp_config_set_optimizer), mode,
+ * shard_optimizer, micro_batch (0: = chunk) and seed as given, and lr when it
+ * is not 0 (0: dp_config_default's 0.01). A field left out is 0: the default
+ * (classic, SGD, seed 0). The one config helper of the suites:
+ *   dp_config c = CFG(.batch = 32, .n_devices = 2, .opt = DP_OPT_ADAMW, .seed = 7); */
+typedef struct {
+  int batch, n_devices;
+  dp_optimizer opt;
+  dp_mode mode;
+  bool shard;
+  int micro_batch;
+  uint64_t seed;
+  float lr;
+} cfg_args;
+dp_config cfg_make(cfg_args a);
+#define CFG(...) cfg_make((cfg_args){__VA_ARGS__})
+/* CFG(.batch = batch, .n_devices = n_devices, .opt = opt): everything else, seed
+ * 0 included, as the default. */
 dp_config config_of(int batch, int n_devices, dp_optimizer opt);
+
+/* MLP_EVERY_KIND_SPEC */
+#include "specs.h"
 
 /* `spec` parsed, named "test". */
 dp_model *model_of_at(const char *spec, const char *file, int line);
@@ -48,6 +67,14 @@ void rig_close(rig *r);
 #define ctx_of(p) ctx_of_at((p), __FILE__, __LINE__)
 #define rig_open(r, spec, cfg) rig_open_at((r), (spec), (cfg), __FILE__, __LINE__)
 #define rig_try(r, spec, cfg) rig_try_at((r), (spec), (cfg), __FILE__, __LINE__)
+
+/* Steps [from, to) of r's context, step k on a batch that is a function of k
+ * only: config.batch rows of inputs U(-1, 1) and targets, labels or (mse) U(0,
+ * 1). try_steps makes no Check calls (a forked child may run it): DP_OK, or the
+ * first failure's status with its step in *failed_at. run_steps fails the test
+ * there, with the context's message. */
+dp_status try_steps(rig *r, int from, int to, int *failed_at);
+void run_steps(rig *r, int from, int to);
 
 /* dp_get_params of r's context: r->np floats (malloc'd). */
 float *params_of(rig *r);
@@ -127,7 +154,8 @@ void expect_not_a_file_refused(dp_ctx *c, dp_status (*read)(dp_ctx *, const char
 uint32_t le32(const unsigned char *b);
 uint64_t le64(const unsigned char *b);
 
-/* Checkpoint files by hand: fnv1a_bytes, ckpt_reseal, ckpt_as_version. */
+/* Checkpoint files by hand: ckpt_reseal, ckpt_as_version (their checksum,
+ * FNV-1a 64, is dp_hash_bytes). */
 #include "ckpt_bytes.h"
 
 /* 1 when this build has the cuda backend (registered by tests/check_main.c);

@@ -1,8 +1,9 @@
 /* Tests of dp.h's inspection, naming and diagnostic functions (the ones the
  * `dp` tool needs so that it uses dp.h alone): dp_model_layer, the state_dict
  * tensor list, dp_hash_bytes, the enum names, the GEMM tier, dp_bench_sgemm and
- * dp_cuda_device_info; and a check that tools/ includes nothing but dp.h and
- * its own headers. */
+ * dp_cuda_device_info, what a backend reports of itself (dp_backend_caps); and
+ * checks that tools/ includes nothing but dp.h and its own headers and names
+ * no backend. */
 #include "core/backend.h" /* dp__backend_ops / dp__backend_register: the pass-through test */
 
 #include <check.h>
@@ -377,7 +378,53 @@ START_TEST(diagnostics_go_through_the_backend_slots) {
   ck_assert_uint_eq(total, 1000);
   ck_assert_uint_eq(free_mem, 600);
   ck_assert_int_eq(dp_cuda_device_count(), 3);
+  /* the same through the backend-neutral queries, and what it reports of itself */
+  ck_assert_uint_eq(dp_backend_caps(DP_BACKEND_CUDA),
+                    DP_BACKEND_CAP_DEVICES | DP_BACKEND_CAP_GEMM_BENCH);
+  dp_backend found = DP_BACKEND_CPU;
+  ck_assert_int_eq(dp_backend_find_caps(DP_BACKEND_CAP_DEVICES, &found), DP_OK);
+  ck_assert_int_eq(found, DP_BACKEND_CUDA);
+  ck_assert_int_eq(dp_backend_device_count(DP_BACKEND_CUDA), 3);
+  ck_assert_int_eq(
+      dp_backend_device_info(DP_BACKEND_CUDA, 2, name, sizeof name, NULL, NULL), DP_OK);
+  ck_assert_str_eq(name, "fake 2");
   if (real) ck_assert_int_eq(dp__backend_register(real, NULL), DP_OK);
+}
+END_TEST
+
+/* What a backend reports of itself: the cpu backend has virtual devices (none
+ * to count or query) and a GEMM benchmark; an unknown kind reports nothing;
+ * dp_backend_find_caps picks the lowest kind with every cap asked for, or
+ * says what is registered and why a reserved backend is not. */
+START_TEST(backend_caps_describe_the_backends) {
+  ck_assert_uint_eq(dp_backend_caps(DP_BACKEND_CPU), DP_BACKEND_CAP_GEMM_BENCH);
+  ck_assert_uint_eq(dp_backend_caps((dp_backend)99), 0);
+  ck_assert_int_eq(dp_backend_device_count(DP_BACKEND_CPU), 0);
+  ck_assert_msg(strstr(dp_last_error(), "virtual"), "%s", dp_last_error());
+  char name[16] = "unchanged";
+  ck_assert_int_eq(dp_backend_device_info(DP_BACKEND_CPU, 0, name, sizeof name, NULL, NULL),
+                   DP_ERR_UNSUPPORTED);
+  ck_assert_str_eq(name, "");
+  ck_assert_int_eq(dp_backend_device_count((dp_backend)99), 0);
+  ck_assert_msg(strstr(dp_last_error(), "not registered"), "%s", dp_last_error());
+  dp_backend k = DP_BACKEND_CUDA;
+  ck_assert_int_eq(dp_backend_find_caps(DP_BACKEND_CAP_GEMM_BENCH, &k), DP_OK);
+  ck_assert_int_eq(k, DP_BACKEND_CPU);
+  ck_assert_int_eq(dp_backend_find_caps(0, &k), DP_OK);
+  ck_assert_int_eq(k, DP_BACKEND_CPU);
+  dp_status s = dp_backend_find_caps(DP_BACKEND_CAP_DEVICES, &k);
+  if (dp_cuda_available()) {
+    ck_assert_int_eq(s, DP_OK);
+    ck_assert_int_eq(k, DP_BACKEND_CUDA);
+  } else {
+    ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
+    ck_assert_int_eq(k, (dp_backend)-1);
+    ck_assert_msg(strstr(dp_last_error(), "devices of its own (registered: cpu") &&
+                      strstr(dp_last_error(), "the CUDA backend is not registered"),
+                  "%s", dp_last_error());
+  }
+  ck_assert_int_eq(dp_backend_find_caps(1u << 30, &k), DP_ERR_UNSUPPORTED);
+  ck_assert_int_eq(dp_backend_find_caps(DP_BACKEND_CAP_DEVICES, NULL), DP_ERR_INVALID);
 }
 END_TEST
 
@@ -492,10 +539,11 @@ static void check_tool_file(const char *path, char *bad, size_t cap) {
   fclose(f);
 }
 
-START_TEST(tools_include_only_dp_h) {
+/* Runs check on every .c and .h file of tools/; returns how many. */
+static int scan_tools(void (*check)(const char *path, char *bad, size_t cap), char *bad,
+                      size_t cap) {
   DIR *d = opendir("tools");
   ck_assert_msg(d, "cannot open tools/ (tests run from the repository root)");
-  char bad[4096] = "";
   int n_files = 0;
   for (struct dirent *e; (e = readdir(d));) {
     size_t len = strlen(e->d_name);
@@ -504,15 +552,48 @@ START_TEST(tools_include_only_dp_h) {
       continue;
     char path[512];
     snprintf(path, sizeof path, "tools/%s", e->d_name);
-    check_tool_file(path, bad, sizeof bad);
+    check(path, bad, cap);
     n_files++;
   }
   closedir(d);
+  return n_files;
+}
+
+START_TEST(tools_include_only_dp_h) {
+  char bad[4096] = "";
+  int n_files = scan_tools(check_tool_file, bad, sizeof bad);
   ck_assert_int_ge(n_files, 8); /* dp.c, cli.c, cmd_*.c, ...: the folder was read */
   ck_assert_msg(bad[0] == '\0',
                 "tools/ may include only dp.h, dp_mpi.h and its own headers (cli.h, "
                 "data.h, svg.h, agree.h):%s",
                 bad);
+}
+END_TEST
+
+/* tools/ names no backend: it asks the library what a backend has
+ * (dp_backend_caps, dp_backend_find_caps, dp_backend_device_count) instead of
+ * comparing kinds, so it has no DP_BACKEND_CPU, DP_BACKEND_CUDA or dp_cuda_*
+ * but the registration of the backends it links (tools/dp.c). */
+static void check_tool_names(const char *path, char *bad, size_t cap) {
+  static const char *const named[] = {"DP_BACKEND_CPU", "DP_BACKEND_CUDA", "dp_cuda_"};
+  FILE *f = fopen(path, "r");
+  ck_assert_msg(f, "cannot read %s", path);
+  char line[1024];
+  for (int ln = 1; fgets(line, sizeof line, f); ln++)
+    for (size_t i = 0; i < sizeof named / sizeof *named; i++)
+      if (strstr(line, named[i]) && !strstr(line, "dp_cuda_register()")) {
+        size_t at = strlen(bad);
+        snprintf(bad + at, cap - at, "\n  %s:%d: %.*s", path, ln,
+                 (int)strcspn(line, "\r\n"), line);
+        break;
+      }
+  fclose(f);
+}
+
+START_TEST(tools_name_no_backend) {
+  char bad[4096] = "";
+  ck_assert_int_ge(scan_tools(check_tool_names, bad, sizeof bad), 8);
+  ck_assert_msg(bad[0] == '\0', "tools/ names a backend (ask dp_backend_caps):%s", bad);
 }
 END_TEST
 
@@ -615,6 +696,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, bench_sgemm_and_device_info_on_cuda);
   tcase_add_test(tc, diagnostics_go_through_the_backend_slots);
   tcase_add_test(tc, backends_register_by_name);
+  tcase_add_test(tc, backend_caps_describe_the_backends);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 
@@ -625,6 +707,7 @@ Suite *api_suite(void) {
 
   tc = tcase_create("tools");
   tcase_add_test(tc, tools_include_only_dp_h);
+  tcase_add_test(tc, tools_name_no_backend);
   tcase_add_test(tc, include_check_catches_internal_headers);
   suite_add_tcase(s, tc);
   return s;

@@ -62,41 +62,14 @@ typedef struct {
   int shard;
 } layout;
 
-static dp_config cfg_make(dp_optimizer opt, layout l) {
-  dp_config c = config_of(BATCH, l.n_devices, opt);
-  c.micro_batch = MICRO;
-  c.mode = l.mode;
-  c.shard_optimizer = l.shard;
-  c.seed = 7;
-  c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
-  return c;
-}
-
-/* Step k's batch: a function of k only. No Check calls (a forked child
- * uses it: Check's macros write to the runner's channel even when they pass). */
-static dp_status try_steps(rig *r, int from, int to, int *failed_at) {
-  int in = dp_model_input_width(r->m), out = dp_model_output_width(r->m);
-  float *x = malloc(sizeof(float) * BATCH * (size_t)in);
-  int32_t t[BATCH];
-  if (!x) return DP_ERR_NOMEM;
-  dp_status st = DP_OK;
-  for (int k = from; k < to && !st; k++) {
-    uint64_t s = (uint64_t)k * 0x9E3779B97F4A7C15ull + 11;
-    for (int i = 0; i < BATCH * in; i++)
-      x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
-    for (int i = 0; i < BATCH; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)out);
-    st = dp_train_step(r->c, BATCH, in, x, t, NULL);
-    *failed_at = k;
-  }
-  free(x);
-  return st;
-}
-
-static void run_steps(rig *r, int from, int to) {
-  int k = from;
-  dp_status st = try_steps(r, from, to, &k);
-  ck_assert_msg(st == DP_OK, "step %d: %s: %s", k, dp_status_name(st), dp_ctx_error(r->c));
-}
+/* The configs here: BATCH rows in micro-batches of MICRO, seed 7, SGD and
+ * momentum at 0.05, AdamW at 0.003; the optimizer and the layout (n_devices,
+ * mode, shard) are each test's: CK_CFG(DP_OPT_ADAMW, .n_devices = 2). */
+#define LR(o) ((o) == DP_OPT_ADAMW ? 0.003f : 0.05f)
+#define CK_CFG(o, ...)                                                                     \
+  CFG(.batch = BATCH, .micro_batch = MICRO, .seed = 7, .opt = (o), .lr = LR(o), __VA_ARGS__)
+/* A layout as CK_CFG's fields. */
+#define LAYOUT(l) .n_devices = (l).n_devices, .mode = (l).mode, .shard = (l).shard
 
 static void save_ok(rig *r, const char *path) {
   dp_status s = dp_ckpt_save(r->c, path);
@@ -122,8 +95,6 @@ static const char *opt_str(dp_optimizer o) {
 
 /* ---- resume ------------------------------------------------------------------- */
 
-static const layout L1 = {1, DP_MODE_CLASSIC, 0}, L2 = {2, DP_MODE_CLASSIC, 0},
-                    L4 = {4, DP_MODE_CLASSIC, 0};
 static const struct {
   layout save, load;
 } RESUME[] = {
@@ -143,7 +114,8 @@ static const dp_optimizer OPTS[] = {DP_OPT_SGD, DP_OPT_MOMENTUM, DP_OPT_ADAMW};
 START_TEST(test_resume_equals_straight_run) {
   dp_optimizer opt = OPTS[1 + _i % 2]; /* momentum, adamw (sgd has no state) */
   layout ls = RESUME[_i / 2].save, ll = RESUME[_i / 2].load;
-  dp_config cs = cfg_make(opt, ls), cl = cfg_make(opt, ll), c1 = cfg_make(opt, L1);
+  dp_config cs = CK_CFG(opt, LAYOUT(ls)), cl = CK_CFG(opt, LAYOUT(ll)),
+            c1 = CK_CFG(opt, .n_devices = 1);
   rig straight, a, b;
   if (!rig_try(&a, MLP_SPEC, &cs)) {
     printf("skipped: resume %s, mode %d: %s\n", opt_str(opt), (int)ls.mode,
@@ -183,7 +155,8 @@ END_TEST
 /* Loading over a context that has trained (state, step and replicas all set)
  * gives the same as loading into a fresh one. */
 START_TEST(test_load_over_trained_context) {
-  dp_config c4 = cfg_make(DP_OPT_ADAMW, L4), c1 = cfg_make(DP_OPT_ADAMW, L1);
+  dp_config c4 = CK_CFG(DP_OPT_ADAMW, .n_devices = 4),
+            c1 = CK_CFG(DP_OPT_ADAMW, .n_devices = 1);
   rig straight, a, b;
   rig_open(&straight, MLP_SPEC, &c1);
   rig_open(&a, MLP_SPEC, &c1);
@@ -208,7 +181,7 @@ END_TEST
 /* ---- format --------------------------------------------------------------------- */
 
 START_TEST(test_format_is_as_documented) {
-  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config cfg = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   rig r;
   rig_open(&r, MLP_SPEC, &cfg);
   tmpdir t;
@@ -232,7 +205,7 @@ START_TEST(test_format_is_as_documented) {
     uint64_t pl = le64(b + off + 8);
     ck_assert(off + 24 + pl <= len);
     const unsigned char *pay = b + off + 16;
-    if (i < 5) ck_assert_uint_eq(le64(pay + pl), fnv1a_bytes(pay, pl));
+    if (i < 5) ck_assert_uint_eq(le64(pay + pl), dp_hash_bytes(pay, pl));
     switch (i) {
     case 0: {
       char text[1024];
@@ -271,7 +244,7 @@ START_TEST(test_format_is_as_documented) {
       break;
     case 5:
       ck_assert_uint_eq(pl, 0);
-      ck_assert_uint_eq(le64(pay), fnv1a_bytes(b, off + 16));
+      ck_assert_uint_eq(le64(pay), dp_hash_bytes(b, off + 16));
       ck_assert_uint_eq(off + 24, len);
       break;
     }
@@ -300,7 +273,7 @@ END_TEST
  * AdamW refuses one whose product with the loading context's weight_decay is above
  * 1; a version 1 file (no rate) still loads and leaves the context's own rate. */
 START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
-  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config cfg = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   rig a, b;
   rig_open(&a, MLP_SPEC, &cfg);
   rig_open(&b, MLP_SPEC, &cfg);
@@ -343,9 +316,9 @@ START_TEST(test_rate_in_effect_round_trips_and_version_1_still_loads) {
   v1[8] = 1; /* version */
   for (int i = 0; i < 8; i++)
     v1[step_sec + 8 + i] = (unsigned char)((uint64_t)8 >> (8 * i)); /* L */
-  uint64_t hs = fnv1a_bytes(v1 + step_sec + 16, 8);
+  uint64_t hs = dp_hash_bytes(v1 + step_sec + 16, 8);
   for (int i = 0; i < 8; i++) v1[step_sec + 24 + i] = (unsigned char)(hs >> (8 * i));
-  uint64_t he = fnv1a_bytes(v1, n1 - 8);
+  uint64_t he = dp_hash_bytes(v1, n1 - 8);
   for (int i = 0; i < 8; i++) v1[n1 - 8 + i] = (unsigned char)(he >> (8 * i));
   char p1[512];
   snprintf(p1, sizeof p1, "%s.v1", t.path);
@@ -377,7 +350,7 @@ START_TEST(test_file_bytes_independent_of_devices_and_mode) {
   unsigned char *ref = NULL;
   size_t ref_len = 0;
   for (size_t i = 0; i < sizeof ls / sizeof ls[0]; i++) {
-    dp_config cfg = cfg_make(opt, ls[i]);
+    dp_config cfg = CK_CFG(opt, LAYOUT(ls[i]));
     rig r;
     if (!rig_try(&r, MLP_SPEC, &cfg)) continue; /* a mode this build lacks */
     run_steps(&r, 0, 5);
@@ -403,7 +376,8 @@ END_TEST
 /* ---- inference ------------------------------------------------------------------ */
 
 START_TEST(test_inference_context_takes_parameters_only) {
-  dp_config ct = cfg_make(DP_OPT_ADAMW, L1), ci = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config ct = CK_CFG(DP_OPT_ADAMW, .n_devices = 1),
+            ci = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   ci.inference = 1;
   dp_config_set_optimizer(&ci, DP_OPT_SGD); /* ignored by an inference context */
   ci.seed = 99;                             /* likewise */
@@ -466,7 +440,7 @@ typedef struct {
 } damage_rig;
 
 static void damage_open(damage_rig *d, dp_optimizer opt) {
-  dp_config c1 = cfg_make(opt, L1), c2 = cfg_make(opt, L2);
+  dp_config c1 = CK_CFG(opt, .n_devices = 1), c2 = CK_CFG(opt, .n_devices = 2);
   rig_open(&d->src, MLP_SPEC, &c1);
   rig_open(&d->target, MLP_SPEC, &c2);
   rig_open(&d->twin, MLP_SPEC, &c2);
@@ -601,10 +575,10 @@ START_TEST(test_nonfinite_values_are_refused) {
     uint64_t pl = le64(b + secs[which] + 8);
     const uint32_t nan_bits = 0x7fc00000u;
     for (int i = 0; i < 4; i++) pay[4 * 7 + i] = (unsigned char)(nan_bits >> (8 * i));
-    uint64_t h = fnv1a_bytes(pay, pl);
+    uint64_t h = dp_hash_bytes(pay, pl);
     for (int i = 0; i < 8; i++) pay[pl + i] = (unsigned char)(h >> (8 * i));
     size_t end = d.len - 24;
-    h = fnv1a_bytes(b, end + 16);
+    h = dp_hash_bytes(b, end + 16);
     for (int i = 0; i < 8; i++) b[end + 16 + i] = (unsigned char)(h >> (8 * i));
     damage_expect_refused(&d, b, d.len, "NaN", (size_t)which);
     ck_assert_msg(strstr(dp_ctx_error(d.target.c), "not finite"), "%s",
@@ -667,7 +641,7 @@ START_TEST(test_negative_second_moment_is_refused) {
   ckpt_reseal(b, d.len);
   file_write(d.bad, b, d.len);
   rig fresh;
-  dp_config c2 = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config c2 = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   rig_open(&fresh, MLP_SPEC, &c2);
   load_ok(&fresh, d.bad);
   run_steps(&fresh, 3, 4);
@@ -701,7 +675,7 @@ START_TEST(test_step_out_of_range_is_refused) {
     }
     file_write(d.bad, b, d.len);
     rig fresh;
-    dp_config c2 = cfg_make(DP_OPT_MOMENTUM, L2);
+    dp_config c2 = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 2);
     rig_open(&fresh, MLP_SPEC, &c2);
     load_ok(&fresh, d.bad);
     ck_assert_uint_eq(dp_ctx_step(fresh.c), steps[i]);
@@ -719,7 +693,7 @@ END_TEST
  * dp_ckpt_read_app gives its data (none before version 3). Versions 0 and 4,
  * and a section count not the version's, are refused by all three. */
 START_TEST(test_every_reader_takes_every_version) {
-  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config cfg = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   rig a, b;
   rig_open(&a, MLP_SPEC, &cfg);
   rig_open(&b, MLP_SPEC, &cfg);
@@ -853,7 +827,8 @@ static void ck_attack_one(ck_attack *a, const unsigned char *b, size_t where, bo
 START_TEST(test_resealed_mutations_are_refused_or_exact) {
   ck_attack a;
   memset(&a, 0, sizeof a);
-  dp_config c1 = cfg_make(DP_OPT_ADAMW, L1), c2 = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config c1 = CK_CFG(DP_OPT_ADAMW, .n_devices = 1),
+            c2 = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   rig_open(&a.src, ATTACK_SPEC, &c1);
   rig_open(&a.dst, ATTACK_SPEC, &c2);
   tmp_make(&a.t, "dp_ckpt", "attack.ckpt");
@@ -909,7 +884,7 @@ static double now_s(void) {
  * after a random time of 0 to 3 save durations (measured here: fsync makes it
  * depend on the file system), so kills land before, during and after saves. */
 START_TEST(test_killed_save_leaves_loadable_checkpoint) {
-  dp_config cfg = cfg_make(DP_OPT_ADAMW, L1);
+  dp_config cfg = CK_CFG(DP_OPT_ADAMW, .n_devices = 1);
   rig a, b;
   rig_open(&a, BIG_SPEC, &cfg);
   rig_open(&b, BIG_SPEC, &cfg);
@@ -987,7 +962,7 @@ static void expect_invalid(rig *r, const char *path, const char *want1, const ch
 }
 
 START_TEST(test_model_mismatch_is_refused) {
-  dp_config cfg = cfg_make(DP_OPT_MOMENTUM, L1);
+  dp_config cfg = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 1);
   rig r16, r17;
   rig_open(&r16, MLP_SPEC, &cfg);
   rig_open(&r17, MLP17_SPEC, &cfg);
@@ -1000,7 +975,7 @@ START_TEST(test_model_mismatch_is_refused) {
   save_ok(&r16, t.path); /* smaller */
   expect_invalid(&r17, t.path, "linear 16", "linear 17");
   /* Far larger than any checkpoint of r16's model: only a prefix is read. */
-  dp_config ca = cfg_make(DP_OPT_ADAMW, L1);
+  dp_config ca = CK_CFG(DP_OPT_ADAMW, .n_devices = 1);
   rig big;
   rig_open(&big, BIG_SPEC, &ca);
   save_ok(&big, t.path);
@@ -1013,8 +988,10 @@ START_TEST(test_model_mismatch_is_refused) {
 END_TEST
 
 START_TEST(test_optimizer_and_seed_mismatch_is_refused) {
-  dp_config cm = cfg_make(DP_OPT_MOMENTUM, L1), ca = cfg_make(DP_OPT_ADAMW, L2),
-            cs = cfg_make(DP_OPT_SGD, L1), cseed = cfg_make(DP_OPT_MOMENTUM, L2);
+  dp_config cm = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 1),
+            ca = CK_CFG(DP_OPT_ADAMW, .n_devices = 2),
+            cs = CK_CFG(DP_OPT_SGD, .n_devices = 1),
+            cseed = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 2);
   cseed.seed = 8;
   rig m, a, sgd, seed;
   rig_open(&m, MLP_SPEC, &cm);
@@ -1040,7 +1017,7 @@ START_TEST(test_optimizer_and_seed_mismatch_is_refused) {
 END_TEST
 
 START_TEST(test_io_errors) {
-  dp_config cfg = cfg_make(DP_OPT_ADAMW, L2);
+  dp_config cfg = CK_CFG(DP_OPT_ADAMW, .n_devices = 2);
   rig r;
   rig_open(&r, MLP_SPEC, &cfg);
   tmpdir t;
@@ -1094,7 +1071,7 @@ END_TEST
  * the docs promise DP_ERR_IO for anything but a regular file. The alarm turns
  * a regression into a failure instead of a hang. */
 START_TEST(test_fifo_without_writer_is_refused_at_once) {
-  dp_config cfg = cfg_make(DP_OPT_MOMENTUM, L1);
+  dp_config cfg = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 1);
   rig r;
   rig_open(&r, MLP_SPEC, &cfg);
   tmpdir t;
@@ -1119,8 +1096,8 @@ END_TEST
 START_TEST(test_poisoned_context_refuses_save_and_load_heals_it) {
   tmpdir t;
   tmp_make(&t, "dp_ckpt", "model.ckpt");
-  layout l = {2, DP_MODE_ALLREDUCE, 1};
-  dp_config cfg = cfg_make(DP_OPT_ADAMW, l);
+  dp_config cfg =
+      CK_CFG(DP_OPT_ADAMW, .n_devices = 2, .mode = DP_MODE_ALLREDUCE, .shard = 1);
   rig a, ref;
   rig_open(&a, MLP_SPEC, &cfg);
   rig_open(&ref, MLP_SPEC, &cfg);

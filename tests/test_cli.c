@@ -6,6 +6,7 @@
 #include "capture.h"
 #include "cli.h"
 #include "ckpt_bytes.h"
+#include "core/backend.h" /* dp__backend_register: a backend the tool has never heard of */
 #include "data.h"
 
 #include <check.h>
@@ -1839,6 +1840,64 @@ START_TEST(plan_ranks_svg_and_help) {
 }
 END_TEST
 
+/* The tool acts on what a backend reports (dp_backend_caps), never on its
+ * kind: a backend with devices of its own (the cpu's vtable with a device
+ * count that finds none) has its device ids printed and a "gpu" row in the
+ * plan's table, is refused in one line with its own reason before anything is
+ * allocated, and gets no warning for more devices than CPUs; the same vtable
+ * without the count (and the cpu backend) is taken as virtual devices. */
+static int none_visible(void) {
+  DP_FAIL(DP_ERR_BACKEND, "no usable gizmo: the test's backend sees none");
+  return 0;
+}
+
+START_TEST(tool_asks_the_backend_not_its_name) {
+  static dp_backend_ops with, without;
+  with = *dp__backend_ops(DP_BACKEND_CPU);
+  with.name = "gizmo";
+  with.device_count = none_visible;
+  with.bench_sgemm = NULL; /* not a candidate for the GPU benchmarks */
+  without = with;
+  without.name = "gizmo_virtual";
+  without.device_count = NULL;
+  dp_backend kw, kv;
+  ck_assert_int_eq(dp__backend_register(&with, &kw), DP_OK);
+  ck_assert_int_eq(dp__backend_register(&without, &kv), DP_OK);
+  ck_assert_uint_eq(dp_backend_caps(kw), DP_BACKEND_CAP_DEVICES);
+  ck_assert_uint_eq(dp_backend_caps(kv), 0);
+
+  char line[1024], err[DPT_MSG_CAP] = "";
+  CONFIG_LINE(line, "--batch", "8", "--backend", "gizmo", "--devices", "2");
+  ck_assert_msg(strstr(line, "on 2 devices [ids 0,1] ("), "%s", line);
+  ck_assert_msg(strstr(line, ", gizmo backend, seed 0"), "%s", line);
+  dp_config c;
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--backend", "gizmo"), DPT_ARGS_OK);
+  ck_assert_int_eq(dpt_require_backend(&c, err, sizeof err), -1);
+  ck_assert_str_eq(err, "--backend gizmo: no usable gizmo: the test's backend sees none");
+  ck_assert_int_eq(dpt_warn_oversubscribed(stderr, "dp train", 64, kw, 2), 0);
+
+  CONFIG_LINE(line, "--batch", "8", "--backend", "gizmo_virtual", "--devices", "2");
+  ck_assert_msg(strstr(line, "on 2 devices (chunk split"), "%s", line);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "8", "--backend", "gizmo_virtual"),
+                   DPT_ARGS_OK);
+  ck_assert_int_eq(dpt_require_backend(&c, err, sizeof err), 0);
+
+  char model[64];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "8", "--backend", "gizmo",
+                     "--devices", "0,0");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\ngpu "), "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "8", "--backend", "gizmo_virtual",
+          "--devices", "2");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(!strstr(r.out, "\ngpu "), "%s", r.out);
+  cmd_result_free(&r);
+  unlink(model);
+}
+END_TEST
+
 /* `dp train --backend cuda`: without a GPU one line on stderr and exit 1 (no
  * crash, nothing allocated); with one, it trains. */
 START_TEST(train_cuda_without_gpu_fails_in_one_line) {
@@ -3461,6 +3520,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, plan_ranks_refused);
   tcase_add_test(tc, plan_ranks_svg_and_help);
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
+  tcase_add_test(tc, tool_asks_the_backend_not_its_name);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);
   tcase_add_test(tc, bench_gemm_rows_and_tiers);
   tcase_set_timeout(tc, 60);

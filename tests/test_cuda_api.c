@@ -11,7 +11,7 @@
  * forked children. Replicas all sit on GPU 0 (device_ids 0,0,...): the lent
  * machine has one GPU. */
 #include "dp.h"
-
+#include "specs.h"
 
 #include <check.h>
 #include <math.h>
@@ -30,14 +30,7 @@ static int gpu_or_skip(const char *test) {
 #define REQUIRE_GPU(test)                                                                  \
   if (!gpu_or_skip(test)) return
 
-/* Every layer kind, both losses. */
-static const char SPEC_CE[] = "input 12\n"
-                              "linear 16\nlayernorm\ngelu\ndropout 0.2\n"
-                              "linear 16\ntanh\n"
-                              "linear 16\nsigmoid\n"
-                              "linear 16\nrelu\n"
-                              "linear 5 nobias\n"
-                              "loss softmax_cross_entropy\n";
+/* Every layer kind, both losses: MLP_EVERY_KIND_SPEC (tests/specs.h) and SPEC_MSE. */
 static const char SPEC_MSE[] = "input 9\n"
                                "linear 20\nrelu\ndropout 0.1\n"
                                "linear 12 nobias\nlayernorm\ntanh\n"
@@ -204,7 +197,7 @@ static uint32_t bits_of(float f) {
  * both backends. */
 START_TEST(initial_parameters_are_the_cpu_ones) {
   REQUIRE_GPU("initial_parameters_are_the_cpu_ones");
-  const char *specs[2] = {SPEC_CE, SPEC_MSE};
+  const char *specs[2] = {MLP_EVERY_KIND_SPEC, SPEC_MSE};
   for (int i = 0; i < 2; i++) {
     dp_config g = config(DP_BACKEND_CUDA, 8, 2, DP_MODE_CLASSIC, DP_OPT_ADAMW);
     dp_config c = as_cpu(g);
@@ -236,16 +229,17 @@ START_TEST(training_matches_cpu) {
     int n, batch, micro, shard;
     float wd;
   } cases[] = {
-      {"ce adamw classic 2", SPEC_CE, DP_OPT_ADAMW, DP_MODE_CLASSIC, 2, 24, 0, 0, -1},
+      {"ce adamw classic 2", MLP_EVERY_KIND_SPEC, DP_OPT_ADAMW, DP_MODE_CLASSIC, 2, 24, 0,
+       0, -1},
       {"mse sgd+wd allreduce 3 micro 4", SPEC_MSE, DP_OPT_SGD, DP_MODE_ALLREDUCE, 3, 25, 4,
        0, 0.01f},
-      {"ce momentum allreduce sharded 4 micro 4", SPEC_CE, DP_OPT_MOMENTUM,
+      {"ce momentum allreduce sharded 4 micro 4", MLP_EVERY_KIND_SPEC, DP_OPT_MOMENTUM,
        DP_MODE_ALLREDUCE, 4, 32, 4, 1, -1},
       {"mse adamw classic 1", SPEC_MSE, DP_OPT_ADAMW, DP_MODE_CLASSIC, 1, 17, 0, 0, -1},
       {"mse momentum classic 4", SPEC_MSE, DP_OPT_MOMENTUM, DP_MODE_CLASSIC, 4, 30, 0, 0,
        -1},
-      {"ce sgd allreduce 2 micro 3", SPEC_CE, DP_OPT_SGD, DP_MODE_ALLREDUCE, 2, 18, 3, 0,
-       -1},
+      {"ce sgd allreduce 2 micro 3", MLP_EVERY_KIND_SPEC, DP_OPT_SGD, DP_MODE_ALLREDUCE, 2,
+       18, 3, 0, -1},
   };
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     dp_config g =
@@ -287,8 +281,8 @@ START_TEST(run_to_run_bit_identical) {
     dp_config g = config(DP_BACKEND_CUDA, 32, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
     g.cuda_graph = graph;
     run a, b;
-    run_open(&a, SPEC_CE, &g, "first");
-    run_open(&b, SPEC_CE, &g, "second");
+    run_open(&a, MLP_EVERY_KIND_SPEC, &g, "first");
+    run_open(&b, MLP_EVERY_KIND_SPEC, &g, "second");
     for (int s = 0; s < 10; s++) {
       float la = step(&a, 32, (uint64_t)s, "first"),
             lb = step(&b, 32, (uint64_t)s, "second");
@@ -325,7 +319,7 @@ START_TEST(same_bits_for_1_2_4_replicas_and_every_mode) {
       g.micro_batch = MB;
       g.shard_optimizer = modes[mi].shard;
       run r;
-      run_open(&r, SPEC_CE, &g, modes[mi].name);
+      run_open(&r, MLP_EVERY_KIND_SPEC, &g, modes[mi].name);
       for (int s = 0; s < STEPS; s++) /* every fifth step short */
         step(&r, s % 5 == 4 ? B - 3 * MB - 5 : B, (uint64_t)s, modes[mi].name);
       uint64_t h = dp_params_hash(r.c);
@@ -354,9 +348,9 @@ START_TEST(graph_replay_equals_plain_execution) {
   for (int k = 0; k < 2; k++) {
     dp_config g = config(DP_BACKEND_CUDA, B, cases[k].n, cases[k].mode, cases[k].opt);
     run plain, graph;
-    run_open(&plain, SPEC_CE, &g, "plain");
+    run_open(&plain, MLP_EVERY_KIND_SPEC, &g, "plain");
     g.cuda_graph = 1;
-    run_open(&graph, SPEC_CE, &g, "graph");
+    run_open(&graph, MLP_EVERY_KIND_SPEC, &g, "graph");
     for (int s = 0; s < 20; s++) {
       if (s == 10) { /* new parameters on both: scaled by 0.75 */
         float *w = params_of(&plain);
@@ -397,7 +391,7 @@ START_TEST(forward_matches_cpu) {
     int inference, n;
     dp_split split;
   } cases[] = {
-      {"ce training context, 4 replicas", SPEC_CE, 0, 4, DP_SPLIT_CHUNK},
+      {"ce training context, 4 replicas", MLP_EVERY_KIND_SPEC, 0, 4, DP_SPLIT_CHUNK},
       {"mse inference plan, 3 replicas balanced", SPEC_MSE, 1, 3, DP_SPLIT_BALANCED}};
   enum { B = 29 };
   static const int rows_list[] = {B, B - 1, 8, 1};
@@ -449,8 +443,8 @@ START_TEST(nonfinite_input_is_refused_and_changes_nothing) {
     dp_config g = config(DP_BACKEND_CUDA, B, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
     g.cuda_graph = graph;
     run r, twin;
-    run_open(&r, SPEC_CE, &g, "refusing");
-    run_open(&twin, SPEC_CE, &g, "twin");
+    run_open(&r, MLP_EVERY_KIND_SPEC, &g, "refusing");
+    run_open(&twin, MLP_EVERY_KIND_SPEC, &g, "twin");
     for (int s = 0; s < 3; s++) { /* a graph is captured by now */
       step(&r, B, (uint64_t)s, "refusing");
       step(&twin, B, (uint64_t)s, "twin");

@@ -9,10 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Every layer kind, dropout included (its masks are keyed by global row). */
-static const char *SPEC = "input 12\nlinear 16\nlayernorm\ngelu\ndropout 0.2\nlinear 16\n"
-                          "tanh\nlinear 16\nsigmoid\nlinear 16\nrelu\nlinear 5 nobias\n"
-                          "loss softmax_cross_entropy\n";
 /* The image layers on a 1 x 3 x 4 input (the same 12 floats per row):
  * conv2d with padding, an overlapping maxpool, dropout on an image, conv2d,
  * avgpool, flatten, linear. */
@@ -20,7 +16,9 @@ static const char *CNN_SPEC =
     "input 1 3 4\nconv2d 4 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
     "dropout 0.2\nconv2d 3 2\ntanh\navgpool2d 1\nflatten\nlinear 5\n"
     "loss softmax_cross_entropy\n";
-static const char *spec_in_use; /* SPEC unless a test sets it */
+/* MLP_EVERY_KIND_SPEC (tests/specs.h, every layer kind, dropout included: its
+ * masks are keyed by global row) unless a test sets it */
+static const char *spec_in_use;
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
 typedef struct {
@@ -57,7 +55,7 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
   c.seed = 7;
   rig r;
-  rig_open(&r, spec_in_use ? spec_in_use : SPEC, &c);
+  rig_open(&r, spec_in_use ? spec_in_use : MLP_EVERY_KIND_SPEC, &c);
   dp_ctx *x = r.c;
   batch b;
   for (int s = 0; s < steps; s++) {

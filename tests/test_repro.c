@@ -120,10 +120,6 @@ static int count_of(const char *hay, const char *needle) {
   return n;
 }
 
-static uint64_t fnv1a(const float *v, size_t n) { /* the floats' bytes */
-  return fnv1a_bytes((const unsigned char *)v, n * sizeof *v);
-}
-
 /* Trains `steps` steps as dp repro feeds a configuration (all rows,
  * standardised; step s takes positions s*B.. of the endless sequence of epoch
  * orders), independently of tools/cmd_repro.c. params: (steps, n_params)
@@ -279,7 +275,7 @@ static expected_divergence find_divergence(const char *spec, const char *csv) {
   }
   size_t off = 0;
   for (int i = 0; i < MLP_N_TENSORS; off += MLP_SIZES[i], i++)
-    e.first_hash[i] = fnv1a(w[0] + off, MLP_SIZES[i]);
+    e.first_hash[i] = dp_hash_bytes(w[0] + off, MLP_SIZES[i] * sizeof(float));
   free(w[0]);
   free(w[1]);
   return e;

@@ -68,39 +68,12 @@ static const char SMALL_SPEC[] =
 #define SMALL_NP 32
 
 #define BATCH 16
+/* The configs here: AdamW at 0.003 on 16 rows in fixed micro-batches of 4 (the
+ * same bits for every device count). */
+#define ST_CFG(...)                                                                        \
+  CFG(.batch = BATCH, .opt = DP_OPT_ADAMW, .micro_batch = 4, .lr = 0.003f, __VA_ARGS__)
 
 /* ---- helpers ------------------------------------------------------------------ */
-
-static dp_config cfg_make(int n_devices, dp_mode mode, uint64_t seed) {
-  dp_config c = config_of(BATCH, n_devices, DP_OPT_ADAMW);
-  c.micro_batch = 4; /* fixed micro-batches: the same bits for every device count */
-  c.mode = mode;
-  c.seed = seed;
-  c.lr = 0.003f;
-  return c;
-}
-
-/* Step k's batch: a function of k only. */
-static void run_steps(rig *r, int from, int to) {
-  int in = dp_model_input_width(r->m), out = dp_model_output_width(r->m);
-  float *x = malloc(sizeof(float) * BATCH * (size_t)in);
-  float *ty = malloc(sizeof(float) * BATCH * (size_t)out);
-  int32_t t[BATCH];
-  ck_assert(x && ty);
-  bool ce = dp_model_loss(r->m) == DP_LOSS_SOFTMAX_CE;
-  for (int k = from; k < to; k++) {
-    uint64_t s = (uint64_t)k * 0x9E3779B97F4A7C15ull + 11;
-    for (int i = 0; i < BATCH * in; i++)
-      x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
-    for (int i = 0; i < BATCH; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)out);
-    for (int i = 0; i < BATCH * out; i++) ty[i] = (float)(rng_next(&s) >> 40) * 0x1p-24f;
-    dp_status st = dp_train_step(r->c, BATCH, in, x, ce ? (const void *)t : ty, NULL);
-    ck_assert_msg(st == DP_OK, "step %d: %s: %s", k, dp_status_name(st),
-                  dp_ctx_error(r->c));
-  }
-  free(x);
-  free(ty);
-}
 
 static void export_ok(rig *r, const char *path) {
   dp_status s = dp_ckpt_export_safetensors(r->c, path);
@@ -128,7 +101,7 @@ static void put_f32(unsigned char *b, float f) {
  * context; refusal_close frees them. */
 static void refusal_open(rig *r, tmpdir *t, ctx_snap *sn, dp_mode mode, uint64_t seed,
                          int steps) {
-  dp_config cfg = cfg_make(2, mode, seed);
+  dp_config cfg = ST_CFG(.n_devices = 2, .mode = mode, .seed = seed);
   rig_open(r, SMALL_SPEC, &cfg);
   tmp_make(t, "dp_st", "model.safetensors");
   run_steps(r, 0, steps);
@@ -166,8 +139,8 @@ START_TEST(test_export_import_is_bit_identical) {
     dp_mode mode;
     int inference;
   } TO[] = {{1, DP_MODE_CLASSIC, 0}, {3, DP_MODE_ALLREDUCE, 0}, {1, DP_MODE_CLASSIC, 1}};
-  dp_config ca = cfg_make(2, DP_MODE_CLASSIC, 5),
-            cb = cfg_make(TO[_i].n_dev, TO[_i].mode, 6);
+  dp_config ca = ST_CFG(.n_devices = 2, .mode = DP_MODE_CLASSIC, .seed = 5),
+            cb = ST_CFG(.n_devices = TO[_i].n_dev, .mode = TO[_i].mode, .seed = 6);
   cb.inference = TO[_i].inference;
   rig a, b;
   rig_open(&a, MIX_SPEC, &ca);
@@ -199,7 +172,8 @@ END_TEST
  * step counter and optimizer state stay, so training on from there gives the
  * bits of a twin given the same parameters by dp_set_params. */
 START_TEST(test_import_is_set_params) {
-  dp_config c = cfg_make(2, DP_MODE_ALLREDUCE, 5), co = cfg_make(1, DP_MODE_CLASSIC, 9);
+  dp_config c = ST_CFG(.n_devices = 2, .mode = DP_MODE_ALLREDUCE, .seed = 5),
+            co = ST_CFG(.n_devices = 1, .mode = DP_MODE_CLASSIC, .seed = 9);
   rig a, b, other;
   rig_open(&a, MIX_SPEC, &c);
   rig_open(&b, MIX_SPEC, &c);
@@ -228,7 +202,8 @@ END_TEST
 
 /* The file is the same bytes whatever the device count or mode. */
 START_TEST(test_file_independent_of_devices_and_mode) {
-  dp_config c1 = cfg_make(1, DP_MODE_CLASSIC, 5), c4 = cfg_make(4, DP_MODE_ALLREDUCE, 5);
+  dp_config c1 = ST_CFG(.n_devices = 1, .mode = DP_MODE_CLASSIC, .seed = 5),
+            c4 = ST_CFG(.n_devices = 4, .mode = DP_MODE_ALLREDUCE, .seed = 5);
   c4.shard_optimizer = 1;
   rig a, b;
   rig_open(&a, MIX_SPEC, &c1);
@@ -278,7 +253,7 @@ static void json_escape(const char *s, char *out, size_t cap) {
 
 /* The file's bytes, read back by hand, for a model with every kind of layer. */
 START_TEST(test_file_layout) {
-  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 5);
+  dp_config cfg = ST_CFG(.n_devices = 2, .mode = DP_MODE_CLASSIC, .seed = 5);
   rig r;
   rig_open(&r, MIX_SPEC, &cfg);
   tmpdir t;
@@ -453,7 +428,7 @@ static size_t sorted_pos(size_t e) {
 }
 
 START_TEST(test_hand_built_file_is_taken) {
-  dp_config cfg = cfg_make(2, DP_MODE_CLASSIC, 3);
+  dp_config cfg = ST_CFG(.n_devices = 2, .mode = DP_MODE_CLASSIC, .seed = 3);
   rig r;
   rig_open(&r, SMALL_SPEC, &cfg);
   ck_assert_uint_eq(r.np, SMALL_NP);
@@ -840,7 +815,7 @@ END_TEST
 
 /* Another model's export: the first tensor whose shape differs is named. */
 START_TEST(test_other_models_file_is_refused) {
-  dp_config cfg = cfg_make(1, DP_MODE_CLASSIC, 5);
+  dp_config cfg = ST_CFG(.n_devices = 1, .mode = DP_MODE_CLASSIC, .seed = 5);
   rig a, b, small;
   rig_open(&a, MIX_SPEC, &cfg);
   rig_open(&b, MIX17_SPEC, &cfg);
@@ -965,7 +940,7 @@ static size_t begin_of(const st_file *f, const char *name) {
  * the element, with the context unchanged (every arena byte, the parameters'
  * hash); the file as exported is taken with exactly its values. */
 START_TEST(test_running_stats_are_checked) {
-  dp_config cfg = cfg_make(2, DP_MODE_ALLREDUCE, 3);
+  dp_config cfg = ST_CFG(.n_devices = 2, .mode = DP_MODE_ALLREDUCE, .seed = 3);
   rig src, dst;
   rig_open(&src, BN_SPEC, &cfg);
   cfg.seed = 4;
@@ -1158,7 +1133,7 @@ static void attack_structure(attack_rig *a) {
 
 START_TEST(test_mutated_files_are_refused_or_exact) {
   attack_rig a = {0};
-  dp_config cfg = cfg_make(2, DP_MODE_ALLREDUCE, 3);
+  dp_config cfg = ST_CFG(.n_devices = 2, .mode = DP_MODE_ALLREDUCE, .seed = 3);
   rig_open(&a.src, BN_SPEC, &cfg);
   cfg.seed = 4;
   rig_open(&a.dst, BN_SPEC, &cfg);

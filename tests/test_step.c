@@ -32,26 +32,12 @@
 
 static const char SEED_SPEC[] = "# the seed: Linear(5, 2) on [30, 5]\n"
                                 "input 5\nlinear 2\nloss mse\n";
-static const char MLP_SPEC[] = "# every layer kind\n"
-                               "input 12\n"
-                               "linear 16\nlayernorm\ngelu\ndropout 0.2\n"
-                               "linear 16\ntanh\n"
-                               "linear 16\nsigmoid\n"
-                               "linear 16\nrelu\n"
-                               "linear 5 nobias\n"
-                               "loss softmax_cross_entropy\n";
 
-/* ---- helpers ---------------------------------------------------------------- */
+/* ---- helpers ---------------------------------------------------------------- *
+ * Every config here has seed 7, the seed the tests were written with. */
 
 static float rng_unif(uint64_t *s, float lo, float hi) {
   return lo + (hi - lo) * (float)(rng_next(s) >> 40) * 0x1p-24f;
-}
-
-/* config_of with seed 7, the seed every test here was written with. */
-static dp_config cfg_make(int batch, int n_devices, dp_optimizer opt) {
-  dp_config c = config_of(batch, n_devices, opt);
-  c.seed = 7;
-  return c;
 }
 
 /* A batch for a model: inputs U(-1, 1); targets U(-1, 1) (mse) or labels. */
@@ -162,10 +148,11 @@ typedef struct {
 
 static const equiv_case EQUIV[] = {
     {"seed", SEED_SPEC, 30, DP_SPLIT_CHUNK, 0},
-    {"mlp", MLP_SPEC, 32, DP_SPLIT_CHUNK, 0},
-    {"mlp balanced", MLP_SPEC, 32, DP_SPLIT_BALANCED, 0},
-    {"mlp micro_batch 4", MLP_SPEC, 32, DP_SPLIT_CHUNK, 4},
-    {"mlp balanced, odd batch, micro_batch 3", MLP_SPEC, 31, DP_SPLIT_BALANCED, 3},
+    {"mlp", MLP_EVERY_KIND_SPEC, 32, DP_SPLIT_CHUNK, 0},
+    {"mlp balanced", MLP_EVERY_KIND_SPEC, 32, DP_SPLIT_BALANCED, 0},
+    {"mlp micro_batch 4", MLP_EVERY_KIND_SPEC, 32, DP_SPLIT_CHUNK, 4},
+    {"mlp balanced, odd batch, micro_batch 3", MLP_EVERY_KIND_SPEC, 31, DP_SPLIT_BALANCED,
+     3},
 };
 #define N_EQUIV ((int)(sizeof EQUIV / sizeof *EQUIV))
 
@@ -176,7 +163,7 @@ typedef struct {
 /* Forward, one SGD step, grads and params after, for one device count. */
 static void run_equiv(const equiv_case *ec, int n_dev, const float *params, const batch *b,
                       step_result *res) {
-  dp_config cfg = cfg_make(ec->batch, n_dev, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = ec->batch, .n_devices = n_dev, .opt = DP_OPT_SGD, .seed = 7);
   cfg.split = ec->split;
   cfg.micro_batch = ec->micro_batch;
   rig r;
@@ -250,7 +237,7 @@ END_TEST
 /* With a fixed micro-batch size the gradient tree does not depend on N: for N a
  * power of two dividing the micro-batch count the bits are the same. */
 START_TEST(test_micro_batches_give_same_bits_for_1_2_4_devices) {
-  const equiv_case ec = {"mlp micro_batch 4", MLP_SPEC, 32, DP_SPLIT_CHUNK, 4};
+  const equiv_case ec = {"mlp micro_batch 4", MLP_EVERY_KIND_SPEC, 32, DP_SPLIT_CHUNK, 4};
   dp_model *m = model_of(ec.spec);
   size_t np = dp_model_n_params(m);
   float *params = params_random(np, 12);
@@ -282,9 +269,9 @@ END_TEST
  * agreement across N is checked above; here, the mask must change from one
  * step to the next. */
 START_TEST(test_dropout_mask_changes_with_the_step) {
-  dp_config cfg = cfg_make(32, 2, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = 32, .n_devices = 2, .opt = DP_OPT_SGD, .seed = 7);
   rig r;
-  rig_open(&r, MLP_SPEC, &cfg);
+  rig_open(&r, MLP_EVERY_KIND_SPEC, &cfg);
   size_t np = r.np;
   float *params = params_random(np, 13), *g1 = fbuf(np), *g2 = fbuf(np);
   batch b;
@@ -309,7 +296,7 @@ END_TEST
 /* ---- run to run ----------------------------------------------------------- */
 
 static void run_20_steps(int n_dev, const char *spec, int micro_batch, float *out) {
-  dp_config cfg = cfg_make(32, n_dev, DP_OPT_ADAMW);
+  dp_config cfg = CFG(.batch = 32, .n_devices = n_dev, .opt = DP_OPT_ADAMW, .seed = 7);
   cfg.micro_batch = micro_batch;
   rig r;
   rig_open(&r, spec, &cfg);
@@ -327,7 +314,7 @@ static void run_20_steps(int n_dev, const char *spec, int micro_batch, float *ou
 
 START_TEST(test_same_run_twice_is_bit_identical) {
   int n_dev = _i + 1;
-  const char *specs[] = {SEED_SPEC, MLP_SPEC};
+  const char *specs[] = {SEED_SPEC, MLP_EVERY_KIND_SPEC};
   for (int k = 0; k < 2; k++)
     for (int mb = 0; mb <= 4; mb += 4) {
       dp_model *m = model_of(specs[k]);
@@ -483,9 +470,9 @@ static dp_status bad_call(bad_kind k, dp_ctx *c, const dp_plan *p, const batch *
 START_TEST(test_bad_input_changes_nothing) {
   const bad_case *bc = &BAD[_i];
   for (int n_dev = 1; n_dev <= 3; n_dev += 2) {
-    const char *spec = bc->mlp ? MLP_SPEC : SEED_SPEC;
+    const char *spec = bc->mlp ? MLP_EVERY_KIND_SPEC : SEED_SPEC;
     int B = bc->mlp ? 32 : 30;
-    dp_config cfg = cfg_make(B, n_dev, DP_OPT_ADAMW);
+    dp_config cfg = CFG(.batch = B, .n_devices = n_dev, .opt = DP_OPT_ADAMW, .seed = 7);
     cfg.lr = 0.05f;
     rig a, b;
     rig_open(&a, spec, &cfg);
@@ -567,7 +554,7 @@ END_TEST
 START_TEST(test_refused_step_gradients_are_last_or_diagnostic) {
   const bad_kind kinds[] = {BAD_NAN_INPUT_MSE, BAD_INF_GRADIENT};
   for (int i = 0; i < 2; i++) {
-    dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
+    dp_config cfg = CFG(.batch = 30, .n_devices = 2, .opt = DP_OPT_SGD, .seed = 7);
     rig a;
     rig_open(&a, SEED_SPEC, &cfg);
     size_t np = a.np;
@@ -603,7 +590,7 @@ START_TEST(test_refused_step_gradients_are_last_or_diagnostic) {
 END_TEST
 
 START_TEST(test_bad_forward_and_accessor_calls_are_refused) {
-  dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = 30, .n_devices = 2, .opt = DP_OPT_SGD, .seed = 7);
   rig r;
   rig_open(&r, SEED_SPEC, &cfg);
   size_t np = r.np;
@@ -655,10 +642,10 @@ END_TEST
 
 START_TEST(test_smaller_batch_matches_plan_for_it) {
   int n_dev = _i + 1;
-  const char *specs[] = {SEED_SPEC, MLP_SPEC};
+  const char *specs[] = {SEED_SPEC, MLP_EVERY_KIND_SPEC};
   for (int k = 0; k < 2; k++) {
-    dp_config c30 = cfg_make(30, n_dev, DP_OPT_MOMENTUM), c17 = cfg_make(17, n_dev,
-                                                                         DP_OPT_MOMENTUM);
+    dp_config c30 = CFG(.batch = 30, .n_devices = n_dev, .opt = DP_OPT_MOMENTUM, .seed = 7),
+              c17 = CFG(.batch = 17, .n_devices = n_dev, .opt = DP_OPT_MOMENTUM, .seed = 7);
     rig big, small;
     rig_open(&big, specs[k], &c30);
     rig_open(&small, specs[k], &c17);
@@ -707,11 +694,11 @@ END_TEST
  * a small batch (device 0 only) followed by a full-batch forward must use the
  * current parameters on every device. */
 START_TEST(test_forward_after_partial_forward_uses_current_params) {
-  dp_config cfg = cfg_make(30, 4, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = 30, .n_devices = 4, .opt = DP_OPT_SGD, .seed = 7);
   cfg.lr = 0.5f;
   rig r, one;
   rig_open(&r, SEED_SPEC, &cfg);
-  dp_config c1 = cfg_make(30, 1, DP_OPT_SGD);
+  dp_config c1 = CFG(.batch = 30, .n_devices = 1, .opt = DP_OPT_SGD, .seed = 7);
   c1.inference = 1;
   rig_open(&one, SEED_SPEC, &c1);
   size_t np = r.np;
@@ -757,7 +744,7 @@ START_TEST(test_linear_then_relu_is_exact) {
   static const char spec[] = "input 13\nlinear 70\nrelu\nlinear 11\nrelu\nloss mse\n";
   enum { ROWS = 29 };
   int n_dev = 1 + _i % 3, mb = _i / 3 % 2 ? 4 : 0, inference = _i / 6;
-  dp_config cfg = cfg_make(ROWS, n_dev, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = ROWS, .n_devices = n_dev, .opt = DP_OPT_SGD, .seed = 7);
   cfg.micro_batch = mb;
   cfg.inference = inference;
   rig r;
@@ -795,12 +782,13 @@ END_TEST
 /* ---- arena high-water mark ------------------------------------------------- */
 
 START_TEST(test_high_water_equals_plan) {
-  const char *specs[] = {SEED_SPEC, MLP_SPEC};
+  const char *specs[] = {SEED_SPEC, MLP_EVERY_KIND_SPEC};
   int n_dev = _i + 1;
   for (int k = 0; k < 2; k++)
     for (int mb = 0; mb <= 4; mb += 4)
       for (int inference = 0; inference <= 1; inference++) {
-        dp_config cfg = cfg_make(30, n_dev, DP_OPT_ADAMW);
+        dp_config cfg =
+            CFG(.batch = 30, .n_devices = n_dev, .opt = DP_OPT_ADAMW, .seed = 7);
         cfg.micro_batch = mb;
         cfg.inference = inference;
         rig r;
@@ -833,9 +821,9 @@ END_TEST
 
 START_TEST(test_static_ctx_matches_ctx_create) {
   int n_dev = _i + 1;
-  dp_config cfg = cfg_make(32, n_dev, DP_OPT_ADAMW);
+  dp_config cfg = CFG(.batch = 32, .n_devices = n_dev, .opt = DP_OPT_ADAMW, .seed = 7);
   rig r;
-  rig_open(&r, MLP_SPEC, &cfg);
+  rig_open(&r, MLP_EVERY_KIND_SPEC, &cfg);
   void *arenas[DP_MAX_DEVICES] = {0};
   int nd = dp_plan_n_devices(r.p);
   for (int d = 0; d < nd; d++) {
@@ -877,7 +865,7 @@ START_TEST(test_static_ctx_matches_ctx_create) {
 END_TEST
 
 START_TEST(test_static_ctx_refuses_bad_arenas) {
-  dp_config cfg = cfg_make(30, 3, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = 30, .n_devices = 3, .opt = DP_OPT_SGD, .seed = 7);
   rig r;
   rig_open(&r, SEED_SPEC, &cfg);
   int nd = dp_plan_n_devices(r.p);
@@ -942,7 +930,7 @@ START_TEST(test_training_learns_separable_problem) {
   enum { N = 128, IN = 8, K = 4, STEPS = 200 };
   static const char spec[] = "input 8\nlinear 32\ngelu\nlinear 32\nrelu\nlinear 4\n"
                              "loss softmax_cross_entropy\n";
-  dp_config cfg = cfg_make(N, 3, DP_OPT_ADAMW);
+  dp_config cfg = CFG(.batch = N, .n_devices = 3, .opt = DP_OPT_ADAMW, .seed = 7);
   cfg.lr = 0.01f;
   rig r;
   rig_open(&r, spec, &cfg);
@@ -1007,7 +995,7 @@ static void assert_near_d(const float *got, const double *want, size_t n, double
 
 START_TEST(test_seed_loss_and_grads_by_hand) {
   for (int n_dev = 1; n_dev <= 4; n_dev++) {
-    dp_config cfg = cfg_make(30, n_dev, DP_OPT_SGD);
+    dp_config cfg = CFG(.batch = 30, .n_devices = n_dev, .opt = DP_OPT_SGD, .seed = 7);
     rig r;
     rig_open(&r, SEED_SPEC, &cfg);
     ck_assert_int_eq((int)dp_model_n_params(r.m), 12);
@@ -1030,7 +1018,7 @@ START_TEST(test_seed_loss_and_grads_by_hand) {
 END_TEST
 
 START_TEST(test_sgd_matches_pytorch_rule) {
-  dp_config cfg = cfg_make(30, 2, DP_OPT_SGD);
+  dp_config cfg = CFG(.batch = 30, .n_devices = 2, .opt = DP_OPT_SGD, .seed = 7);
   cfg.lr = 0.05f;
   cfg.weight_decay = 0.1f;
   rig r;
@@ -1073,7 +1061,7 @@ START_TEST(test_momentum_matches_pytorch_rule) {
       {DP_OPT_MOMENTUM, 0.5f, 0.0f, 0.01f, 1},
   };
   for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-    dp_config cfg = cfg_make(30, 3, cases[ci].opt);
+    dp_config cfg = CFG(.batch = 30, .n_devices = 3, .opt = cases[ci].opt, .seed = 7);
     cfg.lr = 0.05f;
     cfg.momentum = cases[ci].mu;
     cfg.dampening = cases[ci].damp;
@@ -1119,7 +1107,8 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
   } layouts[] = {{DP_MODE_CLASSIC, 0, 1}, {DP_MODE_CLASSIC, 0, 3}, {DP_MODE_ALLREDUCE, 1, 4}};
   for (int opt = 0; opt < 3; opt++)
     for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
-      dp_config a = cfg_make(32, layouts[li].n, (dp_optimizer)opt);
+      dp_config a =
+          CFG(.batch = 32, .n_devices = layouts[li].n, .opt = (dp_optimizer)opt, .seed = 7);
       a.mode = layouts[li].mode;
       a.shard_optimizer = layouts[li].shard;
       if (opt == DP_OPT_MOMENTUM) a.momentum = 0.9f;
@@ -1127,7 +1116,7 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
       dp_config b = a;
       b.lr = 0.0125f;
       rig ra, rb;
-      rig_open(&ra, MLP_SPEC, &a);
+      rig_open(&ra, MLP_EVERY_KIND_SPEC, &a);
       ck_assert(dp_ctx_lr(ra.c) == 0.05f);
       batch bt[6];
       for (int k = 0; k < 6; k++) batch_make(&bt[k], ra.m, 32, 500 + (uint64_t)k);
@@ -1146,7 +1135,7 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
       ck_assert_int_eq(dp_set_lr(ra.c, 0.0125f), DP_OK);
       ck_assert(dp_ctx_lr(ra.c) == 0.0125f);
       for (int k = 3; k < 6; k++) step_ok(&ra, &bt[k], 32, NULL);
-      rig_open(&rb, MLP_SPEC, &b);
+      rig_open(&rb, MLP_EVERY_KIND_SPEC, &b);
       ck_assert_int_eq(dp_ckpt_load(rb.c, ck), DP_OK);
       ck_assert(dp_ctx_lr(rb.c) == 0.05f); /* the file's rate (version 2) */
       ck_assert_int_eq(dp_set_lr(rb.c, 0.0125f), DP_OK);
@@ -1160,7 +1149,7 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
       rig_close(&ra);
       rig_close(&rb);
     }
-  dp_config ci = cfg_make(8, 1, DP_OPT_SGD);
+  dp_config ci = CFG(.batch = 8, .n_devices = 1, .opt = DP_OPT_SGD, .seed = 7);
   ci.inference = 1;
   rig ri;
   rig_open(&ri, SEED_SPEC, &ci);
@@ -1182,7 +1171,8 @@ static const struct {
 
 /* Batch 32 in layout li with optimizer opt, no weight decay. */
 static dp_config nf_config(size_t li, int opt) {
-  dp_config cfg = cfg_make(32, nf_layouts[li].n, (dp_optimizer)opt);
+  dp_config cfg =
+      CFG(.batch = 32, .n_devices = nf_layouts[li].n, .opt = (dp_optimizer)opt, .seed = 7);
   cfg.mode = nf_layouts[li].mode;
   cfg.shard_optimizer = nf_layouts[li].shard;
   cfg.weight_decay = 0.0f;
@@ -1287,7 +1277,7 @@ START_TEST(test_nonfinite_update_is_refused_and_changes_nothing) {
 END_TEST
 
 START_TEST(test_adamw_matches_pytorch_rule) {
-  dp_config cfg = cfg_make(30, 2, DP_OPT_ADAMW);
+  dp_config cfg = CFG(.batch = 30, .n_devices = 2, .opt = DP_OPT_ADAMW, .seed = 7);
   cfg.lr = 0.01f;
   rig r;
   rig_open(&r, SEED_SPEC, &cfg);

@@ -774,7 +774,7 @@ void dpt_print_config(FILE *f, const dp_config *c) {
   int identity = 1;
   for (int i = 0; i < c->n_devices && i < DP_MAX_DEVICES; i++)
     if (c->device_ids[i] != i) identity = 0;
-  if (c->backend == DP_BACKEND_CUDA || !identity) {
+  if ((dp_backend_caps(c->backend) & DP_BACKEND_CAP_DEVICES) || !identity) {
     fputs(" [ids ", f);
     for (int i = 0; i < c->n_devices && i < DP_MAX_DEVICES; i++)
       fprintf(f, "%s%d", i ? "," : "", c->device_ids[i]);
@@ -811,14 +811,16 @@ void dpt_print_config(FILE *f, const dp_config *c) {
 }
 
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap) {
-  if (c->backend != DP_BACKEND_CUDA) return 0;
-  if (!dp_cuda_available())
-    return dpt_fail(err, errcap,
-                    "--backend cuda: this build has no CUDA backend (configure.py "
-                    "found no nvcc, or --cpu-only)");
-  if (dp_cuda_device_count() > 0) return 0;
-  /* the library's reason starts "no usable GPU" */
-  return dpt_fail(err, errcap, "--backend cuda: %s", dpt_user_msg(dp_last_error()));
+  /* a kind without a name: the planner says so */
+  if ((int)c->backend < 0 || (int)c->backend >= dp_backend_count()) return 0;
+  /* virtual devices run anywhere */
+  if (dp_backend_available(c->backend) &&
+      !(dp_backend_caps(c->backend) & DP_BACKEND_CAP_DEVICES))
+    return 0;
+  if (dp_backend_device_count(c->backend) > 0) return 0;
+  /* the library's reason: not registered, or none visible ("no usable GPU ...") */
+  return dpt_fail(err, errcap, "--backend %s: %s", dp_backend_name(c->backend),
+                  dpt_user_msg(dp_last_error()));
 }
 
 double dpt_now_s(void) {
@@ -986,12 +988,15 @@ int dpt_cpu_count(void) {
 
 int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
                             int n_cpus) {
-  if (backend != DP_BACKEND_CPU || n_devices <= n_cpus) return 0;
+  /* a backend of virtual devices runs a thread per device */
+  if (!dp_backend_available(backend) ||
+      (dp_backend_caps(backend) & DP_BACKEND_CAP_DEVICES) || n_devices <= n_cpus)
+    return 0;
   if (dpt_world_rank() != 0) return 1; /* said once, by rank 0 */
   fprintf(f,
-          "%s: warning: %d virtual devices on %d CPU%s: the cpu backend runs a thread per "
+          "%s: warning: %d virtual devices on %d CPU%s: the %s backend runs a thread per "
           "device, so they take turns and steps are many times slower; use --devices %d "
           "or fewer for speed (docs/TOOL.md)\n",
-          cmd, n_devices, n_cpus, n_cpus == 1 ? "" : "s", n_cpus);
+          cmd, n_devices, n_cpus, n_cpus == 1 ? "" : "s", dp_backend_name(backend), n_cpus);
   return 1;
 }

@@ -241,11 +241,12 @@ void dpt_print_common_help(FILE *f);
  *  set to 0 is left out, any other reads "name=value". */
 void dpt_print_config(FILE *f, const dp_config *c);
 
-/* For the commands that create a context: 0 when c asks for the cpu backend or
- * a GPU is visible; else -1 with one line in err saying why there is none
- * ("--backend cuda: no usable GPU ..."), so that a command fails before
- * allocating anything, whatever the library would have said. Touches CUDA
- * (dp_cuda_device_count) only for a cuda config. */
+/* For the commands that create a context: 0 when c's backend is registered
+ * with virtual devices (the cpu backend), or has devices of its own
+ * (DP_BACKEND_CAP_DEVICES) and one is visible; else -1 with one line in err
+ * saying why there is none ("--backend cuda: no usable GPU ..."), so that a
+ * command fails before allocating anything, whatever the library would have
+ * said. Asks for devices (dp_backend_device_count) only of such a backend. */
 int dpt_require_backend(const dp_config *c, char *err, size_t errcap);
 
 /* ---- the job's processes (tools/ranks.c) ------------------------------------
@@ -347,10 +348,11 @@ int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_rol
 /* The CPUs this process may run on (sched_getaffinity; sysconf as fallback). */
 int dpt_cpu_count(void);
 
-/* The cpu backend runs one thread per virtual device: with more devices than
- * CPUs (n_cpus) they take turns and every step is many times slower. Writes one
- * warning line ("dp train: warning: ...\n") to f and returns 1 when
- * cfg asks for the cpu backend with n_devices > n_cpus; else 0 and nothing. */
+/* A backend of virtual devices (the cpu backend: no DP_BACKEND_CAP_DEVICES)
+ * runs one thread per device: with more devices than CPUs (n_cpus) they take
+ * turns and every step is many times slower. Writes one warning line ("dp
+ * train: warning: ...\n") to f and returns 1 when backend is such a registered
+ * backend and n_devices > n_cpus; else 0 and nothing. */
 int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
                             int n_cpus);
 

@@ -316,6 +316,9 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
     }
     n++;
   }
+  /* the GEMM of the tiers: the default config's backend (the built-in one) */
+  dp_config cpu;
+  dp_config_default(&cpu);
   /* the peak of the tier in use (avx2 is half of avx512; the scalar tier has none
    * to compare with) */
   const char *tier_now = dp_gemm_tier();
@@ -333,11 +336,11 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
      * size the count, then the timed runs */
     double ms = 0.0;
     int reps = 1;
-    dp_status st = dp_bench_sgemm(DP_BACKEND_CPU, 0, s, s, s, 1, 0, &ms);
+    dp_status st = dp_bench_sgemm(cpu.backend, 0, s, s, s, 1, 0, &ms);
     if (st == DP_OK) {
       double want = ms > 0 ? 300.0 / ms : 1e7;
       reps = want < 1 ? 1 : want > 1e7 ? 10000000 : (int)ceil(want);
-      st = dp_bench_sgemm(DP_BACKEND_CPU, 0, s, s, s, reps, 0, &ms);
+      st = dp_bench_sgemm(cpu.backend, 0, s, s, s, reps, 0, &ms);
     }
     if (st != DP_OK) {
       fprintf(stderr, "dp bench gemm: %s\n", dpt_user_msg(dp_last_error()));
@@ -839,10 +842,15 @@ static const char GPU_MODEL[] =
 #define GPU_MODEL_NAME "mlp 1024-4096-4096-1024"
 #define GPU_MIN_S 0.5 /* timed seconds per configuration (after the warm-up) */
 
-/* 1 when GPU 0 is there (its name in name[cap]); else prints why the
- * benchmark is skipped (a result, so on stdout) and returns 0. */
-static int gpu_or_skip(const char *what, int json, char *name, size_t cap) {
-  if (dp_cuda_device_count() > 0 && dp_cuda_device_info(0, name, cap, NULL, NULL) == DP_OK)
+/* 1 when a backend with devices of its own and a GEMM benchmark is registered
+ * (*kind) and its device 0 is there (its name in name[cap]); else prints why
+ * the benchmark is skipped (a result, so on stdout) and returns 0. */
+static int gpu_or_skip(const char *what, int json, char *name, size_t cap,
+                       dp_backend *kind) {
+  if (dp_backend_find_caps(DP_BACKEND_CAP_DEVICES | DP_BACKEND_CAP_GEMM_BENCH, kind) ==
+          DP_OK &&
+      dp_backend_device_count(*kind) > 0 &&
+      dp_backend_device_info(*kind, 0, name, cap, NULL, NULL) == DP_OK)
     return 1;
   const char *why = dpt_user_msg(dp_last_error());
   if (json) {
@@ -868,13 +876,12 @@ static dp_model *gpu_model(const char *path, const char **name) {
   return m;
 }
 
-/* The cuda config of the GPU benchmarks: the common options, with batch 1024
- * and AdamW unless given, and `replicas` replicas all on GPU 0 unless
- * --devices was given (replicas == 0). */
+/* The config of the GPU benchmarks: base (its backend the one gpu_or_skip
+ * found), with batch 1024 and AdamW unless given, and `replicas` replicas all
+ * on GPU 0 unless --devices was given (replicas == 0). */
 static dp_config gpu_config(const dp_config *base, const dpt_common *common, int replicas,
                             int graph) {
   dp_config c = *base;
-  c.backend = DP_BACKEND_CUDA;
   /* graph=1 or not, whatever the common options said (the name fits: the
    * options only lose an item) */
   (void)dpt_backend_option_set(&c, "graph", graph ? "1" : NULL, NULL, 0);
@@ -887,10 +894,11 @@ static dp_config gpu_config(const dp_config *base, const dpt_common *common, int
   return c;
 }
 
-static int bench_gpu_step(const bench_opts *o, const dp_config *base,
+static int bench_gpu_step(const bench_opts *o, const dp_config *cfg,
                           const dpt_common *common) {
   char gpu[256];
-  if (!gpu_or_skip("gpu-step", o->json, gpu, sizeof gpu)) return DPT_EXIT_OK;
+  dp_config gb = *cfg, *base = &gb;
+  if (!gpu_or_skip("gpu-step", o->json, gpu, sizeof gpu, &gb.backend)) return DPT_EXIT_OK;
   const char *name;
   dp_model *m = gpu_model(o->model, &name);
   if (!m) return DPT_EXIT_FAIL;
@@ -1016,10 +1024,11 @@ static int step_gemms(const dp_model *m, int batch, int micro, gemm_shape *g, in
   return n;
 }
 
-static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
+static int bench_gpu_gemm(const bench_opts *o, const dp_config *cfg,
                           const dpt_common *common) {
   char gpu[256];
-  if (!gpu_or_skip("gpu-gemm", o->json, gpu, sizeof gpu)) return DPT_EXIT_OK;
+  dp_config gb = *cfg, *base = &gb;
+  if (!gpu_or_skip("gpu-gemm", o->json, gpu, sizeof gpu, &gb.backend)) return DPT_EXIT_OK;
   const char *name;
   dp_model *m = gpu_model(o->model, &name);
   if (!m) return DPT_EXIT_FAIL;
@@ -1041,8 +1050,8 @@ static int bench_gpu_gemm(const bench_opts *o, const dp_config *base,
     if (j < i) {
       g[i].ms = g[j].ms;
       g[i].tflops = g[j].tflops;
-    } else if (dp_bench_sgemm(DP_BACKEND_CUDA, 0, g[i].m, g[i].n, g[i].k, 50, tf32,
-                              &g[i].ms) == DP_OK) {
+    } else if (dp_bench_sgemm(c.backend, 0, g[i].m, g[i].n, g[i].k, 50, tf32, &g[i].ms) ==
+               DP_OK) {
       g[i].tflops =
           g[i].ms > 0 ? 2.0 * g[i].m * g[i].n * g[i].k / (g[i].ms * 1e-3) / 1e12 : 0;
     } else {

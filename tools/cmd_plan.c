@@ -384,7 +384,7 @@ static void print_arena_table(FILE *f, const dp_plan *p, int nd) {
     for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, dp_plan_device_rank(p, d));
     fprintf(f, "\n");
   }
-  if (c->backend == DP_BACKEND_CUDA) {
+  if (dp_backend_caps(c->backend) & DP_BACKEND_CAP_DEVICES) {
     fprintf(f, "%-*s", name_w, "gpu");
     for (int d = 0; d < nd; d++) fprintf(f, "  %*d", col_w, c->device_ids[d]);
     fprintf(f, "\n");

@@ -637,7 +637,8 @@ static int make_context(train_run *t) {
   const train_opts *o = &t->o;
   char *err = t->err;
   /* a backend this build lacks: that first, the planner could only say it less well */
-  if (!dp_cuda_available() && dpt_require_backend(&t->cfg, err, sizeof t->err)) {
+  if (!dp_backend_available(t->cfg.backend) &&
+      dpt_require_backend(&t->cfg, err, sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
     return -1;
   }

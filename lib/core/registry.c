@@ -40,10 +40,20 @@ static int reserve_locked(const char *name) {
   return k;
 }
 
+/* The public enum's kinds, reserved first in this order, and what a query of
+ * one says while nothing is registered under it. */
+static const struct {
+  const char *name, *missing;
+} reserved[] = {
+    {"cpu", NULL}, /* DP_BACKEND_CPU: built in */
+    {"cuda", "the CUDA backend is not registered (a build without nvcc, or a program "
+             "that did not call dp_cuda_register)"}, /* DP_BACKEND_CUDA */
+};
+
 static void add_builtins(void) {
   pthread_mutex_lock(&reg_mu);
-  reserve_locked("cpu");  /* DP_BACKEND_CPU */
-  reserve_locked("cuda"); /* DP_BACKEND_CUDA */
+  for (size_t i = 0; i < sizeof reserved / sizeof *reserved; i++)
+    reserve_locked(reserved[i].name);
   for (int i = 0; dp__builtin_backends[i]; i++) {
     int k = reserve_locked(dp__builtin_backends[i]->name);
     if (k >= 0) atomic_store(&table[k], dp__builtin_backends[i]);
@@ -124,32 +134,86 @@ const char *dp_backend_name(dp_backend b) {
 
 int dp_cuda_available(void) { return dp__backend_ops(DP_BACKEND_CUDA) != NULL; }
 
-/* The registered CUDA backend, or NULL with the reason as the last error. */
-static const dp_backend_ops *cuda_ops(void) {
-  const dp_backend_ops *b = dp__backend_ops(DP_BACKEND_CUDA);
-  if (!b)
-    DP_FAIL(DP_ERR_UNSUPPORTED, "the CUDA backend is not registered (a build without nvcc, "
-                                "or a program that did not call dp_cuda_register)");
-  return b;
+/* The backend registered as kind b, or NULL with the reason as the last error. */
+static const dp_backend_ops *registered(dp_backend b) {
+  const dp_backend_ops *ops = dp__backend_ops(b);
+  if (ops) return ops;
+  if ((unsigned)b < sizeof reserved / sizeof *reserved && reserved[b].missing)
+    DP_FAIL(DP_ERR_UNSUPPORTED, "%s", reserved[b].missing);
+  else
+    DP_FAIL(DP_ERR_UNSUPPORTED, "the %s backend (kind %d) is not registered",
+            dp_backend_name(b), (int)b);
+  return NULL;
 }
 
-int dp_cuda_device_count(void) {
-  const dp_backend_ops *b = cuda_ops();
-  if (!b) return 0;
-  return b->device_count ? b->device_count() : 0;
+/* A backend that counts devices has devices of its own (the machine's GPUs):
+ * the diagnostics slots say what it reports. */
+unsigned dp_backend_caps(dp_backend b) {
+  const dp_backend_ops *ops = dp__backend_ops(b);
+  if (!ops) return 0;
+  return (ops->device_count ? DP_BACKEND_CAP_DEVICES : 0u) |
+         (ops->bench_sgemm ? DP_BACKEND_CAP_GEMM_BENCH : 0u);
 }
+
+/* Appends `sep` (when buf is not empty) and s to buf[cap]; cut at cap. */
+static void append(char *buf, size_t cap, const char *sep, const char *s) {
+  size_t at = strlen(buf);
+  if (snprintf(buf + at, cap - at, "%s%s", at ? sep : "", s) < 0) buf[at] = '\0';
+}
+
+dp_status dp_backend_find_caps(unsigned caps, dp_backend *kind) {
+  if (kind) *kind = (dp_backend)-1;
+  if (!kind) return DP_FAIL(DP_ERR_INVALID, "dp_backend_find_caps: kind is NULL");
+  char had[DP_MAX_BACKENDS * DP_BACKEND_NAME_CAP] = "", why[512] = "";
+  for (int k = 0; k < dp_backend_count(); k++) {
+    dp_backend b = (dp_backend)k;
+    if (dp_backend_available(b) && (dp_backend_caps(b) & caps) == caps) {
+      *kind = b;
+      return DP_OK;
+    }
+    if (dp_backend_available(b))
+      append(had, sizeof had, ", ", dp_backend_name(b));
+    else if ((size_t)k < sizeof reserved / sizeof *reserved && reserved[k].missing)
+      append(why, sizeof why, "; ", reserved[k].missing);
+  }
+  char wanted[96] = "";
+  if (caps & DP_BACKEND_CAP_DEVICES)
+    append(wanted, sizeof wanted, " and ", "devices of its own");
+  if (caps & DP_BACKEND_CAP_GEMM_BENCH)
+    append(wanted, sizeof wanted, " and ", "a GEMM benchmark");
+  if (caps & ~(DP_BACKEND_CAP_DEVICES | DP_BACKEND_CAP_GEMM_BENCH))
+    append(wanted, sizeof wanted, " and ", "caps this library does not know");
+  return DP_FAIL(DP_ERR_UNSUPPORTED, "no registered backend has %s (registered: %s)%s%s",
+                 wanted, had, why[0] ? "; " : "", why);
+}
+
+int dp_backend_device_count(dp_backend b) {
+  const dp_backend_ops *ops = registered(b);
+  if (!ops) return 0;
+  if (!ops->device_count) {
+    DP_FAIL(DP_ERR_UNSUPPORTED,
+            "the %s backend has no devices of its own to count (its devices are virtual)",
+            ops->name);
+    return 0;
+  }
+  return ops->device_count();
+}
+
+dp_status dp_backend_device_info(dp_backend b, int dev, char *name, size_t cap,
+                                 size_t *total_mem, size_t *free_mem) {
+  if (name && cap) name[0] = '\0';
+  const dp_backend_ops *ops = registered(b);
+  if (!ops) return DP_ERR_UNSUPPORTED;
+  if (!ops->device_info)
+    return DP_FAIL(DP_ERR_UNSUPPORTED, "the %s backend has no device query", ops->name);
+  return ops->device_info(dev, name, cap, total_mem, free_mem);
+}
+
+int dp_cuda_device_count(void) { return dp_backend_device_count(DP_BACKEND_CUDA); }
 
 dp_status dp_cuda_device_info(int gpu, char *name, size_t cap, size_t *total_mem,
                               size_t *free_mem) {
-  if (name && cap) name[0] = '\0';
-  const dp_backend_ops *b = cuda_ops();
-  if (!b) return DP_ERR_UNSUPPORTED;
-  if (!b->device_info)
-    return DP_FAIL(DP_ERR_UNSUPPORTED,
-                   "dp_cuda_device_info: the registered CUDA backend "
-                   "(%s) has no device query",
-                   b->name ? b->name : "?");
-  return b->device_info(gpu, name, cap, total_mem, free_mem);
+  return dp_backend_device_info(DP_BACKEND_CUDA, gpu, name, cap, total_mem, free_mem);
 }
 
 dp_status dp_bench_sgemm(dp_backend backend, int device, int m, int n, int k, int iters,
@@ -161,11 +225,7 @@ dp_status dp_bench_sgemm(dp_backend backend, int device, int m, int n, int k, in
                    n, k, iters, ms_per_gemm ? "given" : "NULL");
   if ((unsigned)backend >= (unsigned)dp_backend_count()) /* no name: not a kind */
     return DP_FAIL(DP_ERR_INVALID, "dp_bench_sgemm: unknown backend %d", (int)backend);
-  const dp_backend_ops *b =
-      backend == DP_BACKEND_CUDA ? cuda_ops() : dp__backend_ops(backend);
-  if (!b && backend != DP_BACKEND_CUDA)
-    DP_FAIL(DP_ERR_UNSUPPORTED, "dp_bench_sgemm: backend %d is not registered",
-            (int)backend);
+  const dp_backend_ops *b = registered(backend);
   if (!b) return DP_ERR_UNSUPPORTED;
   if (!b->bench_sgemm)
     return DP_FAIL(DP_ERR_UNSUPPORTED, "dp_bench_sgemm: backend %s has no GEMM benchmark",

@@ -34,6 +34,7 @@
  * replaced, so the test says "skipped" and exits 0.
  */
 #include "dp.h"
+#include "specs.h" /* MLP_EVERY_KIND_SPEC */
 #ifdef DP_HAVE_MPI
 #include "dp_mpi.h"
 #endif
@@ -324,13 +325,6 @@ static void report_callers(const char *phase, long ours, long theirs, long cuda)
 
 /* ---- the test ------------------------------------------------------------------ */
 
-static const char MLP_SPEC[] = "input 12\n"
-                               "linear 16\nlayernorm\ngelu\ndropout 0.2\n"
-                               "linear 16\ntanh\n"
-                               "linear 16\nsigmoid\n"
-                               "linear 16\nrelu\n"
-                               "linear 5 nobias\n"
-                               "loss softmax_cross_entropy\n";
 /* the image layers, the same 12 floats per row read as 1 x 3 x 4 */
 static const char CNN_SPEC[] =
     "input 1 3 4\n"
@@ -517,7 +511,7 @@ typedef struct {
   dp_mode mode;
   int shard;
   float clip;       /* clip_grad_norm */
-  const char *spec; /* NULL: MLP_SPEC */
+  const char *spec; /* NULL: MLP_EVERY_KIND_SPEC */
   dp_bn_mode bn;    /* config.batchnorm */
 } config_case;
 
@@ -559,7 +553,7 @@ static void run_case(const config_case *cc) {
     cfg.cuda_graph = cc->cuda_graph;
     for (int d = 0; d < DP_MAX_DEVICES; d++) cfg.device_ids[d] = 0;
   }
-  if (dp_model_parse(cc->spec ? cc->spec : MLP_SPEC, "mlp", &m) ||
+  if (dp_model_parse(cc->spec ? cc->spec : MLP_EVERY_KIND_SPEC, "mlp", &m) ||
       dp_plan_create(m, &cfg, &p)) {
     EXPECT(0, "%s: setup failed: %s", cc->name, dp_last_error());
     goto done;
@@ -712,7 +706,7 @@ static void run_mpi_case(const char *name, dp_mode mode, int shard) {
     t[r] = r % OUT;
     for (int j = 0; j < IN; j++) x[r * IN + j] = sinf(0.1f * (float)(r * IN + j));
   }
-  if (dp_model_parse(MLP_SPEC, "mlp", &m) || dp_plan_create(m, &cfg, &p) ||
+  if (dp_model_parse(MLP_EVERY_KIND_SPEC, "mlp", &m) || dp_plan_create(m, &cfg, &p) ||
       dp_ctx_create_mpi(p, MPI_COMM_WORLD, &c)) {
     EXPECT(0, "rank %d: %s: setup: %s", rank, name, dp_last_error());
     goto done;
