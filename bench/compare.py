@@ -49,6 +49,12 @@ STEPS = [
      256, 'sgd', 1, 'classic', 1, 'cnn_cifar', 1.0, '>= 1x', 10),
     ('cnn cifar 3x32x32 B=256 sgd, 2 dev vs torch best', 'bench/models/cnn_cifar.dpm', 256,
      'sgd', 2, 'classic', 'best', 'cnn_cifar', None, '-', 10),
+    # transformers (issue 29): 2 devices against PyTorch on 2 threads; goal <= 0.8x its time
+    ('tiny_gpt T=64 D=128 B=16 adamw, 2 dev vs torch 2 threads', 'bench/models/tiny_gpt.dpm',
+     16, 'adamw', 2, 'classic', 2, 'tiny_gpt', 1.25, '<= 0.8x torch time (>= 1.25x)', 20),
+    ('gpt_wide T=256 D=384 L=6 B=8 adamw, 2 dev vs torch 2 threads',
+     'bench/models/gpt_wide.dpm', 8, 'adamw', 2, 'classic', 2, 'gpt_wide', 1.25,
+     '<= 0.8x torch time (>= 1.25x)', 3),
 ]
 SCALING_TARGET = 1.8
 # the scaling line: one device against two in each mode
@@ -70,10 +76,16 @@ def apt_install(pkgs):
     subprocess.run(['apt-get', 'install', '-y', '-qq'] + pkgs, check=True, env=env)
 
 
+PYTHON = '/usr/bin/python3'
+
+
 def ensure_torch():
-    if subprocess.run(['/usr/bin/python3', '-c', 'import torch'],
-                      capture_output=True).returncode != 0:
-        apt_install(['python3-torch'])
+    if subprocess.run([PYTHON, '-c', 'import torch'], capture_output=True).returncode == 0:
+        return
+    if PYTHON != '/usr/bin/python3':
+        sys.exit('compare.py: %s has no torch; make one: python3 -m venv V && '
+                 'V/bin/pip install torch numpy safetensors' % PYTHON)
+    apt_install(['python3-torch'])
 
 
 def openblas_gemm(sizes):
@@ -141,11 +153,16 @@ def main():
     ap.add_argument('--seconds', type=float, default=1.0, help='PyTorch time per model')
     ap.add_argument('--builddir', default='build', help='the build folder whose dp runs')
     ap.add_argument('--rounds', type=int, default=3, help='libdp rounds (best of them)')
+    ap.add_argument('--python', default='/usr/bin/python3',
+                    help='the interpreter whose torch runs (default Debian\'s; a current '
+                    'PyTorch from PyPI: python3 -m venv V && V/bin/pip install torch, '
+                    'then --python V/bin/python)')
     ap.add_argument('--only', default='',
                     help='run only the step rows whose label contains one of these '
                     'comma-separated words (e.g. cnn); the sgemm table is kept')
     args = ap.parse_args()
-    global DP, BUILD, STEPS
+    global DP, BUILD, STEPS, PYTHON
+    PYTHON = args.python
     if args.only:
         words = args.only.split(',')
         STEPS = [st for st in STEPS if any(w in st[0] for w in words)]
@@ -167,7 +184,7 @@ def main():
     for n in (1, 2):
         env = dict(os.environ, OPENBLAS_NUM_THREADS=str(n), OMP_NUM_THREADS=str(n))
         models = sorted({st[7] for st in STEPS})
-        one = json.loads(sh(['/usr/bin/python3', 'bench/torch_step.py', '--threads', str(n),
+        one = json.loads(sh([PYTHON, 'bench/torch_step.py', '--threads', str(n),
                              '--seconds', str(args.seconds), '--models', ','.join(models)],
                             env=env))
         torch['torch_version'] = one['torch_version']

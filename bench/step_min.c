@@ -57,15 +57,20 @@ int main(int argc, char **argv) {
   }
   int in = dp_model_input_width(m), out = dp_model_output_width(m);
   float *x = malloc((size_t)B * in * 4), *t = malloc((size_t)B * out * 4);
-  int32_t *lab = malloc((size_t)B * 4);
+  /* a sequence model: token ids below its vocabulary, a label per position */
+  int P = dp_model_positions(m), classes = out / P;
+  dp_layer_info l0;
+  int vocab = dp_model_layer(m, 0, &l0) == DP_OK ? l0.vocab : 0;
+  int32_t *lab = malloc((size_t)B * P * 4);
   double *ms = malloc((size_t)steps * sizeof *ms);
   uint64_t s = 12345;
   for (size_t i = 0; i < (size_t)B * in; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+    x[i] = vocab ? (float)((s >> 33) % (uint64_t)vocab)
+                 : (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
   }
   for (size_t i = 0; i < (size_t)B * out; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
-  for (int r = 0; r < B; r++) lab[r] = r % out;
+  for (size_t r = 0; r < (size_t)B * P; r++) lab[r] = (int32_t)((r * 7 + r / 3) % classes);
   const void *target =
       dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
   float loss;

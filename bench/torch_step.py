@@ -24,7 +24,49 @@ MODELS = {
     'mlp_large': ([784, 1024, 1024, 10], 'ce', 'sgd', 256),
     'cnn_digits': ('bench/models/cnn_digits.dpm', 'ce', 'adamw', 256),
     'cnn_cifar': ('bench/models/cnn_cifar.dpm', 'ce', 'sgd', 256),
+    # transformers (issue 29): token input, residual blocks (build_spec)
+    'tiny_gpt': ('bench/models/tiny_gpt.dpm', 'ce', 'adamw', 16),
+    'gpt_wide': ('bench/models/gpt_wide.dpm', 'ce', 'adamw', 8),
 }
+
+
+class Embed(nn.Module):
+    """libdp's embed V D: token plus learned position embeddings."""
+    def __init__(self, vocab, width, context):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(context, width)
+
+    def forward(self, ids):
+        return self.tok(ids) + self.pos.weight[:ids.shape[1]]
+
+
+class Attention(nn.Module):
+    """libdp's attention H on a fused (B, T, 3D) q, k, v: causal, as PyTorch users
+    write it (scaled_dot_product_attention where this torch has it)."""
+    def __init__(self, heads):
+        super().__init__()
+        self.h = heads
+
+    def forward(self, x):
+        B, T, C3 = x.shape
+        D = C3 // 3
+        q, k, v = (t.view(B, T, self.h, D // self.h).transpose(1, 2) for t in x.split(D, 2))
+        if hasattr(nn.functional, 'scaled_dot_product_attention'):
+            y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            a = (q @ k.transpose(-2, -1)) * (D // self.h) ** -0.5
+            mask = torch.ones(T, T, dtype=torch.bool).tril()
+            y = a.masked_fill(~mask, float('-inf')).softmax(-1) @ v
+        return y.transpose(1, 2).reshape(B, T, D)
+
+
+class Residual(nn.Module):
+    def __init__(self, body):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return x + self.body(x)
 
 
 def build(widths):
@@ -40,7 +82,7 @@ def build_spec(path):
     """nn.Sequential of a libdp text spec (docs/API.md, "Text spec"): returns the
     model, the input shape of one sample (C, H, W) or (N,), the output width and
     the loss ('mse', 'ce' or None)."""
-    layers, shape, in_shape, loss = [], None, None, None
+    layers, shape, in_shape, loss, stack, tokens = [], None, None, None, [], False
     with open(os.path.join(ROOT, path)) as f:
         for line in f:
             tok = line.split('#', 1)[0].split()
@@ -49,9 +91,24 @@ def build_spec(path):
             op, args = tok[0], tok[1:]
             opts = {args[i]: int(args[i + 1]) for i in range(len(args) - 1)
                     if args[i] in ('stride', 'padding')}
-            if op == 'input':
+            if op == 'input' and args[0] == 'tokens':
+                in_shape, tokens = (int(args[1]),), True
+            elif op == 'input':
                 shape = tuple(int(a) for a in args)
                 in_shape = shape
+            elif op == 'embed':
+                layers.append(Embed(int(args[0]), int(args[1]), in_shape[0]))
+                shape = (int(args[1]),)
+            elif op == 'attention':
+                layers.append(Attention(int(args[0])))
+                shape = (shape[0] // 3,)
+            elif op == 'residual':
+                stack.append(layers)
+                layers = []
+            elif op == 'end':
+                body = nn.Sequential(*layers)
+                layers = stack.pop()
+                layers.append(Residual(body))
             elif op == 'linear':
                 layers.append(nn.Linear(shape[0], int(args[0]), bias='nobias' not in args))
                 shape = (int(args[0]),)
@@ -81,7 +138,9 @@ def build_spec(path):
                 loss = 'mse' if args[0] == 'mse' else 'ce'
             else:
                 raise ValueError('%s: unknown layer %r' % (path, op))
-    return nn.Sequential(*layers), in_shape, shape[0], loss
+    model = nn.Sequential(*layers)
+    model.tokens = tokens
+    return model, in_shape, shape[0], loss
 
 
 def time_model(name, threads, min_seconds):
@@ -93,10 +152,15 @@ def time_model(name, threads, min_seconds):
         loss_kind = spec_loss or loss_kind
     else:
         model, in_shape, out_w = build(arch), (arch[0],), arch[-1]
-    x = torch.randn(batch, *in_shape)
-    if loss_kind == 'mse':
-        target, loss_fn = torch.randn(batch, out_w), nn.MSELoss()
+    if getattr(model, 'tokens', False):  # ids in, a label per position
+        T = in_shape[0]
+        x = torch.randint(0, out_w, (batch, T))
+        target, ce = torch.randint(0, out_w, (batch * T,)), nn.CrossEntropyLoss()
+        loss_fn = lambda z, t: ce(z.reshape(-1, out_w), t)  # noqa: E731
+    elif loss_kind == 'mse':
+        x, target, loss_fn = torch.randn(batch, *in_shape), torch.randn(batch, out_w), nn.MSELoss()
     else:
+        x = torch.randn(batch, *in_shape)
         target, loss_fn = torch.randint(0, out_w, (batch,)), nn.CrossEntropyLoss()
     if opt_kind == 'sgd':
         opt = torch.optim.SGD(model.parameters(), lr=0.01)

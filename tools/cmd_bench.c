@@ -133,14 +133,24 @@ typedef struct {
 static const void *random_batch(const dp_model *m, int B, float *x, float *t,
                                 int32_t *lab) {
   int in = dp_model_input_width(m), outw = dp_model_output_width(m);
+  int P = dp_model_positions(m), classes = outw / P;
+  dp_layer_info l0;
+  /* a token model's inputs are ids below its vocabulary */
+  int vocab = dp_model_layer(m, 0, &l0) == DP_OK ? l0.vocab : 0;
   uint64_t s = 12345;
   for (size_t i = 0; i < (size_t)B * in; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+    x[i] = vocab ? (float)((s >> 33) % (uint64_t)vocab)
+                 : (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
   }
   for (size_t i = 0; i < (size_t)B * outw; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
-  for (int r = 0; r < B; r++) lab[r] = r % outw;
+  for (size_t r = 0; r < (size_t)B * P; r++) lab[r] = (int32_t)((r * 7 + r / 3) % classes);
   return dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+}
+
+/* random_batch's label array: one int32 per position of every row. */
+static int32_t *labels_new(const dp_model *m, int B) {
+  return calloc((size_t)B * (size_t)dp_model_positions(m), 4);
 }
 
 /* Times `steps` training steps (after a warm-up) on random data, repeated
@@ -152,7 +162,7 @@ static int time_steps_for(const dp_model *m, const dp_config *cfg, int steps, do
   dp_ctx *c = NULL;
   int in = dp_model_input_width(m), outw = dp_model_output_width(m), B = cfg->batch;
   float *x = malloc((size_t)B * in * 4), *t = malloc((size_t)B * outw * 4);
-  int32_t *lab = malloc((size_t)B * 4);
+  int32_t *lab = labels_new(m, B);
   int rc = -1;
   if (!x || !t || !lab) goto done;
   const void *target = random_batch(m, B, x, t, lab);
@@ -213,15 +223,13 @@ static int bench_rss(const dp_model *m, const dp_config *cfg, int steps, int jso
   dp_ctx *c = NULL;
   int in = dp_model_input_width(m), outw = dp_model_output_width(m), B = cfg->batch;
   float *x = calloc((size_t)B * in, 4), *t = calloc((size_t)B * outw, 4);
-  int32_t *lab = calloc((size_t)B, 4);
+  int32_t *lab = labels_new(m, B);
   int rc = DPT_EXIT_FAIL;
   if (!x || !t || !lab || dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) {
     fprintf(stderr, "dp bench rss: %s\n", dpt_user_msg(dp_last_error()));
     goto done;
   }
-  for (int i = 0; i < B * in; i++) x[i] = (float)(i % 7) * 0.1f;
-  const void *target =
-      dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  const void *target = random_batch(m, B, x, t, lab);
   float loss;
   /* Warm-up: the first steps touch stack pages and lazily mapped library code. */
   for (int i = 0; i < 10; i++)
@@ -658,7 +666,7 @@ fail:
 static int comm_time_layout(const dp_model *m, const dp_config *c, MPI_Comm sub, int steps,
                             const float *x, const void *target, comm_step_row *out) {
   int rank = 0, r0 = 0, nr = 0, in = dp_model_input_width(m);
-  size_t tsz = dp_model_loss(m) == DP_LOSS_MSE ? (size_t)dp_model_output_width(m) * 4 : 4;
+  size_t tsz = (size_t)dp_model_target_width(m) * 4;
   MPI_Comm_rank(sub, &rank);
   dp_plan *p = NULL;
   dp_ctx *ctx = NULL;
@@ -717,7 +725,7 @@ static int comm_scaling(const bench_opts *o, const dp_config *base,
     c.micro_batch = c.batch / rmax > 0 ? c.batch / rmax : 1;
   int B = c.batch, in = dp_model_input_width(m), outw = dp_model_output_width(m);
   float *x = malloc((size_t)B * in * 4), *t = malloc((size_t)B * outw * 4);
-  int32_t *lab = malloc((size_t)B * 4);
+  int32_t *lab = labels_new(m, B);
   comm_step_row rows[8];
   int n = 0, rc = DPT_EXIT_FAIL;
   if (!x || !t || !lab) {
