@@ -7,6 +7,7 @@
 #include "kernels.cuh"
 #include "grid.cuh"
 #include "rng.cuh"
+#include "util/tanh.h" /* dp__tanhf: the cpu backend's */
 
 #include <math.h>
 
@@ -52,10 +53,10 @@ static __global__ void k_act_forward(int kind, const float *x, float *y, size_t 
     float v = x[i], r;
     switch (kind) {
     case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : v; break; /* NaN passes through */
-    case DP_LAYER_TANH: r = tanhf(v); break;
+    case DP_LAYER_TANH: r = dp__tanhf(v); break;
     case DP_LAYER_SIGMOID: r = fd(1.0f, fa(1.0f, expf(-v))); break;
     default: /* DP_LAYER_GELU: 0.5 v (1 + tanh(C (v + A v^3))) */
-      r = fm(fm(0.5f, v), fa(1.0f, tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))))));
+      r = fm(fm(0.5f, v), fa(1.0f, dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))))));
       break;
     }
     y[i] = r;
@@ -72,7 +73,7 @@ static __global__ void k_act_backward(int kind, const float *xy, const float *dy
     case DP_LAYER_TANH: r = fm(g, fs(1.0f, fm(v, v))); break;    /* v = y */
     case DP_LAYER_SIGMOID: r = fm(fm(g, v), fs(1.0f, v)); break; /* v = y */
     default: {                                                   /* DP_LAYER_GELU, v = x */
-      float t = tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
+      float t = dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
       float dt = fm(fm(fs(1.0f, fm(t, t)), C), fa(1.0f, fm(fm(fm(3.0f, A), v), v)));
       r = fm(g, fa(fm(0.5f, fa(1.0f, t)), fm(fm(0.5f, v), dt)));
       break;

@@ -10,6 +10,7 @@
 #include "cpu/gemm.h"
 #include "core/operands.h"
 #include "cpu/cpu.h"
+#include "util/tanh.h"
 
 #include <float.h>
 #include <math.h>
@@ -372,6 +373,40 @@ DP_SIMD_FN(relu_backward,
             size_t n),
            (y, dy, dx, n))
 
+/* gelu (tanh approximation) and tanh through dp__tanhf (util/tanh.h: the same bits
+ * on every tier and on the CUDA kernels; vectorised, unlike libm's tanhf). */
+static inline DP_SIMD_BODY int gelu_forward_body(const float *restrict x, float *restrict y,
+                                                 size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    float v = x[k];
+    y[k] = 0.5f * v * (1.0f + dp__tanhf(GELU_C * (v + GELU_A * v * v * v)));
+  }
+  return 0;
+}
+DP_SIMD_FN(gelu_forward, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
+
+static inline DP_SIMD_BODY int gelu_backward_body(const float *restrict x,
+                                                  const float *restrict dy,
+                                                  float *restrict dx, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    float v = x[k], t = dp__tanhf(GELU_C * (v + GELU_A * v * v * v));
+    float dt = (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
+    dx[k] = dy[k] * (0.5f * (1.0f + t) + 0.5f * v * dt);
+  }
+  return 0;
+}
+DP_SIMD_FN(gelu_backward,
+           (const float *restrict x, const float *restrict dy, float *restrict dx,
+            size_t n),
+           (x, dy, dx, n))
+
+static inline DP_SIMD_BODY int tanh_forward_body(const float *restrict x, float *restrict y,
+                                                 size_t n) {
+  for (size_t k = 0; k < n; k++) y[k] = dp__tanhf(x[k]);
+  return 0;
+}
+DP_SIMD_FN(tanh_forward, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
+
 /* relu_backward with dy = dx, in place (dp__relu_bwd_fused). */
 static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *restrict dx,
                                               size_t n) {
@@ -420,18 +455,11 @@ static dp_status forward(const lctx *c) {
   case DP_LAYER_RELU: /* done by the linear before it when fused */
     if (!dp__relu_fused(c->p, c->i)) relu_forward(x, y, (size_t)n * out);
     break;
-  case DP_LAYER_TANH:
-    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = tanhf(x[k]);
-    break;
+  case DP_LAYER_TANH: tanh_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_SIGMOID:
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = 1.0f / (1.0f + expf(-x[k]));
     break;
-  case DP_LAYER_GELU:
-    for (size_t k = 0; k < (size_t)n * out; k++) {
-      float v = x[k];
-      y[k] = 0.5f * v * (1.0f + tanhf(GELU_C * (v + GELU_A * v * v * v)));
-    }
-    break;
+  case DP_LAYER_GELU: gelu_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c), *b = g + out;
     float *st = layer_stats(c); /* (rows, 2): mean, rstd */
@@ -552,12 +580,7 @@ static dp_status backward(const lctx *c, float *grads) {
   }
   case DP_LAYER_GELU: {
     const float *x = layer_in(c);
-    if (dx)
-      for (size_t k = 0; k < (size_t)n * out; k++) {
-        float v = x[k], t = tanhf(GELU_C * (v + GELU_A * v * v * v));
-        float dt = (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
-        dx[k] = dy[k] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-      }
+    if (dx) gelu_backward(x, dy, dx, (size_t)n * out);
     break;
   }
   case DP_LAYER_LAYERNORM: {
