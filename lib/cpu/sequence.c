@@ -62,6 +62,35 @@ static void *gemm_ws(const dp_layer *l, void *ws, size_t ws_bytes, size_t at) {
   return need && ws && ws_bytes >= at + need ? (unsigned char *)ws + at : NULL;
 }
 
+/* Causal products by blocks of rows, computing only what the mask keeps. Each
+ * element computed has the bits of the full (T, T) product: gemm.h gives a
+ * sub-problem's element the whole problem's bits, and a chain whose leading
+ * products are by exact zeros keeps its +0 start through them. */
+enum { CAUSAL_ROWS = 32 };
+
+/* s (T, T) = a (T, hd) b (T, hd)^T for the columns j <= i of each row i (up to
+ * its block's last row); the rest is left unwritten: the softmax and its
+ * backward read j <= i only. */
+static void scores(int T, int hd, const float *a, int lda, const float *b, int ldb,
+                   float *s, void *gw) {
+  for (int i0 = 0; i0 < T; i0 += CAUSAL_ROWS) {
+    int i1 = i0 + CAUSAL_ROWS < T ? i0 + CAUSAL_ROWS : T;
+    dp__sgemm(0, 1, i1 - i0, i1, hd, a + (size_t)i0 * lda, lda, b, ldb, s + (size_t)i0 * T,
+              T, NULL, gw);
+  }
+}
+
+/* o (T, hd) = l^T b for l (T, T) lower triangular (zeros above the diagonal),
+ * b (T, hd): row j of o sums rows i >= j only, o's rows ldo apart. */
+static void lower_t(int T, int hd, const float *l, const float *b, int ldb, float *o,
+                    int ldo, void *gw) {
+  for (int j0 = 0; j0 < T; j0 += CAUSAL_ROWS) {
+    int j1 = j0 + CAUSAL_ROWS < T ? j0 + CAUSAL_ROWS : T;
+    dp__sgemm(1, 0, j1 - j0, hd, T - j0, l + (size_t)j0 * T + j0, T, b + (size_t)j0 * ldb,
+              ldb, o + (size_t)j0 * ldo, ldo, NULL, gw);
+  }
+}
+
 /* softmax over row i's first i + 1 scores (scaled), the rest 0: the causal mask */
 static void causal_softmax(float *s, int T, float scale) {
   for (int i = 0; i < T; i++) {
@@ -87,8 +116,8 @@ void dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p,
   for (int r = 0; r < n; r++)
     for (int h = 0; h < H; h++) {
       const float *q = qkv + (size_t)r * T * 3 * D + (size_t)h * hd, *k = q + D, *v = k + D;
-      float *ph = p + ((size_t)r * H + h) * T * T;                    /* (T, T) */
-      dp__sgemm(0, 1, T, T, hd, q, 3 * D, k, 3 * D, ph, T, NULL, gw); /* q k^T */
+      float *ph = p + ((size_t)r * H + h) * T * T; /* (T, T) */
+      scores(T, hd, q, 3 * D, k, 3 * D, ph, gw);   /* q k^T, the lower triangle */
       causal_softmax(ph, T, scale);
       dp__sgemm(0, 0, T, hd, T, ph, T, v, 3 * D, y + (size_t)r * T * D + (size_t)h * hd, D,
                 NULL, gw); /* p v */
@@ -108,10 +137,10 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
       const float *q = qkv + at, *k = q + D, *v = k + D;
       float *dq = dqkv + at, *dk = dq + D, *dv = dk + D;
       const float *ph = p + ((size_t)r * H + h) * T * T;
-      const float *g = dy + (size_t)r * T * D + (size_t)h * hd;    /* (T, hd), ld D */
-      dp__sgemm(1, 0, T, hd, T, ph, T, g, D, dv, 3 * D, NULL, gw); /* dv = p^T dy */
-      dp__sgemm(0, 1, T, T, hd, g, D, v, 3 * D, ds, T, NULL, gw);  /* dp = dy v^T */
-      for (int i = 0; i < T; i++) { /* ds = p (dp - sum p dp), scaled */
+      const float *g = dy + (size_t)r * T * D + (size_t)h * hd; /* (T, hd), ld D */
+      lower_t(T, hd, ph, g, D, dv, 3 * D, gw);                  /* dv = p^T dy */
+      scores(T, hd, g, D, v, 3 * D, ds, gw); /* dp = dy v^T, the lower triangle */
+      for (int i = 0; i < T; i++) {          /* ds = p (dp - sum p dp), scaled */
         const float *pr = ph + (size_t)i * T;
         float *dr = ds + (size_t)i * T, dot = 0.0f;
         for (int j = 0; j <= i; j++) dot += pr[j] * dr[j];
@@ -119,7 +148,7 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
         for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
       }
       dp__sgemm(0, 0, T, hd, T, ds, T, k, 3 * D, dq, 3 * D, NULL, gw); /* dq = ds k */
-      dp__sgemm(1, 0, T, hd, T, ds, T, q, 3 * D, dk, 3 * D, NULL, gw); /* dk = ds^T q */
+      lower_t(T, hd, ds, q, 3 * D, dk, 3 * D, gw);                     /* dk = ds^T q */
     }
   return true;
 }
