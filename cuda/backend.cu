@@ -187,8 +187,9 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
       DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_area(c, 0),
                                   bn_area(c, (size_t)C), NULL, n, C, S));
     else /* the micro-batch's own, saved in its slot */
-      DP_CUDA_CHECK(dp_k_bn_forward_train(
-          x->stream, in, g, g + C, y, bn_area(c, (size_t)c.mb * dp__bn_stats(C)), n, C, S));
+      DP_CUDA_CHECK(dp_k_bn_forward_train(x->stream, in, g, g + C, y,
+                                          bn_area(c, (size_t)c.mb * dp__bn_stats(C)),
+                                          dp_cuda_bn_scratch(x->hdr), n, C, S));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -278,9 +279,10 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
       DP_CUDA_CHECK(dp_k_bn_sync_dx(x->stream, layer_in(c), bn_area(c, 0),
                                     bn_area(c, dp__bn_sync_bwd(C)), g, dy, dx, n, C, S));
     else
-      DP_CUDA_CHECK(dp_k_bn_backward(
-          x->stream, layer_in(c), bn_area(c, (size_t)c.mb * dp__bn_stats(C)), g, dy, dx,
-          grads + l->param_off, grads + l->param_off + C, n, C, S));
+      DP_CUDA_CHECK(dp_k_bn_backward(x->stream, layer_in(c),
+                                     bn_area(c, (size_t)c.mb * dp__bn_stats(C)), g, dy, dx,
+                                     grads + l->param_off, grads + l->param_off + C,
+                                     dp_cuda_bn_scratch(x->hdr), n, C, S));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -568,7 +570,8 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
     return DP_OK;
   }
   case DP_OP_BN_STATS:
-    DP_CUDA_CHECK(dp_k_bn_part(x->stream, layer_in(ly), dst, op->rows, C, S));
+    DP_CUDA_CHECK(dp_k_bn_part(x->stream, layer_in(ly), dst, dp_cuda_bn_scratch(x->hdr),
+                               op->rows, C, S));
     return DP_OK;
   case DP_OP_BN_MERGE:
     DP_CUDA_CHECK(dp_k_bn_merge(x->stream, dst, src, C, S));
@@ -578,8 +581,8 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
     return DP_OK;
   case DP_OP_BN_BWD_STATS:
     DP_CUDA_CHECK(dp_k_bn_bwd_sums(x->stream, layer_in(ly), bn_area(ly, 0), layer_dout(ly),
-                                   dst + l->param_off, dst + l->param_off + C, op->rows, C,
-                                   S));
+                                   dst + l->param_off, dst + l->param_off + C,
+                                   dp_cuda_bn_scratch(x->hdr), op->rows, C, S));
     return DP_OK;
   default: break;
   }

@@ -5,12 +5,15 @@
  *
  * Launchers enqueue on `st` and return cudaGetLastError(); nothing is
  * enqueued when there is nothing to do (C == 0). No atomics: a channel's
- * sums are one block's, in a fixed order that depends on (n, S) only
- * (batchnorm.cu), so the bits are the same run to run and for every device
- * count; they are not the CPU's ascending sums, so the results differ from
- * the cpu backend's in the last places. The merge, the final statistics and
- * the running-statistics update are lib/'s double-precision expressions,
- * one IEEE operation at a time: from the same inputs, the CPU's bits. */
+ * sums are taken by K = dp__bn_chunks(n S, C) blocks (lib/model/model.h) in
+ * a fixed order that depends on (n, C, S) only and is the CPU's
+ * (lib/cpu/backend.c, bn_sums), so the bits are the same run to run, for
+ * every device count and on both backends. With K > 1 the chunk sums go
+ * through `scratch`, the workspace header's batchnorm scratch
+ * (dp_cuda_bn_scratch; 4 DP_BN_SLOTS floats). The merge, the final
+ * statistics and the running-statistics update are lib/'s double-precision
+ * expressions, one IEEE operation at a time: from the same inputs, the CPU's
+ * bits. */
 #ifndef DP_CUDA_BATCHNORM_CUH
 #define DP_CUDA_BATCHNORM_CUH
 
@@ -20,8 +23,8 @@
  * mean, then the sum of squared deviations (two passes); st: mean (C), rstd
  * (C), unbiased variance (C; NaN for one value); y = (x - mean) rstd g + b. */
 cudaError_t dp_k_bn_forward_train(cudaStream_t st, const float *x, const float *g,
-                                  const float *b, float *y, float *stats, int n, int C,
-                                  int S);
+                                  const float *b, float *y, float *stats, float *scratch,
+                                  int n, int C, int S);
 /* y = (x - mean) rstd g + b with given statistics: eval (mean = running_mean,
  * var = running_var: rstd = 1 / sqrt(var + eps)) when rstd is NULL, or sync
  * training (the whole batch's mean and rstd) when var is NULL. */
@@ -33,12 +36,13 @@ cudaError_t dp_k_bn_apply(cudaStream_t st, const float *x, const float *g, const
  * needed) = rstd (dy g - s1 / M - xh s2 / M), s1 = sum dy g, s2 = sum dy g xh. */
 cudaError_t dp_k_bn_backward(cudaStream_t st, const float *x, const float *stats,
                              const float *g, const float *dy, float *dx, float *dg,
-                             float *db, int n, int C, int S);
+                             float *db, float *scratch, int n, int C, int S);
 
 /* ---- sync (config.batchnorm sync): the whole batch's statistics ---- */
 /* DP_OP_BN_STATS: part = rows (uint32 word), mean (C), sum of squared
  * deviations (C) of the micro-batch's n rows. */
-cudaError_t dp_k_bn_part(cudaStream_t st, const float *x, float *part, int n, int C, int S);
+cudaError_t dp_k_bn_part(cudaStream_t st, const float *x, float *part, float *scratch,
+                         int n, int C, int S);
 /* DP_OP_BN_MERGE: partial a merged with b in place (Chan et al., in double). */
 cudaError_t dp_k_bn_merge(cudaStream_t st, float *a, const float *b, int C, int S);
 /* DP_OP_BN_FINAL: f = mean (C), rstd (C), unbiased variance (C), rows (uint32
@@ -47,7 +51,8 @@ cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, i
 /* DP_OP_BN_BWD_STATS: dg = sum dy xh, db = sum dy over the micro-batch's n
  * rows, with the whole batch's statistics f (final's layout). */
 cudaError_t dp_k_bn_bwd_sums(cudaStream_t st, const float *x, const float *f,
-                             const float *dy, float *dg, float *db, int n, int C, int S);
+                             const float *dy, float *dg, float *db, float *scratch, int n,
+                             int C, int S);
 /* The backward of a sync batchnorm: dx = rstd (dy g - g sb / M - xh g sg / M)
  * with the whole batch's statistics f and sums (sg (C), sb (C)); M = rows S,
  * the rows read from f. */

@@ -64,11 +64,11 @@ void dp__cuda_host_free(void *p); /* p may be NULL */
 
 /* WORKSPACE bytes a CUDA plan must reserve on every device (the planner is
  * pure C and must not need CUDA to size it): a header of DP_CUDA_WS_HEADER_BYTES
- * (status words, the loss; the loss ops' scratch) followed by the cuBLAS workspace. 32 MiB
- * is NVIDIA's recommended cublasSetWorkspace size for Hopper (4 MiB for older GPUs); the
- * size is fixed so that GEMM algorithm choice, and with it the bits, does not
- * depend on the plan. */
-#define DP_CUDA_WS_HEADER_BYTES ((size_t)8192)
+ * (status words, the loss; the loss and batchnorm ops' scratch) followed by the cuBLAS
+ * workspace. 32 MiB is NVIDIA's recommended cublasSetWorkspace size for Hopper (4 MiB for
+ * older GPUs); the size is fixed so that GEMM algorithm choice, and with it the bits, does
+ * not depend on the plan. */
+#define DP_CUDA_WS_HEADER_BYTES ((size_t)16384)
 #define DP_CUDA_BLAS_WS_BYTES ((size_t)32 << 20)
 static inline size_t dp__cuda_workspace_bytes(void) {
   return DP_CUDA_WS_HEADER_BYTES + DP_CUDA_BLAS_WS_BYTES;

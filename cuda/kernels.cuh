@@ -63,6 +63,7 @@ typedef struct {
  * here until k_loss_chunks adds them. */
 #define DP_CUDA_LOSS_CHUNKS 16
 #define DP_CUDA_WS_LOSS_OFFSET ((size_t)4096)
+#define DP_CUDA_WS_BN_OFFSET ((size_t)8192) /* the batchnorm scratch, below */
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_LOSS_OFFSET, "header too large");
 static inline float *dp_cuda_loss_chunks(dp_cuda_header *hdr) {
   return (float *)((unsigned char *)hdr + DP_CUDA_WS_LOSS_OFFSET);
@@ -77,8 +78,17 @@ typedef struct {
   int bound[DP_CUDA_MB_LIST + 1];
 } dp_cuda_mb_span;
 static_assert(DP_CUDA_WS_LOSS_OFFSET + DP_CUDA_MB_LIST * DP_CUDA_LOSS_CHUNKS * 4 <=
-                  DP_CUDA_WS_HEADER_BYTES,
-              "the loss scratch must fit the workspace's header area");
+                  DP_CUDA_WS_BN_OFFSET,
+              "the loss scratch must end before the batchnorm scratch");
+/* The batchnorm ops' scratch follows: a channel's values summed by K > 1
+ * blocks (lib/model/model.h, dp__bn_chunks; cuda/batchnorm.cu) keep their
+ * chunk sums here, sum q of chunk c of channel ch at q DP_BN_SLOTS + ch K + c
+ * (up to 4 sums; K C <= DP_BN_SLOTS), until k_bn_combine adds them. */
+static_assert(DP_CUDA_WS_BN_OFFSET + 4 * DP_BN_SLOTS * 4 <= DP_CUDA_WS_HEADER_BYTES,
+              "the batchnorm scratch must fit the workspace's header area");
+static inline float *dp_cuda_bn_scratch(dp_cuda_header *hdr) {
+  return (float *)((unsigned char *)hdr + DP_CUDA_WS_BN_OFFSET);
+}
 
 /* The optimizer's constants (per plan; the per-step scalars are in the
  * header's sc): computed on the host exactly as lib/cpu/backend.c does. */

@@ -1523,7 +1523,7 @@ START_TEST(plan_cuda_replicas_on_one_gpu) {
   }
   char model[64];
   temp_file(model, sizeof model, SMALL_SPEC);
-  const size_t ws = ((size_t)32 << 20) + 8192;
+  const size_t ws = ((size_t)32 << 20) + 16384;
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_parse(SMALL_SPEC, "small", &m), DP_OK);
   dp_config c;

@@ -667,12 +667,15 @@ static bool exact_op(const pair *t, const dp_op *op) {
   if (op->kind == DP_OP_GRAD_NORM || op->kind == DP_OP_GRAD_CLIP ||
       op->kind == DP_OP_GRAD_ACCUM || op->kind == DP_OP_GRAD_STASH)
     return true;
+  /* batchnorm: the channel sums in lib/model/model.h's chunked order on both
+   * backends (dp__bn_chunks), the CPU's expressions */
+  if (op->kind >= DP_OP_BN_UPDATE && op->kind <= DP_OP_BN_BWD_STATS) return true;
   if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) return false;
   dp_layer_kind k = dp_model_layer_kind(t->m, op->layer);
   /* the pools and flatten too: fixed orders, unfused adds and divisions
    * (cuda/conv.cu), the CPU's bits from the same inputs */
   return k == DP_LAYER_RELU || k == DP_LAYER_DROPOUT || k == DP_LAYER_MAXPOOL2D ||
-         k == DP_LAYER_AVGPOOL2D || k == DP_LAYER_FLATTEN;
+         k == DP_LAYER_AVGPOOL2D || k == DP_LAYER_FLATTEN || k == DP_LAYER_BATCHNORM;
 }
 
 static void gpu_op_twice(pair *t, int k, const char *what);
@@ -1899,9 +1902,9 @@ START_TEST(timing_report) {
 END_TEST
 
 /* ---- batchnorm (cuda/batchnorm.cu) ----
- * Both modes against the cpu backend: each op alone (the per-channel
- * reductions in their fixed order differ from the cpu's ascending sums in the
- * last places; the merge, the final statistics and the running-statistics
+ * Both modes against the cpu backend: each op alone, bit for bit (exact_op:
+ * the per-channel reductions take lib/model/model.h's chunked order on both
+ * backends; the merge, the final statistics and the running-statistics
  * update are the cpu's double expressions), whole steps (running statistics
  * included: they are in PARAMS), the same bits run to run, in graph replays
  * and for 1, 2 and 4 replicas, and no running statistic moves in a refused
@@ -1953,11 +1956,13 @@ START_TEST(batchnorm_ops_match_cpu) {
 END_TEST
 
 /* The channel reductions at shapes that stress chan_walk's dealing: H W above
- * the block (S = 1023 > 512 threads), between (S = 42: 12 rows and 8
+ * the block (S = 1023 > 512 threads; 20 rows: 10 chunks of 2046 values, a
+ * block each, chunk boundaries inside rows), between (S = 42: 12 rows and 8
  * positions a step), 1 (1100 rows of a flat batchnorm, two per thread), one
- * channel; each op twice, the same bytes. Two orders of a float sum of M
- * terms differ by about sqrt(M) roundings: the tolerance grows as in
- * check_column_sums. */
+ * channel; each op twice, the same bytes, and the batchnorm ops the cpu's
+ * bits (exact_op). The other ops' GEMMs take their own orders: two orders of
+ * a float sum of M terms differ by about sqrt(M) roundings, so their
+ * tolerance grows as in check_column_sums. */
 START_TEST(batchnorm_kernels_at_stress_shapes) {
   REQUIRE_GPUS(ngpu, "batchnorm_kernels_at_stress_shapes");
   static const struct {
@@ -1984,6 +1989,48 @@ START_TEST(batchnorm_kernels_at_stress_shapes) {
       double tol = 1e-5 * (cases[i].m > 64 ? sqrt((double)cases[i].m / 64.0) : 1.0);
       check_every_compute_op_at(name, cases[i].spec, &c, 0, tol, true);
     }
+}
+END_TEST
+
+/* Several blocks per channel (issue 28, finding 5): shapes whose channels
+ * hold more than 2 DP_BN_CHUNK values, so that dp__bn_chunks cuts each into
+ * K > 1 chunks, a block each, whose sums k_bn_combine adds in ascending
+ * order: a flat batchnorm of 5000 rows (3 chunks of 1667, the last 1666), a
+ * 2d one of 7 rows of S = 1023 in two micro-batches (4 chunks of 1791 from
+ * 7161 values, the last 1788, boundaries inside rows), and 200 channels of
+ * 4500 rows, where DP_BN_SLOTS / C caps K at 2. Both modes, every op alone
+ * and twice: the batchnorm ops give the cpu backend's bits (exact_op), which
+ * sums the same chunks in the same order (lib/cpu/backend.c, bn_sums); any
+ * other combination of the chunk sums (another order, a tree, other chunk
+ * bounds) rounds differently and fails the comparison. */
+START_TEST(batchnorm_multiblock_matches_cpu_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "batchnorm_multiblock_matches_cpu_bit_for_bit");
+  static const struct {
+    const char *name, *spec;
+    int batch, mb, C, S, K;
+  } cases[] = {
+      {"flat, 5000 rows", "input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n", 5000, 0, 3,
+       1, 3},
+      {"S 1023, 7 rows",
+       "input 1 33 31\nconv2d 2 3 padding 1\nbatchnorm\nflatten\nlinear 2\nloss mse\n", 14,
+       7, 2, 1023, 4},
+      {"200 channels, 4500 rows", "input 3\nlinear 200\nbatchnorm\nlinear 2\nloss mse\n",
+       4500, 0, 200, 1, 2},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    size_t rows = (size_t)(cases[i].mb ? cases[i].mb : cases[i].batch);
+    size_t m = rows * (size_t)cases[i].S;
+    ck_assert_int_eq(dp__bn_chunks(m, cases[i].C), cases[i].K);
+    for (int md = 0; md < 2; md++) {
+      dp_config c = bn_config(ngpu, cases[i].batch, 1, cases[i].mb, DP_MODE_CLASSIC,
+                              DP_OPT_SGD, (dp_bn_mode)md);
+      char name[96];
+      snprintf(name, sizeof name, "bn %s (%d blocks per channel), %s", cases[i].name,
+               cases[i].K, dp_bn_mode_name((dp_bn_mode)md));
+      double tol = 1e-5 * sqrt((double)m / 64.0); /* the GEMMs' */
+      check_every_compute_op_at(name, cases[i].spec, &c, 0, tol, true);
+    }
+  }
 }
 END_TEST
 
@@ -2578,6 +2625,7 @@ Suite *cuda_suite(void) {
   tcase_set_tags(bn, "gpu");
   tcase_add_test(bn, batchnorm_ops_match_cpu);
   tcase_add_test(bn, batchnorm_kernels_at_stress_shapes);
+  tcase_add_test(bn, batchnorm_multiblock_matches_cpu_bit_for_bit);
   tcase_add_test(bn, batchnorm_steps_match_cpu);
   tcase_add_test(bn, batchnorm_steps_are_bit_identical_run_to_run);
   tcase_add_test(bn, batchnorm_same_bits_for_1_2_4_replicas_and_both_modes);

@@ -395,15 +395,16 @@ START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
    *   targets 1024+240 = 1264, activations/outputs 1280 (+120 = 1400),
    *   output_grads 1536+120 = 1656, gathered_outputs 1792+240 = 2032,
    *   gathered_grads 2048+240 = 2288, loss 2304+8 = 2312, comm 2560+48 = 2608,
-   *   workspace 2816 + 8192 (status words, loss scratch) + 32 MiB (cuBLAS) = 33,565,440.
+   *   workspace 2816 + 16384 (status words, loss and batchnorm scratch) + 32 MiB (cuBLAS)
+   *   = 33,573,632.
    * Host staging: x 30*5*4 = 600 at 0, targets 240 at 768, y 240 at 1024 (-> 1264);
    * total 1280. */
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_TARGETS).offset, 1024);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).offset, 2560);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_COMM).size, 48);
   ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).offset, 2816);
-  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, 8192 + (32u << 20));
-  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816 + 8192 + (32u << 20));
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_WORKSPACE).size, 16384 + (32u << 20));
+  ck_assert_uint_eq(dp_plan_device_bytes(p, 0), 2816 + 16384 + (32u << 20));
   for (int d = 0; d < 2; d++)
     for (int r = 0; r < DP_REGION_COUNT; r++) {
       dp_region_info ri = dp_plan_region(p, d, (dp_region)r);
@@ -1933,7 +1934,7 @@ START_TEST(flatten_is_a_view_without_memory) {
       size_t col = (np * 2 * 3 * 3 * 4 + 255) / 256 * 256; /* CKK = 2 x 3 x 3 */
       size_t t = (np * 4 * 4 + 255) / 256 * 256;           /* OUT = 4 */
       REQ_EQ(dp_plan_region(q, d, DP_REGION_WORKSPACE).size,
-             (size_t)8192 + ((size_t)32 << 20) + col + t);
+             (size_t)16384 + ((size_t)32 << 20) + col + t);
     }
     check_plan(q);
     dp_plan_free(q);

@@ -78,10 +78,57 @@ static float *bn_buffers(const lctx *c) { return ptr(c, c->o.bn_buffers); }
 
 #define BN_EPS 1e-5f
 
+/* What bn_sums adds per element (xh = (x - mean) rstd): BN_X: x; BN_DEV2:
+ * (x - mean)^2; BN_GRADS2: dy xh, dy; BN_GRADS4: those and dy g, dy g xh. */
+typedef enum { BN_X, BN_DEV2, BN_GRADS2, BN_GRADS4 } bn_terms;
+
+/* Channel ch's sums v[0..) of its M = n S values in dp__bn_chunks's order
+ * (lib/model/model.h: chunks of the values in (row, position) order, each
+ * dealt round-robin to DP_BN_LANES lanes summed from +0 and a halving tree
+ * over the lanes, the chunk sums added ascending), which cuda/batchnorm.cu's
+ * blocks take: the same bits on both backends. */
+static void bn_sums(const float *x, const float *dy, int n, int C, size_t S, int ch,
+                    bn_terms t, float mean, float rstd, float g, float *v) {
+  const size_t M = (size_t)n * S;
+  const int K = dp__bn_chunks(M, C), Q = t == BN_GRADS4 ? 4 : t == BN_GRADS2 ? 2 : 1;
+  const size_t L = dp__bn_chunk_len(M, K);
+  float lane[4][DP_BN_LANES];
+  for (int c = 0; c < K; c++) {
+    size_t j0 = (size_t)c * L < M ? (size_t)c * L : M, j1 = j0 + L < M ? j0 + L : M;
+    size_t r = j0 / S, k = j0 % S;
+    memset(lane, 0, sizeof lane); /* +0 */
+    for (size_t j = j0, ln = 0; j < j1; j++) {
+      size_t at = (r * (size_t)C + (size_t)ch) * S + k;
+      float d = x[at] - mean, xh = d * rstd;
+      switch (t) {
+      case BN_X: lane[0][ln] += x[at]; break;
+      case BN_DEV2: lane[0][ln] += d * d; break;
+      case BN_GRADS4:
+        lane[2][ln] += dy[at] * g;
+        lane[3][ln] += dy[at] * g * xh;
+        /* fall through */
+      case BN_GRADS2:
+        lane[0][ln] += dy[at] * xh;
+        lane[1][ln] += dy[at];
+        break;
+      }
+      if (++ln == DP_BN_LANES) ln = 0;
+      if (++k == S) {
+        k = 0;
+        r++;
+      }
+    }
+    for (int w = DP_BN_LANES / 2; w > 0; w >>= 1)
+      for (int q = 0; q < Q; q++)
+        for (int i = 0; i < w; i++) lane[q][i] += lane[q][i + w];
+    for (int q = 0; q < Q; q++) v[q] = c == 0 ? lane[q][0] : v[q] + lane[q][0];
+  }
+}
+
 /* y = (x - mean) rstd g + b per channel over n rows of C x S (S = H W, or 1
- * for a flat input). Training: the micro-batch's own statistics (sums over
- * rows then positions, ascending; the biased variance), saved for backward and
- * the running statistics; eval: the running statistics. */
+ * for a flat input). Training: the micro-batch's own statistics (bn_sums's
+ * order: the mean, then the squared deviations; the biased variance), saved
+ * for backward and the running statistics; eval: the running statistics. */
 static void bn_forward(const lctx *c, const float *x, float *y) {
   const dp_layer *l = c->l;
   int n = c->rows, C = l->c;
@@ -97,15 +144,10 @@ static void bn_forward(const lctx *c, const float *x, float *y) {
       mean = st[ch];
       rstd = st[C + ch];
     } else if (st) {
-      float sum = 0.0f, var = 0.0f;
-      for (int r = 0; r < n; r++)
-        for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
+      float sum, var;
+      bn_sums(x, NULL, n, C, S, ch, BN_X, 0.0f, 0.0f, 0.0f, &sum);
       mean = sum / (float)M;
-      for (int r = 0; r < n; r++)
-        for (size_t k = 0; k < S; k++) {
-          float dv = x[((size_t)r * C + ch) * S + k] - mean;
-          var += dv * dv;
-        }
+      bn_sums(x, NULL, n, C, S, ch, BN_DEV2, mean, 0.0f, 0.0f, &var);
       rstd = 1.0f / sqrtf(var / (float)M + BN_EPS);
       st[ch] = mean;
       st[C + ch] = rstd;
@@ -124,7 +166,7 @@ static void bn_forward(const lctx *c, const float *x, float *y) {
 
 /* ---- sync batchnorm (config.batchnorm sync): the whole batch's statistics ----
  * Each micro-batch's partial (rows, mean, sum of squared deviations: two
- * passes, ascending), merged pairwise in the canonical tree (Chan et al.'s
+ * passes, bn_sums's order), merged pairwise in the canonical tree (Chan et al.'s
  * update, in double), so the result depends only on the micro-batches, not
  * on which device holds them. */
 
@@ -147,15 +189,10 @@ static dp_status bn_stats_op(const dp_exec_env *e, const dp_op *op) {
   float *part = region(e, op->device, op->dst_region, op->dst_offset);
   put_u32(part, (uint32_t)n);
   for (int ch = 0; ch < C; ch++) {
-    float sum = 0.0f, m2 = 0.0f;
-    for (int r = 0; r < n; r++)
-      for (size_t k = 0; k < S; k++) sum += x[((size_t)r * C + ch) * S + k];
+    float sum, m2;
+    bn_sums(x, NULL, n, C, S, ch, BN_X, 0.0f, 0.0f, 0.0f, &sum);
     float mean = sum / (float)M;
-    for (int r = 0; r < n; r++)
-      for (size_t k = 0; k < S; k++) {
-        float dv = x[((size_t)r * C + ch) * S + k] - mean;
-        m2 += dv * dv;
-      }
+    bn_sums(x, NULL, n, C, S, ch, BN_DEV2, mean, 0.0f, 0.0f, &m2);
     part[1 + ch] = mean;
     part[1 + C + ch] = m2;
   }
@@ -199,7 +236,7 @@ static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
   return DP_OK;
 }
 
-/* The micro-batch's sums of dy x-hat and dy per channel (ascending), with the
+/* The micro-batch's sums of dy x-hat and dy per channel (bn_sums's order), with the
  * whole batch's statistics: its gradients of the weight and the bias, which
  * the backward tree sums and the batchnorm's sums are copied from. */
 static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
@@ -211,15 +248,10 @@ static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
   float *dg = region(e, op->device, op->dst_region, op->dst_offset) + l->param_off,
         *db = dg + C;
   for (int ch = 0; ch < C; ch++) {
-    float mean = st[ch], rstd = st[C + ch], sg = 0.0f, sb = 0.0f;
-    for (int r = 0; r < n; r++)
-      for (size_t k = 0; k < S; k++) {
-        size_t at = ((size_t)r * C + ch) * S + k;
-        sg += dy[at] * ((x[at] - mean) * rstd);
-        sb += dy[at];
-      }
-    dg[ch] = sg;
-    db[ch] = sb;
+    float v[2];
+    bn_sums(x, dy, n, C, S, ch, BN_GRADS2, st[ch], st[C + ch], 0.0f, v);
+    dg[ch] = v[0];
+    db[ch] = v[1];
   }
   return DP_OK;
 }
@@ -261,18 +293,11 @@ static void bn_backward(const lctx *c, const float *x, const float *dy, float *d
   const float *g = layer_params(c), *st = bn_stats(c, c->mb);
   float *dg = grads + l->param_off, *db = dg + C;
   for (int ch = 0; ch < C; ch++) {
-    float mean = st[ch], rstd = st[C + ch], sg = 0.0f, sb = 0.0f, s1 = 0.0f, s2 = 0.0f;
-    for (int r = 0; r < n; r++)
-      for (size_t k = 0; k < S; k++) {
-        size_t at = ((size_t)r * C + ch) * S + k;
-        float xh = (x[at] - mean) * rstd, dxh = dy[at] * g[ch];
-        sg += dy[at] * xh;
-        sb += dy[at];
-        s1 += dxh;
-        s2 += dxh * xh;
-      }
-    dg[ch] = sg;
-    db[ch] = sb;
+    float mean = st[ch], rstd = st[C + ch], v[4];
+    bn_sums(x, dy, n, C, S, ch, BN_GRADS4, mean, rstd, g[ch], v);
+    float s1 = v[2], s2 = v[3];
+    dg[ch] = v[0];
+    db[ch] = v[1];
     if (!dx) continue;
     for (int r = 0; r < n; r++)
       for (size_t k = 0; k < S; k++) {

@@ -50,6 +50,30 @@ static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }
 /* Floats a batchnorm's forward saves per micro-batch: mean, rstd and the
  * unbiased variance per channel. */
 static inline size_t dp__bn_stats(int c) { return 3 * (size_t)c; }
+/* The order a batchnorm sums a channel's M = n S values in, on both backends
+ * (lib/cpu/backend.c's bn_sums, cuda/batchnorm.cu; the same bits): the values
+ * in (row, position) order j = r S + k are cut into K = dp__bn_chunks(M, C)
+ * chunks of L = dp__bn_chunk_len(M, K) consecutive values (the last may be
+ * shorter), a GPU block each. Chunk c's values j = c L + i are dealt to
+ * DP_BN_LANES lanes (i to lane i mod DP_BN_LANES, each lane's sum ascending
+ * from +0), the lane sums meet in a halving tree (lane t += lane t + 256,
+ * then t + 128, ..., 1), and the chunk sums are added in ascending c, from
+ * chunk 0's. K is a function of (M, C) alone: 1 up to DP_BN_CHUNK values,
+ * else ceil(M / DP_BN_CHUNK) (at least 4 passes of a block each), at most
+ * DP_BN_SLOTS / C (about a GPU's worth of blocks over all channels; 1 for
+ * C > DP_BN_SLOTS / 2), so K C <= DP_BN_SLOTS whenever K > 1: the CUDA
+ * scratch's size (cuda/kernels.cuh, dp_cuda_bn_scratch). */
+#define DP_BN_LANES 512
+#define DP_BN_CHUNK ((size_t)4 * DP_BN_LANES)
+#define DP_BN_SLOTS 512
+static inline int dp__bn_chunks(size_t M, int C) {
+  size_t k = (M + DP_BN_CHUNK - 1) / DP_BN_CHUNK;
+  size_t cap = C > 0 && C < DP_BN_SLOTS ? (size_t)(DP_BN_SLOTS / C) : 1;
+  return k < 2 ? 1 : (int)(k < cap ? k : cap);
+}
+static inline size_t dp__bn_chunk_len(size_t M, int K) {
+  return (M + (size_t)K - 1) / (size_t)K;
+}
 /* config.batchnorm = DP_BN_SYNC: a batchnorm's statistics area on a device
  * with n_mb planned micro-batches (floats from its stats offset; the parts
  * every device has first, so that they are at the same offset on each):
