@@ -8,6 +8,7 @@
 # skipped, visibly ("SKIP safetensors_torch: ..."), and passes; any other
 # failure fails it. Where the safetensors package is importable the check runs
 # twice: with it, and with the script's own reader and writer (DP_ST_BY_HAND=1).
+# Then tests/fixtures/golden/pytorch_export.py: dp export --pytorch's source.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 bd=${1:-build}
@@ -29,6 +30,12 @@ printf '%s\n' "$out"
 if [ $rc = 0 ] && "$py" -c 'import safetensors' >/dev/null 2>&1; then
   echo "check_safetensors_torch: again, the files read and written by hand"
   out=$(DP_ST_BY_HAND=1 "$py" tests/fixtures/golden/safetensors_roundtrip.py "$bd" 2>&1)
+  rc=$?
+  printf '%s\n' "$out"
+fi
+# dp export --pytorch: the model as PyTorch source, its forward against libdp's
+if [ $rc = 0 ]; then
+  out=$("$py" tests/fixtures/golden/pytorch_export.py "$bd" 2>&1)
   rc=$?
   printf '%s\n' "$out"
 fi

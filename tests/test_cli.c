@@ -3207,10 +3207,13 @@ START_TEST(export_import_refusals) {
       {dpt_cmd_export, {"export", "--safetensors", x}, "dp export: which checkpoint?\n"},
       {dpt_cmd_export,
        {"export", f},
-       "dp export: --safetensors FILE is required (and --model, --out are dp import's)\n"},
+       "dp export: --safetensors FILE or --pytorch FILE.py is required (--out is dp "
+       "import's)\n"},
       {dpt_cmd_export,
        {"export", f, "--safetensors", x, "--model", DIGITS_MODEL},
-       "dp export: --safetensors FILE is required (and --model, --out are dp import's)\n"},
+       "dp export: --model goes with --pytorch alone and no checkpoint (dp export --model "
+       "M.dpm --pytorch F.py)\n"},
+      {dpt_cmd_export, {"export", "--model", DIGITS_MODEL}, "dp export: which checkpoint?\n"},
       {dpt_cmd_export,
        {"export", f, f, "--safetensors", x},
        "dp export: one input file, please\n"},
@@ -3364,8 +3367,9 @@ START_TEST(help_lists_predict_export_import) {
   cmd_result_free(&r);
   r = RUN(dpt_cmd_export, "--help");
   ck_assert_int_eq(r.rc, DPT_EXIT_OK);
-  ck_assert_msg(starts_with(r.out, "usage: dp export CHECKPOINT --safetensors FILE\n") &&
-                    strstr(r.out, "model.load_state_dict"),
+  ck_assert_msg(starts_with(r.out, "usage: dp export CHECKPOINT [--safetensors FILE] "
+                                   "[--pytorch FILE.py]\n") &&
+                    strstr(r.out, "model.load_state_dict") && strstr(r.out, "build()"),
                 "%s", r.out);
   cmd_result_free(&r);
   r = RUN(dpt_cmd_import, "--help");

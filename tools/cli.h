@@ -23,7 +23,9 @@ int dpt_cmd_repro(int argc, char **argv);   /* tools/cmd_repro.c */
 int dpt_cmd_bench(int argc, char **argv);   /* tools/cmd_bench.c */
 int dpt_cmd_predict(int argc, char **argv); /* tools/cmd_predict.c */
 int dpt_cmd_export(int argc, char **argv);  /* tools/cmd_weights.c */
-int dpt_cmd_import(int argc, char **argv);  /* tools/cmd_weights.c */
+/* The model as PyTorch source (tools/pytorch.c): 0, or -1 on a write error. */
+int dpt_write_pytorch(const dp_model *m, FILE *f);
+int dpt_cmd_import(int argc, char **argv); /* tools/cmd_weights.c */
 
 /* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):
  * a column per device with rows, micro-batches, the bytes of every non-empty

@@ -177,6 +177,7 @@ static char *model_line(const dp_model *m) {
     if (s[i] == '\n') {
       memcpy(t + j, " | ", 3);
       j += 3;
+      while (i + 1 < n && s[i + 1] == ' ') i++; /* a residual block's indent */
     } else {
       t[j++] = s[i];
     }

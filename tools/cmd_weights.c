@@ -2,15 +2,16 @@
  * PyTorch's safetensors files (the state_dict of the model's nn.Sequential). */
 #include "cli.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
-enum { OPT_SAFETENSORS = DPT_OPT_USER, OPT_MODEL, OPT_OUT };
+enum { OPT_SAFETENSORS = DPT_OPT_USER, OPT_MODEL, OPT_OUT, OPT_PYTORCH };
 
 /* A command's command line: its own options, the config and common options
  * (dpt_parse_args) and its one input file. */
 typedef struct {
-  const char *safetensors, *model, *out;
+  const char *safetensors, *model, *out, *pytorch;
   dp_config cfg;
   dpt_common common;
   const char *in;
@@ -23,12 +24,14 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_SAFETENSORS: o->safetensors = arg; return 0;
   case OPT_MODEL: o->model = arg; return 0;
   case OPT_OUT: o->out = arg; return 0;
+  case OPT_PYTORCH: o->pytorch = arg; return 0;
   }
   return -1;
 }
 
 static void export_usage(FILE *f) {
-  fputs("usage: dp export CHECKPOINT --safetensors FILE\n"
+  fputs("usage: dp export CHECKPOINT [--safetensors FILE] [--pytorch FILE.py]\n"
+        "       dp export --model M.dpm --pytorch FILE.py\n"
         "\n"
         "Writes the parameters of a libdp checkpoint (dp train --save, dp_ckpt_save) as\n"
         "a safetensors file that PyTorch loads into the model's nn.Sequential:\n"
@@ -40,6 +43,15 @@ static void export_usage(FILE *f) {
         "\"k.weight\" and \"k.bias\" (width) for a layernorm at k; F32. The model comes\n"
         "from the checkpoint itself; its spec text is in the file's metadata\n"
         "(\"libdp_model\"). Any checkpoint works, whatever device count or mode saved it.\n"
+        "\n"
+        "--pytorch FILE.py writes the model as PyTorch source: build() returns an\n"
+        "nn.Module with those tensor names (each layer registered under its index;\n"
+        "residual blocks, embeddings and attention included) whose forward is the\n"
+        "spec's, so that m = build(); m.load_state_dict(load_file(FILE), strict=True)\n"
+        "gives libdp's outputs (a token model: (B, T) ids to (B, T, V) logits).\n"
+        "At least one of --safetensors and --pytorch. With --model M.dpm and no\n"
+        "checkpoint, the source of that spec's model alone (PyTorch initialises it;\n"
+        "dp import takes its weights back).\n"
         "\n"
         "Exit status: 0 written, 1 the checkpoint could not be read or the file written,\n"
         "2 usage error.\n",
@@ -77,6 +89,7 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
       {"safetensors", required_argument, NULL, OPT_SAFETENSORS},
       {"model", required_argument, NULL, OPT_MODEL},
       {"out", required_argument, NULL, OPT_OUT},
+      {"pytorch", required_argument, NULL, OPT_PYTORCH},
       {0, 0, 0, 0}};
   char err[512];
   int r = dpt_parse_args(argc, argv, extra, on_option, o, &o->cfg, common, err, sizeof err);
@@ -84,6 +97,9 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
     usage(stdout);
     return DPT_EXIT_OK;
   }
+  /* dp export --model M.dpm --pytorch F.py: the source alone, from a spec */
+  bool spec_only = !need_model && o->model && o->pytorch && !o->safetensors && !o->out;
+  if (r == DPT_ARGS_OK && spec_only && common->n_args == 0) return -1;
   if (r == DPT_ARGS_OK && common->n_args != 1) {
     snprintf(err, sizeof err, "%s",
              common->n_args ? "one input file, please"
@@ -91,13 +107,16 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
                             : "which checkpoint?");
     r = DPT_ARGS_ERROR;
   }
-  if (r == DPT_ARGS_OK && !need_model && (!o->safetensors || o->model || o->out)) {
-    snprintf(err, sizeof err,
-             "--safetensors FILE is required (and --model, --out are "
-             "dp import's)");
+  if (r == DPT_ARGS_OK && !need_model &&
+      ((!o->safetensors && !o->pytorch) || o->model || o->out)) {
+    snprintf(err, sizeof err, "%s",
+             o->model ? "--model goes with --pytorch alone and no checkpoint (dp export "
+                        "--model M.dpm --pytorch F.py)"
+                      : "--safetensors FILE or --pytorch FILE.py is required (--out is "
+                        "dp import's)");
     r = DPT_ARGS_ERROR;
   }
-  if (r == DPT_ARGS_OK && need_model && o->safetensors) {
+  if (r == DPT_ARGS_OK && need_model && (o->safetensors || o->pytorch)) {
     snprintf(err, sizeof err,
              "--safetensors is dp export's; dp import reads the safetensors file named "
              "as its argument");
@@ -137,15 +156,43 @@ static int lib_fail(const char *cmd, weights_rig *w) {
   return finish(w, DPT_EXIT_FAIL);
 }
 
+/* dp export --model M.dpm --pytorch F.py */
+static int export_spec(const weights_opts *o) {
+  dp_model *m = NULL;
+  dp_file *f = NULL;
+  if (dp_model_load(o->model, &m) || dp_file_create(o->pytorch, "PyTorch source", &f)) {
+    fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_last_error()));
+    dp_model_free(m);
+    return DPT_EXIT_FAIL;
+  }
+  int bad = dpt_write_pytorch(m, dp_file_stream(f));
+  if (bad) dp_file_discard(f);
+  if (bad || dp_file_commit(f)) {
+    fprintf(stderr, "dp export: %s\n",
+            bad ? "cannot write the source (out of memory)" : dpt_user_msg(dp_last_error()));
+    dp_model_free(m);
+    return DPT_EXIT_FAIL;
+  }
+  printf("dp export: %s as PyTorch source -> %s (build())\n", o->model, o->pytorch);
+  dp_model_free(m);
+  return DPT_EXIT_OK;
+}
+
 int dpt_cmd_export(int argc, char **argv) {
   weights_opts o;
   int r = parse(argc, argv, "export", export_usage, 0, &o);
   if (r >= 0) return r;
+  if (!o.in) return export_spec(&o);
   const char *ckpt = o.in;
   char err[512];
-  dpt_file_role out = {o.safetensors, "safetensors file"}, in = {ckpt, "checkpoint"};
-  if (dpt_check_distinct(&out, 1, &in, 1, err, sizeof err) ||
-      dpt_check_writable(o.safetensors, "safetensors file", 1, err, sizeof err)) {
+  dpt_file_role outs[2], in = {ckpt, "checkpoint"};
+  int n_out = 0;
+  if (o.safetensors) outs[n_out++] = (dpt_file_role){o.safetensors, "safetensors file"};
+  if (o.pytorch) outs[n_out++] = (dpt_file_role){o.pytorch, "PyTorch source"};
+  int bad = dpt_check_distinct(outs, n_out, &in, 1, err, sizeof err);
+  for (int k = 0; k < n_out && !bad; k++)
+    bad = dpt_check_writable(outs[k].path, outs[k].what, 1, err, sizeof err);
+  if (bad) {
     fprintf(stderr, "dp export: %s\n", err);
     return DPT_EXIT_FAIL;
   }
@@ -158,10 +205,22 @@ int dpt_cmd_export(int argc, char **argv) {
   cfg.inference = 1;
   if (dp_ckpt_info(ckpt, &w.m, &info) || dp_plan_create(w.m, &cfg, &w.p) ||
       dp_ctx_create(w.p, &w.c) || dp_ckpt_load(w.c, ckpt) ||
-      dp_ckpt_export_safetensors(w.c, o.safetensors))
+      (o.safetensors && dp_ckpt_export_safetensors(w.c, o.safetensors)))
     return lib_fail("export", &w);
-  printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt,
-         dp_model_n_tensors(w.m), dp_model_n_params(w.m), o.safetensors);
+  if (o.safetensors)
+    printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt,
+           dp_model_n_tensors(w.m), dp_model_n_params(w.m), o.safetensors);
+  if (o.pytorch) {
+    dp_file *f = NULL;
+    if (dp_file_create(o.pytorch, "PyTorch source", &f)) return lib_fail("export", &w);
+    if (dpt_write_pytorch(w.m, dp_file_stream(f))) {
+      dp_file_discard(f);
+      fprintf(stderr, "dp export: cannot write %s (out of memory or disk)\n", o.pytorch);
+      return finish(&w, DPT_EXIT_FAIL);
+    }
+    if (dp_file_commit(f)) return lib_fail("export", &w); /* it frees f either way */
+    printf("dp export: %s's model as PyTorch source -> %s (build())\n", ckpt, o.pytorch);
+  }
   return finish(&w, DPT_EXIT_OK);
 }
 

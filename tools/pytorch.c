@@ -1,0 +1,162 @@
+/* `dp export --pytorch FILE.py`: the model as PyTorch source. A build()
+ * function returns an nn.Module whose parameters and buffers have the names
+ * and shapes of dp_model_tensor (each layer registered under its index, as
+ * nn.Sequential names them), so load_state_dict(load_file(W), strict=True)
+ * takes the exported weights, and whose forward is the spec's: residual
+ * blocks add their input, a token model maps (B, T) ids to (B, T, V) logits,
+ * an image model takes (B, C, H, W) or the flat rows libdp reads. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char PRELUDE[] =
+    "\"\"\"Written by dp export --pytorch: the libdp model below as a PyTorch module.\n"
+    "\n"
+    "    import torch, safetensors.torch\n"
+    "    m = build()\n"
+    "    m.load_state_dict(safetensors.torch.load_file('weights.safetensors'), "
+    "strict=True)\n"
+    "\"\"\"\n"
+    "import torch\n"
+    "import torch.nn as nn\n"
+    "\n"
+    "\n"
+    "class Embed(nn.Module):\n"
+    "    \"\"\"libdp's embed V D: token embedding plus learned position embedding.\"\"\"\n"
+    "\n"
+    "    def __init__(self, vocab, width, context):\n"
+    "        super().__init__()\n"
+    "        self.tok = nn.Embedding(vocab, width)\n"
+    "        self.pos = nn.Embedding(context, width)\n"
+    "\n"
+    "    def forward(self, ids):\n"
+    "        return self.tok(ids.long()) + self.pos.weight[: ids.shape[1]]\n"
+    "\n"
+    "\n"
+    "class Attention(nn.Module):\n"
+    "    \"\"\"libdp's attention H: causal self-attention of a fused (B, T, 3D) q, k, "
+    "v.\"\"\"\n"
+    "\n"
+    "    def __init__(self, heads):\n"
+    "        super().__init__()\n"
+    "        self.heads = heads\n"
+    "\n"
+    "    def forward(self, x):\n"
+    "        B, T, C3 = x.shape\n"
+    "        D = C3 // 3\n"
+    "        hd = D // self.heads\n"
+    "        q, k, v = (t.view(B, T, self.heads, hd).transpose(1, 2) for t in x.split(D, "
+    "2))\n"
+    "        a = (q @ k.transpose(-2, -1)) * (1.0 / hd ** 0.5)\n"
+    "        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()\n"
+    "        a = a.masked_fill(~mask, float('-inf')).softmax(-1)\n"
+    "        return (a @ v).transpose(1, 2).reshape(B, T, D)\n"
+    "\n"
+    "\n";
+
+/* The constructor of layer i's module, or NULL when it has none (residual
+ * views, an end: the forward does them). */
+static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *tensor,
+                       char *buf, size_t cap) {
+  dp_tensor_info w = {0};
+  int nt = 0;
+  if (l->n_params) dp_model_tensor(m, *tensor, &w);
+  switch (l->kind) {
+  case DP_LAYER_LINEAR:
+    nt = l->bias ? 2 : 1;
+    snprintf(buf, cap, "nn.Linear(%d, %d, bias=%s)", w.dims[1], w.dims[0],
+             l->bias ? "True" : "False");
+    break;
+  case DP_LAYER_CONV2D:
+    nt = l->bias ? 2 : 1;
+    snprintf(buf, cap, "nn.Conv2d(%d, %d, %d, stride=%d, padding=%d, bias=%s)", w.dims[1],
+             w.dims[0], l->kernel, l->stride, l->padding, l->bias ? "True" : "False");
+    break;
+  case DP_LAYER_LAYERNORM:
+    nt = 2;
+    snprintf(buf, cap, "nn.LayerNorm(%d, eps=1e-5)", w.dims[0]);
+    break;
+  case DP_LAYER_BATCHNORM:
+    nt = 2;
+    snprintf(buf, cap, "nn.BatchNorm%dd(%d, eps=1e-5, momentum=0.1)", l->height ? 2 : 1,
+             w.dims[0]);
+    break;
+  case DP_LAYER_EMBEDDING:
+    nt = 2;
+    snprintf(buf, cap, "Embed(%d, %d, %d)", l->vocab, l->channels, l->positions);
+    break;
+  case DP_LAYER_RELU: snprintf(buf, cap, "nn.ReLU()"); break;
+  case DP_LAYER_GELU: snprintf(buf, cap, "nn.GELU(approximate='tanh')"); break;
+  case DP_LAYER_TANH: snprintf(buf, cap, "nn.Tanh()"); break;
+  case DP_LAYER_SIGMOID: snprintf(buf, cap, "nn.Sigmoid()"); break;
+  case DP_LAYER_DROPOUT: snprintf(buf, cap, "nn.Dropout(%.9g)", (double)l->p); break;
+  case DP_LAYER_FLATTEN: snprintf(buf, cap, "nn.Flatten()"); break;
+  case DP_LAYER_MAXPOOL2D:
+  case DP_LAYER_AVGPOOL2D:
+    snprintf(buf, cap, "nn.%s(%d, stride=%d)",
+             l->kind == DP_LAYER_MAXPOOL2D ? "MaxPool2d" : "AvgPool2d", l->kernel,
+             l->stride);
+    break;
+  case DP_LAYER_ATTENTION: snprintf(buf, cap, "Attention(%d)", l->heads); break;
+  default: (void)i; return 0; /* residual, end, input */
+  }
+  *tensor += nt;
+  return 1;
+}
+
+/* The input line of the spec: "input N", "input C H W" or "input tokens T". */
+static void input_line(const dp_model *m, char *buf, size_t cap) {
+  dp_model_format(m, buf, cap); /* truncated: the first line is all it needs */
+  buf[strcspn(buf, "\n")] = '\0';
+}
+
+static void write_forward(FILE *f, const dp_model *m) {
+  char in[128];
+  int c = 0, h = 0, w = 0;
+  input_line(m, in, sizeof in);
+  fprintf(f, "    def forward(self, x):\n        m = self._modules\n");
+  if (sscanf(in, "input %d %d %d", &c, &h, &w) == 3)
+    fprintf(f,
+            "        if x.dim() == 2:  # libdp's flat rows\n"
+            "            x = x.view(-1, %d, %d, %d)\n",
+            c, h, w);
+  for (int i = 0; i < dp_model_n_layers(m); i++) {
+    dp_layer_info l;
+    dp_model_layer(m, i, &l);
+    if (l.kind == DP_LAYER_RESIDUAL)
+      fprintf(f, "        r%d = x  # residual: x + f(x) up to layer %d\n", i, l.link);
+    else if (l.kind == DP_LAYER_RESIDUAL_END)
+      fprintf(f, "        x = r%d + x\n", l.link);
+    else
+      fprintf(f, "        x = m['%d'](x)\n", i);
+  }
+  fprintf(f, "        return x\n");
+}
+
+int dpt_write_pytorch(const dp_model *m, FILE *f) {
+  fputs(PRELUDE, f);
+  size_t n = dp_model_format(m, NULL, 0);
+  char *spec = malloc(n + 1);
+  if (!spec) return -1;
+  dp_model_format(m, spec, n + 1);
+  fputs("SPEC = \"\"\"\\\n", f);
+  fputs(spec, f);
+  free(spec);
+  fputs("\"\"\"\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n",
+        f);
+  int tensor = 0;
+  for (int i = 0; i < dp_model_n_layers(m); i++) {
+    dp_layer_info l;
+    char ctor[160];
+    dp_model_layer(m, i, &l);
+    if (module_text(m, i, &l, &tensor, ctor, sizeof ctor))
+      fprintf(f, "        self.add_module('%d', %s)\n", i, ctor);
+  }
+  fputc('\n', f);
+  write_forward(f, m);
+  fputs("\n\ndef build():\n    return Model()\n", f);
+  return ferror(f) ? -1 : 0;
+}
