@@ -34,7 +34,8 @@ static void usage(FILE *f) {
       "\n"
       "Runs the checkpoint's model (dp train --save, dp_ckpt_save: the model travels in\n"
       "the file) over every row of the CSV and writes one line per row, in order:\n"
-      "  classification (softmax_cross_entropy): the predicted class, then the model's\n"
+      "  classification (softmax_cross_entropy): the predicted class (a sequence\n"
+      "  model: one per position), then the model's\n"
       "  outputs (logits), e.g. \"3,-1.25,0.5,...\";\n"
       "  regression (mse) and models without a loss: the outputs.\n"
       "Rows are as dp train reads them (label, or the targets, first; then the\n"
@@ -102,16 +103,20 @@ typedef struct {
 
 /* One line of predictions for the row with outputs yr (row `at` of d). */
 static void predict_line(FILE *out, const dpt_dataset *d, int at, const float *yr,
-                         int out_w, dp_loss_kind loss, predict_sums *sum) {
+                         int out_w, int positions, dp_loss_kind loss, predict_sums *sum) {
   int finite = 1;
   for (int j = 0; j < out_w; j++) finite &= isfinite(yr[j]) != 0;
   if (!finite && !sum->n_bad++) sum->first_bad = at + 1;
-  if (loss == DP_LOSS_SOFTMAX_CE) {
-    int best = 0;
-    for (int j = 1; j < out_w; j++)
-      if (yr[j] > yr[best]) best = j;
-    fprintf(out, "%d,", best);
-    if (d->label) sum->correct += best == d->label[at];
+  if (loss == DP_LOSS_SOFTMAX_CE) { /* the class of each position (a sequence's T) */
+    int classes = out_w / positions, best = 0;
+    for (int t = 0; t < positions; t++) {
+      const float *z = yr + (size_t)t * classes;
+      best = 0;
+      for (int j = 1; j < classes; j++)
+        if (z[j] > z[best]) best = j;
+      fprintf(out, "%d,", best);
+    }
+    if (d->label && positions == 1) sum->correct += best == d->label[at];
   } else if (d->y) {
     for (int j = 0; j < out_w; j++) {
       double e = (double)yr[j] - d->y[(size_t)at * d->n_targets + j];
@@ -146,7 +151,8 @@ static int predict_rows(dp_ctx *c, const dp_plan *p, const dpt_dataset *d, int B
       goto done;
     }
     for (int i = 0; out && i < n; i++)
-      predict_line(out, d, from + i, y + (size_t)i * out_w, out_w, loss, sum);
+      predict_line(out, d, from + i, y + (size_t)i * out_w, out_w,
+                   dp_model_positions(dp_plan_model(p)), loss, sum);
   }
   rc = 0;
 done:
