@@ -16,4 +16,16 @@ static const char MLP_EVERY_KIND_SPEC[] = "input 12\n"
                                           "linear 5 nobias\n"
                                           "loss softmax_cross_entropy\n";
 
+/* A 2-block pre-LN GPT (tests/golden's gpt_tiny shape, smaller): 8 token ids
+ * per row, a vocabulary of 11, width 8, 2 heads, dropout in the MLP. */
+static const char GPT_SPEC[] =
+    "input tokens 6\n"
+    "embed 11 8\n"
+    "residual\nlayernorm\nlinear 24\nattention 2\nlinear 8\nend\n"
+    "residual\nlayernorm\nlinear 16\ngelu\ndropout 0.1\n"
+    "linear 8\nend\n"
+    "layernorm\nlinear 11\n"
+    "loss softmax_cross_entropy\n";
+enum { GPT_T = 6, GPT_V = 11 };
+
 #endif

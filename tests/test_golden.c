@@ -246,10 +246,10 @@ static void check_scalar(const char *case_name, const char *what, float got, flo
  * (bn_two). bn_sync_*: the same three shapes of model in sync mode (the file's
  * bn_sync record), whole-batch statistics. See tests/fixtures/golden/README.md. */
 static const char *const golden_cases[] = {
-    "seed",       "b31n2",   "b3n4",     "mlp_all",           "mlp_mse_b37n3",
-    "cnn_all",    "cnn_mse", "cnn_tail", "cnn_flatten_first", "cnn_dropout",
-    "bn_mlp",     "bn_cnn",  "bn_two",   "bn_sync_mlp",       "bn_sync_cnn",
-    "bn_sync_two"};
+    "seed",        "b31n2",    "b3n4",     "mlp_all",           "mlp_mse_b37n3",
+    "cnn_all",     "cnn_mse",  "cnn_tail", "cnn_flatten_first", "cnn_dropout",
+    "bn_mlp",      "bn_cnn",   "bn_two",   "bn_sync_mlp",       "bn_sync_cnn",
+    "bn_sync_two", "gpt_tiny", "gpt_post"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 
 /* The layouts: classic, allreduce and allreduce with a sharded optimizer. */
@@ -365,9 +365,14 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
                 "%s: x shape does not match the model", case_name);
   r->x = xe->data;
   if (dp_model_loss(r->model) == DP_LOSS_SOFTMAX_CE) {
+    /* a label per row (B), or per position of a sequence (B, T) */
     const golden_entry *te = golden_get(g, "target", GT_I32);
-    ck_assert_msg(te->ndim == 1 && te->dims[0] == (uint32_t)r->batch,
-                  "%s: target shape does not match", case_name);
+    int t = dp_model_positions(r->model);
+    ck_assert_int_eq(dp_model_target_width(r->model), t);
+    ck_assert_msg(
+        te->dims[0] == (uint32_t)r->batch &&
+            (t == 1 ? te->ndim == 1 : te->ndim == 2 && te->dims[1] == (uint32_t)t),
+        "%s: target shape does not match", case_name);
     r->target = te->data;
   } else {
     const golden_entry *te = golden_get(g, "target", GT_F32);

@@ -25,6 +25,7 @@
 #include "data.h"
 #include "../fuzz/ckpt_fixture.h"
 #include "helpers.h"
+#include "specs.h"
 
 #include <check.h>
 #include <errno.h>
@@ -654,6 +655,69 @@ START_TEST(labels_out_of_range_are_refused) {
 }
 END_TEST
 
+/* Token ids (floats holding integers 0 .. V-1) and per-position labels:
+ * out-of-range, negative, non-integer and non-finite ids in dp_train_step and
+ * dp_forward, and labels >= V at some position, are refused with DP_ERR_RANGE
+ * before anything changes. */
+START_TEST(bad_token_ids_and_labels_are_refused_and_change_nothing) {
+  enum { R = 5 };
+  static const float bad[] = {GPT_V, GPT_V + 7, -1.0f, 2.5f, NAN, INFINITY, 1e30f};
+  for (int mode = 0; mode < 2; mode++) {
+    dp_config cfg = config_of(R, 2, DP_OPT_ADAMW);
+    cfg.mode = (dp_mode)mode;
+    rig r;
+    rig_open(&r, GPT_SPEC, &cfg);
+    ck_assert_int_eq(dp_model_input_width(r.m), GPT_T);
+    ck_assert_int_eq(dp_model_target_width(r.m), GPT_T);
+    float x[R * GPT_T], y[R * GPT_T * GPT_V];
+    int32_t t[R * GPT_T];
+    for (int i = 0; i < R * GPT_T; i++) {
+      x[i] = (float)((i * 5) % GPT_V);
+      t[i] = (i * 3) % GPT_V;
+    }
+    ck_assert_int_eq(dp_train_step(r.c, R, GPT_T, x, t, NULL), DP_OK);
+    for (size_t k = 0; k < sizeof bad / sizeof *bad; k++)
+      for (int where = 0; where < 3; where++) {
+        float xb[R * GPT_T];
+        memcpy(xb, x, sizeof xb);
+        xb[where == 0 ? 0 : where == 1 ? 7 : R * GPT_T - 1] = bad[k];
+        ctx_snap before;
+        ctx_snap_take(&before, r.c);
+        float loss = 123.0f;
+        dp_status s = dp_train_step(r.c, R, GPT_T, xb, t, &loss);
+        ck_assert_msg(s == DP_ERR_RANGE, "mode %d id %g: %s (%s)", mode, (double)bad[k],
+                      dp_status_name(s), dp_last_error());
+        ck_assert_msg(loss == 123.0f, "the loss output was written on a refused step");
+        for (int i = 0; i < R * GPT_T * GPT_V; i++) y[i] = 7.0f;
+        s = dp_forward(r.c, R, GPT_T, xb, y);
+        ck_assert_msg(s == DP_ERR_RANGE, "forward, mode %d id %g: %s (%s)", mode,
+                      (double)bad[k], dp_status_name(s), dp_last_error());
+        char what[64];
+        snprintf(what, sizeof what, "mode %d, id %g at %d", mode, (double)bad[k], where);
+        snap_check_state(&before, r.c, what);
+        ctx_snap_free(&before);
+      }
+    static const int32_t bad_labels[] = {GPT_V, -1, INT32_MAX};
+    for (size_t k = 0; k < 3; k++)
+      for (int at = 1; at < R * GPT_T; at += 13) {
+        int32_t tb[R * GPT_T];
+        memcpy(tb, t, sizeof tb);
+        tb[at] = bad_labels[k];
+        ctx_snap before;
+        ctx_snap_take(&before, r.c);
+        dp_status s = dp_train_step(r.c, R, GPT_T, x, tb, NULL);
+        ck_assert_msg(s == DP_ERR_RANGE, "label %d at %d: %s (%s)", (int)bad_labels[k], at,
+                      dp_status_name(s), dp_last_error());
+        snap_check_state(&before, r.c, "bad label");
+        ctx_snap_free(&before);
+      }
+    ck_assert_int_eq(dp_train_step(r.c, R, GPT_T, x, t, NULL), DP_OK);
+    ck_assert_int_eq(dp_forward(r.c, R, GPT_T, x, y), DP_OK);
+    rig_close(&r);
+  }
+}
+END_TEST
+
 START_TEST(set_params_with_nonfinite_values_is_refused) {
   dp_config cfg = config_of(4, 2, DP_OPT_SGD);
   rig r;
@@ -1046,6 +1110,7 @@ Suite *hostile_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, nonfinite_inputs_are_refused_and_change_nothing);
   tcase_add_test(tc, labels_out_of_range_are_refused);
+  tcase_add_test(tc, bad_token_ids_and_labels_are_refused_and_change_nothing);
   tcase_add_test(tc, set_params_with_nonfinite_values_is_refused);
   suite_add_tcase(s, tc);
 

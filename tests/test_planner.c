@@ -14,6 +14,7 @@
 
 #include "helpers.h"
 #include "req.h"
+#include "specs.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
 
@@ -470,13 +471,15 @@ END_TEST
 
 static int layer_reads_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
-         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_BATCHNORM;
+         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_BATCHNORM ||
+         k == DP_LAYER_ATTENTION;
 }
 
 /* A flatten before the last layer is a view: its output is its input's
  * buffer (the model's input when it has no layer before it: -1). */
 static int is_view(const dp_model *m, int i) {
-  return m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1;
+  return (m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1) ||
+         m->layers[i].kind == DP_LAYER_RESIDUAL; /* a residual's start: its input */
 }
 static int owner_of(const dp_model *m, int i) {
   while (i >= 0 && is_view(m, i)) i--;
@@ -549,7 +552,7 @@ static void check_regions(const dp_plan *p) {
     int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
     int out_dev = train && d == 0;
     REQ_EQ(SZ(DP_REGION_OPT_STATE), out_dev ? (size_t)k * P : 0);
-    REQ_EQ(SZ(DP_REGION_TARGETS), out_dev ? B * (m->loss == DP_LOSS_MSE ? out : 1) * 4 : 0);
+    REQ_EQ(SZ(DP_REGION_TARGETS), out_dev ? B * (size_t)dp_model_target_width(m) * 4 : 0);
     REQ_EQ(SZ(DP_REGION_GATHERED_OUTPUTS), out_dev ? B * out * 4 : 0);
     REQ_EQ(SZ(DP_REGION_GATHERED_GRADS), out_dev ? B * out * 4 : 0);
     REQ_EQ(SZ(DP_REGION_LOSS), out_dev ? (size_t)p->split.n_mb * 4 : 0);
@@ -665,10 +668,12 @@ static void check_act_layout(const dp_plan *p, int d) {
                  micro-batch of the device; sync, the whole batch's statistics,
                  the backward sums and the partials (sb_floats) */
               {a->stats[i],
-               l->kind == DP_LAYER_LAYERNORM || (l->kind == DP_LAYER_BATCHNORM && train),
-               l->kind == DP_LAYER_LAYERNORM ? slices_bytes(p, d, 2)
-               : sync                        ? sb_floats(l->c, n_mb) * 4
-                                             : (size_t)n_mb * 3 * C * 4,
+               l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_ATTENTION ||
+                   (l->kind == DP_LAYER_BATCHNORM && train),
+               l->kind == DP_LAYER_LAYERNORM   ? slices_bytes(p, d, 2 * (l->t ? l->t : 1))
+               : l->kind == DP_LAYER_ATTENTION ? slices_bytes(p, d, l->heads * l->t * l->t)
+               : sync                          ? sb_floats(l->c, n_mb) * 4
+                                               : (size_t)n_mb * 3 * C * 4,
                "stats"},
               /* the gradient of the output: one micro-batch's, or with sync
                  batchnorm all of the device's rows (the backward waits there
@@ -825,7 +830,18 @@ static void sim_op(sim *s, const dp_op *op) {
     size_t in = (size_t)l->in, out = (size_t)l->out;
     if (op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS)
       REQ(sync, "op %d: %s of layer %d", s->op, dp_op_kind_name(op->kind), i);
+    /* a residual's start is a view, but its backward adds its end's output
+     * gradient into its input's: that gradient must still be live there */
+    if (l->kind == DP_LAYER_RESIDUAL && op->kind == DP_OP_BACKWARD && o >= 0 && l->link > 0)
+      sim_dact(s, op, l->link, out, 0);
     if (is_view(m, i)) break; /* a view runs nothing */
+    /* a residual's end reads its block's input, written long before */
+    int skip = l->kind == DP_LAYER_RESIDUAL_END ? owner_of(m, l->link - 1) : -1;
+    if (skip >= 0 && op->kind == DP_OP_FORWARD) sim_act(s, op, skip, out, 0);
+    /* the statistics a layer's forward saves for its backward, per row */
+    size_t stats_w = l->kind == DP_LAYER_LAYERNORM   ? 2 * (size_t)(l->t ? l->t : 1)
+                     : l->kind == DP_LAYER_ATTENTION ? (size_t)l->heads * l->t * l->t
+                                                     : 0;
     /* A backend that fuses (the CPU backend) runs a relu right after a
      * linear in the linear's GEMM epilogue: the linear writes the relu's
      * output, the relu's forward runs nothing. */
@@ -851,9 +867,9 @@ static void sim_op(sim *s, const dp_op *op) {
         sim_act(s, op, i + 1, out, 1);
       else if (!fused_relu && i < L - 1)
         sim_act(s, op, i, out, 1);
-      if (l->kind == DP_LAYER_LAYERNORM) { /* (rows, 2): mean, rstd */
-        size_t at = s->a->stats[i] + op_local(s, op) * 2 * 4;
-        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * 2 * 4, 1);
+      if (stats_w) { /* layernorm: mean, rstd; attention: the probabilities */
+        size_t at = s->a->stats[i] + op_local(s, op) * stats_w * 4;
+        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * stats_w * 4, 1);
       }
       if (bn && train) { /* eval: the running statistics, in PARAMS */
         if (sync)        /* the whole batch's, device 0's sent here */
@@ -865,9 +881,9 @@ static void sim_op(sim *s, const dp_op *op) {
       if (i < L - 1) sim_dact(s, op, i, out, 0);
       if (o >= 0 && layer_reads_input(l->kind)) sim_act(s, op, o, in, 0);
       if (i < L - 1 && layer_reads_output(l->kind)) sim_act(s, op, i, out, 0);
-      if (l->kind == DP_LAYER_LAYERNORM) {
-        size_t at = s->a->stats[i] + op_local(s, op) * 2 * 4;
-        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * 2 * 4, 0);
+      if (stats_w) {
+        size_t at = s->a->stats[i] + op_local(s, op) * stats_w * 4;
+        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * stats_w * 4, 0);
       }
       if (bn && !sync) sim_bn_slot(s, i, k - s->mb0, 0);
       if (sync && o >= 0) { /* dx from the whole batch's statistics and sums */
@@ -1021,7 +1037,7 @@ static size_t host_bytes_of(const dp_plan *p, int region) {
   const dp_model *m = &p->model;
   size_t B = (size_t)p->cfg.batch, out = (size_t)dp_model_output_width(m);
   if (region == DP_REGION_INPUTS) return B * (size_t)m->input_width * 4;
-  if (region == DP_REGION_TARGETS) return B * (m->loss == DP_LOSS_MSE ? out : 1) * 4;
+  if (region == DP_REGION_TARGETS) return B * (size_t)dp_model_target_width(m) * 4;
   return B * out * 4;
 }
 
@@ -1786,6 +1802,66 @@ START_TEST(the_seed_plan_keeps_every_invariant) {
       check_plan(p);
       dp_plan_free(p);
     }
+  dp_model_free(m);
+}
+END_TEST
+
+/* The GPT (residual blocks, attention, per-position layernorm) through every
+ * plan invariant, the liveness simulation included (a residual's input stays
+ * live to its end's forward; the end's output gradient to the begin's
+ * backward), with guards and several micro-batches per device, in training
+ * and inference; attention keeps its (H, T, T) probabilities per row as its
+ * statistics buffer; and a guarded context trains with its guards intact. */
+START_TEST(gpt_plans_keep_every_invariant_with_guards_and_micro_batches) {
+  dp_model *m = model_of(GPT_SPEC);
+  int att = -1;
+  for (int i = 0; i < dp_model_n_layers(m); i++)
+    if (dp_model_layer_kind(m, i) == DP_LAYER_ATTENTION) att = i;
+  ck_assert_int_ge(att, 0);
+  static const struct {
+    int n_dev, mode, shard, mb, inf;
+  } cs[] = {{1, DP_MODE_CLASSIC, 0, 2, 0},   {2, DP_MODE_CLASSIC, 0, 3, 0},
+            {3, DP_MODE_ALLREDUCE, 0, 1, 0}, {4, DP_MODE_ALLREDUCE, 1, 2, 0},
+            {2, DP_MODE_CLASSIC, 0, 0, 0},   {2, DP_MODE_CLASSIC, 0, 2, 1}};
+  for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
+    dp_config c = config_of(11, cs[k].n_dev, DP_OPT_ADAMW);
+    c.mode = (dp_mode)cs[k].mode;
+    c.shard_optimizer = cs[k].shard;
+    c.micro_batch = cs[k].mb;
+    c.inference = cs[k].inf;
+    dp_plan *p = plan_of(m, &c); /* check_regions's layout has no guards */
+    if (c.mode == DP_MODE_CLASSIC) {
+      check_plan(p);
+    } else { /* check_regions and the gradient memory check know classic's layout */
+      for (int d = 0; d < dp_plan_n_devices(p); d++) check_act_layout(p, d);
+      sched_view v = plan_view(p); /* and check_schedule classic's schedule */
+      for (int d = 0; d < dp_plan_n_devices(p); d++) check_liveness_by_simulation(p, &v, d);
+    }
+    for (int d = 0; d < dp_plan_n_devices(p); d++) {
+      const dp_layer *l = &p->model.layers[att];
+      ck_assert_int_eq(l->heads * l->t * l->t, 2 * GPT_T * GPT_T);
+      ck_assert_uint_ne(p->act[d].stats[att], SIZE_MAX);
+    }
+    for (int rows = 1; rows < 11 && c.mode == DP_MODE_CLASSIC; rows += 4)
+      check_smaller_batch(p, rows, !cs[k].inf);
+    dp_plan_free(p);
+    c.guards = 1; /* the same plan with guards: what the runtime touches stays inside */
+    p = plan_of(m, &c);
+    dp_ctx *x = ctx_of(p);
+    float in[11 * GPT_T], out[11 * GPT_T * GPT_V];
+    int32_t t[11 * GPT_T];
+    for (int i = 0; i < 11 * GPT_T; i++) {
+      in[i] = (float)((i * 7) % GPT_V);
+      t[i] = (i * 4) % GPT_V;
+    }
+    for (int st = 0; st < 2 && !cs[k].inf; st++)
+      ck_assert_msg(dp_train_step(x, 11, GPT_T, in, t, NULL) == DP_OK, "%s",
+                    dp_ctx_error(x));
+    ck_assert_int_eq(dp_forward(x, 11, GPT_T, in, out), DP_OK);
+    ck_assert_msg(dp_ctx_check_guards(x) == DP_OK, "case %zu: %s", k, dp_ctx_error(x));
+    dp_ctx_free(x);
+    dp_plan_free(p);
+  }
   dp_model_free(m);
 }
 END_TEST
@@ -3230,6 +3306,7 @@ Suite *planner_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, the_seed_plan_keeps_every_invariant);
   tcase_add_test(tc, random_plans_keep_every_invariant);
+  tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
   tcase_add_test(tc, random_inference_plans_without_loss_keep_every_invariant);
   tcase_add_test(tc, deep_models_with_many_micro_batches_keep_every_invariant);
   tcase_add_test(tc, smaller_batches_keep_the_planned_cut_points_and_fit);

@@ -4,6 +4,7 @@
  * must end in DP_ERR_OVERFLOW rather than a wrapped size. */
 #include "core/backend.h"
 #include "helpers.h"
+#include "specs.h"
 
 #include <check.h>
 #include <math.h>
@@ -52,6 +53,10 @@ static void assert_same_model(const dp_model *a, const dp_model *b) {
                   (double)y->p);
     ck_assert_uint_eq(x->param_off, y->param_off);
     ck_assert_uint_eq(x->n_params, y->n_params);
+    ck_assert_int_eq(x->t, y->t); /* sequences */
+    ck_assert_int_eq(x->vocab, y->vocab);
+    ck_assert_int_eq(x->heads, y->heads);
+    ck_assert_int_eq(x->link, y->link);
   }
 }
 
@@ -438,6 +443,25 @@ START_TEST(format_writes_the_canonical_text) {
 }
 END_TEST
 
+/* A GPT with nested blocks in dp_model_format's form: each block's layers
+ * indented by its depth. */
+static const char GPT_NESTED[] = "input tokens 6\n"
+                                 "embed 11 8\n"
+                                 "residual\n"
+                                 "  layernorm\n"
+                                 "  linear 24\n"
+                                 "  attention 2\n"
+                                 "  linear 8\n"
+                                 "end\n"
+                                 "residual\n"
+                                 "  residual\n"
+                                 "    gelu\n"
+                                 "  end\n"
+                                 "  dropout 0.1\n"
+                                 "end\n"
+                                 "linear 11\n"
+                                 "loss softmax_cross_entropy\n";
+
 START_TEST(format_round_trips_through_parse) {
   const char *texts[] = {
       "input 5\nlinear 2\nloss mse\n",
@@ -447,6 +471,8 @@ START_TEST(format_round_trips_through_parse) {
        "nobias\ntanh\nsigmoid\n"
        "linear 4\nloss softmax_cross_entropy\n"),
       "input 2147483647\nlinear 1 nobias\n",
+      GPT_NESTED,
+      GPT_SPEC,
   };
   for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
     dp_model *a = model_of(texts[i]);
@@ -460,6 +486,21 @@ START_TEST(format_round_trips_through_parse) {
     dp_model_free(a);
     dp_model_free(b);
   }
+}
+END_TEST
+
+/* A GPT with nested blocks: the format indents each block's layers by its
+ * depth, and parsing the text gives the same model and the same text. */
+START_TEST(format_round_trips_a_gpt_with_indented_blocks) {
+  dp_model *a = model_of(GPT_NESTED);
+  char *s = format_alloc(a);
+  ck_assert_str_eq(s, GPT_NESTED); /* and format_round_trips_through_parse parses it */
+  ck_assert_int_eq(dp_model_positions(a), 6);
+  ck_assert_int_eq(dp_model_input_width(a), 6);
+  ck_assert_int_eq(dp_model_output_width(a), 6 * 11);
+  ck_assert_int_eq(dp_model_target_width(a), 6);
+  free(s);
+  dp_model_free(a);
 }
 END_TEST
 
@@ -826,6 +867,43 @@ START_TEST(image_layer_errors_name_line_and_column) {
 }
 END_TEST
 
+/* Sequence errors name the line and column of the layer at fault (an
+ * unclosed residual: its own line). */
+START_TEST(sequence_errors_name_line_and_column) {
+  static const struct {
+    const char *text;
+    int line, col;
+    const char *needle;
+  } bad[] = {
+      {"input tokens 4\nlinear 3\n", 2, 1, "must be followed by 'embed V D'"},
+      {"input tokens 4\nrelu\nembed 5 6\n", 2, 1, "must be followed by 'embed V D'"},
+      {"input 4\nembed 5 6\n", 2, 1, "embed must come right after 'input tokens T'"},
+      {"input tokens 4\nembed 5 6\nlinear 6\nembed 5 6\n", 4, 1,
+       "embed must come right after"},
+      {"input tokens 4\nembed 5 6\nlinear 16\nattention 2\n", 4, 1, "3 D wide"},
+      {"input tokens 4\nembed 5 6\nlinear 15\nattention 2\n", 4, 1,
+       "divisible by the heads"},
+      {"input tokens 4\nembed 5 6\nlinear 18\nattention 4\n", 4, 1,
+       "divisible by the heads"},
+      {"input tokens 4\nembed 5 6\nlinear 18\nattention 0\n", 4, 11, "out of range"},
+      {"input tokens 4\nembed 5 6\nend\n", 3, 1, "'end' without a 'residual'"},
+      {"input tokens 4\nembed 5 6\nresidual\nend\n", 4, 1, "is empty"},
+      {"input tokens 4\nembed 5 6\nresidual\nlinear 7\nend\n", 5, 1,
+       "must have the shape of its input"},
+      {"input tokens 4\nembed 5 6\nresidual\nlinear 6\n", 3, 1, "has no 'end'"},
+      {"input tokens 4\nembed 5 6\n# c\nresidual\nresidual\nrelu\nend\nrelu\n", 4, 1,
+       "has no 'end'"},
+      {"input tokens 4\nembed 5 6\nresidual\nlinear 6\nloss softmax_cross_entropy\n", 5, 1,
+       "has no 'end'"},
+      {"input tokens 4\nembed 5 6\nbatchnorm\n", 3, 1, "batchnorm on a sequence"},
+      {"input tokens 0\n", 1, 14, "out of range"},
+      {"input tokens\n", 1, 14, "expected the context"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    parse_bad(bad[i].text, bad[i].line, bad[i].col, bad[i].needle);
+}
+END_TEST
+
 START_TEST(image_builder_matches_the_parser) {
   dp_model *b = NULL, *p = parse_ok("input 2 7 5\nconv2d 3 3 stride 2 padding 1\ntanh\n"
                                     "avgpool2d 2 stride 1\nflatten\nlinear 2\n");
@@ -990,6 +1068,7 @@ Suite *spec_suite(void) {
   tc = tcase_create("format");
   tcase_add_test(tc, format_writes_the_canonical_text);
   tcase_add_test(tc, format_round_trips_through_parse);
+  tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
   tcase_add_test(tc, format_round_trips_any_dropout_probability);
   tcase_add_test(tc, format_short_dropout_probabilities_stay_short);
   tcase_add_test(tc, format_truncates_and_reports_the_needed_length);
@@ -1017,6 +1096,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, image_layers_infer_shapes_and_params);
   tcase_add_test(tc, image_layers_format_round_trips);
   tcase_add_test(tc, image_layer_errors_name_line_and_column);
+  tcase_add_test(tc, sequence_errors_name_line_and_column);
   tcase_add_test(tc, image_builder_matches_the_parser);
   tcase_add_test(tc, absurd_dims_inference_plans_without_wrapping);
   tcase_add_test(tc, two_absurd_layers_overflow_the_param_bytes);
