@@ -99,6 +99,47 @@ static void make_dataset(dpt_dataset *d, int n) {
 
 /* ---- csv parsing ----------------------------------------------------------- */
 
+START_TEST(token_streams) {
+  tmpfile_t t;
+  char err[512];
+  dpt_tokens tok;
+  tmp_write(&t, "abcdefg");
+  ck_assert_int_eq(dpt_text_load(t.path, &tok, err, sizeof err), DP_OK);
+  ck_assert_uint_eq(tok.n, 7);
+  dpt_dataset d;
+  ck_assert_int_eq(dpt_token_windows(&tok, 0, tok.n, 3, &d, err, sizeof err), DP_OK);
+  ck_assert_int_eq(d.n_rows, 2);
+  ck_assert_int_eq(d.label_width, 3);
+  ck_assert_float_eq(d.x[3], 'd');
+  ck_assert_int_eq(d.label[5], 'g');
+  dpt_dataset_free(&d);
+  dpt_tokens_free(&tok);
+  unlink(t.path);
+  /* .npy: int32 ids, then an id >= vocab, then a float dtype */
+  static const char head[] = "\x93NUMPY\x01\x00\x76\x00{'descr': '<i4', "
+                             "'fortran_order': False, 'shape': (3,), }";
+  char buf[128 + 12];
+  memset(buf, ' ', 128);
+  memcpy(buf, head, sizeof head - 1);
+  buf[127] = '\n';
+  int32_t ids[3] = {1, 2, 300};
+  memcpy(buf + 128, ids, 12);
+  tmp_write_n(&t, buf, 140);
+  ck_assert_int_eq(dpt_npy_load_tokens(t.path, 512, &tok, err, sizeof err), DP_OK);
+  ck_assert_uint_eq(tok.n, 3);
+  ck_assert_int_eq(tok.id[2], 300);
+  dpt_tokens_free(&tok);
+  ck_assert_int_eq(dpt_npy_load_tokens(t.path, 256, &tok, err, sizeof err), DP_ERR_RANGE);
+  ck_assert_ptr_nonnull(strstr(err, "index 2"));
+  unlink(t.path);
+  memcpy(buf + 21, "<f4", 3);
+  tmp_write_n(&t, buf, 140);
+  ck_assert_int_eq(dpt_npy_load_tokens(t.path, 512, &tok, err, sizeof err), DP_ERR_PARSE);
+  ck_assert_ptr_nonnull(strstr(err, "dtype"));
+  unlink(t.path);
+}
+END_TEST
+
 START_TEST(csv_loads_labels_and_features) {
   dpt_dataset d;
   char err[256] = "";
@@ -726,8 +767,8 @@ START_TEST(svg_stacked_bars_writes_file) {
       1.5 * 1048576, 0, 1.5 * 1048576, 0,             /* gpu1 */
   };
   char err[256] = "";
-  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, NULL, v,
-                                        err, sizeof err),
+  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "arena per device", 2, bars, 4, segs, NULL,
+                                        v, err, sizeof err),
                    DP_OK);
   char *s = slurp(t.path);
   ck_assert_int_eq(strncmp(s, "<svg", 4), 0);
@@ -745,18 +786,19 @@ START_TEST(svg_stacked_bars_writes_file) {
   free(s);
   /* the caller's colours, per segment, whatever else is in the chart */
   const char *colors[] = {"#111111", "#222222", "#333333", "#444444"};
-  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, "c", 2, bars, 4, segs, colors, v, err,
-                                        sizeof err),
-                   DP_OK);
+  ck_assert_int_eq(
+      dpt_svg_stacked_bars(t.path, "c", 2, bars, 4, segs, colors, v, err, sizeof err),
+      DP_OK);
   s = slurp(t.path);
   ck_assert_int_eq(count_of(s, "fill=\"#111111\""), 3); /* two bars and the legend */
   ck_assert_int_eq(count_of(s, "fill=\"#444444\""), 2); /* gpu0 only, and the legend */
-  ck_assert_int_eq(count_of(s, "#222222"), 0);            /* zero everywhere */
+  ck_assert_int_eq(count_of(s, "#222222"), 0);          /* zero everywhere */
   free(s);
   /* NULL names and all-zero values still make a file */
   const double z[] = {0, 0};
-  ck_assert_int_eq(dpt_svg_stacked_bars(t.path, NULL, 2, NULL, 1, NULL, NULL, z, err, sizeof err),
-                   DP_OK);
+  ck_assert_int_eq(
+      dpt_svg_stacked_bars(t.path, NULL, 2, NULL, 1, NULL, NULL, z, err, sizeof err),
+      DP_OK);
   s = slurp(t.path);
   ck_assert_ptr_nonnull(strstr(s, ">dev 1<"));
   ck_assert_ptr_null(strstr(s, "nan"));
@@ -775,8 +817,8 @@ START_TEST(svg_stacked_bars_errors) {
                    "dpt_svg_stacked_bars: bar 0 segment 1: value -1 is not a finite byte "
                    "count >= 0");
   const double w[] = {1, 2};
-  ck_assert_int_eq(dpt_svg_stacked_bars("/nonexistent/dir/b.svg", "t", 1, NULL, 2, NULL, NULL, w,
-                                        err, sizeof err),
+  ck_assert_int_eq(dpt_svg_stacked_bars("/nonexistent/dir/b.svg", "t", 1, NULL, 2, NULL,
+                                        NULL, w, err, sizeof err),
                    DP_ERR_IO);
   ck_assert_int_eq(
       dpt_svg_stacked_bars("/tmp/x.svg", "t", 0, NULL, 2, NULL, NULL, w, err, sizeof err),
@@ -932,6 +974,7 @@ Suite *data_suite(void) {
   tcase_add_test(tc, svg_stacked_bars_writes_file);
   tcase_add_test(tc, svg_stacked_bars_errors);
   tcase_add_test(tc, svg_format_bytes);
+  tcase_add_test(tc, token_streams);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -649,3 +649,191 @@ bad:
   free(t);
   return rc;
 }
+
+/* ---- token streams ---------------------------------------------------------- */
+
+void dpt_tokens_free(dpt_tokens *t) {
+  if (!t) return;
+  free(t->id);
+  memset(t, 0, sizeof *t);
+}
+
+/* The whole regular file at path into *buf (malloc'd, *n bytes). */
+static dp_status read_whole(const char *path, const char *what, unsigned char **buf,
+                            size_t *n, char *err, size_t errcap) {
+  char why[512];
+  *buf = NULL;
+  *n = 0;
+  int fd = dpt_open_regular(path, what, why, sizeof why);
+  if (fd < 0) return dpt_fail_status(DP_ERR_IO, err, errcap, "%s", why);
+  size_t cap = 0;
+  for (;;) {
+    if (*n == cap) {
+      size_t nc = cap ? cap * 2 : 65536;
+      unsigned char *nb = nc > cap ? realloc(*buf, nc) : NULL;
+      if (!nb) {
+        close(fd);
+        free(*buf);
+        *buf = NULL;
+        return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory", path);
+      }
+      *buf = nb;
+      cap = nc;
+    }
+    ssize_t r = read(fd, *buf + *n, cap - *n);
+    if (r == 0) break;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      int e = errno;
+      close(fd);
+      free(*buf);
+      *buf = NULL;
+      return dpt_fail_status(DP_ERR_IO, err, errcap, "cannot read %s '%s': %s", what, path,
+                             strerror(e));
+    }
+    *n += (size_t)r;
+  }
+  close(fd);
+  return DP_OK;
+}
+
+dp_status dpt_text_load(const char *path, dpt_tokens *out, char *err, size_t errcap) {
+  memset(out, 0, sizeof *out);
+  unsigned char *b;
+  size_t n;
+  dp_status s = read_whole(path, "text", &b, &n, err, errcap);
+  if (s) return s;
+  out->id = malloc((n ? n : 1) * sizeof *out->id);
+  if (!out->id) {
+    free(b);
+    return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory", path);
+  }
+  for (size_t i = 0; i < n; i++) out->id[i] = b[i];
+  out->n = n;
+  free(b);
+  return DP_OK;
+}
+
+/* The value of 'key' in a .npy header dict: a pointer just past "'key':" and
+ * its blanks, or NULL. */
+static const char *npy_field(const char *h, const char *key) {
+  char k[32];
+  snprintf(k, sizeof k, "'%s':", key);
+  const char *p = strstr(h, k);
+  if (!p) return NULL;
+  p += strlen(k);
+  while (*p == ' ') p++;
+  return p;
+}
+
+/* The .npy header of b (n bytes): *width 4 (int32) or 2 (uint16), *count
+ * elements, *data the offset of the first. */
+static dp_status npy_header(const char *path, const unsigned char *b, size_t n, int *width,
+                            size_t *count, size_t *data, char *err, size_t errcap) {
+  if (n < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: not a .npy file", path);
+  size_t hl = b[6] == 1 ? (size_t)b[8] | (size_t)b[9] << 8
+              : n >= 12 ? (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 |
+                              (size_t)b[11] << 24
+                        : 0;
+  size_t h0 = b[6] == 1 ? 10 : 12;
+  if ((b[6] != 1 && b[6] != 2 && b[6] != 3) || h0 + hl > n || hl > 65535)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: .npy version %d.%d or its header length is not supported",
+                           path, b[6], b[7]);
+  char h[65536];
+  memcpy(h, b + h0, hl);
+  h[hl] = '\0';
+  const char *d = npy_field(h, "descr"), *f = npy_field(h, "fortran_order"),
+             *sh = npy_field(h, "shape");
+  if (!d || !f || !sh)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: .npy header without %s", path,
+                           !d   ? "descr"
+                           : !f ? "fortran_order"
+                                : "shape");
+  if (strncmp(d, "'<i4'", 5) == 0)
+    *width = 4;
+  else if (strncmp(d, "'<u2'", 5) == 0)
+    *width = 2;
+  else
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: dtype %.8s is not supported: token ids must be int32 "
+                           "('<i4') or uint16 ('<u2'), little-endian",
+                           path, d);
+  if (strncmp(f, "False", 5) != 0)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: fortran_order must be False (C order)", path);
+  char *end = NULL;
+  if (*sh != '(') goto shape;
+  errno = 0;
+  unsigned long long c = strtoull(sh + 1, &end, 10);
+  if (errno || end == sh + 1) goto shape;
+  while (*end == ' ') end++;
+  if (*end == ',') end++;
+  while (*end == ' ') end++;
+  if (*end != ')') goto shape;
+  *count = (size_t)c;
+  *data = h0 + hl;
+  if (c > (n - *data) / (size_t)*width)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: the header says %llu ids; the file holds fewer", path, c);
+  return DP_OK;
+shape:
+  return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                         "%s: shape %.32s: token ids must be a 1-D array", path, sh);
+}
+
+dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char *err,
+                              size_t errcap) {
+  memset(out, 0, sizeof *out);
+  unsigned char *b;
+  size_t n, count = 0, at = 0;
+  int w = 0;
+  dp_status s = read_whole(path, "tokens", &b, &n, err, errcap);
+  if (!s) s = npy_header(path, b, n, &w, &count, &at, err, errcap);
+  if (!s && !(out->id = malloc((count ? count : 1) * sizeof *out->id)))
+    s = dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory", path);
+  for (size_t i = 0; !s && i < count; i++) {
+    const unsigned char *p = b + at + i * (size_t)w;
+    int64_t v = w == 2 ? (int64_t)(p[0] | p[1] << 8)
+                       : (int64_t)(int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 |
+                                            (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+    if (v < 0 || v >= vocab)
+      s = dpt_fail_status(DP_ERR_RANGE, err, errcap,
+                          "%s: id %lld at index %zu is outside the model's vocabulary "
+                          "0..%d",
+                          path, (long long)v, i, vocab - 1);
+    else
+      out->id[i] = (int32_t)v;
+  }
+  free(b);
+  if (s)
+    dpt_tokens_free(out);
+  else
+    out->n = count;
+  return s;
+}
+
+dp_status dpt_token_windows(const dpt_tokens *tok, size_t from, size_t to, int T,
+                            dpt_dataset *out, char *err, size_t errcap) {
+  memset(out, 0, sizeof *out);
+  size_t rows = to > from + 1 && T > 0 ? (to - from - 1) / (size_t)T : 0;
+  if (rows > INT_MAX)
+    return dpt_fail_status(DP_ERR_OVERFLOW, err, errcap, "%zu windows are too many", rows);
+  out->x = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->x);
+  out->label = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->label);
+  if (!out->x || !out->label) {
+    dpt_dataset_free(out);
+    return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "out of memory");
+  }
+  for (size_t r = 0; r < rows; r++)
+    for (int j = 0; j < T; j++) {
+      size_t at = from + r * (size_t)T + (size_t)j;
+      out->x[r * (size_t)T + (size_t)j] = (float)tok->id[at];
+      out->label[r * (size_t)T + (size_t)j] = tok->id[at + 1];
+    }
+  out->n_rows = (int)rows;
+  out->n_features = T;
+  out->label_width = T;
+  return DP_OK;
+}

@@ -42,12 +42,13 @@
 
 typedef struct {
   int n_rows, n_features;
-  float *x;       /* (n_rows, n_features) row-major */
-  int32_t *label; /* (n_rows) class index; NULL for regression */
-  float *y;       /* (n_rows, n_targets) regression targets; NULL for
-                     classification */
-  int n_targets;  /* 0 for classification */
-  int n_classes;  /* largest label + 1; 0 for regression */
+  float *x;        /* (n_rows, n_features) row-major */
+  int32_t *label;  /* (n_rows) class index; NULL for regression */
+  float *y;        /* (n_rows, n_targets) regression targets; NULL for
+                      classification */
+  int n_targets;   /* 0 for classification */
+  int n_classes;   /* largest label + 1; 0 for regression */
+  int label_width; /* labels per row: 0 or 1, one; T for token windows */
 } dpt_dataset;
 
 /* Loads a classification CSV. On failure *out is left empty (all zero). */
@@ -112,5 +113,25 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
 /* Shuffled epoch order: perm[0..n) becomes a permutation of 0..n-1 that
  * depends only on (seed, epoch). Does nothing when n <= 0 or perm is NULL. */
 void dpt_epoch_order(int n, uint64_t seed, int epoch, int *perm);
+
+/* Token streams for sequence models (dp train --text / --tokens): ids, n of
+ * them. dpt_text_load: every byte of a regular file is an id (0..255).
+ * dpt_npy_load_tokens: a 1-D .npy array of little-endian int32 ('<i4') or
+ * uint16 ('<u2') in C order; another dtype, order, shape or version is refused
+ * naming it, and so is an id >= vocab (naming its index). DP_ERR_IO,
+ * DP_ERR_PARSE, DP_ERR_RANGE, DP_ERR_NOMEM; *out empty on failure. */
+typedef struct {
+  int32_t *id;
+  size_t n;
+} dpt_tokens;
+dp_status dpt_text_load(const char *path, dpt_tokens *out, char *err, size_t errcap);
+dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char *err,
+                              size_t errcap);
+void dpt_tokens_free(dpt_tokens *t);
+/* Windows of T + 1 consecutive ids of tok->id[from..to), one starting every T
+ * ids: row r's inputs are ids from + rT .. + T - 1 (as floats), its labels
+ * (label_width T) the next T ids. (to - from - 1) / T rows; 0 rows is fine. */
+dp_status dpt_token_windows(const dpt_tokens *tok, size_t from, size_t to, int T,
+                            dpt_dataset *out, char *err, size_t errcap);
 
 #endif
