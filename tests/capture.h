@@ -8,6 +8,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+/* argc and argv of a command line: RUN-style calls, cmd(ARGC(...), ARGV(...)) */
+#define ARGV(...) ((char *[]){"cmd", __VA_ARGS__, NULL})
+#define ARGC(...) ((int)(sizeof((char *[]){"cmd", __VA_ARGS__}) / sizeof(char *)))
+
 typedef struct {
   int rc;
   char *out, *err; /* what the command printed, NUL-terminated */

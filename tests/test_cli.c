@@ -22,9 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* argc/argv from a list of string literals; argv[0] is the command name. */
-#define ARGV(...) ((char *[]){"cmd", __VA_ARGS__, NULL})
-#define ARGC(...) ((int)(sizeof((char *[]){"cmd", __VA_ARGS__}) / sizeof(char *)))
+/* The common options of a list of string literals (ARGV: tests/capture.h). */
 #define PARSE(cfg, common, err, ...)                                                       \
   dpt_config_from_args(ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), (cfg), (common), (err),       \
                        sizeof(err))

@@ -21,8 +21,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define ARGV(...) ((char *[]){"cmd", __VA_ARGS__, NULL})
-#define ARGC(...) ((int)(sizeof((char *[]){"cmd", __VA_ARGS__}) / sizeof(char *)))
 #define RUN(cmd, ...) capture_cmd((cmd), ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
 
 static const char PRECIOUS[] = "precious\n";

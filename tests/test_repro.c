@@ -25,9 +25,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/* argc/argv from a list of strings; argv[0] is the command name. */
-#define ARGV(...) ((char *[]){"repro", __VA_ARGS__, NULL})
-#define ARGC(...) ((int)(sizeof((char *[]){"repro", __VA_ARGS__}) / sizeof(char *)))
 #define REPRO(res, ...) capture(ARGC(__VA_ARGS__), ARGV(__VA_ARGS__), (res))
 
 /* layer 0 linear, 1 layernorm, 2 gelu, 3 dropout, 4 linear nobias, 5 tanh, 6 linear */

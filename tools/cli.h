@@ -22,6 +22,7 @@ int dpt_cmd_train(int argc, char **argv);   /* tools/cmd_train.c */
 int dpt_cmd_repro(int argc, char **argv);   /* tools/cmd_repro.c */
 int dpt_cmd_bench(int argc, char **argv);   /* tools/cmd_bench.c */
 int dpt_cmd_predict(int argc, char **argv); /* tools/cmd_predict.c */
+int dpt_cmd_generate(int argc, char **argv); /* tools/cmd_generate.c */
 int dpt_cmd_export(int argc, char **argv);  /* tools/cmd_weights.c */
 /* The model as PyTorch source (tools/pytorch.c): 0, or -1 on a write error. */
 int dpt_write_pytorch(const dp_model *m, FILE *f);

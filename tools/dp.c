@@ -27,6 +27,9 @@ static const command commands[] = {
     {"predict", dpt_cmd_predict,
      "run a checkpoint's model over a CSV and write the predictions (the\n"
      "            path a service takes)"},
+    {"generate", dpt_cmd_generate,
+     "continue a prompt with a sequence model's checkpoint (a GPT), token by\n"
+     "            token: greedy or sampled (temperature, top-k, seed)"},
     {"export", dpt_cmd_export,
      "write a checkpoint's weights as a safetensors file PyTorch loads into\n"
      "            the model's nn.Sequential (model.load_state_dict)"},
