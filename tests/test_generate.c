@@ -104,8 +104,8 @@ static void open_ckpt(const char *path, dp_model **m, dp_plan **p, dp_ctx **c) {
 START_TEST(greedy_is_the_argmax_of_the_sliding_window) {
   char ck[128];
   gpt_ckpt(64, ck, sizeof ck);
-  cmd_result r = GEN("--checkpoint", ck, "--prompt-ids", "1,2, 3", "--tokens", "20",
-                     "--greedy");
+  cmd_result r =
+      GEN("--checkpoint", ck, "--prompt-ids", "1,2, 3", "--tokens", "20", "--greedy");
   ck_assert_msg(r.rc == 0, "%s", r.err);
   int ids[64], n = parse_ids(r.out, ids, 64);
   ck_assert_int_eq(n, 23);
@@ -122,8 +122,8 @@ START_TEST(greedy_is_the_argmax_of_the_sliding_window) {
       if (z[j] > z[best]) best = j;
     ck_assert_msg(ids[i] == best, "token %d: %d, the argmax is %d", i, ids[i], best);
   }
-  cmd_result r2 = GEN("--checkpoint", ck, "--prompt-ids", "1 2 3", "--tokens", "20",
-                      "--greedy");
+  cmd_result r2 =
+      GEN("--checkpoint", ck, "--prompt-ids", "1 2 3", "--tokens", "20", "--greedy");
   ck_assert_str_eq(r2.out, r.out);
   dp_ctx_free(c);
   dp_plan_free(p);

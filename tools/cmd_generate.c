@@ -52,39 +52,38 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 }
 
 static void usage(FILE *f) {
-  fputs(
-      "usage: dp generate --checkpoint F.ckpt (--prompt TEXT | --prompt-ids IDS)\n"
-      "                   [--tokens N] [--greedy | --temperature X] [--top-k K]\n"
-      "                   [--seed S] [--samples K] [--ids] [--devices N]\n"
-      "\n"
-      "Continues the prompt with a sequence model's checkpoint (input tokens T, embed V\n"
-      "D, ...; dp train --save), one token at a time, and prints the text: the prompt,\n"
-      "then what the model wrote. Each next token is drawn from the model's\n"
-      "distribution at the last position (softmax of the logits / X), among the K most\n"
-      "likely ones with --top-k (ties: the lower id), by a generator keyed by the seed,\n"
-      "the sample and the position: the same command prints the same text. The model\n"
-      "sees at most its context of T tokens: past it, the window slides and the oldest\n"
-      "tokens drop out. Inference runs on one plan made at the start (batch = the\n"
-      "samples); nothing is allocated per token.\n"
-      "\n"
-      "  --checkpoint FILE     the model and its parameters\n"
-      "  --prompt TEXT         the start, as bytes (ids 0..255: a byte-level model, as\n"
-      "                        dp train --text trains)\n"
-      "  --prompt-ids IDS      the start as token ids, e.g. \"464,3290,318\" (commas or\n"
-      "                        spaces): a model with its own tokenizer; the output is\n"
-      "                        then ids too\n"
-      "  --tokens N            tokens to generate (default 200)\n"
-      "  --greedy              always the most likely token (ties: the lower id)\n"
-      "  --temperature X       sample from softmax(logits / X) (default 1)\n"
-      "  --top-k K             sample among the K most likely tokens only\n"
-      "  --seed S              the generator's seed (default 0)\n"
-      "  --samples K           K continuations of the prompt, side by side in one batch\n"
-      "                        (--devices splits them)\n"
-      "  --ids                 print token ids (one line per sample) instead of text\n"
-      "\n"
-      "Exit status: 0 generated, 1 the checkpoint cannot be read or is not a sequence\n"
-      "model, or the prompt does not fit its vocabulary, 2 usage error.\n\n",
-      f);
+  fputs("usage: dp generate --checkpoint F.ckpt (--prompt TEXT | --prompt-ids IDS)\n"
+        "                   [--tokens N] [--greedy | --temperature X] [--top-k K]\n"
+        "                   [--seed S] [--samples K] [--ids] [--devices N]\n"
+        "\n"
+        "Continues the prompt with a sequence model's checkpoint (input tokens T, embed V\n"
+        "D, ...; dp train --save), one token at a time, and prints the text: the prompt,\n"
+        "then what the model wrote. Each next token is drawn from the model's\n"
+        "distribution at the last position (softmax of the logits / X), among the K most\n"
+        "likely ones with --top-k (ties: the lower id), by a generator keyed by the seed,\n"
+        "the sample and the position: the same command prints the same text. The model\n"
+        "sees at most its context of T tokens: past it, the window slides and the oldest\n"
+        "tokens drop out. Inference runs on one plan made at the start (batch = the\n"
+        "samples); nothing is allocated per token.\n"
+        "\n"
+        "  --checkpoint FILE     the model and its parameters\n"
+        "  --prompt TEXT         the start, as bytes (ids 0..255: a byte-level model, as\n"
+        "                        dp train --text trains)\n"
+        "  --prompt-ids IDS      the start as token ids, e.g. \"464,3290,318\" (commas or\n"
+        "                        spaces): a model with its own tokenizer; the output is\n"
+        "                        then ids too\n"
+        "  --tokens N            tokens to generate (default 200)\n"
+        "  --greedy              always the most likely token (ties: the lower id)\n"
+        "  --temperature X       sample from softmax(logits / X) (default 1)\n"
+        "  --top-k K             sample among the K most likely tokens only\n"
+        "  --seed S              the generator's seed (default 0)\n"
+        "  --samples K           K continuations of the prompt, side by side in one batch\n"
+        "                        (--devices splits them)\n"
+        "  --ids                 print token ids (one line per sample) instead of text\n"
+        "\n"
+        "Exit status: 0 generated, 1 the checkpoint cannot be read or is not a sequence\n"
+        "model, or the prompt does not fit its vocabulary, 2 usage error.\n\n",
+        f);
   dpt_print_common_help(f);
 }
 
@@ -97,11 +96,11 @@ typedef struct {
   dp_model *m;
   dp_plan *p;
   dp_ctx *c;
-  int T, V;           /* the context and the vocabulary */
-  int n_prompt;       /* ids of the prompt */
-  int *seq;           /* (samples, n_prompt + tokens): every sample's ids */
+  int T, V;            /* the context and the vocabulary */
+  int n_prompt;        /* ids of the prompt */
+  int *seq;            /* (samples, n_prompt + tokens): every sample's ids */
   float *x, *y, *prob; /* (samples, T) ids; (samples, T, V) logits; (V) */
-  int *top;           /* (top_k): the heap of the K largest */
+  int *top;            /* (top_k): the heap of the K largest */
 } generate_run;
 
 /* The command line into t. -1 to go on, else the exit status. */
@@ -210,7 +209,8 @@ static int prompt_ids(const generate_run *t, int *ids, int cap) {
       s = end;
     }
   }
-  if (n == 0) fprintf(stderr, "dp generate: the prompt is empty: give at least one token\n");
+  if (n == 0)
+    fprintf(stderr, "dp generate: the prompt is empty: give at least one token\n");
   return n ? n : -1;
 }
 
@@ -263,7 +263,9 @@ static double uniform(uint64_t seed, int sample, size_t pos) {
 }
 
 /* z[a] ranks below z[b]: smaller, or equal with the higher id. */
-static int below(const float *z, int a, int b) { return z[a] < z[b] || (z[a] == z[b] && a > b); }
+static int below(const float *z, int a, int b) {
+  return z[a] < z[b] || (z[a] == z[b] && a > b);
+}
 
 /* The smallest of the K largest logits (by `below`), through a min-heap. */
 static int kth_largest(const float *z, int V, int K, int *heap) {
