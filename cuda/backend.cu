@@ -593,92 +593,146 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
 /* ---- cuBLAS warm-up (issue 28, finding 4) ------------------------------------------
  * cuBLAS loads a kernel lazily at its first launch; a load while an NCCL kernel of
  * the same context spins waiting for its peer can deadlock. So at context creation,
- * before any NCCL call, every cuBLAS call a step of the plan makes runs once: the
+ * before any NCCL call, every cuBLAS call a step of the plan can make runs once: the
  * same handle, shapes, leading dimensions and transposes, and operands with the same
  * alignment within 256 bytes (cuBLAS picks kernels by alignment), in scratch memory
- * (freed again) so that no region's content changes. Each distinct call once. */
+ * (freed again) so that no region's content changes. A batch smaller than planned
+ * keeps each micro-batch's slot but gives the last ones fewer rows, so with NCCL
+ * every row count up to the planned one runs too (conv2d: every image count). */
 namespace {
-struct gemm_key {
-  int dir, rows, in, out, layer;
+struct gemm_use {
+  int dir, in, out, masked;
   unsigned ax, aw, ay, ad; /* offsets mod 256 of the operands (ad: dx, 256 when none) */
   unsigned ag;             /* and of the weight gradient (backward; 256 in a forward) */
+  int step;                /* rows per sample: 1, or a conv2d's output positions */
+  int rows;                /* the most rows a step gives it (a multiple of step) */
 };
 } // namespace
 
 static unsigned mod256(const void *p) { return (unsigned)((uintptr_t)p & 255u); }
 
+/* The cuBLAS use of a forward or backward op at its planned rows; false when the
+ * op makes no cuBLAS call. */
+static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
+  const dp_plan *p = e->plan;
+  if ((op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) || op->layer < 0 ||
+      op->rows <= 0)
+    return false;
+  const dp_layer *l = &p->model.layers[op->layer];
+  if (l->kind != DP_LAYER_LINEAR && l->kind != DP_LAYER_CONV2D) return false;
+  lay c0 = lay_of(e, op, op->layer);
+  bool fwd = op->kind == DP_OP_FORWARD;
+  /* the weight gradient where backward() writes it: a slot of the canonical tree */
+  const float *dw =
+      fwd ? NULL : reg(e, c0.d, op->dst_region, op->dst_offset) + l->param_off;
+  *u = gemm_use{};
+  u->dir = op->kind;
+  u->aw = mod256(layer_params(c0));
+  u->ag = dw ? mod256(dw) : 256u;
+  if (l->kind == DP_LAYER_CONV2D) { /* im2col rows: COL and T at 256-byte offsets */
+    size_t wsb;
+    unsigned a = mod256(conv_ws(c0, &wsb));
+    u->step = l->h * l->w;
+    u->in = l->ic * l->k * l->k;
+    u->out = l->c;
+    u->ax = u->ay = a;
+    u->ad = fwd || !layer_din(c0) ? 256u : a;
+    u->rows = op->rows * u->step;
+    return true;
+  }
+  const float *y =
+      fwd ? layer_out(dp__relu_fused(p, op->layer + 1) ? at_layer(c0, op->layer + 1) : c0)
+          : layer_dout(c0);
+  /* the input gradient as backward() writes it: the relu's before it when fused */
+  u->masked = !fwd && op->layer > 0 && dp__relu_bwd_fused(p, op->layer - 1);
+  const float *dx = fwd ? NULL : layer_din(u->masked ? at_layer(c0, op->layer - 1) : c0);
+  u->step = 1;
+  u->in = l->in;
+  u->out = l->out;
+  u->ax = mod256(layer_in(c0));
+  u->ay = mod256(y);
+  u->ad = dx ? mod256(dx) : 256u;
+  u->rows = op->rows;
+  return true;
+}
+
+/* The same call but for the row count (gemm_use has no padding: ints and unsigneds). */
+static bool same_call(const gemm_use &a, gemm_use b) {
+  b.rows = a.rows;
+  return !memcmp(&a, &b, sizeof b);
+}
+
+/* Device d's distinct uses, each with the most rows any of its ops has. */
+enum { MAX_USES = 128 };
+static dp_status gemm_uses(const dp_exec_env *e, int d, gemm_use *uses, int *n_uses) {
+  const dp_op *ops = dp_plan_ops(e->plan);
+  int n = 0;
+  for (int k = 0; k < dp_plan_n_ops(e->plan); k++) {
+    gemm_use u;
+    if (ops[k].device != d || !gemm_use_of(e, &ops[k], &u)) continue;
+    int i = 0;
+    while (i < n && !same_call(uses[i], u)) i++;
+    if (i < n) {
+      uses[i].rows = u.rows > uses[i].rows ? u.rows : uses[i].rows;
+      continue;
+    }
+    if (n == MAX_USES)
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "cuda backend: device %d makes more than %d distinct cuBLAS calls; "
+                     "the warm-up before NCCL cannot cover them",
+                     d, MAX_USES);
+    uses[n++] = u;
+  }
+  *n_uses = n;
+  return DP_OK;
+}
+
 dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t each) {
-  const dp_plan *p = c->plan;
   dev_ctx *x = &c->dev[d];
   dp_exec_env e = {};
-  e.plan = p;
+  e.plan = c->plan;
   for (int k = c->d0; k < c->d1; k++) e.arena[k] = c->dev[k].arena;
-  gemm_key seen[64];
-  int n_seen = 0;
-  const dp_op *ops = dp_plan_ops(p);
-  for (int k = 0; k < dp_plan_n_ops(p); k++) {
-    const dp_op *op = &ops[k];
-    if (op->device != d || (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) ||
-        op->layer < 0 || p->model.layers[op->layer].kind != DP_LAYER_LINEAR ||
-        op->rows <= 0)
-      continue;
-    const dp_layer *l = &p->model.layers[op->layer];
-    lay c0 = lay_of(&e, op, op->layer);
-    const float *in = layer_in(c0), *w = layer_params(c0);
-    float *y =
-        op->kind == DP_OP_FORWARD
-            ? layer_out(dp__relu_fused(p, op->layer + 1) ? at_layer(c0, op->layer + 1) : c0)
-            : layer_dout(c0);
-    /* the input gradient as backward() writes it: the relu's before it when fused */
-    bool masked = op->layer > 0 && dp__relu_bwd_fused(p, op->layer - 1);
-    const float *dx = op->kind == DP_OP_FORWARD
-                          ? NULL
-                          : layer_din(masked ? at_layer(c0, op->layer - 1) : c0);
-    /* the weight gradient where backward() writes it: a slot of the canonical tree */
-    const float *dw = op->kind == DP_OP_FORWARD
-                          ? NULL
-                          : reg(&e, d, op->dst_region, op->dst_offset) + l->param_off;
-    gemm_key key = {op->kind,
-                    op->rows,
-                    l->in,
-                    l->out,
-                    op->layer,
-                    mod256(in),
-                    mod256(w),
-                    mod256(y),
-                    dx ? mod256(dx) : 256u,
-                    dw ? mod256(dw) : 256u};
-    bool dup = false;
-    for (int i = 0; i < n_seen && !dup; i++) dup = !memcmp(&seen[i], &key, sizeof key);
-    if (dup) continue;
-    if (n_seen < 64) seen[n_seen++] = key;
+  gemm_use uses[MAX_USES];
+  int n = 0;
+  dp_status s = gemm_uses(&e, d, uses, &n);
+  for (int i = 0; i < n && s == DP_OK; i++) {
+    const gemm_use &u = uses[i];
     /* scratch operands at the real ones' alignment; contents do not matter */
-    float *sx = (float *)(scratch + key.ax), *sw = (float *)(scratch + each + key.aw),
-          *sy = (float *)(scratch + 2 * each + key.ay),
-          *sd = (float *)(scratch + 3 * each + (dx ? key.ad : 0)),
-          *sg = (float *)(scratch + 4 * each + (dw ? key.ag : 0));
-    dp_status s =
-        op->kind == DP_OP_FORWARD
-            ? dp__cuda_linear_forward(x->blas, x->stream, op->rows, l->in, l->out, sx, sw,
-                                      NULL, false, sy)
-            : dp__cuda_linear_backward(x->blas, x->stream, op->rows, l->in, l->out, sx, sw,
-                                       sy, sg, NULL, masked ? sx : NULL, dx ? sd : NULL);
-    if (s != DP_OK) return s;
+    float *sx = (float *)(scratch + u.ax), *sw = (float *)(scratch + each + u.aw),
+          *sy = (float *)(scratch + 2 * each + u.ay),
+          *sd = (float *)(scratch + 3 * each + (u.ad & 255u)),
+          *sg = (float *)(scratch + 4 * each + (u.ag & 255u));
+    /* without NCCL a lazy load cannot deadlock: the planned rows only, which a
+     * context's first step would load anyway */
+    int r0 = c->flags & DP_CUDA_NCCL ? u.step : u.rows;
+    for (int r = r0; r <= u.rows && s == DP_OK; r += u.step)
+      s = u.dir == DP_OP_FORWARD
+              ? dp__cuda_linear_forward(x->blas, x->stream, r, u.in, u.out, sx, sw, NULL,
+                                        false, sy)
+              : dp__cuda_linear_backward(x->blas, x->stream, r, u.in, u.out, sx, sw, sy, sg,
+                                         NULL, u.masked ? sx : NULL,
+                                         u.ad < 256u ? sd : NULL);
   }
+  if (s != DP_OK) return s;
   DP_CUDA_CHECK_D(d, cudaStreamSynchronize(x->stream));
   return DP_OK;
 }
 
-/* The largest operand of a linear layer's GEMMs in the plan, in bytes, + 256. */
+/* The largest operand of a cuBLAS call in the plan, in bytes, + 256. */
 size_t dp__cuda_warm_bytes(const dp_plan *p) {
-  size_t m = 0;
+  size_t r = 0, m = 0;
+  for (int d = 0; d < p->split.n_used; d++)
+    if ((size_t)p->act[d].mb_rows > r) r = (size_t)p->act[d].mb_rows;
   for (int i = 0; i < p->model.n_layers; i++) {
     const dp_layer *l = &p->model.layers[i];
-    if (l->kind != DP_LAYER_LINEAR) continue;
-    size_t r = 0;
-    for (int d = 0; d < p->split.n_used; d++)
-      if ((size_t)p->act[d].mb_rows > r) r = (size_t)p->act[d].mb_rows;
-    size_t a = r * (size_t)l->in, b = (size_t)l->in * l->out, y = r * (size_t)l->out;
+    size_t rows = r, in = (size_t)l->in, out = (size_t)l->out;
+    if (l->kind == DP_LAYER_CONV2D) {
+      rows = r * (size_t)l->h * (size_t)l->w;
+      in = (size_t)l->ic * l->k * l->k;
+      out = (size_t)l->c;
+    } else if (l->kind != DP_LAYER_LINEAR)
+      continue;
+    size_t a = rows * in, b = in * out, y = rows * out;
     size_t big = a > b ? a : b;
     big = big > y ? big : y;
     if (big * 4 > m) m = big * 4;

@@ -118,9 +118,10 @@ bool dp__cuda_unmatched(const cuda_ctx *c, int *from, int *to);
 dp_status dp__cuda_nccl_issued(cuda_ctx *c, int d, ncclResult_t r, const char *call);
 #endif
 
-/* Runs every cuBLAS call of device d's steps once, on `scratch` (4 operands of `each`
- * bytes, each 256-aligned; dp__cuda_warm_bytes sizes one), so that no kernel loads
- * lazily during a step (cuda/backend.cu; cuda/context.cu calls it before NCCL). */
+/* Runs every cuBLAS call device d's steps can make once (with NCCL: every row count
+ * up to the planned one), on `scratch` (5 operands of `each` bytes, each 256-aligned;
+ * dp__cuda_warm_bytes sizes one), so that no kernel loads lazily during a step
+ * (cuda/backend.cu; cuda/context.cu calls it before NCCL). */
 size_t dp__cuda_warm_bytes(const dp_plan *p);
 dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t each);
 

@@ -613,7 +613,8 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                              "linear 1024\nloss mse\n";
   dp_config g = config(DP_BACKEND_CUDA, 1024, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
   const char *shape = "1024-4096-4096-1024";
-#else /* the same accounting at a size the CUDA simulation's scalar GEMMs run in seconds */
+#else /* the same accounting at a size the CUDA simulation's scalar GEMMs run in seconds   \
+       */
   static const char spec[] = "input 256\nlinear 1024\ngelu\nlinear 1024\ngelu\n"
                              "linear 256\nloss mse\n";
   dp_config g = config(DP_BACKEND_CUDA, 256, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
@@ -625,8 +626,7 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                 dp_last_error());
   run r;
   run_open(&r, spec, &g, "4 replicas");
-  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f1) == DP_OK, "%s",
-                dp_last_error());
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f1) == DP_OK, "%s", dp_last_error());
   size_t planned = 0;
   for (int d = 0; d < dp_plan_n_devices(r.p); d++) planned += dp_plan_device_bytes(r.p, d);
   size_t used = f0 > f1 ? f0 - f1 : 0;
@@ -642,11 +642,53 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                 "the context took %zu bytes from the GPU, less than the %zu it planned",
                 used, planned);
   run_close(&r);
-  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f2) == DP_OK, "%s",
-                dp_last_error());
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f2) == DP_OK, "%s", dp_last_error());
   ck_assert_msg(f2 + 8u * 2 * 1024 * 1024 >= f1 + planned,
                 "after dp_ctx_free only %zu of the %zu planned bytes came back",
                 f2 > f1 ? f2 - f1 : 0, planned);
+}
+END_TEST
+
+/* cuBLAS loads a kernel at its first launch, which can deadlock while an NCCL
+ * kernel of the device spins (issue 28, finding 4), so the context loads every
+ * GEMM a step can make before NCCL starts. A batch smaller than planned (an
+ * epoch's tail) gives its last micro-batches fewer rows: new GEMM shapes, which
+ * must have been loaded too, for linear and conv2d layers alike. On the CUDA
+ * simulation, which counts a first use on a stream that has carried NCCL calls. */
+#ifdef DP_CUDA_SIM
+int dp_sim_cold_gemms(void); /* tests/cuda_sim/cublas.cc */
+#endif
+START_TEST(smaller_batches_load_no_gemm_while_nccl_is_live) {
+#ifndef DP_CUDA_SIM
+  fprintf(stderr, "SKIP cuda_api: smaller_batches_load_no_gemm_while_nccl_is_live: "
+                  "counts cuBLAS's first loads on the CUDA simulation only\n");
+#else
+  REQUIRE_GPU("smaller_batches_load_no_gemm_while_nccl_is_live");
+  static const char *const specs[] = {
+      SPEC_MSE, "input 2 5 4\nconv2d 3 3 padding 1\nrelu\nmaxpool2d 2\nflatten\n"
+                "linear 4\nloss softmax_cross_entropy\n"};
+  enum { B = 21, MB = 4 };
+  for (int i = 0; i < 2; i++)
+    for (int mode = 0; mode < 2; mode++) {
+      dp_config g = config(DP_BACKEND_CUDA, B, 2,
+                           mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC, DP_OPT_SGD);
+      for (int d = 0; d < DP_MAX_DEVICES; d++) g.device_ids[d] = d % 2; /* a GPU each */
+      g.transport = DP_TRANSPORT_NCCL;
+      g.micro_batch = MB;
+      run r;
+      run_open(&r, specs[i], &g, "nccl");
+      int cold = dp_sim_cold_gemms();
+      for (int rows = B; rows >= 1; rows--) {
+        step(&r, rows, (uint64_t)rows, "nccl");
+        ck_assert_msg(dp_sim_cold_gemms() == cold,
+                      "spec %d, %s: a step of %d rows (planned %d) loaded %d GEMM kernels "
+                      "while NCCL was live",
+                      i, mode ? "allreduce" : "classic", rows, B,
+                      dp_sim_cold_gemms() - cold);
+      }
+      run_close(&r);
+    }
+#endif
 }
 END_TEST
 
@@ -665,6 +707,7 @@ Suite *cuda_api_suite(void) {
   tcase_add_test(tc, missing_gpu_is_refused);
   tcase_add_test(tc, checkpoint_moves_between_cuda_and_cpu);
   tcase_add_test(tc, device_memory_is_the_plan_plus_reported_overhead);
+  tcase_add_test(tc, smaller_batches_load_no_gemm_while_nccl_is_live);
   /* each test creates its CUDA context afresh (Check forks per test) */
   tcase_set_timeout(tc, 120);
   suite_add_tcase(s, tc);

@@ -19,15 +19,35 @@
 
 /* Lazy loading: a real cuBLAS loads a kernel at its first launch, which can deadlock
  * while an NCCL kernel of the same device spins. Each device's first use of a call's
- * kernel-choosing parameters is noted; one that comes while the device has a live
- * NCCL communicator is counted and reported (dp_sim_cold_gemms). */
-#define MAX_KEYS 512
+ * kernel-choosing parameters is noted; one on a stream that has carried NCCL
+ * operations (a context's stream once its NCCL is connected: libdp issues its GEMMs
+ * and its NCCL calls on one stream per replica) is counted and reported
+ * (dp_sim_cold_gemms). Another context's warm-up on its own fresh streams is not:
+ * the first context is idle then, no NCCL kernel of it in flight. */
+#define MAX_KEYS 16384 /* a power of two: an open-addressing set */
 struct gemm_kind {
   int dev, ta, tb, m, n, k, lda, ldb, ldc, aligned, math;
 };
 static gemm_kind kinds[MAX_KEYS];
+static bool used[MAX_KEYS];
 static int n_kinds, n_cold;
-int dp_sim_nccl_live[DP_SIM_MAX_DEVICES];
+
+/* Whether g was seen before; notes it. With the lock held. */
+static bool seen_before(const gemm_kind &g) {
+  uint64_t h = 1469598103934665603ull;
+  const unsigned char *b = (const unsigned char *)&g;
+  for (size_t i = 0; i < sizeof g; i++) h = (h ^ b[i]) * 1099511628211ull;
+  for (size_t i = h & (MAX_KEYS - 1);; i = (i + 1) & (MAX_KEYS - 1)) {
+    if (!used[i]) {
+      if (n_kinds == MAX_KEYS - 1) return true; /* full: reported once below */
+      used[i] = true;
+      kinds[i] = g;
+      n_kinds++;
+      return false;
+    }
+    if (!memcmp(&kinds[i], &g, sizeof g)) return true;
+  }
+}
 
 extern "C" int dp_sim_cold_gemms(void) {
   pthread_mutex_lock(&dp_sim_mu);
@@ -36,18 +56,20 @@ extern "C" int dp_sim_cold_gemms(void) {
   return n;
 }
 
-static void note_kind(const gemm_kind &g) {
+static void note_kind(const gemm_kind &g, const dp_sim_stream *st) {
   pthread_mutex_lock(&dp_sim_mu);
-  bool seen = false;
-  for (int i = 0; i < n_kinds && !seen; i++) seen = !memcmp(&kinds[i], &g, sizeof g);
-  bool cold =
-      !seen && g.dev >= 0 && g.dev < DP_SIM_MAX_DEVICES && dp_sim_nccl_live[g.dev] > 0;
-  if (!seen && n_kinds < MAX_KEYS) kinds[n_kinds++] = g;
+  bool full = n_kinds == MAX_KEYS - 1;
+  bool cold = !seen_before(g) && st && __atomic_load_n(&st->nccl, __ATOMIC_RELAXED);
   if (cold) n_cold++;
+  bool now_full = !full && n_kinds == MAX_KEYS - 1;
   pthread_mutex_unlock(&dp_sim_mu);
+  if (now_full)
+    dp_sim_report("cublasSgemm: more than %d kinds of call; the lazy-load check stops "
+                  "here",
+                  MAX_KEYS - 2);
   if (cold)
     dp_sim_report(
-        "cublasSgemm on device %d: a kernel first needed while NCCL is live there "
+        "cublasSgemm on device %d: a kernel first needed on a stream that carries NCCL "
         "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d): a real cuBLAS loads it now, "
         "which can deadlock with a spinning NCCL kernel",
         g.dev, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
@@ -275,7 +297,8 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
       (lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0);
   dp_sim_stream *st = dp_sim_stream_of(h->stream);
   note_kind(gemm_kind{st ? st->dev : -1, (int)ta, (int)tb, m, n, k, lda, ldb, ldc, aligned,
-                      h->math});
+                      h->math},
+            st);
   dp_sim_op op;
   op.kind = SIM_EXT;
   op.u.x.run = run_gemm;

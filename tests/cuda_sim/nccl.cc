@@ -173,7 +173,6 @@ static ncclResult_t join(ncclComm_t *out, int nranks, const ncclUniqueId *id, in
   m->dev = dev;
   m->in_progress = !blocking;
   c->rank[rank] = m;
-  if (dev >= 0 && dev < DP_SIM_MAX_DEVICES) dp_sim_nccl_live[dev]++;
   pthread_mutex_unlock(&dp_sim_mu);
   *out = m;
   return blocking ? ncclSuccess : ncclInProgress;
@@ -233,8 +232,6 @@ static ncclResult_t leave(ncclComm_t comm, bool abort) {
   if (!comm) return ncclInvalidArgument;
   pthread_mutex_lock(&dp_sim_mu);
   if (abort) comm->cl->aborted = true;
-  if (!comm->destroyed && comm->dev >= 0 && comm->dev < DP_SIM_MAX_DEVICES)
-    dp_sim_nccl_live[comm->dev]--;
   comm->destroyed = true;
   if (comm->cl->rank[comm->rank] == comm) comm->cl->rank[comm->rank] = NULL;
   pthread_cond_broadcast(&dp_sim_cv);
@@ -504,6 +501,10 @@ static ncclResult_t issue(const item &it, cudaStream_t s) {
     return fail(ncclInvalidArgument, "a buffer is not device memory of the simulation");
   if (n_pending == 256) return fail(ncclInvalidUsage, "too many operations in one group");
   note_link(it);
+  /* from now on a cuBLAS kernel first loaded on this stream may meet a spinning
+   * NCCL kernel of the same context (cublas.cc) */
+  if (dp_sim_stream *st = dp_sim_stream_of(s))
+    __atomic_store_n(&st->nccl, true, __ATOMIC_RELAXED);
 
   pending[n_pending] = it;
   pending_stream[n_pending++] = s;

@@ -84,6 +84,7 @@ struct dp_sim_stream {
   dp_sim_graph *cap; /* the capture this stream takes part in, or NULL */
   bool cap_origin;
   cudaError_t cap_error;
+  bool nccl; /* an NCCL operation was issued on it (cublas.cc's lazy-load check) */
 };
 
 struct dp_sim_event {
@@ -118,8 +119,6 @@ void dp_sim_poison(int dev, cudaError_t e);
 bool dp_sim_lookup(const void *p, size_t n, int *dev, bool *pinned);
 /* Runs a kernel op on the calling worker; false after a fault (reported). */
 bool dp_sim_run_kernel(dp_sim_op *op, int dev);
-/* Live NCCL communicators per device (cublas.cc's lazy-load check). */
-extern int dp_sim_nccl_live[DP_SIM_MAX_DEVICES];
 void dp_sim_report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif
