@@ -21,11 +21,11 @@ pc=$(find "$tmp" -name dp.pc -path '*/lib/pkgconfig/*' | head -n 1)
 export PKG_CONFIG_PATH=$(dirname "$pc")
 pkc() { pkg-config --define-prefix "$@"; }
 
-libs=$(pkc --static --libs dp)
+libs=$(pkc --libs dp)
 # the flags after -L<prefix>/lib: nothing but libdp's own
 rest=$(printf '%s\n' $libs | grep -v '^-L' | tr '\n' ' ')
 [ "$rest" = "-ldp -lm -pthread " ] ||
-  fail "pkg-config --static --libs dp gives '$libs'; a CPU-only consumer needs -ldp -lm -pthread"
+  fail "pkg-config --libs dp gives '$libs'; a CPU-only consumer needs -ldp -lm -pthread"
 case "$(pkc --libs dp-cuda 2>/dev/null) $libs" in
 *rpath*) fail "a .pc file forces an rpath" ;;
 esac
@@ -37,7 +37,7 @@ nm -u "$tmp/embed" | grep -qi 'cuda\|cublas\|nccl' && fail "embed (dp) needs a C
 echo "check_install: dp: built and ran embed.c with: $libs"
 
 if pkc --exists dp-cuda; then
-  clibs=$(pkc --static --libs dp-cuda)
+  clibs=$(pkc --libs dp-cuda)
   # the CUDA libraries are found where the .pc says; the run needs the loader to find
   # them too, which is the consumer's business (here: LD_LIBRARY_PATH)
   ldp=$(printf '%s\n' $clibs | sed -n 's/^-L//p' | tr '\n' ':')
@@ -54,7 +54,7 @@ else
 fi
 
 if pkc --exists dp-mpi; then
-  mlibs=$(pkc --static --libs dp-mpi)
+  mlibs=$(pkc --libs dp-mpi)
   $cc -std=c11 -Wall -Wextra -Werror examples/mpi_train.c $(pkc --cflags dp-mpi) $mlibs \
     -o "$tmp/mpi_train" || fail "examples/mpi_train.c does not build against dp-mpi"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -1798,6 +1798,40 @@ START_TEST(plan_ranks_refused) {
 }
 END_TEST
 
+/* No batch fits the budget in classic mode: the tool says what does (allreduce
+ * with a sharded optimizer spreads device 0's extras and the AdamW state), and
+ * --svg draws the budget as a line across the bars. */
+static char *slurp_file(const char *path, size_t *len);
+START_TEST(plan_budget_suggests_a_layout_and_draws_the_budget) {
+  cmd_result r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--devices", "4",
+                     "--optimizer", "adamw", "--budget", "150KiB");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, "dp plan: no batch fits in 153,600 B") &&
+                    strstr(r.err, "\ndp plan: with --mode allreduce --shard-optimizer a "
+                                  "batch of up to 52 fits\n"),
+                "%s", r.err);
+  cmd_result_free(&r);
+  /* already that layout: nothing to suggest */
+  r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--devices", "4", "--optimizer",
+          "adamw", "--budget", "20KiB", "--mode", "allreduce", "--shard-optimizer");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(n_lines(r.err) == 1, "%s", r.err);
+  cmd_result_free(&r);
+  char svg[64];
+  temp_file(svg, sizeof svg, "");
+  r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--devices", "2", "--budget",
+          "1MiB", "--svg", svg);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  char *text = slurp_file(svg, NULL);
+  ck_assert_msg(text && strstr(text, "stroke-dasharray") &&
+                    strstr(text, ">budget 1.00 MiB<"),
+                "%s", text ? text : "(no file)");
+  free(text);
+  unlink(svg);
+}
+END_TEST
+
 /* --svg labels each bar with its rank and names the ranks in the title; one
  * process: neither. The help names --ranks. */
 START_TEST(plan_ranks_svg_and_help) {
@@ -3211,7 +3245,9 @@ START_TEST(export_import_refusals) {
        {"export", f, "--safetensors", x, "--model", DIGITS_MODEL},
        "dp export: --model goes with --pytorch alone and no checkpoint (dp export --model "
        "M.dpm --pytorch F.py)\n"},
-      {dpt_cmd_export, {"export", "--model", DIGITS_MODEL}, "dp export: which checkpoint?\n"},
+      {dpt_cmd_export,
+       {"export", "--model", DIGITS_MODEL},
+       "dp export: which checkpoint?\n"},
       {dpt_cmd_export,
        {"export", f, f, "--safetensors", x},
        "dp export: one input file, please\n"},
@@ -3521,6 +3557,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, plan_ranks_json);
   tcase_add_test(tc, plan_ranks_refused);
   tcase_add_test(tc, plan_ranks_svg_and_help);
+  tcase_add_test(tc, plan_budget_suggests_a_layout_and_draws_the_budget);
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
   tcase_add_test(tc, tool_asks_the_backend_not_its_name);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);

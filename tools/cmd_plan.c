@@ -624,8 +624,9 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
 
 /* ---- SVG --------------------------------------------------------------------------- */
 
-static int write_svg(const dp_plan *p, const char *path, const char *model_path, char *err,
-                     size_t errcap) {
+/* budget: bytes per device (0: none), drawn as a line across the bars */
+static int write_svg(const dp_plan *p, const char *path, const char *model_path,
+                     size_t budget, char *err, size_t errcap) {
   const dp_config *c = dp_plan_config(p);
   int nd = dp_plan_n_devices(p);
   int seg_region[DP_REGION_COUNT + 1], ns = 0, padding = 0;
@@ -693,8 +694,11 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
   const char *seg_colors[DP_REGION_COUNT + 1];
   for (int s = 0; s < ns; s++)
     seg_colors[s] = seg_region[s] < 0 ? "#bab0ac" : region_color[seg_region[s]];
-  dp_status st = dpt_svg_stacked_bars(path, title, nd, bar_labels, ns, seg_names,
-                                      seg_colors, values, err, errcap);
+  char blabel[80], bh[48];
+  snprintf(blabel, sizeof blabel, "budget %s", dpt_bytes_human(budget, bh, sizeof bh));
+  dp_status st =
+      dpt_svg_stacked_bars_limit(path, title, nd, bar_labels, ns, seg_names, seg_colors,
+                                 values, (double)budget, blabel, err, errcap);
   free(values);
   free(labels);
   free(bar_labels);
@@ -702,6 +706,30 @@ static int write_svg(const dp_plan *p, const char *path, const char *model_path,
 }
 
 /* ---- the command ------------------------------------------------------------------- */
+
+/* When no batch fits: the layouts that spread device 0's extras (allreduce mode)
+ * and the optimizer state (sharded) may, and the tool says which would. */
+static void suggest_layout(const dp_model *m, const dp_config *cfg, size_t budget,
+                           int cap) {
+  static const struct {
+    dp_mode mode;
+    int shard;
+    const char *flags;
+  } tries[] = {{DP_MODE_ALLREDUCE, 0, "--mode allreduce"},
+               {DP_MODE_ALLREDUCE, 1, "--mode allreduce --shard-optimizer"}};
+  for (size_t i = 0; i < sizeof tries / sizeof tries[0]; i++) {
+    if (cfg->mode == tries[i].mode && cfg->shard_optimizer >= tries[i].shard) continue;
+    dp_config c = *cfg;
+    c.mode = tries[i].mode;
+    c.shard_optimizer = tries[i].shard;
+    c.batch = cap;
+    int fits = 0;
+    if (dp_plan_max_batch(m, &c, budget, cap, &fits) == DP_OK && fits > 0) {
+      fprintf(stderr, "dp plan: with %s a batch of up to %d fits\n", tries[i].flags, fits);
+      return;
+    }
+  }
+}
 
 int dpt_cmd_plan(int argc, char **argv) {
   plan_opts o = {0};
@@ -753,6 +781,7 @@ int dpt_cmd_plan(int argc, char **argv) {
                 dpt_bytes_human(need, b, sizeof b));
       }
       fputc('\n', stderr);
+      suggest_layout(m, &cfg, o.budget, cap);
       goto out;
     }
     cfg.batch = budget_batch;
@@ -781,7 +810,7 @@ int dpt_cmd_plan(int argc, char **argv) {
   }
   if (o.svg) {
     char serr[512] = "";
-    if (write_svg(p, o.svg, o.model, serr, sizeof serr)) {
+    if (write_svg(p, o.svg, o.model, o.budget_set ? o.budget : 0, serr, sizeof serr)) {
       fprintf(stderr, "dp plan: --svg: %s\n", serr[0] ? serr : "could not write the chart");
       goto out;
     }

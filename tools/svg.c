@@ -543,6 +543,33 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
                                const char *const *segment_names,
                                const char *const *segment_colors, const double *values,
                                char *err, size_t errcap) {
+  return dpt_svg_stacked_bars_limit(path, title, n_bars, bar_labels, n_segments,
+                                    segment_names, segment_colors, values, 0.0, NULL, err,
+                                    errcap);
+}
+
+/* The limit's dashed line across the plot, its label at the right end above it. */
+static void bar_limit(FILE *f, const bar_chart *c, double limit, const char *label) {
+  double y = bar_py(c, limit / c->scale);
+  fprintf(f,
+          "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#d62728\" "
+          "stroke-width=\"1.5\" stroke-dasharray=\"6 4\"/>\n",
+          c->L, y, c->L + c->pw, y);
+  if (!label) return;
+  fprintf(f,
+          "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\" font-size=\"11\" %s "
+          "fill=\"#d62728\">",
+          c->L + c->pw - 4, y - 5, FONT);
+  put_text(f, label);
+  fputs("</text>\n", f);
+}
+
+dp_status dpt_svg_stacked_bars_limit(const char *path, const char *title, int n_bars,
+                                     const char *const *bar_labels, int n_segments,
+                                     const char *const *segment_names,
+                                     const char *const *segment_colors,
+                                     const double *values, double limit,
+                                     const char *limit_label, char *err, size_t errcap) {
   if (!path || !values || n_bars < 1 || n_segments < 1)
     return dpt_fail_status(DP_ERR_INVALID, err, errcap,
                            "dpt_svg_stacked_bars: need a path, values and at least one bar "
@@ -562,6 +589,11 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
     }
     if (t > top) top = t;
   }
+  if (!(limit >= 0.0) || !isfinite(limit))
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap,
+                           "dpt_svg_stacked_bars: limit %g is not a finite byte count >= 0",
+                           limit);
+  if (limit > top) top = limit;
   bar_chart c = {.n_bars = n_bars,
                  .n_segments = n_segments,
                  .bar_labels = bar_labels,
@@ -577,6 +609,7 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
   if (title) text_at(f, c.W / 2, 26, "middle", 16, NULL, title);
   bar_axes(f, &c);
   for (int b = 0; b < n_bars; b++) bar_draw(f, &c, b);
+  if (limit > 0.0) bar_limit(f, &c, limit, limit_label);
   bar_legend(f, &c);
   fputs("</svg>\n", f);
   return finish(out, err, errcap);

@@ -69,6 +69,16 @@ dp_status dpt_svg_stacked_bars(const char *path, const char *title, int n_bars,
                                const char *const *segment_colors, const double *values,
                                char *err, size_t errcap);
 
+/* The same with a limit (bytes, > 0; 0: none), e.g. a memory budget: a dashed
+ * line across the bars at that height, the y axis reaching it, and limit_label
+ * (NULL: none) written at its right end. */
+dp_status dpt_svg_stacked_bars_limit(const char *path, const char *title, int n_bars,
+                                     const char *const *bar_labels, int n_segments,
+                                     const char *const *segment_names,
+                                     const char *const *segment_colors,
+                                     const double *values, double limit,
+                                     const char *limit_label, char *err, size_t errcap);
+
 /* Human-readable bytes: "512 B", "1.50 KiB", "12.5 MiB", "640 GiB". Writes a
  * NUL-terminated string into buf and returns buf. */
 char *dpt_format_bytes(double bytes, char *buf, size_t cap);
