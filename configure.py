@@ -805,19 +805,18 @@ def main():
         checks.append(['tests/check_safetensors_torch.sh', bd])
     if mpi_bins and dp:  # the job across processes, under mpirun
         checks.append(['tests/mpi/run.sh', bd])
-    test_cmd = test_env + 'fail=0; '
-    for argv in checks:
-        cmd = esc(shlex.join(argv))
-        test_cmd += 'echo "== %s"; %s || { echo "FAILED: %s"; fail=1; }; ' % (cmd, cmd, cmd)
+    # tests/run_tests.py runs each step with its output in BUILD/test-logs/, prints a
+    # line per step (and why a failed one failed), then one table of them all
+    steps = [shlex.join(argv) for argv in checks]
     if args.sanitize == 'thread':
-        test_cmd += ('for s in %s; do echo "== %s, suite $$s"; CK_RUN_SUITE=$$s ./%s || '
-                     '{ echo "FAILED: suite $$s"; fail=1; }; done; exit $$fail'
-                     % (esc(join(TSAN_SUITES)), esc(B('test_dp')), esc(B('test_dp'))))
+        steps += ['CK_RUN_SUITE=%s ./%s' % (s, shlex.quote(B('test_dp')))
+                  for s in TSAN_SUITES]
     else:
-        test_cmd += ('for t in %s; do echo "== $$t"; ./$$t || '
-                     '{ echo "FAILED: $$t"; fail=1; }; done; exit $$fail'
-                     % esc(join(map(shlex.quote, test_bins + sim_bins))))
-    n.build('test', 'console', [], defaults + [c[0] for c in checks],
+        steps += ['./' + shlex.quote(t) for t in test_bins + sim_bins]
+    test_cmd = test_env + esc(shlex.join(
+        [sys.executable, 'tests/run_tests.py', '--logs', os.path.join(bd, 'test-logs')] +
+        steps))
+    n.build('test', 'console', [], defaults + [c[0] for c in checks] + ['tests/run_tests.py'],
             variables=[('cmd', test_cmd), ('desc', 'TEST ' + esc(bd))])
 
     # ninja demo
