@@ -367,6 +367,44 @@ void dp_plan_free(dp_plan *p);
 dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget,
                             int max_batch, int *out_batch);
 
+/* ---- fitting a budget ----
+ * dp_plan_fit searches the configurations that `allow` opens (starting from c:
+ * every other field stays c's) for the ones whose plan fits `budget` bytes on
+ * every device and in the host staging arena, and ranks them by a cost model's
+ * step time. Exact like every plan: each candidate is planned in full. */
+enum {
+  DP_FIT_MODE = 1 << 0,        /* classic or allreduce */
+  DP_FIT_SHARD = 1 << 1,       /* allreduce with a sharded optimizer */
+  DP_FIT_SPLIT = 1 << 2,       /* chunk, balanced or memory */
+  DP_FIT_MICRO_BATCH = 1 << 3, /* powers of two below a device's rows: a different
+                                  canonical tree, so other bits than c's micro-batch */
+  DP_FIT_ALL = (1 << 4) - 1
+};
+/* The cost model, per device (docs/PLANNER.md: what `dp bench` measures for each):
+ * a GEMM of r rows runs at gflops * r / (r + half_rows); every other byte an op
+ * streams moves at mem_gbs; each op costs op_us more; the step lasts as long as
+ * the slowest device. */
+typedef struct {
+  double gflops;    /* GEMM GFLOP/s at large row counts */
+  double half_rows; /* the rows at which a GEMM runs at half of that */
+  double mem_gbs;   /* GB/s of copies, adds, updates and elementwise layers */
+  double op_us;     /* microseconds per op of the schedule */
+} dp_fit_costs;
+void dp_fit_costs_default(dp_fit_costs *k);
+typedef struct {
+  dp_config
+      config;    /* c with the fitted fields (mode, shard_optimizer, split, micro_batch) */
+  size_t bytes;  /* its largest arena, device or host staging */
+  double est_ms; /* the cost model's step time */
+} dp_fit;
+/* Writes the (up to) cap fitting candidates with the shortest estimated step,
+ * fastest first, to out and their count to *n. None fits: DP_ERR_RANGE, whose
+ * message names the smallest configuration found and by how many bytes it
+ * misses; out[0] (cap > 0) is that configuration and *n is 0. costs NULL: the
+ * defaults (dp_fit_costs_default). */
+dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsigned allow,
+                      const dp_fit_costs *costs, dp_fit *out, int cap, int *n);
+
 /* Arena regions, in arena order. Every device has all of them (size 0 when
  * unused). A region's size counts its content; alignment padding shows in the
  * offsets and in the device total. */

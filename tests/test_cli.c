@@ -1801,6 +1801,48 @@ END_TEST
 /* No batch fits the budget in classic mode: the tool says what does (allreduce
  * with a sharded optimizer spreads device 0's extras and the AdamW state), and
  * --svg draws the budget as a line across the bars. */
+/* --fit: the chosen configuration (allreduce with a sharded optimizer, which alone
+ * fits), checked by a step, then its plan; the usage errors. */
+START_TEST(plan_fit_chooses_checks_and_prints_the_plan) {
+  cmd_result r =
+      RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--devices", "4", "--optimizer",
+          "adamw", "--budget", "150KiB", "--batch", "48", "--fit");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  const char *chosen = strstr(r.out, "\nchosen ");
+  ck_assert_msg(chosen && strstr(chosen, "allreduce  yes") &&
+                    strstr(r.out, "checked: a step of the chosen configuration") &&
+                    strstr(r.out, "allreduce mode with sharded optimizer state"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--devices", "4", "--optimizer",
+          "adamw", "--budget", "150KiB", "--batch", "64", "--fit");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, "dp plan: --fit: no configuration fits 153600 bytes") &&
+                    strstr(r.err, "over\n"),
+                "%s", r.err);
+  cmd_result_free(&r);
+  static char *const bad[][2] = {{"--fit-allow", "mode,speed"},
+                                       {"--fit-costs", "gflops=fast"},
+                                       {"--fit-costs", "x=1"}};
+  for (int i = 0; i < 3; i++) {
+    r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--budget", "1MiB", "--batch",
+            "8", "--fit", bad[i][0], bad[i][1]);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, bad[i][0]), "%s", r.err);
+    cmd_result_free(&r);
+  }
+  r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--budget", "1MiB", "--fit");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "--fit needs --budget SIZE and the --batch B"), "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--batch", "8", "--fit-allow",
+          "all");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "go with --fit"), "%s", r.err);
+  cmd_result_free(&r);
+}
+END_TEST
+
 static char *slurp_file(const char *path, size_t *len);
 START_TEST(plan_budget_suggests_a_layout_and_draws_the_budget) {
   cmd_result r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--devices", "4",
@@ -3558,6 +3600,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, plan_ranks_refused);
   tcase_add_test(tc, plan_ranks_svg_and_help);
   tcase_add_test(tc, plan_budget_suggests_a_layout_and_draws_the_budget);
+  tcase_add_test(tc, plan_fit_chooses_checks_and_prints_the_plan);
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
   tcase_add_test(tc, tool_asks_the_backend_not_its_name);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);

@@ -2253,6 +2253,133 @@ static int max_batch_of(const dp_model *m, const dp_config *c, size_t budget, in
   return b;
 }
 
+/* ---- dp_plan_fit ---- */
+
+static const char FIT_SPEC[] = "input 64\nlinear 128\nrelu\nlinear 10\n"
+                               "loss softmax_cross_entropy\n";
+
+static size_t plan_bytes_of(const dp_model *m, const dp_config *c) {
+  dp_plan *p = NULL;
+  ck_assert_msg(dp_plan_create(m, c, &p) == DP_OK, "%s", dp_last_error());
+  size_t b = max_device_bytes(p);
+  if (dp_plan_host_bytes(p) > b) b = dp_plan_host_bytes(p);
+  dp_plan_free(p);
+  return b;
+}
+
+/* Classic AdamW on 4 devices needs more than 150 KiB on device 0; allreduce with
+ * a sharded optimizer fits. Every candidate returned fits, as its own plan says,
+ * they come fastest first, and the fields --fit may not change stay the caller's. */
+START_TEST(fit_returns_fitting_configurations_fastest_first) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
+  dp_config c = config_of(48, 4, DP_OPT_ADAMW);
+  c.lr = 0.003f;
+  const size_t budget = 150 * 1024;
+  ck_assert_uint_gt(plan_bytes_of(m, &c), budget);
+  dp_fit f[8];
+  int n = -1;
+  dp_status s =
+      dp_plan_fit(m, &c, budget, DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT, NULL, f, 8, &n);
+  ck_assert_msg(s == DP_OK, "%s", dp_last_error());
+  ck_assert_int_ge(n, 1);
+  for (int i = 0; i < n; i++) {
+    ck_assert_uint_le(f[i].bytes, budget);
+    ck_assert_uint_eq(plan_bytes_of(m, &f[i].config), f[i].bytes);
+    ck_assert(f[i].est_ms > 0);
+    if (i) ck_assert(f[i - 1].est_ms <= f[i].est_ms);
+    ck_assert_int_eq(f[i].config.batch, 48);
+    ck_assert(f[i].config.lr == 0.003f && f[i].config.optimizer == DP_OPT_ADAMW);
+    ck_assert_int_eq(f[i].config.micro_batch, c.micro_batch);
+  }
+  ck_assert_int_eq(f[0].config.mode, DP_MODE_ALLREDUCE);
+  ck_assert_int_eq(f[0].config.shard_optimizer, 1);
+  /* without the shard, nothing fits */
+  s = dp_plan_fit(m, &c, budget, DP_FIT_MODE | DP_FIT_SPLIT, NULL, f, 8, &n);
+  ck_assert_int_eq(s, DP_ERR_RANGE);
+  ck_assert_int_eq(n, 0);
+  dp_model_free(m);
+}
+END_TEST
+
+/* None fits: DP_ERR_RANGE naming the smallest configuration and the bytes it
+ * misses by; out[0] is that configuration. */
+START_TEST(fit_none_fits_names_the_smallest_and_the_shortfall) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
+  dp_config c = config_of(64, 4, DP_OPT_ADAMW);
+  dp_fit f[4];
+  int n = -1;
+  dp_status s = dp_plan_fit(m, &c, 150 * 1024, DP_FIT_ALL, NULL, f, 4, &n);
+  ck_assert_int_eq(s, DP_ERR_RANGE);
+  ck_assert_int_eq(n, 0);
+  size_t need = plan_bytes_of(m, &f[0].config);
+  ck_assert_uint_eq(need, f[0].bytes);
+  ck_assert_uint_gt(need, 150 * 1024);
+  char want[64];
+  snprintf(want, sizeof want, "%zu over", need - 150 * 1024);
+  ck_assert_msg(strstr(dp_last_error(), "the smallest found needs") &&
+                    strstr(dp_last_error(), want),
+                "%s", dp_last_error());
+  /* and the smallest is the smallest: no candidate needs less */
+  for (int mode = 0; mode < 2; mode++)
+    for (int sh = 0; sh < 2; sh++) {
+      dp_config t = c;
+      t.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+      t.shard_optimizer = sh && mode;
+      ck_assert_uint_ge(plan_bytes_of(m, &t), need);
+    }
+  dp_model_free(m);
+}
+END_TEST
+
+/* allow 0 tries the caller's configuration alone; micro-batches come in only when
+ * allowed, and a smaller micro-batch is estimated slower (more ops, shorter GEMMs). */
+START_TEST(fit_searches_only_what_it_is_allowed) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
+  dp_config c = config_of(64, 2, DP_OPT_SGD);
+  dp_fit f[64];
+  int n = -1;
+  ck_assert_int_eq(dp_plan_fit(m, &c, SIZE_MAX, 0, NULL, f, 64, &n), DP_OK);
+  ck_assert_int_eq(n, 1);
+  ck_assert_int_eq(f[0].config.mode, c.mode);
+  ck_assert_int_eq(f[0].config.split, c.split);
+  ck_assert_int_eq(dp_plan_fit(m, &c, SIZE_MAX, DP_FIT_MICRO_BATCH, NULL, f, 64, &n),
+                   DP_OK);
+  ck_assert_int_eq(n, 6); /* the chunk's 32 rows, and 1, 2, 4, 8, 16 */
+  ck_assert_int_eq(f[0].config.micro_batch, 0);
+  for (int i = 1; i < n; i++) {
+    ck_assert_int_gt(f[i].config.micro_batch, 0);
+    if (i > 1) ck_assert_int_lt(f[i].config.micro_batch, f[i - 1].config.micro_batch);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
+START_TEST(fit_refuses_bad_arguments) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
+  dp_config c = config_of(8, 2, DP_OPT_SGD);
+  dp_fit f[2];
+  int n = 0;
+  ck_assert_int_eq(dp_plan_fit(NULL, &c, 1024, 0, NULL, f, 2, &n), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_plan_fit(m, &c, 1024, 1u << 20, NULL, f, 2, &n), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "unknown bits"));
+  dp_fit_costs k;
+  dp_fit_costs_default(&k);
+  k.gflops = 0;
+  ck_assert_int_eq(dp_plan_fit(m, &c, 1024, 0, &k, f, 2, &n), DP_ERR_INVALID);
+  dp_fit_costs_default(&k);
+  k.mem_gbs = NAN;
+  ck_assert_int_eq(dp_plan_fit(m, &c, 1024, 0, &k, f, 2, &n), DP_ERR_INVALID);
+  c.batch = 0; /* the planner's own refusal comes through */
+  ck_assert_int_eq(dp_plan_fit(m, &c, SIZE_MAX, 0, NULL, f, 2, &n), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "no configuration could be planned"));
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(max_batch_is_exact) {
   rng_state = 31337;
   for (int it = 0; it < 60; it++) {
@@ -3333,6 +3460,10 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, max_batch_is_zero_below_the_smallest_plan);
   tcase_add_test(tc, max_batch_of_the_seed_budget);
   tcase_add_test(tc, max_batch_refuses_bad_arguments);
+  tcase_add_test(tc, fit_returns_fitting_configurations_fastest_first);
+  tcase_add_test(tc, fit_none_fits_names_the_smallest_and_the_shortfall);
+  tcase_add_test(tc, fit_searches_only_what_it_is_allowed);
+  tcase_add_test(tc, fit_refuses_bad_arguments);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("schedule");

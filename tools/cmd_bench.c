@@ -410,8 +410,8 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 
 static void usage(FILE *f) {
   fprintf(
-      f, "usage: dp bench peak|gemm|step|comm|rss|scaling|gpu-step|gpu-gemm [options]\n"
-         "                [--json]\n\n"
+      f, "usage: dp bench peak|gemm|step|comm|rss|scaling|fit-costs|gpu-step|gpu-gemm\n"
+         "                [options] [--json]\n\n"
          "  peak                 one core's fp32 FMA peak (AVX-512 and AVX2)\n"
          "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
          "                       our GEMM (forward layout, n x n x n) vs that peak\n"
@@ -436,6 +436,9 @@ static void usage(FILE *f) {
          "                       (default 10000): it stays flat\n"
          "  scaling [--model M]  step cost as batch, width and device count grow\n"
          "                       (default: MLPs 64-W-W-10 with W in 64, 256, 1024)\n"
+         "  fit-costs            the numbers of dp plan --fit's cost model on this\n"
+         "                       machine (GEMM rate and the rows at half of it, copy\n"
+         "                       bandwidth, cost per op), as a --fit-costs argument\n"
          "  gpu-step [--model M] [--batch B] [--devices LIST] [--tf32] [common options]\n"
          "                       cuda backend: ms/step and samples/s with and without\n"
          "                       --graph, and the graph's speed-up; 1 and 4 replicas\n"
@@ -1129,6 +1132,86 @@ out:
   return rc;
 }
 
+/* ---- fit-costs: the numbers of dp_plan_fit's cost model, measured here ---------- */
+
+/* ms per GEMM of (m, n, k) in the forward layout, timed for about 0.2 s. */
+static double gemm_ms(int m, int n, int k) {
+  dp_config cpu;
+  dp_config_default(&cpu);
+  double ms = 0.0;
+  if (dp_bench_sgemm(cpu.backend, 0, m, n, k, 1, 0, &ms) != DP_OK) return -1.0;
+  int reps = ms > 0 ? (int)ceil(200.0 / ms) : 1000;
+  reps = reps < 1 ? 1 : reps > 100000 ? 100000 : reps;
+  return dp_bench_sgemm(cpu.backend, 0, m, n, k, reps, 0, &ms) == DP_OK ? ms : -1.0;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* gflops: a 256 x 1024 x 1024 GEMM; half_rows: the median over 1..64 rows of
+ * r (G / g(r) - 1), which makes G r / (r + h) pass through each; mem_gbs: a
+ * 16 MiB copy; op_us: the seed model's step on one device over its ops. */
+static int bench_fit_costs(int json) {
+  enum { N = 7, BIG = 1024 };
+  double ms = gemm_ms(256, BIG, BIG);
+  if (ms <= 0) {
+    fprintf(stderr, "dp bench fit-costs: the GEMM did not run: %s\n", dp_last_error());
+    return DPT_EXIT_FAIL;
+  }
+  double G = 2.0 * 256 * BIG * BIG / (ms * 1e6), h[N];
+  for (int i = 0; i < N; i++) {
+    int r = 1 << i;
+    double t = gemm_ms(r, BIG, BIG), g = t > 0 ? 2.0 * r * BIG * BIG / (t * 1e6) : G;
+    h[i] = g < G ? r * (G / g - 1.0) : 0.0;
+  }
+  qsort(h, N, sizeof h[0], cmp_double);
+  size_t bytes = 16u << 20;
+  unsigned char *a = malloc(bytes), *b = malloc(bytes);
+  if (!a || !b) {
+    free(a);
+    free(b);
+    fprintf(stderr, "dp bench fit-costs: out of memory\n");
+    return DPT_EXIT_FAIL;
+  }
+  memset(a, 1, bytes);
+  memset(b, 2, bytes);
+  int reps = 32;
+  double t0 = dpt_now_s();
+  for (int r = 0; r < reps; r++) {
+    memcpy(b, a, bytes);
+    a[r] ^= b[bytes - 1 - (size_t)r]; /* keep the copies observable */
+  }
+  double mem = (double)bytes * reps / (dpt_now_s() - t0) / 1e9;
+  free(a);
+  free(b);
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 30; /* one device: the executor's own cost, no other thread to wait for */
+  step_result res = {0};
+  char err[DPT_MSG_CAP];
+  double op_us = -1.0;
+  if (dp_model_parse("input 5\nlinear 2\nloss mse\n", "seed", &m) == DP_OK &&
+      dp_plan_create(m, &c, &p) == DP_OK &&
+      time_steps_for(m, &c, 1000, 0.2, 1, &res, err, sizeof err) == 0)
+    op_us = 1e3 * res.ms_per_step / (dp_plan_n_ops(p) / (double)c.n_devices);
+  dp_plan_free(p);
+  dp_model_free(m);
+  if (op_us < 0) op_us = 1.0;
+  if (json)
+    printf("{\"gflops\":%.1f,\"half_rows\":%.1f,\"mem_gbs\":%.1f,\"op_us\":%.2f}\n", G,
+           h[N / 2], mem, op_us);
+  else
+    printf("GEMM %.1f GFLOP/s at 256 rows (tier %s), half of it at %.1f rows; copies "
+           "%.1f GB/s; %.2f us per op\n--fit-costs gflops=%.1f,half_rows=%.1f,mem_gbs=%.1f,"
+           "op_us=%.2f\n",
+           G, dp_gemm_tier(), h[N / 2], mem, op_us, G, h[N / 2], mem, op_us);
+  return DPT_EXIT_OK;
+}
+
 int dpt_cmd_bench(int argc, char **argv) {
   static const struct option extra[] = {
       {"model", required_argument, NULL, OPT_MODEL},
@@ -1154,12 +1237,13 @@ int dpt_cmd_bench(int argc, char **argv) {
     fprintf(stderr, "dp bench: %s\n(see dp bench --help)\n",
             r != DPT_ARGS_OK ? err
                              : "name one benchmark: peak, gemm, step, comm, rss, scaling, "
-                               "gpu-step or gpu-gemm");
+                               "fit-costs, gpu-step or gpu-gemm");
     return DPT_EXIT_USAGE;
   }
   if (strcmp(what, "peak") == 0) return bench_peak(o.json);
   if (strcmp(what, "comm") == 0) return bench_comm(&o, &cfg, &common);
   if (strcmp(what, "gemm") == 0) return bench_gemm(o.json, o.sizes, o.tier);
+  if (strcmp(what, "fit-costs") == 0) return bench_fit_costs(o.json);
   if (strcmp(what, "gpu-step") == 0) return bench_gpu_step(&o, &cfg, &common);
   if (strcmp(what, "gpu-gemm") == 0) return bench_gpu_gemm(&o, &cfg, &common);
   /* the cpu benchmarks with --backend cuda: one clear line when there is no GPU */
@@ -1207,8 +1291,8 @@ int dpt_cmd_bench(int argc, char **argv) {
   }
   fprintf(
       stderr,
-      "dp bench: unknown benchmark '%s' (peak, gemm, step, comm, rss, scaling, gpu-step, "
-      "gpu-gemm)\n",
+      "dp bench: unknown benchmark '%s' (peak, gemm, step, comm, rss, scaling, fit-costs, "
+      "gpu-step, gpu-gemm)\n",
       what);
   return DPT_EXIT_USAGE;
 }

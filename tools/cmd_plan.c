@@ -8,7 +8,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPT_MODEL = DPT_OPT_USER, OPT_JSON, OPT_SVG, OPT_BUDGET, OPT_SCHEDULE };
+enum {
+  OPT_MODEL = DPT_OPT_USER,
+  OPT_JSON,
+  OPT_SVG,
+  OPT_BUDGET,
+  OPT_SCHEDULE,
+  OPT_FIT,
+  OPT_FIT_ALLOW,
+  OPT_FIT_COSTS
+};
 
 static const struct option plan_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
@@ -16,13 +25,18 @@ static const struct option plan_options[] = {
     {"svg", required_argument, NULL, OPT_SVG},
     {"budget", required_argument, NULL, OPT_BUDGET},
     {"schedule", no_argument, NULL, OPT_SCHEDULE},
+    {"fit", no_argument, NULL, OPT_FIT},
+    {"fit-allow", required_argument, NULL, OPT_FIT_ALLOW},
+    {"fit-costs", required_argument, NULL, OPT_FIT_COSTS},
     {0, 0, 0, 0},
 };
 
 typedef struct {
   const char *model, *svg;
-  int json, schedule, budget_set;
+  int json, schedule, budget_set, fit, fit_extra;
   size_t budget;
+  unsigned fit_allow;
+  dp_fit_costs costs;
 } plan_opts;
 
 /* Search cap of --budget when --batch is absent. */
@@ -63,28 +77,37 @@ static const char *const region_phrase[DP_REGION_COUNT] = {
 };
 
 static void plan_help(FILE *f) {
-  fputs("usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
-        "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
-        "\n"
-        "Plans one data-parallel step without running it: loads the model spec, cuts\n"
-        "the batch across the devices along dim 0 and lays out every device's arena.\n"
-        "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
-        "\n"
-        "Plan options:\n"
-        "  --model FILE            model spec (.dpm), one layer per line (required)\n"
-        "  --json                  print the plan as JSON instead of the table\n"
-        "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
-        "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
-        "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
-        "                          GiB/TiB = powers of 1024): finds the largest batch\n"
-        "                          whose plan fits on every device (and in the host\n"
-        "                          staging arena), then prints the plan at that batch.\n"
-        "                          --batch, if given, caps the search (default cap\n"
-        "                          1048576). Exit status 1 when not even batch 1 fits.\n"
-        "  --schedule              also print the static schedule: every op of one step\n"
-        "  -h, --help              this text\n"
-        "\n",
-        f);
+  fputs(
+      "usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
+      "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
+      "\n"
+      "Plans one data-parallel step without running it: loads the model spec, cuts\n"
+      "the batch across the devices along dim 0 and lays out every device's arena.\n"
+      "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
+      "\n"
+      "Plan options:\n"
+      "  --model FILE            model spec (.dpm), one layer per line (required)\n"
+      "  --json                  print the plan as JSON instead of the table\n"
+      "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
+      "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
+      "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
+      "                          GiB/TiB = powers of 1024): finds the largest batch\n"
+      "                          whose plan fits on every device (and in the host\n"
+      "                          staging arena), then prints the plan at that batch.\n"
+      "                          --batch, if given, caps the search (default cap\n"
+      "                          1048576). Exit status 1 when not even batch 1 fits.\n"
+      "  --schedule              also print the static schedule: every op of one step\n"
+      "  --fit                   with --budget and --batch: the configuration that fits\n"
+      "                          the budget and has the shortest estimated step, its\n"
+      "                          plan, and the runner-ups (see below)\n"
+      "  --fit-allow LIST        what --fit may change, comma-separated: mode, shard,\n"
+      "                          split, micro-batch, or all (default mode,shard,split:\n"
+      "                          the ones that keep the bits; micro-batch changes them)\n"
+      "  --fit-costs K=V,...     the cost model's numbers (gflops, half_rows, mem_gbs,\n"
+      "                          op_us; docs/PLANNER.md says how dp bench measures them)\n"
+      "  -h, --help              this text\n"
+      "\n",
+      f);
   dpt_print_common_help(f);
   fputs("\n"
         "The table has one column per device that gets rows (with --split chunk, fewer\n"
@@ -118,6 +141,15 @@ static void plan_help(FILE *f) {
         "device:region[+offset] (\"host\" = the caller's memory), then bytes moved or\n"
         "touched.\n"
         "\n"
+        "--fit plans every configuration --fit-allow opens (classic or allreduce, a\n"
+        "sharded optimizer, the three splits, power-of-two micro-batches) for the batch\n"
+        "given, keeps those whose largest arena is within the budget, and ranks them by\n"
+        "a cost model's step time: GEMM flops at a rate that falls with fewer rows,\n"
+        "bytes streamed, a cost per op, on the slowest device. It prints the chosen\n"
+        "configuration and up to five runner-ups, creates a context of the chosen one\n"
+        "(cpu backend) to check its arenas against the budget, then prints its plan.\n"
+        "When none fits it names the smallest it found and by how much that misses.\n"
+        "\n"
         "Exit status: 0 ok, 1 model or planning error, 2 usage error.\n"
         "\n"
         "Examples:\n"
@@ -128,6 +160,71 @@ static void plan_help(FILE *f) {
         f);
 }
 
+/* --fit-allow: "mode,shard,split,micro-batch" or "all". */
+static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t errcap) {
+  static const struct {
+    const char *name;
+    unsigned bit;
+  } words[] = {{"mode", DP_FIT_MODE},
+               {"shard", DP_FIT_SHARD},
+               {"split", DP_FIT_SPLIT},
+               {"micro-batch", DP_FIT_MICRO_BATCH},
+               {"all", DP_FIT_ALL}};
+  *allow = 0;
+  for (const char *p = arg; *p;) {
+    size_t n = strcspn(p, ",");
+    size_t i = 0;
+    while (i < sizeof words / sizeof words[0] &&
+           (strlen(words[i].name) != n || strncmp(words[i].name, p, n)))
+      i++;
+    if (i == sizeof words / sizeof words[0]) {
+      snprintf(err, errcap,
+               "--fit-allow: '%.*s' is not one of mode, shard, split, micro-batch, all",
+               (int)n, p);
+      return -1;
+    }
+    *allow |= words[i].bit;
+    p += n + (p[n] == ',');
+  }
+  if (!*allow) {
+    snprintf(err, errcap,
+             "--fit-allow: name at least one of mode, shard, split, "
+             "micro-batch, all");
+    return -1;
+  }
+  return 0;
+}
+
+/* --fit-costs: "gflops=90,half_rows=8,mem_gbs=10,op_us=1", any of them. */
+static int parse_fit_costs(const char *arg, dp_fit_costs *k, char *err, size_t errcap) {
+  for (const char *p = arg; *p;) {
+    size_t n = strcspn(p, ",");
+    char item[64];
+    snprintf(item, sizeof item, "%.*s", (int)(n < sizeof item ? n : sizeof item - 1), p);
+    char *eq = strchr(item, '='), *end = NULL;
+    double v = eq ? strtod(eq + 1, &end) : 0;
+    double *field = NULL;
+    if (eq) {
+      *eq = '\0';
+      field = !strcmp(item, "gflops")      ? &k->gflops
+              : !strcmp(item, "half_rows") ? &k->half_rows
+              : !strcmp(item, "mem_gbs")   ? &k->mem_gbs
+              : !strcmp(item, "op_us")     ? &k->op_us
+                                           : NULL;
+    }
+    if (!field || end == eq + 1 || *end || !(v >= 0) || v > 1e12) {
+      snprintf(err, errcap,
+               "--fit-costs: '%.*s' is not NAME=NUMBER with NAME one of gflops, half_rows, "
+               "mem_gbs, op_us and the number >= 0",
+               (int)n, p);
+      return -1;
+    }
+    *field = v;
+    p += n + (p[n] == ',');
+  }
+  return 0;
+}
+
 static int plan_option(void *user, int code, const char *arg, char *err, size_t errcap) {
   plan_opts *o = user;
   switch (code) {
@@ -135,6 +232,11 @@ static int plan_option(void *user, int code, const char *arg, char *err, size_t 
   case OPT_JSON: o->json = 1; return 0;
   case OPT_SVG: o->svg = arg; return 0;
   case OPT_SCHEDULE: o->schedule = 1; return 0;
+  case OPT_FIT: o->fit = 1; return 0;
+  case OPT_FIT_ALLOW:
+    o->fit_extra = 1;
+    return parse_fit_allow(arg, &o->fit_allow, err, errcap);
+  case OPT_FIT_COSTS: o->fit_extra = 1; return parse_fit_costs(arg, &o->costs, err, errcap);
   case OPT_BUDGET: {
     char msg[256];
     if (dpt_parse_size(arg, &o->budget, msg, sizeof msg)) {
@@ -731,8 +833,89 @@ static void suggest_layout(const dp_model *m, const dp_config *cfg, size_t budge
   }
 }
 
+/* ---- --fit ------------------------------------------------------------------------ */
+
+/* Largest arenas --fit creates to check its choice (all devices together). */
+#define FIT_VERIFY_CAP ((size_t)256 << 20)
+
+static void fit_row(const char *tag, int rank, const dp_fit *f) {
+  char a[48], mb[16] = "chunk";
+  if (f->config.micro_batch > 0) snprintf(mb, sizeof mb, "%d", f->config.micro_batch);
+  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %16s  %12.3f\n", tag, rank,
+         dp_mode_name(f->config.mode), f->config.shard_optimizer ? "yes" : "no",
+         dp_split_name(f->config.split), mb, dpt_bytes_exact(f->bytes, a, sizeof a),
+         f->est_ms);
+}
+
+/* One training step (or forward) of zeros at the full batch on a context of plan
+ * p, then every device's high-water mark against the budget. */
+static void fit_verify(const dp_plan *p, const dp_model *m, size_t budget) {
+  size_t all = dp_plan_host_bytes(p);
+  for (int d = 0; d < dp_plan_n_devices(p); d++) all += dp_plan_device_bytes(p, d);
+  char a[48], b[48];
+  if (all > FIT_VERIFY_CAP) {
+    printf("not checked by a step here: its arenas take %s in all (dp train runs it)\n",
+           dpt_bytes_human(all, a, sizeof a));
+    return;
+  }
+  const dp_config *c = dp_plan_config(p);
+  int in = dp_model_input_width(m), tw = dp_model_target_width(m);
+  float *x = calloc((size_t)c->batch * in, sizeof *x);
+  float *t = calloc((size_t)c->batch * (tw > 0 ? tw : 1), sizeof *t);
+  float *y = calloc((size_t)c->batch * dp_model_output_width(m), sizeof *y);
+  dp_ctx *ctx = NULL;
+  float loss = 0;
+  dp_status s = !x || !t || !y ? DP_ERR_NOMEM : dp_ctx_create(p, &ctx);
+  if (!s)
+    s = c->inference ? dp_forward(ctx, c->batch, in, x, y)
+                     : dp_train_step(ctx, c->batch, in, x, t, &loss);
+  if (s) {
+    printf("not checked by a step here: %s\n",
+           dpt_user_msg(ctx ? dp_ctx_error(ctx) : dp_last_error()));
+  } else {
+    size_t hw = 0;
+    for (int d = 0; d < dp_plan_n_devices(p); d++)
+      if (dp_ctx_high_water(ctx, d) > hw) hw = dp_ctx_high_water(ctx, d);
+    printf("checked: a step of the chosen configuration touched at most %s B (%s) of a "
+           "device's arena, within the budget\n",
+           dpt_bytes_exact(hw, a, sizeof a), dpt_bytes_human(hw, b, sizeof b));
+    if (hw > budget) printf("(over the budget: a bug, please report it)\n");
+  }
+  dp_ctx_free(ctx);
+  free(x);
+  free(t);
+  free(y);
+}
+
+/* --fit: the chosen configuration into *cfg; prints the candidates. 0 or -1. */
+static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
+  enum { SHOWN = 6 };
+  dp_fit f[SHOWN];
+  int n = 0;
+  dp_status s = dp_plan_fit(m, cfg, o->budget, o->fit_allow, &o->costs, f, SHOWN, &n);
+  if (s != DP_OK) {
+    fprintf(stderr, "dp plan: --fit: %s\n", dpt_user_msg(dp_last_error()));
+    return -1;
+  }
+  char a[48], b[48];
+  printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s\n",
+         dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
+         cfg->batch, cfg->n_devices, o->fit_allow & DP_FIT_MODE ? " mode" : "",
+         o->fit_allow & DP_FIT_SHARD ? " shard" : "",
+         o->fit_allow & DP_FIT_SPLIT ? " split" : "",
+         o->fit_allow & DP_FIT_MICRO_BATCH ? " micro-batch" : "");
+  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %16s  %12s\n", "", "rank", "mode", "shard",
+         "split", "micro-batch", "largest arena", "est. ms/step");
+  for (int i = 0; i < n; i++) fit_row(i == 0 ? "chosen" : "", i + 1, &f[i]);
+  printf("(estimates: gflops %g, half_rows %g, mem_gbs %g, op_us %g; --fit-costs)\n",
+         o->costs.gflops, o->costs.half_rows, o->costs.mem_gbs, o->costs.op_us);
+  *cfg = f[0].config;
+  return 0;
+}
+
 int dpt_cmd_plan(int argc, char **argv) {
-  plan_opts o = {0};
+  plan_opts o = {.fit_allow = DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT};
+  dp_fit_costs_default(&o.costs);
   dp_config cfg;
   dpt_common com;
   char err[512];
@@ -743,6 +926,10 @@ int dpt_cmd_plan(int argc, char **argv) {
     r = dpt_fail(err, sizeof err, "--model FILE is required");
   if (r == DPT_ARGS_OK && !o.budget_set && !dpt_given(&com, DPT_OPT_BATCH))
     r = dpt_fail(err, sizeof err, "--batch B is required (or --budget SIZE to find it)");
+  if (r == DPT_ARGS_OK && o.fit && (!o.budget_set || !dpt_given(&com, DPT_OPT_BATCH)))
+    r = dpt_fail(err, sizeof err, "--fit needs --budget SIZE and the --batch B to fit");
+  if (r == DPT_ARGS_OK && !o.fit && o.fit_extra)
+    r = dpt_fail(err, sizeof err, "--fit-allow and --fit-costs go with --fit");
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp plan: %s\nrun 'dp plan --help' for the options\n", err);
     return DPT_EXIT_USAGE;
@@ -761,7 +948,9 @@ int dpt_cmd_plan(int argc, char **argv) {
   int status = DPT_EXIT_FAIL, budget_batch = 0, cap = 0;
   dp_plan *p = NULL;
   char a[48], b[48];
-  if (o.budget_set) {
+  if (o.fit) {
+    if (fit_config(m, &cfg, &o)) goto out;
+  } else if (o.budget_set) {
     cap = dpt_given(&com, DPT_OPT_BATCH) ? cfg.batch : DEFAULT_BATCH_CAP;
     cfg.batch = cap;
     if (dp_plan_max_batch(m, &cfg, o.budget, cap, &budget_batch) != DP_OK) {
@@ -795,7 +984,8 @@ int dpt_cmd_plan(int argc, char **argv) {
   if (o.json) {
     print_json(p, o.model, &o, budget_batch, cap);
   } else {
-    if (o.budget_set) {
+    if (o.fit) fit_verify(p, m, o.budget);
+    if (o.budget_set && !o.fit) {
       printf("budget  %s B (%s) per device: the largest batch that fits is %d",
              dpt_bytes_exact(o.budget, a, sizeof a), dpt_bytes_human(o.budget, b, sizeof b),
              budget_batch);
