@@ -268,41 +268,48 @@ done:
 
 /* ---- comm ---------------------------------------------------------------------- */
 
+/* GB/s of memcpy between two arenas of `bytes`, over about 256 MiB copied; -1
+ * when out of memory. */
+static double copy_gbs(size_t bytes) {
+  unsigned char *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
+  double gbs = -1.0;
+  if (a && b) {
+    memset(a, 1, bytes);
+    memset(b, 2, bytes);
+    long reps = (long)(256 * 1048576.0 / bytes) + 1;
+    double t0 = dpt_now_s();
+    for (long r = 0; r < reps; r++) {
+      memcpy(b, a, bytes);
+      a[r % bytes] ^= b[(r * 7) % bytes]; /* keep the copies observable */
+    }
+    gbs = (double)bytes * reps / (dpt_now_s() - t0) / 1e9;
+  }
+  free(a);
+  free(b);
+  return gbs;
+}
+
 /* --shm: the shared-memory transport is memcpy between arenas; bytes/s per
  * size, in one process. */
 static int bench_comm_shm(int json) {
   static const size_t sizes[] = {4096, 65536, 1 << 20, 16 << 20, 64 << 20};
   enum { N = sizeof sizes / sizeof *sizes };
-  size_t mx = sizes[N - 1];
-  unsigned char *a = aligned_alloc(64, mx), *b = aligned_alloc(64, mx);
-  if (!a || !b) {
-    free(a);
-    free(b);
-    fprintf(stderr, "dp bench comm: out of memory\n");
-    return DPT_EXIT_FAIL;
-  }
-  memset(a, 1, mx);
-  memset(b, 2, mx);
   if (json)
     printf("{\"transport\":\"shm\",\"results\":[");
   else
     printf("transport shm (memcpy between two arenas)\n%12s %12s\n", "bytes", "GB/s");
   for (int i = 0; i < N; i++) {
-    long reps = (long)(256 * 1048576.0 / sizes[i]) + 1;
-    double t0 = dpt_now_s();
-    for (long r = 0; r < reps; r++) {
-      memcpy(b, a, sizes[i]);
-      a[r % sizes[i]] ^= b[(r * 7) % sizes[i]]; /* keep the copies observable */
+    double gbs = copy_gbs(sizes[i]);
+    if (gbs < 0) {
+      fprintf(stderr, "dp bench comm: out of memory\n");
+      return DPT_EXIT_FAIL;
     }
-    double gbs = (double)sizes[i] * reps / (dpt_now_s() - t0) / 1e9;
     if (json)
       printf("%s{\"bytes\":%zu,\"gb_per_s\":%.2f}", i ? "," : "", sizes[i], gbs);
     else
       printf("%12zu %12.2f\n", sizes[i], gbs);
   }
   if (json) printf("]}\n");
-  free(a);
-  free(b);
   return DPT_EXIT_OK;
 }
 
@@ -1167,25 +1174,11 @@ static int bench_fit_costs(int json) {
     h[i] = g < G ? r * (G / g - 1.0) : 0.0;
   }
   qsort(h, N, sizeof h[0], cmp_double);
-  size_t bytes = 16u << 20;
-  unsigned char *a = malloc(bytes), *b = malloc(bytes);
-  if (!a || !b) {
-    free(a);
-    free(b);
+  double mem = copy_gbs(16u << 20);
+  if (mem < 0) {
     fprintf(stderr, "dp bench fit-costs: out of memory\n");
     return DPT_EXIT_FAIL;
   }
-  memset(a, 1, bytes);
-  memset(b, 2, bytes);
-  int reps = 32;
-  double t0 = dpt_now_s();
-  for (int r = 0; r < reps; r++) {
-    memcpy(b, a, bytes);
-    a[r] ^= b[bytes - 1 - (size_t)r]; /* keep the copies observable */
-  }
-  double mem = (double)bytes * reps / (dpt_now_s() - t0) / 1e9;
-  free(a);
-  free(b);
   dp_model *m = NULL;
   dp_plan *p = NULL;
   dp_config c;
