@@ -9,6 +9,8 @@
 
 #include <check.h>
 #include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -389,6 +391,320 @@ START_TEST(refusals_name_what_is_wrong) {
 }
 END_TEST
 
+/* ---- stopping safely: signals, --save-every, --save-best ------------------- */
+
+/* A record of a run saved inside an epoch: its last line "position N" reads
+ * back (0 without it); a position out of range, or not last, is refused. */
+START_TEST(run_record_position_round_trips) {
+  dpt_scaler none = {0}, got;
+  size_t n;
+  int epochs, rows;
+  char err[256];
+  char *text = dpt_run_text_at(4, 17, 299, &none, "seed=0 data=text", &n);
+  ck_assert_ptr_nonnull(text);
+  ck_assert_msg(dpt_run_parse(text, n, &epochs, &rows, &got, NULL, err, sizeof err) == 0,
+                "%s", err);
+  ck_assert(epochs == 4 && rows == 299 && got.n == 0);
+  ck_assert_int_eq(dpt_run_position(text, n), 17);
+  free(text);
+  text = dpt_run_text(4, 299, &none, "seed=0", &n);
+  ck_assert_int_eq(dpt_run_position(text, n), 0);
+  ck_assert(!strstr(text, "position"));
+  free(text);
+  static const char *const bad[] = {
+      "libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 0\nposition -1\n",
+      "libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 0\nposition 2147483648\n",
+      "libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 0\nposition 2\nsettings "
+      "a=1\n"};
+  for (int i = 0; i < 3; i++)
+    ck_assert_msg(dpt_run_parse(bad[i], strlen(bad[i]), &epochs, &rows, &got, NULL, err,
+                                sizeof err) == -1,
+                  "case %d taken", i);
+}
+END_TEST
+
+/* The dp binary next to this test binary, or "" when absent. */
+static void dp_binary(char *path, size_t cap) {
+  char self[512];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  path[0] = '\0';
+  if (n <= 0) return;
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  if (!slash) return;
+  *slash = '\0';
+  snprintf(path, cap, "%s/dp", self);
+  if (access(path, X_OK) != 0) path[0] = '\0';
+}
+
+/* `dp train ARGS` as a child process, its output in dir/out and dir/err. */
+static pid_t spawn_train(const char *dp, char *const *args) {
+  char *argv[64] = {(char *)dp, "train"};
+  int n = 2;
+  for (; args[n - 2]; n++) argv[n] = args[n - 2];
+  argv[n] = NULL;
+  char out[128], err[128];
+  in_dir(out, sizeof out, "out");
+  in_dir(err, sizeof err, "err");
+  fflush(stdout);
+  fflush(stderr);
+  pid_t pid = fork();
+  ck_assert(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(126);
+    execv(dp, argv);
+    _exit(127);
+  }
+  return pid;
+}
+
+/* Waits until the file has `lines` lines (the child's log); 0, or -1 when
+ * the child ended first or 60 s went by. */
+static int wait_lines(pid_t pid, const char *path, int lines) {
+  for (int i = 0; i < 6000; i++) {
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    for (int c; f && (c = fgetc(f)) != EOF;) n += c == '\n';
+    if (f) fclose(f);
+    if (n >= lines) return 0;
+    if (waitpid(pid, NULL, WNOHANG) != 0) return -1;
+    usleep(10000);
+  }
+  return -1;
+}
+
+/* The child's end: its exit status, or 128 + the signal that killed it. */
+static int child_status(pid_t pid) {
+  int st;
+  ck_assert(waitpid(pid, &st, 0) == pid);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "r");
+  ck_assert_ptr_nonnull(f);
+  char *b = calloc(1, 65536);
+  ck_assert_ptr_nonnull(b);
+  size_t n = fread(b, 1, 65535, f);
+  b[n] = '\0';
+  fclose(f);
+  return b;
+}
+
+/* The run record of a checkpoint: epochs done, calls done in the next. */
+static void record_of(const char *ck, int *epochs, int *position) {
+  void *app;
+  size_t n;
+  int rows;
+  dpt_scaler sc;
+  char err[256];
+  ck_assert_msg(dp_ckpt_read_app(ck, &app, &n) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(dpt_run_parse(app, n, epochs, &rows, &sc, NULL, err, sizeof err) == 0, "%s",
+                err);
+  *position = dpt_run_position(app, n);
+  free(app);
+  dpt_scaler_free(&sc);
+}
+
+/* The parameter hash `dp train ARGS --epochs E` prints (in-process). */
+static void hash_after(char *const *args, int n_args, int epochs, char *hash) {
+  char *argv[40] = {"train"}, ep[16];
+  int n = 1;
+  for (int i = 0; i < n_args; i++) argv[n++] = args[i];
+  snprintf(ep, sizeof ep, "%d", epochs);
+  argv[n++] = "--epochs";
+  argv[n++] = ep;
+  argv[n] = NULL;
+  cmd_result r = capture_cmd(dpt_cmd_train, n, argv);
+  ok(&r);
+  hash_of(&r, hash);
+  cmd_result_free(&r);
+}
+
+/* SIGINT, then SIGTERM, mid-run: exit 130 and 143, after saving; the line
+ * names the checkpoint and the command that goes on, and that command (with
+ * fewer epochs) gives the parameter hash of the uninterrupted run to the same
+ * epoch, the stopped epoch finished from where it stopped. */
+START_TEST(a_signal_saves_and_the_printed_command_resumes) {
+  char dp[600];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE train_text: no dp binary next to the test binary; skipped\n");
+    return;
+  }
+  char model[128], text[128], ck[128], log[128], errp[128];
+  gpt_spec("g.dpm", 256, 256, model, sizeof model);
+  make_text(in_dir(text, sizeof text, "t.txt"), 3000);
+  in_dir(ck, sizeof ck, "run.ckpt");
+  in_dir(log, sizeof log, "run.jsonl");
+  in_dir(errp, sizeof errp, "err");
+  char *base[] = {"--model",     model,   "--text", text,   "--batch", "8",
+                  "--optimizer", "adamw", "--lr",   "0.01", "--seed",  "3"};
+  const int sigs[2] = {SIGINT, SIGTERM};
+  for (int k = 0; k < 2; k++) {
+    unlink(ck);
+    unlink(log);
+    char *args[] = {base[0],  base[1], base[2], base[3],  base[4],  base[5],    base[6],
+                    base[7],  base[8], base[9], base[10], base[11], "--epochs", "100000",
+                    "--save", ck,      "--log", log,      NULL};
+    pid_t pid = spawn_train(dp, args);
+    ck_assert_msg(wait_lines(pid, log, 1) == 0, "the run ended before its first epoch");
+    usleep(3000 * (k + 1)); /* somewhere inside an epoch */
+    kill(pid, sigs[k]);
+    ck_assert_int_eq(child_status(pid), 128 + sigs[k]);
+    char *err = read_text(errp);
+    ck_assert_msg(
+        strstr(err, k ? "SIGTERM: stopped after step " : "SIGINT: stopped after step "),
+        "%s", err);
+    ck_assert_msg(strstr(err, "; saved "), "%s", err);
+    char *cmd = strstr(err, "to go on: ");
+    ck_assert_msg(cmd, "%s", err);
+    cmd += 10;
+    *strchr(cmd, '\n') = '\0';
+    /* the epochs left: 100000 less those done */
+    char *ep = strstr(cmd, " --epochs ");
+    ck_assert_msg(ep && strstr(cmd, " --resume ") && strstr(cmd, " --save "), "%s", cmd);
+    int left = atoi(ep + 10), epochs, position;
+    record_of(ck, &epochs, &position);
+    ck_assert_int_eq(left, 100000 - epochs);
+    /* go on for 2 epochs: the stopped one to its end, and one more */
+    char line[4096];
+    snprintf(line, sizeof line, "%.*s --epochs 2 --quiet > %s/resumed 2>&1",
+             (int)(ep - cmd), cmd, dir);
+    ck_assert_msg(system(line) == 0, "%s", line);
+    char resumed[128], h_res[24], h_full[24];
+    char *out = read_text(in_dir(resumed, sizeof resumed, "resumed"));
+    cmd_result rr = {.out = out};
+    hash_of(&rr, h_res);
+    hash_after(base, 12, epochs + 2, h_full);
+    ck_assert_msg(!strcmp(h_res, h_full),
+                  "stopped at epoch %d + %d calls: resumed %s, whole %s", epochs, position,
+                  h_res, h_full);
+    free(out);
+    free(err);
+  }
+}
+END_TEST
+
+/* A second signal ends the run at once (no save); the checkpoint that
+ * --save-every wrote before stays whole, and a crash (SIGKILL) leaves one
+ * that resumes exactly: saved every 7 steps, inside an epoch. */
+START_TEST(a_second_signal_exits_at_once_and_periodic_saves_resume) {
+  char dp[600];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE train_text: no dp binary next to the test binary; skipped\n");
+    return;
+  }
+  char model[128], text[128], ck[128], log[128], errp[128];
+  gpt_spec("g.dpm", 256, 256, model, sizeof model);
+  make_text(in_dir(text, sizeof text, "t.txt"), 3000);
+  in_dir(ck, sizeof ck, "run.ckpt");
+  in_dir(log, sizeof log, "run.jsonl");
+  in_dir(errp, sizeof errp, "err");
+  char *base[] = {"--model", model,         "--text", text,   "--batch",
+                  "8",       "--optimizer", "adamw",  "--lr", "0.01"};
+  char *args[] = {base[0],        base[1], base[2], base[3],    base[4],  base[5],  base[6],
+                  base[7],        base[8], base[9], "--epochs", "100000", "--save", ck,
+                  "--save-every", "7",     "--log", log,        NULL};
+  /* both signals pending when it runs on (which is handled first is the
+   * kernel's choice): the second finds the first's flag */
+  pid_t pid = spawn_train(dp, args);
+  ck_assert_msg(wait_lines(pid, log, 2) == 0, "the run ended before its second epoch");
+  kill(pid, SIGSTOP);
+  kill(pid, SIGINT);
+  kill(pid, SIGTERM);
+  kill(pid, SIGCONT);
+  int rc = child_status(pid); /* 128 + the second one's number */
+  ck_assert_msg(rc == 130 || rc == 143, "exit %d", rc);
+  char *err = read_text(errp);
+  ck_assert_msg(strstr(err, "second signal: stopped at once"), "%s", err);
+  ck_assert_msg(!strstr(err, "saved"), "%s", err);
+  free(err);
+  dp_ckpt_summary sum;
+  ck_assert_msg(dp_ckpt_info(ck, NULL, &sum) == DP_OK, "%s", dp_last_error());
+  int epochs, position;
+  record_of(ck, &epochs, &position);
+  /* 299 windows, 38 calls an epoch: saved at a multiple of 7 steps */
+  ck_assert_int_eq((epochs * 38 + position) % 7, 0);
+  ck_assert_int_ge(epochs, 1);
+
+  /* killed outright: the last periodic checkpoint resumes exactly */
+  unlink(log);
+  pid = spawn_train(dp, args);
+  ck_assert_msg(wait_lines(pid, log, 1) == 0, "the run ended before its first epoch");
+  usleep(5000);
+  kill(pid, SIGKILL);
+  ck_assert_int_eq(child_status(pid), 128 + SIGKILL);
+  record_of(ck, &epochs, &position);
+  ck_assert_int_eq((epochs * 38 + position) % 7, 0);
+  char *more[] = {base[0], base[1], base[2], base[3], base[4],    base[5],
+                  base[6], base[7], base[8], base[9], "--resume", ck};
+  char h_res[24], h_full[24];
+  hash_after(more, 12, 2, h_res);
+  hash_after(base, 10, epochs + 2, h_full);
+  ck_assert_msg(!strcmp(h_res, h_full),
+                "saved at epoch %d + %d calls: resumed %s, whole %s", epochs, position,
+                h_res, h_full);
+}
+END_TEST
+
+/* --save-every Ne saves at the end of every N epochs' steps (in-process: the
+ * lines it prints); --save-best keeps the checkpoint of the best held-out
+ * loss, and with --patience the early stop restores it: the report and the
+ * hash are those of the run to that epoch. */
+START_TEST(save_every_epochs_and_save_best_restores) {
+  char model[128], text[128], ck[128], best[128];
+  gpt_spec("g.dpm", 256, 256, model, sizeof model);
+  make_text(in_dir(text, sizeof text, "t.txt"), 1500);
+  in_dir(ck, sizeof ck, "run.ckpt");
+  in_dir(best, sizeof best, "best.ckpt");
+  /* 149 training windows, 19 calls an epoch */
+  cmd_result r = TRAIN("--model", model, "--text", text, "--batch", "8", "--epochs", "5",
+                       "--save", ck, "--save-every", "2e");
+  ok(&r);
+  ck_assert_msg(strstr(r.out, "(step 38, --save-every)") &&
+                    strstr(r.out, "(step 76, --save-every)") &&
+                    !strstr(r.out, "(step 57, --save-every)"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  char *base[] = {"--model",     model,   "--text", text,   "--batch", "8",
+                  "--optimizer", "adamw", "--lr",   "0.05", "--seed",  "1"};
+  cmd_result b =
+      TRAIN("--model", model, "--text", text, "--batch", "8", "--optimizer", "adamw",
+            "--lr", "0.05", "--seed", "1", "--epochs", "60", "--eval-every", "1",
+            "--patience", "2", "--save-best", best, "--save", ck);
+  ok(&b);
+  const char *stop = strstr(b.out, "early stop at epoch ");
+  ck_assert_msg(stop, "%s", b.out);
+  const char *at = strstr(stop, "at epoch ");
+  at = strstr(at + 1, "at epoch ");
+  int best_ep = atoi(at + 9);
+  char want[256];
+  snprintf(want, sizeof want, "restored the best checkpoint %s (epoch %d,", best, best_ep);
+  ck_assert_msg(strstr(b.out, want), "%s", b.out);
+  ck_assert_msg(strstr(b.out, "best: saved"), "%s", b.out);
+  char h_best[24], h_run[24];
+  hash_of(&b, h_best);
+  hash_after(base, 12, best_ep, h_run);
+  ck_assert_str_eq(h_best, h_run);
+  int epochs, position;
+  record_of(ck, &epochs, &position);
+  ck_assert_int_eq(epochs, best_ep);
+  record_of(best, &epochs, &position);
+  ck_assert_int_eq(epochs, best_ep);
+  ck_assert_int_eq(position, 0);
+  cmd_result_free(&b);
+  refused(TRAIN("--model", model, "--text", text, "--batch", "8", "--save-every", "3"), 2,
+          "--save-every needs --save FILE");
+  refused(TRAIN("--model", model, "--text", text, "--batch", "8", "--save", ck,
+                "--save-every", "0.5"),
+          2, "--save-every: '0.5' is not a number of optimizer steps");
+  refused(TRAIN("--model", model, "--text", text, "--batch", "8", "--save-best", best), 2,
+          "--save-best needs --eval-every");
+}
+END_TEST
+
 Suite *train_text_suite(void) {
   Suite *s = suite_create("train_text");
   TCase *tc = tcase_create("train_text");
@@ -399,6 +715,14 @@ Suite *train_text_suite(void) {
   tcase_add_test(tc, steps_are_the_windows_in_the_epoch_order);
   tcase_add_test(tc, save_resume_is_bit_exact_and_generate_reads_it);
   tcase_add_test(tc, refusals_name_what_is_wrong);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("stop");
+  tcase_set_timeout(tc, 180);
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_add_test(tc, run_record_position_round_trips);
+  tcase_add_test(tc, a_signal_saves_and_the_printed_command_resumes);
+  tcase_add_test(tc, a_second_signal_exits_at_once_and_periodic_saves_resume);
+  tcase_add_test(tc, save_every_epochs_and_save_best_restores);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -17,13 +17,13 @@
 
 /* ---- commands (each returns the process exit status) ------------------------ */
 /* argv[0] is the command name ("plan"); the rest are its arguments. */
-int dpt_cmd_plan(int argc, char **argv);    /* tools/cmd_plan.c */
-int dpt_cmd_train(int argc, char **argv);   /* tools/cmd_train.c */
-int dpt_cmd_repro(int argc, char **argv);   /* tools/cmd_repro.c */
-int dpt_cmd_bench(int argc, char **argv);   /* tools/cmd_bench.c */
-int dpt_cmd_predict(int argc, char **argv); /* tools/cmd_predict.c */
+int dpt_cmd_plan(int argc, char **argv);     /* tools/cmd_plan.c */
+int dpt_cmd_train(int argc, char **argv);    /* tools/cmd_train.c */
+int dpt_cmd_repro(int argc, char **argv);    /* tools/cmd_repro.c */
+int dpt_cmd_bench(int argc, char **argv);    /* tools/cmd_bench.c */
+int dpt_cmd_predict(int argc, char **argv);  /* tools/cmd_predict.c */
 int dpt_cmd_generate(int argc, char **argv); /* tools/cmd_generate.c */
-int dpt_cmd_export(int argc, char **argv);  /* tools/cmd_weights.c */
+int dpt_cmd_export(int argc, char **argv);   /* tools/cmd_weights.c */
 /* The model as PyTorch source (tools/pytorch.c): 0, or -1 on a write error. */
 int dpt_write_pytorch(const dp_model *m, FILE *f);
 int dpt_cmd_import(int argc, char **argv); /* tools/cmd_weights.c */
@@ -274,6 +274,9 @@ dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
 dp_status dpt_ctx_create_part(const dp_plan *p, dp_ctx **out, int *here);
 /* Rank 0's v, on every rank (v itself in one process). */
 int dpt_world_bcast_int(int v);
+/* The largest of every rank's v, on every rank (v itself in one process).
+ * Collective. dp train agrees on a stop signal with it after every step. */
+int dpt_world_max_int(int v);
 /* Rank 0 gets every rank's n bytes of `mine`, in rank order, in all (size()
  * x n bytes; NULL on the other ranks); one process: a copy. Collective.
  * 0, or -1 (the exchange failed). */

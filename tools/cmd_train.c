@@ -8,6 +8,7 @@
 #include "agree.h"
 #include "cli.h"
 #include "data.h"
+#include "stop.h"
 #include "svg.h"
 
 #include <errno.h>
@@ -38,11 +39,15 @@ enum {
   OPT_PATIENCE,
   OPT_TEXT,
   OPT_TOKENS,
+  OPT_SAVE_EVERY,
+  OPT_SAVE_BEST,
 };
 
 typedef struct {
   const char *model, *data, *plot, *save, *resume, *schedule, *log;
   const char *text, *tokens; /* a sequence model's data: bytes, or a .npy of ids */
+  const char *save_every;    /* N optimizer steps, or Xe epochs */
+  const char *save_best;     /* the checkpoint of the best held-out loss */
   int epochs, quiet, no_standardize, eval_every, patience, plot_log;
   float test_fraction;
 } train_opts;
@@ -135,6 +140,19 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_DATA: o->data = arg; return 0;
   case OPT_TEXT: o->text = arg; return 0;
   case OPT_TOKENS: o->tokens = arg; return 0;
+  case OPT_SAVE_BEST: o->save_best = arg; return 0;
+  case OPT_SAVE_EVERY: {
+    double v;
+    int in_epochs;
+    o->save_every = arg;
+    if (!schedule_field(arg, &v, &in_epochs) && v <= INT_MAX &&
+        (in_epochs ? v > 0 : v >= 1 && v == (int)v))
+      return 0;
+    return dpt_fail(err, errcap,
+                    "--save-every: '%s' is not a number of optimizer steps (200) or of "
+                    "epochs (2e, 0.5e)",
+                    arg);
+  }
   case OPT_PLOT: o->plot = arg; return 0;
   case OPT_SAVE: o->save = arg; return 0;
   case OPT_RESUME: o->resume = arg; return 0;
@@ -164,7 +182,8 @@ static void usage(FILE *f) {
          "                [--split chunk|balanced|memory] [--micro-batch K]\n"
          "                [--test-fraction F] [--eval-every N [--patience P]]\n"
          "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
-         "                [--resume F.ckpt] [--lr-schedule S] [--clip-grad-norm X]\n"
+         "                [--resume F.ckpt] [--save-every N|Ne] [--save-best F.ckpt]\n"
+         "                [--lr-schedule S] [--clip-grad-norm X]\n"
          "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
          "Trains the model on the CSV data (label first, then the features; for an mse\n"
          "model, the first <output width> fields are the targets) with data parallelism\n"
@@ -218,7 +237,19 @@ static void usage(FILE *f) {
          "                        does: to a temporary file, fsynced, then renamed over\n"
          "                        FILE, so an interrupted run leaves the old file or the\n"
          "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
-         "                        before training starts\n"
+         "                        before training starts. A first SIGINT (Ctrl-C) or\n"
+         "                        SIGTERM stops the run after the step at hand: it\n"
+         "                        saves FILE (the place in the epoch too), prints the\n"
+         "                        command that goes on and exits 130 (SIGINT) or 143\n"
+         "                        (SIGTERM); a second signal stops at once, the file as\n"
+         "                        it was\n"
+         "  --save-every N        also save FILE every N optimizer steps, or every N\n"
+         "                        epochs' steps with an e suffix (2e, 0.5e); --resume\n"
+         "                        goes on from inside an epoch\n"
+         "  --save-best FILE      with --eval-every: save a checkpoint to FILE at every\n"
+         "                        new best held-out loss; with --patience, an early stop\n"
+         "                        loads it back (the report, the hash and --save are the\n"
+         "                        best epoch's) and says so\n"
          "  --lr-schedule S       the learning rate per optimizer step, as\n"
          "                        torch.optim.lr_scheduler computes it from --lr:\n"
          "                        constant (default), step:N:GAMMA (StepLR),\n"
@@ -508,6 +539,16 @@ typedef struct {
   /* --patience: the best held-out loss, its epoch, evaluations since */
   double best;
   int best_ep, since_best, stopped;
+  /* --save-best has written the best's checkpoint; an early stop loaded it */
+  int best_saved, best_restored;
+  /* a run resumed inside an epoch: the training calls of epoch0 done */
+  int pos0;
+  long every; /* --save-every, in optimizer steps (0: none) */
+  /* a stop by signal: the signal, then the epochs done and the calls done in
+   * the next one, as the checkpoint records them */
+  int stop_sig, stop_ep, stop_pos;
+  int argc;
+  char **argv;
 } train_run;
 
 /* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
@@ -530,6 +571,8 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"patience", required_argument, NULL, OPT_PATIENCE},
       {"text", required_argument, NULL, OPT_TEXT},
       {"tokens", required_argument, NULL, OPT_TOKENS},
+      {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
+      {"save-best", required_argument, NULL, OPT_SAVE_BEST},
       {0, 0, 0, 0}};
   train_opts *o = &t->o;
   dpt_common common;
@@ -558,6 +601,12 @@ static int parse_train(int argc, char **argv, train_run *t) {
     r = dpt_fail(err, errcap, "--eval-every needs a held-out share (--test-fraction > 0)");
   if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
     r = dpt_fail(err, errcap, "--plot-log needs --plot");
+  if (r == DPT_ARGS_OK && o->save_every && !o->save)
+    r = dpt_fail(err, errcap, "--save-every needs --save FILE (the checkpoint it writes)");
+  if (r == DPT_ARGS_OK && o->save_best && !o->eval_every)
+    r = dpt_fail(err, errcap,
+                 "--save-best needs --eval-every (it keeps the checkpoint of the best "
+                 "held-out loss)");
   int in_epochs = 0;
   if (r == DPT_ARGS_OK && o->schedule &&
       parse_schedule(o->schedule, t->cfg.lr, 0, 1, &t->sched, &in_epochs, err, errcap))
@@ -583,12 +632,17 @@ static int check_files(train_run *t) {
   char *err = t->err;
   /* no output may be an input (--save may be --resume: it is written after
    * the resume read it, whole, by a rename) */
-  dpt_file_role outs[] = {{o->save, "checkpoint"}, {o->plot, "plot"}, {o->log, "log"}},
+  dpt_file_role outs[] = {{o->save, "checkpoint"},
+                          {o->save_best, "best checkpoint"},
+                          {o->plot, "plot"},
+                          {o->log, "log"}},
                 ins[] = {{o->model, "model"}, data_file(o), {o->resume, "checkpoint"}};
   if (t->writes &&
-      (dpt_check_distinct(outs, 3, ins, 2, err, sizeof t->err) ||
-       dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof t->err) ||
+      (dpt_check_distinct(outs, 4, ins, 2, err, sizeof t->err) ||
+       dpt_check_distinct(outs + 2, 2, ins + 2, 1, err, sizeof t->err) ||
        (o->save && dpt_check_writable(o->save, "checkpoint", 1, err, sizeof t->err)) ||
+       (o->save_best &&
+        dpt_check_writable(o->save_best, "best checkpoint", 1, err, sizeof t->err)) ||
        (o->plot && dpt_check_writable(o->plot, "plot", 1, err, sizeof t->err)) ||
        (o->log && dpt_check_writable(o->log, "log", 0, err, sizeof t->err)))) {
     fprintf(stderr, "dp train: %s\n", err);
@@ -810,6 +864,9 @@ static int read_resume(train_run *t) {
     fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
     return -1;
   }
+  /* stopped inside an epoch: its calls done (none left when the data shrank) */
+  t->pos0 = app_n ? dpt_run_position(app, app_n) : 0;
+  if (t->pos0 && (long)t->pos0 * t->cfg.batch >= t->train.n_rows) t->pos0 = 0;
   free(app);
   /* the checkpoint carries the run's settings: the same, or no resume */
   int differ =
@@ -885,6 +942,13 @@ static int start_run(train_run *t) {
     fprintf(stderr, "dp train: %s\n", t->err);
     return -1;
   }
+  if (o->save_every) { /* checked for form when parsed */
+    double v;
+    int ep;
+    schedule_field(o->save_every, &v, &ep);
+    double st = ep ? floor(v * (double)calls / K) : v;
+    t->every = st < 1.0 ? 1 : st > INT_MAX ? INT_MAX : (long)st;
+  }
   if (!o->quiet && t->views)
     printf("dp train: %s on %s: %zu %s, %d training / %d held-out windows (the tail) of "
            "%d + 1, a window every %d\n",
@@ -906,7 +970,10 @@ static int start_run(train_run *t) {
     else
       printf("steps per epoch: %ld (batches of up to %d of %d %s)\n", calls, t->batch,
              t->train.n_rows, t->views ? "windows" : "rows");
-    if (o->resume)
+    if (o->resume && t->pos0)
+      printf("resumed from %s at step %llu (epoch %d, after %d of its batches)\n",
+             o->resume, (unsigned long long)dp_ctx_step(t->ctx), t->epoch0 + 1, t->pos0);
+    else if (o->resume)
       printf("resumed from %s at step %llu\n", o->resume,
              (unsigned long long)dp_ctx_step(t->ctx));
   }
@@ -923,6 +990,8 @@ static int start_run(train_run *t) {
   t->ep_end = t->epoch0 + o->epochs;
   t->ep_done = t->epoch0;
   t->best = INFINITY;
+  /* SIGINT, SIGTERM: stop after the step at hand, save, say how to go on */
+  dpt_stop_install("dp train");
   return 0;
 }
 
@@ -946,15 +1015,46 @@ typedef struct {
   long samples;
 } epoch_stats;
 
-/* The steps of epoch ep over the shuffled training rows; its mean loss into
- * curve[ep - epoch0]. 0, or -1 (said). */
+/* What a checkpoint is written for: the end of the run, --save-every,
+ * --save-best, a stop by signal (each says so its own way). */
+typedef enum { SAVE_END, SAVE_EVERY, SAVE_BEST, SAVE_STOP } save_kind;
+static int save_checkpoint(train_run *t, const char *path, int epochs, int position,
+                           save_kind kind);
+
+/* After a step that ended an optimizer step (accumulation done; a checkpoint
+ * holds no partial sums), `done` rows into epoch ep: --save-every's
+ * checkpoint, and the stop signal the ranks agree on. 0: go on; 1: stop
+ * (t->stop_*); -1: failed (said). */
+static int after_step(train_run *t, int ep, int done) {
+  int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1;
+  if (t->steps % K) return 0;
+  /* the checkpoint's place: epochs done, and calls done in the next one */
+  int e = ep, pos = (done + t->batch - 1) / t->batch;
+  if (done >= t->train.n_rows) {
+    e = ep + 1;
+    pos = 0;
+  }
+  if (t->every && dp_ctx_step(t->ctx) % (uint64_t)t->every == 0 &&
+      save_checkpoint(t, t->o.save, e, pos, SAVE_EVERY))
+    return -1;
+  int sig = dpt_stop_agreed();
+  if (!sig) return 0;
+  t->stop_sig = sig;
+  t->stop_ep = e;
+  t->stop_pos = pos;
+  return 1;
+}
+
+/* The steps of epoch ep over the shuffled training rows (a resumed run's
+ * first epoch from where it stopped); its mean loss into curve[ep - epoch0].
+ * 0; 1: stopped by a signal after a step; -1: failed (said). */
 static int train_epoch(train_run *t, int ep, epoch_stats *es) {
   const dpt_dataset *train = &t->train;
   int B = t->batch;
   dpt_epoch_order(train->n_rows, t->cfg.seed, ep, t->perm);
   double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
   int nb = 0;
-  for (int from = 0; from < train->n_rows; from += B) {
+  for (int from = ep == t->epoch0 ? t->pos0 * B : 0; from < train->n_rows; from += B) {
     int n = train->n_rows - from < B ? train->n_rows - from : B;
     gather_rows(train, t->perm, from, n, t->bx, t->bt);
     float loss;
@@ -991,6 +1091,8 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
                frac > 0 ? el / frac - el : -1.0, "", 0);
       t_last = te;
     }
+    int after = after_step(t, ep, from + n);
+    if (after) return after;
   }
   t->curve[ep - t->epoch0] = (float)(sum / nb);
   return 0;
@@ -1068,17 +1170,41 @@ static void log_epoch(train_run *t, int k, double el, const epoch_stats *es,
   }
 }
 
-/* --patience: rank 0 has the figures; every rank stops with it. 1: stop. */
-static int patience_over(train_run *t, const held_out *h) {
-  if (!h->evaluated || !t->o.patience) return 0;
-  if (h->loss < t->best) {
+/* The held-out loss against the best so far (rank 0 has the figures; every
+ * rank follows it): --save-best saves a new best (and says so on the epoch's
+ * line); --patience counts the evaluations since. 1: stop; 0: go on; -1:
+ * failed (said). */
+static int patience_over(train_run *t, held_out *h) {
+  if (!h->evaluated || (!t->o.patience && !t->o.save_best)) return 0;
+  if (dpt_world_bcast_int(h->loss < t->best)) {
     t->best = h->loss;
     t->best_ep = t->ep_done;
     t->since_best = 0;
+    /* --save-best: the checkpoint of the best so far (every rank saves) */
+    if (t->o.save_best) {
+      if (save_checkpoint(t, t->o.save_best, t->ep_done, 0, SAVE_BEST)) return -1;
+      t->best_saved = 1;
+      size_t n = strlen(h->text);
+      snprintf(h->text + n, sizeof h->text - n, "  best: saved");
+    }
   } else {
     t->since_best++;
   }
-  return dpt_world_bcast_int(t->since_best >= t->o.patience);
+  return t->o.patience && dpt_world_bcast_int(t->since_best >= t->o.patience);
+}
+
+/* An early stop with --save-best: the best checkpoint loaded back, so that
+ * the report, the parameter hash and --save are the best's. 0, or -1 (said). */
+static int restore_best(train_run *t) {
+  if (dp_ckpt_load(t->ctx, t->o.save_best)) {
+    fprintf(stderr, "dp train: cannot restore the best checkpoint '%s': %s\n",
+            t->o.save_best, dpt_user_msg(dp_ctx_error(t->ctx)));
+    return -1;
+  }
+  t->best_restored = 1;
+  printf("restored the best checkpoint %s (epoch %d, step %llu)\n", t->o.save_best,
+         t->best_ep, (unsigned long long)dp_ctx_step(t->ctx));
+  return 0;
 }
 
 /* The epochs: steps, then the held-out evaluation, the progress line and the
@@ -1086,18 +1212,21 @@ static int patience_over(train_run *t, const held_out *h) {
 static int run_epochs(train_run *t) {
   for (int ep = t->epoch0; ep < t->ep_end; ep++) {
     epoch_stats es = {0};
-    if (train_epoch(t, ep, &es)) return -1;
+    int st = train_epoch(t, ep, &es);
+    if (st) return st < 0 ? -1 : 0; /* stopped by a signal: t->stop_sig */
     int k = ep - t->epoch0;
     t->ep_done = ep + 1;
     held_out h;
     if (evaluate_epoch(t, &h)) return -1;
+    int stop = patience_over(t, &h);
+    if (stop < 0) return -1;
     double el = dpt_now_s() - t->t_run0;
     if (!t->o.quiet)
       progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
                t->curve[k], t->samples / t->t_train, el,
                el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
     if (t->logf) log_epoch(t, k, el, &es, &h);
-    if (patience_over(t, &h)) {
+    if (stop) {
       t->stopped = 1;
       break;
     }
@@ -1106,6 +1235,7 @@ static int run_epochs(train_run *t) {
     printf("early stop at epoch %d: held-out loss has not improved for %d evaluation%s "
            "(best %.4f at epoch %d)\n",
            t->ep_done, t->o.patience, t->o.patience == 1 ? "" : "s", t->best, t->best_ep);
+  if (t->stopped && t->best_saved) return restore_best(t);
   return 0;
 }
 
@@ -1181,28 +1311,77 @@ static int write_plot(train_run *t) {
   return 0;
 }
 
-/* --save: the checkpoint, with the run's record (epochs, rows, the
- * standardisation, the settings). 0, or -1 (said). */
-static int save_checkpoint(train_run *t) {
+/* A checkpoint at path, with the run's record (epochs done and the calls
+ * done in the next one, rows, the standardisation, the settings). 0, or -1
+ * (said). */
+static int save_checkpoint(train_run *t, const char *path, int epochs, int position,
+                           save_kind kind) {
   size_t run_n = 0;
   char settings[1024];
-  char *run = dpt_run_text(
-      t->ep_done, t->train.n_rows, &t->scaler,
+  char *run = dpt_run_text_at(
+      epochs, position, t->train.n_rows, &t->scaler,
       settings_of(&t->cfg, t->o.schedule, data_kind(&t->o), settings, sizeof settings),
       &run_n);
   if (!run) {
     fprintf(stderr, "dp train: out of memory\n");
     return -1;
   }
-  dp_status ss = dp_ckpt_save_app(t->ctx, t->o.save, run, run_n);
+  dp_status ss = dp_ckpt_save_app(t->ctx, path, run, run_n);
   free(run);
   if (ss) {
+    printf("%s", t->tty && kind != SAVE_END ? "\n" : "");
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
     return -1;
   }
-  printf("checkpoint: %s (step %llu)\n", t->o.save,
-         (unsigned long long)dp_ctx_step(t->ctx));
+  if (kind == SAVE_END)
+    printf("checkpoint: %s (step %llu)\n", path, (unsigned long long)dp_ctx_step(t->ctx));
+  else if (kind == SAVE_EVERY && !t->o.quiet) /* over a progress line on a terminal */
+    printf("%scheckpoint: %s (step %llu, --save-every)%s\n", t->tty ? "\r" : "", path,
+           (unsigned long long)dp_ctx_step(t->ctx), t->tty ? "\033[K" : "");
   return 0;
+}
+
+/* A stop by signal, after the step at hand (every rank after the same one):
+ * the log closed, --save written with the place in the epoch, one line that
+ * says where and how to go on; exit status 128 + the signal (130 for
+ * SIGINT, 143 for SIGTERM). Every rank leaves by itself. */
+static int interrupted(train_run *t) {
+  const train_opts *o = &t->o;
+  int sig = t->stop_sig, rc = 128 + sig;
+  dpt_world_failed_together();
+  if (t->logf) {
+    fclose(t->logf);
+    t->logf = NULL;
+  }
+  if (o->save && save_checkpoint(t, o->save, t->stop_ep, t->stop_pos, SAVE_STOP)) rc = 1;
+  char where[96];
+  if (t->stop_pos)
+    snprintf(where, sizeof where, "in epoch %d (%d of its %d batches)", t->stop_ep + 1,
+             t->stop_pos, (t->train.n_rows + t->batch - 1) / t->batch);
+  else
+    snprintf(where, sizeof where, "at the end of epoch %d", t->stop_ep);
+  fflush(stdout);
+  if (!t->writes) return rc;
+  if (!o->save) {
+    fprintf(
+        stderr,
+        "dp train: %s: stopped after step %llu, %s; nothing was saved (no --save FILE)\n",
+        dpt_signal_name(sig), (unsigned long long)dp_ctx_step(t->ctx), where);
+    return rc;
+  }
+  if (rc == 1) return rc; /* the save said why */
+  /* the command that goes on: the same, resumed from the file, the epochs left */
+  char prefix[600];
+  int n = 0;
+  if (dpt_world_size() > 1)
+    n = snprintf(prefix, sizeof prefix, "mpirun -np %d ", dpt_world_size());
+  snprintf(prefix + n, sizeof prefix - (size_t)n, "%s train", program_invocation_name);
+  char *cmd = dpt_resume_command(prefix, t->argc, t->argv, o->save, t->ep_end - t->stop_ep);
+  fprintf(stderr, "dp train: %s: stopped after step %llu, %s; saved %s; to go on: %s\n",
+          dpt_signal_name(sig), (unsigned long long)dp_ctx_step(t->ctx), where, o->save,
+          cmd ? cmd : "(out of memory)");
+  free(cmd);
+  return rc;
 }
 
 static void free_run(train_run *t) {
@@ -1224,7 +1403,8 @@ static void free_run(train_run *t) {
   dp_model_free(t->model);
 }
 
-/* Everything after the command line: 0, or -1 (said). */
+/* Everything after the command line: 0; -1: failed (said); or the exit
+ * status of a stop by signal. */
 static int train(train_run *t) {
   if (check_files(t) || load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
@@ -1234,19 +1414,25 @@ static int train(train_run *t) {
   }
   dpt_scaler_apply(&t->scaler, &t->train);
   dpt_scaler_apply(&t->scaler, &t->test);
-  if (make_context(t) || start_run(t) || run_epochs(t) || final_report(t)) return -1;
+  if (make_context(t) || start_run(t) || run_epochs(t)) return -1;
+  if (t->stop_sig) return interrupted(t);
+  if (final_report(t)) return -1;
   if (t->o.plot && t->writes && write_plot(t)) return -1;
-  if (t->o.save && save_checkpoint(t)) return -1;
+  /* the state's epochs: the best's, when the early stop restored it */
+  int ep = t->best_restored ? t->best_ep : t->ep_done;
+  if (t->o.save && save_checkpoint(t, t->o.save, ep, 0, SAVE_END)) return -1;
   return 0;
 }
 
 int dpt_cmd_train(int argc, char **argv) {
-  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}};
+  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}, .argc = argc, .argv = argv};
   int rc = parse_train(argc, argv, &t);
   if (rc < 0) {
     t.writes = dpt_world_rank() == 0;
-    rc = train(&t) ? DPT_EXIT_FAIL : DPT_EXIT_OK;
+    rc = train(&t);
+    rc = rc < 0 ? DPT_EXIT_FAIL : rc;
   }
+  dpt_stop_restore();
   free_run(&t);
   return rc;
 }
