@@ -8,7 +8,6 @@
 #include "agree.h"
 #include "cli.h"
 #include "data.h"
-#include "stop.h"
 #include "svg.h"
 
 #include <errno.h>

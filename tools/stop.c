@@ -1,7 +1,6 @@
-/* Stopping dp train safely (tools/stop.h). The handlers only set a flag and
- * write a line (both async-signal-safe); the training loop reads the flag
- * after each step. */
-#include "stop.h"
+/* Stopping dp train safely (cli.h, "stopping dp train safely"). The handlers only set a
+ * flag and write a line (both async-signal-safe); the training loop reads the flag after
+ * each step. */
 #include "cli.h"
 
 #include <signal.h>
