@@ -521,23 +521,36 @@ static void hash_after(char *const *args, int n_args, int epochs, char *hash) {
   cmd_result_free(&r);
 }
 
+/* The files of a run to stop: the dp binary, a spec, a text of 3000 bytes, and
+ * the paths of the checkpoint, the log and the run's stderr. */
+typedef struct {
+  char dp[600], model[128], text[128], ck[128], log[128], err[128];
+} stop_files;
+
+/* 0, or 1 (said) when there is no dp binary to run. */
+static int stop_setup(stop_files *f) {
+  dp_binary(f->dp, sizeof f->dp);
+  if (!f->dp[0]) {
+    fprintf(stderr, "NOTE train_text: no dp binary next to the test binary; skipped\n");
+    return 1;
+  }
+  gpt_spec("g.dpm", 256, 256, f->model, sizeof f->model);
+  make_text(in_dir(f->text, sizeof f->text, "t.txt"), 3000);
+  in_dir(f->ck, sizeof f->ck, "run.ckpt");
+  in_dir(f->log, sizeof f->log, "run.jsonl");
+  in_dir(f->err, sizeof f->err, "err");
+  return 0;
+}
+
 /* SIGINT, then SIGTERM, mid-run: exit 130 and 143, after saving; the line
  * names the checkpoint and the command that goes on, and that command (with
  * fewer epochs) gives the parameter hash of the uninterrupted run to the same
  * epoch, the stopped epoch finished from where it stopped. */
 START_TEST(a_signal_saves_and_the_printed_command_resumes) {
-  char dp[600];
-  dp_binary(dp, sizeof dp);
-  if (!dp[0]) {
-    fprintf(stderr, "NOTE train_text: no dp binary next to the test binary; skipped\n");
-    return;
-  }
-  char model[128], text[128], ck[128], log[128], errp[128];
-  gpt_spec("g.dpm", 256, 256, model, sizeof model);
-  make_text(in_dir(text, sizeof text, "t.txt"), 3000);
-  in_dir(ck, sizeof ck, "run.ckpt");
-  in_dir(log, sizeof log, "run.jsonl");
-  in_dir(errp, sizeof errp, "err");
+  stop_files f;
+  if (stop_setup(&f)) return;
+  char *dp = f.dp, *model = f.model, *text = f.text, *ck = f.ck, *log = f.log,
+       *errp = f.err;
   char *base[] = {"--model",     model,   "--text", text,   "--batch", "8",
                   "--optimizer", "adamw", "--lr",   "0.01", "--seed",  "3"};
   const int sigs[2] = {SIGINT, SIGTERM};
@@ -590,18 +603,10 @@ END_TEST
  * --save-every wrote before stays whole, and a crash (SIGKILL) leaves one
  * that resumes exactly: saved every 7 steps, inside an epoch. */
 START_TEST(a_second_signal_exits_at_once_and_periodic_saves_resume) {
-  char dp[600];
-  dp_binary(dp, sizeof dp);
-  if (!dp[0]) {
-    fprintf(stderr, "NOTE train_text: no dp binary next to the test binary; skipped\n");
-    return;
-  }
-  char model[128], text[128], ck[128], log[128], errp[128];
-  gpt_spec("g.dpm", 256, 256, model, sizeof model);
-  make_text(in_dir(text, sizeof text, "t.txt"), 3000);
-  in_dir(ck, sizeof ck, "run.ckpt");
-  in_dir(log, sizeof log, "run.jsonl");
-  in_dir(errp, sizeof errp, "err");
+  stop_files f;
+  if (stop_setup(&f)) return;
+  char *dp = f.dp, *model = f.model, *text = f.text, *ck = f.ck, *log = f.log,
+       *errp = f.err;
   char *base[] = {"--model", model,         "--text", text,   "--batch",
                   "8",       "--optimizer", "adamw",  "--lr", "0.01"};
   char *args[] = {base[0],        base[1], base[2], base[3],    base[4],  base[5],  base[6],
