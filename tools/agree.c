@@ -109,15 +109,16 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_text(w, "backend-options", bo);
 }
 
-/* The rows as read, bit for bit, with their shape. */
+/* The rows as read, bit for bit, with their shape (a sequence's windows: T
+ * labels a row). */
 static uint64_t data_digest(const dpt_dataset *d) {
-  size_t rows = (size_t)d->n_rows;
+  size_t rows = (size_t)d->n_rows, lw = d->label_width > 1 ? (size_t)d->label_width : 1;
   uint64_t h[6] = {(uint64_t)d->n_rows,
                    (uint64_t)d->n_features,
                    (uint64_t)d->n_targets,
                    (uint64_t)d->n_classes,
                    dp_hash_bytes(d->x, rows * (size_t)d->n_features * 4),
-                   d->label ? dp_hash_bytes(d->label, rows * sizeof *d->label)
+                   d->label ? dp_hash_bytes(d->label, rows * lw * sizeof *d->label)
                             : dp_hash_bytes(d->y, rows * (size_t)d->n_targets * 4)};
   return dp_hash_bytes(h, sizeof h);
 }

@@ -17,13 +17,13 @@
 
 /* ---- commands (each returns the process exit status) ------------------------ */
 /* argv[0] is the command name ("plan"); the rest are its arguments. */
-int dpt_cmd_plan(int argc, char **argv);    /* tools/cmd_plan.c */
-int dpt_cmd_train(int argc, char **argv);   /* tools/cmd_train.c */
-int dpt_cmd_repro(int argc, char **argv);   /* tools/cmd_repro.c */
-int dpt_cmd_bench(int argc, char **argv);   /* tools/cmd_bench.c */
-int dpt_cmd_predict(int argc, char **argv); /* tools/cmd_predict.c */
+int dpt_cmd_plan(int argc, char **argv);     /* tools/cmd_plan.c */
+int dpt_cmd_train(int argc, char **argv);    /* tools/cmd_train.c */
+int dpt_cmd_repro(int argc, char **argv);    /* tools/cmd_repro.c */
+int dpt_cmd_bench(int argc, char **argv);    /* tools/cmd_bench.c */
+int dpt_cmd_predict(int argc, char **argv);  /* tools/cmd_predict.c */
 int dpt_cmd_generate(int argc, char **argv); /* tools/cmd_generate.c */
-int dpt_cmd_export(int argc, char **argv);  /* tools/cmd_weights.c */
+int dpt_cmd_export(int argc, char **argv);   /* tools/cmd_weights.c */
 /* The model as PyTorch source (tools/pytorch.c): 0, or -1 on a write error. */
 int dpt_write_pytorch(const dp_model *m, FILE *f);
 int dpt_cmd_import(int argc, char **argv); /* tools/cmd_weights.c */
@@ -274,6 +274,9 @@ dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
 dp_status dpt_ctx_create_part(const dp_plan *p, dp_ctx **out, int *here);
 /* Rank 0's v, on every rank (v itself in one process). */
 int dpt_world_bcast_int(int v);
+/* The largest of every rank's v, on every rank (v itself in one process).
+ * Collective. dp train agrees on a stop signal with it after every step. */
+int dpt_world_max_int(int v);
 /* Rank 0 gets every rank's n bytes of `mine`, in rank order, in all (size()
  * x n bytes; NULL on the other ranks); one process: a copy. Collective.
  * 0, or -1 (the exchange failed). */
@@ -295,6 +298,38 @@ int dpt_world_layout_msg(int ranks, char *msg, size_t cap);
  * process: a copy. 0 or -1 with a message in err. */
 int dpt_world_gather_rows(const dp_plan *p, int rows, const float *mine, int width,
                           float *all, char *err, size_t errcap);
+
+/* ---- stopping dp train safely (tools/stop.c) --------------------------------
+ * The first SIGINT or SIGTERM only asks the training loop to stop after the
+ * step at hand, so that it saves its checkpoint and says how to resume; a
+ * second one ends the process at once (the checkpoint writer is atomic: the
+ * file at the path is the old one or a whole new one). The tool's, never the
+ * library's: the library installs no handler and never exits. Nothing here
+ * prints, but for the handlers' one line each (write(2), async-signal-safe). */
+
+/* Installs the handlers of SIGINT and SIGTERM (sigaction), keeping the old
+ * ones, and clears a stop asked before. `cmd` names the tool in the
+ * handlers' lines ("dp train"). */
+void dpt_stop_install(const char *cmd);
+/* Puts the old handlers back; nothing when none are installed. */
+void dpt_stop_restore(void);
+/* The signal that asked this process to stop (SIGINT or SIGTERM), or 0. */
+int dpt_stop_requested(void);
+/* The same, agreed by every rank under mpirun: the largest of the ranks'
+ * (a collective: every rank calls it after the same steps), so that all
+ * stop after the same step. In one process: dpt_stop_requested(). */
+int dpt_stop_agreed(void);
+/* "SIGINT", "SIGTERM" (or "signal N"). */
+const char *dpt_signal_name(int sig);
+
+/* The command line that continues a run: `prefix` (the program as it was
+ * run, e.g. "build/dp train" or "mpirun -np 2 build/dp train"), then the
+ * command's arguments argv[1..argc) without --resume and --epochs (any of
+ * their forms: "--epochs 4", "--epochs=4", a unique prefix "--epo 4"), then
+ * "--resume PATH --epochs N"; each word quoted for a POSIX shell when it
+ * needs it. malloc'd (NULL: out of memory). */
+char *dpt_resume_command(const char *prefix, int argc, char **argv, const char *path,
+                         int epochs);
 
 /* ---- messages and files for people -------------------------------------------- */
 

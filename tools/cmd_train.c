@@ -36,10 +36,17 @@ enum {
   OPT_LOG,
   OPT_PLOT_LOG,
   OPT_PATIENCE,
+  OPT_TEXT,
+  OPT_TOKENS,
+  OPT_SAVE_EVERY,
+  OPT_SAVE_BEST,
 };
 
 typedef struct {
   const char *model, *data, *plot, *save, *resume, *schedule, *log;
+  const char *text, *tokens; /* a sequence model's data: bytes, or a .npy of ids */
+  const char *save_every;    /* N optimizer steps, or Xe epochs */
+  const char *save_best;     /* the checkpoint of the best held-out loss */
   int epochs, quiet, no_standardize, eval_every, patience, plot_log;
   float test_fraction;
 } train_opts;
@@ -130,6 +137,21 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   switch (code) {
   case OPT_MODEL: o->model = arg; return 0;
   case OPT_DATA: o->data = arg; return 0;
+  case OPT_TEXT: o->text = arg; return 0;
+  case OPT_TOKENS: o->tokens = arg; return 0;
+  case OPT_SAVE_BEST: o->save_best = arg; return 0;
+  case OPT_SAVE_EVERY: {
+    double v;
+    int in_epochs;
+    o->save_every = arg;
+    if (!schedule_field(arg, &v, &in_epochs) && v <= INT_MAX &&
+        (in_epochs ? v > 0 : v >= 1 && v == (int)v))
+      return 0;
+    return dpt_fail(err, errcap,
+                    "--save-every: '%s' is not a number of optimizer steps (200) or of "
+                    "epochs (2e, 0.5e)",
+                    arg);
+  }
   case OPT_PLOT: o->plot = arg; return 0;
   case OPT_SAVE: o->save = arg; return 0;
   case OPT_RESUME: o->resume = arg; return 0;
@@ -153,12 +175,14 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 
 static void usage(FILE *f) {
   fprintf(
-      f, "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
+      f, "usage: dp train --model M.dpm (--data D.csv | --text FILE | --tokens F.npy)\n"
+         "                --batch B [--devices N] [--epochs E]\n"
          "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
          "                [--split chunk|balanced|memory] [--micro-batch K]\n"
          "                [--test-fraction F] [--eval-every N [--patience P]]\n"
          "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
-         "                [--resume F.ckpt] [--lr-schedule S] [--clip-grad-norm X]\n"
+         "                [--resume F.ckpt] [--save-every N|Ne] [--save-best F.ckpt]\n"
+         "                [--lr-schedule S] [--clip-grad-norm X]\n"
          "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
          "Trains the model on the CSV data (label first, then the features; for an mse\n"
          "model, the first <output width> fields are the targets) with data parallelism\n"
@@ -167,9 +191,22 @@ static void usage(FILE *f) {
          "time left on a terminal, one line per epoch otherwise), then held-out\n"
          "accuracy (or mse), samples/s and the parameter hash. A held-out share\n"
          "(--test-fraction, default 0.2) is split off with the seed; features are\n"
-         "standardised on the training share (--no-standardize to keep them raw).\n\n"
+         "standardised on the training share (--no-standardize to keep them raw).\n"
+         "A sequence model (input tokens T, embed V D: examples/tiny_gpt.dpm) trains on\n"
+         "a text's bytes (--text) or token ids (--tokens) instead, to predict the next\n"
+         "token at every position.\n\n"
          "  --model FILE          model spec (.dpm)\n"
          "  --data FILE           CSV data\n"
+         "  --text FILE           a sequence model's data: the bytes of any file, as ids\n"
+         "                        0..255 (embed 256). Windows of T + 1 bytes, one every\n"
+         "                        T bytes (a row's T inputs and, at each position, the\n"
+         "                        next byte), shuffled by the seed each epoch; the last\n"
+         "                        --test-fraction of the windows (the file's tail) are\n"
+         "                        held out, their loss printed in nats per byte with\n"
+         "                        its perplexity. No standardisation\n"
+         "  --tokens FILE.npy     the same on token ids of your own tokenizer: a 1-D .npy\n"
+         "                        of int32 or uint16 ids, each below the model's\n"
+         "                        vocabulary (embed V); nats per token\n"
          "  --epochs E            passes over the training share (default 10)\n"
          "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
          "  --eval-every N        after every N-th epoch, run the held-out share through\n"
@@ -199,7 +236,19 @@ static void usage(FILE *f) {
          "                        does: to a temporary file, fsynced, then renamed over\n"
          "                        FILE, so an interrupted run leaves the old file or the\n"
          "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
-         "                        before training starts\n"
+         "                        before training starts. A first SIGINT (Ctrl-C) or\n"
+         "                        SIGTERM stops the run after the step at hand: it\n"
+         "                        saves FILE (the place in the epoch too), prints the\n"
+         "                        command that goes on and exits 130 (SIGINT) or 143\n"
+         "                        (SIGTERM); a second signal stops at once, the file as\n"
+         "                        it was\n"
+         "  --save-every N        also save FILE every N optimizer steps, or every N\n"
+         "                        epochs' steps with an e suffix (2e, 0.5e); --resume\n"
+         "                        goes on from inside an epoch\n"
+         "  --save-best FILE      with --eval-every: save a checkpoint to FILE at every\n"
+         "                        new best held-out loss; with --patience, an early stop\n"
+         "                        loads it back (the report, the hash and --save are the\n"
+         "                        best epoch's) and says so\n"
          "  --lr-schedule S       the learning rate per optimizer step, as\n"
          "                        torch.optim.lr_scheduler computes it from --lr:\n"
          "                        constant (default), step:N:GAMMA (StepLR),\n"
@@ -221,15 +270,21 @@ static void usage(FILE *f) {
   dpt_print_common_help(f);
 }
 
+/* Labels per row: one, or T for a sequence's windows. */
+static size_t label_width(const dpt_dataset *d) {
+  return d->label_width > 1 ? (size_t)d->label_width : 1;
+}
+
 /* Copies rows perm[from..from+n) of d into x (and the targets into t). */
 static void gather_rows(const dpt_dataset *d, const int *perm, int from, int n, float *x,
                         void *t) {
+  size_t lw = label_width(d);
   for (int r = 0; r < n; r++) {
     int src = perm ? perm[from + r] : from + r;
     memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
            (size_t)d->n_features * 4);
     if (d->label)
-      ((int32_t *)t)[r] = d->label[src];
+      memcpy((int32_t *)t + r * lw, d->label + (size_t)src * lw, lw * 4);
     else
       memcpy((float *)t + (size_t)r * d->n_targets, d->y + (size_t)src * d->n_targets,
              (size_t)d->n_targets * 4);
@@ -290,13 +345,15 @@ static void json_number(FILE *f, double v) {
 
 /* Held-out accuracy (classification) or mean squared error (regression) in
  * *metric, and the loss the model trains on in *loss: the mean softmax
- * cross-entropy over the rows, or the mse again; both computed in double from
- * the outputs. Every rank runs the forwards; the figures are rank 0's. */
+ * cross-entropy over the rows (over every position of a sequence's rows:
+ * nats per token), or the mse again; both computed in double from the
+ * outputs. Every rank runs the forwards; the figures are rank 0's. */
 static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int batch,
                     int out_w, float *x, float *ymine, float *y, double *metric,
                     double *loss) {
   long correct = 0;
   double se = 0.0, ce = 0.0;
+  size_t lw = label_width(d);
   char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
@@ -310,14 +367,18 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int 
     for (int r = 0; r < n; r++) {
       const float *yr = y + (size_t)r * out_w;
       if (d->label) {
-        int best = 0;
-        for (int j = 1; j < out_w; j++)
-          if (yr[j] > yr[best]) best = j;
-        correct += best == d->label[from + r];
-        /* -log softmax(y)[label] = logsumexp(y) - y[label], shifted by the max */
-        double top = yr[best], sum = 0.0;
-        for (int j = 0; j < out_w; j++) sum += exp((double)yr[j] - top);
-        ce += top + log(sum) - (double)yr[d->label[from + r]];
+        /* a label per position: the position's V logits */
+        for (size_t p = 0, V = (size_t)out_w / lw; p < lw; p++, yr += V) {
+          int32_t label = d->label[(size_t)(from + r) * lw + p];
+          size_t best = 0;
+          for (size_t j = 1; j < V; j++)
+            if (yr[j] > yr[best]) best = j;
+          correct += best == (size_t)label;
+          /* -log softmax(y)[label] = logsumexp(y) - y[label], shifted by the max */
+          double top = yr[best], sum = 0.0;
+          for (size_t j = 0; j < V; j++) sum += exp((double)yr[j] - top);
+          ce += top + log(sum) - (double)yr[label];
+        }
       } else {
         for (int j = 0; j < out_w; j++) {
           double e = (double)yr[j] - d->y[(size_t)(from + r) * d->n_targets + j];
@@ -326,16 +387,18 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int 
       }
     }
   }
-  *metric = d->label ? (double)correct / d->n_rows : se / ((double)d->n_rows * out_w);
-  *loss = d->label ? ce / d->n_rows : *metric;
+  double labels = (double)d->n_rows * (double)lw;
+  *metric = d->label ? (double)correct / labels : se / ((double)d->n_rows * out_w);
+  *loss = d->label ? ce / labels : *metric;
   return 0;
 }
 
 /* The run's settings as its checkpoints record them ("name=value" words;
  * floats exact in hexadecimal): a resume must use the same, or it would not
- * continue the run. Returns buf. */
-static const char *settings_of(const dp_config *c, const char *schedule, char *buf,
-                               size_t cap) {
+ * continue the run. A sequence model's run adds its data's kind, data=text
+ * or data=tokens (a CSV run's record has no such word). Returns buf. */
+static const char *settings_of(const dp_config *c, const char *schedule, const char *kind,
+                               char *buf, size_t cap) {
   snprintf(buf, cap,
            "optimizer=%s lr=%a momentum=%a dampening=%a nesterov=%d weight-decay=%a "
            "beta1=%a beta2=%a eps=%a clip-grad-norm=%a accumulate=%d batch=%d "
@@ -346,7 +409,33 @@ static const char *settings_of(const dp_config *c, const char *schedule, char *b
            (double)c->weight_decay, (double)c->beta1, (double)c->beta2, (double)c->eps,
            (double)c->clip_grad_norm, c->accumulate > 1 ? c->accumulate : 1, c->batch,
            c->micro_batch, (unsigned long long)c->seed, schedule ? schedule : "constant");
+  size_t n = strlen(buf);
+  if (kind) snprintf(buf + n, cap - n, " data=%s", kind);
   return buf;
+}
+
+/* The kind of data a run trains on: "text" (--text), "tokens" (--tokens), or
+ * NULL for CSV rows (--data); in a record's settings, after "data=". */
+static const char *data_kind(const train_opts *o) {
+  return o->text ? "text" : o->tokens ? "tokens" : NULL;
+}
+
+/* The data a checkpoint's run trained on, said against this run's: 0 when it
+ * is the same kind, else -1 with what to do in err. */
+static int same_kind(const char *saved, const char *kind, char *err, size_t errcap) {
+  static const char *const option[][2] = {{"text", "--text (bytes)"},
+                                          {"tokens", "--tokens (ids of a .npy)"}};
+  const char *k = strstr(saved, " data="), *was = k ? k + 6 : NULL;
+  if (!was == !kind && (!was || !strcmp(was, kind))) return 0;
+  const char *a = "--data (CSV rows)", *b = a;
+  for (int i = 0; i < 2; i++) {
+    if (was && !strcmp(was, option[i][0])) a = option[i][1];
+    if (kind && !strcmp(kind, option[i][0])) b = option[i][1];
+  }
+  return dpt_fail(err, errcap,
+                  "the checkpoint's run trained on %s, this one on %s; resume it with the "
+                  "data it was trained on",
+                  a, b);
 }
 
 /* A hexadecimal float in buf rewritten as the shortest decimal that reads
@@ -432,6 +521,10 @@ typedef struct {
   const dp_config *pc; /* the plan's config */
   dpt_dataset all, train, test;
   dpt_scaler scaler; /* the feature standardisation (n = 0: none) */
+  /* a sequence model's data: the ids (bytes) in its file; views = 1: train
+   * and test are views of all's windows (its head and tail) */
+  size_t n_ids;
+  int views;
   float *bx, *by, *curve, *hcurve;
   double *hx; /* the epochs of the held-out curve hcurve */
   void *bt;
@@ -445,6 +538,16 @@ typedef struct {
   /* --patience: the best held-out loss, its epoch, evaluations since */
   double best;
   int best_ep, since_best, stopped;
+  /* --save-best has written the best's checkpoint; an early stop loaded it */
+  int best_saved, best_restored;
+  /* a run resumed inside an epoch: the training calls of epoch0 done */
+  int pos0;
+  long every; /* --save-every, in optimizer steps (0: none) */
+  /* a stop by signal: the signal, then the epochs done and the calls done in
+   * the next one, as the checkpoint records them */
+  int stop_sig, stop_ep, stop_pos;
+  int argc;
+  char **argv;
 } train_run;
 
 /* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
@@ -465,6 +568,10 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"log", required_argument, NULL, OPT_LOG},
       {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
       {"patience", required_argument, NULL, OPT_PATIENCE},
+      {"text", required_argument, NULL, OPT_TEXT},
+      {"tokens", required_argument, NULL, OPT_TOKENS},
+      {"save-every", required_argument, NULL, OPT_SAVE_EVERY},
+      {"save-best", required_argument, NULL, OPT_SAVE_BEST},
       {0, 0, 0, 0}};
   train_opts *o = &t->o;
   dpt_common common;
@@ -473,8 +580,16 @@ static int parse_train(int argc, char **argv, train_run *t) {
   int r = dpt_parse_command(argc, argv, extra, on_option, o, usage, &t->cfg, &common, err,
                             errcap);
   if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
-  if (r == DPT_ARGS_OK && (!o->model || !o->data || !dpt_given(&common, DPT_OPT_BATCH)))
-    r = dpt_fail(err, errcap, "--model, --data and --batch are required");
+  int n_data = !!o->data + !!o->text + !!o->tokens;
+  if (r == DPT_ARGS_OK && (!o->model || !n_data || !dpt_given(&common, DPT_OPT_BATCH)))
+    r = dpt_fail(err, errcap,
+                 "--model, --batch and the data (--data D.csv, or --text FILE or --tokens "
+                 "F.npy for a sequence model) are required");
+  if (r == DPT_ARGS_OK && n_data > 1)
+    r = dpt_fail(err, errcap,
+                 "%s and %s: give one data file (--data for CSV rows, --text for the bytes "
+                 "of a text, --tokens for a .npy of token ids)",
+                 o->data ? "--data" : "--text", o->tokens ? "--tokens" : "--text");
   if (r == DPT_ARGS_OK && t->cfg.inference)
     r = dpt_fail(err, errcap, "--inference makes no sense for training");
   if (r == DPT_ARGS_OK && o->patience && !o->eval_every)
@@ -485,6 +600,12 @@ static int parse_train(int argc, char **argv, train_run *t) {
     r = dpt_fail(err, errcap, "--eval-every needs a held-out share (--test-fraction > 0)");
   if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
     r = dpt_fail(err, errcap, "--plot-log needs --plot");
+  if (r == DPT_ARGS_OK && o->save_every && !o->save)
+    r = dpt_fail(err, errcap, "--save-every needs --save FILE (the checkpoint it writes)");
+  if (r == DPT_ARGS_OK && o->save_best && !o->eval_every)
+    r = dpt_fail(err, errcap,
+                 "--save-best needs --eval-every (it keeps the checkpoint of the best "
+                 "held-out loss)");
   int in_epochs = 0;
   if (r == DPT_ARGS_OK && o->schedule &&
       parse_schedule(o->schedule, t->cfg.lr, 0, 1, &t->sched, &in_epochs, err, errcap))
@@ -496,6 +617,13 @@ static int parse_train(int argc, char **argv, train_run *t) {
   return -1;
 }
 
+/* The data file, named as its option names it. */
+static dpt_file_role data_file(const train_opts *o) {
+  return o->text     ? (dpt_file_role){o->text, "text"}
+         : o->tokens ? (dpt_file_role){o->tokens, "tokens"}
+                     : (dpt_file_role){o->data, "data"};
+}
+
 /* The output files first: a path that cannot be written fails now, not after
  * the whole run. 0, or -1 (said). */
 static int check_files(train_run *t) {
@@ -503,12 +631,17 @@ static int check_files(train_run *t) {
   char *err = t->err;
   /* no output may be an input (--save may be --resume: it is written after
    * the resume read it, whole, by a rename) */
-  dpt_file_role outs[] = {{o->save, "checkpoint"}, {o->plot, "plot"}, {o->log, "log"}},
-                ins[] = {{o->model, "model"}, {o->data, "data"}, {o->resume, "checkpoint"}};
+  dpt_file_role outs[] = {{o->save, "checkpoint"},
+                          {o->save_best, "best checkpoint"},
+                          {o->plot, "plot"},
+                          {o->log, "log"}},
+                ins[] = {{o->model, "model"}, data_file(o), {o->resume, "checkpoint"}};
   if (t->writes &&
-      (dpt_check_distinct(outs, 3, ins, 2, err, sizeof t->err) ||
-       dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof t->err) ||
+      (dpt_check_distinct(outs, 4, ins, 2, err, sizeof t->err) ||
+       dpt_check_distinct(outs + 2, 2, ins + 2, 1, err, sizeof t->err) ||
        (o->save && dpt_check_writable(o->save, "checkpoint", 1, err, sizeof t->err)) ||
+       (o->save_best &&
+        dpt_check_writable(o->save_best, "best checkpoint", 1, err, sizeof t->err)) ||
        (o->plot && dpt_check_writable(o->plot, "plot", 1, err, sizeof t->err)) ||
        (o->log && dpt_check_writable(o->log, "log", 0, err, sizeof t->err)))) {
     fprintf(stderr, "dp train: %s\n", err);
@@ -525,6 +658,101 @@ static int check_files(train_run *t) {
   return 0;
 }
 
+/* A sequence model (`input tokens T`, `embed V D`, ...): T, and the
+ * embedding's vocabulary in *V; 0 for other models. */
+static int sequence_of(const dp_model *m, int *V) {
+  dp_layer_info l0;
+  if (dp_model_n_layers(m) < 1 || dp_model_layer(m, 0, &l0) ||
+      l0.kind != DP_LAYER_EMBEDDING)
+    return 0;
+  *V = l0.vocab;
+  return l0.positions;
+}
+
+/* The ids of --text (bytes) or --tokens (a .npy), checked against the
+ * model's vocabulary V and context T. 0, or -1 (said). */
+static int load_ids(train_run *t, int T, int V, dpt_tokens *tok) {
+  const train_opts *o = &t->o;
+  char *err = t->err;
+  const char *unit = o->text ? "bytes" : "ids";
+  dpt_file_role f = data_file(o);
+  if (o->text ? dpt_text_load(o->text, tok, err, sizeof t->err)
+              : dpt_npy_load_tokens(o->tokens, V, tok, err, sizeof t->err)) {
+    fprintf(stderr, "dp train: %s\n", err);
+    return -1;
+  }
+  for (size_t i = 0; o->text && i < tok->n; i++)
+    if (tok->id[i] >= V) {
+      fprintf(stderr,
+              "dp train: text '%s': byte %zu is %d, outside the model's vocabulary 0..%d "
+              "(embed %d); a model of bytes has embed 256\n",
+              o->text, i, (int)tok->id[i], V - 1, V);
+      return -1;
+    }
+  if (tok->n < (size_t)T + 1) {
+    char has[64] = "is empty";
+    if (tok->n) snprintf(has, sizeof has, "has %zu %s", tok->n, unit);
+    fprintf(stderr,
+            "dp train: %s '%s' %s; the model's context (input tokens %d) needs windows of "
+            "%d %s (the inputs and the next one): give a longer %s\n",
+            f.what, f.path, has, T, T + 1, unit, o->text ? "text" : "token file");
+    return -1;
+  }
+  t->n_ids = tok->n;
+  return 0;
+}
+
+/* A sequence model's data: windows of T + 1 ids (a row's T inputs and T
+ * labels, the next id at each position), one every T ids; the last
+ * --test-fraction of the windows are held out (the file's tail), the rest
+ * train in an order shuffled by the seed each epoch. Token ids are not
+ * features: no standardisation. 0, or -1 (said). */
+static int load_sequence(train_run *t, int T, int V) {
+  train_opts *o = &t->o;
+  dpt_file_role f = data_file(o);
+  const char *unit = o->text ? "bytes" : "ids";
+  int V_out = t->out_w / T;
+  if (dp_model_loss(t->model) != DP_LOSS_SOFTMAX_CE || V_out < V) {
+    fprintf(stderr,
+            "dp train: %s predicts the next token: it needs %d logits per position (its "
+            "vocabulary, embed %d) and `loss softmax_cross_entropy`; it has %d per "
+            "position and %s\n",
+            o->model, V, V, V_out,
+            dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE ? "that loss" : "loss mse");
+    return -1;
+  }
+  dpt_tokens tok;
+  int bad = load_ids(t, T, V, &tok) ||
+            dpt_token_windows(&tok, 0, tok.n, T, &t->all, t->err, sizeof t->err);
+  dpt_tokens_free(&tok);
+  if (bad) {
+    if (t->n_ids) fprintf(stderr, "dp train: %s\n", t->err);
+    return -1;
+  }
+  int rows = t->all.n_rows, B = t->cfg.batch;
+  double want = ceil(o->test_fraction * (double)rows - 1e-9);
+  int n_test = want < 0 ? 0 : (int)want, n_train = rows - n_test;
+  if (n_train < B) {
+    fprintf(stderr,
+            "dp train: %s '%s' gives %d windows of %d %s: %d to train on and %d held out "
+            "(--test-fraction %g); --batch %d needs %d to train on: give a longer %s, or "
+            "a smaller --batch or --test-fraction\n",
+            f.what, f.path, rows, T + 1, unit, n_train, n_test, (double)o->test_fraction, B,
+            B, o->text ? "text" : "token file");
+    return -1;
+  }
+  o->no_standardize = 1;
+  if (agree_ranks(o, t->model, &t->all, &t->cfg)) return -1;
+  /* views of the windows: the head trains, the tail is held out */
+  t->views = 1;
+  t->train = t->test = t->all;
+  t->train.n_rows = n_train;
+  t->test.n_rows = n_test;
+  t->test.x += (size_t)n_train * T;
+  t->test.label += (size_t)n_train * T;
+  return 0;
+}
+
 /* The model and the data, checked against each other, agreed on by the ranks
  * and split into the training and held-out shares. 0, or -1 (said). */
 static int load_inputs(train_run *t) {
@@ -537,6 +765,23 @@ static int load_inputs(train_run *t) {
   }
   t->in_w = dp_model_input_width(t->model);
   t->out_w = dp_model_output_width(t->model);
+  int V = 0, T = sequence_of(t->model, &V);
+  if (T && o->data) {
+    fprintf(stderr,
+            "dp train: %s is a sequence model (input tokens %d): train it on a text "
+            "(--text FILE, its bytes) or token ids (--tokens F.npy), not on --data\n",
+            o->model, T);
+    return -1;
+  }
+  if (!T && !o->data) {
+    fprintf(stderr,
+            "dp train: %s: %s is not a sequence model; --text and --tokens train one whose "
+            "spec starts `input tokens T` and `embed V D` (examples/tiny_gpt.dpm). For CSV "
+            "rows: --data\n",
+            o->text ? "--text" : "--tokens", o->model);
+    return -1;
+  }
+  if (T) return load_sequence(t, T, V);
   dp_loss_kind loss_kind = dp_model_loss(t->model);
   dp_status s =
       loss_kind == DP_LOSS_SOFTMAX_CE
@@ -618,11 +863,16 @@ static int read_resume(train_run *t) {
     fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
     return -1;
   }
+  /* stopped inside an epoch: its calls done (none left when the data shrank) */
+  t->pos0 = app_n ? dpt_run_position(app, app_n) : 0;
+  if (t->pos0 && (long)t->pos0 * t->cfg.batch >= t->train.n_rows) t->pos0 = 0;
   free(app);
   /* the checkpoint carries the run's settings: the same, or no resume */
   int differ =
-      saved && same_settings(saved, settings_of(&t->cfg, o->schedule, now, sizeof now), err,
-                             sizeof t->err);
+      saved && (same_kind(saved, data_kind(o), err, sizeof t->err) ||
+                same_settings(
+                    saved, settings_of(&t->cfg, o->schedule, data_kind(o), now, sizeof now),
+                    err, sizeof t->err));
   free(saved);
   if (differ) {
     fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
@@ -664,7 +914,7 @@ static int make_context(train_run *t) {
   }
   t->pc = dp_plan_config(t->plan);
   int B = t->batch = t->pc->batch;
-  t->tsz = t->all.label ? 4 : t->out_w * 4;
+  t->tsz = t->all.label ? 4 * (int)label_width(&t->all) : t->out_w * 4;
   t->bx = malloc((size_t)B * t->in_w * 4);
   t->by = calloc((size_t)B * t->out_w * 2, 4); /* the batch's outputs, then this rank's */
   t->bt = malloc((size_t)B * t->tsz);
@@ -691,10 +941,23 @@ static int start_run(train_run *t) {
     fprintf(stderr, "dp train: %s\n", t->err);
     return -1;
   }
-  if (!o->quiet) {
+  if (o->save_every) { /* checked for form when parsed */
+    double v;
+    int ep;
+    schedule_field(o->save_every, &v, &ep);
+    double st = ep ? floor(v * (double)calls / K) : v;
+    t->every = st < 1.0 ? 1 : st > INT_MAX ? INT_MAX : (long)st;
+  }
+  if (!o->quiet && t->views)
+    printf("dp train: %s on %s: %zu %s, %d training / %d held-out windows (the tail) of "
+           "%d + 1, a window every %d\n",
+           o->model, data_file(o).path, t->n_ids, o->text ? "bytes" : "token ids",
+           t->train.n_rows, t->test.n_rows, t->in_w, t->in_w);
+  else if (!o->quiet)
     printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o->model,
            o->data, t->train.n_rows, t->test.n_rows, t->all.n_features,
            t->all.label ? "classification" : "regression");
+  if (!o->quiet) {
     dpt_print_config(stdout, t->pc);
     printf("\n");
     dpt_print_plan(stdout, t->plan);
@@ -704,9 +967,12 @@ static int start_run(train_run *t) {
              "(one per %d calls)\n",
              calls, t->batch, (double)calls / K, K);
     else
-      printf("steps per epoch: %ld (batches of up to %d of %d rows)\n", calls, t->batch,
-             t->train.n_rows);
-    if (o->resume)
+      printf("steps per epoch: %ld (batches of up to %d of %d %s)\n", calls, t->batch,
+             t->train.n_rows, t->views ? "windows" : "rows");
+    if (o->resume && t->pos0)
+      printf("resumed from %s at step %llu (epoch %d, after %d of its batches)\n",
+             o->resume, (unsigned long long)dp_ctx_step(t->ctx), t->epoch0 + 1, t->pos0);
+    else if (o->resume)
       printf("resumed from %s at step %llu\n", o->resume,
              (unsigned long long)dp_ctx_step(t->ctx));
   }
@@ -723,6 +989,8 @@ static int start_run(train_run *t) {
   t->ep_end = t->epoch0 + o->epochs;
   t->ep_done = t->epoch0;
   t->best = INFINITY;
+  /* SIGINT, SIGTERM: stop after the step at hand, save, say how to go on */
+  dpt_stop_install("dp train");
   return 0;
 }
 
@@ -746,15 +1014,46 @@ typedef struct {
   long samples;
 } epoch_stats;
 
-/* The steps of epoch ep over the shuffled training rows; its mean loss into
- * curve[ep - epoch0]. 0, or -1 (said). */
+/* What a checkpoint is written for: the end of the run, --save-every,
+ * --save-best, a stop by signal (each says so its own way). */
+typedef enum { SAVE_END, SAVE_EVERY, SAVE_BEST, SAVE_STOP } save_kind;
+static int save_checkpoint(train_run *t, const char *path, int epochs, int position,
+                           save_kind kind);
+
+/* After a step that ended an optimizer step (accumulation done; a checkpoint
+ * holds no partial sums), `done` rows into epoch ep: --save-every's
+ * checkpoint, and the stop signal the ranks agree on. 0: go on; 1: stop
+ * (t->stop_*); -1: failed (said). */
+static int after_step(train_run *t, int ep, int done) {
+  int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1;
+  if (t->steps % K) return 0;
+  /* the checkpoint's place: epochs done, and calls done in the next one */
+  int e = ep, pos = (done + t->batch - 1) / t->batch;
+  if (done >= t->train.n_rows) {
+    e = ep + 1;
+    pos = 0;
+  }
+  if (t->every && dp_ctx_step(t->ctx) % (uint64_t)t->every == 0 &&
+      save_checkpoint(t, t->o.save, e, pos, SAVE_EVERY))
+    return -1;
+  int sig = dpt_stop_agreed();
+  if (!sig) return 0;
+  t->stop_sig = sig;
+  t->stop_ep = e;
+  t->stop_pos = pos;
+  return 1;
+}
+
+/* The steps of epoch ep over the shuffled training rows (a resumed run's
+ * first epoch from where it stopped); its mean loss into curve[ep - epoch0].
+ * 0; 1: stopped by a signal after a step; -1: failed (said). */
 static int train_epoch(train_run *t, int ep, epoch_stats *es) {
   const dpt_dataset *train = &t->train;
   int B = t->batch;
   dpt_epoch_order(train->n_rows, t->cfg.seed, ep, t->perm);
   double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
   int nb = 0;
-  for (int from = 0; from < train->n_rows; from += B) {
+  for (int from = ep == t->epoch0 ? t->pos0 * B : 0; from < train->n_rows; from += B) {
     int n = train->n_rows - from < B ? train->n_rows - from : B;
     gather_rows(train, t->perm, from, n, t->bx, t->bt);
     float loss;
@@ -791,6 +1090,8 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
                frac > 0 ? el / frac - el : -1.0, "", 0);
       t_last = te;
     }
+    int after = after_step(t, ep, from + n);
+    if (after) return after;
   }
   t->curve[ep - t->epoch0] = (float)(sum / nb);
   return 0;
@@ -822,7 +1123,10 @@ static int evaluate_epoch(train_run *t, held_out *h) {
   }
   t->hx[t->n_held] = t->ep_done;
   t->hcurve[t->n_held++] = (float)h->loss;
-  if (t->all.label)
+  if (t->views)
+    snprintf(h->text, sizeof h->text, "  held-out %.4f nats/%s  perplexity %.2f", h->loss,
+             t->o.text ? "byte" : "token", exp(h->loss));
+  else if (t->all.label)
     snprintf(h->text, sizeof h->text, "  held-out loss %.4f  accuracy %.2f%%", h->loss,
              100.0 * h->metric);
   else
@@ -851,6 +1155,10 @@ static void log_epoch(train_run *t, int k, double el, const epoch_stats *es,
     json_number(logf, h->loss);
     fputs(t->all.label ? ",\"heldout_accuracy\":" : ",\"heldout_mse\":", logf);
     json_number(logf, h->metric);
+    if (t->views) {
+      fputs(",\"heldout_perplexity\":", logf);
+      json_number(logf, exp(h->loss));
+    }
   }
   fputs("}\n", logf);
   if (fflush(logf) || ferror(logf)) {
@@ -861,17 +1169,41 @@ static void log_epoch(train_run *t, int k, double el, const epoch_stats *es,
   }
 }
 
-/* --patience: rank 0 has the figures; every rank stops with it. 1: stop. */
-static int patience_over(train_run *t, const held_out *h) {
-  if (!h->evaluated || !t->o.patience) return 0;
-  if (h->loss < t->best) {
+/* The held-out loss against the best so far (rank 0 has the figures; every
+ * rank follows it): --save-best saves a new best (and says so on the epoch's
+ * line); --patience counts the evaluations since. 1: stop; 0: go on; -1:
+ * failed (said). */
+static int patience_over(train_run *t, held_out *h) {
+  if (!h->evaluated || (!t->o.patience && !t->o.save_best)) return 0;
+  if (dpt_world_bcast_int(h->loss < t->best)) {
     t->best = h->loss;
     t->best_ep = t->ep_done;
     t->since_best = 0;
+    /* --save-best: the checkpoint of the best so far (every rank saves) */
+    if (t->o.save_best) {
+      if (save_checkpoint(t, t->o.save_best, t->ep_done, 0, SAVE_BEST)) return -1;
+      t->best_saved = 1;
+      size_t n = strlen(h->text);
+      snprintf(h->text + n, sizeof h->text - n, "  best: saved");
+    }
   } else {
     t->since_best++;
   }
-  return dpt_world_bcast_int(t->since_best >= t->o.patience);
+  return t->o.patience && dpt_world_bcast_int(t->since_best >= t->o.patience);
+}
+
+/* An early stop with --save-best: the best checkpoint loaded back, so that
+ * the report, the parameter hash and --save are the best's. 0, or -1 (said). */
+static int restore_best(train_run *t) {
+  if (dp_ckpt_load(t->ctx, t->o.save_best)) {
+    fprintf(stderr, "dp train: cannot restore the best checkpoint '%s': %s\n",
+            t->o.save_best, dpt_user_msg(dp_ctx_error(t->ctx)));
+    return -1;
+  }
+  t->best_restored = 1;
+  printf("restored the best checkpoint %s (epoch %d, step %llu)\n", t->o.save_best,
+         t->best_ep, (unsigned long long)dp_ctx_step(t->ctx));
+  return 0;
 }
 
 /* The epochs: steps, then the held-out evaluation, the progress line and the
@@ -879,18 +1211,21 @@ static int patience_over(train_run *t, const held_out *h) {
 static int run_epochs(train_run *t) {
   for (int ep = t->epoch0; ep < t->ep_end; ep++) {
     epoch_stats es = {0};
-    if (train_epoch(t, ep, &es)) return -1;
+    int st = train_epoch(t, ep, &es);
+    if (st) return st < 0 ? -1 : 0; /* stopped by a signal: t->stop_sig */
     int k = ep - t->epoch0;
     t->ep_done = ep + 1;
     held_out h;
     if (evaluate_epoch(t, &h)) return -1;
+    int stop = patience_over(t, &h);
+    if (stop < 0) return -1;
     double el = dpt_now_s() - t->t_run0;
     if (!t->o.quiet)
       progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
                t->curve[k], t->samples / t->t_train, el,
                el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
     if (t->logf) log_epoch(t, k, el, &es, &h);
-    if (patience_over(t, &h)) {
+    if (stop) {
       t->stopped = 1;
       break;
     }
@@ -899,6 +1234,7 @@ static int run_epochs(train_run *t) {
     printf("early stop at epoch %d: held-out loss has not improved for %d evaluation%s "
            "(best %.4f at epoch %d)\n",
            t->ep_done, t->o.patience, t->o.patience == 1 ? "" : "s", t->best, t->best_ep);
+  if (t->stopped && t->best_saved) return restore_best(t);
   return 0;
 }
 
@@ -914,9 +1250,15 @@ static int final_report(train_run *t) {
     return -1;
   }
   int label = t->all.label != 0;
-  printf("\n%s: %s %.2f%s (%d rows)\n", t->test.n_rows ? "held-out" : "training",
-         label ? "accuracy" : "mse", label ? 100.0 * metric : metric, label ? "%" : "",
-         eval->n_rows);
+  if (t->views)
+    printf("\n%s: %.4f nats/%s, perplexity %.2f, next-%s accuracy %.2f%% (%d windows)\n",
+           t->test.n_rows ? "held-out" : "training", eval_loss,
+           t->o.text ? "byte" : "token", exp(eval_loss), t->o.text ? "byte" : "token",
+           100.0 * metric, eval->n_rows);
+  else
+    printf("\n%s: %s %.2f%s (%d rows)\n", t->test.n_rows ? "held-out" : "training",
+           label ? "accuracy" : "mse", label ? 100.0 * metric : metric, label ? "%" : "",
+           eval->n_rows);
   printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", t->steps,
          t->t_train, 1e3 * t->t_train / (double)t->steps, (double)t->samples / t->t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
@@ -968,27 +1310,77 @@ static int write_plot(train_run *t) {
   return 0;
 }
 
-/* --save: the checkpoint, with the run's record (epochs, rows, the
- * standardisation, the settings). 0, or -1 (said). */
-static int save_checkpoint(train_run *t) {
+/* A checkpoint at path, with the run's record (epochs done and the calls
+ * done in the next one, rows, the standardisation, the settings). 0, or -1
+ * (said). */
+static int save_checkpoint(train_run *t, const char *path, int epochs, int position,
+                           save_kind kind) {
   size_t run_n = 0;
   char settings[1024];
-  char *run =
-      dpt_run_text(t->ep_done, t->train.n_rows, &t->scaler,
-                   settings_of(&t->cfg, t->o.schedule, settings, sizeof settings), &run_n);
+  char *run = dpt_run_text_at(
+      epochs, position, t->train.n_rows, &t->scaler,
+      settings_of(&t->cfg, t->o.schedule, data_kind(&t->o), settings, sizeof settings),
+      &run_n);
   if (!run) {
     fprintf(stderr, "dp train: out of memory\n");
     return -1;
   }
-  dp_status ss = dp_ckpt_save_app(t->ctx, t->o.save, run, run_n);
+  dp_status ss = dp_ckpt_save_app(t->ctx, path, run, run_n);
   free(run);
   if (ss) {
+    printf("%s", t->tty && kind != SAVE_END ? "\n" : "");
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
     return -1;
   }
-  printf("checkpoint: %s (step %llu)\n", t->o.save,
-         (unsigned long long)dp_ctx_step(t->ctx));
+  if (kind == SAVE_END)
+    printf("checkpoint: %s (step %llu)\n", path, (unsigned long long)dp_ctx_step(t->ctx));
+  else if (kind == SAVE_EVERY && !t->o.quiet) /* over a progress line on a terminal */
+    printf("%scheckpoint: %s (step %llu, --save-every)%s\n", t->tty ? "\r" : "", path,
+           (unsigned long long)dp_ctx_step(t->ctx), t->tty ? "\033[K" : "");
   return 0;
+}
+
+/* A stop by signal, after the step at hand (every rank after the same one):
+ * the log closed, --save written with the place in the epoch, one line that
+ * says where and how to go on; exit status 128 + the signal (130 for
+ * SIGINT, 143 for SIGTERM). Every rank leaves by itself. */
+static int interrupted(train_run *t) {
+  const train_opts *o = &t->o;
+  int sig = t->stop_sig, rc = 128 + sig;
+  dpt_world_failed_together();
+  if (t->logf) {
+    fclose(t->logf);
+    t->logf = NULL;
+  }
+  if (o->save && save_checkpoint(t, o->save, t->stop_ep, t->stop_pos, SAVE_STOP)) rc = 1;
+  char where[96];
+  if (t->stop_pos)
+    snprintf(where, sizeof where, "in epoch %d (%d of its %d batches)", t->stop_ep + 1,
+             t->stop_pos, (t->train.n_rows + t->batch - 1) / t->batch);
+  else
+    snprintf(where, sizeof where, "at the end of epoch %d", t->stop_ep);
+  fflush(stdout);
+  if (!t->writes) return rc;
+  if (!o->save) {
+    fprintf(
+        stderr,
+        "dp train: %s: stopped after step %llu, %s; nothing was saved (no --save FILE)\n",
+        dpt_signal_name(sig), (unsigned long long)dp_ctx_step(t->ctx), where);
+    return rc;
+  }
+  if (rc == 1) return rc; /* the save said why */
+  /* the command that goes on: the same, resumed from the file, the epochs left */
+  char prefix[600];
+  int n = 0;
+  if (dpt_world_size() > 1)
+    n = snprintf(prefix, sizeof prefix, "mpirun -np %d ", dpt_world_size());
+  snprintf(prefix + n, sizeof prefix - (size_t)n, "%s train", program_invocation_name);
+  char *cmd = dpt_resume_command(prefix, t->argc, t->argv, o->save, t->ep_end - t->stop_ep);
+  fprintf(stderr, "dp train: %s: stopped after step %llu, %s; saved %s; to go on: %s\n",
+          dpt_signal_name(sig), (unsigned long long)dp_ctx_step(t->ctx), where, o->save,
+          cmd ? cmd : "(out of memory)");
+  free(cmd);
+  return rc;
 }
 
 static void free_run(train_run *t) {
@@ -1000,6 +1392,7 @@ static void free_run(train_run *t) {
   free(t->hcurve);
   free(t->hx);
   if (t->logf) fclose(t->logf);
+  if (t->views) t->train = t->test = (dpt_dataset){0};
   dpt_dataset_free(&t->all);
   dpt_dataset_free(&t->train);
   dpt_dataset_free(&t->test);
@@ -1009,7 +1402,8 @@ static void free_run(train_run *t) {
   dp_model_free(t->model);
 }
 
-/* Everything after the command line: 0, or -1 (said). */
+/* Everything after the command line: 0; -1: failed (said); or the exit
+ * status of a stop by signal. */
 static int train(train_run *t) {
   if (check_files(t) || load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
@@ -1019,19 +1413,25 @@ static int train(train_run *t) {
   }
   dpt_scaler_apply(&t->scaler, &t->train);
   dpt_scaler_apply(&t->scaler, &t->test);
-  if (make_context(t) || start_run(t) || run_epochs(t) || final_report(t)) return -1;
+  if (make_context(t) || start_run(t) || run_epochs(t)) return -1;
+  if (t->stop_sig) return interrupted(t);
+  if (final_report(t)) return -1;
   if (t->o.plot && t->writes && write_plot(t)) return -1;
-  if (t->o.save && save_checkpoint(t)) return -1;
+  /* the state's epochs: the best's, when the early stop restored it */
+  int ep = t->best_restored ? t->best_ep : t->ep_done;
+  if (t->o.save && save_checkpoint(t, t->o.save, ep, 0, SAVE_END)) return -1;
   return 0;
 }
 
 int dpt_cmd_train(int argc, char **argv) {
-  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}};
+  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}, .argc = argc, .argv = argv};
   int rc = parse_train(argc, argv, &t);
   if (rc < 0) {
     t.writes = dpt_world_rank() == 0;
-    rc = train(&t) ? DPT_EXIT_FAIL : DPT_EXIT_OK;
+    rc = train(&t);
+    rc = rc < 0 ? DPT_EXIT_FAIL : rc;
   }
+  dpt_stop_restore();
   free_run(&t);
   return rc;
 }

@@ -520,6 +520,11 @@ void dpt_scaler_free(dpt_scaler *sc) {
  *   std <F values>                                                           */
 char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
                    size_t *len) {
+  return dpt_run_text_at(epochs, 0, rows, sc, settings, len);
+}
+
+char *dpt_run_text_at(int epochs, int position, int rows, const dpt_scaler *sc,
+                      const char *settings, size_t *len) {
   char *buf = NULL;
   size_t n = 0;
   FILE *f = open_memstream(&buf, &n);
@@ -532,6 +537,7 @@ char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *setti
     fputc('\n', f);
   }
   if (settings) fprintf(f, "settings %s\n", settings);
+  if (position > 0) fprintf(f, "position %d\n", position);
   if (fclose(f) != 0) {
     free(buf);
     return NULL;
@@ -634,6 +640,11 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
     if (settings && !(*settings = strndup(p + 9, (size_t)(nl - p - 9)))) goto bad;
     p = nl + 1;
   }
+  /* a run stopped inside an epoch (optional) */
+  int position;
+  if (!strncmp(p, "position ", 9) &&
+      record_int(&p, "position", INT_MAX, &position, why, sizeof why))
+    goto bad;
   if (*p) goto bad;
   rc = 0;
 bad:
@@ -648,6 +659,15 @@ bad:
   }
   free(t);
   return rc;
+}
+
+int dpt_run_position(const char *text, size_t len) {
+  /* the record's last line, as dpt_run_parse has checked it */
+  static const char key[] = "\nposition ";
+  const char *end = text + len, *p = NULL;
+  for (const char *q = text; q && q < end; q = memchr(q + 1, '\n', (size_t)(end - q - 1)))
+    if ((size_t)(end - q) > sizeof key && !memcmp(q, key, sizeof key - 1)) p = q;
+  return p ? atoi(p + sizeof key - 1) : 0;
 }
 
 /* ---- token streams ---------------------------------------------------------- */

@@ -109,6 +109,14 @@ char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *setti
                    size_t *len);
 int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scaler *sc,
                   char **settings, char *err, size_t errcap);
+/* A run saved inside an epoch (dp train stopped by a signal, or --save-every
+ * N steps): the record of dpt_run_text with a last line "position N", the
+ * training calls done (0 < N <= INT_MAX) in the epoch after its `epochs`.
+ * dpt_run_parse accepts the line; dpt_run_position gives N from a record it
+ * accepted (0: none, the run was saved at the end of an epoch). */
+char *dpt_run_text_at(int epochs, int position, int rows, const dpt_scaler *sc,
+                      const char *settings, size_t *len);
+int dpt_run_position(const char *text, size_t len);
 
 /* Shuffled epoch order: perm[0..n) becomes a permutation of 0..n-1 that
  * depends only on (seed, epoch). Does nothing when n <= 0 or perm is NULL. */

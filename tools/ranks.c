@@ -105,6 +105,15 @@ int dpt_world_bcast_int(int v) {
   return v;
 }
 
+int dpt_world_max_int(int v) {
+#ifdef DP_HAVE_MPI
+  /* an integer maximum: the same on every rank whatever the reduction order */
+  if (g_mpi && g_size > 1)
+    MPI_Allreduce(MPI_IN_PLACE, &v, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+#endif
+  return v;
+}
+
 int dpt_world_gather_rows(const dp_plan *p, int rows, const float *mine, int width,
                           float *all, char *err, size_t errcap) {
   int r0, n;

@@ -266,9 +266,10 @@ static inline void *dp__endpoint(const dp_exec_env *e, int dev, int region, size
     const void *base = region == DP_REGION_INPUTS    ? (const void *)e->host_x
                        : region == DP_REGION_TARGETS ? e->host_t
                                                      : (const void *)e->host_y;
-    /* offsets count global rows; this rank's buffers start at host_row0 */
+    /* offsets count global rows; this rank's buffers start at host_row0 (a
+     * sequence's row has a label per position) */
     size_t width = region == DP_REGION_INPUTS    ? (size_t)m->input_width * 4
-                   : region == DP_REGION_TARGETS ? (m->loss == DP_LOSS_MSE ? out : 4)
+                   : region == DP_REGION_TARGETS ? (size_t)dp_model_target_width(m) * 4
                                                  : out;
     return (unsigned char *)base + (off - (size_t)e->host_row0 * width);
   }

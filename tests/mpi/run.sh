@@ -122,6 +122,58 @@ for other in "$tmp/missing.ckpt" "$tmp/b.ckpt"; do
 done
 disagree "one rank without --resume" "rank 1 runs with no --resume, rank 0 with --resume" \
   "--epochs 1 --resume $tmp/a.ckpt" "$small --data data/digits.csv --epochs 1"
+# a sequence model on a text (dp train --text): the one-process bits (a row's labels are
+# T ids: each rank feeds its rows' targets); a SIGINT to one rank stops every rank after
+# the same step (they agree on it after each step), saves and exits 130; the command it
+# prints, resumed for 2 epochs, gives the bits of one process run to the same epoch
+printf 'input tokens 8\nembed 256 16\nresidual\n  layernorm\n  linear 48\n  attention 2\n  linear 16\nend\nlayernorm\nlinear 256\nloss softmax_cross_entropy\n' >"$tmp/g.dpm"
+head -c 3000 README.md >"$tmp/t.txt"
+seq="$bd/dp train --model $tmp/g.dpm --text $tmp/t.txt --batch 8 --devices 2 --micro-batch 2 \
+  --optimizer adamw --lr 0.01 --quiet"
+echo "-- dp train --text, 1 process and mpirun -np 2"
+$seq --epochs 2 >"$tmp/q1" 2>&1 || { cat "$tmp/q1"; echo "FAILED: dp train --text"; fail=1; }
+timeout 120 $MPIRUN -np 2 $seq --epochs 2 >"$tmp/q2" 2>&1 ||
+  { cat "$tmp/q2"; echo "FAILED: mpirun -np 2 dp train --text"; fail=1; }
+h1=$(grep "parameter hash" "$tmp/q1") h2=$(grep "parameter hash" "$tmp/q2")
+a1=$(grep "^held-out:" "$tmp/q1") a2=$(grep "^held-out:" "$tmp/q2")
+if [ -z "$h1" ] || [ "$h1" != "$h2" ] || [ "$a1" != "$a2" ]; then
+  echo "FAILED: mpirun -np 2 dp train --text: '$h2' '$a2', one process: '$h1' '$a1'"
+  fail=1
+else
+  echo "   -np 2: $h2, $a2 (as one process)"
+fi
+echo "-- dp train --text under mpirun -np 2: SIGINT to one rank"
+timeout 120 $MPIRUN -np 2 $seq --epochs 100000 --save "$tmp/s.ckpt" --log "$tmp/s.jsonl" \
+  >"$tmp/s.out" 2>&1 &
+mp=$!
+i=0
+while [ ! -s "$tmp/s.jsonl" ] && [ $i -lt 600 ]; do
+  sleep 0.1
+  i=$((i + 1))
+done
+# timeout's child is mpirun; mpirun's children are the ranks: signal the last one only
+rank=$(pgrep -P "$(pgrep -P $mp | head -n 1)" | tail -n 1)
+[ -n "$rank" ] && kill -INT "$rank"
+wait $mp
+rc=$?
+left=$(sed -n 's/.*to go on: .* --resume [^ ]* --epochs \([0-9]*\)$/\1/p' "$tmp/s.out")
+if [ $rc -ne 130 ] || [ -z "$left" ]; then
+  cat "$tmp/s.out"
+  echo "FAILED: SIGINT to rank pid '$rank' under mpirun: exit $rc (want 130 and the resume line)"
+  fail=1
+else
+  grep "to go on" "$tmp/s.out" | cut -c 1-100 | sed 's/^/   /'
+  timeout 120 $MPIRUN -np 2 $seq --resume "$tmp/s.ckpt" --epochs 2 >"$tmp/s2" 2>&1
+  $seq --epochs $((100000 - left + 2)) >"$tmp/s1" 2>&1
+  h1=$(grep "parameter hash" "$tmp/s1") h2=$(grep "parameter hash" "$tmp/s2")
+  if [ -z "$h1" ] || [ "$h1" != "$h2" ]; then
+    cat "$tmp/s2"
+    echo "FAILED: resumed under mpirun: '$h2'; one process to epoch $((100000 - left + 2)): '$h1'"
+    fail=1
+  else
+    echo "   resumed for 2 epochs: $h2 (as one process)"
+  fi
+fi
 # dp bench comm: the canonical tree against MPI_Allreduce, and steps on 1 and 2 ranks with
 # one parameter hash (a smoke run: the figures are in docs/PERFORMANCE.md)
 run "dp bench comm, 2 ranks" sh -c "$MPIRUN -np 2 $bd/dp bench comm --max-bytes 64KiB \
