@@ -264,6 +264,9 @@ void dpt_world_init(int *argc, char ***argv);
 int dpt_world_exit(int status);
 int dpt_world_rank(void);
 int dpt_world_size(void); /* 1 when not under mpirun */
+/* 1 under a launcher (mpirun, srun), even of one rank: its terminal, if any, is the
+ * launcher's pseudo-terminal, not the person's (no progress drawing there) */
+int dpt_world_launched(void);
 /* dp_ctx_create, or dp_ctx_create_mpi for a plan of several ranks. */
 dp_status dpt_ctx_create(const dp_plan *p, dp_ctx **out);
 /* For a job that runs several configurations in turn (dp repro --layouts):

@@ -307,7 +307,8 @@ static char *clock_text(double s, char *buf, size_t cap) {
 
 /* The epoch's line. On a terminal (of `cols` columns), rewritten in place
  * while the epoch runs: a bar (narrowed so that the line fits), the loss so
- * far, samples/s, the time since training started and an estimate of the time
+ * far, the epoch's samples/s so far (the JSONL log's figure at its end: step
+ * time only), the time since training started and an estimate of the time
  * left (elapsed and left in seconds; left < 0: unknown). Otherwise one line at
  * the end of the epoch. `heldout`: the figures of an evaluation after the
  * epoch ("" when none), after the rest (a line that may wrap: the last). */
@@ -980,7 +981,7 @@ static int start_run(train_run *t) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
     return -1;
   }
-  t->tty = !o->quiet && isatty(STDOUT_FILENO);
+  t->tty = !o->quiet && isatty(STDOUT_FILENO) && !dpt_world_launched();
   t->cols = 80;
   struct winsize ws;
   if (t->tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
@@ -1086,7 +1087,7 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
       double el = te - t->t_run0,
              frac = (ep - t->epoch0 + (double)(from + n) / train->n_rows) / t->o.epochs;
       progress(t->tty, t->cols, ep + 1, t->ep_end, from + n, train->n_rows,
-               (float)(sum / nb), t->samples / t->t_train, el,
+               (float)(sum / nb), es->samples / es->t_epoch, el,
                frac > 0 ? el / frac - el : -1.0, "", 0);
       t_last = te;
     }
@@ -1222,7 +1223,7 @@ static int run_epochs(train_run *t) {
     double el = dpt_now_s() - t->t_run0;
     if (!t->o.quiet)
       progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
-               t->curve[k], t->samples / t->t_train, el,
+               t->curve[k], es.t_epoch > 0 ? es.samples / es.t_epoch : 0.0, el,
                el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
     if (t->logf) log_epoch(t, k, el, &es, &h);
     if (stop) {

@@ -18,6 +18,7 @@ static int g_together;
 
 int dpt_world_rank(void) { return g_rank; }
 int dpt_world_size(void) { return g_size; }
+int dpt_world_launched(void) { return g_mpi; }
 
 #ifdef DP_HAVE_MPI
 /* Launched by a process manager that MPI_Init can join (Open MPI's mpirun,

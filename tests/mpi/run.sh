@@ -51,6 +51,12 @@ for np in 2 4; do
   else
     echo "   -np $np: $hn, $an (as one process)"
   fi
+  # Open MPI gives a rank a terminal of its own even when mpirun's output goes to a
+  # file: the progress line must not draw on it (no escape codes, no carriage returns)
+  if grep -q "$(printf '\033')" "$tmp/t$np" || grep -q "$(printf '\r')" "$tmp/t$np"; then
+    echo "FAILED: mpirun -np $np dp train wrote terminal escape codes into its output"
+    fail=1
+  fi
 done
 run "dp repro --layouts 1x8,2x4,4x2,8x1" $MPIRUN -np 8 "$bd/dp" repro \
   --model examples/digits.dpm --data data/digits.csv --batch 64 --micro-batch 4 \
