@@ -1822,8 +1822,8 @@ START_TEST(plan_fit_chooses_checks_and_prints_the_plan) {
                 "%s", r.err);
   cmd_result_free(&r);
   static char *const bad[][2] = {{"--fit-allow", "mode,speed"},
-                                       {"--fit-costs", "gflops=fast"},
-                                       {"--fit-costs", "x=1"}};
+                                 {"--fit-costs", "gflops=fast"},
+                                 {"--fit-costs", "x=1"}};
   for (int i = 0; i < 3; i++) {
     r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--budget", "1MiB", "--batch",
             "8", "--fit", bad[i][0], bad[i][1]);
@@ -2653,7 +2653,8 @@ END_TEST
 /* --patience: AdamW at lr 0.03 overfits the digits from the third epoch; with
  * --eval-every 1 --patience 2 it stops after the fourth, saying so, and --save
  * keeps the state and the 4 epochs done. --resume continues from there (the
- * log appended) with the bits of an uninterrupted 6-epoch run. */
+ * log appended) with the bits of an uninterrupted 6-epoch run; resumed again, the
+ * log keeps one record per epoch. */
 START_TEST(train_patience_stops_early_and_resume_continues) {
   static const char *const fast[] = {"--optimizer", "adamw", "--lr", "0.03", NULL};
   char dir[64], ck[128], log[128], line[256];
@@ -2704,6 +2705,19 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
   ck_assert_str_eq(h_resumed, h_full);
   cmd_result_free(&full);
   cmd_result_free(&r);
+
+  /* the same checkpoint resumed again (as after a crash past it): the log's records
+   * of epochs 5 and 6 are replaced, not repeated */
+  r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "2", "--eval-every", "1",
+                "--resume", ck, "--log", log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(
+      strstr(r.out, "2 records of epochs after the checkpoint's 4 dropped (4 kept)"), "%s",
+      r.out);
+  cmd_result_free(&r);
+  ck_assert_int_eq(read_log(log, lines, 8, 1), 6);
+  for (int i = 0; i < 6; i++)
+    ck_assert_int_eq((int)lines[i].v[json_key(&lines[i], "epoch")], i + 1);
   remove_dir(dir);
 }
 END_TEST

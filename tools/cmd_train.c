@@ -223,8 +223,9 @@ static void usage(FILE *f) {
          "                        and after an evaluation heldout_loss and\n"
          "                        heldout_accuracy (a fraction) or heldout_mse; null for\n"
          "                        a number that is not finite. Written anew, or appended\n"
-         "                        to with --resume; checked for writability before\n"
-         "                        training starts\n"
+         "                        to with --resume (after dropping any records of epochs\n"
+         "                        after the checkpoint's); checked for writability\n"
+         "                        before training starts\n"
          "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
          "                        --eval-every, the held-out loss too), the run's\n"
          "                        settings in the title; checked for writability before\n"
@@ -930,6 +931,56 @@ static int make_context(train_run *t) {
   return 0;
 }
 
+/* --resume with --log: the log's records of epochs after `epochs` (written by a run
+ * that went on past the checkpoint and then died, or by an earlier resume of it) are
+ * dropped, so that the resumed run's records follow the checkpoint's without an epoch
+ * twice. The kept lines are written whole to a new file renamed over the log. 0 or -1
+ * (said in err). A missing log is fine. */
+static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
+  if (access(path, F_OK) != 0) return 0;
+  int fd = dpt_open_regular(path, "log", err, errcap);
+  if (fd < 0) return -1;
+  FILE *in = fdopen(fd, "r");
+  if (!in) {
+    close(fd);
+    return dpt_fail(err, errcap, "cannot read log '%s': out of memory", path);
+  }
+  char *line = NULL;
+  size_t cap = 0, kept = 0, dropped = 0;
+  char *text = NULL;
+  size_t tn = 0;
+  FILE *out = open_memstream(&text, &tn);
+  for (ssize_t n; out && (n = getline(&line, &cap, in)) > 0;) {
+    int ep = 0;
+    /* a record's epoch is its first field: {"epoch":N,... */
+    if (sscanf(line, "{\"epoch\":%d", &ep) == 1 && ep > epochs) {
+      dropped++;
+      continue;
+    }
+    fwrite(line, 1, (size_t)n, out);
+    kept++;
+  }
+  free(line);
+  int bad = ferror(in) || !out;
+  fclose(in);
+  if (out) fclose(out);
+  if (bad || !dropped) {
+    free(text);
+    return bad ? dpt_fail(err, errcap, "cannot read log '%s'", path) : 0;
+  }
+  dp_file *f = NULL;
+  dp_status st = dp_file_create(path, "log", &f);
+  if (st == DP_OK) {
+    fwrite(text, 1, tn, dp_file_stream(f));
+    st = dp_file_commit(f);
+  }
+  free(text);
+  if (st != DP_OK) return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  printf("log %s: %zu record%s of epochs after the checkpoint's %d dropped (%zu kept)\n",
+         path, dropped, dropped == 1 ? "" : "s", epochs, kept);
+  return 0;
+}
+
 /* What is about to run (unless --quiet), then the log opened: a resumed run
  * continues its file. 0, or -1 (said). */
 static int start_run(train_run *t) {
@@ -976,6 +1027,11 @@ static int start_run(train_run *t) {
     else if (o->resume)
       printf("resumed from %s at step %llu\n", o->resume,
              (unsigned long long)dp_ctx_step(t->ctx));
+  }
+  char lerr[DPT_MSG_CAP];
+  if (t->writes && o->log && o->resume && trim_log(o->log, t->epoch0, lerr, sizeof lerr)) {
+    fprintf(stderr, "dp train: %s\n", lerr);
+    return -1;
   }
   if (t->writes && o->log && dp_file_append(o->log, "log", !o->resume, &t->logf)) {
     fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
