@@ -207,6 +207,78 @@ START_TEST(test_fixed_micro_batches_agree_for_1_2_4_devices) {
 }
 END_TEST
 
+/* A GPT on a text's bytes (--text) and on the same ids as a .npy (--tokens): 1, 2, 4
+ * devices x classic, allreduce, sharded give one set of bits, the same from both files;
+ * a sequence model with --data, a flat one with --text, and two sources are refused. */
+static const char GPT_SMALL[] = "input tokens 8\nembed 256 16\nresidual\nlayernorm\n"
+                                "linear 48\nattention 2\nlinear 16\nend\nlayernorm\n"
+                                "linear 256\nloss softmax_cross_entropy\n";
+
+START_TEST(test_sequence_model_agrees_on_text_and_tokens) {
+  tmp_file spec, text, csv;
+  tmp_write(&spec, GPT_SMALL);
+  char body[600];
+  for (int i = 0; i < (int)sizeof body - 1; i++)
+    body[i] = (char)('a' + (i * 7 + i / 13) % 26);
+  body[sizeof body - 1] = '\0';
+  tmp_write(&text, body);
+  /* the same bytes as a 1-D '<u2' .npy */
+  char npy[64] = "/tmp/dp_repro_XXXXXX";
+  int fd = mkstemp(npy);
+  ck_assert_int_ge(fd, 0);
+  char head[128];
+  int hl = snprintf(head, sizeof head,
+                    "{'descr': '<u2', 'fortran_order': False, 'shape': (%d,), }",
+                    (int)strlen(body));
+  while ((10 + hl + 1) % 64) head[hl++] = ' ';
+  head[hl++] = '\n';
+  unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)hl, 0};
+  ck_assert_int_eq((int)write(fd, pre, 10), 10);
+  ck_assert_int_eq((int)write(fd, head, (size_t)hl), hl);
+  for (size_t i = 0; i < strlen(body); i++) {
+    unsigned char v[2] = {(unsigned char)body[i], 0};
+    ck_assert_int_eq((int)write(fd, v, 2), 2);
+  }
+  close(fd);
+  result r, q;
+  REPRO(&r, "--model", spec.path, "--text", text.path, "--batch", "8", "--micro-batch", "2",
+        "--steps", "3", "--devices", "1,2,4", "--optimizer", "adamw");
+  ck_assert_msg(r.rc == 0, "exit %d\n%s\n%s", r.rc, r.out, r.err);
+  ck_assert_msg(strstr(r.out, "same: 9 configurations gave the same bits"), "%s", r.out);
+  REPRO(&q, "--model", spec.path, "--tokens", npy, "--batch", "8", "--micro-batch", "2",
+        "--steps", "3", "--devices", "1", "--mode", "classic", "--optimizer", "adamw");
+  ck_assert_msg(q.rc == 0, "exit %d\n%s\n%s", q.rc, q.out, q.err);
+  /* the reference row (1 device classic) of both: the same loss and hash */
+  const char *a = strstr(r.out, "      1  classic"), *b = strstr(q.out, "      1  classic");
+  ck_assert_ptr_nonnull(a);
+  ck_assert_ptr_nonnull(b);
+  ck_assert_int_eq(strncmp(a, b, 60), 0);
+  result_free(&r);
+  result_free(&q);
+  classification_csv(&csv, 20);
+  REPRO(&r, "--model", spec.path, "--data", csv.path, "--batch", "8");
+  ck_assert_int_eq(r.rc, 1);
+  ck_assert_msg(strstr(r.err, "is a sequence model (input tokens 8): give it --text"), "%s",
+                r.err);
+  result_free(&r);
+  tmp_file flat;
+  tmp_write(&flat, MLP_SPEC);
+  REPRO(&r, "--model", flat.path, "--text", text.path, "--batch", "8");
+  ck_assert_int_eq(r.rc, 1);
+  ck_assert_msg(strstr(r.err, "is not a sequence model"), "%s", r.err);
+  result_free(&r);
+  REPRO(&r, "--model", spec.path, "--text", text.path, "--tokens", npy, "--batch", "8");
+  ck_assert_int_eq(r.rc, 2);
+  ck_assert_msg(strstr(r.err, "--data, --text and --tokens are alternatives"), "%s", r.err);
+  result_free(&r);
+  unlink(spec.path);
+  unlink(text.path);
+  unlink(csv.path);
+  unlink(flat.path);
+  unlink(npy);
+}
+END_TEST
+
 START_TEST(test_regression_agrees_up_to_8_devices_with_wrapping_batches) {
   /* 12 rows, batch 16: every batch wraps into the next shuffled pass */
   tmp_file spec, csv;
@@ -476,6 +548,7 @@ Suite *repro_suite(void) {
   Suite *s = suite_create("repro");
   TCase *tc = tcase_create("agree");
   tcase_add_test(tc, test_fixed_micro_batches_agree_for_1_2_4_devices);
+  tcase_add_test(tc, test_sequence_model_agrees_on_text_and_tokens);
   tcase_add_test(tc, test_regression_agrees_up_to_8_devices_with_wrapping_batches);
   suite_add_tcase(s, tc);
 

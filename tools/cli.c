@@ -908,6 +908,15 @@ int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap) {
   return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
 }
 
+int dpt_model_sequence(const dp_model *m, int *vocab) {
+  dp_layer_info l0;
+  if (dp_model_n_layers(m) < 1 || dp_model_layer(m, 0, &l0) ||
+      l0.kind != DP_LAYER_EMBEDDING)
+    return 0;
+  if (vocab) *vocab = l0.vocab;
+  return l0.positions;
+}
+
 int dpt_require_loss(const char *path, const dp_model *m, const dp_config *c, char *err,
                      size_t errcap) {
   if ((c && c->inference) || dp_model_loss(m) != DP_LOSS_NONE) return 0;

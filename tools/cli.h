@@ -353,6 +353,10 @@ int dpt_open_regular(const char *path, const char *what, char *err, size_t errca
  * "x.dpm:3:5: " location and loses the library's. 0, or -1 with err. */
 int dpt_load_model(const char *path, dp_model **out, char *err, size_t errcap);
 
+/* A sequence model's context T (its spec starts `input tokens T`, `embed V D`) and
+ * its vocabulary in *vocab (may be NULL); 0 for any other model. */
+int dpt_model_sequence(const dp_model *m, int *vocab);
+
 /* Refuses a training plan of a model without a loss, naming the file: 0, or -1
  * with "model 'x.dpm' has no loss line; ..." in err. c: the config of a command
  * that can plan inference (a config with inference set passes; the message

@@ -26,6 +26,8 @@ enum {
   OPT_SKIP_REFUSED,
   OPT_NO_STANDARDIZE,
   OPT_LAYOUTS, /* ranks x devices per rank, under mpirun */
+  OPT_TEXT,
+  OPT_TOKENS,
 };
 
 /* Every option of `dp repro`. The common options listed here are handed on,
@@ -36,6 +38,8 @@ enum {
 static const struct option repro_options[] = {
     {"model", required_argument, NULL, OPT_MODEL},
     {"data", required_argument, NULL, OPT_DATA},
+    {"text", required_argument, NULL, OPT_TEXT},
+    {"tokens", required_argument, NULL, OPT_TOKENS},
     {"steps", required_argument, NULL, OPT_STEPS},
     {"devices", required_argument, NULL, OPT_DEVICES},
     {"mode", required_argument, NULL, OPT_MODE},
@@ -70,7 +74,7 @@ static const char *const rm_names[RM_COUNT] = {"classic", "allreduce", "sharded"
 #define MAX_STEPS 1000000
 
 typedef struct {
-  const char *model, *data;
+  const char *model, *data, *text, *tokens; /* one of the three data sources */
   int steps, trace, json, skip_refused, no_standardize;
   int n_counts, counts[DP_MAX_DEVICES]; /* device counts, in the order given */
   int ranks[DP_MAX_DEVICES];            /* processes of each (--layouts; else 1) */
@@ -82,7 +86,8 @@ typedef struct {
 
 static void usage(FILE *f) {
   fputs(
-      "usage: dp repro --model M.dpm --data D.csv --batch B [--micro-batch K]\n"
+      "usage: dp repro --model M.dpm (--data D.csv | --text F | --tokens F.npy) --batch B\n"
+      "                [--micro-batch K]\n"
       "                [--steps S] [--devices 1,2,4,8 | --layouts 1x8,2x4,4x2,8x1]\n"
       "                [--mode classic,allreduce,sharded]\n"
       "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed N]\n"
@@ -111,6 +116,10 @@ static void usage(FILE *f) {
       "  --data FILE           CSV data: label first (softmax_cross_entropy), or the\n"
       "                        <output width> targets first (mse), then the features;\n"
       "                        all rows are used, standardised per feature\n"
+      "  --text FILE           instead of --data, for a sequence model (input tokens T):\n"
+      "                        the file's bytes as token ids, windows of T+1 of them\n"
+      "                        one every T (as dp train --text), all used\n"
+      "  --tokens FILE.npy     the same from a 1-D .npy of int32 or uint16 token ids\n"
       "  --steps S             training steps (default 10)\n"
       "  --devices LIST        device counts, comma separated (default 1,2,4,8); here\n"
       "                        not a list of device ids\n"
@@ -336,6 +345,8 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
       goto out;
     case OPT_MODEL: o->model = optarg; break;
     case OPT_DATA: o->data = optarg; break;
+    case OPT_TEXT: o->text = optarg; break;
+    case OPT_TOKENS: o->tokens = optarg; break;
     case OPT_STEPS:
       if (dpt_parse_int(optarg, 1, MAX_STEPS, "--steps", &o->steps, err, errcap)) goto out;
       break;
@@ -376,10 +387,15 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
     snprintf(err, errcap, "--devices and --layouts are alternatives: give one");
     goto out;
   }
-  if (!o->model || !o->data || !o->batch_given) {
-    snprintf(err, errcap, "--model, --data and --batch are required");
+  if (!!o->data + !!o->text + !!o->tokens > 1) {
+    snprintf(err, errcap, "--data, --text and --tokens are alternatives: give one");
     goto out;
   }
+  if (!o->model || !(o->data || o->text || o->tokens) || !o->batch_given) {
+    snprintf(err, errcap, "--model, --data (or --text, --tokens) and --batch are required");
+    goto out;
+  }
+  if (!o->data) o->data = o->text ? o->text : o->tokens; /* the file, in messages */
   r = DPT_ARGS_OK;
 out:
   for (int i = 1; i < n_pass; i++) free(pass[i]);
@@ -515,8 +531,10 @@ static int make_batch(const dpt_dataset *d, long long step, int B, uint64_t seed
     int src = perm[pos % d->n_rows];
     memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
            (size_t)d->n_features * sizeof *x);
+    int lw = d->label_width > 1 ? d->label_width : 1; /* T for token windows */
     if (d->label)
-      ((int32_t *)t)[r] = d->label[src];
+      memcpy((int32_t *)t + (size_t)r * lw, d->label + (size_t)src * lw,
+             (size_t)lw * sizeof(int32_t));
     else
       memcpy((float *)t + (size_t)r * d->n_targets, d->y + (size_t)src * d->n_targets,
              (size_t)d->n_targets * sizeof(float));
@@ -542,6 +560,54 @@ typedef struct {
   int n_refused, n_errors, n_run, n_differ;
 } repro_run;
 
+/* The data of the run: a CSV, or for a sequence model (input tokens T) a text's
+ * bytes or a .npy of token ids cut into windows of T + 1 ids (as dp train's). 0, or -1
+ * with the message in err. */
+static int load_data(const repro_opts *o, const dp_model *m, dpt_dataset *data, char *err,
+                     size_t errcap) {
+  int V = 0, T = dpt_model_sequence(m, &V);
+  if (!o->text && !o->tokens) {
+    if (T) {
+      snprintf(err, errcap,
+               "%s is a sequence model (input tokens %d): give it --text FILE or --tokens "
+               "F.npy, not --data",
+               o->model, T);
+      return -1;
+    }
+    dp_status s =
+        dp_model_loss(m) == DP_LOSS_SOFTMAX_CE
+            ? dpt_csv_load(o->data, data, err, errcap)
+            : dpt_csv_load_regression(o->data, dp_model_output_width(m), data, err, errcap);
+    return s ? -1 : 0;
+  }
+  if (!T) {
+    snprintf(err, errcap,
+             "%s is not a sequence model; --text and --tokens take one whose spec starts "
+             "`input tokens T` (examples/tiny_gpt.dpm)",
+             o->model);
+    return -1;
+  }
+  dpt_tokens tok;
+  dp_status s = o->text ? dpt_text_load(o->text, &tok, err, errcap)
+                        : dpt_npy_load_tokens(o->tokens, V, &tok, err, errcap);
+  if (s) return -1;
+  for (size_t i = 0; o->text && i < tok.n; i++)
+    if (tok.id[i] >= V) {
+      snprintf(err, errcap, "%s: byte %zu is %d, outside the model's vocabulary of %d",
+               o->text, i, (int)tok.id[i], V);
+      dpt_tokens_free(&tok);
+      return -1;
+    }
+  s = dpt_token_windows(&tok, 0, tok.n, T, data, err, errcap);
+  dpt_tokens_free(&tok);
+  if (!s && data->n_rows < 1) {
+    snprintf(err, errcap, "%s holds fewer than T + 1 = %d ids: no window to train on",
+             o->data, T + 1);
+    return -1;
+  }
+  return s ? -1 : 0;
+}
+
 /* The model, its tensors and the data, checked against each other, and the
  * buffers of the lockstep run. 0, or -1 (said). */
 static int load_repro(repro_run *t) {
@@ -560,19 +626,17 @@ static int load_repro(repro_run *t) {
     return -1;
   }
   dpt_dataset *data = &t->data;
-  dp_status s = loss_kind == DP_LOSS_SOFTMAX_CE
-                    ? dpt_csv_load(o->data, data, err, sizeof t->err)
-                    : dpt_csv_load_regression(o->data, out_w, data, err, sizeof t->err);
-  if (s) {
+  if (load_data(o, t->model, data, err, sizeof t->err)) {
     fprintf(stderr, "dp repro: %s\n", err);
     return -1;
   }
+  (void)loss_kind;
   if (data->n_features != in_w) {
     fprintf(stderr, "dp repro: %s has %d features per row; %s takes %d\n", o->data,
             data->n_features, o->model, in_w);
     return -1;
   }
-  if (data->label && data->n_classes > out_w) {
+  if (data->label && data->label_width <= 1 && data->n_classes > out_w) {
     fprintf(stderr, "dp repro: %s has labels up to %d; the model has %d outputs\n", o->data,
             data->n_classes - 1, out_w);
     return -1;
@@ -582,11 +646,14 @@ static int load_repro(repro_run *t) {
             o->steps, o->base.batch, data->n_rows);
     return -1;
   }
-  if (!o->no_standardize) dpt_standardize(data, NULL);
+  if (!o->no_standardize && !dpt_model_sequence(t->model, NULL))
+    dpt_standardize(data, NULL);
 
   size_t np = t->np = dp_model_n_params(t->model);
   int B = t->batch = o->base.batch;
-  t->tsz = data->label ? (int)sizeof(int32_t) : out_w * (int)sizeof(float);
+  t->tsz = data->label
+               ? (data->label_width > 1 ? data->label_width : 1) * (int)sizeof(int32_t)
+               : out_w * (int)sizeof(float);
   t->bx = malloc((size_t)B * in_w * sizeof *t->bx);
   t->bt = malloc((size_t)B * t->tsz);
   t->perm = malloc((size_t)data->n_rows * sizeof *t->perm);

@@ -660,17 +660,6 @@ static int check_files(train_run *t) {
   return 0;
 }
 
-/* A sequence model (`input tokens T`, `embed V D`, ...): T, and the
- * embedding's vocabulary in *V; 0 for other models. */
-static int sequence_of(const dp_model *m, int *V) {
-  dp_layer_info l0;
-  if (dp_model_n_layers(m) < 1 || dp_model_layer(m, 0, &l0) ||
-      l0.kind != DP_LAYER_EMBEDDING)
-    return 0;
-  *V = l0.vocab;
-  return l0.positions;
-}
-
 /* The ids of --text (bytes) or --tokens (a .npy), checked against the
  * model's vocabulary V and context T. 0, or -1 (said). */
 static int load_ids(train_run *t, int T, int V, dpt_tokens *tok) {
@@ -767,7 +756,7 @@ static int load_inputs(train_run *t) {
   }
   t->in_w = dp_model_input_width(t->model);
   t->out_w = dp_model_output_width(t->model);
-  int V = 0, T = sequence_of(t->model, &V);
+  int V = 0, T = dpt_model_sequence(t->model, &V);
   if (T && o->data) {
     fprintf(stderr,
             "dp train: %s is a sequence model (input tokens %d): train it on a text "

@@ -61,6 +61,11 @@ done
 run "dp repro --layouts 1x8,2x4,4x2,8x1" $MPIRUN -np 8 "$bd/dp" repro \
   --model examples/digits.dpm --data data/digits.csv --batch 64 --micro-batch 4 \
   --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1
+# a GPT on a text's bytes: the same bits in every layout and mode (issue 29)
+printf 'input tokens 8\nembed 256 16\nresidual\nlayernorm\nlinear 48\nattention 2\nlinear 16\nend\nlayernorm\nlinear 256\nloss softmax_cross_entropy\n' >"$tmp/gpt.dpm"
+run "dp repro --text, a GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" repro \
+  --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 --steps 3 \
+  --optimizer adamw --layouts 1x4,2x2,4x1
 # the layout's process count against the job's, before the library is asked
 run "dp repro --layouts 8x1 under -np 2: says it needs 8 processes" sh -c "out=\$($MPIRUN \
   -np 2 $bd/dp repro --model examples/digits.dpm --data data/digits.csv --batch 64 \
