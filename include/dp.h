@@ -78,7 +78,7 @@ typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
 typedef struct dp_model dp_model;
 
 /* Text spec (.dpm): one layer per line, '#' starts a comment.
- *   input N | input C H W | linear N [nobias] | relu | gelu | tanh | sigmoid |
+ *   input N | input C H W | linear N [nobias | tied] | relu | gelu | tanh | sigmoid |
  *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
  *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten | batchnorm |
  *   input tokens T | embed V D | attention H | residual | end |
@@ -122,6 +122,11 @@ dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int s
 dp_status dp_model_new_tokens(int context, dp_model **out);
 dp_status dp_model_add_embedding(dp_model *m, int vocab, int width);
 dp_status dp_model_add_attention(dp_model *m, int heads);
+/* A linear to the vocabulary (out_width == V, from width D) without a bias whose
+ * weight is the token embedding's (V, D) table, as GPT-2's tied output head (spec:
+ * `linear V tied`). The table's gradient is the head's plus the embedding's, added
+ * in that order; state_dict lists the table under both names. */
+dp_status dp_model_add_linear_tied(dp_model *m, int out_width);
 dp_status dp_model_begin_residual(dp_model *m);
 dp_status dp_model_end_residual(dp_model *m);
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
@@ -788,6 +793,8 @@ typedef struct {
    * per position), embedding: vocab; attention: heads; a residual block's
    * begin and end: the other's layer index */
   int positions, vocab, heads, link;
+  int tied; /* linear: its weight is the token embedding's (param_offset is the
+               table's, n_params 0); embedding: a linear shares its table */
 } dp_layer_info;
 
 /* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or

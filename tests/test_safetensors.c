@@ -936,6 +936,60 @@ static size_t begin_of(const st_file *f, const char *name) {
   return (size_t)strtoull(at + strlen("\"data_offsets\":["), NULL, 10);
 }
 
+/* A tied output head (GPT-2's): the state_dict names the token table twice, the
+ * second a copy after the rest of the data (the tensors tile it); import takes the
+ * file back bit for bit and refuses a file whose two copies differ, unchanged. */
+START_TEST(test_tied_head_is_two_names_of_one_tensor) {
+  static const char SPEC[] = "input tokens 4\nembed 10 6\nlayernorm\nlinear 10 tied\n"
+                             "loss softmax_cross_entropy\n";
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(SPEC, "tied", &m), DP_OK);
+  dp_config c;
+  dp_config_default(&c);
+  c.batch = 4;
+  dp_plan *p = NULL;
+  dp_ctx *a = NULL, *b = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  ck_assert_int_eq(dp_ctx_create(p, &a), DP_OK);
+  ck_assert_int_eq(dp_ctx_create(p, &b), DP_OK);
+  size_t np = dp_model_n_params(m); /* 10 x 6 tokens, 4 x 6 positions, layernorm 12 */
+  ck_assert_uint_eq(np, 60 + 24 + 12);
+  float *w = malloc(np * 4), *got = malloc(np * 4);
+  ck_assert(w && got);
+  for (size_t k = 0; k < np; k++) w[k] = (float)k * 0.25f - 3.0f;
+  ck_assert_int_eq(dp_set_params(a, w, np), DP_OK);
+  tmpdir t;
+  tmp_make(&t, "dp_st", "tied.safetensors");
+  ck_assert_msg(dp_ckpt_export_safetensors(a, t.path) == DP_OK, "%s", dp_ctx_error(a));
+  st_file f;
+  st_file_read(&f, t.path);
+  size_t tok = begin_of(&f, "0.tok.weight"), head = begin_of(&f, "2.weight");
+  ck_assert_uint_eq(tok, 0);
+  ck_assert_uint_eq(head, np * 4); /* after the state bytes */
+  ck_assert_uint_eq(f.dlen, np * 4 + 60 * 4);
+  ck_assert_int_eq(memcmp(f.data + tok, f.data + head, 60 * 4), 0);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(b, t.path), DP_OK);
+  ck_assert_int_eq(dp_get_params(b, got, np), DP_OK);
+  ck_assert_int_eq(memcmp(w, got, np * 4), 0);
+  /* the head's copy changed: refused, b as it was */
+  f.b[8 + f.hlen + head + 4] ^= 0x40;
+  file_write(t.path, f.b, f.len);
+  uint64_t h = dp_params_hash(b);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(b, t.path), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(b), "'0.tok.weight' and '2.weight' are one tensor"),
+                "%s", dp_ctx_error(b));
+  ck_assert_uint_eq(dp_params_hash(b), h);
+  st_file_free(&f);
+  tmp_done(&t);
+  free(w);
+  free(got);
+  dp_ctx_free(a);
+  dp_ctx_free(b);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 /* Running statistics no batchnorm can have are refused, naming the tensor and
  * the element, with the context unchanged (every arena byte, the parameters'
  * hash); the file as exported is taken with exactly its values. */
@@ -1220,6 +1274,7 @@ Suite *safetensors_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_file_layout);
   tcase_add_test(tc, test_seed_example);
+  tcase_add_test(tc, test_tied_head_is_two_names_of_one_tensor);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("hand_built");

@@ -171,7 +171,7 @@ END_TEST
 
 START_TEST(misspelt_nobias_is_named) {
   parse_bad("input 3\nlinear 4 nobais\n", 2, 10,
-            "expected 'nobias' or end of line, got 'nobais'");
+            "expected 'nobias', 'tied' or end of line, got 'nobais'");
   parse_bad("input 3\nlinear 4 bias\n", 2, 10, "got 'bias'");
   parse_bad("input 3\nlinear 4 NOBIAS\n", 2, 10, "got 'NOBIAS'");
 }
@@ -473,6 +473,7 @@ START_TEST(format_round_trips_through_parse) {
       "input 2147483647\nlinear 1 nobias\n",
       GPT_NESTED,
       GPT_SPEC,
+      "input tokens 4\nembed 9 6\nlayernorm\nlinear 9 tied\nloss softmax_cross_entropy\n",
   };
   for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
     dp_model *a = model_of(texts[i]);
@@ -486,6 +487,31 @@ START_TEST(format_round_trips_through_parse) {
     dp_model_free(a);
     dp_model_free(b);
   }
+}
+END_TEST
+
+/* `linear V tied`: no parameters of its own, its weight the token table (the layer
+ * info and state_dict say so: one tensor named after the head, at the table). */
+START_TEST(tied_head_shares_the_token_table) {
+  dp_model *m = model_of("input tokens 4\nembed 9 6\nlayernorm\nlinear 9 tied\n"
+                         "loss softmax_cross_entropy\n");
+  dp_layer_info e, h;
+  ck_assert_int_eq(dp_model_layer(m, 0, &e), DP_OK);
+  ck_assert_int_eq(dp_model_layer(m, 2, &h), DP_OK);
+  ck_assert_int_eq(h.tied, 1);
+  ck_assert_int_eq(e.tied, 1);
+  ck_assert_uint_eq(h.n_params, 0);
+  ck_assert_uint_eq(h.param_offset, e.param_offset);
+  ck_assert_uint_eq(dp_model_n_params(m), 9 * 6 + 4 * 6 + 12);
+  ck_assert_int_eq(dp_model_n_tensors(m), 5); /* tok, pos, ln weight, ln bias, head */
+  dp_tensor_info t;
+  ck_assert_int_eq(dp_model_tensor(m, 4, &t), DP_OK);
+  ck_assert_str_eq(t.name, "2.weight");
+  ck_assert_int_eq(t.dims[0], 9);
+  ck_assert_int_eq(t.dims[1], 6);
+  ck_assert_uint_eq(t.offset, e.param_offset);
+  ck_assert_int_eq(dp_model_output_width(m), 4 * 9);
+  dp_model_free(m);
 }
 END_TEST
 
@@ -896,6 +922,14 @@ START_TEST(sequence_errors_name_line_and_column) {
       {"input tokens 4\nembed 5 6\nresidual\nlinear 6\nloss softmax_cross_entropy\n", 5, 1,
        "has no 'end'"},
       {"input tokens 4\nembed 5 6\nbatchnorm\n", 3, 1, "batchnorm on a sequence"},
+      {"input tokens 4\nembed 5 6\nlinear 4 tied\n", 3, 10,
+       "maps width 6 to the vocabulary 5"},
+      {"input tokens 4\nembed 5 6\nlinear 7\nlinear 5 tied\n", 4, 10,
+       "maps width 6 to the vocabulary 5"},
+      {"input tokens 4\nembed 5 6\nlinear 5 tied\nlinear 6\nlinear 5 tied\n", 5, 10,
+       "tied to a linear already"},
+      {"input 6\nlinear 5 tied\n", 2, 10, "needs a sequence model"},
+      {"input tokens 4\nembed 5 6\nlinear 5 tied nobias\n", 3, 15, "unexpected"},
       {"input tokens 0\n", 1, 14, "out of range"},
       {"input tokens\n", 1, 14, "expected the context"},
   };
@@ -1069,6 +1103,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, format_writes_the_canonical_text);
   tcase_add_test(tc, format_round_trips_through_parse);
   tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
+  tcase_add_test(tc, tied_head_shares_the_token_table);
   tcase_add_test(tc, format_round_trips_any_dropout_probability);
   tcase_add_test(tc, format_short_dropout_probabilities_stay_short);
   tcase_add_test(tc, format_truncates_and_reports_the_needed_length);

@@ -62,7 +62,7 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
                        char *buf, size_t cap) {
   dp_tensor_info w = {0};
   int nt = 0;
-  if (l->n_params) dp_model_tensor(m, *tensor, &w);
+  if (l->n_params || l->tied) dp_model_tensor(m, *tensor, &w); /* tied: the table's */
   switch (l->kind) {
   case DP_LAYER_LINEAR:
     nt = l->bias ? 2 : 1;
@@ -154,6 +154,8 @@ int dpt_write_pytorch(const dp_model *m, FILE *f) {
     dp_model_layer(m, i, &l);
     if (module_text(m, i, &l, &tensor, ctor, sizeof ctor))
       fprintf(f, "        self.add_module('%d', %s)\n", i, ctor);
+    if (l.kind == DP_LAYER_LINEAR && l.tied) /* one Parameter, two state_dict names */
+      fprintf(f, "        self._modules['%d'].weight = self._modules['0'].tok.weight\n", i);
   }
   fputc('\n', f);
   write_forward(f, m);

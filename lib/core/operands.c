@@ -48,7 +48,7 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
     o->out = slice_at(p, DP_REGION_ACTIVATIONS, a->act[i], j, rows, l->out);
     o->dout = dact_rows(p, d, i, j, rows, l->out);
   }
-  o->params = span(DP_REGION_PARAMS, l->param_off * 4, l->n_params * 4);
+  o->params = span(DP_REGION_PARAMS, l->param_off * 4, dp__param_span(l) * 4);
   o->stats = DP_SPAN_NONE;
   o->bn_area = o->bn_buffers = DP_SPAN_NONE;
   if (dp__layer_stats_width(l))

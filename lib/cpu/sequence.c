@@ -26,7 +26,12 @@ void dp__embed_backward(const dp_layer *l, int n, const float *ids, const float 
                         float *dw) {
   int T = l->t, D = l->c;
   float *dpos = dw + (size_t)l->vocab * D;
-  memset(dw, 0, l->n_params * 4);
+  /* tied to the output head: the token rows hold the head's gradient already, and
+   * the embedding's adds to it (model.h, dp_layer.tied) */
+  if (l->tied)
+    memset(dpos, 0, (size_t)T * D * 4);
+  else
+    memset(dw, 0, l->n_params * 4);
   /* rows, then positions, ascending: each gradient row's sum has one order */
   for (int r = 0; r < n; r++)
     for (int t = 0; t < T; t++) {

@@ -70,6 +70,14 @@ static int st_entries(const dp_model *m, st_entry *e, size_t *state_bytes) {
 /* The byte size of an entry's data. */
 static size_t st_bytes(const st_entry *e) { return e->numel * (e->i64 ? 8 : 4); }
 
+/* The earlier entry whose state bytes entry i shares (a tied output head's weight
+ * is the token table), or -1. */
+static int alias_of(const st_entry *e, int i) {
+  for (int k = 0; k < i; k++)
+    if (e[k].off == e[i].off && e[k].numel == e[i].numel) return k;
+  return -1;
+}
+
 typedef struct {
   const dp_model *m;
   const unsigned char *state; /* the state bytes (st_entries), little-endian */
@@ -128,16 +136,22 @@ static dp_status export_fill(FILE *f, void *arg) {
   bad |= fputs("}", h) == EOF;
   free(text);
   st_entry e[ST_MAX_ENTRIES];
-  size_t state_bytes;
+  size_t state_bytes, tail = 0;
   int n = st_entries(m, e, &state_bytes);
   for (int i = 0; i < n && !bad; i++) {
+    /* the state bytes are the data; a tensor that is another's (a tied head's
+     * weight) gets a copy after them, so that the tensors tile the data */
+    size_t at = e[i].off;
+    if (alias_of(e, i) >= 0) {
+      at = state_bytes + tail;
+      tail += st_bytes(&e[i]);
+    }
     bad |= fputc(',', h) == EOF;
     bad |= json_str(h, e[i].name, strlen(e[i].name));
     bad |= fprintf(h, ":{\"dtype\":\"%s\",\"shape\":[", e[i].i64 ? "I64" : "F32") < 0;
     for (int d = 0; d < e[i].ndim; d++)
       bad |= fprintf(h, "%s%d", d ? "," : "", e[i].dims[d]) < 0;
-    bad |= fprintf(h, "],\"data_offsets\":[%zu,%zu]}", e[i].off,
-                   e[i].off + st_bytes(&e[i])) < 0;
+    bad |= fprintf(h, "],\"data_offsets\":[%zu,%zu]}", at, at + st_bytes(&e[i])) < 0;
   }
   bad |= fputc('}', h) == EOF;
   long pos = 0; /* the data starts 8-aligned */
@@ -151,8 +165,12 @@ static dp_status export_fill(FILE *f, void *arg) {
   for (int b = 0; b < 8; b++) len8[b] = (unsigned char)((uint64_t)hlen >> (8 * b));
   bool ok = fwrite(len8, 1, 8, f) == 8 && fwrite(hdr, 1, hlen, f) == hlen;
   free(hdr);
-  /* the data: the state bytes, the tensors in order, little-endian */
+  /* the data: the state bytes, the tensors in order, little-endian, then the
+   * aliases' copies */
   ok = ok && fwrite(j->state, 1, state_bytes, f) == state_bytes;
+  for (int i = 0; i < n && ok; i++)
+    if (alias_of(e, i) >= 0)
+      ok = fwrite(j->state + e[i].off, 1, st_bytes(&e[i]), f) == st_bytes(&e[i]);
   return ok ? DP_OK : DP_ERR_IO;
 }
 
@@ -636,6 +654,12 @@ static dp_status copy_values(const char *path, const st_entry *ti, const st_tens
   for (int k = 0; k < n; k++) {
     const st_entry *t = &ti[k];
     size_t eb = t->i64 ? 8 : 4;
+    int k2 = alias_of(ti, k); /* a tied head's weight is the embedding's table */
+    if (k2 >= 0 && memcmp(data + st[k2].begin, data + st[k].begin, eb * t->numel) != 0)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "safetensors file '%s': '%s' and '%s' are one tensor in the model "
+                     "(a tied output head) but differ in the file",
+                     path, ti[k2].name, t->name);
     for (size_t e = 0; e < t->numel; e++) {
       const unsigned char *q = data + st[k].begin + eb * e;
       uint64_t u = 0;
@@ -702,9 +726,12 @@ dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path) {
   const dp_model *m = &c->plan->model;
   size_t np = m->n_params, bytes;
   st_entry e[ST_MAX_ENTRIES];
-  st_entries(m, e, &bytes);
-  /* the largest file this model has: its data and a generous header */
+  int n = st_entries(m, e, &bytes);
+  /* the largest file this model has: its data (a tied weight's copy too) and a
+   * generous header */
   size_t cap = 8 + ST_MAX_HEADER + bytes;
+  for (int i = 0; i < n; i++)
+    if (alias_of(e, i) >= 0) cap += st_bytes(&e[i]);
   unsigned char *buf = NULL, *state = malloc(bytes + 8);
   size_t len = 0;
   float *w = malloc(dp__param_floats(m) * 4 + 4); /* parameters, then the buffers */

@@ -272,6 +272,34 @@ dp_status dp_model_add_linear(dp_model *m, int out_width, int bias) {
   return push(m, l);
 }
 
+dp_status dp_model_add_linear_tied(dp_model *m, int out_width) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  int t = cur_t(m);
+  dp_layer *e = m->n_layers ? &m->layers[0] : NULL;
+  if (!t || !e || e->kind != DP_LAYER_EMBEDDING)
+    return DP_FAIL(DP_ERR_INVALID, "a tied linear shares the token embedding's weight: it "
+                                   "needs a sequence model (input tokens T, embed V D)");
+  if (e->tied)
+    return DP_FAIL(DP_ERR_INVALID, "the token embedding is tied to a linear already");
+  int in = cur_width(m) / t;
+  if (out_width != e->vocab || in != e->c)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "a tied linear maps width %d to the vocabulary %d, as the embedding's "
+                   "(%d, %d) table does; here it would be %d to %d",
+                   e->c, e->vocab, e->vocab, e->c, in, out_width);
+  dp_layer l = {.kind = DP_LAYER_LINEAR,
+                .in = cur_width(m),
+                .out = e->vocab * t, /* <= the embedding's V D floats per position */
+                .c = out_width,
+                .tied = 1};
+  dp_status s = push(m, l);
+  if (s) return s;
+  /* its weight is the table: no parameters of its own */
+  m->layers[m->n_layers - 1].param_off = e->param_off;
+  e->tied = 1;
+  return DP_OK;
+}
+
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
   if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_TANH &&
@@ -462,7 +490,10 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     for (int k = 0; k < depth; k++) put(buf, cap, &len, "  ");
     if (l->kind == DP_LAYER_RESIDUAL) depth++;
     if (l->kind == DP_LAYER_LINEAR)
-      put(buf, cap, &len, "linear %d%s\n", dp__pos_out(l), l->bias ? "" : " nobias");
+      put(buf, cap, &len, "linear %d%s\n", dp__pos_out(l),
+          l->tied   ? " tied"
+          : l->bias ? ""
+                    : " nobias");
     else if (l->kind == DP_LAYER_EMBEDDING)
       put(buf, cap, &len, "embed %d %d\n", l->vocab, l->c);
     else if (l->kind == DP_LAYER_ATTENTION)
@@ -515,6 +546,7 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
       .stride = l->stride,
       .padding = l->pad,
       .positions = l->t,
+      .tied = l->tied,
       .vocab = l->vocab,
       .heads = l->heads,
       .link =

@@ -32,6 +32,10 @@ typedef struct {
   int vocab, heads;   /* embedding, attention */
   int link;           /* residual: the index of its end (-1 while open); its
                          end: the index of the residual */
+  int tied;           /* linear: its weight is layer 0's token table (a tied output
+                         head; param_off is the table's, n_params 0); embedding:
+                         a head shares its token table, whose gradient the head's
+                         backward writes first and the embedding's adds to */
 } dp_layer;
 
 struct dp_model {
@@ -44,6 +48,14 @@ struct dp_model {
   size_t n_params;
   size_t n_buffers; /* floats after the parameters in PARAMS (batchnorm) */
 };
+
+/* The floats of a layer's parameter span: its own, or a tied head's weight (the
+ * token table it shares, (out, in) per position). */
+static inline size_t dp__param_span(const dp_layer *l) {
+  return l->kind == DP_LAYER_LINEAR && l->tied
+             ? (size_t)(l->out / (l->t ? l->t : 1)) * (size_t)(l->in / (l->t ? l->t : 1))
+             : l->n_params;
+}
 
 /* A batchnorm's buffers: 2 c floats and the count. */
 static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }

@@ -260,15 +260,18 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     int n = 0;
     dp_status s = parse_width(&t[1], w, "linear", &n);
     if (s) return s;
-    int bias = 1;
+    int bias = 1, tied = 0;
     if (nt >= 3) {
-      if (!tok_is(&t[2], "nobias"))
+      tied = tok_is(&t[2], "tied");
+      if (!tied && !tok_is(&t[2], "nobias"))
         return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col,
-                         "expected 'nobias' or end of line, got '%s'", echo(&t[2], &e));
+                         "expected 'nobias', 'tied' or end of line, got '%s'",
+                         echo(&t[2], &e));
       bias = 0;
     }
     if ((s = no_more(t, nt, 3, w, "linear"))) return s;
-    return at(dp_model_add_linear(*m, n, bias), w, kw->col);
+    return at(tied ? dp_model_add_linear_tied(*m, n) : dp_model_add_linear(*m, n, bias), w,
+              tied ? t[2].col : kw->col);
   }
   if (tok_is(kw, "dropout")) {
     if (nt < 2)
