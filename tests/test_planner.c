@@ -2219,8 +2219,8 @@ START_TEST(live_place_handles_empty_and_refuses_too_many) {
   size_t total = 7;
   ck_assert_int_eq(dp__live_place(NULL, 0, &total), DP_OK);
   ck_assert_uint_eq(total, 0);
-  static dp_live_buf many[4 * DP_MAX_LAYERS + 9];
-  ck_assert_int_eq(dp__live_place(many, 4 * DP_MAX_LAYERS + 9, &total), DP_ERR_INVALID);
+  static dp_live_buf many[DP_ACT_BUFS + 9];
+  ck_assert_int_eq(dp__live_place(many, DP_ACT_BUFS + 9, &total), DP_ERR_INVALID);
 }
 END_TEST
 
