@@ -517,7 +517,9 @@ dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[DP_ACT_BUFS],
     }
     size_t st;
     if (!act_bytes(p, d, 1, i, &st)) return OVERFLOW();
-    if (st && rc) { /* the forward's is read by nothing; the recompute's by the backward */
+    if (st && rc && dp__layer_stats_width(l)) {
+      /* the forward's is read by nothing; the recompute's by the backward
+       * (batchnorm's area is kept: the recompute writes the same statistics) */
       if (!add_buf(p, d, 1, i, i, i, b, who, &n) ||
           !add_buf(p, d, 4, i, p->t_r[i], p->t_b[i], b, who, &n))
         return OVERFLOW();
