@@ -1879,6 +1879,35 @@ START_TEST(recompute_plans_keep_every_invariant) {
 }
 END_TEST
 
+/* config.recompute: out of range refused naming the field; in inference
+ * (nothing to recompute) the plan is the one without it. */
+START_TEST(recompute_values_are_checked) {
+  dp_model *m = model_of(MLP_EVERY_KIND_SPEC);
+  static const int bad[] = {-1, 257, INT_MIN, INT_MAX};
+  for (int i = 0; i < 4; i++) {
+    dp_config c = config_of(8, 1, DP_OPT_SGD);
+    c.recompute = bad[i];
+    dp_plan *p = NULL;
+    ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_INVALID);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(dp_last_error(), "recompute must be 0 (off) or a segment length"),
+                  "%s", dp_last_error());
+  }
+  dp_config c = config_of(8, 2, DP_OPT_SGD);
+  c.inference = 1;
+  c.micro_batch = 2;
+  dp_plan *a = plan_of(m, &c);
+  c.recompute = 3;
+  dp_plan *b = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_n_ops(a), dp_plan_n_ops(b));
+  for (int d = 0; d < 2; d++)
+    ck_assert_uint_eq(dp_plan_device_bytes(a, d), dp_plan_device_bytes(b, d));
+  dp_plan_free(a);
+  dp_plan_free(b);
+  dp_model_free(m);
+}
+END_TEST
+
 /* The issue's figure: a 5-layer 1024-wide MLP at batch 1024 in micro-batches
  * of 64 needs at most half the activation bytes with recompute (segments of
  * 5, 6 or 8 layers: one or two kept outputs instead of four), from the
@@ -3415,6 +3444,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
   tcase_add_test(tc, recompute_plans_keep_every_invariant);
   tcase_add_test(tc, recompute_halves_the_activations_of_a_wide_mlp);
+  tcase_add_test(tc, recompute_values_are_checked);
   tcase_add_test(tc, random_inference_plans_without_loss_keep_every_invariant);
   tcase_add_test(tc, deep_models_with_many_micro_batches_keep_every_invariant);
   tcase_add_test(tc, smaller_batches_keep_the_planned_cut_points_and_fit);
