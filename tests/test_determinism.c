@@ -287,9 +287,10 @@ START_TEST(recompute_gives_the_same_bits) {
     bn_in_use = cases[c].bn;
     recompute_in_use = 0;
     uint64_t ref = run(RC_SETUPS[0], DP_OPT_ADAMW, 6, MB);
+    int n_rc = 0;
     for (int k = 2; k <= 4; k++) {
       recompute_in_use = k;
-      ck_assert_int_gt(recompute_ops(cases[c].spec, 2, MB, k), 0);
+      n_rc += recompute_ops(cases[c].spec, 2, MB, k);
       for (int i = 0; i < N_RC_SETUPS; i++) {
         uint64_t h = run(RC_SETUPS[i], DP_OPT_ADAMW, 6, MB);
         ck_assert_msg(h == ref, "spec %zu, recompute %d, %d devices %s: %016llx, without %016llx",
@@ -297,6 +298,7 @@ START_TEST(recompute_gives_the_same_bits) {
                       (unsigned long long)h, (unsigned long long)ref);
       }
     }
+    ck_assert_msg(n_rc > 0, "spec %zu: nothing recomputed", c);
   }
   recompute_in_use = 0;
   bn_in_use = DP_BN_PER_REPLICA;

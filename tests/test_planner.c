@@ -692,8 +692,8 @@ static void check_act_layout(const dp_plan *p, int d) {
                      m->layers[i - 1].kind == DP_LAYER_LINEAR &&
                      m->layers[i + 1].kind == DP_LAYER_LINEAR),
                sync ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4, "dact"},
-              {a->rc_act[i], rc, one * out, "rc_act"},
-              {a->rc_stats[i], rc && sw, one * (size_t)sw, "rc_stats"}};
+              {a->rc_act[i], rc == 1, one * out, "rc_act"},
+              {a->rc_stats[i], rc == 1 && sw, one * (size_t)sw, "rc_stats"}};
     for (int j = 0; j < 5; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
@@ -781,7 +781,7 @@ static void sim_rows(sim *s, const dp_op *op, int o, int stats, size_t width, in
   int kind = stats ? K_STATS : K_ACT;
   if (s->p->rc[o] && op->phase == DP_PHASE_FORWARD) {
     at = stats ? a->stats[o] : a->act[o];
-  } else if (s->p->rc[o]) {
+  } else if (s->p->rc[o] == 1) {
     at = stats ? a->rc_stats[o] : a->rc_act[o];
     kind = stats ? K_RC_STATS : K_RC_ACT;
   }

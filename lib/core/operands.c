@@ -36,7 +36,8 @@ static dp_span act_rows(const dp_plan *p, const dp_op *op, int o, bool stats, in
   size_t at = stats ? a->stats[o] : a->act[o];
   if (p->rc[o]) {
     j = 0;
-    if (op->phase != DP_PHASE_FORWARD) at = stats ? a->rc_stats[o] : a->rc_act[o];
+    if (op->phase != DP_PHASE_FORWARD && p->rc[o] == 1)
+      at = stats ? a->rc_stats[o] : a->rc_act[o];
   }
   return slice_at(p, DP_REGION_ACTIVATIONS, at, j, rows, w);
 }

@@ -314,8 +314,8 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   case 0:
     if (rc) return mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
     return i == m->n_layers - 1 || rows_bytes(p, d, l->out, out);
-  case 3: return !rc || mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
-  case 4: return !rc || !sw || mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
+  case 3: return p->rc[i] != 1 || mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
+  case 4: return p->rc[i] != 1 || !sw || mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
   case 1:
     if (sw && rc) return mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
     if (sw) return rows_bytes(p, d, sw, out);
@@ -350,11 +350,35 @@ static bool can_cut(const dp_plan *p, int i) {
   return i + 1 < m->n_layers && !dp__relu_fused(p, i + 1) && !dp__layer_is_view(m, i + 1);
 }
 
-/* Layer j's forward op writes a recomputed buffer: its own, or the fused
- * relu's after it. */
-static bool recompute_op(const dp_plan *p, int j) {
-  if (dp__layer_is_view(&p->model, j) || dp__relu_fused(p, j)) return false;
-  return p->rc[j] || (dp__relu_fused(p, j + 1) && p->rc[j + 1]);
+/* Which of the outputs that are not kept (rc 1 so far) the backward's
+ * recompute must make, and which forward ops it runs (rc_op): from the top, an
+ * output is needed when a backward reads it (its own, or its reader's, which
+ * needs its input) or a recomputed forward does; a forward is recomputed when
+ * it writes a needed output, its own or its fused relu's, or statistics its
+ * backward reads. An output not needed lives one micro-batch in the forward
+ * only (rc 2); a recomputed one is rc 1. */
+static void plan_recomputed(dp_plan *p) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers;
+  bool need[DP_MAX_LAYERS] = {false};
+  for (int j = L - 1; j >= 0; j--) {
+    const dp_layer *l = &m->layers[j];
+    if (p->rc[j]) {
+      int e = j;
+      while (e + 1 < L && dp__layer_is_view(m, e + 1)) e++;
+      int r = e + 1; /* < L: the last layer's output is never recomputed */
+      need[j] = dp__layer_needs_output(l->kind) ||
+                dp__layer_needs_input(m->layers[r].kind) || p->rc_op[r];
+      for (int k = r; k < L; k++)
+        need[j] |= m->layers[k].kind == DP_LAYER_RESIDUAL_END &&
+                   dp__skip_owner(m, k) == j && p->rc_op[k];
+    }
+    p->rc_op[j] = !dp__layer_is_view(m, j) && !dp__relu_fused(p, j) &&
+                  ((p->rc[j] && (need[j] || dp__layer_stats_width(l))) ||
+                   (dp__relu_fused(p, j + 1) && need[j + 1]));
+  }
+  for (int i = 0; i < L; i++)
+    if (p->rc[i]) p->rc[i] = p->rc_op[dp__relu_fused(p, i) ? i - 1 : i] ? 1 : 2;
 }
 
 /* An output that a layer of another segment reads must be kept (rc 0). */
@@ -396,11 +420,12 @@ static void plan_segments(dp_plan *p) {
       if (j > 0 && dp__act_owner(m, j - 1) >= 0) p->rc[dp__act_owner(m, j - 1)] = 0;
     }
   }
+  plan_recomputed(p);
   int t = L;
   for (int hi = L - 1; hi >= 0; hi = p->seg_lo[hi] - 1) {
     for (int j = p->seg_lo[hi]; j <= hi; j++) p->t_r[j] = -1;
     for (int j = p->seg_lo[hi]; j <= hi; j++)
-      if (recompute_op(p, j)) {
+      if (p->rc_op[j]) {
         p->t_r[j] = (int16_t)t++;
         if (dp__relu_fused(p, j + 1)) p->t_r[j + 1] = p->t_r[j];
       }
@@ -409,7 +434,7 @@ static void plan_segments(dp_plan *p) {
   p->t_end = t;
 }
 
-bool dp__recompute_op(const dp_plan *p, int j) { return recompute_op(p, j); }
+bool dp__recompute_op(const dp_plan *p, int j) { return p->rc_op[j]; }
 
 /* The last reads of layer i's output (i owns its buffer, e is the last view
  * of it): *fwd the last forward reader, *bwd the last read in the backward's
@@ -497,9 +522,9 @@ dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[DP_ACT_BUFS],
       output_reads(p, i, e, &fwd, &bwd);
       /* a recomputed output, one micro-batch: in the forward up to its
        * readers in the segment, in the backward from its recompute */
-      if (rc && (!add_buf(p, d, 0, i, w0, fwd, b, who, &n) ||
-                 !add_buf(p, d, 3, i, p->t_r[w0], bwd > p->t_r[w0] ? bwd : p->t_r[w0], b,
-                          who, &n)))
+      if (rc && !add_buf(p, d, 0, i, w0, fwd, b, who, &n)) return OVERFLOW();
+      if (p->rc[i] == 1 &&
+          !add_buf(p, d, 3, i, p->t_r[w0], bwd > p->t_r[w0] ? bwd : p->t_r[w0], b, who, &n))
         return OVERFLOW();
       /* With a backend that fuses a linear and the relu after it, the linear
        * writes the relu's output (live from the linear's forward on) and has
