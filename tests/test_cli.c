@@ -1522,8 +1522,8 @@ START_TEST(plan_recompute_shows_both_activation_figures) {
   temp_file(model, sizeof model,
             "input 1024\nlinear 1024\nrelu\nlinear 1024\nrelu\nlinear 1024\nrelu\n"
             "linear 1024\nrelu\nlinear 1024\nloss mse\n");
-  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "1024", "--micro-batch", "64",
-                     "--recompute", "6");
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "1024", "--micro-batch",
+                     "64", "--recompute", "6");
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   ck_assert_msg(strstr(r.out, "recompute every 6 layers"), "%s", r.out);
   ck_assert_msg(strstr(r.out, "recompute 6: device 0's activations take 5,242,880 B; "

@@ -264,8 +264,10 @@ static int recompute_ops(const char *spec, int devices, int micro_batch, int k) 
  * sync (statistics of the same rows; running statistics updated once), on
  * 1, 2 and 4 devices, classic and allreduce, 6 steps (a short batch among
  * them); and the plans do recompute. */
-static const setup RC_SETUPS[] = {{1, DP_MODE_CLASSIC, 0},   {2, DP_MODE_CLASSIC, 0},
-                                  {4, DP_MODE_CLASSIC, 0},   {2, DP_MODE_ALLREDUCE, 0},
+static const setup RC_SETUPS[] = {{1, DP_MODE_CLASSIC, 0},
+                                  {2, DP_MODE_CLASSIC, 0},
+                                  {4, DP_MODE_CLASSIC, 0},
+                                  {2, DP_MODE_ALLREDUCE, 0},
                                   {4, DP_MODE_ALLREDUCE, 1}};
 enum { N_RC_SETUPS = sizeof RC_SETUPS / sizeof *RC_SETUPS };
 
@@ -293,8 +295,9 @@ START_TEST(recompute_gives_the_same_bits) {
       n_rc += recompute_ops(cases[c].spec, 2, MB, k);
       for (int i = 0; i < N_RC_SETUPS; i++) {
         uint64_t h = run(RC_SETUPS[i], DP_OPT_ADAMW, 6, MB);
-        ck_assert_msg(h == ref, "spec %zu, recompute %d, %d devices %s: %016llx, without %016llx",
-                      c, k, RC_SETUPS[i].devices, mode_name(RC_SETUPS[i]),
+        ck_assert_msg(h == ref,
+                      "spec %zu, recompute %d, %d devices %s: %016llx, without %016llx", c,
+                      k, RC_SETUPS[i].devices, mode_name(RC_SETUPS[i]),
                       (unsigned long long)h, (unsigned long long)ref);
       }
     }
@@ -316,8 +319,8 @@ START_TEST(recompute_gives_the_same_bits_gpt) {
     ck_assert_int_gt(recompute_ops(GPT_SPEC, 2, 2, k), 0);
     for (int i = 0; i < N_RC_SETUPS; i++) {
       uint64_t h = gpt_run(RC_SETUPS[i], 2);
-      ck_assert_msg(h == ref, "GPT, recompute %d, %d devices %s: %016llx, without %016llx", k,
-                    RC_SETUPS[i].devices, mode_name(RC_SETUPS[i]), (unsigned long long)h,
+      ck_assert_msg(h == ref, "GPT, recompute %d, %d devices %s: %016llx, without %016llx",
+                    k, RC_SETUPS[i].devices, mode_name(RC_SETUPS[i]), (unsigned long long)h,
                     (unsigned long long)ref);
     }
   }

@@ -414,7 +414,8 @@ static void plan_segments(dp_plan *p) {
     p->rc[i] = K && i < L - 1 && !dp__layer_is_view(m, i) && !dp__relu_fused(p, i + 1);
   for (int j = 0; j < L; j++) {
     if (j > 0) keep_if_crossing(p, dp__act_owner(m, j - 1), j);
-    if (m->layers[j].kind == DP_LAYER_RESIDUAL_END) keep_if_crossing(p, dp__skip_owner(m, j), j);
+    if (m->layers[j].kind == DP_LAYER_RESIDUAL_END)
+      keep_if_crossing(p, dp__skip_owner(m, j), j);
     if (dp__bn_sync(p, j)) {
       p->rc[j] = 0;
       if (j > 0 && dp__act_owner(m, j - 1) >= 0) p->rc[dp__act_owner(m, j - 1)] = 0;
@@ -580,9 +581,11 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   if (s) return s;
   for (int k = 0; k < n; k++) {
     int kind = who[k] / L, i = who[k] % L;
-    size_t *dst = kind == 0 ? a->act : kind == 1 ? a->stats : kind == 2 ? a->dact
-                                                   : kind == 3 ? a->rc_act
-                                                               : a->rc_stats;
+    size_t *dst = kind == 0   ? a->act
+                  : kind == 1 ? a->stats
+                  : kind == 2 ? a->dact
+                  : kind == 3 ? a->rc_act
+                              : a->rc_stats;
     dst[i] = b[k].offset;
   }
   for (int i = 0; i < L; i++) /* a view's buffers are its owner's (none: the input's) */

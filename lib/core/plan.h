@@ -118,9 +118,10 @@ struct dp_plan {
    * segment [seg_lo[i], seg_hi[i]] micro-batch by micro-batch (without
    * recompute, and in inference, every layer is its own segment); rc[i] > 0:
    * layer i's output (and statistics) is not kept but lives one micro-batch
-   * at a time, and with rc[i] == 1 is recomputed in the backward. The liveness times of one micro-batch's pass: layer i's forward at
-   * i, its recompute at t_r[i] (-1: none) and its backward at t_b[i], all
-   * before t_end. */
+   * at a time, and with rc[i] == 1 is recomputed in the backward. The
+   * liveness times of one micro-batch's pass: layer i's forward at i, its
+   * recompute at t_r[i] (-1: none) and its backward at t_b[i], all before
+   * t_end. */
   int16_t seg_lo[DP_MAX_LAYERS], seg_hi[DP_MAX_LAYERS];
   int16_t t_r[DP_MAX_LAYERS], t_b[DP_MAX_LAYERS];
   uint8_t rc[DP_MAX_LAYERS];    /* 0 kept; 1 recomputed; 2 not needed by the backward */

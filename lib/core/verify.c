@@ -47,9 +47,11 @@ static dp_status placed_buffers(const dp_plan *p, int d, act_set *s) {
   size_t cap = p->regions[d][DP_REGION_ACTIVATIONS].size;
   for (int k = 0; k < s->n; k++) {
     int kind = s->who[k] / L, i = s->who[k] % L;
-    const size_t *at = kind == 0 ? a->act : kind == 1 ? a->stats : kind == 2 ? a->dact
-                                                      : kind == 3 ? a->rc_act
-                                                                  : a->rc_stats;
+    const size_t *at = kind == 0   ? a->act
+                       : kind == 1 ? a->stats
+                       : kind == 2 ? a->dact
+                       : kind == 3 ? a->rc_act
+                                   : a->rc_stats;
     s->b[k].offset = at[i];
     if (s->b[k].offset == SIZE_MAX || s->b[k].offset > cap ||
         s->b[k].size > cap - s->b[k].offset)
