@@ -59,6 +59,7 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
   c.seed = 7;
   c.recompute = recompute_in_use;
+  c.guards = recompute_in_use > 0; /* and nothing it writes leaves its regions */
   c.batchnorm = bn_in_use;
   rig r;
   rig_open(&r, spec_in_use ? spec_in_use : MLP_EVERY_KIND_SPEC, &c);
@@ -132,6 +133,7 @@ static uint64_t gpt_run(setup su, int micro_batch) {
   c.lr = 0.01f;
   c.seed = 7;
   c.recompute = recompute_in_use;
+  c.guards = recompute_in_use > 0;
   rig r;
   rig_open(&r, GPT_SPEC, &c);
   float x[R * GPT_T];
@@ -263,7 +265,7 @@ static int recompute_ops(const char *spec, int devices, int micro_batch, int k) 
  * masks are the forward's), the CNN, a CNN with batchnorm per replica and
  * sync (statistics of the same rows; running statistics updated once), on
  * 1, 2 and 4 devices, classic and allreduce, 6 steps (a short batch among
- * them); and the plans do recompute. */
+ * them), with arena guards intact; and the plans do recompute. */
 static const setup RC_SETUPS[] = {{1, DP_MODE_CLASSIC, 0},
                                   {2, DP_MODE_CLASSIC, 0},
                                   {4, DP_MODE_CLASSIC, 0},
