@@ -806,8 +806,9 @@ START_TEST(test_high_water_equals_plan) {
           ck_assert_msg(got == want,
                         "%s, %d devices, micro_batch %d, %s: device %d high water %zu, "
                         "plan %zu (arena %zu)",
-                        k % 2 ? "mlp" : "seed", n_dev, mb, inference ? "inference" : "training", d,
-                        got, want, dp_plan_device_bytes(r.p, d));
+                        k % 2 ? "mlp" : "seed", n_dev, mb,
+                        inference ? "inference" : "training", d, got, want,
+                        dp_plan_device_bytes(r.p, d));
           ck_assert(want <= dp_plan_device_bytes(r.p, d));
         }
         ck_assert_int_eq((int)dp_ctx_high_water(r.c, dp_plan_n_devices(r.p)), 0);
