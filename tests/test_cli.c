@@ -3241,9 +3241,7 @@ START_TEST(export_import_refusals) {
        {"export", f, "--safetensors", x, "--model", DIGITS_MODEL},
        "dp export: --model goes with --pytorch alone and no checkpoint (dp export --model "
        "M.dpm --pytorch F.py)\n"},
-      {dpt_cmd_export,
-       {"export", "--model", DIGITS_MODEL},
-       "dp export: which checkpoint?\n"},
+      {dpt_cmd_export, {"export", "--model", DIGITS_MODEL}, "dp export: which checkpoint?\n"},
       {dpt_cmd_export,
        {"export", f, f, "--safetensors", x},
        "dp export: one input file, please\n"},

@@ -613,8 +613,7 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                              "linear 1024\nloss mse\n";
   dp_config g = config(DP_BACKEND_CUDA, 1024, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
   const char *shape = "1024-4096-4096-1024";
-#else /* the same accounting at a size the CUDA simulation's scalar GEMMs run in seconds   \
-       */
+#else /* the same accounting at a size the CUDA simulation's scalar GEMMs run in seconds */
   static const char spec[] = "input 256\nlinear 1024\ngelu\nlinear 1024\ngelu\n"
                              "linear 256\nloss mse\n";
   dp_config g = config(DP_BACKEND_CUDA, 256, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
@@ -626,7 +625,8 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                 dp_last_error());
   run r;
   run_open(&r, spec, &g, "4 replicas");
-  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f1) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f1) == DP_OK, "%s",
+                dp_last_error());
   size_t planned = 0;
   for (int d = 0; d < dp_plan_n_devices(r.p); d++) planned += dp_plan_device_bytes(r.p, d);
   size_t used = f0 > f1 ? f0 - f1 : 0;
@@ -642,7 +642,8 @@ START_TEST(device_memory_is_the_plan_plus_reported_overhead) {
                 "the context took %zu bytes from the GPU, less than the %zu it planned",
                 used, planned);
   run_close(&r);
-  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f2) == DP_OK, "%s", dp_last_error());
+  ck_assert_msg(dp_cuda_device_info(0, NULL, 0, NULL, &f2) == DP_OK, "%s",
+                dp_last_error());
   ck_assert_msg(f2 + 8u * 2 * 1024 * 1024 >= f1 + planned,
                 "after dp_ctx_free only %zu of the %zu planned bytes came back",
                 f2 > f1 ? f2 - f1 : 0, planned);
