@@ -284,6 +284,21 @@ typedef struct {
    * gradient copies per device: dp plan shows them). A power of two up to
    * 65536; 0 or 1: every call updates (default). cpu backend. */
   int accumulate;
+  /* Activation recompute (gradient checkpointing), training only: K >= 1 cuts
+   * the layers into segments of K (a layer that keeps no buffer of its own,
+   * a view or a linear whose relu the backend fuses, extends its segment to
+   * the next one). The forward keeps only the outputs the backward of another
+   * segment reads (each segment's last output, a residual block's input read
+   * past a cut, a sync batchnorm's input and output) for all of a device's
+   * rows; a segment's other outputs live one micro-batch at a time. Before a
+   * segment's backward of each micro-batch, the backward re-runs the
+   * segment's forward ops for that micro-batch from the kept outputs into
+   * planned recompute buffers. Bit-identical to the run without it (the same
+   * ops, dropout masks keyed as in the forward, batchnorm's statistics of the
+   * same rows, running statistics updated once); costs about one forward more
+   * per step. 0: off (default); 0 .. 256. dp plan shows the activation bytes
+   * with and without it. */
+  int recompute;
   /* Batchnorm layers in training: DP_BN_PER_REPLICA (default) normalises each
    * micro-batch with its own statistics (nn.DataParallel with one micro-batch
    * per device); DP_BN_SYNC with the whole batch's (SyncBatchNorm), reduced in

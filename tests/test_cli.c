@@ -390,11 +390,12 @@ START_TEST(config_every_common_option) {
             "--seed", "18446744073709551615", "--shard-optimizer", "--graph", "--tf32",
             "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
             "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4", "--batchnorm",
-            "sync", "--backend-option", "foo=bar");
+            "sync", "--backend-option", "foo=bar", "--recompute", "3");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_int_eq(c.batchnorm, DP_BN_SYNC);
   ck_assert_int_eq(c.ranks, 2);
   ck_assert_int_eq(c.accumulate, 4);
+  ck_assert_int_eq(c.recompute, 3);
   ck_assert_float_eq(c.clip_grad_norm, 0.5f);
   /* the cuda flags are backend options now, the deprecated fields left alone */
   ck_assert_str_eq(c.backend_options, "graph=1,tf32=1,fast_collectives=1,foo=bar");
@@ -1513,6 +1514,35 @@ END_TEST
 
 /* `dp plan --backend cuda --devices 0,0,0,0`: plans and prints without a GPU;
  * the workspace is the CUDA backend's fixed 32 MiB + 4 KiB on every device. */
+/* `dp plan --recompute K`: the config line says it, and the activation bytes
+ * with and without it (a second plan's own number); a bad value is refused
+ * naming the option, by the tool (negative) or the planner (too large). */
+START_TEST(plan_recompute_shows_both_activation_figures) {
+  char model[64];
+  temp_file(model, sizeof model,
+            "input 1024\nlinear 1024\nrelu\nlinear 1024\nrelu\nlinear 1024\nrelu\n"
+            "linear 1024\nrelu\nlinear 1024\nloss mse\n");
+  cmd_result r = RUN(dpt_cmd_plan, "--model", model, "--batch", "1024", "--micro-batch",
+                     "64", "--recompute", "6");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "recompute every 6 layers"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "recompute 6: device 0's activations take 5,242,880 B; "
+                              "without recompute 17,301,504 B (70% less)\n"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "8", "--recompute", "-1");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "--recompute"), "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "8", "--recompute", "300");
+  ck_assert_int_ne(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.err, "recompute must be 0 (off) or a segment length of 1..256"),
+                "%s", r.err);
+  cmd_result_free(&r);
+  remove(model);
+}
+END_TEST
+
 START_TEST(plan_cuda_replicas_on_one_gpu) {
   if (!dp_cuda_available()) {
     fprintf(stderr, "SKIP cli: plan_cuda_replicas_on_one_gpu: the cuda backend is not in "
@@ -3609,6 +3639,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, unknown_command_suggests_the_nearest);
   tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);
   tcase_add_test(tc, plan_cuda_replicas_on_one_gpu);
+  tcase_add_test(tc, plan_recompute_shows_both_activation_figures);
   tcase_add_test(tc, plan_ranks_table_shows_what_each_rank_holds);
   tcase_add_test(tc, plan_ranks_json);
   tcase_add_test(tc, plan_ranks_refused);

@@ -2132,6 +2132,68 @@ START_TEST(batchnorm_same_bits_for_1_2_4_replicas_and_both_modes) {
 }
 END_TEST
 
+/* config.recompute on the cuda backend, which has no code for it: the
+ * backward re-issues forward ops whose operands the core resolves into the
+ * recompute buffers. Three steps with recompute 3 on 1, 2 and 4 replicas,
+ * classic and allreduce, give the parameters (the running statistics too)
+ * and the loss of the run without it, bit for bit. */
+static void recompute_same_bits(int ngpu, const char *spec, dp_bn_mode bn) {
+  float *ref = NULL, ref_loss = 0.0f;
+  static const int counts[] = {1, 2, 4};
+  for (int rc = 0; rc <= 3; rc += 3)
+    for (int mode = 0; mode < 2; mode++)
+      for (int i = 0; i < 3; i++) {
+        if (!rc && (mode || i)) continue; /* the reference: 1 replica, classic */
+        dp_config c = bn_config(ngpu, 64, counts[i], 8, (dp_mode)mode, DP_OPT_ADAMW, bn);
+        for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+        c.recompute = rc;
+        pair t;
+        pair_init(&t, spec, &c, false);
+        int n_rc = 0;
+        for (int k = 0; k < dp_plan_n_ops(t.pg); k++)
+          n_rc += dp_plan_ops(t.pg)[k].kind == DP_OP_FORWARD &&
+                  dp_plan_ops(t.pg)[k].phase == DP_PHASE_BACKWARD;
+        ck_assert_int_eq(n_rc > 0, rc > 0);
+        fill_initial(&t, 21);
+        batch b = make_batch(&t, 22);
+        float loss = 0.0f;
+        for (int s = 0; s < 3; s++)
+          ck_assert_msg(gpu_step(&t, (uint64_t)s, &b, &loss) == DP_OK, "%s",
+                        dp_last_error());
+        download(&t);
+        size_t P = dp__param_floats(t.m);
+        const float *w = (const float *)rptr(t.gh[0], t.pg, 0, DP_REGION_PARAMS);
+        if (!ref) {
+          ref = malloc(P * 4);
+          memcpy(ref, w, P * 4);
+          ref_loss = loss;
+        } else {
+          size_t k = 0;
+          while (k < P && memcmp(&ref[k], &w[k], 4) == 0) k++;
+          ck_assert_msg(k == P,
+                        "recompute %d, %s, %d replicas: float %zu is %.9g, without "
+                        "recompute %.9g",
+                        rc, mode ? "allreduce" : "classic", counts[i], k, (double)w[k],
+                        (double)ref[k]);
+          ck_assert_msg(memcmp(&loss, &ref_loss, 4) == 0, "loss %.9g vs %.9g", (double)loss,
+                        (double)ref_loss);
+        }
+        batch_free(&b);
+        pair_free(&t);
+      }
+  free(ref);
+}
+
+START_TEST(recompute_same_bits_as_without) {
+  REQUIRE_GPUS(ngpu, "recompute_same_bits_as_without");
+  recompute_same_bits(ngpu, MIXED_CE, DP_BN_PER_REPLICA);
+  recompute_same_bits(ngpu, BN_CNN_CE, DP_BN_PER_REPLICA);
+  recompute_same_bits(ngpu, BN_CNN_CE, DP_BN_SYNC);
+  fprintf(stderr, "cuda: recompute 3: the bits of the run without it (mixed ce, bn cnn ce "
+                  "per replica and sync; 1, 2, 4 replicas, classic and allreduce)\n");
+}
+END_TEST
+
 /* A step refused on the device moves no running statistic: a NaN input (the
  * loss; classic and allreduce), and a NaN gradient on device 1 only
  * (allreduce: device 0's running-statistics update sees device 1's status
@@ -2629,6 +2691,7 @@ Suite *cuda_suite(void) {
   tcase_add_test(bn, batchnorm_steps_match_cpu);
   tcase_add_test(bn, batchnorm_steps_are_bit_identical_run_to_run);
   tcase_add_test(bn, batchnorm_same_bits_for_1_2_4_replicas_and_both_modes);
+  tcase_add_test(bn, recompute_same_bits_as_without);
   tcase_add_test(bn, batchnorm_refused_steps_keep_running_stats);
   tcase_set_timeout(bn, 240);
   suite_add_tcase(s, bn);

@@ -19,6 +19,10 @@ static const char *CNN_SPEC =
 /* MLP_EVERY_KIND_SPEC (tests/specs.h, every layer kind, dropout included: its
  * masks are keyed by global row) unless a test sets it */
 static const char *spec_in_use;
+/* config.recompute and config.batchnorm of every run (0 and per replica unless
+ * a test sets them) */
+static int recompute_in_use;
+static dp_bn_mode bn_in_use = DP_BN_PER_REPLICA;
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
 typedef struct {
@@ -54,6 +58,9 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.micro_batch = micro_batch;
   c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
   c.seed = 7;
+  c.recompute = recompute_in_use;
+  c.guards = recompute_in_use > 0; /* and nothing it writes leaves its regions */
+  c.batchnorm = bn_in_use;
   rig r;
   rig_open(&r, spec_in_use ? spec_in_use : MLP_EVERY_KIND_SPEC, &c);
   dp_ctx *x = r.c;
@@ -125,6 +132,8 @@ static uint64_t gpt_run(setup su, int micro_batch) {
   c.micro_batch = micro_batch;
   c.lr = 0.01f;
   c.seed = 7;
+  c.recompute = recompute_in_use;
+  c.guards = recompute_in_use > 0;
   rig r;
   rig_open(&r, GPT_SPEC, &c);
   float x[R * GPT_T];
@@ -232,6 +241,95 @@ START_TEST(every_cpu_tier_gives_the_same_bits) {
 }
 END_TEST
 
+/* config.recompute: the backward's recomputed forward ops in a plan of spec. */
+static int recompute_ops(const char *spec, int devices, int micro_batch, int k) {
+  dp_config c = config_of(spec == GPT_SPEC ? 16 : B, devices, DP_OPT_ADAMW);
+  c.micro_batch = micro_batch;
+  c.recompute = k;
+  c.batchnorm = bn_in_use;
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_model_parse(spec, "rc", &m), DP_OK);
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  int n = 0;
+  for (int i = 0; i < dp_plan_n_ops(p); i++)
+    n += dp_plan_ops(p)[i].phase == DP_PHASE_BACKWARD &&
+         dp_plan_ops(p)[i].kind == DP_OP_FORWARD;
+  dp_plan_free(p);
+  dp_model_free(m);
+  return n;
+}
+
+/* Recompute (config.recompute, segments of 2, 3 and 4 layers) gives the bits
+ * of the run without it: the MLP of every layer kind (dropout: the recomputed
+ * masks are the forward's), the CNN, a CNN with batchnorm per replica and
+ * sync (statistics of the same rows; running statistics updated once), on
+ * 1, 2 and 4 devices, classic and allreduce, 6 steps (a short batch among
+ * them), with arena guards intact; and the plans do recompute. */
+static const setup RC_SETUPS[] = {{1, DP_MODE_CLASSIC, 0},
+                                  {2, DP_MODE_CLASSIC, 0},
+                                  {4, DP_MODE_CLASSIC, 0},
+                                  {2, DP_MODE_ALLREDUCE, 0},
+                                  {4, DP_MODE_ALLREDUCE, 1}};
+enum { N_RC_SETUPS = sizeof RC_SETUPS / sizeof *RC_SETUPS };
+
+static const char BN_CNN_SPEC[] =
+    "input 1 3 4\nconv2d 3 2 padding 1\nbatchnorm\nrelu\nmaxpool2d 2 stride 1\n"
+    "flatten\nlinear 8\nbatchnorm\ntanh\ndropout 0.1\nlinear 6\nrelu\nlinear 5\n"
+    "loss softmax_cross_entropy\n";
+
+START_TEST(recompute_gives_the_same_bits) {
+  const struct {
+    const char *spec;
+    dp_bn_mode bn;
+  } cases[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
+               {CNN_SPEC, DP_BN_PER_REPLICA},
+               {BN_CNN_SPEC, DP_BN_PER_REPLICA},
+               {BN_CNN_SPEC, DP_BN_SYNC}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    spec_in_use = cases[c].spec;
+    bn_in_use = cases[c].bn;
+    recompute_in_use = 0;
+    uint64_t ref = run(RC_SETUPS[0], DP_OPT_ADAMW, 6, MB);
+    int n_rc = 0;
+    for (int k = 2; k <= 4; k++) {
+      recompute_in_use = k;
+      n_rc += recompute_ops(cases[c].spec, 2, MB, k);
+      for (int i = 0; i < N_RC_SETUPS; i++) {
+        uint64_t h = run(RC_SETUPS[i], DP_OPT_ADAMW, 6, MB);
+        ck_assert_msg(h == ref,
+                      "spec %zu, recompute %d, %d devices %s: %016llx, without %016llx", c,
+                      k, RC_SETUPS[i].devices, mode_name(RC_SETUPS[i]),
+                      (unsigned long long)h, (unsigned long long)ref);
+      }
+    }
+    ck_assert_msg(n_rc > 0, "spec %zu: nothing recomputed", c);
+  }
+  recompute_in_use = 0;
+  bn_in_use = DP_BN_PER_REPLICA;
+  spec_in_use = NULL;
+}
+END_TEST
+
+/* The same for the GPT: residual blocks (a block's input kept past a cut),
+ * attention's probabilities and layernorm's statistics recomputed. */
+START_TEST(recompute_gives_the_same_bits_gpt) {
+  recompute_in_use = 0;
+  uint64_t ref = gpt_run(RC_SETUPS[0], 2);
+  for (int k = 2; k <= 5; k++) {
+    recompute_in_use = k;
+    ck_assert_int_gt(recompute_ops(GPT_SPEC, 2, 2, k), 0);
+    for (int i = 0; i < N_RC_SETUPS; i++) {
+      uint64_t h = gpt_run(RC_SETUPS[i], 2);
+      ck_assert_msg(h == ref, "GPT, recompute %d, %d devices %s: %016llx, without %016llx",
+                    k, RC_SETUPS[i].devices, mode_name(RC_SETUPS[i]), (unsigned long long)h,
+                    (unsigned long long)ref);
+    }
+  }
+  recompute_in_use = 0;
+}
+END_TEST
+
 Suite *determinism_suite(void) {
   Suite *s = suite_create("determinism");
   TCase *tc = tcase_create("across_devices_and_modes");
@@ -241,6 +339,11 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("recompute");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, recompute_gives_the_same_bits);
+  tcase_add_test(tc, recompute_gives_the_same_bits_gpt);
   suite_add_tcase(s, tc);
   tc = tcase_create("run_to_run");
   tcase_set_timeout(tc, 120);

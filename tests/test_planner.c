@@ -3,6 +3,7 @@
  * configurations, the budget search, the static schedule, the CUDA layout
  * rules and configuration errors. */
 #include "core/backend.h"
+#include "core/operands.h"
 
 #include <check.h>
 #include <limits.h>
@@ -653,16 +654,23 @@ static void check_act_layout(const dp_plan *p, int d) {
      * and with a linear after the relu, the relu no output gradient */
     int fuses = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
     size_t C = (size_t)l->c, out = (size_t)l->out;
+    /* config.recompute: a recomputed output (and statistics) holds one
+     * micro-batch, twice: the forward's and the recompute's */
+    int rc = p->rc[i], sw = l->kind == DP_LAYER_LAYERNORM   ? 2 * (l->t ? l->t : 1)
+                            : l->kind == DP_LAYER_ATTENTION ? l->heads * l->t * l->t
+                                                            : 0;
+    size_t one = (size_t)a->mb_rows * 4;
+    REQ(!rc || (train && p->cfg.recompute > 0 && i < L - 1), "layer %d recomputed", i);
     struct {
       size_t off;
       int present;
       size_t size;
       const char *what;
-    } b[3] = {/* none for a linear whose relu the backend runs in its epilogue */
+    } b[5] = {/* none for a linear whose relu the backend runs in its epilogue */
               {a->act[i],
                i < L - 1 && !(fuses && l->kind == DP_LAYER_LINEAR &&
                               m->layers[i + 1].kind == DP_LAYER_RELU),
-               slices_bytes(p, d, (int)out), "act"},
+               rc ? one * out : slices_bytes(p, d, (int)out), "act"},
               /* layernorm: mean and rstd per row; batchnorm (training): per
                  replica, mean, rstd and the unbiased variance per channel, per
                  micro-batch of the device; sync, the whole batch's statistics,
@@ -670,10 +678,10 @@ static void check_act_layout(const dp_plan *p, int d) {
               {a->stats[i],
                l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_ATTENTION ||
                    (l->kind == DP_LAYER_BATCHNORM && train),
-               l->kind == DP_LAYER_LAYERNORM   ? slices_bytes(p, d, 2 * (l->t ? l->t : 1))
-               : l->kind == DP_LAYER_ATTENTION ? slices_bytes(p, d, l->heads * l->t * l->t)
-               : sync                          ? sb_floats(l->c, n_mb) * 4
-                                               : (size_t)n_mb * 3 * C * 4,
+               sw && rc ? one * (size_t)sw
+               : sw     ? slices_bytes(p, d, sw)
+               : sync   ? sb_floats(l->c, n_mb) * 4
+                        : (size_t)n_mb * 3 * C * 4,
                "stats"},
               /* the gradient of the output: one micro-batch's, or with sync
                  batchnorm all of the device's rows (the backward waits there
@@ -683,8 +691,10 @@ static void check_act_layout(const dp_plan *p, int d) {
                    !(fuses && l->kind == DP_LAYER_RELU && i > 0 &&
                      m->layers[i - 1].kind == DP_LAYER_LINEAR &&
                      m->layers[i + 1].kind == DP_LAYER_LINEAR),
-               sync ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4, "dact"}};
-    for (int j = 0; j < 3; j++) {
+               sync ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4, "dact"},
+              {a->rc_act[i], rc == 1, one * out, "rc_act"},
+              {a->rc_stats[i], rc == 1 && sw, one * (size_t)sw, "rc_stats"}};
+    for (int j = 0; j < 5; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
         continue;
@@ -725,7 +735,7 @@ typedef struct {
   int first, last, seen, first_write;
 } piece;
 
-enum { K_ACT = 0, K_STATS = 1, K_DACT = 2 };
+enum { K_ACT = 0, K_STATS = 1, K_DACT = 2, K_RC_ACT = 3, K_RC_STATS = 4, K_KINDS = 5 };
 
 /* The walk over device d's ops: its pieces are (kind, layer, sub), sub a
  * micro-batch (its index among the device's) or, for a sync batchnorm's
@@ -761,11 +771,25 @@ static size_t op_local(const sim *s, const dp_op *op) {
   return (size_t)(op->row0 - s->p->split.dev_row0[s->d]);
 }
 
-/* The op's micro-batch's rows of layer o's output (width floats a row). */
+/* The op's micro-batch's rows of layer o's output (stats: its statistics;
+ * width floats a row): all of the device's micro-batches, or for a recomputed
+ * layer (config.recompute) one micro-batch, in the forward the forward's
+ * buffer, in the backward the recompute's. */
+static void sim_rows(sim *s, const dp_op *op, int o, int stats, size_t width, int write) {
+  const dp_act_layout *a = s->a;
+  size_t at = (stats ? a->stats[o] : a->act[o]) + op_local(s, op) * width * 4;
+  int kind = stats ? K_STATS : K_ACT;
+  if (s->p->rc[o] && op->phase == DP_PHASE_FORWARD) {
+    at = stats ? a->stats[o] : a->act[o];
+  } else if (s->p->rc[o] == 1) {
+    at = stats ? a->rc_stats[o] : a->rc_act[o];
+    kind = stats ? K_RC_STATS : K_RC_ACT;
+  }
+  touch(s, kind, o, op->micro_batch - s->mb0, at, at + (size_t)op->rows * width * 4, write);
+}
+
 static void sim_act(sim *s, const dp_op *op, int o, size_t width, int write) {
-  size_t at = s->a->act[o] + op_local(s, op) * width * 4;
-  touch(s, K_ACT, o, op->micro_batch - s->mb0, at, at + (size_t)op->rows * width * 4,
-        write);
+  sim_rows(s, op, o, 0, width, write);
 }
 
 /* The gradient of layer o's output for the op's micro-batch: a buffer of one
@@ -867,10 +891,8 @@ static void sim_op(sim *s, const dp_op *op) {
         sim_act(s, op, i + 1, out, 1);
       else if (!fused_relu && i < L - 1)
         sim_act(s, op, i, out, 1);
-      if (stats_w) { /* layernorm: mean, rstd; attention: the probabilities */
-        size_t at = s->a->stats[i] + op_local(s, op) * stats_w * 4;
-        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * stats_w * 4, 1);
-      }
+      if (stats_w) /* layernorm: mean, rstd; attention: the probabilities */
+        sim_rows(s, op, i, 1, stats_w, 1);
       if (bn && train) { /* eval: the running statistics, in PARAMS */
         if (sync)        /* the whole batch's, device 0's sent here */
           sim_part(s, i, SB_FINAL, 0);
@@ -881,10 +903,7 @@ static void sim_op(sim *s, const dp_op *op) {
       if (i < L - 1) sim_dact(s, op, i, out, 0);
       if (o >= 0 && layer_reads_input(l->kind)) sim_act(s, op, o, in, 0);
       if (i < L - 1 && layer_reads_output(l->kind)) sim_act(s, op, i, out, 0);
-      if (stats_w) {
-        size_t at = s->a->stats[i] + op_local(s, op) * stats_w * 4;
-        touch(s, K_STATS, i, k - s->mb0, at, at + (size_t)op->rows * stats_w * 4, 0);
-      }
+      if (stats_w) sim_rows(s, op, i, 1, stats_w, 0);
       if (bn && !sync) sim_bn_slot(s, i, k - s->mb0, 0);
       if (sync && o >= 0) { /* dx from the whole batch's statistics and sums */
         sim_part(s, i, SB_FINAL, 0);
@@ -979,7 +998,7 @@ static void check_liveness_by_simulation(const dp_plan *p, const sched_view *v, 
            .mb0 = p->split.dev_mb0[d],
            .nmb = dev_mbs(p, d)};
   s.W = s.nmb + SB_SLOT;
-  int n = 3 * s.L * s.W, n_st = 1;
+  int n = K_KINDS * s.L * s.W, n_st = 1;
   s.pcs = calloc((size_t)n, sizeof *s.pcs);
   ck_assert_ptr_nonnull(s.pcs);
   for (int oi = 0; oi < v->n_ops; oi++) {
@@ -1384,6 +1403,7 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
   const dp_op *ops = v->ops;
   int n_mb = p->split.n_mb;
   int *fwd = calloc((size_t)(n_mb * L), sizeof *fwd);
+  int *rcmp = calloc((size_t)(n_mb * L), sizeof *rcmp); /* config.recompute */
   int *bwd = calloc((size_t)(n_mb * L), sizeof *bwd);
   int *bn_stats = calloc((size_t)(n_mb * L), sizeof *bn_stats);
   int *bn_bwd = calloc((size_t)(n_mb * L), sizeof *bn_bwd);
@@ -1475,6 +1495,11 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
         check_bn_copy(st, op, i);
       break;
     case DP_OP_FORWARD:
+      if (op->phase == DP_PHASE_BACKWARD) { /* config.recompute's, in the backward */
+        REQ(train && dp__recompute_op(p, b), "op %d: recompute of layer %d", i, b);
+        rcmp[k * L + b]++;
+        break;
+      }
       REQ_EQ(op->phase, DP_PHASE_FORWARD);
       fwd[k * L + b]++;
       if (train && is_sync_bn(p, b)) { /* after the whole batch's statistics are here */
@@ -1705,12 +1730,16 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
     int sync = train && is_sync_bn(p, k % L);
     if (k >= nmb * L) {
       REQ_EQ(fwd[k], 0); /* empty micro-batches are skipped */
+      REQ_EQ(rcmp[k], 0);
       REQ_EQ(bwd[k], 0);
       REQ_EQ(bn_stats[k], 0);
       REQ_EQ(bn_bwd[k], 0);
       continue;
     }
     REQ_EQ(fwd[k], 1);
+    /* config.recompute: once per micro-batch, in the backward, where recomputed */
+    REQ(rcmp[k] == (train && dp__recompute_op(p, k % L)),
+        "micro-batch %d layer %d: recomputed %d times", k / L, k % L, rcmp[k]);
     REQ_EQ(bwd[k], train ? 1 : 0);
     /* sync batchnorm: each micro-batch's statistics once, and its sums once */
     REQ(bn_stats[k] == sync && bn_bwd[k] == sync,
@@ -1750,6 +1779,7 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
   free(st->n_adds);
   free(st);
   free(fwd);
+  free(rcmp);
   free(bwd);
   free(bn_stats);
   free(bn_bwd);
@@ -1802,6 +1832,111 @@ START_TEST(the_seed_plan_keeps_every_invariant) {
       check_plan(p);
       dp_plan_free(p);
     }
+  dp_model_free(m);
+}
+END_TEST
+
+/* config.recompute through every plan invariant, the liveness simulation
+ * included (each recomputed piece is written by its micro-batch's recompute
+ * before the backward reads it, and no pieces live together share a byte):
+ * the MLP of every kind, a CNN with batchnorm per replica and sync, and the
+ * GPT, segments of 2, 3 and 5 layers, on 1 to 3 devices with 1 to 6
+ * micro-batches each, at the planned batch and smaller ones; and every one of
+ * them recomputes something. Its training runs are in the determinism suite. */
+START_TEST(recompute_plans_keep_every_invariant) {
+  static const char BN_CNN[] =
+      "input 1 3 4\nconv2d 3 2 padding 1\nbatchnorm\nrelu\nmaxpool2d 2 stride 1\n"
+      "flatten\nlinear 8\nbatchnorm\ntanh\ndropout 0.1\nlinear 6\nrelu\nlinear 5\n"
+      "loss softmax_cross_entropy\n";
+  const struct {
+    const char *spec;
+    dp_bn_mode bn;
+  } cs[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
+            {BN_CNN, DP_BN_PER_REPLICA},
+            {BN_CNN, DP_BN_SYNC},
+            {GPT_SPEC, DP_BN_PER_REPLICA}};
+  static const int devs[][2] = {{1, 0}, {1, 2}, {2, 3}, {3, 1}}; /* devices, micro-batch */
+  for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+    dp_model *m = model_of(cs[c].spec);
+    for (int k = 2; k <= 5; k += k == 3 ? 2 : 1)
+      for (size_t v = 0; v < sizeof devs / sizeof *devs; v++) {
+        dp_config cfg = config_of(11, devs[v][0], DP_OPT_ADAMW);
+        cfg.micro_batch = devs[v][1];
+        cfg.recompute = k;
+        cfg.batchnorm = cs[c].bn;
+        dp_plan *p = plan_of(m, &cfg);
+        int n_rc = 0;
+        for (int i = 0; i < dp_plan_n_ops(p); i++)
+          n_rc += p->ops[i].kind == DP_OP_FORWARD && p->ops[i].phase == DP_PHASE_BACKWARD;
+        ck_assert_msg(n_rc > 0, "spec %zu, recompute %d: nothing recomputed", c, k);
+        check_plan(p);
+        for (int rows = 1; rows < 11; rows += 3) check_smaller_batch(p, rows, 1);
+        ck_assert_int_eq(dp__plan_verify(p), DP_OK);
+        dp_plan_free(p);
+      }
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+/* config.recompute: out of range refused naming the field; in inference
+ * (nothing to recompute) the plan is the one without it. */
+START_TEST(recompute_values_are_checked) {
+  dp_model *m = model_of(MLP_EVERY_KIND_SPEC);
+  static const int bad[] = {-1, 257, INT_MIN, INT_MAX};
+  for (int i = 0; i < 4; i++) {
+    dp_config c = config_of(8, 1, DP_OPT_SGD);
+    c.recompute = bad[i];
+    dp_plan *p = NULL;
+    ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_INVALID);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(strstr(dp_last_error(), "recompute must be 0 (off) or a segment length"),
+                  "%s", dp_last_error());
+  }
+  dp_config c = config_of(8, 2, DP_OPT_SGD);
+  c.inference = 1;
+  c.micro_batch = 2;
+  dp_plan *a = plan_of(m, &c);
+  c.recompute = 3;
+  dp_plan *b = plan_of(m, &c);
+  ck_assert_int_eq(dp_plan_n_ops(a), dp_plan_n_ops(b));
+  for (int d = 0; d < 2; d++)
+    ck_assert_uint_eq(dp_plan_device_bytes(a, d), dp_plan_device_bytes(b, d));
+  dp_plan_free(a);
+  dp_plan_free(b);
+  dp_model_free(m);
+}
+END_TEST
+
+/* The issue's figure: a 5-layer 1024-wide MLP at batch 1024 in micro-batches
+ * of 64 needs at most half the activation bytes with recompute (segments of
+ * 5, 6 or 8 layers: one or two kept outputs instead of four), from the
+ * plans' own numbers; segments of one layer recompute nothing and change no
+ * byte; and without micro-batches (one per device) the recompute buffers are
+ * whole-batch too, so there is nothing to save. */
+START_TEST(recompute_halves_the_activations_of_a_wide_mlp) {
+  dp_model *m = model_of("input 1024\nlinear 1024\nrelu\nlinear 1024\nrelu\nlinear 1024\n"
+                         "relu\nlinear 1024\nrelu\nlinear 1024\nloss mse\n");
+  dp_config c = config_of(1024, 1, DP_OPT_SGD);
+  c.micro_batch = 64;
+  dp_plan *p = plan_of(m, &c);
+  size_t off = dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size;
+  dp_plan_free(p);
+  ck_assert_uint_ge(off, (size_t)16 << 20); /* four 4 MiB outputs kept */
+  static const int ks[] = {5, 6, 8};
+  for (int j = 0; j < 3; j++) {
+    c.recompute = ks[j];
+    p = plan_of(m, &c);
+    size_t on = dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size;
+    ck_assert_msg(2 * on <= off, "recompute %d: %zu activation bytes, %zu without", ks[j],
+                  on, off);
+    check_plan(p);
+    dp_plan_free(p);
+  }
+  c.recompute = 1;
+  p = plan_of(m, &c);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size, off);
+  dp_plan_free(p);
   dp_model_free(m);
 }
 END_TEST
@@ -2219,8 +2354,8 @@ START_TEST(live_place_handles_empty_and_refuses_too_many) {
   size_t total = 7;
   ck_assert_int_eq(dp__live_place(NULL, 0, &total), DP_OK);
   ck_assert_uint_eq(total, 0);
-  static dp_live_buf many[4 * DP_MAX_LAYERS + 9];
-  ck_assert_int_eq(dp__live_place(many, 4 * DP_MAX_LAYERS + 9, &total), DP_ERR_INVALID);
+  static dp_live_buf many[DP_ACT_BUFS + 9];
+  ck_assert_int_eq(dp__live_place(many, DP_ACT_BUFS + 9, &total), DP_ERR_INVALID);
 }
 END_TEST
 
@@ -3434,6 +3569,9 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, the_seed_plan_keeps_every_invariant);
   tcase_add_test(tc, random_plans_keep_every_invariant);
   tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
+  tcase_add_test(tc, recompute_plans_keep_every_invariant);
+  tcase_add_test(tc, recompute_halves_the_activations_of_a_wide_mlp);
+  tcase_add_test(tc, recompute_values_are_checked);
   tcase_add_test(tc, random_inference_plans_without_loss_keep_every_invariant);
   tcase_add_test(tc, deep_models_with_many_micro_batches_keep_every_invariant);
   tcase_add_test(tc, smaller_batches_keep_the_planned_cut_points_and_fit);

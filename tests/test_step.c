@@ -784,15 +784,16 @@ END_TEST
 START_TEST(test_high_water_equals_plan) {
   const char *specs[] = {SEED_SPEC, MLP_EVERY_KIND_SPEC};
   int n_dev = _i + 1;
-  for (int k = 0; k < 2; k++)
+  for (int k = 0; k < 4; k++) /* specs[k % 2], with recompute 3 for k >= 2 */
     for (int mb = 0; mb <= 4; mb += 4)
       for (int inference = 0; inference <= 1; inference++) {
         dp_config cfg =
             CFG(.batch = 30, .n_devices = n_dev, .opt = DP_OPT_ADAMW, .seed = 7);
         cfg.micro_batch = mb;
         cfg.inference = inference;
+        cfg.recompute = k >= 2 ? 3 : 0;
         rig r;
-        rig_open(&r, specs[k], &cfg);
+        rig_open(&r, specs[k % 2], &cfg);
         batch b;
         batch_make(&b, r.m, 30, 81);
         float y[30 * 5];
@@ -805,8 +806,9 @@ START_TEST(test_high_water_equals_plan) {
           ck_assert_msg(got == want,
                         "%s, %d devices, micro_batch %d, %s: device %d high water %zu, "
                         "plan %zu (arena %zu)",
-                        k ? "mlp" : "seed", n_dev, mb, inference ? "inference" : "training", d,
-                        got, want, dp_plan_device_bytes(r.p, d));
+                        k % 2 ? "mlp" : "seed", n_dev, mb,
+                        inference ? "inference" : "training", d, got, want,
+                        dp_plan_device_bytes(r.p, d));
           ck_assert(want <= dp_plan_device_bytes(r.p, d));
         }
         ck_assert_int_eq((int)dp_ctx_high_water(r.c, dp_plan_n_devices(r.p)), 0);

@@ -417,6 +417,7 @@ static const struct option common_options[] = {
     {"ranks", required_argument, NULL, DPT_OPT_RANKS},
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
+    {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
     {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
@@ -484,6 +485,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return dpt_parse_int(arg, 1, DP_MAX_DEVICES, "--ranks", &c->ranks, err, errcap);
   case DPT_OPT_ACCUMULATE: /* a power of two: the planner says so */
     return dpt_parse_int(arg, 1, 65536, "--accumulate", &c->accumulate, err, errcap);
+  case DPT_OPT_RECOMPUTE: /* 0: off; the planner checks the upper bound */
+    return dpt_parse_int(arg, 0, 65536, "--recompute", &c->recompute, err, errcap);
   case DPT_OPT_CLIP_GRAD_NORM: /* 0: no clipping (the default) */
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
                            errcap);
@@ -728,6 +731,9 @@ void dpt_print_common_help(FILE *f) {
         "  --accumulate K          gradient accumulation: one optimizer step every K\n"
         "                          batches, on their mean gradient (bit-identical to one\n"
         "                          step of the K batches together); K a power of two\n"
+        "  --recompute K           activation recompute: the forward keeps the outputs\n"
+        "                          at the ends of segments of K layers, the backward\n"
+        "                          recomputes the rest (bit-identical; 0: off)\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
         "  --ranks R               processes of the job (MPI ranks), each driving\n"
         "                          devices/R of the devices; under mpirun the default is\n"
@@ -801,6 +807,7 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->clip_grad_norm > 0.0f)
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
     if (c->accumulate > 1) fprintf(f, ", accumulating %d batches per step", c->accumulate);
+    if (c->recompute > 0) fprintf(f, ", recompute every %d layers", c->recompute);
     fputs("), training", f);
     if (c->batchnorm != DP_BN_PER_REPLICA)
       fprintf(f, " with %s batchnorm", dp_bn_mode_name(c->batchnorm));

@@ -541,6 +541,27 @@ static void print_device0_difference(FILE *f, const dp_plan *p) {
   }
 }
 
+/* config.recompute: device 0's activations with it and without it (the
+ * same config planned again with recompute 0). */
+static void print_recompute(FILE *f, const dp_plan *p) {
+  const dp_config *c = dp_plan_config(p);
+  if (c->inference || c->recompute <= 0) return;
+  dp_config off = *c;
+  off.recompute = 0;
+  dp_plan *q = NULL;
+  if (dp_plan_create(dp_plan_model(p), &off, &q) != DP_OK) return;
+  char a[48], b[48];
+  size_t with = dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size,
+         without = dp_plan_region(q, 0, DP_REGION_ACTIVATIONS).size;
+  fprintf(f, "recompute %d: device 0's activations take %s B; without recompute %s B",
+          c->recompute, dpt_bytes_exact(with, a, sizeof a),
+          dpt_bytes_exact(without, b, sizeof b));
+  if (with <= without && without > 0)
+    fprintf(f, " (%.0f%% less)", 100.0 * (double)(without - with) / (double)without);
+  fputc('\n', f);
+  dp_plan_free(q);
+}
+
 /* What liveness saves in device 0's activations, and the host staging. */
 static void print_activations_and_staging(FILE *f, const dp_plan *p) {
   const dp_config *c = dp_plan_config(p);
@@ -553,6 +574,7 @@ static void print_activations_and_staging(FILE *f, const dp_plan *p) {
             "liveness places them in %s B (%.0f%% less)\n",
             dpt_bytes_exact(un, a, sizeof a), dpt_bytes_exact(act, b, sizeof b),
             100.0 * (double)(un - act) / (double)un);
+  print_recompute(f, p);
   size_t hb = dp_plan_host_bytes(p);
   if (hb == 0)
     fprintf(f,

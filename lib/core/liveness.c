@@ -11,7 +11,7 @@ static bool live_together(const dp_live_buf *a, const dp_live_buf *b) {
 }
 
 dp_status dp__live_place(dp_live_buf *b, int n, size_t *total) {
-  enum { CAP = 4 * DP_MAX_LAYERS + 8 };
+  enum { CAP = DP_ACT_BUFS + 8 };
   if (n > CAP) return DP_FAIL(DP_ERR_INVALID, "too many buffers to place (%d)", n);
   int order[CAP], placed[CAP], n_placed = 0;
   for (int i = 0; i < n; i++) order[i] = i;

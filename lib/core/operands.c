@@ -25,6 +25,23 @@ static dp_span dact_rows(const dp_plan *p, int d, int o, int j, int rows, int wi
                   rows, width);
 }
 
+/* Layer o's output (stats: its statistics, width w floats a row) for op's
+ * micro-batch (slice j): a kept one holds all of the device's micro-batches;
+ * a recomputed one (config.recompute) one micro-batch, the forward's in the
+ * forward phase and the recompute's in the backward phase, whose recompute
+ * writes it before the backward reads it. */
+static dp_span act_rows(const dp_plan *p, const dp_op *op, int o, bool stats, int j,
+                        int rows, int w) {
+  const dp_act_layout *a = &p->act[op->device];
+  size_t at = stats ? a->stats[o] : a->act[o];
+  if (p->rc[o]) {
+    j = 0;
+    if (op->phase != DP_PHASE_FORWARD && p->rc[o] == 1)
+      at = stats ? a->rc_stats[o] : a->rc_act[o];
+  }
+  return slice_at(p, DP_REGION_ACTIVATIONS, at, j, rows, w);
+}
+
 void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_operands *o) {
   const dp_model *m = &p->model;
   const dp_layer *l = &m->layers[i];
@@ -39,26 +56,26 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
   int own = i ? dp__act_owner(m, i - 1) : -1; /* whose buffer holds the input */
   int j = o->mb;
   o->in = own < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->in)
-                  : slice_at(p, DP_REGION_ACTIVATIONS, a->act[own], j, rows, l->in);
+                  : act_rows(p, op, own, false, j, rows, l->in);
   o->din = own < 0 ? DP_SPAN_NONE : dact_rows(p, d, own, j, rows, l->in);
   if (i == L - 1) {
     o->out = slice_at(p, DP_REGION_OUTPUTS, 0, j, rows, l->out);
     o->dout = slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out);
   } else {
-    o->out = slice_at(p, DP_REGION_ACTIVATIONS, a->act[i], j, rows, l->out);
+    int oo = dp__act_owner(m, i); /* a view's output is its owner's */
+    o->out = oo < 0 ? DP_SPAN_NONE : act_rows(p, op, oo, false, j, rows, l->out);
     o->dout = dact_rows(p, d, i, j, rows, l->out);
   }
   o->params = span(DP_REGION_PARAMS, l->param_off * 4, dp__param_span(l) * 4);
   o->stats = DP_SPAN_NONE;
   o->bn_area = o->bn_buffers = DP_SPAN_NONE;
   if (dp__layer_stats_width(l))
-    o->stats =
-        slice_at(p, DP_REGION_ACTIVATIONS, a->stats[i], j, rows, dp__layer_stats_width(l));
+    o->stats = act_rows(p, op, i, true, j, rows, dp__layer_stats_width(l));
   o->skip = DP_SPAN_NONE;
   if (l->kind == DP_LAYER_RESIDUAL_END) { /* x, the block's input */
     int so = dp__skip_owner(m, i);
     o->skip = so < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->out)
-                     : slice_at(p, DP_REGION_ACTIVATIONS, a->act[so], j, rows, l->out);
+                     : act_rows(p, op, so, false, j, rows, l->out);
   } else if (l->kind == DP_LAYER_RESIDUAL && own >= 0 && l->link > 0) {
     /* the gradient of the block's output, which reaches x past the block */
     int e = l->link;

@@ -181,6 +181,10 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_INVALID,
                    "accumulate must be a power of two up to 65536 (0 or 1: none), got %d",
                    c->accumulate);
+  if (c->recompute < 0 || c->recompute > DP_MAX_LAYERS)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "recompute must be 0 (off) or a segment length of 1..%d layers, got %d",
+                   DP_MAX_LAYERS, c->recompute);
   bool bn = false;
   for (int i = 0; i < m->n_layers; i++) bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;
   if (c->batchnorm != DP_BN_PER_REPLICA && c->batchnorm != DP_BN_SYNC)
@@ -294,21 +298,27 @@ static bool rows_bytes(const dp_plan *p, int d, int w, size_t *out) {
 }
 
 /* Bytes of device d's activation buffer `kind` (0 output, 1 saved
- * statistics, 2 output gradient) of layer i, 0 when it has none (the sizes
- * before placement: dp_plan_activation_bytes_unshared sums them too).
- * false: overflow. */
+ * statistics, 2 output gradient, 3 and 4 the recompute's output and
+ * statistics) of layer i, 0 when it has none (the sizes before placement:
+ * dp_plan_activation_bytes_unshared sums them too). A recomputed layer's
+ * output and statistics hold one micro-batch. false: overflow. */
 static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   const dp_model *m = &p->model;
   const dp_layer *l = &m->layers[i];
   const dp_act_layout *a = &p->act[d];
-  bool train = !p->cfg.inference;
-  int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+  bool train = !p->cfg.inference, rc = p->rc[i];
+  int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d], sw = dp__layer_stats_width(l);
   *out = 0;
   if (dp__layer_is_view(m, i)) return true;
   switch (kind) {
-  case 0: return i == m->n_layers - 1 || rows_bytes(p, d, l->out, out);
+  case 0:
+    if (rc) return mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
+    return i == m->n_layers - 1 || rows_bytes(p, d, l->out, out);
+  case 3: return p->rc[i] != 1 || mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
+  case 4: return p->rc[i] != 1 || !sw || mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
   case 1:
-    if (dp__layer_stats_width(l)) return rows_bytes(p, d, dp__layer_stats_width(l), out);
+    if (sw && rc) return mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
+    if (sw) return rows_bytes(p, d, sw, out);
     if (l->kind != DP_LAYER_BATCHNORM || !train || n_mb == 0) return true;
     return mul3(dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
                                   : (size_t)n_mb * dp__bn_stats(l->c),
@@ -332,85 +342,223 @@ bool dp__relu_bwd_fused(const dp_plan *p, int i) {
          p->model.layers[i + 1].kind == DP_LAYER_LINEAR;
 }
 
+/* Whether the forward may be cut into segments between layers i and i + 1
+ * (config.recompute): not between a linear and the relu it writes, nor
+ * before a view of i's output. */
+static bool can_cut(const dp_plan *p, int i) {
+  const dp_model *m = &p->model;
+  return i + 1 < m->n_layers && !dp__relu_fused(p, i + 1) && !dp__layer_is_view(m, i + 1);
+}
+
+/* Which of the outputs that are not kept (rc 1 so far) the backward's
+ * recompute must make, and which forward ops it runs (rc_op): from the top, an
+ * output is needed when a backward reads it (its own, or its reader's, which
+ * needs its input) or a recomputed forward does; a forward is recomputed when
+ * it writes a needed output, its own or its fused relu's, or statistics its
+ * backward reads. An output not needed lives one micro-batch in the forward
+ * only (rc 2); a recomputed one is rc 1. */
+static void plan_recomputed(dp_plan *p) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers;
+  bool need[DP_MAX_LAYERS] = {false};
+  for (int j = L - 1; j >= 0; j--) {
+    const dp_layer *l = &m->layers[j];
+    if (p->rc[j]) {
+      int e = j;
+      while (e + 1 < L && dp__layer_is_view(m, e + 1)) e++;
+      int r = e + 1; /* < L: the last layer's output is never recomputed */
+      need[j] = dp__layer_needs_output(l->kind) ||
+                dp__layer_needs_input(m->layers[r].kind) || p->rc_op[r];
+      for (int k = r; k < L; k++)
+        need[j] |= m->layers[k].kind == DP_LAYER_RESIDUAL_END &&
+                   dp__skip_owner(m, k) == j && p->rc_op[k];
+    }
+    p->rc_op[j] = !dp__layer_is_view(m, j) && !dp__relu_fused(p, j) &&
+                  ((p->rc[j] && (need[j] || dp__layer_stats_width(l))) ||
+                   (dp__relu_fused(p, j + 1) && need[j + 1]));
+  }
+  for (int i = 0; i < L; i++)
+    if (p->rc[i]) p->rc[i] = p->rc_op[dp__relu_fused(p, i) ? i - 1 : i] ? 1 : 2;
+}
+
+/* An output that a layer of another segment reads must be kept (rc 0). */
+static void keep_if_crossing(dp_plan *p, int o, int reader) {
+  if (o >= 0 && p->seg_lo[o] != p->seg_lo[reader]) p->rc[o] = 0;
+}
+
+/* config.recompute K: segments of K layers (a cut moves past a layer that
+ * cannot end one), cut around every sync batchnorm too (its statistics and
+ * sums wait for the whole batch between two backward segments, so its
+ * input and output are kept); the outputs no other segment reads are
+ * recomputed; then the times of one micro-batch's pass: the forward, then
+ * the backward segment by segment from the top, each segment's recompute
+ * (ascending) before its backward (descending). Without recompute every
+ * layer is a segment and t_b[i] = 2L - 1 - i. */
+static void plan_segments(dp_plan *p) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers, K = p->cfg.inference ? 0 : p->cfg.recompute;
+  for (int i = 0, lo = 0, n = 0; i < L; i++) {
+    bool sync = i + 1 < L && (dp__bn_sync(p, i) || dp__bn_sync(p, i + 1));
+    if (i < L - 1 && K && !(can_cut(p, i) && (++n >= K || sync))) {
+      n += !can_cut(p, i); /* counted above when it can cut */
+      continue;
+    }
+    for (int j = lo; j <= i; j++) {
+      p->seg_lo[j] = (int16_t)lo;
+      p->seg_hi[j] = (int16_t)i;
+    }
+    lo = i + 1;
+    n = 0;
+  }
+  for (int i = 0; i < L; i++) /* owners of a buffer, but the last layer's (OUTPUTS) */
+    p->rc[i] = K && i < L - 1 && !dp__layer_is_view(m, i) && !dp__relu_fused(p, i + 1);
+  for (int j = 0; j < L; j++) {
+    if (j > 0) keep_if_crossing(p, dp__act_owner(m, j - 1), j);
+    if (m->layers[j].kind == DP_LAYER_RESIDUAL_END)
+      keep_if_crossing(p, dp__skip_owner(m, j), j);
+    if (dp__bn_sync(p, j)) {
+      p->rc[j] = 0;
+      if (j > 0 && dp__act_owner(m, j - 1) >= 0) p->rc[dp__act_owner(m, j - 1)] = 0;
+    }
+  }
+  plan_recomputed(p);
+  int t = L;
+  for (int hi = L - 1; hi >= 0; hi = p->seg_lo[hi] - 1) {
+    for (int j = p->seg_lo[hi]; j <= hi; j++) p->t_r[j] = -1;
+    for (int j = p->seg_lo[hi]; j <= hi; j++)
+      if (p->rc_op[j]) {
+        p->t_r[j] = (int16_t)t++;
+        if (dp__relu_fused(p, j + 1)) p->t_r[j + 1] = p->t_r[j];
+      }
+    for (int j = hi; j >= p->seg_lo[hi]; j--) p->t_b[j] = (int16_t)t++;
+  }
+  p->t_end = t;
+}
+
+bool dp__recompute_op(const dp_plan *p, int j) { return p->rc_op[j]; }
+
+/* The last reads of layer i's output (i owns its buffer, e is the last view
+ * of it): *fwd the last forward reader, *bwd the last read in the backward's
+ * pass (a recompute or a backward; -1: none). */
+static void output_reads(const dp_plan *p, int i, int e, int *fwd, int *bwd) {
+  const dp_model *m = &p->model;
+  bool train = !p->cfg.inference;
+  int L = m->n_layers, reader = e + 1;
+  *fwd = reader;
+  *bwd = p->t_r[reader];
+  if (train && dp__layer_needs_input(m->layers[reader].kind) && p->t_b[reader] > *bwd)
+    *bwd = p->t_b[reader];
+  if (train && dp__layer_needs_output(m->layers[i].kind) && p->t_b[i] > *bwd)
+    *bwd = p->t_b[i];
+  /* the input of residual blocks: read again by their ends' forwards */
+  for (int k = e + 1; k < L; k++)
+    if (m->layers[k].kind == DP_LAYER_RESIDUAL_END && dp__skip_owner(m, k) == i) {
+      if (k > *fwd) *fwd = k;
+      if (p->t_r[k] > *bwd) *bwd = p->t_r[k];
+    }
+}
+
+/* Adds buffer (kind, i) of [first, last] to b, who (n) unless it is 0 bytes
+ * of a kind that is optional. false: overflow. */
+static bool add_buf(const dp_plan *p, int d, int kind, int i, int first, int last,
+                    dp_live_buf *b, int *who, int *n) {
+  b[*n] = (dp_live_buf){.align = p->align, .first = first, .last = last};
+  if (!act_bytes(p, d, kind, i, &b[*n].size)) return false;
+  who[(*n)++] = kind * p->model.n_layers + i;
+  return true;
+}
+
+/* The gradient of layer i's output (e: its last view), per micro-batch: from
+ * the reader's backward to this layer's. A sync batchnorm's holds all rows:
+ * the backward runs in segments between sync batchnorms, each micro-batch
+ * through all of a segment's layers before the next, so it lives through the
+ * segment above (from the start of the backward) and the one below it (to the
+ * next sync batchnorm's backward, or the end). */
+static dp_live_buf dact_live(const dp_plan *p, int i, int e, int n_mb) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers, reader = e + 1;
+  dp_live_buf b = {.align = p->align, .first = p->t_b[reader], .last = p->t_b[i]};
+  /* a residual end's output gradient reaches its block's input too: the
+   * begin's backward adds it, after the block's layers */
+  if (m->layers[i].kind == DP_LAYER_RESIDUAL_END) b.last = p->t_b[m->layers[i].link];
+  /* a relu whose backward runs in the next linear's grad-input product: the
+   * relu's input gradient is written there, and its output gradient is never
+   * made */
+  if (dp__relu_bwd_fused(p, reader)) b.first = p->t_b[reader + 1];
+  if (dp__bn_sync(p, i) && n_mb > 1) {
+    int below = i - 1;
+    while (below >= 0 && !dp__bn_sync(p, below)) below--;
+    b.first = L;
+    b.last = below >= 0 ? p->t_b[below] : p->t_end;
+  }
+  return b;
+}
+
 /* The activation buffers of device d with their sizes and lifetimes (offsets
  * not set): b[k] is buffer who[k] = kind * L + layer (kind 0: output, 1: saved
- * statistics, 2: output gradient), *n of them. */
-dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[3 * DP_MAX_LAYERS],
-                          int who[3 * DP_MAX_LAYERS], int *n_out) {
+ * statistics, 2: output gradient, 3, 4: the recompute's output and
+ * statistics), *n of them. With several micro-batches per device, the
+ * backward runs micro-batch by micro-batch, so a buffer of all of them that
+ * the backward reads stays live to the end; and the forward of a segment of
+ * several layers (config.recompute) too, so such a buffer is live over the
+ * whole of each segment that uses it. */
+dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[DP_ACT_BUFS],
+                          int who[DP_ACT_BUFS], int *n_out) {
   const dp_model *m = &p->model;
-  int L = m->n_layers, T = 2 * L;
+  int L = m->n_layers, T = p->t_end, n = 0;
   bool train = !p->cfg.inference;
   int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
-  /* With several micro-batches per device, backward runs micro-batch by
-   * micro-batch, so what backward reads stays live to the end. */
-  int n = 0;
+  bool many = n_mb > 1;
   *n_out = 0;
   for (int i = 0; i < L; i++) {
     const dp_layer *l = &m->layers[i];
-    int tb = 2 * L - 1 - i;                /* backward time of layer i */
     if (dp__layer_is_view(m, i)) continue; /* in its owner's buffers (below) */
     /* layers i+1 .. e view this output (flatten): it lives for them too */
     int e = i;
     while (e + 1 < L && dp__layer_is_view(m, e + 1)) e++;
+    bool rc = p->rc[i];
+    int w0 = dp__relu_fused(p, i) ? i - 1 : i; /* whose forward writes it */
     if (i < L - 1) {
-      int reader = e + 1, tr = 2 * L - 1 - reader;                /* the next real layer */
-      int last = reader;                                          /* read by its forward */
-      if (train && dp__layer_needs_input(m->layers[reader].kind)) /* and its backward */
-        last = n_mb == 1 ? tr : T;
-      if (train && dp__layer_needs_output(l->kind)) /* by its own backward */
-        last = n_mb == 1 ? tb : T;
-      /* the input of residual blocks: read again by their ends' forwards */
-      for (int k = e + 1; k < L; k++)
-        if (m->layers[k].kind == DP_LAYER_RESIDUAL_END && dp__skip_owner(m, k) == i &&
-            k > last)
-          last = k;
-      /* a relu fused into the linear before it is written by that forward */
+      int fwd, bwd;
+      output_reads(p, i, e, &fwd, &bwd);
+      /* a recomputed output, one micro-batch: in the forward up to its
+       * readers in the segment, in the backward from its recompute */
+      if (rc && !add_buf(p, d, 0, i, w0, fwd, b, who, &n)) return OVERFLOW();
+      if (p->rc[i] == 1 &&
+          !add_buf(p, d, 3, i, p->t_r[w0], bwd > p->t_r[w0] ? bwd : p->t_r[w0], b, who, &n))
+        return OVERFLOW();
       /* With a backend that fuses a linear and the relu after it, the linear
        * writes the relu's output (live from the linear's forward on) and has
        * none of its own. */
-      bool into_relu = dp__relu_fused(p, i + 1);
-      b[n] = (dp_live_buf){
-          .align = p->align, .first = dp__relu_fused(p, i) ? i - 1 : i, .last = last};
-      if (!act_bytes(p, d, 0, i, &b[n].size)) return OVERFLOW();
-      if (!into_relu) who[n++] = 0 * L + i;
-      if (train) { /* gradient of this output, per micro-batch: from the reader's
-                      backward to this layer's. A sync batchnorm's holds all rows:
-                      the backward runs in segments between sync batchnorms, each
-                      micro-batch through all of a segment's layers before the
-                      next, so it lives through the segment above (from the
-                      start of the backward) and the one below it (to the next
-                      sync batchnorm's backward, or the end) */
-        b[n] = (dp_live_buf){.align = p->align, .first = tr, .last = tb};
-        /* a residual end's output gradient reaches its block's input too: the
-         * begin's backward adds it, after the block's layers */
-        if (l->kind == DP_LAYER_RESIDUAL_END) b[n].last = 2 * L - 1 - l->link;
-        /* a relu whose backward runs in the next linear's grad-input product:
-         * the relu's input gradient is written there, one step earlier, and
-         * its output gradient is never made */
-        if (dp__relu_bwd_fused(p, reader)) b[n].first = tr - 1;
-        bool skip = dp__relu_bwd_fused(p, i);
-        if (dp__bn_sync(p, i) && n_mb > 1) {
-          int below = i - 1;
-          while (below >= 0 && !dp__bn_sync(p, below)) below--;
-          b[n].first = L;
-          b[n].last = below >= 0 ? 2 * L - 1 - below : T;
-        }
+      if (!rc && !dp__relu_fused(p, i + 1)) {
+        int last = bwd >= 0 ? (many ? T : bwd) : many ? p->seg_hi[fwd] : fwd;
+        if (!add_buf(p, d, 0, i, many ? p->seg_lo[w0] : w0, last, b, who, &n))
+          return OVERFLOW();
+      }
+      if (train && !dp__relu_bwd_fused(p, i)) {
+        b[n] = dact_live(p, i, e, n_mb);
         if (!act_bytes(p, d, 2, i, &b[n].size)) return OVERFLOW();
-        if (!skip) who[n++] = 2 * L + i;
+        who[n++] = 2 * L + i;
       }
     }
     size_t st;
     if (!act_bytes(p, d, 1, i, &st)) return OVERFLOW();
-    if (st) {
+    if (st && rc && dp__layer_stats_width(l)) {
+      /* the forward's is read by nothing; the recompute's by the backward
+       * (batchnorm's area is kept: the recompute writes the same statistics) */
+      if (!add_buf(p, d, 1, i, i, i, b, who, &n) ||
+          !add_buf(p, d, 4, i, p->t_r[i], p->t_b[i], b, who, &n))
+        return OVERFLOW();
+    } else if (st) {
       /* batchnorm: each micro-batch's statistics (or the whole batch's), read by
        * the backward and, micro-batch 0's, by the running-statistics update in
        * the commit phase (to the end) */
       bool bn = l->kind == DP_LAYER_BATCHNORM;
       b[n] = (dp_live_buf){.align = p->align,
                            .size = st,
-                           .first = i,
+                           .first = many && train ? p->seg_lo[i] : i,
                            .last = bn      ? T
-                                   : train ? (n_mb == 1 ? tb : T)
+                                   : train ? (many ? T : p->t_b[i])
                                            : i};
       who[n++] = 1 * L + i;
     }
@@ -424,15 +572,20 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   const dp_model *m = &p->model;
   dp_act_layout *a = &p->act[d];
   int L = m->n_layers, n;
-  dp_live_buf b[3 * DP_MAX_LAYERS];
-  int who[3 * DP_MAX_LAYERS];
-  for (int i = 0; i < L; i++) a->act[i] = a->stats[i] = a->dact[i] = SIZE_MAX;
+  dp_live_buf b[DP_ACT_BUFS];
+  int who[DP_ACT_BUFS];
+  for (int i = 0; i < L; i++)
+    a->act[i] = a->stats[i] = a->dact[i] = a->rc_act[i] = a->rc_stats[i] = SIZE_MAX;
   dp_status s = dp__act_buffers(p, d, b, who, &n);
   if (!s) s = dp__live_place(b, n, total);
   if (s) return s;
   for (int k = 0; k < n; k++) {
     int kind = who[k] / L, i = who[k] % L;
-    size_t *dst = kind == 0 ? a->act : kind == 1 ? a->stats : a->dact;
+    size_t *dst = kind == 0   ? a->act
+                  : kind == 1 ? a->stats
+                  : kind == 2 ? a->dact
+                  : kind == 3 ? a->rc_act
+                              : a->rc_stats;
     dst[i] = b[k].offset;
   }
   for (int i = 0; i < L; i++) /* a view's buffers are its owner's (none: the input's) */
@@ -667,9 +820,12 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
     p->cfg.optimizer = DP_OPT_MOMENTUM;
   p->align = be->align;
   p->slice_align = be->slice_align;
+  plan_segments(p);
   int max_mbs = dp__split_max_mbs(&p->cfg);
-  /* The schedule has about 2 ops per layer per micro-batch, counted in int. */
-  long long ops = (long long)max_mbs * (2LL * m->n_layers + 8) + 64LL * c->n_devices;
+  /* The schedule has about 2 ops per layer per micro-batch (3 with
+   * recompute), counted in int. */
+  long long per_layer = c->recompute && !c->inference ? 3 : 2;
+  long long ops = (long long)max_mbs * (per_layer * m->n_layers + 8) + 64LL * c->n_devices;
   if (max_mbs > DP_MAX_MICRO_BATCHES || ops > INT_MAX / 2)
     return DP_FAIL(DP_ERR_OVERFLOW,
                    "%d micro-batches of %d layers is too many to schedule (at most %d "
@@ -831,6 +987,8 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
                     /* the backend's options where the cuda fields were: the same hashes */
                     p->bopt[0], p->bopt[1], p->bopt[2], p->bopt[3], c->batchnorm};
   for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) x = h_u64(x, (uint64_t)ints[i]);
+  if (c->recompute) /* only when set: the hashes of plans without it stay as they were */
+    x = h_u64(h_u64(x, 0x7263u), (uint64_t)c->recompute);
   for (int i = 4; i < DP_MAX_BACKEND_OPTIONS; i++) /* a backend with more options */
     if (p->bopt[i]) x = h_u64(h_u64(x, (uint64_t)i), (uint64_t)p->bopt[i]);
   float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,
@@ -882,11 +1040,13 @@ size_t dp_plan_activation_bytes_unshared(const dp_plan *p, int dev) {
   const dp_act_layout *a = &p->act[dev];
   size_t total = 0, al = p->align;
   for (int i = 0; i < m->n_layers; i++)
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 5; k++) {
       size_t sz;
       if ((k == 0   ? a->act
            : k == 1 ? a->stats
-                    : a->dact)[i] == SIZE_MAX ||
+           : k == 2 ? a->dact
+           : k == 3 ? a->rc_act
+                    : a->rc_stats)[i] == SIZE_MAX ||
           !act_bytes(p, dev, k, i, &sz))
         continue;
       total += (sz + al - 1) / al * al;

@@ -79,6 +79,10 @@ typedef struct {
   size_t act[DP_MAX_LAYERS];   /* output of layer i: (rows, out_i) */
   size_t stats[DP_MAX_LAYERS]; /* saved statistics of layer i: (rows, 2) */
   size_t dact[DP_MAX_LAYERS];  /* gradient of layer i's output: (mb_rows, out_i) */
+  /* config.recompute: a recomputed layer's (dp_plan.rc) output and statistics
+   * again, one micro-batch, written by the backward's recompute; its act and
+   * stats then hold one micro-batch too, the forward's */
+  size_t rc_act[DP_MAX_LAYERS], rc_stats[DP_MAX_LAYERS];
   int rows, mb_rows;           /* this device's rows and largest micro-batch */
 } dp_act_layout;
 
@@ -110,7 +114,36 @@ struct dp_plan {
   int n_ops, ops_cap;
   dp_op *ops;
   int n_stages;
+  /* config.recompute (plan.c, plan_segments). The forward runs the layers of
+   * segment [seg_lo[i], seg_hi[i]] micro-batch by micro-batch (without
+   * recompute, and in inference, every layer is its own segment); rc[i] > 0:
+   * layer i's output (and statistics) is not kept but lives one micro-batch
+   * at a time, and with rc[i] == 1 is recomputed in the backward. The
+   * liveness times of one micro-batch's pass: layer i's forward at i, its
+   * recompute at t_r[i] (-1: none) and its backward at t_b[i], all before
+   * t_end. */
+  int16_t seg_lo[DP_MAX_LAYERS], seg_hi[DP_MAX_LAYERS];
+  int16_t t_r[DP_MAX_LAYERS], t_b[DP_MAX_LAYERS];
+  uint8_t rc[DP_MAX_LAYERS];    /* 0 kept; 1 recomputed; 2 not needed by the backward */
+  uint8_t rc_op[DP_MAX_LAYERS]; /* the backward's recompute runs layer i's forward */
+  int t_end;
 };
+
+/* Activation buffers of one device at most: output, statistics and output
+ * gradient of every layer, and a recomputed layer's two recompute buffers. */
+#define DP_ACT_BUFS (5 * DP_MAX_LAYERS)
+
+/* Whether the backward's recompute runs layer j's forward (config.recompute):
+ * it writes a recomputed output, its own or its fused relu's. */
+bool dp__recompute_op(const dp_plan *p, int j);
+
+/* Whether op, a forward, runs layer by layer over all of the device's
+ * micro-batches (the cpu backend packs the layer's weights once for all of
+ * them then): a forward-phase op of a segment of one layer. */
+static inline bool dp__forward_layer_major(const dp_plan *p, const dp_op *op) {
+  return op->phase == DP_PHASE_FORWARD && op->layer >= 0 &&
+         p->seg_lo[op->layer] == p->seg_hi[op->layer];
+}
 
 /* Builds the schedule of one step into ops (capacity cap; ops may be NULL to
  * count). mbs: the plan's micro-batches, truncated to the step's rows (a
@@ -125,9 +158,10 @@ int dp__schedule_cap(const dp_plan *p);
 /* The activation buffers of device d with their sizes and lifetimes, as the
  * liveness planner places them (lib/core/plan.c; offsets not set): b[k] is
  * buffer who[k] = kind * n_layers + layer (kind 0: the layer's output, 1: its
- * saved statistics, 2: its output's gradient). */
-dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[3 * DP_MAX_LAYERS],
-                          int who[3 * DP_MAX_LAYERS], int *n);
+ * saved statistics, 2: its output's gradient, 3 and 4: a recomputed layer's
+ * output and statistics as the backward's recompute writes them). */
+dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[DP_ACT_BUFS],
+                          int who[DP_ACT_BUFS], int *n);
 /* Layer i is a batchnorm with whole-batch statistics (config.batchnorm sync)
  * in a training plan: its statistics area is dp__bn_sync_floats, and the
  * gradient of its output is kept for all of the device's rows (the backward

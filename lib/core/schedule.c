@@ -171,6 +171,14 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
     size_t off;
     slot_place(p, slot, &r, &off);
     for (int i = sg->top; i > sg->bot; i--) {
+      /* config.recompute: the segment's forward again, from its kept input
+       * into its recompute buffers, before its backward (dp__layer_operands
+       * gives a backward-phase op those) */
+      if (i == p->seg_hi[i] || i == sg->top)
+        for (int j = p->seg_lo[i]; j <= i; j++)
+          if (dp__recompute_op(p, j))
+            emit(b, layer_op(DP_PHASE_BACKWARD, DP_OP_FORWARD, d, j, lo, mbs,
+                             (size_t)mbs[lo].rows * p->model.layers[j].out * 4));
       dp_op op = layer_op(DP_PHASE_BACKWARD, DP_OP_BACKWARD, d, i, lo, mbs,
                           p->model.layers[i].n_params * 4);
       op.dst_region = r;
@@ -604,10 +612,16 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
   for (int i0 = 0, i1 = 0; i1 <= L; i1++) {
     if (i1 < L && !(training && dp__bn_sync(p, i1))) continue;
     for (int d = 0; d < n_act; d++) {
-      for (int i = i0; i < i1; i++)
+      /* segment by segment (config.recompute; else layer by layer), each
+       * micro-batch through the segment's layers before the next: what the
+       * segment does not keep holds one micro-batch */
+      for (int s0 = i0, s1; s0 < i1; s0 = s1 + 1) {
+        s1 = p->seg_hi[s0] < i1 ? p->seg_hi[s0] : i1 - 1;
         for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
-          emit(&b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, mbs,
-                            (size_t)mbs[k].rows * m->layers[i].out * 4));
+          for (int i = s0; i <= s1; i++)
+            emit(&b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, mbs,
+                              (size_t)mbs[k].rows * m->layers[i].out * 4));
+      }
       if (i1 == L) continue;
       int c = m->layers[i1].c;
       for (int k = sp->dev_mb0[d]; k < dlast[d]; k++) {

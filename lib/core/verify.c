@@ -31,11 +31,12 @@ static dp_status verify_regions(const dp_plan *p, int d) {
 }
 
 typedef struct {
-  dp_live_buf b[3 * DP_MAX_LAYERS];
-  int who[3 * DP_MAX_LAYERS], n;
+  dp_live_buf b[DP_ACT_BUFS];
+  int who[DP_ACT_BUFS], n;
 } act_set;
 
-static const char *const buf_kind[] = {"output", "statistics", "output gradient"};
+static const char *const buf_kind[] = {"output", "statistics", "output gradient",
+                                       "recomputed output", "recomputed statistics"};
 
 /* The device's activation buffers, with the offsets the plan placed them at. */
 static dp_status placed_buffers(const dp_plan *p, int d, act_set *s) {
@@ -46,7 +47,12 @@ static dp_status placed_buffers(const dp_plan *p, int d, act_set *s) {
   size_t cap = p->regions[d][DP_REGION_ACTIVATIONS].size;
   for (int k = 0; k < s->n; k++) {
     int kind = s->who[k] / L, i = s->who[k] % L;
-    s->b[k].offset = kind == 0 ? a->act[i] : kind == 1 ? a->stats[i] : a->dact[i];
+    const size_t *at = kind == 0   ? a->act
+                       : kind == 1 ? a->stats
+                       : kind == 2 ? a->dact
+                       : kind == 3 ? a->rc_act
+                                   : a->rc_stats;
+    s->b[k].offset = at[i];
     if (s->b[k].offset == SIZE_MAX || s->b[k].offset > cap ||
         s->b[k].size > cap - s->b[k].offset)
       return BAD("device %d: the %s buffer of layer %d [%zu, +%zu) is outside ACTIVATIONS "

@@ -352,6 +352,9 @@ static const float *packed_wt(const lctx *c, const float *w) {
   const dp_plan *p = c->p;
   int d = c->d, in = dp__pos_in(c->l), out = dp__pos_out(c->l);
   if (p->split.dev_mb0[d + 1] - p->split.dev_mb0[d] < 2) return NULL;
+  /* a recompute (config.recompute), or a segment's forward micro-batch by
+   * micro-batch: other layers' weights are packed in between */
+  if (!dp__forward_layer_major(p, c->op)) return NULL;
   size_t at = packed_wt_at(
       dp__model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference));
   if (at + dp__gemm_packed_b_bytes(in, out) > ws_bytes(c)) return NULL;

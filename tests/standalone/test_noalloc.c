@@ -513,6 +513,7 @@ typedef struct {
   float clip;       /* clip_grad_norm */
   const char *spec; /* NULL: MLP_EVERY_KIND_SPEC */
   dp_bn_mode bn;    /* config.batchnorm */
+  int recompute;    /* config.recompute */
 } config_case;
 
 static void fill(float *x, int32_t *t, int rows, uint64_t seed) {
@@ -544,6 +545,7 @@ static void run_case(const config_case *cc) {
   cfg.shard_optimizer = cc->shard;
   cfg.clip_grad_norm = cc->clip;
   cfg.batchnorm = cc->bn;
+  cfg.recompute = cc->recompute;
   /* the clipping cases accumulate too: 2 calls per update (the schedules of
    * both kinds of call alternate) */
   cfg.accumulate = cc->clip > 0 ? 2 : 0;
@@ -778,25 +780,30 @@ int main(int argc, char **argv) {
   }
   static const config_case cases[] = {
       {"mlp, 2 devices", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0,
-       NULL, DP_BN_PER_REPLICA},
+       NULL, DP_BN_PER_REPLICA, 0},
       {"mlp, 4 devices", 4, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0,
-       NULL, DP_BN_PER_REPLICA},
+       NULL, DP_BN_PER_REPLICA, 0},
       {"mlp, 3 devices, balanced, micro_batch 4", 3, DP_SPLIT_BALANCED, 4, DP_BACKEND_CPU,
-       0, DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA},
+       0, DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
       {"mlp, 4 devices, sharded, clip_grad_norm, accumulate 2", 4, DP_SPLIT_CHUNK, 0,
-       DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 1, 0.01f, NULL, DP_BN_PER_REPLICA},
+       DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 1, 0.01f, NULL, DP_BN_PER_REPLICA, 0},
       {"mlp, 2 devices, classic, clip_grad_norm, accumulate 2", 2, DP_SPLIT_CHUNK, 0,
-       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, NULL, DP_BN_PER_REPLICA},
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, NULL, DP_BN_PER_REPLICA, 0},
       {"cnn, 2 devices, micro_batch 4", 2, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0,
-       DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_PER_REPLICA},
+       DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_PER_REPLICA, 0},
       {"cnn, 3 devices, allreduce, sharded", 3, DP_SPLIT_BALANCED, 0, DP_BACKEND_CPU, 0,
-       DP_MODE_ALLREDUCE, 1, 0, CNN_SPEC, DP_BN_PER_REPLICA},
+       DP_MODE_ALLREDUCE, 1, 0, CNN_SPEC, DP_BN_PER_REPLICA, 0},
       {"cnn, 4 devices, sync batchnorm, micro_batch 2", 4, DP_SPLIT_CHUNK, 2,
-       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_SYNC},
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_SYNC, 0},
       {"cnn, 2 devices, sync batchnorm, clip_grad_norm, accumulate 2", 2, DP_SPLIT_CHUNK, 4,
-       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, CNN_SPEC, DP_BN_SYNC},
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, CNN_SPEC, DP_BN_SYNC, 0},
       {"cnn, 3 devices, allreduce, sync batchnorm", 3, DP_SPLIT_BALANCED, 0, DP_BACKEND_CPU,
-       0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC},
+       0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC, 0},
+      {"mlp, 2 devices, micro_batch 4, recompute 3", 2, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU,
+       0, DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 3},
+      {"cnn, 2 devices, allreduce, sync batchnorm, micro_batch 2, recompute 2", 2,
+       DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC,
+       2},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
 
@@ -807,9 +814,11 @@ int main(int argc, char **argv) {
 #endif
   static const config_case gpu_cases[] = {
       {"cuda, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0,
-       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA},
+       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
       {"cuda graph, 2 replicas on GPU 0", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
-       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA},
+       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
+      {"cuda, 2 replicas on GPU 0, micro_batch 4, recompute 3", 2, DP_SPLIT_CHUNK, 4,
+       DP_BACKEND_CUDA, 0, DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 3},
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
