@@ -62,6 +62,7 @@ static const struct option repro_options[] = {
     {"beta2", required_argument, NULL, DPT_OPT_BETA2},
     {"eps", required_argument, NULL, DPT_OPT_EPS},
     {"seed", required_argument, NULL, DPT_OPT_SEED},
+    {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"help", no_argument, NULL, 'h'},
     {0, 0, 0, 0},
 };
@@ -153,6 +154,8 @@ static void usage(FILE *f) {
       "                        others override them; see dp train --help)\n"
       "  --backend cpu|cuda    (default cpu)\n"
       "  --seed N              parameter init, dropout and the batch order (default 0)\n"
+      "  --recompute K         activation recompute every K layers in every\n"
+      "                        configuration (the bits are those without it)\n"
       "\n"
       "When the bits are guaranteed to be the same (see docs/DETERMINISM.md):\n"
       "  - a fixed --micro-batch K, the chunk split, and the same batch size;\n"
