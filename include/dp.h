@@ -398,7 +398,8 @@ enum {
   DP_FIT_SPLIT = 1 << 2,       /* chunk, balanced or memory */
   DP_FIT_MICRO_BATCH = 1 << 3, /* powers of two below a device's rows: a different
                                   canonical tree, so other bits than c's micro-batch */
-  DP_FIT_ALL = (1 << 4) - 1
+  DP_FIT_RECOMPUTE = 1 << 4,   /* activation recompute every K layers (the same bits) */
+  DP_FIT_ALL = (1 << 5) - 1
 };
 /* The cost model, per device (docs/PLANNER.md: what `dp bench` measures for each):
  * a GEMM of r rows runs at gflops * r / (r + half_rows); every other byte an op

@@ -2492,6 +2492,36 @@ START_TEST(fit_searches_only_what_it_is_allowed) {
 }
 END_TEST
 
+/* A GPT whose activations do not fit at any layout: recompute makes it fit, and the
+ * chosen plan says so. */
+START_TEST(fit_turns_to_recompute_when_nothing_else_fits) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(GPT_SPEC, "gpt", &m), DP_OK);
+  dp_config c = config_of(16, 2, DP_OPT_ADAMW);
+  dp_fit f[4];
+  int n = -1;
+  dp_config r = c;
+  r.mode = DP_MODE_ALLREDUCE;
+  r.shard_optimizer = 1;
+  r.recompute = 2;
+  size_t with = plan_bytes_of(m, &r);
+  r.recompute = 0;
+  size_t without = plan_bytes_of(m, &r);
+  ck_assert_uint_lt(with, without);
+  size_t budget = (with + without) / 2;
+  ck_assert_int_eq(
+      dp_plan_fit(m, &c, budget, DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT, NULL, f, 4, &n),
+      DP_ERR_RANGE);
+  dp_status s =
+      dp_plan_fit(m, &c, budget, DP_FIT_ALL & ~DP_FIT_MICRO_BATCH, NULL, f, 4, &n);
+  ck_assert_msg(s == DP_OK, "%s", dp_last_error());
+  ck_assert_int_ge(n, 1);
+  ck_assert_int_gt(f[0].config.recompute, 0);
+  ck_assert_uint_le(plan_bytes_of(m, &f[0].config), budget);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(fit_refuses_bad_arguments) {
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
@@ -3602,6 +3632,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, fit_none_fits_names_the_smallest_and_the_shortfall);
   tcase_add_test(tc, fit_searches_only_what_it_is_allowed);
   tcase_add_test(tc, fit_refuses_bad_arguments);
+  tcase_add_test(tc, fit_turns_to_recompute_when_nothing_else_fits);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("schedule");

@@ -101,8 +101,9 @@ static void plan_help(FILE *f) {
       "                          the budget and has the shortest estimated step, its\n"
       "                          plan, and the runner-ups (see below)\n"
       "  --fit-allow LIST        what --fit may change, comma-separated: mode, shard,\n"
-      "                          split, micro-batch, or all (default mode,shard,split:\n"
-      "                          the ones that keep the bits; micro-batch changes them)\n"
+      "                          split, recompute, micro-batch, or all (default\n"
+      "                          mode,shard,split,recompute: the ones that keep the\n"
+      "                          bits; micro-batch changes them)\n"
       "  --fit-costs K=V,...     the cost model's numbers (gflops, half_rows, mem_gbs,\n"
       "                          op_us; docs/PLANNER.md says how dp bench measures them)\n"
       "  -h, --help              this text\n"
@@ -142,7 +143,8 @@ static void plan_help(FILE *f) {
         "touched.\n"
         "\n"
         "--fit plans every configuration --fit-allow opens (classic or allreduce, a\n"
-        "sharded optimizer, the three splits, power-of-two micro-batches) for the batch\n"
+        "sharded optimizer, the three splits, recompute every K layers, power-of-two\n"
+        "micro-batches) for the batch\n"
         "given, keeps those whose largest arena is within the budget, and ranks them by\n"
         "a cost model's step time: GEMM flops at a rate that falls with fewer rows,\n"
         "bytes streamed, a cost per op, on the slowest device. It prints the chosen\n"
@@ -165,11 +167,9 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
   static const struct {
     const char *name;
     unsigned bit;
-  } words[] = {{"mode", DP_FIT_MODE},
-               {"shard", DP_FIT_SHARD},
-               {"split", DP_FIT_SPLIT},
-               {"micro-batch", DP_FIT_MICRO_BATCH},
-               {"all", DP_FIT_ALL}};
+  } words[] = {{"mode", DP_FIT_MODE},           {"shard", DP_FIT_SHARD},
+               {"split", DP_FIT_SPLIT},         {"micro-batch", DP_FIT_MICRO_BATCH},
+               {"recompute", DP_FIT_RECOMPUTE}, {"all", DP_FIT_ALL}};
   *allow = 0;
   for (const char *p = arg; *p;) {
     size_t n = strcspn(p, ",");
@@ -179,7 +179,8 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
       i++;
     if (i == sizeof words / sizeof words[0]) {
       snprintf(err, errcap,
-               "--fit-allow: '%.*s' is not one of mode, shard, split, micro-batch, all",
+               "--fit-allow: '%.*s' is not one of mode, shard, split, micro-batch, "
+               "recompute, all",
                (int)n, p);
       return -1;
     }
@@ -189,7 +190,7 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
   if (!*allow) {
     snprintf(err, errcap,
              "--fit-allow: name at least one of mode, shard, split, "
-             "micro-batch, all");
+             "micro-batch, recompute, all");
     return -1;
   }
   return 0;
@@ -861,11 +862,12 @@ static void suggest_layout(const dp_model *m, const dp_config *cfg, size_t budge
 #define FIT_VERIFY_CAP ((size_t)256 << 20)
 
 static void fit_row(const char *tag, int rank, const dp_fit *f) {
-  char a[48], mb[16] = "chunk";
+  char a[48], mb[16] = "chunk", rc[16] = "no";
   if (f->config.micro_batch > 0) snprintf(mb, sizeof mb, "%d", f->config.micro_batch);
-  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %16s  %12.3f\n", tag, rank,
+  if (f->config.recompute > 0) snprintf(rc, sizeof rc, "%d", f->config.recompute);
+  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %9s  %16s  %12.3f\n", tag, rank,
          dp_mode_name(f->config.mode), f->config.shard_optimizer ? "yes" : "no",
-         dp_split_name(f->config.split), mb, dpt_bytes_exact(f->bytes, a, sizeof a),
+         dp_split_name(f->config.split), mb, rc, dpt_bytes_exact(f->bytes, a, sizeof a),
          f->est_ms);
 }
 
@@ -920,14 +922,15 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
     return -1;
   }
   char a[48], b[48];
-  printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s\n",
+  printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s%s\n",
          dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
          cfg->batch, cfg->n_devices, o->fit_allow & DP_FIT_MODE ? " mode" : "",
          o->fit_allow & DP_FIT_SHARD ? " shard" : "",
          o->fit_allow & DP_FIT_SPLIT ? " split" : "",
+         o->fit_allow & DP_FIT_RECOMPUTE ? " recompute" : "",
          o->fit_allow & DP_FIT_MICRO_BATCH ? " micro-batch" : "");
-  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %16s  %12s\n", "", "rank", "mode", "shard",
-         "split", "micro-batch", "largest arena", "est. ms/step");
+  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %9s  %16s  %12s\n", "", "rank", "mode", "shard",
+         "split", "micro-batch", "recompute", "largest arena", "est. ms/step");
   for (int i = 0; i < n; i++) fit_row(i == 0 ? "chosen" : "", i + 1, &f[i]);
   printf("(estimates: gflops %g, half_rows %g, mem_gbs %g, op_us %g; --fit-costs)\n",
          o->costs.gflops, o->costs.half_rows, o->costs.mem_gbs, o->costs.op_us);
@@ -936,7 +939,7 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
 }
 
 int dpt_cmd_plan(int argc, char **argv) {
-  plan_opts o = {.fit_allow = DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT};
+  plan_opts o = {.fit_allow = DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT | DP_FIT_RECOMPUTE};
   dp_fit_costs_default(&o.costs);
   dp_config cfg;
   dpt_common com;

@@ -106,6 +106,19 @@ static int micro_batches(const dp_config *c, unsigned allow, int *mb, int cap) {
   return n;
 }
 
+/* The recompute settings to try: the config's own, and with DP_FIT_RECOMPUTE
+ * segments of a few lengths shorter than the model (training plans only). */
+static int recomputes(const dp_model *m, const dp_config *c, unsigned allow, int *rc,
+                      int cap) {
+  static const int K[] = {2, 3, 4, 6, 8, 12, 16, 24, 32};
+  int n = 0;
+  rc[n++] = c->recompute;
+  if (!(allow & DP_FIT_RECOMPUTE) || c->inference) return n;
+  for (size_t i = 0; i < sizeof K / sizeof K[0] && n < cap; i++)
+    if (K[i] < m->n_layers && K[i] != c->recompute) rc[n++] = K[i];
+  return n;
+}
+
 typedef struct {
   dp_fit *out;
   int cap, n;
@@ -172,10 +185,11 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
                    "op_us >= 0, all finite");
   search s = {.out = out, .cap = cap};
   int mbs[32], n_mb = micro_batches(c, allow, mbs, 32);
+  int rcs[16], n_rc = recomputes(m, c, allow, rcs, 16);
   for (int mode = 0; mode < 2; mode++)
     for (int shard = 0; shard < 2; shard++)
       for (int split = 0; split < 3; split++)
-        for (int i = 0; i < n_mb; i++) {
+        for (int i = 0; i < n_mb * n_rc; i++) {
           dp_config t = *c;
           if (allow & DP_FIT_MODE)
             t.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
@@ -192,7 +206,8 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
                                    : DP_SPLIT_MEMORY;
           else if (split)
             continue;
-          t.micro_batch = mbs[i];
+          t.micro_batch = mbs[i % n_mb];
+          t.recompute = rcs[i / n_mb];
           try_config(&s, m, &t, budget, &k);
         }
   *n_out = s.n;
@@ -205,8 +220,9 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
     snprintf(mb, sizeof mb, "%d rows", s.smallest.config.micro_batch);
   return DP_FAIL(DP_ERR_RANGE,
                  "no configuration fits %zu bytes per device: the smallest found needs %zu "
-                 "(mode %s%s, split %s, micro-batch %s), %zu over",
+                 "(mode %s%s, split %s, micro-batch %s, recompute %d), %zu over",
                  budget, s.smallest.bytes, dp_mode_name(s.smallest.config.mode),
                  s.smallest.config.shard_optimizer ? ", sharded optimizer" : "",
-                 dp_split_name(s.smallest.config.split), mb, s.smallest.bytes - budget);
+                 dp_split_name(s.smallest.config.split), mb, s.smallest.config.recompute,
+                 s.smallest.bytes - budget);
 }
