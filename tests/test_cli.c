@@ -2271,8 +2271,8 @@ START_TEST(train_resume_keeps_the_standardisation) {
                 "--no-standardize", NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   snprintf(want, sizeof want,
-           "dp train: %s was trained on standardised features; resume it without "
-           "--no-standardize\n",
+           "dp train: %s was trained with --standardize feature; resume it with "
+           "--standardize feature (this run asks for none)\n",
            std);
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
@@ -2292,8 +2292,8 @@ START_TEST(train_resume_keeps_the_standardisation) {
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", raw, NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   snprintf(want, sizeof want,
-           "dp train: %s was trained without standardised features; resume it with "
-           "--no-standardize\n",
+           "dp train: %s was trained with --standardize none; resume it with "
+           "--standardize none (this run asks for feature)\n",
            raw);
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
@@ -3030,7 +3030,10 @@ START_TEST(export_import_round_trip) {
 
   cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
-  snprintf(want, sizeof want, "dp export: %s (4 tensors, 9610 parameters) -> %s\n", f, s);
+  snprintf(want, sizeof want,
+           "dp export: %s (4 tensors, 9610 parameters) -> %s\nstandardisation: none: the "
+           "model takes the features as they are (in the metadata: dp.standardize)\n",
+           f, s);
   ck_assert_str_eq(r.out, want);
   ck_assert_str_eq(r.err, "");
   cmd_result_free(&r);
@@ -3042,7 +3045,8 @@ START_TEST(export_import_round_trip) {
   ck_assert_uint_eq(n, 8 + hlen + 9610 * 4);
   char *header = strndup(st + 8, (size_t)hlen);
   ck_assert_msg(strstr(header, "\"libdp_model\":\"input 64\\nlinear 128\\nrelu\\nlinear "
-                               "10\\nloss softmax_cross_entropy\\n\"") &&
+                               "10\\nloss softmax_cross_entropy\\n\",\"dp.standardize\":"
+                               "\"none\"}") &&
                     strstr(header, "\"0.weight\":{\"dtype\":\"F32\",\"shape\":[128,64],") &&
                     strstr(header, "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[128],") &&
                     strstr(header, "\"2.weight\":{\"dtype\":\"F32\",\"shape\":[10,128],") &&
@@ -3053,7 +3057,10 @@ START_TEST(export_import_round_trip) {
 
   r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
-  snprintf(want, sizeof want, "dp import: %s -> %s (step 0, sgd, seed 0)\n", s, g);
+  snprintf(want, sizeof want,
+           "dp import: %s -> %s (step 0, sgd, seed 0)\nstandardisation: none: the model "
+           "takes the features as they are (from the file's metadata)\n",
+           s, g);
   ck_assert_str_eq(r.out, want);
   cmd_result_free(&r);
   r = RUN(dpt_cmd_export, g, "--safetensors", s2);
@@ -3061,7 +3068,7 @@ START_TEST(export_import_round_trip) {
   cmd_result_free(&r);
   ck_assert_msg(same_bytes(s, s2), "export of the imported checkpoint differs");
 
-  /* f has no standardisation, g no run record: the same predictions */
+  /* f has no standardisation, nor has g (the metadata's "none"): the same predictions */
   r = RUN(dpt_cmd_predict, "--checkpoint", f, "--data", DIGITS_CSV, "--out", pf);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   snprintf(want, sizeof want, ": accuracy %s -> ", acc);
@@ -3076,14 +3083,20 @@ START_TEST(export_import_round_trip) {
           "--seed", "7");
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   snprintf(want, sizeof want, "dp import: %s -> %s (step 0, adamw, seed 7)\n", s, g2);
-  ck_assert_str_eq(r.out, want);
+  ck_assert_msg(starts_with(r.out, want), "%s", r.out);
   cmd_result_free(&r);
+  /* the file's weights take raw features: a resume keeps them raw */
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
                 "--seed", "7", "--resume", g2, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "was trained with --standardize none"), "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                "--seed", "7", "--resume", g2, "--standardize", "none", NULL);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   cmd_result_free(&r);
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
-                "--resume", g2, NULL);
+                "--resume", g2, "--no-standardize", NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   ck_assert_msg(strstr(r.err, "seed") && n_lines(r.err) == 1, "%s", r.err);
   cmd_result_free(&r);
@@ -3309,11 +3322,25 @@ START_TEST(train_resume_refuses_a_record_out_of_range) {
 }
 END_TEST
 
+/* A safetensors file's data (after its header), malloc'd, *n bytes. */
+static char *st_data(const char *path, size_t *n) {
+  size_t len;
+  char *b = slurp_file(path, &len);
+  ck_assert_uint_ge(len, 8);
+  uint64_t h = 0;
+  for (int i = 7; i >= 0; i--) h = h << 8 | (unsigned char)b[i];
+  ck_assert_uint_le(8 + h, len);
+  *n = len - 8 - (size_t)h;
+  memmove(b, b + 8 + h, *n);
+  return b;
+}
+
 /* The tool reads every checkpoint version the library loads (issue 26:
  * predict, export and --resume refused a version 2 file): the same state as
  * versions 1, 2 and 3 predicts the same bytes and exports the same
- * safetensors file, and resumes (older versions carry no run record: from
- * epoch 0). */
+ * safetensors file (the same tensors; version 3's run record adds its
+ * standardisation to the metadata, versions 1 and 2 have none), and resumes
+ * (older versions carry no run record: from epoch 0). */
 START_TEST(every_command_reads_every_checkpoint_version) {
   static const char *const raw[] = {"--no-standardize", NULL};
   char dir[64], f[128], acc[32];
@@ -3344,13 +3371,246 @@ START_TEST(every_command_reads_every_checkpoint_version) {
     r = RUN(dpt_cmd_export, ck, "--safetensors", st);
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: export: %s", v, r.err);
     cmd_result_free(&r);
-    ck_assert_msg(same_bytes(st, st3), "version %d exports otherwise", v);
+    size_t na, nb;
+    char *da = st_data(st, &na), *db = st_data(st3, &nb);
+    ck_assert_msg(na == nb && memcmp(da, db, na) == 0, "version %d exports otherwise", v);
+    free(da);
+    free(db);
+    if (v == 1) {
+      char st2[128];
+      ck_assert_msg(same_bytes(st, in_dir(st2, sizeof st2, dir, "s2.safetensors")),
+                    "versions 1 and 2 export otherwise");
+    }
     r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--test-fraction", "0",
                   "--resume", ck, NULL);
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: resume: %s", v, r.err);
     cmd_result_free(&r);
   }
   free(v3);
+  remove_dir(dir);
+}
+END_TEST
+
+/* --standardize: feature (the default, with a warning naming the digits'
+ * constant features), channel (an image model's: one mean and deviation per
+ * input channel, kept in the record), none (= --no-standardize: the same
+ * bits); channel for a model without channels, an unknown word and the two
+ * spellings contradicting each other are refused. */
+START_TEST(train_standardize_modes) {
+  char dir[64], f[128], c[128], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(c, sizeof c, dir, "c.ckpt");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", f, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_str_eq(r.err, "dp train: warning: 3 of 64 features are constant over the 1437 "
+                          "training rows (std 0; the first: 0, 32, 39): standardised with "
+                          "std 1, they become 0 for every row\n");
+  cmd_result_free(&r);
+  int epochs, rows;
+  dpt_scaler sc;
+  run_record(f, &epochs, &rows, &sc);
+  ck_assert(sc.n == 64 && !sc.per_channel && sc.std[0] == 1.0 && sc.std[32] == 1.0);
+  dpt_scaler_free(&sc);
+
+  /* channel: the digits as 1 x 8 x 8 images, one mean and deviation */
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", "examples/digits_cnn.dpm", "--data",
+                DIGITS_CSV, "--batch", "64", "--quiet", "--epochs", "1", "--standardize",
+                "channel", "--save", c, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_str_eq(r.err, "");
+  cmd_result_free(&r);
+  run_record(c, &epochs, &rows, &sc);
+  ck_assert(sc.n == 1 && sc.per_channel && sc.n_constant == 0);
+  /* over every pixel of the training rows: the digits' mean is 4.88 */
+  ck_assert_msg(sc.mean[0] > 4.5 && sc.mean[0] < 5.3 && sc.std[0] > 5.5 && sc.std[0] < 6.5,
+                "mean %g std %g", sc.mean[0], sc.std[0]);
+  dpt_scaler_free(&sc);
+  r = RUN(dpt_cmd_predict, "--checkpoint", c, "--data", DIGITS_CSV);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", "examples/digits_cnn.dpm", "--data",
+                DIGITS_CSV, "--batch", "64", "--quiet", "--epochs", "1", "--resume", c,
+                NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: %s was trained with --standardize channel; resume it with "
+           "--standardize channel (this run asks for feature)\n",
+           c);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+
+  /* none is --no-standardize */
+  char h1[32], h2[32];
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--standardize", "none",
+                NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && !strcmp(r.err, ""), "%s", r.err);
+  hash_of(&r, h1, sizeof h1);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  hash_of(&r, h2, sizeof h2);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h1, h2);
+
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--standardize", "channel", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err, "dp train: --standardize channel is for image models (input C H "
+                          "W); examples/digits.dpm takes rows of 64 features: use "
+                          "--standardize feature\n");
+  cmd_result_free(&r);
+  static const char *const bad[][4] = {
+      {"--standardize", "robust", NULL, "'robust' is not none, feature or channel"},
+      {"--no-standardize", "--standardize", "feature", "contradicts --no-standardize"},
+      {"--standardize", "channel", "--no-standardize", "contradicts --standardize channel"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, bad[i][0], bad[i][1], bad[i][2], NULL);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, bad[i][3]) && strstr(r.err, "see dp train --help"), "%s",
+                  r.err);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+  }
+  r = RUN(dpt_cmd_train, "--help");
+  ck_assert_msg(strstr(r.out, "--standardize MODE") && strstr(r.out, "--no-standardize "),
+                "%s", r.out);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* The standardisation travels with the weights: dp export puts it in the
+ * safetensors metadata (the record's doubles exactly, as shortest decimals)
+ * and prints it; dp import keeps it as the checkpoint's run record, so the
+ * imported checkpoint predicts raw rows as the original does and exports the
+ * same file again; the PyTorch source standardises first. */
+START_TEST(export_carries_the_standardisation) {
+  char dir[64], f[128], g[128], s[128], s2[128], py[128], pf[128], pg[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  in_dir(s2, sizeof s2, dir, "g.safetensors");
+  in_dir(py, sizeof py, dir, "f.py");
+  in_dir(pf, sizeof pf, dir, "pf.csv");
+  in_dir(pg, sizeof pg, dir, "pg.csv");
+  digits_checkpoint(f, NULL, acc, sizeof acc);
+  cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s, "--pytorch", py);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "\nstandardisation: per feature, 64 values; mean 0, 0.3038, "
+                              "5.205, 11.84, ...; std 1, 0.9069, 4.754, 4.248, ... (in the "
+                              "metadata: dp.standardize, dp.mean, dp.std)\n"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  int epochs, rows;
+  dpt_scaler sc, got;
+  run_record(f, &epochs, &rows, &sc);
+  dp_meta *meta = NULL;
+  int n = 0;
+  ck_assert_int_eq(dp_safetensors_read_meta(s, &meta, &n), DP_OK);
+  char err[256];
+  ck_assert_int_eq(dpt_scaler_from_meta(meta, n, &got, err, sizeof err), 1);
+  ck_assert(got.n == 64 && !got.per_channel);
+  ck_assert_mem_eq(got.mean, sc.mean, 64 * sizeof(double));
+  ck_assert_mem_eq(got.std, sc.std, 64 * sizeof(double));
+  ck_assert_str_eq(meta[2].key, "dp.standardize");
+  ck_assert_str_eq(meta[2].value, "feature");
+  ck_assert_msg(starts_with(meta[3].value, "0,0.30"), "%s", meta[3].value);
+  free(meta);
+  dpt_scaler_free(&got);
+  char *src = slurp_file(py, NULL);
+  ck_assert_msg(
+      strstr(src, "STANDARDIZE = \"feature\"\nMEAN = [0.0, 0.30") &&
+          strstr(src, "STD = [1.0, 0.90") &&
+          strstr(src, "        x = standardize(x, self.dp_mean, self.dp_std)\n") &&
+          strstr(src, "persistent=False"),
+      "%s", src);
+  free(src);
+
+  r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "\nstandardisation: per feature, 64 values; mean 0, 0.3038"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  run_record(g, &epochs, &rows, &got);
+  ck_assert(epochs == 0 && rows == 0 && got.n == 64);
+  ck_assert_mem_eq(got.mean, sc.mean, 64 * sizeof(double));
+  ck_assert_mem_eq(got.std, sc.std, 64 * sizeof(double));
+  dpt_scaler_free(&got);
+  dpt_scaler_free(&sc);
+  r = RUN(dpt_cmd_export, g, "--safetensors", s2);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(s, s2), "the imported checkpoint exports another file");
+  r = RUN(dpt_cmd_predict, "--checkpoint", f, "--data", DIGITS_CSV, "--out", pf);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_predict, "--checkpoint", g, "--data", DIGITS_CSV, "--out", pg);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(pf, pg), "the imported checkpoint predicts otherwise");
+  /* a resume of the import keeps its standardisation, with no warning of rows */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", g, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && !strcmp(r.err, ""), "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* Metadata dp import cannot use is refused naming the key (exit 1, no
+ * checkpoint written): another word, a deviation of 0, a value that is not a
+ * number, a count that is not the model's, a key without the others. */
+START_TEST(import_refuses_bad_standardisation) {
+  char dir[64], f[128], s[128], g[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  digits_checkpoint(f, NULL, acc, sizeof acc);
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 1;
+  cfg.inference = 1;
+  ck_assert(!dp_ckpt_info(f, &m, NULL) && !dp_plan_create(m, &cfg, &p) &&
+            !dp_ctx_create(p, &c) && !dp_ckpt_load(c, f));
+  char ones[64 * 2 + 1] = "", zero_last[64 * 2 + 1];
+  for (int j = 0; j < 64; j++) strcat(ones, j ? ",1" : "1");
+  snprintf(zero_last, sizeof zero_last, "%.*s0", 63 * 2, ones);
+  static const char *const why[] = {
+      "metadata dp.standardize is \"robust\"; it is none, feature or channel",
+      "metadata dp.std: field 64 is 0; a deviation is a finite number above 0",
+      "metadata dp.mean: field 2 \"x\" is not a decimal number",
+      "its standardisation has 3 features; the model takes 64",
+      "metadata dp.mean without dp.standardize",
+      "metadata dp.standardize is \"feature\" without dp.std",
+      "metadata dp.mean: field 1 is 1e999; a mean is a finite number",
+  };
+  const dp_meta bad[][3] = {
+      {{"dp.standardize", "robust"}, {"dp.mean", ones}, {"dp.std", ones}},
+      {{"dp.standardize", "feature"}, {"dp.mean", ones}, {"dp.std", zero_last}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1,x"}, {"dp.std", ones}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1,2,3"}, {"dp.std", "1,2,3"}},
+      {{"dp.mean", ones}, {"x", "y"}, {"z", "w"}},
+      {{"dp.standardize", "feature"}, {"dp.mean", ones}, {"x", "y"}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1e999"}, {"dp.std", "1"}},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(dp_ckpt_export_safetensors_meta(c, s, bad[i], 3), DP_OK);
+    cmd_result r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
+    ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+    char want[512];
+    snprintf(want, sizeof want, "dp import: safetensors file '%s': %s\n", s, why[i]);
+    ck_assert_str_eq(r.err, want);
+    ck_assert_int_eq(access(g, F_OK), -1);
+    cmd_result_free(&r);
+  }
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
   remove_dir(dir);
 }
 END_TEST
@@ -3547,6 +3807,9 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
   tcase_add_test(tc, every_command_reads_every_checkpoint_version);
   tcase_add_test(tc, help_lists_predict_export_import);
+  tcase_add_test(tc, train_standardize_modes);
+  tcase_add_test(tc, export_carries_the_standardisation);
+  tcase_add_test(tc, import_refuses_bad_standardisation);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 

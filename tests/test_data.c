@@ -844,7 +844,7 @@ END_TEST
  * arithmetic), and a record of other shape is refused with the reason. */
 START_TEST(run_record_numbers_are_range_checked) {
   double mean[2] = {0.5, -0x1.8p+3}, sd[2] = {1.0, 0x1p-1000};
-  dpt_scaler sc = {2, mean, sd}, got;
+  dpt_scaler sc = {.n = 2, .mean = mean, .std = sd}, got;
   size_t n;
   char *text = dpt_run_text(7, 1437, &sc, "lr=0x1p-3", &n), err[256];
   ck_assert_ptr_nonnull(text);
@@ -878,8 +878,10 @@ START_TEST(run_record_numbers_are_range_checked) {
       {"libdp-train 1\nepochs 3\nrows 2147483648\nstandardize 0\nfeatures 0\n",
        "rows 2147483648 is out of range"},
       {"libdp-train 1\nepochs 3\nrows -5\nstandardize 0\nfeatures 0\n", "rows"},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 3\nfeatures 0\n",
+       "standardize 3 is out of range (0 to 2)"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 2\nfeatures 0\n",
-       "standardize 2 is out of range (0 to 1)"},
+       "standardize 2 with 0 features"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 0\n",
        "standardize 1 with 0 features"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 4\n",

@@ -68,7 +68,9 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_float(w, "test-fraction", in->test_fraction);
   add_int(w, "eval-every", in->eval_every);
   add_int(w, "patience", in->patience);
-  add_flag(w, "no-standardize", in->no_standardize);
+  static const char *const std_words[] = {"none", "feature", "channel"};
+  add_text(w, "standardize",
+           std_words[in->standardize >= 0 && in->standardize < 3 ? in->standardize : 0]);
   add_flag(w, "resume", in->resume);
   add_text(w, "lr-schedule", in->schedule ? in->schedule : "constant");
   add_int(w, "batch", c->batch);

@@ -59,26 +59,6 @@ static void usage(FILE *f) {
   dpt_print_common_help(f);
 }
 
-/* The standardisation a dp train run saved with the checkpoint (n = 0: none,
- * also for a checkpoint without dp train's record). */
-static int checkpoint_scaler(const char *path, dpt_scaler *sc, char *err, size_t errcap) {
-  memset(sc, 0, sizeof *sc);
-  void *app = NULL;
-  size_t n = 0;
-  if (dp_ckpt_read_app(path, &app, &n)) {
-    snprintf(err, errcap, "%s", dpt_user_msg(dp_last_error()));
-    return -1;
-  }
-  int epochs, rows, rc = 0;
-  if (n && strncmp(app, "libdp-train ", n < 12 ? n : 12) == 0) {
-    char why[256];
-    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, NULL, why, sizeof why)))
-      snprintf(err, errcap, "%s: %s", path, why);
-  }
-  free(app);
-  return rc;
-}
-
 /* A label the model has no output for would only ever count as a wrong
  * prediction: refused, naming the first such row (1-based, data rows only). */
 static int labels_fit(const dpt_dataset *d, int out_w, const char *data) {
@@ -239,13 +219,14 @@ static int load_inputs(predict_run *t) {
     return -1;
   }
   if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(d, out_w, o->data)) return -1;
-  if (checkpoint_scaler(o->checkpoint, &t->sc, err, errcap)) {
+  int has_record, c, h, w;
+  dpt_model_image(t->m, &c, &h, &w);
+  if (dpt_ckpt_scaler(o->checkpoint, &t->sc, &has_record, err, errcap)) {
     fprintf(stderr, "dp predict: %s\n", err);
     return -1;
   }
-  if (t->sc.n && t->sc.n != in_w) {
-    fprintf(stderr, "dp predict: %s standardises %d features; the model takes %d\n",
-            o->checkpoint, t->sc.n, in_w);
+  if (dpt_scaler_fits(&t->sc, in_w, c, err, errcap)) {
+    fprintf(stderr, "dp predict: %s: %s\n", o->checkpoint, err);
     return -1;
   }
   dpt_scaler_apply(&t->sc, d);

@@ -36,11 +36,14 @@ enum {
   OPT_LOG,
   OPT_PLOT_LOG,
   OPT_PATIENCE,
+  OPT_STANDARDIZE,
 };
 
 typedef struct {
   const char *model, *data, *plot, *save, *resume, *schedule, *log;
-  int epochs, quiet, no_standardize, eval_every, patience, plot_log;
+  int epochs, quiet, eval_every, patience, plot_log;
+  int standardize;  /* 0 none, 1 per feature (the default), 2 per channel */
+  int std_given[2]; /* --standardize, --no-standardize given */
   float test_fraction;
 } train_opts;
 
@@ -135,7 +138,26 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_RESUME: o->resume = arg; return 0;
   case OPT_LR_SCHEDULE: o->schedule = arg; return 0;
   case OPT_QUIET: o->quiet = 1; return 0;
-  case OPT_NO_STANDARDIZE: o->no_standardize = 1; return 0;
+  case OPT_NO_STANDARDIZE:
+    o->std_given[1] = 1;
+    if (o->std_given[0] && o->standardize)
+      return dpt_fail(err, errcap, "--no-standardize contradicts --standardize %s",
+                      o->standardize == 1 ? "feature" : "channel");
+    o->standardize = 0;
+    return 0;
+  case OPT_STANDARDIZE: {
+    static const char *const words[] = {"none", "feature", "channel"};
+    int k = 0;
+    while (k < 3 && strcmp(arg, words[k])) k++;
+    if (k == 3)
+      return dpt_fail(err, errcap, "--standardize: '%s' is not none, feature or channel",
+                      arg);
+    if (o->std_given[1] && k)
+      return dpt_fail(err, errcap, "--standardize %s contradicts --no-standardize", arg);
+    o->std_given[0] = 1;
+    o->standardize = k;
+    return 0;
+  }
   case OPT_LOG: o->log = arg; return 0;
   case OPT_PLOT_LOG: o->plot_log = 1; return 0;
   case OPT_EVAL_EVERY:
@@ -159,6 +181,7 @@ static void usage(FILE *f) {
          "                [--test-fraction F] [--eval-every N [--patience P]]\n"
          "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
          "                [--resume F.ckpt] [--lr-schedule S] [--clip-grad-norm X]\n"
+         "                [--standardize none|feature|channel] [--no-standardize]\n"
          "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
          "Trains the model on the CSV data (label first, then the features; for an mse\n"
          "model, the first <output width> fields are the targets) with data parallelism\n"
@@ -167,7 +190,7 @@ static void usage(FILE *f) {
          "time left on a terminal, one line per epoch otherwise), then held-out\n"
          "accuracy (or mse), samples/s and the parameter hash. A held-out share\n"
          "(--test-fraction, default 0.2) is split off with the seed; features are\n"
-         "standardised on the training share (--no-standardize to keep them raw).\n\n"
+         "standardised on the training share (--standardize).\n\n"
          "  --model FILE          model spec (.dpm)\n"
          "  --data FILE           CSV data\n"
          "  --epochs E            passes over the training share (default 10)\n"
@@ -217,6 +240,15 @@ static void usage(FILE *f) {
          "                        continue, so --epochs 10 --save F, then --epochs 10\n"
          "                        --resume F gives the bits of --epochs 20 (same data,\n"
          "                        options and --save at the end of the first run)\n"
+         "  --standardize MODE    the inputs' standardisation, (x - mean) / std with the\n"
+         "                        mean and population deviation over the training share\n"
+         "                        (kept in --save's checkpoint; dp predict and dp export\n"
+         "                        use them): feature (the default) per feature, channel\n"
+         "                        per input channel of an image model (over its H*W\n"
+         "                        values, as torchvision's Normalize), none: raw inputs.\n"
+         "                        A constant feature or channel gets std 1 (it becomes 0)\n"
+         "                        and a warning names it\n"
+         "  --no-standardize      the same as --standardize none\n"
          "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
 }
@@ -411,7 +443,7 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
                          .epochs = o->epochs,
                          .eval_every = o->eval_every,
                          .patience = o->patience,
-                         .no_standardize = o->no_standardize,
+                         .standardize = o->standardize,
                          .resume = o->resume != NULL,
                          .test_fraction = o->test_fraction};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
@@ -461,6 +493,7 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
+      {"standardize", required_argument, NULL, OPT_STANDARDIZE},
       {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
       {"log", required_argument, NULL, OPT_LOG},
       {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
@@ -537,6 +570,14 @@ static int load_inputs(train_run *t) {
   }
   t->in_w = dp_model_input_width(t->model);
   t->out_w = dp_model_output_width(t->model);
+  int c, h, w;
+  if (o->standardize == 2 && !dpt_model_image(t->model, &c, &h, &w)) {
+    fprintf(stderr,
+            "dp train: --standardize channel is for image models (input C H W); %s takes "
+            "rows of %d features: use --standardize feature\n",
+            o->model, t->in_w);
+    return -1;
+  }
   dp_loss_kind loss_kind = dp_model_loss(t->model);
   dp_status s =
       loss_kind == DP_LOSS_SOFTMAX_CE
@@ -577,22 +618,26 @@ static int check_resumed(train_run *t, int rows, int has_record) {
             o->resume, t->epoch0, o->epochs, DPT_MAX_EPOCHS);
     return -1;
   }
-  if (has_record && rows != t->train.n_rows)
+  if (has_record && rows > 0 && rows != t->train.n_rows) /* rows 0: dp import's record */
     fprintf(stderr,
             "dp train: warning: %s was trained on %d rows; this data gives %d (another "
             "file, or another --test-fraction): the run will not continue as it was\n",
             o->resume, rows, t->train.n_rows);
-  if (has_record && (t->scaler.n > 0) != !o->no_standardize) {
-    fprintf(stderr,
-            "dp train: %s was trained %s standardised features; resume it %s "
-            "--no-standardize\n",
-            o->resume, t->scaler.n > 0 ? "on" : "without",
-            t->scaler.n > 0 ? "without" : "with");
+  int saved = t->scaler.n > 0 ? 1 + t->scaler.per_channel : 0;
+  if (has_record && saved != o->standardize) {
+    static const char *const words[] = {"none", "feature", "channel"};
+    fprintf(
+        stderr,
+        "dp train: %s was trained with --standardize %s; resume it with --standardize %s "
+        "(this run asks for %s)\n",
+        o->resume, words[saved], words[saved], words[o->standardize]);
     return -1;
   }
-  if (t->scaler.n && t->scaler.n != t->train.n_features) {
-    fprintf(stderr, "dp train: %s standardises %d features; this data has %d\n", o->resume,
-            t->scaler.n, t->train.n_features);
+  char why[256];
+  int c, h, w;
+  dpt_model_image(t->model, &c, &h, &w);
+  if (dpt_scaler_fits(&t->scaler, t->in_w, c, why, sizeof why)) {
+    fprintf(stderr, "dp train: %s: %s\n", o->resume, why);
     return -1;
   }
   return 0;
@@ -1009,14 +1054,41 @@ static void free_run(train_run *t) {
   dp_model_free(t->model);
 }
 
+/* The standardisation fitted on the training share (--standardize feature or
+ * channel), with a warning naming the constant features or channels (std 0:
+ * taken as 1, so they become 0). 0, or -1 (said). */
+static int fit_scaler(train_run *t) {
+  int c, h, w, channel = t->o.standardize == 2;
+  dpt_model_image(t->model, &c, &h, &w);
+  if (channel ? dpt_scaler_fit_channels(&t->train, c, &t->scaler)
+              : dpt_scaler_fit(&t->train, &t->scaler)) {
+    fprintf(stderr, "dp train: out of memory\n");
+    return -1;
+  }
+  const dpt_scaler *sc = &t->scaler;
+  if (sc->n_constant && t->writes) {
+    char list[128] = "";
+    size_t at = 0;
+    for (int i = 0; i < sc->n_constant && i < DPT_CONSTANT_SHOWN; i++)
+      at += (size_t)snprintf(list + at, sizeof list - at, "%s%d", i ? ", " : "",
+                             sc->constant[i]);
+    const char *what = channel ? "channel" : "feature";
+    fprintf(stderr,
+            "dp train: warning: %d of %d %ss %s constant over the %d training rows (std 0; "
+            "%s%s%s): standardised with std 1, %s 0 for every row\n",
+            sc->n_constant, sc->n, what, sc->n_constant == 1 ? "is" : "are",
+            t->train.n_rows, sc->n_constant == 1 ? what : "the first: ", list,
+            sc->n_constant > DPT_CONSTANT_SHOWN ? ", ..." : "",
+            sc->n_constant == 1 ? "it becomes" : "they become");
+  }
+  return 0;
+}
+
 /* Everything after the command line: 0, or -1 (said). */
 static int train(train_run *t) {
   if (check_files(t) || load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
-  if (!t->o.no_standardize && !t->scaler.n && dpt_scaler_fit(&t->train, &t->scaler)) {
-    fprintf(stderr, "dp train: out of memory\n");
-    return -1;
-  }
+  if (t->o.standardize && !t->scaler.n && fit_scaler(t)) return -1;
   dpt_scaler_apply(&t->scaler, &t->train);
   dpt_scaler_apply(&t->scaler, &t->test);
   if (make_context(t) || start_run(t) || run_epochs(t) || final_report(t)) return -1;
@@ -1026,7 +1098,7 @@ static int train(train_run *t) {
 }
 
 int dpt_cmd_train(int argc, char **argv) {
-  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}};
+  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f, .standardize = 1}};
   int rc = parse_train(argc, argv, &t);
   if (rc < 0) {
     t.writes = dpt_world_rank() == 0;

@@ -462,43 +462,71 @@ void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
   dpt_scaler_free(&sc);
 }
 
-int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc) {
+/* The statistics of `groups` groups of the row's features (group g: features
+ * [g * per, (g + 1) * per)) over every training row, in double: per feature
+ * (per 1) or per channel (per H*W). The sums run over the rows in order and,
+ * within a row, over the group's features in order, so per feature they are
+ * the sums of before. */
+static int scaler_fit(const dpt_dataset *train, int groups, int per, dpt_scaler *sc) {
   memset(sc, 0, sizeof *sc);
-  if (!train || train->n_rows <= 0 || !train->x) return 0;
+  if (!train || train->n_rows <= 0 || !train->x || groups <= 0) return 0;
   int nf = train->n_features;
-  sc->mean = malloc((size_t)nf * sizeof *sc->mean);
-  sc->std = malloc((size_t)nf * sizeof *sc->std);
+  sc->mean = malloc((size_t)groups * sizeof *sc->mean);
+  sc->std = malloc((size_t)groups * sizeof *sc->std);
   if (!sc->mean || !sc->std) {
     dpt_scaler_free(sc);
     return -1;
   }
-  sc->n = nf;
-  size_t n = (size_t)train->n_rows;
-  for (int j = 0; j < nf; j++) {
+  sc->n = groups;
+  sc->per_channel = per > 1 || groups != nf;
+  size_t n = (size_t)train->n_rows, count = n * (size_t)per;
+  for (int g = 0; g < groups; g++) {
     double sum = 0.0;
-    for (size_t i = 0; i < n; i++) sum += train->x[i * (size_t)nf + (size_t)j];
-    double mean = sum / (double)n;
+    for (size_t i = 0; i < n; i++)
+      for (int k = 0; k < per; k++) sum += train->x[i * (size_t)nf + (size_t)(g * per + k)];
+    double mean = sum / (double)count;
     double ss = 0.0;
-    for (size_t i = 0; i < n; i++) {
-      double d = train->x[i * (size_t)nf + (size_t)j] - mean;
-      ss += d * d;
+    for (size_t i = 0; i < n; i++)
+      for (int k = 0; k < per; k++) {
+        double d = train->x[i * (size_t)nf + (size_t)(g * per + k)] - mean;
+        ss += d * d;
+      }
+    double sd = sqrt(ss / (double)count);
+    /* constant (or nearly, relative to the mean): scale 1, counted for a warning */
+    if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) {
+      sd = 1.0;
+      if (sc->n_constant < DPT_CONSTANT_SHOWN) sc->constant[sc->n_constant] = g;
+      sc->n_constant++;
     }
-    double sd = sqrt(ss / (double)n);
-    /* constant (or nearly, relative to the mean) features: scale 1 */
-    if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) sd = 1.0;
-    sc->mean[j] = mean;
-    sc->std[j] = sd;
+    sc->mean[g] = mean;
+    sc->std[g] = sd;
   }
   return 0;
 }
 
+int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc) {
+  return scaler_fit(train, train ? train->n_features : 0, 1, sc);
+}
+
+int dpt_scaler_fit_channels(const dpt_dataset *train, int channels, dpt_scaler *sc) {
+  if (!train || channels <= 0 || train->n_features % channels) {
+    memset(sc, 0, sizeof *sc);
+    return 0;
+  }
+  int rc = scaler_fit(train, channels, train->n_features / channels, sc);
+  sc->per_channel = sc->n > 0;
+  return rc;
+}
+
 void dpt_scaler_apply(const dpt_scaler *sc, dpt_dataset *d) {
-  if (!sc || !d || !d->x || d->n_features != sc->n) return;
+  if (!sc || sc->n <= 0 || !d || !d->x) return;
   int nf = d->n_features;
+  if (sc->per_channel ? nf % sc->n != 0 : nf != sc->n) return;
+  int per = nf / sc->n;
   for (size_t i = 0; i < (size_t)(d->n_rows > 0 ? d->n_rows : 0); i++)
     for (int j = 0; j < nf; j++) {
       float *v = &d->x[i * (size_t)nf + (size_t)j];
-      *v = saturate((*v - sc->mean[j]) / sc->std[j]);
+      *v = saturate((*v - sc->mean[j / per]) / sc->std[j / per]);
     }
 }
 
@@ -509,14 +537,183 @@ void dpt_scaler_free(dpt_scaler *sc) {
   memset(sc, 0, sizeof *sc);
 }
 
+const char *dpt_scaler_mode(const dpt_scaler *sc) {
+  return !sc || sc->n <= 0 ? "none" : sc->per_channel ? "channel" : "feature";
+}
+
+int dpt_scaler_fits(const dpt_scaler *sc, int features, int channels, char *err,
+                    size_t errcap) {
+  if (!sc || sc->n <= 0) return 0;
+  if (sc->per_channel && sc->n != channels)
+    return dpt_fail(err, errcap,
+                    "its standardisation is per channel, of %d channels; the "
+                    "model's input has %d",
+                    sc->n, channels);
+  if (!sc->per_channel && sc->n != features)
+    return dpt_fail(err, errcap, "its standardisation has %d features; the model takes %d",
+                    sc->n, features);
+  return 0;
+}
+
+void dpt_scaler_summary(const dpt_scaler *sc, char *buf, size_t cap) {
+  if (!sc || sc->n <= 0) {
+    snprintf(buf, cap, "none: the model takes the features as they are");
+    return;
+  }
+  size_t at = (size_t)snprintf(buf, cap, "per %s, %d value%s",
+                               sc->per_channel ? "channel" : "feature", sc->n,
+                               sc->n == 1 ? "" : "s");
+  for (int k = 0; k < 2; k++) {
+    const double *v = k ? sc->std : sc->mean;
+    if (at < cap) at += (size_t)snprintf(buf + at, cap - at, "; %s", k ? "std" : "mean");
+    for (int j = 0; j < sc->n && j < 4 && at < cap; j++)
+      at += (size_t)snprintf(buf + at, cap - at, "%s %.4g", j ? "," : "", v[j]);
+    if (sc->n > 4 && at < cap) at += (size_t)snprintf(buf + at, cap - at, ", ...");
+  }
+}
+
+int dpt_model_image(const dp_model *m, int *c, int *h, int *w) {
+  char in[128];
+  *c = *h = *w = 0;
+  dp_model_format(m, in, sizeof in); /* cut short: the first line is all it needs */
+  if (sscanf(in, "input %d %d %d", c, h, w) == 3 && *c > 0 && *h > 0 && *w > 0) return 1;
+  *c = *h = *w = 0;
+  return 0;
+}
+
+/* ---- the standardisation in safetensors metadata -------------------------------- */
+
+/* v as the shortest decimal that reads back as the same double. */
+static void shortest_double(double v, char *buf, size_t cap) {
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, cap, "%.*g", prec, v);
+    if (strtod(buf, NULL) == v) return;
+  }
+}
+
+int dpt_scaler_meta(const dpt_scaler *sc, dp_meta pairs[3], char **buf) {
+  *buf = NULL;
+  pairs[0] = (dp_meta){"dp.standardize", dpt_scaler_mode(sc)};
+  if (!sc || sc->n <= 0) return 1;
+  size_t cap = (size_t)sc->n * 26 + 1; /* "-1.2345678901234567e-308," */
+  char *text = malloc(2 * cap);
+  if (!text) return -1;
+  for (int k = 0; k < 2; k++) {
+    char *p = text + (size_t)k * cap;
+    const double *v = k ? sc->std : sc->mean;
+    *p = '\0';
+    for (int j = 0; j < sc->n; j++) {
+      if (j) *p++ = ',';
+      shortest_double(v[j], p, 25);
+      p += strlen(p);
+    }
+    pairs[1 + k] = (dp_meta){k ? "dp.std" : "dp.mean", text + (size_t)k * cap};
+  }
+  *buf = text;
+  return 3;
+}
+
+/* The comma-separated doubles of key's value into v[0..n): *n of them (v NULL:
+ * counted only). Decimal numbers only (no spaces, hexadecimal, inf or nan).
+ * 0, or -1 (err). */
+static int meta_numbers(const char *key, const char *val, double *v, int *n, int positive,
+                        char *err, size_t errcap) {
+  const char *p = val;
+  *n = 0;
+  for (;;) {
+    size_t len = strcspn(p, ",");
+    char *e = NULL;
+    double x = len && strspn(p, "0123456789.eE+-") >= len ? strtod(p, &e) : 0.0;
+    if (e != p + len)
+      return dpt_fail(err, errcap, "metadata %s: field %d \"%.*s\" is not a decimal number",
+                      key, *n + 1, len > 24 ? 24 : (int)len, p);
+    if (!isfinite(x) || (positive && !(x > 0)))
+      return dpt_fail(err, errcap, "metadata %s: field %d is %.*s; %s", key, *n + 1,
+                      len > 24 ? 24 : (int)len, p,
+                      positive ? "a deviation is a finite number above 0"
+                               : "a mean is a finite number");
+    if (v) v[*n] = x;
+    if (++*n > (1 << 24))
+      return dpt_fail(err, errcap, "metadata %s: more than %d values", key, 1 << 24);
+    if (p[len] == '\0') return 0;
+    p += len + 1;
+  }
+}
+
+int dpt_scaler_from_meta(const dp_meta *pairs, int n, dpt_scaler *sc, char *err,
+                         size_t errcap) {
+  memset(sc, 0, sizeof *sc);
+  const char *mode = NULL, *mean = NULL, *std = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(pairs[i].key, "dp.standardize")) mode = pairs[i].value;
+    if (!strcmp(pairs[i].key, "dp.mean")) mean = pairs[i].value;
+    if (!strcmp(pairs[i].key, "dp.std")) std = pairs[i].value;
+  }
+  if (!mode && !mean && !std) return 0;
+  if (!mode)
+    return dpt_fail(err, errcap, "metadata %s without dp.standardize",
+                    mean ? "dp.mean" : "dp.std");
+  int per_channel = !strcmp(mode, "channel");
+  if (!strcmp(mode, "none")) {
+    if (mean || std)
+      return dpt_fail(err, errcap, "metadata dp.standardize is \"none\" but %s is there",
+                      mean ? "dp.mean" : "dp.std");
+    return 1;
+  }
+  if (!per_channel && strcmp(mode, "feature"))
+    return dpt_fail(err, errcap,
+                    "metadata dp.standardize is \"%.32s\"; it is none, feature or channel",
+                    mode);
+  if (!mean || !std)
+    return dpt_fail(err, errcap, "metadata dp.standardize is \"%s\" without %s", mode,
+                    mean ? "dp.std" : "dp.mean");
+  int nm, ns;
+  if (meta_numbers("dp.mean", mean, NULL, &nm, 0, err, errcap) ||
+      meta_numbers("dp.std", std, NULL, &ns, 1, err, errcap))
+    return -1;
+  if (nm != ns)
+    return dpt_fail(err, errcap, "metadata dp.mean has %d values and dp.std %d", nm, ns);
+  sc->mean = malloc((size_t)nm * sizeof *sc->mean);
+  sc->std = malloc((size_t)nm * sizeof *sc->std);
+  if (!sc->mean || !sc->std) {
+    dpt_scaler_free(sc);
+    return dpt_fail(err, errcap, "out of memory");
+  }
+  meta_numbers("dp.mean", mean, sc->mean, &nm, 0, err, errcap);
+  meta_numbers("dp.std", std, sc->std, &ns, 1, err, errcap);
+  sc->n = nm;
+  sc->per_channel = per_channel;
+  return 1;
+}
+
+int dpt_ckpt_scaler(const char *path, dpt_scaler *sc, int *has_record, char *err,
+                    size_t errcap) {
+  memset(sc, 0, sizeof *sc);
+  *has_record = 0;
+  void *app = NULL;
+  size_t n = 0;
+  if (dp_ckpt_read_app(path, &app, &n))
+    return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  int epochs, rows, rc = 0;
+  if (n && strncmp(app, "libdp-train ", n < 12 ? n : 12) == 0) {
+    char why[256];
+    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, NULL, why, sizeof why)))
+      snprintf(err, errcap, "%s: %s", path, why);
+    else
+      *has_record = 1;
+  }
+  free(app);
+  return rc;
+}
+
 /* ---- the run, kept in the checkpoint's application data ---------------------
  * A text (exact: floats in hexadecimal):
  *   libdp-train 1
  *   epochs N              epochs done
  *   rows R                training rows (a check that the data is the same)
- *   standardize 0|1
- *   features F
- *   mean <F values>       with standardize 1
+ *   standardize 0|1|2     none, per feature, per channel
+ *   features F            the features (1) or the channels (2)
+ *   mean <F values>       with standardize 1 or 2
  *   std <F values>                                                           */
 char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
                    size_t *len) {
@@ -525,7 +722,7 @@ char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *setti
   FILE *f = open_memstream(&buf, &n);
   if (!f) return NULL;
   fprintf(f, "libdp-train 1\nepochs %d\nrows %d\nstandardize %d\nfeatures %d\n", epochs,
-          rows, sc->n > 0, sc->n);
+          rows, sc->n > 0 ? 1 + (sc->per_channel != 0) : 0, sc->n);
   for (int k = 0; k < 2 && sc->n > 0; k++) {
     fputs(k ? "std" : "mean", f);
     for (int j = 0; j < sc->n; j++) fprintf(f, " %a", k ? sc->std[j] : sc->mean[j]);
@@ -566,7 +763,7 @@ static int record_int(const char **p, const char *key, int hi, int *out, char *w
   return 0;
 }
 
-/* The record's counts: epochs done, training rows, standardize 0 or 1, and
+/* The record's counts: epochs done, training rows, standardize 0, 1 or 2, and
  * the feature count (0 without standardisation, 1 to 2^24 with). */
 static int record_head(const char **p, int *epochs, int *rows, int *std, int *nf, char *why,
                        size_t whycap) {
@@ -575,10 +772,10 @@ static int record_head(const char **p, int *epochs, int *rows, int *std, int *nf
   *p += 14;
   if (record_int(p, "epochs", DPT_MAX_EPOCHS, epochs, why, whycap) ||
       record_int(p, "rows", INT_MAX, rows, why, whycap) ||
-      record_int(p, "standardize", 1, std, why, whycap) ||
+      record_int(p, "standardize", 2, std, why, whycap) ||
       record_int(p, "features", 1 << 24, nf, why, whycap))
     return -1;
-  if ((*nf > 0) != (*std == 1))
+  if ((*nf > 0) != (*std > 0))
     return snprintf(why, whycap, "standardize %d with %d features", *std, *nf), -1;
   return 0;
 }
@@ -602,6 +799,7 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
   if (record_head(&p, epochs, rows, &std, &nf, why, sizeof why)) goto bad;
   if (std) {
     sc->n = nf;
+    sc->per_channel = std == 2;
     sc->mean = malloc((size_t)nf * sizeof *sc->mean);
     sc->std = malloc((size_t)nf * sizeof *sc->std);
     if (!sc->mean || !sc->std) goto bad;

@@ -82,17 +82,63 @@ void dpt_standardize(dpt_dataset *train, dpt_dataset *test);
 
 /* The standardisation itself, to keep and apply again (dp train saves it in
  * its checkpoints; dp predict applies it): per feature, mean and population
- * standard deviation over train, as dpt_standardize computes them.
- * dpt_scaler_fit returns 0, or -1 out of memory (*sc empty); an empty
- * training set gives n = 0. dpt_scaler_apply does x = (x - mean) / std on d
- * (nothing when its feature count differs). */
-typedef struct {
+ * standard deviation over train, as dpt_standardize computes them; or, with
+ * per_channel, per input channel of an image model (channels C of C*H*W
+ * features each row: the statistics over the H*W values of each channel of
+ * every training row, as torchvision's Normalize takes them). A feature or
+ * channel whose deviation is 0 (or tiny against its mean) gets std 1 (it
+ * becomes 0); the fit counts them in n_constant and keeps the first indices,
+ * for the warning dp train prints. dpt_scaler_fit (per feature) and
+ * dpt_scaler_fit_channels (channels C >= 1 dividing the feature count) return
+ * 0, or -1 out of memory (*sc empty); an empty training set gives n = 0.
+ * dpt_scaler_apply does x = (x - mean) / std on d in double, saturated to
+ * float's range (nothing when the sizes do not fit). */
+#define DPT_CONSTANT_SHOWN 8
+typedef struct dpt_scaler {
   int n;
-  double *mean, *std; /* (n) */
+  double *mean, *std;               /* (n) */
+  int per_channel;                  /* 1: n channels, 0: n features */
+  int n_constant;                   /* the fit's features or channels of deviation 0 */
+  int constant[DPT_CONSTANT_SHOWN]; /* the first of them */
 } dpt_scaler;
 int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc);
+int dpt_scaler_fit_channels(const dpt_dataset *train, int channels, dpt_scaler *sc);
 void dpt_scaler_apply(const dpt_scaler *sc, dpt_dataset *d);
 void dpt_scaler_free(dpt_scaler *sc);
+/* "none", "feature" or "channel": the --standardize word of sc. */
+const char *dpt_scaler_mode(const dpt_scaler *sc);
+/* Whether sc fits a model of `features` inputs and `channels` input channels
+ * (0: not an image model): 0, or -1 with the reason in err. */
+int dpt_scaler_fits(const dpt_scaler *sc, int features, int channels, char *err,
+                    size_t errcap);
+/* A summary for people: "per feature, 64 values; mean 0, 0.30, ...; std 1,
+ * 0.91, ..." (the first few of each, 4 significant digits). */
+void dpt_scaler_summary(const dpt_scaler *sc, char *buf, size_t cap);
+/* The model's input channels, height and width (input C H W): 1, or 0 when
+ * its input is not an image (then *c, *h, *w are 0). */
+int dpt_model_image(const dp_model *m, int *c, int *h, int *w);
+
+/* The standardisation in a safetensors file's metadata (dp export writes it,
+ * dp import reads it back; docs/CHECKPOINT.md):
+ *   "dp.standardize"  "none", "feature" or "channel"
+ *   "dp.mean"         the means, comma-separated, each the shortest decimal
+ *   "dp.std"          that reads back as the same double (with "feature" and
+ *                     "channel" only)
+ * dpt_scaler_meta fills pairs[0..3) from sc with their text in *buf
+ * (malloc'd: free it) and returns the pair count (1 for none, 3), or -1 out
+ * of memory. dpt_scaler_from_meta finds them among a file's pairs: 1 found
+ * (*sc filled; n 0 for "none"), 0 absent, -1 malformed (err names the key and
+ * what is wrong: another word, a field that is not a finite number, a
+ * deviation not above 0, counts that differ, a key without the others). */
+int dpt_scaler_meta(const dpt_scaler *sc, dp_meta pairs[3], char **buf);
+int dpt_scaler_from_meta(const dp_meta *pairs, int n, dpt_scaler *sc, char *err,
+                         size_t errcap);
+/* The standardisation in a checkpoint's dp train record: 0 with *sc filled
+ * (n 0: none) and *has_record 1, or *has_record 0 when the checkpoint has no
+ * dp train record (dp import of a file without one, dp_ckpt_save); -1 with
+ * the reason in err (unreadable, or a record that is not dp train's). */
+int dpt_ckpt_scaler(const char *path, dpt_scaler *sc, int *has_record, char *err,
+                    size_t errcap);
 
 /* The run dp train keeps in its checkpoints' application data
  * (dp_ckpt_save_app), so that a resume continues it and dp predict
@@ -102,8 +148,9 @@ void dpt_scaler_free(dpt_scaler *sc);
  * be NULL). dpt_run_text returns malloc'd text (NULL: out of memory), its
  * length in *len; dpt_run_parse returns 0, or -1 with a message (not dp
  * train's record, or damaged), filling *sc (free it). It checks every number:
- * epochs 0 to DPT_MAX_EPOCHS, rows 0 to INT_MAX, standardize 0 or 1, features
- * 0 (standardize 0) or 1 to 2^24, means finite, deviations finite and > 0. */
+ * epochs 0 to DPT_MAX_EPOCHS, rows 0 to INT_MAX, standardize 0, 1 (per
+ * feature) or 2 (per channel), features 0 (standardize 0) or 1 to 2^24 (the
+ * features, or the channels), means finite, deviations finite and > 0. */
 #define DPT_MAX_EPOCHS 1000000000 /* a record's epochs, and a resume's total */
 char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
                    size_t *len);
