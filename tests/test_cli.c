@@ -8,6 +8,7 @@
 #include "ckpt_bytes.h"
 #include "core/backend.h" /* dp__backend_register: a backend the tool has never heard of */
 #include "data.h"
+#include "data_files.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -3615,6 +3616,305 @@ START_TEST(import_refuses_bad_standardisation) {
 }
 END_TEST
 
+/* ---- data formats (issue 30 item 5) ------------------------------------------------- */
+
+/* The digits in every format the readers take, in dir: x32.npy, x64.npy
+ * (float32 / float64 (N, 8, 8)), y64.npy, y32.npy, yu8.npy (labels), IDX
+ * images and labels plain and (with zlib) gzip'd, and hdr.csv (a header row,
+ * then data/digits.csv). The paths in p[]: see the names below. */
+enum { F_X32, F_X64, F_Y64, F_Y32, F_YU8, F_IMG, F_LAB, F_IMGZ, F_LABZ, F_HDR, F_N };
+static void digits_formats(const char *dir, char p[F_N][128]) {
+  static const char *const names[F_N] = {
+      "x32.npy",      "x64.npy",      "y64.npy",         "y32.npy",         "yu8.npy",
+      "i-idx3-ubyte", "l-idx1-ubyte", "i-idx3-ubyte.gz", "l-idx1-ubyte.gz", "hdr.csv"};
+  for (int k = 0; k < F_N; k++) in_dir(p[k], sizeof p[k], dir, names[k]);
+  float *x;
+  int32_t *y;
+  int rows = digits_arrays(&x, &y);
+  size_t n = (size_t)rows * 64;
+  double *xd = malloc(n * 8);
+  int64_t *yl = malloc((size_t)rows * 8);
+  unsigned char *xu = malloc(n), *yu = malloc((size_t)rows);
+  ck_assert(xd && yl && xu && yu);
+  for (size_t i = 0; i < n; i++) xd[i] = x[i], xu[i] = (unsigned char)x[i];
+  for (int i = 0; i < rows; i++) yl[i] = y[i], yu[i] = (unsigned char)y[i];
+  uint64_t shape[3] = {(uint64_t)rows, 8, 8}, lshape[1] = {(uint64_t)rows};
+  uint32_t dims[3] = {(uint32_t)rows, 8, 8}, ldims[1] = {(uint32_t)rows};
+  npy_write(p[F_X32], "<f4", 0, shape, 3, x, n * 4);
+  npy_write(p[F_X64], "<f8", 0, shape, 3, xd, n * 8);
+  npy_write(p[F_Y64], "<i8", 0, lshape, 1, yl, (size_t)rows * 8);
+  npy_write(p[F_Y32], "<i4", 0, lshape, 1, y, (size_t)rows * 4);
+  npy_write(p[F_YU8], "|u1", 0, lshape, 1, yu, (size_t)rows);
+  idx_write(p[F_IMG], dims, 3, xu, 0);
+  idx_write(p[F_LAB], ldims, 1, yu, 0);
+  idx_write(p[F_IMGZ], dims, 3, xu, 1);
+  idx_write(p[F_LABZ], ldims, 1, yu, 1);
+  char *csv = slurp_file(DIGITS_CSV, NULL);
+  FILE *f = fopen(p[F_HDR], "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("label", f);
+  for (int j = 0; j < 64; j++) fprintf(f, ",pixel%d", j);
+  fprintf(f, "\n%s", csv);
+  ck_assert_int_eq(fclose(f), 0);
+  free(csv);
+  free(x);
+  free(y);
+  free(xd);
+  free(yl);
+  free(xu);
+  free(yu);
+}
+
+/* The digits as .npy (float32, float64; int64, int32, uint8 labels), as IDX
+ * (plain and gzip'd) and as a CSV with a header train to the parameter hash
+ * and held-out figures of data/digits.csv, and dp predict writes the same
+ * predictions from each. */
+START_TEST(train_and_predict_read_every_format) {
+  char dir[64], p[F_N][128], ck[128], pred[128], pred0[128], want[64], got[64], line[128];
+  temp_dir(dir, sizeof dir);
+  digits_formats(dir, p);
+  in_dir(ck, sizeof ck, dir, "d.ckpt");
+  in_dir(pred0, sizeof pred0, dir, "p0.csv");
+  in_dir(pred, sizeof pred, dir, "p.csv");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, want, sizeof want);
+  line_of(r.out, "held-out:", line, sizeof line);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", pred0);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  static const int pairs[][2] = {{F_X32, F_Y64}, {F_X64, F_Y32},   {F_X32, F_YU8},
+                                 {F_IMG, F_LAB}, {F_IMGZ, F_LABZ}, {F_IMG, F_Y64},
+                                 {F_HDR, -1}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    const char *data = p[pairs[i][0]], *labels = pairs[i][1] < 0 ? NULL : p[pairs[i][1]];
+    if (!have_zlib() && pairs[i][0] == F_IMGZ) continue;
+    r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", data,
+                  "--batch", "64", "--quiet", "--epochs", "2", labels ? "--labels" : NULL,
+                  labels, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: %s", data, r.err);
+    hash_of(&r, got, sizeof got);
+    ck_assert_msg(!strcmp(got, want), "%s: hash %s, the CSV's %s", data, got, want);
+    ck_assert_msg(strstr(r.out, line), "%s:\n%s", data, r.out);
+    cmd_result_free(&r);
+    r = run_lists(dpt_cmd_predict, NULL, NULL, "--checkpoint", ck, "--data", data, "--out",
+                  pred, labels ? "--labels" : NULL, labels, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: %s", data, r.err);
+    ck_assert_msg(strstr(r.out, ": accuracy "), "%s", r.out);
+    cmd_result_free(&r);
+    ck_assert_msg(same_bytes(pred, pred0), "%s predicts otherwise", data);
+  }
+  /* .npy without labels: features only, the same predictions, no metric */
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", p[F_X64], "--out", pred);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && !strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  cmd_result_free(&r);
+  ck_assert(same_bytes(pred, pred0));
+  remove_dir(dir);
+}
+END_TEST
+
+/* The rows [from, to) of data/digits.csv (lines) written to path. */
+static void digits_lines(const char *path, int from, int to) {
+  char *text = slurp_file(DIGITS_CSV, NULL), *line = text;
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  for (int r = 0; *line && r < to; r++) {
+    char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) + 1 : strlen(line);
+    if (r >= from) fwrite(line, 1, len, f);
+    line += len;
+  }
+  ck_assert_int_eq(fclose(f), 0);
+  free(text);
+}
+
+/* --val-data is the held-out set: with --no-shuffle, training on the first
+ * 1437 rows with the last 360 as --val-data is the very run of the whole
+ * file, whose held-out share is then its tail (the same hash and held-out
+ * figures); --eval-every evaluates it; dp predict on it agrees. */
+START_TEST(train_val_data_is_the_held_out_set) {
+  char dir[64], tr[128], va[128], ck[128], h1[32], h2[32], l1[128], l2[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(tr, sizeof tr, dir, "train.csv");
+  in_dir(va, sizeof va, dir, "val.csv");
+  in_dir(ck, sizeof ck, dir, "v.ckpt");
+  digits_lines(tr, 0, 1437);
+  digits_lines(va, 1437, 1797);
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--no-shuffle", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, h1, sizeof h1);
+  line_of(r.out, "held-out:", l1, sizeof l1);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", tr, "--batch",
+                "64", "--epochs", "2", "--no-shuffle", "--val-data", va, "--eval-every",
+                "1", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, h2, sizeof h2);
+  line_of(r.out, "held-out:", l2, sizeof l2);
+  ck_assert_msg(strstr(r.out, ": 1437 train / 360 held-out rows") &&
+                    strstr(r.out, "held-out rows: ") && strstr(r.out, "(--val-data)") &&
+                    strstr(r.out, "epoch   2/2  loss ") && strstr(r.out, "held-out loss "),
+                "%s", r.out);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h1, h2);
+  ck_assert_str_eq(l1, l2);
+  ck_assert_msg(strstr(l1, "(360 rows)"), "%s", l1);
+  text_after(l2, "accuracy ", "%", acc, sizeof acc);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", va);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  char want[64];
+  snprintf(want, sizeof want, ": accuracy %s", acc);
+  ck_assert_msg(strstr(r.err, want), "%s (want %s)", r.err, want);
+  cmd_result_free(&r);
+  /* a shuffled run of the same file holds out other rows: another hash */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", NULL);
+  hash_of(&r, h2, sizeof h2);
+  cmd_result_free(&r);
+  ck_assert_str_ne(h1, h2);
+  static const char *const usage[][5] = {
+      {"--val-data", DIGITS_CSV, "--test-fraction", "0.1", "goes without it"},
+      {"--val-labels", DIGITS_CSV, NULL, NULL, "--val-labels goes with --val-data"},
+      {"--standardize", "x", NULL, NULL, "not none, feature or channel"},
+  };
+  for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, usage[i][0], usage[i][1], usage[i][2],
+                  usage[i][3], NULL);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, usage[i][4]), "%s", r.err);
+    cmd_result_free(&r);
+  }
+  remove_dir(dir);
+}
+END_TEST
+
+/* --data-seed keys the split and the epochs' order apart from --seed: from
+ * the same weights (dp import under two seeds; the digits model has no
+ * dropout, so the seed keys nothing else), runs of --seed 1 and 2 with
+ * --data-seed 7 give the same bits, without it (the data seed is the seed)
+ * different ones, and so do --data-seed 7 and 8; --no-shuffle is one order
+ * whatever the seeds. A resume must keep the data seed. */
+START_TEST(train_data_seed_orders_independently) {
+  char dir[64], a[128], st[128], i1[128], i2[128], h[6][32];
+  temp_dir(dir, sizeof dir);
+  in_dir(a, sizeof a, dir, "a.ckpt");
+  in_dir(st, sizeof st, dir, "a.safetensors");
+  in_dir(i1, sizeof i1, dir, "i1.ckpt");
+  in_dir(i2, sizeof i2, dir, "i2.ckpt");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", a, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, a, "--safetensors", st);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_import, st, "--model", DIGITS_MODEL, "--out", i1, "--seed", "1");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_import, st, "--model", DIGITS_MODEL, "--out", i2, "--seed", "2");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  static const char *const runs[6][5] = {
+      {"1", "--data-seed", "7"}, {"2", "--data-seed", "7"}, {"1"}, {"2"},
+      {"2", "--data-seed", "8"}, {"1", "--no-shuffle"}};
+  for (int k = 0; k < 6; k++) {
+    const char *ckpt = runs[k][0][0] == '1' ? i1 : i2;
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--resume", ckpt, "--seed",
+                  runs[k][0], runs[k][1], runs[k][2], NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "run %d: %s", k, r.err);
+    hash_of(&r, h[k], sizeof h[k]);
+    cmd_result_free(&r);
+  }
+  ck_assert_str_eq(h[0], h[1]); /* the same data seed, other seeds: the same order */
+  ck_assert_str_ne(h[2], h[3]); /* the data seed follows the seed by default */
+  ck_assert_str_ne(h[1], h[4]); /* another data seed, another order */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--resume", i2, "--seed", "2",
+                "--no-shuffle", NULL);
+  hash_of(&r, h[4], sizeof h[4]);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h[4], h[5]);
+  /* the data seed is part of the run: a resume keeps it */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--data-seed", "5", "--save",
+                a, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", a, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(
+      strstr(r.err, "--data-seed: the checkpoint's run used 5, this one the default"), "%s",
+      r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", a, "--data-seed",
+                "5", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* Bad data is refused with its place, and nothing trains: no step, no
+ * checkpoint (a NaN in a .npy, a label out of the model's range, a header
+ * row with another field count, --header beside a .npy). */
+START_TEST(train_refuses_bad_data_before_training) {
+  char dir[64], p[F_N][128], bad[128], ck[128], csv[128];
+  temp_dir(dir, sizeof dir);
+  digits_formats(dir, p);
+  in_dir(bad, sizeof bad, dir, "bad.npy");
+  in_dir(ck, sizeof ck, dir, "x.ckpt");
+  in_dir(csv, sizeof csv, dir, "bad.csv");
+  float *x;
+  int32_t *y;
+  int rows = digits_arrays(&x, &y);
+  x[100 * 64 + 3] = NAN;
+  uint64_t shape[2] = {(uint64_t)rows, 64}, lshape[1] = {(uint64_t)rows};
+  size_t off = npy_write(bad, "<f4", 0, shape, 2, x, (size_t)rows * 64 * 4);
+  char want[256];
+  snprintf(want, sizeof want, "dp train: %s: byte %zu (row 100, value 3): NaN", bad,
+           off + (100 * 64 + 3) * 4);
+  cmd_result r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data",
+                           bad, "--labels", p[F_Y32], "--batch", "64", "--save", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, want) && n_lines(r.err) == 1, "%s", r.err);
+  ck_assert_msg(!strstr(r.out, "epoch") && !strstr(r.out, "steps:"), "%s", r.out);
+  ck_assert_int_eq(access(ck, F_OK), -1);
+  cmd_result_free(&r);
+  y[9] = 10;
+  off = npy_write(bad, "<i4", 0, lshape, 1, y, (size_t)rows * 4);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", bad, "--batch", "64", "--save", ck, NULL);
+  snprintf(want, sizeof want,
+           "dp train: %s: byte %zu (row 9): label 10 is out of range (0 to 9: the model's "
+           "outputs)\n",
+           bad, off + 36);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_int_eq(access(ck, F_OK), -1);
+  cmd_result_free(&r);
+  write_file(csv, "label,a,b\n1,2,3\n1,2\n");
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", csv,
+                "--batch", "64", NULL);
+  snprintf(want, sizeof want,
+           "dp train: %s:3: field count 2; the header row (line 1) has 3\n", csv);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--header", "--batch", "64", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "--header is for CSV files"), "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_train, "--help");
+  ck_assert_msg(strstr(r.out, "--labels FILE") && strstr(r.out, "--val-data FILE") &&
+                    strstr(r.out, "--no-shuffle") && strstr(r.out, "--data-seed S") &&
+                    strstr(r.out, "--header"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  free(x);
+  free(y);
+  remove_dir(dir);
+}
+END_TEST
+
 /* `dp --help` lists predict, export and import; each command has its help. */
 START_TEST(help_lists_predict_export_import) {
   cmd_result r = RUN(dpt_cmd_predict, "--help");
@@ -3810,6 +4110,14 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_standardize_modes);
   tcase_add_test(tc, export_carries_the_standardisation);
   tcase_add_test(tc, import_refuses_bad_standardisation);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("data_formats");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, train_and_predict_read_every_format);
+  tcase_add_test(tc, train_val_data_is_the_held_out_set);
+  tcase_add_test(tc, train_data_seed_orders_independently);
+  tcase_add_test(tc, train_refuses_bad_data_before_training);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 

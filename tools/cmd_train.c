@@ -37,10 +37,20 @@ enum {
   OPT_PLOT_LOG,
   OPT_PATIENCE,
   OPT_STANDARDIZE,
+  OPT_LABELS,
+  OPT_VAL_DATA,
+  OPT_VAL_LABELS,
+  OPT_HEADER,
+  OPT_NO_SHUFFLE,
+  OPT_DATA_SEED,
 };
 
 typedef struct {
   const char *model, *data, *plot, *save, *resume, *schedule, *log;
+  const char *labels, *val_data, *val_labels; /* --labels, --val-data, --val-labels */
+  int header, no_shuffle, test_fraction_given;
+  int data_seed_given;
+  uint64_t data_seed; /* --data-seed; default: --seed */
   int epochs, quiet, eval_every, patience, plot_log;
   int standardize;  /* 0 none, 1 per feature (the default), 2 per channel */
   int std_given[2]; /* --standardize, --no-standardize given */
@@ -133,6 +143,14 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   switch (code) {
   case OPT_MODEL: o->model = arg; return 0;
   case OPT_DATA: o->data = arg; return 0;
+  case OPT_LABELS: o->labels = arg; return 0;
+  case OPT_VAL_DATA: o->val_data = arg; return 0;
+  case OPT_VAL_LABELS: o->val_labels = arg; return 0;
+  case OPT_HEADER: o->header = 1; return 0;
+  case OPT_NO_SHUFFLE: o->no_shuffle = 1; return 0;
+  case OPT_DATA_SEED:
+    o->data_seed_given = 1;
+    return dpt_parse_u64(arg, "--data-seed", &o->data_seed, err, errcap);
   case OPT_PLOT: o->plot = arg; return 0;
   case OPT_SAVE: o->save = arg; return 0;
   case OPT_RESUME: o->resume = arg; return 0;
@@ -167,6 +185,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_EPOCHS:
     return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
   case OPT_TEST_FRACTION:
+    o->test_fraction_given = 1;
     return dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &o->test_fraction, err,
                            errcap);
   }
@@ -175,97 +194,105 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 
 static void usage(FILE *f) {
   fprintf(
-      f, "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
-         "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
-         "                [--split chunk|balanced|memory] [--micro-batch K]\n"
-         "                [--test-fraction F] [--eval-every N [--patience P]]\n"
-         "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
-         "                [--resume F.ckpt] [--lr-schedule S] [--clip-grad-norm X]\n"
-         "                [--standardize none|feature|channel] [--no-standardize]\n"
-         "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
-         "Trains the model on the CSV data (label first, then the features; for an mse\n"
-         "model, the first <output width> fields are the targets) with data parallelism\n"
-         "over N devices (virtual ones on the cpu backend, GPUs with --backend cuda):\n"
-         "it prints the memory plan, then progress (a bar with the elapsed time and the\n"
-         "time left on a terminal, one line per epoch otherwise), then held-out\n"
-         "accuracy (or mse), samples/s and the parameter hash. A held-out share\n"
-         "(--test-fraction, default 0.2) is split off with the seed; features are\n"
-         "standardised on the training share (--standardize).\n\n"
-         "  --model FILE          model spec (.dpm)\n"
-         "  --data FILE           CSV data\n"
-         "  --epochs E            passes over the training share (default 10)\n"
-         "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
-         "  --eval-every N        after every N-th epoch, run the held-out share through\n"
-         "                        the model and print its loss (mean cross-entropy, or\n"
-         "                        mse) and accuracy (or mse) on the epoch line (default\n"
-         "                        0: only at the end); training is the same bits\n"
-         "  --patience P          with --eval-every: stop early when the held-out loss\n"
-         "                        has not improved (gone below its best) for P\n"
-         "                        evaluations in a row; --save then saves the state at\n"
-         "                        the stop and the epochs done, which --resume continues\n"
-         "  --log FILE.jsonl      one JSON object per epoch, a line each, flushed (so\n"
-         "                        tail -f works): epoch, step, loss, lr, grad_norm (null\n"
-         "                        without --clip-grad-norm), samples_per_s, elapsed_s,\n"
-         "                        and after an evaluation heldout_loss and\n"
-         "                        heldout_accuracy (a fraction) or heldout_mse; null for\n"
-         "                        a number that is not finite. Written anew, or appended\n"
-         "                        to with --resume; checked for writability before\n"
-         "                        training starts\n"
-         "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
-         "                        --eval-every, the held-out loss too), the run's\n"
-         "                        settings in the title; checked for writability before\n"
-         "                        training starts\n"
-         "  --plot-log            the plot's loss axis logarithmic (powers of ten)\n"
-         "  --save FILE           after training, write a checkpoint (parameters,\n"
-         "                        optimizer state, step counter, and the run: epochs\n"
-         "                        done and the feature standardisation) as dp_ckpt_save\n"
-         "                        does: to a temporary file, fsynced, then renamed over\n"
-         "                        FILE, so an interrupted run leaves the old file or the\n"
-         "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
-         "                        before training starts\n"
-         "  --lr-schedule S       the learning rate per optimizer step, as\n"
-         "                        torch.optim.lr_scheduler computes it from --lr:\n"
-         "                        constant (default), step:N:GAMMA (StepLR),\n"
-         "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
-         "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
-         "                        steps from START x lr, default 1/3, then the cosine).\n"
-         "                        N, T_MAX and W count optimizer steps, or epochs with an\n"
-         "                        e suffix (warmup-cosine:1e:10e; dp train prints the\n"
-         "                        steps per epoch)\n"
-         "  --resume FILE         before training, load a checkpoint of the same model,\n"
-         "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
-         "                        train on from it for --epochs more epochs: parameters,\n"
-         "                        optimizer state, step counter, the rate schedule, the\n"
-         "                        data order (the next epoch) and the standardisation\n"
-         "                        continue, so --epochs 10 --save F, then --epochs 10\n"
-         "                        --resume F gives the bits of --epochs 20 (same data,\n"
-         "                        options and --save at the end of the first run)\n"
-         "  --standardize MODE    the inputs' standardisation, (x - mean) / std with the\n"
-         "                        mean and population deviation over the training share\n"
-         "                        (kept in --save's checkpoint; dp predict and dp export\n"
-         "                        use them): feature (the default) per feature, channel\n"
-         "                        per input channel of an image model (over its H*W\n"
-         "                        values, as torchvision's Normalize), none: raw inputs.\n"
-         "                        A constant feature or channel gets std 1 (it becomes 0)\n"
-         "                        and a warning names it\n"
-         "  --no-standardize      the same as --standardize none\n"
-         "  --quiet               only the final report\n\n");
+      f,
+      "usage: dp train --model M.dpm --data D.csv --batch B [--devices N] [--epochs E]\n"
+      "                [--labels L] [--val-data V [--val-labels VL]] [--header]\n"
+      "                [--no-shuffle] [--data-seed S]\n"
+      "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
+      "                [--split chunk|balanced|memory] [--micro-batch K]\n"
+      "                [--test-fraction F] [--eval-every N [--patience P]]\n"
+      "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
+      "                [--resume F.ckpt] [--lr-schedule S] [--clip-grad-norm X]\n"
+      "                [--standardize none|feature|channel] [--no-standardize]\n"
+      "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
+      "Trains the model on the data (a CSV: label first, then the features; for an mse\n"
+      "model, the first <output width> fields are the targets; or .npy or MNIST IDX\n"
+      "files with --labels) with data parallelism over N devices (virtual ones on\n"
+      "the cpu backend, GPUs with --backend cuda): it prints the memory plan, then\n"
+      "progress (a bar with the elapsed time and the time left on a terminal, one\n"
+      "line per epoch otherwise), then held-out accuracy (or mse), samples/s and\n"
+      "the parameter hash. A held-out share (--test-fraction, default 0.2) is split\n"
+      "off with the data seed, or --val-data is held out; the inputs are\n"
+      "standardised on the training share (--standardize).\n\n"
+      "  --model FILE          model spec (.dpm)\n"
+      "  --data FILE           the data, its format told by its first bytes: CSV (a\n"
+      "                        first row with a field that is not a number is a\n"
+      "                        header, skipped); NumPy .npy, float32/float64/uint8 of\n"
+      "                        any shape (N, ...) whose values per row are the\n"
+      "                        model's inputs, C order, little-endian; MNIST IDX\n"
+      "                        (train-images-idx3-ubyte, gzip'd or not), pixels as\n"
+      "                        floats 0..255. .npy and IDX files are mapped, not\n"
+      "                        read: a file larger than memory trains\n"
+      "  --labels FILE         with .npy or IDX data: the labels, .npy int32/int64/\n"
+      "                        uint8 (N,) or IDX (train-labels-idx1-ubyte[.gz]); an\n"
+      "                        mse model's targets as .npy float32/float64 (N, K)\n"
+      "  --header              the CSV's first row is a header (else detected)\n"
+      "  --val-data FILE       the held-out set (any format above), instead of a share\n"
+      "                        of --data: all of --data trains; --val-labels FILE\n"
+      "                        gives its labels when it needs them\n"
+      "  --no-shuffle          the rows in file order: every epoch the same, and the\n"
+      "                        held-out share the file's last rows\n"
+      "  --data-seed S         the seed of the held-out split and the epochs' order\n"
+      "                        (default: --seed), so that runs of other --seed\n"
+      "                        (initialisation, dropout) see the same data order\n"
+      "  --epochs E            passes over the training share (default 10)\n"
+      "  --test-fraction F     held-out share, 0..0.95 (default 0.2; not with --val-data)\n"
+      "  --eval-every N        after every N-th epoch, run the held-out share through\n"
+      "                        the model and print its loss (mean cross-entropy, or\n"
+      "                        mse) and accuracy (or mse) on the epoch line (default\n"
+      "                        0: only at the end); training is the same bits\n"
+      "  --patience P          with --eval-every: stop early when the held-out loss\n"
+      "                        has not improved (gone below its best) for P\n"
+      "                        evaluations in a row; --save then saves the state at\n"
+      "                        the stop and the epochs done, which --resume continues\n"
+      "  --log FILE.jsonl      one JSON object per epoch, a line each, flushed (so\n"
+      "                        tail -f works): epoch, step, loss, lr, grad_norm (null\n"
+      "                        without --clip-grad-norm), samples_per_s, elapsed_s,\n"
+      "                        and after an evaluation heldout_loss and\n"
+      "                        heldout_accuracy (a fraction) or heldout_mse; null for\n"
+      "                        a number that is not finite. Written anew, or appended\n"
+      "                        to with --resume; checked for writability before\n"
+      "                        training starts\n"
+      "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
+      "                        --eval-every, the held-out loss too), the run's\n"
+      "                        settings in the title; checked for writability before\n"
+      "                        training starts\n"
+      "  --plot-log            the plot's loss axis logarithmic (powers of ten)\n"
+      "  --save FILE           after training, write a checkpoint (parameters,\n"
+      "                        optimizer state, step counter, and the run: epochs\n"
+      "                        done and the feature standardisation) as dp_ckpt_save\n"
+      "                        does: to a temporary file, fsynced, then renamed over\n"
+      "                        FILE, so an interrupted run leaves the old file or the\n"
+      "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
+      "                        before training starts\n"
+      "  --lr-schedule S       the learning rate per optimizer step, as\n"
+      "                        torch.optim.lr_scheduler computes it from --lr:\n"
+      "                        constant (default), step:N:GAMMA (StepLR),\n"
+      "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
+      "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
+      "                        steps from START x lr, default 1/3, then the cosine).\n"
+      "                        N, T_MAX and W count optimizer steps, or epochs with an\n"
+      "                        e suffix (warmup-cosine:1e:10e; dp train prints the\n"
+      "                        steps per epoch)\n"
+      "  --resume FILE         before training, load a checkpoint of the same model,\n"
+      "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
+      "                        train on from it for --epochs more epochs: parameters,\n"
+      "                        optimizer state, step counter, the rate schedule, the\n"
+      "                        data order (the next epoch) and the standardisation\n"
+      "                        continue, so --epochs 10 --save F, then --epochs 10\n"
+      "                        --resume F gives the bits of --epochs 20 (same data,\n"
+      "                        options and --save at the end of the first run)\n"
+      "  --standardize MODE    the inputs' standardisation, (x - mean) / std with the\n"
+      "                        mean and population deviation over the training share\n"
+      "                        (kept in --save's checkpoint; dp predict and dp export\n"
+      "                        use them): feature (the default) per feature, channel\n"
+      "                        per input channel of an image model (over its H*W\n"
+      "                        values, as torchvision's Normalize), none: raw inputs.\n"
+      "                        A constant feature or channel gets std 1 (it becomes 0)\n"
+      "                        and a warning names it\n"
+      "  --no-standardize      the same as --standardize none\n"
+      "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
-}
-
-/* Copies rows perm[from..from+n) of d into x (and the targets into t). */
-static void gather_rows(const dpt_dataset *d, const int *perm, int from, int n, float *x,
-                        void *t) {
-  for (int r = 0; r < n; r++) {
-    int src = perm ? perm[from + r] : from + r;
-    memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
-           (size_t)d->n_features * 4);
-    if (d->label)
-      ((int32_t *)t)[r] = d->label[src];
-    else
-      memcpy((float *)t + (size_t)r * d->n_targets, d->y + (size_t)src * d->n_targets,
-             (size_t)d->n_targets * 4);
-  }
 }
 
 /* A duration as m:ss, or h:mm:ss from an hour; "-:--" when unknown. */
@@ -324,15 +351,15 @@ static void json_number(FILE *f, double v) {
  * *metric, and the loss the model trains on in *loss: the mean softmax
  * cross-entropy over the rows, or the mse again; both computed in double from
  * the outputs. Every rank runs the forwards; the figures are rank 0's. */
-static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int batch,
-                    int out_w, float *x, float *ymine, float *y, double *metric,
-                    double *loss) {
+static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
+                    const dpt_scaler *sc, int batch, int out_w, float *x, float *ymine,
+                    float *y, double *metric, double *loss) {
   long correct = 0;
   double se = 0.0, ce = 0.0;
   char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
-    memcpy(x, d->x + (size_t)from * d->n_features, (size_t)n * d->n_features * 4);
+    dpt_dataset_gather(d, sc, NULL, from, n, x, NULL);
     /* under mpirun: this rank's rows in, rank 0 gathers every rank's outputs */
     int r0, nr;
     if (dp_plan_rank_rows(plan, n, dpt_world_rank(), &r0, &nr) ||
@@ -408,6 +435,20 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
   const char *a = saved, *b = now;
   while (*a || *b) {
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+    size_t na = strcspn(a, "= "), nb = strcspn(b, "= ");
+    if (la && lb && (na != nb || memcmp(a, b, na))) lb = 0; /* different words */
+    if (!la !=
+        !lb) { /* a word (data-seed, shuffle) one run has: the default in the other */
+      const char *wd = la ? a : b;
+      size_t n = la ? na : nb, l = la ? la : strcspn(b, " ");
+      char v[64];
+      snprintf(v, sizeof v, "%.*s", (int)(l > n ? l - n - 1 : 0), wd + n + (l > n));
+      snprintf(err, errcap,
+               "--%.*s: the checkpoint's run used %s, this one %s; a resume continues the "
+               "run only with the same settings",
+               (int)n, wd, la ? v : "the default", la ? "the default" : v);
+      return -1;
+    }
     if ((la != lb || memcmp(a, b, la)) && !may_change(a, la, b, lb)) {
       const char *eq = memchr(a, '=', la), *eqb = memchr(b, '=', lb);
       int name = eq ? (int)(eq - a) : (int)la;
@@ -434,7 +475,7 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
  * options the same as rank 0's, or the job ends on every rank with rank 0's
  * one message (tools/agree.h). 0, or -1 (said). */
 static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dataset *all,
-                       const dp_config *cfg) {
+                       const dpt_dataset *val, const dp_config *cfg) {
   char err[1024];
   dpt_train_inputs in = {.model = model,
                          .data = all,
@@ -444,6 +485,10 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
                          .eval_every = o->eval_every,
                          .patience = o->patience,
                          .standardize = o->standardize,
+                         .val = o->val_data ? val : NULL,
+                         .data_seed = o->data_seed,
+                         .no_shuffle = o->no_shuffle,
+                         .header = o->header,
                          .resume = o->resume != NULL,
                          .test_fraction = o->test_fraction};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
@@ -479,6 +524,20 @@ typedef struct {
   int best_ep, since_best, stopped;
 } train_run;
 
+/* The run's settings (settings_of), and the data order's when not the
+ * default: data-seed=N when --data-seed differs from --seed, shuffle=0 with
+ * --no-shuffle (so a run without them records what earlier versions did, and
+ * a resume continues the order it had). Returns buf. */
+static const char *run_settings(const train_run *t, char *buf, size_t cap) {
+  settings_of(&t->cfg, t->o.schedule, buf, cap);
+  size_t at = strlen(buf);
+  if (t->o.data_seed != t->cfg.seed && at < cap)
+    at += (size_t)snprintf(buf + at, cap - at, " data-seed=%llu",
+                           (unsigned long long)t->o.data_seed);
+  if (t->o.no_shuffle && at < cap) snprintf(buf + at, cap - at, " shuffle=0");
+  return buf;
+}
+
 /* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
  * the exit status (usage printed, or the error said). */
 static int parse_train(int argc, char **argv, train_run *t) {
@@ -494,6 +553,12 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
       {"standardize", required_argument, NULL, OPT_STANDARDIZE},
+      {"labels", required_argument, NULL, OPT_LABELS},
+      {"val-data", required_argument, NULL, OPT_VAL_DATA},
+      {"val-labels", required_argument, NULL, OPT_VAL_LABELS},
+      {"header", no_argument, NULL, OPT_HEADER},
+      {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
+      {"data-seed", required_argument, NULL, OPT_DATA_SEED},
       {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
       {"log", required_argument, NULL, OPT_LOG},
       {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
@@ -514,8 +579,18 @@ static int parse_train(int argc, char **argv, train_run *t) {
     r = dpt_fail(
         err, errcap,
         "--patience needs --eval-every (it counts evaluations of the held-out share)");
-  if (r == DPT_ARGS_OK && o->eval_every && o->test_fraction == 0.0f)
-    r = dpt_fail(err, errcap, "--eval-every needs a held-out share (--test-fraction > 0)");
+  if (r == DPT_ARGS_OK && o->val_data && o->test_fraction_given)
+    r = dpt_fail(err, errcap,
+                 "--val-data is the held-out set: --test-fraction (a share of --data) goes "
+                 "without it");
+  if (r == DPT_ARGS_OK && o->val_labels && !o->val_data)
+    r = dpt_fail(err, errcap, "--val-labels goes with --val-data");
+  if (r == DPT_ARGS_OK && o->val_data) o->test_fraction = 0.0f;
+  if (r == DPT_ARGS_OK && o->eval_every && o->test_fraction == 0.0f && !o->val_data)
+    r = dpt_fail(
+        err, errcap,
+        "--eval-every needs a held-out share (--test-fraction > 0, or --val-data)");
+  if (r == DPT_ARGS_OK && !o->data_seed_given) o->data_seed = t->cfg.seed;
   if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
     r = dpt_fail(err, errcap, "--plot-log needs --plot");
   int in_epochs = 0;
@@ -537,10 +612,15 @@ static int check_files(train_run *t) {
   /* no output may be an input (--save may be --resume: it is written after
    * the resume read it, whole, by a rename) */
   dpt_file_role outs[] = {{o->save, "checkpoint"}, {o->plot, "plot"}, {o->log, "log"}},
-                ins[] = {{o->model, "model"}, {o->data, "data"}, {o->resume, "checkpoint"}};
+                ins[] = {{o->model, "model"},
+                         {o->data, "data"},
+                         {o->labels, "labels"},
+                         {o->val_data, "validation data"},
+                         {o->val_labels, "validation labels"},
+                         {o->resume, "checkpoint"}};
   if (t->writes &&
-      (dpt_check_distinct(outs, 3, ins, 2, err, sizeof t->err) ||
-       dpt_check_distinct(outs + 1, 2, ins + 2, 1, err, sizeof t->err) ||
+      (dpt_check_distinct(outs, 3, ins, 5, err, sizeof t->err) ||
+       dpt_check_distinct(outs + 1, 2, ins + 5, 1, err, sizeof t->err) ||
        (o->save && dpt_check_writable(o->save, "checkpoint", 1, err, sizeof t->err)) ||
        (o->plot && dpt_check_writable(o->plot, "plot", 1, err, sizeof t->err)) ||
        (o->log && dpt_check_writable(o->log, "log", 0, err, sizeof t->err)))) {
@@ -554,6 +634,37 @@ static int check_files(train_run *t) {
       return -1;
     }
     close(fd);
+  }
+  return 0;
+}
+
+/* One data set (--data, or --val-data) as the model reads it: CSV, .npy or
+ * IDX, with its labels file; checked against the model. 0, or -1 (said). */
+static int load_data(train_run *t, const char *data, const char *labels,
+                     const char *labels_opt, dpt_dataset *d) {
+  const train_opts *o = &t->o;
+  int ce = dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE;
+  dpt_data_spec spec = {.data = data,
+                        .labels = labels,
+                        .labels_opt = labels_opt,
+                        .rows = ce ? DPT_ROWS_CLASSES : DPT_ROWS_TARGETS,
+                        .n_targets = t->out_w,
+                        .n_outputs = ce ? t->out_w : 0,
+                        .header = o->header,
+                        .n_features = t->in_w};
+  if (dpt_data_load(&spec, d, t->err, sizeof t->err)) {
+    fprintf(stderr, "dp train: %s\n", t->err);
+    return -1;
+  }
+  if (d->n_features != t->in_w) {
+    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", data,
+            d->n_features, o->model, t->in_w);
+    return -1;
+  }
+  if (d->label && d->n_classes > t->out_w) {
+    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", data,
+            d->n_classes - 1, t->out_w);
+    return -1;
   }
   return 0;
 }
@@ -578,31 +689,19 @@ static int load_inputs(train_run *t) {
             o->model, t->in_w);
     return -1;
   }
-  dp_loss_kind loss_kind = dp_model_loss(t->model);
-  dp_status s =
-      loss_kind == DP_LOSS_SOFTMAX_CE
-          ? dpt_csv_load(o->data, &t->all, err, sizeof t->err)
-          : dpt_csv_load_regression(o->data, t->out_w, &t->all, err, sizeof t->err);
-  if (s) {
+  if (load_data(t, o->data, o->labels, "--labels", &t->all) ||
+      (o->val_data && load_data(t, o->val_data, o->val_labels, "--val-labels", &t->test)))
+    return -1;
+  if (agree_ranks(o, t->model, &t->all, &t->test, &t->cfg)) return -1;
+  /* --val-data: every row of --data trains (in the data seed's order, as with
+   * --test-fraction 0), the validation set is held out as it is */
+  dpt_dataset none;
+  if (dpt_dataset_split_as(&t->all, o->test_fraction, !o->no_shuffle, o->data_seed,
+                           &t->train, o->val_data ? &none : &t->test, err, sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
     return -1;
   }
-  if (t->all.n_features != t->in_w) {
-    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", o->data,
-            t->all.n_features, o->model, t->in_w);
-    return -1;
-  }
-  if (t->all.label && t->all.n_classes > t->out_w) {
-    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", o->data,
-            t->all.n_classes - 1, t->out_w);
-    return -1;
-  }
-  if (agree_ranks(o, t->model, &t->all, &t->cfg)) return -1;
-  if (dpt_dataset_split(&t->all, o->test_fraction, t->cfg.seed, &t->train, &t->test, err,
-                        sizeof t->err)) {
-    fprintf(stderr, "dp train: %s\n", err);
-    return -1;
-  }
+  if (o->val_data) dpt_dataset_free(&none);
   return 0;
 }
 
@@ -666,8 +765,7 @@ static int read_resume(train_run *t) {
   free(app);
   /* the checkpoint carries the run's settings: the same, or no resume */
   int differ =
-      saved && same_settings(saved, settings_of(&t->cfg, o->schedule, now, sizeof now), err,
-                             sizeof t->err);
+      saved && same_settings(saved, run_settings(t, now, sizeof now), err, sizeof t->err);
   free(saved);
   if (differ) {
     fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
@@ -740,6 +838,14 @@ static int start_run(train_run *t) {
     printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o->model,
            o->data, t->train.n_rows, t->test.n_rows, t->all.n_features,
            t->all.label ? "classification" : "regression");
+    if (o->val_data) printf("held-out rows: %s (--val-data)\n", o->val_data);
+    for (int k = 0; k < 2; k++) {
+      const dpt_dataset *d = k ? &t->test : &t->all;
+      if (d->header_line && (!k || o->val_data))
+        printf("%s: its header row (line %d) skipped\n", k ? o->val_data : o->data,
+               d->header_line);
+    }
+    if (o->no_shuffle) printf("data order: as in the file, every epoch (--no-shuffle)\n");
     dpt_print_config(stdout, t->pc);
     printf("\n");
     dpt_print_plan(stdout, t->plan);
@@ -796,12 +902,14 @@ typedef struct {
 static int train_epoch(train_run *t, int ep, epoch_stats *es) {
   const dpt_dataset *train = &t->train;
   int B = t->batch;
-  dpt_epoch_order(train->n_rows, t->cfg.seed, ep, t->perm);
+  /* --no-shuffle: every epoch in file order; else keyed by the data seed */
+  const int *order = t->o.no_shuffle ? NULL : t->perm;
+  if (order) dpt_epoch_order(train->n_rows, t->o.data_seed, ep, t->perm);
   double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
   int nb = 0;
   for (int from = 0; from < train->n_rows; from += B) {
     int n = train->n_rows - from < B ? train->n_rows - from : B;
-    gather_rows(train, t->perm, from, n, t->bx, t->bt);
+    dpt_dataset_gather(train, &t->scaler, order, from, n, t->bx, t->bt);
     float loss;
     /* the scheduled rate at this optimizer step (the context's counter: a resumed
      * run continues its schedule) */
@@ -858,8 +966,8 @@ static int evaluate_epoch(train_run *t, held_out *h) {
   h->loss = NAN;
   h->evaluated = t->o.eval_every && t->ep_done % t->o.eval_every == 0;
   if (!h->evaluated) return 0;
-  if (evaluate(t->ctx, t->plan, &t->test, B, out_w, t->bx, t->by + (size_t)B * out_w, t->by,
-               &h->metric, &h->loss)) {
+  if (evaluate(t->ctx, t->plan, &t->test, &t->scaler, B, out_w, t->bx,
+               t->by + (size_t)B * out_w, t->by, &h->metric, &h->loss)) {
     printf("%s", t->tty ? "\n" : "");
     fprintf(stderr, "dp train: evaluation after epoch %d: %s\n", t->ep_done,
             dpt_user_msg(dp_ctx_error(t->ctx)));
@@ -953,8 +1061,8 @@ static int final_report(train_run *t) {
   double metric = 0.0, eval_loss = 0.0;
   int B = t->batch, out_w = t->out_w;
   const dpt_dataset *eval = t->test.n_rows ? &t->test : &t->train;
-  if (evaluate(t->ctx, t->plan, eval, B, out_w, t->bx, t->by + (size_t)B * out_w, t->by,
-               &metric, &eval_loss)) {
+  if (evaluate(t->ctx, t->plan, eval, &t->scaler, B, out_w, t->bx,
+               t->by + (size_t)B * out_w, t->by, &metric, &eval_loss)) {
     fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
     return -1;
   }
@@ -1018,9 +1126,8 @@ static int write_plot(train_run *t) {
 static int save_checkpoint(train_run *t) {
   size_t run_n = 0;
   char settings[1024];
-  char *run =
-      dpt_run_text(t->ep_done, t->train.n_rows, &t->scaler,
-                   settings_of(&t->cfg, t->o.schedule, settings, sizeof settings), &run_n);
+  char *run = dpt_run_text(t->ep_done, t->train.n_rows, &t->scaler,
+                           run_settings(t, settings, sizeof settings), &run_n);
   if (!run) {
     fprintf(stderr, "dp train: out of memory\n");
     return -1;
@@ -1089,8 +1196,8 @@ static int train(train_run *t) {
   if (check_files(t) || load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
   if (t->o.standardize && !t->scaler.n && fit_scaler(t)) return -1;
-  dpt_scaler_apply(&t->scaler, &t->train);
-  dpt_scaler_apply(&t->scaler, &t->test);
+  /* the standardisation is applied as each batch is gathered (a mapped file
+   * is never written) */
   if (make_context(t) || start_run(t) || run_epochs(t) || final_report(t)) return -1;
   if (t->o.plot && t->writes && write_plot(t)) return -1;
   if (t->o.save && save_checkpoint(t)) return -1;

@@ -15,7 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+/* A standardised value far outside the training share's range (a test value of
+ * 1e38 over a tiny spread) may not fit a float: saturate instead of making inf. */
+static float saturate(double v) {
+  return v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : (float)v;
+}
 
 /* ---- random numbers: splitmix64 ------------------------------------------- */
 
@@ -45,7 +52,7 @@ static uint64_t stream_state(uint64_t seed, uint64_t domain, uint64_t index) {
   return mix64(mix64(seed ^ (domain * 0xd1b54a32d192ed03ULL)) + index);
 }
 
-static void shuffle(int *perm, int n, uint64_t state) {
+static void shuffle_rows(int *perm, int n, uint64_t state) {
   for (int i = 0; i < n; i++) perm[i] = i;
   for (int i = n - 1; i > 0; i--) {
     int j = (int)below(&state, (uint64_t)i + 1);
@@ -57,17 +64,70 @@ static void shuffle(int *perm, int n, uint64_t state) {
 
 void dpt_epoch_order(int n, uint64_t seed, int epoch, int *perm) {
   if (n <= 0 || !perm) return;
-  shuffle(perm, n, stream_state(seed, 2, (uint64_t)(int64_t)epoch));
+  shuffle_rows(perm, n, stream_state(seed, 2, (uint64_t)(int64_t)epoch));
 }
 
 /* ---- datasets ---------------------------------------------------------------- */
 
 void dpt_dataset_free(dpt_dataset *d) {
   if (!d) return;
-  free(d->x);
+  if (!d->borrowed) free(d->x);
   free(d->label);
   free(d->y);
+  free(d->rows);
+  if (d->own && d->own_mapped)
+    munmap(d->own, d->own_len);
+  else if (d->own)
+    free(d->own);
   memset(d, 0, sizeof *d);
+}
+
+/* ---- rows -------------------------------------------------------------------- */
+
+/* Row r of d (a view's r-th row) as floats into out, unstandardised; or, when
+ * its floats are in memory already, a pointer to them (out unused). */
+static const float *row_of(const dpt_dataset *d, int r, float *out) {
+  size_t nf = (size_t)d->n_features, src = d->rows ? (size_t)d->rows[r] : (size_t)r;
+  if (d->x) return d->x + src * nf;
+  const unsigned char *p = d->xmap + src * nf *
+                                         (d->xtype == DPT_X_F64  ? 8
+                                          : d->xtype == DPT_X_U8 ? 1
+                                                                 : 4);
+  if (d->xtype == DPT_X_U8) {
+    for (size_t j = 0; j < nf; j++) out[j] = (float)p[j];
+  } else if (d->xtype == DPT_X_F64) {
+    for (size_t j = 0; j < nf; j++) {
+      double v;
+      memcpy(&v, p + 8 * j, 8); /* little-endian, checked when loaded */
+      out[j] = (float)v;
+    }
+  } else {
+    memcpy(out, p, nf * 4);
+  }
+  return out;
+}
+
+void dpt_dataset_gather(const dpt_dataset *d, const dpt_scaler *sc, const int *idx,
+                        int from, int n, float *x, void *t) {
+  size_t nf = (size_t)d->n_features;
+  int per = sc && sc->n > 0 ? (int)(nf / (size_t)sc->n) : 0;
+  size_t lw = d->label_width > 1 ? (size_t)d->label_width : 1;
+  for (int r = 0; r < n; r++) {
+    int i = idx ? idx[from + r] : from + r;
+    float *xr = x + (size_t)r * nf;
+    const float *v = row_of(d, i, xr);
+    if (per)
+      for (size_t j = 0; j < nf; j++)
+        xr[j] = saturate((v[j] - sc->mean[j / (size_t)per]) / sc->std[j / (size_t)per]);
+    else if (v != xr)
+      memcpy(xr, v, nf * 4);
+    if (!t) continue;
+    if (d->label)
+      memcpy((int32_t *)t + (size_t)r * lw, d->label + (size_t)i * lw, lw * 4);
+    else if (d->y)
+      memcpy((float *)t + (size_t)r * (size_t)d->n_targets,
+             d->y + (size_t)i * (size_t)d->n_targets, (size_t)d->n_targets * 4);
+  }
 }
 
 /* ---- CSV parsing ------------------------------------------------------------ */
@@ -254,8 +314,35 @@ static line_status read_line(FILE *f, char **buf, size_t *cap, size_t *len) {
   return LINE_OK;
 }
 
-static dp_status load(const char *path, int n_targets, bool features_only, dpt_dataset *out,
-                      char *err, size_t errcap) {
+/* Whether the row holds a field that is not a number (a header's names). */
+static bool has_word(const char *line) {
+  for (const char *p = line;;) {
+    size_t n = strcspn(p, ",");
+    char f[64], *e;
+    snprintf(f, sizeof f, "%.*s", n < 63 ? (int)n : 63, p);
+    const char *b = f;
+    while (is_blank(*b)) b++;
+    strtof(b, &e);
+    while (is_blank(*e) || *e == '\r') e++;
+    if (e == b || *e || n >= 63) return true;
+    if (!p[n]) return false;
+    p += n + 1;
+  }
+}
+
+/* The header row: 1 when line (its field count `count`) is the header, to
+ * be skipped: header 1 forced, 0 detected (a field that is not a number),
+ * -1 never. */
+static int header_row(const char *line, int header, long count, long lineno, long *fields,
+                      long *at) {
+  if (header < 0 || (!header && !has_word(line))) return 0;
+  *fields = count;
+  *at = lineno;
+  return 1;
+}
+
+static dp_status load(const char *path, int n_targets, bool features_only, int header,
+                      dpt_dataset *out, char *err, size_t errcap) {
   if (out) memset(out, 0, sizeof *out);
   if (!path || !out)
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_csv_load: NULL argument");
@@ -280,7 +367,9 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
   b.d.n_targets = n_targets;
   b.features_only = features_only;
   where w = {path, 0, err, errcap};
-  int n_fields = 0; /* fixed by the first data row */
+  int n_fields = 0;              /* fixed by the first data row */
+  long h_fields = 0, h_line = 0; /* the header row's field count and line */
+  bool reread = false;
   char *line = NULL;
   size_t linecap = 0, len = 0;
   line_status ls;
@@ -303,6 +392,15 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
     long count = 1;
     for (const char *c = line; *c; c++)
       if (*c == ',') count++;
+    if (n_fields == 0 && h_line == 0 &&
+        header_row(line, header, count, w.line, &h_fields, &h_line))
+      continue;
+    if (h_line && count != h_fields) {
+      s = dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                          "%s:%ld: field count %ld; the header row (line %ld) has %ld",
+                          path, w.line, count, h_line, h_fields);
+      goto done;
+    }
     if (n_fields == 0) {
       int lead = features_only ? 0 : n_targets > 0 ? n_targets : 1; /* before features */
       long min = lead + 1;
@@ -345,28 +443,45 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
                         strerror(errno ? errno : EIO));
     goto done;
   }
-  if (b.d.n_rows == 0) {
-    s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: no data rows", path);
+  if (b.d.n_rows == 0 && h_line && header == 0) { /* a detected header alone */
+    reread = true;                                /* read as data, for the error it has */
     goto done;
   }
+  if (b.d.n_rows == 0) {
+    s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: no data rows%s", path,
+                        h_line ? " after the header" : "");
+    goto done;
+  }
+  b.d.header_line = (int)h_line;
 done:
   free(line);
   fclose(f);
-  if (s != DP_OK) {
+  if (s != DP_OK || reread) {
     dpt_dataset_free(&b.d);
-    return s;
+    return reread ? load(path, n_targets, features_only, -1, out, err, errcap) : s;
   }
   *out = b.d;
   return DP_OK;
 }
 
 dp_status dpt_csv_load(const char *path, dpt_dataset *out, char *err, size_t errcap) {
-  return load(path, 0, false, out, err, errcap);
+  return load(path, 0, false, 0, out, err, errcap);
 }
 
 dp_status dpt_csv_load_features(const char *path, dpt_dataset *out, char *err,
                                 size_t errcap) {
-  return load(path, 0, true, out, err, errcap);
+  return load(path, 0, true, 0, out, err, errcap);
+}
+
+dp_status dpt_csv_load_as(const char *path, dpt_rows rows, int n_targets, int header,
+                          dpt_dataset *out, char *err, size_t errcap) {
+  if (rows == DPT_ROWS_TARGETS && n_targets < 1) {
+    if (out) memset(out, 0, sizeof *out);
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
+                           path ? path : "(null)", n_targets);
+  }
+  return load(path, rows == DPT_ROWS_TARGETS ? n_targets : 0, rows == DPT_ROWS_FEATURES,
+              header, out, err, errcap);
 }
 
 dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *out,
@@ -376,32 +491,47 @@ dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
                            path ? path : "(null)", n_targets);
   }
-  return load(path, n_targets, false, out, err, errcap);
+  return load(path, n_targets, false, 0, out, err, errcap);
 }
 
 /* ---- split ------------------------------------------------------------------- */
 
-/* A new dataset with the rows idx[0..n) of src (n may be 0). */
+/* A new dataset with the rows idx[0..n) of src (n may be 0): their features
+ * copied, or for a dataset in xmap a view of them (rows: the file's rows). */
 static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
                              dpt_dataset *dst) {
   memset(dst, 0, sizeof *dst);
   dst->n_features = src->n_features;
   dst->n_targets = src->n_targets;
   dst->n_classes = src->n_classes;
+  dst->label_width = src->label_width;
+  dst->header_line = src->header_line;
   size_t nf = (size_t)src->n_features, nt = (size_t)src->n_targets;
+  size_t lw = src->label_width > 1 ? (size_t)src->label_width : 1;
   size_t rows = (size_t)n;
+  bool view = src->x == NULL;
   /* sizes fit: src already holds at least this many rows */
-  dst->x = malloc(rows * nf * sizeof(float) + 1);
-  if (src->label) dst->label = malloc(rows * sizeof(int32_t) + 1);
+  if (view) {
+    dst->xmap = src->xmap;
+    dst->xtype = src->xtype;
+    dst->borrowed = 1;
+    dst->rows = malloc(rows * sizeof(int) + 1);
+  } else {
+    dst->x = malloc(rows * nf * sizeof(float) + 1);
+  }
+  if (src->label) dst->label = malloc(rows * lw * sizeof(int32_t) + 1);
   if (src->y) dst->y = malloc(rows * nt * sizeof(float) + 1);
-  if (!dst->x || (src->label && !dst->label) || (src->y && !dst->y)) {
+  if ((view ? !dst->rows : !dst->x) || (src->label && !dst->label) || (src->y && !dst->y)) {
     dpt_dataset_free(dst);
     return DP_ERR_NOMEM;
   }
   for (size_t i = 0; i < rows; i++) {
     size_t r = (size_t)idx[i];
-    memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
-    if (src->label) dst->label[i] = src->label[r];
+    if (view)
+      dst->rows[i] = src->rows ? src->rows[r] : (int)r;
+    else
+      memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
+    if (src->label) memcpy(dst->label + i * lw, src->label + r * lw, lw * sizeof(int32_t));
     if (src->y) memcpy(dst->y + i * nt, src->y + r * nt, nt * sizeof(float));
   }
   dst->n_rows = n;
@@ -411,12 +541,18 @@ static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
 dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64_t seed,
                             dpt_dataset *train, dpt_dataset *test, char *err,
                             size_t errcap) {
+  return dpt_dataset_split_as(all, test_fraction, 1, seed, train, test, err, errcap);
+}
+
+dp_status dpt_dataset_split_as(const dpt_dataset *all, double test_fraction, int shuffle,
+                               uint64_t seed, dpt_dataset *train, dpt_dataset *test,
+                               char *err, size_t errcap) {
   if (train) memset(train, 0, sizeof *train);
   if (test) memset(test, 0, sizeof *test);
   if (!all || !train || !test || train == test || train == all || test == all)
     return dpt_fail_status(DP_ERR_INVALID, err, errcap,
                            "dpt_dataset_split: NULL or aliased argument");
-  if (all->n_rows <= 0 || !all->x)
+  if (all->n_rows <= 0 || (!all->x && !all->xmap))
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: empty dataset");
   if (!(test_fraction >= 0.0 && test_fraction < 1.0))
     return dpt_fail_status(DP_ERR_INVALID, err, errcap,
@@ -432,7 +568,12 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
   int *perm = malloc((size_t)n * sizeof(int));
   if (!perm)
     return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "dpt_dataset_split: out of memory");
-  shuffle(perm, n, stream_state(seed, 1, 0));
+  if (shuffle) {
+    shuffle_rows(perm, n, stream_state(seed, 1, 0));
+  } else { /* file order: the held-out share is the tail, first in perm */
+    for (int i = 0; i < n_test; i++) perm[i] = n - n_test + i;
+    for (int i = n_test; i < n; i++) perm[i] = i - n_test;
+  }
   dp_status s = gather_rows(all, perm, n_test, test);
   if (s == DP_OK) s = gather_rows(all, perm + n_test, n - n_test, train);
   free(perm);
@@ -445,12 +586,6 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
 }
 
 /* ---- standardisation ------------------------------------------------------ */
-
-/* A standardised value far outside the training share's range (a test value of
- * 1e38 over a tiny spread) may not fit a float: saturate instead of making inf. */
-static float saturate(double v) {
-  return v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : (float)v;
-}
 
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
   if (!train || train->n_rows <= 0 || !train->x) return;
@@ -469,38 +604,52 @@ void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
  * the sums of before. */
 static int scaler_fit(const dpt_dataset *train, int groups, int per, dpt_scaler *sc) {
   memset(sc, 0, sizeof *sc);
-  if (!train || train->n_rows <= 0 || !train->x || groups <= 0) return 0;
+  if (!train || train->n_rows <= 0 || (!train->x && !train->xmap) || groups <= 0) return 0;
   int nf = train->n_features;
   sc->mean = malloc((size_t)groups * sizeof *sc->mean);
   sc->std = malloc((size_t)groups * sizeof *sc->std);
-  if (!sc->mean || !sc->std) {
+  double *sum = calloc((size_t)groups, sizeof *sum);
+  float *buf = malloc((size_t)nf * sizeof *buf); /* a row of a file, as floats */
+  if (!sc->mean || !sc->std || !sum || !buf) {
+    free(sum);
+    free(buf);
     dpt_scaler_free(sc);
     return -1;
   }
   sc->n = groups;
   sc->per_channel = per > 1 || groups != nf;
   size_t n = (size_t)train->n_rows, count = n * (size_t)per;
+  /* two passes over the rows in order (a mapped file streams through); each
+   * group's sums add its values in row order, as a loop per feature would */
+  for (size_t i = 0; i < n; i++) {
+    const float *v = row_of(train, (int)i, buf);
+    for (int g = 0; g < groups; g++)
+      for (int k = 0; k < per; k++) sum[g] += v[g * per + k];
+  }
   for (int g = 0; g < groups; g++) {
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++)
-      for (int k = 0; k < per; k++) sum += train->x[i * (size_t)nf + (size_t)(g * per + k)];
-    double mean = sum / (double)count;
-    double ss = 0.0;
-    for (size_t i = 0; i < n; i++)
+    sc->mean[g] = sum[g] / (double)count;
+    sum[g] = 0.0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const float *v = row_of(train, (int)i, buf);
+    for (int g = 0; g < groups; g++)
       for (int k = 0; k < per; k++) {
-        double d = train->x[i * (size_t)nf + (size_t)(g * per + k)] - mean;
-        ss += d * d;
+        double d = v[g * per + k] - sc->mean[g];
+        sum[g] += d * d;
       }
-    double sd = sqrt(ss / (double)count);
+  }
+  for (int g = 0; g < groups; g++) {
+    double mean = sc->mean[g], sd = sqrt(sum[g] / (double)count);
     /* constant (or nearly, relative to the mean): scale 1, counted for a warning */
     if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) {
       sd = 1.0;
       if (sc->n_constant < DPT_CONSTANT_SHOWN) sc->constant[sc->n_constant] = g;
       sc->n_constant++;
     }
-    sc->mean[g] = mean;
     sc->std[g] = sd;
   }
+  free(sum);
+  free(buf);
   return 0;
 }
 
@@ -912,73 +1061,36 @@ dp_status dpt_text_load(const char *path, dpt_tokens *out, char *err, size_t err
   return DP_OK;
 }
 
-/* The value of 'key' in a .npy header dict: a pointer just past "'key':" and
- * its blanks, or NULL. */
-static const char *npy_field(const char *h, const char *key) {
-  char k[32];
-  snprintf(k, sizeof k, "'%s':", key);
-  const char *p = strstr(h, k);
-  if (!p) return NULL;
-  p += strlen(k);
-  while (*p == ' ') p++;
-  return p;
-}
-
-/* The .npy header of b (n bytes): *width 4 (int32) or 2 (uint16), *count
- * elements, *data the offset of the first. */
+/* The .npy header of b (n bytes), through the one parser: *width 4 (int32)
+ * or 2 (uint16), *count elements, *data the offset of the first. */
 static dp_status npy_header(const char *path, const unsigned char *b, size_t n, int *width,
                             size_t *count, size_t *data, char *err, size_t errcap) {
-  if (n < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: not a .npy file", path);
-  size_t hl = b[6] == 1 ? (size_t)b[8] | (size_t)b[9] << 8
-              : n >= 12 ? (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 |
-                              (size_t)b[11] << 24
-                        : 0;
-  size_t h0 = b[6] == 1 ? 10 : 12;
-  if ((b[6] != 1 && b[6] != 2 && b[6] != 3) || h0 + hl > n || hl > 65535)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: .npy version %d.%d or its header length is not supported",
-                           path, b[6], b[7]);
-  char h[65536];
-  memcpy(h, b + h0, hl);
-  h[hl] = '\0';
-  const char *d = npy_field(h, "descr"), *f = npy_field(h, "fortran_order"),
-             *sh = npy_field(h, "shape");
-  if (!d || !f || !sh)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: .npy header without %s", path,
-                           !d   ? "descr"
-                           : !f ? "fortran_order"
-                                : "shape");
-  if (strncmp(d, "'<i4'", 5) == 0)
+  dpt_npy h;
+  dp_status s = dpt_npy_parse(path, b, n, &h, err, errcap);
+  if (s) return s;
+  if (!strcmp(h.descr, "<i4") || !strcmp(h.descr, "=i4"))
     *width = 4;
-  else if (strncmp(d, "'<u2'", 5) == 0)
+  else if (!strcmp(h.descr, "<u2") || !strcmp(h.descr, "=u2"))
     *width = 2;
   else
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: dtype %.8s is not supported: token ids must be int32 "
-                           "('<i4') or uint16 ('<u2'), little-endian",
-                           path, d);
-  if (strncmp(f, "False", 5) != 0)
+                           "%s: byte %zu: dtype '%s' is not supported: token ids must be "
+                           "int32 ('<i4') or uint16 ('<u2'), little-endian",
+                           path, h.at_descr, h.descr);
+  if (h.fortran)
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: fortran_order must be False (C order)", path);
-  char *end = NULL;
-  if (*sh != '(') goto shape;
-  errno = 0;
-  unsigned long long c = strtoull(sh + 1, &end, 10);
-  if (errno || end == sh + 1) goto shape;
-  while (*end == ' ') end++;
-  if (*end == ',') end++;
-  while (*end == ' ') end++;
-  if (*end != ')') goto shape;
-  *count = (size_t)c;
-  *data = h0 + hl;
-  if (c > (n - *data) / (size_t)*width)
+                           "%s: byte %zu: fortran_order must be False (C order)", path,
+                           h.at_fortran);
+  if (h.ndim != 1)
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: the header says %llu ids; the file holds fewer", path, c);
+                           "%s: byte %zu: token ids must be a 1-D array", path, h.at_shape);
+  *count = (size_t)h.shape[0];
+  *data = h.data;
+  if (h.shape[0] > (n - *data) / (size_t)*width)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: the header says %llu ids; the file holds fewer", path,
+                           (unsigned long long)h.shape[0]);
   return DP_OK;
-shape:
-  return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                         "%s: shape %.32s: token ids must be a 1-D array", path, sh);
 }
 
 dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char *err,
