@@ -228,6 +228,7 @@ static int load_inputs(predict_run *t) {
                                 : loss == DP_LOSS_MSE        ? DPT_ROWS_TARGETS
                                                              : DPT_ROWS_FEATURES,
                         .n_targets = out_w,
+                        .n_outputs = loss == DP_LOSS_SOFTMAX_CE ? out_w : 0,
                         .header = o->header,
                         .labels_optional = 1,
                         .n_features = in_w};
