@@ -831,6 +831,12 @@ START_TEST(binary_hostile_files_are_refused) {
   uint64_t zero[1] = {0};
   npy_write(bad, "<f4", 0, zero, 1, xf, 0);
   REFUSED(bad, y, DP_ERR_PARSE, "shape (0,): the data must be rows (N, ...)");
+  uint64_t empty_rows[2] = {R, 0}; /* found by fuzz_npy: rows of no values */
+  npy_write(bad, "<f4", 0, empty_rows, 2, xf, 0);
+  REFUSED(bad, y, DP_ERR_PARSE,
+          "%s: byte 60: shape (4, 0): the data must be rows (N, ...) "
+          "with N from 1 to 2147483647, of 1 to 2^30 values each",
+          bad);
   /* values: NaN, infinite, beyond float's range (float64) */
   float nan_x[R * F];
   memcpy(nan_x, xf, sizeof xf);

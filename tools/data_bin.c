@@ -379,17 +379,17 @@ static dp_status load_features(const char *path, int npy, int width, dpt_dataset
   if (!s && npy)
     s = npy_require(path, &b, &h, "'<f4', '<f8' or '|u1'", "features", err, errcap);
   char sh[96];
-  if (!s && (h.ndim < 1 || h.shape[0] == 0 || h.shape[0] > INT_MAX ||
+  if (!s && (h.ndim < 1 || h.shape[0] == 0 || h.shape[0] > INT_MAX || h.numel == 0 ||
              h.numel / h.shape[0] > (1u << 30)))
     s = dpt_fail_status(
         DP_ERR_PARSE, err, errcap,
         "%s: byte %zu: shape %s: the data must be rows (N, ...) with N from 1 "
-        "to %d",
-        path, h.at_shape, shape_text(&h, sh, sizeof sh), INT_MAX);
+        "to %d, of 1 to 2^30 values each",
+        path, npy ? h.at_shape : 4, shape_text(&h, sh, sizeof sh), INT_MAX);
   if (!s && width > 0 && h.numel / h.shape[0] != (uint64_t)width)
     s = dpt_fail_status(DP_ERR_SHAPE, err, errcap,
                         "%s: byte %zu: shape %s: %llu values per row; the model takes %d",
-                        path, npy ? h.at_shape : 8, shape_text(&h, sh, sizeof sh),
+                        path, npy ? h.at_shape : 4, shape_text(&h, sh, sizeof sh),
                         (unsigned long long)(h.numel / h.shape[0]), width);
   if (s) {
     blob_free(&b);
