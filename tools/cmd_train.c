@@ -437,8 +437,8 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
     size_t na = strcspn(a, "= "), nb = strcspn(b, "= ");
     if (la && lb && (na != nb || memcmp(a, b, na))) lb = 0; /* different words */
-    if (!la !=
-        !lb) { /* a word (data-seed, shuffle) one run has: the default in the other */
+    /* a word (data-seed, shuffle) one run has: the default in the other */
+    if (!la != !lb) {
       const char *wd = la ? a : b;
       size_t n = la ? na : nb, l = la ? la : strcspn(b, " ");
       char v[64];
