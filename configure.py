@@ -222,6 +222,25 @@ def apt_install(names, install):
     return True
 
 
+ZLIB_PROBE = ('#include <zlib.h>\n'
+              'int main(void) { return gzopen("x", "rb") == 0 ? 0 : 1; }\n')
+
+
+def find_zlib(cc):
+    """Whether zlib's header and library are there (the dp tool reads gzip'd IDX files
+    with it; without it those are refused with a message)."""
+    if not cc:
+        return False
+    d = tempfile.mkdtemp()
+    try:
+        src = os.path.join(d, 'z.c')
+        with open(src, 'w') as f:
+            f.write(ZLIB_PROBE)
+        return run(shlex.split(cc) + [src, '-o', os.path.join(d, 'z'), '-lz'])[0] == 0
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
 def ensure_optional_tools(install):
     """clang + libFuzzer and valgrind: installed through apt-get when `install`, run as
     root and missing. Never fatal: without them `ninja fuzz` / `ninja valgrind` fail with the
@@ -238,6 +257,8 @@ def ensure_optional_tools(install):
             if reason and fuzz_cc and clang_major(fuzz_cc):
                 if apt_install(['libclang-rt-%s-dev' % clang_major(fuzz_cc)], install):
                     fuzz_cc, reason = find_fuzz_cc()
+    if not find_zlib(find_cc()):  # gzip'd MNIST files (tools/data_bin.c)
+        apt_install(['zlib1g-dev'], install)
     valgrind = shutil.which('valgrind')
     if not valgrind and apt_install(['valgrind'], install):
         valgrind = shutil.which('valgrind')
@@ -481,6 +502,11 @@ def main():
         if nccl:
             defines.append('-DDP_HAVE_NCCL=1')
     cflags += defines + env_flags('CFLAGS')
+    # zlib: the dp tool's reader of gzip'd IDX files (tools/data_bin.c); -lz goes on the
+    # programs that link the tools (link_libs), never into libdp.a's own needs
+    zlib = find_zlib(cc)
+    if zlib:
+        cflags.append('-DDPT_HAVE_ZLIB=1')
     # the tools and tests that use dp_mpi.h (compiled with the wrapper's include flags)
     tool_mpi_flags = (['-DDP_HAVE_MPI=1'] + mpi['cflags']) if mpi else []
     example_cflags = common + ['-Iinclude'] + opt + env_flags('CFLAGS')
@@ -489,6 +515,7 @@ def main():
     # libdp.a needs only these; libdp_cuda.a (the CUDA backend) adds cuda_libs. The
     # rpaths are for this tree's own programs; the .pc files force none.
     sys_libs = ['-lm', '-pthread']
+    link_libs = sys_libs + (['-lz'] if zlib else [])
     cuda_libs, cuda_pc_libs = [], []
     if cuda:
         lib64 = cuda['lib64']
@@ -592,7 +619,7 @@ def main():
         defaults += libmpi
     # what a program of this tree links: the CUDA backend and MPI where there are
     all_libs = libmpi + libcuda + [libdp]
-    flibs = [('libs', esc(join(sys_libs + cuda_libs + mpi_libs)))]
+    flibs = [('libs', esc(join(link_libs + cuda_libs + mpi_libs)))]
 
     # tools
     libtools = []
@@ -610,7 +637,7 @@ def main():
 
     # tests
     tcflags = [('cflags', '$cflags ' + esc(join(test_cflags)))]
-    tlibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + cuda_libs + mpi_libs)))]
+    tlibs = [('libs', esc(join(shlex.split(check_libs) + link_libs + cuda_libs + mpi_libs)))]
     suites_h = os.path.join(bd, 'gen', 'suites.h')
     test_bins = []
     libtest = []
@@ -652,7 +679,7 @@ def main():
         # The GPU suite through the public API runs here too, against the double, so
         # that its logic is checked on every run (test_dp runs it on a real GPU).
         eobjs += [O('tests/test_cuda_api.c'), O('tests/test_cuda_fault.c')]
-        elibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs)))]
+        elibs = [('libs', esc(join(shlex.split(check_libs) + link_libs)))]
         test_bins += n.build(B('test_cuda_emul'), 'link', eobjs + [vtable_obj, libdp],
                              variables=elibs)
     # tests/mpi: programs run under mpirun by tests/mpi/run.sh (a check of `ninja test`)
@@ -675,7 +702,7 @@ def main():
                            ['tests/emul/fake_cuda.c'], variables=cmflags)[0]
             mpi_bins += n.build(B('test_cuda_mpi'), 'link',
                                 [cobj, fobj, vtable_obj] + libmpi + [libdp],
-                                variables=[('libs', esc(join(sys_libs + mpi_libs)))])
+                                variables=[('libs', esc(join(link_libs + mpi_libs)))])
         # ... and on real GPUs (tests/gpu/run.sh, on a machine with two or more)
         if cuda and os.path.exists('tests/mpi/test_mpi.c'):
             gmflags = [('cflags', '$cflags ' + esc(join(
@@ -712,7 +739,7 @@ def main():
         tobjs = [n.build(SO('tests/check_main.c'), 'cc', ['tests/check_main.c'],
                          [os.path.join(sim_gen, 'suites.h')], variables=scflags)[0]]
         tobjs += [n.build(SO(s), 'cc', [s], variables=scflags)[0] for s in sim_tests]
-        slibs = [('libs', esc(join(shlex.split(check_libs) + sys_libs + ['-lstdc++'])))]
+        slibs = [('libs', esc(join(shlex.split(check_libs) + link_libs + ['-lstdc++'])))]
         sim_bins += n.build(B('test_cuda_sim'), 'link', tobjs + libtest + libtools + libsim +
                             [libdp], variables=slibs)
         # test_noalloc_sim: the no-allocation check on the simulation. Its counting
@@ -729,7 +756,7 @@ def main():
             libk = n.build(B('libdp_cuda_sim_code.a'), 'ar', kobjs)
             nobj = n.build(SO('tests/standalone/test_noalloc.c'), 'cc',
                            ['tests/standalone/test_noalloc.c'], variables=scflags)[0]
-            nlibs = [('libs', esc(join(sys_libs + ['-ldl', '-lstdc++', '-L' + bd,
+            nlibs = [('libs', esc(join(link_libs + ['-ldl', '-lstdc++', '-L' + bd,
                                                    '-Wl,-rpath,' + os.path.abspath(bd), '-ldp_cuda_sim_rt'])))]
             sim_bins += n.build(B('test_noalloc_sim'), 'link', [nobj] + libtest + libtools +
                                 libk + [libdp], [so[0]], variables=nlibs)
@@ -748,7 +775,7 @@ def main():
                          ['tests/mpi/test_mpi.c'], variables=mcf)[0]
             sim_mpi_bins += n.build(B('test_cuda_mpi_sim'), 'link',
                                     [mo] + libtools + libmpi + libsim_mpi + [libdp],
-                                    variables=[('libs', esc(join(sys_libs + mpi_libs +
+                                    variables=[('libs', esc(join(link_libs + mpi_libs +
                                                                  ['-lstdc++'])))])
         defaults += sim_bins + sim_mpi_bins
         n.build('cuda-sim', 'console', [], sim_bins,
@@ -969,6 +996,9 @@ def main():
                                 if not args.sanitize else 'off (sanitizer build)'))
     print('  MPI         %s' % ('on: %s' % mpi['version'] if mpi else mpi_state))
     print('  Check       %s' % check_version)
+    print('  zlib        %s' % ('on (dp train reads gzip\'d IDX files)' if zlib else
+                                'not found: gzip\'d IDX files are refused (apt-get install '
+                                'zlib1g-dev)'))
     if not args.sanitize:
         print('  fuzz        %s' % (fuzz_cc + ' (libFuzzer)' if fuzz_cc else 'off: ' + fuzz_reason))
         print('  valgrind    %s' % (valgrind or 'not found'))

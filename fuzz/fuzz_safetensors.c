@@ -16,7 +16,8 @@
  * The 8-byte header length stops most mutations of the JSON text at once, so
  * each input is also imported a second time "repaired": with the length set
  * to end at the brace that closes the header's top-level object (strings and
- * escapes followed). That reaches the JSON reader and the tensor checks. */
+ * escapes followed). That reaches the JSON reader and the tensor checks.
+ * Each file is also read by dp_safetensors_read_meta (check_meta). */
 #include "core/ctx.h"
 #include "fuzz_util.h"
 
@@ -170,6 +171,34 @@ static void check_accepted(int i, const uint8_t *b, size_t n) {
              i);
 }
 
+/* dp_safetensors_read_meta on the same file: a refusal (a documented status,
+ * a message naming the file) leaves NULL and 0; an answer is pairs of strings
+ * inside its one block, none empty-keyed twice. */
+static void check_meta(const char *path) {
+  dp_meta *m = (dp_meta *)&m;
+  int n = -1;
+  dp_status s = dp_safetensors_read_meta(path, &m, &n);
+  fuzz_count(s == DP_OK ? "metadata read" : "metadata refused");
+  if (s != DP_OK) {
+    FUZZ_CHECK(s == DP_ERR_PARSE || s == DP_ERR_IO || s == DP_ERR_NOMEM,
+               "metadata: unexpected status %s: %s", dp_status_name(s), dp_last_error());
+    FUZZ_CHECK(m == NULL && n == 0, "a refused read left pairs");
+    FUZZ_CHECK(strstr(dp_last_error(), path) != NULL, "metadata: no file in '%s'",
+               dp_last_error());
+    return;
+  }
+  FUZZ_CHECK(n >= 0 && (n == 0) == (m == NULL), "%d pairs at %p", n, (void *)m);
+  for (int i = 0; i < n; i++) {
+    FUZZ_CHECK(m[i].key && m[i].value, "pair %d has a NULL string", i);
+    FUZZ_CHECK((const void *)m[i].key > (const void *)(m + n - 1) &&
+                   (const void *)m[i].value > (const void *)(m + n - 1),
+               "pair %d points outside its block", i);
+    for (int j = 0; j < i; j++)
+      FUZZ_CHECK(strcmp(m[i].key, m[j].key) != 0, "key '%s' twice", m[i].key);
+  }
+  free(m);
+}
+
 static void import_all(const uint8_t *b, size_t n, bool repaired) {
   const char *what = repaired ? "repaired" : "raw";
   char path[32];
@@ -193,6 +222,7 @@ static void import_all(const uint8_t *b, size_t n, bool repaired) {
     check_accepted(i, b, n);
     restore(&fx[i]);
   }
+  check_meta(path);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -721,6 +721,23 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
  * as they were (a fresh context: a PyTorch-initialised model to train). */
 dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path);
 dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path);
+/* A program's own metadata in the file: key/value strings (safetensors'
+ * "__metadata__" is a map of strings to strings). dp_ckpt_export_safetensors_meta
+ * is dp_ckpt_export_safetensors with n_meta more pairs after "format" and
+ * "libdp_model", in the order given: keys non-empty, unique, neither of those
+ * two; keys and values valid UTF-8 (C strings: no NUL); else DP_ERR_INVALID
+ * naming the key, before anything is written. dp_safetensors_read_meta reads
+ * any safetensors file's metadata (its header only, as strictly as the import
+ * reads it: every value a string, no key twice): *n_meta pairs in file order,
+ * "format" and "libdp_model" included, \u escapes decoded (a NUL is refused),
+ * in one malloc'd block at *meta (free(*meta)); NULL and 0 when the file has
+ * none. DP_ERR_IO, DP_ERR_PARSE (the file named), DP_ERR_NOMEM. */
+typedef struct {
+  const char *key, *value;
+} dp_meta;
+dp_status dp_ckpt_export_safetensors_meta(dp_ctx *c, const char *path, const dp_meta *meta,
+                                          int n_meta);
+dp_status dp_safetensors_read_meta(const char *path, dp_meta **meta, int *n_meta);
 
 /* Files written whole (checkpoints and safetensors exports use this; so do the
  * dp tool's predictions and charts), public so that a program writes its

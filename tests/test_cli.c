@@ -8,6 +8,7 @@
 #include "ckpt_bytes.h"
 #include "core/backend.h" /* dp__backend_register: a backend the tool has never heard of */
 #include "data.h"
+#include "data_files.h"
 
 #include <check.h>
 #include <dirent.h>
@@ -2377,8 +2378,8 @@ START_TEST(train_resume_keeps_the_standardisation) {
                 "--no-standardize", NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   snprintf(want, sizeof want,
-           "dp train: %s was trained on standardised features; resume it without "
-           "--no-standardize\n",
+           "dp train: %s was trained with --standardize feature; resume it with "
+           "--standardize feature (this run asks for none)\n",
            std);
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
@@ -2398,8 +2399,8 @@ START_TEST(train_resume_keeps_the_standardisation) {
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", raw, NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   snprintf(want, sizeof want,
-           "dp train: %s was trained without standardised features; resume it with "
-           "--no-standardize\n",
+           "dp train: %s was trained with --standardize none; resume it with "
+           "--standardize none (this run asks for feature)\n",
            raw);
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
@@ -3150,7 +3151,10 @@ START_TEST(export_import_round_trip) {
 
   cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
-  snprintf(want, sizeof want, "dp export: %s (4 tensors, 9610 parameters) -> %s\n", f, s);
+  snprintf(want, sizeof want,
+           "dp export: %s (4 tensors, 9610 parameters) -> %s\nstandardisation: none: the "
+           "model takes the features as they are (in the metadata: dp.standardize)\n",
+           f, s);
   ck_assert_str_eq(r.out, want);
   ck_assert_str_eq(r.err, "");
   cmd_result_free(&r);
@@ -3162,7 +3166,8 @@ START_TEST(export_import_round_trip) {
   ck_assert_uint_eq(n, 8 + hlen + 9610 * 4);
   char *header = strndup(st + 8, (size_t)hlen);
   ck_assert_msg(strstr(header, "\"libdp_model\":\"input 64\\nlinear 128\\nrelu\\nlinear "
-                               "10\\nloss softmax_cross_entropy\\n\"") &&
+                               "10\\nloss softmax_cross_entropy\\n\",\"dp.standardize\":"
+                               "\"none\"}") &&
                     strstr(header, "\"0.weight\":{\"dtype\":\"F32\",\"shape\":[128,64],") &&
                     strstr(header, "\"0.bias\":{\"dtype\":\"F32\",\"shape\":[128],") &&
                     strstr(header, "\"2.weight\":{\"dtype\":\"F32\",\"shape\":[10,128],") &&
@@ -3173,7 +3178,10 @@ START_TEST(export_import_round_trip) {
 
   r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
-  snprintf(want, sizeof want, "dp import: %s -> %s (step 0, sgd, seed 0)\n", s, g);
+  snprintf(want, sizeof want,
+           "dp import: %s -> %s (step 0, sgd, seed 0)\nstandardisation: none: the model "
+           "takes the features as they are (from the file's metadata)\n",
+           s, g);
   ck_assert_str_eq(r.out, want);
   cmd_result_free(&r);
   r = RUN(dpt_cmd_export, g, "--safetensors", s2);
@@ -3181,7 +3189,7 @@ START_TEST(export_import_round_trip) {
   cmd_result_free(&r);
   ck_assert_msg(same_bytes(s, s2), "export of the imported checkpoint differs");
 
-  /* f has no standardisation, g no run record: the same predictions */
+  /* f has no standardisation, nor has g (the metadata's "none"): the same predictions */
   r = RUN(dpt_cmd_predict, "--checkpoint", f, "--data", DIGITS_CSV, "--out", pf);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   snprintf(want, sizeof want, ": accuracy %s -> ", acc);
@@ -3196,14 +3204,20 @@ START_TEST(export_import_round_trip) {
           "--seed", "7");
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   snprintf(want, sizeof want, "dp import: %s -> %s (step 0, adamw, seed 7)\n", s, g2);
-  ck_assert_str_eq(r.out, want);
+  ck_assert_msg(starts_with(r.out, want), "%s", r.out);
   cmd_result_free(&r);
+  /* the file's weights take raw features: a resume keeps them raw */
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
                 "--seed", "7", "--resume", g2, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "was trained with --standardize none"), "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
+                "--seed", "7", "--resume", g2, "--standardize", "none", NULL);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   cmd_result_free(&r);
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--optimizer", "adamw",
-                "--resume", g2, NULL);
+                "--resume", g2, "--no-standardize", NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   ck_assert_msg(strstr(r.err, "seed") && n_lines(r.err) == 1, "%s", r.err);
   cmd_result_free(&r);
@@ -3431,11 +3445,25 @@ START_TEST(train_resume_refuses_a_record_out_of_range) {
 }
 END_TEST
 
+/* A safetensors file's data (after its header), malloc'd, *n bytes. */
+static char *st_data(const char *path, size_t *n) {
+  size_t len;
+  char *b = slurp_file(path, &len);
+  ck_assert_uint_ge(len, 8);
+  uint64_t h = 0;
+  for (int i = 7; i >= 0; i--) h = h << 8 | (unsigned char)b[i];
+  ck_assert_uint_le(8 + h, len);
+  *n = len - 8 - (size_t)h;
+  memmove(b, b + 8 + h, *n);
+  return b;
+}
+
 /* The tool reads every checkpoint version the library loads (issue 26:
  * predict, export and --resume refused a version 2 file): the same state as
  * versions 1, 2 and 3 predicts the same bytes and exports the same
- * safetensors file, and resumes (older versions carry no run record: from
- * epoch 0). */
+ * safetensors file (the same tensors; version 3's run record adds its
+ * standardisation to the metadata, versions 1 and 2 have none), and resumes
+ * (older versions carry no run record: from epoch 0). */
 START_TEST(every_command_reads_every_checkpoint_version) {
   static const char *const raw[] = {"--no-standardize", NULL};
   char dir[64], f[128], acc[32];
@@ -3466,13 +3494,545 @@ START_TEST(every_command_reads_every_checkpoint_version) {
     r = RUN(dpt_cmd_export, ck, "--safetensors", st);
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: export: %s", v, r.err);
     cmd_result_free(&r);
-    ck_assert_msg(same_bytes(st, st3), "version %d exports otherwise", v);
+    size_t na, nb;
+    char *da = st_data(st, &na), *db = st_data(st3, &nb);
+    ck_assert_msg(na == nb && memcmp(da, db, na) == 0, "version %d exports otherwise", v);
+    free(da);
+    free(db);
+    if (v == 1) {
+      char st2[128];
+      ck_assert_msg(same_bytes(st, in_dir(st2, sizeof st2, dir, "s2.safetensors")),
+                    "versions 1 and 2 export otherwise");
+    }
     r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--test-fraction", "0",
                   "--resume", ck, NULL);
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: resume: %s", v, r.err);
     cmd_result_free(&r);
   }
   free(v3);
+  remove_dir(dir);
+}
+END_TEST
+
+/* --standardize: feature (the default, with a warning naming the digits'
+ * constant features), channel (an image model's: one mean and deviation per
+ * input channel, kept in the record), none (= --no-standardize: the same
+ * bits); channel for a model without channels, an unknown word and the two
+ * spellings contradicting each other are refused. */
+START_TEST(train_standardize_modes) {
+  char dir[64], f[128], c[128], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(c, sizeof c, dir, "c.ckpt");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", f, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_str_eq(r.err, "dp train: warning: 3 of 64 features are constant over the 1437 "
+                          "training rows (std 0; the first: 0, 32, 39): standardised with "
+                          "std 1, they become 0 for every row\n");
+  cmd_result_free(&r);
+  int epochs, rows;
+  dpt_scaler sc;
+  run_record(f, &epochs, &rows, &sc);
+  ck_assert(sc.n == 64 && !sc.per_channel && sc.std[0] == 1.0 && sc.std[32] == 1.0);
+  dpt_scaler_free(&sc);
+
+  /* channel: the digits as 1 x 8 x 8 images, one mean and deviation */
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", "examples/digits_cnn.dpm", "--data",
+                DIGITS_CSV, "--batch", "64", "--quiet", "--epochs", "1", "--standardize",
+                "channel", "--save", c, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_str_eq(r.err, "");
+  cmd_result_free(&r);
+  run_record(c, &epochs, &rows, &sc);
+  ck_assert(sc.n == 1 && sc.per_channel && sc.n_constant == 0);
+  /* over every pixel of the training rows: the digits' mean is 4.88 */
+  ck_assert_msg(sc.mean[0] > 4.5 && sc.mean[0] < 5.3 && sc.std[0] > 5.5 && sc.std[0] < 6.5,
+                "mean %g std %g", sc.mean[0], sc.std[0]);
+  dpt_scaler_free(&sc);
+  r = RUN(dpt_cmd_predict, "--checkpoint", c, "--data", DIGITS_CSV);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", "examples/digits_cnn.dpm", "--data",
+                DIGITS_CSV, "--batch", "64", "--quiet", "--epochs", "1", "--resume", c,
+                NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: %s was trained with --standardize channel; resume it with "
+           "--standardize channel (this run asks for feature)\n",
+           c);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+
+  /* none is --no-standardize */
+  char h1[32], h2[32];
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--standardize", "none",
+                NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && !strcmp(r.err, ""), "%s", r.err);
+  hash_of(&r, h1, sizeof h1);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  hash_of(&r, h2, sizeof h2);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h1, h2);
+
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--standardize", "channel", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err, "dp train: --standardize channel is for image models (input C H "
+                          "W); examples/digits.dpm takes rows of 64 features: use "
+                          "--standardize feature\n");
+  cmd_result_free(&r);
+  static const char *const bad[][4] = {
+      {"--standardize", "robust", NULL, "'robust' is not none, feature or channel"},
+      {"--no-standardize", "--standardize", "feature", "contradicts --no-standardize"},
+      {"--standardize", "channel", "--no-standardize", "contradicts --standardize channel"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, bad[i][0], bad[i][1], bad[i][2], NULL);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, bad[i][3]) && strstr(r.err, "see dp train --help"), "%s",
+                  r.err);
+    ck_assert_str_eq(r.out, "");
+    cmd_result_free(&r);
+  }
+  r = RUN(dpt_cmd_train, "--help");
+  ck_assert_msg(strstr(r.out, "--standardize MODE") && strstr(r.out, "--no-standardize "),
+                "%s", r.out);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* The standardisation travels with the weights: dp export puts it in the
+ * safetensors metadata (the record's doubles exactly, as shortest decimals)
+ * and prints it; dp import keeps it as the checkpoint's run record, so the
+ * imported checkpoint predicts raw rows as the original does and exports the
+ * same file again; the PyTorch source standardises first. */
+START_TEST(export_carries_the_standardisation) {
+  char dir[64], f[128], g[128], s[128], s2[128], py[128], pf[128], pg[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  in_dir(s2, sizeof s2, dir, "g.safetensors");
+  in_dir(py, sizeof py, dir, "f.py");
+  in_dir(pf, sizeof pf, dir, "pf.csv");
+  in_dir(pg, sizeof pg, dir, "pg.csv");
+  digits_checkpoint(f, NULL, acc, sizeof acc);
+  cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s, "--pytorch", py);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "\nstandardisation: per feature, 64 values; mean 0, 0.3038, "
+                              "5.205, 11.84, ...; std 1, 0.9069, 4.754, 4.248, ... (in the "
+                              "metadata: dp.standardize, dp.mean, dp.std)\n"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  int epochs, rows;
+  dpt_scaler sc, got;
+  run_record(f, &epochs, &rows, &sc);
+  dp_meta *meta = NULL;
+  int n = 0;
+  ck_assert_int_eq(dp_safetensors_read_meta(s, &meta, &n), DP_OK);
+  char err[256];
+  ck_assert_int_eq(dpt_scaler_from_meta(meta, n, &got, err, sizeof err), 1);
+  ck_assert(got.n == 64 && !got.per_channel);
+  ck_assert_mem_eq(got.mean, sc.mean, 64 * sizeof(double));
+  ck_assert_mem_eq(got.std, sc.std, 64 * sizeof(double));
+  ck_assert_str_eq(meta[2].key, "dp.standardize");
+  ck_assert_str_eq(meta[2].value, "feature");
+  ck_assert_msg(starts_with(meta[3].value, "0,0.30"), "%s", meta[3].value);
+  free(meta);
+  dpt_scaler_free(&got);
+  char *src = slurp_file(py, NULL);
+  ck_assert_msg(
+      strstr(src, "STANDARDIZE = \"feature\"\nMEAN = [0.0, 0.30") &&
+          strstr(src, "STD = [1.0, 0.90") &&
+          strstr(src, "        x = standardize(x, self.dp_mean, self.dp_std)\n") &&
+          strstr(src, "persistent=False"),
+      "%s", src);
+  free(src);
+
+  r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  ck_assert_msg(strstr(r.out, "\nstandardisation: per feature, 64 values; mean 0, 0.3038"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  run_record(g, &epochs, &rows, &got);
+  ck_assert(epochs == 0 && rows == 0 && got.n == 64);
+  ck_assert_mem_eq(got.mean, sc.mean, 64 * sizeof(double));
+  ck_assert_mem_eq(got.std, sc.std, 64 * sizeof(double));
+  dpt_scaler_free(&got);
+  dpt_scaler_free(&sc);
+  r = RUN(dpt_cmd_export, g, "--safetensors", s2);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(s, s2), "the imported checkpoint exports another file");
+  r = RUN(dpt_cmd_predict, "--checkpoint", f, "--data", DIGITS_CSV, "--out", pf);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_predict, "--checkpoint", g, "--data", DIGITS_CSV, "--out", pg);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  ck_assert_msg(same_bytes(pf, pg), "the imported checkpoint predicts otherwise");
+  /* a resume of the import keeps its standardisation, with no warning of rows */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", g, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && !strcmp(r.err, ""), "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* Metadata dp import cannot use is refused naming the key (exit 1, no
+ * checkpoint written): another word, a deviation of 0, a value that is not a
+ * number, a count that is not the model's, a key without the others. */
+START_TEST(import_refuses_bad_standardisation) {
+  char dir[64], f[128], s[128], g[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  digits_checkpoint(f, NULL, acc, sizeof acc);
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 1;
+  cfg.inference = 1;
+  ck_assert(!dp_ckpt_info(f, &m, NULL) && !dp_plan_create(m, &cfg, &p) &&
+            !dp_ctx_create(p, &c) && !dp_ckpt_load(c, f));
+  char ones[64 * 2 + 1] = "", zero_last[64 * 2 + 1];
+  for (int j = 0; j < 64; j++) strcat(ones, j ? ",1" : "1");
+  snprintf(zero_last, sizeof zero_last, "%.*s0", 63 * 2, ones);
+  static const char *const why[] = {
+      "metadata dp.standardize is \"robust\"; it is none, feature or channel",
+      "metadata dp.std: field 64 is 0; a deviation is a finite number above 0",
+      "metadata dp.mean: field 2 \"x\" is not a decimal number",
+      "its standardisation has 3 features; the model takes 64",
+      "metadata dp.mean without dp.standardize",
+      "metadata dp.standardize is \"feature\" without dp.std",
+      "metadata dp.mean: field 1 is 1e999; a mean is a finite number",
+  };
+  const dp_meta bad[][3] = {
+      {{"dp.standardize", "robust"}, {"dp.mean", ones}, {"dp.std", ones}},
+      {{"dp.standardize", "feature"}, {"dp.mean", ones}, {"dp.std", zero_last}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1,x"}, {"dp.std", ones}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1,2,3"}, {"dp.std", "1,2,3"}},
+      {{"dp.mean", ones}, {"x", "y"}, {"z", "w"}},
+      {{"dp.standardize", "feature"}, {"dp.mean", ones}, {"x", "y"}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1e999"}, {"dp.std", "1"}},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ck_assert_int_eq(dp_ckpt_export_safetensors_meta(c, s, bad[i], 3), DP_OK);
+    cmd_result r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g);
+    ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+    char want[512];
+    snprintf(want, sizeof want, "dp import: safetensors file '%s': %s\n", s, why[i]);
+    ck_assert_str_eq(r.err, want);
+    ck_assert_int_eq(access(g, F_OK), -1);
+    cmd_result_free(&r);
+  }
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  dp_model_free(m);
+  remove_dir(dir);
+}
+END_TEST
+
+/* ---- data formats (issue 30 item 5) ------------------------------------------------- */
+
+/* The digits in every format the readers take, in dir: x32.npy, x64.npy
+ * (float32 / float64 (N, 8, 8)), y64.npy, y32.npy, yu8.npy (labels), IDX
+ * images and labels plain and (with zlib) gzip'd, and hdr.csv (a header row,
+ * then data/digits.csv). The paths in p[]: see the names below. */
+enum { F_X32, F_X64, F_Y64, F_Y32, F_YU8, F_IMG, F_LAB, F_IMGZ, F_LABZ, F_HDR, F_N };
+static void digits_formats(const char *dir, char p[F_N][128]) {
+  static const char *const names[F_N] = {
+      "x32.npy",      "x64.npy",      "y64.npy",         "y32.npy",         "yu8.npy",
+      "i-idx3-ubyte", "l-idx1-ubyte", "i-idx3-ubyte.gz", "l-idx1-ubyte.gz", "hdr.csv"};
+  for (int k = 0; k < F_N; k++) in_dir(p[k], sizeof p[k], dir, names[k]);
+  float *x;
+  int32_t *y;
+  int rows = digits_arrays(&x, &y);
+  size_t n = (size_t)rows * 64;
+  double *xd = malloc(n * 8);
+  int64_t *yl = malloc((size_t)rows * 8);
+  unsigned char *xu = malloc(n), *yu = malloc((size_t)rows);
+  ck_assert(xd && yl && xu && yu);
+  for (size_t i = 0; i < n; i++) xd[i] = x[i], xu[i] = (unsigned char)x[i];
+  for (int i = 0; i < rows; i++) yl[i] = y[i], yu[i] = (unsigned char)y[i];
+  uint64_t shape[3] = {(uint64_t)rows, 8, 8}, lshape[1] = {(uint64_t)rows};
+  uint32_t dims[3] = {(uint32_t)rows, 8, 8}, ldims[1] = {(uint32_t)rows};
+  npy_write(p[F_X32], "<f4", 0, shape, 3, x, n * 4);
+  npy_write(p[F_X64], "<f8", 0, shape, 3, xd, n * 8);
+  npy_write(p[F_Y64], "<i8", 0, lshape, 1, yl, (size_t)rows * 8);
+  npy_write(p[F_Y32], "<i4", 0, lshape, 1, y, (size_t)rows * 4);
+  npy_write(p[F_YU8], "|u1", 0, lshape, 1, yu, (size_t)rows);
+  idx_write(p[F_IMG], dims, 3, xu, 0);
+  idx_write(p[F_LAB], ldims, 1, yu, 0);
+  idx_write(p[F_IMGZ], dims, 3, xu, 1);
+  idx_write(p[F_LABZ], ldims, 1, yu, 1);
+  char *csv = slurp_file(DIGITS_CSV, NULL);
+  FILE *f = fopen(p[F_HDR], "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("label", f);
+  for (int j = 0; j < 64; j++) fprintf(f, ",pixel%d", j);
+  fprintf(f, "\n%s", csv);
+  ck_assert_int_eq(fclose(f), 0);
+  free(csv);
+  free(x);
+  free(y);
+  free(xd);
+  free(yl);
+  free(xu);
+  free(yu);
+}
+
+/* The digits as .npy (float32, float64; int64, int32, uint8 labels), as IDX
+ * (plain and gzip'd) and as a CSV with a header train to the parameter hash
+ * and held-out figures of data/digits.csv, and dp predict writes the same
+ * predictions from each. */
+START_TEST(train_and_predict_read_every_format) {
+  char dir[64], p[F_N][128], ck[128], pred[128], pred0[128], want[64], got[64], line[128];
+  temp_dir(dir, sizeof dir);
+  digits_formats(dir, p);
+  in_dir(ck, sizeof ck, dir, "d.ckpt");
+  in_dir(pred0, sizeof pred0, dir, "p0.csv");
+  in_dir(pred, sizeof pred, dir, "p.csv");
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, want, sizeof want);
+  line_of(r.out, "held-out:", line, sizeof line);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", pred0);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  static const int pairs[][2] = {{F_X32, F_Y64}, {F_X64, F_Y32},   {F_X32, F_YU8},
+                                 {F_IMG, F_LAB}, {F_IMGZ, F_LABZ}, {F_IMG, F_Y64},
+                                 {F_HDR, -1}};
+  for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+    const char *data = p[pairs[i][0]], *labels = pairs[i][1] < 0 ? NULL : p[pairs[i][1]];
+    if (!have_zlib() && pairs[i][0] == F_IMGZ) continue;
+    r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", data,
+                  "--batch", "64", "--quiet", "--epochs", "2", labels ? "--labels" : NULL,
+                  labels, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: %s", data, r.err);
+    hash_of(&r, got, sizeof got);
+    ck_assert_msg(!strcmp(got, want), "%s: hash %s, the CSV's %s", data, got, want);
+    ck_assert_msg(strstr(r.out, line), "%s:\n%s", data, r.out);
+    cmd_result_free(&r);
+    r = run_lists(dpt_cmd_predict, NULL, NULL, "--checkpoint", ck, "--data", data, "--out",
+                  pred, labels ? "--labels" : NULL, labels, NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: %s", data, r.err);
+    ck_assert_msg(strstr(r.out, ": accuracy "), "%s", r.out);
+    cmd_result_free(&r);
+    ck_assert_msg(same_bytes(pred, pred0), "%s predicts otherwise", data);
+  }
+  /* .npy without labels: features only, the same predictions, no metric */
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", p[F_X64], "--out", pred);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && !strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
+  cmd_result_free(&r);
+  ck_assert(same_bytes(pred, pred0));
+  remove_dir(dir);
+}
+END_TEST
+
+/* The rows [from, to) of data/digits.csv (lines) written to path. */
+static void digits_lines(const char *path, int from, int to) {
+  char *text = slurp_file(DIGITS_CSV, NULL), *line = text;
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  for (int r = 0; *line && r < to; r++) {
+    char *nl = strchr(line, '\n');
+    size_t len = nl ? (size_t)(nl - line) + 1 : strlen(line);
+    if (r >= from) fwrite(line, 1, len, f);
+    line += len;
+  }
+  ck_assert_int_eq(fclose(f), 0);
+  free(text);
+}
+
+/* --val-data is the held-out set: with --no-shuffle, training on the first
+ * 1437 rows with the last 360 as --val-data is the very run of the whole
+ * file, whose held-out share is then its tail (the same hash and held-out
+ * figures); --eval-every evaluates it; dp predict on it agrees. */
+START_TEST(train_val_data_is_the_held_out_set) {
+  char dir[64], tr[128], va[128], ck[128], h1[32], h2[32], l1[128], l2[128], acc[32];
+  temp_dir(dir, sizeof dir);
+  in_dir(tr, sizeof tr, dir, "train.csv");
+  in_dir(va, sizeof va, dir, "val.csv");
+  in_dir(ck, sizeof ck, dir, "v.ckpt");
+  digits_lines(tr, 0, 1437);
+  digits_lines(va, 1437, 1797);
+  cmd_result r =
+      run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--no-shuffle", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, h1, sizeof h1);
+  line_of(r.out, "held-out:", l1, sizeof l1);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", tr, "--batch",
+                "64", "--epochs", "2", "--no-shuffle", "--val-data", va, "--eval-every",
+                "1", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  hash_of(&r, h2, sizeof h2);
+  line_of(r.out, "held-out:", l2, sizeof l2);
+  ck_assert_msg(strstr(r.out, ": 1437 train / 360 held-out rows") &&
+                    strstr(r.out, "held-out rows: ") && strstr(r.out, "(--val-data)") &&
+                    strstr(r.out, "epoch   2/2  loss ") && strstr(r.out, "held-out loss "),
+                "%s", r.out);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h1, h2);
+  ck_assert_str_eq(l1, l2);
+  ck_assert_msg(strstr(l1, "(360 rows)"), "%s", l1);
+  text_after(l2, "accuracy ", "%", acc, sizeof acc);
+  r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", va);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  char want[64];
+  snprintf(want, sizeof want, ": accuracy %s", acc);
+  ck_assert_msg(strstr(r.err, want), "%s (want %s)", r.err, want);
+  cmd_result_free(&r);
+  /* a shuffled run of the same file holds out other rows: another hash */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", NULL);
+  hash_of(&r, h2, sizeof h2);
+  cmd_result_free(&r);
+  ck_assert_str_ne(h1, h2);
+  static const char *const usage[][5] = {
+      {"--val-data", DIGITS_CSV, "--test-fraction", "0.1", "goes without it"},
+      {"--val-labels", DIGITS_CSV, NULL, NULL, "--val-labels goes with --val-data"},
+      {"--standardize", "x", NULL, NULL, "not none, feature or channel"},
+  };
+  for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, usage[i][0], usage[i][1], usage[i][2],
+                  usage[i][3], NULL);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, usage[i][4]), "%s", r.err);
+    cmd_result_free(&r);
+  }
+  remove_dir(dir);
+}
+END_TEST
+
+/* --data-seed keys the split and the epochs' order apart from --seed: from
+ * the same weights (dp import under two seeds; the digits model has no
+ * dropout, so the seed keys nothing else), runs of --seed 1 and 2 with
+ * --data-seed 7 give the same bits, without it (the data seed is the seed)
+ * different ones, and so do --data-seed 7 and 8; --no-shuffle is one order
+ * whatever the seeds. A resume must keep the data seed. */
+START_TEST(train_data_seed_orders_independently) {
+  char dir[64], a[128], st[128], i1[128], i2[128], h[6][32];
+  temp_dir(dir, sizeof dir);
+  in_dir(a, sizeof a, dir, "a.ckpt");
+  in_dir(st, sizeof st, dir, "a.safetensors");
+  in_dir(i1, sizeof i1, dir, "i1.ckpt");
+  in_dir(i2, sizeof i2, dir, "i2.ckpt");
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--save", a, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, a, "--safetensors", st);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_import, st, "--model", DIGITS_MODEL, "--out", i1, "--seed", "1");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_import, st, "--model", DIGITS_MODEL, "--out", i2, "--seed", "2");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  static const char *const runs[6][5] = {
+      {"1", "--data-seed", "7"}, {"2", "--data-seed", "7"}, {"1"}, {"2"},
+      {"2", "--data-seed", "8"}, {"1", "--no-shuffle"}};
+  for (int k = 0; k < 6; k++) {
+    const char *ckpt = runs[k][0][0] == '1' ? i1 : i2;
+    r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--resume", ckpt, "--seed",
+                  runs[k][0], runs[k][1], runs[k][2], NULL);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "run %d: %s", k, r.err);
+    hash_of(&r, h[k], sizeof h[k]);
+    cmd_result_free(&r);
+  }
+  ck_assert_str_eq(h[0], h[1]); /* the same data seed, other seeds: the same order */
+  ck_assert_str_ne(h[2], h[3]); /* the data seed follows the seed by default */
+  ck_assert_str_ne(h[1], h[4]); /* another data seed, another order */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "2", "--resume", i2, "--seed", "2",
+                "--no-shuffle", NULL);
+  hash_of(&r, h[4], sizeof h[4]);
+  cmd_result_free(&r);
+  ck_assert_str_eq(h[4], h[5]);
+  /* the data seed is part of the run: a resume keeps it */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--data-seed", "5", "--save",
+                a, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", a, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(
+      strstr(r.err, "--data-seed: the checkpoint's run used 5, this one the default"), "%s",
+      r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--resume", a, "--data-seed",
+                "5", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
+/* Bad data is refused with its place, and nothing trains: no step, no
+ * checkpoint (a NaN in a .npy, a label out of the model's range, a header
+ * row with another field count, --header beside a .npy). */
+START_TEST(train_refuses_bad_data_before_training) {
+  char dir[64], p[F_N][128], bad[128], ck[128], csv[128];
+  temp_dir(dir, sizeof dir);
+  digits_formats(dir, p);
+  in_dir(bad, sizeof bad, dir, "bad.npy");
+  in_dir(ck, sizeof ck, dir, "x.ckpt");
+  in_dir(csv, sizeof csv, dir, "bad.csv");
+  float *x;
+  int32_t *y;
+  int rows = digits_arrays(&x, &y);
+  x[100 * 64 + 3] = NAN;
+  uint64_t shape[2] = {(uint64_t)rows, 64}, lshape[1] = {(uint64_t)rows};
+  size_t off = npy_write(bad, "<f4", 0, shape, 2, x, (size_t)rows * 64 * 4);
+  char want[256];
+  snprintf(want, sizeof want, "dp train: %s: byte %zu (row 100, value 3): NaN", bad,
+           off + (100 * 64 + 3) * 4);
+  cmd_result r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data",
+                           bad, "--labels", p[F_Y32], "--batch", "64", "--save", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(starts_with(r.err, want) && n_lines(r.err) == 1, "%s", r.err);
+  ck_assert_msg(!strstr(r.out, "epoch") && !strstr(r.out, "steps:"), "%s", r.out);
+  ck_assert_int_eq(access(ck, F_OK), -1);
+  cmd_result_free(&r);
+  y[9] = 10;
+  off = npy_write(bad, "<i4", 0, lshape, 1, y, (size_t)rows * 4);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", bad, "--batch", "64", "--save", ck, NULL);
+  snprintf(want, sizeof want,
+           "dp train: %s: byte %zu (row 9): label 10 is out of range (0 to 9: the model's "
+           "outputs)\n",
+           bad, off + 36);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_str_eq(r.err, want);
+  ck_assert_int_eq(access(ck, F_OK), -1);
+  cmd_result_free(&r);
+  write_file(csv, "label,a,b\n1,2,3\n1,2\n");
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", csv,
+                "--batch", "64", NULL);
+  snprintf(want, sizeof want,
+           "dp train: %s:3: field count 2; the header row (line 1) has 3\n", csv);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--header", "--batch", "64", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "--header is for CSV files"), "%s", r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_train, "--help");
+  ck_assert_msg(strstr(r.out, "--labels FILE") && strstr(r.out, "--val-data FILE") &&
+                    strstr(r.out, "--no-shuffle") && strstr(r.out, "--data-seed S") &&
+                    strstr(r.out, "--header"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  free(x);
+  free(y);
   remove_dir(dir);
 }
 END_TEST
@@ -3672,6 +4232,17 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
   tcase_add_test(tc, every_command_reads_every_checkpoint_version);
   tcase_add_test(tc, help_lists_predict_export_import);
+  tcase_add_test(tc, train_standardize_modes);
+  tcase_add_test(tc, export_carries_the_standardisation);
+  tcase_add_test(tc, import_refuses_bad_standardisation);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("data_formats");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, train_and_predict_read_every_format);
+  tcase_add_test(tc, train_val_data_is_the_held_out_set);
+  tcase_add_test(tc, train_data_seed_orders_independently);
+  tcase_add_test(tc, train_refuses_bad_data_before_training);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);
 

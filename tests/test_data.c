@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "data_files.h"
 #include "svg.h"
 
 /* ---- helpers ------------------------------------------------------------------ */
@@ -603,6 +604,365 @@ START_TEST(standardize_saturates_far_outliers) {
 }
 END_TEST
 
+static void file_put(const char *path, const void *b, size_t n) {
+  FILE *f = fopen(path, "wb");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_uint_eq(fwrite(b, 1, n, f), n);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+/* ---- binary formats (.npy, IDX) and CSV headers ------------------------------------ */
+
+/* A scratch directory for the files of one test, and paths in it. */
+typedef struct {
+  char dir[64], path[8][128];
+} bin_dir;
+
+static void bin_open(bin_dir *b) {
+  strcpy(b->dir, "/tmp/dpt_bin_XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(b->dir));
+}
+
+static const char *bin_path(bin_dir *b, int k, const char *name) {
+  snprintf(b->path[k], sizeof b->path[k], "%s/%s", b->dir, name);
+  return b->path[k];
+}
+
+static void bin_close(bin_dir *b) {
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", b->dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+/* dpt_data_load of (data, labels) as classes below n_outputs (0: any). */
+static dp_status bin_load(const char *data, const char *labels, int n_outputs,
+                          dpt_dataset *d, char *err, size_t cap) {
+  dpt_data_spec sp = {
+      .data = data, .labels = labels, .rows = DPT_ROWS_CLASSES, .n_outputs = n_outputs};
+  return dpt_data_load(&sp, d, err, cap);
+}
+
+/* Rows 0..n of d as floats, unstandardised, through dpt_dataset_gather. */
+static void rows_of(const dpt_dataset *d, float *x, int32_t *lab) {
+  dpt_dataset_gather(d, NULL, NULL, 0, d->n_rows, x, lab);
+}
+
+/* The same 6 rows of 4 values (shape (6, 2, 2)) as float32, float64 and
+ * uint8 .npy files and as IDX, plain and gzip'd, with int32, int64, uint8
+ * and IDX labels: every one reads the same rows and labels, in place (x
+ * NULL, the features mapped), with the right element type. */
+START_TEST(binary_formats_read_the_same_rows) {
+  bin_dir b;
+  bin_open(&b);
+  enum { R = 6, F = 4 };
+  float xf[R * F];
+  double xd[R * F];
+  unsigned char xu[R * F], yu[R];
+  int32_t yi[R];
+  int64_t yl[R];
+  for (int i = 0; i < R * F; i++)
+    xu[i] = (unsigned char)(i * 7 % 256), xf[i] = xu[i], xd[i] = xu[i];
+  for (int i = 0; i < R; i++) yu[i] = (unsigned char)(i % 3), yi[i] = i % 3, yl[i] = i % 3;
+  uint64_t shape[3] = {R, 2, 2}, lshape[1] = {R};
+  uint32_t dims[3] = {R, 2, 2}, ldims[1] = {R};
+  npy_write(bin_path(&b, 0, "f4.npy"), "<f4", 0, shape, 3, xf, sizeof xf);
+  npy_write(bin_path(&b, 1, "f8.npy"), "<f8", 0, shape, 3, xd, sizeof xd);
+  npy_write(bin_path(&b, 2, "u1.npy"), "|u1", 0, shape, 3, xu, sizeof xu);
+  idx_write(bin_path(&b, 3, "x-idx3-ubyte"), dims, 3, xu, 0);
+  int gz = idx_write(bin_path(&b, 4, "x-idx3-ubyte.gz"), dims, 3, xu, 1);
+  npy_write(bin_path(&b, 5, "i4.npy"), "<i4", 0, lshape, 1, yi, sizeof yi);
+  npy_write(bin_path(&b, 6, "i8.npy"), "<i8", 0, lshape, 1, yl, sizeof yl);
+  idx_write(bin_path(&b, 7, "y-idx1-ubyte"), ldims, 1, yu, 0);
+  static const int xtype[5] = {DPT_X_F32, DPT_X_F64, DPT_X_U8, DPT_X_U8, DPT_X_U8};
+  for (int k = 0; k < 5; k++) {
+    if (k == 4 && !gz) continue;
+    for (int l = 5; l < 8; l++) {
+      dpt_dataset d;
+      char err[256] = "";
+      ck_assert_msg(bin_load(b.path[k], b.path[l], 3, &d, err, sizeof err) == DP_OK,
+                    "%s + %s: %s", b.path[k], b.path[l], err);
+      ck_assert(d.n_rows == R && d.n_features == F && d.n_classes == 3 && !d.x && d.xmap);
+      ck_assert_int_eq(d.xtype, xtype[k]);
+      ck_assert_int_eq(d.own_mapped, k != 4); /* gzip'd: decompressed into memory */
+      float x[R * F];
+      int32_t lab[R];
+      rows_of(&d, x, lab);
+      ck_assert_mem_eq(x, xf, sizeof xf);
+      ck_assert_mem_eq(lab, yi, sizeof yi);
+      dpt_dataset_free(&d);
+    }
+  }
+  /* uint8 .npy labels, and features only when labels are optional */
+  npy_write(bin_path(&b, 5, "u1y.npy"), "|u1", 0, lshape, 1, yu, sizeof yu);
+  dpt_dataset d;
+  char err[256];
+  ck_assert_int_eq(bin_load(b.path[0], b.path[5], 0, &d, err, sizeof err), DP_OK);
+  ck_assert_int_eq(d.label[4], 1);
+  dpt_dataset_free(&d);
+  dpt_data_spec sp = {.data = b.path[0], .rows = DPT_ROWS_CLASSES, .labels_optional = 1};
+  ck_assert_int_eq(dpt_data_load(&sp, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == R && !d.label && !d.y);
+  dpt_dataset_free(&d);
+  /* float targets for an mse model: (N, 2) */
+  float t[R * 2];
+  for (int i = 0; i < R * 2; i++) t[i] = 0.5f * (float)i;
+  uint64_t tshape[2] = {R, 2};
+  npy_write(bin_path(&b, 6, "t.npy"), "<f4", 0, tshape, 2, t, sizeof t);
+  sp = (dpt_data_spec){
+      .data = b.path[1], .labels = b.path[6], .rows = DPT_ROWS_TARGETS, .n_targets = 2};
+  ck_assert_msg(dpt_data_load(&sp, &d, err, sizeof err) == DP_OK, "%s", err);
+  ck_assert(d.n_targets == 2 && d.y && !d.label && d.y[11] == 5.5f);
+  dpt_dataset_free(&d);
+  bin_close(&b);
+}
+END_TEST
+
+/* A mapped dataset splits into views (the features never copied): the same
+ * rows and labels as the split of the same rows read from a CSV, the same
+ * standardisation fitted through them, bit for bit; --no-shuffle's split
+ * holds out the tail. */
+START_TEST(binary_split_views_match_the_csv) {
+  bin_dir b;
+  bin_open(&b);
+  float *x;
+  int32_t *y;
+  int rows = digits_arrays(&x, &y);
+  uint64_t shape[2] = {(uint64_t)rows, 64}, lshape[1] = {(uint64_t)rows};
+  npy_write(bin_path(&b, 0, "x.npy"), "<f4", 0, shape, 2, x, (size_t)rows * 64 * 4);
+  npy_write(bin_path(&b, 1, "y.npy"), "<i4", 0, lshape, 1, y, (size_t)rows * 4);
+  dpt_dataset all, csv, tr, te, ctr, cte;
+  char err[256];
+  ck_assert_int_eq(bin_load(b.path[0], b.path[1], 10, &all, err, sizeof err), DP_OK);
+  ck_assert_int_eq(dpt_csv_load("data/digits.csv", &csv, err, sizeof err), DP_OK);
+  for (int shuffle = 0; shuffle < 2; shuffle++) {
+    ck_assert_int_eq(
+        dpt_dataset_split_as(&all, 0.2, shuffle, 42, &tr, &te, err, sizeof err), DP_OK);
+    ck_assert_int_eq(
+        dpt_dataset_split_as(&csv, 0.2, shuffle, 42, &ctr, &cte, err, sizeof err), DP_OK);
+    ck_assert(tr.rows && tr.borrowed && !tr.x && te.rows && ctr.x && !ctr.rows);
+    ck_assert_int_eq(te.n_rows, 360);
+    if (!shuffle) /* the held-out tail, in file order */
+      ck_assert(te.rows[0] == rows - 360 && te.rows[359] == rows - 1 && tr.rows[5] == 5);
+    dpt_scaler a, c;
+    ck_assert_int_eq(dpt_scaler_fit(&tr, &a), 0);
+    ck_assert_int_eq(dpt_scaler_fit(&ctr, &c), 0);
+    ck_assert_mem_eq(a.mean, c.mean, 64 * sizeof(double));
+    ck_assert_mem_eq(a.std, c.std, 64 * sizeof(double));
+    ck_assert_int_eq(a.n_constant, c.n_constant);
+    float *va = malloc(360 * 64 * 4), *vc = malloc(360 * 64 * 4);
+    int32_t la[360], lc[360];
+    int idx[4] = {359, 0, 17, 200};
+    dpt_dataset_gather(&te, &a, NULL, 0, 360, va, la);
+    dpt_dataset_gather(&cte, &c, NULL, 0, 360, vc, lc);
+    ck_assert_mem_eq(va, vc, 360 * 64 * 4);
+    ck_assert_mem_eq(la, lc, sizeof la);
+    dpt_dataset_gather(&tr, &a, idx, 1, 3, va, la); /* rows picked by an order */
+    dpt_dataset_gather(&ctr, &c, idx, 1, 3, vc, lc);
+    ck_assert_mem_eq(va, vc, 3 * 64 * 4);
+    free(va);
+    free(vc);
+    dpt_scaler_free(&a);
+    dpt_scaler_free(&c);
+    dpt_dataset_free(&tr);
+    dpt_dataset_free(&te);
+    dpt_dataset_free(&ctr);
+    dpt_dataset_free(&cte);
+  }
+  dpt_dataset_free(&all);
+  dpt_dataset_free(&csv);
+  free(x);
+  free(y);
+  bin_close(&b);
+}
+END_TEST
+
+/* Hostile binary files: each refused with the file, the byte offset and the
+ * reason, nothing kept. */
+START_TEST(binary_hostile_files_are_refused) {
+  bin_dir b;
+  bin_open(&b);
+  enum { R = 4, F = 3 };
+  float xf[R * F];
+  for (int i = 0; i < R * F; i++) xf[i] = (float)i;
+  int32_t yi[R] = {0, 1, 2, 1};
+  uint64_t shape[2] = {R, F}, lshape[1] = {R};
+  const char *x = bin_path(&b, 0, "x.npy"), *y = bin_path(&b, 1, "y.npy"),
+             *bad = bin_path(&b, 2, "bad.npy");
+  size_t x0 = npy_write(x, "<f4", 0, shape, 2, xf, sizeof xf);
+  npy_write(y, "<i4", 0, lshape, 1, yi, sizeof yi);
+  char err[512], want[512];
+  dpt_dataset d;
+  /* the loader's message for (data, labels) as classes below 3 */
+#define REFUSED(data, labels, status, ...)                                                 \
+  do {                                                                                     \
+    snprintf(want, sizeof want, __VA_ARGS__);                                              \
+    dp_status s_ = bin_load((data), (labels), 3, &d, err, sizeof err);                     \
+    ck_assert_msg(s_ == (status), "%s: status %d: %s", want, (int)s_, err);                \
+    ck_assert_msg(strstr(err, want), "got \"%s\", want \"%s\"", err, want);                \
+    ck_assert(!d.xmap && !d.label && d.n_rows == 0);                                       \
+  } while (0)
+  /* truncated data, trailing bytes, a cut header, wrong magic */
+  unsigned char buf[4096];
+  FILE *f = fopen(x, "rb");
+  size_t n = fread(buf, 1, sizeof buf, f);
+  fclose(f);
+  file_put(bad, buf, n - 5);
+  REFUSED(
+      bad, y, DP_ERR_PARSE,
+      "%s: byte %zu: shape (4, 3) of '<f4' is 48 bytes of data; the file has 43 after its "
+      "header (truncated)",
+      bad, x0);
+  file_put(bad, buf, 30);
+  REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 8: a header of %zu bytes; the file has 30", bad,
+          x0 - 10);
+  memcpy(buf, "\x93NUMPX", 6);
+  file_put(bad, buf, n);
+  REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 0: not a .npy file", bad);
+  /* another dtype, Fortran order, big-endian, a shape that is not rows */
+  npy_write(bad, "<i2", 0, shape, 2, xf, R * F * 2);
+  REFUSED(
+      bad, y, DP_ERR_PARSE,
+      "%s: byte 20: dtype '<i2' is not supported: features must be '<f4', '<f8' or '|u1'",
+      bad);
+  npy_write(bad, "<f4", 1, shape, 2, xf, sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 44: the array is in Fortran order", bad);
+  npy_write(bad, ">f4", 0, shape, 2, xf, sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 20: dtype '>f4' is big-endian", bad);
+  uint64_t zero[1] = {0};
+  npy_write(bad, "<f4", 0, zero, 1, xf, 0);
+  REFUSED(bad, y, DP_ERR_PARSE, "shape (0,): the data must be rows (N, ...)");
+  uint64_t empty_rows[2] = {R, 0}; /* found by fuzz_npy: rows of no values */
+  npy_write(bad, "<f4", 0, empty_rows, 2, xf, 0);
+  REFUSED(bad, y, DP_ERR_PARSE,
+          "%s: byte 60: shape (4, 0): the data must be rows (N, ...) "
+          "with N from 1 to 2147483647, of 1 to 2^30 values each",
+          bad);
+  /* values: NaN, infinite, beyond float's range (float64) */
+  float nan_x[R * F];
+  memcpy(nan_x, xf, sizeof xf);
+  nan_x[7] = NAN;
+  size_t off = npy_write(bad, "<f4", 0, shape, 2, nan_x, sizeof nan_x);
+  REFUSED(bad, y, DP_ERR_NONFINITE, "%s: byte %zu (row 2, value 1): NaN", bad, off + 28);
+  nan_x[7] = -INFINITY;
+  npy_write(bad, "<f4", 0, shape, 2, nan_x, sizeof nan_x);
+  REFUSED(bad, y, DP_ERR_NONFINITE, "%s: byte %zu (row 2, value 1): infinite", bad,
+          off + 28);
+  double big[R * F] = {0};
+  big[11] = 1e39;
+  off = npy_write(bad, "<f8", 0, shape, 2, big, sizeof big);
+  REFUSED(bad, y, DP_ERR_RANGE, "%s: byte %zu (row 3, value 2): beyond float32's range",
+          bad, off + 88);
+  /* labels: out of range (above, below), too few, of another dtype or shape */
+  int32_t yb[R] = {0, 1, 3, 1};
+  off = npy_write(bad, "<i4", 0, lshape, 1, yb, sizeof yb);
+  REFUSED(x, bad, DP_ERR_RANGE, "%s: byte %zu (row 2): label 3 is out of range (0 to 2",
+          bad, off + 8);
+  yb[2] = -1;
+  npy_write(bad, "<i4", 0, lshape, 1, yb, sizeof yb);
+  REFUSED(x, bad, DP_ERR_RANGE, "(row 2): label -1 is out of range");
+  uint64_t three[1] = {3};
+  npy_write(bad, "<i4", 0, three, 1, yi, 12);
+  REFUSED(x, bad, DP_ERR_PARSE, "%s: byte 60: 3 labels; %s has 4 rows", bad, x);
+  npy_write(bad, "<f4", 0, lshape, 1, xf, 16);
+  REFUSED(x, bad, DP_ERR_PARSE, "dtype '<f4' is not supported: class labels must be");
+  npy_write(bad, "<i4", 0, shape, 2, xf, sizeof xf);
+  REFUSED(x, bad, DP_ERR_PARSE, "shape (4, 3): labels must be (N,) or (N, 1)");
+  /* features that are not the model's width */
+  dpt_data_spec sp = {.data = x, .labels = y, .rows = DPT_ROWS_CLASSES, .n_features = 5};
+  ck_assert_int_eq(dpt_data_load(&sp, &d, err, sizeof err), DP_ERR_SHAPE);
+  ck_assert_msg(strstr(err, "byte 60: shape (4, 3): 3 values per row; the model takes 5"),
+                "%s", err);
+  /* labels missing; a labels file beside a CSV; --header beside a .npy */
+  REFUSED(x, NULL, DP_ERR_INVALID,
+          "%s holds the features only: give the labels with --labels", x);
+  const char *csv = bin_path(&b, 3, "d.csv");
+  file_put(csv, "0,1,2,3\n", 8);
+  REFUSED(csv, y, DP_ERR_INVALID,
+          "is a CSV file, which holds its labels in its first field");
+  sp = (dpt_data_spec){.data = x, .labels = y, .rows = DPT_ROWS_CLASSES, .header = 1};
+  ck_assert_int_eq(dpt_data_load(&sp, &d, err, sizeof err), DP_ERR_INVALID);
+  /* IDX: another type, a cut header, truncated data, a truncated gzip stream */
+  const char *idx = bin_path(&b, 4, "x-idx3-ubyte");
+  unsigned char ib[16 + R * F] = {0, 0, 0x0d, 2, 0, 0, 0, R, 0, 0, 0, F};
+  file_put(idx, ib, 12 + R * F * 4);
+  REFUSED(idx, y, DP_ERR_PARSE, "%s: byte 2: IDX type 0x0d is not supported", idx);
+  ib[2] = 0x08;
+  file_put(idx, ib, 9);
+  REFUSED(idx, y, DP_ERR_PARSE, "%s: byte 9: the header of 2 dimensions is cut short", idx);
+  file_put(idx, ib, 12 + R * F - 1);
+  REFUSED(idx, y, DP_ERR_PARSE,
+          "%s: byte 12: shape (4, 3) of '|u1' is 12 bytes of data; the "
+          "file has 11 after its header (truncated)",
+          idx);
+  ib[0] = 7;
+  file_put(idx, ib, 12 + R * F);
+  REFUSED(idx, y, DP_ERR_PARSE, "%s: byte 0: not an IDX file", idx);
+  uint32_t dims[2] = {R, F};
+  unsigned char xu[R * F] = {0};
+  const char *gz = bin_path(&b, 5, "x-idx3-ubyte.gz");
+  if (idx_write(gz, dims, 2, xu, 1)) {
+    f = fopen(gz, "rb");
+    n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    file_put(gz, buf, n - 12);
+    REFUSED(gz, y, DP_ERR_PARSE, "the gzip stream is cut short (truncated file)");
+    buf[3] = 0xff; /* reserved flag bits */
+    file_put(gz, buf, n);
+    REFUSED(gz, y, DP_ERR_PARSE, "%s: byte", gz);
+  } else {
+    file_put(gz, "\x1f\x8b\x08", 3);
+    REFUSED(gz, y, DP_ERR_UNSUPPORTED, "built without zlib: gunzip it first");
+  }
+#undef REFUSED
+  bin_close(&b);
+}
+END_TEST
+
+/* CSV headers: detected (a field that is not a number), skipped, its line
+ * counted; forced with header 1 even when numeric; a row with another field
+ * count than the header's refused; a lone "header" read as data, with its
+ * error. */
+START_TEST(csv_header_is_detected_or_forced) {
+  tmpfile_t t;
+  char err[256];
+  dpt_dataset d;
+  tmp_write(&t, "# names\nlabel,f1,f2\n1,2,3\n0,4,5\n");
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == 2 && d.n_features == 2 && d.header_line == 2 && d.x[0] == 2.0f);
+  dpt_dataset_free(&d);
+  unlink(t.path);
+  tmp_write(&t, "label,0,1\n1,2,3\n"); /* numeric names after the first */
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == 1 && d.header_line == 1);
+  dpt_dataset_free(&d);
+  unlink(t.path);
+  tmp_write(&t, "7,8,9\n1,2,3\n");
+  ck_assert_int_eq(dpt_csv_load_as(t.path, DPT_ROWS_CLASSES, 0, 1, &d, err, sizeof err),
+                   DP_OK);
+  ck_assert(d.n_rows == 1 && d.label[0] == 1 && d.header_line == 1);
+  dpt_dataset_free(&d);
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == 2 && d.header_line == 0);
+  dpt_dataset_free(&d);
+  unlink(t.path);
+  char want[256];
+  tmp_write(&t, "a,b,c\n1,2,3\n1,2\n");
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);
+  snprintf(want, sizeof want, "%s:3: field count 2; the header row (line 1) has 3", t.path);
+  ck_assert_str_eq(err, want);
+  unlink(t.path);
+  tmp_write(&t, "a,b,c\n");
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);
+  snprintf(want, sizeof want, "%s:1: field 1: label \"a\" is not a non-negative integer",
+           t.path);
+  ck_assert_str_eq(err, want);
+  ck_assert_int_eq(dpt_csv_load_as(t.path, DPT_ROWS_CLASSES, 0, 1, &d, err, sizeof err),
+                   DP_ERR_PARSE);
+  ck_assert_ptr_nonnull(strstr(err, "no data rows after the header"));
+  unlink(t.path);
+}
+END_TEST
+
 /* ---- epoch order ------------------------------------------------------------------ */
 
 static int is_permutation(const int *p, int n) {
@@ -844,7 +1204,7 @@ END_TEST
  * arithmetic), and a record of other shape is refused with the reason. */
 START_TEST(run_record_numbers_are_range_checked) {
   double mean[2] = {0.5, -0x1.8p+3}, sd[2] = {1.0, 0x1p-1000};
-  dpt_scaler sc = {2, mean, sd}, got;
+  dpt_scaler sc = {.n = 2, .mean = mean, .std = sd}, got;
   size_t n;
   char *text = dpt_run_text(7, 1437, &sc, "lr=0x1p-3", &n), err[256];
   ck_assert_ptr_nonnull(text);
@@ -878,8 +1238,10 @@ START_TEST(run_record_numbers_are_range_checked) {
       {"libdp-train 1\nepochs 3\nrows 2147483648\nstandardize 0\nfeatures 0\n",
        "rows 2147483648 is out of range"},
       {"libdp-train 1\nepochs 3\nrows -5\nstandardize 0\nfeatures 0\n", "rows"},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 3\nfeatures 0\n",
+       "standardize 3 is out of range (0 to 2)"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 2\nfeatures 0\n",
-       "standardize 2 is out of range (0 to 1)"},
+       "standardize 2 with 0 features"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 0\n",
        "standardize 1 with 0 features"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 4\n",
@@ -953,6 +1315,14 @@ Suite *data_suite(void) {
   tcase_add_test(tc, split_is_disjoint_and_covers_all);
   tcase_add_test(tc, split_is_deterministic);
   tcase_add_test(tc, split_copies_regression_targets);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("formats");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, binary_formats_read_the_same_rows);
+  tcase_add_test(tc, binary_split_views_match_the_csv);
+  tcase_add_test(tc, binary_hostile_files_are_refused);
+  tcase_add_test(tc, csv_header_is_detected_or_forced);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("standardize");

@@ -1261,6 +1261,157 @@ START_TEST(test_export_io_errors) {
 }
 END_TEST
 
+/* ---- metadata ------------------------------------------------------------------------ */
+
+/* A program's pairs ride after libdp's, in order, strings exact (quotes,
+ * backslashes, newlines, UTF-8); dp_safetensors_read_meta gives them back,
+ * the import still takes the file, and no pairs is the plain export's bytes. */
+START_TEST(test_metadata_round_trip) {
+  dp_config cfg = ST_CFG(.n_devices = 1, .seed = 3);
+  rig r;
+  rig_open(&r, SMALL_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t, "dp_st", "model.safetensors");
+  run_steps(&r, 0, 1);
+  static const dp_meta pairs[] = {
+      {"dp.standardize", "feature"},
+      {"dp.mean", "0.5,-1e-07,3"},
+      {"odd \"key\"\\", "line\none\ttab caf\xc3\xa9 \xf0\x9f\x98\x80"},
+      {"empty", ""}};
+  ck_assert_int_eq(dp_ckpt_export_safetensors_meta(r.c, t.path, pairs, 4), DP_OK);
+  dp_meta *m = NULL;
+  int n = -1;
+  ck_assert_int_eq(dp_safetensors_read_meta(t.path, &m, &n), DP_OK);
+  ck_assert_int_eq(n, 6);
+  ck_assert_str_eq(m[0].key, "format");
+  ck_assert_str_eq(m[0].value, "pt");
+  ck_assert_str_eq(m[1].key, "libdp_model");
+  ck_assert_str_eq(m[1].value, SMALL_SPEC);
+  for (int i = 0; i < 4; i++) {
+    ck_assert_str_eq(m[2 + i].key, pairs[i].key);
+    ck_assert_str_eq(m[2 + i].value, pairs[i].value);
+  }
+  free(m);
+  float *before = params_of(&r);
+  import_ok(&r, t.path);
+  float *after = params_of(&r);
+  ck_assert_mem_eq(before, after, SMALL_NP * 4);
+  free(before);
+  free(after);
+  /* no pairs: the plain export, byte for byte */
+  char *plain = strdup(tmp_path(&t, "plain.safetensors")),
+       *none = strdup(tmp_path(&t, "none.safetensors"));
+  export_ok(&r, plain);
+  ck_assert_int_eq(dp_ckpt_export_safetensors_meta(r.c, none, NULL, 0), DP_OK);
+  size_t la, lb;
+  unsigned char *a = file_read(plain, &la), *b = file_read(none, &lb);
+  ck_assert_uint_eq(la, lb);
+  ck_assert_mem_eq(a, b, la);
+  free(a);
+  free(b);
+  free(plain);
+  free(none);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* Pairs the format or libdp cannot carry: refused before anything is written. */
+START_TEST(test_metadata_bad_pairs_refused) {
+  dp_config cfg = ST_CFG(.n_devices = 1, .seed = 3);
+  rig r;
+  rig_open(&r, SMALL_SPEC, &cfg);
+  tmpdir t;
+  tmp_make(&t, "dp_st", "model.safetensors");
+  static const struct {
+    dp_meta m[2];
+    int n;
+    const char *why;
+  } bad[] = {
+      {{{"format", "x"}}, 1, "libdp's own"},
+      {{{"libdp_model", "x"}}, 1, "libdp's own"},
+      {{{"a", "1"}, {"a", "2"}}, 2, "given twice"},
+      {{{"", "1"}}, 1, "key is empty"},
+      {{{NULL, "1"}}, 1, "key is NULL"},
+      {{{"a", NULL}}, 1, "value is NULL"},
+      {{{"a", "caf\xe9"}}, 1, "value of key \"a\" is not valid UTF-8"},
+      {{{"\xc0\x80", "x"}}, 1, "name of key"},
+      {{{"a", "x"}}, -1, "pairs"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    dp_status s = dp_ckpt_export_safetensors_meta(r.c, t.path, bad[i].m, bad[i].n);
+    ck_assert_msg(s == DP_ERR_INVALID, "case %zu: %s", i, dp_status_name(s));
+    ck_assert_msg(strstr(dp_ctx_error(r.c), bad[i].why), "case %zu: %s", i,
+                  dp_ctx_error(r.c));
+    ck_assert_int_eq(access(t.path, F_OK), -1);
+    ck_assert_int_eq(dir_entries(t.dir), 0);
+  }
+  ck_assert_int_eq(dp_ckpt_export_safetensors_meta(r.c, t.path, NULL, 1), DP_ERR_INVALID);
+  tmp_done(&t);
+  rig_close(&r);
+}
+END_TEST
+
+/* Files of other writers: escapes decoded (a surrogate pair to one UTF-8
+ * character), no metadata at all; and every file another reader would take
+ * otherwise refused with its reason. */
+START_TEST(test_metadata_read_hand_built) {
+  tmpdir t;
+  tmp_make(&t, "dp_st", "m.safetensors");
+  st_write(t.path, UINT64_MAX,
+           "{\"a\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[0,4]},"
+           " \"__metadata__\" : {\"k\\u00e9\":\"\\ud83d\\ude00\\n\\\"\\/\", \"x\":\"\"}}  ",
+           "\0\0\0\0", 4);
+  dp_meta *m = NULL;
+  int n = 0;
+  ck_assert_int_eq(dp_safetensors_read_meta(t.path, &m, &n), DP_OK);
+  ck_assert_int_eq(n, 2);
+  ck_assert_str_eq(m[0].key, "k\xc3\xa9");
+  ck_assert_str_eq(m[0].value, "\xf0\x9f\x98\x80\n\"/");
+  ck_assert_str_eq(m[1].key, "x");
+  ck_assert_str_eq(m[1].value, "");
+  free(m);
+  st_write(t.path, UINT64_MAX, "{}", "", 0);
+  m = (dp_meta *)&n;
+  ck_assert_int_eq(dp_safetensors_read_meta(t.path, &m, &n), DP_OK);
+  ck_assert_ptr_null(m);
+  ck_assert_int_eq(n, 0);
+  static const struct {
+    const char *hdr, *why;
+  } bad[] = {
+      {"{\"__metadata__\":{\"k\":1}}", "not a string"},
+      {"{\"__metadata__\":{\"k\":\"1\",\"k\":\"2\"}}", "the key \"k\" twice"},
+      {"{\"__metadata__\":{\"k\":\"a\\u0000b\"}}", "NUL"},
+      {"{\"__metadata__\":[]}", "must be an object"},
+      {"{\"__metadata__\":{},\"__metadata__\":{}}", "appears twice"},
+      {"{\"__metadata__\":{\"k\":\"\\ud83d\"}}", "high surrogate"},
+      {"{\"__metadata__\":{\"k\":\"v\"}", "'}' or ',' was expected"},
+      {"{\"__metadata__\":{\"k\":\"v\"}} x", "something follows"},
+      {"[]", "starting with '{'"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    st_write(t.path, UINT64_MAX, bad[i].hdr, "", 0);
+    dp_status s = dp_safetensors_read_meta(t.path, &m, &n);
+    ck_assert_msg(s == DP_ERR_PARSE, "case %zu: %s", i, dp_status_name(s));
+    ck_assert_msg(strstr(dp_last_error(), bad[i].why) && strstr(dp_last_error(), t.path),
+                  "case %zu: %s", i, dp_last_error());
+    ck_assert_ptr_null(m);
+    ck_assert_int_eq(n, 0);
+  }
+  st_write(t.path, 1000, "{}", "", 0); /* a header length past the end */
+  ck_assert_int_eq(dp_safetensors_read_meta(t.path, &m, &n), DP_ERR_PARSE);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "runs past"));
+  file_write(t.path, "\2\0\0", 3);
+  ck_assert_int_eq(dp_safetensors_read_meta(t.path, &m, &n), DP_ERR_PARSE);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "too short"));
+  ck_assert_int_eq(dp_safetensors_read_meta(t.dir, &m, &n), DP_ERR_IO);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "directory"));
+  ck_assert_int_eq(dp_safetensors_read_meta(NULL, &m, &n), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_safetensors_read_meta(t.path, NULL, &n), DP_ERR_INVALID);
+  tmp_done(&t);
+}
+END_TEST
+
 Suite *safetensors_suite(void) {
   Suite *s = suite_create("safetensors");
   TCase *tc = tcase_create("round_trip");
@@ -1289,6 +1440,13 @@ Suite *safetensors_suite(void) {
   tcase_add_test(tc, test_not_a_file_and_bad_arguments);
   tcase_add_test(tc, test_running_stats_are_checked);
   tcase_add_test(tc, test_mutated_files_are_refused_or_exact);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("metadata");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_metadata_round_trip);
+  tcase_add_test(tc, test_metadata_bad_pairs_refused);
+  tcase_add_test(tc, test_metadata_read_hand_built);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("export_io");

@@ -68,8 +68,13 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_float(w, "test-fraction", in->test_fraction);
   add_int(w, "eval-every", in->eval_every);
   add_int(w, "patience", in->patience);
-  add_flag(w, "no-standardize", in->no_standardize);
+  static const char *const std_words[] = {"none", "feature", "channel"};
+  add_text(w, "standardize",
+           std_words[in->standardize >= 0 && in->standardize < 3 ? in->standardize : 0]);
   add_flag(w, "resume", in->resume);
+  add_int(w, "data-seed", (long long)in->data_seed);
+  add_flag(w, "no-shuffle", in->no_shuffle);
+  add_flag(w, "header", in->header);
   add_text(w, "lr-schedule", in->schedule ? in->schedule : "constant");
   add_int(w, "batch", c->batch);
   /* --devices N, or the GPU ids when they are not 0..N-1 (--devices 1,0) */
@@ -110,18 +115,23 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_text(w, "backend-options", bo);
 }
 
-/* The rows as read, bit for bit, with their shape (a sequence's windows: T
- * labels a row). */
+/* The rows as read, bit for bit, with their shape (a binary file's features
+ * as they are in it; a sequence's windows: T labels a row; 0 for none). */
 static uint64_t data_digest(const dpt_dataset *d) {
-  size_t rows = (size_t)d->n_rows, lw = d->label_width > 1 ? (size_t)d->label_width : 1;
-  uint64_t h[6] = {(uint64_t)d->n_rows,
-                   (uint64_t)d->n_features,
-                   (uint64_t)d->n_targets,
-                   (uint64_t)d->n_classes,
-                   dp_hash_bytes(d->x, rows * (size_t)d->n_features * 4),
-                   d->label ? dp_hash_bytes(d->label, rows * lw * sizeof *d->label)
-                            : dp_hash_bytes(d->y, rows * (size_t)d->n_targets * 4)};
-  return dp_hash_bytes(h, sizeof h);
+  if (!d) return 0;
+  size_t rows = (size_t)d->n_rows, nf = (size_t)d->n_features;
+  size_t lw = d->label_width > 1 ? (size_t)d->label_width : 1;
+  size_t w = d->x ? 4 : d->xtype == DPT_X_F64 ? 8 : d->xtype == DPT_X_U8 ? 1 : 4;
+  uint64_t h[7] = {
+      (uint64_t)d->n_rows,
+      (uint64_t)d->n_features,
+      (uint64_t)d->n_targets,
+      (uint64_t)d->n_classes,
+      dp_hash_bytes(d->x ? (const void *)d->x : (const void *)d->xmap, rows * nf * w),
+      d->label ? dp_hash_bytes(d->label, rows * lw * sizeof *d->label)
+               : dp_hash_bytes(d->y, rows * (size_t)d->n_targets * 4),
+      (uint64_t)d->xtype};
+  return dp_hash_bytes(h, d->xtype ? sizeof h : sizeof h - 8); /* CSV: as before */
 }
 
 int dpt_agree_record(const dpt_train_inputs *in, dpt_agree_rec *r) {
@@ -133,6 +143,10 @@ int dpt_agree_record(const dpt_train_inputs *in, dpt_agree_rec *r) {
   r->model = dp_hash_bytes(spec, n);
   free(spec);
   r->data = data_digest(in->data);
+  if (in->val) { /* the validation set is data too */
+    uint64_t both[2] = {r->data, data_digest(in->val)};
+    r->data = dp_hash_bytes(both, sizeof both);
+  }
   r->rows = in->data->n_rows;
   words w = {.text = r->text, .cap = sizeof r->text};
   settings(in, &w);

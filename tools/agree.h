@@ -21,8 +21,12 @@ typedef struct {
   const dpt_dataset *data; /* as read: before the split and the standardisation */
   const dp_config *cfg;
   const char *schedule; /* --lr-schedule as given; NULL: constant */
-  int epochs, eval_every, patience, no_standardize;
-  int resume; /* --resume given (rank 0 reads the file and sends it) */
+  int epochs, eval_every, patience;
+  int standardize;        /* --standardize: 0 none, 1 feature, 2 channel */
+  int resume;             /* --resume given (rank 0 reads the file and sends it) */
+  const dpt_dataset *val; /* --val-data as read (NULL: none) */
+  uint64_t data_seed;     /* --data-seed (default: the seed) */
+  int no_shuffle, header; /* --no-shuffle, --header */
   float test_fraction;
 } dpt_train_inputs;
 

@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+struct dpt_scaler; /* data.h */
+
 /* ---- commands (each returns the process exit status) ------------------------ */
 /* argv[0] is the command name ("plan"); the rest are its arguments. */
 int dpt_cmd_plan(int argc, char **argv);     /* tools/cmd_plan.c */
@@ -23,9 +25,11 @@ int dpt_cmd_repro(int argc, char **argv);    /* tools/cmd_repro.c */
 int dpt_cmd_bench(int argc, char **argv);    /* tools/cmd_bench.c */
 int dpt_cmd_predict(int argc, char **argv);  /* tools/cmd_predict.c */
 int dpt_cmd_generate(int argc, char **argv); /* tools/cmd_generate.c */
-int dpt_cmd_export(int argc, char **argv);   /* tools/cmd_weights.c */
-/* The model as PyTorch source (tools/pytorch.c): 0, or -1 on a write error. */
-int dpt_write_pytorch(const dp_model *m, FILE *f);
+int dpt_cmd_export(int argc, char **argv);  /* tools/cmd_weights.c */
+/* The model as PyTorch source (tools/pytorch.c): 0, or -1 on a write error.
+ * sc (NULL or n 0: none): dp train's standardisation (data.h), the module's
+ * first step, so that raw rows give dp predict's outputs. */
+int dpt_write_pytorch(const dp_model *m, const struct dpt_scaler *sc, FILE *f);
 int dpt_cmd_import(int argc, char **argv); /* tools/cmd_weights.c */
 
 /* The per-device arena table of a plan, as `dp plan` prints it (tools/cmd_plan.c):

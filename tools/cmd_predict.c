@@ -8,11 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPT_CHECKPOINT = DPT_OPT_USER, OPT_DATA, OPT_OUT, OPT_FEATURES_ONLY };
+enum {
+  OPT_CHECKPOINT = DPT_OPT_USER,
+  OPT_DATA,
+  OPT_OUT,
+  OPT_FEATURES_ONLY,
+  OPT_LABELS,
+  OPT_HEADER
+};
 
 typedef struct {
-  const char *checkpoint, *data, *out;
-  int features_only;
+  const char *checkpoint, *data, *out, *labels;
+  int features_only, header;
 } predict_opts;
 
 static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
@@ -23,6 +30,8 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_DATA: o->data = arg; return 0;
   case OPT_OUT: o->out = arg; return 0;
   case OPT_FEATURES_ONLY: o->features_only = 1; return 0;
+  case OPT_LABELS: o->labels = arg; return 0;
+  case OPT_HEADER: o->header = 1; return 0;
   }
   return -1;
 }
@@ -30,7 +39,8 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 static void usage(FILE *f) {
   fputs(
       "usage: dp predict --checkpoint F.ckpt --data D.csv [--out P.csv] [--features-only]\n"
-      "                  [--batch B] [--devices N] [--backend cpu|cuda]\n"
+      "                  [--labels L] [--header] [--batch B] [--devices N]\n"
+      "                  [--backend cpu|cuda]\n"
       "\n"
       "Runs the checkpoint's model (dp train --save, dp_ckpt_save: the model travels in\n"
       "the file) over every row of the CSV and writes one line per row, in order:\n"
@@ -49,6 +59,10 @@ static void usage(FILE *f) {
       "  --data FILE           the rows to predict\n"
       "  --out FILE            the predictions (default: standard output)\n"
       "  --features-only       rows hold only the features\n"
+      "  --labels FILE         with .npy or IDX data: its labels (or targets), for the\n"
+      "                        metric; without it such data is features only. The\n"
+      "                        formats are dp train's (dp train --help)\n"
+      "  --header              the CSV's first row is a header (else detected)\n"
       "  --batch B             rows per forward (default 256); --devices N splits each\n"
       "                        batch over N devices, with the same results\n"
       "\n"
@@ -57,26 +71,6 @@ static void usage(FILE *f) {
       "are not finite (inf or nan; a warning names how many rows and the first).\n\n",
       f);
   dpt_print_common_help(f);
-}
-
-/* The standardisation a dp train run saved with the checkpoint (n = 0: none,
- * also for a checkpoint without dp train's record). */
-static int checkpoint_scaler(const char *path, dpt_scaler *sc, char *err, size_t errcap) {
-  memset(sc, 0, sizeof *sc);
-  void *app = NULL;
-  size_t n = 0;
-  if (dp_ckpt_read_app(path, &app, &n)) {
-    snprintf(err, errcap, "%s", dpt_user_msg(dp_last_error()));
-    return -1;
-  }
-  int epochs, rows, rc = 0;
-  if (n && strncmp(app, "libdp-train ", n < 12 ? n : 12) == 0) {
-    char why[256];
-    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, NULL, why, sizeof why)))
-      snprintf(err, errcap, "%s: %s", path, why);
-  }
-  free(app);
-  return rc;
 }
 
 /* A label the model has no output for would only ever count as a wrong
@@ -129,8 +123,9 @@ static void predict_line(FILE *out, const dpt_dataset *d, int at, const float *y
 
 /* Every row of d through the context, B at a time; a line each to out (NULL
  * on the ranks that do not write). 0, or -1 with the message printed. */
-static int predict_rows(dp_ctx *c, const dp_plan *p, const dpt_dataset *d, int B,
-                        dp_loss_kind loss, FILE *out, predict_sums *sum) {
+static int predict_rows(dp_ctx *c, const dp_plan *p, const dpt_dataset *d,
+                        const dpt_scaler *sc, int B, dp_loss_kind loss, FILE *out,
+                        predict_sums *sum) {
   int in_w = d->n_features, out_w = dp_model_output_width(dp_plan_model(p)), rc = -1;
   float *x = malloc((size_t)B * in_w * 4), *ymine = malloc((size_t)B * out_w * 4),
         *y = malloc((size_t)B * out_w * 4);
@@ -141,7 +136,7 @@ static int predict_rows(dp_ctx *c, const dp_plan *p, const dpt_dataset *d, int B
   }
   for (int from = 0; from < d->n_rows; from += B) {
     int n = d->n_rows - from < B ? d->n_rows - from : B, r0, nr;
-    memcpy(x, d->x + (size_t)from * in_w, (size_t)n * in_w * 4);
+    dpt_dataset_gather(d, sc, NULL, from, n, x, NULL);
     /* under mpirun each rank feeds its rows; rank 0 gathers the outputs */
     if (dp_plan_rank_rows(p, n, dpt_world_rank(), &r0, &nr) ||
         dp_forward(c, n, in_w, x + (size_t)r0 * in_w, ymine) ||
@@ -186,6 +181,8 @@ static int parse_predict(int argc, char **argv, predict_run *t) {
       {"data", required_argument, NULL, OPT_DATA},
       {"out", required_argument, NULL, OPT_OUT},
       {"features-only", no_argument, NULL, OPT_FEATURES_ONLY},
+      {"labels", required_argument, NULL, OPT_LABELS},
+      {"header", no_argument, NULL, OPT_HEADER},
       {0, 0, 0, 0}};
   int r = dpt_parse_command(argc, argv, extra, on_option, &t->o, usage, &t->cfg, &t->common,
                             t->err, sizeof t->err);
@@ -222,11 +219,20 @@ static int load_inputs(predict_run *t) {
       out_w = t->out_w = dp_model_output_width(t->m);
   dp_loss_kind loss = t->loss = dp_model_loss(t->m);
   dpt_dataset *d = &t->d;
-  dp_status s = o->features_only ? dpt_csv_load_features(o->data, d, err, errcap)
-                : loss == DP_LOSS_SOFTMAX_CE ? dpt_csv_load(o->data, d, err, errcap)
-                : loss == DP_LOSS_MSE
-                    ? dpt_csv_load_regression(o->data, out_w, d, err, errcap)
-                    : dpt_csv_load_features(o->data, d, err, errcap);
+  /* CSV, .npy or IDX (dp train's readers); binary data without --labels is
+   * features only */
+  dpt_data_spec spec = {.data = o->data,
+                        .labels = o->labels,
+                        .rows = o->features_only             ? DPT_ROWS_FEATURES
+                                : loss == DP_LOSS_SOFTMAX_CE ? DPT_ROWS_CLASSES
+                                : loss == DP_LOSS_MSE        ? DPT_ROWS_TARGETS
+                                                             : DPT_ROWS_FEATURES,
+                        .n_targets = out_w,
+                        .n_outputs = loss == DP_LOSS_SOFTMAX_CE ? out_w : 0,
+                        .header = o->header,
+                        .labels_optional = 1,
+                        .n_features = in_w};
+  dp_status s = dpt_data_load(&spec, d, err, errcap);
   if (s) {
     fprintf(stderr, "dp predict: %s\n", err);
     return -1;
@@ -239,17 +245,17 @@ static int load_inputs(predict_run *t) {
     return -1;
   }
   if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(d, out_w, o->data)) return -1;
-  if (checkpoint_scaler(o->checkpoint, &t->sc, err, errcap)) {
+  int has_record, c, h, w;
+  dpt_model_image(t->m, &c, &h, &w);
+  if (dpt_ckpt_scaler(o->checkpoint, &t->sc, &has_record, err, errcap)) {
     fprintf(stderr, "dp predict: %s\n", err);
     return -1;
   }
-  if (t->sc.n && t->sc.n != in_w) {
-    fprintf(stderr, "dp predict: %s standardises %d features; the model takes %d\n",
-            o->checkpoint, t->sc.n, in_w);
+  if (dpt_scaler_fits(&t->sc, in_w, c, err, errcap)) {
+    fprintf(stderr, "dp predict: %s: %s\n", o->checkpoint, err);
     return -1;
   }
-  dpt_scaler_apply(&t->sc, d);
-  return 0;
+  return 0; /* the standardisation is applied as the rows are gathered */
 }
 
 /* An inference plan (batch 256 unless given, at most the rows), its context
@@ -283,7 +289,7 @@ static int predict(predict_run *t) {
   const dpt_dataset *d = &t->d;
   FILE *out = !t->writes ? NULL : t->of ? dp_file_stream(t->of) : stdout;
   predict_sums sum = {0};
-  if (predict_rows(t->c, t->p, d, t->cfg.batch, t->loss, out, &sum)) return -1;
+  if (predict_rows(t->c, t->p, d, &t->sc, t->cfg.batch, t->loss, out, &sum)) return -1;
   dp_file *done_of = t->of;
   t->of = NULL;
   if (done_of && dp_file_commit(done_of)) {

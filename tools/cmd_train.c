@@ -40,6 +40,13 @@ enum {
   OPT_TOKENS,
   OPT_SAVE_EVERY,
   OPT_SAVE_BEST,
+  OPT_STANDARDIZE,
+  OPT_LABELS,
+  OPT_VAL_DATA,
+  OPT_VAL_LABELS,
+  OPT_HEADER,
+  OPT_NO_SHUFFLE,
+  OPT_DATA_SEED,
 };
 
 typedef struct {
@@ -47,7 +54,13 @@ typedef struct {
   const char *text, *tokens; /* a sequence model's data: bytes, or a .npy of ids */
   const char *save_every;    /* N optimizer steps, or Xe epochs */
   const char *save_best;     /* the checkpoint of the best held-out loss */
-  int epochs, quiet, no_standardize, eval_every, patience, plot_log;
+  const char *labels, *val_data, *val_labels; /* --labels, --val-data, --val-labels */
+  int header, no_shuffle, test_fraction_given;
+  int data_seed_given;
+  uint64_t data_seed; /* --data-seed; default: --seed */
+  int epochs, quiet, eval_every, patience, plot_log;
+  int standardize;  /* 0 none, 1 per feature (the default), 2 per channel */
+  int std_given[2]; /* --standardize, --no-standardize given */
   float test_fraction;
 } train_opts;
 
@@ -152,12 +165,39 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
                     "epochs (2e, 0.5e)",
                     arg);
   }
+  case OPT_LABELS: o->labels = arg; return 0;
+  case OPT_VAL_DATA: o->val_data = arg; return 0;
+  case OPT_VAL_LABELS: o->val_labels = arg; return 0;
+  case OPT_HEADER: o->header = 1; return 0;
+  case OPT_NO_SHUFFLE: o->no_shuffle = 1; return 0;
+  case OPT_DATA_SEED:
+    o->data_seed_given = 1;
+    return dpt_parse_u64(arg, "--data-seed", &o->data_seed, err, errcap);
   case OPT_PLOT: o->plot = arg; return 0;
   case OPT_SAVE: o->save = arg; return 0;
   case OPT_RESUME: o->resume = arg; return 0;
   case OPT_LR_SCHEDULE: o->schedule = arg; return 0;
   case OPT_QUIET: o->quiet = 1; return 0;
-  case OPT_NO_STANDARDIZE: o->no_standardize = 1; return 0;
+  case OPT_NO_STANDARDIZE:
+    o->std_given[1] = 1;
+    if (o->std_given[0] && o->standardize)
+      return dpt_fail(err, errcap, "--no-standardize contradicts --standardize %s",
+                      o->standardize == 1 ? "feature" : "channel");
+    o->standardize = 0;
+    return 0;
+  case OPT_STANDARDIZE: {
+    static const char *const words[] = {"none", "feature", "channel"};
+    int k = 0;
+    while (k < 3 && strcmp(arg, words[k])) k++;
+    if (k == 3)
+      return dpt_fail(err, errcap, "--standardize: '%s' is not none, feature or channel",
+                      arg);
+    if (o->std_given[1] && k)
+      return dpt_fail(err, errcap, "--standardize %s contradicts --no-standardize", arg);
+    o->std_given[0] = 1;
+    o->standardize = k;
+    return 0;
+  }
   case OPT_LOG: o->log = arg; return 0;
   case OPT_PLOT_LOG: o->plot_log = 1; return 0;
   case OPT_EVAL_EVERY:
@@ -167,6 +207,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_EPOCHS:
     return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
   case OPT_TEST_FRACTION:
+    o->test_fraction_given = 1;
     return dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &o->test_fraction, err,
                            errcap);
   }
@@ -175,121 +216,133 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 
 static void usage(FILE *f) {
   fprintf(
-      f, "usage: dp train --model M.dpm (--data D.csv | --text FILE | --tokens F.npy)\n"
-         "                --batch B [--devices N] [--epochs E]\n"
-         "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
-         "                [--split chunk|balanced|memory] [--micro-batch K]\n"
-         "                [--test-fraction F] [--eval-every N [--patience P]]\n"
-         "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
-         "                [--resume F.ckpt] [--save-every N|Ne] [--save-best F.ckpt]\n"
-         "                [--lr-schedule S] [--clip-grad-norm X]\n"
-         "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
-         "Trains the model on the CSV data (label first, then the features; for an mse\n"
-         "model, the first <output width> fields are the targets) with data parallelism\n"
-         "over N devices (virtual ones on the cpu backend, GPUs with --backend cuda):\n"
-         "it prints the memory plan, then progress (a bar with the elapsed time and the\n"
-         "time left on a terminal, one line per epoch otherwise), then held-out\n"
-         "accuracy (or mse), samples/s and the parameter hash. A held-out share\n"
-         "(--test-fraction, default 0.2) is split off with the seed; features are\n"
-         "standardised on the training share (--no-standardize to keep them raw).\n"
-         "A sequence model (input tokens T, embed V D: examples/tiny_gpt.dpm) trains on\n"
-         "a text's bytes (--text) or token ids (--tokens) instead, to predict the next\n"
-         "token at every position.\n\n"
-         "  --model FILE          model spec (.dpm)\n"
-         "  --data FILE           CSV data\n"
-         "  --text FILE           a sequence model's data: the bytes of any file, as ids\n"
-         "                        0..255 (embed 256). Windows of T + 1 bytes, one every\n"
-         "                        T bytes (a row's T inputs and, at each position, the\n"
-         "                        next byte), shuffled by the seed each epoch; the last\n"
-         "                        --test-fraction of the windows (the file's tail) are\n"
-         "                        held out, their loss printed in nats per byte with\n"
-         "                        its perplexity. No standardisation\n"
-         "  --tokens FILE.npy     the same on token ids of your own tokenizer: a 1-D .npy\n"
-         "                        of int32 or uint16 ids, each below the model's\n"
-         "                        vocabulary (embed V); nats per token\n"
-         "  --epochs E            passes over the training share (default 10)\n"
-         "  --test-fraction F     held-out share, 0..0.95 (default 0.2)\n"
-         "  --eval-every N        after every N-th epoch, run the held-out share through\n"
-         "                        the model and print its loss (mean cross-entropy, or\n"
-         "                        mse) and accuracy (or mse) on the epoch line (default\n"
-         "                        0: only at the end); training is the same bits\n"
-         "  --patience P          with --eval-every: stop early when the held-out loss\n"
-         "                        has not improved (gone below its best) for P\n"
-         "                        evaluations in a row; --save then saves the state at\n"
-         "                        the stop and the epochs done, which --resume continues\n"
-         "  --log FILE.jsonl      one JSON object per epoch, a line each, flushed (so\n"
-         "                        tail -f works): epoch, step, loss, lr, grad_norm (null\n"
-         "                        without --clip-grad-norm), samples_per_s, elapsed_s,\n"
-         "                        and after an evaluation heldout_loss and\n"
-         "                        heldout_accuracy (a fraction) or heldout_mse; null for\n"
-         "                        a number that is not finite. Written anew, or appended\n"
-         "                        to with --resume (after dropping any records of epochs\n"
-         "                        after the checkpoint's); checked for writability\n"
-         "                        before training starts\n"
-         "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
-         "                        --eval-every, the held-out loss too), the run's\n"
-         "                        settings in the title; checked for writability before\n"
-         "                        training starts\n"
-         "  --plot-log            the plot's loss axis logarithmic (powers of ten)\n"
-         "  --save FILE           after training, write a checkpoint (parameters,\n"
-         "                        optimizer state, step counter, and the run: epochs\n"
-         "                        done and the feature standardisation) as dp_ckpt_save\n"
-         "                        does: to a temporary file, fsynced, then renamed over\n"
-         "                        FILE, so an interrupted run leaves the old file or the\n"
-         "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
-         "                        before training starts. A first SIGINT (Ctrl-C) or\n"
-         "                        SIGTERM stops the run after the step at hand: it\n"
-         "                        saves FILE (the place in the epoch too), prints the\n"
-         "                        command that goes on and exits 130 (SIGINT) or 143\n"
-         "                        (SIGTERM); a second signal stops at once, the file as\n"
-         "                        it was\n"
-         "  --save-every N        also save FILE every N optimizer steps, or every N\n"
-         "                        epochs' steps with an e suffix (2e, 0.5e); --resume\n"
-         "                        goes on from inside an epoch\n"
-         "  --save-best FILE      with --eval-every: save a checkpoint to FILE at every\n"
-         "                        new best held-out loss; with --patience, an early stop\n"
-         "                        loads it back (the report, the hash and --save are the\n"
-         "                        best epoch's) and says so\n"
-         "  --lr-schedule S       the learning rate per optimizer step, as\n"
-         "                        torch.optim.lr_scheduler computes it from --lr:\n"
-         "                        constant (default), step:N:GAMMA (StepLR),\n"
-         "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
-         "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
-         "                        steps from START x lr, default 1/3, then the cosine).\n"
-         "                        N, T_MAX and W count optimizer steps, or epochs with an\n"
-         "                        e suffix (warmup-cosine:1e:10e; dp train prints the\n"
-         "                        steps per epoch)\n"
-         "  --resume FILE         before training, load a checkpoint of the same model,\n"
-         "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
-         "                        train on from it for --epochs more epochs: parameters,\n"
-         "                        optimizer state, step counter, the rate schedule, the\n"
-         "                        data order (the next epoch) and the standardisation\n"
-         "                        continue, so --epochs 10 --save F, then --epochs 10\n"
-         "                        --resume F gives the bits of --epochs 20 (same data,\n"
-         "                        options and --save at the end of the first run)\n"
-         "  --quiet               only the final report\n\n");
+      f,
+      "usage: dp train --model M.dpm (--data D | --text FILE | --tokens F.npy)\n"
+      "                --batch B [--devices N] [--epochs E]\n"
+      "                [--labels L] [--val-data V [--val-labels VL]] [--header]\n"
+      "                [--no-shuffle] [--data-seed S]\n"
+      "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
+      "                [--split chunk|balanced|memory] [--micro-batch K]\n"
+      "                [--test-fraction F] [--eval-every N [--patience P]]\n"
+      "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
+      "                [--resume F.ckpt] [--save-every N|Ne] [--save-best F.ckpt]\n"
+      "                [--lr-schedule S] [--clip-grad-norm X]\n"
+      "                [--standardize none|feature|channel] [--no-standardize]\n"
+      "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
+      "Trains the model on the data (a CSV: label first, then the features; for an mse\n"
+      "model, the first <output width> fields are the targets; or .npy or MNIST IDX\n"
+      "files with --labels) with data parallelism over N devices (virtual ones on\n"
+      "the cpu backend, GPUs with --backend cuda): it prints the memory plan, then\n"
+      "progress (a bar with the elapsed time and the time left on a terminal, one\n"
+      "line per epoch otherwise), then held-out accuracy (or mse), samples/s and\n"
+      "the parameter hash. A held-out share (--test-fraction, default 0.2) is split\n"
+      "off with the data seed, or --val-data is held out; the inputs are\n"
+      "standardised on the training share (--standardize).\n"
+      "A sequence model (input tokens T, embed V D: examples/tiny_gpt.dpm) trains on\n"
+      "a text's bytes (--text) or token ids (--tokens) instead, to predict the next\n"
+      "token at every position.\n\n"
+      "  --model FILE          model spec (.dpm)\n"
+      "  --data FILE           the data, its format told by its first bytes: CSV (a\n"
+      "                        first row with a field that is not a number is a\n"
+      "                        header, skipped); NumPy .npy, float32/float64/uint8 of\n"
+      "                        any shape (N, ...) whose values per row are the\n"
+      "                        model's inputs, C order, little-endian; MNIST IDX\n"
+      "                        (train-images-idx3-ubyte, gzip'd or not), pixels as\n"
+      "                        floats 0..255. .npy and IDX files are mapped, not\n"
+      "                        read: a file larger than memory trains\n"
+      "  --text FILE           a sequence model's data: the bytes of any file, as ids\n"
+      "                        0..255 (embed 256). Windows of T + 1 bytes, one every\n"
+      "                        T bytes (a row's T inputs and, at each position, the\n"
+      "                        next byte), shuffled by the seed each epoch; the last\n"
+      "                        --test-fraction of the windows (the file's tail) are\n"
+      "                        held out, their loss printed in nats per byte with\n"
+      "                        its perplexity. No standardisation\n"
+      "  --tokens FILE.npy     the same on token ids of your own tokenizer: a 1-D .npy\n"
+      "                        of int32 or uint16 ids, each below the model's\n"
+      "                        vocabulary (embed V); nats per token\n"
+      "  --labels FILE         with .npy or IDX data: the labels, .npy int32/int64/\n"
+      "                        uint8 (N,) or IDX (train-labels-idx1-ubyte[.gz]); an\n"
+      "                        mse model's targets as .npy float32/float64 (N, K)\n"
+      "  --header              the CSV's first row is a header (else detected)\n"
+      "  --val-data FILE       the held-out set (any format above), instead of a share\n"
+      "                        of --data: all of --data trains; --val-labels FILE\n"
+      "                        gives its labels when it needs them\n"
+      "  --no-shuffle          the rows in file order: every epoch the same, and the\n"
+      "                        held-out share the file's last rows\n"
+      "  --data-seed S         the seed of the held-out split and the epochs' order\n"
+      "                        (default: --seed), so that runs of other --seed\n"
+      "                        (initialisation, dropout) see the same data order\n"
+      "  --epochs E            passes over the training share (default 10)\n"
+      "  --test-fraction F     held-out share, 0..0.95 (default 0.2; not with --val-data)\n"
+      "  --eval-every N        after every N-th epoch, run the held-out share through\n"
+      "                        the model and print its loss (mean cross-entropy, or\n"
+      "                        mse) and accuracy (or mse) on the epoch line (default\n"
+      "                        0: only at the end); training is the same bits\n"
+      "  --patience P          with --eval-every: stop early when the held-out loss\n"
+      "                        has not improved (gone below its best) for P\n"
+      "                        evaluations in a row; --save then saves the state at\n"
+      "                        the stop and the epochs done, which --resume continues\n"
+      "  --log FILE.jsonl      one JSON object per epoch, a line each, flushed (so\n"
+      "                        tail -f works): epoch, step, loss, lr, grad_norm (null\n"
+      "                        without --clip-grad-norm), samples_per_s, elapsed_s,\n"
+      "                        and after an evaluation heldout_loss and\n"
+      "                        heldout_accuracy (a fraction) or heldout_mse; null for\n"
+      "                        a number that is not finite. Written anew, or appended\n"
+      "                        to with --resume (after dropping any records of epochs\n"
+      "                        after the checkpoint's); checked for writability\n"
+      "                        before training starts\n"
+      "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
+      "                        --eval-every, the held-out loss too), the run's\n"
+      "                        settings in the title; checked for writability before\n"
+      "                        training starts\n"
+      "  --plot-log            the plot's loss axis logarithmic (powers of ten)\n"
+      "  --save FILE           after training, write a checkpoint (parameters,\n"
+      "                        optimizer state, step counter, and the run: epochs\n"
+      "                        done and the feature standardisation) as dp_ckpt_save\n"
+      "                        does: to a temporary file, fsynced, then renamed over\n"
+      "                        FILE, so an interrupted run leaves the old file or the\n"
+      "                        new one (docs/CHECKPOINT.md). Checked for writability\n"
+      "                        before training starts. A first SIGINT (Ctrl-C) or\n"
+      "                        SIGTERM stops the run after the step at hand: it\n"
+      "                        saves FILE (the place in the epoch too), prints the\n"
+      "                        command that goes on and exits 130 (SIGINT) or 143\n"
+      "                        (SIGTERM); a second signal stops at once, the file as\n"
+      "                        it was\n"
+      "  --save-every N        also save FILE every N optimizer steps, or every N\n"
+      "                        epochs' steps with an e suffix (2e, 0.5e); --resume\n"
+      "                        goes on from inside an epoch\n"
+      "  --save-best FILE      with --eval-every: save a checkpoint to FILE at every\n"
+      "                        new best held-out loss; with --patience, an early stop\n"
+      "                        loads it back (the report, the hash and --save are the\n"
+      "                        best epoch's) and says so\n"
+      "  --lr-schedule S       the learning rate per optimizer step, as\n"
+      "                        torch.optim.lr_scheduler computes it from --lr:\n"
+      "                        constant (default), step:N:GAMMA (StepLR),\n"
+      "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
+      "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
+      "                        steps from START x lr, default 1/3, then the cosine).\n"
+      "                        N, T_MAX and W count optimizer steps, or epochs with an\n"
+      "                        e suffix (warmup-cosine:1e:10e; dp train prints the\n"
+      "                        steps per epoch)\n"
+      "  --resume FILE         before training, load a checkpoint of the same model,\n"
+      "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
+      "                        train on from it for --epochs more epochs: parameters,\n"
+      "                        optimizer state, step counter, the rate schedule, the\n"
+      "                        data order (the next epoch) and the standardisation\n"
+      "                        continue, so --epochs 10 --save F, then --epochs 10\n"
+      "                        --resume F gives the bits of --epochs 20 (same data,\n"
+      "                        options and --save at the end of the first run)\n"
+      "  --standardize MODE    the inputs' standardisation, (x - mean) / std with the\n"
+      "                        mean and population deviation over the training share\n"
+      "                        (kept in --save's checkpoint; dp predict and dp export\n"
+      "                        use them): feature (the default) per feature, channel\n"
+      "                        per input channel of an image model (over its H*W\n"
+      "                        values, as torchvision's Normalize), none: raw inputs.\n"
+      "                        A constant feature or channel gets std 1 (it becomes 0)\n"
+      "                        and a warning names it\n"
+      "  --no-standardize      the same as --standardize none\n"
+      "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
-}
-
-/* Labels per row: one, or T for a sequence's windows. */
-static size_t label_width(const dpt_dataset *d) {
-  return d->label_width > 1 ? (size_t)d->label_width : 1;
-}
-
-/* Copies rows perm[from..from+n) of d into x (and the targets into t). */
-static void gather_rows(const dpt_dataset *d, const int *perm, int from, int n, float *x,
-                        void *t) {
-  size_t lw = label_width(d);
-  for (int r = 0; r < n; r++) {
-    int src = perm ? perm[from + r] : from + r;
-    memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
-           (size_t)d->n_features * 4);
-    if (d->label)
-      memcpy((int32_t *)t + r * lw, d->label + (size_t)src * lw, lw * 4);
-    else
-      memcpy((float *)t + (size_t)r * d->n_targets, d->y + (size_t)src * d->n_targets,
-             (size_t)d->n_targets * 4);
-  }
 }
 
 /* A duration as m:ss, or h:mm:ss from an hour; "-:--" when unknown. */
@@ -345,21 +398,26 @@ static void json_number(FILE *f, double v) {
     fputs("null", f);
 }
 
+/* Labels a row holds: T for a sequence's windows (one per position), else one. */
+static size_t label_width(const dpt_dataset *d) {
+  return d->label_width > 1 ? (size_t)d->label_width : 1;
+}
+
 /* Held-out accuracy (classification) or mean squared error (regression) in
  * *metric, and the loss the model trains on in *loss: the mean softmax
  * cross-entropy over the rows (over every position of a sequence's rows:
  * nats per token), or the mse again; both computed in double from the
  * outputs. Every rank runs the forwards; the figures are rank 0's. */
-static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d, int batch,
-                    int out_w, float *x, float *ymine, float *y, double *metric,
-                    double *loss) {
+static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
+                    const dpt_scaler *sc, int batch, int out_w, float *x, float *ymine,
+                    float *y, double *metric, double *loss) {
   long correct = 0;
   double se = 0.0, ce = 0.0;
   size_t lw = label_width(d);
   char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
-    memcpy(x, d->x + (size_t)from * d->n_features, (size_t)n * d->n_features * 4);
+    dpt_dataset_gather(d, sc, NULL, from, n, x, NULL);
     /* under mpirun: this rank's rows in, rank 0 gathers every rank's outputs */
     int r0, nr;
     if (dp_plan_rank_rows(plan, n, dpt_world_rank(), &r0, &nr) ||
@@ -467,6 +525,20 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
   const char *a = saved, *b = now;
   while (*a || *b) {
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
+    size_t na = strcspn(a, "= "), nb = strcspn(b, "= ");
+    if (la && lb && (na != nb || memcmp(a, b, na))) lb = 0; /* different words */
+    /* a word (data-seed, shuffle) one run has: the default in the other */
+    if (!la != !lb) {
+      const char *wd = la ? a : b;
+      size_t n = la ? na : nb, l = la ? la : strcspn(b, " ");
+      char v[64];
+      snprintf(v, sizeof v, "%.*s", (int)(l > n ? l - n - 1 : 0), wd + n + (l > n));
+      snprintf(err, errcap,
+               "--%.*s: the checkpoint's run used %s, this one %s; a resume continues the "
+               "run only with the same settings",
+               (int)n, wd, la ? v : "the default", la ? "the default" : v);
+      return -1;
+    }
     if ((la != lb || memcmp(a, b, la)) && !may_change(a, la, b, lb)) {
       const char *eq = memchr(a, '=', la), *eqb = memchr(b, '=', lb);
       int name = eq ? (int)(eq - a) : (int)la;
@@ -493,7 +565,7 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
  * options the same as rank 0's, or the job ends on every rank with rank 0's
  * one message (tools/agree.h). 0, or -1 (said). */
 static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dataset *all,
-                       const dp_config *cfg) {
+                       const dpt_dataset *val, const dp_config *cfg) {
   char err[1024];
   dpt_train_inputs in = {.model = model,
                          .data = all,
@@ -502,7 +574,11 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
                          .epochs = o->epochs,
                          .eval_every = o->eval_every,
                          .patience = o->patience,
-                         .no_standardize = o->no_standardize,
+                         .standardize = o->standardize,
+                         .val = o->val_data ? val : NULL,
+                         .data_seed = o->data_seed,
+                         .no_shuffle = o->no_shuffle,
+                         .header = o->header,
                          .resume = o->resume != NULL,
                          .test_fraction = o->test_fraction};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
@@ -552,6 +628,20 @@ typedef struct {
   char **argv;
 } train_run;
 
+/* The run's settings (settings_of), and the data order's when not the
+ * default: data-seed=N when --data-seed differs from --seed, shuffle=0 with
+ * --no-shuffle (so a run without them records what earlier versions did, and
+ * a resume continues the order it had). Returns buf. */
+static const char *run_settings(const train_run *t, char *buf, size_t cap) {
+  settings_of(&t->cfg, t->o.schedule, data_kind(&t->o), buf, cap);
+  size_t at = strlen(buf);
+  if (t->o.data_seed != t->cfg.seed && at < cap)
+    at += (size_t)snprintf(buf + at, cap - at, " data-seed=%llu",
+                           (unsigned long long)t->o.data_seed);
+  if (t->o.no_shuffle && at < cap) snprintf(buf + at, cap - at, " shuffle=0");
+  return buf;
+}
+
 /* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
  * the exit status (usage printed, or the error said). */
 static int parse_train(int argc, char **argv, train_run *t) {
@@ -566,6 +656,13 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
+      {"standardize", required_argument, NULL, OPT_STANDARDIZE},
+      {"labels", required_argument, NULL, OPT_LABELS},
+      {"val-data", required_argument, NULL, OPT_VAL_DATA},
+      {"val-labels", required_argument, NULL, OPT_VAL_LABELS},
+      {"header", no_argument, NULL, OPT_HEADER},
+      {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
+      {"data-seed", required_argument, NULL, OPT_DATA_SEED},
       {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
       {"log", required_argument, NULL, OPT_LOG},
       {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
@@ -598,8 +695,18 @@ static int parse_train(int argc, char **argv, train_run *t) {
     r = dpt_fail(
         err, errcap,
         "--patience needs --eval-every (it counts evaluations of the held-out share)");
-  if (r == DPT_ARGS_OK && o->eval_every && o->test_fraction == 0.0f)
-    r = dpt_fail(err, errcap, "--eval-every needs a held-out share (--test-fraction > 0)");
+  if (r == DPT_ARGS_OK && o->val_data && o->test_fraction_given)
+    r = dpt_fail(err, errcap,
+                 "--val-data is the held-out set: --test-fraction (a share of --data) goes "
+                 "without it");
+  if (r == DPT_ARGS_OK && o->val_labels && !o->val_data)
+    r = dpt_fail(err, errcap, "--val-labels goes with --val-data");
+  if (r == DPT_ARGS_OK && o->val_data) o->test_fraction = 0.0f;
+  if (r == DPT_ARGS_OK && o->eval_every && o->test_fraction == 0.0f && !o->val_data)
+    r = dpt_fail(
+        err, errcap,
+        "--eval-every needs a held-out share (--test-fraction > 0, or --val-data)");
+  if (r == DPT_ARGS_OK && !o->data_seed_given) o->data_seed = t->cfg.seed;
   if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
     r = dpt_fail(err, errcap, "--plot-log needs --plot");
   if (r == DPT_ARGS_OK && o->save_every && !o->save)
@@ -637,10 +744,15 @@ static int check_files(train_run *t) {
                           {o->save_best, "best checkpoint"},
                           {o->plot, "plot"},
                           {o->log, "log"}},
-                ins[] = {{o->model, "model"}, data_file(o), {o->resume, "checkpoint"}};
+                ins[] = {{o->model, "model"},
+                         data_file(o),
+                         {o->labels, "labels"},
+                         {o->val_data, "validation data"},
+                         {o->val_labels, "validation labels"},
+                         {o->resume, "checkpoint"}};
   if (t->writes &&
-      (dpt_check_distinct(outs, 4, ins, 2, err, sizeof t->err) ||
-       dpt_check_distinct(outs + 2, 2, ins + 2, 1, err, sizeof t->err) ||
+      (dpt_check_distinct(outs, 4, ins, 5, err, sizeof t->err) ||
+       dpt_check_distinct(outs + 2, 2, ins + 5, 1, err, sizeof t->err) ||
        (o->save && dpt_check_writable(o->save, "checkpoint", 1, err, sizeof t->err)) ||
        (o->save_best &&
         dpt_check_writable(o->save_best, "best checkpoint", 1, err, sizeof t->err)) ||
@@ -732,15 +844,46 @@ static int load_sequence(train_run *t, int T, int V) {
             B, o->text ? "text" : "token file");
     return -1;
   }
-  o->no_standardize = 1;
-  if (agree_ranks(o, t->model, &t->all, &t->cfg)) return -1;
-  /* views of the windows: the head trains, the tail is held out */
+  o->standardize = 0;
+  if (agree_ranks(o, t->model, &t->all, &t->test, &t->cfg)) return -1;
+  /* the head of the windows trains, the tail is held out (file order) */
   t->views = 1;
-  t->train = t->test = t->all;
-  t->train.n_rows = n_train;
-  t->test.n_rows = n_test;
-  t->test.x += (size_t)n_train * T;
-  t->test.label += (size_t)n_train * T;
+  if (dpt_dataset_split_as(&t->all, o->test_fraction, 0, 0, &t->train, &t->test, t->err,
+                           sizeof t->err)) {
+    fprintf(stderr, "dp train: %s\n", t->err);
+    return -1;
+  }
+  return 0;
+}
+
+/* One data set (--data, or --val-data) as the model reads it: CSV, .npy or
+ * IDX, with its labels file; checked against the model. 0, or -1 (said). */
+static int load_data(train_run *t, const char *data, const char *labels,
+                     const char *labels_opt, dpt_dataset *d) {
+  const train_opts *o = &t->o;
+  int ce = dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE;
+  dpt_data_spec spec = {.data = data,
+                        .labels = labels,
+                        .labels_opt = labels_opt,
+                        .rows = ce ? DPT_ROWS_CLASSES : DPT_ROWS_TARGETS,
+                        .n_targets = t->out_w,
+                        .n_outputs = ce ? t->out_w : 0,
+                        .header = o->header,
+                        .n_features = t->in_w};
+  if (dpt_data_load(&spec, d, t->err, sizeof t->err)) {
+    fprintf(stderr, "dp train: %s\n", t->err);
+    return -1;
+  }
+  if (d->n_features != t->in_w) {
+    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", data,
+            d->n_features, o->model, t->in_w);
+    return -1;
+  }
+  if (d->label && d->n_classes > t->out_w) {
+    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", data,
+            d->n_classes - 1, t->out_w);
+    return -1;
+  }
   return 0;
 }
 
@@ -773,31 +916,27 @@ static int load_inputs(train_run *t) {
     return -1;
   }
   if (T) return load_sequence(t, T, V);
-  dp_loss_kind loss_kind = dp_model_loss(t->model);
-  dp_status s =
-      loss_kind == DP_LOSS_SOFTMAX_CE
-          ? dpt_csv_load(o->data, &t->all, err, sizeof t->err)
-          : dpt_csv_load_regression(o->data, t->out_w, &t->all, err, sizeof t->err);
-  if (s) {
+  int c, h, w;
+  if (o->standardize == 2 && !dpt_model_image(t->model, &c, &h, &w)) {
+    fprintf(stderr,
+            "dp train: --standardize channel is for image models (input C H W); %s takes "
+            "rows of %d features: use --standardize feature\n",
+            o->model, t->in_w);
+    return -1;
+  }
+  if (load_data(t, o->data, o->labels, "--labels", &t->all) ||
+      (o->val_data && load_data(t, o->val_data, o->val_labels, "--val-labels", &t->test)))
+    return -1;
+  if (agree_ranks(o, t->model, &t->all, &t->test, &t->cfg)) return -1;
+  /* --val-data: every row of --data trains (in the data seed's order, as with
+   * --test-fraction 0), the validation set is held out as it is */
+  dpt_dataset none;
+  if (dpt_dataset_split_as(&t->all, o->test_fraction, !o->no_shuffle, o->data_seed,
+                           &t->train, o->val_data ? &none : &t->test, err, sizeof t->err)) {
     fprintf(stderr, "dp train: %s\n", err);
     return -1;
   }
-  if (t->all.n_features != t->in_w) {
-    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", o->data,
-            t->all.n_features, o->model, t->in_w);
-    return -1;
-  }
-  if (t->all.label && t->all.n_classes > t->out_w) {
-    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", o->data,
-            t->all.n_classes - 1, t->out_w);
-    return -1;
-  }
-  if (agree_ranks(o, t->model, &t->all, &t->cfg)) return -1;
-  if (dpt_dataset_split(&t->all, o->test_fraction, t->cfg.seed, &t->train, &t->test, err,
-                        sizeof t->err)) {
-    fprintf(stderr, "dp train: %s\n", err);
-    return -1;
-  }
+  if (o->val_data) dpt_dataset_free(&none);
   return 0;
 }
 
@@ -813,22 +952,26 @@ static int check_resumed(train_run *t, int rows, int has_record) {
             o->resume, t->epoch0, o->epochs, DPT_MAX_EPOCHS);
     return -1;
   }
-  if (has_record && rows != t->train.n_rows)
+  if (has_record && rows > 0 && rows != t->train.n_rows) /* rows 0: dp import's record */
     fprintf(stderr,
             "dp train: warning: %s was trained on %d rows; this data gives %d (another "
             "file, or another --test-fraction): the run will not continue as it was\n",
             o->resume, rows, t->train.n_rows);
-  if (has_record && (t->scaler.n > 0) != !o->no_standardize) {
-    fprintf(stderr,
-            "dp train: %s was trained %s standardised features; resume it %s "
-            "--no-standardize\n",
-            o->resume, t->scaler.n > 0 ? "on" : "without",
-            t->scaler.n > 0 ? "without" : "with");
+  int saved = t->scaler.n > 0 ? 1 + t->scaler.per_channel : 0;
+  if (has_record && saved != o->standardize) {
+    static const char *const words[] = {"none", "feature", "channel"};
+    fprintf(
+        stderr,
+        "dp train: %s was trained with --standardize %s; resume it with --standardize %s "
+        "(this run asks for %s)\n",
+        o->resume, words[saved], words[saved], words[o->standardize]);
     return -1;
   }
-  if (t->scaler.n && t->scaler.n != t->train.n_features) {
-    fprintf(stderr, "dp train: %s standardises %d features; this data has %d\n", o->resume,
-            t->scaler.n, t->train.n_features);
+  char why[256];
+  int c, h, w;
+  dpt_model_image(t->model, &c, &h, &w);
+  if (dpt_scaler_fits(&t->scaler, t->in_w, c, why, sizeof why)) {
+    fprintf(stderr, "dp train: %s: %s\n", o->resume, why);
     return -1;
   }
   return 0;
@@ -861,9 +1004,7 @@ static int read_resume(train_run *t) {
   /* the checkpoint carries the run's settings: the same, or no resume */
   int differ =
       saved && (same_kind(saved, data_kind(o), err, sizeof t->err) ||
-                same_settings(
-                    saved, settings_of(&t->cfg, o->schedule, data_kind(o), now, sizeof now),
-                    err, sizeof t->err));
+                same_settings(saved, run_settings(t, now, sizeof now), err, sizeof t->err));
   free(saved);
   if (differ) {
     fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
@@ -999,6 +1140,14 @@ static int start_run(train_run *t) {
            o->data, t->train.n_rows, t->test.n_rows, t->all.n_features,
            t->all.label ? "classification" : "regression");
   if (!o->quiet) {
+    if (o->val_data) printf("held-out rows: %s (--val-data)\n", o->val_data);
+    for (int k = 0; k < 2; k++) {
+      const dpt_dataset *d = k ? &t->test : &t->all;
+      if (d->header_line && (!k || o->val_data))
+        printf("%s: its header row (line %d) skipped\n", k ? o->val_data : o->data,
+               d->header_line);
+    }
+    if (o->no_shuffle) printf("data order: as in the file, every epoch (--no-shuffle)\n");
     dpt_print_config(stdout, t->pc);
     printf("\n");
     dpt_print_plan(stdout, t->plan);
@@ -1096,12 +1245,14 @@ static int after_step(train_run *t, int ep, int done) {
 static int train_epoch(train_run *t, int ep, epoch_stats *es) {
   const dpt_dataset *train = &t->train;
   int B = t->batch;
-  dpt_epoch_order(train->n_rows, t->cfg.seed, ep, t->perm);
+  /* --no-shuffle: every epoch in file order; else keyed by the data seed */
+  const int *order = t->o.no_shuffle ? NULL : t->perm;
+  if (order) dpt_epoch_order(train->n_rows, t->o.data_seed, ep, t->perm);
   double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
   int nb = 0;
   for (int from = ep == t->epoch0 ? t->pos0 * B : 0; from < train->n_rows; from += B) {
     int n = train->n_rows - from < B ? train->n_rows - from : B;
-    gather_rows(train, t->perm, from, n, t->bx, t->bt);
+    dpt_dataset_gather(train, &t->scaler, order, from, n, t->bx, t->bt);
     float loss;
     /* the scheduled rate at this optimizer step (the context's counter: a resumed
      * run continues its schedule) */
@@ -1160,8 +1311,8 @@ static int evaluate_epoch(train_run *t, held_out *h) {
   h->loss = NAN;
   h->evaluated = t->o.eval_every && t->ep_done % t->o.eval_every == 0;
   if (!h->evaluated) return 0;
-  if (evaluate(t->ctx, t->plan, &t->test, B, out_w, t->bx, t->by + (size_t)B * out_w, t->by,
-               &h->metric, &h->loss)) {
+  if (evaluate(t->ctx, t->plan, &t->test, &t->scaler, B, out_w, t->bx,
+               t->by + (size_t)B * out_w, t->by, &h->metric, &h->loss)) {
     printf("%s", t->tty ? "\n" : "");
     fprintf(stderr, "dp train: evaluation after epoch %d: %s\n", t->ep_done,
             dpt_user_msg(dp_ctx_error(t->ctx)));
@@ -1290,8 +1441,8 @@ static int final_report(train_run *t) {
   double metric = 0.0, eval_loss = 0.0;
   int B = t->batch, out_w = t->out_w;
   const dpt_dataset *eval = t->test.n_rows ? &t->test : &t->train;
-  if (evaluate(t->ctx, t->plan, eval, B, out_w, t->bx, t->by + (size_t)B * out_w, t->by,
-               &metric, &eval_loss)) {
+  if (evaluate(t->ctx, t->plan, eval, &t->scaler, B, out_w, t->bx,
+               t->by + (size_t)B * out_w, t->by, &metric, &eval_loss)) {
     fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
     return -1;
   }
@@ -1363,10 +1514,8 @@ static int save_checkpoint(train_run *t, const char *path, int epochs, int posit
                            save_kind kind) {
   size_t run_n = 0;
   char settings[1024];
-  char *run = dpt_run_text_at(
-      epochs, position, t->train.n_rows, &t->scaler,
-      settings_of(&t->cfg, t->o.schedule, data_kind(&t->o), settings, sizeof settings),
-      &run_n);
+  char *run = dpt_run_text_at(epochs, position, t->train.n_rows, &t->scaler,
+                              run_settings(t, settings, sizeof settings), &run_n);
   if (!run) {
     fprintf(stderr, "dp train: out of memory\n");
     return -1;
@@ -1438,7 +1587,6 @@ static void free_run(train_run *t) {
   free(t->hcurve);
   free(t->hx);
   if (t->logf) fclose(t->logf);
-  if (t->views) t->train = t->test = (dpt_dataset){0};
   dpt_dataset_free(&t->all);
   dpt_dataset_free(&t->train);
   dpt_dataset_free(&t->test);
@@ -1448,17 +1596,44 @@ static void free_run(train_run *t) {
   dp_model_free(t->model);
 }
 
+/* The standardisation fitted on the training share (--standardize feature or
+ * channel), with a warning naming the constant features or channels (std 0:
+ * taken as 1, so they become 0). 0, or -1 (said). */
+static int fit_scaler(train_run *t) {
+  int c, h, w, channel = t->o.standardize == 2;
+  dpt_model_image(t->model, &c, &h, &w);
+  if (channel ? dpt_scaler_fit_channels(&t->train, c, &t->scaler)
+              : dpt_scaler_fit(&t->train, &t->scaler)) {
+    fprintf(stderr, "dp train: out of memory\n");
+    return -1;
+  }
+  const dpt_scaler *sc = &t->scaler;
+  if (sc->n_constant && t->writes) {
+    char list[128] = "";
+    size_t at = 0;
+    for (int i = 0; i < sc->n_constant && i < DPT_CONSTANT_SHOWN; i++)
+      at += (size_t)snprintf(list + at, sizeof list - at, "%s%d", i ? ", " : "",
+                             sc->constant[i]);
+    const char *what = channel ? "channel" : "feature";
+    fprintf(stderr,
+            "dp train: warning: %d of %d %ss %s constant over the %d training rows (std 0; "
+            "%s%s%s): standardised with std 1, %s 0 for every row\n",
+            sc->n_constant, sc->n, what, sc->n_constant == 1 ? "is" : "are",
+            t->train.n_rows, sc->n_constant == 1 ? what : "the first: ", list,
+            sc->n_constant > DPT_CONSTANT_SHOWN ? ", ..." : "",
+            sc->n_constant == 1 ? "it becomes" : "they become");
+  }
+  return 0;
+}
+
 /* Everything after the command line: 0; -1: failed (said); or the exit
  * status of a stop by signal. */
 static int train(train_run *t) {
   if (check_files(t) || load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
-  if (!t->o.no_standardize && !t->scaler.n && dpt_scaler_fit(&t->train, &t->scaler)) {
-    fprintf(stderr, "dp train: out of memory\n");
-    return -1;
-  }
-  dpt_scaler_apply(&t->scaler, &t->train);
-  dpt_scaler_apply(&t->scaler, &t->test);
+  if (t->o.standardize && !t->scaler.n && fit_scaler(t)) return -1;
+  /* the standardisation is applied as each batch is gathered (a mapped file
+   * is never written) */
   if (make_context(t) || start_run(t) || run_epochs(t)) return -1;
   if (t->stop_sig) return interrupted(t);
   if (final_report(t)) return -1;
@@ -1470,7 +1645,9 @@ static int train(train_run *t) {
 }
 
 int dpt_cmd_train(int argc, char **argv) {
-  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f}, .argc = argc, .argv = argv};
+  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f, .standardize = 1},
+                 .argc = argc,
+                 .argv = argv};
   int rc = parse_train(argc, argv, &t);
   if (rc < 0) {
     t.writes = dpt_world_rank() == 0;

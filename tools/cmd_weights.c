@@ -1,9 +1,11 @@
 /* `dp export` and `dp import`: weights between libdp checkpoints and
  * PyTorch's safetensors files (the state_dict of the model's nn.Sequential). */
 #include "cli.h"
+#include "data.h"
 
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 enum { OPT_SAFETENSORS = DPT_OPT_USER, OPT_MODEL, OPT_OUT, OPT_PYTORCH };
@@ -30,32 +32,39 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 }
 
 static void export_usage(FILE *f) {
-  fputs("usage: dp export CHECKPOINT [--safetensors FILE] [--pytorch FILE.py]\n"
-        "       dp export --model M.dpm --pytorch FILE.py\n"
-        "\n"
-        "Writes the parameters of a libdp checkpoint (dp train --save, dp_ckpt_save) as\n"
-        "a safetensors file that PyTorch loads into the model's nn.Sequential:\n"
-        "\n"
-        "  model.load_state_dict(safetensors.torch.load_file(FILE))\n"
-        "\n"
-        "Tensors are named and shaped as that state_dict: \"0.weight\" (out, in) and\n"
-        "\"0.bias\" (out) for a linear layer at index 0 (layers counted after `input`),\n"
-        "\"k.weight\" and \"k.bias\" (width) for a layernorm at k; F32. The model comes\n"
-        "from the checkpoint itself; its spec text is in the file's metadata\n"
-        "(\"libdp_model\"). Any checkpoint works, whatever device count or mode saved it.\n"
-        "\n"
-        "--pytorch FILE.py writes the model as PyTorch source: build() returns an\n"
-        "nn.Module with those tensor names (each layer registered under its index;\n"
-        "residual blocks, embeddings and attention included) whose forward is the\n"
-        "spec's, so that m = build(); m.load_state_dict(load_file(FILE), strict=True)\n"
-        "gives libdp's outputs (a token model: (B, T) ids to (B, T, V) logits).\n"
-        "At least one of --safetensors and --pytorch. With --model M.dpm and no\n"
-        "checkpoint, the source of that spec's model alone (PyTorch initialises it;\n"
-        "dp import takes its weights back).\n"
-        "\n"
-        "Exit status: 0 written, 1 the checkpoint could not be read or the file written,\n"
-        "2 usage error.\n",
-        f);
+  fputs(
+      "usage: dp export CHECKPOINT [--safetensors FILE] [--pytorch FILE.py]\n"
+      "       dp export --model M.dpm --pytorch FILE.py\n"
+      "\n"
+      "Writes the parameters of a libdp checkpoint (dp train --save, dp_ckpt_save) as\n"
+      "a safetensors file that PyTorch loads into the model's nn.Sequential:\n"
+      "\n"
+      "  model.load_state_dict(safetensors.torch.load_file(FILE))\n"
+      "\n"
+      "Tensors are named and shaped as that state_dict: \"0.weight\" (out, in) and\n"
+      "\"0.bias\" (out) for a linear layer at index 0 (layers counted after `input`),\n"
+      "\"k.weight\" and \"k.bias\" (width) for a layernorm at k; F32. The model comes\n"
+      "from the checkpoint itself; its spec text is in the file's metadata\n"
+      "(\"libdp_model\"). Any checkpoint works, whatever device count or mode saved it.\n"
+      "The input standardisation of its dp train run (dp train --standardize) goes\n"
+      "into the metadata too: \"dp.standardize\" (none, feature or channel), \"dp.mean\"\n"
+      "and \"dp.std\" (comma-separated decimals, exact); dp import reads them back, and\n"
+      "dp export prints a summary of them.\n"
+      "\n"
+      "--pytorch FILE.py writes the model as PyTorch source: build() returns an\n"
+      "nn.Module with those tensor names (each layer registered under its index;\n"
+      "residual blocks, embeddings and attention included) whose forward is the\n"
+      "spec's, so that m = build(); m.load_state_dict(load_file(FILE), strict=True)\n"
+      "gives libdp's outputs (a token model: (B, T) ids to (B, T, V) logits). With a\n"
+      "standardisation, the module's first step applies it: it takes raw rows, as\n"
+      "dp predict does.\n"
+      "At least one of --safetensors and --pytorch. With --model M.dpm and no\n"
+      "checkpoint, the source of that spec's model alone (PyTorch initialises it;\n"
+      "dp import takes its weights back).\n"
+      "\n"
+      "Exit status: 0 written, 1 the checkpoint could not be read or the file written,\n"
+      "2 usage error.\n",
+      f);
 }
 
 static void import_usage(FILE *f) {
@@ -71,6 +80,8 @@ static void import_usage(FILE *f) {
       "\n"
       "The optimizer, its hyper-parameters and the seed are the common options below;\n"
       "the checkpoint records them, and a resume checks the optimizer and seed match.\n"
+      "A standardisation in the file's metadata (dp export's dp.standardize, dp.mean,\n"
+      "dp.std) is kept in the checkpoint, for dp predict and dp train --resume.\n"
       "\n",
       f);
   dpt_print_common_help(f);
@@ -165,17 +176,40 @@ static int export_spec(const weights_opts *o) {
     dp_model_free(m);
     return DPT_EXIT_FAIL;
   }
-  int bad = dpt_write_pytorch(m, dp_file_stream(f));
+  int bad = dpt_write_pytorch(m, NULL, dp_file_stream(f));
   if (bad) dp_file_discard(f);
   if (bad || dp_file_commit(f)) {
     fprintf(stderr, "dp export: %s\n",
-            bad ? "cannot write the source (out of memory)" : dpt_user_msg(dp_last_error()));
+            bad ? "cannot write the source (out of memory)"
+                : dpt_user_msg(dp_last_error()));
     dp_model_free(m);
     return DPT_EXIT_FAIL;
   }
   printf("dp export: %s as PyTorch source -> %s (build())\n", o->model, o->pytorch);
   dp_model_free(m);
   return DPT_EXIT_OK;
+}
+
+/* The checkpoint's parameters to the safetensors file, with the
+ * standardisation of its dp train record in the metadata. 0, or -1 (said). */
+static int export_weights(weights_rig *w, const char *ckpt, const char *path,
+                          const dpt_scaler *sc, int has_record) {
+  dp_meta pairs[3];
+  char *text = NULL;
+  int n = has_record ? dpt_scaler_meta(sc, pairs, &text) : 0;
+  if (n < 0) {
+    fprintf(stderr, "dp export: out of memory\n");
+    return -1;
+  }
+  dp_status s = dp_ckpt_export_safetensors_meta(w->c, path, pairs, n);
+  free(text);
+  if (s) {
+    fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_ctx_error(w->c)));
+    return -1;
+  }
+  printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt,
+         dp_model_n_tensors(w->m), dp_model_n_params(w->m), path);
+  return 0;
 }
 
 int dpt_cmd_export(int argc, char **argv) {
@@ -204,24 +238,68 @@ int dpt_cmd_export(int argc, char **argv) {
   cfg.batch = 1;
   cfg.inference = 1;
   if (dp_ckpt_info(ckpt, &w.m, &info) || dp_plan_create(w.m, &cfg, &w.p) ||
-      dp_ctx_create(w.p, &w.c) || dp_ckpt_load(w.c, ckpt) ||
-      (o.safetensors && dp_ckpt_export_safetensors(w.c, o.safetensors)))
+      dp_ctx_create(w.p, &w.c) || dp_ckpt_load(w.c, ckpt))
     return lib_fail("export", &w);
-  if (o.safetensors)
-    printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt,
-           dp_model_n_tensors(w.m), dp_model_n_params(w.m), o.safetensors);
+  /* dp train's standardisation travels with the weights */
+  dpt_scaler sc;
+  int has_record = 0, rc = DPT_EXIT_FAIL;
+  if (dpt_ckpt_scaler(ckpt, &sc, &has_record, err, sizeof err)) {
+    fprintf(stderr, "dp export: %s\n", err);
+    return finish(&w, DPT_EXIT_FAIL);
+  }
+  if (o.safetensors && export_weights(&w, ckpt, o.safetensors, &sc, has_record)) goto done;
   if (o.pytorch) {
     dp_file *f = NULL;
-    if (dp_file_create(o.pytorch, "PyTorch source", &f)) return lib_fail("export", &w);
-    if (dpt_write_pytorch(w.m, dp_file_stream(f))) {
+    if (dp_file_create(o.pytorch, "PyTorch source", &f)) {
+      fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_last_error()));
+      goto done;
+    }
+    if (dpt_write_pytorch(w.m, &sc, dp_file_stream(f))) {
       dp_file_discard(f);
       fprintf(stderr, "dp export: cannot write %s (out of memory or disk)\n", o.pytorch);
-      return finish(&w, DPT_EXIT_FAIL);
+      goto done;
     }
-    if (dp_file_commit(f)) return lib_fail("export", &w); /* it frees f either way */
-    printf("dp export: %s's model as PyTorch source -> %s (build())\n", ckpt, o.pytorch);
+    if (dp_file_commit(f)) { /* it frees f either way */
+      fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_last_error()));
+      goto done;
+    }
+    printf("dp export: %s's model as PyTorch source -> %s (build()%s)\n", ckpt, o.pytorch,
+           sc.n ? ", which standardises its input first" : "");
   }
-  return finish(&w, DPT_EXIT_OK);
+  char text[256];
+  dpt_scaler_summary(&sc, text, sizeof text);
+  if (has_record)
+    printf("standardisation: %s%s\n", text,
+           !o.safetensors ? ""
+           : sc.n         ? " (in the metadata: dp.standardize, dp.mean, dp.std)"
+                          : " (in the metadata: dp.standardize)");
+  else
+    printf("standardisation: none recorded (no dp train run in %s): the model takes the "
+           "features as they are\n",
+           ckpt);
+  rc = DPT_EXIT_OK;
+done:
+  dpt_scaler_free(&sc);
+  return finish(&w, rc);
+}
+
+/* The standardisation in the safetensors file's metadata, checked against
+ * the model: 1 found, 0 none there, -1 (err). */
+static int read_standardize(const char *st, const dp_model *m, dpt_scaler *sc, char *err,
+                            size_t errcap) {
+  dp_meta *meta = NULL;
+  int n = 0, c, h, w;
+  memset(sc, 0, sizeof *sc);
+  if (dp_safetensors_read_meta(st, &meta, &n))
+    return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  int found = dpt_scaler_from_meta(meta, n, sc, err, errcap);
+  free(meta);
+  dpt_model_image(m, &c, &h, &w);
+  if (found > 0 && dpt_scaler_fits(sc, dp_model_input_width(m), c, err, errcap)) {
+    dpt_scaler_free(sc);
+    return -1;
+  }
+  return found;
 }
 
 int dpt_cmd_import(int argc, char **argv) {
@@ -246,9 +324,32 @@ int dpt_cmd_import(int argc, char **argv) {
   cfg->ranks = 1;
   if (!cfg->batch) cfg->batch = 1;
   if (dp_plan_create(w.m, cfg, &w.p) || dp_ctx_create(w.p, &w.c) ||
-      dp_ckpt_import_safetensors(w.c, st) || dp_ckpt_save(w.c, o.out))
+      dp_ckpt_import_safetensors(w.c, st))
     return lib_fail("import", &w);
+  /* the standardisation in the file's metadata (dp export's) becomes the
+   * checkpoint's run record, so that dp predict and a resume use it */
+  dpt_scaler sc;
+  int found = read_standardize(st, w.m, &sc, err, sizeof err);
+  if (found < 0) {
+    fprintf(stderr, "dp import: safetensors file '%s': %s\n", st, err);
+    return finish(&w, DPT_EXIT_FAIL);
+  }
+  size_t n = 0;
+  char *run = found ? dpt_run_text(0, 0, &sc, NULL, &n) : NULL;
+  dp_status s = found && !run ? DP_ERR_NOMEM
+                : found       ? dp_ckpt_save_app(w.c, o.out, run, n)
+                              : dp_ckpt_save(w.c, o.out);
+  free(run);
+  char text[256];
+  dpt_scaler_summary(&sc, text, sizeof text);
+  dpt_scaler_free(&sc);
+  if (s == DP_ERR_NOMEM && found && !run) {
+    fprintf(stderr, "dp import: out of memory\n");
+    return finish(&w, DPT_EXIT_FAIL);
+  }
+  if (s) return lib_fail("import", &w);
   printf("dp import: %s -> %s (step 0, %s, seed %llu)\n", st, o.out,
          dp_optimizer_name(dp_plan_config(w.p)->optimizer), (unsigned long long)cfg->seed);
+  if (found) printf("standardisation: %s (from the file's metadata)\n", text);
   return finish(&w, DPT_EXIT_OK);
 }

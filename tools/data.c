@@ -15,7 +15,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
+
+/* A standardised value far outside the training share's range (a test value of
+ * 1e38 over a tiny spread) may not fit a float: saturate instead of making inf. */
+static float saturate(double v) {
+  return v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : (float)v;
+}
 
 /* ---- random numbers: splitmix64 ------------------------------------------- */
 
@@ -45,7 +52,7 @@ static uint64_t stream_state(uint64_t seed, uint64_t domain, uint64_t index) {
   return mix64(mix64(seed ^ (domain * 0xd1b54a32d192ed03ULL)) + index);
 }
 
-static void shuffle(int *perm, int n, uint64_t state) {
+static void shuffle_rows(int *perm, int n, uint64_t state) {
   for (int i = 0; i < n; i++) perm[i] = i;
   for (int i = n - 1; i > 0; i--) {
     int j = (int)below(&state, (uint64_t)i + 1);
@@ -57,17 +64,70 @@ static void shuffle(int *perm, int n, uint64_t state) {
 
 void dpt_epoch_order(int n, uint64_t seed, int epoch, int *perm) {
   if (n <= 0 || !perm) return;
-  shuffle(perm, n, stream_state(seed, 2, (uint64_t)(int64_t)epoch));
+  shuffle_rows(perm, n, stream_state(seed, 2, (uint64_t)(int64_t)epoch));
 }
 
 /* ---- datasets ---------------------------------------------------------------- */
 
 void dpt_dataset_free(dpt_dataset *d) {
   if (!d) return;
-  free(d->x);
+  if (!d->borrowed) free(d->x);
   free(d->label);
   free(d->y);
+  free(d->rows);
+  if (d->own && d->own_mapped)
+    munmap(d->own, d->own_len);
+  else if (d->own)
+    free(d->own);
   memset(d, 0, sizeof *d);
+}
+
+/* ---- rows -------------------------------------------------------------------- */
+
+/* Row r of d (a view's r-th row) as floats into out, unstandardised; or, when
+ * its floats are in memory already, a pointer to them (out unused). */
+static const float *row_of(const dpt_dataset *d, int r, float *out) {
+  size_t nf = (size_t)d->n_features, src = d->rows ? (size_t)d->rows[r] : (size_t)r;
+  if (d->x) return d->x + src * nf;
+  const unsigned char *p = d->xmap + src * nf *
+                                         (d->xtype == DPT_X_F64  ? 8
+                                          : d->xtype == DPT_X_U8 ? 1
+                                                                 : 4);
+  if (d->xtype == DPT_X_U8) {
+    for (size_t j = 0; j < nf; j++) out[j] = (float)p[j];
+  } else if (d->xtype == DPT_X_F64) {
+    for (size_t j = 0; j < nf; j++) {
+      double v;
+      memcpy(&v, p + 8 * j, 8); /* little-endian, checked when loaded */
+      out[j] = (float)v;
+    }
+  } else {
+    memcpy(out, p, nf * 4);
+  }
+  return out;
+}
+
+void dpt_dataset_gather(const dpt_dataset *d, const dpt_scaler *sc, const int *idx,
+                        int from, int n, float *x, void *t) {
+  size_t nf = (size_t)d->n_features;
+  int per = sc && sc->n > 0 ? (int)(nf / (size_t)sc->n) : 0;
+  size_t lw = d->label_width > 1 ? (size_t)d->label_width : 1;
+  for (int r = 0; r < n; r++) {
+    int i = idx ? idx[from + r] : from + r;
+    float *xr = x + (size_t)r * nf;
+    const float *v = row_of(d, i, xr);
+    if (per)
+      for (size_t j = 0; j < nf; j++)
+        xr[j] = saturate((v[j] - sc->mean[j / (size_t)per]) / sc->std[j / (size_t)per]);
+    else if (v != xr)
+      memcpy(xr, v, nf * 4);
+    if (!t) continue;
+    if (d->label)
+      memcpy((int32_t *)t + (size_t)r * lw, d->label + (size_t)i * lw, lw * 4);
+    else if (d->y)
+      memcpy((float *)t + (size_t)r * (size_t)d->n_targets,
+             d->y + (size_t)i * (size_t)d->n_targets, (size_t)d->n_targets * 4);
+  }
 }
 
 /* ---- CSV parsing ------------------------------------------------------------ */
@@ -254,8 +314,35 @@ static line_status read_line(FILE *f, char **buf, size_t *cap, size_t *len) {
   return LINE_OK;
 }
 
-static dp_status load(const char *path, int n_targets, bool features_only, dpt_dataset *out,
-                      char *err, size_t errcap) {
+/* Whether the row holds a field that is not a number (a header's names). */
+static bool has_word(const char *line) {
+  for (const char *p = line;;) {
+    size_t n = strcspn(p, ",");
+    char f[64], *e;
+    snprintf(f, sizeof f, "%.*s", n < 63 ? (int)n : 63, p);
+    const char *b = f;
+    while (is_blank(*b)) b++;
+    strtof(b, &e);
+    while (is_blank(*e) || *e == '\r') e++;
+    if (e == b || *e || n >= 63) return true;
+    if (!p[n]) return false;
+    p += n + 1;
+  }
+}
+
+/* The header row: 1 when line (its field count `count`) is the header, to
+ * be skipped: header 1 forced, 0 detected (a field that is not a number),
+ * -1 never. */
+static int header_row(const char *line, int header, long count, long lineno, long *fields,
+                      long *at) {
+  if (header < 0 || (!header && !has_word(line))) return 0;
+  *fields = count;
+  *at = lineno;
+  return 1;
+}
+
+static dp_status load(const char *path, int n_targets, bool features_only, int header,
+                      dpt_dataset *out, char *err, size_t errcap) {
   if (out) memset(out, 0, sizeof *out);
   if (!path || !out)
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_csv_load: NULL argument");
@@ -280,7 +367,9 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
   b.d.n_targets = n_targets;
   b.features_only = features_only;
   where w = {path, 0, err, errcap};
-  int n_fields = 0; /* fixed by the first data row */
+  int n_fields = 0;              /* fixed by the first data row */
+  long h_fields = 0, h_line = 0; /* the header row's field count and line */
+  bool reread = false;
   char *line = NULL;
   size_t linecap = 0, len = 0;
   line_status ls;
@@ -303,6 +392,15 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
     long count = 1;
     for (const char *c = line; *c; c++)
       if (*c == ',') count++;
+    if (n_fields == 0 && h_line == 0 &&
+        header_row(line, header, count, w.line, &h_fields, &h_line))
+      continue;
+    if (h_line && count != h_fields) {
+      s = dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                          "%s:%ld: field count %ld; the header row (line %ld) has %ld",
+                          path, w.line, count, h_line, h_fields);
+      goto done;
+    }
     if (n_fields == 0) {
       int lead = features_only ? 0 : n_targets > 0 ? n_targets : 1; /* before features */
       long min = lead + 1;
@@ -345,28 +443,45 @@ static dp_status load(const char *path, int n_targets, bool features_only, dpt_d
                         strerror(errno ? errno : EIO));
     goto done;
   }
-  if (b.d.n_rows == 0) {
-    s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: no data rows", path);
+  if (b.d.n_rows == 0 && h_line && header == 0) { /* a detected header alone */
+    reread = true;                                /* read as data, for the error it has */
     goto done;
   }
+  if (b.d.n_rows == 0) {
+    s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: no data rows%s", path,
+                        h_line ? " after the header" : "");
+    goto done;
+  }
+  b.d.header_line = (int)h_line;
 done:
   free(line);
   fclose(f);
-  if (s != DP_OK) {
+  if (s != DP_OK || reread) {
     dpt_dataset_free(&b.d);
-    return s;
+    return reread ? load(path, n_targets, features_only, -1, out, err, errcap) : s;
   }
   *out = b.d;
   return DP_OK;
 }
 
 dp_status dpt_csv_load(const char *path, dpt_dataset *out, char *err, size_t errcap) {
-  return load(path, 0, false, out, err, errcap);
+  return load(path, 0, false, 0, out, err, errcap);
 }
 
 dp_status dpt_csv_load_features(const char *path, dpt_dataset *out, char *err,
                                 size_t errcap) {
-  return load(path, 0, true, out, err, errcap);
+  return load(path, 0, true, 0, out, err, errcap);
+}
+
+dp_status dpt_csv_load_as(const char *path, dpt_rows rows, int n_targets, int header,
+                          dpt_dataset *out, char *err, size_t errcap) {
+  if (rows == DPT_ROWS_TARGETS && n_targets < 1) {
+    if (out) memset(out, 0, sizeof *out);
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
+                           path ? path : "(null)", n_targets);
+  }
+  return load(path, rows == DPT_ROWS_TARGETS ? n_targets : 0, rows == DPT_ROWS_FEATURES,
+              header, out, err, errcap);
 }
 
 dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *out,
@@ -376,32 +491,47 @@ dp_status dpt_csv_load_regression(const char *path, int n_targets, dpt_dataset *
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "%s: n_targets %d, expected >= 1",
                            path ? path : "(null)", n_targets);
   }
-  return load(path, n_targets, false, out, err, errcap);
+  return load(path, n_targets, false, 0, out, err, errcap);
 }
 
 /* ---- split ------------------------------------------------------------------- */
 
-/* A new dataset with the rows idx[0..n) of src (n may be 0). */
+/* A new dataset with the rows idx[0..n) of src (n may be 0): their features
+ * copied, or for a dataset in xmap a view of them (rows: the file's rows). */
 static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
                              dpt_dataset *dst) {
   memset(dst, 0, sizeof *dst);
   dst->n_features = src->n_features;
   dst->n_targets = src->n_targets;
   dst->n_classes = src->n_classes;
+  dst->label_width = src->label_width;
+  dst->header_line = src->header_line;
   size_t nf = (size_t)src->n_features, nt = (size_t)src->n_targets;
+  size_t lw = src->label_width > 1 ? (size_t)src->label_width : 1;
   size_t rows = (size_t)n;
+  bool view = src->x == NULL;
   /* sizes fit: src already holds at least this many rows */
-  dst->x = malloc(rows * nf * sizeof(float) + 1);
-  if (src->label) dst->label = malloc(rows * sizeof(int32_t) + 1);
+  if (view) {
+    dst->xmap = src->xmap;
+    dst->xtype = src->xtype;
+    dst->borrowed = 1;
+    dst->rows = malloc(rows * sizeof(int) + 1);
+  } else {
+    dst->x = malloc(rows * nf * sizeof(float) + 1);
+  }
+  if (src->label) dst->label = malloc(rows * lw * sizeof(int32_t) + 1);
   if (src->y) dst->y = malloc(rows * nt * sizeof(float) + 1);
-  if (!dst->x || (src->label && !dst->label) || (src->y && !dst->y)) {
+  if ((view ? !dst->rows : !dst->x) || (src->label && !dst->label) || (src->y && !dst->y)) {
     dpt_dataset_free(dst);
     return DP_ERR_NOMEM;
   }
   for (size_t i = 0; i < rows; i++) {
     size_t r = (size_t)idx[i];
-    memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
-    if (src->label) dst->label[i] = src->label[r];
+    if (view)
+      dst->rows[i] = src->rows ? src->rows[r] : (int)r;
+    else
+      memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
+    if (src->label) memcpy(dst->label + i * lw, src->label + r * lw, lw * sizeof(int32_t));
     if (src->y) memcpy(dst->y + i * nt, src->y + r * nt, nt * sizeof(float));
   }
   dst->n_rows = n;
@@ -411,12 +541,18 @@ static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
 dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64_t seed,
                             dpt_dataset *train, dpt_dataset *test, char *err,
                             size_t errcap) {
+  return dpt_dataset_split_as(all, test_fraction, 1, seed, train, test, err, errcap);
+}
+
+dp_status dpt_dataset_split_as(const dpt_dataset *all, double test_fraction, int shuffle,
+                               uint64_t seed, dpt_dataset *train, dpt_dataset *test,
+                               char *err, size_t errcap) {
   if (train) memset(train, 0, sizeof *train);
   if (test) memset(test, 0, sizeof *test);
   if (!all || !train || !test || train == test || train == all || test == all)
     return dpt_fail_status(DP_ERR_INVALID, err, errcap,
                            "dpt_dataset_split: NULL or aliased argument");
-  if (all->n_rows <= 0 || !all->x)
+  if (all->n_rows <= 0 || (!all->x && !all->xmap))
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_dataset_split: empty dataset");
   if (!(test_fraction >= 0.0 && test_fraction < 1.0))
     return dpt_fail_status(DP_ERR_INVALID, err, errcap,
@@ -432,7 +568,12 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
   int *perm = malloc((size_t)n * sizeof(int));
   if (!perm)
     return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "dpt_dataset_split: out of memory");
-  shuffle(perm, n, stream_state(seed, 1, 0));
+  if (shuffle) {
+    shuffle_rows(perm, n, stream_state(seed, 1, 0));
+  } else { /* file order: the held-out share is the tail, first in perm */
+    for (int i = 0; i < n_test; i++) perm[i] = n - n_test + i;
+    for (int i = n_test; i < n; i++) perm[i] = i - n_test;
+  }
   dp_status s = gather_rows(all, perm, n_test, test);
   if (s == DP_OK) s = gather_rows(all, perm + n_test, n - n_test, train);
   free(perm);
@@ -446,12 +587,6 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
 
 /* ---- standardisation ------------------------------------------------------ */
 
-/* A standardised value far outside the training share's range (a test value of
- * 1e38 over a tiny spread) may not fit a float: saturate instead of making inf. */
-static float saturate(double v) {
-  return v > FLT_MAX ? FLT_MAX : v < -FLT_MAX ? -FLT_MAX : (float)v;
-}
-
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
   if (!train || train->n_rows <= 0 || !train->x) return;
   if (test && (test->n_features != train->n_features || !test->x)) test = NULL;
@@ -462,43 +597,85 @@ void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
   dpt_scaler_free(&sc);
 }
 
-int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc) {
+/* The statistics of `groups` groups of the row's features (group g: features
+ * [g * per, (g + 1) * per)) over every training row, in double: per feature
+ * (per 1) or per channel (per H*W). The sums run over the rows in order and,
+ * within a row, over the group's features in order, so per feature they are
+ * the sums of before. */
+static int scaler_fit(const dpt_dataset *train, int groups, int per, dpt_scaler *sc) {
   memset(sc, 0, sizeof *sc);
-  if (!train || train->n_rows <= 0 || !train->x) return 0;
+  if (!train || train->n_rows <= 0 || (!train->x && !train->xmap) || groups <= 0) return 0;
   int nf = train->n_features;
-  sc->mean = malloc((size_t)nf * sizeof *sc->mean);
-  sc->std = malloc((size_t)nf * sizeof *sc->std);
-  if (!sc->mean || !sc->std) {
+  sc->mean = malloc((size_t)groups * sizeof *sc->mean);
+  sc->std = malloc((size_t)groups * sizeof *sc->std);
+  double *sum = calloc((size_t)groups, sizeof *sum);
+  float *buf = malloc((size_t)nf * sizeof *buf); /* a row of a file, as floats */
+  if (!sc->mean || !sc->std || !sum || !buf) {
+    free(sum);
+    free(buf);
     dpt_scaler_free(sc);
     return -1;
   }
-  sc->n = nf;
-  size_t n = (size_t)train->n_rows;
-  for (int j = 0; j < nf; j++) {
-    double sum = 0.0;
-    for (size_t i = 0; i < n; i++) sum += train->x[i * (size_t)nf + (size_t)j];
-    double mean = sum / (double)n;
-    double ss = 0.0;
-    for (size_t i = 0; i < n; i++) {
-      double d = train->x[i * (size_t)nf + (size_t)j] - mean;
-      ss += d * d;
-    }
-    double sd = sqrt(ss / (double)n);
-    /* constant (or nearly, relative to the mean) features: scale 1 */
-    if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) sd = 1.0;
-    sc->mean[j] = mean;
-    sc->std[j] = sd;
+  sc->n = groups;
+  sc->per_channel = per > 1 || groups != nf;
+  size_t n = (size_t)train->n_rows, count = n * (size_t)per;
+  /* two passes over the rows in order (a mapped file streams through); each
+   * group's sums add its values in row order, as a loop per feature would */
+  for (size_t i = 0; i < n; i++) {
+    const float *v = row_of(train, (int)i, buf);
+    for (int g = 0; g < groups; g++)
+      for (int k = 0; k < per; k++) sum[g] += v[g * per + k];
   }
+  for (int g = 0; g < groups; g++) {
+    sc->mean[g] = sum[g] / (double)count;
+    sum[g] = 0.0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const float *v = row_of(train, (int)i, buf);
+    for (int g = 0; g < groups; g++)
+      for (int k = 0; k < per; k++) {
+        double d = v[g * per + k] - sc->mean[g];
+        sum[g] += d * d;
+      }
+  }
+  for (int g = 0; g < groups; g++) {
+    double mean = sc->mean[g], sd = sqrt(sum[g] / (double)count);
+    /* constant (or nearly, relative to the mean): scale 1, counted for a warning */
+    if (!(sd > 1e-12 * (fabs(mean) > 1.0 ? fabs(mean) : 1.0))) {
+      sd = 1.0;
+      if (sc->n_constant < DPT_CONSTANT_SHOWN) sc->constant[sc->n_constant] = g;
+      sc->n_constant++;
+    }
+    sc->std[g] = sd;
+  }
+  free(sum);
+  free(buf);
   return 0;
 }
 
+int dpt_scaler_fit(const dpt_dataset *train, dpt_scaler *sc) {
+  return scaler_fit(train, train ? train->n_features : 0, 1, sc);
+}
+
+int dpt_scaler_fit_channels(const dpt_dataset *train, int channels, dpt_scaler *sc) {
+  if (!train || channels <= 0 || train->n_features % channels) {
+    memset(sc, 0, sizeof *sc);
+    return 0;
+  }
+  int rc = scaler_fit(train, channels, train->n_features / channels, sc);
+  sc->per_channel = sc->n > 0;
+  return rc;
+}
+
 void dpt_scaler_apply(const dpt_scaler *sc, dpt_dataset *d) {
-  if (!sc || !d || !d->x || d->n_features != sc->n) return;
+  if (!sc || sc->n <= 0 || !d || !d->x) return;
   int nf = d->n_features;
+  if (sc->per_channel ? nf % sc->n != 0 : nf != sc->n) return;
+  int per = nf / sc->n;
   for (size_t i = 0; i < (size_t)(d->n_rows > 0 ? d->n_rows : 0); i++)
     for (int j = 0; j < nf; j++) {
       float *v = &d->x[i * (size_t)nf + (size_t)j];
-      *v = saturate((*v - sc->mean[j]) / sc->std[j]);
+      *v = saturate((*v - sc->mean[j / per]) / sc->std[j / per]);
     }
 }
 
@@ -509,14 +686,183 @@ void dpt_scaler_free(dpt_scaler *sc) {
   memset(sc, 0, sizeof *sc);
 }
 
+const char *dpt_scaler_mode(const dpt_scaler *sc) {
+  return !sc || sc->n <= 0 ? "none" : sc->per_channel ? "channel" : "feature";
+}
+
+int dpt_scaler_fits(const dpt_scaler *sc, int features, int channels, char *err,
+                    size_t errcap) {
+  if (!sc || sc->n <= 0) return 0;
+  if (sc->per_channel && sc->n != channels)
+    return dpt_fail(err, errcap,
+                    "its standardisation is per channel, of %d channels; the "
+                    "model's input has %d",
+                    sc->n, channels);
+  if (!sc->per_channel && sc->n != features)
+    return dpt_fail(err, errcap, "its standardisation has %d features; the model takes %d",
+                    sc->n, features);
+  return 0;
+}
+
+void dpt_scaler_summary(const dpt_scaler *sc, char *buf, size_t cap) {
+  if (!sc || sc->n <= 0) {
+    snprintf(buf, cap, "none: the model takes the features as they are");
+    return;
+  }
+  size_t at = (size_t)snprintf(buf, cap, "per %s, %d value%s",
+                               sc->per_channel ? "channel" : "feature", sc->n,
+                               sc->n == 1 ? "" : "s");
+  for (int k = 0; k < 2; k++) {
+    const double *v = k ? sc->std : sc->mean;
+    if (at < cap) at += (size_t)snprintf(buf + at, cap - at, "; %s", k ? "std" : "mean");
+    for (int j = 0; j < sc->n && j < 4 && at < cap; j++)
+      at += (size_t)snprintf(buf + at, cap - at, "%s %.4g", j ? "," : "", v[j]);
+    if (sc->n > 4 && at < cap) at += (size_t)snprintf(buf + at, cap - at, ", ...");
+  }
+}
+
+int dpt_model_image(const dp_model *m, int *c, int *h, int *w) {
+  char in[128];
+  *c = *h = *w = 0;
+  dp_model_format(m, in, sizeof in); /* cut short: the first line is all it needs */
+  if (sscanf(in, "input %d %d %d", c, h, w) == 3 && *c > 0 && *h > 0 && *w > 0) return 1;
+  *c = *h = *w = 0;
+  return 0;
+}
+
+/* ---- the standardisation in safetensors metadata -------------------------------- */
+
+/* v as the shortest decimal that reads back as the same double. */
+static void shortest_double(double v, char *buf, size_t cap) {
+  for (int prec = 1; prec <= 17; prec++) {
+    snprintf(buf, cap, "%.*g", prec, v);
+    if (strtod(buf, NULL) == v) return;
+  }
+}
+
+int dpt_scaler_meta(const dpt_scaler *sc, dp_meta pairs[3], char **buf) {
+  *buf = NULL;
+  pairs[0] = (dp_meta){"dp.standardize", dpt_scaler_mode(sc)};
+  if (!sc || sc->n <= 0) return 1;
+  size_t cap = (size_t)sc->n * 26 + 1; /* "-1.2345678901234567e-308," */
+  char *text = malloc(2 * cap);
+  if (!text) return -1;
+  for (int k = 0; k < 2; k++) {
+    char *p = text + (size_t)k * cap;
+    const double *v = k ? sc->std : sc->mean;
+    *p = '\0';
+    for (int j = 0; j < sc->n; j++) {
+      if (j) *p++ = ',';
+      shortest_double(v[j], p, 25);
+      p += strlen(p);
+    }
+    pairs[1 + k] = (dp_meta){k ? "dp.std" : "dp.mean", text + (size_t)k * cap};
+  }
+  *buf = text;
+  return 3;
+}
+
+/* The comma-separated doubles of key's value into v[0..n): *n of them (v NULL:
+ * counted only). Decimal numbers only (no spaces, hexadecimal, inf or nan).
+ * 0, or -1 (err). */
+static int meta_numbers(const char *key, const char *val, double *v, int *n, int positive,
+                        char *err, size_t errcap) {
+  const char *p = val;
+  *n = 0;
+  for (;;) {
+    size_t len = strcspn(p, ",");
+    char *e = NULL;
+    double x = len && strspn(p, "0123456789.eE+-") >= len ? strtod(p, &e) : 0.0;
+    if (e != p + len)
+      return dpt_fail(err, errcap, "metadata %s: field %d \"%.*s\" is not a decimal number",
+                      key, *n + 1, len > 24 ? 24 : (int)len, p);
+    if (!isfinite(x) || (positive && !(x > 0)))
+      return dpt_fail(err, errcap, "metadata %s: field %d is %.*s; %s", key, *n + 1,
+                      len > 24 ? 24 : (int)len, p,
+                      positive ? "a deviation is a finite number above 0"
+                               : "a mean is a finite number");
+    if (v) v[*n] = x;
+    if (++*n > (1 << 24))
+      return dpt_fail(err, errcap, "metadata %s: more than %d values", key, 1 << 24);
+    if (p[len] == '\0') return 0;
+    p += len + 1;
+  }
+}
+
+int dpt_scaler_from_meta(const dp_meta *pairs, int n, dpt_scaler *sc, char *err,
+                         size_t errcap) {
+  memset(sc, 0, sizeof *sc);
+  const char *mode = NULL, *mean = NULL, *std = NULL;
+  for (int i = 0; i < n; i++) {
+    if (!strcmp(pairs[i].key, "dp.standardize")) mode = pairs[i].value;
+    if (!strcmp(pairs[i].key, "dp.mean")) mean = pairs[i].value;
+    if (!strcmp(pairs[i].key, "dp.std")) std = pairs[i].value;
+  }
+  if (!mode && !mean && !std) return 0;
+  if (!mode)
+    return dpt_fail(err, errcap, "metadata %s without dp.standardize",
+                    mean ? "dp.mean" : "dp.std");
+  int per_channel = !strcmp(mode, "channel");
+  if (!strcmp(mode, "none")) {
+    if (mean || std)
+      return dpt_fail(err, errcap, "metadata dp.standardize is \"none\" but %s is there",
+                      mean ? "dp.mean" : "dp.std");
+    return 1;
+  }
+  if (!per_channel && strcmp(mode, "feature"))
+    return dpt_fail(err, errcap,
+                    "metadata dp.standardize is \"%.32s\"; it is none, feature or channel",
+                    mode);
+  if (!mean || !std)
+    return dpt_fail(err, errcap, "metadata dp.standardize is \"%s\" without %s", mode,
+                    mean ? "dp.std" : "dp.mean");
+  int nm, ns;
+  if (meta_numbers("dp.mean", mean, NULL, &nm, 0, err, errcap) ||
+      meta_numbers("dp.std", std, NULL, &ns, 1, err, errcap))
+    return -1;
+  if (nm != ns)
+    return dpt_fail(err, errcap, "metadata dp.mean has %d values and dp.std %d", nm, ns);
+  sc->mean = malloc((size_t)nm * sizeof *sc->mean);
+  sc->std = malloc((size_t)nm * sizeof *sc->std);
+  if (!sc->mean || !sc->std) {
+    dpt_scaler_free(sc);
+    return dpt_fail(err, errcap, "out of memory");
+  }
+  meta_numbers("dp.mean", mean, sc->mean, &nm, 0, err, errcap);
+  meta_numbers("dp.std", std, sc->std, &ns, 1, err, errcap);
+  sc->n = nm;
+  sc->per_channel = per_channel;
+  return 1;
+}
+
+int dpt_ckpt_scaler(const char *path, dpt_scaler *sc, int *has_record, char *err,
+                    size_t errcap) {
+  memset(sc, 0, sizeof *sc);
+  *has_record = 0;
+  void *app = NULL;
+  size_t n = 0;
+  if (dp_ckpt_read_app(path, &app, &n))
+    return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  int epochs, rows, rc = 0;
+  if (n && strncmp(app, "libdp-train ", n < 12 ? n : 12) == 0) {
+    char why[256];
+    if ((rc = dpt_run_parse(app, n, &epochs, &rows, sc, NULL, why, sizeof why)))
+      snprintf(err, errcap, "%s: %s", path, why);
+    else
+      *has_record = 1;
+  }
+  free(app);
+  return rc;
+}
+
 /* ---- the run, kept in the checkpoint's application data ---------------------
  * A text (exact: floats in hexadecimal):
  *   libdp-train 1
  *   epochs N              epochs done
  *   rows R                training rows (a check that the data is the same)
- *   standardize 0|1
- *   features F
- *   mean <F values>       with standardize 1
+ *   standardize 0|1|2     none, per feature, per channel
+ *   features F            the features (1) or the channels (2)
+ *   mean <F values>       with standardize 1 or 2
  *   std <F values>                                                           */
 char *dpt_run_text(int epochs, int rows, const dpt_scaler *sc, const char *settings,
                    size_t *len) {
@@ -530,7 +876,7 @@ char *dpt_run_text_at(int epochs, int position, int rows, const dpt_scaler *sc,
   FILE *f = open_memstream(&buf, &n);
   if (!f) return NULL;
   fprintf(f, "libdp-train 1\nepochs %d\nrows %d\nstandardize %d\nfeatures %d\n", epochs,
-          rows, sc->n > 0, sc->n);
+          rows, sc->n > 0 ? 1 + (sc->per_channel != 0) : 0, sc->n);
   for (int k = 0; k < 2 && sc->n > 0; k++) {
     fputs(k ? "std" : "mean", f);
     for (int j = 0; j < sc->n; j++) fprintf(f, " %a", k ? sc->std[j] : sc->mean[j]);
@@ -572,7 +918,7 @@ static int record_int(const char **p, const char *key, int hi, int *out, char *w
   return 0;
 }
 
-/* The record's counts: epochs done, training rows, standardize 0 or 1, and
+/* The record's counts: epochs done, training rows, standardize 0, 1 or 2, and
  * the feature count (0 without standardisation, 1 to 2^24 with). */
 static int record_head(const char **p, int *epochs, int *rows, int *std, int *nf, char *why,
                        size_t whycap) {
@@ -581,10 +927,10 @@ static int record_head(const char **p, int *epochs, int *rows, int *std, int *nf
   *p += 14;
   if (record_int(p, "epochs", DPT_MAX_EPOCHS, epochs, why, whycap) ||
       record_int(p, "rows", INT_MAX, rows, why, whycap) ||
-      record_int(p, "standardize", 1, std, why, whycap) ||
+      record_int(p, "standardize", 2, std, why, whycap) ||
       record_int(p, "features", 1 << 24, nf, why, whycap))
     return -1;
-  if ((*nf > 0) != (*std == 1))
+  if ((*nf > 0) != (*std > 0))
     return snprintf(why, whycap, "standardize %d with %d features", *std, *nf), -1;
   return 0;
 }
@@ -608,6 +954,7 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
   if (record_head(&p, epochs, rows, &std, &nf, why, sizeof why)) goto bad;
   if (std) {
     sc->n = nf;
+    sc->per_channel = std == 2;
     sc->mean = malloc((size_t)nf * sizeof *sc->mean);
     sc->std = malloc((size_t)nf * sizeof *sc->std);
     if (!sc->mean || !sc->std) goto bad;
@@ -734,73 +1081,36 @@ dp_status dpt_text_load(const char *path, dpt_tokens *out, char *err, size_t err
   return DP_OK;
 }
 
-/* The value of 'key' in a .npy header dict: a pointer just past "'key':" and
- * its blanks, or NULL. */
-static const char *npy_field(const char *h, const char *key) {
-  char k[32];
-  snprintf(k, sizeof k, "'%s':", key);
-  const char *p = strstr(h, k);
-  if (!p) return NULL;
-  p += strlen(k);
-  while (*p == ' ') p++;
-  return p;
-}
-
-/* The .npy header of b (n bytes): *width 4 (int32) or 2 (uint16), *count
- * elements, *data the offset of the first. */
+/* The .npy header of b (n bytes), through the one parser: *width 4 (int32)
+ * or 2 (uint16), *count elements, *data the offset of the first. */
 static dp_status npy_header(const char *path, const unsigned char *b, size_t n, int *width,
                             size_t *count, size_t *data, char *err, size_t errcap) {
-  if (n < 10 || memcmp(b, "\x93NUMPY", 6) != 0)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: not a .npy file", path);
-  size_t hl = b[6] == 1 ? (size_t)b[8] | (size_t)b[9] << 8
-              : n >= 12 ? (size_t)b[8] | (size_t)b[9] << 8 | (size_t)b[10] << 16 |
-                              (size_t)b[11] << 24
-                        : 0;
-  size_t h0 = b[6] == 1 ? 10 : 12;
-  if ((b[6] != 1 && b[6] != 2 && b[6] != 3) || h0 + hl > n || hl > 65535)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: .npy version %d.%d or its header length is not supported",
-                           path, b[6], b[7]);
-  char h[65536];
-  memcpy(h, b + h0, hl);
-  h[hl] = '\0';
-  const char *d = npy_field(h, "descr"), *f = npy_field(h, "fortran_order"),
-             *sh = npy_field(h, "shape");
-  if (!d || !f || !sh)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: .npy header without %s", path,
-                           !d   ? "descr"
-                           : !f ? "fortran_order"
-                                : "shape");
-  if (strncmp(d, "'<i4'", 5) == 0)
+  dpt_npy h;
+  dp_status s = dpt_npy_parse(path, b, n, &h, err, errcap);
+  if (s) return s;
+  if (!strcmp(h.descr, "<i4") || !strcmp(h.descr, "=i4"))
     *width = 4;
-  else if (strncmp(d, "'<u2'", 5) == 0)
+  else if (!strcmp(h.descr, "<u2") || !strcmp(h.descr, "=u2"))
     *width = 2;
   else
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: dtype %.8s is not supported: token ids must be int32 "
-                           "('<i4') or uint16 ('<u2'), little-endian",
-                           path, d);
-  if (strncmp(f, "False", 5) != 0)
+                           "%s: byte %zu: dtype '%s' is not supported: token ids must be "
+                           "int32 ('<i4') or uint16 ('<u2'), little-endian",
+                           path, h.at_descr, h.descr);
+  if (h.fortran)
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: fortran_order must be False (C order)", path);
-  char *end = NULL;
-  if (*sh != '(') goto shape;
-  errno = 0;
-  unsigned long long c = strtoull(sh + 1, &end, 10);
-  if (errno || end == sh + 1) goto shape;
-  while (*end == ' ') end++;
-  if (*end == ',') end++;
-  while (*end == ' ') end++;
-  if (*end != ')') goto shape;
-  *count = (size_t)c;
-  *data = h0 + hl;
-  if (c > (n - *data) / (size_t)*width)
+                           "%s: byte %zu: fortran_order must be False (C order)", path,
+                           h.at_fortran);
+  if (h.ndim != 1)
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: the header says %llu ids; the file holds fewer", path, c);
+                           "%s: byte %zu: token ids must be a 1-D array", path, h.at_shape);
+  *count = (size_t)h.shape[0];
+  *data = h.data;
+  if (h.shape[0] > (n - *data) / (size_t)*width)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: the header says %llu ids; the file holds fewer", path,
+                           (unsigned long long)h.shape[0]);
   return DP_OK;
-shape:
-  return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                         "%s: shape %.32s: token ids must be a 1-D array", path, sh);
 }
 
 dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char *err,

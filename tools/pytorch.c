@@ -6,6 +6,7 @@
  * blocks add their input, a token model maps (B, T) ids to (B, T, V) logits,
  * an image model takes (B, C, H, W) or the flat rows libdp reads. */
 #include "cli.h"
+#include "data.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,11 +113,12 @@ static void input_line(const dp_model *m, char *buf, size_t cap) {
   buf[strcspn(buf, "\n")] = '\0';
 }
 
-static void write_forward(FILE *f, const dp_model *m) {
+static void write_forward(FILE *f, const dp_model *m, int standardize) {
   char in[128];
   int c = 0, h = 0, w = 0;
   input_line(m, in, sizeof in);
   fprintf(f, "    def forward(self, x):\n        m = self._modules\n");
+  if (standardize) fprintf(f, "        x = standardize(x, self.dp_mean, self.dp_std)\n");
   if (sscanf(in, "input %d %d %d", &c, &h, &w) == 3)
     fprintf(f,
             "        if x.dim() == 2:  # libdp's flat rows\n"
@@ -135,8 +137,49 @@ static void write_forward(FILE *f, const dp_model *m) {
   fprintf(f, "        return x\n");
 }
 
-int dpt_write_pytorch(const dp_model *m, FILE *f) {
+/* A Python list of the doubles v[0..n), each the shortest decimal that reads
+ * back as the same double, always with a point or an exponent (-0.0 stays a
+ * float, and negative). */
+static void py_list(FILE *f, const char *name, const double *v, int n) {
+  fprintf(f, "%s = [", name);
+  for (int j = 0; j < n; j++) {
+    char b[40];
+    for (int prec = 1; prec <= 17; prec++) {
+      snprintf(b, sizeof b, "%.*g", prec, v[j]);
+      if (strtod(b, NULL) == v[j]) break;
+    }
+    if (!strpbrk(b, ".e")) strcat(b, ".0");
+    fprintf(f, "%s%s", j == 0 ? "" : j % 6 ? ", " : ",\n    ", b);
+  }
+  fputs("]\n", f);
+}
+
+/* dp train's standardisation: its values and the function that applies them
+ * as dp predict does (in double, saturated to float's range). */
+static void write_standardize(FILE *f, const dpt_scaler *sc) {
+  fprintf(f,
+          "# dp train's standardisation (--standardize %s): the module takes raw rows,\n"
+          "# as dp predict does, and its first step is (x - MEAN) / STD per %s.\n"
+          "STANDARDIZE = \"%s\"\n",
+          dpt_scaler_mode(sc),
+          sc->per_channel ? "input channel (over its H*W values)" : "feature",
+          dpt_scaler_mode(sc));
+  py_list(f, "MEAN", sc->mean, sc->n);
+  py_list(f, "STD", sc->std, sc->n);
+  fputs("\n\ndef standardize(x, mean, std):\n"
+        "    \"\"\"(x - mean) / std per feature or channel, as dp predict computes it: in\n"
+        "    double, saturated to float32's range, then rounded to float32.\"\"\"\n"
+        "    big = torch.finfo(torch.float32).max\n"
+        "    z = x.reshape(x.shape[0], mean.numel(), -1).double()\n"
+        "    z = ((z - mean[:, None]) / std[:, None]).clamp(-big, big)\n"
+        "    return z.float().reshape(x.shape)\n\n\n",
+        f);
+}
+
+int dpt_write_pytorch(const dp_model *m, const dpt_scaler *sc, FILE *f) {
+  int standardize = sc && sc->n > 0;
   fputs(PRELUDE, f);
+  if (standardize) write_standardize(f, sc);
   size_t n = dp_model_format(m, NULL, 0);
   char *spec = malloc(n + 1);
   if (!spec) return -1;
@@ -146,6 +189,13 @@ int dpt_write_pytorch(const dp_model *m, FILE *f) {
   free(spec);
   fputs("\"\"\"\n\n\nclass Model(nn.Module):\n    def __init__(self):\n"
         "        super().__init__()\n",
+        f);
+  if (standardize) /* not in the state_dict: strict loading takes the weights alone */
+    fputs(
+        "        self.register_buffer('dp_mean', torch.tensor(MEAN, dtype=torch.float64),\n"
+        "                             persistent=False)\n"
+        "        self.register_buffer('dp_std', torch.tensor(STD, dtype=torch.float64),\n"
+        "                             persistent=False)\n",
         f);
   int tensor = 0;
   for (int i = 0; i < dp_model_n_layers(m); i++) {
@@ -158,7 +208,7 @@ int dpt_write_pytorch(const dp_model *m, FILE *f) {
       fprintf(f, "        self._modules['%d'].weight = self._modules['0'].tok.weight\n", i);
   }
   fputc('\n', f);
-  write_forward(f, m);
+  write_forward(f, m, standardize);
   fputs("\n\ndef build():\n    return Model()\n", f);
   return ferror(f) ? -1 : 0;
 }

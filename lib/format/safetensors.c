@@ -81,6 +81,8 @@ static int alias_of(const st_entry *e, int i) {
 typedef struct {
   const dp_model *m;
   const unsigned char *state; /* the state bytes (st_entries), little-endian */
+  const dp_meta *meta;        /* the program's metadata pairs, after libdp's */
+  int n_meta;
 } export_job;
 
 /* JSON string body of s (names and the spec text: quotes, backslashes and
@@ -133,6 +135,12 @@ static dp_status export_fill(FILE *f, void *arg) {
    * leaves hdr NULL when the last realloc fails */
   int bad = fputs("{\"__metadata__\":{\"format\":\"pt\",\"libdp_model\":", h) == EOF;
   bad |= json_str(h, text, tlen);
+  for (int i = 0; i < j->n_meta; i++) {
+    bad |= fputc(',', h) == EOF;
+    bad |= json_str(h, j->meta[i].key, strlen(j->meta[i].key));
+    bad |= fputc(':', h) == EOF;
+    bad |= json_str(h, j->meta[i].value, strlen(j->meta[i].value));
+  }
   bad |= fputs("}", h) == EOF;
   free(text);
   st_entry e[ST_MAX_ENTRIES];
@@ -174,11 +182,57 @@ static dp_status export_fill(FILE *f, void *arg) {
   return ok ? DP_OK : DP_ERR_IO;
 }
 
+static int utf8_len(const unsigned char *p, const unsigned char *end);
+
+/* The program's metadata pairs as dp.h asks: keys non-empty, unique, not
+ * libdp's own; keys and values UTF-8. */
+static dp_status check_meta(const dp_meta *meta, int n) {
+  if (n < 0 || (n > 0 && !meta))
+    return DP_FAIL(DP_ERR_INVALID, "safetensors metadata: %d pairs at %p", n,
+                   (const void *)meta);
+  for (int i = 0; i < n; i++) {
+    const char *k = meta[i].key, *v = meta[i].value;
+    if (!k || !*k || !v)
+      return DP_FAIL(DP_ERR_INVALID, "safetensors metadata pair %d: %s", i,
+                     !k    ? "its key is NULL"
+                     : !*k ? "its key is empty"
+                           : "its value is NULL");
+    if (!strcmp(k, "format") || !strcmp(k, "libdp_model"))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "safetensors metadata key \"%s\" is libdp's own; name yours otherwise",
+                     k);
+    for (int j = 0; j < i; j++)
+      if (!strcmp(meta[j].key, k))
+        return DP_FAIL(DP_ERR_INVALID, "safetensors metadata key \"%.64s\" is given twice",
+                       k);
+    for (int t = 0; t < 2; t++) {
+      const unsigned char *p = (const unsigned char *)(t ? v : k),
+                          *e = p + strlen(t ? v : k);
+      while (p < e) {
+        int len = *p < 0x80 ? 1 : utf8_len(p, e);
+        if (!len)
+          return DP_FAIL(DP_ERR_INVALID,
+                         "safetensors metadata: the %s of key \"%.64s\" is not valid UTF-8",
+                         t ? "value" : "name", k);
+        p += len;
+      }
+    }
+  }
+  return DP_OK;
+}
+
 dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path) {
+  return dp_ckpt_export_safetensors_meta(c, path, NULL, 0);
+}
+
+dp_status dp_ckpt_export_safetensors_meta(dp_ctx *c, const char *path, const dp_meta *meta,
+                                          int n_meta) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!path || !*path)
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "dp_ckpt_export_safetensors: path is %s",
                                    path ? "empty" : "NULL"));
+  dp_status ms = check_meta(meta, n_meta);
+  if (ms) return dp__ctx_fail(c, ms);
   const dp_model *m = &c->plan->model;
   size_t np = m->n_params, bytes;
   st_entry e[ST_MAX_ENTRIES];
@@ -202,7 +256,7 @@ dp_status dp_ckpt_export_safetensors(dp_ctx *c, const char *path) {
     free(mv);
   }
   if (!s && dp__ctx_writes_files(c)) {
-    export_job j = {m, state};
+    export_job j = {m, state, meta, n_meta};
     s = dp__write_atomic(path, "safetensors file", export_fill, &j);
   }
   free(w);
@@ -287,17 +341,20 @@ static long hex4(json *j) {
   return v;
 }
 
-/* A \u escape after its "\u". A name (buf) takes ASCII only: a NUL would end
- * it early ("0.weight", NUL, "x" read as "0.weight"), and libdp's names are
- * ASCII. A skipped string takes any scalar value: a surrogate pair, never a
- * lone half. Returns the character for a name, 1 for a skipped string, -1. */
-static long unicode_escape(json *j, bool name) {
+/* A \u escape after its "\u": the code point (a surrogate pair combined), or
+ * -1. mode 1 (a name, read into a buffer) takes ASCII only: a NUL would end it
+ * early ("0.weight", NUL, "x" read as "0.weight"), and libdp's names are
+ * ASCII. mode 2 (a metadata string, decoded) takes any scalar value but NUL
+ * (C strings); mode 0 (a string skipped) any scalar value: a surrogate pair,
+ * never a lone half. */
+static long unicode_escape(json *j, int mode) {
   long v = hex4(j);
   if (v < 0) return jfail(j, "a bad \\u escape"), -1;
-  if (name) {
+  if (mode == 1) {
     if (v == 0 || v > 0x7f) return jfail(j, "a \\u escape outside ASCII or NUL"), -1;
     return v;
   }
+  if (mode == 2 && v == 0) return jfail(j, "a \\u0000 (NUL) in a metadata string"), -1;
   if (v >= 0xdc00 && v <= 0xdfff)
     return jfail(j, "a \\u escape of a lone low surrogate (\\u%04lx)", v), -1;
   if (v >= 0xd800 && v <= 0xdbff) {
@@ -308,47 +365,73 @@ static long unicode_escape(json *j, bool name) {
     }
     if (!(lo >= 0xdc00 && lo <= 0xdfff))
       return jfail(j, "a \\u escape of a high surrogate without its low half"), -1;
+    v = 0x10000 + ((v - 0xd800) << 10) + (lo - 0xdc00);
   }
-  return 1;
+  return v;
+}
+
+/* Code point v as UTF-8 into u (1 to 4 bytes); the byte count. */
+static int utf8_put(long v, unsigned char u[4]) {
+  if (v < 0x80) return u[0] = (unsigned char)v, 1;
+  if (v < 0x800) {
+    u[0] = (unsigned char)(0xc0 | v >> 6);
+    u[1] = (unsigned char)(0x80 | (v & 0x3f));
+    return 2;
+  }
+  if (v < 0x10000) {
+    u[0] = (unsigned char)(0xe0 | v >> 12);
+    u[1] = (unsigned char)(0x80 | (v >> 6 & 0x3f));
+    u[2] = (unsigned char)(0x80 | (v & 0x3f));
+    return 3;
+  }
+  u[0] = (unsigned char)(0xf0 | v >> 18);
+  u[1] = (unsigned char)(0x80 | (v >> 12 & 0x3f));
+  u[2] = (unsigned char)(0x80 | (v >> 6 & 0x3f));
+  u[3] = (unsigned char)(0x80 | (v & 0x3f));
+  return 4;
 }
 
 /* A string into buf (cap bytes, NUL-terminated), or checked and skipped
- * (buf NULL): UTF-8, no control characters (JSON escapes them). */
-static bool jstring(json *j, char *buf, size_t cap) {
+ * (buf NULL): UTF-8, no control characters (JSON escapes them). text: a
+ * metadata string, its \u escapes decoded to UTF-8 (its length in bytes is at
+ * most the raw string's, so a buffer of the header's size holds it); else a
+ * name (ASCII escapes only). */
+static bool jstr(json *j, char *buf, size_t cap, bool text) {
   if (!eat(j, '"')) return jfail(j, "a string was expected"), false;
   size_t n = 0;
   while (j->p < j->end && *j->p != '"') {
-    unsigned char ch = (unsigned char)*j->p;
+    unsigned char ch = (unsigned char)*j->p, u[4];
+    int k = 1;
     if (ch < 0x20) return jfail(j, "a control character in a string"), false;
     if (ch >= 0x80) { /* a whole UTF-8 sequence, as it is */
-      int k = utf8_len((const unsigned char *)j->p, (const unsigned char *)j->end);
+      k = utf8_len((const unsigned char *)j->p, (const unsigned char *)j->end);
       if (!k)
         return jfail(j, "a string is not valid UTF-8 (byte 0x%02x at offset %td)", ch,
                      j->p - j->start),
                false;
-      for (int i = 0; i < k; i++, n++)
-        if (buf && n + 1 < cap) buf[n] = j->p[i];
+      memcpy(u, j->p, (size_t)k);
       j->p += k;
-      continue;
-    }
-    j->p++;
-    if (ch == '\\') {
+    } else if (ch == '\\') {
+      j->p++;
       if (j->p >= j->end) break;
       char e = *j->p++;
       static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
-      const char *k = e ? strchr(from, e) : NULL;
-      if (k) {
-        ch = (unsigned char)to[k - from];
+      const char *f = e ? strchr(from, e) : NULL;
+      if (f) {
+        u[0] = (unsigned char)to[f - from];
       } else if (e == 'u') {
-        long v = unicode_escape(j, buf != NULL);
+        long v = unicode_escape(j, !buf ? 0 : text ? 2 : 1);
         if (v < 0) return false;
-        ch = (unsigned char)v;
+        k = utf8_put(v, u);
       } else {
         return jfail(j, "a bad escape in a string"), false;
       }
+    } else {
+      u[0] = ch;
+      j->p++;
     }
-    if (buf && n + 1 < cap) buf[n] = (char)ch;
-    n++;
+    for (int i = 0; i < k; i++, n++)
+      if (buf && n + 1 < cap) buf[n] = (char)u[i];
   }
   if (!eat(j, '"')) return jfail(j, "a string runs past the header's end"), false;
   if (buf) {
@@ -357,6 +440,8 @@ static bool jstring(json *j, char *buf, size_t cap) {
   }
   return true;
 }
+
+static bool jstring(json *j, char *buf, size_t cap) { return jstr(j, buf, cap, false); }
 
 static bool digit(const json *j) { return j->p < j->end && *j->p >= '0' && *j->p <= '9'; }
 
@@ -763,4 +848,145 @@ dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path) {
   free(w);
   free(state);
   return dp__ctx_fail(c, s);
+}
+
+/* ---- metadata ------------------------------------------------------------------- */
+
+/* The header bytes of the safetensors file at path: *hdr malloc'd (hlen + 1
+ * bytes, NUL-terminated). */
+static dp_status read_header(const char *path, char **hdr, size_t *hlen) {
+  struct stat st;
+  const char *failed;
+  *hdr = NULL;
+  int fd = dp__open_regular(path, &st, &failed);
+  if (fd == -2)
+    return DP_FAIL(DP_ERR_IO, "safetensors file '%s' is not a regular file (%s)", path,
+                   dp__file_kind(st.st_mode));
+  if (fd < 0) return dp__io_fail("safetensors file", path, failed, path, errno);
+  unsigned char len8[8];
+  size_t got = 0;
+  uint64_t n = 0;
+  dp_status s = dp__read_fd(fd, len8, 8, &got, "safetensors file", path);
+  if (!s && got < 8)
+    s = DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' is %zu bytes: too short", path, got);
+  for (int i = 7; !s && i >= 0; i--) n = n << 8 | len8[i];
+  if (!s && (n > ST_MAX_HEADER || n > (uint64_t)st.st_size - 8))
+    s = DP_FAIL(DP_ERR_PARSE,
+                "safetensors file '%s': its header length %llu runs past the file's %lld "
+                "bytes",
+                path, (unsigned long long)n, (long long)st.st_size);
+  char *b = s ? NULL : malloc((size_t)n + 1);
+  if (!s && !b) s = DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
+  if (!s) s = dp__read_fd(fd, b, (size_t)n, &got, "safetensors file", path);
+  if (!s && got < n)
+    s = DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' ends inside its header", path);
+  close(fd);
+  if (s) {
+    free(b);
+    return s;
+  }
+  b[n] = '\0';
+  *hdr = b;
+  *hlen = (size_t)n;
+  return DP_OK;
+}
+
+/* The "__metadata__" object at j->p: its pairs counted (out NULL) or decoded
+ * into out[] with the strings at *text (room enough: see jstr). */
+static dp_status meta_pairs(json *j, dp_meta *out, char **text, size_t cap, int *n) {
+  *n = 0;
+  if (!eat(j, '{')) return jfail(j, "__metadata__ must be an object");
+  if (eat(j, '}')) return DP_OK;
+  do {
+    char *k = out ? *text : NULL;
+    if (!jstr(j, k, cap, true) || !eat(j, ':')) return jfail(j, "a metadata key");
+    if (out) *text += strlen(k) + 1;
+    ws(j);
+    if (j->p == j->end || *j->p != '"')
+      return jfail(j, "__metadata__ maps strings to strings; the value of a key is not a "
+                      "string");
+    char *v = out ? *text : NULL;
+    if (!jstr(j, v, cap, true)) return j->err;
+    if (out) {
+      *text += strlen(v) + 1;
+      for (int i = 0; i < *n; i++)
+        if (!strcmp(out[i].key, k))
+          return jfail(j, "__metadata__ has the key \"%.64s\" twice", k);
+      out[*n] = (dp_meta){k, v};
+    }
+    ++*n;
+  } while (eat(j, ','));
+  if (!eat(j, '}')) return jfail(j, "__metadata__: '}' or ',' was expected");
+  return DP_OK;
+}
+
+/* The header's object: its members skipped, the metadata's pairs counted or
+ * decoded (meta_pairs). */
+static dp_status header_meta(json *j, dp_meta *out, char **text, size_t cap, int *n) {
+  size_t room = (size_t)(j->end - j->start) + 1;
+  char *name = malloc(room);
+  bool seen = false, empty = false;
+  if (!name) return DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
+  *n = 0;
+  if (j->p == j->end || *j->p != '{')
+    jfail(j, "it must be a JSON object, starting with '{'");
+  if (!j->err) {
+    j->p++;
+    empty = eat(j, '}');
+  }
+  if (!j->err && !empty) do {
+      if (!jstr(j, name, room, true) || !eat(j, ':')) {
+        jfail(j, "a name");
+        break;
+      }
+      if (strcmp(name, "__metadata__")) {
+        if (!jskip(j, 1)) break;
+        continue;
+      }
+      if (seen) {
+        jfail(j, "\"__metadata__\" appears twice");
+        break;
+      }
+      seen = true;
+      if (meta_pairs(j, out, text, cap, n)) break;
+    } while (eat(j, ','));
+  free(name);
+  if (!j->err && !empty && !eat(j, '}')) jfail(j, "'}' or ',' was expected");
+  ws(j); /* the padding after the object */
+  if (!j->err && j->p != j->end) jfail(j, "something follows the object");
+  return j->err;
+}
+
+dp_status dp_safetensors_read_meta(const char *path, dp_meta **meta, int *n_meta) {
+  if (meta) *meta = NULL;
+  if (n_meta) *n_meta = 0;
+  if (!path || !*path || !meta || !n_meta)
+    return DP_FAIL(DP_ERR_INVALID, "dp_safetensors_read_meta: %s is NULL or empty",
+                   !path || !*path ? "path"
+                   : meta          ? "n_meta"
+                                   : "meta");
+  char *hdr = NULL;
+  size_t hlen = 0;
+  dp_status s = read_header(path, &hdr, &hlen);
+  if (s) return s;
+  int n = 0;
+  json j = {hdr, hdr, hdr + hlen, path, DP_OK};
+  s = header_meta(&j, NULL, NULL, 0, &n); /* first the count, then the pairs */
+  dp_meta *out = NULL;
+  if (!s && n > 0) {
+    size_t room = hlen + 1;
+    out = malloc((size_t)n * sizeof *out + room);
+    if (!out) s = DP_FAIL(DP_ERR_NOMEM, "safetensors: out of memory");
+    char *text = (char *)(out + n);
+    j = (json){hdr, hdr, hdr + hlen, path, DP_OK};
+    if (!s) s = header_meta(&j, out, &text, room, &n);
+  }
+  free(hdr);
+  if (s) {
+    free(out);
+    return s;
+  }
+  *meta = out;
+  *n_meta = n;
+  return DP_OK;
 }
