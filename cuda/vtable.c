@@ -13,8 +13,8 @@
  * backward share. */
 static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, int n_mb,
                                    bool training) {
-  (void)n_mb, (void)training;
-  return dp__cuda_model_workspace_bytes(m, mb_rows);
+  (void)n_mb;
+  return dp__cuda_model_workspace_bytes(m, mb_rows, training);
 }
 
 /* The cuda backend's options (dp_config.backend_options); the deprecated

@@ -209,7 +209,8 @@ static void patch_workspace(dp_plan *p) {
   ck_assert_int_eq(p->cfg.guards, 0);
   ck_assert_int_eq(DP_REGION_WORKSPACE, DP_REGION_COUNT - 1);
   for (int d = 0; d < p->split.n_used; d++) {
-    size_t need = dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows);
+    size_t need =
+        dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference);
     dp_region_info *ws = &p->regions[d][DP_REGION_WORKSPACE];
     if (ws->size >= need) continue;
     ws->size = need;
