@@ -16,7 +16,7 @@
 
 /* y (n, T, D) = token row ids[r][t] of w (V, D) + position row t of the
  * (T, D) after it. ids are floats, checked integers in [0, V) (lib/core/ctx.c);
- * an id out of range gives a row of zeros (no read out of bounds). */
+ * an id out of range adds nothing to its position row (no read out of bounds). */
 cudaError_t dp_k_embed_forward(cudaStream_t st, const dp_layer *l, int n, const float *ids,
                                const float *w, float *y);
 /* dw (V + T, D) written, not accumulated: each token row sums dy's rows of
