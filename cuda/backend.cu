@@ -45,6 +45,7 @@
 #include "core/operands.h"
 #include "batchnorm.cuh"
 #include "conv.cuh"
+#include "sequence.cuh"
 
 #include <math.h>
 #include <stdio.h>
@@ -113,7 +114,8 @@ static float *bn_buffers(const lay &c) { return ptr(c, c.o.bn_buffers); }
 
 static int bn_positions(const dp_layer *l) { return l->h ? l->h * l->w : 1; }
 
-/* conv2d's COL and T: the WORKSPACE region after the header and cuBLAS's part. */
+/* conv2d's COL and T, or the attention backward's scratch: the WORKSPACE region
+ * after the header and cuBLAS's part. */
 static void *conv_ws(const lay &c, size_t *bytes) {
   size_t all = c.o.workspace.bytes;
   *bytes = all > DP_CUDA_CONV_WS_OFFSET ? all - DP_CUDA_CONV_WS_OFFSET : 0;
@@ -127,14 +129,17 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   float *y = layer_out(c);
   int n = c.rows;
   size_t count = (size_t)n * l->out;
+  /* a linear or layernorm on a sequence: every position a row, the widths per
+   * position (lib/cpu/backend.c's forward) */
+  int rows = n * dp__positions(l), pin = dp__pos_in(l), pout = dp__pos_out(l);
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
-    const float *w = layer_params(c); /* (out, in) */
-    const float *b = l->bias ? w + (size_t)l->out * l->in : NULL;
+    const float *w = layer_params(c); /* (out, in) per position */
+    const float *b = l->bias ? w + (size_t)pout * pin : NULL;
     bool relu = dp__relu_fused(c.p, c.i + 1);
     if (relu) /* the relu after it: in the bias kernel, into the relu's output */
       y = layer_out(at_layer(c, c.i + 1));
-    return dp__cuda_linear_forward(x->blas, x->stream, n, l->in, l->out, in, w, b, relu, y);
+    return dp__cuda_linear_forward(x->blas, x->stream, rows, pin, pout, in, w, b, relu, y);
   }
   case DP_LAYER_RELU:
     if (dp__relu_fused(c.p, c.i)) return DP_OK; /* done by the linear before it */
@@ -148,7 +153,7 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c);
     DP_CUDA_CHECK(
-        dp_k_layernorm_forward(x->stream, in, g, g + l->out, y, layer_stats(c), n, l->out));
+        dp_k_layernorm_forward(x->stream, in, g, g + pout, y, layer_stats(c), rows, pout));
     return DP_OK;
   }
   case DP_LAYER_DROPOUT:
@@ -193,12 +198,15 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
-  case DP_LAYER_EMBEDDING: /* refused at plan time (sequence_layers) */
-  case DP_LAYER_ATTENTION:
-  case DP_LAYER_RESIDUAL:
-  case DP_LAYER_RESIDUAL_END:
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "layer %d: %s does not run on cuda yet", c.i,
-                   dp_layer_kind_name(l->kind));
+  case DP_LAYER_EMBEDDING: /* cuda/sequence.cu */
+    DP_CUDA_CHECK(dp_k_embed_forward(x->stream, l, n, in, layer_params(c), y));
+    return DP_OK;
+  case DP_LAYER_ATTENTION: /* the probabilities saved in the layer's stats */
+    return dp__cuda_attention_forward(x->blas, x->stream, l, n, in, layer_stats(c), y);
+  case DP_LAYER_RESIDUAL_END: /* x + f(x): the block's input (the skip operand), then f's */
+    DP_CUDA_CHECK(dp_k_residual_add(x->stream, ptr(c, c.o.skip), in, y, count));
+    return DP_OK;
+  case DP_LAYER_RESIDUAL: return DP_OK; /* a view (above) */
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
                  (int)l->kind);
@@ -208,6 +216,12 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
  * canonical tree. */
 static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
   const dp_layer *l = c.l;
+  if (l->kind == DP_LAYER_RESIDUAL) { /* dx (its input's gradient, in place) += dskip */
+    float *dx = layer_din(c);
+    const float *ds = ptr(c, c.o.skip);
+    if (dx && ds) DP_CUDA_CHECK(dp_k_add(x->stream, dx, ds, (size_t)c.rows * l->out));
+    return DP_OK;
+  }
   if (dp__layer_is_view(&c.p->model, c.i)) return DP_OK;
   /* a relu before a linear: done by the linear's backward (dp__relu_bwd_fused) */
   if (dp__relu_bwd_fused(c.p, c.i)) return DP_OK;
@@ -217,11 +231,13 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
   /* a linear after such a relu writes the relu's input gradient, masked */
   bool masked = c.i > 0 && dp__relu_bwd_fused(c.p, c.i - 1);
   float *dx = layer_din(masked ? at_layer(c, c.i - 1) : c); /* NULL: not needed */
+  int rows = n * dp__positions(l), pin = dp__pos_in(l),
+      pout = dp__pos_out(l); /* forward's */
   switch (l->kind) {
   case DP_LAYER_LINEAR: {
-    float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)l->out * l->in : NULL;
+    float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)pout * pin : NULL;
     const float *xin = layer_in(c);
-    return dp__cuda_linear_backward(x->blas, x->stream, n, l->in, l->out, xin,
+    return dp__cuda_linear_backward(x->blas, x->stream, rows, pin, pout, xin,
                                     layer_params(c), dy, dw, db, masked ? xin : NULL, dx);
   }
   case DP_LAYER_RELU:
@@ -237,8 +253,8 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;
     DP_CUDA_CHECK(dp_k_layernorm_backward(x->stream, layer_in(c), layer_stats(c),
-                                          layer_params(c), dy, dx, dg, dg + l->out, n,
-                                          l->out));
+                                          layer_params(c), dy, dx, dg, dg + pout, rows,
+                                          pout));
     return DP_OK;
   }
   case DP_LAYER_DROPOUT:
@@ -286,12 +302,24 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
-  case DP_LAYER_EMBEDDING: /* refused at plan time (sequence_layers) */
-  case DP_LAYER_ATTENTION:
-  case DP_LAYER_RESIDUAL:
-  case DP_LAYER_RESIDUAL_END:
-    return DP_FAIL(DP_ERR_UNSUPPORTED, "layer %d: %s does not run on cuda yet", c.i,
-                   dp_layer_kind_name(l->kind));
+  case DP_LAYER_EMBEDDING: /* cuda/sequence.cu */
+    DP_CUDA_CHECK(
+        dp_k_embed_backward(x->stream, l, n, layer_in(c), dy, grads + l->param_off));
+    return DP_OK;
+  case DP_LAYER_ATTENTION: {
+    if (!dx) return DP_OK;
+    size_t wsb;
+    void *ws = conv_ws(c, &wsb); /* the (n, T, T) scratch */
+    dp_status s = dp__cuda_attention_backward(x->blas, x->stream, l, n, layer_in(c),
+                                              layer_stats(c), dy, dx, ws, wsb);
+    return s == DP_OK ? s : DP_FAIL(s, "layer %d: %s", c.i, dp_last_error());
+  }
+  case DP_LAYER_RESIDUAL_END: /* the block's output gets dy; x gets it at the begin */
+    if (dx && count)
+      DP_CUDA_CHECK(
+          cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+    return DP_OK;
+  case DP_LAYER_RESIDUAL: return DP_OK; /* above */
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",
                  (int)l->kind);
@@ -351,6 +379,8 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
 static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
   int d = op->device, out = dp_model_output_width(&p->model);
+  /* cross-entropy over a sequence: positions, (B, T) labels; 1 otherwise */
+  int P = p->model.loss == DP_LOSS_MSE ? 1 : dp_model_positions(&p->model);
   dp_loss_operands lo;
   dp__loss_operands(p, op, &lo);
   const float *o = dp__span_ptr(e, d, lo.out);
@@ -366,17 +396,22 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
     dp_status s = mb_span(e->mbs, op->micro_batch + g0, gn, op->row0 + r0, &span);
     if (s != DP_OK) return s;
     size_t ro = (size_t)r0 * (size_t)out;
+    if (P > 1) { /* a sequence's every position is a row of out / P classes */
+      for (int i = 0; i <= gn; i++) span.bound[i] *= P; /* gn <= DP_CUDA_MB_LIST */
+      span.m *= P;
+      span.end *= P;
+    }
     if (p->model.loss == DP_LOSS_MSE) {
       /* the mean over the whole accumulation (loss_rows: rows * accumulate) */
       float scale = 2.0f / ((float)e->loss_rows * (float)out);
       DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o + ro, (const float *)t + ro, g + ro,
                                   part + g0, dp_cuda_loss_chunks(x->hdr), &span, out,
                                   scale));
-    } else {
-      float inv = 1.0f / (float)e->loss_rows;
-      DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o + ro, (const int32_t *)t + r0, g + ro,
-                                 part + g0, dp_cuda_loss_chunks(x->hdr), &span, out, inv,
-                                 op->row0 + r0, x->hdr, d));
+    } else { /* the mean over every position: lib/cpu/backend.c's loss_rows */
+      float inv = 1.0f / ((float)e->loss_rows * (float)P);
+      DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o + ro, (const int32_t *)t + (size_t)r0 * P,
+                                 g + ro, part + g0, dp_cuda_loss_chunks(x->hdr), &span,
+                                 out / P, inv, (op->row0 + r0) * P, x->hdr, d));
     }
   }
   return DP_OK;
@@ -393,9 +428,9 @@ static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
       return DP_FAIL(DP_ERR_BACKEND, "cuda backend: micro-batch %d is empty but %d is not",
                      n_ne, k);
   if (n_ne == 0) return DP_FAIL(DP_ERR_BACKEND, "cuda backend: loss sum of an empty batch");
-  float denom =
-      (float)op->rows *
-      (p->model.loss == DP_LOSS_MSE ? (float)dp_model_output_width(&p->model) : 1.0f);
+  float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
+                                       ? (float)dp_model_output_width(&p->model)
+                                       : (float)dp_model_positions(&p->model));
   DP_CUDA_CHECK(dp_k_loss_sum(x->stream, reg(e, 0, DP_REGION_LOSS, 0), op->n_mb, n_ne,
                               denom, x->hdr, op->device));
   return DP_OK;
@@ -602,6 +637,7 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
 namespace {
 struct gemm_use {
   int dir, in, out, masked;
+  int attention; /* an attention's layer + 1 (its batched GEMMs); 0: a linear's or conv's */
   unsigned ax, aw, ay, ad; /* offsets mod 256 of the operands (ad: dx, 256 when none) */
   unsigned ag;             /* and of the weight gradient (backward; 256 in a forward) */
   int step;                /* rows per sample: 1, or a conv2d's output positions */
@@ -619,9 +655,25 @@ static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
       op->rows <= 0)
     return false;
   const dp_layer *l = &p->model.layers[op->layer];
-  if (l->kind != DP_LAYER_LINEAR && l->kind != DP_LAYER_CONV2D) return false;
+  if (l->kind != DP_LAYER_LINEAR && l->kind != DP_LAYER_CONV2D &&
+      l->kind != DP_LAYER_ATTENTION)
+    return false;
   lay c0 = lay_of(e, op, op->layer);
   bool fwd = op->kind == DP_OP_FORWARD;
+  if (l->kind == DP_LAYER_ATTENTION) { /* x: qkv, w: p, y: y or dy, d: dqkv, g: scratch */
+    size_t wsb;
+    *u = gemm_use{};
+    u->dir = op->kind;
+    u->attention = op->layer + 1;
+    u->ax = mod256(layer_in(c0));
+    u->aw = mod256(layer_stats(c0));
+    u->ay = mod256(fwd ? layer_out(c0) : layer_dout(c0));
+    u->ad = fwd || !layer_din(c0) ? 256u : mod256(layer_din(c0));
+    u->ag = fwd ? 256u : mod256(conv_ws(c0, &wsb));
+    u->step = 1;
+    u->rows = op->rows;
+    return fwd || u->ad < 256u; /* backward() skips it without dqkv */
+  }
   /* the weight gradient where backward() writes it: a slot of the canonical tree */
   const float *dw =
       fwd ? NULL : reg(e, c0.d, op->dst_region, op->dst_offset) + l->param_off;
@@ -646,13 +698,13 @@ static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
   /* the input gradient as backward() writes it: the relu's before it when fused */
   u->masked = !fwd && op->layer > 0 && dp__relu_bwd_fused(p, op->layer - 1);
   const float *dx = fwd ? NULL : layer_din(u->masked ? at_layer(c0, op->layer - 1) : c0);
-  u->step = 1;
-  u->in = l->in;
-  u->out = l->out;
+  u->step = dp__positions(l); /* a sequence's positions are rows (forward()) */
+  u->in = dp__pos_in(l);
+  u->out = dp__pos_out(l);
   u->ax = mod256(layer_in(c0));
   u->ay = mod256(y);
   u->ad = dx ? mod256(dx) : 256u;
-  u->rows = op->rows;
+  u->rows = op->rows * u->step;
   return true;
 }
 
@@ -705,13 +757,20 @@ dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_
     /* without NCCL a lazy load cannot deadlock: the planned rows only, which a
      * context's first step would load anyway */
     int r0 = c->flags & DP_CUDA_NCCL ? u.step : u.rows;
+    const dp_layer *al = u.attention ? &c->plan->model.layers[u.attention - 1] : NULL;
     for (int r = r0; r <= u.rows && s == DP_OK; r += u.step)
-      s = u.dir == DP_OP_FORWARD
-              ? dp__cuda_linear_forward(x->blas, x->stream, r, u.in, u.out, sx, sw, NULL,
-                                        false, sy)
-              : dp__cuda_linear_backward(x->blas, x->stream, r, u.in, u.out, sx, sw, sy, sg,
-                                         NULL, u.masked ? sx : NULL,
-                                         u.ad < 256u ? sd : NULL);
+      if (al) /* the scratch: `each` less the offset's room */
+        s = u.dir == DP_OP_FORWARD
+                ? dp__cuda_attention_forward(x->blas, x->stream, al, r, sx, sw, sy)
+                : dp__cuda_attention_backward(x->blas, x->stream, al, r, sx, sw, sy, sd, sg,
+                                              each - 256);
+      else
+        s = u.dir == DP_OP_FORWARD
+                ? dp__cuda_linear_forward(x->blas, x->stream, r, u.in, u.out, sx, sw, NULL,
+                                          false, sy)
+                : dp__cuda_linear_backward(x->blas, x->stream, r, u.in, u.out, sx, sw, sy,
+                                           sg, NULL, u.masked ? sx : NULL,
+                                           u.ad < 256u ? sd : NULL);
   }
   if (s != DP_OK) return s;
   DP_CUDA_CHECK_D(d, cudaStreamSynchronize(x->stream));
@@ -730,8 +789,20 @@ size_t dp__cuda_warm_bytes(const dp_plan *p) {
       rows = r * (size_t)l->h * (size_t)l->w;
       in = (size_t)l->ic * l->k * l->k;
       out = (size_t)l->c;
-    } else if (l->kind != DP_LAYER_LINEAR)
+    } else if (l->kind == DP_LAYER_ATTENTION) { /* qkv (r, T, 3D); p (r, H, T, T) */
+      size_t pr = r * (size_t)l->heads * l->t * l->t;
+      size_t ws = dp__cuda_attention_ws_bytes(l, (int)r) / 4;
+      size_t big = rows * in > pr ? rows * in : pr;
+      big = big > ws ? big : ws;
+      if (big * 4 > m) m = big * 4;
       continue;
+    } else if (l->kind != DP_LAYER_LINEAR) {
+      continue;
+    } else { /* on a sequence: positions are rows, the widths per position */
+      rows = r * (size_t)dp__positions(l);
+      in = (size_t)dp__pos_in(l);
+      out = (size_t)dp__pos_out(l);
+    }
     size_t a = rows * in, b = in * out, y = rows * out;
     size_t big = a > b ? a : b;
     big = big > y ? big : y;
@@ -1422,6 +1493,14 @@ static dp_status finish(cuda_ctx *c, float *loss, dp_status first) {
     if ((h[d].status[d] & DP_CUDA_ST_UPDATE) && h[d].bad_update < bad_update)
       bad_update = h[d].bad_update;
   }
+  /* the kernels count a sequence's positions as rows */
+  unsigned P = (unsigned)dp_model_positions(&c->plan->model);
+  if (bad_row != ~0u && P > 1)
+    return DP_FAIL(DP_ERR_RANGE,
+                   "the label of row %u position %u is outside 0..%d; the step was not "
+                   "applied",
+                   bad_row / P, bad_row % P,
+                   dp_model_output_width(&c->plan->model) / (int)P - 1);
   if (bad_row != ~0u)
     return DP_FAIL(DP_ERR_RANGE,
                    "the label of row %u is outside 0..%d; the step was not applied",

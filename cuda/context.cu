@@ -386,15 +386,16 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
                    "NCCL (DP_CUDA_NCCL)");
   for (int d = d0; d < d1; d++) {
     dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
-    /* the fixed part, then conv2d's COL and T at the device's largest
-     * micro-batch (dp__cuda_model_workspace_bytes) */
-    size_t need = dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows);
+    /* the fixed part, then conv2d's COL and T or the attention's scratch at
+     * the device's largest micro-batch (dp__cuda_model_workspace_bytes) */
+    size_t need =
+        dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference);
     if (ws.size < need)
       return DP_FAIL(
           DP_ERR_INVALID,
           "device %d: the plan reserves %zu bytes of workspace; the CUDA backend "
-          "needs %zu (%zu of status words + %zu for cuBLAS + %zu for conv2d's "
-          "buffers: dp__cuda_model_workspace_bytes)",
+          "needs %zu (%zu of status words + %zu for cuBLAS + %zu for conv2d's or "
+          "attention's buffers: dp__cuda_model_workspace_bytes)",
           d, ws.size, need, DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES,
           need - DP_CUDA_CONV_WS_OFFSET);
     if (!arenas[d] || (uintptr_t)arenas[d] % 256 ||

@@ -109,13 +109,25 @@ static inline size_t dp__cuda_conv_workspace_bytes(const dp_layer *l, int n) {
   size_t a = dp__cuda_conv_col_bytes(l, n), b = dp__cuda_conv_t_bytes(l, n);
   return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
+/* The attention backward's scratch at the same place (cuda/sequence.cu): the
+ * d(scores) of one head of n rows, (n, T, T), 256-rounded; 0 for any other
+ * layer. */
+static inline size_t dp__cuda_attention_ws_bytes(const dp_layer *l, int n) {
+  if (l->kind != DP_LAYER_ATTENTION || n <= 0) return 0;
+  size_t tt = dp__cuda_mul_sat((size_t)l->t, (size_t)l->t);
+  return dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat((size_t)n, tt), 4));
+}
 /* The WORKSPACE a CUDA plan reserves per device: the fixed part above, then
- * the largest conv2d tail at mb_rows images (training or not: forward and
- * backward use the same COL and T). cuda/vtable.c's workspace_bytes. */
-static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_rows) {
+ * the largest conv2d tail at mb_rows rows (training or not: forward and
+ * backward use the same COL and T) or, training, attention tail.
+ * cuda/vtable.c's workspace_bytes. */
+static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_rows,
+                                                    bool training) {
   size_t tail = 0;
   for (int i = 0; i < m->n_layers; i++) {
     size_t t = dp__cuda_conv_workspace_bytes(&m->layers[i], mb_rows);
+    size_t a = training ? dp__cuda_attention_ws_bytes(&m->layers[i], mb_rows) : 0;
+    t = a > t ? a : t;
     tail = t > tail ? t : tail;
   }
   size_t fixed = DP_CUDA_CONV_WS_OFFSET;
@@ -157,7 +169,7 @@ int dp__cuda_device_count(void);
  * DP_CUDA_TF32, no atomics), and peer access between the distinct GPUs used
  * where the hardware allows it. arenas[d]: device memory of
  * dp_plan_device_bytes(p, d) bytes on that GPU, 256-aligned (checked). Needs
- * WORKSPACE >= dp__cuda_model_workspace_bytes(model, act[d].mb_rows) on every
+ * WORKSPACE >= dp__cuda_model_workspace_bytes(model, act[d].mb_rows, training) on every
  * device (DP_ERR_INVALID otherwise). Allocates (host: the context, a pinned
  * header block; CUDA: streams, events, handles); nothing after it does. The
  * calling thread's current device is left as it was. */

@@ -4,6 +4,7 @@
  * for formula; see cuda/kernels.cuh for the determinism rules. */
 #include "batchnorm.cuh" /* dp_k_bn_preload */
 #include "conv.cuh"      /* dp_k_conv_preload */
+#include "sequence.cuh"  /* dp_k_sequence_preload */
 #include "kernels.cuh"
 #include "grid.cuh"
 #include "rng.cuh"
@@ -902,10 +903,9 @@ cudaError_t dp_k_debug_fault(cudaStream_t st) {
 
 /* ---- eager loading ------------------------------------------------------------------ */
 
-/* Loads every kernel of this file, cuda/conv.cu and cuda/batchnorm.cu on the
- * current device: asking for a kernel's attributes loads its module, which
- * lazy loading (the default since CUDA 12.2) would otherwise do at its first
- * launch, inside a step. */
+/* Loads every kernel of this file, cuda/conv.cu, cuda/sequence.cu and cuda/batchnorm.cu on
+ * the current device: asking for a kernel's attributes loads its module, which lazy loading
+ * (the default since CUDA 12.2) would otherwise do at its first launch, inside a step. */
 cudaError_t dp_k_preload(void) {
   const void *const kernels[] = {
       (const void *)k_act_forward,  (const void *)k_act_backward,
@@ -923,6 +923,7 @@ cudaError_t dp_k_preload(void) {
   };
   cudaError_t e = dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
   if (e == cudaSuccess) e = dp_k_conv_preload();
+  if (e == cudaSuccess) e = dp_k_sequence_preload();
   return e != cudaSuccess ? e : dp_k_bn_preload();
 }
 

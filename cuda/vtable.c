@@ -7,13 +7,14 @@
 #include "core/backend.h"
 
 /* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the same
- * on every device whatever the model; then conv2d's COL and T for the
+ * on every device whatever the model; then conv2d's COL and T, or the
+ * attention backward's scratch, for the
  * largest micro-batch (dp__cuda_model_workspace_bytes), which forward and
  * backward share. */
 static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, int n_mb,
                                    bool training) {
-  (void)n_mb, (void)training;
-  return dp__cuda_model_workspace_bytes(m, mb_rows);
+  (void)n_mb;
+  return dp__cuda_model_workspace_bytes(m, mb_rows, training);
 }
 
 /* The cuda backend's options (dp_config.backend_options); the deprecated
@@ -171,6 +172,7 @@ static const dp_backend_ops cuda_backend = {
     .accumulate = true,        /* accumulation: cuda/backend.cu */
     .image_layers = true,      /* conv2d, pools, flatten: cuda/conv.cu */
     .batchnorm = true,         /* both modes: cuda/batchnorm.cu */
+    .sequence_layers = true,   /* embedding, attention, residual: cuda/sequence.cu */
     .fuses_linear_relu = true, /* the relu in the linear's bias kernel */
     .check_config = cuda_check_config,
     .arena_alloc = cuda_arena_alloc,

@@ -24,8 +24,10 @@
 
 #include "dp_cuda.h"
 #include "core/exec.h"
+#include "core/operands.h"
 #include "cpu/cpu.h"
 #include "helpers.h"
+#include "specs.h" /* GPT_SPEC */
 
 #define MIB ((size_t)1 << 20)
 
@@ -207,7 +209,8 @@ static void patch_workspace(dp_plan *p) {
   ck_assert_int_eq(p->cfg.guards, 0);
   ck_assert_int_eq(DP_REGION_WORKSPACE, DP_REGION_COUNT - 1);
   for (int d = 0; d < p->split.n_used; d++) {
-    size_t need = dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows);
+    size_t need =
+        dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference);
     dp_region_info *ws = &p->regions[d][DP_REGION_WORKSPACE];
     if (ws->size >= need) continue;
     ws->size = need;
@@ -380,14 +383,52 @@ static void sane_bn_state(pair *t, trng *r) {
     }
 }
 
+/* A sequence model's vocabulary (its embedding's), 0 for any other model. */
+static int vocab_of(const dp_plan *p) {
+  for (int i = 0; i < p->model.n_layers; i++)
+    if (p->model.layers[i].kind == DP_LAYER_EMBEDDING) return p->model.layers[i].vocab;
+  return 0;
+}
+
+/* Classes per label: a sequence's every position has a label. */
+static int classes_of(const dp_model *m) {
+  return dp_model_output_width(m) / dp_model_positions(m);
+}
+
+/* What an attention's saved probabilities hold above the diagonal: zeros (its
+ * forward writes them; dv = p^T dy reads the whole (T, T) on the GPU, the
+ * causal triangle only on the CPU). */
+static void causal_probabilities(pair *t) {
+  const dp_op *ops = dp_plan_ops(t->pg);
+  for (int k = 0; k < dp_plan_n_ops(t->pg); k++) {
+    const dp_op *op = &ops[k];
+    if ((op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) || op->layer < 0 ||
+        t->pg->model.layers[op->layer].kind != DP_LAYER_ATTENTION)
+      continue;
+    int T = t->pg->model.layers[op->layer].t;
+    for (int side = 0; side < (t->with_cpu ? 2 : 1); side++) {
+      const dp_plan *p = side ? t->pc : t->pg;
+      dp_layer_operands o;
+      dp__layer_operands(p, op, op->layer, &o);
+      float *pr = (float *)(rptr(side ? t->ca[o.device] : t->gh[o.device], p, o.device,
+                                 o.stats.region) +
+                            o.stats.off);
+      for (size_t m = 0; m < o.stats.bytes / 4 / ((size_t)T * T); m++) /* (n, H) */
+        for (int i = 0; i < T; i++)
+          for (int j = i + 1; j < T; j++) pr[(m * T + i) * T + j] = 0.0f;
+    }
+  }
+}
+
 /* Every region of every device (workspace aside) gets the same random
  * contents on both sides: floats in [-1, 1), optimizer state in [0, 1)
- * (AdamW's v must not be negative), class labels in range, batchnorm state
- * that makes sense (sane_bn_state). */
+ * (AdamW's v must not be negative), class labels in range, token ids in the
+ * vocabulary, batchnorm state that makes sense (sane_bn_state), an
+ * attention's probabilities causal (causal_probabilities). */
 static void fill_random(pair *t, uint64_t seed) {
   trng r = {seed};
   bool ce = dp_model_loss(t->m) == DP_LOSS_SOFTMAX_CE;
-  int classes = dp_model_output_width(t->m);
+  int classes = classes_of(t->m), vocab = vocab_of(t->pg);
   for (int d = 0; d < t->n; d++) {
     memset(t->gh[d], 0, content_bytes(t->pg, d));
     if (t->with_cpu) memset(t->ca[d], 0, content_bytes(t->pc, d));
@@ -399,6 +440,9 @@ static void fill_random(pair *t, uint64_t seed) {
         uint32_t bits;
         if (reg == DP_REGION_TARGETS && ce) {
           bits = (uint32_t)(trng_next(&r) % (uint64_t)classes);
+        } else if (reg == DP_REGION_INPUTS && vocab) {
+          float v = (float)(trng_next(&r) % (uint64_t)vocab);
+          memcpy(&bits, &v, 4);
         } else {
           float v = reg == DP_REGION_OPT_STATE ? trng_float(&r, 0.0f, 1.0f)
                                                : trng_float(&r, -1.0f, 1.0f);
@@ -410,6 +454,7 @@ static void fill_random(pair *t, uint64_t seed) {
     }
   }
   sane_bn_state(t, &r);
+  causal_probabilities(t);
   upload(t);
 }
 
@@ -508,17 +553,20 @@ static batch make_batch(const pair *t, uint64_t seed) {
   trng r = {seed};
   const dp_config *c = &t->pg->cfg;
   int in = dp_model_input_width(t->m), out = dp_model_output_width(t->m);
+  int vocab = vocab_of(t->pg), P = dp_model_positions(t->m), classes = classes_of(t->m);
   bool ce = dp_model_loss(t->m) == DP_LOSS_SOFTMAX_CE;
+  /* a sequence: token ids in, a label per position */
   batch b = {.xbytes = (size_t)c->batch * in * 4,
-             .tbytes = (size_t)c->batch * (ce ? 1 : out) * 4};
+             .tbytes = (size_t)c->batch * (ce ? P : out) * 4};
   b.x = malloc(b.xbytes);
   b.t = malloc(b.tbytes);
   ck_assert_ptr_nonnull(b.x);
   ck_assert_ptr_nonnull(b.t);
-  for (size_t k = 0; k < b.xbytes / 4; k++) b.x[k] = trng_float(&r, -1.0f, 1.0f);
+  for (size_t k = 0; k < b.xbytes / 4; k++)
+    b.x[k] = vocab ? (float)(trng_next(&r) % (uint64_t)vocab) : trng_float(&r, -1.0f, 1.0f);
   for (size_t k = 0; k < b.tbytes / 4; k++) {
     if (ce)
-      ((int32_t *)b.t)[k] = (int32_t)(trng_next(&r) % (uint64_t)out);
+      ((int32_t *)b.t)[k] = (int32_t)(trng_next(&r) % (uint64_t)classes);
     else
       ((float *)b.t)[k] = trng_float(&r, -1.0f, 1.0f);
   }
@@ -672,10 +720,17 @@ static bool exact_op(const pair *t, const dp_op *op) {
   if (op->kind >= DP_OP_BN_UPDATE && op->kind <= DP_OP_BN_BWD_STATS) return true;
   if (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) return false;
   dp_layer_kind k = dp_model_layer_kind(t->m, op->layer);
+  /* the attention's products are the CPU's fma chains when the simulated
+   * cuBLAS sums in one pass (DP_SIM_GEMM_ONE_PASS), its softmax kernels the
+   * CPU's expressions (cuda/sequence.cu) */
+  if (k == DP_LAYER_ATTENTION) return getenv("DP_SIM_GEMM_ONE_PASS") != NULL;
   /* the pools and flatten too: fixed orders, unfused adds and divisions
-   * (cuda/conv.cu), the CPU's bits from the same inputs */
+   * (cuda/conv.cu), the CPU's bits from the same inputs; the embedding and
+   * the residual adds: one thread per element in the CPU's order
+   * (cuda/sequence.cu) */
   return k == DP_LAYER_RELU || k == DP_LAYER_DROPOUT || k == DP_LAYER_MAXPOOL2D ||
-         k == DP_LAYER_AVGPOOL2D || k == DP_LAYER_FLATTEN || k == DP_LAYER_BATCHNORM;
+         k == DP_LAYER_AVGPOOL2D || k == DP_LAYER_FLATTEN || k == DP_LAYER_BATCHNORM ||
+         k == DP_LAYER_EMBEDDING || k == DP_LAYER_RESIDUAL || k == DP_LAYER_RESIDUAL_END;
 }
 
 static void gpu_op_twice(pair *t, int k, const char *what);
@@ -1456,7 +1511,7 @@ END_TEST
  * bit. */
 /* Three steps of `rows` rows in micro-batches of mb on 1, 2 and 4 replicas,
  * classic and allreduce: the same parameters and loss, bit for bit. */
-static void same_bits_across_layouts(int ngpu, int rows, int mb) {
+static void same_bits_across_layouts_of(int ngpu, const char *spec, int rows, int mb) {
   size_t P = 0;
   float *ref = NULL, ref_loss = 0.0f;
   static const int counts[] = {1, 2, 4};
@@ -1465,7 +1520,7 @@ static void same_bits_across_layouts(int ngpu, int rows, int mb) {
       dp_config c = test_config(ngpu, rows, counts[i], mb, (dp_mode)mode, DP_OPT_ADAMW);
       for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
       pair t;
-      pair_init(&t, MIXED_CE, &c, false);
+      pair_init(&t, spec, &c, false);
       fill_initial(&t, 21);
       batch b = make_batch(&t, 22);
       float loss = 0.0f;
@@ -1493,6 +1548,10 @@ static void same_bits_across_layouts(int ngpu, int rows, int mb) {
       pair_free(&t);
     }
   free(ref);
+}
+
+static void same_bits_across_layouts(int ngpu, int rows, int mb) {
+  same_bits_across_layouts_of(ngpu, MIXED_CE, rows, mb);
 }
 
 START_TEST(same_bits_for_1_2_4_replicas_and_both_modes) {
@@ -1770,19 +1829,17 @@ END_TEST
 /* With NCCL between distinct GPUs, steps equal the copy transport's bit for
  * bit (the reductions are the schedule's own adds either way), plain and as a
  * replayed graph. Needs 2 GPUs and a build with NCCL. */
-START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
-  REQUIRE_GPUS(ngpu, "nccl_steps_match_copy_transport_bit_for_bit");
+/* `spec`'s steps with NCCL between distinct GPUs and with the copy transport:
+ * classic SGD (rows[0] in micro-batches of mb[0]) and allreduce sharded AdamW
+ * (rows[1], mb[1]). */
+static void nccl_matches_copy(int ngpu, const char *test, const char *spec,
+                              const int rows[2], const int mb[2]) {
   if (ngpu < 2) {
-    fprintf(stderr,
-            "SKIP cuda: nccl_steps_match_copy_transport_bit_for_bit: needs 2 GPUs (%d "
-            "visible)\n",
-            ngpu);
+    fprintf(stderr, "SKIP cuda: %s: needs 2 GPUs (%d visible)\n", test, ngpu);
     return;
   }
   if (!dp__cuda_have_nccl()) {
-    fprintf(stderr,
-            "SKIP cuda: nccl_steps_match_copy_transport_bit_for_bit: this build has no "
-            "NCCL\n");
+    fprintf(stderr, "SKIP cuda: %s: this build has no NCCL\n", test);
     return;
   }
   int n = ngpu >= 4 ? 4 : 2;
@@ -1791,17 +1848,18 @@ START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
    * GPUs with NCCL inside can deadlock; the CUDA simulation hung on it. */
   enum { STEPS = 5 };
   for (int cfg = 0; cfg < 2; cfg++) {
-    dp_config c = cfg == 0 ? test_config(ngpu, 37, n, 5, DP_MODE_CLASSIC, DP_OPT_SGD)
-                           : test_config(ngpu, 64, n, 8, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+    dp_config c =
+        cfg == 0 ? test_config(ngpu, rows[0], n, mb[0], DP_MODE_CLASSIC, DP_OPT_SGD)
+                 : test_config(ngpu, rows[1], n, mb[1], DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
     c.shard_optimizer = cfg == 1;
     for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d % n; /* a GPU each */
     const char *name = cfg == 0 ? "classic sgd" : "allreduce sharded adamw";
     pair a, g;
-    pair_init(&a, MIXED_CE, &c, false);
+    pair_init(&a, spec, &c, false);
 #ifdef DP_CUDA_SIM
     long links0 = dp_sim_nccl_links();
 #endif
-    pair_init_flags(&g, MIXED_CE, &c, false, DP_CUDA_NCCL);
+    pair_init_flags(&g, spec, &c, false, DP_CUDA_NCCL);
 #ifdef DP_CUDA_SIM
     /* every NCCL link the steps use is made at creation, none in a step (finding 4) */
     long links = dp_sim_nccl_links();
@@ -1845,6 +1903,13 @@ START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
     pair_free(&a);
     pair_free(&g);
   }
+}
+
+START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "nccl_steps_match_copy_transport_bit_for_bit");
+  static const int rows[2] = {37, 64}, mb[2] = {5, 8};
+  nccl_matches_copy(ngpu, "nccl_steps_match_copy_transport_bit_for_bit", MIXED_CE, rows,
+                    mb);
 }
 END_TEST
 
@@ -2625,6 +2690,124 @@ START_TEST(refused_accumulating_call_on_cuda) {
 }
 END_TEST
 
+/* ---- the sequence layers (issue 29: cuda/sequence.cu) ---- */
+
+/* A longer sequence (37 positions: past the CPU attention's 32-row blocks,
+ * and 8 rows of them past the embedding backward's 256-id chunks), a head
+ * width of 5 (the heads' q, k, v at addresses not 16-byte aligned), a
+ * vocabulary of 300 and a residual block as the model's first. */
+static const char *const GPT_LONG =
+    "input tokens 37\nembed 300 15\nresidual\nlayernorm\nlinear 45\nattention 3\n"
+    "linear 15\nend\nlinear 7\nloss softmax_cross_entropy\n";
+
+/* Every op of a GPT alone against the cpu backend: the embedding and the
+ * residual adds bit for bit; the attention to 1e-5 with the simulation's
+ * alignment-dependent GEMM kernels and bit for bit with one-pass ones (the
+ * CPU's fma chains); the rest to 1e-5. */
+START_TEST(gpt_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "gpt_ops_match_cpu");
+  dp_config c = test_config(ngpu, 8, 3, 2, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op("gpt, classic sgd, 3 replicas", GPT_SPEC, &c, 1);
+  c = test_config(ngpu, 16, 2, 8, DP_MODE_ALLREDUCE, DP_OPT_MOMENTUM);
+  check_every_compute_op("gpt, 37 positions, allreduce momentum", GPT_LONG, &c, 1);
+  if (!one_pass_gemms()) return;
+  c = test_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.shard_optimizer = 1;
+  check_every_compute_op_at("gpt, one-pass gemms, allreduce sharded adamw", GPT_SPEC, &c, 2,
+                            1e-5, true);
+  c = test_config(ngpu, 16, 2, 8, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op_at("gpt, 37 positions, one-pass gemms, classic", GPT_LONG, &c, 1,
+                            1e-5, true);
+  unsetenv("DP_SIM_GEMM_ONE_PASS");
+}
+END_TEST
+
+/* Whole GPT steps (dropout, residual blocks, per-position loss) against the
+ * cpu backend. */
+START_TEST(gpt_steps_match_cpu) {
+  REQUIRE_GPUS(ngpu, "gpt_steps_match_cpu");
+  dp_config c = test_config(ngpu, 8, 3, 2, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  check_steps_match_cpu("gpt, classic momentum, 3 replicas", GPT_SPEC, &c, 3);
+  c = test_config(ngpu, 8, 4, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.shard_optimizer = 1;
+  check_steps_match_cpu("gpt, allreduce sharded adamw, 4 replicas", GPT_SPEC, &c, 3);
+  c = test_config(ngpu, 16, 2, 8, DP_MODE_ALLREDUCE, DP_OPT_SGD);
+  check_steps_match_cpu("gpt, 37 positions, allreduce sgd", GPT_LONG, &c, 2);
+}
+END_TEST
+
+START_TEST(gpt_steps_are_bit_identical_run_to_run) {
+  REQUIRE_GPUS(ngpu, "gpt_steps_are_bit_identical_run_to_run");
+  dp_config c = test_config(ngpu, 8, 4, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  steps_twice_same_bits("gpt", GPT_SPEC, &c);
+}
+END_TEST
+
+/* Micro-batches of 2 rows (and of 3: the slices' alignment): 1, 2 and 4
+ * replicas, classic and allreduce, one set of bits. */
+START_TEST(gpt_same_bits_for_1_2_4_replicas_and_both_modes) {
+  REQUIRE_GPUS(ngpu, "gpt_same_bits_for_1_2_4_replicas_and_both_modes");
+  same_bits_across_layouts_of(ngpu, GPT_SPEC, 8, 2);
+  same_bits_across_layouts_of(ngpu, GPT_SPEC, 12, 3);
+}
+END_TEST
+
+START_TEST(gpt_graph_replays_are_bit_identical_to_plain_steps) {
+  REQUIRE_GPUS(ngpu, "gpt_graph_replays_are_bit_identical_to_plain_steps");
+  dp_config c = test_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_graph_matches_plain("gpt, allreduce adamw, 2 replicas", GPT_SPEC, &c, 1, 4);
+}
+END_TEST
+
+/* NCCL between GPUs: the copy transport's bits, and every batched GEMM of the
+ * attention warmed before NCCL started (no cold cuBLAS call). */
+START_TEST(gpt_nccl_steps_match_copy_transport_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "gpt_nccl_steps_match_copy_transport_bit_for_bit");
+  static const int rows[2] = {7, 8}, mb[2] = {2, 2};
+  nccl_matches_copy(ngpu, "gpt_nccl_steps_match_copy_transport_bit_for_bit", GPT_SPEC, rows,
+                    mb);
+}
+END_TEST
+
+/* Inference through the public API: an inference plan on 1, 2 and 4 replicas
+ * gives one set of output bits, the cpu backend's to 1e-5. */
+START_TEST(gpt_inference_matches_cpu) {
+  REQUIRE_GPUS(ngpu, "gpt_inference_matches_cpu");
+  (void)ngpu;
+  enum { R = 8, W = GPT_T * GPT_V };
+  float x[R * GPT_T], ref[R * W], y[R * W], want[R * W];
+  for (int i = 0; i < R * GPT_T; i++) x[i] = (float)((i * 7 + 3) % GPT_V);
+  dp_config cc = config_of(R, 2, DP_OPT_ADAMW);
+  cc.seed = 5;
+  cc.micro_batch = 2;
+  rig cpu;
+  rig_open(&cpu, GPT_SPEC, &cc);
+  float *w = params_of(&cpu);
+  ck_assert_int_eq(dp_forward(cpu.c, R, GPT_T, x, want), DP_OK);
+  static const int counts[] = {1, 2, 4};
+  for (int i = 0; i < 3; i++) {
+    dp_config c = config_of(R, counts[i], DP_OPT_ADAMW);
+    c.backend = DP_BACKEND_CUDA;
+    for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+    c.micro_batch = 2;
+    c.inference = 1;
+    rig g;
+    rig_open(&g, GPT_SPEC, &c);
+    ck_assert_int_eq(dp_set_params(g.c, w, g.np), DP_OK);
+    ck_assert_msg(dp_forward(g.c, R, GPT_T, x, y) == DP_OK, "%s", dp_ctx_error(g.c));
+    if (i == 0) memcpy(ref, y, sizeof y);
+    ck_assert_msg(memcmp(ref, y, sizeof y) == 0, "%d replicas: other output bits",
+                  counts[i]);
+    for (int k = 0; k < R * W; k++)
+      ck_assert_msg(fabs((double)y[k] - (double)want[k]) <= 1e-5 * (1.0 + fabs(want[k])),
+                    "output %d: cuda %.9g cpu %.9g", k, (double)y[k], (double)want[k]);
+    rig_close(&g);
+  }
+  free(w);
+  rig_close(&cpu);
+}
+END_TEST
+
 Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda");
 
@@ -2695,6 +2878,18 @@ Suite *cuda_suite(void) {
   tcase_add_test(bn, batchnorm_refused_steps_keep_running_stats);
   tcase_set_timeout(bn, 240);
   suite_add_tcase(s, bn);
+
+  TCase *seq = tcase_create("gpu_sequence");
+  tcase_set_tags(seq, "gpu");
+  tcase_add_test(seq, gpt_ops_match_cpu);
+  tcase_add_test(seq, gpt_steps_match_cpu);
+  tcase_add_test(seq, gpt_steps_are_bit_identical_run_to_run);
+  tcase_add_test(seq, gpt_same_bits_for_1_2_4_replicas_and_both_modes);
+  tcase_add_test(seq, gpt_graph_replays_are_bit_identical_to_plain_steps);
+  tcase_add_test(seq, gpt_nccl_steps_match_copy_transport_bit_for_bit);
+  tcase_add_test(seq, gpt_inference_matches_cpu);
+  tcase_set_timeout(seq, 240);
+  suite_add_tcase(s, seq);
 
   TCase *timing = tcase_create("gpu_timing");
   tcase_set_tags(timing, "gpu timing");

@@ -105,23 +105,26 @@ typedef struct {
   int32_t *lab; /* (rows) class labels */
 } batch;
 
+/* A sequence model (here GPT_SPEC's vocabulary): token ids, a label per position. */
 static void batch_make(batch *b, const run *r, int rows, uint64_t step) {
+  int P = dp_model_positions(r->m);
   b->x = malloc((size_t)rows * r->in * sizeof *b->x);
   b->y = malloc((size_t)rows * r->out * sizeof *b->y);
-  b->lab = malloc((size_t)rows * sizeof *b->lab);
+  b->lab = malloc((size_t)rows * P * sizeof *b->lab);
   ck_assert(b->x && b->y && b->lab);
   uint64_t s = 0x9e3779b97f4a7c15ull * (step + 1);
   for (size_t i = 0; i < (size_t)rows * r->in; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    b->x[i] = (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
+    b->x[i] =
+        P > 1 ? (float)((s >> 40) % GPT_V) : (float)((s >> 40) & 0xffff) / 32768.0f - 1.0f;
   }
   for (size_t i = 0; i < (size_t)rows * r->out; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
     b->y[i] = (float)((s >> 40) & 0xffff) / 65536.0f;
   }
-  for (int i = 0; i < rows; i++) {
+  for (int i = 0; i < rows * P; i++) {
     s = s * 6364136223846793005ull + 1442695040888963407ull;
-    b->lab[i] = (int32_t)((s >> 33) % (uint64_t)r->out);
+    b->lab[i] = (int32_t)((s >> 33) % (uint64_t)(r->out / P));
   }
 }
 
@@ -653,7 +656,7 @@ END_TEST
  * kernel of the device spins (issue 28, finding 4), so the context loads every
  * GEMM a step can make before NCCL starts. A batch smaller than planned (an
  * epoch's tail) gives its last micro-batches fewer rows: new GEMM shapes, which
- * must have been loaded too, for linear and conv2d layers alike. On the CUDA
+ * must have been loaded too, for linear, conv2d and attention layers alike. On the CUDA
  * simulation, which counts a first use on a stream that has carried NCCL calls. */
 #ifdef DP_CUDA_SIM
 int dp_sim_cold_gemms(void); /* tests/cuda_sim/cublas.cc */
@@ -665,10 +668,12 @@ START_TEST(smaller_batches_load_no_gemm_while_nccl_is_live) {
 #else
   REQUIRE_GPU("smaller_batches_load_no_gemm_while_nccl_is_live");
   static const char *const specs[] = {
-      SPEC_MSE, "input 2 5 4\nconv2d 3 3 padding 1\nrelu\nmaxpool2d 2\nflatten\n"
-                "linear 4\nloss softmax_cross_entropy\n"};
+      SPEC_MSE,
+      "input 2 5 4\nconv2d 3 3 padding 1\nrelu\nmaxpool2d 2\nflatten\n"
+      "linear 4\nloss softmax_cross_entropy\n",
+      GPT_SPEC}; /* the attention's batched GEMMs, linear layers per position */
   enum { B = 21, MB = 4 };
-  for (int i = 0; i < 2; i++)
+  for (int i = 0; i < 3; i++)
     for (int mode = 0; mode < 2; mode++) {
       dp_config g = config(DP_BACKEND_CUDA, B, 2,
                            mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC, DP_OPT_SGD);

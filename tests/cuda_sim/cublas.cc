@@ -1,11 +1,14 @@
 /* cuBLAS in the CUDA simulation: a handle (stream, workspace, math, pointer and
- * atomics modes) and SGEMM with cuBLAS's column-major semantics.
+ * atomics modes), SGEMM with cuBLAS's column-major semantics, and its strided
+ * batched form (matrix i of A, B and C at a + i strideA, b + i strideB,
+ * c + i strideC, each computed as one SGEMM).
  *
  * The product's order is fixed and documented (docs/GPU.md): each C element is
  * sum over p of op(A)[i,p] op(B)[p,j], accumulated with fmaf from +0 in ascending
  * p, then alpha * sum (+ beta * C when beta != 0; C is not read when beta == 0,
  * as cuBLAS). Like the real library, whose kernel choice depends on alignment,
- * the result depends on it: when A, B and C are 16-byte aligned and every leading
+ * the result depends on it: when A, B and C are 16-byte aligned (in a batched
+ * call: every matrix, so the strides count too) and every leading
  * dimension is a multiple of 4, p runs in one pass; otherwise it runs as two
  * parts added at the end, split at k/2 when the addresses are aligned and at
  * k/3 when they are not — so bits that depend on where a slice starts show up
@@ -27,6 +30,7 @@
 #define MAX_KEYS 16384 /* a power of two: an open-addressing set */
 struct gemm_kind {
   int dev, ta, tb, m, n, k, lda, ldb, ldc, aligned, math;
+  int batch; /* 0: cublasSgemm; else the batched call's count */
 };
 static gemm_kind kinds[MAX_KEYS];
 static bool used[MAX_KEYS];
@@ -69,10 +73,11 @@ static void note_kind(const gemm_kind &g, const dp_sim_stream *st) {
                   MAX_KEYS - 2);
   if (cold)
     dp_sim_report(
-        "cublasSgemm on device %d: a kernel first needed on a stream that carries NCCL "
-        "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d): a real cuBLAS loads it now, "
-        "which can deadlock with a spinning NCCL kernel",
-        g.dev, g.m, g.n, g.k, g.lda, g.ldb, g.ldc);
+        "%s on device %d: a kernel first needed on a stream that carries NCCL "
+        "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d, batch %d): a real cuBLAS loads it "
+        "now, which can deadlock with a spinning NCCL kernel",
+        g.batch ? "cublasSgemmStridedBatched" : "cublasSgemm", g.dev, g.m, g.n, g.k, g.lda,
+        g.ldb, g.ldc, g.batch);
 }
 
 struct dp_sim_blas {
@@ -91,7 +96,10 @@ struct gemm_args {
   void *ws;
   size_t ws_bytes;
   int math;
+  int batch;            /* matrices; 1 for cublasSgemm */
+  long long sa, sb, sc; /* their strides, in floats */
 };
+static_assert(sizeof(gemm_args) <= DP_SIM_ARG_BYTES, "gemm arguments too large");
 
 extern "C" const char *cublasGetStatusName(cublasStatus_t s) {
   switch (s) {
@@ -240,25 +248,40 @@ static void gemm_plain(const gemm_args *g, int split, bool round) {
     }
 }
 
+/* Every matrix of the call 16-byte aligned: the addresses, and in a batch the
+ * strides (in floats, a multiple of 4). */
+static bool aligned_ptrs(const float *a, const float *b, const float *c, int batch,
+                         long long sa, long long sb, long long sc) {
+  bool ptrs = (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0;
+  return ptrs && (batch <= 1 || (sa % 4 == 0 && sb % 4 == 0 && sc % 4 == 0));
+}
+
 static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
   (void)s;
-  const gemm_args *g = (const gemm_args *)op->args;
-  if (g->ws && g->ws_bytes) memset(g->ws, 0xa5, g->ws_bytes < 4096 ? g->ws_bytes : 4096);
+  const gemm_args *g0 = (const gemm_args *)op->args;
+  if (g0->ws && g0->ws_bytes)
+    memset(g0->ws, 0xa5, g0->ws_bytes < 4096 ? g0->ws_bytes : 4096);
   /* Three kernels, chosen as a real library weighs the operands' addresses and
    * their leading dimensions separately: one pass when both are 16-byte
-   * aligned, else two sums split at k / 2 (aligned addresses) or k / 3. */
-  bool ptrs =
-      (uintptr_t)g->a % 16 == 0 && (uintptr_t)g->b % 16 == 0 && (uintptr_t)g->c % 16 == 0;
-  bool lds = g->lda % 4 == 0 && g->ldb % 4 == 0 && g->ldc % 4 == 0;
-  int split = (ptrs && lds) || getenv("DP_SIM_GEMM_ONE_PASS") ? g->k
-              : ptrs                                          ? g->k / 2
-                                                              : g->k / 3;
-  bool round = g->math == CUBLAS_TF32_TENSOR_OP_MATH;
+   * aligned, else two sums split at k / 2 (aligned addresses) or k / 3. One
+   * kernel for the whole of a batched call. */
+  bool ptrs = aligned_ptrs(g0->a, g0->b, g0->c, g0->batch, g0->sa, g0->sb, g0->sc);
+  bool lds = g0->lda % 4 == 0 && g0->ldb % 4 == 0 && g0->ldc % 4 == 0;
+  int split = (ptrs && lds) || getenv("DP_SIM_GEMM_ONE_PASS") ? g0->k
+              : ptrs                                          ? g0->k / 2
+                                                              : g0->k / 3;
+  bool round = g0->math == CUBLAS_TF32_TENSOR_OP_MATH;
   static const bool fma_hw = __builtin_cpu_supports("fma");
-  if (fma_hw)
-    gemm_fma(g, split, round);
-  else
-    gemm_plain(g, split, round);
+  for (int i = 0; i < g0->batch; i++) { /* matrix i, in order */
+    gemm_args g = *g0;
+    g.a += i * g0->sa;
+    g.b += i * g0->sb;
+    g.c += i * g0->sc;
+    if (fma_hw)
+      gemm_fma(&g, split, round);
+    else
+      gemm_plain(&g, split, round);
+  }
 }
 
 /* Whether the column-major matrix (rows x cols, leading dimension ld) lies in one
@@ -269,35 +292,40 @@ static bool inside(const float *p, int rows, int cols, int ld) {
   return dp_sim_lookup(p, bytes, NULL, NULL);
 }
 
-extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
-                                      cublasOperation_t tb, int m, int n, int k,
-                                      const float *alpha, const float *a, int lda,
-                                      const float *b, int ldb, const float *beta, float *c,
-                                      int ldc) {
+/* Checks and enqueues one call: cublasSgemm (batch 0) or matrices
+ * [0, batch) of cublasSgemmStridedBatched. */
+static cublasStatus_t enqueue_gemm(cublasHandle_t h, cublasOperation_t ta,
+                                   cublasOperation_t tb, int m, int n, int k,
+                                   const float *alpha, const float *a, int lda,
+                                   long long sa, const float *b, int ldb, long long sb,
+                                   const float *beta, float *c, int ldc, long long sc,
+                                   int batch) {
+  const char *name = batch ? "cublasSgemmStridedBatched" : "cublasSgemm";
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
   int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
   int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
-  if (m < 0 || n < 0 || k < 0 || !alpha || !beta || lda < (ar > 1 ? ar : 1) ||
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || !alpha || !beta || lda < (ar > 1 ? ar : 1) ||
       ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1) ||
       (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
     return CUBLAS_STATUS_INVALID_VALUE;
+  int count = batch ? batch : 1;
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
-  if ((k > 0 && (!inside(a, ar, ac, lda) || !inside(b, br, bc, ldb))) ||
-      !inside(c, m, n, ldc)) {
-    dp_sim_report(
-        "cublasSgemm: an operand is not device memory of the simulation, or runs "
-        "past the end of its allocation (m %d, n %d, k %d, lda %d, ldb %d, ldc %d)",
-        m, n, k, lda, ldb, ldc);
-    return CUBLAS_STATUS_INVALID_VALUE;
-  }
+  for (int i = 0; i < count; i++)
+    if ((k > 0 && (!inside(a + i * sa, ar, ac, lda) || !inside(b + i * sb, br, bc, ldb))) ||
+        !inside(c + i * sc, m, n, ldc)) {
+      dp_sim_report(
+          "%s: an operand is not device memory of the simulation, or runs past the end "
+          "of its allocation (m %d, n %d, k %d, lda %d, ldb %d, ldc %d, matrix %d)",
+          name, m, n, k, lda, ldb, ldc, i);
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
   /* the kernel class run_gemm picks: addresses aligned (bit 1), leading dims (bit 0) */
-  int aligned =
-      ((uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0 && (uintptr_t)c % 16 == 0) * 2 +
-      (lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0);
+  int aligned = aligned_ptrs(a, b, c, count, sa, sb, sc) * 2 +
+                (lda % 4 == 0 && ldb % 4 == 0 && ldc % 4 == 0);
   dp_sim_stream *st = dp_sim_stream_of(h->stream);
   note_kind(gemm_kind{st ? st->dev : -1, (int)ta, (int)tb, m, n, k, lda, ldb, ldc, aligned,
-                      h->math},
+                      h->math, batch},
             st);
   dp_sim_op op;
   op.kind = SIM_EXT;
@@ -319,8 +347,38 @@ extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
                  c,
                  h->ws,
                  h->ws_bytes,
-                 h->math};
+                 h->math,
+                 count,
+                 sa,
+                 sb,
+                 sc};
   cudaError_t e = dp_sim_enqueue(h->stream, &op);
   if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta,
+                                      cublasOperation_t tb, int m, int n, int k,
+                                      const float *alpha, const float *a, int lda,
+                                      const float *b, int ldb, const float *beta, float *c,
+                                      int ldc) {
+  return enqueue_gemm(h, ta, tb, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, ldc, 0, 0);
+}
+
+/* cuBLAS: batchCount 0 is valid and does nothing; the strides may be any
+ * values (0 shares one matrix), the matrices are computed as if one after the
+ * other (the output matrices must not overlap). */
+extern "C" cublasStatus_t
+cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                          int m, int n, int k, const float *alpha, const float *a, int lda,
+                          long long int strideA, const float *b, int ldb,
+                          long long int strideB, const float *beta, float *c, int ldc,
+                          long long int strideC, int batchCount) {
+  if (batchCount == 0) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    return batchCount < 0 ? CUBLAS_STATUS_INVALID_VALUE : CUBLAS_STATUS_SUCCESS;
+  }
+  if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
+  return enqueue_gemm(h, ta, tb, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c,
+                      ldc, strideC, batchCount);
 }

@@ -9,6 +9,7 @@
 #
 #   tests/cuda_sim/mutate.sh                 12 mutants, seed 1
 #   MUTANTS=30 SEED=7 tests/cuda_sim/mutate.sh
+#   MUTATE_FILES=cuda/sequence.cu tests/cuda_sim/mutate.sh   one file's mutants
 #
 # Mutants are drawn deterministically: every (line, operator) pair of the files
 # below is listed in file order, shuffled by Perl's seeded rand (drand48, the
@@ -27,7 +28,8 @@ MUTANTS=${MUTANTS:-12}
 SEED=${SEED:-1}
 MIN_KILL_RATE=75
 
-FILES=(cuda/kernels.cu cuda/batchnorm.cu cuda/conv.cu cuda/gemm.cu cuda/backend.cu)
+# shellcheck disable=SC2206 # a list of paths without spaces
+FILES=(${MUTATE_FILES:-cuda/kernels.cu cuda/batchnorm.cu cuda/conv.cu cuda/gemm.cu cuda/backend.cu cuda/sequence.cu})
 BIN=build/test_cuda_sim
 WORK=build/mutate # originals, baseline objects, per-mutant logs (kept for reading)
 
@@ -39,13 +41,16 @@ WORK=build/mutate # originals, baseline objects, per-mutant logs (kept for readi
 #     losses and every optimizer, so it kills most kernel mutants quickly.
 #   cuda:gpu_backend (~90 s): every op against the CPU backend, the reduction
 #     stress shapes, the GEMM alignment sweep, steps, graphs, NCCL.
+#   cuda:gpu_sequence (~20 s): the GPT's ops, steps, layouts, graphs, NCCL and
+#     inference (embedding, attention, residual blocks, per-position loss).
 # The first failing test ends the run (see run_case), so only survivors pay for
 # the whole list. Left out, for time: cuda_api (the public API over the same
 # backend, ~90 s, most of it one memory-accounting test).
-CASES="cuda_fault:gpu_fault cuda:gpu_batchnorm cuda:gpu_backend"
+CASES="cuda_fault:gpu_fault cuda:gpu_batchnorm cuda:gpu_backend cuda:gpu_sequence"
 cases_for() {
   case $1 in
   cuda/batchnorm.cu) echo cuda:gpu_batchnorm ;; # only the batchnorm networks use it
+  cuda/sequence.cu) echo cuda:gpu_sequence ;;   # only the GPTs use it
   *) echo "$CASES" ;;
   esac
 }
@@ -141,7 +146,8 @@ fi
 for f in "${FILES[@]}"; do code_of "$f" "$WORK/obj/${f##*/}.o"; done
 
 declare -A limit # per case: 3x the baseline time plus 30 s; a slower mutant hangs
-for tcase in $CASES; do
+needed=$(for f in "${FILES[@]}"; do cases_for "$f"; done | tr ' ' '\n' | awk 'NF && !seen[$0]++')
+for tcase in $needed; do
   run_case "$tcase" 900 "$WORK/log/baseline-${tcase#*:}"
   if [ "$verdict" != pass ]; then
     echo "mutate: the unmutated $tcase does not pass ($verdict); see $WORK/log/baseline-$tcase*" >&2

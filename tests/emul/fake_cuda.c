@@ -577,7 +577,8 @@ static dp_status check_init_locked(const dp_plan *p, void *const arenas[], unsig
     dp_region_info ws = p->regions[d][DP_REGION_WORKSPACE];
     /* the fixed part, then conv2d's COL and T at the device's largest
      * micro-batch (dp__cuda_model_workspace_bytes) */
-    size_t need = dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows);
+    size_t need =
+        dp__cuda_model_workspace_bytes(&p->model, p->act[d].mb_rows, !p->cfg.inference);
     int gpu = p->cfg.device_ids[d];
     if (ws.size < need)
       return DP_FAIL(

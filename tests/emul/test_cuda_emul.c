@@ -800,7 +800,7 @@ START_TEST(conv_workspace_follows_cublas_and_is_checked) {
   /* a model without conv2d keeps the fixed size */
   dp_model *f = NULL;
   ck_assert_int_eq(dp_model_parse(CNN_FIRST_SPEC, "ws", &f), DP_OK);
-  ck_assert_uint_eq(dp__cuda_model_workspace_bytes(f, 8), dp__cuda_workspace_bytes());
+  ck_assert_uint_eq(dp__cuda_model_workspace_bytes(f, 8, true), dp__cuda_workspace_bytes());
   dp_model_free(f);
   /* one byte short of conv2d's part: init refuses, naming the parts */
   void *arena[2] = {NULL, NULL};

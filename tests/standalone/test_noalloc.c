@@ -46,6 +46,7 @@
 #include <sched.h>
 #include <math.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -333,6 +334,13 @@ static const char CNN_SPEC[] =
     "linear 5\n"
     "loss softmax_cross_entropy\n";
 enum { IN = 12, OUT = 5, BATCH = 32, SMALL = 19, STEPS = 100 };
+/* a GPT on the same 12 columns read as token ids: a label per position, OUT
+ * classes each (fill: ids below GPT_VOCAB) */
+enum { GPT_VOCAB = 7 };
+static const char GPT12_SPEC[] =
+    "input tokens 12\nembed 7 8\n"
+    "residual\nlayernorm\nlinear 24\nattention 2\nlinear 8\nend\n"
+    "dropout 0.1\nlayernorm\nlinear 5\nloss softmax_cross_entropy\n";
 
 static int failures;
 
@@ -516,20 +524,23 @@ typedef struct {
   int recompute;    /* config.recompute */
 } config_case;
 
-static void fill(float *x, int32_t *t, int rows, uint64_t seed) {
+/* seq: token ids below GPT_VOCAB and a label per position */
+static void fill(float *x, int32_t *t, int rows, uint64_t seed, bool seq) {
   uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
   for (int k = 0; k < rows * IN; k++) {
     s ^= s << 13;
     s ^= s >> 7;
     s ^= s << 17;
-    x[k] = (float)(s >> 40) * 0x1p-23f - 1.0f;
+    x[k] = seq ? (float)((s >> 40) % GPT_VOCAB) : (float)(s >> 40) * 0x1p-23f - 1.0f;
   }
-  for (int r = 0; r < rows; r++) t[r] = (int32_t)((uint64_t)(r * 7 + (int)seed) % OUT);
+  for (int r = 0; r < rows * (seq ? IN : 1); r++)
+    t[r] = (int32_t)((uint64_t)(r * 7 + (int)seed) % OUT);
 }
 
 static void run_case(const config_case *cc) {
-  static float x[BATCH * IN], y[BATCH * OUT];
-  static int32_t t[BATCH];
+  static float x[BATCH * IN], y[BATCH * IN * OUT]; /* a GPT's: (BATCH, IN, OUT) */
+  static int32_t t[BATCH * IN];
+  bool seq = cc->spec == GPT12_SPEC;
   dp_model *m = NULL;
   dp_plan *p = NULL;
   dp_ctx *c = NULL;
@@ -579,7 +590,7 @@ static void run_case(const config_case *cc) {
            "arenas and the staging): the interposition does not see libdp's calls",
            cc->name, setup_cuda, cc->n_devices + 1);
   }
-  fill(x, t, BATCH, 1);
+  fill(x, t, BATCH, 1, seq);
   float loss = 0;
   /* warm-up, not counted: one step and one forward at the full batch; cuda:
    * a second full-batch step (the graph's capture), a short step and a short
@@ -636,8 +647,9 @@ static void run_case(const config_case *cc) {
   refused += dp_train_step(c, BATCH, IN, x, t, NULL) == DP_ERR_RANGE;
   t[5] = 0;
   float keep = x[3];
-  x[3] = NAN;
-  refused += dp_train_step(c, BATCH, IN, x, t, NULL) == DP_ERR_NONFINITE;
+  x[3] = NAN; /* a GPT's: not a token id */
+  refused +=
+      dp_train_step(c, BATCH, IN, x, t, NULL) == (seq ? DP_ERR_RANGE : DP_ERR_NONFINITE);
   x[3] = keep;
   refused += dp_forward(c, BATCH, IN, x, NULL) == DP_ERR_INVALID;
   long n_errors = count_off(), t_errors = theirs_count(), c_errors = cuda_count();
@@ -804,6 +816,10 @@ int main(int argc, char **argv) {
       {"cnn, 2 devices, allreduce, sync batchnorm, micro_batch 2, recompute 2", 2,
        DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC,
        2},
+      {"gpt, 3 devices, micro_batch 4", 3, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0,
+       DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
+      {"gpt, 2 devices, micro_batch 2, recompute 3", 2, DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0,
+       DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 3},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
 
@@ -819,6 +835,10 @@ int main(int argc, char **argv) {
        DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
       {"cuda, 2 replicas on GPU 0, micro_batch 4, recompute 3", 2, DP_SPLIT_CHUNK, 4,
        DP_BACKEND_CUDA, 0, DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 3},
+      {"cuda gpt, 2 replicas, allreduce", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0,
+       DP_MODE_ALLREDUCE, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
+      {"cuda graph gpt, 2 replicas", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
+       DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)

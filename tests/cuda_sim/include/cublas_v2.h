@@ -44,6 +44,12 @@ cublasStatus_t cublasSetPointerMode(cublasHandle_t h, cublasPointerMode_t mode);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
                            int m, int n, int k, const float *alpha, const float *a, int lda,
                            const float *b, int ldb, const float *beta, float *c, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
+                                         cublasOperation_t tb, int m, int n, int k,
+                                         const float *alpha, const float *a, int lda,
+                                         long long int strideA, const float *b, int ldb,
+                                         long long int strideB, const float *beta, float *c,
+                                         int ldc, long long int strideC, int batchCount);
 const char *cublasGetStatusName(cublasStatus_t s);
 const char *cublasGetStatusString(cublasStatus_t s);
 }
