@@ -2700,6 +2700,12 @@ static const char *const GPT_LONG =
     "input tokens 37\nembed 300 15\nresidual\nlayernorm\nlinear 45\nattention 3\n"
     "linear 15\nend\nlinear 7\nloss softmax_cross_entropy\n";
 
+/* GPT-2's tied output head: the token table is the head's weight, its gradient
+ * the head's with the embedding's added on. */
+static const char *const GPT_TIED =
+    "input tokens 6\nembed 20 8\nresidual\nlayernorm\nlinear 24\nattention 2\n"
+    "linear 8\nend\nlayernorm\nlinear 20 tied\nloss softmax_cross_entropy\n";
+
 /* Every op of a GPT alone against the cpu backend: the embedding and the
  * residual adds bit for bit; the attention to 1e-5 with the simulation's
  * alignment-dependent GEMM kernels and bit for bit with one-pass ones (the
@@ -2710,6 +2716,8 @@ START_TEST(gpt_ops_match_cpu) {
   check_every_compute_op("gpt, classic sgd, 3 replicas", GPT_SPEC, &c, 1);
   c = test_config(ngpu, 16, 2, 8, DP_MODE_ALLREDUCE, DP_OPT_MOMENTUM);
   check_every_compute_op("gpt, 37 positions, allreduce momentum", GPT_LONG, &c, 1);
+  c = test_config(ngpu, 6, 2, 3, DP_MODE_CLASSIC, DP_OPT_ADAMW);
+  check_every_compute_op("gpt, tied head, classic adamw", GPT_TIED, &c, 1);
   if (!one_pass_gemms()) return;
   c = test_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
   c.shard_optimizer = 1;
@@ -2733,6 +2741,8 @@ START_TEST(gpt_steps_match_cpu) {
   check_steps_match_cpu("gpt, allreduce sharded adamw, 4 replicas", GPT_SPEC, &c, 3);
   c = test_config(ngpu, 16, 2, 8, DP_MODE_ALLREDUCE, DP_OPT_SGD);
   check_steps_match_cpu("gpt, 37 positions, allreduce sgd", GPT_LONG, &c, 2);
+  c = test_config(ngpu, 6, 3, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_steps_match_cpu("gpt, tied head, allreduce adamw, 3 replicas", GPT_TIED, &c, 3);
 }
 END_TEST
 
@@ -2749,6 +2759,7 @@ START_TEST(gpt_same_bits_for_1_2_4_replicas_and_both_modes) {
   REQUIRE_GPUS(ngpu, "gpt_same_bits_for_1_2_4_replicas_and_both_modes");
   same_bits_across_layouts_of(ngpu, GPT_SPEC, 8, 2);
   same_bits_across_layouts_of(ngpu, GPT_SPEC, 12, 3);
+  same_bits_across_layouts_of(ngpu, GPT_TIED, 8, 2);
 }
 END_TEST
 
