@@ -3135,6 +3135,32 @@ END_TEST
  * spec in the metadata); dp import of it makes a checkpoint that exports to
  * the same bytes and predicts the same; import records the optimizer and seed
  * given, and dp train --resume takes the checkpoint with them. */
+/* A model with batchnorm: dp export counts the file's tensors, the buffers
+ * (running_mean, running_var, num_batches_tracked) with the parameters. */
+START_TEST(export_counts_batchnorm_buffers) {
+  char dir[64], spec[128], ck[128], st[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(spec, sizeof spec, dir, "bn.dpm");
+  in_dir(ck, sizeof ck, dir, "bn.ckpt");
+  in_dir(st, sizeof st, dir, "bn.safetensors");
+  FILE *f = fopen(spec, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("input 64\nlinear 16\nbatchnorm\nrelu\nlinear 10\nloss softmax_cross_entropy\n", f);
+  fclose(f);
+  cmd_result r = RUN(dpt_cmd_train, "--model", spec, "--data", DIGITS_CSV, "--batch", "64",
+                     "--epochs", "1", "--quiet", "--save", ck);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, ck, "--safetensors", st);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "(9 tensors: 6 of parameters, 3 batchnorm buffers; 1242 "
+                              "parameters)"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
 START_TEST(export_import_round_trip) {
   static const char *const raw[] = {"--optimizer", "adamw", "--no-standardize", NULL};
   char dir[64], f[128], g[128], g2[128], s[128], s2[128], pf[128], pg[128], acc[32],
@@ -3152,7 +3178,7 @@ START_TEST(export_import_round_trip) {
   cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s);
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   snprintf(want, sizeof want,
-           "dp export: %s (4 tensors, 9610 parameters) -> %s\nstandardisation: none: the "
+           "dp export: %s (4 tensors; 9610 parameters) -> %s\nstandardisation: none: the "
            "model takes the features as they are (in the metadata: dp.standardize)\n",
            f, s);
   ck_assert_str_eq(r.out, want);
@@ -4228,6 +4254,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, predict_flags_nonfinite_outputs_and_bad_labels);
   tcase_add_test(tc, predict_regression_reports_mse);
   tcase_add_test(tc, export_import_round_trip);
+  tcase_add_test(tc, export_counts_batchnorm_buffers);
   tcase_add_test(tc, export_import_refusals);
   tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
   tcase_add_test(tc, every_command_reads_every_checkpoint_version);

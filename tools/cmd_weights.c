@@ -207,8 +207,15 @@ static int export_weights(weights_rig *w, const char *ckpt, const char *path,
     fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_ctx_error(w->c)));
     return -1;
   }
-  printf("dp export: %s (%d tensors, %zu parameters) -> %s\n", ckpt,
-         dp_model_n_tensors(w->m), dp_model_n_params(w->m), path);
+  /* the file's tensors: the parameters', and batchnorm's running_mean,
+   * running_var and num_batches_tracked */
+  int bufs = 0;
+  for (int i = 0; i < dp_model_n_layers(w->m); i++)
+    bufs += dp_model_layer_kind(w->m, i) == DP_LAYER_BATCHNORM ? 3 : 0;
+  int nt = dp_model_n_tensors(w->m);
+  printf("dp export: %s (%d tensors", ckpt, nt + bufs);
+  if (bufs) printf(": %d of parameters, %d batchnorm buffers", nt, bufs);
+  printf("; %zu parameters) -> %s\n", dp_model_n_params(w->m), path);
   return 0;
 }
 
