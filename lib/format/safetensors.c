@@ -567,16 +567,24 @@ static bool jtensor(json *j, const char *name, st_tensor *t) {
   return true;
 }
 
+/* Opens the safetensors file at path for reading, a regular file only. */
+static dp_status open_st(const char *path, struct stat *st, int *fd) {
+  const char *failed;
+  *fd = dp__open_regular(path, st, &failed);
+  if (*fd == -2)
+    return DP_FAIL(DP_ERR_IO, "safetensors file '%s' is not a regular file (%s)", path,
+                   dp__file_kind(st->st_mode));
+  if (*fd < 0) return dp__io_fail("safetensors file", path, failed, path, errno);
+  return DP_OK;
+}
+
 /* Reads the whole file (at most `cap` bytes). */
 static dp_status read_all(const char *path, size_t cap, unsigned char **buf, size_t *len) {
   struct stat st;
-  const char *failed;
   *buf = NULL;
-  int fd = dp__open_regular(path, &st, &failed);
-  if (fd == -2)
-    return DP_FAIL(DP_ERR_IO, "safetensors file '%s' is not a regular file (%s)", path,
-                   dp__file_kind(st.st_mode));
-  if (fd < 0) return dp__io_fail("safetensors file", path, failed, path, errno);
+  int fd;
+  dp_status so = open_st(path, &st, &fd);
+  if (so) return so;
   if ((uint64_t)st.st_size > cap) {
     close(fd);
     return DP_FAIL(DP_ERR_PARSE,
@@ -856,13 +864,10 @@ dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path) {
  * bytes, NUL-terminated). */
 static dp_status read_header(const char *path, char **hdr, size_t *hlen) {
   struct stat st;
-  const char *failed;
   *hdr = NULL;
-  int fd = dp__open_regular(path, &st, &failed);
-  if (fd == -2)
-    return DP_FAIL(DP_ERR_IO, "safetensors file '%s' is not a regular file (%s)", path,
-                   dp__file_kind(st.st_mode));
-  if (fd < 0) return dp__io_fail("safetensors file", path, failed, path, errno);
+  int fd;
+  dp_status so = open_st(path, &st, &fd);
+  if (so) return so;
   unsigned char len8[8];
   size_t got = 0;
   uint64_t n = 0;
