@@ -81,7 +81,7 @@ typedef struct dp_model dp_model;
  *   input N | input C H W | linear N [nobias | tied] | relu | gelu | tanh | sigmoid |
  *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
  *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten | batchnorm |
- *   input tokens T | embed V D | attention H | residual | end |
+ *   input tokens T | embed V D | attention H [dropout P] | residual | end |
  *   loss mse | loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
  * and the pools need an image, linear and layernorm a flat input (flatten
@@ -122,6 +122,11 @@ dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int s
 dp_status dp_model_new_tokens(int context, dp_model **out);
 dp_status dp_model_add_embedding(dp_model *m, int vocab, int width);
 dp_status dp_model_add_attention(dp_model *m, int heads);
+/* The same with dropout p in [0, 1) on the attention probabilities in training
+ * (spec: `attention H dropout P`; PyTorch's scaled_dot_product_attention
+ * dropout_p), keyed as the dropout layer's masks by (seed, step, layer, global
+ * row, element h T T + i T + j): the same for every split. */
+dp_status dp_model_add_attention_dropout(dp_model *m, int heads, float p);
 /* A linear to the vocabulary (out_width == V, from width D) without a bias whose
  * weight is the token embedding's (V, D) table, as GPT-2's tied output head (spec:
  * `linear V tied`). The table's gradient is the head's plus the embedding's, added

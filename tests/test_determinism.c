@@ -22,6 +22,17 @@ static const char *spec_in_use;
 /* config.recompute and config.batchnorm of every run (0 and per replica unless
  * a test sets them) */
 static int recompute_in_use;
+/* The GPT gpt_run trains: GPT_SPEC, or GPT_ADROP. */
+static const char *gpt_in_use = GPT_SPEC;
+/* GPT_SPEC with dropout on the attention probabilities and a tied output head. */
+static const char GPT_ADROP[] = "input tokens 6\n"
+                                "embed 11 8\n"
+                                "residual\nlayernorm\nlinear 24\nattention 2 dropout 0.3\n"
+                                "linear 8\nend\n"
+                                "residual\nlayernorm\nlinear 16\ngelu\ndropout 0.1\n"
+                                "linear 8\nend\n"
+                                "layernorm\nlinear 11 tied\n"
+                                "loss softmax_cross_entropy\n";
 static dp_bn_mode bn_in_use = DP_BN_PER_REPLICA;
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
@@ -135,7 +146,7 @@ static uint64_t gpt_run(setup su, int micro_batch) {
   c.recompute = recompute_in_use;
   c.guards = recompute_in_use > 0;
   rig r;
-  rig_open(&r, GPT_SPEC, &c);
+  rig_open(&r, gpt_in_use, &c);
   float x[R * GPT_T];
   int32_t y[R * GPT_T];
   for (int s = 0; s < 3; s++) {
@@ -311,6 +322,30 @@ START_TEST(recompute_gives_the_same_bits) {
 }
 END_TEST
 
+/* Attention dropout (keyed by the global row) and a tied head: one hash on 1, 2
+ * and 4 devices in every mode, the same with recompute, another without the
+ * dropout. */
+START_TEST(gpt_attention_dropout_same_bits_everywhere) {
+  uint64_t plain = gpt_run(SETUPS[0], 2);
+  gpt_in_use = GPT_ADROP;
+  uint64_t ref = gpt_run(SETUPS[0], 2);
+  ck_assert_uint_ne(ref, plain);
+  for (int i = 1; i < N_SETUPS; i++) {
+    if (SETUPS[i].devices == 8) continue;
+    uint64_t h = gpt_run(SETUPS[i], 2);
+    ck_assert_msg(h == ref, "%d devices, %s: hash %016llx, 1 device classic: %016llx",
+                  SETUPS[i].devices, mode_name(SETUPS[i]), (unsigned long long)h,
+                  (unsigned long long)ref);
+  }
+  recompute_in_use = 2;
+  uint64_t h = gpt_run(SETUPS[1], 2);
+  recompute_in_use = 0;
+  gpt_in_use = GPT_SPEC;
+  ck_assert_msg(h == ref, "recompute 2: %016llx, without: %016llx", (unsigned long long)h,
+                (unsigned long long)ref);
+}
+END_TEST
+
 /* The same for the GPT: residual blocks (a block's input kept past a cut),
  * attention's probabilities and layernorm's statistics recomputed. */
 START_TEST(recompute_gives_the_same_bits_gpt) {
@@ -339,6 +374,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);
+  tcase_add_test(tc, gpt_attention_dropout_same_bits_everywhere);
   suite_add_tcase(s, tc);
   tc = tcase_create("recompute");
   tcase_set_timeout(tc, 120);

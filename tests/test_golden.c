@@ -249,7 +249,7 @@ static const char *const golden_cases[] = {
     "seed",        "b31n2",    "b3n4",     "mlp_all",           "mlp_mse_b37n3",
     "cnn_all",     "cnn_mse",  "cnn_tail", "cnn_flatten_first", "cnn_dropout",
     "bn_mlp",      "bn_cnn",   "bn_two",   "bn_sync_mlp",       "bn_sync_cnn",
-    "bn_sync_two", "gpt_tiny", "gpt_post", "gpt_tied"};
+    "bn_sync_two", "gpt_tiny", "gpt_post", "gpt_tied", "gpt_attn_dropout"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 
 /* The layouts: classic, allreduce and allreduce with a sharded optimizer. */

@@ -386,6 +386,27 @@ START_TEST(seed_inference_layout_is_exact) {
 }
 END_TEST
 
+/* Attention dropout runs on the cpu backend only: a cuda training plan is refused
+ * naming the layer and what to do; inference (no dropout) and attention without
+ * dropout plan. */
+START_TEST(cuda_refuses_attention_dropout_naming_the_layer) {
+  if (!cuda_or_skip("planner", "cuda_refuses_attention_dropout_naming_the_layer")) return;
+  dp_model *m = model_of("input tokens 4\nembed 9 6\nlinear 18\nattention 2 dropout 0.1\n"
+                         "linear 9\nloss softmax_cross_entropy\n");
+  dp_config c = config_of(4, 1, DP_OPT_SGD);
+  c.backend = DP_BACKEND_CUDA;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(dp_last_error(), "does not run attention dropout yet (layer 2); use "
+                                        "the cpu backend"),
+                "%s", dp_last_error());
+  c.inference = 1;
+  p = plan_of(m, &c);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(seed_on_cuda_aligns_to_256_and_stages_on_the_host) {
   if (!cuda_or_skip("planner", "seed_on_cuda_aligns_to_256_and_stages_on_the_host")) return;
   dp_model *m = model_of(SEED);
@@ -3588,6 +3609,7 @@ Suite *planner_suite(void) {
 
   tc = tcase_create("backend");
   tcase_add_test(tc, seed_on_cuda_aligns_to_256_and_stages_on_the_host);
+  tcase_add_test(tc, cuda_refuses_attention_dropout_naming_the_layer);
   tcase_add_test(tc, cpu_plans_need_no_host_staging);
   tcase_add_test(tc, cuda_options_are_checked_at_plan_time);
   tcase_add_test(tc, backend_options_are_the_backends_own);

@@ -474,6 +474,7 @@ START_TEST(format_round_trips_through_parse) {
       GPT_NESTED,
       GPT_SPEC,
       "input tokens 4\nembed 9 6\nlayernorm\nlinear 9 tied\nloss softmax_cross_entropy\n",
+      "input tokens 4\nembed 9 6\nlinear 18\nattention 2 dropout 0.15\nlinear 9\n",
   };
   for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
     dp_model *a = model_of(texts[i]);
@@ -929,6 +930,11 @@ START_TEST(sequence_errors_name_line_and_column) {
       {"input tokens 4\nembed 5 6\nlinear 5 tied\nlinear 6\nlinear 5 tied\n", 5, 10,
        "tied to a linear already"},
       {"input 6\nlinear 5 tied\n", 2, 10, "needs a sequence model"},
+      {"input tokens 4\nembed 5 6\nlinear 18\nattention 2 dropout\n", 4, 21,
+       "expected a probability after 'dropout'"},
+      {"input tokens 4\nembed 5 6\nlinear 18\nattention 2 dropout 1.5\n", 4, 21,
+       "expected a probability in [0, 1), got '1.5'"},
+      {"input tokens 4\nembed 5 6\nlinear 18\nattention 2 heads\n", 4, 13, "unexpected"},
       {"input tokens 4\nembed 5 6\nlinear 5 tied nobias\n", 3, 15, "unexpected"},
       {"input tokens 0\n", 1, 14, "out of range"},
       {"input tokens\n", 1, 14, "expected the context"},

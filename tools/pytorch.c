@@ -40,9 +40,10 @@ static const char PRELUDE[] =
     "    \"\"\"libdp's attention H: causal self-attention of a fused (B, T, 3D) q, k, "
     "v.\"\"\"\n"
     "\n"
-    "    def __init__(self, heads):\n"
+    "    def __init__(self, heads, dropout=0.0):\n"
     "        super().__init__()\n"
     "        self.heads = heads\n"
+    "        self.dropout = nn.Dropout(dropout)  # on the probabilities, in training\n"
     "\n"
     "    def forward(self, x):\n"
     "        B, T, C3 = x.shape\n"
@@ -52,7 +53,7 @@ static const char PRELUDE[] =
     "2))\n"
     "        a = (q @ k.transpose(-2, -1)) * (1.0 / hd ** 0.5)\n"
     "        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()\n"
-    "        a = a.masked_fill(~mask, float('-inf')).softmax(-1)\n"
+    "        a = self.dropout(a.masked_fill(~mask, float('-inf')).softmax(-1))\n"
     "        return (a @ v).transpose(1, 2).reshape(B, T, D)\n"
     "\n"
     "\n";
@@ -100,7 +101,12 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
              l->kind == DP_LAYER_MAXPOOL2D ? "MaxPool2d" : "AvgPool2d", l->kernel,
              l->stride);
     break;
-  case DP_LAYER_ATTENTION: snprintf(buf, cap, "Attention(%d)", l->heads); break;
+  case DP_LAYER_ATTENTION:
+    if (l->p > 0.0f)
+      snprintf(buf, cap, "Attention(%d, dropout=%.9g)", l->heads, (double)l->p);
+    else
+      snprintf(buf, cap, "Attention(%d)", l->heads);
+    break;
   default: (void)i; return 0; /* residual, end, input */
   }
   *tensor += nt;

@@ -102,6 +102,8 @@ typedef struct dp_backend_ops {
   bool batchnorm;
   /* runs embedding, attention and residual layers */
   bool sequence_layers;
+  /* runs attention with dropout on its probabilities */
+  bool attention_dropout;
   /* computes a relu that follows a linear layer in the linear's forward
    * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
   bool fuses_linear_relu;

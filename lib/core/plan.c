@@ -211,6 +211,12 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
                      "backend",
                      be->name, dp_layer_kind_name(k), i);
   }
+  for (int i = 0; i < m->n_layers && !be->attention_dropout; i++)
+    if (m->layers[i].kind == DP_LAYER_ATTENTION && m->layers[i].p > 0.0f && !c->inference)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "the %s backend does not run attention dropout yet (layer %d); use "
+                     "the cpu backend, or attention without dropout",
+                     be->name, i);
   if (dp__model_open_residual(m) >= 0)
     return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no end",
                    dp__model_open_residual(m));

@@ -377,6 +377,15 @@ static float dropout_scale(const lctx *c, int r, int j) {
   return u >= c->l->p ? 1.0f / (1.0f - c->l->p) : 0.0f;
 }
 
+/* Attention dropout's keys for this op: the dropout layer's (dropout_scale). */
+static dp_attn_drop attn_drop(const lctx *c) {
+  return (dp_attn_drop){
+      .on = c->e->training && c->l->p > 0.0f,
+      .seed = c->e->plan->cfg.seed,
+      .key = (c->e->step << 16) | (uint64_t)c->i,
+      .row0 = (uint64_t)(c->e->row_base + c->e->plan->split.dev_row0[c->d] + c->local)};
+}
+
 /* Branch-free and alias-free, so they vectorise (gemm.h: DP_SIMD_FN): the
  * signs of activations are random, and a branch per element mispredicts half
  * the time. NaN passes through, as in PyTorch. */
@@ -457,10 +466,16 @@ static dp_status forward(const lctx *c) {
   }
   switch (l->kind) {
   case DP_LAYER_EMBEDDING: dp__embed_forward(l, n, x, layer_params(c), y); break;
-  case DP_LAYER_ATTENTION:
-    dp__attention_forward(l, n, x, layer_stats(c), y,
-                          dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c));
+  case DP_LAYER_ATTENTION: {
+    dp_attn_drop drop = attn_drop(c);
+    if (!dp__attention_forward(l, n, x, layer_stats(c), y, &drop,
+                               dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE),
+                               ws_bytes(c)))
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "layer %d: the plan's workspace is too small for attention dropout",
+                     c->i);
     break;
+  }
   case DP_LAYER_RESIDUAL_END: { /* x + f(x): the block's input, then its output */
     const float *skip = ptr(c, c->o.skip);
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = skip[k] + x[k];
@@ -564,13 +579,15 @@ static dp_status backward(const lctx *c, float *grads) {
   case DP_LAYER_EMBEDDING:
     dp__embed_backward(l, n, layer_in(c), dy, grads + l->param_off);
     break;
-  case DP_LAYER_ATTENTION:
-    if (dx && !dp__attention_backward(l, n, layer_in(c), layer_stats(c), dy, dx,
+  case DP_LAYER_ATTENTION: {
+    dp_attn_drop drop = attn_drop(c);
+    if (dx && !dp__attention_backward(l, n, layer_in(c), layer_stats(c), dy, dx, &drop,
                                       dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE),
                                       ws_bytes(c)))
       return DP_FAIL(DP_ERR_BACKEND,
                      "layer %d: the plan's workspace is too small for attention", c->i);
     break;
+  }
   case DP_LAYER_RESIDUAL_END: /* the block's output gets dy; x gets it at the begin */
     if (dx) memcpy(dx, dy, (size_t)n * out * 4);
     break;
@@ -1184,6 +1201,7 @@ const dp_backend_ops dp__cpu_backend = {
     .workspace_bytes = cpu_workspace_bytes,
     .image_layers = true,
     .sequence_layers = true,
+    .attention_dropout = true,
     .batchnorm = true,
     .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
     .host_staging = false,

@@ -37,10 +37,18 @@ void dp__embed_backward(const dp_layer *l, int n, const float *ids, const float 
  * Workspace: dp__attention_workspace_bytes (the backward returns false when
  * short; the forward runs unpacked GEMMs then, with the same bits). */
 size_t dp__attention_workspace_bytes(const dp_layer *l, bool training);
-void dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
-                           void *ws, size_t ws_bytes);
+/* Attention dropout's keys (on: training with l->p > 0): the probability (h, i, j)
+ * of the micro-batch's row r is kept, times 1 / (1 - p), when
+ * u(seed, DP_RNG_DROPOUT, key, row0 + r, h T T + i T + j) >= p. */
+typedef struct {
+  bool on;
+  uint64_t seed, key, row0;
+} dp_attn_drop;
+bool dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
+                           const dp_attn_drop *drop, void *ws, size_t ws_bytes);
 bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const float *p,
-                            const float *dy, float *dqkv, void *ws, size_t ws_bytes);
+                            const float *dy, float *dqkv, const dp_attn_drop *drop,
+                            void *ws, size_t ws_bytes);
 
 extern const dp_backend_ops dp__cpu_backend;
 

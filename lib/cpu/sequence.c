@@ -3,6 +3,7 @@
  * product runs through the packed GEMM (gemm.h: one fma chain per element,
  * ascending over the reduced dimension, the same bits on every instruction
  * set); every other sum has a fixed order. */
+#include "cpu/cpu.h"
 #include "cpu/gemm.h"
 
 #include <math.h>
@@ -55,9 +56,32 @@ static size_t gemm_bytes(const dp_layer *l) {
   return a > b ? a : b;
 }
 
+/* Training: the backward's d(scores), and with dropout the kept probabilities
+ * (the forward's too), then the GEMMs'. */
+static int scratches(const dp_layer *l, bool training) {
+  return training ? (l->p > 0.0f ? 2 : 1) : 0;
+}
+
 size_t dp__attention_workspace_bytes(const dp_layer *l, bool training) {
   if (l->kind != DP_LAYER_ATTENTION) return 0;
-  return (training ? scratch_bytes(l) : 0) + gemm_bytes(l);
+  return (size_t)scratches(l, training) * scratch_bytes(l) + gemm_bytes(l);
+}
+
+/* pd (T, T) = p with dropout: element (i, j <= i) of head h of row r kept, times
+ * 1 / (1 - p), as dp_attn_drop says; zeros above the diagonal, as p's. */
+static void drop_probs(const dp_layer *l, const dp_attn_drop *d, int r, int h,
+                       const float *ph, float *pd) {
+  int T = l->t;
+  float keep = 1.0f / (1.0f - l->p);
+  uint64_t row = d->row0 + (uint64_t)r, e0 = (uint64_t)h * T * T;
+  for (int i = 0; i < T; i++) {
+    for (int j = 0; j <= i; j++) {
+      uint64_t e = e0 + (uint64_t)i * T + (uint64_t)j;
+      float u = dp__rng_uniform(d->seed, DP_RNG_DROPOUT, d->key, row, e);
+      pd[(size_t)i * T + j] = u >= l->p ? ph[(size_t)i * T + j] * keep : 0.0f;
+    }
+    for (int j = i + 1; j < T; j++) pd[(size_t)i * T + j] = 0.0f;
+  }
 }
 
 /* The GEMMs' part of a workspace of ws_bytes at ws (NULL: too small, and the
@@ -113,29 +137,39 @@ static void causal_softmax(float *s, int T, float scale) {
   }
 }
 
-void dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
-                           void *ws, size_t ws_bytes) {
+bool dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
+                           const dp_attn_drop *drop, void *ws, size_t ws_bytes) {
   int T = l->t, D = l->c, H = l->heads, hd = D / H;
   float scale = 1.0f / sqrtf((float)hd);
-  void *gw = gemm_ws(l, ws, ws_bytes, 0);
+  bool dropping = drop && drop->on;
+  if (dropping && (!ws || ws_bytes < scratch_bytes(l))) return false;
+  float *pd = dropping ? ws : NULL; /* (T, T): the kept probabilities */
+  void *gw = gemm_ws(l, ws, ws_bytes, dropping ? scratch_bytes(l) : 0);
   for (int r = 0; r < n; r++)
     for (int h = 0; h < H; h++) {
       const float *q = qkv + (size_t)r * T * 3 * D + (size_t)h * hd, *k = q + D, *v = k + D;
       float *ph = p + ((size_t)r * H + h) * T * T; /* (T, T) */
       scores(T, hd, q, 3 * D, k, 3 * D, ph, gw);   /* q k^T, the lower triangle */
       causal_softmax(ph, T, scale);
-      dp__sgemm(0, 0, T, hd, T, ph, T, v, 3 * D, y + (size_t)r * T * D + (size_t)h * hd, D,
-                NULL, gw); /* p v */
+      if (dropping) drop_probs(l, drop, r, h, ph, pd);
+      dp__sgemm(0, 0, T, hd, T, dropping ? pd : ph, T, v, 3 * D,
+                y + (size_t)r * T * D + (size_t)h * hd, D, NULL, gw); /* p v */
     }
+  return true;
 }
 
 bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const float *p,
-                            const float *dy, float *dqkv, void *ws, size_t ws_bytes) {
+                            const float *dy, float *dqkv, const dp_attn_drop *drop,
+                            void *ws, size_t ws_bytes) {
   int T = l->t, D = l->c, H = l->heads, hd = D / H;
   float scale = 1.0f / sqrtf((float)hd);
-  if (!ws || ws_bytes < scratch_bytes(l)) return false;
+  bool dropping = drop && drop->on;
+  size_t sb = scratch_bytes(l);
+  if (!ws || ws_bytes < (dropping ? 2 : 1) * sb) return false;
   float *ds = ws; /* (T, T): d(probabilities), then d(scores) in place */
-  void *gw = gemm_ws(l, ws, ws_bytes, scratch_bytes(l));
+  float *pd = dropping ? (float *)((unsigned char *)ws + sb) : NULL; /* the kept ones */
+  float keep = dropping ? 1.0f / (1.0f - l->p) : 1.0f;
+  void *gw = gemm_ws(l, ws, ws_bytes, (dropping ? 2 : 1) * sb);
   for (int r = 0; r < n; r++)
     for (int h = 0; h < H; h++) {
       size_t at = (size_t)r * T * 3 * D + (size_t)h * hd;
@@ -143,9 +177,17 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
       float *dq = dqkv + at, *dk = dq + D, *dv = dk + D;
       const float *ph = p + ((size_t)r * H + h) * T * T;
       const float *g = dy + (size_t)r * T * D + (size_t)h * hd; /* (T, hd), ld D */
-      lower_t(T, hd, ph, g, D, dv, 3 * D, gw);                  /* dv = p^T dy */
+      if (dropping) drop_probs(l, drop, r, h, ph, pd);
+      lower_t(T, hd, dropping ? pd : ph, g, D, dv, 3 * D, gw); /* dv = p^T dy (kept) */
       scores(T, hd, g, D, v, 3 * D, ds, gw); /* dp = dy v^T, the lower triangle */
-      for (int i = 0; i < T; i++) {          /* ds = p (dp - sum p dp), scaled */
+      if (dropping) /* through the dropout: the kept ones' gradient, scaled, 0 for the
+                       dropped (pd is 0 exactly there, or where p is 0 and the
+                       softmax's backward multiplies by p anyway) */
+        for (int i = 0; i < T; i++)
+          for (int j = 0; j <= i; j++)
+            ds[(size_t)i * T + j] =
+                pd[(size_t)i * T + j] != 0.0f ? ds[(size_t)i * T + j] * keep : 0.0f;
+      for (int i = 0; i < T; i++) { /* ds = p (dp - sum p dp), scaled */
         const float *pr = ph + (size_t)i * T;
         float *dr = ds + (size_t)i * T, dot = 0.0f;
         for (int j = 0; j <= i; j++) dot += pr[j] * dr[j];

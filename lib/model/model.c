@@ -377,7 +377,14 @@ dp_status dp_model_add_embedding(dp_model *m, int vocab, int width) {
 }
 
 dp_status dp_model_add_attention(dp_model *m, int heads) {
+  return dp_model_add_attention_dropout(m, heads, 0.0f);
+}
+
+dp_status dp_model_add_attention_dropout(dp_model *m, int heads, float p) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (!(p >= 0.0f && p < 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "attention dropout must be in [0, 1), got %g",
+                   (double)p);
   int t = cur_t(m), w = cur_width(m);
   if (!t)
     return DP_FAIL(DP_ERR_INVALID, "attention needs a sequence (input tokens T, embed V "
@@ -388,8 +395,12 @@ dp_status dp_model_add_attention(dp_model *m, int heads) {
                    "attention %d: its input must be q, k and v side by side, 3 D wide with "
                    "D divisible by the heads; here it is %d wide per position",
                    heads, c3);
-  dp_layer l = {
-      .kind = DP_LAYER_ATTENTION, .in = w, .out = w / 3, .c = c3 / 3, .heads = heads};
+  dp_layer l = {.kind = DP_LAYER_ATTENTION,
+                .in = w,
+                .out = w / 3,
+                .c = c3 / 3,
+                .heads = heads,
+                .p = p}; /* dropout on the probabilities (PyTorch's dropout_p) */
   size_t st = (size_t)heads * (size_t)t * (size_t)t;
   if (st > DP_MAX_WIDTH)
     return DP_FAIL(DP_ERR_OVERFLOW,
@@ -472,8 +483,18 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
   if (n > 0) *len += (size_t)n;
 }
 
+/* The shortest form of p that parses back to the same float (as spec.c reads it). */
+static const char *shortest(float p, char *num, size_t cap) {
+  for (int prec = 6; prec <= 9; prec++) {
+    snprintf(num, cap, "%.*g", prec, (double)p);
+    if ((float)strtod(num, NULL) == p) break;
+  }
+  return num;
+}
+
 size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
   size_t len = 0;
+  char num[32];
   if (!buf) cap = 0; /* a length query, whatever cap says */
   if (cap) buf[0] = '\0';
   if (!m) return 0;
@@ -496,9 +517,11 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
                     : " nobias");
     else if (l->kind == DP_LAYER_EMBEDDING)
       put(buf, cap, &len, "embed %d %d\n", l->vocab, l->c);
-    else if (l->kind == DP_LAYER_ATTENTION)
-      put(buf, cap, &len, "attention %d\n", l->heads);
-    else if (l->kind == DP_LAYER_CONV2D) {
+    else if (l->kind == DP_LAYER_ATTENTION) {
+      put(buf, cap, &len, "attention %d", l->heads);
+      if (l->p > 0.0f) put(buf, cap, &len, " dropout %s", shortest(l->p, num, sizeof num));
+      put(buf, cap, &len, "\n");
+    } else if (l->kind == DP_LAYER_CONV2D) {
       put(buf, cap, &len, "conv2d %d %d", l->c, l->k);
       if (l->stride != 1) put(buf, cap, &len, " stride %d", l->stride);
       if (l->pad) put(buf, cap, &len, " padding %d", l->pad);
@@ -508,13 +531,7 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
       if (l->stride != l->k) put(buf, cap, &len, " stride %d", l->stride);
       put(buf, cap, &len, "\n");
     } else if (l->kind == DP_LAYER_DROPOUT) {
-      /* the shortest form that parses back to the same float */
-      char num[32];
-      for (int prec = 6; prec <= 9; prec++) {
-        snprintf(num, sizeof num, "%.*g", prec, (double)l->p);
-        if ((float)strtod(num, NULL) == l->p) break; /* as spec.c reads it */
-      }
-      put(buf, cap, &len, "dropout %s\n", num);
+      put(buf, cap, &len, "dropout %s\n", shortest(l->p, num, sizeof num));
     } else
       put(buf, cap, &len, "%s\n", dp_layer_kind_name(l->kind));
   }

@@ -209,10 +209,20 @@ static dp_status parse_sequence(dp_model **m, const token *t, int nt, where w) {
     dp_status s = parse_width(&t[1 + i], w, what, &v[i]);
     if (s) return s;
   }
-  dp_status s = no_more(t, nt, 1 + need, w, what);
+  float p = 0.0f; /* attention H dropout P */
+  int used = 1 + need;
+  if (!embed && nt > used && tok_is(&t[used], "dropout")) {
+    if (nt < used + 2)
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[used].col + t[used].len + 1,
+                       "attention: expected a probability after 'dropout'");
+    dp_status s = parse_prob(&t[used + 1], w, &p);
+    if (s) return s;
+    used += 2;
+  }
+  dp_status s = no_more(t, nt, used, w, what);
   if (s) return s;
   return at(embed ? dp_model_add_embedding(*m, v[0], v[1])
-                  : dp_model_add_attention(*m, v[0]),
+                  : dp_model_add_attention_dropout(*m, v[0], p),
             w, kw->col);
 }
 
