@@ -18,7 +18,8 @@ import time
 
 CHECK_TOTAL = re.compile(r'^\d+%: Checks: (\d+), Failures: (\d+), Errors: (\d+)\s*$')
 CHECK_FAIL = re.compile(r'^[^\s:]+:\d+:[FE]:')
-SKIP = re.compile(r'^SKIP (\S+?):? (?:(\S+): )?(.*)$')
+# "SKIP suite: test name: reason", or "SKIP what: reason", or "SKIP what"
+SKIP = re.compile(r'^SKIP ([^:]+)(?:: ([^:]+))?(?:: (.*))?$')
 TAIL = 25
 
 
@@ -56,7 +57,7 @@ def run_step(i, cmd, logdir):
             why.append(ln)
         m = SKIP.match(ln)
         if m:
-            skips.append(m.group(3).strip())
+            skips.append((m.group(3) or m.group(2) or m.group(1)).strip())
     failed = rc != 0 or bool(fails)
     step = {'name': name, 'cmd': cmd, 'rc': rc, 'checks': checks, 'fails': fails,
             'skips': skips, 'secs': secs, 'log': log, 'failed': failed}
