@@ -1506,6 +1506,25 @@ START_TEST(steps_are_bit_identical_run_to_run) {
 }
 END_TEST
 
+/* The first run's parameters and loss into *ref (malloc'd) and *ref_loss; every
+ * later run's must have their bits, else the first float that differs is named. */
+static void expect_first_bits(float **ref, float *ref_loss, const float *w, size_t P,
+                              float loss, const char *what) {
+  if (!*ref) {
+    *ref = malloc(P * 4);
+    ck_assert_ptr_nonnull(*ref);
+    memcpy(*ref, w, P * 4);
+    *ref_loss = loss;
+    return;
+  }
+  size_t k = 0;
+  while (k < P && memcmp(&(*ref)[k], &w[k], 4) == 0) k++;
+  ck_assert_msg(k == P, "%s: float %zu is %.9g, first run %.9g", what, k,
+                k < P ? (double)w[k] : 0.0, k < P ? (double)(*ref)[k] : 0.0);
+  ck_assert_msg(memcmp(&loss, ref_loss, 4) == 0, "%s: loss %.9g vs %.9g", what,
+                (double)loss, (double)*ref_loss);
+}
+
 /* The headline property on the GPU: with a fixed micro-batch, 1, 2 and 4
  * replicas (all on GPU 0) and both modes give the same parameters, bit for
  * bit. */
@@ -1529,21 +1548,11 @@ static void same_bits_across_layouts_of(int ngpu, const char *spec, int rows, in
       download(&t);
       P = dp_model_n_params(t.m);
       const float *w = (const float *)rptr(t.gh[0], t.pg, 0, DP_REGION_PARAMS);
-      if (!ref) {
-        ref = malloc(P * 4);
-        memcpy(ref, w, P * 4);
-        ref_loss = loss;
-      } else {
-        size_t k = 0;
-        while (k < P && memcmp(&ref[k], &w[k], 4) == 0) k++;
-        ck_assert_msg(k == P,
-                      "micro-batches of %d, %s, %d replicas: parameter %zu is %.9g, with 1 "
-                      "replica %.9g",
-                      mb, mode ? "allreduce" : "classic", counts[i], k, (double)w[k],
-                      (double)ref[k]);
-        ck_assert_msg(memcmp(&loss, &ref_loss, 4) == 0, "loss %.9g vs %.9g", (double)loss,
-                      (double)ref_loss);
-      }
+      char what[96];
+      snprintf(what, sizeof what,
+               "micro-batches of %d, %s, %d replicas (against 1 replica)", mb,
+               mode ? "allreduce" : "classic", counts[i]);
+      expect_first_bits(&ref, &ref_loss, w, P, loss, what);
       batch_free(&b);
       pair_free(&t);
     }
@@ -2228,21 +2237,10 @@ static void recompute_same_bits(int ngpu, const char *spec, dp_bn_mode bn) {
         download(&t);
         size_t P = dp__param_floats(t.m);
         const float *w = (const float *)rptr(t.gh[0], t.pg, 0, DP_REGION_PARAMS);
-        if (!ref) {
-          ref = malloc(P * 4);
-          memcpy(ref, w, P * 4);
-          ref_loss = loss;
-        } else {
-          size_t k = 0;
-          while (k < P && memcmp(&ref[k], &w[k], 4) == 0) k++;
-          ck_assert_msg(k == P,
-                        "recompute %d, %s, %d replicas: float %zu is %.9g, without "
-                        "recompute %.9g",
-                        rc, mode ? "allreduce" : "classic", counts[i], k, (double)w[k],
-                        (double)ref[k]);
-          ck_assert_msg(memcmp(&loss, &ref_loss, 4) == 0, "loss %.9g vs %.9g", (double)loss,
-                        (double)ref_loss);
-        }
+        char what[96];
+        snprintf(what, sizeof what, "recompute %d, %s, %d replicas (against no recompute)",
+                 rc, mode ? "allreduce" : "classic", counts[i]);
+        expect_first_bits(&ref, &ref_loss, w, P, loss, what);
         batch_free(&b);
         pair_free(&t);
       }
