@@ -11,10 +11,10 @@
  * attention backward's scratch, for the
  * largest micro-batch (dp__cuda_model_workspace_bytes), which forward and
  * backward share. */
-static size_t cuda_workspace_bytes(const dp_model *m, int mb_rows, int n_mb,
-                                   bool training) {
+static size_t cuda_workspace_bytes(const dp_model *m, const dp_config *c, int mb_rows,
+                                   int n_mb) {
   (void)n_mb;
-  return dp__cuda_model_workspace_bytes(m, mb_rows, training);
+  return dp__cuda_model_workspace_bytes(m, mb_rows, !c->inference);
 }
 
 /* The cuda backend's options (dp_config.backend_options); the deprecated

@@ -234,6 +234,25 @@ typedef enum { DP_NONFINITE_ERROR = 0, DP_NONFINITE_SKIP } dp_nonfinite_policy;
  * whole batch's statistics (SyncBatchNorm), reduced in the canonical tree. */
 typedef enum { DP_BN_PER_REPLICA = 0, DP_BN_SYNC } dp_bn_mode;
 
+/* The arithmetic of a training step or forward (docs/PRECISION.md).
+ * FP32: every tensor and every operation in fp32 (the default).
+ * BF16: mixed precision as torch.autocast(dtype=torch.bfloat16) on the CPU:
+ * the activations between layers and their gradients are stored as bf16 (half
+ * the activation bytes); linear layers multiply bf16 operands (the weights
+ * rounded from the fp32 masters as they are packed) with fp32 accumulation in
+ * the canonical order of the AVX512-BF16 dot product, whose bits every CPU
+ * tier reproduces; the other layers compute in fp32 from bf16 inputs and round
+ * their outputs to bf16 (round to nearest even); the model's output, the loss
+ * and its gradient are fp32; the weight gradients are rounded to bf16 and
+ * reduced in fp32 along the canonical tree; the master weights and the
+ * optimizer state stay fp32. The same bits for every device count, mode and
+ * process layout under the determinism conditions. cpu backend. */
+typedef enum { DP_PRECISION_FP32 = 0, DP_PRECISION_BF16 } dp_precision;
+/* "fp32", "bf16"; "?" when unknown. dp_precision_parse takes those names and
+ * refuses anything else (DP_ERR_INVALID naming the options). */
+const char *dp_precision_name(dp_precision p);
+dp_status dp_precision_parse(const char *name, dp_precision *out);
+
 typedef struct {
   int batch;     /* largest batch a step may take (rows) */
   int n_devices; /* logical devices (replicas) of the whole job */
@@ -304,6 +323,9 @@ typedef struct {
    * per step. 0: off (default); 0 .. 256. dp plan shows the activation bytes
    * with and without it. */
   int recompute;
+  /* DP_PRECISION_FP32 (default) or DP_PRECISION_BF16 (mixed precision: see
+   * dp_precision). Training and inference. */
+  dp_precision precision;
   /* Batchnorm layers in training: DP_BN_PER_REPLICA (default) normalises each
    * micro-batch with its own statistics (nn.DataParallel with one micro-batch
    * per device); DP_BN_SYNC with the whole batch's (SyncBatchNorm), reduced in
@@ -404,17 +426,20 @@ enum {
   DP_FIT_MICRO_BATCH = 1 << 3, /* powers of two below a device's rows: a different
                                   canonical tree, so other bits than c's micro-batch */
   DP_FIT_RECOMPUTE = 1 << 4,   /* activation recompute every K layers (the same bits) */
-  DP_FIT_ALL = (1 << 5) - 1
+  DP_FIT_PRECISION = 1 << 5,   /* bf16 mixed precision (other bits than fp32) */
+  DP_FIT_ALL = (1 << 6) - 1
 };
 /* The cost model, per device (docs/PLANNER.md: what `dp bench` measures for each):
- * a GEMM of r rows runs at gflops * r / (r + half_rows); every other byte an op
- * streams moves at mem_gbs; each op costs op_us more; the step lasts as long as
- * the slowest device. */
+ * a GEMM of r rows runs at gflops * r / (r + half_rows) (bf16_gflops in bf16);
+ * every other byte an op streams moves at mem_gbs; each op costs op_us more; the
+ * step lasts as long as the slowest device. */
 typedef struct {
   double gflops;    /* GEMM GFLOP/s at large row counts */
   double half_rows; /* the rows at which a GEMM runs at half of that */
   double mem_gbs;   /* GB/s of copies, adds, updates and elementwise layers */
   double op_us;     /* microseconds per op of the schedule */
+  double bf16_gflops; /* bf16 GEMM GFLOP/s at large row counts (precision bf16);
+                         0: as gflops */
 } dp_fit_costs;
 void dp_fit_costs_default(dp_fit_costs *k);
 typedef struct {

@@ -1252,7 +1252,7 @@ static void put_logits(pair *t, const float *z, const int32_t *labels, int cols)
       /* a device's outputs: one slice per micro-batch (dp__slice_stride) */
       unsigned char *o = rptr(a, q, d, DP_REGION_OUTPUTS);
       for (int k = q->split.dev_mb0[d]; k < q->split.dev_mb0[d + 1]; k++)
-        memcpy(o + (size_t)(k - q->split.dev_mb0[d]) * dp__slice_stride(q, cols),
+        memcpy(o + (size_t)(k - q->split.dev_mb0[d]) * dp__slice_stride(q, cols, 4),
                z + (size_t)q->mbs[k].row0 * cols, (size_t)q->mbs[k].rows * cols * 4);
     }
   }
@@ -1364,7 +1364,7 @@ static void check_ce_micro_batches(int ngpu, int m, int cols) {
       moved += r0 > 0;
     }
     const char *gb = (const char *)rptr(b.gh[d], b.pg, d, DP_REGION_OUTPUT_GRADS);
-    size_t stride = dp__slice_stride(b.pg, cols);
+    size_t stride = dp__slice_stride(b.pg, cols, 4);
     for (int i = mb0; i < mb1; i++) /* slice by slice (dp__slice_stride) */
       ck_assert_msg(
           memcmp(gb + (size_t)(i - mb0) * stride, grad + (size_t)b.pg->mbs[i].row0 * cols,

@@ -2466,7 +2466,8 @@ START_TEST(fit_none_fits_names_the_smallest_and_the_shortfall) {
   dp_config c = config_of(64, 4, DP_OPT_ADAMW);
   dp_fit f[4];
   int n = -1;
-  dp_status s = dp_plan_fit(m, &c, 150 * 1024, DP_FIT_ALL, NULL, f, 4, &n);
+  dp_status s =
+      dp_plan_fit(m, &c, 150 * 1024, DP_FIT_ALL & ~DP_FIT_PRECISION, NULL, f, 4, &n);
   ck_assert_int_eq(s, DP_ERR_RANGE);
   ck_assert_int_eq(n, 0);
   size_t need = plan_bytes_of(m, &f[0].config);
@@ -2534,10 +2535,35 @@ START_TEST(fit_turns_to_recompute_when_nothing_else_fits) {
       dp_plan_fit(m, &c, budget, DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT, NULL, f, 4, &n),
       DP_ERR_RANGE);
   dp_status s =
-      dp_plan_fit(m, &c, budget, DP_FIT_ALL & ~DP_FIT_MICRO_BATCH, NULL, f, 4, &n);
+      dp_plan_fit(m, &c, budget, DP_FIT_ALL & ~(DP_FIT_MICRO_BATCH | DP_FIT_PRECISION), NULL,
+                  f, 4, &n);
   ck_assert_msg(s == DP_OK, "%s", dp_last_error());
   ck_assert_int_ge(n, 1);
   ck_assert_int_gt(f[0].config.recompute, 0);
+  ck_assert_uint_le(plan_bytes_of(m, &f[0].config), budget);
+  dp_model_free(m);
+}
+END_TEST
+
+/* A budget between the bf16 plan's bytes and the fp32 plan's: with
+ * DP_FIT_PRECISION the fit is bf16 (and fits), without it none fits. */
+START_TEST(fit_chooses_bf16_when_only_it_fits) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
+  dp_config c = config_of(256, 2, DP_OPT_SGD);
+  dp_config b = c;
+  b.precision = DP_PRECISION_BF16;
+  size_t fp32 = plan_bytes_of(m, &c), bf16 = plan_bytes_of(m, &b);
+  ck_assert_uint_lt(bf16, fp32);
+  size_t budget = (bf16 + fp32) / 2;
+  dp_fit f[4];
+  int n = -1;
+  ck_assert_int_eq(dp_plan_fit(m, &c, budget, 0, NULL, f, 4, &n), DP_ERR_RANGE);
+  dp_status s = dp_plan_fit(m, &c, budget, DP_FIT_PRECISION, NULL, f, 4, &n);
+  ck_assert_msg(s == DP_OK, "%s", dp_last_error());
+  ck_assert_int_eq(n, 1);
+  ck_assert_int_eq(f[0].config.precision, DP_PRECISION_BF16);
+  ck_assert_uint_eq(f[0].bytes, bf16);
   ck_assert_uint_le(plan_bytes_of(m, &f[0].config), budget);
   dp_model_free(m);
 }
@@ -3654,6 +3680,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, fit_none_fits_names_the_smallest_and_the_shortfall);
   tcase_add_test(tc, fit_searches_only_what_it_is_allowed);
   tcase_add_test(tc, fit_refuses_bad_arguments);
+  tcase_add_test(tc, fit_chooses_bf16_when_only_it_fits);
   tcase_add_test(tc, fit_turns_to_recompute_when_nothing_else_fits);
   suite_add_tcase(s, tc);
 

@@ -103,6 +103,7 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_float(w, "clip-grad-norm", c->clip_grad_norm);
   add_int(w, "accumulate", c->accumulate);
   add_int(w, "recompute", c->recompute);
+  add_text(w, "precision", dp_precision_name(c->precision));
   add_text(w, "batchnorm", dp_bn_mode_name(c->batchnorm));
   add_text(w, "backend", dp_backend_name(c->backend));
   add_text(w, "transport", dp_transport_name(c->transport));

@@ -418,6 +418,7 @@ static const struct option common_options[] = {
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
+    {"precision", required_argument, NULL, DPT_OPT_PRECISION},
     {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
     {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
@@ -487,6 +488,12 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return dpt_parse_int(arg, 1, 65536, "--accumulate", &c->accumulate, err, errcap);
   case DPT_OPT_RECOMPUTE: /* 0: off; the planner checks the upper bound */
     return dpt_parse_int(arg, 0, 65536, "--recompute", &c->recompute, err, errcap);
+  case DPT_OPT_PRECISION:
+    if (dp_precision_parse(arg, &c->precision) == DP_OK) return 0;
+    return dpt_fail(err, errcap,
+                    "--precision %s: the options are fp32 and bf16 (bf16: mixed precision, "
+                    "docs/PRECISION.md)",
+                    arg);
   case DPT_OPT_CLIP_GRAD_NORM: /* 0: no clipping (the default) */
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
                            errcap);
@@ -734,6 +741,9 @@ void dpt_print_common_help(FILE *f) {
         "  --recompute K           activation recompute: the forward keeps the outputs\n"
         "                          at the ends of segments of K layers, the backward\n"
         "                          recomputes the rest (bit-identical; 0: off)\n"
+        "  --precision P           fp32 (default) or bf16: mixed precision, bf16\n"
+        "                          activations and GEMM operands, fp32 master weights\n"
+        "                          and accumulation (docs/PRECISION.md)\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
         "  --ranks R               processes of the job (MPI ranks), each driving\n"
         "                          devices/R of the devices; under mpirun the default is\n"
@@ -812,6 +822,8 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->batchnorm != DP_BN_PER_REPLICA)
       fprintf(f, " with %s batchnorm", dp_bn_mode_name(c->batchnorm));
   }
+  if (c->precision != DP_PRECISION_FP32)
+    fprintf(f, ", %s mixed precision", dp_precision_name(c->precision));
   fprintf(f, ", %s backend", dp_backend_name(c->backend));
   print_backend_options(f, c);
   fprintf(f, ", seed %llu", (unsigned long long)c->seed);

@@ -77,38 +77,38 @@ static const char *const region_phrase[DP_REGION_COUNT] = {
 };
 
 static void plan_help(FILE *f) {
-  fputs(
-      "usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
-      "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
-      "\n"
-      "Plans one data-parallel step without running it: loads the model spec, cuts\n"
-      "the batch across the devices along dim 0 and lays out every device's arena.\n"
-      "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
-      "\n"
-      "Plan options:\n"
-      "  --model FILE            model spec (.dpm), one layer per line (required)\n"
-      "  --json                  print the plan as JSON instead of the table\n"
-      "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
-      "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
-      "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
-      "                          GiB/TiB = powers of 1024): finds the largest batch\n"
-      "                          whose plan fits on every device (and in the host\n"
-      "                          staging arena), then prints the plan at that batch.\n"
-      "                          --batch, if given, caps the search (default cap\n"
-      "                          1048576). Exit status 1 when not even batch 1 fits.\n"
-      "  --schedule              also print the static schedule: every op of one step\n"
-      "  --fit                   with --budget and --batch: the configuration that fits\n"
-      "                          the budget and has the shortest estimated step, its\n"
-      "                          plan, and the runner-ups (see below)\n"
-      "  --fit-allow LIST        what --fit may change, comma-separated: mode, shard,\n"
-      "                          split, recompute, micro-batch, or all (default\n"
-      "                          mode,shard,split,recompute: the ones that keep the\n"
-      "                          bits; micro-batch changes them)\n"
-      "  --fit-costs K=V,...     the cost model's numbers (gflops, half_rows, mem_gbs,\n"
-      "                          op_us; docs/PLANNER.md says how dp bench measures them)\n"
-      "  -h, --help              this text\n"
-      "\n",
-      f);
+  fputs("usage: dp plan --model FILE --batch B [--devices N|LIST] [options]\n"
+        "       dp plan --model FILE --budget SIZE [--batch MAX] [options]\n"
+        "\n"
+        "Plans one data-parallel step without running it: loads the model spec, cuts\n"
+        "the batch across the devices along dim 0 and lays out every device's arena.\n"
+        "The numbers are exactly the ones the runtime uses (dp train, dp_ctx_create).\n"
+        "\n"
+        "Plan options:\n"
+        "  --model FILE            model spec (.dpm), one layer per line (required)\n"
+        "  --json                  print the plan as JSON instead of the table\n"
+        "  --svg FILE              also write a stacked-bar chart of each device's arena\n"
+        "  --budget SIZE           memory budget per device, e.g. 80GiB, 512MiB, 1.5GB,\n"
+        "                          64KiB, 1000 (kB/MB/GB/TB = powers of 1000, KiB/MiB/\n"
+        "                          GiB/TiB = powers of 1024): finds the largest batch\n"
+        "                          whose plan fits on every device (and in the host\n"
+        "                          staging arena), then prints the plan at that batch.\n"
+        "                          --batch, if given, caps the search (default cap\n"
+        "                          1048576). Exit status 1 when not even batch 1 fits.\n"
+        "  --schedule              also print the static schedule: every op of one step\n"
+        "  --fit                   with --budget and --batch: the configuration that fits\n"
+        "                          the budget and has the shortest estimated step, its\n"
+        "                          plan, and the runner-ups (see below)\n"
+        "  --fit-allow LIST        what --fit may change, comma-separated: mode, shard,\n"
+        "                          split, recompute, micro-batch, bf16, or all (default\n"
+        "                          mode,shard,split,recompute: the ones that keep the\n"
+        "                          bits; micro-batch and bf16 change them)\n"
+        "  --fit-costs K=V,...     the cost model's numbers (gflops, half_rows, mem_gbs,\n"
+        "                          op_us, bf16_gflops; docs/PLANNER.md says how dp bench\n"
+        "                          measures them)\n"
+        "  -h, --help              this text\n"
+        "\n",
+        f);
   dpt_print_common_help(f);
   fputs("\n"
         "The table has one column per device that gets rows (with --split chunk, fewer\n"
@@ -144,7 +144,7 @@ static void plan_help(FILE *f) {
         "\n"
         "--fit plans every configuration --fit-allow opens (classic or allreduce, a\n"
         "sharded optimizer, the three splits, recompute every K layers, power-of-two\n"
-        "micro-batches) for the batch\n"
+        "micro-batches, bf16 mixed precision) for the batch\n"
         "given, keeps those whose largest arena is within the budget, and ranks them by\n"
         "a cost model's step time: GEMM flops at a rate that falls with fewer rows,\n"
         "bytes streamed, a cost per op, on the slowest device. It prints the chosen\n"
@@ -167,9 +167,13 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
   static const struct {
     const char *name;
     unsigned bit;
-  } words[] = {{"mode", DP_FIT_MODE},           {"shard", DP_FIT_SHARD},
-               {"split", DP_FIT_SPLIT},         {"micro-batch", DP_FIT_MICRO_BATCH},
-               {"recompute", DP_FIT_RECOMPUTE}, {"all", DP_FIT_ALL}};
+  } words[] = {{"mode", DP_FIT_MODE},
+               {"shard", DP_FIT_SHARD},
+               {"split", DP_FIT_SPLIT},
+               {"micro-batch", DP_FIT_MICRO_BATCH},
+               {"recompute", DP_FIT_RECOMPUTE},
+               {"bf16", DP_FIT_PRECISION},
+               {"all", DP_FIT_ALL}};
   *allow = 0;
   for (const char *p = arg; *p;) {
     size_t n = strcspn(p, ",");
@@ -180,7 +184,7 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
     if (i == sizeof words / sizeof words[0]) {
       snprintf(err, errcap,
                "--fit-allow: '%.*s' is not one of mode, shard, split, micro-batch, "
-               "recompute, all",
+               "recompute, bf16, all",
                (int)n, p);
       return -1;
     }
@@ -190,7 +194,7 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
   if (!*allow) {
     snprintf(err, errcap,
              "--fit-allow: name at least one of mode, shard, split, "
-             "micro-batch, recompute, all");
+             "micro-batch, recompute, bf16, all");
     return -1;
   }
   return 0;
@@ -207,16 +211,17 @@ static int parse_fit_costs(const char *arg, dp_fit_costs *k, char *err, size_t e
     double *field = NULL;
     if (eq) {
       *eq = '\0';
-      field = !strcmp(item, "gflops")      ? &k->gflops
-              : !strcmp(item, "half_rows") ? &k->half_rows
-              : !strcmp(item, "mem_gbs")   ? &k->mem_gbs
-              : !strcmp(item, "op_us")     ? &k->op_us
-                                           : NULL;
+      field = !strcmp(item, "gflops")        ? &k->gflops
+              : !strcmp(item, "half_rows")   ? &k->half_rows
+              : !strcmp(item, "mem_gbs")     ? &k->mem_gbs
+              : !strcmp(item, "op_us")       ? &k->op_us
+              : !strcmp(item, "bf16_gflops") ? &k->bf16_gflops
+                                             : NULL;
     }
     if (!field || end == eq + 1 || *end || !(v >= 0) || v > 1e12) {
       snprintf(err, errcap,
                "--fit-costs: '%.*s' is not NAME=NUMBER with NAME one of gflops, half_rows, "
-               "mem_gbs, op_us and the number >= 0",
+               "mem_gbs, op_us, bf16_gflops and the number >= 0",
                (int)n, p);
       return -1;
     }
@@ -563,6 +568,26 @@ static void print_recompute(FILE *f, const dp_plan *p) {
   dp_plan_free(q);
 }
 
+/* config.precision bf16: device 0's activations against fp32's (the same
+ * config planned again in fp32). */
+static void print_precision(FILE *f, const dp_plan *p) {
+  const dp_config *c = dp_plan_config(p);
+  if (c->precision == DP_PRECISION_FP32) return;
+  dp_config off = *c;
+  off.precision = DP_PRECISION_FP32;
+  dp_plan *q = NULL;
+  if (dp_plan_create(dp_plan_model(p), &off, &q) != DP_OK) return;
+  char a[48], b[48];
+  size_t with = dp_plan_region(p, 0, DP_REGION_ACTIVATIONS).size,
+         without = dp_plan_region(q, 0, DP_REGION_ACTIVATIONS).size;
+  fprintf(f, "precision %s: device 0's activations take %s B; in fp32 %s B",
+          dp_precision_name(c->precision), dpt_bytes_exact(with, a, sizeof a),
+          dpt_bytes_exact(without, b, sizeof b));
+  if (without > 0) fprintf(f, " (%.2fx)", (double)with / (double)without);
+  fputs("; parameters, gradients and optimizer state stay fp32\n", f);
+  dp_plan_free(q);
+}
+
 /* What liveness saves in device 0's activations, and the host staging. */
 static void print_activations_and_staging(FILE *f, const dp_plan *p) {
   const dp_config *c = dp_plan_config(p);
@@ -576,6 +601,7 @@ static void print_activations_and_staging(FILE *f, const dp_plan *p) {
             dpt_bytes_exact(un, a, sizeof a), dpt_bytes_exact(act, b, sizeof b),
             100.0 * (double)(un - act) / (double)un);
   print_recompute(f, p);
+  print_precision(f, p);
   size_t hb = dp_plan_host_bytes(p);
   if (hb == 0)
     fprintf(f,
@@ -865,10 +891,10 @@ static void fit_row(const char *tag, int rank, const dp_fit *f) {
   char a[48], mb[16] = "chunk", rc[16] = "no";
   if (f->config.micro_batch > 0) snprintf(mb, sizeof mb, "%d", f->config.micro_batch);
   if (f->config.recompute > 0) snprintf(rc, sizeof rc, "%d", f->config.recompute);
-  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %9s  %16s  %12.3f\n", tag, rank,
+  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %9s  %9s  %16s  %12.3f\n", tag, rank,
          dp_mode_name(f->config.mode), f->config.shard_optimizer ? "yes" : "no",
-         dp_split_name(f->config.split), mb, rc, dpt_bytes_exact(f->bytes, a, sizeof a),
-         f->est_ms);
+         dp_split_name(f->config.split), mb, rc, dp_precision_name(f->config.precision),
+         dpt_bytes_exact(f->bytes, a, sizeof a), f->est_ms);
 }
 
 /* One training step (or forward) of zeros at the full batch on a context of plan
@@ -922,18 +948,22 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
     return -1;
   }
   char a[48], b[48];
-  printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s%s\n",
+  printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s%s%s\n",
          dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
          cfg->batch, cfg->n_devices, o->fit_allow & DP_FIT_MODE ? " mode" : "",
          o->fit_allow & DP_FIT_SHARD ? " shard" : "",
          o->fit_allow & DP_FIT_SPLIT ? " split" : "",
          o->fit_allow & DP_FIT_RECOMPUTE ? " recompute" : "",
-         o->fit_allow & DP_FIT_MICRO_BATCH ? " micro-batch" : "");
-  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %9s  %16s  %12s\n", "", "rank", "mode", "shard",
-         "split", "micro-batch", "recompute", "largest arena", "est. ms/step");
+         o->fit_allow & DP_FIT_MICRO_BATCH ? " micro-batch" : "",
+         o->fit_allow & DP_FIT_PRECISION ? " bf16" : "");
+  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %9s  %9s  %16s  %12s\n", "", "rank", "mode",
+         "shard", "split", "micro-batch", "recompute", "precision", "largest arena",
+         "est. ms/step");
   for (int i = 0; i < n; i++) fit_row(i == 0 ? "chosen" : "", i + 1, &f[i]);
-  printf("(estimates: gflops %g, half_rows %g, mem_gbs %g, op_us %g; --fit-costs)\n",
-         o->costs.gflops, o->costs.half_rows, o->costs.mem_gbs, o->costs.op_us);
+  printf("(estimates: gflops %g, half_rows %g, mem_gbs %g, op_us %g, bf16_gflops %g; "
+         "--fit-costs)\n",
+         o->costs.gflops, o->costs.half_rows, o->costs.mem_gbs, o->costs.op_us,
+         o->costs.bf16_gflops);
   *cfg = f[0].config;
   return 0;
 }

@@ -63,6 +63,7 @@ static const struct option repro_options[] = {
     {"eps", required_argument, NULL, DPT_OPT_EPS},
     {"seed", required_argument, NULL, DPT_OPT_SEED},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
+    {"precision", required_argument, NULL, DPT_OPT_PRECISION},
     {"help", no_argument, NULL, 'h'},
     {0, 0, 0, 0},
 };

@@ -76,7 +76,8 @@ typedef struct dp_backend_ops {
    * Alignment of every region and arena; the WORKSPACE bytes a device needs
    * for the model at its largest micro-batch, with n_mb micro-batches; whether the caller's
    * inputs, targets and outputs pass through a pinned host staging arena (laid out by the
-   * planner: dp_plan.host_x / host_t / host_y). */
+   * planner: dp_plan.host_x / host_t / host_y). workspace_bytes: training is
+   * !c->inference; c->precision may change what a layer needs. */
   size_t align;
   /* Where a device holds several micro-batches, each one's rows of a row tensor
    * (inputs, activations, outputs, their gradients) start at a multiple of this,
@@ -84,7 +85,7 @@ typedef struct dp_backend_ops {
    * before it on its device (a GPU GEMM picks its kernel by alignment, and so its
    * bits). 0: packed (the cpu's kernels give the same bits at any alignment). */
   size_t slice_align;
-  size_t (*workspace_bytes)(const dp_model *m, int mb_rows, int n_mb, bool training);
+  size_t (*workspace_bytes)(const dp_model *m, const dp_config *c, int mb_rows, int n_mb);
   bool host_staging;
   /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */
   bool grad_clip;
@@ -104,6 +105,8 @@ typedef struct dp_backend_ops {
   bool sequence_layers;
   /* runs attention with dropout on its probabilities */
   bool attention_dropout;
+  /* runs config.precision bf16 (activations stored as bf16: dp__act_esz) */
+  bool mixed_bf16;
   /* computes a relu that follows a linear layer in the linear's forward
    * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
   bool fuses_linear_relu;

@@ -26,6 +26,7 @@ void dp_fit_costs_default(dp_fit_costs *k) {
   k->half_rows = 8.0;
   k->mem_gbs = 10.0;
   k->op_us = 1.0;
+  k->bf16_gflops = 0.0; /* as gflops: the emulated bf16 GEMM runs the fp32 kernel */
 }
 
 /* A layer's forward GEMM flops and GEMM rows for `rows` rows of the batch; 0
@@ -62,6 +63,12 @@ static double update_factor(const dp_config *c) {
 /* The cost model's step time of plan p, in milliseconds. */
 static double estimate_ms(const dp_plan *p, const dp_fit_costs *k) {
   double t[DP_MAX_DEVICES] = {0};
+  /* bf16 (lib/cpu/mixed.c): the GEMMs at bf16_gflops; an elementwise layer
+   * widens its bf16 input (2 B read, 4 written), runs in fp32 (8) and rounds
+   * its output back (4 read, 2 written): 20 bytes an element instead of 8 */
+  bool bf16 = dp_plan_config(p)->precision == DP_PRECISION_BF16;
+  double gf = bf16 && k->bf16_gflops > 0 ? k->bf16_gflops : k->gflops;
+  double elt = bf16 ? 20.0 : 8.0;
   const dp_model *m = dp_plan_model(p);
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
@@ -73,9 +80,9 @@ static double estimate_ms(const dp_plan *p, const dp_fit_costs *k) {
       double gr = 0, f = gemm_flops(l, op->rows, &gr);
       if (op->kind == DP_OP_BACKWARD) f *= 2.0; /* the input's and the weights' gradients */
       if (f > 0)
-        s += f / (k->gflops * 1e9 * (gr / (gr + k->half_rows)));
+        s += f / (gf * 1e9 * (gr / (gr + k->half_rows)));
       else /* elementwise: the input read, the output written */
-        s += 8.0 * op->rows * (double)l->out / (k->mem_gbs * 1e9);
+        s += elt * op->rows * (double)l->out / (k->mem_gbs * 1e9);
     } else {
       if (op->kind == DP_OP_OPTIMIZER) bytes *= update_factor(dp_plan_config(p));
       s += bytes / (k->mem_gbs * 1e9);
@@ -179,37 +186,43 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
   dp_fit_costs_default(&k);
   if (costs) k = *costs;
   if (!(k.gflops > 0) || !(k.half_rows >= 0) || !(k.mem_gbs > 0) || !(k.op_us >= 0) ||
-      !isfinite(k.gflops + k.half_rows + k.mem_gbs + k.op_us))
+      !(k.bf16_gflops >= 0) ||
+      !isfinite(k.gflops + k.half_rows + k.mem_gbs + k.op_us + k.bf16_gflops))
     return DP_FAIL(DP_ERR_INVALID,
-                   "dp_plan_fit: costs need gflops > 0, half_rows >= 0, mem_gbs > 0 and "
-                   "op_us >= 0, all finite");
+                   "dp_plan_fit: costs need gflops > 0, half_rows >= 0, mem_gbs > 0, "
+                   "op_us >= 0 and bf16_gflops >= 0, all finite");
   search s = {.out = out, .cap = cap};
   int mbs[32], n_mb = micro_batches(c, allow, mbs, 32);
   int rcs[16], n_rc = recomputes(m, c, allow, rcs, 16);
-  for (int mode = 0; mode < 2; mode++)
-    for (int shard = 0; shard < 2; shard++)
-      for (int split = 0; split < 3; split++)
-        for (int i = 0; i < n_mb * n_rc; i++) {
-          dp_config t = *c;
-          if (allow & DP_FIT_MODE)
-            t.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
-          else if (mode)
-            continue;
-          if (allow & DP_FIT_SHARD)
-            t.shard_optimizer = shard && t.mode == DP_MODE_ALLREDUCE;
-          else if (shard)
-            continue;
-          if (shard && !t.shard_optimizer) continue; /* the same as shard 0 */
-          if (allow & DP_FIT_SPLIT)
-            t.split = split == 0   ? DP_SPLIT_CHUNK
-                      : split == 1 ? DP_SPLIT_BALANCED
-                                   : DP_SPLIT_MEMORY;
-          else if (split)
-            continue;
-          t.micro_batch = mbs[i % n_mb];
-          t.recompute = rcs[i / n_mb];
-          try_config(&s, m, &t, budget, &k);
-        }
+  /* the config's precision, and with DP_FIT_PRECISION bf16 too */
+  dp_precision precs[2] = {c->precision, DP_PRECISION_BF16};
+  int n_prec = (allow & DP_FIT_PRECISION) && c->precision != DP_PRECISION_BF16 ? 2 : 1;
+  for (int pr = 0; pr < n_prec; pr++)
+    for (int mode = 0; mode < 2; mode++)
+      for (int shard = 0; shard < 2; shard++)
+        for (int split = 0; split < 3; split++)
+          for (int i = 0; i < n_mb * n_rc; i++) {
+            dp_config t = *c;
+            if (allow & DP_FIT_MODE)
+              t.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+            else if (mode)
+              continue;
+            if (allow & DP_FIT_SHARD)
+              t.shard_optimizer = shard && t.mode == DP_MODE_ALLREDUCE;
+            else if (shard)
+              continue;
+            if (shard && !t.shard_optimizer) continue; /* the same as shard 0 */
+            if (allow & DP_FIT_SPLIT)
+              t.split = split == 0   ? DP_SPLIT_CHUNK
+                        : split == 1 ? DP_SPLIT_BALANCED
+                                     : DP_SPLIT_MEMORY;
+            else if (split)
+              continue;
+            t.micro_batch = mbs[i % n_mb];
+            t.recompute = rcs[i / n_mb];
+            t.precision = precs[pr];
+            try_config(&s, m, &t, budget, &k);
+          }
   *n_out = s.n;
   if (s.fitting > 0) return DP_OK;
   if (!s.planned)
@@ -220,9 +233,10 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
     snprintf(mb, sizeof mb, "%d rows", s.smallest.config.micro_batch);
   return DP_FAIL(DP_ERR_RANGE,
                  "no configuration fits %zu bytes per device: the smallest found needs %zu "
-                 "(mode %s%s, split %s, micro-batch %s, recompute %d), %zu over",
+                 "(mode %s%s, split %s, micro-batch %s, recompute %d, precision %s), %zu "
+                 "over",
                  budget, s.smallest.bytes, dp_mode_name(s.smallest.config.mode),
                  s.smallest.config.shard_optimizer ? ", sharded optimizer" : "",
                  dp_split_name(s.smallest.config.split), mb, s.smallest.config.recompute,
-                 s.smallest.bytes - budget);
+                 dp_precision_name(s.smallest.config.precision), s.smallest.bytes - budget);
 }

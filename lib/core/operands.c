@@ -7,14 +7,18 @@
 #include <stdlib.h>
 
 static dp_span span(int region, size_t off, size_t bytes) {
-  return (dp_span){.region = region, .off = off, .bytes = bytes};
+  return (dp_span){.region = region, .off = off, .bytes = bytes, .esz = 4};
 }
 
-/* Micro-batch slice j's rows (rows, width) of a row tensor at byte `at` of
- * region r; none when the plan keeps no buffer (at == SIZE_MAX). */
-static dp_span slice_at(const dp_plan *p, int r, size_t at, int j, int rows, int width) {
+/* Micro-batch slice j's rows (rows, width) of a row tensor of esz-byte elements
+ * at byte `at` of region r; none when the plan keeps no buffer (at == SIZE_MAX). */
+static dp_span slice_at(const dp_plan *p, int r, size_t at, int j, int rows, int width,
+                        size_t esz) {
   if (at == SIZE_MAX) return DP_SPAN_NONE;
-  return span(r, at + (size_t)j * dp__slice_stride(p, width), (size_t)rows * width * 4);
+  dp_span s =
+      span(r, at + (size_t)j * dp__slice_stride(p, width, esz), (size_t)rows * width * esz);
+  s.esz = (int)esz;
+  return s;
 }
 
 /* The micro-batch's rows of the gradient of layer o's output (o owns its
@@ -22,7 +26,7 @@ static dp_span slice_at(const dp_plan *p, int r, size_t at, int j, int rows, int
  * for a sync batchnorm. */
 static dp_span dact_rows(const dp_plan *p, int d, int o, int j, int rows, int width) {
   return slice_at(p, DP_REGION_ACTIVATIONS, p->act[d].dact[o], dp__bn_sync(p, o) ? j : 0,
-                  rows, width);
+                  rows, width, dp__act_esz(p));
 }
 
 /* Layer o's output (stats: its statistics, width w floats a row) for op's
@@ -39,7 +43,7 @@ static dp_span act_rows(const dp_plan *p, const dp_op *op, int o, bool stats, in
     if (op->phase != DP_PHASE_FORWARD && p->rc[o] == 1)
       at = stats ? a->rc_stats[o] : a->rc_act[o];
   }
-  return slice_at(p, DP_REGION_ACTIVATIONS, at, j, rows, w);
+  return slice_at(p, DP_REGION_ACTIVATIONS, at, j, rows, w, stats ? 4 : dp__act_esz(p));
 }
 
 void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_operands *o) {
@@ -55,12 +59,12 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
                            .rows = rows};
   int own = i ? dp__act_owner(m, i - 1) : -1; /* whose buffer holds the input */
   int j = o->mb;
-  o->in = own < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->in)
+  o->in = own < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->in, 4)
                   : act_rows(p, op, own, false, j, rows, l->in);
   o->din = own < 0 ? DP_SPAN_NONE : dact_rows(p, d, own, j, rows, l->in);
   if (i == L - 1) {
-    o->out = slice_at(p, DP_REGION_OUTPUTS, 0, j, rows, l->out);
-    o->dout = slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out);
+    o->out = slice_at(p, DP_REGION_OUTPUTS, 0, j, rows, l->out, 4);
+    o->dout = slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out, 4);
   } else {
     int oo = dp__act_owner(m, i); /* a view's output is its owner's */
     o->out = oo < 0 ? DP_SPAN_NONE : act_rows(p, op, oo, false, j, rows, l->out);
@@ -74,12 +78,12 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
   o->skip = DP_SPAN_NONE;
   if (l->kind == DP_LAYER_RESIDUAL_END) { /* x, the block's input */
     int so = dp__skip_owner(m, i);
-    o->skip = so < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->out)
+    o->skip = so < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->out, 4)
                      : act_rows(p, op, so, false, j, rows, l->out);
   } else if (l->kind == DP_LAYER_RESIDUAL && own >= 0 && l->link > 0) {
     /* the gradient of the block's output, which reaches x past the block */
     int e = l->link;
-    o->skip = e == L - 1 ? slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out)
+    o->skip = e == L - 1 ? slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out, 4)
                          : dact_rows(p, d, e, j, rows, l->out);
   }
   if (l->kind == DP_LAYER_BATCHNORM) {
@@ -108,7 +112,7 @@ void dp__loss_operands(const dp_plan *p, const dp_op *op, dp_loss_operands *o) {
                             .sums = sums};
     return;
   }
-  size_t at = (size_t)j * dp__slice_stride(p, out);
+  size_t at = (size_t)j * dp__slice_stride(p, out, 4);
   *o = (dp_loss_operands){.out = span(DP_REGION_OUTPUTS, at, bytes),
                           .dout = span(DP_REGION_OUTPUT_GRADS, at, bytes),
                           .targets = span(DP_REGION_TARGETS,

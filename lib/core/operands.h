@@ -18,9 +18,10 @@ extern "C" {
 typedef struct {
   int region;
   size_t off, bytes;
+  int esz; /* bytes per element: 4 (fp32), or 2 (bf16: dp__act_esz) */
 } dp_span;
 
-#define DP_SPAN_NONE ((dp_span){.region = -1})
+#define DP_SPAN_NONE ((dp_span){.region = -1, .esz = 4})
 
 /* A layer op's operands: layer `layer` of micro-batch op->micro_batch on
  * op->device (the op's own layer, or a fused neighbour's). */

@@ -128,6 +128,29 @@ static dp_status check_hyper(const dp_config *c) {
   return DP_OK;
 }
 
+/* config.precision: a name the library knows, a backend that runs it, and
+ * layers it runs in bf16 (batchnorm's statistics ops read its activations
+ * as fp32: not yet). */
+static dp_status check_precision(const dp_model *m, const dp_config *c,
+                                 const dp_backend_ops *be) {
+  if (c->precision == DP_PRECISION_FP32) return DP_OK;
+  if (c->precision != DP_PRECISION_BF16)
+    return DP_FAIL(DP_ERR_INVALID, "unknown precision %d: the options are fp32 and bf16",
+                   (int)c->precision);
+  if (!be->mixed_bf16)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend does not run precision bf16 yet; use the cpu backend, "
+                   "or precision fp32",
+                   be->name);
+  for (int i = 0; i < m->n_layers; i++)
+    if (m->layers[i].kind == DP_LAYER_BATCHNORM)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "precision bf16 does not run batchnorm layers yet (layer %d); use "
+                     "precision fp32",
+                     i);
+  return DP_OK;
+}
+
 static dp_status check_config(const dp_model *m, const dp_config *c,
                               int opt[DP_MAX_BACKEND_OPTIONS]) {
   if (c->batch < 1)
@@ -185,6 +208,8 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_INVALID,
                    "recompute must be 0 (off) or a segment length of 1..%d layers, got %d",
                    DP_MAX_LAYERS, c->recompute);
+  dp_status ps = check_precision(m, c, be);
+  if (ps) return ps;
   bool bn = false;
   for (int i = 0; i < m->n_layers; i++) bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;
   if (c->batchnorm != DP_BN_PER_REPLICA && c->batchnorm != DP_BN_SYNC)
@@ -280,26 +305,26 @@ static int tree_levels(int n) {
 /* Micro-batch slices (issue 28, finding 3): slice j of a row tensor at j times
  * the largest micro-batch's bytes, rounded up to the backend's slice_align, so a
  * micro-batch's rows sit at the same alignment whatever its place on its device. */
-size_t dp__slice_stride(const dp_plan *p, int w) {
+size_t dp__slice_stride(const dp_plan *p, int w, size_t esz) {
   size_t b, a;
-  if (!mul3((size_t)p->split.mb_rows, (size_t)w, 4, &b)) return SIZE_MAX;
+  if (!mul3((size_t)p->split.mb_rows, (size_t)w, esz, &b)) return SIZE_MAX;
   if (!p->slice_align) return b;
   return dp__align_up(b, p->slice_align, &a) ? a : SIZE_MAX;
 }
 
-size_t dp__rows_bytes(const dp_plan *p, int d, int w) {
+size_t dp__rows_bytes(const dp_plan *p, int d, int w, size_t esz) {
   int mb0 = p->split.dev_mb0[d], mb1 = p->split.dev_mb0[d + 1];
-  size_t S = dp__slice_stride(p, w), last, n;
+  size_t S = dp__slice_stride(p, w, esz), last, n;
   if (mb1 == mb0) return 0;
-  if (S == SIZE_MAX || !mul3((size_t)p->mbs[mb1 - 1].rows, (size_t)w, 4, &last) ||
+  if (S == SIZE_MAX || !mul3((size_t)p->mbs[mb1 - 1].rows, (size_t)w, esz, &last) ||
       !dp__mul((size_t)(mb1 - mb0 - 1), S, &n) || !dp__add(n, last, &n))
     return SIZE_MAX;
   return n;
 }
 
 /* dp__rows_bytes into *out; false: overflow. */
-static bool rows_bytes(const dp_plan *p, int d, int w, size_t *out) {
-  *out = dp__rows_bytes(p, d, w);
+static bool rows_bytes(const dp_plan *p, int d, int w, size_t esz, size_t *out) {
+  *out = dp__rows_bytes(p, d, w, esz);
   return *out != SIZE_MAX;
 }
 
@@ -314,25 +339,26 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   const dp_act_layout *a = &p->act[d];
   bool train = !p->cfg.inference, rc = p->rc[i];
   int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d], sw = dp__layer_stats_width(l);
+  size_t e = dp__act_esz(p); /* outputs and their gradients; statistics are fp32 */
   *out = 0;
   if (dp__layer_is_view(m, i)) return true;
   switch (kind) {
   case 0:
-    if (rc) return mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
-    return i == m->n_layers - 1 || rows_bytes(p, d, l->out, out);
-  case 3: return p->rc[i] != 1 || mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
+    if (rc) return mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
+    return i == m->n_layers - 1 || rows_bytes(p, d, l->out, e, out);
+  case 3: return p->rc[i] != 1 || mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
   case 4: return p->rc[i] != 1 || !sw || mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
   case 1:
     if (sw && rc) return mul3((size_t)a->mb_rows, (size_t)sw, 4, out);
-    if (sw) return rows_bytes(p, d, sw, out);
+    if (sw) return rows_bytes(p, d, sw, 4, out);
     if (l->kind != DP_LAYER_BATCHNORM || !train || n_mb == 0) return true;
     return mul3(dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
                                   : (size_t)n_mb * dp__bn_stats(l->c),
                 1, 4, out);
   default: /* per micro-batch, or all rows where the backward waits (sync batchnorm) */
     if (!train || i == m->n_layers - 1) return true;
-    if (dp__bn_sync(p, i)) return rows_bytes(p, d, l->out, out);
-    return mul3((size_t)a->mb_rows, (size_t)l->out, 4, out);
+    if (dp__bn_sync(p, i)) return rows_bytes(p, d, l->out, e, out);
+    return mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
   }
 }
 
@@ -652,8 +678,8 @@ static dp_status plan_device(dp_plan *p, int d) {
   /* the parameters, then the buffers (batchnorm's running statistics): the
    * broadcast carries both, the optimizer and the gradients only the first */
   if (!mul3(dp__param_floats(m), 1, 4, &sz[DP_REGION_PARAMS])) return OVERFLOW();
-  if (!rows_bytes(p, d, in, &sz[DP_REGION_INPUTS]) ||
-      !rows_bytes(p, d, out, &sz[DP_REGION_OUTPUTS]))
+  if (!rows_bytes(p, d, in, 4, &sz[DP_REGION_INPUTS]) ||
+      !rows_bytes(p, d, out, 4, &sz[DP_REGION_OUTPUTS]))
     return OVERFLOW();
   if (train) {
     bool classic = c->mode == DP_MODE_CLASSIC;
@@ -697,7 +723,7 @@ static dp_status plan_device(dp_plan *p, int d) {
       sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
   sz[DP_REGION_WORKSPACE] =
-      dp__backend_ops(c->backend)->workspace_bytes(m, a->mb_rows, mb1 - mb0, train);
+      dp__backend_ops(c->backend)->workspace_bytes(m, c, a->mb_rows, mb1 - mb0);
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
   /* Guards (config.guards): one alignment unit before the first region and

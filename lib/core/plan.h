@@ -198,11 +198,19 @@ void dp__ar_segment(size_t n, int levels, int r, size_t *lo, size_t *hi);
 
 /* Bytes between partial-gradient slots in GRAD_PARTIALS (lib/plan.c). */
 size_t dp__partial_stride(const dp_plan *p);
-/* Row tensors of width w on device d hold one slice per micro-batch, slice j at
- * j * dp__slice_stride(p, w) (dp_backend_ops.slice_align); dp__rows_bytes is
- * the size of such a tensor for all of device d's rows. */
-size_t dp__slice_stride(const dp_plan *p, int w);
-size_t dp__rows_bytes(const dp_plan *p, int d, int w);
+/* Row tensors of width w (elements of esz bytes) on device d hold one slice per
+ * micro-batch, slice j at j * dp__slice_stride(p, w, esz)
+ * (dp_backend_ops.slice_align); dp__rows_bytes is the size of such a tensor for
+ * all of device d's rows. */
+size_t dp__slice_stride(const dp_plan *p, int w, size_t esz);
+size_t dp__rows_bytes(const dp_plan *p, int d, int w, size_t esz);
+/* Bytes per element of the activations between layers and of their gradients
+ * in the ACTIVATIONS region (config.precision: bf16 2, else 4). The model's
+ * inputs, outputs and output gradients, statistics, parameters and gradients
+ * stay fp32. */
+static inline size_t dp__act_esz(const dp_plan *p) {
+  return p->cfg.precision == DP_PRECISION_BF16 ? 2 : 4;
+}
 
 /* Layer i of the plan's model is a relu right after a linear layer and the
  * plan's backend has fuses_linear_relu: the linear's forward applies the relu

@@ -78,7 +78,7 @@ static dp_op copy_op(dp_phase ph, int exec, from_end s, to_end t, size_t bytes, 
  * width-w row tensor lie back to back (dp__slice_stride): each but the last fills
  * its slice. */
 static int slice_run_end(const dp_plan *p, const dp_mb *mbs, int k, int end, int w) {
-  size_t S = dp__slice_stride(p, w);
+  size_t S = dp__slice_stride(p, w, 4);
   int j = k + 1;
   while (j < end && (size_t)mbs[j - 1].rows * w * 4 == S) j++;
   return j;
@@ -106,7 +106,7 @@ static void rows_copies(builder *b, const dp_plan *p, const dp_mb *mbs,
                         const rows_copy *c) {
   int k0 = p->split.dev_mb0[c->d], row0 = p->split.dev_row0[c->d];
   bool to_slices = c->to_slices;
-  size_t S = dp__slice_stride(p, c->w), rb = (size_t)c->w * 4;
+  size_t S = dp__slice_stride(p, c->w, 4), rb = (size_t)c->w * 4;
   for (int k = k0, j; k < c->mb_end; k = j) {
     j = slice_run_end(p, mbs, k, c->mb_end, c->w);
     int rows = run_rows(mbs, k, j);

@@ -10,62 +10,13 @@
 #include "cpu/gemm.h"
 #include "core/operands.h"
 #include "cpu/cpu.h"
+#include "cpu/layer.h"
 #include "util/tanh.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* A layer op's context: its layer, device and micro-batch, and the operands
- * the core resolved for it (lib/core/operands.c: every pointer below). */
-typedef struct {
-  const dp_exec_env *e;
-  const dp_plan *p;
-  const dp_layer *l;
-  int d, i, L;
-  int local; /* first row of the micro-batch within the device's chunk */
-  int mb;    /* the micro-batch's index among the device's */
-  int rows;
-  const dp_op *op;
-  dp_layer_operands o;
-} lctx;
-
-static float *region(const dp_exec_env *e, int d, int r, size_t off) {
-  return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
-}
-
-/* The context of op at layer i (its own, or a fused neighbour's buffers). */
-static lctx lctx_at(const dp_exec_env *e, const dp_op *op, int i) {
-  const dp_plan *p = e->plan;
-  lctx c = {
-      .e = e, .p = p, .l = &p->model.layers[i], .i = i, .L = p->model.n_layers, .op = op};
-  dp__layer_operands(p, op, i, &c.o);
-  c.d = c.o.device;
-  c.local = c.o.local;
-  c.mb = c.o.mb;
-  c.rows = c.o.rows;
-  return c;
-}
-
-static lctx op_lctx(const dp_exec_env *e, const dp_op *op) {
-  return lctx_at(e, op, op->layer);
-}
-
-/* The same micro-batch's context at layer i (a fused neighbour's buffers). */
-static lctx at_layer(const lctx *c, int i) { return lctx_at(c->e, c->op, i); }
-
-static float *ptr(const lctx *c, dp_span s) { return dp__span_ptr(c->e, c->d, s); }
-/* (rows, in); NULL for a linear fused with its relu, which keeps no output */
-static float *layer_in(const lctx *c) { return ptr(c, c->o.in); }
-static float *layer_out(const lctx *c) { return ptr(c, c->o.out); }
-static float *layer_stats(const lctx *c) { return ptr(c, c->o.stats); }
-/* d(loss)/d(output of layer i) for this micro-batch: (rows, out) */
-static float *layer_dout(const lctx *c) { return ptr(c, c->o.dout); }
-/* NULL when nothing needs it (the model's input, or a view of it) */
-static float *layer_din(const lctx *c) { return ptr(c, c->o.din); }
-static size_t ws_bytes(const lctx *c) { return c->o.workspace.bytes; }
-static float *layer_params(const lctx *c) { return ptr(c, c->o.params); }
 
 /* batchnorm: micro-batch mb's saved statistics, dp__bn_stats floats: mean,
  * rstd, unbiased variance per channel. */
@@ -452,7 +403,7 @@ static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *re
 }
 DP_SIMD_FN(relu_mask, (const float *restrict y, float *restrict dx, size_t n), (y, dx, n))
 
-static dp_status forward(const lctx *c) {
+dp_status dp__cpu_forward(const lctx *c) {
   const dp_layer *l = c->l;
   if (dp__layer_is_view(&c->p->model, c->i)) return DP_OK; /* flatten: nothing moves */
   const float *x = layer_in(c);
@@ -552,7 +503,7 @@ static dp_status forward(const lctx *c) {
  * accumulated) at grads (a slot of the canonical tree). */
 static int grad_add(float *restrict dst, const float *restrict src, size_t n);
 
-static dp_status backward(const lctx *c, float *grads) {
+dp_status dp__cpu_backward(const lctx *c, float *grads) {
   const dp_layer *l = c->l;
   if (l->kind == DP_LAYER_RESIDUAL) { /* dx (its input's gradient, in place) += dskip */
     float *dx = layer_din(c);
@@ -1088,8 +1039,12 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_FORWARD:
   case DP_OP_BACKWARD: {
     lctx c = op_lctx(e, op);
-    if (op->kind == DP_OP_FORWARD) return forward(&c);
-    return backward(&c, region(e, op->device, op->dst_region, op->dst_offset));
+    float *grads = region(e, op->device, op->dst_region, op->dst_offset);
+    if (e->plan->cfg.precision == DP_PRECISION_BF16)
+      return op->kind == DP_OP_FORWARD ? dp__mixed_forward(&c)
+                                       : dp__mixed_backward(&c, grads);
+    if (op->kind == DP_OP_FORWARD) return dp__cpu_forward(&c);
+    return dp__cpu_backward(&c, grads);
   }
   case DP_OP_GRAD_ADD:
     grad_add(region(e, op->device, op->dst_region, op->dst_offset),
@@ -1124,7 +1079,11 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
 
 /* The packed GEMMs' buffers (gemm.h); with several micro-batches, then the
  * forward's packed weights (packed_wt). */
-static size_t cpu_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training) {
+static size_t cpu_workspace_bytes(const dp_model *m, const dp_config *c, int mb_rows,
+                                  int n_mb) {
+  bool training = !c->inference;
+  if (c->precision == DP_PRECISION_BF16)
+    return dp__mixed_workspace_bytes(m, mb_rows, n_mb, training);
   size_t w = dp__model_workspace_bytes(m, mb_rows, training);
   return n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w;
 }
@@ -1203,6 +1162,7 @@ const dp_backend_ops dp__cpu_backend = {
     .sequence_layers = true,
     .attention_dropout = true,
     .batchnorm = true,
+    .mixed_bf16 = true,
     .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
     .host_staging = false,
     .grad_clip = true,

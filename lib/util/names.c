@@ -4,6 +4,8 @@
  * kinds in schedule.c, backends in backend.c, statuses in error.c.) */
 #include "util/util.h"
 
+#include <string.h>
+
 static const char *const split_names[] = {
     [DP_SPLIT_CHUNK] = "chunk",
     [DP_SPLIT_BALANCED] = "balanced",
@@ -22,6 +24,10 @@ static const char *const bn_mode_names[] = {
     [DP_BN_PER_REPLICA] = "per_replica",
     [DP_BN_SYNC] = "sync",
 };
+static const char *const precision_names[] = {
+    [DP_PRECISION_FP32] = "fp32",
+    [DP_PRECISION_BF16] = "bf16",
+};
 static const char *const transport_names[] = {
     [DP_TRANSPORT_AUTO] = "auto",
     [DP_TRANSPORT_COPY] = "copy",
@@ -35,3 +41,14 @@ const char *dp_mode_name(dp_mode m) { return NAME_OF(mode_names, m); }
 const char *dp_optimizer_name(dp_optimizer o) { return NAME_OF(optimizer_names, o); }
 const char *dp_transport_name(dp_transport t) { return NAME_OF(transport_names, t); }
 const char *dp_bn_mode_name(dp_bn_mode m) { return NAME_OF(bn_mode_names, m); }
+const char *dp_precision_name(dp_precision p) { return NAME_OF(precision_names, p); }
+
+dp_status dp_precision_parse(const char *name, dp_precision *out) {
+  for (unsigned i = 0; i < sizeof precision_names / sizeof *precision_names; i++)
+    if (name && strcmp(name, precision_names[i]) == 0) {
+      *out = (dp_precision)i;
+      return DP_OK;
+    }
+  return DP_FAIL(DP_ERR_INVALID, "unknown precision '%s': the options are fp32 and bf16",
+                 name ? name : "(null)");
+}

@@ -537,7 +537,7 @@ static void fill(float *x, int32_t *t, int rows, uint64_t seed, bool seq) {
     t[r] = (int32_t)((uint64_t)(r * 7 + (int)seed) % OUT);
 }
 
-static void run_case(const config_case *cc) {
+static void run_case(const config_case *cc, dp_precision precision) {
   static float x[BATCH * IN], y[BATCH * IN * OUT]; /* a GPT's: (BATCH, IN, OUT) */
   static int32_t t[BATCH * IN];
   bool seq = cc->spec == GPT12_SPEC;
@@ -557,6 +557,7 @@ static void run_case(const config_case *cc) {
   cfg.clip_grad_norm = cc->clip;
   cfg.batchnorm = cc->bn;
   cfg.recompute = cc->recompute;
+  cfg.precision = precision;
   /* the clipping cases accumulate too: 2 calls per update (the schedules of
    * both kinds of call alternate) */
   cfg.accumulate = cc->clip > 0 ? 2 : 0;
@@ -821,7 +822,17 @@ int main(int argc, char **argv) {
       {"gpt, 2 devices, micro_batch 2, recompute 3", 2, DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0,
        DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 3},
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+    run_case(&cases[i], DP_PRECISION_FP32);
+  /* bf16 mixed precision: its shadow copies and packed bf16 weights are planned */
+  static const config_case bf16_cases[] = {
+      {"mlp, 3 devices, micro_batch 4, bf16", 3, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0,
+       DP_MODE_ALLREDUCE, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
+      {"gpt, 2 devices, micro_batch 2, recompute 2, bf16", 2, DP_SPLIT_CHUNK, 2,
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 2},
+  };
+  for (size_t i = 0; i < sizeof bf16_cases / sizeof *bf16_cases; i++)
+    run_case(&bf16_cases[i], DP_PRECISION_BF16);
 
   /* the cuda backend, when there is a GPU */
   int gpus = dp_cuda_device_count();
@@ -842,7 +853,7 @@ int main(int argc, char **argv) {
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
-      run_case(&gpu_cases[i]);
+      run_case(&gpu_cases[i], DP_PRECISION_FP32);
   else
     printf("SKIP noalloc cuda: no GPU (%s)\n", dp_last_error());
 

@@ -1,0 +1,397 @@
+/* bf16 mixed precision on the cpu backend (config.precision DP_PRECISION_BF16,
+ * docs/PRECISION.md). The activations between layers and their gradients are
+ * bf16 in the ACTIVATIONS region (dp_span.esz 2); the model's inputs, outputs,
+ * output gradients, statistics, parameters and gradients stay fp32.
+ *
+ * A linear layer multiplies bf16 operands with fp32 accumulation (cpu/bf16.h:
+ * the AVX512-BF16 dot product's arithmetic on every tier): its weights and
+ * bias rounded from the fp32 masters as it reads them, its output rounded to
+ * bf16, its weight and bias gradients rounded to bf16 and kept in fp32, as
+ * torch.autocast's bf16 linear and the cast back to the fp32 parameter give.
+ * Every other layer runs its fp32 op (lib/cpu/backend.c) on fp32 copies of its
+ * bf16 operands in the workspace's shadow area and rounds what it writes back
+ * to bf16 (round to nearest even); conv2d reads its weights rounded to bf16
+ * and rounds its weight gradients, as autocast's bf16 convolution.
+ *
+ * WORKSPACE of a bf16 plan (ws_layout): the GEMMs' packing and the fp32 ops'
+ * own workspace from offset 0; the forward's packed bf16 weights (several
+ * micro-batches); the shadow area, one layer op's fp32 copies. */
+#include "cpu/bf16.h"
+#include "cpu/layer.h"
+
+#include <string.h>
+
+typedef struct {
+  size_t gemm;      /* [0, gemm): packing buffers, conv's and attention's workspace */
+  size_t packed_at; /* the forward's packed weights, packed bytes */
+  size_t shadow_at; /* the shadow area to the end (total) */
+  size_t total;
+} ws_layout;
+
+static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
+static size_t max_z(size_t a, size_t b) { return a > b ? a : b; }
+
+/* The bf16 GEMMs of a linear layer on micro-batches of up to mb_rows rows. */
+static size_t linear_gemm_bytes(const dp_layer *l, int mb_rows, bool training) {
+  int n = mb_rows * dp__positions(l), in = dp__pos_in(l), out = dp__pos_out(l);
+  size_t w = dp__gemm_bf16_workspace_bytes(n, out, in);
+  if (training) {
+    w = max_z(w, dp__gemm_bf16_workspace_bytes(out, in, n));
+    w = max_z(w, dp__gemm_bf16_workspace_bytes(n, in, out));
+  }
+  return w;
+}
+
+/* A layer without parameters runs its shadowed op on chunks of rows of at most
+ * this many bytes of fp32 copies (its rows are independent; a layer with
+ * parameters writes their gradients for all its rows at once, so runs whole). */
+#define SHADOW_CHUNK_BYTES ((size_t)256 << 10)
+
+/* fp32 bytes of one row's copies: input and input gradient, output, output
+ * gradient and skip (forward: input, skip and output). */
+static size_t shadow_row_bytes(const dp_layer *l, bool training) {
+  size_t in = (size_t)l->in * 4, out = (size_t)l->out * 4;
+  return training ? 2 * in + 3 * out : in + 2 * out;
+}
+
+/* The rows of one chunk of layer l's shadowed op (<= rows). */
+static int shadow_chunk_rows(const dp_layer *l, int rows, bool training) {
+  if (l->n_params > 0) return rows;
+  size_t r = SHADOW_CHUNK_BYTES / shadow_row_bytes(l, training);
+  return r < 1 ? 1 : r < (size_t)rows ? (int)r : rows;
+}
+
+/* Whether layer i's ops run no fp32 op of their own: a view, the input, or a
+ * relu after a linear (the cpu backend fuses it into the linear's forward,
+ * and into the backward of a linear after it). */
+static bool no_shadow(const dp_model *m, int i, bool training) {
+  const dp_layer *l = &m->layers[i];
+  if (l->kind == DP_LAYER_INPUT ||
+      (l->kind != DP_LAYER_RESIDUAL && dp__layer_is_view(m, i)))
+    return true;
+  bool after_linear = i > 0 && m->layers[i - 1].kind == DP_LAYER_LINEAR;
+  bool before_linear = i + 1 < m->n_layers && m->layers[i + 1].kind == DP_LAYER_LINEAR;
+  return l->kind == DP_LAYER_RELU && after_linear && (!training || before_linear);
+}
+
+/* The shadow area one op of layer i needs: a linear, its rounded bias and, for
+ * the last layer's fp32 output gradient, a bf16 copy of it; any other layer,
+ * fp32 copies of a chunk of rows (shadow_row_bytes), and conv2d's rounded
+ * weights. */
+static size_t shadow_bytes(const dp_model *m, int i, int mb_rows, bool training) {
+  const dp_layer *l = &m->layers[i];
+  if (no_shadow(m, i, training)) return 0;
+  if (l->kind == DP_LAYER_LINEAR)
+    return up64((size_t)dp__pos_out(l) * 4) +
+           (training ? up64((size_t)mb_rows * l->out * 2) : 0);
+  size_t r = (size_t)shadow_chunk_rows(l, mb_rows, training);
+  size_t in = up64(r * l->in * 4), out = up64(r * l->out * 4);
+  size_t w = l->kind == DP_LAYER_CONV2D ? up64(l->n_params * 4) : 0;
+  return (training ? 2 * in + 3 * out : in + 2 * out) + w;
+}
+
+static ws_layout layout_of(const dp_model *m, int mb_rows, int n_mb, bool training) {
+  size_t gemm = dp__model_workspace_bytes(m, mb_rows, training), packed = 0, sh = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    if (l->kind == DP_LAYER_LINEAR) {
+      gemm = max_z(gemm, linear_gemm_bytes(l, mb_rows, training));
+      packed = max_z(packed, dp__gemm_bf16_packed_b_bytes(dp__pos_in(l), dp__pos_out(l)));
+    }
+    sh = max_z(sh, shadow_bytes(m, i, mb_rows, training));
+  }
+  ws_layout L = {.gemm = gemm, .packed_at = up64(gemm)};
+  L.shadow_at = up64(L.packed_at + (n_mb > 1 ? packed : 0));
+  L.total = L.shadow_at + sh;
+  return L;
+}
+
+size_t dp__mixed_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training) {
+  return layout_of(m, mb_rows, n_mb, training).total;
+}
+
+/* The layout this op's device was planned with; NULL-safe check that the region
+ * holds it (an undersized plan fails the op instead of writing past it). */
+static dp_status op_layout(const lctx *c, ws_layout *L) {
+  const dp_plan *p = c->p;
+  int n_mb = p->split.dev_mb0[c->d + 1] - p->split.dev_mb0[c->d];
+  *L = layout_of(&p->model, p->act[c->d].mb_rows, n_mb, !p->cfg.inference);
+  if (p->regions[c->d][DP_REGION_WORKSPACE].size < L->total)
+    return DP_FAIL(DP_ERR_BACKEND,
+                   "layer %d: the plan's workspace (%zu bytes) is too small for bf16 "
+                   "(%zu needed)",
+                   c->i, p->regions[c->d][DP_REGION_WORKSPACE].size, L->total);
+  return DP_OK;
+}
+
+/* ---- the shadow area: fp32 copies of one op's bf16 operands ---- */
+
+#define SHADOW_MAX 8
+typedef struct {
+  size_t at, end;
+  dp_span from[SHADOW_MAX], to[SHADOW_MAX];
+  int n;
+} shadow;
+
+static shadow shadow_begin(const ws_layout *L) {
+  return (shadow){.at = L->shadow_at, .end = L->total};
+}
+
+/* bytes of the shadow area, as a WORKSPACE span (region -1: no room). */
+static dp_span shadow_take(shadow *sh, size_t bytes) {
+  if (sh->at + up64(bytes) > sh->end) return DP_SPAN_NONE;
+  dp_span s = {.region = DP_REGION_WORKSPACE, .off = sh->at, .bytes = bytes, .esz = 4};
+  sh->at += up64(bytes);
+  return s;
+}
+
+static bool same_span(dp_span a, dp_span b) {
+  return a.region == b.region && a.off == b.off && a.bytes == b.bytes;
+}
+
+/* The fp32 copy of operand s (none for none); fill: with its values (bf16
+ * widened exactly; an fp32 operand copied). One copy per buffer: a span the
+ * op names twice (a view's input and output gradient) maps to one copy. */
+static bool widen(const lctx *c, shadow *sh, dp_span s, bool fill, dp_span *out) {
+  *out = s;
+  if (s.region < 0) return true;
+  for (int k = 0; k < sh->n; k++)
+    if (same_span(sh->from[k], s)) {
+      *out = sh->to[k];
+      return true;
+    }
+  size_t n = s.bytes / (size_t)s.esz;
+  dp_span w = shadow_take(sh, n * 4);
+  if (w.region < 0 || sh->n == SHADOW_MAX) return false;
+  if (fill && s.esz == 2)
+    dp__bf16_to_f32_n((const dp_bf16 *)ptr(c, s), ptr(c, w), n);
+  else if (fill)
+    memcpy(ptr(c, w), ptr(c, s), n * 4);
+  sh->from[sh->n] = s;
+  sh->to[sh->n++] = w;
+  *out = w;
+  return true;
+}
+
+/* What the op wrote to copy w goes back to s, rounded to bf16 (stored as bf16,
+ * or as fp32 values for an fp32 tensor: the model's output). */
+static void narrow(const lctx *c, dp_span w, dp_span s) {
+  if (s.region < 0) return;
+  size_t n = s.bytes / (size_t)s.esz;
+  if (s.esz == 2) {
+    dp__bf16_from_f32_n(ptr(c, w), (dp_bf16 *)ptr(c, s), n);
+    return;
+  }
+  memcpy(ptr(c, s), ptr(c, w), n * 4);
+  dp__bf16_round_f32_n(ptr(c, s), n);
+}
+
+static dp_status no_room(const lctx *c) {
+  return DP_FAIL(DP_ERR_BACKEND, "layer %d: the bf16 shadow area is too small", c->i);
+}
+
+/* Rows [r0, r0 + n) of a span of `rows` rows (none stays none). */
+static dp_span rows_of(dp_span s, int rows, int r0, int n) {
+  if (s.region < 0 || rows <= 0) return s;
+  size_t rb = s.bytes / (size_t)rows;
+  s.off += (size_t)r0 * rb;
+  s.bytes = (size_t)n * rb;
+  return s;
+}
+
+/* The context of rows [r0, r0 + n) of c's micro-batch (dropout keys its rows
+ * by local). */
+static lctx chunk_of(const lctx *c, int r0, int n) {
+  lctx k = *c;
+  dp_layer_operands *o = &k.o;
+  o->in = rows_of(c->o.in, c->rows, r0, n);
+  o->out = rows_of(c->o.out, c->rows, r0, n);
+  o->din = rows_of(c->o.din, c->rows, r0, n);
+  o->dout = rows_of(c->o.dout, c->rows, r0, n);
+  o->stats = rows_of(c->o.stats, c->rows, r0, n);
+  o->skip = rows_of(c->o.skip, c->rows, r0, n);
+  o->rows = k.rows = n;
+  o->local = k.local = c->local + r0;
+  return k;
+}
+
+/* Layer c's fp32 op on fp32 copies of its bf16 operands (forward, or backward
+ * with grads), then its outputs rounded back. */
+static dp_status shadow_one(const lctx *c, const ws_layout *L, float *grads) {
+  shadow sh = shadow_begin(L);
+  lctx s = *c;
+  bool bwd = grads != NULL, ok = true, conv = c->l->kind == DP_LAYER_CONV2D;
+  /* a residual block's begin adds to its input's gradient in place */
+  bool din_read = c->l->kind == DP_LAYER_RESIDUAL;
+  ok &= widen(c, &sh, c->o.in, true, &s.o.in);
+  ok &= widen(c, &sh, c->o.skip, true, &s.o.skip);
+  ok &= widen(c, &sh, c->o.out, bwd, &s.o.out);
+  if (bwd) {
+    ok &= widen(c, &sh, c->o.din, din_read, &s.o.din);
+    ok &= widen(c, &sh, c->o.dout, true, &s.o.dout);
+  }
+  if (conv) { /* autocast's bf16 convolution: the weights rounded */
+    s.o.params = shadow_take(&sh, c->o.params.bytes);
+    ok &= s.o.params.region >= 0;
+    if (ok) {
+      memcpy(ptr(c, s.o.params), ptr(c, c->o.params), c->o.params.bytes);
+      dp__bf16_round_f32_n(ptr(c, s.o.params), c->o.params.bytes / 4);
+    }
+  }
+  if (!ok) return no_room(c);
+  s.o.workspace.bytes = L->gemm;
+  dp_status st = bwd ? dp__cpu_backward(&s, grads) : dp__cpu_forward(&s);
+  if (st) return st;
+  if (!bwd) {
+    narrow(c, s.o.out, c->o.out);
+    return DP_OK;
+  }
+  narrow(c, s.o.din, c->o.din);
+  if (conv) dp__bf16_round_f32_n(grads + c->l->param_off, c->l->n_params);
+  return DP_OK;
+}
+
+/* shadow_one on chunks of rows (a layer with parameters: all at once). */
+static dp_status shadow_run(const lctx *c, float *grads) {
+  ws_layout L;
+  dp_status st = op_layout(c, &L);
+  int n = shadow_chunk_rows(c->l, c->rows, !c->p->cfg.inference);
+  for (int r0 = 0; !st && r0 < c->rows; r0 += n) {
+    lctx k = chunk_of(c, r0, c->rows - r0 < n ? c->rows - r0 : n);
+    st = shadow_one(&k, &L, grads);
+  }
+  return st;
+}
+
+/* ---- linear: bf16 GEMMs ---- */
+
+/* How an operand span is read (bf16, or fp32 rounded as it is read) and how a
+ * result is stored (bf16, or fp32 holding the bf16 value). */
+static dp_bf16_store operand_store(dp_span s) {
+  return s.esz == 2 ? DP_BF16_STORE_BF16 : DP_BF16_STORE_F32;
+}
+static dp_bf16_store result_store(dp_span s) {
+  return s.esz == 2 ? DP_BF16_STORE_BF16 : DP_BF16_STORE_F32_ROUNDED;
+}
+
+static void *gemm_ws(const lctx *c, const ws_layout *L, int M, int N, int K) {
+  size_t need = dp__gemm_bf16_workspace_bytes(M, N, K);
+  if (need == 0 || need > L->gemm) return NULL;
+  return dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE);
+}
+
+/* W^T packed once per step for all of the device's micro-batches (the forward
+ * runs layer by layer: one buffer serves every layer; micro-batch 0 packs it),
+ * rounded to bf16 from the fp32 masters; NULL with one micro-batch, or when
+ * the forward goes micro-batch by micro-batch (a segment, a recompute). */
+static const void *packed_wt(const lctx *c, const ws_layout *L, const float *w) {
+  const dp_plan *p = c->p;
+  int in = dp__pos_in(c->l), out = dp__pos_out(c->l);
+  if (p->split.dev_mb0[c->d + 1] - p->split.dev_mb0[c->d] < 2) return NULL;
+  if (!dp__forward_layer_major(p, c->op)) return NULL;
+  void *dst =
+      (unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) + L->packed_at;
+  if (c->mb == 0) dp__gemm_bf16_pack_b(1, in, out, w, in, DP_BF16_STORE_F32, dst);
+  return dst;
+}
+
+static dp_status linear_forward(const lctx *c) {
+  const dp_layer *l = c->l;
+  int n = c->rows * dp__positions(l), in = dp__pos_in(l), out = dp__pos_out(l);
+  ws_layout L;
+  dp_status st = op_layout(c, &L);
+  if (st) return st;
+  shadow sh = shadow_begin(&L);
+  const float *w = layer_params(c); /* (out, in), then the bias */
+  dp_gemm_epilogue ep = {.act = DP_GEMM_ACT_NONE};
+  if (l->bias) { /* autocast casts the bias too */
+    dp_span b = shadow_take(&sh, (size_t)out * 4);
+    if (b.region < 0) return no_room(c);
+    memcpy(ptr(c, b), w + (size_t)out * in, (size_t)out * 4);
+    dp__bf16_round_f32_n(ptr(c, b), (size_t)out);
+    ep.bias = ptr(c, b);
+  }
+  dp_span ys = c->o.out;
+  if (dp__relu_fused(c->p, c->i + 1)) { /* straight into the relu's output */
+    lctx r = at_layer(c, c->i + 1);
+    ys = r.o.out;
+    ep.act = DP_GEMM_ACT_RELU;
+  }
+  const void *x = ptr(c, c->o.in), *pk = packed_wt(c, &L, w);
+  void *ws = gemm_ws(c, &L, n, out, in);
+  if (pk)
+    dp__gemm_bf16_pb(0, 1, n, out, in, x, in, operand_store(c->o.in), pk, ptr(c, ys), out,
+                     result_store(ys), &ep, ws);
+  else
+    dp__gemm_bf16(0, 1, n, out, in, x, in, operand_store(c->o.in), w, in, DP_BF16_STORE_F32,
+                  ptr(c, ys), out, result_store(ys), &ep, ws);
+  return DP_OK;
+}
+
+/* The relu's backward in place on a bf16 gradient: its output y <= 0 gives 0. */
+static void relu_mask_bf16(const dp_bf16 *y, dp_bf16 *dx, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    if (dp__bf16_to_f32(y[k]) <= 0.0f) dx[k] = 0;
+}
+
+static dp_status linear_backward(const lctx *c, float *grads) {
+  const dp_layer *l = c->l;
+  int n = c->rows * dp__positions(l), in = dp__pos_in(l), out = dp__pos_out(l);
+  ws_layout L;
+  dp_status st = op_layout(c, &L);
+  if (st) return st;
+  shadow sh = shadow_begin(&L);
+  shadow_take(&sh, (size_t)out * 4); /* the forward's bias slot: same layout */
+  /* the last layer's output gradient is fp32 (the loss's): autocast rounds it
+   * to bf16 as it flows into the bf16 output */
+  const dp_bf16 *dy = (const dp_bf16 *)ptr(c, c->o.dout);
+  if (c->o.dout.esz == 4) {
+    dp_span t = shadow_take(&sh, (size_t)n * out * 2);
+    if (t.region < 0) return no_room(c);
+    dp__bf16_from_f32_n(ptr(c, c->o.dout), (dp_bf16 *)ptr(c, t), (size_t)n * out);
+    dy = (const dp_bf16 *)ptr(c, t);
+  }
+  const float *w = layer_params(c);
+  const void *x = ptr(c, c->o.in);
+  float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;
+  /* dw (out, in) = dy^T (out, n) · x (n, in), rounded to bf16 */
+  dp__gemm_bf16(1, 0, out, in, n, dy, out, DP_BF16_STORE_BF16, x, in,
+                operand_store(c->o.in), dw, in, DP_BF16_STORE_F32_ROUNDED, NULL,
+                gemm_ws(c, &L, out, in, n));
+  if (db) {
+    dp__gemm_bf16_colsum(n, out, dy, out, db);
+    dp__bf16_round_f32_n(db, (size_t)out);
+  }
+  /* a linear after a fused relu writes the relu's input gradient, masked */
+  bool masked = c->i > 0 && dp__relu_bwd_fused(c->p, c->i - 1);
+  lctx dc = masked ? at_layer(c, c->i - 1) : *c;
+  dp_span dxs = dc.o.din;
+  if (dxs.region < 0) return DP_OK;
+  /* dx (n, in) = dy (n, out) · w (out, in) */
+  dp__gemm_bf16(0, 0, n, in, out, dy, out, DP_BF16_STORE_BF16, w, in, DP_BF16_STORE_F32,
+                ptr(c, dxs), in, result_store(dxs), NULL, gemm_ws(c, &L, n, in, out));
+  if (!masked) return DP_OK;
+  if (c->o.in.esz != 2 || dxs.esz != 2) /* a relu's output and input gradient are bf16 */
+    return DP_FAIL(DP_ERR_BACKEND, "layer %d: a fused relu's tensors are not bf16", c->i);
+  relu_mask_bf16((const dp_bf16 *)x, (dp_bf16 *)ptr(c, dxs), (size_t)n * in);
+  return DP_OK;
+}
+
+/* ---- the layer ops ---- */
+
+dp_status dp__mixed_forward(const lctx *c) {
+  dp_layer_kind k = c->l->kind;
+  if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
+  if (k == DP_LAYER_LINEAR) return linear_forward(c);
+  if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return DP_OK; /* the linear did */
+  return shadow_run(c, NULL);
+}
+
+dp_status dp__mixed_backward(const lctx *c, float *grads) {
+  dp_layer_kind k = c->l->kind;
+  if (k == DP_LAYER_RESIDUAL) return shadow_run(c, grads);
+  if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
+  if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK; /* the linear after it does it */
+  if (k == DP_LAYER_LINEAR) return linear_backward(c, grads);
+  return shadow_run(c, grads);
+}

@@ -1,0 +1,249 @@
+/* bf16 mixed precision (config.precision, docs/PRECISION.md): what it computes
+ * (a linear layer's forward against the bf16 dot product's definition, written
+ * out here), that it gives one set of bits for every device count, mode and
+ * recompute setting, that it stays close to fp32 without being fp32, that it
+ * halves the activation bytes, and what it refuses. */
+#include "helpers.h"
+
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the arithmetic, written out from its definition (not the library's) ---- */
+
+static uint16_t to_bf16(float x) { /* round to nearest even; a NaN stays a NaN */
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float of_bf16(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float x;
+  memcpy(&x, &u, 4);
+  return x;
+}
+static float rnd(float x) { return of_bf16(to_bf16(x)); }
+static float ftz(float x) { return fabsf(x) < 0x1p-126f ? copysignf(0.0f, x) : x; }
+
+/* VDPBF16PS's dot product of bf16 vectors a and b of length k: pairs in order,
+ * the odd element of a pair first, each an fma with denormals flushed. */
+static float dot_bf16(const float *a, const float *b, int k) {
+  float acc = 0.0f;
+  for (int p = 0; p < k; p += 2) {
+    if (p + 1 < k) acc = ftz(fmaf(ftz(rnd(a[p + 1])), ftz(rnd(b[p + 1])), ftz(acc)));
+    acc = ftz(fmaf(ftz(rnd(a[p])), ftz(rnd(b[p])), ftz(acc)));
+  }
+  return acc;
+}
+
+static dp_config bf16_cfg(int batch, int devices, int micro_batch) {
+  dp_config c = CFG(.batch = batch, .n_devices = devices, .opt = DP_OPT_ADAMW,
+                    .micro_batch = micro_batch, .seed = 5);
+  c.precision = DP_PRECISION_BF16;
+  return c;
+}
+
+/* input 7 / linear 5 / relu / linear 3 in bf16: the hidden layer is the bf16 of
+ * relu(dot + bf16(bias)), the output the same without the relu, stored as fp32;
+ * every bit as the definition gives it. */
+START_TEST(linear_forward_is_the_bf16_dot_product) {
+  enum { B = 6, IN = 7, H = 5, OUT = 3 };
+  dp_config c = bf16_cfg(B, 2, 0);
+  rig r;
+  rig_open(&r, "input 7\nlinear 5\nrelu\nlinear 3\nloss mse\n", &c);
+  ck_assert_uint_eq(r.np, (size_t)H * IN + H + OUT * H + OUT);
+  float *w = params_of(&r);
+  for (size_t k = 0; k < r.np; k++) w[k] = (float)(((k * 37 + 11) % 101) - 50) / 37.0f;
+  ck_assert_int_eq(dp_set_params(r.c, w, r.np), DP_OK);
+  float x[B * IN], y[B * OUT];
+  for (int k = 0; k < B * IN; k++) x[k] = (float)((k * 53 + 7) % 97 - 48) / 13.0f;
+  ck_assert_msg(dp_forward(r.c, B, IN, x, y) == DP_OK, "%s", dp_ctx_error(r.c));
+  const float *w1 = w, *b1 = w + H * IN, *w2 = b1 + H, *b2 = w2 + OUT * H;
+  for (int i = 0; i < B; i++) {
+    float h[H];
+    for (int j = 0; j < H; j++) {
+      float v = dot_bf16(x + i * IN, w1 + j * IN, IN) + rnd(b1[j]);
+      h[j] = rnd(v <= 0.0f ? 0.0f : v);
+    }
+    for (int j = 0; j < OUT; j++) {
+      float want = rnd(dot_bf16(h, w2 + j * H, H) + rnd(b2[j]));
+      ck_assert_msg(memcmp(&want, &y[i * OUT + j], 4) == 0, "row %d output %d: %a, want %a",
+                    i, j, (double)y[i * OUT + j], (double)want);
+    }
+  }
+  free(w);
+  rig_close(&r);
+}
+END_TEST
+
+/* 4 AdamW steps; the parameters' hash. */
+static uint64_t train_hash(const char *spec, dp_config c, int cols, bool tokens) {
+  rig r;
+  rig_open(&r, spec, &c);
+  int B = c.batch, T = tokens ? GPT_T : 1;
+  float *x = malloc(sizeof(float) * (size_t)B * cols);
+  int32_t *t = malloc(sizeof(int32_t) * (size_t)B * T);
+  for (int s = 0; s < 4; s++) {
+    for (int k = 0; k < B * cols; k++)
+      x[k] = tokens ? (float)((k * 7 + s * 3) % GPT_V)
+                    : (float)((k * 29 + s * 11) % 61 - 30) / 17.0f;
+    for (int k = 0; k < B * T; k++) t[k] = (k * 5 + s) % (tokens ? GPT_V : 5);
+    ck_assert_msg(dp_train_step(r.c, B, cols, x, t, NULL) == DP_OK, "%s",
+                  dp_ctx_error(r.c));
+  }
+  uint64_t h = dp_params_hash(r.c);
+  free(x);
+  free(t);
+  rig_close(&r);
+  return h;
+}
+
+static const char CNN_SPEC[] = "input 2 6 6\nconv2d 4 3 padding 1\nrelu\nmaxpool2d 2\n"
+                               "conv2d 3 3\navgpool2d 1\nflatten\nlinear 5\n"
+                               "loss softmax_cross_entropy\n";
+
+typedef struct {
+  const char *name, *spec;
+  int cols;
+  bool tokens;
+} model_case;
+static const model_case MODELS[] = {
+    {"mlp", MLP_EVERY_KIND_SPEC, 12, false},
+    {"cnn", CNN_SPEC, 72, false},
+    {"gpt", GPT_SPEC, GPT_T, true},
+};
+
+/* One hash for 1, 2 and 4 devices in classic, allreduce and sharded allreduce,
+ * with micro-batches of 2 rows; the bf16 bits are not the fp32 ones. */
+START_TEST(same_bits_on_every_device_count_and_mode) {
+  const model_case *mc = &MODELS[_i];
+  uint64_t ref = train_hash(mc->spec, bf16_cfg(8, 1, 2), mc->cols, mc->tokens);
+  const int devs[] = {2, 4};
+  for (int k = 0; k < 2; k++)
+    for (int mode = 0; mode < 3; mode++) {
+      dp_config c = bf16_cfg(8, devs[k], 2);
+      c.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+      c.shard_optimizer = mode == 2;
+      uint64_t h = train_hash(mc->spec, c, mc->cols, mc->tokens);
+      ck_assert_msg(h == ref, "%s: %d devices, mode %d: %016llx, 1 device: %016llx",
+                    mc->name, devs[k], mode, (unsigned long long)h,
+                    (unsigned long long)ref);
+    }
+  dp_config f = bf16_cfg(8, 1, 2);
+  f.precision = DP_PRECISION_FP32;
+  ck_assert_msg(train_hash(mc->spec, f, mc->cols, mc->tokens) != ref,
+                "%s: bf16 gave the fp32 bits", mc->name);
+}
+END_TEST
+
+/* Activation recompute in bf16 recomputes the same bf16 values. */
+START_TEST(recompute_gives_the_same_bits) {
+  const model_case *mc = &MODELS[_i];
+  uint64_t ref = train_hash(mc->spec, bf16_cfg(8, 2, 2), mc->cols, mc->tokens);
+  for (int k = 1; k <= 3; k++) {
+    dp_config c = bf16_cfg(8, 2, 2);
+    c.recompute = k;
+    c.guards = 1;
+    ck_assert_msg(train_hash(mc->spec, c, mc->cols, mc->tokens) == ref,
+                  "%s: recompute %d changed the bits", mc->name, k);
+  }
+}
+END_TEST
+
+/* The loss of a bf16 step is within bf16's precision of the fp32 step's. */
+START_TEST(loss_close_to_fp32) {
+  enum { B = 16 };
+  float loss[2];
+  for (int p = 0; p < 2; p++) {
+    dp_config c = bf16_cfg(B, 2, 0);
+    c.precision = p ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+    rig r;
+    rig_open(&r, MLP_EVERY_KIND_SPEC, &c);
+    float x[B * 12];
+    int32_t t[B];
+    for (int k = 0; k < B * 12; k++) x[k] = (float)((k * 29) % 61 - 30) / 17.0f;
+    for (int k = 0; k < B; k++) t[k] = k % 5;
+    ck_assert_int_eq(dp_train_step(r.c, B, 12, x, t, &loss[p]), DP_OK);
+    rig_close(&r);
+  }
+  ck_assert_msg(fabsf(loss[1] - loss[0]) <= 2e-2f * fabsf(loss[0]), "bf16 %g, fp32 %g",
+                (double)loss[1], (double)loss[0]);
+  ck_assert_msg(loss[1] != loss[0], "bf16 gave the fp32 loss");
+}
+END_TEST
+
+/* Five 1024-wide linear layers with relus at batch 1024 (micro-batch 64): the
+ * activations take at most 0.55 of fp32's, and the plan holds exactly what the
+ * bf16 tensors need (the region is the sum of what liveness placed). */
+START_TEST(activation_bytes_at_most_055_of_fp32) {
+  const char *spec = "input 1024\nlinear 1024\nrelu\nlinear 1024\nrelu\nlinear 1024\n"
+                     "relu\nlinear 1024\nrelu\nlinear 10\nloss softmax_cross_entropy\n";
+  size_t act[2];
+  for (int p = 0; p < 2; p++) {
+    dp_config c = bf16_cfg(1024, 1, 64);
+    c.precision = p ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+    dp_model *m = model_of(spec);
+    dp_plan *pl = plan_of(m, &c);
+    act[p] = dp_plan_region(pl, 0, DP_REGION_ACTIVATIONS).size;
+    dp_plan_free(pl);
+    dp_model_free(m);
+  }
+  ck_assert_msg((double)act[1] <= 0.55 * (double)act[0], "bf16 %zu B, fp32 %zu B", act[1],
+                act[0]);
+}
+END_TEST
+
+/* Unknown precisions, a backend or a layer bf16 does not run: refused by name. */
+START_TEST(refusals_name_the_options) {
+  dp_precision p = DP_PRECISION_FP32;
+  ck_assert_int_eq(dp_precision_parse("fp16", &p), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "fp32"));
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "bf16"));
+  ck_assert_int_eq(p, DP_PRECISION_FP32);
+  ck_assert_int_eq(dp_precision_parse("bf16", &p), DP_OK);
+  ck_assert_int_eq(p, DP_PRECISION_BF16);
+  ck_assert_str_eq(dp_precision_name(DP_PRECISION_BF16), "bf16");
+  ck_assert_str_eq(dp_precision_name((dp_precision)9), "?");
+
+  dp_model *m = model_of("input 4\nlinear 3\nloss mse\n");
+  dp_config c = bf16_cfg(4, 1, 0);
+  c.precision = (dp_precision)3;
+  dp_plan *pl = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &pl), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "fp32 and bf16"));
+  dp_model_free(m);
+
+  m = model_of("input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n");
+  c = bf16_cfg(4, 1, 0);
+  ck_assert_int_eq(dp_plan_create(m, &c, &pl), DP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "batchnorm"));
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "layer 1"));
+  dp_model_free(m);
+
+  dp_backend cuda;
+  if (dp_backend_find("cuda", &cuda) == DP_OK) {
+    m = model_of("input 4\nlinear 3\nloss mse\n");
+    c = bf16_cfg(4, 1, 0);
+    c.backend = cuda;
+    ck_assert_int_eq(dp_plan_create(m, &c, &pl), DP_ERR_UNSUPPORTED);
+    ck_assert_ptr_nonnull(strstr(dp_last_error(), "bf16"));
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+Suite *precision_suite(void) {
+  Suite *s = suite_create("precision");
+  TCase *tc = tcase_create("bf16");
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, linear_forward_is_the_bf16_dot_product);
+  tcase_add_loop_test(tc, same_bits_on_every_device_count_and_mode, 0, 3);
+  tcase_add_loop_test(tc, recompute_gives_the_same_bits, 0, 3);
+  tcase_add_test(tc, loss_close_to_fp32);
+  tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
+  tcase_add_test(tc, refusals_name_the_options);
+  suite_add_tcase(s, tc);
+  return s;
+}
