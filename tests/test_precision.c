@@ -55,7 +55,7 @@ START_TEST(linear_forward_is_the_bf16_dot_product) {
   rig_open(&r, "input 7\nlinear 5\nrelu\nlinear 3\nloss mse\n", &c);
   ck_assert_uint_eq(r.np, (size_t)H * IN + H + OUT * H + OUT);
   float *w = params_of(&r);
-  for (size_t k = 0; k < r.np; k++) w[k] = (float)(((k * 37 + 11) % 101) - 50) / 37.0f;
+  for (size_t k = 0; k < r.np; k++) w[k] = (float)((int)((k * 37 + 11) % 101) - 50) / 37.0f;
   ck_assert_int_eq(dp_set_params(r.c, w, r.np), DP_OK);
   float x[B * IN], y[B * OUT];
   for (int k = 0; k < B * IN; k++) x[k] = (float)((k * 53 + 7) % 97 - 48) / 13.0f;
