@@ -122,6 +122,15 @@ static void *conv_ws(const lay &c, size_t *bytes) {
   return (unsigned char *)ptr(c, c.o.workspace) + DP_CUDA_CONV_WS_OFFSET;
 }
 
+/* Attention dropout's keys for this op, the dropout layer's (training with
+ * p > 0; NULL otherwise). */
+static const dp_cuda_attn_drop *attn_drop(const dev_ctx *x, const lay &c, int global_row0,
+                                          dp_cuda_attn_drop *d) {
+  if (!c.e->training || !(c.l->p > 0.0f)) return NULL;
+  *d = dp_cuda_attn_drop{c.p->cfg.seed, (uint64_t)c.i, (uint64_t)global_row0, x->hdr};
+  return d;
+}
+
 static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   const dp_layer *l = c.l;
   if (dp__layer_is_view(&c.p->model, c.i)) return DP_OK; /* flatten: nothing moves */
@@ -201,8 +210,15 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
   case DP_LAYER_EMBEDDING: /* cuda/sequence.cu */
     DP_CUDA_CHECK(dp_k_embed_forward(x->stream, l, n, in, layer_params(c), y));
     return DP_OK;
-  case DP_LAYER_ATTENTION: /* the probabilities saved in the layer's stats */
-    return dp__cuda_attention_forward(x->blas, x->stream, l, n, in, layer_stats(c), y);
+  case DP_LAYER_ATTENTION: { /* the probabilities saved in the layer's stats */
+    dp_cuda_attn_drop keys;
+    const dp_cuda_attn_drop *drop = attn_drop(x, c, global_row0, &keys);
+    size_t wsb = 0;
+    void *ws = drop ? conv_ws(c, &wsb) : NULL; /* the kept probabilities */
+    dp_status s = dp__cuda_attention_forward(x->blas, x->stream, l, n, in, layer_stats(c),
+                                             y, drop, ws, wsb);
+    return s == DP_OK ? s : DP_FAIL(s, "layer %d: %s", c.i, dp_last_error());
+  }
   case DP_LAYER_RESIDUAL_END: /* x + f(x): the block's input (the skip operand), then f's */
     DP_CUDA_CHECK(dp_k_residual_add(x->stream, ptr(c, c.o.skip), in, y, count));
     return DP_OK;
@@ -309,9 +325,11 @@ static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row
   case DP_LAYER_ATTENTION: {
     if (!dx) return DP_OK;
     size_t wsb;
-    void *ws = conv_ws(c, &wsb); /* the (n, T, T) scratch */
-    dp_status s = dp__cuda_attention_backward(x->blas, x->stream, l, n, layer_in(c),
-                                              layer_stats(c), dy, dx, ws, wsb);
+    void *ws = conv_ws(c, &wsb); /* the (n, T, T) scratch (two with dropout) */
+    dp_cuda_attn_drop keys;
+    dp_status s =
+        dp__cuda_attention_backward(x->blas, x->stream, l, n, layer_in(c), layer_stats(c),
+                                    dy, dx, attn_drop(x, c, global_row0, &keys), ws, wsb);
     return s == DP_OK ? s : DP_FAIL(s, "layer %d: %s", c.i, dp_last_error());
   }
   case DP_LAYER_RESIDUAL_END: /* the block's output gets dy; x gets it at the begin */
@@ -662,6 +680,8 @@ static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
   bool fwd = op->kind == DP_OP_FORWARD;
   if (l->kind == DP_LAYER_ATTENTION) { /* x: qkv, w: p, y: y or dy, d: dqkv, g: scratch */
     size_t wsb;
+    /* a training forward with dropout multiplies the scratch's kept probabilities */
+    bool drop = fwd && !p->cfg.inference && l->p > 0.0f;
     *u = gemm_use{};
     u->dir = op->kind;
     u->attention = op->layer + 1;
@@ -669,7 +689,7 @@ static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
     u->aw = mod256(layer_stats(c0));
     u->ay = mod256(fwd ? layer_out(c0) : layer_dout(c0));
     u->ad = fwd || !layer_din(c0) ? 256u : mod256(layer_din(c0));
-    u->ag = fwd ? 256u : mod256(conv_ws(c0, &wsb));
+    u->ag = fwd && !drop ? 256u : mod256(conv_ws(c0, &wsb));
     u->step = 1;
     u->rows = op->rows;
     return fwd || u->ad < 256u; /* backward() skips it without dqkv */
@@ -758,13 +778,21 @@ dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_
      * context's first step would load anyway */
     int r0 = c->flags & DP_CUDA_NCCL ? u.step : u.rows;
     const dp_layer *al = u.attention ? &c->plan->model.layers[u.attention - 1] : NULL;
+    /* attention dropout's keys (a training forward with a scratch: dropout) */
+    dp_cuda_attn_drop keys = {0, 0, 0, x->hdr};
+    const dp_cuda_attn_drop *drop =
+        al && al->p > 0.0f && !c->plan->cfg.inference ? &keys : NULL;
     for (int r = r0; r <= u.rows && s == DP_OK; r += u.step)
-      if (al) /* the scratch: `each` less the offset's room */
-        s = u.dir == DP_OP_FORWARD
-                ? dp__cuda_attention_forward(x->blas, x->stream, al, r, sx, sw, sy)
-                : dp__cuda_attention_backward(x->blas, x->stream, al, r, sx, sw, sy, sd, sg,
-                                              each - 256);
-      else
+      if (al && u.dir == DP_OP_FORWARD) { /* and the same forward without (evaluation) */
+        s = dp__cuda_attention_forward(x->blas, x->stream, al, r, sx, sw, sy, NULL, NULL,
+                                       0);
+        if (s == DP_OK && drop) /* the scratch: `each` less the offset's room */
+          s = dp__cuda_attention_forward(x->blas, x->stream, al, r, sx, sw, sy, drop, sg,
+                                         each - 256);
+      } else if (al) {
+        s = dp__cuda_attention_backward(x->blas, x->stream, al, r, sx, sw, sy, sd, drop, sg,
+                                        each - 256);
+      } else
         s = u.dir == DP_OP_FORWARD
                 ? dp__cuda_linear_forward(x->blas, x->stream, r, u.in, u.out, sx, sw, NULL,
                                           false, sy)
@@ -828,7 +856,8 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
    * and bias correction than the CPU backend. */
   bool masks = (op->kind == DP_OP_BACKWARD || (op->kind == DP_OP_FORWARD && e->training)) &&
                op->layer >= 0 && op->layer < p->model.n_layers &&
-               p->model.layers[op->layer].kind == DP_LAYER_DROPOUT &&
+               (p->model.layers[op->layer].kind == DP_LAYER_DROPOUT ||
+                p->model.layers[op->layer].kind == DP_LAYER_ATTENTION) &&
                p->model.layers[op->layer].p != 0.0f;
   bool uses_step = op->kind == DP_OP_OPTIMIZER || masks;
   if (uses_step && e->step != c->step)

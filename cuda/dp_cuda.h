@@ -109,13 +109,18 @@ static inline size_t dp__cuda_conv_workspace_bytes(const dp_layer *l, int n) {
   size_t a = dp__cuda_conv_col_bytes(l, n), b = dp__cuda_conv_t_bytes(l, n);
   return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }
-/* The attention backward's scratch at the same place (cuda/sequence.cu): the
- * d(scores) of one head of n rows, (n, T, T), 256-rounded; 0 for any other
- * layer. */
-static inline size_t dp__cuda_attention_ws_bytes(const dp_layer *l, int n) {
+/* The attention's scratch at the same place (cuda/sequence.cu), for training:
+ * the backward's d(scores) of one head of n rows, (n, T, T), 256-rounded, and
+ * with dropout (l->p > 0) a second such block after it for the head's kept
+ * probabilities (forward and backward); 0 for any other layer. */
+static inline size_t dp__cuda_attention_scratch_bytes(const dp_layer *l, int n) {
   if (l->kind != DP_LAYER_ATTENTION || n <= 0) return 0;
   size_t tt = dp__cuda_mul_sat((size_t)l->t, (size_t)l->t);
   return dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat((size_t)n, tt), 4));
+}
+static inline size_t dp__cuda_attention_ws_bytes(const dp_layer *l, int n) {
+  return dp__cuda_mul_sat(dp__cuda_attention_scratch_bytes(l, n),
+                          l->kind == DP_LAYER_ATTENTION && l->p > 0.0f ? 2 : 1);
 }
 /* The WORKSPACE a CUDA plan reserves per device: the fixed part above, then
  * the largest conv2d tail at mb_rows rows (training or not: forward and

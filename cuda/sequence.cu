@@ -28,8 +28,17 @@
  * cuBLAS's order is one fma chain ascending from +0 (the simulation's one-pass
  * kernel) these are the CPU's bits. The softmax and its backward: one thread
  * per row, the CPU's expressions unfused (scale, max, expf, the sum ascending,
- * divide; the dot ascending, p (dp - dot) scale), zeros above the diagonal. */
+ * divide; the dot ascending, p (dp - dot) scale), zeros above the diagonal.
+ *
+ * Dropout on the probabilities (training, l->p > 0): a head's kept ones, pd
+ * (n, T, T), go in a second scratch block (k_attention_drop: the mask from
+ * the dropout layer's keys, times 1 / (1 - p), as lib/cpu/sequence.c's
+ * drop_probs), and y = pd v, dv = pd^T dy take pd for p. The backward makes
+ * pd again from the keys (nothing is kept between the passes, as on the CPU)
+ * and puts dp through the dropout (times the scale where pd is not 0) before
+ * the softmax's backward, which still takes the saved p. */
 #include "grid.cuh"
+#include "rng.cuh"
 #include "sequence.cuh"
 
 #include <math.h>
@@ -137,14 +146,19 @@ static __global__ void k_causal_softmax(float *s, size_t rows, int T, float scal
   }
 }
 
-/* Row (b, i) of ds (n, T, T): ds = p (dp - sum_j<=i p dp) scale, 0 above. */
+/* Row (b, i) of ds (n, T, T): ds = p (dp - sum_j<=i p dp) scale, 0 above; with
+ * the kept probabilities pd, dp through the dropout first. */
 static __global__ void k_causal_softmax_bwd(const float *p, size_t p_stride, float *ds,
-                                            size_t rows, int T, float scale) {
+                                            size_t rows, int T, float scale,
+                                            const float *pd, float keep) {
   GRID_STRIDE(row, rows) {
     size_t b = row / (size_t)T;
     int i = (int)(row % (size_t)T);
     const float *pr = p + b * p_stride + (size_t)i * T;
     float *dr = ds + row * (size_t)T, dot = 0.0f;
+    if (pd) /* dropped: 0 (also where p is 0, which the softmax's backward zeroes anyway) */
+      for (int j = 0; j <= i; j++)
+        dr[j] = pd[row * (size_t)T + j] != 0.0f ? fm(dr[j], keep) : 0.0f;
     for (int j = 0; j <= i; j++) dot = fa(dot, fm(pr[j], dr[j]));
     for (int j = 0; j <= i; j++) dr[j] = fm(fm(pr[j], fs(dr[j], dot)), scale);
     for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
@@ -159,11 +173,43 @@ cudaError_t dp_k_causal_softmax(cudaStream_t st, float *s, int rows, int T, floa
 }
 
 cudaError_t dp_k_causal_softmax_backward(cudaStream_t st, const float *p, size_t p_stride,
-                                         float *ds, int n, int T, float scale) {
+                                         float *ds, int n, int T, float scale,
+                                         const float *pd, float keep) {
   size_t rows = (size_t)(n > 0 ? n : 0) * (size_t)(T > 0 ? T : 0);
   if (rows == 0) return cudaSuccess;
   DP_LAUNCH(k_causal_softmax_bwd, blocks_for(rows), THREADS, 0, st)
-  (p, p_stride, ds, rows, T, scale);
+  (p, p_stride, ds, rows, T, scale, pd, keep);
+  return cudaGetLastError();
+}
+
+/* Element (b, i, j) of pd (n, T, T): head h's probability kept times keep, or 0
+ * (dropped, or above the diagonal). e0 = h T T: the element key's head part. */
+static __global__ void k_attention_drop(const float *p, size_t p_stride, float *pd,
+                                        size_t count, int T, uint64_t seed,
+                                        const dp_cuda_header *hdr, uint64_t layer,
+                                        uint64_t row0, uint64_t e0, float prob,
+                                        float keep) {
+  const uint64_t key = (hdr->sc.step << 16) | layer;
+  const size_t tt = (size_t)T * (size_t)T;
+  GRID_STRIDE(k, count) {
+    size_t b = k / tt, e = k % tt;
+    float v = 0.0f;
+    if (e % (size_t)T <= e / (size_t)T) { /* j <= i */
+      float u = dp_d_rng_uniform(seed, DP_RNG_DROPOUT, key, row0 + b, e0 + e);
+      v = u >= prob ? fm(p[b * p_stride + e], keep) : 0.0f;
+    }
+    pd[k] = v;
+  }
+}
+
+cudaError_t dp_k_attention_drop(cudaStream_t st, const dp_layer *l,
+                                const dp_cuda_attn_drop *drop, int h, const float *p,
+                                size_t p_stride, float *pd, int n, float keep) {
+  size_t tt = (size_t)l->t * (size_t)l->t, count = (size_t)(n > 0 ? n : 0) * tt;
+  if (count == 0) return cudaSuccess;
+  DP_LAUNCH(k_attention_drop, blocks_for(count), THREADS, 0, st)
+  (p, p_stride, pd, count, l->t, drop->seed, drop->hdr, drop->layer, drop->row0,
+   (uint64_t)h * tt, l->p, keep);
   return cudaGetLastError();
 }
 
@@ -195,9 +241,24 @@ static dp_status run_bgemm(cublasHandle_t h, const bgemm &g, int batch) {
   return DP_OK;
 }
 
+/* The scratch's second block: a head's kept probabilities (n, T, T). */
+static float *kept_scratch(const dp_layer *l, int n, void *ws) {
+  return (float *)((unsigned char *)ws + dp__cuda_attention_scratch_bytes(l, n));
+}
+
+static dp_status ws_short(const dp_layer *l, int n, size_t ws_bytes, const char *pass) {
+  return DP_FAIL(DP_ERR_BACKEND,
+                 "cuda attention: the workspace holds %zu bytes, the %s needs %zu",
+                 ws_bytes, pass, dp__cuda_attention_ws_bytes(l, n));
+}
+
 dp_status dp__cuda_attention_forward(cublasHandle_t h, cudaStream_t st, const dp_layer *l,
-                                     int n, const float *qkv, float *p, float *y) {
+                                     int n, const float *qkv, float *p, float *y,
+                                     const dp_cuda_attn_drop *drop, void *ws,
+                                     size_t ws_bytes) {
   if (n <= 0) return DP_OK;
+  if (drop && (!ws || ws_bytes < dp__cuda_attention_ws_bytes(l, n)))
+    return ws_short(l, n, ws_bytes, "forward with dropout");
   const int T = l->t, D = l->c, H = l->heads, hd = D / H;
   const long long row = (long long)T * 3 * D, tt = (long long)T * T;
   const float scale = 1.0f / sqrtf((float)hd);
@@ -209,10 +270,18 @@ dp_status dp__cuda_attention_forward(cublasHandle_t h, cudaStream_t st, const dp
     if (s != DP_OK) return s;
   }
   DP_CUDA_CHECK(dp_k_causal_softmax(st, p, n * H * T, T, scale));
-  for (int hh = 0; hh < H; hh++) { /* y (T, hd) = p v */
-    const float *v = qkv + (size_t)hh * hd + 2 * D;
+  float *pd = drop ? kept_scratch(l, n, ws) : NULL;
+  const float keep = drop ? 1.0f / (1.0f - l->p) : 1.0f;
+  for (int hh = 0; hh < H; hh++) { /* y (T, hd) = p v, or (kept p) v */
+    const float *v = qkv + (size_t)hh * hd + 2 * D, *pk = p + hh * tt;
+    long long ks = H * tt;
+    if (drop) {
+      DP_CUDA_CHECK(dp_k_attention_drop(st, l, drop, hh, pk, (size_t)ks, pd, n, keep));
+      pk = pd;
+      ks = tt;
+    }
     dp_status s = run_bgemm(h,
-                            bgemm{N, N, hd, T, T, v, 3 * D, row, p + hh * tt, T, H * tt,
+                            bgemm{N, N, hd, T, T, v, 3 * D, row, pk, T, ks,
                                   y + (size_t)hh * hd, D, (long long)T * D},
                             n);
     if (s != DP_OK) return s;
@@ -222,32 +291,41 @@ dp_status dp__cuda_attention_forward(cublasHandle_t h, cudaStream_t st, const dp
 
 dp_status dp__cuda_attention_backward(cublasHandle_t h, cudaStream_t st, const dp_layer *l,
                                       int n, const float *qkv, const float *p,
-                                      const float *dy, float *dqkv, void *ws,
+                                      const float *dy, float *dqkv,
+                                      const dp_cuda_attn_drop *drop, void *ws,
                                       size_t ws_bytes) {
   if (n <= 0) return DP_OK;
-  if (ws_bytes < dp__cuda_attention_ws_bytes(l, n))
-    return DP_FAIL(DP_ERR_BACKEND,
-                   "cuda attention: the workspace holds %zu bytes, the backward needs %zu",
-                   ws_bytes, dp__cuda_attention_ws_bytes(l, n));
+  if (!ws || ws_bytes < dp__cuda_attention_ws_bytes(l, n))
+    return ws_short(l, n, ws_bytes, "backward");
   const int T = l->t, D = l->c, H = l->heads, hd = D / H;
   const long long row = (long long)T * 3 * D, tt = (long long)T * T,
                   yrow = (long long)T * D;
   const float scale = 1.0f / sqrtf((float)hd);
   const cublasOperation_t N = CUBLAS_OP_N, Tr = CUBLAS_OP_T;
   float *ds = (float *)ws; /* (n, T, T): d(probabilities), then d(scores) */
+  float *pd = drop ? kept_scratch(l, n, ws) : NULL; /* (n, T, T): the kept ones */
+  const float keep = drop ? 1.0f / (1.0f - l->p) : 1.0f;
   for (int hh = 0; hh < H; hh++) {
     size_t at = (size_t)hh * hd;
     const float *q = qkv + at, *k = q + D, *v = k + D, *ph = p + hh * tt, *g = dy + at;
     float *dq = dqkv + at, *dk = dq + D, *dv = dk + D;
+    const float *pk = ph; /* what y = p v read */
+    long long ks = H * tt;
+    if (drop) {
+      DP_CUDA_CHECK(dp_k_attention_drop(st, l, drop, hh, ph, (size_t)ks, pd, n, keep));
+      pk = pd;
+      ks = tt;
+    }
     const bgemm steps[] = {
-        {N, Tr, hd, T, T, g, D, yrow, ph, T, H * tt, dv, 3 * D, row}, /* dv = p^T dy */
-        {Tr, N, T, T, hd, v, 3 * D, row, g, D, yrow, ds, T, tt},      /* dp = dy v^T */
+        {N, Tr, hd, T, T, g, D, yrow, pk, T, ks, dv, 3 * D, row}, /* dv = p^T dy */
+        {Tr, N, T, T, hd, v, 3 * D, row, g, D, yrow, ds, T, tt},  /* dp = dy v^T */
     };
     for (const bgemm &b : steps) {
       dp_status s = run_bgemm(h, b, n);
       if (s != DP_OK) return s;
     }
-    DP_CUDA_CHECK(dp_k_causal_softmax_backward(st, ph, (size_t)(H * tt), ds, n, T, scale));
+    DP_CUDA_CHECK(
+        dp_k_causal_softmax_backward(st, ph, (size_t)(H * tt), ds, n, T, scale, pd, keep));
     const bgemm after[] = {
         {N, N, hd, T, T, k, 3 * D, row, ds, T, tt, dq, 3 * D, row},  /* dq = ds k */
         {N, Tr, hd, T, T, q, 3 * D, row, ds, T, tt, dk, 3 * D, row}, /* dk = ds^T q */
@@ -265,6 +343,7 @@ cudaError_t dp_k_sequence_preload(void) {
       (const void *)k_embed_forward,  (const void *)k_embed_dtok,
       (const void *)k_embed_dpos,     (const void *)k_residual_add,
       (const void *)k_causal_softmax, (const void *)k_causal_softmax_bwd,
+      (const void *)k_attention_drop,
   };
   return dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
 }

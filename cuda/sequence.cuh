@@ -28,25 +28,50 @@ cudaError_t dp_k_embed_backward(cudaStream_t st, const dp_layer *l, int n, const
 cudaError_t dp_k_residual_add(cudaStream_t st, const float *skip, const float *x, float *y,
                               size_t count);
 
-/* qkv (n, T, 3D) -> y (n, T, D), the probabilities p (n, H, T, T) saved. */
+/* Attention dropout's keys (lib/cpu/cpu.h's dp_attn_drop): probability (h, i,
+ * j <= i) of the micro-batch's row r is kept, times 1 / (1 - l->p), when
+ * u(seed, DP_RNG_DROPOUT, (hdr->sc.step << 16) | layer, row0 + r, h T T + i T + j)
+ * >= l->p. The step is read on the device, as k_dropout's (graph replays). */
+struct dp_cuda_attn_drop {
+  uint64_t seed, layer, row0;
+  const dp_cuda_header *hdr;
+};
+
+/* qkv (n, T, 3D) -> y (n, T, D), the probabilities p (n, H, T, T) saved (before
+ * the dropout). drop: NULL, or the dropout's keys; then y = (kept p) v, each
+ * head's kept probabilities in the second scratch block of ws (ws_bytes, at
+ * least dp__cuda_attention_ws_bytes(l, n); DP_ERR_BACKEND otherwise). */
 dp_status dp__cuda_attention_forward(cublasHandle_t h, cudaStream_t st, const dp_layer *l,
-                                     int n, const float *qkv, float *p, float *y);
-/* dqkv (n, T, 3D) written from dy (n, T, D), qkv and p; ws: ws_bytes of
- * scratch, at least dp__cuda_attention_ws_bytes(l, n) (dp_cuda.h: after the
- * cuBLAS workspace, where conv2d's buffers lie; DP_ERR_BACKEND otherwise,
- * nothing enqueued). */
+                                     int n, const float *qkv, float *p, float *y,
+                                     const dp_cuda_attn_drop *drop, void *ws,
+                                     size_t ws_bytes);
+/* dqkv (n, T, 3D) written from dy (n, T, D), qkv and p; drop as the forward's
+ * (the kept probabilities made again from the keys); ws: ws_bytes of scratch,
+ * at least dp__cuda_attention_ws_bytes(l, n) (dp_cuda.h: after the cuBLAS
+ * workspace, where conv2d's buffers lie; DP_ERR_BACKEND otherwise, nothing
+ * enqueued). */
 dp_status dp__cuda_attention_backward(cublasHandle_t h, cudaStream_t st, const dp_layer *l,
                                       int n, const float *qkv, const float *p,
-                                      const float *dy, float *dqkv, void *ws,
+                                      const float *dy, float *dqkv,
+                                      const dp_cuda_attn_drop *drop, void *ws,
                                       size_t ws_bytes);
 
 /* The building blocks: the causal softmax of s (rows of T, in place, rows * T
  * floats; row r is query position r % T), and its backward: ds (n, T, T) in
  * place from d(probabilities) and the saved probabilities p, matrix b of
- * which starts at p + b * p_stride. */
+ * which starts at p + b * p_stride. With the kept probabilities pd (n, T, T;
+ * NULL: no dropout) d(probabilities) goes through the dropout first: times
+ * keep where pd is not 0, else 0 (lib/cpu/sequence.c's test). */
 cudaError_t dp_k_causal_softmax(cudaStream_t st, float *s, int rows, int T, float scale);
 cudaError_t dp_k_causal_softmax_backward(cudaStream_t st, const float *p, size_t p_stride,
-                                         float *ds, int n, int T, float scale);
+                                         float *ds, int n, int T, float scale,
+                                         const float *pd, float keep);
+/* pd (n, T, T) = head h's probabilities (matrix b at p + b * p_stride) with
+ * the dropout's mask (dp_cuda_attn_drop) and scale keep = 1 / (1 - l->p); 0
+ * above the diagonal. */
+cudaError_t dp_k_attention_drop(cudaStream_t st, const dp_layer *l,
+                                const dp_cuda_attn_drop *drop, int h, const float *p,
+                                size_t p_stride, float *pd, int n, float keep);
 
 /* Loads this file's kernels on the current device (dp_k_preload calls it). */
 cudaError_t dp_k_sequence_preload(void);

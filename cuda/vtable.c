@@ -8,7 +8,7 @@
 
 /* Status words, per-step scalars and cuBLAS's workspace (dp_cuda.h): the same
  * on every device whatever the model; then conv2d's COL and T, or the
- * attention backward's scratch, for the
+ * attention's scratch (training), for the
  * largest micro-batch (dp__cuda_model_workspace_bytes), which forward and
  * backward share. */
 static size_t cuda_workspace_bytes(const dp_model *m, const dp_config *c, int mb_rows,
@@ -173,6 +173,7 @@ static const dp_backend_ops cuda_backend = {
     .image_layers = true,      /* conv2d, pools, flatten: cuda/conv.cu */
     .batchnorm = true,         /* both modes: cuda/batchnorm.cu */
     .sequence_layers = true,   /* embedding, attention, residual: cuda/sequence.cu */
+    .attention_dropout = true, /* on the probabilities: cuda/sequence.cu */
     .fuses_linear_relu = true, /* the relu in the linear's bias kernel */
     .check_config = cuda_check_config,
     .arena_alloc = cuda_arena_alloc,

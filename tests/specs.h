@@ -28,4 +28,15 @@ static const char GPT_SPEC[] =
     "loss softmax_cross_entropy\n";
 enum { GPT_T = 6, GPT_V = 11 };
 
+/* GPT_SPEC with dropout on the attention probabilities and a tied output head. */
+static const char GPT_ADROP_SPEC[] =
+    "input tokens 6\n"
+    "embed 11 8\n"
+    "residual\nlayernorm\nlinear 24\nattention 2 dropout 0.3\n"
+    "linear 8\nend\n"
+    "residual\nlayernorm\nlinear 16\ngelu\ndropout 0.1\n"
+    "linear 8\nend\n"
+    "layernorm\nlinear 11 tied\n"
+    "loss softmax_cross_entropy\n";
+
 #endif

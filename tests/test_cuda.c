@@ -2817,6 +2817,133 @@ START_TEST(gpt_inference_matches_cpu) {
 }
 END_TEST
 
+/* ---- attention dropout (issue 29: cuda/sequence.cu, k_attention_drop) ---- */
+
+/* GPT_LONG with dropout on its probabilities: 37 positions, a head width of 5. */
+static const char *const GPT_LONG_ADROP =
+    "input tokens 37\nembed 300 15\nresidual\nlayernorm\nlinear 45\n"
+    "attention 3 dropout 0.2\nlinear 15\nend\nlinear 7\nloss softmax_cross_entropy\n";
+
+/* Attention dropout among layers whose kernels are the cpu backend's
+ * arithmetic with one-pass GEMMs (the embedding, linear layers without a bias,
+ * the residual add, a tied head, the MSE loss's gradient): no layernorm, bias
+ * gradient or cross-entropy, whose sums take orders of their own (docs/GPU.md). */
+static const char *const GPT_ADROP_EXACT =
+    "input tokens 6\nembed 11 8\nresidual\nlinear 24 nobias\nattention 2 dropout 0.3\n"
+    "linear 8 nobias\nend\nlinear 11 tied\nloss mse\n";
+
+/* Every op of GPTs with attention dropout alone against the cpu backend (the
+ * mask keyed by the op's global rows and the step: 3 replicas, steps 1 to 3):
+ * to 1e-5 with the simulation's alignment-dependent GEMMs, the attention's
+ * forward and backward bit for bit (and twice the same bytes) with one-pass
+ * ones. A wrong key drops other probabilities and fails both. */
+START_TEST(gpt_attention_dropout_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "gpt_attention_dropout_ops_match_cpu");
+  dp_config c = test_config(ngpu, 8, 3, 2, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op("gpt attention dropout, classic sgd, 3 replicas", GPT_ADROP_SPEC,
+                         &c, 1);
+  if (!one_pass_gemms()) return;
+  c = test_config(ngpu, 12, 3, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_every_compute_op_at("gpt attention dropout, one-pass gemms, allreduce adamw",
+                            GPT_ADROP_SPEC, &c, 3, 1e-5, true);
+  c = test_config(ngpu, 16, 2, 8, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op_at("gpt, 37 positions, attention dropout, one-pass gemms",
+                            GPT_LONG_ADROP, &c, 2, 1e-5, true);
+  unsetenv("DP_SIM_GEMM_ONE_PASS");
+}
+END_TEST
+
+/* Every region of device d but the workspace and the loss sums (their order is
+ * the loss kernel's) bit for bit on both sides. */
+static void expect_regions_bit_for_bit(const pair *t, int d, const char *what) {
+  for (int reg = 0; reg < DP_REGION_WORKSPACE; reg++) {
+    if (reg == DP_REGION_LOSS) continue;
+    size_t n = t->pg->regions[d][reg].size / 4;
+    const uint32_t *cu = (const uint32_t *)rptr(t->ca[d], t->pc, d, reg);
+    const uint32_t *gu = (const uint32_t *)rptr(t->gh[d], t->pg, d, reg);
+    size_t k = 0;
+    while (k < n && cu[k] == gu[k]) k++;
+    ck_assert_msg(k == n, "%s: device %d region %s element %zu: cpu 0x%08x, gpu 0x%08x",
+                  what, d, dp_region_name((dp_region)reg), k, k < n ? cu[k] : 0u,
+                  k < n ? gu[k] : 0u);
+  }
+}
+
+/* Three AdamW steps of GPT_ADROP_EXACT (8 rows, micro-batches of 2) on both
+ * backends, the gpu's from step 1 on as replays of a graph when asked: every
+ * region of every device (forward outputs, parameters, gradients, optimizer
+ * state, the saved probabilities) bit for bit, the loss to 1e-6. The
+ * parameters go to *ref (the first call's) and must equal them. */
+static void adrop_steps_bit_for_bit(int ngpu, int n, dp_mode mode, bool graph, float **ref,
+                                    float *ref_loss) {
+  enum { STEPS = 3 };
+  dp_config c = test_config(ngpu, 8, n, 2, mode, DP_OPT_ADAMW);
+  pair t;
+  pair_init(&t, GPT_ADROP_EXACT, &c, true);
+  fill_initial(&t, 41);
+  char what[96];
+  snprintf(what, sizeof what, "attention dropout, %d replicas, %s%s", n,
+           mode ? "allreduce" : "classic", graph ? ", graph replays" : "");
+  float lc = 0.0f, lg = 0.0f;
+  for (int s = 0; s < STEPS; s++) {
+    batch b = make_batch(&t, 42 + (uint64_t)s); /* a batch per step: a graph reads it */
+    ck_assert_msg(cpu_step(&t, (uint64_t)s, &b, &lc) == DP_OK, "%s", dp_last_error());
+    dp_status st = graph && s > 0 ? gpu_graph_step(&t, (uint64_t)s, &b, 0, &lg)
+                                  : gpu_step(&t, (uint64_t)s, &b, &lg);
+    ck_assert_msg(st == DP_OK, "%s: step %d: %s", what, s, dp_last_error());
+    ck_assert_msg(fabs((double)lc - (double)lg) <= 1e-6 * fabs((double)lc),
+                  "%s: step %d: loss cpu %.9g gpu %.9g", what, s, (double)lc, (double)lg);
+    batch_free(&b);
+  }
+  if (graph) ck_assert_int_eq(dp__cuda_graph_ready(t.bctx, 0), 1);
+  download(&t);
+  for (int d = 0; d < t.n; d++) expect_regions_bit_for_bit(&t, d, what);
+  const float *w = (const float *)rptr(t.gh[0], t.pg, 0, DP_REGION_PARAMS);
+  expect_first_bits(ref, ref_loss, w, dp_model_n_params(t.m), lg, what);
+  pair_free(&t);
+}
+
+/* Whole steps with attention dropout equal the cpu backend's bit for bit on
+ * 1, 2 and 4 replicas, classic and allreduce, and as graph replays (the step
+ * that keys the mask read on the device): one set of bits for all. */
+START_TEST(gpt_attention_dropout_steps_equal_cpu_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "gpt_attention_dropout_steps_equal_cpu_bit_for_bit");
+  if (!one_pass_gemms()) return; /* a GPU's GEMM orders are its own */
+  float *ref = NULL, ref_loss = 0.0f;
+  static const int counts[] = {1, 2, 4};
+  for (int mode = 0; mode < 2; mode++)
+    for (int i = 0; i < 3; i++)
+      adrop_steps_bit_for_bit(ngpu, counts[i], (dp_mode)mode, false, &ref, &ref_loss);
+  adrop_steps_bit_for_bit(ngpu, 2, DP_MODE_ALLREDUCE, true, &ref, &ref_loss);
+  adrop_steps_bit_for_bit(ngpu, 4, DP_MODE_CLASSIC, true, &ref, &ref_loss);
+  free(ref);
+  unsetenv("DP_SIM_GEMM_ONE_PASS");
+}
+END_TEST
+
+/* GPT_ADROP_SPEC (layernorm, cross-entropy, a tied head) with the simulation's
+ * alignment-dependent GEMMs: steps against the cpu backend to 1e-4, the same
+ * bits run to run, on 1, 2 and 4 replicas in both modes, with recompute, and
+ * as graph replays. */
+START_TEST(gpt_attention_dropout_same_bits_everywhere) {
+  REQUIRE_GPUS(ngpu, "gpt_attention_dropout_same_bits_everywhere");
+  dp_config c = test_config(ngpu, 8, 3, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_steps_match_cpu("gpt attention dropout, allreduce adamw, 3 replicas",
+                        GPT_ADROP_SPEC, &c, 3);
+  c = test_config(ngpu, 16, 2, 8, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  check_steps_match_cpu("gpt, 37 positions, attention dropout, classic momentum",
+                        GPT_LONG_ADROP, &c, 2);
+  c = test_config(ngpu, 8, 4, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  steps_twice_same_bits("gpt attention dropout", GPT_ADROP_SPEC, &c);
+  same_bits_across_layouts_of(ngpu, GPT_ADROP_SPEC, 8, 2);
+  same_bits_across_layouts_of(ngpu, GPT_ADROP_SPEC, 12, 3);
+  recompute_same_bits(ngpu, GPT_ADROP_SPEC, DP_BN_PER_REPLICA);
+  c = test_config(ngpu, 8, 2, 2, DP_MODE_CLASSIC, DP_OPT_ADAMW);
+  check_graph_matches_plain("gpt attention dropout, classic adamw, 2 replicas",
+                            GPT_ADROP_SPEC, &c, 1, 4);
+}
+END_TEST
+
 Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda");
 
@@ -2897,6 +3024,9 @@ Suite *cuda_suite(void) {
   tcase_add_test(seq, gpt_graph_replays_are_bit_identical_to_plain_steps);
   tcase_add_test(seq, gpt_nccl_steps_match_copy_transport_bit_for_bit);
   tcase_add_test(seq, gpt_inference_matches_cpu);
+  tcase_add_test(seq, gpt_attention_dropout_ops_match_cpu);
+  tcase_add_test(seq, gpt_attention_dropout_steps_equal_cpu_bit_for_bit);
+  tcase_add_test(seq, gpt_attention_dropout_same_bits_everywhere);
   tcase_set_timeout(seq, 240);
   suite_add_tcase(s, seq);
 

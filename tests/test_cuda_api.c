@@ -656,7 +656,8 @@ END_TEST
  * kernel of the device spins (issue 28, finding 4), so the context loads every
  * GEMM a step can make before NCCL starts. A batch smaller than planned (an
  * epoch's tail) gives its last micro-batches fewer rows: new GEMM shapes, which
- * must have been loaded too, for linear, conv2d and attention layers alike. On the CUDA
+ * must have been loaded too, for linear, conv2d and attention layers alike, in
+ * training steps and in forwards (attention dropout: other operands). On the CUDA
  * simulation, which counts a first use on a stream that has carried NCCL calls. */
 #ifdef DP_CUDA_SIM
 int dp_sim_cold_gemms(void); /* tests/cuda_sim/cublas.cc */
@@ -671,9 +672,14 @@ START_TEST(smaller_batches_load_no_gemm_while_nccl_is_live) {
       SPEC_MSE,
       "input 2 5 4\nconv2d 3 3 padding 1\nrelu\nmaxpool2d 2\nflatten\n"
       "linear 4\nloss softmax_cross_entropy\n",
-      GPT_SPEC}; /* the attention's batched GEMMs, linear layers per position */
-  enum { B = 21, MB = 4 };
-  for (int i = 0; i < 3; i++)
+      GPT_SPEC, /* the attention's batched GEMMs, linear layers per position */
+      /* attention dropout: y = p v takes the kept probabilities (n, T, T) in training, p
+       * (n, H, T, T) in a forward; with T T odd and H = 4 the first head's p is
+       * 16-byte aligned, the kept ones never: two kinds of call */
+      "input tokens 5\nembed 11 8\nlinear 24\nattention 4 dropout 0.2\nlinear 11\n"
+      "loss softmax_cross_entropy\n"};
+  enum { B = 21, MB = 4, N_SPECS = sizeof specs / sizeof *specs };
+  for (int i = 0; i < N_SPECS; i++)
     for (int mode = 0; mode < 2; mode++) {
       dp_config g = config(DP_BACKEND_CUDA, B, 2,
                            mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC, DP_OPT_SGD);
@@ -685,9 +691,17 @@ START_TEST(smaller_batches_load_no_gemm_while_nccl_is_live) {
       int cold = dp_sim_cold_gemms();
       for (int rows = B; rows >= 1; rows--) {
         step(&r, rows, (uint64_t)rows, "nccl");
+        batch b; /* and a forward (evaluation) of the training context */
+        batch_make(&b, &r, rows, (uint64_t)rows);
+        float *y = malloc((size_t)rows * (size_t)r.out * sizeof *y);
+        ck_assert_ptr_nonnull(y);
+        ck_assert_msg(dp_forward(r.c, rows, r.in, b.x, y) == DP_OK, "%s",
+                      dp_ctx_error(r.c));
+        free(y);
+        batch_free(&b);
         ck_assert_msg(dp_sim_cold_gemms() == cold,
-                      "spec %d, %s: a step of %d rows (planned %d) loaded %d GEMM kernels "
-                      "while NCCL was live",
+                      "spec %d, %s: a step and a forward of %d rows (planned %d) loaded %d "
+                      "GEMM kernels while NCCL was live",
                       i, mode ? "allreduce" : "classic", rows, B,
                       dp_sim_cold_gemms() - cold);
       }

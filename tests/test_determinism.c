@@ -22,17 +22,8 @@ static const char *spec_in_use;
 /* config.recompute and config.batchnorm of every run (0 and per replica unless
  * a test sets them) */
 static int recompute_in_use;
-/* The GPT gpt_run trains: GPT_SPEC, or GPT_ADROP. */
+/* The GPT gpt_run trains: GPT_SPEC, or GPT_ADROP_SPEC. */
 static const char *gpt_in_use = GPT_SPEC;
-/* GPT_SPEC with dropout on the attention probabilities and a tied output head. */
-static const char GPT_ADROP[] = "input tokens 6\n"
-                                "embed 11 8\n"
-                                "residual\nlayernorm\nlinear 24\nattention 2 dropout 0.3\n"
-                                "linear 8\nend\n"
-                                "residual\nlayernorm\nlinear 16\ngelu\ndropout 0.1\n"
-                                "linear 8\nend\n"
-                                "layernorm\nlinear 11 tied\n"
-                                "loss softmax_cross_entropy\n";
 static dp_bn_mode bn_in_use = DP_BN_PER_REPLICA;
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
@@ -327,7 +318,7 @@ END_TEST
  * dropout. */
 START_TEST(gpt_attention_dropout_same_bits_everywhere) {
   uint64_t plain = gpt_run(SETUPS[0], 2);
-  gpt_in_use = GPT_ADROP;
+  gpt_in_use = GPT_ADROP_SPEC;
   uint64_t ref = gpt_run(SETUPS[0], 2);
   ck_assert_uint_ne(ref, plain);
   for (int i = 1; i < N_SETUPS; i++) {

@@ -386,23 +386,63 @@ START_TEST(seed_inference_layout_is_exact) {
 }
 END_TEST
 
-/* Attention dropout runs on the cpu backend only: a cuda training plan is refused
- * naming the layer and what to do; inference (no dropout) and attention without
- * dropout plan. */
-START_TEST(cuda_refuses_attention_dropout_naming_the_layer) {
-  if (!cuda_or_skip("planner", "cuda_refuses_attention_dropout_naming_the_layer")) return;
+/* The cuda backend plans attention dropout: its training WORKSPACE holds a
+ * second (n, T, T) block per micro-batch of n rows (a head's kept
+ * probabilities, beside the backward's d(scores)) after what the same model
+ * without the dropout reserves. */
+START_TEST(cuda_plans_attention_dropout_with_its_scratch) {
+  if (!cuda_or_skip("planner", "cuda_plans_attention_dropout_with_its_scratch")) return;
+  static const char *const specs[2] = {
+      "input tokens 4\nembed 9 6\nlinear 18\nattention 2\nlinear 9\n"
+      "loss softmax_cross_entropy\n",
+      "input tokens 4\nembed 9 6\nlinear 18\nattention 2 dropout 0.1\nlinear 9\n"
+      "loss softmax_cross_entropy\n"};
+  size_t ws[2][2]; /* [dropout][inference] */
+  for (int k = 0; k < 2; k++)
+    for (int inf = 0; inf < 2; inf++) {
+      dp_model *m = model_of(specs[k]);
+      dp_config c = config_of(12, 1, DP_OPT_SGD);
+      c.backend = DP_BACKEND_CUDA;
+      c.micro_batch = 3;
+      c.inference = inf;
+      dp_plan *p = plan_of(m, &c);
+      ck_assert_int_eq(p->act[0].mb_rows, 3);
+      ws[k][inf] = p->regions[0][DP_REGION_WORKSPACE].size;
+      dp_plan_free(p);
+      dp_model_free(m);
+    }
+  ck_assert_uint_eq(ws[1][0], ws[0][0] + 256); /* 3 x 4 x 4 floats, rounded up */
+  ck_assert_uint_eq(ws[1][1], ws[0][1]);       /* no dropout in inference */
+}
+END_TEST
+
+/* A backend without the capability (here the cpu backend's vtable registered
+ * again with attention_dropout false) refuses a training plan with attention
+ * dropout, naming the layer and what to do; inference (no dropout) and
+ * attention without dropout plan. */
+START_TEST(backend_without_attention_dropout_refuses_it_naming_the_layer) {
+  static dp_backend_ops lacking;
+  lacking = *dp__backend_ops(DP_BACKEND_CPU);
+  lacking.name = "no_adrop";
+  lacking.attention_dropout = false;
+  dp_backend kind = DP_BACKEND_CPU;
+  ck_assert_int_eq(dp__backend_register(&lacking, &kind), DP_OK);
   dp_model *m = model_of("input tokens 4\nembed 9 6\nlinear 18\nattention 2 dropout 0.1\n"
                          "linear 9\nloss softmax_cross_entropy\n");
   dp_config c = config_of(4, 1, DP_OPT_SGD);
-  c.backend = DP_BACKEND_CUDA;
+  c.backend = kind;
   dp_plan *p = NULL;
   ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_UNSUPPORTED);
-  ck_assert_msg(strstr(dp_last_error(), "does not run attention dropout yet (layer 2); use "
-                                        "the cpu backend"),
+  ck_assert_msg(strstr(dp_last_error(), "the no_adrop backend does not run attention "
+                                        "dropout yet (layer 2); use the cpu backend"),
                 "%s", dp_last_error());
   c.inference = 1;
-  p = plan_of(m, &c);
-  dp_plan_free(p);
+  dp_plan_free(plan_of(m, &c));
+  dp_model_free(m);
+  m = model_of("input tokens 4\nembed 9 6\nlinear 18\nattention 2\nlinear 9\n"
+               "loss softmax_cross_entropy\n");
+  c.inference = 0;
+  dp_plan_free(plan_of(m, &c));
   dp_model_free(m);
 }
 END_TEST
@@ -3635,7 +3675,8 @@ Suite *planner_suite(void) {
 
   tc = tcase_create("backend");
   tcase_add_test(tc, seed_on_cuda_aligns_to_256_and_stages_on_the_host);
-  tcase_add_test(tc, cuda_refuses_attention_dropout_naming_the_layer);
+  tcase_add_test(tc, cuda_plans_attention_dropout_with_its_scratch);
+  tcase_add_test(tc, backend_without_attention_dropout_refuses_it_naming_the_layer);
   tcase_add_test(tc, cpu_plans_need_no_host_staging);
   tcase_add_test(tc, cuda_options_are_checked_at_plan_time);
   tcase_add_test(tc, backend_options_are_the_backends_own);

@@ -341,6 +341,11 @@ static const char GPT12_SPEC[] =
     "input tokens 12\nembed 7 8\n"
     "residual\nlayernorm\nlinear 24\nattention 2\nlinear 8\nend\n"
     "dropout 0.1\nlayernorm\nlinear 5\nloss softmax_cross_entropy\n";
+/* the same with dropout on the attention probabilities (a workspace scratch) */
+static const char GPT12_ADROP_SPEC[] =
+    "input tokens 12\nembed 7 8\n"
+    "residual\nlayernorm\nlinear 24\nattention 2 dropout 0.2\nlinear 8\nend\n"
+    "dropout 0.1\nlayernorm\nlinear 5\nloss softmax_cross_entropy\n";
 
 static int failures;
 
@@ -540,7 +545,7 @@ static void fill(float *x, int32_t *t, int rows, uint64_t seed, bool seq) {
 static void run_case(const config_case *cc, dp_precision precision) {
   static float x[BATCH * IN], y[BATCH * IN * OUT]; /* a GPT's: (BATCH, IN, OUT) */
   static int32_t t[BATCH * IN];
-  bool seq = cc->spec == GPT12_SPEC;
+  bool seq = cc->spec == GPT12_SPEC || cc->spec == GPT12_ADROP_SPEC;
   dp_model *m = NULL;
   dp_plan *p = NULL;
   dp_ctx *c = NULL;
@@ -821,6 +826,8 @@ int main(int argc, char **argv) {
        DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
       {"gpt, 2 devices, micro_batch 2, recompute 3", 2, DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0,
        DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 3},
+      {"gpt attention dropout, 2 devices, allreduce", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU,
+       0, DP_MODE_ALLREDUCE, 0, 0, GPT12_ADROP_SPEC, DP_BN_PER_REPLICA, 0},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
     run_case(&cases[i], DP_PRECISION_FP32);
@@ -850,6 +857,10 @@ int main(int argc, char **argv) {
        DP_MODE_ALLREDUCE, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
       {"cuda graph gpt, 2 replicas", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
        DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
+      {"cuda gpt attention dropout, 2 replicas, allreduce", 2, DP_SPLIT_CHUNK, 0,
+       DP_BACKEND_CUDA, 0, DP_MODE_ALLREDUCE, 0, 0, GPT12_ADROP_SPEC, DP_BN_PER_REPLICA, 0},
+      {"cuda graph gpt attention dropout, 2 replicas", 2, DP_SPLIT_CHUNK, 0,
+       DP_BACKEND_CUDA, 1, DP_MODE_CLASSIC, 0, 0, GPT12_ADROP_SPEC, DP_BN_PER_REPLICA, 0},
   };
   if (gpus > 0)
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
