@@ -1,6 +1,6 @@
 /* fp32 <-> bf16, written once for the cpu backend and the CUDA kernels
  * (lib/cpu/bf16.c, cuda/mixed.cu): round to nearest even on the bit pattern,
- * denormals kept, infinities kept, a NaN made quiet with its sign. Integer
+ * denormals kept, infinities kept, a NaN the quiet NaN 0x7fc0 with its sign. Integer
  * operations only, so every instruction set and the GPU give the same bits.
  * Not installed. */
 #ifndef DP_UTIL_BF16_H
@@ -18,7 +18,7 @@
 DP_BF16_FN uint16_t dp__bf16_rne(float x) {
   uint32_t u;
   memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN */
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)(((u >> 16) & 0x8000u) | 0x7fc0u);
   return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
