@@ -42,6 +42,7 @@
  * stream, that every send has its receive, and aborts the communicators when
  * not. */
 #include "backend.cuh"
+#include "layer.cuh"
 #include "core/operands.h"
 #include "batchnorm.cuh"
 #include "conv.cuh"
@@ -58,51 +59,6 @@ thread_local int dp__cuda_tl_dev = -1;
 static float *reg(const dp_exec_env *e, int d, int r, size_t off) {
   return (float *)((unsigned char *)dp__region_ptr(e, d, r) + off);
 }
-
-/* ---- layers: the operands the core resolved (lib/core/operands.c) ---------------- */
-
-namespace {
-struct lay {
-  const dp_exec_env *e;
-  const dp_plan *p;
-  const dp_layer *l;
-  const dp_op *op;
-  int d, i, L;
-  int local; /* first row of the micro-batch within the device's chunk */
-  int rows;
-  int mb; /* the micro-batch's index among the device's */
-  dp_layer_operands o;
-};
-} // namespace
-
-/* Op's context at layer i (its own, or a fused neighbour's buffers). */
-static lay lay_of(const dp_exec_env *e, const dp_op *op, int i) {
-  lay c = {};
-  c.e = e;
-  c.p = e->plan;
-  c.l = &c.p->model.layers[i];
-  c.op = op;
-  c.i = i;
-  c.L = c.p->model.n_layers;
-  dp__layer_operands(c.p, op, i, &c.o);
-  c.d = c.o.device;
-  c.local = c.o.local;
-  c.rows = c.o.rows;
-  c.mb = c.o.mb;
-  return c;
-}
-
-static lay at_layer(const lay &c, int i) { return lay_of(c.e, c.op, i); }
-
-static float *ptr(const lay &c, dp_span s) { return dp__span_ptr(c.e, c.d, s); }
-/* (rows, in); NULL for a linear fused with its relu, which keeps no output */
-static float *layer_in(const lay &c) { return ptr(c, c.o.in); }
-static float *layer_out(const lay &c) { return ptr(c, c.o.out); }
-static float *layer_stats(const lay &c) { return ptr(c, c.o.stats); }
-static float *layer_dout(const lay &c) { return ptr(c, c.o.dout); }
-/* NULL when nothing needs it (the model's input, or a view of it) */
-static float *layer_din(const lay &c) { return ptr(c, c.o.din); }
-static float *layer_params(const lay &c) { return ptr(c, c.o.params); }
 
 /* batchnorm: its statistics area on the device, from float `at` (per_replica:
  * micro-batch mb's at mb * dp__bn_stats(c); sync: the whole batch's at 0, then
@@ -131,7 +87,7 @@ static const dp_cuda_attn_drop *attn_drop(const dev_ctx *x, const lay &c, int gl
   return d;
 }
 
-static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
+dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
   const dp_layer *l = c.l;
   if (dp__layer_is_view(&c.p->model, c.i)) return DP_OK; /* flatten: nothing moves */
   const float *in = layer_in(c);
@@ -230,7 +186,7 @@ static dp_status forward(dev_ctx *x, const lay &c, int global_row0) {
 
 /* Parameter gradients are written (not accumulated) at grads, a slot of the
  * canonical tree. */
-static dp_status backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
+dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
   const dp_layer *l = c.l;
   if (l->kind == DP_LAYER_RESIDUAL) { /* dx (its input's gradient, in place) += dskip */
     float *dx = layer_din(c);
@@ -874,8 +830,12 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     lay l = lay_of(e, op, op->layer);
     /* dropout's rows: of the accumulation's concatenation (row_base) */
     int row0 = e->row_base + op->row0;
-    if (op->kind == DP_OP_FORWARD) return forward(x, l, row0);
-    return backward(x, l, reg(e, d, op->dst_region, op->dst_offset), row0);
+    float *grads = reg(e, d, op->dst_region, op->dst_offset);
+    if (p->cfg.precision == DP_PRECISION_BF16) /* cuda/mixed.cu */
+      return op->kind == DP_OP_FORWARD ? dp__cuda_mixed_forward(x, l, row0)
+                                       : dp__cuda_mixed_backward(x, l, grads, row0);
+    if (op->kind == DP_OP_FORWARD) return dp__cuda_forward(x, l, row0);
+    return dp__cuda_backward(x, l, grads, row0);
   }
   case DP_OP_GRAD_ADD:
     DP_CUDA_CHECK(dp_k_add(x->stream, reg(e, d, op->dst_region, op->dst_offset),

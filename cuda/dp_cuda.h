@@ -126,8 +126,8 @@ static inline size_t dp__cuda_attention_ws_bytes(const dp_layer *l, int n) {
  * the largest conv2d tail at mb_rows rows (training or not: forward and
  * backward use the same COL and T) or, training, attention tail.
  * cuda/vtable.c's workspace_bytes. */
-static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_rows,
-                                                    bool training) {
+static inline size_t dp__cuda_model_tail_bytes(const dp_model *m, int mb_rows,
+                                               bool training) {
   size_t tail = 0;
   for (int i = 0; i < m->n_layers; i++) {
     size_t t = dp__cuda_conv_workspace_bytes(&m->layers[i], mb_rows);
@@ -135,8 +135,61 @@ static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_ro
     t = a > t ? a : t;
     tail = t > tail ? t : tail;
   }
+  return tail;
+}
+static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_rows,
+                                                    bool training) {
+  size_t tail = dp__cuda_model_tail_bytes(m, mb_rows, training);
   size_t fixed = DP_CUDA_CONV_WS_OFFSET;
   return tail > SIZE_MAX - fixed ? SIZE_MAX : fixed + tail;
+}
+
+/* precision bf16 (cuda/mixed.cu): a shadow area after the tail, at
+ * dp__cuda_mixed_at, of the largest of its layers' needs at mb_rows rows: a
+ * linear layer's bf16 copies of its input (when fp32), weights and output
+ * gradient (when fp32), the output gradient widened for the bias gradient, and
+ * an fp32 product; any other layer's fp32 copies of its input, input gradient,
+ * output, output gradient and skip, and conv2d's rounded weights. Each part
+ * 256-rounded (cuBLAS's alignment). */
+static inline size_t dp__cuda_sat_add(size_t a, size_t b) {
+  return a > SIZE_MAX - b ? SIZE_MAX : a + b;
+}
+static inline size_t dp__cuda_mixed_layer_bytes(const dp_layer *l, int mb_rows,
+                                                bool training) {
+  size_t r = mb_rows > 0 ? (size_t)mb_rows : 0, s = 0;
+  if (l->kind == DP_LAYER_LINEAR) {
+    size_t t = l->t ? (size_t)l->t : 1, n = dp__cuda_mul_sat(r, t);
+    size_t pin = (size_t)l->in / t, pout = (size_t)l->out / t,
+           wide = pin > pout ? pin : pout;
+    s = dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat(n, pin), 2));
+    s = dp__cuda_sat_add(s,
+                         dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat(pin, pout), 2)));
+    s = dp__cuda_sat_add(s, dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat(n, wide), 4)));
+    if (training)
+      s = dp__cuda_sat_add(s,
+                           dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat(n, pout), 6)));
+    return s;
+  }
+  size_t in = dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat(r, (size_t)l->in), 4));
+  size_t out = dp__cuda_up256(dp__cuda_mul_sat(dp__cuda_mul_sat(r, (size_t)l->out), 4));
+  s = dp__cuda_sat_add(dp__cuda_mul_sat(in, training ? 2 : 1),
+                       dp__cuda_mul_sat(out, training ? 3 : 2));
+  if (l->kind == DP_LAYER_CONV2D)
+    s = dp__cuda_sat_add(s, dp__cuda_up256(dp__cuda_mul_sat(l->n_params, 4)));
+  return s;
+}
+static inline size_t dp__cuda_mixed_at(const dp_model *m, int mb_rows, bool training) {
+  return dp__cuda_sat_add(DP_CUDA_CONV_WS_OFFSET,
+                          dp__cuda_up256(dp__cuda_model_tail_bytes(m, mb_rows, training)));
+}
+static inline size_t dp__cuda_mixed_workspace_bytes(const dp_model *m, int mb_rows,
+                                                    bool training) {
+  size_t most = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    size_t b = dp__cuda_mixed_layer_bytes(&m->layers[i], mb_rows, training);
+    most = b > most ? b : most;
+  }
+  return dp__cuda_sat_add(dp__cuda_mixed_at(m, mb_rows, training), most);
 }
 
 /* Flags of dp__cuda_ctx_init. */

@@ -2688,6 +2688,167 @@ START_TEST(refused_accumulating_call_on_cuda) {
 }
 END_TEST
 
+/* ---- bf16 mixed precision (issue 31: cuda/mixed.cu) ---- */
+
+static dp_config bf16_config(int ngpu, int batch, int n, int mb, dp_mode mode) {
+  dp_config c = test_config(ngpu, batch, n, mb, mode, DP_OPT_ADAMW);
+  for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+  c.backend = DP_BACKEND_CUDA;
+  c.precision = DP_PRECISION_BF16;
+  return c;
+}
+
+/* 3 steps of r: run_steps's batches, or token ids and a label per position for
+ * the GPT. */
+static void bf16_steps(rig *r, const char *spec) {
+  if (spec != GPT_SPEC) {
+    run_steps(r, 0, 3);
+    return;
+  }
+  enum { R = 8 };
+  float x[R * GPT_T];
+  int32_t y[R * GPT_T];
+  for (int s = 0; s < 3; s++) {
+    for (int i = 0; i < R * GPT_T; i++) {
+      x[i] = (float)((i * 7 + s * 3) % GPT_V);
+      y[i] = (i * 5 + s) % GPT_V;
+    }
+    ck_assert_msg(dp_train_step(r->c, R, GPT_T, x, y, NULL) == DP_OK, "%s",
+                  dp_ctx_error(r->c));
+  }
+}
+
+/* ||a - b|| / ||b|| over n floats */
+static double rel_norm_diff(const float *a, const float *b, size_t n) {
+  double d = 0, r = 0;
+  for (size_t k = 0; k < n; k++) {
+    d += ((double)a[k] - b[k]) * ((double)a[k] - b[k]);
+    r += (double)b[k] * b[k];
+  }
+  return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+/* 3 bf16 AdamW steps on the cuda backend against the cpu backend's bf16 and the
+ * cuda backend's fp32: within bf16's precision of the cpu (cuBLAS and the CPU sum
+ * in other orders, so a rounding to bf16 may differ by one unit), and not the
+ * fp32 values. */
+START_TEST(bf16_steps_close_to_the_cpu_backend) {
+  REQUIRE_GPUS(ngpu, "bf16_steps_close_to_the_cpu_backend");
+  static const char *const specs[] = {MIXED_CE, CNN_CE, GPT_SPEC};
+  for (int k = 0; k < 3; k++) {
+    dp_config g = bf16_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE);
+    dp_config c = g, f = g;
+    c.backend = DP_BACKEND_CPU;
+    for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d;
+    f.precision = DP_PRECISION_FP32;
+    rig rg, rc, rf;
+    rig_open(&rg, specs[k], &g);
+    rig_open(&rc, specs[k], &c);
+    rig_open(&rf, specs[k], &f);
+    bf16_steps(&rg, specs[k]);
+    bf16_steps(&rc, specs[k]);
+    bf16_steps(&rf, specs[k]);
+    float *pg = params_of(&rg), *pc = params_of(&rc), *pf = params_of(&rf);
+    double to_cpu = rel_norm_diff(pg, pc, rg.np), to_fp32 = rel_norm_diff(pg, pf, rg.np);
+    fprintf(stderr, "cuda: bf16 %d: parameters after 3 steps: %.3g from the cpu's bf16, "
+            "%.3g from cuda fp32\n", k, to_cpu, to_fp32);
+    ck_assert_msg(to_cpu <= 2e-3, "spec %d: %.3g from the cpu backend's bf16", k, to_cpu);
+    ck_assert_msg(dp_params_hash(rg.c) != dp_params_hash(rf.c), "spec %d: bf16 gave fp32's",
+                  k);
+    free(pg);
+    free(pc);
+    free(pf);
+    rig_close(&rg);
+    rig_close(&rc);
+    rig_close(&rf);
+  }
+}
+END_TEST
+
+/* Where the order of a sum cannot matter (every product's reduced dimension is
+ * 2: the pair order and cuBLAS's give the same fp32 sum), the cuda backend's
+ * bf16 forward is the cpu backend's bit for bit: the rounded weights, input and
+ * bias, the relu in the epilogue, the fp32 ops on widened copies (gelu, tanh:
+ * the same dp__tanhf) and the rounding of every output. */
+START_TEST(bf16_forward_matches_cpu_where_order_cannot_matter) {
+  REQUIRE_GPUS(ngpu, "bf16_forward_matches_cpu_where_order_cannot_matter");
+  static const char *spec =
+      "input 2\nlinear 2\nrelu\nlinear 2\ngelu\nlinear 2\ntanh\nlinear 3\nloss mse\n";
+  enum { R = 6 };
+  float x[R * 2], yg[R * 3], yc[R * 3];
+  for (int i = 0; i < R * 2; i++) x[i] = (float)((i * 37 + 5) % 23 - 11) / 3.0f;
+  dp_config g = bf16_config(ngpu, R, 2, 0, DP_MODE_CLASSIC), c = g;
+  c.backend = DP_BACKEND_CPU;
+  rig rg, rc;
+  rig_open(&rg, spec, &g);
+  rig_open(&rc, spec, &c);
+  ck_assert_uint_eq(dp_params_hash(rg.c), dp_params_hash(rc.c));
+  ck_assert_msg(dp_forward(rg.c, R, 2, x, yg) == DP_OK, "%s", dp_ctx_error(rg.c));
+  ck_assert_int_eq(dp_forward(rc.c, R, 2, x, yc), DP_OK);
+  for (int i = 0; i < R * 3; i++)
+    ck_assert_msg(memcmp(&yg[i], &yc[i], 4) == 0, "output %d: cuda %a, cpu %a", i,
+                  (double)yg[i], (double)yc[i]);
+  rig_close(&rg);
+  rig_close(&rc);
+}
+END_TEST
+
+/* One set of bf16 bits for 1, 2 and 4 replicas in classic, allreduce and
+ * sharded allreduce (micro-batches of 2), and run to run. */
+START_TEST(bf16_same_bits_for_every_replica_count_and_mode) {
+  REQUIRE_GPUS(ngpu, "bf16_same_bits_for_every_replica_count_and_mode");
+  static const char *const specs[] = {MIXED_CE, GPT_SPEC};
+  static const int counts[] = {1, 2, 4};
+  for (int k = 0; k < 2; k++) {
+    uint64_t ref = 0;
+    for (int mode = 0; mode < 3; mode++)
+      for (int i = 0; i < 3; i++) {
+        dp_config c = bf16_config(ngpu, 8, counts[i], 2,
+                                  mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC);
+        c.shard_optimizer = mode == 2;
+        rig r;
+        rig_open(&r, specs[k], &c);
+        bf16_steps(&r, specs[k]);
+        uint64_t h = dp_params_hash(r.c);
+        if (!ref) ref = h;
+        ck_assert_msg(h == ref, "spec %d, mode %d, %d replicas: %016llx, first %016llx", k,
+                      mode, counts[i], (unsigned long long)h, (unsigned long long)ref);
+        rig_close(&r);
+      }
+  }
+  dp_config c = bf16_config(ngpu, 8, 4, 2, DP_MODE_ALLREDUCE);
+  steps_twice_same_bits("bf16 gpt", GPT_SPEC, &c);
+}
+END_TEST
+
+START_TEST(bf16_graph_replays_are_bit_identical_to_plain_steps) {
+  REQUIRE_GPUS(ngpu, "bf16_graph_replays_are_bit_identical_to_plain_steps");
+  dp_config c = bf16_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE);
+  check_graph_matches_plain("bf16 gpt, allreduce adamw, 2 replicas", GPT_SPEC, &c, 1, 4);
+  c = bf16_config(ngpu, 8, 2, 4, DP_MODE_CLASSIC);
+  check_graph_matches_plain("bf16 mixed ce, classic adamw, 2 replicas", MIXED_CE, &c, 1, 3);
+}
+END_TEST
+
+/* bf16 moves data with CUDA copies in one process: NCCL is refused by name. */
+START_TEST(bf16_refuses_nccl) {
+  dp_model *m = model_of(MIXED_CE);
+  dp_config c = bf16_config(1, 8, 2, 2, DP_MODE_ALLREDUCE);
+  snprintf(c.backend_options, sizeof c.backend_options, "transport=nccl");
+  dp_plan *p = NULL;
+  dp_status s = dp_plan_create(m, &c, &p);
+  if (s == DP_ERR_UNSUPPORTED && !strstr(dp_last_error(), "bf16")) { /* no cuda backend */
+    dp_model_free(m);
+    return;
+  }
+  ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
+  ck_assert_msg(strstr(dp_last_error(), "precision bf16") &&
+                    strstr(dp_last_error(), "transport nccl"),
+                "%s", dp_last_error());
+  dp_model_free(m);
+}
+END_TEST
+
 /* ---- the sequence layers (issue 29: cuda/sequence.cu) ---- */
 
 /* A longer sequence (37 positions: past the CPU attention's 32-row blocks,
@@ -3027,8 +3188,17 @@ Suite *cuda_suite(void) {
   tcase_add_test(seq, gpt_attention_dropout_ops_match_cpu);
   tcase_add_test(seq, gpt_attention_dropout_steps_equal_cpu_bit_for_bit);
   tcase_add_test(seq, gpt_attention_dropout_same_bits_everywhere);
+  TCase *bf16 = tcase_create("gpu_bf16");
+  tcase_set_tags(bf16, "gpu");
+  tcase_set_timeout(bf16, 600);
+  tcase_add_test(bf16, bf16_steps_close_to_the_cpu_backend);
+  tcase_add_test(bf16, bf16_forward_matches_cpu_where_order_cannot_matter);
+  tcase_add_test(bf16, bf16_same_bits_for_every_replica_count_and_mode);
+  tcase_add_test(bf16, bf16_graph_replays_are_bit_identical_to_plain_steps);
+  tcase_add_test(bf16, bf16_refuses_nccl);
   tcase_set_timeout(seq, 240);
   suite_add_tcase(s, seq);
+  suite_add_tcase(s, bf16);
 
   TCase *timing = tcase_create("gpu_timing");
   tcase_set_tags(timing, "gpu timing");

@@ -195,7 +195,8 @@ START_TEST(activation_bytes_at_most_055_of_fp32) {
 }
 END_TEST
 
-/* Unknown precisions, a backend or a layer bf16 does not run: refused by name. */
+/* Unknown precisions and a layer bf16 does not run: refused by name (the cuda
+ * backend's refusals: tests/test_cuda.c, bf16_refuses_nccl). */
 START_TEST(refusals_name_the_options) {
   dp_precision p = DP_PRECISION_FP32;
   ck_assert_int_eq(dp_precision_parse("fp16", &p), DP_ERR_INVALID);
@@ -221,16 +222,6 @@ START_TEST(refusals_name_the_options) {
   ck_assert_ptr_nonnull(strstr(dp_last_error(), "batchnorm"));
   ck_assert_ptr_nonnull(strstr(dp_last_error(), "layer 1"));
   dp_model_free(m);
-
-  dp_backend cuda;
-  if (dp_backend_find("cuda", &cuda) == DP_OK) {
-    m = model_of("input 4\nlinear 3\nloss mse\n");
-    c = bf16_cfg(4, 1, 0);
-    c.backend = cuda;
-    ck_assert_int_eq(dp_plan_create(m, &c, &pl), DP_ERR_UNSUPPORTED);
-    ck_assert_ptr_nonnull(strstr(dp_last_error(), "bf16"));
-    dp_model_free(m);
-  }
 }
 END_TEST
 

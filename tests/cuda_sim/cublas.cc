@@ -30,7 +30,7 @@
 #define MAX_KEYS 16384 /* a power of two: an open-addressing set */
 struct gemm_kind {
   int dev, ta, tb, m, n, k, lda, ldb, ldc, aligned, math;
-  int batch; /* 0: cublasSgemm; else the batched call's count */
+  int batch; /* 0: cublasSgemm; -1: cublasGemmEx (bf16); else the batched call's count */
 };
 static gemm_kind kinds[MAX_KEYS];
 static bool used[MAX_KEYS];
@@ -76,7 +76,8 @@ static void note_kind(const gemm_kind &g, const dp_sim_stream *st) {
         "%s on device %d: a kernel first needed on a stream that carries NCCL "
         "(m %d, n %d, k %d, lda %d, ldb %d, ldc %d, batch %d): a real cuBLAS loads it "
         "now, which can deadlock with a spinning NCCL kernel",
-        g.batch ? "cublasSgemmStridedBatched" : "cublasSgemm", g.dev, g.m, g.n, g.k, g.lda,
+        g.batch < 0 ? "cublasGemmEx" : g.batch ? "cublasSgemmStridedBatched" : "cublasSgemm",
+        g.dev, g.m, g.n, g.k, g.lda,
         g.ldb, g.ldc, g.batch);
 }
 
@@ -98,6 +99,7 @@ struct gemm_args {
   int math;
   int batch;            /* matrices; 1 for cublasSgemm */
   long long sa, sb, sc; /* their strides, in floats */
+  int bf16;             /* cublasGemmEx: a and b are bf16 (uint16_t), c fp32 */
 };
 static_assert(sizeof(gemm_args) <= DP_SIM_ARG_BYTES, "gemm arguments too large");
 
@@ -191,6 +193,30 @@ static float at(const float *a, int ld, int trans, int row, int col, bool round)
   return round ? tf32(v) : v;
 }
 
+static float bf16_at(const void *a, int ld, int trans, int row, int col) {
+  const uint16_t *h = (const uint16_t *)a;
+  uint32_t u = (uint32_t)(trans ? h[(size_t)row * ld + col] : h[(size_t)col * ld + row])
+               << 16;
+  float v;
+  memcpy(&v, &u, 4);
+  return v;
+}
+
+/* cublasGemmEx with bf16 a and b, fp32 c and compute: each product exact in
+ * fp32, summed by fma in ascending p from +0 (the simulation's order, one pass;
+ * not the cpu backend's pair order). */
+static void gemm_bf16(const gemm_args *g) {
+  for (int j = 0; j < g->n; j++)
+    for (int i = 0; i < g->m; i++) {
+      float acc = 0.0f;
+      for (int p = 0; p < g->k; p++)
+        acc = fmaf(bf16_at(g->a, g->lda, g->ta, i, p), bf16_at(g->b, g->ldb, g->tb, p, j),
+                   acc);
+      float *c = &g->c[(size_t)j * g->ldc + i];
+      *c = g->beta != 0.0f ? fmaf(g->beta, *c, g->alpha * acc) : g->alpha * acc;
+    }
+}
+
 /* One column j of C's sums over p in [p0, p1): acc[i] = fma(a(i,p), b(p,j), acc[i]) in
  * ascending p, for rows [i0, i0 + n) — the documented order, loop-interchanged so that
  * the inner loop runs over rows. fmaf is exact, so the hardware instruction (when the
@@ -271,6 +297,10 @@ static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
               : ptrs                                          ? g0->k / 2
                                                               : g0->k / 3;
   bool round = g0->math == CUBLAS_TF32_TENSOR_OP_MATH;
+  if (g0->bf16) {
+    gemm_bf16(g0);
+    return;
+  }
   static const bool fma_hw = __builtin_cpu_supports("fma");
   for (int i = 0; i < g0->batch; i++) { /* matrix i, in order */
     gemm_args g = *g0;
@@ -286,9 +316,9 @@ static void run_gemm(dp_sim_op *op, dp_sim_stream *s) {
 
 /* Whether the column-major matrix (rows x cols, leading dimension ld) lies in one
  * allocation of the simulation. */
-static bool inside(const float *p, int rows, int cols, int ld) {
+static bool inside(const void *p, int rows, int cols, int ld, size_t esz = sizeof(float)) {
   if (rows == 0 || cols == 0) return true;
-  size_t bytes = ((size_t)(cols - 1) * ld + rows) * sizeof(float);
+  size_t bytes = ((size_t)(cols - 1) * ld + rows) * esz;
   return dp_sim_lookup(p, bytes, NULL, NULL);
 }
 
@@ -351,7 +381,8 @@ static cublasStatus_t enqueue_gemm(cublasHandle_t h, cublasOperation_t ta,
                  count,
                  sa,
                  sb,
-                 sc};
+                 sc,
+                 0};
   cudaError_t e = dp_sim_enqueue(h->stream, &op);
   if (e != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
@@ -381,4 +412,67 @@ cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta, cublasOperatio
   if (batchCount < 0) return CUBLAS_STATUS_INVALID_VALUE;
   return enqueue_gemm(h, ta, tb, m, n, k, alpha, a, lda, strideA, b, ldb, strideB, beta, c,
                       ldc, strideC, batchCount);
+}
+
+/* The one cublasGemmEx the cuda backend makes (precision bf16, cuda/mixed.cu):
+ * bf16 a and b, fp32 c, fp32 compute; anything else is CUBLAS_STATUS_NOT_SUPPORTED
+ * here. Checked and enqueued as cublasSgemm's calls are. */
+extern "C" cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta,
+                                       cublasOperation_t tb, int m, int n, int k,
+                                       const void *alpha, const void *a, cudaDataType_t atype,
+                                       int lda, const void *b, cudaDataType_t btype, int ldb,
+                                       const void *beta, void *c, cudaDataType_t ctype,
+                                       int ldc, cublasComputeType_t compute,
+                                       cublasGemmAlgo_t algo) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (atype != CUDA_R_16BF || btype != CUDA_R_16BF || ctype != CUDA_R_32F ||
+      compute != CUBLAS_COMPUTE_32F || algo != CUBLAS_GEMM_DEFAULT)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (h->pointer_mode != CUBLAS_POINTER_MODE_HOST) return CUBLAS_STATUS_NOT_SUPPORTED;
+  int ar = ta == CUBLAS_OP_N ? m : k, ac = ta == CUBLAS_OP_N ? k : m;
+  int br = tb == CUBLAS_OP_N ? k : n, bc = tb == CUBLAS_OP_N ? n : k;
+  if (m < 0 || n < 0 || k < 0 || !alpha || !beta || lda < (ar > 1 ? ar : 1) ||
+      ldb < (br > 1 ? br : 1) || ldc < (m > 1 ? m : 1) ||
+      (ta != CUBLAS_OP_N && ta != CUBLAS_OP_T) || (tb != CUBLAS_OP_N && tb != CUBLAS_OP_T))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if ((k > 0 && (!inside(a, ar, ac, lda, 2) || !inside(b, br, bc, ldb, 2))) ||
+      !inside(c, m, n, ldc)) {
+    dp_sim_report("cublasGemmEx: an operand is not device memory of the simulation, or runs "
+                  "past the end of its allocation (m %d, n %d, k %d, lda %d, ldb %d, ldc %d)",
+                  m, n, k, lda, ldb, ldc);
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  dp_sim_stream *st = dp_sim_stream_of(h->stream);
+  note_kind(gemm_kind{st ? st->dev : -1, (int)ta, (int)tb, m, n, k, lda, ldb, ldc, 4,
+                      h->math, -1},
+            st);
+  dp_sim_op op;
+  op.kind = SIM_EXT;
+  op.u.x.run = run_gemm;
+  gemm_args *g = (gemm_args *)op.args;
+  *g = gemm_args{h,
+                 ta == CUBLAS_OP_T,
+                 tb == CUBLAS_OP_T,
+                 m,
+                 n,
+                 k,
+                 lda,
+                 ldb,
+                 ldc,
+                 *(const float *)alpha,
+                 *(const float *)beta,
+                 (const float *)a,
+                 (const float *)b,
+                 (float *)c,
+                 h->ws,
+                 h->ws_bytes,
+                 h->math,
+                 1,
+                 0,
+                 0,
+                 0,
+                 1};
+  return dp_sim_enqueue(h->stream, &op) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                        : CUBLAS_STATUS_EXECUTION_FAILED;
 }

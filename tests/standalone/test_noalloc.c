@@ -862,10 +862,19 @@ int main(int argc, char **argv) {
       {"cuda graph gpt attention dropout, 2 replicas", 2, DP_SPLIT_CHUNK, 0,
        DP_BACKEND_CUDA, 1, DP_MODE_CLASSIC, 0, 0, GPT12_ADROP_SPEC, DP_BN_PER_REPLICA, 0},
   };
-  if (gpus > 0)
+  /* bf16 (cuda/mixed.cu): the shadow area and its copies, planned */
+  static const config_case gpu_bf16_cases[] = {
+      {"cuda gpt, 2 replicas, allreduce, bf16", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 0,
+       DP_MODE_ALLREDUCE, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
+      {"cuda graph, 2 replicas on GPU 0, bf16", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
+       DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
+  };
+  if (gpus > 0) {
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
       run_case(&gpu_cases[i], DP_PRECISION_FP32);
-  else
+    for (size_t i = 0; i < sizeof gpu_bf16_cases / sizeof *gpu_bf16_cases; i++)
+      run_case(&gpu_bf16_cases[i], DP_PRECISION_BF16);
+  } else
     printf("SKIP noalloc cuda: no GPU (%s)\n", dp_last_error());
 
   /* the counter still works after all that (workers included) */

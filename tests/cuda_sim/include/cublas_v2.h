@@ -32,6 +32,11 @@ typedef enum {
   CUBLAS_ATOMICS_ALLOWED = 1
 } cublasAtomicsMode_t;
 typedef struct dp_sim_blas *cublasHandle_t;
+/* cublasGemmEx's types (library_types.h's values): fp32 and bf16 operands,
+ * fp32 compute */
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType_t;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 extern "C" {
 cublasStatus_t cublasCreate(cublasHandle_t *h);
@@ -50,6 +55,11 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
                                          long long int strideA, const float *b, int ldb,
                                          long long int strideB, const float *beta, float *c,
                                          int ldc, long long int strideC, int batchCount);
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                            int m, int n, int k, const void *alpha, const void *a,
+                            cudaDataType_t atype, int lda, const void *b, cudaDataType_t btype,
+                            int ldb, const void *beta, void *c, cudaDataType_t ctype, int ldc,
+                            cublasComputeType_t compute, cublasGemmAlgo_t algo);
 const char *cublasGetStatusName(cublasStatus_t s);
 const char *cublasGetStatusString(cublasStatus_t s);
 }
