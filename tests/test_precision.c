@@ -113,6 +113,7 @@ static const model_case MODELS[] = {
     {"mlp", MLP_EVERY_KIND_SPEC, 12, false},
     {"cnn", CNN_SPEC, 72, false},
     {"gpt", GPT_SPEC, GPT_T, true},
+    {"gpt, attention dropout, tied head", GPT_ADROP_SPEC, GPT_T, true},
 };
 
 /* One hash for 1, 2 and 4 devices in classic, allreduce and sharded allreduce,
@@ -230,8 +231,8 @@ Suite *precision_suite(void) {
   TCase *tc = tcase_create("bf16");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, linear_forward_is_the_bf16_dot_product);
-  tcase_add_loop_test(tc, same_bits_on_every_device_count_and_mode, 0, 3);
-  tcase_add_loop_test(tc, recompute_gives_the_same_bits, 0, 3);
+  tcase_add_loop_test(tc, same_bits_on_every_device_count_and_mode, 0, 4);
+  tcase_add_loop_test(tc, recompute_gives_the_same_bits, 0, 4);
   tcase_add_test(tc, loss_close_to_fp32);
   tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
   tcase_add_test(tc, refusals_name_the_options);
