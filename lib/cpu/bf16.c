@@ -283,6 +283,7 @@ static void sliver_p_c(uint32_t *d, const dp__gemm_mat *m, bool kmajor, int lane
     }
 }
 
+#if !DP_GEMM_X86 /* x86: the AVX2 copies below */
 static void pack_a_p_c(float *dst, const dp__gemm_mat *A, int i0, int mc, int k0, int kc,
                        int MR, int mpad) {
   for (int s = 0; s < mpad; s += MR)
@@ -296,6 +297,7 @@ static void pack_b_p_c(float *dst, const dp__gemm_mat *B, int k0, int kc, int j0
     sliver_p_c((uint32_t *)(void *)(dst + (size_t)s * kc), B, !B->trans, j0 + s,
                clamp_lanes(nc - s, NR), NR, k0, kc, 0);
 }
+#endif
 
 /* Element (k, j) of op(B) packed whole by dp__gemm_pack_b_whole (m->ld: N,
  * m->K: the true K, m->trans: the tier's NR): block (jc, pc) at
@@ -331,79 +333,93 @@ INL __m256i round8(__m256i u) {
   return _mm256_blendv_epi8(r, q, nan);
 }
 
-/* Elements [at, at + n) (n 0..8) of the operand's storage, widened (denormals
- * stay: MXCSR's DAZ zeroes them in the kernels); 0 past n. */
-INL __m256 ld8(const dp__gemm_mat *m, size_t at, int n) {
-  __m256i u;
+/* 8 elements [at, at + 8) of the operand's storage as fp32 bit patterns
+ * (bf16 in the upper halves; denormals stay: MXCSR's DAZ zeroes them in the
+ * kernels, the instruction does itself). */
+INL __m256i ld8(const dp__gemm_mat *m, size_t at) {
+  if (m->store == DP_BF16_STORE_BF16)
+    return _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(
+                                 (const __m128i *)((const dp_bf16 *)m->p + at))),
+                             16);
+  return round8(
+      _mm256_loadu_si256((const __m256i *)(const void *)((const float *)m->p + at)));
+}
+
+/* The same for n (0..8) elements, 0 past them. */
+INL __m256i ld8_part(const dp__gemm_mat *m, size_t at, int n) {
+  if (n == 8) return ld8(m, at);
   if (m->store == DP_BF16_STORE_BF16) {
     const dp_bf16 *p = (const dp_bf16 *)m->p + at;
     __m128i h;
-    if (n == 8) {
-      h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    if (n == 4) {
+      h = _mm_loadl_epi64((const __m128i *)(const void *)p);
     } else {
       dp_bf16 t[8] = {0};
       memcpy(t, p, (size_t)n * sizeof *p);
       h = _mm_loadu_si128((const __m128i *)(const void *)t);
     }
-    u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-  } else {
-    const float *p = (const float *)m->p + at;
-    u = round8(n == 8 ? _mm256_loadu_si256((const __m256i *)(const void *)p)
-                      : _mm256_castps_si256(_mm256_maskload_ps(p, dp__lanes(n))));
+    return _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
   }
-  return _mm256_castsi256_ps(u);
+  return round8(
+      _mm256_castps_si256(_mm256_maskload_ps((const float *)m->p + at, dp__lanes(n))));
+}
+
+/* The bf16s of 8 such bit patterns, packed into 16-bit lanes. */
+INL __m128i halves8(__m256i u) {
+  u = _mm256_srli_epi32(u, 16);
+  return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
 }
 
 /* Slivers of width W over lanes [lane0, lane0 + n), zero up to npad, of a
  * k-major operand (lane l of element k at k ld + l): packed step k is source
- * row k ^ 1 (the pad past K), widened. */
+ * row k ^ 1 (the pad past K), widened. 8 steps of every sliver at a time, so
+ * that the source is read along its rows. */
 TGT static void pack_km_w(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
                           int npad, int k0, int kc, float pad) {
-  const __m256 pv = _mm256_set1_ps(pad), z = _mm256_setzero_ps();
-  for (int s = 0; s < npad; s += W) {
-    float *d = dst + (size_t)s * kc;
-    for (int k = k0; k < k0 + kc; k++, d += W) {
-      int ko = k ^ 1;
-      size_t row = (size_t)ko * m->ld + (size_t)(lane0 + s);
-      for (int g = 0; g < W; g += 8) {
-        int cnt = dp__imin(8, W - g), valid = clamp_lanes(n - s - g, cnt);
-        __m256 v = ko >= m->K ? pv : valid ? ld8(m, row + g, valid) : z;
-        dp__store_n(d + g, v, cnt);
+  const __m256 pv = _mm256_set1_ps(pad);
+  for (int kb = k0; kb < k0 + kc; kb += 8)
+    for (int s = 0; s < npad; s += W) {
+      float *d = dst + (size_t)s * kc + (size_t)(kb - k0) * W;
+      for (int k = kb; k < dp__imin(kb + 8, k0 + kc); k++, d += W) {
+        int ko = k ^ 1;
+        size_t row = (size_t)ko * m->ld + (size_t)(lane0 + s);
+        for (int g = 0; g < W; g += 8) {
+          int cnt = dp__imin(8, W - g), h = n - s - g; /* lanes there (any number) */
+          __m256 v = ko >= m->K ? pv
+                     : h >= 8
+                         ? _mm256_castsi256_ps(ld8(m, row + g))
+                         : _mm256_castsi256_ps(ld8_part(m, row + g, clamp_lanes(h, cnt)));
+          dp__store_n(d + g, v, cnt);
+        }
       }
     }
-  }
 }
 
 /* The same for a lane-major operand (lane l of element k at l ld + k): 8
- * elements of 8 lanes, their pairs swapped, transposed. */
+ * elements of 8 lanes, transposed; step k takes transposed row k ^ 1. Blocks
+ * past K (and the K slice's last, if short) go one element at a time. */
 TGT static void pack_lm_w(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
                           int npad, int k0, int kc, float pad) {
-  const __m256i iota = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  for (int s = 0; s < npad; s += W)
-    for (int g = 0; g < W; g += 8) {
-      float *d = dst + (size_t)s * kc + g;
-      int cnt = dp__imin(8, W - g), valid = clamp_lanes(n - s - g, cnt);
-      for (int k = k0; k < k0 + kc; k += 8) {
-        int kn = dp__imin(8, k0 + kc - k), ke = clamp_lanes(m->K - k, 8);
-        /* the pad: element K (odd K) is in this block */
-        bool padded = (m->K & 1) && m->K >= k && m->K < k + 8;
-        __m256 pmask =
-            _mm256_castsi256_ps(_mm256_cmpeq_epi32(iota, _mm256_set1_epi32(m->K - k)));
+  for (int k = k0; k < k0 + kc; k += 8) {
+    int kn = dp__imin(8, k0 + kc - k);
+    for (int s = 0; s < npad; s += W) {
+      float *d = dst + (size_t)s * kc + (size_t)(k - k0) * W;
+      if (kn < 8 || k + 8 > m->K) {
+        sliver_w_c(d, m, false, lane0 + s, clamp_lanes(n - s, W), W, k, kn, pad);
+        continue;
+      }
+      for (int g = 0; g < W; g += 8, d += 8) {
+        int cnt = dp__imin(8, W - g), valid = clamp_lanes(n - s - g, cnt);
         __m256 r[8];
-        for (int l = 0; l < 8; l++) {
-          if (l >= valid) {
-            r[l] = _mm256_setzero_ps();
-            continue;
-          }
-          __m256 v = ld8(m, (size_t)(lane0 + s + g + l) * m->ld + (size_t)k, ke);
-          if (padded) v = _mm256_blendv_ps(v, _mm256_set1_ps(pad), pmask);
-          r[l] = _mm256_permute_ps(v, 0xb1); /* (1, 0, 3, 2, ...): odd first */
-        }
+        for (int l = 0; l < 8; l++)
+          r[l] = l < valid
+                     ? _mm256_castsi256_ps(ld8(m, (size_t)(lane0 + s + g + l) * m->ld + k))
+                     : _mm256_setzero_ps();
         dp__transpose8(r);
-        for (int kk = 0; kk < kn; kk++)
-          dp__store_n(d + (size_t)(k - k0 + kk) * W, r[kk], cnt);
+        for (int kk = 0; kk < 8; kk++) dp__store_n(d + (size_t)kk * W, r[kk ^ 1], cnt);
       }
     }
+  }
 }
 
 TGT static void pack_a_w_avx2(float *dst, const dp__gemm_mat *A, int i0, int mc, int k0,
@@ -415,6 +431,77 @@ TGT static void pack_b_w_avx2(float *dst, const dp__gemm_mat *B, int k0, int kc,
                               int nc, int NR, int s0, int s1) {
   (B->trans ? pack_lm_w : pack_km_w)(dst + (size_t)s0 * kc, NR, B, j0 + s0, nc - s0,
                                      s1 - s0, k0, kc, 0.0f);
+}
+
+/* Slivers of bf16 pairs (sliver_p_c's layout) of a k-major operand: rows k
+ * and k + 1 interleaved (the pad for k + 1 = K); 8 pairs of every sliver at
+ * a time, as pack_km_w. */
+TGT static void pack_km_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
+                          int npad, int k0, int kc, uint16_t pad) {
+  const __m128i pv = _mm_set1_epi16((short)pad);
+  for (int kb = k0; kb < k0 + kc; kb += 16)
+    for (int s = 0; s < npad; s += W) {
+      uint32_t *d = (uint32_t *)(void *)(dst + (size_t)s * kc) + (size_t)(kb - k0) / 2 * W;
+      for (int k = kb; k < dp__imin(kb + 16, k0 + kc); k += 2, d += W) {
+        size_t row = (size_t)k * m->ld + (size_t)(lane0 + s);
+        for (int g = 0; g < W; g += 8) {
+          int cnt = dp__imin(8, W - g), h = n - s - g, v = clamp_lanes(h, cnt);
+          __m128i lo = halves8(h >= 8 ? ld8(m, row + g) : ld8_part(m, row + g, v));
+          __m128i hi = k + 1 >= m->K ? pv
+                       : h >= 8      ? halves8(ld8(m, row + m->ld + g))
+                                     : halves8(ld8_part(m, row + m->ld + g, v));
+          __m256i w =
+              _mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi));
+          dp__store_n((float *)(void *)(d + g), _mm256_castsi256_ps(w), cnt);
+        }
+      }
+    }
+}
+
+/* 16 elements [at, at + 16) of the storage as 8 bf16 pairs. */
+INL __m256i ld16_pairs(const dp__gemm_mat *m, size_t at) {
+  if (m->store == DP_BF16_STORE_BF16)
+    return _mm256_loadu_si256((const __m256i *)(const void *)((const dp_bf16 *)m->p + at));
+  __m256i a = _mm256_srli_epi32(ld8(m, at), 16), b = _mm256_srli_epi32(ld8(m, at + 8), 16);
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+}
+
+/* The same for a lane-major operand: 8 pairs of 8 lanes, transposed as
+ * 32-bit words. Blocks past K (and a short last one) one at a time. */
+TGT static void pack_lm_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
+                          int npad, int k0, int kc, uint16_t pad) {
+  for (int k = k0; k < k0 + kc; k += 16) {
+    int kn = dp__imin(16, k0 + kc - k);
+    for (int s = 0; s < npad; s += W) {
+      uint32_t *d = (uint32_t *)(void *)(dst + (size_t)s * kc) + (size_t)(k - k0) / 2 * W;
+      if (kn < 16 || k + 16 > m->K) {
+        sliver_p_c(d, m, false, lane0 + s, clamp_lanes(n - s, W), W, k, kn, pad);
+        continue;
+      }
+      for (int g = 0; g < W; g += 8, d += 8) {
+        int cnt = dp__imin(8, W - g), valid = clamp_lanes(n - s - g, cnt);
+        __m256 r[8];
+        for (int l = 0; l < 8; l++)
+          r[l] = l < valid ? _mm256_castsi256_ps(
+                                 ld16_pairs(m, (size_t)(lane0 + s + g + l) * m->ld + k))
+                           : _mm256_setzero_ps();
+        dp__transpose8(r);
+        for (int kk = 0; kk < 8; kk++)
+          dp__store_n((float *)(void *)(d + (size_t)kk * W), r[kk], cnt);
+      }
+    }
+  }
+}
+
+TGT static void pack_a_p_avx2(float *dst, const dp__gemm_mat *A, int i0, int mc, int k0,
+                              int kc, int MR, int mpad) {
+  (A->trans ? pack_km_p : pack_lm_p)(dst, MR, A, i0, mc, mpad, k0, kc, 0x8000u);
+}
+
+TGT static void pack_b_p_avx2(float *dst, const dp__gemm_mat *B, int k0, int kc, int j0,
+                              int nc, int NR, int s0, int s1) {
+  (B->trans ? pack_lm_p : pack_km_p)(dst + (size_t)s0 * kc, NR, B, j0 + s0, nc - s0,
+                                     s1 - s0, k0, kc, 0);
 }
 
 /* A tile's final values to C: NaN to the default NaN, then the store. */
@@ -478,10 +565,14 @@ TGT_BF16 static void kern_pairs(int kc, const uint32_t *a, const uint32_t *b, fl
 #define KERN_PAIRS kern_pairs
 #define UNPACKED_HW unpacked_fma
 #define SINK_HW sink_avx2
+#define PACK_A_P pack_a_p_avx2
+#define PACK_B_P pack_b_p_avx2
 #else
 #define KERN_PAIRS NULL
 #define UNPACKED_HW unpacked_sw
 #define SINK_HW sink_c
+#define PACK_A_P pack_a_p_c
+#define PACK_B_P pack_b_p_c
 #endif /* DP_GEMM_X86 */
 
 /* ---- tiers -------------------------------------------------------------------- */
@@ -534,7 +625,7 @@ static const bf16_tier btiers[B_TIERS] = {
                   unpacked_fma,
                   sink_avx2},
 #endif
-    [B_HW] = {{"avx512bf16", 12, 32, kern_hw, pack_a_p_c, pack_b_p_c, NULL},
+    [B_HW] = {{"avx512bf16", 12, 32, kern_hw, PACK_A_P, PACK_B_P, NULL},
               DP_GEMM_X86,
               true,
               UNPACKED_HW,
