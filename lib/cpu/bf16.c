@@ -842,8 +842,29 @@ static bool check_one(const bf16_tier *bt, const int *p, uint32_t *seed) {
   return memcmp(chk.C, chk.R, (size_t)M * N * sizeof *chk.C) == 0;
 }
 
+/* What the tier choice asks (dp__gemm_bf16_hw_override), and its answer: 0
+ * not asked yet, 1 being checked, 2 usable, 3 not. */
+static int hw_has = -1, hw_state;
+
+/* cpuid's answer */
+static bool cpuid_bf16(void) {
+#if DP_GEMM_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+static bool cpu_has_bf16(void) {
+  int has = __atomic_load_n(&hw_has, __ATOMIC_RELAXED);
+  return has >= 0 ? has : cpuid_bf16();
+}
+
 bool dp__gemm_bf16_self_check(dp__bf16_pair_kern kern) {
-  if (!kern) kern = KERN_PAIRS;
+  if (!kern) kern = cpuid_bf16() ? KERN_PAIRS : NULL; /* never SIGILL */
   if (!kern) return false;
   while (__atomic_exchange_n(&check_lock, 1, __ATOMIC_ACQUIRE)) sched_yield();
   check_kern = kern;
@@ -855,23 +876,6 @@ bool dp__gemm_bf16_self_check(dp__bf16_pair_kern kern) {
     ok = check_one(&bt, CHECKS[i], &seed);
   __atomic_store_n(&check_lock, 0, __ATOMIC_RELEASE);
   return ok;
-}
-
-/* What the tier choice asks (dp__gemm_bf16_hw_override), and its answer: 0
- * not asked yet, 1 being checked, 2 usable, 3 not. */
-static int hw_has = -1, hw_state;
-
-static bool cpu_has_bf16(void) {
-  int has = __atomic_load_n(&hw_has, __ATOMIC_RELAXED);
-  if (has >= 0) return has;
-#if DP_GEMM_X86
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
 }
 
 bool dp__gemm_bf16_hw_usable(void) {

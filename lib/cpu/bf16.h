@@ -132,7 +132,7 @@ dp_status dp__gemm_bf16_bench(int m, int n, int k, int iters, double *ms);
 typedef void (*dp__bf16_pair_kern)(int kc, const uint32_t *a, const uint32_t *b, float *c,
                                    size_t ldc, int flags, const float *bias);
 /* The self-check with kern as the avx512bf16 tier's kernel (NULL: the
- * instruction's; only where the CPU has it): true when its GEMMs give the
+ * instruction's; false where cpuid lacks it): true when its GEMMs give the
  * emulation's bits. */
 bool dp__gemm_bf16_self_check(dp__bf16_pair_kern kern);
 /* Replaces what the tier choice asks: has (1, 0; -1: cpuid's answer) and the
