@@ -27,7 +27,9 @@
 
 /* Rows of fp32 partial sums in the workspace at a time, for results stored as
  * bf16 with K > KC (a multiple of MC: each pass packs B once more). */
+#ifndef SCRATCH_ROWS
 #define SCRATCH_ROWS (4 * MC)
+#endif
 #define DEFAULT_NAN 0x7fc00000u
 /* Packed B read by the unpacked path (dp__gemm_bf16_pb without workspace):
  * dp__gemm_mat.store of widened slivers and of bf16 pairs. */
