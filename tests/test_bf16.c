@@ -689,6 +689,16 @@ START_TEST(mxcsr_is_left_as_it_was_and_does_not_matter) {
                       way, csrs[c], d);
       }
   }
+  /* K = 0: the epilogue alone, of a NaN and a denormal bias, raises no flag */
+  float bias[2] = {NAN, 0x1p-140f}, C[2];
+  dp_gemm_epilogue ep = {.bias = bias, .act = DP_GEMM_ACT_RELU};
+  _mm_setcsr(0x1f80u);
+  dp__gemm_bf16(0, 1, 1, 2, 0, NULL, 1, DP_BF16_STORE_BF16, NULL, 1, DP_BF16_STORE_BF16, C,
+                2, DP_BF16_STORE_F32, &ep, NULL);
+  unsigned after = _mm_getcsr();
+  _mm_setcsr(saved);
+  ck_assert_uint_eq(after, 0x1f80u);
+  ck_assert(f2u(C[0]) == 0x7fc00000u && f2u(C[1]) == 0);
   tiers_reset();
   free(ref);
   prob_free(&p);

@@ -3,27 +3,23 @@
  *
  * The emulation tiers run the fp32 GEMM's driver and micro-kernels
  * (gemm_impl.h) on operands the packers here widen to fp32: the k order is
- * swapped within each pair (packed step k' holds element k' ^ 1), an odd K
- * gets the pad (-0 in A, +0 in B: fma(-0, +0, acc) = acc, signed zeros
- * included) as element K, and denormal bf16s become zeros of their sign (DAZ)
- * as they are widened. The fp32 GEMM's contract on those slivers (one fma per
- * packed step, ascending) then is this one's, given FTZ: MXCSR's on x86
- * (which also makes the epilogue's bias add add_d), fma_ftz's in software on
- * the scalar tier. The avx512bf16 tier packs bf16 pairs instead and runs the
- * instruction. Every tier writes a tile's final values through a sink here:
- * NaN to the default NaN, then the store's rounding. */
+ * swapped within each pair (packed step k' holds element k' ^ 1), and an odd
+ * K gets the pad (-0 in A, +0 in B: fma(-0, +0, acc) = acc, signed zeros
+ * included) as element K. The fp32 GEMM's contract on those slivers (one fma
+ * per packed step, ascending) then is this one's, given DAZ and FTZ: MXCSR's
+ * on x86 (which also makes the epilogue's bias add add_d), in software on the
+ * scalar tier (its packers zero denormals as they widen, fma_ftz flushes). The avx512bf16
+ * tier packs bf16 pairs instead and runs the instruction. Every tier writes a tile's final
+ * values through a sink here: NaN to the default NaN, then the store's rounding. */
 #include "cpu/bf16.h"
 #include "cpu/gemm_impl.h"
 
 #include <float.h>
 #include <math.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#if DP_GEMM_X86
-#include <sched.h>
-#endif
 
 /* Rows of fp32 partial sums in the workspace at a time, for results stored as
  * bf16 with K > KC (a multiple of MC: each pass packs B once more). */
@@ -608,30 +604,26 @@ typedef struct {
 enum { B_SCALAR, B_AVX2, B_AVX512, B_HW, B_TIERS };
 
 static const bf16_tier btiers[B_TIERS] = {
-    [B_SCALAR] = {{"scalar", MR_S, NR_S, kern_scalar, pack_a_w_c, pack_b_w_c, NULL},
-                  false,
-                  false,
-                  unpacked_sw,
-                  sink_c},
+    [B_SCALAR] = {.t = {"scalar", MR_S, NR_S, kern_scalar, pack_a_w_c, pack_b_w_c, NULL},
+                  .unpacked = unpacked_sw,
+                  .sink = sink_c},
 #if DP_GEMM_X86
-    [B_AVX2] = {{"avx2", DP_MR_2, DP_NR_2, dp__gemm_kern_avx2, pack_a_w_avx2, pack_b_w_avx2,
-                 NULL},
-                true,
-                false,
-                unpacked_fma,
-                sink_avx2},
-    [B_AVX512] = {{"avx512", DP_MR_5, DP_NR_5, dp__gemm_kern_avx512, pack_a_w_avx2,
-                   pack_b_w_avx2, NULL},
-                  true,
-                  false,
-                  unpacked_fma,
-                  sink_avx2},
+    [B_AVX2] = {.t = {"avx2", DP_MR_2, DP_NR_2, dp__gemm_kern_avx2, pack_a_w_avx2,
+                      pack_b_w_avx2, NULL},
+                .hw_arith = true,
+                .unpacked = unpacked_fma,
+                .sink = sink_avx2},
+    [B_AVX512] = {.t = {"avx512", DP_MR_5, DP_NR_5, dp__gemm_kern_avx512, pack_a_w_avx2,
+                        pack_b_w_avx2, NULL},
+                  .hw_arith = true,
+                  .unpacked = unpacked_fma,
+                  .sink = sink_avx2},
 #endif
-    [B_HW] = {{"avx512bf16", 12, 32, kern_hw, PACK_A_P, PACK_B_P, NULL},
-              DP_GEMM_X86,
-              true,
-              UNPACKED_HW,
-              SINK_HW},
+    [B_HW] = {.t = {"avx512bf16", 12, 32, kern_hw, PACK_A_P, PACK_B_P, NULL},
+              .hw_arith = DP_GEMM_X86,
+              .pairs = true,
+              .unpacked = UNPACKED_HW,
+              .sink = SINK_HW},
 };
 _Static_assert(RM % MR_S == 0 && RN % NR_S == 0 && RM % 12 == 0 && RN % 32 == 0, "tiles");
 _Static_assert(12 <= MR_MAX && 32 <= NR_MAX, "tiles");
@@ -688,14 +680,15 @@ size_t dp__gemm_bf16_workspace_bytes(int M, int N, int K) {
  * describes that packing, for the unpacked path). */
 static void run(const bf16_tier *bt, const call *c, void *workspace, const float *Bpre) {
   if (c->M <= 0 || c->N <= 0) return;
-  if (c->K <= 0) { /* exact: the caller's environment does not matter */
+  unsigned mx = mx_enter(bt->hw_arith);
+  if (c->K <= 0) {
     for (int i = 0; i < c->M; i++)
       for (int j = 0; j < c->N; j++)
         store_one(c->C, (size_t)i * c->ldc + j, c->c_store,
                   epi_ftz(0.0f, c->bias, j, c->relu));
+    mx_leave(mx);
     return;
   }
-  unsigned mx = mx_enter(bt->hw_arith);
   int Kp = c->K + (c->K & 1);
   bool bf16_out = c->c_store == DP_BF16_STORE_BF16;
   size_t need = need_bytes(c->M, c->N, Kp, bf16_out);
