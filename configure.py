@@ -54,7 +54,7 @@ TSANITIZE = ['-fsanitize=thread', '-fno-omit-frame-pointer']
 # test_dp's suites that `ninja tsan` runs: those whose steps run on several device
 # threads (the executor's barriers, work sharing and left-out barriers, lib/core/exec.c)
 TSAN_SUITES = ['step', 'faults', 'determinism', 'accumulate', 'batchnorm', 'clip', 'repro',
-               'hostile', 'guards']
+               'hostile', 'guards', 'precision']
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
 SOURCE_DIRS = ['lib', 'lib/util', 'lib/model', 'lib/core', 'lib/cpu', 'lib/format', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',

@@ -904,7 +904,8 @@ const char *dp_gemm_tier(void);
 /* Switches the CPU GEMM tier, for benchmarks and tests; call it while no
  * step runs. NULL or "auto": the best the CPU supports. An unknown name is
  * DP_ERR_INVALID, a tier this CPU lacks DP_ERR_UNSUPPORTED; either way
- * nothing changes. */
+ * nothing changes. "avx512bf16": avx512 with the bf16 GEMM on the
+ * AVX512_BF16 instruction ("avx512": emulated, the same bits). */
 dp_status dp_gemm_set_tier(const char *tier);
 
 /* Times one FP32 GEMM of m x n x k (m, n, k >= 1) on `device` of `backend`:

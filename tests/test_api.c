@@ -260,6 +260,10 @@ START_TEST(gemm_tier_switches_and_refuses_nonsense) {
     ck_assert_str_eq(dp_gemm_tier(), s == DP_OK ? fast[i] : "scalar");
     if (s == DP_OK) ck_assert_int_eq(dp_gemm_set_tier("scalar"), DP_OK);
   }
+  /* the bf16 GEMM on its instruction: the avx512 tier, by another name */
+  dp_status s = dp_gemm_set_tier("avx512bf16");
+  ck_assert_msg(s == DP_OK || s == DP_ERR_UNSUPPORTED, "%s", dp_status_name(s));
+  ck_assert_str_eq(dp_gemm_tier(), s == DP_OK ? "avx512" : "scalar");
   ck_assert_int_eq(dp_gemm_set_tier(NULL), DP_OK);
   ck_assert_str_eq(dp_gemm_tier(), best);
 }

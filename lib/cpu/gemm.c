@@ -15,8 +15,14 @@
  * (the AVX2 and AVX-512 tiers share 8 x 8 transposes). Problems of at most
  * SMALL_FMAS fused multiply-adds skip packing and run the same per-element
  * sequence directly; problems whose panels fit STACK_WS bytes pack on the
- * stack. Only the rest use the caller's workspace. */
+ * stack. Only the rest use the caller's workspace.
+ *
+ * The blocking, the tiers' kernels and the driver are shared with the bf16
+ * GEMM (bf16.c) through gemm_impl.h: a job names its packers (bf16.c's widen
+ * and reorder bf16 operands), where the partial sums live, and a sink for
+ * each tile's final values (NULL here: they stay in C). */
 #include "cpu/gemm.h"
+#include "cpu/gemm_impl.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -24,67 +30,9 @@
 #include <string.h>
 #include <time.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#define DP_GEMM_X86 1
-#include <immintrin.h>
-#else
-#define DP_GEMM_X86 0
-#endif
+#define UA_SLIVERS 4 /* products this many B slivers wide read A in place */
 
-/* Blocking, shared by all tiers. RM and RN are multiples of every tier's MR
- * and NR: the packed panels are rounded to them, so the workspace size does
- * not depend on the tier. */
-#ifndef KC
-#define KC 256
-#endif
-#ifndef MC
-#define MC 96
-#endif
-#ifndef NC
-#define NC 1024
-#endif
-#define RM 12
-#define RN 32
-#define MR_MAX 12
-#define NR_MAX 32
-#define STACK_WS (32 * 1024) /* problems whose panels fit here pack on the stack */
-#define UA_SLIVERS 4         /* products this many B slivers wide read A in place */
-#ifndef SMALL_FMAS
-#define SMALL_FMAS 512 /* problems of at most this many fmas run unpacked */
-#endif
-
-/* micro-kernel flags */
-enum { K_LOAD = 1, K_BIAS = 2, K_RELU = 4 };
-
-/* c (MR, NR; row stride ldc) = [c if K_LOAD, else 0] + a-sliver · b-sliver over
- * kc steps; then, if asked, + bias (NR) and relu. */
-typedef void (*kern_fn)(int kc, const float *a, const float *b, float *c, size_t ldc,
-                        int flags, const float *bias);
-/* Packs op(A)[i0, i0+mc) x [k0, k0+kc) into MR-tall slivers, zero rows up to mpad. */
-typedef void (*pack_a_fn)(float *dst, const float *A, int lda, int transA, int i0, int mc,
-                          int k0, int kc, int MR, int mpad);
-/* Packs op(B)[k0, k0+kc) x [j0, j0+nc) into NR-wide slivers, zero past nc:
- * the slivers of panel columns [s0, s1) (multiples of NR), at dst + s0 * kc. */
-typedef void (*pack_b_fn)(float *dst, const float *B, int ldb, int transB, int k0, int kc,
-                          int j0, int nc, int NR, int s0, int s1);
-
-/* kern_fn with op(A) read where it lies instead of from a packed sliver: row
- * i of the sliver at a + i * sa_i, its step k at + k * sa_k (MR rows that
- * exist). The same fma per element in the same order as kern_fn. */
-typedef void (*kern_ua_fn)(int kc, const float *a, size_t sa_i, size_t sa_k, const float *b,
-                           float *c, size_t ldc, int flags, const float *bias);
-
-typedef struct {
-  const char *name;
-  int mr, nr;
-  kern_fn kern;
-  pack_a_fn pack_a;
-  pack_b_fn pack_b;
-  kern_ua_fn kern_ua; /* NULL: A is always packed */
-} tier;
-
-static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
-static int imin(int a, int b) { return a < b ? a : b; }
+typedef dp__gemm_tier tier;
 
 /* The epilogue of one element, as every tier applies it. */
 static inline float epi(float acc, const float *bias, int j, int relu) {
@@ -97,11 +45,13 @@ static inline float epi(float acc, const float *bias, int j, int relu) {
 
 /* Slivers of MR rows of op(A)[i0, i0+mc) x [k0, k0+kc): element (s*MR + ii, k)
  * at s*MR*kc + k*MR + ii; rows from mc to mpad are zero. */
-static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, int mc,
-                     int k0, int kc, int MR, int mpad) {
+static void pack_a_c(float *dst, const dp__gemm_mat *Am, int i0, int mc, int k0, int kc,
+                     int MR, int mpad) {
+  const float *A = Am->p;
+  int lda = Am->ld, transA = Am->trans;
   for (int s = 0; s < mpad; s += MR) {
     float *d = dst + (size_t)s * kc;
-    int rows = mc - s < 0 ? 0 : imin(mc - s, MR);
+    int rows = mc - s < 0 ? 0 : dp__imin(mc - s, MR);
     if (rows == 0) {
       memset(d, 0, (size_t)MR * kc * sizeof *d);
     } else if (transA) { /* op(A)[i][k] = A[k][i]: MR contiguous floats per k */
@@ -126,11 +76,13 @@ static void pack_a_c(float *dst, const float *A, int lda, int transA, int i0, in
 
 /* Slivers of NR columns of op(B)[k0, k0+kc) x [j0, j0+nc): element (k, s*NR + jj)
  * at s*NR*kc + k*NR + jj; columns from nc to npad are zero. */
-static void pack_b_c(float *dst, const float *B, int ldb, int transB, int k0, int kc,
-                     int j0, int nc, int NR, int s0, int s1) {
+static void pack_b_c(float *dst, const dp__gemm_mat *Bm, int k0, int kc, int j0, int nc,
+                     int NR, int s0, int s1) {
+  const float *B = Bm->p;
+  int ldb = Bm->ld, transB = Bm->trans;
   for (int s = s0; s < s1; s += NR) {
     float *d = dst + (size_t)s * kc;
-    int cols = nc - s < 0 ? 0 : imin(nc - s, NR);
+    int cols = nc - s < 0 ? 0 : dp__imin(nc - s, NR);
     if (cols == 0) {
       memset(d, 0, (size_t)NR * kc * sizeof *d);
     } else if (!transB) { /* B[k][j]: NR contiguous floats per k */
@@ -174,9 +126,9 @@ static void kern_scalar(int kc, const float *a, const float *b, float *c, size_t
 #if DP_GEMM_X86
 /* ---- AVX2 tier: 6 x 16 (12 ymm accumulators) ------------------------------ */
 
-#define TGT_AVX2 __attribute__((target("avx2,fma")))
-#define MR_2 6
-#define NR_2 16
+#define TGT_AVX2 DP_TGT_AVX2
+#define MR_2 DP_MR_2
+#define NR_2 DP_NR_2
 
 /* The AVX2 kernels' accumulators at the start (the partial sums of an earlier
  * K-block, or +0) and their epilogue (bias once after the whole sum, relu,
@@ -219,8 +171,8 @@ AVX2_INLINE void avx2_finish(__m256 acc[][2], float *c, size_t ldc, int flags,
   }
 }
 
-TGT_AVX2 static void kern_avx2(int kc, const float *a, const float *b, float *c, size_t ldc,
-                               int flags, const float *bias) {
+TGT_AVX2 void dp__gemm_kern_avx2(int kc, const float *a, const float *b, float *c,
+                                 size_t ldc, int flags, const float *bias) {
   __m256 acc[MR_2][2];
   avx2_start(acc, c, ldc, flags);
 #pragma GCC unroll 4
@@ -260,58 +212,6 @@ TGT_AVX2 static void kern_avx2_ua(int kc, const float *a, size_t sa_i, size_t sa
   avx2_finish(acc, c, ldc, flags, bias);
 }
 
-/* 8 x 8 transpose: rows r[0..7] in, columns out. */
-TGT_AVX2 static inline void transpose8(__m256 r[8]) {
-  __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xee);
-  __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xee);
-  __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xee);
-  __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xee);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
-/* The first n (0..8) lanes. */
-TGT_AVX2 static inline __m256i lanes(int n) {
-  static const int32_t m[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
-  return _mm256_loadu_si256((const __m256i *)(const void *)(m + 8 - n));
-}
-
-/* The first cnt (1..7) lanes of v to o, without touching o[cnt..]. */
-TGT_AVX2 static inline void store_part(float *o, __m256 v, int cnt) {
-  __m128 lo = _mm256_castps256_ps128(v);
-  if (cnt >= 4) {
-    _mm_storeu_ps(o, lo);
-    lo = _mm256_extractf128_ps(v, 1);
-    o += 4;
-    cnt -= 4;
-  }
-  if (cnt >= 2) {
-    _mm_storel_pi((__m64 *)(void *)o, lo);
-    lo = _mm_movehl_ps(lo, lo);
-    o += 2;
-    cnt -= 2;
-  }
-  if (cnt) _mm_store_ss(o, lo);
-}
-
-/* The first cnt (1..8) lanes of v to o. */
-TGT_AVX2 static inline void store_n(float *o, __m256 v, int cnt) {
-  if (cnt == 8)
-    _mm256_storeu_ps(o, v);
-  else
-    store_part(o, v, cnt);
-}
-
 /* One sliver of width W: lane l (< n; the others are zero) at step k is
  * src[l * ld + k]; it goes to d[k * W + l]. 8 x 8 transposes, in groups of 8
  * lanes (the last group may be narrower: W = 6, 12); masked loads past kc.
@@ -322,17 +222,17 @@ TGT_AVX2 static inline void store_n(float *o, __m256 v, int cnt) {
 TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, int n,
                                  int kc, int rows_left) {
   for (int g = 0; g < W; g += 8, d += 8) {
-    int cnt = imin(8, W - g), valid = n - g < 0 ? 0 : imin(n - g, cnt);
+    int cnt = dp__imin(8, W - g), valid = n - g < 0 ? 0 : dp__imin(n - g, cnt);
     bool spill = W < 8;
     if (valid == 0) {
-      for (int k = 0; k < kc; k++) store_n(d + (size_t)k * W, _mm256_setzero_ps(), cnt);
+      for (int k = 0; k < kc; k++) dp__store_n(d + (size_t)k * W, _mm256_setzero_ps(), cnt);
       continue;
     }
     const float *p[8];
     for (int l = 0; l < 8; l++) p[l] = src + (size_t)(g + (l < valid ? l : 0)) * ld;
     /* the next 8 source rows (of this sliver or the next), fetched a group
      * ahead: rows 1 KiB long do not train the hardware prefetchers */
-    int pf = imin(8, rows_left - g - 8);
+    int pf = dp__imin(8, rows_left - g - 8);
     const float *q = pf > 0 ? src + (size_t)(g + 8) * ld : NULL;
     int k = 0;
     for (; k + 8 <= kc; k += 8) {
@@ -342,27 +242,27 @@ TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, i
 #pragma GCC unroll 8
       for (int l = 0; l < 8; l++)
         r[l] = l < valid ? _mm256_loadu_ps(p[l] + k) : _mm256_setzero_ps();
-      transpose8(r);
+      dp__transpose8(r);
       if (cnt == 8 || (spill && k + 8 < kc)) {
 #pragma GCC unroll 8
         for (int kk = 0; kk < 8; kk++) _mm256_storeu_ps(d + (size_t)(k + kk) * W, r[kk]);
       } else {
-        for (int kk = 0; kk < 8; kk++) store_n(d + (size_t)(k + kk) * W, r[kk], cnt);
+        for (int kk = 0; kk < 8; kk++) dp__store_n(d + (size_t)(k + kk) * W, r[kk], cnt);
       }
     }
     if (k < kc) {
       int kn = kc - k;
-      __m256i kmask = lanes(kn);
+      __m256i kmask = dp__lanes(kn);
       __m256 r[8];
       for (int l = 0; l < 8; l++)
         r[l] = l < valid ? _mm256_maskload_ps(p[l] + k, kmask) : _mm256_setzero_ps();
-      transpose8(r);
+      dp__transpose8(r);
       for (int kk = 0; kk < kn; kk++) {
         float *o = d + (size_t)(k + kk) * W;
         if (spill && k + kk + 1 < kc)
           _mm256_storeu_ps(o, r[kk]);
         else
-          store_n(o, r[kk], cnt);
+          dp__store_n(o, r[kk], cnt);
       }
     }
   }
@@ -375,7 +275,7 @@ TGT_AVX2 static void pack_t_avx2(float *d, int W, const float *src, size_t ld, i
 TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld, int n,
                                  int npad, int kc) {
   for (int k0 = 0; k0 < kc; k0 += 8) {
-    int kn = imin(8, kc - k0);
+    int kn = dp__imin(8, kc - k0);
     for (int s = 0; s < npad; s += W) {
       float *d = dst + (size_t)s * kc + (size_t)k0 * W;
       const float *q = src + (size_t)k0 * ld + s;
@@ -391,33 +291,36 @@ TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld,
         int kfull = k0 + kn < kc ? kn : kn - 1;
         for (int k = 0; k < kfull; k++, q += ld, d += W)
           _mm256_storeu_ps(d, _mm256_loadu_ps(q));
-        if (kfull < kn) store_n(d, _mm256_loadu_ps(q), W);
+        if (kfull < kn) dp__store_n(d, _mm256_loadu_ps(q), W);
         continue;
       }
       for (int k = 0; k < kn; k++, q += ld, d += W)
         for (int g = 0; g < W; g += 8) {
-          int cnt = imin(8, W - g), valid = n - s - g < 0 ? 0 : imin(n - s - g, cnt);
+          int cnt = dp__imin(8, W - g),
+              valid = n - s - g < 0 ? 0 : dp__imin(n - s - g, cnt);
           __m256 v = valid == 8  ? _mm256_loadu_ps(q + g)
-                     : valid > 0 ? _mm256_maskload_ps(q + g, lanes(valid))
+                     : valid > 0 ? _mm256_maskload_ps(q + g, dp__lanes(valid))
                                  : _mm256_setzero_ps();
           if (W < 8 && k0 + k + 1 < kc)
             _mm256_storeu_ps(d + g, v);
           else
-            store_n(d + g, v, cnt);
+            dp__store_n(d + g, v, cnt);
         }
     }
   }
 }
 
-TGT_AVX2 static void pack_a_avx2(float *dst, const float *A, int lda, int transA, int i0,
-                                 int mc, int k0, int kc, int MR, int mpad) {
+TGT_AVX2 static void pack_a_avx2(float *dst, const dp__gemm_mat *Am, int i0, int mc, int k0,
+                                 int kc, int MR, int mpad) {
+  const float *A = Am->p;
+  int lda = Am->ld, transA = Am->trans;
   if (transA) {
     pack_c_avx2(dst, MR, A + (size_t)k0 * lda + i0, (size_t)lda, mc, mpad, kc);
     return;
   }
   for (int s = 0; s < mpad; s += MR) {
     float *d = dst + (size_t)s * kc;
-    int rows = mc - s < 0 ? 0 : imin(mc - s, MR);
+    int rows = mc - s < 0 ? 0 : dp__imin(mc - s, MR);
     if (rows == 0)
       memset(d, 0, (size_t)MR * kc * sizeof *d);
     else
@@ -425,8 +328,10 @@ TGT_AVX2 static void pack_a_avx2(float *dst, const float *A, int lda, int transA
   }
 }
 
-TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB, int k0,
-                                 int kc, int j0, int nc, int NR, int s0, int s1) {
+TGT_AVX2 static void pack_b_avx2(float *dst, const dp__gemm_mat *Bm, int k0, int kc, int j0,
+                                 int nc, int NR, int s0, int s1) {
+  const float *B = Bm->p;
+  int ldb = Bm->ld, transB = Bm->trans;
   if (!transB && s0 < nc) {
     pack_c_avx2(dst + (size_t)s0 * kc, NR, B + (size_t)k0 * ldb + j0 + s0, (size_t)ldb,
                 nc - s0, s1 - s0, kc);
@@ -434,7 +339,7 @@ TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB
   }
   for (int s = s0; s < s1; s += NR) {
     float *d = dst + (size_t)s * kc;
-    int cols = nc - s < 0 ? 0 : imin(nc - s, NR);
+    int cols = nc - s < 0 ? 0 : dp__imin(nc - s, NR);
     if (cols == 0)
       memset(d, 0, (size_t)NR * kc * sizeof *d);
     else
@@ -444,23 +349,13 @@ TGT_AVX2 static void pack_b_avx2(float *dst, const float *B, int ldb, int transB
 
 /* ---- AVX-512 tier: 12 x 32 (24 zmm accumulators) -------------------------- */
 
-#define TGT_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
-#define MR_5 12
-#define NR_5 32
+#define MR_5 DP_MR_5
+#define NR_5 DP_NR_5
 
-TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float *c,
-                                   size_t ldc, int flags, const float *bias) {
+DP_TGT_AVX512 void dp__gemm_kern_avx512(int kc, const float *a, const float *b, float *c,
+                                        size_t ldc, int flags, const float *bias) {
   __m512 acc[MR_5][2];
-  if (flags & K_LOAD) {
-#pragma GCC unroll 12
-    for (int i = 0; i < MR_5; i++) {
-      acc[i][0] = _mm512_loadu_ps(c + i * ldc);
-      acc[i][1] = _mm512_loadu_ps(c + i * ldc + 16);
-    }
-  } else {
-#pragma GCC unroll 12
-    for (int i = 0; i < MR_5; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
-  }
+  dp__avx512_start(acc, c, ldc, flags);
 #pragma GCC unroll 4
   for (int k = 0; k < kc; k++, a += MR_5, b += NR_5) {
     __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
@@ -471,39 +366,19 @@ TGT_AVX512 static void kern_avx512(int kc, const float *a, const float *b, float
       acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
     }
   }
-  if (flags & K_BIAS) {
-    __m512 bb0 = _mm512_loadu_ps(bias), bb1 = _mm512_loadu_ps(bias + 16);
-#pragma GCC unroll 12
-    for (int i = 0; i < MR_5; i++) {
-      acc[i][0] = _mm512_add_ps(acc[i][0], bb0);
-      acc[i][1] = _mm512_add_ps(acc[i][1], bb1);
-    }
-  }
-  if (flags & K_RELU) {
-    __m512 z = _mm512_setzero_ps();
-#pragma GCC unroll 12
-    for (int i = 0; i < MR_5; i++)
-      for (int h = 0; h < 2; h++) /* v <= 0 -> +0; NaN (unordered) passes */
-        acc[i][h] = _mm512_maskz_mov_ps(
-            ~_mm512_cmp_ps_mask(acc[i][h], z, _CMP_LE_OQ) & 0xffff, acc[i][h]);
-  }
-#pragma GCC unroll 12
-  for (int i = 0; i < MR_5; i++) {
-    _mm512_storeu_ps(c + i * ldc, acc[i][0]);
-    _mm512_storeu_ps(c + i * ldc + 16, acc[i][1]);
-  }
+  dp__avx512_finish(acc, c, ldc, flags, bias);
 }
 #endif /* DP_GEMM_X86 */
 
 /* ---- tiers and dispatch ---------------------------------------------------- */
 
-enum { TIER_SCALAR, TIER_AVX2, TIER_AVX512, TIER_COUNT };
-
-static const tier tiers[TIER_COUNT] = {
-    [TIER_SCALAR] = {"scalar", MR_S, NR_S, kern_scalar, pack_a_c, pack_b_c, NULL},
+const dp__gemm_tier dp__gemm_tiers[DP_GEMM_TIERS] = {
+    [DP_GEMM_SCALAR] = {"scalar", MR_S, NR_S, kern_scalar, pack_a_c, pack_b_c, NULL},
 #if DP_GEMM_X86
-    [TIER_AVX2] = {"avx2", MR_2, NR_2, kern_avx2, pack_a_avx2, pack_b_avx2, kern_avx2_ua},
-    [TIER_AVX512] = {"avx512", MR_5, NR_5, kern_avx512, pack_a_avx2, pack_b_avx2, NULL},
+    [DP_GEMM_AVX2] = {"avx2", MR_2, NR_2, dp__gemm_kern_avx2, pack_a_avx2, pack_b_avx2,
+                      kern_avx2_ua},
+    [DP_GEMM_AVX512] = {"avx512", MR_5, NR_5, dp__gemm_kern_avx512, pack_a_avx2,
+                        pack_b_avx2, NULL},
 #endif
 };
 
@@ -516,12 +391,12 @@ _Static_assert(MR_5 <= MR_MAX && NR_5 <= NR_MAX, "tile");
 
 static bool cpu_has(int t) {
   switch (t) {
-  case TIER_SCALAR: return true;
+  case DP_GEMM_SCALAR: return true;
 #if DP_GEMM_X86
-  case TIER_AVX2:
+  case DP_GEMM_AVX2:
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  case TIER_AVX512:
+  case DP_GEMM_AVX512:
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -530,58 +405,84 @@ static bool cpu_has(int t) {
   }
 }
 
+/* "avx512bf16" is the avx512 tier with the bf16 GEMM on the AVX512_BF16
+ * instruction (bf16.h); the fp32 GEMM is the same. */
+enum { NAME_AUTO = -2, NAME_UNKNOWN = -1, NAME_AVX512BF16 = DP_GEMM_TIERS };
+
 static int tier_of(const char *name) {
-  if (!name || strcmp(name, "auto") == 0) return -2;
-  for (int t = 0; t < TIER_COUNT; t++)
-    if (tiers[t].name && strcmp(tiers[t].name, name) == 0) return t;
-  return -1;
+  if (!name || strcmp(name, "auto") == 0) return NAME_AUTO;
+  if (strcmp(name, "avx512bf16") == 0) return NAME_AVX512BF16;
+  for (int t = 0; t < DP_GEMM_TIERS; t++)
+    if (dp__gemm_tiers[t].name && strcmp(dp__gemm_tiers[t].name, name) == 0) return t;
+  return NAME_UNKNOWN;
+}
+
+static bool name_has(int n) {
+  if (n == NAME_AVX512BF16) return cpu_has(DP_GEMM_AVX512) && dp__gemm_bf16_hw_usable();
+  return n >= 0 && cpu_has(n);
 }
 
 static int best_tier(void) {
-  for (int t = TIER_COUNT - 1; t > 0; t--)
+  for (int t = DP_GEMM_TIERS - 1; t > 0; t--)
     if (cpu_has(t)) return t;
-  return TIER_SCALAR;
+  return DP_GEMM_SCALAR;
 }
 
-/* The tier in use, + 1 (0: not chosen yet). Relaxed atomics: the choice is
- * made once (or forced by a test between runs); any thread may read it. */
-static int cur_tier;
+/* The tier in use, + 1 (0: not chosen yet), and whether "avx512" was named
+ * (the bf16 GEMM then emulates the AVX512_BF16 instruction even where the CPU
+ * has it). Relaxed atomics: the choice is made once (or forced by a test
+ * between runs); any thread may read it. */
+static int cur_tier, bf16_hw_off;
+
+/* Makes the name (known, supported or "auto") the tier in use. */
+static void set_tier(int n) {
+  int t = n == NAME_AUTO ? best_tier() : n == NAME_AVX512BF16 ? DP_GEMM_AVX512 : n;
+  __atomic_store_n(&bf16_hw_off, n == DP_GEMM_AVX512, __ATOMIC_RELAXED);
+  __atomic_store_n(&cur_tier, t + 1, __ATOMIC_RELAXED);
+}
 
 static const tier *get_tier(void) {
   int t = __atomic_load_n(&cur_tier, __ATOMIC_RELAXED);
   if (t == 0) {
     int want = tier_of(getenv("DP_GEMM_TIER"));
-    t = (want >= 0 && cpu_has(want) ? want : best_tier()) + 1;
-    __atomic_store_n(&cur_tier, t, __ATOMIC_RELAXED);
+    set_tier(name_has(want) ? want : NAME_AUTO);
+    t = __atomic_load_n(&cur_tier, __ATOMIC_RELAXED);
   }
-  return &tiers[t - 1];
+  return &dp__gemm_tiers[t - 1];
+}
+
+int dp__gemm_tier_id(void) { return (int)(get_tier() - dp__gemm_tiers); }
+
+bool dp__gemm_bf16_hw_allowed(void) {
+  get_tier();
+  return !__atomic_load_n(&bf16_hw_off, __ATOMIC_RELAXED);
 }
 
 int dp__gemm_force_tier(const char *name) {
-  int t = tier_of(name);
-  if (t == -2) t = best_tier();
-  if (t < 0 || !cpu_has(t)) return -1;
-  __atomic_store_n(&cur_tier, t + 1, __ATOMIC_RELAXED);
+  int n = tier_of(name);
+  if (n != NAME_AUTO && !name_has(n)) return -1;
+  set_tier(n);
   return 0;
 }
 
 bool dp__gemm_tier_supported(const char *name) {
-  int t = tier_of(name);
-  return t == -2 || (t >= 0 && cpu_has(t));
+  int n = tier_of(name);
+  return n == NAME_AUTO || name_has(n);
 }
 
 const char *dp__gemm_tier_name(void) { return get_tier()->name; }
 
-bool dp__simd_avx2(void) { return get_tier() != &tiers[TIER_SCALAR]; }
+bool dp__simd_avx2(void) { return get_tier() != &dp__gemm_tiers[DP_GEMM_SCALAR]; }
 
 const char *dp_gemm_tier(void) { return dp__gemm_tier_name(); }
 
 dp_status dp_gemm_set_tier(const char *name) {
   int t = tier_of(name);
-  if (t == -1)
-    return DP_FAIL(DP_ERR_INVALID,
-                   "dp_gemm_set_tier: unknown GEMM tier '%s' (auto, avx512, avx2, scalar)",
-                   name);
+  if (t == NAME_UNKNOWN)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "dp_gemm_set_tier: unknown GEMM tier '%s' (auto, avx512bf16, avx512, avx2, scalar)",
+        name);
   if (dp__gemm_force_tier(name))
     return DP_FAIL(DP_ERR_UNSUPPORTED, "dp_gemm_set_tier: this CPU cannot run the %s tier",
                    name);
@@ -628,12 +529,14 @@ out:
 
 /* Floats of the packed A block and bytes of the whole layout (A block rounded
  * to 64 bytes, then the B panel: its end is written by the first B slice). */
-static size_t a_floats(int M, int K) {
-  return round_up((size_t)imin(M, MC), RM) * imin(K, KC);
+size_t dp__gemm_a_floats(int M, int K) {
+  return dp__round_up((size_t)dp__imin(M, MC), RM) * dp__imin(K, KC);
 }
-static size_t layout_bytes(int M, int N, int K) {
-  return round_up(a_floats(M, K) * 4, 64) +
-         round_up((size_t)imin(N, NC), RN) * imin(K, KC) * 4;
+size_t dp__gemm_b_floats(int N, int K) {
+  return dp__round_up((size_t)dp__imin(N, NC), RN) * dp__imin(K, KC);
+}
+size_t dp__gemm_layout_bytes(int M, int N, int K) {
+  return dp__round_up(dp__gemm_a_floats(M, K) * 4, 64) + dp__gemm_b_floats(N, K) * 4;
 }
 
 /* Whether dp__sgemm packs this shape (it needs M, N, K > 0). */
@@ -641,7 +544,7 @@ static bool packs(int M, int N, int K) { return (size_t)M * N * K > SMALL_FMAS; 
 
 size_t dp__gemm_workspace_bytes(int M, int N, int K) {
   if (M <= 0 || N <= 0 || K <= 0 || !packs(M, N, K)) return 0;
-  size_t b = layout_bytes(M, N, K);
+  size_t b = dp__gemm_layout_bytes(M, N, K);
   return b <= STACK_WS ? 0 : b;
 }
 
@@ -726,7 +629,7 @@ TGT_AVX2 static void gemm_unpacked_fma(UNPACKED_ARGS) {
 
 static void gemm_unpacked(const tier *t, UNPACKED_ARGS) {
 #if DP_GEMM_X86
-  if (t != &tiers[TIER_SCALAR]) {
+  if (t != &dp__gemm_tiers[DP_GEMM_SCALAR]) {
     gemm_unpacked_fma(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
     return;
   }
@@ -735,93 +638,167 @@ static void gemm_unpacked(const tier *t, UNPACKED_ARGS) {
   gemm_unpacked_c(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
 }
 
-/* Bpre: op(B) already packed whole (dp__gemm_pack_b, this tier), or NULL. */
-static void gemm_packed(const tier *t, int transA, int transB, int M, int N, int K,
-                        const float *A, int lda, const float *B, int ldb, float *C, int ldc,
-                        const float *bias, int relu, float *ws, const float *Bpre) {
+/* The per-call state of dp__gemm_drive's tiles. */
+typedef struct {
+  const dp__gemm_job *g;
+  float *tile; /* MR_MAX x NR_MAX on the stack, for edge tiles and sunk ones */
+  bool tile_set;
+} drive_ctx;
+
+/* One MR x NR tile at rows i.., columns j.. (mr x nr of them exist): the
+ * kernel over one K slice on the A sliver (packed at ap, or in place at au),
+ * the B sliver bp, the partial sums at cp (row stride ldp; NULL: no partial
+ * sums, one K slice), then, after the last slice, the sink. Edge tiles and
+ * tiles without partial sums run on the stack tile. */
+static inline void drive_tile(drive_ctx *x, int kc, const float *ap, const float *au,
+                              size_t sa_i, size_t sa_k, const float *bp, float *cp,
+                              size_t ldp, int flags, bool last, const float *bb, int i,
+                              int j, int mr, int nr) {
+  const dp__gemm_job *g = x->g;
+  const tier *t = g->t;
   const int MR = t->mr, NR = t->nr;
-  float *Ap = ws, *Bp = ws + round_up(a_floats(M, K), 16);
-  _Alignas(64) float tile[MR_MAX * NR_MAX];
+  if (cp && mr == MR && nr == NR) {
+    if (au)
+      t->kern_ua(kc, au, sa_i, sa_k, bp, cp, ldp, flags, bb);
+    else
+      t->kern(kc, ap, bp, cp, ldp, flags, bb);
+    if (last && g->sink) g->sink(g->sink_ctx, cp, ldp, i, j, MR, NR);
+    return;
+  }
+  if (!x->tile_set) { /* edge tiles reload rows they then drop: define them once */
+    memset(x->tile, 0, (size_t)MR_MAX * NR_MAX * sizeof *x->tile);
+    x->tile_set = true;
+  }
+  if (flags & K_LOAD)
+    for (int r = 0; r < mr; r++)
+      memcpy(x->tile + r * NR, cp + (size_t)r * ldp, (size_t)nr * sizeof *cp);
+  if (au)
+    t->kern_ua(kc, au, sa_i, sa_k, bp, x->tile, (size_t)NR, flags, bb);
+  else
+    t->kern(kc, ap, bp, x->tile, (size_t)NR, flags, bb);
+  if (last && g->sink)
+    g->sink(g->sink_ctx, x->tile, (size_t)NR, i, j, mr, nr);
+  else
+    for (int r = 0; r < mr; r++)
+      memcpy(cp + (size_t)r * ldp, x->tile + r * NR, (size_t)nr * sizeof *cp);
+}
+
+/* Rows [r0, r1) of column panel [jc, jc + nc) over the K slice [pc, pc + kc),
+ * with the B slice packed (or being packed, sliver by sliver, when fuse) at
+ * Bb. P: the partial sums of C (r0, jc), row stride ldp, or NULL. */
+static void drive_rows(drive_ctx *x, float *Ap, float *Bp, const float *Bb, bool fuse,
+                       int r0, int r1, int jc, int nc, int pc, int kc, float *P,
+                       size_t ldp) {
+  const dp__gemm_job *g = x->g;
+  const tier *t = g->t;
+  const int MR = t->mr, NR = t->nr;
+  const bool last = pc + kc == g->K;
+  const int flags =
+      (pc > 0 ? K_LOAD : 0) | (last ? (g->bias ? K_BIAS : 0) | (g->relu ? K_RELU : 0) : 0);
   _Alignas(64) float tbias[NR_MAX];
   /* Narrow products (at most UA_SLIVERS B slivers) read A in place: each A
    * sliver would serve only those few B slivers. Only a last, partial row
    * sliver is packed (into apart), so that no row past M is read. */
-  bool ua = t->kern_ua && N <= UA_SLIVERS * NR;
-  size_t sa_i = transA ? 1 : (size_t)lda, sa_k = transA ? (size_t)lda : 1;
+  bool ua = t->kern_ua && g->N <= UA_SLIVERS * NR;
+  const float *A = g->A.p;
+  size_t sa_i = g->A.trans ? 1 : (size_t)g->A.ld, sa_k = g->A.trans ? (size_t)g->A.ld : 1;
   _Alignas(64) float apart[MR_MAX * KC];
-  bool tile_set = false; /* edge tiles reload rows they then drop: define them once */
-  for (int jc = 0; jc < N; jc += NC) {
-    int nc = imin(NC, N - jc);
-    for (int pc = 0; pc < K; pc += KC) {
-      int kc = imin(KC, K - pc);
-      int flags = (pc > 0 ? K_LOAD : 0) |
-                  (pc + kc == K ? (bias ? K_BIAS : 0) | (relu ? K_RELU : 0) : 0);
-      /* A transposed B (the forward's weights) is packed sliver by sliver
-       * just before the first row block uses it, so the sliver is still in L1
-       * then; a row-major B is packed whole, reading its rows contiguously.
-       * The zero slivers past the tier's rounding (up to RN) are packed first. */
-      bool fuse = transB != 0 && !Bpre;
-      int nr_end = (int)round_up((size_t)nc, (size_t)NR),
-          rn_end = (int)round_up((size_t)nc, RN);
-      const float *Bb = Bpre ? Bpre + (size_t)jc * K + (size_t)rn_end * pc : Bp;
-      if (!Bpre)
-        t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
-      for (int ic = 0; ic < M; ic += MC) {
-        int mc = imin(MC, M - ic);
-        if (!ua)
-          t->pack_a(Ap, A, lda, transA, ic, mc, pc, kc, MR,
-                    (int)round_up((size_t)mc, (size_t)MR));
-        else if (mc % MR)
-          t->pack_a(apart, A, lda, transA, ic + mc / MR * MR, mc % MR, pc, kc, MR, MR);
-        for (int jr = 0; jr < nc; jr += NR) {
-          int nr = imin(NR, nc - jr);
-          if (fuse && ic == 0)
-            t->pack_b(Bp, B, ldb, transB, pc, kc, jc, nc, NR, jr, jr + NR);
-          const float *bp = Bb + (size_t)jr * kc, *bb = bias ? bias + jc + jr : NULL;
-          if (bb && nr < NR) {
-            for (int j = 0; j < NR; j++) tbias[j] = j < nr ? bb[j] : 0.0f;
-            bb = tbias;
+  for (int ic = r0; ic < r1; ic += MC) {
+    int mc = dp__imin(MC, r1 - ic);
+    if (!ua)
+      t->pack_a(Ap, &g->A, ic, mc, pc, kc, MR, (int)dp__round_up((size_t)mc, (size_t)MR));
+    else if (mc % MR)
+      t->pack_a(apart, &g->A, ic + mc / MR * MR, mc % MR, pc, kc, MR, MR);
+    for (int jr = 0; jr < nc; jr += NR) {
+      int nr = dp__imin(NR, nc - jr);
+      if (fuse && ic == r0) t->pack_b(Bp, &g->B, pc, kc, jc, nc, NR, jr, jr + NR);
+      const float *bp = Bb + (size_t)jr * kc, *bb = g->bias ? g->bias + jc + jr : NULL;
+      if (bb && nr < NR) {
+        for (int j = 0; j < NR; j++) tbias[j] = j < nr ? bb[j] : 0.0f;
+        bb = tbias;
+      }
+      for (int ir = 0; ir < mc; ir += MR) {
+        int mr = dp__imin(MR, mc - ir);
+        const float *ap = ua ? apart : Ap + (size_t)ir * kc;
+        float *cp = P ? P + (size_t)(ic - r0 + ir) * ldp + jr : NULL;
+        /* in place: A's rows ic + ir .. + MR from column pc */
+        const float *au =
+            mr < MR || !ua ? NULL : A + (size_t)(ic + ir) * sa_i + (size_t)pc * sa_k;
+        /* the next tile's C rows, which the next call reads or writes first */
+        int nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
+        if (P && njr < nc)
+          for (int i = 0; i < dp__imin(MR, mc - nir); i++) {
+            const float *q = P + (size_t)(ic - r0 + nir + i) * ldp + njr;
+            __builtin_prefetch(q, 1, 3);
+            __builtin_prefetch(q + dp__imin(NR, nc - njr) - 1, 1, 3);
           }
-          for (int ir = 0; ir < mc; ir += MR) {
-            int mr = imin(MR, mc - ir);
-            const float *ap = ua ? apart : Ap + (size_t)ir * kc;
-            float *cp = C + (size_t)(ic + ir) * ldc + jc + jr;
-            /* in place: A's rows ic + ir .. + MR from column pc */
-            const float *au =
-                mr < MR || !ua ? NULL : A + (size_t)(ic + ir) * sa_i + (size_t)pc * sa_k;
-            /* the next tile's C rows, which the next call reads or writes first */
-            int nir = ir + MR < mc ? ir + MR : 0, njr = ir + MR < mc ? jr : jr + NR;
-            if (njr < nc)
-              for (int i = 0; i < imin(MR, mc - nir); i++) {
-                const float *q = C + (size_t)(ic + nir + i) * ldc + jc + njr;
-                __builtin_prefetch(q, 1, 3);
-                __builtin_prefetch(q + imin(NR, nc - njr) - 1, 1, 3);
-              }
-            if (mr == MR && nr == NR) {
-              if (au)
-                t->kern_ua(kc, au, sa_i, sa_k, bp, cp, (size_t)ldc, flags, bb);
-              else
-                t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
-              continue;
-            }
-            if (!tile_set) {
-              memset(tile, 0, sizeof tile);
-              tile_set = true;
-            }
-            if (flags & K_LOAD)
-              for (int i = 0; i < mr; i++)
-                memcpy(tile + i * NR, cp + (size_t)i * ldc, (size_t)nr * sizeof *cp);
-            if (au)
-              t->kern_ua(kc, au, sa_i, sa_k, bp, tile, (size_t)NR, flags, bb);
-            else
-              t->kern(kc, ap, bp, tile, (size_t)NR, flags, bb);
-            for (int i = 0; i < mr; i++)
-              memcpy(cp + (size_t)i * ldc, tile + i * NR, (size_t)nr * sizeof *cp);
-          }
-        }
+        drive_tile(x, kc, ap, au, sa_i, sa_k, bp, cp, ldp, flags, last, bb, ic + ir,
+                   jc + jr, mr, nr);
       }
     }
   }
+}
+
+void dp__gemm_drive(const dp__gemm_job *g, float *ws, const float *Bpre) {
+  const tier *t = g->t;
+  const int M = g->M, N = g->N, K = g->K, NR = t->nr;
+  float *Ap = ws, *Bp = ws + dp__round_up(dp__gemm_a_floats(M, K), 16);
+  /* partial sums in C, in scratch after the B panel (rows at a time), or none */
+  float *S = g->C || K <= KC ? NULL : Bp + dp__gemm_b_floats(N, K);
+  size_t lds = dp__round_up((size_t)dp__imin(N, NC), RN);
+  int rows = S ? g->scratch_rows : M;
+  _Alignas(64) float tile[MR_MAX * NR_MAX];
+  drive_ctx x = {.g = g, .tile = tile};
+  for (int jc = 0; jc < N; jc += NC) {
+    int nc = dp__imin(NC, N - jc);
+    int nr_end = (int)dp__round_up((size_t)nc, (size_t)NR),
+        rn_end = (int)dp__round_up((size_t)nc, RN);
+    for (int r0 = 0; r0 < M; r0 += rows) {
+      int r1 = dp__imin(M, r0 + rows);
+      float *P = g->C ? g->C + (size_t)r0 * g->ldc + jc : S;
+      size_t ldp = g->C ? g->ldc : lds;
+      for (int pc = 0; pc < K; pc += KC) {
+        int kc = dp__imin(KC, K - pc);
+        /* A transposed B (the forward's weights) is packed sliver by sliver
+         * just before the first row block uses it, so the sliver is still in
+         * L1 then; a row-major B is packed whole, reading its rows
+         * contiguously. The zero slivers past the tier's rounding (up to RN)
+         * are packed first. */
+        bool fuse = g->B.trans != 0 && !Bpre;
+        const float *Bb = Bpre ? Bpre + (size_t)jc * K + (size_t)rn_end * pc : Bp;
+        if (!Bpre) t->pack_b(Bp, &g->B, pc, kc, jc, nc, NR, fuse ? nr_end : 0, rn_end);
+        drive_rows(&x, Ap, Bp, Bb, fuse, r0, r1, jc, nc, pc, kc, P, ldp);
+      }
+    }
+  }
+}
+
+/* The layout drive reads as Bpre: for each NC-wide column block jc (its nc
+ * columns rounded to RN), for each KC-deep block pc, the slivers of that
+ * block; block (jc, pc) at jc K + round_up(nc, RN) pc floats. */
+void dp__gemm_pack_b_whole(const tier *t, const dp__gemm_mat *B, int K, int N, float *dst) {
+  for (int jc = 0; jc < N; jc += NC) {
+    int nc = dp__imin(NC, N - jc), rn_end = (int)dp__round_up((size_t)nc, RN);
+    for (int pc = 0; pc < K; pc += KC)
+      t->pack_b(dst + (size_t)jc * K + (size_t)rn_end * pc, B, pc, dp__imin(KC, K - pc), jc,
+                nc, t->nr, 0, rn_end);
+  }
+}
+
+/* dp__sgemm's job (fp32 operands and C, no sink). */
+static dp__gemm_job sgemm_job(int transA, int transB, int M, int N, int K, const float *A,
+                              int lda, const float *B, int ldb, float *C, int ldc,
+                              const dp_gemm_epilogue *ep) {
+  return (dp__gemm_job){.t = get_tier(),
+                        .M = M,
+                        .N = N,
+                        .K = K,
+                        .A = {.p = A, .ld = lda, .trans = transA},
+                        .B = {.p = B, .ld = ldb, .trans = transB},
+                        .C = C,
+                        .ldc = (size_t)ldc,
+                        .bias = ep ? ep->bias : NULL,
+                        .relu = ep && ep->act == DP_GEMM_ACT_RELU};
 }
 
 void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int lda,
@@ -836,16 +813,15 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
     return;
   }
   const tier *t = get_tier();
-  size_t need = layout_bytes(M, N, K);
+  size_t need = dp__gemm_layout_bytes(M, N, K);
+  dp__gemm_job g = sgemm_job(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, ep);
   if (!packs(M, N, K)) {
     gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
   } else if (need <= STACK_WS) {
     _Alignas(64) unsigned char buf[STACK_WS];
-    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu,
-                (float *)(void *)buf, NULL);
+    dp__gemm_drive(&g, (float *)(void *)buf, NULL);
   } else if (workspace) {
-    gemm_packed(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu, workspace,
-                NULL);
+    dp__gemm_drive(&g, workspace, NULL);
   } else {
     gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
   }
@@ -868,7 +844,7 @@ void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out) {
 }
 
 size_t dp__gemm_packed_b_bytes(int K, int N) {
-  return K > 0 && N > 0 ? round_up((size_t)N, RN) * (size_t)K * 4 : 0;
+  return K > 0 && N > 0 ? dp__round_up((size_t)N, RN) * (size_t)K * 4 : 0;
 }
 
 size_t dp__model_packed_wt_bytes(const dp_model *m) {
@@ -882,17 +858,10 @@ size_t dp__model_packed_wt_bytes(const dp_model *m) {
   return w;
 }
 
-/* The layout gemm_packed packs block by block: for each NC-wide column block
- * jc (its nc columns rounded to RN), for each KC-deep block pc, the slivers of
- * that block; block (jc, pc) at jc K + round_up(nc, RN) pc floats. */
+/* The layout dp__gemm_drive reads as Bpre (dp__gemm_pack_b_whole). */
 void dp__gemm_pack_b(int transB, int K, int N, const float *B, int ldb, float *dst) {
-  const tier *t = get_tier();
-  for (int jc = 0; jc < N; jc += NC) {
-    int nc = imin(NC, N - jc), rn_end = (int)round_up((size_t)nc, RN);
-    for (int pc = 0; pc < K; pc += KC)
-      t->pack_b(dst + (size_t)jc * K + (size_t)rn_end * pc, B, ldb, transB, pc,
-                imin(KC, K - pc), jc, nc, t->nr, 0, rn_end);
-  }
+  dp__gemm_mat Bm = {.p = B, .ld = ldb, .trans = transB};
+  dp__gemm_pack_b_whole(get_tier(), &Bm, K, N, dst);
 }
 
 void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, int lda,
@@ -900,12 +869,12 @@ void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, i
                   const dp_gemm_epilogue *ep, void *workspace) {
   /* the prepacked path needs the packed route and the A block's workspace */
   if (!Bpacked || M <= 0 || N <= 0 || K <= 0 || !packs(M, N, K) ||
-      (layout_bytes(M, N, K) > STACK_WS && !workspace)) {
+      (dp__gemm_layout_bytes(M, N, K) > STACK_WS && !workspace)) {
     dp__sgemm(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, ep, workspace);
     return;
   }
   _Alignas(64) unsigned char buf[STACK_WS];
-  float *ws = layout_bytes(M, N, K) <= STACK_WS ? (float *)(void *)buf : workspace;
-  gemm_packed(get_tier(), transA, transB, M, N, K, A, lda, B, ldb, C, ldc,
-              ep ? ep->bias : NULL, ep && ep->act == DP_GEMM_ACT_RELU, ws, Bpacked);
+  float *ws = dp__gemm_layout_bytes(M, N, K) <= STACK_WS ? (float *)(void *)buf : workspace;
+  dp__gemm_job g = sgemm_job(transA, transB, M, N, K, A, lda, B, ldb, C, ldc, ep);
+  dp__gemm_drive(&g, ws, Bpacked);
 }

@@ -108,7 +108,10 @@ bool dp__simd_avx2(void);
  * CPU supports. Returns 0, or -1 (nothing changed) for an unknown name or a tier
  * this CPU lacks. The environment variable DP_GEMM_TIER, read at the first
  * GEMM, picks the starting tier the same way. Meant for tests and benchmarks:
- * switch tiers while no GEMM runs. */
+ * switch tiers while no GEMM runs. "avx512bf16" is the avx512 tier with the
+ * bf16 GEMM (bf16.h) on the AVX512_BF16 instruction, where the CPU has it
+ * and its self-check passes ("auto" takes it then; naming "avx512" makes the
+ * bf16 GEMM emulate it); the tier's name stays "avx512". */
 int dp__gemm_force_tier(const char *name);
 bool dp__gemm_tier_supported(const char *name);
 const char *dp__gemm_tier_name(void); /* the tier in use */
