@@ -40,6 +40,24 @@
  * summed, not with the result) from failing for rounding alone. The generator
  * checks that PyTorch's float32 results are within 10% of this tolerance of a
  * float64 rerun, so an independent float32 implementation has ample room.
+ *
+ * bf16 cases (bf16_*) carry precision = 1: libdp runs them with
+ * config.precision = DP_PRECISION_BF16 and the file's micro_batch (libdp
+ * rounds each micro-batch's weight gradients to bf16, as PyTorch's gradient
+ * accumulation under autocast does), against PyTorch's bf16 autocast with
+ * libdp's rounding points mirrored where autocast differs (README.md "bf16
+ * cases", docs/PRECISION.md). Their tolerance is normwise, per tensor (each
+ * parameter tensor of a parameter or gradient record, the whole output, each
+ * loss or norm):
+ *   ||got - want||_2 <= 2^-10 ||want||_2
+ * Two implementations of the same bf16 semantics differ only where their fp32
+ * accumulations round a value to different bf16 neighbours: a few elements one
+ * ulp (<= 2^-7 relative) apart. Skipping the roundings (fp32) moves every
+ * element by a rounding error (RMS ~2^-8 / sqrt(3) relative per rounding), so
+ * 2^-10 tells the two apart: the generator requires PyTorch's autocast to be
+ * within a quarter of it of a float64 emulation of the semantics, and a plain
+ * fp32 run at least twice it away in the outputs or the gradients, and
+ * test_bf16_case_run_in_fp32_fails checks that libdp's fp32 fails it.
  */
 #include "dp.h"
 
@@ -55,6 +73,7 @@
 #endif
 #define GOLDEN_FLOOR 1e-1
 #define GOLDEN_STEPS 5
+#define GOLDEN_BF16_TOL 0x1p-10 /* normwise, bf16 cases (see above) */
 
 /* ---- reader ----------------------------------------------------------------- */
 
@@ -231,8 +250,31 @@ static void check_close(const char *case_name, const char *what, const float *go
                 GOLDEN_RTOL * (fabs((double)want[worst]) + floor_abs));
 }
 
-static void check_scalar(const char *case_name, const char *what, float got, float want) {
-  check_close(case_name, what, &got, &want, 1);
+/* ||got - want||_2 / (GOLDEN_BF16_TOL ||want||_2): <= 1 passes (a NaN: infinity). */
+static double norm_ratio(const float *got, const float *want, size_t n) {
+  double d2 = 0.0, w2 = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double d = (double)got[i] - (double)want[i];
+    d2 += d * d;
+    w2 += (double)want[i] * (double)want[i];
+  }
+  if (isnan(d2)) return INFINITY;
+  if (w2 == 0.0) return d2 > 0.0 ? INFINITY : 0.0;
+  return sqrt(d2 / w2) / GOLDEN_BF16_TOL;
+}
+
+/* The bf16 tolerance on one tensor; fails with the worst element. */
+static void check_norm(const char *case_name, const char *what, const float *got,
+                       const float *want, size_t n) {
+  double ratio = norm_ratio(got, want, n);
+  if (ratio <= 1.0) return;
+  size_t worst = 0;
+  for (size_t i = 1; i < n; i++)
+    if (!(fabs((double)got[i] - want[i]) <= fabs((double)got[worst] - want[worst])))
+      worst = i;
+  ck_abort_msg("%s: %s: normwise error %.3g x the bf16 tolerance (2^-10 relative); worst "
+               "[%zu] of %zu got %.9g want %.9g",
+               case_name, what, ratio, worst, n, (double)got[worst], (double)want[worst]);
 }
 
 /* ---- setting up libdp from a case -------------------------------------------- */
@@ -249,8 +291,14 @@ static const char *const golden_cases[] = {
     "seed",        "b31n2",    "b3n4",     "mlp_all",           "mlp_mse_b37n3",
     "cnn_all",     "cnn_mse",  "cnn_tail", "cnn_flatten_first", "cnn_dropout",
     "bn_mlp",      "bn_cnn",   "bn_two",   "bn_sync_mlp",       "bn_sync_cnn",
-    "bn_sync_two", "gpt_tiny", "gpt_post", "gpt_tied", "gpt_attn_dropout"};
+    "bn_sync_two", "gpt_tiny", "gpt_post", "gpt_tied",          "gpt_attn_dropout",
+    "bf16_mlp",    "bf16_cnn", "bf16_gpt"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
+/* bf16_*: config.precision bf16 (the file's precision record) against PyTorch's
+ * bf16 autocast: an MLP with every activation, layernorm and dropout; a CNN whose
+ * first conv reads the fp32 input, with max and average pooling; a pre-LN GPT. */
+static const char *const bf16_cases[] = {"bf16_mlp", "bf16_cnn", "bf16_gpt"};
+#define N_BF16_CASES ((int)(sizeof bf16_cases / sizeof bf16_cases[0]))
 
 /* The layouts: classic, allreduce and allreduce with a sharded optimizer. */
 static const struct {
@@ -279,6 +327,7 @@ typedef struct {
                       MB_BATCH, or rows per micro-batch */
   int per_replica; /* a bn_sync file run in per_replica mode (which, with the
                       whole batch as one micro-batch, normalises the same) */
+  int fp32;        /* a bf16 case run in fp32 (which must fail its comparison) */
 } run_setup;
 
 typedef struct {
@@ -290,6 +339,7 @@ typedef struct {
   int micro_batch; /* config.micro_batch of the run */
   int n_devices;   /* config.n_devices of the run */
   int bn_sync;     /* config.batchnorm = DP_BN_SYNC */
+  int bf16;        /* the file's precision record: compared under the bf16 tolerance */
   /* The run is one that docs/DETERMINISM.md promises the bits of: a fixed
    * micro-batch size, the chunk split, and a device count that is a power of
    * two dividing the micro-batch count. */
@@ -340,6 +390,14 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
                   "%s: bn_sync must be [1], in a batchnorm case", case_name);
     r->bn_sync = !s->per_replica;
   }
+  const golden_entry *pe = golden_find(g, "precision", GT_I32);
+  if (pe) {
+    ck_assert_msg(pe->count == 1 && ((const int32_t *)pe->data)[0] == DP_PRECISION_BF16 &&
+                      mbe && !golden_find(g, "bn_layers", GT_I32),
+                  "%s: precision must be [%d], with a micro_batch and no batchnorm",
+                  case_name, (int)DP_PRECISION_BF16);
+    r->bf16 = 1;
+  }
   r->micro_batch = s->micro_batch == 0          ? file_mb
                    : s->micro_batch == MB_NONE  ? 0
                    : s->micro_batch == MB_BATCH ? r->batch
@@ -349,9 +407,11 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
   int n_mb = r->micro_batch ? (r->batch + r->micro_batch - 1) / r->micro_batch : 0;
   r->same_bits = n_mb > 0 && conf[2] == DP_SPLIT_CHUNK &&
                  (r->n_devices & (r->n_devices - 1)) == 0 && n_mb % r->n_devices == 0;
-  snprintf(r->desc, sizeof r->desc, "%s on %d device(s), micro_batch %d%s%s",
+  int bn = golden_find(g, "bn_layers", GT_I32) != NULL;
+  snprintf(r->desc, sizeof r->desc, "%s on %d device(s), micro_batch %d%s%s%s",
            layouts[s->layout].name, r->n_devices, r->micro_batch,
-           mbe ? (r->bn_sync ? ", batchnorm sync" : ", batchnorm per_replica") : "",
+           bn ? (r->bn_sync ? ", batchnorm sync" : ", batchnorm per_replica") : "",
+           r->bf16 ? (s->fp32 ? ", fp32 (a bf16 case)" : ", bf16") : "",
            s->clip ? ", clipped" : "");
 
   CHECK_DP(case_name, dp_model_parse(spec, case_name, &r->model));
@@ -392,6 +452,7 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
   cfg.split = (dp_split)conf[2];
   cfg.micro_batch = r->micro_batch; /* per_replica batchnorm's statistics depend on it */
   cfg.batchnorm = r->bn_sync ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+  cfg.precision = r->bf16 && !s->fp32 ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
   cfg.seed = (uint64_t)(uint32_t)conf[3];
   cfg.inference = s->inference;
   cfg.mode = layouts[s->layout].mode;
@@ -433,6 +494,52 @@ static float *alloc_floats(size_t n) {
   float *p = calloc(n ? n : 1, sizeof *p);
   ck_assert_ptr_nonnull(p);
   return p;
+}
+
+/* ---- comparing a run's results under its case's tolerance --------------------- */
+
+/* An output or any other tensor of n floats: element-wise (fp32 cases) or
+ * normwise (bf16). */
+static void check_out(const golden_run *r, const char *what, const float *got,
+                      const float *want, size_t n) {
+  if (r->bf16)
+    check_norm(r->g.case_name, what, got, want, n);
+  else
+    check_close(r->g.case_name, what, got, want, n);
+}
+
+static void check_value(const golden_run *r, const char *what, float got, float want) {
+  check_out(r, what, &got, &want, 1);
+}
+
+/* Parameters or gradients (n_params floats): element-wise over the array
+ * (fp32), or normwise per parameter tensor (bf16: a small tensor's error is
+ * not lost in a large one's norm). */
+static void check_params(const golden_run *r, const char *what, const float *got,
+                         const float *want) {
+  if (!r->bf16) {
+    check_close(r->g.case_name, what, got, want, r->n_params);
+    return;
+  }
+  for (int i = 0; i < dp_model_n_tensors(r->model); i++) {
+    dp_tensor_info t;
+    CHECK_DP(r->g.case_name, dp_model_tensor(r->model, i, &t));
+    char w[320];
+    snprintf(w, sizeof w, "%s, tensor %s", what, t.name);
+    check_norm(r->g.case_name, w, got + t.offset, want + t.offset, t.numel);
+  }
+}
+
+/* The worst norm_ratio over the parameter tensors. */
+static double params_norm_ratio(const golden_run *r, const float *got, const float *want) {
+  double worst = 0.0;
+  for (int i = 0; i < dp_model_n_tensors(r->model); i++) {
+    dp_tensor_info t;
+    CHECK_DP(r->g.case_name, dp_model_tensor(r->model, i, &t));
+    double q = norm_ratio(got + t.offset, want + t.offset, t.numel);
+    if (!(q <= worst)) worst = q;
+  }
+  return worst;
 }
 
 /* ---- batchnorm running statistics ---------------------------------------------- */
@@ -641,7 +748,7 @@ static void train_and_check(const char *case_name, int ti, const run_setup *s,
   float *y = alloc_floats(n_out);
   CHECK_DP(case_name, dp_forward(r.ctx, r.batch, r.in_width, r.x, y));
   snprintf(what, sizeof what, "%s, %s: dp_forward at params0 (eval_out)", prefix, r.desc);
-  check_close(case_name, what, y, golden_f32(&r.g, "eval_out", NULL), n_out);
+  check_out(&r, what, y, golden_f32(&r.g, "eval_out", NULL), n_out);
 
   for (int t = 0; t < GOLDEN_STEPS; t++) {
     ck_assert_msg(dp_ctx_step(r.ctx) == (uint64_t)t,
@@ -655,19 +762,18 @@ static void train_and_check(const char *case_name, int ti, const run_setup *s,
     b->norm[t] = dp_ctx_grad_norm(r.ctx);
     if (setup.clip) {
       snprintf(what, sizeof what, "%s, %s: grad norm at step %d", prefix, r.desc, t);
-      check_scalar(case_name, what, b->norm[t], want[t]);
+      check_value(&r, what, b->norm[t], want[t]);
     } else {
       snprintf(what, sizeof what, "%s, %s: loss at step %d", prefix, r.desc, t);
-      check_scalar(case_name, what, loss, want[t]);
+      check_value(&r, what, loss, want[t]);
     }
     if (t == 0) {
       snprintf(what, sizeof what, "%s, %s: loss at step 0 (`loss`)", prefix, r.desc);
-      if (!setup.clip)
-        check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
+      if (!setup.clip) check_value(&r, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
       CHECK_DP(case_name, dp_get_grads(r.ctx, b->grads0, r.n_params));
       snprintf(what, sizeof what, "%s, %s: %s grads at step 0 (params0)", prefix, r.desc,
                setup.clip ? "clipped" : "unclipped");
-      check_close(case_name, what, b->grads0, want_grads, r.n_params);
+      check_params(&r, what, b->grads0, want_grads);
     }
     snprintf(what, sizeof what, "%s, %s: after step %d", prefix, r.desc, t);
     check_running_stats(&r, prefix, t, what);
@@ -676,13 +782,13 @@ static void train_and_check(const char *case_name, int ti, const run_setup *s,
   CHECK_DP(case_name, dp_get_params(r.ctx, b->params, r.n_params));
   snprintf(what, sizeof what, "%s, %s: params after %d steps", prefix, r.desc,
            GOLDEN_STEPS);
-  check_close(case_name, what, b->params, want_params, r.n_params);
+  check_params(&r, what, b->params, want_params);
   read_running_stats(&r, b->mean, b->var, b->count);
   if (ee) { /* eval mode after training: batchnorm's running statistics */
     CHECK_DP(case_name, dp_forward(r.ctx, r.batch, r.in_width, r.x, y));
     snprintf(what, sizeof what, "%s, %s: dp_forward after %d steps (%s)", prefix, r.desc,
              GOLDEN_STEPS, key);
-    check_close(case_name, what, y, ee->data, n_out);
+    check_out(&r, what, y, ee->data, n_out);
     b->eval5 = y;
     y = NULL;
     /* dp_forward is eval mode: it leaves the running statistics alone. */
@@ -719,7 +825,7 @@ static void check_forward(golden_run *r, const char *what) {
   ck_assert_uint_eq(n, (size_t)r->batch * (size_t)dp_model_output_width(r->model));
   float *y = alloc_floats(n);
   CHECK_DP(r->g.case_name, dp_forward(r->ctx, r->batch, r->in_width, r->x, y));
-  check_close(r->g.case_name, what, y, want, n);
+  check_out(r, what, y, want, n);
   free(y);
 }
 
@@ -743,12 +849,15 @@ END_TEST
 
 /* dp_get_grads against PyTorch in every layout: classic, allreduce and
  * allreduce with a sharded optimizer (where each device holds the reduced
- * gradients of its shard only), on 1 to 4 devices; and the loss. */
+ * gradients of its shard only), on 1 to 4 devices; and the loss. Where
+ * docs/DETERMINISM.md promises it (golden_run.same_bits: the bf16 cases, whose
+ * micro-batch is fixed, on 1, 2 and 4 devices), the same bits as classic on 1. */
 START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
   const char *case_name = golden_cases[_i];
   float *ref = NULL;
   size_t n_params = 0;
   float ref_loss = 0.0f;
+  int ref_same_bits = 0;
   for (int li = 0; li < N_LAYOUTS; li++)
     for (int nd = 1; nd <= 4; nd++) {
       golden_run r;
@@ -760,10 +869,10 @@ START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
       char what[96];
       snprintf(what, sizeof what, "%s grads with %d device(s) vs PyTorch", layouts[li].name,
                nd);
-      check_close(case_name, what, g, golden_f32(&r.g, "grads", NULL), r.n_params);
+      check_params(&r, what, g, golden_f32(&r.g, "grads", NULL));
       snprintf(what, sizeof what, "%s loss with %d device(s) vs PyTorch", layouts[li].name,
                nd);
-      check_scalar(case_name, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
+      check_value(&r, what, loss, golden_f32(&r.g, "loss", NULL)[0]);
       /* The running statistics after step 0 come from params0's forward: the
        * same for both optimizers, so SGD-momentum's record serves. */
       snprintf(what, sizeof what, "%s on %d device(s) after step 0", layouts[li].name, nd);
@@ -772,19 +881,58 @@ START_TEST(test_grads_same_for_1_to_4_devices_in_every_mode) {
         ref = g;
         n_params = r.n_params;
         ref_loss = loss;
+        ref_same_bits = r.same_bits;
       } else {
         ck_assert_uint_eq(r.n_params, n_params);
         snprintf(what, sizeof what, "%s grads with %d devices vs classic on 1",
                  layouts[li].name, nd);
-        check_close(case_name, what, g, ref, n_params);
+        check_params(&r, what, g, ref);
         snprintf(what, sizeof what, "%s loss with %d devices vs classic on 1",
                  layouts[li].name, nd);
-        check_scalar(case_name, what, loss, ref_loss);
+        check_value(&r, what, loss, ref_loss);
+        if (ref_same_bits && r.same_bits) {
+          ck_assert_msg(memcmp(g, ref, n_params * sizeof *g) == 0,
+                        "%s: %s: gradients differ from classic on 1 device (promised the "
+                        "same bits)",
+                        case_name, r.desc);
+          ck_assert_msg(memcmp(&loss, &ref_loss, sizeof loss) == 0,
+                        "%s: %s: loss %.9g differs from classic on 1 device's %.9g "
+                        "(promised the same bits)",
+                        case_name, r.desc, (double)loss, (double)ref_loss);
+        }
         free(g);
       }
       run_close(&r);
     }
   free(ref);
+}
+END_TEST
+
+/* ---- bf16 ------------------------------------------------------------------- */
+
+/* A bf16 case run in fp32 by mistake must fail: its step-0 gradients or its
+ * eval outputs lie outside the bf16 tolerance of PyTorch's bf16 data (the
+ * generator requires a plain fp32 run at least twice the tolerance away; this
+ * checks libdp's fp32), while the bf16 run passes (the tests above). */
+START_TEST(test_bf16_case_run_in_fp32_fails) {
+  const char *case_name = bf16_cases[_i];
+  golden_run r;
+  run_open(&r, case_name, DP_OPT_MOMENTUM, &(run_setup){.fp32 = 1});
+  ck_assert_msg(r.bf16, "%s: not a bf16 case (no precision record)", case_name);
+  size_t n_out = (size_t)r.batch * (size_t)dp_model_output_width(r.model);
+  float *y = alloc_floats(n_out), *g = alloc_floats(r.n_params);
+  CHECK_DP(case_name, dp_forward(r.ctx, r.batch, r.in_width, r.x, y));
+  CHECK_DP(case_name, dp_train_step(r.ctx, r.batch, r.in_width, r.x, r.target, NULL));
+  CHECK_DP(case_name, dp_get_grads(r.ctx, g, r.n_params));
+  double out_q = norm_ratio(y, golden_f32(&r.g, "eval_out", NULL), n_out);
+  double grad_q = params_norm_ratio(&r, g, golden_f32(&r.g, "grads", NULL));
+  ck_assert_msg(out_q > 1.0 || grad_q > 1.0,
+                "%s: fp32 passes the bf16 comparison (eval_out %.3g, grads %.3g x the "
+                "tolerance): it cannot tell fp32 from bf16",
+                case_name, out_q, grad_q);
+  free(y);
+  free(g);
+  run_close(&r);
 }
 END_TEST
 
@@ -942,6 +1090,11 @@ Suite *golden_suite(void) {
       N_GOLDEN_CASES);
   tcase_add_loop_test(tc, test_clipped_adamw_matches_pytorch_on_1_2_4_devices_in_every_mode,
                       0, N_GOLDEN_CASES);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("bf16");
+  tcase_set_timeout(tc, 30);
+  tcase_add_loop_test(tc, test_bf16_case_run_in_fp32_fails, 0, N_BF16_CASES);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("batchnorm_layouts");
