@@ -209,7 +209,7 @@ static bool same_span(dp_span a, dp_span b) {
 /* The fp32 copy of s in the shadow area (none for none); fill: with its values.
  * A buffer the op names twice maps to one copy. false: no room. */
 static bool widen_span(dev_ctx *x, const lay &c, shadow *sh, dp_span s, bool fill,
-                       dp_span *out) {
+                       bool round, dp_span *out) {
   *out = s;
   if (s.region < 0) return true;
   for (int k = 0; k < sh->n; k++)
@@ -224,8 +224,9 @@ static bool widen_span(dev_ctx *x, const lay &c, shadow *sh, dp_span s, bool fil
   if (fill && s.esz == 2 && widen(x->stream, ptr(c, s), ptr(c, w), n) != cudaSuccess)
     return false;
   if (fill && s.esz == 4 &&
-      cudaMemcpyAsync(ptr(c, w), ptr(c, s), n * 4, cudaMemcpyDeviceToDevice, x->stream) !=
-          cudaSuccess)
+      (round ? round_to(x->stream, ptr(c, s), ptr(c, w), n)
+             : cudaMemcpyAsync(ptr(c, w), ptr(c, s), n * 4, cudaMemcpyDeviceToDevice,
+                               x->stream)) != cudaSuccess)
     return false;
   sh->from[sh->n] = s;
   sh->to[sh->n++] = w;
@@ -248,12 +249,14 @@ static dp_status shadow_run(dev_ctx *x, const lay &c, float *grads, int global_r
   if (s) return s;
   lay k = c;
   bool bwd = grads != NULL, ok = true, conv = c.l->kind == DP_LAYER_CONV2D;
-  ok &= widen_span(x, c, &sh, c.o.in, true, &k.o.in);
-  ok &= widen_span(x, c, &sh, c.o.skip, true, &k.o.skip);
-  ok &= widen_span(x, c, &sh, c.o.out, bwd, &k.o.out);
+  /* conv2d rounds the model's fp32 input; the loss's fp32 gradient arrives
+   * rounded (lib/cpu/mixed.c) */
+  ok &= widen_span(x, c, &sh, c.o.in, true, conv, &k.o.in);
+  ok &= widen_span(x, c, &sh, c.o.skip, true, false, &k.o.skip);
+  ok &= widen_span(x, c, &sh, c.o.out, bwd, false, &k.o.out);
   if (bwd) { /* a residual block's begin adds to its input's gradient in place */
-    ok &= widen_span(x, c, &sh, c.o.din, c.l->kind == DP_LAYER_RESIDUAL, &k.o.din);
-    ok &= widen_span(x, c, &sh, c.o.dout, true, &k.o.dout);
+    ok &= widen_span(x, c, &sh, c.o.din, c.l->kind == DP_LAYER_RESIDUAL, false, &k.o.din);
+    ok &= widen_span(x, c, &sh, c.o.dout, true, true, &k.o.dout);
   }
   if (ok && conv) { /* autocast's bf16 convolution: the weights rounded */
     size_t at = sh.at, n = c.o.params.bytes / 4;

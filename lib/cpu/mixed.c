@@ -150,9 +150,11 @@ static bool same_span(dp_span a, dp_span b) {
 }
 
 /* The fp32 copy of operand s (none for none); fill: with its values (bf16
- * widened exactly; an fp32 operand copied). One copy per buffer: a span the
- * op names twice (a view's input and output gradient) maps to one copy. */
-static bool widen(const lctx *c, shadow *sh, dp_span s, bool fill, dp_span *out) {
+ * widened exactly; an fp32 operand copied, and rounded to bf16 when `round`).
+ * One copy per buffer: a span the op names twice (a view's input and output
+ * gradient) maps to one copy. */
+static bool widen(const lctx *c, shadow *sh, dp_span s, bool fill, bool round,
+                  dp_span *out) {
   *out = s;
   if (s.region < 0) return true;
   for (int k = 0; k < sh->n; k++)
@@ -167,6 +169,7 @@ static bool widen(const lctx *c, shadow *sh, dp_span s, bool fill, dp_span *out)
     dp__bf16_to_f32_n((const dp_bf16 *)ptr(c, s), ptr(c, w), n);
   else if (fill)
     memcpy(ptr(c, w), ptr(c, s), n * 4);
+  if (fill && round && s.esz == 4) dp__bf16_round_f32_n(ptr(c, w), n);
   sh->from[sh->n] = s;
   sh->to[sh->n++] = w;
   *out = w;
@@ -223,12 +226,14 @@ static dp_status shadow_one(const lctx *c, const ws_layout *L, float *grads) {
   bool bwd = grads != NULL, ok = true, conv = c->l->kind == DP_LAYER_CONV2D;
   /* a residual block's begin adds to its input's gradient in place */
   bool din_read = c->l->kind == DP_LAYER_RESIDUAL;
-  ok &= widen(c, &sh, c->o.in, true, &s.o.in);
-  ok &= widen(c, &sh, c->o.skip, true, &s.o.skip);
-  ok &= widen(c, &sh, c->o.out, bwd, &s.o.out);
+  /* autocast's bf16 convolution rounds the model's fp32 input; the loss's fp32
+   * gradient reaches a layer's bf16 output rounded (the cast's backward) */
+  ok &= widen(c, &sh, c->o.in, true, conv, &s.o.in);
+  ok &= widen(c, &sh, c->o.skip, true, false, &s.o.skip);
+  ok &= widen(c, &sh, c->o.out, bwd, false, &s.o.out);
   if (bwd) {
-    ok &= widen(c, &sh, c->o.din, din_read, &s.o.din);
-    ok &= widen(c, &sh, c->o.dout, true, &s.o.dout);
+    ok &= widen(c, &sh, c->o.din, din_read, false, &s.o.din);
+    ok &= widen(c, &sh, c->o.dout, true, true, &s.o.dout);
   }
   if (conv) { /* autocast's bf16 convolution: the weights rounded */
     s.o.params = shadow_take(&sh, c->o.params.bytes);
