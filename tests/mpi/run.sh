@@ -66,6 +66,10 @@ printf 'input tokens 8\nembed 256 16\nresidual\nlayernorm\nlinear 48\nattention 
 run "dp repro --text, a GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" repro \
   --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 --steps 3 \
   --optimizer adamw --layouts 1x4,2x2,4x1
+# bf16 mixed precision (issue 31): the same bits in every layout and mode too
+run "dp repro --precision bf16, the GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" \
+  repro --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 --steps 3 \
+  --optimizer adamw --layouts 1x4,2x2,4x1 --precision bf16
 # the layout's process count against the job's, before the library is asked
 run "dp repro --layouts 8x1 under -np 2: says it needs 8 processes" sh -c "out=\$($MPIRUN \
   -np 2 $bd/dp repro --model examples/digits.dpm --data data/digits.csv --batch 64 \
