@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """PyTorch CPU side of bench/compare.py: ms per training step for the models
-libdp is compared on. Prints one JSON object. Run with Debian's python3-torch:
-/usr/bin/python3 bench/torch_step.py [--threads 1,2] [--models cnn_digits,...].
+libdp is compared on. Prints one JSON object:
+V/bin/python bench/torch_step.py [--threads 1,2] [--models cnn_digits,...].
+--serve: a server for interleaved runs (compare.py): prints the build's info as
+one JSON line, then answers each line "MODEL SECONDS" on stdin with one JSON
+line (the timing), on the thread count of --threads (one number), until EOF.
 
 The MLPs are built from their widths; the CNNs from their libdp spec files
 (bench/models/*.dpm) by build_spec, layer by layer as the equivalent
@@ -9,6 +12,7 @@ nn.Sequential (NCHW, as libdp's image layers)."""
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -199,14 +203,45 @@ def time_model(name, threads, min_seconds):
             'median_ms': 1e3 * times[len(times) // 2]}
 
 
+def build_info():
+    """The PyTorch build: version, BLAS, MKL and oneDNN versions, CPU capability."""
+    info = {'torch_version': torch.__version__,
+            'mkldnn': torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled,
+            'mkl': torch.backends.mkl.is_available()}
+    cfg = torch.__config__.show() if hasattr(torch, '__config__') else ''
+    for line in cfg.splitlines():
+        line = line.strip(' -')
+        if 'Math Kernel Library Version' in line:
+            info['mkl_version'] = line.split('Version', 1)[1].split('-Product')[0].strip()
+        elif 'MKL-DNN v' in line or 'oneDNN v' in line:
+            info['onednn_version'] = line.split(' v', 1)[1].split(' ')[0]
+        elif line.startswith('CPU capability usage:'):
+            info['cpu_capability'] = line.split(':', 1)[1].strip()
+        elif 'BLAS_INFO=' in line:
+            info['blas'] = line.split('BLAS_INFO=', 1)[1].split(',')[0]
+    return info
+
+
+def serve(threads):
+    print(json.dumps(build_info()), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if len(words) != 2:
+            continue
+        print(json.dumps(time_model(words[0], threads, float(words[1]))), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--threads', default='1,2')
     ap.add_argument('--seconds', type=float, default=1.0)
     ap.add_argument('--models', default=','.join(MODELS), help='names, comma-separated')
+    ap.add_argument('--serve', action='store_true', help='answer "MODEL SECONDS" lines')
     args = ap.parse_args()
-    out = {'torch_version': torch.__version__, 'mkldnn': torch.backends.mkldnn.is_available()
-           and torch.backends.mkldnn.enabled, 'results': []}
+    if args.serve:
+        serve(int(args.threads))
+        return
+    out = dict(build_info(), results=[])
     for name in args.models.split(','):
         for t in [int(v) for v in args.threads.split(',')]:
             out['results'].append(time_model(name, t, args.seconds))

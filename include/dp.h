@@ -812,6 +812,75 @@ dp_status dp_file_check(const char *path, const char *what, int in_place);
 size_t dp_ctx_high_water(const dp_ctx *c, int dev);
 /* FNV-1a 64 of the parameter bytes. */
 uint64_t dp_params_hash(dp_ctx *c);
+
+/* ---- profile (dp bench step --profile) --------------------------------------
+ * Where a step's time goes: while a profile is on, every op a device's thread
+ * runs (its element range of a shared op too), every wait of a thread at a
+ * barrier and every dp_train_step / dp_forward call leave one event, with
+ * CLOCK_MONOTONIC times, in the caller's buffer. Off (the default) it costs a
+ * test per op; on, two clock reads and an atomic add per event; never an
+ * allocation. Events past the buffer's end are counted, not written. The
+ * times are the host's: an asynchronous backend's ops only enqueue. */
+typedef enum {
+  DP_PROF_EVENT_OP = 0,  /* an op, or a thread's range of a shared op */
+  DP_PROF_EVENT_BARRIER, /* a thread waiting for the others (or for its next job) */
+  DP_PROF_EVENT_STEP     /* one dp_train_step or dp_forward call, caller's thread */
+} dp_prof_event_kind;
+
+typedef struct {
+  uint64_t t0_ns, t1_ns; /* CLOCK_MONOTONIC */
+  uint8_t what;          /* dp_prof_event_kind */
+  uint8_t kind;          /* an op's dp_op_kind */
+  uint8_t phase;         /* an op's dp_phase; a barrier's: the phase of the stage
+                            it ends (DP_PHASE_COUNT: a worker's wait for a job) */
+  uint8_t shared;        /* 1: this thread's element range of a shared op */
+  int16_t thread;        /* the device whose thread recorded it */
+  int16_t device, layer; /* an op's device and layer (-1: none) */
+  int32_t op;            /* an op's index in its schedule; -1 for other events */
+} dp_prof_event;
+
+/* Starts recording into events[0, cap) (from index 0; replaces a profile that
+ * was on); NULL events stops. The buffer must stay valid until stopped. */
+dp_status dp_ctx_profile(dp_ctx *c, dp_prof_event *events, size_t cap);
+/* Events recorded since the profile started (at most cap); *dropped (may be
+ * NULL): those that did not fit. Read between steps. */
+size_t dp_ctx_profile_count(const dp_ctx *c, size_t *dropped);
+
+/* Classes of ops, for a summary (dp_prof_class_of). */
+typedef enum {
+  DP_PROF_FWD_GEMM = 0, /* forward of a layer that is GEMMs: linear, conv2d, attention */
+  DP_PROF_FWD_OTHER,    /* forward of any other layer (activations, norms, pools, ...) */
+  DP_PROF_LOSS,         /* the loss and its gradient, the loss sum */
+  DP_PROF_BACKWARD,     /* every layer's backward */
+  DP_PROF_REDUCE,       /* the gradient reduction: copies, in-place and gradient adds */
+  DP_PROF_TRANSFER,     /* broadcast, scatter and gather copies */
+  DP_PROF_OPTIMIZER,    /* the check, norm, clip, accumulation and the update */
+  DP_PROF_CLASS_COUNT
+} dp_prof_class;
+
+/* An op event's class (by its kind, phase and layer); -1 for other events. */
+int dp_prof_class_of(const dp_plan *p, const dp_prof_event *ev);
+const char *dp_prof_class_name(dp_prof_class k); /* "forward gemm", ... */
+
+/* A profile's totals, milliseconds summed over its steps. Every op and
+ * barrier event counts in the call that recorded it (the first step event
+ * after it in the buffer), clipped to that call's window (a worker's wait for
+ * the call's job starts in the call before); events after the last step event
+ * are left out. Per device's thread:
+ * busy (its ops, by class) + barrier (waits) + other = the steps' wall time,
+ * where other is what the thread spent outside ops and barriers (device 0's
+ * thread: the call's own host work between the executor's runs). */
+typedef struct {
+  int steps;     /* step events */
+  int n_threads; /* threads with events: devices 0 .. n_threads - 1 */
+  double wall_ms;
+  double busy_ms[DP_MAX_DEVICES][DP_PROF_CLASS_COUNT];
+  double barrier_ms[DP_MAX_DEVICES], other_ms[DP_MAX_DEVICES];
+  long ops[DP_PROF_CLASS_COUNT]; /* op events of each class (all threads) */
+} dp_prof_summary;
+
+dp_status dp_prof_summarize(const dp_plan *p, const dp_prof_event *ev, size_t n,
+                            dp_prof_summary *out);
 /* A batchnorm layer's running statistics (buffers, not parameters: they are in
  * checkpoints and the safetensors export, not in dp_get_params): C floats of
  * running_mean and of running_var, and num_batches_tracked (any may be NULL).

@@ -12,6 +12,9 @@
  *   static_ctx        caller-provided arenas give the same bits as library ones
  *   learning          training really learns (a separable problem)
  *   optimizers        one step of SGD, momentum and AdamW against PyTorch's rules
+ *   profile           dp_ctx_profile's events add up: per device's thread busy +
+ *                     barrier + other = the steps' wall time, every op once per
+ *                     step, every op class of an MLP present (no time asserted)
  *
  * Tolerance for results that may round differently (element-wise, want = the
  * single-device value):  |got - want| <= RTOL * (|want| + FLOOR * max|want|).
@@ -1315,6 +1318,91 @@ START_TEST(test_adamw_matches_pytorch_rule) {
 }
 END_TEST
 
+/* ---- profile ------------------------------------------------------------------ */
+
+/* The events of 5 steps of an MLP on 2 devices: each op of the schedule once
+ * per step (a shared op once per thread), each of a thread's totals inside
+ * the steps' wall time, every class present. Consistency only: no time is
+ * asserted. loop i: 0 the small MLP (no shared ops), 1 a wide one whose
+ * reduction, check and update are shared by both threads. */
+START_TEST(test_profile_totals_are_consistent) {
+  static const char *specs[] = {
+      "input 16\nlinear 32\nrelu\nlinear 32\nrelu\nlinear 4\nloss softmax_cross_entropy\n",
+      "input 64\nlinear 256\nrelu\nlinear 256\nrelu\nlinear 4\nloss "
+      "softmax_cross_entropy\n"};
+  enum { STEPS = 5 };
+  dp_config cfg = CFG(.batch = 32, .n_devices = 2, .seed = 7);
+  rig r;
+  rig_open(&r, specs[_i], &cfg);
+  run_steps(&r, 0, 2); /* warm: the schedules are built */
+  size_t cap = 4096, dropped = 1;
+  dp_prof_event *ev = calloc(cap, sizeof *ev);
+  ck_assert_ptr_nonnull(ev);
+  ck_assert_int_eq(dp_ctx_profile_count(r.c, NULL), 0);
+  ck_assert_int_eq(dp_ctx_profile(r.c, ev, cap), DP_OK);
+  run_steps(&r, 2, 2 + STEPS);
+  size_t n = dp_ctx_profile_count(r.c, &dropped);
+  ck_assert_int_eq(dp_ctx_profile(r.c, NULL, 0), DP_OK);
+  run_steps(&r, 2 + STEPS, 3 + STEPS); /* off: nothing more recorded */
+  ck_assert_int_eq(dropped, 0);
+  ck_assert(n > 0 && n < cap);
+  dp_prof_summary sum;
+  ck_assert_int_eq(dp_prof_summarize(r.p, ev, n, &sum), DP_OK);
+  ck_assert_int_eq(sum.steps, STEPS);
+  ck_assert_int_eq(sum.n_threads, 2);
+  ck_assert(sum.wall_ms > 0.0);
+  /* the ops of the schedule, by class; a shared op (>= 128 KiB elementwise,
+   * exec.c) on each thread */
+  long want[DP_PROF_CLASS_COUNT] = {0}, got_shared = 0;
+  const dp_op *ops = dp_plan_ops(r.p);
+  for (int k = 0; k < dp_plan_n_ops(r.p); k++) {
+    dp_prof_event e = {.what = DP_PROF_EVENT_OP,
+                       .kind = ops[k].kind,
+                       .phase = ops[k].phase,
+                       .layer = ops[k].layer};
+    int c = dp_prof_class_of(r.p, &e);
+    ck_assert(c >= 0 && c < DP_PROF_CLASS_COUNT);
+    want[c] += STEPS;
+  }
+  for (size_t i = 0; i < n; i++) got_shared += ev[i].shared;
+  long ops_seen = 0, ops_want = 0;
+  for (int c = 0; c < DP_PROF_CLASS_COUNT; c++) {
+    ck_assert_msg(sum.ops[c] >= want[c] && want[c] > 0, "class %s: %ld events, %ld ops",
+                  dp_prof_class_name((dp_prof_class)c), sum.ops[c], want[c]);
+    ops_seen += sum.ops[c];
+    ops_want += want[c];
+  }
+  /* each shared op leaves one event per thread: one more than unshared */
+  ck_assert_int_eq(ops_seen, ops_want + got_shared / 2);
+  ck_assert(_i == 0 ? got_shared == 0 : got_shared > 0);
+  for (int t = 0; t < 2; t++) {
+    double busy = 0.0;
+    for (int c = 0; c < DP_PROF_CLASS_COUNT; c++) {
+      ck_assert(sum.busy_ms[t][c] >= 0.0);
+      busy += sum.busy_ms[t][c];
+    }
+    /* the events of one thread do not overlap and lie inside the steps:
+     * busy + barrier fit in the wall time (a microsecond for the clock reads
+     * of the two threads' barrier ends) */
+    ck_assert_msg(busy + sum.barrier_ms[t] <= sum.wall_ms + 1e-3 * STEPS,
+                  "thread %d: busy %.4f + barrier %.4f > wall %.4f", t, busy,
+                  sum.barrier_ms[t], sum.wall_ms);
+    ck_assert(busy > 0.0 && sum.barrier_ms[t] >= 0.0);
+    ck_assert(fabs(busy + sum.barrier_ms[t] + sum.other_ms[t] - sum.wall_ms) <
+              1e-9 * (1.0 + sum.wall_ms));
+  }
+  /* a buffer too small: the first cap events, the rest counted */
+  ck_assert_int_eq(dp_ctx_profile(r.c, ev, 8), DP_OK);
+  run_steps(&r, 3 + STEPS, 4 + STEPS);
+  ck_assert_int_eq(dp_ctx_profile_count(r.c, &dropped), 8);
+  ck_assert(dropped > 0);
+  ck_assert_int_eq(dp_ctx_profile(r.c, NULL, 0), DP_OK);
+  ck_assert_int_ne(dp_ctx_profile(r.c, ev, 0), DP_OK);
+  free(ev);
+  rig_close(&r);
+}
+END_TEST
+
 /* ---- suite ----------------------------------------------------------------- */
 
 Suite *step_suite(void) {
@@ -1371,6 +1459,11 @@ Suite *step_suite(void) {
   tcase_add_test(tc, test_nonfinite_update_names_the_first_parameter_in_every_layout);
   tcase_add_test(tc, test_set_lr_changes_the_rate_of_later_steps_only);
   tcase_add_test(tc, test_adamw_matches_pytorch_rule);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("profile");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(tc, test_profile_totals_are_consistent, 0, 2);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -205,6 +205,179 @@ static int time_steps(const dp_model *m, const dp_config *cfg, int steps,
   return time_steps_for(m, cfg, steps, 0.3, 0, out, err, sizeof err);
 }
 
+/* ---- step --profile ------------------------------------------------------------- */
+
+/* Per layer and device's thread: forward and backward ms summed over the
+ * profile (the layer columns of the table). */
+typedef struct {
+  double fwd[DP_MAX_DEVICES], bwd[DP_MAX_DEVICES];
+} layer_ms;
+
+static void sum_layers(const dp_prof_event *ev, size_t n, int n_layers, layer_ms *out) {
+  memset(out, 0, (size_t)n_layers * sizeof *out);
+  for (size_t i = 0; i < n; i++) {
+    const dp_prof_event *e = &ev[i];
+    if (e->what != DP_PROF_EVENT_OP || e->layer < 0 || e->layer >= n_layers ||
+        e->thread < 0 || e->thread >= DP_MAX_DEVICES)
+      continue;
+    double ms = (double)(e->t1_ns - e->t0_ns) * 1e-6;
+    if (e->kind == DP_OP_FORWARD) out[e->layer].fwd[e->thread] += ms;
+    if (e->kind == DP_OP_BACKWARD) out[e->layer].bwd[e->thread] += ms;
+  }
+}
+
+/* Barrier waits per phase of the stage they end (index DP_PHASE_COUNT: the
+ * workers' wait for a job), ms summed, per thread. */
+static void sum_waits(const dp_prof_event *ev, size_t n, double (*w)[DP_PHASE_COUNT + 1]) {
+  for (size_t i = 0; i < n; i++)
+    if (ev[i].what == DP_PROF_EVENT_BARRIER && ev[i].thread >= 0 &&
+        ev[i].thread < DP_MAX_DEVICES && ev[i].phase <= DP_PHASE_COUNT)
+      w[ev[i].thread][ev[i].phase] += (double)(ev[i].t1_ns - ev[i].t0_ns) * 1e-6;
+}
+
+static void print_profile_json(const char *model, const dp_config *cfg,
+                               const dp_prof_summary *s, const dp_model *m,
+                               const layer_ms *lay, size_t dropped) {
+  double k = s->steps ? 1.0 / s->steps : 0.0;
+  printf("{\"model\":\"%s\",\"batch\":%d,\"devices\":%d,\"optimizer\":\"%s\",\"steps\":%d,"
+         "\"wall_ms_per_step\":%.5f,\"dropped\":%zu,\"threads\":[",
+         model, cfg->batch, cfg->n_devices, dp_optimizer_name(cfg->optimizer), s->steps,
+         s->wall_ms * k, dropped);
+  for (int t = 0; t < s->n_threads; t++) {
+    double busy = 0.0;
+    printf("%s{\"device\":%d,\"ms_per_step\":{", t ? "," : "", t);
+    for (int c = 0; c < DP_PROF_CLASS_COUNT; c++) {
+      busy += s->busy_ms[t][c];
+      printf("%s\"%s\":%.5f", c ? "," : "", dp_prof_class_name((dp_prof_class)c),
+             s->busy_ms[t][c] * k);
+    }
+    printf("},\"busy_ms\":%.5f,\"barrier_ms\":%.5f,\"other_ms\":%.5f}", busy * k,
+           s->barrier_ms[t] * k, s->other_ms[t] * k);
+  }
+  printf("],\"ops_per_step\":{");
+  for (int c = 0; c < DP_PROF_CLASS_COUNT; c++)
+    printf("%s\"%s\":%.2f", c ? "," : "", dp_prof_class_name((dp_prof_class)c),
+           (double)s->ops[c] * k);
+  printf("},\"layers\":[");
+  for (int i = 0; i < dp_model_n_layers(m); i++) {
+    dp_layer_info li;
+    dp_model_layer(m, i, &li);
+    printf("%s{\"layer\":%d,\"kind\":\"%s\",\"forward_ms\":[", i ? "," : "", i,
+           dp_layer_kind_name(li.kind));
+    for (int t = 0; t < s->n_threads; t++)
+      printf("%s%.5f", t ? "," : "", lay[i].fwd[t] * k);
+    printf("],\"backward_ms\":[");
+    for (int t = 0; t < s->n_threads; t++)
+      printf("%s%.5f", t ? "," : "", lay[i].bwd[t] * k);
+    printf("]}");
+  }
+  printf("]}\n");
+}
+
+/* One row of the text table: a label and a figure per thread. */
+static void row(const char *label, const double *v, size_t stride, int n, double k) {
+  printf("  %-22s", label);
+  for (int t = 0; t < n; t++) printf(" %9.3f", v[(size_t)t * stride] * k);
+  printf("\n");
+}
+
+static void print_profile_text(const char *model, const dp_config *cfg,
+                               const dp_prof_summary *s, const dp_model *m,
+                               const layer_ms *lay, const double (*w)[DP_PHASE_COUNT + 1],
+                               size_t dropped) {
+  int n = s->n_threads;
+  double k = s->steps ? 1.0 / s->steps : 0.0, busy[DP_MAX_DEVICES], wall[DP_MAX_DEVICES];
+  printf("%s, batch %d, %d device(s), %s: %d steps profiled, %.4f ms/step (wall)%s\n",
+         model, cfg->batch, cfg->n_devices, dp_optimizer_name(cfg->optimizer), s->steps,
+         s->wall_ms * k, dropped ? " (events dropped: the buffer was too small)" : "");
+  printf("\nms per step, per device's thread\n  %-22s", "");
+  for (int t = 0; t < n; t++) printf("  device %d", t);
+  printf("\n");
+  for (int c = 0; c < DP_PROF_CLASS_COUNT; c++)
+    row(dp_prof_class_name((dp_prof_class)c), &s->busy_ms[0][c], DP_PROF_CLASS_COUNT, n, k);
+  for (int t = 0; t < n; t++) {
+    busy[t] = 0.0;
+    for (int c = 0; c < DP_PROF_CLASS_COUNT; c++) busy[t] += s->busy_ms[t][c];
+    wall[t] = s->wall_ms;
+  }
+  row("= busy", busy, 1, n, k);
+  row("idle at barriers", s->barrier_ms, 1, n, k);
+  for (int ph = 0; ph <= DP_PHASE_COUNT; ph++) {
+    char label[40];
+    double any = 0.0;
+    for (int t = 0; t < n; t++) any += w[t][ph];
+    if (any * k < 0.0005) continue;
+    snprintf(label, sizeof label, "  after %s",
+             ph == DP_PHASE_COUNT ? "(job start)" : dp_phase_name((dp_phase)ph));
+    row(label, &w[0][ph], DP_PHASE_COUNT + 1, n, k);
+  }
+  row("other (host, dispatch)", s->other_ms, 1, n, k);
+  row("= wall", wall, 1, n, k);
+  printf("\nper layer, ms per step: forward / backward\n  %-22s", "");
+  for (int t = 0; t < n; t++) printf("      device %d    ", t);
+  printf("\n");
+  for (int i = 0; i < dp_model_n_layers(m); i++) {
+    dp_layer_info li;
+    dp_model_layer(m, i, &li);
+    char label[40];
+    snprintf(label, sizeof label, "%2d %s", i, dp_layer_kind_name(li.kind));
+    printf("  %-22s", label);
+    for (int t = 0; t < n; t++)
+      printf(" %8.3f / %7.3f", lay[i].fwd[t] * k, lay[i].bwd[t] * k);
+    printf("\n");
+  }
+}
+
+/* dp bench step --profile: `steps` steps after a warm-up, every op and
+ * barrier wait recorded (dp_ctx_profile), then the table. */
+static int profile_steps(const char *name, const dp_model *m, const dp_config *cfg,
+                         int steps, int json) {
+  dp_plan *p = NULL;
+  dp_ctx *c = NULL;
+  int in = dp_model_input_width(m), outw = dp_model_output_width(m), B = cfg->batch;
+  float *x = malloc((size_t)B * in * 4), *t = malloc((size_t)B * outw * 4);
+  int32_t *lab = labels_new(m, B);
+  dp_prof_event *ev = NULL;
+  layer_ms *lay = calloc((size_t)dp_model_n_layers(m) + 1, sizeof *lay);
+  double(*w)[DP_PHASE_COUNT + 1] = calloc(DP_MAX_DEVICES, sizeof *w);
+  dp_prof_summary *sum = malloc(sizeof *sum);
+  int rc = DPT_EXIT_FAIL;
+  float loss;
+  if (!x || !t || !lab || !lay || !w || !sum) goto done;
+  const void *target = random_batch(m, B, x, t, lab);
+  if (dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) goto done;
+  /* an op per device thread (a shared op on each), a barrier after each
+   * stage and shared op, the step: at most this many events per step */
+  size_t per = (size_t)dp_plan_n_ops(p) * 2 * ((size_t)cfg->n_devices + 1) + 64;
+  if (!(ev = malloc(per * (size_t)steps * sizeof *ev))) goto done;
+  for (int i = 0; i < 10; i++)
+    if (dp_train_step(c, B, in, x, target, &loss)) goto done;
+  if (dp_ctx_profile(c, ev, per * (size_t)steps)) goto done;
+  for (int i = 0; i < steps; i++)
+    if (dp_train_step(c, B, in, x, target, &loss)) goto done;
+  size_t dropped, n = dp_ctx_profile_count(c, &dropped);
+  dp_ctx_profile(c, NULL, 0);
+  if (dp_prof_summarize(p, ev, n, sum)) goto done;
+  sum_layers(ev, n, dp_model_n_layers(m), lay);
+  sum_waits(ev, n, w);
+  if (json)
+    print_profile_json(name, cfg, sum, m, lay, dropped);
+  else
+    print_profile_text(name, cfg, sum, m, lay, (const double(*)[DP_PHASE_COUNT + 1]) w,
+                       dropped);
+  rc = DPT_EXIT_OK;
+done:
+  if (rc)
+    fprintf(stderr, "dp bench step: %s\n",
+            !x || !t || !lab || !lay || !w || !sum || (p && c && !ev)
+                ? "out of memory"
+                : dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
+  dp_ctx_free(c);
+  dp_plan_free(p);
+  free(x), free(t), free(lab), free(ev), free(lay), free(w), free(sum);
+  return rc;
+}
+
 /* ---- rss ---------------------------------------------------------------------- */
 
 /* Resident set size in KiB (from /proc/self/statm), 0 when unknown. */
@@ -382,7 +555,8 @@ enum {
   OPT_TIER,
   OPT_MAX_BYTES,
   OPT_ITERS,
-  OPT_SHM
+  OPT_SHM,
+  OPT_PROFILE
 };
 
 typedef struct {
@@ -390,6 +564,7 @@ typedef struct {
   int steps, steps_given, json;
   size_t max_bytes; /* comm: the largest allreduce */
   int iters, shm;   /* comm: allreduces per round (0: about 0.2 s per size); --shm */
+  int profile;      /* step: --profile */
 } bench_opts;
 
 static int on_option(void *user, int code, const char *arg, char *err, size_t errcap) {
@@ -400,6 +575,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_TIER: o->tier = arg; return 0;
   case OPT_JSON: o->json = 1; return 0;
   case OPT_SHM: o->shm = 1; return 0;
+  case OPT_PROFILE: o->profile = 1; return 0;
   case OPT_ITERS: return dpt_parse_int(arg, 1, 10000000, "--iters", &o->iters, err, errcap);
   case OPT_MAX_BYTES:
     if (dpt_parse_size(arg, &o->max_bytes, err, errcap)) return -1;
@@ -422,9 +598,13 @@ static void usage(FILE *f) {
          "  peak                 one core's fp32 FMA peak (AVX-512 and AVX2)\n"
          "  gemm [--sizes LIST] [--tier auto|avx512|avx2|scalar]\n"
          "                       our GEMM (forward layout, n x n x n) vs that peak\n"
-         "  step --model M --batch B [--devices N] [--steps K] [common options]\n"
+         "  step --model M --batch B [--devices N] [--steps K] [--profile]\n"
+         "                       [common options]\n"
          "                       ms/step and samples/s of training steps (any model:\n"
-         "                       flat or image input, e.g. bench/models/cnn_cifar.dpm)\n"
+         "                       flat or image input, e.g. bench/models/cnn_cifar.dpm);\n"
+         "                       --profile: where K steps' time goes, per op class and\n"
+         "                       per device's thread, the idle time at barriers (by the\n"
+         "                       phase they end) and per layer\n"
          "  comm [--max-bytes SIZE] [--iters N] [--model M] [--batch B] [--steps K]\n"
          "                       under mpirun (mpirun -np 4 dp bench comm): allreduce\n"
          "                       of 1 KiB, 4 KiB, ... SIZE (default 64MiB) across the\n"
@@ -1215,6 +1395,7 @@ int dpt_cmd_bench(int argc, char **argv) {
       {"max-bytes", required_argument, NULL, OPT_MAX_BYTES},
       {"iters", required_argument, NULL, OPT_ITERS},
       {"shm", no_argument, NULL, OPT_SHM},
+      {"profile", no_argument, NULL, OPT_PROFILE},
       {0, 0, 0, 0}};
   bench_opts o = {.steps = 20, .max_bytes = 64u << 20};
   dp_config cfg;
@@ -1263,6 +1444,11 @@ int dpt_cmd_bench(int argc, char **argv) {
                             dpt_cpu_count());
     if (strcmp(what, "rss") == 0) {
       int rc = bench_rss(m, &cfg, o.steps_given ? o.steps : 10000, o.json);
+      dp_model_free(m);
+      return rc;
+    }
+    if (o.profile) {
+      int rc = profile_steps(o.model, m, &cfg, o.steps, o.json);
       dp_model_free(m);
       return rc;
     }

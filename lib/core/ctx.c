@@ -860,9 +860,8 @@ static dp_status agree_args(dp_ctx *c, dp_status s, int rows) {
   return c->world ? agree(c, s, -1, rows, NULL) : s;
 }
 
-dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
-                        float *loss) {
-  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+static dp_status train_step(dp_ctx *c, int rows, int cols, const float *x,
+                            const void *target, float *loss) {
   if (c->poison && !c->world) return poisoned(c);
   dp_status s = c->poison ? poisoned(c) : train_args(c, rows, cols, x, target);
   if ((s = agree_args(c, s, rows))) return dp__ctx_fail(c, s);
@@ -918,8 +917,7 @@ dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const voi
   return DP_OK;
 }
 
-dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
-  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+static dp_status forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
   if (c->poison && !c->world) return poisoned(c);
   dp_status s = c->poison ? poisoned(c) : check_batch(c, rows, cols, x);
   if (!s && !y) s = DP_FAIL(DP_ERR_INVALID, "outputs are NULL");
@@ -952,6 +950,52 @@ dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
    * last devices as they were. */
   if (rows > c->plan->split.dev_row0[c->plan->split.n_used - 1]) c->replicas_stale = false;
   return DP_OK;
+}
+
+/* The profile's step event: the whole call, on the caller's thread. */
+static void prof_step(dp_ctx *c, uint64_t t0) {
+  dp_prof_event ev = {.t0_ns = t0,
+                      .t1_ns = dp__now_ns(),
+                      .what = DP_PROF_EVENT_STEP,
+                      .thread = (int16_t)c->dev0,
+                      .device = -1,
+                      .layer = -1,
+                      .op = -1};
+  dp__exec_prof_add(&c->exec, &ev);
+}
+
+dp_status dp_train_step(dp_ctx *c, int rows, int cols, const float *x, const void *target,
+                        float *loss) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (!c->exec.prof) return train_step(c, rows, cols, x, target, loss);
+  uint64_t t0 = dp__now_ns();
+  dp_status s = train_step(c, rows, cols, x, target, loss);
+  prof_step(c, t0);
+  return s;
+}
+
+dp_status dp_forward(dp_ctx *c, int rows, int cols, const float *x, float *y) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (!c->exec.prof) return forward(c, rows, cols, x, y);
+  uint64_t t0 = dp__now_ns();
+  dp_status s = forward(c, rows, cols, x, y);
+  prof_step(c, t0);
+  return s;
+}
+
+dp_status dp_ctx_profile(dp_ctx *c, dp_prof_event *events, size_t cap) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  if (events && cap == 0)
+    return dp__ctx_fail(c, DP_FAIL(DP_ERR_INVALID, "a profile needs room for an event"));
+  dp__exec_profile(&c->exec, events, cap);
+  return DP_OK;
+}
+
+size_t dp_ctx_profile_count(const dp_ctx *c, size_t *dropped) {
+  if (dropped) *dropped = c ? atomic_load(&c->exec.prof_dropped) : 0;
+  if (!c) return 0;
+  size_t n = atomic_load(&c->exec.prof_n);
+  return n < c->exec.prof_cap ? n : c->exec.prof_cap;
 }
 
 static dp_status check_n(dp_ctx *c, const void *buf, size_t n) {

@@ -8,6 +8,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -47,6 +48,85 @@ static void barrier_wait(dp_barrier *b) {
   while (atomic_load(&b->gen) == gen) pthread_cond_wait(&b->cv, &b->mu);
   atomic_fetch_sub(&b->sleepers, 1);
   pthread_mutex_unlock(&b->mu);
+}
+
+/* ---- the profile ----------------------------------------------------------------
+ * Off (x->prof NULL) each hook is one test. A worker writes events only
+ * between a run's release and its last barrier, while the caller cannot be
+ * changing the buffer; its wait at that last barrier is recorded by device
+ * 0's thread, which leaves the barrier last or with it (arrive_ns). */
+uint64_t dp__now_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+void dp__exec_profile(dp_exec *x, dp_prof_event *ev, size_t cap) {
+  x->prof = ev;
+  x->prof_cap = ev ? cap : 0;
+  atomic_store(&x->prof_n, 0);
+  atomic_store(&x->prof_dropped, 0);
+}
+
+void dp__exec_prof_add(dp_exec *x, const dp_prof_event *ev) {
+  if (!x->prof) return;
+  size_t i = atomic_fetch_add_explicit(&x->prof_n, 1, memory_order_relaxed);
+  if (i < x->prof_cap)
+    x->prof[i] = *ev;
+  else
+    atomic_fetch_add_explicit(&x->prof_dropped, 1, memory_order_relaxed);
+}
+
+static uint64_t prof_t0(const dp_exec *x) { return x->prof ? dp__now_ns() : 0; }
+
+static void prof_op(dp_exec *x, int dev, int k, const dp_op *op, bool shared, uint64_t t0) {
+  if (!x->prof) return;
+  dp_prof_event ev = {.t0_ns = t0,
+                      .t1_ns = dp__now_ns(),
+                      .what = DP_PROF_EVENT_OP,
+                      .kind = op->kind,
+                      .phase = op->phase,
+                      .shared = shared,
+                      .thread = (int16_t)dev,
+                      .device = op->device,
+                      .layer = op->layer,
+                      .op = k};
+  dp__exec_prof_add(x, &ev);
+}
+
+static void prof_wait(dp_exec *x, int dev, int phase, uint64_t t0, uint64_t t1) {
+  dp_prof_event ev = {.t0_ns = t0,
+                      .t1_ns = t1,
+                      .what = DP_PROF_EVENT_BARRIER,
+                      .phase = (uint8_t)phase,
+                      .thread = (int16_t)dev,
+                      .device = -1,
+                      .layer = -1,
+                      .op = -1};
+  dp__exec_prof_add(x, &ev);
+}
+
+/* A barrier inside a run, timed; phase: the phase of the ops it follows. */
+static void wait_at(dp_exec *x, int dev, int phase) {
+  uint64_t t0 = prof_t0(x);
+  barrier_wait(&x->bar);
+  if (t0) prof_wait(x, dev, phase, t0, dp__now_ns());
+}
+
+/* A run's last barrier: device 0's thread records every thread's wait. */
+static void wait_last(dp_exec *x, int dev, int phase) {
+  if (!x->prof) {
+    barrier_wait(&x->bar);
+    return;
+  }
+  uint64_t t0 = dp__now_ns();
+  if (dev != x->dev0) x->arrive_ns[dev] = t0;
+  barrier_wait(&x->bar); /* past it, a worker must not touch the buffer */
+  if (dev != x->dev0) return;
+  uint64_t t1 = dp__now_ns();
+  prof_wait(x, dev, phase, t0, t1);
+  for (int d = x->dev0 + 1; d < x->dev0 + x->n_devices; d++)
+    prof_wait(x, d, phase, x->arrive_ns[d], t1);
 }
 
 static bool skipped(const dp_exec_env *e, const dp_op *op) {
@@ -342,7 +422,9 @@ static void run_device(dp_exec *x, int dev) {
           part.src_offset += b0;
           part.dst_offset += b0;
           part.bytes = b1 - b0;
+          uint64_t t0 = prof_t0(x);
           dp_status st = run_op(x, &part);
+          prof_op(x, dev, k, op, true, t0);
           /* a check's message names the first bad element of the whole op:
            * the op's device runs it again whole (it only reads) */
           if (st && op->kind == DP_OP_GRAD_CHECK)
@@ -350,7 +432,7 @@ static void run_device(dp_exec *x, int dev) {
           else
             note(x, dev, k, s, -1, st);
         }
-        barrier_wait(&x->bar);
+        wait_at(x, dev, op->phase);
         if (op->device == dev) {
           bool any = false;
           for (int d = x->dev0; d < x->dev0 + x->n_devices; d++) {
@@ -374,13 +456,19 @@ static void run_device(dp_exec *x, int dev) {
         if (xfer && all_copies) (void)(mine ? run_op(x, op) : run_peer(x, op, dev));
         if (mine) note(x, dev, k, s, -1, DP_FAIL(DP_ERR_BACKEND, "injected fault"));
       } else if (k != inject || all_copies) {
+        uint64_t t0 = prof_t0(x);
         note(x, dev, k, s, -1, mine ? run_op(x, op) : run_peer(x, op, dev));
+        prof_op(x, dev, k, op, false, t0);
       }
       started |= xfer;
     }
     if (started && t->flush) note(x, dev, k, s, -1, t->flush(x->tctx, x->env, dev));
     if (b->stage_end) note(x, dev, k, s, s, b->stage_end(x->bctx, dev, s));
-    if (s == s1 || !sync || sync[s]) barrier_wait(&x->bar);
+    int phase = ops[k - 1].phase; /* the stage's (k > lo: a stage has ops) */
+    if (s == s1)
+      wait_last(x, dev, phase);
+    else if (!sync || sync[s])
+      wait_at(x, dev, phase);
   }
 }
 
@@ -388,8 +476,10 @@ static void *worker_main(void *arg) {
   dp_worker *w = arg;
   dp_exec *x = w->exec;
   for (;;) {
-    barrier_wait(&x->bar); /* wait for a job */
+    uint64_t t0 = dp__now_ns(); /* (profiled or not: known only after the release) */
+    barrier_wait(&x->bar);      /* wait for a job */
     if (atomic_load(&x->quit)) return NULL;
+    if (x->prof) prof_wait(x, w->dev, DP_PHASE_COUNT, t0, dp__now_ns());
     run_device(x, w->dev);
   }
 }
@@ -493,7 +583,7 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uin
   x->first_fail = -1;
   int d0 = x->dev0, d1 = x->dev0 + x->n_devices;
   for (int d = d0; d < d1; d++) x->status[d] = DP_OK;
-  if (x->n_devices > 1) barrier_wait(&x->bar); /* release the workers */
+  if (x->n_devices > 1) wait_at(x, d0, DP_PHASE_COUNT); /* release the workers */
   run_device(x, d0);
   if (atomic_load(&x->fail_stage) == INT_MAX) return DP_OK;
   /* Report the failure that comes first in the schedule. */

@@ -58,6 +58,12 @@ struct dp_exec {
    * read and wrote */
   uint32_t win_r[DP_MAX_DEVICES][DP_MAX_DEVICES + 1],
       win_w[DP_MAX_DEVICES][DP_MAX_DEVICES + 1];
+  /* the profile (dp_ctx_profile): the caller's buffer, NULL when off; set
+   * between runs only, so the workers read it after a barrier */
+  dp_prof_event *prof;
+  size_t prof_cap;
+  atomic_size_t prof_n, prof_dropped;
+  uint64_t arrive_ns[DP_MAX_DEVICES]; /* a worker's arrival at a run's last barrier */
 };
 
 /* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs
@@ -81,5 +87,11 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uin
  * touches a region another thread's ops since the last barrier wrote, or
  * writes one they read. */
 void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync);
+
+/* The profile: record into ev[0, cap) from index 0 (NULL: off); between runs. */
+void dp__exec_profile(dp_exec *x, dp_prof_event *ev, size_t cap);
+/* Appends one event (a no-op when the profile is off). */
+void dp__exec_prof_add(dp_exec *x, const dp_prof_event *ev);
+uint64_t dp__now_ns(void); /* CLOCK_MONOTONIC */
 
 #endif
