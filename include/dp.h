@@ -977,6 +977,11 @@ const char *dp_gemm_tier(void);
  * AVX512_BF16 instruction ("avx512": emulated, the same bits). */
 dp_status dp_gemm_set_tier(const char *tier);
 
+/* Times one bf16 GEMM (config.precision bf16's: bf16 operands, fp32
+ * accumulation, bf16 output) of m x n x k as dp_bench_sgemm times the FP32
+ * one: cpu only (the tier in use; device 0), DP_ERR_UNSUPPORTED elsewhere. */
+dp_status dp_bench_gemm_bf16(dp_backend backend, int device, int m, int n, int k, int iters,
+                             double *ms_per_gemm);
 /* Times one FP32 GEMM of m x n x k (m, n, k >= 1) on `device` of `backend`:
  * *ms_per_gemm is the mean over `iters` (>= 1) runs after one warm-up run.
  * Allocates (and frees) its own operands: not for a fixed-budget process's

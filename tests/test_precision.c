@@ -226,6 +226,22 @@ START_TEST(refusals_name_the_options) {
 }
 END_TEST
 
+/* dp_bench_gemm_bf16 times the bf16 GEMM on the cpu backend (what dp bench
+ * fit-costs calibrates bf16_gflops with) and refuses bad arguments. */
+START_TEST(bench_gemm_bf16_times_and_refuses) {
+  dp_config c;
+  dp_config_default(&c);
+  double ms = -1;
+  ck_assert_msg(dp_bench_gemm_bf16(c.backend, 0, 64, 48, 40, 2, &ms) == DP_OK, "%s",
+                dp_last_error());
+  ck_assert(ms > 0);
+  ck_assert_int_eq(dp_bench_gemm_bf16(c.backend, 0, 0, 48, 40, 2, &ms), DP_ERR_INVALID);
+  ck_assert(ms == 0);
+  ck_assert_int_eq(dp_bench_gemm_bf16(c.backend, 1, 8, 8, 8, 1, &ms), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_bench_gemm_bf16(c.backend, 0, 8, 8, 8, 1, NULL), DP_ERR_INVALID);
+}
+END_TEST
+
 Suite *precision_suite(void) {
   Suite *s = suite_create("precision");
   TCase *tc = tcase_create("bf16");
@@ -236,6 +252,7 @@ Suite *precision_suite(void) {
   tcase_add_test(tc, loss_close_to_fp32);
   tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
   tcase_add_test(tc, refusals_name_the_options);
+  tcase_add_test(tc, bench_gemm_bf16_times_and_refuses);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1332,6 +1332,19 @@ static double gemm_ms(int m, int n, int k) {
   return dp_bench_sgemm(cpu.backend, 0, m, n, k, reps, 0, &ms) == DP_OK ? ms : -1.0;
 }
 
+/* The bf16 GEMM's GFLOP/s at m x n x k (0 when the backend has none). */
+static double gemm_bf16_gflops(int m, int n, int k) {
+  dp_config cpu;
+  dp_config_default(&cpu);
+  double ms = 0.0;
+  if (dp_bench_gemm_bf16(cpu.backend, 0, m, n, k, 1, &ms) != DP_OK) return 0.0;
+  int reps = ms > 0 ? (int)ceil(200.0 / ms) : 1000;
+  reps = reps < 1 ? 1 : reps > 100000 ? 100000 : reps;
+  if (dp_bench_gemm_bf16(cpu.backend, 0, m, n, k, reps, &ms) != DP_OK || ms <= 0)
+    return 0.0;
+  return 2.0 * m * n * k / (ms * 1e6);
+}
+
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return x < y ? -1 : x > y;
@@ -1339,7 +1352,8 @@ static int cmp_double(const void *a, const void *b) {
 
 /* gflops: a 256 x 1024 x 1024 GEMM; half_rows: the median over 1..64 rows of
  * r (G / g(r) - 1), which makes G r / (r + h) pass through each; mem_gbs: a
- * 16 MiB copy; op_us: the seed model's step on one device over its ops. */
+ * 16 MiB copy; op_us: the seed model's step on one device over its ops;
+ * bf16_gflops: the bf16 GEMM at 256 x 1024 x 1024. */
 static int bench_fit_costs(int json) {
   enum { N = 7, BIG = 1024 };
   double ms = gemm_ms(256, BIG, BIG);
@@ -1374,14 +1388,16 @@ static int bench_fit_costs(int json) {
   dp_plan_free(p);
   dp_model_free(m);
   if (op_us < 0) op_us = 1.0;
+  double B = gemm_bf16_gflops(256, BIG, BIG); /* precision bf16's GEMM */
   if (json)
-    printf("{\"gflops\":%.1f,\"half_rows\":%.1f,\"mem_gbs\":%.1f,\"op_us\":%.2f}\n", G,
-           h[N / 2], mem, op_us);
+    printf("{\"gflops\":%.1f,\"half_rows\":%.1f,\"mem_gbs\":%.1f,\"op_us\":%.2f,"
+           "\"bf16_gflops\":%.1f}\n",
+           G, h[N / 2], mem, op_us, B);
   else
-    printf("GEMM %.1f GFLOP/s at 256 rows (tier %s), half of it at %.1f rows; copies "
-           "%.1f GB/s; %.2f us per op\n--fit-costs gflops=%.1f,half_rows=%.1f,mem_gbs=%.1f,"
-           "op_us=%.2f\n",
-           G, dp_gemm_tier(), h[N / 2], mem, op_us, G, h[N / 2], mem, op_us);
+    printf("GEMM %.1f GFLOP/s at 256 rows (tier %s), half of it at %.1f rows; bf16 GEMM "
+           "%.1f GFLOP/s; copies %.1f GB/s; %.2f us per op\n--fit-costs gflops=%.1f,"
+           "half_rows=%.1f,mem_gbs=%.1f,op_us=%.2f,bf16_gflops=%.1f\n",
+           G, dp_gemm_tier(), h[N / 2], B, mem, op_us, G, h[N / 2], mem, op_us, B);
   return DPT_EXIT_OK;
 }
 

@@ -205,6 +205,9 @@ typedef struct dp_backend_ops {
                            size_t *free_mem);
   dp_status (*bench_sgemm)(int dev, int m, int n, int k, int iters, int tf32, double *ms,
                            double *tflops);
+  /* Optional: the same for the bf16 GEMM of config.precision bf16 (bf16
+   * operands, fp32 accumulation, bf16 output). */
+  dp_status (*bench_gemm_bf16)(int dev, int m, int n, int k, int iters, double *ms);
 } dp_backend_ops;
 
 /* What a backend that runs across processes by itself (ctx_init_world) is

@@ -233,3 +233,22 @@ dp_status dp_bench_sgemm(dp_backend backend, int device, int m, int n, int k, in
   double tflops = 0.0;
   return b->bench_sgemm(device, m, n, k, iters, tf32, ms_per_gemm, &tflops);
 }
+
+dp_status dp_bench_gemm_bf16(dp_backend backend, int device, int m, int n, int k, int iters,
+                             double *ms_per_gemm) {
+  if (ms_per_gemm) *ms_per_gemm = 0.0;
+  if (!ms_per_gemm || m < 1 || n < 1 || k < 1 || iters < 1)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_bench_gemm_bf16: bad arguments (m %d, n %d, k %d, iters %d, ms %s)",
+                   m, n, k, iters, ms_per_gemm ? "given" : "NULL");
+  if ((unsigned)backend >= (unsigned)dp_backend_count())
+    return DP_FAIL(DP_ERR_INVALID, "dp_bench_gemm_bf16: unknown backend %d", (int)backend);
+  const dp_backend_ops *b = registered(backend);
+  if (!b) return DP_ERR_UNSUPPORTED;
+  if (!b->bench_gemm_bf16)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "dp_bench_gemm_bf16: backend %s has no bf16 GEMM "
+                   "benchmark",
+                   dp_backend_name(backend));
+  return b->bench_gemm_bf16(device, m, n, k, iters, ms_per_gemm);
+}

@@ -8,6 +8,7 @@
  * those ops address everything by the op's offsets, and no element depends
  * on another, so the bits are the same. */
 #include "cpu/gemm.h"
+#include "cpu/bf16.h"
 #include "core/operands.h"
 #include "cpu/cpu.h"
 #include "cpu/layer.h"
@@ -1152,6 +1153,16 @@ static dp_status cpu_bench_sgemm(int dev, int m, int n, int k, int iters, int tf
   return s;
 }
 
+/* dp_bench_gemm_bf16's cpu part: the bf16 GEMM on the calling thread (device 0). */
+static dp_status cpu_bench_gemm_bf16(int dev, int m, int n, int k, int iters, double *ms) {
+  if (dev != 0)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_bench_gemm_bf16: the cpu backend runs on the calling thread "
+                   "(device 0), got device %d",
+                   dev);
+  return dp__gemm_bf16_bench(m, n, k, iters, ms);
+}
+
 /* The reference backend: synchronous (an op is done when it returns), no
  * backend context, no staging, no graphs. */
 const dp_backend_ops dp__cpu_backend = {
@@ -1176,4 +1187,5 @@ const dp_backend_ops dp__cpu_backend = {
     .transport = &shm_transport,
     .run = cpu_run,
     .bench_sgemm = cpu_bench_sgemm,
+    .bench_gemm_bf16 = cpu_bench_gemm_bf16,
 };
