@@ -17,13 +17,28 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* Spin, then yield, then sleep: cheap when the devices are busy on their own
- * cores, polite when there are more virtual devices than cores. The last
- * thread in takes the mutex only when someone sleeps: a sleeper counts itself
- * before it reads gen, and the releaser bumps gen before it reads the count
- * (both sequentially consistent), so either the sleeper sees the new gen or
- * the releaser sees the sleeper. */
-static void barrier_wait(dp_barrier *b) {
+/* Spin a short while, then sleep on the condition variable: cheap when the
+ * devices are busy on their own cores, and no long spin (nor sched_yield,
+ * which on a shared machine hands the core to other work for a while) when a
+ * device is late. Inside a run (help) a waiting thread runs work that other
+ * devices' ops offer (dp_backend_ops.help), and asleep it still looks for
+ * such work every NAP_NS, so that a device whose core was taken for a moment
+ * is helped rather than waited for. The last thread in takes the mutex only
+ * when someone sleeps: a sleeper counts itself before it reads gen, and the
+ * releaser bumps gen before it reads the count (both sequentially
+ * consistent), so either the sleeper sees the new gen or the releaser sees
+ * the sleeper. */
+#define SPIN_NS 50000u /* ~50 us of spinning (and helping) before sleeping */
+#define NAP_NS 500000  /* asleep inside a run: look for work every 0.5 ms */
+
+static uint64_t mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static void barrier_wait(dp_exec *x, int dev, bool help) {
+  dp_barrier *b = &x->bar;
   unsigned gen = atomic_load_explicit(&b->gen, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
     atomic_store_explicit(&b->count, 0, memory_order_relaxed);
@@ -35,17 +50,34 @@ static void barrier_wait(dp_barrier *b) {
     }
     return;
   }
-  for (int i = 0; i < 4000; i++) {
+  bool (*h)(void *, int) = help ? x->help : NULL;
+  uint64_t t0 = mono_ns();
+  for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+    if (h && h(x->bctx, dev)) {
+      t0 = mono_ns(); /* more may come: spin again */
+      continue;
+    }
     CPU_RELAX();
-  }
-  for (int i = 0; i < 64; i++) {
-    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
-    sched_yield();
+    if (i % 64 == 0 && mono_ns() - t0 > SPIN_NS) break;
   }
   pthread_mutex_lock(&b->mu);
   atomic_fetch_add(&b->sleepers, 1);
-  while (atomic_load(&b->gen) == gen) pthread_cond_wait(&b->cv, &b->mu);
+  while (atomic_load(&b->gen) == gen) {
+    if (!h) {
+      pthread_cond_wait(&b->cv, &b->mu);
+      continue;
+    }
+    uint64_t until = mono_ns() + NAP_NS;
+    struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
+                          .tv_nsec = (long)(until % 1000000000u)};
+    pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+    if (atomic_load(&b->gen) != gen) break;
+    pthread_mutex_unlock(&b->mu); /* (a release meanwhile: gen is read again) */
+    while (atomic_load(&b->gen) == gen && h(x->bctx, dev)) {
+    }
+    pthread_mutex_lock(&b->mu);
+  }
   atomic_fetch_sub(&b->sleepers, 1);
   pthread_mutex_unlock(&b->mu);
 }
@@ -55,11 +87,7 @@ static void barrier_wait(dp_barrier *b) {
  * between a run's release and its last barrier, while the caller cannot be
  * changing the buffer; its wait at that last barrier is recorded by device
  * 0's thread, which leaves the barrier last or with it (arrive_ns). */
-uint64_t dp__now_ns(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
-}
+uint64_t dp__now_ns(void) { return mono_ns(); }
 
 void dp__exec_profile(dp_exec *x, dp_prof_event *ev, size_t cap) {
   x->prof = ev;
@@ -109,21 +137,22 @@ static void prof_wait(dp_exec *x, int dev, int phase, uint64_t t0, uint64_t t1) 
 /* A barrier inside a run, timed; phase: the phase of the ops it follows. */
 static void wait_at(dp_exec *x, int dev, int phase) {
   uint64_t t0 = prof_t0(x);
-  barrier_wait(&x->bar);
+  barrier_wait(x, dev, true);
   if (t0) prof_wait(x, dev, phase, t0, dp__now_ns());
 }
 
 /* A run's last barrier: device 0's thread records every thread's wait. */
 static void wait_last(dp_exec *x, int dev, int phase) {
   if (!x->prof) {
-    barrier_wait(&x->bar);
+    barrier_wait(x, dev, true);
     return;
   }
   uint64_t t0 = dp__now_ns();
   if (dev != x->dev0) x->arrive_ns[dev] = t0;
-  barrier_wait(&x->bar); /* past it, a worker must not touch the buffer */
+  barrier_wait(x, dev, true); /* past it, a worker must not touch the buffer */
   if (dev != x->dev0) return;
   uint64_t t1 = dp__now_ns();
+  x->last_release_ns = t1; /* the workers' next wait for a job starts after it */
   prof_wait(x, dev, phase, t0, t1);
   for (int d = x->dev0 + 1; d < x->dev0 + x->n_devices; d++)
     prof_wait(x, d, phase, x->arrive_ns[d], t1);
@@ -476,10 +505,14 @@ static void *worker_main(void *arg) {
   dp_worker *w = arg;
   dp_exec *x = w->exec;
   for (;;) {
-    uint64_t t0 = dp__now_ns(); /* (profiled or not: known only after the release) */
-    barrier_wait(&x->bar);      /* wait for a job */
+    uint64_t t0 = dp__now_ns();     /* (profiled or not: known only after the release) */
+    barrier_wait(x, w->dev, false); /* wait for a job (no one offers work now) */
     if (atomic_load(&x->quit)) return NULL;
-    if (x->prof) prof_wait(x, w->dev, DP_PHASE_COUNT, t0, dp__now_ns());
+    /* (the caller's thread recorded this thread's wait at the last barrier up to
+     * last_release_ns, which it may have read after this thread left) */
+    if (x->prof)
+      prof_wait(x, w->dev, DP_PHASE_COUNT,
+                t0 > x->last_release_ns ? t0 : x->last_release_ns, dp__now_ns());
     run_device(x, w->dev);
   }
 }
@@ -495,9 +528,14 @@ dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_op
   x->tctx = tctx;
   x->inject_at = -1;
   x->share = share_capable(x);
+  x->help = b->host_memory ? b->help : NULL;
   x->bar.n = n_devices;
   pthread_mutex_init(&x->bar.mu, NULL);
-  pthread_cond_init(&x->bar.cv, NULL);
+  pthread_condattr_t ca; /* timed waits against CLOCK_MONOTONIC (mono_ns) */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&x->bar.cv, &ca);
+  pthread_condattr_destroy(&ca);
   for (int d = 1; d < n_devices; d++) {
     x->workers[d] = (dp_worker){.exec = x, .dev = dev0 + d};
     int rc = pthread_create(&x->workers[d].thread, NULL, worker_main, &x->workers[d]);
@@ -516,7 +554,7 @@ dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_op
 void dp__exec_destroy(dp_exec *x) {
   if (x->n_threads > 0) {
     atomic_store(&x->quit, 1);
-    barrier_wait(&x->bar);
+    barrier_wait(x, x->dev0, false);
     for (int d = 1; d <= x->n_threads; d++) pthread_join(x->workers[d].thread, NULL);
   }
   x->n_threads = 0;
@@ -583,7 +621,11 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uin
   x->first_fail = -1;
   int d0 = x->dev0, d1 = x->dev0 + x->n_devices;
   for (int d = d0; d < d1; d++) x->status[d] = DP_OK;
-  if (x->n_devices > 1) wait_at(x, d0, DP_PHASE_COUNT); /* release the workers */
+  if (x->n_devices > 1) { /* release the workers */
+    uint64_t t0 = prof_t0(x);
+    barrier_wait(x, d0, false);
+    if (t0) prof_wait(x, d0, DP_PHASE_COUNT, t0, dp__now_ns());
+  }
   run_device(x, d0);
   if (atomic_load(&x->fail_stage) == INT_MAX) return DP_OK;
   /* Report the failure that comes first in the schedule. */

@@ -53,6 +53,9 @@ struct dp_exec {
    * failed in a check, for the shared op of parity slot. */
   bool share;
   bool part_bad[2][DP_MAX_DEVICES];
+  /* the backend's help (dp_backend_ops.help) for a host_memory backend, or
+   * NULL: what a thread runs while it waits at a barrier of a run */
+  bool (*help)(void *bctx, int dev);
   /* dp__exec_sync's scratch: per thread, the regions (bit per dp_region) of
    * each device (and, last, of the host) that its ops since the last barrier
    * read and wrote */
@@ -64,6 +67,7 @@ struct dp_exec {
   size_t prof_cap;
   atomic_size_t prof_n, prof_dropped;
   uint64_t arrive_ns[DP_MAX_DEVICES]; /* a worker's arrival at a run's last barrier */
+  uint64_t last_release_ns;           /* when device 0's thread left it */
 };
 
 /* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs

@@ -661,6 +661,25 @@ size_t dp__linear_workspace_bytes(const dp_layer *l, int mb_rows, bool training,
   return w;
 }
 
+size_t dp__model_job_bytes(const dp_model *m, int mb_rows, bool training) {
+  size_t w = 0;
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    if (l->kind != DP_LAYER_LINEAR || mb_rows <= 0) continue;
+    long long r = (long long)mb_rows * dp__positions(l);
+    int M = r > 0x7fffffff ? 0x7fffffff : (int)r, in = dp__pos_in(l), out = dp__pos_out(l);
+    size_t f = dp__gemm_job_bytes(M, out, in), gw = 0, gi = 0;
+    if (training) {
+      gw = dp__gemm_job_bytes(out, in, M);
+      gi = i > 0 ? dp__gemm_job_bytes(M, in, out) : 0;
+    }
+    f = gw > f ? gw : f;
+    f = gi > f ? gi : f;
+    w = f > w ? f : w;
+  }
+  return w;
+}
+
 size_t dp__model_workspace_bytes(const dp_model *m, int mb_rows, bool training) {
   size_t w = 0;
   for (int i = 0; i < m->n_layers; i++) {
@@ -848,6 +867,124 @@ void dp__sgemm(int transA, int transB, int M, int N, int K, const float *A, int 
                 NULL);
   } else {
     gemm_unpacked(t, transA, transB, M, N, K, A, lda, B, ldb, C, ldc, bias, relu);
+  }
+}
+
+/* ---- column tasks (lib/cpu/team.c shares them between device threads) ------
+ * op(A) is packed whole first (each K block's MC-row blocks, as gemm_packed
+ * packs them one at a time); then task g computes C's columns [g TEAM_COLS,
+ * +TEAM_COLS) over all of K, packing its own B slivers into a home of its own.
+ * Each element is the same fma chain as in gemm_packed (ascending k, a K block
+ * resumed from C, the epilogue after the last), so the bits do not depend on
+ * which thread runs which task, or in what order. The layout: the homes
+ * (TEAM_COLS x min(K, KC) floats each), then op(A) (round_up(M, RM) rows of
+ * every K block, zero rows included, so that its last byte is written). */
+#define TEAM_COLS 128                 /* a multiple of RN that divides NC */
+#define TEAM_A_MAX (8u * 1024 * 1024) /* op(A) packed whole: at most this */
+#define TEAM_MIN_FMAS (1u << 20)      /* smaller products: sharing costs more */
+
+_Static_assert(TEAM_COLS % RN == 0 && NC % TEAM_COLS == 0 && MC % RM == 0, "column tasks");
+
+static size_t team_homes_bytes(int N, int K) {
+  return round_up(round_up((size_t)N, TEAM_COLS) * imin(K, KC) * 4, 64);
+}
+
+size_t dp__gemm_job_bytes(int M, int N, int K) {
+  size_t a = round_up((size_t)M, RM) * (size_t)K * 4;
+  if (M <= 0 || N <= TEAM_COLS || K <= 0 || (double)M * N * K < TEAM_MIN_FMAS ||
+      a > TEAM_A_MAX)
+    return 0;
+  return team_homes_bytes(N, K) + a;
+}
+
+int dp__gemm_job_init(dp_gemm_job *j, int transA, int transB, int M, int N, int K,
+                      const float *A, int lda, const float *B, int ldb, const float *Bpre,
+                      float *C, int ldc, const dp_gemm_epilogue *ep, void *ws,
+                      size_t ws_bytes) {
+  const tier *t = get_tier();
+  size_t need = dp__gemm_job_bytes(M, N, K);
+  /* narrow products read A in place (gemm_packed): not shared out */
+  if (!need || need > ws_bytes || !ws || (t->kern_ua && N <= UA_SLIVERS * t->nr)) return 0;
+  size_t Mr = round_up((size_t)M, RM);
+  float *Ap = (float *)((unsigned char *)ws + team_homes_bytes(N, K));
+  for (int pc = 0; pc < K; pc += KC) {
+    int kc = imin(KC, K - pc);
+    for (int ic = 0; ic < M; ic += MC) {
+      int mc = imin(MC, M - ic);
+      t->pack_a(Ap + Mr * pc + (size_t)ic * kc, A, lda, transA, ic, mc, pc, kc, t->mr,
+                (int)round_up((size_t)mc, RM));
+    }
+  }
+  *j = (dp_gemm_job){.tier = t,
+                     .transB = transB,
+                     .M = M,
+                     .N = N,
+                     .K = K,
+                     .ldb = ldb,
+                     .ldc = ldc,
+                     .relu = ep && ep->act == DP_GEMM_ACT_RELU,
+                     .n_tasks = (N + TEAM_COLS - 1) / TEAM_COLS,
+                     .B = B,
+                     .Bpre = Bpre,
+                     .bias = ep ? ep->bias : NULL,
+                     .Ap = Ap,
+                     .C = C,
+                     .Bp = ws};
+  return j->n_tasks;
+}
+
+/* One MR x NR tile of a task (the edge tiles through a buffer, as gemm_packed). */
+static void job_tile(const tier *t, int kc, const float *ap, const float *bp, float *cp,
+                     int ldc, int mr, int nr, int flags, const float *bb) {
+  if (mr == t->mr && nr == t->nr) {
+    t->kern(kc, ap, bp, cp, (size_t)ldc, flags, bb);
+    return;
+  }
+  _Alignas(64) float tile[MR_MAX * NR_MAX] = {0};
+  if (flags & K_LOAD)
+    for (int i = 0; i < mr; i++)
+      memcpy(tile + i * t->nr, cp + (size_t)i * ldc, (size_t)nr * sizeof *cp);
+  t->kern(kc, ap, bp, tile, (size_t)t->nr, flags, bb);
+  for (int i = 0; i < mr; i++)
+    memcpy(cp + (size_t)i * ldc, tile + i * t->nr, (size_t)nr * sizeof *cp);
+}
+
+void dp__gemm_job_task(const dp_gemm_job *j, int g) {
+  const tier *t = j->tier;
+  const int MR = t->mr, NR = t->nr, M = j->M, K = j->K;
+  int j0 = g * TEAM_COLS, nc = imin(TEAM_COLS, j->N - j0);
+  int jc = j0 / NC * NC, rn_end = (int)round_up((size_t)imin(NC, j->N - jc), RN);
+  size_t Mr = round_up((size_t)M, RM);
+  float *home = j->Bp + (size_t)j0 * imin(K, KC);
+  _Alignas(64) float tbias[NR_MAX];
+  for (int pc = 0; pc < K; pc += KC) {
+    int kc = imin(KC, K - pc);
+    int flags = (pc > 0 ? K_LOAD : 0) |
+                (pc + kc == K ? (j->bias ? K_BIAS : 0) | (j->relu ? K_RELU : 0) : 0);
+    /* the slivers of columns [j0, j0 + nc): prepacked (dp__gemm_pack_b's layout
+     * of block (jc, pc)), or packed here */
+    const float *Bb =
+        j->Bpre ? j->Bpre + (size_t)jc * K + (size_t)rn_end * pc + (size_t)(j0 - jc) * kc
+                : home;
+    if (!j->Bpre)
+      t->pack_b(home, j->B, j->ldb, j->transB, pc, kc, j0, nc, NR, 0,
+                (int)round_up((size_t)nc, (size_t)NR));
+    for (int ic = 0; ic < M; ic += MC) {
+      int mc = imin(MC, M - ic);
+      const float *Ab = j->Ap + Mr * pc + (size_t)ic * kc;
+      for (int jr = 0; jr < nc; jr += NR) {
+        int nr = imin(NR, nc - jr);
+        const float *bp = Bb + (size_t)jr * kc, *bb = j->bias ? j->bias + j0 + jr : NULL;
+        if (bb && nr < NR) {
+          for (int q = 0; q < NR; q++) tbias[q] = q < nr ? bb[q] : 0.0f;
+          bb = tbias;
+        }
+        for (int ir = 0; ir < mc; ir += MR)
+          job_tile(t, kc, Ab + (size_t)ir * kc, bp,
+                   j->C + (size_t)(ic + ir) * j->ldc + j0 + jr, j->ldc, imin(MR, mc - ir),
+                   nr, flags, bb);
+      }
+    }
   }
 }
 
