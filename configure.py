@@ -55,9 +55,6 @@ TSANITIZE = ['-fsanitize=thread', '-fno-omit-frame-pointer']
 # threads (the executor's barriers, work sharing and left-out barriers, lib/core/exec.c)
 TSAN_SUITES = ['step', 'faults', 'determinism', 'accumulate', 'batchnorm', 'clip', 'repro',
                'hostile', 'guards']
-# and single test cases of other suites: the devices' threads sharing a product's column
-# tasks (lib/cpu/team.c) in real steps on 2 and 4 devices
-TSAN_CASES = [('gemm', 'backend')]
 # Directories whose listing decides the build: adding or removing a file in one of
 # them reruns this script on the next `ninja`.
 SOURCE_DIRS = ['lib', 'lib/util', 'lib/model', 'lib/core', 'lib/cpu', 'lib/format', 'lib/mpi', 'cuda', 'tools', 'tests', 'tests/standalone',
@@ -841,8 +838,6 @@ def main():
     if args.sanitize == 'thread':
         steps += ['CK_RUN_SUITE=%s ./%s' % (s, shlex.quote(B('test_dp')))
                   for s in TSAN_SUITES]
-        steps += ['CK_RUN_SUITE=%s CK_RUN_CASE=%s ./%s' % (s, c, shlex.quote(B('test_dp')))
-                  for s, c in TSAN_CASES]
     else:
         steps += ['./' + shlex.quote(t) for t in test_bins + sim_bins]
     test_cmd = test_env + esc(shlex.join(

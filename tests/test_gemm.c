@@ -6,12 +6,9 @@
  *   DP_GEMM_BENCH=1 CK_RUN_CASE=bench build/test_dp gemm
  * prints GFLOP/s per tier and shape, the naive loops, and the FMA peak. */
 #include "cpu/gemm.h"
-#include "cpu/team.h"
 #include "helpers.h"
 
 #include <check.h>
-#include <pthread.h>
-#include <stdatomic.h>
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -273,64 +270,6 @@ START_TEST(prepacked_b_gives_the_same_bits) {
       for (int i = 0; i < M; i++)
         REQ(memcmp(C + (size_t)i * p.ldc, ref + (size_t)i * N, (size_t)N * 4) == 0,
             "tier %s, M %d N %d K %d tB %d: row %d differs", TIERS[ti], M, N, K, p.tB, i);
-      free(C);
-      free(ws);
-      free(bp);
-      free(ref);
-      prob_free(&p);
-    }
-  }
-  dp__gemm_force_tier("auto");
-}
-END_TEST
-
-/* Column tasks (dp__gemm_job_*, what the cpu backend shares between device
- * threads): every task once, in a shuffled order, gives dp__sgemm's bits, on
- * every tier, with and without a prepacked B, bias and relu; the job's
- * layout is written to its last byte and not past it. */
-START_TEST(column_tasks_give_the_same_bits) {
-  for (int ti = 0; ti < N_TIERS; ti++) {
-    if (!use_tier(TIERS[ti], "column_tasks_give_the_same_bits")) continue;
-    for (int s = 0; s < 16; s++) {
-      int M = 1 + (int)rnd(s % 4 ? 140 : 300), N = 129 + (int)rnd(s % 3 ? 300 : 1100);
-      int K = 1 + (int)rnd(s % 2 ? 300 : 700);
-      if ((double)M * N * K < (1 << 20)) K = (1 << 20) / (M * N) + 1 + (int)rnd(40);
-      prob p = prob_make(s & 1, (s >> 1) & 1, M, N, K, 1);
-      dp_gemm_epilogue ep = {.bias = s % 4 == 3 ? NULL : p.bias,
-                             .act = s % 3 ? DP_GEMM_ACT_NONE : DP_GEMM_ACT_RELU};
-      float *ref = run_gemm(&p, &ep), *bp = NULL;
-      if (s % 5 == 1) {
-        bp = xmalloc(dp__gemm_packed_b_bytes(K, N) + 64);
-        dp__gemm_pack_b(p.tB, K, N, p.B, p.ldb, bp);
-      }
-      size_t wsb = dp__gemm_job_bytes(M, N, K);
-      REQ(wsb > 0, "M %d N %d K %d: not cut", M, N, K);
-      unsigned char *ws = xmalloc(wsb + 64);
-      memset(ws, 0xa5, wsb + 64);
-      dp_gemm_job j;
-      float *C = xmalloc(p.c_len * sizeof(float) + 4);
-      for (size_t i = 0; i < p.c_len; i++) C[i] = NAN;
-      /* one byte short: refused, nothing written */
-      REQ(dp__gemm_job_init(&j, p.tA, p.tB, M, N, K, p.A, p.lda, p.B, p.ldb, bp, C, p.ldc,
-                            &ep, ws, wsb - 1) == 0 && ws[0] == 0xa5, "short workspace");
-      int n = dp__gemm_job_init(&j, p.tA, p.tB, M, N, K, p.A, p.lda, p.B, p.ldb, bp, C,
-                                p.ldc, &ep, ws, wsb);
-      int order[64];
-      REQ(n > 1 && n <= 64, "%d tasks", n);
-      for (int g = 0; g < n; g++) order[g] = g;
-      for (int g = n - 1; g > 0; g--) {
-        int h = (int)rnd((uint32_t)g + 1), tmp = order[g];
-        order[g] = order[h], order[h] = tmp;
-      }
-      for (int g = 0; g < n; g++) dp__gemm_job_task(&j, order[g]);
-      for (int i = 0; i < M; i++)
-        REQ(memcmp(C + (size_t)i * p.ldc, ref + (size_t)i * N, (size_t)N * 4) == 0,
-            "tier %s, M %d N %d K %d tA %d tB %d pre %d: row %d differs", TIERS[ti], M, N, K,
-            p.tA, p.tB, bp != NULL, i);
-      REQ(ws[wsb - 1] != 0xa5 || ws[wsb - 2] != 0xa5 || ws[wsb - 3] != 0xa5 ||
-              ws[wsb - 4] != 0xa5,
-          "M %d N %d K %d: the layout's last float was not written", M, N, K);
-      for (size_t b = wsb; b < wsb + 64; b++) REQ(ws[b] == 0xa5, "written past the layout");
       free(C);
       free(ws);
       free(bp);
@@ -643,24 +582,18 @@ END_TEST
  * depend on the device count. */
 static const char WIDE_SPEC[] = "input 64\nlinear 160\nrelu\nlinear 96\ntanh\nlinear 10\n"
                                 "loss softmax_cross_entropy\n";
-/* wide enough that on several devices its products are cut into column
- * tasks the devices' threads share: then, last, the room for those
- * (dp__model_job_bytes) */
-static const char TEAM_SPEC[] = "input 256\nlinear 512\nrelu\nlinear 384\ntanh\nlinear 10\n"
-                                "loss softmax_cross_entropy\n";
 
-static uint64_t wide_run(const char *spec, int n_dev, int inference, bool check_high_water) {
-  enum { BATCH = 64, OUT = 10 };
+static uint64_t wide_run(int n_dev, int inference, bool check_high_water) {
+  enum { BATCH = 64, IN = 64, OUT = 10 };
   dp_config c = config_of(BATCH, n_dev, DP_OPT_SGD);
   c.micro_batch = 16;
   c.inference = inference;
   c.seed = 3;
   rig r;
-  rig_open(&r, spec, &c);
+  rig_open(&r, WIDE_SPEC, &c);
   dp_plan *p = r.p;
   dp_ctx *x = r.c;
-  int IN = dp_model_input_width(r.m);
-  static float in[BATCH * 256], y[BATCH * OUT];
+  static float in[BATCH * IN], y[BATCH * OUT];
   static int32_t t[BATCH];
   for (int i = 0; i < BATCH * IN; i++) in[i] = rndf();
   for (int r = 0; r < BATCH; r++) t[r] = (int32_t)(r % OUT);
@@ -676,11 +609,9 @@ static uint64_t wide_run(const char *spec, int n_dev, int inference, bool check_
     const dp_model *pm = dp_plan_model(p);
     size_t gemm = dp__model_workspace_bytes(pm, 16, !inference);
     int n_mb = dp_plan_device_micro_batches(p, d);
-    size_t base = n_mb > 1 ? (gemm + 63) / 64 * 64 + dp__model_packed_wt_bytes(pm) : gemm;
-    size_t team = n_dev > 1 ? dp__model_job_bytes(pm, 16, !inference) : 0;
-    ck_assert_uint_eq(ws.size, team ? (base + 63) / 64 * 64 + team : base);
+    ck_assert_uint_eq(ws.size,
+                      n_mb > 1 ? (gemm + 63) / 64 * 64 + dp__model_packed_wt_bytes(pm) : gemm);
     ck_assert_uint_gt(ws.size, 0);
-    if (spec == TEAM_SPEC) ck_assert_uint_eq(team > 0, n_dev > 1);
     if (!check_high_water) continue;
     size_t end = 0;
     for (int r = 0; r < DP_REGION_COUNT; r++) {
@@ -695,70 +626,12 @@ static uint64_t wide_run(const char *spec, int n_dev, int inference, bool check_
   return h;
 }
 
-/* The cpu backend's team (team.h): device 0's thread runs products whose
- * column tasks a second thread takes while it "waits" (dp__team_help in a
- * loop, as the executor's barrier calls it): the same bits as dp__sgemm
- * however the tasks fell (ThreadSanitizer runs this suite too). */
-typedef struct {
-  dp_team *team;
-  atomic_int stop;
-  long helped;
-} helper_arg;
-
-static void *helper_main(void *v) {
-  helper_arg *h = v;
-  while (!atomic_load(&h->stop))
-    if (dp__team_help(h->team, 1)) h->helped++;
-  return NULL;
-}
-
-START_TEST(team_products_give_the_same_bits) {
-  dp_config c = config_of(64, 2, DP_OPT_SGD);
-  dp_model *m = model_of(TEAM_SPEC);
-  dp_plan *pl = plan_of(m, &c);
-  helper_arg h = {.team = dp__team_new(pl)};
-  ck_assert_ptr_nonnull(h.team);
-  atomic_init(&h.stop, 0);
-  pthread_t th;
-  ck_assert_int_eq(pthread_create(&th, NULL, helper_main, &h), 0);
-  for (int s = 0; s < 12; s++) {
-    int M = 16 + (int)rnd(200), N = 200 + (int)rnd(900), K = 64 + (int)rnd(500);
-    prob p = prob_make(s & 1, (s >> 1) & 1, M, N, K, 0);
-    dp_gemm_epilogue ep = {.bias = p.bias, .act = s % 3 ? DP_GEMM_ACT_NONE : DP_GEMM_ACT_RELU};
-    float *ref = run_gemm(&p, &ep), *C = xmalloc(p.c_len * sizeof(float) + 4);
-    size_t wsb = dp__gemm_job_bytes(M, N, K);
-    void *ws = xmalloc(wsb);
-    for (int rep = 0; rep < 3; rep++) {
-      for (size_t i = 0; i < p.c_len; i++) C[i] = NAN;
-      ck_assert(dp__team_sgemm(h.team, 0, p.tA, p.tB, M, N, K, p.A, p.lda, p.B, p.ldb, NULL,
-                               C, p.ldc, &ep, ws, wsb));
-      ck_assert_msg(first_diff(C, ref, (size_t)M * N) < 0, "M %d N %d K %d differs", M, N, K);
-    }
-    /* not cut (the workspace is short): nothing done */
-    ck_assert(!dp__team_sgemm(h.team, 0, p.tA, p.tB, M, N, K, p.A, p.lda, p.B, p.ldb, NULL, C,
-                              p.ldc, &ep, ws, wsb - 1));
-    free(ws);
-    free(C);
-    free(ref);
-    prob_free(&p);
-  }
-  atomic_store(&h.stop, 1);
-  pthread_join(th, NULL);
-  /* how the tasks fell is the scheduler's business: reported, not asserted */
-  fprintf(stderr, "team: the helper ran %ld tasks\n", h.helped);
-  dp__team_free(h.team);
-  dp_plan_free(pl);
-  dp_model_free(m);
-}
-END_TEST
-
 START_TEST(planned_workspace_is_used_to_its_last_byte) {
-  const char *spec = _i ? TEAM_SPEC : WIDE_SPEC;
   for (int inference = 0; inference <= 1; inference++) {
     uint64_t h1 = 0;
     for (int n_dev = 1; n_dev <= 4; n_dev *= 2) {
       rng = 0x243f6a8885a308d3ull; /* the same batch for every device count */
-      uint64_t h = wide_run(spec, n_dev, inference, true);
+      uint64_t h = wide_run(n_dev, inference, true);
       if (n_dev == 1) h1 = h;
       ck_assert_msg(h == h1, "%s: %d devices give other bits than 1",
                     inference ? "inference" : "training", n_dev);
@@ -957,7 +830,6 @@ Suite *gemm_suite(void) {
   tcase_add_test(tc, every_tier_follows_the_fma_sequence);
   tcase_add_test(tc, tiers_give_identical_bits);
   tcase_add_test(tc, prepacked_b_gives_the_same_bits);
-  tcase_add_test(tc, column_tasks_give_the_same_bits);
   tcase_add_test(tc, rows_and_columns_do_not_depend_on_the_problem_size);
   tcase_add_test(tc, without_workspace_the_unpacked_path_gives_the_same_bits);
   suite_add_tcase(s, tc);
@@ -982,8 +854,7 @@ Suite *gemm_suite(void) {
 
   tc = tcase_create("backend");
   tcase_set_timeout(tc, 60);
-  tcase_add_loop_test(tc, planned_workspace_is_used_to_its_last_byte, 0, 2);
-  tcase_add_test(tc, team_products_give_the_same_bits);
+  tcase_add_test(tc, planned_workspace_is_used_to_its_last_byte);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("bench");

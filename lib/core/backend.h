@@ -166,13 +166,6 @@ typedef struct dp_backend_ops {
   dp_status (*run)(void *bctx, dp_exec_env *env, const dp_op *op);
   dp_status (*stage_begin)(void *bctx, int dev, int stage);
   dp_status (*stage_end)(void *bctx, int dev, int stage);
-  /* Optional, host_memory backends: called on device dev's thread while it
-   * waits at a barrier of a run; runs one piece of work that another device's
-   * running op offered (the cpu backend: a column task of a GEMM, which any
-   * thread computes with the same bits) and returns true, or returns false
-   * when there is none. The op's own thread returns only when every piece is
-   * done, so the op's footprint and the barriers' reasoning are unchanged. */
-  bool (*help)(void *bctx, int dev);
   /* Optional, together. NULL: a synchronous backend: an op has done its work
    * when it returns, so the context checks a step on the host between its
    * pre-commit and commit parts. Set: ops only enqueue; step_begin opens a

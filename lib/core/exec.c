@@ -5,7 +5,6 @@
 #include "core/exec.h"
 
 #include <limits.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -18,18 +17,15 @@
 #endif
 
 /* Spin a short while, then sleep on the condition variable: cheap when the
- * devices are busy on their own cores, and no long spin (nor sched_yield,
- * which on a shared machine hands the core to other work for a while) when a
- * device is late. Inside a run (help) a waiting thread runs work that other
- * devices' ops offer (dp_backend_ops.help), and asleep it still looks for
- * such work every NAP_NS, so that a device whose core was taken for a moment
- * is helped rather than waited for. The last thread in takes the mutex only
- * when someone sleeps: a sleeper counts itself before it reads gen, and the
- * releaser bumps gen before it reads the count (both sequentially
- * consistent), so either the sleeper sees the new gen or the releaser sees
- * the sleeper. */
-#define SPIN_NS 50000u /* ~50 us of spinning (and helping) before sleeping */
-#define NAP_NS 500000  /* asleep inside a run: look for work every 0.5 ms */
+ * devices are busy on their own cores, and quick to free the core when a
+ * device is late, so that the operating system can move the late device's
+ * thread there (docs/PERFORMANCE.md, session 16). No sched_yield: on a
+ * shared machine it hands the core to other work, which may keep it for a
+ * whole time slice. The last thread in takes the mutex only when someone sleeps: a
+ * sleeper counts itself before it reads gen, and the releaser bumps gen
+ * before it reads the count (both sequentially consistent), so either the
+ * sleeper sees the new gen or the releaser sees the sleeper. */
+#define SPIN_NS 50000u /* ~50 us of spinning before sleeping */
 
 static uint64_t mono_ns(void) {
   struct timespec t;
@@ -37,8 +33,7 @@ static uint64_t mono_ns(void) {
   return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
-static void barrier_wait(dp_exec *x, int dev, bool help) {
-  dp_barrier *b = &x->bar;
+static void barrier_wait(dp_barrier *b) {
   unsigned gen = atomic_load_explicit(&b->gen, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
     atomic_store_explicit(&b->count, 0, memory_order_relaxed);
@@ -50,34 +45,15 @@ static void barrier_wait(dp_exec *x, int dev, bool help) {
     }
     return;
   }
-  bool (*h)(void *, int) = help ? x->help : NULL;
   uint64_t t0 = mono_ns();
   for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
-    if (h && h(x->bctx, dev)) {
-      t0 = mono_ns(); /* more may come: spin again */
-      continue;
-    }
     CPU_RELAX();
     if (i % 64 == 0 && mono_ns() - t0 > SPIN_NS) break;
   }
   pthread_mutex_lock(&b->mu);
   atomic_fetch_add(&b->sleepers, 1);
-  while (atomic_load(&b->gen) == gen) {
-    if (!h) {
-      pthread_cond_wait(&b->cv, &b->mu);
-      continue;
-    }
-    uint64_t until = mono_ns() + NAP_NS;
-    struct timespec ts = {.tv_sec = (time_t)(until / 1000000000u),
-                          .tv_nsec = (long)(until % 1000000000u)};
-    pthread_cond_timedwait(&b->cv, &b->mu, &ts);
-    if (atomic_load(&b->gen) != gen) break;
-    pthread_mutex_unlock(&b->mu); /* (a release meanwhile: gen is read again) */
-    while (atomic_load(&b->gen) == gen && h(x->bctx, dev)) {
-    }
-    pthread_mutex_lock(&b->mu);
-  }
+  while (atomic_load(&b->gen) == gen) pthread_cond_wait(&b->cv, &b->mu);
   atomic_fetch_sub(&b->sleepers, 1);
   pthread_mutex_unlock(&b->mu);
 }
@@ -88,6 +64,13 @@ static void barrier_wait(dp_exec *x, int dev, bool help) {
  * changing the buffer; its wait at that last barrier is recorded by device
  * 0's thread, which leaves the barrier last or with it (arrive_ns). */
 uint64_t dp__now_ns(void) { return mono_ns(); }
+
+/* The calling thread's CPU time (what it ran, preemption left out). */
+static uint64_t cpu_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
 
 void dp__exec_profile(dp_exec *x, dp_prof_event *ev, size_t cap) {
   x->prof = ev;
@@ -105,12 +88,28 @@ void dp__exec_prof_add(dp_exec *x, const dp_prof_event *ev) {
     atomic_fetch_add_explicit(&x->prof_dropped, 1, memory_order_relaxed);
 }
 
-static uint64_t prof_t0(const dp_exec *x) { return x->prof ? dp__now_ns() : 0; }
+/* An event's start: wall and thread CPU time; {0, 0} when the profile is off. */
+typedef struct {
+  uint64_t wall, cpu;
+} prof_mark;
 
-static void prof_op(dp_exec *x, int dev, int k, const dp_op *op, bool shared, uint64_t t0) {
+/* The CPU interval inside the wall one: wall first, then CPU; at the end CPU,
+ * then wall (so that an op's CPU time is never more than its wall time). */
+static prof_mark prof_start(const dp_exec *x) {
+  prof_mark m = {0, 0};
+  if (x->prof) {
+    m.wall = mono_ns();
+    m.cpu = cpu_ns();
+  }
+  return m;
+}
+
+static void prof_op(dp_exec *x, int dev, int k, const dp_op *op, bool shared, prof_mark m) {
   if (!x->prof) return;
-  dp_prof_event ev = {.t0_ns = t0,
-                      .t1_ns = dp__now_ns(),
+  uint64_t cpu = cpu_ns() - m.cpu;
+  dp_prof_event ev = {.t0_ns = m.wall,
+                      .cpu_ns = cpu,
+                      .t1_ns = mono_ns(),
                       .what = DP_PROF_EVENT_OP,
                       .kind = op->kind,
                       .phase = op->phase,
@@ -136,20 +135,20 @@ static void prof_wait(dp_exec *x, int dev, int phase, uint64_t t0, uint64_t t1) 
 
 /* A barrier inside a run, timed; phase: the phase of the ops it follows. */
 static void wait_at(dp_exec *x, int dev, int phase) {
-  uint64_t t0 = prof_t0(x);
-  barrier_wait(x, dev, true);
+  uint64_t t0 = x->prof ? mono_ns() : 0;
+  barrier_wait(&x->bar);
   if (t0) prof_wait(x, dev, phase, t0, dp__now_ns());
 }
 
 /* A run's last barrier: device 0's thread records every thread's wait. */
 static void wait_last(dp_exec *x, int dev, int phase) {
   if (!x->prof) {
-    barrier_wait(x, dev, true);
+    barrier_wait(&x->bar);
     return;
   }
   uint64_t t0 = dp__now_ns();
   if (dev != x->dev0) x->arrive_ns[dev] = t0;
-  barrier_wait(x, dev, true); /* past it, a worker must not touch the buffer */
+  barrier_wait(&x->bar); /* past it, a worker must not touch the buffer */
   if (dev != x->dev0) return;
   uint64_t t1 = dp__now_ns();
   x->last_release_ns = t1; /* the workers' next wait for a job starts after it */
@@ -451,9 +450,9 @@ static void run_device(dp_exec *x, int dev) {
           part.src_offset += b0;
           part.dst_offset += b0;
           part.bytes = b1 - b0;
-          uint64_t t0 = prof_t0(x);
+          prof_mark m = prof_start(x);
           dp_status st = run_op(x, &part);
-          prof_op(x, dev, k, op, true, t0);
+          prof_op(x, dev, k, op, true, m);
           /* a check's message names the first bad element of the whole op:
            * the op's device runs it again whole (it only reads) */
           if (st && op->kind == DP_OP_GRAD_CHECK)
@@ -485,9 +484,9 @@ static void run_device(dp_exec *x, int dev) {
         if (xfer && all_copies) (void)(mine ? run_op(x, op) : run_peer(x, op, dev));
         if (mine) note(x, dev, k, s, -1, DP_FAIL(DP_ERR_BACKEND, "injected fault"));
       } else if (k != inject || all_copies) {
-        uint64_t t0 = prof_t0(x);
+        prof_mark m = prof_start(x);
         note(x, dev, k, s, -1, mine ? run_op(x, op) : run_peer(x, op, dev));
-        prof_op(x, dev, k, op, false, t0);
+        prof_op(x, dev, k, op, false, m);
       }
       started |= xfer;
     }
@@ -505,11 +504,11 @@ static void *worker_main(void *arg) {
   dp_worker *w = arg;
   dp_exec *x = w->exec;
   for (;;) {
-    uint64_t t0 = dp__now_ns();     /* (profiled or not: known only after the release) */
-    barrier_wait(x, w->dev, false); /* wait for a job (no one offers work now) */
+    uint64_t t0 = dp__now_ns(); /* (profiled or not: known only after the release) */
+    barrier_wait(&x->bar);      /* wait for a job */
     if (atomic_load(&x->quit)) return NULL;
-    /* (the caller's thread recorded this thread's wait at the last barrier up to
-     * last_release_ns, which it may have read after this thread left) */
+    /* (device 0's thread recorded this thread's wait at the last barrier up
+     * to last_release_ns, which it may have taken after this thread left) */
     if (x->prof)
       prof_wait(x, w->dev, DP_PHASE_COUNT,
                 t0 > x->last_release_ns ? t0 : x->last_release_ns, dp__now_ns());
@@ -528,14 +527,9 @@ dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_op
   x->tctx = tctx;
   x->inject_at = -1;
   x->share = share_capable(x);
-  x->help = b->host_memory ? b->help : NULL;
   x->bar.n = n_devices;
   pthread_mutex_init(&x->bar.mu, NULL);
-  pthread_condattr_t ca; /* timed waits against CLOCK_MONOTONIC (mono_ns) */
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&x->bar.cv, &ca);
-  pthread_condattr_destroy(&ca);
+  pthread_cond_init(&x->bar.cv, NULL);
   for (int d = 1; d < n_devices; d++) {
     x->workers[d] = (dp_worker){.exec = x, .dev = dev0 + d};
     int rc = pthread_create(&x->workers[d].thread, NULL, worker_main, &x->workers[d]);
@@ -554,7 +548,7 @@ dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_op
 void dp__exec_destroy(dp_exec *x) {
   if (x->n_threads > 0) {
     atomic_store(&x->quit, 1);
-    barrier_wait(x, x->dev0, false);
+    barrier_wait(&x->bar);
     for (int d = 1; d <= x->n_threads; d++) pthread_join(x->workers[d].thread, NULL);
   }
   x->n_threads = 0;
@@ -621,11 +615,7 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uin
   x->first_fail = -1;
   int d0 = x->dev0, d1 = x->dev0 + x->n_devices;
   for (int d = d0; d < d1; d++) x->status[d] = DP_OK;
-  if (x->n_devices > 1) { /* release the workers */
-    uint64_t t0 = prof_t0(x);
-    barrier_wait(x, d0, false);
-    if (t0) prof_wait(x, d0, DP_PHASE_COUNT, t0, dp__now_ns());
-  }
+  if (x->n_devices > 1) wait_at(x, d0, DP_PHASE_COUNT); /* release the workers */
   run_device(x, d0);
   if (atomic_load(&x->fail_stage) == INT_MAX) return DP_OK;
   /* Report the failure that comes first in the schedule. */

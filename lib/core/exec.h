@@ -53,9 +53,6 @@ struct dp_exec {
    * failed in a check, for the shared op of parity slot. */
   bool share;
   bool part_bad[2][DP_MAX_DEVICES];
-  /* the backend's help (dp_backend_ops.help) for a host_memory backend, or
-   * NULL: what a thread runs while it waits at a barrier of a run */
-  bool (*help)(void *bctx, int dev);
   /* dp__exec_sync's scratch: per thread, the regions (bit per dp_region) of
    * each device (and, last, of the host) that its ops since the last barrier
    * read and wrote */

@@ -11,7 +11,6 @@
 #include "core/operands.h"
 #include "cpu/cpu.h"
 #include "cpu/layer.h"
-#include "cpu/team.h"
 #include "util/tanh.h"
 
 #include <float.h>
@@ -300,14 +299,6 @@ static void *gemm_ws(const lctx *c, int M, int N, int K) {
  * region has no room (an undersized plan, the emulated GPU's). */
 static size_t packed_wt_at(size_t gemm_ws) { return (gemm_ws + 63) / 64 * 64; }
 
-/* With several devices, after those (64-byte aligned): the room for the
- * column tasks of a product shared between the devices' threads
- * (dp__model_job_bytes; linear_gemm). */
-static size_t team_at(const dp_model *m, int mb_rows, int n_mb, bool training) {
-  size_t w = dp__model_workspace_bytes(m, mb_rows, training);
-  return packed_wt_at(n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w);
-}
-
 static const float *packed_wt(const lctx *c, const float *w) {
   const dp_plan *p = c->p;
   int d = c->d, in = dp__pos_in(c->l), out = dp__pos_out(c->l);
@@ -322,28 +313,6 @@ static const float *packed_wt(const lctx *c, const float *w) {
       (float *)((unsigned char *)dp__region_ptr(c->e, d, DP_REGION_WORKSPACE) + at);
   if (c->mb == 0) dp__gemm_pack_b(1, in, out, w, in, dst);
   return dst;
-}
-
-/* A linear layer's product (the dp__sgemm_pb arguments): cut into column
- * tasks that the other devices' threads help with while they wait
- * (team.h), when the workspace holds their layout; else on this thread. Either
- * way the same bits. The tasks' layout stays inside the GEMMs' part of the
- * workspace, before the forward's packed weights. */
-static void linear_gemm(const lctx *c, int transA, int transB, int M, int N, int K,
-                        const float *A, int lda, const float *B, int ldb, const float *Bpre,
-                        float *C, int ldc, const dp_gemm_epilogue *ep) {
-  const dp_plan *p = c->p;
-  size_t at =
-      team_at(&p->model, p->act[c->d].mb_rows,
-              p->split.dev_mb0[c->d + 1] - p->split.dev_mb0[c->d], !p->cfg.inference);
-  if (c->team && at < ws_bytes(c) &&
-      dp__team_sgemm(c->team, c->d, transA, transB, M, N, K, A, lda, B, ldb, Bpre, C, ldc,
-                     ep,
-                     (unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) + at,
-                     ws_bytes(c) - at))
-    return;
-  dp__sgemm_pb(transA, transB, M, N, K, A, lda, B, ldb, Bpre, C, ldc, ep,
-               gemm_ws(c, M, N, K));
 }
 
 static const float GELU_C = 0.7978845608028654f; /* sqrt(2/pi) */
@@ -473,7 +442,8 @@ dp_status dp__cpu_forward(const lctx *c) {
       y = layer_out(&r);
       ep.act = DP_GEMM_ACT_RELU;
     }
-    linear_gemm(c, 0, 1, n, out, in, x, in, w, in, packed_wt(c, w), y, out, &ep);
+    dp__sgemm_pb(0, 1, n, out, in, x, in, w, in, packed_wt(c, w), y, out, &ep,
+                 gemm_ws(c, n, out, in));
     break;
   }
   case DP_LAYER_RELU: /* done by the linear before it when fused */
@@ -577,12 +547,13 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
     const float *w = layer_params(c), *x = layer_in(c);
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;
     /* dw (out, in) = dy^T (out, n) · x (n, in): summed over the rows in order */
-    linear_gemm(c, 1, 0, out, in, n, dy, out, x, in, NULL, dw, in, NULL);
+    dp__sgemm(1, 0, out, in, n, dy, out, x, in, dw, in, NULL, gemm_ws(c, out, in, n));
     if (db) dp__gemm_colsum(n, out, dy, out, db);
     /* dx (n, in) = dy (n, out) · w (out, in); then the relu's backward in place
      * (x, its output, <= 0 gives 0): one streaming pass, faster here than a
      * mask applied tile by tile in the GEMM (PERFORMANCE.md, round four) */
-    if (dx) linear_gemm(c, 0, 0, n, in, out, dy, out, w, in, NULL, dx, in, NULL);
+    if (dx)
+      dp__sgemm(0, 0, n, in, out, dy, out, w, in, dx, in, NULL, gemm_ws(c, n, in, out));
     if (dx && masked) relu_mask(x, dx, (size_t)n * in);
     break;
   }
@@ -1063,11 +1034,11 @@ DP_SIMD_FN(grad_add, (float *restrict dst, const float *restrict src, size_t n),
            (dst, src, n))
 
 static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
+  (void)bctx;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_FORWARD:
   case DP_OP_BACKWARD: {
     lctx c = op_lctx(e, op);
-    c.team = bctx; /* NULL when run outside a context (the tests' direct calls) */
     float *grads = region(e, op->device, op->dst_region, op->dst_offset);
     if (e->plan->cfg.precision == DP_PRECISION_BF16)
       return op->kind == DP_OP_FORWARD ? dp__mixed_forward(&c)
@@ -1104,36 +1075,17 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a compute op", op->kind);
 }
 
-/* ---- the context: the devices' shared products (team.h) --------------------------- */
-
-static dp_status cpu_ctx_init(const dp_plan *p, void *const arenas[], void **bctx) {
-  (void)arenas;
-  *bctx = NULL;
-  if (p->cfg.n_devices < 2) return DP_OK; /* no one to share with */
-  if (!(*bctx = dp__team_new(p)))
-    return DP_FAIL(DP_ERR_NOMEM, "cannot allocate the cpu backend's context");
-  return DP_OK;
-}
-
-static void cpu_ctx_free(void *bctx) { dp__team_free(bctx); }
-
-/* dp_backend_ops.help: one column task another device offers. */
-static bool cpu_help(void *bctx, int dev) { return dp__team_help(bctx, dev); }
-
 /* ---- memory: host memory, reached directly ---------------------------------------- */
 
 /* The packed GEMMs' buffers (gemm.h); with several micro-batches, then the
- * forward's packed weights (packed_wt); with several devices, then the room
- * for column tasks (team_at). */
+ * forward's packed weights (packed_wt). */
 static size_t cpu_workspace_bytes(const dp_model *m, const dp_config *c, int mb_rows,
                                   int n_mb) {
   bool training = !c->inference;
   if (c->precision == DP_PRECISION_BF16)
     return dp__mixed_workspace_bytes(m, mb_rows, n_mb, training);
   size_t w = dp__model_workspace_bytes(m, mb_rows, training);
-  w = n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w;
-  size_t team = c->n_devices > 1 ? dp__model_job_bytes(m, mb_rows, training) : 0;
-  return team ? team_at(m, mb_rows, n_mb, training) + team : w;
+  return n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w;
 }
 
 static dp_status cpu_arena_alloc(const dp_plan *p, int dev, void **out) {
@@ -1200,8 +1152,8 @@ static dp_status cpu_bench_sgemm(int dev, int m, int n, int k, int iters, int tf
   return s;
 }
 
-/* The reference backend: synchronous (an op is done when it returns), a
- * context only for the devices' shared products, no staging, no graphs. */
+/* The reference backend: synchronous (an op is done when it returns), no
+ * backend context, no staging, no graphs. */
 const dp_backend_ops dp__cpu_backend = {
     .name = "cpu",
     .align = 64, /* a cache line */
@@ -1221,10 +1173,7 @@ const dp_backend_ops dp__cpu_backend = {
     .read = cpu_copy_bytes,
     .write = cpu_copy_bytes,
     .fill_u32 = cpu_fill_u32,
-    .ctx_init = cpu_ctx_init,
-    .ctx_free = cpu_ctx_free,
     .transport = &shm_transport,
     .run = cpu_run,
-    .help = cpu_help,
     .bench_sgemm = cpu_bench_sgemm,
 };

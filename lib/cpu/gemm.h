@@ -77,33 +77,6 @@ void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, i
                   const float *B, int ldb, const float *Bpacked, float *C, int ldc,
                   const dp_gemm_epilogue *ep, void *workspace);
 
-/* A product cut into column tasks that any thread may run (lib/cpu/team.c):
- * dp__gemm_job_init packs op(A) whole into the workspace (of at least
- * dp__gemm_job_bytes(M, N, K) bytes; 0 when the shape is not cut: too narrow,
- * too small, or op(A) too large) and returns the number of tasks (0: not cut,
- * nothing done; run dp__sgemm / dp__sgemm_pb instead); dp__gemm_job_task(j, g)
- * computes task g's columns of C over all of K. Every task once, in any
- * order, on any threads, gives dp__sgemm's bits (the contract above); the
- * tasks write disjoint columns of C and homes in the workspace. Bpre: the
- * dp__gemm_pack_b layout of op(B), or NULL. */
-typedef struct {
-  const void *tier;
-  int transB, M, N, K, ldb, ldc, relu, n_tasks;
-  const float *B, *Bpre, *bias, *Ap;
-  float *C, *Bp;
-} dp_gemm_job;
-size_t dp__gemm_job_bytes(int M, int N, int K);
-int dp__gemm_job_init(dp_gemm_job *j, int transA, int transB, int M, int N, int K,
-                      const float *A, int lda, const float *B, int ldb, const float *Bpre,
-                      float *C, int ldc, const dp_gemm_epilogue *ep, void *ws,
-                      size_t ws_bytes);
-void dp__gemm_job_task(const dp_gemm_job *j, int g);
-/* The largest dp__gemm_job_bytes of the model's linear layers' products on
- * micro-batches of up to mb_rows rows (those dp__linear_workspace_bytes
- * counts): the cpu backend's room for column tasks, on a plan of several
- * devices. */
-size_t dp__model_job_bytes(const dp_model *m, int mb_rows, bool training);
-
 /* The largest dp__gemm_packed_b_bytes of the model's linear layers' forward
  * weights (W^T: K = in, N = out). */
 size_t dp__model_packed_wt_bytes(const dp_model *m);

@@ -23,7 +23,6 @@ typedef struct {
   int rows;
   const dp_op *op;
   dp_layer_operands o;
-  struct dp_team_s *team; /* the devices' shared products (team.h); NULL: none */
 } lctx;
 
 static inline float *region(const dp_exec_env *e, int d, int r, size_t off) {
@@ -48,11 +47,7 @@ static inline lctx op_lctx(const dp_exec_env *e, const dp_op *op) {
 }
 
 /* The same micro-batch's context at layer i (a fused neighbour's buffers). */
-static inline lctx at_layer(const lctx *c, int i) {
-  lctx r = lctx_at(c->e, c->op, i);
-  r.team = c->team;
-  return r;
-}
+static inline lctx at_layer(const lctx *c, int i) { return lctx_at(c->e, c->op, i); }
 
 static inline float *ptr(const lctx *c, dp_span s) { return dp__span_ptr(c->e, c->d, s); }
 /* (rows, in); NULL for a linear fused with its relu, which keeps no output */
