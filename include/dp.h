@@ -829,6 +829,8 @@ typedef enum {
 
 typedef struct {
   uint64_t t0_ns, t1_ns; /* CLOCK_MONOTONIC */
+  uint64_t cpu_ns;       /* ops: the thread's CPU time in between (what it ran;
+                            t1 - t0 - cpu: the time its core was taken) */
   uint8_t what;          /* dp_prof_event_kind */
   uint8_t kind;          /* an op's dp_op_kind */
   uint8_t phase;         /* an op's dp_phase; a barrier's: the phase of the stage
@@ -866,15 +868,17 @@ const char *dp_prof_class_name(dp_prof_class k); /* "forward gemm", ... */
  * barrier event counts in the call that recorded it (the first step event
  * after it in the buffer), clipped to that call's window (a worker's wait for
  * the call's job starts in the call before); events after the last step event
- * are left out. Per device's thread:
- * busy (its ops, by class) + barrier (waits) + other = the steps' wall time,
- * where other is what the thread spent outside ops and barriers (device 0's
- * thread: the call's own host work between the executor's runs). */
+ * are left out. Per device's thread: busy (its ops, by class) + barrier
+ * (waits) + other = the steps' wall time, where other is what the thread
+ * spent outside ops and barriers (device 0's thread: the call's own host work
+ * between the executor's runs). busy_cpu: the CPU time of its ops (busy -
+ * busy_cpu: the time its core was taken during its ops). */
 typedef struct {
   int steps;     /* step events */
   int n_threads; /* threads with events: devices 0 .. n_threads - 1 */
   double wall_ms;
   double busy_ms[DP_MAX_DEVICES][DP_PROF_CLASS_COUNT];
+  double busy_cpu_ms[DP_MAX_DEVICES];
   double barrier_ms[DP_MAX_DEVICES], other_ms[DP_MAX_DEVICES];
   long ops[DP_PROF_CLASS_COUNT]; /* op events of each class (all threads) */
 } dp_prof_summary;

@@ -218,11 +218,14 @@ END_TEST
 START_TEST(every_cpu_tier_gives_the_same_bits) {
   static const char *const tiers[] = {"scalar", "avx2", "avx512"};
   static const char *const specs[] = {
-      NULL, "input 1 3 4\nconv2d 4 2 padding 1 nobias\nbatchnorm\nrelu\nmaxpool2d 2 "
-            "stride 1\nflatten\nlinear 7 nobias\nbatchnorm\nlinear 5\n"
-            "loss softmax_cross_entropy\n"};
+      NULL,
+      "input 1 3 4\nconv2d 4 2 padding 1 nobias\nbatchnorm\nrelu\nmaxpool2d 2 "
+      "stride 1\nflatten\nlinear 7 nobias\nbatchnorm\nlinear 5\n"
+      "loss softmax_cross_entropy\n",
+      /* gelu and tanh: loops with an AVX-512 copy of their own (DP_SIMD_FN512) */
+      "input 12\nlinear 40\ngelu\nlinear 24\ntanh\nlinear 5\nloss softmax_cross_entropy\n"};
   setup two = {2, DP_MODE_ALLREDUCE, 0};
-  for (int sp = 0; sp < 2; sp++)
+  for (int sp = 0; sp < 3; sp++)
     for (int opt = 0; opt < 3; opt++) {
       spec_in_use = specs[sp];
       uint64_t ref = 0;

@@ -226,6 +226,25 @@ static void sum_layers(const dp_prof_event *ev, size_t n, int n_layers, layer_ms
   }
 }
 
+/* Op events per (phase, kind): ms summed per thread, and how many. */
+typedef struct {
+  double ms[DP_MAX_DEVICES];
+  long n;
+} kind_ms;
+
+#define N_KINDS (DP_OP_COPY_ADD + 1)
+
+static void sum_kinds(const dp_prof_event *ev, size_t n, kind_ms (*out)[N_KINDS]) {
+  for (size_t i = 0; i < n; i++) {
+    const dp_prof_event *e = &ev[i];
+    if (e->what != DP_PROF_EVENT_OP || e->phase >= DP_PHASE_COUNT || e->kind >= N_KINDS ||
+        e->thread < 0 || e->thread >= DP_MAX_DEVICES)
+      continue;
+    out[e->phase][e->kind].ms[e->thread] += (double)(e->t1_ns - e->t0_ns) * 1e-6;
+    out[e->phase][e->kind].n++;
+  }
+}
+
 /* Barrier waits per phase of the stage they end (index DP_PHASE_COUNT: the
  * workers' wait for a job), ms summed, per thread. */
 static void sum_waits(const dp_prof_event *ev, size_t n, double (*w)[DP_PHASE_COUNT + 1]) {
@@ -251,8 +270,8 @@ static void print_profile_json(const char *model, const dp_config *cfg,
       printf("%s\"%s\":%.5f", c ? "," : "", dp_prof_class_name((dp_prof_class)c),
              s->busy_ms[t][c] * k);
     }
-    printf("},\"busy_ms\":%.5f,\"barrier_ms\":%.5f,\"other_ms\":%.5f}", busy * k,
-           s->barrier_ms[t] * k, s->other_ms[t] * k);
+    printf("},\"busy_ms\":%.5f,\"busy_cpu_ms\":%.5f,\"barrier_ms\":%.5f,\"other_ms\":%.5f}",
+           busy * k, s->busy_cpu_ms[t] * k, s->barrier_ms[t] * k, s->other_ms[t] * k);
   }
   printf("],\"ops_per_step\":{");
   for (int c = 0; c < DP_PROF_CLASS_COUNT; c++)
@@ -284,7 +303,7 @@ static void row(const char *label, const double *v, size_t stride, int n, double
 static void print_profile_text(const char *model, const dp_config *cfg,
                                const dp_prof_summary *s, const dp_model *m,
                                const layer_ms *lay, const double (*w)[DP_PHASE_COUNT + 1],
-                               size_t dropped) {
+                               const kind_ms (*kinds)[N_KINDS], size_t dropped) {
   int n = s->n_threads;
   double k = s->steps ? 1.0 / s->steps : 0.0, busy[DP_MAX_DEVICES], wall[DP_MAX_DEVICES];
   printf("%s, batch %d, %d device(s), %s: %d steps profiled, %.4f ms/step (wall)%s\n",
@@ -301,6 +320,7 @@ static void print_profile_text(const char *model, const dp_config *cfg,
     wall[t] = s->wall_ms;
   }
   row("= busy", busy, 1, n, k);
+  row("  of it on the cpu", s->busy_cpu_ms, 1, n, k);
   row("idle at barriers", s->barrier_ms, 1, n, k);
   for (int ph = 0; ph <= DP_PHASE_COUNT; ph++) {
     char label[40];
@@ -313,6 +333,15 @@ static void print_profile_text(const char *model, const dp_config *cfg,
   }
   row("other (host, dispatch)", s->other_ms, 1, n, k);
   row("= wall", wall, 1, n, k);
+  printf("\nper phase and op kind (layers' ops below), ms per step\n");
+  for (int ph = 0; ph < DP_PHASE_COUNT; ph++)
+    for (int o = 0; o < N_KINDS; o++) {
+      if (!kinds[ph][o].n || o == DP_OP_FORWARD || o == DP_OP_BACKWARD) continue;
+      char label[48];
+      snprintf(label, sizeof label, "%s %s", dp_phase_name((dp_phase)ph),
+               dp_op_kind_name((dp_op_kind)o));
+      row(label, kinds[ph][o].ms, 1, n, k);
+    }
   printf("\nper layer, ms per step: forward / backward\n  %-22s", "");
   for (int t = 0; t < n; t++) printf("      device %d    ", t);
   printf("\n");
@@ -340,10 +369,11 @@ static int profile_steps(const char *name, const dp_model *m, const dp_config *c
   dp_prof_event *ev = NULL;
   layer_ms *lay = calloc((size_t)dp_model_n_layers(m) + 1, sizeof *lay);
   double(*w)[DP_PHASE_COUNT + 1] = calloc(DP_MAX_DEVICES, sizeof *w);
+  kind_ms(*kinds)[N_KINDS] = calloc(DP_PHASE_COUNT, sizeof *kinds);
   dp_prof_summary *sum = malloc(sizeof *sum);
   int rc = DPT_EXIT_FAIL;
   float loss;
-  if (!x || !t || !lab || !lay || !w || !sum) goto done;
+  if (!x || !t || !lab || !lay || !w || !sum || !kinds) goto done;
   const void *target = random_batch(m, B, x, t, lab);
   if (dp_plan_create(m, cfg, &p) || dp_ctx_create(p, &c)) goto done;
   /* an op per device thread (a shared op on each), a barrier after each
@@ -360,21 +390,22 @@ static int profile_steps(const char *name, const dp_model *m, const dp_config *c
   if (dp_prof_summarize(p, ev, n, sum)) goto done;
   sum_layers(ev, n, dp_model_n_layers(m), lay);
   sum_waits(ev, n, w);
+  sum_kinds(ev, n, kinds);
   if (json)
     print_profile_json(name, cfg, sum, m, lay, dropped);
   else
     print_profile_text(name, cfg, sum, m, lay, (const double(*)[DP_PHASE_COUNT + 1]) w,
-                       dropped);
+                       (const kind_ms(*)[N_KINDS])kinds, dropped);
   rc = DPT_EXIT_OK;
 done:
   if (rc)
     fprintf(stderr, "dp bench step: %s\n",
-            !x || !t || !lab || !lay || !w || !sum || (p && c && !ev)
+            !x || !t || !lab || !lay || !w || !sum || !kinds || (p && c && !ev)
                 ? "out of memory"
                 : dpt_user_msg(c ? dp_ctx_error(c) : dp_last_error()));
   dp_ctx_free(c);
   dp_plan_free(p);
-  free(x), free(t), free(lab), free(ev), free(lay), free(w), free(sum);
+  free(x), free(t), free(lab), free(ev), free(lay), free(w), free(sum), free(kinds);
   return rc;
 }
 

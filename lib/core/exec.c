@@ -5,7 +5,6 @@
 #include "core/exec.h"
 
 #include <limits.h>
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -17,12 +16,23 @@
 #define CPU_RELAX() ((void)0)
 #endif
 
-/* Spin, then yield, then sleep: cheap when the devices are busy on their own
- * cores, polite when there are more virtual devices than cores. The last
- * thread in takes the mutex only when someone sleeps: a sleeper counts itself
- * before it reads gen, and the releaser bumps gen before it reads the count
- * (both sequentially consistent), so either the sleeper sees the new gen or
- * the releaser sees the sleeper. */
+/* Spin a short while, then sleep on the condition variable: cheap when the
+ * devices are busy on their own cores, and quick to free the core when a
+ * device is late, so that the operating system can move the late device's
+ * thread there (docs/PERFORMANCE.md, session 16). No sched_yield: on a
+ * shared machine it hands the core to other work, which may keep it for a
+ * whole time slice. The last thread in takes the mutex only when someone sleeps: a
+ * sleeper counts itself before it reads gen, and the releaser bumps gen
+ * before it reads the count (both sequentially consistent), so either the
+ * sleeper sees the new gen or the releaser sees the sleeper. */
+#define SPIN_NS 50000u /* ~50 us of spinning before sleeping */
+
+static uint64_t mono_ns(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
 static void barrier_wait(dp_barrier *b) {
   unsigned gen = atomic_load_explicit(&b->gen, memory_order_acquire);
   if (atomic_fetch_add_explicit(&b->count, 1, memory_order_acq_rel) == b->n - 1) {
@@ -35,13 +45,11 @@ static void barrier_wait(dp_barrier *b) {
     }
     return;
   }
-  for (int i = 0; i < 4000; i++) {
+  uint64_t t0 = mono_ns();
+  for (unsigned i = 1;; i++) {
     if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
     CPU_RELAX();
-  }
-  for (int i = 0; i < 64; i++) {
-    if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
-    sched_yield();
+    if (i % 64 == 0 && mono_ns() - t0 > SPIN_NS) break;
   }
   pthread_mutex_lock(&b->mu);
   atomic_fetch_add(&b->sleepers, 1);
@@ -55,9 +63,12 @@ static void barrier_wait(dp_barrier *b) {
  * between a run's release and its last barrier, while the caller cannot be
  * changing the buffer; its wait at that last barrier is recorded by device
  * 0's thread, which leaves the barrier last or with it (arrive_ns). */
-uint64_t dp__now_ns(void) {
+uint64_t dp__now_ns(void) { return mono_ns(); }
+
+/* The calling thread's CPU time (what it ran, preemption left out). */
+static uint64_t cpu_ns(void) {
   struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
 }
 
@@ -77,12 +88,28 @@ void dp__exec_prof_add(dp_exec *x, const dp_prof_event *ev) {
     atomic_fetch_add_explicit(&x->prof_dropped, 1, memory_order_relaxed);
 }
 
-static uint64_t prof_t0(const dp_exec *x) { return x->prof ? dp__now_ns() : 0; }
+/* An event's start: wall and thread CPU time; {0, 0} when the profile is off. */
+typedef struct {
+  uint64_t wall, cpu;
+} prof_mark;
 
-static void prof_op(dp_exec *x, int dev, int k, const dp_op *op, bool shared, uint64_t t0) {
+/* The CPU interval inside the wall one: wall first, then CPU; at the end CPU,
+ * then wall (so that an op's CPU time is never more than its wall time). */
+static prof_mark prof_start(const dp_exec *x) {
+  prof_mark m = {0, 0};
+  if (x->prof) {
+    m.wall = mono_ns();
+    m.cpu = cpu_ns();
+  }
+  return m;
+}
+
+static void prof_op(dp_exec *x, int dev, int k, const dp_op *op, bool shared, prof_mark m) {
   if (!x->prof) return;
-  dp_prof_event ev = {.t0_ns = t0,
-                      .t1_ns = dp__now_ns(),
+  uint64_t cpu = cpu_ns() - m.cpu;
+  dp_prof_event ev = {.t0_ns = m.wall,
+                      .cpu_ns = cpu,
+                      .t1_ns = mono_ns(),
                       .what = DP_PROF_EVENT_OP,
                       .kind = op->kind,
                       .phase = op->phase,
@@ -108,7 +135,7 @@ static void prof_wait(dp_exec *x, int dev, int phase, uint64_t t0, uint64_t t1) 
 
 /* A barrier inside a run, timed; phase: the phase of the ops it follows. */
 static void wait_at(dp_exec *x, int dev, int phase) {
-  uint64_t t0 = prof_t0(x);
+  uint64_t t0 = x->prof ? mono_ns() : 0;
   barrier_wait(&x->bar);
   if (t0) prof_wait(x, dev, phase, t0, dp__now_ns());
 }
@@ -124,6 +151,7 @@ static void wait_last(dp_exec *x, int dev, int phase) {
   barrier_wait(&x->bar); /* past it, a worker must not touch the buffer */
   if (dev != x->dev0) return;
   uint64_t t1 = dp__now_ns();
+  x->last_release_ns = t1; /* the workers' next wait for a job starts after it */
   prof_wait(x, dev, phase, t0, t1);
   for (int d = x->dev0 + 1; d < x->dev0 + x->n_devices; d++)
     prof_wait(x, d, phase, x->arrive_ns[d], t1);
@@ -422,9 +450,9 @@ static void run_device(dp_exec *x, int dev) {
           part.src_offset += b0;
           part.dst_offset += b0;
           part.bytes = b1 - b0;
-          uint64_t t0 = prof_t0(x);
+          prof_mark m = prof_start(x);
           dp_status st = run_op(x, &part);
-          prof_op(x, dev, k, op, true, t0);
+          prof_op(x, dev, k, op, true, m);
           /* a check's message names the first bad element of the whole op:
            * the op's device runs it again whole (it only reads) */
           if (st && op->kind == DP_OP_GRAD_CHECK)
@@ -456,9 +484,9 @@ static void run_device(dp_exec *x, int dev) {
         if (xfer && all_copies) (void)(mine ? run_op(x, op) : run_peer(x, op, dev));
         if (mine) note(x, dev, k, s, -1, DP_FAIL(DP_ERR_BACKEND, "injected fault"));
       } else if (k != inject || all_copies) {
-        uint64_t t0 = prof_t0(x);
+        prof_mark m = prof_start(x);
         note(x, dev, k, s, -1, mine ? run_op(x, op) : run_peer(x, op, dev));
-        prof_op(x, dev, k, op, false, t0);
+        prof_op(x, dev, k, op, false, m);
       }
       started |= xfer;
     }
@@ -479,7 +507,11 @@ static void *worker_main(void *arg) {
     uint64_t t0 = dp__now_ns(); /* (profiled or not: known only after the release) */
     barrier_wait(&x->bar);      /* wait for a job */
     if (atomic_load(&x->quit)) return NULL;
-    if (x->prof) prof_wait(x, w->dev, DP_PHASE_COUNT, t0, dp__now_ns());
+    /* (device 0's thread recorded this thread's wait at the last barrier up
+     * to last_release_ns, which it may have taken after this thread left) */
+    if (x->prof)
+      prof_wait(x, w->dev, DP_PHASE_COUNT,
+                t0 > x->last_release_ns ? t0 : x->last_release_ns, dp__now_ns());
     run_device(x, w->dev);
   }
 }

@@ -64,6 +64,7 @@ struct dp_exec {
   size_t prof_cap;
   atomic_size_t prof_n, prof_dropped;
   uint64_t arrive_ns[DP_MAX_DEVICES]; /* a worker's arrival at a run's last barrier */
+  uint64_t last_release_ns;           /* when device 0's thread left it */
 };
 
 /* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs

@@ -78,6 +78,7 @@ dp_status dp_prof_summarize(const dp_plan *p, const dp_prof_event *ev, size_t n,
     int k = dp_prof_class_of(p, e);
     if (k >= 0) {
       out->busy_ms[e->thread][k] += ms;
+      out->busy_cpu_ms[e->thread] += (double)e->cpu_ns * 1e-6;
       out->ops[k]++;
     } else {
       out->barrier_ms[e->thread] += ms;

@@ -372,7 +372,8 @@ static inline DP_SIMD_BODY int gelu_forward_body(const float *restrict x, float 
   }
   return 0;
 }
-DP_SIMD_FN(gelu_forward, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
+DP_SIMD_FN512(gelu_forward, (const float *restrict x, float *restrict y, size_t n),
+              (x, y, n))
 
 static inline DP_SIMD_BODY int gelu_backward_body(const float *restrict x,
                                                   const float *restrict dy,
@@ -384,17 +385,18 @@ static inline DP_SIMD_BODY int gelu_backward_body(const float *restrict x,
   }
   return 0;
 }
-DP_SIMD_FN(gelu_backward,
-           (const float *restrict x, const float *restrict dy, float *restrict dx,
-            size_t n),
-           (x, dy, dx, n))
+DP_SIMD_FN512(gelu_backward,
+              (const float *restrict x, const float *restrict dy, float *restrict dx,
+               size_t n),
+              (x, dy, dx, n))
 
 static inline DP_SIMD_BODY int tanh_forward_body(const float *restrict x, float *restrict y,
                                                  size_t n) {
   for (size_t k = 0; k < n; k++) y[k] = dp__tanhf(x[k]);
   return 0;
 }
-DP_SIMD_FN(tanh_forward, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
+DP_SIMD_FN512(tanh_forward, (const float *restrict x, float *restrict y, size_t n),
+              (x, y, n))
 
 /* relu_backward with dy = dx, in place (dp__relu_bwd_fused). */
 static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *restrict dx,

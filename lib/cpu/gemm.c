@@ -473,6 +473,13 @@ bool dp__gemm_tier_supported(const char *name) {
 const char *dp__gemm_tier_name(void) { return get_tier()->name; }
 
 bool dp__simd_avx2(void) { return get_tier() != &dp__gemm_tiers[DP_GEMM_SCALAR]; }
+bool dp__simd_avx512(void) {
+#if DP_GEMM_X86
+  return get_tier() == &dp__gemm_tiers[DP_GEMM_AVX512];
+#else
+  return false;
+#endif
+}
 
 const char *dp_gemm_tier(void) { return dp__gemm_tier_name(); }
 

@@ -92,16 +92,33 @@ void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out);
  * not change. DP_SIMD_FN(name, params, args) defines `static int name params`
  * from `static inline DP_SIMD_BODY int name##_body params`. */
 bool dp__simd_avx2(void);
+bool dp__simd_avx512(void); /* the AVX-512 tier is in use */
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DP_SIMD_BODY __attribute__((always_inline))
 #define DP_SIMD_FN(name, params, args)                                                     \
   __attribute__((target("avx2"))) static int name##_avx2 params { return name##_body args; } \
   static int name##_base params { return name##_body args; }                                \
   static int name params { return dp__simd_avx2() ? name##_avx2 args : name##_base args; }
+/* DP_SIMD_FN with a third copy, compiled for AVX-512, that the AVX-512 tier
+ * runs: for loops whose arithmetic, not memory, bounds them (gelu's double
+ * exp: 1.45x the AVX2 copy's elements per second on Zen 4), with the same
+ * bits for the same reason. */
+#define DP_SIMD_FN512(name, params, args)                                                  \
+  __attribute__((target("avx512f,avx512vl,avx512dq,avx2"))) static int name##_avx512 params { \
+    return name##_body args;                                                               \
+  }                                                                                        \
+  __attribute__((target("avx2"))) static int name##_avx2 params { return name##_body args; } \
+  static int name##_base params { return name##_body args; }                                \
+  static int name params {                                                                 \
+    return dp__simd_avx512() ? name##_avx512 args                                          \
+           : dp__simd_avx2() ? name##_avx2 args                                            \
+                             : name##_base args;                                           \
+  }
 #else
 #define DP_SIMD_BODY
 #define DP_SIMD_FN(name, params, args)                                                     \
   static int name params { return name##_body args; }
+#define DP_SIMD_FN512(name, params, args) DP_SIMD_FN(name, params, args)
 #endif
 
 /* Tiers: "avx512", "avx2", "scalar"; "auto" (or NULL) goes back to the best the
