@@ -28,7 +28,7 @@ int main(int argc, char **argv) {
   if (argc < 5) {
     fprintf(stderr,
             "usage: %s MODEL BATCH DEVICES sgd|adamw|momentum [STEPS "
-            "[classic|allreduce|sharded]]\n",
+            "[classic|allreduce|sharded [fp32|bf16]]]\n",
             argv[0]);
     return 2;
   }
@@ -51,6 +51,10 @@ int main(int argc, char **argv) {
   const char *mode = argc > 6 ? argv[6] : "classic";
   cfg.mode = strcmp(mode, "classic") == 0 ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
   cfg.shard_optimizer = strcmp(mode, "sharded") == 0;
+  if (argc > 7 && dp_precision_parse(argv[7], &cfg.precision) != DP_OK) {
+    fprintf(stderr, "%s: %s\n", argv[0], dp_last_error());
+    return 2;
+  }
   if (dp_plan_create(m, &cfg, &p) || dp_ctx_create(p, &c)) {
     fprintf(stderr, "%s: cannot plan or create the context\n", argv[0]);
     return 1;
