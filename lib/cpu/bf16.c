@@ -20,7 +20,6 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* Rows of fp32 partial sums in the workspace at a time, for results stored as
  * bf16 with K > KC (a multiple of MC: each pass packs B once more). */
@@ -893,42 +892,19 @@ void dp__gemm_bf16_hw_override(int has, dp__bf16_pair_kern kern) {
 
 /* ---- benchmark -------------------------------------------------------------------- */
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+static void fill_bf16(void *p, size_t count, int which) {
+  dp_bf16 *x = p;
+  for (size_t i = 0; i < count; i++)
+    x[i] = dp__bf16_from_f32(which ? (float)(i % 13) * 0.05f : (float)(i % 17) * 0.1f);
+}
+
+/* the linear layer's forward layout with bf16 activations: C = A . B^T */
+static void run_bf16(int m, int n, int k, const void *A, const void *B, void *C, void *ws) {
+  dp__gemm_bf16(0, 1, m, n, k, A, k, DP_BF16_STORE_BF16, B, k, DP_BF16_STORE_BF16, C, n,
+                DP_BF16_STORE_BF16, NULL, ws);
 }
 
 dp_status dp__gemm_bf16_bench(int m, int n, int k, int iters, double *ms) {
-  size_t a, b, c, ws = dp__gemm_bf16_workspace_bytes(m, n, k), wsr;
-  if (!dp__mul((size_t)m, (size_t)k, &a) || !dp__mul((size_t)n, (size_t)k, &b) ||
-      !dp__mul((size_t)m, (size_t)n, &c) || !dp__mul(a, 2, &a) || !dp__mul(b, 2, &b) ||
-      !dp__mul(c, 2, &c) || !dp__align_up(ws ? ws : 64, 64, &wsr) ||
-      !dp__align_up(a, 64, &a) || !dp__align_up(b, 64, &b) || !dp__align_up(c, 64, &c))
-    return DP_FAIL(DP_ERR_OVERFLOW, "bf16 gemm bench: %d x %d x %d overflows size_t", m, n,
-                   k);
-  dp_bf16 *A = aligned_alloc(64, a), *B = aligned_alloc(64, b), *C = aligned_alloc(64, c);
-  void *w = aligned_alloc(64, wsr);
-  dp_status s = DP_OK;
-  if (!A || !B || !C || !w) {
-    s = DP_FAIL(DP_ERR_NOMEM, "bf16 gemm bench: %d x %d x %d: out of memory", m, n, k);
-    goto out;
-  }
-  for (size_t i = 0; i < a / 2; i++) A[i] = dp__bf16_from_f32((float)(i % 17) * 0.1f);
-  for (size_t i = 0; i < b / 2; i++) B[i] = dp__bf16_from_f32((float)(i % 13) * 0.05f);
-  /* the linear layer's forward layout with bf16 activations: C = A . B^T; one
-   * warm-up run */
-  dp__gemm_bf16(0, 1, m, n, k, A, k, DP_BF16_STORE_BF16, B, k, DP_BF16_STORE_BF16, C, n,
-                DP_BF16_STORE_BF16, NULL, w);
-  double t0 = now_ms();
-  for (int it = 0; it < iters; it++)
-    dp__gemm_bf16(0, 1, m, n, k, A, k, DP_BF16_STORE_BF16, B, k, DP_BF16_STORE_BF16, C, n,
-                  DP_BF16_STORE_BF16, NULL, w);
-  *ms = (now_ms() - t0) / iters;
-out:
-  free(A);
-  free(B);
-  free(C);
-  free(w);
-  return s;
+  return dp__gemm_bench_with(m, n, k, iters, 2, dp__gemm_bf16_workspace_bytes(m, n, k),
+                             fill_bf16, run_bf16, "bf16 gemm bench", ms);
 }

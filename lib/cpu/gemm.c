@@ -502,27 +502,27 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
-dp_status dp__gemm_bench(int m, int n, int k, int iters, double *ms) {
-  size_t a, b, c, ws = dp__gemm_workspace_bytes(m, n, k), wsr;
+dp_status dp__gemm_bench_with(int m, int n, int k, int iters, size_t esz, size_t ws_bytes,
+                              dp_gemm_bench_fill fill, dp_gemm_bench_run run,
+                              const char *who, double *ms) {
+  size_t a, b, c, wsr;
   if (!dp__mul((size_t)m, (size_t)k, &a) || !dp__mul((size_t)n, (size_t)k, &b) ||
-      !dp__mul((size_t)m, (size_t)n, &c) || !dp__mul(a, 4, &a) || !dp__mul(b, 4, &b) ||
-      !dp__mul(c, 4, &c) || !dp__align_up(ws ? ws : 64, 64, &wsr) ||
+      !dp__mul((size_t)m, (size_t)n, &c) || !dp__mul(a, esz, &a) || !dp__mul(b, esz, &b) ||
+      !dp__mul(c, esz, &c) || !dp__align_up(ws_bytes ? ws_bytes : 64, 64, &wsr) ||
       !dp__align_up(a, 64, &a) || !dp__align_up(b, 64, &b) || !dp__align_up(c, 64, &c))
-    return DP_FAIL(DP_ERR_OVERFLOW, "dp_bench_sgemm: %d x %d x %d overflows size_t", m, n,
-                   k);
-  float *A = aligned_alloc(64, a), *B = aligned_alloc(64, b), *C = aligned_alloc(64, c);
+    return DP_FAIL(DP_ERR_OVERFLOW, "%s: %d x %d x %d overflows size_t", who, m, n, k);
+  void *A = aligned_alloc(64, a), *B = aligned_alloc(64, b), *C = aligned_alloc(64, c);
   void *w = aligned_alloc(64, wsr);
   dp_status s = DP_OK;
   if (!A || !B || !C || !w) {
-    s = DP_FAIL(DP_ERR_NOMEM, "dp_bench_sgemm: %d x %d x %d: out of memory", m, n, k);
+    s = DP_FAIL(DP_ERR_NOMEM, "%s: %d x %d x %d: out of memory", who, m, n, k);
     goto out;
   }
-  for (size_t i = 0; i < a / 4; i++) A[i] = (float)(i % 17) * 0.1f;
-  for (size_t i = 0; i < b / 4; i++) B[i] = (float)(i % 13) * 0.05f;
-  /* the linear layer's forward layout: C = A . B^T; one warm-up run */
-  dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, w);
+  fill(A, a / esz, 0);
+  fill(B, b / esz, 1);
+  run(m, n, k, A, B, C, w); /* one warm-up run */
   double t0 = now_ms();
-  for (int it = 0; it < iters; it++) dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, w);
+  for (int it = 0; it < iters; it++) run(m, n, k, A, B, C, w);
   *ms = (now_ms() - t0) / iters;
 out:
   free(A);
@@ -530,6 +530,22 @@ out:
   free(C);
   free(w);
   return s;
+}
+
+static void fill_f32(void *p, size_t count, int which) {
+  float *x = p;
+  for (size_t i = 0; i < count; i++)
+    x[i] = which ? (float)(i % 13) * 0.05f : (float)(i % 17) * 0.1f;
+}
+
+/* the linear layer's forward layout: C = A . B^T */
+static void run_f32(int m, int n, int k, const void *A, const void *B, void *C, void *ws) {
+  dp__sgemm(0, 1, m, n, k, A, k, B, k, C, n, NULL, ws);
+}
+
+dp_status dp__gemm_bench(int m, int n, int k, int iters, double *ms) {
+  return dp__gemm_bench_with(m, n, k, iters, 4, dp__gemm_workspace_bytes(m, n, k), fill_f32,
+                             run_f32, "dp_bench_sgemm", ms);
 }
 
 /* ---- sizes ----------------------------------------------------------------- */

@@ -247,4 +247,16 @@ dp__avx512_finish(__m512 acc[][2], float *c, size_t ldc, int flags, const float 
 }
 #endif /* DP_GEMM_X86 */
 
+/* The GEMM benchmarks' harness (dp__gemm_bench, dp__gemm_bf16_bench): operands
+ * A (m, k), B (n, k) and C (m, n) of esz-byte elements and ws_bytes of
+ * workspace, allocated here; fill(p, count, which) writes A (which 0) and B (1);
+ * run(...) is the product, called once to warm up, then iters times: *ms is the
+ * mean. `who` names the caller in the errors. */
+typedef void (*dp_gemm_bench_fill)(void *p, size_t count, int which);
+typedef void (*dp_gemm_bench_run)(int m, int n, int k, const void *A, const void *B,
+                                  void *C, void *ws);
+dp_status dp__gemm_bench_with(int m, int n, int k, int iters, size_t esz, size_t ws_bytes,
+                              dp_gemm_bench_fill fill, dp_gemm_bench_run run,
+                              const char *who, double *ms);
+
 #endif
