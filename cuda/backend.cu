@@ -466,6 +466,37 @@ static dp_status grad_clip_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op)
   return DP_OK;
 }
 
+/* dst += src, rounded to bf16 and src bf16 as the op's flags say
+ * (config.reduce_precision bf16). */
+static dp_status grad_add_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  int d = op->device;
+  float *dst = reg(e, d, op->dst_region, op->dst_offset);
+  void *src = reg(e, d, op->src_region, op->src_offset);
+  size_t n = op->bytes / 4;
+  if (op->flags & DP_OPF_SRC_BF16)
+    DP_CUDA_CHECK(dp_k_add_bf16(x->stream, dst, NULL, (const uint16_t *)src, n));
+  else if (op->flags & DP_OPF_ROUND_BF16)
+    DP_CUDA_CHECK(dp_k_add_bf16(x->stream, dst, (const float *)src, NULL, n));
+  else
+    DP_CUDA_CHECK(dp_k_add(x->stream, dst, (const float *)src, n));
+  return DP_OK;
+}
+
+/* A leaf of the bf16 tree (DP_OPF_ROUND_BF16 on a backward or batchnorm's
+ * sums): the layer's gradients in the slot rounded, unless its backward wrote
+ * bf16 values already (precision bf16's linear and conv2d: cuda/mixed.cu). */
+static dp_status round_leaf(dev_ctx *x, const dp_plan *p, const dp_op *op, float *grads) {
+  const dp_layer *l = &p->model.layers[op->layer];
+  if (!(op->flags & DP_OPF_ROUND_BF16) || op->kind == DP_OP_FORWARD || !l->n_params ||
+      !grads)
+    return DP_OK;
+  if (p->cfg.precision == DP_PRECISION_BF16 && op->kind == DP_OP_BACKWARD &&
+      (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D))
+    return DP_OK;
+  DP_CUDA_CHECK(dp_k_round_bf16(x->stream, grads + l->param_off, l->n_params));
+  return DP_OK;
+}
+
 /* The slots of the set bits of k added to this call's gradient, lowest first
  * (each the left operand: the sum is commutative bit for bit). k comes from
  * the host: only the updating call, whose k is always accumulate - 1, is
@@ -480,7 +511,9 @@ static dp_status grad_accum_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
   float *g = reg(e, d, op->dst_region, op->dst_offset);
   const float *slots = reg(e, d, op->src_region, op->src_offset);
   for (int l = 0; (k >> l) & 1; l++)
-    DP_CUDA_CHECK(dp_k_add(x->stream, g, slots + (size_t)l * n, n));
+    DP_CUDA_CHECK((op->flags & DP_OPF_ROUND_BF16) /* config.reduce_precision bf16 */
+                      ? dp_k_add_bf16(x->stream, g, slots + (size_t)l * n, NULL, n)
+                      : dp_k_add(x->stream, g, slots + (size_t)l * n, n));
   if (k + 1 == A) return DP_OK; /* the update's check follows */
   /* a call that only accumulates: its gradients must be finite to be kept */
   x->accum_call = true;
@@ -715,7 +748,115 @@ static dp_status gemm_uses(const dp_exec_env *e, int d, gemm_use *uses, int *n_u
   return DP_OK;
 }
 
+/* ---- the warm-up in bf16 (config.precision): the layer ops themselves ----
+ * cuda/mixed.cu's cuBLAS calls (cublasGemmEx on bf16 operands, the fp32 calls
+ * on shadow copies) take their operands from the arena and its shadow area, at
+ * offsets of their own. So with NCCL the warm-up runs each distinct forward
+ * and backward op of the device itself, at every row count up to its planned
+ * one, on the context's arena, and then puts back what those ops can write
+ * (lib/core/ctx.c's fill: the canary, gradients zeroed); the parameters and
+ * optimizer state, which they only read, stay. */
+namespace {
+struct mixed_use {
+  int kind, layer;
+  unsigned at[7]; /* in, out, din, dout, stats, params, grads: offsets mod 256 */
+  int rows;
+  const dp_op *op;
+};
+} // namespace
+
+static unsigned mod256_of(const lay &c, dp_span s) {
+  return s.region < 0 ? 256u : mod256(ptr(c, s));
+}
+
+static mixed_use mixed_use_of(const dp_exec_env *e, const dp_op *op) {
+  lay c = lay_of(e, op, op->layer);
+  mixed_use u = {};
+  u.kind = op->kind;
+  u.layer = op->layer;
+  const dp_span sp[6] = {c.o.in, c.o.out, c.o.din, c.o.dout, c.o.stats, c.o.params};
+  for (int i = 0; i < 6; i++) u.at[i] = mod256_of(c, sp[i]);
+  u.at[6] = op->kind == DP_OP_BACKWARD
+                ? mod256(reg(e, c.d, op->dst_region, op->dst_offset) + c.l->param_off)
+                : 256u;
+  u.rows = op->rows;
+  u.op = op;
+  return u;
+}
+
+static bool gemm_layer(const dp_layer *l) {
+  return l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D ||
+         l->kind == DP_LAYER_ATTENTION;
+}
+
+/* What device d's layer ops can write, as the context left it before. */
+static dp_status refill(dev_ctx *x, const dp_exec_env *e, int d) {
+  static const dp_region written[] = {DP_REGION_ACTIVATIONS,  DP_REGION_OUTPUTS,
+                                      DP_REGION_OUTPUT_GRADS, DP_REGION_GRAD_PARTIALS,
+                                      DP_REGION_WORKSPACE,    DP_REGION_GRADS};
+  for (dp_region r : written) {
+    size_t n = e->plan->regions[d][r].size / 4;
+    DP_CUDA_CHECK(dp_k_fill(x->stream, (uint32_t *)dp__region_ptr(e, d, r),
+                            r == DP_REGION_GRADS ? 0u : DP_CANARY, n));
+  }
+  return DP_OK;
+}
+
+static dp_status warm_mixed(cuda_ctx *c, int d) {
+  dev_ctx *x = &c->dev[d];
+  if (!(c->flags & DP_CUDA_NCCL)) return DP_OK; /* a step's own loads cannot deadlock */
+  dp_exec_env e = {};
+  e.plan = c->plan;
+  for (int k = c->d0; k < c->d1; k++) e.arena[k] = c->dev[k].arena;
+  const dp_op *ops = dp_plan_ops(c->plan);
+  mixed_use uses[MAX_USES];
+  int n = 0;
+  for (int k = 0; k < dp_plan_n_ops(c->plan); k++) {
+    const dp_op *op = &ops[k];
+    if (op->device != d || (op->kind != DP_OP_FORWARD && op->kind != DP_OP_BACKWARD) ||
+        op->layer < 0 || op->rows <= 0 || !gemm_layer(&c->plan->model.layers[op->layer]))
+      continue;
+    mixed_use u = mixed_use_of(&e, op);
+    int i = 0;
+    while (i < n && (uses[i].kind != u.kind || uses[i].layer != u.layer ||
+                     memcmp(uses[i].at, u.at, sizeof u.at)))
+      i++;
+    if (i < n) {
+      if (u.rows > uses[i].rows) uses[i] = u;
+      continue;
+    }
+    if (n == MAX_USES)
+      return DP_FAIL(DP_ERR_BACKEND,
+                     "cuda backend: device %d has more than %d distinct bf16 layer ops; "
+                     "the warm-up before NCCL cannot cover them",
+                     d, MAX_USES);
+    uses[n++] = u;
+  }
+  dp_status s = DP_OK;
+  float *grads = NULL;
+  for (int i = 0; i < n && s == DP_OK; i++)
+    for (int r = 1; r <= uses[i].rows && s == DP_OK; r++) {
+      lay l = lay_of(&e, uses[i].op, uses[i].layer);
+      l.rows = r;
+      grads = reg(&e, d, uses[i].op->dst_region, uses[i].op->dst_offset);
+      for (int training = 1; training >= 0 && s == DP_OK; training--) {
+        e.training = training; /* attention dropout's forward, and evaluation's */
+        s = uses[i].kind == DP_OP_FORWARD ? dp__cuda_mixed_forward(x, l, 0)
+                                          : dp__cuda_mixed_backward(x, l, grads, 0);
+        if (uses[i].kind != DP_OP_FORWARD) break;
+      }
+    }
+  if (s == DP_OK) s = refill(x, &e, d);
+  return s;
+}
+
 dp_status dp__cuda_warm_device(cuda_ctx *c, int d, unsigned char *scratch, size_t each) {
+  if (c->plan->cfg.precision == DP_PRECISION_BF16) {
+    dp_status s = warm_mixed(c, d);
+    if (s != DP_OK) return s;
+    DP_CUDA_CHECK_D(d, cudaStreamSynchronize(c->dev[d].stream));
+    return DP_OK;
+  }
   dev_ctx *x = &c->dev[d];
   dp_exec_env e = {};
   e.plan = c->plan;
@@ -832,14 +973,24 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
     int row0 = e->row_base + op->row0;
     float *grads = reg(e, d, op->dst_region, op->dst_offset);
     if (p->cfg.precision == DP_PRECISION_BF16) /* cuda/mixed.cu */
-      return op->kind == DP_OP_FORWARD ? dp__cuda_mixed_forward(x, l, row0)
-                                       : dp__cuda_mixed_backward(x, l, grads, row0);
-    if (op->kind == DP_OP_FORWARD) return dp__cuda_forward(x, l, row0);
-    return dp__cuda_backward(x, l, grads, row0);
+      s = op->kind == DP_OP_FORWARD ? dp__cuda_mixed_forward(x, l, row0)
+                                    : dp__cuda_mixed_backward(x, l, grads, row0);
+    else if (op->kind == DP_OP_FORWARD)
+      s = dp__cuda_forward(x, l, row0);
+    else
+      s = dp__cuda_backward(x, l, grads, row0);
+    return s != DP_OK ? s : round_leaf(x, p, op, grads);
   }
-  case DP_OP_GRAD_ADD:
-    DP_CUDA_CHECK(dp_k_add(x->stream, reg(e, d, op->dst_region, op->dst_offset),
-                           reg(e, d, op->src_region, op->src_offset), op->bytes / 4));
+  case DP_OP_GRAD_ADD: return grad_add_op(x, e, op);
+  case DP_OP_GRAD_PACK:
+    DP_CUDA_CHECK(dp_k_pack_bf16(x->stream, reg(e, d, op->src_region, op->src_offset),
+                                 (uint16_t *)reg(e, d, op->dst_region, op->dst_offset),
+                                 op->bytes / 4));
+    return DP_OK;
+  case DP_OP_GRAD_UNPACK:
+    DP_CUDA_CHECK(dp_k_unpack_bf16(
+        x->stream, (const uint16_t *)reg(e, d, op->src_region, op->src_offset),
+        reg(e, d, op->dst_region, op->dst_offset), op->bytes / 4));
     return DP_OK;
   case DP_OP_ZERO: /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
     DP_CUDA_CHECK(dp_k_fill(x->stream,
@@ -871,7 +1022,11 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_BN_STATS:
   case DP_OP_BN_MERGE:
   case DP_OP_BN_FINAL:
-  case DP_OP_BN_BWD_STATS: return bn_op(c, x, e, op);
+  case DP_OP_BN_BWD_STATS:
+    s = bn_op(c, x, e, op);
+    if (s == DP_OK && op->kind == DP_OP_BN_BWD_STATS)
+      s = round_leaf(x, p, op, reg(e, d, op->dst_region, op->dst_offset));
+    return s;
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a compute op", op->kind);
 }

@@ -8,6 +8,7 @@
 #include "kernels.cuh"
 #include "grid.cuh"
 #include "rng.cuh"
+#include "util/bf16.h" /* config.reduce_precision bf16: the cpu backend's rounding */
 #include "util/tanh.h" /* dp__tanhf: the cpu backend's */
 
 #include <math.h>
@@ -298,6 +299,26 @@ static __global__ void k_add(float *dst, const float *src, size_t n) {
   GRID_STRIDE(i, n) dst[i] = fa(dst[i], src[i]);
 }
 
+static __global__ void k_add_bf16(float *dst, const float *src, const uint16_t *src16,
+                                  size_t n) {
+  GRID_STRIDE(i, n) {
+    float b = src ? src[i] : dp__bf16_widen(src16[i]);
+    dst[i] = dp__bf16_roundf(fa(dst[i], b));
+  }
+}
+
+static __global__ void k_round_bf16(float *x, size_t n) {
+  GRID_STRIDE(i, n) x[i] = dp__bf16_roundf(x[i]);
+}
+
+static __global__ void k_pack_bf16(const float *x, uint16_t *y, size_t n) {
+  GRID_STRIDE(i, n) y[i] = dp__bf16_rne(x[i]);
+}
+
+static __global__ void k_unpack_bf16(const uint16_t *x, float *y, size_t n) {
+  GRID_STRIDE(i, n) y[i] = dp__bf16_widen(x[i]);
+}
+
 static __global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) {
   GRID_STRIDE(i, n) dst[i] = value;
 }
@@ -305,6 +326,31 @@ static __global__ void k_fill(uint32_t *dst, uint32_t value, size_t n) {
 cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n) {
   if (n == 0) return cudaSuccess;
   DP_LAUNCH(k_add, blocks_for(n), THREADS, 0, st)(dst, src, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_add_bf16(cudaStream_t st, float *dst, const float *src,
+                          const uint16_t *src16, size_t n) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_add_bf16, blocks_for(n), THREADS, 0, st)(dst, src, src16, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_round_bf16(cudaStream_t st, float *x, size_t n) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_round_bf16, blocks_for(n), THREADS, 0, st)(x, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_pack_bf16(cudaStream_t st, const float *x, uint16_t *y, size_t n) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_pack_bf16, blocks_for(n), THREADS, 0, st)(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t dp_k_unpack_bf16(cudaStream_t st, const uint16_t *x, float *y, size_t n) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_unpack_bf16, blocks_for(n), THREADS, 0, st)(x, y, n);
   return cudaGetLastError();
 }
 
@@ -913,6 +959,8 @@ cudaError_t dp_k_preload(void) {
       (const void *)k_colsum,       (const void *)k_layernorm_forward,
       (const void *)k_layernorm_dx, (const void *)k_layernorm_dparams,
       (const void *)k_add,          (const void *)k_fill,
+      (const void *)k_add_bf16,     (const void *)k_round_bf16,
+      (const void *)k_pack_bf16,    (const void *)k_unpack_bf16,
       (const void *)k_loss_mse,     (const void *)k_loss_ce,
       (const void *)k_loss_chunks,  (const void *)k_loss_sum,
       (const void *)k_grad_check,   (const void *)k_step_check,

@@ -70,16 +70,6 @@ static dp_status cuda_check_config(const dp_config *c, const int *opt) {
                    "with NCCL and runs no graphs: %s is refused (use transport auto or "
                    "nccl, cuda_graph 0)",
                    c->ranks, graph ? "cuda_graph" : "transport copy");
-  /* bf16's GEMMs are not among the shapes the cuBLAS warm-up before NCCL
-   * loads (cuda/backend.cu): CUDA copies only, one process */
-  if (c->precision == DP_PRECISION_BF16 &&
-      (transport == DP_TRANSPORT_NCCL || fast || c->ranks > 1))
-    return DP_FAIL(DP_ERR_UNSUPPORTED,
-                   "precision bf16 on the cuda backend moves data with CUDA copies in one "
-                   "process: %s is refused (use transport auto or copy)",
-                   c->ranks > 1 ? "ranks > 1"
-                   : fast       ? "fast_collectives"
-                                : "transport nccl");
   int e, d;
   /* NCCL wants a GPU per rank of a communicator: per replica in one process,
    * per replica of a process across processes (another host's GPU 0 is not
@@ -139,7 +129,7 @@ static dp_status cuda_ctx_init(const dp_plan *p, void *const arenas[], void **bc
   bool distinct = n > 1 && !dp__shared_gpu(&p->cfg, n, &a, &b);
   if (opt[OPT_TRANSPORT] == DP_TRANSPORT_NCCL || opt[OPT_FAST_COLLECTIVES] ||
       (opt[OPT_TRANSPORT] == DP_TRANSPORT_AUTO && distinct && !opt[OPT_GRAPH] &&
-       p->cfg.precision != DP_PRECISION_BF16 && dp__cuda_have_nccl()))
+       dp__cuda_have_nccl()))
     f |= DP_CUDA_NCCL;
   return dp__cuda_ctx_init(p, arenas, f, bctx);
 }
@@ -187,6 +177,7 @@ static const dp_backend_ops cuda_backend = {
     .sequence_layers = true,   /* embedding, attention, residual: cuda/sequence.cu */
     .attention_dropout = true, /* on the probabilities: cuda/sequence.cu */
     .mixed_bf16 = true,        /* precision bf16: cuda/mixed.cu */
+    .reduce_bf16 = true,       /* reduce_precision bf16: cuda/kernels.cu */
     .fuses_linear_relu = true, /* the relu in the linear's bias kernel */
     .check_config = cuda_check_config,
     .arena_alloc = cuda_arena_alloc,

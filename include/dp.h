@@ -326,6 +326,14 @@ typedef struct {
   /* DP_PRECISION_FP32 (default) or DP_PRECISION_BF16 (mixed precision: see
    * dp_precision). Training and inference. */
   dp_precision precision;
+  /* The precision of the gradient reduction (docs/PRECISION.md, "Gradient
+   * reduction"): DP_PRECISION_FP32 (default) sums fp32 gradients;
+   * DP_PRECISION_BF16 rounds each micro-batch's gradient to bf16 and every sum
+   * of the canonical tree to bf16 (computed in fp32, round to nearest even), so
+   * that what crosses a process or GPU boundary is half the bytes; the same
+   * bits for every device count, mode and process layout, as fp32's. Either
+   * precision; not with fast_collectives (NCCL's own order). Training only. */
+  dp_precision reduce_precision;
   /* Batchnorm layers in training: DP_BN_PER_REPLICA (default) normalises each
    * micro-batch with its own statistics (nn.DataParallel with one micro-batch
    * per device); DP_BN_SYNC with the whole batch's (SyncBatchNorm), reduced in
@@ -570,14 +578,26 @@ typedef enum {
   DP_OP_COPY_ADD,     /* transport: dst += src, float by float, between two devices of
                          one process whose transport adds in place (the cpu backend's):
                          a reduction step's copy and add in one pass, no comm buffer */
+  DP_OP_GRAD_PACK,    /* config.reduce_precision bf16: grads [src_offset, +bytes) rounded
+                         to bf16 into the comm region at dst_offset (bytes / 2) */
+  DP_OP_GRAD_UNPACK,  /* the reverse: bf16 values at src_offset (bytes / 2) widened into
+                         grads [dst_offset, +bytes) */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which
  * buffer: DP_REGION_INPUTS (x), DP_REGION_TARGETS, DP_REGION_OUTPUTS (y). */
 #define DP_HOST (-1)
 
+/* dp_op.flags (config.reduce_precision bf16: docs/PRECISION.md) */
+enum {
+  DP_OPF_ROUND_BF16 = 1u << 0, /* GRAD_ADD, COPY_ADD, GRAD_ACCUM: the sums rounded to bf16;
+                                  BACKWARD, BN_BWD_STATS: the gradients they write */
+  DP_OPF_SRC_BF16 = 1u << 1,   /* GRAD_ADD: src holds bytes / 2 of bf16 values */
+};
+
 typedef struct {
   uint8_t phase, kind;
+  uint8_t flags;       /* DP_OPF_* */
   int16_t device;      /* device that executes the op */
   int16_t layer;       /* -1 when not a layer op */
   int32_t micro_batch; /* first global micro-batch index, -1 when none */

@@ -57,7 +57,7 @@ START_TEST(every_enum_value_has_a_name) {
   CHECK_NAMES(dp_backend_name, dp_backend, DP_BACKEND_CUDA);
   CHECK_NAMES(dp_region_name, dp_region, DP_REGION_COUNT - 1);
   CHECK_NAMES(dp_phase_name, dp_phase, DP_PHASE_COUNT - 1);
-  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_COPY_ADD);
+  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_GRAD_UNPACK);
   CHECK_NAMES(dp_bn_mode_name, dp_bn_mode, DP_BN_SYNC);
 }
 END_TEST

@@ -392,8 +392,9 @@ START_TEST(config_every_common_option) {
             "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
             "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4", "--batchnorm",
             "sync", "--backend-option", "foo=bar", "--recompute", "3", "--precision",
-            "bf16");
+            "bf16", "--reduce-precision", "bf16");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_int_eq(c.reduce_precision, DP_PRECISION_BF16);
   ck_assert_int_eq(c.batchnorm, DP_BN_SYNC);
   ck_assert_int_eq(c.ranks, 2);
   ck_assert_int_eq(c.accumulate, 4);
@@ -1565,6 +1566,20 @@ START_TEST(plan_precision_bf16_and_refusals) {
   ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
   ck_assert_msg(strstr(r.err, "--precision fp16: the options are fp32 and bf16"), "%s",
                 r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "8", "--reduce-precision", "fp8");
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "--reduce-precision fp8: the options are fp32 and bf16"),
+                "%s", r.err);
+  cmd_result_free(&r);
+  /* the bf16 reduction's packs across ranks, as the schedule shows them */
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "8", "--devices", "2", "--ranks", "2",
+          "--reduce-precision", "bf16", "--schedule");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "gradients reduced in bf16"), "%s", r.out);
+  ck_assert_msg(strstr(r.out, "grad_pack") && strstr(r.out, "(to bf16)") &&
+                    strstr(r.out, "(bf16, rounded)"),
+                "%s", r.out);
   cmd_result_free(&r);
   r = RUN(dpt_cmd_plan, "--model", model, "--batch", "64", "--budget", "64MiB", "--fit",
           "--fit-allow", "mode,bf16");

@@ -1842,7 +1842,7 @@ END_TEST
  * classic SGD (rows[0] in micro-batches of mb[0]) and allreduce sharded AdamW
  * (rows[1], mb[1]). */
 static void nccl_matches_copy(int ngpu, const char *test, const char *spec,
-                              const int rows[2], const int mb[2]) {
+                              const int rows[2], const int mb[2], dp_precision prec) {
   if (ngpu < 2) {
     fprintf(stderr, "SKIP cuda: %s: needs 2 GPUs (%d visible)\n", test, ngpu);
     return;
@@ -1861,6 +1861,7 @@ static void nccl_matches_copy(int ngpu, const char *test, const char *spec,
         cfg == 0 ? test_config(ngpu, rows[0], n, mb[0], DP_MODE_CLASSIC, DP_OPT_SGD)
                  : test_config(ngpu, rows[1], n, mb[1], DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
     c.shard_optimizer = cfg == 1;
+    c.precision = prec;
     for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = d % n; /* a GPU each */
     const char *name = cfg == 0 ? "classic sgd" : "allreduce sharded adamw";
     pair a, g;
@@ -1917,8 +1918,8 @@ static void nccl_matches_copy(int ngpu, const char *test, const char *spec,
 START_TEST(nccl_steps_match_copy_transport_bit_for_bit) {
   REQUIRE_GPUS(ngpu, "nccl_steps_match_copy_transport_bit_for_bit");
   static const int rows[2] = {37, 64}, mb[2] = {5, 8};
-  nccl_matches_copy(ngpu, "nccl_steps_match_copy_transport_bit_for_bit", MIXED_CE, rows,
-                    mb);
+  nccl_matches_copy(ngpu, "nccl_steps_match_copy_transport_bit_for_bit", MIXED_CE, rows, mb,
+                    DP_PRECISION_FP32);
 }
 END_TEST
 
@@ -2830,22 +2831,148 @@ START_TEST(bf16_graph_replays_are_bit_identical_to_plain_steps) {
 }
 END_TEST
 
-/* bf16 moves data with CUDA copies in one process: NCCL is refused by name. */
-START_TEST(bf16_refuses_nccl) {
+/* config.reduce_precision bf16 (docs/PRECISION.md, "Gradient reduction"):
+ * the cuda backend packs what crosses between replicas to bf16 (pack, copy
+ * or NCCL send/recv of half the bytes, unpack or an add that widens) where
+ * the cpu backend adds in place; both round every sum of the one tree, so
+ * the cuda backend gives one hash for 1, 2 and 4 replicas in every mode, over
+ * NCCL (a GPU per replica) and CUDA copies (replicas sharing a GPU), in fp32
+ * and bf16 precision, and in bf16 precision on the simulation the cpu
+ * backend's bits. */
+START_TEST(reduce_bf16_same_bits_everywhere_and_the_cpu_s_on_the_simulation) {
+  REQUIRE_GPUS(ngpu, "reduce_bf16_same_bits_everywhere_and_the_cpu_s_on_the_simulation");
+  static const char *const specs[] = {MIXED_CE, GPT_SPEC};
+  static const int counts[] = {1, 2, 4};
+  for (int k = 0; k < 2; k++)
+    for (int prec = 0; prec < 2; prec++) {
+      uint64_t ref = 0;
+      for (int mode = 0; mode < 3; mode++)
+        for (int i = 0; i < 3; i++) {
+          dp_config c =
+              test_config(ngpu, 8, counts[i], 2, mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC,
+                          DP_OPT_ADAMW);
+          c.backend = DP_BACKEND_CUDA;
+          c.shard_optimizer = mode == 2;
+          c.reduce_precision = DP_PRECISION_BF16;
+          if (prec) { /* bf16 precision runs on CUDA copies: replicas on GPU 0 */
+            c.precision = DP_PRECISION_BF16;
+            for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
+          }
+          rig r;
+          rig_open(&r, specs[k], &c);
+          bf16_steps(&r, specs[k]);
+          uint64_t h = dp_params_hash(r.c);
+          if (!ref) ref = h;
+          ck_assert_msg(h == ref,
+                        "spec %d, precision %d, mode %d, %d replicas: %016llx, "
+                        "first %016llx",
+                        k, prec, mode, counts[i], (unsigned long long)h,
+                        (unsigned long long)ref);
+          rig_close(&r);
+        }
+      dp_config c = test_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+      c.precision = prec ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+      rig r;
+      rig_open(&r, specs[k], &c); /* the cpu backend, fp32 reduction: other bits */
+      bf16_steps(&r, specs[k]);
+      ck_assert_uint_ne(dp_params_hash(r.c), ref);
+      rig_close(&r);
+#ifdef DP_CUDA_SIM
+      /* in bf16 precision the simulation gives the cpu's bits (as
+       * bf16_steps_close_to_the_cpu_backend finds): with the bf16 reduction
+       * too, though the cpu adds in place where the cuda backend packs */
+      if (prec) {
+        c.reduce_precision = DP_PRECISION_BF16;
+        rig_open(&r, specs[k], &c);
+        bf16_steps(&r, specs[k]);
+        ck_assert_msg(dp_params_hash(r.c) == ref,
+                      "spec %d: the cpu's %016llx, the cuda backend's %016llx", k,
+                      (unsigned long long)dp_params_hash(r.c), (unsigned long long)ref);
+        rig_close(&r);
+      }
+#endif
+    }
+}
+END_TEST
+
+/* The bf16 reduction is libdp's canonical tree: fast_collectives (NCCL's own
+ * allreduce, its own order) is refused with it, by name. */
+START_TEST(reduce_bf16_refuses_fast_collectives) {
   dp_model *m = model_of(MIXED_CE);
-  dp_config c = bf16_config(1, 8, 2, 2, DP_MODE_ALLREDUCE);
-  snprintf(c.backend_options, sizeof c.backend_options, "transport=nccl");
+  dp_config c = test_config(2, 8, 2, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.backend = DP_BACKEND_CUDA;
+  c.reduce_precision = DP_PRECISION_BF16;
+  snprintf(c.backend_options, sizeof c.backend_options, "fast_collectives=1");
   dp_plan *p = NULL;
   dp_status s = dp_plan_create(m, &c, &p);
   if (s == DP_ERR_UNSUPPORTED && !strstr(dp_last_error(), "bf16")) { /* no cuda backend */
     dp_model_free(m);
     return;
   }
-  ck_assert_int_eq(s, DP_ERR_UNSUPPORTED);
-  ck_assert_msg(strstr(dp_last_error(), "precision bf16") &&
-                    strstr(dp_last_error(), "transport nccl"),
+  ck_assert_int_eq(s, DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "reduce_precision bf16") &&
+                    strstr(dp_last_error(), "fast_collectives"),
                 "%s", dp_last_error());
+  ck_assert_ptr_null(p);
   dp_model_free(m);
+}
+END_TEST
+
+/* The bf16 warm-up before NCCL runs layer ops on the context's arena and puts
+ * back what they wrote: before the first step the context reads as one
+ * without it (gradients zero, the canary up to the same high-water mark), and
+ * its steps give the copy transport's bits without a cold cuBLAS call. */
+START_TEST(bf16_nccl_warm_up_leaves_the_arena_as_it_was) {
+  REQUIRE_GPUS(ngpu, "bf16_nccl_warm_up_leaves_the_arena_as_it_was");
+  if (ngpu < 2 || !dp__cuda_have_nccl()) {
+    fprintf(stderr, "SKIP cuda: bf16_nccl_warm_up_leaves_the_arena_as_it_was: needs 2 GPUs "
+                    "and NCCL\n");
+    return;
+  }
+  uint64_t hash[2];
+  size_t water[2][2];
+  for (int nccl = 1; nccl >= 0; nccl--) { /* NCCL first: no call of the copy run is warm */
+    dp_config c = test_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+    c.backend = DP_BACKEND_CUDA;
+    c.precision = DP_PRECISION_BF16;
+    snprintf(c.backend_options, sizeof c.backend_options, "transport=%s",
+             nccl ? "nccl" : "copy");
+    rig r;
+    rig_open(&r, GPT_SPEC, &c);
+    float *g = malloc(r.np * 4);
+    ck_assert_int_eq(dp_get_grads(r.c, g, r.np), DP_OK);
+    for (size_t i = 0; i < r.np; i++)
+      ck_assert_msg(g[i] == 0.0f, "gradient %zu: %g", i, g[i]);
+    free(g);
+    for (int d = 0; d < 2; d++) water[nccl][d] = dp_ctx_high_water(r.c, d);
+#ifdef DP_CUDA_SIM
+    int cold = dp_sim_cold_gemms();
+#endif
+    bf16_steps(&r, GPT_SPEC);
+#ifdef DP_CUDA_SIM
+    ck_assert_int_eq(dp_sim_cold_gemms(), cold);
+#endif
+    hash[nccl] = dp_params_hash(r.c);
+    rig_close(&r);
+  }
+  ck_assert_uint_eq(water[1][0], water[0][0]);
+  ck_assert_uint_eq(water[1][1], water[0][1]);
+  ck_assert_uint_eq(hash[1], hash[0]);
+}
+END_TEST
+
+/* bf16 over NCCL (a GPU per replica): the warm-up before NCCL runs every bf16
+ * layer op at every row count (cuda/backend.cu, warm_mixed), so no cuBLAS
+ * kernel loads in a step (the simulation counts cold calls), and the steps
+ * are the copy transport's bit for bit; the context's arena is as it was
+ * before the warm-up (gradients zero). MLP and GPT, classic and sharded. */
+START_TEST(bf16_nccl_steps_match_copy_transport_bit_for_bit) {
+  REQUIRE_GPUS(ngpu, "bf16_nccl_steps_match_copy_transport_bit_for_bit");
+  static const int rows[2] = {37, 64}, mb[2] = {5, 8}, grows[2] = {7, 8}, gmb[2] = {2, 2};
+  nccl_matches_copy(ngpu, "bf16_nccl_steps_match_copy_transport_bit_for_bit", MIXED_CE,
+                    rows, mb, DP_PRECISION_BF16);
+  nccl_matches_copy(ngpu, "bf16_nccl_steps_match_copy_transport_bit_for_bit", GPT_SPEC,
+                    grows, gmb, DP_PRECISION_BF16);
 }
 END_TEST
 
@@ -2935,7 +3062,7 @@ START_TEST(gpt_nccl_steps_match_copy_transport_bit_for_bit) {
   REQUIRE_GPUS(ngpu, "gpt_nccl_steps_match_copy_transport_bit_for_bit");
   static const int rows[2] = {7, 8}, mb[2] = {2, 2};
   nccl_matches_copy(ngpu, "gpt_nccl_steps_match_copy_transport_bit_for_bit", GPT_SPEC, rows,
-                    mb);
+                    mb, DP_PRECISION_FP32);
 }
 END_TEST
 
@@ -3195,7 +3322,10 @@ Suite *cuda_suite(void) {
   tcase_add_test(bf16, bf16_forward_matches_cpu_where_order_cannot_matter);
   tcase_add_test(bf16, bf16_same_bits_for_every_replica_count_and_mode);
   tcase_add_test(bf16, bf16_graph_replays_are_bit_identical_to_plain_steps);
-  tcase_add_test(bf16, bf16_refuses_nccl);
+  tcase_add_test(bf16, bf16_nccl_steps_match_copy_transport_bit_for_bit);
+  tcase_add_test(bf16, bf16_nccl_warm_up_leaves_the_arena_as_it_was);
+  tcase_add_test(bf16, reduce_bf16_same_bits_everywhere_and_the_cpu_s_on_the_simulation);
+  tcase_add_test(bf16, reduce_bf16_refuses_fast_collectives);
   tcase_set_timeout(seq, 240);
   suite_add_tcase(s, seq);
   suite_add_tcase(s, bf16);

@@ -1138,6 +1138,14 @@ static void check_op_bounds(const dp_plan *p, const sched_view *v) {
           i, dp_phase_name(op->phase), op->src_offset, op->bytes, scap);
       REQ(op->dst_offset + op->bytes <= dcap, "op %d (%s): dest [%zu, +%zu) beyond %zu", i,
           dp_phase_name(op->phase), op->dst_offset, op->bytes, dcap);
+    } else if (op->kind == DP_OP_GRAD_PACK || op->kind == DP_OP_GRAD_UNPACK) {
+      /* reduce_precision bf16: gradients <-> their bf16 values in comm */
+      bool pack = op->kind == DP_OP_GRAD_PACK;
+      REQ_EQ(pack ? op->src_region : op->dst_region, DP_REGION_GRADS);
+      REQ_EQ(pack ? op->dst_region : op->src_region, DP_REGION_COMM);
+      REQ_LE((pack ? op->src_offset : op->dst_offset) + op->bytes, P);
+      REQ_LE((pack ? op->dst_offset : op->src_offset) + op->bytes / 2,
+             rg[DP_REGION_COMM].size);
     } else if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_BN_BWD_STATS) {
       /* a whole gradient slot, its layer's part written */
       REQ1(op->dst_region == DP_REGION_GRADS || op->dst_region == DP_REGION_GRAD_PARTIALS);
@@ -1160,7 +1168,8 @@ static void check_op_bounds(const dp_plan *p, const sched_view *v) {
         /* bn_final's bytes are its result's; it reads the root's partial */
         size_t sb = op->kind == DP_OP_BN_FINAL
                         ? sb_len(p->model.layers[op->layer].c, SB_SLOT) * 4
-                        : op->bytes;
+                    : (op->flags & DP_OPF_SRC_BF16) ? op->bytes / 2 /* packed gradients */
+                                                    : op->bytes;
         REQ_LT(op->src_region, DP_REGION_COUNT);
         REQ(op->src_offset + sb <= rg[op->src_region].size,
             "op %d (%s): source [%zu, +%zu) beyond %s (%zu)", i, dp_op_kind_name(op->kind),
@@ -1185,6 +1194,11 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
   const dp_op *ops = dp_plan_ops(p);
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *op = &ops[i];
+    if (op->kind == DP_OP_GRAD_PACK) { /* reduce_precision bf16: the send area last */
+      size_t end = op->dst_offset + op->bytes / 2;
+      if (end > comm[op->device]) comm[op->device] = end;
+      continue;
+    }
     if (op->kind == DP_OP_BACKWARD || op->kind == DP_OP_BN_BWD_STATS ||
         op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_COPY) {
       /* the whole slot a segment's gradients are in */
@@ -1193,7 +1207,9 @@ static void check_grad_memory_is_exact(const dp_plan *p) {
       if (op->dst_dev >= 0 && op->dst_region == DP_REGION_GRAD_PARTIALS &&
           end > partials[op->dst_dev])
         partials[op->dst_dev] = end;
-      if (op->dst_dev >= 0 && op->dst_region == DP_REGION_COMM) comm[op->dst_dev] = P;
+      if (op->dst_dev >= 0 && op->dst_region == DP_REGION_COMM &&
+          op->bytes > comm[op->dst_dev])
+        comm[op->dst_dev] = op->bytes; /* P, or P / 2 of bf16 */
     }
   }
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
@@ -1495,6 +1511,17 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       REQ(op->phase <= DP_PHASE_GATHER, "inference op %d in phase %s", i,
           dp_phase_name(op->phase));
     int d = op->device, k = op->micro_batch, b = op->layer, q, sq;
+    { /* config.reduce_precision bf16: every sum of the tree and every leaf rounds */
+      bool rb = p->cfg.reduce_precision == DP_PRECISION_BF16;
+      bool sum = op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_COPY_ADD ||
+                 op->kind == DP_OP_GRAD_ACCUM || op->kind == DP_OP_BN_BWD_STATS ||
+                 (op->kind == DP_OP_BACKWARD && op->phase == DP_PHASE_BACKWARD);
+      REQ(!!(op->flags & DP_OPF_ROUND_BF16) == (rb && sum), "op %d (%s): flags %#x", i,
+          dp_op_kind_name(op->kind), op->flags);
+      REQ(!!(op->flags & DP_OPF_SRC_BF16) ==
+              (op->kind == DP_OP_GRAD_ADD && op->src_region == DP_REGION_COMM && rb),
+          "op %d (%s): flags %#x", i, dp_op_kind_name(op->kind), op->flags);
+    }
     int mb_op = op->kind == DP_OP_FORWARD || op->kind == DP_OP_BACKWARD ||
                 op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS;
     if (mb_op) { /* a layer's op on one of the device's micro-batches */
@@ -1537,13 +1564,15 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
         gathered += op->rows;
       }
       if (op->phase == DP_PHASE_REDUCE && P) { /* a device's whole sum, every segment */
-        REQ_EQ(op->src_region, DP_REGION_GRADS);
+        /* config.reduce_precision bf16 across a copy: what the sender packed */
+        bool wire = dp__wire_bf16(&p->cfg, op->dst_dev, op->src_dev);
+        REQ_EQ(op->src_region, wire ? DP_REGION_COMM : DP_REGION_GRADS);
         REQ_EQ(op->dst_region, DP_REGION_COMM);
-        REQ_EQ(op->src_offset, 0);
+        REQ_EQ(op->src_offset, wire ? p->wire_send[op->src_dev] : 0);
         REQ_EQ(op->dst_offset, 0);
-        REQ_EQ(op->bytes, P);
+        REQ_EQ(op->bytes, wire ? P / 2 : P);
         for (int s = 0; s < S; s++) {
-          held *src = grad_slot(st, op->src_dev, DP_REGION_GRADS, 0, s, i),
+          held *src = grad_slot(st, op->src_dev, op->src_region, 0, s, i),
                *dst = grad_slot(st, op->dst_dev, DP_REGION_COMM, 0, s, i);
           read_after_write(src, op, i);
           *dst = *src;
@@ -1702,6 +1731,24 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
           REQ_EQ(op->bytes, P);
       }
       break;
+    case DP_OP_GRAD_PACK: /* a sender's whole sum, rounded to bf16 for the copy */
+      REQ(p->cfg.reduce_precision == DP_PRECISION_BF16, "op %d: a pack in fp32", i);
+      REQ_EQ(op->phase, DP_PHASE_REDUCE);
+      REQ_EQ(op->src_region, DP_REGION_GRADS);
+      REQ_EQ(op->src_offset, 0);
+      REQ_EQ(op->dst_region, DP_REGION_COMM);
+      REQ_EQ(op->dst_offset, p->wire_send[d]);
+      REQ_EQ(op->bytes, P);
+      for (int s = 0; P && s < S; s++) {
+        held *src = grad_slot(st, d, DP_REGION_GRADS, 0, s, i),
+             *dst = grad_slot(st, d, DP_REGION_COMM, 0, s, i);
+        read_after_write(src, op, i);
+        *dst = *src;
+        written(dst, op);
+        src->r = (mbrange){0, 0}; /* handed over */
+      }
+      break;
+    case DP_OP_GRAD_UNPACK: REQ(0, "op %d: classic mode unpacks nothing", i); break;
     case DP_OP_COPY_ADD: /* a reduction step in one pass, between devices of one process */
       REQ_EQ(op->phase, DP_PHASE_REDUCE);
       REQ_EQ(op->device, op->dst_dev);
@@ -2008,6 +2055,94 @@ END_TEST
  * backward), with guards and several micro-batches per device, in training
  * and inference; attention keeps its (H, T, T) probabilities per row as its
  * statistics buffer; and a guarded context trains with its guards intact. */
+/* config.reduce_precision bf16 (docs/PRECISION.md, "Gradient reduction"):
+ * classic plans through every invariant (check_schedule follows each sum
+ * through the packs and bf16 copies between processes, and checks every leaf
+ * and every sum of the tree is flagged to round), in one process (in-place
+ * adds that round) and across 2 or every rank (packs), with several
+ * micro-batches and sync batchnorm. */
+START_TEST(reduce_bf16_plans_keep_every_invariant) {
+  static const char *const specs[] = {
+      GPT_SPEC, MLP_EVERY_KIND_SPEC,
+      "input 12\nlinear 16\nbatchnorm\nrelu\nlinear 5\nloss softmax_cross_entropy\n"};
+  static const struct {
+    int n_dev, ranks, mb;
+  } cs[] = {{1, 1, 2}, {2, 1, 0}, {2, 2, 2}, {3, 3, 0},
+            {4, 2, 1}, {4, 4, 2}, {8, 8, 1}, {8, 2, 0}};
+  for (int k = 0; k < 3; k++) {
+    dp_model *m = model_of(specs[k]);
+    for (size_t j = 0; j < sizeof cs / sizeof *cs; j++)
+      for (int rb = 0; rb < 2; rb++) {
+        dp_config c = config_of(16, cs[j].n_dev, DP_OPT_ADAMW);
+        c.ranks = cs[j].ranks;
+        c.micro_batch = cs[j].mb;
+        c.batchnorm = k == 2 ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+        c.reduce_precision = rb ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+        dp_plan *p = plan_of(m, &c);
+        check_plan(p);
+        dp_plan_free(p);
+      }
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+/* Bytes of the reduction's copies between processes (the gradients' bytes on
+ * the wire; ranks == devices: every copy crosses). */
+static size_t wire_bytes(const dp_plan *p) {
+  size_t total = 0;
+  const dp_op *ops = dp_plan_ops(p);
+  for (int i = 0; i < dp_plan_n_ops(p); i++)
+    if (ops[i].phase == DP_PHASE_REDUCE && ops[i].kind == DP_OP_COPY &&
+        dp__rank_of(&p->cfg, ops[i].src_dev) != dp__rank_of(&p->cfg, ops[i].dst_dev))
+      total += ops[i].bytes;
+  return total;
+}
+
+/* reduce_precision bf16 halves the gradient bytes that cross processes, in
+ * every mode and device count (the halving and doubling, the tree to device 0,
+ * and its ranges for a count not a power of two), and the arenas stay exact:
+ * creating a context verifies every op against its regions. */
+START_TEST(reduce_bf16_halves_the_bytes_between_processes) {
+  dp_model *m = model_of(MLP_EVERY_KIND_SPEC);
+  for (int n = 2; n <= 8; n++)
+    for (int mode = 0; mode < 3; mode++) {
+      size_t bytes[2];
+      for (int rb = 0; rb < 2; rb++) {
+        dp_config c = config_of(16, n, DP_OPT_ADAMW);
+        c.ranks = n;
+        c.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+        c.shard_optimizer = mode == 2;
+        c.reduce_precision = rb ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+        dp_plan *p = plan_of(m, &c);
+        bytes[rb] = wire_bytes(p);
+        dp_plan_free(p);
+      }
+      ck_assert_uint_gt(bytes[0], 0);
+      ck_assert_msg(bytes[1] * 2 == bytes[0],
+                    "%d devices, mode %d: %zu bf16 bytes, %zu fp32", n, mode, bytes[1],
+                    bytes[0]);
+    }
+  dp_model_free(m);
+}
+END_TEST
+
+/* Bad values are refused by name; so is a reduction in bf16 with a backend's
+ * own collectives (tested with the cuda backend in test_cuda.c). */
+START_TEST(reduce_precision_refuses_unknown_values) {
+  dp_model *m = model_of(MLP_EVERY_KIND_SPEC);
+  dp_config c = config_of(16, 2, DP_OPT_ADAMW);
+  c.reduce_precision = (dp_precision)7;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_INVALID);
+  ck_assert_ptr_null(p);
+  ck_assert_msg(strstr(dp_last_error(), "reduce_precision 7") &&
+                    strstr(dp_last_error(), "fp32 and bf16"),
+                "%s", dp_last_error());
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(gpt_plans_keep_every_invariant_with_guards_and_micro_batches) {
   dp_model *m = model_of(GPT_SPEC);
   int att = -1;
@@ -3688,6 +3823,9 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, the_seed_plan_keeps_every_invariant);
   tcase_add_test(tc, random_plans_keep_every_invariant);
   tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
+  tcase_add_test(tc, reduce_bf16_plans_keep_every_invariant);
+  tcase_add_test(tc, reduce_bf16_halves_the_bytes_between_processes);
+  tcase_add_test(tc, reduce_precision_refuses_unknown_values);
   tcase_add_test(tc, recompute_plans_keep_every_invariant);
   tcase_add_test(tc, recompute_halves_the_activations_of_a_wide_mlp);
   tcase_add_test(tc, recompute_values_are_checked);

@@ -242,6 +242,132 @@ START_TEST(bench_gemm_bf16_times_and_refuses) {
 }
 END_TEST
 
+/* ---- config.reduce_precision bf16: the gradient reduction in bf16 ---- */
+
+static const char BN_SYNC_SPEC[] =
+    "input 12\nlinear 16\nbatchnorm\nrelu\nlinear 5\nloss softmax_cross_entropy\n";
+
+/* One hash for 1, 2, 4 and 8 devices (8: devices without rows) in classic,
+ * allreduce and sharded allreduce, in either precision, with recompute too;
+ * not the hash of the fp32 reduction. Sync batchnorm's sums go through the
+ * same rounded tree (fp32 precision: bf16 does not run batchnorm). */
+START_TEST(reduce_bf16_same_bits_on_every_device_count_and_mode) {
+  const model_case bn = {"mlp, sync batchnorm", BN_SYNC_SPEC, 12, false};
+  const model_case *mc = _i < 4 ? &MODELS[_i] : &bn;
+  for (int prec = 0; prec < (_i < 4 ? 2 : 1); prec++) {
+    dp_config base = bf16_cfg(8, 1, 2);
+    base.precision = prec ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+    base.reduce_precision = DP_PRECISION_BF16;
+    base.batchnorm = _i < 4 ? DP_BN_PER_REPLICA : DP_BN_SYNC;
+    uint64_t ref = train_hash(mc->spec, base, mc->cols, mc->tokens);
+    const int devs[] = {2, 4, 8};
+    for (int k = 0; k < 3; k++)
+      for (int mode = 0; mode < 3; mode++) {
+        dp_config c = base;
+        c.n_devices = devs[k];
+        c.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+        c.shard_optimizer = mode == 2;
+        c.recompute = k == 1 ? 2 : 0;
+        uint64_t h = train_hash(mc->spec, c, mc->cols, mc->tokens);
+        ck_assert_msg(h == ref, "%s, %s: %d devices, mode %d: %016llx, 1 device: %016llx",
+                      mc->name, dp_precision_name(base.precision), devs[k], mode,
+                      (unsigned long long)h, (unsigned long long)ref);
+      }
+    dp_config f = base;
+    f.reduce_precision = DP_PRECISION_FP32;
+    ck_assert_msg(train_hash(mc->spec, f, mc->cols, mc->tokens) != ref,
+                  "%s: the bf16 reduction gave the fp32 reduction's bits", mc->name);
+  }
+}
+END_TEST
+
+/* Gradient accumulation's sums round too: 2 calls per update on 1 device and
+ * on 4 in allreduce give one hash. */
+START_TEST(reduce_bf16_accumulation_same_bits) {
+  dp_config c = bf16_cfg(8, 1, 2);
+  c.precision = DP_PRECISION_FP32;
+  c.reduce_precision = DP_PRECISION_BF16;
+  c.accumulate = 2;
+  uint64_t ref = train_hash(MLP_EVERY_KIND_SPEC, c, 12, false);
+  c.n_devices = 4;
+  c.mode = DP_MODE_ALLREDUCE;
+  ck_assert_uint_eq(train_hash(MLP_EVERY_KIND_SPEC, c, 12, false), ref);
+  c.reduce_precision = DP_PRECISION_FP32;
+  ck_assert_uint_ne(train_hash(MLP_EVERY_KIND_SPEC, c, 12, false), ref);
+}
+END_TEST
+
+/* The sum over micro-batches lo..hi-1 of the canonical tree (split at
+ * (lo + hi + 1) / 2), every sum rounded to bf16, written out here. */
+static void tree_bf16(float *const *leaf, int lo, int hi, size_t n, float *out) {
+  if (hi - lo == 1) {
+    memcpy(out, leaf[lo], n * 4);
+    return;
+  }
+  int mid = (lo + hi + 1) / 2;
+  float *right = malloc(n * 4);
+  tree_bf16(leaf, lo, mid, n, out);
+  tree_bf16(leaf, mid, hi, n, right);
+  for (size_t i = 0; i < n; i++) out[i] = rnd(out[i] + right[i]);
+  free(right);
+}
+
+/* What the bf16 reduction computes, against its definition: each of the M
+ * micro-batches' gradients (taken alone, a step of its rows: the whole
+ * batch's mean loss scales it by rows / B, a power of two, exactly) rounded
+ * to bf16, then summed in the canonical tree with every sum rounded: the
+ * gradients dp_get_grads reads after a step on 1, 2 and 4 devices, classic
+ * and allreduce, bit for bit (M = 4 and M = 8: trees of 2 and 3 levels). */
+START_TEST(reduce_bf16_sums_the_rounded_micro_batch_gradients_in_the_tree) {
+  static const char *spec = "input 12\nlinear 16\nlayernorm\ngelu\nlinear 16\ntanh\n"
+                            "linear 5 nobias\nloss softmax_cross_entropy\n";
+  enum { MB = 2, COLS = 12 };
+  int M = _i ? 8 : 4, B = M * MB;
+  float *x = malloc(sizeof(float) * (size_t)B * COLS);
+  int32_t *t = malloc(sizeof(int32_t) * (size_t)B);
+  for (int k = 0; k < B * COLS; k++) x[k] = (float)((k * 29 + 3) % 61 - 30) / 17.0f;
+  for (int k = 0; k < B; k++) t[k] = (k * 3 + 1) % 5;
+  dp_config a = CFG(.batch = MB, .n_devices = 1, .opt = DP_OPT_SGD, .seed = 5);
+  float *leaf[8], *want = NULL, *got = NULL;
+  size_t n = 0;
+  for (int k = 0; k < M; k++) { /* each from the initial parameters */
+    rig alone;
+    rig_open(&alone, spec, &a);
+    n = alone.np;
+    leaf[k] = malloc(n * 4);
+    ck_assert_int_eq(dp_train_step(alone.c, MB, COLS, x + k * MB * COLS, t + k * MB, NULL),
+                     DP_OK);
+    ck_assert_int_eq(dp_get_grads(alone.c, leaf[k], n), DP_OK);
+    for (size_t i = 0; i < n; i++) leaf[k][i] = rnd(leaf[k][i] * ((float)MB / (float)B));
+    rig_close(&alone);
+  }
+  want = malloc(n * 4);
+  got = malloc(n * 4);
+  tree_bf16(leaf, 0, M, n, want);
+  for (int devs = 1; devs <= 4; devs *= 2)
+    for (int mode = 0; mode < 2; mode++) {
+      dp_config c = CFG(.batch = B, .n_devices = devs, .opt = DP_OPT_SGD, .micro_batch = MB,
+                        .seed = 5);
+      c.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+      c.reduce_precision = DP_PRECISION_BF16;
+      rig r;
+      rig_open(&r, spec, &c);
+      ck_assert_int_eq(dp_train_step(r.c, B, COLS, x, t, NULL), DP_OK);
+      ck_assert_int_eq(dp_get_grads(r.c, got, n), DP_OK);
+      for (size_t i = 0; i < n; i++)
+        ck_assert_msg(memcmp(&got[i], &want[i], 4) == 0,
+                      "M %d, %d devices, mode %d: gradient %zu is %a, the tree gives %a", M,
+                      devs, mode, i, (double)got[i], (double)want[i]);
+      rig_close(&r);
+    }
+  for (int k = 0; k < M; k++) free(leaf[k]);
+  free(want);
+  free(got);
+  free(x);
+  free(t);
+}
+END_TEST
+
 Suite *precision_suite(void) {
   Suite *s = suite_create("precision");
   TCase *tc = tcase_create("bf16");
@@ -253,6 +379,13 @@ Suite *precision_suite(void) {
   tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
   tcase_add_test(tc, refusals_name_the_options);
   tcase_add_test(tc, bench_gemm_bf16_times_and_refuses);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("reduce_bf16");
+  tcase_set_timeout(tc, 300);
+  tcase_add_loop_test(tc, reduce_bf16_same_bits_on_every_device_count_and_mode, 0, 5);
+  tcase_add_test(tc, reduce_bf16_accumulation_same_bits);
+  tcase_add_loop_test(tc, reduce_bf16_sums_the_rounded_micro_batch_gradients_in_the_tree, 0,
+                      2);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -104,6 +104,7 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_int(w, "accumulate", c->accumulate);
   add_int(w, "recompute", c->recompute);
   add_text(w, "precision", dp_precision_name(c->precision));
+  add_text(w, "reduce-precision", dp_precision_name(c->reduce_precision));
   add_text(w, "batchnorm", dp_bn_mode_name(c->batchnorm));
   add_text(w, "backend", dp_backend_name(c->backend));
   add_text(w, "transport", dp_transport_name(c->transport));

@@ -419,6 +419,7 @@ static const struct option common_options[] = {
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
+    {"reduce-precision", required_argument, NULL, DPT_OPT_REDUCE_PRECISION},
     {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
     {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
@@ -493,6 +494,12 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return dpt_fail(err, errcap,
                     "--precision %s: the options are fp32 and bf16 (bf16: mixed precision, "
                     "docs/PRECISION.md)",
+                    arg);
+  case DPT_OPT_REDUCE_PRECISION:
+    if (dp_precision_parse(arg, &c->reduce_precision) == DP_OK) return 0;
+    return dpt_fail(err, errcap,
+                    "--reduce-precision %s: the options are fp32 and bf16 (bf16: the "
+                    "gradients summed in bf16, docs/PRECISION.md)",
                     arg);
   case DPT_OPT_CLIP_GRAD_NORM: /* 0: no clipping (the default) */
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
@@ -744,6 +751,9 @@ void dpt_print_common_help(FILE *f) {
         "  --precision P           fp32 (default) or bf16: mixed precision, bf16\n"
         "                          activations and GEMM operands, fp32 master weights\n"
         "                          and accumulation (docs/PRECISION.md)\n"
+        "  --reduce-precision P    fp32 (default) or bf16: the gradient reduction's sums\n"
+        "                          rounded to bf16, half the bytes between processes\n"
+        "                          and GPUs, the same bits for every layout\n"
         "  --seed N                parameter init and dropout, unsigned 64-bit\n"
         "  --ranks R               processes of the job (MPI ranks), each driving\n"
         "                          devices/R of the devices; under mpirun the default is\n"
@@ -818,6 +828,8 @@ void dpt_print_config(FILE *f, const dp_config *c) {
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
     if (c->accumulate > 1) fprintf(f, ", accumulating %d batches per step", c->accumulate);
     if (c->recompute > 0) fprintf(f, ", recompute every %d layers", c->recompute);
+    if (c->reduce_precision != DP_PRECISION_FP32)
+      fprintf(f, ", gradients reduced in %s", dp_precision_name(c->reduce_precision));
     fputs("), training", f);
     if (c->batchnorm != DP_BN_PER_REPLICA)
       fprintf(f, " with %s batchnorm", dp_bn_mode_name(c->batchnorm));

@@ -324,10 +324,20 @@ static void op_detail(const dp_op *op, char *buf, size_t cap) {
              endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset));
     break;
   case DP_OP_GRAD_ADD:
-  case DP_OP_COPY_ADD:
-    snprintf(buf, cap, "%s += %s",
+  case DP_OP_COPY_ADD: /* --reduce-precision bf16: rounded sums, bf16 sources */
+    snprintf(buf, cap, "%s += %s%s",
              endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset),
-             endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset));
+             endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset),
+             (op->flags & DP_OPF_SRC_BF16)     ? " (bf16, rounded)"
+             : (op->flags & DP_OPF_ROUND_BF16) ? " (rounded)"
+                                               : "");
+    break;
+  case DP_OP_GRAD_PACK:
+  case DP_OP_GRAD_UNPACK:
+    snprintf(buf, cap, "%s -> %s%s",
+             endpoint(a, sizeof a, op->src_dev, op->src_region, op->src_offset),
+             endpoint(b, sizeof b, op->dst_dev, op->dst_region, op->dst_offset),
+             op->kind == DP_OP_GRAD_PACK ? " (to bf16)" : " (from bf16)");
     break;
   case DP_OP_BACKWARD:
     snprintf(buf, cap, "grads -> %s",
@@ -755,7 +765,9 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
               (int)op->device, (int)op->layer, (int)op->micro_batch, (int)op->row0,
               (int)op->rows, op->bytes);
       int two_ends = op->kind == DP_OP_COPY || op->kind == DP_OP_GRAD_ADD ||
-                     op->kind == DP_OP_COPY_ADD;
+                     op->kind == DP_OP_COPY_ADD || op->kind == DP_OP_GRAD_PACK ||
+                     op->kind == DP_OP_GRAD_UNPACK;
+      if (op->flags) fprintf(f, ", \"flags\": %u", (unsigned)op->flags);
       if (two_ends) {
         fprintf(f, ", \"src_dev\": %d, \"src_region\": ", (int)op->src_dev);
         dpt_json_string(f, dp_region_name((dp_region)op->src_region));

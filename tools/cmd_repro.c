@@ -64,6 +64,7 @@ static const struct option repro_options[] = {
     {"seed", required_argument, NULL, DPT_OPT_SEED},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
+    {"reduce-precision", required_argument, NULL, DPT_OPT_REDUCE_PRECISION},
     {"help", no_argument, NULL, 'h'},
     {0, 0, 0, 0},
 };

@@ -66,6 +66,12 @@ typedef struct {
  * the transport's collective (DP_OP_ALLREDUCE, no receive buffers). */
 enum { DP_FEATURE_GRAPHS = 1u << 0, DP_FEATURE_COLLECTIVE = 1u << 1 };
 
+/* What a context fills its arenas with before anything runs (gradients and
+ * optimizer state zeroed): a NaN payload arithmetic never produces, so that
+ * dp_ctx_high_water finds the last word an op wrote. A backend that runs ops
+ * at context creation (the cuda backend's warm-up) puts it back. */
+#define DP_CANARY 0x7fbadbadu
+
 typedef struct dp_backend_ops {
   const char *name;
   /* Its options (terminated by a NULL name; NULL: none) and, optional, what
@@ -107,6 +113,9 @@ typedef struct dp_backend_ops {
   bool attention_dropout;
   /* runs config.precision bf16 (activations stored as bf16: dp__act_esz) */
   bool mixed_bf16;
+  /* runs config.reduce_precision bf16: DP_OPF_* flags, GRAD_PACK and
+   * GRAD_UNPACK (docs/PRECISION.md, "Gradient reduction") */
+  bool reduce_bf16;
   /* computes a relu that follows a linear layer in the linear's forward
    * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
   bool fuses_linear_relu;

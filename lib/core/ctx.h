@@ -6,10 +6,6 @@
 #include "core/exec.h"
 #include "core/world.h"
 
-/* Arena words no op has written keep this NaN payload, which arithmetic never
- * produces; dp_ctx_high_water finds the last word that changed. */
-#define DP_CANARY 0x7fbadbadu
-
 typedef struct {
   dp_mb *mbs; /* the plan's micro-batches truncated to `rows` */
   dp_op *ops;

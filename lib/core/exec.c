@@ -232,8 +232,8 @@ static bool shareable(const dp_exec *x, const dp_op *op) {
   if (!x->share || op->bytes < SHARE_MIN_BYTES || op->bytes % 4) return false;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_COPY: return local_end(x, op->src_dev) && local_end(x, op->dst_dev);
+  case DP_OP_GRAD_ADD: return !(op->flags & DP_OPF_SRC_BF16); /* src offsets halve */
   case DP_OP_COPY_ADD:
-  case DP_OP_GRAD_ADD:
   case DP_OP_ZERO:
   case DP_OP_GRAD_CHECK:
   case DP_OP_OPTIMIZER: return true;

@@ -133,6 +133,15 @@ static dp_status check_hyper(const dp_config *c) {
  * as fp32: not yet). */
 static dp_status check_precision(const dp_model *m, const dp_config *c,
                                  const dp_backend_ops *be) {
+  if (c->reduce_precision != DP_PRECISION_FP32 && c->reduce_precision != DP_PRECISION_BF16)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "unknown reduce_precision %d: the options are fp32 and bf16",
+                   (int)c->reduce_precision);
+  if (c->reduce_precision == DP_PRECISION_BF16 && !c->inference && !be->reduce_bf16)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend does not reduce gradients in bf16 yet; use "
+                   "reduce_precision fp32",
+                   be->name);
   if (c->precision == DP_PRECISION_FP32) return DP_OK;
   if (c->precision != DP_PRECISION_BF16)
     return DP_FAIL(DP_ERR_INVALID, "unknown precision %d: the options are fp32 and bf16",
@@ -658,6 +667,73 @@ static size_t halving_receives(const dp_config *c, size_t n_params, int d, int n
   return most * 4;
 }
 
+bool dp__wire_bf16(const dp_config *c, int dst, int src) {
+  return c->reduce_precision == DP_PRECISION_BF16 && !c->inference &&
+         !dp__copy_adds(c, dst, src);
+}
+
+/* config.reduce_precision bf16: the floats device d receives and packs to
+ * send, at most, in the reduction's transfers that carry bf16 (dp__wire_bf16),
+ * as schedule.c emits them: the tree to device 0 (classic, and allreduce with
+ * a device count not a power of two, which then sends every device its
+ * range from device 0), or the halving and, unless the optimizer is sharded,
+ * the doubling. */
+static void wire_floats(const dp_plan *p, int d, int n, size_t *recv, size_t *send) {
+  const dp_config *c = &p->cfg;
+  size_t P = p->model.n_params, lo, hi;
+  *recv = *send = 0;
+#define MOST(x, v) ((x) = (v) > (x) ? (v) : (x))
+  if (c->mode != DP_MODE_CLASSIC && dp__is_pow2(n)) {
+    for (int l = 0; (1 << l) < n; l++) {
+      int q = d ^ (1 << l);
+      if (!dp__wire_bf16(c, d, q)) continue;
+      dp__ar_segment(P, l + 1, d, &lo, &hi); /* kept: received, then sent back */
+      MOST(*recv, hi - lo);
+      if (!c->shard_optimizer) MOST(*send, hi - lo);
+      dp__ar_segment(P, l + 1, q, &lo, &hi); /* the partner's: sent, then received */
+      MOST(*send, hi - lo);
+      if (!c->shard_optimizer) MOST(*recv, hi - lo);
+    }
+    return;
+  }
+  for (int dist = 1; dist < n; dist *= 2) {
+    if (d % (2 * dist) == 0 && d + dist < n && dp__wire_bf16(c, d, d + dist))
+      MOST(*recv, P);
+    if (d % (2 * dist) == dist && dp__wire_bf16(c, d - dist, d)) MOST(*send, P);
+  }
+  if (c->mode != DP_MODE_CLASSIC)
+    for (int q = 1; q < n; q++)
+      if (dp__wire_bf16(c, q, 0)) {
+        if (d == 0) MOST(*send, P);
+        if (d == q) MOST(*recv, p->opt_len[q]);
+      }
+#undef MOST
+}
+
+/* Device d's comm region: what it receives of other devices' gradients (fp32,
+ * or bf16 then what it packs to send), or nothing when every step of its
+ * reduction adds in place. */
+static bool comm_bytes(dp_plan *p, int d, size_t *bytes) {
+  const dp_config *c = &p->cfg;
+  int n_used = p->split.n_used;
+  size_t P = p->model.n_params * 4;
+  *bytes = 0;
+  p->wire_send[d] = 0;
+  if (p->features & DP_FEATURE_COLLECTIVE) return true; /* summed in place */
+  if (c->reduce_precision == DP_PRECISION_BF16) {
+    size_t recv, send;
+    wire_floats(p, d, n_used, &recv, &send);
+    if (!send) return (*bytes = recv * 2), true;
+    return dp__align_up(recv * 2, p->align, &p->wire_send[d]) &&
+           dp__add(p->wire_send[d], send * 2, bytes);
+  }
+  if (c->mode != DP_MODE_CLASSIC && dp__is_pow2(n_used) && n_used > 1)
+    *bytes = halving_receives(c, p->model.n_params, d, n_used);
+  else if (reduce_receives(c, d, n_used))
+    *bytes = P;
+  return true;
+}
+
 static dp_status plan_device(dp_plan *p, int d) {
   const dp_model *m = &p->model;
   const dp_config *c = &p->cfg;
@@ -695,13 +771,7 @@ static dp_status plan_device(dp_plan *p, int d) {
     int k = dp__state_vectors(c->optimizer) + dp__accum_levels(c);
     if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
     int n_used = p->split.n_used;
-    if (p->features & DP_FEATURE_COLLECTIVE) {
-      /* summed in place: no receive buffer */
-    } else if (!classic && dp__is_pow2(n_used) && n_used > 1) {
-      sz[DP_REGION_COMM] = halving_receives(c, m->n_params, d, n_used);
-    } else if (reduce_receives(c, d, n_used)) {
-      sz[DP_REGION_COMM] = P;
-    }
+    if (!comm_bytes(p, d, &sz[DP_REGION_COMM])) return OVERFLOW();
     /* clipping: the norm's bins after the reduction (the comm region is free
      * then), one slot per device with a sharded optimizer (each sums its
      * shard; the slots are then exchanged), else one */
@@ -847,6 +917,13 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
   p->cfg = *c;
   const dp_backend_ops *be = dp__backend_ops(c->backend);
   p->features = be->features ? be->features(c, p->bopt) : 0;
+  if ((p->features & DP_FEATURE_COLLECTIVE) && c->reduce_precision == DP_PRECISION_BF16 &&
+      !c->inference)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "reduce_precision bf16 sums the gradients along libdp's canonical "
+                   "tree, and the %s backend's collectives (fast_collectives) sum them "
+                   "in their own order: use one or the other",
+                   be->name);
   /* SGD with momentum keeps a buffer: one name for it from here on */
   if (p->cfg.optimizer == DP_OPT_SGD && p->cfg.momentum > 0)
     p->cfg.optimizer = DP_OPT_MOMENTUM;
@@ -858,6 +935,8 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
    * recompute), counted in int. */
   long long per_layer = c->recompute && !c->inference ? 3 : 2;
   long long ops = (long long)max_mbs * (per_layer * m->n_layers + 8) + 64LL * c->n_devices;
+  if (c->reduce_precision == DP_PRECISION_BF16) /* the packs and unpacks */
+    ops += 16LL * c->n_devices;
   if (max_mbs > DP_MAX_MICRO_BATCHES || ops > INT_MAX / 2)
     return DP_FAIL(DP_ERR_OVERFLOW,
                    "%d micro-batches of %d layers is too many to schedule (at most %d "

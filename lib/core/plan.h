@@ -32,6 +32,9 @@ static inline int dp__rank_of(const dp_config *c, int dev) {
 /* Whether a reduction step that adds device src's gradients into device
  * dst's is one DP_OP_COPY_ADD (lib/plan.c): no comm buffer on dst. */
 bool dp__copy_adds(const dp_config *c, int dst, int src);
+/* Whether the reduction's transfer from src to dst carries bf16 values:
+ * config.reduce_precision bf16 and a copy (not an in-place add). */
+bool dp__wire_bf16(const dp_config *c, int dst, int src);
 
 /* ---- split (lib/split.c) ---- */
 typedef struct {
@@ -99,6 +102,10 @@ struct dp_plan {
    * device all, or its shard with shard_optimizer. The state region holds,
    * per state vector (momentum; or AdamW m then v), opt_len[d] floats. */
   size_t opt_off[DP_MAX_DEVICES], opt_len[DP_MAX_DEVICES];
+  /* config.reduce_precision bf16 across copies (dp__wire_bf16): where in
+   * device d's comm region the bf16 values it packs to send start (what it
+   * receives is at 0) */
+  size_t wire_send[DP_MAX_DEVICES];
   size_t align, slice_align; /* dp_backend_ops.align and .slice_align */
   dp_region_info regions[DP_MAX_DEVICES][DP_REGION_COUNT];
   size_t dev_bytes[DP_MAX_DEVICES];

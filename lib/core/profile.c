@@ -35,6 +35,8 @@ int dp_prof_class_of(const dp_plan *p, const dp_prof_event *ev) {
                                              : DP_PROF_TRANSFER;
   case DP_OP_COPY_ADD:
   case DP_OP_GRAD_ADD:
+  case DP_OP_GRAD_PACK:
+  case DP_OP_GRAD_UNPACK:
   case DP_OP_ZERO:
   case DP_OP_ALLREDUCE: return DP_PROF_REDUCE;
   case DP_OP_GRAD_CHECK:

@@ -148,6 +148,12 @@ static void slot_place(const dp_plan *p, int slot, uint8_t *region, size_t *off)
   *off = slot ? (size_t)(slot - 1) * dp__partial_stride(p) : 0;
 }
 
+/* config.reduce_precision bf16 (docs/PRECISION.md, "Gradient reduction"):
+ * each micro-batch's gradient and every sum of the tree rounded to bf16 */
+static uint8_t sum_flags(const dp_plan *p) {
+  return p->cfg.reduce_precision == DP_PRECISION_BF16 ? DP_OPF_ROUND_BF16 : 0;
+}
+
 /* One segment of the backward: layers top .. bot+1, then, when bot >= 0, the
  * sums of sync batchnorm bot (which the layers below wait for: its backward
  * is the next segment's top); the segment's gradients are bytes [p0, p1).
@@ -181,6 +187,7 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
                              (size_t)mbs[lo].rows * p->model.layers[j].out * 4));
       dp_op op = layer_op(DP_PHASE_BACKWARD, DP_OP_BACKWARD, d, i, lo, mbs,
                           p->model.layers[i].n_params * 4);
+      op.flags = sum_flags(p); /* the micro-batch's gradient is a leaf of the tree */
       op.dst_region = r;
       op.dst_offset = off;
       emit(b, op);
@@ -189,6 +196,7 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
       const dp_layer *l = &p->model.layers[sg->bot];
       dp_op op = layer_op(DP_PHASE_BACKWARD, DP_OP_BN_BWD_STATS, d, sg->bot, lo, mbs,
                           l->n_params * 4);
+      op.flags = sum_flags(p);
       op.dst_region = r;
       op.dst_offset = off;
       emit(b, op);
@@ -201,6 +209,7 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
   backward_tree(b, p, mbs, d, mid, hi, slot + 1, sg);
   if (sg->p1 == sg->p0) return;
   dp_op add = device_op(DP_PHASE_BACKWARD, DP_OP_GRAD_ADD, d, sg->p1 - sg->p0);
+  add.flags = sum_flags(p);
   slot_place(p, slot, &add.dst_region, &add.dst_offset);
   slot_place(p, slot + 1, &add.src_region, &add.src_offset);
   add.dst_offset += sg->p0;
@@ -252,7 +261,10 @@ static void bn_tree_to_0(builder *b, const dp_plan *p, int n, int i, dp_phase ph
                   TO(r, DP_REGION_ACTIVATIONS, bn_at(p, r, i, recv)), floats * 4, 0, 0));
       dp_op op =
           bn_op(ph, kind, r, i, bn_at(p, r, i, mine), bn_at(p, r, i, recv), floats * 4);
-      if (kind == DP_OP_GRAD_ADD) op.layer = -1;
+      if (kind == DP_OP_GRAD_ADD) { /* the batchnorm's gradients: sums of the tree */
+        op.layer = -1;
+        op.flags = sum_flags(p);
+      }
       emit(b, op);
     }
   }
@@ -299,15 +311,51 @@ static dp_op grad_add_op(int d, int dst_region, size_t dst_off, int src_region,
   return op;
 }
 
+/* config.reduce_precision bf16 across a copy (dp__wire_bf16): device d's
+ * gradients [off, +bytes) rounded to bf16 into its send area (plan.c:
+ * wire_send) at `at` bytes of bf16, in a stage before the copies that read
+ * them. */
+static void pack(builder *b, const dp_plan *p, int d, size_t off, size_t bytes, size_t at) {
+  dp_op op = device_op(DP_PHASE_REDUCE, DP_OP_GRAD_PACK, d, bytes);
+  op.src_region = DP_REGION_GRADS;
+  op.src_offset = off;
+  op.dst_region = DP_REGION_COMM;
+  op.dst_offset = p->wire_send[d] + at;
+  emit(b, op);
+}
+
+/* The reverse on device d: the bf16 values received at comm 0 widened into
+ * its gradients [off, +bytes). */
+static void unpack(builder *b, int d, size_t off, size_t bytes) {
+  dp_op op = device_op(DP_PHASE_REDUCE, DP_OP_GRAD_UNPACK, d, bytes);
+  op.src_region = DP_REGION_COMM;
+  op.dst_region = DP_REGION_GRADS;
+  op.dst_offset = off;
+  emit(b, op);
+}
+
+/* Device dst's copy of what device src packed at `at` (bytes / 2 of bf16 for
+ * bytes of gradients) into its comm region. */
+static dp_op wire_copy(const dp_plan *p, int dst, int src, size_t at, size_t bytes) {
+  return copy_op(DP_PHASE_REDUCE, dst, FROM(src, DP_REGION_COMM, p->wire_send[src] + at),
+                 TO(dst, DP_REGION_COMM, 0), bytes / 2, 0, 0);
+}
+
 /* Device dst's gradients [off, +bytes) += device src's, on dst: in one pass
  * when the transport adds in place (dp__copy_adds), else its first half, the
- * copy into dst's comm region (the add follows: reduce_add). */
+ * copy into dst's comm region (the add follows: reduce_add), of bf16 values
+ * that src packed (dp__wire_bf16). */
 static void reduce_copy(builder *b, const dp_plan *p, int dst, int src, size_t off,
                         size_t bytes) {
+  if (dp__wire_bf16(&p->cfg, dst, src)) {
+    emit(b, wire_copy(p, dst, src, 0, bytes));
+    return;
+  }
   dp_op op = copy_op(DP_PHASE_REDUCE, dst, FROM(src, DP_REGION_GRADS, off),
                      TO(dst, DP_REGION_COMM, 0), bytes, 0, 0);
   if (dp__copy_adds(&p->cfg, dst, src)) {
     op.kind = DP_OP_COPY_ADD;
+    op.flags = sum_flags(p);
     op.dst_region = DP_REGION_GRADS;
     op.dst_offset = off;
   }
@@ -316,14 +364,20 @@ static void reduce_copy(builder *b, const dp_plan *p, int dst, int src, size_t o
 
 static void reduce_add(builder *b, const dp_plan *p, int dst, int src, size_t off,
                        size_t bytes) {
-  if (!dp__copy_adds(&p->cfg, dst, src))
-    emit(b, grad_add_op(dst, DP_REGION_GRADS, off, DP_REGION_COMM, 0, bytes));
+  if (dp__copy_adds(&p->cfg, dst, src)) return;
+  dp_op op = grad_add_op(dst, DP_REGION_GRADS, off, DP_REGION_COMM, 0, bytes);
+  if (dp__wire_bf16(&p->cfg, dst, src)) op.flags = DP_OPF_ROUND_BF16 | DP_OPF_SRC_BF16;
+  emit(b, op);
 }
 
 /* The canonical tree continued across devices 0..n-1: at distance 1, 2, 4,
- * ... device r (r mod 2*dist == 0) adds device r + dist's sum. */
+ * ... device r (r mod 2*dist == 0) adds device r + dist's sum (packed first
+ * when it crosses in bf16, in a stage of its own). */
 static void reduce_to_0(builder *b, const dp_plan *p, int n, size_t P) {
   for (int dist = 1; dist < n; dist *= 2) {
+    for (int r = 0; r + dist < n; r += 2 * dist)
+      if (dp__wire_bf16(&p->cfg, r, r + dist)) pack(b, p, r + dist, 0, P, 0);
+    next_stage(b);
     for (int r = 0; r + dist < n; r += 2 * dist) {
       reduce_copy(b, p, r, r + dist, 0, P);
       reduce_add(b, p, r, r + dist, 0, P);
@@ -400,6 +454,13 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
   int levels = 0;
   while ((1 << levels) < n) levels++;
   for (int l = 0; l < levels; l++) {
+    for (int r = 0; r < n; r++) { /* what partner q sends r in bf16, packed on q */
+      size_t lo, hi;
+      int q = r ^ (1 << l);
+      dp__ar_segment(P, l + 1, r, &lo, &hi);
+      if (dp__wire_bf16(&p->cfg, r, q)) pack(b, p, q, lo * 4, (hi - lo) * 4, 0);
+    }
+    next_stage(b);
     /* the level's copies first, then its adds: on each device's thread the two
      * directions of an exchange are adjacent (its own copy and its partner's),
      * so a two-sided transport can issue them together (NCCL: one group, both
@@ -420,9 +481,25 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
   for (int l = levels - 1; l >= 0; l--) {
     for (int r = 0; r < n; r++) {
       size_t lo, hi;
-      dp__ar_segment(P, l + 1, r ^ (1 << l), &lo, &hi); /* what the partner holds */
-      emit(b, copy_op(DP_PHASE_REDUCE, r, FROM(r ^ (1 << l), DP_REGION_GRADS, lo * 4),
-                      TO(r, DP_REGION_GRADS, lo * 4), (hi - lo) * 4, 0, 0));
+      int q = r ^ (1 << l);
+      dp__ar_segment(P, l + 1, q, &lo, &hi); /* what the partner holds */
+      if (dp__wire_bf16(&p->cfg, r, q)) pack(b, p, q, lo * 4, (hi - lo) * 4, 0);
+    }
+    next_stage(b);
+    for (int r = 0; r < n; r++) {
+      size_t lo, hi;
+      int q = r ^ (1 << l);
+      dp__ar_segment(P, l + 1, q, &lo, &hi);
+      emit(b, dp__wire_bf16(&p->cfg, r, q)
+                  ? wire_copy(p, r, q, 0, (hi - lo) * 4)
+                  : copy_op(DP_PHASE_REDUCE, r, FROM(q, DP_REGION_GRADS, lo * 4),
+                            TO(r, DP_REGION_GRADS, lo * 4), (hi - lo) * 4, 0, 0));
+    }
+    for (int r = 0; r < n; r++) {
+      size_t lo, hi;
+      int q = r ^ (1 << l);
+      dp__ar_segment(P, l + 1, q, &lo, &hi);
+      if (dp__wire_bf16(&p->cfg, r, q)) unpack(b, r, lo * 4, (hi - lo) * 4);
     }
     /* the last level's copies write the half of the gradient a device's own
      * segment is not in: its check can share their stage */
@@ -433,6 +510,28 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
     check_segments(b, p, n, levels);
     next_stage(b);
   }
+}
+
+/* Allreduce mode with a device count not a power of two, after the tree to
+ * device 0: every device takes its range of the sum (bf16 ones from a pack of
+ * the whole gradient on device 0). */
+static void ranges_from_0(builder *b, const dp_plan *p, int n, size_t P) {
+  bool packed = false;
+  for (int d = 1; d < n; d++)
+    if (dp__wire_bf16(&p->cfg, d, 0) && !packed) {
+      pack(b, p, 0, 0, P, 0);
+      packed = true;
+    }
+  next_stage(b);
+  for (int d = 1; d < n; d++) {
+    size_t off = p->opt_off[d] * 4, bytes = p->opt_len[d] * 4;
+    emit(b, dp__wire_bf16(&p->cfg, d, 0)
+                ? wire_copy(p, d, 0, off / 2, bytes)
+                : copy_op(DP_PHASE_REDUCE, d, FROM(0, DP_REGION_GRADS, off),
+                          TO(d, DP_REGION_GRADS, off), bytes, 0, 0));
+    if (dp__wire_bf16(&p->cfg, d, 0)) unpack(b, d, off, bytes);
+  }
+  next_stage(b);
 }
 
 /* Sharded optimizer: every device updated its shard; gather the parameters. */
@@ -468,6 +567,7 @@ static dp_op accum_op(const dp_plan *p, dp_op_kind kind, int d) {
   op.dst_offset = p->opt_off[d] * 4;
   op.src_region = DP_REGION_OPT_STATE;
   op.src_offset = (size_t)dp__state_vectors(p->cfg.optimizer) * p->opt_len[d] * 4;
+  if (kind == DP_OP_GRAD_ACCUM) op.flags = sum_flags(p);
   return op;
 }
 
@@ -742,11 +842,7 @@ dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op
       /* No halving for other counts: the classic tree to device 0, then
        * every device takes what it updates. */
       reduce_to_0(&b, p, sp->n_used, P);
-      for (int d = 1; d < sp->n_used; d++)
-        emit(&b,
-             copy_op(DP_PHASE_REDUCE, d, FROM(0, DP_REGION_GRADS, p->opt_off[d] * 4),
-                     TO(d, DP_REGION_GRADS, p->opt_off[d] * 4), p->opt_len[d] * 4, 0, 0));
-      next_stage(&b);
+      ranges_from_0(&b, p, sp->n_used, P);
     }
     int n_opt = classic ? 1 : sp->n_used;
     if (dp__accumulate(&p->cfg) > 1) {
@@ -792,9 +888,9 @@ const char *dp_phase_name(dp_phase ph) {
 
 const char *dp_op_kind_name(dp_op_kind k) {
   static const char *const names[] = {
-      "copy",      "forward",   "backward",   "grad_add",     "zero",
-      "loss",      "loss_sum",  "grad_check", "optimizer",    "allreduce",
-      "grad_norm", "grad_clip", "grad_accum", "grad_stash",   "bn_update",
-      "bn_stats",  "bn_merge",  "bn_final",   "bn_bwd_stats", "copy_add"};
+      "copy",         "forward",    "backward",  "grad_add",   "zero",      "loss",
+      "loss_sum",     "grad_check", "optimizer", "allreduce",  "grad_norm", "grad_clip",
+      "grad_accum",   "grad_stash", "bn_update", "bn_stats",   "bn_merge",  "bn_final",
+      "bn_bwd_stats", "copy_add",   "grad_pack", "grad_unpack"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

@@ -140,12 +140,20 @@ static dp_status verify_op(const dp_plan *p, const act_set *sets, int i, const d
     return verify_layer_op(p, sets ? &sets[op->device] : NULL, k, op);
   }
   if (op->kind == DP_OP_LOSS) return verify_loss_op(p, k, op);
-  if (op->kind != DP_OP_COPY && op->kind != DP_OP_COPY_ADD && op->kind != DP_OP_GRAD_ADD)
-    return DP_OK;
-  int sd = op->kind == DP_OP_GRAD_ADD ? op->device : op->src_dev;
-  int dd = op->kind == DP_OP_GRAD_ADD ? op->device : op->dst_dev;
-  dp_span src = {.region = op->src_region, .off = op->src_offset, .bytes = op->bytes};
-  dp_span dst = {.region = op->dst_region, .off = op->dst_offset, .bytes = op->bytes};
+  bool local = op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_GRAD_PACK ||
+               op->kind == DP_OP_GRAD_UNPACK;
+  if (op->kind != DP_OP_COPY && op->kind != DP_OP_COPY_ADD && !local) return DP_OK;
+  int sd = local ? op->device : op->src_dev;
+  int dd = local ? op->device : op->dst_dev;
+  /* bf16 sides (config.reduce_precision) hold half the bytes */
+  bool src16 = op->kind == DP_OP_GRAD_UNPACK ||
+               (op->kind == DP_OP_GRAD_ADD && (op->flags & DP_OPF_SRC_BF16));
+  dp_span src = {.region = op->src_region,
+                 .off = op->src_offset,
+                 .bytes = src16 ? op->bytes / 2 : op->bytes};
+  dp_span dst = {.region = op->dst_region,
+                 .off = op->dst_offset,
+                 .bytes = op->kind == DP_OP_GRAD_PACK ? op->bytes / 2 : op->bytes};
   dp_status st = sd == DP_HOST
                      ? DP_OK
                      : check_span(p, sets ? &sets[sd] : NULL, k, sd, src, "the source");

@@ -12,6 +12,7 @@
 #include "core/operands.h"
 #include "cpu/cpu.h"
 #include "cpu/layer.h"
+#include "util/bf16.h"
 #include "util/tanh.h"
 
 #include <float.h>
@@ -205,6 +206,7 @@ static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
     dg[ch] = v[0];
     db[ch] = v[1];
   }
+  if (op->flags & DP_OPF_ROUND_BF16) dp__bf16_round_f32_n(dg, 2 * (size_t)C); /* a leaf */
   return DP_OK;
 }
 
@@ -1005,7 +1007,10 @@ static dp_status grad_accum_op(dp_exec_env *e, const dp_op *op) {
   int k = e->accum_k;
   for (int l = 0; (k >> l) & 1; l++) {
     const float *restrict s = slots + (size_t)l * n;
-    for (size_t i = 0; i < n; i++) g[i] = s[i] + g[i];
+    if (op->flags & DP_OPF_ROUND_BF16) /* config.reduce_precision bf16 */
+      for (size_t i = 0; i < n; i++) g[i] = dp__bf16_roundf(s[i] + g[i]);
+    else
+      for (size_t i = 0; i < n; i++) g[i] = s[i] + g[i];
   }
   if (k + 1 == dp__accumulate(&e->plan->cfg)) return DP_OK; /* the update's check follows */
   /* a call that only accumulates: its gradients must be finite to be kept */
@@ -1036,22 +1041,77 @@ static inline DP_SIMD_BODY int grad_add_body(float *restrict dst, const float *r
 DP_SIMD_FN(grad_add, (float *restrict dst, const float *restrict src, size_t n),
            (dst, src, n))
 
+/* config.reduce_precision bf16 (DP_OPF_ROUND_BF16): a sum of the tree,
+ * computed in fp32 and rounded to bf16; DP_OPF_SRC_BF16: src is bf16. */
+static inline DP_SIMD_BODY int grad_add_round_body(float *restrict dst,
+                                                   const float *restrict src, size_t n) {
+  for (size_t k = 0; k < n; k++) dst[k] = dp__bf16_roundf(dst[k] + src[k]);
+  return 0;
+}
+DP_SIMD_FN(grad_add_round, (float *restrict dst, const float *restrict src, size_t n),
+           (dst, src, n))
+
+static inline DP_SIMD_BODY int grad_add_bf16_body(float *restrict dst,
+                                                  const uint16_t *restrict src, size_t n) {
+  for (size_t k = 0; k < n; k++) dst[k] = dp__bf16_roundf(dst[k] + dp__bf16_widen(src[k]));
+  return 0;
+}
+DP_SIMD_FN(grad_add_bf16, (float *restrict dst, const uint16_t *restrict src, size_t n),
+           (dst, src, n))
+
+/* dst += src for a GRAD_ADD or COPY_ADD, as its flags say */
+static void grad_sum(const dp_op *op, float *dst, const void *src) {
+  size_t n = op->bytes / 4;
+  if (op->flags & DP_OPF_SRC_BF16)
+    grad_add_bf16(dst, src, n);
+  else if (op->flags & DP_OPF_ROUND_BF16)
+    grad_add_round(dst, src, n);
+  else
+    grad_add(dst, src, n);
+}
+
+/* A leaf of the bf16 tree (DP_OPF_ROUND_BF16 on a backward): the layer's
+ * gradients rounded, unless its backward wrote bf16 values already (precision
+ * bf16's linear and conv2d: lib/cpu/mixed.c). */
+static void round_leaf(const lctx *c, const dp_op *op, float *grads) {
+  dp_layer_kind k = c->l->kind;
+  if (!(op->flags & DP_OPF_ROUND_BF16) || !c->l->n_params || !grads) return;
+  if (c->p->cfg.precision == DP_PRECISION_BF16 &&
+      (k == DP_LAYER_LINEAR || k == DP_LAYER_CONV2D))
+    return;
+  dp__bf16_round_f32_n(grads + c->l->param_off, c->l->n_params);
+}
+
+static dp_status layer_op(dp_exec_env *e, const dp_op *op) {
+  lctx c = op_lctx(e, op);
+  float *grads = region(e, op->device, op->dst_region, op->dst_offset);
+  dp_status s;
+  if (e->plan->cfg.precision == DP_PRECISION_BF16)
+    s = op->kind == DP_OP_FORWARD ? dp__mixed_forward(&c) : dp__mixed_backward(&c, grads);
+  else
+    s = op->kind == DP_OP_FORWARD ? dp__cpu_forward(&c) : dp__cpu_backward(&c, grads);
+  if (!s && op->kind == DP_OP_BACKWARD) round_leaf(&c, op, grads);
+  return s;
+}
+
 static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   (void)bctx;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_FORWARD:
-  case DP_OP_BACKWARD: {
-    lctx c = op_lctx(e, op);
-    float *grads = region(e, op->device, op->dst_region, op->dst_offset);
-    if (e->plan->cfg.precision == DP_PRECISION_BF16)
-      return op->kind == DP_OP_FORWARD ? dp__mixed_forward(&c)
-                                       : dp__mixed_backward(&c, grads);
-    if (op->kind == DP_OP_FORWARD) return dp__cpu_forward(&c);
-    return dp__cpu_backward(&c, grads);
-  }
+  case DP_OP_BACKWARD: return layer_op(e, op);
   case DP_OP_GRAD_ADD:
-    grad_add(region(e, op->device, op->dst_region, op->dst_offset),
-             region(e, op->device, op->src_region, op->src_offset), op->bytes / 4);
+    grad_sum(op, region(e, op->device, op->dst_region, op->dst_offset),
+             region(e, op->device, op->src_region, op->src_offset));
+    return DP_OK;
+  case DP_OP_GRAD_PACK:
+    dp__bf16_from_f32_n(region(e, op->device, op->src_region, op->src_offset),
+                        (dp_bf16 *)region(e, op->device, op->dst_region, op->dst_offset),
+                        op->bytes / 4);
+    return DP_OK;
+  case DP_OP_GRAD_UNPACK:
+    dp__bf16_to_f32_n(
+        (const dp_bf16 *)region(e, op->device, op->src_region, op->src_offset),
+        region(e, op->device, op->dst_region, op->dst_offset), op->bytes / 4);
     return DP_OK;
   case DP_OP_ZERO: { /* -0.0: x + -0.0 == x for every x, +0.0 and -0.0 included */
     float *dst = region(e, op->device, op->dst_region, op->dst_offset);
@@ -1133,8 +1193,8 @@ static dp_status shm_copy(void *tctx, dp_exec_env *e, int dev, const dp_op *op) 
  * copy into comm and a GRAD_ADD), reading the other device's memory in place. */
 static dp_status shm_copy_add(void *tctx, dp_exec_env *e, int dev, const dp_op *op) {
   (void)tctx, (void)dev;
-  grad_add(dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
-           dp__endpoint(e, op->src_dev, op->src_region, op->src_offset), op->bytes / 4);
+  grad_sum(op, dp__endpoint(e, op->dst_dev, op->dst_region, op->dst_offset),
+           dp__endpoint(e, op->src_dev, op->src_region, op->src_offset));
   return DP_OK;
 }
 
@@ -1176,6 +1236,7 @@ const dp_backend_ops dp__cpu_backend = {
     .attention_dropout = true,
     .batchnorm = true,
     .mixed_bf16 = true,
+    .reduce_bf16 = true,
     .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
     .host_staging = false,
     .grad_clip = true,

@@ -70,6 +70,15 @@ run "dp repro --text, a GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" repro
 run "dp repro --precision bf16, the GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" \
   repro --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 --steps 3 \
   --optimizer adamw --layouts 1x4,2x2,4x1 --precision bf16
+# the gradient reduction in bf16 (issue 31): packed to half the bytes between ranks,
+# added in place within one; the same bits in every layout, in either precision
+run "dp repro --reduce-precision bf16, the GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 \
+  "$bd/dp" repro --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 \
+  --steps 3 --optimizer adamw --layouts 1x4,2x2,4x1 --reduce-precision bf16
+run "dp repro --precision bf16 --reduce-precision bf16, digits, --layouts 1x8,2x4,4x2,8x1" \
+  $MPIRUN -np 8 "$bd/dp" repro --model examples/digits.dpm --data data/digits.csv \
+  --batch 64 --micro-batch 4 --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1 \
+  --precision bf16 --reduce-precision bf16
 # the layout's process count against the job's, before the library is asked
 run "dp repro --layouts 8x1 under -np 2: says it needs 8 processes" sh -c "out=\$($MPIRUN \
   -np 2 $bd/dp repro --model examples/digits.dpm --data data/digits.csv --batch 64 \

@@ -103,13 +103,18 @@ typedef struct {
   const char *name;
   dp_mode mode;
   int shard, fast; /* fast: fast_collectives (cuda only) */
+  int bf16; /* 1: reduce_precision bf16 (packed between ranks); 2: and precision bf16 */
 } mode_case;
 
-static const mode_case MODES[] = {{"classic", DP_MODE_CLASSIC, 0, 0},
-                                  {"allreduce", DP_MODE_ALLREDUCE, 0, 0},
-                                  {"sharded", DP_MODE_ALLREDUCE, 1, 0},
+static const mode_case MODES[] = {
+    {"classic", DP_MODE_CLASSIC, 0, 0, 0},
+    {"allreduce", DP_MODE_ALLREDUCE, 0, 0, 0},
+    {"sharded", DP_MODE_ALLREDUCE, 1, 0, 0},
+    {"classic, bf16 reduction", DP_MODE_CLASSIC, 0, 0, 1},
+    {"allreduce, bf16 reduction", DP_MODE_ALLREDUCE, 0, 0, 1},
+    {"sharded, bf16 precision and reduction", DP_MODE_ALLREDUCE, 1, 0, 2},
 #ifdef TEST_CUDA
-                                  {"fast_collectives", DP_MODE_ALLREDUCE, 0, 1}
+    {"fast_collectives", DP_MODE_ALLREDUCE, 0, 1, 0}
 #endif
 };
 
@@ -129,6 +134,8 @@ static dp_config config_for(const mode_case *m, int ranks) {
   c.lr = 0.01f;
   c.seed = 7;
   c.micro_batch = 4; /* fixed: the bits do not depend on the device count */
+  c.reduce_precision = m->bf16 ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+  c.precision = m->bf16 == 2 ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
 #ifndef TEST_CUDA
   c.clip_grad_norm = 0.05f; /* clipping; sharded: the norm's bins cross ranks too */
 #endif
@@ -434,6 +441,7 @@ static void check_sync_batchnorm(void) {
     const mode_case *m = &MODES[mi];
     dp_config cw = config_for(m, size), c1 = config_for(m, 1);
     cw.batchnorm = c1.batchnorm = DP_BN_SYNC;
+    cw.precision = c1.precision = DP_PRECISION_FP32; /* bf16 runs no batchnorm */
     cw.clip_grad_norm = c1.clip_grad_norm = 0;
     dp_plan *pw = NULL, *p1 = NULL;
     dp_ctx *cx = NULL, *ref = NULL;

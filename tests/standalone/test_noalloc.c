@@ -542,6 +542,10 @@ static void fill(float *x, int32_t *t, int rows, uint64_t seed, bool seq) {
     t[r] = (int32_t)((uint64_t)(r * 7 + (int)seed) % OUT);
 }
 
+/* config.reduce_precision of the cases run while it is set: bf16's packs and
+ * send areas are planned too */
+static dp_precision reduce_precision = DP_PRECISION_FP32;
+
 static void run_case(const config_case *cc, dp_precision precision) {
   static float x[BATCH * IN], y[BATCH * IN * OUT]; /* a GPT's: (BATCH, IN, OUT) */
   static int32_t t[BATCH * IN];
@@ -563,6 +567,7 @@ static void run_case(const config_case *cc, dp_precision precision) {
   cfg.batchnorm = cc->bn;
   cfg.recompute = cc->recompute;
   cfg.precision = precision;
+  cfg.reduce_precision = reduce_precision;
   /* the clipping cases accumulate too: 2 calls per update (the schedules of
    * both kinds of call alternate) */
   cfg.accumulate = cc->clip > 0 ? 2 : 0;
@@ -719,6 +724,7 @@ static void run_mpi_case(const char *name, dp_mode mode, int shard) {
   cfg.micro_batch = 4;
   cfg.mode = mode;
   cfg.shard_optimizer = shard;
+  cfg.reduce_precision = reduce_precision;
   dp_config_set_optimizer(&cfg, DP_OPT_ADAMW);
   float x[BATCH * IN], y[BATCH * OUT];
   int32_t t[BATCH];
@@ -772,6 +778,10 @@ static int run_mpi(int *argc, char ***argv) {
   run_mpi_case("classic", DP_MODE_CLASSIC, 0);
   run_mpi_case("allreduce", DP_MODE_ALLREDUCE, 0);
   run_mpi_case("allreduce, sharded", DP_MODE_ALLREDUCE, 1);
+  reduce_precision = DP_PRECISION_BF16; /* packed to bf16 between the ranks */
+  run_mpi_case("classic, bf16 reduction", DP_MODE_CLASSIC, 0);
+  run_mpi_case("allreduce, bf16 reduction", DP_MODE_ALLREDUCE, 0);
+  reduce_precision = DP_PRECISION_FP32;
   int total = 0;
   MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   MPI_Finalize();
@@ -840,6 +850,15 @@ int main(int argc, char **argv) {
   };
   for (size_t i = 0; i < sizeof bf16_cases / sizeof *bf16_cases; i++)
     run_case(&bf16_cases[i], DP_PRECISION_BF16);
+  /* the gradient reduction in bf16: rounding in-place adds, accumulation */
+  reduce_precision = DP_PRECISION_BF16;
+  config_case rb = cases[3];
+  rb.name = "mlp, 4 devices, sharded, accumulate 2, bf16 reduction";
+  run_case(&rb, DP_PRECISION_FP32);
+  rb = bf16_cases[1];
+  rb.name = "gpt, 2 devices, recompute 2, bf16, bf16 reduction";
+  run_case(&rb, DP_PRECISION_BF16);
+  reduce_precision = DP_PRECISION_FP32;
 
   /* the cuda backend, when there is a GPU */
   int gpus = dp_cuda_device_count();
@@ -874,6 +893,18 @@ int main(int argc, char **argv) {
       run_case(&gpu_cases[i], DP_PRECISION_FP32);
     for (size_t i = 0; i < sizeof gpu_bf16_cases / sizeof *gpu_bf16_cases; i++)
       run_case(&gpu_bf16_cases[i], DP_PRECISION_BF16);
+    /* the gradient reduction in bf16: packs, copies of half the bytes, unpacks */
+    reduce_precision = DP_PRECISION_BF16;
+    config_case gb = gpu_cases[3];
+    gb.name = "cuda gpt, 2 replicas, allreduce, bf16 reduction";
+    run_case(&gb, DP_PRECISION_FP32);
+    gb = gpu_cases[1];
+    gb.name = "cuda graph, 2 replicas, bf16 reduction";
+    run_case(&gb, DP_PRECISION_FP32);
+    gb = gpu_bf16_cases[0];
+    gb.name = "cuda gpt, allreduce, bf16, bf16 reduction";
+    run_case(&gb, DP_PRECISION_BF16);
+    reduce_precision = DP_PRECISION_FP32;
   } else
     printf("SKIP noalloc cuda: no GPU (%s)\n", dp_last_error());
 
