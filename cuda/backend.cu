@@ -598,6 +598,11 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
   const dp_layer *l = &p->model.layers[op->layer];
   int C = l->c, S = bn_positions(l);
   lay ly = lay_of(e, op, op->layer);
+  bool sums = op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS;
+  if (sums && p->cfg.precision == DP_PRECISION_BF16) { /* bf16 activations, widened */
+    dp_status s = dp__cuda_mixed_bn_operands(x, &ly, op->kind == DP_OP_BN_BWD_STATS);
+    if (s) return s;
+  }
   float *dst = reg(e, d, op->dst_region, op->dst_offset);
   const float *src = reg(e, d, op->src_region, op->src_offset);
   switch ((dp_op_kind)op->kind) {

@@ -149,8 +149,9 @@ static inline size_t dp__cuda_model_workspace_bytes(const dp_model *m, int mb_ro
  * linear layer's bf16 copies of its input (when fp32), weights and output
  * gradient (when fp32), the output gradient widened for the bias gradient, and
  * an fp32 product; any other layer's fp32 copies of its input, input gradient,
- * output, output gradient and skip, and conv2d's rounded weights. Each part
- * 256-rounded (cuBLAS's alignment). */
+ * output, output gradient and skip, and conv2d's rounded weights (a sync
+ * batchnorm's sums ops copy its input and output gradient: within that). Each
+ * part 256-rounded (cuBLAS's alignment). */
 static inline size_t dp__cuda_sat_add(size_t a, size_t b) {
   return a > SIZE_MAX - b ? SIZE_MAX : a + b;
 }

@@ -58,5 +58,8 @@ dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_r
 /* The same in bf16 mixed precision (cuda/mixed.cu, config.precision). */
 dp_status dp__cuda_mixed_forward(dev_ctx *x, const lay &c, int global_row0);
 dp_status dp__cuda_mixed_backward(dev_ctx *x, const lay &c, float *grads, int global_row0);
+/* A sync batchnorm's sums op in bf16: c's input (and with dout its output
+ * gradient) replaced by fp32 copies. */
+dp_status dp__cuda_mixed_bn_operands(dev_ctx *x, lay *c, bool dout);
 
 #endif

@@ -10,7 +10,9 @@
  * weight and bias gradients rounded to bf16 in place. Every other layer runs
  * its fp32 op (cuda/backend.cu) on fp32 copies of its bf16 operands in the
  * shadow area and rounds its outputs back; conv2d reads rounded weights and
- * rounds its weight gradients.
+ * rounds its weight gradients; batchnorm keeps its weight gradients fp32 (as
+ * autocast's batch_norm with fp32 weights), and its sync statistics ops read
+ * fp32 copies too (dp__cuda_mixed_bn_operands).
  *
  * The shadow area follows conv2d's and attention's tail in WORKSPACE
  * (dp__cuda_mixed_at, sized by dp__cuda_mixed_workspace_bytes). cuBLAS sums in
@@ -279,6 +281,24 @@ static dp_status shadow_run(dev_ctx *x, const lay &c, float *grads, int global_r
   if (conv)
     DP_CUDA_CHECK(
         round_to(x->stream, grads + c.l->param_off, grads + c.l->param_off, c.l->n_params));
+  return DP_OK;
+}
+
+/* ---- sync batchnorm's sums -------------------------------------------------------- */
+
+/* DP_OP_BN_STATS and DP_OP_BN_BWD_STATS read the micro-batch's input (and, with
+ * dout, its output gradient) as the batchnorm's forward and backward do: c's
+ * spans become fp32 copies in the shadow area (the loss's fp32 gradient
+ * rounded), which cuda/backend.cu's bn_op then reads; what it writes is fp32. */
+dp_status dp__cuda_mixed_bn_operands(dev_ctx *x, lay *c, bool dout) {
+  shadow sh;
+  dp_status s = shadow_of(*c, &sh);
+  if (s) return s;
+  lay k = *c;
+  bool ok = widen_span(x, *c, &sh, c->o.in, true, false, &k.o.in);
+  if (dout) ok &= widen_span(x, *c, &sh, c->o.dout, true, true, &k.o.dout);
+  if (!ok) return no_room(*c);
+  *c = k;
   return DP_OK;
 }
 

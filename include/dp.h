@@ -244,9 +244,11 @@ typedef enum { DP_BN_PER_REPLICA = 0, DP_BN_SYNC } dp_bn_mode;
  * tier reproduces; the other layers compute in fp32 from bf16 inputs and round
  * their outputs to bf16 (round to nearest even); the model's output, the loss
  * and its gradient are fp32; the weight gradients are rounded to bf16 and
- * reduced in fp32 along the canonical tree; the master weights and the
- * optimizer state stay fp32. The same bits for every device count, mode and
- * process layout under the determinism conditions. cpu backend. */
+ * reduced in fp32 along the canonical tree (batchnorm's stay fp32, its
+ * statistics fp32 over the bf16 values, as autocast's batch_norm); the master
+ * weights and the optimizer state stay fp32. The same bits for every device
+ * count, mode and process layout under the determinism conditions. cpu and
+ * cuda backends. */
 typedef enum { DP_PRECISION_FP32 = 0, DP_PRECISION_BF16 } dp_precision;
 /* "fp32", "bf16"; "?" when unknown. dp_precision_parse takes those names and
  * refuses anything else (DP_ERR_INVALID naming the options). */

@@ -2831,6 +2831,115 @@ START_TEST(bf16_graph_replays_are_bit_identical_to_plain_steps) {
 }
 END_TEST
 
+/* ---- bf16 batchnorm ---- */
+
+/* The parameters and every batchnorm's running statistics (PARAMS holds both):
+ * a hash. */
+static uint64_t params_and_stats_hash(rig *r) {
+  uint64_t h = dp_params_hash(r->c);
+  for (int i = 0; i < dp_model_n_layers(r->m); i++) {
+    if (dp_model_layer_kind(r->m, i) != DP_LAYER_BATCHNORM) continue;
+    float st[2][64] = {{0}}; /* the specs' C <= 64 */
+    int64_t count = 0;
+    ck_assert_msg(dp_get_running_stats(r->c, i, st[0], st[1], &count) == DP_OK, "%s",
+                  dp_last_error());
+    h = h * 31 + dp_hash_bytes(st, sizeof st) + (uint64_t)count;
+  }
+  return h;
+}
+
+/* Batchnorm in bf16, both modes (the sync statistics ops read widened copies,
+ * dp__cuda_mixed_bn_operands), 3 AdamW steps of a 1d and a 2d model: within
+ * bf16's precision of the cpu backend's bf16 and not the fp32 bits; for the
+ * cnn (both kinds), one set of bits (parameters and running statistics) for 1,
+ * 2 and 4 replicas in classic, allreduce and sharded allreduce, with recompute
+ * 3 too. */
+START_TEST(bf16_batchnorm_close_to_cpu_and_same_bits_for_every_replica_count) {
+  REQUIRE_GPUS(ngpu, "bf16_batchnorm_close_to_cpu_and_same_bits_for_every_replica_count");
+  static const char *const specs[] = {BN_1D_MSE, BN_CNN_CE};
+  static const int counts[] = {1, 2, 4};
+  for (int m = 0; m < 2; m++)
+    for (int k = 0; k < 2; k++) {
+      dp_config g = bf16_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE), c, f;
+      g.batchnorm = (dp_bn_mode)m;
+      c = f = g;
+      c.backend = DP_BACKEND_CPU;
+      f.precision = DP_PRECISION_FP32;
+      rig rg, rc, rf;
+      rig_open(&rg, specs[k], &g);
+      rig_open(&rc, specs[k], &c);
+      rig_open(&rf, specs[k], &f);
+      run_steps(&rg, 0, 3);
+      run_steps(&rc, 0, 3);
+      run_steps(&rf, 0, 3);
+      float *pg = params_of(&rg), *pc = params_of(&rc);
+      double to_cpu = rel_norm_diff(pg, pc, rg.np);
+      fprintf(stderr, "cuda: bf16 batchnorm %s, spec %d: %.3g from the cpu's bf16\n",
+              dp_bn_mode_name(g.batchnorm), k, to_cpu);
+      ck_assert_msg(to_cpu <= 2e-3, "%s spec %d: %.3g from the cpu backend's bf16",
+                    dp_bn_mode_name(g.batchnorm), k, to_cpu);
+      uint64_t ref = params_and_stats_hash(&rg);
+      ck_assert_msg(ref != params_and_stats_hash(&rf), "spec %d: bf16 gave fp32's", k);
+      free(pg);
+      free(pc);
+      rig_close(&rg);
+      rig_close(&rc);
+      rig_close(&rf);
+      for (int mode = 0; mode < 4 && k == 1; mode++) /* the cnn: 2d and 1d */
+        for (int i = 0; i < 3; i++) {
+          dp_config e = bf16_config(ngpu, 8, counts[i], 2,
+                                    mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC);
+          e.batchnorm = g.batchnorm;
+          e.shard_optimizer = mode == 2;
+          e.recompute = mode == 3 ? 3 : 0;
+          rig r;
+          rig_open(&r, specs[k], &e);
+          run_steps(&r, 0, 3);
+          uint64_t h = params_and_stats_hash(&r);
+          ck_assert_msg(h == ref,
+                        "%s spec %d, mode %d, %d replicas: %016llx, 2 allreduce %016llx",
+                        dp_bn_mode_name(g.batchnorm), k, mode, counts[i],
+                        (unsigned long long)h, (unsigned long long)ref);
+          rig_close(&r);
+        }
+    }
+}
+END_TEST
+
+/* Where no sum's order can matter (every GEMM reduces over 2: widths 2 and
+ * micro-batches of 2 rows; the batchnorm sums take the same order on both
+ * backends), a bf16 training step with batchnorms is the cpu backend's bit for
+ * bit, in both modes: the widened statistics, the rounded outputs and input
+ * gradients, the fp32 weight gradients and running statistics. */
+START_TEST(bf16_batchnorm_step_matches_cpu_where_order_cannot_matter) {
+  REQUIRE_GPUS(ngpu, "bf16_batchnorm_step_matches_cpu_where_order_cannot_matter");
+  static const char *spec = "input 2\nlinear 2 nobias\nbatchnorm\nrelu\nlinear 2\n"
+                            "batchnorm\ntanh\nlinear 2\nbatchnorm\nloss mse\n";
+  for (int m = 0; m < 2; m++) {
+    dp_config g = bf16_config(ngpu, 8, 2, 2, DP_MODE_CLASSIC), c;
+    g.batchnorm = (dp_bn_mode)m;
+    dp_config_set_optimizer(&g, DP_OPT_SGD);
+    c = g;
+    c.backend = DP_BACKEND_CPU;
+    rig rg, rc;
+    rig_open(&rg, spec, &g);
+    rig_open(&rc, spec, &c);
+    ck_assert_uint_eq(params_and_stats_hash(&rg), params_and_stats_hash(&rc));
+    run_steps(&rg, 0, 2);
+    run_steps(&rc, 0, 2);
+    float *pg = params_of(&rg), *pc = params_of(&rc);
+    for (size_t i = 0; i < rg.np; i++)
+      ck_assert_msg(memcmp(&pg[i], &pc[i], 4) == 0, "%s: parameter %zu: cuda %a, cpu %a",
+                    dp_bn_mode_name(g.batchnorm), i, (double)pg[i], (double)pc[i]);
+    ck_assert_uint_eq(params_and_stats_hash(&rg), params_and_stats_hash(&rc));
+    free(pg);
+    free(pc);
+    rig_close(&rg);
+    rig_close(&rc);
+  }
+}
+END_TEST
+
 /* config.reduce_precision bf16 (docs/PRECISION.md, "Gradient reduction"):
  * the cuda backend packs what crosses between replicas to bf16 (pack, copy
  * or NCCL send/recv of half the bytes, unpack or an add that widens) where
@@ -3324,6 +3433,8 @@ Suite *cuda_suite(void) {
   tcase_add_test(bf16, bf16_graph_replays_are_bit_identical_to_plain_steps);
   tcase_add_test(bf16, bf16_nccl_steps_match_copy_transport_bit_for_bit);
   tcase_add_test(bf16, bf16_nccl_warm_up_leaves_the_arena_as_it_was);
+  tcase_add_test(bf16, bf16_batchnorm_close_to_cpu_and_same_bits_for_every_replica_count);
+  tcase_add_test(bf16, bf16_batchnorm_step_matches_cpu_where_order_cannot_matter);
   tcase_add_test(bf16, reduce_bf16_same_bits_everywhere_and_the_cpu_s_on_the_simulation);
   tcase_add_test(bf16, reduce_bf16_refuses_fast_collectives);
   tcase_set_timeout(seq, 240);

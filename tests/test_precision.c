@@ -78,7 +78,24 @@ START_TEST(linear_forward_is_the_bf16_dot_product) {
 }
 END_TEST
 
-/* 4 AdamW steps; the parameters' hash. */
+/* Batchnorm's running statistics (all of the model's batchnorms, mean, var
+ * and count) folded into h. */
+static uint64_t running_stats_hash(rig *r, uint64_t h) {
+  for (int i = 0; i < dp_model_n_layers(r->m); i++) {
+    if (dp_model_layer_kind(r->m, i) != DP_LAYER_BATCHNORM) continue;
+    float mean[64] = {0}, var[64] = {0}; /* the test models' C <= 64 */
+    int64_t count = 0;
+    ck_assert_msg(dp_get_running_stats(r->c, i, mean, var, &count) == DP_OK, "%s",
+                  dp_last_error());
+    uint64_t part[3] = {dp_hash_bytes(mean, sizeof mean), dp_hash_bytes(var, sizeof var),
+                        (uint64_t)count};
+    h ^= dp_hash_bytes(part, sizeof part) + 0x9E3779B97F4A7C15ull + (h << 6) + (h >> 2);
+  }
+  return h;
+}
+
+/* 4 AdamW steps; the parameters' hash, with every batchnorm's running statistics
+ * and the eval-mode outputs after the steps. */
 static uint64_t train_hash(const char *spec, dp_config c, int cols, bool tokens) {
   rig r;
   rig_open(&r, spec, &c);
@@ -93,7 +110,12 @@ static uint64_t train_hash(const char *spec, dp_config c, int cols, bool tokens)
     ck_assert_msg(dp_train_step(r.c, B, cols, x, t, NULL) == DP_OK, "%s",
                   dp_ctx_error(r.c));
   }
-  uint64_t h = dp_params_hash(r.c);
+  uint64_t h = running_stats_hash(&r, dp_params_hash(r.c));
+  size_t n_out = (size_t)B * dp_model_output_width(r.m);
+  float *y = malloc(sizeof(float) * n_out);
+  ck_assert_msg(dp_forward(r.c, B, cols, x, y) == DP_OK, "%s", dp_ctx_error(r.c));
+  h ^= dp_hash_bytes(y, sizeof(float) * n_out);
+  free(y);
   free(x);
   free(t);
   rig_close(&r);
@@ -104,27 +126,52 @@ static const char CNN_SPEC[] = "input 2 6 6\nconv2d 4 3 padding 1\nrelu\nmaxpool
                                "conv2d 3 3\navgpool2d 1\nflatten\nlinear 5\n"
                                "loss softmax_cross_entropy\n";
 
+/* Batchnorm on the model's fp32 input, after a linear (then a relu the next
+ * linear's backward masks) and after a gelu. */
+static const char BN_MLP_SPEC[] = "input 12\nbatchnorm\nlinear 16 nobias\nbatchnorm\nrelu\n"
+                                  "linear 16\ngelu\nbatchnorm\ntanh\nlinear 5\n"
+                                  "loss softmax_cross_entropy\n";
+/* 2d batchnorms after convolutions, and a 1d one as the last layer (its
+ * output and gradient are the loss's fp32 tensors). */
+static const char BN_CNN_SPEC[] =
+    "input 2 6 6\nconv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\n"
+    "maxpool2d 2\nconv2d 3 3\nbatchnorm\nflatten\nlinear 5\n"
+    "batchnorm\nloss softmax_cross_entropy\n";
+
 typedef struct {
   const char *name, *spec;
   int cols;
   bool tokens;
+  dp_bn_mode bn;
 } model_case;
 static const model_case MODELS[] = {
-    {"mlp", MLP_EVERY_KIND_SPEC, 12, false},
-    {"cnn", CNN_SPEC, 72, false},
-    {"gpt", GPT_SPEC, GPT_T, true},
-    {"gpt, attention dropout, tied head", GPT_ADROP_SPEC, GPT_T, true},
+    {"mlp", MLP_EVERY_KIND_SPEC, 12, false, DP_BN_PER_REPLICA},
+    {"cnn", CNN_SPEC, 72, false, DP_BN_PER_REPLICA},
+    {"gpt", GPT_SPEC, GPT_T, true, DP_BN_PER_REPLICA},
+    {"gpt, attention dropout, tied head", GPT_ADROP_SPEC, GPT_T, true, DP_BN_PER_REPLICA},
+    {"mlp, batchnorm per_replica", BN_MLP_SPEC, 12, false, DP_BN_PER_REPLICA},
+    {"mlp, batchnorm sync", BN_MLP_SPEC, 12, false, DP_BN_SYNC},
+    {"cnn, batchnorm per_replica", BN_CNN_SPEC, 72, false, DP_BN_PER_REPLICA},
+    {"cnn, batchnorm sync", BN_CNN_SPEC, 72, false, DP_BN_SYNC},
 };
+#define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
+
+static dp_config model_cfg(const model_case *mc, int devices) {
+  dp_config c = bf16_cfg(8, devices, 2);
+  c.batchnorm = mc->bn;
+  return c;
+}
 
 /* One hash for 1, 2 and 4 devices in classic, allreduce and sharded allreduce,
- * with micro-batches of 2 rows; the bf16 bits are not the fp32 ones. */
+ * with micro-batches of 2 rows (batchnorm's running statistics and eval
+ * outputs too); the bf16 bits are not the fp32 ones. */
 START_TEST(same_bits_on_every_device_count_and_mode) {
   const model_case *mc = &MODELS[_i];
-  uint64_t ref = train_hash(mc->spec, bf16_cfg(8, 1, 2), mc->cols, mc->tokens);
+  uint64_t ref = train_hash(mc->spec, model_cfg(mc, 1), mc->cols, mc->tokens);
   const int devs[] = {2, 4};
   for (int k = 0; k < 2; k++)
     for (int mode = 0; mode < 3; mode++) {
-      dp_config c = bf16_cfg(8, devs[k], 2);
+      dp_config c = model_cfg(mc, devs[k]);
       c.mode = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
       c.shard_optimizer = mode == 2;
       uint64_t h = train_hash(mc->spec, c, mc->cols, mc->tokens);
@@ -132,24 +179,87 @@ START_TEST(same_bits_on_every_device_count_and_mode) {
                     mc->name, devs[k], mode, (unsigned long long)h,
                     (unsigned long long)ref);
     }
-  dp_config f = bf16_cfg(8, 1, 2);
+  dp_config f = model_cfg(mc, 1);
   f.precision = DP_PRECISION_FP32;
   ck_assert_msg(train_hash(mc->spec, f, mc->cols, mc->tokens) != ref,
                 "%s: bf16 gave the fp32 bits", mc->name);
 }
 END_TEST
 
-/* Activation recompute in bf16 recomputes the same bf16 values. */
+/* Activation recompute in bf16 recomputes the same bf16 values (and updates
+ * batchnorm's running statistics once). */
 START_TEST(recompute_gives_the_same_bits) {
   const model_case *mc = &MODELS[_i];
-  uint64_t ref = train_hash(mc->spec, bf16_cfg(8, 2, 2), mc->cols, mc->tokens);
+  uint64_t ref = train_hash(mc->spec, model_cfg(mc, 2), mc->cols, mc->tokens);
   for (int k = 1; k <= 3; k++) {
-    dp_config c = bf16_cfg(8, 2, 2);
+    dp_config c = model_cfg(mc, 2);
     c.recompute = k;
     c.guards = 1;
     ck_assert_msg(train_hash(mc->spec, c, mc->cols, mc->tokens) == ref,
                   "%s: recompute %d changed the bits", mc->name, k);
   }
+}
+END_TEST
+
+/* input 6 / linear 5 nobias / batchnorm / linear 3 in bf16, one micro-batch:
+ * the batchnorm's running statistics after a step are fp32 mode's (0.1 times
+ * the mean and unbiased variance) over the bf16 values of the linear's output,
+ * written out here from the bf16 dot product, not over its fp32 values; the
+ * batchnorm's weight and bias gradients are fp32 (autocast keeps them so),
+ * the linear layers' bf16 values. Per_replica (_i 0, one micro-batch) and sync
+ * (_i 1, four). */
+START_TEST(batchnorm_statistics_over_the_bf16_values) {
+  enum { B = 16, IN = 6, H = 5, OUT = 3 };
+  dp_config c = bf16_cfg(B, 2, 0);
+  c.batchnorm = _i ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+  c.micro_batch = _i ? 4 : B; /* sync: the whole batch's over 4 micro-batches */
+  rig r;
+  rig_open(&r, "input 6\nlinear 5 nobias\nbatchnorm\nlinear 3\nloss mse\n", &c);
+  ck_assert_uint_eq(r.np, (size_t)H * IN + 2 * H + OUT * H + OUT);
+  float *w = params_of(&r), x[B * IN], t[B * OUT];
+  for (int k = 0; k < H * IN; k++) w[k] = (float)((k * 37 + 11) % 101 - 50) / 37.0f;
+  ck_assert_int_eq(dp_set_params(r.c, w, r.np), DP_OK);
+  for (int k = 0; k < B * IN; k++) x[k] = (float)((k * 53 + 7) % 97 - 48) / 13.0f;
+  for (int k = 0; k < B * OUT; k++) t[k] = (float)(k % 7) / 7.0f;
+  ck_assert_msg(dp_train_step(r.c, B, IN, x, t, NULL) == DP_OK, "%s", dp_ctx_error(r.c));
+  float mean[H], var[H];
+  int64_t count = 0;
+  ck_assert_int_eq(dp_get_running_stats(r.c, 1, mean, var, &count), DP_OK);
+  ck_assert_int_eq(count, 1);
+  for (int j = 0; j < H; j++) {
+    double h[B], hf[B], m = 0, mf = 0, v = 0, vf = 0;
+    for (int i = 0; i < B; i++) {
+      hf[i] = 0;
+      for (int k = 0; k < IN; k++) hf[i] += (double)rnd(x[i * IN + k]) * rnd(w[j * IN + k]);
+      h[i] = rnd(dot_bf16(x + i * IN, w + j * IN, IN));
+      m += h[i] / B;
+      mf += hf[i] / B;
+    }
+    for (int i = 0; i < B; i++) {
+      v += (h[i] - m) * (h[i] - m) / (B - 1);
+      vf += (hf[i] - mf) * (hf[i] - mf) / (B - 1);
+    }
+    double want_m = 0.1 * m, want_v = 0.9 + 0.1 * v, tol = 2e-6 * (fabs(want_m) + 1.0);
+    ck_assert_msg(fabs(mean[j] - want_m) <= tol && fabs(var[j] - want_v) <= 2e-6 * want_v,
+                  "channel %d: running mean %.9g var %.9g, want %.9g %.9g", j,
+                  (double)mean[j], (double)var[j], want_m, want_v);
+    /* the bf16 rounding shows: fp32's values give other statistics */
+    ck_assert_msg(fabs(0.1 * mf - want_m) > 4 * tol || fabs(0.9 + 0.1 * vf - want_v) > 4e-6,
+                  "channel %d: the unrounded values give the same statistics", j);
+  }
+  float *g = malloc(sizeof(float) * r.np);
+  ck_assert_int_eq(dp_get_grads(r.c, g, r.np), DP_OK);
+  int bn_fp32 = 0;
+  for (size_t k = 0; !_i && k < r.np; k++) { /* sync's 4 micro-batches' are fp32 sums */
+    bool bn = k >= (size_t)H * IN && k < (size_t)H * IN + 2 * H;
+    ck_assert_msg(bn || rnd(g[k]) == g[k], "gradient %zu of a linear: %a, not bf16", k,
+                  (double)g[k]);
+    bn_fp32 += bn && rnd(g[k]) != g[k];
+  }
+  ck_assert_msg(_i || bn_fp32 > 0, "the batchnorm's gradients are all bf16 values");
+  free(g);
+  free(w);
+  rig_close(&r);
 }
 END_TEST
 
@@ -196,8 +306,8 @@ START_TEST(activation_bytes_at_most_055_of_fp32) {
 }
 END_TEST
 
-/* Unknown precisions and a layer bf16 does not run: refused by name (the cuda
- * backend's refusals: tests/test_cuda.c, bf16_refuses_nccl). */
+/* Unknown precisions: refused by name (the cuda backend's refusals:
+ * tests/test_cuda.c, bf16_refuses_nccl); batchnorm is planned. */
 START_TEST(refusals_name_the_options) {
   dp_precision p = DP_PRECISION_FP32;
   ck_assert_int_eq(dp_precision_parse("fp16", &p), DP_ERR_INVALID);
@@ -218,10 +328,12 @@ START_TEST(refusals_name_the_options) {
   dp_model_free(m);
 
   m = model_of("input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n");
-  c = bf16_cfg(4, 1, 0);
-  ck_assert_int_eq(dp_plan_create(m, &c, &pl), DP_ERR_UNSUPPORTED);
-  ck_assert_ptr_nonnull(strstr(dp_last_error(), "batchnorm"));
-  ck_assert_ptr_nonnull(strstr(dp_last_error(), "layer 1"));
+  for (int bn = 0; bn < 2; bn++) { /* batchnorm runs in bf16, in both modes */
+    c = bf16_cfg(4, 1, 0);
+    c.batchnorm = bn ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+    ck_assert_msg(dp_plan_create(m, &c, &pl) == DP_OK, "%s", dp_last_error());
+    dp_plan_free(pl);
+  }
   dp_model_free(m);
 }
 END_TEST
@@ -244,21 +356,16 @@ END_TEST
 
 /* ---- config.reduce_precision bf16: the gradient reduction in bf16 ---- */
 
-static const char BN_SYNC_SPEC[] =
-    "input 12\nlinear 16\nbatchnorm\nrelu\nlinear 5\nloss softmax_cross_entropy\n";
-
 /* One hash for 1, 2, 4 and 8 devices (8: devices without rows) in classic,
  * allreduce and sharded allreduce, in either precision, with recompute too;
  * not the hash of the fp32 reduction. Sync batchnorm's sums go through the
- * same rounded tree (fp32 precision: bf16 does not run batchnorm). */
+ * same rounded tree. */
 START_TEST(reduce_bf16_same_bits_on_every_device_count_and_mode) {
-  const model_case bn = {"mlp, sync batchnorm", BN_SYNC_SPEC, 12, false};
-  const model_case *mc = _i < 4 ? &MODELS[_i] : &bn;
-  for (int prec = 0; prec < (_i < 4 ? 2 : 1); prec++) {
-    dp_config base = bf16_cfg(8, 1, 2);
+  const model_case *mc = &MODELS[_i];
+  for (int prec = 0; prec < 2; prec++) {
+    dp_config base = model_cfg(mc, 1);
     base.precision = prec ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
     base.reduce_precision = DP_PRECISION_BF16;
-    base.batchnorm = _i < 4 ? DP_BN_PER_REPLICA : DP_BN_SYNC;
     uint64_t ref = train_hash(mc->spec, base, mc->cols, mc->tokens);
     const int devs[] = {2, 4, 8};
     for (int k = 0; k < 3; k++)
@@ -373,8 +480,9 @@ Suite *precision_suite(void) {
   TCase *tc = tcase_create("bf16");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, linear_forward_is_the_bf16_dot_product);
-  tcase_add_loop_test(tc, same_bits_on_every_device_count_and_mode, 0, 4);
-  tcase_add_loop_test(tc, recompute_gives_the_same_bits, 0, 4);
+  tcase_add_loop_test(tc, same_bits_on_every_device_count_and_mode, 0, N_MODELS);
+  tcase_add_loop_test(tc, recompute_gives_the_same_bits, 0, N_MODELS);
+  tcase_add_loop_test(tc, batchnorm_statistics_over_the_bf16_values, 0, 2);
   tcase_add_test(tc, loss_close_to_fp32);
   tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
   tcase_add_test(tc, refusals_name_the_options);
@@ -382,7 +490,8 @@ Suite *precision_suite(void) {
   suite_add_tcase(s, tc);
   tc = tcase_create("reduce_bf16");
   tcase_set_timeout(tc, 300);
-  tcase_add_loop_test(tc, reduce_bf16_same_bits_on_every_device_count_and_mode, 0, 5);
+  tcase_add_loop_test(tc, reduce_bf16_same_bits_on_every_device_count_and_mode, 0,
+                      N_MODELS);
   tcase_add_test(tc, reduce_bf16_accumulation_same_bits);
   tcase_add_loop_test(tc, reduce_bf16_sums_the_rounded_micro_batch_gradients_in_the_tree, 0,
                       2);

@@ -128,11 +128,10 @@ static dp_status check_hyper(const dp_config *c) {
   return DP_OK;
 }
 
-/* config.precision: a name the library knows, a backend that runs it, and
- * layers it runs in bf16 (batchnorm's statistics ops read its activations
- * as fp32: not yet). */
-static dp_status check_precision(const dp_model *m, const dp_config *c,
-                                 const dp_backend_ops *be) {
+/* config.precision and reduce_precision: names the library knows and a
+ * backend that runs them (in bf16 every layer kind runs: lib/cpu/mixed.c,
+ * cuda/mixed.cu). */
+static dp_status check_precision(const dp_config *c, const dp_backend_ops *be) {
   if (c->reduce_precision != DP_PRECISION_FP32 && c->reduce_precision != DP_PRECISION_BF16)
     return DP_FAIL(DP_ERR_INVALID,
                    "unknown reduce_precision %d: the options are fp32 and bf16",
@@ -151,12 +150,6 @@ static dp_status check_precision(const dp_model *m, const dp_config *c,
                    "the %s backend does not run precision bf16 yet; use the cpu backend, "
                    "or precision fp32",
                    be->name);
-  for (int i = 0; i < m->n_layers; i++)
-    if (m->layers[i].kind == DP_LAYER_BATCHNORM)
-      return DP_FAIL(DP_ERR_UNSUPPORTED,
-                     "precision bf16 does not run batchnorm layers yet (layer %d); use "
-                     "precision fp32",
-                     i);
   return DP_OK;
 }
 
@@ -217,7 +210,7 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_INVALID,
                    "recompute must be 0 (off) or a segment length of 1..%d layers, got %d",
                    DP_MAX_LAYERS, c->recompute);
-  dp_status ps = check_precision(m, c, be);
+  dp_status ps = check_precision(c, be);
   if (ps) return ps;
   bool bn = false;
   for (int i = 0; i < m->n_layers; i++) bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;

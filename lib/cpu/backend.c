@@ -133,13 +133,12 @@ static uint32_t get_u32(const float *at) {
 
 static void put_u32(float *at, uint32_t v) { memcpy(at, &v, 4); }
 
-static dp_status bn_stats_op(const dp_exec_env *e, const dp_op *op) {
-  lctx c = op_lctx(e, op);
-  const dp_layer *l = c.l;
-  const float *x = layer_in(&c);
+static dp_status bn_stats_op(const lctx *c, const dp_op *op) {
+  const dp_layer *l = c->l;
+  const float *x = layer_in(c);
   int n = op->rows, C = l->c;
   size_t S = bn_positions(l), M = (size_t)n * S;
-  float *part = region(e, op->device, op->dst_region, op->dst_offset);
+  float *part = region(c->e, op->device, op->dst_region, op->dst_offset);
   put_u32(part, (uint32_t)n);
   for (int ch = 0; ch < C; ch++) {
     float sum, m2;
@@ -192,13 +191,12 @@ static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
 /* The micro-batch's sums of dy x-hat and dy per channel (bn_sums's order), with the
  * whole batch's statistics: its gradients of the weight and the bias, which
  * the backward tree sums and the batchnorm's sums are copied from. */
-static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
-  lctx c = op_lctx(e, op);
-  const dp_layer *l = c.l;
-  const float *x = layer_in(&c), *dy = layer_dout(&c), *st = bn_stats(&c, 0);
+static dp_status bn_bwd_stats_op(const lctx *c, const dp_op *op) {
+  const dp_layer *l = c->l;
+  const float *x = layer_in(c), *dy = layer_dout(c), *st = bn_stats(c, 0);
   int n = op->rows, C = l->c;
   size_t S = bn_positions(l);
-  float *dg = region(e, op->device, op->dst_region, op->dst_offset) + l->param_off,
+  float *dg = region(c->e, op->device, op->dst_region, op->dst_offset) + l->param_off,
         *db = dg + C;
   for (int ch = 0; ch < C; ch++) {
     float v[2];
@@ -208,6 +206,13 @@ static dp_status bn_bwd_stats_op(const dp_exec_env *e, const dp_op *op) {
   }
   if (op->flags & DP_OPF_ROUND_BF16) dp__bf16_round_f32_n(dg, 2 * (size_t)C); /* a leaf */
   return DP_OK;
+}
+
+dp_status dp__cpu_bn_sums(const lctx *c, const dp_op *op) {
+  if (op->kind == DP_OP_BN_STATS) return bn_stats_op(c, op);
+  if (op->kind == DP_OP_BN_BWD_STATS) return bn_bwd_stats_op(c, op);
+  return DP_FAIL(DP_ERR_BACKEND, "cpu backend: op kind %d is not a batchnorm sums op",
+                 op->kind);
 }
 
 /* dx with the whole batch's statistics and sums (sg, sb: this device's copy
@@ -1121,10 +1126,14 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_LOSS: return loss_op(e, op);
   case DP_OP_LOSS_SUM: return loss_sum_op(e, op);
   case DP_OP_BN_UPDATE: return bn_update(e, op);
-  case DP_OP_BN_STATS: return bn_stats_op(e, op);
+  case DP_OP_BN_STATS:
+  case DP_OP_BN_BWD_STATS: { /* they read the layer's activations: bf16 widens them */
+    lctx c = op_lctx(e, op);
+    if (e->plan->cfg.precision == DP_PRECISION_BF16) return dp__mixed_bn_sums(&c, op);
+    return dp__cpu_bn_sums(&c, op);
+  }
   case DP_OP_BN_MERGE: return bn_merge_op(e, op);
   case DP_OP_BN_FINAL: return bn_final_op(e, op);
-  case DP_OP_BN_BWD_STATS: return bn_bwd_stats_op(e, op);
   case DP_OP_GRAD_CHECK: return grad_check_op(e, op);
   case DP_OP_OPTIMIZER: return optimizer_op(e, op);
   case DP_OP_GRAD_NORM: return grad_norm_op(e, op);

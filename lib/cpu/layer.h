@@ -65,10 +65,14 @@ static inline float *layer_params(const lctx *c) { return ptr(c, c->o.params); }
  * with the parameter gradients written (not accumulated) at grads. */
 dp_status dp__cpu_forward(const lctx *c);
 dp_status dp__cpu_backward(const lctx *c, float *grads);
+/* A sync batchnorm's sums of a micro-batch (DP_OP_BN_STATS, DP_OP_BN_BWD_STATS)
+ * from c's operands: its input, and output gradient. */
+dp_status dp__cpu_bn_sums(const lctx *c, const dp_op *op);
 
 /* The same in bf16 mixed precision (lib/cpu/mixed.c, config.precision). */
 dp_status dp__mixed_forward(const lctx *c);
 dp_status dp__mixed_backward(const lctx *c, float *grads);
+dp_status dp__mixed_bn_sums(const lctx *c, const dp_op *op);
 /* The WORKSPACE bytes of a bf16 plan (the cpu backend's workspace_bytes then). */
 size_t dp__mixed_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training);
 

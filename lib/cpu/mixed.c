@@ -11,7 +11,10 @@
  * Every other layer runs its fp32 op (lib/cpu/backend.c) on fp32 copies of its
  * bf16 operands in the workspace's shadow area and rounds what it writes back
  * to bf16 (round to nearest even); conv2d reads its weights rounded to bf16
- * and rounds its weight gradients, as autocast's bf16 convolution.
+ * and rounds its weight gradients, as autocast's bf16 convolution. Batchnorm
+ * keeps its weight gradients fp32 (autocast's batch_norm on a bf16 input with
+ * fp32 weights: an fp32 computation, a bf16 output), and its sync statistics
+ * ops read fp32 copies too (dp__mixed_bn_sums).
  *
  * WORKSPACE of a bf16 plan (ws_layout): the GEMMs' packing and the fp32 ops'
  * own workspace from offset 0; the forward's packed bf16 weights (several
@@ -55,9 +58,10 @@ static size_t shadow_row_bytes(const dp_layer *l, bool training) {
   return training ? 2 * in + 3 * out : in + 2 * out;
 }
 
-/* The rows of one chunk of layer l's shadowed op (<= rows). */
+/* The rows of one chunk of layer l's shadowed op (<= rows); batchnorm's
+ * statistics are the whole micro-batch's. */
 static int shadow_chunk_rows(const dp_layer *l, int rows, bool training) {
-  if (l->n_params > 0) return rows;
+  if (l->n_params > 0 || l->kind == DP_LAYER_BATCHNORM) return rows;
   size_t r = SHADOW_CHUNK_BYTES / shadow_row_bytes(l, training);
   return r < 1 ? 1 : r < (size_t)rows ? (int)r : rows;
 }
@@ -78,7 +82,8 @@ static bool no_shadow(const dp_model *m, int i, bool training) {
 /* The shadow area one op of layer i needs: a linear, its rounded bias and, for
  * the last layer's fp32 output gradient, a bf16 copy of it; any other layer,
  * fp32 copies of a chunk of rows (shadow_row_bytes), and conv2d's rounded
- * weights. */
+ * weights. A sync batchnorm's sums (dp__mixed_bn_sums: input and output
+ * gradient) fit in its backward's. */
 static size_t shadow_bytes(const dp_model *m, int i, int mb_rows, bool training) {
   const dp_layer *l = &m->layers[i];
   if (no_shadow(m, i, training)) return 0;
@@ -388,6 +393,25 @@ static dp_status linear_backward(const lctx *c, float *grads) {
     return DP_FAIL(DP_ERR_BACKEND, "layer %d: a fused relu's tensors are not bf16", c->i);
   relu_mask_bf16((const dp_bf16 *)x, (dp_bf16 *)ptr(c, dxs), (size_t)n * in);
   return DP_OK;
+}
+
+/* ---- sync batchnorm's sums ---- */
+
+/* DP_OP_BN_STATS and DP_OP_BN_BWD_STATS read the micro-batch's input (and
+ * output gradient) as the batchnorm's forward and backward do: fp32 copies,
+ * the loss's fp32 gradient rounded, so the statistics are fp32 mode's over
+ * the bf16 values. What they write is fp32 (the statistics area, the
+ * gradients' slot). */
+dp_status dp__mixed_bn_sums(const lctx *c, const dp_op *op) {
+  ws_layout L;
+  dp_status st = op_layout(c, &L);
+  if (st) return st;
+  shadow sh = shadow_begin(&L);
+  lctx s = *c;
+  bool ok = widen(c, &sh, c->o.in, true, false, &s.o.in);
+  if (op->kind == DP_OP_BN_BWD_STATS) ok &= widen(c, &sh, c->o.dout, true, true, &s.o.dout);
+  if (!ok) return no_room(c);
+  return dp__cpu_bn_sums(&s, op);
 }
 
 /* ---- the layer ops ---- */

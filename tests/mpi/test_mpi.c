@@ -441,7 +441,6 @@ static void check_sync_batchnorm(void) {
     const mode_case *m = &MODES[mi];
     dp_config cw = config_for(m, size), c1 = config_for(m, 1);
     cw.batchnorm = c1.batchnorm = DP_BN_SYNC;
-    cw.precision = c1.precision = DP_PRECISION_FP32; /* bf16 runs no batchnorm */
     cw.clip_grad_norm = c1.clip_grad_norm = 0;
     dp_plan *pw = NULL, *p1 = NULL;
     dp_ctx *cx = NULL, *ref = NULL;

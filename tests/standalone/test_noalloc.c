@@ -834,8 +834,8 @@ int main(int argc, char **argv) {
        2},
       {"gpt, 3 devices, micro_batch 4", 3, DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0,
        DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
-      {"gpt, 2 devices, micro_batch 2, recompute 3", 2, DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0,
-       DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 3},
+      {"gpt, 2 devices, micro_batch 2, recompute 3", 2, DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU,
+       0, DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 3},
       {"gpt attention dropout, 2 devices, allreduce", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CPU,
        0, DP_MODE_ALLREDUCE, 0, 0, GPT12_ADROP_SPEC, DP_BN_PER_REPLICA, 0},
   };
@@ -847,6 +847,15 @@ int main(int argc, char **argv) {
        DP_MODE_ALLREDUCE, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
       {"gpt, 2 devices, micro_batch 2, recompute 2, bf16", 2, DP_SPLIT_CHUNK, 2,
        DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 2},
+      /* batchnorm: widened copies of whole micro-batches, the sync sums' too */
+      {"cnn, 3 devices, batchnorm, micro_batch 4, bf16", 3, DP_SPLIT_CHUNK, 4,
+       DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_PER_REPLICA, 0},
+      {"cnn, 2 devices, allreduce, sync batchnorm, micro_batch 2, recompute 2, bf16", 2,
+       DP_SPLIT_CHUNK, 2, DP_BACKEND_CPU, 0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_SYNC,
+       2},
+      {"cnn, 2 devices, sync batchnorm, clip_grad_norm, accumulate 2, bf16", 2,
+       DP_SPLIT_CHUNK, 4, DP_BACKEND_CPU, 0, DP_MODE_CLASSIC, 0, 0.01f, CNN_SPEC,
+       DP_BN_SYNC, 0},
   };
   for (size_t i = 0; i < sizeof bf16_cases / sizeof *bf16_cases; i++)
     run_case(&bf16_cases[i], DP_PRECISION_BF16);
@@ -887,6 +896,10 @@ int main(int argc, char **argv) {
        DP_MODE_ALLREDUCE, 0, 0, GPT12_SPEC, DP_BN_PER_REPLICA, 0},
       {"cuda graph, 2 replicas on GPU 0, bf16", 2, DP_SPLIT_CHUNK, 0, DP_BACKEND_CUDA, 1,
        DP_MODE_CLASSIC, 0, 0, NULL, DP_BN_PER_REPLICA, 0},
+      {"cuda cnn, 2 replicas, allreduce, batchnorm, bf16", 2, DP_SPLIT_CHUNK, 4,
+       DP_BACKEND_CUDA, 0, DP_MODE_ALLREDUCE, 0, 0, CNN_SPEC, DP_BN_PER_REPLICA, 0},
+      {"cuda graph cnn, 2 replicas, sync batchnorm, bf16", 2, DP_SPLIT_CHUNK, 4,
+       DP_BACKEND_CUDA, 1, DP_MODE_CLASSIC, 0, 0, CNN_SPEC, DP_BN_SYNC, 0},
   };
   if (gpus > 0) {
     for (size_t i = 0; i < sizeof gpu_cases / sizeof *gpu_cases; i++)
