@@ -1172,7 +1172,9 @@ static dp_status fk_run(void *bctx, dp_exec_env *e, const dp_op *op, bool collec
   /* the ops cuda/backend.cu runs: not clipping or accumulation (the planner
    * refuses them for this backend) */
   bool bn = op->kind >= DP_OP_BN_UPDATE && op->kind <= DP_OP_BN_BWD_STATS;
-  if (op->kind == DP_OP_COPY || (op->kind > DP_OP_ALLREDUCE && !bn) ||
+  /* reduce_precision bf16's packs (the cpu backend's code runs them) */
+  bool packs = op->kind == DP_OP_GRAD_PACK || op->kind == DP_OP_GRAD_UNPACK;
+  if (op->kind == DP_OP_COPY || (op->kind > DP_OP_ALLREDUCE && !bn && !packs) ||
       (op->kind == DP_OP_ALLREDUCE) != collective)
     return DP_FAIL(DP_ERR_BACKEND, "cuda backend: op kind %d is not a %s op", op->kind,
                    collective ? "collective" : "compute");
