@@ -109,6 +109,20 @@ static void scores(int T, int hd, const float *a, int lda, const float *b, int l
   }
 }
 
+/* o (T, hd) = l b for l (T, T) lower triangular (zeros above the diagonal), b
+ * (T, hd): row i of o sums rows j <= i of b only (up to its block's last row),
+ * o's rows ldo apart. The products left out are by exact zeros at the end of
+ * each row's chain: x + (+-0 * b) is x for every x the chain can hold (a sum
+ * that includes a positive probability times a finite b). */
+static void lower(int T, int hd, const float *l, const float *b, int ldb, float *o, int ldo,
+                  void *gw) {
+  for (int i0 = 0; i0 < T; i0 += CAUSAL_ROWS) {
+    int i1 = i0 + CAUSAL_ROWS < T ? i0 + CAUSAL_ROWS : T;
+    dp__sgemm(0, 0, i1 - i0, hd, i1, l + (size_t)i0 * T, T, b, ldb, o + (size_t)i0 * ldo,
+              ldo, NULL, gw);
+  }
+}
+
 /* o (T, hd) = l^T b for l (T, T) lower triangular (zeros above the diagonal),
  * b (T, hd): row j of o sums rows i >= j only, o's rows ldo apart. */
 static void lower_t(int T, int hd, const float *l, const float *b, int ldb, float *o,
@@ -152,8 +166,8 @@ bool dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p,
       scores(T, hd, q, 3 * D, k, 3 * D, ph, gw);   /* q k^T, the lower triangle */
       causal_softmax(ph, T, scale);
       if (dropping) drop_probs(l, drop, r, h, ph, pd);
-      dp__sgemm(0, 0, T, hd, T, dropping ? pd : ph, T, v, 3 * D,
-                y + (size_t)r * T * D + (size_t)h * hd, D, NULL, gw); /* p v */
+      lower(T, hd, dropping ? pd : ph, v, 3 * D, y + (size_t)r * T * D + (size_t)h * hd, D,
+            gw); /* p v */
     }
   return true;
 }
@@ -194,7 +208,7 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
         for (int j = 0; j <= i; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
         for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
       }
-      dp__sgemm(0, 0, T, hd, T, ds, T, k, 3 * D, dq, 3 * D, NULL, gw); /* dq = ds k */
+      lower(T, hd, ds, k, 3 * D, dq, 3 * D, gw);                       /* dq = ds k */
       lower_t(T, hd, ds, q, 3 * D, dk, 3 * D, gw);                     /* dk = ds^T q */
     }
   return true;
