@@ -647,231 +647,290 @@ int dp__schedule_cap(const dp_plan *p) {
   return n > 0 ? n : 1;
 }
 
-dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op *ops,
-                             int cap, int *n_ops, int *n_stages) {
-  builder b = {.ops = ops, .cap = cap};
-  bool training = kind != DP_SCHED_INFER;
-  const dp_model *m = &p->model;
+/* ---- the step, phase by phase ---- */
+
+/* What a step's schedule is built from: the plan, the step's micro-batches
+ * (a prefix of the planned ones has rows), and what follows from them. */
+typedef struct {
+  builder *b;
+  const dp_plan *p;
+  const dp_mb *mbs;
+  bool training, classic;
+  int n_act;          /* devices with rows (a prefix) */
+  int rows, n_mb;     /* the step's rows, its non-empty micro-batches */
+  size_t tw;          /* target bytes per row */
+  int drows[DP_MAX_DEVICES], dlast[DP_MAX_DEVICES]; /* rows, end of non-empty mbs */
+} step_view;
+
+static step_view step_view_of(builder *b, const dp_plan *p, const dp_mb *mbs, int kind) {
   const dp_split_info *sp = &p->split;
-  int in = m->input_width, out = dp_model_output_width(m), L = m->n_layers;
-  size_t P = m->n_params * 4;
-  /* Devices and rows this step actually has (a prefix of the planned ones). */
-  int n_act = 0, rows = 0, drows[DP_MAX_DEVICES], dlast[DP_MAX_DEVICES];
+  step_view v = {.b = b, .p = p, .mbs = mbs, .training = kind != DP_SCHED_INFER,
+                 .classic = p->cfg.mode == DP_MODE_CLASSIC};
   for (int d = 0; d < sp->n_used; d++) {
-    drows[d] = 0;
-    dlast[d] = sp->dev_mb0[d];
+    v.drows[d] = 0;
+    v.dlast[d] = sp->dev_mb0[d];
     for (int k = sp->dev_mb0[d]; k < sp->dev_mb0[d + 1]; k++)
       if (mbs[k].rows > 0) {
-        drows[d] += mbs[k].rows;
-        dlast[d] = k + 1;
+        v.drows[d] += mbs[k].rows;
+        v.dlast[d] = k + 1;
       }
-    if (drows[d]) n_act = d + 1;
-    rows += drows[d];
+    if (v.drows[d]) v.n_act = d + 1;
+    v.rows += v.drows[d];
   }
-  size_t tw = (size_t)dp_model_target_width(m) * 4; /* target bytes per row */
-  int n_mb = n_act ? dlast[n_act - 1] : 0;                  /* non-empty micro-batches */
+  v.tw = (size_t)dp_model_target_width(&p->model) * 4;
+  v.n_mb = v.n_act ? v.dlast[v.n_act - 1] : 0;
+  return v;
+}
 
-  bool classic = p->cfg.mode == DP_MODE_CLASSIC;
+/* The replicas' parameters, then every device's inputs (and targets). */
+static void broadcast_and_scatter(const step_view *v) {
+  builder *b = v->b;
+  const dp_plan *p = v->p;
+  const dp_split_info *sp = &p->split;
+  int in = p->model.input_width;
+  size_t tw = v->tw;
   /* Allreduce keeps every replica current; it broadcasts only after the
    * parameters were set from outside (the executor skips it otherwise). */
-  int n_bcast = classic || !training ? n_act : sp->n_used;
+  int n_bcast = v->classic || !v->training ? v->n_act : sp->n_used;
   for (int d = 1; d < n_bcast; d++) /* the parameters and the buffers after them */
-    emit(&b, copy_op(DP_PHASE_BROADCAST, d, FROM(0, DP_REGION_PARAMS, 0),
-                     TO(d, DP_REGION_PARAMS, 0), dp__param_floats(m) * 4, 0, 0));
-  next_stage(&b);
-  for (int d = 0; d < n_act; d++) {
+    emit(b, copy_op(DP_PHASE_BROADCAST, d, FROM(0, DP_REGION_PARAMS, 0),
+                    TO(d, DP_REGION_PARAMS, 0), dp__param_floats(&p->model) * 4, 0, 0));
+  next_stage(b);
+  for (int d = 0; d < v->n_act; d++) {
     int r0 = sp->dev_row0[d];
-    rows_copies(&b, p, mbs,
-                &(rows_copy){DP_PHASE_SCATTER, d, dlast[d], in, true,
+    rows_copies(b, p, v->mbs,
+                &(rows_copy){DP_PHASE_SCATTER, d, v->dlast[d], in, true,
                              FROM(DP_HOST, DP_REGION_INPUTS, (size_t)r0 * in * 4),
                              TO(d, DP_REGION_INPUTS, 0)});
-    if (training && !classic)
-      emit(&b,
-           copy_op(DP_PHASE_SCATTER, d, FROM(DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw),
-                   TO(d, DP_REGION_TARGETS, 0), (size_t)drows[d] * tw, r0, drows[d]));
+    if (v->training && !v->classic)
+      emit(b, copy_op(DP_PHASE_SCATTER, d, FROM(DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw),
+                      TO(d, DP_REGION_TARGETS, 0), (size_t)v->drows[d] * tw, r0,
+                      v->drows[d]));
   }
-  if (training && classic) {
+  if (v->training && v->classic) {
     /* Every target to device 0, from the host of the rank that holds its rows
      * (each rank is fed its own rows; one process: one copy), pushed by that
      * rank's first device. */
     int L = p->cfg.n_devices / dp__ranks(&p->cfg);
-    for (int d0 = 0; d0 < n_act; d0 += L) {
+    for (int d0 = 0; d0 < v->n_act; d0 += L) {
       int nr = 0;
-      for (int d = d0; d < d0 + L && d < n_act; d++) nr += drows[d];
+      for (int d = d0; d < d0 + L && d < v->n_act; d++) nr += v->drows[d];
       int r0 = sp->dev_row0[d0];
-      emit(&b,
-           copy_op(DP_PHASE_SCATTER, d0, FROM(DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw),
-                   TO(0, DP_REGION_TARGETS, (size_t)r0 * tw), (size_t)nr * tw, r0, nr));
+      emit(b, copy_op(DP_PHASE_SCATTER, d0, FROM(DP_HOST, DP_REGION_TARGETS, (size_t)r0 * tw),
+                      TO(0, DP_REGION_TARGETS, (size_t)r0 * tw), (size_t)nr * tw, r0, nr));
     }
   }
-  next_stage(&b);
-  /* The forward, layer by layer on each device; a sync batchnorm (training)
-   * splits it: each micro-batch's statistics, merged in the canonical tree
-   * over the micro-batches and then the devices, and device 0's result for
-   * the whole batch sent to every device before the layer runs. */
+  next_stage(b);
+}
+
+/* The forward, layer by layer on each device; a sync batchnorm (training)
+ * splits it: each micro-batch's statistics, merged in the canonical tree
+ * over the micro-batches and then the devices, and device 0's result for
+ * the whole batch sent to every device before the layer runs. */
+static void forward(const step_view *v) {
+  builder *b = v->b;
+  const dp_plan *p = v->p;
+  const dp_model *m = &p->model;
+  const dp_split_info *sp = &p->split;
+  int L = m->n_layers;
   for (int i0 = 0, i1 = 0; i1 <= L; i1++) {
-    if (i1 < L && !(training && dp__bn_sync(p, i1))) continue;
-    for (int d = 0; d < n_act; d++) {
+    if (i1 < L && !(v->training && dp__bn_sync(p, i1))) continue;
+    for (int d = 0; d < v->n_act; d++) {
       /* segment by segment (config.recompute; else layer by layer), each
        * micro-batch through the segment's layers before the next: what the
        * segment does not keep holds one micro-batch */
       for (int s0 = i0, s1; s0 < i1; s0 = s1 + 1) {
         s1 = p->seg_hi[s0] < i1 ? p->seg_hi[s0] : i1 - 1;
-        for (int k = sp->dev_mb0[d]; k < dlast[d]; k++)
+        for (int k = sp->dev_mb0[d]; k < v->dlast[d]; k++)
           for (int i = s0; i <= s1; i++)
-            emit(&b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, mbs,
-                              (size_t)mbs[k].rows * m->layers[i].out * 4));
+            emit(b, layer_op(DP_PHASE_FORWARD, DP_OP_FORWARD, d, i, k, v->mbs,
+                             (size_t)v->mbs[k].rows * m->layers[i].out * 4));
       }
       if (i1 == L) continue;
       int c = m->layers[i1].c;
-      for (int k = sp->dev_mb0[d]; k < dlast[d]; k++) {
-        dp_op st = layer_op(DP_PHASE_FORWARD, DP_OP_BN_STATS, d, i1, k, mbs,
+      for (int k = sp->dev_mb0[d]; k < v->dlast[d]; k++) {
+        dp_op st = layer_op(DP_PHASE_FORWARD, DP_OP_BN_STATS, d, i1, k, v->mbs,
                             dp__bn_sync_part(c) * 4);
         st.dst_region = DP_REGION_ACTIVATIONS;
         st.dst_offset = bn_at(p, d, i1, dp__bn_sync_fwd(c, k - sp->dev_mb0[d]));
-        emit(&b, st);
+        emit(b, st);
       }
-      bn_merge_tree(&b, p, mbs, d, i1, sp->dev_mb0[d], sp->dev_mb0[d], sp->dev_mb0[d + 1]);
+      bn_merge_tree(b, p, v->mbs, d, i1, sp->dev_mb0[d], sp->dev_mb0[d], sp->dev_mb0[d + 1]);
     }
-    next_stage(&b);
+    next_stage(b);
     if (i1 == L) break;
     int c = m->layers[i1].c;
-    if (n_act > 1)
-      bn_tree_to_0(&b, p, n_act, i1, DP_PHASE_FORWARD, DP_OP_BN_MERGE,
+    if (v->n_act > 1)
+      bn_tree_to_0(b, p, v->n_act, i1, DP_PHASE_FORWARD, DP_OP_BN_MERGE,
                    dp__bn_sync_fwd(c, 0), dp__bn_sync_recv(c), dp__bn_sync_part(c));
-    emit(&b, bn_op(DP_PHASE_FORWARD, DP_OP_BN_FINAL, 0, i1, bn_at(p, 0, i1, 0),
-                   bn_at(p, 0, i1, dp__bn_sync_fwd(c, 0)), dp__bn_sync_final(c) * 4));
-    next_stage(&b);
-    if (n_act > 1) bn_bcast(&b, p, n_act, i1, DP_PHASE_FORWARD, 0, dp__bn_sync_final(c));
+    emit(b, bn_op(DP_PHASE_FORWARD, DP_OP_BN_FINAL, 0, i1, bn_at(p, 0, i1, 0),
+                  bn_at(p, 0, i1, dp__bn_sync_fwd(c, 0)), dp__bn_sync_final(c) * 4));
+    next_stage(b);
+    if (v->n_act > 1) bn_bcast(b, p, v->n_act, i1, DP_PHASE_FORWARD, 0, dp__bn_sync_final(c));
     i0 = i1;
   }
-  if (!training || classic) {
+}
+
+/* The outputs gathered (classic training, inference), then the loss and the
+ * output gradients back on the devices (training). */
+static void gather_and_loss(const step_view *v) {
+  builder *b = v->b;
+  const dp_plan *p = v->p;
+  const dp_mb *mbs = v->mbs;
+  const dp_split_info *sp = &p->split;
+  int out = dp_model_output_width(&p->model);
+  if (!v->training || v->classic) {
     /* Each device pushes its chunk: the gather runs in parallel. */
-    for (int d = 0; d < n_act; d++) {
-      int r0 = sp->dev_row0[d];
-      size_t at = (size_t)r0 * out * 4;
+    for (int d = 0; d < v->n_act; d++) {
+      size_t at = (size_t)sp->dev_row0[d] * out * 4;
       /* training: to device 0's gathered outputs; inference: to the host's */
-      to_end to = training ? TO(0, DP_REGION_GATHERED_OUTPUTS, at)
-                           : TO(DP_HOST, DP_REGION_OUTPUTS, at);
-      rows_copies(&b, p, mbs,
-                  &(rows_copy){DP_PHASE_GATHER, d, dlast[d], out, false,
+      to_end to = v->training ? TO(0, DP_REGION_GATHERED_OUTPUTS, at)
+                              : TO(DP_HOST, DP_REGION_OUTPUTS, at);
+      rows_copies(b, p, mbs,
+                  &(rows_copy){DP_PHASE_GATHER, d, v->dlast[d], out, false,
                                FROM(d, DP_REGION_OUTPUTS, 0), to});
     }
-    next_stage(&b);
+    next_stage(b);
   }
-  if (training) {
-    if (classic) {
-      emit(&b, loss_op(0, 0, n_mb, 0, rows, out));
-      emit(&b, loss_sum_op(sp->n_mb, rows));
-      next_stage(&b);
-      for (int d = 0; d < n_act; d++) {
-        int r0 = sp->dev_row0[d];
-        rows_copies(&b, p, mbs,
-                    &(rows_copy){DP_PHASE_SCATTER_GRADS, d, dlast[d], out, true,
-                                 FROM(0, DP_REGION_GATHERED_GRADS, (size_t)r0 * out * 4),
-                                 TO(d, DP_REGION_OUTPUT_GRADS, 0)});
-      }
-      next_stage(&b);
-    } else {
-      /* Each device: its own loss terms and output gradients; device 0
-       * collects the per-micro-batch sums. */
-      for (int d = 0; d < n_act; d++)
-        for (int k = sp->dev_mb0[d], j; k < dlast[d]; k = j) {
-          j = slice_run_end(p, mbs, k, dlast[d], out);
-          emit(&b, loss_op(d, k, j, mbs[k].row0, run_rows(mbs, k, j), out));
-        }
-      next_stage(&b);
-      for (int d = 1; d < n_act; d++)
-        emit(&b, copy_op(DP_PHASE_LOSS, d, FROM(d, DP_REGION_LOSS, 0),
-                         TO(0, DP_REGION_LOSS, (size_t)sp->dev_mb0[d] * 4),
-                         (size_t)(dlast[d] - sp->dev_mb0[d]) * 4, 0, 0));
-      next_stage(&b);
-      emit(&b, loss_sum_op(sp->n_mb, rows));
-      next_stage(&b);
+  if (!v->training) return;
+  if (v->classic) {
+    emit(b, loss_op(0, 0, v->n_mb, 0, v->rows, out));
+    emit(b, loss_sum_op(sp->n_mb, v->rows));
+    next_stage(b);
+    for (int d = 0; d < v->n_act; d++)
+      rows_copies(b, p, mbs,
+                  &(rows_copy){DP_PHASE_SCATTER_GRADS, d, v->dlast[d], out, true,
+                               FROM(0, DP_REGION_GATHERED_GRADS,
+                                    (size_t)sp->dev_row0[d] * out * 4),
+                               TO(d, DP_REGION_OUTPUT_GRADS, 0)});
+    next_stage(b);
+    return;
+  }
+  /* Each device: its own loss terms and output gradients; device 0 collects
+   * the per-micro-batch sums. */
+  for (int d = 0; d < v->n_act; d++)
+    for (int k = sp->dev_mb0[d], j; k < v->dlast[d]; k = j) {
+      j = slice_run_end(p, mbs, k, v->dlast[d], out);
+      emit(b, loss_op(d, k, j, mbs[k].row0, run_rows(mbs, k, j), out));
     }
-    /* The backward in segments, from the top: each ends at a sync batchnorm,
-     * whose sums over the whole batch the layers below it wait for (each
-     * device's sums are its gradients of the batchnorm's weight and bias). */
-    bwd_seg sg = {.top = L - 1, .p1 = P};
-    for (bool first = true;; first = false) {
-      sg.bot = -1;
-      for (int i = first ? sg.top : sg.top - 1; i >= 0 && sg.bot < 0; i--)
-        if (dp__bn_sync(p, i)) sg.bot = i;
-      sg.p0 = sg.bot >= 0 ? m->layers[sg.bot].param_off * 4 : 0;
-      for (int d = 0; d < n_act; d++) {
-        backward_tree(&b, p, mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0, &sg);
-        if (sg.bot >= 0)
-          emit(&b, copy_op(DP_PHASE_BACKWARD, d, FROM(d, DP_REGION_GRADS, sg.p0),
-                           TO(d, DP_REGION_ACTIVATIONS,
-                              bn_at(p, d, sg.bot, dp__bn_sync_bwd(m->layers[sg.bot].c))),
-                           m->layers[sg.bot].n_params * 4, 0, 0));
-      }
-      if (sg.bot < 0) break;
-      next_stage(&b);
-      int c = m->layers[sg.bot].c;
-      if (n_act > 1) {
-        bn_tree_to_0(&b, p, n_act, sg.bot, DP_PHASE_BACKWARD, DP_OP_GRAD_ADD,
-                     dp__bn_sync_bwd(c), dp__bn_sync_bwd(c) + 2 * (size_t)c, 2 * (size_t)c);
-        next_stage(&b);
-        bn_bcast(&b, p, n_act, sg.bot, DP_PHASE_BACKWARD, dp__bn_sync_bwd(c),
-                 2 * (size_t)c);
-      }
-      sg = (bwd_seg){.top = sg.bot, .p1 = sg.p0};
+  next_stage(b);
+  for (int d = 1; d < v->n_act; d++)
+    emit(b, copy_op(DP_PHASE_LOSS, d, FROM(d, DP_REGION_LOSS, 0),
+                    TO(0, DP_REGION_LOSS, (size_t)sp->dev_mb0[d] * 4),
+                    (size_t)(v->dlast[d] - sp->dev_mb0[d]) * 4, 0, 0));
+  next_stage(b);
+  emit(b, loss_sum_op(sp->n_mb, v->rows));
+  next_stage(b);
+}
+
+/* The backward in segments, from the top: each ends at a sync batchnorm,
+ * whose sums over the whole batch the layers below it wait for (each
+ * device's sums are its gradients of the batchnorm's weight and bias). */
+static void backward(const step_view *v) {
+  builder *b = v->b;
+  const dp_plan *p = v->p;
+  const dp_model *m = &p->model;
+  const dp_split_info *sp = &p->split;
+  size_t P = m->n_params * 4;
+  bwd_seg sg = {.top = m->n_layers - 1, .p1 = P};
+  for (bool first = true;; first = false) {
+    sg.bot = -1;
+    for (int i = first ? sg.top : sg.top - 1; i >= 0 && sg.bot < 0; i--)
+      if (dp__bn_sync(p, i)) sg.bot = i;
+    sg.p0 = sg.bot >= 0 ? m->layers[sg.bot].param_off * 4 : 0;
+    for (int d = 0; d < v->n_act; d++) {
+      backward_tree(b, p, v->mbs, d, sp->dev_mb0[d], sp->dev_mb0[d + 1], 0, &sg);
+      if (sg.bot >= 0)
+        emit(b, copy_op(DP_PHASE_BACKWARD, d, FROM(d, DP_REGION_GRADS, sg.p0),
+                        TO(d, DP_REGION_ACTIVATIONS,
+                           bn_at(p, d, sg.bot, dp__bn_sync_bwd(m->layers[sg.bot].c))),
+                        m->layers[sg.bot].n_params * 4, 0, 0));
     }
-    if (!classic) /* devices without rows add -0.0, which leaves every sum as it is */
-      for (int d = n_act; d < sp->n_used; d++) {
-        dp_op z = device_op(DP_PHASE_BACKWARD, DP_OP_ZERO, d, P);
-        z.dst_region = DP_REGION_GRADS;
-        emit(&b, z);
-      }
-    next_stage(&b);
-    if (classic) {
-      reduce_to_0(&b, p, n_act, P);
-    } else if (p->features & DP_FEATURE_COLLECTIVE) {
-      if (sp->n_used > 1) {
-        for (int d = 0; d < sp->n_used; d++) {
-          dp_op ar = device_op(DP_PHASE_REDUCE, DP_OP_ALLREDUCE, d, P);
-          ar.src_region = ar.dst_region = DP_REGION_GRADS;
-          emit(&b, ar);
-        }
-        next_stage(&b);
-      }
-    } else if (dp__is_pow2(sp->n_used)) {
-      allreduce_halving(&b, p, sp->n_used);
-    } else {
-      /* No halving for other counts: the classic tree to device 0, then
-       * every device takes what it updates. */
-      reduce_to_0(&b, p, sp->n_used, P);
-      ranges_from_0(&b, p, sp->n_used, P);
+    if (sg.bot < 0) break;
+    next_stage(b);
+    int c = m->layers[sg.bot].c;
+    if (v->n_act > 1) {
+      bn_tree_to_0(b, p, v->n_act, sg.bot, DP_PHASE_BACKWARD, DP_OP_GRAD_ADD,
+                   dp__bn_sync_bwd(c), dp__bn_sync_bwd(c) + 2 * (size_t)c, 2 * (size_t)c);
+      next_stage(b);
+      bn_bcast(b, p, v->n_act, sg.bot, DP_PHASE_BACKWARD, dp__bn_sync_bwd(c), 2 * (size_t)c);
     }
-    int n_opt = classic ? 1 : sp->n_used;
-    if (dp__accumulate(&p->cfg) > 1) {
-      /* the earlier calls' partial sums added to this call's gradient */
-      for (int d = 0; d < n_opt; d++) emit(&b, accum_op(p, DP_OP_GRAD_ACCUM, d));
-      next_stage(&b);
-      if (kind == DP_SCHED_ACCUM) { /* no update: keep the sum for the next call */
-        for (int d = 0; d < n_opt; d++) emit(&b, accum_op(p, DP_OP_GRAD_STASH, d));
-        bn_updates(&b, p); /* every training forward moves them, as in PyTorch */
-        next_stage(&b);
-        *n_ops = b.n;
-        *n_stages = b.stage;
-        return b.err;
+    sg = (bwd_seg){.top = sg.bot, .p1 = sg.p0};
+  }
+  if (!v->classic) /* devices without rows add -0.0, which leaves every sum as it is */
+    for (int d = v->n_act; d < sp->n_used; d++) {
+      dp_op z = device_op(DP_PHASE_BACKWARD, DP_OP_ZERO, d, P);
+      z.dst_region = DP_REGION_GRADS;
+      emit(b, z);
+    }
+  next_stage(b);
+}
+
+/* The gradients summed (the canonical tree continued across devices), then
+ * accumulated, clipped, checked and applied; a call that only accumulates
+ * stops after keeping its sum. */
+static void reduce_and_update(const step_view *v, int kind) {
+  builder *b = v->b;
+  const dp_plan *p = v->p;
+  const dp_split_info *sp = &p->split;
+  size_t P = p->model.n_params * 4;
+  if (v->classic) {
+    reduce_to_0(b, p, v->n_act, P);
+  } else if (p->features & DP_FEATURE_COLLECTIVE) {
+    if (sp->n_used > 1) {
+      for (int d = 0; d < sp->n_used; d++) {
+        dp_op ar = device_op(DP_PHASE_REDUCE, DP_OP_ALLREDUCE, d, P);
+        ar.src_region = ar.dst_region = DP_REGION_GRADS;
+        emit(b, ar);
       }
+      next_stage(b);
     }
-    if (p->cfg.clip_grad_norm > 0) clip_ops(&b, p, n_opt);
-    /* Every device checks what it will apply before any device applies it
-     * (allreduce: the owner of each reduced segment checked it already) */
-    if (!checks_segments(p, sp->n_used)) check_ranges(&b, p, n_opt);
-    next_stage(&b);
-    for (int d = 0; d < n_opt; d++) {
-      dp_op upd = device_op(DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, d, p->opt_len[d] * 4);
-      upd.dst_region = DP_REGION_PARAMS;
-      upd.dst_offset = p->opt_off[d] * 4;
-      emit(&b, upd);
+  } else if (dp__is_pow2(sp->n_used)) {
+    allreduce_halving(b, p, sp->n_used);
+  } else {
+    /* No halving for other counts: the classic tree to device 0, then
+     * every device takes what it updates. */
+    reduce_to_0(b, p, sp->n_used, P);
+    ranges_from_0(b, p, sp->n_used, P);
+  }
+  int n_opt = v->classic ? 1 : sp->n_used;
+  if (dp__accumulate(&p->cfg) > 1) {
+    /* the earlier calls' partial sums added to this call's gradient */
+    for (int d = 0; d < n_opt; d++) emit(b, accum_op(p, DP_OP_GRAD_ACCUM, d));
+    next_stage(b);
+    if (kind == DP_SCHED_ACCUM) { /* no update: keep the sum for the next call */
+      for (int d = 0; d < n_opt; d++) emit(b, accum_op(p, DP_OP_GRAD_STASH, d));
+      bn_updates(b, p); /* every training forward moves them, as in PyTorch */
+      next_stage(b);
+      return;
     }
-    bn_updates(&b, p);
-    next_stage(&b);
-    if (!classic && p->cfg.shard_optimizer) allgather_params(&b, p, sp->n_used);
+  }
+  if (p->cfg.clip_grad_norm > 0) clip_ops(b, p, n_opt);
+  /* Every device checks what it will apply before any device applies it
+   * (allreduce: the owner of each reduced segment checked it already) */
+  if (!checks_segments(p, sp->n_used)) check_ranges(b, p, n_opt);
+  next_stage(b);
+  for (int d = 0; d < n_opt; d++) {
+    dp_op upd = device_op(DP_PHASE_OPTIMIZER, DP_OP_OPTIMIZER, d, p->opt_len[d] * 4);
+    upd.dst_region = DP_REGION_PARAMS;
+    upd.dst_offset = p->opt_off[d] * 4;
+    emit(b, upd);
+  }
+  bn_updates(b, p);
+  next_stage(b);
+  if (!v->classic && p->cfg.shard_optimizer) allgather_params(b, p, sp->n_used);
+}
+
+dp_status dp__schedule_build(const dp_plan *p, const dp_mb *mbs, int kind, dp_op *ops,
+                             int cap, int *n_ops, int *n_stages) {
+  builder b = {.ops = ops, .cap = cap};
+  step_view v = step_view_of(&b, p, mbs, kind);
+  broadcast_and_scatter(&v);
+  forward(&v);
+  gather_and_loss(&v);
+  if (v.training) {
+    backward(&v);
+    reduce_and_update(&v, kind);
   }
   *n_ops = b.n;
   *n_stages = b.stage;
