@@ -1,0 +1,561 @@
+/* conv2d 3 x 3 stride 1 padding 1 and maxpool2d 2 stride 2 with AVX-512,
+ * without im2col: see conv_fast.h for what they take and why their bits are
+ * conv.c's. docs/PERFORMANCE.md (session 17) has the measurements.
+ *
+ * A plane of P = H W floats (NCHW) is cut into VP = ceil(P / 16) vectors of
+ * 16 output positions. With stride 1 and padding 1 the tap (ky, kx) of the 16
+ * positions q .. q + 15 reads x at q + (ky - 1) W + (kx - 1): one masked load
+ * (mk: the lanes whose input is inside; a masked-off lane reads nothing and
+ * gives +0, the value im2col writes for a padding tap). So
+ *   forward  y (n, OUT, P): tiles of 8 output channels x 3 vectors, the chain
+ *            over (c, ky, kx) of fma(w, x tap, acc), then + bias, stored in
+ *            NCHW directly (no COL, no transpose);
+ *   dx       (n, C, P): tiles of up to 8 input channels x 3 vectors; per tap
+ *            (ky, kx) in descending order (= the positions that read an
+ *            element, ascending, col2im's order) the chain over o of
+ *            fma(w, dy tap, acc), added into dx on the lanes where the tap
+ *            exists (a masked add, the old sum's operand first);
+ *   dW       (OUT, C 9): output channels in the lanes, one chain per (o, tap)
+ *            over (image, position) ascending: dY^T (P, OUT) per image and a
+ *            zero-bordered copy of x give each step's operands; the chain is
+ *            cut into blocks of images that keep dY^T in L1 (partial sums
+ *            reloaded: the same chain).
+ * The pools treat the micro-batch as rows: with even H, each pair of input
+ * rows is one row of windows, so 16 windows are 64 contiguous floats when an
+ * output row is 1, 2 or 4 floats (conv.c's loops take rows of 8 windows or
+ * more 8 at a time, and narrower ones 4 or 1 at a time). */
+#include "cpu/conv_fast.h"
+#include "cpu/gemm.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CX 1
+#include <immintrin.h>
+#define TGT512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#define INL512 TGT512 static inline __attribute__((always_inline))
+#else
+#define CX 0
+#endif
+
+#define VP_MAX 256  /* plane vectors: planes of up to 4096 floats */
+#define MO 8        /* output channels of a forward tile */
+#define CX_MAX_C 64 /* input channels (a forward tile's weights: 18 KiB of stack) */
+
+static size_t up64(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+bool dp__convx_off;
+
+bool dp__convx_takes(const dp_layer *l) {
+#if CX
+  return !dp__convx_off && l->kind == DP_LAYER_CONV2D && l->k == 3 && l->stride == 1 &&
+         l->pad == 1 && l->h == l->ih && l->w == l->iw && l->c % 16 == 0 && l->ic > 0 &&
+         l->ic <= CX_MAX_C && (size_t)l->ih * (size_t)l->iw <= 16 * VP_MAX &&
+         dp__simd_avx512();
+#else
+  (void)l;
+  return false;
+#endif
+}
+
+bool dp__poolx_takes(const dp_layer *l) {
+#if CX
+  int ow = l->w;
+  return !dp__convx_off && l->kind == DP_LAYER_MAXPOOL2D && l->k == 2 && l->stride == 2 &&
+         l->ih % 2 == 0 && l->iw % 2 == 0 && l->h == l->ih / 2 && l->w == l->iw / 2 &&
+         (ow == 1 || ow == 2 || ow == 4) && dp__simd_avx512();
+#else
+  (void)l;
+  return false;
+#endif
+}
+
+static size_t ckk_out(const dp_layer *l) { return (size_t)l->ic * 9 * (size_t)l->c; }
+
+/* dY^T and the zero-bordered x; then, when there is room, the partial sums
+ * of dW (dp__convx_backward) */
+size_t dp__convx_bwd_bytes(const dp_layer *l, int n) {
+  size_t P = (size_t)l->ih * l->iw, pad = (size_t)(l->ih + 2) * (l->iw + 2);
+  return up64((size_t)n * P * l->c * 4) + up64((size_t)n * l->ic * pad * 4);
+}
+
+#if CX
+typedef struct {
+  int C, H, W, VP, OUT;
+  size_t P, cin, cout, ckk; /* plane; floats per image of x and of y; taps */
+  /* mk[9 v + t]: the lanes of plane vector v whose tap t = 3 ky + kx reads
+   * inside the image (lanes past P: none) */
+  uint16_t mk[9 * VP_MAX];
+} cshape;
+
+static void shape_of(const dp_layer *l, cshape *s) {
+  s->C = l->ic, s->H = l->ih, s->W = l->iw, s->OUT = l->c;
+  s->P = (size_t)s->H * s->W;
+  s->VP = (int)((s->P + 15) / 16);
+  s->cin = (size_t)s->C * s->P, s->cout = (size_t)s->OUT * s->P, s->ckk = (size_t)s->C * 9;
+  memset(s->mk, 0, sizeof s->mk[0] * 9 * (size_t)s->VP);
+  int oy = 0, ox = 0;
+  for (size_t q = 0; q < s->P; q++) {
+    for (int t = 0; t < 9; t++) {
+      int iy = oy + t / 3 - 1, ix = ox + t % 3 - 1;
+      if (iy >= 0 && iy < s->H && ix >= 0 && ix < s->W)
+        s->mk[9 * (q / 16) + t] |= (uint16_t)(1u << (q % 16));
+    }
+    if (++ox == s->W) ox = 0, oy++;
+  }
+}
+
+static inline __mmask16 lanes16(size_t k) {
+  return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1);
+}
+
+INL512 void store16(float *p, __mmask16 m, __m512 v) {
+  if (m == 0xffff)
+    _mm512_storeu_ps(p, v);
+  else
+    _mm512_mask_storeu_ps(p, m, v);
+}
+
+/* acc + a b with the GEMM kernel's operand roles (gemm.c: vfmadd231ps, acc,
+ * then the element of op(A), then the one of op(B), *b broadcast): which NaN
+ * comes out when NaNs meet depends on them, so they are pinned in asm. */
+INL512 __m512 fma_ab(__m512 acc, __m512 a, const float *b) {
+  __asm__("vfmadd231ps %[b]%{1to16%}, %[a], %[c]"
+          : [c] "+v"(acc)
+          : [a] "v"(a), [b] "m"(*b));
+  return acc;
+}
+
+/* acc + bias, the GEMM's epilogue (vaddps: acc's NaN first) */
+INL512 __m512 add_bias(__m512 acc, __m512 bias) {
+  __asm__("vaddps %[b], %[c], %[c]" : [c] "+v"(acc) : [b] "v"(bias));
+  return acc;
+}
+
+/* e + d on the lanes of m (e elsewhere), e's NaN first as col2im's add_acc:
+ * asm, so that the compiler cannot commute the operands. */
+INL512 __m512 add_on(__m512 e, __mmask16 m, __m512 d) {
+  __asm__("vaddps %[d], %[e], %[e]%{%[m]%}" : [e] "+v"(e) : [d] "v"(d), [m] "Yk"(m));
+  return e;
+}
+
+/* The vectors g0 .. g0 + NV - 1 of the micro-batch's planes: image g / VP,
+ * plane vector g % VP. */
+typedef struct {
+  const float *in[3]; /* x (forward) or dy (dx) at the vector */
+  float *out[3];      /* y or dx at the vector */
+  const uint16_t *mk[3];
+  __mmask16 st[3]; /* the lanes inside the plane */
+} vecs;
+
+static inline void vecs_of(const cshape *s, int g0, int NV, const float *in, size_t in_img,
+                           float *out, size_t out_img, vecs *v) {
+#pragma GCC unroll 3
+  for (int j = 0; j < NV; j++) {
+    size_t im = (size_t)(g0 + j) / (size_t)s->VP, pv = (size_t)(g0 + j) % (size_t)s->VP;
+    v->in[j] = in + im * in_img + 16 * pv;
+    v->out[j] = out + im * out_img + 16 * pv;
+    v->mk[j] = s->mk + 9 * pv;
+    v->st[j] = lanes16(s->P - 16 * pv);
+  }
+}
+
+/* ---- forward ------------------------------------------------------------- */
+
+/* y of output channels o0 .. o0 + 7 on NV vectors: wt their weights (C 9, 8),
+ * bias at o0 (or NULL), y at channel o0. */
+INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0,
+                     const int NV, const float *x, float *y) {
+  vecs v;
+  vecs_of(s, g0, NV, x, s->cin, y, s->cout, &v);
+  __m512 acc[MO][3];
+#pragma GCC unroll 8
+  for (int i = 0; i < MO; i++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
+  const ptrdiff_t W = s->W;
+  const float *w = wt;
+  for (int c = 0; c < s->C; c++, w += 9 * MO) {
+    ptrdiff_t cp = (ptrdiff_t)((size_t)c * s->P);
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; t++) {
+      ptrdiff_t off = cp + (t / 3 - 1) * W + (t % 3 - 1);
+      __m512 b[3];
+#pragma GCC unroll 3
+      for (int j = 0; j < NV; j++) b[j] = _mm512_maskz_loadu_ps(v.mk[j][t], v.in[j] + off);
+      const float *wr = w + t * MO;
+#pragma GCC unroll 8
+      for (int i = 0; i < MO; i++) /* COL's element, then W^T's */
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wr + i);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MO; i++) {
+    __m512 bb = bias ? _mm512_set1_ps(bias[i]) : _mm512_setzero_ps();
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) /* the GEMM's epilogue: acc + bias once */
+      store16(v.out[j] + (size_t)i * s->P, v.st[j],
+              bias ? add_bias(acc[i][j], bb) : acc[i][j]);
+  }
+}
+
+TGT512 static void fwd_tile3(const cshape *s, const float *wt, const float *b, int g0,
+                             const float *x, float *y) {
+  fwd_tile(s, wt, b, g0, 3, x, y);
+}
+TGT512 static void fwd_tile2(const cshape *s, const float *wt, const float *b, int g0,
+                             const float *x, float *y) {
+  fwd_tile(s, wt, b, g0, 2, x, y);
+}
+TGT512 static void fwd_tile1(const cshape *s, const float *wt, const float *b, int g0,
+                             const float *x, float *y) {
+  fwd_tile(s, wt, b, g0, 1, x, y);
+}
+
+void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y) {
+  cshape s;
+  shape_of(l, &s);
+  const float *bias = l->bias ? w + s.ckk * (size_t)s.OUT : NULL;
+  float wt[CX_MAX_C * 9 * MO]; /* a tile's weights (C 9, 8): a tap's 8 adjacent */
+  int G = n * s.VP;
+  for (int o0 = 0; o0 < s.OUT; o0 += MO) {
+    dp__conv_transpose(w + (size_t)o0 * s.ckk, MO, s.ckk, s.ckk, wt, MO);
+    const float *bo = bias ? bias + o0 : NULL;
+    float *yo = y + (size_t)o0 * s.P;
+    for (int g0 = 0; g0 < G; g0 += 3)
+      if (G - g0 >= 3)
+        fwd_tile3(&s, wt, bo, g0, x, yo);
+      else if (G - g0 == 2)
+        fwd_tile2(&s, wt, bo, g0, x, yo);
+      else
+        fwd_tile1(&s, wt, bo, g0, x, yo);
+  }
+}
+
+/* ---- input gradient ------------------------------------------------------ */
+
+/* dx of input channels c0 .. c0 + MC - 1 on NV vectors (w and dx at channel
+ * c0). Tap t of input q is the output position q - (t / 3 - 1) W - (t % 3 - 1),
+ * there when the forward's tap 8 - t of q is inside: the same masks. */
+INL512 void dx_tile(const cshape *s, const float *w, int g0, const int MC, const int NV,
+                    const float *dy, float *dx) {
+  vecs v;
+  vecs_of(s, g0, NV, dy, s->cout, dx, s->cin, &v);
+  const ptrdiff_t W = s->W;
+  for (int t = 8; t >= 0; t--) { /* positions ascending */
+    ptrdiff_t off = (1 - t / 3) * W + (1 - t % 3);
+    __mmask16 m[3];
+    const float *d[3];
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) m[j] = v.mk[j][8 - t], d[j] = v.in[j] + off;
+    __m512 acc[8][3];
+#pragma GCC unroll 8
+    for (int i = 0; i < MC; i++)
+#pragma GCC unroll 3
+      for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
+    const float *wp = w + t; /* W (OUT, C, 3, 3): w[o][c0 + i][t] */
+    for (int o = 0; o < s->OUT; o++, wp += s->ckk) {
+      __m512 b[3];
+#pragma GCC unroll 3
+      for (int j = 0; j < NV; j++)
+        b[j] = _mm512_maskz_loadu_ps(m[j], d[j] + (size_t)o * s->P);
+#pragma GCC unroll 8
+      for (int i = 0; i < MC; i++) /* dY^T's element, then W's */
+#pragma GCC unroll 3
+        for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wp + 9 * i);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MC; i++)
+#pragma GCC unroll 3
+      for (int j = 0; j < NV; j++) {
+        float *e = v.out[j] + (size_t)i * s->P;
+        /* the first tap starts col2im's sum: +0, then + d where the tap is */
+        __m512 old = t == 8 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(v.st[j], e);
+        store16(e, v.st[j], add_on(old, m[j], acc[i][j]));
+      }
+  }
+}
+
+#define DX_TILE(MC, NV)                                                                    \
+  TGT512 static void dx_tile_##MC##_##NV(const cshape *s, const float *w, int g0,          \
+                                         const float *dy, float *dx) {                     \
+    dx_tile(s, w, g0, MC, NV, dy, dx);                                                     \
+  }
+DX_TILE(8, 3)
+DX_TILE(8, 2)
+DX_TILE(8, 1)
+DX_TILE(4, 3)
+DX_TILE(4, 2)
+DX_TILE(4, 1)
+DX_TILE(1, 3)
+DX_TILE(1, 2)
+DX_TILE(1, 1)
+
+typedef void (*dx_fn)(const cshape *, const float *, int, const float *, float *);
+
+static void conv_dx(const cshape *s, int n, const float *w, const float *dy, float *dx) {
+  static const dx_fn fn[3][3] = {{dx_tile_8_1, dx_tile_8_2, dx_tile_8_3},
+                                 {dx_tile_4_1, dx_tile_4_2, dx_tile_4_3},
+                                 {dx_tile_1_1, dx_tile_1_2, dx_tile_1_3}};
+  int G = n * s->VP;
+  for (int g0 = 0; g0 < G; g0 += 3) {
+    int nv = G - g0 < 3 ? G - g0 : 3;
+    for (int c0 = 0; c0 < s->C;) { /* 8, then 4, then 1 channels at a time */
+      int r = s->C - c0, k = r >= 8 ? 0 : r >= 4 ? 1 : 2, mc = k == 0 ? 8 : k == 1 ? 4 : 1;
+      fn[k][nv - 1](s, w + (size_t)c0 * 9, g0, dy, dx + (size_t)c0 * s->P);
+      c0 += mc;
+    }
+  }
+}
+
+/* ---- weight gradient ----------------------------------------------------- */
+
+/* The partial sums of dW (o0 .. o0 + 16 NO - 1, channel c's 9 taps) over the
+ * images [s0, s1): part (C 9, OUT) holds them between blocks (at row c 9,
+ * column o0); the last block writes dw (OUT, C 9) instead. xp: the
+ * zero-bordered x ((H + 2) x (W + 2) planes) at image 0, channel c; g: dY^T
+ * (P, OUT) per image at image 0, column o0. */
+INL512 void dw_tile(const cshape *s, const float *xp, const float *g, int s0, int s1,
+                    const int NO, float *part, bool first, float *dw) {
+  __m512 acc[9][2];
+  const size_t OUT = (size_t)s->OUT;
+#pragma GCC unroll 9
+  for (int t = 0; t < 9; t++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NO; j++)
+      acc[t][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + t * OUT + 16 * j);
+  const size_t Wp = (size_t)s->W + 2, plane = (size_t)(s->H + 2) * Wp;
+  for (int im = s0; im < s1; im++) {
+    const float *xi = xp + (size_t)im * s->C * plane, *gi = g + (size_t)im * s->P * OUT;
+    for (int oy = 0; oy < s->H; oy++) {
+      const float *r0 = xi + (size_t)oy * Wp, *r1 = r0 + Wp, *r2 = r1 + Wp;
+      for (int ox = 0; ox < s->W; ox++, gi += OUT) {
+        __m512 b[2];
+#pragma GCC unroll 3
+        for (int j = 0; j < NO; j++) b[j] = _mm512_loadu_ps(gi + 16 * j);
+        const float *r[3] = {r0 + ox, r1 + ox, r2 + ox};
+#pragma GCC unroll 9
+        for (int t = 0; t < 9; t++) /* dY^T's element, then COL's */
+#pragma GCC unroll 3
+          for (int j = 0; j < NO; j++)
+            acc[t][j] = fma_ab(acc[t][j], b[j], r[t / 3] + t % 3);
+      }
+    }
+  }
+  if (!dw) {
+#pragma GCC unroll 9
+    for (int t = 0; t < 9; t++)
+#pragma GCC unroll 3
+      for (int j = 0; j < NO; j++) _mm512_storeu_ps(part + t * OUT + 16 * j, acc[t][j]);
+    return;
+  }
+  float tmp[9][32]; /* lanes are output channels: dw's column of each tap */
+#pragma GCC unroll 9
+  for (int t = 0; t < 9; t++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NO; j++) _mm512_storeu_ps(tmp[t] + 16 * j, acc[t][j]);
+  for (int o = 0; o < 16 * NO; o++)
+    for (int t = 0; t < 9; t++) dw[(size_t)o * s->ckk + t] = tmp[t][o];
+}
+
+TGT512 static void dw_tile2(const cshape *s, const float *xp, const float *g, int s0,
+                            int s1, float *part, bool first, float *dw) {
+  dw_tile(s, xp, g, s0, s1, 2, part, first, dw);
+}
+TGT512 static void dw_tile1(const cshape *s, const float *xp, const float *g, int s0,
+                            int s1, float *part, bool first, float *dw) {
+  dw_tile(s, xp, g, s0, s1, 1, part, first, dw);
+}
+
+/* x (n, C, H, W) -> xp (n, C, H + 2, W + 2) with a zero border */
+TGT512 static void pad_planes(const cshape *s, int n, const float *x, float *xp) {
+  const size_t W = (size_t)s->W, Wp = W + 2;
+  for (size_t pl = 0; pl < (size_t)n * s->C; pl++) {
+    const float *src = x + pl * s->P;
+    float *d = xp + pl * (s->H + 2) * Wp;
+    memset(d, 0, Wp * 4);
+    memset(d + (s->H + 1) * Wp, 0, Wp * 4);
+    for (int iy = 0; iy < s->H; iy++) {
+      float *row = d + (iy + 1) * Wp;
+      if (Wp <= 16) { /* one masked load: lanes 1 .. W from the row, 0 and W + 1 zero */
+        __m512 v = _mm512_maskz_loadu_ps((__mmask16)(lanes16(W) << 1), src + iy * W - 1);
+        _mm512_mask_storeu_ps(row, lanes16(Wp), v);
+      } else {
+        row[0] = row[W + 1] = 0.0f;
+        memcpy(row + 1, src + iy * W, W * 4);
+      }
+    }
+  }
+}
+
+/* part: room for the partial sums (C 9, OUT), or NULL: one block */
+static void conv_dw(const cshape *s, int n, const float *xp, const float *g, float *part,
+                    float *dw) {
+  const size_t plane = (size_t)(s->H + 2) * (s->W + 2);
+  size_t img = s->P * s->OUT * 4; /* dY^T of one image */
+  int kb = !part ? n : img >= ((size_t)16 << 10) ? 1 : (int)(((size_t)16 << 10) / img);
+  for (int s0 = 0; s0 < n; s0 += kb) {
+    int s1 = n - s0 < kb ? n : s0 + kb;
+    for (int c = 0; c < s->C; c++)
+      for (int o0 = 0; o0 < s->OUT; o0 += 32) {
+        const float *xc = xp + (size_t)c * plane, *go = g + o0;
+        float *pc = part + (size_t)c * 9 * s->OUT + o0;
+        float *d = s1 == n ? dw + (size_t)o0 * s->ckk + (size_t)c * 9 : NULL;
+        if (s->OUT - o0 >= 32)
+          dw_tile2(s, xc, go, s0, s1, pc, s0 == 0, d);
+        else
+          dw_tile1(s, xc, go, s0, s1, pc, s0 == 0, d);
+      }
+  }
+}
+
+void dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
+                        const float *dy, float *dw, float *db, float *dx, void *ws,
+                        size_t ws_bytes) {
+  cshape s;
+  shape_of(l, &s);
+  size_t np = (size_t)n * s.P;
+  size_t need = dp__convx_bwd_bytes(l, n);
+  float *g = ws; /* dY^T (n P, OUT) */
+  float *xp = (float *)((unsigned char *)ws + up64(np * s.OUT * 4));
+  float *part =
+      ws_bytes >= need + ckk_out(l) * 4 ? (float *)((unsigned char *)ws + need) : NULL;
+  for (int i = 0; i < n; i++) /* dy (OUT, P) -> dY^T (P, OUT) per image */
+    dp__conv_transpose(dy + (size_t)i * s.cout, (size_t)s.OUT, s.P, s.P,
+                       g + (size_t)i * s.cout, (size_t)s.OUT);
+  pad_planes(&s, n, x, xp);
+  conv_dw(&s, n, xp, g, part, dw);
+  if (db) dp__gemm_colsum((int)np, s.OUT, g, s.OUT, db);
+  if (dx) conv_dx(&s, n, w, dy, dx);
+}
+
+/* ---- maxpool2d 2 stride 2 ------------------------------------------------ */
+
+/* The taps (0,0) (0,1) (1,0) (1,1) of 16 windows, taken in that order by
+ * conv.c's rule (v when v > m, or v is a NaN and m is not: the first largest,
+ * the first NaN): the max in *m, the tap in *id. */
+INL512 void sel4(const __m512 t[4], __m512 *m, __m512i *id) {
+  __m512 mm = t[0];
+  __m512i ii = _mm512_setzero_si512();
+#pragma GCC unroll 3
+  for (int k = 1; k < 4; k++) {
+    __mmask16 take = _mm512_cmp_ps_mask(t[k], mm, _CMP_GT_OQ) |
+                     (_mm512_cmp_ps_mask(t[k], t[k], _CMP_UNORD_Q) &
+                      _mm512_cmp_ps_mask(mm, mm, _CMP_ORD_Q));
+    mm = _mm512_mask_mov_ps(mm, take, t[k]);
+    ii = _mm512_mask_mov_epi32(ii, take, _mm512_set1_epi32(k));
+  }
+  *m = mm;
+  *id = ii;
+}
+
+/* dy where the window took tap k, +0 elsewhere: 0 + dy, as memset and += gave */
+INL512 void spread4(__m512i id, __m512 dy, __m512 v[4]) {
+  __m512 gz = _mm512_add_ps(_mm512_setzero_ps(), dy); /* one NaN at most: no order */
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; k++)
+    v[k] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(id, _mm512_set1_epi32(k)), gz);
+}
+
+/* Output rows of OW = 1, 2 or 4 floats (wider rows: conv.c's AVX2 loops, as
+ * fast on Zen 4, whose 512-bit shuffles and compares take two 256-bit
+ * slots): 16 windows are 64 contiguous
+ * floats z0 .. z3 (16 / OW row pairs); tap k of lane L is float
+ * (L / OW) 4 OW + (k / 2) 2 OW + 2 (L % OW) + k % 2, in z0, z1 for L < 8 and
+ * z2, z3 for L >= 8: ix[k] holds it mod 32, iv[q] the inverse (for float
+ * 16 q + l: 16 (k / 2) + 8 (k % 2) + L % 8 in the lanes L < 8 or L >= 8 of
+ * the four spread vectors). */
+typedef struct {
+  __m512i ix[4], iv[4];
+} pool_ix;
+
+TGT512 static void pool_ix_of(int OW, pool_ix *p) {
+  int32_t a[4][16], b[4][16];
+  for (int L = 0; L < 16; L++)
+    for (int k = 0; k < 4; k++) {
+      int gi = L / OW * 4 * OW + k / 2 * 2 * OW + 2 * (L % OW) + k % 2;
+      a[k][L] = gi % 32;
+      b[gi / 16][gi % 16] = 16 * (k / 2) + 8 * (k % 2) + L % 8;
+    }
+  for (int k = 0; k < 4; k++) {
+    p->ix[k] = _mm512_loadu_si512(a[k]);
+    p->iv[k] = _mm512_loadu_si512(b[k]);
+  }
+}
+
+INL512 void taps64(const float *x, __mmask16 mz[4], const pool_ix *p, __m512 t[4]) {
+  __m512 z[4];
+#pragma GCC unroll 4
+  for (int q = 0; q < 4; q++) z[q] = _mm512_maskz_loadu_ps(mz[q], x + 16 * q);
+#pragma GCC unroll 4
+  for (int k = 0; k < 4; k++)
+    t[k] = _mm512_mask_blend_ps(0xff00, _mm512_permutex2var_ps(z[0], p->ix[k], z[1]),
+                                _mm512_permutex2var_ps(z[2], p->ix[k], z[3]));
+}
+
+/* 16 windows per step over the whole micro-batch (rows of windows follow one
+ * another across planes and images); the last step masked. */
+TGT512 static void pool_small(int OW, size_t T, const float *x, const float *dy, float *y,
+                              float *dx) {
+  pool_ix p;
+  pool_ix_of(OW, &p);
+  for (size_t o = 0; o < T; o += 16) {
+    size_t r = T - o < 16 ? T - o : 16;
+    __mmask16 mz[4];
+    for (int q = 0; q < 4; q++)
+      mz[q] = lanes16(4 * r > 16 * (size_t)q ? 4 * r - 16 * q : 0);
+    __m512 t[4], m;
+    __m512i id;
+    taps64(x + 4 * o, mz, &p, t);
+    sel4(t, &m, &id);
+    if (y) {
+      store16(y + o, lanes16(r), m);
+      continue;
+    }
+    __m512 v[4];
+    spread4(id, _mm512_maskz_loadu_ps(lanes16(r), dy + o), v);
+    __m512 lo01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
+           lo23 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
+           hi01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)),
+           hi23 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2));
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; q++)
+      store16(dx + 4 * o + 16 * q, mz[q],
+              _mm512_permutex2var_ps(q < 2 ? lo01 : hi01, p.iv[q], q < 2 ? lo23 : hi23));
+  }
+}
+
+static void pool_run(const dp_layer *l, int n, const float *x, const float *dy, float *y,
+                     float *dx) {
+  pool_small(l->w, (size_t)n * l->ic * l->h * l->w, x, dy, y, dx);
+}
+
+void dp__poolx_forward(const dp_layer *l, int n, const float *x, float *y) {
+  pool_run(l, n, x, NULL, y, NULL);
+}
+
+void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *dy,
+                        float *dx) {
+  pool_run(l, n, x, dy, NULL, dx);
+}
+
+#else /* no AVX-512 build: the takes functions are false, nothing below runs */
+void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y) {
+  (void)l, (void)n, (void)x, (void)w, (void)y;
+}
+void dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
+                        const float *dy, float *dw, float *db, float *dx, void *ws,
+                        size_t ws_bytes) {
+  (void)l, (void)n, (void)x, (void)w, (void)dy, (void)dw, (void)db, (void)dx, (void)ws;
+  (void)ws_bytes;
+}
+void dp__poolx_forward(const dp_layer *l, int n, const float *x, float *y) {
+  (void)l, (void)n, (void)x, (void)y;
+}
+void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *dy,
+                        float *dx) {
+  (void)l, (void)n, (void)x, (void)dy, (void)dx;
+}
+#endif
