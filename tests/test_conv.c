@@ -170,6 +170,50 @@ START_TEST(conv_fast_path_gives_every_tiers_bits) {
 }
 END_TEST
 
+/* The fast path's weight gradient skips the padding taps, which changes a
+ * chain only when it is -0 there (+0 after an fma with +0): products that
+ * underflow to -0 (x 1e-30, dy -1e-30) and, on the last row of every image,
+ * where the taps ky = 2 read padding, dy +1e-30: the im2col chain ends at +0
+ * for those taps, the skipping one at -0, and the fast path must sum it again.
+ * Also a NaN or an infinity in dy (conv.c's path then). */
+START_TEST(conv_fast_weight_gradient_keeps_the_padding_taps_zeros) {
+  if (!have_avx512("conv_fast_weight_gradient_keeps_the_padding_taps_zeros")) return;
+  for (int k = 0; k < 4; k++) {
+    int H = k < 2 ? 4 : 3, W = k % 2 ? 5 : 4, n = 2 + k;
+    char spec[128];
+    snprintf(spec, sizeof spec,
+             "input 2 %d %d\nconv2d 16 3 padding 1 nobias\nflatten\nloss mse\n", H, W);
+    dp_model *m = model_of(spec);
+    conv_case c = {.l = layer_of(m, DP_LAYER_CONV2D), .n = n};
+    c.in = (size_t)n * c.l->in, c.out = (size_t)n * c.l->out, c.np = c.l->n_params;
+    float *x = filled(c.in, false, false), *w = filled(c.np, false, false),
+          *dy = filled(c.out, false, false);
+    for (size_t i = 0; i < c.in; i++) x[i] = 1e-30f;
+    for (size_t i = 0; i < c.out; i++) {
+      size_t p = i % ((size_t)H * W);
+      dy[i] = p / (size_t)W == (size_t)H - 1 ? 1e-30f : -1e-30f;
+    }
+    if (k == 3) dy[0] = INFINITY; /* a corner: taps that read padding */
+    c.x = x, c.w = w, c.dy = dy;
+    conv_out f[2];
+    for (int r = 0; r < 2; r++) {
+      dp__convx_off = r == 1;
+      f[r] = conv_run(&c, true);
+    }
+    same_bits("y", f[0].y, f[1].y, c.out, spec, n);
+    same_bits("dw", f[0].dw, f[1].dw, c.np, spec, n);
+    same_bits("dx", f[0].dx, f[1].dx, c.in, spec, n);
+    bool pos0 = false; /* and the case is not vacuous: some dW is +0 */
+    for (size_t i = 0; i < c.np; i++) pos0 |= f[1].dw[i] == 0.0f && !signbit(f[1].dw[i]);
+    ck_assert(pos0 || k == 3);
+    for (int r = 0; r < 2; r++) conv_free(&f[r]);
+    free(x), free(w), free(dy);
+    dp_model_free(m);
+  }
+  restore();
+}
+END_TEST
+
 /* The workspace it is given is all the fast path writes: a canary right
  * after it stays. */
 START_TEST(conv_fast_path_stays_in_its_workspace) {
@@ -284,6 +328,7 @@ Suite *conv_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, conv_fast_path_gives_the_im2col_bits);
   tcase_add_test(tc, conv_fast_path_gives_every_tiers_bits);
+  tcase_add_test(tc, conv_fast_weight_gradient_keeps_the_padding_taps_zeros);
   tcase_add_test(tc, conv_fast_path_stays_in_its_workspace);
   tcase_add_test(tc, pool_fast_path_moves_the_same_elements);
   tcase_add_test(tc, fast_paths_take_only_their_shapes);

@@ -356,10 +356,9 @@ bool dp__conv_backward(const dp_layer *l, int n, const float *x, const float *w,
     return true;
   }
   if (ws_bytes < s.col + s.t + s.gemm) return false;
-  if (dp__convx_takes(l) && ws_bytes >= dp__convx_bwd_bytes(l, n)) { /* the same bits */
-    dp__convx_backward(l, n, x, w, dy, dw, db, dx, ws, ws_bytes);
+  if (dp__convx_takes(l) && ws_bytes >= dp__convx_bwd_bytes(l, n) && /* the same bits */
+      dp__convx_backward(l, n, x, w, dy, dw, db, dx, ws, ws_bytes))
     return true;
-  }
   float *col = ws, *t = (float *)((unsigned char *)ws + s.col);
   void *g = s.gemm ? (unsigned char *)ws + s.col + s.t : NULL;
   size_t P = (size_t)l->h * l->w;

@@ -27,6 +27,7 @@
 #include "cpu/conv_fast.h"
 #include "cpu/gemm.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -73,11 +74,9 @@ bool dp__poolx_takes(const dp_layer *l) {
 
 static size_t ckk_out(const dp_layer *l) { return (size_t)l->ic * 9 * (size_t)l->c; }
 
-/* dY^T and the zero-bordered x; then, when there is room, the partial sums
- * of dW (dp__convx_backward) */
+/* dY^T; then, when there is room, the partial sums of dW (dp__convx_backward) */
 size_t dp__convx_bwd_bytes(const dp_layer *l, int n) {
-  size_t P = (size_t)l->ih * l->iw, pad = (size_t)(l->ih + 2) * (l->iw + 2);
-  return up64((size_t)n * P * l->c * 4) + up64((size_t)n * l->ic * pad * 4);
+  return up64((size_t)n * l->ih * l->iw * l->c * 4);
 }
 
 #if CX
@@ -312,123 +311,232 @@ static void conv_dx(const cshape *s, int n, const float *w, const float *dy, flo
 
 /* ---- weight gradient ----------------------------------------------------- */
 
-/* The partial sums of dW (o0 .. o0 + 16 NO - 1, channel c's 9 taps) over the
- * images [s0, s1): part (C 9, OUT) holds them between blocks (at row c 9,
- * column o0); the last block writes dw (OUT, C 9) instead. xp: the
- * zero-bordered x ((H + 2) x (W + 2) planes) at image 0, channel c; g: dY^T
- * (P, OUT) per image at image 0, column o0. */
-INL512 void dw_tile(const cshape *s, const float *xp, const float *g, int s0, int s1,
-                    const int NO, float *part, bool first, float *dw) {
-  __m512 acc[9][2];
-  const size_t OUT = (size_t)s->OUT;
-#pragma GCC unroll 9
-  for (int t = 0; t < 9; t++)
-#pragma GCC unroll 3
-    for (int j = 0; j < NO; j++)
-      acc[t][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + t * OUT + 16 * j);
-  const size_t Wp = (size_t)s->W + 2, plane = (size_t)(s->H + 2) * Wp;
-  for (int im = s0; im < s1; im++) {
-    const float *xi = xp + (size_t)im * s->C * plane, *gi = g + (size_t)im * s->P * OUT;
-    for (int oy = 0; oy < s->H; oy++) {
-      const float *r0 = xi + (size_t)oy * Wp, *r1 = r0 + Wp, *r2 = r1 + Wp;
-      for (int ox = 0; ox < s->W; ox++, gi += OUT) {
-        __m512 b[2];
-#pragma GCC unroll 3
-        for (int j = 0; j < NO; j++) b[j] = _mm512_loadu_ps(gi + 16 * j);
-        const float *r[3] = {r0 + ox, r1 + ox, r2 + ox};
-#pragma GCC unroll 9
-        for (int t = 0; t < 9; t++) /* dY^T's element, then COL's */
-#pragma GCC unroll 3
-          for (int j = 0; j < NO; j++)
-            acc[t][j] = fma_ab(acc[t][j], b[j], r[t / 3] + t % 3);
+/* 16 x 16 transpose in registers: r[k] becomes column k */
+INL512 void tr16(__m512 r[16]) {
+  __m512 a[16], b[16], c[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    b[4 * i] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
+    b[4 * i + 1] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
+    b[4 * i + 2] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
+    b[4 * i + 3] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++) {
+    c[j] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0x88);
+    c[j + 4] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0xdd);
+    c[j + 8] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0x88);
+    c[j + 12] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0xdd);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) {
+    r[j] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0xdd);
+  }
+}
+
+/* dY^T (P, OUT) per image from dy (OUT, P); false when an element of dy is a
+ * NaN or an infinity (moves: the bits are dy's) */
+TGT512 static bool dyt_of(const cshape *s, int n, const float *dy, float *g) {
+  __mmask16 bad = 0;
+  for (int im = 0; im < n; im++) {
+    const float *src = dy + (size_t)im * s->cout;
+    float *dst = g + (size_t)im * s->cout;
+    for (size_t p0 = 0; p0 < s->P; p0 += 16) {
+      __mmask16 m = lanes16(s->P - p0);
+      size_t rows = s->P - p0 < 16 ? s->P - p0 : 16;
+      for (int o0 = 0; o0 < s->OUT; o0 += 16) {
+        __m512 r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+          r[i] = _mm512_maskz_loadu_ps(m, src + (size_t)(o0 + i) * s->P + p0);
+          bad |= _mm512_fpclass_ps_mask(r[i], 0x99); /* NaNs, infinities */
+        }
+        tr16(r);
+        for (size_t j = 0; j < rows; j++)
+          _mm512_storeu_ps(dst + (p0 + j) * (size_t)s->OUT + o0, r[j]);
       }
     }
   }
+  return bad == 0;
+}
+
+/* The chains of dW skip the taps that read padding. An fma with +0 and a
+ * finite dy changes the sum only when it is -0 (to +0), so, dy finite, a
+ * chain that does not end at -0 has the im2col chain's bits; one that does
+ * (an fma's product underflowed to -0 at least) is summed again the im2col
+ * way by dw_redo. db's chain (dy's column sums, the old operand order) rides
+ * along with channel 0's tiles. */
+
+/* One position's step: the dY^T row gi (b) times the taps ky in [KY0, KY1],
+ * kx in [KX0, KX1] of rows r[0..2] around ox (rows oy - 1 .. oy + 1). */
+INL512 void dw_pos(__m512 acc[9][2], __m512 dba[2], const float *const r[3],
+                   const float *gi, int ox, const int NO, const int DB, const int KY0,
+                   const int KY1, const int KX0, const int KX1) {
+  __m512 b[2];
+#pragma GCC unroll 2
+  for (int j = 0; j < NO; j++) b[j] = _mm512_loadu_ps(gi + 16 * j);
+#pragma GCC unroll 9
+  for (int t = 0; t < 9; t++) {
+    int ky = t / 3, kx = t % 3;
+    if (ky < KY0 || ky > KY1 || kx < KX0 || kx > KX1) continue;
+#pragma GCC unroll 2
+    for (int j = 0; j < NO; j++) /* dY^T's element, then COL's */
+      acc[t][j] = fma_ab(acc[t][j], b[j], r[ky] + ox + kx - 1);
+  }
+#pragma GCC unroll 2
+  for (int j = 0; j < NO; j++)
+    if (DB) dba[j] = add_bias(dba[j], b[j]); /* colsum: db + row */
+}
+
+/* One output row: its first, middle and last positions (W == 1: one). */
+INL512 void dw_row(__m512 acc[9][2], __m512 dba[2], const float *const r[3],
+                   const float *gi, int W, size_t OUT, const int NO, const int DB,
+                   const int KY0, const int KY1) {
+  if (W == 1) {
+    dw_pos(acc, dba, r, gi, 0, NO, DB, KY0, KY1, 1, 1);
+    return;
+  }
+  dw_pos(acc, dba, r, gi, 0, NO, DB, KY0, KY1, 1, 2);
+  for (int ox = 1; ox < W - 1; ox++)
+    dw_pos(acc, dba, r, gi + ox * OUT, ox, NO, DB, KY0, KY1, 0, 2);
+  dw_pos(acc, dba, r, gi + (W - 1) * OUT, W - 1, NO, DB, KY0, KY1, 0, 1);
+}
+
+typedef struct {
+  const cshape *s;
+  int n;
+  const float *x, *g; /* x (n, C, P), dY^T (n P, OUT) */
+} dw_ctx;
+
+/* dW (o, c, t) summed again with the padding taps, as im2col's GEMM does */
+static float dw_redo(const dw_ctx *d, int o, int c, int t) {
+  const cshape *s = d->s;
+  float acc = 0.0f;
+  for (int im = 0; im < d->n; im++)
+    for (int oy = 0; oy < s->H; oy++)
+      for (int ox = 0; ox < s->W; ox++) {
+        int iy = oy + t / 3 - 1, ix = ox + t % 3 - 1;
+        bool in = iy >= 0 && iy < s->H && ix >= 0 && ix < s->W;
+        float col = in ? d->x[im * s->cin + c * s->P + (size_t)iy * s->W + ix] : 0.0f;
+        size_t k = (size_t)im * s->P + (size_t)oy * s->W + ox;
+        acc = fmaf(d->g[k * s->OUT + o], col, acc);
+      }
+  return acc;
+}
+
+/* The tile of channel c, output channels o0 .. o0 + 16 NO - 1, images [s0, s1):
+ * from +0 (first) or the partial sums in part ((C 9, OUT) at (c 9, o0)) and,
+ * with DB, db (at o0); to part, or, after the last images, to dw (at o0, c 9). */
+INL512 void dw_tile(const dw_ctx *d, int c, int o0, int s0, int s1, const int NO,
+                    const int DB, float *part, bool first, float *dw, float *db) {
+  const cshape *s = d->s;
+  const size_t OUT = (size_t)s->OUT, W = (size_t)s->W;
+  __m512 acc[9][2], dba[2];
+#pragma GCC unroll 9
+  for (int t = 0; t < 9; t++)
+#pragma GCC unroll 2
+    for (int j = 0; j < NO; j++)
+      acc[t][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(part + t * OUT + 16 * j);
+#pragma GCC unroll 2
+  for (int j = 0; j < NO; j++)
+    dba[j] = first || !DB ? _mm512_setzero_ps() : _mm512_loadu_ps(db + 16 * j);
+  for (int im = s0; im < s1; im++) {
+    const float *xi = d->x + (size_t)im * s->cin + (size_t)c * s->P;
+    const float *gi = d->g + (size_t)im * s->P * OUT + o0;
+    for (int oy = 0; oy < s->H; oy++, gi += W * OUT) {
+      const float *r[3] = {xi + ((ptrdiff_t)oy - 1) * (ptrdiff_t)W, xi + oy * W,
+                           xi + (oy + 1) * W};
+      if (s->H == 1)
+        dw_row(acc, dba, r, gi, s->W, OUT, NO, DB, 1, 1);
+      else if (oy == 0)
+        dw_row(acc, dba, r, gi, s->W, OUT, NO, DB, 1, 2);
+      else if (oy < s->H - 1)
+        dw_row(acc, dba, r, gi, s->W, OUT, NO, DB, 0, 2);
+      else
+        dw_row(acc, dba, r, gi, s->W, OUT, NO, DB, 0, 1);
+    }
+  }
+#pragma GCC unroll 2
+  for (int j = 0; j < NO; j++)
+    if (DB) _mm512_storeu_ps(db + 16 * j, dba[j]);
   if (!dw) {
 #pragma GCC unroll 9
     for (int t = 0; t < 9; t++)
-#pragma GCC unroll 3
+#pragma GCC unroll 2
       for (int j = 0; j < NO; j++) _mm512_storeu_ps(part + t * OUT + 16 * j, acc[t][j]);
     return;
   }
   float tmp[9][32]; /* lanes are output channels: dw's column of each tap */
+  __mmask16 neg0 = 0;
 #pragma GCC unroll 9
   for (int t = 0; t < 9; t++)
-#pragma GCC unroll 3
-    for (int j = 0; j < NO; j++) _mm512_storeu_ps(tmp[t] + 16 * j, acc[t][j]);
-  for (int o = 0; o < 16 * NO; o++)
-    for (int t = 0; t < 9; t++) dw[(size_t)o * s->ckk + t] = tmp[t][o];
-}
-
-TGT512 static void dw_tile2(const cshape *s, const float *xp, const float *g, int s0,
-                            int s1, float *part, bool first, float *dw) {
-  dw_tile(s, xp, g, s0, s1, 2, part, first, dw);
-}
-TGT512 static void dw_tile1(const cshape *s, const float *xp, const float *g, int s0,
-                            int s1, float *part, bool first, float *dw) {
-  dw_tile(s, xp, g, s0, s1, 1, part, first, dw);
-}
-
-/* x (n, C, H, W) -> xp (n, C, H + 2, W + 2) with a zero border */
-TGT512 static void pad_planes(const cshape *s, int n, const float *x, float *xp) {
-  const size_t W = (size_t)s->W, Wp = W + 2;
-  for (size_t pl = 0; pl < (size_t)n * s->C; pl++) {
-    const float *src = x + pl * s->P;
-    float *d = xp + pl * (s->H + 2) * Wp;
-    memset(d, 0, Wp * 4);
-    memset(d + (s->H + 1) * Wp, 0, Wp * 4);
-    for (int iy = 0; iy < s->H; iy++) {
-      float *row = d + (iy + 1) * Wp;
-      if (Wp <= 16) { /* one masked load: lanes 1 .. W from the row, 0 and W + 1 zero */
-        __m512 v = _mm512_maskz_loadu_ps((__mmask16)(lanes16(W) << 1), src + iy * W - 1);
-        _mm512_mask_storeu_ps(row, lanes16(Wp), v);
-      } else {
-        row[0] = row[W + 1] = 0.0f;
-        memcpy(row + 1, src + iy * W, W * 4);
-      }
+#pragma GCC unroll 2
+    for (int j = 0; j < NO; j++) {
+      _mm512_storeu_ps(tmp[t] + 16 * j, acc[t][j]);
+      neg0 |= _mm512_cmpeq_epi32_mask(_mm512_castps_si512(acc[t][j]),
+                                      _mm512_set1_epi32((int)0x80000000u));
     }
-  }
+  for (int o = 0; o < 16 * NO; o++)
+    for (int t = 0; t < 9; t++) {
+      float v = tmp[t][o];
+      uint32_t bits;
+      memcpy(&bits, &v, 4);
+      if (neg0 && bits == 0x80000000u) v = dw_redo(d, o0 + o, c, t);
+      dw[(size_t)o * s->ckk + t] = v;
+    }
 }
 
-/* part: room for the partial sums (C 9, OUT), or NULL: one block */
-static void conv_dw(const cshape *s, int n, const float *xp, const float *g, float *part,
-                    float *dw) {
-  const size_t plane = (size_t)(s->H + 2) * (s->W + 2);
+#define DW_TILE(NO, DB)                                                                    \
+  TGT512 static void dw_tile_##NO##_##DB(const dw_ctx *d, int c, int o0, int s0, int s1,   \
+                                         float *part, bool first, float *dw, float *db) {  \
+    dw_tile(d, c, o0, s0, s1, NO, DB, part, first, dw, db);                                \
+  }
+DW_TILE(2, 0)
+DW_TILE(2, 1)
+DW_TILE(1, 0)
+DW_TILE(1, 1)
+
+/* dW (and db) in blocks of images whose dY^T stays in L1 when part (room for
+ * the partial sums, (C 9, OUT)) is there, else in one block. */
+static void conv_dw(const dw_ctx *d, float *part, float *dw, float *db) {
+  typedef void (*fn)(const dw_ctx *, int, int, int, int, float *, bool, float *, float *);
+  static const fn tile[2][2] = {{dw_tile_1_0, dw_tile_1_1}, {dw_tile_2_0, dw_tile_2_1}};
+  const cshape *s = d->s;
+  int n = d->n;
   size_t img = s->P * s->OUT * 4; /* dY^T of one image */
   int kb = !part ? n : img >= ((size_t)16 << 10) ? 1 : (int)(((size_t)16 << 10) / img);
   for (int s0 = 0; s0 < n; s0 += kb) {
     int s1 = n - s0 < kb ? n : s0 + kb;
     for (int c = 0; c < s->C; c++)
       for (int o0 = 0; o0 < s->OUT; o0 += 32) {
-        const float *xc = xp + (size_t)c * plane, *go = g + o0;
-        float *pc = part + (size_t)c * 9 * s->OUT + o0;
-        float *d = s1 == n ? dw + (size_t)o0 * s->ckk + (size_t)c * 9 : NULL;
-        if (s->OUT - o0 >= 32)
-          dw_tile2(s, xc, go, s0, s1, pc, s0 == 0, d);
-        else
-          dw_tile1(s, xc, go, s0, s1, pc, s0 == 0, d);
+        float *pc = part ? part + (size_t)c * 9 * s->OUT + o0 : NULL;
+        float *dwc = s1 == n ? dw + (size_t)o0 * s->ckk + (size_t)c * 9 : NULL;
+        int two = s->OUT - o0 >= 32, with_db = c == 0 && db;
+        tile[two][with_db](d, c, o0, s0, s1, pc, s0 == 0, dwc, with_db ? db + o0 : NULL);
       }
   }
 }
 
-void dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
+bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
                         size_t ws_bytes) {
   cshape s;
   shape_of(l, &s);
-  size_t np = (size_t)n * s.P;
   size_t need = dp__convx_bwd_bytes(l, n);
   float *g = ws; /* dY^T (n P, OUT) */
-  float *xp = (float *)((unsigned char *)ws + up64(np * s.OUT * 4));
   float *part =
       ws_bytes >= need + ckk_out(l) * 4 ? (float *)((unsigned char *)ws + need) : NULL;
-  for (int i = 0; i < n; i++) /* dy (OUT, P) -> dY^T (P, OUT) per image */
-    dp__conv_transpose(dy + (size_t)i * s.cout, (size_t)s.OUT, s.P, s.P,
-                       g + (size_t)i * s.cout, (size_t)s.OUT);
-  pad_planes(&s, n, x, xp);
-  conv_dw(&s, n, xp, g, part, dw);
-  if (db) dp__gemm_colsum((int)np, s.OUT, g, s.OUT, db);
+  if (!dyt_of(&s, n, dy, g)) return false; /* a NaN or infinity: conv.c's path */
+  dw_ctx d = {&s, n, x, g};
+  conv_dw(&d, part, dw, db);
   if (dx) conv_dx(&s, n, w, dy, dx);
+  return true;
 }
 
 /* ---- maxpool2d 2 stride 2 ------------------------------------------------ */
@@ -545,11 +653,12 @@ void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *d
 void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y) {
   (void)l, (void)n, (void)x, (void)w, (void)y;
 }
-void dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
+bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
                         size_t ws_bytes) {
   (void)l, (void)n, (void)x, (void)w, (void)dy, (void)dw, (void)db, (void)dx, (void)ws;
   (void)ws_bytes;
+  return false;
 }
 void dp__poolx_forward(const dp_layer *l, int n, const float *x, float *y) {
   (void)l, (void)n, (void)x, (void)y;

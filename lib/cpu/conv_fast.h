@@ -30,13 +30,15 @@ extern bool dp__convx_off;
 bool dp__poolx_takes(const dp_layer *l);
 
 /* conv.c's dp__conv_forward (no workspace: a tile's weights are packed on
- * the stack) and dp__conv_backward with ws_bytes >= dp__convx_bwd_bytes (dY^T
- * and a zero-bordered copy of x; with C 9 OUT floats more the weight
- * gradient's chain runs in blocks of images that stay in L1). ws 64-byte
- * aligned. */
+ * the stack) and dp__conv_backward with ws_bytes >= dp__convx_bwd_bytes
+ * (dY^T; with C 9 OUT floats more the weight gradient's chain runs in blocks
+ * of images that stay in L1), ws 64-byte aligned. The backward returns false,
+ * having written only the workspace, when dy holds a NaN or an infinity: its
+ * weight gradient skips the padding taps, which is exact only for finite dy
+ * (conv_fast.c); conv.c's path runs then. */
 size_t dp__convx_bwd_bytes(const dp_layer *l, int n);
 void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y);
-void dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
+bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
                         size_t ws_bytes);
 
