@@ -325,7 +325,7 @@ bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, 
   conv_ws s = ws_of(l, n, false);
   if (ws_bytes < s.col + s.t + s.gemm) return false;
   if (dp__convx_takes(l)) { /* the same bits */
-    dp__convx_forward(l, n, x, w, y);
+    dp__convx_forward(l, n, x, w, y, ws, ws_bytes);
     return true;
   }
   float *col = ws, *t = (float *)((unsigned char *)ws + s.col);

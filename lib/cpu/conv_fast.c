@@ -160,6 +160,35 @@ static inline void vecs_of(const cshape *s, int g0, int NV, const float *in, siz
   }
 }
 
+/* 16 x 16 transpose in registers: r[k] becomes column k */
+INL512 void tr16(__m512 r[16]) {
+  __m512 a[16], b[16], c[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    b[4 * i] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
+    b[4 * i + 1] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
+    b[4 * i + 2] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
+    b[4 * i + 3] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++) {
+    c[j] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0x88);
+    c[j + 4] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0xdd);
+    c[j + 8] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0x88);
+    c[j + 12] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0xdd);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) {
+    r[j] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0xdd);
+  }
+}
+
 /* ---- forward ------------------------------------------------------------- */
 
 /* y of output channels o0 .. o0 + 7 on NV vectors: wt their weights (C 9, 8),
@@ -211,26 +240,6 @@ TGT512 static void fwd_tile2(const cshape *s, const float *wt, const float *b, i
 TGT512 static void fwd_tile1(const cshape *s, const float *wt, const float *b, int g0,
                              const float *x, float *y) {
   fwd_tile(s, wt, b, g0, 1, x, y);
-}
-
-void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y) {
-  cshape s;
-  shape_of(l, &s);
-  const float *bias = l->bias ? w + s.ckk * (size_t)s.OUT : NULL;
-  float wt[CX_MAX_C * 9 * MO]; /* a tile's weights (C 9, 8): a tap's 8 adjacent */
-  int G = n * s.VP;
-  for (int o0 = 0; o0 < s.OUT; o0 += MO) {
-    dp__conv_transpose(w + (size_t)o0 * s.ckk, MO, s.ckk, s.ckk, wt, MO);
-    const float *bo = bias ? bias + o0 : NULL;
-    float *yo = y + (size_t)o0 * s.P;
-    for (int g0 = 0; g0 < G; g0 += 3)
-      if (G - g0 >= 3)
-        fwd_tile3(&s, wt, bo, g0, x, yo);
-      else if (G - g0 == 2)
-        fwd_tile2(&s, wt, bo, g0, x, yo);
-      else
-        fwd_tile1(&s, wt, bo, g0, x, yo);
-  }
 }
 
 /* ---- input gradient ------------------------------------------------------ */
@@ -310,35 +319,6 @@ static void conv_dx(const cshape *s, int n, const float *w, const float *dy, flo
 }
 
 /* ---- weight gradient ----------------------------------------------------- */
-
-/* 16 x 16 transpose in registers: r[k] becomes column k */
-INL512 void tr16(__m512 r[16]) {
-  __m512 a[16], b[16], c[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; i++) {
-    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    b[4 * i] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
-    b[4 * i + 1] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
-    b[4 * i + 2] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
-    b[4 * i + 3] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; j++) {
-    c[j] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0x88);
-    c[j + 4] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0xdd);
-    c[j + 8] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0x88);
-    c[j + 12] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0xdd);
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; j++) {
-    r[j] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0xdd);
-  }
-}
 
 /* dY^T (P, OUT) per image from dy (OUT, P); false when an element of dy is a
  * NaN or an infinity (moves: the bits are dy's) */
@@ -523,6 +503,303 @@ static void conv_dw(const dw_ctx *d, float *part, float *dw, float *db) {
   }
 }
 
+/* ---- images in the lanes ------------------------------------------------- */
+
+/* For small planes (4 x 4: 44 of 144 taps read padding) the forward and dx
+ * also run with 16 images in the lanes of a vector: x, y, dy and dx
+ * transposed to (C P, ld) (ld = n rounded up to 16; the extra lanes are
+ * zero, their results dropped), where a position's taps are the same for all
+ * lanes, so those that read padding are skipped. dx's sums then have no
+ * padding terms anyway (col2im drops them); the forward's chains do, and,
+ * as with dW, skipping them is exact unless a chain ends at -0 (summed again
+ * the im2col way) or a weight is a NaN or an infinity (the plane path runs
+ * then). */
+
+/* dst (cols, ld) = src (rows, cols)^T (row stride lds), rows <= ld; dst's
+ * columns rows .. ld - 1 zero */
+TGT512 static void to_lanes(const float *src, size_t rows, size_t cols, size_t lds,
+                            float *dst, size_t ld) {
+  for (size_t r0 = 0; r0 < ld; r0 += 16)
+    for (size_t c0 = 0; c0 < cols; c0 += 16) {
+      __mmask16 cm = lanes16(cols - c0);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (size_t i = 0; i < 16; i++)
+        r[i] = r0 + i < rows ? _mm512_maskz_loadu_ps(cm, src + (r0 + i) * lds + c0)
+                             : _mm512_setzero_ps();
+      tr16(r);
+      for (size_t j = 0; j < 16 && c0 + j < cols; j++)
+        _mm512_storeu_ps(dst + (c0 + j) * ld + r0, r[j]);
+    }
+}
+
+/* dst (rows, cols) (row stride ldd) = the first rows columns of src (cols, ld) */
+TGT512 static void from_lanes(const float *src, size_t rows, size_t cols, size_t ld,
+                              float *dst, size_t ldd) {
+  for (size_t r0 = 0; r0 < rows; r0 += 16)
+    for (size_t c0 = 0; c0 < cols; c0 += 16) {
+      __mmask16 cm = lanes16(cols - c0);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (size_t j = 0; j < 16; j++)
+        r[j] =
+            c0 + j < cols ? _mm512_loadu_ps(src + (c0 + j) * ld + r0) : _mm512_setzero_ps();
+      tr16(r);
+      for (size_t i = 0; i < 16 && r0 + i < rows; i++)
+        store16(dst + (r0 + i) * ldd + c0, cm, r[i]);
+    }
+}
+
+static size_t lanes_of(int n) { return ((size_t)n + 15) / 16 * 16; }
+
+/* Whether a layer runs with images in the lanes: small planes, where many
+ * taps read padding, and enough channels that the transposes pay. */
+static bool lanes_pay(const cshape *s) { return s->P <= 16 && s->C >= 4; }
+
+/* The taps of position (oy, ox) that read inside: ky in [*ky0, *ky1], ... */
+static void taps_of(const cshape *s, int oy, int ox, int k[4]) {
+  k[0] = oy == 0 ? 1 : 0, k[1] = oy == s->H - 1 ? 1 : 2;
+  k[2] = ox == 0 ? 1 : 0, k[3] = ox == s->W - 1 ? 1 : 2;
+}
+
+/* The forward's chain of output (o, image, position p) with the padding taps
+ * as fmas with +0, im2col's way (before the bias) */
+static float fwd_redo(const cshape *s, const float *x, const float *w, int o, size_t im,
+                      int p) {
+  float acc = 0.0f;
+  int oy = p / s->W, ox = p % s->W;
+  for (int c = 0; c < s->C; c++)
+    for (int t = 0; t < 9; t++) {
+      int iy = oy + t / 3 - 1, ix = ox + t % 3 - 1;
+      bool in = iy >= 0 && iy < s->H && ix >= 0 && ix < s->W;
+      float col = in ? x[im * s->cin + c * s->P + (size_t)iy * s->W + ix] : 0.0f;
+      acc = fmaf(col, w[(size_t)o * s->ckk + (size_t)c * 9 + t], acc);
+    }
+  return acc;
+}
+
+typedef struct {
+  const cshape *s;
+  size_t ld;
+  const float *x, *w, *xt; /* x as given (for fwd_redo), W, x in the lanes */
+} lanes_ctx;
+
+/* A position's taps that read inside, in chain order: the x^T row (times ld)
+ * and the packed weights' offset of each */
+typedef struct {
+  int n;
+  size_t row[CX_MAX_C * 9];
+  int wo[CX_MAX_C * 9];
+} tap_list;
+
+static void taps_list(const cshape *s, int p, size_t ld, tap_list *t) {
+  int k[4], oy = p / s->W, ox = p % s->W;
+  taps_of(s, oy, ox, k);
+  t->n = 0;
+  for (int c = 0; c < s->C; c++)
+    for (int ky = k[0]; ky <= k[1]; ky++)
+      for (int kx = k[2]; kx <= k[3]; kx++, t->n++) {
+        t->row[t->n] =
+            ((size_t)c * s->P + (size_t)(oy + ky - 1) * s->W + (size_t)(ox + kx - 1)) * ld;
+        t->wo[t->n] = (c * 9 + ky * 3 + kx) * MO;
+      }
+}
+
+/* Y^T rows (o0 + i) P + p, lanes s0 .. s0 + 16 NV - 1: p's taps tl */
+INL512 void fwd_lanes_tile(const lanes_ctx *d, const float *wt, const float *bias, int o0,
+                           int p, const tap_list *tl, size_t s0, const int NV, float *yt) {
+  const cshape *s = d->s;
+  const size_t ld = d->ld;
+  __m512 acc[MO][3];
+#pragma GCC unroll 8
+  for (int i = 0; i < MO; i++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
+  const float *xt = d->xt + s0;
+  for (int t = 0; t < tl->n; t++) {
+    const float *row = xt + tl->row[t], *wr = wt + tl->wo[t];
+    __m512 b[3];
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) b[j] = _mm512_loadu_ps(row + 16 * j);
+#pragma GCC unroll 8
+    for (int i = 0; i < MO; i++)
+#pragma GCC unroll 3
+      for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wr + i);
+  }
+  const __m512i neg0 = _mm512_set1_epi32((int)0x80000000u);
+#pragma GCC unroll 8
+  for (int i = 0; i < MO; i++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) {
+      float *out = yt + ((size_t)(o0 + i) * s->P + (size_t)p) * ld + s0 + 16 * j;
+      __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(acc[i][j]), neg0);
+      if (m) { /* rare: some chain ends at -0 */
+        _mm512_storeu_ps(out, acc[i][j]);
+        for (int l = 0; l < 16; l++)
+          if (m >> l & 1)
+            out[l] = fwd_redo(s, d->x, d->w, o0 + i, s0 + 16 * (size_t)j + l, p);
+        acc[i][j] = _mm512_loadu_ps(out);
+      }
+      _mm512_storeu_ps(out,
+                       bias ? add_bias(acc[i][j], _mm512_set1_ps(bias[i])) : acc[i][j]);
+    }
+}
+
+#define FWD_LANES(NV)                                                                      \
+  TGT512 static void fwd_lanes_##NV(const lanes_ctx *d, const float *wt,                   \
+                                    const float *bias, int o0, int p, const tap_list *tl,  \
+                                    size_t s0, float *yt) {                                \
+    fwd_lanes_tile(d, wt, bias, o0, p, tl, s0, NV, yt);                                    \
+  }
+FWD_LANES(3)
+FWD_LANES(2)
+FWD_LANES(1)
+
+/* The forward's workspace with images in the lanes: x^T, y^T, W^T */
+static size_t fwd_lanes_bytes(const cshape *s, int n) {
+  return lanes_of(n) * s->P * ((size_t)s->C + (size_t)s->OUT) * 4 + s->ckk * s->OUT * 4;
+}
+
+TGT512 static bool all_finite(const float *p, size_t n) {
+  __mmask16 bad = 0;
+  for (size_t i = 0; i < n; i += 16)
+    bad |= _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(lanes16(n - i), p + i), 0x99);
+  return bad == 0;
+}
+
+static bool fwd_lanes(const cshape *s, const dp_layer *l, int n, const float *x,
+                      const float *w, float *y, void *ws, size_t ws_bytes) {
+  if (!lanes_pay(s) || ws_bytes < fwd_lanes_bytes(s, n) || !all_finite(w, l->n_params))
+    return false;
+  size_t ld = lanes_of(n), tile = s->ckk * MO;
+  float *xt = ws, *yt = xt + ld * s->cin, *wt = yt + ld * s->cout;
+  to_lanes(x, (size_t)n, s->cin, s->cin, xt, ld);
+  for (int o0 = 0; o0 < s->OUT; o0 += MO) /* W^T in tiles of 8 outputs: (C 9, 8) each */
+    dp__conv_transpose(w + (size_t)o0 * s->ckk, MO, s->ckk, s->ckk, wt + o0 / MO * tile,
+                       MO);
+  lanes_ctx d = {s, ld, x, w, xt};
+  const float *bias = l->bias ? w + s->ckk * (size_t)s->OUT : NULL;
+  tap_list tl;
+  /* a position's rows of 48 images (27 KiB for 16 channels) stay in L1 over
+   * the output tiles */
+  for (int p = 0; p < (int)s->P; p++) {
+    taps_list(s, p, ld, &tl);
+    for (size_t s0 = 0; s0 < ld; s0 += 48)
+      for (int o0 = 0; o0 < s->OUT; o0 += MO) {
+        const float *bo = bias ? bias + o0 : NULL, *wo = wt + o0 / MO * tile;
+        if (ld - s0 >= 48)
+          fwd_lanes_3(&d, wo, bo, o0, p, &tl, s0, yt);
+        else if (ld - s0 == 32)
+          fwd_lanes_2(&d, wo, bo, o0, p, &tl, s0, yt);
+        else
+          fwd_lanes_1(&d, wo, bo, o0, p, &tl, s0, yt);
+      }
+  }
+  from_lanes(yt, (size_t)n, s->cout, ld, y, s->cout);
+  return true;
+}
+
+/* dx^T rows (c0 + i) P + q, lanes s0 ..: + the chain over o of position p's
+ * tap t (its input is q) */
+INL512 void dx_lanes_tile(const cshape *s, const float *dyt, size_t ld, const float *w,
+                          int p, size_t q, size_t s0, const int MC, const int NV,
+                          float *dxt) {
+  __m512 acc[8][3];
+#pragma GCC unroll 8
+  for (int i = 0; i < MC; i++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
+  const float *row = dyt + (size_t)p * ld + s0, *wp = w;
+  for (int o = 0; o < s->OUT; o++, row += s->P * ld, wp += s->ckk) {
+    __m512 b[3];
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) b[j] = _mm512_loadu_ps(row + 16 * j);
+#pragma GCC unroll 8
+    for (int i = 0; i < MC; i++) /* dY^T's element, then W's */
+#pragma GCC unroll 3
+      for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wp + 9 * i);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < MC; i++)
+#pragma GCC unroll 3
+    for (int j = 0; j < NV; j++) { /* col2im's add, the old sum first */
+      float *e = dxt + ((size_t)i * s->P + q) * ld + s0 + 16 * j;
+      _mm512_storeu_ps(e, add_on(_mm512_loadu_ps(e), 0xffff, acc[i][j]));
+    }
+}
+
+#define DX_LANES(MC, NV)                                                                   \
+  TGT512 static void dx_lanes_##MC##_##NV(const cshape *s, const float *dyt, size_t ld,    \
+                                          const float *w, int p, size_t q, size_t s0,      \
+                                          float *dxt) {                                    \
+    dx_lanes_tile(s, dyt, ld, w, p, q, s0, MC, NV, dxt);                                   \
+  }
+DX_LANES(8, 3)
+DX_LANES(8, 2)
+DX_LANES(8, 1)
+DX_LANES(4, 3)
+DX_LANES(4, 2)
+DX_LANES(4, 1)
+DX_LANES(1, 3)
+DX_LANES(1, 2)
+DX_LANES(1, 1)
+
+static bool dx_lanes(const cshape *s, int n, const float *w, const float *dy, float *dx,
+                     void *ws, size_t ws_bytes) {
+  typedef void (*fn)(const cshape *, const float *, size_t, const float *, int, size_t,
+                     size_t, float *);
+  static const fn tile[3][3] = {{dx_lanes_8_1, dx_lanes_8_2, dx_lanes_8_3},
+                                {dx_lanes_4_1, dx_lanes_4_2, dx_lanes_4_3},
+                                {dx_lanes_1_1, dx_lanes_1_2, dx_lanes_1_3}};
+  size_t ld = lanes_of(n);
+  if (!lanes_pay(s) || ws_bytes < up64(ld * s->P * ((size_t)s->C + (size_t)s->OUT) * 4))
+    return false;
+  float *dyt = ws, *dxt = dyt + ld * s->cout;
+  to_lanes(dy, (size_t)n, s->cout, s->cout, dyt, ld);
+  memset(dxt, 0, ld * s->cin * 4); /* col2im's sums start at +0 */
+  for (size_t s0 = 0; s0 < ld; s0 += 48) {
+    int nv = ld - s0 >= 48 ? 3 : (int)((ld - s0) / 16);
+    for (int p = 0; p < (int)s->P; p++) { /* positions ascending: col2im's order */
+      int k[4], oy = p / s->W, ox = p % s->W;
+      taps_of(s, oy, ox, k);
+      for (int ky = k[0]; ky <= k[1]; ky++)
+        for (int kx = k[2]; kx <= k[3]; kx++) {
+          size_t q = (size_t)(oy + ky - 1) * s->W + (size_t)(ox + kx - 1);
+          for (int c0 = 0; c0 < s->C;) {
+            int r = s->C - c0, t = r >= 8 ? 0 : r >= 4 ? 1 : 2;
+            tile[t][nv - 1](s, dyt, ld, w + (size_t)c0 * 9 + ky * 3 + kx, p, q, s0,
+                            dxt + (size_t)c0 * s->P * ld);
+            c0 += t == 0 ? 8 : t == 1 ? 4 : 1;
+          }
+        }
+    }
+  }
+  from_lanes(dxt, (size_t)n, s->cin, ld, dx, s->cin);
+  return true;
+}
+
+void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
+                       void *ws, size_t ws_bytes) {
+  cshape s;
+  shape_of(l, &s);
+  if (fwd_lanes(&s, l, n, x, w, y, ws, ws_bytes)) return;
+  const float *bias = l->bias ? w + s.ckk * (size_t)s.OUT : NULL;
+  float wt[CX_MAX_C * 9 * MO]; /* a tile's weights (C 9, 8): a tap's 8 adjacent */
+  int G = n * s.VP;
+  for (int o0 = 0; o0 < s.OUT; o0 += MO) {
+    dp__conv_transpose(w + (size_t)o0 * s.ckk, MO, s.ckk, s.ckk, wt, MO);
+    const float *bo = bias ? bias + o0 : NULL;
+    float *yo = y + (size_t)o0 * s.P;
+    for (int g0 = 0; g0 < G; g0 += 3)
+      if (G - g0 >= 3)
+        fwd_tile3(&s, wt, bo, g0, x, yo);
+      else if (G - g0 == 2)
+        fwd_tile2(&s, wt, bo, g0, x, yo);
+      else
+        fwd_tile1(&s, wt, bo, g0, x, yo);
+  }
+}
+
 bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
                         size_t ws_bytes) {
@@ -535,7 +812,7 @@ bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w
   if (!dyt_of(&s, n, dy, g)) return false; /* a NaN or infinity: conv.c's path */
   dw_ctx d = {&s, n, x, g};
   conv_dw(&d, part, dw, db);
-  if (dx) conv_dx(&s, n, w, dy, dx);
+  if (dx && !dx_lanes(&s, n, w, dy, dx, ws, ws_bytes)) conv_dx(&s, n, w, dy, dx);
   return true;
 }
 
@@ -650,8 +927,9 @@ void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *d
 }
 
 #else /* no AVX-512 build: the takes functions are false, nothing below runs */
-void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y) {
-  (void)l, (void)n, (void)x, (void)w, (void)y;
+void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
+                       void *ws, size_t ws_bytes) {
+  (void)l, (void)n, (void)x, (void)w, (void)y, (void)ws, (void)ws_bytes;
 }
 bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,

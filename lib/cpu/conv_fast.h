@@ -37,7 +37,8 @@ bool dp__poolx_takes(const dp_layer *l);
  * weight gradient skips the padding taps, which is exact only for finite dy
  * (conv_fast.c); conv.c's path runs then. */
 size_t dp__convx_bwd_bytes(const dp_layer *l, int n);
-void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y);
+void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
+                       void *ws, size_t ws_bytes);
 bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
                         size_t ws_bytes);
