@@ -22,7 +22,10 @@
  * move 8 x 8 blocks (AVX2); maxpool 2 stride 2 takes its windows' maxima
  * with compares and blends, 8 windows at once. Everything else that adds keeps
  * its order, and the operand order of each add too (add_acc: only which NaN
- * comes out of NaN + NaN depends on it). */
+ * comes out of NaN + NaN depends on it).
+ *
+ * On the AVX-512 tier, conv2d 3 x 3 padding 1 and the narrowest maxpools run
+ * without im2col and with the same bits (conv_fast.h; session 17). */
 #include "cpu/gemm.h"
 #include "cpu/conv_fast.h"
 #include "cpu/cpu.h"

@@ -2,24 +2,30 @@
  * without im2col: see conv_fast.h for what they take and why their bits are
  * conv.c's. docs/PERFORMANCE.md (session 17) has the measurements.
  *
- * A plane of P = H W floats (NCHW) is cut into VP = ceil(P / 16) vectors of
- * 16 output positions. With stride 1 and padding 1 the tap (ky, kx) of the 16
- * positions q .. q + 15 reads x at q + (ky - 1) W + (kx - 1): one masked load
- * (mk: the lanes whose input is inside; a masked-off lane reads nothing and
- * gives +0, the value im2col writes for a padding tap). So
+ * Planes (the layer's default): a plane of P = H W floats (NCHW) is cut into
+ * VP = ceil(P / 16) vectors of 16 positions. With stride 1 and padding 1 the
+ * tap (ky, kx) of positions q .. q + 15 reads x at q + (ky - 1) W + (kx - 1):
+ * one masked load (mk: the lanes whose input is inside; a masked-off lane
+ * reads nothing and gives +0, what im2col writes for a padding tap). So
  *   forward  y (n, OUT, P): tiles of 8 output channels x 3 vectors, the chain
- *            over (c, ky, kx) of fma(w, x tap, acc), then + bias, stored in
+ *            over (c, ky, kx) of fma(x tap, w, acc), then + bias, stored in
  *            NCHW directly (no COL, no transpose);
  *   dx       (n, C, P): tiles of up to 8 input channels x 3 vectors; per tap
  *            (ky, kx) in descending order (= the positions that read an
- *            element, ascending, col2im's order) the chain over o of
- *            fma(w, dy tap, acc), added into dx on the lanes where the tap
- *            exists (a masked add, the old sum's operand first);
- *   dW       (OUT, C 9): output channels in the lanes, one chain per (o, tap)
- *            over (image, position) ascending: dY^T (P, OUT) per image and a
- *            zero-bordered copy of x give each step's operands; the chain is
- *            cut into blocks of images that keep dY^T in L1 (partial sums
- *            reloaded: the same chain).
+ *            element, ascending: col2im's order) the chain over o of
+ *            fma(dy tap, w, acc), added into dx on the lanes where the tap
+ *            exists (a masked add, the old sum first).
+ * Images in the lanes (small planes, lanes_pay): x, y, dy and dx transposed
+ * so that a vector holds one position of 16 images; a position's taps are
+ * then the same in every lane, and those that read padding are skipped.
+ * Weight gradient (always): output channels in the lanes, one chain per
+ * (o, c, tap) over (image, position) ascending, from dY^T (P, OUT) per image
+ * and x itself; per position only the taps inside (position classes: first,
+ * middle and last row and column), in blocks of images whose dY^T stays in L1
+ * (partial sums reloaded: the same chain); db's chain rides along.
+ * Skipping a padding tap (an fma with +0) is exact but for zeros' signs and
+ * NaNs: see dw_tile and fwd_lanes for how each keeps im2col's bits.
+ *
  * The pools treat the micro-batch as rows: with even H, each pair of input
  * rows is one row of windows, so 16 windows are 64 contiguous floats when an
  * output row is 1, 2 or 4 floats (conv.c's loops take rows of 8 windows or
@@ -820,28 +826,46 @@ bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w
 
 /* The taps (0,0) (0,1) (1,0) (1,1) of 16 windows, taken in that order by
  * conv.c's rule (v when v > m, or v is a NaN and m is not: the first largest,
- * the first NaN): the max in *m, the tap in *id. */
-INL512 void sel4(const __m512 t[4], __m512 *m, __m512i *id) {
+ * the first NaN): the max in *m, in k[j] the lanes whose window took tap j. */
+INL512 void sel4(const __m512 t[4], __m512 *m, __mmask16 k[4]) {
   __m512 mm = t[0];
   __m512i ii = _mm512_setzero_si512();
 #pragma GCC unroll 3
-  for (int k = 1; k < 4; k++) {
-    __mmask16 take = _mm512_cmp_ps_mask(t[k], mm, _CMP_GT_OQ) |
-                     (_mm512_cmp_ps_mask(t[k], t[k], _CMP_UNORD_Q) &
+  for (int j = 1; j < 4; j++) {
+    __mmask16 take = _mm512_cmp_ps_mask(t[j], mm, _CMP_GT_OQ) |
+                     (_mm512_cmp_ps_mask(t[j], t[j], _CMP_UNORD_Q) &
                       _mm512_cmp_ps_mask(mm, mm, _CMP_ORD_Q));
-    mm = _mm512_mask_mov_ps(mm, take, t[k]);
-    ii = _mm512_mask_mov_epi32(ii, take, _mm512_set1_epi32(k));
+    mm = _mm512_mask_mov_ps(mm, take, t[j]);
+    ii = _mm512_mask_mov_epi32(ii, take, _mm512_set1_epi32(j));
   }
   *m = mm;
-  *id = ii;
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++) k[j] = _mm512_cmpeq_epi32_mask(ii, _mm512_set1_epi32(j));
 }
 
-/* dy where the window took tap k, +0 elsewhere: 0 + dy, as memset and += gave */
-INL512 void spread4(__m512i id, __m512 dy, __m512 v[4]) {
+/* sel4 without NaNs: vmaxps (v > m ? v : m, with v first) is the rule then,
+ * and the tap taken is the first that equals the max (an earlier equal one
+ * would have been kept). */
+INL512 void sel4_finite(const __m512 t[4], __m512 *m, __mmask16 k[4], bool taken) {
+  __m512 mm = _mm512_max_ps(t[1], t[0]);
+  mm = _mm512_max_ps(t[2], mm);
+  mm = _mm512_max_ps(t[3], mm);
+  *m = mm;
+  if (!taken) return;
+  __mmask16 seen = 0;
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++) {
+    __mmask16 e = _mm512_cmp_ps_mask(t[j], mm, _CMP_EQ_OQ);
+    k[j] = e & (__mmask16)~seen;
+    seen |= e;
+  }
+}
+
+/* dy where the window took tap j, +0 elsewhere: 0 + dy, as memset and += gave */
+INL512 void spread4(const __mmask16 k[4], __m512 dy, __m512 v[4]) {
   __m512 gz = _mm512_add_ps(_mm512_setzero_ps(), dy); /* one NaN at most: no order */
 #pragma GCC unroll 4
-  for (int k = 0; k < 4; k++)
-    v[k] = _mm512_maskz_mov_ps(_mm512_cmpeq_epi32_mask(id, _mm512_set1_epi32(k)), gz);
+  for (int j = 0; j < 4; j++) v[j] = _mm512_maskz_mov_ps(k[j], gz);
 }
 
 /* Output rows of OW = 1, 2 or 4 floats (wider rows: conv.c's AVX2 loops, as
@@ -870,37 +894,44 @@ TGT512 static void pool_ix_of(int OW, pool_ix *p) {
   }
 }
 
-INL512 void taps64(const float *x, __mmask16 mz[4], const pool_ix *p, __m512 t[4]) {
+/* The taps of 16 windows; whether one of them is a NaN */
+INL512 bool taps64(const float *x, __mmask16 mz[4], const pool_ix *p, __m512 t[4]) {
   __m512 z[4];
+  __mmask16 nan = 0;
 #pragma GCC unroll 4
-  for (int q = 0; q < 4; q++) z[q] = _mm512_maskz_loadu_ps(mz[q], x + 16 * q);
+  for (int q = 0; q < 4; q++) {
+    z[q] = _mm512_maskz_loadu_ps(mz[q], x + 16 * q);
+    nan |= _mm512_cmp_ps_mask(z[q], z[q], _CMP_UNORD_Q);
+  }
 #pragma GCC unroll 4
   for (int k = 0; k < 4; k++)
     t[k] = _mm512_mask_blend_ps(0xff00, _mm512_permutex2var_ps(z[0], p->ix[k], z[1]),
                                 _mm512_permutex2var_ps(z[2], p->ix[k], z[3]));
+  return nan != 0;
 }
 
 /* 16 windows per step over the whole micro-batch (rows of windows follow one
  * another across planes and images); the last step masked. */
-TGT512 static void pool_small(int OW, size_t T, const float *x, const float *dy, float *y,
-                              float *dx) {
+INL512 void pool_small_k(int OW, size_t T, const float *x, const float *dy, float *y,
+                         float *dx, const int BWD) {
   pool_ix p;
   pool_ix_of(OW, &p);
   for (size_t o = 0; o < T; o += 16) {
     size_t r = T - o < 16 ? T - o : 16;
-    __mmask16 mz[4];
+    __mmask16 mz[4], k[4];
     for (int q = 0; q < 4; q++)
       mz[q] = lanes16(4 * r > 16 * (size_t)q ? 4 * r - 16 * q : 0);
     __m512 t[4], m;
-    __m512i id;
-    taps64(x + 4 * o, mz, &p, t);
-    sel4(t, &m, &id);
-    if (y) {
+    if (taps64(x + 4 * o, mz, &p, t))
+      sel4(t, &m, k);
+    else
+      sel4_finite(t, &m, k, BWD);
+    if (!BWD) {
       store16(y + o, lanes16(r), m);
       continue;
     }
     __m512 v[4];
-    spread4(id, _mm512_maskz_loadu_ps(lanes16(r), dy + o), v);
+    spread4(k, _mm512_maskz_loadu_ps(lanes16(r), dy + o), v);
     __m512 lo01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
            lo23 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
            hi01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)),
@@ -910,6 +941,14 @@ TGT512 static void pool_small(int OW, size_t T, const float *x, const float *dy,
       store16(dx + 4 * o + 16 * q, mz[q],
               _mm512_permutex2var_ps(q < 2 ? lo01 : hi01, p.iv[q], q < 2 ? lo23 : hi23));
   }
+}
+
+TGT512 static void pool_small(int OW, size_t T, const float *x, const float *dy, float *y,
+                              float *dx) {
+  if (dy)
+    pool_small_k(OW, T, x, dy, NULL, dx, 1);
+  else
+    pool_small_k(OW, T, x, NULL, y, NULL, 0);
 }
 
 static void pool_run(const dp_layer *l, int n, const float *x, const float *dy, float *y,
