@@ -197,20 +197,20 @@ INL512 void tr16(__m512 r[16]) {
 
 /* ---- forward ------------------------------------------------------------- */
 
-/* y of output channels o0 .. o0 + 7 on NV vectors: wt their weights (C 9, 8),
- * bias at o0 (or NULL), y at channel o0. */
+/* y of output channels o0 .. o0 + MT - 1 on NV vectors: wt their weights
+ * (C 9, MT), bias at o0 (or NULL), y at channel o0. */
 INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0,
-                     const int NV, const float *x, float *y) {
+                     const int MT, const int NV, const float *x, float *y) {
   vecs v;
   vecs_of(s, g0, NV, x, s->cin, y, s->cout, &v);
-  __m512 acc[MO][3];
-#pragma GCC unroll 8
-  for (int i = 0; i < MO; i++)
+  __m512 acc[16][3];
+#pragma GCC unroll 16
+  for (int i = 0; i < MT; i++)
 #pragma GCC unroll 3
     for (int j = 0; j < NV; j++) acc[i][j] = _mm512_setzero_ps();
   const ptrdiff_t W = s->W;
   const float *w = wt;
-  for (int c = 0; c < s->C; c++, w += 9 * MO) {
+  for (int c = 0; c < s->C; c++, w += 9 * MT) {
     ptrdiff_t cp = (ptrdiff_t)((size_t)c * s->P);
 #pragma GCC unroll 9
     for (int t = 0; t < 9; t++) {
@@ -218,15 +218,15 @@ INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0
       __m512 b[3];
 #pragma GCC unroll 3
       for (int j = 0; j < NV; j++) b[j] = _mm512_maskz_loadu_ps(v.mk[j][t], v.in[j] + off);
-      const float *wr = w + t * MO;
-#pragma GCC unroll 8
-      for (int i = 0; i < MO; i++) /* COL's element, then W^T's */
+      const float *wr = w + t * MT;
+#pragma GCC unroll 16
+      for (int i = 0; i < MT; i++) /* COL's element, then W^T's */
 #pragma GCC unroll 3
         for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wr + i);
     }
   }
-#pragma GCC unroll 8
-  for (int i = 0; i < MO; i++) {
+#pragma GCC unroll 16
+  for (int i = 0; i < MT; i++) {
     __m512 bb = bias ? _mm512_set1_ps(bias[i]) : _mm512_setzero_ps();
 #pragma GCC unroll 3
     for (int j = 0; j < NV; j++) /* the GEMM's epilogue: acc + bias once */
@@ -235,18 +235,16 @@ INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0
   }
 }
 
-TGT512 static void fwd_tile3(const cshape *s, const float *wt, const float *b, int g0,
-                             const float *x, float *y) {
-  fwd_tile(s, wt, b, g0, 3, x, y);
-}
-TGT512 static void fwd_tile2(const cshape *s, const float *wt, const float *b, int g0,
-                             const float *x, float *y) {
-  fwd_tile(s, wt, b, g0, 2, x, y);
-}
-TGT512 static void fwd_tile1(const cshape *s, const float *wt, const float *b, int g0,
-                             const float *x, float *y) {
-  fwd_tile(s, wt, b, g0, 1, x, y);
-}
+#define FWD_TILE(MT, NV)                                                                   \
+  TGT512 static void fwd_tile_##MT##_##NV(const cshape *s, const float *wt,                \
+                                          const float *b, int g0, const float *x,          \
+                                          float *y) {                                      \
+    fwd_tile(s, wt, b, g0, MT, NV, x, y);                                                  \
+  }
+FWD_TILE(8, 3)
+FWD_TILE(8, 2)
+FWD_TILE(8, 1)
+FWD_TILE(16, 1)
 
 /* ---- input gradient ------------------------------------------------------ */
 
@@ -790,19 +788,24 @@ void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w,
   shape_of(l, &s);
   if (fwd_lanes(&s, l, n, x, w, y, ws, ws_bytes)) return;
   const float *bias = l->bias ? w + s.ckk * (size_t)s.OUT : NULL;
-  float wt[CX_MAX_C * 9 * MO]; /* a tile's weights (C 9, 8): a tap's 8 adjacent */
+  /* a tile's weights (C 9, MT): a tap's MT adjacent. One input channel: 16
+   * outputs a tile, so that each tap's load serves them all */
+  float wt[CX_MAX_C * 9 * MO];
+  const int MT = s.C == 1 ? 16 : MO;
   int G = n * s.VP;
-  for (int o0 = 0; o0 < s.OUT; o0 += MO) {
-    dp__conv_transpose(w + (size_t)o0 * s.ckk, MO, s.ckk, s.ckk, wt, MO);
+  for (int o0 = 0; o0 < s.OUT; o0 += MT) {
+    dp__conv_transpose(w + (size_t)o0 * s.ckk, (size_t)MT, s.ckk, s.ckk, wt, (size_t)MT);
     const float *bo = bias ? bias + o0 : NULL;
     float *yo = y + (size_t)o0 * s.P;
-    for (int g0 = 0; g0 < G; g0 += 3)
-      if (G - g0 >= 3)
-        fwd_tile3(&s, wt, bo, g0, x, yo);
+    for (int g0 = 0; g0 < G; g0 += MT == 16 ? 1 : 3)
+      if (MT == 16)
+        fwd_tile_16_1(&s, wt, bo, g0, x, yo);
+      else if (G - g0 >= 3)
+        fwd_tile_8_3(&s, wt, bo, g0, x, yo);
       else if (G - g0 == 2)
-        fwd_tile2(&s, wt, bo, g0, x, yo);
+        fwd_tile_8_2(&s, wt, bo, g0, x, yo);
       else
-        fwd_tile1(&s, wt, bo, g0, x, yo);
+        fwd_tile_8_1(&s, wt, bo, g0, x, yo);
   }
 }
 
