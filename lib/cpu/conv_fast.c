@@ -584,7 +584,7 @@ static float fwd_redo(const cshape *s, const float *x, const float *w, int o, si
 
 typedef struct {
   const cshape *s;
-  size_t ld;
+  size_t n, ld;            /* images, lanes */
   const float *x, *w, *xt; /* x as given (for fwd_redo), W, x in the lanes */
 } lanes_ctx;
 
@@ -639,9 +639,8 @@ INL512 void fwd_lanes_tile(const lanes_ctx *d, const float *wt, const float *bia
       __mmask16 m = _mm512_cmpeq_epi32_mask(_mm512_castps_si512(acc[i][j]), neg0);
       if (m) { /* rare: some chain ends at -0 */
         _mm512_storeu_ps(out, acc[i][j]);
-        for (int l = 0; l < 16; l++)
-          if (m >> l & 1)
-            out[l] = fwd_redo(s, d->x, d->w, o0 + i, s0 + 16 * (size_t)j + l, p);
+        for (size_t l = 0, im = s0 + 16 * (size_t)j; l < 16 && im + l < d->n; l++)
+          if (m >> l & 1) out[l] = fwd_redo(s, d->x, d->w, o0 + i, im + l, p);
         acc[i][j] = _mm512_loadu_ps(out);
       }
       _mm512_storeu_ps(out,
@@ -681,7 +680,7 @@ static bool fwd_lanes(const cshape *s, const dp_layer *l, int n, const float *x,
   for (int o0 = 0; o0 < s->OUT; o0 += MO) /* W^T in tiles of 8 outputs: (C 9, 8) each */
     dp__conv_transpose(w + (size_t)o0 * s->ckk, MO, s->ckk, s->ckk, wt + o0 / MO * tile,
                        MO);
-  lanes_ctx d = {s, ld, x, w, xt};
+  lanes_ctx d = {s, (size_t)n, ld, x, w, xt};
   const float *bias = l->bias ? w + s->ckk * (size_t)s->OUT : NULL;
   tap_list tl;
   /* a position's rows of 48 images (27 KiB for 16 channels) stay in L1 over
