@@ -123,13 +123,32 @@ INL512 void store16(float *p, __mmask16 m, __m512 v) {
 }
 
 /* acc + a b with the GEMM kernel's operand roles (gemm.c: vfmadd231ps, acc,
- * then the element of op(A), then the one of op(B), *b broadcast): which NaN
- * comes out when NaNs meet depends on them, so they are pinned in asm. */
-INL512 __m512 fma_ab(__m512 acc, __m512 a, const float *b) {
+ * then the element of op(A), then the one of op(B), b a broadcast made once
+ * for the tile's row): which NaN comes out when NaNs meet depends on them, so
+ * they are pinned in asm. */
+INL512 __m512 fma_ab(__m512 acc, __m512 a, __m512 b) {
+  __asm__("vfmadd231ps %[b], %[a], %[c]" : [c] "+v"(acc) : [a] "v"(a), [b] "v"(b));
+  return acc;
+}
+
+/* fma_ab with b broadcast from memory by the fma itself: for a row of one
+ * vector, where a broadcast made first would cost a uop more */
+INL512 __m512 fma_abm(__m512 acc, __m512 a, const float *b) {
   __asm__("vfmadd231ps %[b]%{1to16%}, %[a], %[c]"
           : [c] "+v"(acc)
           : [a] "v"(a), [b] "m"(*b));
   return acc;
+}
+
+/* acc[j] = fma_ab(acc[j], a[j], *b) for j < N: one broadcast for them all */
+INL512 void fma_row(__m512 *acc, const __m512 *a, const float *b, const int N) {
+  if (N == 1) {
+    acc[0] = fma_abm(acc[0], a[0], b);
+    return;
+  }
+  __m512 bb = _mm512_set1_ps(*b);
+#pragma GCC unroll 3
+  for (int j = 0; j < N; j++) acc[j] = fma_ab(acc[j], a[j], bb);
 }
 
 /* acc + bias, the GEMM's epilogue (vaddps: acc's NaN first) */
@@ -221,8 +240,7 @@ INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0
       const float *wr = w + t * MT;
 #pragma GCC unroll 16
       for (int i = 0; i < MT; i++) /* COL's element, then W^T's */
-#pragma GCC unroll 3
-        for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wr + i);
+        fma_row(acc[i], b, wr + i, NV);
     }
   }
 #pragma GCC unroll 16
@@ -275,8 +293,7 @@ INL512 void dx_tile(const cshape *s, const float *w, int g0, const int MC, const
         b[j] = _mm512_maskz_loadu_ps(m[j], d[j] + (size_t)o * s->P);
 #pragma GCC unroll 8
       for (int i = 0; i < MC; i++) /* dY^T's element, then W's */
-#pragma GCC unroll 3
-        for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wp + 9 * i);
+        fma_row(acc[i], b, wp + 9 * i, NV);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MC; i++)
@@ -369,9 +386,7 @@ INL512 void dw_pos(__m512 acc[9][2], __m512 dba[2], const float *const r[3],
   for (int t = 0; t < 9; t++) {
     int ky = t / 3, kx = t % 3;
     if (ky < KY0 || ky > KY1 || kx < KX0 || kx > KX1) continue;
-#pragma GCC unroll 2
-    for (int j = 0; j < NO; j++) /* dY^T's element, then COL's */
-      acc[t][j] = fma_ab(acc[t][j], b[j], r[ky] + ox + kx - 1);
+    fma_row(acc[t], b, r[ky] + ox + kx - 1, NO); /* dY^T's element, then COL's */
   }
 #pragma GCC unroll 2
   for (int j = 0; j < NO; j++)
@@ -626,9 +641,7 @@ INL512 void fwd_lanes_tile(const lanes_ctx *d, const float *wt, const float *bia
 #pragma GCC unroll 3
     for (int j = 0; j < NV; j++) b[j] = _mm512_loadu_ps(row + 16 * j);
 #pragma GCC unroll 8
-    for (int i = 0; i < MO; i++)
-#pragma GCC unroll 3
-      for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wr + i);
+    for (int i = 0; i < MO; i++) fma_row(acc[i], b, wr + i, NV);
   }
   const __m512i neg0 = _mm512_set1_epi32((int)0x80000000u);
 #pragma GCC unroll 8
@@ -719,8 +732,7 @@ INL512 void dx_lanes_tile(const cshape *s, const float *dyt, size_t ld, const fl
     for (int j = 0; j < NV; j++) b[j] = _mm512_loadu_ps(row + 16 * j);
 #pragma GCC unroll 8
     for (int i = 0; i < MC; i++) /* dY^T's element, then W's */
-#pragma GCC unroll 3
-      for (int j = 0; j < NV; j++) acc[i][j] = fma_ab(acc[i][j], b[j], wp + 9 * i);
+      fma_row(acc[i], b, wp + 9 * i, NV);
   }
 #pragma GCC unroll 8
   for (int i = 0; i < MC; i++)
