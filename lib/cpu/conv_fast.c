@@ -89,8 +89,8 @@ size_t dp__convx_bwd_bytes(const dp_layer *l, int n) {
 typedef struct {
   int C, H, W, VP, OUT;
   size_t P, cin, cout, ckk; /* plane; floats per image of x and of y; taps */
-  /* mk[9 v + t]: the lanes of plane vector v whose tap t = 3 ky + kx reads
-   * inside the image (lanes past P: none) */
+  /* mk[9 v + t] (masks_of, for the plane kernels): the lanes of plane vector
+   * v whose tap t = 3 ky + kx reads inside the image (lanes past P: none) */
   uint16_t mk[9 * VP_MAX];
 } cshape;
 
@@ -99,6 +99,10 @@ static void shape_of(const dp_layer *l, cshape *s) {
   s->P = (size_t)s->H * s->W;
   s->VP = (int)((s->P + 15) / 16);
   s->cin = (size_t)s->C * s->P, s->cout = (size_t)s->OUT * s->P, s->ckk = (size_t)s->C * 9;
+}
+
+/* mk, for the plane kernels */
+static void masks_of(cshape *s) {
   memset(s->mk, 0, sizeof s->mk[0] * 9 * (size_t)s->VP);
   int oy = 0, ox = 0;
   for (size_t q = 0; q < s->P; q++) {
@@ -798,6 +802,7 @@ void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w,
   cshape s;
   shape_of(l, &s);
   if (fwd_lanes(&s, l, n, x, w, y, ws, ws_bytes)) return;
+  masks_of(&s);
   const float *bias = l->bias ? w + s.ckk * (size_t)s.OUT : NULL;
   /* a tile's weights (C 9, MT): a tap's MT adjacent. One input channel: 16
    * outputs a tile, so that each tap's load serves them all */
@@ -832,7 +837,10 @@ bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w
   if (!dyt_of(&s, n, dy, g)) return false; /* a NaN or infinity: conv.c's path */
   dw_ctx d = {&s, n, x, g};
   conv_dw(&d, part, dw, db);
-  if (dx && !dx_lanes(&s, n, w, dy, dx, ws, ws_bytes)) conv_dx(&s, n, w, dy, dx);
+  if (dx && !dx_lanes(&s, n, w, dy, dx, ws, ws_bytes)) {
+    masks_of(&s);
+    conv_dx(&s, n, w, dy, dx);
+  }
   return true;
 }
 
