@@ -84,6 +84,8 @@ SCALING_TARGET = 1.8
 # the scaling line: one device against two in each mode
 MLP_LARGE_1 = STEPS[3][0]
 MLP_LARGE_2 = [(st[5], st[0]) for st in STEPS[4:7]]
+# bf16 against libdp's own fp32: labels of the whole list (--only filters STEPS)
+BF16_PAIR = (STEPS[4][0], STEPS[-2][0])
 # the default venv of a current PyTorch from PyPI
 VENV = os.environ.get('DP_BENCH_VENV') or os.path.expanduser('~/.cache/libdp/torch-venv')
 
@@ -378,7 +380,7 @@ def main():
                   '(goal <= %s)' % (r[0], 1 / r[3], 1 / r[6],
                                     '0.8x' if r[7].startswith(TGT_08) else '0.5x'))
     by_label = {r[0]: r for r in rows}
-    for fp, bf in ((STEPS[4][0], STEPS[-2][0]),):  # bf16 against libdp's own fp32
+    for fp, bf in (BF16_PAIR,):  # bf16 against libdp's own fp32
         if fp in by_label and bf in by_label:
             # r[1]: libdp best ms, r[4]: libdp median ms
             print('mlp_large 2 dev: bf16 %.2fx faster than fp32 on the best, %.2fx on the '

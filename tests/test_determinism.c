@@ -214,7 +214,8 @@ END_TEST
 
 /* Across instruction sets: every CPU tier this machine has (the GEMM's and the
  * elementwise loops', which follow it) gives the reference's bits, for each
- * optimizer, the CNN, and both batchnorm modes. */
+ * optimizer, the CNN, and both batchnorm modes, and a CNN on the AVX-512 tier's
+ * own conv2d and maxpool2d kernels. */
 START_TEST(every_cpu_tier_gives_the_same_bits) {
   static const char *const tiers[] = {"scalar", "avx2", "avx512"};
   static const char *const specs[] = {
@@ -223,9 +224,13 @@ START_TEST(every_cpu_tier_gives_the_same_bits) {
       "stride 1\nflatten\nlinear 7 nobias\nbatchnorm\nlinear 5\n"
       "loss softmax_cross_entropy\n",
       /* gelu and tanh: loops with an AVX-512 copy of their own (DP_SIMD_FN512) */
-      "input 12\nlinear 40\ngelu\nlinear 24\ntanh\nlinear 5\nloss softmax_cross_entropy\n"};
+      "input 12\nlinear 40\ngelu\nlinear 24\ntanh\nlinear 5\nloss softmax_cross_entropy\n",
+      /* conv2d 3 padding 1 with 16 outputs and maxpool2d 2 to rows of 1: the
+       * AVX-512 tier runs them without im2col (lib/cpu/conv_fast.c) */
+      "input 3 2 2\nconv2d 16 3 padding 1\nrelu\nmaxpool2d 2\nconv2d 16 3 padding 1\n"
+      "relu\nflatten\nlinear 5\nloss softmax_cross_entropy\n"};
   setup two = {2, DP_MODE_ALLREDUCE, 0};
-  for (int sp = 0; sp < 3; sp++)
+  for (int sp = 0; sp < 4; sp++)
     for (int opt = 0; opt < 3; opt++) {
       spec_in_use = specs[sp];
       uint64_t ref = 0;

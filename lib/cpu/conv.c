@@ -22,8 +22,12 @@
  * move 8 x 8 blocks (AVX2); maxpool 2 stride 2 takes its windows' maxima
  * with compares and blends, 8 windows at once. Everything else that adds keeps
  * its order, and the operand order of each add too (add_acc: only which NaN
- * comes out of NaN + NaN depends on it). */
+ * comes out of NaN + NaN depends on it).
+ *
+ * On the AVX-512 tier, conv2d 3 x 3 padding 1 and the narrowest maxpools run
+ * without im2col and with the same bits (conv_fast.h; session 17). */
 #include "cpu/gemm.h"
+#include "cpu/conv_fast.h"
 #include "cpu/cpu.h"
 
 #include <math.h>
@@ -266,8 +270,8 @@ TGT_AVX2 static void transpose_avx2(const float *src, size_t rows, size_t cols, 
 }
 #endif
 
-static void transpose(const float *restrict src, size_t rows, size_t cols, size_t lds,
-                      float *restrict dst, size_t ldd) {
+void dp__conv_transpose(const float *restrict src, size_t rows, size_t cols, size_t lds,
+                        float *restrict dst, size_t ldd) {
 #if CONV_X86
   if (__builtin_cpu_supports("avx2")) {
     transpose_avx2(src, rows, cols, lds, dst, ldd);
@@ -323,6 +327,10 @@ bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, 
   if (n <= 0) return true;
   conv_ws s = ws_of(l, n, false);
   if (ws_bytes < s.col + s.t + s.gemm) return false;
+  if (dp__convx_takes(l)) { /* the same bits */
+    dp__convx_forward(l, n, x, w, y, ws, ws_bytes);
+    return true;
+  }
   float *col = ws, *t = (float *)((unsigned char *)ws + s.col);
   void *g = s.gemm ? (unsigned char *)ws + s.col + s.t : NULL;
   size_t P = (size_t)l->h * l->w, wn = (size_t)l->c * s.ckk, in = (size_t)l->in;
@@ -334,8 +342,8 @@ bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, 
     dp__sgemm(0, 1, (int)((size_t)m * P), (int)s.out, (int)s.ckk, col, (int)s.ckk, w,
               (int)s.ckk, t, (int)s.out, &ep, g);
     for (int i = 0; i < m; i++) /* (P, OUT) -> (OUT, P) per image */
-      transpose(t + (size_t)i * P * s.out, P, s.out, s.out,
-                y + ((size_t)s0 + i) * s.out * P, P);
+      dp__conv_transpose(t + (size_t)i * P * s.out, P, s.out, s.out,
+                         y + ((size_t)s0 + i) * s.out * P, P);
   }
   return true;
 }
@@ -351,11 +359,15 @@ bool dp__conv_backward(const dp_layer *l, int n, const float *x, const float *w,
     return true;
   }
   if (ws_bytes < s.col + s.t + s.gemm) return false;
+  if (dp__convx_takes(l) && ws_bytes >= dp__convx_bwd_bytes(l, n) && /* the same bits */
+      dp__convx_backward(l, n, x, w, dy, dw, db, dx, ws, ws_bytes))
+    return true;
   float *col = ws, *t = (float *)((unsigned char *)ws + s.col);
   void *g = s.gemm ? (unsigned char *)ws + s.col + s.t : NULL;
   size_t P = (size_t)l->h * l->w;
   for (int i = 0; i < n; i++) /* dy (OUT, P) -> dY^T (P, OUT) per image */
-    transpose(dy + (size_t)i * s.out * P, s.out, P, P, t + (size_t)i * P * s.out, s.out);
+    dp__conv_transpose(dy + (size_t)i * s.out * P, s.out, P, P, t + (size_t)i * P * s.out,
+                       s.out);
   im2col(l, n, x, col);
   dp__sgemm(1, 0, (int)s.out, (int)s.ckk, (int)s.np, t, (int)s.out, col, (int)s.ckk, dw,
             (int)s.ckk, NULL, g);
@@ -586,6 +598,10 @@ static bool maxpool22(const dp_layer *l) {
 
 void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
   int C = l->ic, H = l->ih, W = l->iw, K = l->k, S = l->stride, OH = l->h, OW = l->w;
+  if (dp__poolx_takes(l)) { /* the same elements */
+    dp__poolx_forward(l, n, x, y);
+    return;
+  }
 #if CONV_X86
   if (maxpool22(l)) {
     maxpool22_fwd(l, n, x, y);
@@ -619,6 +635,10 @@ void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
 void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy,
                        float *dx) {
   int C = l->ic, H = l->ih, W = l->iw, K = l->k, S = l->stride, OH = l->h, OW = l->w;
+  if (dp__poolx_takes(l)) { /* the same bits */
+    dp__poolx_backward(l, n, x, dy, dx);
+    return;
+  }
 #if CONV_X86
   if (maxpool22(l)) {
     maxpool22_bwd(l, n, x, dy, dx);
