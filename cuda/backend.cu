@@ -487,13 +487,12 @@ static dp_status grad_add_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
  * bf16 values already (precision bf16's linear and conv2d: cuda/mixed.cu). */
 static dp_status round_leaf(dev_ctx *x, const dp_plan *p, const dp_op *op, float *grads) {
   const dp_layer *l = &p->model.layers[op->layer];
-  if (!(op->flags & DP_OPF_ROUND_BF16) || op->kind == DP_OP_FORWARD || !l->n_params ||
-      !grads)
-    return DP_OK;
+  if (!(op->flags & DP_OPF_ROUND_BF16) || !l->n_params || !grads) return DP_OK;
   if (p->cfg.precision == DP_PRECISION_BF16 && op->kind == DP_OP_BACKWARD &&
       (l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D))
     return DP_OK;
-  DP_CUDA_CHECK(dp_k_round_bf16(x->stream, grads + l->param_off, l->n_params));
+  float *g = grads + l->param_off;
+  DP_CUDA_CHECK(dp_k_round_bf16(x->stream, g, g, l->n_params));
   return DP_OK;
 }
 
@@ -659,6 +658,12 @@ struct gemm_use {
 
 static unsigned mod256(const void *p) { return (unsigned)((uintptr_t)p & 255u); }
 
+/* The layer kinds whose ops call cuBLAS. */
+static bool gemm_layer(const dp_layer *l) {
+  return l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D ||
+         l->kind == DP_LAYER_ATTENTION;
+}
+
 /* The cuBLAS use of a forward or backward op at its planned rows; false when the
  * op makes no cuBLAS call. */
 static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
@@ -667,9 +672,7 @@ static bool gemm_use_of(const dp_exec_env *e, const dp_op *op, gemm_use *u) {
       op->rows <= 0)
     return false;
   const dp_layer *l = &p->model.layers[op->layer];
-  if (l->kind != DP_LAYER_LINEAR && l->kind != DP_LAYER_CONV2D &&
-      l->kind != DP_LAYER_ATTENTION)
-    return false;
+  if (!gemm_layer(l)) return false;
   lay c0 = lay_of(e, op, op->layer);
   bool fwd = op->kind == DP_OP_FORWARD;
   if (l->kind == DP_LAYER_ATTENTION) { /* x: qkv, w: p, y: y or dy, d: dqkv, g: scratch */
@@ -763,10 +766,8 @@ static dp_status gemm_uses(const dp_exec_env *e, int d, gemm_use *uses, int *n_u
  * optimizer state, which they only read, stay. */
 namespace {
 struct mixed_use {
-  int kind, layer;
-  unsigned at[7]; /* in, out, din, dout, stats, params, grads: offsets mod 256 */
-  int rows;
-  const dp_op *op;
+  const dp_op *op; /* the one with the most rows */
+  unsigned at[7];  /* in, out, din, dout, stats, params, grads: offsets mod 256 */
 };
 } // namespace
 
@@ -777,21 +778,13 @@ static unsigned mod256_of(const lay &c, dp_span s) {
 static mixed_use mixed_use_of(const dp_exec_env *e, const dp_op *op) {
   lay c = lay_of(e, op, op->layer);
   mixed_use u = {};
-  u.kind = op->kind;
-  u.layer = op->layer;
+  u.op = op;
   const dp_span sp[6] = {c.o.in, c.o.out, c.o.din, c.o.dout, c.o.stats, c.o.params};
   for (int i = 0; i < 6; i++) u.at[i] = mod256_of(c, sp[i]);
   u.at[6] = op->kind == DP_OP_BACKWARD
                 ? mod256(reg(e, c.d, op->dst_region, op->dst_offset) + c.l->param_off)
                 : 256u;
-  u.rows = op->rows;
-  u.op = op;
   return u;
-}
-
-static bool gemm_layer(const dp_layer *l) {
-  return l->kind == DP_LAYER_LINEAR || l->kind == DP_LAYER_CONV2D ||
-         l->kind == DP_LAYER_ATTENTION;
 }
 
 /* What device d's layer ops can write, as the context left it before. */
@@ -823,11 +816,11 @@ static dp_status warm_mixed(cuda_ctx *c, int d) {
       continue;
     mixed_use u = mixed_use_of(&e, op);
     int i = 0;
-    while (i < n && (uses[i].kind != u.kind || uses[i].layer != u.layer ||
+    while (i < n && (uses[i].op->kind != op->kind || uses[i].op->layer != op->layer ||
                      memcmp(uses[i].at, u.at, sizeof u.at)))
       i++;
     if (i < n) {
-      if (u.rows > uses[i].rows) uses[i] = u;
+      if (op->rows > uses[i].op->rows) uses[i].op = op;
       continue;
     }
     if (n == MAX_USES)
@@ -838,19 +831,21 @@ static dp_status warm_mixed(cuda_ctx *c, int d) {
     uses[n++] = u;
   }
   dp_status s = DP_OK;
-  float *grads = NULL;
-  for (int i = 0; i < n && s == DP_OK; i++)
-    for (int r = 1; r <= uses[i].rows && s == DP_OK; r++) {
-      lay l = lay_of(&e, uses[i].op, uses[i].layer);
+  for (int i = 0; i < n && s == DP_OK; i++) {
+    const dp_op *op = uses[i].op;
+    for (int r = 1; r <= op->rows && s == DP_OK; r++) {
+      lay l = lay_of(&e, op, op->layer);
       l.rows = r;
-      grads = reg(&e, d, uses[i].op->dst_region, uses[i].op->dst_offset);
+      if (op->kind == DP_OP_BACKWARD) {
+        s = dp__cuda_mixed_backward(x, l, reg(&e, d, op->dst_region, op->dst_offset), 0);
+        continue;
+      }
       for (int training = 1; training >= 0 && s == DP_OK; training--) {
         e.training = training; /* attention dropout's forward, and evaluation's */
-        s = uses[i].kind == DP_OP_FORWARD ? dp__cuda_mixed_forward(x, l, 0)
-                                          : dp__cuda_mixed_backward(x, l, grads, 0);
-        if (uses[i].kind != DP_OP_FORWARD) break;
+        s = dp__cuda_mixed_forward(x, l, 0);
       }
     }
+  }
   if (s == DP_OK) s = refill(x, &e, d);
   return s;
 }
@@ -984,7 +979,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
       s = dp__cuda_forward(x, l, row0);
     else
       s = dp__cuda_backward(x, l, grads, row0);
-    return s != DP_OK ? s : round_leaf(x, p, op, grads);
+    return s != DP_OK || op->kind == DP_OP_FORWARD ? s : round_leaf(x, p, op, grads);
   }
   case DP_OP_GRAD_ADD: return grad_add_op(x, e, op);
   case DP_OP_GRAD_PACK:

@@ -307,8 +307,8 @@ static __global__ void k_add_bf16(float *dst, const float *src, const uint16_t *
   }
 }
 
-static __global__ void k_round_bf16(float *x, size_t n) {
-  GRID_STRIDE(i, n) x[i] = dp__bf16_roundf(x[i]);
+static __global__ void k_round_bf16(const float *x, float *y, size_t n) {
+  GRID_STRIDE(i, n) y[i] = dp__bf16_roundf(x[i]);
 }
 
 static __global__ void k_pack_bf16(const float *x, uint16_t *y, size_t n) {
@@ -336,9 +336,9 @@ cudaError_t dp_k_add_bf16(cudaStream_t st, float *dst, const float *src,
   return cudaGetLastError();
 }
 
-cudaError_t dp_k_round_bf16(cudaStream_t st, float *x, size_t n) {
+cudaError_t dp_k_round_bf16(cudaStream_t st, const float *x, float *y, size_t n) {
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_round_bf16, blocks_for(n), THREADS, 0, st)(x, n);
+  DP_LAUNCH(k_round_bf16, blocks_for(n), THREADS, 0, st)(x, y, n);
   return cudaGetLastError();
 }
 

@@ -128,12 +128,13 @@ cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float
                                     const float *g, const float *dy, float *dx, float *dg,
                                     float *db, int rows, int cols);
 cudaError_t dp_k_add(cudaStream_t st, float *dst, const float *src, size_t n);
-/* config.reduce_precision bf16 (docs/PRECISION.md): dst = bf16(dst + src), src
- * fp32 (src16 NULL) or bf16 (src NULL); x rounded to bf16 in place; fp32 <->
- * bf16 (util/bf16.h's rounding, the cpu backend's bits). */
+/* bf16 (util/bf16.h's rounding, the cpu backend's bits), for precision bf16
+ * (cuda/mixed.cu) and reduce_precision bf16: dst = bf16(dst + src), src fp32
+ * (src16 NULL) or bf16 (src NULL); y = x rounded to bf16 (y may be x); fp32
+ * <-> bf16. */
 cudaError_t dp_k_add_bf16(cudaStream_t st, float *dst, const float *src,
                           const uint16_t *src16, size_t n);
-cudaError_t dp_k_round_bf16(cudaStream_t st, float *x, size_t n);
+cudaError_t dp_k_round_bf16(cudaStream_t st, const float *x, float *y, size_t n);
 cudaError_t dp_k_pack_bf16(cudaStream_t st, const float *x, uint16_t *y, size_t n);
 cudaError_t dp_k_unpack_bf16(cudaStream_t st, const uint16_t *x, float *y, size_t n);
 cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n);

@@ -25,15 +25,6 @@
 
 /* ---- kernels ---------------------------------------------------------------------- */
 
-static __global__ void k_widen(const uint16_t *x, float *y, size_t n) {
-  GRID_STRIDE(i, n) y[i] = dp__bf16_widen(x[i]);
-}
-static __global__ void k_narrow(const float *x, uint16_t *y, size_t n) {
-  GRID_STRIDE(i, n) y[i] = dp__bf16_rne(x[i]);
-}
-static __global__ void k_round(const float *x, float *y, size_t n) {
-  GRID_STRIDE(i, n) y[i] = dp__bf16_roundf(x[i]);
-}
 /* y = bf16(acc + bf16(b)) (then relu), stored as bf16 or as an fp32 value */
 static __global__ void k_epilogue(const float *acc, const float *b, int cols, int relu,
                                   void *y, int y_bf16, size_t n) {
@@ -51,20 +42,15 @@ static __global__ void k_relu_mask(const uint16_t *y, uint16_t *dx, size_t n) {
   GRID_STRIDE(i, n) if (dp__bf16_widen(y[i]) <= 0.0f) dx[i] = 0;
 }
 
+/* cuda/kernels.cu's conversions, on the operand pointers this file holds */
 static cudaError_t widen(cudaStream_t st, const void *x, float *y, size_t n) {
-  if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_widen, blocks_for(n), THREADS, 0, st)((const uint16_t *)x, y, n);
-  return cudaGetLastError();
+  return dp_k_unpack_bf16(st, (const uint16_t *)x, y, n);
 }
 static cudaError_t narrow(cudaStream_t st, const float *x, void *y, size_t n) {
-  if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_narrow, blocks_for(n), THREADS, 0, st)(x, (uint16_t *)y, n);
-  return cudaGetLastError();
+  return dp_k_pack_bf16(st, x, (uint16_t *)y, n);
 }
 static cudaError_t round_to(cudaStream_t st, const float *x, float *y, size_t n) {
-  if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_round, blocks_for(n), THREADS, 0, st)(x, y, n);
-  return cudaGetLastError();
+  return dp_k_round_bf16(st, x, y, n);
 }
 
 /* ---- the shadow area ---------------------------------------------------------------- */

@@ -516,12 +516,9 @@ static void allreduce_halving(builder *b, const dp_plan *p, int n) {
  * device 0: every device takes its range of the sum (bf16 ones from a pack of
  * the whole gradient on device 0). */
 static void ranges_from_0(builder *b, const dp_plan *p, int n, size_t P) {
-  bool packed = false;
-  for (int d = 1; d < n; d++)
-    if (dp__wire_bf16(&p->cfg, d, 0) && !packed) {
-      pack(b, p, 0, 0, P, 0);
-      packed = true;
-    }
+  bool wire = false;
+  for (int d = 1; d < n; d++) wire |= dp__wire_bf16(&p->cfg, d, 0);
+  if (wire) pack(b, p, 0, 0, P, 0);
   next_stage(b);
   for (int d = 1; d < n; d++) {
     size_t off = p->opt_off[d] * 4, bytes = p->opt_len[d] * 4;

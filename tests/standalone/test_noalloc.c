@@ -546,6 +546,18 @@ static void fill(float *x, int32_t *t, int rows, uint64_t seed, bool seq) {
  * send areas are planned too */
 static dp_precision reduce_precision = DP_PRECISION_FP32;
 
+static void run_case(const config_case *cc, dp_precision precision);
+
+/* cc again, named `name`, with the gradient reduction in bf16 */
+static void run_case_reduced_bf16(const config_case *cc, const char *name,
+                                  dp_precision precision) {
+  config_case r = *cc;
+  r.name = name;
+  reduce_precision = DP_PRECISION_BF16;
+  run_case(&r, precision);
+  reduce_precision = DP_PRECISION_FP32;
+}
+
 static void run_case(const config_case *cc, dp_precision precision) {
   static float x[BATCH * IN], y[BATCH * IN * OUT]; /* a GPT's: (BATCH, IN, OUT) */
   static int32_t t[BATCH * IN];
@@ -860,14 +872,10 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof bf16_cases / sizeof *bf16_cases; i++)
     run_case(&bf16_cases[i], DP_PRECISION_BF16);
   /* the gradient reduction in bf16: rounding in-place adds, accumulation */
-  reduce_precision = DP_PRECISION_BF16;
-  config_case rb = cases[3];
-  rb.name = "mlp, 4 devices, sharded, accumulate 2, bf16 reduction";
-  run_case(&rb, DP_PRECISION_FP32);
-  rb = bf16_cases[1];
-  rb.name = "gpt, 2 devices, recompute 2, bf16, bf16 reduction";
-  run_case(&rb, DP_PRECISION_BF16);
-  reduce_precision = DP_PRECISION_FP32;
+  run_case_reduced_bf16(&cases[3], "mlp, 4 devices, sharded, accumulate 2, bf16 reduction",
+                        DP_PRECISION_FP32);
+  run_case_reduced_bf16(&bf16_cases[1], "gpt, 2 devices, recompute 2, bf16, bf16 reduction",
+                        DP_PRECISION_BF16);
 
   /* the cuda backend, when there is a GPU */
   int gpus = dp_cuda_device_count();
@@ -907,17 +915,12 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < sizeof gpu_bf16_cases / sizeof *gpu_bf16_cases; i++)
       run_case(&gpu_bf16_cases[i], DP_PRECISION_BF16);
     /* the gradient reduction in bf16: packs, copies of half the bytes, unpacks */
-    reduce_precision = DP_PRECISION_BF16;
-    config_case gb = gpu_cases[3];
-    gb.name = "cuda gpt, 2 replicas, allreduce, bf16 reduction";
-    run_case(&gb, DP_PRECISION_FP32);
-    gb = gpu_cases[1];
-    gb.name = "cuda graph, 2 replicas, bf16 reduction";
-    run_case(&gb, DP_PRECISION_FP32);
-    gb = gpu_bf16_cases[0];
-    gb.name = "cuda gpt, allreduce, bf16, bf16 reduction";
-    run_case(&gb, DP_PRECISION_BF16);
-    reduce_precision = DP_PRECISION_FP32;
+    run_case_reduced_bf16(&gpu_cases[3], "cuda gpt, 2 replicas, allreduce, bf16 reduction",
+                          DP_PRECISION_FP32);
+    run_case_reduced_bf16(&gpu_cases[1], "cuda graph, 2 replicas, bf16 reduction",
+                          DP_PRECISION_FP32);
+    run_case_reduced_bf16(&gpu_bf16_cases[0], "cuda gpt, allreduce, bf16, bf16 reduction",
+                          DP_PRECISION_BF16);
   } else
     printf("SKIP noalloc cuda: no GPU (%s)\n", dp_last_error());
 
