@@ -518,6 +518,32 @@ START_TEST(bf16_results_with_long_k_and_many_rows) {
 }
 END_TEST
 
+/* A weight gradient larger than L2 (fp32 rounded, one K slice): the
+ * avx512bf16 tier stores it past the caches, aligned vectors streamed and the
+ * rest masked (rows of 523 floats start at every alignment); the same bits,
+ * the padding untouched. */
+START_TEST(large_weight_gradients_are_streamed_with_the_same_bits) {
+  for (int pad = 0; pad < 2; pad++) {
+    prob p = prob_make(1, 0, 1030, 520, 70, pad * 3, DP_BF16_STORE_BF16,
+                       pad ? DP_BF16_STORE_F32 : DP_BF16_STORE_BF16,
+                       DP_BF16_STORE_F32_ROUNDED, 0);
+    uint32_t *ref = prob_ref(&p);
+    static const int tiers[] = {3, 4};
+    for (int t = 0; t < 2; t++) {
+      if (!use_tier(tiers[t])) {
+        skip_tier("large_weight_gradients_are_streamed_with_the_same_bits", tiers[t]);
+        continue;
+      }
+      long d = run_check(&p, WS, ref);
+      REQ(d == -1, "tier %s pad %d: element %ld", TIERS[tiers[t]], pad * 3, d);
+    }
+    tiers_reset();
+    free(ref);
+    prob_free(&p);
+  }
+}
+END_TEST
+
 /* ---- the arithmetic's edges, one element at a time ------------------------------------
  */
 
@@ -956,6 +982,7 @@ Suite *bf16_suite(void) {
   tcase_add_test(tc, every_tier_follows_the_contract);
   tcase_add_test(tc, linear_layer_products_follow_the_contract);
   tcase_add_test(tc, bf16_results_with_long_k_and_many_rows);
+  tcase_add_test(tc, large_weight_gradients_are_streamed_with_the_same_bits);
   tcase_add_test(tc, pair_order_daz_and_ftz_decide_the_bits);
   tcase_add_test(tc, nan_results_are_the_default_nan);
   tcase_add_test(tc, k_zero_gives_the_epilogue_of_zero);

@@ -27,6 +27,8 @@
 #define SCRATCH_ROWS (4 * MC)
 #endif
 #define DEFAULT_NAN 0x7fc00000u
+/* fp32 results at least this large are stored past the caches (the HW tier) */
+#define STREAM_BYTES ((size_t)2 << 20)
 /* Packed B read by the unpacked path (dp__gemm_bf16_pb without workspace):
  * dp__gemm_mat.store of widened slivers and of bf16 pairs. */
 enum { STORE_PACKED_W = 8, STORE_PACKED_P = 9 };
@@ -178,6 +180,7 @@ typedef struct {
   int ldc, c_store;
   const float *bias;
   int relu;
+  bool stream; /* sink_avx512: C is large, written past the caches */
 } call;
 
 /* The unpacked path: the contract element by element, FMA being fma_ftz
@@ -358,12 +361,6 @@ INL __m256i ld8_part(const dp__gemm_mat *m, size_t at, int n) {
       _mm256_castps_si256(_mm256_maskload_ps((const float *)m->p + at, dp__lanes(n))));
 }
 
-/* The bf16s of 8 such bit patterns, packed into 16-bit lanes. */
-INL __m128i halves8(__m256i u) {
-  u = _mm256_srli_epi32(u, 16);
-  return _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
-}
-
 /* Slivers of width W over lanes [lane0, lane0 + n), zero up to npad, of a
  * k-major operand (lane l of element k at k ld + l): packed step k is source
  * row k ^ 1 (the pad past K), widened. 8 steps of every sliver at a time, so
@@ -394,9 +391,9 @@ TGT static void pack_km_w(float *dst, int W, const dp__gemm_mat *m, int lane0, i
  * past K (and the K slice's last, if short) go one element at a time. */
 TGT static void pack_lm_w(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
                           int npad, int k0, int kc, float pad) {
-  for (int k = k0; k < k0 + kc; k += 8) {
-    int kn = dp__imin(8, k0 + kc - k);
-    for (int s = 0; s < npad; s += W) {
+  for (int s = 0; s < npad; s += W)
+    for (int k = k0; k < k0 + kc; k += 8) {
+      int kn = dp__imin(8, k0 + kc - k);
       float *d = dst + (size_t)s * kc + (size_t)(k - k0) * W;
       if (kn < 8 || k + 8 > m->K) {
         sliver_w_c(d, m, false, lane0 + s, clamp_lanes(n - s, W), W, k, kn, pad);
@@ -413,7 +410,6 @@ TGT static void pack_lm_w(float *dst, int W, const dp__gemm_mat *m, int lane0, i
         for (int kk = 0; kk < 8; kk++) dp__store_n(d + (size_t)kk * W, r[kk ^ 1], cnt);
       }
     }
-  }
 }
 
 TGT static void pack_a_w_avx2(float *dst, const dp__gemm_mat *A, int i0, int mc, int k0,
@@ -427,73 +423,114 @@ TGT static void pack_b_w_avx2(float *dst, const dp__gemm_mat *B, int k0, int kc,
                                      s1 - s0, k0, kc, 0.0f);
 }
 
+/* ---- AVX-512F packers of bf16 pairs (the avx512bf16 tier: it runs on the
+ * avx512 tier only) ---------------------------------------------------------- */
+
+#define TGT5 DP_TGT_AVX512
+#define INL5 DP_TGT_AVX512 static inline __attribute__((always_inline))
+
+/* round_bits of 16 fp32 bit patterns, the bf16 in the upper halves (the
+ * lower halves are not cleared: callers shift or mask them away). */
+INL5 __m512i round16(__m512i u) {
+  __mmask16 nan = _mm512_cmpgt_epu32_mask(
+      _mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+  __m512i r = _mm512_add_epi32(
+      u, _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                          _mm512_set1_epi32(0x7fff)));
+  __m512i q = _mm512_or_si512(_mm512_and_si512(u, _mm512_set1_epi32((int)0x80000000u)),
+                              _mm512_set1_epi32((int)DEFAULT_NAN));
+  return _mm512_mask_mov_epi32(r, nan, q);
+}
+
+/* n (0..16) elements [at, at + n) of the storage as bf16 in the upper halves
+ * of 16 words, 0 past them. */
+INL5 __m512i ld16_hi(const dp__gemm_mat *m, size_t at, int n) {
+  if (m->store == DP_BF16_STORE_BF16) {
+    const dp_bf16 *p = (const dp_bf16 *)m->p + at;
+    __m256i h;
+    if (n == 16) {
+      h = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    } else {
+      dp_bf16 t[16] = {0};
+      memcpy(t, p, (size_t)n * sizeof *p);
+      h = _mm256_loadu_si256((const __m256i *)(const void *)t);
+    }
+    return _mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16);
+  }
+  __mmask16 k = (__mmask16)((1u << n) - 1u);
+  return round16(_mm512_maskz_loadu_epi32(k, (const float *)m->p + at));
+}
+
 /* Slivers of bf16 pairs (sliver_p_c's layout) of a k-major operand: rows k
- * and k + 1 interleaved (the pad for k + 1 = K); 8 pairs of every sliver at
- * a time, as pack_km_w. */
-TGT static void pack_km_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
-                          int npad, int k0, int kc, uint16_t pad) {
-  const __m128i pv = _mm_set1_epi16((short)pad);
+ * and k + 1 (the pad for k + 1 = K) merged word by word, low and high
+ * halves; 8 pairs of every sliver at a time, so that the source is read
+ * along its rows. */
+TGT5 static void pack_km_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
+                           int npad, int k0, int kc, uint16_t pad) {
+  const __m512i pv = _mm512_set1_epi32((int)((uint32_t)pad << 16));
   for (int kb = k0; kb < k0 + kc; kb += 16)
     for (int s = 0; s < npad; s += W) {
       uint32_t *d = (uint32_t *)(void *)(dst + (size_t)s * kc) + (size_t)(kb - k0) / 2 * W;
       for (int k = kb; k < dp__imin(kb + 16, k0 + kc); k += 2, d += W) {
         size_t row = (size_t)k * m->ld + (size_t)(lane0 + s);
-        for (int g = 0; g < W; g += 8) {
-          int cnt = dp__imin(8, W - g), h = n - s - g, v = clamp_lanes(h, cnt);
-          __m128i lo = halves8(h >= 8 ? ld8(m, row + g) : ld8_part(m, row + g, v));
-          __m128i hi = k + 1 >= m->K ? pv
-                       : h >= 8      ? halves8(ld8(m, row + m->ld + g))
-                                     : halves8(ld8_part(m, row + m->ld + g, v));
-          __m256i w =
-              _mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi));
-          dp__store_n((float *)(void *)(d + g), _mm256_castsi256_ps(w), cnt);
+        for (int g = 0; g < W; g += 16) {
+          int cnt = dp__imin(16, W - g), v = clamp_lanes(n - s - g, cnt);
+          __m512i lo = ld16_hi(m, row + g, v);
+          __m512i hi = k + 1 >= m->K ? pv : ld16_hi(m, row + m->ld + g, v);
+          /* (lo >> 16) | (hi & 0xffff0000) */
+          __m512i w = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi,
+                                                _mm512_set1_epi32((int)0xffff0000u), 0xf8);
+          _mm512_mask_storeu_epi32(d + g, (__mmask16)((1u << cnt) - 1u), w);
         }
       }
     }
 }
 
 /* 16 elements [at, at + 16) of the storage as 8 bf16 pairs. */
-INL __m256i ld16_pairs(const dp__gemm_mat *m, size_t at) {
+INL5 __m256i ld16_pairs(const dp__gemm_mat *m, size_t at) {
   if (m->store == DP_BF16_STORE_BF16)
     return _mm256_loadu_si256((const __m256i *)(const void *)((const dp_bf16 *)m->p + at));
-  __m256i a = _mm256_srli_epi32(ld8(m, at), 16), b = _mm256_srli_epi32(ld8(m, at + 8), 16);
-  return _mm256_permute4x64_epi64(_mm256_packus_epi32(a, b), 0xd8);
+  __m512i u = round16(_mm512_loadu_si512((const void *)((const float *)m->p + at)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16));
 }
 
 /* The same for a lane-major operand: 8 pairs of 8 lanes, transposed as
- * 32-bit words. Blocks past K (and a short last one) one at a time. */
-TGT static void pack_lm_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
-                          int npad, int k0, int kc, uint16_t pad) {
-  for (int k = k0; k < k0 + kc; k += 16) {
-    int kn = dp__imin(16, k0 + kc - k);
-    for (int s = 0; s < npad; s += W) {
-      uint32_t *d = (uint32_t *)(void *)(dst + (size_t)s * kc) + (size_t)(k - k0) / 2 * W;
-      if (kn < 16 || k + 16 > m->K) {
-        sliver_p_c(d, m, false, lane0 + s, clamp_lanes(n - s, W), W, k, kn, pad);
-        continue;
-      }
-      for (int g = 0; g < W; g += 8, d += 8) {
-        int cnt = dp__imin(8, W - g), valid = clamp_lanes(n - s - g, cnt);
+ * 32-bit words; blocks of 16 whole elements first, 8 lanes at a time along
+ * their rows (8 streams the prefetchers follow), then the blocks past K (and
+ * a short last one) one element at a time. */
+TGT5 static void pack_lm_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
+                           int npad, int k0, int kc, uint16_t pad) {
+  int kend = k0;
+  while (kend + 16 <= k0 + kc && kend + 16 <= m->K) kend += 16;
+  for (int s = 0; s < npad; s += W) {
+    uint32_t *d0 = (uint32_t *)(void *)(dst + (size_t)s * kc);
+    for (int g = 0; g < W; g += 8) {
+      int cnt = dp__imin(8, W - g), valid = clamp_lanes(n - s - g, cnt);
+      size_t row = (size_t)(lane0 + s + g) * m->ld;
+      for (int k = k0; k < kend; k += 16) {
+        uint32_t *d = d0 + (size_t)(k - k0) / 2 * W + g;
         __m256 r[8];
         for (int l = 0; l < 8; l++)
-          r[l] = l < valid ? _mm256_castsi256_ps(
-                                 ld16_pairs(m, (size_t)(lane0 + s + g + l) * m->ld + k))
+          r[l] = l < valid ? _mm256_castsi256_ps(ld16_pairs(m, row + (size_t)l * m->ld + k))
                            : _mm256_setzero_ps();
         dp__transpose8(r);
         for (int kk = 0; kk < 8; kk++)
           dp__store_n((float *)(void *)(d + (size_t)kk * W), r[kk], cnt);
       }
     }
+    for (int k = kend; k < k0 + kc; k += 16)
+      sliver_p_c(d0 + (size_t)(k - k0) / 2 * W, m, false, lane0 + s, clamp_lanes(n - s, W),
+                 W, k, dp__imin(16, k0 + kc - k), pad);
   }
 }
 
-TGT static void pack_a_p_avx2(float *dst, const dp__gemm_mat *A, int i0, int mc, int k0,
-                              int kc, int MR, int mpad) {
+TGT5 static void pack_a_p_avx512(float *dst, const dp__gemm_mat *A, int i0, int mc, int k0,
+                                 int kc, int MR, int mpad) {
   (A->trans ? pack_km_p : pack_lm_p)(dst, MR, A, i0, mc, mpad, k0, kc, 0x8000u);
 }
 
-TGT static void pack_b_p_avx2(float *dst, const dp__gemm_mat *B, int k0, int kc, int j0,
-                              int nc, int NR, int s0, int s1) {
+TGT5 static void pack_b_p_avx512(float *dst, const dp__gemm_mat *B, int k0, int kc, int j0,
+                                 int nc, int NR, int s0, int s1) {
   (B->trans ? pack_lm_p : pack_km_p)(dst + (size_t)s0 * kc, NR, B, j0 + s0, nc - s0,
                                      s1 - s0, k0, kc, 0);
 }
@@ -539,6 +576,49 @@ TGT static void sink_avx2(void *ctx, const float *t, size_t ldt, int i, int j, i
 
 #define TGT_BF16 __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
 
+/* sink_avx2 on 16 lanes, for the avx512bf16 tier (a product with K <= 2 KC
+ * spends a fifth of its time here on 8 lanes). After the NaNs are the default
+ * NaN, round_bits is the add and the mask: the default NaN and the
+ * infinities round to themselves. */
+TGT5 static void sink_avx512(void *ctx, const float *t, size_t ldt, int i, int j, int mr,
+                             int nr) {
+  const call *c = ctx;
+  const __m512i dn = _mm512_set1_epi32((int)DEFAULT_NAN), one = _mm512_set1_epi32(1),
+                half = _mm512_set1_epi32(0x7fff), hi = _mm512_set1_epi32((int)0xffff0000u);
+  for (int r = 0; r < mr; r++) {
+    const float *src = t + r * ldt;
+    size_t at = (size_t)(i + r) * c->ldc + (size_t)j;
+    for (int q = 0; q < nr; q += 16) {
+      int n = dp__imin(16, nr - q);
+      __mmask16 m = (__mmask16)((1u << n) - 1u);
+      __m512 v = _mm512_maskz_loadu_ps(m, src + q);
+      __m512i u = _mm512_mask_mov_epi32(_mm512_castps_si512(v),
+                                        _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), dn);
+      if (c->c_store == DP_BF16_STORE_F32) {
+        _mm512_mask_storeu_epi32((float *)c->C + at + q, m, u);
+        continue;
+      }
+      u = _mm512_add_epi32(
+          u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
+      float *o = (float *)c->C + at + q;
+      if (c->c_store == DP_BF16_STORE_F32_ROUNDED && c->stream && n == 16 &&
+          ((uintptr_t)o & 63) == 0)
+        _mm512_stream_si512((void *)o, _mm512_and_si512(u, hi));
+      else if (c->c_store == DP_BF16_STORE_F32_ROUNDED)
+        _mm512_mask_storeu_epi32(o, m, _mm512_and_si512(u, hi));
+      else if (n == 16)
+        _mm256_storeu_si256((__m256i *)(void *)((dp_bf16 *)c->C + at + q),
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+      else { /* AVX-512F has no 16-bit masked store */
+        dp_bf16 tmp[16];
+        _mm256_storeu_si256((__m256i *)(void *)tmp,
+                            _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+        memcpy((dp_bf16 *)c->C + at + q, tmp, (size_t)n * sizeof tmp[0]);
+      }
+    }
+  }
+}
+
 TGT_BF16 static void kern_pairs(int kc, const uint32_t *a, const uint32_t *b, float *c,
                                 size_t ldc, int flags, const float *bias) {
   __m512 acc[DP_MR_5][2];
@@ -558,9 +638,9 @@ TGT_BF16 static void kern_pairs(int kc, const uint32_t *a, const uint32_t *b, fl
 }
 #define KERN_PAIRS kern_pairs
 #define UNPACKED_HW unpacked_fma
-#define SINK_HW sink_avx2
-#define PACK_A_P pack_a_p_avx2
-#define PACK_B_P pack_b_p_avx2
+#define SINK_HW sink_avx512
+#define PACK_A_P pack_a_p_avx512
+#define PACK_B_P pack_b_p_avx512
 #else
 #define KERN_PAIRS NULL
 #define UNPACKED_HW unpacked_sw
@@ -694,7 +774,9 @@ static void run(const bf16_tier *bt, const call *c, void *workspace, const float
                     .K = Kp,
                     .A = c->A,
                     .B = c->B,
-                    .C = bf16_out ? NULL : c->C,
+                    /* one K slice: the tiles go from the stack to the sink, which
+                     * writes C once */
+                    .C = bf16_out || Kp <= KC ? NULL : c->C,
                     .ldc = (size_t)c->ldc,
                     .scratch_rows = SCRATCH_ROWS,
                     .bias = c->bias,
@@ -711,6 +793,9 @@ static void run(const bf16_tier *bt, const call *c, void *workspace, const float
   } else {
     bt->unpacked(c);
   }
+#if DP_GEMM_X86
+  if (c->stream) _mm_sfence(); /* the streamed stores before any later one */
+#endif
   mx_leave(mx);
 }
 
@@ -726,7 +811,11 @@ static call make_call(int transA, int transB, int M, int N, int K, const void *A
                 .ldc = ldc,
                 .c_store = (int)c_store,
                 .bias = ep ? ep->bias : NULL,
-                .relu = ep && ep->act == DP_GEMM_ACT_RELU};
+                .relu = ep && ep->act == DP_GEMM_ACT_RELU,
+                /* a weight gradient larger than L2 (the step's 1024 x 1024
+                 * layer: 0.1 of its time less) */
+                .stream = c_store == DP_BF16_STORE_F32_ROUNDED &&
+                          (size_t)M * (size_t)N * 4 >= STREAM_BYTES};
 }
 
 void dp__gemm_bf16(int transA, int transB, int M, int N, int K, const void *A, int lda,
