@@ -427,6 +427,7 @@ TGT static void pack_b_w_avx2(float *dst, const dp__gemm_mat *B, int k0, int kc,
  * avx512 tier only) ---------------------------------------------------------- */
 
 #define TGT5 DP_TGT_AVX512
+#define PF_PAIRS 4
 #define INL5 DP_TGT_AVX512 static inline __attribute__((always_inline))
 
 /* round_bits of 16 fp32 bit patterns, the bf16 in the upper halves (the
@@ -468,22 +469,34 @@ INL5 __m512i ld16_hi(const dp__gemm_mat *m, size_t at, int n) {
 TGT5 static void pack_km_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
                            int npad, int k0, int kc, uint16_t pad) {
   const __m512i pv = _mm512_set1_epi32((int)((uint32_t)pad << 16));
-  for (int kb = k0; kb < k0 + kc; kb += 16)
-    for (int s = 0; s < npad; s += W) {
-      uint32_t *d = (uint32_t *)(void *)(dst + (size_t)s * kc) + (size_t)(kb - k0) / 2 * W;
-      for (int k = kb; k < dp__imin(kb + 16, k0 + kc); k += 2, d += W) {
-        size_t row = (size_t)k * m->ld + (size_t)(lane0 + s);
-        for (int g = 0; g < W; g += 16) {
-          int cnt = dp__imin(16, W - g), v = clamp_lanes(n - s - g, cnt);
-          __m512i lo = ld16_hi(m, row + g, v);
-          __m512i hi = k + 1 >= m->K ? pv : ld16_hi(m, row + m->ld + g, v);
-          /* (lo >> 16) | (hi & 0xffff0000) */
-          __m512i w = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi,
-                                                _mm512_set1_epi32((int)0xffff0000u), 0xf8);
-          _mm512_mask_storeu_epi32(d + g, (__mmask16)((1u << cnt) - 1u), w);
-        }
+  size_t esz = m->store == DP_BF16_STORE_BF16 ? 2 : 4,
+         span = (size_t)dp__imin(n, npad) * esz; /* bytes read per row */
+  for (int k = k0; k < k0 + kc; k += 2) {        /* rows k and k + 1, along their length */
+    size_t row = (size_t)k * m->ld + (size_t)lane0;
+    uint32_t *d = (uint32_t *)(void *)dst + (size_t)(k - k0) / 2 * W;
+    /* rows 4 pairs ahead: an A block reads a few lines of each of rows far
+     * apart, which the prefetchers do not follow (the loads were most of
+     * the packing's time) */
+    if (k + PF_PAIRS * 2 + 1 < dp__imin(k0 + kc, m->K)) {
+      const char *q = (const char *)m->p + (row + (size_t)PF_PAIRS * 2 * m->ld) * esz;
+      for (size_t b = 0; b < span; b += 64) {
+        __builtin_prefetch(q + b, 0, 3);
+        __builtin_prefetch(q + (size_t)m->ld * esz + b, 0, 3);
       }
     }
+    for (int s = 0; s < npad; s += W, d += (size_t)W * kc)
+      for (int g = 0; g < W; g += 16) {
+        /* all 16 lanes read where the operand has them (A's slivers are 12
+         * wide: the 4 past it are not stored), else zeros past its end */
+        int cnt = dp__imin(16, W - g), v = clamp_lanes(n - s - g, 16);
+        __m512i lo = ld16_hi(m, row + (size_t)(s + g), v);
+        __m512i hi = k + 1 >= m->K ? pv : ld16_hi(m, row + m->ld + (size_t)(s + g), v);
+        /* (lo >> 16) | (hi & 0xffff0000) */
+        __m512i w = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi,
+                                              _mm512_set1_epi32((int)0xffff0000u), 0xf8);
+        _mm512_mask_storeu_epi32(d + g, (__mmask16)((1u << cnt) - 1u), w);
+      }
+  }
 }
 
 /* 16 elements [at, at + 16) of the storage as 8 bf16 pairs. */
