@@ -464,14 +464,15 @@ INL5 __m512i ld16_hi(const dp__gemm_mat *m, size_t at, int n) {
 
 /* Slivers of bf16 pairs (sliver_p_c's layout) of a k-major operand: rows k
  * and k + 1 (the pad for k + 1 = K) merged word by word, low and high
- * halves; 8 pairs of every sliver at a time, so that the source is read
- * along its rows. */
+ * halves; a pair of rows along its length into every sliver, then the
+ * next. */
 TGT5 static void pack_km_p(float *dst, int W, const dp__gemm_mat *m, int lane0, int n,
                            int npad, int k0, int kc, uint16_t pad) {
   const __m512i pv = _mm512_set1_epi32((int)((uint32_t)pad << 16));
+  int lanes = dp__imin(n, npad); /* read per row (none: slivers of zeros only) */
   size_t esz = m->store == DP_BF16_STORE_BF16 ? 2 : 4,
-         span = (size_t)dp__imin(n, npad) * esz; /* bytes read per row */
-  for (int k = k0; k < k0 + kc; k += 2) {        /* rows k and k + 1, along their length */
+         span = lanes > 0 ? (size_t)lanes * esz : 0;
+  for (int k = k0; k < k0 + kc; k += 2) { /* rows k and k + 1, along their length */
     size_t row = (size_t)k * m->ld + (size_t)lane0;
     uint32_t *d = (uint32_t *)(void *)dst + (size_t)(k - k0) / 2 * W;
     /* rows 4 pairs ahead: an A block reads a few lines of each of rows far
