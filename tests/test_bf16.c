@@ -519,7 +519,7 @@ START_TEST(bf16_results_with_long_k_and_many_rows) {
 END_TEST
 
 /* A weight gradient larger than L2 (fp32 rounded, one K slice): the
- * avx512bf16 tier stores it past the caches, aligned vectors streamed and the
+ * AVX-512 tiers store it past the caches, aligned vectors streamed and the
  * rest masked (rows of 523 floats start at every alignment); the same bits,
  * the padding untouched. */
 START_TEST(large_weight_gradients_are_streamed_with_the_same_bits) {
@@ -528,8 +528,8 @@ START_TEST(large_weight_gradients_are_streamed_with_the_same_bits) {
                        pad ? DP_BF16_STORE_F32 : DP_BF16_STORE_BF16,
                        DP_BF16_STORE_F32_ROUNDED, 0);
     uint32_t *ref = prob_ref(&p);
-    static const int tiers[] = {3, 4};
-    for (int t = 0; t < 2; t++) {
+    static const int tiers[] = {2, 3, 4};
+    for (int t = 0; t < 3; t++) {
       if (!use_tier(tiers[t])) {
         skip_tier("large_weight_gradients_are_streamed_with_the_same_bits", tiers[t]);
         continue;

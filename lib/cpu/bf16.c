@@ -590,10 +590,10 @@ TGT static void sink_avx2(void *ctx, const float *t, size_t ldt, int i, int j, i
 
 #define TGT_BF16 __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx2,fma")))
 
-/* sink_avx2 on 16 lanes, for the avx512bf16 tier (a product with K <= 2 KC
- * spends a fifth of its time here on 8 lanes). After the NaNs are the default
- * NaN, round_bits is the add and the mask: the default NaN and the
- * infinities round to themselves. */
+/* sink_avx2 on 16 lanes, for the tiers that run on AVX-512 (a weight
+ * gradient's product, K = a micro-batch's rows, spent a fifth of its time in
+ * the 8-lane one). After the NaNs are the default NaN, round_bits is the add
+ * and the mask: the default NaN and the infinities round to themselves. */
 TGT5 static void sink_avx512(void *ctx, const float *t, size_t ldt, int i, int j, int mr,
                              int nr) {
   const call *c = ctx;
@@ -614,13 +614,13 @@ TGT5 static void sink_avx512(void *ctx, const float *t, size_t ldt, int i, int j
       }
       u = _mm512_add_epi32(
           u, _mm512_add_epi32(half, _mm512_and_si512(_mm512_srli_epi32(u, 16), one)));
-      float *o = (float *)c->C + at + q;
-      if (c->c_store == DP_BF16_STORE_F32_ROUNDED && c->stream && n == 16 &&
-          ((uintptr_t)o & 63) == 0)
-        _mm512_stream_si512((void *)o, _mm512_and_si512(u, hi));
-      else if (c->c_store == DP_BF16_STORE_F32_ROUNDED)
-        _mm512_mask_storeu_epi32(o, m, _mm512_and_si512(u, hi));
-      else if (n == 16)
+      if (c->c_store == DP_BF16_STORE_F32_ROUNDED) {
+        float *o = (float *)c->C + at + q;
+        if (c->stream && n == 16 && ((uintptr_t)o & 63) == 0)
+          _mm512_stream_si512((void *)o, _mm512_and_si512(u, hi));
+        else
+          _mm512_mask_storeu_epi32(o, m, _mm512_and_si512(u, hi));
+      } else if (n == 16)
         _mm256_storeu_si256((__m256i *)(void *)((dp_bf16 *)c->C + at + q),
                             _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
       else { /* AVX-512F has no 16-bit masked store */
@@ -707,7 +707,7 @@ static const bf16_tier btiers[B_TIERS] = {
                         pack_b_w_avx2, NULL},
                   .hw_arith = true,
                   .unpacked = unpacked_fma,
-                  .sink = sink_avx2},
+                  .sink = sink_avx512},
 #endif
     [B_HW] = {.t = {"avx512bf16", 12, 32, kern_hw, PACK_A_P, PACK_B_P, NULL},
               .hw_arith = DP_GEMM_X86,
