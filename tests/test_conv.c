@@ -84,6 +84,14 @@ typedef struct {
   float *y, *dw, *dx;
 } conv_out;
 
+static void same_bits_nan(const char *what, const float *a, const float *b, size_t n,
+                          const char *spec, int rows, bool any_nan);
+
+/* backend.c's relu_forward in place: <= 0 gives +0, a NaN passes */
+static void relu_of(float *y, size_t n) {
+  for (size_t i = 0; i < n; i++) y[i] = y[i] <= 0.0f ? 0.0f : y[i];
+}
+
 static conv_out conv_run(const conv_case *c, bool with_dx) {
   conv_out o = {blank(c->out), blank(c->np), blank(c->in)};
   /* room for either path (conv.c takes the fast one only when the workspace
@@ -95,7 +103,14 @@ static conv_out conv_run(const conv_case *c, bool with_dx) {
   wsb = wsb > b ? wsb : b;
   void *ws = aligned_alloc(64, (wsb + 63) / 64 * 64 + 64);
   ck_assert_ptr_nonnull(ws);
-  ck_assert(dp__conv_forward(c->l, c->n, c->x, c->w, o.y, ws, wsb));
+  ck_assert(dp__conv_forward(c->l, c->n, c->x, c->w, o.y, false, ws, wsb));
+  /* with the relu after it fused (dp__relu_fused): relu's bits of that y */
+  float *yr = blank(c->out);
+  ck_assert(dp__conv_forward(c->l, c->n, c->x, c->w, yr, true, ws, wsb));
+  relu_of(o.y, c->out);
+  same_bits_nan("relu(y)", yr, o.y, c->out, "a conv2d", c->n, false);
+  free(yr);
+  ck_assert(dp__conv_forward(c->l, c->n, c->x, c->w, o.y, false, ws, wsb));
   float *db = c->l->bias ? o.dw + c->np - (size_t)c->l->c : NULL;
   ck_assert(dp__conv_backward(c->l, c->n, c->x, c->w, c->dy, o.dw, db,
                               with_dx ? o.dx : NULL, ws, wsb));
@@ -254,7 +269,7 @@ START_TEST(conv_fast_path_stays_in_its_workspace) {
       size_t big = bb + part + 4096;
       unsigned char *ws = aligned_alloc(64, big);
       ck_assert_ptr_nonnull(ws);
-      dp__convx_forward(l, n, x, w, y, ws, big);
+      dp__convx_forward(l, n, x, w, y, rnd(2), ws, big);
       for (int r = 0; r < 2; r++) {
         size_t have = bb + (r ? part : 0);
         memset(ws, 0xa7, big);
@@ -287,17 +302,23 @@ START_TEST(pool_fast_path_moves_the_same_elements) {
     size_t in = (size_t)n * l->in, out = (size_t)n * l->out;
     bool sp = rnd(2);
     float *x = filled(in, sp, true), *dy = filled(out, sp, false);
-    float *y[2], *dx[2];
+    float *y[2], *dx[2], *dxm[2];
     for (int f = 0; f < 2; f++) {
       dp__convx_off = f == 1;
       fast += f == 0 && dp__poolx_takes(l);
       y[f] = blank(out), dx[f] = blank(in);
       dp__pool_forward(l, n, x, y[f]);
-      dp__pool_backward(l, n, x, dy, dx[f]);
+      dp__pool_backward(l, n, x, dy, dx[f], false);
+      /* after a fused relu (x its output): the relu's backward of that dx */
+      dxm[f] = blank(in);
+      dp__pool_backward(l, n, x, dy, dxm[f], true);
+      for (size_t i = 0; i < in; i++)
+        if (x[i] <= 0.0f) dx[f][i] = 0.0f;
+      same_bits_nan("masked maxpool dx", dxm[f], dx[f], in, spec, n, false);
     }
     same_bits_nan("maxpool y", y[0], y[1], out, spec, n, false); /* moves: every bit */
     same_bits_nan("maxpool dx", dx[0], dx[1], in, spec, n, false);
-    for (int f = 0; f < 2; f++) free(y[f]), free(dx[f]);
+    for (int f = 0; f < 2; f++) free(y[f]), free(dx[f]), free(dxm[f]);
     free(x), free(dy);
     dp_model_free(m);
   }

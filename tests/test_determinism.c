@@ -1,5 +1,6 @@
 /* Bit-for-bit reproducibility: run to run, across device counts and across
  * modes (classic, allreduce, allreduce with a sharded optimizer). */
+#include "core/backend.h" /* dp__backend_register: the unfused cpu backend */
 #include "dp.h"
 #include "helpers.h"
 
@@ -25,6 +26,8 @@ static int recompute_in_use;
 /* The GPT gpt_run trains: GPT_SPEC, or GPT_ADROP_SPEC. */
 static const char *gpt_in_use = GPT_SPEC;
 static dp_bn_mode bn_in_use = DP_BN_PER_REPLICA;
+/* config.backend of every run (the cpu backend unless a test sets it) */
+static dp_backend backend_in_use = DP_BACKEND_CPU;
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
 typedef struct {
@@ -63,6 +66,7 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.recompute = recompute_in_use;
   c.guards = recompute_in_use > 0; /* and nothing it writes leaves its regions */
   c.batchnorm = bn_in_use;
+  c.backend = backend_in_use;
   rig r;
   rig_open(&r, spec_in_use ? spec_in_use : MLP_EVERY_KIND_SPEC, &c);
   dp_ctx *x = r.c;
@@ -251,6 +255,71 @@ START_TEST(every_cpu_tier_gives_the_same_bits) {
 }
 END_TEST
 
+/* The activation bytes of device 0 in a plan of spec on backend b. */
+static size_t act_bytes(const char *spec, dp_backend b) {
+  dp_config c = config_of(B, 2, DP_OPT_ADAMW);
+  c.backend = b;
+  dp_model *m = NULL;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_model_parse(spec, "fused", &m), DP_OK);
+  ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
+  size_t n = dp_plan_activation_bytes_unshared(p, 0);
+  dp_plan_free(p);
+  dp_model_free(m);
+  return n;
+}
+
+/* The cpu backend's fusions (dp__relu_fused, dp__relu_bwd_fused: a relu in
+ * the linear's or the conv's stores, its backward in the maxpool's or the
+ * linear's) give the bits of the same backend with none: a copy of its vtable
+ * registered without them. On every CPU tier here (the conv and pool kernels
+ * of each: AVX-512's own, AVX2's maxpool, conv.c's im2col, the overlapping
+ * maxpool's loop), 1 and 2 devices, with recompute (the cuts move), and the
+ * fused plans keep fewer activation bytes. */
+START_TEST(fused_relu_gives_the_unfused_bits) {
+  static dp_backend_ops unfused;
+  unfused = *dp__backend_ops(DP_BACKEND_CPU);
+  unfused.name = "cpu-unfused";
+  unfused.fuses_linear_relu = unfused.fuses_conv_relu = unfused.fuses_relu_maxpool = false;
+  dp_backend kind;
+  ck_assert_int_eq(dp__backend_register(&unfused, &kind), DP_OK);
+  static const char *const tiers[] = {"scalar", "avx2", "avx512"};
+  const char *const specs[] = {
+      CNN_SPEC, /* conv2d 2 padding 1, relu, maxpool2d 2 stride 1 */
+      /* conv2d 3 padding 1 (16 outputs), relu, maxpool2d 2 to rows of 1: the
+       * AVX-512 tier's own kernels, AVX2's maxpool */
+      "input 3 2 2\nconv2d 16 3 padding 1\nrelu\nmaxpool2d 2\nflatten\nlinear 8\n"
+      "relu\nlinear 5\nloss softmax_cross_entropy\n",
+      "input 3 2 2\nconv2d 16 3 padding 1 nobias\nrelu\nconv2d 16 3 padding 1\nrelu\n"
+      "flatten\nlinear 5\nloss softmax_cross_entropy\n"};
+  const setup setups[] = {{1, DP_MODE_CLASSIC, 0}, {2, DP_MODE_ALLREDUCE, 0}};
+  for (int sp = 0; sp < 3; sp++) {
+    spec_in_use = specs[sp];
+    ck_assert_uint_lt(act_bytes(specs[sp], DP_BACKEND_CPU), act_bytes(specs[sp], kind));
+    for (int t = 0; t < 3; t++) {
+      if (dp_gemm_set_tier(tiers[t]) != DP_OK) continue; /* not on this CPU */
+      for (int su = 0; su < 2; su++)
+        for (int rc = 0; rc <= 2; rc += 2) {
+          recompute_in_use = rc;
+          backend_in_use = DP_BACKEND_CPU;
+          uint64_t fused = run(setups[su], DP_OPT_ADAMW, 8, MB);
+          backend_in_use = kind;
+          uint64_t plain = run(setups[su], DP_OPT_ADAMW, 8, MB);
+          ck_assert_msg(fused == plain,
+                        "spec %d, tier %s, %d devices, recompute %d: fused %016llx, "
+                        "unfused %016llx",
+                        sp, tiers[t], setups[su].devices, rc, (unsigned long long)fused,
+                        (unsigned long long)plain);
+        }
+    }
+  }
+  dp_gemm_set_tier("auto");
+  backend_in_use = DP_BACKEND_CPU;
+  recompute_in_use = 0;
+  spec_in_use = NULL;
+}
+END_TEST
+
 /* config.recompute: the backward's recomputed forward ops in a plan of spec. */
 static int recompute_ops(const char *spec, int devices, int micro_batch, int k) {
   dp_config c = config_of(spec == GPT_SPEC ? 16 : B, devices, DP_OPT_ADAMW);
@@ -385,6 +454,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, same_run_twice_same_bits_after_100_steps);
   tcase_add_test(tc, different_micro_batch_changes_the_bits);
   tcase_add_test(tc, every_cpu_tier_gives_the_same_bits);
+  tcase_add_test(tc, fused_relu_gives_the_unfused_bits);
   suite_add_tcase(s, tc);
   return s;
 }

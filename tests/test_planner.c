@@ -686,6 +686,28 @@ static int sync_part(const dp_plan *p, int d, size_t off, size_t bytes, int *lay
   return 0;
 }
 
+/* The fusions of a plan's backend, restated from plan.h (not its code): the
+ * relu at i is computed by the layer before it, a linear (fuses_linear_relu)
+ * or, in fp32 plans, a conv2d (fuses_conv_relu); and its backward by the
+ * layer after it too, a linear or, in fp32, a maxpool2d (fuses_relu_maxpool). */
+static int relu_fwd_fused(const dp_plan *p, int i) {
+  const dp_model *m = &p->model;
+  const dp_backend_ops *be = dp__backend_ops(p->cfg.backend);
+  if (i < 1 || i >= m->n_layers || m->layers[i].kind != DP_LAYER_RELU) return 0;
+  dp_layer_kind k = m->layers[i - 1].kind;
+  int fp32 = p->cfg.precision == DP_PRECISION_FP32;
+  return (k == DP_LAYER_LINEAR && be->fuses_linear_relu) ||
+         (k == DP_LAYER_CONV2D && be->fuses_conv_relu && fp32);
+}
+static int relu_bwd_fused(const dp_plan *p, int i) {
+  const dp_model *m = &p->model;
+  if (!relu_fwd_fused(p, i) || i + 1 >= m->n_layers) return 0;
+  dp_layer_kind k = m->layers[i + 1].kind;
+  return k == DP_LAYER_LINEAR ||
+         (k == DP_LAYER_MAXPOOL2D && dp__backend_ops(p->cfg.backend)->fuses_relu_maxpool &&
+          p->cfg.precision == DP_PRECISION_FP32);
+}
+
 /* Activation layout: which buffers exist, their sizes, aligned, inside the
  * region; the sizes add up to what dp plan reports unshared. */
 static void check_act_layout(const dp_plan *p, int d) {
@@ -711,9 +733,9 @@ static void check_act_layout(const dp_plan *p, int d) {
       continue;
     }
     int sync = is_sync_bn(p, i);
-    /* a backend that fuses a relu after a linear: the linear keeps no output;
-     * and with a linear after the relu, the relu no output gradient */
-    int fuses = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
+    /* a backend that fuses a relu after a linear or a conv2d: that layer
+     * keeps no output; and with a layer after the relu that runs its backward,
+     * the relu no output gradient */
     size_t C = (size_t)l->c, out = (size_t)l->out;
     /* config.recompute: a recomputed output (and statistics) holds one
      * micro-batch, twice: the forward's and the recompute's */
@@ -728,9 +750,7 @@ static void check_act_layout(const dp_plan *p, int d) {
       size_t size;
       const char *what;
     } b[5] = {/* none for a linear whose relu the backend runs in its epilogue */
-              {a->act[i],
-               i < L - 1 && !(fuses && l->kind == DP_LAYER_LINEAR &&
-                              m->layers[i + 1].kind == DP_LAYER_RELU),
+              {a->act[i], i < L - 1 && !relu_fwd_fused(p, i + 1),
                rc ? one * out : slices_bytes(p, d, (int)out), "act"},
               /* layernorm: mean and rstd per row; batchnorm (training): per
                  replica, mean, rstd and the unbiased variance per channel, per
@@ -747,11 +767,7 @@ static void check_act_layout(const dp_plan *p, int d) {
               /* the gradient of the output: one micro-batch's, or with sync
                  batchnorm all of the device's rows (the backward waits there
                  for the whole batch's sums) */
-              {a->dact[i],
-               train && i < L - 1 &&
-                   !(fuses && l->kind == DP_LAYER_RELU && i > 0 &&
-                     m->layers[i - 1].kind == DP_LAYER_LINEAR &&
-                     m->layers[i + 1].kind == DP_LAYER_LINEAR),
+              {a->dact[i], train && i < L - 1 && !relu_bwd_fused(p, i),
                sync ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4, "dact"},
               {a->rc_act[i], rc == 1, one * out, "rc_act"},
               {a->rc_stats[i], rc == 1 && sw, one * (size_t)sw, "rc_stats"}};
@@ -928,24 +944,15 @@ static void sim_op(sim *s, const dp_op *op) {
                      : l->kind == DP_LAYER_ATTENTION ? (size_t)l->heads * l->t * l->t
                                                      : 0;
     /* A backend that fuses (the CPU backend) runs a relu right after a
-     * linear in the linear's GEMM epilogue: the linear writes the relu's
+     * linear (or a conv2d) in that layer's stores: it writes the relu's
      * output, the relu's forward runs nothing. */
-    int fuses = dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
-    int fused_relu = fuses && i + 1 < L && l->kind == DP_LAYER_LINEAR &&
-                     m->layers[i + 1].kind == DP_LAYER_RELU;
-    if (fuses && op->kind == DP_OP_FORWARD && l->kind == DP_LAYER_RELU && i > 0 &&
-        m->layers[i - 1].kind == DP_LAYER_LINEAR)
-      break;
-    /* ... and with a linear after such a relu, the linear's grad-input product
-     * masks by its input (the relu's output) and writes the relu's input
-     * gradient; the relu's backward runs nothing */
-    int relu_bwd_fused = fuses && l->kind == DP_LAYER_RELU && i > 0 && i + 1 < L &&
-                         m->layers[i - 1].kind == DP_LAYER_LINEAR &&
-                         m->layers[i + 1].kind == DP_LAYER_LINEAR;
-    int masks = fuses && l->kind == DP_LAYER_LINEAR && i > 1 &&
-                m->layers[i - 1].kind == DP_LAYER_RELU &&
-                m->layers[i - 2].kind == DP_LAYER_LINEAR;
-    if (op->kind == DP_OP_BACKWARD && relu_bwd_fused) break;
+    int fused_relu = relu_fwd_fused(p, i + 1);
+    if (op->kind == DP_OP_FORWARD && relu_fwd_fused(p, i)) break;
+    /* ... and with a linear (or a maxpool2d) after such a relu, that layer's
+     * backward masks by its input (the relu's output) and writes the relu's
+     * input gradient; the relu's backward runs nothing */
+    int masks = i > 1 && relu_bwd_fused(p, i - 1);
+    if (op->kind == DP_OP_BACKWARD && relu_bwd_fused(p, i)) break;
     if (op->kind == DP_OP_FORWARD) {
       if (o >= 0) sim_act(s, op, o, in, 0);
       if (fused_relu && i + 1 < L - 1)
@@ -2304,11 +2311,12 @@ END_TEST
 
 /* flatten costs nothing: the same plan with and without it, to the byte */
 START_TEST(flatten_is_a_view_without_memory) {
-  dp_model *a = model_of("input 2 6 6\nconv2d 4 3\nrelu\nflatten\nlinear 5\nloss mse\n");
+  /* tanh: a relu would be written by the conv (dp__relu_fused), a buffer less */
+  dp_model *a = model_of("input 2 6 6\nconv2d 4 3\ntanh\nflatten\nlinear 5\nloss mse\n");
   dp_config c = config_of(16, 2, DP_OPT_ADAMW);
   dp_plan *p = plan_of(a, &c);
   for (int d = 0; d < dp_plan_n_devices(p); d++) {
-    REQ_EQ(p->act[d].act[2], p->act[d].act[1]); /* the flatten's output is relu's buffer */
+    REQ_EQ(p->act[d].act[2], p->act[d].act[1]); /* the flatten's output is tanh's buffer */
     REQ_EQ(p->act[d].dact[2], p->act[d].dact[1]);
   }
   check_plan(p);

@@ -119,6 +119,12 @@ typedef struct dp_backend_ops {
   /* computes a relu that follows a linear layer in the linear's forward
    * (dp__relu_fused): the plan keeps no buffer for the linear's own output */
   bool fuses_linear_relu;
+  /* computes a relu that follows a conv2d layer in the conv's forward, in
+   * fp32 plans (dp__relu_fused: no buffer for the conv's own output) */
+  bool fuses_conv_relu;
+  /* a maxpool2d after a fused relu writes the relu's input gradient, masked
+   * by the relu's output (its own input), in fp32 plans (dp__relu_bwd_fused) */
+  bool fuses_relu_maxpool;
   /* Optional: the config suits the backend, its options parsed (opt[i]: the
    * value of options[i]); DP_ERR_INVALID naming what does not otherwise. */
   dp_status (*check_config)(const dp_config *c, const int *opt);

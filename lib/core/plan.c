@@ -366,14 +366,25 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
 
 bool dp__relu_fused(const dp_plan *p, int i) {
   const dp_model *m = &p->model;
-  return i > 0 && i < m->n_layers && m->layers[i].kind == DP_LAYER_RELU &&
-         m->layers[i - 1].kind == DP_LAYER_LINEAR &&
-         dp__backend_ops(p->cfg.backend)->fuses_linear_relu;
+  if (i <= 0 || i >= m->n_layers || m->layers[i].kind != DP_LAYER_RELU) return false;
+  const dp_backend_ops *be = dp__backend_ops(p->cfg.backend);
+  switch (m->layers[i - 1].kind) {
+  case DP_LAYER_LINEAR: return be->fuses_linear_relu;
+  case DP_LAYER_CONV2D: /* bf16 plans run conv2d on fp32 copies: unfused */
+    return be->fuses_conv_relu && p->cfg.precision == DP_PRECISION_FP32;
+  default: return false;
+  }
 }
 
 bool dp__relu_bwd_fused(const dp_plan *p, int i) {
-  return dp__relu_fused(p, i) && i + 1 < p->model.n_layers &&
-         p->model.layers[i + 1].kind == DP_LAYER_LINEAR;
+  if (!dp__relu_fused(p, i) || i + 1 >= p->model.n_layers) return false;
+  switch (p->model.layers[i + 1].kind) {
+  case DP_LAYER_LINEAR: return true;
+  case DP_LAYER_MAXPOOL2D:
+    return dp__backend_ops(p->cfg.backend)->fuses_relu_maxpool &&
+           p->cfg.precision == DP_PRECISION_FP32;
+  default: return false;
+  }
 }
 
 /* Whether the forward may be cut into segments between layers i and i + 1

@@ -220,17 +220,19 @@ static inline size_t dp__act_esz(const dp_plan *p) {
 }
 
 /* Layer i of the plan's model is a relu right after a linear layer and the
- * plan's backend has fuses_linear_relu: the linear's forward applies the relu
- * in its GEMM epilogue and writes the relu's output (live from then on),
- * keeping no output of its own (no buffer); the relu's forward does nothing.
- * Its backward is unchanged (it reads its own output). Every backend that runs
- * the plan's ops follows this (the emulated GPU runs the cpu backend's ops on
- * a cuda plan). */
+ * plan's backend has fuses_linear_relu, or right after a conv2d layer in an
+ * fp32 plan whose backend has fuses_conv_relu: that layer's forward applies
+ * the relu as it writes (the GEMM's epilogue, the conv's store) and writes the
+ * relu's output (live from then on), keeping no output of its own (no
+ * buffer); the relu's forward does nothing. Its backward is unchanged (it
+ * reads its own output). Every backend that runs the plan's ops follows this
+ * (the emulated GPU runs the cpu backend's ops on a cuda plan). */
 bool dp__relu_fused(const dp_plan *p, int i);
-/* ... and layer i + 1 is a linear layer: that linear's backward writes its
- * grad-input product straight into the relu's input gradient and applies the
- * relu's backward there in place (its input, the relu's output, <= 0 gives 0);
- * the relu's backward does nothing and its output gradient gets no buffer. */
+/* ... and layer i + 1 is a linear layer, or a maxpool2d in an fp32 plan whose
+ * backend has fuses_relu_maxpool: that layer's backward writes its input
+ * gradient straight into the relu's input gradient with the relu's backward
+ * applied (where its input, the relu's output, is <= 0: +0); the relu's
+ * backward does nothing and its output gradient gets no buffer. */
 bool dp__relu_bwd_fused(const dp_plan *p, int i);
 
 #ifdef __cplusplus

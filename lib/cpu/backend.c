@@ -412,6 +412,7 @@ static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *re
   return 0;
 }
 DP_SIMD_FN(relu_mask, (const float *restrict y, float *restrict dx, size_t n), (y, dx, n))
+void dp__relu_mask(const float *y, float *dx, size_t n) { relu_mask(y, dx, n); }
 
 dp_status dp__cpu_forward(const lctx *c) {
   const dp_layer *l = c->l;
@@ -492,12 +493,18 @@ dp_status dp__cpu_forward(const lctx *c) {
         y[idx] = x[idx] * dropout_scale(c, r, k);
       }
     break;
-  case DP_LAYER_CONV2D:
-    if (!dp__conv_forward(l, n, x, layer_params(c), y,
+  case DP_LAYER_CONV2D: {
+    bool relu = dp__relu_fused(c->p, c->i + 1);
+    if (relu) { /* straight into the relu's output */
+      lctx r = at_layer(c, c->i + 1);
+      y = layer_out(&r);
+    }
+    if (!dp__conv_forward(l, n, x, layer_params(c), y, relu,
                           dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE), ws_bytes(c)))
       return DP_FAIL(DP_ERR_BACKEND,
                      "layer %d: the plan's workspace is too small for conv2d", c->i);
     break;
+  }
   case DP_LAYER_MAXPOOL2D:
   case DP_LAYER_AVGPOOL2D: dp__pool_forward(l, n, x, y); break;
   case DP_LAYER_FLATTEN: /* a view, but the last layer's output is OUTPUTS: a copy */
@@ -633,8 +640,10 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
   }
   case DP_LAYER_MAXPOOL2D:
   case DP_LAYER_AVGPOOL2D:
+    /* masked: the relu before it, its input (dp__relu_bwd_fused) */
     if (dx)
-      dp__pool_backward(l, n, l->kind == DP_LAYER_MAXPOOL2D ? layer_in(c) : NULL, dy, dx);
+      dp__pool_backward(l, n, l->kind == DP_LAYER_MAXPOOL2D ? layer_in(c) : NULL, dy, dx,
+                        masked);
     break;
   case DP_LAYER_FLATTEN: /* a view; the last layer's gradient comes in OUTPUT_GRADS */
     if (dx && c->i == c->L - 1) memcpy(dx, dy, (size_t)n * out * 4);
@@ -1246,7 +1255,9 @@ const dp_backend_ops dp__cpu_backend = {
     .batchnorm = true,
     .mixed_bf16 = true,
     .reduce_bf16 = true,
-    .fuses_linear_relu = true, /* forward: the relu in the GEMM's epilogue */
+    .fuses_linear_relu = true,  /* forward: the relu in the GEMM's epilogue */
+    .fuses_conv_relu = true,    /* the relu in the conv's stores */
+    .fuses_relu_maxpool = true, /* the relu's mask in the pool's dx stores */
     .host_staging = false,
     .grad_clip = true,
     .accumulate = true,

@@ -323,18 +323,19 @@ static int chunk_images(const conv_ws *s, int n) {
 }
 
 bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
-                      void *ws, size_t ws_bytes) {
+                      bool relu, void *ws, size_t ws_bytes) {
   if (n <= 0) return true;
   conv_ws s = ws_of(l, n, false);
   if (ws_bytes < s.col + s.t + s.gemm) return false;
   if (dp__convx_takes(l)) { /* the same bits */
-    dp__convx_forward(l, n, x, w, y, ws, ws_bytes);
+    dp__convx_forward(l, n, x, w, y, relu, ws, ws_bytes);
     return true;
   }
   float *col = ws, *t = (float *)((unsigned char *)ws + s.col);
   void *g = s.gemm ? (unsigned char *)ws + s.col + s.t : NULL;
   size_t P = (size_t)l->h * l->w, wn = (size_t)l->c * s.ckk, in = (size_t)l->in;
-  dp_gemm_epilogue ep = {.bias = l->bias ? w + wn : NULL};
+  dp_gemm_epilogue ep = {.bias = l->bias ? w + wn : NULL,
+                         .act = relu ? DP_GEMM_ACT_RELU : DP_GEMM_ACT_NONE};
   int nb = chunk_images(&s, n);
   for (int s0 = 0; s0 < n; s0 += nb) {
     int m = n - s0 < nb ? n - s0 : nb;
@@ -632,26 +633,34 @@ void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
   }
 }
 
-void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy,
-                       float *dx) {
-  int C = l->ic, H = l->ih, W = l->iw, K = l->k, S = l->stride, OH = l->h, OW = l->w;
-  if (dp__poolx_takes(l)) { /* the same bits */
-    dp__poolx_backward(l, n, x, dy, dx);
+/* maxpool2d's backward; masked: then the relu's before it, in place */
+static void maxpool_backward(const dp_layer *l, int n, const float *x, const float *dy,
+                             float *dx, bool masked) {
+  if (dp__poolx_takes(l)) { /* the same bits; the mask in its stores */
+    dp__poolx_backward(l, n, x, dy, dx, masked);
     return;
   }
+  bool done = false;
 #if CONV_X86
   if (maxpool22(l)) {
     maxpool22_bwd(l, n, x, dy, dx);
-    return;
+    done = true;
   }
 #endif
+  if (!done && l->k == 2)
+    maxpool_bwd_k(l, n, x, dy, dx, 2);
+  else if (!done && l->k == 3)
+    maxpool_bwd_k(l, n, x, dy, dx, 3);
+  else if (!done)
+    maxpool_bwd_k(l, n, x, dy, dx, l->k);
+  if (masked) dp__relu_mask(x, dx, (size_t)n * l->in);
+}
+
+void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy, float *dx,
+                       bool masked) {
+  int C = l->ic, H = l->ih, W = l->iw, K = l->k, S = l->stride, OH = l->h, OW = l->w;
   if (l->kind == DP_LAYER_MAXPOOL2D) {
-    if (K == 2)
-      maxpool_bwd_k(l, n, x, dy, dx, 2);
-    else if (K == 3)
-      maxpool_bwd_k(l, n, x, dy, dx, 3);
-    else
-      maxpool_bwd_k(l, n, x, dy, dx, K);
+    maxpool_backward(l, n, x, dy, dx, masked);
     return;
   }
   float area = (float)(K * K);

@@ -155,6 +155,17 @@ INL512 void fma_row(__m512 *acc, const __m512 *a, const float *b, const int N) {
   for (int j = 0; j < N; j++) acc[j] = fma_ab(acc[j], a[j], bb);
 }
 
+/* The relu's forward: <= 0 gives +0, a NaN passes (backend.c's relu_forward,
+ * the GEMM's epilogue); on dy, its backward where v is its output. */
+INL512 __m512 relu16(__m512 v) {
+  __mmask16 le = _mm512_cmp_ps_mask(v, _mm512_setzero_ps(), _CMP_LE_OQ);
+  return _mm512_mask_mov_ps(v, le, _mm512_setzero_ps());
+}
+INL512 __m512 relu_bwd16(__m512 y, __m512 dy) {
+  __mmask16 le = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_LE_OQ);
+  return _mm512_mask_mov_ps(dy, le, _mm512_setzero_ps());
+}
+
 /* acc + bias, the GEMM's epilogue (vaddps: acc's NaN first) */
 INL512 __m512 add_bias(__m512 acc, __m512 bias) {
   __asm__("vaddps %[b], %[c], %[c]" : [c] "+v"(acc) : [b] "v"(bias));
@@ -222,7 +233,7 @@ INL512 void tr16(__m512 r[16]) {
 
 /* y of output channels o0 .. o0 + MT - 1 on NV vectors: wt their weights
  * (C 9, MT), bias at o0 (or NULL), y at channel o0. */
-INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0,
+INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, bool relu, int g0,
                      const int MT, const int NV, const float *x, float *y) {
   vecs v;
   vecs_of(s, g0, NV, x, s->cin, y, s->cout, &v);
@@ -251,17 +262,18 @@ INL512 void fwd_tile(const cshape *s, const float *wt, const float *bias, int g0
   for (int i = 0; i < MT; i++) {
     __m512 bb = bias ? _mm512_set1_ps(bias[i]) : _mm512_setzero_ps();
 #pragma GCC unroll 3
-    for (int j = 0; j < NV; j++) /* the GEMM's epilogue: acc + bias once */
-      store16(v.out[j] + (size_t)i * s->P, v.st[j],
-              bias ? add_bias(acc[i][j], bb) : acc[i][j]);
+    for (int j = 0; j < NV; j++) { /* the GEMM's epilogue: acc + bias once, relu */
+      __m512 r = bias ? add_bias(acc[i][j], bb) : acc[i][j];
+      store16(v.out[j] + (size_t)i * s->P, v.st[j], relu ? relu16(r) : r);
+    }
   }
 }
 
 #define FWD_TILE(MT, NV)                                                                   \
   TGT512 static void fwd_tile_##MT##_##NV(const cshape *s, const float *wt,                \
-                                          const float *b, int g0, const float *x,          \
-                                          float *y) {                                      \
-    fwd_tile(s, wt, b, g0, MT, NV, x, y);                                                  \
+                                          const float *b, bool relu, int g0,               \
+                                          const float *x, float *y) {                      \
+    fwd_tile(s, wt, b, relu, g0, MT, NV, x, y);                                            \
   }
 FWD_TILE(8, 3)
 FWD_TILE(8, 2)
@@ -556,9 +568,10 @@ TGT512 static void to_lanes(const float *src, size_t rows, size_t cols, size_t l
     }
 }
 
-/* dst (rows, cols) (row stride ldd) = the first rows columns of src (cols, ld) */
+/* dst (rows, cols) (row stride ldd) = the first rows columns of src (cols, ld),
+ * relu applied where asked (moves otherwise) */
 TGT512 static void from_lanes(const float *src, size_t rows, size_t cols, size_t ld,
-                              float *dst, size_t ldd) {
+                              float *dst, size_t ldd, bool relu) {
   for (size_t r0 = 0; r0 < rows; r0 += 16)
     for (size_t c0 = 0; c0 < cols; c0 += 16) {
       __mmask16 cm = lanes16(cols - c0);
@@ -569,7 +582,7 @@ TGT512 static void from_lanes(const float *src, size_t rows, size_t cols, size_t
             c0 + j < cols ? _mm512_loadu_ps(src + (c0 + j) * ld + r0) : _mm512_setzero_ps();
       tr16(r);
       for (size_t i = 0; i < 16 && r0 + i < rows; i++)
-        store16(dst + (r0 + i) * ldd + c0, cm, r[i]);
+        store16(dst + (r0 + i) * ldd + c0, cm, relu ? relu16(r[i]) : r[i]);
     }
 }
 
@@ -688,7 +701,7 @@ TGT512 static bool all_finite(const float *p, size_t n) {
 }
 
 static bool fwd_lanes(const cshape *s, const dp_layer *l, int n, const float *x,
-                      const float *w, float *y, void *ws, size_t ws_bytes) {
+                      const float *w, float *y, bool relu, void *ws, size_t ws_bytes) {
   if (!lanes_pay(s) || ws_bytes < fwd_lanes_bytes(s, n) || !all_finite(w, l->n_params))
     return false;
   size_t ld = lanes_of(n), tile = s->ckk * MO;
@@ -715,7 +728,7 @@ static bool fwd_lanes(const cshape *s, const dp_layer *l, int n, const float *x,
           fwd_lanes_1(&d, wo, bo, o0, p, &tl, s0, yt);
       }
   }
-  from_lanes(yt, (size_t)n, s->cout, ld, y, s->cout);
+  from_lanes(yt, (size_t)n, s->cout, ld, y, s->cout, relu);
   return true;
 }
 
@@ -793,15 +806,15 @@ static bool dx_lanes(const cshape *s, int n, const float *w, const float *dy, fl
         }
     }
   }
-  from_lanes(dxt, (size_t)n, s->cin, ld, dx, s->cin);
+  from_lanes(dxt, (size_t)n, s->cin, ld, dx, s->cin, false);
   return true;
 }
 
 void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
-                       void *ws, size_t ws_bytes) {
+                       bool relu, void *ws, size_t ws_bytes) {
   cshape s;
   shape_of(l, &s);
-  if (fwd_lanes(&s, l, n, x, w, y, ws, ws_bytes)) return;
+  if (fwd_lanes(&s, l, n, x, w, y, relu, ws, ws_bytes)) return;
   masks_of(&s);
   const float *bias = l->bias ? w + s.ckk * (size_t)s.OUT : NULL;
   /* a tile's weights (C 9, MT): a tap's MT adjacent. One input channel: 16
@@ -815,13 +828,13 @@ void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w,
     float *yo = y + (size_t)o0 * s.P;
     for (int g0 = 0; g0 < G; g0 += MT == 16 ? 1 : 3)
       if (MT == 16)
-        fwd_tile_16_1(&s, wt, bo, g0, x, yo);
+        fwd_tile_16_1(&s, wt, bo, relu, g0, x, yo);
       else if (G - g0 >= 3)
-        fwd_tile_8_3(&s, wt, bo, g0, x, yo);
+        fwd_tile_8_3(&s, wt, bo, relu, g0, x, yo);
       else if (G - g0 == 2)
-        fwd_tile_8_2(&s, wt, bo, g0, x, yo);
+        fwd_tile_8_2(&s, wt, bo, relu, g0, x, yo);
       else
-        fwd_tile_8_1(&s, wt, bo, g0, x, yo);
+        fwd_tile_8_1(&s, wt, bo, relu, g0, x, yo);
   }
 }
 
@@ -935,7 +948,7 @@ INL512 bool taps64(const float *x, __mmask16 mz[4], const pool_ix *p, __m512 t[4
 /* 16 windows per step over the whole micro-batch (rows of windows follow one
  * another across planes and images); the last step masked. */
 INL512 void pool_small_k(int OW, size_t T, const float *x, const float *dy, float *y,
-                         float *dx, const int BWD) {
+                         float *dx, const int BWD, bool masked) {
   pool_ix p;
   pool_ix_of(OW, &p);
   for (size_t o = 0; o < T; o += 16) {
@@ -959,38 +972,43 @@ INL512 void pool_small_k(int OW, size_t T, const float *x, const float *dy, floa
            hi01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)),
            hi23 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(3, 2, 3, 2));
 #pragma GCC unroll 4
-    for (int q = 0; q < 4; q++)
-      store16(dx + 4 * o + 16 * q, mz[q],
-              _mm512_permutex2var_ps(q < 2 ? lo01 : hi01, p.iv[q], q < 2 ? lo23 : hi23));
+    for (int q = 0; q < 4; q++) {
+      __m512 g = _mm512_permutex2var_ps(q < 2 ? lo01 : hi01, p.iv[q], q < 2 ? lo23 : hi23);
+      if (masked) /* the relu before it: x is its output */
+        g = relu_bwd16(_mm512_maskz_loadu_ps(mz[q], x + 4 * o + 16 * q), g);
+      store16(dx + 4 * o + 16 * q, mz[q], g);
+    }
   }
 }
 
 TGT512 static void pool_small(int OW, size_t T, const float *x, const float *dy, float *y,
-                              float *dx) {
-  if (dy)
-    pool_small_k(OW, T, x, dy, NULL, dx, 1);
+                              float *dx, bool masked) {
+  if (dy && masked)
+    pool_small_k(OW, T, x, dy, NULL, dx, 1, true);
+  else if (dy)
+    pool_small_k(OW, T, x, dy, NULL, dx, 1, false);
   else
-    pool_small_k(OW, T, x, NULL, y, NULL, 0);
+    pool_small_k(OW, T, x, NULL, y, NULL, 0, false);
 }
 
 static void pool_run(const dp_layer *l, int n, const float *x, const float *dy, float *y,
-                     float *dx) {
-  pool_small(l->w, (size_t)n * l->ic * l->h * l->w, x, dy, y, dx);
+                     float *dx, bool masked) {
+  pool_small(l->w, (size_t)n * l->ic * l->h * l->w, x, dy, y, dx, masked);
 }
 
 void dp__poolx_forward(const dp_layer *l, int n, const float *x, float *y) {
-  pool_run(l, n, x, NULL, y, NULL);
+  pool_run(l, n, x, NULL, y, NULL, false);
 }
 
 void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *dy,
-                        float *dx) {
-  pool_run(l, n, x, dy, NULL, dx);
+                        float *dx, bool masked) {
+  pool_run(l, n, x, dy, NULL, dx, masked);
 }
 
 #else /* no AVX-512 build: the takes functions are false, nothing below runs */
 void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
-                       void *ws, size_t ws_bytes) {
-  (void)l, (void)n, (void)x, (void)w, (void)y, (void)ws, (void)ws_bytes;
+                       bool relu, void *ws, size_t ws_bytes) {
+  (void)l, (void)n, (void)x, (void)w, (void)y, (void)relu, (void)ws, (void)ws_bytes;
 }
 bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
@@ -1003,7 +1021,7 @@ void dp__poolx_forward(const dp_layer *l, int n, const float *x, float *y) {
   (void)l, (void)n, (void)x, (void)y;
 }
 void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *dy,
-                        float *dx) {
-  (void)l, (void)n, (void)x, (void)dy, (void)dx;
+                        float *dx, bool masked) {
+  (void)l, (void)n, (void)x, (void)dy, (void)dx, (void)masked;
 }
 #endif

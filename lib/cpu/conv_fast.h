@@ -43,14 +43,14 @@ bool dp__poolx_takes(const dp_layer *l);
  * then. */
 size_t dp__convx_bwd_bytes(const dp_layer *l, int n);
 void dp__convx_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
-                       void *ws, size_t ws_bytes);
+                       bool relu, void *ws, size_t ws_bytes);
 bool dp__convx_backward(const dp_layer *l, int n, const float *x, const float *w,
                         const float *dy, float *dw, float *db, float *dx, void *ws,
                         size_t ws_bytes);
 
 void dp__poolx_forward(const dp_layer *l, int n, const float *x, float *y);
 void dp__poolx_backward(const dp_layer *l, int n, const float *x, const float *dy,
-                        float *dx);
+                        float *dx, bool masked);
 
 /* conv.c's transpose (moves only): dst[j * ldd + i] = src[i * lds + j]. */
 void dp__conv_transpose(const float *src, size_t rows, size_t cols, size_t lds, float *dst,

@@ -15,15 +15,22 @@ extern "C" {
  * false when ws_bytes is short (nothing written). w: (out, in, k, k) then the
  * bias; dw, db: written, not accumulated; dx may be NULL. */
 size_t dp__conv_workspace_bytes(const dp_layer *l, int mb_rows, bool training);
+/* relu: y is relu(conv(x)), the relu's forward applied as y is written
+ * (dp__relu_fused) */
 bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, float *y,
-                      void *ws, size_t ws_bytes);
+                      bool relu, void *ws, size_t ws_bytes);
 bool dp__conv_backward(const dp_layer *l, int n, const float *x, const float *w,
                        const float *dy, float *dw, float *db, float *dx, void *ws,
                        size_t ws_bytes);
-/* maxpool2d, avgpool2d; dx is written (maxpool needs x: where the max was). */
+/* maxpool2d, avgpool2d; dx is written (maxpool needs x: where the max was).
+ * masked (maxpool): x is a relu's output and dx that relu's input gradient,
+ * the relu's backward applied (x <= 0 gives +0; dp__relu_bwd_fused). */
 void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y);
-void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy,
-                       float *dx);
+void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy, float *dx,
+                       bool masked);
+/* The relu's backward in place on its input gradient dx: where y, its
+ * output, is <= 0, +0 (lib/cpu/backend.c). */
+void dp__relu_mask(const float *y, float *dx, size_t n);
 
 /* lib/cpu/sequence.c. The embedding: y (n, T, D) from ids (n, T) (checked
  * integers below the vocabulary) and w (tokens (V, D), then positions (T, D));
