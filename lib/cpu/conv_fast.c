@@ -39,6 +39,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CX 1
+#include "cpu/transpose.h"
 #include <immintrin.h>
 #define TGT512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 #define INL512 TGT512 static inline __attribute__((always_inline))
@@ -200,35 +201,6 @@ static inline void vecs_of(const cshape *s, int g0, int NV, const float *in, siz
   }
 }
 
-/* 16 x 16 transpose in registers: r[k] becomes column k */
-INL512 void tr16(__m512 r[16]) {
-  __m512 a[16], b[16], c[16];
-#pragma GCC unroll 8
-  for (int i = 0; i < 8; i++) {
-    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; i++) {
-    b[4 * i] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
-    b[4 * i + 1] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
-    b[4 * i + 2] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
-    b[4 * i + 3] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; j++) {
-    c[j] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0x88);
-    c[j + 4] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0xdd);
-    c[j + 8] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0x88);
-    c[j + 12] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0xdd);
-  }
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; j++) {
-    r[j] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0x88);
-    r[j + 8] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0xdd);
-  }
-}
-
 /* ---- forward ------------------------------------------------------------- */
 
 /* y of output channels o0 .. o0 + MT - 1 on NV vectors: wt their weights
@@ -374,7 +346,7 @@ TGT512 static bool dyt_of(const cshape *s, int n, const float *dy, float *g) {
           r[i] = _mm512_maskz_loadu_ps(m, src + (size_t)(o0 + i) * s->P + p0);
           bad |= _mm512_fpclass_ps_mask(r[i], 0x99); /* NaNs, infinities */
         }
-        tr16(r);
+        dp__transpose16(r);
         for (size_t j = 0; j < rows; j++)
           _mm512_storeu_ps(dst + (p0 + j) * (size_t)s->OUT + o0, r[j]);
       }
@@ -562,7 +534,7 @@ TGT512 static void to_lanes(const float *src, size_t rows, size_t cols, size_t l
       for (size_t i = 0; i < 16; i++)
         r[i] = r0 + i < rows ? _mm512_maskz_loadu_ps(cm, src + (r0 + i) * lds + c0)
                              : _mm512_setzero_ps();
-      tr16(r);
+      dp__transpose16(r);
       for (size_t j = 0; j < 16 && c0 + j < cols; j++)
         _mm512_storeu_ps(dst + (c0 + j) * ld + r0, r[j]);
     }
@@ -580,7 +552,7 @@ TGT512 static void from_lanes(const float *src, size_t rows, size_t cols, size_t
       for (size_t j = 0; j < 16; j++)
         r[j] =
             c0 + j < cols ? _mm512_loadu_ps(src + (c0 + j) * ld + r0) : _mm512_setzero_ps();
-      tr16(r);
+      dp__transpose16(r);
       for (size_t i = 0; i < 16 && r0 + i < rows; i++)
         store16(dst + (r0 + i) * ldd + c0, cm, relu ? relu16(r[i]) : r[i]);
     }

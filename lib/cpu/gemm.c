@@ -310,12 +310,20 @@ TGT_AVX2 static void pack_c_avx2(float *dst, int W, const float *src, size_t ld,
   }
 }
 
-TGT_AVX2 static void pack_a_avx2(float *dst, const dp__gemm_mat *Am, int i0, int mc, int k0,
-                                 int kc, int MR, int mpad) {
+/* A tier's two packing moves: a panel read along its rows (pack_c) and a
+ * sliver read across them (pack_t), as pack_c_avx2 and pack_t_avx2. */
+typedef void (*pack_c_fn)(float *dst, int W, const float *src, size_t ld, int n, int npad,
+                          int kc);
+typedef void (*pack_t_fn)(float *d, int W, const float *src, size_t ld, int n, int kc,
+                          int rows_left);
+
+static inline __attribute__((always_inline)) void
+pack_a_with(pack_c_fn pc, pack_t_fn pt, float *dst, const dp__gemm_mat *Am, int i0, int mc,
+            int k0, int kc, int MR, int mpad) {
   const float *A = Am->p;
   int lda = Am->ld, transA = Am->trans;
   if (transA) {
-    pack_c_avx2(dst, MR, A + (size_t)k0 * lda + i0, (size_t)lda, mc, mpad, kc);
+    pc(dst, MR, A + (size_t)k0 * lda + i0, (size_t)lda, mc, mpad, kc);
     return;
   }
   for (int s = 0; s < mpad; s += MR) {
@@ -324,17 +332,18 @@ TGT_AVX2 static void pack_a_avx2(float *dst, const dp__gemm_mat *Am, int i0, int
     if (rows == 0)
       memset(d, 0, (size_t)MR * kc * sizeof *d);
     else
-      pack_t_avx2(d, MR, A + (size_t)(i0 + s) * lda + k0, (size_t)lda, rows, kc, mc - s);
+      pt(d, MR, A + (size_t)(i0 + s) * lda + k0, (size_t)lda, rows, kc, mc - s);
   }
 }
 
-TGT_AVX2 static void pack_b_avx2(float *dst, const dp__gemm_mat *Bm, int k0, int kc, int j0,
-                                 int nc, int NR, int s0, int s1) {
+static inline __attribute__((always_inline)) void
+pack_b_with(pack_c_fn pc, pack_t_fn pt, float *dst, const dp__gemm_mat *Bm, int k0, int kc,
+            int j0, int nc, int NR, int s0, int s1) {
   const float *B = Bm->p;
   int ldb = Bm->ld, transB = Bm->trans;
   if (!transB && s0 < nc) {
-    pack_c_avx2(dst + (size_t)s0 * kc, NR, B + (size_t)k0 * ldb + j0 + s0, (size_t)ldb,
-                nc - s0, s1 - s0, kc);
+    pc(dst + (size_t)s0 * kc, NR, B + (size_t)k0 * ldb + j0 + s0, (size_t)ldb, nc - s0,
+       s1 - s0, kc);
     return;
   }
   for (int s = s0; s < s1; s += NR) {
@@ -343,8 +352,100 @@ TGT_AVX2 static void pack_b_avx2(float *dst, const dp__gemm_mat *Bm, int k0, int
     if (cols == 0)
       memset(d, 0, (size_t)NR * kc * sizeof *d);
     else
-      pack_t_avx2(d, NR, B + (size_t)(j0 + s) * ldb + k0, (size_t)ldb, cols, kc, nc - s);
+      pt(d, NR, B + (size_t)(j0 + s) * ldb + k0, (size_t)ldb, cols, kc, nc - s);
   }
+}
+
+static void pack_a_avx2(float *dst, const dp__gemm_mat *Am, int i0, int mc, int k0, int kc,
+                        int MR, int mpad) {
+  pack_a_with(pack_c_avx2, pack_t_avx2, dst, Am, i0, mc, k0, kc, MR, mpad);
+}
+
+static void pack_b_avx2(float *dst, const dp__gemm_mat *Bm, int k0, int kc, int j0, int nc,
+                        int NR, int s0, int s1) {
+  pack_b_with(pack_c_avx2, pack_t_avx2, dst, Bm, k0, kc, j0, nc, NR, s0, s1);
+}
+
+/* ---- AVX-512 packers: the same layouts, 16 lanes a move ------------------ */
+
+/* The first n (0..16) lanes. */
+static inline __mmask16 lanes16(int n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
+/* pack_t_avx2's layout: lane l (< n; zero up to W) at step k is src[l * ld +
+ * k], to d[k * W + l]; 16 x 16 transposes, masked loads past kc, masked
+ * stores of the lanes a sliver has (AVX-512's masked stores are plain stores
+ * on the lanes they name). The next 16 rows prefetched a group ahead. */
+DP_TGT_AVX512 static void pack_t_avx512(float *d, int W, const float *src, size_t ld, int n,
+                                        int kc, int rows_left) {
+  for (int g = 0; g < W; g += 16, d += 16) {
+    int cnt = dp__imin(16, W - g), valid = n - g < 0 ? 0 : dp__imin(n - g, cnt);
+    __mmask16 sm = lanes16(cnt);
+    if (valid == 0) {
+      for (int k = 0; k < kc; k++)
+        _mm512_mask_storeu_ps(d + (size_t)k * W, sm, _mm512_setzero_ps());
+      continue;
+    }
+    const float *p[16];
+    for (int l = 0; l < 16; l++) p[l] = src + (size_t)(g + (l < valid ? l : 0)) * ld;
+    int pf = dp__imin(16, rows_left - g - 16);
+    const float *q = pf > 0 ? src + (size_t)(g + 16) * ld : NULL;
+    for (int k = 0; k < kc; k += 16) {
+      int kn = dp__imin(16, kc - k);
+      __mmask16 km = lanes16(kn);
+      if (q)
+        for (int l = 0; l < pf; l++) __builtin_prefetch(q + (size_t)l * ld + k, 0, 3);
+      __m512 r[16];
+#pragma GCC unroll 16
+      for (int l = 0; l < 16; l++)
+        r[l] = l < valid ? _mm512_maskz_loadu_ps(km, p[l] + k) : _mm512_setzero_ps();
+      dp__transpose16(r);
+      if (kn == 16 && cnt == 16) {
+#pragma GCC unroll 16
+        for (int kk = 0; kk < 16; kk++) _mm512_storeu_ps(d + (size_t)(k + kk) * W, r[kk]);
+      } else {
+        for (int kk = 0; kk < kn; kk++)
+          _mm512_mask_storeu_ps(d + (size_t)(k + kk) * W, sm, r[kk]);
+      }
+    }
+  }
+}
+
+/* pack_c_avx2's layout: lane l (< n; zero up to npad) at step k is src[k *
+ * ld + l], row copies 8 rows at a time, 16 lanes a move (masked where a
+ * sliver or the source ends). */
+DP_TGT_AVX512 static void pack_c_avx512(float *dst, int W, const float *src, size_t ld,
+                                        int n, int npad, int kc) {
+  for (int k0 = 0; k0 < kc; k0 += 8) {
+    int kn = dp__imin(8, kc - k0);
+    for (int s = 0; s < npad; s += W) {
+      float *d = dst + (size_t)s * kc + (size_t)k0 * W;
+      const float *q = src + (size_t)k0 * ld + s;
+      if (W % 16 == 0 && s + W <= n) { /* a full sliver */
+        for (int k = 0; k < kn; k++, q += ld, d += W)
+          for (int g = 0; g < W; g += 16) _mm512_storeu_ps(d + g, _mm512_loadu_ps(q + g));
+        continue;
+      }
+      for (int k = 0; k < kn; k++, q += ld, d += W)
+        for (int g = 0; g < W; g += 16) {
+          int cnt = dp__imin(16, W - g),
+              valid = n - s - g < 0 ? 0 : dp__imin(n - s - g, cnt);
+          _mm512_mask_storeu_ps(d + g, lanes16(cnt),
+                                _mm512_maskz_loadu_ps(lanes16(valid), q + g));
+        }
+    }
+  }
+}
+
+static void pack_a_avx512(float *dst, const dp__gemm_mat *Am, int i0, int mc, int k0,
+                          int kc, int MR, int mpad) {
+  pack_a_with(pack_c_avx512, pack_t_avx512, dst, Am, i0, mc, k0, kc, MR, mpad);
+}
+
+static void pack_b_avx512(float *dst, const dp__gemm_mat *Bm, int k0, int kc, int j0,
+                          int nc, int NR, int s0, int s1) {
+  pack_b_with(pack_c_avx512, pack_t_avx512, dst, Bm, k0, kc, j0, nc, NR, s0, s1);
 }
 
 /* ---- AVX-512 tier: 12 x 32 (24 zmm accumulators) -------------------------- */
@@ -377,8 +478,8 @@ const dp__gemm_tier dp__gemm_tiers[DP_GEMM_TIERS] = {
 #if DP_GEMM_X86
     [DP_GEMM_AVX2] = {"avx2", MR_2, NR_2, dp__gemm_kern_avx2, pack_a_avx2, pack_b_avx2,
                       kern_avx2_ua},
-    [DP_GEMM_AVX512] = {"avx512", MR_5, NR_5, dp__gemm_kern_avx512, pack_a_avx2,
-                        pack_b_avx2, NULL},
+    [DP_GEMM_AVX512] = {"avx512", MR_5, NR_5, dp__gemm_kern_avx512, pack_a_avx512,
+                        pack_b_avx512, NULL},
 #endif
 };
 

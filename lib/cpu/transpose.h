@@ -1,0 +1,39 @@
+/* Register transposes shared by the AVX-512 packers (lib/cpu/gemm.c) and
+ * the image kernels (lib/cpu/conv_fast.c): moves only. Internal to lib/cpu;
+ * x86-64 with GCC or Clang only. */
+#ifndef DP_TRANSPOSE_H
+#define DP_TRANSPOSE_H
+
+#include <immintrin.h>
+
+/* 16 x 16 transpose in registers: rows r[0..15] in, columns out. */
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+dp__transpose16(__m512 r[16]) {
+  __m512 a[16], b[16], c[16];
+#pragma GCC unroll 8
+  for (int i = 0; i < 8; i++) {
+    a[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    a[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; i++) {
+    b[4 * i] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0x44);
+    b[4 * i + 1] = _mm512_shuffle_ps(a[4 * i], a[4 * i + 2], 0xee);
+    b[4 * i + 2] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0x44);
+    b[4 * i + 3] = _mm512_shuffle_ps(a[4 * i + 1], a[4 * i + 3], 0xee);
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; j++) {
+    c[j] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0x88);
+    c[j + 4] = _mm512_shuffle_f32x4(b[j], b[j + 4], 0xdd);
+    c[j + 8] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0x88);
+    c[j + 12] = _mm512_shuffle_f32x4(b[j + 8], b[j + 12], 0xdd);
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; j++) {
+    r[j] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(c[j], c[j + 8], 0xdd);
+  }
+}
+
+#endif
