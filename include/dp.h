@@ -844,7 +844,8 @@ uint64_t dp_params_hash(dp_ctx *c);
  * allocation. Events past the buffer's end are counted, not written. The
  * times are the host's: an asynchronous backend's ops only enqueue. */
 typedef enum {
-  DP_PROF_EVENT_OP = 0,  /* an op, or a thread's range of a shared op */
+  DP_PROF_EVENT_OP = 0,  /* an op, or a thread's range (a loss op: micro-batches)
+                            of a shared op */
   DP_PROF_EVENT_BARRIER, /* a thread waiting for the others (or for its next job) */
   DP_PROF_EVENT_STEP     /* one dp_train_step or dp_forward call, caller's thread */
 } dp_prof_event_kind;
@@ -857,7 +858,7 @@ typedef struct {
   uint8_t kind;          /* an op's dp_op_kind */
   uint8_t phase;         /* an op's dp_phase; a barrier's: the phase of the stage
                             it ends (DP_PHASE_COUNT: a worker's wait for a job) */
-  uint8_t shared;        /* 1: this thread's element range of a shared op */
+  uint8_t shared;        /* 1: this thread's part of a shared op */
   int16_t thread;        /* the device whose thread recorded it */
   int16_t device, layer; /* an op's device and layer (-1: none) */
   int32_t op;            /* an op's index in its schedule; -1 for other events */

@@ -320,6 +320,60 @@ START_TEST(fused_relu_gives_the_unfused_bits) {
 }
 END_TEST
 
+/* Classic mode's loss op (the whole batch gathered on device 0) is shared by
+ * micro-batches between the device threads when its outputs are large
+ * (lib/core/exec.c): the parameters and every step's loss of a 300-class
+ * model are the bits of one device (no sharing) on 2, 4 and 8, and the
+ * profile shows the loss run on both threads of 2 devices. */
+static uint64_t wide_run(int devices, dp_mode mode, float *losses, bool profile) {
+  static const char WIDE_SPEC[] =
+      "input 12\nlinear 40\nrelu\nlinear 300\nloss softmax_cross_entropy\n";
+  dp_config c = config_of(B, devices, DP_OPT_ADAMW);
+  c.mode = mode;
+  c.micro_batch = MB;
+  c.lr = 0.01f;
+  c.seed = 7;
+  rig r;
+  rig_open(&r, WIDE_SPEC, &c);
+  dp_prof_event ev[512];
+  if (profile) ck_assert_int_eq(dp_ctx_profile(r.c, ev, 512), DP_OK);
+  batch b;
+  for (int s = 0; s < 6; s++) {
+    make_batch(&b, s);
+    int rows = s == 4 ? B - 3 * MB - 5 : B; /* a short batch: empty micro-batches */
+    ck_assert_msg(dp_train_step(r.c, rows, IN, b.x, b.y, &losses[s]) == DP_OK, "%s",
+                  dp_ctx_error(r.c));
+    if (profile && s == 0) {
+      size_t n = dp_ctx_profile_count(r.c, NULL);
+      int threads = 0;
+      for (size_t i = 0; i < n; i++)
+        if (ev[i].what == DP_PROF_EVENT_OP && ev[i].kind == DP_OP_LOSS && ev[i].shared)
+          threads |= 1 << ev[i].thread;
+      ck_assert_int_eq(threads, 3);
+      ck_assert_int_eq(dp_ctx_profile(r.c, NULL, 0), DP_OK);
+    }
+  }
+  uint64_t h = dp_params_hash(r.c);
+  rig_close(&r);
+  return h;
+}
+
+START_TEST(classic_loss_shared_by_micro_batches_keeps_the_bits) {
+  float ref[6], got[6];
+  uint64_t h1 = wide_run(1, DP_MODE_CLASSIC, ref, false);
+  static const int counts[] = {2, 4, 8};
+  for (int i = 0; i < 3; i++)
+    for (int mode = 0; mode < 2; mode++) {
+      dp_mode m = mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+      uint64_t h = wide_run(counts[i], m, got, counts[i] == 2 && !mode);
+      ck_assert_msg(h == h1, "%d devices, mode %d: hash %016llx, 1 device %016llx",
+                    counts[i], mode, (unsigned long long)h, (unsigned long long)h1);
+      ck_assert_msg(memcmp(ref, got, sizeof ref) == 0, "%d devices, mode %d: the losses",
+                    counts[i], mode);
+    }
+}
+END_TEST
+
 /* config.recompute: the backward's recomputed forward ops in a plan of spec. */
 static int recompute_ops(const char *spec, int devices, int micro_batch, int k) {
   dp_config c = config_of(spec == GPT_SPEC ? 16 : B, devices, DP_OPT_ADAMW);
@@ -455,6 +509,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, different_micro_batch_changes_the_bits);
   tcase_add_test(tc, every_cpu_tier_gives_the_same_bits);
   tcase_add_test(tc, fused_relu_gives_the_unfused_bits);
+  tcase_add_test(tc, classic_loss_shared_by_micro_batches_keeps_the_bits);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -204,6 +204,9 @@ static dp_status ctx_init(dp_ctx *c) {
   }
   s = dp__exec_init(&c->exec, c->dev0, c->dev1 - c->dev0, c->be, c->bctx, t, tctx);
   if (s) return s;
+  /* classic mode's loss op holds the whole batch's micro-batches, gathered in
+   * one region (dp__loss_operands): any of them may be computed alone */
+  c->exec.share_loss = c->plan->cfg.mode == DP_MODE_CLASSIC;
   c->exec_live = true;
   return DP_OK;
 }

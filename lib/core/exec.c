@@ -207,10 +207,16 @@ static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
  * only while no device it touches has run an op of its own earlier in the
  * stage (whose results it might read before they are written: the backward's
  * gradient adds after the device's layer ops); the reductions, checks,
- * updates and broadcasts open their stages. The decision depends only on the
+ * updates and broadcasts open their stages. Classic mode's loss op, the whole
+ * gathered batch on device 0 while the others would wait, is cut by
+ * micro-batches instead: each micro-batch's sum and gradient rows are computed
+ * whole by one thread in their order (loss_sum adds the sums later in the
+ * canonical tree). The decision depends only on the
  * op list and the executor, so every device makes the same one, and every
  * device meets the op's barrier, a failed one too. */
 #define SHARE_MIN_BYTES ((size_t)128 * 1024) /* smaller ops: the barrier costs more */
+/* a loss of fewer output bytes: the barrier costs more than its exps save */
+#define SHARE_LOSS_MIN_BYTES ((size_t)64 * 1024)
 #define SHARE_ALIGN ((size_t)64)             /* ranges start on cache lines */
 
 /* A backend that says its devices are host memory of this process (the
@@ -229,7 +235,10 @@ static bool local_end(const dp_exec *x, int dev) {
 /* An op of a kind and size that work sharing cuts into ranges (when
  * shared_op's other conditions hold too). */
 static bool shareable(const dp_exec *x, const dp_op *op) {
-  if (!x->share || op->bytes < SHARE_MIN_BYTES || op->bytes % 4) return false;
+  if (!x->share) return false;
+  if (op->kind == DP_OP_LOSS) /* by micro-batches: each sum one thread's */
+    return x->share_loss && op->n_mb > 1 && op->bytes >= SHARE_LOSS_MIN_BYTES;
+  if (op->bytes < SHARE_MIN_BYTES || op->bytes % 4) return false;
   switch ((dp_op_kind)op->kind) {
   case DP_OP_COPY: return local_end(x, op->src_dev) && local_end(x, op->dst_dev);
   case DP_OP_GRAD_ADD: return !(op->flags & DP_OPF_SRC_BF16); /* src offsets halve */
@@ -375,14 +384,26 @@ void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
   }
 }
 
-/* Device dev's element range of op: bytes [*b0, *b1). */
-static void share_range(const dp_exec *x, const dp_op *op, int dev, size_t *b0,
-                        size_t *b1) {
-  size_t n = (size_t)x->n_devices, per = (op->bytes + n - 1) / n;
+/* Device dev's part of shared op: an element range (bytes [b0, b1)), or for
+ * the loss its micro-batches [m0, m1), as an op; false when it is empty. */
+static bool share_part(const dp_exec *x, const dp_op *op, int dev, dp_op *part) {
+  size_t n = (size_t)x->n_devices, j = (size_t)(dev - x->dev0);
+  *part = *op;
+  if (op->kind == DP_OP_LOSS) {
+    size_t per = ((size_t)op->n_mb + n - 1) / n, m = (size_t)op->n_mb;
+    size_t m0 = j * per < m ? j * per : m, m1 = m0 + per < m ? m0 + per : m;
+    part->micro_batch += (int)m0;
+    part->n_mb = (int)(m1 - m0);
+    return m1 > m0;
+  }
+  size_t per = (op->bytes + n - 1) / n;
   per = (per + SHARE_ALIGN - 1) / SHARE_ALIGN * SHARE_ALIGN;
-  size_t j = (size_t)(dev - x->dev0);
-  *b0 = j * per < op->bytes ? j * per : op->bytes;
-  *b1 = *b0 + per < op->bytes ? *b0 + per : op->bytes;
+  size_t b0 = j * per < op->bytes ? j * per : op->bytes;
+  size_t b1 = b0 + per < op->bytes ? b0 + per : op->bytes;
+  part->src_offset += b0;
+  part->dst_offset += b0;
+  part->bytes = b1 - b0;
+  return b1 > b0;
 }
 
 /* Records the first failure of device dev: at schedule index k, or in the
@@ -443,13 +464,8 @@ static void run_device(dp_exec *x, int dev) {
           if (ends[i] != DP_HOST && local_end(x, ends[i])) busy[ends[i] - x->dev0] = true;
       } else {
         bool *bad = x->part_bad[seq++ & 1];
-        size_t b0, b1;
-        share_range(x, op, dev, &b0, &b1);
-        if (!stopped && !failed && b1 > b0) {
-          dp_op part = *op;
-          part.src_offset += b0;
-          part.dst_offset += b0;
-          part.bytes = b1 - b0;
+        dp_op part;
+        if (share_part(x, op, dev, &part) && !stopped && !failed) {
           prof_mark m = prof_start(x);
           dp_status st = run_op(x, &part);
           prof_op(x, dev, k, op, true, m);

@@ -52,6 +52,10 @@ struct dp_exec {
    * with a barrier after it. part_bad[slot][dev]: the range of device dev
    * failed in a check, for the shared op of parity slot. */
   bool share;
+  /* ... and a loss op of several micro-batches (classic mode's, on the
+   * gathered batch; set by the context) by micro-batches: each one's sum is
+   * one thread's, in its order */
+  bool share_loss;
   bool part_bad[2][DP_MAX_DEVICES];
   /* dp__exec_sync's scratch: per thread, the regions (bit per dp_region) of
    * each device (and, last, of the host) that its ops since the last barrier
