@@ -467,19 +467,8 @@ dp_status dp__cpu_forward(const lctx *c) {
   case DP_LAYER_GELU: gelu_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c), *b = g + out;
-    float *st = layer_stats(c); /* (rows, 2): mean, rstd */
-    for (int r = 0; r < n; r++) {
-      const float *xr = x + (size_t)r * out;
-      float *yr = y + (size_t)r * out;
-      float sum = 0.0f;
-      for (int k = 0; k < out; k++) sum += xr[k];
-      float mean = sum / (float)out, var = 0.0f;
-      for (int k = 0; k < out; k++) var += (xr[k] - mean) * (xr[k] - mean);
-      float rstd = 1.0f / sqrtf(var / (float)out + 1e-5f);
-      st[2 * r] = mean;
-      st[2 * r + 1] = rstd;
-      for (int k = 0; k < out; k++) yr[k] = (xr[k] - mean) * rstd * g[k] + b[k];
-    }
+    /* stats (rows, 2): mean, rstd */
+    dp__layernorm_forward(n, out, x, g, b, layer_stats(c), y);
     break;
   }
   case DP_LAYER_DROPOUT:
@@ -597,27 +586,9 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
     break;
   }
   case DP_LAYER_LAYERNORM: {
-    const float *x = layer_in(c), *st = layer_stats(c), *g = layer_params(c);
-    float *dg = grads + l->param_off, *db = dg + out;
-    for (int k = 0; k < out; k++) dg[k] = db[k] = 0.0f;
-    for (int r = 0; r < n; r++) {
-      const float *xr = x + (size_t)r * out, *dyr = dy + (size_t)r * out;
-      float mean = st[2 * r], rstd = st[2 * r + 1], s1 = 0.0f, s2 = 0.0f;
-      for (int k = 0; k < out; k++) {
-        float xh = (xr[k] - mean) * rstd, dxh = dyr[k] * g[k];
-        dg[k] += dyr[k] * xh;
-        db[k] += dyr[k];
-        s1 += dxh;
-        s2 += dxh * xh;
-      }
-      if (dx) {
-        float *dxr = dx + (size_t)r * out;
-        for (int k = 0; k < out; k++) {
-          float xh = (xr[k] - mean) * rstd;
-          dxr[k] = rstd * (dyr[k] * g[k] - s1 / (float)out - xh * s2 / (float)out);
-        }
-      }
-    }
+    float *dg = grads + l->param_off;
+    dp__layernorm_backward(n, out, layer_in(c), layer_stats(c), layer_params(c), dy, dg,
+                           dg + out, dx);
     break;
   }
   case DP_LAYER_DROPOUT:
