@@ -39,7 +39,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define CX 1
-#include "cpu/transpose.h"
+#include "cpu/avx512.h"
 #include <immintrin.h>
 #define TGT512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
 #define INL512 TGT512 static inline __attribute__((always_inline))
@@ -114,10 +114,6 @@ static void masks_of(cshape *s) {
     }
     if (++ox == s->W) ox = 0, oy++;
   }
-}
-
-static inline __mmask16 lanes16(size_t k) {
-  return k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << k) - 1);
 }
 
 INL512 void store16(float *p, __mmask16 m, __m512 v) {
@@ -197,7 +193,7 @@ static inline void vecs_of(const cshape *s, int g0, int NV, const float *in, siz
     v->in[j] = in + im * in_img + 16 * pv;
     v->out[j] = out + im * out_img + 16 * pv;
     v->mk[j] = s->mk + 9 * pv;
-    v->st[j] = lanes16(s->P - 16 * pv);
+    v->st[j] = dp__lanes16(s->P - 16 * pv);
   }
 }
 
@@ -337,7 +333,7 @@ TGT512 static bool dyt_of(const cshape *s, int n, const float *dy, float *g) {
     const float *src = dy + (size_t)im * s->cout;
     float *dst = g + (size_t)im * s->cout;
     for (size_t p0 = 0; p0 < s->P; p0 += 16) {
-      __mmask16 m = lanes16(s->P - p0);
+      __mmask16 m = dp__lanes16(s->P - p0);
       size_t rows = s->P - p0 < 16 ? s->P - p0 : 16;
       for (int o0 = 0; o0 < s->OUT; o0 += 16) {
         __m512 r[16];
@@ -528,7 +524,7 @@ TGT512 static void to_lanes(const float *src, size_t rows, size_t cols, size_t l
                             float *dst, size_t ld) {
   for (size_t r0 = 0; r0 < ld; r0 += 16)
     for (size_t c0 = 0; c0 < cols; c0 += 16) {
-      __mmask16 cm = lanes16(cols - c0);
+      __mmask16 cm = dp__lanes16(cols - c0);
       __m512 r[16];
 #pragma GCC unroll 16
       for (size_t i = 0; i < 16; i++)
@@ -546,7 +542,7 @@ TGT512 static void from_lanes(const float *src, size_t rows, size_t cols, size_t
                               float *dst, size_t ldd, bool relu) {
   for (size_t r0 = 0; r0 < rows; r0 += 16)
     for (size_t c0 = 0; c0 < cols; c0 += 16) {
-      __mmask16 cm = lanes16(cols - c0);
+      __mmask16 cm = dp__lanes16(cols - c0);
       __m512 r[16];
 #pragma GCC unroll 16
       for (size_t j = 0; j < 16; j++)
@@ -668,7 +664,7 @@ static size_t fwd_lanes_bytes(const cshape *s, int n) {
 TGT512 static bool all_finite(const float *p, size_t n) {
   __mmask16 bad = 0;
   for (size_t i = 0; i < n; i += 16)
-    bad |= _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(lanes16(n - i), p + i), 0x99);
+    bad |= _mm512_fpclass_ps_mask(_mm512_maskz_loadu_ps(dp__lanes16(n - i), p + i), 0x99);
   return bad == 0;
 }
 
@@ -927,18 +923,18 @@ INL512 void pool_small_k(int OW, size_t T, const float *x, const float *dy, floa
     size_t r = T - o < 16 ? T - o : 16;
     __mmask16 mz[4], k[4];
     for (int q = 0; q < 4; q++)
-      mz[q] = lanes16(4 * r > 16 * (size_t)q ? 4 * r - 16 * q : 0);
+      mz[q] = dp__lanes16(4 * r > 16 * (size_t)q ? 4 * r - 16 * q : 0);
     __m512 t[4], m;
     if (taps64(x + 4 * o, mz, &p, t))
       sel4(t, &m, k);
     else
       sel4_finite(t, &m, k, BWD);
     if (!BWD) {
-      store16(y + o, lanes16(r), m);
+      store16(y + o, dp__lanes16(r), m);
       continue;
     }
     __m512 v[4];
-    spread4(k, _mm512_maskz_loadu_ps(lanes16(r), dy + o), v);
+    spread4(k, _mm512_maskz_loadu_ps(dp__lanes16(r), dy + o), v);
     __m512 lo01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(1, 0, 1, 0)),
            lo23 = _mm512_shuffle_f32x4(v[2], v[3], _MM_SHUFFLE(1, 0, 1, 0)),
            hi01 = _mm512_shuffle_f32x4(v[0], v[1], _MM_SHUFFLE(3, 2, 3, 2)),

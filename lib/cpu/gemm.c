@@ -368,11 +368,6 @@ static void pack_b_avx2(float *dst, const dp__gemm_mat *Bm, int k0, int kc, int 
 
 /* ---- AVX-512 packers: the same layouts, 16 lanes a move ------------------ */
 
-/* The first n (0..16) lanes. */
-static inline __mmask16 lanes16(int n) {
-  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-}
-
 /* pack_t_avx2's layout: lane l (< n; zero up to W) at step k is src[l * ld +
  * k], to d[k * W + l]; 16 x 16 transposes, masked loads past kc, masked
  * stores of the lanes a sliver has (AVX-512's masked stores are plain stores
@@ -381,7 +376,7 @@ DP_TGT_AVX512 static void pack_t_avx512(float *d, int W, const float *src, size_
                                         int kc, int rows_left) {
   for (int g = 0; g < W; g += 16, d += 16) {
     int cnt = dp__imin(16, W - g), valid = n - g < 0 ? 0 : dp__imin(n - g, cnt);
-    __mmask16 sm = lanes16(cnt);
+    __mmask16 sm = dp__lanes16(cnt);
     if (valid == 0) {
       for (int k = 0; k < kc; k++)
         _mm512_mask_storeu_ps(d + (size_t)k * W, sm, _mm512_setzero_ps());
@@ -393,7 +388,7 @@ DP_TGT_AVX512 static void pack_t_avx512(float *d, int W, const float *src, size_
     const float *q = pf > 0 ? src + (size_t)(g + 16) * ld : NULL;
     for (int k = 0; k < kc; k += 16) {
       int kn = dp__imin(16, kc - k);
-      __mmask16 km = lanes16(kn);
+      __mmask16 km = dp__lanes16(kn);
       if (q)
         for (int l = 0; l < pf; l++) __builtin_prefetch(q + (size_t)l * ld + k, 0, 3);
       __m512 r[16];
@@ -431,8 +426,8 @@ DP_TGT_AVX512 static void pack_c_avx512(float *dst, int W, const float *src, siz
         for (int g = 0; g < W; g += 16) {
           int cnt = dp__imin(16, W - g),
               valid = n - s - g < 0 ? 0 : dp__imin(n - s - g, cnt);
-          _mm512_mask_storeu_ps(d + g, lanes16(cnt),
-                                _mm512_maskz_loadu_ps(lanes16(valid), q + g));
+          _mm512_mask_storeu_ps(d + g, dp__lanes16(cnt),
+                                _mm512_maskz_loadu_ps(dp__lanes16(valid), q + g));
         }
     }
   }

@@ -18,7 +18,7 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define DP_GEMM_X86 1
-#include "cpu/transpose.h"
+#include "cpu/avx512.h"
 #include <immintrin.h>
 #else
 #define DP_GEMM_X86 0

@@ -17,9 +17,9 @@
 #include <math.h>
 #include <stddef.h>
 
-static void forward_rows(int r0, int r1, int D, const float *x, const float *g,
-                         const float *b, float *st, float *y) {
-  for (int r = r0; r < r1; r++) {
+static void forward_rows(int n, int D, const float *x, const float *g, const float *b,
+                         float *st, float *y) {
+  for (int r = 0; r < n; r++) {
     const float *xr = x + (size_t)r * D;
     float *yr = y + (size_t)r * D;
     float sum = 0.0f;
@@ -55,20 +55,16 @@ static void backward_row(int r, int D, const float *x, const float *st, const fl
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#include "cpu/transpose.h"
+#include "cpu/avx512.h"
 
 #include <immintrin.h>
 #define TGT512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
 #define INL512 TGT512 static inline __attribute__((always_inline))
 
-INL512 __mmask16 lanes16(int n) {
-  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
-}
-
 /* v[kk] = element k0 + kk of rows r0 .. r0 + 15 (lane l: row r0 + l; rows from
  * n on repeat row n - 1, whose lanes nothing keeps). */
 INL512 void block16(const float *x, int D, int r0, int n, int k0, __m512 v[16]) {
-  __mmask16 km = lanes16(D - k0);
+  __mmask16 km = dp__lanes16(D - k0);
 #pragma GCC unroll 16
   for (int l = 0; l < 16; l++)
     v[l] = _mm512_maskz_loadu_ps(km, x + (size_t)(r0 + l < n ? r0 + l : n - 1) * D + k0);
@@ -106,7 +102,7 @@ TGT512 static void forward16(int r0, int n, int D, const float *x, const float *
     float *yr = y + (size_t)r * D;
     __m512 m = _mm512_set1_ps(mv[l]), rs = _mm512_set1_ps(rv[l]);
     for (int k = 0; k < D; k += 16) {
-      __mmask16 km = lanes16(D - k);
+      __mmask16 km = dp__lanes16(D - k);
       __m512 t = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(km, xr + k), m), rs);
       t = _mm512_add_ps(_mm512_mul_ps(t, _mm512_maskz_loadu_ps(km, g + k)),
                         _mm512_maskz_loadu_ps(km, b + k));
@@ -148,7 +144,7 @@ TGT512 static void backward16(int r0, int n, int D, const float *x, const float 
     __m512 a = _mm512_set1_ps(s1v[l] / (float)D), s = _mm512_set1_ps(s2v[l]);
     const __m512 fD = _mm512_set1_ps((float)D);
     for (int k = 0; k < D; k += 16) {
-      __mmask16 km = lanes16(D - k);
+      __mmask16 km = dp__lanes16(D - k);
       __m512 xv = _mm512_maskz_loadu_ps(km, xr + k),
              dv = _mm512_maskz_loadu_ps(km, dyr + k);
       __m512 xh = _mm512_mul_ps(_mm512_sub_ps(xv, m), rs);
@@ -174,7 +170,7 @@ void dp__layernorm_forward(int n, int D, const float *x, const float *g, const f
     return;
   }
 #endif
-  forward_rows(0, n, D, x, g, b, st, y);
+  forward_rows(n, D, x, g, b, st, y);
 }
 
 void dp__layernorm_backward(int n, int D, const float *x, const float *st, const float *g,

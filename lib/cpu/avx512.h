@@ -1,10 +1,16 @@
-/* Register transposes shared by the AVX-512 packers (lib/cpu/gemm.c) and
- * the image kernels (lib/cpu/conv_fast.c): moves only. Internal to lib/cpu;
- * x86-64 with GCC or Clang only. */
-#ifndef DP_TRANSPOSE_H
-#define DP_TRANSPOSE_H
+/* AVX-512 helpers shared by lib/cpu's kernels (the GEMM's packers, the image
+ * kernels, layernorm): lane masks and the 16 x 16 register transpose (moves
+ * only). Internal to lib/cpu; x86-64 with GCC or Clang only. */
+#ifndef DP_AVX512_H
+#define DP_AVX512_H
 
+#include <stddef.h>
 #include <immintrin.h>
+
+/* The first n lanes of 16 (none for n <= 0, all from 16 on). */
+static inline __mmask16 dp__lanes16(ptrdiff_t n) {
+  return n >= 16 ? (__mmask16)0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
 
 /* 16 x 16 transpose in registers: rows r[0..15] in, columns out. */
 __attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
