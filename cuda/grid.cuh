@@ -16,6 +16,14 @@
 #define DP_LAUNCH(k, grid, block, smem, st) k<<<(grid), (block), (smem), (st)>>>
 #endif
 
+/* Unroll a fixed-count loop (so that a small array it indexes stays in
+ * registers); nothing for the simulation's g++. */
+#ifdef DP_CUDA_SIM
+#define DP_UNROLL
+#else
+#define DP_UNROLL _Pragma("unroll")
+#endif
+
 #define THREADS 256
 #define MAX_BLOCKS (1u << 20) /* grid-stride loops cover the rest */
 

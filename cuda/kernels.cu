@@ -9,6 +9,7 @@
 #include "grid.cuh"
 #include "rng.cuh"
 #include "util/bf16.h" /* config.reduce_precision bf16: the cpu backend's rounding */
+#include "util/expf.h" /* dp__expf: the cpu backend's */
 #include "util/tanh.h" /* dp__tanhf: the cpu backend's */
 
 #include <math.h>
@@ -56,7 +57,7 @@ static __global__ void k_act_forward(int kind, const float *x, float *y, size_t 
     switch (kind) {
     case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : v; break; /* NaN passes through */
     case DP_LAYER_TANH: r = dp__tanhf(v); break;
-    case DP_LAYER_SIGMOID: r = fd(1.0f, fa(1.0f, expf(-v))); break;
+    case DP_LAYER_SIGMOID: r = fd(1.0f, fa(1.0f, dp__expf(-v))); break;
     default: /* DP_LAYER_GELU: 0.5 v (1 + tanh(C (v + A v^3))) */
       r = fm(fm(0.5f, v), fa(1.0f, dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))))));
       break;
@@ -474,7 +475,7 @@ static __global__ void __launch_bounds__(RED_THREADS)
     mx = __shfl_sync(FULL_MASK, mx, first); /* one value per group (+-0, NaN) */
     float se = 0.0f;
     if (on)
-      for (int j = c; j < cols; j += G) se = fa(se, expf(fs(zr[j], mx)));
+      for (int j = c; j < cols; j += G) se = fa(se, dp__expf(fs(zr[j], mx)));
     for (int m = G / 2; m >= 1; m >>= 1) se = fa(se, __shfl_xor_sync(FULL_MASK, se, m));
     if (!on) continue; /* no shuffle below */
     const float lse = fa(mx, logf(se));
@@ -489,7 +490,7 @@ static __global__ void __launch_bounds__(RED_THREADS)
       continue;
     }
     for (int j = c; j < cols; j += G)
-      gr[j] = fm(fs(expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
+      gr[j] = fm(fs(dp__expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
     if (c == 0) s = fa(s, fs(lse, zr[t]));
   }
   if (c == 0) sh[q] = s;

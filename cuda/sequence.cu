@@ -27,8 +27,9 @@
  * chains over zeros above the diagonal keep their +0 start, so where
  * cuBLAS's order is one fma chain ascending from +0 (the simulation's one-pass
  * kernel) these are the CPU's bits. The softmax and its backward: one thread
- * per row, the CPU's expressions unfused (scale, max, expf, the sum ascending,
- * divide; the dot ascending, p (dp - dot) scale), zeros above the diagonal.
+ * per row, the CPU's expressions unfused (scale, max, dp__expf, the sum in
+ * util/expf.h's 16 lanes, divide; the dot in those lanes, p (dp - dot) scale),
+ * zeros above the diagonal.
  *
  * Dropout on the probabilities (training, l->p > 0): a head's kept ones, pd
  * (n, T, T), go in a second scratch block (k_attention_drop: the mask from
@@ -40,6 +41,7 @@
 #include "grid.cuh"
 #include "rng.cuh"
 #include "sequence.cuh"
+#include "util/expf.h" /* dp__expf, the 16 lanes: lib/cpu/softmax.c's */
 
 #include <math.h>
 
@@ -129,20 +131,40 @@ cudaError_t dp_k_residual_add(cudaStream_t st, const float *skip, const float *x
 
 /* ---- the causal softmax and its backward ------------------------------------------ */
 
+/* lib/cpu/softmax.c's order: the max and the sum of exps in util/expf.h's 16
+ * lanes (lane l: columns l, l + 16, ... ascending; then dp__lanes_total), e^x
+ * by dp__expf. The lanes' loops are unrolled so their arrays stay in
+ * registers. */
 static __global__ void k_causal_softmax(float *s, size_t rows, int T, float scale) {
   GRID_STRIDE(row, rows) {
-    float *r = s + row * (size_t)T, mx = -INFINITY, sum = 0.0f;
-    int i = (int)(row % (size_t)T); /* the query position: keys 0..i */
-    for (int j = 0; j <= i; j++) {
-      r[j] = fm(r[j], scale);
-      mx = r[j] > mx ? r[j] : mx;
+    float *r = s + row * (size_t)T, m[DP_SUM_LANES], a[DP_SUM_LANES];
+    int len = (int)(row % (size_t)T) + 1; /* the query position i: keys 0..i */
+    DP_UNROLL
+    for (int l = 0; l < DP_SUM_LANES; l++) m[l] = -INFINITY, a[l] = 0.0f;
+    for (int j0 = 0; j0 < len; j0 += DP_SUM_LANES) {
+      DP_UNROLL
+      for (int l = 0; l < DP_SUM_LANES; l++)
+        if (j0 + l < len) {
+          float v = fm(r[j0 + l], scale);
+          r[j0 + l] = v;
+          m[l] = v > m[l] ? v : m[l];
+        }
     }
-    for (int j = 0; j <= i; j++) {
-      r[j] = expf(fs(r[j], mx));
-      sum = fa(sum, r[j]);
+    float mx = m[0];
+    DP_UNROLL
+    for (int l = 1; l < DP_SUM_LANES; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int j0 = 0; j0 < len; j0 += DP_SUM_LANES) {
+      DP_UNROLL
+      for (int l = 0; l < DP_SUM_LANES; l++)
+        if (j0 + l < len) {
+          float e = dp__expf(fs(r[j0 + l], mx));
+          r[j0 + l] = e;
+          a[l] = fa(a[l], e);
+        }
     }
-    for (int j = 0; j <= i; j++) r[j] = fd(r[j], sum);
-    for (int j = i + 1; j < T; j++) r[j] = 0.0f;
+    float sum = dp__lanes_total(a);
+    for (int j = 0; j < len; j++) r[j] = fd(r[j], sum);
+    for (int j = len; j < T; j++) r[j] = 0.0f;
   }
 }
 
@@ -159,7 +181,15 @@ static __global__ void k_causal_softmax_bwd(const float *p, size_t p_stride, flo
     if (pd) /* dropped: 0 (also where p is 0, which the softmax's backward zeroes anyway) */
       for (int j = 0; j <= i; j++)
         dr[j] = pd[row * (size_t)T + j] != 0.0f ? fm(dr[j], keep) : 0.0f;
-    for (int j = 0; j <= i; j++) dot = fa(dot, fm(pr[j], dr[j]));
+    float a[DP_SUM_LANES]; /* the dot in lib/cpu/softmax.c's 16 lanes */
+    DP_UNROLL
+    for (int l = 0; l < DP_SUM_LANES; l++) a[l] = 0.0f;
+    for (int j0 = 0; j0 <= i; j0 += DP_SUM_LANES) {
+      DP_UNROLL
+      for (int l = 0; l < DP_SUM_LANES; l++)
+        if (j0 + l <= i) a[l] = fa(a[l], fm(pr[j0 + l], dr[j0 + l]));
+    }
+    dot = dp__lanes_total(a);
     for (int j = 0; j <= i; j++) dr[j] = fm(fm(pr[j], fs(dr[j], dot)), scale);
     for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
   }

@@ -13,6 +13,7 @@
 #include "cpu/cpu.h"
 #include "cpu/layer.h"
 #include "util/bf16.h"
+#include "util/expf.h"
 #include "util/tanh.h"
 
 #include <float.h>
@@ -397,6 +398,15 @@ DP_SIMD_FN512(gelu_backward,
                size_t n),
               (x, dy, dx, n))
 
+/* sigmoid: 1 / (1 + e^-x) with dp__expf (util/expf.h), as cuda/kernels.cu's */
+static inline DP_SIMD_BODY int sigmoid_forward_body(const float *restrict x,
+                                                    float *restrict y, size_t n) {
+  for (size_t k = 0; k < n; k++) y[k] = 1.0f / (1.0f + dp__expf(-x[k]));
+  return 0;
+}
+DP_SIMD_FN512(sigmoid_forward, (const float *restrict x, float *restrict y, size_t n),
+              (x, y, n))
+
 static inline DP_SIMD_BODY int tanh_forward_body(const float *restrict x, float *restrict y,
                                                  size_t n) {
   for (size_t k = 0; k < n; k++) y[k] = dp__tanhf(x[k]);
@@ -461,9 +471,7 @@ dp_status dp__cpu_forward(const lctx *c) {
     if (!dp__relu_fused(c->p, c->i)) relu_forward(x, y, (size_t)n * out);
     break;
   case DP_LAYER_TANH: tanh_forward(x, y, (size_t)n * out); break;
-  case DP_LAYER_SIGMOID:
-    for (size_t k = 0; k < (size_t)n * out; k++) y[k] = 1.0f / (1.0f + expf(-x[k]));
-    break;
+  case DP_LAYER_SIGMOID: sigmoid_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_GELU: gelu_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c), *b = g + out;
@@ -649,20 +657,7 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float 
   out /= (int)P;
   r0 *= P, r1 *= P;
   float inv = 1.0f / ((float)rows * (float)P);
-  for (size_t r = r0; r < r1; r++) {
-    const float *z = o + r * out;
-    float *gr = g + r * out, mx = z[0], se = 0.0f;
-    for (int j = 1; j < out; j++) mx = z[j] > mx ? z[j] : mx;
-    for (int j = 0; j < out; j++) {
-      gr[j] = expf(z[j] - mx); /* kept: one exp per logit */
-      se += gr[j];
-    }
-    s += mx + logf(se) - z[t[r]];
-    float inv_se = 1.0f / se;
-    for (int j = 0; j < out; j++)
-      gr[j] = (gr[j] * inv_se - (j == t[r] ? 1.0f : 0.0f)) * inv;
-  }
-  return s;
+  return dp__softmax_xent(o, t, g, r0, r1, out, inv);
 }
 
 /* Loss terms of the op's micro-batches (dp__loss_operands: classic mode's

@@ -66,6 +66,20 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
                             const float *dy, float *dqkv, const dp_attn_drop *drop,
                             void *ws, size_t ws_bytes);
 
+/* lib/cpu/softmax.c: an attention head's causal softmax in place on s (T, T):
+ * row i's columns j <= i scaled, then e^(s - max) / sum (dp__expf, the sums in
+ * util/expf.h's 16 lanes), +0 above the diagonal; its backward, in place on
+ * ds (T, T) holding d(probabilities): p (ds - sum_j p ds) scale, +0 above.
+ * The same bits on every tier and in cuda/sequence.cu. */
+void dp__causal_softmax(float *s, int T, float scale);
+void dp__causal_softmax_backward(const float *p, float *ds, int T, float scale);
+/* Softmax cross-entropy of rows [r0, r1) of z (rows, out) against the labels
+ * t (checked: 0 .. out - 1): returns the sum of the rows' losses, max +
+ * log(sum e^(z - max)) - z[t], added in row order from +0, and writes g =
+ * (softmax - onehot) inv, the sums in util/expf.h's 16 lanes. */
+float dp__softmax_xent(const float *z, const int32_t *t, float *g, size_t r0, size_t r1,
+                       int out, float inv);
+
 extern const dp_backend_ops dp__cpu_backend;
 
 #ifdef __cplusplus

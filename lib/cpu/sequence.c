@@ -134,23 +134,6 @@ static void lower_t(int T, int hd, const float *l, const float *b, int ldb, floa
   }
 }
 
-/* softmax over row i's first i + 1 scores (scaled), the rest 0: the causal mask */
-static void causal_softmax(float *s, int T, float scale) {
-  for (int i = 0; i < T; i++) {
-    float *r = s + (size_t)i * T, mx = -INFINITY, sum = 0.0f;
-    for (int j = 0; j <= i; j++) {
-      r[j] *= scale;
-      mx = r[j] > mx ? r[j] : mx;
-    }
-    for (int j = 0; j <= i; j++) {
-      r[j] = expf(r[j] - mx);
-      sum += r[j];
-    }
-    for (int j = 0; j <= i; j++) r[j] /= sum;
-    for (int j = i + 1; j < T; j++) r[j] = 0.0f;
-  }
-}
-
 bool dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p, float *y,
                            const dp_attn_drop *drop, void *ws, size_t ws_bytes) {
   int T = l->t, D = l->c, H = l->heads, hd = D / H;
@@ -164,7 +147,7 @@ bool dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p,
       const float *q = qkv + (size_t)r * T * 3 * D + (size_t)h * hd, *k = q + D, *v = k + D;
       float *ph = p + ((size_t)r * H + h) * T * T; /* (T, T) */
       scores(T, hd, q, 3 * D, k, 3 * D, ph, gw);   /* q k^T, the lower triangle */
-      causal_softmax(ph, T, scale);
+      dp__causal_softmax(ph, T, scale);
       if (dropping) drop_probs(l, drop, r, h, ph, pd);
       lower(T, hd, dropping ? pd : ph, v, 3 * D, y + (size_t)r * T * D + (size_t)h * hd, D,
             gw); /* p v */
@@ -201,13 +184,7 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
           for (int j = 0; j <= i; j++)
             ds[(size_t)i * T + j] =
                 pd[(size_t)i * T + j] != 0.0f ? ds[(size_t)i * T + j] * keep : 0.0f;
-      for (int i = 0; i < T; i++) { /* ds = p (dp - sum p dp), scaled */
-        const float *pr = ph + (size_t)i * T;
-        float *dr = ds + (size_t)i * T, dot = 0.0f;
-        for (int j = 0; j <= i; j++) dot += pr[j] * dr[j];
-        for (int j = 0; j <= i; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
-        for (int j = i + 1; j < T; j++) dr[j] = 0.0f;
-      }
+      dp__causal_softmax_backward(ph, ds, T, scale); /* ds = p (dp - sum p dp) scale */
       lower(T, hd, ds, k, 3 * D, dq, 3 * D, gw);                       /* dq = ds k */
       lower_t(T, hd, ds, q, 3 * D, dk, 3 * D, gw);                     /* dk = ds^T q */
     }

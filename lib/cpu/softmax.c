@@ -1,0 +1,134 @@
+/* The causal softmax of an attention head's (T, T) scores and its backward
+ * (lib/cpu/sequence.c calls them; cpu.h has the contract).
+ *
+ * Each row's max, sum of exps and the backward's dot run in util/expf.h's 16
+ * lanes (lane l: columns l, l + 16, ... ascending, then a halving tree), and
+ * e^x is dp__expf: a row's chain of adds one at a time ran at the adder's
+ * latency and libm's expf was a call per element; now each loop is 16 lanes
+ * wide and vectorises (DP_SIMD_FN512), every tier the same operations in the
+ * same order, and cuda/sequence.cu's kernels the same again. */
+#include "cpu/cpu.h"
+#include "cpu/gemm.h"
+#include "util/expf.h"
+
+#include <math.h>
+#include <stddef.h>
+
+#define L DP_SUM_LANES
+
+/* Row i keeps columns j <= i: scaled, e^(s - max) / sum; +0 above. */
+static inline DP_SIMD_BODY int causal_softmax_body(float *restrict s, int T, float scale) {
+  for (int i = 0; i < T; i++) {
+    float *restrict r = s + (size_t)i * T;
+    int len = i + 1, full = len / L * L;
+    float m[L], a[L];
+    for (int l = 0; l < L; l++) m[l] = -INFINITY, a[l] = 0.0f;
+    for (int j = 0; j < full; j += L)
+      for (int l = 0; l < L; l++) {
+        float v = r[j + l] * scale;
+        r[j + l] = v;
+        m[l] = v > m[l] ? v : m[l];
+      }
+    for (int l = 0; full + l < len; l++) {
+      float v = r[full + l] * scale;
+      r[full + l] = v;
+      m[l] = v > m[l] ? v : m[l];
+    }
+    /* The max is one value in any order but for the sign of a zero, which
+     * s - max then does not show (NaNs are passed over, as one at a time). */
+    float mx = m[0];
+    for (int l = 1; l < L; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int j = 0; j < full; j += L)
+      for (int l = 0; l < L; l++) {
+        float e = dp__expf(r[j + l] - mx);
+        r[j + l] = e;
+        a[l] += e;
+      }
+    for (int l = 0; full + l < len; l++) {
+      float e = dp__expf(r[full + l] - mx);
+      r[full + l] = e;
+      a[l] += e;
+    }
+    float sum = dp__lanes_total(a);
+    for (int j = 0; j < len; j++) r[j] = r[j] / sum;
+    for (int j = len; j < T; j++) r[j] = 0.0f;
+  }
+  return 0;
+}
+DP_SIMD_FN512(causal_softmax, (float *restrict s, int T, float scale), (s, T, scale))
+
+void dp__causal_softmax(float *s, int T, float scale) { causal_softmax(s, T, scale); }
+
+/* ds = p (dp - sum_j p dp) scale in place on row i's columns j <= i, +0 above. */
+static inline DP_SIMD_BODY int
+causal_softmax_bwd_body(const float *restrict p, float *restrict ds, int T, float scale) {
+  for (int i = 0; i < T; i++) {
+    const float *restrict pr = p + (size_t)i * T;
+    float *restrict dr = ds + (size_t)i * T;
+    int len = i + 1, full = len / L * L;
+    float a[L];
+    for (int l = 0; l < L; l++) a[l] = 0.0f;
+    for (int j = 0; j < full; j += L)
+      for (int l = 0; l < L; l++) a[l] += pr[j + l] * dr[j + l];
+    for (int l = 0; full + l < len; l++) a[l] += pr[full + l] * dr[full + l];
+    float dot = dp__lanes_total(a);
+    for (int j = 0; j < len; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
+    for (int j = len; j < T; j++) dr[j] = 0.0f;
+  }
+  return 0;
+}
+DP_SIMD_FN512(causal_softmax_bwd,
+              (const float *restrict p, float *restrict ds, int T, float scale),
+              (p, ds, T, scale))
+
+void dp__causal_softmax_backward(const float *p, float *ds, int T, float scale) {
+  causal_softmax_bwd(p, ds, T, scale);
+}
+
+/* The max and the sum of exps of a row of the loss, in the 16 lanes. */
+static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t *restrict t,
+                                         float *restrict g, size_t r0, size_t r1, int out,
+                                         float inv, float *restrict total) {
+  int full = out / L * L;
+  float s = 0.0f;
+  for (size_t r = r0; r < r1; r++) {
+    const float *restrict zr = z + r * out;
+    float *restrict gr = g + r * out, m[L], a[L];
+    for (int l = 0; l < L; l++) m[l] = -INFINITY, a[l] = 0.0f;
+    for (int j = 0; j < full; j += L)
+      for (int l = 0; l < L; l++) m[l] = zr[j + l] > m[l] ? zr[j + l] : m[l];
+    for (int l = 0; full + l < out; l++) m[l] = zr[full + l] > m[l] ? zr[full + l] : m[l];
+    float mx = m[0];
+    for (int l = 1; l < L; l++) mx = m[l] > mx ? m[l] : mx;
+    for (int j = 0; j < full; j += L)
+      for (int l = 0; l < L; l++) {
+        float e = dp__expf(zr[j + l] - mx); /* kept: one exp per logit */
+        gr[j + l] = e;
+        a[l] += e;
+      }
+    for (int l = 0; full + l < out; l++) {
+      float e = dp__expf(zr[full + l] - mx);
+      gr[full + l] = e;
+      a[l] += e;
+    }
+    float se = dp__lanes_total(a), inv_se = 1.0f / se;
+    int tr = t[r];
+    float et = gr[tr];
+    s += mx + logf(se) - zr[tr];
+    for (int j = 0; j < out; j++) gr[j] = gr[j] * inv_se * inv;
+    gr[tr] = (et * inv_se - 1.0f) * inv;
+  }
+  *total = s;
+  return 0;
+}
+DP_SIMD_FN512(xent,
+              (const float *restrict z, const int32_t *restrict t, float *restrict g,
+               size_t r0, size_t r1, int out, float inv, float *restrict total),
+              (z, t, g, r0, r1, out, inv, total))
+
+float dp__softmax_xent(const float *z, const int32_t *t, float *g, size_t r0, size_t r1,
+                       int out, float inv) {
+  float total;
+  xent(z, t, g, r0, r1, out, inv, &total);
+  return total;
+}
