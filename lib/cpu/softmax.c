@@ -6,12 +6,19 @@
  * e^x is dp__expf: a row's chain of adds one at a time ran at the adder's
  * latency and libm's expf was a call per element; now each loop is 16 lanes
  * wide and vectorises (DP_SIMD_FN512), every tier the same operations in the
- * same order, and cuda/sequence.cu's kernels the same again. */
+ * same order, and cuda/sequence.cu's kernels the same again.
+ *
+ * lanes_tail: a row's last len % 16 columns go through the same 16-lane code,
+ * the lanes past the row padded so that they change nothing: -inf for a max
+ * (never taken) and an exp (e^(-inf - max) = +0, added to a lane sum that
+ * started at +0 and so is never -0: unchanged); +0 * +0 for the dot. (A row
+ * whose max is -inf is all NaN or -inf: its sum is NaN either way.) */
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
 #include "util/expf.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #define L DP_SUM_LANES
@@ -21,7 +28,7 @@ static inline DP_SIMD_BODY int causal_softmax_body(float *restrict s, int T, flo
   for (int i = 0; i < T; i++) {
     float *restrict r = s + (size_t)i * T;
     int len = i + 1, full = len / L * L;
-    float m[L], a[L];
+    float m[L], a[L], t[L]; /* t: the tail, padded with -inf (see lanes_tail) */
     for (int l = 0; l < L; l++) m[l] = -INFINITY, a[l] = 0.0f;
     for (int j = 0; j < full; j += L)
       for (int l = 0; l < L; l++) {
@@ -29,9 +36,9 @@ static inline DP_SIMD_BODY int causal_softmax_body(float *restrict s, int T, flo
         r[j + l] = v;
         m[l] = v > m[l] ? v : m[l];
       }
-    for (int l = 0; full + l < len; l++) {
-      float v = r[full + l] * scale;
-      r[full + l] = v;
+    for (int l = 0; l < L; l++) {
+      float v = (full + l < len ? r[full + l] : -INFINITY) * scale;
+      t[l] = v;
       m[l] = v > m[l] ? v : m[l];
     }
     /* The max is one value in any order but for the sign of a zero, which
@@ -44,11 +51,12 @@ static inline DP_SIMD_BODY int causal_softmax_body(float *restrict s, int T, flo
         r[j + l] = e;
         a[l] += e;
       }
-    for (int l = 0; full + l < len; l++) {
-      float e = dp__expf(r[full + l] - mx);
-      r[full + l] = e;
+    for (int l = 0; l < L; l++) {
+      float e = dp__expf(t[l] - mx);
+      t[l] = e;
       a[l] += e;
     }
+    for (int l = 0; full + l < len; l++) r[full + l] = t[l];
     float sum = dp__lanes_total(a);
     for (int j = 0; j < len; j++) r[j] = r[j] / sum;
     for (int j = len; j < T; j++) r[j] = 0.0f;
@@ -70,7 +78,10 @@ causal_softmax_bwd_body(const float *restrict p, float *restrict ds, int T, floa
     for (int l = 0; l < L; l++) a[l] = 0.0f;
     for (int j = 0; j < full; j += L)
       for (int l = 0; l < L; l++) a[l] += pr[j + l] * dr[j + l];
-    for (int l = 0; full + l < len; l++) a[l] += pr[full + l] * dr[full + l];
+    for (int l = 0; l < L; l++) { /* the tail, padded with +0 (+0 * +0 adds nothing) */
+      bool in = full + l < len;
+      a[l] += (in ? pr[full + l] : 0.0f) * (in ? dr[full + l] : 0.0f);
+    }
     float dot = dp__lanes_total(a);
     for (int j = 0; j < len; j++) dr[j] = pr[j] * (dr[j] - dot) * scale;
     for (int j = len; j < T; j++) dr[j] = 0.0f;
@@ -93,11 +104,15 @@ static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t 
   float s = 0.0f;
   for (size_t r = r0; r < r1; r++) {
     const float *restrict zr = z + r * out;
-    float *restrict gr = g + r * out, m[L], a[L];
+    float *restrict gr = g + r * out, m[L], a[L], tl[L];
     for (int l = 0; l < L; l++) m[l] = -INFINITY, a[l] = 0.0f;
     for (int j = 0; j < full; j += L)
       for (int l = 0; l < L; l++) m[l] = zr[j + l] > m[l] ? zr[j + l] : m[l];
-    for (int l = 0; full + l < out; l++) m[l] = zr[full + l] > m[l] ? zr[full + l] : m[l];
+    for (int l = 0; l < L; l++) {
+      float v = full + l < out ? zr[full + l] : -INFINITY; /* padded: see lanes_tail */
+      tl[l] = v;
+      m[l] = v > m[l] ? v : m[l];
+    }
     float mx = m[0];
     for (int l = 1; l < L; l++) mx = m[l] > mx ? m[l] : mx;
     for (int j = 0; j < full; j += L)
@@ -106,11 +121,12 @@ static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t 
         gr[j + l] = e;
         a[l] += e;
       }
-    for (int l = 0; full + l < out; l++) {
-      float e = dp__expf(zr[full + l] - mx);
-      gr[full + l] = e;
+    for (int l = 0; l < L; l++) {
+      float e = dp__expf(tl[l] - mx);
+      tl[l] = e;
       a[l] += e;
     }
+    for (int l = 0; full + l < out; l++) gr[full + l] = tl[l];
     float se = dp__lanes_total(a), inv_se = 1.0f / se;
     int tr = t[r];
     float et = gr[tr];
