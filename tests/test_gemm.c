@@ -281,6 +281,45 @@ START_TEST(prepacked_b_gives_the_same_bits) {
 }
 END_TEST
 
+/* A pack of op(B) (K, N) read on its first n columns, where
+ * dp__gemm_packed_b_prefix allows it (the attention's row blocks): dp__sgemm's
+ * bits on those n columns, on every tier; refused where n does not end a
+ * sliver group, and allowed for the attention's shapes. */
+START_TEST(prepacked_b_prefix_gives_the_first_columns) {
+  ck_assert(dp__gemm_packed_b_prefix(64, 256, 32) &&
+            dp__gemm_packed_b_prefix(64, 256, 256));
+  ck_assert(dp__gemm_packed_b_prefix(64, 250, 250) &&
+            dp__gemm_packed_b_prefix(64, 256, 33));
+  ck_assert(!dp__gemm_packed_b_prefix(64, 256, 0) &&
+            !dp__gemm_packed_b_prefix(64, 256, 288));
+  int checked = 0;
+  for (int ti = 0; ti < N_TIERS; ti++) {
+    if (!use_tier(TIERS[ti], "prepacked_b_prefix_gives_the_first_columns")) continue;
+    for (int s = 0; s < 16; s++) {
+      int M = 1 + (int)rnd(70), N = 1 + (int)rnd(s % 4 ? 300 : 1100), K = 1 + (int)rnd(300);
+      prob p = prob_make(s & 1, (s >> 1) & 1, M, N, K, 1);
+      float *bp = xmalloc(dp__gemm_packed_b_bytes(K, N) + 64);
+      dp__gemm_pack_b(p.tB, K, N, p.B, p.ldb, bp);
+      void *ws = xmalloc(dp__gemm_workspace_bytes(M, N, K) + 64);
+      float *C = xmalloc((size_t)M * N * 4), *R = xmalloc((size_t)M * N * 4);
+      for (int n = 1; n <= N; n += n % 32 ? 1 + (int)rnd(40) : 32) {
+        if (!dp__gemm_packed_b_prefix(K, N, n)) continue;
+        dp__sgemm(p.tA, p.tB, M, n, K, p.A, p.lda, p.B, p.ldb, R, n, NULL, ws);
+        for (size_t i = 0; i < (size_t)M * n; i++) C[i] = NAN;
+        dp__sgemm_pb(p.tA, p.tB, M, n, K, p.A, p.lda, p.B, p.ldb, bp, C, n, NULL, ws);
+        REQ(memcmp(C, R, (size_t)M * n * 4) == 0, "tier %s, M %d N %d K %d tB %d: n %d",
+            TIERS[ti], M, N, K, p.tB, n);
+        checked++;
+      }
+      free(C), free(R), free(ws), free(bp);
+      prob_free(&p);
+    }
+  }
+  dp__gemm_force_tier("auto");
+  ck_assert_int_ge(checked, 20);
+}
+END_TEST
+
 /* Rows [r0, r1) computed on their own equal the same rows of the whole
  * problem; the same for columns [c0, c1) (with the bias slice). */
 START_TEST(rows_and_columns_do_not_depend_on_the_problem_size) {
@@ -830,6 +869,7 @@ Suite *gemm_suite(void) {
   tcase_add_test(tc, every_tier_follows_the_fma_sequence);
   tcase_add_test(tc, tiers_give_identical_bits);
   tcase_add_test(tc, prepacked_b_gives_the_same_bits);
+  tcase_add_test(tc, prepacked_b_prefix_gives_the_first_columns);
   tcase_add_test(tc, rows_and_columns_do_not_depend_on_the_problem_size);
   tcase_add_test(tc, without_workspace_the_unpacked_path_gives_the_same_bits);
   suite_add_tcase(s, tc);

@@ -977,6 +977,10 @@ size_t dp__model_packed_wt_bytes(const dp_model *m) {
   return w;
 }
 
+bool dp__gemm_packed_b_prefix(int K, int N, int n) {
+  return K > 0 && K <= KC && N <= NC && n > 0 && n <= N;
+}
+
 /* The layout dp__gemm_drive reads as Bpre (dp__gemm_pack_b_whole). */
 void dp__gemm_pack_b(int transB, int K, int N, const float *B, int ldb, float *dst) {
   dp__gemm_mat Bm = {.p = B, .ld = ldb, .trans = transB};

@@ -77,6 +77,13 @@ void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, i
                   const float *B, int ldb, const float *Bpacked, float *C, int ldc,
                   const dp_gemm_epilogue *ep, void *workspace);
 
+/* Whether a pack of op(B) (K, N) serves dp__sgemm_pb on its first n columns
+ * (the products of a causal mask's row blocks), the same bits: true when the
+ * pack is one block of slivers (K and N within one blocking step), whose
+ * slivers then start where a pack of (K, n) puts them (a tile past column n
+ * computes into a tile on the stack and keeps its first columns only). */
+bool dp__gemm_packed_b_prefix(int K, int N, int n);
+
 /* The largest dp__gemm_packed_b_bytes of the model's linear layers' forward
  * weights (W^T: K = in, N = out). */
 size_t dp__model_packed_wt_bytes(const dp_model *m);

@@ -56,6 +56,13 @@ static size_t gemm_bytes(const dp_layer *l) {
   return a > b ? a : b;
 }
 
+/* The scores' B (a head's keys, or values in the backward) packed once for
+ * all of its row blocks (scores), after the GEMMs' part. */
+static size_t packed_bytes(const dp_layer *l) {
+  int T = l->t, hd = l->c / l->heads;
+  return (dp__gemm_packed_b_bytes(hd, T) + 63) / 64 * 64;
+}
+
 /* Training: the backward's d(scores), and with dropout the kept probabilities
  * (the forward's too), then the GEMMs'. */
 static int scratches(const dp_layer *l, bool training) {
@@ -64,7 +71,8 @@ static int scratches(const dp_layer *l, bool training) {
 
 size_t dp__attention_workspace_bytes(const dp_layer *l, bool training) {
   if (l->kind != DP_LAYER_ATTENTION) return 0;
-  return (size_t)scratches(l, training) * scratch_bytes(l) + gemm_bytes(l);
+  return (size_t)scratches(l, training) * scratch_bytes(l) + gemm_bytes(l) +
+         packed_bytes(l);
 }
 
 /* pd (T, T) = p with dropout: element (i, j <= i) of head h of row r kept, times
@@ -91,6 +99,13 @@ static void *gemm_ws(const dp_layer *l, void *ws, size_t ws_bytes, size_t at) {
   return need && ws && ws_bytes >= at + need ? (unsigned char *)ws + at : NULL;
 }
 
+/* The packed B's place after the GEMMs' part at `at` (NULL: too small). */
+static float *packed_ws(const dp_layer *l, void *ws, size_t ws_bytes, size_t at) {
+  size_t from = at + gemm_bytes(l), need = packed_bytes(l);
+  return need && ws && ws_bytes >= from + need ? (float *)((unsigned char *)ws + from)
+                                               : NULL;
+}
+
 /* Causal products by blocks of rows, computing only what the mask keeps. Each
  * element computed has the bits of the full (T, T) product: gemm.h gives a
  * sub-problem's element the whole problem's bits, and a chain whose leading
@@ -101,11 +116,15 @@ enum { CAUSAL_ROWS = 32 };
  * its block's last row); the rest is left unwritten: the softmax and its
  * backward read j <= i only. */
 static void scores(int T, int hd, const float *a, int lda, const float *b, int ldb,
-                   float *s, void *gw) {
+                   float *s, void *gw, float *bp) {
+  /* b^T packed once, each block reading its first i1 columns: the same bits
+   * as packing per block (gemm.h) */
+  bool pre = bp && dp__gemm_packed_b_prefix(hd, T, T < CAUSAL_ROWS ? T : CAUSAL_ROWS);
+  if (pre) dp__gemm_pack_b(1, hd, T, b, ldb, bp);
   for (int i0 = 0; i0 < T; i0 += CAUSAL_ROWS) {
     int i1 = i0 + CAUSAL_ROWS < T ? i0 + CAUSAL_ROWS : T;
-    dp__sgemm(0, 1, i1 - i0, i1, hd, a + (size_t)i0 * lda, lda, b, ldb, s + (size_t)i0 * T,
-              T, NULL, gw);
+    dp__sgemm_pb(0, 1, i1 - i0, i1, hd, a + (size_t)i0 * lda, lda, b, ldb, pre ? bp : NULL,
+                 s + (size_t)i0 * T, T, NULL, gw);
   }
 }
 
@@ -141,12 +160,14 @@ bool dp__attention_forward(const dp_layer *l, int n, const float *qkv, float *p,
   bool dropping = drop && drop->on;
   if (dropping && (!ws || ws_bytes < scratch_bytes(l))) return false;
   float *pd = dropping ? ws : NULL; /* (T, T): the kept probabilities */
-  void *gw = gemm_ws(l, ws, ws_bytes, dropping ? scratch_bytes(l) : 0);
+  size_t at = dropping ? scratch_bytes(l) : 0;
+  void *gw = gemm_ws(l, ws, ws_bytes, at);
+  float *bp = packed_ws(l, ws, ws_bytes, at);
   for (int r = 0; r < n; r++)
     for (int h = 0; h < H; h++) {
       const float *q = qkv + (size_t)r * T * 3 * D + (size_t)h * hd, *k = q + D, *v = k + D;
       float *ph = p + ((size_t)r * H + h) * T * T; /* (T, T) */
-      scores(T, hd, q, 3 * D, k, 3 * D, ph, gw);   /* q k^T, the lower triangle */
+      scores(T, hd, q, 3 * D, k, 3 * D, ph, gw, bp); /* q k^T, the lower triangle */
       dp__causal_softmax(ph, T, scale);
       if (dropping) drop_probs(l, drop, r, h, ph, pd);
       lower(T, hd, dropping ? pd : ph, v, 3 * D, y + (size_t)r * T * D + (size_t)h * hd, D,
@@ -167,6 +188,7 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
   float *pd = dropping ? (float *)((unsigned char *)ws + sb) : NULL; /* the kept ones */
   float keep = dropping ? 1.0f / (1.0f - l->p) : 1.0f;
   void *gw = gemm_ws(l, ws, ws_bytes, (dropping ? 2 : 1) * sb);
+  float *bp = packed_ws(l, ws, ws_bytes, (dropping ? 2 : 1) * sb);
   for (int r = 0; r < n; r++)
     for (int h = 0; h < H; h++) {
       size_t at = (size_t)r * T * 3 * D + (size_t)h * hd;
@@ -176,7 +198,7 @@ bool dp__attention_backward(const dp_layer *l, int n, const float *qkv, const fl
       const float *g = dy + (size_t)r * T * D + (size_t)h * hd; /* (T, hd), ld D */
       if (dropping) drop_probs(l, drop, r, h, ph, pd);
       lower_t(T, hd, dropping ? pd : ph, g, D, dv, 3 * D, gw); /* dv = p^T dy (kept) */
-      scores(T, hd, g, D, v, 3 * D, ds, gw); /* dp = dy v^T, the lower triangle */
+      scores(T, hd, g, D, v, 3 * D, ds, gw, bp); /* dp = dy v^T, the lower triangle */
       if (dropping) /* through the dropout: the kept ones' gradient, scaled, 0 for the
                        dropped (pd is 0 exactly there, or where p is 0 and the
                        softmax's backward multiplies by p anyway) */
