@@ -104,15 +104,11 @@ static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t 
   float s = 0.0f;
   for (size_t r = r0; r < r1; r++) {
     const float *restrict zr = z + r * out;
-    float *restrict gr = g + r * out, m[L], a[L], tl[L];
+    float *restrict gr = g + r * out, m[L], a[L];
     for (int l = 0; l < L; l++) m[l] = -INFINITY, a[l] = 0.0f;
     for (int j = 0; j < full; j += L)
       for (int l = 0; l < L; l++) m[l] = zr[j + l] > m[l] ? zr[j + l] : m[l];
-    for (int l = 0; l < L; l++) {
-      float v = full + l < out ? zr[full + l] : -INFINITY; /* padded: see lanes_tail */
-      tl[l] = v;
-      m[l] = v > m[l] ? v : m[l];
-    }
+    for (int l = 0; full + l < out; l++) m[l] = zr[full + l] > m[l] ? zr[full + l] : m[l];
     float mx = m[0];
     for (int l = 1; l < L; l++) mx = m[l] > mx ? m[l] : mx;
     for (int j = 0; j < full; j += L)
@@ -121,12 +117,13 @@ static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t 
         gr[j + l] = e;
         a[l] += e;
       }
-    for (int l = 0; l < L; l++) {
-      float e = dp__expf(tl[l] - mx);
-      tl[l] = e;
+    /* the tail one lane at a time: narrow rows (a few classes) are all tail,
+     * and lanes_tail's 16-wide pass costs them more than it saves */
+    for (int l = 0; full + l < out; l++) {
+      float e = dp__expf(zr[full + l] - mx);
+      gr[full + l] = e;
       a[l] += e;
     }
-    for (int l = 0; full + l < out; l++) gr[full + l] = tl[l];
     float se = dp__lanes_total(a), inv_se = 1.0f / se;
     int tr = t[r];
     float et = gr[tr];
@@ -142,9 +139,57 @@ DP_SIMD_FN512(xent,
                size_t r0, size_t r1, int out, float inv, float *restrict total),
               (z, t, g, r0, r1, out, inv, total))
 
+/* Rows of at most 16 classes (where a row is all tail, one lane per class),
+ * 16 rows at a time with the rows in the lanes: e[l][q] is class l of row q,
+ * +0 for lanes past the classes (a lane that adds nothing holds its +0 start),
+ * the max taken in class order (the same value), the sum by the same halving
+ * tree, the loss added in row order: xent_body's operations, vectorised
+ * across the rows instead of a row's 16 lanes. */
+static inline DP_SIMD_BODY int xent_narrow_body(const float *restrict z,
+                                                const int32_t *restrict t,
+                                                float *restrict g, size_t r0, size_t r1,
+                                                int out, float inv, float *restrict total) {
+  float s = 0.0f;
+  for (size_t b = r0; b < r1; b += L) {
+    int nq = r1 - b < L ? (int)(r1 - b) : L;
+    float e[L][L], mx[L], is[L];
+    for (int q = 0; q < L; q++) mx[q] = -INFINITY;
+    for (int l = 0; l < L; l++)
+      for (int q = 0; q < L; q++) e[l][q] = l < out && q < nq ? z[(b + q) * out + l] : 0.0f;
+    for (int l = 0; l < out; l++)
+      for (int q = 0; q < L; q++) mx[q] = e[l][q] > mx[q] ? e[l][q] : mx[q];
+    for (int l = 0; l < out; l++)
+      for (int q = 0; q < L; q++) e[l][q] = dp__expf(e[l][q] - mx[q]);
+    float a[L][L];
+    for (int l = 0; l < L; l++)
+      for (int q = 0; q < L; q++) a[l][q] = e[l][q];
+    for (int w = L / 2; w >= 1; w /= 2)
+      for (int l = 0; l < w; l++)
+        for (int q = 0; q < L; q++) a[l][q] = a[l][q] + a[l + w][q];
+    for (int q = 0; q < L; q++) is[q] = 1.0f / a[0][q];
+    for (int q = 0; q < nq; q++) {
+      size_t r = b + (size_t)q;
+      int tr = t[r];
+      s += mx[q] + logf(a[0][q]) - z[r * out + tr];
+      float *restrict gr = g + r * out;
+      for (int j = 0; j < out; j++) gr[j] = e[j][q] * is[q] * inv;
+      gr[tr] = (e[tr][q] * is[q] - 1.0f) * inv;
+    }
+  }
+  *total = s;
+  return 0;
+}
+DP_SIMD_FN512(xent_narrow,
+              (const float *restrict z, const int32_t *restrict t, float *restrict g,
+               size_t r0, size_t r1, int out, float inv, float *restrict total),
+              (z, t, g, r0, r1, out, inv, total))
+
 float dp__softmax_xent(const float *z, const int32_t *t, float *g, size_t r0, size_t r1,
                        int out, float inv) {
   float total;
-  xent(z, t, g, r0, r1, out, inv, &total);
+  if (out <= L)
+    xent_narrow(z, t, g, r0, r1, out, inv, &total);
+  else
+    xent(z, t, g, r0, r1, out, inv, &total);
   return total;
 }
