@@ -158,6 +158,13 @@ int dir_entries(const char *dir) {
   return n;
 }
 
+float *floats_blank(size_t n, size_t past) {
+  float *p = malloc((n + past) * 4);
+  ck_assert_ptr_nonnull(p);
+  memset(p, 0x5b, (n + past) * 4);
+  return p;
+}
+
 int remove_prefixed(const char *dir, const char *prefix) {
   DIR *d = opendir(dir);
   ck_assert_ptr_nonnull(d);

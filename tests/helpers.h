@@ -115,6 +115,9 @@ void tmp_done(tmpdir *t);
 int dir_entries(const char *dir);
 /* Removes the files in dir whose name starts with prefix; returns how many. */
 int remove_prefixed(const char *dir, const char *prefix);
+/* n + past floats (malloc'd) filled with the byte 0x5b: a kernel's output must
+ * replace the first n and leave the rest as they are. */
+float *floats_blank(size_t n, size_t past);
 /* The whole file (malloc'd with a byte to spare, for a terminating NUL): *len bytes. */
 unsigned char *file_read(const char *path, size_t *len);
 /* path made anew with len bytes of b. */

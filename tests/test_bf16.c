@@ -8,6 +8,7 @@
  *   DP_GEMM_BENCH=1 CK_RUN_CASE=bench build/test_dp bf16
  * prints GFLOP/s of the linear layer's products, bf16 against fp32, per tier. */
 #include "cpu/bf16.h"
+#include "util/expf.h"
 
 #include <check.h>
 #include <float.h>
@@ -40,16 +41,9 @@ static uint32_t rnd(uint32_t n) {
 }
 static uint32_t rnd32(void) { return rnd(1u << 16) << 16 | rnd(1u << 16); }
 
-static uint32_t f2u(float x) {
-  uint32_t u;
-  memcpy(&u, &x, 4);
-  return u;
-}
-static float u2f(uint32_t u) {
-  float x;
-  memcpy(&x, &u, 4);
-  return x;
-}
+/* bit casts: util/expf.h's */
+static uint32_t f2u(float x) { return dp__f32_bits(x); }
+static float u2f(uint32_t u) { return dp__f32_of(u); }
 
 static void *xmalloc(size_t n) {
   void *p = malloc(n ? n : 1);

@@ -8,6 +8,7 @@
  * infinities in the data, any NaN stands for a NaN. */
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
+#include "helpers.h"
 
 #include <check.h>
 #include <math.h>
@@ -38,12 +39,7 @@ static float *filled(size_t n, bool special) {
   return p;
 }
 
-static float *blank(size_t n) {
-  float *p = malloc((n + PAST) * 4);
-  ck_assert_ptr_nonnull(p);
-  memset(p, 0x5b, (n + PAST) * 4);
-  return p;
-}
+static float *blank(size_t n) { return floats_blank(n, PAST); }
 
 /* The definition (PyTorch's layernorm, eps 1e-5), operation by operation. */
 static void ref_forward(int n, int D, const float *x, const float *g, const float *b,

@@ -9,6 +9,7 @@
  * NaNs and infinities in the data, any NaN stands for a NaN. */
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
+#include "helpers.h"
 #include "util/expf.h"
 #include "util/tanh.h"
 
@@ -46,12 +47,7 @@ static float *filled(size_t n, float mag, bool special) {
   return p;
 }
 
-static float *blank(size_t n) {
-  float *p = malloc((n + PAST) * 4);
-  ck_assert_ptr_nonnull(p);
-  memset(p, 0x5b, (n + PAST) * 4);
-  return p;
-}
+static float *blank(size_t n) { return floats_blank(n, PAST); }
 
 static float *copy(const float *a, size_t n) {
   float *p = blank(n);
