@@ -490,9 +490,13 @@ def main():
         opt = ['-O1', '-g'] + san_flags + (['-DDP_DEBUG'] if args.debug else [])
     else:
         opt = ['-O0', '-g', '-DDP_DEBUG'] if args.debug else ['-O3', '-g']
-    # ISO C mode keeps fp contraction off; -fno-math-errno only lets sqrtf vectorise.
-    # Never -ffast-math: the bit-for-bit guarantees depend on exact IEEE arithmetic.
-    common = ['-std=c11', '-Wall', '-Wextra', '-D_GNU_SOURCE', '-pthread', '-fno-math-errno']
+    # -ffp-contract=off: a multiply and an add stay two roundings wherever the source
+    # writes two (gcc's ISO C mode implies it, clang's does not), so every tier and
+    # compiler gives the same bits (lib/util/expf.h, the GEMM's fma chains);
+    # -fno-math-errno only lets sqrtf vectorise. Never -ffast-math: the bit-for-bit
+    # guarantees depend on exact IEEE arithmetic.
+    common = ['-std=c11', '-Wall', '-Wextra', '-D_GNU_SOURCE', '-pthread', '-fno-math-errno',
+              '-ffp-contract=off']
     # cuda/dp_cuda.h is included as "dp_cuda.h": -iquote, not -I, so that <cuda.h> (the driver
     # API, included by CUDA's own headers) is never shadowed by it.
     cflags = common + ['-Iinclude', '-Ilib', '-Itools', '-iquote', 'cuda'] + opt

@@ -437,10 +437,11 @@ static __global__ void __launch_bounds__(THREADS)
  * warp per row for cols > 16; 32 / G rows per warp for narrow logits), so
  * reads and gradient writes are coalesced. The block's Q = RED_THREADS / G
  * lane groups take rows q, q + Q, q + 2Q, ... of the chunk (relative to its
- * first row). Per row, the CPU's formula: max (exact in any order), sum of
- * exp(z - max) (lane c: columns c, c + G, ... ascending, then the xor
- * butterfly over the group's G lanes), lse = max + log(sum), loss = lse - z[t],
- * gradient (exp(z - lse) - [j == t]) / rows. The fixed order of the chunk's
+ * first row). Per row, the loss's math in orders of its own (not the CPU's
+ * bits): max (exact in any order), sum of dp__expf(z - max) (lane c: columns
+ * c, c + G, ... ascending, then the xor butterfly over the group's G lanes),
+ * lse = max + log(sum), loss = lse - z[t], gradient (e^(z - lse) - [j == t]) /
+ * rows. The fixed order of the chunk's
  * sum: group q adds its rows' losses ascending from +0, then a halving tree
  * over the Q group sums in shared memory; with loss_chunks it depends on the
  * micro-batch's row count and cols only, never on where its rows sit or which

@@ -283,8 +283,8 @@ END_TEST
 
 /* A pack of op(B) (K, N) read on its first n columns, where
  * dp__gemm_packed_b_prefix allows it (the attention's row blocks): dp__sgemm's
- * bits on those n columns, on every tier; refused where n does not end a
- * sliver group, and allowed for the attention's shapes. */
+ * bits on those n columns, on every tier, for any n up to N; refused for n out
+ * of range, and allowed for the attention's shapes. */
 START_TEST(prepacked_b_prefix_gives_the_first_columns) {
   ck_assert(dp__gemm_packed_b_prefix(64, 256, 32) &&
             dp__gemm_packed_b_prefix(64, 256, 256));

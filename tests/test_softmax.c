@@ -324,7 +324,8 @@ static void xent_cases(bool special, int count) {
   static const int outs[] = {1, 2, 10, 15, 16, 17, 33, 256, 300};
   int ran = 0;
   for (int c = 0; c < count; c++) {
-    int out = width(c, outs, 9, 400), rows = 1 + (int)rnd(12);
+    /* up to 44 rows: the narrow path's blocks of 16, whole and partial */
+    int out = width(c, outs, 9, 400), rows = 1 + (int)rnd(c % 2 ? 12 : 44);
     size_t r0 = rnd(3) ? 0 : rnd((uint32_t)rows), r1 = r0 + rnd((uint32_t)(rows - r0) + 1);
     size_t n = (size_t)rows * out;
     float inv = 1.0f / (float)(1 + rnd(64)), *z = filled(n, rnd(2) ? 4.0f : 60.0f, special);

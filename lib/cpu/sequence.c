@@ -45,7 +45,8 @@ void dp__embed_backward(const dp_layer *l, int n, const float *ids, const float 
     }
 }
 
-/* The attention's workspace: the backward's (T, T) scratch, then the GEMMs'. */
+/* The attention's workspace: the (T, T) scratches (scratches()), then the
+ * GEMMs', then the packed keys (packed_bytes). */
 static size_t scratch_bytes(const dp_layer *l) {
   return ((size_t)l->t * (size_t)l->t * 4 + 63) / 64 * 64;
 }
@@ -57,14 +58,17 @@ static size_t gemm_bytes(const dp_layer *l) {
 }
 
 /* The scores' B (a head's keys, or values in the backward) packed once for
- * all of its row blocks (scores), after the GEMMs' part. */
+ * all of its row blocks (scores), after the GEMMs' part; none where one pack
+ * cannot serve the blocks (dp__gemm_packed_b_prefix), so the plan keeps no
+ * byte it does not use. */
 static size_t packed_bytes(const dp_layer *l) {
   int T = l->t, hd = l->c / l->heads;
+  if (!dp__gemm_packed_b_prefix(hd, T, T)) return 0;
   return (dp__gemm_packed_b_bytes(hd, T) + 63) / 64 * 64;
 }
 
 /* Training: the backward's d(scores), and with dropout the kept probabilities
- * (the forward's too), then the GEMMs'. */
+ * (the forward's too). */
 static int scratches(const dp_layer *l, bool training) {
   return training ? (l->p > 0.0f ? 2 : 1) : 0;
 }

@@ -1,15 +1,15 @@
 /* e^x in float for the softmaxes, the loss, sigmoid and tanh, written once for the
  * CPU backend and the CUDA kernels (lib/cpu/softmax.c, lib/cpu/backend.c,
- * cuda/sequence.cu, cuda/kernels.cu), and the 16-lane order of their row sums.
+ * cuda/sequence.cu, cuda/kernels.cu), and the 16-lane order of the CPU's row sums.
  *
  * Why not libm's expf: it is a scalar call per element (half of a causal
  * softmax's time), its bits are glibc's (an FMA and a non-FMA variant) on the
  * host and CUDA's (2 ulp) on a GPU. This is a fixed sequence of IEEE float
- * multiplies, adds and integer selects, none fused (ISO C: no contraction;
- * nvcc: the _rn intrinsics), so it vectorises (DP_SIMD_FN) and gives the same
- * bits on every tier, on the CUDA simulation and on a GPU. Error: within 1.5
- * ulp of e^x over the float range (tests/test_softmax.c measures it).
- * Not installed. */
+ * multiplies, adds and integer selects, none fused (-ffp-contract=off; nvcc:
+ * the _rn intrinsics), so it vectorises (DP_SIMD_FN) and gives the same bits on
+ * every tier and on the CUDA simulation, and by construction on a GPU (not yet
+ * run on one; NaN payloads aside). Error: within 1.5 ulp of e^x over the float
+ * range (tests/test_softmax.c measures it). Not installed. */
 #ifndef DP_EXPF_H
 #define DP_EXPF_H
 
@@ -82,10 +82,11 @@ DP_FMATH_FN float dp__expf(float x) {
   return dp__f32_of((yb & ~nan) | (xb & nan));
 }
 
-/* The row sums of the softmaxes (and the attention backward's dot): 16 lanes,
- * lane l adding the terms j = l, l + 16, l + 32, ... ascending from +0, then
- * a halving tree, lane l + w into lane l for w = 8, 4, 2, 1. The same order on
- * every tier (a zmm, two ymm or a loop) and in the CUDA kernels. */
+/* The row sums of the CPU's softmaxes (and the attention backward's dot): 16
+ * lanes, lane l adding the terms j = l, l + 16, l + 32, ... ascending from +0,
+ * then a halving tree, lane l + w into lane l for w = 8, 4, 2, 1. The same order
+ * on every tier (a zmm, two ymm or a loop) and in the CUDA attention kernels
+ * (the CUDA loss keeps its warp lanes). */
 #define DP_SUM_LANES 16
 
 DP_FMATH_FN float dp__lanes_total(float a[DP_SUM_LANES]) {
