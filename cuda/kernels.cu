@@ -441,9 +441,9 @@ static __global__ void __launch_bounds__(THREADS)
  * bits): max (exact in any order), sum of dp__expf(z - max) (lane c: columns
  * c, c + G, ... ascending, then the xor butterfly over the group's G lanes),
  * lse = max + log(sum), loss = lse - z[t], gradient (e^(z - lse) - [j == t]) /
- * rows. The fixed order of the chunk's
- * sum: group q adds its rows' losses ascending from +0, then a halving tree
- * over the Q group sums in shared memory; with loss_chunks it depends on the
+ * rows. The fixed order of the chunk's sum: group q adds its rows' losses
+ * ascending from +0, then a halving tree over the Q group sums in shared
+ * memory; with loss_chunks it depends on the
  * micro-batch's row count and cols only, never on where its rows sit or which
  * other micro-batches share the launch, so classic and allreduce give the same
  * bits. A label out of range is flagged (DP_CUDA_ST_LABEL; integer atomics,

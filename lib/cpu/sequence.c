@@ -122,8 +122,9 @@ enum { CAUSAL_ROWS = 32 };
 static void scores(int T, int hd, const float *a, int lda, const float *b, int ldb,
                    float *s, void *gw, float *bp) {
   /* b^T packed once, each block reading its first i1 columns: the same bits
-   * as packing per block (gemm.h) */
-  bool pre = bp && dp__gemm_packed_b_prefix(hd, T, T < CAUSAL_ROWS ? T : CAUSAL_ROWS);
+   * as packing per block (gemm.h). bp is NULL where one pack cannot serve the
+   * blocks (packed_bytes) or the workspace is short. */
+  bool pre = bp != NULL;
   if (pre) dp__gemm_pack_b(1, hd, T, b, ldb, bp);
   for (int i0 = 0; i0 < T; i0 += CAUSAL_ROWS) {
     int i1 = i0 + CAUSAL_ROWS < T ? i0 + CAUSAL_ROWS : T;

@@ -117,8 +117,8 @@ static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t 
         gr[j + l] = e;
         a[l] += e;
       }
-    /* the tail one lane at a time: narrow rows (a few classes) are all tail,
-     * and lanes_tail's 16-wide pass costs them more than it saves */
+    /* the tail (under 16 of a wide row's columns) one lane at a time; rows of
+     * at most 16 classes take xent_narrow_body */
     for (int l = 0; full + l < out; l++) {
       float e = dp__expf(zr[full + l] - mx);
       gr[full + l] = e;
