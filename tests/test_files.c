@@ -13,6 +13,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
@@ -253,6 +254,49 @@ START_TEST(symlink_at_the_path_is_replaced_not_followed) {
   ck_assert_int_eq(dp_file_commit(f), DP_OK);
   ck_assert(S_ISREG(lmode(p)));
   ck_assert_int_ne(access(gone, F_OK), 0);
+  tmp_done(&t);
+}
+END_TEST
+
+/* `dp plan --svg /dev/stdout > f`, as root, replaced the system's /dev/stdout
+ * link with the SVG. The file that is one of the process's standard streams,
+ * by any name (itself, a link to it, /proc/self/fd/1, a link to that), is
+ * refused by every writer and left as it was, and so is any link into /proc. */
+START_TEST(a_standard_stream_is_never_replaced) {
+  tmpdir t;
+  tmp_make(&t, "dp_files", "stream");
+  put(t.path, PRECIOUS);
+  char link[400], proc[400], other[400];
+  ck_assert_int_eq(symlink(t.path, at(link, sizeof link, t.dir, "to-stream")), 0);
+  ck_assert_int_eq(symlink("/proc/self/fd/1", at(proc, sizeof proc, t.dir, "stdout")), 0);
+  ck_assert_int_eq(symlink("/proc/self/fd/97", at(other, sizeof other, t.dir, "fd97")), 0);
+  fflush(stdout);
+  int saved = dup(1), fd = open(t.path, O_WRONLY | O_APPEND);
+  ck_assert(saved >= 0 && fd >= 0 && dup2(fd, 1) == 1);
+  close(fd);
+  const char *paths[] = {t.path, link, proc, "/proc/self/fd/1", other};
+  char says[5][200];
+  mode_t was[5];
+  dp_status got[5][3];
+  dp_file *f[5] = {NULL};
+  for (int i = 0; i < 5; i++) {
+    was[i] = lmode(paths[i]);
+    got[i][0] = dp_file_create(paths[i], "test file", &f[i]);
+    got[i][1] = dp_file_check(paths[i], "test file", 0);
+    snprintf(says[i], sizeof says[i], "%s", dp_last_error());
+    got[i][2] = dp_file_check(paths[i], "test file", 1);
+  }
+  ck_assert_int_eq(dup2(saved, 1), 1); /* stdout back before any assertion */
+  close(saved);
+  for (int i = 0; i < 5; i++) {
+    for (int w = 0; w < 3; w++)
+      ck_assert_msg(got[i][w] == DP_ERR_IO, "%s, writer %d: %s", paths[i], w,
+                    dp_status_name(got[i][w]));
+    ck_assert(f[i] == NULL);
+    ck_assert_msg(strstr(says[i], i < 4 ? "standard output" : "into /proc"), "%s", says[i]);
+    ck_assert_uint_eq(lmode(paths[i]), was[i]);
+  }
+  ck_assert(holds(t.path, PRECIOUS));
   tmp_done(&t);
 }
 END_TEST
@@ -512,6 +556,7 @@ Suite *files_suite(void) {
   tcase_add_test(tc, temporary_file_is_new_private_and_unpredictable);
   tcase_add_test(tc, failed_write_leaves_the_old_file);
   tcase_add_test(tc, symlink_at_the_path_is_replaced_not_followed);
+  tcase_add_test(tc, a_standard_stream_is_never_replaced);
   tcase_add_test(tc, append_writes_in_place_and_never_through_a_link);
   tcase_add_test(tc, check_creates_nothing_and_follows_no_link);
   suite_add_tcase(s, tc);

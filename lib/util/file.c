@@ -94,16 +94,39 @@ static const char *kind_of(mode_t mode) {
   return S_ISFIFO(mode) ? "a FIFO (named pipe)" : dp__file_kind(mode);
 }
 
+/* The name of the process's standard stream (fd 0, 1 or 2) that is the file
+ * st, or NULL. */
+static const char *std_stream(const struct stat *st) {
+  static const char *const name[3] = {"input", "output", "error"};
+  for (int fd = 0; fd < 3; fd++) {
+    struct stat s;
+    if (fstat(fd, &s) == 0 && s.st_dev == st->st_dev && s.st_ino == st->st_ino)
+      return name[fd];
+  }
+  return NULL;
+}
+
 /* What may be at a path that is written: nothing, a regular file or (when it
  * is replaced by a rename, which never follows it) a symbolic link to a
  * regular file or to nothing. A device, FIFO, socket or directory (or a link
  * to one) is refused: a rename would destroy the node, an open for writing
- * could block or act on a device. An in-place write (dp_file_append) takes
- * no link at all, since opening one follows it. */
+ * could block or act on a device. So is the file that is one of the
+ * process's standard streams (`--out /dev/stdout > f`: the rename would
+ * replace the system's /dev/stdout link, and the stream would go on writing
+ * to the replaced file), and a link into /proc (a process's open file). An
+ * in-place write (dp_file_append) takes no link at all, since opening one
+ * follows it. */
 static dp_status check_target(const char *path, const char *what, bool in_place) {
   struct stat st, to;
   if (lstat(path, &st) != 0)
     return errno == ENOENT ? DP_OK : write_fail(what, path, NULL, errno);
+  const char *stream = stat(path, &to) == 0 ? std_stream(&to) : NULL;
+  if (stream)
+    return DP_FAIL(DP_ERR_IO,
+                   "cannot write %s '%s': it is this process's standard %s (a file "
+                   "written here replaces it by a rename, which the stream would not "
+                   "follow): name another file",
+                   what, path, stream);
   if (S_ISREG(st.st_mode)) return DP_OK;
   if (S_ISDIR(st.st_mode))
     return DP_FAIL(DP_ERR_IO, "cannot write %s '%s': is a directory", what, path);
@@ -114,6 +137,12 @@ static dp_status check_target(const char *path, const char *what, bool in_place)
     return DP_FAIL(DP_ERR_IO,
                    "cannot write %s '%s': is a symbolic link (it is written in place, "
                    "never through a link: name the file itself)",
+                   what, path);
+  char text[8] = {0};
+  if (readlink(path, text, sizeof text - 1) >= 6 && strncmp(text, "/proc/", 6) == 0)
+    return DP_FAIL(DP_ERR_IO,
+                   "cannot write %s '%s': is a symbolic link into /proc (a process's "
+                   "open file, not a file to replace): name the file itself",
                    what, path);
   if (stat(path, &to) != 0 || S_ISREG(to.st_mode)) return DP_OK; /* dangling: replaced */
   return DP_FAIL(DP_ERR_IO, "cannot write %s '%s': is a symbolic link to %s", what, path,
