@@ -115,6 +115,7 @@ static size_t file_ids(const char *path, int32_t **ids) {
 
 #define TRAIN(...) capture_cmd(dpt_cmd_train, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
 #define GEN(...) capture_cmd(dpt_cmd_generate, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
+#define PREDICT(...) capture_cmd(dpt_cmd_predict, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))
 
 static void hash_of(const cmd_result *r, char *out) {
   const char *h = strstr(r->out, "parameter hash: ");
@@ -269,6 +270,48 @@ END_TEST
  * devices; the record says the data was a text; dp generate continues a
  * prompt from the checkpoint; the checkpoint of a text run is not resumed on
  * tokens. */
+/* dp predict on a sequence model: rows of T = 8 ids with, first, the token
+ * after them as the label; the accuracy is the last position's class against
+ * it (it printed 0.00% whatever the predictions were). Labels: the first 5
+ * rows' the class predicted (from a features-only pass), the other 5 another
+ * one; a label past the vocabulary is refused naming the classes. */
+static void predict_scores_the_last_position(char *ck, const int32_t *ids) {
+  char rows[128], feats[128], line[256];
+  FILE *f = fopen(in_dir(feats, sizeof feats, "feats.csv"), "w");
+  for (int r = 0; r < 10; r++)
+    for (int t = 0; t < 8; t++) fprintf(f, "%d%c", ids[r * 9 + t], t == 7 ? '\n' : ',');
+  fclose(f);
+  cmd_result plain = PREDICT("--checkpoint", ck, "--data", feats, "--features-only");
+  ok(&plain);
+  f = fopen(in_dir(rows, sizeof rows, "rows.csv"), "w");
+  const char *p = plain.out;
+  for (int r = 0; r < 10; r++) {
+    int cls[8];
+    for (int t = 0; t < 8; t++) cls[t] = (int)strtol(p, (char **)&p, 10), p++;
+    int label = r < 5 ? cls[7] : (cls[7] + 1) % 256;
+    fprintf(f, "%d", label);
+    for (int t = 0; t < 8; t++) fprintf(f, ",%d", ids[r * 9 + t]);
+    fputc('\n', f);
+    p = strchr(p, '\n') + 1;
+  }
+  fclose(f);
+  cmd_result got = PREDICT("--checkpoint", ck, "--data", rows);
+  ok(&got);
+  ck_assert_msg(strstr(got.err, "accuracy 50.00% (the last position"), "%s", got.err);
+  ck_assert_str_eq(got.out, plain.out); /* the same predictions */
+  f = fopen(rows, "a");
+  snprintf(line, sizeof line, "256,1,2,3,4,5,6,7,8\n");
+  fputs(line, f);
+  fclose(f);
+  cmd_result bad = PREDICT("--checkpoint", ck, "--data", rows);
+  ck_assert_int_eq(bad.rc, 1);
+  ck_assert_msg(strstr(bad.err, "256 classes per position") || strstr(bad.err, "label 256"),
+                "%s", bad.err);
+  cmd_result_free(&plain);
+  cmd_result_free(&got);
+  cmd_result_free(&bad);
+}
+
 START_TEST(save_resume_is_bit_exact_and_generate_reads_it) {
   char model[128], text[128], ck[128], npy[128];
   gpt_spec("g.dpm", 256, 256, model, sizeof model);
@@ -321,6 +364,7 @@ START_TEST(save_resume_is_bit_exact_and_generate_reads_it) {
 
   int32_t *ids;
   size_t n = file_ids(text, &ids);
+  predict_scores_the_last_position(ck, ids);
   write_npy(in_dir(npy, sizeof npy, "t.npy"), ids, n, 4);
   free(ids);
   cmd_result other = TRAIN("--model", model, "--tokens", npy, "--batch", "8", "--devices",

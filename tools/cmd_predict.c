@@ -73,15 +73,17 @@ static void usage(FILE *f) {
   dpt_print_common_help(f);
 }
 
-/* A label the model has no output for would only ever count as a wrong
- * prediction: refused, naming the first such row (1-based, data rows only). */
-static int labels_fit(const dpt_dataset *d, int out_w, const char *data) {
+/* A label the model has no class for would only ever count as a wrong
+ * prediction: refused, naming the first such row (1-based, data rows only).
+ * classes: the outputs per position (a sequence model's vocabulary). */
+static int labels_fit(const dpt_dataset *d, int classes, int positions, const char *data) {
   for (int r = 0; d->label && r < d->n_rows; r++)
-    if (d->label[r] >= out_w) {
+    if (d->label[r] >= classes) {
       fprintf(stderr,
-              "dp predict: %s: row %d has label %d; the checkpoint's model has %d outputs "
+              "dp predict: %s: row %d has label %d; the checkpoint's model has %d %s "
               "(labels 0 to %d)\n",
-              data, r + 1, (int)d->label[r], out_w, out_w - 1);
+              data, r + 1, (int)d->label[r], classes,
+              positions > 1 ? "classes per position" : "outputs", classes - 1);
       return -1;
     }
   return 0;
@@ -110,7 +112,8 @@ static void predict_line(FILE *out, const dpt_dataset *d, int at, const float *y
         if (z[j] > z[best]) best = j;
       fprintf(out, "%d,", best);
     }
-    if (d->label && positions == 1) sum->correct += best == d->label[at];
+    /* a sequence's label is the token after it: the last position's class */
+    if (d->label) sum->correct += best == d->label[at];
   } else if (d->y) {
     for (int j = 0; j < out_w; j++) {
       double e = (double)yr[j] - d->y[(size_t)at * d->n_targets + j];
@@ -218,6 +221,7 @@ static int load_inputs(predict_run *t) {
   int in_w = t->in_w = dp_model_input_width(t->m),
       out_w = t->out_w = dp_model_output_width(t->m);
   dp_loss_kind loss = t->loss = dp_model_loss(t->m);
+  int positions = dp_model_positions(t->m), classes = out_w / positions;
   dpt_dataset *d = &t->d;
   /* CSV, .npy or IDX (dp train's readers); binary data without --labels is
    * features only */
@@ -228,7 +232,7 @@ static int load_inputs(predict_run *t) {
                                 : loss == DP_LOSS_MSE        ? DPT_ROWS_TARGETS
                                                              : DPT_ROWS_FEATURES,
                         .n_targets = out_w,
-                        .n_outputs = loss == DP_LOSS_SOFTMAX_CE ? out_w : 0,
+                        .n_outputs = loss == DP_LOSS_SOFTMAX_CE ? classes : 0,
                         .header = o->header,
                         .labels_optional = 1,
                         .n_features = in_w};
@@ -244,7 +248,7 @@ static int load_inputs(predict_run *t) {
             o->features_only ? "" : " (rows with the features only: --features-only)");
     return -1;
   }
-  if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(d, out_w, o->data)) return -1;
+  if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(d, classes, positions, o->data)) return -1;
   int has_record, c, h, w;
   dpt_model_image(t->m, &c, &h, &w);
   if (dpt_ckpt_scaler(o->checkpoint, &t->sc, &has_record, err, errcap)) {
@@ -301,7 +305,9 @@ static int predict(predict_run *t) {
     fprintf(report, "dp predict: %d rows of %s through %s", d->n_rows, o->data,
             o->checkpoint);
     if (d->label)
-      fprintf(report, ": accuracy %.2f%%", 100.0 * sum.correct / d->n_rows);
+      fprintf(report, ": accuracy %.2f%%%s", 100.0 * sum.correct / d->n_rows,
+              dp_model_positions(t->m) > 1 ? " (the last position against each row's label)"
+                                           : "");
     else if (d->y)
       fprintf(report, ": mse %.6g", sum.se / ((double)d->n_rows * t->out_w));
     fprintf(report, "%s%s\n", o->out ? " -> " : "", o->out ? o->out : "");
