@@ -91,6 +91,27 @@ END_TEST
 START_TEST(zero_width_is_out_of_range) {
   parse_bad("input 0\n", 1, 7, "input: width 0 is out of range");
   parse_bad("input 3\nlinear 0\n", 2, 8, "linear: width 0 is out of range");
+  /* a UTF-8 byte-order mark first is skipped (columns count from after it) */
+  {
+    dp_model *m = NULL;
+    ck_assert_int_eq(dp_model_parse("\xef\xbb\xbfinput 3\nlinear 2\n", "bom", &m), DP_OK);
+    ck_assert_int_eq(dp_model_input_width(m), 3);
+    dp_model_free(m);
+  }
+  parse_bad("\xef\xbb\xbfinput 3\nlinear 0\n", 2, 8, "linear: width 0 is out of range");
+  /* each number named for what it is */
+  parse_bad("input 0 8 8\n", 1, 7, "input: channels 0 is out of range");
+  parse_bad("input 1 0 8\n", 1, 9, "input: height 0 is out of range");
+  parse_bad("input 1 8 8\nconv2d 0 3\n", 2, 8, "conv2d: output channels 0 is out of range");
+  parse_bad("input 1 8 8\nconv2d 4 0\n", 2, 10, "conv2d: kernel size 0 is out of range");
+  parse_bad("input 1 8 8\nconv2d 4 3 stride 0\n", 2, 19,
+            "conv2d: stride 0 is out of range");
+  parse_bad("input 1 8 8\nmaxpool2d 0\n", 2, 11,
+            "maxpool2d: kernel size 0 is out of range");
+  parse_bad("input tokens 0\n", 1, 14, "input tokens: context 0 is out of range");
+  parse_bad("input tokens 8\nembed 0 4\n", 2, 7, "embed: vocabulary 0 is out of range");
+  parse_bad("input tokens 8\nembed 9 4\nattention 0\n", 3, 11,
+            "attention: head count 0 is out of range");
   parse_bad("input 3\nlinear 000\n", 2, 8, "out of range");
 }
 END_TEST

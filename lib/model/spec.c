@@ -72,8 +72,9 @@ static const char *echo(const token *t, echo_buf *b) {
   return b->s;
 }
 
-/* A positive int width. */
-static dp_status parse_width(const token *t, where w, const char *what, int *out) {
+/* A positive int: a width, or what noun names (a kernel size, a head count). */
+static dp_status parse_width(const token *t, where w, const char *what, const char *noun,
+                             int *out) {
   echo_buf e;
   for (int i = 0; i < t->len; i++)
     if (!isdigit((unsigned char)t->s[i]))
@@ -84,11 +85,11 @@ static dp_status parse_width(const token *t, where w, const char *what, int *out
   long long v = 0;
   for (; i < t->len && v <= DP_MAX_WIDTH; i++) v = v * 10 + (t->s[i] - '0');
   if (v > DP_MAX_WIDTH)
-    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width '%s' is too large (max %d)", what,
-                     echo(t, &e), DP_MAX_WIDTH);
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: %s '%s' is too large (max %d)", what,
+                     noun, echo(t, &e), DP_MAX_WIDTH);
   if (v == 0)
-    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: width %s is out of range (1..%d)", what,
-                     echo(t, &e), DP_MAX_WIDTH);
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: %s %s is out of range (1..%d)", what,
+                     noun, echo(t, &e), DP_MAX_WIDTH);
   *out = (int)v;
   return DP_OK;
 }
@@ -153,7 +154,7 @@ static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
                        "%s: expected %s (%s)", what, names[conv ? i : 1],
                        conv ? "conv2d OUT K [stride S] [padding P] [nobias]"
                             : "a kernel size, then optionally stride S");
-    dp_status s = parse_width(&t[1 + i], w, what, &v[i]);
+    dp_status s = parse_width(&t[1 + i], w, what, names[conv ? i : 1], &v[i]);
     if (s) return s;
   }
   int stride = 0, pad = 0, bias = 1;
@@ -182,7 +183,8 @@ static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
                        which ? "padding" : "stride");
     const token *num = &t[++i];
     if (which == 1 && num->len == 1 && num->s[0] == '0') continue; /* padding 0 */
-    dp_status s = parse_width(num, w, what, which ? &pad : &stride);
+    dp_status s =
+        parse_width(num, w, what, which ? "padding" : "stride", which ? &pad : &stride);
     if (s) return s;
   }
   if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
@@ -206,7 +208,8 @@ static dp_status parse_sequence(dp_model **m, const token *t, int nt, where w) {
           "%s: expected %s", what,
           embed ? (i ? "the width D (embed V D)" : "the vocabulary V (embed V D)")
                 : "the number of heads (attention H)");
-    dp_status s = parse_width(&t[1 + i], w, what, &v[i]);
+    dp_status s = parse_width(&t[1 + i], w, what,
+                              embed ? (i ? "width" : "vocabulary") : "head count", &v[i]);
     if (s) return s;
   }
   float p = 0.0f; /* attention H dropout P */
@@ -242,11 +245,11 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
       if (nt < 3)
         return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col + t[1].len + 1,
                          "input tokens: expected the context (positions per row)");
-      if ((s = parse_width(&t[2], w, "input tokens", &n[0]))) return s;
+      if ((s = parse_width(&t[2], w, "input tokens", "context", &n[0]))) return s;
       if ((s = no_more(t, nt, 3, w, "input tokens"))) return s;
       return at(dp_model_new_tokens(n[0], m), w, kw->col);
     }
-    s = parse_width(&t[1], w, "input", &n[0]);
+    s = parse_width(&t[1], w, "input", nt == 4 ? "channels" : "width", &n[0]);
     if (s) return s;
     if (nt == 2) return at(dp_model_new(n[0], m), w, kw->col);
     if (nt == 3)
@@ -254,7 +257,8 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
           DP_ERR_PARSE, w, t[2].col,
           "input: 'input N' takes one number and 'input C H W' three; got two");
     for (int i = 1; i < 3; i++)
-      if ((s = parse_width(&t[1 + i], w, "input", &n[i]))) return s;
+      if ((s = parse_width(&t[1 + i], w, "input", i == 1 ? "height" : "width", &n[i])))
+        return s;
     if ((s = no_more(t, nt, 4, w, "input"))) return s;
     return at(dp_model_new_image(n[0], n[1], n[2], m), w, kw->col);
   }
@@ -268,7 +272,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
       return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
                        "expected a width after 'linear'");
     int n = 0;
-    dp_status s = parse_width(&t[1], w, "linear", &n);
+    dp_status s = parse_width(&t[1], w, "linear", "width", &n);
     if (s) return s;
     int bias = 1, tied = 0;
     if (nt >= 3) {
@@ -347,6 +351,8 @@ dp_status dp_model_parse(const char *text, const char *name, dp_model **out) {
   dp_model *m = NULL;
   int at_line[DP_MAX_LAYERS], at_col[DP_MAX_LAYERS]; /* where each layer was */
   const char *p = text;
+  if (strncmp(p, "\xef\xbb\xbf", 3) == 0)
+    p += 3; /* a UTF-8 byte-order mark (editors add one) */
   while (*p) {
     const char *nl = strchr(p, '\n');
     int len = nl ? (int)(nl - p) : (int)strlen(p);
