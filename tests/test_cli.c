@@ -625,6 +625,12 @@ START_TEST(config_usage_errors) {
   ck_assert_int_eq(PARSE(&c, NULL, err, "--beta2", "1"), DPT_ARGS_ERROR);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "nan"), DPT_ARGS_ERROR);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--seed", "-1"), DPT_ARGS_ERROR);
+  /* the library's rules, said by the option before any work */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--accumulate", "3"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--accumulate: 3 is not a power of two"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--accumulate", "4"), DPT_ARGS_OK);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--recompute", "257"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "--recompute"), "%s", err);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "4", "extra"), DPT_ARGS_ERROR);
   ck_assert_msg(strstr(err, "unexpected argument 'extra'"), "%s", err);
 }

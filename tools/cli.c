@@ -485,10 +485,15 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_SEED: return dpt_parse_u64(arg, "--seed", &c->seed, err, errcap);
   case DPT_OPT_RANKS:
     return dpt_parse_int(arg, 1, DP_MAX_DEVICES, "--ranks", &c->ranks, err, errcap);
-  case DPT_OPT_ACCUMULATE: /* a power of two: the planner says so */
-    return dpt_parse_int(arg, 1, 65536, "--accumulate", &c->accumulate, err, errcap);
-  case DPT_OPT_RECOMPUTE: /* 0: off; the planner checks the upper bound */
-    return dpt_parse_int(arg, 0, 65536, "--recompute", &c->recompute, err, errcap);
+  case DPT_OPT_ACCUMULATE: /* a power of two (the planner's rule), said before any work */
+    if (dpt_parse_int(arg, 1, 65536, "--accumulate", &c->accumulate, err, errcap))
+      return -1;
+    if ((c->accumulate & (c->accumulate - 1)) == 0) return 0;
+    snprintf(err, errcap, "--accumulate: %d is not a power of two (1, 2, 4, ... 65536)",
+             c->accumulate);
+    return -1;
+  case DPT_OPT_RECOMPUTE: /* 0: off; at most a segment per layer (256 layers at most) */
+    return dpt_parse_int(arg, 0, 256, "--recompute", &c->recompute, err, errcap);
   case DPT_OPT_PRECISION:
     if (dp_precision_parse(arg, &c->precision) == DP_OK) return 0;
     return dpt_fail(err, errcap,
