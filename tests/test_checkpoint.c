@@ -526,6 +526,51 @@ START_TEST(test_truncated_file_is_refused) {
 }
 END_TEST
 
+static void put_le(unsigned char *p, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+/* A small file whose MODL (checksum and all) names a huge model: dp_ckpt_info
+ * refuses it by its size, before a tool plans and allocates that model's
+ * arenas (a 118 KB file made dp predict try for 17 GB). */
+START_TEST(test_header_of_a_huge_model_is_refused_by_size) {
+  static const char *const texts[] = {
+      "input 64\nlinear 20000\nrelu\nlinear 20000\nrelu\nlinear 10\nloss mse\n",
+      "input 2147483647\nlinear 2147483647\nlinear 2147483647\n"};
+  for (int t = 0; t < 2; t++) {
+    dp_model *m = NULL;
+    ck_assert_int_eq(dp_model_parse(texts[t], "huge", &m), DP_OK);
+    size_t tl = strlen(texts[t]), pl = 32 + tl, len = 16 + 16 + pl + 8 + 4096;
+    unsigned char *b = calloc(len, 1);
+    memcpy(b, "DPCKPT\0\1", 8);
+    put_le(b + 8, 3, 4);
+    put_le(b + 12, 6, 4);
+    memcpy(b + 16, "MODL", 4);
+    put_le(b + 24, pl, 8);
+    unsigned char *pay = b + 32;
+    put_le(pay, dp_model_n_params(m), 8);
+    put_le(pay + 16, DP_OPT_SGD, 4);
+    put_le(pay + 28, tl, 4);
+    memcpy(pay + 32, texts[t], tl);
+    put_le(pay + pl, dp_hash_bytes(pay, pl), 8);
+    tmpdir d;
+    tmp_make(&d, "dp_ckpt", "huge.ckpt");
+    file_write(d.path, b, len);
+    dp_model *got = NULL;
+    ck_assert_int_eq(dp_ckpt_info(d.path, &got, NULL), DP_ERR_PARSE);
+    ck_assert_ptr_null(got);
+    char want[160];
+    snprintf(want, sizeof want, "truncated: its model of %zu parameters needs at least",
+             dp_model_n_params(m));
+    ck_assert_msg(strstr(dp_last_error(), want), "%s", dp_last_error());
+    ck_assert_msg(strstr(dp_last_error(), "the file has "), "%s", dp_last_error());
+    tmp_done(&d);
+    free(b);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
 /* A flipped bit in every byte (all 8 bits in the header and the section
  * headers), so every section and every field. */
 START_TEST(test_flipped_bit_is_refused) {
@@ -1150,6 +1195,7 @@ Suite *checkpoint_suite(void) {
   tc = tcase_create("damage");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_truncated_file_is_refused, 1, 3);
+  tcase_add_test(tc, test_header_of_a_huge_model_is_refused_by_size);
   tcase_add_loop_test(tc, test_flipped_bit_is_refused, 0, 3);
   tcase_add_test(tc, test_nonfinite_values_are_refused);
   tcase_add_test(tc, test_negative_second_moment_is_refused);

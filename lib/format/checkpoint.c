@@ -771,6 +771,23 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   return DP_OK;
 }
 
+/* The file holds at least the sections of its model's parameters and k
+ * optimizer state vectors: a small file whose header names a huge model is
+ * refused here, before a caller plans (and allocates) that model's arenas. */
+static dp_status check_least_size(const char *path, const dp_model *m, unsigned k,
+                                  size_t tlen, uint32_t version, size_t file_size) {
+  size_t n = dp_model_n_params(m), nf = dp__param_floats(m);
+  if (k > 2) return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
+  size_t least = n > SIZE_MAX / 32 || nf > SIZE_MAX / 32
+                     ? SIZE_MAX
+                     : file_size_for(nf, n, k, tlen, version, 0);
+  if (file_size >= least) return DP_OK;
+  return DP_FAIL(DP_ERR_PARSE,
+                 "%s: truncated: its model of %zu parameters needs at least %zu bytes, the "
+                 "file has %zu",
+                 path, n, least, file_size);
+}
+
 dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out) {
   if (model) *model = NULL;
   if (out) memset(out, 0, sizeof *out);
@@ -816,6 +833,8 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
       else if (dp_model_n_params(m) != get64(mo))
         s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: %llu parameters for a model of %zu",
                     path, (unsigned long long)get64(mo), dp_model_n_params(m));
+      else
+        s = check_least_size(path, m, get32(mo + 20), tlen, get32(b + 8), file_size);
       free(text);
     }
     if (!s && out) {
