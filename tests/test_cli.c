@@ -4132,6 +4132,31 @@ START_TEST(train_refuses_bad_data_before_training) {
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   ck_assert_msg(strstr(r.err, "--header is for CSV files"), "%s", r.err);
   cmd_result_free(&r);
+  /* a CSV label the model has no output for: its row named; a batch larger
+   * than the rows that train (it was planned, and allocated, in full) */
+  FILE *f = fopen(csv, "w");
+  for (int row = 0; row < 10; row++) {
+    fprintf(f, "# a comment\n%d", row == 6 ? 10 : row % 10);
+    for (int k = 0; k < 64; k++) fprintf(f, ",%d", (row + k) % 17);
+    fputc('\n', f);
+  }
+  fclose(f);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", csv,
+                "--batch", "4", NULL);
+  snprintf(want, sizeof want,
+           "dp train: %s: row 7 has label 10; the model has 10 outputs (labels 0 to 9)\n",
+           csv);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "1500", "--save", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "--batch 1500 is more than the 1437 rows") &&
+                    strstr(r.err, "(360 held out): give --batch 1437 or less"),
+                "%s", r.err);
+  ck_assert_msg(!strstr(r.out, "epoch"), "%s", r.out);
+  ck_assert_int_eq(access(ck, F_OK), -1);
+  cmd_result_free(&r);
   r = RUN(dpt_cmd_train, "--help");
   ck_assert_msg(strstr(r.out, "--labels FILE") && strstr(r.out, "--val-data FILE") &&
                     strstr(r.out, "--no-shuffle") && strstr(r.out, "--data-seed S") &&

@@ -780,6 +780,22 @@ END_TEST
 
 /* Hostile binary files: each refused with the file, the byte offset and the
  * reason, nothing kept. */
+/* A .npy file of version 1.0 with the header dict text given (padded with
+ * blanks and a newline to 16 bytes) and n bytes of data. */
+static void raw_npy(const char *path, const char *dict, const void *data, size_t n) {
+  unsigned char b[512];
+  size_t dl = strlen(dict), hl = (10 + dl + 1 + 15) / 16 * 16 - 10;
+  ck_assert(10 + hl + n <= sizeof b);
+  memcpy(b, "\x93NUMPY\x01\x00", 8);
+  b[8] = (unsigned char)hl;
+  b[9] = (unsigned char)(hl >> 8);
+  memset(b + 10, ' ', hl);
+  memcpy(b + 10, dict, dl);
+  b[10 + hl - 1] = '\n';
+  memcpy(b + 10 + hl, data, n);
+  file_put(path, b, 10 + hl + n);
+}
+
 START_TEST(binary_hostile_files_are_refused) {
   bin_dir b;
   bin_open(&b);
@@ -839,6 +855,37 @@ START_TEST(binary_hostile_files_are_refused) {
           "%s: byte 60: shape (4, 0): the data must be rows (N, ...) "
           "with N from 1 to 2147483647, of 1 to 2^30 values each",
           bad);
+  /* the header dict walked, not searched: a key inside a string, an unknown or
+   * repeated key, a dtype with junk after its size, a dimension past 2^48
+   * (shown as its tuple alone); its keys in another order read the same */
+  raw_npy(bad,
+          "{'x': \"'descr': '<f4'\", 'descr': '<i2', 'fortran_order': False, "
+          "'shape': (4, 3), }",
+          xf, R * F * 2);
+  REFUSED(bad, y, DP_ERR_PARSE,
+          "%s: byte 10: the .npy header is not a dict of 'descr', 'fortran_order' and "
+          "'shape', each once",
+          bad);
+  raw_npy(bad,
+          "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (4, 3), }", xf,
+          sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE, "the .npy header is not a dict");
+  raw_npy(bad, "{'descr': '<f4xyz', 'fortran_order': False, 'shape': (4, 3), }", xf,
+          sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 20: descr '<f4xyz'", bad);
+  raw_npy(bad,
+          "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 3), }",
+          xf, sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE,
+          "shape (4611686018427387904, 3) is not a tuple of at most 8 dimensions, each 0 "
+          "to 2^48");
+  raw_npy(bad, "{'shape': (4, 3), 'fortran_order': False, 'descr': '<f4'}", xf, sizeof xf);
+  {
+    ck_assert_int_eq(bin_load(bad, y, 3, &d, err, sizeof err), DP_OK);
+    ck_assert_int_eq(d.n_rows, R);
+    ck_assert_int_eq(d.n_features, F);
+    dpt_dataset_free(&d);
+  }
   /* values: NaN, infinite, beyond float's range (float64) */
   float nan_x[R * F];
   memcpy(nan_x, xf, sizeof xf);

@@ -879,11 +879,14 @@ static int load_data(train_run *t, const char *data, const char *labels,
             d->n_features, o->model, t->in_w);
     return -1;
   }
-  if (d->label && d->n_classes > t->out_w) {
-    fprintf(stderr, "dp train: %s has labels up to %d; the model has %d outputs\n", data,
-            d->n_classes - 1, t->out_w);
-    return -1;
-  }
+  for (int r = 0; d->label && d->n_classes > t->out_w && r < d->n_rows; r++)
+    if (d->label[r] >= t->out_w) { /* the first row that has no output (1-based) */
+      fprintf(stderr,
+              "dp train: %s: row %d has label %d; the model has %d outputs (labels 0 to "
+              "%d)\n",
+              data, r + 1, (int)d->label[r], t->out_w, t->out_w - 1);
+      return -1;
+    }
   return 0;
 }
 
@@ -937,6 +940,14 @@ static int load_inputs(train_run *t) {
     return -1;
   }
   if (o->val_data) dpt_dataset_free(&none);
+  if (t->train.n_rows < t->cfg.batch) { /* as --text: the plan would be all unused rows */
+    fprintf(stderr,
+            "dp train: --batch %d is more than the %d rows %s trains on (%d held out): "
+            "give --batch %d or less\n",
+            t->cfg.batch, t->train.n_rows, o->data, o->val_data ? 0 : t->test.n_rows,
+            t->train.n_rows);
+    return -1;
+  }
   return 0;
 }
 

@@ -158,16 +158,51 @@ static dp_status blob_open(const char *path, const char *what, int gz, blob *b, 
 
 /* ---- .npy -------------------------------------------------------------------------- */
 
-/* The value of 'key' in a .npy header dict: a pointer just past "'key':" and
- * its blanks, or NULL. */
-static const char *npy_field(const char *h, const char *key) {
-  char k[32];
-  snprintf(k, sizeof k, "'%s':", key);
-  const char *p = strstr(h, k);
-  if (!p) return NULL;
-  p += strlen(k);
-  while (*p == ' ') p++;
-  return p;
+/* The header dict, "{'descr': '<f4', 'fortran_order': False, 'shape': (3, 4), }"
+ * then blanks: each of its three keys once, at the top level, in any order
+ * (a key inside a string value is not a key). The values: pointers just past
+ * "'key':" and its blanks. 0, or -1. */
+static int npy_dict(const char *h, const char **d, const char **f, const char **sh) {
+  static const char *const keys[3] = {"descr", "fortran_order", "shape"};
+  const char **slot[3] = {d, f, sh};
+  *d = *f = *sh = NULL;
+  const char *p = h + strspn(h, " ");
+  if (*p++ != '{') return -1;
+  for (;;) {
+    p += strspn(p, " ");
+    if (*p == '}') break;
+    if (*p != '\'') return -1;
+    const char *k = p + 1, *ke = strchr(k, '\'');
+    if (!ke) return -1;
+    int which = -1;
+    for (int i = 0; i < 3; i++)
+      if ((size_t)(ke - k) == strlen(keys[i]) && !strncmp(k, keys[i], strlen(keys[i])))
+        which = i;
+    p = ke + 1 + strspn(ke + 1, " ");
+    if (which < 0 || *slot[which] || *p++ != ':') return -1; /* unknown, twice, no ':' */
+    p += strspn(p, " ");
+    *slot[which] = p;
+    const char *e = *p == '\'' ? strchr(p + 1, '\'') : *p == '(' ? strchr(p, ')') : NULL;
+    if (e)
+      p = e + 1;
+    else if (*p == '\'' || *p == '(')
+      return -1; /* unterminated */
+    else
+      p += strcspn(p, ",}");
+    p += strspn(p, " ");
+    if (*p == ',')
+      p++;
+    else if (*p != '}')
+      return -1;
+  }
+  p++;
+  return p[strspn(p, " \n")] == '\0' && *d && *f && *sh ? 0 : -1;
+}
+
+/* The length of the shape's text to show: its tuple, at most 48 bytes. */
+static int shape_len(const char *sh) {
+  size_t n = strcspn(sh, ")") + (strchr(sh, ')') ? 1 : 0);
+  return n > 48 ? 48 : (int)n;
 }
 
 /* The shape tuple at sh: "(a, b, ...)", "(a,)" or "()". 0, or -1. */
@@ -216,19 +251,18 @@ dp_status dpt_npy_parse(const char *path, const unsigned char *b, size_t n, dpt_
   char hd[65536];
   memcpy(hd, b + h0, hl);
   hd[hl] = '\0';
-  const char *d = npy_field(hd, "descr"), *f = npy_field(hd, "fortran_order"),
-             *sh = npy_field(hd, "shape");
-  if (!d || !f || !sh)
+  const char *d, *f, *sh;
+  if (npy_dict(hd, &d, &f, &sh))
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: byte %zu: .npy header without %s", path, h0,
-                           !d   ? "descr"
-                           : !f ? "fortran_order"
-                                : "shape");
+                           "%s: byte %zu: the .npy header is not a dict of 'descr', "
+                           "'fortran_order' and 'shape', each once",
+                           path, h0);
   h->at_descr = h0 + (size_t)(d - hd);
   h->at_fortran = h0 + (size_t)(f - hd);
   h->at_shape = h0 + (size_t)(sh - hd);
   size_t dl = *d == '\'' ? strcspn(d + 1, "'") : 0;
-  if (dl < 2 || dl > 8 || d[1 + dl] != '\'' || !strchr("<>|=", d[1]))
+  if (dl < 3 || dl > 8 || d[1 + dl] != '\'' || !strchr("<>|=", d[1]) ||
+      strspn(d + 3, "0123456789") != dl - 2) /* '<f4', not '<f4xyz' */
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
                            "%s: byte %zu: descr %.12s is not a simple dtype", path,
                            h->at_descr, d);
@@ -243,8 +277,9 @@ dp_status dpt_npy_parse(const char *path, const unsigned char *b, size_t n, dpt_
   h->fortran = *f == 'T';
   if (npy_shape(sh, h))
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: byte %zu: shape %.32s is not a tuple", path, h->at_shape,
-                           sh);
+                           "%s: byte %zu: shape %.*s is not a tuple of at most 8 "
+                           "dimensions, each 0 to 2^48",
+                           path, h->at_shape, shape_len(sh), sh);
   h->data = h0 + hl;
   h->numel = 1;
   for (int k = 0; k < h->ndim; k++)
