@@ -3582,6 +3582,14 @@ START_TEST(hyper_parameters_are_refused_when_not_finite_or_contradictory) {
     plan_refused(m, &c, DP_ERR_INVALID, bad[i].needle);
   }
   dp_config c = config_of(30, 2, DP_OPT_SGD);
+  c.inference = 7; /* the flags are 0 or 1 */
+  plan_refused(m, &c, DP_ERR_INVALID, "inference must be 0 or 1, got 7");
+  c.inference = -1;
+  plan_refused(m, &c, DP_ERR_INVALID, "inference must be 0 or 1, got -1");
+  c.inference = 0;
+  c.shard_optimizer = 2;
+  plan_refused(m, &c, DP_ERR_INVALID, "shard_optimizer must be 0 or 1, got 2");
+  c.shard_optimizer = 0;
   c.nesterov = 1; /* needs momentum */
   plan_refused(m, &c, DP_ERR_INVALID, "nesterov");
   c.momentum = 0.9f;

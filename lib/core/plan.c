@@ -173,6 +173,11 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_INVALID, "micro-batch must be >= 0, got %d", c->micro_batch);
   if (c->mode != DP_MODE_CLASSIC && c->mode != DP_MODE_ALLREDUCE)
     return DP_FAIL(DP_ERR_INVALID, "unknown mode %d", (int)c->mode);
+  if (c->inference != 0 && c->inference != 1)
+    return DP_FAIL(DP_ERR_INVALID, "inference must be 0 or 1, got %d", c->inference);
+  if (c->shard_optimizer != 0 && c->shard_optimizer != 1)
+    return DP_FAIL(DP_ERR_INVALID, "shard_optimizer must be 0 or 1, got %d",
+                   c->shard_optimizer);
   if (c->shard_optimizer && c->mode != DP_MODE_ALLREDUCE)
     return DP_FAIL(DP_ERR_INVALID,
                    "a sharded optimizer needs allreduce mode (in classic mode "
@@ -270,6 +275,7 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
                    c->timeout_ms);
   if (c->guards != 0 && c->guards != 1)
     return DP_FAIL(DP_ERR_INVALID, "guards must be 0 or 1, got %d", c->guards);
+
   /* The backend's own options, parsed from its table, then its check. */
   dp_status so = dp__backend_options(be, c, opt);
   if (so) return so;
