@@ -3540,6 +3540,19 @@ START_TEST(train_resume_refuses_a_record_out_of_range) {
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
   cmd_result_free(&r);
+  /* a position past the record's own epoch (its rows, this data's): refused, not
+   * taken for an epoch start */
+  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 1\nrows 1437\n"
+                                    "standardize 0\nfeatures 0\nposition 999999\n");
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize",
+                "--resume", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "its run record stopped at batch 999999 of an epoch of 1437 "
+                              "rows in batches of") &&
+                    n_lines(r.err) == 1,
+                "%s", r.err);
+  ck_assert_str_eq(r.out, "");
+  cmd_result_free(&r);
   /* dp predict reads the same record: refused the same way */
   digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 3\nrows -1\n"
                                     "standardize 0\nfeatures 0\n");

@@ -1010,6 +1010,17 @@ static int read_resume(train_run *t) {
   }
   /* stopped inside an epoch: its calls done (none left when the data shrank) */
   t->pos0 = app_n ? dpt_run_position(app, app_n) : 0;
+  if (t->pos0 < 0 ||
+      (t->pos0 && rows == t->train.n_rows && (long)t->pos0 * t->cfg.batch >= rows)) {
+    /* the record's own data, and a position past its epoch: not a record of a run */
+    fprintf(stderr,
+            "dp train: cannot resume from '%s': its run record stopped at batch %d of an "
+            "epoch of %d rows in batches of %d (inconsistent)\n",
+            o->resume, t->pos0, rows, t->cfg.batch);
+    free(app);
+    free(saved);
+    return -1;
+  }
   if (t->pos0 && (long)t->pos0 * t->cfg.batch >= t->train.n_rows) t->pos0 = 0;
   free(app);
   /* the checkpoint carries the run's settings: the same, or no resume */
