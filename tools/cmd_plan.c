@@ -1005,6 +1005,7 @@ int dpt_cmd_plan(int argc, char **argv) {
   dp_model *m = NULL;
   dpt_file_role out = {o.svg, "chart"}, in = {o.model, "model"};
   if (dpt_check_distinct(&out, 1, &in, 1, err, sizeof err) ||
+      (o.svg && dpt_check_writable(o.svg, "chart", 1, err, sizeof err)) ||
       dpt_load_model(o.model, &m, err, sizeof err) ||
       dpt_require_loss(o.model, m, &cfg, err, sizeof err)) {
     fprintf(stderr, "dp plan: %s\n", err);
