@@ -859,6 +859,17 @@ START_TEST(test_not_a_file_and_bad_arguments) {
   ck_assert_msg(strstr(dp_ctx_error(r.c), p) && strstr(dp_ctx_error(r.c), strerror(ENOENT)),
                 "%s", dp_ctx_error(r.c));
   ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, "/dev/null"), DP_ERR_IO);
+  /* a libdp checkpoint is named as such (not a header length past the file) */
+  snprintf(p, sizeof p, "%s/model.ckpt", t.dir);
+  ck_assert_int_eq(dp_ckpt_save(r.c, p), DP_OK);
+  ck_assert_int_eq(dp_ckpt_import_safetensors(r.c, p), DP_ERR_PARSE);
+  ck_assert_msg(strstr(dp_ctx_error(r.c), "is a libdp checkpoint, not a safetensors file"),
+                "%s", dp_ctx_error(r.c));
+  dp_meta *meta = NULL;
+  int n_meta = 0;
+  ck_assert_int_eq(dp_safetensors_read_meta(p, &meta, &n_meta), DP_ERR_PARSE);
+  ck_assert_msg(strstr(dp_last_error(), "is a libdp checkpoint"), "%s", dp_last_error());
+  ck_assert_int_eq(remove(p), 0);
 
   ck_assert_int_eq(dp_ckpt_import_safetensors(NULL, t.path), DP_ERR_INVALID);
   ck_assert_int_eq(dp_ckpt_export_safetensors(NULL, t.path), DP_ERR_INVALID);

@@ -337,8 +337,10 @@ int dpt_cmd_import(int argc, char **argv) {
    * checkpoint's run record, so that dp predict and a resume use it */
   dpt_scaler sc;
   int found = read_standardize(st, w.m, &sc, err, sizeof err);
-  if (found < 0) {
-    fprintf(stderr, "dp import: safetensors file '%s': %s\n", st, err);
+  if (found < 0) { /* the library's messages name the file already */
+    bool named = strncmp(err, "safetensors file '", 18) == 0;
+    fprintf(stderr, "dp import: %s%s%s%s\n", named ? "" : "safetensors file '",
+            named ? "" : st, named ? "" : "': ", err);
     return finish(&w, DPT_EXIT_FAIL);
   }
   size_t n = 0;
