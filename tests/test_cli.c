@@ -2135,6 +2135,14 @@ START_TEST(bench_gemm_rows_and_tiers) {
   ck_assert_int_eq(n_lines(r.out), 1);
   cmd_result_free(&r);
   ck_assert_int_eq(dp_gemm_set_tier(NULL), DP_OK);
+  static const char *const bad_sizes[] = {",", "8,,24", "8,", ""};
+  for (int i = 0; i < 4; i++) {
+    r = RUN(dpt_cmd_bench, "gemm", "--sizes", (char *)bad_sizes[i]);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, "--sizes: give sizes separated by commas") && !r.out[0],
+                  "'%s': %s", bad_sizes[i], r.err);
+    cmd_result_free(&r);
+  }
   r = RUN(dpt_cmd_bench, "gemm", "--tier", "nonsense");
   ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
   ck_assert_str_eq(r.err,

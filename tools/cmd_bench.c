@@ -527,7 +527,18 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
   int sizes[32], n = 0;
   char buf[256];
   snprintf(buf, sizeof buf, "%s", sizes_arg ? sizes_arg : "64,128,256,512,1024");
-  for (char *tok = strtok(buf, ","); tok && n < 32; tok = strtok(NULL, ",")) {
+  size_t bl = strlen(buf);
+  if (!bl || buf[0] == ',' || buf[bl - 1] == ',' || strstr(buf, ",,") ||
+      (sizes_arg && strlen(sizes_arg) >= sizeof buf)) {
+    fprintf(stderr, "dp bench gemm: --sizes: give sizes separated by commas, e.g. "
+                    "256,512,1024 (no empty entry)\n");
+    return DPT_EXIT_USAGE;
+  }
+  for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    if (n == 32) {
+      fprintf(stderr, "dp bench gemm: --sizes: at most 32 sizes\n");
+      return DPT_EXIT_USAGE;
+    }
     char err[128];
     if (dpt_parse_int(tok, 1, 8192, "--sizes", &sizes[n], err, sizeof err)) {
       fprintf(stderr, "dp bench gemm: %s\n", err);

@@ -5,6 +5,7 @@
 #include "cli.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,11 +191,19 @@ static int prompt_ids(const generate_run *t, int *ids, int cap) {
       if (ids && n < cap) ids[n] = *s;
     }
   } else {
+    bool entry = false; /* an id since the last comma */
     for (const char *s = o->prompt_ids; *s;) {
+      if (*s == ',' && !entry) {
+        fprintf(stderr, "dp generate: --prompt-ids: an empty entry %s\n",
+                n ? "between two commas" : "before the first comma");
+        return -1;
+      }
       if (*s == ',' || *s == ' ') {
+        entry = *s == ' ' && entry;
         s++;
         continue;
       }
+      entry = true;
       char *end;
       long v = strtol(s, &end, 10);
       if (end == s || (*end && *end != ',' && *end != ' ') || v < 0 || v >= t->V) {
