@@ -1001,6 +1001,31 @@ START_TEST(csv_header_is_detected_or_forced) {
   snprintf(want, sizeof want, "%s:3: field count 2; the header row (line 1) has 3", t.path);
   ck_assert_str_eq(err, want);
   unlink(t.path);
+  /* a UTF-8 byte-order mark is not a header; nor is a first row with an empty
+   * field, a long number or a stray sign (no letter): they are data rows, and
+   * their errors are said */
+  tmp_write(&t, "\xef\xbb\xbf"
+                "1,2,3\n0,4,5\n");
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == 2 && d.header_line == 0 && d.label[0] == 1 && d.x[0] == 2.0f);
+  dpt_dataset_free(&d);
+  unlink(t.path);
+  static const char *const not_names[] = {
+      "1,,3\n1,2,3\n", "1,-,3\n1,2,3\n",
+      "1,12345678901234567890123456789012345678901234567"
+      "8901234567890123456789,3\n1,2,3\n"};
+  for (int i = 0; i < 3; i++) {
+    tmp_write(&t, not_names[i]);
+    ck_assert_int_ne(dpt_csv_load(t.path, &d, err, sizeof err), DP_OK);
+    snprintf(want, sizeof want, "%s:1: field 2:", t.path);
+    ck_assert_msg(strstr(err, want), "%s", err);
+    unlink(t.path);
+  }
+  /* another separator: said */
+  tmp_write(&t, "label;a;b\n1;2;3\n");
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);
+  ck_assert_msg(strstr(err, "fields are separated by commas, not semicolons"), "%s", err);
+  unlink(t.path);
   tmp_write(&t, "a,b,c\n");
   ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);
   snprintf(want, sizeof want, "%s:1: field 1: label \"a\" is not a non-negative integer",

@@ -6,6 +6,7 @@
 #include "data.h"
 #include "cli.h" /* dpt_open_regular */
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <float.h>
@@ -314,17 +315,21 @@ static line_status read_line(FILE *f, char **buf, size_t *cap, size_t *len) {
   return LINE_OK;
 }
 
-/* Whether the row holds a field that is not a number (a header's names). */
+/* Whether the row holds a name: a field with a letter that does not read as a
+ * number (a header's names; not an empty field, a long number or a stray
+ * sign, which are data rows' errors). */
 static bool has_word(const char *line) {
   for (const char *p = line;;) {
     size_t n = strcspn(p, ",");
+    bool letter = false;
+    for (size_t i = 0; i < n; i++) letter |= isalpha((unsigned char)p[i]) || p[i] == '_';
     char f[64], *e;
     snprintf(f, sizeof f, "%.*s", n < 63 ? (int)n : 63, p);
     const char *b = f;
     while (is_blank(*b)) b++;
     strtof(b, &e);
     while (is_blank(*e) || *e == '\r') e++;
-    if (e == b || *e || n >= 63) return true;
+    if (letter && (e == b || *e || n >= 63)) return true;
     if (!p[n]) return false;
     p += n + 1;
   }
@@ -380,6 +385,10 @@ static dp_status load(const char *path, int n_targets, bool features_only, int h
     if (len > 0 && line[len - 1] == '\n') len--;
     if (len > 0 && line[len - 1] == '\r') len--;
     line[len] = '\0';
+    if (w.line == 1 && len >= 3 && !memcmp(line, "\xef\xbb\xbf", 3)) { /* a UTF-8 BOM */
+      memmove(line, line + 3, len - 2);
+      len -= 3;
+    }
     if (strlen(line) != len) {
       s = dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s:%ld: NUL byte in line", path,
                           w.line);
@@ -405,10 +414,15 @@ static dp_status load(const char *path, int n_targets, bool features_only, int h
       int lead = features_only ? 0 : n_targets > 0 ? n_targets : 1; /* before features */
       long min = lead + 1;
       if (count < min) {
+        const char *sep = strchr(line, ';')    ? "semicolons"
+                          : strchr(line, '\t') ? "tabs"
+                                               : NULL;
         s = dpt_fail_status(
             DP_ERR_PARSE, err, errcap,
-            "%s:%ld: field count %ld, expected at least %ld (%s and a feature)", path,
-            w.line, count, min, n_targets > 0 ? "targets" : "a label");
+            "%s:%ld: field count %ld, expected at least %ld (%s and a feature)%s%s%s", path,
+            w.line, count, min, n_targets > 0 ? "targets" : "a label",
+            sep ? "; fields are separated by commas, not " : "", sep ? sep : "",
+            sep ? " as on this line" : "");
         goto done;
       }
       if (count > INT_MAX / 2) {
