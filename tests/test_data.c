@@ -924,6 +924,8 @@ START_TEST(binary_hostile_files_are_refused) {
   /* labels missing; a labels file beside a CSV; --header beside a .npy */
   REFUSED(x, NULL, DP_ERR_INVALID,
           "%s holds the features only: give the labels with --labels", x);
+  file_put(bad, "hello\n", 6); /* what is wrong with the file comes first */
+  REFUSED(bad, NULL, DP_ERR_PARSE, "%s: byte 0: not a .npy file", bad);
   const char *csv = bin_path(&b, 3, "d.csv");
   file_put(csv, "0,1,2,3\n", 8);
   REFUSED(csv, y, DP_ERR_INVALID,

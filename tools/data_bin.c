@@ -341,8 +341,13 @@ static dp_status npy_require(const char *path, const blob *b, const dpt_npy *h,
 static dp_status idx_parse(const char *path, const blob *b, dpt_npy *h, char *err,
                            size_t errcap) {
   memset(h, 0, sizeof *h);
+  size_t pl = strlen(path);
   if (b->n < 4 || b->p[0] != 0 || b->p[1] != 0)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: byte 0: not an IDX file", path);
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap, "%s: byte 0: not an IDX file%s", path,
+                           pl > 3 && !strcmp(path + pl - 3, ".gz")
+                               ? " (once gunzipped: only IDX data is read gzip'd; gunzip a "
+                                 "CSV or .npy file first)"
+                               : "");
   if (b->p[2] != 0x08)
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
                            "%s: byte 2: IDX type 0x%02x is not supported: libdp reads "
@@ -564,13 +569,15 @@ dp_status dpt_data_load(const dpt_data_spec *sp, dpt_dataset *out, char *err,
                            "--header is for CSV files; %s is a %s file", sp->data,
                            f == 'n' ? ".npy" : "binary IDX");
   bool want = sp->rows != DPT_ROWS_FEATURES;
-  if (want && !sp->labels && !sp->labels_optional)
-    return dpt_fail_status(DP_ERR_INVALID, err, errcap,
-                           "%s holds the features only: give the %s with %s FILE (.npy or "
-                           "IDX)",
-                           sp->data, sp->rows == DPT_ROWS_TARGETS ? "targets" : "labels",
-                           lopt);
+  /* the features first: what is wrong with the file is said before what is
+   * missing beside it */
   dp_status s = load_features(sp->data, f == 'n', sp->n_features, out, err, errcap);
+  if (!s && want && !sp->labels && !sp->labels_optional)
+    s = dpt_fail_status(DP_ERR_INVALID, err, errcap,
+                        "%s holds the features only: give the %s with %s FILE (.npy or "
+                        "IDX)",
+                        sp->data, sp->rows == DPT_ROWS_TARGETS ? "targets" : "labels",
+                        lopt);
   if (!s && want && sp->labels) s = load_labels(sp, out, err, errcap);
   if (s) dpt_dataset_free(out);
   return s;
