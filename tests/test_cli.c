@@ -4178,6 +4178,14 @@ START_TEST(train_refuses_bad_data_before_training) {
   ck_assert_msg(!strstr(r.out, "epoch"), "%s", r.out);
   ck_assert_int_eq(access(ck, F_OK), -1);
   cmd_result_free(&r);
+  /* --ranks that is not this job's process count: said first, with how */
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "64", "--ranks", "2", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(starts_with(r.err, "dp train: --ranks 2: this job has 1 process; start one "
+                                   "of 2 processes with mpirun -np 2"),
+                "%s", r.err);
+  cmd_result_free(&r);
   r = RUN(dpt_cmd_train, "--help");
   ck_assert_msg(strstr(r.out, "--labels FILE") && strstr(r.out, "--val-data FILE") &&
                     strstr(r.out, "--no-shuffle") && strstr(r.out, "--data-seed S") &&

@@ -691,6 +691,12 @@ static int parse_train(int argc, char **argv, train_run *t) {
                  o->data ? "--data" : "--text", o->tokens ? "--tokens" : "--text");
   if (r == DPT_ARGS_OK && t->cfg.inference)
     r = dpt_fail(err, errcap, "--inference makes no sense for training");
+  if (r == DPT_ARGS_OK && t->cfg.ranks != dpt_world_size())
+    r = dpt_fail(err, errcap,
+                 "--ranks %d: this job has %d process%s; start one of %d processes with "
+                 "mpirun -np %d dp train ... (dp plan --ranks %d plans it without MPI)",
+                 t->cfg.ranks, dpt_world_size(), dpt_world_size() > 1 ? "es" : "",
+                 t->cfg.ranks, t->cfg.ranks, t->cfg.ranks);
   if (r == DPT_ARGS_OK && o->patience && !o->eval_every)
     r = dpt_fail(
         err, errcap,
