@@ -691,7 +691,8 @@ static int parse_train(int argc, char **argv, train_run *t) {
                  o->data ? "--data" : "--text", o->tokens ? "--tokens" : "--text");
   if (r == DPT_ARGS_OK && t->cfg.inference)
     r = dpt_fail(err, errcap, "--inference makes no sense for training");
-  if (r == DPT_ARGS_OK && t->cfg.ranks != dpt_world_size())
+  if (r == DPT_ARGS_OK && dpt_given(&common, DPT_OPT_RANKS) &&
+      t->cfg.ranks != dpt_world_size())
     r = dpt_fail(err, errcap,
                  "--ranks %d: this job has %d process%s; start one of %d processes with "
                  "mpirun -np %d dp train ... (dp plan --ranks %d plans it without MPI)",
