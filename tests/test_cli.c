@@ -3246,6 +3246,21 @@ START_TEST(export_counts_batchnorm_buffers) {
                               "parameters)"),
                 "%s", r.out);
   cmd_result_free(&r);
+  /* --checkpoint F, as predict and generate take it: the same file */
+  size_t n1, n2;
+  char *b1 = slurp_file(st, &n1), st2[160];
+  snprintf(st2, sizeof st2, "%s2", st);
+  r = RUN(dpt_cmd_export, "--checkpoint", ck, "--safetensors", st2);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  char *b2 = slurp_file(st2, &n2);
+  ck_assert(n1 == n2 && memcmp(b1, b2, n1) == 0);
+  free(b1);
+  free(b2);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_export, ck, "--checkpoint", ck, "--safetensors", st2);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "the checkpoint twice"), "%s", r.err);
+  cmd_result_free(&r);
   remove_dir(dir);
 }
 END_TEST

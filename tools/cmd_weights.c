@@ -8,12 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { OPT_SAFETENSORS = DPT_OPT_USER, OPT_MODEL, OPT_OUT, OPT_PYTORCH };
+enum { OPT_SAFETENSORS = DPT_OPT_USER, OPT_MODEL, OPT_OUT, OPT_PYTORCH, OPT_CHECKPOINT };
 
 /* A command's command line: its own options, the config and common options
  * (dpt_parse_args) and its one input file. */
 typedef struct {
   const char *safetensors, *model, *out, *pytorch;
+  const char
+      *checkpoint; /* dp export --checkpoint F: F as the argument, as predict takes it */
   dp_config cfg;
   dpt_common common;
   const char *in;
@@ -27,6 +29,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_MODEL: o->model = arg; return 0;
   case OPT_OUT: o->out = arg; return 0;
   case OPT_PYTORCH: o->pytorch = arg; return 0;
+  case OPT_CHECKPOINT: o->checkpoint = arg; return 0;
   }
   return -1;
 }
@@ -34,6 +37,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
 static void export_usage(FILE *f) {
   fputs(
       "usage: dp export CHECKPOINT [--safetensors FILE] [--pytorch FILE.py]\n"
+      "       (or --checkpoint CHECKPOINT, as dp predict and dp generate take it)\n"
       "       dp export --model M.dpm --pytorch FILE.py\n"
       "\n"
       "Writes the parameters of a libdp checkpoint (dp train --save, dp_ckpt_save) as\n"
@@ -101,6 +105,7 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
       {"model", required_argument, NULL, OPT_MODEL},
       {"out", required_argument, NULL, OPT_OUT},
       {"pytorch", required_argument, NULL, OPT_PYTORCH},
+      {"checkpoint", required_argument, NULL, OPT_CHECKPOINT},
       {0, 0, 0, 0}};
   char err[512];
   int r = dpt_parse_args(argc, argv, extra, on_option, o, &o->cfg, common, err, sizeof err);
@@ -111,6 +116,16 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
   /* dp export --model M.dpm --pytorch F.py: the source alone, from a spec */
   bool spec_only = !need_model && o->model && o->pytorch && !o->safetensors && !o->out;
   if (r == DPT_ARGS_OK && spec_only && common->n_args == 0) return -1;
+  if (r == DPT_ARGS_OK && o->checkpoint && (need_model || common->n_args)) {
+    snprintf(err, sizeof err, "%s",
+             need_model ? "--checkpoint is dp export's (dp import reads a safetensors file)"
+                        : "the checkpoint twice: as an argument and with --checkpoint");
+    r = DPT_ARGS_ERROR;
+  }
+  if (r == DPT_ARGS_OK && o->checkpoint) {
+    o->in = o->checkpoint;
+    common->n_args = 1;
+  }
   if (r == DPT_ARGS_OK && common->n_args != 1) {
     snprintf(err, sizeof err, "%s",
              common->n_args ? "one input file, please"
@@ -141,7 +156,7 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
     fprintf(stderr, "dp %s: %s\n(see dp %s --help)\n", cmd, err, cmd);
     return DPT_EXIT_USAGE;
   }
-  o->in = argv[common->first_arg];
+  if (!o->checkpoint) o->in = argv[common->first_arg];
   return -1;
 }
 
