@@ -412,12 +412,14 @@ END_TEST
 /* ---- the GEMM against the contract -------------------------------------------------- */
 
 /* Shapes across every edge: K = 1, 2, odd, K' = KC and past it (two K slices),
- * tiles of every size, several MC blocks; N past NC once. */
-static const int SHAPES[][3] = {{1, 1, 1},     {1, 7, 1},      {3, 5, 2},     {12, 32, 1},
-                                {12, 32, 255}, {13, 33, 256},  {6, 16, 257},  {25, 17, 300},
-                                {97, 5, 33},   {100, 65, 129}, {7, 1030, 3},  {30, 10, 64},
-                                {4, 48, 258},  {193, 40, 17},  {11, 45, 299}, {1, 1, 512},
-                                {1, 1, 513},   {2, 16, 16},    {47, 63, 95},  {129, 31, 3}};
+ * tiles of every size, several MC blocks; N past NC (once with several MC
+ * blocks and K slices). */
+static const int SHAPES[][3] = {
+    {1, 1, 1},       {1, 7, 1},    {3, 5, 2},     {12, 32, 1},   {12, 32, 255},
+    {13, 33, 256},   {6, 16, 257}, {25, 17, 300}, {97, 5, 33},   {100, 65, 129},
+    {7, 1030, 3},    {30, 10, 64}, {4, 48, 258},  {193, 40, 17}, {11, 45, 299},
+    {1, 1, 512},     {1, 1, 513},  {2, 16, 16},   {47, 63, 95},  {129, 31, 3},
+    {200, 1040, 300}};
 #define N_SHAPES ((int)(sizeof SHAPES / sizeof *SHAPES))
 
 static const dp_bf16_store IN_STORES[] = {DP_BF16_STORE_BF16, DP_BF16_STORE_F32};

@@ -176,14 +176,15 @@ START_TEST(every_layout_matches_a_double_reference) {
 END_TEST
 
 /* Shapes that reach every edge: M = 1, odd N, K = 1, K not a multiple of KC,
- * several MC blocks, several NC panels; narrow products (N <= 32: A read in
+ * several MC blocks, several NC panels (once with several MC blocks and K
+ * slices: A packed again for the second panel); narrow products (N <= 32: A read in
  * place) with partial row slivers, several MC blocks and K slices. */
 static const int SHAPES[][3] = {
-    {1, 1, 1},    {1, 7, 1},    {1, 33, 5},     {2, 3, 300},   {5, 2, 15},
-    {13, 17, 257}, {12, 32, 256}, {6, 16, 255},  {97, 5, 33},   {100, 100, 513},
-    {7, 1030, 3},  {30, 10, 64},  {8, 1029, 40}, {193, 65, 129}, {11, 45, 700},
-    {1, 1, 513},  {1, 1, 512},   {2, 16, 16},   {257, 10, 600}, {101, 32, 520},
-    {200, 31, 17}};
+    {1, 1, 1},     {1, 7, 1},       {1, 33, 5},    {2, 3, 300},    {5, 2, 15},
+    {13, 17, 257}, {12, 32, 256},   {6, 16, 255},  {97, 5, 33},    {100, 100, 513},
+    {7, 1030, 3},  {30, 10, 64},    {8, 1029, 40}, {193, 65, 129}, {11, 45, 700},
+    {1, 1, 513},   {1, 1, 512},     {2, 16, 16},   {257, 10, 600}, {101, 32, 520},
+    {200, 31, 17}, {200, 1040, 300}};
 #define N_SHAPES ((int)(sizeof SHAPES / sizeof *SHAPES))
 
 START_TEST(every_tier_follows_the_fma_sequence) {
