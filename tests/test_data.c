@@ -111,8 +111,22 @@ START_TEST(token_streams) {
   ck_assert_int_eq(dpt_token_windows(&tok, 0, tok.n, 3, &d, err, sizeof err), DP_OK);
   ck_assert_int_eq(d.n_rows, 2);
   ck_assert_int_eq(d.label_width, 3);
-  ck_assert_float_eq(d.x[3], 'd');
+  /* a text's inputs are its bytes, read in place */
+  ck_assert_ptr_null(d.x);
+  ck_assert(d.xtype == DPT_X_U8 && d.xmap[3] == 'd' && d.own && !tok.byte);
   ck_assert_int_eq(d.label[5], 'g');
+  float row[3];
+  int one = 1;
+  dpt_dataset_gather(&d, NULL, &one, 0, 1, row, NULL);
+  ck_assert(row[0] == 'd' && row[1] == 'e' && row[2] == 'f');
+  /* the held-out tail and the head, in file order: views with their labels
+   * borrowed */
+  dpt_dataset tr, te;
+  ck_assert_int_eq(dpt_dataset_split_as(&d, 0.5, 0, 0, &tr, &te, err, sizeof err), DP_OK);
+  ck_assert(tr.n_rows == 1 && te.n_rows == 1 && tr.labels_borrowed && te.labels_borrowed);
+  ck_assert(tr.label == d.label && te.label == d.label + 3);
+  dpt_dataset_free(&tr);
+  dpt_dataset_free(&te);
   dpt_dataset_free(&d);
   dpt_tokens_free(&tok);
   unlink(t.path);

@@ -109,8 +109,11 @@ static size_t file_ids(const char *path, int32_t **ids) {
   dpt_tokens t;
   char err[256];
   ck_assert_msg(dpt_text_load(path, &t, err, sizeof err) == DP_OK, "%s", err);
-  *ids = t.id;
-  return t.n;
+  *ids = malloc((t.n ? t.n : 1) * sizeof **ids);
+  for (size_t i = 0; i < t.n; i++) (*ids)[i] = dpt_token(&t, i);
+  size_t n = t.n;
+  dpt_tokens_free(&t);
+  return n;
 }
 
 #define TRAIN(...) capture_cmd(dpt_cmd_train, ARGC(__VA_ARGS__), ARGV(__VA_ARGS__))

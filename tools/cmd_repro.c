@@ -534,8 +534,8 @@ static int make_batch(const dpt_dataset *d, long long step, int B, uint64_t seed
       *perm_epoch = (int)ep;
     }
     int src = perm[pos % d->n_rows];
-    memcpy(x + (size_t)r * d->n_features, d->x + (size_t)src * d->n_features,
-           (size_t)d->n_features * sizeof *x);
+    /* the row's features, in memory or read in place (a text's bytes) */
+    dpt_dataset_gather(d, NULL, &src, 0, 1, x + (size_t)r * d->n_features, NULL);
     int lw = d->label_width > 1 ? d->label_width : 1; /* T for token windows */
     if (d->label)
       memcpy((int32_t *)t + (size_t)r * lw, d->label + (size_t)src * lw,
@@ -597,9 +597,9 @@ static int load_data(const repro_opts *o, const dp_model *m, dpt_dataset *data, 
                         : dpt_npy_load_tokens(o->tokens, V, &tok, err, errcap);
   if (s) return -1;
   for (size_t i = 0; o->text && i < tok.n; i++)
-    if (tok.id[i] >= V) {
+    if (dpt_token(&tok, i) >= V) {
       snprintf(err, errcap, "%s: byte %zu is %d, outside the model's vocabulary of %d",
-               o->text, i, (int)tok.id[i], V);
+               o->text, i, (int)dpt_token(&tok, i), V);
       dpt_tokens_free(&tok);
       return -1;
     }

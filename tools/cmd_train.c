@@ -792,11 +792,11 @@ static int load_ids(train_run *t, int T, int V, dpt_tokens *tok) {
     return -1;
   }
   for (size_t i = 0; o->text && i < tok->n; i++)
-    if (tok->id[i] >= V) {
+    if (dpt_token(tok, i) >= V) {
       fprintf(stderr,
               "dp train: text '%s': byte %zu is %d, outside the model's vocabulary 0..%d "
               "(embed %d); a model of bytes has embed 256\n",
-              o->text, i, (int)tok->id[i], V - 1, V);
+              o->text, i, (int)dpt_token(tok, i), V - 1, V);
       return -1;
     }
   if (tok->n < (size_t)T + 1) {

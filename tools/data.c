@@ -73,7 +73,7 @@ void dpt_epoch_order(int n, uint64_t seed, int epoch, int *perm) {
 void dpt_dataset_free(dpt_dataset *d) {
   if (!d) return;
   if (!d->borrowed) free(d->x);
-  free(d->label);
+  if (!d->labels_borrowed) free(d->label);
   free(d->y);
   free(d->rows);
   if (d->own && d->own_mapped)
@@ -533,7 +533,16 @@ static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
   } else {
     dst->x = malloc(rows * nf * sizeof(float) + 1);
   }
-  if (src->label) dst->label = malloc(rows * lw * sizeof(int32_t) + 1);
+  /* a view of a contiguous range of rows in file order (a sequence's head or
+   * tail) borrows its labels too */
+  bool range = view && src->label && !src->rows && rows > 0;
+  for (size_t i = 1; range && i < rows; i++) range = idx[i] == idx[0] + (int)i;
+  if (range) {
+    dst->label = src->label + (size_t)idx[0] * lw;
+    dst->labels_borrowed = 1;
+  } else if (src->label) {
+    dst->label = malloc(rows * lw * sizeof(int32_t) + 1);
+  }
   if (src->y) dst->y = malloc(rows * nt * sizeof(float) + 1);
   if ((view ? !dst->rows : !dst->x) || (src->label && !dst->label) || (src->y && !dst->y)) {
     dpt_dataset_free(dst);
@@ -545,7 +554,8 @@ static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
       dst->rows[i] = src->rows ? src->rows[r] : (int)r;
     else
       memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
-    if (src->label) memcpy(dst->label + i * lw, src->label + r * lw, lw * sizeof(int32_t));
+    if (src->label && !range)
+      memcpy(dst->label + i * lw, src->label + r * lw, lw * sizeof(int32_t));
     if (src->y) memcpy(dst->y + i * nt, src->y + r * nt, nt * sizeof(float));
   }
   dst->n_rows = n;
@@ -1036,6 +1046,7 @@ int dpt_run_position(const char *text, size_t len) {
 void dpt_tokens_free(dpt_tokens *t) {
   if (!t) return;
   free(t->id);
+  free(t->byte);
   memset(t, 0, sizeof *t);
 }
 
@@ -1084,14 +1095,9 @@ dp_status dpt_text_load(const char *path, dpt_tokens *out, char *err, size_t err
   size_t n;
   dp_status s = read_whole(path, "text", &b, &n, err, errcap);
   if (s) return s;
-  out->id = malloc((n ? n : 1) * sizeof *out->id);
-  if (!out->id) {
-    free(b);
-    return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory", path);
-  }
-  for (size_t i = 0; i < n; i++) out->id[i] = b[i];
+  unsigned char *fit = realloc(b, n ? n : 1); /* the read's doubling slack back */
+  out->byte = fit ? fit : b;
   out->n = n;
-  free(b);
   return DP_OK;
 }
 
@@ -1158,24 +1164,33 @@ dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char
   return s;
 }
 
-dp_status dpt_token_windows(const dpt_tokens *tok, size_t from, size_t to, int T,
+dp_status dpt_token_windows(dpt_tokens *tok, size_t from, size_t to, int T,
                             dpt_dataset *out, char *err, size_t errcap) {
   memset(out, 0, sizeof *out);
   size_t rows = to > from + 1 && T > 0 ? (to - from - 1) / (size_t)T : 0;
   if (rows > INT_MAX)
     return dpt_fail_status(DP_ERR_OVERFLOW, err, errcap, "%zu windows are too many", rows);
-  out->x = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->x);
+  if (!tok->byte && !tok->id && rows)
+    return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_token_windows: no ids");
+  if (!tok->byte) out->x = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->x);
   out->label = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->label);
-  if (!out->x || !out->label) {
+  if ((!tok->byte && !out->x) || !out->label) {
     dpt_dataset_free(out);
     return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "out of memory");
   }
   for (size_t r = 0; r < rows; r++)
     for (int j = 0; j < T; j++) {
       size_t at = from + r * (size_t)T + (size_t)j;
-      out->x[r * (size_t)T + (size_t)j] = (float)tok->id[at];
-      out->label[r * (size_t)T + (size_t)j] = tok->id[at + 1];
+      if (out->x) out->x[r * (size_t)T + (size_t)j] = (float)tok->id[at];
+      out->label[r * (size_t)T + (size_t)j] = dpt_token(tok, at + 1);
     }
+  if (tok->byte) { /* the inputs in place: row r at byte from + rT */
+    out->xmap = tok->byte + from;
+    out->xtype = DPT_X_U8;
+    out->own = tok->byte;
+    out->own_len = tok->n;
+    tok->byte = NULL;
+  }
   out->n_rows = (int)rows;
   out->n_features = T;
   out->label_width = T;

@@ -70,6 +70,7 @@ typedef struct {
    * labels and targets are its own copies. */
   int *rows;
   int borrowed;
+  int labels_borrowed; /* a view of a contiguous range: its labels are src's */
   int header_line; /* CSV: the line of the header row that was skipped (0: none) */
 } dpt_dataset;
 
@@ -276,17 +277,25 @@ dp_status dpt_npy_parse(const char *path, const unsigned char *b, size_t n, dpt_
  * naming it, and so is an id >= vocab (naming its index). DP_ERR_IO,
  * DP_ERR_PARSE, DP_ERR_RANGE, DP_ERR_NOMEM; *out empty on failure. */
 typedef struct {
-  int32_t *id;
+  int32_t *id;         /* dpt_npy_load_tokens's ids, or NULL */
+  unsigned char *byte; /* dpt_text_load's bytes (each an id), or NULL */
   size_t n;
 } dpt_tokens;
+/* Id i of t (i < t->n). */
+static inline int32_t dpt_token(const dpt_tokens *t, size_t i) {
+  return t->byte ? (int32_t)t->byte[i] : t->id[i];
+}
 dp_status dpt_text_load(const char *path, dpt_tokens *out, char *err, size_t errcap);
 dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char *err,
                               size_t errcap);
 void dpt_tokens_free(dpt_tokens *t);
-/* Windows of T + 1 consecutive ids of tok->id[from..to), one starting every T
+/* Windows of T + 1 consecutive ids of tok's [from..to), one starting every T
  * ids: row r's inputs are ids from + rT .. + T - 1 (as floats), its labels
- * (label_width T) the next T ids. (to - from - 1) / T rows; 0 rows is fine. */
-dp_status dpt_token_windows(const dpt_tokens *tok, size_t from, size_t to, int T,
+ * (label_width T) the next T ids. (to - from - 1) / T rows; 0 rows is fine. A
+ * text's bytes move into the dataset, which reads its inputs from them in
+ * place (xmap, u8: a text takes 5 bytes of memory per byte, not 20); tok then
+ * holds its count alone. */
+dp_status dpt_token_windows(dpt_tokens *tok, size_t from, size_t to, int T,
                             dpt_dataset *out, char *err, size_t errcap);
 
 #endif
