@@ -524,19 +524,23 @@ static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
   size_t lw = src->label_width > 1 ? (size_t)src->label_width : 1;
   size_t rows = (size_t)n;
   bool view = src->x == NULL;
+  /* A contiguous range of a sequence's windows in file order (its head or
+   * tail; ids are never standardised in place) borrows its labels, and its
+   * inputs when they are in memory (--tokens' floats). */
+  bool range = src->label_width > 1 && src->label && !src->rows && rows > 0;
+  for (size_t i = 1; range && i < rows; i++) range = idx[i] == idx[0] + (int)i;
   /* sizes fit: src already holds at least this many rows */
   if (view) {
     dst->xmap = src->xmap;
     dst->xtype = src->xtype;
     dst->borrowed = 1;
     dst->rows = malloc(rows * sizeof(int) + 1);
+  } else if (range) {
+    dst->x = src->x + (size_t)idx[0] * nf;
+    dst->borrowed = 1;
   } else {
     dst->x = malloc(rows * nf * sizeof(float) + 1);
   }
-  /* a view of a contiguous range of rows in file order (a sequence's head or
-   * tail) borrows its labels too */
-  bool range = view && src->label && !src->rows && rows > 0;
-  for (size_t i = 1; range && i < rows; i++) range = idx[i] == idx[0] + (int)i;
   if (range) {
     dst->label = src->label + (size_t)idx[0] * lw;
     dst->labels_borrowed = 1;
@@ -552,7 +556,7 @@ static dp_status gather_rows(const dpt_dataset *src, const int *idx, int n,
     size_t r = (size_t)idx[i];
     if (view)
       dst->rows[i] = src->rows ? src->rows[r] : (int)r;
-    else
+    else if (!range)
       memcpy(dst->x + i * nf, src->x + r * nf, nf * sizeof(float));
     if (src->label && !range)
       memcpy(dst->label + i * lw, src->label + r * lw, lw * sizeof(int32_t));

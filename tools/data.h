@@ -69,8 +69,8 @@ typedef struct {
    * xmap, which belongs to another dataset (borrowed: not freed here); its
    * labels and targets are its own copies. */
   int *rows;
-  int borrowed;
-  int labels_borrowed; /* a view of a contiguous range: its labels are src's */
+  int borrowed;        /* x or xmap is another dataset's (not freed here) */
+  int labels_borrowed; /* a sequence's head or tail: its labels are src's */
   int header_line; /* CSV: the line of the header row that was skipped (0: none) */
 } dpt_dataset;
 
