@@ -3046,6 +3046,12 @@ static void expect_reduce_pairs(int ranks, const bool *fused_at_level) {
   c.micro_batch = 2; /* 16 micro-batches, 4 per device */
   c.ranks = ranks;
   dp_plan *p = plan_of(m, &c);
+  if (ranks > 1) { /* a plan of several processes: dp_ctx_create refuses it, *out NULL */
+    dp_ctx *ctx = (dp_ctx *)(uintptr_t)1;
+    ck_assert_int_eq(dp_ctx_create(p, &ctx), DP_ERR_INVALID);
+    ck_assert_ptr_null(ctx);
+    ck_assert_msg(strstr(dp_last_error(), "dp_ctx_create_mpi"), "%s", dp_last_error());
+  }
   size_t P = (6 * 5 + 5 + 5 * 3 + 3) * 4; /* 53 params */
   const dp_op *ops = dp_plan_ops(p);
   int n_pair = 0, first_stage = -1;

@@ -292,6 +292,7 @@ static dp_status check_static(const dp_plan *p, int d0, int d1, void *const aren
 static dp_status ctx_create(const dp_plan *p, void *const arenas[], void *host,
                             const dp_world_ops *wo, void *w, dp_ctx **out) {
   dp_status s = DP_OK;
+  if (out) *out = NULL; /* on every failure, the first included */
   if (p && dp__ranks(&p->cfg) > 1 && !wo)
     s = DP_FAIL(DP_ERR_INVALID,
                 "this plan is for a job of %d processes (config.ranks): create each "
