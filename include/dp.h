@@ -297,7 +297,8 @@ typedef struct {
    * above max_norm, every gradient is scaled by max_norm / (norm + 1e-6). The
    * norm is summed exactly (bins per exponent, in integers), so it is the same
    * bits for every device count, mode and layout. dp_ctx_grad_norm gives the
-   * norm of the last step. Finite, >= 0; 0: off (default). cpu backend. */
+   * norm of the last step. Finite, >= 0; 0: off (default). cpu and cuda
+   * backends. */
   float clip_grad_norm;
   /* Gradient accumulation: the parameters are updated every `accumulate`
    * dp_train_step calls, with the gradient of the mean loss over all their
@@ -308,7 +309,7 @@ typedef struct {
    * docs/DETERMINISM.md; dropout is keyed by the row in the concatenation).
    * The partial sums live in the optimizer_state region (log2(accumulate)
    * gradient copies per device: dp plan shows them). A power of two up to
-   * 65536; 0 or 1: every call updates (default). cpu backend. */
+   * 65536; 0 or 1: every call updates (default). cpu and cuda backends. */
   int accumulate;
   /* Activation recompute (gradient checkpointing), training only: K >= 1 cuts
    * the layers into segments of K (a layer that keeps no buffer of its own,
@@ -518,7 +519,8 @@ int dp_plan_device_rank(const dp_plan *p, int dev); /* the rank that holds dev; 
  * global rows [*row0, *row0 + *n) (*n may be 0: the rank's devices got no
  * rows). On that rank, dp_train_step and dp_forward take `rows` (the whole
  * batch, the same on every rank) with x, targets and outputs holding only
- * these rows. DP_ERR_INVALID for a rank or batch out of range. */
+ * these rows. DP_ERR_INVALID for a rank out of range (or a NULL argument),
+ * DP_ERR_SHAPE for rows outside 1..batch. */
 dp_status dp_plan_rank_rows(const dp_plan *p, int rows, int rank, int *row0, int *n);
 /* A hash of everything the ranks of a job must share: the model, the config
  * (ranks included), the schedule and the build. dp_ctx_create_mpi compares
