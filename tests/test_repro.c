@@ -420,7 +420,7 @@ START_TEST(test_refused_configurations_exit_2) {
   REPRO(&r, "--model", spec.path, "--data", csv.path, "--batch", "8", "--micro-batch", "2",
         "--devices", "1,2", "--mode", "classic", "--lr", "0");
   ck_assert_msg(r.rc == 2, "exit %d\n%s", r.rc, r.out);
-  ck_assert_int_eq(count_of(r.out, "refused: learning rate must be positive"), 2);
+  ck_assert_int_eq(count_of(r.out, "refused: learning rate must be finite and > 0"), 2);
   ck_assert_msg(strstr(r.out, "no configuration could run"), "%s", r.out);
   result_free(&r);
   REPRO(&r, "--model", spec.path, "--data", csv.path, "--batch", "8", "--micro-batch", "2",

@@ -74,12 +74,14 @@ bool dp__shared_gpu_in(const dp_config *c, int d0, int n, int *first, int *secon
  * that the chosen optimizer would silently ignore. Negated comparisons so that
  * NaN fails every one. */
 static dp_status check_hyper(const dp_config *c) {
+  if (!(c->lr > 0 && c->lr <= FLT_MAX)) /* (a schedule may reach 0; the plan's may not) */
+    return DP_FAIL(DP_ERR_INVALID, "learning rate must be finite and > 0, got %g",
+                   (double)c->lr);
   const struct {
     const char *name;
     float v, lo, hi;
     bool hi_open;
   } r[] = {
-      {"learning rate", c->lr, 0, FLT_MAX, false},
       {"momentum", c->momentum, 0, 1, true},
       {"dampening", c->dampening, 0, 1, false},
       {"weight_decay", c->weight_decay, 0, FLT_MAX, false},
@@ -94,8 +96,6 @@ static dp_status check_hyper(const dp_config *c) {
                      : r[i].hi_open     ? "in [0, 1)"
                                         : "in [0, 1]",
                      (double)r[i].v);
-  if (!(c->lr > 0))
-    return DP_FAIL(DP_ERR_INVALID, "learning rate must be positive, got %g", (double)c->lr);
   if (c->nesterov != 0 && c->nesterov != 1)
     return DP_FAIL(DP_ERR_INVALID, "nesterov must be 0 or 1, got %d", c->nesterov);
   if (c->optimizer == DP_OPT_ADAMW) {
