@@ -4193,6 +4193,32 @@ START_TEST(train_refuses_bad_data_before_training) {
   ck_assert_msg(!strstr(r.out, "epoch"), "%s", r.out);
   ck_assert_int_eq(access(ck, F_OK), -1);
   cmd_result_free(&r);
+  /* --accumulate with a save that would fall inside an optimizer step: refused
+   * before training (it trained, then could not save); a whole number of steps
+   * saves */
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "64", "--accumulate", "2", "--epochs", "1",
+                "--save", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "--accumulate 2: this run's 23 training calls (23 per epoch) "
+                              "end inside an optimizer step") &&
+                    !strstr(r.out, "epoch"),
+                "%s%s", r.out, r.err);
+  ck_assert_int_eq(access(ck, F_OK), -1);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "64", "--accumulate", "2", "--epochs", "2",
+                "--eval-every", "1", "--save-best", ck, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "an epoch's 23 training calls end inside an optimizer step"),
+                "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "64", "--accumulate", "2", "--epochs", "2",
+                "--quiet", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && strstr(r.out, "(step 23)"), "%s%s", r.out, r.err);
+  ck_assert_int_eq(remove(ck), 0);
+  cmd_result_free(&r);
   /* --ranks that is not this job's process count: said first, with how */
   r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
                 "--labels", p[F_Y32], "--batch", "64", "--ranks", "2", NULL);

@@ -1152,6 +1152,30 @@ static int start_run(train_run *t) {
     fprintf(stderr, "dp train: %s\n", t->err);
     return -1;
   }
+  /* A checkpoint holds no partial sums (dp_ckpt_save refuses one inside an
+   * accumulation): a save at the run's end, or at an epoch's end (--save-best,
+   * --patience's stop), must fall between optimizer steps. Said before any
+   * training, not after it. */
+  int at_epochs = o->save_best || (o->save && o->patience);
+  long run_calls = calls * o->epochs - t->pos0;
+  if (K > 1 && (o->save || o->save_best) && at_epochs && calls % K) {
+    fprintf(stderr,
+            "dp train: --accumulate %d: an epoch's %ld training calls end inside an "
+            "optimizer step, and a checkpoint holds no partial sums, so %s could not save "
+            "at an epoch's end: give a --batch that makes the batches per epoch a "
+            "multiple of %d\n",
+            K, calls, o->save_best ? "--save-best" : "--save (with --patience)", K);
+    return -1;
+  }
+  if (K > 1 && o->save && run_calls % K) {
+    fprintf(stderr,
+            "dp train: --accumulate %d: this run's %ld training calls (%ld per epoch) end "
+            "inside an optimizer step, and a checkpoint holds no partial sums, so --save "
+            "could not save at the end: give --epochs E with E x %ld a multiple of %d, or "
+            "a --batch that makes the batches per epoch a multiple of %d\n",
+            K, run_calls, calls, calls, K, K);
+    return -1;
+  }
   if (o->save_every) { /* checked for form when parsed */
     double v;
     int ep;
