@@ -25,6 +25,7 @@ extern "C" {
 #define DP_VERSION_MAJOR 0
 #define DP_VERSION_MINOR 1
 #define DP_MAX_DEVICES 64
+#define DP_MAX_LAYERS 256 /* layers of a model at most (dp_model_n_layers) */
 
 typedef enum {
   DP_OK = 0,

@@ -3261,6 +3261,12 @@ START_TEST(export_counts_batchnorm_buffers) {
   ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
   ck_assert_msg(strstr(r.err, "the checkpoint twice"), "%s", r.err);
   cmd_result_free(&r);
+  /* --checkpoint is a checkpoint: not the spec-only export's --model (it was
+   * ignored, and the spec exported) */
+  r = RUN(dpt_cmd_export, "--checkpoint", ck, "--model", spec, "--pytorch", st2);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "--model goes with --pytorch alone"), "%s", r.err);
+  cmd_result_free(&r);
   remove_dir(dir);
 }
 END_TEST
@@ -3563,10 +3569,22 @@ START_TEST(train_resume_refuses_a_record_out_of_range) {
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
   cmd_result_free(&r);
-  /* a position past the record's own epoch (its rows, this data's): refused, not
-   * taken for an epoch start */
-  digits_checkpoint_with_record(ck, "libdp-train 1\nepochs 1\nrows 1437\n"
-                                    "standardize 0\nfeatures 0\nposition 999999\n");
+  /* a position past the record's own epoch (its settings and rows, this run's):
+   * refused, not taken for an epoch start. The record of a real run, with the
+   * position added. */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize", "--save",
+                ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s", r.err);
+  cmd_result_free(&r);
+  void *app;
+  size_t app_n;
+  ck_assert_int_eq(dp_ckpt_read_app(ck, &app, &app_n), DP_OK);
+  char record[2048];
+  ck_assert_uint_lt(app_n + 20, sizeof record);
+  memcpy(record, app, app_n);
+  snprintf(record + app_n, sizeof record - app_n, "position 999999\n");
+  free(app);
+  digits_checkpoint_with_record(ck, record);
   r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--no-standardize",
                 "--resume", ck, NULL);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
@@ -4218,6 +4236,17 @@ START_TEST(train_refuses_bad_data_before_training) {
                 "--quiet", "--save", ck, NULL);
   ck_assert_msg(r.rc == DPT_EXIT_OK && strstr(r.out, "(step 23)"), "%s%s", r.out, r.err);
   ck_assert_int_eq(remove(ck), 0);
+  cmd_result_free(&r);
+  /* --test-fraction 0.2 of 1000 rows holds out 200 (a float's 0.2 made it 201) */
+  FILE *src = fopen(DIGITS_CSV, "r"), *dst = fopen(csv, "w");
+  char line[1024];
+  for (int k = 0; k < 1000 && fgets(line, sizeof line, src); k++) fputs(line, dst);
+  fclose(src);
+  fclose(dst);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", csv,
+                "--batch", "64", "--epochs", "1", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK && strstr(r.out, "800 train / 200 held-out rows"),
+                "%s%s", r.out, r.err);
   cmd_result_free(&r);
   /* --ranks that is not this job's process count: said first, with how */
   r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],

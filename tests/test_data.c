@@ -887,6 +887,14 @@ START_TEST(binary_hostile_files_are_refused) {
   raw_npy(bad, "{'descr': '<f4xyz', 'fortran_order': False, 'shape': (4, 3), }", xf,
           sizeof xf);
   REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 20: descr '<f4xyz'", bad);
+  raw_npy(bad, "{'descr': '<f4', 'fortran_order': Falsexyz, 'shape': (4, 3), }", xf,
+          sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE, "fortran_order Falsexyz");
+  raw_npy(bad,
+          "{'descr': [('a', '<f4'), ('b', '<f4')], 'fortran_order': False, "
+          "'shape': (4,), }",
+          xf, sizeof xf);
+  REFUSED(bad, y, DP_ERR_PARSE, "is not a simple dtype");
   raw_npy(bad,
           "{'descr': '<f4', 'fortran_order': False, 'shape': (4611686018427387904, 3), }",
           xf, sizeof xf);
@@ -1037,6 +1045,12 @@ START_TEST(csv_header_is_detected_or_forced) {
     ck_assert_msg(strstr(err, want), "%s", err);
     unlink(t.path);
   }
+  /* names in any script are a header */
+  tmp_write(&t, "\xe6\xa0\x87\xe7\xad\xbe,\xe7\x89\xb9\xe5\xbe\x81\n1,2\n");
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == 1 && d.header_line == 1);
+  dpt_dataset_free(&d);
+  unlink(t.path);
   /* another separator: said */
   tmp_write(&t, "label;a;b\n1;2;3\n");
   ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);

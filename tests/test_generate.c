@@ -126,8 +126,8 @@ START_TEST(greedy_is_the_argmax_of_the_sliding_window) {
       GEN("--checkpoint", ck, "--prompt-ids", "1 2 3", "--tokens", "20", "--greedy");
   ck_assert_str_eq(r2.out, r.out);
   /* an empty entry is refused, not skipped */
-  static const char *const empty[] = {"1,,2", ",1", "1, ,2"};
-  for (int i = 0; i < 3; i++) {
+  static const char *const empty[] = {"1,,2", ",1", "1, ,2", "1,2,", "1,2, "};
+  for (int i = 0; i < 5; i++) {
     cmd_result e = GEN("--checkpoint", ck, "--prompt-ids", (char *)empty[i], "--tokens",
                        "2", "--greedy");
     ck_assert_int_eq(e.rc, 1);

@@ -492,8 +492,8 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     snprintf(err, errcap, "--accumulate: %d is not a power of two (1, 2, 4, ... 65536)",
              c->accumulate);
     return -1;
-  case DPT_OPT_RECOMPUTE: /* 0: off; at most a segment per layer (256 layers at most) */
-    return dpt_parse_int(arg, 0, 256, "--recompute", &c->recompute, err, errcap);
+  case DPT_OPT_RECOMPUTE: /* 0: off; at most a segment per layer */
+    return dpt_parse_int(arg, 0, DP_MAX_LAYERS, "--recompute", &c->recompute, err, errcap);
   case DPT_OPT_PRECISION:
     if (dp_precision_parse(arg, &c->precision) == DP_OK) return 0;
     return dpt_fail(err, errcap,

@@ -528,8 +528,11 @@ static int bench_gemm(int json, const char *sizes_arg, const char *tier) {
   char buf[256];
   snprintf(buf, sizeof buf, "%s", sizes_arg ? sizes_arg : "64,128,256,512,1024");
   size_t bl = strlen(buf);
-  if (!bl || buf[0] == ',' || buf[bl - 1] == ',' || strstr(buf, ",,") ||
-      (sizes_arg && strlen(sizes_arg) >= sizeof buf)) {
+  if (sizes_arg && strlen(sizes_arg) >= sizeof buf) {
+    fprintf(stderr, "dp bench gemm: --sizes: at most %zu characters\n", sizeof buf - 1);
+    return DPT_EXIT_USAGE;
+  }
+  if (!bl || buf[0] == ',' || buf[bl - 1] == ',' || strstr(buf, ",,")) {
     fprintf(stderr, "dp bench gemm: --sizes: give sizes separated by commas, e.g. "
                     "256,512,1024 (no empty entry)\n");
     return DPT_EXIT_USAGE;

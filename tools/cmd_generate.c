@@ -193,9 +193,13 @@ static int prompt_ids(const generate_run *t, int *ids, int cap) {
   } else {
     bool entry = false; /* an id since the last comma */
     for (const char *s = o->prompt_ids; *s;) {
-      if (*s == ',' && !entry) {
-        fprintf(stderr, "dp generate: --prompt-ids: an empty entry %s\n",
-                n ? "between two commas" : "before the first comma");
+      /* a comma after nothing, or last: an entry left out */
+      if (*s == ',' && (!entry || s[1 + strspn(s + 1, " ")] == '\0')) {
+        fprintf(stderr,
+                "dp generate: --prompt-ids: an empty entry %s (ids separated by commas or "
+                "spaces, e.g. 464,3290,318)\n",
+                !entry ? (n ? "between two commas" : "before the first comma")
+                       : "after the last comma");
         return -1;
       }
       if (*s == ',' || *s == ' ') {

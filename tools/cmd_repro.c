@@ -611,7 +611,7 @@ static int load_data(const repro_opts *o, const dp_model *m, dpt_dataset *data, 
   dpt_tokens_free(&tok);
   if (!s && data->n_rows < 1) {
     snprintf(err, errcap, "%s holds fewer than T + 1 = %d ids: no window to train on",
-             o->data, T + 1);
+             o->text ? o->text : o->tokens, T + 1);
     return -1;
   }
   return s ? -1 : 0;

@@ -61,7 +61,7 @@ typedef struct {
   int epochs, quiet, eval_every, patience, plot_log;
   int standardize;  /* 0 none, 1 per feature (the default), 2 per channel */
   int std_given[2]; /* --standardize, --no-standardize given */
-  float test_fraction;
+  double test_fraction; /* the decimal given: 0.2 of 1000 rows holds out 200, not 201 */
 } train_opts;
 
 /* One field of --lr-schedule: a number, or with an `e` suffix a number of
@@ -206,10 +206,13 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
     return dpt_parse_int(arg, 1, 1000000, "--patience", &o->patience, err, errcap);
   case OPT_EPOCHS:
     return dpt_parse_int(arg, 1, 1000000, "--epochs", &o->epochs, err, errcap);
-  case OPT_TEST_FRACTION:
+  case OPT_TEST_FRACTION: {
+    float f; /* its checks; the value kept is the double of the same text */
     o->test_fraction_given = 1;
-    return dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &o->test_fraction, err,
-                           errcap);
+    if (dpt_parse_float(arg, 0.0, 0.95, "--test-fraction", &f, err, errcap)) return -1;
+    o->test_fraction = strtod(arg, NULL);
+    return 0;
+  }
   }
   return -1;
 }
@@ -580,7 +583,7 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
                          .no_shuffle = o->no_shuffle,
                          .header = o->header,
                          .resume = o->resume != NULL,
-                         .test_fraction = o->test_fraction};
+                         .test_fraction = (float)o->test_fraction};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
   if (*err) fprintf(stderr, "dp train: %s\n", err);
   return -1;
@@ -708,7 +711,7 @@ static int parse_train(int argc, char **argv, train_run *t) {
                  "without it");
   if (r == DPT_ARGS_OK && o->val_labels && !o->val_data)
     r = dpt_fail(err, errcap, "--val-labels goes with --val-data");
-  if (r == DPT_ARGS_OK && o->val_data) o->test_fraction = 0.0f;
+  if (r == DPT_ARGS_OK && o->val_data) o->test_fraction = 0.0;
   if (r == DPT_ARGS_OK && o->eval_every && o->test_fraction == 0.0f && !o->val_data)
     r = dpt_fail(
         err, errcap,
@@ -1017,28 +1020,29 @@ static int read_resume(train_run *t) {
   }
   /* stopped inside an epoch: its calls done (none left when the data shrank) */
   t->pos0 = app_n ? dpt_run_position(app, app_n) : 0;
-  if (t->pos0 < 0 ||
-      (t->pos0 && rows == t->train.n_rows && (long)t->pos0 * t->cfg.batch >= rows)) {
-    /* the record's own data, and a position past its epoch: not a record of a run */
-    fprintf(stderr,
-            "dp train: cannot resume from '%s': its run record stopped at batch %d of an "
-            "epoch of %d rows in batches of %d (inconsistent)\n",
-            o->resume, t->pos0, rows, t->cfg.batch);
-    free(app);
-    free(saved);
-    return -1;
-  }
-  if (t->pos0 && (long)t->pos0 * t->cfg.batch >= t->train.n_rows) t->pos0 = 0;
   free(app);
   /* the checkpoint carries the run's settings: the same, or no resume */
   int differ =
       saved && (same_kind(saved, data_kind(o), err, sizeof t->err) ||
                 same_settings(saved, run_settings(t, now, sizeof now), err, sizeof t->err));
-  free(saved);
   if (differ) {
+    free(saved);
     fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume, err);
     return -1;
   }
+  /* its settings (batch included) and its own data: a position past its epoch
+   * is not a record of a run */
+  if (t->pos0 < 0 || (saved && t->pos0 && rows == t->train.n_rows &&
+                      (long)t->pos0 * t->cfg.batch >= rows)) {
+    free(saved);
+    fprintf(stderr,
+            "dp train: cannot resume from '%s': its run record stopped at batch %d of an "
+            "epoch of %d rows in batches of %d (inconsistent)\n",
+            o->resume, t->pos0, rows, t->cfg.batch);
+    return -1;
+  }
+  free(saved);
+  if (t->pos0 && (long)t->pos0 * t->cfg.batch >= t->train.n_rows) t->pos0 = 0;
   return check_resumed(t, rows, app_n != 0);
 }
 
@@ -1698,7 +1702,7 @@ static int train(train_run *t) {
 }
 
 int dpt_cmd_train(int argc, char **argv) {
-  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2f, .standardize = 1},
+  train_run t = {.o = {.epochs = 10, .test_fraction = 0.2, .standardize = 1},
                  .argc = argc,
                  .argv = argv};
   int rc = parse_train(argc, argv, &t);

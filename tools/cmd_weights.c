@@ -114,7 +114,8 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
     return DPT_EXIT_OK;
   }
   /* dp export --model M.dpm --pytorch F.py: the source alone, from a spec */
-  bool spec_only = !need_model && o->model && o->pytorch && !o->safetensors && !o->out;
+  bool spec_only =
+      !need_model && o->model && o->pytorch && !o->safetensors && !o->out && !o->checkpoint;
   if (r == DPT_ARGS_OK && spec_only && common->n_args == 0) return -1;
   if (r == DPT_ARGS_OK && o->checkpoint && (need_model || common->n_args)) {
     snprintf(err, sizeof err, "%s",

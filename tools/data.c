@@ -315,14 +315,15 @@ static line_status read_line(FILE *f, char **buf, size_t *cap, size_t *len) {
   return LINE_OK;
 }
 
-/* Whether the row holds a name: a field with a letter that does not read as a
- * number (a header's names; not an empty field, a long number or a stray
- * sign, which are data rows' errors). */
+/* Whether the row holds a name: a field with a letter (ASCII or any UTF-8
+ * character) that does not read as a number (a header's names; not an empty
+ * field, a long number or a stray sign, which are data rows' errors). */
 static bool has_word(const char *line) {
   for (const char *p = line;;) {
     size_t n = strcspn(p, ",");
     bool letter = false;
-    for (size_t i = 0; i < n; i++) letter |= isalpha((unsigned char)p[i]) || p[i] == '_';
+    for (size_t i = 0; i < n; i++) /* a UTF-8 byte is part of a letter (标签, étiquette) */
+      letter |= isalpha((unsigned char)p[i]) || p[i] == '_' || (unsigned char)p[i] >= 0x80;
     char f[64], *e;
     snprintf(f, sizeof f, "%.*s", n < 63 ? (int)n : 63, p);
     const char *b = f;
@@ -616,8 +617,9 @@ dp_status dpt_dataset_split_as(const dpt_dataset *all, double test_fraction, int
 /* ---- standardisation ------------------------------------------------------ */
 
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test) {
-  if (!train || train->n_rows <= 0 || !train->x) return;
-  if (test && (test->n_features != train->n_features || !test->x)) test = NULL;
+  if (!train || train->n_rows <= 0 || !train->x || train->borrowed) return;
+  if (test && (test->n_features != train->n_features || !test->x || test->borrowed))
+    test = NULL;
   dpt_scaler sc;
   if (dpt_scaler_fit(train, &sc)) return; /* out of memory: left as they are */
   dpt_scaler_apply(&sc, train);

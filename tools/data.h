@@ -67,7 +67,10 @@ typedef struct {
   int own_mapped;
   /* A view (dpt_dataset_split of a dataset in xmap): row i is row rows[i] of
    * xmap, which belongs to another dataset (borrowed: not freed here); its
-   * labels and targets are its own copies. */
+   * labels and targets are its own copies, but for a sequence's head or tail
+   * (a contiguous range in file order), which borrows its labels too, and its
+   * x when in memory. A borrowing dataset needs its source alive and
+   * unchanged (dpt_standardize leaves a borrowed x alone). */
   int *rows;
   int borrowed;        /* x or xmap is another dataset's (not freed here) */
   int labels_borrowed; /* a sequence's head or tail: its labels are src's */
@@ -97,9 +100,10 @@ void dpt_dataset_free(dpt_dataset *d);
  *   gzip      (1f 8b) an IDX file gzip'd (train-images-idx3-ubyte.gz): read
  *             into memory through zlib (a build without zlib refuses it,
  *             saying how to gunzip it).
- *   CSV       anything else: dpt_csv_load's rows; a first row with a field
- *             that is not a number is a header, skipped (header 1: the first
- *             row is one in any case).
+ *   CSV       anything else: dpt_csv_load's rows; a first row with a name (a
+ *             field with a letter, ASCII or UTF-8, that is not a number) is a
+ *             header, skipped (header 1: the first row is one in any case); a
+ *             UTF-8 byte-order mark at the start is skipped.
  * Labels of binary data come from their own file (labels): .npy of int32,
  * int64 or uint8 class indices (shape (N,) or (N, 1)) or, for targets,
  * float32/float64 (shape (N,) or (N, n_targets)); or IDX (idx1-ubyte), gzip'd
@@ -152,7 +156,9 @@ dp_status dpt_dataset_split(const dpt_dataset *all, double test_fraction, uint64
 /* The same, or with shuffle 0 the rows in file order: train the first n -
  * n_test, test the last n_test (the held-out tail). A dataset whose features
  * are in xmap splits into views of it (rows arrays; nothing copied but the
- * labels), so the features are never in memory twice. */
+ * labels), so the features are never in memory twice; a sequence's windows
+ * (label_width > 1) split in file order borrow their labels, and their x when
+ * in memory: all must then outlive train and test. */
 dp_status dpt_dataset_split_as(const dpt_dataset *all, double test_fraction, int shuffle,
                                uint64_t seed, dpt_dataset *train, dpt_dataset *test,
                                char *err, size_t errcap);
@@ -160,7 +166,8 @@ dp_status dpt_dataset_split_as(const dpt_dataset *all, double test_fraction, int
 /* Per-feature standardisation: mean and population standard deviation of
  * each feature over train (in double), then x = (x - mean) / std on train and
  * on test (test may be NULL). Constant features get std 1 (as scikit-learn's
- * StandardScaler), so they become 0. Targets are not touched. */
+ * StandardScaler), so they become 0. Targets are not touched; nor is a
+ * borrowed x (another dataset's rows). */
 void dpt_standardize(dpt_dataset *train, dpt_dataset *test);
 
 /* The standardisation itself, to keep and apply again (dp train saves it in

@@ -182,13 +182,22 @@ static int npy_dict(const char *h, const char **d, const char **f, const char **
     if (which < 0 || *slot[which] || *p++ != ':') return -1; /* unknown, twice, no ':' */
     p += strspn(p, " ");
     *slot[which] = p;
-    const char *e = *p == '\'' ? strchr(p + 1, '\'') : *p == '(' ? strchr(p, ')') : NULL;
-    if (e)
-      p = e + 1;
-    else if (*p == '\'' || *p == '(')
-      return -1; /* unterminated */
-    else
-      p += strcspn(p, ",}");
+    if (*p == '[') { /* a structured dtype's list: skipped whole, its check says why */
+      int depth = 0;
+      do {
+        depth += *p == '[' ? 1 : *p == ']' ? -1 : 0;
+        p++;
+      } while (*p && depth > 0);
+      if (depth) return -1;
+    } else {
+      const char *e = *p == '\'' ? strchr(p + 1, '\'') : *p == '(' ? strchr(p, ')') : NULL;
+      if (e)
+        p = e + 1;
+      else if (*p == '\'' || *p == '(')
+        return -1; /* unterminated */
+      else
+        p += strcspn(p, ",}");
+    }
     p += strspn(p, " ");
     if (*p == ',')
       p++;
@@ -270,7 +279,8 @@ dp_status dpt_npy_parse(const char *path, const unsigned char *b, size_t n, dpt_
   h->big_endian = d[1] == '>';
   h->kind = d[2];
   h->size = atoi(d + 3);
-  if (strncmp(f, "False", 5) != 0 && strncmp(f, "True", 4) != 0)
+  size_t fl = strcspn(f, " ,}"); /* the whole word: not 'Falsexyz' */
+  if (!(fl == 5 && !strncmp(f, "False", 5)) && !(fl == 4 && !strncmp(f, "True", 4)))
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
                            "%s: byte %zu: fortran_order %.8s is not True or False", path,
                            h->at_fortran, f);

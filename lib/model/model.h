@@ -10,7 +10,6 @@ extern "C" {
 #endif
 
 /* ---- model (lib/model.c, lib/spec.c) ---- */
-#define DP_MAX_LAYERS 256
 #define DP_MAX_WIDTH 0x7fffffff
 #define DP_MAX_MICRO_BATCHES (1 << 22) /* per planned batch */
 

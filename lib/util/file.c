@@ -120,7 +120,10 @@ static dp_status check_target(const char *path, const char *what, bool in_place)
   struct stat st, to;
   if (lstat(path, &st) != 0)
     return errno == ENOENT ? DP_OK : write_fail(what, path, NULL, errno);
-  const char *stream = stat(path, &to) == 0 ? std_stream(&to) : NULL;
+  /* (a device or pipe that is a stream is refused below as what it is; an
+   * in-place write replaces nothing) */
+  const char *stream =
+      !in_place && stat(path, &to) == 0 && S_ISREG(to.st_mode) ? std_stream(&to) : NULL;
   if (stream)
     return DP_FAIL(DP_ERR_IO,
                    "cannot write %s '%s': it is this process's standard %s (a file "
