@@ -36,7 +36,6 @@
  * that would make a step the "first" again. No run gets near it. */
 #define CK_MAX_STEP ((uint64_t)1 << 53)
 
-static const unsigned char CK_MAGIC[8] = {'D', 'P', 'C', 'K', 'P', 'T', 0, 1};
 static const char *const CK_TAGS[CK_SECTIONS] = {"MODL", "STEP", "PARM",
                                                  "OPTS", "APPD", "END "};
 enum { SEC_MODL, SEC_STEP, SEC_PARM, SEC_OPTS, SEC_APPD, SEC_END };
@@ -256,7 +255,7 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, const void *app, size_
 
   writer w = {.f = f, .file_h = DP_FNV_INIT};
   unsigned char h[CK_HEADER];
-  memcpy(h, CK_MAGIC, 8);
+  memcpy(h, DP__CKPT_MAGIC, 8);
   put32(h + 8, CK_VERSION);
   put32(h + 12, CK_SECTIONS);
   w_bytes(&w, h, sizeof h);
@@ -504,7 +503,7 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
                        size_t file_size, const char *path, const char *text, size_t tlen,
                        ckpt_view *v) {
   memset(v, 0, sizeof *v);
-  if (len >= 8 && memcmp(b, CK_MAGIC, 8) != 0)
+  if (len >= 8 && memcmp(b, DP__CKPT_MAGIC, 8) != 0)
     return DP_FAIL(DP_ERR_PARSE, "%s: not a libdp checkpoint (bad magic)", path);
   if (len < CK_HEADER)
     return DP_FAIL(DP_ERR_PARSE, "%s: truncated: expected at least %u bytes, file has %zu",
@@ -800,7 +799,7 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
                           &len, &file_size);
   if (s) return s;
   uint64_t plen = 0;
-  if (len < 8 || memcmp(b, CK_MAGIC, 8) != 0)
+  if (len < 8 || memcmp(b, DP__CKPT_MAGIC, 8) != 0)
     s = DP_FAIL(DP_ERR_PARSE, "%s: not a libdp checkpoint (bad magic)", path);
   else if (len < CK_HEADER)
     s = DP_FAIL(DP_ERR_PARSE, "%s: truncated: %zu bytes", path, len);

@@ -781,11 +781,8 @@ static dp_status copy_values(const char *path, const st_entry *ti, const st_tens
   return DP_OK;
 }
 
-/* Checks the file against the model and decodes it into the state bytes
- * (st_entries: the parameters, then batchnorm's buffers). */
-/* A libdp checkpoint's first 8 bytes (docs/CHECKPOINT.md): named as what it
- * is, not as a safetensors header length past the file. */
-#define CKPT_MAGIC "DPCKPT\0\1"
+/* A checkpoint given as a safetensors file: named as what it is, not as a
+ * header length past the file. */
 static dp_status is_a_checkpoint(const char *path) {
   return DP_FAIL(DP_ERR_PARSE,
                  "safetensors file '%s' is a libdp checkpoint, not a safetensors file (dp "
@@ -793,6 +790,8 @@ static dp_status is_a_checkpoint(const char *path) {
                  path);
 }
 
+/* Checks the file against the model and decodes it into the state bytes
+ * (st_entries: the parameters, then batchnorm's buffers). */
 static dp_status decode(const dp_model *m, const char *path, const unsigned char *b,
                         size_t len, unsigned char *state) {
   if (len < 8)
@@ -800,7 +799,7 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
                    len);
   uint64_t hlen = 0;
   for (int i = 7; i >= 0; i--) hlen = hlen << 8 | b[i];
-  if (memcmp(b, CKPT_MAGIC, 8) == 0) return is_a_checkpoint(path);
+  if (memcmp(b, DP__CKPT_MAGIC, 8) == 0) return is_a_checkpoint(path);
   if (hlen > ST_MAX_HEADER || hlen > len - 8)
     return DP_FAIL(DP_ERR_PARSE,
                    "safetensors file '%s': its header length %llu runs past the file's %zu "
@@ -886,7 +885,7 @@ static dp_status read_header(const char *path, char **hdr, size_t *hlen) {
   if (!s && got < 8)
     s = DP_FAIL(DP_ERR_PARSE, "safetensors file '%s' is %zu bytes: too short", path, got);
   for (int i = 7; !s && i >= 0; i--) n = n << 8 | len8[i];
-  if (!s && memcmp(len8, CKPT_MAGIC, 8) == 0) s = is_a_checkpoint(path);
+  if (!s && memcmp(len8, DP__CKPT_MAGIC, 8) == 0) s = is_a_checkpoint(path);
   if (!s && (n > ST_MAX_HEADER || n > (uint64_t)st.st_size - 8))
     s = DP_FAIL(DP_ERR_PARSE,
                 "safetensors file '%s': its header length %llu runs past the file's %lld "

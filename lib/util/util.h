@@ -52,6 +52,10 @@ dp_status dp__io_fail(const char *what, const char *path, const char *failed,
 dp_status dp__write_atomic(const char *path, const char *what,
                            dp_status (*fill)(FILE *f, void *arg), void *arg);
 
+/* A libdp checkpoint's first 8 bytes (docs/CHECKPOINT.md): its reader writes
+ * and checks them, the safetensors reader names such a file for what it is. */
+#define DP__CKPT_MAGIC "DPCKPT\0\1"
+
 /* ---- checked size arithmetic ---- */
 static inline bool dp__mul(size_t a, size_t b, size_t *out) {
   return !__builtin_mul_overflow(a, b, out);
