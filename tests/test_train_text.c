@@ -414,6 +414,9 @@ START_TEST(refusals_name_what_is_wrong) {
   refused(TRAIN("--model", model, "--text", text, "--tokens", text, "--batch", "8"), 2,
           "--text and --tokens: give one data file");
   refused(TRAIN("--model", model, "--batch", "8"), 2, "--text FILE or --tokens F.npy");
+  refused(
+      TRAIN("--model", model, "--text", text, "--batch", "8", "--standardize", "channel"),
+      2, "--standardize channel is for --data features; token ids are never standardised");
   refused(TRAIN("--model", mlp, "--text", text, "--batch", "8"), 1,
           "is not a sequence model; --text and --tokens train one whose spec starts `input "
           "tokens T`");

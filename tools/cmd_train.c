@@ -694,6 +694,11 @@ static int parse_train(int argc, char **argv, train_run *t) {
                  o->data ? "--data" : "--text", o->tokens ? "--tokens" : "--text");
   if (r == DPT_ARGS_OK && t->cfg.inference)
     r = dpt_fail(err, errcap, "--inference makes no sense for training");
+  if (r == DPT_ARGS_OK && (o->text || o->tokens) && o->std_given[0] && o->standardize)
+    r = dpt_fail(
+        err, errcap,
+        "--standardize %s is for --data features; token ids are never standardised",
+        o->standardize == 1 ? "feature" : "channel");
   if (r == DPT_ARGS_OK && dpt_given(&common, DPT_OPT_RANKS) &&
       t->cfg.ranks != dpt_world_size())
     r = dpt_fail(err, errcap,
@@ -1510,9 +1515,9 @@ static int final_report(train_run *t) {
            t->o.text ? "byte" : "token", exp(eval_loss), t->o.text ? "byte" : "token",
            100.0 * metric, eval->n_rows);
   else
-    printf("\n%s: %s %.2f%s (%d rows)\n", t->test.n_rows ? "held-out" : "training",
+    printf("\n%s: %s %.2f%s (%d row%s)\n", t->test.n_rows ? "held-out" : "training",
            label ? "accuracy" : "mse", label ? 100.0 * metric : metric, label ? "%" : "",
-           eval->n_rows);
+           eval->n_rows, eval->n_rows == 1 ? "" : "s");
   printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", t->steps,
          t->t_train, 1e3 * t->t_train / (double)t->steps, (double)t->samples / t->t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
