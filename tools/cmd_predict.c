@@ -77,16 +77,14 @@ static void usage(FILE *f) {
  * prediction: refused, naming the first such row (1-based, data rows only).
  * classes: the outputs per position (a sequence model's vocabulary). */
 static int labels_fit(const dpt_dataset *d, int classes, int positions, const char *data) {
-  for (int r = 0; d->label && r < d->n_rows; r++)
-    if (d->label[r] >= classes) {
-      fprintf(stderr,
-              "dp predict: %s: row %d has label %d; the checkpoint's model has %d %s "
-              "(labels 0 to %d)\n",
-              data, r + 1, (int)d->label[r], classes,
-              positions > 1 ? "classes per position" : "outputs", classes - 1);
-      return -1;
-    }
-  return 0;
+  int r = dpt_first_label_past(d, classes);
+  if (r < 0) return 0;
+  fprintf(stderr,
+          "dp predict: %s: row %d has label %d; the checkpoint's model has %d %s (labels 0 "
+          "to %d)\n",
+          data, r + 1, (int)d->label[r], classes,
+          positions > 1 ? "classes per position" : "outputs", classes - 1);
+  return -1;
 }
 
 /* What the rows gave: the metric's sums, and the rows with an output that is

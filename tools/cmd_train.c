@@ -894,15 +894,12 @@ static int load_data(train_run *t, const char *data, const char *labels,
             d->n_features, o->model, t->in_w);
     return -1;
   }
-  for (int r = 0; d->label && d->n_classes > t->out_w && r < d->n_rows; r++)
-    if (d->label[r] >= t->out_w) { /* the first row that has no output (1-based) */
-      fprintf(stderr,
-              "dp train: %s: row %d has label %d; the model has %d outputs (labels 0 to "
-              "%d)\n",
-              data, r + 1, (int)d->label[r], t->out_w, t->out_w - 1);
-      return -1;
-    }
-  return 0;
+  int r = dpt_first_label_past(d, t->out_w);
+  if (r < 0) return 0;
+  fprintf(stderr,
+          "dp train: %s: row %d has label %d; the model has %d outputs (labels 0 to %d)\n",
+          data, r + 1, (int)d->label[r], t->out_w, t->out_w - 1);
+  return -1;
 }
 
 /* The model and the data, checked against each other, agreed on by the ranks

@@ -83,6 +83,13 @@ void dpt_dataset_free(dpt_dataset *d) {
   memset(d, 0, sizeof *d);
 }
 
+int dpt_first_label_past(const dpt_dataset *d, int classes) {
+  size_t lw = d->label_width > 1 ? (size_t)d->label_width : 1;
+  for (size_t i = 0; d->label && i < (size_t)d->n_rows * lw; i++)
+    if (d->label[i] >= classes) return (int)(i / lw);
+  return -1;
+}
+
 /* ---- rows -------------------------------------------------------------------- */
 
 /* Row r of d (a view's r-th row) as floats into out, unstandardised; or, when

@@ -88,6 +88,9 @@ dp_status dpt_csv_load_features(const char *path, dpt_dataset *out, char *err,
                                 size_t errcap);
 /* Frees the arrays and zeroes *d. NULL and already-freed datasets are fine. */
 void dpt_dataset_free(dpt_dataset *d);
+/* The first row (0-based, file order) whose class label is `classes` or more:
+ * one the model has no output for; -1 when none (or no labels). */
+int dpt_first_label_past(const dpt_dataset *d, int classes);
 
 /* Every reader behind --data/--labels (dp train, dp predict): the format is
  * told by the data file's first bytes, not its name:
