@@ -121,6 +121,16 @@ static void cases(bool special, int count) {
       same("dg", dg2, dg, (size_t)D, n, D, tiers[t]);
       same("db", db2, db, (size_t)D, n, D, tiers[t]);
       if (with_dx) same("dx", dx2, dx, nd, n, D, tiers[t]);
+      /* in two blocks split at a multiple of 16 rows, adding to dg and db */
+      int r1 = 16 * (int)rnd((uint32_t)(n / 16 + 1));
+      for (int k = 0; k < D; k++) dg2[k] = db2[k] = 0.0f;
+      dp__layernorm_backward_add(r1, D, x, st, g, dy, dg2, db2, with_dx ? dx2 : NULL);
+      dp__layernorm_backward_add(n - r1, D, x + (size_t)r1 * D, st + 2 * (size_t)r1, g,
+                                 dy + (size_t)r1 * D, dg2, db2,
+                                 with_dx ? dx2 + (size_t)r1 * D : NULL);
+      same("dg in blocks", dg2, dg, (size_t)D, n, D, tiers[t]);
+      same("db in blocks", db2, db, (size_t)D, n, D, tiers[t]);
+      if (with_dx) same("dx in blocks", dx2, dx, nd, n, D, tiers[t]);
       free(st2), free(y2), free(dg2), free(db2), free(dx2);
     }
     free(x), free(g), free(b), free(dy), free(st), free(y), free(dg), free(db), free(dx);

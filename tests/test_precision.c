@@ -4,6 +4,8 @@
  * recompute setting, that it stays close to fp32 without being fp32, that it
  * halves the activation bytes, and what it refuses. */
 #include "helpers.h"
+#include "cpu/bf16.h"
+#include "cpu/gemm.h"
 
 #include <check.h>
 #include <math.h>
@@ -475,6 +477,90 @@ START_TEST(reduce_bf16_sums_the_rounded_micro_batch_gradients_in_the_tree) {
 }
 END_TEST
 
+/* ---- gelu, layernorm and the residual adds on the bf16 tensors ---- */
+
+/* A GPT of width 264 (not a multiple of 16): its layernorms run on blocks of
+ * 48 positions, two per micro-batch of 16 rows; and one of width 520 (blocks
+ * of 16). */
+static const char WIDE_GPT_SPEC[] =
+    "input tokens 6\nembed 11 264\n"
+    "residual\nlayernorm\nlinear 792\nattention 2\nlinear 264\nend\n"
+    "residual\nlayernorm\nlinear 528\ngelu\nlinear 264\nend\n"
+    "layernorm\nlinear 11\nloss softmax_cross_entropy\n";
+static const char WIDER_GPT_SPEC[] =
+    "input tokens 6\nembed 11 520\n"
+    "residual\nlayernorm\nlinear 1560\nattention 4\nlinear 520\nend\n"
+    "layernorm\nlinear 11\nloss softmax_cross_entropy\n";
+/* a residual block and a gelu as the last layers: their outputs are the
+ * model's fp32 outputs (the shadowed ops run there) */
+static const char LAST_LAYERS_SPEC[] =
+    "input 12\nlinear 16\nresidual\nlayernorm\nlinear 16\ngelu\nlinear 16\nend\n"
+    "residual\ngelu\nend\nlinear 5\ngelu\nloss softmax_cross_entropy\n";
+
+static const struct {
+  const char *spec;
+  int cols;
+  bool tokens;
+} OWN_LOOPS[] = {{WIDE_GPT_SPEC, GPT_T, true}, {WIDER_GPT_SPEC, GPT_T, true},
+                 {GPT_SPEC, GPT_T, true},      {MLP_EVERY_KIND_SPEC, 12, false},
+                 {BN_MLP_SPEC, 12, false},     {LAST_LAYERS_SPEC, 12, false}};
+
+/* The forward's outputs on rows with NaNs of both signs (and payloads),
+ * infinities and denormals in their inputs. */
+static void special_forward(const char *spec, dp_config c, float *y, size_t n_out) {
+  rig r;
+  rig_open(&r, spec, &c);
+  const uint32_t sp[] = {0x7fc00001u, 0xffc00000u, 0x7f800000u, 0xff800000u,
+                         0x00000003u, 0x80400000u, 0x7f7fffffu, 0x3f800001u};
+  float x[16 * 12];
+  for (int k = 0; k < 16 * 12; k++) {
+    x[k] = (float)((k * 29) % 61 - 30) / 17.0f;
+    if (k % 7 == 3) memcpy(&x[k], &sp[(k / 7) % 8], 4);
+  }
+  ck_assert_msg(dp_forward(r.c, 16, 12, x, y) == DP_OK, "%s", dp_ctx_error(r.c));
+  ck_assert_uint_eq((size_t)16 * dp_model_output_width(r.m), n_out);
+  rig_close(&r);
+}
+
+/* The own loops (lib/cpu/mixed.c) against the generic way (fp32 copies of the
+ * operands, the fp32 op, the results rounded), on every tier: the same bits
+ * after 4 steps (parameters, then the eval forward's outputs), on 1 and 2
+ * devices; and the same outputs of a forward on NaNs, infinities and
+ * denormals (the NaNs made quiet NaNs of their sign, as the rounding does). */
+START_TEST(own_loops_give_the_shadowed_ops_bits) {
+  static const char *const tiers[] = {"avx512", "avx2", "scalar"};
+  int ran = 0;
+  for (int t = 0; t < 3; t++) {
+    if (dp__gemm_force_tier(tiers[t]) != 0) continue; /* not on this CPU */
+    ran++;
+    const char *spec = OWN_LOOPS[_i].spec;
+    for (int devs = 1; devs <= 2; devs++) {
+      dp_config c = bf16_cfg(32, devs, 16);
+      dp__mixed_force_shadow(true);
+      uint64_t want = train_hash(spec, c, OWN_LOOPS[_i].cols, OWN_LOOPS[_i].tokens);
+      dp__mixed_force_shadow(false);
+      uint64_t got = train_hash(spec, c, OWN_LOOPS[_i].cols, OWN_LOOPS[_i].tokens);
+      ck_assert_msg(got == want, "spec %d, tier %s, %d devices: %016llx, shadowed %016llx",
+                    _i, tiers[t], devs, (unsigned long long)got, (unsigned long long)want);
+    }
+    if (OWN_LOOPS[_i].tokens) continue;
+    dp_config c = bf16_cfg(16, 1, 16);
+    c.inference = true;
+    float want[16 * 5], got[16 * 5];
+    dp__mixed_force_shadow(true);
+    special_forward(spec, c, want, 16 * 5);
+    dp__mixed_force_shadow(false);
+    special_forward(spec, c, got, 16 * 5);
+    for (int k = 0; k < 16 * 5; k++)
+      ck_assert_msg(memcmp(&got[k], &want[k], 4) == 0,
+                    "spec %d, tier %s: output %d is %a, shadowed %a", _i, tiers[t], k,
+                    (double)got[k], (double)want[k]);
+  }
+  dp__gemm_force_tier("auto");
+  ck_assert_int_ge(ran, 1);
+}
+END_TEST
+
 Suite *precision_suite(void) {
   Suite *s = suite_create("precision");
   TCase *tc = tcase_create("bf16");
@@ -487,6 +573,8 @@ Suite *precision_suite(void) {
   tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
   tcase_add_test(tc, refusals_name_the_options);
   tcase_add_test(tc, bench_gemm_bf16_times_and_refuses);
+  tcase_add_loop_test(tc, own_loops_give_the_shadowed_ops_bits, 0,
+                      (int)(sizeof OWN_LOOPS / sizeof OWN_LOOPS[0]));
   suite_add_tcase(s, tc);
   tc = tcase_create("reduce_bf16");
   tcase_set_timeout(tc, 300);

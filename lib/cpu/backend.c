@@ -11,6 +11,7 @@
 #include "cpu/bf16.h"
 #include "core/operands.h"
 #include "cpu/cpu.h"
+#include "cpu/gelu.h"
 #include "cpu/layer.h"
 #include "util/bf16.h"
 #include "util/expf.h"
@@ -324,9 +325,6 @@ static const float *packed_wt(const lctx *c, const float *w) {
   return dst;
 }
 
-static const float GELU_C = 0.7978845608028654f; /* sqrt(2/pi) */
-static const float GELU_A = 0.044715f;
-
 /* Dropout's multiplier for row r (of this micro-batch) and element j: keyed
  * by the global row, so the mask does not depend on the split. */
 static float dropout_scale(const lctx *c, int r, int j) {
@@ -370,14 +368,11 @@ DP_SIMD_FN(relu_backward,
             size_t n),
            (y, dy, dx, n))
 
-/* gelu (tanh approximation) and tanh through dp__tanhf (util/tanh.h: the same bits
- * on every tier and on the CUDA kernels; vectorised, unlike libm's tanhf). */
+/* gelu (tanh approximation: cpu/gelu.h) and tanh through dp__tanhf (util/tanh.h: the same
+ * bits on every tier and on the CUDA kernels; vectorised, unlike libm's tanhf). */
 static inline DP_SIMD_BODY int gelu_forward_body(const float *restrict x, float *restrict y,
                                                  size_t n) {
-  for (size_t k = 0; k < n; k++) {
-    float v = x[k];
-    y[k] = 0.5f * v * (1.0f + dp__tanhf(GELU_C * (v + GELU_A * v * v * v)));
-  }
+  for (size_t k = 0; k < n; k++) y[k] = dp__gelu(x[k]);
   return 0;
 }
 DP_SIMD_FN512(gelu_forward, (const float *restrict x, float *restrict y, size_t n),
@@ -386,11 +381,7 @@ DP_SIMD_FN512(gelu_forward, (const float *restrict x, float *restrict y, size_t 
 static inline DP_SIMD_BODY int gelu_backward_body(const float *restrict x,
                                                   const float *restrict dy,
                                                   float *restrict dx, size_t n) {
-  for (size_t k = 0; k < n; k++) {
-    float v = x[k], t = dp__tanhf(GELU_C * (v + GELU_A * v * v * v));
-    float dt = (1.0f - t * t) * GELU_C * (1.0f + 3.0f * GELU_A * v * v);
-    dx[k] = dy[k] * (0.5f * (1.0f + t) + 0.5f * v * dt);
-  }
+  for (size_t k = 0; k < n; k++) dx[k] = dp__gelu_grad(x[k], dy[k]);
   return 0;
 }
 DP_SIMD_FN512(gelu_backward,

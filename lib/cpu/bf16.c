@@ -55,11 +55,7 @@ float dp__bf16_to_f32(dp_bf16 h) { return dp__bf16_widen(h); }
 /* Branch-free copies of the above, so that the loops vectorise. */
 static inline DP_SIMD_BODY int from_n_body(const float *restrict x, dp_bf16 *restrict y,
                                            size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    uint32_t u = f2u(x[i]);
-    uint32_t r = (u + 0x7fffu + (u >> 16 & 1u)) >> 16, q = (u >> 16 & 0x8000u) | 0x7fc0u;
-    y[i] = (dp_bf16)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
-  }
+  for (size_t i = 0; i < n; i++) y[i] = dp__bf16_rne_sel(x[i]);
   return 0;
 }
 DP_SIMD_FN(from_n, (const float *restrict x, dp_bf16 *restrict y, size_t n), (x, y, n))

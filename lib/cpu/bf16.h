@@ -139,6 +139,10 @@ bool dp__gemm_bf16_self_check(dp__bf16_pair_kern kern);
  * kernel (NULL: the instruction's); the self-check runs again when next
  * needed. The tier in use is not changed (dp__gemm_force_tier does). */
 void dp__gemm_bf16_hw_override(int has, dp__bf16_pair_kern kern);
+/* on: precision bf16's gelu, layernorm and residual adds (lib/cpu/mixed.c) take the
+ * generic way, their fp32 op on fp32 copies, instead of their own loops on
+ * the bf16 tensors (a test compares the two's bits). Set while no step runs. */
+void dp__mixed_force_shadow(bool on);
 
 #ifdef __cplusplus
 }

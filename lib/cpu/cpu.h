@@ -40,6 +40,12 @@ void dp__layernorm_forward(int n, int D, const float *x, const float *g, const f
                            float *st, float *y);
 void dp__layernorm_backward(int n, int D, const float *x, const float *st, const float *g,
                             const float *dy, float *dg, float *db, float *dx);
+/* The backward adding its rows' terms to dg and db: called on consecutive
+ * blocks of the rows in order, it gives the whole call's bits (each row's
+ * sums are its own; dg and db take the rows in order). */
+void dp__layernorm_backward_add(int n, int D, const float *x, const float *st,
+                                const float *g, const float *dy, float *dg, float *db,
+                                float *dx);
 
 /* lib/cpu/sequence.c. The embedding: y (n, T, D) from ids (n, T) (checked
  * integers below the vocabulary) and w (tokens (V, D), then positions (T, D));

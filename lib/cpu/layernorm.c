@@ -176,6 +176,12 @@ void dp__layernorm_forward(int n, int D, const float *x, const float *g, const f
 void dp__layernorm_backward(int n, int D, const float *x, const float *st, const float *g,
                             const float *dy, float *dg, float *db, float *dx) {
   for (int k = 0; k < D; k++) dg[k] = db[k] = 0.0f;
+  dp__layernorm_backward_add(n, D, x, st, g, dy, dg, db, dx);
+}
+
+void dp__layernorm_backward_add(int n, int D, const float *x, const float *st,
+                                const float *g, const float *dy, float *dg, float *db,
+                                float *dx) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (dp__simd_avx512()) {
     for (int r0 = 0; r0 < n; r0 += 16) backward16(r0, n, D, x, st, g, dy, dg, db, dx);

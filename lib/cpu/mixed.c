@@ -10,7 +10,9 @@
  * torch.autocast's bf16 linear and the cast back to the fp32 parameter give.
  * Every other layer runs its fp32 op (lib/cpu/backend.c) on fp32 copies of its
  * bf16 operands in the workspace's shadow area and rounds what it writes back
- * to bf16 (round to nearest even); conv2d reads its weights rounded to bf16
+ * to bf16 (round to nearest even), but for gelu, layernorm and the residual
+ * blocks' adds, which run on the bf16 tensors with the same bits (below:
+ * "the bf16 tensors themselves"); conv2d reads its weights rounded to bf16
  * and rounds its weight gradients, as autocast's bf16 convolution. Batchnorm
  * keeps its weight gradients fp32 (autocast's batch_norm on a bf16 input with
  * fp32 weights: an fp32 computation, a bf16 output), and its sync statistics
@@ -20,6 +22,8 @@
  * own workspace from offset 0; the forward's packed bf16 weights (several
  * micro-batches); the shadow area, one layer op's fp32 copies. */
 #include "cpu/bf16.h"
+#include "cpu/gelu.h"
+#include "cpu/gemm.h"
 #include "cpu/layer.h"
 #include "util/bf16.h"
 
@@ -236,7 +240,14 @@ static dp_status shadow_one(const lctx *c, const ws_layout *L, float *grads) {
    * gradient reaches a layer's bf16 output rounded (the cast's backward) */
   ok &= widen(c, &sh, c->o.in, true, conv, &s.o.in);
   ok &= widen(c, &sh, c->o.skip, true, false, &s.o.skip);
-  ok &= widen(c, &sh, c->o.out, bwd, false, &s.o.out);
+  /* the backward reads its output only for these (dp__cpu_backward); else it
+   * has none: its bytes may be the output gradient's by then (the planner
+   * reuses dead activations), whose copy must not be the output's */
+  dp_layer_kind k = c->l->kind;
+  if (!bwd || k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID)
+    ok &= widen(c, &sh, c->o.out, bwd, false, &s.o.out);
+  else
+    s.o.out = DP_SPAN_NONE;
   if (bwd) {
     ok &= widen(c, &sh, c->o.din, din_read, false, &s.o.din);
     ok &= widen(c, &sh, c->o.dout, true, true, &s.o.dout);
@@ -414,6 +425,208 @@ dp_status dp__mixed_bn_sums(const lctx *c, const dp_op *op) {
   return dp__cpu_bn_sums(&s, op);
 }
 
+/* ---- layers on the bf16 tensors themselves ---- */
+
+/* gelu and a residual block's add (its end's forward, its begin's backward)
+ * and copy (its end's backward), when every tensor they touch is bf16: each
+ * element widened as it is read, then the fp32 op's operations (cpu/gelu.h,
+ * one add) and the store's rounding: the shadowed op's operations on the same
+ * values, so its bits, without the passes of the fp32 copies (through them a
+ * gelu took 1.3x its fp32 time, a residual add 3x). */
+static _Atomic bool force_shadow;
+void dp__mixed_force_shadow(bool on) { force_shadow = on; }
+
+/* gelu's loops go through a block of fp32 values on the stack: a loop that
+ * converts and computes at once vectorises at half the width here (8 lanes,
+ * as the 16-bit lanes take), a third slower on gelu's arithmetic */
+#define BLOCK 256
+
+static inline DP_SIMD_BODY int gelu_bf16_body(const dp_bf16 *restrict x,
+                                              dp_bf16 *restrict y, size_t n) {
+  float t[BLOCK];
+  for (size_t k0 = 0; k0 < n; k0 += BLOCK) {
+    size_t m = n - k0 < BLOCK ? n - k0 : BLOCK;
+    for (size_t k = 0; k < m; k++) t[k] = dp__bf16_widen(x[k0 + k]);
+    for (size_t k = 0; k < m; k++) t[k] = dp__gelu(t[k]);
+    for (size_t k = 0; k < m; k++) y[k0 + k] = dp__bf16_rne_sel(t[k]);
+  }
+  return 0;
+}
+DP_SIMD_FN512(gelu_bf16, (const dp_bf16 *restrict x, dp_bf16 *restrict y, size_t n),
+              (x, y, n))
+
+static inline DP_SIMD_BODY int gelu_grad_bf16_body(const dp_bf16 *restrict x,
+                                                   const dp_bf16 *restrict dy,
+                                                   dp_bf16 *restrict dx, size_t n) {
+  float t[BLOCK], g[BLOCK];
+  for (size_t k0 = 0; k0 < n; k0 += BLOCK) {
+    size_t m = n - k0 < BLOCK ? n - k0 : BLOCK;
+    for (size_t k = 0; k < m; k++) t[k] = dp__bf16_widen(x[k0 + k]);
+    for (size_t k = 0; k < m; k++) g[k] = dp__bf16_widen(dy[k0 + k]);
+    for (size_t k = 0; k < m; k++) t[k] = dp__gelu_grad(t[k], g[k]);
+    for (size_t k = 0; k < m; k++) dx[k0 + k] = dp__bf16_rne_sel(t[k]);
+  }
+  return 0;
+}
+DP_SIMD_FN512(gelu_grad_bf16,
+              (const dp_bf16 *restrict x, const dp_bf16 *restrict dy, dp_bf16 *restrict dx,
+               size_t n),
+              (x, dy, dx, n))
+
+/* y = a + b; y += b */
+static inline DP_SIMD_BODY int add_bf16_body(const dp_bf16 *restrict a,
+                                             const dp_bf16 *restrict b, dp_bf16 *restrict y,
+                                             size_t n) {
+  for (size_t k = 0; k < n; k++)
+    y[k] = dp__bf16_rne_sel(dp__bf16_widen(a[k]) + dp__bf16_widen(b[k]));
+  return 0;
+}
+DP_SIMD_FN(add_bf16,
+           (const dp_bf16 *restrict a, const dp_bf16 *restrict b, dp_bf16 *restrict y,
+            size_t n),
+           (a, b, y, n))
+
+static inline DP_SIMD_BODY int add_to_bf16_body(dp_bf16 *restrict y,
+                                                const dp_bf16 *restrict b, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    y[k] = dp__bf16_rne_sel(dp__bf16_widen(y[k]) + dp__bf16_widen(b[k]));
+  return 0;
+}
+DP_SIMD_FN(add_to_bf16, (dp_bf16 *restrict y, const dp_bf16 *restrict b, size_t n),
+           (y, b, n))
+
+/* y = x widened and rounded back: x, a NaN made the quiet NaN of its sign */
+static inline DP_SIMD_BODY int copy_bf16_body(const dp_bf16 *restrict x,
+                                              dp_bf16 *restrict y, size_t n) {
+  for (size_t k = 0; k < n; k++) y[k] = dp__bf16_rne_sel(dp__bf16_widen(x[k]));
+  return 0;
+}
+DP_SIMD_FN(copy_bf16, (const dp_bf16 *restrict x, dp_bf16 *restrict y, size_t n), (x, y, n))
+
+/* Whether the spans given are all present and bf16. */
+static bool bf16_spans(int n, const dp_span *s) {
+  for (int k = 0; k < n; k++)
+    if (s[k].region < 0 || s[k].esz != 2) return false;
+  return true;
+}
+
+static dp_bf16 *bptr(const lctx *c, dp_span s) { return (dp_bf16 *)(void *)ptr(c, s); }
+
+/* layernorm on the bf16 tensors: blocks of rows (positions) widened into the
+ * shadow area, the fp32 op on them (its statistics and weight gradients are
+ * fp32 anyway), its results rounded back, while the block is in the caches
+ * (the shadowed op makes fp32 copies of the whole micro-batch: a layernorm
+ * had 1.4x its fp32 time). Block by block, the fp32 op gives the whole
+ * call's bits (cpu.h); blocks of a multiple of 16 rows fill the AVX-512
+ * tier's 16-row groups. */
+#define LN_BLOCK_BYTES ((size_t)64 << 10)
+
+/* The rows of one block of width D, and the fp32 buffers of `nbuf` blocks at
+ * *buf; false when the shadow area cannot hold them. */
+static bool ln_blocks(const lctx *c, int n, int D, int nbuf, int *rows, float **buf) {
+  ws_layout L;
+  if (op_layout(c, &L)) return false;
+  size_t r = LN_BLOCK_BYTES / ((size_t)D * 4) / 16 * 16;
+  *rows = (int)(r < 16 ? 16 : r < (size_t)n ? r : (size_t)n);
+  size_t stride = up64((size_t)*rows * D * 4);
+  *buf =
+      (float *)(void *)((unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) +
+                        L.shadow_at);
+  return L.shadow_at + (size_t)nbuf * stride <= L.total;
+}
+
+static bool ln_forward_bf16(const lctx *c) {
+  const dp_layer_operands *o = &c->o;
+  if (!bf16_spans(2, (dp_span[]){o->in, o->out}) || o->stats.region < 0) return false;
+  int n = c->rows * dp__positions(c->l), D = dp__pos_out(c->l), R;
+  float *xb;
+  if (!ln_blocks(c, n, D, 2, &R, &xb)) return false;
+  float *yb = xb + up64((size_t)R * D * 4) / 4, *st = layer_stats(c);
+  const float *g = layer_params(c), *b = g + D;
+  const dp_bf16 *x = bptr(c, o->in);
+  dp_bf16 *y = bptr(c, o->out);
+  for (int r0 = 0; r0 < n; r0 += R) {
+    int m = n - r0 < R ? n - r0 : R;
+    size_t at = (size_t)r0 * D, cnt = (size_t)m * D;
+    dp__bf16_to_f32_n(x + at, xb, cnt);
+    dp__layernorm_forward(m, D, xb, g, b, st + 2 * (size_t)r0, yb);
+    dp__bf16_from_f32_n(yb, y + at, cnt);
+  }
+  return true;
+}
+
+static bool ln_backward_bf16(const lctx *c, float *grads) {
+  const dp_layer_operands *o = &c->o;
+  bool dx = o->din.region >= 0;
+  if (!bf16_spans(2, (dp_span[]){o->in, o->dout}) || (dx && o->din.esz != 2) ||
+      o->stats.region < 0)
+    return false;
+  int n = c->rows * dp__positions(c->l), D = dp__pos_out(c->l), R;
+  float *xb;
+  if (!ln_blocks(c, n, D, 3, &R, &xb)) return false;
+  size_t stride = up64((size_t)R * D * 4) / 4;
+  float *dyb = xb + stride, *dxb = dyb + stride, *dg = grads + c->l->param_off,
+        *db = dg + D;
+  const float *st = layer_stats(c), *g = layer_params(c);
+  const dp_bf16 *x = bptr(c, o->in), *dy = bptr(c, o->dout);
+  for (int k = 0; k < D; k++) dg[k] = db[k] = 0.0f;
+  for (int r0 = 0; r0 < n; r0 += R) {
+    int m = n - r0 < R ? n - r0 : R;
+    size_t at = (size_t)r0 * D, cnt = (size_t)m * D;
+    dp__bf16_to_f32_n(x + at, xb, cnt);
+    dp__bf16_to_f32_n(dy + at, dyb, cnt);
+    dp__layernorm_backward_add(m, D, xb, st + 2 * (size_t)r0, g, dyb, dg, db,
+                               dx ? dxb : NULL);
+    if (dx) dp__bf16_from_f32_n(dxb, bptr(c, o->din) + at, cnt);
+  }
+  return true;
+}
+
+/* Layer c's forward on its bf16 tensors: false when it has none (the shadowed
+ * op runs). */
+static bool native_forward(const lctx *c) {
+  const dp_layer_operands *o = &c->o;
+  size_t n = (size_t)c->rows * c->l->out;
+  if (force_shadow) return false;
+  if (c->l->kind == DP_LAYER_GELU && bf16_spans(2, (dp_span[]){o->in, o->out})) {
+    gelu_bf16(bptr(c, o->in), bptr(c, o->out), n);
+    return true;
+  }
+  if (c->l->kind == DP_LAYER_LAYERNORM) return ln_forward_bf16(c);
+  if (c->l->kind == DP_LAYER_RESIDUAL_END &&
+      bf16_spans(3, (dp_span[]){o->skip, o->in, o->out})) {
+    add_bf16(bptr(c, o->skip), bptr(c, o->in), bptr(c, o->out), n); /* x + f(x) */
+    return true;
+  }
+  return false;
+}
+
+/* The same for the backward; an input gradient not asked for is no work. */
+static bool native_backward(const lctx *c, float *grads) {
+  const dp_layer_operands *o = &c->o;
+  size_t n = (size_t)c->rows * c->l->out;
+  if (force_shadow) return false;
+  switch (c->l->kind) {
+  case DP_LAYER_GELU:
+    if (o->din.region < 0) return true;
+    if (!bf16_spans(3, (dp_span[]){o->in, o->dout, o->din})) return false;
+    gelu_grad_bf16(bptr(c, o->in), bptr(c, o->dout), bptr(c, o->din), n);
+    return true;
+  case DP_LAYER_LAYERNORM: return ln_backward_bf16(c, grads);
+  case DP_LAYER_RESIDUAL_END:
+    if (o->din.region < 0) return true;
+    if (!bf16_spans(2, (dp_span[]){o->dout, o->din})) return false;
+    copy_bf16(bptr(c, o->dout), bptr(c, o->din), n);
+    return true;
+  case DP_LAYER_RESIDUAL: /* its input's gradient, in place, += the block output's */
+    if (o->din.region < 0 || o->skip.region < 0) return true;
+    if (!bf16_spans(2, (dp_span[]){o->din, o->skip})) return false;
+    add_to_bf16(bptr(c, o->din), bptr(c, o->skip), n);
+    return true;
+  default: return false;
+  }
+}
+
 /* ---- the layer ops ---- */
 
 dp_status dp__mixed_forward(const lctx *c) {
@@ -421,11 +634,13 @@ dp_status dp__mixed_forward(const lctx *c) {
   if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
   if (k == DP_LAYER_LINEAR) return linear_forward(c);
   if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return DP_OK; /* the linear did */
+  if (native_forward(c)) return DP_OK;
   return shadow_run(c, NULL);
 }
 
 dp_status dp__mixed_backward(const lctx *c, float *grads) {
   dp_layer_kind k = c->l->kind;
+  if (native_backward(c, grads)) return DP_OK;
   if (k == DP_LAYER_RESIDUAL) return shadow_run(c, grads);
   if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
   if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK; /* the linear after it does it */

@@ -29,6 +29,15 @@ DP_BF16_FN float dp__bf16_widen(uint16_t h) {
   return x;
 }
 
+/* dp__bf16_rne with integer selects for its branch, so that loops of it
+ * vectorise */
+DP_BF16_FN uint16_t dp__bf16_rne_sel(float x) {
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = ((u >> 16) & 0x8000u) | 0x7fc0u;
+  return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
 /* x rounded to bf16, as an fp32 value */
 DP_BF16_FN float dp__bf16_roundf(float x) { return dp__bf16_widen(dp__bf16_rne(x)); }
 
