@@ -6,7 +6,8 @@
  * (the sums), one rounding per operation. Every tier this CPU has gives those
  * bits, on widths that are and are not multiples of 16, reads nothing above
  * the diagonal or outside its rows and writes nothing past its outputs; with
- * NaNs and infinities in the data, any NaN stands for a NaN. */
+ * NaNs and infinities in the data, any NaN stands for a NaN. And the
+ * attention's causal products by blocks of rows against whole products. */
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
 #include "helpers.h"
@@ -357,6 +358,77 @@ START_TEST(softmax_xent_is_the_definition_on_every_tier) {
 }
 END_TEST
 
+/* ---- attention's causal products (lib/cpu/sequence.c) ---- */
+
+/* One head of the attention on whole products (dp__sgemm over all T rows and
+ * columns, the probabilities' upper triangle zeros): the forward's p and y,
+ * then the backward's dq, dk, dv. */
+static void ref_head(int T, int hd, int D, float scale, const float *q, const float *k,
+                     const float *v, const float *dy, float *p, float *y, float *dq,
+                     float *dk, float *dv) {
+  size_t n = (size_t)T * T;
+  float *ds = blank(n);
+  dp__sgemm(0, 1, T, T, hd, q, 3 * D, k, 3 * D, p, T, NULL, NULL);
+  dp__causal_softmax(p, T, scale);
+  for (int i = 0; i < T; i++)
+    for (int j = i + 1; j < T; j++) p[(size_t)i * T + j] = 0.0f;
+  dp__sgemm(0, 0, T, hd, T, p, T, v, 3 * D, y, D, NULL, NULL);
+  dp__sgemm(1, 0, T, hd, T, p, T, dy, D, dv, 3 * D, NULL, NULL);
+  dp__sgemm(0, 1, T, T, hd, dy, D, v, 3 * D, ds, T, NULL, NULL);
+  dp__causal_softmax_backward(p, ds, T, scale);
+  for (int i = 0; i < T; i++)
+    for (int j = i + 1; j < T; j++) ds[(size_t)i * T + j] = 0.0f;
+  dp__sgemm(0, 0, T, hd, T, ds, T, k, 3 * D, dq, 3 * D, NULL, NULL);
+  dp__sgemm(1, 0, T, hd, T, ds, T, q, 3 * D, dk, 3 * D, NULL, NULL);
+  free(ds);
+}
+
+/* The attention computes its causal products by blocks of rows (of a size
+ * that depends on the context), only up to each block's last row: every
+ * value has the whole products' bits on every tier, for contexts that are
+ * and are not multiples of the blocks, on finite data. */
+START_TEST(attention_blocks_give_the_whole_products_bits) {
+  static const int Ts[] = {5, 64, 100, 127, 128, 130, 256};
+  int ran = 0;
+  for (int c = 0; c < (int)(sizeof Ts / sizeof Ts[0]); c++) {
+    int T = Ts[c], H = 2, hd = 8 + 8 * (c % 3), D = H * hd, n = 2;
+    dp_layer l = {.kind = DP_LAYER_ATTENTION, .t = T, .c = D, .heads = H};
+    float scale = 1.0f / sqrtf((float)hd);
+    size_t nq = (size_t)n * T * 3 * D, ny = (size_t)n * T * D, np = (size_t)n * H * T * T;
+    float *qkv = filled(nq, 2.0f, false), *dy = filled(ny, 1.0f, false);
+    float *p = blank(np), *y = blank(ny), *dqkv = blank(nq);
+    for (int r = 0; r < n; r++)
+      for (int h = 0; h < H; h++) {
+        size_t at = (size_t)r * T * 3 * D + (size_t)h * hd, ay = (size_t)r * T * D + h * hd;
+        ref_head(T, hd, D, scale, qkv + at, qkv + at + D, qkv + at + 2 * D, dy + ay,
+                 p + ((size_t)r * H + h) * T * T, y + ay, dqkv + at, dqkv + at + D,
+                 dqkv + at + 2 * D);
+      }
+    size_t wsb = dp__attention_workspace_bytes(&l, true);
+    void *ws = malloc(wsb);
+    for (int t = 0; t < 3; t++) {
+      if (dp__gemm_force_tier(tiers[t]) != 0) continue; /* not on this CPU */
+      ran++;
+      float *p2 = copy(p, np), *y2 = blank(ny), *d2 = blank(nq);
+      ck_assert(dp__attention_forward(&l, n, qkv, p2, y2, NULL, ws, wsb));
+      for (size_t i = 0; i < np; i++) { /* the lower triangles: the softmax's output */
+        size_t row = i / T % T, col = i % T;
+        if (col <= row && memcmp(&p2[i], &p[i], 4) != 0)
+          ck_abort_msg("T %d, tier %s: p[%zu] is %a, whole products %a", T, tiers[t], i,
+                       (double)p2[i], (double)p[i]);
+      }
+      same("attention y", y2, y, ny, T, tiers[t]);
+      ck_assert(dp__attention_backward(&l, n, qkv, p, dy, d2, NULL, ws, wsb));
+      same("attention dqkv", d2, dqkv, nq, T, tiers[t]);
+      free(p2), free(y2), free(d2);
+    }
+    free(ws), free(qkv), free(dy), free(p), free(y), free(dqkv);
+  }
+  dp__gemm_force_tier("auto");
+  ck_assert_int_ge(ran, 7);
+}
+END_TEST
+
 Suite *softmax_suite(void) {
   Suite *s = suite_create("softmax");
   TCase *tc = tcase_create("kernels");
@@ -368,6 +440,7 @@ Suite *softmax_suite(void) {
   tcase_add_test(tc, causal_softmax_is_the_definition_on_every_tier);
   tcase_add_test(tc, causal_softmax_backward_is_the_definition_on_every_tier);
   tcase_add_test(tc, softmax_xent_is_the_definition_on_every_tier);
+  tcase_add_test(tc, attention_blocks_give_the_whole_products_bits);
   suite_add_tcase(s, tc);
   return s;
 }

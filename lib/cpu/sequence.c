@@ -114,7 +114,13 @@ static float *packed_ws(const dp_layer *l, void *ws, size_t ws_bytes, size_t at)
  * element computed has the bits of the full (T, T) product: gemm.h gives a
  * sub-problem's element the whole problem's bits, and a chain whose leading
  * products are by exact zeros keeps its +0 start through them. */
-enum { CAUSAL_ROWS = 32 };
+static int causal_rows(int T) {
+  /* 48 = 4 row tiles of the AVX-512 tier (12 rows): no edge tile; on short
+   * contexts the columns a bigger block computes past the diagonal cost more
+   * (gpt_wide's T 256: forward 3%, backward 6% less time than 32 rows; T 64:
+   * 32 rows 5% faster; docs/PERFORMANCE.md, session 22) */
+  return T < 128 ? 32 : 48;
+}
 
 /* s (T, T) = a (T, hd) b (T, hd)^T for the columns j <= i of each row i (up to
  * its block's last row); the rest is left unwritten: the softmax and its
@@ -126,8 +132,9 @@ static void scores(int T, int hd, const float *a, int lda, const float *b, int l
    * blocks (packed_bytes) or the workspace is short. */
   bool pre = bp != NULL;
   if (pre) dp__gemm_pack_b(1, hd, T, b, ldb, bp);
-  for (int i0 = 0; i0 < T; i0 += CAUSAL_ROWS) {
-    int i1 = i0 + CAUSAL_ROWS < T ? i0 + CAUSAL_ROWS : T;
+  const int R = causal_rows(T);
+  for (int i0 = 0; i0 < T; i0 += R) {
+    int i1 = i0 + R < T ? i0 + R : T;
     dp__sgemm_pb(0, 1, i1 - i0, i1, hd, a + (size_t)i0 * lda, lda, b, ldb, pre ? bp : NULL,
                  s + (size_t)i0 * T, T, NULL, gw);
   }
@@ -140,8 +147,9 @@ static void scores(int T, int hd, const float *a, int lda, const float *b, int l
  * that includes a positive probability times a finite b). */
 static void lower(int T, int hd, const float *l, const float *b, int ldb, float *o, int ldo,
                   void *gw) {
-  for (int i0 = 0; i0 < T; i0 += CAUSAL_ROWS) {
-    int i1 = i0 + CAUSAL_ROWS < T ? i0 + CAUSAL_ROWS : T;
+  const int R = causal_rows(T);
+  for (int i0 = 0; i0 < T; i0 += R) {
+    int i1 = i0 + R < T ? i0 + R : T;
     dp__sgemm(0, 0, i1 - i0, hd, i1, l + (size_t)i0 * T, T, b, ldb, o + (size_t)i0 * ldo,
               ldo, NULL, gw);
   }
@@ -151,8 +159,9 @@ static void lower(int T, int hd, const float *l, const float *b, int ldb, float 
  * b (T, hd): row j of o sums rows i >= j only, o's rows ldo apart. */
 static void lower_t(int T, int hd, const float *l, const float *b, int ldb, float *o,
                     int ldo, void *gw) {
-  for (int j0 = 0; j0 < T; j0 += CAUSAL_ROWS) {
-    int j1 = j0 + CAUSAL_ROWS < T ? j0 + CAUSAL_ROWS : T;
+  const int R = causal_rows(T);
+  for (int j0 = 0; j0 < T; j0 += R) {
+    int j1 = j0 + R < T ? j0 + R : T;
     dp__sgemm(1, 0, j1 - j0, hd, T - j0, l + (size_t)j0 * T + j0, T, b + (size_t)j0 * ldb,
               ldb, o + (size_t)j0 * ldo, ldo, NULL, gw);
   }
