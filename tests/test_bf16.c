@@ -730,7 +730,9 @@ END_TEST
 
 START_TEST(colsum_is_an_ascending_row_sum) {
   for (int t = 0; t < 30; t++) {
-    int M = 1 + (int)rnd(200), N = 1 + (int)rnd(70), lda = N + (int)rnd(3);
+    /* widths of one vector to several */
+    int M = 1 + (int)rnd(200), N = t < 3 ? 64 * (t + 1) : 1 + (int)rnd(200),
+        lda = N + (int)rnd(3);
     dp_bf16 *A = xmalloc((size_t)M * lda * 2);
     float *out = xmalloc((size_t)N * 4);
     fill(A, DP_BF16_STORE_BF16, (size_t)M * lda, t % 2);

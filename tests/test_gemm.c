@@ -462,20 +462,28 @@ START_TEST(k_zero_gives_the_epilogue_of_zero) {
 }
 END_TEST
 
+/* on every tier, with widths of one vector to several */
 START_TEST(colsum_is_an_ascending_row_sum) {
   for (int t = 0; t < 20; t++) {
-    int M = 1 + (int)rnd(200), N = 1 + (int)rnd(70), lda = N + (int)rnd(3);
-    float *A = xmalloc((size_t)M * lda * 4), *out = xmalloc((size_t)N * 4);
+    int M = 1 + (int)rnd(200), N = t < 3 ? 64 * (t + 1) : 1 + (int)rnd(200),
+        lda = N + (int)rnd(3);
+    float *A = xmalloc((size_t)M * lda * 4), *out = xmalloc((size_t)(N + 1) * 4);
     for (int i = 0; i < M * lda; i++) A[i] = rndf();
-    dp__gemm_colsum(M, N, A, lda, out);
-    for (int j = 0; j < N; j++) {
-      float s = 0.0f;
-      for (int i = 0; i < M; i++) s += A[(size_t)i * lda + j];
-      REQ(memcmp(&s, &out[j], 4) == 0, "M %d N %d: column %d", M, N, j);
+    for (int ti = 0; ti < N_TIERS; ti++) {
+      if (!use_tier(TIERS[ti], "colsum_is_an_ascending_row_sum")) continue;
+      out[N] = 12345.0f;
+      dp__gemm_colsum(M, N, A, lda, out);
+      for (int j = 0; j < N; j++) {
+        float s = 0.0f;
+        for (int i = 0; i < M; i++) s += A[(size_t)i * lda + j];
+        REQ(memcmp(&s, &out[j], 4) == 0, "%s, M %d N %d: column %d", TIERS[ti], M, N, j);
+      }
+      REQ(out[N] == 12345.0f, "%s, M %d N %d: wrote past the sums", TIERS[ti], M, N);
     }
     free(A);
     free(out);
   }
+  dp__gemm_force_tier("auto");
 }
 END_TEST
 
