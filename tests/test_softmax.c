@@ -121,6 +121,20 @@ START_TEST(expf_accuracy) {
 }
 END_TEST
 
+/* dp__tanhf's e^(2|x|) has dp__expf's bits on its whole range, [+0, 20]
+ * (checked on every float there once, a throwaway program; here every 61st
+ * and the ends). */
+START_TEST(expf_0_20_is_expf) {
+  for (uint32_t b = 0; b <= 0x41a00000u; b += b < 0x41a00000u - 61 ? 61 : 1) {
+    float x = dp__f32_of(b);
+    uint32_t want = dp__f32_bits(dp__expf(x)), got = dp__f32_bits(dp__expf_0_20(x));
+    if (got != want)
+      ck_abort_msg("dp__expf_0_20(%a) is %a, dp__expf %a", (double)x,
+                   (double)dp__f32_of(got), (double)dp__f32_of(want));
+  }
+}
+END_TEST
+
 /* ---- dp__tanhf ----------------------------------------------------------------- */
 
 /* Measured over every positive float (a throwaway program, glibc's tanh in
@@ -435,6 +449,7 @@ Suite *softmax_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, expf_accuracy);
   tcase_add_test(tc, expf_special_values);
+  tcase_add_test(tc, expf_0_20_is_expf);
   tcase_add_test(tc, tanhf_accuracy);
   tcase_add_test(tc, tanhf_special_values);
   tcase_add_test(tc, causal_softmax_is_the_definition_on_every_tier);

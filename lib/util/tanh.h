@@ -29,7 +29,7 @@ DP_FMATH_FN float dp__tanhf(float x) {
   q = DP_FA(DP_FM(q, u), 0.13333210349082947f);
   q = DP_FA(DP_FM(q, u), -0.3333333134651184f);
   float tp = DP_FA(a, DP_FM(DP_FM(a, u), q));
-  float e = dp__expf(DP_FA(a, a));
+  float e = dp__expf_0_20(DP_FA(a, a)); /* 2a in [0, 20] */
   float te = DP_FS(1.0f, DP_FD(2.0f, DP_FA(e, 1.0f)));
   uint32_t tb = (dp__f32_bits(tp) & small) | (dp__f32_bits(te) & ~small);
   tb |= xb & 0x80000000u;
