@@ -238,9 +238,9 @@ static dp_status shadow_run(dev_ctx *x, const lay &c, float *grads, int global_r
   lay k = c;
   bool bwd = grads != NULL, ok = true, conv = c.l->kind == DP_LAYER_CONV2D;
   /* conv2d rounds the model's fp32 input; the loss's fp32 gradient arrives
-   * rounded (lib/cpu/mixed.c) */
+   * rounded, at a block's begin too (lib/cpu/mixed.c) */
   ok &= widen_span(x, c, &sh, c.o.in, true, conv, &k.o.in);
-  ok &= widen_span(x, c, &sh, c.o.skip, true, false, &k.o.skip);
+  ok &= widen_span(x, c, &sh, c.o.skip, true, bwd, &k.o.skip);
   ok &= widen_span(x, c, &sh, c.o.out, bwd, false, &k.o.out);
   if (bwd) { /* a residual block's begin adds to its input's gradient in place */
     ok &= widen_span(x, c, &sh, c.o.din, c.l->kind == DP_LAYER_RESIDUAL, false, &k.o.din);

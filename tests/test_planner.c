@@ -932,8 +932,10 @@ static void sim_op(sim *s, const dp_op *op) {
     if (op->kind == DP_OP_BN_STATS || op->kind == DP_OP_BN_BWD_STATS)
       REQ(sync, "op %d: %s of layer %d", s->op, dp_op_kind_name(op->kind), i);
     /* a residual's start is a view, but its backward adds its end's output
-     * gradient into its input's: that gradient must still be live there */
-    if (l->kind == DP_LAYER_RESIDUAL && op->kind == DP_OP_BACKWARD && o >= 0 && l->link > 0)
+     * gradient into its input's: that gradient must still be live there (the
+     * last layer's is OUTPUT_GRADS, no activation) */
+    if (l->kind == DP_LAYER_RESIDUAL && op->kind == DP_OP_BACKWARD && o >= 0 &&
+        l->link > 0 && l->link < L - 1)
       sim_dact(s, op, l->link, out, 0);
     if (is_view(m, i)) break; /* a view runs nothing */
     /* a residual's end reads its block's input, written long before */
@@ -2360,6 +2362,31 @@ START_TEST(flatten_is_a_view_without_memory) {
   dp_model_free(a);
   dp_model_free(f);
   dp_model_free(g);
+}
+END_TEST
+
+/* A residual block may end a model: its begin's skip, the loss's output
+ * gradient, is the backward's alone, and an inference plan has none (its
+ * context failed verification); in fp32 and bf16, training and inference, the
+ * context opens and a forward runs. */
+START_TEST(a_residual_block_may_end_the_model) {
+  dp_model *m = model_of("input 12\nlinear 16\ngelu\nlinear 5\nresidual\nlayernorm\n"
+                         "linear 5\nend\nloss softmax_cross_entropy\n");
+  float x[4 * 12], y[4 * 5];
+  for (int k = 0; k < 4 * 12; k++) x[k] = (float)(k % 7) - 3.0f;
+  for (int v = 0; v < 4; v++) {
+    dp_config c = config_of(4, 2, DP_OPT_SGD);
+    c.inference = v & 1;
+    c.precision = v & 2 ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+    dp_plan *p = plan_of(m, &c);
+    if (!(v & 2)) check_plan(p); /* its byte counts are fp32's */
+    dp_ctx *ctx = ctx_of(p);
+    REQ(dp_forward(ctx, 4, 12, x, y) == DP_OK, "%s", dp_ctx_error(ctx));
+    for (int k = 0; k < 4 * 5; k++) REQ(isfinite(y[k]), "variant %d: output %d", v, k);
+    dp_ctx_free(ctx);
+    dp_plan_free(p);
+  }
+  dp_model_free(m);
 }
 END_TEST
 
@@ -3852,6 +3879,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, recompute_halves_the_activations_of_a_wide_mlp);
   tcase_add_test(tc, recompute_values_are_checked);
   tcase_add_test(tc, random_inference_plans_without_loss_keep_every_invariant);
+  tcase_add_test(tc, a_residual_block_may_end_the_model);
   tcase_add_test(tc, deep_models_with_many_micro_batches_keep_every_invariant);
   tcase_add_test(tc, smaller_batches_keep_the_planned_cut_points_and_fit);
   tcase_add_test(tc, grad_partials_hold_only_the_slots_the_tree_uses);

@@ -491,19 +491,24 @@ static const char WIDER_GPT_SPEC[] =
     "input tokens 6\nembed 11 520\n"
     "residual\nlayernorm\nlinear 1560\nattention 4\nlinear 520\nend\n"
     "layernorm\nlinear 11\nloss softmax_cross_entropy\n";
-/* a residual block and a gelu as the last layers: their outputs are the
- * model's fp32 outputs (the shadowed ops run there) */
+/* a gelu, and a residual block, as the last layer: its output is the model's
+ * fp32 output (the shadowed ops run there: the end's add, and the begin's,
+ * whose skip is the loss's fp32 gradient) */
 static const char LAST_LAYERS_SPEC[] =
     "input 12\nlinear 16\nresidual\nlayernorm\nlinear 16\ngelu\nlinear 16\nend\n"
     "residual\ngelu\nend\nlinear 5\ngelu\nloss softmax_cross_entropy\n";
+static const char RESIDUAL_LAST_SPEC[] =
+    "input 12\nlinear 16\ngelu\nlinear 5\nresidual\nlayernorm\nlinear 5\nend\n"
+    "loss softmax_cross_entropy\n";
 
 static const struct {
   const char *spec;
   int cols;
   bool tokens;
-} OWN_LOOPS[] = {{WIDE_GPT_SPEC, GPT_T, true}, {WIDER_GPT_SPEC, GPT_T, true},
-                 {GPT_SPEC, GPT_T, true},      {MLP_EVERY_KIND_SPEC, 12, false},
-                 {BN_MLP_SPEC, 12, false},     {LAST_LAYERS_SPEC, 12, false}};
+} OWN_LOOPS[] = {{WIDE_GPT_SPEC, GPT_T, true},   {WIDER_GPT_SPEC, GPT_T, true},
+                 {GPT_SPEC, GPT_T, true},        {MLP_EVERY_KIND_SPEC, 12, false},
+                 {BN_MLP_SPEC, 12, false},       {LAST_LAYERS_SPEC, 12, false},
+                 {RESIDUAL_LAST_SPEC, 12, false}};
 
 /* The forward's outputs on rows with NaNs of both signs (and payloads),
  * infinities and denormals in their inputs. */
@@ -539,7 +544,9 @@ START_TEST(own_loops_give_the_shadowed_ops_bits) {
       dp__mixed_force_shadow(true);
       uint64_t want = train_hash(spec, c, OWN_LOOPS[_i].cols, OWN_LOOPS[_i].tokens);
       dp__mixed_force_shadow(false);
+      unsigned long runs = dp__mixed_own_runs();
       uint64_t got = train_hash(spec, c, OWN_LOOPS[_i].cols, OWN_LOOPS[_i].tokens);
+      ck_assert_msg(dp__mixed_own_runs() > runs, "spec %d: no op ran on bf16 tensors", _i);
       ck_assert_msg(got == want, "spec %d, tier %s, %d devices: %016llx, shadowed %016llx",
                     _i, tiers[t], devs, (unsigned long long)got, (unsigned long long)want);
     }
@@ -561,6 +568,26 @@ START_TEST(own_loops_give_the_shadowed_ops_bits) {
 }
 END_TEST
 
+/* The loss's fp32 gradient reaches a model's last layer rounded to bf16, as
+ * autocast's cast of the bf16 output gives it: a residual block ending the
+ * model included, on both of its paths (the block's begin adds it to its
+ * input's gradient): the same bits as with a dropout of 0 after the block,
+ * whose input gradient is that gradient rounded. */
+START_TEST(a_residual_block_ending_the_model_gets_the_rounded_gradient) {
+  static const char body[] = "input 12\nlinear 16\ngelu\nlinear 5\n"
+                             "residual\nlayernorm\nlinear 5\nend\n";
+  char a[256], b[256];
+  snprintf(a, sizeof a, "%sloss softmax_cross_entropy\n", body);
+  snprintf(b, sizeof b, "%sdropout 0\nloss softmax_cross_entropy\n", body);
+  for (int devs = 1; devs <= 2; devs++) {
+    dp_config c = bf16_cfg(32, devs, 16);
+    uint64_t ha = train_hash(a, c, 12, false), hb = train_hash(b, c, 12, false);
+    ck_assert_msg(ha == hb, "%d devices: %016llx, with a dropout of 0 after: %016llx", devs,
+                  (unsigned long long)ha, (unsigned long long)hb);
+  }
+}
+END_TEST
+
 Suite *precision_suite(void) {
   Suite *s = suite_create("precision");
   TCase *tc = tcase_create("bf16");
@@ -575,6 +602,7 @@ Suite *precision_suite(void) {
   tcase_add_test(tc, bench_gemm_bf16_times_and_refuses);
   tcase_add_loop_test(tc, own_loops_give_the_shadowed_ops_bits, 0,
                       (int)(sizeof OWN_LOOPS / sizeof OWN_LOOPS[0]));
+  tcase_add_test(tc, a_residual_block_ending_the_model_gets_the_rounded_gradient);
   suite_add_tcase(s, tc);
   tc = tcase_create("reduce_bf16");
   tcase_set_timeout(tc, 300);

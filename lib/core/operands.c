@@ -80,8 +80,10 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
     int so = dp__skip_owner(m, i);
     o->skip = so < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->out, 4)
                      : act_rows(p, op, so, false, j, rows, l->out);
-  } else if (l->kind == DP_LAYER_RESIDUAL && own >= 0 && l->link > 0) {
-    /* the gradient of the block's output, which reaches x past the block */
+  } else if (l->kind == DP_LAYER_RESIDUAL && own >= 0 && l->link > 0 && !p->cfg.inference) {
+    /* the gradient of the block's output, which reaches x past the block (an
+     * inference plan has none: a block ending the model named the 0 bytes of
+     * OUTPUT_GRADS, and its context failed verification) */
     int e = l->link;
     o->skip = e == L - 1 ? slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out, 4)
                          : dact_rows(p, d, e, j, rows, l->out);

@@ -27,6 +27,7 @@
 #include "cpu/layer.h"
 #include "util/bf16.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 typedef struct {
@@ -237,9 +238,10 @@ static dp_status shadow_one(const lctx *c, const ws_layout *L, float *grads) {
   /* a residual block's begin adds to its input's gradient in place */
   bool din_read = c->l->kind == DP_LAYER_RESIDUAL;
   /* autocast's bf16 convolution rounds the model's fp32 input; the loss's fp32
-   * gradient reaches a layer's bf16 output rounded (the cast's backward) */
+   * gradient reaches a layer's bf16 output rounded (the cast's backward), and
+   * so the begin of a block that ends the model (its skip: that gradient) */
   ok &= widen(c, &sh, c->o.in, true, conv, &s.o.in);
-  ok &= widen(c, &sh, c->o.skip, true, false, &s.o.skip);
+  ok &= widen(c, &sh, c->o.skip, true, bwd, &s.o.skip);
   /* the backward reads its output only for these (dp__cpu_backward); else it
    * has none: its bytes may be the output gradient's by then (the planner
    * reuses dead activations), whose copy must not be the output's */
@@ -434,7 +436,9 @@ dp_status dp__mixed_bn_sums(const lctx *c, const dp_op *op) {
  * values, so its bits, without the passes of the fp32 copies (through them a
  * gelu took 1.3x its fp32 time, a residual add 3x). */
 static _Atomic bool force_shadow;
+static _Atomic unsigned long own_runs; /* the ops that ran below (a test reads it) */
 void dp__mixed_force_shadow(bool on) { force_shadow = on; }
+unsigned long dp__mixed_own_runs(void) { return own_runs; }
 
 /* gelu's loops go through a block of fp32 values on the stack: a loop that
  * converts and computes at once vectorises at half the width here (8 lanes,
@@ -473,7 +477,8 @@ DP_SIMD_FN512(gelu_grad_bf16,
                size_t n),
               (x, dy, dx, n))
 
-/* y = a + b; y += b */
+/* y = a + b; y += b. (Of two NaNs, which one's sign the sum keeps is the
+ * instruction's choice of operand: not pinned, as nowhere else.) */
 static inline DP_SIMD_BODY int add_bf16_body(const dp_bf16 *restrict a,
                                              const dp_bf16 *restrict b, dp_bf16 *restrict y,
                                              size_t n) {
@@ -527,7 +532,8 @@ static bool ln_blocks(const lctx *c, int n, int D, int nbuf, int *rows, float **
   ws_layout L;
   if (op_layout(c, &L)) return false;
   size_t r = LN_BLOCK_BYTES / ((size_t)D * 4) / 16 * 16;
-  *rows = (int)(r < 16 ? 16 : r < (size_t)n ? r : (size_t)n);
+  r = r < 16 ? 16 : r;
+  *rows = (int)(r < (size_t)n ? r : (size_t)n);
   size_t stride = up64((size_t)*rows * D * 4);
   *buf =
       (float *)(void *)((unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) +
@@ -634,13 +640,19 @@ dp_status dp__mixed_forward(const lctx *c) {
   if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
   if (k == DP_LAYER_LINEAR) return linear_forward(c);
   if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return DP_OK; /* the linear did */
-  if (native_forward(c)) return DP_OK;
+  if (native_forward(c)) {
+    atomic_fetch_add_explicit(&own_runs, 1, memory_order_relaxed);
+    return DP_OK;
+  }
   return shadow_run(c, NULL);
 }
 
 dp_status dp__mixed_backward(const lctx *c, float *grads) {
   dp_layer_kind k = c->l->kind;
-  if (native_backward(c, grads)) return DP_OK;
+  if (native_backward(c, grads)) {
+    atomic_fetch_add_explicit(&own_runs, 1, memory_order_relaxed);
+    return DP_OK;
+  }
   if (k == DP_LAYER_RESIDUAL) return shadow_run(c, grads);
   if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
   if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK; /* the linear after it does it */
