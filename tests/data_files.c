@@ -82,6 +82,24 @@ int idx_write(const char *path, const uint32_t *dims, int nd, const unsigned cha
   return 1;
 }
 
+int gz_write_zeros(const char *path, const void *head, size_t hn, size_t zeros) {
+#ifdef DPT_HAVE_ZLIB
+  static const unsigned char z0[4096];
+  gzFile z = gzopen(path, "wb9");
+  ck_assert_ptr_nonnull(z);
+  ck_assert_int_eq(gzwrite(z, head, (unsigned)hn), (int)hn);
+  for (size_t k = 0; k < zeros; k += sizeof z0) {
+    unsigned m = (unsigned)(zeros - k < sizeof z0 ? zeros - k : sizeof z0);
+    ck_assert_int_eq(gzwrite(z, z0, m), (int)m);
+  }
+  ck_assert_int_eq(gzclose(z), Z_OK);
+  return 1;
+#else
+  (void)path, (void)head, (void)hn, (void)zeros;
+  return 0;
+#endif
+}
+
 int digits_arrays(float **x, int32_t **y) {
   dpt_dataset d;
   char err[256];

@@ -16,6 +16,9 @@ size_t npy_write(const char *path, const char *descr, int fortran, const uint64_
  * Returns 1 when written. */
 int idx_write(const char *path, const uint32_t *dims, int nd, const unsigned char *data,
               int gz);
+/* head (hn bytes) then `zeros` zero bytes, gzip'd into path: 1, or 0 without
+ * zlib (nothing written). */
+int gz_write_zeros(const char *path, const void *head, size_t hn, size_t zeros);
 /* Whether this build reads gzip'd files (DPT_HAVE_ZLIB). */
 int have_zlib(void);
 /* data/digits.csv (run from the repository root) as arrays: *x (rows x 64

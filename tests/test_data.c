@@ -983,6 +983,20 @@ START_TEST(binary_hostile_files_are_refused) {
     buf[3] = 0xff; /* reserved flag bits */
     file_put(gz, buf, n);
     REFUSED(gz, y, DP_ERR_PARSE, "%s: byte", gz);
+    /* decompressed no further than the header says: 64 MiB of zeros after a
+     * header of 12 bytes of data (64 KiB of gzip) stop at byte 25 */
+    unsigned char hd[12] = {0, 0, 0x08, 2, 0, 0, 0, R, 0, 0, 0, F};
+    gz_write_zeros(gz, hd, 12, (size_t)64 << 20);
+    REFUSED(gz, y, DP_ERR_PARSE,
+            "%s: decompresses to more than the 24 bytes its IDX header gives", gz);
+    /* a header giving more than the stream can hold, or than 2 GiB */
+    hd[5] = 0x10; /* 0x100004 rows of 3 bytes: 3 MiB from a stream of a few dozen */
+    gz_write_zeros(gz, hd, 12, 12);
+    REFUSED(gz, y, DP_ERR_PARSE,
+            "its IDX header gives 3145752 bytes, more than a gzip stream of");
+    hd[10] = 0x10; /* rows of 0x1003 bytes: 4 GiB */
+    gz_write_zeros(gz, hd, 12, 12);
+    REFUSED(gz, y, DP_ERR_RANGE, "its IDX header gives more than 2048 MiB of data");
   } else {
     file_put(gz, "\x1f\x8b\x08", 3);
     REFUSED(gz, y, DP_ERR_UNSUPPORTED, "built without zlib: gunzip it first");

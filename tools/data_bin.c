@@ -42,25 +42,84 @@ static void blob_free(blob *b) {
 }
 
 #ifdef DPT_HAVE_ZLIB
-/* The gzip stream in[0..n) (one member or several) into *b. */
+/* deflate's most: 1032 bytes out for a byte in (a run of one byte) */
+#define DEFLATE_RATIO 1032
+
+/* The bytes of a decompressed IDX file, by its header at out[0..len): 0 while
+ * the header is not all there yet, SIZE_MAX for bytes that are no IDX header
+ * (nothing to bound them by: idx_parse refuses them), GZ_MAX + 1 past
+ * GZ_MAX. A type idx_parse refuses counts a byte a value. */
+static size_t idx_total(const unsigned char *out, size_t len) {
+  if (len < 4) return 0;
+  if (out[0] || out[1] || out[3] < 1 || out[3] > 8) return SIZE_MAX;
+  size_t nd = out[3], hn = 4 + 4 * nd;
+  if (len < hn) return 0;
+  size_t total = out[2] == 0x0b                     ? 2
+                 : out[2] == 0x0c || out[2] == 0x0d ? 4
+                 : out[2] == 0x0e                   ? 8
+                                                    : 1;
+  for (size_t k = 0; k < nd; k++) {
+    const unsigned char *q = out + 4 + 4 * k;
+    size_t dim = (size_t)q[0] << 24 | (size_t)q[1] << 16 | (size_t)q[2] << 8 | q[3];
+    if (__builtin_mul_overflow(total, dim, &total) || total > GZ_MAX) return GZ_MAX + 1;
+  }
+  return total + hn > GZ_MAX ? GZ_MAX + 1 : total + hn;
+}
+
+/* Once the header of a gzip'd IDX file is out: the file's bytes it gives
+ * (*bound), refused when more than GZ_MAX or than n bytes of gzip stream can
+ * hold; so a stream that decompresses to more than its header says stops
+ * there (a few KiB of gzip inflating to GiB). */
+static dp_status idx_bound(const char *path, const unsigned char *out, size_t len, size_t n,
+                           size_t *bound, char *err, size_t errcap) {
+  size_t t = idx_total(out, len);
+  if (t == 0 || t == SIZE_MAX) {
+    *bound = t == 0 ? 0 : SIZE_MAX;
+    return DP_OK;
+  }
+  if (t > GZ_MAX)
+    return dpt_fail_status(DP_ERR_RANGE, err, errcap,
+                           "%s: its IDX header gives more than %zu MiB of data: gunzip it "
+                           "first (gunzip -k %s), and the plain file is mapped instead of "
+                           "read into memory",
+                           path, GZ_MAX >> 20, path);
+  if (t / DEFLATE_RATIO > n)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: its IDX header gives %zu bytes, more than a gzip stream of "
+                           "%zu bytes can hold (deflate: at most %d to 1): the file is cut "
+                           "short or its header is wrong",
+                           path, t, n, DEFLATE_RATIO);
+  *bound = t;
+  return DP_OK;
+}
+
+/* The gzip stream in[0..n) (one member or several) into *b; a gzip'd IDX file
+ * no further than its header's size (idx_bound). */
 static dp_status gunzip(const char *path, const unsigned char *in, size_t n, blob *b,
                         char *err, size_t errcap) {
   z_stream z;
   memset(&z, 0, sizeof z);
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
     return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory for zlib", path);
-  size_t cap = n * 4 + 4096, len = 0;
+  size_t cap = n * 4 + 4096, len = 0, bound = 0; /* bound: 0 not known yet */
   unsigned char *out = malloc(cap);
-  dp_status s = out ? DP_OK : DP_ERR_NOMEM;
+  dp_status s =
+      out ? DP_OK : dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory", path);
   z.next_in = (unsigned char *)in;
   while (!s) {
     if (len == cap) {
-      size_t nc = cap * 2 > GZ_MAX ? GZ_MAX : cap * 2;
+      size_t most = bound && bound != SIZE_MAX ? bound + 1 : GZ_MAX;
+      size_t nc = cap * 2 > most ? most : cap * 2;
       unsigned char *nb = nc > cap ? realloc(out, nc) : NULL;
-      if (!nb) {
-        s = nc > cap ? DP_ERR_NOMEM : DP_ERR_RANGE;
-        break;
-      }
+      if (!nb && nc > cap)
+        s = dpt_fail_status(DP_ERR_NOMEM, err, errcap, "%s: out of memory", path);
+      else if (!nb)
+        s = dpt_fail_status(
+            DP_ERR_RANGE, err, errcap,
+            "%s decompresses to more than %zu MiB: gunzip it first (gunzip "
+            "-k %s), and the plain file is mapped instead of read into memory",
+            path, GZ_MAX >> 20, path);
+      if (s) break;
       out = nb;
       cap = nc;
     }
@@ -71,6 +130,14 @@ static dp_status gunzip(const char *path, const unsigned char *in, size_t n, blo
     int rc = inflate(&z, Z_NO_FLUSH);
     len = (size_t)(z.next_out - out);
     left = n - (size_t)(z.next_in - in);
+    if (!bound && (s = idx_bound(path, out, len, n, &bound, err, errcap)) != DP_OK) break;
+    if (bound && bound != SIZE_MAX && len > bound) {
+      s = dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                          "%s: decompresses to more than the %zu bytes its IDX header "
+                          "gives (data past its end)",
+                          path, bound);
+      break;
+    }
     if (rc == Z_STREAM_END) {
       if (left == 0) break;
       if (left < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
@@ -91,12 +158,6 @@ static dp_status gunzip(const char *path, const unsigned char *in, size_t n, blo
     }
   }
   inflateEnd(&z);
-  if (s == DP_ERR_NOMEM) dpt_fail_status(s, err, errcap, "%s: out of memory", path);
-  if (s == DP_ERR_RANGE)
-    dpt_fail_status(s, err, errcap,
-                    "%s decompresses to more than %zu MiB: gunzip it first (gunzip -k %s), "
-                    "and the plain file is mapped instead of read into memory",
-                    path, GZ_MAX >> 20, path);
   if (s) {
     free(out);
     return s;
