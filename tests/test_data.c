@@ -143,6 +143,16 @@ START_TEST(token_streams) {
   ck_assert_int_eq(dpt_npy_load_tokens(t.path, 512, &tok, err, sizeof err), DP_OK);
   ck_assert_uint_eq(tok.n, 3);
   ck_assert_int_eq(tok.id[2], 300);
+  /* their windows read the ids in place, inputs and labels */
+  int32_t *ids_at = tok.id;
+  ck_assert_int_eq(dpt_token_windows(&tok, 0, tok.n, 2, &d, err, sizeof err), DP_OK);
+  ck_assert(d.n_rows == 1 && d.label_width == 2 && !d.x && d.xtype == DPT_X_I32 && !tok.id);
+  ck_assert(d.own == ids_at && d.label == ids_at + 1 && d.labels_borrowed);
+  ck_assert(d.label[0] == 2 && d.label[1] == 300);
+  int zero = 0;
+  dpt_dataset_gather(&d, NULL, &zero, 0, 1, row, NULL);
+  ck_assert(row[0] == 1.0f && row[1] == 2.0f);
+  dpt_dataset_free(&d);
   dpt_tokens_free(&tok);
   ck_assert_int_eq(dpt_npy_load_tokens(t.path, 256, &tok, err, sizeof err), DP_ERR_RANGE);
   ck_assert_ptr_nonnull(strstr(err, "index 2"));

@@ -103,6 +103,12 @@ static const float *row_of(const dpt_dataset *d, int r, float *out) {
                                                                  : 4);
   if (d->xtype == DPT_X_U8) {
     for (size_t j = 0; j < nf; j++) out[j] = (float)p[j];
+  } else if (d->xtype == DPT_X_I32) {
+    for (size_t j = 0; j < nf; j++) {
+      int32_t v;
+      memcpy(&v, p + 4 * j, 4);
+      out[j] = (float)v;
+    }
   } else if (d->xtype == DPT_X_F64) {
     for (size_t j = 0; j < nf; j++) {
       double v;
@@ -1185,19 +1191,18 @@ dp_status dpt_token_windows(dpt_tokens *tok, size_t from, size_t to, int T,
     return dpt_fail_status(DP_ERR_OVERFLOW, err, errcap, "%zu windows are too many", rows);
   if (!tok->byte && !tok->id && rows)
     return dpt_fail_status(DP_ERR_INVALID, err, errcap, "dpt_token_windows: no ids");
-  if (!tok->byte) out->x = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->x);
-  out->label = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->label);
-  if ((!tok->byte && !out->x) || !out->label) {
-    dpt_dataset_free(out);
-    return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "out of memory");
-  }
-  for (size_t r = 0; r < rows; r++)
-    for (int j = 0; j < T; j++) {
-      size_t at = from + r * (size_t)T + (size_t)j;
-      if (out->x) out->x[r * (size_t)T + (size_t)j] = (float)tok->id[at];
-      out->label[r * (size_t)T + (size_t)j] = dpt_token(tok, at + 1);
-    }
-  if (tok->byte) { /* the inputs in place: row r at byte from + rT */
+  if (tok->id) { /* inputs and labels in place: row r at from + rT, + 1 */
+    out->xmap = (const unsigned char *)(tok->id + from);
+    out->xtype = DPT_X_I32;
+    out->label = tok->id + from + (rows ? 1 : 0);
+    out->labels_borrowed = 1;
+    out->own = tok->id;
+    out->own_len = tok->n * sizeof *tok->id;
+    tok->id = NULL;
+  } else if (tok->byte) { /* the inputs in place: row r at byte from + rT */
+    out->label = malloc((rows ? rows : 1) * (size_t)T * sizeof *out->label);
+    if (!out->label) return dpt_fail_status(DP_ERR_NOMEM, err, errcap, "out of memory");
+    for (size_t i = 0; i < rows * (size_t)T; i++) out->label[i] = tok->byte[from + i + 1];
     out->xmap = tok->byte + from;
     out->xtype = DPT_X_U8;
     out->own = tok->byte;

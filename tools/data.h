@@ -42,8 +42,9 @@ struct dpt_scaler; /* below */
  * refused (DP_ERR_PARSE) before more memory is taken. */
 #define DPT_MAX_LINE (64 << 20)
 
-/* Element types of features read from a binary file as they are (xmap). */
-enum { DPT_X_F32 = 1, DPT_X_F64, DPT_X_U8 };
+/* Element types of features read as they are (xmap): a binary file's, a
+ * text's bytes, --tokens' int32 ids. */
+enum { DPT_X_F32 = 1, DPT_X_F64, DPT_X_U8, DPT_X_I32 };
 
 typedef struct {
   int n_rows, n_features;
@@ -55,7 +56,7 @@ typedef struct {
   int n_classes;   /* largest label + 1; 0 for regression */
   int label_width; /* labels per row: 0 or 1, one; T for token windows */
   /* Features of a binary file read in place (x NULL): file row r's n_features
-   * values at xmap + r * n_features * (4, 8 or 1) bytes, of type xtype
+   * values at xmap + r * n_features * (4, 8, 1 or 4) bytes, of type xtype
    * (DPT_X_*), checked when loaded (finite, within float's range). The file
    * is mapped (mmap), never copied, so a file larger than memory works; a
    * gzip'd one is decompressed into memory. own/own_len/own_mapped: what
@@ -301,10 +302,11 @@ dp_status dpt_npy_load_tokens(const char *path, int vocab, dpt_tokens *out, char
 void dpt_tokens_free(dpt_tokens *t);
 /* Windows of T + 1 consecutive ids of tok's [from..to), one starting every T
  * ids: row r's inputs are ids from + rT .. + T - 1 (as floats), its labels
- * (label_width T) the next T ids. (to - from - 1) / T rows; 0 rows is fine. A
- * text's bytes move into the dataset, which reads its inputs from them in
- * place (xmap, u8: a text takes 5 bytes of memory per byte, not 20); tok then
- * holds its count alone. */
+ * (label_width T) the next T ids. (to - from - 1) / T rows; 0 rows is fine.
+ * The ids move into the dataset, which reads its inputs from them in place
+ * (xmap: a text's bytes, u8, taking 5 bytes of memory per byte, not 20;
+ * --tokens' ids, i32, whose labels it reads in place too: 4 bytes per id, not
+ * 12); tok then holds its count alone. */
 dp_status dpt_token_windows(dpt_tokens *tok, size_t from, size_t to, int T,
                             dpt_dataset *out, char *err, size_t errcap);
 
