@@ -999,14 +999,22 @@ START_TEST(binary_hostile_files_are_refused) {
     gz_write_zeros(gz, hd, 12, (size_t)64 << 20);
     REFUSED(gz, y, DP_ERR_PARSE,
             "%s: decompresses to more than the 24 bytes its IDX header gives", gz);
+    /* gzip'd features are IDX or nothing: another type, or no IDX at all,
+     * stops at its first bytes */
+    hd[2] = 0x09;
+    gz_write_zeros(gz, hd, 12, (size_t)64 << 20);
+    REFUSED(gz, y, DP_ERR_PARSE, "%s: byte 2: IDX type 0x09 is not supported", gz);
+    hd[2] = 0x08;
+    gz_write_zeros(gz, "1,2,3\n", 6, (size_t)64 << 20);
+    REFUSED(gz, y, DP_ERR_PARSE, "%s: byte 0: not an IDX file (once gunzipped", gz);
     /* a header giving more than the stream can hold, or than 2 GiB */
     hd[5] = 0x10; /* 0x100004 rows of 3 bytes: 3 MiB from a stream of a few dozen */
     gz_write_zeros(gz, hd, 12, 12);
     REFUSED(gz, y, DP_ERR_PARSE,
             "its IDX header gives 3145752 bytes, more than a gzip stream of");
-    hd[10] = 0x10; /* rows of 0x1003 bytes: 4 GiB */
+    hd[10] = 0x10; /* rows of 0x1003 bytes: 4 GiB, from a stream of a few dozen */
     gz_write_zeros(gz, hd, 12, 12);
-    REFUSED(gz, y, DP_ERR_RANGE, "its IDX header gives more than 2048 MiB of data");
+    REFUSED(gz, y, DP_ERR_PARSE, "its IDX header gives 4298129432 bytes, more than a gzip");
   } else {
     file_put(gz, "\x1f\x8b\x08", 3);
     REFUSED(gz, y, DP_ERR_UNSUPPORTED, "built without zlib: gunzip it first");

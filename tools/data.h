@@ -74,7 +74,8 @@ typedef struct {
    * unchanged (dpt_standardize leaves a borrowed x alone). */
   int *rows;
   int borrowed;        /* x or xmap is another dataset's (not freed here) */
-  int labels_borrowed; /* a sequence's head or tail: its labels are src's */
+  int labels_borrowed; /* labels not freed here: a sequence's head or tail
+                          (src's), --tokens' windows (in own) */
   int header_line; /* CSV: the line of the header row that was skipped (0: none) */
 } dpt_dataset;
 

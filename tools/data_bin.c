@@ -45,37 +45,41 @@ static void blob_free(blob *b) {
 /* deflate's most: 1032 bytes out for a byte in (a run of one byte) */
 #define DEFLATE_RATIO 1032
 
-/* The bytes of a decompressed IDX file, by its header at out[0..len): 0 while
- * the header is not all there yet, SIZE_MAX for bytes that are no IDX header
- * (nothing to bound them by: idx_parse refuses them), GZ_MAX + 1 past
- * GZ_MAX. A type idx_parse refuses counts a byte a value. */
+/* The bytes of a decompressed IDX file of unsigned bytes (the type idx_parse
+ * takes), by its header at out[0..len): 0 while the header is not all there
+ * yet, SIZE_MAX for bytes that are no such header (nothing to bound them by:
+ * idx_parse refuses them), SIZE_MAX - 1 past 2^64. */
 static size_t idx_total(const unsigned char *out, size_t len) {
   if (len < 4) return 0;
-  if (out[0] || out[1] || out[3] < 1 || out[3] > 8) return SIZE_MAX;
-  size_t nd = out[3], hn = 4 + 4 * nd;
+  if (out[0] || out[1] || out[2] != 0x08 || out[3] < 1 || out[3] > 8) return SIZE_MAX;
+  size_t nd = out[3], hn = 4 + 4 * nd, total = 1;
   if (len < hn) return 0;
-  size_t total = out[2] == 0x0b                     ? 2
-                 : out[2] == 0x0c || out[2] == 0x0d ? 4
-                 : out[2] == 0x0e                   ? 8
-                                                    : 1;
   for (size_t k = 0; k < nd; k++) {
     const unsigned char *q = out + 4 + 4 * k;
     size_t dim = (size_t)q[0] << 24 | (size_t)q[1] << 16 | (size_t)q[2] << 8 | q[3];
-    if (__builtin_mul_overflow(total, dim, &total) || total > GZ_MAX) return GZ_MAX + 1;
+    if (__builtin_mul_overflow(total, dim, &total)) return SIZE_MAX - 1;
   }
-  return total + hn > GZ_MAX ? GZ_MAX + 1 : total + hn;
+  return total > SIZE_MAX - 2 - hn ? SIZE_MAX - 1 : total + hn;
 }
 
 /* Once the header of a gzip'd IDX file is out: the file's bytes it gives
- * (*bound), refused when more than GZ_MAX or than n bytes of gzip stream can
- * hold; so a stream that decompresses to more than its header says stops
+ * (*bound; SIZE_MAX: no IDX header), refused when more than n bytes of gzip
+ * stream can hold (a header that is wrong, or a file cut short) or than
+ * GZ_MAX; so a stream that decompresses to more than its header says stops
  * there (a few KiB of gzip inflating to GiB). */
 static dp_status idx_bound(const char *path, const unsigned char *out, size_t len, size_t n,
                            size_t *bound, char *err, size_t errcap) {
   size_t t = idx_total(out, len);
-  if (t == 0 || t == SIZE_MAX) {
-    *bound = t == 0 ? 0 : SIZE_MAX;
-    return DP_OK;
+  *bound = t;
+  if (t == 0 || t == SIZE_MAX) return DP_OK;
+  if (t / DEFLATE_RATIO > n) {
+    char gives[48] = "more than 2^64 bytes";
+    if (t != SIZE_MAX - 1) snprintf(gives, sizeof gives, "%zu bytes", t);
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: its IDX header gives %s, more than a gzip stream of %zu "
+                           "bytes can hold (deflate: at most %d to 1): the file is cut "
+                           "short or its header (bytes 4 on) is wrong; get it again",
+                           path, gives, n, DEFLATE_RATIO);
   }
   if (t > GZ_MAX)
     return dpt_fail_status(DP_ERR_RANGE, err, errcap,
@@ -83,20 +87,14 @@ static dp_status idx_bound(const char *path, const unsigned char *out, size_t le
                            "first (gunzip -k %s), and the plain file is mapped instead of "
                            "read into memory",
                            path, GZ_MAX >> 20, path);
-  if (t / DEFLATE_RATIO > n)
-    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
-                           "%s: its IDX header gives %zu bytes, more than a gzip stream of "
-                           "%zu bytes can hold (deflate: at most %d to 1): the file is cut "
-                           "short or its header is wrong",
-                           path, t, n, DEFLATE_RATIO);
-  *bound = t;
   return DP_OK;
 }
 
 /* The gzip stream in[0..n) (one member or several) into *b; a gzip'd IDX file
- * no further than its header's size (idx_bound). */
-static dp_status gunzip(const char *path, const unsigned char *in, size_t n, blob *b,
-                        char *err, size_t errcap) {
+ * no further than its header's size (idx_bound); with idx_only, anything else
+ * no further than its first bytes (idx_parse refuses it). */
+static dp_status gunzip(const char *path, const unsigned char *in, size_t n, bool idx_only,
+                        blob *b, char *err, size_t errcap) {
   z_stream z;
   memset(&z, 0, sizeof z);
   if (inflateInit2(&z, 16 + MAX_WBITS) != Z_OK)
@@ -131,10 +129,12 @@ static dp_status gunzip(const char *path, const unsigned char *in, size_t n, blo
     len = (size_t)(z.next_out - out);
     left = n - (size_t)(z.next_in - in);
     if (!bound && (s = idx_bound(path, out, len, n, &bound, err, errcap)) != DP_OK) break;
+    if (bound == SIZE_MAX && idx_only) break;
     if (bound && bound != SIZE_MAX && len > bound) {
       s = dpt_fail_status(DP_ERR_PARSE, err, errcap,
                           "%s: decompresses to more than the %zu bytes its IDX header "
-                          "gives (data past its end)",
+                          "gives: trailing bytes, or a header (bytes 4 on) that is wrong; "
+                          "get the file again",
                           path, bound);
       break;
     }
@@ -170,7 +170,9 @@ static dp_status gunzip(const char *path, const unsigned char *in, size_t n, blo
 #endif
 
 /* The regular file at path mapped read-only into *b (an empty file: p NULL);
- * a gzip'd one (1f 8b) decompressed when gz is allowed, else refused. */
+ * a gzip'd one (1f 8b) decompressed when gz is allowed (1; 2: where it can
+ * only be IDX, so that anything else stops at its first bytes), else
+ * refused. */
 static dp_status blob_open(const char *path, const char *what, int gz, blob *b, char *err,
                            size_t errcap) {
   memset(b, 0, sizeof *b);
@@ -203,7 +205,7 @@ static dp_status blob_open(const char *path, const char *what, int gz, blob *b, 
   }
 #ifdef DPT_HAVE_ZLIB
   blob z;
-  dp_status s = gunzip(path, b->p, b->n, &z, err, errcap);
+  dp_status s = gunzip(path, b->p, b->n, gz == 2, &z, err, errcap);
   blob_free(b);
   if (!s) *b = z;
   return s;
@@ -483,7 +485,7 @@ static dp_status load_features(const char *path, int npy, int width, dpt_dataset
                                char *err, size_t errcap) {
   blob b;
   dpt_npy h;
-  dp_status s = blob_open(path, "data", !npy, &b, err, errcap);
+  dp_status s = blob_open(path, "data", npy ? 0 : 2, &b, err, errcap);
   if (s) return s;
   s = npy ? dpt_npy_parse(path, b.p, b.n, &h, err, errcap)
           : idx_parse(path, &b, &h, err, errcap);
