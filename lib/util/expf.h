@@ -46,27 +46,18 @@ DP_FMATH_FN float dp__f32_of(uint32_t b) {
   return f;
 }
 
-/* e^x: x clamped to [-104, 89] (e^-104 rounds to +0, e^89 overflows to +inf),
- * n = x / ln2 rounded to nearest even (the 1.5 * 2^23 shift), r = x - n ln2
- * (Cody-Waite: n * C1 is exact, C1 has 9 significant bits), e^r by its Taylor
- * polynomial to r^7 (|r| <= 0.347: truncation < 6e-9 relative), times 2^n in
- * two exact powers of two (2^n alone is not a float below n = -126, where the
- * result is subnormal: the second multiply rounds it once). NaN passes
- * through. The selects compare bit patterns (|x|'s order is its bits'
- * order): integer selects vectorise, float compares may trap and do not. */
-DP_FMATH_FN float dp__expf(float x) {
-  const uint32_t LO = 0xc2d00000u, HI = 0x42b20000u, SHIFT_B = 0x4b400000u; /* -104, 89 */
+/* e^x's reduction and polynomial, x in [-104, 89]: n = x / ln2 rounded to
+ * nearest even (the 1.5 * 2^23 shift) into *n, r = x - n ln2 (Cody-Waite: n *
+ * C1 is exact, C1 has 9 significant bits), and e^r by its Taylor polynomial to
+ * r^7 (|r| <= 0.347: truncation < 6e-9 relative), returned. */
+DP_FMATH_FN float dp__expf_poly(float x, int32_t *n) {
+  const uint32_t SHIFT_B = 0x4b400000u;
   const float LOG2E = 1.44269504088896341f, SHIFT = 12582912.0f;
   const float C1 = 0.693359375f, C2 = -2.12194440e-4f;
-  uint32_t xb = dp__f32_bits(x), ab = xb & 0x7fffffffu;
-  uint32_t neg = 0u - (xb >> 31), nan = 0u - (uint32_t)(ab > 0x7f800000u);
-  uint32_t lo = neg & (0u - (uint32_t)(xb > LO)), hi = ~neg & (0u - (uint32_t)(xb > HI));
-  uint32_t cb = (xb & ~(lo | hi)) | (LO & lo) | (HI & hi);
-  float xc = dp__f32_of(cb & ~nan); /* NaN: any value in range; replaced below */
-  float t = DP_FA(DP_FM(xc, LOG2E), SHIFT);
-  int32_t n = (int32_t)(dp__f32_bits(t) - SHIFT_B); /* -150 .. 129 */
+  float t = DP_FA(DP_FM(x, LOG2E), SHIFT);
+  *n = (int32_t)(dp__f32_bits(t) - SHIFT_B); /* -150 .. 129 */
   float nf = DP_FS(t, SHIFT);
-  float r = DP_FS(DP_FS(xc, DP_FM(nf, C1)), DP_FM(nf, C2));
+  float r = DP_FS(DP_FS(x, DP_FM(nf, C1)), DP_FM(nf, C2));
   float p = 1.0f / 5040.0f;
   p = DP_FA(DP_FM(p, r), 1.0f / 720.0f);
   p = DP_FA(DP_FM(p, r), 1.0f / 120.0f);
@@ -74,7 +65,23 @@ DP_FMATH_FN float dp__expf(float x) {
   p = DP_FA(DP_FM(p, r), 1.0f / 6.0f);
   p = DP_FA(DP_FM(p, r), 0.5f);
   p = DP_FA(DP_FM(p, r), 1.0f);
-  p = DP_FA(DP_FM(p, r), 1.0f);
+  return DP_FA(DP_FM(p, r), 1.0f);
+}
+
+/* e^x: x clamped to [-104, 89] (e^-104 rounds to +0, e^89 overflows to +inf),
+ * then dp__expf_poly's p 2^n in two exact powers of two (2^n alone is not a
+ * float below n = -126, where the result is subnormal: the second multiply
+ * rounds it once). NaN passes through. The selects compare bit patterns
+ * (|x|'s order is its bits' order): integer selects vectorise, float compares
+ * may trap and do not. */
+DP_FMATH_FN float dp__expf(float x) {
+  const uint32_t LO = 0xc2d00000u, HI = 0x42b20000u; /* -104, 89 */
+  uint32_t xb = dp__f32_bits(x), ab = xb & 0x7fffffffu;
+  uint32_t neg = 0u - (xb >> 31), nan = 0u - (uint32_t)(ab > 0x7f800000u);
+  uint32_t lo = neg & (0u - (uint32_t)(xb > LO)), hi = ~neg & (0u - (uint32_t)(xb > HI));
+  uint32_t cb = (xb & ~(lo | hi)) | (LO & lo) | (HI & hi);
+  int32_t n;
+  float p = dp__expf_poly(dp__f32_of(cb & ~nan), &n); /* NaN: any x; replaced below */
   uint32_t half = ((uint32_t)(n + 150) >> 1) - 75u; /* n1 = floor(n / 2), as unsigned */
   uint32_t s1 = (half + 127u) << 23, s2 = ((uint32_t)n - half + 127u) << 23;
   float y = DP_FM(DP_FM(p, dp__f32_of(s1)), dp__f32_of(s2));
@@ -87,21 +94,8 @@ DP_FMATH_FN float dp__expf(float x) {
  * p 2^n is normal, so dp__expf's two exact multiplies by powers of two are
  * one. A third fewer operations. */
 DP_FMATH_FN float dp__expf_0_20(float x) {
-  const uint32_t SHIFT_B = 0x4b400000u;
-  const float LOG2E = 1.44269504088896341f, SHIFT = 12582912.0f;
-  const float C1 = 0.693359375f, C2 = -2.12194440e-4f;
-  float t = DP_FA(DP_FM(x, LOG2E), SHIFT);
-  int32_t n = (int32_t)(dp__f32_bits(t) - SHIFT_B);
-  float nf = DP_FS(t, SHIFT);
-  float r = DP_FS(DP_FS(x, DP_FM(nf, C1)), DP_FM(nf, C2));
-  float p = 1.0f / 5040.0f;
-  p = DP_FA(DP_FM(p, r), 1.0f / 720.0f);
-  p = DP_FA(DP_FM(p, r), 1.0f / 120.0f);
-  p = DP_FA(DP_FM(p, r), 1.0f / 24.0f);
-  p = DP_FA(DP_FM(p, r), 1.0f / 6.0f);
-  p = DP_FA(DP_FM(p, r), 0.5f);
-  p = DP_FA(DP_FM(p, r), 1.0f);
-  p = DP_FA(DP_FM(p, r), 1.0f);
+  int32_t n;
+  float p = dp__expf_poly(x, &n);
   return DP_FM(p, dp__f32_of(((uint32_t)n + 127u) << 23));
 }
 
