@@ -143,7 +143,8 @@ void dp__gemm_bf16_hw_override(int has, dp__bf16_pair_kern kern);
  * generic way, their fp32 op on fp32 copies, instead of their own loops on
  * the bf16 tensors (a test compares the two's bits). Set while no step runs. */
 void dp__mixed_force_shadow(bool on);
-/* How many layer ops have run on the bf16 tensors themselves so far. */
+/* How many layer ops have run on the bf16 tensors themselves since the first
+ * call (which starts the count). */
 unsigned long dp__mixed_own_runs(void);
 
 #ifdef __cplusplus

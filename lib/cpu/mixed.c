@@ -435,10 +435,19 @@ dp_status dp__mixed_bn_sums(const lctx *c, const dp_op *op) {
  * one add) and the store's rounding: the shadowed op's operations on the same
  * values, so its bits, without the passes of the fp32 copies (through them a
  * gelu took 1.3x its fp32 time, a residual add 3x). */
-static _Atomic bool force_shadow;
-static _Atomic unsigned long own_runs; /* the ops that ran below (a test reads it) */
+static _Atomic bool force_shadow, counting;
+/* the ops that ran below, counted only for a test: no shared counter's cache
+ * line passes between the devices' threads in a step */
+static _Atomic unsigned long own_runs;
 void dp__mixed_force_shadow(bool on) { force_shadow = on; }
-unsigned long dp__mixed_own_runs(void) { return own_runs; }
+unsigned long dp__mixed_own_runs(void) {
+  counting = true;
+  return own_runs;
+}
+static void count_own(void) {
+  if (atomic_load_explicit(&counting, memory_order_relaxed))
+    atomic_fetch_add_explicit(&own_runs, 1, memory_order_relaxed);
+}
 
 /* gelu's loops go through a block of fp32 values on the stack: a loop that
  * converts and computes at once vectorises at half the width here (8 lanes,
@@ -641,7 +650,7 @@ dp_status dp__mixed_forward(const lctx *c) {
   if (k == DP_LAYER_LINEAR) return linear_forward(c);
   if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return DP_OK; /* the linear did */
   if (native_forward(c)) {
-    atomic_fetch_add_explicit(&own_runs, 1, memory_order_relaxed);
+    count_own();
     return DP_OK;
   }
   return shadow_run(c, NULL);
@@ -650,7 +659,7 @@ dp_status dp__mixed_forward(const lctx *c) {
 dp_status dp__mixed_backward(const lctx *c, float *grads) {
   dp_layer_kind k = c->l->kind;
   if (native_backward(c, grads)) {
-    atomic_fetch_add_explicit(&own_runs, 1, memory_order_relaxed);
+    count_own();
     return DP_OK;
   }
   if (k == DP_LAYER_RESIDUAL) return shadow_run(c, grads);
