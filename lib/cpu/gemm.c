@@ -422,6 +422,17 @@ DP_TGT_AVX512 static void pack_c_avx512(float *dst, int W, const float *src, siz
           for (int g = 0; g < W; g += 16) _mm512_storeu_ps(d + g, _mm512_loadu_ps(q + g));
         continue;
       }
+      if (W < 16 && s + 16 <= n) {
+        /* a full narrow sliver (A's, 12 lanes) with 4 more lanes in the
+         * panel: whole 16-lane loads and stores (masked ones take twice as
+         * long), whose 4 extra lanes spill into the next step's slot, stored
+         * right after; but for the panel's last step, which ends the sliver */
+        int kfull = k0 + kn < kc ? kn : kn - 1;
+        for (int k = 0; k < kfull; k++, q += ld, d += W)
+          _mm512_storeu_ps(d, _mm512_loadu_ps(q));
+        if (kfull < kn) _mm512_mask_storeu_ps(d, dp__lanes16(W), _mm512_loadu_ps(q));
+        continue;
+      }
       for (int k = 0; k < kn; k++, q += ld, d += W)
         for (int g = 0; g < W; g += 16) {
           int cnt = dp__imin(16, W - g),
