@@ -14,11 +14,14 @@
 #include <dirent.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1469,6 +1472,58 @@ START_TEST(unknown_command_suggests_the_nearest) {
                    "dp: unknown command 'frobnicate'\nrun 'dp --help' for the commands\n");
   ck_assert_int_eq(WEXITSTATUS(st), DPT_EXIT_USAGE);
   free(out);
+}
+END_TEST
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* An outside check (session 23): with its output in a pipe (tee, CI, mpirun) dp
+ * train printed its epoch lines only when it ended, all at once. Each must
+ * arrive as its epoch ends: epochs 1 and 3 arrive two epochs apart. */
+START_TEST(epoch_lines_reach_a_pipe_as_each_epoch_ends) {
+  char dp[600];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE cli: epoch_lines_reach_a_pipe_as_each_epoch_ends: no dp binary "
+                    "next to the test binary; skipped\n");
+    return;
+  }
+  char model[64];
+  /* ~0.3 s an epoch of the digits' 23 steps here */
+  temp_file(model, sizeof model,
+            "input 64\nlinear 2048\nrelu\nlinear 2048\nrelu\nlinear 10\n"
+            "loss softmax_cross_entropy\n");
+  int fd[2];
+  ck_assert_int_eq(pipe(fd), 0);
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    dup2(fd[1], 1);
+    close(fd[0]);
+    close(fd[1]);
+    execl(dp, dp, "train", "--model", model, "--data", "data/digits.csv", "--batch", "64",
+          "--epochs", "3", (char *)NULL);
+    _exit(127);
+  }
+  close(fd[1]);
+  FILE *out = fdopen(fd[0], "r");
+  char line[512];
+  double t1 = -1, t3 = -1;
+  while (fgets(line, sizeof line, out)) {
+    if (starts_with(line, "epoch   1/3")) t1 = now_s();
+    if (starts_with(line, "epoch   3/3")) t3 = now_s();
+  }
+  fclose(out);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  unlink(model);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "dp train: status %d", st);
+  ck_assert_msg(t1 >= 0 && t3 >= 0, "no epoch lines from dp train");
+  ck_assert_msg(t3 - t1 > 0.05, "epochs 1 and 3 arrived %.4f s apart: at once", t3 - t1);
 }
 END_TEST
 
@@ -4428,6 +4483,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_huge_weight_decay_names_the_cause);
   tcase_add_test(tc, train_warns_when_devices_outnumber_cpus);
   tcase_add_test(tc, unknown_command_suggests_the_nearest);
+  tcase_add_test(tc, epoch_lines_reach_a_pipe_as_each_epoch_ends);
   tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);
   tcase_add_test(tc, plan_cuda_replicas_on_one_gpu);
   tcase_add_test(tc, plan_recompute_shows_both_activation_figures);

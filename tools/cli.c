@@ -1033,15 +1033,28 @@ int dpt_cpu_count(void) {
 
 int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
                             int n_cpus) {
-  /* a backend of virtual devices runs a thread per device */
+  /* a backend of virtual devices runs a thread per device; under mpirun each
+   * process runs its share of the job's devices on the CPUs it is bound to */
+  int ranks = dpt_world_size() > 1 ? dpt_world_size() : 1;
+  int local = (n_devices + ranks - 1) / ranks;
   if (!dp_backend_available(backend) ||
-      (dp_backend_caps(backend) & DP_BACKEND_CAP_DEVICES) || n_devices <= n_cpus)
+      (dp_backend_caps(backend) & DP_BACKEND_CAP_DEVICES) || local <= n_cpus)
     return 0;
   if (dpt_world_rank() != 0) return 1; /* said once, by rank 0 */
-  fprintf(f,
-          "%s: warning: %d virtual devices on %d CPU%s: the %s backend runs a thread per "
-          "device, so they take turns and steps are many times slower; use --devices %d "
-          "or fewer for speed (docs/TOOL.md)\n",
-          cmd, n_devices, n_cpus, n_cpus == 1 ? "" : "s", dp_backend_name(backend), n_cpus);
+  if (ranks > 1)
+    fprintf(f,
+            "%s: warning: %d virtual devices per process on the %d CPU%s each process may "
+            "use: the %s backend runs a thread per device, so they take turns and steps "
+            "are many times slower; give each process %d cores (mpirun --bind-to none, or "
+            "--map-by slot:PE=%d) or run more processes (docs/DISTRIBUTED.md)\n",
+            cmd, local, n_cpus, n_cpus == 1 ? "" : "s", dp_backend_name(backend), local,
+            local);
+  else
+    fprintf(f,
+            "%s: warning: %d virtual devices on %d CPU%s: the %s backend runs a thread per "
+            "device, so they take turns and steps are many times slower; use --devices %d "
+            "or fewer for speed (docs/TOOL.md)\n",
+            cmd, n_devices, n_cpus, n_cpus == 1 ? "" : "s", dp_backend_name(backend),
+            n_cpus);
   return 1;
 }

@@ -404,7 +404,9 @@ int dpt_cpu_count(void);
  * runs one thread per device: with more devices than CPUs (n_cpus) they take
  * turns and every step is many times slower. Writes one warning line ("dp
  * train: warning: ...\n") to f and returns 1 when backend is such a registered
- * backend and n_devices > n_cpus; else 0 and nothing. */
+ * backend and this process's devices (n_devices: the job's; under mpirun each
+ * process runs its share) outnumber n_cpus (the CPUs it may use); else 0 and
+ * nothing. */
 int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend backend,
                             int n_cpus);
 

@@ -390,6 +390,7 @@ static void progress(int tty, int cols, int epoch, int epochs, int done, int tot
   } else if (final) {
     printf("epoch %3d/%d  loss %.4f  %.0f samples/s%s\n", epoch, epochs, (double)loss, sps,
            heldout);
+    fflush(stdout); /* a pipe or a file (tee, CI, mpirun) sees each epoch as it ends */
   }
 }
 

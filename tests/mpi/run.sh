@@ -146,6 +146,25 @@ for other in "$tmp/missing.ckpt" "$tmp/b.ckpt"; do
 done
 disagree "one rank without --resume" "rank 1 runs with no --resume, rank 0 with --resume" \
   "--epochs 1 --resume $tmp/a.ckpt" "$small --data data/digits.csv --epochs 1"
+# the oversubscription warning counts a process's devices against the cores it may
+# use (an outside check, session 23: it counted the job's, and told a 2-process job
+# to use --devices 1): bound to a core each, 1 device a process is no warning and
+# 2 are one, naming the binding
+if [ "$(nproc)" -ge 2 ]; then
+  echo "-- dp train under mpirun, a process bound to a core: its devices against it"
+  for d in 2 4; do
+    mpirun --bind-to core --map-by core -np 2 "$bd/dp" train --model examples/digits.dpm \
+      --data data/digits.csv --devices $d --batch 64 --epochs 1 --quiet >"$tmp/o$d" 2>&1 ||
+      { cat "$tmp/o$d"; echo "FAILED: mpirun -np 2 dp train --devices $d"; fail=1; }
+  done
+  if grep -q "virtual devices" "$tmp/o2"; then
+    cat "$tmp/o2"; echo "FAILED: 1 device a process on its core was called oversubscribed"; fail=1
+  elif ! grep -q "warning: 2 virtual devices per process on the 1 CPU .*--map-by slot:PE=2" "$tmp/o4"; then
+    cat "$tmp/o4"; echo "FAILED: 2 devices a process on one core: no warning naming the binding"; fail=1
+  else
+    echo "   1 device a process: no warning; 2: $(grep -o 'warning: 2 virtual devices per process[^:]*' "$tmp/o4")"
+  fi
+fi
 # a sequence model on a text (dp train --text): the one-process bits (a row's labels are
 # T ids: each rank feeds its rows' targets); a SIGINT to one rank stops every rank after
 # the same step (they agree on it after each step), saves and exits 130; the command it
