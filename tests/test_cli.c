@@ -3921,12 +3921,19 @@ START_TEST(import_refuses_bad_standardisation) {
   snprintf(zero_last, sizeof zero_last, "%.*s0", 63 * 2, ones);
   static const char *const why[] = {
       "metadata dp.standardize is \"robust\"; it is none, feature or channel",
-      "metadata dp.std: field 64 is 0; a deviation is a finite number above 0",
+      "metadata dp.std: field 64 is 0; a deviation is a normal float32 above 0 (1.2e-38 to "
+      "3.4e38)",
       "metadata dp.mean: field 2 \"x\" is not a decimal number",
       "its standardisation has 3 features; the model takes 64",
       "metadata dp.mean without dp.standardize",
       "metadata dp.standardize is \"feature\" without dp.std",
-      "metadata dp.mean: field 1 is 1e999; a mean is a finite number",
+      "metadata dp.mean: field 1 is 1e999; a mean is a finite float32 (within +-3.4e38)",
+      /* an outside check (session 23): a float32's range in doubles, accepted, made
+       * every input +-FLT_MAX and every prediction NaN */
+      "metadata dp.mean: field 1 is 1e39; a mean is a finite float32 (within +-3.4e38)",
+      "metadata dp.std: field 1 is 1e-300; a deviation is a normal float32 above 0 "
+      "(1.2e-38 "
+      "to 3.4e38)",
   };
   const dp_meta bad[][3] = {
       {{"dp.standardize", "robust"}, {"dp.mean", ones}, {"dp.std", ones}},
@@ -3936,6 +3943,8 @@ START_TEST(import_refuses_bad_standardisation) {
       {{"dp.mean", ones}, {"x", "y"}, {"z", "w"}},
       {{"dp.standardize", "feature"}, {"dp.mean", ones}, {"x", "y"}},
       {{"dp.standardize", "feature"}, {"dp.mean", "1e999"}, {"dp.std", "1"}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "1e39"}, {"dp.std", "1"}},
+      {{"dp.standardize", "feature"}, {"dp.mean", "0"}, {"dp.std", "1e-300"}},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ck_assert_int_eq(dp_ckpt_export_safetensors_meta(c, s, bad[i], 3), DP_OK);

@@ -1340,7 +1340,8 @@ END_TEST
  * range-checked (issue 26: "epochs 2147483647" overflowed dp train's resume
  * arithmetic), and a record of other shape is refused with the reason. */
 START_TEST(run_record_numbers_are_range_checked) {
-  double mean[2] = {0.5, -0x1.8p+3}, sd[2] = {1.0, 0x1p-1000};
+  double mean[2] = {0.5, -0x1.8p+3},
+         sd[2] = {1.0, 0x1.123456789abcdp-100}; /* a double's bits */
   dpt_scaler sc = {.n = 2, .mean = mean, .std = sd}, got;
   size_t n;
   char *text = dpt_run_text(7, 1437, &sc, "lr=0x1p-3", &n), err[256];
@@ -1386,9 +1387,14 @@ START_TEST(run_record_numbers_are_range_checked) {
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 16777217\n",
        "features 16777217 is out of range"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean nan\nstd 0x1p+0\n",
-       "mean[0] is not a finite number"},
+       "mean[0] is not a finite float32"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0\nstd 0\n",
-       "std[0] is not a finite number above 0"},
+       "std[0] is not a normal float32 above 0"},
+      /* an outside check (session 23): beyond a float32, every input was +-FLT_MAX */
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 1e39\nstd 1\n",
+       "mean[0] is not a finite float32"},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0\nstd 1e-300\n",
+       "std[0] is not a normal float32 above 0"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0\nstd -1\n",
        "std[0]"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0\nstd inf\n",

@@ -808,6 +808,14 @@ int dpt_scaler_meta(const dpt_scaler *sc, dp_meta pairs[3], char **buf) {
 /* The comma-separated doubles of key's value into v[0..n): *n of them (v NULL:
  * counted only). Decimal numbers only (no spaces, hexadecimal, inf or nan).
  * 0, or -1 (err). */
+/* A standardisation's mean or deviation as the scaler may apply it: a float32's
+ * range (a mean of 1e39 or a deviation of 1e-300 makes every input +-FLT_MAX),
+ * a deviation a normal float32 above 0 (it divides). dp train's own are: a
+ * mean of float32 data, a deviation of at least 1e-12. */
+static bool scale_ok(double v, bool deviation) {
+  return isfinite(v) && fabs(v) <= FLT_MAX && (!deviation || v >= FLT_MIN);
+}
+
 static int meta_numbers(const char *key, const char *val, double *v, int *n, int positive,
                         char *err, size_t errcap) {
   const char *p = val;
@@ -819,11 +827,12 @@ static int meta_numbers(const char *key, const char *val, double *v, int *n, int
     if (e != p + len)
       return dpt_fail(err, errcap, "metadata %s: field %d \"%.*s\" is not a decimal number",
                       key, *n + 1, len > 24 ? 24 : (int)len, p);
-    if (!isfinite(x) || (positive && !(x > 0)))
+    if (!scale_ok(x, positive))
       return dpt_fail(err, errcap, "metadata %s: field %d is %.*s; %s", key, *n + 1,
                       len > 24 ? 24 : (int)len, p,
-                      positive ? "a deviation is a finite number above 0"
-                               : "a mean is a finite number");
+                      positive
+                          ? "a deviation is a normal float32 above 0 (1.2e-38 to 3.4e38)"
+                          : "a mean is a finite float32 (within +-3.4e38)");
     if (v) v[*n] = x;
     if (++*n > (1 << 24))
       return dpt_fail(err, errcap, "metadata %s: more than %d values", key, 1 << 24);
@@ -1010,10 +1019,9 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
         if (*p != ' ' || (p[1] && strchr(" \t\n\v\f\r", p[1])))
           goto bad; /* one space: strtod would skip a newline too */
         double v = strtod(p, &e);
-        /* a mean is finite, a deviation finite and > 0 (it divides) */
-        if (e == p || !isfinite(v) || (k && !(v > 0))) {
-          snprintf(why, sizeof why, "%s[%d] is not a finite number%s", word, j,
-                   k ? " above 0" : "");
+        if (e == p || !scale_ok(v, k)) {
+          snprintf(why, sizeof why, "%s[%d] is not a %s", word, j,
+                   k ? "normal float32 above 0" : "finite float32");
           goto bad;
         }
         (k ? sc->std : sc->mean)[j] = v;
