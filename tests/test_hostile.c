@@ -370,6 +370,38 @@ START_TEST(zero_width_layers_are_refused_with_line_and_column) {
 }
 END_TEST
 
+/* No raw control byte in a message. */
+static void no_controls(const char *msg) {
+  for (const char *p = msg; *p; p++)
+    ck_assert_msg((unsigned char)*p >= 0x20 && *p != 0x7f, "byte 0x%02x in '%s'",
+                  (unsigned char)*p, msg);
+}
+
+/* An outside check (session 23): a spec's token, a CSV field or a tensor name
+ * quoted in a message carried its escape sequences to the terminal of whoever
+ * printed it (clear the screen, retitle the window). They come as \xHH. */
+START_TEST(control_bytes_from_files_are_escaped_in_messages) {
+  dp_model *m = NULL;
+  EXPECT(
+      dp_model_parse("input 4\nlinear 2\nloss mse\n\x1b[2J\x1b]0;pwned\x07\n", "e.dpm", &m),
+      DP_ERR_PARSE, "e.dpm:4:1: unexpected '\\x1b[2J\\x1b]0;pwned\\x07'");
+  no_controls(dp_last_error());
+  EXPECT(dp_model_parse("input 4\nlinear \x1b[31m2\n", "e.dpm", &m), DP_ERR_PARSE,
+         "got '\\x1b[31m2'");
+  no_controls(dp_last_error());
+  tmpdir t;
+  tmp_make(&t, "ctl", "e.csv");
+  static const char csv[] = "1,2,3\n1,\x1b]0;pwned\x07,3\n";
+  file_write(t.path, csv, sizeof csv - 1);
+  dpt_dataset d;
+  char err[512] = "";
+  ck_assert_int_eq(dpt_csv_load(t.path, &d, err, sizeof err), DP_ERR_PARSE);
+  ck_assert_msg(strstr(err, "got \"\\x1b]0;pwned\\x07\""), "%s", err);
+  no_controls(err);
+  tmp_done(&t);
+}
+END_TEST
+
 START_TEST(device_counts_out_of_range_are_refused) {
   dp_model *m = model_of(SEED_SPEC);
   static const int bad[] = {0, -1, DP_MAX_DEVICES + 1, INT_MAX, INT_MIN};
@@ -1098,6 +1130,7 @@ Suite *hostile_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, overflowing_dimensions_are_overflow);
   tcase_add_test(tc, zero_width_layers_are_refused_with_line_and_column);
+  tcase_add_test(tc, control_bytes_from_files_are_escaped_in_messages);
   tcase_add_test(tc, device_counts_out_of_range_are_refused);
   tcase_add_test(tc, more_devices_than_rows_uses_fewer_and_says_so);
   tcase_add_test(tc, absurd_budgets);

@@ -17,7 +17,25 @@
 #include <unistd.h>
 
 static int vfail(char *err, size_t errcap, const char *fmt, va_list ap) {
-  if (err && errcap) vsnprintf(err, errcap, fmt, ap);
+  if (!err || !errcap) return -1;
+  /* control bytes a message quotes from a file (a CSV field, a name) as \xHH:
+   * their escape sequences would drive the user's terminal; a message's own
+   * line breaks stay */
+  char raw[4096];
+  vsnprintf(raw, sizeof raw, fmt, ap);
+  size_t o = 0;
+  for (const char *p = raw; *p && o + 1 < errcap; p++) {
+    unsigned char c = (unsigned char)*p;
+    if ((c >= 0x20 && c != 0x7f) || c == '\n') {
+      err[o++] = (char)c;
+    } else if (o + 5 <= errcap) {
+      snprintf(err + o, 5, "\\x%02x", c);
+      o += 4;
+    } else {
+      break;
+    }
+  }
+  err[o] = '\0';
   return -1;
 }
 

@@ -6,16 +6,37 @@
 
 static _Thread_local char last_error[DP_ERRMSG_CAP];
 
+/* in to out (cap bytes, NUL-terminated, cut short where it ends) with every
+ * control byte as \xHH: a message quotes names and tokens from files (a spec's,
+ * a safetensors tensor's), whose escape sequences would drive the terminal of
+ * whoever prints it. */
+static void escape_controls(const char *in, char *out, size_t cap) {
+  size_t o = 0;
+  for (; *in && o + 1 < cap; in++) {
+    unsigned char c = (unsigned char)*in;
+    if (c >= 0x20 && c != 0x7f) {
+      out[o++] = (char)c;
+    } else if (o + 5 <= cap) {
+      snprintf(out + o, 5, "\\x%02x", c);
+      o += 4;
+    } else {
+      break;
+    }
+  }
+  out[o] = '\0';
+}
+
 dp_status dp__error(dp_status s, const char *file, int line, const char *fmt, ...) {
   const char *base = strrchr(file, '/');
   base = base ? base + 1 : file;
   /* The message first (it is what a user reads), the library location last. */
-  char msg[DP_ERRMSG_CAP - 64];
+  char msg[DP_ERRMSG_CAP - 64], safe[DP_ERRMSG_CAP - 64];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  snprintf(last_error, sizeof last_error, "%s [%s:%d]", msg, base, line);
+  escape_controls(msg, safe, sizeof safe);
+  snprintf(last_error, sizeof last_error, "%s [%s:%d]", safe, base, line);
   return s;
 }
 
