@@ -4299,7 +4299,29 @@ START_TEST(train_refuses_bad_data_before_training) {
                 "--labels", p[F_Y32], "--batch", "64", "--accumulate", "2", "--epochs", "2",
                 "--quiet", "--save", ck, NULL);
   ck_assert_msg(r.rc == DPT_EXIT_OK && strstr(r.out, "(step 23)"), "%s%s", r.out, r.err);
+  ck_assert_msg(!strstr(r.err, "--accumulate"), "%s", r.err);
   ck_assert_int_eq(remove(ck), 0);
+  cmd_result_free(&r);
+  /* an outside check (session 23): fewer calls than one optimizer step trained
+   * without a word and changed nothing; calls past the last whole step, without
+   * --save, were dropped without a word */
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "64", "--accumulate", "1024", "--epochs",
+                "3", "--quiet", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err,
+                       "--accumulate 1024: this run's 69 training calls (23 per epoch) "
+                       "are fewer than one optimizer step's 1024") &&
+                    !strstr(r.out, "parameter hash"),
+                "%s%s", r.out, r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, NULL, NULL, "--model", DIGITS_MODEL, "--data", p[F_X32],
+                "--labels", p[F_Y32], "--batch", "64", "--accumulate", "4", "--epochs", "3",
+                "--quiet", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK &&
+                    strstr(r.err, "warning: --accumulate 4: this run's last training call "
+                                  "ends inside an optimizer step"),
+                "%s%s", r.out, r.err);
   cmd_result_free(&r);
   /* --test-fraction 0.2 of 1000 rows holds out 200 (a float's 0.2 made it 201) */
   FILE *src = fopen(DIGITS_CSV, "r"), *dst = fopen(csv, "w");

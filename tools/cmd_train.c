@@ -1183,6 +1183,27 @@ static int start_run(train_run *t) {
             K, run_calls, calls, calls, K, K);
     return -1;
   }
+  /* an outside check (session 23): --accumulate 1024 on 69 calls trained without a
+   * word and changed nothing */
+  if (K > 1 && run_calls > 0 && run_calls < K) {
+    fprintf(stderr,
+            "dp train: --accumulate %d: this run's %ld training calls (%ld per epoch) are "
+            "fewer than one optimizer step's %d, so the model would not change: give more "
+            "--epochs, a smaller --batch or a smaller --accumulate\n",
+            K, run_calls, calls, K);
+    return -1;
+  }
+  if (K > 1 && run_calls % K) {
+    char last[48] = "last training call ends";
+    if (run_calls % K > 1)
+      snprintf(last, sizeof last, "last %ld training calls end", run_calls % K);
+    fprintf(
+        stderr,
+        "dp train: warning: --accumulate %d: this run's %s inside an optimizer step, "
+        "whose gradients are not applied (give --epochs E with E x %ld a multiple of %d "
+        "to use every batch)\n",
+        K, last, calls, K);
+  }
   if (o->save_every) { /* checked for form when parsed */
     double v;
     int ep;
