@@ -4,6 +4,7 @@
  * batch that its devices take. Every rank gets the same loss and parameters;
  * the bits are those of the same job in one process.
  *
+ *   ninja build/examples/mpi_train             (a plain `ninja` builds it too)
  *   mpirun -np 2 build/examples/mpi_train      (also -np 1, 4 or 8)
  */
 #include <dp_mpi.h>

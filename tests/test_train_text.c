@@ -175,6 +175,37 @@ START_TEST(text_run_trains_and_the_loss_falls) {
 }
 END_TEST
 
+/* docs/TOOL.md's sequence example, as it reads there (an outside check, session
+ * 23, found its model missing from the repository): examples/small_gpt.dpm on the
+ * GPL text Debian ships gives its figures, which the same bits give on every
+ * machine and tier. */
+START_TEST(the_documented_small_gpt_run_gives_its_figures) {
+  char gpl[] = "/usr/share/common-licenses/GPL-3";
+  if (access(gpl, R_OK) != 0) {
+    fprintf(stderr,
+            "NOTE train_text: the_documented_small_gpt_run_gives_its_figures: no "
+            "%s on this system; skipped\n",
+            gpl);
+    return;
+  }
+  cmd_result r = TRAIN("--model", "examples/small_gpt.dpm", "--text", gpl, "--devices", "2",
+                       "--batch", "32", "--epochs", "2", "--optimizer", "adamw", "--lr",
+                       "0.003", "--eval-every", "1");
+  ok(&r);
+  static const char *const want[] = {
+      "35149 bytes, 1756 training / 440 held-out windows (the tail) of 16 + 1",
+      "epoch   1/2  loss 3.6477  ",
+      "held-out 3.8039 nats/byte  perplexity 44.88",
+      "epoch   2/2  loss 2.8141  ",
+      "held-out: 3.5020 nats/byte, perplexity 33.18, next-byte accuracy 20.06% (440 "
+      "windows)",
+  };
+  for (size_t i = 0; i < sizeof want / sizeof *want; i++)
+    ck_assert_msg(strstr(r.out, want[i]), "'%s' not in:\n%s", want[i], r.out);
+  cmd_result_free(&r);
+}
+END_TEST
+
 /* --tokens: the text's bytes as int32 and as uint16 ids train exactly as
  * --text does (the same windows, the same parameter hash); an id outside the
  * vocabulary is refused naming its index. */
@@ -766,6 +797,7 @@ Suite *train_text_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, text_run_trains_and_the_loss_falls);
+  tcase_add_test(tc, the_documented_small_gpt_run_gives_its_figures);
   tcase_add_test(tc, tokens_int32_and_uint16_train_as_the_text);
   tcase_add_test(tc, steps_are_the_windows_in_the_epoch_order);
   tcase_add_test(tc, save_resume_is_bit_exact_and_generate_reads_it);
