@@ -1527,6 +1527,28 @@ START_TEST(epoch_lines_reach_a_pipe_as_each_epoch_ends) {
 }
 END_TEST
 
+/* A CSV whose rows do not fit the model: the message counts the fields as the
+ * file has them (an outside check, session 23: "63 features per row" of a file
+ * of 65 fields, 2 of them mse targets). */
+START_TEST(a_width_mismatch_counts_the_files_fields) {
+  char model[64], data[64];
+  temp_file(model, sizeof model, "input 3\nlinear 3\nloss softmax_cross_entropy\n");
+  small_csv(data, sizeof data); /* 5 fields: a label and 4 features */
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  char want[256];
+  snprintf(
+      want, sizeof want,
+      "dp train: %s has 5 fields per row: a label, then 4 features; %s takes 3 features "
+      "(rows of 4 fields)\n",
+      data, model);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+  unlink(model);
+  unlink(data);
+}
+END_TEST
+
 START_TEST(cuda_options_refused_on_the_cpu_backend) {
   char model[64];
   temp_file(model, sizeof model, SMALL_SPEC);
@@ -4515,6 +4537,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_warns_when_devices_outnumber_cpus);
   tcase_add_test(tc, unknown_command_suggests_the_nearest);
   tcase_add_test(tc, epoch_lines_reach_a_pipe_as_each_epoch_ends);
+  tcase_add_test(tc, a_width_mismatch_counts_the_files_fields);
   tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);
   tcase_add_test(tc, plan_cuda_replicas_on_one_gpu);
   tcase_add_test(tc, plan_recompute_shows_both_activation_figures);

@@ -641,8 +641,8 @@ static int load_repro(repro_run *t) {
   }
   (void)loss_kind;
   if (data->n_features != in_w) {
-    fprintf(stderr, "dp repro: %s has %d features per row; %s takes %d\n", o->data,
-            data->n_features, o->model, in_w);
+    dpt_width_mismatch(err, sizeof t->err, o->data, o->model, data, in_w, 1);
+    fprintf(stderr, "dp repro: %s\n", err);
     return -1;
   }
   if (data->label && data->label_width <= 1 && data->n_classes > out_w) {

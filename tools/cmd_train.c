@@ -891,8 +891,8 @@ static int load_data(train_run *t, const char *data, const char *labels,
     return -1;
   }
   if (d->n_features != t->in_w) {
-    fprintf(stderr, "dp train: %s has %d features per row; %s takes %d\n", data,
-            d->n_features, o->model, t->in_w);
+    dpt_width_mismatch(t->err, sizeof t->err, data, o->model, d, t->in_w, !labels);
+    fprintf(stderr, "dp train: %s\n", t->err);
     return -1;
   }
   int r = dpt_first_label_past(d, t->out_w);

@@ -1222,3 +1222,26 @@ dp_status dpt_token_windows(dpt_tokens *tok, size_t from, size_t to, int T,
   out->label_width = T;
   return DP_OK;
 }
+
+void dpt_width_mismatch(char *err, size_t errcap, const char *path, const char *model,
+                        const dpt_dataset *d, int in_w, int targets_in_rows) {
+  int lead = !targets_in_rows ? 0
+             : d->label       ? (d->label_width > 1 ? d->label_width : 1)
+                              : d->n_targets;
+  if (lead <= 0) {
+    snprintf(err, errcap, "%s has %d features per row; %s takes %d", path, d->n_features,
+             model, in_w);
+    return;
+  }
+  char what[96];
+  if (d->label)
+    snprintf(what, sizeof what, "%s", "a label");
+  else
+    snprintf(what, sizeof what, "%d target%s (loss mse, one per output)", lead,
+             lead == 1 ? "" : "s");
+  snprintf(
+      err, errcap,
+      "%s has %d fields per row: %s, then %d features; %s takes %d features (rows of %d "
+      "fields)",
+      path, lead + d->n_features, what, d->n_features, model, in_w, lead + in_w);
+}

@@ -94,6 +94,13 @@ void dpt_dataset_free(dpt_dataset *d);
  * one the model has no output for; -1 when none (or no labels). */
 int dpt_first_label_past(const dpt_dataset *d, int classes);
 
+/* The message for data whose rows have another feature count than the model's
+ * input (in_w), to err: with the targets in the same rows (a CSV without
+ * --labels: a label first, or loss mse's targets), how the fields split, for
+ * the count of fields is what the user sees in the file. */
+void dpt_width_mismatch(char *err, size_t errcap, const char *path, const char *model,
+                        const dpt_dataset *d, int in_w, int targets_in_rows);
+
 /* Every reader behind --data/--labels (dp train, dp predict): the format is
  * told by the data file's first bytes, not its name:
  *   .npy      "\x93NUMPY": features of any shape, float32 ('<f4'), float64
