@@ -636,6 +636,20 @@ START_TEST(config_usage_errors) {
   ck_assert_msg(strstr(err, "--recompute"), "%s", err);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "4", "extra"), DPT_ARGS_ERROR);
   ck_assert_msg(strstr(err, "unexpected argument 'extra'"), "%s", err);
+  /* an unknown option names the nearest, an ambiguous one its candidates (an
+   * outside check, session 23: commands had it, options did not) */
+  static const char *const typo[][2] = {
+      {"--optimiser", "unknown option '--optimiser'; did you mean '--optimizer'?"},
+      {"--clip_grad_norm=1",
+       "unknown option '--clip_grad_norm'; did you mean '--clip-grad-norm'?"},
+      {"--learning-rate", "unknown option '--learning-rate'; did you mean '--lr'?"},
+      {"--frobnicate", "unknown option '--frobnicate'"},
+      {"--be", "option '--be' is ambiguous: --beta1, --beta2"},
+  };
+  for (size_t i = 0; i < sizeof typo / sizeof *typo; i++) {
+    ck_assert_int_eq(PARSE(&c, NULL, err, (char *)typo[i][0], "1"), DPT_ARGS_ERROR);
+    ck_assert_str_eq(err, typo[i][1]);
+  }
 }
 END_TEST
 

@@ -162,6 +162,14 @@ START_TEST(token_streams) {
   ck_assert_int_eq(dpt_npy_load_tokens(t.path, 512, &tok, err, sizeof err), DP_ERR_PARSE);
   ck_assert_ptr_nonnull(strstr(err, "dtype"));
   unlink(t.path);
+  /* numpy's default int64: the fix named (an outside check, session 23) */
+  memcpy(buf + 21, "<i8", 3);
+  tmp_write_n(&t, buf, 140);
+  ck_assert_int_eq(dpt_npy_load_tokens(t.path, 512, &tok, err, sizeof err), DP_ERR_PARSE);
+  ck_assert_msg(strstr(err, "dtype '<i8' is not supported") &&
+                    strstr(err, "(numpy: np.save(f, ids.astype(np.int32)))"),
+                "%s", err);
+  unlink(t.path);
 }
 END_TEST
 

@@ -539,6 +539,78 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   return dpt_fail(err, errcap, "internal: unknown common option %d", code);
 }
 
+/* Levenshtein distance of a and b, capped: strings longer than 31 bytes are
+ * "far" (99). */
+int dpt_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  if (la > 31 || lb > 31) return 99;
+  int row[32];
+  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
+  for (size_t i = 1; i <= la; i++) {
+    int diag = row[0];
+    row[0] = (int)i;
+    for (size_t j = 1; j <= lb; j++) {
+      int up = row[j];
+      int best = diag + (a[i - 1] != b[j - 1]);
+      if (up + 1 < best) best = up + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  return row[lb];
+}
+
+/* What an unknown or ambiguous long option (tok, "--name" or "--name=value")
+ * was, to err: the options it is a prefix of, or the nearest name (at most two
+ * edits away, '_' read as '-'). */
+int dpt_unknown_option(const struct option *opts, const char *tok, char *err,
+                       size_t errcap) {
+  char name[40];
+  const char *n = strncmp(tok, "--", 2) == 0 ? tok + 2 : tok;
+  size_t len = strcspn(n, "=");
+  if (len >= sizeof name) len = sizeof name - 1;
+  memcpy(name, n, len);
+  name[len] = '\0';
+  char list[160] = "";
+  int prefixed = 0;
+  for (const struct option *o = opts; o->name; o++)
+    if (len && strncmp(o->name, name, len) == 0 && prefixed++ < 4)
+      snprintf(list + strlen(list), sizeof list - strlen(list), "%s--%s",
+               prefixed > 1 ? ", " : "", o->name);
+  if (prefixed > 1)
+    return dpt_fail(err, errcap, "option '--%s' is ambiguous: %s%s", name, list,
+                    prefixed > 4 ? ", ..." : "");
+  for (char *c = name; *c; c++)
+    if (*c == '_') *c = '-';
+  /* other tools' names for libdp's */
+  static const char *const alias[][2] = {{"learning-rate", "lr"},
+                                         {"batch-size", "batch"},
+                                         {"num-epochs", "epochs"},
+                                         {"gpus", "devices"},
+                                         {"nproc-per-node", "devices"}};
+  for (size_t i = 0; i < sizeof alias / sizeof *alias; i++)
+    if (strcmp(name, alias[i][0]) == 0)
+      for (const struct option *o = opts; o->name; o++)
+        if (strcmp(o->name, alias[i][1]) == 0)
+          return dpt_fail(err, errcap, "unknown option '%.*s'; did you mean '--%s'?",
+                          (int)strcspn(tok, "="), tok, o->name);
+  const char *best = NULL;
+  int bd = 3;
+  for (const struct option *o = opts; o->name; o++) {
+    int d = dpt_distance(name, o->name);
+    if (d < bd) {
+      bd = d;
+      best = o->name;
+    }
+  }
+  /* a short name is near too many: only one edit from it */
+  if (best && (bd <= 1 || len > 4))
+    return dpt_fail(err, errcap, "unknown option '%.*s'; did you mean '--%s'?",
+                    (int)strcspn(tok, "="), tok, best);
+  return dpt_fail(err, errcap, "unknown option '%.*s'", (int)strcspn(tok, "="), tok);
+}
+
 static const char *option_name(const struct option *opts, int val) {
   for (const struct option *o = opts; o->name; o++)
     if (o->val == val && !o->flag) return o->name;
@@ -607,8 +679,7 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
       return dpt_fail(err, errcap, "option %s needs a value", tok);
     }
     if (c == '?') {
-      if (optopt == 0)
-        return dpt_fail(err, errcap, "unknown or ambiguous option '%s'", tok);
+      if (optopt == 0) return dpt_unknown_option(opts, tok, err, errcap);
       if (optopt >= 0x100 || (optopt == 'h' && strncmp(tok, "--", 2) == 0)) {
         const char *name = option_name(opts, optopt);
         return dpt_fail(err, errcap, "option --%s takes no value ('%s')", name ? name : "?",

@@ -400,6 +400,14 @@ int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_rol
 /* The CPUs this process may run on (sched_getaffinity; sysconf as fallback). */
 int dpt_cpu_count(void);
 
+/* Levenshtein distance of a and b; strings longer than 31 bytes are "far" (99). */
+int dpt_distance(const char *a, const char *b);
+/* The message for an unknown or ambiguous long option tok ("--name" or
+ * "--name=value") among opts, to err: the options it is a prefix of, or the
+ * nearest name ("did you mean '--epochs'?"). Returns -1. */
+int dpt_unknown_option(const struct option *opts, const char *tok, char *err,
+                       size_t errcap);
+
 /* A backend of virtual devices (the cpu backend: no DP_BACKEND_CAP_DEVICES)
  * runs one thread per device: with more devices than CPUs (n_cpus) they take
  * turns and every step is many times slower. Writes one warning line ("dp

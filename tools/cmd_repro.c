@@ -350,7 +350,7 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
       else if (optopt)
         snprintf(err, errcap, "unknown option '-%c'", optopt);
       else
-        snprintf(err, errcap, "unknown or ambiguous option '%s'", tok);
+        dpt_unknown_option(repro_options, tok, err, errcap);
       goto out;
     case OPT_MODEL: o->model = optarg; break;
     case OPT_DATA: o->data = optarg; break;

@@ -1142,7 +1142,8 @@ static dp_status npy_header(const char *path, const unsigned char *b, size_t n, 
   else
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
                            "%s: byte %zu: dtype '%s' is not supported: token ids must be "
-                           "int32 ('<i4') or uint16 ('<u2'), little-endian",
+                           "int32 ('<i4') or uint16 ('<u2'), little-endian (numpy: "
+                           "np.save(f, ids.astype(np.int32)))",
                            path, h.at_descr, h.descr);
   if (h.fortran)
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,

@@ -79,34 +79,12 @@ static const command *find(const char *name) {
   return NULL;
 }
 
-/* Levenshtein distance of a and b, capped: strings longer than 31 bytes are
- * "far" (99). */
-static int distance(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la > 31 || lb > 31) return 99;
-  int row[32];
-  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
-    for (size_t j = 1; j <= lb; j++) {
-      int up = row[j];
-      int best = diag + (a[i - 1] != b[j - 1]);
-      if (up + 1 < best) best = up + 1;
-      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-      row[j] = best;
-      diag = up;
-    }
-  }
-  return row[lb];
-}
-
 /* "dp: unknown command 'trian'; did you mean 'train'?" and a one-line hint. */
 static int unknown(const char *name) {
   const command *best = NULL;
   int bd = 3; /* at most two edits away */
   for (int i = 0; i < N_COMMANDS; i++) {
-    int d = distance(name, commands[i].name);
+    int d = dpt_distance(name, commands[i].name);
     if (d < bd) {
       bd = d;
       best = &commands[i];
