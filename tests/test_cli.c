@@ -636,6 +636,14 @@ START_TEST(config_usage_errors) {
   ck_assert_msg(strstr(err, "--recompute"), "%s", err);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "4", "extra"), DPT_ARGS_ERROR);
   ck_assert_msg(strstr(err, "unexpected argument 'extra'"), "%s", err);
+  /* a number the library would see as 0, and hexadecimal (an outside check,
+   * session 23: --lr 1e-50 was taken, then refused as "got 0" after the data) */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e-50"), DPT_ARGS_ERROR);
+  ck_assert_str_eq(err, "--lr: 1e-50 rounds to 0 as a float32; the smallest it holds is "
+                        "1.4e-45");
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "0x1p-3"), DPT_ARGS_ERROR);
+  ck_assert_str_eq(err, "--lr: '0x1p-3' is not a decimal number");
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e-3"), DPT_ARGS_OK);
   /* an unknown option names the nearest, an ambiguous one its candidates (an
    * outside check, session 23: commands had it, options did not) */
   static const char *const typo[][2] = {
@@ -1128,7 +1136,15 @@ START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
                                  {"cosine:-1e", "is not constant"},
                                  {"step:2:1.5", "gamma"},
                                  {"warmup-cosine:0:10", "warmup"},
-                                 {"linear", "is not constant"}};
+                                 {"linear", "is not constant"},
+                                 /* an outside check (session 23): cast to an int
+                                  * (undefined), and hexadecimal taken */
+                                 {"warmup-cosine:99999999999999:1",
+                                  "a step count (N, T_MAX, W) is a whole number from 0 to "
+                                  "2147483647"},
+                                 {"cosine:2.5", "a step count"},
+                                 {"step:0x10:0.5", "is not constant"},
+                                 {"cosine:inf", "is not constant"}};
   for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
     r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--quiet",
             "--lr-schedule", bad[i][0]);

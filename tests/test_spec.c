@@ -228,6 +228,8 @@ START_TEST(dropout_probability_not_a_number) {
             "dropout: expected a probability in [0, 1), got 'abc'");
   parse_bad("input 3\ndropout 0.5x\n", 2, 9, "got '0.5x'");
   parse_bad("input 3\ndropout nan\n", 2, 9, "got 'nan'");
+  /* hexadecimal, which strtod takes (an outside check, session 23) */
+  parse_bad("input 3\ndropout 0x0.8p0\n", 2, 9, "got '0x0.8p0'");
   parse_bad("input 3\ndropout\n", 2, 9, "expected a probability after 'dropout'");
   parse_bad("input 3\ndropout 0.12345678901234567890123456789012345\n", 2, 9,
             "expected a probability in [0, 1)");
@@ -887,6 +889,12 @@ START_TEST(image_layers_format_round_trips) {
   m = parse_ok("input 1 6 6\nconv2d 2 3 nobias padding 0 stride 1\nmaxpool2d 3 stride 3\n");
   dp_model_format(m, buf, sizeof buf);
   ck_assert_str_eq(buf, "input 1 6 6\nconv2d 2 3 nobias\nmaxpool2d 3\n");
+  dp_model_free(m);
+  /* padding 00 is padding 0, as width 008 is 8 (an outside check, session 23: it
+   * was "out of range (1..)") */
+  m = parse_ok("input 1 6 6\nconv2d 2 3 padding 00\n");
+  dp_model_format(m, buf, sizeof buf);
+  ck_assert_str_eq(buf, "input 1 6 6\nconv2d 2 3\n");
   dp_model_free(m);
 }
 END_TEST

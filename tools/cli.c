@@ -145,19 +145,29 @@ int dpt_parse_int(const char *s, long min, long max, const char *what, int *out,
   return 0;
 }
 
+bool dpt_decimal(const char *s, size_t len) {
+  return len > 0 && strspn(s, "0123456789.eE+-") >= len;
+}
+
 int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
                     char *err, size_t errcap) {
   if (!s || !*s) return dpt_fail(err, errcap, "%s: empty value, expected a number", what);
-  if (isspace((unsigned char)*s))
-    return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
+  /* decimal only: strtod would take hexadecimal (0x1p-3), inf and nan too */
+  if (!dpt_decimal(s, strlen(s)))
+    return dpt_fail(err, errcap, "%s: '%s' is not a decimal number", what, s);
   char *end;
   errno = 0;
   double v = strtod(s, &end);
   if (end == s || *end != '\0')
     return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
-  if (!isfinite(v) || errno == ERANGE || v < min || v > max || v > FLT_MAX || v < -FLT_MAX)
+  if (!isfinite(v) || (errno == ERANGE && v != 0) || v < min || v > max || v > FLT_MAX ||
+      v < -FLT_MAX)
     return dpt_fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
                     max > FLT_MAX ? (double)FLT_MAX : max);
+  if (v != 0 && (float)v == 0) /* 1e-50: the library would see 0 */
+    return dpt_fail(err, errcap,
+                    "%s: %s rounds to 0 as a float32; the smallest it holds is 1.4e-45",
+                    what, s);
   *out = (float)v;
   return 0;
 }
@@ -453,7 +463,7 @@ int dpt_given(const dpt_common *c, int code) {
 /* A number in [0, 1) (momentum, betas). */
 static int parse_below_one(const char *arg, const char *what, float *out, char *err,
                            size_t errcap) {
-  float v;
+  float v = 0.0f;
   if (dpt_parse_float(arg, 0, 1, what, &v, err, errcap)) return -1;
   if (v >= 1.0f) /* 1, or a value that rounds to 1 as a float */
     return dpt_fail(err, errcap, "%s: %s is out of range [0, 1)", what, arg);

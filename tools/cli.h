@@ -12,6 +12,7 @@
 #include "dp.h"
 
 #include <getopt.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -75,7 +76,11 @@ int dpt_parse_size(const char *s, size_t *out, char *err, size_t errcap);
  * ("--batch"). Leading/trailing junk and whitespace are refused. */
 int dpt_parse_int(const char *s, long min, long max, const char *what, int *out, char *err,
                   size_t errcap);
-/* A finite number in [min, max] (inclusive). */
+/* Whether the len bytes at s are a decimal number's characters (digits, '.', an
+ * exponent, signs): strtod alone takes hexadecimal, inf and nan too. */
+bool dpt_decimal(const char *s, size_t len);
+/* A finite decimal number in [min, max] (inclusive) that a float32 holds (not
+ * one that rounds to 0). */
 int dpt_parse_float(const char *s, double min, double max, const char *what, float *out,
                     char *err, size_t errcap);
 /* An unsigned 64-bit decimal integer (no sign). */

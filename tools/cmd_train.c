@@ -70,9 +70,17 @@ typedef struct {
 static int schedule_field(const char *f, double *v, int *epochs) {
   char *end = NULL;
   errno = 0;
+  if (!dpt_decimal(f, strlen(f))) return -1; /* strtod takes 0x10 and inf too */
   *v = strtod(f, &end);
   *epochs = end && *end == 'e' && end[1] == '\0';
   return end == f || errno || (*end && !*epochs) || !isfinite(*v) ? -1 : 0;
+}
+
+/* A step count of --lr-schedule: a whole number of steps an int holds. */
+static int schedule_steps(double v, int *out) {
+  if (!(v >= 0.0 && v <= (double)INT_MAX) || v != floor(v)) return -1;
+  *out = (int)v;
+  return 0;
 }
 
 /* --lr-schedule: constant | step:N:GAMMA | cosine:T_MAX[:ETA_MIN] |
@@ -114,27 +122,29 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
     /* base_lr throughout */
   } else if (strcmp(word, "step") == 0 && k == 2 && !ep[1]) {
     s->kind = DP_LR_STEP;
-    s->step_size = (int)v[0];
+    if (schedule_steps(v[0], &s->step_size)) goto steps;
     s->gamma = (float)v[1];
-    if (v[0] != (int)v[0]) goto bad;
   } else if (strcmp(word, "cosine") == 0 && (k == 1 || k == 2) && !ep[1]) {
     s->kind = DP_LR_COSINE;
-    s->t_max = (int)v[0];
+    if (schedule_steps(v[0], &s->t_max)) goto steps;
     s->eta_min = (float)v[1];
-    if (v[0] != (int)v[0]) goto bad;
   } else if (strcmp(word, "warmup-cosine") == 0 && k >= 2 && k <= 4 && !ep[2] && !ep[3]) {
     s->kind = DP_LR_WARMUP_COSINE;
-    s->warmup = (int)v[0];
-    s->t_max = (int)v[1];
+    if (schedule_steps(v[0], &s->warmup) || schedule_steps(v[1], &s->t_max)) goto steps;
     s->eta_min = (float)v[2];
     if (k == 4) s->start_factor = (float)v[3];
-    if (v[0] != (int)v[0] || v[1] != (int)v[1]) goto bad;
   } else {
     goto bad;
   }
   if (*in_epochs && calls <= 0) return 0; /* checked again with the epochs' steps */
   if (dp_lr_schedule_check(s) == DP_OK) return 0;
   snprintf(err, errcap, "--lr-schedule %s: %s", text, dpt_user_msg(dp_last_error()));
+  return -1;
+steps: /* an outside check (session 23): 99999999999999 was cast to an int */
+  snprintf(err, errcap,
+           "--lr-schedule %s: a step count (N, T_MAX, W) is a whole number from 0 to "
+           "2147483647",
+           text);
   return -1;
 bad:
   snprintf(err, errcap,

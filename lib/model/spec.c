@@ -104,8 +104,10 @@ static dp_status parse_prob(const token *t, where w, float *out) {
   buf[t->len] = '\0';
   char *end;
   errno = 0;
+  /* decimal only: strtod takes hexadecimal (0x0.8p0) too */
+  bool decimal = strspn(buf, "0123456789.eE+-") == strlen(buf);
   double v = strtod(buf, &end);
-  if (errno || *end || end == buf || !(v >= 0.0 && v < 1.0))
+  if (!decimal || errno || *end || end == buf || !(v >= 0.0 && v < 1.0))
     return SPEC_FAIL(DP_ERR_PARSE, w, t->col,
                      "dropout: expected a probability in [0, 1), got '%s'", buf);
   if (!((float)v < 1.0f)) /* e.g. 0.99999999: below 1, but 1 as a float */
@@ -182,7 +184,10 @@ static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
                        "%s: expected a number after '%s'", what,
                        which ? "padding" : "stride");
     const token *num = &t[++i];
-    if (which == 1 && num->len == 1 && num->s[0] == '0') continue; /* padding 0 */
+    /* padding 0 (or 00: parse_width's leading zeros) */
+    int zeros = 0;
+    while (zeros < num->len && num->s[zeros] == '0') zeros++;
+    if (which == 1 && num->len >= 1 && zeros == num->len) continue;
     dp_status s =
         parse_width(num, w, what, which ? "padding" : "stride", which ? &pad : &stride);
     if (s) return s;
