@@ -644,6 +644,13 @@ START_TEST(config_usage_errors) {
   ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "0x1p-3"), DPT_ARGS_ERROR);
   ck_assert_str_eq(err, "--lr: '0x1p-3' is not a decimal number");
   ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e-3"), DPT_ARGS_OK);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "64", "--micro-batch", "65"),
+                   DPT_ARGS_ERROR);
+  ck_assert_str_eq(err,
+                   "--micro-batch 65 is more than --batch 64: a micro-batch is a part of "
+                   "a batch; give --micro-batch 64 or less");
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--batch", "64", "--micro-batch", "64"),
+                   DPT_ARGS_OK);
   /* an unknown option names the nearest, an ambiguous one its candidates (an
    * outside check, session 23: commands had it, options did not) */
   static const char *const typo[][2] = {

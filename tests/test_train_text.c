@@ -753,6 +753,12 @@ START_TEST(save_every_epochs_and_save_best_restores) {
                     strstr(r.out, "(step 76, --save-every)") &&
                     !strstr(r.out, "(step 57, --save-every)"),
                 "%s", r.out);
+  /* each after the line of the epoch it ends (an outside check, session 23: it
+   * came before) */
+  const char *e2 = strstr(r.out, "epoch   2/5"),
+             *s38 = strstr(r.out, "(step 38, --save-every)"),
+             *e3 = strstr(r.out, "epoch   3/5");
+  ck_assert_msg(e2 && e3 && e2 < s38 && s38 < e3, "%s", r.out);
   cmd_result_free(&r);
   char *base[] = {"--model",     model,   "--text", text,   "--batch", "8",
                   "--optimizer", "adamw", "--lr",   "0.05", "--seed",  "1"};

@@ -738,6 +738,14 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
       return DPT_ARGS_ERROR;
   for (int i = 0; i < n_items; i++)
     if (dpt_parse_backend_option(items[i], cfg, err, errcap)) return DPT_ARGS_ERROR;
+  /* a micro-batch is a part of a batch (an outside check, session 23: 100000 of a
+   * batch of 64 was taken and shown as it was given) */
+  if (dpt_given(common, DPT_OPT_MICRO_BATCH) && dpt_given(common, DPT_OPT_BATCH) &&
+      cfg->micro_batch > cfg->batch)
+    return dpt_fail(err, errcap,
+                    "--micro-batch %d is more than --batch %d: a micro-batch is a part of "
+                    "a batch; give --micro-batch %d or less",
+                    cfg->micro_batch, cfg->batch, cfg->batch);
   /* under mpirun, the job's processes (dp plan --ranks R plans one without) */
   if (!dpt_given(common, DPT_OPT_RANKS) && dpt_world_size() > 1)
     cfg->ranks = dpt_world_size();

@@ -635,6 +635,10 @@ typedef struct {
   /* a run resumed inside an epoch: the training calls of epoch0 done */
   int pos0;
   long every; /* --save-every, in optimizer steps (0: none) */
+  /* a --save-every checkpoint at an epoch's end: its line waits for the epoch's
+   * (every_at_end: being written; every_said: its step, 0 when none waits) */
+  int every_at_end;
+  unsigned long long every_said;
   /* a stop by signal: the signal, then the epochs done and the calls done in
    * the next one, as the checkpoint records them */
   int stop_sig, stop_ep, stop_pos;
@@ -1305,6 +1309,7 @@ typedef struct {
 typedef enum { SAVE_END, SAVE_EVERY, SAVE_BEST, SAVE_STOP } save_kind;
 static int save_checkpoint(train_run *t, const char *path, int epochs, int position,
                            save_kind kind);
+static void say_every(train_run *t);
 
 /* After a step that ended an optimizer step (accumulation done; a checkpoint
  * holds no partial sums), `done` rows into epoch ep: --save-every's
@@ -1319,9 +1324,12 @@ static int after_step(train_run *t, int ep, int done) {
     e = ep + 1;
     pos = 0;
   }
-  if (t->every && dp_ctx_step(t->ctx) % (uint64_t)t->every == 0 &&
-      save_checkpoint(t, t->o.save, e, pos, SAVE_EVERY))
-    return -1;
+  if (t->every && dp_ctx_step(t->ctx) % (uint64_t)t->every == 0) {
+    t->every_at_end = pos == 0;
+    int failed = save_checkpoint(t, t->o.save, e, pos, SAVE_EVERY);
+    t->every_at_end = 0;
+    if (failed) return -1;
+  }
   int sig = dpt_stop_agreed();
   if (!sig) return 0;
   t->stop_sig = sig;
@@ -1500,7 +1508,10 @@ static int run_epochs(train_run *t) {
   for (int ep = t->epoch0; ep < t->ep_end; ep++) {
     epoch_stats es = {0};
     int st = train_epoch(t, ep, &es);
-    if (st) return st < 0 ? -1 : 0; /* stopped by a signal: t->stop_sig */
+    if (st) {
+      say_every(t);
+      return st < 0 ? -1 : 0; /* stopped by a signal: t->stop_sig */
+    }
     int k = ep - t->epoch0;
     t->ep_done = ep + 1;
     held_out h;
@@ -1512,6 +1523,7 @@ static int run_epochs(train_run *t) {
       progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
                t->curve[k], es.t_epoch > 0 ? es.samples / es.t_epoch : 0.0, el,
                el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
+    say_every(t);
     if (t->logf) log_epoch(t, k, el, &es, &h);
     if (stop) {
       t->stopped = 1;
@@ -1620,10 +1632,20 @@ static int save_checkpoint(train_run *t, const char *path, int epochs, int posit
   }
   if (kind == SAVE_END)
     printf("checkpoint: %s (step %llu)\n", path, (unsigned long long)dp_ctx_step(t->ctx));
+  else if (kind == SAVE_EVERY && !t->o.quiet && t->every_at_end)
+    t->every_said = (unsigned long long)dp_ctx_step(t->ctx); /* after the epoch's line */
   else if (kind == SAVE_EVERY && !t->o.quiet) /* over a progress line on a terminal */
     printf("%scheckpoint: %s (step %llu, --save-every)%s\n", t->tty ? "\r" : "", path,
            (unsigned long long)dp_ctx_step(t->ctx), t->tty ? "\033[K" : "");
   return 0;
+}
+
+/* The line of a --save-every checkpoint written at an epoch's end, after that
+ * epoch's line (an outside check, session 23: it came before it). */
+static void say_every(train_run *t) {
+  if (!t->every_said) return;
+  printf("checkpoint: %s (step %llu, --save-every)\n", t->o.save, t->every_said);
+  t->every_said = 0;
 }
 
 /* A stop by signal, after the step at hand (every rank after the same one):
