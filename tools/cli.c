@@ -754,6 +754,23 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
   return DPT_ARGS_OK;
 }
 
+int dpt_job_devices(const dp_config *cfg, const dpt_common *common, char *err,
+                    size_t errcap) {
+  int ranks = dpt_world_size();
+  if (ranks <= 1 || dpt_given(common, DPT_OPT_RANKS) || cfg->n_devices % ranks == 0)
+    return 0;
+  if (!dpt_given(common, DPT_OPT_DEVICES))
+    return dpt_fail(err, errcap,
+                    "--devices counts the whole job's devices, 1 when not given: give this "
+                    "job of %d processes --devices %d (one a process) or a multiple of %d",
+                    ranks, ranks, ranks);
+  return dpt_fail(
+      err, errcap,
+      "--devices %d cannot be shared by this job's %d processes: each drives the "
+      "same number of devices; give a multiple of %d",
+      cfg->n_devices, ranks, ranks);
+}
+
 int dpt_parse_command(int argc, char **argv, const struct option *extra, dpt_option_fn fn,
                       void *user, void (*usage)(FILE *), dp_config *cfg, dpt_common *common,
                       char *err, size_t errcap) {

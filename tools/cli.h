@@ -232,6 +232,11 @@ int dpt_parse_args(int argc, char **argv, const struct option *extra, dpt_option
                    void *user, dp_config *cfg, dpt_common *common, char *err,
                    size_t errcap);
 
+/* Under mpirun, whether the job's devices (--devices counts them all) can be
+ * shared by its processes, said before any data is read (the planner says it
+ * later). 0, or -1 with the message in err. */
+int dpt_job_devices(const dp_config *cfg, const dpt_common *common, char *err,
+                    size_t errcap);
 /* The preamble of a command without positional arguments: dpt_parse_args;
  * on -h/--help, usage(stdout) (usage may be NULL) and DPT_ARGS_HELP; a
  * positional argument is refused ("unexpected argument 'x'"). */

@@ -3,6 +3,7 @@
  * context): nothing is allocated per token. Past the context the window
  * slides: the model sees the last T tokens. */
 #include "cli.h"
+#include "svg.h" /* dpt_format_bytes */
 
 #include <math.h>
 #include <stdbool.h>
@@ -254,7 +255,15 @@ static int make_context(generate_run *t) {
   t->prob = malloc((size_t)t->V * sizeof *t->prob);
   t->top = malloc((size_t)(t->o.top_k ? t->o.top_k : 1) * sizeof *t->top);
   if (!t->seq || !t->x || !t->y || !t->prob || !t->top) {
-    fprintf(stderr, "dp generate: out of memory\n");
+    /* what to change (an outside check, session 23: "out of memory" alone) */
+    char b[32];
+    fprintf(stderr,
+            "dp generate: out of memory for %d sample%s of %zu ids (the prompt's %d and "
+            "--tokens %d): %s; give fewer --samples or --tokens\n",
+            K, K == 1 ? "" : "s", len, n, t->o.tokens,
+            dpt_format_bytes((double)K * (double)len * sizeof *t->seq +
+                                 (double)K * t->T * (t->V + 1) * 4.0,
+                             b, sizeof b));
     return -1;
   }
   for (int k = 0; k < K; k++) prompt_ids(t, t->seq + (size_t)k * len, n);

@@ -709,6 +709,8 @@ static int parse_train(int argc, char **argv, train_run *t) {
                  o->data ? "--data" : "--text", o->tokens ? "--tokens" : "--text");
   if (r == DPT_ARGS_OK && t->cfg.inference)
     r = dpt_fail(err, errcap, "--inference makes no sense for training");
+  if (r == DPT_ARGS_OK && dpt_job_devices(&t->cfg, &common, err, errcap))
+    r = DPT_ARGS_ERROR;
   if (r == DPT_ARGS_OK && (o->text || o->tokens) && o->std_given[0] && o->standardize)
     r = dpt_fail(
         err, errcap,

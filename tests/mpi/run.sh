@@ -165,6 +165,17 @@ if [ "$(nproc)" -ge 2 ]; then
     echo "   1 device a process: no warning; 2: $(grep -o 'warning: 2 virtual devices per process[^:]*' "$tmp/o4")"
   fi
 fi
+# devices the job's processes cannot share are refused before any data is read (a
+# data file that does not exist is never opened)
+echo "-- dp train --devices 3 under mpirun -np 2: refused before the data"
+$MPIRUN -np 2 "$bd/dp" train --model examples/digits.dpm --data "$tmp/none.csv" --batch 64 \
+  --devices 3 >"$tmp/d3" 2>&1 && { echo "FAILED: --devices 3 under -np 2 ran"; fail=1; }
+if grep -q "none.csv" "$tmp/d3" ||
+  ! grep -q "^dp train: --devices 3 cannot be shared by this job's 2 processes" "$tmp/d3"; then
+  cat "$tmp/d3"; echo "FAILED: --devices 3 under -np 2: not refused before the data"; fail=1
+else
+  echo "   $(grep -m1 '^dp train: --devices 3' "$tmp/d3")"
+fi
 # a sequence model on a text (dp train --text): the one-process bits (a row's labels are
 # T ids: each rank feeds its rows' targets); a SIGINT to one rank stops every rank after
 # the same step (they agree on it after each step), saves and exits 130; the command it
