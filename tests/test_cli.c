@@ -1509,6 +1509,18 @@ START_TEST(unknown_command_suggests_the_nearest) {
                    "dp: unknown command 'frobnicate'\nrun 'dp --help' for the commands\n");
   ck_assert_int_eq(WEXITSTATUS(st), DPT_EXIT_USAGE);
   free(out);
+  /* a DP_GEMM_TIER the library ignores is said (an outside check, session 23) */
+  snprintf(cmd, sizeof cmd, "DP_GEMM_TIER=avx5l2 '%s' frobnicate 2>&1", dp);
+  out = shell_output(cmd, &st);
+  ck_assert_msg(starts_with(out, "dp: warning: DP_GEMM_TIER=avx5l2 is not a tier (avx512, "
+                                 "avx2, scalar, auto, avx512bf16); the best this CPU has "
+                                 "runs ("),
+                "%s", out);
+  free(out);
+  snprintf(cmd, sizeof cmd, "DP_GEMM_TIER=scalar '%s' frobnicate 2>&1", dp);
+  out = shell_output(cmd, &st);
+  ck_assert_msg(starts_with(out, "dp: unknown command"), "%s", out);
+  free(out);
 }
 END_TEST
 

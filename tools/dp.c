@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
@@ -135,7 +136,25 @@ static int run(int argc, char **argv) {
   return c->run(argc - 1, argv + 1);
 }
 
+/* DP_GEMM_TIER, which the library reads at its first GEMM and ignores when it
+ * names no tier this CPU has (it cannot say so): said here, once (an outside
+ * check, session 23: a typo went unnoticed). */
+static void check_gemm_tier(void) {
+  const char *want = getenv("DP_GEMM_TIER");
+  if (!want) return;
+  dp_status s = dp_gemm_set_tier(want);
+  if (s == DP_ERR_INVALID)
+    fprintf(stderr,
+            "dp: warning: DP_GEMM_TIER=%s is not a tier (avx512, avx2, scalar, auto, "
+            "avx512bf16); the best this CPU has runs (%s)\n",
+            want, dp_gemm_tier());
+  else if (s)
+    fprintf(stderr, "dp: warning: DP_GEMM_TIER=%s: this CPU lacks it; %s runs\n", want,
+            dp_gemm_tier());
+}
+
 int main(int argc, char **argv) {
+  check_gemm_tier();
 #ifdef DP_HAVE_CUDA
   dp_cuda_register(); /* libdp_cuda.a: --backend cuda (a GPU is needed only to run) */
 #endif
