@@ -530,6 +530,57 @@ static void put_le(unsigned char *p, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
+/* MODL's fields, each wrong with every checksum right: refused naming the field
+ * and what it should be (an outside check, session 23: "inconsistent fields"). */
+START_TEST(test_wrong_model_fields_are_named) {
+  damage_rig d;
+  damage_open(&d, DP_OPT_MOMENTUM); /* one state vector */
+  const size_t m = 16 + 16;         /* the header, MODL's head: its fields */
+  const uint32_t text_len = (uint32_t)le64(d.file + 16 + 8) - 32;
+  static const struct {
+    size_t at;
+    uint32_t v;
+    const char *want;
+  } wrong[] = {
+      {16, 7, "section MODL: optimizer 7 is none of 0 to 2"},
+      {20, 2, "section MODL: 2 optimizer state vectors; momentum keeps 1"},
+      {20, 3, "section MODL: 3 optimizer state vectors; momentum keeps 1"},
+      {24, 6, "section MODL: flags 0x6 (only 0x1, inference, is known)"},
+      {28, 0, "section MODL: its text length field is 0, its text "},
+  };
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  for (size_t i = 0; i < sizeof wrong / sizeof *wrong; i++) {
+    memcpy(b, d.file, d.len);
+    put_le(b + m + wrong[i].at, wrong[i].v, 4);
+    ckpt_reseal(b, d.len);
+    damage_expect_refused(&d, b, d.len, wrong[i].want, wrong[i].at);
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), wrong[i].want), "'%s' not in %s",
+                  wrong[i].want, dp_ctx_error(d.target.c));
+  }
+  /* dp_ckpt_info, which reads no context's model, bounds the count */
+  memcpy(b, d.file, d.len);
+  put_le(b + m + 20, 3, 4);
+  ckpt_reseal(b, d.len);
+  file_write(d.bad, b, d.len);
+  dp_model *mo = NULL;
+  ck_assert_int_eq(dp_ckpt_info(d.bad, &mo, NULL), DP_ERR_PARSE);
+  ck_assert_msg(
+      strstr(dp_last_error(), "section MODL: 3 optimizer state vectors (at most 2)"), "%s",
+      dp_last_error());
+  /* a NUL inside the model's text */
+  memcpy(b, d.file, d.len);
+  b[m + 32 + text_len / 2] = 0;
+  ckpt_reseal(b, d.len);
+  file_write(d.bad, b, d.len);
+  ck_assert_int_eq(dp_ckpt_info(d.bad, &mo, NULL), DP_ERR_PARSE);
+  ck_assert_msg(strstr(dp_last_error(), "section MODL: a NUL byte at byte "), "%s",
+                dp_last_error());
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
 /* A small file whose MODL (checksum and all) names a huge model: dp_ckpt_info
  * refuses it by its size, before a tool plans and allocates that model's
  * arenas (a 118 KB file made dp predict try for 17 GB). */
@@ -1195,6 +1246,7 @@ Suite *checkpoint_suite(void) {
   tc = tcase_create("damage");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_truncated_file_is_refused, 1, 3);
+  tcase_add_test(tc, test_wrong_model_fields_are_named);
   tcase_add_test(tc, test_header_of_a_huge_model_is_refused_by_size);
   tcase_add_loop_test(tc, test_flipped_bit_is_refused, 0, 3);
   tcase_add_test(tc, test_nonfinite_values_are_refused);

@@ -540,11 +540,25 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
   v->flags = get32(m + 24);
   v->text_len = get32(m + 28);
   v->text = m + CK_MODL_FIXED;
-  if (v->text_len != plen - CK_MODL_FIXED || v->optimizer > DP_OPT_ADAMW ||
-      (v->flags & ~CK_FLAG_INFERENCE) ||
-      v->k !=
-          ((v->flags & CK_FLAG_INFERENCE) ? 0u : state_vectors((dp_optimizer)v->optimizer)))
-    return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
+  /* each field named (an outside check, session 23: "inconsistent fields") */
+  if (v->text_len != plen - CK_MODL_FIXED)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: section MODL: its text length field is %u, its text %llu bytes",
+                   path, v->text_len, (unsigned long long)(plen - CK_MODL_FIXED));
+  if (v->optimizer > DP_OPT_ADAMW)
+    return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: optimizer %u is none of 0 to %d", path,
+                   v->optimizer, (int)DP_OPT_ADAMW);
+  if (v->flags & ~CK_FLAG_INFERENCE)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: section MODL: flags 0x%x (only 0x%x, inference, is known)", path,
+                   v->flags, (unsigned)CK_FLAG_INFERENCE);
+  unsigned want_k =
+      (v->flags & CK_FLAG_INFERENCE) ? 0u : state_vectors((dp_optimizer)v->optimizer);
+  if (v->k != want_k)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: section MODL: %u optimizer state vectors; %s%s keeps %u", path,
+                   v->k, dp_optimizer_name((dp_optimizer)v->optimizer),
+                   (v->flags & CK_FLAG_INFERENCE) ? " (inference)" : "", want_k);
   if ((s = check_model(c, v, text, tlen, path))) return s;
   off += sec_size(plen);
 
@@ -776,7 +790,9 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
 static dp_status check_least_size(const char *path, const dp_model *m, unsigned k,
                                   size_t tlen, uint32_t version, size_t file_size) {
   size_t n = dp_model_n_params(m), nf = dp__param_floats(m);
-  if (k > 2) return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
+  if (k > 2)
+    return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: %u optimizer state vectors (at most 2)",
+                   path, k);
   size_t least = n > SIZE_MAX / 32 || nf > SIZE_MAX / 32
                      ? SIZE_MAX
                      : file_size_for(nf, n, k, tlen, version, 0);
@@ -825,8 +841,13 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
     } else {
       memcpy(text, mo + CK_MODL_FIXED, tlen);
       text[tlen] = '\0';
-      if (get32(mo + 28) != tlen || strlen(text) != tlen)
-        s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: inconsistent fields", path);
+      if (get32(mo + 28) != tlen)
+        s = DP_FAIL(DP_ERR_PARSE,
+                    "%s: section MODL: its text length field is %u, its text %zu bytes",
+                    path, get32(mo + 28), tlen);
+      else if (strlen(text) != tlen)
+        s = DP_FAIL(DP_ERR_PARSE, "%s: section MODL: a NUL byte at byte %zu of its text",
+                    path, strlen(text));
       else if ((s = dp_model_parse(text, path, &m)))
         s = DP_FAIL(s, "%s: the model it holds: %s", path, dp_last_error());
       else if (dp_model_n_params(m) != get64(mo))
