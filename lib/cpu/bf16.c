@@ -491,7 +491,13 @@ TGT5 static void pack_km_p(float *dst, int W, const dp__gemm_mat *m, int lane0, 
         /* (lo >> 16) | (hi & 0xffff0000) */
         __m512i w = _mm512_ternarylogic_epi32(_mm512_srli_epi32(lo, 16), hi,
                                               _mm512_set1_epi32((int)0xffff0000u), 0xf8);
-        _mm512_mask_storeu_epi32(d + g, (__mmask16)((1u << cnt) - 1u), w);
+        /* whole stores (masked ones take twice as long): a 12-lane sliver's 4
+         * extra words spill into its next pair's slot, stored at the next k;
+         * but for the panel's last pair, which ends the sliver */
+        if (cnt == 16 || k + 2 < k0 + kc)
+          _mm512_storeu_si512((void *)(d + g), w);
+        else
+          _mm512_mask_storeu_epi32(d + g, (__mmask16)((1u << cnt) - 1u), w);
       }
   }
 }
