@@ -641,6 +641,14 @@ START_TEST(config_usage_errors) {
   ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e-50"), DPT_ARGS_ERROR);
   ck_assert_str_eq(err, "--lr: 1e-50 rounds to 0 as a float32; the smallest it holds is "
                         "1.4e-45");
+  /* below a double's normal range: strtod's ERANGE, 0 for 1e-400 (the review of
+   * session 23: both went through as 0 or "out of range") */
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e-400"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "1e-400 rounds to 0 as a float32"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--clip-grad-norm", "1e-310"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "1e-310 rounds to 0 as a float32"), "%s", err);
+  ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e400"), DPT_ARGS_ERROR);
+  ck_assert_msg(strstr(err, "is out of range"), "%s", err);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "0x1p-3"), DPT_ARGS_ERROR);
   ck_assert_str_eq(err, "--lr: '0x1p-3' is not a decimal number");
   ck_assert_int_eq(PARSE(&c, NULL, err, "--lr", "1e-3"), DPT_ARGS_OK);
@@ -660,6 +668,7 @@ START_TEST(config_usage_errors) {
       {"--learning-rate", "unknown option '--learning-rate'; did you mean '--lr'?"},
       {"--frobnicate", "unknown option '--frobnicate'"},
       {"--be", "option '--be' is ambiguous: --beta1, --beta2"},
+      {"--micro_b", "unknown option '--micro_b'; did you mean '--micro-batch'?"},
   };
   for (size_t i = 0; i < sizeof typo / sizeof *typo; i++) {
     ck_assert_int_eq(PARSE(&c, NULL, err, (char *)typo[i][0], "1"), DPT_ARGS_ERROR);
@@ -3172,13 +3181,15 @@ START_TEST(predict_refuses_what_does_not_fit) {
   cmd_result_free(&r);
   csv_cut(DIGITS_CSV, feat, 1, -1);
 
-  /* features alone read as label and features: 63 */
+  /* features alone read as label and features: 63, said as the file's fields */
   r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", feat, "--out", p);
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
-  snprintf(want, sizeof want,
-           "dp predict: %s has 63 features per row; the checkpoint's model takes 64 (rows "
-           "with the features only: --features-only)\n",
-           feat);
+  snprintf(
+      want, sizeof want,
+      "dp predict: %s has 64 fields per row: a label, then 63 features; the "
+      "checkpoint's model takes 64 features (rows of 65 fields) (rows with the features "
+      "only: --features-only)\n",
+      feat);
   ck_assert_str_eq(r.err, want);
   ck_assert_str_eq(r.out, "");
   ck_assert_int_ne(access(p, F_OK), 0);

@@ -160,11 +160,14 @@ int dpt_parse_float(const char *s, double min, double max, const char *what, flo
   double v = strtod(s, &end);
   if (end == s || *end != '\0')
     return dpt_fail(err, errcap, "%s: '%s' is not a number", what, s);
-  if (!isfinite(v) || (errno == ERANGE && v != 0) || v < min || v > max || v > FLT_MAX ||
+  /* ERANGE: too large (refused as out of range), or too small for a double's
+   * normal range (1e-310; 1e-400 comes back as 0): rounds to 0 below */
+  bool tiny = errno == ERANGE && fabs(v) <= 1.0;
+  if (!isfinite(v) || (errno == ERANGE && !tiny) || v < min || v > max || v > FLT_MAX ||
       v < -FLT_MAX)
     return dpt_fail(err, errcap, "%s: %s is out of range [%g, %g]", what, s, min,
                     max > FLT_MAX ? (double)FLT_MAX : max);
-  if (v != 0 && (float)v == 0) /* 1e-50: the library would see 0 */
+  if ((v != 0 || tiny) && (float)v == 0) /* 1e-50: the library would see 0 */
     return dpt_fail(err, errcap,
                     "%s: %s rounds to 0 as a float32; the smallest it holds is 1.4e-45",
                     what, s);
@@ -582,17 +585,23 @@ int dpt_unknown_option(const struct option *opts, const char *tok, char *err,
   if (len >= sizeof name) len = sizeof name - 1;
   memcpy(name, n, len);
   name[len] = '\0';
+  for (char *c = name; *c; c++)
+    if (*c == '_') *c = '-';
   char list[160] = "";
   int prefixed = 0;
+  const char *only = NULL; /* the one option name is a prefix of ('_' for '-') */
   for (const struct option *o = opts; o->name; o++)
-    if (len && strncmp(o->name, name, len) == 0 && prefixed++ < 4)
+    if (len && strncmp(o->name, name, len) == 0 && prefixed++ < 4) {
       snprintf(list + strlen(list), sizeof list - strlen(list), "%s--%s",
                prefixed > 1 ? ", " : "", o->name);
+      only = o->name;
+    }
   if (prefixed > 1)
     return dpt_fail(err, errcap, "option '--%s' is ambiguous: %s%s", name, list,
                     prefixed > 4 ? ", ..." : "");
-  for (char *c = name; *c; c++)
-    if (*c == '_') *c = '-';
+  if (prefixed == 1)
+    return dpt_fail(err, errcap, "unknown option '%.*s'; did you mean '--%s'?",
+                    (int)strcspn(tok, "="), tok, only);
   /* other tools' names for libdp's */
   static const char *const alias[][2] = {{"learning-rate", "lr"},
                                          {"batch-size", "batch"},

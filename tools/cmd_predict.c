@@ -240,9 +240,9 @@ static int load_inputs(predict_run *t) {
     return -1;
   }
   if (d->n_features != in_w) {
-    fprintf(stderr,
-            "dp predict: %s has %d features per row; the checkpoint's model takes %d%s\n",
-            o->data, d->n_features, in_w,
+    /* the fields as the file has them (the review of session 23) */
+    dpt_width_mismatch(err, errcap, o->data, "the checkpoint's model", d, in_w, !o->labels);
+    fprintf(stderr, "dp predict: %s%s\n", err,
             o->features_only ? "" : " (rows with the features only: --features-only)");
     return -1;
   }

@@ -1190,13 +1190,19 @@ static int start_run(train_run *t) {
             K, calls, o->save_best ? "--save-best" : "--save (with --patience)", K);
     return -1;
   }
+  /* the calls a given --epochs E makes: E x calls, less a resumed run's done ones */
+  char e_calls[48];
+  if (t->pos0)
+    snprintf(e_calls, sizeof e_calls, "E x %ld - %d", calls, t->pos0);
+  else
+    snprintf(e_calls, sizeof e_calls, "E x %ld", calls);
   if (K > 1 && o->save && run_calls % K) {
     fprintf(stderr,
             "dp train: --accumulate %d: this run's %ld training calls (%ld per epoch) end "
             "inside an optimizer step, and a checkpoint holds no partial sums, so --save "
-            "could not save at the end: give --epochs E with E x %ld a multiple of %d, or "
+            "could not save at the end: give --epochs E with %s a multiple of %d, or "
             "a --batch that makes the batches per epoch a multiple of %d\n",
-            K, run_calls, calls, calls, K, K);
+            K, run_calls, calls, e_calls, K, K);
     return -1;
   }
   /* an outside check (session 23): --accumulate 1024 on 69 calls trained without a
@@ -1209,16 +1215,15 @@ static int start_run(train_run *t) {
             K, run_calls, calls, K);
     return -1;
   }
-  if (K > 1 && run_calls % K) {
+  if (K > 1 && run_calls % K && dpt_world_rank() == 0) { /* said once, by rank 0 */
     char last[48] = "last training call ends";
     if (run_calls % K > 1)
       snprintf(last, sizeof last, "last %ld training calls end", run_calls % K);
-    fprintf(
-        stderr,
-        "dp train: warning: --accumulate %d: this run's %s inside an optimizer step, "
-        "whose gradients are not applied (give --epochs E with E x %ld a multiple of %d "
-        "to use every batch)\n",
-        K, last, calls, K);
+    fprintf(stderr,
+            "dp train: warning: --accumulate %d: this run's %s inside an optimizer step, "
+            "whose gradients are not applied (give --epochs E with %s a multiple of %d "
+            "to use every batch)\n",
+            K, last, e_calls, K);
   }
   if (o->save_every) { /* checked for form when parsed */
     double v;
@@ -1517,9 +1522,15 @@ static int run_epochs(train_run *t) {
     int k = ep - t->epoch0;
     t->ep_done = ep + 1;
     held_out h;
-    if (evaluate_epoch(t, &h)) return -1;
+    if (evaluate_epoch(t, &h)) {
+      say_every(t);
+      return -1;
+    }
     int stop = patience_over(t, &h);
-    if (stop < 0) return -1;
+    if (stop < 0) {
+      say_every(t);
+      return -1;
+    }
     double el = dpt_now_s() - t->t_run0;
     if (!t->o.quiet)
       progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
@@ -1636,9 +1647,11 @@ static int save_checkpoint(train_run *t, const char *path, int epochs, int posit
     printf("checkpoint: %s (step %llu)\n", path, (unsigned long long)dp_ctx_step(t->ctx));
   else if (kind == SAVE_EVERY && !t->o.quiet && t->every_at_end)
     t->every_said = (unsigned long long)dp_ctx_step(t->ctx); /* after the epoch's line */
-  else if (kind == SAVE_EVERY && !t->o.quiet) /* over a progress line on a terminal */
+  else if (kind == SAVE_EVERY && !t->o.quiet) { /* over a progress line on a terminal */
     printf("%scheckpoint: %s (step %llu, --save-every)%s\n", t->tty ? "\r" : "", path,
            (unsigned long long)dp_ctx_step(t->ctx), t->tty ? "\033[K" : "");
+    fflush(stdout);
+  }
   return 0;
 }
 
@@ -1647,6 +1660,7 @@ static int save_checkpoint(train_run *t, const char *path, int epochs, int posit
 static void say_every(train_run *t) {
   if (!t->every_said) return;
   printf("checkpoint: %s (step %llu, --save-every)\n", t->o.save, t->every_said);
+  fflush(stdout);
   t->every_said = 0;
 }
 

@@ -805,9 +805,6 @@ int dpt_scaler_meta(const dpt_scaler *sc, dp_meta pairs[3], char **buf) {
   return 3;
 }
 
-/* The comma-separated doubles of key's value into v[0..n): *n of them (v NULL:
- * counted only). Decimal numbers only (no spaces, hexadecimal, inf or nan).
- * 0, or -1 (err). */
 /* A standardisation's mean or deviation as the scaler may apply it: a float32's
  * range (a mean of 1e39 or a deviation of 1e-300 makes every input +-FLT_MAX),
  * a deviation a normal float32 above 0 (it divides). dp train's own are: a
@@ -816,6 +813,9 @@ static bool scale_ok(double v, bool deviation) {
   return isfinite(v) && fabs(v) <= FLT_MAX && (!deviation || v >= FLT_MIN);
 }
 
+/* The comma-separated doubles of key's value into v[0..n): *n of them (v NULL:
+ * counted only). Decimal numbers only (no spaces, hexadecimal, inf or nan).
+ * 0, or -1 (err). */
 static int meta_numbers(const char *key, const char *val, double *v, int *n, int positive,
                         char *err, size_t errcap) {
   const char *p = val;

@@ -141,7 +141,7 @@ static int run(int argc, char **argv) {
  * check, session 23: a typo went unnoticed). */
 static void check_gemm_tier(void) {
   const char *want = getenv("DP_GEMM_TIER");
-  if (!want) return;
+  if (!want || dpt_world_rank() != 0) return; /* said once, by rank 0 */
   dp_status s = dp_gemm_set_tier(want);
   if (s == DP_ERR_INVALID)
     fprintf(stderr,
@@ -154,10 +154,10 @@ static void check_gemm_tier(void) {
 }
 
 int main(int argc, char **argv) {
-  check_gemm_tier();
 #ifdef DP_HAVE_CUDA
   dp_cuda_register(); /* libdp_cuda.a: --backend cuda (a GPU is needed only to run) */
 #endif
   dpt_world_init(&argc, &argv); /* under mpirun: one rank of the job */
+  check_gemm_tier();
   return dpt_world_exit(run(argc, argv));
 }

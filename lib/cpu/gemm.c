@@ -422,7 +422,7 @@ DP_TGT_AVX512 static void pack_c_avx512(float *dst, int W, const float *src, siz
           for (int g = 0; g < W; g += 16) _mm512_storeu_ps(d + g, _mm512_loadu_ps(q + g));
         continue;
       }
-      if (W < 16 && s + 16 <= n) {
+      if (W >= 8 && W < 16 && s + 16 <= n) { /* the spill fits the next step's slot */
         /* a full narrow sliver (A's, 12 lanes) with 4 more lanes in the
          * panel: whole 16-lane loads and stores (masked ones take twice as
          * long), whose 4 extra lanes spill into the next step's slot, stored

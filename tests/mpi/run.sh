@@ -146,25 +146,31 @@ for other in "$tmp/missing.ckpt" "$tmp/b.ckpt"; do
 done
 disagree "one rank without --resume" "rank 1 runs with no --resume, rank 0 with --resume" \
   "--epochs 1 --resume $tmp/a.ckpt" "$small --data data/digits.csv --epochs 1"
-# the oversubscription warning counts a process's devices against the cores it may
+# the oversubscription warning counts a process's devices against the CPUs it may
 # use (an outside check, session 23: it counted the job's, and told a 2-process job
-# to use --devices 1): bound to a core each, 1 device a process is no warning and
-# 2 are one, naming the binding
-if [ "$(nproc)" -ge 2 ]; then
-  echo "-- dp train under mpirun, a process bound to a core: its devices against it"
-  for d in 2 4; do
+# to use --devices 1): bound to a core each (c CPUs: its hardware threads), c devices
+# a process are no warning and c + 1 are one, naming the binding. Skipped where 2
+# processes cannot each have a core.
+c=$(mpirun --bind-to core --map-by core -np 2 sh -c 'nproc' 2>/dev/null | head -n 1)
+case "$c" in
+'' | *[!0-9]*) echo "-- skipped: mpirun cannot bind 2 processes to a core each here" ;;
+*)
+  echo "-- dp train under mpirun, a process bound to a core ($c CPUs): its devices against it"
+  for d in $((2 * c)) $((2 * c + 2)); do
     mpirun --bind-to core --map-by core -np 2 "$bd/dp" train --model examples/digits.dpm \
       --data data/digits.csv --devices $d --batch 64 --epochs 1 --quiet >"$tmp/o$d" 2>&1 ||
       { cat "$tmp/o$d"; echo "FAILED: mpirun -np 2 dp train --devices $d"; fail=1; }
   done
-  if grep -q "virtual devices" "$tmp/o2"; then
-    cat "$tmp/o2"; echo "FAILED: 1 device a process on its core was called oversubscribed"; fail=1
-  elif ! grep -q "warning: 2 virtual devices per process on the 1 CPU .*--map-by slot:PE=2" "$tmp/o4"; then
-    cat "$tmp/o4"; echo "FAILED: 2 devices a process on one core: no warning naming the binding"; fail=1
+  many=$((2 * c + 2))
+  if grep -q "virtual devices" "$tmp/o$((2 * c))"; then
+    cat "$tmp/o$((2 * c))"; echo "FAILED: $c devices a process on $c CPUs were called oversubscribed"; fail=1
+  elif ! grep -q "warning: $((c + 1)) virtual devices per process on the $c CPU.*--map-by slot:PE=$((c + 1))" "$tmp/o$many"; then
+    cat "$tmp/o$many"; echo "FAILED: $((c + 1)) devices a process on $c CPUs: no warning naming the binding"; fail=1
   else
-    echo "   1 device a process: no warning; 2: $(grep -o 'warning: 2 virtual devices per process[^:]*' "$tmp/o4")"
+    echo "   $c devices a process: no warning; $((c + 1)): $(grep -o 'warning: [0-9]* virtual devices per process[^:]*' "$tmp/o$many")"
   fi
-fi
+  ;;
+esac
 # devices the job's processes cannot share are refused before any data is read (a
 # data file that does not exist is never opened)
 echo "-- dp train --devices 3 under mpirun -np 2: refused before the data"
