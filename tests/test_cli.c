@@ -21,7 +21,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1533,12 +1532,6 @@ START_TEST(unknown_command_suggests_the_nearest) {
 }
 END_TEST
 
-static double now_s(void) {
-  struct timespec t;
-  clock_gettime(CLOCK_MONOTONIC, &t);
-  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* An outside check (session 23): with its output in a pipe (tee, CI, mpirun) dp
  * train printed its epoch lines only when it ended, all at once. Each must
  * arrive as its epoch ends: epochs 1 and 3 arrive two epochs apart. */
@@ -1572,8 +1565,8 @@ START_TEST(epoch_lines_reach_a_pipe_as_each_epoch_ends) {
   char line[512];
   double t1 = -1, t3 = -1;
   while (fgets(line, sizeof line, out)) {
-    if (starts_with(line, "epoch   1/3")) t1 = now_s();
-    if (starts_with(line, "epoch   3/3")) t3 = now_s();
+    if (starts_with(line, "epoch   1/3")) t1 = dpt_now_s();
+    if (starts_with(line, "epoch   3/3")) t3 = dpt_now_s();
   }
   fclose(out);
   int st = 0;
