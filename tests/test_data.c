@@ -1407,8 +1407,18 @@ START_TEST(run_record_numbers_are_range_checked) {
        "std[0]"},
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0\nstd inf\n",
        "std[0]"},
+      /* each way named (an outside check, session 23: "not dp train's" alone) */
       {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 2\nmean 0\n1\nstd 1 1\n",
-       "not dp train's"},
+       "not dp train's: mean has 1 values where features gives 2"},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0 1\nstd 1\n",
+       "mean has more values than features gives (1)"},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 1\nfeatures 1\nmean 0\n",
+       "no line \"std ...\" where it belongs"},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 0\nposition 2\nposition "
+       "2\n",
+       "a line it does not know at byte 66: \"position 2\""},
+      {"libdp-train 1\nepochs 3\nrows 5\nstandardize 0\nfeatures 0\nsettings x",
+       "its settings line does not end"},
       {"libdp-train 2\nepochs 3\n", "libdp-train 1"},
       {"libdp-train 1\nrows 5\n", "no line \"epochs N\""},
   };

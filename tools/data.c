@@ -1009,15 +1009,26 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
     sc->per_channel = std == 2;
     sc->mean = malloc((size_t)nf * sizeof *sc->mean);
     sc->std = malloc((size_t)nf * sizeof *sc->std);
-    if (!sc->mean || !sc->std) goto bad;
+    if (!sc->mean || !sc->std) {
+      snprintf(why, sizeof why, "out of memory for its %d features", nf);
+      goto bad;
+    }
+    /* each way it can be wrong said (an outside check, session 23) */
     for (int k = 0; k < 2; k++) {
       const char *word = k ? "std" : "mean";
-      if (strncmp(p, word, strlen(word))) goto bad;
+      if (strncmp(p, word, strlen(word))) {
+        snprintf(why, sizeof why, "no line \"%s ...\" where it belongs", word);
+        goto bad;
+      }
       p += strlen(word);
       for (int j = 0; j < nf; j++) {
         char *e;
-        if (*p != ' ' || (p[1] && strchr(" \t\n\v\f\r", p[1])))
-          goto bad; /* one space: strtod would skip a newline too */
+        if (*p != ' ' || (p[1] && strchr(" \t\n\v\f\r", p[1]))) {
+          /* one space: strtod would skip a newline too */
+          snprintf(why, sizeof why, "%s has %d values where features gives %d", word, j,
+                   nf);
+          goto bad;
+        }
         double v = strtod(p, &e);
         if (e == p || !scale_ok(v, k)) {
           snprintf(why, sizeof why, "%s[%d] is not a %s", word, j,
@@ -1028,14 +1039,23 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
         p = e;
       }
       while (*p == ' ') p++;
-      if (*p++ != '\n') goto bad;
+      if (*p++ != '\n') {
+        snprintf(why, sizeof why, "%s has more values than features gives (%d)", word, nf);
+        goto bad;
+      }
     }
   }
   /* the run's settings (optional: earlier records have none) */
   if (!strncmp(p, "settings ", 9)) {
     const char *nl = strchr(p, '\n');
-    if (!nl) goto bad;
-    if (settings && !(*settings = strndup(p + 9, (size_t)(nl - p - 9)))) goto bad;
+    if (!nl) {
+      snprintf(why, sizeof why, "its settings line does not end");
+      goto bad;
+    }
+    if (settings && !(*settings = strndup(p + 9, (size_t)(nl - p - 9)))) {
+      snprintf(why, sizeof why, "out of memory");
+      goto bad;
+    }
     p = nl + 1;
   }
   /* a run stopped inside an epoch (optional) */
@@ -1043,7 +1063,15 @@ int dpt_run_parse(const char *text, size_t len, int *epochs, int *rows, dpt_scal
   if (!strncmp(p, "position ", 9) &&
       record_int(&p, "position", INT_MAX, &position, why, sizeof why))
     goto bad;
-  if (*p) goto bad;
+  if (*p) {
+    char shown[25];
+    size_t n = 0;
+    for (; n < 24 && p[n] && p[n] != '\n'; n++) /* what is printable of it */
+      shown[n] = isprint((unsigned char)p[n]) ? p[n] : '?';
+    shown[n] = '\0';
+    snprintf(why, sizeof why, "a line it does not know at byte %td: \"%s\"", p - t, shown);
+    goto bad;
+  }
   rc = 0;
 bad:
   if (rc) {
