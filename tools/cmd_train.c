@@ -635,9 +635,8 @@ typedef struct {
   /* a run resumed inside an epoch: the training calls of epoch0 done */
   int pos0;
   long every; /* --save-every, in optimizer steps (0: none) */
-  /* a --save-every checkpoint at an epoch's end: its line waits for the epoch's
-   * (every_at_end: being written; every_said: its step, 0 when none waits) */
-  int every_at_end;
+  /* a --save-every checkpoint at an epoch's end: its step, whose line waits for
+   * the epoch's (0: none waits) */
   unsigned long long every_said;
   /* a stop by signal: the signal, then the epochs done and the calls done in
    * the next one, as the checkpoint records them */
@@ -1311,9 +1310,10 @@ typedef struct {
   long samples;
 } epoch_stats;
 
-/* What a checkpoint is written for: the end of the run, --save-every,
- * --save-best, a stop by signal (each says so its own way). */
-typedef enum { SAVE_END, SAVE_EVERY, SAVE_BEST, SAVE_STOP } save_kind;
+/* What a checkpoint is written for: the end of the run, --save-every (inside
+ * an epoch, or at its end: said after the epoch's line), --save-best, a stop by
+ * signal (each says so its own way). */
+typedef enum { SAVE_END, SAVE_EVERY, SAVE_EVERY_EPOCH, SAVE_BEST, SAVE_STOP } save_kind;
 static int save_checkpoint(train_run *t, const char *path, int epochs, int position,
                            save_kind kind);
 static void say_every(train_run *t);
@@ -1331,12 +1331,9 @@ static int after_step(train_run *t, int ep, int done) {
     e = ep + 1;
     pos = 0;
   }
-  if (t->every && dp_ctx_step(t->ctx) % (uint64_t)t->every == 0) {
-    t->every_at_end = pos == 0;
-    int failed = save_checkpoint(t, t->o.save, e, pos, SAVE_EVERY);
-    t->every_at_end = 0;
-    if (failed) return -1;
-  }
+  if (t->every && dp_ctx_step(t->ctx) % (uint64_t)t->every == 0 &&
+      save_checkpoint(t, t->o.save, e, pos, pos == 0 ? SAVE_EVERY_EPOCH : SAVE_EVERY))
+    return -1;
   int sig = dpt_stop_agreed();
   if (!sig) return 0;
   t->stop_sig = sig;
@@ -1645,7 +1642,7 @@ static int save_checkpoint(train_run *t, const char *path, int epochs, int posit
   }
   if (kind == SAVE_END)
     printf("checkpoint: %s (step %llu)\n", path, (unsigned long long)dp_ctx_step(t->ctx));
-  else if (kind == SAVE_EVERY && !t->o.quiet && t->every_at_end)
+  else if (kind == SAVE_EVERY_EPOCH && !t->o.quiet)
     t->every_said = (unsigned long long)dp_ctx_step(t->ctx); /* after the epoch's line */
   else if (kind == SAVE_EVERY && !t->o.quiet) { /* over a progress line on a terminal */
     printf("%scheckpoint: %s (step %llu, --save-every)%s\n", t->tty ? "\r" : "", path,

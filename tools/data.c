@@ -823,7 +823,7 @@ static int meta_numbers(const char *key, const char *val, double *v, int *n, int
   for (;;) {
     size_t len = strcspn(p, ",");
     char *e = NULL;
-    double x = len && strspn(p, "0123456789.eE+-") >= len ? strtod(p, &e) : 0.0;
+    double x = dpt_decimal(p, len) ? strtod(p, &e) : 0.0;
     if (e != p + len)
       return dpt_fail(err, errcap, "metadata %s: field %d \"%.*s\" is not a decimal number",
                       key, *n + 1, len > 24 ? 24 : (int)len, p);
