@@ -399,6 +399,12 @@ typedef struct {
 dp_status dp_backend_option_info(dp_backend b, int i, const char **name,
                                  const char **values, const char **help);
 
+/* c's backend options (and the deprecated fields above) checked against its
+ * backend's table, as planning checks them, without a model: a program (the dp
+ * tool) refuses a wrong one before it reads any data. DP_ERR_INVALID naming
+ * the option, DP_ERR_UNSUPPORTED when c->backend is not registered. */
+dp_status dp_backend_options_check(const dp_config *c);
+
 /* Fills defaults: batch 0 (must be set), 1 device, chunk split, classic,
  * torch.optim.SGD (lr 0.01, momentum 0, dampening 0, nesterov 0,
  * weight_decay 0), training, cpu backend, device_ids[i] = i, non-finite steps are errors,

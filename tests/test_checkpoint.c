@@ -581,6 +581,39 @@ START_TEST(test_wrong_model_fields_are_named) {
 }
 END_TEST
 
+/* A section of the wrong length, its checksums right, is named by its own tag
+ * (an outside check, session 23: a short PARM was reported as the tag found
+ * where APPD should start). */
+START_TEST(test_section_of_wrong_length_is_named) {
+  damage_rig d;
+  damage_open(&d, DP_OPT_MOMENTUM);
+  size_t modl_len = (size_t)le64(d.file + 16 + 8);
+  size_t step_sec = 16 + 24 + modl_len, parm_sec = step_sec + 24 + 16;
+  size_t opts_sec = parm_sec + 24 + 4 * d.src.np;
+  static const char *const want[] = {"section STEP holds 12 bytes; expected 16",
+                                     "section PARM holds", "section OPTS holds"};
+  const size_t at[] = {step_sec, parm_sec, opts_sec};
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  for (int i = 0; i < 3; i++) { /* 4 bytes cut from the section's end */
+    uint64_t pl = le64(d.file + at[i] + 8);
+    size_t cut = at[i] + 16 + (size_t)pl - 4;
+    memcpy(b, d.file, cut);
+    memcpy(b + cut, d.file + cut + 4, d.len - cut - 4);
+    put_le(b + at[i] + 8, pl - 4, 8);
+    ckpt_reseal(b, d.len - 4);
+    damage_expect_refused(&d, b, d.len - 4, want[i], (size_t)i);
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), want[i]), "'%s' not in %s", want[i],
+                  dp_ctx_error(d.target.c));
+    char exp[64];
+    snprintf(exp, sizeof exp, "bytes; expected %llu", (unsigned long long)pl);
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), exp), "%s", dp_ctx_error(d.target.c));
+  }
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
 /* A small file whose MODL (checksum and all) names a huge model: dp_ckpt_info
  * refuses it by its size, before a tool plans and allocates that model's
  * arenas (a 118 KB file made dp predict try for 17 GB). */
@@ -1247,6 +1280,7 @@ Suite *checkpoint_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_truncated_file_is_refused, 1, 3);
   tcase_add_test(tc, test_wrong_model_fields_are_named);
+  tcase_add_test(tc, test_section_of_wrong_length_is_named);
   tcase_add_test(tc, test_header_of_a_huge_model_is_refused_by_size);
   tcase_add_loop_test(tc, test_flipped_bit_is_refused, 0, 3);
   tcase_add_test(tc, test_nonfinite_values_are_refused);

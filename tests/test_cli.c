@@ -1628,8 +1628,12 @@ START_TEST(cuda_options_refused_on_the_cpu_backend) {
     ck_assert_msg(strstr(dp_last_error(), want), "'%s' not in: %s", want, dp_last_error());
     /* the same with --backend cuda plans (no GPU needed to plan; a build
      * without the cuda backend plans nothing for it) */
+    /* the same check without a model */
+    ck_assert_int_eq(dp_backend_options_check(&c), DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_last_error(), want), "'%s' not in: %s", want, dp_last_error());
     c.backend = DP_BACKEND_CUDA;
     if (dp_cuda_available()) {
+      ck_assert_int_eq(dp_backend_options_check(&c), DP_OK);
       ck_assert_msg(dp_plan_create(m, &c, &p) == DP_OK, "%s", dp_last_error());
       dp_plan_free(p);
     }
@@ -1644,6 +1648,29 @@ START_TEST(cuda_options_refused_on_the_cpu_backend) {
     ck_assert_msg(n_lines(r.err) == 1, "not one line:\n%s", r.err);
     ck_assert_str_eq(r.out, "");
     cmd_result_free(&r);
+
+    /* the commands that read data refuse it first, as a usage error (an outside
+     * check, session 23: dp train loaded its data, then refused it); the data
+     * named here does not exist */
+    static const char *const cmds[2] = {"train", "predict"}; /* repro takes none */
+    for (int k = 0; k < 2; k++) {
+      char *targv[] = {(char *)cmds[k],
+                       k == 1 ? "--checkpoint" : "--model",
+                       model,
+                       "--data",
+                       "/nonexistent/data.csv",
+                       "--batch",
+                       "8",
+                       (char *)opt[i][0],
+                       (char *)opt[i][1],
+                       NULL};
+      int (*fn)(int, char **) = k == 0 ? dpt_cmd_train : dpt_cmd_predict;
+      r = run_cmd(fn, opt[i][1] ? 9 : 8, targv);
+      ck_assert_msg(r.rc == DPT_EXIT_USAGE, "%s %s: exit %d: %s", cmds[k], opt[i][0], r.rc,
+                    r.err);
+      ck_assert_msg(strstr(r.err, want) && !strstr(r.err, "nonexistent"), "%s", r.err);
+      cmd_result_free(&r);
+    }
   }
   dp_model_free(m);
   unlink(model);
@@ -2966,6 +2993,43 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
   ck_assert_int_eq(read_log(log, lines, 8, 1), 6);
   for (int i = 0; i < 6; i++)
     ck_assert_int_eq((int)lines[i].v[json_key(&lines[i], "epoch")], i + 1);
+
+  /* a record cut short by a killed run is dropped too */
+  FILE *f = fopen(log, "a");
+  ck_assert_ptr_nonnull(f);
+  fputs("{\"epoch\":7,\"step\":1", f);
+  fclose(f);
+  r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "1", "--resume", ck, "--log",
+                log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(
+      strstr(r.out, "3 records of epochs after the checkpoint's 4 dropped (4 kept)"), "%s",
+      r.out);
+  cmd_result_free(&r);
+  ck_assert_int_eq(read_log(log, lines, 8, 1), 5);
+
+  /* a --log that is not this tool's log (the data, by mistake) is refused before
+   * a byte is appended (an outside check, session 23) */
+  char other[128];
+  in_dir(other, sizeof other, dir, "data.csv");
+  static const char csv[] = "{\"epoch\":1,\"step\":2}\n1,2,3\n4,5,6\n";
+  f = fopen(other, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(csv, f);
+  fclose(f);
+  r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "1", "--resume", ck, "--log",
+                other, NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "line 2 is not a dp train log record") &&
+                    strstr(r.err, "give the log the checkpoint's run wrote, or a new file"),
+                "%s", r.err);
+  ck_assert_ptr_null(strstr(r.out, "epoch   5/5"));
+  cmd_result_free(&r);
+  size_t n = 0;
+  char *got = slurp_file(other, &n);
+  ck_assert_uint_eq(n, sizeof csv - 1);
+  ck_assert_int_eq(memcmp(got, csv, n), 0);
+  free(got);
   remove_dir(dir);
 }
 END_TEST

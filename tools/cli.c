@@ -409,6 +409,12 @@ int dpt_backend_option_set(dp_config *c, const char *name, const char *value, ch
   return value ? dpt_backend_option_add(c, name, value, err, errcap) : 0;
 }
 
+int dpt_check_backend_options(const dp_config *c, char *err, size_t errcap) {
+  if (dp_backend_options_check(c) == DP_ERR_INVALID)
+    return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
+  return 0;
+}
+
 int dpt_parse_backend_option(const char *s, dp_config *c, char *err, size_t errcap) {
   const char *eq = s ? strchr(s, '=') : NULL;
   if (!s || !eq || eq == s || !eq[1] || s[strcspn(s, ITEM_SEPS)])

@@ -123,6 +123,10 @@ int dpt_backend_option_set(dp_config *c, const char *name, const char *value, ch
 /* --backend-option NAME=VALUE: one item, checked for its form (a name, '=',
  * a value; no comma or space), then appended as dpt_backend_option_add does. */
 int dpt_parse_backend_option(const char *s, dp_config *c, char *err, size_t errcap);
+/* c's backend options checked as the plan will check them (dp_backend_options_check),
+ * for a command to refuse a wrong one before it reads data. 0, or -1 with the
+ * library's message; an unregistered backend is left for where it is used. */
+int dpt_check_backend_options(const dp_config *c, char *err, size_t errcap);
 /* The value of option `name` in a list of items ("graph=1,tf32=1" or the
  * plan's "graph=0 tf32=1 ..."), the last one given, into val[cap]: 1, or 0
  * (val "") when the list has no such item. */

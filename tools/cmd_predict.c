@@ -190,6 +190,8 @@ static int parse_predict(int argc, char **argv, predict_run *t) {
   if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
   if (r == DPT_ARGS_OK && (!t->o.checkpoint || !t->o.data))
     r = dpt_fail(t->err, sizeof t->err, "--checkpoint and --data are required");
+  if (r == DPT_ARGS_OK && dpt_check_backend_options(&t->cfg, t->err, sizeof t->err))
+    r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp predict: %s\n(see dp predict --help)\n", t->err);
     return DPT_EXIT_USAGE;

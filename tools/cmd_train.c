@@ -750,6 +750,9 @@ static int parse_train(int argc, char **argv, train_run *t) {
   if (r == DPT_ARGS_OK && o->schedule &&
       parse_schedule(o->schedule, t->cfg.lr, 0, 1, &t->sched, &in_epochs, err, errcap))
     r = DPT_ARGS_ERROR;
+  /* an outside check (session 23): a wrong one was refused after the data loaded */
+  if (r == DPT_ARGS_OK && dpt_check_backend_options(&t->cfg, err, errcap))
+    r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
     fprintf(stderr, "dp train: %s\n(see dp train --help)\n", err);
     return DPT_EXIT_USAGE;
@@ -1131,10 +1134,20 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
   char *text = NULL;
   size_t tn = 0;
   FILE *out = open_memstream(&text, &tn);
-  for (ssize_t n; out && (n = getline(&line, &cap, in)) > 0;) {
+  long lineno = 0, foreign = 0;
+  for (ssize_t n; out && !foreign && (n = getline(&line, &cap, in)) > 0;) {
     int ep = 0;
-    /* a record's epoch is its first field: {"epoch":N,... */
-    if (sscanf(line, "{\"epoch\":%d", &ep) == 1 && ep > epochs) {
+    lineno++;
+    /* a record's epoch is its first field: {"epoch":N,"step":... A line of any
+     * other form is not this tool's log (--log naming the data or the model by
+     * mistake): refused before a byte is appended (an outside check, session 23).
+     * A last line cut short by a killed run is dropped. */
+    int cnt = 0;
+    if (sscanf(line, "{\"epoch\":%d,\"step\":%n", &ep, &cnt) < 1 || !cnt) {
+      foreign = lineno;
+      continue;
+    }
+    if (ep > epochs || line[n - 1] != '\n') {
       dropped++;
       continue;
     }
@@ -1145,6 +1158,14 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
   int bad = ferror(in) || !out;
   fclose(in);
   if (out) fclose(out);
+  if (foreign) {
+    free(text);
+    return dpt_fail(err, errcap,
+                    "--log %s: line %ld is not a dp train log record ({\"epoch\":N,"
+                    "\"step\":...}), so the file is not this run's log: give the log the "
+                    "checkpoint's run wrote, or a new file",
+                    path, foreign);
+  }
   if (bad || !dropped) {
     free(text);
     return bad ? dpt_fail(err, errcap, "cannot read log '%s'", path) : 0;

@@ -141,6 +141,17 @@ dp_status dp_backend_option_info(dp_backend b, int i, const char **name,
   return DP_OK;
 }
 
+dp_status dp_backend_options_check(const dp_config *c) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp_backend_options_check: config is NULL");
+  const dp_backend_ops *be = dp__backend_ops(c->backend);
+  if (!be)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "dp_backend_options_check: backend %s (%d) is not registered",
+                   dp_backend_name(c->backend), (int)c->backend);
+  int opt[DP_MAX_BACKEND_OPTIONS];
+  return dp__backend_options(be, c, opt);
+}
+
 dp_status dp_plan_backend_options(const dp_plan *p, char *buf, size_t cap) {
   if (!p || !buf || !cap)
     return DP_FAIL(DP_ERR_INVALID, "dp_plan_backend_options: NULL argument");

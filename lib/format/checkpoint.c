@@ -568,6 +568,20 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
   size_t n = mo->n_params, nf = dp__param_floats(mo);
   uint64_t app_len = 0;
   if (version >= 3) {
+    /* STEP, PARM and OPTS by their own headers first: a section of the wrong
+     * length is named, not the tag found where APPD should start */
+    const uint64_t fixed[3] = {step_bytes(version), (uint64_t)nf * 4,
+                               (uint64_t)v->k * n * 4};
+    size_t o = off;
+    for (int i = SEC_STEP; i <= SEC_OPTS; i++) {
+      if (o >= len || len - o < CK_SEC_HEAD) break; /* truncated: said below */
+      if ((s = sec_open(path, b, len, o, i, 0, &plen))) return s;
+      if (plen != fixed[i - SEC_STEP])
+        return DP_FAIL(DP_ERR_PARSE, "%s: section %s holds %llu bytes; expected %llu", path,
+                       CK_TAGS[i], (unsigned long long)plen,
+                       (unsigned long long)fixed[i - SEC_STEP]);
+      o += sec_size((size_t)plen);
+    }
     size_t at = off + sec_size(step_bytes(version)) + sec_size(4 * nf) +
                 sec_size((size_t)v->k * 4 * n);
     if (at >= len || len - at < CK_SEC_HEAD) /* the least it can be: APPD empty */
