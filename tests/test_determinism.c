@@ -1,14 +1,19 @@
 /* Bit-for-bit reproducibility: run to run, across device counts and across
  * modes (classic, allreduce, allreduce with a sharded optimizer). */
 #include "core/backend.h" /* dp__backend_register: the unfused cpu backend */
+#include "core/exec.h"    /* a shared op, its chunks taken by the device on time */
+#include "cpu/cpu.h"
 #include "dp.h"
 #include "helpers.h"
 
 #include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* The image layers on a 1 x 3 x 4 input (the same 12 floats per row):
  * conv2d with padding, an overlapping maxpool, dropout on an image, conv2d,
@@ -487,6 +492,53 @@ START_TEST(recompute_gives_the_same_bits_gpt) {
 }
 END_TEST
 
+/* A shared elementwise op (exec.c) on 2 devices whose second thread is late:
+ * held 200 ms in its first chunk, as when the core is taken for a moment. The
+ * first thread does its own range, then takes the late one's chunks, so the op
+ * waits for one chunk, not for half of it; every byte is done exactly once.
+ * The backend is the cpu backend with a run() that only counts. */
+enum { LATE_BYTES = 1 << 20, LATE_LINES = LATE_BYTES / 64 };
+static pthread_t late_main;
+static atomic_int late_slept, late_chunks[2], late_lines[LATE_LINES];
+
+static dp_status late_run(void *bctx, dp_exec_env *env, const dp_op *op) {
+  (void)bctx, (void)env;
+  bool main = pthread_equal(pthread_self(), late_main);
+  if (!main && atomic_exchange(&late_slept, 1) == 0) usleep(200 * 1000);
+  atomic_fetch_add(&late_chunks[main ? 0 : 1], 1);
+  for (size_t b = op->dst_offset; b < op->dst_offset + op->bytes; b += 64)
+    atomic_fetch_add(&late_lines[b / 64], 1);
+  return DP_OK;
+}
+
+START_TEST(shared_op_is_not_stalled_by_a_late_device) {
+  dp_backend_ops be = dp__cpu_backend;
+  be.run = late_run;
+  late_main = pthread_self();
+  static dp_exec x;
+  ck_assert_int_eq(dp__exec_init(&x, 0, 2, &be, NULL, be.transport, NULL), DP_OK);
+  ck_assert(x.share);
+  dp_op op = {.kind = DP_OP_OPTIMIZER, .phase = DP_PHASE_OPTIMIZER, .bytes = LATE_BYTES};
+  dp_exec_env env = {0};
+  for (int run = 0; run < 2; run++) {    /* the claims start again from 0 */
+    atomic_store(&late_slept, run == 1); /* the second run: nobody late */
+    atomic_store(&late_chunks[0], 0);
+    atomic_store(&late_chunks[1], 0);
+    for (int i = 0; i < LATE_LINES; i++) atomic_store(&late_lines[i], 0);
+    ck_assert_int_eq(dp__exec_run(&x, &env, &op, NULL, 1, 0, 1, -1), DP_OK);
+    for (int i = 0; i < LATE_LINES; i++)
+      ck_assert_msg(atomic_load(&late_lines[i]) == 1, "run %d: line %d done %d times", run,
+                    i, atomic_load(&late_lines[i]));
+    int c0 = atomic_load(&late_chunks[0]), c1 = atomic_load(&late_chunks[1]);
+    /* 512 KiB a device, in 16 chunks */
+    ck_assert_int_eq(c0 + c1, 32);
+    /* (none at all when the late thread woke after the first had done them all) */
+    if (run == 0) ck_assert_msg(c0 >= 31 && c1 <= 1, "on time %d, late %d chunks", c0, c1);
+  }
+  dp__exec_destroy(&x);
+}
+END_TEST
+
 Suite *determinism_suite(void) {
   Suite *s = suite_create("determinism");
   TCase *tc = tcase_create("across_devices_and_modes");
@@ -510,6 +562,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, every_cpu_tier_gives_the_same_bits);
   tcase_add_test(tc, fused_relu_gives_the_unfused_bits);
   tcase_add_test(tc, classic_loss_shared_by_micro_batches_keeps_the_bits);
+  tcase_add_test(tc, shared_op_is_not_stalled_by_a_late_device);
   suite_add_tcase(s, tc);
   return s;
 }

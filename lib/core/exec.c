@@ -218,6 +218,9 @@ static dp_status run_peer(dp_exec *x, const dp_op *op, int dev) {
 /* a loss of fewer output bytes: the barrier costs more than its exps save */
 #define SHARE_LOSS_MIN_BYTES ((size_t)64 * 1024)
 #define SHARE_ALIGN ((size_t)64)             /* ranges start on cache lines */
+/* a device's range in chunks that the others take when done with theirs */
+#define SHARE_CHUNKS 16
+#define SHARE_CHUNK_MIN ((size_t)16 * 1024)
 
 /* A backend that says its devices are host memory of this process (the
  * registry checks it has none of the hooks work sharing cannot keep), with its
@@ -384,26 +387,37 @@ void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
   }
 }
 
-/* Device dev's part of shared op: an element range (bytes [b0, b1)), or for
- * the loss its micro-batches [m0, m1), as an op; false when it is empty. */
-static bool share_part(const dp_exec *x, const dp_op *op, int dev, dp_op *part) {
+/* Device dev's part of a shared loss op: its micro-batches [m0, m1), as an
+ * op; false when it has none. */
+static bool loss_part(const dp_exec *x, const dp_op *op, int dev, dp_op *part) {
   size_t n = (size_t)x->n_devices, j = (size_t)(dev - x->dev0);
   *part = *op;
-  if (op->kind == DP_OP_LOSS) {
-    size_t per = ((size_t)op->n_mb + n - 1) / n, m = (size_t)op->n_mb;
-    size_t m0 = j * per < m ? j * per : m, m1 = m0 + per < m ? m0 + per : m;
-    part->micro_batch += (int)m0;
-    part->n_mb = (int)(m1 - m0);
-    return m1 > m0;
-  }
+  size_t per = ((size_t)op->n_mb + n - 1) / n, m = (size_t)op->n_mb;
+  size_t m0 = j * per < m ? j * per : m, m1 = m0 + per < m ? m0 + per : m;
+  part->micro_batch += (int)m0;
+  part->n_mb = (int)(m1 - m0);
+  return m1 > m0;
+}
+
+/* Chunk c of range r of a shared elementwise op, as an op (bytes [b0, b1));
+ * false past the range's last chunk. Range r is device dev0 + r's: its own
+ * cache holds what it touched there in the ops before. */
+static bool chunk_part(const dp_exec *x, const dp_op *op, size_t r, size_t c, dp_op *part) {
+  size_t n = (size_t)x->n_devices;
   size_t per = (op->bytes + n - 1) / n;
   per = (per + SHARE_ALIGN - 1) / SHARE_ALIGN * SHARE_ALIGN;
-  size_t b0 = j * per < op->bytes ? j * per : op->bytes;
-  size_t b1 = b0 + per < op->bytes ? b0 + per : op->bytes;
+  size_t chunk =
+      per / SHARE_CHUNKS > SHARE_CHUNK_MIN ? per / SHARE_CHUNKS : SHARE_CHUNK_MIN;
+  chunk = (chunk + SHARE_ALIGN - 1) / SHARE_ALIGN * SHARE_ALIGN;
+  size_t r0 = r * per < op->bytes ? r * per : op->bytes;
+  size_t r1 = r0 + per < op->bytes ? r0 + per : op->bytes;
+  if (c >= (r1 - r0 + chunk - 1) / chunk) return false;
+  size_t b0 = r0 + c * chunk, b1 = b0 + chunk < r1 ? b0 + chunk : r1;
+  *part = *op;
   part->src_offset += b0;
   part->dst_offset += b0;
   part->bytes = b1 - b0;
-  return b1 > b0;
+  return true;
 }
 
 /* Records the first failure of device dev: at schedule index k, or in the
@@ -417,6 +431,32 @@ static void note(dp_exec *x, int dev, int k, int stage, int hook_stage, dp_statu
   x->fail_op[dev] = k;
   x->fail_hook[dev] = hook_stage;
   snprintf(x->errmsg[dev], sizeof x->errmsg[dev], "%s", dp_last_error());
+}
+
+/* Device dev's work on a shared elementwise op: the chunks of its own range,
+ * then those the other devices have not taken of theirs (claim[r]: range r's
+ * chunks taken), so that a device late to the op, or slower at it (writing
+ * lines another core holds), delays it by one chunk at most. Every element
+ * is computed by the same operations whichever thread takes it. */
+static void run_chunks(dp_exec *x, const dp_op *op, int k, int s, int dev,
+                       atomic_int *claim, bool *bad) {
+  size_t n = (size_t)x->n_devices, j = (size_t)(dev - x->dev0);
+  prof_mark m = prof_start(x);
+  for (size_t q = 0; q < n; q++) {
+    size_t r = (j + q) % n;
+    dp_op part;
+    for (int c; (c = atomic_fetch_add_explicit(&claim[r], 1, memory_order_relaxed)) >= 0 &&
+                chunk_part(x, op, r, (size_t)c, &part);) {
+      dp_status st = run_op(x, &part);
+      /* a check's message names the first bad element of the whole op: the
+       * op's device runs it again whole (it only reads) */
+      if (st && op->kind == DP_OP_GRAD_CHECK)
+        bad[dev] = true;
+      else
+        note(x, dev, k, s, -1, st);
+    }
+  }
+  prof_op(x, dev, k, op, true, m); /* one event a thread, whatever it took */
 }
 
 /* One device's share of the current job. */
@@ -463,26 +503,28 @@ static void run_device(dp_exec *x, int dev) {
         for (int i = 0; i < 3; i++)
           if (ends[i] != DP_HOST && local_end(x, ends[i])) busy[ends[i] - x->dev0] = true;
       } else {
-        bool *bad = x->part_bad[seq++ & 1];
+        int slot = seq++ & 1;
+        bool *bad = x->part_bad[slot];
         dp_op part;
-        if (share_part(x, op, dev, &part) && !stopped && !failed) {
+        if (!stopped && !failed && op->kind != DP_OP_LOSS) {
+          run_chunks(x, op, k, s, dev, x->part_claim[slot], bad);
+        } else if (!stopped && !failed && loss_part(x, op, dev, &part)) {
           prof_mark m = prof_start(x);
-          dp_status st = run_op(x, &part);
+          note(x, dev, k, s, -1, run_op(x, &part));
           prof_op(x, dev, k, op, true, m);
-          /* a check's message names the first bad element of the whole op:
-           * the op's device runs it again whole (it only reads) */
-          if (st && op->kind == DP_OP_GRAD_CHECK)
-            bad[dev] = true;
-          else
-            note(x, dev, k, s, -1, st);
         }
         wait_at(x, dev, op->phase);
+        /* the op's device clears the slot for the shared op after next: every
+         * device has left this one's chunks, and none can reach that one
+         * before the next shared op's barrier */
         if (op->device == dev) {
           bool any = false;
           for (int d = x->dev0; d < x->dev0 + x->n_devices; d++) {
             any |= bad[d];
             bad[d] = false;
           }
+          for (int r = 0; r < x->n_devices; r++)
+            atomic_store_explicit(&x->part_claim[slot][r], 0, memory_order_relaxed);
           if (any) note(x, dev, k, s, -1, run_op(x, op));
         }
         continue;

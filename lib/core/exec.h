@@ -49,14 +49,17 @@ struct dp_exec {
   /* Work sharing (exec.c): a synchronous backend whose devices all live in
    * this address space runs a large elementwise op (a copy, a gradient add,
    * the check, the update) on every device's thread, each an element range,
-   * with a barrier after it. part_bad[slot][dev]: the range of device dev
-   * failed in a check, for the shared op of parity slot. */
+   * with a barrier after it, each its range first, then what is left of the
+   * others' (by chunks). part_bad[slot][dev]: device dev found a bad
+   * element in a check, for the shared op of parity slot. */
   bool share;
   /* ... and a loss op of several micro-batches (classic mode's, on the
    * gathered batch; set by the context) by micro-batches: each one's sum is
    * one thread's, in its order */
   bool share_loss;
   bool part_bad[2][DP_MAX_DEVICES];
+  /* part_claim[slot][r]: the chunks of device dev0 + r's range taken so far */
+  atomic_int part_claim[2][DP_MAX_DEVICES];
   /* dp__exec_sync's scratch: per thread, the regions (bit per dp_region) of
    * each device (and, last, of the host) that its ops since the last barrier
    * read and wrote */
