@@ -788,8 +788,9 @@ dp_status dp_ckpt_import_safetensors(dp_ctx *c, const char *path);
  * "libdp_model", in the order given: keys non-empty, unique, neither of those
  * two; keys and values valid UTF-8 (C strings: no NUL); else DP_ERR_INVALID
  * naming the key, before anything is written. dp_safetensors_read_meta reads
- * any safetensors file's metadata (its header only, as strictly as the import
- * reads it: every value a string, no key twice): *n_meta pairs in file order,
+ * any safetensors file's metadata (its header only, as the format has it:
+ * every value a string, no key twice; stricter than the import, which checks
+ * only that "__metadata__" is one JSON object): *n_meta pairs in file order,
  * "format" and "libdp_model" included, \u escapes decoded (a NUL is refused),
  * in one malloc'd block at *meta (free(*meta)); NULL and 0 when the file has
  * none. DP_ERR_IO, DP_ERR_PARSE (the file named), DP_ERR_NOMEM. */
@@ -803,7 +804,8 @@ dp_status dp_safetensors_read_meta(const char *path, dp_meta **meta, int *n_meta
 /* Files written whole (checkpoints and safetensors exports use this; so do the
  * dp tool's predictions and charts), public so that a program writes its
  * files the same way. dp_file_create makes a new temporary file in path's
- * directory, "<path>.tmp.<12 random hex digits>", with O_CREAT | O_EXCL |
+ * directory, "<path>.tmp.<12 random hex digits>" (a file name of more than
+ * 238 bytes cut to leave room for the suffix), with O_CREAT | O_EXCL |
  * O_NOFOLLOW and mode 0600 (an existing file or a link planted at the name is
  * never opened; another name is drawn on a clash); write the content to
  * dp_file_stream(f) (a stdio stream of libdp's, without a file descriptor:

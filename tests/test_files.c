@@ -209,6 +209,36 @@ START_TEST(temporary_file_is_new_private_and_unpredictable) {
 }
 END_TEST
 
+/* A file name of up to NAME_MAX bytes is written, though "<name>.tmp.<12 hex>"
+ * would pass NAME_MAX: the temporary name is cut to fit (an outside check,
+ * session 24: names of 241-255 bytes failed with "File name too long"). */
+START_TEST(longest_file_names_are_written) {
+  tmpdir t;
+  tmp_make(&t, "dp_files", "x");
+  static const int lens[] = {200, 238, 239, 241, 250, 255};
+  for (size_t i = 0; i < sizeof lens / sizeof *lens; i++) {
+    char name[256], p[600];
+    memset(name, 'a' + (int)i, (size_t)lens[i]);
+    name[lens[i]] = '\0';
+    at(p, sizeof p, t.dir, name);
+    dp_file *f;
+    ck_assert_msg(dp_file_create(p, "test file", &f) == DP_OK, "%d bytes: %s", lens[i],
+                  dp_last_error());
+    fputs("long\n", dp_file_stream(f));
+    ck_assert_msg(dp_file_commit(f) == DP_OK, "%d bytes: %s", lens[i], dp_last_error());
+    ck_assert(holds(p, "long\n"));
+    /* written again over it: the rename replaces it */
+    ck_assert_int_eq(dp_file_create(p, "test file", &f), DP_OK);
+    fputs("again\n", dp_file_stream(f));
+    ck_assert_int_eq(dp_file_commit(f), DP_OK);
+    ck_assert(holds(p, "again\n"));
+    ck_assert_int_eq(unlink(p), 0);
+  }
+  ck_assert_int_eq(dir_entries(t.dir), 0);
+  tmp_done(&t);
+}
+END_TEST
+
 /* A write that fails (here: past the file size limit, as a full disk would)
  * is reported with the system's reason, and the old file stays. */
 START_TEST(failed_write_leaves_the_old_file) {
@@ -556,6 +586,7 @@ Suite *files_suite(void) {
   tcase_add_test(tc, create_refuses_what_is_not_a_regular_file);
   tcase_add_test(tc, commit_checks_the_path_again_before_the_rename);
   tcase_add_test(tc, temporary_file_is_new_private_and_unpredictable);
+  tcase_add_test(tc, longest_file_names_are_written);
   tcase_add_test(tc, failed_write_leaves_the_old_file);
   tcase_add_test(tc, symlink_at_the_path_is_replaced_not_followed);
   tcase_add_test(tc, a_standard_stream_is_never_replaced);

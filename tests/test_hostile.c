@@ -128,6 +128,40 @@ START_TEST(model_functions_take_null) {
 }
 END_TEST
 
+START_TEST(name_functions_take_null) {
+  dp_precision pr = DP_PRECISION_BF16;
+  EXPECT(dp_precision_parse("fp32", NULL), DP_ERR_INVALID,
+         "dp_precision_parse: out is NULL");
+  EXPECT(dp_precision_parse(NULL, &pr), DP_ERR_INVALID, "dp_precision_parse: name is NULL");
+  ck_assert_int_eq(pr, DP_PRECISION_BF16);
+  EXPECT(dp_precision_parse("fp16", &pr), DP_ERR_INVALID, "unknown precision 'fp16'");
+  ck_assert_int_eq(pr, DP_PRECISION_BF16);
+}
+END_TEST
+
+/* Messages that name what is wrong (an outside check, session 24). */
+START_TEST(builder_and_option_messages_name_the_fault) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_new(4, &m), DP_OK);
+  ck_assert_int_eq(dp_model_add_linear(m, 3, 1), DP_OK);
+  EXPECT(dp_model_set_loss(m, DP_LOSS_NONE), DP_ERR_INVALID, "DP_LOSS_NONE is no loss 0");
+  EXPECT(dp_model_set_loss(m, (dp_loss_kind)7), DP_ERR_INVALID, "unknown loss 7");
+  dp_model_free(m);
+  ck_assert_int_eq(dp_model_parse("input tokens 4\nembed 5 8\nlinear 24\n", "t", &m),
+                   DP_OK);
+  for (int h = -2; h <= 0; h++)
+    EXPECT(dp_model_add_attention(m, h), DP_ERR_INVALID,
+           "the number of heads must be 1 or more");
+  ck_assert_int_eq(dp_model_add_attention(m, 2), DP_OK);
+  dp_model_free(m);
+  const char *name;
+  EXPECT(dp_backend_option_info(DP_BACKEND_CPU, -1, &name, NULL, NULL), DP_ERR_RANGE,
+         "no option -1: the cpu backend has 0 options");
+  EXPECT(dp_backend_option_info(DP_BACKEND_CPU, 0, &name, NULL, NULL), DP_ERR_RANGE,
+         "no option 0: the cpu backend has 0 options");
+}
+END_TEST
+
 START_TEST(config_default_of_null_is_a_no_op) {
   /* Found by these cases: dp_config_default(NULL) wrote through NULL (fixed in
    * lib/core/plan.c). */
@@ -693,7 +727,10 @@ END_TEST
  * before anything changes. */
 START_TEST(bad_token_ids_and_labels_are_refused_and_change_nothing) {
   enum { R = 5 };
-  static const float bad[] = {GPT_V, GPT_V + 7, -1.0f, 2.5f, NAN, INFINITY, 1e30f};
+  /* nextafterf(V - 1, V): printed with %g it read as V - 1, an id in range */
+  const float bad[] = {
+      GPT_V, GPT_V + 7, -1.0f, 2.5f,
+      NAN,   INFINITY,  1e30f, nextafterf((float)(GPT_V - 1), (float)GPT_V)};
   for (int mode = 0; mode < 2; mode++) {
     dp_config cfg = config_of(R, 2, DP_OPT_ADAMW);
     cfg.mode = (dp_mode)mode;
@@ -719,6 +756,10 @@ START_TEST(bad_token_ids_and_labels_are_refused_and_change_nothing) {
         dp_status s = dp_train_step(r.c, R, GPT_T, xb, t, &loss);
         ck_assert_msg(s == DP_ERR_RANGE, "mode %d id %g: %s (%s)", mode, (double)bad[k],
                       dp_status_name(s), dp_last_error());
+        char shown[48];
+        snprintf(shown, sizeof shown, "token %.9g at position", (double)bad[k]);
+        ck_assert_msg(strstr(dp_last_error(), shown), "'%s' not in %s", shown,
+                      dp_last_error());
         ck_assert_msg(loss == 123.0f, "the loss output was written on a refused step");
         for (int i = 0; i < R * GPT_T * GPT_V; i++) y[i] = 7.0f;
         s = dp_forward(r.c, R, GPT_T, xb, y);
@@ -1121,6 +1162,8 @@ Suite *hostile_suite(void) {
   TCase *tc = tcase_create("null_args");
   tcase_add_test(tc, model_functions_take_null);
   tcase_add_test(tc, config_default_of_null_is_a_no_op);
+  tcase_add_test(tc, name_functions_take_null);
+  tcase_add_test(tc, builder_and_option_messages_name_the_fault);
   tcase_add_test(tc, plan_functions_take_null);
   tcase_add_test(tc, context_functions_take_null);
   tcase_add_test(tc, cli_and_data_functions_take_null);

@@ -2795,6 +2795,15 @@ START_TEST(fit_refuses_bad_arguments) {
   dp_fit_costs_default(&k);
   k.mem_gbs = NAN;
   ck_assert_int_eq(dp_plan_fit(m, &c, 1024, 0, &k, f, 2, &n), DP_ERR_INVALID);
+  /* finite costs are taken however large, though their sum is not finite (an
+   * outside check, session 24) */
+  dp_fit_costs_default(&k);
+  k.gflops = k.mem_gbs = 1e308;
+  ck_assert_msg(dp_plan_fit(m, &c, SIZE_MAX, DP_FIT_MODE, &k, f, 2, &n) == DP_OK, "%s",
+                dp_last_error());
+  ck_assert_int_gt(n, 0);
+  k.op_us = INFINITY;
+  ck_assert_int_eq(dp_plan_fit(m, &c, 1024, 0, &k, f, 2, &n), DP_ERR_INVALID);
   c.batch = 0; /* the planner's own refusal comes through */
   ck_assert_int_eq(dp_plan_fit(m, &c, SIZE_MAX, 0, NULL, f, 2, &n), DP_ERR_INVALID);
   ck_assert_ptr_nonnull(strstr(dp_last_error(), "no configuration could be planned"));
@@ -3426,6 +3435,8 @@ START_TEST(backend_options_are_the_backends_own) {
   p = plan_of(m, &c);
   ck_assert_int_eq(dp_plan_backend_options(p, text, sizeof text), DP_OK);
   ck_assert_str_eq(text, "graph=1 tf32=1 transport=auto fast_collectives=0");
+  ck_assert_int_eq(dp_plan_backend_options(p, text, 0), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "cap is 0"), "%s", dp_last_error());
   uint64_t h = dp_plan_hash(p);
   dp_plan_free(p);
   c.backend_options[0] = '\0';

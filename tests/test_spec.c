@@ -945,7 +945,11 @@ START_TEST(sequence_errors_name_line_and_column) {
       {"input tokens 4\nembed 5 6\nend\n", 3, 1, "'end' without a 'residual'"},
       {"input tokens 4\nembed 5 6\nresidual\nend\n", 4, 1, "is empty"},
       {"input tokens 4\nembed 5 6\nresidual\nlinear 7\nend\n", 5, 1,
-       "must have the shape of its input"},
+       "output (4 x 7 (T x D) per row) must have the shape of its input (4 x 6 (T x D),"},
+      /* the same size, another shape: said in shapes (session 24) */
+      {"input 1 4 4\nresidual\nflatten\nend\n", 4, 1,
+       "output (16 floats, flat per row) must have the shape of its input (1 x 4 x 4 (C x "
+       "H x W), at layer 0)"},
       {"input tokens 4\nembed 5 6\nresidual\nlinear 6\n", 3, 1, "has no 'end'"},
       {"input tokens 4\nembed 5 6\n# c\nresidual\nresidual\nrelu\nend\nrelu\n", 4, 1,
        "has no 'end'"},

@@ -556,7 +556,7 @@ static dp_status check_batch(dp_ctx *c, int rows, int cols, const float *x) {
   for (size_t k = 0; k < (size_t)n * (size_t)cols; k++)
     if (!(x[k] >= 0.0f && x[k] < (float)V && x[k] == floorf(x[k])))
       return DP_FAIL(DP_ERR_RANGE,
-                     "token %g at position %zu of row %zu is not an id in 0..%d (the "
+                     "token %.9g at position %zu of row %zu is not an id in 0..%d (the "
                      "embedding's vocabulary)",
                      (double)x[k], k % (size_t)cols, (size_t)row0 + k / (size_t)cols,
                      V - 1);

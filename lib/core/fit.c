@@ -185,9 +185,10 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
   dp_fit_costs k;
   dp_fit_costs_default(&k);
   if (costs) k = *costs;
+  /* each finite on its own: their sum overflows for finite ones (session 24) */
   if (!(k.gflops > 0) || !(k.half_rows >= 0) || !(k.mem_gbs > 0) || !(k.op_us >= 0) ||
-      !(k.bf16_gflops >= 0) ||
-      !isfinite(k.gflops + k.half_rows + k.mem_gbs + k.op_us + k.bf16_gflops))
+      !(k.bf16_gflops >= 0) || !isfinite(k.gflops) || !isfinite(k.half_rows) ||
+      !isfinite(k.mem_gbs) || !isfinite(k.op_us) || !isfinite(k.bf16_gflops))
     return DP_FAIL(DP_ERR_INVALID,
                    "dp_plan_fit: costs need gflops > 0, half_rows >= 0, mem_gbs > 0, "
                    "op_us >= 0 and bf16_gflops >= 0, all finite");

@@ -132,9 +132,9 @@ dp_status dp_backend_option_info(dp_backend b, int i, const char **name,
                    dp_backend_name(b), (int)b);
   if (i < 0 || i >= n_options(be))
     return DP_FAIL(DP_ERR_RANGE,
-                   "dp_backend_option_info: the %s backend has %d options, "
-                   "not %d",
-                   be->name, n_options(be), i + 1);
+                   "dp_backend_option_info: no option %d: the %s backend has %d option%s%s",
+                   i, be->name, n_options(be), n_options(be) == 1 ? "" : "s",
+                   n_options(be) ? " (from 0)" : "");
   if (name) *name = be->options[i].name;
   if (values) *values = be->options[i].values;
   if (help) *help = be->options[i].help;
@@ -154,7 +154,10 @@ dp_status dp_backend_options_check(const dp_config *c) {
 
 dp_status dp_plan_backend_options(const dp_plan *p, char *buf, size_t cap) {
   if (!p || !buf || !cap)
-    return DP_FAIL(DP_ERR_INVALID, "dp_plan_backend_options: NULL argument");
+    return DP_FAIL(DP_ERR_INVALID, "dp_plan_backend_options: %s",
+                   !p     ? "plan is NULL"
+                   : !buf ? "buf is NULL"
+                          : "cap is 0");
   buf[0] = '\0';
   const dp_backend_ops *be = dp__backend_ops(p->cfg.backend);
   size_t at = 0;

@@ -390,7 +390,10 @@ dp_status dp_model_add_attention_dropout(dp_model *m, int heads, float p) {
     return DP_FAIL(DP_ERR_INVALID, "attention needs a sequence (input tokens T, embed V "
                                    "D, then a linear to 3 D)");
   int c3 = w / t;
-  if (heads <= 0 || c3 % 3 || (c3 / 3) % heads)
+  if (heads <= 0)
+    return DP_FAIL(DP_ERR_INVALID, "attention %d: the number of heads must be 1 or more",
+                   heads);
+  if (c3 % 3 || (c3 / 3) % heads)
     return DP_FAIL(DP_ERR_INVALID,
                    "attention %d: its input must be q, k and v side by side, 3 D wide with "
                    "D divisible by the heads; here it is %d wide per position",
@@ -423,6 +426,16 @@ dp_status dp_model_begin_residual(dp_model *m) {
   return push(m, (dp_layer){.kind = DP_LAYER_RESIDUAL, .in = w, .out = w, .link = -1});
 }
 
+/* A row's shape in words: "16 floats", "1 x 4 x 4 (C x H x W)", "64 x 128 (T x D)". */
+static void shape_words(char *b, size_t cap, int n, int t, int c, int h, int w) {
+  if (h)
+    snprintf(b, cap, "%d x %d x %d (C x H x W)", c, h, w);
+  else if (t)
+    snprintf(b, cap, "%d x %d (T x D)", t, n / t);
+  else
+    snprintf(b, cap, "%d floats, flat", n);
+}
+
 dp_status dp_model_end_residual(dp_model *m) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
   int f = open_residual(m);
@@ -431,11 +444,16 @@ dp_status dp_model_end_residual(dp_model *m) {
     return DP_FAIL(DP_ERR_INVALID, "the residual block (layer %d) is empty", f);
   const dp_layer *r = &m->layers[f], *last = &m->layers[m->n_layers - 1];
   if (last->out != r->in || last->h != r->ih || last->t != r->t ||
-      (last->h && (last->c != r->ic || last->w != r->iw)))
+      (last->h && (last->c != r->ic || last->w != r->iw))) {
+    /* in words: 16 floats and 1 x 4 x 4 differ in shape, not in size */
+    char got[64], want[64];
+    shape_words(got, sizeof got, last->out, last->t, last->c, last->h, last->w);
+    shape_words(want, sizeof want, r->in, r->t, r->ic, r->ih, r->iw);
     return DP_FAIL(DP_ERR_INVALID,
-                   "the residual block's output (%d floats per row) must have the shape of "
-                   "its input (%d, at layer %d) to be added to it",
-                   last->out, r->in, f);
+                   "the residual block's output (%s per row) must have the shape of its "
+                   "input (%s, at layer %d) to be added to it",
+                   got, want, f);
+  }
   int w = cur_width(m), k = m->n_layers;
   dp_status s =
       push(m, (dp_layer){.kind = DP_LAYER_RESIDUAL_END, .in = w, .out = w, .link = f});
@@ -451,7 +469,9 @@ dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
     return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no 'end'",
                    open_residual(m));
   if (loss != DP_LOSS_MSE && loss != DP_LOSS_SOFTMAX_CE)
-    return DP_FAIL(DP_ERR_INVALID, "unknown loss %d", (int)loss);
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s loss %d: a model's loss is DP_LOSS_MSE or DP_LOSS_SOFTMAX_CE",
+                   loss == DP_LOSS_NONE ? "DP_LOSS_NONE is no" : "unknown", (int)loss);
   if (m->loss != DP_LOSS_NONE) return DP_FAIL(DP_ERR_INVALID, "the loss is already set");
   if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "a loss needs at least one layer");
   m->loss = loss;

@@ -184,10 +184,15 @@ static uint64_t random_bits(void) {
 
 /* Creates "<path>.tmp.<12 random hex digits>", O_EXCL | O_NOFOLLOW, mode 0600:
  * never an existing file nor a link planted at a name, and no other user
- * can open it while it is written. A new name on EEXIST. */
+ * can open it while it is written. A new name on EEXIST. A file name too long
+ * for the suffix (more than NAME_MAX - 17 bytes: an outside check, session
+ * 24, found names of 241-255 bytes unsaveable) is cut to leave room for it. */
 static int create_temp(const char *path, char *tmp, size_t cap) {
+  enum { SUFFIX = 17, KEEP = 255 - SUFFIX }; /* ".tmp." + 12 digits; NAME_MAX */
+  const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+  size_t blen = strlen(base), keep = (size_t)(base - path) + (blen > KEEP ? KEEP : blen);
   for (int tries = 0; tries < 100; tries++) {
-    snprintf(tmp, cap, "%s.tmp.%012llx", path,
+    snprintf(tmp, cap, "%.*s.tmp.%012llx", (int)keep, path,
              (unsigned long long)(random_bits() & 0xffffffffffffull));
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd >= 0 || errno != EEXIST) return fd;

@@ -44,11 +44,13 @@ const char *dp_bn_mode_name(dp_bn_mode m) { return NAME_OF(bn_mode_names, m); }
 const char *dp_precision_name(dp_precision p) { return NAME_OF(precision_names, p); }
 
 dp_status dp_precision_parse(const char *name, dp_precision *out) {
+  if (!name || !out)
+    return DP_FAIL(DP_ERR_INVALID, "dp_precision_parse: %s is NULL", name ? "out" : "name");
   for (unsigned i = 0; i < sizeof precision_names / sizeof *precision_names; i++)
-    if (name && strcmp(name, precision_names[i]) == 0) {
+    if (strcmp(name, precision_names[i]) == 0) {
       *out = (dp_precision)i;
       return DP_OK;
     }
   return DP_FAIL(DP_ERR_INVALID, "unknown precision '%s': the options are fp32 and bf16",
-                 name ? name : "(null)");
+                 name);
 }
