@@ -245,8 +245,9 @@ START_TEST(refusals_say_what_to_do) {
           "byte 1 of the prompt is 104; the model's vocabulary has 64 ids");
   refused(GEN("--checkpoint", g300, "--prompt", "hi"), 1, "give the prompt as ids");
   refused(GEN("--checkpoint", g64, "--prompt", ""), 1, "the prompt is empty");
-  refused(GEN("--checkpoint", g64, "--prompt-ids", "3,64"), 1, "id 2 ('64') is not an id");
-  refused(GEN("--checkpoint", g64, "--prompt-ids", "3,x"), 1, "id 2 ('x')");
+  refused(GEN("--checkpoint", g64, "--prompt-ids", "3,64"), 1,
+          "'64' (entry 2) is not an id of the model (0 to 63)");
+  refused(GEN("--checkpoint", g64, "--prompt-ids", "3,x"), 1, "'x' (entry 2) is not an id");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--top-k", "65"), 1,
           "--top-k 65: the model has 64 tokens");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--greedy", "--temperature", "2"),

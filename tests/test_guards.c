@@ -336,6 +336,17 @@ START_TEST(static_arenas_are_guarded) {
     memset(arenas[d], 0xab, dp_plan_device_bytes(p, d)); /* whatever was there */
   }
   dp_ctx *ctx = NULL;
+  /* a misaligned arena: the message gives the alignment (session 24) */
+  void *kept = arenas[1];
+  arenas[1] = (char *)kept + 8;
+  ck_assert_int_eq(dp_ctx_create_static(p, arenas, NULL, &ctx), DP_ERR_INVALID);
+  char want[96];
+  snprintf(want, sizeof want, "is not aligned to %zu bytes, the plan's alignment",
+           dp_plan_alignment(p));
+  ck_assert_msg(strstr(dp_last_error(), "arena of device 1 (") &&
+                    strstr(dp_last_error(), want),
+                "%s", dp_last_error());
+  arenas[1] = kept;
   ck_assert_int_eq(dp_ctx_create_static(p, arenas, NULL, &ctx), DP_OK);
   batch bt;
   batch_fill(&bt, 9, dp_model_output_width(m));

@@ -499,7 +499,13 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
   case DPT_OPT_INFERENCE: c->inference = 1; return 0;
   case DPT_OPT_BACKEND: return dpt_parse_backend(arg, &c->backend, err, errcap);
   case DPT_OPT_LR: /* 0 is the planner's to refuse, per configuration (dp repro) */
-    return dpt_parse_float(arg, 0, FLT_MAX, "--lr", &c->lr, err, errcap);
+    if (dpt_parse_float(arg, -FLT_MAX, FLT_MAX, "--lr", &c->lr, err, errcap)) return -1;
+    /* the range said as the library's (session 24: "[0, ...]" read as 0 allowed) */
+    if (c->lr < 0)
+      return dpt_fail(err, errcap,
+                      "--lr: %s is out of range (0, %g]: a learning rate is > 0", arg,
+                      (double)FLT_MAX);
+    return 0;
   case DPT_OPT_MOMENTUM:
     return parse_below_one(arg, "--momentum", &c->momentum, err, errcap);
   case DPT_OPT_DAMPENING:
@@ -868,9 +874,9 @@ void dpt_print_common_help(FILE *f) {
         "                          and fast_collectives=1. The backend checks the names\n"
         "                          and values when planning (the cpu backend has none).\n"
         "  --lr X                  learning rate, > 0 (default 0.01)\n"
-        "Optimizer settings are PyTorch's, with its defaults: --optimizer sets the\n"
-        "defaults of the optimizer it names (whatever the option order), then the\n"
-        "options below override them:\n"
+        "Optimizer settings are PyTorch's, with its defaults but --lr's (PyTorch's\n"
+        "is 0.001): --optimizer sets the defaults of the optimizer it names\n"
+        "(whatever the option order), then the options below override them:\n"
         "    sgd      = torch.optim.SGD: momentum 0, dampening 0, no nesterov,\n"
         "               weight decay 0 (SGD with --momentum X > 0 is momentum SGD)\n"
         "    momentum = the same with momentum 0.9\n"

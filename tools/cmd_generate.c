@@ -213,9 +213,9 @@ static int prompt_ids(const generate_run *t, int *ids, int cap) {
       long v = strtol(s, &end, 10);
       if (end == s || (*end && *end != ',' && *end != ' ') || v < 0 || v >= t->V) {
         fprintf(stderr,
-                "dp generate: --prompt-ids: id %d ('%.*s') is not an id of the model "
+                "dp generate: --prompt-ids: '%.*s' (entry %d) is not an id of the model "
                 "(0 to %d)\n",
-                n + 1, (int)strcspn(s, ", "), s, t->V - 1);
+                (int)strcspn(s, ", "), s, n + 1, t->V - 1);
         return -1;
       }
       if (ids && n < cap) ids[n] = (int)v;

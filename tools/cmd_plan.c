@@ -955,11 +955,28 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
   dp_fit f[SHOWN];
   int n = 0;
   dp_status s = dp_plan_fit(m, cfg, o->budget, o->fit_allow, &o->costs, f, SHOWN, &n);
+  char a[48], b[48], c[48], d[48], e[48];
+  if (s == DP_ERR_RANGE) { /* f[0]: the smallest found; sizes as every line has them */
+    const dp_config *k = &f[0].config;
+    char mb[32] = "the chunk";
+    if (k->micro_batch > 0) snprintf(mb, sizeof mb, "%d rows", k->micro_batch);
+    fprintf(
+        stderr,
+        "dp plan: --fit: no configuration fits %s B (%s) per device: the smallest "
+        "found needs %s B (%s: mode %s%s, split %s, micro-batch %s, recompute %d, "
+        "precision %s), %s B over: give a larger --budget, or let --fit-allow change "
+        "more\n",
+        dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
+        dpt_bytes_exact(f[0].bytes, c, sizeof c), dpt_bytes_human(f[0].bytes, d, sizeof d),
+        dp_mode_name(k->mode), k->shard_optimizer ? ", sharded optimizer" : "",
+        dp_split_name(k->split), mb, k->recompute, dp_precision_name(k->precision),
+        dpt_bytes_exact(f[0].bytes - o->budget, e, sizeof e));
+    return -1;
+  }
   if (s != DP_OK) {
     fprintf(stderr, "dp plan: --fit: %s\n", dpt_user_msg(dp_last_error()));
     return -1;
   }
-  char a[48], b[48];
   printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s%s%s\n",
          dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
          cfg->batch, cfg->n_devices, o->fit_allow & DP_FIT_MODE ? " mode" : "",

@@ -1092,6 +1092,9 @@ int dpt_cmd_repro(int argc, char **argv) {
     if (!run_lockstep(&t)) rc = report(&t);
   }
   rc = dpt_world_bcast_int(rc); /* rank 0 took part in every configuration */
+  /* every rank has the job's status and leaves by itself: a refused layout is an
+   * exit status, not Open MPI's abort banner (an outside check, session 24) */
+  dpt_world_failed_together();
   fflush(stdout);
   free_repro(&t);
   return rc;

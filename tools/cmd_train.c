@@ -537,42 +537,54 @@ static int may_change(const char *a, size_t la, const char *b, size_t lb) {
  * 0, or -1 with "--name: the checkpoint's run used X, this one Y" in err. */
 static int same_settings(const char *saved, const char *now, char *err, size_t errcap) {
   const char *a = saved, *b = now;
+  /* every setting that differs, in one message (an outside check, session 24: one
+   * a run, found by retrying) */
+  char what[1024] = "";
+  size_t at = 0;
+  int n_diff = 0;
   while (*a || *b) {
     size_t la = strcspn(a, " "), lb = strcspn(b, " ");
     size_t na = strcspn(a, "= "), nb = strcspn(b, "= ");
     if (la && lb && (na != nb || memcmp(a, b, na))) lb = 0; /* different words */
-    /* a word (data-seed, shuffle) one run has: the default in the other */
-    if (!la != !lb) {
-      const char *wd = la ? a : b;
+    char va[64], vb[64];
+    int name = -1;
+    const char *wd = a;
+    if (!la !=
+        !lb) { /* a word (data-seed, shuffle) one run has: the default in the other */
+      wd = la ? a : b;
       size_t n = la ? na : nb, l = la ? la : strcspn(b, " ");
       char v[64];
       snprintf(v, sizeof v, "%.*s", (int)(l > n ? l - n - 1 : 0), wd + n + (l > n));
-      snprintf(err, errcap,
-               "--%.*s: the checkpoint's run used %s, this one %s; a resume continues the "
-               "run only with the same settings",
-               (int)n, wd, la ? v : "the default", la ? "the default" : v);
-      return -1;
-    }
-    if ((la != lb || memcmp(a, b, la)) && !may_change(a, la, b, lb)) {
+      snprintf(va, sizeof va, "%s", la ? v : "the default");
+      snprintf(vb, sizeof vb, "%s", la ? "the default" : v);
+      name = (int)n;
+    } else if ((la != lb || memcmp(a, b, la)) && !may_change(a, la, b, lb)) {
       const char *eq = memchr(a, '=', la), *eqb = memchr(b, '=', lb);
-      int name = eq ? (int)(eq - a) : (int)la;
-      char va[64], vb[64]; /* the values, for people: floats in decimal */
+      name = eq ? (int)(eq - a) : (int)la;
+      /* the values, for people: floats in decimal */
       snprintf(va, sizeof va, "%.*s", (int)(la - (eq ? (size_t)name + 1 : 0)),
                eq ? eq + 1 : a);
       snprintf(vb, sizeof vb, "%.*s", (int)(lb - (eqb ? (size_t)(eqb - b) + 1 : 0)),
                eqb ? eqb + 1 : b);
       shortest_float(va, sizeof va);
       shortest_float(vb, sizeof vb);
-      snprintf(err, errcap,
-               "--%.*s: the checkpoint's run used %s, this one %s; a resume continues the "
-               "run only with the same settings",
-               name, a, va, vb);
-      return -1;
+    }
+    if (name >= 0 && at < sizeof what) {
+      int w = snprintf(what + at, sizeof what - at,
+                       "%s--%.*s: the checkpoint's run used %s, this one %s",
+                       n_diff ? "; " : "", name, wd, va, vb);
+      at += w > 0 ? (size_t)w : 0;
+      n_diff++;
     }
     a += la + (a[la] == ' ');
     b += lb + (b[lb] == ' ');
   }
-  return 0;
+  if (!n_diff) return 0;
+  snprintf(err, errcap,
+           "%s; a resume continues the run only with the same settings: give %s as the "
+           "checkpoint's run did",
+           what, n_diff == 1 ? "it" : "them");
+  return -1;
 }
 
 /* Under mpirun, before the first step: every rank's model, data as read and
@@ -1067,6 +1079,33 @@ static int read_resume(train_run *t) {
   return check_resumed(t, rows, app_n != 0);
 }
 
+/* dp_ckpt_load refused the --resume checkpoint: said in the tool's terms (an
+ * outside check, session 24: an imported checkpoint's optimizer was "the
+ * context's", the path twice, no fix): the option and its value to give where
+ * the checkpoint's optimizer or seed is not this run's, else the library's
+ * reason without the path it starts with. */
+static void resume_failed(train_run *t) {
+  const char *path = t->o.resume, *why = dpt_user_msg(dp_ctx_error(t->ctx));
+  size_t n = strlen(path);
+  if (!strncmp(why, path, n) && !strncmp(why + n, ": ", 2)) why += n + 2;
+  char fix[256] = "";
+  dp_ckpt_summary sum;
+  if (dp_ckpt_info(path, NULL, &sum) == DP_OK && !sum.inference) {
+    if (sum.optimizer != t->cfg.optimizer)
+      snprintf(fix, sizeof fix,
+               "--optimizer: the checkpoint holds %s's state, this run uses %s: give "
+               "--optimizer %s",
+               dp_optimizer_name(sum.optimizer), dp_optimizer_name(t->cfg.optimizer),
+               dp_optimizer_name(sum.optimizer));
+    else if (sum.seed != t->cfg.seed)
+      snprintf(fix, sizeof fix,
+               "--seed: the checkpoint's run used %llu, this one %llu: give --seed %llu",
+               (unsigned long long)sum.seed, (unsigned long long)t->cfg.seed,
+               (unsigned long long)sum.seed);
+  }
+  fprintf(stderr, "dp train: cannot resume from '%s': %s\n", path, fix[0] ? fix : why);
+}
+
 /* The plan, the context (a resumed run's state loaded into it) and the
  * buffers of the epoch loop. 0, or -1 (said). */
 static int make_context(train_run *t) {
@@ -1094,8 +1133,7 @@ static int make_context(train_run *t) {
     return -1;
   }
   if (o->resume && dp_ckpt_load(t->ctx, o->resume)) {
-    fprintf(stderr, "dp train: cannot resume from '%s': %s\n", o->resume,
-            dpt_user_msg(dp_ctx_error(t->ctx)));
+    resume_failed(t);
     return -1;
   }
   t->pc = dp_plan_config(t->plan);

@@ -26,8 +26,8 @@ static const command commands[] = {
      "            modes (classic, allreduce, sharded); names the first step and\n"
      "            tensor where two configurations differ"},
     {"predict", dpt_cmd_predict,
-     "run a checkpoint's model over a CSV and write the predictions (the\n"
-     "            path a service takes)"},
+     "run a checkpoint's model over a CSV, .npy or IDX file and write the\n"
+     "            predictions (the path a service takes)"},
     {"generate", dpt_cmd_generate,
      "continue a prompt with a sequence model's checkpoint (a GPT), token by\n"
      "            token: greedy or sampled (temperature, top-k, seed)"},

@@ -79,12 +79,14 @@ run "dp repro --precision bf16 --reduce-precision bf16, digits, --layouts 1x8,2x
   $MPIRUN -np 8 "$bd/dp" repro --model examples/digits.dpm --data data/digits.csv \
   --batch 64 --micro-batch 4 --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1 \
   --precision bf16 --reduce-precision bf16
-# the layout's process count against the job's, before the library is asked
+# the layout's process count against the job's, before the library is asked; every rank
+# leaves with the status, no MPI_ABORT banner (an outside check, session 24)
 run "dp repro --layouts 8x1 under -np 2: says it needs 8 processes" sh -c "out=\$($MPIRUN \
   -np 2 $bd/dp repro --model examples/digits.dpm --data data/digits.csv --batch 64 \
   --micro-batch 4 --steps 1 --layouts 2x1,8x1 --mode classic 2>&1); rc=\$?; echo \"\$out\"; \
   test \$rc -ne 0 && echo \"\$out\" | grep -q '8x1 .*refused: this layout needs 8 processes, \
-the job has 2: run it under mpirun -np 8' && echo \"\$out\" | grep -q '2x1 .*reference'"
+the job has 2: run it under mpirun -np 8' && echo \"\$out\" | grep -q '2x1 .*reference' \
+  && ! echo \"\$out\" | grep -q MPI_ABORT"
 # ranks that disagree (docs/RELIABILITY.md, "Rank agreement"): before the first step the
 # ranks compare digests of their model, data as read and options; a rank that differs
 # ends the job on every rank, each leaving by itself with a non-zero status, with one
