@@ -11,6 +11,7 @@
 #include "data_files.h"
 
 #include <check.h>
+#include <errno.h>
 #include <dirent.h>
 #include <math.h>
 #include <sched.h>
@@ -2941,6 +2942,47 @@ START_TEST(train_log_writes_a_json_line_per_epoch) {
 }
 END_TEST
 
+/* A file-size limit (ulimit -f) fails the write with EFBIG, said as a full disk
+ * is, exit 1, no temporary file left (an outside check, session 24: SIGXFSZ
+ * killed the tool, exit 153). */
+START_TEST(file_size_limit_is_a_write_error) {
+  char dp[600], cmd[1400], dir[64];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE cli: file_size_limit_is_a_write_error: no dp binary next to the "
+                    "test binary; skipped\n");
+    return;
+  }
+  temp_dir(dir, sizeof dir);
+  int st;
+  snprintf(cmd, sizeof cmd,
+           "ulimit -f 20 && '%s' train --model %s --data %s --batch 64 --epochs 1 --quiet "
+           "--save '%s/s.ckpt' 2>&1",
+           dp, DIGITS_MODEL, DIGITS_CSV, dir);
+  char *out = shell_output(cmd, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == DPT_EXIT_FAIL, "status %d: %s", st,
+                out);
+  ck_assert_msg(strstr(out, "cannot write checkpoint") && strstr(out, strerror(EFBIG)),
+                "%s", out);
+  ck_assert_int_eq(n_entries(dir), 0);
+  free(out);
+  /* predictions on a standard output that cannot take them: exit 1, said (it was
+   * exit 0 with the rows lost) */
+  snprintf(cmd, sizeof cmd,
+           "'%s' train --model %s --data %s --batch 64 --epochs 1 --quiet --save "
+           "'%s/s.ckpt' >/dev/null 2>&1 && '%s' predict --checkpoint '%s/s.ckpt' --data %s "
+           "2>&1 >/dev/full",
+           dp, DIGITS_MODEL, DIGITS_CSV, dir, dp, dir, DIGITS_CSV);
+  out = shell_output(cmd, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == DPT_EXIT_FAIL, "status %d: %s", st,
+                out);
+  ck_assert_msg(strstr(out, "dp predict: error writing the predictions to standard output"),
+                "%s", out);
+  free(out);
+  remove_dir(dir);
+}
+END_TEST
+
 /* --patience: AdamW at lr 0.03 overfits the digits from the third epoch; with
  * --eval-every 1 --patience 2 it stops after the fourth, saying so, and --save
  * keeps the state and the 4 epochs done. --resume continues from there (the
@@ -3477,6 +3519,24 @@ START_TEST(export_counts_batchnorm_buffers) {
   ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
   ck_assert_msg(strstr(r.err, "--model goes with --pytorch alone"), "%s", r.err);
   cmd_result_free(&r);
+  /* the spec-only export's output is never its input, nor a link to it (an outside
+   * check, session 24: the spec was replaced by its PyTorch source, exit 0) */
+  size_t len0 = 0;
+  char *before = slurp_file(spec, &len0), link[160];
+  in_dir(link, sizeof link, dir, "link.py");
+  ck_assert_int_eq(symlink(spec, link), 0);
+  const char *outs[2] = {spec, link};
+  for (int i = 0; i < 2; i++) {
+    r = RUN(dpt_cmd_export, "--model", spec, "--pytorch", (char *)outs[i]);
+    ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+    ck_assert_msg(strstr(r.err, "it is the model"), "%s", r.err);
+    cmd_result_free(&r);
+  }
+  size_t len1 = 0;
+  char *after = slurp_file(spec, &len1);
+  ck_assert(len0 == len1 && !memcmp(before, after, len0));
+  free(before);
+  free(after);
   remove_dir(dir);
 }
 END_TEST
@@ -4683,6 +4743,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_huge_weight_decay_names_the_cause);
   tcase_add_test(tc, train_warns_when_devices_outnumber_cpus);
   tcase_add_test(tc, unknown_command_suggests_the_nearest);
+  tcase_add_test(tc, file_size_limit_is_a_write_error);
   tcase_add_test(tc, epoch_lines_reach_a_pipe_as_each_epoch_ends);
   tcase_add_test(tc, a_width_mismatch_counts_the_files_fields);
   tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);

@@ -248,6 +248,9 @@ START_TEST(refusals_say_what_to_do) {
   refused(GEN("--checkpoint", g64, "--prompt-ids", "3,64"), 1,
           "'64' (entry 2) is not an id of the model (0 to 63)");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "3,x"), 1, "'x' (entry 2) is not an id");
+  refused(GEN("--checkpoint", g64, "--prompt-ids", "3 2\t1"), 1,
+          "'2\\x091' (entry 2) is not an id of the model (0 to 63): ids are separated by "
+          "commas or spaces");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--top-k", "65"), 1,
           "--top-k 65: the model has 64 tokens");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--greedy", "--temperature", "2"),

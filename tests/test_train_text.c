@@ -623,6 +623,62 @@ static int stop_setup(stop_files *f) {
   return 0;
 }
 
+/* A signal in an epoch's last step (here each epoch is one step: the batch is
+ * all 1437 training rows of the digits): the epoch completes, its log record
+ * written, before the stop; in the run's last epoch the run ends as usual, exit
+ * 0 (an outside check, session 24: the record was lost, and a stop in the last
+ * step printed a resume with --epochs 0, which dp train refuses). */
+START_TEST(a_signal_in_an_epochs_last_step_completes_the_epoch) {
+  char dp[600], model[128], ck[128], log[128], errp[128];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE train_text: no dp binary next to the test binary; skipped\n");
+    return;
+  }
+  FILE *f = fopen(in_dir(model, sizeof model, "wide.dpm"), "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("input 64\nlinear 2048\nrelu\nlinear 2048\nrelu\nlinear 10\n"
+        "loss softmax_cross_entropy\n",
+        f);
+  fclose(f);
+  in_dir(ck, sizeof ck, "one.ckpt");
+  in_dir(log, sizeof log, "one.jsonl");
+  in_dir(errp, sizeof errp, "err");
+  static char *const epochs[2] = {"100000", "2"};
+  for (int k = 0; k < 2; k++) {
+    unlink(ck);
+    unlink(log);
+    char *args[] = {"--model", model,    "--data", "data/digits.csv", "--batch", "1437",
+                    "--quiet", "--save", ck,       "--log",           log,       "--epochs",
+                    epochs[k], NULL};
+    pid_t pid = spawn_train(dp, args);
+    ck_assert_msg(wait_lines(pid, log, 1) == 0, "the run ended before its first epoch");
+    kill(pid, SIGINT);
+    int st = child_status(pid);
+    char *err = read_text(errp);
+    FILE *lf = fopen(log, "r");
+    ck_assert_ptr_nonnull(lf);
+    int records = 0;
+    for (int c; (c = fgetc(lf)) != EOF;) records += c == '\n';
+    fclose(lf);
+    if (k == 1) { /* the last epoch's step: the run ends as usual */
+      ck_assert_msg(st == 0, "exit %d: %s", st, err);
+      ck_assert_int_eq(records, 2);
+    } else {
+      ck_assert_msg(st == 130, "exit %d: %s", st, err);
+      const char *at = strstr(err, "at the end of epoch ");
+      ck_assert_msg(at, "%s", err);
+      int e = atoi(at + 20);
+      ck_assert_int_eq(records, e); /* the stopped epoch's record too */
+      char want[64];
+      snprintf(want, sizeof want, " --epochs %d", 100000 - e);
+      ck_assert_msg(strstr(err, want), "'%s' not in %s", want, err);
+    }
+    free(err);
+  }
+}
+END_TEST
+
 /* SIGINT, then SIGTERM, mid-run: exit 130 and 143, after saving; the line
  * names the checkpoint and the command that goes on, and that command (with
  * fewer epochs) gives the parameter hash of the uninterrupted run to the same
@@ -814,6 +870,7 @@ Suite *train_text_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_add_test(tc, run_record_position_round_trips);
   tcase_add_test(tc, a_signal_saves_and_the_printed_command_resumes);
+  tcase_add_test(tc, a_signal_in_an_epochs_last_step_completes_the_epoch);
   tcase_add_test(tc, a_second_signal_exits_at_once_and_periodic_saves_resume);
   tcase_add_test(tc, save_every_epochs_and_save_best_restores);
   suite_add_tcase(s, tc);

@@ -212,10 +212,15 @@ static int prompt_ids(const generate_run *t, int *ids, int cap) {
       char *end;
       long v = strtol(s, &end, 10);
       if (end == s || (*end && *end != ',' && *end != ' ') || v < 0 || v >= t->V) {
-        fprintf(stderr,
-                "dp generate: --prompt-ids: '%.*s' (entry %d) is not an id of the model "
-                "(0 to %d)\n",
-                (int)strcspn(s, ", "), s, n + 1, t->V - 1);
+        /* a separator other than a comma or a space (a tab) is named as such (an
+         * outside check, session 24); control bytes escaped by dpt_fail */
+        char msg[DPT_MSG_CAP];
+        bool sep = end > s && *end && *end != ',' && *end != ' ' && v >= 0 && v < t->V;
+        dpt_fail(msg, sizeof msg,
+                 "--prompt-ids: '%.*s' (entry %d) is not an id of the model (0 to %d)%s",
+                 (int)strcspn(s, ", "), s, n + 1, t->V - 1,
+                 sep ? ": ids are separated by commas or spaces" : "");
+        fprintf(stderr, "dp generate: %s\n", msg);
         return -1;
       }
       if (ids && n < cap) ids[n] = (int)v;

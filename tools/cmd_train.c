@@ -1450,7 +1450,11 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
       t_last = te;
     }
     int after = after_step(t, ep, from + n);
-    if (after) return after;
+    /* a stop at the epoch's end: the epoch completes first (its line, held-out
+     * figures and log record: run_epochs), then the stop (an outside check,
+     * session 24: they were lost, and a stop in the run's last step printed a
+     * resume of --epochs 0) */
+    if (after < 0 || (after > 0 && from + n < train->n_rows)) return after;
   }
   t->curve[ep - t->epoch0] = (float)(sum / nb);
   return 0;
@@ -1594,10 +1598,14 @@ static int run_epochs(train_run *t) {
                el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
     say_every(t);
     if (t->logf) log_epoch(t, k, el, &es, &h);
+    /* a signal in the epoch's last step: after the run's last epoch, or an early
+     * stop, the run ends as usual; else it stops here */
+    if (t->stop_sig && (stop || t->ep_done == t->ep_end)) t->stop_sig = 0;
     if (stop) {
       t->stopped = 1;
       break;
     }
+    if (t->stop_sig) break;
   }
   if (t->stopped)
     printf("early stop at epoch %d: held-out loss has not improved for %d evaluation%s "

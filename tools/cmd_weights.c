@@ -187,6 +187,15 @@ static int lib_fail(const char *cmd, weights_rig *w) {
 static int export_spec(const weights_opts *o) {
   dp_model *m = NULL;
   dp_file *f = NULL;
+  /* an outside check (session 24): --pytorch naming the spec itself, or a link
+   * to it, replaced the spec */
+  char err[512];
+  dpt_file_role out = {o->pytorch, "PyTorch source"}, in = {o->model, "model"};
+  if (dpt_check_distinct(&out, 1, &in, 1, err, sizeof err) ||
+      dpt_check_writable(o->pytorch, "PyTorch source", 1, err, sizeof err)) {
+    fprintf(stderr, "dp export: %s\n", err);
+    return DPT_EXIT_FAIL;
+  }
   if (dp_model_load(o->model, &m) || dp_file_create(o->pytorch, "PyTorch source", &f)) {
     fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_last_error()));
     dp_model_free(m);

@@ -2,6 +2,7 @@
  * the command's function (tools/cmd_*.c); each returns the exit status. */
 #include "cli.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,10 @@ static void check_gemm_tier(void) {
 }
 
 int main(int argc, char **argv) {
+  /* a file-size limit (ulimit -f) makes a write fail with EFBIG, said as a full
+   * disk is, instead of killing the tool mid-file (an outside check, session 24:
+   * exit 153, a temporary file left, the report lost) */
+  signal(SIGXFSZ, SIG_IGN);
 #ifdef DP_HAVE_CUDA
   dp_cuda_register(); /* libdp_cuda.a: --backend cuda (a GPU is needed only to run) */
 #endif
