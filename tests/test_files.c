@@ -329,6 +329,22 @@ START_TEST(a_standard_stream_is_never_replaced) {
     ck_assert_uint_eq(lmode(paths[i]), was[i]);
   }
   ck_assert(holds(t.path, PRECIOUS));
+  /* /dev/fd/N: a file descriptor through /dev/fd's link to /proc/self/fd (an
+   * outside check, session 24: refused as the temporary file's "No such file or
+   * directory") */
+  int fd3 = open(t.path, O_WRONLY | O_APPEND);
+  ck_assert(fd3 >= 0);
+  char devfd[64];
+  snprintf(devfd, sizeof devfd, "/dev/fd/%d", fd3);
+  dp_file *g = NULL;
+  if (access("/dev/fd", F_OK) == 0) {
+    ck_assert_int_eq(dp_file_create(devfd, "test file", &g), DP_ERR_IO);
+    ck_assert_msg(strstr(dp_last_error(), "is a symbolic link into /proc"), "%s",
+                  dp_last_error());
+    ck_assert_ptr_null(g);
+  }
+  close(fd3);
+  ck_assert(holds(t.path, PRECIOUS));
   tmp_done(&t);
 }
 END_TEST

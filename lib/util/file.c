@@ -116,6 +116,20 @@ static const char *std_stream(const struct stat *st) {
  * to the replaced file), and a link into /proc (a process's open file). An
  * in-place write (dp_file_append) takes no link at all, since opening one
  * follows it. */
+/* Whether path's directory is under /proc, reached through links (/dev/fd/3 is
+ * /proc/self/fd/3: an outside check, session 24, found it refused as "No such
+ * file or directory", the temporary file's, not as the link it is). */
+static bool in_proc_dir(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return false;
+  size_t n = slash == path ? 1 : (size_t)(slash - path);
+  char *dir = strndup(path, n), *real = dir ? realpath(dir, NULL) : NULL;
+  bool in = real && (!strcmp(real, "/proc") || !strncmp(real, "/proc/", 6));
+  free(real);
+  free(dir);
+  return in;
+}
+
 static dp_status check_target(const char *path, const char *what, bool in_place) {
   struct stat st, to;
   if (lstat(path, &st) != 0)
@@ -142,7 +156,8 @@ static dp_status check_target(const char *path, const char *what, bool in_place)
                    "never through a link: name the file itself)",
                    what, path);
   char text[8] = {0};
-  if (readlink(path, text, sizeof text - 1) >= 6 && strncmp(text, "/proc/", 6) == 0)
+  if ((readlink(path, text, sizeof text - 1) >= 6 && strncmp(text, "/proc/", 6) == 0) ||
+      in_proc_dir(path))
     return DP_FAIL(DP_ERR_IO,
                    "cannot write %s '%s': is a symbolic link into /proc (a process's "
                    "open file, not a file to replace): name the file itself",
