@@ -2983,6 +2983,19 @@ START_TEST(file_size_limit_is_a_write_error) {
 }
 END_TEST
 
+/* --resume ck --log log for `epochs` more: it says `dropped` (the log's records
+ * past the checkpoint's epochs), 4 kept. */
+static void resume_drops(const char *const *fast, const char *ck, const char *log,
+                         const char *epochs, const char *dropped) {
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", epochs,
+                           "--eval-every", "1", "--resume", ck, "--log", log, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  char want[160];
+  snprintf(want, sizeof want, "%s (4 kept)", dropped);
+  ck_assert_msg(strstr(r.out, want), "%s", r.out);
+  cmd_result_free(&r);
+}
+
 /* --patience: AdamW at lr 0.03 overfits the digits from the third epoch; with
  * --eval-every 1 --patience 2 it stops after the fourth, saying so, and --save
  * keeps the state and the 4 epochs done. --resume continues from there (the
@@ -3041,13 +3054,7 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
 
   /* the same checkpoint resumed again (as after a crash past it): the log's records
    * of epochs 5 and 6 are replaced, not repeated */
-  r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "2", "--eval-every", "1",
-                "--resume", ck, "--log", log, NULL);
-  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
-  ck_assert_msg(
-      strstr(r.out, "2 records of epochs after the checkpoint's 4 dropped (4 kept)"), "%s",
-      r.out);
-  cmd_result_free(&r);
+  resume_drops(fast, ck, log, "2", "2 records of epochs after the checkpoint's 4 dropped");
   ck_assert_int_eq(read_log(log, lines, 8, 1), 6);
   for (int i = 0; i < 6; i++)
     ck_assert_int_eq((int)lines[i].v[json_key(&lines[i], "epoch")], i + 1);
@@ -3057,13 +3064,7 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
   ck_assert_ptr_nonnull(f);
   fputs("{\"epoch\":7,\"step\":1", f);
   fclose(f);
-  r = run_lists(dpt_cmd_train, DIGITS_LOUD, fast, "--epochs", "1", "--resume", ck, "--log",
-                log, NULL);
-  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
-  ck_assert_msg(
-      strstr(r.out, "3 records of epochs after the checkpoint's 4 dropped (4 kept)"), "%s",
-      r.out);
-  cmd_result_free(&r);
+  resume_drops(fast, ck, log, "1", "3 records of epochs after the checkpoint's 4 dropped");
   ck_assert_int_eq(read_log(log, lines, 8, 1), 5);
 
   /* a --log that is not this tool's log (the data, by mistake) is refused before
