@@ -549,8 +549,8 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
     char va[64], vb[64];
     int name = -1;
     const char *wd = a;
-    if (!la !=
-        !lb) { /* a word (data-seed, shuffle) one run has: the default in the other */
+    /* a word (data-seed, shuffle) one run has: the default in the other */
+    if (!la != !lb) {
       wd = la ? a : b;
       size_t n = la ? na : nb, l = la ? la : strcspn(b, " ");
       char v[64];
