@@ -2979,6 +2979,15 @@ START_TEST(file_size_limit_is_a_write_error) {
   ck_assert_msg(strstr(out, "dp predict: error writing the predictions to standard output"),
                 "%s", out);
   free(out);
+  /* any command's report on a standard output that cannot take it: exit 1, said */
+  snprintf(cmd, sizeof cmd,
+           "'%s' train --model %s --data %s --batch 64 --epochs 1 2>&1 >/dev/full", dp,
+           DIGITS_MODEL, DIGITS_CSV);
+  out = shell_output(cmd, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == DPT_EXIT_FAIL, "status %d: %s", st,
+                out);
+  ck_assert_msg(strstr(out, "dp: error writing standard output"), "%s", out);
+  free(out);
   remove_dir(dir);
 }
 END_TEST

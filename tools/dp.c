@@ -2,6 +2,7 @@
  * the command's function (tools/cmd_*.c); each returns the exit status. */
 #include "cli.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,5 +165,15 @@ int main(int argc, char **argv) {
 #endif
   dpt_world_init(&argc, &argv); /* under mpirun: one rank of the job */
   check_gemm_tier();
-  return dpt_world_exit(run(argc, argv));
+  int rc = run(argc, argv);
+  /* what a command printed (a report, a hash, a table): written, or said with a
+   * failing status (an outside check, session 24: dp train > /dev/full exited 0
+   * with its report lost) */
+  errno = 0;
+  if ((fflush(stdout) || ferror(stdout)) && rc == DPT_EXIT_OK) {
+    fprintf(stderr, "dp: error writing standard output%s%s\n", errno ? ": " : "",
+            errno ? strerror(errno) : "");
+    rc = DPT_EXIT_FAIL;
+  }
+  return dpt_world_exit(rc);
 }
