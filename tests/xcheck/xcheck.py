@@ -1,0 +1,508 @@
+#!/usr/bin/env python3
+"""Randomised cross-check of libdp (`dp` tool) against PyTorch (session 24's outside
+check; docs/RELIABILITY.md, "Cross-check against PyTorch"). Not part of `ninja test`:
+it needs a PyTorch 2 (scaled_dot_product_attention) with safetensors, e.g. the
+benchmark venv: /work/V/bin/python tests/xcheck/xcheck.py 20.
+
+Each case: a random spec, random data, PyTorch-initialised weights (dp import),
+`dp train --resume init.ckpt --no-shuffle --standardize none --test-fraction 0`,
+`dp export` of the result, `dp predict`; then an independent PyTorch replay
+(own module builder, torch.optim, torch.optim.lr_scheduler, clip_grad_norm_)
+in float32 and float64, and normwise relative comparisons.
+
+usage: xcheck.py N [SEED0] | xcheck.py --case DIR (rerun a saved case)
+DP: the dp binary (default build/dp); XCHECK_DIR: where the cases go (build/xcheck).
+A line per case: "ok" or "BAD" (a difference from PyTorch fp64 well beyond PyTorch's
+own fp32-fp64 gap), then the normwise relative errors (P parameters, L the logged
+losses, lr, n the clipped gradient norm, h the held-out loss, pred the logits).
+"""
+import json, math, os, subprocess, sys, random, shutil
+import numpy as np
+import torch, torch.nn as nn, torch.nn.functional as F
+from safetensors.torch import save_file, load_file
+
+torch.set_num_threads(1)
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DP = os.path.abspath(os.environ.get("DP", os.path.join(REPO, "build", "dp")))
+# the cases (spec, data, cmds.sh, case.json, result.json per seed), beside the build
+ROOT = os.path.abspath(os.environ.get("XCHECK_DIR", os.path.join(REPO, "build", "xcheck")))
+
+
+# ---------------------------------------------------------------- spec -> torch
+class Embed(nn.Module):
+    def __init__(s, V, D, T):
+        super().__init__(); s.tok = nn.Embedding(V, D); s.pos = nn.Embedding(T, D)
+    def forward(s, ids):
+        return s.tok(ids.long()) + s.pos.weight[None, : ids.shape[1]]
+
+
+class Attn(nn.Module):
+    def __init__(s, H):
+        super().__init__(); s.H = H
+    def forward(s, x):
+        B, T, C3 = x.shape; D = C3 // 3; hd = D // s.H
+        q, k, v = x.split(D, 2)
+        f = lambda t: t.reshape(B, T, s.H, hd).permute(0, 2, 1, 3)
+        o = F.scaled_dot_product_attention(f(q), f(k), f(v), is_causal=True)
+        return o.permute(0, 2, 1, 3).reshape(B, T, D)
+
+
+class Net(nn.Module):
+    """Independent builder of the spec language (not dp's generated source)."""
+    def __init__(s, spec):
+        super().__init__()
+        s.prog = []  # ops: ('mod', name) ('res',) ('end',) ('flat',) ('img', C,H,W)
+        lines = [l.split('#')[0].split() for l in spec.splitlines()]
+        lines = [l for l in lines if l]
+        inp = lines[0]; s.loss = None
+        if inp[1] == 'tokens':
+            s.kind = 'seq'; T = int(inp[2]); shape = None
+        elif len(inp) == 4:
+            s.kind = 'img'; shape = (int(inp[1]), int(inp[2]), int(inp[3]))
+        else:
+            s.kind = 'flat'; shape = (int(inp[1]),)
+        s.in_shape = shape
+        idx = 0; stack = []
+        for l in lines[1:]:
+            op = l[0]; name = str(idx)
+            if op == 'loss':
+                s.loss = l[1]; continue
+            if op == 'embed':
+                V, D = int(l[1]), int(l[2]); s.add_module(name, Embed(V, D, T)); shape = (D,)
+                s.prog.append(('mod', name))
+            elif op == 'linear':
+                n = int(l[1]); tied = 'tied' in l; bias = not ('nobias' in l or tied)
+                m = nn.Linear(shape[-1], n, bias=bias); s.add_module(name, m)
+                if tied: m.weight = s._modules['0'].tok.weight
+                shape = (n,); s.prog.append(('mod', name))
+            elif op in ('relu', 'gelu', 'tanh', 'sigmoid'):
+                s.add_module(name, {'relu': nn.ReLU(), 'gelu': nn.GELU(approximate='tanh'),
+                                    'tanh': nn.Tanh(), 'sigmoid': nn.Sigmoid()}[op])
+                s.prog.append(('mod', name))
+            elif op == 'dropout':
+                s.add_module(name, nn.Dropout(float(l[1]))); s.prog.append(('mod', name))
+            elif op == 'layernorm':
+                s.add_module(name, nn.LayerNorm(shape[-1], eps=1e-5)); s.prog.append(('mod', name))
+            elif op == 'batchnorm':
+                if len(shape) == 3: s.add_module(name, nn.BatchNorm2d(shape[0], eps=1e-5, momentum=0.1))
+                else: s.add_module(name, nn.BatchNorm1d(shape[0], eps=1e-5, momentum=0.1))
+                s.prog.append(('mod', name))
+            elif op == 'conv2d':
+                out, K = int(l[1]), int(l[2]); kw = dict(zip(l[3::2], l[4::2]))
+                st = int(kw.get('stride', 1)); p = int(kw.get('padding', 0)); bias = 'nobias' not in l
+                s.add_module(name, nn.Conv2d(shape[0], out, K, stride=st, padding=p, bias=bias))
+                H = (shape[1] + 2 * p - K) // st + 1; W = (shape[2] + 2 * p - K) // st + 1
+                shape = (out, H, W); s.prog.append(('mod', name))
+            elif op in ('maxpool2d', 'avgpool2d'):
+                K = int(l[1]); st = int(l[3]) if len(l) > 3 else K
+                s.add_module(name, (nn.MaxPool2d if op == 'maxpool2d' else nn.AvgPool2d)(K, st))
+                shape = (shape[0], (shape[1] - K) // st + 1, (shape[2] - K) // st + 1)
+                s.prog.append(('mod', name))
+            elif op == 'flatten':
+                s.add_module(name, nn.Flatten()); shape = (int(np.prod(shape)),); s.prog.append(('mod', name))
+            elif op == 'attention':
+                s.add_module(name, Attn(int(l[1]))); shape = (shape[0] // 3,); s.prog.append(('mod', name))
+            elif op == 'residual':
+                s.prog.append(('res',))
+            elif op == 'end':
+                s.prog.append(('end',))
+            else:
+                raise ValueError(op)
+            idx += 1
+        s.out_shape = shape
+
+    def forward(s, x):
+        if s.kind == 'img' and x.dim() == 2: x = x.view(-1, *s.in_shape)
+        stack = []
+        for p in s.prog:
+            if p[0] == 'mod': x = s._modules[p[1]](x)
+            elif p[0] == 'res': stack.append(x)
+            else: x = stack.pop() + x
+        return x
+
+
+# ---------------------------------------------------------------- random cases
+def rand_mlp(r):
+    D = r.randint(3, 12); lines = [f"input {D}"]; w = D
+    for _ in range(r.randint(1, 3)):
+        w = r.randint(1, 16) if r.random() < 0.1 else r.randint(2, 16)
+        lines.append(f"linear {w}" + (" nobias" if r.random() < 0.15 else ""))
+        for _ in range(r.randint(0, 3)):
+            lines.append(r.choice(['relu', 'gelu', 'tanh', 'sigmoid', 'layernorm', 'batchnorm', 'dropout 0']))
+    loss = r.choice(['softmax_cross_entropy', 'mse'])
+    C = r.randint(2, 6); lines += [f"linear {C}", f"loss {loss}"]
+    return "\n".join(lines) + "\n", dict(kind='flat', loss=loss)
+
+
+def rand_cnn(r):
+    C = r.randint(1, 3); H = r.randint(5, 9); W = r.randint(5, 9)
+    lines = [f"input {C} {H} {W}"]; c, h, w = C, H, W
+    for _ in range(r.randint(1, 2)):
+        K = r.choice([1, 2, 3]); S = r.choice([1, 1, 2]); P = r.choice([0, 1]) if K > 1 else 0
+        if (h + 2 * P - K) // S + 1 < 2 or (w + 2 * P - K) // S + 1 < 2: S = 1
+        o = r.randint(2, 5)
+        opts = (f" stride {S}" if S != 1 or r.random() < 0.3 else "") + (f" padding {P}" if P else "") + (" nobias" if r.random() < 0.2 else "")
+        lines.append(f"conv2d {o}{' '.join([''] + [str(K)])}{opts}")
+        c, h, w = o, (h + 2 * P - K) // S + 1, (w + 2 * P - K) // S + 1
+        for _ in range(r.randint(0, 2)):
+            lines.append(r.choice(['relu', 'gelu', 'tanh', 'sigmoid', 'batchnorm', 'dropout 0']))
+        if min(h, w) >= 2 and r.random() < 0.7:
+            K = 2; S = r.choice([1, 2])
+            K = 3 if (min(h, w) >= 3 and r.random() < 0.3) else 2
+            lines.append(r.choice(['maxpool2d', 'avgpool2d']) + f" {K}" + (f" stride {S}" if S != K else ""))
+            h, w = (h - K) // S + 1, (w - K) // S + 1
+    lines.append("flatten")
+    if r.random() < 0.4: lines.append("batchnorm")
+    if r.random() < 0.4: lines += [f"linear {r.randint(3, 10)}", r.choice(['relu', 'layernorm', 'gelu'])]
+    loss = r.choice(['softmax_cross_entropy', 'mse'])
+    lines += [f"linear {r.randint(2, 5)}", f"loss {loss}"]
+    return "\n".join(lines) + "\n", dict(kind='img', loss=loss)
+
+
+def rand_gpt(r):
+    T = r.randint(1, 8); V = r.randint(5, 24); H = r.choice([1, 2, 4]); D = H * r.randint(2, 4)
+    lines = [f"input tokens {T}", f"embed {V} {D}"]
+    def block(depth):
+        out = []
+        if r.random() < 0.6:
+            out += ["residual", "layernorm", f"linear {3 * D}", f"attention {H}" + (" dropout 0" if r.random() < 0.3 else ""), f"linear {D}", "end"]
+        else:
+            out += ["residual", "layernorm", f"linear {r.randint(4, 12)}", r.choice(['gelu', 'relu', 'tanh']), f"linear {D}"]
+            if depth == 0 and r.random() < 0.3: out += block(1)
+            out += ["end"]
+        return out
+    for _ in range(r.randint(1, 3)): lines += block(0)
+    if r.random() < 0.7: lines.append("layernorm")
+    lines += [f"linear {V}" + (" tied" if r.random() < 0.5 else (" nobias" if r.random() < 0.2 else "")), "loss softmax_cross_entropy"]
+    return "\n".join(lines) + "\n", dict(kind='seq', loss='softmax_cross_entropy', T=T, V=V)
+
+
+def rand_case(seed):
+    r = random.Random(seed)
+    spec, meta = r.choice([rand_mlp, rand_mlp, rand_cnn, rand_gpt])(r)
+    has_bn = 'batchnorm' in spec
+    c = dict(seed=seed, spec=spec, **meta)
+    c['devices'] = r.choice([1, 2, 4])
+    c['mode'] = r.choice(['classic', 'allreduce'])
+    c['shard'] = c['mode'] == 'allreduce' and r.random() < 0.3
+    c['accumulate'] = r.choice([1, 1, 2, 4])
+    c['batch'] = r.randint(2, 12)
+    c['micro'] = r.choice([0, 0, 1, 2, 3, 4]) if not has_bn else r.choice([0, 2, 3, 4])
+    if has_bn:
+        c['bn'] = r.choice(['per_replica', 'sync'])
+        if c['bn'] == 'sync' and 'residual' in spec: c['bn'] = 'per_replica'
+    if c['micro'] > c['batch']: c['micro'] = c['batch']
+    c['steps'] = r.randint(1, 4)  # optimizer steps per epoch
+    c['epochs'] = r.randint(1, 3)
+    o = r.choice(['sgd', 'momentum', 'adamw'])
+    opt = dict(name=o)
+    if o == 'sgd':
+        opt['lr'] = r.choice([0.01, 0.05, 0.1]); opt['wd'] = r.choice([0, 0, 0.01, 0.1])
+        if r.random() < 0.3: opt['momentum'] = r.choice([0.5, 0.9])
+    elif o == 'momentum':
+        opt['lr'] = r.choice([0.01, 0.05]); opt['momentum'] = r.choice([0.9, 0.5, 0.99]); opt['wd'] = r.choice([0, 0.01])
+        if r.random() < 0.4: opt['nesterov'] = True
+        elif r.random() < 0.4: opt['dampening'] = r.choice([0.1, 0.5, 1.0])
+    else:
+        opt['lr'] = r.choice([0.001, 0.01, 0.03]); opt['wd'] = r.choice([None, 0, 0.1])
+        if r.random() < 0.3: opt['beta1'] = 0.8; opt['beta2'] = 0.99
+        if r.random() < 0.2: opt['eps'] = 1e-6
+    c['opt'] = opt
+    nsteps = c['steps'] * c['epochs']
+    c['sched'] = r.choice([None, None, f"step:{r.randint(1, 3)}:0.5", f"cosine:{r.randint(2, 6)}",
+                           f"cosine:{r.randint(2, 6)}:0.001", f"warmup-cosine:{r.randint(1, 3)}:{r.randint(2, 6)}",
+                           f"warmup-cosine:2:4:0.0005:0.5"])
+    c['clip'] = r.choice([None, None, 0.1, 1.0, 100.0])
+    c['split'] = 'chunk' if has_bn else r.choice(['chunk', 'chunk', 'balanced', 'memory'])
+    c['extra'] = r.randint(1, c['batch'] - 1) if (c['accumulate'] == 1 and c['batch'] > 1 and r.random() < 0.3) else 0
+    if has_bn and c['extra'] and c.get('bn') == 'per_replica' and c['micro'] == 0: c['extra'] = 0
+    if has_bn and c['extra'] == 1: c['extra'] = 0   # one row: refused by BN
+    c['heldout'] = r.random() < 0.35
+    c['recompute'] = r.choice([0, 0, 0, 1, 2])
+    c['standardize'] = None if meta['kind'] == 'seq' else r.choice(['none', 'none', 'feature'] + (['channel'] if meta['kind'] == 'img' else []))
+    return c
+
+
+# ---------------------------------------------------------------- dp side
+def sh(cmd, cwd):
+    p = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)}\nrc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p.stdout + p.stderr
+
+
+def opt_args(c):
+    o = c['opt']; a = ['--optimizer', o['name'], '--lr', repr(o['lr'])]
+    if o.get('wd') is not None: a += ['--weight-decay', repr(o['wd'])]
+    for k, f in (('momentum', '--momentum'), ('dampening', '--dampening'), ('beta1', '--beta1'), ('beta2', '--beta2'), ('eps', '--eps')):
+        if k in o: a += [f, repr(o[k])]
+    if o.get('nesterov'): a += ['--nesterov']
+    return a
+
+
+def make_data(c, d):
+    rng = np.random.default_rng(c['seed'])
+    train = c['batch'] * c['accumulate'] * c['steps'] + c.get('extra', 0)
+    hold = 0
+    if c.get('heldout'):
+        if train % 3 == 0: c['tf'] = '0.25'; hold = train // 3
+        else: c['tf'] = '0.5'; hold = train
+    rows = train + hold
+    c['rows'] = rows; c['train'] = train
+    net = Net(c['spec'])
+    if c['kind'] == 'seq':
+        T, V = c['T'], c['V']
+        ids = rng.integers(0, V, size=rows * T + 1).astype(np.int32)
+        np.save(f"{d}/ids.npy", ids)
+        X = np.stack([ids[k * T: k * T + T] for k in range(rows)]).astype(np.float32)
+        Y = np.stack([ids[k * T + 1: k * T + T + 1] for k in range(rows)]).astype(np.int64)
+        np.save(f"{d}/x.npy", X)
+        return X, Y
+    nin = int(np.prod(net.in_shape))
+    X = rng.standard_normal((rows, nin))
+    if c.get('standardize') not in (None, 'none'):  # features of different scales
+        X = X * rng.uniform(0.1, 10, size=nin) + rng.uniform(-5, 5, size=nin)
+    X = (X * c.get('xscale', 1.0)).astype(np.float32)
+    np.save(f"{d}/x.npy", X)
+    nout = net.out_shape[0]
+    if c['loss'] == 'mse':
+        Y = rng.standard_normal((rows, nout)).astype(np.float32)
+    else:
+        Y = rng.integers(0, nout, size=rows).astype(np.int32)
+    np.save(f"{d}/y.npy", Y)
+    return X, Y
+
+
+def init_weights(c, d):
+    torch.manual_seed(c['seed'])
+    net = Net(c['spec'])
+    with torch.no_grad():
+        for n, p in net.named_parameters():  # perturb norms' affine so they matter
+            if p.dim() == 1 and ('weight' in n) and not isinstance(net._modules[n.split('.')[0]], nn.Linear):
+                p.add_(0.2 * torch.randn_like(p))
+            elif p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+        for n, b in net.named_buffers():
+            if 'running_mean' in n: b.copy_(0.1 * torch.randn_like(b))
+            if 'running_var' in n: b.copy_(1 + 0.1 * torch.rand_like(b))
+    sd = {k: v.detach().clone().contiguous() for k, v in net.state_dict().items()}
+    save_file(sd, f"{d}/init.safetensors")
+    return sd
+
+
+def dp_train_cmd(c):
+    cmd = [DP, 'train', '--model', 'm.dpm', '--resume', 'init.ckpt', '--no-shuffle',
+           '--batch', str(c['batch']), '--devices', str(c['devices']), '--mode', c['mode'], '--seed', '0',
+           '--epochs', str(c['epochs']), '--log', 'run.jsonl', '--save', 'out.ckpt', '--quiet']
+    if c['kind'] == 'seq': cmd += ['--tokens', 'ids.npy']
+    else: cmd += ['--data', 'x.npy', '--labels', 'y.npy', '--standardize', 'none']
+    cmd += ['--test-fraction', c['tf'], '--eval-every', '1'] if c.get('heldout') else ['--test-fraction', '0']
+    if c.get('bf16'): cmd += ['--precision', 'bf16']
+    if c.get('recompute'): cmd += ['--recompute', str(c['recompute'])]
+    if c['kind'] != 'seq': cmd[cmd.index('--standardize') + 1] = c.get('standardize') or 'none'
+    if c['shard']: cmd += ['--shard-optimizer']
+    if c['micro']: cmd += ['--micro-batch', str(c['micro'])]
+    if c['accumulate'] > 1: cmd += ['--accumulate', str(c['accumulate'])]
+    if c.get('bn'): cmd += ['--batchnorm', c['bn']]
+    if c['sched']: cmd += ['--lr-schedule', c['sched']]
+    if c['clip']: cmd += ['--clip-grad-norm', repr(c['clip'])]
+    if c['split'] != 'chunk': cmd += ['--split', c['split']]
+    return cmd + opt_args(c)
+
+
+def run_dp(c, d):
+    with open(f"{d}/m.dpm", "w") as f: f.write(c['spec'])
+    cmds = [[DP, 'import', 'init.safetensors', '--model', 'm.dpm', '--out', 'init.ckpt'] + opt_args(c),
+            dp_train_cmd(c),
+            [DP, 'export', 'out.ckpt', '--safetensors', 'out.safetensors'],
+            [DP, 'predict', '--checkpoint', 'out.ckpt', '--data', 'x.npy', '--out', 'pred.csv'] + (['--precision', 'bf16'] if c.get('bf16') else [])]
+    with open(f"{d}/cmds.sh", "w") as f:
+        f.write("set -e\n" + "\n".join(' '.join(x) for x in cmds) + "\n")
+    outs = [sh(x, d) for x in cmds]
+    logs = [json.loads(l) for l in open(f"{d}/run.jsonl")]
+    out = load_file(f"{d}/out.safetensors")
+    pred = np.loadtxt(f"{d}/pred.csv", delimiter=',', ndmin=2)
+    nout = Net(c['spec']).out_shape[0]
+    if c['kind'] == 'seq':
+        pred = pred[:, c['T']:].reshape(len(pred), c['T'], nout)
+    elif c['loss'] == 'softmax_cross_entropy':
+        pred = pred[:, 1:]
+    return out, logs, pred, outs[1]
+
+
+# ---------------------------------------------------------------- torch replay
+def cuts(c, rows):
+    """Micro-batch row ranges of one call (chunk split)."""
+    B = rows
+    if c['micro']:
+        K = c['micro']; return [(i, min(i + K, B)) for i in range(0, B, K)]
+    N = c['devices']; ch = -(-c['batch'] // N)  # planned chunk
+    return [(i, min(i + ch, B)) for i in range(0, B, ch) if i < B]
+
+
+def make_sched(c, opt):
+    s = c['sched']; S = torch.optim.lr_scheduler
+    if not s: return None
+    f = s.split(':')
+    if f[0] == 'step': return S.StepLR(opt, int(f[1]), float(f[2]))
+    if f[0] == 'cosine': return S.CosineAnnealingLR(opt, int(f[1]), float(f[2]) if len(f) > 2 else 0.0)
+    W, T = int(f[1]), int(f[2]); eta = float(f[3]) if len(f) > 3 else 0.0; st = float(f[4]) if len(f) > 4 else 1 / 3
+    return S.SequentialLR(opt, [S.LinearLR(opt, st, 1.0, W), S.CosineAnnealingLR(opt, T, eta)], milestones=[W])
+
+
+def standardize(c, X):
+    """dp train's standardisation, fitted on the training share, in double."""
+    mode = c.get('standardize')
+    if mode in (None, 'none'): return X
+    Xd = X.astype(np.float64); tr = Xd[:c['train']]
+    if mode == 'feature':
+        mean = tr.mean(0); std = tr.std(0)
+    else:
+        C = Net(c['spec']).in_shape[0]; v = tr.reshape(len(tr), C, -1)
+        mean = np.repeat(v.mean((0, 2)), v.shape[2]); std = np.repeat(v.std((0, 2)), v.shape[2])
+    std = np.where(std == 0, 1.0, std)
+    return ((Xd - mean) / std).astype(np.float32)
+
+
+def replay(c, sd0, X, Y, dtype):
+    net = Net(c['spec'])
+    net.load_state_dict(sd0, strict=True)
+    net = net.to(dtype)
+    if c['kind'] == 'seq':
+        Xt = torch.tensor(X).long(); Yt = torch.tensor(Y).long()
+    else:
+        Xt = torch.tensor(standardize(c, X), dtype=dtype)
+        Yt = torch.tensor(Y, dtype=dtype) if c['loss'] == 'mse' else torch.tensor(Y).long()
+    o = c['opt']; params = list(net.parameters())
+    if o['name'] == 'adamw':
+        opt = torch.optim.AdamW(params, lr=o['lr'], betas=(o.get('beta1', 0.9), o.get('beta2', 0.999)),
+                                eps=o.get('eps', 1e-8), weight_decay=0.01 if o.get('wd') is None else o['wd'])
+    else:
+        mom = o.get('momentum', 0.9 if o['name'] == 'momentum' else 0.0)
+        opt = torch.optim.SGD(params, lr=o['lr'], momentum=mom, dampening=o.get('dampening', 0.0),
+                              nesterov=bool(o.get('nesterov')), weight_decay=o.get('wd') or 0.0)
+    sch = make_sched(c, opt)
+    bns = [m for m in net.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    B, A, ntr = c['batch'], c['accumulate'], c['train']
+    calls_per_epoch = -(-ntr // B)
+    T = c['T'] if c['kind'] == 'seq' else 1
+    ep_loss, ep_lr, ep_norm, ep_held = [], [], [], []
+    norm = None
+    for ep in range(c['epochs']):
+        net.train()
+        calls = []; lr_used = None
+        for ci in range(calls_per_epoch):
+            if ci % A == 0: opt.zero_grad()
+            r0 = ci * B; rows = min(B, ntr - r0)
+            xb, yb = Xt[r0:r0 + rows], Yt[r0:r0 + rows]
+            mbs = [(0, rows)] if (c.get('bn') == 'sync' or not bns) else cuts(c, rows)
+            tot = 0.0
+            for j, (lo, hi) in enumerate(mbs):
+                saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in bns]
+                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(c.get('bf16')) and dtype == torch.float32):
+                    out = net(xb[lo:hi])
+                out = out.float() if dtype == torch.float32 else out
+                if c['loss'] == 'mse':
+                    l = F.mse_loss(out, yb[lo:hi], reduction='sum') / (rows * out.shape[-1])
+                else:
+                    l = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb[lo:hi].reshape(-1), reduction='sum') / (rows * T)
+                (l / A).backward(); tot += l.item()
+                if j > 0:  # running stats follow micro-batch 0
+                    with torch.no_grad():
+                        for m, (rm, rv, nb) in zip(bns, saved):
+                            m.running_mean.copy_(rm); m.running_var.copy_(rv); m.num_batches_tracked.copy_(nb)
+            calls.append(tot)
+            if ci % A == A - 1:
+                if c['clip']:
+                    norm = float(torch.nn.utils.clip_grad_norm_(params, c['clip']))
+                lr_used = opt.param_groups[0]['lr']
+                opt.step()
+                if sch: sch.step()
+        ep_loss.append(float(np.mean(calls))); ep_lr.append(lr_used); ep_norm.append(norm)
+        if c.get('heldout'):
+            net.eval()
+            with torch.no_grad():
+                out = net(Xt[ntr:]).double()
+                if c['loss'] == 'mse': hl = float(((out - Yt[ntr:].double()) ** 2).mean())
+                else: hl = float(F.cross_entropy(out.reshape(-1, out.shape[-1]), Yt[ntr:].reshape(-1)))
+            ep_held.append(hl)
+    net.eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(c.get('bf16')) and dtype == torch.float32):
+        pred = net(Xt).float().numpy() if dtype == torch.float32 else net(Xt).numpy()
+    return net, dict(loss=ep_loss, lr=ep_lr, norm=ep_norm, held=ep_held), pred
+
+
+def rel(a, b):
+    a = np.asarray(a, np.float64).ravel(); b = np.asarray(b, np.float64).ravel()
+    nb = np.linalg.norm(b)
+    return float(np.linalg.norm(a - b) / nb) if nb > 0 else float(np.linalg.norm(a - b))
+
+
+def check(c, d):
+    os.makedirs(d, exist_ok=True)
+    with open(f"{d}/case.json", "w") as f: json.dump(c, f, indent=1)
+    X, Y = make_data(c, d)
+    sd0 = init_weights(c, d)
+    out, logs, pred, trainlog = run_dp(c, d)
+    n32, l32, p32 = replay(c, sd0, X, Y, torch.float32)
+    n64, l64, p64 = replay(c, sd0, X, Y, torch.float64)
+    sd32, sd64 = n32.state_dict(), n64.state_dict()
+    res = {}
+    allp_dp, allp_32, allp_64 = [], [], []
+    worst = (0, None)
+    for k in sd32:
+        if k.endswith('num_batches_tracked'):
+            if int(out[k]) != int(sd32[k]): res['nbt:' + k] = (int(out[k]), int(sd32[k]))
+            continue
+        e = rel(out[k], sd32[k].detach()); e64 = rel(sd32[k].detach(), sd64[k].detach()); ed = rel(out[k], sd64[k].detach())
+        res[k] = (e, ed, e64)
+        if 'running' not in k:
+            allp_dp.append(out[k].numpy().ravel()); allp_32.append(sd32[k].detach().numpy().ravel()); allp_64.append(sd64[k].detach().numpy().ravel())
+    tot = rel(np.concatenate(allp_dp), np.concatenate(allp_32))
+    tot64 = rel(np.concatenate(allp_dp), np.concatenate(allp_64))
+    base = rel(np.concatenate(allp_32), np.concatenate(allp_64))
+    def mrel(key, ref):
+        got = [l.get(key) for l in logs]; want = ref
+        if len(got) != len(want): return float('inf')
+        e = 0.0
+        for g, w in zip(got, want):
+            if w is None: continue
+            if g is None: return float('inf')
+            e = max(e, abs(g - w) / max(abs(w), 1e-30))
+        return e
+    dl = [l['loss'] for l in logs]
+    lerr = mrel('loss', l32['loss']); lerr64 = mrel('loss', l64['loss'])
+    lrerr = mrel('lr', l32['lr']); nerr = mrel('grad_norm', l64['norm']) if c['clip'] else 0.0
+    herr = mrel('heldout_loss', l64['held']) if c.get('heldout') else 0.0
+    hbase = max([abs(a - b) / abs(b) for a, b in zip(l32['held'], l64['held'])] or [0])
+    nbase = max([abs(a - b) / abs(b) for a, b in zip(l32['norm'], l64['norm']) if b] or [0])
+    perr = rel(pred, p32); perr64 = rel(pred, p64); pbase = rel(p32, p64)
+    summary = dict(lr=lrerr, norm64=nerr, norm_base=nbase, held64=herr, held_base=hbase, params=tot, params64=tot64, params_base=base, loss=lerr, loss64=lerr64,
+                   pred=perr, pred64=perr64, pred_base=pbase,
+                   worst_tensor=max(((v[1], k) for k, v in res.items() if isinstance(v, tuple) and isinstance(v[0], float)), default=None),
+                   nbt=[(k, v) for k, v in res.items() if k.startswith('nbt:')],
+                   dp_loss=dl, torch=l32)
+    with open(f"{d}/result.json", "w") as f: json.dump(dict(summary=summary, tensors=res), f, indent=1)
+    return summary
+
+
+def desc(c):
+    o = c['opt']
+    return (f"{c['kind']:4s} {c['loss'][:3]} dev{c['devices']} {c['mode'][:5]}{'+sh' if c['shard'] else ''} B{c['batch']} mb{c['micro']} acc{c['accumulate']} "
+            f"st{c['steps']}x{c['epochs']} {o['name']}{'/nest' if o.get('nesterov') else ''}{'/damp' if 'dampening' in o else ''} "
+            f"sch={c['sched']} clip={c['clip']} bn={c.get('bn')} {c['split']} x{c['extra']} ho{int(c['heldout'])} rc{c['recompute']} std={c['standardize']}")
+
+
+if __name__ == '__main__':
+    if sys.argv[1] == '--case':
+        d = sys.argv[2]; c = json.load(open(f"{d}/case.json"))
+        print(json.dumps(check(c, d), indent=1)); sys.exit()
+    n = int(sys.argv[1]); s0 = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    for seed in range(s0, s0 + n):
+        c = rand_case(seed); d = f"{ROOT}/cases/{seed}"
+        try:
+            s = check(c, d)
+        except Exception as e:
+            print(f"seed {seed}: ERROR {desc(c)}\n   {str(e)[:600]}", flush=True); continue
+        flag = 'BAD' if (s['params64'] > 1e-4 and s['params64'] > 20 * s['params_base']) or s['loss64'] > 1e-4 or (s['pred64'] > 1e-4 and s['pred64'] > 20 * s['pred_base']) or s['nbt'] or s['lr'] > 1e-6 or (s['norm64'] > 1e-5 and s['norm64'] > 20 * s['norm_base']) or (s['held64'] > 1e-5 and s['held64'] > 20 * s['held_base']) else 'ok '
+        print(f"seed {seed}: {flag} P {s['params']:.1e}/{s['params64']:.1e} (t32-64 {s['params_base']:.1e}) L {s['loss']:.1e} lr {s['lr']:.0e} n {s['norm64']:.0e} h {s['held64']:.0e} pred {s['pred']:.1e}/{s['pred64']:.1e} | {desc(c)}", flush=True)
