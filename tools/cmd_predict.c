@@ -4,7 +4,6 @@
 #include "data.h"
 
 #include <math.h>
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,13 +294,6 @@ static int predict(predict_run *t) {
   FILE *out = !t->writes ? NULL : t->of ? dp_file_stream(t->of) : stdout;
   predict_sums sum = {0};
   if (predict_rows(t->c, t->p, d, &t->sc, t->cfg.batch, t->loss, out, &sum)) return -1;
-  /* the predictions on standard output: written, or said (an outside check, session
-   * 24: > /dev/full, or a full disk, exited 0 with the rows lost or cut) */
-  if (out == stdout && (fflush(stdout) || ferror(stdout))) {
-    fprintf(stderr, "dp predict: error writing the predictions to standard output%s%s\n",
-            errno ? ": " : "", errno ? strerror(errno) : "");
-    return -1;
-  }
   dp_file *done_of = t->of;
   t->of = NULL;
   if (done_of && dp_file_commit(done_of)) {

@@ -183,19 +183,25 @@ static int lib_fail(const char *cmd, weights_rig *w) {
   return finish(w, DPT_EXIT_FAIL);
 }
 
+/* Outputs that are not the input (nor a link to it) and can be written; 0, or
+ * -1 (said). */
+static int check_outputs(const dpt_file_role *outs, int n_out, const dpt_file_role *in) {
+  char err[512];
+  int bad = dpt_check_distinct(outs, n_out, in, 1, err, sizeof err);
+  for (int k = 0; k < n_out && !bad; k++)
+    bad = dpt_check_writable(outs[k].path, outs[k].what, 1, err, sizeof err);
+  if (bad) fprintf(stderr, "dp export: %s\n", err);
+  return bad ? -1 : 0;
+}
+
 /* dp export --model M.dpm --pytorch F.py */
 static int export_spec(const weights_opts *o) {
   dp_model *m = NULL;
   dp_file *f = NULL;
   /* an outside check (session 24): --pytorch naming the spec itself, or a link
    * to it, replaced the spec */
-  char err[512];
   dpt_file_role out = {o->pytorch, "PyTorch source"}, in = {o->model, "model"};
-  if (dpt_check_distinct(&out, 1, &in, 1, err, sizeof err) ||
-      dpt_check_writable(o->pytorch, "PyTorch source", 1, err, sizeof err)) {
-    fprintf(stderr, "dp export: %s\n", err);
-    return DPT_EXIT_FAIL;
-  }
+  if (check_outputs(&out, 1, &in)) return DPT_EXIT_FAIL;
   if (dp_model_load(o->model, &m) || dp_file_create(o->pytorch, "PyTorch source", &f)) {
     fprintf(stderr, "dp export: %s\n", dpt_user_msg(dp_last_error()));
     dp_model_free(m);
@@ -255,13 +261,7 @@ int dpt_cmd_export(int argc, char **argv) {
   int n_out = 0;
   if (o.safetensors) outs[n_out++] = (dpt_file_role){o.safetensors, "safetensors file"};
   if (o.pytorch) outs[n_out++] = (dpt_file_role){o.pytorch, "PyTorch source"};
-  int bad = dpt_check_distinct(outs, n_out, &in, 1, err, sizeof err);
-  for (int k = 0; k < n_out && !bad; k++)
-    bad = dpt_check_writable(outs[k].path, outs[k].what, 1, err, sizeof err);
-  if (bad) {
-    fprintf(stderr, "dp export: %s\n", err);
-    return DPT_EXIT_FAIL;
-  }
+  if (check_outputs(outs, n_out, &in)) return DPT_EXIT_FAIL;
   weights_rig w = {0};
   dp_ckpt_summary info;
   /* the parameters only: an inference context of one device takes any checkpoint */

@@ -251,14 +251,14 @@ static dp_status ctx_abandon(dp_ctx *c, dp_ctx **out, dp_status s) {
 static dp_status check_static(const dp_plan *p, int d0, int d1, void *const arenas[],
                               void *host) {
   if (!arenas) return DP_FAIL(DP_ERR_INVALID, "dp_ctx_create_static: arenas is NULL");
-  for (int d = d0; d < d1; d++)
-    if (!arenas[d] || (uintptr_t)arenas[d] % p->align) {
-      if (!arenas[d]) return DP_FAIL(DP_ERR_INVALID, "arena of device %d is NULL", d);
+  for (int d = d0; d < d1; d++) {
+    if (!arenas[d]) return DP_FAIL(DP_ERR_INVALID, "arena of device %d is NULL", d);
+    if ((uintptr_t)arenas[d] % p->align)
       return DP_FAIL(DP_ERR_INVALID,
                      "arena of device %d (%p) is not aligned to %zu bytes, the plan's "
                      "alignment (dp_plan_alignment)",
                      d, arenas[d], (size_t)p->align);
-    }
+  }
   for (int d = d0; d < d1; d++)
     for (int e = d + 1; e <= d1; e++) { /* e == d1: the host staging arena */
       uintptr_t a = (uintptr_t)arenas[d],

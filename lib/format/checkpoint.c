@@ -582,8 +582,8 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
                        (unsigned long long)fixed[i - SEC_STEP]);
       o += sec_size((size_t)plen);
     }
-    size_t at = off + sec_size(step_bytes(version)) + sec_size(4 * nf) +
-                sec_size((size_t)v->k * 4 * n);
+    size_t at = off;
+    for (int i = 0; i < 3; i++) at += sec_size(fixed[i]);
     if (at >= len || len - at < CK_SEC_HEAD) /* the least it can be: APPD empty */
       return DP_FAIL(DP_ERR_PARSE,
                      "%s: truncated: expected at least %zu bytes, file has %zu", path,

@@ -106,16 +106,6 @@ static const char *std_stream(const struct stat *st) {
   return NULL;
 }
 
-/* What may be at a path that is written: nothing, a regular file or (when it
- * is replaced by a rename, which never follows it) a symbolic link to a
- * regular file or to nothing. A device, FIFO, socket or directory (or a link
- * to one) is refused: a rename would destroy the node, an open for writing
- * could block or act on a device. So is the file that is one of the
- * process's standard streams (`--out /dev/stdout > f`: the rename would
- * replace the system's /dev/stdout link, and the stream would go on writing
- * to the replaced file), and a link into /proc (a process's open file). An
- * in-place write (dp_file_append) takes no link at all, since opening one
- * follows it. */
 /* Whether path's directory is under /proc, reached through links (/dev/fd/3 is
  * /proc/self/fd/3: an outside check, session 24, found it refused as "No such
  * file or directory", the temporary file's, not as the link it is). */
@@ -130,6 +120,16 @@ static bool in_proc_dir(const char *path) {
   return in;
 }
 
+/* What may be at a path that is written: nothing, a regular file or (when it
+ * is replaced by a rename, which never follows it) a symbolic link to a
+ * regular file or to nothing. A device, FIFO, socket or directory (or a link
+ * to one) is refused: a rename would destroy the node, an open for writing
+ * could block or act on a device. So is the file that is one of the
+ * process's standard streams (`--out /dev/stdout > f`: the rename would
+ * replace the system's /dev/stdout link, and the stream would go on writing
+ * to the replaced file), and a link into /proc (a process's open file). An
+ * in-place write (dp_file_append) takes no link at all, since opening one
+ * follows it. */
 static dp_status check_target(const char *path, const char *what, bool in_place) {
   struct stat st, to;
   if (lstat(path, &st) != 0)
