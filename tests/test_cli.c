@@ -3654,6 +3654,47 @@ START_TEST(export_import_round_trip) {
 }
 END_TEST
 
+/* A checkpoint without a run record's settings (dp import's) carries the rate of
+ * the command that wrote it: dp train --resume with another --lr, and no
+ * --lr-schedule, is refused naming both, not trained at the file's rate under a
+ * config line that says --lr's (an outside check: dp import's default 0.01
+ * trained a run that printed "lr 0.003"). The same --lr resumes. */
+START_TEST(resume_imported_lr_must_match) {
+  static const char *const raw[] = {"--optimizer", "adamw", "--no-standardize", NULL};
+  char dir[64], f[128], g[128], s[128], acc[32], want[512];
+  temp_dir(dir, sizeof dir);
+  in_dir(f, sizeof f, dir, "f.ckpt");
+  in_dir(g, sizeof g, dir, "g.ckpt");
+  in_dir(s, sizeof s, dir, "f.safetensors");
+  digits_checkpoint(f, raw, acc, sizeof acc);
+  cmd_result r = RUN(dpt_cmd_export, f, "--safetensors", s);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_import, s, "--model", DIGITS_MODEL, "--out", g, "--optimizer", "adamw");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--lr", "0.003", "--resume", g,
+                NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  snprintf(want, sizeof want,
+           "dp train: cannot resume from '%s': --lr: the checkpoint's rate is 0.01 (the "
+           "--lr of dp import, or of the program that saved it), this run's 0.003: give "
+           "--lr 0.01, or write the checkpoint again with --lr 0.003\n",
+           g);
+  ck_assert_str_eq(r.err, want);
+  cmd_result_free(&r);
+  /* the same rate, or a schedule (which sets every step's rate from --lr), resumes */
+  r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--resume", g, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, raw, "--epochs", "1", "--lr", "0.003",
+                "--lr-schedule", "cosine:100", "--resume", g, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
 /* What dp export and dp import refuse: a checkpoint that is missing or a
  * directory, an unwritable output (exit 1, nothing written); safetensors that
  * do not fit the model, naming the tensor (exit 1, no checkpoint written);
@@ -4788,6 +4829,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, predict_flags_nonfinite_outputs_and_bad_labels);
   tcase_add_test(tc, predict_regression_reports_mse);
   tcase_add_test(tc, export_import_round_trip);
+  tcase_add_test(tc, resume_imported_lr_must_match);
   tcase_add_test(tc, export_counts_batchnorm_buffers);
   tcase_add_test(tc, export_import_refusals);
   tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);

@@ -646,6 +646,8 @@ typedef struct {
   int best_saved, best_restored;
   /* a run resumed inside an epoch: the training calls of epoch0 done */
   int pos0;
+  /* the --resume checkpoint's record names the run's settings (--lr among them) */
+  int resume_settings;
   long every; /* --save-every, in optimizer steps (0: none) */
   /* a --save-every checkpoint at an epoch's end: its step, whose line waits for
    * the epoch's (0: none waits) */
@@ -1053,6 +1055,7 @@ static int read_resume(train_run *t) {
   }
   /* stopped inside an epoch: its calls done (none left when the data shrank) */
   t->pos0 = app_n ? dpt_run_position(app, app_n) : 0;
+  t->resume_settings = saved != NULL;
   free(app);
   /* the checkpoint carries the run's settings: the same, or no resume */
   int differ =
@@ -1134,6 +1137,23 @@ static int make_context(train_run *t) {
   }
   if (o->resume && dp_ckpt_load(t->ctx, o->resume)) {
     resume_failed(t);
+    return -1;
+  }
+  /* The load restored the rate in effect at the save. A record with settings has
+   * had its --lr compared; one without (dp import, a program's dp_ckpt_save) has
+   * not, and without --lr-schedule its rate would silently replace --lr (an
+   * outside check: dp import's default 0.01 trained a run that said lr 0.003). */
+  if (o->resume && !t->resume_settings && !o->schedule && dp_ctx_lr(t->ctx) != t->cfg.lr) {
+    char saved[32], now[32];
+    snprintf(saved, sizeof saved, "%a", (double)dp_ctx_lr(t->ctx));
+    snprintf(now, sizeof now, "%a", (double)t->cfg.lr);
+    shortest_float(saved, sizeof saved);
+    shortest_float(now, sizeof now);
+    fprintf(stderr,
+            "dp train: cannot resume from '%s': --lr: the checkpoint's rate is %s (the "
+            "--lr of dp import, or of the program that saved it), this run's %s: give "
+            "--lr %s, or write the checkpoint again with --lr %s\n",
+            o->resume, saved, now, saved, now);
     return -1;
   }
   t->pc = dp_plan_config(t->plan);
