@@ -3811,6 +3811,12 @@ START_TEST(export_import_refusals) {
        {"export", f},
        "dp export: --safetensors FILE or --pytorch FILE.py is required (--out is dp "
        "import's)\n"},
+      /* --out beside --safetensors: not "--safetensors ... is required" (an outside
+       * check) */
+      {dpt_cmd_export,
+       {"export", f, "--safetensors", x, "--out", g},
+       "dp export: --out is dp import's; dp export writes to --safetensors FILE and "
+       "--pytorch FILE.py: leave --out out\n"},
       {dpt_cmd_export,
        {"export", f, "--safetensors", x, "--model", DIGITS_MODEL},
        "dp export: --model goes with --pytorch alone and no checkpoint (dp export --model "

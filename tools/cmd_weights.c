@@ -136,11 +136,16 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
   }
   if (r == DPT_ARGS_OK && !need_model &&
       ((!o->safetensors && !o->pytorch) || o->model || o->out)) {
+    /* --out beside an output: not "--safetensors is required" when it was given (an
+     * outside check) */
     snprintf(err, sizeof err, "%s",
              o->model ? "--model goes with --pytorch alone and no checkpoint (dp export "
                         "--model M.dpm --pytorch F.py)"
-                      : "--safetensors FILE or --pytorch FILE.py is required (--out is "
-                        "dp import's)");
+             : o->out && (o->safetensors || o->pytorch)
+                 ? "--out is dp import's; dp export writes to --safetensors FILE and "
+                   "--pytorch FILE.py: leave --out out"
+                 : "--safetensors FILE or --pytorch FILE.py is required (--out is "
+                   "dp import's)");
     r = DPT_ARGS_ERROR;
   }
   if (r == DPT_ARGS_OK && need_model && (o->safetensors || o->pytorch)) {
