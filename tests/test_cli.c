@@ -333,6 +333,12 @@ START_TEST(enums_refuse_unknown_with_choices) {
   ck_assert_ptr_nonnull(strstr(err, "classic|allreduce"));
   ck_assert_int_eq(dpt_parse_optimizer("adam", &o, err, sizeof err), -1);
   ck_assert_ptr_nonnull(strstr(err, "sgd|momentum|adamw"));
+  /* a PyTorch user's Adam: what gives it (an outside check) */
+  ck_assert_str_eq(err, "--optimizer: 'adam' is not one of sgd|momentum|adamw "
+                        "(torch.optim.Adam without weight decay is --optimizer adamw "
+                        "--weight-decay 0; Adam's L2 weight decay is not in libdp)");
+  ck_assert_int_eq(dpt_parse_optimizer("sgdw", &o, err, sizeof err), -1);
+  ck_assert_str_eq(err, "--optimizer: 'sgdw' is not one of sgd|momentum|adamw");
   ck_assert_int_eq(dpt_parse_split("", &s, err, sizeof err), -1);
   ck_assert_ptr_nonnull(strstr(err, "chunk|balanced"));
   ck_assert_int_eq(dpt_parse_backend("gpu", &b, err, sizeof err), -1);

@@ -267,7 +267,21 @@ static int parse_word(const char *s, const char *const *names, int n, const char
   }
 
 PARSE_ENUM(dpt_parse_mode, dp_mode, dp_mode_name, "--mode")
-PARSE_ENUM(dpt_parse_optimizer, dp_optimizer, dp_optimizer_name, "--optimizer")
+PARSE_ENUM(parse_optimizer_word, dp_optimizer, dp_optimizer_name, "--optimizer")
+
+/* --optimizer: a PyTorch user's "adam" is told what gives it (an outside check: the
+ * list alone left them guessing). Adam without weight decay is AdamW without it;
+ * Adam's coupled L2 is not in libdp. */
+int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err, size_t errcap) {
+  if (parse_optimizer_word(s, out, err, errcap) == 0) return 0;
+  if (s && strcasecmp(s, "adam") == 0) {
+    size_t n = strlen(err);
+    snprintf(err + n, errcap > n ? errcap - n : 0,
+             " (torch.optim.Adam without weight decay is --optimizer adamw "
+             "--weight-decay 0; Adam's L2 weight decay is not in libdp)");
+  }
+  return -1;
+}
 PARSE_ENUM(dpt_parse_split, dp_split, dp_split_name, "--split")
 PARSE_ENUM(dpt_parse_backend, dp_backend, dp_backend_name, "--backend")
 PARSE_ENUM(dpt_parse_transport, dp_transport, dp_transport_name, "--transport")
