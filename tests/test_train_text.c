@@ -472,6 +472,30 @@ START_TEST(refusals_name_what_is_wrong) {
 }
 END_TEST
 
+/* --data's companions (--val-data, --val-labels, --labels, --header) beside
+ * --text or --tokens are refused as usage errors: they were ignored, so
+ * --val-data V --eval-every 1 trained with no held-out set at all (V never
+ * read), printed "held-out -nan" and stopped early under --patience. */
+START_TEST(data_options_beside_a_token_stream_are_refused) {
+  char model[128], text[128], missing[128];
+  gpt_spec("g.dpm", 256, 256, model, sizeof model);
+  make_text(in_dir(text, sizeof text, "t.txt"), 400);
+  in_dir(missing, sizeof missing, "nonexistent.txt");
+  refused(TRAIN("--model", model, "--text", text, "--batch", "8", "--val-data", missing,
+                "--eval-every", "1"),
+          2,
+          "--val-data goes with --data; --text trains on its windows and holds out its "
+          "tail");
+  refused(TRAIN("--model", model, "--text", text, "--batch", "8", "--val-data", text,
+                "--val-labels", text),
+          2, "--val-data goes with --data");
+  refused(TRAIN("--model", model, "--tokens", text, "--batch", "8", "--labels", text), 2,
+          "--labels goes with --data; --tokens trains");
+  refused(TRAIN("--model", model, "--text", text, "--batch", "8", "--header"), 2,
+          "--header goes with --data");
+}
+END_TEST
+
 /* ---- stopping safely: signals, --save-every, --save-best ------------------- */
 
 /* A record of a run saved inside an epoch: its last line "position N" reads
@@ -864,6 +888,7 @@ Suite *train_text_suite(void) {
   tcase_add_test(tc, steps_are_the_windows_in_the_epoch_order);
   tcase_add_test(tc, save_resume_is_bit_exact_and_generate_reads_it);
   tcase_add_test(tc, refusals_name_what_is_wrong);
+  tcase_add_test(tc, data_options_beside_a_token_stream_are_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("stop");
   tcase_set_timeout(tc, 180);

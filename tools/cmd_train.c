@@ -729,6 +729,19 @@ static int parse_train(int argc, char **argv, train_run *t) {
         err, errcap,
         "--standardize %s is for --data features; token ids are never standardised",
         o->standardize == 1 ? "feature" : "channel");
+  /* --data's companions mean nothing beside a token stream (its held-out
+   * share is its tail): refused, not ignored (an outside check: --val-data
+   * was never read and the held-out figures were NaN) */
+  if (r == DPT_ARGS_OK && (o->text || o->tokens) &&
+      (o->val_data || o->val_labels || o->labels || o->header))
+    r = dpt_fail(err, errcap,
+                 "%s goes with --data; %s trains on its windows and holds out its tail "
+                 "(--test-fraction F)",
+                 o->val_data     ? "--val-data"
+                 : o->val_labels ? "--val-labels"
+                 : o->labels     ? "--labels"
+                                 : "--header",
+                 o->text ? "--text" : "--tokens");
   if (r == DPT_ARGS_OK && dpt_given(&common, DPT_OPT_RANKS) &&
       t->cfg.ranks != dpt_world_size())
     r = dpt_fail(err, errcap,
