@@ -341,6 +341,23 @@ static void predict_scores_the_last_position(char *ck, const int32_t *ids) {
   ck_assert_int_eq(bad.rc, 1);
   ck_assert_msg(strstr(bad.err, "256 classes per position") || strstr(bad.err, "label 256"),
                 "%s", bad.err);
+  /* a token outside the vocabulary in a later batch: named by its data row
+   * (it was "rows 257..300: token 300 at position 3 of row 23"), and nothing
+   * written */
+  char many[128], out[128];
+  f = fopen(in_dir(many, sizeof many, "many.csv"), "w");
+  for (int r = 0; r < 300; r++)
+    for (int t = 0; t < 8; t++)
+      fprintf(f, "%d%c", r == 279 && t == 3 ? 300 : 5, t == 7 ? '\n' : ',');
+  fclose(f);
+  cmd_result far = PREDICT("--checkpoint", ck, "--data", many, "--features-only", "--out",
+                           in_dir(out, sizeof out, "p.csv"));
+  ck_assert_int_eq(far.rc, 1);
+  ck_assert_msg(strstr(far.err, "many.csv: row 280, position 3: token 300 is not an id of "
+                                "the checkpoint's model (0 to 255"),
+                "%s", far.err);
+  ck_assert_int_ne(access(out, F_OK), 0);
+  cmd_result_free(&far);
   cmd_result_free(&plain);
   cmd_result_free(&got);
   cmd_result_free(&bad);

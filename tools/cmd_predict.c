@@ -87,6 +87,37 @@ static int labels_fit(const dpt_dataset *d, int classes, int positions, const ch
   return -1;
 }
 
+/* A sequence model's rows are token ids: each value an id of its embedding's
+ * vocabulary, checked before any forward so that the refusal names the data
+ * row (1-based, as labels_fit does) and not a row of one batch (an outside
+ * check: "rows 257..300: token 300 at position 3 of row 23"). */
+static int tokens_fit(const dpt_dataset *d, const dp_model *m, const char *data) {
+  dp_layer_info l0;
+  if (dp_model_n_layers(m) < 1 || dp_model_layer(m, 0, &l0) ||
+      l0.kind != DP_LAYER_EMBEDDING)
+    return 0;
+  float *row = malloc((size_t)d->n_features * sizeof *row);
+  if (!row) {
+    fprintf(stderr, "dp predict: out of memory\n");
+    return -1;
+  }
+  int rc = 0;
+  for (int r = 0; !rc && r < d->n_rows; r++) {
+    dpt_dataset_gather(d, NULL, NULL, r, 1, row, NULL);
+    for (int j = 0; !rc && j < d->n_features; j++) {
+      float v = row[j];
+      if (v >= 0 && v < (float)l0.vocab && v == floorf(v)) continue;
+      fprintf(stderr,
+              "dp predict: %s: row %d, position %d: token %.9g is not an id of the "
+              "checkpoint's model (0 to %d, its embedding's vocabulary)\n",
+              data, r + 1, j, (double)v, l0.vocab - 1);
+      rc = -1;
+    }
+  }
+  free(row);
+  return rc;
+}
+
 /* What the rows gave: the metric's sums, and the rows with an output that is
  * not finite (how many, the first one 1-based). */
 typedef struct {
@@ -249,6 +280,7 @@ static int load_inputs(predict_run *t) {
     return -1;
   }
   if (loss == DP_LOSS_SOFTMAX_CE && labels_fit(d, classes, positions, o->data)) return -1;
+  if (tokens_fit(d, t->m, o->data)) return -1;
   int has_record, c, h, w;
   dpt_model_image(t->m, &c, &h, &w);
   if (dpt_ckpt_scaler(o->checkpoint, &t->sc, &has_record, err, errcap)) {
