@@ -513,6 +513,26 @@ START_TEST(data_options_beside_a_token_stream_are_refused) {
 }
 END_TEST
 
+/* A --tokens .npy whose data runs past its shape is refused, as every other
+ * .npy reader refuses it: it trained on the ids its shape covered, silently. */
+START_TEST(tokens_with_trailing_bytes_are_refused) {
+  char model[128], npy[128];
+  gpt_spec("g.dpm", 256, 256, model, sizeof model);
+  int32_t ids[400];
+  for (int i = 0; i < 400; i++) ids[i] = i % 37;
+  write_npy(in_dir(npy, sizeof npy, "ids.npy"), ids, 400, 4);
+  /* the same header with 4 more bytes after the data */
+  FILE *f = fopen(npy, "ab");
+  ck_assert_ptr_nonnull(f);
+  ck_assert_int_eq(fwrite("\1\0\0\0", 1, 4, f), 4);
+  ck_assert_int_eq(fclose(f), 0);
+  refused(
+      TRAIN("--model", model, "--tokens", npy, "--batch", "8"), 1,
+      "ids.npy: byte 60: shape (400,) of '<i4' is 1600 bytes of data; the file has 1604 "
+      "after its header (trailing bytes)");
+}
+END_TEST
+
 /* ---- stopping safely: signals, --save-every, --save-best ------------------- */
 
 /* A record of a run saved inside an epoch: its last line "position N" reads
@@ -906,6 +926,7 @@ Suite *train_text_suite(void) {
   tcase_add_test(tc, save_resume_is_bit_exact_and_generate_reads_it);
   tcase_add_test(tc, refusals_name_what_is_wrong);
   tcase_add_test(tc, data_options_beside_a_token_stream_are_refused);
+  tcase_add_test(tc, tokens_with_trailing_bytes_are_refused);
   suite_add_tcase(s, tc);
   tc = tcase_create("stop");
   tcase_set_timeout(tc, 180);

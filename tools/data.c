@@ -1186,6 +1186,14 @@ static dp_status npy_header(const char *path, const unsigned char *b, size_t n, 
     return dpt_fail_status(DP_ERR_PARSE, err, errcap,
                            "%s: the header says %llu ids; the file holds fewer", path,
                            (unsigned long long)h.shape[0]);
+  /* as every other .npy reader: the data exactly as long as the shape says
+   * (an outside check: a shape too small trained on the head of the file) */
+  if (h.shape[0] * (size_t)*width != n - *data)
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: byte %zu: shape (%llu,) of '%s' is %llu bytes of data; the "
+                           "file has %zu after its header (trailing bytes)",
+                           path, h.at_shape, (unsigned long long)h.shape[0], h.descr,
+                           (unsigned long long)(h.shape[0] * (size_t)*width), n - *data);
   return DP_OK;
 }
 
