@@ -4349,6 +4349,22 @@ START_TEST(train_and_predict_read_every_format) {
   ck_assert_msg(r.rc == DPT_EXIT_OK && !strstr(r.out, "accuracy"), "%s%s", r.out, r.err);
   cmd_result_free(&r);
   ck_assert(same_bytes(pred, pred0));
+  /* --labels beside --features-only: refused, not ignored (it was never read,
+   * even a file that is not there) */
+  char nowhere[128], pnew[128];
+  in_dir(nowhere, sizeof nowhere, dir, "nowhere.npy");
+  in_dir(pnew, sizeof pnew, dir, "pnew.csv");
+  const char *lab[] = {p[F_Y32], nowhere};
+  for (int i = 0; i < 2; i++) {
+    r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", p[F_X32], "--features-only",
+            "--labels", lab[i], "--out", pnew);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(
+        strstr(r.err, "--features-only says there are none: give one or the other"), "%s",
+        r.err);
+    ck_assert_int_ne(access(pnew, F_OK), 0);
+    cmd_result_free(&r);
+  }
   remove_dir(dir);
 }
 END_TEST

@@ -221,6 +221,11 @@ static int parse_predict(int argc, char **argv, predict_run *t) {
   if (r == DPT_ARGS_HELP) return DPT_EXIT_OK;
   if (r == DPT_ARGS_OK && (!t->o.checkpoint || !t->o.data))
     r = dpt_fail(t->err, sizeof t->err, "--checkpoint and --data are required");
+  /* an outside check: --labels was ignored (never read) beside --features-only */
+  if (r == DPT_ARGS_OK && t->o.labels && t->o.features_only)
+    r = dpt_fail(t->err, sizeof t->err,
+                 "--labels gives the labels of .npy or IDX data, for the metric; "
+                 "--features-only says there are none: give one or the other");
   if (r == DPT_ARGS_OK && dpt_check_backend_options(&t->cfg, t->err, sizeof t->err))
     r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
