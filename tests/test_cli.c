@@ -2072,10 +2072,15 @@ START_TEST(plan_fit_chooses_checks_and_prints_the_plan) {
                     n_lines(r.err) == 1,
                 "%s", r.err);
   cmd_result_free(&r);
-  static char *const bad[][2] = {{"--fit-allow", "mode,speed"},
-                                 {"--fit-costs", "gflops=fast"},
-                                 {"--fit-costs", "x=1"}};
-  for (int i = 0; i < 3; i++) {
+  /* a rate of 0 and an empty last entry are usage errors too (an outside
+   * check: gflops=0 failed later in dp_plan_fit, exit 1, after --help said
+   * ">= 0"; "mode," was taken as "mode" while "," was refused) */
+  static char *const bad[][2] = {
+      {"--fit-allow", "mode,speed"}, {"--fit-costs", "gflops=fast"},
+      {"--fit-costs", "x=1"},        {"--fit-costs", "gflops=0"},
+      {"--fit-costs", "mem_gbs=0"},  {"--fit-costs", "op_us=1,"},
+      {"--fit-allow", "mode,"}};
+  for (int i = 0; i < 7; i++) {
     r = RUN(dpt_cmd_plan, "--model", "examples/digits.dpm", "--budget", "1MiB", "--batch",
             "8", "--fit", bad[i][0], bad[i][1]);
     ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);

@@ -190,6 +190,10 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
     }
     *allow |= words[i].bit;
     p += n + (p[n] == ',');
+    if (p[-1] == ',' && !*p) { /* "mode,": an empty last entry, as "," is one */
+      snprintf(err, errcap, "--fit-allow: an empty entry after the last comma");
+      return -1;
+    }
   }
   if (!*allow) {
     snprintf(err, errcap,
@@ -225,8 +229,17 @@ static int parse_fit_costs(const char *arg, dp_fit_costs *k, char *err, size_t e
                (int)n, p);
       return -1;
     }
+    /* rates divide: dp_plan_fit refuses 0, said here as the usage error it is */
+    if (v == 0 && (field == &k->gflops || field == &k->mem_gbs)) {
+      snprintf(err, errcap, "--fit-costs: %s must be above 0 (a rate)", item);
+      return -1;
+    }
     *field = v;
     p += n + (p[n] == ',');
+    if (p[-1] == ',' && !*p) {
+      snprintf(err, errcap, "--fit-costs: an empty entry after the last comma");
+      return -1;
+    }
   }
   return 0;
 }
