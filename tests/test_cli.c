@@ -2293,6 +2293,29 @@ START_TEST(bench_gpu_skips_visibly_without_gpu) {
 }
 END_TEST
 
+/* `dp bench rss --steps K` runs K steps and reads the resident set ten times
+ * along them: with K = 25, after 2, 5, 7, ... 25 (it ran 10 x (K / 10): none
+ * at all for --steps 5, while the report said "growth over 5 steps"). */
+START_TEST(bench_rss_runs_the_steps_it_reports) {
+  cmd_result r = RUN(dpt_cmd_bench, "rss", "--model", "examples/seed.dpm", "--batch", "4",
+                     "--steps", "25");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\nafter      2 steps: ") &&
+                    strstr(r.out, "\nafter      5 steps: ") &&
+                    strstr(r.out, "\nafter     25 steps: ") &&
+                    strstr(r.out, "\ngrowth over 25 steps: "),
+                "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_bench, "rss", "--model", "examples/seed.dpm", "--batch", "4", "--steps",
+          "5");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "\nafter      5 steps: ") &&
+                    strstr(r.out, "\ngrowth over 5 steps: "),
+                "%s", r.out);
+  cmd_result_free(&r);
+}
+END_TEST
+
 /* `dp bench gemm` times libdp's GEMM through dp.h alone: one JSON row per
  * size, the tier in use named; an unknown tier is a usage error. */
 START_TEST(bench_gemm_rows_and_tiers) {
@@ -4840,6 +4863,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, plan_ranks_svg_and_help);
   tcase_add_test(tc, plan_budget_suggests_a_layout_and_draws_the_budget);
   tcase_add_test(tc, plan_fit_chooses_checks_and_prints_the_plan);
+  tcase_add_test(tc, bench_rss_runs_the_steps_it_reports);
   tcase_add_test(tc, train_cuda_without_gpu_fails_in_one_line);
   tcase_add_test(tc, tool_asks_the_backend_not_its_name);
   tcase_add_test(tc, bench_gpu_skips_visibly_without_gpu);

@@ -443,15 +443,19 @@ static int bench_rss(const dp_model *m, const dp_config *cfg, int steps, int jso
     printf("{\"rss_kib\":[%ld", r0);
   else
     printf("resident set after init and 10 warm-up steps: %ld KiB\n", r0);
+  /* ten readings over the `steps` steps: k steps / 10 after the k-th (an
+   * outside check: steps / 10 each ran 0 steps for --steps 5, and any
+   * remainder was left out, while the report said `steps`) */
   for (int k = 1; k <= 10; k++) {
-    for (int i = 0; i < steps / 10; i++)
+    int done = (int)((long long)steps * k / 10);
+    for (int i = (int)((long long)steps * (k - 1) / 10); i < done; i++)
       if (dp_train_step(c, B, in, x, target, &loss)) goto fail;
     long r = rss_kib();
     mx = r > mx ? r : mx;
     if (json)
       printf(",%ld", r);
     else
-      printf("after %6d steps: %ld KiB\n", k * (steps / 10), r);
+      printf("after %6d steps: %ld KiB\n", done, r);
   }
   if (json)
     printf("],\"growth_kib\":%ld}\n", mx - r0);
