@@ -266,6 +266,33 @@ START_TEST(refusals_say_what_to_do) {
 }
 END_TEST
 
+/* A model with more logits than its embedding reads (embed 16, linear 256: dp
+ * train takes it, needing at least V logits): every id drawn, greedy or
+ * sampled, is one it can read back, and a prompt id past the embedding is
+ * refused before anything runs. It drew ids up to 255 and failed in the next
+ * forward ("token 68 at position 3 of row 0 is not an id in 0..15"). */
+START_TEST(ids_stay_within_the_embedding) {
+  char spec[512], ck[128];
+  snprintf(spec, sizeof spec, GPT_FMT, 16, 256);
+  make_ckpt(spec, "wide.ckpt", ck, sizeof ck);
+  static const char *const how[][2] = {
+      {"--greedy", "--ids"}, {"--seed", "1"}, {"--seed", "2"}};
+  for (int h = 0; h < 3; h++) {
+    cmd_result r = GEN("--checkpoint", ck, "--prompt-ids", "1,2,3", "--tokens", "40",
+                       how[h][0], how[h][1]);
+    ck_assert_msg(r.rc == 0, "exit %d: %s", r.rc, r.err);
+    int ids[64], n = parse_ids(r.out, ids, 64);
+    ck_assert_int_eq(n, 43);
+    for (int i = 0; i < n; i++) ck_assert_msg(ids[i] >= 0 && ids[i] < 16, "%s", r.out);
+    cmd_result_free(&r);
+  }
+  refused(GEN("--checkpoint", ck, "--prompt-ids", "1,20"), 1,
+          "'20' (entry 2) is not an id of the model (0 to 15)");
+  refused(GEN("--checkpoint", ck, "--prompt-ids", "1", "--top-k", "17"), 1,
+          "--top-k 17: the model has 16 tokens");
+}
+END_TEST
+
 Suite *generate_suite(void) {
   Suite *s = suite_create("generate");
   TCase *tc = tcase_create("generate");
@@ -276,6 +303,7 @@ Suite *generate_suite(void) {
   tcase_add_test(tc, sampling_is_keyed_by_the_seed_and_top_k_holds);
   tcase_add_test(tc, samples_side_by_side_on_any_device_count);
   tcase_add_test(tc, refusals_say_what_to_do);
+  tcase_add_test(tc, ids_stay_within_the_embedding);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -98,7 +98,8 @@ typedef struct {
   dp_model *m;
   dp_plan *p;
   dp_ctx *c;
-  int T, V;            /* the context and the vocabulary */
+  int T, V;            /* the context and the vocabulary: the ids it reads and writes */
+  int L;               /* logits per position (V, or more than the embedding reads) */
   int n_prompt;        /* ids of the prompt */
   int *seq;            /* (samples, n_prompt + tokens): every sample's ids */
   float *x, *y, *prob; /* (samples, T) ids; (samples, T, V) logits; (V) */
@@ -161,7 +162,11 @@ static int load_model(generate_run *t) {
     return -1;
   }
   t->T = l0.positions;
-  t->V = dp_model_output_width(t->m) / l0.positions;
+  t->L = dp_model_output_width(t->m) / l0.positions;
+  /* an id past the embedding's vocabulary cannot be fed back: the draw is among
+   * the ids both ends know (an outside check: a model of embed 64 and 256
+   * logits, as dp train takes it, drew 68 and failed in the next forward) */
+  t->V = t->L < l0.vocab ? t->L : l0.vocab;
   if (t->o.top_k > t->V) {
     fprintf(stderr, "dp generate: --top-k %d: the model has %d tokens\n", t->o.top_k, t->V);
     return -1;
@@ -256,7 +261,7 @@ static int make_context(generate_run *t) {
   size_t len = (size_t)n + t->o.tokens;
   t->seq = malloc((size_t)K * len * sizeof *t->seq);
   t->x = calloc((size_t)K * t->T, 4);
-  t->y = malloc((size_t)K * t->T * t->V * 4);
+  t->y = malloc((size_t)K * t->T * t->L * 4);
   t->prob = malloc((size_t)t->V * sizeof *t->prob);
   t->top = malloc((size_t)(t->o.top_k ? t->o.top_k : 1) * sizeof *t->top);
   if (!t->seq || !t->x || !t->y || !t->prob || !t->top) {
@@ -267,7 +272,7 @@ static int make_context(generate_run *t) {
             "--tokens %d): %s; give fewer --samples or --tokens\n",
             K, K == 1 ? "" : "s", len, n, t->o.tokens,
             dpt_format_bytes((double)K * (double)len * sizeof *t->seq +
-                                 (double)K * t->T * (t->V + 1) * 4.0,
+                                 (double)K * t->T * (t->L + 1) * 4.0,
                              b, sizeof b));
     return -1;
   }
@@ -361,7 +366,7 @@ static void put_token(const generate_run *t, int id, int first) {
  * one forward, the next ids from the last position's logits. With one
  * sample the text appears as it is made. 0, or -1 (said). */
 static int generate(generate_run *t) {
-  int K = t->o.samples, T = t->T, V = t->V, n = t->n_prompt;
+  int K = t->o.samples, T = t->T, L = t->L, n = t->n_prompt;
   size_t len = (size_t)n + t->o.tokens;
   int stream = K == 1;
   if (stream)
@@ -376,7 +381,7 @@ static int generate(generate_run *t) {
       return -1;
     }
     for (int k = 0; k < K; k++) {
-      const float *z = t->y + ((size_t)k * T + (w - 1)) * V;
+      const float *z = t->y + ((size_t)k * T + (w - 1)) * L;
       int id = next_token(t, z, uniform(t->cfg.seed, k, have));
       if (id < 0) {
         fprintf(stderr,
