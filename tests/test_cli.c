@@ -4382,7 +4382,7 @@ START_TEST(train_and_predict_read_every_format) {
   char nowhere[128], pnew[128];
   in_dir(nowhere, sizeof nowhere, dir, "nowhere.npy");
   in_dir(pnew, sizeof pnew, dir, "pnew.csv");
-  const char *lab[] = {p[F_Y32], nowhere};
+  char *lab[] = {p[F_Y32], nowhere};
   for (int i = 0; i < 2; i++) {
     r = RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", p[F_X32], "--features-only",
             "--labels", lab[i], "--out", pnew);

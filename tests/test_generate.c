@@ -275,8 +275,7 @@ START_TEST(ids_stay_within_the_embedding) {
   char spec[512], ck[128];
   snprintf(spec, sizeof spec, GPT_FMT, 16, 256);
   make_ckpt(spec, "wide.ckpt", ck, sizeof ck);
-  static const char *const how[][2] = {
-      {"--greedy", "--ids"}, {"--seed", "1"}, {"--seed", "2"}};
+  static char *const how[][2] = {{"--greedy", "--ids"}, {"--seed", "1"}, {"--seed", "2"}};
   for (int h = 0; h < 3; h++) {
     cmd_result r = GEN("--checkpoint", ck, "--prompt-ids", "1,2,3", "--tokens", "40",
                        how[h][0], how[h][1]);
