@@ -434,6 +434,46 @@ START_TEST(save_resume_is_bit_exact_and_generate_reads_it) {
 }
 END_TEST
 
+/* A token run saved with --no-shuffle or --data-seed resumes (its record's
+ * kind is followed by shuffle=0 / data-seed=N: an outside check found such
+ * runs refused as "trained on --data"), bit for bit as the run without a stop;
+ * --text and --tokens both. */
+START_TEST(resume_with_no_shuffle_or_data_seed) {
+  char model[128], text[128], ck[128], npy[128];
+  gpt_spec("g.dpm", 256, 256, model, sizeof model);
+  make_text(in_dir(text, sizeof text, "t.txt"), 600);
+  int32_t *ids;
+  size_t n = file_ids(text, &ids);
+  write_npy(in_dir(npy, sizeof npy, "t.npy"), ids, n, 4);
+  free(ids);
+  in_dir(ck, sizeof ck, "r.ckpt");
+  static char *const order[][2] = {{"--no-shuffle", "--quiet"}, {"--data-seed", "7"}};
+  for (int k = 0; k < 2; k++)
+    for (int o = 0; o < 2; o++) {
+      char *kind = k ? "--tokens" : "--text", *file = k ? npy : text;
+#define RUN(...)                                                                           \
+  TRAIN("--model", model, kind, file, "--batch", "8", "--optimizer", "sgd", "--lr", "0.05", \
+        order[o][0], order[o][1], __VA_ARGS__)
+      cmd_result full = RUN("--epochs", "2");
+      cmd_result first = RUN("--epochs", "1", "--save", ck);
+      cmd_result second = RUN("--epochs", "1", "--resume", ck);
+#undef RUN
+      ok(&full);
+      ok(&first);
+      ck_assert_msg(second.rc == 0, "%s %s: exit %d: %s", kind, order[o][0], second.rc,
+                    second.err);
+      char hf[24], h2[24];
+      hash_of(&full, hf);
+      hash_of(&second, h2);
+      ck_assert_msg(!strcmp(hf, h2), "%s %s: resumed %s, without a stop %s", kind,
+                    order[o][0], h2, hf);
+      cmd_result_free(&full);
+      cmd_result_free(&first);
+      cmd_result_free(&second);
+    }
+}
+END_TEST
+
 /* Exit status rc, the message, and nothing trained. */
 static void refused(cmd_result r, int rc, const char *needle) {
   ck_assert_msg(r.rc == rc, "rc %d (want %d): %s", r.rc, rc, r.err);
@@ -924,6 +964,7 @@ Suite *train_text_suite(void) {
   tcase_add_test(tc, tokens_int32_and_uint16_train_as_the_text);
   tcase_add_test(tc, steps_are_the_windows_in_the_epoch_order);
   tcase_add_test(tc, save_resume_is_bit_exact_and_generate_reads_it);
+  tcase_add_test(tc, resume_with_no_shuffle_or_data_seed);
   tcase_add_test(tc, refusals_name_what_is_wrong);
   tcase_add_test(tc, data_options_beside_a_token_stream_are_refused);
   tcase_add_test(tc, tokens_with_trailing_bytes_are_refused);

@@ -500,12 +500,17 @@ static int same_kind(const char *saved, const char *kind, char *err, size_t errc
   static const char *const option[][2] = {{"text", "--text (bytes)"},
                                           {"tokens", "--tokens (ids of a .npy)"}};
   const char *k = strstr(saved, " data="), *was = k ? k + 6 : NULL;
-  if (!was == !kind && (!was || !strcmp(was, kind))) return 0;
+  /* the kind is one word: shuffle=0 or data-seed=N may follow it (an outside
+   * check: a token run saved with --no-shuffle could not be resumed) */
+  size_t wl = was ? strcspn(was, " ") : 0;
+#define WAS(w) (wl == strlen(w) && !strncmp(was, (w), wl))
+  if (!was == !kind && (!was || WAS(kind))) return 0;
   const char *a = "--data (CSV rows)", *b = a;
   for (int i = 0; i < 2; i++) {
-    if (was && !strcmp(was, option[i][0])) a = option[i][1];
+    if (was && WAS(option[i][0])) a = option[i][1];
     if (kind && !strcmp(kind, option[i][0])) b = option[i][1];
   }
+#undef WAS
   return dpt_fail(err, errcap,
                   "the checkpoint's run trained on %s, this one on %s; resume it with the "
                   "data it was trained on",
