@@ -78,7 +78,6 @@ static inline DP_SIMD_BODY int round_n_body(float *x, size_t n) {
 }
 DP_SIMD_FN(round_n, (float *x, size_t n), (x, n))
 
-void dp__bf16_from_f32_n(const float *x, dp_bf16 *y, size_t n) { from_n(x, y, n); }
 void dp__bf16_to_f32_n(const dp_bf16 *x, float *y, size_t n) { to_n(x, y, n); }
 void dp__bf16_round_f32_n(float *x, size_t n) { round_n(x, n); }
 
@@ -652,6 +651,19 @@ TGT_BF16 static void kern_pairs(int kc, const uint32_t *a, const uint32_t *b, fl
   }
   dp__avx512_finish(acc, c, ldc, flags, bias);
 }
+/* from_n on 16 elements at a time (round16, the words' upper halves stored):
+ * the same bits, twice the AVX2 copy's elements per second on Zen 5 (a
+ * training step's weight copy rounds every linear weight once). */
+TGT5 static void from_n_avx512(const float *x, dp_bf16 *y, size_t n) {
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512i u = round16(_mm512_loadu_si512((const void *)(x + i)));
+    _mm256_storeu_si256((__m256i *)(void *)(y + i),
+                        _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+  }
+  for (; i < n; i++) y[i] = dp__bf16_rne_sel(x[i]);
+}
+
 #define KERN_PAIRS kern_pairs
 #define UNPACKED_HW unpacked_fma
 #define SINK_HW sink_avx512
@@ -664,6 +676,16 @@ TGT_BF16 static void kern_pairs(int kc, const uint32_t *a, const uint32_t *b, fl
 #define PACK_A_P pack_a_p_c
 #define PACK_B_P pack_b_p_c
 #endif /* DP_GEMM_X86 */
+
+void dp__bf16_from_f32_n(const float *x, dp_bf16 *y, size_t n) {
+#if DP_GEMM_X86
+  if (dp__simd_avx512()) {
+    from_n_avx512(x, y, n);
+    return;
+  }
+#endif
+  from_n(x, y, n);
+}
 
 /* ---- tiers -------------------------------------------------------------------- */
 
