@@ -5,16 +5,32 @@ it needs a PyTorch 2 (scaled_dot_product_attention) with safetensors, e.g. the
 benchmark venv: /work/V/bin/python tests/xcheck/xcheck.py 20.
 
 Each case: a random spec, random data, PyTorch-initialised weights (dp import),
-`dp train --resume init.ckpt --no-shuffle --standardize none --test-fraction 0`,
+`dp train --resume init.ckpt --standardize none|feature|channel --test-fraction F`,
 `dp export` of the result, `dp predict`; then an independent PyTorch replay
 (own module builder, torch.optim, torch.optim.lr_scheduler, clip_grad_norm_)
 in float32 and float64, and normwise relative comparisons.
 
-usage: xcheck.py N [SEED0] | xcheck.py --case DIR (rerun a saved case)
+Dropout above 0 and shuffled order are replayed exactly: the replay mirrors libdp's
+counter-based numbers bit for bit (dropout_keep: lib/util/rng.c keyed by seed,
+(step << 16) | layer, the global row of the accumulation's concatenation, element;
+epoch_order and split_rows: tools/data.c's splitmix64 Fisher-Yates of the held-out
+split and of each epoch), so PyTorch applies libdp's masks (kept times 1/(1-p), as
+nn.Dropout; on attention's probabilities too) and takes libdp's batches. A case draws
+session 24's case as it was, then from a second generator: dropout probabilities for
+its `dropout 0` lines and new dropout layers (65% of cases), `--seed` (0, small, any
+64-bit), shuffled order (65%) with or without `--data-seed`, and a run stopped after
+some epochs and `--resume`d (30% of multi-epoch cases; without batchnorm maybe on
+another device count).
+
+usage: xcheck.py [--classic] N [SEED0] | xcheck.py --case DIR (rerun a saved case)
+       | xcheck.py --mask-check (libdp's dropout masks and order read off directly)
+--classic: session 24's generator alone (dropout 0, --no-shuffle, seed 0).
 DP: the dp binary (default build/dp); XCHECK_DIR: where the cases go (build/xcheck).
 A line per case: "ok" or "BAD" (a difference from PyTorch fp64 well beyond PyTorch's
 own fp32-fp64 gap), then the normwise relative errors (P parameters, L the logged
-losses, lr, n the clipped gradient norm, h the held-out loss, pred the logits).
+losses, lr, n the clipped gradient norm, h the held-out loss, pred the logits); or
+"ERROR" where a dp command failed (the generator makes cases libdp rightly refuses:
+a batchnorm micro-batch of one row, a convolution that does not fit).
 """
 import json, math, os, subprocess, sys, random, shutil
 import numpy as np
@@ -26,6 +42,87 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DP = os.path.abspath(os.environ.get("DP", os.path.join(REPO, "build", "dp")))
 # the cases (spec, data, cmds.sh, case.json, result.json per seed), beside the build
 ROOT = os.path.abspath(os.environ.get("XCHECK_DIR", os.path.join(REPO, "build", "xcheck")))
+# --classic: session 24's generator alone (no dropout above 0, file order, seed 0)
+CLASSIC = '--classic' in sys.argv
+if CLASSIC: sys.argv.remove('--classic')
+
+
+# ---------------------------------------------------------------- libdp's random numbers
+# Both mirrored bit for bit, vectorised over numpy uint64 (wrapping arithmetic).
+M64 = (1 << 64) - 1
+U64 = np.uint64
+
+
+def _mix(z):
+    """lib/util/rng.c mix: splitmix64's finaliser after adding the golden gamma."""
+    z = z + U64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> U64(30))) * U64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> U64(27))) * U64(0x94D049BB133111EB)
+    return z ^ (z >> U64(31))
+
+
+def rng_u64(seed, stream, a, b, c):
+    """dp__rng_u64(seed, stream, a, b, c), broadcasting over numpy arrays."""
+    with np.errstate(over='ignore'):
+        z = _mix(np.asarray(seed & M64, dtype=U64))
+        z = _mix(z ^ U64(stream & M64))
+        z = _mix(z ^ np.asarray(a, dtype=U64))
+        z = _mix(z ^ np.asarray(b, dtype=U64))
+        return _mix(z ^ np.asarray(c, dtype=U64))
+
+
+DP_RNG_DROPOUT = 2
+
+
+def dropout_keep(seed, step, layer, rows, n_elem, p):
+    """libdp's dropout mask (lib/cpu/backend.c dropout_scale, sequence.c drop_probs):
+    element j of global row r is kept iff u(seed, DP_RNG_DROPOUT, (step << 16) | layer,
+    r, j) >= p, u the top 24 bits over 2^24 (a float), p as a float. (rows, n_elem) bools."""
+    key = ((int(step) << 16) | int(layer)) & M64
+    r = np.asarray(rows, dtype=U64)[:, None]
+    e = np.arange(n_elem, dtype=U64)[None, :]
+    u = (rng_u64(seed, DP_RNG_DROPOUT, key, r, e) >> U64(40)).astype(np.float64) * 2.0 ** -24
+    return u >= float(np.float32(p))
+
+
+def _mix64(z):
+    """tools/data.c mix64 (no gamma): Python ints, masked."""
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & M64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & M64
+    return z ^ (z >> 31)
+
+
+def _stream_state(seed, domain, index):
+    return _mix64((_mix64((seed ^ (domain * 0xd1b54a32d192ed03)) & M64) + index) & M64)
+
+
+def _shuffle_rows(n, state):
+    """tools/data.c shuffle_rows: Fisher-Yates drawing below(i + 1) without modulo bias."""
+    perm = list(range(n))
+    for i in range(n - 1, 0, -1):
+        k = i + 1; threshold = ((1 << 64) - k) % k
+        while True:
+            state = (state + 0x9e3779b97f4a7c15) & M64
+            x = _mix64(state)
+            if x >= threshold: break
+        j = x % k
+        perm[i], perm[j] = perm[j], perm[i]
+    return np.array(perm, dtype=np.int64)
+
+
+def epoch_order(n, data_seed, epoch):
+    """dpt_epoch_order: epoch `epoch` (0-based) takes training rows order[0], order[1], ..."""
+    return _shuffle_rows(n, _stream_state(data_seed & M64, 2, epoch & M64))
+
+
+def split_rows(n, test_fraction, shuffle, data_seed):
+    """dpt_dataset_split_as: (training rows, held-out rows) as indices into the file."""
+    n_test = max(0, int(math.ceil(float(test_fraction) * n - 1e-9)))
+    if shuffle:
+        perm = _shuffle_rows(n, _stream_state(data_seed & M64, 1, 0))
+    else:
+        perm = np.concatenate([np.arange(n - n_test, n), np.arange(n - n_test)]).astype(np.int64)
+    return perm[n_test:], perm[:n_test]
 
 
 # ---------------------------------------------------------------- spec -> torch
@@ -36,14 +133,46 @@ class Embed(nn.Module):
         return s.tok(ids.long()) + s.pos.weight[None, : ids.shape[1]]
 
 
+class Keyed:
+    """What libdp keys dropout by, set by the replay before each forward: seed, the
+    optimizer step, and the global rows (the accumulation's concatenation) of x's rows."""
+    def __init__(s): s.seed = 0; s.step = 0; s.rows = None
+
+    def mask(s, layer, n, E, p, dtype, device):
+        """(n, E) multipliers: 1/(1 - p) where kept (PyTorch's nn.Dropout scaling), 0."""
+        assert s.rows is not None and len(s.rows) == n, (n, s.rows)
+        keep = dropout_keep(s.seed, s.step, layer, s.rows, E, p)
+        p32 = np.float32(p)  # libdp holds p as a float; its scale 1.0f / (1.0f - p)
+        scale = float(np.float32(1) / (np.float32(1) - p32)) if dtype != torch.float64 else 1.0 / (1.0 - float(p32))
+        return torch.tensor(keep, dtype=dtype, device=device) * scale
+
+
+class KeyedDropout(nn.Module):
+    """nn.Dropout(p) with libdp's keyed mask: identity in eval (held-out, predict)."""
+    def __init__(s, p, layer, keyed):
+        super().__init__(); s.p = p; s.layer = layer; s.keyed = [keyed]
+    def forward(s, x):
+        if not s.training or s.p == 0.0: return x
+        n = x.shape[0]; E = int(np.prod(x.shape[1:]))  # a row's elements, C-order (NCHW, T x D)
+        return x * s.keyed[0].mask(s.layer, n, E, s.p, x.dtype, x.device).reshape(x.shape)
+
+
 class Attn(nn.Module):
-    def __init__(s, H):
-        super().__init__(); s.H = H
+    def __init__(s, H, p=0.0, layer=0, keyed=None):
+        super().__init__(); s.H = H; s.p = p; s.layer = layer; s.keyed = [keyed]
     def forward(s, x):
         B, T, C3 = x.shape; D = C3 // 3; hd = D // s.H
         q, k, v = x.split(D, 2)
         f = lambda t: t.reshape(B, T, s.H, hd).permute(0, 2, 1, 3)
-        o = F.scaled_dot_product_attention(f(q), f(k), f(v), is_causal=True)
+        if s.training and s.p > 0.0:  # dropout on the probabilities: element h T T + i T + j
+            q, k, v = f(q), f(k), f(v)
+            sc = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
+            causal = torch.ones(T, T, dtype=torch.bool).tril()
+            pr = torch.softmax(sc.masked_fill(~causal, float('-inf')), -1)
+            m = s.keyed[0].mask(s.layer, B, s.H * T * T, s.p, pr.dtype, pr.device).reshape(B, s.H, T, T)
+            o = (pr * m) @ v
+        else:
+            o = F.scaled_dot_product_attention(f(q), f(k), f(v), is_causal=True)
         return o.permute(0, 2, 1, 3).reshape(B, T, D)
 
 
@@ -52,6 +181,7 @@ class Net(nn.Module):
     def __init__(s, spec):
         super().__init__()
         s.prog = []  # ops: ('mod', name) ('res',) ('end',) ('flat',) ('img', C,H,W)
+        s.keyed = Keyed()  # dropout's keys (libdp's layer index: idx below, as the tensors')
         lines = [l.split('#')[0].split() for l in spec.splitlines()]
         lines = [l for l in lines if l]
         inp = lines[0]; s.loss = None
@@ -80,7 +210,7 @@ class Net(nn.Module):
                                     'tanh': nn.Tanh(), 'sigmoid': nn.Sigmoid()}[op])
                 s.prog.append(('mod', name))
             elif op == 'dropout':
-                s.add_module(name, nn.Dropout(float(l[1]))); s.prog.append(('mod', name))
+                s.add_module(name, KeyedDropout(float(l[1]), idx, s.keyed)); s.prog.append(('mod', name))
             elif op == 'layernorm':
                 s.add_module(name, nn.LayerNorm(shape[-1], eps=1e-5)); s.prog.append(('mod', name))
             elif op == 'batchnorm':
@@ -101,7 +231,8 @@ class Net(nn.Module):
             elif op == 'flatten':
                 s.add_module(name, nn.Flatten()); shape = (int(np.prod(shape)),); s.prog.append(('mod', name))
             elif op == 'attention':
-                s.add_module(name, Attn(int(l[1]))); shape = (shape[0] // 3,); s.prog.append(('mod', name))
+                p = float(l[3]) if len(l) > 3 and l[2] == 'dropout' else 0.0
+                s.add_module(name, Attn(int(l[1]), p, idx, s.keyed)); shape = (shape[0] // 3,); s.prog.append(('mod', name))
             elif op == 'residual':
                 s.prog.append(('res',))
             elif op == 'end':
@@ -220,7 +351,54 @@ def rand_case(seed):
     c['heldout'] = r.random() < 0.35
     c['recompute'] = r.choice([0, 0, 0, 1, 2])
     c['standardize'] = None if meta['kind'] == 'seq' else r.choice(['none', 'none', 'feature'] + (['channel'] if meta['kind'] == 'img' else []))
+    if CLASSIC: return c  # session 24's cases, draw for draw
+    # dropout, shuffled order and seeds: from a second generator, so that the draws
+    # above (session 24's cases) stay as they were and only gain these
+    r2 = random.Random(seed * 1000003 + 7)
+    if r2.random() < 0.65: c['spec'] = add_dropout(r2, c['spec'], meta['kind'])
+    c['dp_seed'] = r2.choice([0, r2.randrange(1, 1000), r2.randrange(1 << 64)])
+    c['shuffle'] = r2.random() < 0.65
+    c['data_seed'] = r2.choice([r2.randrange(1, 1000), r2.randrange(1 << 64)]) if r2.random() < (0.4 if c['shuffle'] else 0.1) else None
+    # stopped after some epochs and resumed (the step counter keys dropout, the epoch
+    # the order), without batchnorm maybe on another device count (rows keyed globally)
+    if c['epochs'] > 1 and r2.random() < 0.3:
+        c['resume_at'] = r2.randint(1, c['epochs'] - 1)
+        if not has_bn and r2.random() < 0.5: c['resume_devices'] = r2.choice([1, 2, 3, 4])
     return c
+
+
+def add_dropout(r, spec, kind):
+    """The spec with dropout above 0: session 24's `dropout 0` lines mostly given a
+    probability, and dropout layers inserted where the spec language allows them (after
+    the input of a flat or image model, after activations, linears, convolutions, pools,
+    flatten and batchnorm, never after the head; on a sequence after the embedding, in
+    residual blocks, and on attention's probabilities); at least one above 0."""
+    P = lambda: r.choice([0.05, 0.1, 0.2, 0.3, 0.5, 0.5, 0.7, 0.9])
+    lines = spec.splitlines(); out = []; n = 0
+    head = max(i for i, l in enumerate(lines) if l.startswith('linear'))
+    for i, l in enumerate(lines):
+        w = l.split()
+        if w[0] == 'dropout' and float(w[1]) == 0 and r.random() < 0.8:
+            l = f"dropout {P()}"; n += 1
+        elif w[0] == 'attention' and (len(w) == 2 or float(w[3]) == 0) and r.random() < 0.6:
+            l = f"attention {w[1]} dropout {P()}"; n += 1
+        out.append(l)
+        if i >= head or w[0] in ('loss', 'residual', 'dropout'): continue
+        nxt = lines[i + 1].split()[0] if i + 1 < len(lines) else ''
+        if kind == 'seq':
+            ok = w[0] in ('embed', 'gelu', 'relu', 'tanh') or (w[0] == 'linear' and nxt == 'end') or w[0] == 'end'
+            pr = 0.35
+        else:
+            ok = w[0] != 'input' or nxt != 'embed'
+            pr = 0.2 if w[0] == 'input' else 0.25
+        if ok and nxt != 'dropout' and r.random() < pr:
+            out.append(f"dropout {P()}"); n += 1
+    if n == 0:  # one after the first place that takes it
+        for i, l in enumerate(out):
+            w = l.split()[0]
+            if (kind == 'seq' and w == 'embed') or (kind != 'seq' and w == 'input'):
+                out.insert(i + 1, f"dropout {P()}"); break
+    return "\n".join(out) + "\n"
 
 
 # ---------------------------------------------------------------- dp side
@@ -290,10 +468,19 @@ def init_weights(c, d):
     return sd
 
 
-def dp_train_cmd(c):
-    cmd = [DP, 'train', '--model', 'm.dpm', '--resume', 'init.ckpt', '--no-shuffle',
-           '--batch', str(c['batch']), '--devices', str(c['devices']), '--mode', c['mode'], '--seed', '0',
-           '--epochs', str(c['epochs']), '--log', 'run.jsonl', '--save', 'out.ckpt', '--quiet']
+def dp_train_cmds(c):
+    """The training: one command, or (c['resume_at'] = k) k epochs saved to mid.ckpt
+    and the rest resumed from it (on c['resume_devices'] devices where given)."""
+    k = c.get('resume_at')
+    if not k: return [dp_train_cmd(c)]
+    return [dp_train_cmd(c, epochs=k, save='mid.ckpt'),
+            dp_train_cmd(c, epochs=c['epochs'] - k, resume='mid.ckpt', devices=c.get('resume_devices'))]
+
+
+def dp_train_cmd(c, epochs=None, resume='init.ckpt', save='out.ckpt', devices=None):
+    cmd = [DP, 'train', '--model', 'm.dpm', '--resume', resume] + ([] if c.get('shuffle') else ['--no-shuffle']) + [
+           '--batch', str(c['batch']), '--devices', str(devices or c['devices']), '--mode', c['mode'], '--seed', str(c.get('dp_seed', 0)),
+           '--epochs', str(epochs or c['epochs']), '--log', 'run.jsonl', '--save', save, '--quiet']
     if c['kind'] == 'seq': cmd += ['--tokens', 'ids.npy']
     else: cmd += ['--data', 'x.npy', '--labels', 'y.npy', '--standardize', 'none']
     cmd += ['--test-fraction', c['tf'], '--eval-every', '1'] if c.get('heldout') else ['--test-fraction', '0']
@@ -307,13 +494,14 @@ def dp_train_cmd(c):
     if c['sched']: cmd += ['--lr-schedule', c['sched']]
     if c['clip']: cmd += ['--clip-grad-norm', repr(c['clip'])]
     if c['split'] != 'chunk': cmd += ['--split', c['split']]
+    if c.get('data_seed') is not None: cmd += ['--data-seed', str(c['data_seed'])]
     return cmd + opt_args(c)
 
 
 def run_dp(c, d):
     with open(f"{d}/m.dpm", "w") as f: f.write(c['spec'])
-    cmds = [[DP, 'import', 'init.safetensors', '--model', 'm.dpm', '--out', 'init.ckpt'] + opt_args(c),
-            dp_train_cmd(c),
+    cmds = [[DP, 'import', 'init.safetensors', '--model', 'm.dpm', '--out', 'init.ckpt', '--seed', str(c.get('dp_seed', 0))] + opt_args(c),
+            *dp_train_cmds(c),
             [DP, 'export', 'out.ckpt', '--safetensors', 'out.safetensors'],
             [DP, 'predict', '--checkpoint', 'out.ckpt', '--data', 'x.npy', '--out', 'pred.csv'] + (['--precision', 'bf16'] if c.get('bf16') else [])]
     with open(f"{d}/cmds.sh", "w") as f:
@@ -327,7 +515,7 @@ def run_dp(c, d):
         pred = pred[:, c['T']:].reshape(len(pred), c['T'], nout)
     elif c['loss'] == 'softmax_cross_entropy':
         pred = pred[:, 1:]
-    return out, logs, pred, outs[1]
+    return out, logs, pred, outs[1:-2]
 
 
 # ---------------------------------------------------------------- torch replay
@@ -350,11 +538,11 @@ def make_sched(c, opt):
     return S.SequentialLR(opt, [S.LinearLR(opt, st, 1.0, W), S.CosineAnnealingLR(opt, T, eta)], milestones=[W])
 
 
-def standardize(c, X):
-    """dp train's standardisation, fitted on the training share, in double."""
+def standardize(c, X, tr_idx):
+    """dp train's standardisation, fitted on the training share (rows tr_idx), in double."""
     mode = c.get('standardize')
     if mode in (None, 'none'): return X
-    Xd = X.astype(np.float64); tr = Xd[:c['train']]
+    Xd = X.astype(np.float64); tr = Xd[np.sort(tr_idx)]
     if mode == 'feature':
         mean = tr.mean(0); std = tr.std(0)
     else:
@@ -364,14 +552,30 @@ def standardize(c, X):
     return ((Xd - mean) / std).astype(np.float32)
 
 
+def data_seed(c):
+    return c['data_seed'] if c.get('data_seed') is not None else c.get('dp_seed', 0)
+
+
+def rows_of(c):
+    """The training rows (file indices, in the split's order) and the held-out ones."""
+    n, ntr = c['rows'], c['train']
+    if c['kind'] == 'seq':  # windows: the tail is held out, never shuffled
+        return np.arange(ntr), np.arange(ntr, n)
+    tr, te = split_rows(n, c['tf'] if c.get('heldout') else 0, c.get('shuffle', False), data_seed(c))
+    assert len(tr) == ntr, (len(tr), ntr)
+    return tr, te
+
+
 def replay(c, sd0, X, Y, dtype):
     net = Net(c['spec'])
     net.load_state_dict(sd0, strict=True)
     net = net.to(dtype)
+    net.keyed.seed = c.get('dp_seed', 0)
+    tr_idx, te_idx = rows_of(c)
     if c['kind'] == 'seq':
         Xt = torch.tensor(X).long(); Yt = torch.tensor(Y).long()
     else:
-        Xt = torch.tensor(standardize(c, X), dtype=dtype)
+        Xt = torch.tensor(standardize(c, X, tr_idx), dtype=dtype)
         Yt = torch.tensor(Y, dtype=dtype) if c['loss'] == 'mse' else torch.tensor(Y).long()
     o = c['opt']; params = list(net.parameters())
     if o['name'] == 'adamw':
@@ -387,18 +591,22 @@ def replay(c, sd0, X, Y, dtype):
     calls_per_epoch = -(-ntr // B)
     T = c['T'] if c['kind'] == 'seq' else 1
     ep_loss, ep_lr, ep_norm, ep_held = [], [], [], []
-    norm = None
+    norm = None; nstep = 0  # optimizer steps so far: dropout's key (from import's step 0)
     for ep in range(c['epochs']):
         net.train()
         calls = []; lr_used = None
+        order = tr_idx[epoch_order(ntr, data_seed(c), ep)] if c.get('shuffle') else tr_idx
         for ci in range(calls_per_epoch):
             if ci % A == 0: opt.zero_grad()
             r0 = ci * B; rows = min(B, ntr - r0)
-            xb, yb = Xt[r0:r0 + rows], Yt[r0:r0 + rows]
+            sel = torch.tensor(order[r0:r0 + rows])
+            xb, yb = Xt[sel], Yt[sel]
             mbs = [(0, rows)] if (c.get('bn') == 'sync' or not bns) else cuts(c, rows)
             tot = 0.0
             for j, (lo, hi) in enumerate(mbs):
                 saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in bns]
+                # dropout keyed by the row of the accumulation's concatenation of calls
+                net.keyed.step = nstep; net.keyed.rows = (ci % A) * rows + np.arange(lo, hi)
                 with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(c.get('bf16')) and dtype == torch.float32):
                     out = net(xb[lo:hi])
                 out = out.float() if dtype == torch.float32 else out
@@ -416,15 +624,16 @@ def replay(c, sd0, X, Y, dtype):
                 if c['clip']:
                     norm = float(torch.nn.utils.clip_grad_norm_(params, c['clip']))
                 lr_used = opt.param_groups[0]['lr']
-                opt.step()
+                opt.step(); nstep += 1
                 if sch: sch.step()
         ep_loss.append(float(np.mean(calls))); ep_lr.append(lr_used); ep_norm.append(norm)
         if c.get('heldout'):
             net.eval()
             with torch.no_grad():
-                out = net(Xt[ntr:]).double()
-                if c['loss'] == 'mse': hl = float(((out - Yt[ntr:].double()) ** 2).mean())
-                else: hl = float(F.cross_entropy(out.reshape(-1, out.shape[-1]), Yt[ntr:].reshape(-1)))
+                te = torch.tensor(te_idx)
+                out = net(Xt[te]).double()
+                if c['loss'] == 'mse': hl = float(((out - Yt[te].double()) ** 2).mean())
+                else: hl = float(F.cross_entropy(out.reshape(-1, out.shape[-1]), Yt[te].reshape(-1)))
             ep_held.append(hl)
     net.eval()
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(c.get('bf16')) and dtype == torch.float32):
@@ -475,9 +684,10 @@ def check(c, d):
     lrerr = mrel('lr', l32['lr']); nerr = mrel('grad_norm', l64['norm']) if c['clip'] else 0.0
     herr = mrel('heldout_loss', l64['held']) if c.get('heldout') else 0.0
     hbase = max([abs(a - b) / abs(b) for a, b in zip(l32['held'], l64['held'])] or [0])
+    lbase = max([abs(a - b) / abs(b) for a, b in zip(l32['loss'], l64['loss']) if b] or [0])
     nbase = max([abs(a - b) / abs(b) for a, b in zip(l32['norm'], l64['norm']) if b] or [0])
     perr = rel(pred, p32); perr64 = rel(pred, p64); pbase = rel(p32, p64)
-    summary = dict(lr=lrerr, norm64=nerr, norm_base=nbase, held64=herr, held_base=hbase, params=tot, params64=tot64, params_base=base, loss=lerr, loss64=lerr64,
+    summary = dict(lr=lrerr, norm64=nerr, norm_base=nbase, held64=herr, held_base=hbase, params=tot, params64=tot64, params_base=base, loss=lerr, loss64=lerr64, loss_base=lbase,
                    pred=perr, pred64=perr64, pred_base=pbase,
                    worst_tensor=max(((v[1], k) for k, v in res.items() if isinstance(v, tuple) and isinstance(v[0], float)), default=None),
                    nbt=[(k, v) for k, v in res.items() if k.startswith('nbt:')],
@@ -486,14 +696,73 @@ def check(c, d):
     return summary
 
 
+def mask_check(d, cases=None):
+    """libdp's dropout mask read off directly, against dropout_keep and epoch_order: a
+    model `input N / dropout p / linear K nobias / loss mse` from W = 0, one SGD step
+    (lr 1) of K = A B rows whose targets are one-hot (file row q: e_q); then W[q, j] =
+    2 / (A B K) x[q, j] m[g, j] / (1 - p), g the row's global index in the step (its
+    place in the epoch's order), so W's zeros are the mask's. Bit-for-bit: the zeros
+    must agree everywhere, the values to 1e-6. Returns the number of failures."""
+    os.makedirs(d, exist_ok=True); bad = 0
+    cases = cases or [  # (N, p, B, A, devices, micro, seed, shuffle, data_seed, mode)
+        (7, 0.5, 6, 1, 1, 0, 0, False, None, 'classic'),
+        (5, 0.3, 8, 1, 2, 0, 1, False, None, 'allreduce'),
+        (9, 0.7, 5, 2, 2, 2, 12345, False, None, 'classic'),
+        (4, 0.1, 6, 4, 4, 1, 2 ** 64 - 1, True, None, 'allreduce'),
+        (6, 0.5, 7, 2, 3, 0, 99, True, 7, 'classic'),
+        (3, 0.9, 12, 1, 2, 5, 0xDEADBEEFCAFEF00D, True, 2 ** 63 + 5, 'allreduce'),
+    ]
+    for N, p, B, A, dev, mb, seed, shuf, ds, mode in cases:
+        K = A * B
+        spec = f"input {N}\ndropout {p}\nlinear {K} nobias\nloss mse\n"
+        with open(f"{d}/m.dpm", "w") as f: f.write(spec)
+        rng = np.random.default_rng(seed & 0xFFFF)
+        X = rng.uniform(1, 2, size=(K, N)).astype(np.float32); Y = np.eye(K, dtype=np.float32)
+        np.save(f"{d}/x.npy", X); np.save(f"{d}/y.npy", Y)
+        save_file({'1.weight': torch.zeros(K, N)}, f"{d}/init.safetensors")
+        opt = ['--optimizer', 'sgd', '--lr', '1', '--weight-decay', '0']
+        sh([DP, 'import', 'init.safetensors', '--model', 'm.dpm', '--out', 'init.ckpt', '--seed', str(seed)] + opt, d)
+        cmd = [DP, 'train', '--model', 'm.dpm', '--resume', 'init.ckpt', '--data', 'x.npy', '--labels', 'y.npy',
+               '--standardize', 'none', '--test-fraction', '0', '--batch', str(B), '--devices', str(dev), '--mode', mode,
+               '--seed', str(seed), '--epochs', '1', '--save', 'out.ckpt', '--quiet'] + opt
+        if not shuf: cmd += ['--no-shuffle']
+        if ds is not None: cmd += ['--data-seed', str(ds)]
+        if A > 1: cmd += ['--accumulate', str(A)]
+        if mb: cmd += ['--micro-batch', str(mb)]
+        sh(cmd, d); sh([DP, 'export', 'out.ckpt', '--safetensors', 'out.safetensors'], d)
+        W = load_file(f"{d}/out.safetensors")['1.weight'].numpy().astype(np.float64)
+        dseed = seed if ds is None else ds  # the split shuffles too (with no held-out rows)
+        order = split_rows(K, 0, True, dseed)[0][epoch_order(K, dseed, 0)] if shuf else np.arange(K)
+        g_of = np.empty(K, np.int64); g_of[order] = np.arange(K)  # file row q is global row g_of[q]
+        keep = dropout_keep(seed, 0, 0, g_of, N, p)  # the dropout is layer 0, step 0
+        want = 2.0 / (K * K) * X.astype(np.float64) * keep / (1.0 - float(np.float32(p)))
+        zeros_ok = np.array_equal(W == 0, ~keep)
+        e = rel(W, want)
+        ok = zeros_ok and e < 1e-6
+        bad += not ok
+        print(f"mask N{N} p{p} B{B} acc{A} dev{dev} mb{mb} {mode} seed {seed} shuffle {int(shuf)} data-seed {ds}: "
+              f"{'ok ' if ok else 'BAD'} zeros {'equal' if zeros_ok else 'DIFFER'} ({int((~keep).sum())} of {keep.size} dropped), values {e:.1e}", flush=True)
+    return bad
+
+
 def desc(c):
     o = c['opt']
     return (f"{c['kind']:4s} {c['loss'][:3]} dev{c['devices']} {c['mode'][:5]}{'+sh' if c['shard'] else ''} B{c['batch']} mb{c['micro']} acc{c['accumulate']} "
             f"st{c['steps']}x{c['epochs']} {o['name']}{'/nest' if o.get('nesterov') else ''}{'/damp' if 'dampening' in o else ''} "
-            f"sch={c['sched']} clip={c['clip']} bn={c.get('bn')} {c['split']} x{c['extra']} ho{int(c['heldout'])} rc{c['recompute']} std={c['standardize']}")
+            f"sch={c['sched']} clip={c['clip']} bn={c.get('bn')} {c['split']} x{c['extra']} ho{int(c['heldout'])} rc{c['recompute']} std={c['standardize']}"
+            f" drop={max_dropout(c['spec']):g} {'shuf' if c.get('shuffle') else 'file'}{'' if c.get('data_seed') is None else '/ds'} seed={c.get('dp_seed', 0)}"
+            + (f" resume@{c['resume_at']}" + (f"/dev{c['resume_devices']}" if c.get('resume_devices') else '') if c.get('resume_at') else ''))
+
+
+def max_dropout(spec):
+    """The largest dropout probability of a spec (layers and attention's), 0 if none."""
+    ps = [float(w[i + 1]) for w in (l.split() for l in spec.splitlines()) for i in range(len(w) - 1) if w[i] == 'dropout']
+    return max(ps, default=0.0)
 
 
 if __name__ == '__main__':
+    if sys.argv[1] == '--mask-check':
+        sys.exit(1 if mask_check(f"{ROOT}/mask") else 0)
     if sys.argv[1] == '--case':
         d = sys.argv[2]; c = json.load(open(f"{d}/case.json"))
         print(json.dumps(check(c, d), indent=1)); sys.exit()
@@ -504,5 +773,5 @@ if __name__ == '__main__':
             s = check(c, d)
         except Exception as e:
             print(f"seed {seed}: ERROR {desc(c)}\n   {str(e)[:600]}", flush=True); continue
-        flag = 'BAD' if (s['params64'] > 1e-4 and s['params64'] > 20 * s['params_base']) or s['loss64'] > 1e-4 or (s['pred64'] > 1e-4 and s['pred64'] > 20 * s['pred_base']) or s['nbt'] or s['lr'] > 1e-6 or (s['norm64'] > 1e-5 and s['norm64'] > 20 * s['norm_base']) or (s['held64'] > 1e-5 and s['held64'] > 20 * s['held_base']) else 'ok '
+        flag = 'BAD' if (s['params64'] > 1e-4 and s['params64'] > 20 * s['params_base']) or (s['loss64'] > 1e-4 and s['loss64'] > 20 * s.get('loss_base', 0)) or (s['pred64'] > 1e-4 and s['pred64'] > 20 * s['pred_base']) or s['nbt'] or s['lr'] > 1e-6 or (s['norm64'] > 1e-5 and s['norm64'] > 20 * s['norm_base']) or (s['held64'] > 1e-5 and s['held64'] > 20 * s['held_base']) else 'ok '
         print(f"seed {seed}: {flag} P {s['params']:.1e}/{s['params64']:.1e} (t32-64 {s['params_base']:.1e}) L {s['loss']:.1e} lr {s['lr']:.0e} n {s['norm64']:.0e} h {s['held64']:.0e} pred {s['pred']:.1e}/{s['pred64']:.1e} | {desc(c)}", flush=True)
