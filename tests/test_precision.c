@@ -308,64 +308,6 @@ START_TEST(activation_bytes_at_most_055_of_fp32) {
 }
 END_TEST
 
-/* The step's bf16 copy of the linear layers' weights (lib/cpu/mixed.c,
- * weights_read) gives the bits of the weights rounded as they are read, on
- * every tier: MLP, CNN and GPT, 1 and 2 devices, one micro-batch per device and
- * several (the forward's packed weights then read the copy), with recompute
- * (the recompute's forward reads it too); and the copy is read. */
-START_TEST(weight_copy_gives_the_bits_of_the_masters_rounded) {
-  static const char *const tiers[] = {"auto", "avx512", "avx2", "scalar"};
-  const model_case *mc = &MODELS[_i];
-  int ran = 0;
-  for (int t = 0; t < 4; t++) {
-    if (dp__gemm_force_tier(tiers[t]) != 0) continue; /* not on this CPU */
-    ran++;
-    for (int v = 0; v < 6; v++) {
-      int devs = 1 + v % 2, mb = v / 2 == 0 ? 8 / devs : 2;
-      dp_config c = bf16_cfg(8, devs, mb);
-      c.batchnorm = mc->bn;
-      c.recompute = v / 2 == 2 ? 2 : 0;
-      dp__mixed_no_weight_copy(true);
-      uint64_t want = train_hash(mc->spec, c, mc->cols, mc->tokens);
-      dp__mixed_no_weight_copy(false);
-      unsigned long reads = dp__mixed_copy_reads();
-      uint64_t got = train_hash(mc->spec, c, mc->cols, mc->tokens);
-      ck_assert_msg(dp__mixed_copy_reads() > reads, "%s: no GEMM read the weight copy",
-                    mc->name);
-      ck_assert_msg(got == want,
-                    "%s, tier %s, %d devices, micro-batch %d, recompute %d: %016llx, "
-                    "from the masters %016llx",
-                    mc->name, tiers[t], devs, mb, c.recompute, (unsigned long long)got,
-                    (unsigned long long)want);
-    }
-  }
-  dp__gemm_force_tier("auto");
-  ck_assert_int_ge(ran, 1);
-}
-END_TEST
-
-/* The planner counts the copy: a bf16 training plan's workspace holds 2 bytes
- * per linear weight more than an inference plan's of the same model, which
- * has no copy. */
-START_TEST(weight_copy_is_planned_in_training_only) {
-  const char *spec = "input 300\nlinear 200\nrelu\nlinear 100\nrelu\nlinear 10\n"
-                     "loss softmax_cross_entropy\n";
-  size_t ws[2];
-  for (int inf = 0; inf < 2; inf++) {
-    dp_config c = bf16_cfg(16, 2, 8);
-    c.inference = inf;
-    dp_model *m = model_of(spec);
-    dp_plan *pl = plan_of(m, &c);
-    ws[inf] = dp_plan_region(pl, 1, DP_REGION_WORKSPACE).size;
-    dp_plan_free(pl);
-    dp_model_free(m);
-  }
-  size_t copies = 2 * ((size_t)300 * 200 + (size_t)200 * 100 + (size_t)100 * 10);
-  ck_assert_msg(ws[0] >= ws[1] + copies, "training %zu B, inference %zu B, copies %zu B",
-                ws[0], ws[1], copies);
-}
-END_TEST
-
 /* Unknown precisions: refused by name (the cuda backend's refusals:
  * tests/test_cuda.c, bf16_refuses_nccl); batchnorm is planned. */
 START_TEST(refusals_name_the_options) {
@@ -656,8 +598,6 @@ Suite *precision_suite(void) {
   tcase_add_loop_test(tc, batchnorm_statistics_over_the_bf16_values, 0, 2);
   tcase_add_test(tc, loss_close_to_fp32);
   tcase_add_test(tc, activation_bytes_at_most_055_of_fp32);
-  tcase_add_loop_test(tc, weight_copy_gives_the_bits_of_the_masters_rounded, 0, 3);
-  tcase_add_test(tc, weight_copy_is_planned_in_training_only);
   tcase_add_test(tc, refusals_name_the_options);
   tcase_add_test(tc, bench_gemm_bf16_times_and_refuses);
   tcase_add_loop_test(tc, own_loops_give_the_shadowed_ops_bits, 0,

@@ -146,13 +146,6 @@ void dp__mixed_force_shadow(bool on);
 /* How many layer ops have run on the bf16 tensors themselves since the first
  * call (which starts the count). */
 unsigned long dp__mixed_own_runs(void);
-/* on: a bf16 training step's linear layers read their fp32 weights, rounded as
- * they are read, instead of the step's bf16 copy of them (mixed.c,
- * weights_read; a test compares the two's bits). Set while no step runs. */
-void dp__mixed_no_weight_copy(bool on);
-/* How many GEMMs have read a weight copy since the first call (which starts
- * the count). */
-unsigned long dp__mixed_copy_reads(void);
 
 #ifdef __cplusplus
 }

@@ -20,8 +20,7 @@
  *
  * WORKSPACE of a bf16 plan (ws_layout): the GEMMs' packing and the fp32 ops'
  * own workspace from offset 0; the forward's packed bf16 weights (several
- * micro-batches); the shadow area, one layer op's fp32 copies; in training,
- * the linear layers' weights rounded to bf16 (weights_read). */
+ * micro-batches); the shadow area, one layer op's fp32 copies. */
 #include "cpu/bf16.h"
 #include "cpu/gelu.h"
 #include "cpu/gemm.h"
@@ -34,10 +33,8 @@
 typedef struct {
   size_t gemm;      /* [0, gemm): packing buffers, conv's and attention's workspace */
   size_t packed_at; /* the forward's packed weights, packed bytes */
-  size_t shadow_at; /* the shadow area to total */
-  size_t total;     /* what every op needs */
-  size_t w16_at;    /* training: the weights' bf16 copies to w16_end (== total: none) */
-  size_t w16_end;
+  size_t shadow_at; /* the shadow area to the end (total) */
+  size_t total;
 } ws_layout;
 
 static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
@@ -104,16 +101,6 @@ static size_t shadow_bytes(const dp_model *m, int i, int mb_rows, bool training)
   return (training ? 2 * in + 3 * out : in + 2 * out) + w;
 }
 
-/* Bytes of the weights' bf16 copies of the linear layers before layer i. */
-static size_t w16_offset(const dp_model *m, int i) {
-  size_t off = 0;
-  for (int j = 0; j < i; j++)
-    if (m->layers[j].kind == DP_LAYER_LINEAR)
-      off +=
-          up64((size_t)dp__pos_out(&m->layers[j]) * (size_t)dp__pos_in(&m->layers[j]) * 2);
-  return off;
-}
-
 static ws_layout layout_of(const dp_model *m, int mb_rows, int n_mb, bool training) {
   size_t gemm = dp__model_workspace_bytes(m, mb_rows, training), packed = 0, sh = 0;
   for (int i = 0; i < m->n_layers; i++) {
@@ -127,16 +114,11 @@ static ws_layout layout_of(const dp_model *m, int mb_rows, int n_mb, bool traini
   ws_layout L = {.gemm = gemm, .packed_at = up64(gemm)};
   L.shadow_at = up64(L.packed_at + (n_mb > 1 ? packed : 0));
   L.total = L.shadow_at + sh;
-  L.w16_at = L.w16_end = L.total;
-  if (training) {
-    L.w16_at = up64(L.total);
-    L.w16_end = L.w16_at + w16_offset(m, m->n_layers);
-  }
   return L;
 }
 
 size_t dp__mixed_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training) {
-  return layout_of(m, mb_rows, n_mb, training).w16_end;
+  return layout_of(m, mb_rows, n_mb, training).total;
 }
 
 /* The layout this op's device was planned with; NULL-safe check that the region
@@ -322,55 +304,18 @@ static void *gemm_ws(const lctx *c, const ws_layout *L, int M, int N, int K) {
   return dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE);
 }
 
-/* A linear layer's weights (out, in) as its GEMMs read them. In a training
- * call, the layer's first forward op (micro-batch 0; any layout of the
- * forward runs it before the layer's other ops on the device) rounds them to
- * bf16 once, into the layer's slot of the copies, and every later op of the
- * call reads the copy: the packers then read half the bytes and round
- * nothing, and the forward's and the backward's products share one rounding
- * (docs/PERFORMANCE.md, session 25). The same bits: a weight
- * read as fp32 is rounded to the same bf16. Elsewhere (a forward of its own,
- * a region without room for the copies: an emulated GPU's), the fp32 masters,
- * rounded as they are read. */
-static _Atomic bool no_copy, counting_copies;
-static _Atomic unsigned long copy_reads; /* counted only for a test */
-void dp__mixed_no_weight_copy(bool on) { no_copy = on; }
-unsigned long dp__mixed_copy_reads(void) {
-  counting_copies = true;
-  return copy_reads;
-}
-
-static const void *weights_read(const lctx *c, const ws_layout *L, const float *w,
-                                dp_bf16_store *store) {
-  const dp_plan *p = c->p;
-  *store = DP_BF16_STORE_F32;
-  if (!c->e->training || L->w16_end == L->total || atomic_load(&no_copy) ||
-      p->regions[c->d][DP_REGION_WORKSPACE].size < L->w16_end)
-    return w;
-  dp_bf16 *copy =
-      (dp_bf16 *)(void *)((unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) +
-                          L->w16_at + w16_offset(&p->model, c->i));
-  if (c->op->phase == DP_PHASE_FORWARD && c->mb == 0)
-    dp__bf16_from_f32_n(w, copy, (size_t)dp__pos_out(c->l) * (size_t)dp__pos_in(c->l));
-  if (atomic_load_explicit(&counting_copies, memory_order_relaxed))
-    atomic_fetch_add_explicit(&copy_reads, 1, memory_order_relaxed);
-  *store = DP_BF16_STORE_BF16;
-  return copy;
-}
-
 /* W^T packed once per step for all of the device's micro-batches (the forward
  * runs layer by layer: one buffer serves every layer; micro-batch 0 packs it),
- * from the weights as weights_read gives them; NULL with one micro-batch, or
- * when the forward goes micro-batch by micro-batch (a segment, a recompute). */
-static const void *packed_wt(const lctx *c, const ws_layout *L, const void *w,
-                             dp_bf16_store w_store) {
+ * rounded to bf16 from the fp32 masters; NULL with one micro-batch, or when
+ * the forward goes micro-batch by micro-batch (a segment, a recompute). */
+static const void *packed_wt(const lctx *c, const ws_layout *L, const float *w) {
   const dp_plan *p = c->p;
   int in = dp__pos_in(c->l), out = dp__pos_out(c->l);
   if (p->split.dev_mb0[c->d + 1] - p->split.dev_mb0[c->d] < 2) return NULL;
   if (!dp__forward_layer_major(p, c->op)) return NULL;
   void *dst =
       (unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) + L->packed_at;
-  if (c->mb == 0) dp__gemm_bf16_pack_b(1, in, out, w, in, w_store, dst);
+  if (c->mb == 0) dp__gemm_bf16_pack_b(1, in, out, w, in, DP_BF16_STORE_F32, dst);
   return dst;
 }
 
@@ -396,16 +341,14 @@ static dp_status linear_forward(const lctx *c) {
     ys = r.o.out;
     ep.act = DP_GEMM_ACT_RELU;
   }
-  dp_bf16_store wst;
-  const void *wq = weights_read(c, &L, w, &wst);
-  const void *x = ptr(c, c->o.in), *pk = packed_wt(c, &L, wq, wst);
+  const void *x = ptr(c, c->o.in), *pk = packed_wt(c, &L, w);
   void *ws = gemm_ws(c, &L, n, out, in);
   if (pk)
     dp__gemm_bf16_pb(0, 1, n, out, in, x, in, operand_store(c->o.in), pk, ptr(c, ys), out,
                      result_store(ys), &ep, ws);
   else
-    dp__gemm_bf16(0, 1, n, out, in, x, in, operand_store(c->o.in), wq, in, wst, ptr(c, ys),
-                  out, result_store(ys), &ep, ws);
+    dp__gemm_bf16(0, 1, n, out, in, x, in, operand_store(c->o.in), w, in, DP_BF16_STORE_F32,
+                  ptr(c, ys), out, result_store(ys), &ep, ws);
   return DP_OK;
 }
 
@@ -456,10 +399,8 @@ static dp_status linear_backward(const lctx *c, float *grads) {
   dp_span dxs = dc.o.din;
   if (dxs.region < 0) return DP_OK;
   /* dx (n, in) = dy (n, out) · w (out, in) */
-  dp_bf16_store wst;
-  const void *wq = weights_read(c, &L, w, &wst);
-  dp__gemm_bf16(0, 0, n, in, out, dy, out, DP_BF16_STORE_BF16, wq, in, wst, ptr(c, dxs), in,
-                result_store(dxs), NULL, gemm_ws(c, &L, n, in, out));
+  dp__gemm_bf16(0, 0, n, in, out, dy, out, DP_BF16_STORE_BF16, w, in, DP_BF16_STORE_F32,
+                ptr(c, dxs), in, result_store(dxs), NULL, gemm_ws(c, &L, n, in, out));
   if (!masked) return DP_OK;
   if (c->o.in.esz != 2 || dxs.esz != 2) /* a relu's output and input gradient are bf16 */
     return DP_FAIL(DP_ERR_BACKEND, "layer %d: a fused relu's tensors are not bf16", c->i);
