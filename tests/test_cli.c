@@ -2006,6 +2006,17 @@ START_TEST(plan_ranks_json) {
                     !strstr(r.out, "\"rank\": 1"),
                 "%s", r.out);
   cmd_result_free(&r);
+  /* the config carries every setting of the run (nesterov and clipping were
+   * missing: an outside check) */
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "2", "--json",
+          "--momentum", "0.9", "--nesterov", "--clip-grad-norm", "0.5", "--recompute", "2");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.out, "\"dampening\": 0, \"nesterov\": true, \"clip_grad_norm\": "
+                              "0.5, \"accumulate\": 0, \"recompute\": 2, \"precision\": "
+                              "\"fp32\", \"reduce_precision\": \"fp32\", \"batchnorm\": "
+                              "\"per_replica\"},"),
+                "%s", r.out);
+  cmd_result_free(&r);
   unlink(model);
 }
 END_TEST

@@ -865,6 +865,21 @@ START_TEST(binary_hostile_files_are_refused) {
   file_put(bad, buf, 30);
   REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 8: a header of %zu bytes; the file has 30", bad,
           x0 - 10);
+  /* a version 2.0 header longer than dp reads, in a file that holds it: the cap
+   * is named, not a cut file (an outside check) */
+  {
+    size_t big = 70000, tot = 12 + big + 48;
+    unsigned char *v2 = calloc(tot, 1);
+    ck_assert_ptr_nonnull(v2);
+    memcpy(v2, "\x93NUMPY\x02\x00", 8);
+    v2[8] = (unsigned char)big, v2[9] = (unsigned char)(big >> 8);
+    v2[10] = (unsigned char)(big >> 16), v2[11] = 0;
+    file_put(bad, v2, tot);
+    free(v2);
+    REFUSED(bad, y, DP_ERR_PARSE,
+            "%s: byte 8: a header of 70000 bytes; dp reads .npy headers of up to 65535",
+            bad);
+  }
   memcpy(buf, "\x93NUMPX", 6);
   file_put(bad, buf, n);
   REFUSED(bad, y, DP_ERR_PARSE, "%s: byte 0: not a .npy file", bad);

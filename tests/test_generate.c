@@ -134,6 +134,16 @@ START_TEST(greedy_is_the_argmax_of_the_sliding_window) {
     ck_assert_msg(strstr(e.err, "--prompt-ids: an empty entry"), "%s: %s", empty[i], e.err);
     cmd_result_free(&e);
   }
+  /* an id is digits: a sign is refused, not read by strtol (an outside check) */
+  static const char *const signed_ids[][2] = {{"+5,3", "'+5' (entry 1)"},
+                                              {"3,-0", "'-0' (entry 2)"}};
+  for (int i = 0; i < 2; i++) {
+    cmd_result e = GEN("--checkpoint", ck, "--prompt-ids", (char *)signed_ids[i][0],
+                       "--tokens", "2", "--greedy");
+    ck_assert_int_eq(e.rc, 1);
+    ck_assert_msg(strstr(e.err, signed_ids[i][1]), "%s: %s", signed_ids[i][0], e.err);
+    cmd_result_free(&e);
+  }
   dp_ctx_free(c);
   dp_plan_free(p);
   dp_model_free(m);

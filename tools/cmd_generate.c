@@ -215,7 +215,9 @@ static int prompt_ids(const generate_run *t, int *ids, int cap) {
       }
       entry = true;
       char *end;
-      long v = strtol(s, &end, 10);
+      /* digits alone: strtol's sign and leading blanks are not an id's (an
+       * outside check: "+5,-0" was taken) */
+      long v = *s >= '0' && *s <= '9' ? strtol(s, &end, 10) : (end = (char *)s, -1);
       if (end == s || (*end && *end != ',' && *end != ' ') || v < 0 || v >= t->V) {
         /* a separator other than a comma or a space (a tab) is named as such (an
          * outside check, session 24); control bytes escaped by dpt_fail */

@@ -669,7 +669,7 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
   const dp_config *c = dp_plan_config(p);
   int nd = dp_plan_n_devices(p);
   FILE *f = stdout;
-  char fl[6][32];
+  char fl[8][32];
 
   size_t n = dp_model_format(m, NULL, 0);
   char *spec = malloc(n + 1);
@@ -720,6 +720,16 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
       dpt_backend_option_on(bo, "tf32") ? "true" : "false", transport,
       dpt_backend_option_on(bo, "fast_collectives") ? "true" : "false");
   dpt_json_string(f, bo);
+  /* the rest of the run's settings (an outside check: a reader could not tell
+   * nesterov or clipping from the JSON) */
+  fprintf(f,
+          ", \"dampening\": %s, \"nesterov\": %s, \"clip_grad_norm\": %s, "
+          "\"accumulate\": %d, \"recompute\": %d, \"precision\": \"%s\", "
+          "\"reduce_precision\": \"%s\", \"batchnorm\": \"%s\"",
+          float_text(c->dampening, fl[6], sizeof fl[6]), c->nesterov ? "true" : "false",
+          float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate, c->recompute,
+          dp_precision_name(c->precision), dp_precision_name(c->reduce_precision),
+          dp_bn_mode_name(c->batchnorm));
   fputs("},\n", f);
 
   if (o->budget_set)

@@ -316,7 +316,13 @@ dp_status dpt_npy_parse(const char *path, const unsigned char *b, size_t n, dpt_
         DP_ERR_PARSE, err, errcap,
         "%s: byte 6: .npy format version %d.%d is not supported (1 to 3)", path, b[6],
         b[7]);
-  if (h0 + hl > n || hl > 65535)
+  if (hl > 65535) /* an outside check: this cap, not a cut file, refused it */
+    return dpt_fail_status(DP_ERR_PARSE, err, errcap,
+                           "%s: byte 8: a header of %zu bytes; dp reads .npy headers of up "
+                           "to 65535 (numpy writes a few hundred: save it again with "
+                           "numpy.save)",
+                           path, hl);
+  if (h0 + hl > n)
     return dpt_fail_status(
         DP_ERR_PARSE, err, errcap,
         "%s: byte 8: a header of %zu bytes; the file has %zu (truncated?)", path, hl, n);

@@ -69,7 +69,10 @@ static void usage(FILE *f) {
         "--momentum, --weight-decay, --seed, --graph, --tf32, --transport, ...) with\n"
         "the same meaning.\n"
         "\n"
-        "Exit status: 0 ok, 1 failure (model, planning, run-time, I/O), 2 usage error.\n"
+        "Exit status: 0 ok, 1 failure (model, planning, run-time, I/O), 2 usage error;\n"
+        "dp predict: 3 when some predictions written are not finite; dp train: 130\n"
+        "after SIGINT, 143 after SIGTERM (saved where --save says, the command that\n"
+        "goes on printed).\n"
         "\n"
         "Example:\n"
         "  dp plan --model examples/seed.dpm --batch 30 --devices 2\n",
