@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/ctx.h"
 #include "helpers.h"
@@ -364,6 +365,39 @@ START_TEST(static_arenas_are_guarded) {
 }
 END_TEST
 
+/* The documented way back from a hit guard: a successful dp_ckpt_load makes
+ * the context usable again, its guards refilled (else the next step fails on
+ * the same damaged guard). */
+START_TEST(a_checkpoint_load_recovers_from_a_hit_guard) {
+  dp_model *m = model_of(MLP);
+  dp_config c = guarded(24, 2, 1);
+  dp_plan *p = plan_of(m, &c);
+  dp_ctx *ctx = ctx_of(p), *ref = ctx_of(p);
+  batch bt;
+  batch_fill(&bt, 5, dp_model_output_width(m));
+  ck_assert_int_eq(step(ctx, m, &bt, 24, NULL), DP_OK);
+  ck_assert_int_eq(step(ref, m, &bt, 24, NULL), DP_OK);
+  char path[64];
+  snprintf(path, sizeof path, "/tmp/dp_guard_recover_%d.ckpt", (int)getpid());
+  ck_assert_int_eq(dp_ckpt_save(ctx, path), DP_OK);
+  dp_region_info pr = dp_plan_region(p, 1, DP_REGION_PARAMS);
+  ctx->arena[1][pr.offset + pr.size + 1] ^= 0x5a;
+  ck_assert_int_eq(step(ctx, m, &bt, 24, NULL), DP_ERR_CORRUPT);
+  ck_assert_int_eq(dp_ckpt_load(ctx, path), DP_OK);
+  ck_assert_int_eq(dp_ctx_check_guards(ctx), DP_OK);
+  float la, lb;
+  ck_assert_msg(step(ctx, m, &bt, 24, &la) == DP_OK, "%s", dp_ctx_error(ctx));
+  ck_assert_int_eq(step(ref, m, &bt, 24, &lb), DP_OK);
+  ck_assert(memcmp(&la, &lb, sizeof la) == 0);
+  ck_assert(dp_params_hash(ctx) == dp_params_hash(ref));
+  remove(path);
+  dp_ctx_free(ctx);
+  dp_ctx_free(ref);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 Suite *guards_suite(void) {
   Suite *s = suite_create("guards");
   TCase *tc = tcase_create("layout");
@@ -380,6 +414,7 @@ Suite *guards_suite(void) {
   tcase_add_test(tc, several_damaged_guards_are_counted);
   tcase_add_test(tc, without_guards_there_is_nothing_to_check);
   tcase_add_test(tc, static_arenas_are_guarded);
+  tcase_add_test(tc, a_checkpoint_load_recovers_from_a_hit_guard);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -535,6 +535,21 @@ static dp_status check_guards(dp_ctx *c) {
                  bad_dev, what, bad_lo, bad.n, (bad_hi - bad_lo) / 4, bad.first * 4, more));
 }
 
+dp_status dp__ctx_rearm_guards(dp_ctx *c) {
+  const dp_plan *p = c->plan;
+  if (!p->cfg.guards) return DP_OK;
+  for (int d = c->dev0; d < c->dev1; d++)
+    for (int g = -1; g < DP_REGION_COUNT; g++) { /* the spans check_guards scans */
+      size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
+      size_t hi = g + 1 < DP_REGION_COUNT ? p->regions[d][g + 1].offset : p->dev_bytes[d];
+      size_t k0 = (lo + 3) / 4, k1 = hi / 4;
+      if (k1 <= k0) continue;
+      dp_status s = c->be->fill_u32(p, d, c->arena[d] + k0 * 4, DP_CANARY, k1 - k0);
+      if (s) return s;
+    }
+  return DP_OK;
+}
+
 dp_status dp_ctx_check_guards(dp_ctx *c) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
   if (!c->plan->cfg.guards)

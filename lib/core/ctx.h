@@ -74,6 +74,10 @@ dp_status dp__ctx_write(dp_ctx *c, int d, dp_region r, size_t off, const void *s
                         size_t bytes);
 /* Marks the context unusable (a failed update, a damaged guard); returns s. */
 dp_status dp__ctx_poison(dp_ctx *c, dp_status s);
+/* config.guards: fills every guard with the canary again, so that a context
+ * whose kept state was just rewritten whole (dp_ckpt_load) checks clean; DP_OK
+ * without guards. */
+dp_status dp__ctx_rearm_guards(dp_ctx *c);
 
 /* A multi-process context (lib/mpi/): ranks > 1, its world ops and state
  * (taken over: freed on failure too); arenas NULL to allocate them, else the

@@ -792,7 +792,15 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
           c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path, dp_last_error())));
     if (!c->plan->cfg.inference) c->lr = v.lr;
   }
-  /* Every piece of kept state was just rewritten: a poisoned context is whole again. */
+  /* Every piece of kept state was just rewritten: a poisoned context is whole
+   * again, its guards too (a damaged guard would fail the next call again). */
+  if (c->poison) {
+    s = dp__ctx_rearm_guards(c);
+    if (s)
+      return dp__ctx_fail(
+          c, DP_FAIL(s, "checkpoint '%s': refilling the arena guards failed: %s", path,
+                     dp_last_error()));
+  }
   c->poison = DP_OK;
   c->poison_msg[0] = '\0';
   return DP_OK;
