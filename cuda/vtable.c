@@ -11,9 +11,10 @@
  * attention's scratch (training), for the
  * largest micro-batch (dp__cuda_model_workspace_bytes), which forward and
  * backward share. */
-static size_t cuda_workspace_bytes(const dp_model *m, const dp_config *c, int mb_rows,
-                                   int n_mb) {
-  (void)n_mb;
+static size_t cuda_workspace_bytes(const dp_plan *p, int d) {
+  const dp_model *m = &p->model;
+  const dp_config *c = &p->cfg;
+  int mb_rows = p->act[d].mb_rows;
   if (c->precision == DP_PRECISION_BF16)
     return dp__cuda_mixed_workspace_bytes(m, mb_rows, !c->inference);
   return dp__cuda_model_workspace_bytes(m, mb_rows, !c->inference);

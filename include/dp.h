@@ -841,9 +841,9 @@ dp_status dp_file_append(const char *path, const char *what, int truncate, FILE 
 dp_status dp_file_check(const char *path, const char *what, int in_place);
 /* Highest arena byte any op has touched, per device: after a step, the end of
  * the device's last non-empty region, which is the plan's total
- * (dp_plan_device_bytes) less the final alignment padding; in bf16 and
- * recompute plans it may end inside the workspace, part of which (sized for
- * the largest packing any op could need) goes untouched (docs/API.md). */
+ * (dp_plan_device_bytes) less the final alignment padding; in bf16 plans it
+ * may end inside the workspace, whose shadow area (sized for the widest
+ * shadowed op's fp32 copies) can go partly untouched (docs/API.md). */
 size_t dp_ctx_high_water(const dp_ctx *c, int dev);
 /* FNV-1a 64 of the parameter bytes. */
 uint64_t dp_params_hash(dp_ctx *c);

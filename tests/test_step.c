@@ -822,30 +822,40 @@ START_TEST(test_high_water_equals_plan) {
 }
 END_TEST
 
-/* The documented exception (API.md, dp_ctx_high_water): with recompute the
- * workspace's packed-weights room goes untouched, so the high water ends
- * inside the workspace, short of the plan's end, and never past it. */
-START_TEST(test_high_water_recompute_ends_inside_workspace) {
-  dp_config cfg = CFG(.batch = 32, .n_devices = 2, .opt = DP_OPT_ADAMW, .seed = 7);
-  cfg.micro_batch = 4;
-  cfg.recompute = 2;
-  rig r;
-  rig_open(&r,
-           "input 12\nlinear 32\nrelu\nlayernorm\ndropout 0.1\nlinear 16\ngelu\n"
-           "linear 5\nloss softmax_cross_entropy\n",
-           &cfg);
-  batch b;
-  batch_make(&b, r.m, 32, 5);
-  step_ok(&r, &b, 32, NULL);
-  for (int d = 0; d < dp_plan_n_devices(r.p); d++) {
-    dp_region_info w = dp_plan_region(r.p, d, DP_REGION_WORKSPACE);
-    size_t hw = dp_ctx_high_water(r.c, d);
-    ck_assert_uint_eq(plan_end(r.p, d), w.offset + w.size);
-    ck_assert_msg(hw > w.offset && hw < w.offset + w.size,
-                  "device %d: high water %zu, workspace %zu+%zu", d, hw, w.offset, w.size);
+/* Recompute's segments of several layers do not pack their weights once for
+ * all micro-batches, and the workspace has no room for it then: the high
+ * water is the plan's end (an outside check found 2 KiB of the 4 KiB
+ * workspace never touched). bf16 (the documented exception: the shadow area is
+ * sized for the widest shadowed op's copies) stays inside the plan. */
+START_TEST(test_high_water_recompute_equals_plan) {
+  for (int v = 0; v < 6; v++) {
+    dp_config cfg = CFG(.batch = 32, .n_devices = 2, .opt = DP_OPT_ADAMW, .seed = 7);
+    cfg.micro_batch = 4;
+    cfg.recompute = 1 + v % 3;
+    cfg.precision = v < 3 ? DP_PRECISION_FP32 : DP_PRECISION_BF16;
+    rig r;
+    rig_open(&r,
+             "input 12\nlinear 32\nrelu\nlayernorm\ndropout 0.1\nlinear 16\ngelu\n"
+             "linear 5\nloss softmax_cross_entropy\n",
+             &cfg);
+    batch b;
+    batch_make(&b, r.m, 32, 5);
+    step_ok(&r, &b, 32, NULL);
+    for (int d = 0; d < dp_plan_n_devices(r.p); d++) {
+      dp_region_info w = dp_plan_region(r.p, d, DP_REGION_WORKSPACE);
+      size_t hw = dp_ctx_high_water(r.c, d), end = plan_end(r.p, d);
+      ck_assert_uint_eq(end, w.offset + w.size);
+      if (v < 3)
+        ck_assert_msg(hw == end, "recompute %d, device %d: high water %zu, plan %zu",
+                      cfg.recompute, d, hw, end);
+      else
+        ck_assert_msg(hw > w.offset && hw <= end,
+                      "bf16, recompute %d, device %d: high water %zu, workspace %zu+%zu",
+                      cfg.recompute, d, hw, w.offset, w.size);
+    }
+    batch_free(&b);
+    rig_close(&r);
   }
-  batch_free(&b);
-  rig_close(&r);
 }
 END_TEST
 
@@ -1467,7 +1477,7 @@ Suite *step_suite(void) {
   tc = tcase_create("high_water");
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_high_water_equals_plan, 0, 4);
-  tcase_add_test(tc, test_high_water_recompute_ends_inside_workspace);
+  tcase_add_test(tc, test_high_water_recompute_equals_plan);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("static_ctx");

@@ -79,11 +79,13 @@ typedef struct dp_backend_ops {
   const dp_backend_option *options;
   unsigned (*features)(const dp_config *c, const int *opt);
   /* ---- capabilities, plain data for the planner (no backend header needed) ----
-   * Alignment of every region and arena; the WORKSPACE bytes a device needs
-   * for the model at its largest micro-batch, with n_mb micro-batches; whether the caller's
+   * Alignment of every region and arena; the WORKSPACE bytes device d of plan p
+   * needs (exactly what its ops touch: dp_ctx_high_water); whether the caller's
    * inputs, targets and outputs pass through a pinned host staging arena (laid out by the
-   * planner: dp_plan.host_x / host_t / host_y). workspace_bytes: training is
-   * !c->inference; c->precision may change what a layer needs. */
+   * planner: dp_plan.host_x / host_t / host_y). workspace_bytes sees p's model,
+   * config (training is !cfg.inference; precision may change what a layer needs),
+   * segments (seg_lo, seg_hi: config.recompute) and device d's micro-batches
+   * (split.dev_mb0, act[d].mb_rows: its largest). */
   size_t align;
   /* Where a device holds several micro-batches, each one's rows of a row tensor
    * (inputs, activations, outputs, their gradients) start at a multiple of this,
@@ -91,7 +93,7 @@ typedef struct dp_backend_ops {
    * before it on its device (a GPU GEMM picks its kernel by alignment, and so its
    * bits). 0: packed (the cpu's kernels give the same bits at any alignment). */
   size_t slice_align;
-  size_t (*workspace_bytes)(const dp_model *m, const dp_config *c, int mb_rows, int n_mb);
+  size_t (*workspace_bytes)(const dp_plan *p, int d);
   bool host_staging;
   /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */
   bool grad_clip;

@@ -802,8 +802,7 @@ static dp_status plan_device(dp_plan *p, int d) {
     else if (!classic)
       sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
-  sz[DP_REGION_WORKSPACE] =
-      dp__backend_ops(c->backend)->workspace_bytes(m, c, a->mb_rows, mb1 - mb0);
+  sz[DP_REGION_WORKSPACE] = dp__backend_ops(c->backend)->workspace_bytes(p, d);
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
   /* Guards (config.guards): one alignment unit before the first region and

@@ -151,6 +151,19 @@ static inline bool dp__forward_layer_major(const dp_plan *p, const dp_op *op) {
   return op->phase == DP_PHASE_FORWARD && op->layer >= 0 &&
          p->seg_lo[op->layer] == p->seg_hi[op->layer];
 }
+/* The largest of f(layer) over the linear layers whose forward runs layer by
+ * layer (a segment of one layer: dp__forward_layer_major), 0 if none: what a
+ * backend packs once for all of a device's micro-batches is sized by it. */
+static inline size_t dp__layer_major_linear_max(const dp_plan *p,
+                                                size_t (*f)(const dp_layer *l)) {
+  size_t w = 0;
+  for (int i = 0; i < p->model.n_layers; i++)
+    if (p->model.layers[i].kind == DP_LAYER_LINEAR && p->seg_lo[i] == p->seg_hi[i]) {
+      size_t b = f(&p->model.layers[i]);
+      w = b > w ? b : w;
+    }
+  return w;
+}
 
 /* Builds the schedule of one step into ops (capacity cap; ops may be NULL to
  * count). mbs: the plan's micro-batches, truncated to the step's rows (a

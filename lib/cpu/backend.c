@@ -1115,15 +1115,22 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
 
 /* ---- memory: host memory, reached directly ---------------------------------------- */
 
+static size_t packed_wt_bytes(const dp_layer *l) {
+  return dp__gemm_packed_b_bytes(dp__pos_in(l), dp__pos_out(l));
+}
+
 /* The packed GEMMs' buffers (gemm.h); with several micro-batches, then the
- * forward's packed weights (packed_wt). */
-static size_t cpu_workspace_bytes(const dp_model *m, const dp_config *c, int mb_rows,
-                                  int n_mb) {
-  bool training = !c->inference;
-  if (c->precision == DP_PRECISION_BF16)
-    return dp__mixed_workspace_bytes(m, mb_rows, n_mb, training);
-  size_t w = dp__model_workspace_bytes(m, mb_rows, training);
-  return n_mb > 1 ? packed_wt_at(w) + dp__model_packed_wt_bytes(m) : w;
+ * forward's packed weights (packed_wt) of the layers that pack them: a
+ * recompute's segments of several layers do not, and room for them would be
+ * bytes no op touches (an outside check: the plan was not exact then). */
+static size_t cpu_workspace_bytes(const dp_plan *p, int d) {
+  const dp_model *m = &p->model;
+  bool training = !p->cfg.inference;
+  int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+  if (p->cfg.precision == DP_PRECISION_BF16) return dp__mixed_workspace_bytes(p, d);
+  size_t w = dp__model_workspace_bytes(m, p->act[d].mb_rows, training),
+         pk = n_mb > 1 ? dp__layer_major_linear_max(p, packed_wt_bytes) : 0;
+  return pk ? packed_wt_at(w) + pk : w;
 }
 
 static dp_status cpu_arena_alloc(const dp_plan *p, int dev, void **out) {

@@ -74,7 +74,7 @@ dp_status dp__mixed_forward(const lctx *c);
 dp_status dp__mixed_backward(const lctx *c, float *grads);
 dp_status dp__mixed_bn_sums(const lctx *c, const dp_op *op);
 /* The WORKSPACE bytes of a bf16 plan (the cpu backend's workspace_bytes then). */
-size_t dp__mixed_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training);
+size_t dp__mixed_workspace_bytes(const dp_plan *p, int d);
 
 #ifdef __cplusplus
 }

@@ -92,41 +92,46 @@ static bool no_shadow(const dp_model *m, int i, bool training) {
 static size_t shadow_bytes(const dp_model *m, int i, int mb_rows, bool training) {
   const dp_layer *l = &m->layers[i];
   if (no_shadow(m, i, training)) return 0;
-  if (l->kind == DP_LAYER_LINEAR)
+  if (l->kind == DP_LAYER_LINEAR) /* only the last layer's gradient is fp32 */
     return up64((size_t)dp__pos_out(l) * 4) +
-           (training ? up64((size_t)mb_rows * l->out * 2) : 0);
+           (training && i == m->n_layers - 1 ? up64((size_t)mb_rows * l->out * 2) : 0);
   size_t r = (size_t)shadow_chunk_rows(l, mb_rows, training);
   size_t in = up64(r * l->in * 4), out = up64(r * l->out * 4);
   size_t w = l->kind == DP_LAYER_CONV2D ? up64(l->n_params * 4) : 0;
   return (training ? 2 * in + 3 * out : in + 2 * out) + w;
 }
 
-static ws_layout layout_of(const dp_model *m, int mb_rows, int n_mb, bool training) {
-  size_t gemm = dp__model_workspace_bytes(m, mb_rows, training), packed = 0, sh = 0;
+static size_t packed_wt_bytes(const dp_layer *l) {
+  return dp__gemm_bf16_packed_b_bytes(dp__pos_in(l), dp__pos_out(l));
+}
+
+/* Device d's layout: the packed weights' room only with several micro-batches,
+ * for the layers whose forward packs them (packed_wt: a segment of one layer). */
+static ws_layout layout_of(const dp_plan *p, int d) {
+  const dp_model *m = &p->model;
+  int mb_rows = p->act[d].mb_rows, n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
+  bool training = !p->cfg.inference;
+  size_t gemm = dp__model_workspace_bytes(m, mb_rows, training), sh = 0;
   for (int i = 0; i < m->n_layers; i++) {
     const dp_layer *l = &m->layers[i];
-    if (l->kind == DP_LAYER_LINEAR) {
+    if (l->kind == DP_LAYER_LINEAR)
       gemm = max_z(gemm, linear_gemm_bytes(l, mb_rows, training));
-      packed = max_z(packed, dp__gemm_bf16_packed_b_bytes(dp__pos_in(l), dp__pos_out(l)));
-    }
     sh = max_z(sh, shadow_bytes(m, i, mb_rows, training));
   }
+  size_t packed = n_mb > 1 ? dp__layer_major_linear_max(p, packed_wt_bytes) : 0;
   ws_layout L = {.gemm = gemm, .packed_at = up64(gemm)};
-  L.shadow_at = up64(L.packed_at + (n_mb > 1 ? packed : 0));
+  L.shadow_at = up64(L.packed_at + packed);
   L.total = L.shadow_at + sh;
   return L;
 }
 
-size_t dp__mixed_workspace_bytes(const dp_model *m, int mb_rows, int n_mb, bool training) {
-  return layout_of(m, mb_rows, n_mb, training).total;
-}
+size_t dp__mixed_workspace_bytes(const dp_plan *p, int d) { return layout_of(p, d).total; }
 
 /* The layout this op's device was planned with; NULL-safe check that the region
  * holds it (an undersized plan fails the op instead of writing past it). */
 static dp_status op_layout(const lctx *c, ws_layout *L) {
   const dp_plan *p = c->p;
-  int n_mb = p->split.dev_mb0[c->d + 1] - p->split.dev_mb0[c->d];
-  *L = layout_of(&p->model, p->act[c->d].mb_rows, n_mb, !p->cfg.inference);
+  *L = layout_of(p, c->d);
   if (p->regions[c->d][DP_REGION_WORKSPACE].size < L->total)
     return DP_FAIL(DP_ERR_BACKEND,
                    "layer %d: the plan's workspace (%zu bytes) is too small for bf16 "
