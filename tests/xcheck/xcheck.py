@@ -22,7 +22,16 @@ its `dropout 0` lines and new dropout layers (65% of cases), `--seed` (0, small,
 some epochs and `--resume`d (30% of multi-epoch cases; without batchnorm maybe on
 another device count).
 
-usage: xcheck.py [--classic] N [SEED0] | xcheck.py --case DIR (rerun a saved case)
+--bf16 (session 26): every case in --precision bf16 (30% also --reduce-precision bf16),
+replayed with docs/PRECISION.md's semantics written out (Net.bf16: Q, _BLinear, _BConv,
+_BAct, _G, _tree_params) against libdp; the scale is PyTorch's own bf16 gap, plain
+torch.autocast('cpu', torch.bfloat16) against its fp32 run (bf16_bad). Seeds 1000..1179
+on PyTorch 2.15.0: 171 agree, 1 BAD (--reduce-precision bf16 on 4 devices and 6
+micro-batches: the device blocks' tree, PRECISION.md now says so), 8 refusals;
+parameters 8.5e-9 from the replay at the median. BF16_CONV_BIAS=0 keeps conv2d's bias
+fp32 (a probe: it fails).
+
+usage: xcheck.py [--classic|--bf16] N [SEED0] | xcheck.py --case DIR (rerun a saved case)
        | xcheck.py --mask-check (libdp's dropout masks and order read off directly)
 --classic: session 24's generator alone (dropout 0, --no-shuffle, seed 0).
 DP: the dp binary (default build/dp); XCHECK_DIR: where the cases go (build/xcheck).
@@ -45,6 +54,10 @@ ROOT = os.path.abspath(os.environ.get("XCHECK_DIR", os.path.join(REPO, "build", 
 # --classic: session 24's generator alone (no dropout above 0, file order, seed 0)
 CLASSIC = '--classic' in sys.argv
 if CLASSIC: sys.argv.remove('--classic')
+# --bf16: every case in mixed precision (--precision bf16, 30% with --reduce-precision
+# bf16 too), replayed with docs/PRECISION.md's semantics (BF16 below)
+BF16 = '--bf16' in sys.argv
+if BF16: sys.argv.remove('--bf16')
 
 
 # ---------------------------------------------------------------- libdp's random numbers
@@ -176,6 +189,112 @@ class Attn(nn.Module):
         return o.permute(0, 2, 1, 3).reshape(B, T, D)
 
 
+# ---------------------------------------------------------------- bf16: PRECISION.md replayed
+# What docs/PRECISION.md says a libdp bf16 run computes, written from the document:
+# every layer's output stored rounded to bf16 (round to nearest even) and, in the
+# backward, every layer's input gradient rounded (Q: round the value, round its
+# gradient); the loss's fp32 gradient rounded on its way into the last layer (Q on the
+# last output). Linear: bf16 operands (the fp32 input, weights and bias rounded as read),
+# fp32 accumulation, the bias added, rounded; dx = bf16(dy W), dW = bf16(dy^T x) and
+# db = bf16(colsum dy) per micro-batch, kept in fp32. conv2d the same (the bias as
+# autocast's bf16 convolution: rounded, its gradient rounded; BF16_CONV_BIAS = 0 leaves
+# it fp32). Every other layer (activations, dropout, layernorm, residual adds,
+# attention, embedding, pooling, batchnorm) in fp32 on the widened input, output and
+# input gradient rounded, parameter gradients fp32. The loss in fp32.
+BF16_CONV_BIAS = int(os.environ.get('BF16_CONV_BIAS', '1'))
+
+
+def R(t):
+    """fp32 -> bf16 (round to nearest even) -> fp32."""
+    return t.to(torch.bfloat16).float()
+
+
+class _Q(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x): return R(x)
+    @staticmethod
+    def backward(ctx, g): return R(g)
+
+
+def Q(x): return _Q.apply(x)
+
+
+class _G(torch.autograd.Function):
+    """The identity, its gradient rounded: a residual block's branch, whose first
+    layer writes its input gradient rounded before the block's add sums it with the
+    skip's (and rounds again)."""
+    @staticmethod
+    def forward(ctx, x): return x.clone()
+    @staticmethod
+    def backward(ctx, g): return R(g)
+
+
+class BfCtx:
+    """The row ranges (micro-batches) of the tensor the next forward sees: linear's and
+    conv2d's weight gradients are rounded per micro-batch (PRECISION.md, "Where it
+    differs": several micro-batches per step)."""
+    cuts = None
+
+
+def _cuts(n):
+    return BfCtx.cuts if BfCtx.cuts is not None else [(0, n)]
+
+
+class _BLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, W, b):
+        xr, Wr = R(x), R(W)
+        y = xr.matmul(Wr.t())
+        if b is not None: y = y + R(b)
+        ctx.save_for_backward(xr, Wr); ctx.hasb = b is not None; ctx.cuts = _cuts(x.shape[0])
+        return y
+    @staticmethod
+    def backward(ctx, g):
+        xr, Wr = ctx.saved_tensors
+        dx = g.matmul(Wr)
+        dW = sum(R(g[lo:hi].reshape(-1, g.shape[-1]).t().matmul(xr[lo:hi].reshape(-1, xr.shape[-1]))) for lo, hi in ctx.cuts)
+        db = sum(R(g[lo:hi].reshape(-1, g.shape[-1]).sum(0)) for lo, hi in ctx.cuts) if ctx.hasb else None
+        return dx, dW, db
+
+
+class _BConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, W, b, stride, pad):
+        xr, Wr = R(x), R(W)
+        y = F.conv2d(xr, Wr, None if b is None else (R(b) if BF16_CONV_BIAS else b), stride=stride, padding=pad)
+        ctx.save_for_backward(xr, Wr); ctx.hasb = b is not None; ctx.cuts = _cuts(x.shape[0]); ctx.sp = (stride, pad)
+        return y
+    @staticmethod
+    def backward(ctx, g):
+        xr, Wr = ctx.saved_tensors; st, p = ctx.sp
+        dx = torch.nn.grad.conv2d_input(xr.shape, Wr, g, stride=st, padding=p)
+        dW = sum(R(torch.nn.grad.conv2d_weight(xr[lo:hi], Wr.shape, g[lo:hi], stride=st, padding=p)) for lo, hi in ctx.cuts)
+        rb = R if BF16_CONV_BIAS else (lambda t: t)
+        db = sum(rb(g[lo:hi].sum((0, 2, 3))) for lo, hi in ctx.cuts) if ctx.hasb else None
+        return dx, dW, db, None, None
+
+
+class _BAct(torch.autograd.Function):
+    """tanh and sigmoid: the backward in fp32 from the stored bf16 output (1 - y^2,
+    y (1 - y)), rounded once (PRECISION.md, "Where it differs")."""
+    @staticmethod
+    def forward(ctx, x, sig):
+        y = R(torch.sigmoid(x) if sig else torch.tanh(x)); ctx.save_for_backward(y); ctx.sig = sig
+        return y
+    @staticmethod
+    def backward(ctx, g):
+        y, = ctx.saved_tensors
+        return g * (y * (1 - y) if ctx.sig else 1 - y * y), None
+
+
+def bf16_layer(m, x):
+    """One layer of the spec under PRECISION.md's bf16 (output rounded by the caller)."""
+    if isinstance(m, nn.Linear): return _BLinear.apply(x, m.weight, m.bias)
+    if isinstance(m, nn.Conv2d): return _BConv.apply(x, m.weight, m.bias, m.stride, m.padding)
+    if isinstance(m, (nn.Tanh, nn.Sigmoid)): return _BAct.apply(x, isinstance(m, nn.Sigmoid))
+    return m(x)  # fp32 on the widened input
+
+
 class Net(nn.Module):
     """Independent builder of the spec language (not dp's generated source)."""
     def __init__(s, spec):
@@ -242,10 +361,17 @@ class Net(nn.Module):
             idx += 1
         s.out_shape = shape
 
+    bf16 = False  # PRECISION.md's bf16 (set by the replay)
+
     def forward(s, x):
         if s.kind == 'img' and x.dim() == 2: x = x.view(-1, *s.in_shape)
         stack = []
         for p in s.prog:
+            if s.bf16:
+                if p[0] == 'mod': x = Q(bf16_layer(s._modules[p[1]], x))
+                elif p[0] == 'res': stack.append(x); x = _G.apply(x)
+                else: x = Q(stack.pop() + x)
+                continue
             if p[0] == 'mod': x = s._modules[p[1]](x)
             elif p[0] == 'res': stack.append(x)
             else: x = stack.pop() + x
@@ -352,6 +478,7 @@ def rand_case(seed):
     c['recompute'] = r.choice([0, 0, 0, 1, 2])
     c['standardize'] = None if meta['kind'] == 'seq' else r.choice(['none', 'none', 'feature'] + (['channel'] if meta['kind'] == 'img' else []))
     if CLASSIC: return c  # session 24's cases, draw for draw
+    if BF16: bf16_draws(c, seed, has_bn)
     # dropout, shuffled order and seeds: from a second generator, so that the draws
     # above (session 24's cases) stay as they were and only gain these
     r2 = random.Random(seed * 1000003 + 7)
@@ -365,6 +492,18 @@ def rand_case(seed):
         c['resume_at'] = r2.randint(1, c['epochs'] - 1)
         if not has_bn and r2.random() < 0.5: c['resume_devices'] = r2.choice([1, 2, 3, 4])
     return c
+
+
+def bf16_draws(c, seed, has_bn):
+    """--bf16: the case in mixed precision, from a third generator (the draws above
+    unchanged). --reduce-precision bf16 in 30% (not with sync batchnorm: its
+    micro-batch gradients are not separable in a replay); split chunk where no
+    micro-batch is fixed (PRECISION.md and DETERMINISM.md define the bf16 rounding
+    per micro-batch; the other splits' cut points are not documented)."""
+    r3 = random.Random(seed * 7919 + 3)
+    c['bf16'] = True
+    c['rbf16'] = c.get('bn') != 'sync' and r3.random() < 0.3
+    if not c['micro']: c['split'] = 'chunk'
 
 
 def add_dropout(r, spec, kind):
@@ -485,6 +624,7 @@ def dp_train_cmd(c, epochs=None, resume='init.ckpt', save='out.ckpt', devices=No
     else: cmd += ['--data', 'x.npy', '--labels', 'y.npy', '--standardize', 'none']
     cmd += ['--test-fraction', c['tf'], '--eval-every', '1'] if c.get('heldout') else ['--test-fraction', '0']
     if c.get('bf16'): cmd += ['--precision', 'bf16']
+    if c.get('rbf16'): cmd += ['--reduce-precision', 'bf16']
     if c.get('recompute'): cmd += ['--recompute', str(c['recompute'])]
     if c['kind'] != 'seq': cmd[cmd.index('--standardize') + 1] = c.get('standardize') or 'none'
     if c['shard']: cmd += ['--shard-optimizer']
@@ -566,10 +706,21 @@ def rows_of(c):
     return tr, te
 
 
-def replay(c, sd0, X, Y, dtype):
+def cuts_at(c, rows, ep):
+    """cuts() in epoch ep: after a resume on another device count, that count's."""
+    if c.get('resume_devices') and ep >= c['resume_at']:
+        return cuts(dict(c, devices=c['resume_devices']), rows)
+    return cuts(c, rows)
+
+
+def replay(c, sd0, X, Y, dtype, how=None):
+    """PyTorch's run of the case in dtype; how='bf16': PRECISION.md's bf16 (Net.bf16,
+    BfCtx, and with c['rbf16'] the reduction's sums rounded in the canonical tree);
+    how='autocast': plain torch.autocast('cpu', torch.bfloat16), PyTorch's own bf16."""
     net = Net(c['spec'])
     net.load_state_dict(sd0, strict=True)
     net = net.to(dtype)
+    bf = how == 'bf16'; net.bf16 = bf; ac = how == 'autocast'
     net.keyed.seed = c.get('dp_seed', 0)
     tr_idx, te_idx = rows_of(c)
     if c['kind'] == 'seq':
@@ -601,13 +752,19 @@ def replay(c, sd0, X, Y, dtype):
             r0 = ci * B; rows = min(B, ntr - r0)
             sel = torch.tensor(order[r0:r0 + rows])
             xb, yb = Xt[sel], Yt[sel]
-            mbs = [(0, rows)] if (c.get('bn') == 'sync' or not bns) else cuts(c, rows)
+            mc = cuts_at(c, rows, ep)
+            rbf = bf and c.get('rbf16')
+            mbs = [(0, rows)] if (c.get('bn') == 'sync' or not bns) and not rbf else mc
+            # bf16: a forward over several micro-batches rounds the weight gradients per micro-batch
+            BfCtx.cuts = mc if len(mbs) == 1 else None
+            if rbf and ci % A == 0:  # --reduce-precision bf16: the leaves of the step's tree
+                Kc = mc[0][1] - mc[0][0]; Mc = -(-B // Kc); leaves = [None] * (A * Mc)
             tot = 0.0
             for j, (lo, hi) in enumerate(mbs):
                 saved = [(m.running_mean.clone(), m.running_var.clone(), m.num_batches_tracked.clone()) for m in bns]
                 # dropout keyed by the row of the accumulation's concatenation of calls
                 net.keyed.step = nstep; net.keyed.rows = (ci % A) * rows + np.arange(lo, hi)
-                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(c.get('bf16')) and dtype == torch.float32):
+                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=ac):
                     out = net(xb[lo:hi])
                 out = out.float() if dtype == torch.float32 else out
                 if c['loss'] == 'mse':
@@ -615,12 +772,18 @@ def replay(c, sd0, X, Y, dtype):
                 else:
                     l = F.cross_entropy(out.reshape(-1, out.shape[-1]), yb[lo:hi].reshape(-1), reduction='sum') / (rows * T)
                 (l / A).backward(); tot += l.item()
+                if rbf:  # this micro-batch's gradient alone, rounded (the tree's leaf)
+                    leaves[(ci % A) * Mc + lo // Kc] = [R(p.grad) if p.grad is not None else torch.zeros_like(p) for p in params]
+                    opt.zero_grad()
                 if j > 0:  # running stats follow micro-batch 0
                     with torch.no_grad():
                         for m, (rm, rv, nb) in zip(bns, saved):
                             m.running_mean.copy_(rm); m.running_var.copy_(rv); m.num_batches_tracked.copy_(nb)
             calls.append(tot)
             if ci % A == A - 1:
+                if rbf:  # every sum of the canonical tree rounded (PRECISION.md)
+                    red = _tree_params(leaves)
+                    for p, g in zip(params, red): p.grad = g.clone()
                 if c['clip']:
                     norm = float(torch.nn.utils.clip_grad_norm_(params, c['clip']))
                 lr_used = opt.param_groups[0]['lr']
@@ -631,14 +794,29 @@ def replay(c, sd0, X, Y, dtype):
             net.eval()
             with torch.no_grad():
                 te = torch.tensor(te_idx)
-                out = net(Xt[te]).double()
+                BfCtx.cuts = None
+                with torch.autocast('cpu', dtype=torch.bfloat16, enabled=ac):
+                    out = net(Xt[te]).double()
                 if c['loss'] == 'mse': hl = float(((out - Yt[te].double()) ** 2).mean())
                 else: hl = float(F.cross_entropy(out.reshape(-1, out.shape[-1]), Yt[te].reshape(-1)))
             ep_held.append(hl)
     net.eval()
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=bool(c.get('bf16')) and dtype == torch.float32):
+    BfCtx.cuts = None
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=ac):
         pred = net(Xt).float().numpy() if dtype == torch.float32 else net(Xt).numpy()
     return net, dict(loss=ep_loss, lr=ep_lr, norm=ep_norm, held=ep_held), pred
+
+
+def _tree_params(leaves):
+    """The canonical tree's sum of per-parameter gradient lists, every sum rounded."""
+    def t(lo, hi):
+        if hi - lo == 1: return leaves[lo]
+        mid = (lo + hi + 1) // 2
+        a, b = t(lo, mid), t(mid, hi)
+        if a is None: return b
+        if b is None: return a
+        return [R(x + y) for x, y in zip(a, b)]
+    return t(0, len(leaves))
 
 
 def rel(a, b):
@@ -694,6 +872,72 @@ def check(c, d):
                    dp_loss=dl, torch=l32)
     with open(f"{d}/result.json", "w") as f: json.dump(dict(summary=summary, tensors=res), f, indent=1)
     return summary
+
+
+def check_bf16(c, d):
+    """A bf16 case: libdp against PRECISION.md's replay (how='bf16'), the scale being
+    PyTorch's own bf16 gap: plain autocast against its fp32 run."""
+    os.makedirs(d, exist_ok=True)
+    with open(f"{d}/case.json", "w") as f: json.dump(c, f, indent=1)
+    X, Y = make_data(c, d)
+    sd0 = init_weights(c, d)
+    out, logs, pred, trainlog = run_dp(c, d)
+    runs = {h: replay(c, sd0, X, Y, torch.float32, h) for h in ('bf16', 'autocast', None)}
+    n64 = replay(c, sd0, X, Y, torch.float64)[0].state_dict()  # PyTorch's own fp32 noise
+    sds = {h: r[0].state_dict() for h, r in runs.items()}
+    res = {}; cat = {}
+    keys = [k for k in sds['bf16'] if not k.endswith('num_batches_tracked')]
+    for k in sds['bf16']:
+        if k.endswith('num_batches_tracked') and int(out[k]) != int(sds['bf16'][k]):
+            res['nbt:' + k] = (int(out[k]), int(sds['bf16'][k]))
+    for k in keys:
+        res[k] = (rel(out[k], sds['bf16'][k].detach()), rel(sds['autocast'][k].detach(), sds[None][k].detach()),
+                  rel(out[k], sds['autocast'][k].detach()))
+    P = lambda sd: np.concatenate([(out[k].numpy() if sd is None else sd[k].detach().numpy()).ravel() for k in keys if 'running' not in k] or [np.zeros(1)])
+    pdp = P(None); pbf, pac, pf = P(sds['bf16']), P(sds['autocast']), P(sds[None])
+    def mrel(key, ref):
+        got = [l.get(key) for l in logs]
+        if len(got) != len(ref): return float('inf')
+        e = 0.0
+        for g, w in zip(got, ref):
+            if w is None: continue
+            if g is None: return float('inf')
+            e = max(e, abs(g - w) / max(abs(w), 1e-30))
+        return e
+    def lgap(key):
+        a, b = runs['autocast'][1][key], runs[None][1][key]
+        return max([abs(x - y) / abs(y) for x, y in zip(a, b) if x is not None and y] or [0])
+    lb = runs['bf16'][1]
+    # libdp's logits against the replay's forward at libdp's own trained parameters:
+    # the inference semantics alone, apart from the training's drift
+    own = Net(c['spec']); own.load_state_dict({k: out[k] for k in sds['bf16']}, strict=True); own.eval()
+    Xo = torch.tensor(X).long() if c['kind'] == 'seq' else torch.tensor(standardize(c, X, rows_of(c)[0]))
+    with torch.no_grad():
+        own.bf16 = True; po = own(Xo).numpy(); own.bf16 = False
+        with torch.autocast('cpu', dtype=torch.bfloat16): pa = own(Xo).float().numpy()
+        pf32 = own(Xo).numpy()
+    summary = dict(
+        params_noise=rel(pf, np.concatenate([n64[k].detach().numpy().ravel() for k in keys if 'running' not in k] or [np.zeros(1)])),
+        pred_own=rel(pred, po), pred_own_base=rel(pa, pf32),
+        params=rel(pdp, pbf), params_base=rel(pac, pf), params_ac=rel(pdp, pac), params_fp32=rel(pdp, pf), params_rep_ac=rel(pbf, pac),
+        loss=mrel('loss', lb['loss']), loss_base=lgap('loss'),
+        lr=mrel('lr', lb['lr']),
+        norm=mrel('grad_norm', lb['norm']) if c['clip'] else 0.0, norm_base=lgap('norm') if c['clip'] else 0.0,
+        held=mrel('heldout_loss', lb['held']) if c.get('heldout') else 0.0, held_base=lgap('held') if c.get('heldout') else 0.0,
+        pred=rel(pred, runs['bf16'][2]), pred_base=rel(runs['autocast'][2], runs[None][2]), pred_ac=rel(pred, runs['autocast'][2]),
+        worst_tensor=max(((v[0], k) for k, v in res.items() if isinstance(v, tuple) and isinstance(v[0], float)), default=None),
+        nbt=[(k, v) for k, v in res.items() if k.startswith('nbt:')],
+        dp_loss=[l['loss'] for l in logs], torch=lb)
+    with open(f"{d}/result.json", "w") as f: json.dump(dict(summary=summary, tensors=res), f, indent=1)
+    return summary
+
+
+def bf16_bad(s):
+    """BAD: further from the bf16 replay than a quarter of PyTorch's own autocast-fp32
+    gap and than a floor (2^-8 of bf16 rounding, 1e-3 for the gradient norm and
+    held-out loss scalars), a learning rate off, or a batchnorm step count."""
+    return [k for k, fl in (('params', 4e-3), ('loss', 4e-3), ('pred_own', 1e-3), ('norm', 1e-3), ('held', 1e-3))
+            if s[k] > fl and s[k] > 0.25 * s[k + '_base']] + (['lr'] if s['lr'] > 1e-6 else []) + (['nbt'] if s['nbt'] else [])
 
 
 def mask_check(d, cases=None):
@@ -765,13 +1009,19 @@ if __name__ == '__main__':
         sys.exit(1 if mask_check(f"{ROOT}/mask") else 0)
     if sys.argv[1] == '--case':
         d = sys.argv[2]; c = json.load(open(f"{d}/case.json"))
-        print(json.dumps(check(c, d), indent=1)); sys.exit()
+        print(json.dumps((check_bf16 if c.get('bf16') else check)(c, d), indent=1)); sys.exit()
     n = int(sys.argv[1]); s0 = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     for seed in range(s0, s0 + n):
-        c = rand_case(seed); d = f"{ROOT}/cases/{seed}"
+        c = rand_case(seed); d = f"{ROOT}/{'bf16' if BF16 else 'cases'}/{seed}"
         try:
-            s = check(c, d)
+            s = (check_bf16 if BF16 else check)(c, d)
         except Exception as e:
             print(f"seed {seed}: ERROR {desc(c)}\n   {str(e)[:600]}", flush=True); continue
+        if BF16:
+            bad = bf16_bad(s)
+            print(f"seed {seed}: {'BAD' if bad else 'ok '} P {s['params']:.1e} (ac-fp32 {s['params_base']:.1e}, fp32-64 {s['params_noise']:.0e}, ac {s['params_ac']:.1e}) "
+                  f"L {s['loss']:.1e} ({s['loss_base']:.1e}) n {s['norm']:.0e} h {s['held']:.0e} pred {s['pred_own']:.1e} ({s['pred_own_base']:.1e}) trained {s['pred']:.1e} ({s['pred_base']:.1e})"
+                  f"{' rbf16' if c.get('rbf16') else ''} {' '.join(bad)} | {desc(c)}", flush=True)
+            continue
         flag = 'BAD' if (s['params64'] > 1e-4 and s['params64'] > 20 * s['params_base']) or (s['loss64'] > 1e-4 and s['loss64'] > 20 * s.get('loss_base', 0)) or (s['pred64'] > 1e-4 and s['pred64'] > 20 * s['pred_base']) or s['nbt'] or s['lr'] > 1e-6 or (s['norm64'] > 1e-5 and s['norm64'] > 20 * s['norm_base']) or (s['held64'] > 1e-5 and s['held64'] > 20 * s['held_base']) else 'ok '
         print(f"seed {seed}: {flag} P {s['params']:.1e}/{s['params64']:.1e} (t32-64 {s['params_base']:.1e}) L {s['loss']:.1e} lr {s['lr']:.0e} n {s['norm64']:.0e} h {s['held64']:.0e} pred {s['pred']:.1e}/{s['pred64']:.1e} | {desc(c)}", flush=True)
