@@ -22,7 +22,7 @@ its `dropout 0` lines and new dropout layers (65% of cases), `--seed` (0, small,
 some epochs and `--resume`d (30% of multi-epoch cases; without batchnorm maybe on
 another device count).
 
---bf16 (session 26): every case in --precision bf16 (30% also --reduce-precision bf16),
+--bf16 (session 25): every case in --precision bf16 (30% also --reduce-precision bf16),
 replayed with docs/PRECISION.md's semantics written out (Net.bf16: Q, _BLinear, _BConv,
 _BAct, _G, _tree_params) against libdp; the scale is PyTorch's own bf16 gap, plain
 torch.autocast('cpu', torch.bfloat16) against its fp32 run (bf16_bad). Seeds 1000..1179
