@@ -112,6 +112,24 @@ START_TEST(agree_names_the_option_and_both_values) {
   record(&j, &r[1]);
   expect(r, 2, 1, "rank 1 runs with --resume, rank 0 with no --resume");
   j.in.resume = 0;
+  /* a save is collective: --save, --save-best and --save-every alike everywhere
+   * (an outside check: one rank's --save-every 5 against another's 7 waited 60 s) */
+  j.in.save = 1;
+  record(&j, &r[1]);
+  expect(r, 2, 1, "rank 1 runs with --save, rank 0 with no --save");
+  j.in.save_every = "7";
+  record(&j, &r[1]);
+  j.in.save_every = "5";
+  record(&j, &r[0]);
+  expect(r, 2, 1, "rank 1 runs with --save-every 7, rank 0 with --save-every 5");
+  j.in.save = 0;
+  j.in.save_every = NULL;
+  j.in.save_best = 1;
+  record(&j, &r[0]);
+  j.in.save_best = 0;
+  record(&j, &r[1]);
+  expect(r, 2, 1, "rank 1 runs with no --save-best, rank 0 with --save-best");
+  record(&j, &r[0]);
   j.in.schedule = "cosine:100";
   record(&j, &r[1]);
   expect(r, 2, 1,

@@ -72,6 +72,11 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_text(w, "standardize",
            std_words[in->standardize >= 0 && in->standardize < 3 ? in->standardize : 0]);
   add_flag(w, "resume", in->resume);
+  /* a save is collective (every rank gathers the state, rank 0 writes it): a rank
+   * that saves when another does not waits for it until the timeout */
+  add_flag(w, "save", in->save);
+  add_flag(w, "save-best", in->save_best);
+  add_text(w, "save-every", in->save_every ? in->save_every : "(none)");
   add_int(w, "data-seed", (long long)in->data_seed);
   add_flag(w, "no-shuffle", in->no_shuffle);
   add_flag(w, "header", in->header);

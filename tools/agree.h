@@ -24,6 +24,10 @@ typedef struct {
   int epochs, eval_every, patience;
   int standardize;        /* --standardize: 0 none, 1 feature, 2 channel */
   int resume;             /* --resume given (rank 0 reads the file and sends it) */
+  /* --save and --save-best given (rank 0 writes the file, but the save is
+   * collective: every rank takes part), and --save-every as given (NULL: none) */
+  int save, save_best;
+  const char *save_every;
   const dpt_dataset *val; /* --val-data as read (NULL: none) */
   uint64_t data_seed;     /* --data-seed (default: the seed) */
   int no_shuffle, header; /* --no-shuffle, --header */

@@ -611,6 +611,9 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
                          .no_shuffle = o->no_shuffle,
                          .header = o->header,
                          .resume = o->resume != NULL,
+                         .save = o->save != NULL,
+                         .save_best = o->save_best != NULL,
+                         .save_every = o->save_every,
                          .test_fraction = (float)o->test_fraction};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
   if (*err) fprintf(stderr, "dp train: %s\n", err);

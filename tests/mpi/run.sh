@@ -124,6 +124,14 @@ disagree "another data file of the same row count" \
   "--epochs 1" "$small --data $tmp/other.csv --epochs 1"
 disagree "other --epochs" "rank 1 runs with --epochs 3, rank 0 with --epochs 2" \
   "--epochs 2" "$small --data data/digits.csv --epochs 3"
+# a save is collective (every rank gathers the state, rank 0 writes it): other
+# --save-every, or --save on rank 0 alone, waited 60 s for the rank that did not save,
+# and wrote nothing (an outside check)
+disagree "other --save-every" "rank 1 runs with --save-every 7, rank 0 with --save-every 5" \
+  "--epochs 2 --save $tmp/e.ckpt --save-every 5" \
+  "$small --data data/digits.csv --epochs 2 --save $tmp/e.ckpt --save-every 7"
+disagree "--save on rank 0 alone" "rank 1 runs with no --save, rank 0 with --save" \
+  "--epochs 1 --save $tmp/e.ckpt" "$small --data data/digits.csv --epochs 1"
 # --resume: rank 0 reads the checkpoint and sends it (the ranks need not share a file
 # system): rank 1's path, missing or another checkpoint, is never opened, and the job
 # resumes rank 0's, bit for bit as one process does
