@@ -130,6 +130,20 @@ START_TEST(agree_names_the_option_and_both_values) {
   record(&j, &r[1]);
   expect(r, 2, 1, "rank 1 runs with no --save-best, rank 0 with --save-best");
   record(&j, &r[0]);
+  /* dp repro: --steps instead of --epochs, and its configurations as words */
+  j.in.steps = 3;
+  j.in.extra = "layouts=1x2,2x1 mode=classic";
+  record(&j, &r[0]);
+  j.in.steps = 4;
+  record(&j, &r[1]);
+  expect(r, 2, 1, "rank 1 runs with --steps 4, rank 0 with --steps 3");
+  j.in.steps = 3;
+  j.in.extra = "layouts=1x2 mode=classic";
+  record(&j, &r[1]);
+  expect(r, 2, 1, "rank 1 runs with --layouts 1x2, rank 0 with --layouts 1x2,2x1");
+  j.in.steps = 0;
+  j.in.extra = NULL;
+  record(&j, &r[0]);
   j.in.schedule = "cosine:100";
   record(&j, &r[1]);
   expect(r, 2, 1,

@@ -64,7 +64,10 @@ static void add_flag(words *w, const char *name, int on) {
  * dp_ctx_create_mpi, but could not name the option). */
 static void settings(const dpt_train_inputs *in, words *w) {
   const dp_config *c = in->cfg;
-  add_int(w, "epochs", in->epochs);
+  if (in->steps)
+    add_int(w, "steps", in->steps);
+  else
+    add_int(w, "epochs", in->epochs);
   add_float(w, "test-fraction", in->test_fraction);
   add_int(w, "eval-every", in->eval_every);
   add_int(w, "patience", in->patience);
@@ -120,6 +123,15 @@ static void settings(const dpt_train_inputs *in, words *w) {
   for (char *q = bo; *q; q++)
     if (*q == ' ' || *q == '\t') *q = ',';
   add_text(w, "backend-options", bo);
+  for (const char *e = in->extra; e && *e;) {
+    size_t n = strcspn(e, " ");
+    if (n) {
+      char word[DPT_AGREE_TEXT];
+      snprintf(word, sizeof word, "%.*s", (int)n, e);
+      add_word(w, word);
+    }
+    e += n + (e[n] == ' ');
+  }
 }
 
 /* The rows as read, bit for bit, with their shape (a binary file's features

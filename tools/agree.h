@@ -32,6 +32,9 @@ typedef struct {
   uint64_t data_seed;     /* --data-seed (default: the seed) */
   int no_shuffle, header; /* --no-shuffle, --header */
   float test_fraction;
+  int steps;         /* dp repro --steps, compared instead of --epochs (0: dp train) */
+  const char *extra; /* more "name=value" words, space-separated (dp repro's
+                        configurations); NULL: none */
 } dpt_train_inputs;
 
 #define DPT_AGREE_TEXT 1024

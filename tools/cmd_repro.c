@@ -3,6 +3,7 @@
  * hashes every parameter tensor after every step, and reports whether all of
  * them produce the same bits, and if not, the first step and tensor where two
  * of them part and by how much. */
+#include "agree.h"
 #include "cli.h"
 #include "data.h"
 
@@ -675,6 +676,34 @@ static int load_repro(repro_run *t) {
   return 0;
 }
 
+/* Under mpirun, before any context: every rank's model, data as read and
+ * options the same as rank 0's (tools/agree.h), or the job ends on every rank
+ * with rank 0's one message. 0, or -1 (said). */
+static int agree_repro(repro_run *t) {
+  const repro_opts *o = &t->o;
+  char extra[64 * DP_MAX_DEVICES + 64], err[1024];
+  size_t at =
+      (size_t)snprintf(extra, sizeof extra, "%s=", o->layouts ? "layouts" : "devices");
+  for (int i = 0; i < o->n_counts && at < sizeof extra; i++)
+    at += (size_t)(o->layouts
+                       ? snprintf(extra + at, sizeof extra - at, "%s%dx%d", i ? "," : "",
+                                  o->ranks[i], o->counts[i] / o->ranks[i])
+                       : snprintf(extra + at, sizeof extra - at, "%s%d", i ? "," : "",
+                                  o->counts[i]));
+  for (int j = 0; j < o->n_modes && at < sizeof extra; j++)
+    at += (size_t)snprintf(extra + at, sizeof extra - at, "%s%s",
+                           j ? "," : " mode=", rm_names[o->modes[j]]);
+  dpt_train_inputs in = {.model = t->model,
+                         .data = &t->data,
+                         .cfg = &o->base,
+                         .standardize = !o->no_standardize,
+                         .steps = o->steps,
+                         .extra = extra};
+  if (!dpt_agree_train(&in, err, sizeof err)) return 0;
+  if (*err) fprintf(stderr, "dp repro: %s\n", err);
+  return -1;
+}
+
 /* Every configuration: plan and context, all alive for the lockstep run; a
  * refused one keeps its message. 0, or -1 (said). */
 static int make_configs(repro_run *t) {
@@ -1087,7 +1116,13 @@ int dpt_cmd_repro(int argc, char **argv) {
     return DPT_EXIT_FAIL;
   }
   int rc = DPT_EXIT_FAIL;
-  if (!load_repro(&t) && !make_configs(&t)) {
+  /* under mpirun every rank loads its own inputs: a rank that failed (its data
+   * file missing on its host) is known to every rank before the collective
+   * context creation, which would wait for it forever (an outside check), and
+   * ranks given other data or options end the job, not a verdict of DIFFERS */
+  int bad = dpt_world_max_int(load_repro(&t) ? 1 : 0);
+  if (bad) dpt_world_failed_together();
+  if (!bad && !agree_repro(&t) && !make_configs(&t)) {
     print_header(&t);
     if (!run_lockstep(&t)) rc = report(&t);
   }

@@ -132,6 +132,32 @@ disagree "other --save-every" "rank 1 runs with --save-every 7, rank 0 with --sa
   "$small --data data/digits.csv --epochs 2 --save $tmp/e.ckpt --save-every 7"
 disagree "--save on rank 0 alone" "rank 1 runs with no --save, rank 0 with --save" \
   "--epochs 1 --save $tmp/e.ckpt" "$small --data data/digits.csv --epochs 1"
+# dp repro under mpirun: each rank loads its own model and data too. A rank whose data
+# file is missing (on its host) waited for by the others forever in a collective, and a
+# rank given other data gave a verdict of DIFFERS (an outside check): now the job ends
+# at once, every rank non-zero, with the rank's message or rank 0's one naming rank 1
+rep="$bd/dp repro --model examples/digits.dpm --batch 64 --micro-batch 4 --steps 2 \
+  --layouts 1x2,2x1 --mode classic"
+for c in "missing.csv:cannot read data '$tmp/missing.csv'" \
+  "other.csv:the ranks disagree: rank 1's training data differs from rank 0's"; do
+  f=${c%%:*} want=${c#*:}
+  echo "-- dp repro, rank 1 given $f"
+  start=$(date +%s)
+  timeout 120 $MPIRUN --mca orte_abort_on_non_zero_status 0 -np 1 "$tmp/rank.sh" $rep \
+    --data data/digits.csv : -np 1 "$tmp/rank.sh" $rep --data "$tmp/$f" >"$tmp/rd" 2>&1
+  rc=$? took=$(($(date +%s) - start))
+  if [ $rc -eq 124 ] || [ $took -gt 20 ] || ! grep -qF "$want" "$tmp/rd" ||
+    grep -q "DIFFERS" "$tmp/rd" || ! grep -q "rank 0 exit [1-9]" "$tmp/rd" ||
+    ! grep -q "rank 1 exit [1-9]" "$tmp/rd"; then
+    cat "$tmp/rd"
+    echo "FAILED: dp repro, rank 1 given $f (exit $rc after ${took}s; want '$want' and a" \
+      "non-zero exit on every rank, within 20 s)"
+    fail=1
+  else
+    grep -F "$want" "$tmp/rd" | cut -c 1-100 | sed 's/^/   /'
+    echo "   every rank exited non-zero, after ${took}s"
+  fi
+done
 # --resume: rank 0 reads the checkpoint and sends it (the ranks need not share a file
 # system): rank 1's path, missing or another checkpoint, is never opened, and the job
 # resumes rank 0's, bit for bit as one process does
