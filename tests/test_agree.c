@@ -88,6 +88,12 @@ START_TEST(agree_names_the_data_and_counts_the_others) {
   j.label[0] = 1;
   record(&j, &r[1]);
   expect(r, 4, 1, "rank 1's training data differs");
+  /* dp predict's words: its rows are data, its model --checkpoint's */
+  j.in.predict = 1;
+  for (int q = 0; q < 4; q++) record(&j, &r[q]);
+  j.label[0] = 0;
+  record(&j, &r[1]);
+  expect(r, 4, 1, "the ranks disagree: rank 1's data differs from rank 0's (3 rows");
   dp_model_free(j.model);
 }
 END_TEST

@@ -167,6 +167,7 @@ int dpt_agree_record(const dpt_train_inputs *in, dpt_agree_rec *r) {
     r->data = dp_hash_bytes(both, sizeof both);
   }
   r->rows = in->data->n_rows;
+  r->predict = in->predict;
   words w = {.text = r->text, .cap = sizeof r->text};
   settings(in, &w);
   r->settings = w.h;
@@ -210,15 +211,17 @@ static int differs(int q, const dpt_agree_rec *r, const dpt_agree_rec *r0, char 
   if (r->model != r0->model) {
     snprintf(err, errcap,
              "rank %d's model differs from rank 0's (spec digest %016llx; rank 0's "
-             "%016llx): give every rank the same --model file",
-             q, (unsigned long long)r->model, (unsigned long long)r0->model);
+             "%016llx): give every rank the same %s file",
+             q, (unsigned long long)r->model, (unsigned long long)r0->model,
+             r0->predict ? "--checkpoint" : "--model");
     return 1;
   }
   if (r->data != r0->data) {
     snprintf(err, errcap,
-             "rank %d's training data differs from rank 0's (%lld rows, digest %016llx; "
+             "rank %d's %sdata differs from rank 0's (%lld rows, digest %016llx; "
              "rank 0's: %lld rows, digest %016llx): give every rank the same --data file",
-             q, (long long)r->rows, (unsigned long long)r->data, (long long)r0->rows,
+             q, r0->predict ? "" : "training ", (long long)r->rows,
+             (unsigned long long)r->data, (long long)r0->rows,
              (unsigned long long)r0->data);
     return 1;
   }

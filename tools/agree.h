@@ -35,6 +35,8 @@ typedef struct {
   int steps;         /* dp repro --steps, compared instead of --epochs (0: dp train) */
   const char *extra; /* more "name=value" words, space-separated (dp repro's
                         configurations); NULL: none */
+  int predict;       /* dp predict: the model is --checkpoint's, the rows are
+                        not training data (the messages' words) */
 } dpt_train_inputs;
 
 #define DPT_AGREE_TEXT 1024
@@ -46,6 +48,7 @@ typedef struct {
   uint64_t data;             /* of the rows as read: sizes, features, labels/targets */
   uint64_t settings;         /* of the whole settings text */
   int64_t rows;              /* rows as read, for the message */
+  int predict;               /* dpt_train_inputs.predict, for the message */
   char text[DPT_AGREE_TEXT]; /* the settings: "name=value", "+flag", "-flag" words
                                 (cut at a word when longer: the digest decides) */
 } dpt_agree_rec;

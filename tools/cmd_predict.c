@@ -1,5 +1,6 @@
 /* `dp predict`: a checkpoint's model over a CSV, predictions to a CSV — the
  * path a service takes, from the command line. */
+#include "agree.h"
 #include "cli.h"
 #include "data.h"
 
@@ -299,6 +300,28 @@ static int load_inputs(predict_run *t) {
   return 0; /* the standardisation is applied as the rows are gathered */
 }
 
+/* Under mpirun, before the context: every rank's model, rows as read, options
+ * and standardisation (from its own --checkpoint's run record; the weights
+ * are rank 0's) the same as rank 0's, or the job ends on every rank with rank
+ * 0's one message (tools/agree.h; an outside check: a rank given other data
+ * wrote wrong predictions, exit 0). 0, or -1 (said). */
+static int agree_predict(predict_run *t) {
+  const dpt_scaler *sc = &t->sc;
+  uint64_t h = dp_hash_bytes(&sc->n, sizeof sc->n);
+  if (sc->n > 0) {
+    h ^= dp_hash_bytes(sc->mean, (size_t)sc->n * sizeof *sc->mean);
+    h = h * 1099511628211ull ^ dp_hash_bytes(sc->std, (size_t)sc->n * sizeof *sc->std);
+  }
+  char extra[96], err[1024];
+  snprintf(extra, sizeof extra, "standardisation=%016llx per_channel=%d features_only=%d",
+           (unsigned long long)h, sc->per_channel, t->o.features_only);
+  dpt_train_inputs in = {
+      .model = t->m, .data = &t->d, .cfg = &t->cfg, .extra = extra, .predict = 1};
+  if (!dpt_agree_train(&in, err, sizeof err)) return 0;
+  if (*err) fprintf(stderr, "dp predict: %s\n", err);
+  return -1;
+}
+
 /* An inference plan (batch 256 unless given, at most the rows), its context
  * with the checkpoint loaded, and the output file. 0, or -1 (said). */
 static int make_context(predict_run *t) {
@@ -365,7 +388,12 @@ int dpt_cmd_predict(int argc, char **argv) {
   if (rc >= 0) return rc;
   t.writes = dpt_world_rank() == 0;
   rc = DPT_EXIT_FAIL;
-  if (!load_inputs(&t) && !make_context(&t)) {
+  /* under mpirun every rank loads its own inputs: a rank that failed (a file
+   * missing on its host) is known to every rank before the collective
+   * context creation, which would wait for it (as dp repro) */
+  int bad = dpt_world_max_int(load_inputs(&t) ? 1 : 0);
+  if (bad) dpt_world_failed_together();
+  if (!bad && !agree_predict(&t) && !make_context(&t)) {
     int r = predict(&t);
     if (r >= 0) rc = r;
   }

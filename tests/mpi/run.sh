@@ -182,6 +182,43 @@ for other in "$tmp/missing.ckpt" "$tmp/b.ckpt"; do
 done
 disagree "one rank without --resume" "rank 1 runs with no --resume, rank 0 with --resume" \
   "--epochs 1 --resume $tmp/a.ckpt" "$small --data data/digits.csv --epochs 1"
+# dp predict under mpirun: each rank reads its own rows and standardisation. A rank given
+# other data wrote wrong predictions, exit 0, and a rank whose file was missing left the
+# others waiting (an outside check): now the job ends at once, every rank non-zero, with
+# rank 0's message naming rank 1 (or rank 1's own). With the same inputs: one process's
+# predictions, byte for byte.
+pre="$bd/dp predict --checkpoint $tmp/a.ckpt --devices 2 --batch 64"
+$pre --data data/digits.csv --out "$tmp/p1.csv" >"$tmp/r1" 2>&1 ||
+  { cat "$tmp/r1"; echo "FAILED: dp predict in one process"; fail=1; }
+$MPIRUN -np 2 $pre --data data/digits.csv --out "$tmp/p2.csv" >"$tmp/r2" 2>&1
+if [ $? -ne 0 ] || ! cmp -s "$tmp/p1.csv" "$tmp/p2.csv"; then
+  cat "$tmp/r2"
+  echo "FAILED: mpirun -np 2 dp predict: not one process's predictions"
+  fail=1
+else
+  echo "-- dp predict under mpirun -np 2: one process's predictions, byte for byte"
+fi
+for c in "missing.csv:cannot read data '$tmp/missing.csv'" \
+  "other.csv:the ranks disagree: rank 1's data differs from rank 0's"; do
+  f=${c%%:*} want=${c#*:}
+  echo "-- dp predict, rank 1 given $f"
+  start=$(date +%s)
+  timeout 120 $MPIRUN --mca orte_abort_on_non_zero_status 0 -np 1 "$tmp/rank.sh" $pre \
+    --data data/digits.csv --out "$tmp/p3.csv" : -np 1 "$tmp/rank.sh" $pre \
+    --data "$tmp/$f" --out "$tmp/p3.csv" >"$tmp/rd" 2>&1
+  rc=$? took=$(($(date +%s) - start))
+  if [ $rc -eq 124 ] || [ $took -gt 20 ] || ! grep -qF "$want" "$tmp/rd" ||
+    [ -e "$tmp/p3.csv" ] || ! grep -q "rank 0 exit [1-9]" "$tmp/rd" ||
+    ! grep -q "rank 1 exit [1-9]" "$tmp/rd"; then
+    cat "$tmp/rd"
+    echo "FAILED: dp predict, rank 1 given $f (exit $rc after ${took}s; want '$want'," \
+      "no predictions written and a non-zero exit on every rank, within 20 s)"
+    fail=1
+  else
+    grep -F "$want" "$tmp/rd" | cut -c 1-100 | sed 's/^/   /'
+    echo "   every rank exited non-zero, after ${took}s, nothing written"
+  fi
+done
 # the oversubscription warning counts a process's devices against the CPUs it may
 # use (an outside check, session 23: it counted the job's, and told a 2-process job
 # to use --devices 1): bound to a core each (c CPUs: its hardware threads), c devices
