@@ -310,7 +310,8 @@ typedef struct {
    * docs/DETERMINISM.md; dropout is keyed by the row in the concatenation).
    * The partial sums live in the optimizer_state region (log2(accumulate)
    * gradient copies per device: dp plan shows them). A power of two up to
-   * 65536; 0 or 1: every call updates (default). cpu and cuda backends. */
+   * 65536, with batch * accumulate at most INT_MAX rows (DP_ERR_OVERFLOW
+   * otherwise); 0 or 1: every call updates (default). cpu and cuda backends. */
   int accumulate;
   /* Activation recompute (gradient checkpointing), training only: K >= 1 cuts
    * the layers into segments of K (a layer that keeps no buffer of its own,

@@ -138,6 +138,38 @@ START_TEST(refused_call_and_save_in_the_middle) {
 }
 END_TEST
 
+/* The update's mean is over accumulate * batch rows: more than INT_MAX of
+ * them wrapped the loss gradient's scale (batch 32768 x 65536: the gradient's
+ * sign flipped and the step went uphill, DP_OK; 65536 x 65536: a scale of
+ * 1/0 refused every step as non-finite). The planner refuses them. */
+START_TEST(rows_per_update_past_int_max_are_refused) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 1\nlinear 1\nloss mse\n", "t", &m), DP_OK);
+  dp_config c = config_of(32768, 1, DP_OPT_SGD);
+  c.accumulate = 65536;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_OVERFLOW);
+  ck_assert_ptr_null(p);
+  ck_assert_msg(strstr(dp_last_error(), "2147483648 rows per update"), "%s",
+                dp_last_error());
+  c.batch = 65536;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_OVERFLOW);
+  /* the largest that fits int is planned, and dp_plan_max_batch stops there */
+  c.batch = 32767;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_plan_free(p);
+  int best = 0;
+  ck_assert_int_eq(dp_plan_max_batch(m, &c, (size_t)1 << 40, 100000, &best), DP_OK);
+  ck_assert_int_eq(best, 32767);
+  /* an inference plan does not accumulate */
+  c.batch = 65536;
+  c.inference = 1;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 Suite *accumulate_suite(void) {
   Suite *s = suite_create("accumulate");
   TCase *tc = tcase_create("accumulate");
@@ -145,6 +177,7 @@ Suite *accumulate_suite(void) {
   tcase_add_test(tc, accumulation_equals_the_concatenated_batch);
   tcase_add_test(tc, partial_sums_are_in_the_plan);
   tcase_add_test(tc, refused_call_and_save_in_the_middle);
+  tcase_add_test(tc, rows_per_update_past_int_max_are_refused);
   suite_add_tcase(s, tc);
   return s;
 }

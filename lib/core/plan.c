@@ -211,6 +211,14 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_INVALID,
                    "accumulate must be a power of two up to 65536 (0 or 1: none), got %d",
                    c->accumulate);
+  /* the update's mean is over accumulate * batch rows, counted in int (the
+   * loss gradient's scale, dropout's row keys): a context planned for that
+   * concatenated batch must be possible */
+  if (!c->inference && c->accumulate > 1 && (long long)c->batch * c->accumulate > INT_MAX)
+    return DP_FAIL(DP_ERR_OVERFLOW,
+                   "batch %d x accumulate %d is %lld rows per update, more than %d: use a "
+                   "smaller batch or accumulate",
+                   c->batch, c->accumulate, (long long)c->batch * c->accumulate, INT_MAX);
   if (c->recompute < 0 || c->recompute > DP_MAX_LAYERS)
     return DP_FAIL(DP_ERR_INVALID,
                    "recompute must be 0 (off) or a segment length of 1..%d layers, got %d",
