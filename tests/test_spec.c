@@ -1063,6 +1063,24 @@ START_TEST(absurd_param_count_overflows_in_the_parser) {
 }
 END_TEST
 
+/* A tied head's row is V logits at each of T positions: V T past 2^31 - 1
+ * wrapped the int width (T 257, V 2^24: a model of 16777216 outputs, planned
+ * and run as 65281 classes a position; T 128: a negative width), where the
+ * untied linear of the same shape is refused. */
+START_TEST(tied_head_wider_than_an_int_is_refused) {
+  parse_bad_as("input tokens 257\nembed 16777216 1\nlinear 16777216 tied\n",
+               DP_ERR_OVERFLOW, 3, 17, "2^31 - 1");
+  parse_bad_as("input tokens 128\nembed 16777216 1\nlinear 16777216 tied\n",
+               DP_ERR_OVERFLOW, 3, 17, "2^31 - 1");
+  parse_bad_as("input tokens 257\nembed 16777216 1\nlinear 16777216 nobias\n",
+               DP_ERR_OVERFLOW, 3, 1, "2^31 - 1");
+  /* 127 x 2^24 fits: planned with its true width */
+  dp_model *m = model_of("input tokens 127\nembed 16777216 1\nlinear 16777216 tied\n");
+  ck_assert_int_eq(dp_model_output_width(m), 127 * 16777216);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(huge_batch_with_big_widths_overflows) {
   /* rows * width * 4 <= (2^31)^2 * 4 = 2^64 is just representable per
    * region; the sum of inputs and outputs is not. */
@@ -1175,6 +1193,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, absurd_dims_inference_plans_without_wrapping);
   tcase_add_test(tc, two_absurd_layers_overflow_the_param_bytes);
   tcase_add_test(tc, absurd_param_count_overflows_in_the_parser);
+  tcase_add_test(tc, tied_head_wider_than_an_int_is_refused);
   tcase_add_test(tc, huge_batch_with_big_widths_overflows);
   tcase_add_test(tc, absurd_dims_max_batch_is_zero_not_an_error);
   suite_add_tcase(s, tc);

@@ -287,9 +287,13 @@ dp_status dp_model_add_linear_tied(dp_model *m, int out_width) {
                    "a tied linear maps width %d to the vocabulary %d, as the embedding's "
                    "(%d, %d) table does; here it would be %d to %d",
                    e->c, e->vocab, e->vocab, e->c, in, out_width);
+  size_t rw; /* V logits per position: as an untied linear, at most 2^31 - 1 a row */
+  if (!dp__mul((size_t)out_width, (size_t)t, &rw) || rw > DP_MAX_WIDTH)
+    return DP_FAIL(DP_ERR_OVERFLOW, "linear %d tied on %d positions: %s", out_width, t,
+                   "more than 2^31 - 1 floats per row");
   dp_layer l = {.kind = DP_LAYER_LINEAR,
                 .in = cur_width(m),
-                .out = e->vocab * t, /* <= the embedding's V D floats per position */
+                .out = (int)rw,
                 .c = out_width,
                 .tied = 1};
   dp_status s = push(m, l);
