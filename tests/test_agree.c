@@ -94,6 +94,21 @@ START_TEST(agree_names_the_data_and_counts_the_others) {
   j.label[0] = 0;
   record(&j, &r[1]);
   expect(r, 4, 1, "the ranks disagree: rank 1's data differs from rank 0's (3 rows");
+  /* its standardisation (from each rank's --checkpoint) is the model's; a flag
+   * is said as the option it is */
+  j.label[0] = 1;
+  record(&j, &r[1]);
+  j.in.model_more = 42;
+  record(&j, &r[2]);
+  expect(r, 3, 2, "rank 2's model differs from rank 0's");
+  expect(r, 3, 2, "give every rank the same --checkpoint file");
+  j.in.model_more = 0;
+  j.in.extra = "-features-only";
+  record(&j, &r[0]);
+  record(&j, &r[1]);
+  j.in.extra = "+features-only";
+  record(&j, &r[2]);
+  expect(r, 3, 2, "rank 2 runs with --features-only, rank 0 with no --features-only");
   dp_model_free(j.model);
 }
 END_TEST

@@ -375,7 +375,8 @@ START_TEST(from_f32_rounds_to_nearest_even) {
 END_TEST
 
 /* The vector copies against the scalar functions, on every tier (the copies
- * follow the fp32 GEMM's tier: AVX2 or baseline), lengths and offsets. */
+ * follow the fp32 GEMM's tier: AVX2 or baseline; from_f32_n on the AVX-512 tier its own
+ * 16-lane loop), lengths and offsets. */
 START_TEST(vector_copies_give_the_scalar_bits) {
   enum { LEN = 300 };
   float x[LEN + 8], r[LEN + 8], y[LEN + 8];

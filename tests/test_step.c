@@ -828,15 +828,21 @@ END_TEST
  * workspace never touched). bf16 (the documented exception: the shadow area is
  * sized for the widest shadowed op's copies) stays inside the plan. */
 START_TEST(test_high_water_recompute_equals_plan) {
-  for (int v = 0; v < 6; v++) {
+  for (int v = 0; v < 8; v++) {
     dp_config cfg = CFG(.batch = 32, .n_devices = 2, .opt = DP_OPT_ADAMW, .seed = 7);
     cfg.micro_batch = 4;
     cfg.recompute = 1 + v % 3;
     cfg.precision = v < 3 ? DP_PRECISION_FP32 : DP_PRECISION_BF16;
+    /* v 6, 7: linears and relus alone in bf16, whose shadow area is the biases'
+     * slots: the last one's end is the plan's but for its 64-byte rounding
+     * (the fp32 gradient's copy was reserved for every linear: 1.6 KB more) */
+    bool linears = v >= 6;
     rig r;
     rig_open(&r,
-             "input 12\nlinear 32\nrelu\nlayernorm\ndropout 0.1\nlinear 16\ngelu\n"
-             "linear 5\nloss softmax_cross_entropy\n",
+             linears ? "input 12\nlinear 100\nrelu\nlinear 50\nrelu\nlinear 5\n"
+                       "loss softmax_cross_entropy\n"
+                     : "input 12\nlinear 32\nrelu\nlayernorm\ndropout 0.1\nlinear 16\n"
+                       "gelu\nlinear 5\nloss softmax_cross_entropy\n",
              &cfg);
     batch b;
     batch_make(&b, r.m, 32, 5);
@@ -849,7 +855,7 @@ START_TEST(test_high_water_recompute_equals_plan) {
         ck_assert_msg(hw == end, "recompute %d, device %d: high water %zu, plan %zu",
                       cfg.recompute, d, hw, end);
       else
-        ck_assert_msg(hw > w.offset && hw <= end,
+        ck_assert_msg(hw > w.offset && hw <= end && (!linears || end - hw < 64),
                       "bf16, recompute %d, device %d: high water %zu, workspace %zu+%zu",
                       cfg.recompute, d, hw, w.offset, w.size);
     }

@@ -452,8 +452,8 @@ START_TEST(resume_with_no_shuffle_or_data_seed) {
     for (int o = 0; o < 2; o++) {
       char *kind = k ? "--tokens" : "--text", *file = k ? npy : text;
 #define RUN(...)                                                                           \
-  TRAIN("--model", model, kind, file, "--batch", "8", "--optimizer", "sgd", "--lr", "0.05", \
-        order[o][0], order[o][1], __VA_ARGS__)
+  TRAIN("--model", model, kind, file, "--batch", "8", "--optimizer", "sgd", "--lr",        \
+        "0.05", order[o][0], order[o][1], __VA_ARGS__)
       cmd_result full = RUN("--epochs", "2");
       cmd_result first = RUN("--epochs", "1", "--save", ck);
       cmd_result second = RUN("--epochs", "1", "--resume", ck);

@@ -161,6 +161,10 @@ int dpt_agree_record(const dpt_train_inputs *in, dpt_agree_rec *r) {
   dp_model_format(in->model, spec, n + 1);
   r->model = dp_hash_bytes(spec, n);
   free(spec);
+  if (in->model_more) {
+    uint64_t both[2] = {r->model, in->model_more};
+    r->model = dp_hash_bytes(both, sizeof both);
+  }
   r->data = data_digest(in->data);
   if (in->val) { /* the validation set is data too */
     uint64_t both[2] = {r->data, data_digest(in->val)};

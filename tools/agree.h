@@ -32,11 +32,13 @@ typedef struct {
   uint64_t data_seed;     /* --data-seed (default: the seed) */
   int no_shuffle, header; /* --no-shuffle, --header */
   float test_fraction;
-  int steps;         /* dp repro --steps, compared instead of --epochs (0: dp train) */
-  const char *extra; /* more "name=value" words, space-separated (dp repro's
-                        configurations); NULL: none */
-  int predict;       /* dp predict: the model is --checkpoint's, the rows are
-                        not training data (the messages' words) */
+  int steps;           /* dp repro --steps, compared instead of --epochs (0: dp train) */
+  const char *extra;   /* more "name=value" words, space-separated (dp repro's
+                          configurations); NULL: none */
+  int predict;         /* dp predict: the model is --checkpoint's, the rows are
+                          not training data (the messages' words) */
+  uint64_t model_more; /* hashed into the model's digest (dp predict: the
+                          checkpoint's standardisation); 0: nothing */
 } dpt_train_inputs;
 
 #define DPT_AGREE_TEXT 1024

@@ -300,23 +300,28 @@ static int load_inputs(predict_run *t) {
   return 0; /* the standardisation is applied as the rows are gathered */
 }
 
-/* Under mpirun, before the context: every rank's model, rows as read, options
- * and standardisation (from its own --checkpoint's run record; the weights
- * are rank 0's) the same as rank 0's, or the job ends on every rank with rank
- * 0's one message (tools/agree.h; an outside check: a rank given other data
- * wrote wrong predictions, exit 0). 0, or -1 (said). */
+/* Under mpirun, before the context: every rank's model and standardisation
+ * (both from its own --checkpoint; the weights are rank 0's), rows as read and
+ * options the same as rank 0's, or the job ends on every rank with rank 0's
+ * one message (tools/agree.h; an outside check: a rank given other data wrote
+ * wrong predictions, exit 0). The batch's default is applied first, so that a
+ * rank given --batch 256 agrees with one that takes it. 0, or -1 (said). */
 static int agree_predict(predict_run *t) {
   const dpt_scaler *sc = &t->sc;
-  uint64_t h = dp_hash_bytes(&sc->n, sizeof sc->n);
+  uint64_t h = dp_hash_bytes(&sc->n, sizeof sc->n) ^ (uint64_t)sc->per_channel << 1;
   if (sc->n > 0) {
     h ^= dp_hash_bytes(sc->mean, (size_t)sc->n * sizeof *sc->mean);
     h = h * 1099511628211ull ^ dp_hash_bytes(sc->std, (size_t)sc->n * sizeof *sc->std);
   }
-  char extra[96], err[1024];
-  snprintf(extra, sizeof extra, "standardisation=%016llx per_channel=%d features_only=%d",
-           (unsigned long long)h, sc->per_channel, t->o.features_only);
-  dpt_train_inputs in = {
-      .model = t->m, .data = &t->d, .cfg = &t->cfg, .extra = extra, .predict = 1};
+  if (!dpt_given(&t->common, DPT_OPT_BATCH)) t->cfg.batch = 256;
+  if (t->cfg.batch > t->d.n_rows) t->cfg.batch = t->d.n_rows;
+  char err[1024];
+  dpt_train_inputs in = {.model = t->m,
+                         .data = &t->d,
+                         .cfg = &t->cfg,
+                         .extra = t->o.features_only ? "+features-only" : "-features-only",
+                         .predict = 1,
+                         .model_more = h | 1};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
   if (*err) fprintf(stderr, "dp predict: %s\n", err);
   return -1;

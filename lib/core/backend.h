@@ -80,9 +80,9 @@ typedef struct dp_backend_ops {
   unsigned (*features)(const dp_config *c, const int *opt);
   /* ---- capabilities, plain data for the planner (no backend header needed) ----
    * Alignment of every region and arena; the WORKSPACE bytes device d of plan p
-   * needs (exactly what its ops touch: dp_ctx_high_water); whether the caller's
-   * inputs, targets and outputs pass through a pinned host staging arena (laid out by the
-   * planner: dp_plan.host_x / host_t / host_y). workspace_bytes sees p's model,
+   * needs (what its ops touch, exactly where it can: dp_ctx_high_water); whether the
+   * caller's inputs, targets and outputs pass through a pinned host staging arena (laid out
+   * by the planner: dp_plan.host_x / host_t / host_y). workspace_bytes sees p's model,
    * config (training is !cfg.inference; precision may change what a layer needs),
    * segments (seg_lo, seg_hi: config.recompute) and device d's micro-batches
    * (split.dev_mb0, act[d].mb_rows: its largest). */

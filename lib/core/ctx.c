@@ -465,6 +465,15 @@ static dp_status poisoned(dp_ctx *c) {
                               c->poison_msg));
 }
 
+/* The whole words of guard g of device d: g follows region g (g = -1: the one
+ * before the first region), up to the next region or the arena's end. */
+static void guard_words(const dp_plan *p, int d, int g, size_t *k0, size_t *k1) {
+  size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
+  size_t hi = g + 1 < DP_REGION_COUNT ? p->regions[d][g + 1].offset : p->dev_bytes[d];
+  *k0 = (lo + 3) / 4;
+  *k1 = hi / 4;
+}
+
 /* Words of device d's arena in [k0, k1) (word indices) that differ from the
  * canary: how many, the first, and whether the first and last word do. */
 typedef struct {
@@ -495,11 +504,9 @@ static dp_status check_guards(dp_ctx *c) {
   size_t bad_lo = 0, bad_hi = 0;
   canary_scan bad = {0};
   for (int d = c->dev0; d < c->dev1; d++) {
-    /* guard g follows region g; g = -1 is the one before the first region */
     for (int g = -1; g < DP_REGION_COUNT; g++) {
-      size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
-      size_t hi = g + 1 < DP_REGION_COUNT ? p->regions[d][g + 1].offset : p->dev_bytes[d];
-      size_t k0 = (lo + 3) / 4, k1 = hi / 4;
+      size_t k0, k1;
+      guard_words(p, d, g, &k0, &k1);
       canary_scan r;
       dp_status s = scan_canary(c, d, k0, k1, &r);
       if (s)
@@ -540,9 +547,8 @@ dp_status dp__ctx_rearm_guards(dp_ctx *c) {
   if (!p->cfg.guards) return DP_OK;
   for (int d = c->dev0; d < c->dev1; d++)
     for (int g = -1; g < DP_REGION_COUNT; g++) { /* the spans check_guards scans */
-      size_t lo = g < 0 ? 0 : p->regions[d][g].offset + p->regions[d][g].size;
-      size_t hi = g + 1 < DP_REGION_COUNT ? p->regions[d][g + 1].offset : p->dev_bytes[d];
-      size_t k0 = (lo + 3) / 4, k1 = hi / 4;
+      size_t k0, k1;
+      guard_words(p, d, g, &k0, &k1);
       if (k1 <= k0) continue;
       dp_status s = c->be->fill_u32(p, d, c->arena[d] + k0 * 4, DP_CANARY, k1 - k0);
       if (s) return s;

@@ -977,17 +977,6 @@ size_t dp__gemm_packed_b_bytes(int K, int N) {
   return K > 0 && N > 0 ? dp__round_up((size_t)N, RN) * (size_t)K * 4 : 0;
 }
 
-size_t dp__model_packed_wt_bytes(const dp_model *m) {
-  size_t w = 0;
-  for (int i = 0; i < m->n_layers; i++)
-    if (m->layers[i].kind == DP_LAYER_LINEAR) {
-      size_t b =
-          dp__gemm_packed_b_bytes(dp__pos_in(&m->layers[i]), dp__pos_out(&m->layers[i]));
-      w = b > w ? b : w;
-    }
-  return w;
-}
-
 bool dp__gemm_packed_b_prefix(int K, int N, int n) {
   return K > 0 && K <= KC && N <= NC && n > 0 && n <= N;
 }

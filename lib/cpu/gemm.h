@@ -84,10 +84,6 @@ void dp__sgemm_pb(int transA, int transB, int M, int N, int K, const float *A, i
  * computes into a tile on the stack and keeps its first columns only). */
 bool dp__gemm_packed_b_prefix(int K, int N, int n);
 
-/* The largest dp__gemm_packed_b_bytes of the model's linear layers' forward
- * weights (W^T: K = in, N = out). */
-size_t dp__model_packed_wt_bytes(const dp_model *m);
-
 /* out[j] = sum over i = 0 .. M-1, ascending, of A[i * lda + j], from +0. */
 void dp__gemm_colsum(int M, int N, const float *A, int lda, float *out);
 

@@ -20,7 +20,9 @@
  *
  * WORKSPACE of a bf16 plan (ws_layout): the GEMMs' packing and the fp32 ops'
  * own workspace from offset 0; the forward's packed bf16 weights (several
- * micro-batches); the shadow area, one layer op's fp32 copies. */
+ * micro-batches, for the layers whose segment is one layer); the shadow area,
+ * one layer op's fp32 copies, sized from the layers' widths (not exact: the
+ * planner's buffer sharing can make an op's copies fewer). */
 #include "cpu/bf16.h"
 #include "cpu/gelu.h"
 #include "cpu/gemm.h"
