@@ -440,7 +440,7 @@ static __global__ void __launch_bounds__(THREADS)
  * first row). Per row, the loss's math in orders of its own (not the CPU's
  * bits): max (exact in any order), sum of dp__expf(z - max) (lane c: columns
  * c, c + G, ... ascending, then the xor butterfly over the group's G lanes),
- * lse = max + log(sum), loss = lse - z[t], gradient (e^(z - lse) - [j == t]) /
+ * lse = max + log(sum), loss = (max - z[t]) + log(sum), gradient (e^(z - lse) - [j == t]) /
  * rows. The fixed order of the chunk's sum: group q adds its rows' losses
  * ascending from +0, then a halving tree over the Q group sums in shared
  * memory; with loss_chunks it depends on the
@@ -492,7 +492,8 @@ static __global__ void __launch_bounds__(RED_THREADS)
     }
     for (int j = c; j < cols; j += G)
       gr[j] = fm(fs(dp__expf(fs(zr[j], lse)), j == t ? 1.0f : 0.0f), inv);
-    if (c == 0) s = fa(s, fs(lse, zr[t]));
+    /* (mx - z_t) + log se, the cpu's order (lib/cpu/softmax.c) */
+    if (c == 0) s = fa(s, fa(fs(mx, zr[t]), logf(se)));
   }
   if (c == 0) sh[q] = s;
   __syncthreads();

@@ -272,7 +272,8 @@ static float ref_xent(const float *z, const int32_t *t, float *g, size_t r0, siz
       gr[j] = dp__expf(d); /* e_j, until the gradient replaces it */
       a[j % L] = a[j % L] + gr[j];
     }
-    float se = tree(a), inv_se = 1.0f / se, lse = mx + logf(se), loss = lse - zr[t[r]];
+    /* PyTorch's order: log se added at its own scale (below: huge logits) */
+    float se = tree(a), inv_se = 1.0f / se, loss = (mx - zr[t[r]]) + logf(se);
     total = total + loss;
     for (int j = 0; j < out; j++) {
       float p = gr[j] * inv_se;
@@ -372,6 +373,34 @@ START_TEST(softmax_xent_is_the_definition_on_every_tier) {
 }
 END_TEST
 
+/* Equal logits of any size: the loss is ln(classes), the gradient 1/classes
+ * less the label's 1 (an outside check: logits of 1e8 gave a loss of 0, log se
+ * rounded at the largest logit's scale), narrow and wide rows, every tier. */
+START_TEST(softmax_xent_of_huge_equal_logits_is_log_classes) {
+  static const float vals[] = {0.0f, 1e4f, 1e8f, -1e8f, 3e37f};
+  static const int outs[] = {3, 40};
+  for (int k = 0; k < 3; k++) {
+    if (dp__gemm_force_tier(tiers[k]) != 0) continue;
+    for (int o = 0; o < 2; o++)
+      for (int v = 0; v < 5; v++) {
+        int out = outs[o];
+        float z[40], g[40];
+        int32_t t[1] = {1};
+        for (int j = 0; j < out; j++) z[j] = vals[v];
+        float loss = dp__softmax_xent(z, t, g, 0, 1, out, 1.0f);
+        ck_assert_msg(fabsf(loss - logf((float)out)) <= 1e-6f,
+                      "tier %s, %d classes of %g: loss %.9g, ln %d = %.9g", tiers[k], out,
+                      (double)vals[v], (double)loss, out, (double)logf((float)out));
+        for (int j = 0; j < out; j++)
+          ck_assert_msg(fabsf(g[j] - (1.0f / (float)out - (j == 1))) <= 1e-6f,
+                        "tier %s, %d classes of %g: gradient %d is %g", tiers[k], out,
+                        (double)vals[v], j, (double)g[j]);
+      }
+  }
+  dp__gemm_force_tier("auto");
+}
+END_TEST
+
 /* ---- attention's causal products (lib/cpu/sequence.c) ---- */
 
 /* One head of the attention on whole products (dp__sgemm over all T rows and
@@ -456,6 +485,7 @@ Suite *softmax_suite(void) {
   tcase_add_test(tc, causal_softmax_is_the_definition_on_every_tier);
   tcase_add_test(tc, causal_softmax_backward_is_the_definition_on_every_tier);
   tcase_add_test(tc, softmax_xent_is_the_definition_on_every_tier);
+  tcase_add_test(tc, softmax_xent_of_huge_equal_logits_is_log_classes);
   tcase_add_test(tc, attention_blocks_give_the_whole_products_bits);
   suite_add_tcase(s, tc);
   return s;

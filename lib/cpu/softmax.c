@@ -127,7 +127,10 @@ static inline DP_SIMD_BODY int xent_body(const float *restrict z, const int32_t 
     float se = dp__lanes_total(a), inv_se = 1.0f / se;
     int tr = t[r];
     float et = gr[tr];
-    s += mx + logf(se) - zr[tr];
+    /* (mx - z_t) + log se, as PyTorch's log_softmax: log se is added at its own
+     * scale, not rounded at the largest logit's (an outside check: equal
+     * logits of 1e8 gave a loss of 0, not ln 3) */
+    s += (mx - zr[tr]) + logf(se);
     for (int j = 0; j < out; j++) gr[j] = gr[j] * inv_se * inv;
     gr[tr] = (et * inv_se - 1.0f) * inv;
   }
@@ -170,7 +173,7 @@ static inline DP_SIMD_BODY int xent_narrow_body(const float *restrict z,
     for (int q = 0; q < nq; q++) {
       size_t r = b + (size_t)q;
       int tr = t[r];
-      s += mx[q] + logf(a[0][q]) - z[r * out + tr];
+      s += (mx[q] - z[r * out + tr]) + logf(a[0][q]); /* as xent_body */
       float *restrict gr = g + r * out;
       for (int j = 0; j < out; j++) gr[j] = e[j][q] * is[q] * inv;
       gr[tr] = (e[tr][q] * is[q] - 1.0f) * inv;
