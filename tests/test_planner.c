@@ -3830,6 +3830,27 @@ END_TEST
 
 /* Recursive halving pairs devices at distance 1 first, then 2: the first sums
  * are of neighbouring blocks, as in the canonical tree. */
+/* A sequence model's batch of tokens past INT_MAX (the ops count rows x
+ * positions in int) is refused as an overflow, naming the product, and one
+ * row fewer plans (an outside check: it planned, and would have wrapped). */
+START_TEST(tokens_per_batch_past_int_max_are_refused) {
+  dp_model *m = model_of("input tokens 65536\nembed 2 1\nlinear 2\n"
+                         "loss softmax_cross_entropy\n");
+  dp_config c = CFG(.batch = 32768, .n_devices = 1, .opt = DP_OPT_SGD);
+  c.inference = 1;
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_OVERFLOW);
+  ck_assert_ptr_null(p);
+  ck_assert_msg(
+      strstr(dp_last_error(), "batch 32768 x 65536 positions is 2147483648 tokens"), "%s",
+      dp_last_error());
+  c.batch = 32767;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(allreduce_halves_at_distance_one_then_two) {
   dp_model *m = model_of(MLP);
   dp_config c = config_of(64, 4, DP_OPT_SGD);
@@ -3940,6 +3961,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, allreduce_balances_memory_and_scatters_targets);
   tcase_add_test(tc, sharded_optimizer_keeps_one_shard_per_device);
   tcase_add_test(tc, allreduce_halves_at_distance_one_then_two);
+  tcase_add_test(tc, tokens_per_batch_past_int_max_are_refused);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("config");

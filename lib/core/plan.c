@@ -219,6 +219,15 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
                    "batch %d x accumulate %d is %lld rows per update, more than %d: use a "
                    "smaller batch or accumulate",
                    c->batch, c->accumulate, (long long)c->batch * c->accumulate, INT_MAX);
+  /* a sequence model's ops count a micro-batch's positions in int (rows x T,
+   * the rows of their products): the batch's tokens must fit (an outside
+   * check: 32768 rows of 65536 tokens planned, and would have wrapped) */
+  long long T = dp_model_positions(m);
+  if (T > 1 && (long long)c->batch * T > INT_MAX)
+    return DP_FAIL(DP_ERR_OVERFLOW,
+                   "batch %d x %lld positions is %lld tokens, more than %d: use a smaller "
+                   "batch",
+                   c->batch, T, (long long)c->batch * T, INT_MAX);
   if (c->recompute < 0 || c->recompute > DP_MAX_LAYERS)
     return DP_FAIL(DP_ERR_INVALID,
                    "recompute must be 0 (off) or a segment length of 1..%d layers, got %d",
