@@ -272,10 +272,14 @@ int dpt_agree_train(const dpt_train_inputs *in, char *err, size_t errcap) {
   if (R == 1) return 0;
   dpt_agree_rec *mine = malloc(sizeof *mine),
                 *all = me == 0 ? malloc((size_t)R * sizeof *all) : NULL;
-  if (!mine || (me == 0 && !all) || dpt_agree_record(in, mine)) {
+  int oom = !mine || (me == 0 && !all) || dpt_agree_record(in, mine);
+  /* agreed before the gather: a rank that could not make its record would
+   * leave the others waiting in it (the review of session 25) */
+  if (dpt_world_max_int(oom)) {
     free(mine);
     free(all);
-    snprintf(err, errcap, "out of memory"); /* this rank alone: the job is aborted */
+    if (errcap) snprintf(err, errcap, "%s", oom ? "out of memory" : "");
+    dpt_world_failed_together(); /* the failing rank says it */
     return -1;
   }
   int bad = 0;

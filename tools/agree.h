@@ -65,7 +65,9 @@ int dpt_agree_compare(const dpt_agree_rec *recs, int n, char *err, size_t errcap
  * every rank's inputs agree with rank 0's; -1 on every rank when one differs,
  * with the message in err on rank 0 and err empty elsewhere (one message for
  * the job; the failure is known to every rank, so each leaves by itself).
- * -1 with err set on this rank alone: out of memory. One process: 0. */
+ * A rank out of memory for its record: -1 on every rank, "out of memory" in
+ * err on that rank alone (known everywhere: each leaves by itself). One
+ * process: 0. */
 int dpt_agree_train(const dpt_train_inputs *in, char *err, size_t errcap);
 
 #endif
