@@ -1170,11 +1170,15 @@ static int make_context(train_run *t) {
     snprintf(now, sizeof now, "%a", (double)t->cfg.lr);
     shortest_float(saved, sizeof saved);
     shortest_float(now, sizeof now);
-    fprintf(stderr,
-            "dp train: cannot resume from '%s': --lr: the checkpoint's rate is %s (the "
-            "--lr of dp import, or of the program that saved it), this run's %s: give "
-            "--lr %s, or write the checkpoint again with --lr %s\n",
-            o->resume, saved, now, saved, now);
+    /* every rank decides alike (agreed --lr, rank 0's checkpoint): rank 0 says
+     * it and each leaves by itself */
+    if (dpt_world_rank() == 0)
+      fprintf(stderr,
+              "dp train: cannot resume from '%s': --lr: the checkpoint's rate is %s (the "
+              "--lr of dp import, or of the program that saved it), this run's %s: give "
+              "--lr %s, or write the checkpoint again with --lr %s\n",
+              o->resume, saved, now, saved, now);
+    dpt_world_failed_together();
     return -1;
   }
   t->pc = dp_plan_config(t->plan);
