@@ -136,28 +136,34 @@ disagree "--save on rank 0 alone" "rank 1 runs with no --save, rank 0 with --sav
 # file is missing (on its host) waited for by the others forever in a collective, and a
 # rank given other data gave a verdict of DIFFERS (an outside check): now the job ends
 # at once, every rank non-zero, with the rank's message or rank 0's one naming rank 1
-rep="$bd/dp repro --model examples/digits.dpm --batch 64 --micro-batch 4 --steps 2 \
-  --layouts 1x2,2x1 --mode classic"
-for c in "missing.csv:cannot read data '$tmp/missing.csv'" \
-  "other.csv:the ranks disagree: rank 1's training data differs from rank 0's"; do
-  f=${c%%:*} want=${c#*:}
-  echo "-- dp repro, rank 1 given $f"
+# ends_at_once WHAT WANT BAD CMD...: rank 0 runs CMD --data data/digits.csv, rank 1 CMD
+# --data $tmp/BAD; the job must end within 20 s with WANT said, a non-zero exit on every
+# rank, no "DIFFERS" verdict and no $tmp/p3.csv written
+ends_at_once() {
+  what=$1 want=$2 f=$3
+  shift 3
+  echo "-- $what, rank 1 given $f"
   start=$(date +%s)
-  timeout 120 $MPIRUN --mca orte_abort_on_non_zero_status 0 -np 1 "$tmp/rank.sh" $rep \
-    --data data/digits.csv : -np 1 "$tmp/rank.sh" $rep --data "$tmp/$f" >"$tmp/rd" 2>&1
+  timeout 120 $MPIRUN --mca orte_abort_on_non_zero_status 0 -np 1 "$tmp/rank.sh" "$@" \
+    --data data/digits.csv : -np 1 "$tmp/rank.sh" "$@" --data "$tmp/$f" >"$tmp/rd" 2>&1
   rc=$? took=$(($(date +%s) - start))
   if [ $rc -eq 124 ] || [ $took -gt 20 ] || ! grep -qF "$want" "$tmp/rd" ||
-    grep -q "DIFFERS" "$tmp/rd" || ! grep -q "rank 0 exit [1-9]" "$tmp/rd" ||
-    ! grep -q "rank 1 exit [1-9]" "$tmp/rd"; then
+    grep -q "DIFFERS" "$tmp/rd" || [ -e "$tmp/p3.csv" ] ||
+    ! grep -q "rank 0 exit [1-9]" "$tmp/rd" || ! grep -q "rank 1 exit [1-9]" "$tmp/rd"; then
     cat "$tmp/rd"
-    echo "FAILED: dp repro, rank 1 given $f (exit $rc after ${took}s; want '$want' and a" \
-      "non-zero exit on every rank, within 20 s)"
+    echo "FAILED: $what, rank 1 given $f (exit $rc after ${took}s; want '$want', nothing" \
+      "written and a non-zero exit on every rank, within 20 s)"
     fail=1
   else
     grep -F "$want" "$tmp/rd" | cut -c 1-100 | sed 's/^/   /'
     echo "   every rank exited non-zero, after ${took}s"
   fi
-done
+}
+rep="$bd/dp repro --model examples/digits.dpm --batch 64 --micro-batch 4 --steps 2 \
+  --layouts 1x2,2x1 --mode classic"
+ends_at_once "dp repro" "cannot read data '$tmp/missing.csv'" missing.csv $rep
+ends_at_once "dp repro" "the ranks disagree: rank 1's training data differs from rank 0's" \
+  other.csv $rep
 # --resume: rank 0 reads the checkpoint and sends it (the ranks need not share a file
 # system): rank 1's path, missing or another checkpoint, is never opened, and the job
 # resumes rank 0's, bit for bit as one process does
@@ -198,27 +204,10 @@ if [ $? -ne 0 ] || ! cmp -s "$tmp/p1.csv" "$tmp/p2.csv"; then
 else
   echo "-- dp predict under mpirun -np 2: one process's predictions, byte for byte"
 fi
-for c in "missing.csv:cannot read data '$tmp/missing.csv'" \
-  "other.csv:the ranks disagree: rank 1's data differs from rank 0's"; do
-  f=${c%%:*} want=${c#*:}
-  echo "-- dp predict, rank 1 given $f"
-  start=$(date +%s)
-  timeout 120 $MPIRUN --mca orte_abort_on_non_zero_status 0 -np 1 "$tmp/rank.sh" $pre \
-    --data data/digits.csv --out "$tmp/p3.csv" : -np 1 "$tmp/rank.sh" $pre \
-    --data "$tmp/$f" --out "$tmp/p3.csv" >"$tmp/rd" 2>&1
-  rc=$? took=$(($(date +%s) - start))
-  if [ $rc -eq 124 ] || [ $took -gt 20 ] || ! grep -qF "$want" "$tmp/rd" ||
-    [ -e "$tmp/p3.csv" ] || ! grep -q "rank 0 exit [1-9]" "$tmp/rd" ||
-    ! grep -q "rank 1 exit [1-9]" "$tmp/rd"; then
-    cat "$tmp/rd"
-    echo "FAILED: dp predict, rank 1 given $f (exit $rc after ${took}s; want '$want'," \
-      "no predictions written and a non-zero exit on every rank, within 20 s)"
-    fail=1
-  else
-    grep -F "$want" "$tmp/rd" | cut -c 1-100 | sed 's/^/   /'
-    echo "   every rank exited non-zero, after ${took}s, nothing written"
-  fi
-done
+ends_at_once "dp predict" "cannot read data '$tmp/missing.csv'" missing.csv $pre \
+  --out "$tmp/p3.csv"
+ends_at_once "dp predict" "the ranks disagree: rank 1's data differs from rank 0's" \
+  other.csv $pre --out "$tmp/p3.csv"
 # the oversubscription warning counts a process's devices against the CPUs it may
 # use (an outside check, session 23: it counted the job's, and told a 2-process job
 # to use --devices 1): bound to a core each (c CPUs: its hardware threads), c devices
