@@ -825,6 +825,19 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / nb) if nb > 0 else float(np.linalg.norm(a - b))
 
 
+
+def log_rel(logs, key, ref):
+    """The largest relative error of dp's logged values of key against ref's (inf
+    when their counts differ or dp lacks one that ref has)."""
+    got = [l.get(key) for l in logs]
+    if len(got) != len(ref): return float('inf')
+    e = 0.0
+    for g, w in zip(got, ref):
+        if w is None: continue
+        if g is None: return float('inf')
+        e = max(e, abs(g - w) / max(abs(w), 1e-30))
+    return e
+
 def check(c, d):
     os.makedirs(d, exist_ok=True)
     with open(f"{d}/case.json", "w") as f: json.dump(c, f, indent=1)
@@ -848,15 +861,7 @@ def check(c, d):
     tot = rel(np.concatenate(allp_dp), np.concatenate(allp_32))
     tot64 = rel(np.concatenate(allp_dp), np.concatenate(allp_64))
     base = rel(np.concatenate(allp_32), np.concatenate(allp_64))
-    def mrel(key, ref):
-        got = [l.get(key) for l in logs]; want = ref
-        if len(got) != len(want): return float('inf')
-        e = 0.0
-        for g, w in zip(got, want):
-            if w is None: continue
-            if g is None: return float('inf')
-            e = max(e, abs(g - w) / max(abs(w), 1e-30))
-        return e
+    mrel = lambda key, ref: log_rel(logs, key, ref)
     dl = [l['loss'] for l in logs]
     lerr = mrel('loss', l32['loss']); lerr64 = mrel('loss', l64['loss'])
     lrerr = mrel('lr', l32['lr']); nerr = mrel('grad_norm', l64['norm']) if c['clip'] else 0.0
@@ -895,15 +900,7 @@ def check_bf16(c, d):
                   rel(out[k], sds['autocast'][k].detach()))
     P = lambda sd: np.concatenate([(out[k].numpy() if sd is None else sd[k].detach().numpy()).ravel() for k in keys if 'running' not in k] or [np.zeros(1)])
     pdp = P(None); pbf, pac, pf = P(sds['bf16']), P(sds['autocast']), P(sds[None])
-    def mrel(key, ref):
-        got = [l.get(key) for l in logs]
-        if len(got) != len(ref): return float('inf')
-        e = 0.0
-        for g, w in zip(got, ref):
-            if w is None: continue
-            if g is None: return float('inf')
-            e = max(e, abs(g - w) / max(abs(w), 1e-30))
-        return e
+    mrel = lambda key, ref: log_rel(logs, key, ref)
     def lgap(key):
         a, b = runs['autocast'][1][key], runs[None][1][key]
         return max([abs(x - y) / abs(y) for x, y in zip(a, b) if x is not None and y] or [0])
