@@ -664,9 +664,22 @@ static dp_status check_entries(const char *path, const st_entry *ti, const st_te
       same = same && s->shape[d] == (uint64_t)t->dims[d];
     }
     snprintf(want + strlen(want), sizeof want - strlen(want), "]");
-    if (!s->seen)
+    if (!s->seen) {
+      /* A tied head's two names: safetensors.torch.save_model keeps one of them */
+      int k2 = alias_of(ti, k);
+      for (int i = k + 1; k2 < 0 && i < n; i++)
+        if (alias_of(ti, i) == k) k2 = i;
+      if (k2 >= 0 && st[k2].seen)
+        return DP_FAIL(DP_ERR_INVALID,
+                       "safetensors file '%s' has no tensor '%s' %s, the tied output "
+                       "head's name for '%s', which it has: libdp takes both names, as "
+                       "model.state_dict() holds them (safetensors.torch.save_model keeps "
+                       "one; save_file({k: v.clone() for k, v in "
+                       "model.state_dict().items()}) keeps both)",
+                       path, t->name, want, ti[k2].name);
       return DP_FAIL(DP_ERR_INVALID, "safetensors file '%s' has no tensor '%s' %s", path,
                      t->name, want);
+    }
     for (int d = 0; d < s->ndim; d++)
       snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", d ? ", " : "",
                (unsigned long long)s->shape[d]);
