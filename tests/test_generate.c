@@ -266,7 +266,13 @@ START_TEST(refusals_say_what_to_do) {
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--greedy", "--temperature", "2"),
           2, "give one or the other");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--temperature", "0"), 2,
-          "--temperature must be above 0");
+          "--temperature: 0 is out of range (0, 1e6] (for the most likely token every "
+          "time: --greedy)");
+  /* the range said as it is: -1 and 2e6 (an outside check: "[0, 1e+06]") */
+  refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--temperature", "-1"), 2,
+          "--temperature: -1 is out of range (0, 1e6]");
+  refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--temperature", "2e6"), 2,
+          "--temperature: 2e6 is out of range (0, 1e6]\n");
   refused(GEN("--checkpoint", g64, "--prompt-ids", "1", "--prompt", "a"), 2,
           "--prompt TEXT or --prompt-ids IDS (one)");
   refused(GEN("--prompt", "a"), 2, "--checkpoint is required");

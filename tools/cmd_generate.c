@@ -5,6 +5,7 @@
 #include "cli.h"
 #include "svg.h" /* dpt_format_bytes */
 
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -39,12 +40,17 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
     return dpt_parse_int(arg, 0, 1 << 24, "--tokens", &o->tokens, err, errcap);
   case OPT_GREEDY: o->greedy = 1; return 0;
   case OPT_TEMPERATURE:
-    if (dpt_parse_float(arg, 0.0, 1e6, "--temperature", &o->temperature, err, errcap))
+    /* the range said as it is, (0, 1e6] (an outside check: "[0, 1e+06]" for
+     * -1, while 0 is refused too) */
+    if (dpt_parse_float(arg, -FLT_MAX, FLT_MAX, "--temperature", &o->temperature, err,
+                        errcap))
       return -1;
-    return o->temperature > 0 ? 0
-                              : dpt_fail(err, errcap,
-                                         "--temperature must be above 0 (for the most "
-                                         "likely token every time: --greedy)");
+    return o->temperature > 0 && o->temperature <= 1e6f
+               ? 0
+               : dpt_fail(err, errcap, "--temperature: %s is out of range (0, 1e6]%s", arg,
+                          o->temperature > 0 ? ""
+                                             : " (for the most likely token every time: "
+                                               "--greedy)");
   case OPT_TOP_K: return dpt_parse_int(arg, 1, 1 << 30, "--top-k", &o->top_k, err, errcap);
   case OPT_IDS: o->ids = 1; return 0;
   case OPT_SAMPLES:
