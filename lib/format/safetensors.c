@@ -521,6 +521,7 @@ typedef struct {
   uint64_t shape[8];
   uint64_t begin, end;
   bool seen;
+  bool borrowed; /* a tied head's name the file lacks: its other name's entry */
 } st_tensor;
 
 /* {"dtype": ..., "shape": [...], "data_offsets": [b, e]}, each once; other
@@ -649,6 +650,20 @@ static dp_status parse_header(json *j, const st_entry *ti, int n, st_tensor *st)
   return DP_OK;
 }
 
+/* A tied output head's weight and the token table are one tensor under two
+ * names: a file may hold one of them (safetensors.torch.save_model keeps one
+ * name of tensors that share memory, as torch.save does not): the missing
+ * name takes the other's entry, borrowed (not a tensor of the file's data). */
+static void tied_names(const st_entry *ti, st_tensor *st, int n) {
+  for (int k = 0; k < n; k++) {
+    int k2 = alias_of(ti, k);
+    if (k2 < 0 || st[k].seen == st[k2].seen) continue;
+    int have = st[k].seen ? k : k2, lack = st[k].seen ? k2 : k;
+    st[lack] = st[have];
+    st[lack].borrowed = true;
+  }
+}
+
 /* Each of the model's tensors is there, with its shape and dtype, and
  * data_offsets [begin, end] of exactly its byte size within the data. */
 static dp_status check_entries(const char *path, const st_entry *ti, const st_tensor *st,
@@ -664,22 +679,9 @@ static dp_status check_entries(const char *path, const st_entry *ti, const st_te
       same = same && s->shape[d] == (uint64_t)t->dims[d];
     }
     snprintf(want + strlen(want), sizeof want - strlen(want), "]");
-    if (!s->seen) {
-      /* A tied head's two names: safetensors.torch.save_model keeps one of them */
-      int k2 = alias_of(ti, k);
-      for (int i = k + 1; k2 < 0 && i < n; i++)
-        if (alias_of(ti, i) == k) k2 = i;
-      if (k2 >= 0 && st[k2].seen)
-        return DP_FAIL(DP_ERR_INVALID,
-                       "safetensors file '%s' has no tensor '%s' %s, the tied output "
-                       "head's name for '%s', which it has: libdp takes both names, as "
-                       "model.state_dict() holds them (safetensors.torch.save_model keeps "
-                       "one; save_file({k: v.clone() for k, v in "
-                       "model.state_dict().items()}) keeps both)",
-                       path, t->name, want, ti[k2].name);
+    if (!s->seen)
       return DP_FAIL(DP_ERR_INVALID, "safetensors file '%s' has no tensor '%s' %s", path,
                      t->name, want);
-    }
     for (int d = 0; d < s->ndim; d++)
       snprintf(got + strlen(got), sizeof got - strlen(got), "%s%llu", d ? ", " : "",
                (unsigned long long)s->shape[d]);
@@ -710,10 +712,11 @@ static dp_status check_entries(const char *path, const st_entry *ti, const st_te
  * a few bytes short (which moves the data's start into the padding) shifts
  * every value and still fits. */
 static dp_status check_tiling(const char *path, const st_entry *ti, const st_tensor *st,
-                              int n, size_t data_len) {
-  int order[ST_MAX_ENTRIES];
-  for (int k = 0; k < n; k++) { /* insertion sort by (begin, end): n is small */
-    int i = k;
+                              int n_all, size_t data_len) {
+  int order[ST_MAX_ENTRIES], n = 0;
+  for (int k = 0; k < n_all; k++) { /* insertion sort by (begin, end): n is small */
+    if (st[k].borrowed) continue;   /* not the file's: its other name's bytes */
+    int i = n++;
     while (i > 0 &&
            (st[order[i - 1]].begin > st[k].begin ||
             (st[order[i - 1]].begin == st[k].begin && st[order[i - 1]].end > st[k].end))) {
@@ -828,6 +831,7 @@ static dp_status decode(const dp_model *m, const char *path, const unsigned char
   const char *h = (const char *)b + 8;
   json j = {h, h, h + hlen, path, DP_OK};
   dp_status s = parse_header(&j, ti, n, st);
+  if (!s) tied_names(ti, st, n);
   if (!s) s = check_entries(path, ti, st, n, data_len);
   if (!s) s = check_tiling(path, ti, st, n, data_len);
   if (!s) s = copy_values(path, ti, st, n, data, state);
