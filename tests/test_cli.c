@@ -3120,6 +3120,21 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
   resume_drops(fast, ck, log, "1", "3 records of epochs after the checkpoint's 4 dropped");
   ck_assert_int_eq(read_log(log, lines, 8, 1), 5);
 
+  /* and so is one cut before its "step" (a full disk's or a file-size limit's
+   * cut falls anywhere: an outside check of files found `{"e` refused as "not a
+   * dp train log record") */
+  static const char *const cuts[] = {"{", "{\"e", "{\"epoch\":", "{\"epoch\":6",
+                                     "{\"epoch\":6,\"st"};
+  for (size_t k = 0; k < sizeof cuts / sizeof *cuts; k++) {
+    f = fopen(log, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs(cuts[k], f);
+    fclose(f);
+    resume_drops(fast, ck, log, "1",
+                 "2 records of epochs after the checkpoint's 4 dropped");
+    ck_assert_int_eq(read_log(log, lines, 8, 1), 5);
+  }
+
   /* a --log that is not this tool's log (the data, by mistake) is refused before
    * a byte is appended (an outside check, session 23) */
   char other[128];

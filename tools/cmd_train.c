@@ -10,6 +10,7 @@
 #include "data.h"
 #include "svg.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <limits.h>
@@ -1198,6 +1199,22 @@ static int make_context(train_run *t) {
   return 0;
 }
 
+/* Whether the n bytes at s (a last line without its newline) are the start of a
+ * record, {"epoch":N,"step":..., cut short before its "step" by a write that
+ * failed (a full disk, a file-size limit) or a killed run. */
+static bool record_start(const char *s, size_t n) {
+  static const char head[] = "{\"epoch\":", step[] = ",\"step\":";
+  size_t i = 0, d;
+  for (; i < n && head[i]; i++)
+    if (s[i] != head[i]) return false;
+  for (d = i; i < n && isdigit((unsigned char)s[i]);) i++;
+  if (i == n) return true;
+  if (i == d) return false;
+  for (size_t j = 0; i < n && step[j]; i++, j++)
+    if (s[i] != step[j]) return false;
+  return true;
+}
+
 /* --resume with --log: the log's records of epochs after `epochs` (written by a run
  * that went on past the checkpoint and then died, or by an earlier resume of it) are
  * dropped, so that the resumed run's records follow the checkpoint's without an epoch
@@ -1227,6 +1244,12 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
      * A last line cut short by a killed run is dropped. */
     int cnt = 0;
     if (sscanf(line, "{\"epoch\":%d,\"step\":%n", &ep, &cnt) < 1 || !cnt) {
+      /* a last record cut before its "step" (an outside check of files: a full
+       * disk's cut at `{"e` made the log "not this run's log") */
+      if (line[n - 1] != '\n' && record_start(line, (size_t)n)) {
+        dropped++;
+        continue;
+      }
       foreign = lineno;
       continue;
     }
