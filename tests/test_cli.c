@@ -3036,6 +3036,49 @@ START_TEST(file_size_limit_is_a_write_error) {
 }
 END_TEST
 
+/* A --plot that cannot be written (past a file-size limit, as on a full disk) fails
+ * the run, but the checkpoint is still saved (an outside check of files: the
+ * chart's failure skipped --save, and the whole run's training was lost). A model of
+ * 4 parameters: its checkpoint fits under the limit, 300 epochs' chart does not. */
+START_TEST(failed_plot_still_saves) {
+  char dp[600], cmd[1600], dir[64], model[128], data[128], ck[128];
+  dp_binary(dp, sizeof dp);
+  if (!dp[0]) {
+    fprintf(stderr, "NOTE cli: failed_plot_still_saves: no dp binary next to the test "
+                    "binary; skipped\n");
+    return;
+  }
+  temp_dir(dir, sizeof dir);
+  in_dir(model, sizeof model, dir, "m.dpm");
+  in_dir(data, sizeof data, dir, "d.csv");
+  in_dir(ck, sizeof ck, dir, "s.ckpt");
+  write_file(model, "input 1\nlinear 2\nloss softmax_cross_entropy\n");
+  char rows[2048] = "";
+  for (int i = 0; i < 40; i++) {
+    size_t n = strlen(rows);
+    snprintf(rows + n, sizeof rows - n, "%d,%d.%d\n", i % 2, i % 2, i);
+  }
+  write_file(data, rows);
+  int st;
+  snprintf(cmd, sizeof cmd,
+           "ulimit -f 4 && '%s' train --model '%s' --data '%s' --batch 8 --epochs 300 "
+           "--eval-every 1 --quiet --save '%s' --plot '%s/p.svg' 2>&1",
+           dp, model, data, ck, dir);
+  char *out = shell_output(cmd, &st);
+  ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == DPT_EXIT_FAIL, "status %d: %s", st,
+                out);
+  ck_assert_msg(strstr(out, "cannot write chart") && strstr(out, strerror(EFBIG)), "%s",
+                out);
+  ck_assert_msg(strstr(out, "checkpoint: "), "%s", out);
+  free(out);
+  ck_assert_int_eq(n_entries(dir), 3); /* the model, the data, the checkpoint */
+  dp_ckpt_summary sum;
+  ck_assert_msg(dp_ckpt_info(ck, NULL, &sum) == DP_OK, "%s", dp_last_error());
+  ck_assert_uint_eq(sum.n_params, 4);
+  remove_dir(dir);
+}
+END_TEST
+
 /* --resume ck --log log for `epochs` more: it says `dropped` (the log's records
  * past the checkpoint's epochs), 4 kept. */
 static void resume_drops(const char *const *fast, const char *ck, const char *log,
@@ -4876,6 +4919,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_warns_when_devices_outnumber_cpus);
   tcase_add_test(tc, unknown_command_suggests_the_nearest);
   tcase_add_test(tc, file_size_limit_is_a_write_error);
+  tcase_add_test(tc, failed_plot_still_saves);
   tcase_add_test(tc, epoch_lines_reach_a_pipe_as_each_epoch_ends);
   tcase_add_test(tc, a_width_mismatch_counts_the_files_fields);
   tcase_add_test(tc, cuda_options_refused_on_the_cpu_backend);

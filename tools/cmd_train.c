@@ -1898,11 +1898,13 @@ static int train(train_run *t) {
   if (make_context(t) || start_run(t) || run_epochs(t)) return -1;
   if (t->stop_sig) return interrupted(t);
   if (final_report(t)) return -1;
-  if (t->o.plot && t->writes && write_plot(t)) return -1;
+  /* a chart that cannot be written does not lose the run's checkpoint (an
+   * outside check of files: a full disk under --plot skipped --save) */
+  int failed = t->o.plot && t->writes && write_plot(t);
   /* the state's epochs: the best's, when the early stop restored it */
   int ep = t->best_restored ? t->best_ep : t->ep_done;
   if (t->o.save && save_checkpoint(t, t->o.save, ep, 0, SAVE_END)) return -1;
-  return 0;
+  return failed ? -1 : 0;
 }
 
 int dpt_cmd_train(int argc, char **argv) {
