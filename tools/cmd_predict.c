@@ -297,6 +297,9 @@ static int load_inputs(predict_run *t) {
     fprintf(stderr, "dp predict: %s: %s\n", o->checkpoint, err);
     return -1;
   }
+  /* 256 rows unless given, at most the rows: before the ranks compare it */
+  if (!dpt_given(&t->common, DPT_OPT_BATCH)) t->cfg.batch = 256;
+  if (t->cfg.batch > d->n_rows) t->cfg.batch = d->n_rows;
   return 0; /* the standardisation is applied as the rows are gathered */
 }
 
@@ -304,8 +307,8 @@ static int load_inputs(predict_run *t) {
  * (both from its own --checkpoint; the weights are rank 0's), rows as read and
  * options the same as rank 0's, or the job ends on every rank with rank 0's
  * one message (tools/agree.h; an outside check: a rank given other data wrote
- * wrong predictions, exit 0). The batch's default is applied first, so that a
- * rank given --batch 256 agrees with one that takes it. 0, or -1 (said). */
+ * wrong predictions, exit 0). The batch is compared as load_inputs made it, so
+ * that a rank given --batch 256 agrees with one that takes it. 0, or -1 (said). */
 static int agree_predict(predict_run *t) {
   const dpt_scaler *sc = &t->sc;
   uint64_t h = dp_hash_bytes(&sc->n, sizeof sc->n) ^ (uint64_t)sc->per_channel << 1;
@@ -313,8 +316,6 @@ static int agree_predict(predict_run *t) {
     h ^= dp_hash_bytes(sc->mean, (size_t)sc->n * sizeof *sc->mean);
     h = h * 1099511628211ull ^ dp_hash_bytes(sc->std, (size_t)sc->n * sizeof *sc->std);
   }
-  if (!dpt_given(&t->common, DPT_OPT_BATCH)) t->cfg.batch = 256;
-  if (t->cfg.batch > t->d.n_rows) t->cfg.batch = t->d.n_rows;
   char err[1024];
   dpt_train_inputs in = {.model = t->m,
                          .data = &t->d,
@@ -327,12 +328,10 @@ static int agree_predict(predict_run *t) {
   return -1;
 }
 
-/* An inference plan (batch 256 unless given, at most the rows), its context
+/* An inference plan (the batch load_inputs set), its context
  * with the checkpoint loaded, and the output file. 0, or -1 (said). */
 static int make_context(predict_run *t) {
   dp_config *cfg = &t->cfg;
-  if (!dpt_given(&t->common, DPT_OPT_BATCH)) cfg->batch = 256;
-  if (cfg->batch > t->d.n_rows) cfg->batch = t->d.n_rows;
   cfg->inference = 1;
   if (dpt_require_backend(cfg, t->err, sizeof t->err)) {
     fprintf(stderr, "dp predict: %s\n", t->err);

@@ -1199,9 +1199,9 @@ static int make_context(train_run *t) {
   return 0;
 }
 
-/* Whether the n bytes at s (a last line without its newline) are the start of a
- * record, {"epoch":N,"step":..., cut short before its "step" by a write that
- * failed (a full disk, a file-size limit) or a killed run. */
+/* Whether the n bytes at s (a last line without its newline) are a record,
+ * {"epoch":N,"step":..., cut short anywhere by a write that failed (a full
+ * disk, a file-size limit) or a killed run. */
 static bool record_start(const char *s, size_t n) {
   static const char head[] = "{\"epoch\":", step[] = ",\"step\":";
   size_t i = 0, d;
@@ -1238,18 +1238,18 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
   for (ssize_t n; out && !foreign && (n = getline(&line, &cap, in)) > 0;) {
     int ep = 0;
     lineno++;
-    /* a record's epoch is its first field: {"epoch":N,"step":... A line of any
-     * other form is not this tool's log (--log naming the data or the model by
-     * mistake): refused before a byte is appended (an outside check, session 23).
-     * A last line cut short by a killed run is dropped. */
+    /* A last record cut short, wherever the cut fell, is dropped (an outside
+     * check of files: a full disk's cut at `{"e` made the log "not this run's
+     * log"). A record's epoch is its first field: {"epoch":N,"step":... A line of
+     * any other form is not this tool's log (--log naming the data or the model
+     * by mistake): refused before a byte is appended (an outside check, session
+     * 23). */
+    if (line[n - 1] != '\n' && record_start(line, (size_t)n)) {
+      dropped++;
+      continue;
+    }
     int cnt = 0;
     if (sscanf(line, "{\"epoch\":%d,\"step\":%n", &ep, &cnt) < 1 || !cnt) {
-      /* a last record cut before its "step" (an outside check of files: a full
-       * disk's cut at `{"e` made the log "not this run's log") */
-      if (line[n - 1] != '\n' && record_start(line, (size_t)n)) {
-        dropped++;
-        continue;
-      }
       foreign = lineno;
       continue;
     }
