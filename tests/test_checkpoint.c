@@ -152,6 +152,40 @@ START_TEST(test_resume_equals_straight_run) {
 }
 END_TEST
 
+/* Shared parameters (the cpu backend's params=shared: only device 0 holds
+ * them): a checkpoint saved from 4 such devices resumes on 2 such devices and
+ * on 2 with copies, each identical to the straight run. */
+START_TEST(test_resume_with_shared_params) {
+  dp_config cs = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 4),
+            cl = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 2),
+            c1 = CK_CFG(DP_OPT_MOMENTUM, .n_devices = 1);
+  snprintf(cs.backend_options, sizeof cs.backend_options, "params=shared");
+  rig straight, a, b[2];
+  rig_open(&straight, MLP_SPEC, &c1);
+  rig_open(&a, MLP_SPEC, &cs);
+  tmpdir t;
+  tmp_make(&t, "dp_ckpt", "model.ckpt");
+  run_steps(&straight, 0, TOTAL);
+  run_steps(&a, 0, SAVE_AT);
+  save_ok(&a, t.path);
+  for (int k = 0; k < 2; k++) {
+    snprintf(cl.backend_options, sizeof cl.backend_options, "params=%s",
+             k ? "copy" : "shared");
+    rig_open(&b[k], MLP_SPEC, &cl);
+    load_ok(&b[k], t.path);
+    assert_same_params(&a, &b[k], "just loaded");
+    run_steps(&b[k], SAVE_AT, TOTAL);
+    assert_same_params(&straight, &b[k], k ? "copies resumed" : "shared resumed");
+    rig_close(&b[k]);
+  }
+  run_steps(&a, SAVE_AT, TOTAL);
+  assert_same_params(&straight, &a, "saver vs straight");
+  tmp_done(&t);
+  rig_close(&straight);
+  rig_close(&a);
+}
+END_TEST
+
 /* Loading over a context that has trained (state, step and replicas all set)
  * gives the same as loading into a fresh one. */
 START_TEST(test_load_over_trained_context) {
@@ -1261,6 +1295,7 @@ Suite *checkpoint_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_loop_test(tc, test_resume_equals_straight_run, 0, 2 * N_RESUME);
   tcase_add_test(tc, test_load_over_trained_context);
+  tcase_add_test(tc, test_resume_with_shared_params);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("format");

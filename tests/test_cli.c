@@ -1609,11 +1609,11 @@ START_TEST(cuda_options_refused_on_the_cpu_backend) {
   ck_assert_int_eq(dp_model_parse(SMALL_SPEC, "small", &m), DP_OK);
   static const char *const opt[3][2] = {
       {"--graph", NULL}, {"--tf32", NULL}, {"--transport", "copy"}};
-  /* --graph and --tf32 set backend options, which the cpu backend has none of;
+  /* --graph and --tf32 set backend options, which the cpu backend does not have;
    * --transport still sets the deprecated field */
   static const char *const want_msg[3] = {
-      "backend option 'graph': the cpu backend has no options",
-      "backend option 'tf32': the cpu backend has no options",
+      "backend option 'graph': the cpu backend has the option params",
+      "backend option 'tf32': the cpu backend has the option params",
       "transport is a cuda backend option"};
   for (int i = 0; i < 3; i++) {
     /* the planner's message, through the library */

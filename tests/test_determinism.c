@@ -33,6 +33,10 @@ static const char *gpt_in_use = GPT_SPEC;
 static dp_bn_mode bn_in_use = DP_BN_PER_REPLICA;
 /* config.backend of every run (the cpu backend unless a test sets it) */
 static dp_backend backend_in_use = DP_BACKEND_CPU;
+/* config.precision and config.backend_options of every run (fp32 and none
+ * unless a test sets them) */
+static dp_precision precision_in_use = DP_PRECISION_FP32;
+static const char *options_in_use = "";
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
 typedef struct {
@@ -72,6 +76,8 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.guards = recompute_in_use > 0; /* and nothing it writes leaves its regions */
   c.batchnorm = bn_in_use;
   c.backend = backend_in_use;
+  c.precision = precision_in_use;
+  snprintf(c.backend_options, sizeof c.backend_options, "%s", options_in_use);
   rig r;
   rig_open(&r, spec_in_use ? spec_in_use : MLP_EVERY_KIND_SPEC, &c);
   dp_ctx *x = r.c;
@@ -145,6 +151,8 @@ static uint64_t gpt_run(setup su, int micro_batch) {
   c.seed = 7;
   c.recompute = recompute_in_use;
   c.guards = recompute_in_use > 0;
+  c.precision = precision_in_use;
+  snprintf(c.backend_options, sizeof c.backend_options, "%s", options_in_use);
   rig r;
   rig_open(&r, gpt_in_use, &c);
   float x[R * GPT_T];
@@ -492,6 +500,85 @@ START_TEST(recompute_gives_the_same_bits_gpt) {
 }
 END_TEST
 
+/* Shared parameters (the cpu backend's params=shared): the replicas read
+ * device 0's parameters and batchnorm buffers, and nothing is broadcast. The
+ * bits of copies: the MLP of every layer kind (dropout), the CNN, a CNN with
+ * batchnorm per replica and sync, in fp32 and bf16, on 2, 4 and 8 devices,
+ * with recompute (and its arena guards) on 4; and the GPT. Its forward in
+ * eval mode reads the shared running statistics. */
+START_TEST(shared_params_give_the_bits_of_copies) {
+  const struct {
+    const char *spec;
+    dp_bn_mode bn;
+  } cases[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
+               {CNN_SPEC, DP_BN_PER_REPLICA},
+               {BN_CNN_SPEC, DP_BN_PER_REPLICA},
+               {BN_CNN_SPEC, DP_BN_SYNC}};
+  const setup classic[] = {
+      {2, DP_MODE_CLASSIC, 0}, {4, DP_MODE_CLASSIC, 0}, {8, DP_MODE_CLASSIC, 0}};
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+    for (int bf = 0; bf < 2; bf++) {
+      spec_in_use = cases[c].spec;
+      bn_in_use = cases[c].bn;
+      precision_in_use = bf ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+      options_in_use = "";
+      uint64_t ref = run(classic[0], DP_OPT_MOMENTUM, 8, MB);
+      ck_assert_uint_ne(ref, 0);
+      options_in_use = "params=shared";
+      for (int i = 0; i < 3; i++) {
+        uint64_t h = run(classic[i], DP_OPT_MOMENTUM, 8, MB);
+        ck_assert_msg(h == ref, "spec %zu, %s, %d devices shared: %016llx, copies %016llx",
+                      c, bf ? "bf16" : "fp32", classic[i].devices, (unsigned long long)h,
+                      (unsigned long long)ref);
+      }
+      recompute_in_use = 2;
+      uint64_t h = run(classic[1], DP_OPT_MOMENTUM, 8, MB);
+      recompute_in_use = 0;
+      ck_assert_msg(h == ref, "spec %zu, %s, recompute 2 shared: %016llx, copies %016llx",
+                    c, bf ? "bf16" : "fp32", (unsigned long long)h,
+                    (unsigned long long)ref);
+    }
+  precision_in_use = DP_PRECISION_FP32;
+  options_in_use = "";
+  uint64_t ref = gpt_run(SETUPS[1], 2);
+  options_in_use = "params=shared";
+  uint64_t h = gpt_run(SETUPS[2], 2);
+  options_in_use = "";
+  ck_assert_msg(h == ref, "GPT, 4 devices shared: %016llx, copies %016llx",
+                (unsigned long long)h, (unsigned long long)ref);
+  bn_in_use = DP_BN_PER_REPLICA;
+  spec_in_use = NULL;
+}
+END_TEST
+
+/* An eval-mode forward of a batchnorm CNN trained a few steps: the outputs of
+ * 3 devices reading device 0's parameters and running statistics are those of
+ * 3 devices with copies, bit for bit. */
+START_TEST(shared_params_forward_gives_the_outputs_of_copies) {
+  float out[2][B * CLASSES];
+  for (int sh = 0; sh < 2; sh++) {
+    dp_config c = config_of(B, 3, DP_OPT_MOMENTUM);
+    c.micro_batch = MB;
+    c.seed = 3;
+    c.guards = 1;
+    if (sh) snprintf(c.backend_options, sizeof c.backend_options, "params=shared");
+    rig r;
+    rig_open(&r, BN_CNN_SPEC, &c);
+    batch b;
+    float loss;
+    for (int s = 0; s < 3; s++) {
+      make_batch(&b, s);
+      ck_assert_msg(dp_train_step(r.c, B, IN, b.x, b.y, &loss) == DP_OK, "%s",
+                    dp_ctx_error(r.c));
+    }
+    make_batch(&b, 9);
+    ck_assert_msg(dp_forward(r.c, B, IN, b.x, out[sh]) == DP_OK, "%s", dp_ctx_error(r.c));
+    rig_close(&r);
+  }
+  ck_assert_mem_eq(out[0], out[1], sizeof out[0]);
+}
+END_TEST
+
 /* A shared elementwise op (exec.c) on 2 devices whose second thread is late:
  * held 200 ms in its first chunk, as when the core is taken for a moment. The
  * first thread does its own range, then takes the late one's chunks, so the op
@@ -554,6 +641,8 @@ Suite *determinism_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, recompute_gives_the_same_bits);
   tcase_add_test(tc, recompute_gives_the_same_bits_gpt);
+  tcase_add_test(tc, shared_params_give_the_bits_of_copies);
+  tcase_add_test(tc, shared_params_forward_gives_the_outputs_of_copies);
   suite_add_tcase(s, tc);
   tc = tcase_create("run_to_run");
   tcase_set_timeout(tc, 120);

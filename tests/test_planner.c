@@ -506,6 +506,57 @@ START_TEST(cpu_plans_need_no_host_staging) {
 }
 END_TEST
 
+/* The cpu backend's params=shared: device 0 alone holds the parameters (and
+ * batchnorm buffers), the replicas' arenas are smaller by exactly that region,
+ * nothing is broadcast; the other regions are those of copies. Allreduce
+ * training is refused (each replica updates its own copy); an allreduce
+ * inference plan shares. */
+START_TEST(shared_params_are_planned_once) {
+  dp_model *m = model_of("input 6\nlinear 40\nbatchnorm\nrelu\nlinear 3\n"
+                         "loss softmax_cross_entropy\n");
+  size_t pb = (size_t)(dp_model_n_params(m) + 2 * 40 + 1) * 4; /* and the buffers */
+  for (int inf = 0; inf < 2; inf++) {
+    dp_config c = config_of(24, 3, DP_OPT_MOMENTUM);
+    c.inference = inf;
+    c.mode = inf ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+    dp_plan *copies = plan_of(m, &c);
+    snprintf(c.backend_options, sizeof c.backend_options, "params=shared");
+    dp_plan *p = plan_of(m, &c);
+    for (int d = 0; d < 3; d++) {
+      size_t a = dp_plan_region(copies, d, DP_REGION_PARAMS).size;
+      ck_assert_uint_eq(a, pb);
+      ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_PARAMS).size, d ? 0 : pb);
+      size_t aligned = (a + 63) / 64 * 64;
+      ck_assert_uint_eq(dp_plan_device_bytes(p, d),
+                        dp_plan_device_bytes(copies, d) - (d ? aligned : 0));
+      for (int r = 1; r < DP_REGION_COUNT; r++)
+        ck_assert_uint_eq(dp_plan_region(p, d, (dp_region)r).size,
+                          dp_plan_region(copies, d, (dp_region)r).size);
+    }
+    int bc[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+      const dp_plan *q = k ? p : copies;
+      for (int i = 0; i < dp_plan_n_ops(q); i++)
+        bc[k] += dp_plan_ops(q)[i].phase == DP_PHASE_BROADCAST;
+    }
+    ck_assert_int_eq(bc[0], 2);
+    ck_assert_int_eq(bc[1], 0);
+    dp_plan_free(p);
+    dp_plan_free(copies);
+  }
+  dp_config c = config_of(24, 3, DP_OPT_MOMENTUM);
+  c.mode = DP_MODE_ALLREDUCE;
+  snprintf(c.backend_options, sizeof c.backend_options, "params=shared");
+  dp_plan *p = NULL;
+  ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_ERR_INVALID);
+  ck_assert_ptr_null(p);
+  ck_assert_msg(strstr(dp_last_error(), "params=shared") &&
+                    strstr(dp_last_error(), "classic mode"),
+                "%s", dp_last_error());
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(unused_devices_have_no_arena) {
   dp_model *m = model_of(SEED);
   /* torch.chunk: 1+1+1, the fourth device idles */
@@ -3407,16 +3458,19 @@ START_TEST(backend_options_are_the_backends_own) {
   dp_config c = config_of(30, 2, DP_OPT_SGD);
   snprintf(c.backend_options, sizeof c.backend_options, "graph=1");
   plan_refused(m, &c, DP_ERR_INVALID,
-               "backend option 'graph': the cpu backend has no options");
+               "backend option 'graph': the cpu backend has the option params");
   const char *name = "x", *values = "x", *help = "x";
-  ck_assert_int_eq(dp_backend_option_info(DP_BACKEND_CPU, 0, &name, &values, &help),
+  ck_assert_int_eq(dp_backend_option_info(DP_BACKEND_CPU, 0, &name, &values, &help), DP_OK);
+  ck_assert_str_eq(name, "params");
+  ck_assert_str_eq(values, "copy|shared");
+  ck_assert_int_eq(dp_backend_option_info(DP_BACKEND_CPU, 1, &name, &values, &help),
                    DP_ERR_RANGE);
   ck_assert_ptr_null(name);
   c.backend_options[0] = '\0';
   dp_plan *p = plan_of(m, &c);
   char text[DP_BACKEND_OPTIONS_CAP] = "junk";
   ck_assert_int_eq(dp_plan_backend_options(p, text, sizeof text), DP_OK);
-  ck_assert_str_eq(text, "");
+  ck_assert_str_eq(text, "params=copy");
   dp_plan_free(p);
   if (!cuda_or_skip("planner", "backend_options_are_the_backends_own")) {
     dp_model_free(m);
@@ -3887,6 +3941,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, seed_adamw_layout_is_exact);
   tcase_add_test(tc, seed_inference_layout_is_exact);
   tcase_add_test(tc, unused_devices_have_no_arena);
+  tcase_add_test(tc, shared_params_are_planned_once);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("backend");

@@ -64,7 +64,16 @@ typedef struct {
 /* What the core does differently for a backend's options (features): capture
  * and replay steps as graphs (the context's graph slots); sum gradients with
  * the transport's collective (DP_OP_ALLREDUCE, no receive buffers). */
-enum { DP_FEATURE_GRAPHS = 1u << 0, DP_FEATURE_COLLECTIVE = 1u << 1 };
+enum {
+  DP_FEATURE_GRAPHS = 1u << 0,
+  DP_FEATURE_COLLECTIVE = 1u << 1,
+  DP_FEATURE_SHARED_PARAMS = 1u << 2
+};
+/* DP_FEATURE_SHARED_PARAMS (host_memory backends; classic mode or inference):
+ * the devices of one process read one copy of the parameters and buffers, their
+ * first device's (dp__param_home): the others get no PARAMS region and no
+ * broadcast, so a step moves and caches one copy of the weights fewer per
+ * replica. The same bits: every replica read the same values before. */
 
 /* What a context fills its arenas with before anything runs (gradients and
  * optimizer state zeroed): a NaN payload arithmetic never produces, so that
@@ -278,6 +287,7 @@ struct dp_exec_env {
 
 /* Pointer to region r of device d in env. */
 static inline void *dp__region_ptr(const dp_exec_env *e, int dev, int r) {
+  if (r == DP_REGION_PARAMS) dev = dp__param_home(e->plan, dev);
   return e->arena[dev] + e->plan->regions[dev][r].offset;
 }
 

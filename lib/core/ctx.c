@@ -419,7 +419,7 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows) {
     k++;
   while (k > 0 && k < sc->n_ops && sc->ops[k - 1].stage == sc->ops[k].stage) k--;
   sc->commit = k;
-  dp__exec_sync(&c->exec, sc->ops, sc->n_ops, sc->sync);
+  dp__exec_sync(&c->exec, c->plan, sc->ops, sc->n_ops, sc->sync);
   sc->rows = rows;
   return DP_OK;
 }

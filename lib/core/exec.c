@@ -293,7 +293,7 @@ static int slot_of(const dp_exec *x, int dev) {
   return dev == DP_HOST ? x->n_devices : dev - x->dev0;
 }
 
-static footprint footprint_of(const dp_exec *x, const dp_op *op) {
+static footprint footprint_of(const dp_exec *x, const dp_plan *p, const dp_op *op) {
   footprint f = {.slot = {-1, -1}};
   if (op->kind == DP_OP_COPY || op->kind == DP_OP_COPY_ADD) {
     f.slot[0] = slot_of(x, op->src_dev);
@@ -318,6 +318,14 @@ static footprint footprint_of(const dp_exec *x, const dp_op *op) {
   case DP_OP_OPTIMIZER:
   case DP_OP_BN_UPDATE: break;
   default: f.w[0] &= ~R(PARAMS); break;
+  }
+  int home = dp__param_home(p, op->device);
+  if (home != op->device) { /* shared parameters: they lie on another device */
+    f.slot[1] = slot_of(x, home);
+    f.r[1] = f.r[0] & R(PARAMS);
+    f.w[1] = f.w[0] & R(PARAMS);
+    f.r[0] &= ~R(PARAMS);
+    f.w[0] &= ~R(PARAMS);
   }
   return f;
 }
@@ -361,7 +369,8 @@ static void forget(dp_exec *x) {
 
 #undef R
 
-void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
+void dp__exec_sync(dp_exec *x, const dp_plan *p, const dp_op *ops, int n_ops,
+                   uint8_t *sync) {
   int n_stages = n_ops ? ops[n_ops - 1].stage + 1 : 0;
   memset(sync, 1, (size_t)n_stages);
   if (!x->share) return;
@@ -372,7 +381,7 @@ void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
     if (s > 0) {
       bool meet = false;
       for (int i = k; i < end && !meet; i++) {
-        footprint f = footprint_of(x, &ops[i]);
+        footprint f = footprint_of(x, p, &ops[i]);
         meet = writes_kept(&f) ||
                conflicts(x, &f, shareable(x, &ops[i]) ? -1 : slot_of(x, ops[i].device));
       }
@@ -380,7 +389,7 @@ void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync) {
       if (meet) forget(x);
     }
     for (int i = k; i < end; i++) {
-      footprint f = footprint_of(x, &ops[i]);
+      footprint f = footprint_of(x, p, &ops[i]);
       touch(x, &f, shareable(x, &ops[i]) ? -1 : slot_of(x, ops[i].device));
     }
     k = end;

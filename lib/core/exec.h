@@ -93,8 +93,10 @@ dp_status dp__exec_run(dp_exec *x, dp_exec_env *env, const dp_op *ops, const uin
  * synchronous backend whose devices and transport live in this address
  * space) leaves a barrier out, and only where no op of the next stage
  * touches a region another thread's ops since the last barrier wrote, or
- * writes one they read. */
-void dp__exec_sync(dp_exec *x, const dp_op *ops, int n_ops, uint8_t *sync);
+ * writes one they read. p: the plan of the ops (shared parameters lie on
+ * their home device: dp__param_home). */
+void dp__exec_sync(dp_exec *x, const dp_plan *p, const dp_op *ops, int n_ops,
+                   uint8_t *sync);
 
 /* The profile: record into ev[0, cap) from index 0 (NULL: off); between runs. */
 void dp__exec_profile(dp_exec *x, dp_prof_event *ev, size_t cap);

@@ -45,7 +45,11 @@ static dp_status no_such_option(const dp_backend_ops *be, const char *item, size
     at += snprintf(names + at, sizeof names - (size_t)at, "%s%s", i ? ", " : "",
                    be->options[i].name);
   return DP_FAIL(DP_ERR_INVALID, "backend option '%.*s': the %s backend has %s%s", (int)len,
-                 item, be->name, names[0] ? "the options " : "no options", names);
+                 item, be->name,
+                 n_options(be) > 1 ? "the options "
+                 : n_options(be)   ? "the option "
+                                   : "no options",
+                 names);
 }
 
 /* The deprecated fields of dp_config: the cuda backend's options before

@@ -780,7 +780,8 @@ static dp_status plan_device(dp_plan *p, int d) {
   p->grad_levels[d] = train ? tree_levels(mb1 - mb0) : 0;
   /* the parameters, then the buffers (batchnorm's running statistics): the
    * broadcast carries both, the optimizer and the gradients only the first */
-  if (!mul3(dp__param_floats(m), 1, 4, &sz[DP_REGION_PARAMS])) return OVERFLOW();
+  if (dp__param_home(p, d) == d && !mul3(dp__param_floats(m), 1, 4, &sz[DP_REGION_PARAMS]))
+    return OVERFLOW();
   if (!rows_bytes(p, d, in, 4, &sz[DP_REGION_INPUTS]) ||
       !rows_bytes(p, d, out, 4, &sz[DP_REGION_OUTPUTS]))
     return OVERFLOW();
@@ -950,6 +951,15 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
                    "tree, and the %s backend's collectives (fast_collectives) sum them "
                    "in their own order: use one or the other",
                    be->name);
+  if (p->features & DP_FEATURE_SHARED_PARAMS) {
+    if (!be->host_memory || (!c->inference && c->mode != DP_MODE_CLASSIC))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "shared parameters (the %s backend's params=shared) need classic "
+                     "mode or an inference plan: in allreduce mode every replica "
+                     "updates its own copy",
+                     be->name);
+    p->shared_params = true;
+  }
   /* SGD with momentum keeps a buffer: one name for it from here on */
   if (p->cfg.optimizer == DP_OPT_SGD && p->cfg.momentum > 0)
     p->cfg.optimizer = DP_OPT_MOMENTUM;

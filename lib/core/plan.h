@@ -118,6 +118,8 @@ struct dp_plan {
    * the core do (DP_FEATURE_*) */
   int bopt[DP_MAX_BACKEND_OPTIONS];
   unsigned features;
+  /* DP_FEATURE_SHARED_PARAMS applies (dp__param_home) */
+  bool shared_params;
   int n_ops, ops_cap;
   dp_op *ops;
   int n_stages;
@@ -139,6 +141,15 @@ struct dp_plan {
 /* Activation buffers of one device at most: output, statistics and output
  * gradient of every layer, and a recomputed layer's two recompute buffers. */
 #define DP_ACT_BUFS (5 * DP_MAX_LAYERS)
+
+/* The device whose PARAMS region device d's ops read: with shared parameters
+ * (dp_plan.shared_params) its rank's first device, whose region the broadcast
+ * fills (the others have none); d itself otherwise. */
+static inline int dp__param_home(const dp_plan *p, int d) {
+  if (!p->shared_params || d < 0) return d;
+  int per_rank = p->cfg.n_devices / dp__ranks(&p->cfg);
+  return d - d % per_rank;
+}
 
 /* Whether the backward's recompute runs layer j's forward (config.recompute):
  * it writes a recomputed output, its own or its fused relu's. */

@@ -690,8 +690,9 @@ static void broadcast_and_scatter(const step_view *v) {
    * parameters were set from outside (the executor skips it otherwise). */
   int n_bcast = v->classic || !v->training ? v->n_act : sp->n_used;
   for (int d = 1; d < n_bcast; d++) /* the parameters and the buffers after them */
-    emit(b, copy_op(DP_PHASE_BROADCAST, d, FROM(0, DP_REGION_PARAMS, 0),
-                    TO(d, DP_REGION_PARAMS, 0), dp__param_floats(&p->model) * 4, 0, 0));
+    if (dp__param_home(p, d) == d)  /* shared: to each rank's first device only */
+      emit(b, copy_op(DP_PHASE_BROADCAST, d, FROM(0, DP_REGION_PARAMS, 0),
+                      TO(d, DP_REGION_PARAMS, 0), dp__param_floats(&p->model) * 4, 0, 0));
   next_stage(b);
   for (int d = 0; d < v->n_act; d++) {
     int r0 = sp->dev_row0[d];

@@ -77,9 +77,10 @@ static dp_status placed_buffers(const dp_plan *p, int d, act_set *s) {
  * inside one of the device's buffers (s; NULL: not checked). */
 static dp_status check_span(const dp_plan *p, const act_set *s, const char *k, int d,
                             dp_span sp, const char *what) {
-  if (sp.region < 0 || d == DP_HOST || !sp.bytes) return DP_OK;
+  if (sp.region < 0 || d < 0 || !sp.bytes) return DP_OK; /* DP_HOST: the caller's */
   if (sp.region >= DP_REGION_COUNT)
     return BAD("%s: %s names region %d", k, what, sp.region);
+  if (sp.region == DP_REGION_PARAMS) d = dp__param_home(p, d); /* as dp__region_ptr */
   size_t cap = p->regions[d][sp.region].size;
   if (sp.off > cap || sp.bytes > cap - sp.off)
     return BAD("%s (device %d): %s [%zu, +%zu) is outside region %s (%zu bytes)", k, d,

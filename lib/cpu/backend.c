@@ -1209,8 +1209,24 @@ static dp_status cpu_bench_gemm_bf16(int dev, int m, int n, int k, int iters, do
 
 /* The reference backend: synchronous (an op is done when it returns), no
  * backend context, no staging, no graphs. */
+/* The cpu backend's options (dp_config.backend_options). */
+enum { OPT_PARAMS };
+static const dp_backend_option cpu_options[] = {
+    [OPT_PARAMS] = {"params", "copy|shared",
+                    "shared: the devices read one copy of the parameters, device 0's "
+                    "(classic mode or inference; the same bits, less memory and traffic)"},
+    {NULL, NULL, NULL},
+};
+
+static unsigned cpu_features(const dp_config *c, const int *opt) {
+  (void)c;
+  return opt[OPT_PARAMS] ? DP_FEATURE_SHARED_PARAMS : 0u;
+}
+
 const dp_backend_ops dp__cpu_backend = {
     .name = "cpu",
+    .options = cpu_options,
+    .features = cpu_features,
     .align = 64, /* a cache line */
     .workspace_bytes = cpu_workspace_bytes,
     .image_layers = true,

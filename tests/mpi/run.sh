@@ -58,6 +58,18 @@ for np in 2 4; do
     fail=1
   fi
 done
+# shared parameters (the cpu backend's params=shared): each rank's first device holds
+# them, the others read its copy, the broadcast crosses ranks only: the same hash
+echo "-- dp train --backend-option params=shared, mpirun -np 2"
+$MPIRUN -np 2 $train --backend-option params=shared >"$tmp/ts" 2>&1 ||
+  { cat "$tmp/ts"; echo "FAILED: mpirun -np 2 dp train params=shared"; fail=1; }
+hs=$(grep "parameter hash" "$tmp/ts")
+if [ -z "$h1" ] || [ "$h1" != "$hs" ]; then
+  echo "FAILED: params=shared under mpirun -np 2: '$hs', copies in one process: '$h1'"
+  fail=1
+else
+  echo "   $hs (as copies in one process)"
+fi
 run "dp repro --layouts 1x8,2x4,4x2,8x1" $MPIRUN -np 8 "$bd/dp" repro \
   --model examples/digits.dpm --data data/digits.csv --batch 64 --micro-batch 4 \
   --steps 3 --optimizer adamw --layouts 1x8,2x4,4x2,8x1
