@@ -49,6 +49,10 @@ STEPS = [
      'bench/models/mlp_large.dpm', 256, 'sgd', 1, 'classic', 1, 'mlp_large', None, '-', 40),
     ('mlp_large 784-1024-1024-10 B=256 sgd, 2 dev vs torch 2 threads',
      'bench/models/mlp_large.dpm', 256, 'sgd', 2, 'classic', 2, 'mlp_large', 1.25, TGT_08, 60),
+    # the cpu backend's params=shared: one copy of the weights for both devices (TOOL.md)
+    ('mlp_large 784-1024-1024-10 B=256 sgd, 2 dev params=shared vs torch 2 threads',
+     'bench/models/mlp_large.dpm', 256, 'sgd', 2, 'classic+shared', 2, 'mlp_large', 1.25,
+     TGT_08, 60),
     ('mlp_large 784-1024-1024-10 B=256 sgd, 2 dev allreduce vs torch 2 threads',
      'bench/models/mlp_large.dpm', 256, 'sgd', 2, 'allreduce', 2, 'mlp_large', None, '-', 60),
     ('mlp_large 784-1024-1024-10 B=256 sgd, 2 dev sharded vs torch 2 threads',
@@ -76,6 +80,9 @@ STEPS = [
     ('mlp_large 784-1024-1024-10 B=256 sgd, bf16, 2 dev vs torch fp32 2 threads',
      'bench/models/mlp_large.dpm', 256, 'sgd', 2, 'classic/bf16', 2, 'mlp_large', 2.0,
      TGT_05, 60),
+    ('mlp_large 784-1024-1024-10 B=256 sgd, bf16, 2 dev params=shared vs torch fp32 2 '
+     'threads', 'bench/models/mlp_large.dpm', 256, 'sgd', 2, 'classic+shared/bf16', 2,
+     'mlp_large', 2.0, TGT_05, 60),
     ('gpt_wide T=256 D=384 L=6 B=8 adamw, bf16, 2 dev vs torch fp32 2 threads',
      'bench/models/gpt_wide.dpm', 8, 'adamw', 2, 'classic/bf16', 2, 'gpt_wide', 2.0, TGT_05,
      4),
@@ -83,9 +90,12 @@ STEPS = [
 SCALING_TARGET = 1.8
 # the scaling line: one device against two in each mode
 MLP_LARGE_1 = STEPS[3][0]
-MLP_LARGE_2 = [(st[5], st[0]) for st in STEPS[4:7]]
-# bf16 against libdp's own fp32: labels of the whole list (--only filters STEPS)
-BF16_PAIR = (STEPS[4][0], STEPS[-2][0])
+MLP_LARGE_2 = [(st[5], st[0]) for st in STEPS
+               if st[1].endswith('mlp_large.dpm') and st[4] == 2 and '/' not in st[5]]
+# bf16 against libdp's own fp32, with copies and with shared parameters: labels of the
+# whole list (--only filters STEPS)
+_MLP_BF16_2 = {st[5]: st[0] for st in STEPS if st[1].endswith('mlp_large.dpm') and st[4] == 2}
+BF16_PAIRS = [(_MLP_BF16_2[m], _MLP_BF16_2[m + '/bf16']) for m in ('classic', 'classic+shared')]
 # the default venv of a current PyTorch from PyPI
 VENV = os.environ.get('DP_BENCH_VENV') or os.path.expanduser('~/.cache/libdp/torch-venv')
 
@@ -211,10 +221,12 @@ def gemm_pair():
 
 def dp_step(exe, model, batch, devs, mode, opt, steps):
     """One run of bench/step_min.c: min, median and mean ms of single steps. mode:
-    classic, allreduce or sharded, with '/bf16' for precision bf16."""
+    classic, allreduce or sharded, with '+shared' for the cpu backend's params=shared and
+    '/bf16' for precision bf16."""
     mode, _, precision = mode.partition('/')
+    mode, _, shared = mode.partition('+')
     return json.loads(sh([exe, model, str(batch), str(devs), opt, str(steps), mode,
-                          precision or 'fp32']))
+                          precision or 'fp32'] + (['params=shared'] if shared else [])))
 
 
 def median(v):
@@ -380,12 +392,13 @@ def main():
                   '(goal <= %s)' % (r[0], 1 / r[3], 1 / r[6],
                                     '0.8x' if r[7].startswith(TGT_08) else '0.5x'))
     by_label = {r[0]: r for r in rows}
-    for fp, bf in (BF16_PAIR,):  # bf16 against libdp's own fp32
+    for fp, bf in BF16_PAIRS:  # bf16 against libdp's own fp32
         if fp in by_label and bf in by_label:
             # r[1]: libdp best ms, r[4]: libdp median ms
-            print('mlp_large 2 dev: bf16 %.2fx faster than fp32 on the best, %.2fx on the '
+            print('mlp_large 2 dev%s: bf16 %.2fx faster than fp32 on the best, %.2fx on the '
                   'median (goal >= 1.5x where AVX512-BF16 exists)'
-                  % (by_label[fp][1] / by_label[bf][1], by_label[fp][4] / by_label[bf][4]))
+                  % (' params=shared' if 'shared' in fp else '',
+                     by_label[fp][1] / by_label[bf][1], by_label[fp][4] / by_label[bf][4]))
     cnn = [r for r in rows if r[0].startswith('cnn') and r[7].startswith('>= 1x')]
     if cnn:
         print('\nimage layers (issue 17), one core each: libdp at %s PyTorch\'s speed '

@@ -28,7 +28,7 @@ int main(int argc, char **argv) {
   if (argc < 5) {
     fprintf(stderr,
             "usage: %s MODEL BATCH DEVICES sgd|adamw|momentum [STEPS "
-            "[classic|allreduce|sharded [fp32|bf16]]]\n",
+            "[classic|allreduce|sharded [fp32|bf16 [BACKEND_OPTIONS]]]]\n",
             argv[0]);
     return 2;
   }
@@ -55,8 +55,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "%s: %s\n", argv[0], dp_last_error());
     return 2;
   }
+  if (argc > 8) /* e.g. params=shared */
+    snprintf(cfg.backend_options, sizeof cfg.backend_options, "%s", argv[8]);
   if (dp_plan_create(m, &cfg, &p) || dp_ctx_create(p, &c)) {
-    fprintf(stderr, "%s: cannot plan or create the context\n", argv[0]);
+    fprintf(stderr, "%s: cannot plan or create the context: %s\n", argv[0], dp_last_error());
     return 1;
   }
   int in = dp_model_input_width(m), out = dp_model_output_width(m);
