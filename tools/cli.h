@@ -308,6 +308,12 @@ int dpt_world_gather(const void *mine, size_t n, void *all);
 /* The failure at hand is known to every rank (agreed on): dpt_world_exit
  * leaves without MPI_Abort, each rank with its own exit status. */
 void dpt_world_failed_together(void);
+/* A bad command line of `dp cmd` (cmd NULL: of dp itself), said as "dp cmd:
+ * err" and `hint` on the next line. Found from the arguments and the job's
+ * size alone, before anything is read, so every rank of a job finds the same
+ * one: rank 0 alone says it, and the job ends without Open MPI's abort
+ * banner (dpt_world_failed_together). Returns DPT_EXIT_USAGE. */
+int dpt_usage_error(const char *cmd, const char *err, const char *hint);
 /* dp_ckpt_read_app on rank 0, its bytes sent to every rank (the ranks need
  * not share a file system: the others never open path). Collective. 0, or -1
  * with rank 0's message in err on rank 0 and err empty elsewhere (a failure

@@ -1474,11 +1474,12 @@ int dpt_cmd_bench(int argc, char **argv) {
   }
   const char *what = r == DPT_ARGS_OK && common.n_args == 1 ? argv[common.first_arg] : NULL;
   if (r != DPT_ARGS_OK || !what) {
-    fprintf(stderr, "dp bench: %s\n(see dp bench --help)\n",
-            r != DPT_ARGS_OK ? err
-                             : "name one benchmark: peak, gemm, step, comm, rss, scaling, "
-                               "fit-costs, gpu-step or gpu-gemm");
-    return DPT_EXIT_USAGE;
+    return dpt_usage_error(
+        "bench",
+        r != DPT_ARGS_OK ? err
+                         : "name one benchmark: peak, gemm, step, comm, rss, scaling, "
+                           "fit-costs, gpu-step or gpu-gemm",
+        "(see dp bench --help)");
   }
   if (strcmp(what, "peak") == 0) return bench_peak(o.json);
   if (strcmp(what, "comm") == 0) return bench_comm(&o, &cfg, &common);
@@ -1497,8 +1498,9 @@ int dpt_cmd_bench(int argc, char **argv) {
   }
   if (strcmp(what, "step") == 0 || strcmp(what, "rss") == 0) {
     if (!o.model || !dpt_given(&common, DPT_OPT_BATCH)) {
-      fprintf(stderr, "dp bench %s: --model and --batch are required\n", what);
-      return DPT_EXIT_USAGE;
+      char cmd[32];
+      snprintf(cmd, sizeof cmd, "bench %s", what);
+      return dpt_usage_error(cmd, "--model and --batch are required", NULL);
     }
     dp_model *m = NULL;
     char lerr[512];
@@ -1534,10 +1536,9 @@ int dpt_cmd_bench(int argc, char **argv) {
              res.ms_per_step, res.samples_per_s, res.steps);
     return DPT_EXIT_OK;
   }
-  fprintf(
-      stderr,
-      "dp bench: unknown benchmark '%s' (peak, gemm, step, comm, rss, scaling, fit-costs, "
-      "gpu-step, gpu-gemm)\n",
-      what);
-  return DPT_EXIT_USAGE;
+  snprintf(err, sizeof err,
+           "unknown benchmark '%s' (peak, gemm, step, comm, rss, scaling, fit-costs, "
+           "gpu-step, gpu-gemm)",
+           what);
+  return dpt_usage_error("bench", err, NULL);
 }

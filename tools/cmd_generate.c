@@ -145,8 +145,7 @@ static int parse_generate(int argc, char **argv, generate_run *t) {
                  "dp generate runs in one process: run it without mpirun (--devices "
                  "splits the samples)");
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp generate: %s\n(see dp generate --help)\n", t->err);
-    return DPT_EXIT_USAGE;
+    return dpt_usage_error("generate", t->err, "(see dp generate --help)");
   }
   if (o->temperature == 0) o->temperature = 1.0f;
   return -1;

@@ -1038,8 +1038,7 @@ int dpt_cmd_plan(int argc, char **argv) {
   if (r == DPT_ARGS_OK && !o.fit && o.fit_extra)
     r = dpt_fail(err, sizeof err, "--fit-allow and --fit-costs go with --fit");
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp plan: %s\nrun 'dp plan --help' for the options\n", err);
-    return DPT_EXIT_USAGE;
+    return dpt_usage_error("plan", err, "run 'dp plan --help' for the options");
   }
 
   dp_model *m = NULL;

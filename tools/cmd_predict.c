@@ -230,8 +230,7 @@ static int parse_predict(int argc, char **argv, predict_run *t) {
   if (r == DPT_ARGS_OK && dpt_check_backend_options(&t->cfg, t->err, sizeof t->err))
     r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp predict: %s\n(see dp predict --help)\n", t->err);
-    return DPT_EXIT_USAGE;
+    return dpt_usage_error("predict", t->err, "(see dp predict --help)");
   }
   return -1;
 }

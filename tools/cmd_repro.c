@@ -1102,8 +1102,7 @@ int dpt_cmd_repro(int argc, char **argv) {
     return DPT_EXIT_OK;
   }
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp repro: %s\n(see dp repro --help)\n", t.err);
-    return DPT_EXIT_USAGE;
+    return dpt_usage_error("repro", t.err, "(see dp repro --help)");
   }
   if (dpt_require_backend(&t.o.base, t.err, sizeof t.err)) {
     fprintf(stderr, "dp repro: %s\n", t.err);

@@ -790,8 +790,7 @@ static int parse_train(int argc, char **argv, train_run *t) {
   if (r == DPT_ARGS_OK && dpt_check_backend_options(&t->cfg, err, errcap))
     r = DPT_ARGS_ERROR;
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp train: %s\n(see dp train --help)\n", err);
-    return DPT_EXIT_USAGE;
+    return dpt_usage_error("train", err, "(see dp train --help)");
   }
   return -1;
 }

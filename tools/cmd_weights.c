@@ -159,8 +159,9 @@ static int parse(int argc, char **argv, const char *cmd, void (*usage)(FILE *),
     r = DPT_ARGS_ERROR;
   }
   if (r != DPT_ARGS_OK) {
-    fprintf(stderr, "dp %s: %s\n(see dp %s --help)\n", cmd, err, cmd);
-    return DPT_EXIT_USAGE;
+    char hint[48];
+    snprintf(hint, sizeof hint, "(see dp %s --help)", cmd);
+    return dpt_usage_error(cmd, err, hint);
   }
   if (!o->checkpoint) o->in = argv[common->first_arg];
   return -1;

@@ -96,12 +96,12 @@ static int unknown(const char *name) {
       best = &commands[i];
     }
   }
+  char err[256];
   if (best)
-    fprintf(stderr, "dp: unknown command '%s'; did you mean '%s'?\n", name, best->name);
+    snprintf(err, sizeof err, "unknown command '%s'; did you mean '%s'?", name, best->name);
   else
-    fprintf(stderr, "dp: unknown command '%s'\n", name);
-  fputs("run 'dp --help' for the commands\n", stderr);
-  return DPT_EXIT_USAGE;
+    snprintf(err, sizeof err, "unknown command '%s'", name);
+  return dpt_usage_error(NULL, err, "run 'dp --help' for the commands");
 }
 
 static int run(int argc, char **argv) {
@@ -130,11 +130,9 @@ static int run(int argc, char **argv) {
     return DPT_EXIT_OK;
   }
   if (cmd[0] == '-') {
-    fprintf(stderr,
-            "dp: unknown option '%s' (options go after the command)\n"
-            "run 'dp --help' for the commands\n",
-            cmd);
-    return DPT_EXIT_USAGE;
+    char err[256];
+    snprintf(err, sizeof err, "unknown option '%s' (options go after the command)", cmd);
+    return dpt_usage_error(NULL, err, "run 'dp --help' for the commands");
   }
   const command *c = find(cmd);
   if (!c) return unknown(cmd);

@@ -51,6 +51,14 @@ void dpt_world_init(int *argc, char ***argv) {
 #endif
 }
 
+int dpt_usage_error(const char *cmd, const char *err, const char *hint) {
+  if (g_rank == 0)
+    fprintf(stderr, "dp%s%s: %s\n%s%s", cmd ? " " : "", cmd ? cmd : "", err,
+            hint ? hint : "", hint ? "\n" : "");
+  dpt_world_failed_together();
+  return DPT_EXIT_USAGE;
+}
+
 int dpt_world_exit(int status) {
 #ifdef DP_HAVE_MPI
   if (g_mpi) {

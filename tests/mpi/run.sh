@@ -133,6 +133,19 @@ job_ends() {
     echo "   every rank exited non-zero, after ${took}s"
   fi
 }
+# a bad command line: every rank finds it, rank 0 alone says it, every rank exits 2
+echo "-- a bad command line under mpirun -np 2"
+$MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small --bogus \
+  >"$tmp/ru" 2>&1
+if [ "$(grep -c "unknown option '--bogus'" "$tmp/ru")" -ne 1 ] ||
+  [ "$(grep -c 'exit 2$' "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
+  cat "$tmp/ru"
+  echo "FAILED: a bad command line under mpirun (want the message once, exit 2 on both" \
+    "ranks, no MPI_ABORT)"
+  fail=1
+else
+  echo "   said once, every rank exited 2"
+fi
 disagree() { # what, what the message must say, rank 0's arguments, rank 1's command
   job_ends "ranks that disagree: $1" "$2" "$small --data data/digits.csv $3" "$4"
 }
