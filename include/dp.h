@@ -757,6 +757,11 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path);
  * a file's data back: *app from malloc (free it), NULL with *bytes 0 when
  * there is none (also for files of format versions 1 and 2). */
 dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t app_bytes);
+/* The size of the file dp_ckpt_save_app(c, path, app, app_bytes) would write
+ * now (the model text, parameters, buffers, optimizer state and app_bytes of
+ * application data); 0 for a NULL context. With dp_file_room, a program can
+ * find before training that the checkpoint will not fit. */
+size_t dp_ckpt_bytes(const dp_ctx *c, size_t app_bytes);
 dp_status dp_ckpt_read_app(const char *path, void **app, size_t *bytes);
 /* What a checkpoint file holds, without a context: its model (parsed from
  * the spec text it carries; *model may be NULL to skip it; free it with
@@ -840,6 +845,13 @@ dp_status dp_file_append(const char *path, const char *what, int truncate, FILE 
  * file) is created and removed again, so that a missing or read-only
  * directory fails now. Nothing at path is created, truncated or followed. */
 dp_status dp_file_check(const char *path, const char *what, int in_place);
+/* Whether the file system that would hold path has room for `bytes` more
+ * (statvfs: the blocks free to this process, root's reserve included for
+ * root): DP_ERR_IO "no room for checkpoint 'x.ckpt': its file system has 1.2
+ * MB free, and it takes 7.5 MB" otherwise. A check before long work, not a
+ * promise: other writers may fill the disk meanwhile, and the write itself
+ * still reports a full disk. */
+dp_status dp_file_room(const char *path, const char *what, size_t bytes);
 /* Highest arena byte any op has touched, per device: after a step, the end of
  * the device's last non-empty region, which is the plan's total
  * (dp_plan_device_bytes) less the final alignment padding; in bf16 plans it

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -183,6 +184,31 @@ START_TEST(test_resume_with_shared_params) {
   tmp_done(&t);
   rig_close(&straight);
   rig_close(&a);
+}
+END_TEST
+
+/* dp_ckpt_bytes is the size of the file a save writes: every optimizer (state
+ * vectors), with and without application data, an inference context. */
+START_TEST(test_ckpt_bytes_is_the_file_size) {
+  tmpdir t;
+  tmp_make(&t, "dp_ckpt", "size.ckpt");
+  char app[300];
+  memset(app, 'a', sizeof app);
+  for (int k = 0; k < 4; k++) {
+    dp_config c = CK_CFG(OPTS[k % 3], .n_devices = 2);
+    c.inference = k == 3;
+    rig r;
+    rig_open(&r, MLP_SPEC, &c);
+    for (size_t n = 0; n <= sizeof app; n += sizeof app) {
+      ck_assert_int_eq(dp_ckpt_save_app(r.c, t.path, n ? app : NULL, n), DP_OK);
+      struct stat st;
+      ck_assert_int_eq(stat(t.path, &st), 0);
+      ck_assert_uint_eq(dp_ckpt_bytes(r.c, n), (size_t)st.st_size);
+    }
+    rig_close(&r);
+  }
+  ck_assert_uint_eq(dp_ckpt_bytes(NULL, 0), 0);
+  tmp_done(&t);
 }
 END_TEST
 
@@ -1296,6 +1322,7 @@ Suite *checkpoint_suite(void) {
   tcase_add_loop_test(tc, test_resume_equals_straight_run, 0, 2 * N_RESUME);
   tcase_add_test(tc, test_load_over_trained_context);
   tcase_add_test(tc, test_resume_with_shared_params);
+  tcase_add_test(tc, test_ckpt_bytes_is_the_file_size);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("format");

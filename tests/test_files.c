@@ -14,10 +14,12 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -412,6 +414,28 @@ START_TEST(check_creates_nothing_and_follows_no_link) {
 }
 END_TEST
 
+/* dp_file_room: the directory's file system against a size. A directory that
+ * does not exist, and an empty name, are refused naming them. */
+START_TEST(room_is_the_file_systems_free_space) {
+  tmpdir t;
+  tmp_make(&t, "dp_files_room", "x.ckpt");
+  ck_assert_int_eq(dp_file_room(t.path, "checkpoint", 1), DP_OK);
+  ck_assert_int_eq(dp_file_room("relative.ckpt", "checkpoint", 1), DP_OK); /* "." */
+  ck_assert_int_eq(dp_file_room(t.path, "checkpoint", SIZE_MAX), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_last_error(), "no room for checkpoint '") &&
+                    strstr(dp_last_error(), t.path) && strstr(dp_last_error(), "free"),
+                "%s", dp_last_error());
+  char gone[400];
+  snprintf(gone, sizeof gone, "%s/no/such/dir/x.ckpt", t.dir);
+  ck_assert_int_eq(dp_file_room(gone, "checkpoint", 1), DP_ERR_IO);
+  ck_assert_msg(strstr(dp_last_error(), "No such file"), "%s", dp_last_error());
+  ck_assert_int_eq(dp_file_room("", "checkpoint", 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_file_room(NULL, NULL, 1), DP_ERR_INVALID);
+  ck_assert_int_eq(dir_entries(t.dir), 0); /* nothing created */
+  tmp_done(&t);
+}
+END_TEST
+
 /* ---- the dp tool, end to end ---- */
 
 static const char SPEC[] =
@@ -596,6 +620,55 @@ START_TEST(cli_refuses_an_output_that_is_an_input) {
 }
 END_TEST
 
+/* --save on a file system without room for the checkpoint (a 64 KiB tmpfs,
+ * where this test may mount one): refused before any training, the old file
+ * kept; one that fits trains and saves. Skipped, saying why, where mounting
+ * is not allowed. */
+START_TEST(cli_save_without_room_is_refused_before_training) {
+  tmpdir t;
+  tmp_make(&t, "dp_files_full", "x.ckpt");
+  if (mount("tmpfs", t.dir, "tmpfs", 0, "size=64k") != 0) {
+    printf("skipped: files/cli_save_without_room_is_refused_before_training: cannot mount "
+           "a tmpfs here (%s)\n",
+           strerror(errno));
+    tmp_done(&t);
+    return;
+  }
+  char model[400], big[400], data[400];
+  put(at(model, sizeof model, t.dir, "m.dpm"), SPEC);
+  put(at(big, sizeof big, t.dir, "big.dpm"),
+      "input 4\nlinear 4000\nrelu\nlinear 3\nloss softmax_cross_entropy\n");
+  char csv[2048];
+  size_t len = 0;
+  for (int i = 0; i < 24; i++)
+    len += (size_t)snprintf(csv + len, sizeof csv - len, "%d,%d.5,%d,-%d.25,0.%d\n", i % 3,
+                            i, i % 7, i % 5, i);
+  put(at(data, sizeof data, t.dir, "d.csv"), csv);
+  cmd_result c = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                     "--epochs", "1", "--quiet", "--save", t.path);
+  ck_assert_msg(c.rc == DPT_EXIT_OK, "%s", c.err);
+  cmd_result_free(&c);
+  size_t n;
+  unsigned char *was = file_read(t.path, &n);
+  /* 4000 x 4 + ... floats: 100 KB, more than the file system holds */
+  c = RUN(dpt_cmd_train, "--model", big, "--data", data, "--batch", "8", "--epochs", "1",
+          "--save", t.path);
+  ck_assert_int_eq(c.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(c.err, "no room for checkpoint '") &&
+                    strstr(c.err, "free some space") && !strstr(c.err, ".c:"),
+                "%s", c.err);
+  ck_assert_msg(!strstr(c.out, "epoch"), "trained before refusing: %s", c.out);
+  size_t k;
+  unsigned char *now = file_read(t.path, &k);
+  ck_assert(k == n && memcmp(now, was, n) == 0);
+  free(now);
+  free(was);
+  cmd_result_free(&c);
+  umount(t.dir);
+  tmp_done(&t);
+}
+END_TEST
+
 Suite *files_suite(void) {
   Suite *s = suite_create("files");
   TCase *tc = tcase_create("library");
@@ -608,12 +681,14 @@ Suite *files_suite(void) {
   tcase_add_test(tc, a_standard_stream_is_never_replaced);
   tcase_add_test(tc, append_writes_in_place_and_never_through_a_link);
   tcase_add_test(tc, check_creates_nothing_and_follows_no_link);
+  tcase_add_test(tc, room_is_the_file_systems_free_space);
   suite_add_tcase(s, tc);
   tc = tcase_create("tool");
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, cli_outputs_refuse_nodes_before_any_work);
   tcase_add_test(tc, cli_never_opens_a_planted_link);
   tcase_add_test(tc, cli_refuses_an_output_that_is_an_input);
+  tcase_add_test(tc, cli_save_without_room_is_refused_before_training);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1888,13 +1888,41 @@ static int fit_scaler(train_run *t) {
 
 /* Everything after the command line: 0; -1: failed (said); or the exit
  * status of a stop by signal. */
+/* The file systems of --save and --save-best have room for the checkpoint
+ * before the work (an outside check, session 25: a full disk was found when
+ * the run's end wrote it, the run's work lost). Rank 0, which writes the
+ * files, checks; every rank leaves alike. 0, or -1 (said). */
+static int check_room(train_run *t) {
+  const train_opts *o = &t->o;
+  int bad = 0;
+  if (t->writes && (o->save || o->save_best)) {
+    size_t run_n = 0;
+    char settings[1024];
+    /* the run's record at its last epoch: as long as any it writes */
+    char *run = dpt_run_text_at(o->epochs, 0, t->train.n_rows, &t->scaler,
+                                run_settings(t, settings, sizeof settings), &run_n);
+    free(run);
+    size_t need = dp_ckpt_bytes(t->ctx, run_n);
+    const char *path[2] = {o->save, o->save_best},
+               *what[2] = {"checkpoint", "best checkpoint"};
+    for (int i = 0; i < 2 && !bad; i++)
+      if (path[i] && dp_file_room(path[i], what[i], need)) {
+        fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
+        bad = 1;
+      }
+  }
+  if (!dpt_world_bcast_int(bad)) return 0;
+  dpt_world_failed_together();
+  return -1;
+}
+
 static int train(train_run *t) {
   if (check_files(t) || load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
   if (t->o.standardize && !t->scaler.n && fit_scaler(t)) return -1;
   /* the standardisation is applied as each batch is gathered (a mapped file
    * is never written) */
-  if (make_context(t) || start_run(t) || run_epochs(t)) return -1;
+  if (make_context(t) || check_room(t) || start_run(t) || run_epochs(t)) return -1;
   if (t->stop_sig) return interrupted(t);
   if (final_report(t)) return -1;
   /* a chart that cannot be written does not lose the run's checkpoint (an

@@ -350,6 +350,16 @@ dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t 
   return dp__ctx_fail(c, dp__ctx_root_status(c, s));
 }
 
+static size_t file_size_for(size_t nf, size_t n, unsigned k, size_t tlen, uint32_t version,
+                            size_t app_len);
+
+size_t dp_ckpt_bytes(const dp_ctx *c, size_t app_bytes) {
+  if (!c) return 0;
+  const dp_plan *p = c->plan;
+  return file_size_for(dp__param_floats(&p->model), p->model.n_params, ctx_state_vectors(c),
+                       dp_model_format(&p->model, NULL, 0), CK_VERSION, app_bytes);
+}
+
 /* ---- load ---------------------------------------------------------------------- */
 
 typedef struct {

@@ -7,10 +7,13 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/statvfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -286,17 +289,24 @@ void dp_file_discard(dp_file *f) {
   file_free(f);
 }
 
-/* fsyncs path's directory, which makes a rename in it durable. */
-static dp_status sync_dir(const char *what, const char *path) {
+/* path's directory (".": none named), from malloc; NULL when out of memory. */
+static char *dir_of(const char *path) {
   const char *slash = strrchr(path, '/');
   size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
   char *dir = malloc(n + 2);
-  if (!dir) return DP_FAIL(DP_ERR_NOMEM, "cannot write %s '%s': out of memory", what, path);
+  if (!dir) return NULL;
   if (n)
     memcpy(dir, path, n);
   else
     dir[n++] = '.';
   dir[n] = 0;
+  return dir;
+}
+
+/* fsyncs path's directory, which makes a rename in it durable. */
+static dp_status sync_dir(const char *what, const char *path) {
+  char *dir = dir_of(path);
+  if (!dir) return DP_FAIL(DP_ERR_NOMEM, "cannot write %s '%s': out of memory", what, path);
   dp_status s = DP_OK;
   int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0)
@@ -421,4 +431,37 @@ dp_status dp_file_check(const char *path, const char *what, int in_place) {
   close(fd);
   if (created) unlink(path); /* made by the check: removed again */
   return DP_OK;
+}
+
+/* Decimal megabytes with enough digits to tell two sizes apart. */
+static void say_bytes(char *b, size_t cap, unsigned long long n) {
+  if (n < 1000000ull)
+    snprintf(b, cap, "%llu bytes", n);
+  else
+    snprintf(b, cap, "%.1f MB", (double)n / 1e6);
+}
+
+dp_status dp_file_room(const char *path, const char *what, size_t bytes) {
+  if (!what) what = "file";
+  if (!path || !*path)
+    return DP_FAIL(DP_ERR_INVALID, "cannot write %s: %s file name", what,
+                   path ? "an empty" : "no");
+  char *dir = dir_of(path);
+  if (!dir) return DP_FAIL(DP_ERR_NOMEM, "cannot write %s '%s': out of memory", what, path);
+  struct statvfs v;
+  int rc = statvfs(dir, &v), err = errno;
+  free(dir);
+  if (rc != 0) return write_fail(what, path, "find its file system's free space", err);
+  /* what this process may fill: root also the blocks kept for it */
+  unsigned long long blocks = geteuid() == 0 ? v.f_bfree : v.f_bavail;
+  unsigned long long unit = v.f_frsize ? v.f_frsize : v.f_bsize;
+  unsigned long long room = unit && blocks > ULLONG_MAX / unit ? ULLONG_MAX : blocks * unit;
+  if (room >= bytes) return DP_OK;
+  char have[32], need[32];
+  say_bytes(have, sizeof have, room);
+  say_bytes(need, sizeof need, bytes);
+  return DP_FAIL(DP_ERR_IO,
+                 "no room for %s '%s': its file system has %s free, and it takes %s; "
+                 "free some space or write it elsewhere",
+                 what, path, have, need);
 }
