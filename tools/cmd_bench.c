@@ -309,6 +309,9 @@ static void print_profile_text(const char *model, const dp_config *cfg,
   printf("%s, batch %d, %d device(s), %s: %d steps profiled, %.4f ms/step (wall)%s\n",
          model, cfg->batch, cfg->n_devices, dp_optimizer_name(cfg->optimizer), s->steps,
          s->wall_ms * k, dropped ? " (events dropped: the buffer was too small)" : "");
+  printf("config  ");
+  dpt_print_config(stdout, cfg);
+  printf("\n");
   printf("\nms per step, per device's thread\n  %-22s", "");
   for (int t = 0; t < n; t++) printf("  device %d", t);
   printf("\n");
@@ -1530,10 +1533,16 @@ int dpt_cmd_bench(int argc, char **argv) {
           "\"ms_per_step\":%.5f,\"samples_per_s\":%.0f}\n",
           o.model, cfg.batch, cfg.n_devices, dp_optimizer_name(cfg.optimizer), res.steps,
           res.ms_per_step, res.samples_per_s);
-    else
+    else {
       printf("%s, batch %d, %d device(s), %s: %.4f ms/step, %.0f samples/s (%d steps)\n",
              o.model, cfg.batch, cfg.n_devices, dp_optimizer_name(cfg.optimizer),
              res.ms_per_step, res.samples_per_s, res.steps);
+      /* the whole configuration, so that runs of another mode, precision or backend
+       * option are told apart */
+      printf("config  ");
+      dpt_print_config(stdout, &cfg);
+      printf("\n");
+    }
     return DPT_EXIT_OK;
   }
   snprintf(err, sizeof err,
