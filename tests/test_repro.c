@@ -411,6 +411,38 @@ END_TEST
 
 /* ---- refused ---------------------------------------------------------------- */
 
+/* --backend-option reaches every configuration: with the cpu backend's
+ * params=shared, 1, 2 and 4 devices in classic mode agree and give the bits of
+ * copies (the same parameter hash); allreduce and sharded are refused, saying
+ * why; the header names the option. */
+START_TEST(test_backend_options_reach_every_configuration) {
+  tmp_file spec, csv;
+  tmp_write(&spec, MLP_SPEC);
+  classification_csv(&csv, 40);
+  result r[2];
+  for (int k = 0; k < 2; k++) {
+    REPRO(&r[k], "--model", spec.path, "--data", csv.path, "--batch", "16", "--micro-batch",
+          "4", "--steps", "4", "--devices", "1,2,4", "--seed", "3", "--skip-refused",
+          "--backend-option", k ? "params=shared" : "params=copy");
+    ck_assert_msg(r[k].rc == 0, "exit %d\nstdout:\n%s\nstderr:\n%s", r[k].rc, r[k].out,
+                  r[k].err);
+    ck_assert_msg(strstr(r[k].out, k ? "cpu backend (params=shared)" : "(params=copy)"),
+                  "%s", r[k].out);
+  }
+  ck_assert_msg(strstr(r[0].out, "same: 9 configurations"), "%s", r[0].out);
+  ck_assert_msg(strstr(r[1].out, "same: 3 configurations"), "%s", r[1].out);
+  ck_assert_int_eq(count_of(r[1].out, "refused: shared parameters"), 6);
+  /* one hash: the 1-device classic reference row of both */
+  const char *a = strstr(r[0].out, "reference"), *b = strstr(r[1].out, "reference");
+  ck_assert(a && b && a - r[0].out > 18 && b - r[1].out > 18);
+  ck_assert_msg(memcmp(a - 18, b - 18, 16) == 0, "%.16s vs %.16s", a - 18, b - 18);
+  result_free(&r[0]);
+  result_free(&r[1]);
+  unlink(spec.path);
+  unlink(csv.path);
+}
+END_TEST
+
 START_TEST(test_refused_configurations_exit_2) {
   tmp_file spec, csv;
   tmp_write(&spec, MLP_SPEC);
@@ -563,6 +595,7 @@ Suite *repro_suite(void) {
 
   tc = tcase_create("refused");
   tcase_add_test(tc, test_refused_configurations_exit_2);
+  tcase_add_test(tc, test_backend_options_reach_every_configuration);
   tcase_add_test(tc, test_modes_agree_where_the_library_runs_them);
   suite_add_tcase(s, tc);
 

@@ -66,6 +66,7 @@ static const struct option repro_options[] = {
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
     {"reduce-precision", required_argument, NULL, DPT_OPT_REDUCE_PRECISION},
+    {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
     {0, 0, 0, 0},
 };
@@ -156,6 +157,8 @@ static void usage(FILE *f) {
       "                        (PyTorch's; --optimizer sets its defaults first, the\n"
       "                        others override them; see dp train --help)\n"
       "  --backend cpu|cuda    (default cpu)\n"
+      "  --backend-option NAME=VALUE  one of the backend's own options, in every\n"
+      "                        configuration (repeatable; e.g. params=shared)\n"
       "  --seed N              parameter init, dropout and the batch order (default 0)\n"
       "  --recompute K         activation recompute every K layers in every\n"
       "                        configuration (the bits are those without it)\n"
@@ -769,8 +772,10 @@ static void print_header(const repro_run *t) {
     printf("  \"split\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"lr\": ",
            dp_split_name(o->base.split), dp_optimizer_name(o->base.optimizer));
     json_float(stdout, o->base.lr);
-    printf(",\n  \"seed\": %llu,\n  \"backend\": \"%s\",\n  \"tensors\": [",
+    printf(",\n  \"seed\": %llu,\n  \"backend\": \"%s\",\n  \"backend_options\": ",
            (unsigned long long)o->base.seed, dp_backend_name(o->base.backend));
+    dpt_json_string(stdout, o->base.backend_options);
+    printf(",\n  \"tensors\": [");
     for (int i = 0; i < t->nt; i++) {
       printf("%s\n    {\"name\": \"%s\", \"shape\": [%d", i ? "," : "", t->tensors[i].name,
              t->tensors[i].dims[0]);
@@ -789,10 +794,11 @@ static void print_header(const repro_run *t) {
     printf("%d", o->base.micro_batch);
   else
     printf("= each device's chunk");
-  printf("), %s lr %g, seed %llu, %s backend; %d configuration%s\n",
+  const char *bo = o->base.backend_options;
+  printf("), %s lr %g, seed %llu, %s backend%s%s%s; %d configuration%s\n",
          dp_optimizer_name(o->base.optimizer), (double)o->base.lr,
-         (unsigned long long)o->base.seed, dp_backend_name(o->base.backend), nc,
-         nc == 1 ? "" : "s");
+         (unsigned long long)o->base.seed, dp_backend_name(o->base.backend),
+         *bo ? " (" : "", bo, *bo ? ")" : "", nc, nc == 1 ? "" : "s");
   if (o->base.micro_batch == 0 && nc > 1)
     printf("note: without --micro-batch the bits are not expected to match across device "
            "counts\n");
