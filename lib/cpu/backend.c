@@ -1207,14 +1207,14 @@ static dp_status cpu_bench_gemm_bf16(int dev, int m, int n, int k, int iters, do
   return dp__gemm_bf16_bench(m, n, k, iters, ms);
 }
 
-/* The reference backend: synchronous (an op is done when it returns), no
- * backend context, no staging, no graphs. */
 /* The cpu backend's options (dp_config.backend_options). */
 enum { OPT_PARAMS };
 static const dp_backend_option cpu_options[] = {
-    [OPT_PARAMS] = {"params", "copy|shared",
-                    "shared: the devices read one copy of the parameters, device 0's "
-                    "(classic mode or inference; the same bits, less memory and traffic)"},
+    [OPT_PARAMS] =
+        {"params", "copy|shared",
+         "shared: the devices read one copy of the parameters, device 0's "
+         "(classic mode or inference; the same bits for the same split, less memory and "
+         "traffic)"},
     {NULL, NULL, NULL},
 };
 
@@ -1223,6 +1223,8 @@ static unsigned cpu_features(const dp_config *c, const int *opt) {
   return opt[OPT_PARAMS] ? DP_FEATURE_SHARED_PARAMS : 0u;
 }
 
+/* The reference backend: synchronous (an op is done when it returns), no
+ * backend context, no staging, no graphs. */
 const dp_backend_ops dp__cpu_backend = {
     .name = "cpu",
     .options = cpu_options,
