@@ -541,6 +541,17 @@ START_TEST(shared_params_are_planned_once) {
     }
     ck_assert_int_eq(bc[0], 2);
     ck_assert_int_eq(bc[1], 0);
+    /* a transfer into a replica's parameters (it has none) fails verification,
+     * as the copies' broadcast passes it */
+    for (int i = 0; i < dp_plan_n_ops(copies); i++) {
+      const dp_op *op = &dp_plan_ops(copies)[i];
+      if (op->phase != DP_PHASE_BROADCAST) continue;
+      ck_assert_int_eq(dp__op_verify(copies, i, op), DP_OK);
+      ck_assert_int_eq(dp__op_verify(p, i, op), DP_ERR_INVALID);
+      ck_assert_msg(strstr(dp_last_error(), "the destination is device") &&
+                        strstr(dp_last_error(), "reads from device 0"),
+                    "%s", dp_last_error());
+    }
     dp_plan_free(p);
     dp_plan_free(copies);
   }

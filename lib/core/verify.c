@@ -155,6 +155,14 @@ static dp_status verify_op(const dp_plan *p, const act_set *sets, int i, const d
   dp_span dst = {.region = op->dst_region,
                  .off = op->dst_offset,
                  .bytes = op->kind == DP_OP_GRAD_PACK ? op->bytes / 2 : op->bytes};
+  /* a transfer names the memory of its two ends: never the parameters of a
+   * device that reads another's (shared parameters: it has none) */
+  const int ends[2] = {sd, dd}, regions[2] = {op->src_region, op->dst_region};
+  for (int e = 0; e < 2; e++)
+    if (ends[e] != DP_HOST && regions[e] == DP_REGION_PARAMS &&
+        dp__param_home(p, ends[e]) != ends[e])
+      return BAD("%s: %s is device %d's parameters, which it reads from device %d", k,
+                 e ? "the destination" : "the source", ends[e], dp__param_home(p, ends[e]));
   dp_status st = sd == DP_HOST
                      ? DP_OK
                      : check_span(p, sets ? &sets[sd] : NULL, k, sd, src, "the source");
