@@ -482,6 +482,46 @@ START_TEST(backends_register_by_name) {
 }
 END_TEST
 
+/* The core's own guard on DP_FEATURE_SHARED_PARAMS, for a backend whose
+ * check_config does not refuse it: no plan in allreduce training, nor on a
+ * backend without host memory; classic mode plans. */
+START_TEST(shared_params_are_guarded_by_the_core) {
+  static dp_backend_ops sharer;
+  sharer = *dp__backend_ops(DP_BACKEND_CPU);
+  sharer.name = "sharer";
+  sharer.check_config = NULL;
+  dp_backend kind;
+  ck_assert_int_eq(dp__backend_register(&sharer, &kind), DP_OK);
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 5\nlinear 2\nloss mse\n", "sharer", &m), DP_OK);
+  for (int k = 0; k < 3; k++) {
+    dp_config c;
+    dp_config_default(&c);
+    c.backend = kind;
+    c.n_devices = 2;
+    c.batch = 4;
+    c.mode = k == 1 ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC;
+    snprintf(c.backend_options, sizeof c.backend_options, "params=shared");
+    sharer.host_memory = k != 2;
+    ck_assert_int_eq(dp__backend_register(&sharer, NULL), DP_OK);
+    dp_plan *p = NULL;
+    dp_status s = dp_plan_create(m, &c, &p);
+    if (k == 0) {
+      ck_assert_msg(s == DP_OK, "%s", dp_last_error());
+      ck_assert_uint_eq(dp_plan_region(p, 1, DP_REGION_PARAMS).size, 0);
+      dp_plan_free(p);
+      continue;
+    }
+    ck_assert_int_eq(s, DP_ERR_INVALID);
+    ck_assert_ptr_null(p);
+    ck_assert_msg(
+        strstr(dp_last_error(), "the sharer backend's options share the parameters"), "%s",
+        dp_last_error());
+  }
+  dp_model_free(m);
+}
+END_TEST
+
 /* ---- tools/ includes dp.h and its own headers, nothing else of the project --------- */
 
 /* The project's headers a tool may include ("..." form); any other "..."
@@ -700,6 +740,7 @@ Suite *api_suite(void) {
   tcase_add_test(tc, bench_sgemm_and_device_info_on_cuda);
   tcase_add_test(tc, diagnostics_go_through_the_backend_slots);
   tcase_add_test(tc, backends_register_by_name);
+  tcase_add_test(tc, shared_params_are_guarded_by_the_core);
   tcase_add_test(tc, backend_caps_describe_the_backends);
   tcase_set_timeout(tc, 60);
   suite_add_tcase(s, tc);

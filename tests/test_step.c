@@ -784,9 +784,12 @@ END_TEST
 
 /* ---- arena high-water mark ------------------------------------------------- */
 
+/* _i >= 4: the cpu backend's params=shared (only device 0 holds the
+ * parameters, the replicas' arenas end earlier) */
 START_TEST(test_high_water_equals_plan) {
   const char *specs[] = {SEED_SPEC, MLP_EVERY_KIND_SPEC};
-  int n_dev = _i + 1;
+  int n_dev = _i % 4 + 1;
+  const char *opts = _i >= 4 ? "params=shared" : "";
   for (int k = 0; k < 4; k++) /* specs[k % 2], with recompute 3 for k >= 2 */
     for (int mb = 0; mb <= 4; mb += 4)
       for (int inference = 0; inference <= 1; inference++) {
@@ -795,6 +798,7 @@ START_TEST(test_high_water_equals_plan) {
         cfg.micro_batch = mb;
         cfg.inference = inference;
         cfg.recompute = k >= 2 ? 3 : 0;
+        snprintf(cfg.backend_options, sizeof cfg.backend_options, "%s", opts);
         rig r;
         rig_open(&r, specs[k % 2], &cfg);
         batch b;
@@ -807,9 +811,9 @@ START_TEST(test_high_water_equals_plan) {
         for (int d = 0; d < dp_plan_n_devices(r.p); d++) {
           size_t want = plan_end(r.p, d), got = dp_ctx_high_water(r.c, d);
           ck_assert_msg(got == want,
-                        "%s, %d devices, micro_batch %d, %s: device %d high water %zu, "
-                        "plan %zu (arena %zu)",
-                        k % 2 ? "mlp" : "seed", n_dev, mb,
+                        "%s, %d devices %s, micro_batch %d, %s: device %d high water "
+                        "%zu, plan %zu (arena %zu)",
+                        k % 2 ? "mlp" : "seed", n_dev, opts, mb,
                         inference ? "inference" : "training", d, got, want,
                         dp_plan_device_bytes(r.p, d));
           ck_assert(want <= dp_plan_device_bytes(r.p, d));
@@ -1482,7 +1486,7 @@ Suite *step_suite(void) {
 
   tc = tcase_create("high_water");
   tcase_set_timeout(tc, 60);
-  tcase_add_loop_test(tc, test_high_water_equals_plan, 0, 4);
+  tcase_add_loop_test(tc, test_high_water_equals_plan, 0, 8);
   tcase_add_test(tc, test_high_water_recompute_equals_plan);
   suite_add_tcase(s, tc);
 

@@ -285,10 +285,17 @@ struct dp_exec_env {
   int host_row0;       /* the first row of this rank's host buffers */
 };
 
+/* Pointer to region r of device dev, given the arenas of p's devices: shared
+ * parameters lie on their home device (dp__param_home). */
+static inline unsigned char *
+dp__arena_region(const dp_plan *p, unsigned char *const arena[], int dev, int r) {
+  if (r == DP_REGION_PARAMS) dev = dp__param_home(p, dev);
+  return arena[dev] + p->regions[dev][r].offset;
+}
+
 /* Pointer to region r of device d in env. */
 static inline void *dp__region_ptr(const dp_exec_env *e, int dev, int r) {
-  if (r == DP_REGION_PARAMS) dev = dp__param_home(e->plan, dev);
-  return e->arena[dev] + e->plan->regions[dev][r].offset;
+  return dp__arena_region(e->plan, e->arena, dev, r);
 }
 
 /* The address of a transfer's end (device, region, offset) in this process:

@@ -952,11 +952,13 @@ static dp_status plan_memory(dp_plan *p, const dp_model *m, const dp_config *c) 
                    "in their own order: use one or the other",
                    be->name);
   if (p->features & DP_FEATURE_SHARED_PARAMS) {
+    /* the backend's check_config refuses the option by its name; this
+     * guards the plan of a backend that does not */
     if (!be->host_memory || (!c->inference && c->mode != DP_MODE_CLASSIC))
       return DP_FAIL(DP_ERR_INVALID,
-                     "shared parameters (the %s backend's params=shared) need classic "
-                     "mode or an inference plan: in allreduce mode every replica "
-                     "updates its own copy",
+                     "the %s backend's options share the parameters between its "
+                     "devices, which needs host memory and classic mode or an inference "
+                     "plan (in allreduce mode every replica updates its own copy)",
                      be->name);
     p->shared_params = true;
   }

@@ -137,7 +137,7 @@ void dp__world_free(dp_world_tx *t) {
 static void *local_end(const dp_world_tx *t, unsigned char *const arena[], int dev,
                        int region, size_t off) {
   if (dev == DP_HOST) return NULL;
-  return arena[dev] + t->plan->regions[dev][region].offset + off;
+  return dp__arena_region(t->plan, arena, dev, region) + off;
 }
 
 dp_status dp__world_prepare(dp_world_tx *t, int cache, const dp_op *ops, int n_ops,

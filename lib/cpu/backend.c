@@ -1223,12 +1223,24 @@ static unsigned cpu_features(const dp_config *c, const int *opt) {
   return opt[OPT_PARAMS] ? DP_FEATURE_SHARED_PARAMS : 0u;
 }
 
+/* The config on this backend, its options parsed: the refusal names the
+ * option (the core's own check knows only the feature). */
+static dp_status cpu_check_config(const dp_config *c, const int *opt) {
+  if (opt[OPT_PARAMS] && !c->inference && c->mode != DP_MODE_CLASSIC)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "params=shared needs classic mode or an inference plan: in %s mode "
+                   "every replica updates its own copy (use params=copy)",
+                   dp_mode_name(c->mode));
+  return DP_OK;
+}
+
 /* The reference backend: synchronous (an op is done when it returns), no
  * backend context, no staging, no graphs. */
 const dp_backend_ops dp__cpu_backend = {
     .name = "cpu",
     .options = cpu_options,
     .features = cpu_features,
+    .check_config = cpu_check_config,
     .align = 64, /* a cache line */
     .workspace_bytes = cpu_workspace_bytes,
     .image_layers = true,
