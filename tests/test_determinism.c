@@ -18,7 +18,7 @@
 /* The image layers on a 1 x 3 x 4 input (the same 12 floats per row):
  * conv2d with padding, an overlapping maxpool, dropout on an image, conv2d,
  * avgpool, flatten, linear. */
-static const char *CNN_SPEC =
+static const char CNN_SPEC[] =
     "input 1 3 4\nconv2d 4 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
     "dropout 0.2\nconv2d 3 2\ntanh\navgpool2d 1\nflatten\nlinear 5\n"
     "loss softmax_cross_entropy\n";
@@ -424,23 +424,27 @@ static const char BN_CNN_SPEC[] =
     "flatten\nlinear 8\nbatchnorm\ntanh\ndropout 0.1\nlinear 6\nrelu\nlinear 5\n"
     "loss softmax_cross_entropy\n";
 
+/* The models and batchnorm modes of the bit-identity checks below: the MLP of
+ * every layer kind, the CNN, a CNN with batchnorm per replica and sync. */
+static const struct {
+  const char *spec;
+  dp_bn_mode bn;
+} MODEL_CASES[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
+                   {CNN_SPEC, DP_BN_PER_REPLICA},
+                   {BN_CNN_SPEC, DP_BN_PER_REPLICA},
+                   {BN_CNN_SPEC, DP_BN_SYNC}};
+enum { N_MODEL_CASES = sizeof MODEL_CASES / sizeof *MODEL_CASES };
+
 START_TEST(recompute_gives_the_same_bits) {
-  const struct {
-    const char *spec;
-    dp_bn_mode bn;
-  } cases[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
-               {CNN_SPEC, DP_BN_PER_REPLICA},
-               {BN_CNN_SPEC, DP_BN_PER_REPLICA},
-               {BN_CNN_SPEC, DP_BN_SYNC}};
-  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
-    spec_in_use = cases[c].spec;
-    bn_in_use = cases[c].bn;
+  for (size_t c = 0; c < N_MODEL_CASES; c++) {
+    spec_in_use = MODEL_CASES[c].spec;
+    bn_in_use = MODEL_CASES[c].bn;
     recompute_in_use = 0;
     uint64_t ref = run(RC_SETUPS[0], DP_OPT_ADAMW, 6, MB);
     int n_rc = 0;
     for (int k = 2; k <= 4; k++) {
       recompute_in_use = k;
-      n_rc += recompute_ops(cases[c].spec, 2, MB, k);
+      n_rc += recompute_ops(MODEL_CASES[c].spec, 2, MB, k);
       for (int i = 0; i < N_RC_SETUPS; i++) {
         uint64_t h = run(RC_SETUPS[i], DP_OPT_ADAMW, 6, MB);
         ck_assert_msg(h == ref,
@@ -507,19 +511,12 @@ END_TEST
  * with recompute (and its arena guards) on 4; and the GPT. Its forward in
  * eval mode reads the shared running statistics. */
 START_TEST(shared_params_give_the_bits_of_copies) {
-  const struct {
-    const char *spec;
-    dp_bn_mode bn;
-  } cases[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
-               {CNN_SPEC, DP_BN_PER_REPLICA},
-               {BN_CNN_SPEC, DP_BN_PER_REPLICA},
-               {BN_CNN_SPEC, DP_BN_SYNC}};
   const setup classic[] = {
       {2, DP_MODE_CLASSIC, 0}, {4, DP_MODE_CLASSIC, 0}, {8, DP_MODE_CLASSIC, 0}};
-  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++)
+  for (size_t c = 0; c < N_MODEL_CASES; c++)
     for (int bf = 0; bf < 2; bf++) {
-      spec_in_use = cases[c].spec;
-      bn_in_use = cases[c].bn;
+      spec_in_use = MODEL_CASES[c].spec;
+      bn_in_use = MODEL_CASES[c].bn;
       precision_in_use = bf ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
       options_in_use = "";
       uint64_t ref = run(classic[0], DP_OPT_MOMENTUM, 8, MB);
