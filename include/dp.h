@@ -446,7 +446,10 @@ enum {
                                   canonical tree, so other bits than c's micro-batch */
   DP_FIT_RECOMPUTE = 1 << 4,   /* activation recompute every K layers (the same bits) */
   DP_FIT_PRECISION = 1 << 5,   /* bf16 mixed precision (other bits than fp32) */
-  DP_FIT_ALL = (1 << 6) - 1
+  DP_FIT_BACKEND = 1 << 6,     /* the backend's options that keep the results and
+                                  change memory or speed, where c's backend_options
+                                  does not set them (the cpu backend's params=shared) */
+  DP_FIT_ALL = (1 << 7) - 1
 };
 /* The cost model, per device (docs/PLANNER.md: what `dp bench` measures for each):
  * a GEMM of r rows runs at gflops * r / (r + half_rows) (bf16_gflops in bf16);
@@ -462,8 +465,8 @@ typedef struct {
 } dp_fit_costs;
 void dp_fit_costs_default(dp_fit_costs *k);
 typedef struct {
-  dp_config
-      config;    /* c with the fitted fields (mode, shard_optimizer, split, micro_batch) */
+  dp_config config; /* c with the fitted fields (mode, shard_optimizer, split, micro_batch,
+                       recompute, precision, backend_options) */
   size_t bytes;  /* its largest arena, device or host staging */
   double est_ms; /* the cost model's step time */
 } dp_fit;

@@ -2841,6 +2841,74 @@ START_TEST(fit_chooses_bf16_when_only_it_fits) {
 }
 END_TEST
 
+/* DP_FIT_BACKEND tries the backend's options that keep the results: with the
+ * cpu backend's params=shared the replicas hold no parameters, so the memory
+ * split moves rows to them and device 0's arena shrinks below a budget that
+ * copies miss. An option the config names is the caller's: not varied. */
+START_TEST(fit_tries_the_backends_options_that_keep_the_results) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
+  dp_config c = config_of(64, 2, DP_OPT_SGD), sh = c;
+  c.split = sh.split = DP_SPLIT_MEMORY;
+  snprintf(sh.backend_options, sizeof sh.backend_options, "params=shared");
+  size_t copies = plan_bytes_of(m, &c), shared = plan_bytes_of(m, &sh);
+  ck_assert_uint_lt(shared, copies);
+  c.split = DP_SPLIT_CHUNK;
+  dp_fit f[8];
+  int n = -1;
+  ck_assert_int_eq(dp_plan_fit(m, &c, shared, DP_FIT_SPLIT, NULL, f, 8, &n), DP_ERR_RANGE);
+  dp_status st = dp_plan_fit(m, &c, shared, DP_FIT_SPLIT | DP_FIT_BACKEND, NULL, f, 8, &n);
+  ck_assert_msg(st == DP_OK, "%s", dp_last_error());
+  ck_assert_int_ge(n, 1);
+  for (int i = 0; i < n; i++) {
+    ck_assert_str_eq(f[i].config.backend_options, "params=shared");
+    ck_assert_uint_le(plan_bytes_of(m, &f[i].config), shared);
+  }
+  dp_config given = c;
+  snprintf(given.backend_options, sizeof given.backend_options, "params=copy");
+  ck_assert_int_eq(
+      dp_plan_fit(m, &given, shared, DP_FIT_SPLIT | DP_FIT_BACKEND, NULL, f, 8, &n),
+      DP_ERR_RANGE);
+  ck_assert_msg(strstr(dp_last_error(), "params=copy"), "%s", dp_last_error());
+  /* room for everything: allreduce with shared parameters does not plan, and
+   * classic with them is estimated no slower than with copies (no broadcast) */
+  st = dp_plan_fit(m, &c, SIZE_MAX / 2, DP_FIT_MODE | DP_FIT_BACKEND, NULL, f, 8, &n);
+  ck_assert_msg(st == DP_OK, "%s", dp_last_error());
+  ck_assert_int_eq(n, 3);
+  double est[2] = {-1, -1};
+  for (int i = 0; i < n; i++)
+    if (f[i].config.mode == DP_MODE_CLASSIC)
+      est[f[i].config.backend_options[0] != 0] = f[i].est_ms;
+  ck_assert(est[0] > 0 && est[1] > 0 && est[1] <= est[0]);
+  dp_model_free(m);
+}
+END_TEST
+
+/* The cost model follows the cpu backend's executor, which runs the large
+ * elementwise passes (reduction, check, update) on every device thread: with a
+ * batch of 2 rows and 1 MB of parameters, the classic step on 2 devices is
+ * estimated faster than on 1 (counted on device 0 alone, the reduction and
+ * broadcast would make it slower). */
+START_TEST(fit_estimates_count_shared_passes_on_every_thread) {
+  dp_model *m = NULL;
+  ck_assert_int_eq(dp_model_parse("input 512\nlinear 512\nrelu\nlinear 4\n"
+                                  "loss softmax_cross_entropy\n",
+                                  "fit", &m),
+                   DP_OK);
+  double est[2];
+  for (int k = 0; k < 2; k++) {
+    dp_config c = config_of(2, k + 1, DP_OPT_MOMENTUM);
+    dp_fit f[1];
+    int n = 0;
+    ck_assert_int_eq(dp_plan_fit(m, &c, SIZE_MAX / 2, 0, NULL, f, 1, &n), DP_OK);
+    ck_assert_int_eq(n, 1);
+    est[k] = f[0].est_ms;
+  }
+  ck_assert_msg(est[1] < est[0], "2 devices %g ms, 1 device %g ms", est[1], est[0]);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(fit_refuses_bad_arguments) {
   dp_model *m = NULL;
   ck_assert_int_eq(dp_model_parse(FIT_SPEC, "fit", &m), DP_OK);
@@ -4007,6 +4075,8 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, fit_none_fits_names_the_smallest_and_the_shortfall);
   tcase_add_test(tc, fit_searches_only_what_it_is_allowed);
   tcase_add_test(tc, fit_refuses_bad_arguments);
+  tcase_add_test(tc, fit_estimates_count_shared_passes_on_every_thread);
+  tcase_add_test(tc, fit_tries_the_backends_options_that_keep_the_results);
   tcase_add_test(tc, fit_chooses_bf16_when_only_it_fits);
   tcase_add_test(tc, fit_turns_to_recompute_when_nothing_else_fits);
   suite_add_tcase(s, tc);

@@ -100,9 +100,11 @@ static void plan_help(FILE *f) {
         "                          the budget and has the shortest estimated step, its\n"
         "                          plan, and the runner-ups (see below)\n"
         "  --fit-allow LIST        what --fit may change, comma-separated: mode, shard,\n"
-        "                          split, recompute, micro-batch, bf16, or all (default\n"
-        "                          mode,shard,split,recompute: the ones that keep the\n"
-        "                          bits; micro-batch and bf16 change them)\n"
+        "                          split, recompute, micro-batch, bf16, backend, or all\n"
+        "                          (default mode,shard,split,recompute,backend: the ones\n"
+        "                          that keep the bits; micro-batch and bf16 change them;\n"
+        "                          backend: the backend's options that keep the results,\n"
+        "                          the cpu backend's params=shared, where not given)\n"
         "  --fit-costs K=V,...     the cost model's numbers (gflops, half_rows, mem_gbs,\n"
         "                          op_us, bf16_gflops; docs/PLANNER.md says how dp bench\n"
         "                          measures them)\n"
@@ -146,7 +148,8 @@ static void plan_help(FILE *f) {
         "\n"
         "--fit plans every configuration --fit-allow opens (classic or allreduce, a\n"
         "sharded optimizer, the three splits, recompute every K layers, power-of-two\n"
-        "micro-batches, bf16 mixed precision) for the batch\n"
+        "micro-batches, bf16 mixed precision, the backend's options that keep the\n"
+        "results: params=shared on the cpu backend) for the batch\n"
         "given, keeps those whose largest arena is within the budget, and ranks them by\n"
         "a cost model's step time: GEMM flops at a rate that falls with fewer rows,\n"
         "bytes streamed, a cost per op, on the slowest device. It prints the chosen\n"
@@ -164,18 +167,15 @@ static void plan_help(FILE *f) {
         f);
 }
 
-/* --fit-allow: "mode,shard,split,micro-batch" or "all". */
+/* --fit-allow: "mode,shard,split,micro-batch,..." or "all". */
 static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t errcap) {
   static const struct {
     const char *name;
     unsigned bit;
-  } words[] = {{"mode", DP_FIT_MODE},
-               {"shard", DP_FIT_SHARD},
-               {"split", DP_FIT_SPLIT},
-               {"micro-batch", DP_FIT_MICRO_BATCH},
-               {"recompute", DP_FIT_RECOMPUTE},
-               {"bf16", DP_FIT_PRECISION},
-               {"all", DP_FIT_ALL}};
+  } words[] = {{"mode", DP_FIT_MODE},           {"shard", DP_FIT_SHARD},
+               {"split", DP_FIT_SPLIT},         {"micro-batch", DP_FIT_MICRO_BATCH},
+               {"recompute", DP_FIT_RECOMPUTE}, {"bf16", DP_FIT_PRECISION},
+               {"backend", DP_FIT_BACKEND},     {"all", DP_FIT_ALL}};
   *allow = 0;
   for (const char *p = arg; *p;) {
     size_t n = strcspn(p, ",");
@@ -186,7 +186,7 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
     if (i == sizeof words / sizeof words[0]) {
       snprintf(err, errcap,
                "--fit-allow: '%.*s' is not one of mode, shard, split, micro-batch, "
-               "recompute, bf16, all",
+               "recompute, bf16, backend, all",
                (int)n, p);
       return -1;
     }
@@ -200,7 +200,7 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
   if (!*allow) {
     snprintf(err, errcap,
              "--fit-allow: name at least one of mode, shard, split, "
-             "micro-batch, recompute, bf16, all");
+             "micro-batch, recompute, bf16, backend, all");
     return -1;
   }
   return 0;
@@ -928,10 +928,11 @@ static void fit_row(const char *tag, int rank, const dp_fit *f) {
   char a[48], mb[16] = "chunk", rc[16] = "no";
   if (f->config.micro_batch > 0) snprintf(mb, sizeof mb, "%d", f->config.micro_batch);
   if (f->config.recompute > 0) snprintf(rc, sizeof rc, "%d", f->config.recompute);
-  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %9s  %9s  %16s  %12.3f\n", tag, rank,
+  printf("%-7s %4d  %-9s  %-5s  %-8s  %11s  %9s  %9s  %16s  %12.3f  %s\n", tag, rank,
          dp_mode_name(f->config.mode), f->config.shard_optimizer ? "yes" : "no",
          dp_split_name(f->config.split), mb, rc, dp_precision_name(f->config.precision),
-         dpt_bytes_exact(f->bytes, a, sizeof a), f->est_ms);
+         dpt_bytes_exact(f->bytes, a, sizeof a), f->est_ms,
+         f->config.backend_options[0] ? f->config.backend_options : "-");
 }
 
 /* One training step (or forward) of zeros at the full batch on a context of plan
@@ -989,12 +990,13 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
         stderr,
         "dp plan: --fit: no configuration fits %s B (%s) per device: the smallest "
         "found needs %s B (%s: mode %s%s, split %s, micro-batch %s, recompute %d, "
-        "precision %s), %s B over: give a larger --budget, or let --fit-allow change "
+        "precision %s%s%s), %s B over: give a larger --budget, or let --fit-allow change "
         "more\n",
         dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
         dpt_bytes_exact(f[0].bytes, c, sizeof c), dpt_bytes_human(f[0].bytes, d, sizeof d),
         dp_mode_name(k->mode), k->shard_optimizer ? ", sharded optimizer" : "",
         dp_split_name(k->split), mb, k->recompute, dp_precision_name(k->precision),
+        k->backend_options[0] ? ", " : "", k->backend_options,
         dpt_bytes_exact(f[0].bytes - o->budget, e, sizeof e));
     return -1;
   }
@@ -1002,17 +1004,19 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
     fprintf(stderr, "dp plan: --fit: %s\n", dpt_user_msg(dp_last_error()));
     return -1;
   }
-  printf("fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s%s%s\n",
-         dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
-         cfg->batch, cfg->n_devices, o->fit_allow & DP_FIT_MODE ? " mode" : "",
-         o->fit_allow & DP_FIT_SHARD ? " shard" : "",
-         o->fit_allow & DP_FIT_SPLIT ? " split" : "",
-         o->fit_allow & DP_FIT_RECOMPUTE ? " recompute" : "",
-         o->fit_allow & DP_FIT_MICRO_BATCH ? " micro-batch" : "",
-         o->fit_allow & DP_FIT_PRECISION ? " bf16" : "");
-  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %9s  %9s  %16s  %12s\n", "", "rank", "mode",
+  printf(
+      "fit     %s B (%s) per device, batch %d on %d devices; may change:%s%s%s%s%s%s%s\n",
+      dpt_bytes_exact(o->budget, a, sizeof a), dpt_bytes_human(o->budget, b, sizeof b),
+      cfg->batch, cfg->n_devices, o->fit_allow & DP_FIT_MODE ? " mode" : "",
+      o->fit_allow & DP_FIT_SHARD ? " shard" : "",
+      o->fit_allow & DP_FIT_SPLIT ? " split" : "",
+      o->fit_allow & DP_FIT_RECOMPUTE ? " recompute" : "",
+      o->fit_allow & DP_FIT_MICRO_BATCH ? " micro-batch" : "",
+      o->fit_allow & DP_FIT_PRECISION ? " bf16" : "",
+      o->fit_allow & DP_FIT_BACKEND ? " backend options" : "");
+  printf("%-7s %4s  %-9s  %-5s  %-8s  %11s  %9s  %9s  %16s  %12s  %s\n", "", "rank", "mode",
          "shard", "split", "micro-batch", "recompute", "precision", "largest arena",
-         "est. ms/step");
+         "est. ms/step", "backend options");
   for (int i = 0; i < n; i++) fit_row(i == 0 ? "chosen" : "", i + 1, &f[i]);
   printf("(estimates: gflops %g, half_rows %g, mem_gbs %g, op_us %g, bf16_gflops %g; "
          "--fit-costs)\n",
@@ -1023,7 +1027,8 @@ static int fit_config(const dp_model *m, dp_config *cfg, const plan_opts *o) {
 }
 
 int dpt_cmd_plan(int argc, char **argv) {
-  plan_opts o = {.fit_allow = DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT | DP_FIT_RECOMPUTE};
+  plan_opts o = {.fit_allow = DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT | DP_FIT_RECOMPUTE |
+                              DP_FIT_BACKEND};
   dp_fit_costs_default(&o.costs);
   dp_config cfg;
   dpt_common com;

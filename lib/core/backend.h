@@ -59,6 +59,9 @@ typedef struct dp_transport_ops {
  * (the first is the default). */
 typedef struct {
   const char *name, *values, *help;
+  /* dp_plan_fit may try its words (DP_FIT_BACKEND): every one gives the same
+   * results, with other memory or speed (params=shared; not tf32) */
+  bool fit;
 } dp_backend_option;
 
 /* What the core does differently for a backend's options (features): capture
@@ -248,6 +251,13 @@ struct dp_backend_world {
   void *w;
 };
 
+/* The backend_options strings dp_plan_fit tries for c (DP_FIT_BACKEND): c's
+ * own, then c's with each combination of words of the backend's fit options
+ * that c does not name (the first word, the default, left out), at most cap
+ * in all; returns how many (at least 1; only c's own when c's options do not
+ * parse: the plan refuses them then). */
+int dp__fit_backend_options(const dp_config *c, char (*out)[DP_BACKEND_OPTIONS_CAP],
+                            int cap);
 /* The options of c for backend be into opt (every one, defaults included):
  * backend_options parsed, and the deprecated cuda fields of dp_config mapped
  * onto the options of those names (lib/core/options.c). */

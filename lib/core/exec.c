@@ -235,22 +235,27 @@ static bool local_end(const dp_exec *x, int dev) {
   return dev == DP_HOST || (dev >= x->dev0 && dev < x->dev0 + x->n_devices);
 }
 
-/* An op of a kind and size that work sharing cuts into ranges (when
- * shared_op's other conditions hold too). */
-static bool shareable(const dp_exec *x, const dp_op *op) {
-  if (!x->share) return false;
+bool dp__exec_share_kind(const dp_op *op, bool classic) {
   if (op->kind == DP_OP_LOSS) /* by micro-batches: each sum one thread's */
-    return x->share_loss && op->n_mb > 1 && op->bytes >= SHARE_LOSS_MIN_BYTES;
+    return classic && op->n_mb > 1 && op->bytes >= SHARE_LOSS_MIN_BYTES;
   if (op->bytes < SHARE_MIN_BYTES || op->bytes % 4) return false;
   switch ((dp_op_kind)op->kind) {
-  case DP_OP_COPY: return local_end(x, op->src_dev) && local_end(x, op->dst_dev);
   case DP_OP_GRAD_ADD: return !(op->flags & DP_OPF_SRC_BF16); /* src offsets halve */
+  case DP_OP_COPY:
   case DP_OP_COPY_ADD:
   case DP_OP_ZERO:
   case DP_OP_GRAD_CHECK:
   case DP_OP_OPTIMIZER: return true;
   default: return false;
   }
+}
+
+/* An op of a kind and size that work sharing cuts into ranges (when
+ * shared_op's other conditions hold too): a copy between this process's
+ * memories only. */
+static bool shareable(const dp_exec *x, const dp_op *op) {
+  if (!x->share || !dp__exec_share_kind(op, x->share_loss)) return false;
+  return op->kind != DP_OP_COPY || (local_end(x, op->src_dev) && local_end(x, op->dst_dev));
 }
 
 /* busy[d]: device dev0 + d has run an op of its own earlier in this stage. */

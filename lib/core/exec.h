@@ -76,6 +76,12 @@ struct dp_exec {
 
 /* Devices [dev0, dev0 + n_devices) of the plan (this process's): dev0 runs
  * on the calling thread, each other on a worker of its own. */
+/* Whether op is of a kind and size that the executor of a host_memory backend
+ * cuts into element ranges run by every device thread of its process (work
+ * sharing; a copy only between that process's memories); classic: the plan's
+ * mode (its loss is shared by micro-batches). dp_plan_fit's cost model counts
+ * such an op on every device of the process. */
+bool dp__exec_share_kind(const dp_op *op, bool classic);
 dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_ops *b,
                         void *bctx, const dp_transport_ops *t, void *tctx);
 void dp__exec_destroy(dp_exec *x);

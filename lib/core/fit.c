@@ -10,7 +10,7 @@
  * and the step takes as long as the slowest device (the devices run in
  * parallel and meet at the schedule's barriers). docs/PLANNER.md says how
  * `dp bench` calibrates the four numbers. */
-#include "core/plan.h"
+#include "core/exec.h" /* dp__exec_share_kind; backend.h: dp__fit_backend_options */
 
 #include <math.h>
 #include <stdio.h>
@@ -71,6 +71,12 @@ static double estimate_ms(const dp_plan *p, const dp_fit_costs *k) {
   double elt = bf16 ? 20.0 : 8.0;
   const dp_model *m = dp_plan_model(p);
   const dp_op *ops = dp_plan_ops(p);
+  /* a host-memory backend's executor shares elementwise ops among the device
+   * threads of a process (lib/core/exec.c): their cost falls on all of them */
+  const dp_config *c = dp_plan_config(p);
+  const dp_backend_ops *be = dp__backend_ops(c->backend);
+  int per_rank = c->n_devices / dp__ranks(c);
+  bool share = be && be->host_memory && per_rank > 1;
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *op = &ops[i];
     if (op->device < 0 || op->device >= DP_MAX_DEVICES) continue;
@@ -84,8 +90,16 @@ static double estimate_ms(const dp_plan *p, const dp_fit_costs *k) {
       else /* elementwise: the input read, the output written */
         s += elt * op->rows * (double)l->out / (k->mem_gbs * 1e9);
     } else {
-      if (op->kind == DP_OP_OPTIMIZER) bytes *= update_factor(dp_plan_config(p));
+      if (op->kind == DP_OP_OPTIMIZER) bytes *= update_factor(c);
       s += bytes / (k->mem_gbs * 1e9);
+    }
+    int d0 = op->device - op->device % per_rank;
+    if (share && dp__exec_share_kind(op, c->mode == DP_MODE_CLASSIC) &&
+        (op->kind != DP_OP_COPY ||
+         ((op->src_dev == DP_HOST || op->src_dev / per_rank == d0 / per_rank) &&
+          (op->dst_dev == DP_HOST || op->dst_dev / per_rank == d0 / per_rank)))) {
+      for (int d = d0; d < d0 + per_rank; d++) t[d] += s / per_rank;
+      continue;
     }
     t[op->device] += s;
   }
@@ -193,12 +207,16 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
                    "dp_plan_fit: costs need gflops > 0, half_rows >= 0, mem_gbs > 0, "
                    "op_us >= 0 and bf16_gflops >= 0, all finite");
   search s = {.out = out, .cap = cap};
+  /* c's backend options, and with DP_FIT_BACKEND their variants */
+  char bopts[8][DP_BACKEND_OPTIONS_CAP];
+  int n_bo = allow & DP_FIT_BACKEND ? dp__fit_backend_options(c, bopts, 8) : 1;
+  if (n_bo == 1) snprintf(bopts[0], sizeof bopts[0], "%s", c->backend_options);
   int mbs[32], n_mb = micro_batches(c, allow, mbs, 32);
   int rcs[16], n_rc = recomputes(m, c, allow, rcs, 16);
   /* the config's precision, and with DP_FIT_PRECISION bf16 too */
   dp_precision precs[2] = {c->precision, DP_PRECISION_BF16};
   int n_prec = (allow & DP_FIT_PRECISION) && c->precision != DP_PRECISION_BF16 ? 2 : 1;
-  for (int pr = 0; pr < n_prec; pr++)
+  for (int pr = 0; pr < n_prec * n_bo; pr++)
     for (int mode = 0; mode < 2; mode++)
       for (int shard = 0; shard < 2; shard++)
         for (int split = 0; split < 3; split++)
@@ -221,7 +239,8 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
               continue;
             t.micro_batch = mbs[i % n_mb];
             t.recompute = rcs[i / n_mb];
-            t.precision = precs[pr];
+            t.precision = precs[pr % n_prec];
+            snprintf(t.backend_options, sizeof t.backend_options, "%s", bopts[pr / n_prec]);
             try_config(&s, m, &t, budget, &k);
           }
   *n_out = s.n;
@@ -234,10 +253,12 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
     snprintf(mb, sizeof mb, "%d rows", s.smallest.config.micro_batch);
   return DP_FAIL(DP_ERR_RANGE,
                  "no configuration fits %zu bytes per device: the smallest found needs %zu "
-                 "(mode %s%s, split %s, micro-batch %s, recompute %d, precision %s), %zu "
-                 "over",
+                 "(mode %s%s, split %s, micro-batch %s, recompute %d, precision %s%s%s), "
+                 "%zu over",
                  budget, s.smallest.bytes, dp_mode_name(s.smallest.config.mode),
                  s.smallest.config.shard_optimizer ? ", sharded optimizer" : "",
                  dp_split_name(s.smallest.config.split), mb, s.smallest.config.recompute,
-                 dp_precision_name(s.smallest.config.precision), s.smallest.bytes - budget);
+                 dp_precision_name(s.smallest.config.precision),
+                 s.smallest.config.backend_options[0] ? ", " : "",
+                 s.smallest.config.backend_options, s.smallest.bytes - budget);
 }

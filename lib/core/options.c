@@ -123,6 +123,33 @@ dp_status dp__backend_options(const dp_backend_ops *be, const dp_config *c,
   return DP_OK;
 }
 
+int dp__fit_backend_options(const dp_config *c, char (*out)[DP_BACKEND_OPTIONS_CAP],
+                            int cap) {
+  snprintf(out[0], DP_BACKEND_OPTIONS_CAP, "%s", c->backend_options);
+  const dp_backend_ops *be = dp__backend_ops(c->backend);
+  int opt[DP_MAX_BACKEND_OPTIONS] = {0}, n = 1;
+  bool set[DP_MAX_BACKEND_OPTIONS] = {false};
+  if (!be || cap < 1 ||
+      strnlen(c->backend_options, DP_BACKEND_OPTIONS_CAP) == DP_BACKEND_OPTIONS_CAP ||
+      parse_items(be, c->backend_options, opt, set))
+    return 1;
+  for (int i = 0; i < n_options(be); i++) {
+    if (!be->options[i].fit || set[i]) continue;
+    /* every string so far, again with each of the option's other words */
+    int have = n;
+    for (int w = 1; w < n_words(be->options[i].values); w++)
+      for (int k = 0; k < have && n < cap; k++) {
+        const char *v = be->options[i].values;
+        for (int j = 0; j < w; j++) v = strchr(v, '|') + 1;
+        int len =
+            snprintf(out[n], DP_BACKEND_OPTIONS_CAP, "%s%s%s=%.*s", out[k],
+                     out[k][0] ? "," : "", be->options[i].name, (int)strcspn(v, "|"), v);
+        if (len > 0 && len < DP_BACKEND_OPTIONS_CAP) n++;
+      }
+  }
+  return n;
+}
+
 dp_status dp_backend_option_info(dp_backend b, int i, const char **name,
                                  const char **values, const char **help) {
   const dp_backend_ops *be = dp__backend_ops(b);

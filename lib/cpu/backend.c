@@ -1214,7 +1214,8 @@ static const dp_backend_option cpu_options[] = {
         {"params", "copy|shared",
          "shared: the devices read one copy of the parameters, device 0's "
          "(classic mode or inference; the same bits for the same split, less memory and "
-         "traffic)"},
+         "traffic)",
+         .fit = true},
     {NULL, NULL, NULL},
 };
 
