@@ -80,7 +80,7 @@ struct dp_exec {
  * cuts into element ranges run by every device thread of its process (work
  * sharing; a copy only between that process's memories); classic: the plan's
  * mode (its loss is shared by micro-batches). dp_plan_fit's cost model counts
- * such an op on every device of the process. */
+ * such an op on every device of a one-process job. */
 bool dp__exec_share_kind(const dp_op *op, bool classic);
 dp_status dp__exec_init(dp_exec *x, int dev0, int n_devices, const dp_backend_ops *b,
                         void *bctx, const dp_transport_ops *t, void *tctx);

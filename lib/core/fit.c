@@ -72,11 +72,13 @@ static double estimate_ms(const dp_plan *p, const dp_fit_costs *k) {
   const dp_model *m = dp_plan_model(p);
   const dp_op *ops = dp_plan_ops(p);
   /* a host-memory backend's executor shares elementwise ops among the device
-   * threads of a process (lib/core/exec.c): their cost falls on all of them */
+   * threads of a one-process job (lib/core/exec.c; a job of several processes
+   * moves its bytes through the world's transport and shares none): their cost
+   * falls on every device */
   const dp_config *c = dp_plan_config(p);
   const dp_backend_ops *be = dp__backend_ops(c->backend);
-  int per_rank = c->n_devices / dp__ranks(c);
-  bool share = be && be->host_memory && per_rank > 1;
+  int nd = c->n_devices;
+  bool share = be && be->host_memory && dp__ranks(c) == 1 && nd > 1;
   for (int i = 0; i < dp_plan_n_ops(p); i++) {
     const dp_op *op = &ops[i];
     if (op->device < 0 || op->device >= DP_MAX_DEVICES) continue;
@@ -93,12 +95,8 @@ static double estimate_ms(const dp_plan *p, const dp_fit_costs *k) {
       if (op->kind == DP_OP_OPTIMIZER) bytes *= update_factor(c);
       s += bytes / (k->mem_gbs * 1e9);
     }
-    int d0 = op->device - op->device % per_rank;
-    if (share && dp__exec_share_kind(op, c->mode == DP_MODE_CLASSIC) &&
-        (op->kind != DP_OP_COPY ||
-         ((op->src_dev == DP_HOST || op->src_dev / per_rank == d0 / per_rank) &&
-          (op->dst_dev == DP_HOST || op->dst_dev / per_rank == d0 / per_rank)))) {
-      for (int d = d0; d < d0 + per_rank; d++) t[d] += s / per_rank;
+    if (share && dp__exec_share_kind(op, c->mode == DP_MODE_CLASSIC)) {
+      for (int d = 0; d < nd && d < DP_MAX_DEVICES; d++) t[d] += s / nd;
       continue;
     }
     t[op->device] += s;
