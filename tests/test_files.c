@@ -664,6 +664,24 @@ START_TEST(cli_save_without_room_is_refused_before_training) {
   free(now);
   free(was);
   cmd_result_free(&c);
+  /* a checkpoint (34 KB) that fits once but not beside itself: --save-best,
+   * written again as the run improves, is refused; --save alone trains */
+  unlink(t.path);
+  put(big, "input 4\nlinear 1000\nrelu\nlinear 3\nloss softmax_cross_entropy\n");
+  char best[420];
+  at(best, sizeof best, t.dir, "best.ckpt");
+  c = RUN(dpt_cmd_train, "--model", big, "--data", data, "--batch", "8", "--epochs", "1",
+          "--eval-every", "1", "--save-best", best);
+  ck_assert_int_eq(c.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(c.err, "no room for best checkpoint '") &&
+                    strstr(c.err, "written beside the old one"),
+                "%s", c.err);
+  ck_assert_msg(access(best, F_OK) != 0 && !strstr(c.out, "epoch"), "%s", c.out);
+  cmd_result_free(&c);
+  c = RUN(dpt_cmd_train, "--model", big, "--data", data, "--batch", "8", "--epochs", "1",
+          "--quiet", "--save", t.path);
+  ck_assert_msg(c.rc == DPT_EXIT_OK, "%s", c.err);
+  cmd_result_free(&c);
   umount(t.dir);
   tmp_done(&t);
 }

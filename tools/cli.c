@@ -1220,3 +1220,14 @@ int dpt_warn_oversubscribed(FILE *f, const char *cmd, int n_devices, dp_backend 
             n_cpus);
   return 1;
 }
+
+unsigned long long dpt_dir_device(const char *path) {
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  size_t n = !slash ? 0 : slash == path ? 1 : (size_t)(slash - path);
+  if (n >= sizeof dir) return 0;
+  memcpy(dir, n ? path : ".", n ? n : 1);
+  dir[n ? n : 1] = '\0';
+  struct stat st;
+  return stat(dir, &st) == 0 ? (unsigned long long)st.st_dev : 0;
+}

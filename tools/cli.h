@@ -308,6 +308,9 @@ int dpt_world_gather(const void *mine, size_t n, void *all);
 /* The failure at hand is known to every rank (agreed on): dpt_world_exit
  * leaves without MPI_Abort, each rank with its own exit status. */
 void dpt_world_failed_together(void);
+/* The device (st_dev) of the file system that holds path's directory; 0 when
+ * it cannot be said. */
+unsigned long long dpt_dir_device(const char *path);
 /* A bad command line of `dp cmd` (cmd NULL: of dp itself), said as "dp cmd:
  * err" and `hint` on the next line. Found from the arguments and the job's
  * size alone, before anything is read, so every rank of a job finds the same

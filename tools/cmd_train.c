@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
@@ -1888,28 +1889,68 @@ static int fit_scaler(train_run *t) {
 
 /* Everything after the command line: 0; -1: failed (said); or the exit
  * status of a stop by signal. */
-/* The file systems of --save and --save-best have room for the checkpoint
- * before the work (an outside check, session 25: a full disk was found when
- * the run's end wrote it, the run's work lost). Rank 0, which writes the
- * files, checks; every rank leaves alike. 0, or -1 (said). */
+/* Bytes beyond what the file system holds now that the run's checkpoints need
+ * at their peak, for the paths of `on` (the paths on one file system): best is
+ * rewritten during the run, --save with --save-every too, and --save written
+ * at the end; a rewrite writes its new file beside the old one. ckpt: one
+ * checkpoint's size; exists[i]: path i is a file now (its bytes are counted). */
+static size_t room_needed(const train_opts *o, const bool on[2], const bool exists[2],
+                          size_t ckpt) {
+  bool rewritten[2] = {o->save_every != NULL, true}; /* 0: --save, 1: --save-best */
+  size_t run = 0, end = 0;
+  bool any = false;
+  for (int i = 0; i < 2; i++)
+    if (on[i] && rewritten[i]) {
+      any = true;
+      run += exists[i] ? 0 : ckpt; /* it exists during the run */
+    }
+  run += any ? ckpt : 0; /* a rewrite's new file */
+  if (on[0])             /* the end: --save's file beside the best, and its old one */
+    end = (on[1] && !exists[1] ? ckpt : 0) + (rewritten[0] && !exists[0] ? ckpt : 0) + ckpt;
+  return run > end ? run : end;
+}
+
+/* The file systems of --save and --save-best have room for the run's
+ * checkpoints before the work (an outside check, session 25: a full disk was
+ * found when the run's end wrote it, the run's work lost). Rank 0, which
+ * writes the files, checks; every rank leaves alike. 0, or -1 (said). */
 static int check_room(train_run *t) {
   const train_opts *o = &t->o;
+  const char *path[2] = {o->save, o->save_best};
   int bad = 0;
-  if (t->writes && (o->save || o->save_best)) {
+  if (t->writes && (path[0] || path[1])) {
     size_t run_n = 0;
     char settings[1024];
     /* the run's record at its last epoch: as long as any it writes */
     char *run = dpt_run_text_at(o->epochs, 0, t->train.n_rows, &t->scaler,
                                 run_settings(t, settings, sizeof settings), &run_n);
     free(run);
-    size_t need = dp_ckpt_bytes(t->ctx, run_n);
-    const char *path[2] = {o->save, o->save_best},
-               *what[2] = {"checkpoint", "best checkpoint"};
-    for (int i = 0; i < 2 && !bad; i++)
-      if (path[i] && dp_file_room(path[i], what[i], need)) {
+    size_t ckpt = dp_ckpt_bytes(t->ctx, run_n);
+    bool exists[2], same = false;
+    unsigned long long dev[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+      struct stat st;
+      exists[i] = path[i] && stat(path[i], &st) == 0 && S_ISREG(st.st_mode);
+      dev[i] = path[i] ? dpt_dir_device(path[i]) : 0;
+    }
+    same = path[0] && path[1] && dev[0] && dev[0] == dev[1];
+    for (int i = 0; i < 2 && !bad; i++) {
+      if (!path[i] || (same && i == 1)) continue;
+      bool on[2] = {i == 0 || same, i == 1 || same};
+      size_t need = room_needed(o, on, exists, ckpt);
+      const char *what = same ? "the checkpoints of --save and --save-best"
+                         : i  ? "best checkpoint"
+                              : "checkpoint";
+      if (dp_file_room(path[i], what, need)) {
         fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
+        if (need > ckpt)
+          fprintf(stderr,
+                  "(%zu bytes a checkpoint; a checkpoint the run writes again is written "
+                  "beside the old one, then replaces it)\n",
+                  ckpt);
         bad = 1;
       }
+    }
   }
   if (!dpt_world_bcast_int(bad)) return 0;
   dpt_world_failed_together();
