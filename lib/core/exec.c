@@ -298,18 +298,14 @@ static int slot_of(const dp_exec *x, int dev) {
   return dev == DP_HOST ? x->n_devices : dev - x->dev0;
 }
 
-/* The slot of a copy's end, where dp__endpoint finds it (shared parameters
- * lie on their home device). */
-static int end_slot(const dp_exec *x, const dp_plan *p, int dev, int region) {
-  return slot_of(x, region == DP_REGION_PARAMS ? dp__param_home(p, dev) : dev);
-}
-
 static footprint footprint_of(const dp_exec *x, const dp_plan *p, const dp_op *op) {
   footprint f = {.slot = {-1, -1}};
   if (op->kind == DP_OP_COPY || op->kind == DP_OP_COPY_ADD) {
-    f.slot[0] = end_slot(x, p, op->src_dev, op->src_region);
+    /* a copy's ends are its devices' own (plan verification refuses one that
+     * names a replica's shared parameters) */
+    f.slot[0] = slot_of(x, op->src_dev);
     f.r[0] = 1u << op->src_region;
-    f.slot[1] = end_slot(x, p, op->dst_dev, op->dst_region);
+    f.slot[1] = slot_of(x, op->dst_dev);
     f.w[1] = 1u << op->dst_region;
     if (op->kind == DP_OP_COPY_ADD) f.r[1] = f.w[1];
     return f;
