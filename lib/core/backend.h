@@ -96,8 +96,9 @@ typedef struct dp_backend_ops {
    * caller's inputs, targets and outputs pass through a pinned host staging arena (laid out
    * by the planner: dp_plan.host_x / host_t / host_y). workspace_bytes sees p's model,
    * config (training is !cfg.inference; precision may change what a layer needs),
-   * segments (seg_lo, seg_hi: config.recompute) and device d's micro-batches
-   * (split.dev_mb0, act[d].mb_rows: its largest). */
+   * segments (seg_lo, seg_hi: config.recompute), device d's micro-batches
+   * (split.dev_mb0, mbs, act[d].mb_rows: its largest) and activation layout
+   * (act[d]: dp__layer_operands works), but not the regions. */
   size_t align;
   /* Where a device holds several micro-batches, each one's rows of a row tensor
    * (inputs, activations, outputs, their gradients) start at a multiple of this,

@@ -820,9 +820,11 @@ static dp_status plan_device(dp_plan *p, int d) {
     else if (!classic)
       sz[DP_REGION_LOSS] = (size_t)(mb1 - mb0) * 4;
   }
-  sz[DP_REGION_WORKSPACE] = dp__backend_ops(c->backend)->workspace_bytes(p, d);
+  /* the activations first: a backend may size its workspace from the ops'
+   * operands (the cpu backend's bf16 shadow area: lib/cpu/mixed.c) */
   dp_status s = plan_activations(p, d, &sz[DP_REGION_ACTIVATIONS]);
   if (s) return s;
+  sz[DP_REGION_WORKSPACE] = dp__backend_ops(c->backend)->workspace_bytes(p, d);
   /* Guards (config.guards): one alignment unit before the first region and
    * after every region, empty ones included; the guard after a region is all
    * of [content end, next region), padding included (ctx.c checks exactly

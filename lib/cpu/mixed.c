@@ -21,8 +21,10 @@
  * WORKSPACE of a bf16 plan (ws_layout): the GEMMs' packing and the fp32 ops'
  * own workspace from offset 0; the forward's packed bf16 weights (several
  * micro-batches, for the layers whose segment is one layer); the shadow area,
- * one layer op's fp32 copies, sized from the layers' widths (not exact: the
- * planner's buffer sharing can make an op's copies fewer). */
+ * one layer op's fp32 copies. The planner sizes the shadow area exactly: the
+ * most any of the device's layer ops takes, found by running each op's takes
+ * without data on the operands the core gives it (shadow_need), so the
+ * arena's high water is the plan's end (docs/PLANNER.md). */
 #include "cpu/bf16.h"
 #include "cpu/gelu.h"
 #include "cpu/gemm.h"
@@ -30,13 +32,15 @@
 #include "util/bf16.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 typedef struct {
   size_t gemm;      /* [0, gemm): packing buffers, conv's and attention's workspace */
   size_t packed_at; /* the forward's packed weights, packed bytes */
+  size_t below;     /* the end of what comes before the shadow area */
   size_t shadow_at; /* the shadow area to the end (total) */
-  size_t total;
+  size_t total;     /* the region's size (planned: below, or shadow_at + the need) */
 } ws_layout;
 
 static size_t up64(size_t b) { return (b + 63) / 64 * 64; }
@@ -73,72 +77,42 @@ static int shadow_chunk_rows(const dp_layer *l, int rows, bool training) {
   return r < 1 ? 1 : r < (size_t)rows ? (int)r : rows;
 }
 
-/* Whether layer i's ops run no fp32 op of their own: a view, the input, or a
- * relu after a linear (the cpu backend fuses it into the linear's forward,
- * and into the backward of a linear after it). */
-static bool no_shadow(const dp_model *m, int i, bool training) {
-  const dp_layer *l = &m->layers[i];
-  if (l->kind == DP_LAYER_INPUT ||
-      (l->kind != DP_LAYER_RESIDUAL && dp__layer_is_view(m, i)))
-    return true;
-  bool after_linear = i > 0 && m->layers[i - 1].kind == DP_LAYER_LINEAR;
-  bool before_linear = i + 1 < m->n_layers && m->layers[i + 1].kind == DP_LAYER_LINEAR;
-  return l->kind == DP_LAYER_RELU && after_linear && (!training || before_linear);
-}
-
-/* The shadow area one op of layer i needs: a linear, its rounded bias and, for
- * the last layer's fp32 output gradient, a bf16 copy of it; any other layer,
- * fp32 copies of a chunk of rows (shadow_row_bytes), and conv2d's rounded
- * weights. A sync batchnorm's sums (dp__mixed_bn_sums: input and output
- * gradient) fit in its backward's. */
-static size_t shadow_bytes(const dp_model *m, int i, int mb_rows, bool training) {
-  const dp_layer *l = &m->layers[i];
-  if (no_shadow(m, i, training)) return 0;
-  if (l->kind == DP_LAYER_LINEAR) /* only the last layer's gradient is fp32 */
-    return up64((size_t)dp__pos_out(l) * 4) +
-           (training && i == m->n_layers - 1 ? up64((size_t)mb_rows * l->out * 2) : 0);
-  size_t r = (size_t)shadow_chunk_rows(l, mb_rows, training);
-  size_t in = up64(r * l->in * 4), out = up64(r * l->out * 4);
-  size_t w = l->kind == DP_LAYER_CONV2D ? up64(l->n_params * 4) : 0;
-  return (training ? 2 * in + 3 * out : in + 2 * out) + w;
-}
-
 static size_t packed_wt_bytes(const dp_layer *l) {
   return dp__gemm_bf16_packed_b_bytes(dp__pos_in(l), dp__pos_out(l));
 }
 
-/* Device d's layout: the packed weights' room only with several micro-batches,
- * for the layers whose forward packs them (packed_wt: a segment of one layer). */
+/* Device d's layout up to the shadow area: the packed weights' room only with
+ * several micro-batches, for the layers whose forward packs them (packed_wt:
+ * a segment of one layer). total is left to the caller. */
 static ws_layout layout_of(const dp_plan *p, int d) {
   const dp_model *m = &p->model;
   int mb_rows = p->act[d].mb_rows, n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];
   bool training = !p->cfg.inference;
-  size_t gemm = dp__model_workspace_bytes(m, mb_rows, training), sh = 0;
+  size_t gemm = dp__model_workspace_bytes(m, mb_rows, training);
   for (int i = 0; i < m->n_layers; i++) {
     const dp_layer *l = &m->layers[i];
     if (l->kind == DP_LAYER_LINEAR)
       gemm = max_z(gemm, linear_gemm_bytes(l, mb_rows, training));
-    sh = max_z(sh, shadow_bytes(m, i, mb_rows, training));
   }
   size_t packed = n_mb > 1 ? dp__layer_major_linear_max(p, packed_wt_bytes) : 0;
   ws_layout L = {.gemm = gemm, .packed_at = up64(gemm)};
-  L.shadow_at = up64(L.packed_at + packed);
-  L.total = L.shadow_at + sh;
+  L.below = packed ? L.packed_at + packed : gemm;
+  L.shadow_at = up64(L.below);
   return L;
 }
 
-size_t dp__mixed_workspace_bytes(const dp_plan *p, int d) { return layout_of(p, d).total; }
-
-/* The layout this op's device was planned with; NULL-safe check that the region
- * holds it (an undersized plan fails the op instead of writing past it). */
+/* The layout this op's device was planned with, the shadow area to the
+ * region's end; a region without room for what comes before the shadow area
+ * fails the op (the shadow area's own takes are checked as they are made). */
 static dp_status op_layout(const lctx *c, ws_layout *L) {
   const dp_plan *p = c->p;
   *L = layout_of(p, c->d);
-  if (p->regions[c->d][DP_REGION_WORKSPACE].size < L->total)
+  L->total = p->regions[c->d][DP_REGION_WORKSPACE].size;
+  if (L->total < L->below)
     return DP_FAIL(DP_ERR_BACKEND,
                    "layer %d: the plan's workspace (%zu bytes) is too small for bf16 "
                    "(%zu needed)",
-                   c->i, p->regions[c->d][DP_REGION_WORKSPACE].size, L->total);
+                   c->i, L->total, L->below);
   return DP_OK;
 }
 
@@ -147,18 +121,22 @@ static dp_status op_layout(const lctx *c, ws_layout *L) {
 #define SHADOW_MAX 8
 typedef struct {
   size_t at, end;
+  size_t hi; /* the end of the last take: what the op's copies reach */
+  bool dry;  /* sizing (shadow_need): takes without data */
   dp_span from[SHADOW_MAX], to[SHADOW_MAX];
   int n;
 } shadow;
 
 static shadow shadow_begin(const ws_layout *L) {
-  return (shadow){.at = L->shadow_at, .end = L->total};
+  return (shadow){.at = L->shadow_at, .end = L->total, .hi = L->shadow_at};
 }
 
-/* bytes of the shadow area, as a WORKSPACE span (region -1: no room). */
+/* bytes of the shadow area, as a WORKSPACE span (region -1: no room). Each
+ * take starts at 64 bytes; the area ends where the last one does. */
 static dp_span shadow_take(shadow *sh, size_t bytes) {
-  if (sh->at + up64(bytes) > sh->end) return DP_SPAN_NONE;
+  if (sh->at + bytes > sh->end) return DP_SPAN_NONE;
   dp_span s = {.region = DP_REGION_WORKSPACE, .off = sh->at, .bytes = bytes, .esz = 4};
+  sh->hi = sh->at + bytes;
   sh->at += up64(bytes);
   return s;
 }
@@ -183,6 +161,7 @@ static bool widen(const lctx *c, shadow *sh, dp_span s, bool fill, bool round,
   size_t n = s.bytes / (size_t)s.esz;
   dp_span w = shadow_take(sh, n * 4);
   if (w.region < 0 || sh->n == SHADOW_MAX) return false;
+  if (sh->dry) fill = false;
   if (fill && s.esz == 2)
     dp__bf16_to_f32_n((const dp_bf16 *)ptr(c, s), ptr(c, w), n);
   else if (fill)
@@ -236,40 +215,47 @@ static lctx chunk_of(const lctx *c, int r0, int n) {
   return k;
 }
 
-/* Layer c's fp32 op on fp32 copies of its bf16 operands (forward, or backward
- * with grads), then its outputs rounded back. */
-static dp_status shadow_one(const lctx *c, const ws_layout *L, float *grads) {
-  shadow sh = shadow_begin(L);
-  lctx s = *c;
-  bool bwd = grads != NULL, ok = true, conv = c->l->kind == DP_LAYER_CONV2D;
+/* The copies of layer c's operands in sh, their spans into *s (filled unless
+ * sh is dry): what shadow_one runs the fp32 op on. */
+static bool shadow_setup(const lctx *c, shadow *sh, lctx *s, bool bwd) {
+  bool ok = true, conv = c->l->kind == DP_LAYER_CONV2D;
   /* a residual block's begin adds to its input's gradient in place */
   bool din_read = c->l->kind == DP_LAYER_RESIDUAL;
   /* autocast's bf16 convolution rounds the model's fp32 input; the loss's fp32
    * gradient reaches a layer's bf16 output rounded (the cast's backward), and
    * so the begin of a block that ends the model (its skip: that gradient) */
-  ok &= widen(c, &sh, c->o.in, true, conv, &s.o.in);
-  ok &= widen(c, &sh, c->o.skip, true, bwd, &s.o.skip);
+  ok &= widen(c, sh, c->o.in, true, conv, &s->o.in);
+  ok &= widen(c, sh, c->o.skip, true, bwd, &s->o.skip);
   /* the backward reads its output only for these (dp__cpu_backward); else it
    * has none: its bytes may be the output gradient's by then (the planner
    * reuses dead activations), whose copy must not be the output's */
   dp_layer_kind k = c->l->kind;
   if (!bwd || k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID)
-    ok &= widen(c, &sh, c->o.out, bwd, false, &s.o.out);
+    ok &= widen(c, sh, c->o.out, bwd, false, &s->o.out);
   else
-    s.o.out = DP_SPAN_NONE;
+    s->o.out = DP_SPAN_NONE;
   if (bwd) {
-    ok &= widen(c, &sh, c->o.din, din_read, false, &s.o.din);
-    ok &= widen(c, &sh, c->o.dout, true, true, &s.o.dout);
+    ok &= widen(c, sh, c->o.din, din_read, false, &s->o.din);
+    ok &= widen(c, sh, c->o.dout, true, true, &s->o.dout);
   }
   if (conv) { /* autocast's bf16 convolution: the weights rounded */
-    s.o.params = shadow_take(&sh, c->o.params.bytes);
-    ok &= s.o.params.region >= 0;
-    if (ok) {
-      memcpy(ptr(c, s.o.params), ptr(c, c->o.params), c->o.params.bytes);
-      dp__bf16_round_f32_n(ptr(c, s.o.params), c->o.params.bytes / 4);
+    s->o.params = shadow_take(sh, c->o.params.bytes);
+    ok &= s->o.params.region >= 0;
+    if (ok && !sh->dry) {
+      memcpy(ptr(c, s->o.params), ptr(c, c->o.params), c->o.params.bytes);
+      dp__bf16_round_f32_n(ptr(c, s->o.params), c->o.params.bytes / 4);
     }
   }
-  if (!ok) return no_room(c);
+  return ok;
+}
+
+/* Layer c's fp32 op on fp32 copies of its bf16 operands (forward, or backward
+ * with grads), then its outputs rounded back. */
+static dp_status shadow_one(const lctx *c, const ws_layout *L, float *grads) {
+  shadow sh = shadow_begin(L);
+  lctx s = *c;
+  bool bwd = grads != NULL, conv = c->l->kind == DP_LAYER_CONV2D;
+  if (!shadow_setup(c, &sh, &s, bwd)) return no_room(c);
   s.o.workspace.bytes = L->gemm;
   dp_status st = bwd ? dp__cpu_backward(&s, grads) : dp__cpu_forward(&s);
   if (st) return st;
@@ -542,27 +528,47 @@ static dp_bf16 *bptr(const lctx *c, dp_span s) { return (dp_bf16 *)(void *)ptr(c
  * tier's 16-row groups. */
 #define LN_BLOCK_BYTES ((size_t)64 << 10)
 
+/* The rows of one block of n rows of width D. */
+static int ln_rows(int n, int D) {
+  size_t r = LN_BLOCK_BYTES / ((size_t)D * 4) / 16 * 16;
+  r = r < 16 ? 16 : r;
+  return (int)(r < (size_t)n ? r : (size_t)n);
+}
+
+/* The shadow area's bytes that `nbuf` blocks reach: the last one is written
+ * whole by the first block. */
+static size_t ln_need(const lctx *c, int nbuf) {
+  int n = c->rows * dp__positions(c->l), D = dp__pos_out(c->l);
+  size_t b = (size_t)ln_rows(n, D) * D * 4;
+  return (size_t)(nbuf - 1) * up64(b) + b;
+}
+
 /* The rows of one block of width D, and the fp32 buffers of `nbuf` blocks at
  * *buf; false when the shadow area cannot hold them. */
 static bool ln_blocks(const lctx *c, int n, int D, int nbuf, int *rows, float **buf) {
   ws_layout L;
   if (op_layout(c, &L)) return false;
-  size_t r = LN_BLOCK_BYTES / ((size_t)D * 4) / 16 * 16;
-  r = r < 16 ? 16 : r;
-  *rows = (int)(r < (size_t)n ? r : (size_t)n);
-  size_t stride = up64((size_t)*rows * D * 4);
+  *rows = ln_rows(n, D);
   *buf =
       (float *)(void *)((unsigned char *)dp__region_ptr(c->e, c->d, DP_REGION_WORKSPACE) +
                         L.shadow_at);
-  return L.shadow_at + (size_t)nbuf * stride <= L.total;
+  return L.shadow_at + ln_need(c, nbuf) <= L.total;
 }
 
-static bool ln_forward_bf16(const lctx *c) {
+/* layernorm's own loops take its bf16 tensors (and its statistics) */
+static bool ln_own(const lctx *c, bool bwd) {
   const dp_layer_operands *o = &c->o;
-  if (!bf16_spans(2, (dp_span[]){o->in, o->out}) || o->stats.region < 0) return false;
+  if (o->stats.region < 0) return false;
+  if (!bwd) return bf16_spans(2, (dp_span[]){o->in, o->out});
+  return bf16_spans(2, (dp_span[]){o->in, o->dout}) &&
+         (o->din.region < 0 || o->din.esz == 2);
+}
+
+static dp_status ln_forward_bf16(const lctx *c) {
+  const dp_layer_operands *o = &c->o;
   int n = c->rows * dp__positions(c->l), D = dp__pos_out(c->l), R;
   float *xb;
-  if (!ln_blocks(c, n, D, 2, &R, &xb)) return false;
+  if (!ln_blocks(c, n, D, 2, &R, &xb)) return no_room(c);
   float *yb = xb + up64((size_t)R * D * 4) / 4, *st = layer_stats(c);
   const float *g = layer_params(c), *b = g + D;
   const dp_bf16 *x = bptr(c, o->in);
@@ -574,18 +580,15 @@ static bool ln_forward_bf16(const lctx *c) {
     dp__layernorm_forward(m, D, xb, g, b, st + 2 * (size_t)r0, yb);
     dp__bf16_from_f32_n(yb, y + at, cnt);
   }
-  return true;
+  return DP_OK;
 }
 
-static bool ln_backward_bf16(const lctx *c, float *grads) {
+static dp_status ln_backward_bf16(const lctx *c, float *grads) {
   const dp_layer_operands *o = &c->o;
   bool dx = o->din.region >= 0;
-  if (!bf16_spans(2, (dp_span[]){o->in, o->dout}) || (dx && o->din.esz != 2) ||
-      o->stats.region < 0)
-    return false;
   int n = c->rows * dp__positions(c->l), D = dp__pos_out(c->l), R;
-  float *xb;
-  if (!ln_blocks(c, n, D, 3, &R, &xb)) return false;
+  float *xb; /* x, dy and (dx) dx blocks */
+  if (!ln_blocks(c, n, D, dx ? 3 : 2, &R, &xb)) return no_room(c);
   size_t stride = up64((size_t)R * D * 4) / 4;
   float *dyb = xb + stride, *dxb = dyb + stride, *dg = grads + c->l->param_off,
         *db = dg + D;
@@ -601,77 +604,200 @@ static bool ln_backward_bf16(const lctx *c, float *grads) {
                                dx ? dxb : NULL);
     if (dx) dp__bf16_from_f32_n(dxb, bptr(c, o->din) + at, cnt);
   }
-  return true;
+  return DP_OK;
 }
 
-/* Layer c's forward on its bf16 tensors: false when it has none (the shadowed
- * op runs). */
-static bool native_forward(const lctx *c) {
+/* How a layer op runs in bf16: no work (a view, the input, a relu its linear
+ * fuses, an input gradient nobody asks for), a linear's bf16 GEMMs, an own loop
+ * on the bf16 tensors, layernorm's blocks, or the fp32 op on shadow copies.
+ * The ops and the planner's sizing (shadow_need) ask the same functions. */
+typedef enum { WAY_NONE, WAY_LINEAR, WAY_OWN, WAY_LN, WAY_SHADOW } op_way;
+
+static op_way forward_way(const lctx *c) {
   const dp_layer_operands *o = &c->o;
-  size_t n = (size_t)c->rows * c->l->out;
-  if (force_shadow) return false;
-  if (c->l->kind == DP_LAYER_GELU && bf16_spans(2, (dp_span[]){o->in, o->out})) {
-    gelu_bf16(bptr(c, o->in), bptr(c, o->out), n);
-    return true;
-  }
-  if (c->l->kind == DP_LAYER_LAYERNORM) return ln_forward_bf16(c);
-  if (c->l->kind == DP_LAYER_RESIDUAL_END &&
-      bf16_spans(3, (dp_span[]){o->skip, o->in, o->out})) {
-    add_bf16(bptr(c, o->skip), bptr(c, o->in), bptr(c, o->out), n); /* x + f(x) */
-    return true;
-  }
-  return false;
+  dp_layer_kind k = c->l->kind;
+  if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return WAY_NONE;
+  if (k == DP_LAYER_LINEAR) return WAY_LINEAR;
+  if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return WAY_NONE; /* the linear's */
+  if (force_shadow) return WAY_SHADOW;
+  if (k == DP_LAYER_GELU && bf16_spans(2, (dp_span[]){o->in, o->out})) return WAY_OWN;
+  if (k == DP_LAYER_LAYERNORM && ln_own(c, false)) return WAY_LN;
+  if (k == DP_LAYER_RESIDUAL_END && bf16_spans(3, (dp_span[]){o->skip, o->in, o->out}))
+    return WAY_OWN;
+  return WAY_SHADOW;
 }
 
-/* The same for the backward; an input gradient not asked for is no work. */
-static bool native_backward(const lctx *c, float *grads) {
+/* The own loops of the backward: gelu, a block end's copy, a block begin's
+ * add in place; WAY_SHADOW when they do not apply. */
+static op_way backward_own_way(const lctx *c) {
   const dp_layer_operands *o = &c->o;
-  size_t n = (size_t)c->rows * c->l->out;
-  if (force_shadow) return false;
   switch (c->l->kind) {
   case DP_LAYER_GELU:
-    if (o->din.region < 0) return true;
-    if (!bf16_spans(3, (dp_span[]){o->in, o->dout, o->din})) return false;
-    gelu_grad_bf16(bptr(c, o->in), bptr(c, o->dout), bptr(c, o->din), n);
-    return true;
-  case DP_LAYER_LAYERNORM: return ln_backward_bf16(c, grads);
+    if (o->din.region < 0) return WAY_NONE;
+    return bf16_spans(3, (dp_span[]){o->in, o->dout, o->din}) ? WAY_OWN : WAY_SHADOW;
+  case DP_LAYER_LAYERNORM: return ln_own(c, true) ? WAY_LN : WAY_SHADOW;
   case DP_LAYER_RESIDUAL_END:
-    if (o->din.region < 0) return true;
-    if (!bf16_spans(2, (dp_span[]){o->dout, o->din})) return false;
-    copy_bf16(bptr(c, o->dout), bptr(c, o->din), n);
-    return true;
+    if (o->din.region < 0) return WAY_NONE;
+    return bf16_spans(2, (dp_span[]){o->dout, o->din}) ? WAY_OWN : WAY_SHADOW;
   case DP_LAYER_RESIDUAL: /* its input's gradient, in place, += the block output's */
-    if (o->din.region < 0 || o->skip.region < 0) return true;
-    if (!bf16_spans(2, (dp_span[]){o->din, o->skip})) return false;
-    add_to_bf16(bptr(c, o->din), bptr(c, o->skip), n);
-    return true;
-  default: return false;
+    if (o->din.region < 0 || o->skip.region < 0) return WAY_NONE;
+    return bf16_spans(2, (dp_span[]){o->din, o->skip}) ? WAY_OWN : WAY_SHADOW;
+  default: return WAY_SHADOW;
   }
+}
+
+static op_way backward_way(const lctx *c) {
+  dp_layer_kind k = c->l->kind;
+  op_way w = force_shadow ? WAY_SHADOW : backward_own_way(c);
+  if (w != WAY_SHADOW || k == DP_LAYER_RESIDUAL) return w;
+  if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return WAY_NONE;
+  if (dp__relu_bwd_fused(c->p, c->i)) return WAY_NONE; /* the linear after it does it */
+  if (k == DP_LAYER_LINEAR) return WAY_LINEAR;
+  return WAY_SHADOW;
+}
+
+static void own_forward(const lctx *c) {
+  const dp_layer_operands *o = &c->o;
+  size_t n = (size_t)c->rows * c->l->out;
+  if (c->l->kind == DP_LAYER_GELU)
+    gelu_bf16(bptr(c, o->in), bptr(c, o->out), n);
+  else /* a block's end: x + f(x) */
+    add_bf16(bptr(c, o->skip), bptr(c, o->in), bptr(c, o->out), n);
+}
+
+static void own_backward(const lctx *c) {
+  const dp_layer_operands *o = &c->o;
+  size_t n = (size_t)c->rows * c->l->out;
+  if (c->l->kind == DP_LAYER_GELU)
+    gelu_grad_bf16(bptr(c, o->in), bptr(c, o->dout), bptr(c, o->din), n);
+  else if (c->l->kind == DP_LAYER_RESIDUAL_END)
+    copy_bf16(bptr(c, o->dout), bptr(c, o->din), n);
+  else
+    add_to_bf16(bptr(c, o->din), bptr(c, o->skip), n);
 }
 
 /* ---- the layer ops ---- */
 
 dp_status dp__mixed_forward(const lctx *c) {
-  dp_layer_kind k = c->l->kind;
-  if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
-  if (k == DP_LAYER_LINEAR) return linear_forward(c);
-  if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return DP_OK; /* the linear did */
-  if (native_forward(c)) {
-    count_own();
-    return DP_OK;
+  switch (forward_way(c)) {
+  case WAY_NONE: return DP_OK;
+  case WAY_LINEAR: return linear_forward(c);
+  case WAY_OWN: own_forward(c); break;
+  case WAY_LN: {
+    dp_status st = ln_forward_bf16(c);
+    if (st) return st;
+    break;
   }
-  return shadow_run(c, NULL);
+  case WAY_SHADOW: return shadow_run(c, NULL);
+  }
+  count_own();
+  return DP_OK;
 }
 
 dp_status dp__mixed_backward(const lctx *c, float *grads) {
-  dp_layer_kind k = c->l->kind;
-  if (native_backward(c, grads)) {
-    count_own();
-    return DP_OK;
+  op_way w = backward_way(c);
+  switch (w) {
+  case WAY_NONE: break;
+  case WAY_LINEAR: return linear_backward(c, grads);
+  case WAY_OWN: own_backward(c); break;
+  case WAY_LN: {
+    dp_status st = ln_backward_bf16(c, grads);
+    if (st) return st;
+    break;
   }
-  if (k == DP_LAYER_RESIDUAL) return shadow_run(c, grads);
-  if (dp__layer_is_view(&c->p->model, c->i) || k == DP_LAYER_INPUT) return DP_OK;
-  if (dp__relu_bwd_fused(c->p, c->i)) return DP_OK; /* the linear after it does it */
-  if (k == DP_LAYER_LINEAR) return linear_backward(c, grads);
-  return shadow_run(c, grads);
+  case WAY_SHADOW: return shadow_run(c, grads);
+  }
+  /* the own loops' runs, and (as before) an own-loop kind with no work */
+  if (w != WAY_NONE || backward_own_way(c) == WAY_NONE) count_own();
+  return DP_OK;
+}
+
+/* ---- the plan's size of the workspace ---- */
+
+/* The shadow area's bytes op c reaches (forward, or backward; bn: a sync
+ * batchnorm's sums, kind DP_OP_BN_STATS or DP_OP_BN_BWD_STATS): the takes
+ * of the way it runs, on its first chunk of rows (the largest), without data. */
+static size_t op_need(const lctx *c, bool bwd, int bn) {
+  const dp_layer *l = c->l;
+  shadow sh = {.at = 0, .end = SIZE_MAX, .hi = 0, .dry = true};
+  lctx s = *c;
+  if (bn) {
+    widen(c, &sh, c->o.in, true, false, &s.o.in);
+    if (bn == DP_OP_BN_BWD_STATS) widen(c, &sh, c->o.dout, true, true, &s.o.dout);
+    return sh.hi;
+  }
+  switch (bwd ? backward_way(c) : forward_way(c)) {
+  case WAY_NONE:
+  case WAY_OWN: return 0;
+  case WAY_LN: return ln_need(c, bwd && c->o.din.region >= 0 ? 3 : 2); /* x, y; x, dy, dx */
+  case WAY_LINEAR: { /* its rounded bias; the last layer's gradient copy */
+    size_t b = (size_t)dp__pos_out(l) * 4,
+           n = (size_t)c->rows * dp__positions(l) * (size_t)dp__pos_out(l);
+    if (!bwd) return l->bias ? b : 0;
+    return c->o.dout.esz == 4 ? up64(b) + n * 2 : 0;
+  }
+  case WAY_SHADOW: break;
+  }
+  /* every chunk, as shadow_run cuts them: a chunk's copies can be more than
+   * the first's where spans that coincide in one do not in another */
+  size_t most = 0;
+  int n = shadow_chunk_rows(l, c->rows, !c->p->cfg.inference);
+  for (int r0 = 0; r0 < c->rows; r0 += n) {
+    lctx k = chunk_of(c, r0, c->rows - r0 < n ? c->rows - r0 : n);
+    shadow one = sh;
+    shadow_setup(&k, &one, &s, bwd);
+    most = max_z(most, one.hi);
+  }
+  return most;
+}
+
+/* The most any of device d's layer ops takes of the shadow area: every layer's
+ * forward (and its recompute in the backward), backward and sync batchnorm
+ * sums, on each of the device's micro-batches (the operands of the planned
+ * ops: lib/core/operands.c; which of an op's spans coincide, and so how many
+ * copies it makes, can differ between micro-batches). */
+static size_t shadow_need(const dp_plan *p, int d) {
+  const dp_model *m = &p->model;
+  bool training = !p->cfg.inference;
+  size_t most = 0;
+  for (int k = p->split.dev_mb0[d]; k < p->split.dev_mb0[d + 1]; k++) {
+    int rows = p->mbs[k].rows;
+    if (rows <= 0) continue;
+    for (int i = 0; i < m->n_layers; i++) {
+      const struct {
+        uint8_t phase, kind;
+        bool on;
+      } ops[] = {
+          {DP_PHASE_FORWARD, DP_OP_FORWARD, true},
+          {DP_PHASE_BACKWARD, DP_OP_FORWARD, training && dp__recompute_op(p, i)},
+          {DP_PHASE_BACKWARD, DP_OP_BACKWARD, training},
+          {DP_PHASE_FORWARD, DP_OP_BN_STATS, training && dp__bn_sync(p, i)},
+          {DP_PHASE_BACKWARD, DP_OP_BN_BWD_STATS, training && dp__bn_sync(p, i)},
+      };
+      for (size_t q = 0; q < sizeof ops / sizeof ops[0]; q++) {
+        if (!ops[q].on) continue;
+        dp_op op = {.phase = ops[q].phase,
+                    .kind = ops[q].kind,
+                    .device = (int16_t)d,
+                    .layer = (int16_t)i,
+                    .micro_batch = k,
+                    .row0 = p->mbs[k].row0,
+                    .rows = rows};
+        lctx c = {.p = p, .l = &m->layers[i], .i = i, .L = m->n_layers, .op = &op};
+        dp__layer_operands(p, &op, i, &c.o);
+        c.d = d, c.local = c.o.local, c.mb = c.o.mb, c.rows = c.o.rows;
+        bool bn = op.kind == DP_OP_BN_STATS || op.kind == DP_OP_BN_BWD_STATS;
+        most = max_z(most, op_need(&c, op.kind == DP_OP_BACKWARD, bn ? op.kind : 0));
+      }
+    }
+  }
+  return most;
+}
+
+/* The workspace: what comes before the shadow area, and the shadow area as
+ * far as an op reaches into it (none: it ends before the area). */
+size_t dp__mixed_workspace_bytes(const dp_plan *p, int d) {
+  ws_layout L = layout_of(p, d);
+  size_t need = shadow_need(p, d);
+  return need ? L.shadow_at + need : L.below;
 }

@@ -38,7 +38,8 @@ DP_BF16_FN uint16_t dp__bf16_rne_sel(float x) {
   return (uint16_t)((u & 0x7fffffffu) > 0x7f800000u ? q : r);
 }
 
-/* x rounded to bf16, as an fp32 value */
-DP_BF16_FN float dp__bf16_roundf(float x) { return dp__bf16_widen(dp__bf16_rne(x)); }
+/* x rounded to bf16, as an fp32 value (with the select, so that the reduction's
+ * loops of it vectorise) */
+DP_BF16_FN float dp__bf16_roundf(float x) { return dp__bf16_widen(dp__bf16_rne_sel(x)); }
 
 #endif
