@@ -376,6 +376,42 @@ START_TEST(sync_refuses_only_a_batch_of_one_value) {
 }
 END_TEST
 
+/* One per_replica step of `rows` rows on a context planned for `planned` rows on
+ * `devices` devices (a micro-batch per device): its parameters. */
+static float *short_step_params(int planned, int devices, int rows, size_t *n) {
+  dp_config c = cfg_of(devices, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
+  c.batch = planned;
+  c.micro_batch = 0;
+  rig r;
+  rig_open(&r, SPEC, &c);
+  float x[B * IN];
+  int32_t y[B];
+  make_batch(x, y, 0);
+  ck_assert_msg(dp_train_step(r.c, rows, IN, x, y, NULL) == DP_OK, "%s", dp_ctx_error(r.c));
+  *n = dp_model_n_params(r.m);
+  float *w = malloc(*n * 4);
+  ck_assert_int_eq(dp_get_params(r.c, w, *n), DP_OK);
+  rig_close(&r);
+  return w;
+}
+
+/* A short batch (an epoch's last) keeps the planned cut points, so per_replica
+ * normalises its rows in the planned blocks: 10 rows on a context planned for 32
+ * on 2 devices all go to device 0 (one device's statistics), not torch.chunk's
+ * 5 + 5 that nn.DataParallel, or a context planned for 10, would use (API.md). */
+START_TEST(short_batch_keeps_the_planned_cut_for_statistics) {
+  size_t n;
+  float *got = short_step_params(B, 2, 10, &n);
+  float *one = short_step_params(B, 1, 10, &n);
+  float *chunked = short_step_params(10, 2, 10, &n);
+  ck_assert_double_lt(rel_diff(got, one, n), 1e-6);
+  ck_assert_double_gt(rel_diff(got, chunked, n), 1e-3);
+  free(got);
+  free(one);
+  free(chunked);
+}
+END_TEST
+
 Suite *batchnorm_suite(void) {
   Suite *s = suite_create("batchnorm");
   TCase *tc = tcase_create("both_modes");
@@ -391,6 +427,7 @@ Suite *batchnorm_suite(void) {
   tcase_add_loop_test(tc, accumulation_moves_running_stats_every_call, DP_BN_PER_REPLICA,
                       DP_BN_SYNC + 1);
   tcase_add_test(tc, refusals_name_what_is_wrong);
+  tcase_add_test(tc, short_batch_keeps_the_planned_cut_for_statistics);
   suite_add_tcase(s, tc);
   tc = tcase_create("sync");
   tcase_set_timeout(tc, 120);
