@@ -3573,6 +3573,32 @@ END_TEST
  * spec in the metadata); dp import of it makes a checkpoint that exports to
  * the same bytes and predicts the same; import records the optimizer and seed
  * given, and dp train --resume takes the checkpoint with them. */
+/* Every epoch of the digits' 1797 rows in batches of 8 on 2 devices ends in a
+ * batch of 5, cut at the planned 4: device 1 gets one row, which a flat
+ * batchnorm refuses. Said before training, not at the first epoch's last step
+ * (an outside check trained the epoch, then failed); sync takes it. */
+START_TEST(train_refuses_a_last_batch_batchnorm_cannot_take_before_training) {
+  char spec[64];
+  temp_file(
+      spec, sizeof spec,
+      "input 64\nlinear 16\nbatchnorm\nrelu\nlinear 10\nloss softmax_cross_entropy\n");
+  cmd_result r = RUN(dpt_cmd_train, "--model", spec, "--data", DIGITS_CSV, "--batch", "8",
+                     "--devices", "2", "--epochs", "1", "--test-fraction", "0", "--quiet");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "every epoch's last batch has 5 of the 1797 training rows, "
+                              "and its device 1 would hold one row") &&
+                    !strstr(r.err, "step"),
+                "%s", r.err);
+  ck_assert_msg(!strstr(r.out, "parameter hash"), "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_train, "--model", spec, "--data", DIGITS_CSV, "--batch", "8", "--devices",
+          "2", "--epochs", "1", "--test-fraction", "0", "--quiet", "--batchnorm", "sync");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  unlink(spec);
+}
+END_TEST
+
 /* A model with batchnorm: dp export counts the file's tensors, the buffers
  * (running_mean, running_var, num_batches_tracked) with the parameters. */
 START_TEST(export_counts_batchnorm_buffers) {
@@ -4938,6 +4964,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, export_import_round_trip);
   tcase_add_test(tc, resume_imported_lr_must_match);
   tcase_add_test(tc, export_counts_batchnorm_buffers);
+  tcase_add_test(tc, train_refuses_a_last_batch_batchnorm_cannot_take_before_training);
   tcase_add_test(tc, export_import_refusals);
   tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
   tcase_add_test(tc, every_command_reads_every_checkpoint_version);
