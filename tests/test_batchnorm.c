@@ -193,6 +193,43 @@ START_TEST(checkpoints_carry_running_stats) {
 }
 END_TEST
 
+/* dp_plan_check_rows says before any data what dp_train_step refuses: every
+ * row count 0..B+1 on a 5 + 4 cut (per replica, micro-batches of 3, sync) gets
+ * the step's status, and the step leaves the parameters as they were. */
+START_TEST(check_rows_says_what_the_step_refuses) {
+  for (int v = 0; v < 3; v++) {
+    dp_config c = cfg_of(2, DP_MODE_CLASSIC, 0, v == 2 ? DP_BN_SYNC : DP_BN_PER_REPLICA);
+    c.batch = 9;
+    c.micro_batch = v == 1 ? 3 : 0;
+    rig r;
+    rig_open(&r, "input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n", &c);
+    float x[9 * 4], t[9 * 2] = {0};
+    for (int i = 0; i < 9 * 4; i++) x[i] = (float)(i % 7);
+    int refused = 0;
+    for (int rows = 0; rows <= 10; rows++) {
+      dp_status want = dp_plan_check_rows(r.p, rows);
+      uint64_t h = dp_params_hash(r.c);
+      dp_status got = dp_train_step(r.c, rows, 4, x, t, NULL);
+      if (want == DP_ERR_SHAPE) {
+        refused++;
+        ck_assert_msg(got == DP_ERR_SHAPE && dp_params_hash(r.c) == h, "v %d rows %d: %s",
+                      v, rows, dp_ctx_error(r.c));
+      } else if (want == DP_OK) {
+        ck_assert_msg(got == DP_OK, "v %d rows %d: %s", v, rows, dp_ctx_error(r.c));
+      } else {
+        ck_assert_int_eq(want, DP_ERR_RANGE);
+        ck_assert(rows < 1 || rows > 9);
+      }
+    }
+    /* per replica: 1 and 6 rows (device 1's one); micro-batches of 3: 1, 4, 7
+     * rows; sync: a batch of 1 */
+    ck_assert_int_eq(refused, v == 0 ? 2 : v == 1 ? 3 : 1);
+    rig_close(&r);
+  }
+  ck_assert_int_eq(dp_plan_check_rows(NULL, 1), DP_ERR_INVALID);
+}
+END_TEST
+
 START_TEST(refusals_name_what_is_wrong) {
   /* one row in a micro-batch: one value per channel of the 1d batchnorm */
   dp_config c = cfg_of(1, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
@@ -427,6 +464,7 @@ Suite *batchnorm_suite(void) {
   tcase_add_loop_test(tc, accumulation_moves_running_stats_every_call, DP_BN_PER_REPLICA,
                       DP_BN_SYNC + 1);
   tcase_add_test(tc, refusals_name_what_is_wrong);
+  tcase_add_test(tc, check_rows_says_what_the_step_refuses);
   tcase_add_test(tc, short_batch_keeps_the_planned_cut_for_statistics);
   suite_add_tcase(s, tc);
   tc = tcase_create("sync");

@@ -3586,7 +3586,8 @@ START_TEST(train_refuses_a_last_batch_batchnorm_cannot_take_before_training) {
                      "--devices", "2", "--epochs", "1", "--test-fraction", "0", "--quiet");
   ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
   ck_assert_msg(strstr(r.err, "every epoch's last batch has 5 of the 1797 training rows, "
-                              "and its device 1 would hold one row") &&
+                              "and batchnorm (layer 1) would normalise micro-batch 1 of "
+                              "one row") &&
                     !strstr(r.err, "step"),
                 "%s", r.err);
   ck_assert_msg(!strstr(r.out, "parameter hash"), "%s", r.out);

@@ -1289,62 +1289,28 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
   return 0;
 }
 
-/* The micro-batch (or device) of the epoch's last, short batch that holds one row,
- * when a batchnorm would have to normalise it (one value per channel); -1 when
- * none. A short batch keeps the planned cut points (docs/API.md): micro-batch k
- * at row k x micro_batch, else each device's planned rows in turn. */
-static int single_row_cut(const dp_plan *p, const dp_config *pc, int rows) {
-  int lo = 0;
-  for (int k = 0; lo < rows; k++) {
-    int n = pc->micro_batch > 0        ? pc->micro_batch
-            : k < dp_plan_n_devices(p) ? dp_plan_device_rows(p, k)
-                                       : rows - lo;
-    if (n <= 0) break;
-    if ((rows - lo < n ? rows - lo : n) == 1) return k;
-    lo += n;
-  }
-  return -1;
-}
-
-/* Whether batchnorm layer i would be handed one value per channel by a batch of
- * R rows (0: none): said, -1; else 0. */
-static int check_bn_rows(train_run *t, int i, int R, const char *which) {
-  dp_layer_info l;
-  if (!R || dp_model_layer(t->model, i, &l) || l.kind != DP_LAYER_BATCHNORM) return 0;
-  if ((l.height ? l.height * l.width : 1) != 1) return 0;
-  if (t->pc->batchnorm == DP_BN_SYNC) {
-    if (R != 1) return 0;
-    fprintf(stderr,
-            "dp train: --batch %d: %s has 1 of the %d training rows, which batchnorm "
-            "(layer %d, sync) cannot normalise (one value per channel, no variance); "
-            "give a --batch that leaves no single row\n",
-            t->batch, which, t->train.n_rows, i);
-    return -1;
-  }
-  int k = single_row_cut(t->plan, t->pc, R);
-  if (k < 0) return 0;
+/* Whether a batch of R rows (0: none) can run on the plan's cut: said, -1; else
+ * 0. The library's own check (dp_plan_check_rows): a batchnorm refuses a
+ * micro-batch (sync: a batch) of one value per channel. */
+static int check_rows(train_run *t, int R, const char *which) {
+  if (!R || dp_plan_check_rows(t->plan, R) == DP_OK) return 0;
   fprintf(stderr,
-          "dp train: --batch %d: %s has %d of the %d training rows, and its %s %d would "
-          "hold one row, which batchnorm (layer %d) cannot normalise (one value per "
-          "channel, no variance); give a --batch%s that leaves no single row, or "
-          "--batchnorm sync\n",
-          t->batch, which, R, t->train.n_rows,
-          t->pc->micro_batch > 0 ? "micro-batch" : "device", k, i,
+          "dp train: --batch %d: %s has %d of the %d training rows, and %s; give a "
+          "--batch%s that leaves no single row, or --batchnorm sync\n",
+          t->batch, which, R, t->train.n_rows, dpt_user_msg(dp_last_error()),
           t->pc->micro_batch > 0 ? " or --micro-batch" : "");
   return -1;
 }
 
-/* A batchnorm refuses a micro-batch (sync: a batch) of one value per channel,
- * and every epoch ends in the same short batch: said before any training (an
- * outside check: --batch 8 on 2 devices over 1797 rows trained an epoch, then
- * failed at its last step). 0, or -1 (said). */
+/* Every epoch ends in the same short batch: one a batchnorm cannot take is said
+ * before any training (an outside check: --batch 8 on 2 devices over 1797 rows
+ * trained an epoch, then failed at its last step). 0, or -1 (said). */
 static int check_last_batch(train_run *t) {
-  int n = dp_model_n_layers(t->model), B = t->batch;
-  for (int i = 0; i < n; i++)
-    if (check_bn_rows(t, i, t->train.n_rows < B ? 0 : B, "every full batch") ||
-        check_bn_rows(t, i, t->train.n_rows % B, "every epoch's last batch"))
-      return -1;
-  return 0;
+  int B = t->batch, n = t->train.n_rows;
+  return check_rows(t, n < B ? 0 : B, "every full batch") ||
+                 check_rows(t, n % B, "every epoch's last batch")
+             ? -1
+             : 0;
 }
 
 /* What is about to run (unless --quiet), then the log opened: a resumed run

@@ -631,30 +631,8 @@ static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
                           (int)(k % (size_t)P), row0 + (int)(k / (size_t)P), classes - 1);
   }
   if (!s) s = schedule_for(c, updates(c) ? &c->train : &c->accum, rows);
-  /* batchnorm normalises each micro-batch (sync: the batch) with its own
-   * statistics: one value per channel has no variance (PyTorch refuses it as
-   * well) */
-  const dp_sched_cache *sc = updates(c) ? &c->train : &c->accum;
-  for (int i = 0; i < p->model.n_layers && !s; i++) {
-    const dp_layer *l = &p->model.layers[i];
-    if (l->kind != DP_LAYER_BATCHNORM) continue;
-    size_t S = l->h ? (size_t)l->h * l->w : 1;
-    if (dp__bn_sync(p, i)) {
-      if ((size_t)rows * S == 1)
-        s = DP_FAIL(DP_ERR_SHAPE,
-                    "batchnorm (layer %d, sync) would normalise a batch of one row, one "
-                    "value per channel (no variance); use a batch of 2 rows or more",
-                    i);
-      continue;
-    }
-    for (int k = 0; k < p->split.n_mb && !s; k++)
-      if (sc->mbs[k].rows > 0 && (size_t)sc->mbs[k].rows * S == 1)
-        s = DP_FAIL(DP_ERR_SHAPE,
-                    "batchnorm (layer %d) would normalise micro-batch %d of one row, one "
-                    "value per channel (no variance); use micro-batches of 2 rows or more "
-                    "(config.micro_batch), or a batch that leaves no single row",
-                    i, k);
-  }
+  /* a batchnorm's micro-batch (sync: batch) of one value per channel */
+  if (!s) s = dp_plan_check_rows(p, rows);
   return s;
 }
 

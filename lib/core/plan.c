@@ -1091,6 +1091,41 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
 }
 
 int dp_plan_n_devices(const dp_plan *p) { return p ? p->split.n_used : 0; }
+/* A batchnorm normalises each micro-batch (sync: the batch) with its own
+ * statistics, and one value per channel has no variance (PyTorch refuses it
+ * as well). A step of `rows` rows keeps the planned cut points: micro-batch k
+ * holds its planned rows of those past its first row (the step's schedule,
+ * lib/core/ctx.c, cuts it so). */
+dp_status dp_plan_check_rows(const dp_plan *p, int rows) {
+  if (!p) return DP_FAIL(DP_ERR_INVALID, "no plan");
+  if (rows < 1 || rows > p->cfg.batch)
+    return DP_FAIL(DP_ERR_RANGE, "%d rows: the plan takes 1 to %d (config.batch)", rows,
+                   p->cfg.batch);
+  for (int i = 0; i < p->model.n_layers; i++) {
+    const dp_layer *l = &p->model.layers[i];
+    if (l->kind != DP_LAYER_BATCHNORM || (l->h ? (size_t)l->h * l->w : 1) != 1) continue;
+    if (dp__bn_sync(p, i)) {
+      if (rows == 1)
+        return DP_FAIL(DP_ERR_SHAPE,
+                       "batchnorm (layer %d, sync) would normalise a batch of one row, one "
+                       "value per channel (no variance); use a batch of 2 rows or more",
+                       i);
+      continue;
+    }
+    for (int k = 0; k < p->split.n_mb; k++) {
+      int r = rows - p->mbs[k].row0;
+      if ((r < p->mbs[k].rows ? r : p->mbs[k].rows) == 1)
+        return DP_FAIL(
+            DP_ERR_SHAPE,
+            "batchnorm (layer %d) would normalise micro-batch %d of one row, one "
+            "value per channel (no variance); use micro-batches of 2 rows or "
+            "more (config.micro_batch), or a batch that leaves no single row",
+            i, k);
+    }
+  }
+  return DP_OK;
+}
+
 int dp_plan_device_rows(const dp_plan *p, int d) {
   return p && d >= 0 && d < p->split.n_used ? p->act[d].rows : 0;
 }
