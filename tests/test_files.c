@@ -678,6 +678,30 @@ START_TEST(cli_save_without_room_is_refused_before_training) {
                 "%s", c.err);
   ck_assert_msg(access(best, F_OK) != 0 && !strstr(c.out, "epoch"), "%s", c.out);
   cmd_result_free(&c);
+  /* what is at best now frees only its own bytes when replaced: an empty file,
+   * or a link (replaced, its target kept) to a checkpoint elsewhere, is no
+   * room for the run's second save (an outside check: both passed) */
+  tmpdir far;
+  tmp_make(&far, "dp_files_far", "far.ckpt");
+  c = RUN(dpt_cmd_train, "--model", big, "--data", data, "--batch", "8", "--epochs", "1",
+          "--quiet", "--save", far.path);
+  ck_assert_msg(c.rc == DPT_EXIT_OK, "%s", c.err);
+  cmd_result_free(&c);
+  for (int k = 0; k < 2; k++) {
+    if (k == 0)
+      put(best, "");
+    else
+      ck_assert_int_eq(symlink(far.path, best), 0);
+    c = RUN(dpt_cmd_train, "--model", big, "--data", data, "--batch", "8", "--epochs", "1",
+            "--eval-every", "1", "--save-best", best);
+    ck_assert_msg(c.rc == DPT_EXIT_FAIL && strstr(c.err, "no room for best checkpoint '"),
+                  "case %d: exit %d: %s", k, c.rc, c.err);
+    ck_assert_msg(!strstr(c.out, "epoch"), "%s", c.out);
+    cmd_result_free(&c);
+    unlink(best);
+  }
+  unlink(far.path);
+  tmp_done(&far);
   c = RUN(dpt_cmd_train, "--model", big, "--data", data, "--batch", "8", "--epochs", "1",
           "--quiet", "--save", t.path);
   ck_assert_msg(c.rc == DPT_EXIT_OK, "%s", c.err);

@@ -1917,8 +1917,9 @@ static int fit_scaler(train_run *t) {
  * at their peak, for the paths of `on` (the paths on one file system): best is
  * rewritten during the run, --save with --save-every too, and --save written
  * at the end; a rewrite writes its new file beside the old one. ckpt: one
- * checkpoint's size; exists[i]: path i is a file now (its bytes are counted). */
-static size_t room_needed(const train_opts *o, const bool on[2], const bool exists[2],
+ * checkpoint's size; have[i]: the bytes (at most ckpt) of the file at path i
+ * now that its replacement frees (counted as used already). */
+static size_t room_needed(const train_opts *o, const bool on[2], const size_t have[2],
                           size_t ckpt) {
   bool rewritten[2] = {o->save_every != NULL, true}; /* 0: --save, 1: --save-best */
   size_t run = 0, end = 0;
@@ -1926,11 +1927,11 @@ static size_t room_needed(const train_opts *o, const bool on[2], const bool exis
   for (int i = 0; i < 2; i++)
     if (on[i] && rewritten[i]) {
       any = true;
-      run += exists[i] ? 0 : ckpt; /* it exists during the run */
+      run += ckpt - have[i]; /* it exists during the run */
     }
   run += any ? ckpt : 0; /* a rewrite's new file */
   if (on[0])             /* the end: --save's file beside the best, and its old one */
-    end = (on[1] && !exists[1] ? ckpt : 0) + (rewritten[0] && !exists[0] ? ckpt : 0) + ckpt;
+    end = (on[1] ? ckpt - have[1] : 0) + (rewritten[0] ? ckpt - have[0] : 0) + ckpt;
   return run > end ? run : end;
 }
 
@@ -1950,18 +1951,26 @@ static int check_room(train_run *t) {
                                 run_settings(t, settings, sizeof settings), &run_n);
     free(run);
     size_t ckpt = dp_ckpt_bytes(t->ctx, run_n);
-    bool exists[2], same = false;
+    size_t have[2] = {0, 0};
+    bool same = false;
     unsigned long long dev[2] = {0, 0};
     for (int i = 0; i < 2; i++) {
+      /* what the rename frees: the entry's own blocks (a link's target, a
+       * file of other links and a smaller file free less than a checkpoint) */
       struct stat st;
-      exists[i] = path[i] && stat(path[i], &st) == 0 && S_ISREG(st.st_mode);
+      if (path[i] && lstat(path[i], &st) == 0 && S_ISREG(st.st_mode) && st.st_nlink == 1) {
+        unsigned long long b = (unsigned long long)st.st_blocks * 512,
+                           z = (unsigned long long)st.st_size;
+        b = b < z ? b : z;
+        have[i] = b < ckpt ? (size_t)b : ckpt;
+      }
       dev[i] = path[i] ? dpt_dir_device(path[i]) : 0;
     }
     same = path[0] && path[1] && dev[0] && dev[0] == dev[1];
     for (int i = 0; i < 2 && !bad; i++) {
       if (!path[i] || (same && i == 1)) continue;
       bool on[2] = {i == 0 || same, i == 1 || same};
-      size_t need = room_needed(o, on, exists, ckpt);
+      size_t need = room_needed(o, on, have, ckpt);
       const char *what = same ? "the checkpoints of --save and --save-best"
                          : i  ? "best checkpoint"
                               : "checkpoint";
