@@ -560,7 +560,9 @@ END_TEST
 START_TEST(cli_refuses_an_output_that_is_an_input) {
   cli_rig r;
   cli_open(&r);
-  char hard[400], soft[400], log[400];
+  char hard[400], soft[400], log[400], fresh[400], fresh2[400];
+  at(fresh, sizeof fresh, r.t.dir, "fresh.ckpt");
+  at(fresh2, sizeof fresh2, r.t.dir, "./fresh.ckpt");
   at(hard, sizeof hard, r.t.dir, "hard.ckpt");
   at(soft, sizeof soft, r.t.dir, "soft.ckpt");
   at(log, sizeof log, r.t.dir, "run.jsonl");
@@ -591,6 +593,10 @@ START_TEST(cli_refuses_an_output_that_is_an_input) {
       {RUN(dpt_cmd_train, "--model", M, "--data", D, "--batch", "8", "--log", log, "--plot",
            log),
        "it is also the"},
+      /* one file not there yet, named two ways (an outside check: it trained) */
+      {RUN(dpt_cmd_train, "--model", M, "--data", D, "--batch", "8", "--eval-every", "1",
+           "--save", fresh, "--save-best", fresh2),
+       "it is also the"},
       {RUN(dpt_cmd_predict, "--checkpoint", C, "--data", D, "--out", C),
        "it is the checkpoint"},
       {RUN(dpt_cmd_predict, "--checkpoint", C, "--data", D, "--out", D), "it is the data"},
@@ -609,7 +615,7 @@ START_TEST(cli_refuses_an_output_that_is_an_input) {
     free(now);
     free(was[i]);
   }
-  ck_assert(S_ISLNK(lmode(soft)) && access(log, F_OK) != 0);
+  ck_assert(S_ISLNK(lmode(soft)) && access(log, F_OK) != 0 && access(fresh, F_OK) != 0);
   /* resume and save to the one file: the save comes after the resume read it */
   cmd_result c = RUN(dpt_cmd_train, "--model", M, "--data", D, "--batch", "8", "--epochs",
                      "1", "--quiet", "--resume", C, "--save", C);

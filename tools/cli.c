@@ -1159,6 +1159,26 @@ static int ids_meet(const file_ids *a, const file_ids *b) {
   return 0;
 }
 
+/* Two paths naming one entry that does not exist yet (x.ckpt and ./x.ckpt):
+ * the same last name in the same directory. */
+static int same_new_entry(const char *a, const char *b) {
+  struct stat st, dst[2];
+  const char *p[2] = {a, b}, *name[2];
+  for (int i = 0; i < 2; i++) {
+    if (lstat(p[i], &st) == 0) return 0; /* ids_of compares what exists */
+    const char *slash = strrchr(p[i], '/');
+    name[i] = slash ? slash + 1 : p[i];
+    size_t n = !slash ? 0 : slash == p[i] ? 1 : (size_t)(slash - p[i]);
+    char dir[4096];
+    if (!*name[i] || n >= sizeof dir) return 0;
+    memcpy(dir, n ? p[i] : ".", n ? n : 1);
+    dir[n ? n : 1] = '\0';
+    if (stat(dir, &dst[i]) != 0) return 0;
+  }
+  return strcmp(name[0], name[1]) == 0 && dst[0].st_dev == dst[1].st_dev &&
+         dst[0].st_ino == dst[1].st_ino;
+}
+
 int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_role *ins,
                        int n_ins, char *err, size_t errcap) {
   for (int o = 0; o < n_outs; o++) {
@@ -1174,7 +1194,8 @@ int dpt_check_distinct(const dpt_file_role *outs, int n_outs, const dpt_file_rol
     for (int k = 0; k < o; k++) {
       if (!outs[k].path) continue;
       file_ids other = ids_of(outs[k].path, 1);
-      if (strcmp(outs[k].path, outs[o].path) == 0 || ids_meet(&out, &other))
+      if (strcmp(outs[k].path, outs[o].path) == 0 || ids_meet(&out, &other) ||
+          same_new_entry(outs[k].path, outs[o].path))
         return dpt_fail(err, errcap, "cannot write %s '%s': it is also the %s '%s'",
                         outs[o].what, outs[o].path, outs[k].what, outs[k].path);
     }
