@@ -766,7 +766,8 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path);
 dp_status dp_ckpt_save_app(dp_ctx *c, const char *path, const void *app, size_t app_bytes);
 /* The size of the file dp_ckpt_save_app(c, path, app, app_bytes) would write
  * now (the model text, parameters, buffers, optimizer state and app_bytes of
- * application data); 0 for a NULL context. With dp_file_room, a program can
+ * application data); 0 for a NULL context, SIZE_MAX for a size past size_t's
+ * (dp_ckpt_save_app takes at most 16 MiB). With dp_file_room, a program can
  * find before training that the checkpoint will not fit. */
 size_t dp_ckpt_bytes(const dp_ctx *c, size_t app_bytes);
 dp_status dp_ckpt_read_app(const char *path, void **app, size_t *bytes);

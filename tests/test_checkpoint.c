@@ -208,6 +208,13 @@ START_TEST(test_ckpt_bytes_is_the_file_size) {
     rig_close(&r);
   }
   ck_assert_uint_eq(dp_ckpt_bytes(NULL, 0), 0);
+  /* application data past size_t: no size that wraps round to a small one */
+  dp_config c = CK_CFG(OPTS[0], .n_devices = 2);
+  rig r;
+  rig_open(&r, MLP_SPEC, &c);
+  ck_assert_uint_eq(dp_ckpt_bytes(r.c, SIZE_MAX), SIZE_MAX);
+  ck_assert_uint_eq(dp_ckpt_bytes(r.c, SIZE_MAX - 100), SIZE_MAX);
+  rig_close(&r);
   tmp_done(&t);
 }
 END_TEST

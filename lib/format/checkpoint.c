@@ -356,8 +356,11 @@ static size_t file_size_for(size_t nf, size_t n, unsigned k, size_t tlen, uint32
 size_t dp_ckpt_bytes(const dp_ctx *c, size_t app_bytes) {
   if (!c) return 0;
   const dp_plan *p = c->plan;
-  return file_size_for(dp__param_floats(&p->model), p->model.n_params, ctx_state_vectors(c),
-                       dp_model_format(&p->model, NULL, 0), CK_VERSION, app_bytes);
+  size_t base =
+      file_size_for(dp__param_floats(&p->model), p->model.n_params, ctx_state_vectors(c),
+                    dp_model_format(&p->model, NULL, 0), CK_VERSION, 0);
+  /* SIZE_MAX for application data past what a size_t counts (no file room has it) */
+  return app_bytes > SIZE_MAX - base ? SIZE_MAX : base + app_bytes;
 }
 
 /* ---- load ---------------------------------------------------------------------- */
