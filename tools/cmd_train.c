@@ -1142,8 +1142,15 @@ static int make_context(train_run *t) {
     fprintf(stderr, "dp train: %s\n", err);
     return -1;
   }
-  if (dp_plan_create(t->model, &t->cfg, &t->plan)) {
-    fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
+  /* every rank plans alike: rank 0 says why (a rank that failed alone says it
+   * itself), and every rank leaves by itself (an outside check: each rank said
+   * it, then mpirun aborted the job) */
+  int bad = dp_plan_create(t->model, &t->cfg, &t->plan) != DP_OK;
+  int any = dpt_world_max_int(bad), zero = dpt_world_bcast_int(bad);
+  if (any) {
+    if (bad && (dpt_world_rank() == 0 || !zero))
+      fprintf(stderr, "dp train: %s\n", dpt_user_msg(dp_last_error()));
+    dpt_world_failed_together();
     return -1;
   }
   /* the plan is checked first: a config error says what is wrong with it */

@@ -146,6 +146,22 @@ if [ "$(grep -c "unknown option '--bogus'" "$tmp/ru")" -ne 1 ] ||
 else
   echo "   said once, every rank exited 2"
 fi
+# a configuration the planner refuses (the backend's option, on every rank alike): rank 0
+# alone says it, every rank exits 1 by itself (an outside check: each rank said it and
+# mpirun aborted the job)
+echo "-- a refused plan under mpirun -np 2"
+$MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small \
+  --data data/digits.csv --epochs 1 --mode allreduce --backend-option params=shared \
+  >"$tmp/ru" 2>&1
+if [ "$(grep -c "params=shared needs classic mode" "$tmp/ru")" -ne 1 ] ||
+  [ "$(grep -c 'exit 1$' "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
+  cat "$tmp/ru"
+  echo "FAILED: a refused plan under mpirun (want the message once, exit 1 on both" \
+    "ranks, no MPI_ABORT)"
+  fail=1
+else
+  echo "   said once, every rank exited 1"
+fi
 disagree() { # what, what the message must say, rank 0's arguments, rank 1's command
   job_ends "ranks that disagree: $1" "$2" "$small --data data/digits.csv $3" "$4"
 }
