@@ -2880,6 +2880,20 @@ START_TEST(fit_tries_the_backends_options_that_keep_the_results) {
     if (f[i].config.mode == DP_MODE_CLASSIC)
       est[f[i].config.backend_options[0] != 0] = f[i].est_ms;
   ck_assert(est[0] > 0 && est[1] > 0 && est[1] <= est[0]);
+  /* options not terminated within their array are refused, as dp_plan_create
+   * refuses them (an outside check: the search read past the array and fitted
+   * a copy cut to 127 bytes) */
+  dp_config bad = c;
+  memset(bad.backend_options, ' ', sizeof bad.backend_options);
+  memcpy(bad.backend_options, "params=shared", 13);
+  bad.backend_options[sizeof bad.backend_options - 1] = 'x';
+  for (unsigned allow = 0; allow <= DP_FIT_BACKEND; allow += DP_FIT_BACKEND) {
+    n = -1;
+    ck_assert_int_eq(dp_plan_fit(m, &bad, SIZE_MAX / 2, allow, NULL, f, 8, &n),
+                     DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_last_error(), "not terminated") && n == 0, "%s",
+                  dp_last_error());
+  }
   dp_model_free(m);
 }
 END_TEST

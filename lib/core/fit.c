@@ -194,6 +194,11 @@ dp_status dp_plan_fit(const dp_model *m, const dp_config *c, size_t budget, unsi
   if (allow & ~(unsigned)DP_FIT_ALL)
     return DP_FAIL(DP_ERR_INVALID, "dp_plan_fit: unknown bits 0x%x in allow",
                    allow & ~(unsigned)DP_FIT_ALL);
+  /* as dp_plan_create refuses them: the search copies them with %s */
+  if (strnlen(c->backend_options, sizeof c->backend_options) == sizeof c->backend_options)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "dp_plan_fit: backend_options is not terminated within %d bytes",
+                   (int)sizeof c->backend_options);
   dp_fit_costs k;
   dp_fit_costs_default(&k);
   if (costs) k = *costs;
