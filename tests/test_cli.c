@@ -1674,6 +1674,28 @@ START_TEST(cuda_options_refused_on_the_cpu_backend) {
       cmd_result_free(&r);
     }
   }
+  /* dp repro takes --backend-option (session 26) and refuses a name or value
+   * the backend lacks first too (an outside check: it read the data, then
+   * refused each of its configurations in turn) */
+  static const char *const bad[] = {"foo=1", "params=bogus", "graph=1"};
+  for (int i = 0; i < 3; i++) {
+    char *rargv[] = {"repro",
+                     "--model",
+                     model,
+                     "--data",
+                     "/nonexistent/data.csv",
+                     "--batch",
+                     "8",
+                     "--backend-option",
+                     (char *)bad[i],
+                     NULL};
+    cmd_result r = run_cmd(dpt_cmd_repro, 9, rargv);
+    ck_assert_msg(r.rc == DPT_EXIT_USAGE, "repro %s: exit %d: %s", bad[i], r.rc, r.err);
+    ck_assert_msg(strstr(r.err, "dp repro: backend option '") &&
+                      !strstr(r.err, "nonexistent") && !r.out[0],
+                  "%s%s", r.out, r.err);
+    cmd_result_free(&r);
+  }
   dp_model_free(m);
   unlink(model);
 }

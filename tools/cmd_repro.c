@@ -409,6 +409,8 @@ static int parse_repro_args(int argc, char **argv, repro_opts *o, char *err,
     snprintf(err, errcap, "--model, --data (or --text, --tokens) and --batch are required");
     goto out;
   }
+  /* a backend option's name or value: wrong for every configuration */
+  if (dpt_check_backend_options(&o->base, err, errcap)) goto out;
   if (!o->data) o->data = o->text ? o->text : o->tokens; /* the file, in messages */
   r = DPT_ARGS_OK;
 out:
