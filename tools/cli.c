@@ -397,8 +397,11 @@ int dpt_backend_option_add(dp_config *c, const char *name, const char *value, ch
   size_t len = strlen(c->backend_options);
   if (n < 0 || len + (len ? 1 : 0) + (size_t)n >= sizeof c->backend_options)
     return dpt_fail(err, errcap,
-                    "--backend-option %s: the backend options would pass %d bytes ('%s')",
-                    item, DP_BACKEND_OPTIONS_CAP - 1, c->backend_options);
+                    "--backend-option %.*s: the backend options would pass their %d bytes "
+                    "(%s%s%s); give fewer or shorter options",
+                    n > 64 ? 64 : n, item, DP_BACKEND_OPTIONS_CAP - 1,
+                    len ? "'" : "nothing before it", len ? c->backend_options : "",
+                    len ? "' before it" : "");
   char *d = c->backend_options + len;
   if (len) *d++ = ',';
   memcpy(d, item, (size_t)n + 1);

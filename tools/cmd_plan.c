@@ -208,6 +208,8 @@ static int parse_fit_allow(const char *arg, unsigned *allow, char *err, size_t e
 
 /* --fit-costs: "gflops=90,half_rows=8,mem_gbs=10,op_us=1", any of them. */
 static int parse_fit_costs(const char *arg, dp_fit_costs *k, char *err, size_t errcap) {
+  const double *given[8];
+  int n_given = 0;
   for (const char *p = arg; *p;) {
     size_t n = strcspn(p, ",");
     char item[64];
@@ -224,13 +226,24 @@ static int parse_fit_costs(const char *arg, dp_fit_costs *k, char *err, size_t e
               : !strcmp(item, "bf16_gflops") ? &k->bf16_gflops
                                              : NULL;
     }
-    if (!field || end == eq + 1 || *end || !(v >= 0) || v > 1e12) {
+    if (!field || end == eq + 1 || *end) {
       snprintf(err, errcap,
                "--fit-costs: '%.*s' is not NAME=NUMBER with NAME one of gflops, half_rows, "
-               "mem_gbs, op_us, bf16_gflops and the number >= 0",
+               "mem_gbs, op_us, bf16_gflops",
                (int)n, p);
       return -1;
     }
+    if (!(v >= 0) || v > 1e12) {
+      snprintf(err, errcap, "--fit-costs: %s=%s: give a number from 0 to 1e12", item,
+               eq + 1);
+      return -1;
+    }
+    for (int g = 0; g < n_given; g++)
+      if (given[g] == field) { /* which of two values was meant is not ours to guess */
+        snprintf(err, errcap, "--fit-costs: %s is given twice; give it once", item);
+        return -1;
+      }
+    if (n_given < 8) given[n_given++] = field;
     /* rates divide: dp_plan_fit refuses 0, said here as the usage error it is */
     if (v == 0 && (field == &k->gflops || field == &k->mem_gbs)) {
       snprintf(err, errcap, "--fit-costs: %s must be above 0 (a rate)", item);
