@@ -1998,7 +1998,14 @@ static int check_room(train_run *t) {
 }
 
 static int train(train_run *t) {
-  if (check_files(t) || load_inputs(t)) return -1;
+  /* rank 0 checks the files it writes; every rank leaves by itself on its
+   * word (an outside check: a directory at --save under mpirun was said once,
+   * then mpirun aborted the job) */
+  if (dpt_world_bcast_int(check_files(t) != 0)) {
+    dpt_world_failed_together();
+    return -1;
+  }
+  if (load_inputs(t)) return -1;
   if (t->o.resume && read_resume(t)) return -1;
   if (t->o.standardize && !t->scaler.n && fit_scaler(t)) return -1;
   /* the standardisation is applied as each batch is gathered (a mapped file

@@ -162,6 +162,21 @@ if [ "$(grep -c "params=shared needs classic mode" "$tmp/ru")" -ne 1 ] ||
 else
   echo "   said once, every rank exited 1"
 fi
+# a --save rank 0 cannot write (a directory): rank 0 checks the files it writes and says
+# it; every rank exits 1 by itself (an outside check: mpirun aborted the job)
+echo "-- a --save that is a directory under mpirun -np 2"
+mkdir -p "$tmp/a_dir"
+$MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small \
+  --data data/digits.csv --epochs 1 --save "$tmp/a_dir" >"$tmp/ru" 2>&1
+if [ "$(grep -c "is a directory" "$tmp/ru")" -ne 1 ] ||
+  [ "$(grep -c 'exit 1$' "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
+  cat "$tmp/ru"
+  echo "FAILED: a --save directory under mpirun (want the message once, exit 1 on both" \
+    "ranks, no MPI_ABORT)"
+  fail=1
+else
+  echo "   said once, every rank exited 1"
+fi
 disagree() { # what, what the message must say, rank 0's arguments, rank 1's command
   job_ends "ranks that disagree: $1" "$2" "$small --data data/digits.csv $3" "$4"
 }
