@@ -2,7 +2,10 @@
  * other on the stream's worker thread, each block's GPU threads as fibers of it,
  * scheduled cooperatively: a thread runs until it finishes, reaches
  * __syncthreads (which releases when every live thread of the block is there) or
- * a warp shuffle (which releases when every lane its mask names is there). A
+ * a warp shuffle (which releases when every lane its mask names is there).
+ * DP_SIM_ORDER (ascending, the default; reverse; shuffle, keyed by DP_SIM_SEED)
+ * sets the order of a launch's blocks and of the threads each scheduling round
+ * starts or resumes: a GPU promises neither, so code that needs one fails. A
  * fault (an access outside every mapping, including the guard pages around each
  * allocation) ends the kernel: it is reported with the kernel, block and thread,
  * and the device is poisoned as a GPU's context is by an illegal address. */
@@ -12,6 +15,7 @@
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -60,6 +64,8 @@ struct block_rt {
   int n, live;
   unsigned bar_count, bar_gen;
   warp_state warp[MAX_THREADS / 32];
+  int order[MAX_THREADS]; /* the threads in this round's order */
+  uint64_t rng;           /* the shuffle's state for this block */
   int cur;
 #if defined(__x86_64__)
   void *sched_sp;
@@ -166,6 +172,90 @@ static const char *kernel_name(const dp_sim_op *op) {
   return op->u.k.name ? op->u.k.name : "?";
 }
 
+/* ---- execution order ----------------------------------------------------------------- */
+
+enum { ORDER_ASCENDING, ORDER_REVERSE, ORDER_SHUFFLE };
+struct order_cfg {
+  int mode;
+  uint64_t seed;
+};
+
+/* Read once (a C++ static's initialisation is thread-safe); a value the simulation
+ * does not know aborts rather than silently running the default order. */
+static const order_cfg &order(void) {
+  static const order_cfg cfg = [] {
+    order_cfg c = {ORDER_ASCENDING, 1};
+    const char *o = getenv("DP_SIM_ORDER"), *sd = getenv("DP_SIM_SEED");
+    if (o && *o && strcmp(o, "ascending")) {
+      if (!strcmp(o, "reverse"))
+        c.mode = ORDER_REVERSE;
+      else if (!strcmp(o, "shuffle"))
+        c.mode = ORDER_SHUFFLE;
+      else {
+        dp_sim_report("DP_SIM_ORDER=%s: not ascending, reverse or shuffle", o);
+        abort();
+      }
+    }
+    if (sd && *sd) c.seed = strtoull(sd, NULL, 0);
+    return c;
+  }();
+  return cfg;
+}
+
+static uint64_t mix64(uint64_t x) { /* splitmix64's finaliser */
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+/* A launch's key: the seed, the kernel, its geometry and the worker's launch count
+ * (a stream's ops run in issue order, so the same program gets the same keys). */
+static uint64_t launch_key(const dp_sim_op *op) {
+  static thread_local uint64_t launches;
+  uint64_t h = mix64(order().seed ^ ++launches);
+  for (const char *c = op->u.k.name; c && *c; c++) h = mix64(h ^ (unsigned char)*c);
+  const uint3 g = op->u.k.grid, bd = op->u.k.block;
+  return mix64(h ^ g.x ^ ((uint64_t)g.y << 20) ^ ((uint64_t)g.z << 40) ^
+               mix64(bd.x ^ (bd.y << 10) ^ (bd.z << 20)));
+}
+
+/* The i-th block of n to run: a keyed permutation of [0, n) without memory (no
+ * allocation per launch): a Feistel network on the next even power of two, walking
+ * the cycle until the value falls inside. */
+static uint64_t block_at(uint64_t i, uint64_t n, uint64_t key) {
+  switch (order().mode) {
+  case ORDER_ASCENDING: return i;
+  case ORDER_REVERSE: return n - 1 - i;
+  }
+  int half = 1;
+  while ((1ull << (2 * half)) < n) half++;
+  uint64_t m = (1ull << half) - 1;
+  do {
+    uint64_t l = i >> half, r = i & m;
+    for (int round = 0; round < 4; round++) {
+      uint64_t t = l ^ (mix64((key + (uint64_t)round * 0x100000001b3ull) ^ r) & m);
+      l = r;
+      r = t;
+    }
+    i = l << half | r;
+  } while (i >= n);
+  return i;
+}
+
+/* Sets b->order for the next scheduling round. */
+static void order_threads(block_rt *b) {
+  for (int i = 0; i < b->n; i++)
+    b->order[i] = order().mode == ORDER_REVERSE ? b->n - 1 - i : i;
+  if (order().mode != ORDER_SHUFFLE) return;
+  for (int i = b->n - 1; i > 0; i--) { /* Fisher-Yates */
+    b->rng = mix64(b->rng);
+    int j = (int)(b->rng % (uint64_t)(i + 1)), t = b->order[i];
+    b->order[i] = b->order[j];
+    b->order[j] = t;
+  }
+}
+
 /* Runs one block to completion; false if its threads can never all finish. */
 static bool run_block(block_rt *b, uint3 bid) {
   const dp_sim_op *op = b->op;
@@ -189,7 +279,9 @@ static bool run_block(block_rt *b, uint3 bid) {
   }
   while (b->live > 0) {
     bool progressed = false;
-    for (int t = 0; t < b->n; t++) {
+    order_threads(b);
+    for (int k = 0; k < b->n; k++) {
+      int t = b->order[k];
       fiber *f = &b->f[t];
       if (!runnable(b, f)) continue;
       progressed = true;
@@ -332,14 +424,18 @@ bool dp_sim_run_kernel(dp_sim_op *op, int dev) {
     return false;
   }
   b->in_kernel = 1;
-  for (unsigned z = 0; z < g.z; z++)
-    for (unsigned y = 0; y < g.y; y++)
-      for (unsigned x = 0; x < g.x; x++)
-        if (!run_block(b, uint3{x, y, z})) {
-          b->in_kernel = 0;
-          dp_sim_poison(dev, cudaErrorLaunchFailure);
-          return false;
-        }
+  uint64_t n = (uint64_t)g.x * g.y * g.z, key = launch_key(op);
+  for (uint64_t i = 0; i < n; i++) {
+    uint64_t id = block_at(i, n, key);
+    uint3 bid = {(unsigned)(id % g.x), (unsigned)(id / g.x % g.y),
+                 (unsigned)(id / g.x / g.y)};
+    b->rng = mix64(key ^ id);
+    if (!run_block(b, bid)) {
+      b->in_kernel = 0;
+      dp_sim_poison(dev, cudaErrorLaunchFailure);
+      return false;
+    }
+  }
   b->in_kernel = 0;
   return true;
 }
