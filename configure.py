@@ -844,6 +844,9 @@ def main():
                   for s in TSAN_SUITES]
     else:
         steps += ['./' + shlex.quote(t) for t in test_bins + sim_bins]
+        if sim_bins:  # the order-sensitive cases again, blocks and threads shuffled
+            steps.append('DP_SIM_ORDER=shuffle DP_SIM_SEED=1 CK_RUN_SUITE=cuda '
+                         'CK_RUN_CASE=gpu_order ./' + shlex.quote(B('test_cuda_sim')))
     test_cmd = test_env + esc(shlex.join(
         [sys.executable, 'tests/run_tests.py', '--logs', os.path.join(bd, 'test-logs')] +
         steps))

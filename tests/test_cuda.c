@@ -3441,6 +3441,21 @@ Suite *cuda_suite(void) {
   suite_add_tcase(s, seq);
   suite_add_tcase(s, bf16);
 
+  /* The simulation's block and thread order (DP_SIM_ORDER, docs/GPU.md): `ninja test`
+   * runs these again under a shuffled order, the cases of the kernels whose blocks or
+   * threads share data (reductions, batchnorm's multi-block sums, the embedding's
+   * backward). Registered only then, so the plain run does not repeat them. */
+  const char *order = getenv("DP_SIM_ORDER");
+  if (order && *order && strcmp(order, "ascending")) {
+    TCase *ord = tcase_create("gpu_order");
+    tcase_set_tags(ord, "gpu");
+    tcase_add_test(ord, reduction_kernels_at_stress_shapes);
+    tcase_add_test(ord, batchnorm_multiblock_matches_cpu_bit_for_bit);
+    tcase_add_test(ord, gpt_ops_match_cpu);
+    tcase_set_timeout(ord, 240);
+    suite_add_tcase(s, ord);
+  }
+
   TCase *timing = tcase_create("gpu_timing");
   tcase_set_tags(timing, "gpu timing");
   tcase_add_test(timing, timing_report);
