@@ -714,22 +714,33 @@ float dp_ctx_lr(const dp_ctx *c);
  *   STEP           StepLR(step_size, gamma): base_lr * gamma^floor(t / step_size)
  *   COSINE         CosineAnnealingLR(t_max, eta_min), its closed form
  *   WARMUP_COSINE  SequentialLR([LinearLR(start_factor, 1.0, warmup),
- *                  CosineAnnealingLR(t_max, eta_min)], milestones=[warmup]) */
+ *                  CosineAnnealingLR(t_max, eta_min)], milestones=[warmup])
+ *   EXPONENTIAL    ExponentialLR(gamma): base_lr * gamma^t
+ *   MULTISTEP      MultiStepLR(milestones, gamma): base_lr * gamma^(the
+ *                  milestones <= t)
+ *   WARMUP         LinearLR(start_factor, 1.0, warmup): base_lr * (start_factor +
+ *                  (1 - start_factor) min(t, warmup) / warmup), then base_lr */
 typedef enum {
   DP_LR_CONSTANT = 0,
   DP_LR_STEP,
   DP_LR_COSINE,
-  DP_LR_WARMUP_COSINE
+  DP_LR_WARMUP_COSINE,
+  DP_LR_EXPONENTIAL,
+  DP_LR_MULTISTEP,
+  DP_LR_WARMUP
 } dp_lr_kind;
+#define DP_LR_MAX_MILESTONES 16
 typedef struct {
   dp_lr_kind kind;
   float base_lr;      /* the optimizer's initial lr */
   int step_size;      /* STEP: steps between decays (>= 1) */
-  float gamma;        /* STEP: the factor of each decay, (0, 1] */
-  int warmup;         /* WARMUP_COSINE: steps of linear warm-up (>= 1) */
-  float start_factor; /* WARMUP_COSINE: the warm-up's first factor, (0, 1] */
+  float gamma;        /* STEP, EXPONENTIAL, MULTISTEP: the factor of each decay, (0, 1] */
+  int warmup;         /* WARMUP_COSINE, WARMUP: steps of linear warm-up (>= 1) */
+  float start_factor; /* WARMUP_COSINE, WARMUP: the warm-up's first factor, (0, 1] */
   int t_max;          /* COSINE, WARMUP_COSINE: the cosine's half period (>= 1) */
   float eta_min;      /* COSINE, WARMUP_COSINE: the floor, [0, base_lr] */
+  int n_milestones;   /* MULTISTEP: 1..DP_LR_MAX_MILESTONES */
+  int milestones[DP_LR_MAX_MILESTONES]; /* MULTISTEP: increasing steps, >= 1 */
 } dp_lr_schedule;
 /* DP_OK, or DP_ERR_INVALID naming the field out of range. */
 dp_status dp_lr_schedule_check(const dp_lr_schedule *s);

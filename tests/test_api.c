@@ -678,14 +678,23 @@ START_TEST(lr_schedules_match_pytorch) {
     if (line[0] == '#') continue;
     int kind, step_size, warmup, t_max;
     float base, gamma, start, eta_min;
+    char ms[64];
     unsigned long long t;
     double want;
-    ck_assert_int_eq(sscanf(line, "%d %f %d %f %d %f %d %f %llu %lf", &kind, &base,
-                            &step_size, &gamma, &warmup, &start, &t_max, &eta_min, &t,
+    ck_assert_int_eq(sscanf(line, "%d %f %d %f %d %f %d %f %63s %llu %lf", &kind, &base,
+                            &step_size, &gamma, &warmup, &start, &t_max, &eta_min, ms, &t,
                             &want),
-                     10);
-    dp_lr_schedule sc = {(dp_lr_kind)kind, base,  step_size, gamma,
-                         warmup,           start, t_max,     eta_min};
+                     11);
+    dp_lr_schedule sc = {.kind = (dp_lr_kind)kind,
+                         .base_lr = base,
+                         .step_size = step_size,
+                         .gamma = gamma,
+                         .warmup = warmup,
+                         .start_factor = start,
+                         .t_max = t_max,
+                         .eta_min = eta_min};
+    for (char *p = ms; strcmp(ms, "-") && *p; p += *p == ',')
+      sc.milestones[sc.n_milestones++] = (int)strtol(p, &p, 10);
     ck_assert_msg(dp_lr_schedule_check(&sc) == DP_OK, "%s: %s", line, dp_last_error());
     double got = dp_lr_at(&sc, t);
     ck_assert_msg(fabs(got - want) <= 1e-5 * fabs(want) + 1e-12,
@@ -694,22 +703,31 @@ START_TEST(lr_schedules_match_pytorch) {
     n++;
   }
   fclose(f);
-  ck_assert_int_ge(n, 100);
-  ck_assert_int_eq(kinds, 15); /* every kind */
+  ck_assert_int_ge(n, 200);
+  ck_assert_int_eq(kinds, 127); /* every kind */
 }
 END_TEST
 
 START_TEST(lr_schedules_refuse_bad_fields) {
   const dp_lr_schedule bad[] = {
-      {DP_LR_CONSTANT, 0.0f, 0, 0, 0, 0, 0, 0},
-      {DP_LR_CONSTANT, NAN, 0, 0, 0, 0, 0, 0},
-      {DP_LR_STEP, 0.1f, 0, 0.5f, 0, 0, 0, 0},
-      {DP_LR_STEP, 0.1f, 3, 1.5f, 0, 0, 0, 0},
-      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 0, 0},
-      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 5, 0.2f},
-      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 0, 0.1f, 5, 0},
-      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 2, 0.0f, 5, 0},
-      {(dp_lr_kind)9, 0.1f, 0, 0, 0, 0, 0, 0},
+      {DP_LR_CONSTANT, 0.0f, 0, 0, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_CONSTANT, NAN, 0, 0, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_STEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_STEP, 0.1f, 3, 1.5f, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 5, 0.2f, 0, {0}},
+      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 0, 0.1f, 5, 0, 0, {0}},
+      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 2, 0.0f, 5, 0, 0, {0}},
+      {(dp_lr_kind)9, 0.1f, 0, 0, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_EXPONENTIAL, 0.1f, 0, 0.0f, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_EXPONENTIAL, 0.1f, 0, 1.5f, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 0, {0}},
+      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, DP_LR_MAX_MILESTONES + 1, {1}},
+      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 2, {3, 3}},
+      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 1, {0}},
+      {DP_LR_MULTISTEP, 0.1f, 0, 0.0f, 0, 0, 0, 0, 1, {2}},
+      {DP_LR_WARMUP, 0.1f, 0, 0, 0, 0.5f, 0, 0, 0, {0}},
+      {DP_LR_WARMUP, 0.1f, 0, 0, 3, 1.5f, 0, 0, 0, {0}},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ck_assert_int_eq(dp_lr_schedule_check(&bad[i]), DP_ERR_INVALID);

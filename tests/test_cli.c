@@ -1152,21 +1152,59 @@ START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
   cmd_result_free(&r);
   ck_assert_str_eq(he, hs);
   ck_assert_str_ne(he, h[2]); /* not step:1:0.5 */
-  static char *const bad[][2] = {{"cosine:0", "t_max"},
-                                 {"cosine:2x", "is not constant"},
-                                 {"step:2:0.5e", "is not constant"},
-                                 {"cosine:-1e", "is not constant"},
-                                 {"step:2:1.5", "gamma"},
-                                 {"warmup-cosine:0:10", "warmup"},
-                                 {"linear", "is not constant"},
-                                 /* an outside check (session 23): cast to an int
-                                  * (undefined), and hexadecimal taken */
-                                 {"warmup-cosine:99999999999999:1",
-                                  "a step count (N, T_MAX, W) is a whole number from 0 to "
-                                  "2147483647"},
-                                 {"cosine:2.5", "a step count"},
-                                 {"step:0x10:0.5", "is not constant"},
-                                 {"cosine:inf", "is not constant"}};
+  /* ExponentialLR, MultiStepLR and LinearLR alone: runs the same as their
+   * equivalents above (exponential:0.5 decays each step as step:1:0.5; one
+   * milestone at an epoch's steps is step:N:0.5 over 2 epochs; warm-up from 1x
+   * is constant) */
+  char per_ms[32], per_e[] = "multistep:1e:0.5";
+  snprintf(per_ms, sizeof per_ms, "multistep:%d:0.5", per);
+  const struct {
+    char *sched;
+    const char *same_as;
+  } eq[] = {{"exponential:0.5", h[2]},
+            {"exponential:1", h[0]},
+            {per_ms, he},
+            {per_e, he},
+            {"warmup:3:1", h[0]}};
+  for (int i = 0; i < (int)(sizeof eq / sizeof *eq); i++) {
+    char hx[24];
+    r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs",
+            "2", "--quiet", "--lr-schedule", eq[i].sched);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: exit %d: %s", eq[i].sched, r.rc, r.err);
+    hash_of(&r, hx, sizeof hx);
+    cmd_result_free(&r);
+    ck_assert_msg(!strcmp(hx, eq[i].same_as), "%s: %s, want %s", eq[i].sched, hx,
+                  eq[i].same_as);
+  }
+  r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs", "2",
+          "--quiet", "--lr-schedule", "warmup:3:0.5");
+  hash_of(&r, hs, sizeof hs);
+  cmd_result_free(&r);
+  ck_assert_str_ne(hs, h[0]); /* a warm-up from 0.5x is not constant */
+  static char *const bad[][2] = {
+      {"cosine:0", "t_max"},
+      {"multistep:3,2:0.1", "increasing"},
+      {"multistep::0.1", "is not constant"},
+      {"multistep:2,:0.1", "is not constant"},
+      {"multistep:2:0.1:3", "is not constant"},
+      {"multistep:1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17:0.1", "up to 16 milestones"},
+      {"exponential:0", "gamma"},
+      {"exponential:2e", "is not constant"},
+      {"warmup:2:0", "start_factor"},
+      {"cosine:2x", "is not constant"},
+      {"step:2:0.5e", "is not constant"},
+      {"cosine:-1e", "is not constant"},
+      {"step:2:1.5", "gamma"},
+      {"warmup-cosine:0:10", "warmup"},
+      {"linear", "is not constant"},
+      /* an outside check (session 23): cast to an int
+       * (undefined), and hexadecimal taken */
+      {"warmup-cosine:99999999999999:1",
+       "a step count (N, T_MAX, W, a milestone) is a whole "
+       "number from 0 to 2147483647"},
+      {"cosine:2.5", "a step count"},
+      {"step:0x10:0.5", "is not constant"},
+      {"cosine:inf", "is not constant"}};
   for (int i = 0; i < (int)(sizeof bad / sizeof *bad); i++) {
     r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--quiet",
             "--lr-schedule", bad[i][0]);

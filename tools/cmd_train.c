@@ -85,12 +85,44 @@ static int schedule_steps(double v, int *out) {
   return 0;
 }
 
+/* A step count of --lr-schedule given in steps, or in epochs with an `e`
+ * suffix: the optimizer steps by the end of that many epochs of `calls`
+ * training calls each, `accumulate` calls per step (at least 1; 1 while calls
+ * is not known). 0, or -1: not such a number. */
+static int schedule_count(const char *f, long calls, int accumulate, double *v,
+                          int *in_epochs) {
+  int ep;
+  if (schedule_field(f, v, &ep)) return -1;
+  if (!ep) return 0;
+  *in_epochs = 1;
+  if (*v <= 0) return -1;
+  double st = calls > 0 ? floor(*v * (double)calls / accumulate) : 1.0;
+  *v = st < 1.0 ? 1.0 : st > INT_MAX ? INT_MAX : st;
+  return 0;
+}
+
+/* multistep's milestones, "M1,M2,...", each a step count. 0, -1 (not numbers),
+ * -2 (a count out of range). */
+static int parse_milestones(char *list, long calls, int accumulate, dp_lr_schedule *s,
+                            int *in_epochs) {
+  for (char *p = list, *q; *p; p = q + 1) {
+    double v;
+    if ((q = strchr(p, ','))) *q = '\0';
+    if (s->n_milestones == DP_LR_MAX_MILESTONES ||
+        schedule_count(p, calls, accumulate, &v, in_epochs))
+      return -1;
+    if (schedule_steps(v, &s->milestones[s->n_milestones++])) return -2;
+    if (!q) return 0;
+  }
+  return -1; /* an empty one */
+}
+
 /* --lr-schedule: constant | step:N:GAMMA | cosine:T_MAX[:ETA_MIN] |
- * warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (START: 1/3, LinearLR's default),
- * in optimizer steps; base_lr is --lr. N, T_MAX and W may be given in epochs
- * with an `e` suffix (2e, 0.5e): the optimizer steps by the end of that many
- * epochs of `calls` training calls each, `accumulate` calls per step. With
- * calls 0 (before the data is read) such fields are only checked for form
+ * warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (START: 1/3, LinearLR's default) |
+ * exponential:GAMMA | multistep:M1,M2,...:GAMMA | warmup:W[:START], in
+ * optimizer steps; base_lr is --lr. N, T_MAX, W and the milestones may be
+ * given in epochs with an `e` suffix (2e, 0.5e): schedule_count. With calls 0
+ * (before the data is read) such fields are only checked for form
  * (*in_epochs set); the schedule is parsed again once calls is known. */
 static int parse_schedule(const char *text, float base_lr, long calls, int accumulate,
                           dp_lr_schedule *s, int *in_epochs, char *err, size_t errcap) {
@@ -108,19 +140,28 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
     if (!(q = strchr(p, ':'))) break;
     *q = '\0';
   }
-  for (int i = 1; i < n; i++) {
-    if (schedule_field(field[i], &v[i - 1], &ep[i - 1])) goto bad;
-    if (ep[i - 1]) {
-      *in_epochs = 1;
-      if (v[i - 1] <= 0) goto bad;
-      /* the steps done by the end of that many epochs (at least 1) */
-      double st = calls > 0 ? floor(v[i - 1] * (double)calls / accumulate) : 1.0;
-      v[i - 1] = st < 1.0 ? 1.0 : st > INT_MAX ? INT_MAX : st;
-    }
-  }
   const char *word = field[0];
+  bool multi = strcmp(word, "multistep") == 0;
+  for (int i = 1 + multi; i < n; i++) {
+    if (schedule_field(field[i], &v[i - 1], &ep[i - 1])) goto bad;
+    if (ep[i - 1] && schedule_count(field[i], calls, accumulate, &v[i - 1], in_epochs))
+      goto bad;
+  }
   int k = n - 1; /* numbers after the word */
-  if (strcmp(word, "constant") == 0 && k == 0) {
+  if (multi && k == 2 && !ep[1]) {
+    s->kind = DP_LR_MULTISTEP;
+    int r = parse_milestones(field[1], calls, accumulate, s, in_epochs);
+    if (r == -2) goto steps;
+    if (r) goto bad;
+    s->gamma = (float)v[1];
+  } else if (strcmp(word, "exponential") == 0 && k == 1 && !ep[0]) {
+    s->kind = DP_LR_EXPONENTIAL;
+    s->gamma = (float)v[0];
+  } else if (strcmp(word, "warmup") == 0 && (k == 1 || k == 2) && !ep[1]) {
+    s->kind = DP_LR_WARMUP;
+    if (schedule_steps(v[0], &s->warmup)) goto steps;
+    if (k == 2) s->start_factor = (float)v[1];
+  } else if (strcmp(word, "constant") == 0 && k == 0) {
     /* base_lr throughout */
   } else if (strcmp(word, "step") == 0 && k == 2 && !ep[1]) {
     s->kind = DP_LR_STEP;
@@ -144,16 +185,17 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
   return -1;
 steps: /* an outside check (session 23): 99999999999999 was cast to an int */
   snprintf(err, errcap,
-           "--lr-schedule %s: a step count (N, T_MAX, W) is a whole number from 0 to "
-           "2147483647",
+           "--lr-schedule %s: a step count (N, T_MAX, W, a milestone) is a whole number "
+           "from 0 to 2147483647",
            text);
   return -1;
 bad:
   snprintf(err, errcap,
-           "--lr-schedule: '%s' is not constant, step:N:GAMMA, cosine:T_MAX[:ETA_MIN] or "
-           "warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (N, T_MAX, W in steps, or in epochs "
-           "with an e suffix: 2e)",
-           text);
+           "--lr-schedule: '%s' is not constant, step:N:GAMMA, cosine:T_MAX[:ETA_MIN], "
+           "warmup-cosine:W:T_MAX[:ETA_MIN[:START]], exponential:GAMMA, "
+           "multistep:M1,M2,...:GAMMA (up to %d milestones) or warmup:W[:START] (N, "
+           "T_MAX, W, M in steps, or in epochs with an e suffix: 2e)",
+           text, DP_LR_MAX_MILESTONES);
   return -1;
 }
 
@@ -335,10 +377,13 @@ static void usage(FILE *f) {
       "                        constant (default), step:N:GAMMA (StepLR),\n"
       "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
       "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
-      "                        steps from START x lr, default 1/3, then the cosine).\n"
-      "                        N, T_MAX and W count optimizer steps, or epochs with an\n"
-      "                        e suffix (warmup-cosine:1e:10e; dp train prints the\n"
-      "                        steps per epoch)\n"
+      "                        steps from START x lr, default 1/3, then the cosine),\n"
+      "                        exponential:GAMMA (ExponentialLR),\n"
+      "                        multistep:M1,M2,...:GAMMA (MultiStepLR), warmup:W[:START]\n"
+      "                        (LinearLR, then lr). N, T_MAX, W and the milestones\n"
+      "                        count optimizer steps, or epochs with an e suffix\n"
+      "                        (warmup-cosine:1e:10e, multistep:30e,80e:0.1; dp train\n"
+      "                        prints the steps per epoch)\n"
       "  --resume FILE         before training, load a checkpoint of the same model,\n"
       "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
       "                        train on from it for --epochs more epochs: parameters,\n"

@@ -21,12 +21,31 @@ dp_status dp_lr_schedule_check(const dp_lr_schedule *s) {
                      "and %g",
                      s->step_size, (double)s->gamma);
     return DP_OK;
+  case DP_LR_EXPONENTIAL:
+  case DP_LR_MULTISTEP:
+    if (!(s->gamma > 0.0f && s->gamma <= 1.0f))
+      return DP_FAIL(DP_ERR_INVALID, "%s schedule: gamma must be in (0, 1], got %g",
+                     s->kind == DP_LR_EXPONENTIAL ? "exponential" : "multistep",
+                     (double)s->gamma);
+    if (s->kind == DP_LR_EXPONENTIAL) return DP_OK;
+    if (s->n_milestones < 1 || s->n_milestones > DP_LR_MAX_MILESTONES)
+      return DP_FAIL(DP_ERR_INVALID, "multistep schedule: give 1 to %d milestones, got %d",
+                     DP_LR_MAX_MILESTONES, s->n_milestones);
+    for (int i = 0; i < s->n_milestones; i++)
+      if (s->milestones[i] < 1 || (i && s->milestones[i] <= s->milestones[i - 1]))
+        return DP_FAIL(DP_ERR_INVALID,
+                       "multistep schedule: milestones must be increasing steps >= 1; "
+                       "milestone %d is %d",
+                       i, s->milestones[i]);
+    return DP_OK;
+  case DP_LR_WARMUP:
   case DP_LR_WARMUP_COSINE:
     if (s->warmup < 1 || !(s->start_factor > 0.0f && s->start_factor <= 1.0f))
       return DP_FAIL(DP_ERR_INVALID,
                      "warm-up: warmup must be >= 1 step and start_factor in (0, 1], got %d "
                      "and %g",
                      s->warmup, (double)s->start_factor);
+    if (s->kind == DP_LR_WARMUP) return DP_OK;
     __attribute__((fallthrough)); /* the cosine after it */
   case DP_LR_COSINE:
     if (s->t_max < 1 || !(s->eta_min >= 0.0f && s->eta_min <= s->base_lr))
@@ -45,6 +64,11 @@ static double cosine(const dp_lr_schedule *s, double t) {
   return lo + (base - lo) * (1.0 + cos(PI * t / s->t_max)) / 2.0;
 }
 
+/* LinearLR's factor at t < warmup */
+static double warm(const dp_lr_schedule *s, uint64_t t) {
+  return s->start_factor + (1.0 - s->start_factor) * (double)t / s->warmup;
+}
+
 float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
   if (!s || dp_lr_schedule_check(s) != DP_OK) return NAN;
   double base = s->base_lr;
@@ -54,11 +78,16 @@ float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
     return (float)(base * pow(s->gamma, (double)(t / (uint64_t)s->step_size)));
   case DP_LR_COSINE: return (float)cosine(s, (double)t);
   case DP_LR_WARMUP_COSINE: /* SequentialLR(LinearLR(start_factor, 1, warmup), cosine) */
-    if (t < (uint64_t)s->warmup) {
-      double f = s->start_factor + (1.0 - s->start_factor) * (double)t / s->warmup;
-      return (float)(base * f);
-    }
+    if (t < (uint64_t)s->warmup) return (float)(base * warm(s, t));
     return (float)cosine(s, (double)(t - (uint64_t)s->warmup));
+  case DP_LR_EXPONENTIAL: return (float)(base * pow(s->gamma, (double)t));
+  case DP_LR_MULTISTEP: { /* bisect_right(milestones, t) decays so far */
+    int k = 0;
+    while (k < s->n_milestones && (uint64_t)s->milestones[k] <= t) k++;
+    return (float)(base * pow(s->gamma, k));
+  }
+  case DP_LR_WARMUP:
+    return t < (uint64_t)s->warmup ? (float)(base * warm(s, t)) : s->base_lr;
   }
   return NAN;
 }
