@@ -133,50 +133,35 @@ job_ends() {
     echo "   every rank exited non-zero, after ${took}s"
   fi
 }
-# a bad command line: every rank finds it, rank 0 alone says it, every rank exits 2
-echo "-- a bad command line under mpirun -np 2"
-$MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small --bogus \
-  >"$tmp/ru" 2>&1
-if [ "$(grep -c "unknown option '--bogus'" "$tmp/ru")" -ne 1 ] ||
-  [ "$(grep -c 'exit 2$' "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
-  cat "$tmp/ru"
-  echo "FAILED: a bad command line under mpirun (want the message once, exit 2 on both" \
-    "ranks, no MPI_ABORT)"
-  fail=1
-else
-  echo "   said once, every rank exited 2"
-fi
-# a configuration the planner refuses (the backend's option, on every rank alike): rank 0
-# alone says it, every rank exits 1 by itself (an outside check: each rank said it and
-# mpirun aborted the job)
-echo "-- a refused plan under mpirun -np 2"
-$MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small \
-  --data data/digits.csv --epochs 1 --mode allreduce --backend-option params=shared \
-  >"$tmp/ru" 2>&1
-if [ "$(grep -c "params=shared needs classic mode" "$tmp/ru")" -ne 1 ] ||
-  [ "$(grep -c 'exit 1$' "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
-  cat "$tmp/ru"
-  echo "FAILED: a refused plan under mpirun (want the message once, exit 1 on both" \
-    "ranks, no MPI_ABORT)"
-  fail=1
-else
-  echo "   said once, every rank exited 1"
-fi
-# a --save rank 0 cannot write (a directory): rank 0 checks the files it writes and says
-# it; every rank exits 1 by itself (an outside check: mpirun aborted the job)
-echo "-- a --save that is a directory under mpirun -np 2"
+# said_once WHAT WANT STATUS ARGS...: `dp train` under mpirun -np 2 with $small ARGS says
+# WANT once (rank 0 alone) and every rank exits STATUS by itself, without MPI_ABORT
+said_once() {
+  what=$1 want=$2 status=$3
+  shift 3
+  echo "-- $what under mpirun -np 2"
+  $MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small "$@" \
+    >"$tmp/ru" 2>&1
+  if [ "$(grep -c "$want" "$tmp/ru")" -ne 1 ] ||
+    [ "$(grep -c "exit $status\$" "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
+    cat "$tmp/ru"
+    echo "FAILED: $what under mpirun (want the message once, exit $status on both" \
+      "ranks, no MPI_ABORT)"
+    fail=1
+  else
+    echo "   said once, every rank exited $status"
+  fi
+}
+# a bad command line: every rank finds it
+said_once "a bad command line" "unknown option '--bogus'" 2 --bogus
+# a configuration the planner refuses (the backend's option, on every rank alike; an
+# outside check: each rank said it and mpirun aborted the job)
+said_once "a refused plan" "params=shared needs classic mode" 1 --data data/digits.csv \
+  --epochs 1 --mode allreduce --backend-option params=shared
+# a --save rank 0 cannot write (a directory): rank 0 checks the files it writes (an
+# outside check: mpirun aborted the job)
 mkdir -p "$tmp/a_dir"
-$MPIRUN --mca orte_abort_on_non_zero_status 0 -np 2 "$tmp/rank.sh" $small \
-  --data data/digits.csv --epochs 1 --save "$tmp/a_dir" >"$tmp/ru" 2>&1
-if [ "$(grep -c "is a directory" "$tmp/ru")" -ne 1 ] ||
-  [ "$(grep -c 'exit 1$' "$tmp/ru")" -ne 2 ] || grep -q MPI_ABORT "$tmp/ru"; then
-  cat "$tmp/ru"
-  echo "FAILED: a --save directory under mpirun (want the message once, exit 1 on both" \
-    "ranks, no MPI_ABORT)"
-  fail=1
-else
-  echo "   said once, every rank exited 1"
-fi
+said_once "a --save that is a directory" "is a directory" 1 --data data/digits.csv \
+  --epochs 1 --save "$tmp/a_dir"
 disagree() { # what, what the message must say, rank 0's arguments, rank 1's command
   job_ends "ranks that disagree: $1" "$2" "$small --data data/digits.csv $3" "$4"
 }
