@@ -910,6 +910,124 @@ START_TEST(test_high_water_every_layer_equals_plan) {
 }
 END_TEST
 
+/* Random models and configurations (a fixed seed: 400 draws of MLPs with every
+ * elementwise kind and residual blocks, and small CNNs; fp32 and bf16, 1-4
+ * devices, micro-batches, recompute, sync batchnorm, both modes, shared
+ * parameters, inference): a full batch and a shorter one run, and the high
+ * water is the plan's end; the sizing of the bf16 shadow area from each op's
+ * copies is what this draws against (the fixed cases above each pass). fp32
+ * conv2d runs on the avx2 tier (see above), and an inference plan only stays
+ * inside its plan: it has im2col room for the whole micro-batch while its
+ * forward runs chunks of 256 KiB of it. */
+static uint64_t hw_rnd(uint64_t *s) {
+  *s ^= *s << 13;
+  *s ^= *s >> 7;
+  *s ^= *s << 17;
+  return *s;
+}
+
+static void hw_random_spec(uint64_t *r, char *b, size_t cap, bool conv) {
+#define HW_R(n) ((int)(hw_rnd(r) % (uint64_t)(n)))
+  int n;
+  if (conv) {
+    static const char *const after[] = {
+        "relu\n", "tanh\n", "batchnorm\n", "maxpool2d 2\n", "gelu\n", "dropout 0.1\n", ""};
+    int h = 4 + 2 * HW_R(4);
+    n = snprintf(b, cap, "input %d %d %d\nconv2d %d %d padding %d\n%sflatten\nlinear %d\n",
+                 1 + HW_R(3), h, h, 2 + HW_R(6), 1 + 2 * HW_R(2), HW_R(2), after[HW_R(7)],
+                 3 + HW_R(8));
+  } else {
+    static const char *const acts[] = {
+        "relu\n",        "gelu\n",      "tanh\n", "sigmoid\n", "layernorm\n",
+        "dropout 0.2\n", "batchnorm\n", "",       ""};
+    n = snprintf(b, cap, "input %d\n", 3 + HW_R(20));
+    for (int i = 0, L = 1 + HW_R(4); i < L; i++) {
+      int w = 2 + HW_R(40); /* a block after it adds back to this width */
+      n += snprintf(b + n, cap - (size_t)n, "linear %d%s\n%s", w, HW_R(5) ? "" : " nobias",
+                    acts[HW_R(9)]);
+      if (!HW_R(6))
+        n += snprintf(b + n, cap - (size_t)n,
+                      "residual\nlayernorm\nlinear %d\ngelu\nlinear %d\nend\n",
+                      4 + HW_R(10), w);
+    }
+    n += snprintf(b + n, cap - (size_t)n, "linear %d\n", 2 + HW_R(6));
+  }
+  snprintf(b + n, cap - (size_t)n, "loss %s\n",
+           conv || HW_R(2) ? "softmax_cross_entropy" : "mse");
+}
+
+static dp_config hw_random_config(uint64_t *r) {
+  dp_config c = CFG(.batch = 4 + HW_R(40), .n_devices = 1 + HW_R(4),
+                    .opt = HW_R(2) ? DP_OPT_ADAMW : DP_OPT_SGD, .seed = 7);
+  c.micro_batch = HW_R(3) ? 0 : 2 + HW_R(5);
+  c.recompute = HW_R(3) ? 0 : 1 + HW_R(3);
+  c.precision = HW_R(2) ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+  c.inference = !HW_R(5);
+  c.batchnorm = HW_R(3) ? DP_BN_PER_REPLICA : DP_BN_SYNC;
+  c.mode = HW_R(2) ? DP_MODE_CLASSIC : DP_MODE_ALLREDUCE;
+  if (!HW_R(4)) snprintf(c.backend_options, sizeof c.backend_options, "params=shared");
+  return c;
+#undef HW_R
+}
+
+START_TEST(test_high_water_random_configurations) {
+  uint64_t r = 88172645463325252ull;
+  int ran = 0;
+  for (int it = 0; it < 400; it++) {
+    char spec[1024];
+    bool conv = hw_rnd(&r) % 3 == 0;
+    hw_random_spec(&r, spec, sizeof spec, conv);
+    dp_config c = hw_random_config(&r);
+    dp_model *m = NULL;
+    dp_plan *p = NULL;
+    dp_ctx *x = NULL;
+    ck_assert_msg(dp_model_parse(spec, "random", &m) == DP_OK, "%s: %s", spec,
+                  dp_last_error());
+    bool fp32_conv = conv && c.precision == DP_PRECISION_FP32;
+    ck_assert_int_eq(dp_gemm_set_tier(fp32_conv ? "avx2" : "auto"), DP_OK);
+    if (dp_plan_create(m, &c, &p) != DP_OK) { /* e.g. sync batchnorm with a block */
+      dp_model_free(m);
+      continue;
+    }
+    ck_assert_msg(dp_ctx_create(p, &x) == DP_OK, "%s", dp_last_error());
+    int in = dp_model_input_width(m), tw = dp_model_target_width(m);
+    int out = dp_model_output_width(m);
+    float *xs = fbuf((size_t)c.batch * in), *y = fbuf((size_t)c.batch * out);
+    int32_t *t = calloc((size_t)c.batch * out, 4);
+    ck_assert_ptr_nonnull(t);
+    for (int k = 0; k < c.batch * in; k++) xs[k] = (float)((k * 37) % 29 - 14) / 15.0f;
+    if (dp_model_loss(m) != DP_LOSS_MSE)
+      for (int k = 0; k < c.batch * tw; k++) t[k] = k % (out / tw);
+    int rows[2] = {c.batch, 1 + (int)(hw_rnd(&r) % (uint64_t)c.batch)};
+    for (int k = 0; k < 2; k++) {
+      if (!c.inference && dp_plan_check_rows(p, rows[k]) != DP_OK) continue;
+      dp_status st = c.inference ? dp_forward(x, rows[k], in, xs, y)
+                                 : dp_train_step(x, rows[k], in, xs, t, NULL);
+      ck_assert_msg(st == DP_OK, "draw %d, %d rows: %s\n%s", it, rows[k], dp_ctx_error(x),
+                    spec);
+      ran += k == 0;
+      for (int d = 0; k == 0 && d < dp_plan_n_devices(p); d++) {
+        size_t got = dp_ctx_high_water(x, d), want = plan_end(p, d);
+        ck_assert_msg(fp32_conv && c.inference ? got <= want : got == want,
+                      "draw %d: device %d high water %zu, plan %zu (%s, %d devices, "
+                      "micro-batch %d, recompute %d, %s)\n%s",
+                      it, d, got, want, dp_precision_name(c.precision), c.n_devices,
+                      c.micro_batch, c.recompute, c.inference ? "inference" : "training",
+                      spec);
+      }
+    }
+    free(xs);
+    free(y);
+    free(t);
+    dp_ctx_free(x);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+  dp_gemm_set_tier("auto");
+  ck_assert_int_ge(ran, 250);
+}
+END_TEST
+
 /* Recompute's segments of several layers do not pack their weights once for
  * all micro-batches, and the workspace has no room for it then: the high
  * water is the plan's end (an outside check found 2 KiB of the 4 KiB
@@ -1568,6 +1686,7 @@ Suite *step_suite(void) {
   tcase_add_loop_test(tc, test_high_water_equals_plan, 0, 8);
   tcase_add_test(tc, test_high_water_recompute_equals_plan);
   tcase_add_loop_test(tc, test_high_water_every_layer_equals_plan, 0, 8);
+  tcase_add_test(tc, test_high_water_random_configurations);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("static_ctx");

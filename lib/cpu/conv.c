@@ -80,10 +80,17 @@ static conv_ws ws_of(const dp_layer *l, int n, bool training) {
   return s;
 }
 
+/* COL, T, the GEMMs' packing: the last part ends where its bytes do, so that
+ * the plan is exact (T last, unpadded, when the products pack nothing: the
+ * padding was up to 60 bytes no op touched) */
+static size_t ws_need(const conv_ws *s) {
+  return s->gemm ? s->col + s->t + s->gemm : s->col + s->np * s->out * 4;
+}
+
 size_t dp__conv_workspace_bytes(const dp_layer *l, int mb_rows, bool training) {
   if (l->kind != DP_LAYER_CONV2D || mb_rows <= 0) return 0;
   conv_ws s = ws_of(l, mb_rows, training);
-  return s.col + s.t + s.gemm;
+  return ws_need(&s);
 }
 
 /* COL (n P, CKK) of n images x (n, C, H, W): zero where a tap is padding.
@@ -326,7 +333,7 @@ bool dp__conv_forward(const dp_layer *l, int n, const float *x, const float *w, 
                       bool relu, void *ws, size_t ws_bytes) {
   if (n <= 0) return true;
   conv_ws s = ws_of(l, n, false);
-  if (ws_bytes < s.col + s.t + s.gemm) return false;
+  if (ws_bytes < ws_need(&s)) return false;
   if (dp__convx_takes(l)) { /* the same bits */
     dp__convx_forward(l, n, x, w, y, relu, ws, ws_bytes);
     return true;
@@ -359,7 +366,7 @@ bool dp__conv_backward(const dp_layer *l, int n, const float *x, const float *w,
     if (db) memset(db, 0, s.out * 4);
     return true;
   }
-  if (ws_bytes < s.col + s.t + s.gemm) return false;
+  if (ws_bytes < ws_need(&s)) return false;
   if (dp__convx_takes(l) && ws_bytes >= dp__convx_bwd_bytes(l, n) && /* the same bits */
       dp__convx_backward(l, n, x, w, dy, dw, db, dx, ws, ws_bytes))
     return true;

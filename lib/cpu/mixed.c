@@ -799,5 +799,7 @@ static size_t shadow_need(const dp_plan *p, int d) {
 size_t dp__mixed_workspace_bytes(const dp_plan *p, int d) {
   ws_layout L = layout_of(p, d);
   size_t need = shadow_need(p, d);
-  return need ? L.shadow_at + need : L.below;
+  /* to whole 4-byte words: a bf16 copy can end at 2 bytes past one, which the
+   * high water (a word's canary) counts as the word */
+  return need ? L.shadow_at + (need + 3) / 4 * 4 : L.below;
 }
