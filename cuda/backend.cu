@@ -113,6 +113,7 @@ dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
   case DP_LAYER_TANH:
   case DP_LAYER_SIGMOID:
   case DP_LAYER_GELU:
+  case DP_LAYER_GELU_ERF:
     DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count));
     return DP_OK;
   case DP_LAYER_LAYERNORM: {
@@ -219,6 +220,7 @@ dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_r
       DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count));
     return DP_OK;
   case DP_LAYER_GELU:
+  case DP_LAYER_GELU_ERF:
     if (dx)
       DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_in(c), dy, dx, count));
     return DP_OK;

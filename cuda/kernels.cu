@@ -9,6 +9,7 @@
 #include "grid.cuh"
 #include "rng.cuh"
 #include "util/bf16.h" /* config.reduce_precision bf16: the cpu backend's rounding */
+#include "util/erf.h"  /* dp__gelu_erf(_grad): the cpu backend's */
 #include "util/expf.h" /* dp__expf: the cpu backend's */
 #include "util/tanh.h" /* dp__tanhf: the cpu backend's */
 
@@ -58,6 +59,7 @@ static __global__ void k_act_forward(int kind, const float *x, float *y, size_t 
     case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : v; break; /* NaN passes through */
     case DP_LAYER_TANH: r = dp__tanhf(v); break;
     case DP_LAYER_SIGMOID: r = fd(1.0f, fa(1.0f, dp__expf(-v))); break;
+    case DP_LAYER_GELU_ERF: r = dp__gelu_erf(v); break;
     default: /* DP_LAYER_GELU: 0.5 v (1 + tanh(C (v + A v^3))) */
       r = fm(fm(0.5f, v), fa(1.0f, dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))))));
       break;
@@ -75,6 +77,7 @@ static __global__ void k_act_backward(int kind, const float *xy, const float *dy
     case DP_LAYER_RELU: r = v <= 0.0f ? 0.0f : g; break;         /* v = y */
     case DP_LAYER_TANH: r = fm(g, fs(1.0f, fm(v, v))); break;    /* v = y */
     case DP_LAYER_SIGMOID: r = fm(fm(g, v), fs(1.0f, v)); break; /* v = y */
+    case DP_LAYER_GELU_ERF: r = dp__gelu_erf_grad(v, g); break;  /* v = x */
     default: {                                                   /* DP_LAYER_GELU, v = x */
       float t = dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
       float dt = fm(fm(fs(1.0f, fm(t, t)), C), fa(1.0f, fm(fm(fm(3.0f, A), v), v)));

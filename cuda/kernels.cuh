@@ -100,11 +100,11 @@ typedef struct {
 } dp_cuda_opt;
 
 /* ---- kernels.cu ---- */
-/* relu, gelu (tanh form), tanh, sigmoid on n elements. */
+/* relu, gelu (tanh form), gelu_erf (exact), tanh, sigmoid on n elements. */
 cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x, float *y,
                              size_t n);
 /* dx from dy and the saved tensor: the output y for relu, tanh, sigmoid; the
- * input x for gelu. */
+ * input x for gelu and gelu_erf. */
 cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
                               const float *dy, float *dx, size_t n);
 /* y[r][j] = x[r][j] * (u >= p ? scale : 0), u = dp__rng_uniform(seed,

@@ -72,6 +72,8 @@ typedef enum {
                             per head, each position attending to itself and earlier ones */
   DP_LAYER_RESIDUAL,     /* a residual block's start: a view of its input x */
   DP_LAYER_RESIDUAL_END, /* the block's end: x + (the block's output) */
+  DP_LAYER_GELU_ERF,     /* exact gelu x Phi(x), PyTorch's nn.GELU() default
+                            (approximate='none'); spec `gelu approximate none` */
 } dp_layer_kind;
 
 typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
@@ -79,7 +81,8 @@ typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
 typedef struct dp_model dp_model;
 
 /* Text spec (.dpm): one layer per line, '#' starts a comment.
- *   input N | input C H W | linear N [nobias | tied] | relu | gelu | tanh | sigmoid |
+ *   input N | input C H W | linear N [nobias | tied] | relu |
+ *   gelu [approximate tanh | approximate none] | tanh | sigmoid |
  *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
  *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten | batchnorm |
  *   input tokens T | embed V D | attention H [dropout P] | residual | end |
@@ -96,6 +99,10 @@ typedef struct dp_model dp_model;
  * gives x + f(x) and f must keep x's shape; blocks nest. The cross-entropy
  * of a sequence is over every position: targets (T) int32 per row, the mean
  * over the batch's B T tokens.
+ * `gelu` alone is the tanh approximation (DP_LAYER_GELU; PyTorch's
+ * approximate='tanh'), NOT PyTorch's default nn.GELU(): that one, the exact
+ * x Phi(x), is `gelu approximate none` (DP_LAYER_GELU_ERF). Plain `gelu`
+ * keeps its meaning so that saved specs and checkpoints keep their bits.
  * `name` is used in error messages ("name:line:col: ..."). */
 dp_status dp_model_parse(const char *text, const char *name, dp_model **out);
 dp_status dp_model_load(const char *path, dp_model **out);
@@ -104,7 +111,7 @@ dp_status dp_model_load(const char *path, dp_model **out);
 dp_status dp_model_new(int input_width, dp_model **out);
 dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten,
-                                                           batchnorm */
+                                                           batchnorm, gelu_erf */
 dp_status dp_model_add_dropout(dp_model *m, float p);
 /* Image models: the input is (channels, height, width), NCHW. conv2d: a
  * square kernel, stride >= 1 (0: 1), zero padding >= 0, PyTorch's init

@@ -294,6 +294,7 @@ static const char *const golden_cases[] = {"seed",
                                            "b3n4",
                                            "mlp_all",
                                            "mlp_mse_b37n3",
+                                           "mlp_gelu_erf", /* nn.GELU() */
                                            "cnn_all",
                                            "cnn_mse",
                                            "cnn_tail",

@@ -1,5 +1,5 @@
-/* dp__expf (lib/util/expf.h) and dp__tanhf (lib/util/tanh.h) against e^x and
- * tanh in double, and the softmax kernels
+/* dp__expf (lib/util/expf.h), dp__tanhf (lib/util/tanh.h) and dp__erff
+ * (lib/util/erf.h) against e^x, tanh and erf in double, and the softmax kernels
  * (lib/cpu/softmax.c) against their definition written out here: each row's
  * max and sums in the 16 lanes (lane l: columns l, l + 16, ... ascending from
  * -inf or +0), the lanes combined in order (the max) or by the halving tree
@@ -11,6 +11,7 @@
 #include "cpu/cpu.h"
 #include "cpu/gemm.h"
 #include "helpers.h"
+#include "util/erf.h"
 #include "util/expf.h"
 #include "util/tanh.h"
 
@@ -173,6 +174,91 @@ START_TEST(tanhf_special_values) {
   ck_assert_uint_eq(dp__f32_bits(dp__tanhf(1e-40f)), dp__f32_bits(1e-40f));
   ck_assert_uint_eq(dp__f32_bits(dp__tanhf(9.1f)), dp__f32_bits(1.0f));
   ck_assert_uint_eq(dp__f32_bits(dp__tanhf(9.0f)), dp__f32_bits(0x1.fffffep-1f));
+}
+END_TEST
+
+/* ---- dp__erff and the exact gelu ------------------------------------------------ */
+
+/* ulps of y from erf(x) (glibc's in double, a few double ulp off) */
+static double erf_ulps(float x, float y) {
+  double t = erf((double)x);
+  int ex;
+  frexpf((float)t, &ex);
+  return fabs((double)y - t) / ldexp(1.0, fabsf((float)t) < FLT_MIN ? -149 : ex - 24);
+}
+
+/* Measured over every positive float (a throwaway program, glibc's erf in
+ * double): at most 1.4794 ulp, at x = 0x1.d9c6eep-1, just past the switch from
+ * the polynomial to 1 - e^(-x^2) r(1/x) at 0.921875. Here: every 997th float,
+ * every float near the switch and the worst, and the odd symmetry. */
+START_TEST(erff_accuracy) {
+  double worst = 0.0;
+  float at = 0.0f;
+  uint32_t sw = dp__f32_bits(0.921875f), hi = dp__f32_bits(0x1.d9c6eep-1f);
+  for (int part = 0; part < 3; part++) {
+    uint32_t b0 = part == 0 ? 0u : part == 1 ? sw - (1u << 18) : hi - (1u << 12);
+    uint32_t b1 = part == 0 ? 0x7f7fffffu : part == 1 ? sw + (1u << 18) : hi + (1u << 12);
+    for (uint64_t b = b0; b <= b1; b += part == 0 ? 997 : 1) {
+      float x = dp__f32_of((uint32_t)b), y = dp__erff(x);
+      double err = erf_ulps(x, y);
+      if (err > worst) worst = err, at = x;
+      ck_assert_msg(dp__f32_bits(dp__erff(-x)) == (dp__f32_bits(y) ^ 0x80000000u),
+                    "erf(-%a) is not -erf(%a)", (double)x, (double)x);
+    }
+  }
+  ck_assert_msg(worst <= 1.5, "dp__erff(%a): %.4f ulp", (double)at, worst);
+}
+END_TEST
+
+START_TEST(erff_special_values) {
+  static const uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7fc12345u};
+  for (int i = 0; i < 3; i++)
+    ck_assert_uint_eq(dp__f32_bits(dp__erff(dp__f32_of(nans[i]))), nans[i]);
+  ck_assert_uint_eq(dp__f32_bits(dp__erff(INFINITY)), dp__f32_bits(1.0f));
+  ck_assert_uint_eq(dp__f32_bits(dp__erff(-INFINITY)), dp__f32_bits(-1.0f));
+  ck_assert_uint_eq(dp__f32_bits(dp__erff(0.0f)), 0u);
+  ck_assert_uint_eq(dp__f32_bits(dp__erff(-0.0f)), 0x80000000u);
+  ck_assert_uint_eq(dp__f32_bits(dp__erff(4.0f)), dp__f32_bits(1.0f));
+  ck_assert_uint_eq(dp__f32_bits(dp__erff(1e30f)), dp__f32_bits(1.0f));
+  /* erf(x) = 2x/sqrt(pi) for tiny x: subnormals round once */
+  ck_assert_float_eq(dp__erff(0x1p-140f), (float)(0x1p-140 * 1.1283791670955126));
+}
+END_TEST
+
+/* The exact gelu and its derivative against the formulas in double, over
+ * [-20, 20] every 2^-10: the forward within 2 ulp above -1 (below, 1 + erf
+ * cancels, as in PyTorch's: 2 units of ulp + |x| 2^-24), the
+ * derivative within 2^-23 absolute; x phi(x) keeps its relative accuracy far
+ * out (e^(-x^2/2) from the split x = h + l, util/erf.h); +-inf give dy and 0. */
+START_TEST(gelu_erf_is_the_formula) {
+  double wf = 0.0, wg = 0.0;
+  for (int k = -20 * 1024; k <= 20 * 1024; k++) {
+    float x = (float)k / 1024.0f;
+    double X = x, cdf = 0.5 * erfc(-X / sqrt(2.0)), phi = exp(-X * X / 2) / sqrt(2 * M_PI);
+    double f = X * cdf, g = cdf + X * phi, y = dp__gelu_erf(x);
+    int ex;
+    frexp(f, &ex);
+    double ulp = ldexp(1.0, ex < -125 ? -149 : ex - 24);
+    /* below -1, 1 + erf is exact but erf's own error (1.5 2^-24) is no longer
+     * small against it: |x| 2^-24 more */
+    double e = fabs(y - f) / (x > -1.0f ? ulp : ulp + fabs(X) * 0x1p-24);
+    if (e > wf) wf = e;
+    double eg = fabs(dp__gelu_erf_grad(x, 1.0f) - g);
+    if (eg > wg) wg = eg;
+  }
+  ck_assert_msg(wf <= 2.0, "gelu_erf: %.3f ulp", wf);
+  ck_assert_msg(wg <= 0x1p-23, "gelu_erf's derivative: %g off", wg);
+  for (float x = 6.0f; x <= 13.0f; x += 0.5f) { /* Phi(-x) is 0 there: -x phi(x) alone */
+    double want = -(double)x * exp(-(double)x * x / 2) / sqrt(2 * M_PI);
+    double got = dp__gelu_erf_grad(-x, 1.0f);
+    ck_assert_msg(fabs(got - want) <= 1e-6 * fabs(want), "x phi(x) at %g: %g, want %g",
+                  (double)-x, got, want);
+  }
+  ck_assert_float_eq(dp__gelu_erf_grad(INFINITY, 3.0f), 3.0f);
+  ck_assert_float_eq(dp__gelu_erf_grad(-INFINITY, 3.0f), 0.0f);
+  ck_assert(isnan(dp__gelu_erf_grad(NAN, 1.0f)));
+  ck_assert(isnan(dp__gelu_erf(NAN)));
+  ck_assert_float_eq(dp__gelu_erf(INFINITY), INFINITY);
 }
 END_TEST
 
@@ -482,6 +568,9 @@ Suite *softmax_suite(void) {
   tcase_add_test(tc, expf_0_20_is_expf);
   tcase_add_test(tc, tanhf_accuracy);
   tcase_add_test(tc, tanhf_special_values);
+  tcase_add_test(tc, erff_accuracy);
+  tcase_add_test(tc, erff_special_values);
+  tcase_add_test(tc, gelu_erf_is_the_formula);
   tcase_add_test(tc, causal_softmax_is_the_definition_on_every_tier);
   tcase_add_test(tc, causal_softmax_backward_is_the_definition_on_every_tier);
   tcase_add_test(tc, softmax_xent_is_the_definition_on_every_tier);

@@ -514,6 +514,58 @@ START_TEST(format_round_trips_through_parse) {
 }
 END_TEST
 
+/* PyTorch's nn.GELU(approximate=...): `gelu approximate none` is the exact
+ * form, its own kind, formatted back as such; `gelu approximate tanh` is
+ * plain `gelu` (and formats as that: the spelling saved models have). */
+START_TEST(gelu_approximate_parses_and_round_trips) {
+  dp_model *m = model_of("input 4\ngelu approximate none\ngelu approximate tanh\ngelu\n"
+                         "residual\n  gelu approximate none\nend\n");
+  static const dp_layer_kind want[] = {DP_LAYER_GELU_ERF, DP_LAYER_GELU,
+                                       DP_LAYER_GELU,     DP_LAYER_RESIDUAL,
+                                       DP_LAYER_GELU_ERF, DP_LAYER_RESIDUAL_END};
+  ck_assert_int_eq(dp_model_n_layers(m), 6);
+  for (int i = 0; i < 6; i++) {
+    dp_layer_info l;
+    ck_assert_int_eq(dp_model_layer(m, i, &l), DP_OK);
+    ck_assert_int_eq(l.kind, want[i]);
+    ck_assert_int_eq(l.in, 4);
+    ck_assert_int_eq(l.out, 4);
+    ck_assert_uint_eq(l.n_params, 0);
+  }
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input 4\ngelu approximate none\ngelu\ngelu\nresidual\n"
+                      "  gelu approximate none\nend\n");
+  dp_model *b = model_of(s);
+  assert_same_model(m, b);
+  ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_GELU_ERF), "gelu_erf");
+  /* the builder's spelling of the same layer */
+  dp_model *c = NULL;
+  ck_assert_int_eq(dp_model_new(4, &c), DP_OK);
+  ck_assert_int_eq(dp_model_add(c, DP_LAYER_GELU_ERF), DP_OK);
+  dp_model *d = model_of("input 4\ngelu approximate none\n");
+  assert_same_model(c, d);
+  free(s);
+  dp_model_free(m);
+  dp_model_free(b);
+  dp_model_free(c);
+  dp_model_free(d);
+}
+END_TEST
+
+START_TEST(gelu_approximate_refusals_name_the_options) {
+  parse_bad("input 4\ngelu approximate foo\n", 2, 18,
+            "unknown gelu approximation 'foo' (expected none");
+  parse_bad("input 4\ngelu approximate foo\n", 2, 18, "or tanh");
+  parse_bad("input 4\n  gelu approximate\n", 2, 20,
+            "expected 'none' or 'tanh' after 'approximate'");
+  parse_bad("input 4\ngelu exact\n", 2, 6,
+            "expected 'approximate' or end of line after 'gelu', got 'exact'");
+  parse_bad("input 4\ngelu approximate none x\n", 2, 23,
+            "unexpected 'x' after 'gelu approximate'");
+  parse_bad("input 4\ngelu approximate NONE\n", 2, 18, "'NONE'");
+}
+END_TEST
+
 /* `linear V tied`: no parameters of its own, its weight the token table (the layer
  * info and state_dict say so: one tensor named after the head, at the table). */
 START_TEST(tied_head_shares_the_token_table) {
@@ -1159,6 +1211,8 @@ Suite *spec_suite(void) {
   tc = tcase_create("format");
   tcase_add_test(tc, format_writes_the_canonical_text);
   tcase_add_test(tc, format_round_trips_through_parse);
+  tcase_add_test(tc, gelu_approximate_parses_and_round_trips);
+  tcase_add_test(tc, gelu_approximate_refusals_name_the_options);
   tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
   tcase_add_test(tc, tied_head_shares_the_token_table);
   tcase_add_test(tc, format_round_trips_any_dropout_probability);

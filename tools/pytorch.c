@@ -91,6 +91,7 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
     break;
   case DP_LAYER_RELU: snprintf(buf, cap, "nn.ReLU()"); break;
   case DP_LAYER_GELU: snprintf(buf, cap, "nn.GELU(approximate='tanh')"); break;
+  case DP_LAYER_GELU_ERF: snprintf(buf, cap, "nn.GELU()"); break; /* approximate='none' */
   case DP_LAYER_TANH: snprintf(buf, cap, "nn.Tanh()"); break;
   case DP_LAYER_SIGMOID: snprintf(buf, cap, "nn.Sigmoid()"); break;
   case DP_LAYER_DROPOUT: snprintf(buf, cap, "nn.Dropout(%.9g)", (double)l->p); break;

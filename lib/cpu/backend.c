@@ -389,6 +389,26 @@ DP_SIMD_FN512(gelu_backward,
                size_t n),
               (x, dy, dx, n))
 
+/* the exact gelu through dp__erff (util/erf.h), as vectorisable */
+static inline DP_SIMD_BODY int gelu_erf_forward_body(const float *restrict x,
+                                                     float *restrict y, size_t n) {
+  for (size_t k = 0; k < n; k++) y[k] = dp__gelu_erf(x[k]);
+  return 0;
+}
+DP_SIMD_FN512(gelu_erf_forward, (const float *restrict x, float *restrict y, size_t n),
+              (x, y, n))
+
+static inline DP_SIMD_BODY int gelu_erf_backward_body(const float *restrict x,
+                                                      const float *restrict dy,
+                                                      float *restrict dx, size_t n) {
+  for (size_t k = 0; k < n; k++) dx[k] = dp__gelu_erf_grad(x[k], dy[k]);
+  return 0;
+}
+DP_SIMD_FN512(gelu_erf_backward,
+              (const float *restrict x, const float *restrict dy, float *restrict dx,
+               size_t n),
+              (x, dy, dx, n))
+
 /* sigmoid: 1 / (1 + e^-x) with dp__expf (util/expf.h), as cuda/kernels.cu's */
 static inline DP_SIMD_BODY int sigmoid_forward_body(const float *restrict x,
                                                     float *restrict y, size_t n) {
@@ -464,6 +484,7 @@ dp_status dp__cpu_forward(const lctx *c) {
   case DP_LAYER_TANH: tanh_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_SIGMOID: sigmoid_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_GELU: gelu_forward(x, y, (size_t)n * out); break;
+  case DP_LAYER_GELU_ERF: gelu_erf_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c), *b = g + out;
     /* stats (rows, 2): mean, rstd */
@@ -584,6 +605,9 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
     if (dx) gelu_backward(x, dy, dx, (size_t)n * out);
     break;
   }
+  case DP_LAYER_GELU_ERF:
+    if (dx) gelu_erf_backward(layer_in(c), dy, dx, (size_t)n * out);
+    break;
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;
     dp__layernorm_backward(n, out, layer_in(c), layer_stats(c), layer_params(c), dy, dg,

@@ -5,6 +5,7 @@
 #ifndef DP_CPU_GELU_H
 #define DP_CPU_GELU_H
 
+#include "util/erf.h" /* the exact gelu: dp__gelu_erf, dp__gelu_erf_grad */
 #include "util/tanh.h"
 
 #define DP_GELU_C 0.7978845608028654f /* sqrt(2/pi) */

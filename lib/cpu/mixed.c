@@ -448,36 +448,44 @@ static void count_own(void) {
 #define BLOCK 256
 
 static inline DP_SIMD_BODY int gelu_bf16_body(const dp_bf16 *restrict x,
-                                              dp_bf16 *restrict y, size_t n) {
+                                              dp_bf16 *restrict y, size_t n, bool exact) {
   float t[BLOCK];
   for (size_t k0 = 0; k0 < n; k0 += BLOCK) {
     size_t m = n - k0 < BLOCK ? n - k0 : BLOCK;
     for (size_t k = 0; k < m; k++) t[k] = dp__bf16_widen(x[k0 + k]);
-    for (size_t k = 0; k < m; k++) t[k] = dp__gelu(t[k]);
+    if (exact) /* DP_LAYER_GELU_ERF */
+      for (size_t k = 0; k < m; k++) t[k] = dp__gelu_erf(t[k]);
+    else
+      for (size_t k = 0; k < m; k++) t[k] = dp__gelu(t[k]);
     for (size_t k = 0; k < m; k++) y[k0 + k] = dp__bf16_rne_sel(t[k]);
   }
   return 0;
 }
-DP_SIMD_FN512(gelu_bf16, (const dp_bf16 *restrict x, dp_bf16 *restrict y, size_t n),
-              (x, y, n))
+DP_SIMD_FN512(gelu_bf16,
+              (const dp_bf16 *restrict x, dp_bf16 *restrict y, size_t n, bool exact),
+              (x, y, n, exact))
 
 static inline DP_SIMD_BODY int gelu_grad_bf16_body(const dp_bf16 *restrict x,
                                                    const dp_bf16 *restrict dy,
-                                                   dp_bf16 *restrict dx, size_t n) {
+                                                   dp_bf16 *restrict dx, size_t n,
+                                                   bool exact) {
   float t[BLOCK], g[BLOCK];
   for (size_t k0 = 0; k0 < n; k0 += BLOCK) {
     size_t m = n - k0 < BLOCK ? n - k0 : BLOCK;
     for (size_t k = 0; k < m; k++) t[k] = dp__bf16_widen(x[k0 + k]);
     for (size_t k = 0; k < m; k++) g[k] = dp__bf16_widen(dy[k0 + k]);
-    for (size_t k = 0; k < m; k++) t[k] = dp__gelu_grad(t[k], g[k]);
+    if (exact)
+      for (size_t k = 0; k < m; k++) t[k] = dp__gelu_erf_grad(t[k], g[k]);
+    else
+      for (size_t k = 0; k < m; k++) t[k] = dp__gelu_grad(t[k], g[k]);
     for (size_t k = 0; k < m; k++) dx[k0 + k] = dp__bf16_rne_sel(t[k]);
   }
   return 0;
 }
 DP_SIMD_FN512(gelu_grad_bf16,
               (const dp_bf16 *restrict x, const dp_bf16 *restrict dy, dp_bf16 *restrict dx,
-               size_t n),
-              (x, dy, dx, n))
+               size_t n, bool exact),
+              (x, dy, dx, n, exact))
 
 /* y = a + b; y += b. (Of two NaNs, which one's sign the sum keeps is the
  * instruction's choice of operand: not pinned, as nowhere else.) */
@@ -620,7 +628,9 @@ static op_way forward_way(const lctx *c) {
   if (k == DP_LAYER_LINEAR) return WAY_LINEAR;
   if (k == DP_LAYER_RELU && dp__relu_fused(c->p, c->i)) return WAY_NONE; /* the linear's */
   if (force_shadow) return WAY_SHADOW;
-  if (k == DP_LAYER_GELU && bf16_spans(2, (dp_span[]){o->in, o->out})) return WAY_OWN;
+  if ((k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF) &&
+      bf16_spans(2, (dp_span[]){o->in, o->out}))
+    return WAY_OWN;
   if (k == DP_LAYER_LAYERNORM && ln_own(c, false)) return WAY_LN;
   if (k == DP_LAYER_RESIDUAL_END && bf16_spans(3, (dp_span[]){o->skip, o->in, o->out}))
     return WAY_OWN;
@@ -633,6 +643,7 @@ static op_way backward_own_way(const lctx *c) {
   const dp_layer_operands *o = &c->o;
   switch (c->l->kind) {
   case DP_LAYER_GELU:
+  case DP_LAYER_GELU_ERF:
     if (o->din.region < 0) return WAY_NONE;
     return bf16_spans(3, (dp_span[]){o->in, o->dout, o->din}) ? WAY_OWN : WAY_SHADOW;
   case DP_LAYER_LAYERNORM: return ln_own(c, true) ? WAY_LN : WAY_SHADOW;
@@ -659,8 +670,9 @@ static op_way backward_way(const lctx *c) {
 static void own_forward(const lctx *c) {
   const dp_layer_operands *o = &c->o;
   size_t n = (size_t)c->rows * c->l->out;
-  if (c->l->kind == DP_LAYER_GELU)
-    gelu_bf16(bptr(c, o->in), bptr(c, o->out), n);
+  dp_layer_kind k = c->l->kind;
+  if (k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF)
+    gelu_bf16(bptr(c, o->in), bptr(c, o->out), n, k == DP_LAYER_GELU_ERF);
   else /* a block's end: x + f(x) */
     add_bf16(bptr(c, o->skip), bptr(c, o->in), bptr(c, o->out), n);
 }
@@ -668,8 +680,10 @@ static void own_forward(const lctx *c) {
 static void own_backward(const lctx *c) {
   const dp_layer_operands *o = &c->o;
   size_t n = (size_t)c->rows * c->l->out;
-  if (c->l->kind == DP_LAYER_GELU)
-    gelu_grad_bf16(bptr(c, o->in), bptr(c, o->dout), bptr(c, o->din), n);
+  dp_layer_kind k = c->l->kind;
+  if (k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF)
+    gelu_grad_bf16(bptr(c, o->in), bptr(c, o->dout), bptr(c, o->din), n,
+                   k == DP_LAYER_GELU_ERF);
   else if (c->l->kind == DP_LAYER_RESIDUAL_END)
     copy_bf16(bptr(c, o->dout), bptr(c, o->din), n);
   else

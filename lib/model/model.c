@@ -16,7 +16,7 @@ static const char *const layer_names[] = {
     [DP_LAYER_AVGPOOL2D] = "avgpool2d", [DP_LAYER_FLATTEN] = "flatten",
     [DP_LAYER_BATCHNORM] = "batchnorm", [DP_LAYER_EMBEDDING] = "embed",
     [DP_LAYER_ATTENTION] = "attention", [DP_LAYER_RESIDUAL] = "residual",
-    [DP_LAYER_RESIDUAL_END] = "end",
+    [DP_LAYER_RESIDUAL_END] = "end",    [DP_LAYER_GELU_ERF] = "gelu_erf",
 };
 static const char *const loss_names[] = {
     [DP_LOSS_NONE] = "none",
@@ -35,8 +35,9 @@ const char *dp_loss_name(dp_loss_kind l) {
 /* The internal spelling, kept for the library's own callers. */
 
 bool dp__layer_needs_input(dp_layer_kind k) {
-  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
-         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
+  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF ||
+         k == DP_LAYER_LAYERNORM || k == DP_LAYER_CONV2D ||
+         k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
          k == DP_LAYER_BATCHNORM || k == DP_LAYER_EMBEDDING /* the ids */ ||
          k == DP_LAYER_ATTENTION /* q, k, v */;
 }
@@ -306,12 +307,13 @@ dp_status dp_model_add_linear_tied(dp_model *m, int out_width) {
 
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
-  if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_TANH &&
-      kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM && kind != DP_LAYER_FLATTEN &&
-      kind != DP_LAYER_BATCHNORM)
-    return DP_FAIL(DP_ERR_INVALID,
-                   "dp_model_add takes relu, gelu, tanh, sigmoid, layernorm, flatten or "
-                   "batchnorm (use dp_model_add_linear/_dropout/_conv2d/_pool2d)");
+  if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_GELU_ERF &&
+      kind != DP_LAYER_TANH && kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM &&
+      kind != DP_LAYER_FLATTEN && kind != DP_LAYER_BATCHNORM)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "dp_model_add takes relu, gelu, gelu_erf, tanh, sigmoid, layernorm, "
+        "flatten or batchnorm (use dp_model_add_linear/_dropout/_conv2d/_pool2d)");
   if (kind == DP_LAYER_LAYERNORM) {
     dp_status fs = need_flat(m, "layernorm");
     if (fs) return fs;
@@ -554,6 +556,8 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
       put(buf, cap, &len, "%s %d", dp_layer_kind_name(l->kind), l->k);
       if (l->stride != l->k) put(buf, cap, &len, " stride %d", l->stride);
       put(buf, cap, &len, "\n");
+    } else if (l->kind == DP_LAYER_GELU_ERF) {
+      put(buf, cap, &len, "gelu approximate none\n");
     } else if (l->kind == DP_LAYER_DROPOUT) {
       put(buf, cap, &len, "dropout %s\n", shortest(l->p, num, sizeof num));
     } else

@@ -234,6 +234,29 @@ static dp_status parse_sequence(dp_model **m, const token *t, int nt, where w) {
             w, kw->col);
 }
 
+/* `gelu approximate none | tanh`, PyTorch's nn.GELU(approximate=...): none is
+ * the exact form (DP_LAYER_GELU_ERF), tanh the one plain `gelu` has always
+ * meant (kept, so that saved specs keep their bits). */
+static dp_status parse_gelu(dp_model **m, const token *t, int nt, where w) {
+  echo_buf e;
+  if (!tok_is(&t[1], "approximate"))
+    return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
+                     "expected 'approximate' or end of line after 'gelu', got '%s'",
+                     echo(&t[1], &e));
+  if (nt < 3)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col + t[1].len + 1,
+                     "expected 'none' or 'tanh' after 'approximate'");
+  bool exact = tok_is(&t[2], "none");
+  if (!exact && !tok_is(&t[2], "tanh"))
+    return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col,
+                     "unknown gelu approximation '%s' (expected none: the exact "
+                     "x Phi(x), PyTorch's default; or tanh: the same as plain 'gelu')",
+                     echo(&t[2], &e));
+  dp_status s = no_more(t, nt, 3, w, "gelu approximate");
+  if (s) return s;
+  return at(dp_model_add(*m, exact ? DP_LAYER_GELU_ERF : DP_LAYER_GELU), w, t[0].col);
+}
+
 static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   const token *kw = &t[0];
   echo_buf e;
@@ -302,6 +325,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     if ((s = no_more(t, nt, 2, w, "dropout"))) return s;
     return at(dp_model_add_dropout(*m, p), w, kw->col);
   }
+  if (tok_is(kw, "gelu") && nt >= 2) return parse_gelu(m, t, nt, w);
   if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
     return parse_window(m, t, nt, w);
   if (tok_is(kw, "embed") || tok_is(kw, "attention")) return parse_sequence(m, t, nt, w);
