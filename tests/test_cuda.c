@@ -671,7 +671,7 @@ static const char *const MIXED_MSE =
     "dropout 0.25\nlinear 5\nloss mse\n";
 static const char *const MIXED_CE =
     "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm\ntanh\nlinear 9 nobias\nsigmoid\n"
-    "dropout 0.25\nlinear 5\nloss softmax_cross_entropy\n";
+    "dropout 0.25\nlinear 7\ngelu approximate none\nlinear 5\nloss softmax_cross_entropy\n";
 
 /* Image layers (issue 17): odd sizes, stride and padding, an overlapping
  * maxpool (2 stride 1), avgpool, nobias, flatten in the middle, first and

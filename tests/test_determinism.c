@@ -241,7 +241,8 @@ START_TEST(every_cpu_tier_gives_the_same_bits) {
       "stride 1\nflatten\nlinear 7 nobias\nbatchnorm\nlinear 5\n"
       "loss softmax_cross_entropy\n",
       /* gelu and tanh: loops with an AVX-512 copy of their own (DP_SIMD_FN512) */
-      "input 12\nlinear 40\ngelu\nlinear 24\ntanh\nlinear 5\nloss softmax_cross_entropy\n",
+      "input 12\nlinear 40\ngelu\nlinear 24\ntanh\nlinear 24\ngelu approximate none\n"
+      "linear 5\nloss softmax_cross_entropy\n",
       /* conv2d 3 padding 1 with 16 outputs and maxpool2d 2 to rows of 1: the
        * AVX-512 tier runs them without im2col (lib/cpu/conv_fast.c) */
       "input 3 2 2\nconv2d 16 3 padding 1\nrelu\nmaxpool2d 2\nconv2d 16 3 padding 1\n"

@@ -497,6 +497,12 @@ static const char WIDER_GPT_SPEC[] =
 static const char LAST_LAYERS_SPEC[] =
     "input 12\nlinear 16\nresidual\nlayernorm\nlinear 16\ngelu\nlinear 16\nend\n"
     "residual\ngelu\nend\nlinear 5\ngelu\nloss softmax_cross_entropy\n";
+/* the exact gelu (`gelu approximate none`) in the middle, in a block and
+ * last: its own bf16 loops and the shadowed fp32 op */
+static const char GELU_ERF_SPEC[] =
+    "input 12\nlinear 40\ngelu approximate none\nresidual\nlayernorm\nlinear 40\n"
+    "gelu approximate none\nend\nlinear 5\ngelu approximate none\n"
+    "loss softmax_cross_entropy\n";
 static const char RESIDUAL_LAST_SPEC[] =
     "input 12\nlinear 16\ngelu\nlinear 5\nresidual\nlayernorm\nlinear 5\nend\n"
     "loss softmax_cross_entropy\n";
@@ -505,10 +511,10 @@ static const struct {
   const char *spec;
   int cols;
   bool tokens;
-} OWN_LOOPS[] = {{WIDE_GPT_SPEC, GPT_T, true},   {WIDER_GPT_SPEC, GPT_T, true},
-                 {GPT_SPEC, GPT_T, true},        {MLP_EVERY_KIND_SPEC, 12, false},
-                 {BN_MLP_SPEC, 12, false},       {LAST_LAYERS_SPEC, 12, false},
-                 {RESIDUAL_LAST_SPEC, 12, false}};
+} OWN_LOOPS[] = {{WIDE_GPT_SPEC, GPT_T, true},    {WIDER_GPT_SPEC, GPT_T, true},
+                 {GPT_SPEC, GPT_T, true},         {MLP_EVERY_KIND_SPEC, 12, false},
+                 {BN_MLP_SPEC, 12, false},        {LAST_LAYERS_SPEC, 12, false},
+                 {RESIDUAL_LAST_SPEC, 12, false}, {GELU_ERF_SPEC, 12, false}};
 
 /* The forward's outputs on rows with NaNs of both signs (and payloads),
  * infinities and denormals in their inputs. */
