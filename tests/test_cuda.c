@@ -3341,6 +3341,209 @@ START_TEST(gpt_attention_dropout_same_bits_everywhere) {
 }
 END_TEST
 
+/* ---- paths no other case runs (docs/GPU.md, "Line coverage") ---- */
+
+/* The first op of `kind` on layer kind `lk` in p's schedule (-1: none). */
+static int first_op(const dp_plan *p, dp_op_kind kind, dp_layer_kind lk) {
+  const dp_op *ops = dp_plan_ops(p);
+  for (int k = 0; k < dp_plan_n_ops(p); k++)
+    if (ops[k].kind == kind && ops[k].layer >= 0 &&
+        dp_model_layer_kind(&p->model, ops[k].layer) == lk)
+      return k;
+  return -1;
+}
+
+/* The backward of a conv2d micro-batch without images (a batch smaller than
+ * planned empties micro-batches from the end; the schedule leaves those out,
+ * the backend still takes them): zero weight and bias gradients and nothing
+ * else, bit for bit as the cpu backend (lib/cpu/conv.c), with and without a
+ * bias, on each device. */
+START_TEST(conv2d_backward_of_no_images_matches_cpu) {
+  REQUIRE_GPUS(ngpu, "conv2d_backward_of_no_images_matches_cpu");
+  dp_config c = test_config(ngpu, 10, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  pair t;
+  pair_init(&t, CNN_CE, &c, true);
+  const dp_op *ops = dp_plan_ops(t.pg);
+  int ran = 0;
+  for (int k = 0; k < dp_plan_n_ops(t.pg); k++) {
+    if (ops[k].kind != DP_OP_BACKWARD ||
+        dp_model_layer_kind(t.m, ops[k].layer) != DP_LAYER_CONV2D)
+      continue;
+    dp_op op = ops[k];
+    op.rows = 0;
+    fill_random(&t, 3000 + (uint64_t)k);
+    ck_assert_msg(dp__cpu_backend.run(NULL, &t.ec, &op) == DP_OK, "%s", dp_last_error());
+    float loss;
+    ck_assert_msg(gpu_one_op(&t, &op, &loss) == DP_OK, "%s", dp_last_error());
+    download(&t);
+    char what[96];
+    snprintf(what, sizeof what, "conv2d layer %d, device %d, no images", op.layer,
+             op.device);
+    for (int d = 0; d < t.n; d++) compare_dev(&t, d, 0.0, true, what);
+    /* the gradients were random: zero now, so the op did run */
+    const dp_layer *l = &t.pg->model.layers[op.layer];
+    const float *g = (const float *)(rptr(t.gh[op.device], t.pg, op.device, op.dst_region) +
+                                     op.dst_offset) +
+                     l->param_off;
+    for (size_t j = 0; j < l->n_params; j++)
+      ck_assert_msg(fbits(g[j]) == 0, "%s: gradient %zu is %g", what, j, (double)g[j]);
+    ran++;
+  }
+  ck_assert_int_ge(ran, 4); /* two conv2d layers (one without a bias) on two devices */
+  pair_free(&t);
+}
+END_TEST
+
+/* Runs op k alone on the GPU with WORKSPACE of device op.device cut to `bytes`
+ * (the plan the context reads; the tests' hook for a plan that reserves too
+ * little), then restores it: the status, the message in why. */
+static dp_status op_with_workspace(pair *t, int k, size_t bytes, char *why, size_t cap) {
+  dp_op op = dp_plan_ops(t->pg)[k];
+  size_t *ws = &t->pg->regions[op.device][DP_REGION_WORKSPACE].size, keep = *ws;
+  *ws = bytes;
+  dp_status s = dp__cuda_step_begin(t->bctx, t->eg.step);
+  if (!s) s = dp__cuda_stage_begin(t->bctx, op.device, op.stage);
+  if (!s) s = dp__cuda_run(t->bctx, &t->eg, &op);
+  snprintf(why, cap, "%s", s ? dp_last_error() : "");
+  if (!s) s = dp__cuda_stage_end(t->bctx, op.device, op.stage);
+  float loss;
+  dp_status e = dp__cuda_step_end(t->bctx, &loss);
+  *ws = keep;
+  return s ? s : e;
+}
+
+/* Op k refused with DP_ERR_BACKEND and a message holding `want` one byte
+ * short of `need`, and run with exactly `need` bytes. */
+static void refused_below(pair *t, int k, size_t need, const char *want) {
+  char why[DP_ERRMSG_CAP];
+  ck_assert_int_ge(k, 0);
+  fill_random(t, 4000 + (uint64_t)k);
+  ck_assert_int_eq(op_with_workspace(t, k, need - 1, why, sizeof why), DP_ERR_BACKEND);
+  ck_assert_msg(strstr(why, want) != NULL, "op %d: want '%s' in: %s", k, want, why);
+  fill_random(t, 4000 + (uint64_t)k);
+  ck_assert_msg(op_with_workspace(t, k, need, why, sizeof why) == DP_OK, "op %d: %s", k,
+                why);
+}
+
+/* conv2d's forward and backward and the attention's backward and forward with
+ * dropout refuse a workspace one byte short of their buffers, naming the
+ * layer, the bytes they need and those the plan has; with exactly those bytes
+ * they run. A conv2d whose im2col rows exceed cuBLAS's int dimensions is
+ * refused before any launch. */
+START_TEST(short_workspace_refusals_name_the_bytes) {
+  REQUIRE_GPUS(ngpu, "short_workspace_refusals_name_the_bytes");
+  dp_config c = test_config(ngpu, 10, 1, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  pair t;
+  pair_init(&t, CNN_CE, &c, false);
+  char want[160];
+  for (int dir = 0; dir < 2; dir++) {
+    int k = first_op(t.pg, dir ? DP_OP_BACKWARD : DP_OP_FORWARD, DP_LAYER_CONV2D);
+    const dp_op *op = &dp_plan_ops(t.pg)[k];
+    const dp_layer *l = &t.pg->model.layers[op->layer];
+    size_t need = dp__cuda_conv_workspace_bytes(l, op->rows);
+    snprintf(want, sizeof want,
+             "layer %d: cuda backend: conv2d of %d images needs %zu bytes of workspace "
+             "after cuBLAS's; the plan has %zu",
+             op->layer, op->rows, need, need - 1);
+    refused_below(&t, k, DP_CUDA_CONV_WS_OFFSET + need, want);
+  }
+  /* 46341^2 output positions: past INT_MAX im2col rows for one image */
+  int k = first_op(t.pg, DP_OP_FORWARD, DP_LAYER_CONV2D);
+  dp_layer *l = &t.pg->model.layers[dp_plan_ops(t.pg)[k].layer], keep = *l;
+  l->h = l->w = 46341;
+  char why[DP_ERRMSG_CAP];
+  ck_assert_int_eq(
+      op_with_workspace(&t, k, t.pg->regions[0][DP_REGION_WORKSPACE].size, why, sizeof why),
+      DP_ERR_BACKEND);
+  *l = keep;
+  ck_assert_msg(strstr(why, "exceed cuBLAS's int dimensions") != NULL, "%s", why);
+  pair_free(&t);
+
+  c = test_config(ngpu, 8, 1, 2, DP_MODE_CLASSIC, DP_OPT_SGD);
+  pair_init(&t, GPT_ADROP_SPEC, &c, false);
+  for (int dir = 0; dir < 2; dir++) {
+    k = first_op(t.pg, dir ? DP_OP_BACKWARD : DP_OP_FORWARD, DP_LAYER_ATTENTION);
+    const dp_op *op = &dp_plan_ops(t.pg)[k];
+    size_t need = dp__cuda_attention_ws_bytes(&t.pg->model.layers[op->layer], op->rows);
+    snprintf(want, sizeof want,
+             "layer %d: cuda attention: the workspace holds %zu bytes, the %s needs %zu",
+             op->layer, need - 1, dir ? "backward" : "forward with dropout", need);
+    refused_below(&t, k, DP_CUDA_CONV_WS_OFFSET + need, want);
+  }
+  pair_free(&t);
+}
+END_TEST
+
+/* bf16: a workspace one byte short of the shadow area is refused by the
+ * linear layer's own path and by the path of every other layer (its fp32 op
+ * on copies), naming the layer and both sizes; with exactly the bytes the op
+ * runs. */
+START_TEST(bf16_short_shadow_area_is_refused) {
+  REQUIRE_GPUS(ngpu, "bf16_short_shadow_area_is_refused");
+  (void)ngpu;
+  dp_config c = bf16_config(1, 10, 1, 5, DP_MODE_CLASSIC);
+  pair t;
+  pair_init(&t, MIXED_MSE, &c, false);
+  size_t need = dp__cuda_mixed_workspace_bytes(&t.pg->model, t.pg->act[0].mb_rows, true);
+  static const dp_layer_kind kinds[] = {DP_LAYER_LINEAR, DP_LAYER_LAYERNORM};
+  for (int i = 0; i < 2; i++)
+    for (int dir = 0; dir < 2; dir++) {
+      int k = first_op(t.pg, dir ? DP_OP_BACKWARD : DP_OP_FORWARD, kinds[i]);
+      char want[128];
+      snprintf(want, sizeof want,
+               "layer %d: the plan's workspace (%zu bytes) is too small for bf16 (%zu)",
+               dp_plan_ops(t.pg)[k].layer, need - 1, need);
+      refused_below(&t, k, need, want);
+    }
+  pair_free(&t);
+}
+END_TEST
+
+/* The gradient norm's bins with infinities and NaNs among the gradients (the
+ * kernel counts them in the last bin, lo and hi): the cpu backend's bits, and
+ * the counts are those put there. */
+START_TEST(grad_norm_counts_infinities_and_nans_as_the_cpu) {
+  REQUIRE_GPUS(ngpu, "grad_norm_counts_infinities_and_nans_as_the_cpu");
+  dp_config c = test_config(ngpu, 12, 2, 3, DP_MODE_ALLREDUCE, DP_OPT_SGD);
+  c.clip_grad_norm = 0.5f;
+  pair t;
+  pair_init(&t, MIXED_MSE, &c, true);
+  const dp_op *ops = dp_plan_ops(t.pg);
+  int ran = 0;
+  for (int k = 0; k < dp_plan_n_ops(t.pg); k++) {
+    if (ops[k].kind != DP_OP_GRAD_NORM) continue;
+    const dp_op *op = &ops[k];
+    fill_random(&t, 5000 + (uint64_t)k);
+    /* 3 infinities (both signs) and 2 NaNs (quiet with a payload, signalling) */
+    static const uint32_t bad[] = {0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f800000u,
+                                   0xff800001u};
+    size_t n = op->bytes / 4;
+    for (int side = 0; side < 2; side++) {
+      unsigned char *a = side ? t.ca[op->device] : t.gh[op->device];
+      const dp_plan *p = side ? t.pc : t.pg;
+      uint32_t *g = (uint32_t *)(rptr(a, p, op->device, op->src_region) + op->src_offset);
+      for (size_t j = 0; j < 5; j++) g[(j * 7 + 1) % n] = bad[j];
+    }
+    upload(&t);
+    ck_assert_msg(dp__cpu_backend.run(NULL, &t.ec, op) == DP_OK, "%s", dp_last_error());
+    float loss;
+    ck_assert_msg(gpu_one_op(&t, op, &loss) == DP_OK, "%s", dp_last_error());
+    download(&t);
+    char what[64];
+    snprintf(what, sizeof what, "grad norm op %d, device %d", k, op->device);
+    for (int d = 0; d < t.n; d++) compare_dev(&t, d, 0.0, true, what);
+    const uint64_t *bins =
+        (const uint64_t *)(rptr(t.gh[op->device], t.pg, op->device, op->dst_region) +
+                           op->dst_offset);
+    ck_assert_uint_eq(bins[2 * (DP_NORM_BINS - 1)], 3);
+    ck_assert_uint_eq(bins[2 * (DP_NORM_BINS - 1) + 1], 2);
+    ran++;
+  }
+  ck_assert_int_gt(ran, 0);
+  pair_free(&t);
+}
+END_TEST
+
 Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda");
 
@@ -3455,6 +3658,16 @@ Suite *cuda_suite(void) {
     tcase_set_timeout(ord, 240);
     suite_add_tcase(s, ord);
   }
+
+  /* paths no other case runs (docs/GPU.md, "Line coverage") */
+  TCase *rare = tcase_create("gpu_rare_paths");
+  tcase_set_tags(rare, "gpu");
+  tcase_add_test(rare, conv2d_backward_of_no_images_matches_cpu);
+  tcase_add_test(rare, short_workspace_refusals_name_the_bytes);
+  tcase_add_test(rare, bf16_short_shadow_area_is_refused);
+  tcase_add_test(rare, grad_norm_counts_infinities_and_nans_as_the_cpu);
+  tcase_set_timeout(rare, 120);
+  suite_add_tcase(s, rare);
 
   TCase *timing = tcase_create("gpu_timing");
   tcase_set_tags(timing, "gpu timing");
