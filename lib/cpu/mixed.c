@@ -730,7 +730,7 @@ dp_status dp__mixed_backward(const lctx *c, float *grads) {
 
 /* The shadow area's bytes op c reaches (forward, or backward; bn: a sync
  * batchnorm's sums, kind DP_OP_BN_STATS or DP_OP_BN_BWD_STATS): the takes
- * of the way it runs, on its first chunk of rows (the largest), without data. */
+ * of the way it runs, on each chunk of rows, without data. */
 static size_t op_need(const lctx *c, bool bwd, int bn) {
   const dp_layer *l = c->l;
   shadow sh = {.at = 0, .end = SIZE_MAX, .hi = 0, .dry = true};
