@@ -3669,6 +3669,56 @@ START_TEST(train_refuses_a_last_batch_batchnorm_cannot_take_before_training) {
 }
 END_TEST
 
+/* --drop-last (PyTorch's DataLoader drop_last=True): each epoch leaves out its
+ * order's last, short batch. In file order it is the run on the file's whole
+ * batches; a batchnorm's one-row last batch is then no reason to refuse; a
+ * checkpoint records it, and a resume without it is refused. */
+START_TEST(train_drop_last_leaves_out_the_short_batch) {
+  char model[64], all[64], head[64], ck[64];
+  temp_file(model, sizeof model,
+            "input 4\nlinear 6\nbatchnorm\nrelu\nlinear 3\nloss softmax_cross_entropy\n");
+  char csv[4096];
+  size_t len = 0;
+  for (int r = 0; r < 36; r++) { /* 36 rows: 5 batches of 7 and one of 1 */
+    len += (size_t)snprintf(csv + len, sizeof csv - len, "%d,%d.5,%d,-%d.25,0.%d\n", r % 3,
+                            r, r % 7, r % 5, r);
+    if (r == 34) temp_file(head, sizeof head, csv); /* the first 35 */
+  }
+  temp_file(all, sizeof all, csv);
+  temp_file(ck, sizeof ck, "");
+  char h[2][24];
+  char *data[2] = {all, head};
+  for (int i = 0; i < 2; i++) {
+    cmd_result r =
+        RUN(dpt_cmd_train, "--model", model, "--data", data[i], "--batch", "7", "--epochs",
+            "2", "--no-shuffle", "--test-fraction", "0", "--no-standardize", "--quiet",
+            i ? "--quiet" : "--drop-last", "--save", ck);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: exit %d: %s", data[i], r.rc, r.err);
+    hash_of(&r, h[i], sizeof h[i]);
+    cmd_result_free(&r);
+    if (!i) { /* resumed without it: another run */
+      r = RUN(dpt_cmd_train, "--model", model, "--data", all, "--batch", "7", "--epochs",
+              "1", "--no-shuffle", "--test-fraction", "0", "--no-standardize", "--quiet",
+              "--resume", ck);
+      ck_assert_int_ne(r.rc, DPT_EXIT_OK);
+      ck_assert_msg(strstr(r.err, "drop-last"), "%s", r.err);
+      cmd_result_free(&r);
+    }
+  }
+  ck_assert_str_eq(h[0], h[1]);
+  /* without it, the 1-row last batch is refused before training */
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", all, "--batch", "7",
+                     "--epochs", "1", "--test-fraction", "0", "--quiet");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "every epoch's last batch"), "%s", r.err);
+  cmd_result_free(&r);
+  unlink(model);
+  unlink(all);
+  unlink(head);
+  unlink(ck);
+}
+END_TEST
+
 /* A model with batchnorm: dp export counts the file's tensors, the buffers
  * (running_mean, running_var, num_batches_tracked) with the parameters. */
 START_TEST(export_counts_batchnorm_buffers) {
@@ -5035,6 +5085,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, resume_imported_lr_must_match);
   tcase_add_test(tc, export_counts_batchnorm_buffers);
   tcase_add_test(tc, train_refuses_a_last_batch_batchnorm_cannot_take_before_training);
+  tcase_add_test(tc, train_drop_last_leaves_out_the_short_batch);
   tcase_add_test(tc, export_import_refusals);
   tcase_add_test(tc, train_resume_refuses_a_record_out_of_range);
   tcase_add_test(tc, every_command_reads_every_checkpoint_version);

@@ -48,6 +48,7 @@ enum {
   OPT_VAL_LABELS,
   OPT_HEADER,
   OPT_NO_SHUFFLE,
+  OPT_DROP_LAST,
   OPT_DATA_SEED,
 };
 
@@ -58,6 +59,7 @@ typedef struct {
   const char *save_best;     /* the checkpoint of the best held-out loss */
   const char *labels, *val_data, *val_labels; /* --labels, --val-data, --val-labels */
   int header, no_shuffle, test_fraction_given;
+  int drop_last; /* --drop-last: DataLoader's drop_last=True */
   int data_seed_given;
   uint64_t data_seed; /* --data-seed; default: --seed */
   int epochs, quiet, eval_every, patience, plot_log;
@@ -224,6 +226,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_VAL_LABELS: o->val_labels = arg; return 0;
   case OPT_HEADER: o->header = 1; return 0;
   case OPT_NO_SHUFFLE: o->no_shuffle = 1; return 0;
+  case OPT_DROP_LAST: o->drop_last = 1; return 0;
   case OPT_DATA_SEED:
     o->data_seed_given = 1;
     return dpt_parse_u64(arg, "--data-seed", &o->data_seed, err, errcap);
@@ -326,6 +329,9 @@ static void usage(FILE *f) {
       "                        gives its labels when it needs them\n"
       "  --no-shuffle          the rows in file order: every epoch the same, and the\n"
       "                        held-out share the file's last rows\n"
+      "  --drop-last           every epoch leaves out its last, short batch (the\n"
+      "                        epoch's order's last rows), as PyTorch's DataLoader\n"
+      "                        with drop_last=True\n"
       "  --data-seed S         the seed of the held-out split and the epochs' order\n"
       "                        (default: --seed), so that runs of other --seed\n"
       "                        (initialisation, dropout) see the same data order\n"
@@ -724,8 +730,16 @@ static const char *run_settings(const train_run *t, char *buf, size_t cap) {
   if (t->o.data_seed != t->cfg.seed && at < cap)
     at += (size_t)snprintf(buf + at, cap - at, " data-seed=%llu",
                            (unsigned long long)t->o.data_seed);
-  if (t->o.no_shuffle && at < cap) snprintf(buf + at, cap - at, " shuffle=0");
+  if (t->o.no_shuffle && at < cap) at += (size_t)snprintf(buf + at, cap - at, " shuffle=0");
+  if (t->o.drop_last && at < cap) snprintf(buf + at, cap - at, " drop-last=1");
   return buf;
+}
+
+/* The training rows an epoch steps through: all, or with --drop-last its whole
+ * batches' (the rest of the epoch's order is left out). */
+static int epoch_rows(const train_run *t) {
+  int n = t->train.n_rows, B = t->batch;
+  return t->o.drop_last && B > 0 ? n / B * B : n;
 }
 
 /* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
@@ -748,6 +762,7 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"val-labels", required_argument, NULL, OPT_VAL_LABELS},
       {"header", no_argument, NULL, OPT_HEADER},
       {"no-shuffle", no_argument, NULL, OPT_NO_SHUFFLE},
+      {"drop-last", no_argument, NULL, OPT_DROP_LAST},
       {"data-seed", required_argument, NULL, OPT_DATA_SEED},
       {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
       {"log", required_argument, NULL, OPT_LOG},
@@ -1145,7 +1160,10 @@ static int read_resume(train_run *t) {
     return -1;
   }
   free(saved);
-  if (t->pos0 && (long)t->pos0 * t->cfg.batch >= t->train.n_rows) t->pos0 = 0;
+  if (t->pos0 &&
+      (long)t->pos0 * t->cfg.batch >=
+          t->train.n_rows - (t->o.drop_last ? t->train.n_rows % t->cfg.batch : 0))
+    t->pos0 = 0;
   return check_resumed(t, rows, app_n != 0);
 }
 
@@ -1360,7 +1378,7 @@ static int check_rows(train_run *t, int R, const char *which) {
 static int check_last_batch(train_run *t) {
   int B = t->batch, n = t->train.n_rows;
   return check_rows(t, n < B ? 0 : B, "every full batch") ||
-                 check_rows(t, n % B, "every epoch's last batch")
+                 check_rows(t, t->o.drop_last ? 0 : n % B, "every epoch's last batch")
              ? -1
              : 0;
 }
@@ -1370,7 +1388,7 @@ static int check_last_batch(train_run *t) {
 static int start_run(train_run *t) {
   const train_opts *o = &t->o;
   /* training calls per epoch, and the optimizer steps they make (accumulation) */
-  long calls = (t->train.n_rows + t->batch - 1) / t->batch;
+  long calls = (epoch_rows(t) + t->batch - 1) / t->batch;
   int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1, in_epochs = 0;
   if (o->schedule && parse_schedule(o->schedule, t->sched.base_lr, calls, K, &t->sched,
                                     &in_epochs, t->err, sizeof t->err)) {
@@ -1461,8 +1479,10 @@ static int start_run(train_run *t) {
              "(one per %d calls)\n",
              calls, t->batch, (double)calls / K, K);
     else
-      printf("steps per epoch: %ld (batches of up to %d of %d %s)\n", calls, t->batch,
-             t->train.n_rows, t->views ? "windows" : "rows");
+      printf("steps per epoch: %ld (batches of up to %d of %d %s%s)\n", calls, t->batch,
+             t->train.n_rows, t->views ? "windows" : "rows",
+             epoch_rows(t) < t->train.n_rows ? "; --drop-last leaves the last ones out"
+                                             : "");
     if (o->resume && t->pos0)
       printf("resumed from %s at step %llu (epoch %d, after %d of its batches)\n",
              o->resume, (unsigned long long)dp_ctx_step(t->ctx), t->epoch0 + 1, t->pos0);
@@ -1530,7 +1550,7 @@ static int after_step(train_run *t, int ep, int done) {
   if (t->steps % K) return 0;
   /* the checkpoint's place: epochs done, and calls done in the next one */
   int e = ep, pos = (done + t->batch - 1) / t->batch;
-  if (done >= t->train.n_rows) {
+  if (done >= epoch_rows(t)) {
     e = ep + 1;
     pos = 0;
   }
@@ -1555,9 +1575,9 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
   const int *order = t->o.no_shuffle ? NULL : t->perm;
   if (order) dpt_epoch_order(train->n_rows, t->o.data_seed, ep, t->perm);
   double sum = 0.0, t0 = dpt_now_s(), t_last = t0;
-  int nb = 0;
-  for (int from = ep == t->epoch0 ? t->pos0 * B : 0; from < train->n_rows; from += B) {
-    int n = train->n_rows - from < B ? train->n_rows - from : B;
+  int nb = 0, rows = epoch_rows(t);
+  for (int from = ep == t->epoch0 ? t->pos0 * B : 0; from < rows; from += B) {
+    int n = rows - from < B ? rows - from : B;
     dpt_dataset_gather(train, &t->scaler, order, from, n, t->bx, t->bt);
     float loss;
     /* the scheduled rate at this optimizer step (the context's counter: a resumed
@@ -1587,10 +1607,9 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
     if (t->tty && te - t_last > 0.1) {
       /* the time left: the time so far over the share of the epochs done */
       double el = te - t->t_run0,
-             frac = (ep - t->epoch0 + (double)(from + n) / train->n_rows) / t->o.epochs;
-      progress(t->tty, t->cols, ep + 1, t->ep_end, from + n, train->n_rows,
-               (float)(sum / nb), es->samples / es->t_epoch, el,
-               frac > 0 ? el / frac - el : -1.0, "", 0);
+             frac = (ep - t->epoch0 + (double)(from + n) / rows) / t->o.epochs;
+      progress(t->tty, t->cols, ep + 1, t->ep_end, from + n, rows, (float)(sum / nb),
+               es->samples / es->t_epoch, el, frac > 0 ? el / frac - el : -1.0, "", 0);
       t_last = te;
     }
     int after = after_step(t, ep, from + n);
@@ -1598,7 +1617,7 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
      * figures and log record: run_epochs), then the stop (an outside check,
      * session 24: they were lost, and a stop in the run's last step printed a
      * resume of --epochs 0) */
-    if (after < 0 || (after > 0 && from + n < train->n_rows)) return after;
+    if (after < 0 || (after > 0 && from + n < rows)) return after;
   }
   t->curve[ep - t->epoch0] = (float)(sum / nb);
   return 0;
@@ -1737,7 +1756,7 @@ static int run_epochs(train_run *t) {
     }
     double el = dpt_now_s() - t->t_run0;
     if (!t->o.quiet)
-      progress(t->tty, t->cols, t->ep_done, t->ep_end, t->train.n_rows, t->train.n_rows,
+      progress(t->tty, t->cols, t->ep_done, t->ep_end, epoch_rows(t), epoch_rows(t),
                t->curve[k], es.t_epoch > 0 ? es.samples / es.t_epoch : 0.0, el,
                el / (k + 1) * (t->ep_end - t->ep_done), h.text, 1);
     say_every(t);
@@ -1888,7 +1907,7 @@ static int interrupted(train_run *t) {
   char where[96];
   if (t->stop_pos)
     snprintf(where, sizeof where, "in epoch %d (%d of its %d batches)", t->stop_ep + 1,
-             t->stop_pos, (t->train.n_rows + t->batch - 1) / t->batch);
+             t->stop_pos, (epoch_rows(t) + t->batch - 1) / t->batch);
   else
     snprintf(where, sizeof where, "at the end of epoch %d", t->stop_ep);
   fflush(stdout);
