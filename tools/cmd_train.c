@@ -2017,10 +2017,17 @@ static int check_room(train_run *t) {
   if (t->writes && (path[0] || path[1])) {
     size_t run_n = 0;
     char settings[1024];
-    /* the run's record at its last epoch: as long as any it writes */
-    char *run = dpt_run_text_at(o->epochs, 0, t->train.n_rows, &t->scaler,
-                                run_settings(t, settings, sizeof settings), &run_n);
-    free(run);
+    run_settings(t, settings, sizeof settings);
+    /* the run's record as long as any it writes: at its last epoch (a resumed
+     * run's count goes on from its checkpoint's), or inside it at its last
+     * batch (--save-every, a stop) */
+    int last = t->epoch0 + o->epochs, calls = (epoch_rows(t) + t->batch - 1) / t->batch;
+    for (int k = 0; k < 2; k++) {
+      size_t n = 0;
+      free(dpt_run_text_at(k ? last - 1 : last, k ? calls - 1 : 0, t->train.n_rows,
+                           &t->scaler, settings, &n));
+      run_n = n > run_n ? n : run_n;
+    }
     size_t ckpt = dp_ckpt_bytes(t->ctx, run_n);
     size_t have[2] = {0, 0};
     bool same = false;
