@@ -741,7 +741,9 @@ typedef struct {
   dp_lr_kind kind;
   float base_lr;      /* the optimizer's initial lr */
   int step_size;      /* STEP: steps between decays (>= 1) */
-  float gamma;        /* STEP, EXPONENTIAL, MULTISTEP: the factor of each decay, (0, 1] */
+  float gamma;        /* STEP, EXPONENTIAL, MULTISTEP: the factor of each decay, (0, 1];
+                         taken as the shortest decimal that rounds to it (0.9999f as
+                         0.9999), the gamma a PyTorch script writes */
   int warmup;         /* WARMUP_COSINE, WARMUP: steps of linear warm-up (>= 1) */
   float start_factor; /* WARMUP_COSINE, WARMUP: the warm-up's first factor, (0, 1] */
   int t_max;          /* COSINE, WARMUP_COSINE: the cosine's half period (>= 1) */

@@ -4,6 +4,8 @@
 #include "core/plan.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 static const double PI = 3.14159265358979323846;
 
@@ -69,22 +71,36 @@ static double warm(const dp_lr_schedule *s, uint64_t t) {
   return s->start_factor + (1.0 - s->start_factor) * (double)t / s->warmup;
 }
 
+/* gamma as the decimal a PyTorch script writes: the shortest (up to 9 digits)
+ * that rounds to the float (0.99999f as 0.99999). The float itself is up to
+ * 3e-8 relative off that decimal, and gamma^t multiplies the error by t: 1.4e-3
+ * relative from ExponentialLR(gamma=0.99999) by step 100000. */
+static double gamma_of(const dp_lr_schedule *s) {
+  char buf[32];
+  for (int digits = 1; digits <= 9; digits++) {
+    snprintf(buf, sizeof buf, "%.*g", digits, (double)s->gamma);
+    double d = strtod(buf, NULL);
+    if ((float)d == s->gamma) return d;
+  }
+  return s->gamma;
+}
+
 float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
   if (!s || dp_lr_schedule_check(s) != DP_OK) return NAN;
   double base = s->base_lr;
   switch (s->kind) {
   case DP_LR_CONSTANT: return s->base_lr;
   case DP_LR_STEP:
-    return (float)(base * pow(s->gamma, (double)(t / (uint64_t)s->step_size)));
+    return (float)(base * pow(gamma_of(s), (double)(t / (uint64_t)s->step_size)));
   case DP_LR_COSINE: return (float)cosine(s, (double)t);
   case DP_LR_WARMUP_COSINE: /* SequentialLR(LinearLR(start_factor, 1, warmup), cosine) */
     if (t < (uint64_t)s->warmup) return (float)(base * warm(s, t));
     return (float)cosine(s, (double)(t - (uint64_t)s->warmup));
-  case DP_LR_EXPONENTIAL: return (float)(base * pow(s->gamma, (double)t));
+  case DP_LR_EXPONENTIAL: return (float)(base * pow(gamma_of(s), (double)t));
   case DP_LR_MULTISTEP: { /* bisect_right(milestones, t) decays so far */
     int k = 0;
     while (k < s->n_milestones && (uint64_t)s->milestones[k] <= t) k++;
-    return (float)(base * pow(s->gamma, k));
+    return (float)(base * pow(gamma_of(s), k));
   }
   case DP_LR_WARMUP:
     return t < (uint64_t)s->warmup ? (float)(base * warm(s, t)) : s->base_lr;
