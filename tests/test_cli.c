@@ -3665,6 +3665,16 @@ START_TEST(train_refuses_a_last_batch_batchnorm_cannot_take_before_training) {
           "2", "--epochs", "1", "--test-fraction", "0", "--quiet", "--batchnorm", "sync");
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   cmd_result_free(&r);
+  /* under sync, a last batch of one row (1797 = 449 x 4 + 1): the advice is another
+   * --batch, not the --batchnorm sync it has (an outside check) */
+  r = RUN(dpt_cmd_train, "--model", spec, "--data", DIGITS_CSV, "--batch", "4", "--epochs",
+          "1", "--test-fraction", "0", "--quiet", "--batchnorm", "sync");
+  ck_assert_int_eq(r.rc, DPT_EXIT_FAIL);
+  ck_assert_msg(strstr(r.err, "every epoch's last batch has 1 of the 1797 training rows") &&
+                    strstr(r.err, "give a --batch that leaves no single row") &&
+                    !strstr(r.err, "or --batchnorm sync"),
+                "%s", r.err);
+  cmd_result_free(&r);
   unlink(spec);
 }
 END_TEST

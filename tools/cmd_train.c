@@ -1364,11 +1364,13 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
  * micro-batch (sync: a batch) of one value per channel. */
 static int check_rows(train_run *t, int R, const char *which) {
   if (!R || dp_plan_check_rows(t->plan, R) == DP_OK) return 0;
+  bool sync = t->pc->batchnorm == DP_BN_SYNC; /* it refuses a batch of one row alone */
   fprintf(stderr,
           "dp train: --batch %d: %s has %d of the %d training rows, and %s; give a "
-          "--batch%s that leaves no single row, or --batchnorm sync\n",
+          "--batch%s that leaves no single row%s\n",
           t->batch, which, R, t->train.n_rows, dpt_user_msg(dp_last_error()),
-          t->pc->micro_batch > 0 ? " or --micro-batch" : "");
+          t->pc->micro_batch > 0 && !sync ? " or --micro-batch" : "",
+          sync ? "" : ", or --batchnorm sync");
   return -1;
 }
 
