@@ -515,9 +515,10 @@ typedef struct {
 int dp_plan_n_devices(const dp_plan *p); /* devices with rows (<= n_devices) */
 int dp_plan_device_rows(const dp_plan *p, int dev);
 int dp_plan_device_micro_batches(const dp_plan *p, int dev);
-/* Whether a step or forward of `rows` rows can run on p's cut (before any
- * data): DP_ERR_RANGE outside 1..batch, DP_ERR_SHAPE when a batchnorm would
- * get a micro-batch (sync: a batch) of one value per channel. */
+/* Whether a training step (an inference plan: a forward) of `rows` rows can
+ * run on p's cut (before any data): DP_ERR_RANGE outside 1..batch, DP_ERR_SHAPE
+ * when a training step's batchnorm would get a micro-batch (sync: a batch) of
+ * one value per channel. A forward (eval mode) takes any 1..batch rows. */
 dp_status dp_plan_check_rows(const dp_plan *p, int rows);
 size_t dp_plan_device_bytes(const dp_plan *p, int dev); /* arena total */
 /* What device dev's intermediate buffers (layer outputs, their gradients,

@@ -230,6 +230,39 @@ START_TEST(check_rows_says_what_the_step_refuses) {
 }
 END_TEST
 
+/* An inference plan runs a batchnorm on its running statistics: every row count
+ * 1..B runs, and dp_plan_check_rows says so (it refused the one-row micro-batches a
+ * training step refuses, while dp_forward ran them: an outside check). */
+START_TEST(check_rows_takes_any_count_on_an_inference_plan) {
+  for (int v = 0; v < 2; v++) {
+    dp_config c = cfg_of(2, DP_MODE_CLASSIC, 0, v ? DP_BN_SYNC : DP_BN_PER_REPLICA);
+    c.batch = 9;
+    c.micro_batch = 3;
+    c.inference = 1;
+    dp_model *m = NULL;
+    ck_assert_int_eq(
+        dp_model_parse("input 4\nlinear 3\nbatchnorm\nlinear 2\nloss mse\n", "bn", &m),
+        DP_OK);
+    dp_plan *p = NULL;
+    dp_ctx *ctx = NULL;
+    ck_assert_int_eq(dp_plan_create(m, &c, &p), DP_OK);
+    ck_assert_int_eq(dp_ctx_create(p, &ctx), DP_OK);
+    float x[9 * 4], y[9 * 2];
+    for (int i = 0; i < 9 * 4; i++) x[i] = (float)(i % 7);
+    for (int rows = 1; rows <= 9; rows++) {
+      ck_assert_msg(dp_forward(ctx, rows, 4, x, y) == DP_OK, "%d rows: %s", rows,
+                    dp_ctx_error(ctx));
+      ck_assert_msg(dp_plan_check_rows(p, rows) == DP_OK, "v %d, %d rows: %s", v, rows,
+                    dp_last_error());
+    }
+    ck_assert_int_eq(dp_plan_check_rows(p, 10), DP_ERR_RANGE);
+    dp_ctx_free(ctx);
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
 START_TEST(refusals_name_what_is_wrong) {
   /* one row in a micro-batch: one value per channel of the 1d batchnorm */
   dp_config c = cfg_of(1, DP_MODE_CLASSIC, 0, DP_BN_PER_REPLICA);
@@ -465,6 +498,7 @@ Suite *batchnorm_suite(void) {
                       DP_BN_SYNC + 1);
   tcase_add_test(tc, refusals_name_what_is_wrong);
   tcase_add_test(tc, check_rows_says_what_the_step_refuses);
+  tcase_add_test(tc, check_rows_takes_any_count_on_an_inference_plan);
   tcase_add_test(tc, short_batch_keeps_the_planned_cut_for_statistics);
   suite_add_tcase(s, tc);
   tc = tcase_create("sync");

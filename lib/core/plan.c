@@ -1101,6 +1101,7 @@ dp_status dp_plan_check_rows(const dp_plan *p, int rows) {
   if (rows < 1 || rows > p->cfg.batch)
     return DP_FAIL(DP_ERR_RANGE, "%d rows: the plan takes 1 to %d (config.batch)", rows,
                    p->cfg.batch);
+  if (p->cfg.inference) return DP_OK; /* its forward takes the running statistics */
   for (int i = 0; i < p->model.n_layers; i++) {
     const dp_layer *l = &p->model.layers[i];
     if (l->kind != DP_LAYER_BATCHNORM || (l->h ? (size_t)l->h * l->w : 1) != 1) continue;
