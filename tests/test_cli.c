@@ -1116,6 +1116,32 @@ static void hash_of(const cmd_result *r, char *out, size_t cap) {
   snprintf(out, cap, "%.16s", h + 16);
 }
 
+/* multistep's 16 milestones, each up to 2147483647, make a schedule of 190 characters:
+ * it trains (one of 175 was refused as 'is not constant, step:N:GAMMA, ...': the text
+ * was cut to 127 bytes; an outside check); a longer one is refused saying so. */
+START_TEST(train_lr_schedule_takes_sixteen_long_milestones) {
+  char model[64], data[64], sched[512] = "multistep:", longer[512];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  small_csv(data, sizeof data);
+  for (int i = 0; i < DP_LR_MAX_MILESTONES; i++)
+    snprintf(sched + strlen(sched), sizeof sched - strlen(sched), "%s%d", i ? "," : "",
+             2147483632 + i);
+  strcat(sched, ":0.123456789");
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                     "--epochs", "1", "--quiet", "--lr-schedule", sched);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "%s: exit %d: %s", sched, r.rc, r.err);
+  cmd_result_free(&r);
+  snprintf(longer, sizeof longer, "%s%0300d", "exponential:0.", 5);
+  r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs", "1",
+          "--quiet", "--lr-schedule", longer);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "--lr-schedule: 314 characters; at most 255"), "%s", r.err);
+  cmd_result_free(&r);
+  unlink(model);
+  unlink(data);
+}
+END_TEST
+
 /* --lr-schedule (issue 16, item 1): the rate of each step follows the schedule
  * (a step schedule decaying by 1 each step is the same run as a constant rate,
  * by 0.5 is not); a bad schedule is refused before training, naming the field. */
@@ -5049,6 +5075,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, config_repeated_options_are_refused);
   tcase_add_test(tc, train_save_is_a_library_checkpoint_and_resume_trains_on);
   tcase_add_test(tc, train_lr_schedule_sets_the_rate_of_each_step);
+  tcase_add_test(tc, train_lr_schedule_takes_sixteen_long_milestones);
   tcase_add_test(tc, train_refuses_unwritable_outputs_before_training);
   tcase_add_test(tc, train_file_messages_are_uniform_and_fifos_do_not_block);
   tcase_add_test(tc, train_huge_weight_decay_names_the_cause);

@@ -133,10 +133,17 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
                         .gamma = 1.0f,
                         .start_factor = 1.0f / 3.0f};
   *in_epochs = 0;
-  char buf[128], *field[6];
+  /* 16 milestones of 10 digits and a gamma of 9 fit (an outside check: 128 bytes
+   * refused them as malformed) */
+  char buf[256], *field[6];
   double v[5] = {0};
   int n = 0, ep[5] = {0};
-  if (snprintf(buf, sizeof buf, "%s", text) >= (int)sizeof buf) goto bad;
+  if (strlen(text) >= sizeof buf) {
+    snprintf(err, errcap, "--lr-schedule: %zu characters; at most %zu", strlen(text),
+             sizeof buf - 1);
+    return -1;
+  }
+  snprintf(buf, sizeof buf, "%s", text);
   for (char *p = buf, *q; n < 6; p = q + 1) {
     field[n++] = p;
     if (!(q = strchr(p, ':'))) break;
