@@ -63,8 +63,8 @@ typedef struct {
   int data_seed_given;
   uint64_t data_seed; /* --data-seed; default: --seed */
   int epochs, quiet, eval_every, patience, plot_log;
-  int standardize;  /* 0 none, 1 per feature (the default), 2 per channel */
-  int std_given[2]; /* --standardize, --no-standardize given */
+  int standardize;      /* 0 none, 1 per feature (the default), 2 per channel */
+  int std_given[2];     /* --standardize, --no-standardize given */
   double test_fraction; /* the decimal given: 0.2 of 1000 rows holds out 200, not 201 */
 } train_opts;
 
@@ -745,8 +745,13 @@ static const char *run_settings(const train_run *t, char *buf, size_t cap) {
 /* The training rows an epoch steps through: all, or with --drop-last its whole
  * batches' (the rest of the epoch's order is left out). */
 static int epoch_rows(const train_run *t) {
-  int n = t->train.n_rows, B = t->batch;
+  int n = t->train.n_rows, B = t->cfg.batch;
   return t->o.drop_last && B > 0 ? n / B * B : n;
+}
+
+/* The training calls (batches) of an epoch. */
+static long epoch_calls(const train_run *t) {
+  return ((long)epoch_rows(t) + t->cfg.batch - 1) / t->cfg.batch;
 }
 
 /* The command line into t->o, t->cfg and t->sched. Returns -1 to go on, else
@@ -1167,10 +1172,7 @@ static int read_resume(train_run *t) {
     return -1;
   }
   free(saved);
-  if (t->pos0 &&
-      (long)t->pos0 * t->cfg.batch >=
-          t->train.n_rows - (t->o.drop_last ? t->train.n_rows % t->cfg.batch : 0))
-    t->pos0 = 0;
+  if (t->pos0 && (long)t->pos0 * t->cfg.batch >= epoch_rows(t)) t->pos0 = 0;
   return check_resumed(t, rows, app_n != 0);
 }
 
@@ -1397,7 +1399,7 @@ static int check_last_batch(train_run *t) {
 static int start_run(train_run *t) {
   const train_opts *o = &t->o;
   /* training calls per epoch, and the optimizer steps they make (accumulation) */
-  long calls = (epoch_rows(t) + t->batch - 1) / t->batch;
+  long calls = epoch_calls(t);
   int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1, in_epochs = 0;
   if (o->schedule && parse_schedule(o->schedule, t->sched.base_lr, calls, K, &t->sched,
                                     &in_epochs, t->err, sizeof t->err)) {
@@ -1915,8 +1917,8 @@ static int interrupted(train_run *t) {
   if (o->save && save_checkpoint(t, o->save, t->stop_ep, t->stop_pos, SAVE_STOP)) rc = 1;
   char where[96];
   if (t->stop_pos)
-    snprintf(where, sizeof where, "in epoch %d (%d of its %d batches)", t->stop_ep + 1,
-             t->stop_pos, (epoch_rows(t) + t->batch - 1) / t->batch);
+    snprintf(where, sizeof where, "in epoch %d (%d of its %ld batches)", t->stop_ep + 1,
+             t->stop_pos, epoch_calls(t));
   else
     snprintf(where, sizeof where, "at the end of epoch %d", t->stop_ep);
   fflush(stdout);
@@ -2030,7 +2032,7 @@ static int check_room(train_run *t) {
     /* the run's record as long as any it writes: at its last epoch (a resumed
      * run's count goes on from its checkpoint's), or inside it at its last
      * batch (--save-every, a stop) */
-    int last = t->epoch0 + o->epochs, calls = (epoch_rows(t) + t->batch - 1) / t->batch;
+    int last = t->epoch0 + o->epochs, calls = (int)epoch_calls(t);
     for (int k = 0; k < 2; k++) {
       size_t n = 0;
       free(dpt_run_text_at(k ? last - 1 : last, k ? calls - 1 : 0, t->train.n_rows,

@@ -393,12 +393,8 @@ static dp_status schedule_for(dp_ctx *c, dp_sched_cache *sc, int rows) {
   int kind = kind_of(c, sc);
   if (sc->rows == rows) return DP_OK;
   const dp_plan *p = c->plan;
-  for (int k = 0; k < p->split.n_mb; k++) {
-    int r = rows - p->mbs[k].row0;
-    sc->mbs[k] = (dp_mb){p->mbs[k].row0, r <= 0               ? 0
-                                         : r < p->mbs[k].rows ? r
-                                                              : p->mbs[k].rows};
-  }
+  for (int k = 0; k < p->split.n_mb; k++)
+    sc->mbs[k] = (dp_mb){p->mbs[k].row0, dp__mb_rows_at(p, k, rows)};
   sc->rows = 0;
   dp_status s =
       dp__schedule_build(p, sc->mbs, kind, sc->ops, p->ops_cap, &sc->n_ops, &sc->n_stages);

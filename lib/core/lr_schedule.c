@@ -4,7 +4,6 @@
 #include "core/plan.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 
 static const double PI = 3.14159265358979323846;
@@ -76,13 +75,8 @@ static double warm(const dp_lr_schedule *s, uint64_t t) {
  * 3e-8 relative off that decimal, and gamma^t multiplies the error by t: 1.4e-3
  * relative from ExponentialLR(gamma=0.99999) by step 100000. */
 static double gamma_of(const dp_lr_schedule *s) {
-  char buf[32];
-  for (int digits = 1; digits <= 9; digits++) {
-    snprintf(buf, sizeof buf, "%.*g", digits, (double)s->gamma);
-    double d = strtod(buf, NULL);
-    if ((float)d == s->gamma) return d;
-  }
-  return s->gamma;
+  char num[32];
+  return strtod(dp__shortest_float(s->gamma, num, sizeof num), NULL);
 }
 
 float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {

@@ -1093,9 +1093,8 @@ dp_status dp_plan_max_batch(const dp_model *m, const dp_config *c, size_t budget
 int dp_plan_n_devices(const dp_plan *p) { return p ? p->split.n_used : 0; }
 /* A batchnorm normalises each micro-batch (sync: the batch) with its own
  * statistics, and one value per channel has no variance (PyTorch refuses it
- * as well). A step of `rows` rows keeps the planned cut points: micro-batch k
- * holds its planned rows of those past its first row (the step's schedule,
- * lib/core/ctx.c, cuts it so). */
+ * as well). A step of `rows` rows keeps the planned cut points
+ * (dp__mb_rows_at, as the step's schedule cuts it). */
 dp_status dp_plan_check_rows(const dp_plan *p, int rows) {
   if (!p) return DP_FAIL(DP_ERR_INVALID, "no plan");
   if (rows < 1 || rows > p->cfg.batch)
@@ -1114,8 +1113,7 @@ dp_status dp_plan_check_rows(const dp_plan *p, int rows) {
       continue;
     }
     for (int k = 0; k < p->split.n_mb; k++) {
-      int r = rows - p->mbs[k].row0;
-      if ((r < p->mbs[k].rows ? r : p->mbs[k].rows) == 1)
+      if (dp__mb_rows_at(p, k, rows) == 1)
         return DP_FAIL(
             DP_ERR_SHAPE,
             "batchnorm (layer %d) would normalise micro-batch %d of one row, one "

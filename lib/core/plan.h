@@ -151,6 +151,14 @@ static inline int dp__param_home(const dp_plan *p, int d) {
   return d - d % per_rank;
 }
 
+/* The rows micro-batch k holds in a step of `rows` rows: a smaller batch keeps
+ * the planned cut points, so k keeps its planned rows of those past its first
+ * row (0 when none are left). */
+static inline int dp__mb_rows_at(const dp_plan *p, int k, int rows) {
+  int r = rows - p->mbs[k].row0;
+  return r <= 0 ? 0 : r < p->mbs[k].rows ? r : p->mbs[k].rows;
+}
+
 /* Whether the backward's recompute runs layer j's forward (config.recompute):
  * it writes a recomputed output, its own or its fused relu's. */
 bool dp__recompute_op(const dp_plan *p, int j);

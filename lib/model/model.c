@@ -509,15 +509,6 @@ static void put(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
   if (n > 0) *len += (size_t)n;
 }
 
-/* The shortest form of p that parses back to the same float (as spec.c reads it). */
-static const char *shortest(float p, char *num, size_t cap) {
-  for (int prec = 6; prec <= 9; prec++) {
-    snprintf(num, cap, "%.*g", prec, (double)p);
-    if ((float)strtod(num, NULL) == p) break;
-  }
-  return num;
-}
-
 size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
   size_t len = 0;
   char num[32];
@@ -545,7 +536,8 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
       put(buf, cap, &len, "embed %d %d\n", l->vocab, l->c);
     else if (l->kind == DP_LAYER_ATTENTION) {
       put(buf, cap, &len, "attention %d", l->heads);
-      if (l->p > 0.0f) put(buf, cap, &len, " dropout %s", shortest(l->p, num, sizeof num));
+      if (l->p > 0.0f)
+        put(buf, cap, &len, " dropout %s", dp__shortest_float(l->p, num, sizeof num));
       put(buf, cap, &len, "\n");
     } else if (l->kind == DP_LAYER_CONV2D) {
       put(buf, cap, &len, "conv2d %d %d", l->c, l->k);
@@ -559,7 +551,7 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     } else if (l->kind == DP_LAYER_GELU_ERF) {
       put(buf, cap, &len, "gelu approximate none\n");
     } else if (l->kind == DP_LAYER_DROPOUT) {
-      put(buf, cap, &len, "dropout %s\n", shortest(l->p, num, sizeof num));
+      put(buf, cap, &len, "dropout %s\n", dp__shortest_float(l->p, num, sizeof num));
     } else
       put(buf, cap, &len, "%s\n", dp_layer_kind_name(l->kind));
   }

@@ -4,6 +4,8 @@
  * kinds in schedule.c, backends in backend.c, statuses in error.c.) */
 #include "util/util.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const split_names[] = {
@@ -53,4 +55,12 @@ dp_status dp_precision_parse(const char *name, dp_precision *out) {
     }
   return DP_FAIL(DP_ERR_INVALID, "unknown precision '%s': the options are fp32 and bf16",
                  name);
+}
+
+const char *dp__shortest_float(float v, char *num, size_t cap) {
+  for (int digits = 1; digits <= 9; digits++) {
+    snprintf(num, cap, "%.*g", digits, (double)v);
+    if ((float)strtod(num, NULL) == v) break;
+  }
+  return num;
 }

@@ -81,6 +81,10 @@ uint64_t dp__rng_u64(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uin
  * dp_params_hash, checkpoint checksums and dp repro's tensor hashes. */
 #define DP_FNV_INIT 0xcbf29ce484222325ull
 uint64_t dp__fnv1a(uint64_t h, const void *data, size_t n);
+/* The shortest decimal (up to 9 significant digits) that reads back as v, into
+ * num (cap >= 32): how a person or a script writes the float (0.99999f as
+ * "0.99999"). Returns num. (lib/util/names.c) */
+const char *dp__shortest_float(float v, char *num, size_t cap);
 /* Uniform in [0, 1) with 24 bits. */
 float dp__rng_uniform(uint64_t seed, uint64_t stream, uint64_t a, uint64_t b, uint64_t c);
 
