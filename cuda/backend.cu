@@ -118,8 +118,8 @@ dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
     return DP_OK;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c);
-    DP_CUDA_CHECK(
-        dp_k_layernorm_forward(x->stream, in, g, g + pout, y, layer_stats(c), rows, pout));
+    DP_CUDA_CHECK(dp_k_layernorm_forward(x->stream, in, g, g + pout, y, layer_stats(c),
+                                         rows, pout, l->eps));
     return DP_OK;
   }
   case DP_LAYER_DROPOUT:
@@ -153,14 +153,14 @@ dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
     int C = l->c, S = bn_positions(l);
     if (!c.e->training) /* eval: the running statistics */
       DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_buffers(c), NULL,
-                                  bn_buffers(c) + C, n, C, S));
+                                  bn_buffers(c) + C, n, C, S, l->eps));
     else if (dp__bn_sync(c.p, c.i)) /* the whole batch's, from DP_OP_BN_FINAL */
       DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_area(c, 0),
-                                  bn_area(c, (size_t)C), NULL, n, C, S));
+                                  bn_area(c, (size_t)C), NULL, n, C, S, l->eps));
     else /* the micro-batch's own, saved in its slot */
       DP_CUDA_CHECK(dp_k_bn_forward_train(x->stream, in, g, g + C, y,
                                           bn_area(c, (size_t)c.mb * dp__bn_stats(C)),
-                                          dp_cuda_bn_scratch(x->hdr), n, C, S));
+                                          dp_cuda_bn_scratch(x->hdr), n, C, S, l->eps));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -613,8 +613,8 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
      * step, like the optimizer, by the status words the optimizer op before
      * it on this stream copied in (allreduce: every device's). */
     int n_check = p->cfg.mode != DP_MODE_CLASSIC && c->n > 1 ? c->n : 1;
-    DP_CUDA_CHECK(
-        dp_k_bn_update(x->stream, bn_area(ly, 0), bn_buffers(ly), C, x->hdr, n_check));
+    DP_CUDA_CHECK(dp_k_bn_update(x->stream, bn_area(ly, 0), bn_buffers(ly), C, x->hdr,
+                                 n_check, l->momentum));
     return DP_OK;
   }
   case DP_OP_BN_STATS:
@@ -625,7 +625,7 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
     DP_CUDA_CHECK(dp_k_bn_merge(x->stream, dst, src, C, S));
     return DP_OK;
   case DP_OP_BN_FINAL:
-    DP_CUDA_CHECK(dp_k_bn_final(x->stream, dst, src, C, S));
+    DP_CUDA_CHECK(dp_k_bn_final(x->stream, dst, src, C, S, l->eps));
     return DP_OK;
   case DP_OP_BN_BWD_STATS:
     DP_CUDA_CHECK(dp_k_bn_bwd_sums(x->stream, layer_in(ly), bn_area(ly, 0), layer_dout(ly),

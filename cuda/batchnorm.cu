@@ -35,9 +35,8 @@
 #include <math.h>
 
 #define BN_THREADS                                                                         \
-  DP_BN_LANES        /* a chunk's block; element-wise kernels and the per-channel          \
-                        double loops take grid.cuh's THREADS */
-#define BN_EPS 1e-5f /* lib/cpu/backend.c's */
+  DP_BN_LANES /* a chunk's block; element-wise kernels and the per-channel                 \
+                 double loops take grid.cuh's THREADS */
 static __device__ __forceinline__ double dm(double a, double b) { return __dmul_rn(a, b); }
 static __device__ __forceinline__ double da(double a, double b) { return __dadd_rn(a, b); }
 static __device__ __forceinline__ double ds(double a, double b) { return __dsub_rn(a, b); }
@@ -112,14 +111,14 @@ static __device__ __forceinline__ void chan_moments(const float *x, int n, int C
 
 static __global__ void __launch_bounds__(BN_THREADS)
     k_bn_forward_train(const float *x, const float *g, const float *b, float *y,
-                       float *stats, int n, int C, int S) {
+                       float *stats, int n, int C, int S, float eps) {
   __shared__ float sh[1][BN_THREADS];
   const int ch = (int)blockIdx.x;
   const size_t Mi = (size_t)n * (size_t)S;
   const float M = (float)Mi;
   float mean, var;
   chan_moments(x, n, C, S, ch, sh, &mean, &var);
-  const float rstd = fd(1.0f, __fsqrt_rn(fa(fd(var, M), BN_EPS)));
+  const float rstd = fd(1.0f, __fsqrt_rn(fa(fd(var, M), eps)));
   if (threadIdx.x == 0) {
     stats[ch] = mean;
     stats[C + ch] = rstd;
@@ -132,10 +131,10 @@ static __global__ void __launch_bounds__(BN_THREADS)
 
 static __global__ void k_bn_apply(const float *x, const float *g, const float *b, float *y,
                                   const float *mean, const float *rstd, const float *var,
-                                  int C, int S, size_t total) {
+                                  int C, int S, size_t total, float eps) {
   GRID_STRIDE(i, total) {
     const int ch = (int)((i / (size_t)S) % (size_t)C);
-    const float r = rstd ? rstd[ch] : fd(1.0f, __fsqrt_rn(fa(var[ch], BN_EPS)));
+    const float r = rstd ? rstd[ch] : fd(1.0f, __fsqrt_rn(fa(var[ch], eps)));
     y[i] = fa(fm(fm(fs(x[i], mean[ch]), r), g[ch]), b[ch]);
   }
 }
@@ -197,13 +196,13 @@ static __global__ void k_bn_merge(float *a, const float *b, int C, int S) {
   if (threadIdx.x == 0) *(uint32_t *)a = ca + cb;
 }
 
-static __global__ void k_bn_final(float *f, const float *root, int C, int S) {
+static __global__ void k_bn_final(float *f, const float *root, int C, int S, float eps) {
   const uint32_t rows = word(root);
   const double M = dm((double)rows, (double)S);
   for (int ch = (int)threadIdx.x; ch < C; ch += (int)blockDim.x) {
     const double m2 = (double)root[1 + C + ch];
     f[ch] = root[1 + ch];
-    f[C + ch] = (float)dd(1.0, __dsqrt_rn(da(dd(m2, M), (double)BN_EPS)));
+    f[C + ch] = (float)dd(1.0, __dsqrt_rn(da(dd(m2, M), (double)eps)));
     f[2 * C + ch] = M > 1 ? (float)dd(m2, ds(M, 1.0)) : NAN; /* refused before */
   }
   if (threadIdx.x == 0) *(uint32_t *)(f + 3 * (size_t)C) = rows;
@@ -314,7 +313,7 @@ enum { BN_MEAN, BN_STATS, BN_PART, BN_GRADS };
 /* One thread per channel (C <= DP_BN_SLOTS / 2 when K > 1): each sum's K
  * chunk sums added in ascending chunk order from chunk 0's, then `kind`. */
 static __global__ void k_bn_combine(float *scratch, float *out, float *dg, float *db,
-                                    int kind, int n, int C, int S, int K) {
+                                    int kind, int n, int C, int S, int K, float eps) {
   const size_t Mi = (size_t)n * (size_t)S;
   const float M = (float)Mi;
   const int Q = kind == BN_GRADS ? 4 : 1;
@@ -328,7 +327,7 @@ static __global__ void k_bn_combine(float *scratch, float *out, float *dg, float
     if (kind == BN_MEAN) {
       out[ch] = fd(v[0], M);
     } else if (kind == BN_STATS) {
-      out[C + ch] = fd(1.0f, __fsqrt_rn(fa(fd(v[0], M), BN_EPS)));
+      out[C + ch] = fd(1.0f, __fsqrt_rn(fa(fd(v[0], M), eps)));
       out[2 * C + ch] = Mi > 1 ? fd(v[0], (float)(Mi - 1)) : NAN; /* refused before */
     } else if (kind == BN_PART) {
       out[1 + C + ch] = v[0];
@@ -359,18 +358,21 @@ static __global__ void k_bn_dx(const float *x, const float *stats, const float *
 /* ---- running statistics ------------------------------------------------------------- */
 
 static __global__ void k_bn_update(const float *stats, float *buf, int C,
-                                   const dp_cuda_header *hdr, int n_check) {
+                                   const dp_cuda_header *hdr, int n_check,
+                                   double momentum) {
   if (block_refused(hdr->status, n_check)) return;
-  const double m = 0.1, keep = 1.0 - m; /* lib/'s constants, folded alike */
+  /* dp__bn_factor (momentum=None: 1 / num_batches_tracked after this step's
+   * increment) */
+  const uint32_t count = *(const uint32_t *)(buf + 2 * (size_t)C) + 1u;
+  const double m = momentum == DP_BN_CUMULATIVE ? dd(1.0, (double)count) : momentum,
+               keep = ds(1.0, m);
   for (int ch = (int)threadIdx.x; ch < C; ch += (int)blockDim.x) {
     buf[ch] = (float)da(dm(m, (double)stats[ch]), dm(keep, (double)buf[ch]));
     buf[C + ch] =
         (float)da(dm(m, (double)stats[2 * C + ch]), dm(keep, (double)buf[C + ch]));
   }
-  if (threadIdx.x == 0) {
-    uint32_t *count = (uint32_t *)(buf + 2 * (size_t)C);
-    *count = *count + 1u;
-  }
+  __syncthreads(); /* every thread has read the count */
+  if (threadIdx.x == 0) *(uint32_t *)(buf + 2 * (size_t)C) = count;
 }
 
 /* ---- launchers ---------------------------------------------------------------------- */
@@ -382,7 +384,8 @@ static size_t elems(int n, int C, int S) {
 /* K > 1: the mean to mean[0..C) (BN_MEAN), then the squared deviations'
  * sums finished by `kind` into out. */
 static cudaError_t chunk_moments(cudaStream_t st, const float *x, float *mean, float *out,
-                                 int kind, float *scratch, int n, int C, int S, int K) {
+                                 int kind, float *scratch, int n, int C, int S, int K,
+                                 float eps) {
   const size_t M = (size_t)n * (size_t)S, L = dp__bn_chunk_len(M, K);
   const unsigned blocks = (unsigned)C * (unsigned)K; /* <= DP_BN_SLOTS */
   for (int pass = 0; pass < 2; pass++) {
@@ -392,7 +395,7 @@ static cudaError_t chunk_moments(cudaStream_t st, const float *x, float *mean, f
     if (e != cudaSuccess) return e;
     DP_LAUNCH(k_bn_combine, 1, THREADS, 0, st)
     (scratch, pass ? out : mean, (float *)NULL, (float *)NULL, pass ? kind : (int)BN_MEAN,
-     n, C, S, K);
+     n, C, S, K, eps);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
   }
   return cudaSuccess;
@@ -408,33 +411,33 @@ static cudaError_t chunk_grads(cudaStream_t st, const float *x, const float *sta
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   DP_LAUNCH(k_bn_combine, 1, THREADS, 0, st)
-  (scratch, (float *)NULL, dg, db, (int)BN_GRADS, n, C, S, K);
+  (scratch, (float *)NULL, dg, db, (int)BN_GRADS, n, C, S, K, 0.0f);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_bn_forward_train(cudaStream_t st, const float *x, const float *g,
                                   const float *b, float *y, float *stats, float *scratch,
-                                  int n, int C, int S) {
+                                  int n, int C, int S, float eps) {
   if (C <= 0 || S <= 0) return cudaSuccess;
   if (n < 0) n = 0;
   const int K = dp__bn_chunks((size_t)n * (size_t)S, C);
   if (K == 1) {
     DP_LAUNCH(k_bn_forward_train, (unsigned)C, BN_THREADS, 0, st)
-    (x, g, b, y, stats, n, C, S);
+    (x, g, b, y, stats, n, C, S, eps);
     return cudaGetLastError();
   }
-  cudaError_t e = chunk_moments(st, x, stats, stats, BN_STATS, scratch, n, C, S, K);
+  cudaError_t e = chunk_moments(st, x, stats, stats, BN_STATS, scratch, n, C, S, K, eps);
   if (e != cudaSuccess) return e;
-  return dp_k_bn_apply(st, x, g, b, y, stats, stats + C, NULL, n, C, S);
+  return dp_k_bn_apply(st, x, g, b, y, stats, stats + C, NULL, n, C, S, eps);
 }
 
 cudaError_t dp_k_bn_apply(cudaStream_t st, const float *x, const float *g, const float *b,
                           float *y, const float *mean, const float *rstd, const float *var,
-                          int n, int C, int S) {
+                          int n, int C, int S, float eps) {
   size_t total = elems(n, C, S);
   if (total == 0) return cudaSuccess;
   DP_LAUNCH(k_bn_apply, blocks_for(total), THREADS, 0, st)
-  (x, g, b, y, mean, rstd, var, C, S, total);
+  (x, g, b, y, mean, rstd, var, C, S, total, eps);
   return cudaGetLastError();
 }
 
@@ -466,7 +469,7 @@ cudaError_t dp_k_bn_part(cudaStream_t st, const float *x, float *part, float *sc
     DP_LAUNCH(k_bn_part, (unsigned)C, BN_THREADS, 0, st)(x, part, n, C, S);
     return cudaGetLastError();
   }
-  return chunk_moments(st, x, part + 1, part, BN_PART, scratch, n, C, S, K);
+  return chunk_moments(st, x, part + 1, part, BN_PART, scratch, n, C, S, K, 0.0f);
 }
 
 cudaError_t dp_k_bn_merge(cudaStream_t st, float *a, const float *b, int C, int S) {
@@ -475,9 +478,10 @@ cudaError_t dp_k_bn_merge(cudaStream_t st, float *a, const float *b, int C, int 
   return cudaGetLastError();
 }
 
-cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, int S) {
+cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, int S,
+                          float eps) {
   if (C <= 0) return cudaSuccess;
-  DP_LAUNCH(k_bn_final, 1, THREADS, 0, st)(f, root, C, S);
+  DP_LAUNCH(k_bn_final, 1, THREADS, 0, st)(f, root, C, S, eps);
   return cudaGetLastError();
 }
 
@@ -505,9 +509,9 @@ cudaError_t dp_k_bn_sync_dx(cudaStream_t st, const float *x, const float *f,
 }
 
 cudaError_t dp_k_bn_update(cudaStream_t st, const float *stats, float *buf, int C,
-                           const dp_cuda_header *hdr, int n_check) {
+                           const dp_cuda_header *hdr, int n_check, double momentum) {
   if (C <= 0) return cudaSuccess;
-  DP_LAUNCH(k_bn_update, 1, THREADS, 0, st)(stats, buf, C, hdr, n_check);
+  DP_LAUNCH(k_bn_update, 1, THREADS, 0, st)(stats, buf, C, hdr, n_check, momentum);
   return cudaGetLastError();
 }
 

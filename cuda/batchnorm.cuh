@@ -24,13 +24,13 @@
  * (C), unbiased variance (C; NaN for one value); y = (x - mean) rstd g + b. */
 cudaError_t dp_k_bn_forward_train(cudaStream_t st, const float *x, const float *g,
                                   const float *b, float *y, float *stats, float *scratch,
-                                  int n, int C, int S);
+                                  int n, int C, int S, float eps);
 /* y = (x - mean) rstd g + b with given statistics: eval (mean = running_mean,
  * var = running_var: rstd = 1 / sqrt(var + eps)) when rstd is NULL, or sync
  * training (the whole batch's mean and rstd) when var is NULL. */
 cudaError_t dp_k_bn_apply(cudaStream_t st, const float *x, const float *g, const float *b,
                           float *y, const float *mean, const float *rstd, const float *var,
-                          int n, int C, int S);
+                          int n, int C, int S, float eps);
 /* Training backward, per_replica, with the micro-batch's saved statistics:
  * dg = sum dy xh, db = sum dy (written, not accumulated); dx (NULL: not
  * needed) = rstd (dy g - s1 / M - xh s2 / M), s1 = sum dy g, s2 = sum dy g xh. */
@@ -47,7 +47,8 @@ cudaError_t dp_k_bn_part(cudaStream_t st, const float *x, float *part, float *sc
 cudaError_t dp_k_bn_merge(cudaStream_t st, float *a, const float *b, int C, int S);
 /* DP_OP_BN_FINAL: f = mean (C), rstd (C), unbiased variance (C), rows (uint32
  * word) from the tree's root partial. */
-cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, int S);
+cudaError_t dp_k_bn_final(cudaStream_t st, float *f, const float *root, int C, int S,
+                          float eps);
 /* DP_OP_BN_BWD_STATS: dg = sum dy xh, db = sum dy over the micro-batch's n
  * rows, with the whole batch's statistics f (final's layout). */
 cudaError_t dp_k_bn_bwd_sums(cudaStream_t st, const float *x, const float *f,
@@ -65,7 +66,7 @@ cudaError_t dp_k_bn_sync_dx(cudaStream_t st, const float *x, const float *f,
  * (C)): r = 0.1 stat + 0.9 r in double, count + 1. Nothing is written when
  * one of hdr->status[0..n_check) is set (the step is refused). */
 cudaError_t dp_k_bn_update(cudaStream_t st, const float *stats, float *buf, int C,
-                           const dp_cuda_header *hdr, int n_check);
+                           const dp_cuda_header *hdr, int n_check, double momentum);
 
 /* Loads this file's kernels on the current device (dp_k_preload calls it). */
 cudaError_t dp_k_bn_preload(void);

@@ -187,14 +187,15 @@ cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, flo
   return cudaGetLastError();
 }
 
-/* ---- layernorm (eps 1e-5, affine) ---------------------------------------------- */
+/* ---- layernorm (the layer's eps, affine) ---------------------------------------- */
 /* One warp per row: lane l sums columns l, l + 32, ... ascending, then the
  * butterfly. */
 
 #define ROWS_PER_BLOCK (THREADS / 32)
 
 static __global__ void k_layernorm_forward(const float *x, const float *g, const float *b,
-                                           float *y, float *stats, int rows, int cols) {
+                                           float *y, float *stats, int rows, int cols,
+                                           float eps) {
   int row = (int)(blockIdx.x * ROWS_PER_BLOCK + threadIdx.x / 32), lane = threadIdx.x & 31;
   if (row >= rows) return; /* the whole warp */
   const float *xr = x + (size_t)row * cols;
@@ -206,7 +207,7 @@ static __global__ void k_layernorm_forward(const float *x, const float *g, const
     float d = fs(xr[k], mean);
     v = fa(v, fm(d, d));
   }
-  float rstd = fd(1.0f, __fsqrt_rn(fa(fd(warp_sum(v), (float)cols), 1e-5f)));
+  float rstd = fd(1.0f, __fsqrt_rn(fa(fd(warp_sum(v), (float)cols), eps)));
   if (lane == 0) {
     stats[2 * (size_t)row] = mean;
     stats[2 * (size_t)row + 1] = rstd;
@@ -274,11 +275,11 @@ static __global__ void __launch_bounds__(RED_THREADS)
 
 cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
                                    const float *b, float *y, float *stats, int rows,
-                                   int cols) {
+                                   int cols, float eps) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   DP_LAUNCH(k_layernorm_forward, (unsigned)((rows + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK),
             THREADS, 0, st)
-  (x, g, b, y, stats, rows, cols);
+  (x, g, b, y, stats, rows, cols, eps);
   return cudaGetLastError();
 }
 

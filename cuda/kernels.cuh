@@ -119,10 +119,10 @@ cudaError_t dp_k_bias_add(cudaStream_t st, float *y, const float *b, int rows, i
 /* out[j] = sum over rows of a[r][j] (bias gradients), in k_colsum's fixed order
  * (row lanes, then a tree; a function of rows and cols only). */
 cudaError_t dp_k_colsum(cudaStream_t st, const float *a, int rows, int cols, float *out);
-/* stats: (rows, 2) mean, rstd. */
+/* stats: (rows, 2) mean, rstd = 1 / sqrt(var + eps). */
 cudaError_t dp_k_layernorm_forward(cudaStream_t st, const float *x, const float *g,
                                    const float *b, float *y, float *stats, int rows,
-                                   int cols);
+                                   int cols, float eps);
 /* dg, db written (not accumulated); dx may be NULL (first layer). */
 cudaError_t dp_k_layernorm_backward(cudaStream_t st, const float *x, const float *stats,
                                     const float *g, const float *dy, float *dx, float *dg,

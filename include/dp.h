@@ -56,14 +56,15 @@ typedef enum {
   DP_LAYER_GELU, /* tanh approximation, as PyTorch's approximate='tanh' */
   DP_LAYER_TANH,
   DP_LAYER_SIGMOID,
-  DP_LAYER_LAYERNORM, /* over the feature dim, affine, eps 1e-5 */
+  DP_LAYER_LAYERNORM, /* over the feature dim, affine, eps 1e-5 (or the spec's) */
   DP_LAYER_DROPOUT,
   DP_LAYER_CONV2D,    /* nn.Conv2d: NCHW, square kernel, stride, zero padding */
   DP_LAYER_MAXPOOL2D, /* nn.MaxPool2d(K, stride): no padding, floor mode */
   DP_LAYER_AVGPOOL2D, /* nn.AvgPool2d(K, stride): no padding, floor mode */
   DP_LAYER_FLATTEN,   /* nn.Flatten: a view (no copy, no memory) */
-  DP_LAYER_BATCHNORM, /* nn.BatchNorm1d (flat) / 2d (image): eps 1e-5, momentum 0.1,
-                         affine; running statistics as buffers (config.batchnorm) */
+  DP_LAYER_BATCHNORM, /* nn.BatchNorm1d (flat) / 2d (image): eps 1e-5, momentum 0.1
+                         (or the spec's), affine; running statistics as buffers
+                         (config.batchnorm) */
   /* Sequences (transformers): rows of (T, D) floats, position-major. */
   DP_LAYER_EMBEDDING,    /* token ids (T) -> (T, D): nn.Embedding(V, D) of each id plus a
                             learned position embedding nn.Embedding(T, D) */
@@ -83,8 +84,9 @@ typedef struct dp_model dp_model;
 /* Text spec (.dpm): one layer per line, '#' starts a comment.
  *   input N | input C H W | linear N [nobias | tied] | relu |
  *   gelu [approximate tanh | approximate none] | tanh | sigmoid |
- *   layernorm | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
- *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten | batchnorm |
+ *   layernorm [eps E] | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
+ *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten |
+ *   batchnorm [eps E] [momentum M | momentum none] |
  *   input tokens T | embed V D | attention H [dropout P] | residual | end |
  *   loss mse | loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
@@ -113,6 +115,16 @@ dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten,
                                                            batchnorm, gelu_erf */
 dp_status dp_model_add_dropout(dp_model *m, float p);
+/* nn.LayerNorm(D, eps) and nn.BatchNorm1d/2d(C, eps, momentum) with other
+ * than the defaults dp_model_add gives (eps 1e-5, momentum 0.1): eps in
+ * (0, 1]; momentum in [0, 1], or DP_BN_MOMENTUM_NONE for PyTorch's
+ * momentum=None (the running statistics are the cumulative average of every
+ * training batch's: factor 1 / num_batches_tracked). The momentum is used as
+ * the double of the shortest decimal that gives the float (0.01f: 0.01), as
+ * PyTorch uses the Python float a script writes. */
+#define DP_BN_MOMENTUM_NONE (-1.0f)
+dp_status dp_model_add_layernorm(dp_model *m, float eps);
+dp_status dp_model_add_batchnorm(dp_model *m, float eps, float momentum);
 /* Image models: the input is (channels, height, width), NCHW. conv2d: a
  * square kernel, stride >= 1 (0: 1), zero padding >= 0, PyTorch's init
  * (U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = in_channels * kernel^2).
@@ -1009,6 +1021,9 @@ typedef struct {
   int positions, vocab, heads, link;
   int tied; /* linear: its weight is the token embedding's (param_offset is the
                table's, n_params 0); embedding: a linear shares its table */
+  float eps;      /* layernorm, batchnorm: added to the variance; 0 otherwise */
+  float momentum; /* batchnorm: the running statistics' momentum, or
+                     DP_BN_MOMENTUM_NONE (the cumulative average); 0 otherwise */
 } dp_layer_info;
 
 /* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or

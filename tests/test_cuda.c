@@ -670,8 +670,9 @@ static const char *const MIXED_MSE =
     "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm\ntanh\nlinear 9 nobias\nsigmoid\n"
     "dropout 0.25\nlinear 5\nloss mse\n";
 static const char *const MIXED_CE =
-    "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm\ntanh\nlinear 9 nobias\nsigmoid\n"
-    "dropout 0.25\nlinear 7\ngelu approximate none\nlinear 5\nloss softmax_cross_entropy\n";
+    "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm eps 1e-3\ntanh\nlinear 9 nobias\n"
+    "sigmoid\ndropout 0.25\nlinear 7\ngelu approximate none\nlinear 5\n"
+    "loss softmax_cross_entropy\n";
 
 /* Image layers (issue 17): odd sizes, stride and padding, an overlapping
  * maxpool (2 stride 1), avgpool, nobias, flatten in the middle, first and
@@ -1985,13 +1986,15 @@ END_TEST
  * and for 1, 2 and 4 replicas, and no running statistic moves in a refused
  * step. */
 
-/* 1d after a linear */
-static const char *const BN_1D_MSE = "input 7\nlinear 13\nbatchnorm\nrelu\nlinear 5\n"
-                                     "loss mse\n";
-/* 2d after a conv (5 x 5 x 4), then 1d after a linear */
+/* 1d after a linear (eps and momentum other than the defaults) */
+static const char *const BN_1D_MSE =
+    "input 7\nlinear 13\nbatchnorm eps 1e-3 momentum 0.3\nrelu\nlinear 5\nloss mse\n";
+/* 2d after a conv (5 x 5 x 4; momentum=None: the cumulative average), then 1d
+ * after a linear (the defaults) */
 static const char *const BN_CNN_CE =
-    "input 3 9 7\nconv2d 5 3 stride 2 padding 1\nbatchnorm\nrelu\nmaxpool2d 2 stride 1\n"
-    "flatten\nlinear 11\nbatchnorm\ntanh\nlinear 5\nloss softmax_cross_entropy\n";
+    "input 3 9 7\nconv2d 5 3 stride 2 padding 1\nbatchnorm momentum none\nrelu\n"
+    "maxpool2d 2 stride 1\nflatten\nlinear 11\nbatchnorm\ntanh\nlinear 5\n"
+    "loss softmax_cross_entropy\n";
 
 static dp_config bn_config(int ngpu, int batch, int n, int mb, dp_mode mode,
                            dp_optimizer opt, dp_bn_mode bn) {

@@ -288,7 +288,9 @@ static void check_norm(const char *case_name, const char *what, const float *got
  * per_replica, with the file's micro-batch size: 1d in an MLP (bn_mlp), 2d
  * after a conv (bn_cnn), both in one model with a short last micro-batch
  * (bn_two). bn_sync_*: the same three shapes of model in sync mode (the file's
- * bn_sync record), whole-batch statistics. See tests/fixtures/golden/README.md. */
+ * bn_sync record), whole-batch statistics. bn_opts_*, bn_sync_opts: other eps
+ * and momentum than the defaults (layernorm's eps too), and momentum=None, the
+ * cumulative average. See tests/fixtures/golden/README.md. */
 static const char *const golden_cases[] = {"seed",
                                            "b31n2",
                                            "b3n4",
@@ -306,6 +308,9 @@ static const char *const golden_cases[] = {"seed",
                                            "bn_sync_mlp",
                                            "bn_sync_cnn",
                                            "bn_sync_two",
+                                           "bn_opts_mlp", /* eps, momentum */
+                                           "bn_opts_cnn", /* momentum=None */
+                                           "bn_sync_opts",
                                            "gpt_tiny",
                                            "gpt_post",
                                            "gpt_tied",
@@ -1028,9 +1033,11 @@ static void check_same_run_bits(const char *case_name, const char *prefix,
  * 1d batchnorm, which only whole-batch statistics can normalise), and in
  * per_replica mode with the whole batch as one micro-batch (the same
  * statistics: the sync data checked against per_replica's code too). */
-static const char *const sync_cases[] = {"bn_sync_mlp", "bn_sync_cnn", "bn_sync_two"};
-static const char *const file_mb_cases[] = {
-    "bn_mlp", "bn_cnn", "bn_two", "bf16_bn_mlp", "bf16_bn_cnn", "bf16_bn_sync_cnn"};
+static const char *const sync_cases[] = {"bn_sync_mlp", "bn_sync_cnn", "bn_sync_two",
+                                         "bn_sync_opts"};
+static const char *const file_mb_cases[] = {"bn_mlp",      "bn_cnn",          "bn_two",
+                                            "bn_opts_mlp", "bn_opts_cnn",     "bf16_bn_mlp",
+                                            "bf16_bn_cnn", "bf16_bn_sync_cnn"};
 static const struct {
   int micro_batch; /* run_setup.micro_batch: 0 the file's, MB_NONE, MB_BATCH or rows */
   int per_replica;

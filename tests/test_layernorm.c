@@ -114,7 +114,7 @@ static void cases(bool special, int count) {
       ran++;
       float *st2 = blank(2 * (size_t)n), *y2 = blank(nd), *dg2 = blank((size_t)D),
             *db2 = blank((size_t)D), *dx2 = blank(nd);
-      dp__layernorm_forward(n, D, x, g, b, st2, y2);
+      dp__layernorm_forward(n, D, 1e-5f, x, g, b, st2, y2);
       same("statistics", st2, st, 2 * (size_t)n, n, D, tiers[t]);
       same("y", y2, y, nd, n, D, tiers[t]);
       dp__layernorm_backward(n, D, x, st, g, dy, dg2, db2, with_dx ? dx2 : NULL);

@@ -57,6 +57,10 @@ static void assert_same_model(const dp_model *a, const dp_model *b) {
     ck_assert_int_eq(x->vocab, y->vocab);
     ck_assert_int_eq(x->heads, y->heads);
     ck_assert_int_eq(x->link, y->link);
+    ck_assert_msg(x->eps == y->eps, "layer %d: eps %.9g != %.9g", i, (double)x->eps,
+                  (double)y->eps);
+    ck_assert_msg(x->momentum == y->momentum, "layer %d: momentum %.17g != %.17g", i,
+                  x->momentum, y->momentum);
   }
 }
 
@@ -201,7 +205,8 @@ END_TEST
 START_TEST(trailing_tokens_are_refused) {
   parse_bad("input 3 4\n", 1, 9, "'input C H W' three; got two");
   parse_bad("input 3\nrelu x\n", 2, 6, "unexpected 'x' after 'relu'");
-  parse_bad("input 3\nlayernorm 3\n", 2, 11, "unexpected '3' after 'layernorm'");
+  parse_bad("input 3\nlayernorm 3\n", 2, 11,
+            "layernorm: expected 'eps E' or end of line, got '3'");
   parse_bad("input 3\nlinear 4 nobias x\n", 2, 17, "unexpected 'x' after 'linear'");
   parse_bad("input 3\ndropout 0.5 0.2\n", 2, 13, "unexpected '0.2' after 'dropout'");
   parse_bad("input 3\nlinear 2\nloss mse mean\n", 3, 10, "unexpected 'mean' after 'loss'");
@@ -563,6 +568,93 @@ START_TEST(gelu_approximate_refusals_name_the_options) {
   parse_bad("input 4\ngelu approximate none x\n", 2, 23,
             "unexpected 'x' after 'gelu approximate'");
   parse_bad("input 4\ngelu approximate NONE\n", 2, 18, "'NONE'");
+}
+END_TEST
+
+/* nn.LayerNorm(eps=...) and nn.BatchNorm(eps=..., momentum=...|None): read,
+ * kept (the momentum as the double of its decimal), shown by dp_model_layer,
+ * formatted only when not the default (saved specs keep their text) and
+ * round-tripped; the builder gives the same model; the plan's hash sees them. */
+START_TEST(norm_eps_and_momentum_parse_and_round_trip) {
+  dp_model *m = model_of("input 2 4 4\nbatchnorm momentum 0.01 eps 1e-3\nflatten\n"
+                         "batchnorm momentum none\nlayernorm eps 1e-6\nlayernorm\n"
+                         "batchnorm eps 0.00001 momentum 0.1\n");
+  static const float eps[] = {1e-3f, 0.0f, 1e-5f, 1e-6f, 1e-5f, 1e-5f};
+  static const float mom[] = {0.01f, 0.0f, DP_BN_MOMENTUM_NONE, 0.0f, 0.0f, 0.1f};
+  for (int i = 0; i < 6; i++) {
+    dp_layer_info l;
+    ck_assert_int_eq(dp_model_layer(m, i, &l), DP_OK);
+    ck_assert_msg(l.eps == eps[i] && l.momentum == mom[i], "layer %d: eps %g momentum %g",
+                  i, (double)l.eps, (double)l.momentum);
+  }
+  ck_assert(m->layers[0].momentum == 0.01); /* the decimal's double, not 0.01f's */
+  ck_assert(m->layers[2].momentum == DP_BN_CUMULATIVE);
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s,
+                   "input 2 4 4\nbatchnorm eps 0.001 momentum 0.01\nflatten\n"
+                   "batchnorm momentum none\nlayernorm eps 1e-06\nlayernorm\nbatchnorm\n");
+  dp_model *b = model_of(s);
+  assert_same_model(m, b);
+  /* the builder's spelling */
+  dp_model *c = NULL;
+  ck_assert_int_eq(dp_model_new_image(2, 4, 4, &c), DP_OK);
+  ck_assert_int_eq(dp_model_add_batchnorm(c, 1e-3f, 0.01f), DP_OK);
+  ck_assert_int_eq(dp_model_add(c, DP_LAYER_FLATTEN), DP_OK);
+  ck_assert_int_eq(dp_model_add_batchnorm(c, 1e-5f, DP_BN_MOMENTUM_NONE), DP_OK);
+  ck_assert_int_eq(dp_model_add_layernorm(c, 1e-6f), DP_OK);
+  ck_assert_int_eq(dp_model_add(c, DP_LAYER_LAYERNORM), DP_OK);
+  ck_assert_int_eq(dp_model_add(c, DP_LAYER_BATCHNORM), DP_OK);
+  assert_same_model(m, c);
+  /* refusals change nothing */
+  ck_assert_int_eq(dp_model_add_batchnorm(c, 0.0f, 0.1f), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "eps must be in (0, 1]"));
+  ck_assert_int_eq(dp_model_add_batchnorm(c, 1e-5f, 1.5f), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "momentum must be in [0, 1]"));
+  ck_assert_int_eq(dp_model_add_batchnorm(c, 1e-5f, NAN), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_layernorm(c, INFINITY), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_layernorm(NULL, 1e-5f), DP_ERR_INVALID);
+  assert_same_model(m, c);
+  /* a plan's hash covers them: ranks with other options do not agree */
+  dp_model *d = model_of("input 3\nlinear 4\nbatchnorm\nlinear 2\nloss mse\n");
+  dp_model *e = model_of("input 3\nlinear 4\nbatchnorm momentum 0.2\nlinear 2\nloss mse\n");
+  dp_model *f = model_of("input 3\nlinear 4\nbatchnorm eps 1e-4\nlinear 2\nloss mse\n");
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 8;
+  dp_plan *pd = NULL, *pe = NULL, *pf = NULL;
+  ck_assert_int_eq(dp_plan_create(d, &cfg, &pd), DP_OK);
+  ck_assert_int_eq(dp_plan_create(e, &cfg, &pe), DP_OK);
+  ck_assert_int_eq(dp_plan_create(f, &cfg, &pf), DP_OK);
+  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pe));
+  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pf));
+  ck_assert(dp_plan_hash(pe) != dp_plan_hash(pf));
+  dp_plan_free(pd), dp_plan_free(pe), dp_plan_free(pf);
+  dp_model_free(d), dp_model_free(e), dp_model_free(f);
+  free(s);
+  dp_model_free(m);
+  dp_model_free(b);
+  dp_model_free(c);
+}
+END_TEST
+
+START_TEST(norm_option_refusals_name_line_and_column) {
+  parse_bad("input 4\nbatchnorm eps 0\n", 2, 15,
+            "batchnorm: eps: expected a number in (0, 1]");
+  parse_bad("input 4\nbatchnorm eps -1e-5\n", 2, 15, "got '-1e-5'");
+  parse_bad("input 4\nbatchnorm eps nan\n", 2, 15, "got 'nan'");
+  parse_bad("input 4\nbatchnorm eps 0x1p-10\n", 2, 15, "got '0x1p-10'");
+  parse_bad("input 4\nbatchnorm eps 1e-50\n", 2, 15, "got '1e-50'"); /* 0 as a float */
+  parse_bad("input 4\nbatchnorm momentum 1.5\n", 2, 20,
+            "batchnorm: momentum: expected a number in [0, 1], got '1.5'");
+  parse_bad("input 4\nbatchnorm momentum\n", 2, 20,
+            "batchnorm: expected a number in [0, 1] or 'none' after 'momentum'");
+  parse_bad("input 4\nbatchnorm eps\n", 2, 15, "expected a number in (0, 1] after 'eps'");
+  parse_bad("input 4\nbatchnorm eps 1e-3 eps 1e-3\n", 2, 20, "'eps' given twice");
+  parse_bad("input 4\nbatchnorm affine\n", 2, 11,
+            "batchnorm: expected 'eps E' or 'momentum M' or end of line, got 'affine'");
+  parse_bad("input 4\nlayernorm momentum 0.1\n", 2, 11,
+            "layernorm: expected 'eps E' or end of line, got 'momentum'");
+  parse_bad("input 4\n  layernorm eps 2\n", 2, 17, "layernorm: eps: expected");
 }
 END_TEST
 
@@ -1213,6 +1305,8 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, format_round_trips_through_parse);
   tcase_add_test(tc, gelu_approximate_parses_and_round_trips);
   tcase_add_test(tc, gelu_approximate_refusals_name_the_options);
+  tcase_add_test(tc, norm_eps_and_momentum_parse_and_round_trip);
+  tcase_add_test(tc, norm_option_refusals_name_line_and_column);
   tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
   tcase_add_test(tc, tied_head_shares_the_token_table);
   tcase_add_test(tc, format_round_trips_any_dropout_probability);

@@ -39,11 +39,8 @@ static void add_int(words *w, const char *name, long long v) {
 
 /* The shortest decimal that reads back as v: "0.003", for people. */
 static void add_float(words *w, const char *name, float v) {
-  char b[96];
-  for (int prec = 6; prec <= 9; prec++) {
-    snprintf(b, sizeof b, "%s=%.*g", name, prec, (double)v);
-    if ((float)strtod(strchr(b, '=') + 1, NULL) == v) break;
-  }
+  char b[96], num[32];
+  snprintf(b, sizeof b, "%s=%s", name, dpt_float_text(v, num, sizeof num));
   add_word(w, b);
 }
 

@@ -309,6 +309,14 @@ char *dpt_bytes_human(size_t n, char *buf, size_t cap) {
   return buf;
 }
 
+const char *dpt_float_text(float v, char *buf, size_t cap) {
+  for (int prec = 6; prec <= 9; prec++) {
+    snprintf(buf, cap, "%.*g", prec, (double)v);
+    if ((float)strtod(buf, NULL) == v) break;
+  }
+  return buf;
+}
+
 char *dpt_bytes_exact(size_t n, char *buf, size_t cap) {
   char digits[32];
   int nd = snprintf(digits, sizeof digits, "%zu", n);

@@ -142,6 +142,9 @@ char *dpt_bytes_human(size_t n, char *buf, size_t cap);
 /* Exact with thousands separators: "0", "832", "1,536", "85,899,345,920".
  * Returns buf. cap >= 32 always suffices. */
 char *dpt_bytes_exact(size_t n, char *buf, size_t cap);
+/* The shortest decimal (%g, 6 to 9 digits) that reads back as v: "0.01", not
+ * "0.00999999978". Returns buf. cap >= 32 always suffices. */
+const char *dpt_float_text(float v, char *buf, size_t cap);
 
 /* Monotonic clock, in seconds (timing for progress lines and benchmarks). */
 double dpt_now_s(void);

@@ -671,15 +671,6 @@ void dpt_print_plan(FILE *f, const dp_plan *p) {
 
 /* ---- JSON output ------------------------------------------------------------------ */
 
-/* The shortest %g form that reads back as the same float: 0.01, not 0.00999999978. */
-static const char *float_text(float v, char *buf, size_t cap) {
-  for (int prec = 6; prec <= 9; prec++) {
-    snprintf(buf, cap, "%.*g", prec, (double)v);
-    if (strtof(buf, NULL) == v) break;
-  }
-  return buf;
-}
-
 static void print_json(const dp_plan *p, const char *model_path, const plan_opts *o,
                        int budget_batch, int budget_cap) {
   const dp_model *m = dp_plan_model(p);
@@ -728,11 +719,12 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
       "\"transport\": \"%s\", \"fast_collectives\": %s, \"backend_options\": ",
       nd, dp_split_name(c->split), c->micro_batch, dp_mode_name(c->mode),
       dp_optimizer_name(c->optimizer), c->inference ? "true" : "false",
-      dp_backend_name(c->backend), float_text(c->lr, fl[0], sizeof fl[0]),
-      float_text(c->momentum, fl[1], sizeof fl[1]),
-      float_text(c->weight_decay, fl[2], sizeof fl[2]),
-      float_text(c->beta1, fl[3], sizeof fl[3]), float_text(c->beta2, fl[4], sizeof fl[4]),
-      float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed,
+      dp_backend_name(c->backend), dpt_float_text(c->lr, fl[0], sizeof fl[0]),
+      dpt_float_text(c->momentum, fl[1], sizeof fl[1]),
+      dpt_float_text(c->weight_decay, fl[2], sizeof fl[2]),
+      dpt_float_text(c->beta1, fl[3], sizeof fl[3]),
+      dpt_float_text(c->beta2, fl[4], sizeof fl[4]),
+      dpt_float_text(c->eps, fl[5], sizeof fl[5]), (unsigned long long)c->seed,
       dpt_backend_option_on(bo, "graph") ? "true" : "false",
       dpt_backend_option_on(bo, "tf32") ? "true" : "false", transport,
       dpt_backend_option_on(bo, "fast_collectives") ? "true" : "false");
@@ -743,10 +735,10 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
           ", \"dampening\": %s, \"nesterov\": %s, \"clip_grad_norm\": %s, "
           "\"accumulate\": %d, \"recompute\": %d, \"precision\": \"%s\", "
           "\"reduce_precision\": \"%s\", \"batchnorm\": \"%s\"",
-          float_text(c->dampening, fl[6], sizeof fl[6]), c->nesterov ? "true" : "false",
-          float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate, c->recompute,
-          dp_precision_name(c->precision), dp_precision_name(c->reduce_precision),
-          dp_bn_mode_name(c->batchnorm));
+          dpt_float_text(c->dampening, fl[6], sizeof fl[6]), c->nesterov ? "true" : "false",
+          dpt_float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate,
+          c->recompute, dp_precision_name(c->precision),
+          dp_precision_name(c->reduce_precision), dp_bn_mode_name(c->batchnorm));
   fputs("},\n", f);
 
   if (o->budget_set)

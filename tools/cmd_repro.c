@@ -481,19 +481,10 @@ typedef struct {
   float ref_value, value;
 } divergence;
 
-/* The shortest decimal form (%g, 6 to 9 digits) that reads back as v. */
-static const char *float_text(float v, char *buf, size_t cap) {
-  for (int prec = 6; prec <= 9; prec++) {
-    snprintf(buf, cap, "%.*g", prec, (double)v);
-    if ((float)strtod(buf, NULL) == v) break;
-  }
-  return buf;
-}
-
 static void json_float(FILE *f, float v) {
   char buf[32];
   if (isfinite(v))
-    fputs(float_text(v, buf, sizeof buf), f);
+    fputs(dpt_float_text(v, buf, sizeof buf), f);
   else
     fputs("null", f);
 }

@@ -64,6 +64,7 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
                        char *buf, size_t cap) {
   dp_tensor_info w = {0};
   int nt = 0;
+  char num[32], mom[32];
   if (l->n_params || l->tied) dp_model_tensor(m, *tensor, &w); /* tied: the table's */
   switch (l->kind) {
   case DP_LAYER_LINEAR:
@@ -78,12 +79,17 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
     break;
   case DP_LAYER_LAYERNORM:
     nt = 2;
-    snprintf(buf, cap, "nn.LayerNorm(%d, eps=1e-5)", w.dims[0]);
+    snprintf(buf, cap, "nn.LayerNorm(%d, eps=%s)", w.dims[0],
+             dpt_float_text(l->eps, num, sizeof num));
     break;
   case DP_LAYER_BATCHNORM:
     nt = 2;
-    snprintf(buf, cap, "nn.BatchNorm%dd(%d, eps=1e-5, momentum=0.1)", l->height ? 2 : 1,
-             w.dims[0]);
+    if (l->momentum == DP_BN_MOMENTUM_NONE)
+      snprintf(mom, sizeof mom, "None");
+    else
+      dpt_float_text(l->momentum, mom, sizeof mom);
+    snprintf(buf, cap, "nn.BatchNorm%dd(%d, eps=%s, momentum=%s)", l->height ? 2 : 1,
+             w.dims[0], dpt_float_text(l->eps, num, sizeof num), mom);
     break;
   case DP_LAYER_EMBEDDING:
     nt = 2;

@@ -1162,6 +1162,17 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
     x = h_f32(x, l->p);
     int geo[] = {l->c, l->h, l->w, l->k, l->stride, l->pad}; /* image layers */
     for (size_t g = 0; g < sizeof geo / sizeof *geo; g++) x = h_u64(x, (uint64_t)geo[g]);
+    /* sequences and other than the norms' defaults: only when set, so that
+     * the hashes of other plans stay as they were */
+    int seq[] = {l->t, l->vocab, l->heads, l->tied};
+    for (size_t g = 0; g < sizeof seq / sizeof *seq; g++)
+      if (seq[g]) x = h_u64(h_u64(x, 0x5100u + g), (uint64_t)seq[g]);
+    if ((l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM) &&
+        (l->eps != DP_NORM_EPS || (l->kind == DP_LAYER_BATCHNORM && l->momentum != 0.1))) {
+      uint64_t mom;
+      memcpy(&mom, &l->momentum, 8);
+      x = h_u64(h_f32(h_u64(x, 0x6e6fu), l->eps), mom);
+    }
   }
   h[0] = x;
   const dp_config *c = &p->cfg;

@@ -31,8 +31,6 @@ static float *bn_stats(const lctx *c, int mb) {
 /* batchnorm's buffers on the device: running_mean (c), running_var (c), the count. */
 static float *bn_buffers(const lctx *c) { return ptr(c, c->o.bn_buffers); }
 
-#define BN_EPS 1e-5f
-
 /* What bn_sums adds per element (xh = (x - mean) rstd): BN_X: x; BN_DEV2:
  * (x - mean)^2; BN_GRADS2: dy xh, dy; BN_GRADS4: those and dy g, dy g xh. */
 typedef enum { BN_X, BN_DEV2, BN_GRADS2, BN_GRADS4 } bn_terms;
@@ -103,13 +101,13 @@ static void bn_forward(const lctx *c, const float *x, float *y) {
       bn_sums(x, NULL, n, C, S, ch, BN_X, 0.0f, 0.0f, 0.0f, &sum);
       mean = sum / (float)M;
       bn_sums(x, NULL, n, C, S, ch, BN_DEV2, mean, 0.0f, 0.0f, &var);
-      rstd = 1.0f / sqrtf(var / (float)M + BN_EPS);
+      rstd = 1.0f / sqrtf(var / (float)M + l->eps);
       st[ch] = mean;
       st[C + ch] = rstd;
       st[2 * C + ch] = M > 1 ? var / (float)(M - 1) : NAN; /* refused before the step */
     } else {
       mean = run[ch];
-      rstd = 1.0f / sqrtf(run[C + ch] + BN_EPS);
+      rstd = 1.0f / sqrtf(run[C + ch] + l->eps);
     }
     for (int r = 0; r < n; r++)
       for (size_t k = 0; k < S; k++) {
@@ -183,7 +181,7 @@ static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
   for (int ch = 0; ch < C; ch++) {
     double m2 = root[1 + C + ch];
     f[ch] = root[1 + ch];
-    f[C + ch] = (float)(1.0 / sqrt(m2 / M + (double)BN_EPS));
+    f[C + ch] = (float)(1.0 / sqrt(m2 / M + (double)l->eps));
     f[2 * C + ch] = M > 1 ? (float)(m2 / (M - 1)) : NAN; /* refused before the step */
   }
   put_u32(f + 3 * C, rows);
@@ -270,7 +268,8 @@ static void bn_backward(const lctx *c, const float *x, const float *dy, float *d
 }
 
 /* The running statistics from micro-batch 0 (device 0's first), PyTorch's rule
- * in double as ATen's CPU kernel: r = m * stat + (1 - m) * r, m = 0.1, the
+ * in double as ATen's CPU kernel: r = m * stat + (1 - m) * r with the layer's
+ * momentum m (momentum=None: 1 / num_batches_tracked after its increment), the
  * unbiased variance; num_batches_tracked + 1. */
 static dp_status bn_update(const dp_exec_env *e, const dp_op *op) {
   lctx c = op_lctx(e, op); /* device 0's */
@@ -278,14 +277,14 @@ static dp_status bn_update(const dp_exec_env *e, const dp_op *op) {
   int C = l->c;
   const float *st = bn_stats(&c, 0);
   float *run = bn_buffers(&c);
-  const double m = 0.1;
+  uint32_t count;
+  memcpy(&count, &run[2 * C], 4);
+  count++;
+  const double m = dp__bn_factor(l, count);
   for (int ch = 0; ch < C; ch++) {
     run[ch] = (float)(m * (double)st[ch] + (1.0 - m) * (double)run[ch]);
     run[C + ch] = (float)(m * (double)st[2 * C + ch] + (1.0 - m) * (double)run[C + ch]);
   }
-  uint32_t count;
-  memcpy(&count, &run[2 * C], 4);
-  count++;
   memcpy(&run[2 * C], &count, 4);
   return DP_OK;
 }
@@ -488,7 +487,7 @@ dp_status dp__cpu_forward(const lctx *c) {
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c), *b = g + out;
     /* stats (rows, 2): mean, rstd */
-    dp__layernorm_forward(n, out, x, g, b, layer_stats(c), y);
+    dp__layernorm_forward(n, out, c->l->eps, x, g, b, layer_stats(c), y);
     break;
   }
   case DP_LAYER_DROPOUT:

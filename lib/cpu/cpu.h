@@ -32,12 +32,12 @@ void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy
  * output, is <= 0, +0 (lib/cpu/backend.c). */
 void dp__relu_mask(const float *y, float *dx, size_t n);
 
-/* lib/cpu/layernorm.c: layernorm over n rows of width D (PyTorch's, eps
- * 1e-5): y = (x - mean) rstd g + b, st (n, 2) the rows' mean and rstd; the
- * backward writes dg and db (not accumulated) and, when dx is not NULL, dx.
- * The same bits on every tier. */
-void dp__layernorm_forward(int n, int D, const float *x, const float *g, const float *b,
-                           float *st, float *y);
+/* lib/cpu/layernorm.c: layernorm over n rows of width D (PyTorch's):
+ * y = (x - mean) rstd g + b, rstd = 1 / sqrt(var + eps), st (n, 2) the rows' mean and rstd;
+ * the backward writes dg and db (not accumulated) and, when dx is not NULL, dx. The same
+ * bits on every tier. */
+void dp__layernorm_forward(int n, int D, float eps, const float *x, const float *g,
+                           const float *b, float *st, float *y);
 void dp__layernorm_backward(int n, int D, const float *x, const float *st, const float *g,
                             const float *dy, float *dg, float *db, float *dx);
 /* The backward adding its rows' terms to dg and db: called on consecutive

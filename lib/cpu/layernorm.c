@@ -17,8 +17,8 @@
 #include <math.h>
 #include <stddef.h>
 
-static void forward_rows(int n, int D, const float *x, const float *g, const float *b,
-                         float *st, float *y) {
+static void forward_rows(int n, int D, float eps, const float *x, const float *g,
+                         const float *b, float *st, float *y) {
   for (int r = 0; r < n; r++) {
     const float *xr = x + (size_t)r * D;
     float *yr = y + (size_t)r * D;
@@ -26,7 +26,7 @@ static void forward_rows(int n, int D, const float *x, const float *g, const flo
     for (int k = 0; k < D; k++) sum += xr[k];
     float mean = sum / (float)D, var = 0.0f;
     for (int k = 0; k < D; k++) var += (xr[k] - mean) * (xr[k] - mean);
-    float rstd = 1.0f / sqrtf(var / (float)D + 1e-5f);
+    float rstd = 1.0f / sqrtf(var / (float)D + eps);
     st[2 * r] = mean;
     st[2 * r + 1] = rstd;
     for (int k = 0; k < D; k++) yr[k] = (xr[k] - mean) * rstd * g[k] + b[k];
@@ -72,8 +72,8 @@ INL512 void block16(const float *x, int D, int r0, int n, int k0, __m512 v[16]) 
 }
 
 /* forward_rows on rows r0 .. min(r0 + 16, n) - 1 */
-TGT512 static void forward16(int r0, int n, int D, const float *x, const float *g,
-                             const float *b, float *st, float *y) {
+TGT512 static void forward16(int r0, int n, int D, float eps, const float *x,
+                             const float *g, const float *b, float *st, float *y) {
   __m512 sum = _mm512_setzero_ps(), var = _mm512_setzero_ps(), v[16];
   for (int k0 = 0; k0 < D; k0 += 16) {
     block16(x, D, r0, n, k0, v);
@@ -90,7 +90,7 @@ TGT512 static void forward16(int r0, int n, int D, const float *x, const float *
   }
   __m512 rstd = _mm512_div_ps(
       _mm512_set1_ps(1.0f),
-      _mm512_sqrt_ps(_mm512_add_ps(_mm512_div_ps(var, fD), _mm512_set1_ps(1e-5f))));
+      _mm512_sqrt_ps(_mm512_add_ps(_mm512_div_ps(var, fD), _mm512_set1_ps(eps))));
   float mv[16], rv[16];
   _mm512_storeu_ps(mv, mean);
   _mm512_storeu_ps(rv, rstd);
@@ -162,15 +162,15 @@ TGT512 static void backward16(int r0, int n, int D, const float *x, const float 
 }
 #endif
 
-void dp__layernorm_forward(int n, int D, const float *x, const float *g, const float *b,
-                           float *st, float *y) {
+void dp__layernorm_forward(int n, int D, float eps, const float *x, const float *g,
+                           const float *b, float *st, float *y) {
 #if defined(__x86_64__) && defined(__GNUC__)
   if (dp__simd_avx512()) {
-    for (int r0 = 0; r0 < n; r0 += 16) forward16(r0, n, D, x, g, b, st, y);
+    for (int r0 = 0; r0 < n; r0 += 16) forward16(r0, n, D, eps, x, g, b, st, y);
     return;
   }
 #endif
-  forward_rows(n, D, x, g, b, st, y);
+  forward_rows(n, D, eps, x, g, b, st, y);
 }
 
 void dp__layernorm_backward(int n, int D, const float *x, const float *st, const float *g,

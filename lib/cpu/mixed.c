@@ -585,7 +585,7 @@ static dp_status ln_forward_bf16(const lctx *c) {
     int m = n - r0 < R ? n - r0 : R;
     size_t at = (size_t)r0 * D, cnt = (size_t)m * D;
     dp__bf16_to_f32_n(x + at, xb, cnt);
-    dp__layernorm_forward(m, D, xb, g, b, st + 2 * (size_t)r0, yb);
+    dp__layernorm_forward(m, D, c->l->eps, xb, g, b, st + 2 * (size_t)r0, yb);
     dp__bf16_from_f32_n(yb, y + at, cnt);
   }
   return DP_OK;

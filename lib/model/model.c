@@ -322,7 +322,7 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
     return DP_FAIL(DP_ERR_INVALID, "batchnorm on a sequence is not supported; use "
                                    "layernorm (over each position's features)");
   int w = cur_width(m);
-  dp_layer l = {.kind = kind, .in = w, .out = w};
+  dp_layer l = {.kind = kind, .in = w, .out = w, .eps = DP_NORM_EPS, .momentum = 0.1};
   if (kind == DP_LAYER_FLATTEN) l.c = w; /* flat from here on (h = w = 0) */
   if (kind == DP_LAYER_LAYERNORM)        /* over each position's features */
     l.n_params = 2 * (size_t)(cur_t(m) ? w / cur_t(m) : w);
@@ -333,6 +333,42 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
     l.c = c, l.h = h, l.w = ww;
   }
   return push(m, l);
+}
+
+static dp_status check_eps(float eps, const char *what) {
+  if (!(eps > 0.0f && eps <= 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "%s: eps must be in (0, 1], got %g", what, (double)eps);
+  return DP_OK;
+}
+
+dp_status dp_model_add_layernorm(dp_model *m, float eps) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  dp_status s = check_eps(eps, "layernorm");
+  if (s || (s = dp_model_add(m, DP_LAYER_LAYERNORM))) return s;
+  m->layers[m->n_layers - 1].eps = eps;
+  return DP_OK;
+}
+
+dp_status dp_model_add_batchnorm(dp_model *m, float eps, float momentum) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  dp_status s = check_eps(eps, "batchnorm");
+  if (s) return s;
+  if (!(momentum >= 0.0f && momentum <= 1.0f) && momentum != DP_BN_MOMENTUM_NONE)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "batchnorm: momentum must be in [0, 1] or DP_BN_MOMENTUM_NONE (PyTorch's "
+        "momentum=None), got %g",
+        (double)momentum);
+  if ((s = dp_model_add(m, DP_LAYER_BATCHNORM))) return s;
+  dp_layer *l = &m->layers[m->n_layers - 1];
+  l->eps = eps;
+  /* the decimal a script writes, as a double (PyTorch's Python float): 0.01f
+   * is 0.0099999998, and the running statistics would drift by its error */
+  char num[32];
+  l->momentum = momentum == DP_BN_MOMENTUM_NONE
+                    ? DP_BN_CUMULATIVE
+                    : strtod(dp__shortest_float(momentum, num, sizeof num), NULL);
+  return DP_OK;
 }
 
 dp_status dp_model_add_dropout(dp_model *m, float p) {
@@ -552,6 +588,17 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
       put(buf, cap, &len, "gelu approximate none\n");
     } else if (l->kind == DP_LAYER_DROPOUT) {
       put(buf, cap, &len, "dropout %s\n", dp__shortest_float(l->p, num, sizeof num));
+    } else if (l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM) {
+      /* the defaults unsaid: saved specs keep their text */
+      put(buf, cap, &len, "%s", dp_layer_kind_name(l->kind));
+      if (l->eps != DP_NORM_EPS)
+        put(buf, cap, &len, " eps %s", dp__shortest_float(l->eps, num, sizeof num));
+      if (l->kind == DP_LAYER_BATCHNORM && l->momentum == DP_BN_CUMULATIVE)
+        put(buf, cap, &len, " momentum none");
+      else if (l->kind == DP_LAYER_BATCHNORM && l->momentum != 0.1)
+        put(buf, cap, &len, " momentum %s",
+            dp__shortest_float((float)l->momentum, num, sizeof num));
+      put(buf, cap, &len, "\n");
     } else
       put(buf, cap, &len, "%s\n", dp_layer_kind_name(l->kind));
   }
@@ -584,6 +631,10 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
       .padding = l->pad,
       .positions = l->t,
       .tied = l->tied,
+      .eps = l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ? l->eps : 0.0f,
+      .momentum = l->kind != DP_LAYER_BATCHNORM     ? 0.0f
+                  : l->momentum == DP_BN_CUMULATIVE ? DP_BN_MOMENTUM_NONE
+                                                    : (float)l->momentum,
       .vocab = l->vocab,
       .heads = l->heads,
       .link =

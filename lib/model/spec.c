@@ -234,6 +234,67 @@ static dp_status parse_sequence(dp_model **m, const token *t, int nt, where w) {
             w, kw->col);
 }
 
+/* A decimal number in [lo, hi] (lo excluded when lo_open), as a float: the
+ * value of `what` ("batchnorm: eps"). */
+static dp_status parse_real(const token *t, where w, const char *what, double lo,
+                            bool lo_open, double hi, float *out) {
+  char buf[32], range[48];
+  snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
+  echo_buf e;
+  if (t->len >= (int)sizeof buf)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a number in %s, got '%s'", what,
+                     range, echo(t, &e));
+  memcpy(buf, t->s, (size_t)t->len);
+  buf[t->len] = '\0';
+  char *end;
+  errno = 0;
+  bool decimal = strspn(buf, "0123456789.eE+-") == strlen(buf); /* no hex, inf, nan */
+  double v = strtod(buf, &end);
+  float f = (float)v;
+  if (!decimal || errno || *end || end == buf || !((lo_open ? f > lo : f >= lo) && f <= hi))
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a number in %s, got '%s'", what,
+                     range, buf);
+  *out = f;
+  return DP_OK;
+}
+
+/* layernorm [eps E] | batchnorm [eps E] [momentum M | momentum none]: the
+ * options in any order, each once. */
+static dp_status parse_norm(dp_model **m, const token *t, int nt, where w) {
+  bool bn = tok_is(&t[0], "batchnorm");
+  const char *what = bn ? "batchnorm" : "layernorm";
+  float eps = DP_NORM_EPS, momentum = 0.1f;
+  bool seen[2] = {false, false};
+  echo_buf e;
+  for (int i = 1; i < nt && i < MAX_TOKENS; i += 2) {
+    const token *o = &t[i];
+    int which = tok_is(o, "eps") ? 0 : bn && tok_is(o, "momentum") ? 1 : -1;
+    if (which < 0)
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: expected %s or end of line, got '%s'",
+                       what, bn ? "'eps E' or 'momentum M'" : "'eps E'", echo(o, &e));
+    if (seen[which])
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: '%.*s' given twice", what, o->len,
+                       o->s);
+    seen[which] = true;
+    if (i + 1 >= nt || i + 1 >= MAX_TOKENS)
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col + o->len + 1, "%s: expected %s after '%s'",
+                       what, which ? "a number in [0, 1] or 'none'" : "a number in (0, 1]",
+                       which ? "momentum" : "eps");
+    char name[32];
+    snprintf(name, sizeof name, "%s: %s", what, which ? "momentum" : "eps");
+    dp_status s;
+    if (which == 1 && tok_is(&t[i + 1], "none"))
+      momentum = DP_BN_MOMENTUM_NONE;
+    else if ((s = which ? parse_real(&t[i + 1], w, name, 0.0, false, 1.0, &momentum)
+                        : parse_real(&t[i + 1], w, name, 0.0, true, 1.0, &eps)))
+      return s;
+  }
+  if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
+  return at(bn ? dp_model_add_batchnorm(*m, eps, momentum)
+               : dp_model_add_layernorm(*m, eps),
+            w, t[0].col);
+}
+
 /* `gelu approximate none | tanh`, PyTorch's nn.GELU(approximate=...): none is
  * the exact form (DP_LAYER_GELU_ERF), tanh the one plain `gelu` has always
  * meant (kept, so that saved specs keep their bits). */
@@ -326,6 +387,8 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     return at(dp_model_add_dropout(*m, p), w, kw->col);
   }
   if (tok_is(kw, "gelu") && nt >= 2) return parse_gelu(m, t, nt, w);
+  if ((tok_is(kw, "batchnorm") || tok_is(kw, "layernorm")) && nt >= 2)
+    return parse_norm(m, t, nt, w);
   if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
     return parse_window(m, t, nt, w);
   if (tok_is(kw, "embed") || tok_is(kw, "attention")) return parse_sequence(m, t, nt, w);
