@@ -108,13 +108,15 @@ dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
   }
   case DP_LAYER_RELU:
     if (dp__relu_fused(c.p, c.i)) return DP_OK; /* done by the linear before it */
-    DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count));
+    DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count, 0.0f));
     return DP_OK;
   case DP_LAYER_TANH:
   case DP_LAYER_SIGMOID:
   case DP_LAYER_GELU:
   case DP_LAYER_GELU_ERF:
-    DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count));
+  case DP_LAYER_SILU:
+  case DP_LAYER_LEAKY_RELU:
+    DP_CUDA_CHECK(dp_k_act_forward(x->stream, l->kind, in, y, count, l->slope));
     return DP_OK;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c);
@@ -216,13 +218,17 @@ dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_r
   case DP_LAYER_RELU:
   case DP_LAYER_TANH:
   case DP_LAYER_SIGMOID:
+  case DP_LAYER_LEAKY_RELU:
     if (dx)
-      DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count));
+      DP_CUDA_CHECK(
+          dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count, l->slope));
     return DP_OK;
   case DP_LAYER_GELU:
   case DP_LAYER_GELU_ERF:
+  case DP_LAYER_SILU:
     if (dx)
-      DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, layer_in(c), dy, dx, count));
+      DP_CUDA_CHECK(
+          dp_k_act_backward(x->stream, l->kind, layer_in(c), dy, dx, count, 0.0f));
     return DP_OK;
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;

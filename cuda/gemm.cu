@@ -73,6 +73,6 @@ dp_status dp__cuda_linear_backward(cublasHandle_t h, cudaStream_t st, int rows, 
                                 out, &zero, dx, in));
   if (dx && relu_out && rows > 0) /* in place: each element reads its own dx first */
     DP_CUDA_CHECK(
-        dp_k_act_backward(st, DP_LAYER_RELU, relu_out, dx, dx, (size_t)rows * in));
+        dp_k_act_backward(st, DP_LAYER_RELU, relu_out, dx, dx, (size_t)rows * in, 0.0f));
   return DP_OK;
 }

@@ -51,7 +51,8 @@ static __device__ __forceinline__ void block_tree_sum(float *sh) {
 
 /* ---- activations --------------------------------------------------------------- */
 
-static __global__ void k_act_forward(int kind, const float *x, float *y, size_t n) {
+static __global__ void k_act_forward(int kind, const float *x, float *y, size_t n,
+                                     float slope) {
   const float C = GELU_C, A = GELU_A;
   GRID_STRIDE(i, n) {
     float v = x[i], r;
@@ -60,6 +61,8 @@ static __global__ void k_act_forward(int kind, const float *x, float *y, size_t 
     case DP_LAYER_TANH: r = dp__tanhf(v); break;
     case DP_LAYER_SIGMOID: r = fd(1.0f, fa(1.0f, dp__expf(-v))); break;
     case DP_LAYER_GELU_ERF: r = dp__gelu_erf(v); break;
+    case DP_LAYER_SILU: r = fd(v, fa(1.0f, dp__expf(-v))); break;
+    case DP_LAYER_LEAKY_RELU: r = v > 0.0f ? v : fm(v, slope); break;
     default: /* DP_LAYER_GELU: 0.5 v (1 + tanh(C (v + A v^3))) */
       r = fm(fm(0.5f, v), fa(1.0f, dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))))));
       break;
@@ -69,7 +72,7 @@ static __global__ void k_act_forward(int kind, const float *x, float *y, size_t 
 }
 
 static __global__ void k_act_backward(int kind, const float *xy, const float *dy, float *dx,
-                                      size_t n) {
+                                      size_t n, float slope) {
   const float C = GELU_C, A = GELU_A;
   GRID_STRIDE(i, n) {
     float v = xy[i], g = dy[i], r;
@@ -78,6 +81,12 @@ static __global__ void k_act_backward(int kind, const float *xy, const float *dy
     case DP_LAYER_TANH: r = fm(g, fs(1.0f, fm(v, v))); break;    /* v = y */
     case DP_LAYER_SIGMOID: r = fm(fm(g, v), fs(1.0f, v)); break; /* v = y */
     case DP_LAYER_GELU_ERF: r = dp__gelu_erf_grad(v, g); break;  /* v = x */
+    case DP_LAYER_SILU: {                                        /* v = x */
+      float s = fd(1.0f, fa(1.0f, dp__expf(-v)));
+      r = fm(fm(g, s), fa(1.0f, fm(v, fs(1.0f, s))));
+      break;
+    }
+    case DP_LAYER_LEAKY_RELU: r = v > 0.0f ? g : fm(g, slope); break; /* v = y */
     default: {                                                   /* DP_LAYER_GELU, v = x */
       float t = dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
       float dt = fm(fm(fs(1.0f, fm(t, t)), C), fa(1.0f, fm(fm(fm(3.0f, A), v), v)));
@@ -90,16 +99,16 @@ static __global__ void k_act_backward(int kind, const float *xy, const float *dy
 }
 
 cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x, float *y,
-                             size_t n) {
+                             size_t n, float slope) {
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_act_forward, blocks_for(n), THREADS, 0, st)((int)kind, x, y, n);
+  DP_LAUNCH(k_act_forward, blocks_for(n), THREADS, 0, st)((int)kind, x, y, n, slope);
   return cudaGetLastError();
 }
 
 cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
-                              const float *dy, float *dx, size_t n) {
+                              const float *dy, float *dx, size_t n, float slope) {
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_act_backward, blocks_for(n), THREADS, 0, st)((int)kind, xy, dy, dx, n);
+  DP_LAUNCH(k_act_backward, blocks_for(n), THREADS, 0, st)((int)kind, xy, dy, dx, n, slope);
   return cudaGetLastError();
 }
 

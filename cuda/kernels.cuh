@@ -100,13 +100,14 @@ typedef struct {
 } dp_cuda_opt;
 
 /* ---- kernels.cu ---- */
-/* relu, gelu (tanh form), gelu_erf (exact), tanh, sigmoid on n elements. */
+/* relu, gelu (tanh form), gelu_erf (exact), tanh, sigmoid, silu, leaky_relu
+ * (its negative slope: slope; 0 for the others) on n elements. */
 cudaError_t dp_k_act_forward(cudaStream_t st, dp_layer_kind kind, const float *x, float *y,
-                             size_t n);
-/* dx from dy and the saved tensor: the output y for relu, tanh, sigmoid; the
- * input x for gelu and gelu_erf. */
+                             size_t n, float slope);
+/* dx from dy and the saved tensor: the output y for relu, tanh, sigmoid,
+ * leaky_relu; the input x for gelu, gelu_erf and silu. */
 cudaError_t dp_k_act_backward(cudaStream_t st, dp_layer_kind kind, const float *xy,
-                              const float *dy, float *dx, size_t n);
+                              const float *dy, float *dx, size_t n, float slope);
 /* y[r][j] = x[r][j] * (u >= p ? scale : 0), u = dp__rng_uniform(seed,
  * DP_RNG_DROPOUT, (hdr->sc.step << 16) | layer, row0 + r, j): forward (x, y)
  * and backward (dy, dx). The step is read on the device. */

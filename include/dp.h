@@ -75,6 +75,8 @@ typedef enum {
   DP_LAYER_RESIDUAL_END, /* the block's end: x + (the block's output) */
   DP_LAYER_GELU_ERF,     /* exact gelu x Phi(x), PyTorch's nn.GELU() default
                             (approximate='none'); spec `gelu approximate none` */
+  DP_LAYER_SILU,         /* nn.SiLU: x sigmoid(x) = x / (1 + e^-x) */
+  DP_LAYER_LEAKY_RELU,   /* nn.LeakyReLU(negative_slope): x > 0 ? x : slope x */
 } dp_layer_kind;
 
 typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
@@ -84,6 +86,7 @@ typedef struct dp_model dp_model;
 /* Text spec (.dpm): one layer per line, '#' starts a comment.
  *   input N | input C H W | linear N [nobias | tied] | relu |
  *   gelu [approximate tanh | approximate none] | tanh | sigmoid |
+ *   silu | leaky_relu [SLOPE] |
  *   layernorm [eps E] | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
  *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten |
  *   batchnorm [eps E] [momentum M | momentum none] |
@@ -113,7 +116,11 @@ dp_status dp_model_load(const char *path, dp_model **out);
 dp_status dp_model_new(int input_width, dp_model **out);
 dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten,
-                                                           batchnorm, gelu_erf */
+                                                           batchnorm, gelu_erf, silu,
+                                                           leaky_relu (slope 0.01) */
+/* nn.LeakyReLU(negative_slope): 0 <= slope, finite (the backward tells the
+ * sides apart by the output's sign, which a negative slope would flip). */
+dp_status dp_model_add_leaky_relu(dp_model *m, float negative_slope);
 dp_status dp_model_add_dropout(dp_model *m, float p);
 /* nn.LayerNorm(D, eps) and nn.BatchNorm1d/2d(C, eps, momentum) with other
  * than the defaults dp_model_add gives (eps 1e-5, momentum 0.1): eps in
@@ -1024,6 +1031,7 @@ typedef struct {
   float eps;      /* layernorm, batchnorm: added to the variance; 0 otherwise */
   float momentum; /* batchnorm: the running statistics' momentum, or
                      DP_BN_MOMENTUM_NONE (the cumulative average); 0 otherwise */
+  float negative_slope; /* leaky_relu; 0 otherwise */
 } dp_layer_info;
 
 /* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or

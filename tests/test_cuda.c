@@ -671,8 +671,8 @@ static const char *const MIXED_MSE =
     "dropout 0.25\nlinear 5\nloss mse\n";
 static const char *const MIXED_CE =
     "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm eps 1e-3\ntanh\nlinear 9 nobias\n"
-    "sigmoid\ndropout 0.25\nlinear 7\ngelu approximate none\nlinear 5\n"
-    "loss softmax_cross_entropy\n";
+    "sigmoid\ndropout 0.25\nlinear 7\ngelu approximate none\nlinear 6\nsilu\nlinear 6\n"
+    "leaky_relu 0.2\nlinear 5\nloss softmax_cross_entropy\n";
 
 /* Image layers (issue 17): odd sizes, stride and padding, an overlapping
  * maxpool (2 stride 1), avgpool, nobias, flatten in the middle, first and

@@ -296,7 +296,8 @@ static const char *const golden_cases[] = {"seed",
                                            "b3n4",
                                            "mlp_all",
                                            "mlp_mse_b37n3",
-                                           "mlp_gelu_erf", /* nn.GELU() */
+                                           "mlp_gelu_erf",   /* nn.GELU() */
+                                           "mlp_silu_leaky", /* nn.SiLU, nn.LeakyReLU */
                                            "cnn_all",
                                            "cnn_mse",
                                            "cnn_tail",

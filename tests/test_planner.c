@@ -57,9 +57,12 @@ static dp_model *random_flat_model(int max_layers, int with_loss, int bn) {
       ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(48), (int)rnd(4) != 0), DP_OK);
       break;
     case 2: ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK); break;
-    case 3:
-      ck_assert_int_eq(dp_model_add(m, rnd(2) ? DP_LAYER_GELU : DP_LAYER_TANH), DP_OK);
+    case 3: {
+      static const dp_layer_kind acts[] = {DP_LAYER_GELU, DP_LAYER_TANH, DP_LAYER_SILU,
+                                           DP_LAYER_LEAKY_RELU};
+      ck_assert_int_eq(dp_model_add(m, acts[rnd(4)]), DP_OK);
       break;
+    }
     case 4: ck_assert_int_eq(dp_model_add(m, DP_LAYER_SIGMOID), DP_OK); break;
     case 5: ck_assert_int_eq(dp_model_add(m, DP_LAYER_LAYERNORM), DP_OK); break;
     default:
@@ -610,7 +613,8 @@ static int owner_of(const dp_model *m, int i) {
   return i;
 }
 static int layer_reads_output(dp_layer_kind k) {
-  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
+  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID ||
+         k == DP_LAYER_LEAKY_RELU;
 }
 
 /* Bytes of device d's row tensor of width w: one slice per micro-batch, each

@@ -637,6 +637,66 @@ START_TEST(norm_eps_and_momentum_parse_and_round_trip) {
 }
 END_TEST
 
+/* nn.SiLU and nn.LeakyReLU(negative_slope): `silu`, `leaky_relu [S]` (0.01
+ * unsaid), the builder's spelling, the slope in dp_layer_info and the plan's
+ * hash, refusals. */
+START_TEST(silu_and_leaky_relu_parse_and_round_trip) {
+  dp_model *m = model_of("input 4\nsilu\nleaky_relu\nleaky_relu 0.2\nleaky_relu 0\n");
+  static const dp_layer_kind kind[] = {DP_LAYER_SILU, DP_LAYER_LEAKY_RELU,
+                                       DP_LAYER_LEAKY_RELU, DP_LAYER_LEAKY_RELU};
+  static const float slope[] = {0.0f, 0.01f, 0.2f, 0.0f};
+  for (int i = 0; i < 4; i++) {
+    dp_layer_info l;
+    ck_assert_int_eq(dp_model_layer(m, i, &l), DP_OK);
+    ck_assert_int_eq(l.kind, kind[i]);
+    ck_assert_msg(l.negative_slope == slope[i], "layer %d: slope %g", i,
+                  (double)l.negative_slope);
+    ck_assert_uint_eq(l.n_params, 0);
+  }
+  ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_SILU), "silu");
+  ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_LEAKY_RELU), "leaky_relu");
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input 4\nsilu\nleaky_relu\nleaky_relu 0.2\nleaky_relu 0\n");
+  dp_model *b = model_of(s);
+  assert_same_model(m, b);
+  for (int i = 0; i < 4; i++) ck_assert(m->layers[i].slope == b->layers[i].slope);
+  dp_model *c = NULL;
+  ck_assert_int_eq(dp_model_new(4, &c), DP_OK);
+  ck_assert_int_eq(dp_model_add(c, DP_LAYER_SILU), DP_OK);
+  ck_assert_int_eq(dp_model_add(c, DP_LAYER_LEAKY_RELU), DP_OK);
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, 0.2f), DP_OK);
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, 0.0f), DP_OK);
+  assert_same_model(m, c);
+  for (int i = 0; i < 4; i++) ck_assert(m->layers[i].slope == c->layers[i].slope);
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, -0.1f), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "negative_slope must be >= 0"));
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, INFINITY), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, NAN), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(c), 4);
+  /* the slope is part of the plan */
+  dp_model *d = model_of("input 3\nlinear 4\nleaky_relu\nlinear 2\nloss mse\n");
+  dp_model *e = model_of("input 3\nlinear 4\nleaky_relu 0.3\nlinear 2\nloss mse\n");
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 8;
+  dp_plan *pd = NULL, *pe = NULL;
+  ck_assert_int_eq(dp_plan_create(d, &cfg, &pd), DP_OK);
+  ck_assert_int_eq(dp_plan_create(e, &cfg, &pe), DP_OK);
+  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pe));
+  dp_plan_free(pd), dp_plan_free(pe);
+  dp_model_free(d), dp_model_free(e);
+  parse_bad("input 4\nleaky_relu -0.1\n", 2, 12,
+            "leaky_relu: negative_slope: expected a number >= 0, got '-0.1'");
+  parse_bad("input 4\nleaky_relu inf\n", 2, 12, "got 'inf'");
+  parse_bad("input 4\nleaky_relu 0.1 0.2\n", 2, 16, "unexpected '0.2' after 'leaky_relu'");
+  parse_bad("input 4\nsilu 1\n", 2, 6, "unexpected '1' after 'silu'");
+  free(s);
+  dp_model_free(m);
+  dp_model_free(b);
+  dp_model_free(c);
+}
+END_TEST
+
 START_TEST(norm_option_refusals_name_line_and_column) {
   parse_bad("input 4\nbatchnorm eps 0\n", 2, 15,
             "batchnorm: eps: expected a number in (0, 1]");
@@ -1307,6 +1367,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, gelu_approximate_refusals_name_the_options);
   tcase_add_test(tc, norm_eps_and_momentum_parse_and_round_trip);
   tcase_add_test(tc, norm_option_refusals_name_line_and_column);
+  tcase_add_test(tc, silu_and_leaky_relu_parse_and_round_trip);
   tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
   tcase_add_test(tc, tied_head_shares_the_token_table);
   tcase_add_test(tc, format_round_trips_any_dropout_probability);

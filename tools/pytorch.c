@@ -98,6 +98,11 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
   case DP_LAYER_RELU: snprintf(buf, cap, "nn.ReLU()"); break;
   case DP_LAYER_GELU: snprintf(buf, cap, "nn.GELU(approximate='tanh')"); break;
   case DP_LAYER_GELU_ERF: snprintf(buf, cap, "nn.GELU()"); break; /* approximate='none' */
+  case DP_LAYER_SILU: snprintf(buf, cap, "nn.SiLU()"); break;
+  case DP_LAYER_LEAKY_RELU:
+    snprintf(buf, cap, "nn.LeakyReLU(negative_slope=%s)",
+             dpt_float_text(l->negative_slope, num, sizeof num));
+    break;
   case DP_LAYER_TANH: snprintf(buf, cap, "nn.Tanh()"); break;
   case DP_LAYER_SIGMOID: snprintf(buf, cap, "nn.Sigmoid()"); break;
   case DP_LAYER_DROPOUT: snprintf(buf, cap, "nn.Dropout(%.9g)", (double)l->p); break;

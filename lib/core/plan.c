@@ -1173,6 +1173,7 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
       memcpy(&mom, &l->momentum, 8);
       x = h_u64(h_f32(h_u64(x, 0x6e6fu), l->eps), mom);
     }
+    if (l->kind == DP_LAYER_LEAKY_RELU) x = h_f32(h_u64(x, 0x6c72u), l->slope);
   }
   h[0] = x;
   const dp_config *c = &p->cfg;

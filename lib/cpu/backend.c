@@ -425,6 +425,54 @@ static inline DP_SIMD_BODY int tanh_forward_body(const float *restrict x, float 
 DP_SIMD_FN512(tanh_forward, (const float *restrict x, float *restrict y, size_t n),
               (x, y, n))
 
+/* silu: x / (1 + e^-x), its derivative s (1 + x (1 - s)) with s the
+ * sigmoid, both as PyTorch's CPU kernels write them (dp__expf: the same bits
+ * as cuda/kernels.cu's) */
+static inline DP_SIMD_BODY int silu_forward_body(const float *restrict x, float *restrict y,
+                                                 size_t n) {
+  for (size_t k = 0; k < n; k++) y[k] = x[k] / (1.0f + dp__expf(-x[k]));
+  return 0;
+}
+DP_SIMD_FN512(silu_forward, (const float *restrict x, float *restrict y, size_t n),
+              (x, y, n))
+
+static inline DP_SIMD_BODY int silu_backward_body(const float *restrict x,
+                                                  const float *restrict dy,
+                                                  float *restrict dx, size_t n) {
+  for (size_t k = 0; k < n; k++) {
+    float s = 1.0f / (1.0f + dp__expf(-x[k]));
+    dx[k] = dy[k] * s * (1.0f + x[k] * (1.0f - s));
+  }
+  return 0;
+}
+DP_SIMD_FN512(silu_backward,
+              (const float *restrict x, const float *restrict dy, float *restrict dx,
+               size_t n),
+              (x, dy, dx, n))
+
+/* leaky_relu: x > 0 ? x : x slope (NaN: NaN); the backward by the output's
+ * sign, which is the input's for a slope >= 0 (dp_model_add_leaky_relu) */
+static inline DP_SIMD_BODY int
+leaky_forward_body(const float *restrict x, float *restrict y, size_t n, float slope) {
+  for (size_t k = 0; k < n; k++) y[k] = x[k] > 0.0f ? x[k] : x[k] * slope;
+  return 0;
+}
+DP_SIMD_FN(leaky_forward,
+           (const float *restrict x, float *restrict y, size_t n, float slope),
+           (x, y, n, slope))
+
+static inline DP_SIMD_BODY int leaky_backward_body(const float *restrict y,
+                                                   const float *restrict dy,
+                                                   float *restrict dx, size_t n,
+                                                   float slope) {
+  for (size_t k = 0; k < n; k++) dx[k] = y[k] > 0.0f ? dy[k] : dy[k] * slope;
+  return 0;
+}
+DP_SIMD_FN(leaky_backward,
+           (const float *restrict y, const float *restrict dy, float *restrict dx, size_t n,
+            float slope),
+           (y, dy, dx, n, slope))
+
 /* relu_backward with dy = dx, in place (dp__relu_bwd_fused). */
 static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *restrict dx,
                                               size_t n) {
@@ -484,6 +532,8 @@ dp_status dp__cpu_forward(const lctx *c) {
   case DP_LAYER_SIGMOID: sigmoid_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_GELU: gelu_forward(x, y, (size_t)n * out); break;
   case DP_LAYER_GELU_ERF: gelu_erf_forward(x, y, (size_t)n * out); break;
+  case DP_LAYER_SILU: silu_forward(x, y, (size_t)n * out); break;
+  case DP_LAYER_LEAKY_RELU: leaky_forward(x, y, (size_t)n * out, l->slope); break;
   case DP_LAYER_LAYERNORM: {
     const float *g = layer_params(c), *b = g + out;
     /* stats (rows, 2): mean, rstd */
@@ -606,6 +656,12 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
   }
   case DP_LAYER_GELU_ERF:
     if (dx) gelu_erf_backward(layer_in(c), dy, dx, (size_t)n * out);
+    break;
+  case DP_LAYER_SILU:
+    if (dx) silu_backward(layer_in(c), dy, dx, (size_t)n * out);
+    break;
+  case DP_LAYER_LEAKY_RELU:
+    if (dx) leaky_backward(layer_out(c), dy, dx, (size_t)n * out, l->slope);
     break;
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;

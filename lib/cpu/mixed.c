@@ -230,7 +230,7 @@ static bool shadow_setup(const lctx *c, shadow *sh, lctx *s, bool bwd) {
    * has none: its bytes may be the output gradient's by then (the planner
    * reuses dead activations), whose copy must not be the output's */
   dp_layer_kind k = c->l->kind;
-  if (!bwd || k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID)
+  if (!bwd || dp__layer_needs_output(k))
     ok &= widen(c, sh, c->o.out, bwd, false, &s->o.out);
   else
     s->o.out = DP_SPAN_NONE;

@@ -2,6 +2,7 @@
  * parameter layout in PyTorch state_dict order. Shapes only; no memory. */
 #include "model/model.h"
 
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,7 @@ static const char *const layer_names[] = {
     [DP_LAYER_BATCHNORM] = "batchnorm", [DP_LAYER_EMBEDDING] = "embed",
     [DP_LAYER_ATTENTION] = "attention", [DP_LAYER_RESIDUAL] = "residual",
     [DP_LAYER_RESIDUAL_END] = "end",    [DP_LAYER_GELU_ERF] = "gelu_erf",
+    [DP_LAYER_SILU] = "silu",           [DP_LAYER_LEAKY_RELU] = "leaky_relu",
 };
 static const char *const loss_names[] = {
     [DP_LOSS_NONE] = "none",
@@ -36,14 +38,15 @@ const char *dp_loss_name(dp_loss_kind l) {
 
 bool dp__layer_needs_input(dp_layer_kind k) {
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF ||
-         k == DP_LAYER_LAYERNORM || k == DP_LAYER_CONV2D ||
+         k == DP_LAYER_SILU || k == DP_LAYER_LAYERNORM || k == DP_LAYER_CONV2D ||
          k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
          k == DP_LAYER_BATCHNORM || k == DP_LAYER_EMBEDDING /* the ids */ ||
          k == DP_LAYER_ATTENTION /* q, k, v */;
 }
 
 bool dp__layer_needs_output(dp_layer_kind k) {
-  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID;
+  return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID ||
+         k == DP_LAYER_LEAKY_RELU;
 }
 
 int dp__layer_stats_width(const dp_layer *l) {
@@ -309,11 +312,13 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
   if (kind != DP_LAYER_RELU && kind != DP_LAYER_GELU && kind != DP_LAYER_GELU_ERF &&
       kind != DP_LAYER_TANH && kind != DP_LAYER_SIGMOID && kind != DP_LAYER_LAYERNORM &&
-      kind != DP_LAYER_FLATTEN && kind != DP_LAYER_BATCHNORM)
+      kind != DP_LAYER_FLATTEN && kind != DP_LAYER_BATCHNORM && kind != DP_LAYER_SILU &&
+      kind != DP_LAYER_LEAKY_RELU)
     return DP_FAIL(
         DP_ERR_INVALID,
-        "dp_model_add takes relu, gelu, gelu_erf, tanh, sigmoid, layernorm, "
-        "flatten or batchnorm (use dp_model_add_linear/_dropout/_conv2d/_pool2d)");
+        "dp_model_add takes relu, gelu, gelu_erf, tanh, sigmoid, silu, leaky_relu, "
+        "layernorm, flatten or batchnorm (use "
+        "dp_model_add_linear/_dropout/_conv2d/_pool2d)");
   if (kind == DP_LAYER_LAYERNORM) {
     dp_status fs = need_flat(m, "layernorm");
     if (fs) return fs;
@@ -323,6 +328,7 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
                                    "layernorm (over each position's features)");
   int w = cur_width(m);
   dp_layer l = {.kind = kind, .in = w, .out = w, .eps = DP_NORM_EPS, .momentum = 0.1};
+  if (kind == DP_LAYER_LEAKY_RELU) l.slope = DP_LEAKY_SLOPE;
   if (kind == DP_LAYER_FLATTEN) l.c = w; /* flat from here on (h = w = 0) */
   if (kind == DP_LAYER_LAYERNORM)        /* over each position's features */
     l.n_params = 2 * (size_t)(cur_t(m) ? w / cur_t(m) : w);
@@ -368,6 +374,19 @@ dp_status dp_model_add_batchnorm(dp_model *m, float eps, float momentum) {
   l->momentum = momentum == DP_BN_MOMENTUM_NONE
                     ? DP_BN_CUMULATIVE
                     : strtod(dp__shortest_float(momentum, num, sizeof num), NULL);
+  return DP_OK;
+}
+
+dp_status dp_model_add_leaky_relu(dp_model *m, float negative_slope) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (!(negative_slope >= 0.0f && negative_slope <= FLT_MAX))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "leaky_relu: negative_slope must be >= 0 and finite, got %g (the "
+                   "backward reads the output's sign)",
+                   (double)negative_slope);
+  dp_status s = dp_model_add(m, DP_LAYER_LEAKY_RELU);
+  if (s) return s;
+  m->layers[m->n_layers - 1].slope = negative_slope;
   return DP_OK;
 }
 
@@ -586,6 +605,8 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
       put(buf, cap, &len, "\n");
     } else if (l->kind == DP_LAYER_GELU_ERF) {
       put(buf, cap, &len, "gelu approximate none\n");
+    } else if (l->kind == DP_LAYER_LEAKY_RELU && l->slope != DP_LEAKY_SLOPE) {
+      put(buf, cap, &len, "leaky_relu %s\n", dp__shortest_float(l->slope, num, sizeof num));
     } else if (l->kind == DP_LAYER_DROPOUT) {
       put(buf, cap, &len, "dropout %s\n", dp__shortest_float(l->p, num, sizeof num));
     } else if (l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM) {
@@ -632,6 +653,7 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
       .positions = l->t,
       .tied = l->tied,
       .eps = l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ? l->eps : 0.0f,
+      .negative_slope = l->slope,
       .momentum = l->kind != DP_LAYER_BATCHNORM     ? 0.0f
                   : l->momentum == DP_BN_CUMULATIVE ? DP_BN_MOMENTUM_NONE
                                                     : (float)l->momentum,

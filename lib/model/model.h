@@ -32,6 +32,7 @@ typedef struct {
   int link;           /* residual: the index of its end (-1 while open); its
                          end: the index of the residual */
   float eps;          /* layernorm, batchnorm: added to the variance (default 1e-5) */
+  float slope;        /* leaky_relu: negative_slope (default 0.01) */
   double momentum;    /* batchnorm: the running statistics' update factor, the
                          double of the spec's decimal as PyTorch's Python float
                          (default 0.1); DP_BN_CUMULATIVE: momentum=None */
@@ -60,6 +61,16 @@ static inline size_t dp__param_span(const dp_layer *l) {
              : l->n_params;
 }
 
+#define DP_NORM_EPS 1e-5f     /* layernorm's and batchnorm's default eps */
+#define DP_LEAKY_SLOPE 0.01f  /* leaky_relu's default negative_slope (PyTorch's) */
+#define DP_BN_CUMULATIVE -1.0 /* dp_layer.momentum: PyTorch's momentum=None */
+
+/* The running statistics' update factor of batchnorm l at its count-th
+ * training step (count >= 1, num_batches_tracked after the increment). */
+static inline double dp__bn_factor(const dp_layer *l, uint32_t count) {
+  return l->momentum == DP_BN_CUMULATIVE ? 1.0 / (double)count : l->momentum;
+}
+
 /* A batchnorm's buffers: 2 c floats and the count. */
 static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }
 /* Floats a batchnorm's forward saves per micro-batch: mean, rstd and the
@@ -78,15 +89,6 @@ static inline size_t dp__bn_stats(int c) { return 3 * (size_t)c; }
  * DP_BN_SLOTS / C (about a GPU's worth of blocks over all channels; 1 for
  * C > DP_BN_SLOTS / 2), so K C <= DP_BN_SLOTS whenever K > 1: the CUDA
  * scratch's size (cuda/kernels.cuh, dp_cuda_bn_scratch). */
-#define DP_NORM_EPS 1e-5f     /* layernorm's and batchnorm's default eps */
-#define DP_BN_CUMULATIVE -1.0 /* dp_layer.momentum: PyTorch's momentum=None */
-
-/* The running statistics' update factor of batchnorm l at its count-th
- * training step (count >= 1, num_batches_tracked after the increment). */
-static inline double dp__bn_factor(const dp_layer *l, uint32_t count) {
-  return l->momentum == DP_BN_CUMULATIVE ? 1.0 / (double)count : l->momentum;
-}
-
 #define DP_BN_LANES 512
 #define DP_BN_CHUNK ((size_t)4 * DP_BN_LANES)
 #define DP_BN_SLOTS 512

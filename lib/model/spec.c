@@ -4,6 +4,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -235,15 +236,15 @@ static dp_status parse_sequence(dp_model **m, const token *t, int nt, where w) {
 }
 
 /* A decimal number in [lo, hi] (lo excluded when lo_open), as a float: the
- * value of `what` ("batchnorm: eps"). */
-static dp_status parse_real(const token *t, where w, const char *what, double lo,
-                            bool lo_open, double hi, float *out) {
-  char buf[32], range[48];
-  snprintf(range, sizeof range, "%s%g, %g]", lo_open ? "(" : "[", lo, hi);
+ * value of `what` ("batchnorm: eps"); `expect` says the range to people ("a
+ * number in (0, 1]"). */
+static dp_status parse_real(const token *t, where w, const char *what, const char *expect,
+                            double lo, bool lo_open, double hi, float *out) {
+  char buf[32];
   echo_buf e;
   if (t->len >= (int)sizeof buf)
-    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a number in %s, got '%s'", what,
-                     range, echo(t, &e));
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected %s, got '%s'", what, expect,
+                     echo(t, &e));
   memcpy(buf, t->s, (size_t)t->len);
   buf[t->len] = '\0';
   char *end;
@@ -252,8 +253,8 @@ static dp_status parse_real(const token *t, where w, const char *what, double lo
   double v = strtod(buf, &end);
   float f = (float)v;
   if (!decimal || errno || *end || end == buf || !((lo_open ? f > lo : f >= lo) && f <= hi))
-    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected a number in %s, got '%s'", what,
-                     range, buf);
+    return SPEC_FAIL(DP_ERR_PARSE, w, t->col, "%s: expected %s, got '%s'", what, expect,
+                     buf);
   *out = f;
   return DP_OK;
 }
@@ -285,8 +286,10 @@ static dp_status parse_norm(dp_model **m, const token *t, int nt, where w) {
     dp_status s;
     if (which == 1 && tok_is(&t[i + 1], "none"))
       momentum = DP_BN_MOMENTUM_NONE;
-    else if ((s = which ? parse_real(&t[i + 1], w, name, 0.0, false, 1.0, &momentum)
-                        : parse_real(&t[i + 1], w, name, 0.0, true, 1.0, &eps)))
+    else if ((s = which ? parse_real(&t[i + 1], w, name, "a number in [0, 1]", 0.0, false,
+                                     1.0, &momentum)
+                        : parse_real(&t[i + 1], w, name, "a number in (0, 1]", 0.0, true,
+                                     1.0, &eps)))
       return s;
   }
   if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
@@ -389,6 +392,13 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   if (tok_is(kw, "gelu") && nt >= 2) return parse_gelu(m, t, nt, w);
   if ((tok_is(kw, "batchnorm") || tok_is(kw, "layernorm")) && nt >= 2)
     return parse_norm(m, t, nt, w);
+  if (tok_is(kw, "leaky_relu") && nt >= 2) { /* leaky_relu SLOPE */
+    float slope = 0.0f;
+    dp_status s = parse_real(&t[1], w, "leaky_relu: negative_slope", "a number >= 0", 0.0,
+                             false, FLT_MAX, &slope);
+    if (s || (s = no_more(t, nt, 2, w, "leaky_relu"))) return s;
+    return at(dp_model_add_leaky_relu(*m, slope), w, kw->col);
+  }
   if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
     return parse_window(m, t, nt, w);
   if (tok_is(kw, "embed") || tok_is(kw, "attention")) return parse_sequence(m, t, nt, w);
@@ -412,11 +422,17 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   static const struct {
     const char *w;
     dp_layer_kind k;
-  } simple[] = {{"relu", DP_LAYER_RELU},           {"gelu", DP_LAYER_GELU},
-                {"tanh", DP_LAYER_TANH},           {"sigmoid", DP_LAYER_SIGMOID},
-                {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN},
-                {"batchnorm", DP_LAYER_BATCHNORM}, {"residual", DP_LAYER_RESIDUAL},
-                {"end", DP_LAYER_RESIDUAL_END}};
+  } simple[] = {{"relu", DP_LAYER_RELU},
+                {"gelu", DP_LAYER_GELU},
+                {"tanh", DP_LAYER_TANH},
+                {"sigmoid", DP_LAYER_SIGMOID},
+                {"layernorm", DP_LAYER_LAYERNORM},
+                {"flatten", DP_LAYER_FLATTEN},
+                {"batchnorm", DP_LAYER_BATCHNORM},
+                {"residual", DP_LAYER_RESIDUAL},
+                {"end", DP_LAYER_RESIDUAL_END},
+                {"silu", DP_LAYER_SILU},
+                {"leaky_relu", DP_LAYER_LEAKY_RELU}};
   for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
     if (!tok_is(kw, simple[i].w)) continue;
     dp_status s = no_more(t, nt, 1, w, simple[i].w);
@@ -429,7 +445,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   }
   return SPEC_FAIL(
       DP_ERR_PARSE, w, kw->col,
-      "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, "
+      "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, silu, leaky_relu, "
       "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten, batchnorm, embed, "
       "attention, residual, end or loss)",
       echo(kw, &e));
