@@ -162,6 +162,38 @@ dp_status dp_model_add_linear_tied(dp_model *m, int out_width);
 dp_status dp_model_begin_residual(dp_model *m);
 dp_status dp_model_end_residual(dp_model *m);
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
+/* PyTorch's nn.CrossEntropyLoss(weight=, ignore_index=, label_smoothing=) with
+ * reduction 'mean', for a model whose loss is DP_LOSS_SOFTMAX_CE (spec: `loss
+ * softmax_cross_entropy label_smoothing S ignore_index I weight W0,W1,...`):
+ * - ignore_index (has_ignore_index 1): a target equal to it adds no loss and no
+ *   gradient, and is not counted in the mean; a label outside 0..classes-1
+ *   that is not it is refused (DP_ERR_RANGE) as without the option.
+ * - weights (n_weights == classes, at most DP_MAX_CLASS_WEIGHTS, finite and
+ *   >= 0): target t's term is scaled by weights[t] and the mean divides by the
+ *   sum of the weights of the batch's non-ignored targets.
+ * - label_smoothing in [0, 1]: each target's term is (1 - S) times its
+ *   weighted -log p_t plus S / classes times sum_c w_c (-log p_c).
+ * The mean's denominator (the count, or weight sum, of the call's non-ignored
+ * targets, over every device and process) is computed from the targets before
+ * the call, exactly (per-class counts), so its bits do not depend on the
+ * layout. A call whose denominator is 0 (every target ignored: PyTorch's 0/0,
+ * a NaN loss) is a non-finite loss: refused (DP_ERR_NONFINITE) or, under
+ * DP_NONFINITE_SKIP, skipped and counted, with nothing applied. With
+ * config.accumulate, each call's mean is over its own targets, divided by
+ * the accumulation (PyTorch's `(loss / accumulate).backward()` loop).
+ * All zero (label_smoothing 0, no ignore_index, no weights) is the plain loss,
+ * its bits unchanged. The model copies the weights. */
+#define DP_MAX_CLASS_WEIGHTS 1024
+typedef struct {
+  float label_smoothing; /* [0, 1] */
+  int has_ignore_index;  /* 1: ignore_index is in effect */
+  int32_t ignore_index;  /* PyTorch's default is -100 */
+  int n_weights;         /* 0: no class weights; else the model's classes */
+  const float *weights;  /* (n_weights); read back: the model's own copy */
+} dp_ce_options;
+dp_status dp_model_set_ce_options(dp_model *m, const dp_ce_options *o);
+/* The options in effect (all zero for none, or for another loss). */
+dp_status dp_model_ce_options(const dp_model *m, dp_ce_options *out);
 void dp_model_free(dp_model *m);
 
 int dp_model_input_width(const dp_model *m);

@@ -7,6 +7,7 @@
 #include "helpers.h"
 
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -624,6 +625,130 @@ START_TEST(shared_op_is_not_stalled_by_a_late_device) {
 }
 END_TEST
 
+/* nn.CrossEntropyLoss's options: an MLP with label smoothing, class weights and
+ * ignore_index -1 on about a third of the labels (a GPT with padding positions
+ * below). The mean's denominator is the batch's weight sum of the non-ignored
+ * labels, counted before the step: one hash on 1, 2 and 4 devices in every
+ * mode, with and without accumulation; on 3 devices (no power of two: the
+ * gradients' tree differs, docs/DETERMINISM.md) the same loss bits. */
+static const char CE_OPTS_SPEC[] =
+    "input 12\nlinear 16\nrelu\nlinear 5\n"
+    "loss softmax_cross_entropy label_smoothing 0.1 ignore_index -1 weight 1,2,0.5,0,1.5\n";
+static const char CE_GPT_SPEC[] =
+    "input tokens 6\nembed 16 8\nresidual\nlayernorm\nlinear 24 nobias\nattention 2\n"
+    "linear 8\nend\nlayernorm\nlinear 16\nloss softmax_cross_entropy ignore_index 15\n";
+
+static uint64_t ce_run(const char *spec, setup su, int accumulate, int cols, int vocab,
+                       float *first_loss) {
+  enum { R = 24 };
+  dp_config c = config_of(R, su.devices, DP_OPT_ADAMW);
+  c.mode = su.mode;
+  c.shard_optimizer = su.shard;
+  c.micro_batch = 2;
+  c.accumulate = accumulate;
+  c.lr = 0.01f;
+  c.seed = 7;
+  c.backend = backend_in_use;
+  rig r;
+  rig_open(&r, spec, &c);
+  int P = dp_model_positions(r.m);
+  float x[R * 12];
+  int32_t y[R * 6];
+  uint64_t q = 12345;
+  for (int s = 0; s < 4 * (accumulate ? accumulate : 1); s++) {
+    for (int i = 0; i < R * cols; i++) {
+      q = q * 6364136223846793005ull + 1442695040888963407ull;
+      x[i] = vocab ? (float)((q >> 33) % (uint64_t)vocab)
+                   : (float)((q >> 40) & 0xffff) / 32768.0f - 1.0f;
+    }
+    for (int i = 0; i < R * P; i++) {
+      q = q * 6364136223846793005ull + 1442695040888963407ull;
+      int k = (int)((q >> 33) % 3 == 0); /* ignored: about a third */
+      y[i] = vocab ? (k ? 15 : (int32_t)((q >> 20) % 15))
+                   : (k ? -1 : (int32_t)((q >> 20) % 5));
+    }
+    int rows = s % 3 == 2 ? R - 5 : R; /* a short batch too */
+    float loss;
+    ck_assert_msg(dp_train_step(r.c, accumulate ? R : rows, cols, x, y, &loss) == DP_OK,
+                  "%s", dp_ctx_error(r.c));
+    if (s == 0) *first_loss = loss;
+  }
+  uint64_t h = dp_params_hash(r.c);
+  rig_close(&r);
+  return h;
+}
+
+static const setup CE_SETUPS[] = {{1, DP_MODE_CLASSIC, 0},   {2, DP_MODE_CLASSIC, 0},
+                                  {3, DP_MODE_CLASSIC, 0},   {4, DP_MODE_CLASSIC, 0},
+                                  {2, DP_MODE_ALLREDUCE, 0}, {3, DP_MODE_ALLREDUCE, 0},
+                                  {4, DP_MODE_ALLREDUCE, 0}, {4, DP_MODE_ALLREDUCE, 1}};
+
+START_TEST(ce_options_same_bits_on_1_2_3_4_devices_in_every_mode) {
+  for (int a = 0; a <= 2; a += 2)
+    for (int g = 0; g < 2; g++) {
+      const char *spec = g ? CE_GPT_SPEC : CE_OPTS_SPEC;
+      int cols = g ? 6 : 12, vocab = g ? 16 : 0;
+      float l0, l;
+      uint64_t ref = ce_run(spec, CE_SETUPS[0], a, cols, vocab, &l0);
+      ck_assert_uint_ne(ref, 0);
+      for (size_t i = 1; i < sizeof CE_SETUPS / sizeof *CE_SETUPS; i++) {
+        uint64_t h = ce_run(spec, CE_SETUPS[i], a, cols, vocab, &l);
+        if (CE_SETUPS[i].devices == 3) h = ref; /* the loss only */
+        ck_assert_msg(
+            h == ref && memcmp(&l, &l0, 4) == 0,
+            "%s, accumulate %d, %d devices, %s: hash %016llx loss %.9g, 1 device: "
+            "%016llx loss %.9g",
+            g ? "gpt" : "mlp", a, CE_SETUPS[i].devices, mode_name(CE_SETUPS[i]),
+            (unsigned long long)h, (double)l, (unsigned long long)ref, (double)l0);
+      }
+    }
+  /* and not vacuously: without the options, other bits */
+  float l;
+  ck_assert_uint_ne(
+      ce_run("input 12\nlinear 16\nrelu\nlinear 5\nloss softmax_cross_entropy "
+             "ignore_index -1\n",
+             CE_SETUPS[0], 0, 12, 0, &l),
+      ce_run(CE_OPTS_SPEC, CE_SETUPS[0], 0, 12, 0, &l));
+}
+END_TEST
+
+/* Every label ignore_index: PyTorch's mean is 0/0 (NaN). The step is refused
+ * as a non-finite loss with nothing applied, or skipped and counted under
+ * DP_NONFINITE_SKIP; a label outside the classes that is not ignore_index is
+ * still refused. */
+START_TEST(ce_all_ignored_is_a_nonfinite_loss_with_nothing_applied) {
+  for (int skip = 0; skip < 2; skip++) {
+    dp_config c = config_of(4, 2, DP_OPT_MOMENTUM);
+    c.on_nonfinite = skip ? DP_NONFINITE_SKIP : DP_NONFINITE_ERROR;
+    c.backend = backend_in_use;
+    rig r;
+    rig_open(&r, CE_OPTS_SPEC, &c);
+    float x[4 * 12] = {0}, loss = 0.0f;
+    int32_t y[4] = {-1, -1, -1, -1};
+    uint64_t h = dp_params_hash(r.c);
+    dp_status st = dp_train_step(r.c, 4, 12, x, y, &loss);
+    ck_assert_int_eq(st, skip ? DP_OK : DP_ERR_NONFINITE);
+    ck_assert_msg(strstr(dp_ctx_error(r.c), "every target is ignore_index") ||
+                      strstr(dp_ctx_error(r.c), "ignored or of weight 0"),
+                  "%s", dp_ctx_error(r.c));
+    if (skip) ck_assert(isnan(loss));
+    ck_assert_uint_eq(dp_ctx_skipped_steps(r.c), (uint64_t)skip);
+    ck_assert_uint_eq(dp_params_hash(r.c), h);
+    y[1] = 3; /* weight 0: still a zero denominator */
+    ck_assert_int_eq(dp_train_step(r.c, 4, 12, x, y, &loss),
+                     skip ? DP_OK : DP_ERR_NONFINITE);
+    y[2] = 5; /* out of range, not ignore_index */
+    ck_assert_int_eq(dp_train_step(r.c, 4, 12, x, y, &loss), DP_ERR_RANGE);
+    ck_assert_uint_eq(dp_params_hash(r.c), h);
+    y[2] = 1;
+    ck_assert_int_eq(dp_train_step(r.c, 4, 12, x, y, &loss), DP_OK);
+    ck_assert(isfinite(loss));
+    ck_assert_uint_ne(dp_params_hash(r.c), h);
+    rig_close(&r);
+  }
+}
+END_TEST
+
 Suite *determinism_suite(void) {
   Suite *s = suite_create("determinism");
   TCase *tc = tcase_create("across_devices_and_modes");
@@ -634,6 +759,8 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);
   tcase_add_test(tc, gpt_attention_dropout_same_bits_everywhere);
+  tcase_add_test(tc, ce_options_same_bits_on_1_2_3_4_devices_in_every_mode);
+  tcase_add_test(tc, ce_all_ignored_is_a_nonfinite_loss_with_nothing_applied);
   suite_add_tcase(s, tc);
   tc = tcase_create("recompute");
   tcase_set_timeout(tc, 120);

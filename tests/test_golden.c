@@ -316,6 +316,8 @@ static const char *const golden_cases[] = {"seed",
                                            "gpt_post",
                                            "gpt_tied",
                                            "gpt_attn_dropout",
+                                           "mlp_ce_opts", /* label_smoothing, weight */
+                                           "gpt_ignore",  /* ignore_index */
                                            "bf16_mlp",
                                            "bf16_cnn",
                                            "bf16_gpt",

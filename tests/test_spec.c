@@ -1316,6 +1316,144 @@ START_TEST(absurd_dims_max_batch_is_zero_not_an_error) {
 }
 END_TEST
 
+/* ---- the cross-entropy's options (PyTorch's nn.CrossEntropyLoss) ---------------- */
+
+START_TEST(ce_options_parse_read_back_and_round_trip) {
+  const char *spec = "input 4\nlinear 3\n"
+                     "loss softmax_cross_entropy weight 1,2.5,0 ignore_index -100 "
+                     "label_smoothing 0.1\n";
+  dp_model *m = model_of(spec);
+  dp_ce_options o;
+  ck_assert_int_eq(dp_model_ce_options(m, &o), DP_OK);
+  ck_assert_float_eq(o.label_smoothing, 0.1f);
+  ck_assert_int_eq(o.has_ignore_index, 1);
+  ck_assert_int_eq(o.ignore_index, -100);
+  ck_assert_int_eq(o.n_weights, 3);
+  ck_assert_float_eq(o.weights[0], 1.0f);
+  ck_assert_float_eq(o.weights[1], 2.5f);
+  ck_assert_float_eq(o.weights[2], 0.0f);
+  char *s = format_alloc(m); /* the options in a fixed order */
+  ck_assert_str_eq(s, "input 4\nlinear 3\nloss softmax_cross_entropy label_smoothing 0.1 "
+                      "ignore_index -100 weight 1,2.5,0\n");
+  dp_model *b = model_of(s);
+  char *t = format_alloc(b);
+  ck_assert_str_eq(s, t);
+  ck_assert_mem_eq(&m->ce, &b->ce, sizeof m->ce);
+  /* the builder's spelling of the same model */
+  dp_model *c = model_of("input 4\nlinear 3\nloss softmax_cross_entropy\n");
+  ck_assert_int_eq(dp_model_ce_options(c, &o), DP_OK);
+  ck_assert(o.label_smoothing == 0.0f && !o.has_ignore_index && !o.n_weights && !o.weights);
+  float w[3] = {1.0f, 2.5f, 0.0f};
+  dp_ce_options set = {.label_smoothing = 0.1f,
+                       .has_ignore_index = 1,
+                       .ignore_index = -100,
+                       .n_weights = 3,
+                       .weights = w};
+  ck_assert_int_eq(dp_model_set_ce_options(c, &set), DP_OK);
+  w[1] = 7.0f; /* the model keeps its own copy */
+  char *u = format_alloc(c);
+  ck_assert_str_eq(s, u);
+  /* a single option, and an ignore_index of a real class (PyTorch allows it) */
+  dp_model *d = model_of("input 4\nlinear 3\nloss softmax_cross_entropy ignore_index 2\n");
+  char *v = format_alloc(d);
+  ck_assert_str_eq(v, "input 4\nlinear 3\nloss softmax_cross_entropy ignore_index 2\n");
+  free(s), free(t), free(u), free(v);
+  dp_model_free(m), dp_model_free(b), dp_model_free(c), dp_model_free(d);
+}
+END_TEST
+
+START_TEST(ce_option_errors_name_line_and_column) {
+  const char *h = "input 4\nlinear 3\n";
+  char buf[256];
+#define BAD(tail, col, needle)                                                             \
+  do {                                                                                     \
+    snprintf(buf, sizeof buf, "%sloss softmax_cross_entropy%s\n", h, tail);                \
+    parse_bad(buf, 3, col, needle);                                                        \
+  } while (0)
+  BAD(" label_smoothing", 44, "expected a number in [0, 1] after 'label_smoothing'");
+  BAD(" label_smoothing 1.5", 44,
+      "label_smoothing: expected a number in [0, 1], got '1.5'");
+  BAD(" label_smoothing -0.1", 44, "got '-0.1'");
+  BAD(" label_smoothing 0x0.1p0", 44, "got '0x0.1p0'");
+  BAD(" label_smoothing nan", 44, "got 'nan'");
+  BAD(" ignore_index x1", 41, "ignore_index: expected an integer (int32), got 'x1'");
+  BAD(" ignore_index 2147483648", 41, "got '2147483648'");
+  BAD(" weight 1,2", 35, "weight: 2 class weights for 3 classes");
+  BAD(" weight 1,,3", 37, "expected a finite number >= 0 for class 1, got ''");
+  BAD(" weight 1,2,-3", 39, "for class 2, got '-3'");
+  BAD(" weight 1,2,inf", 39, "got 'inf'");
+  BAD(" weight 1,2,3,", 41, "for class 3, got ''");
+  BAD(" smoothing 0.1", 28, "expected 'label_smoothing S', 'ignore_index I' or");
+  BAD(" ignore_index 1 ignore_index 2", 43, "'ignore_index' given twice");
+#undef BAD
+  parse_bad("input 4\nlinear 3\nloss mse label_smoothing 0.1\n", 3, 10,
+            "unexpected 'label_smoothing' after 'loss'");
+  /* the builder refuses what the parser does, and changes nothing */
+  dp_model *m = model_of("input 4\nlinear 3\nloss softmax_cross_entropy\n");
+  float w[3] = {1, NAN, 1};
+  dp_ce_options o = {.n_weights = 3, .weights = w};
+  ck_assert_int_eq(dp_model_set_ce_options(m, &o), DP_ERR_INVALID);
+  o = (dp_ce_options){.label_smoothing = 1.01f};
+  ck_assert_int_eq(dp_model_set_ce_options(m, &o), DP_ERR_INVALID);
+  o = (dp_ce_options){.n_weights = 3};
+  ck_assert_int_eq(dp_model_set_ce_options(m, &o), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_ce_options(m, NULL), DP_ERR_INVALID);
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input 4\nlinear 3\nloss softmax_cross_entropy\n");
+  dp_model *e = model_of("input 4\nlinear 3\nloss mse\n");
+  o = (dp_ce_options){.has_ignore_index = 1};
+  ck_assert_int_eq(dp_model_set_ce_options(e, &o), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "options of loss softmax_cross_entropy"));
+  free(s);
+  dp_model_free(m), dp_model_free(e);
+}
+END_TEST
+
+static dp_plan *plan_of_spec(const char *spec) {
+  dp_model *m = model_of(spec);
+  dp_config c = config_of(4, 1, DP_OPT_SGD);
+  dp_plan *p = plan_of(m, &c);
+  dp_model_free(m);
+  return p;
+}
+
+/* The options enter the plan hash; a spec without them keeps the model hash
+ * it had before they existed (pinned: computed by the code before them). */
+START_TEST(ce_options_change_the_hash_and_old_specs_keep_theirs) {
+  static const struct {
+    const char *spec;
+    uint64_t h0;
+  } old[] = {
+      {"input 5\nlinear 2\nloss mse\n", UINT64_C(0x522edfec59f69225)},
+      {"input tokens 4\nembed 8 4\nlayernorm\nlinear 8\nloss softmax_cross_entropy\n",
+       UINT64_C(0xd9df0c69c14959e7)},
+  };
+  for (size_t i = 0; i < sizeof old / sizeof *old; i++) {
+    dp_plan *p = plan_of_spec(old[i].spec);
+    uint64_t h[DP_PLAN_HASHES];
+    dp__plan_hashes(p, h);
+    ck_assert_msg(h[0] == old[i].h0, "%zu: model hash %016llx", i,
+                  (unsigned long long)h[0]);
+    dp_plan_free(p);
+  }
+  const char *specs[] = {
+      "input 4\nlinear 3\nloss softmax_cross_entropy\n",
+      "input 4\nlinear 3\nloss softmax_cross_entropy label_smoothing 0.1\n",
+      "input 4\nlinear 3\nloss softmax_cross_entropy ignore_index -100\n",
+      "input 4\nlinear 3\nloss softmax_cross_entropy ignore_index 0\n",
+      "input 4\nlinear 3\nloss softmax_cross_entropy weight 1,1,1\n",
+      "input 4\nlinear 3\nloss softmax_cross_entropy weight 1,1,2\n"};
+  uint64_t seen[6];
+  for (int i = 0; i < 6; i++) {
+    dp_plan *p = plan_of_spec(specs[i]);
+    seen[i] = dp_plan_hash(p);
+    for (int j = 0; j < i; j++)
+      ck_assert_msg(seen[i] != seen[j], "%d and %d hash alike", i, j);
+    dp_plan_free(p);
+  }
+}
+END_TEST
+
 Suite *spec_suite(void) {
   Suite *s = suite_create("spec");
   TCase *tc = tcase_create("errors");
@@ -1373,6 +1511,9 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, format_round_trips_any_dropout_probability);
   tcase_add_test(tc, format_short_dropout_probabilities_stay_short);
   tcase_add_test(tc, format_truncates_and_reports_the_needed_length);
+  tcase_add_test(tc, ce_options_parse_read_back_and_round_trip);
+  tcase_add_test(tc, ce_option_errors_name_line_and_column);
+  tcase_add_test(tc, ce_options_change_the_hash_and_old_specs_keep_theirs);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("load");

@@ -226,6 +226,10 @@ typedef struct dp_backend_ops {
    * backend that keeps it on the device (in per-step scalars a graph replays);
    * NULL: the backend reads env->lr. */
   dp_status (*set_lr)(void *bctx, float lr);
+  /* Optional: the next step's cross-entropy denominator and gradient scale
+   * (dp_exec_env.loss_denom, loss_inv; models with dp__ce_has_opts), for a
+   * backend that keeps them on the device; NULL: the backend reads env. */
+  dp_status (*set_loss_norm)(void *bctx, float denom, float inv);
   /* Optional diagnostics (the public dp_cuda_* queries and dp bench): the
    * devices this backend can see (0 with the reason as the last error); the
    * name and memory of device dev; the time of one FP32 GEMM C (m, n) =
@@ -292,6 +296,10 @@ struct dp_exec_env {
    * loss gradient is scaled by (accumulate * rows), and the row of the
    * concatenation its first row is (dropout's key) */
   int accum_k, loss_rows, row_base;
+  /* the cross-entropy options (dp__ce_has_opts): the mean's denominator, the
+   * call's count or weight sum of non-ignored targets over every device and
+   * process, and the gradient's scale 1 / (loss_denom accumulate) */
+  float loss_denom, loss_inv;
   bool skip_broadcast; /* replicas already hold device 0's parameters */
   int host_row0;       /* the first row of this rank's host buffers */
 };

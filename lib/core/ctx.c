@@ -617,8 +617,9 @@ static dp_status train_args(dp_ctx *c, int rows, int cols, const float *x,
     if (c->world) dp__rank_rows(p, rows, c->rank, &row0, &n);
     const int32_t *t = target;
     int P = dp_model_positions(&p->model), classes = dp_model_output_width(&p->model) / P;
+    const dp_ce_opts *o = &p->model.ce;
     for (size_t k = 0; k < (size_t)n * (size_t)P && !s; k++)
-      if (t[k] < 0 || t[k] >= classes)
+      if ((t[k] < 0 || t[k] >= classes) && !(o->ignore && t[k] == o->ignore_index))
         s = P == 1
                 ? DP_FAIL(DP_ERR_RANGE, "label %d of row %d is outside 0..%d", t[k],
                           row0 + (int)k, classes - 1)
@@ -863,15 +864,64 @@ static dp_status agree_args(dp_ctx *c, dp_status s, int rows) {
   return c->world ? agree(c, s, -1, rows, NULL) : s;
 }
 
+/* The cross-entropy options' denominator (dp__ce_has_opts) of a call: the
+ * count of its non-ignored targets, or with class weights sum_c w_c n_c over
+ * the per-class counts n_c, computed in double in class order. The counts are
+ * integers, so they add exactly across processes (each rank broadcasts its
+ * own in turn) and the denominator has the same bits for every layout. */
+static dp_status ce_denominator(dp_ctx *c, int rows, const int32_t *t, float *denom) {
+  const dp_model *m = &c->plan->model;
+  const dp_ce_opts *o = &m->ce;
+  int K = o->n_weights ? o->n_weights : 1, P = dp_model_positions(m), row0 = 0, n = rows;
+  if (c->world) dp__rank_rows(c->plan, rows, c->rank, &row0, &n);
+  int64_t *own = c->ce_counts, *sum = c->ce_counts + DP_MAX_CLASS_WEIGHTS;
+  memset(own, 0, (size_t)K * sizeof *own);
+  for (size_t k = 0; k < (size_t)n * (size_t)P; k++)
+    if (!(o->ignore && t[k] == o->ignore_index)) own[o->n_weights ? t[k] : 0]++;
+  memcpy(sum, own, (size_t)K * sizeof *own);
+  int64_t *recv = c->ce_counts + 2 * DP_MAX_CLASS_WEIGHTS;
+  for (int q = 0; c->world && q < c->world->ops->size; q++) {
+    /* every rank calls every broadcast; the root's buffer is its own counts */
+    dp_status s = dp__ctx_bcast(c, q, q == c->rank ? own : recv, (size_t)K * sizeof *own);
+    if (s) return s;
+    for (int k = 0; q != c->rank && k < K; k++) sum[k] += recv[k];
+  }
+  double d = 0.0;
+  for (int k = 0; k < K; k++)
+    d += (o->n_weights ? (double)o->weights[k] : 1.0) * (double)sum[k];
+  *denom = (float)d;
+  return DP_OK;
+}
+
 static dp_status train_step(dp_ctx *c, int rows, int cols, const float *x,
                             const void *target, float *loss) {
   if (c->poison && !c->world) return poisoned(c);
   dp_status s = c->poison ? poisoned(c) : train_args(c, rows, cols, x, target);
   if ((s = agree_args(c, s, rows))) return dp__ctx_fail(c, s);
+  float denom = 0.0f, inv = 0.0f;
+  if (dp__ce_has_opts(&c->plan->model)) {
+    if ((s = ce_denominator(c, rows, target, &denom))) return dp__ctx_fail(c, s);
+    /* PyTorch's mean is 0/0 here, a NaN loss: the non-finite policy decides */
+    if (!(denom > 0.0f && denom <= FLT_MAX))
+      return nonfinite(
+          c,
+          DP_FAIL(DP_ERR_NONFINITE,
+                  "the loss is NaN: the sum of the weights of the batch's non-ignored "
+                  "targets is %g (%s); the step was not applied",
+                  (double)denom,
+                  c->plan->model.ce.n_weights ? "every target ignored or of weight 0"
+                                              : "every target is ignore_index"),
+          loss);
+    inv = 1.0f / (denom * (float)dp__accumulate(&c->plan->cfg));
+    if (c->be->set_loss_norm && (s = c->be->set_loss_norm(c->bctx, denom, inv)))
+      return dp__ctx_fail(c, s);
+  }
   dp_exec_env e;
   bool update = updates(c);
   dp_sched_cache *sc = update ? &c->train : &c->accum;
   env_init(c, &e, sc, rows, true);
+  e.loss_denom = denom;
+  e.loss_inv = inv;
   /* Classic mode broadcasts every step (the optimizer ran on device 0 only);
    * allreduce keeps every replica current and broadcasts only when they are
    * stale (parameters set from outside, a load, a failed step). */

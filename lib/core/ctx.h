@@ -53,6 +53,9 @@ struct dp_ctx {
   float grad_norm;  /* config.clip_grad_norm: the last step's (dp_ctx_grad_norm) */
   int accum_k;      /* config.accumulate: calls accumulated since the last update */
   uint64_t skipped; /* steps skipped under DP_NONFINITE_SKIP */
+  /* the cross-entropy options' counts (ctx.c, ce_denominator): this rank's,
+   * the sum, another rank's */
+  int64_t ce_counts[3 * DP_MAX_CLASS_WEIGHTS];
   int inject_at;    /* test hook: schedule index that fails in the next run, -1 none */
   /* Nonzero: state can no longer be trusted (a guard was hit, or an op of a
    * commit phase failed); step and forward return it with poison_msg. */

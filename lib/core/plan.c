@@ -1175,6 +1175,12 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
     }
     if (l->kind == DP_LAYER_LEAKY_RELU) x = h_f32(h_u64(x, 0x6c72u), l->slope);
   }
+  if (dp__ce_has_opts(m)) { /* only when set: plans without them hash as they did */
+    x = h_f32(h_u64(x, 0x6365u), m->ce.smoothing);
+    x = h_u64(h_u64(x, (uint64_t)m->ce.ignore), (uint64_t)(uint32_t)m->ce.ignore_index);
+    x = h_u64(x, (uint64_t)m->ce.n_weights);
+    for (int i = 0; i < m->ce.n_weights; i++) x = h_f32(x, m->ce.weights[i]);
+  }
   h[0] = x;
   const dp_config *c = &p->cfg;
   x = DP_FNV_INIT;

@@ -706,8 +706,10 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
 /* Loss sum over the rows of micro-batch mb, with the gradient of the mean
  * loss written beside it. o, t and g hold rows from row `base` on; `rows` is
  * the step's whole batch (the mean's denominator). */
-static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float *o,
-                       const void *target, float *g, int rows) {
+static float loss_rows(const dp_exec_env *e, const dp_mb *mb, int base, const float *o,
+                       const void *target, float *g) {
+  const dp_plan *p = e->plan;
+  int rows = e->loss_rows;
   int out = dp_model_output_width(&p->model);
   float s = 0.0f;
   size_t r0 = (size_t)(mb->row0 - base), r1 = r0 + (size_t)mb->rows;
@@ -726,6 +728,8 @@ static float loss_rows(const dp_plan *p, const dp_mb *mb, int base, const float 
   size_t P = (size_t)dp_model_positions(&p->model);
   out /= (int)P;
   r0 *= P, r1 *= P;
+  if (dp__ce_has_opts(&p->model))
+    return dp__softmax_xent_opts(o, t, g, r0, r1, out, &p->model.ce, e->loss_inv);
   float inv = 1.0f / ((float)rows * (float)P);
   return dp__softmax_xent(o, t, g, r0, r1, out, inv);
 }
@@ -741,8 +745,7 @@ static dp_status loss_op(dp_exec_env *e, const dp_op *op) {
   float *g = dp__span_ptr(e, d, lo.dout), *part = dp__span_ptr(e, d, lo.sums);
   const void *t = dp__span_ptr(e, d, lo.targets);
   for (int k = 0; k < op->n_mb; k++)
-    part[k] =
-        loss_rows(e->plan, &e->mbs[op->micro_batch + k], op->row0, o, t, g, e->loss_rows);
+    part[k] = loss_rows(e, &e->mbs[op->micro_batch + k], op->row0, o, t, g);
   return DP_OK;
 }
 
@@ -762,6 +765,7 @@ static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
   float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
                                        ? (float)dp_model_output_width(&p->model)
                                        : (float)dp_model_positions(&p->model));
+  if (dp__ce_has_opts(&p->model)) denom = e->loss_denom; /* the targets' (ctx.c) */
   e->loss = tree_sum(region(e, 0, DP_REGION_LOSS, 0), e->mbs, 0, op->n_mb) / denom;
   if (!isfinite(e->loss))
     return DP_FAIL(DP_ERR_NONFINITE, "the loss is %s; the step was not applied",

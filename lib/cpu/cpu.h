@@ -83,6 +83,14 @@ void dp__causal_softmax_backward(const float *p, float *ds, int T, float scale);
  * t (checked: 0 .. out - 1): returns the sum of the rows' losses, max +
  * log(sum e^(z - max)) - z[t], added in row order from +0, and writes g =
  * (softmax - onehot) inv, the sums in util/expf.h's 16 lanes. */
+/* The same with the cross-entropy options o (PyTorch's weight, ignore_index,
+ * label_smoothing): row r's loss is (1 - S) w_t (lse - z_t) + S / out
+ * sum_c w_c (lse - z_c) (w: 1 without weights; 0 for an ignored row), and g =
+ * (p a - (1 - S) w_t onehot - S / out w) inv with a = (1 - S) w_t + S / out
+ * sum_c w_c; an ignored row's g is +0. inv: 1 / (the denominator times the
+ * accumulation). */
+float dp__softmax_xent_opts(const float *z, const int32_t *t, float *g, size_t r0,
+                            size_t r1, int out, const dp_ce_opts *o, float inv);
 float dp__softmax_xent(const float *z, const int32_t *t, float *g, size_t r0, size_t r1,
                        int out, float inv);
 

@@ -196,3 +196,46 @@ float dp__softmax_xent(const float *z, const int32_t *t, float *g, size_t r0, si
     xent(z, t, g, r0, r1, out, inv, &total);
   return total;
 }
+
+/* The sum of v[0..n) (times w[j] when w) in the 16 lanes, then their tree. */
+static float lanes_sum(const float *v, const float *w, int n) {
+  float a[L];
+  for (int l = 0; l < L; l++) a[l] = 0.0f;
+  for (int j = 0; j < n; j++) a[j % L] += w ? w[j] * v[j] : v[j];
+  return dp__lanes_total(a);
+}
+
+/* Not vectorised as the plain loss is: the options' terms are a pass or two
+ * more per row, and the plain loss keeps its own bits. */
+float dp__softmax_xent_opts(const float *z, const int32_t *t, float *g, size_t r0,
+                            size_t r1, int out, const dp_ce_opts *o, float inv) {
+  const float *w = o->n_weights ? o->weights : NULL;
+  float S = o->smoothing, keep = 1.0f - S, per = S / (float)out;
+  float wall = w ? lanes_sum(w, NULL, out) : (float)out; /* sum_c w_c */
+  float s = 0.0f;
+  for (size_t r = r0; r < r1; r++) {
+    const float *zr = z + r * out;
+    float *gr = g + r * out;
+    int tr = t[r];
+    if (o->ignore && tr == o->ignore_index) {
+      for (int j = 0; j < out; j++) gr[j] = 0.0f;
+      continue;
+    }
+    float mx = -INFINITY;
+    for (int j = 0; j < out; j++) mx = zr[j] > mx ? zr[j] : mx;
+    for (int j = 0; j < out; j++) gr[j] = mx - zr[j];       /* -log p_j - log se */
+    float smooth = S > 0.0f ? lanes_sum(gr, w, out) : 0.0f; /* sum_c w_c (mx - z_c) */
+    for (int j = 0; j < out; j++) gr[j] = dp__expf(-gr[j]);
+    float se = lanes_sum(gr, NULL, out), inv_se = 1.0f / se, ls = logf(se);
+    float wt = w ? w[tr] : 1.0f, et = gr[tr];
+    /* (mx - z_t) + log se, as the plain loss */
+    float loss = keep * wt * ((mx - zr[tr]) + ls);
+    if (S > 0.0f) loss += per * (smooth + wall * ls);
+    s += loss;
+    float a = keep * wt + per * wall;
+    for (int j = 0; j < out; j++)
+      gr[j] = (gr[j] * inv_se * a - per * (w ? w[j] : 1.0f)) * inv;
+    gr[tr] = (et * inv_se * a - per * wt - keep * wt) * inv;
+  }
+  return s;
+}

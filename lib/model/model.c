@@ -539,6 +539,53 @@ dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
   return DP_OK;
 }
 
+dp_status dp_model_set_ce_options(dp_model *m, const dp_ce_options *o) {
+  if (!m || !o)
+    return DP_FAIL(DP_ERR_INVALID, "dp_model_set_ce_options: model or options is NULL");
+  if (m->loss != DP_LOSS_SOFTMAX_CE)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "label_smoothing, ignore_index and weight are options of loss "
+                   "softmax_cross_entropy; this model's loss is %s",
+                   dp_loss_name(m->loss));
+  if (!(o->label_smoothing >= 0.0f && o->label_smoothing <= 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "label_smoothing must be in [0, 1], got %g",
+                   (double)o->label_smoothing);
+  int classes = dp_model_output_width(m) / dp_model_positions(m);
+  if (o->n_weights != 0 && o->n_weights != classes)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "weight: %d class weights for %d classes (one per class)", o->n_weights,
+                   classes);
+  if (o->n_weights > DP_MAX_CLASS_WEIGHTS)
+    return DP_FAIL(DP_ERR_INVALID, "weight: at most %d classes take class weights, got %d",
+                   DP_MAX_CLASS_WEIGHTS, o->n_weights);
+  if (o->n_weights && !o->weights)
+    return DP_FAIL(DP_ERR_INVALID, "weight: n_weights is %d but weights is NULL",
+                   o->n_weights);
+  for (int i = 0; i < o->n_weights; i++)
+    if (!(o->weights[i] >= 0.0f && o->weights[i] <= FLT_MAX))
+      return DP_FAIL(DP_ERR_INVALID, "weight: class %d's weight %g is not finite and >= 0",
+                     i, (double)o->weights[i]);
+  dp_ce_opts c = {.smoothing = o->label_smoothing + 0.0f, /* -0 as 0: one spelling */
+                  .ignore = o->has_ignore_index != 0,
+                  .ignore_index = o->has_ignore_index ? o->ignore_index : 0,
+                  .n_weights = o->n_weights};
+  for (int i = 0; i < o->n_weights; i++) c.weights[i] = o->weights[i] + 0.0f;
+  m->ce = c;
+  return DP_OK;
+}
+
+dp_status dp_model_ce_options(const dp_model *m, dp_ce_options *out) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!m || !out)
+    return DP_FAIL(DP_ERR_INVALID, "dp_model_ce_options: model or out is NULL");
+  *out = (dp_ce_options){.label_smoothing = m->ce.smoothing,
+                         .has_ignore_index = m->ce.ignore,
+                         .ignore_index = m->ce.ignore_index,
+                         .n_weights = m->ce.n_weights,
+                         .weights = m->ce.n_weights ? m->ce.weights : NULL};
+  return DP_OK;
+}
+
 int dp_model_input_width(const dp_model *m) { return m ? m->input_width : 0; }
 int dp_model_output_width(const dp_model *m) { return m ? cur_width(m) : 0; }
 int dp_model_positions(const dp_model *m) { return m && cur_t(m) ? cur_t(m) : 1; }
@@ -623,7 +670,15 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     } else
       put(buf, cap, &len, "%s\n", dp_layer_kind_name(l->kind));
   }
-  if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "loss %s\n", dp_loss_name(m->loss));
+  if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "loss %s", dp_loss_name(m->loss));
+  if (m->ce.smoothing > 0.0f)
+    put(buf, cap, &len, " label_smoothing %s",
+        dp__shortest_float(m->ce.smoothing, num, sizeof num));
+  if (m->ce.ignore) put(buf, cap, &len, " ignore_index %d", (int)m->ce.ignore_index);
+  for (int i = 0; i < m->ce.n_weights; i++)
+    put(buf, cap, &len, "%s%s", i ? "," : " weight ",
+        dp__shortest_float(m->ce.weights[i], num, sizeof num));
+  if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "\n");
   return len;
 }
 

@@ -42,6 +42,15 @@ typedef struct {
                          backward writes first and the embedding's adds to */
 } dp_layer;
 
+/* The cross-entropy options (dp_ce_options); all zero: none. */
+typedef struct {
+  float smoothing;
+  int ignore; /* ignore_index set */
+  int32_t ignore_index;
+  int n_weights; /* 0 or the classes */
+  float weights[DP_MAX_CLASS_WEIGHTS];
+} dp_ce_opts;
+
 struct dp_model {
   int input_width;
   int input_c, input_h, input_w; /* input_h == 0: flat (input_c == input_width) */
@@ -49,9 +58,17 @@ struct dp_model {
   int n_layers;
   dp_layer layers[DP_MAX_LAYERS];
   dp_loss_kind loss;
+  dp_ce_opts ce; /* loss DP_LOSS_SOFTMAX_CE's options */
   size_t n_params;
   size_t n_buffers; /* floats after the parameters in PARAMS (batchnorm) */
 };
+
+/* The model's cross-entropy takes options: its mean's denominator comes from
+ * the targets (dp_exec_env.loss_inv, loss_denom) instead of the rows. */
+static inline bool dp__ce_has_opts(const dp_model *m) {
+  return m->loss == DP_LOSS_SOFTMAX_CE &&
+         (m->ce.smoothing > 0.0f || m->ce.ignore || m->ce.n_weights > 0);
+}
 
 /* The floats of a layer's parameter span: its own, or a tied head's weight (the
  * token table it shares, (out, in) per position). */

@@ -6,6 +6,8 @@
 #include <errno.h>
 #include <float.h>
 #include <fcntl.h>
+#include <float.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -321,6 +323,124 @@ static dp_status parse_gelu(dp_model **m, const token *t, int nt, where w) {
   return at(dp_model_add(*m, exact ? DP_LAYER_GELU_ERF : DP_LAYER_GELU), w, t[0].col);
 }
 
+/* A decimal float of at most 31 characters in [lo, hi] (strtod also takes
+ * hexadecimal, inf and nan; the spec does not). false: not one. */
+static bool decimal_float(const char *s, int len, double lo, double hi, float *out) {
+  char buf[32];
+  if (len <= 0 || len >= (int)sizeof buf) return false;
+  memcpy(buf, s, (size_t)len);
+  buf[len] = '\0';
+  if (strspn(buf, "0123456789.eE+-") != strlen(buf)) return false;
+  char *end;
+  errno = 0;
+  double v = strtod(buf, &end);
+  if (errno || *end || end == buf || !(v >= lo && v <= hi)) return false;
+  *out = (float)v;
+  return *out <= (float)hi;
+}
+
+/* `weight W0,W1,...`: one finite weight >= 0 per class, commas between, no
+ * spaces; a bad one is named by its own column. */
+static dp_status parse_weights(const token *t, where w, dp_ce_opts *o) {
+  int n = 0;
+  for (int i = 0; i <= t->len;) {
+    int j = i;
+    while (j < t->len && t->s[j] != ',') j++;
+    if (n == DP_MAX_CLASS_WEIGHTS)
+      return SPEC_FAIL(DP_ERR_PARSE, w, t->col + i, "loss: at most %d class weights",
+                       DP_MAX_CLASS_WEIGHTS);
+    if (!decimal_float(t->s + i, j - i, 0.0, FLT_MAX, &o->weights[n]))
+      return SPEC_FAIL(
+          DP_ERR_PARSE, w, t->col + i,
+          "loss: weight: expected a finite number >= 0 for class %d, got '%.*s'", n,
+          j - i > 40 ? 40 : j - i, t->s + i);
+    n++;
+    i = j + 1;
+  }
+  o->n_weights = n;
+  return DP_OK;
+}
+
+/* An int32 (ignore_index: PyTorch's default is -100). */
+static bool parse_int32(const token *t, int32_t *out) {
+  int i = t->s[0] == '-' || t->s[0] == '+';
+  if (i >= t->len || t->len - i > 10) return false;
+  long long v = 0;
+  for (int k = i; k < t->len; k++) {
+    if (!isdigit((unsigned char)t->s[k])) return false;
+    v = v * 10 + (t->s[k] - '0');
+  }
+  v = t->s[0] == '-' ? -v : v;
+  if (v < INT32_MIN || v > INT32_MAX) return false;
+  *out = (int32_t)v;
+  return true;
+}
+
+/* loss mse | loss softmax_cross_entropy [label_smoothing S] [ignore_index I]
+ * [weight W0,W1,...]: the options in any order, each once (as conv2d's). */
+static dp_status parse_loss(dp_model **m, const token *t, int nt, where w) {
+  const token *kw = &t[0];
+  echo_buf e;
+  if (nt < 2)
+    return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
+                     "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
+  bool ce = tok_is(&t[1], "softmax_cross_entropy");
+  if (!ce && !tok_is(&t[1], "mse"))
+    return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
+                     "unknown loss '%s' (expected mse or softmax_cross_entropy)",
+                     echo(&t[1], &e));
+  if (!ce) {
+    dp_status s = no_more(t, nt, 2, w, "loss");
+    return s ? s : at(dp_model_set_loss(*m, DP_LOSS_MSE), w, kw->col);
+  }
+  static const char *const names[3] = {"label_smoothing", "ignore_index", "weight"};
+  dp_ce_opts o = {0};
+  int col[3] = {0, 0, 0};
+  for (int i = 2; i < nt && i < MAX_TOKENS; i += 2) {
+    int which = -1;
+    for (int k = 0; k < 3; k++)
+      if (tok_is(&t[i], names[k])) which = k;
+    if (which < 0)
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[i].col,
+                       "loss: expected 'label_smoothing S', 'ignore_index I' or "
+                       "'weight W0,W1,...', got '%s'",
+                       echo(&t[i], &e));
+    if (col[which])
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[i].col, "loss: '%s' given twice", names[which]);
+    if (i + 1 >= nt)
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[i].col + t[i].len + 1,
+                       "loss: expected %s after '%s'",
+                       which == 0   ? "a number in [0, 1]"
+                       : which == 1 ? "an integer"
+                                    : "one weight per class, commas between",
+                       names[which]);
+    const token *v = &t[i + 1];
+    col[which] = v->col;
+    dp_status s = DP_OK;
+    if (which == 0 && !decimal_float(v->s, v->len, 0.0, 1.0, &o.smoothing))
+      s = SPEC_FAIL(DP_ERR_PARSE, w, v->col,
+                    "loss: label_smoothing: expected a number in [0, 1], got '%s'",
+                    echo(v, &e));
+    else if (which == 1 && !parse_int32(v, &o.ignore_index))
+      s = SPEC_FAIL(DP_ERR_PARSE, w, v->col,
+                    "loss: ignore_index: expected an integer (int32), got '%s'",
+                    echo(v, &e));
+    else if (which == 2)
+      s = parse_weights(v, w, &o);
+    if (s) return s;
+    o.ignore |= which == 1;
+  }
+  if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, "loss");
+  dp_status s = at(dp_model_set_loss(*m, DP_LOSS_SOFTMAX_CE), w, kw->col);
+  if (s) return s;
+  dp_ce_options api = {.label_smoothing = o.smoothing,
+                       .has_ignore_index = o.ignore,
+                       .ignore_index = o.ignore_index,
+                       .n_weights = o.n_weights,
+                       .weights = o.weights};
+  return at(dp_model_set_ce_options(*m, &api), w, col[2] ? col[2] : kw->col);
+}
+
 static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   const token *kw = &t[0];
   echo_buf e;
@@ -402,23 +522,7 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   if (tok_is(kw, "conv2d") || tok_is(kw, "maxpool2d") || tok_is(kw, "avgpool2d"))
     return parse_window(m, t, nt, w);
   if (tok_is(kw, "embed") || tok_is(kw, "attention")) return parse_sequence(m, t, nt, w);
-  if (tok_is(kw, "loss")) {
-    if (nt < 2)
-      return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
-                       "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
-    dp_loss_kind k;
-    if (tok_is(&t[1], "mse"))
-      k = DP_LOSS_MSE;
-    else if (tok_is(&t[1], "softmax_cross_entropy"))
-      k = DP_LOSS_SOFTMAX_CE;
-    else
-      return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
-                       "unknown loss '%s' (expected mse or softmax_cross_entropy)",
-                       echo(&t[1], &e));
-    dp_status s = no_more(t, nt, 2, w, "loss");
-    if (s) return s;
-    return at(dp_model_set_loss(*m, k), w, kw->col);
-  }
+  if (tok_is(kw, "loss")) return parse_loss(m, t, nt, w);
   static const struct {
     const char *w;
     dp_layer_kind k;
