@@ -47,6 +47,7 @@
 #include "batchnorm.cuh"
 #include "conv.cuh"
 #include "sequence.cuh"
+#include "util/expf.h" /* dp__lanes_total: the class weights' sum as the cpu's */
 
 #include <math.h>
 #include <stdio.h>
@@ -356,6 +357,33 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
   return o;
 }
 
+/* The cross-entropy options as k_loss_ce takes them (lib/cpu/softmax.c's
+ * constants, computed the same way: sum_c w_c in its 16 lanes). The scale and
+ * the denominator are per step, in the header's scalars (a graph replays). */
+static dp_cuda_ce ce_of(const dp_model *m, dp_cuda_header *hdr) {
+  dp_cuda_ce ce;
+  memset(&ce, 0, sizeof ce);
+  if (!dp__ce_has_opts(m)) return ce;
+  const dp_ce_opts *o = &m->ce;
+  int classes = dp_model_output_width(m) / dp_model_positions(m);
+  ce.on = 1;
+  ce.ignore = o->ignore;
+  ce.ignore_index = o->ignore_index;
+  ce.smooth = o->smoothing;
+  ce.keep = 1.0f - o->smoothing;
+  ce.per = o->smoothing / (float)classes;
+  ce.w = o->n_weights ? dp_cuda_ce_weights(hdr) : NULL;
+  if (!o->n_weights) {
+    ce.wall = (float)classes;
+    return ce;
+  }
+  float a[DP_SUM_LANES];
+  for (int l = 0; l < DP_SUM_LANES; l++) a[l] = 0.0f;
+  for (int j = 0; j < classes; j++) a[j % DP_SUM_LANES] += o->weights[j];
+  ce.wall = dp__lanes_total(a);
+  return ce;
+}
+
 /* As lib/cpu/backend.c's loss_op: the operands from dp__loss_operands, one sum
  * per micro-batch. */
 static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
@@ -391,9 +419,10 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
                                   scale));
     } else { /* the mean over every position: lib/cpu/backend.c's loss_rows */
       float inv = 1.0f / ((float)e->loss_rows * (float)P);
+      dp_cuda_ce ce = ce_of(&p->model, x->hdr);
       DP_CUDA_CHECK(dp_k_loss_ce(x->stream, o + ro, (const int32_t *)t + (size_t)r0 * P,
                                  g + ro, part + g0, dp_cuda_loss_chunks(x->hdr), &span,
-                                 out / P, inv, (op->row0 + r0) * P, x->hdr, d));
+                                 out / P, inv, (op->row0 + r0) * P, x->hdr, d, &ce));
     }
   }
   return DP_OK;
@@ -414,7 +443,7 @@ static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
                                        ? (float)dp_model_output_width(&p->model)
                                        : (float)dp_model_positions(&p->model));
   DP_CUDA_CHECK(dp_k_loss_sum(x->stream, reg(e, 0, DP_REGION_LOSS, 0), op->n_mb, n_ne,
-                              denom, x->hdr, op->device));
+                              denom, dp__ce_has_opts(&p->model), x->hdr, op->device));
   return DP_OK;
 }
 
@@ -1316,6 +1345,8 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   float lr = c->lr;
   sc.lr = lr;
   sc.decay = 1.0f - lr * cf->weight_decay;
+  sc.loss_denom = c->loss_denom;
+  sc.loss_inv = c->loss_inv;
   if (cf->optimizer == DP_OPT_ADAMW) {
     double t = (double)step + 1.0;
     double bc1 = 1.0 - pow(cf->beta1, t), bc2 = 1.0 - pow(cf->beta2, t);

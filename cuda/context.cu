@@ -107,6 +107,10 @@ static dp_status init_device(cuda_ctx *c, int d) {
   s = dp__cuda_blas_create(x->stream, ws + DP_CUDA_WS_HEADER_BYTES, DP_CUDA_BLAS_WS_BYTES,
                            (c->flags & DP_CUDA_TF32) != 0, &x->blas);
   if (s != DP_OK) return DP_FAIL(s, "device %d: %s", d, dp_last_error());
+  const dp_ce_opts *ce = &p->model.ce; /* class weights: in the header area, for good */
+  if (p->model.loss == DP_LOSS_SOFTMAX_CE && ce->n_weights)
+    DP_CUDA_CHECK_D(d, cudaMemcpy(dp_cuda_ce_weights(x->hdr), ce->weights,
+                                  (size_t)ce->n_weights * 4, cudaMemcpyHostToDevice));
   return DP_OK;
 }
 
@@ -408,6 +412,11 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   }
   if (flags & ~(unsigned)(DP_CUDA_TF32 | DP_CUDA_NCCL))
     return DP_FAIL(DP_ERR_INVALID, "dp__cuda_ctx_init: unknown flags 0x%x", flags);
+  if (p->model.loss == DP_LOSS_SOFTMAX_CE && p->model.ce.n_weights > DP_CUDA_CE_WEIGHTS)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the cuda backend keeps class weights for at most %d classes (the "
+                   "workspace's header area); this model has %d",
+                   DP_CUDA_CE_WEIGHTS, p->model.ce.n_weights);
   if (flags & DP_CUDA_NCCL) {
     if (!dp__cuda_have_nccl())
       return DP_FAIL(DP_ERR_UNSUPPORTED,
@@ -594,6 +603,14 @@ extern "C" dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const voi
       memcpy((unsigned char *)dst + off, c->bounce, m);
     }
   }
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_set_loss_norm(void *bctx, float denom, float inv) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_loss_norm: no context");
+  c->loss_denom = denom; /* read by dp__cuda_host_step, as the rate */
+  c->loss_inv = inv;
   return DP_OK;
 }
 

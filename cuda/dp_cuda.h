@@ -319,6 +319,9 @@ dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes);
 /* The learning rate of the steps from the next step_begin or graph_launch on
  * (a per-step scalar, so that graphs replay with it). */
 dp_status dp__cuda_set_lr(void *bctx, float lr);
+/* The next step's cross-entropy denominator and gradient scale (the model's
+ * dp_ce_opts), kept in the per-step scalars a graph replays. */
+dp_status dp__cuda_set_loss_norm(void *bctx, float denom, float inv);
 /* Synchronous copy between host memory and device dev's arena of the context
  * (either direction): on dev's stream, through the context's pinned bounce
  * block, waiting for that stream only (not the whole GPU, not other

@@ -466,7 +466,7 @@ static __global__ void __launch_bounds__(THREADS)
 static __global__ void __launch_bounds__(RED_THREADS)
     k_loss_ce(const float *z, const int32_t *labels, float *g, float *sums,
               dp_cuda_mb_span span, int cols, float inv, int row0, dp_cuda_header *hdr,
-              int dev, int per, int ld) {
+              int dev, int per, int ld, dp_cuda_ce ce) {
   __shared__ float sh[RED_THREADS];
   int i, ch, lo, hi;
   if (!loss_chunk(span, per, ce_pass(cols), &i, &ch, &lo, &hi)) return;
@@ -491,16 +491,42 @@ static __global__ void __launch_bounds__(RED_THREADS)
     if (on)
       for (int j = c; j < cols; j += G) se = fa(se, dp__expf(fs(zr[j], mx)));
     for (int m = G / 2; m >= 1; m >>= 1) se = fa(se, __shfl_xor_sync(FULL_MASK, se, m));
+    /* label smoothing: sum_c w_c (mx - z_c), the same lanes and butterfly */
+    float sm = 0.0f;
+    if (ce.smooth > 0.0f) { /* uniform over the launch */
+      if (on)
+        for (int j = c; j < cols; j += G)
+          sm = fa(sm, ce.w ? fm(ce.w[j], fs(mx, zr[j])) : fs(mx, zr[j]));
+      for (int m = G / 2; m >= 1; m >>= 1) sm = fa(sm, __shfl_xor_sync(FULL_MASK, sm, m));
+    }
     if (!on) continue; /* no shuffle below */
     const float lse = fa(mx, logf(se));
     const int t = labels[r];
     float *gr = g + (size_t)r * cols;
+    if (ce.on && ce.ignore && t == ce.ignore_index) { /* no loss, no gradient */
+      for (int j = c; j < cols; j += G) gr[j] = 0.0f;
+      continue;
+    }
     if (t < 0 || t >= cols) {
       if (c == 0) {
         atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_LABEL);
         atomicMin(&hdr->bad_label_row, (unsigned int)(row0 + r));
       }
       for (int j = c; j < cols; j += G) gr[j] = 0.0f;
+      continue;
+    }
+    if (ce.on) { /* lib/cpu/softmax.c's dp__softmax_xent_opts, term by term */
+      const float inv_s = hdr->sc.loss_inv, wt = ce.w ? ce.w[t] : 1.0f;
+      const float a = fa(fm(ce.keep, wt), fm(ce.per, ce.wall));
+      for (int j = c; j < cols; j += G) {
+        float v = fs(fm(dp__expf(fs(zr[j], lse)), a), fm(ce.per, ce.w ? ce.w[j] : 1.0f));
+        gr[j] = fm(j == t ? fs(v, fm(ce.keep, wt)) : v, inv_s);
+      }
+      if (c == 0) {
+        float l = fm(fm(ce.keep, wt), fa(fs(mx, zr[t]), logf(se)));
+        if (ce.smooth > 0.0f) l = fa(l, fm(ce.per, fa(sm, fm(ce.wall, logf(se)))));
+        s = fa(s, l);
+      }
       continue;
     }
     for (int j = c; j < cols; j += G)
@@ -556,13 +582,14 @@ cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float
 
 cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
                          float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
-                         float inv_rows, int row0, dp_cuda_header *hdr, int dev) {
+                         float inv_rows, int row0, dp_cuda_header *hdr, int dev,
+                         const dp_cuda_ce *ce) {
   if (span->n <= 0) return cudaSuccess;
   if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue;
   int per = span_chunks(span, ce_pass(cols));
   DP_LAUNCH(k_loss_ce, (unsigned)(span->n * per), RED_THREADS, 0, st)
   (z, labels, g, per == 1 ? part : chunks, *span, cols, inv_rows, row0, hdr, dev, per,
-   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS);
+   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS, *ce);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || per == 1) return e;
   DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, ce_pass(cols));
@@ -642,8 +669,8 @@ static __device__ float subtree_sum(const float *v, int lo, int hi, int n_ne) {
 }
 
 static __global__ void __launch_bounds__(THREADS)
-    k_loss_sum(const float *part, int n_mb, int n_ne, float denom, dp_cuda_header *hdr,
-               int dev) {
+    k_loss_sum(const float *part, int n_mb, int n_ne, float denom, bool step_denom,
+               dp_cuda_header *hdr, int dev) {
   __shared__ float sh[THREADS];
   const int j = (int)threadIdx.x;
   int lo, hi;
@@ -665,16 +692,16 @@ static __global__ void __launch_bounds__(THREADS)
     __syncthreads();
   }
   if (j == 0) {
-    float loss = fd(sh[0], denom);
+    float loss = fd(sh[0], step_denom ? hdr->sc.loss_denom : denom);
     hdr->loss = loss;
     if (!isfinite(loss)) hdr->status[dev] |= DP_CUDA_ST_LOSS;
   }
 }
 
 cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
-                          float denom, dp_cuda_header *hdr, int dev) {
+                          float denom, bool step_denom, dp_cuda_header *hdr, int dev) {
   if (n_mb <= 0 || n_ne <= 0) return cudaErrorInvalidValue;
-  DP_LAUNCH(k_loss_sum, 1, THREADS, 0, st)(part, n_mb, n_ne, denom, hdr, dev);
+  DP_LAUNCH(k_loss_sum, 1, THREADS, 0, st)(part, n_mb, n_ne, denom, step_denom, hdr, dev);
   return cudaGetLastError();
 }
 

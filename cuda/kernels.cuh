@@ -40,6 +40,9 @@ typedef struct {
   float lr;          /* the rate in effect (dp_set_lr): SGD, momentum */
   float decay;       /* AdamW: 1 - lr * weight_decay, in float */
   uint32_t reserved; /* 0 */
+  /* the cross-entropy options' denominator and gradient scale of this step
+   * (dp_exec_env.loss_denom, loss_inv; dp__cuda_set_loss_norm) */
+  float loss_denom, loss_inv;
 } dp_cuda_step_scalars;
 
 typedef struct {
@@ -65,6 +68,23 @@ typedef struct {
 #define DP_CUDA_WS_LOSS_OFFSET ((size_t)4096)
 #define DP_CUDA_WS_BN_OFFSET ((size_t)8192) /* the batchnorm scratch, below */
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_LOSS_OFFSET, "header too large");
+/* The cross-entropy's class weights (dp_ce_opts), written at init: in the
+ * header area, after the header, up to DP_CUDA_CE_WEIGHTS classes. */
+#define DP_CUDA_WS_CE_OFFSET ((size_t)1024)
+#define DP_CUDA_CE_WEIGHTS ((int)((DP_CUDA_WS_LOSS_OFFSET - DP_CUDA_WS_CE_OFFSET) / 4))
+static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_CE_OFFSET, "header too large");
+static inline float *dp_cuda_ce_weights(dp_cuda_header *hdr) {
+  return (float *)((unsigned char *)hdr + DP_CUDA_WS_CE_OFFSET);
+}
+/* What k_loss_ce needs of the options (on: the model has them; else the
+ * plain loss and its bits). keep = 1 - S, per = S / classes, wall = sum_c w_c
+ * (classes without weights), w: the weights on the device or NULL. */
+typedef struct {
+  int on, ignore, ignore_index;
+  float smooth, keep, per, wall;
+  const float *w;
+} dp_cuda_ce;
+
 static inline float *dp_cuda_loss_chunks(dp_cuda_header *hdr) {
   return (float *)((unsigned char *)hdr + DP_CUDA_WS_LOSS_OFFSET);
 }
@@ -147,11 +167,13 @@ cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float
                           float scale);
 cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
                          float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
-                         float inv_rows, int row0, dp_cuda_header *hdr, int dev);
+                         float inv_rows, int row0, dp_cuda_header *hdr, int dev,
+                         const dp_cuda_ce *ce);
 /* hdr->loss = canonical tree over part[0..n_mb) (micro-batches >= n_ne are
- * empty and left out) / denom; sets DP_CUDA_ST_LOSS when not finite. */
+ * empty and left out) / denom (step_denom: hdr->sc.loss_denom instead); sets
+ * DP_CUDA_ST_LOSS when not finite. */
 cudaError_t dp_k_loss_sum(cudaStream_t st, const float *part, int n_mb, int n_ne,
-                          float denom, dp_cuda_header *hdr, int dev);
+                          float denom, bool step_denom, dp_cuda_header *hdr, int dev);
 /* Flags non-finite g[0..n) (parameter index base + i). */
 cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t base,
                             dp_cuda_header *hdr, int dev);

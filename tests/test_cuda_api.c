@@ -335,6 +335,65 @@ START_TEST(same_bits_for_1_2_4_replicas_and_every_mode) {
 }
 END_TEST
 
+/* nn.CrossEntropyLoss's options (label smoothing, class weights, ignore_index
+ * on about a third of the labels): the cpu backend's losses and parameters,
+ * and one set of bits on 1, 2 and 4 replicas in every mode, with and without
+ * a graph (the denominator is a per-step scalar a replay reads). */
+static const char CE_OPTS[] =
+    "input 12\nlinear 16\nrelu\nlinear 5\n"
+    "loss softmax_cross_entropy label_smoothing 0.1 ignore_index -1 "
+    "weight 1,2,0.5,0,1.5\n";
+
+static float ce_step(run *r, int rows, uint64_t data_step, const char *what) {
+  batch b;
+  batch_make(&b, r, rows, data_step);
+  for (int i = 0; i < rows; i += 3) b.lab[i] = -1;
+  float loss = NAN;
+  dp_status s = dp_train_step(r->c, rows, r->in, b.x, b.lab, &loss);
+  ck_assert_msg(s == DP_OK, "%s: step %llu: %s", what, (unsigned long long)data_step,
+                dp_ctx_error(r->c));
+  batch_free(&b);
+  return loss;
+}
+
+START_TEST(ce_options_match_cpu_and_same_bits_everywhere) {
+  REQUIRE_GPU("ce_options_match_cpu_and_same_bits_everywhere");
+  enum { B = 32, MB = 4, STEPS = 6 };
+  static const int counts[] = {1, 2, 4};
+  uint64_t ref = 0;
+  float ref_loss = 0.0f;
+  for (int mode = 0; mode < 2; mode++)
+    for (int ci = 0; ci < 3; ci++)
+      for (int graph = 0; graph < 2; graph++) {
+        dp_config g = config(DP_BACKEND_CUDA, B, counts[ci], (dp_mode)mode, DP_OPT_ADAMW);
+        g.micro_batch = MB;
+        g.cuda_graph = graph;
+        dp_config c = as_cpu(g);
+        run rg, rc;
+        run_open(&rg, CE_OPTS, &g, "cuda");
+        run_open(&rc, CE_OPTS, &c, "cpu");
+        float lg = 0.0f;
+        for (int s = 0; s < STEPS; s++) {
+          int rows = s == 3 ? B - 5 : B;
+          lg = ce_step(&rg, rows, (uint64_t)s, "cuda");
+          expect_loss_close(lg, ce_step(&rc, rows, (uint64_t)s, "cpu"), "ce options", s);
+        }
+        float *wg = params_of(&rg), *wc = params_of(&rc);
+        expect_close(wg, wc, rc.np, 1e-4, "ce options: parameters");
+        free(wg), free(wc);
+        uint64_t h = dp_params_hash(rg.c);
+        if (!ref) ref = h, ref_loss = lg;
+        ck_assert_msg(h == ref && bits_of(lg) == bits_of(ref_loss),
+                      "%d replicas, mode %d, graph %d: hash %016llx loss %.9g; first: "
+                      "%016llx %.9g",
+                      counts[ci], mode, graph, (unsigned long long)h, (double)lg,
+                      (unsigned long long)ref, (double)ref_loss);
+        run_close(&rg);
+        run_close(&rc);
+      }
+}
+END_TEST
+
 /* A captured step replayed (cuda_graph 1) gives the bits of plain execution:
  * 20 steps with dropout, new parameters set half-way (replicas must see
  * them), and a short batch (which runs plain) in between. */
@@ -719,6 +778,7 @@ Suite *cuda_api_suite(void) {
   tcase_add_test(tc, training_matches_cpu);
   tcase_add_test(tc, run_to_run_bit_identical);
   tcase_add_test(tc, same_bits_for_1_2_4_replicas_and_every_mode);
+  tcase_add_test(tc, ce_options_match_cpu_and_same_bits_everywhere);
   tcase_add_test(tc, graph_replay_equals_plain_execution);
   tcase_add_test(tc, forward_matches_cpu);
   tcase_add_test(tc, nonfinite_input_is_refused_and_changes_nothing);

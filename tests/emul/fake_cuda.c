@@ -486,6 +486,7 @@ struct fk_ctx {
   int state, launched;
   uint64_t step; /* the step scalars of the queued work */
   float lr;      /* dp__cuda_set_lr's, config.lr at first */
+  float loss_denom, loss_inv; /* dp__cuda_set_loss_norm's */
   fk_dev dev[DP_MAX_DEVICES];
   fk_slot slot[DP_CUDA_GRAPH_SLOTS];
   /* the status words of the last executed step */
@@ -776,7 +777,8 @@ static bool bad_labels(fk_ctx *c, const dp_exec_env *e, const dp_op *op) {
   for (int k = 0; k < op->n_mb; k++) {
     const dp_mb *mb = &e->mbs[op->micro_batch + k];
     for (int r = mb->row0 - op->row0; r < mb->row0 - op->row0 + mb->rows; r++)
-      if (t[r] < 0 || t[r] >= cols) {
+      if ((t[r] < 0 || t[r] >= cols) &&
+          !(p->model.ce.ignore && t[r] == p->model.ce.ignore_index)) {
         if (!c->st_label || op->row0 + r < c->bad_row) c->bad_row = op->row0 + r;
         c->st_label = bad = true;
       }
@@ -959,6 +961,8 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   e.training = k->training;
   e.step = step;
   e.lr = c->lr; /* as the device reads it from the step's scalars */
+  e.loss_denom = c->loss_denom;
+  e.loss_inv = c->loss_inv;
   const dp_op *op = &k->op;
   /* the commit phase's writes, refused on the device with the step */
   if ((op->kind == DP_OP_OPTIMIZER || op->kind == DP_OP_BN_UPDATE) &&
@@ -1711,6 +1715,17 @@ dp_status dp__cuda_ctx_copy(void *bctx, int dev, void *dst, const void *src, siz
     return DP_FAIL(DP_ERR_INVALID,
                    "dp__cuda_ctx_copy: exactly one end must be device %d's arena", dev);
   return dp__cuda_memcpy(dst, src, bytes);
+}
+
+dp_status dp__cuda_set_loss_norm(void *bctx, float denom, float inv) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_loss_norm: no context");
+  if (c->state != ST_IDLE) /* as the rate: a step's scalars are fixed once queued */
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_set_loss_norm during %s",
+                   state_names[c->state]);
+  c->loss_denom = denom;
+  c->loss_inv = inv;
+  return DP_OK;
 }
 
 dp_status dp__cuda_set_lr(void *bctx, float lr) {
