@@ -122,7 +122,9 @@ static int tokens_fit(const dpt_dataset *d, const dp_model *m, const char *data)
 /* What the rows gave: the metric's sums, and the rows with an output that is
  * not finite (how many, the first one 1-based). */
 typedef struct {
-  long correct;
+  long correct, ignored; /* ignored: labels equal to the loss's ignore_index */
+  int has_ignore;
+  int32_t ignore_index;
   double se;
   int n_bad, first_bad;
 } predict_sums;
@@ -143,7 +145,10 @@ static void predict_line(FILE *out, const dpt_dataset *d, int at, const float *y
       fprintf(out, "%d,", best);
     }
     /* a sequence's label is the token after it: the last position's class */
-    if (d->label) sum->correct += best == d->label[at];
+    if (d->label && sum->has_ignore && d->label[at] == sum->ignore_index)
+      sum->ignored++; /* as PyTorch's ignore_index: counted nowhere */
+    else if (d->label)
+      sum->correct += best == d->label[at];
   } else if (d->y) {
     for (int j = 0; j < out_w; j++) {
       double e = (double)yr[j] - d->y[(size_t)at * d->n_targets + j];
@@ -356,6 +361,10 @@ static int predict(predict_run *t) {
   const dpt_dataset *d = &t->d;
   FILE *out = !t->writes ? NULL : t->of ? dp_file_stream(t->of) : stdout;
   predict_sums sum = {0};
+  dp_ce_options ce;
+  dp_model_ce_options(t->m, &ce);
+  sum.has_ignore = ce.has_ignore_index;
+  sum.ignore_index = ce.ignore_index;
   if (predict_rows(t->c, t->p, d, &t->sc, t->cfg.batch, t->loss, out, &sum)) return -1;
   dp_file *done_of = t->of;
   t->of = NULL;
@@ -368,7 +377,8 @@ static int predict(predict_run *t) {
     fprintf(report, "dp predict: %d rows of %s through %s", d->n_rows, o->data,
             o->checkpoint);
     if (d->label)
-      fprintf(report, ": accuracy %.2f%%%s", 100.0 * sum.correct / d->n_rows,
+      fprintf(report, ": accuracy %.2f%%%s",
+              100.0 * (double)sum.correct / (double)(d->n_rows - sum.ignored),
               dp_model_positions(t->m) > 1 ? " (the last position against each row's label)"
                                            : "");
     else if (d->y)

@@ -485,9 +485,11 @@ static size_t label_width(const dpt_dataset *d) {
 static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
                     const dpt_scaler *sc, int batch, int out_w, float *x, float *ymine,
                     float *y, double *metric, double *loss) {
-  long correct = 0;
+  long correct = 0, ignored = 0;
   double se = 0.0, ce = 0.0;
   size_t lw = label_width(d);
+  dp_ce_options opt; /* a target equal to ignore_index counts in neither figure */
+  dp_model_ce_options(dp_plan_model(plan), &opt);
   char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
@@ -504,6 +506,10 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
         /* a label per position: the position's V logits */
         for (size_t p = 0, V = (size_t)out_w / lw; p < lw; p++, yr += V) {
           int32_t label = d->label[(size_t)(from + r) * lw + p];
+          if (opt.has_ignore_index && label == opt.ignore_index) {
+            ignored++;
+            continue;
+          }
           size_t best = 0;
           for (size_t j = 1; j < V; j++)
             if (yr[j] > yr[best]) best = j;
@@ -521,7 +527,7 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
       }
     }
   }
-  double labels = (double)d->n_rows * (double)lw;
+  double labels = (double)d->n_rows * (double)lw - (double)ignored;
   *metric = d->label ? (double)correct / labels : se / ((double)d->n_rows * out_w);
   *loss = d->label ? ce / labels : *metric;
   return 0;

@@ -19,6 +19,7 @@ static const char PRELUDE[] =
     "    m = build()\n"
     "    m.load_state_dict(safetensors.torch.load_file('weights.safetensors'), "
     "strict=True)\n"
+    "    loss = criterion()(m(x), target)  # the spec's loss and its options\n"
     "\"\"\"\n"
     "import torch\n"
     "import torch.nn as nn\n"
@@ -194,6 +195,51 @@ static void write_standardize(FILE *f, const dpt_scaler *sc) {
         f);
 }
 
+/* criterion(): the spec's loss as PyTorch's module, reduction 'mean', with the
+ * cross-entropy's options (weight, ignore_index, label_smoothing); a sequence's
+ * logits (B, T, V) and labels (B, T) flattened to (B T, V) and (B T). */
+/* v with the fewest digits that read back as v. */
+static const char *short_num(float v, char *num, size_t cap) {
+  for (int digits = 1; digits <= 9; digits++) {
+    snprintf(num, cap, "%.*g", digits, (double)v);
+    if ((float)strtod(num, NULL) == v) break;
+  }
+  return num;
+}
+
+static void write_criterion(FILE *f, const dp_model *m) {
+  dp_loss_kind k = dp_model_loss(m);
+  if (k != DP_LOSS_MSE && k != DP_LOSS_SOFTMAX_CE) return;
+  fputs("\n\ndef criterion():\n    \"\"\"The spec's loss, as dp train computes it.\"\"\"\n",
+        f);
+  if (k == DP_LOSS_MSE) {
+    fputs("    return nn.MSELoss()\n", f);
+    return;
+  }
+  dp_ce_options o;
+  dp_model_ce_options(m, &o);
+  int V = dp_model_output_width(m) / dp_model_positions(m);
+  char num[32];
+  fputs("    ce = nn.CrossEntropyLoss(", f);
+  const char *sep = "";
+  if (o.n_weights) {
+    fputs("weight=torch.tensor([", f);
+    for (int i = 0; i < o.n_weights; i++) {
+      fprintf(f, "%s%s", i ? ", " : "", short_num(o.weights[i], num, sizeof num));
+    }
+    fputs("])", f);
+    sep = ", ";
+  }
+  if (o.has_ignore_index)
+    fprintf(f, "%signore_index=%d", sep, (int)o.ignore_index), sep = ", ";
+  if (o.label_smoothing > 0.0f)
+    fprintf(f, "%slabel_smoothing=%s", sep, short_num(o.label_smoothing, num, sizeof num));
+  fprintf(f,
+          ")\n    return lambda out, target: ce(out.reshape(-1, %d), "
+          "target.reshape(-1).long())\n",
+          V);
+}
+
 int dpt_write_pytorch(const dp_model *m, const dpt_scaler *sc, FILE *f) {
   int standardize = sc && sc->n > 0;
   fputs(PRELUDE, f);
@@ -228,5 +274,6 @@ int dpt_write_pytorch(const dp_model *m, const dpt_scaler *sc, FILE *f) {
   fputc('\n', f);
   write_forward(f, m, standardize);
   fputs("\n\ndef build():\n    return Model()\n", f);
+  write_criterion(f, m);
   return ferror(f) ? -1 : 0;
 }
