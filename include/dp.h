@@ -365,7 +365,9 @@ typedef struct {
    * PyTorch's loss / accumulation_steps before backward). With calls of equal
    * rows, the update is bit-identical to one step of the concatenated batch on
    * a context planned for accumulate * batch (the determinism conditions of
-   * docs/DETERMINISM.md; dropout is keyed by the row in the concatenation).
+   * docs/DETERMINISM.md; dropout is keyed by the row in the concatenation);
+   * not with the cross-entropy options (dp_ce_options), whose mean is each
+   * call's own.
    * The partial sums live in the optimizer_state region (log2(accumulate)
    * gradient copies per device: dp plan shows them). A power of two up to
    * 65536, with batch * accumulate at most INT_MAX rows (DP_ERR_OVERFLOW
