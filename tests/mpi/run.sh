@@ -78,6 +78,13 @@ printf 'input tokens 8\nembed 256 16\nresidual\nlayernorm\nlinear 48\nattention 
 run "dp repro --text, a GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" repro \
   --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 --steps 3 \
   --optimizer adamw --layouts 1x4,2x2,4x1
+# nn.CrossEntropyLoss's options: the mean's denominator counted on each rank and
+# broadcast; the same bits in every layout and mode
+sed 's/^loss softmax_cross_entropy$/loss softmax_cross_entropy label_smoothing 0.1 ignore_index 7 weight 1,2,1,0.5,1,1,3,1,1,1/' \
+  examples/digits.dpm >"$tmp/ce.dpm"
+run "dp repro, cross-entropy options, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" repro \
+  --model "$tmp/ce.dpm" --data data/digits.csv --batch 64 --micro-batch 4 --steps 3 \
+  --optimizer adamw --layouts 1x4,2x2,4x1
 # bf16 mixed precision (issue 31): the same bits in every layout and mode too
 run "dp repro --precision bf16, the GPT, --layouts 1x4,2x2,4x1" $MPIRUN -np 4 "$bd/dp" \
   repro --model "$tmp/gpt.dpm" --text README.md --batch 8 --micro-batch 2 --steps 3 \
