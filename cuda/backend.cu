@@ -347,7 +347,7 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
   o.wd = cf->weight_decay;
   o.mu = cf->momentum;
   o.keep = 1.0f - cf->dampening;
-  if (cf->optimizer == DP_OPT_ADAMW) {
+  if (cf->optimizer == DP_OPT_ADAMW || cf->optimizer == DP_OPT_ADAM) {
     o.b1 = cf->beta1;
     o.b2 = cf->beta2;
     o.one_minus_b1 = 1.0f - cf->beta1;
@@ -500,6 +500,15 @@ static dp_status grad_clip_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op)
       op->n_mb, e->plan->cfg.clip_grad_norm, x->hdr));
   DP_CUDA_CHECK(dp_k_clip_scale(x->stream, reg(e, d, op->dst_region, op->dst_offset),
                                 op->bytes / 4, x->hdr));
+  return DP_OK;
+}
+
+/* config.clip_grad_value: the clamp is a kernel argument (fixed by the plan, so
+ * a graph replays it). */
+static dp_status grad_clamp_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
+  int d = op->device;
+  DP_CUDA_CHECK(dp_k_clip_value(x->stream, reg(e, d, op->dst_region, op->dst_offset),
+                                op->bytes / 4, e->plan->cfg.clip_grad_value));
   return DP_OK;
 }
 
@@ -1053,6 +1062,7 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_COPY: break;
   case DP_OP_GRAD_NORM: return grad_norm_op(x, e, op);
   case DP_OP_GRAD_CLIP: return grad_clip_op(x, e, op);
+  case DP_OP_GRAD_CLAMP: return grad_clamp_op(x, e, op);
   case DP_OP_GRAD_ACCUM: return grad_accum_op(c, x, e, op);
   case DP_OP_GRAD_STASH: return grad_stash_op(c, x, e, op);
   case DP_OP_BN_UPDATE:
@@ -1347,7 +1357,7 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   sc.decay = 1.0f - lr * cf->weight_decay;
   sc.loss_denom = c->loss_denom;
   sc.loss_inv = c->loss_inv;
-  if (cf->optimizer == DP_OPT_ADAMW) {
+  if (cf->optimizer == DP_OPT_ADAMW || cf->optimizer == DP_OPT_ADAM) {
     double t = (double)step + 1.0;
     double bc1 = 1.0 - pow(cf->beta1, t), bc2 = 1.0 - pow(cf->beta2, t);
     sc.step_size = (float)(lr / bc1);

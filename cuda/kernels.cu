@@ -730,7 +730,7 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
 
 /* PyTorch's element rules, as lib/cpu/backend.c's (sgd_w, mom_*, adam_*), one
  * IEEE operation at a time: the new parameter, and the new state words (s0:
- * momentum buffer or AdamW's m; s1: AdamW's v). Used by the update and by the
+ * momentum buffer or Adam(W)'s m; s1: Adam(W)'s v). Used by the update and by the
  * check that refuses an update whose result is not finite. */
 struct upd_out {
   float w, s0, s1;
@@ -750,6 +750,16 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     float b = hdr->sc.first != 0 ? gd : fa(fm(o.mu, m0[k]), fm(o.keep, gd));
     r.s0 = b;
     r.w = fs(wk, fm(hdr->sc.lr, o.nesterov ? fa(gd, fm(o.mu, b)) : b));
+    break;
+  }
+  case DP_OPT_ADAM: { /* L2 into the gradient first (mom_g), no decay factor */
+    float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
+    float m = fa(fm(o.b1, m0[k]), fm(o.one_minus_b1, gd));
+    float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gd), gd));
+    float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
+    r.s0 = m;
+    r.s1 = v;
+    r.w = fs(wk, fm(hdr->sc.step_size, fd(m, denom)));
     break;
   }
   default: { /* DP_OPT_ADAMW: m0[k] and v0[k] are the element's two moments */
@@ -806,7 +816,7 @@ static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, floa
   GRID_STRIDE(k, n) {
     upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, k);
     if (o.kind != DP_OPT_SGD) m[k] = r.s0;
-    if (o.kind == DP_OPT_ADAMW) v[k] = r.s1;
+    if (o.kind == DP_OPT_ADAMW || o.kind == DP_OPT_ADAM) v[k] = r.s1;
     w[k] = r.w;
   }
 }
@@ -924,6 +934,20 @@ cudaError_t dp_k_clip_scale(cudaStream_t st, float *g, size_t n,
   return cudaGetLastError();
 }
 
+static __global__ void k_clip_value(float *g, size_t n, float hi) {
+  const float lo = -hi;
+  GRID_STRIDE(i, n) {
+    float v = g[i];
+    g[i] = v > hi ? hi : v < lo ? lo : v;
+  }
+}
+
+cudaError_t dp_k_clip_value(cudaStream_t st, float *g, size_t n, float clip) {
+  if (n == 0) return cudaSuccess;
+  DP_LAUNCH(k_clip_value, blocks_for(n), THREADS, 0, st)(g, n, clip);
+  return cudaGetLastError();
+}
+
 static __global__ void k_checked_copy(float *dst, const float *src, size_t n,
                                       const dp_cuda_header *hdr, int n_check) {
   if (block_refused(hdr->status, n_check)) return;
@@ -1010,7 +1034,7 @@ cudaError_t dp_k_preload(void) {
       (const void *)k_optimizer,    (const void *)k_reset_header,
       (const void *)k_rng_table,    (const void *)k_grad_norm,
       (const void *)k_clip_coef,    (const void *)k_clip_scale,
-      (const void *)k_checked_copy,
+      (const void *)k_checked_copy, (const void *)k_clip_value,
   };
   cudaError_t e = dp_k_load(kernels, sizeof kernels / sizeof kernels[0]);
   if (e == cudaSuccess) e = dp_k_conv_preload();

@@ -206,6 +206,9 @@ cudaError_t dp_k_clip_coef(cudaStream_t st, const unsigned long long *slots, int
                            float clip, dp_cuda_header *hdr);
 /* g[0..n) *= hdr->clip_coef when it is below 1. */
 cudaError_t dp_k_clip_scale(cudaStream_t st, float *g, size_t n, const dp_cuda_header *hdr);
+/* config.clip_grad_value: g[0..n) clamped to [-clip, clip], as
+ * lib/cpu/backend.c's grad_clamp_op (a NaN stays NaN). */
+cudaError_t dp_k_clip_value(cudaStream_t st, float *g, size_t n, float clip);
 /* dst[0..n) = src[0..n) unless one of hdr->status[0..n_check) is set
  * (config.accumulate's GRAD_STASH: a refused call keeps nothing). */
 cudaError_t dp_k_checked_copy(cudaStream_t st, float *dst, const float *src, size_t n,

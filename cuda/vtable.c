@@ -172,6 +172,7 @@ static const dp_backend_ops cuda_backend = {
     .workspace_bytes = cuda_workspace_bytes,
     .host_staging = true,      /* pinned: device copies run asynchronously */
     .grad_clip = true,         /* clipping: cuda/backend.cu */
+    .grad_clip_value = true,   /* clamping: cuda/backend.cu */
     .accumulate = true,        /* accumulation: cuda/backend.cu */
     .image_layers = true,      /* conv2d, pools, flatten: cuda/conv.cu */
     .batchnorm = true,         /* both modes: cuda/batchnorm.cu */

@@ -230,7 +230,10 @@ typedef enum {
  * device computes its own loss terms, gradients all-reduced, every replica
  * applies the same update). */
 typedef enum { DP_MODE_CLASSIC = 0, DP_MODE_ALLREDUCE } dp_mode;
-typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW } dp_optimizer;
+/* DP_OPT_ADAM: torch.optim.Adam, L2 weight decay added to the gradient before
+ * the moments (coupled), unlike DP_OPT_ADAMW's decoupled decay; appended, so the
+ * other values keep their numbers (checkpoints store them). */
+typedef enum { DP_OPT_SGD = 0, DP_OPT_MOMENTUM, DP_OPT_ADAMW, DP_OPT_ADAM } dp_optimizer;
 /* A backend, by its kind: the index of its name in the registry. The cpu
  * backend is built in; others register from their own library (the cuda
  * backend: dp_cuda_register) under a name, and "cpu" and "cuda" keep these
@@ -347,9 +350,10 @@ typedef struct {
   float momentum;          /* [0, 1); default 0 */
   float dampening;         /* [0, 1]; default 0 (needs momentum > 0 when nonzero) */
   int nesterov;            /* 0 or 1; needs momentum > 0 and dampening 0 */
-  float weight_decay;      /* >= 0. SGD: L2 added to the gradient (PyTorch default 0);
+  float weight_decay;      /* >= 0. SGD, Adam: L2 added to the gradient (PyTorch default 0);
                               AdamW: decoupled (PyTorch default 0.01) */
-  float beta1, beta2, eps; /* AdamW: 0 <= beta < 1, eps > 0; defaults 0.9, 0.999, 1e-8 */
+  float beta1, beta2, eps; /* Adam, AdamW: 0 <= beta < 1, eps > 0; defaults 0.9, 0.999,
+                              1e-8 */
   uint64_t seed;           /* parameter init and dropout */
   /* torch.nn.utils.clip_grad_norm_(parameters, max_norm): before every
    * update, the L2 norm of all the gradients together is computed and, when
@@ -357,7 +361,8 @@ typedef struct {
    * norm is summed exactly (bins per exponent, in integers), so it is the same
    * bits for every device count, mode and layout. dp_ctx_grad_norm gives the
    * norm of the last step. Finite, >= 0; 0: off (default). cpu and cuda
-   * backends. */
+   * backends. Not with clip_grad_value (PyTorch users call one or the other:
+   * refused). */
   float clip_grad_norm;
   /* Gradient accumulation: the parameters are updated every `accumulate`
    * dp_train_step calls, with the gradient of the mean loss over all their
@@ -451,6 +456,16 @@ typedef struct {
    * bits. Needs allreduce mode, no sharded optimizer, a GPU per replica and
    * a build with NCCL. */
   int fast_collectives;
+  /* ---- appended after the fields above, which keep their offsets ---- */
+  /* torch.nn.utils.clip_grad_value_(parameters, clip_value): before every
+   * update (after the reduction, and after accumulate's sum), every gradient
+   * is clamped to [-clip_grad_value, clip_grad_value], in place (dp_get_grads
+   * shows the clamped values). Elementwise, so the same bits for every device
+   * count, mode and layout. As PyTorch's clamp, a NaN gradient stays NaN (the
+   * step is then refused by on_nonfinite's policy) and an infinite one becomes
+   * +-clip_grad_value. Finite, >= 0; 0: off (default). Not with clip_grad_norm
+   * (refused). cpu and cuda backends. */
+  float clip_grad_value;
 } dp_config;
 
 /* What a backend's options can be: option i (0, 1, ...) of backend b, its
@@ -475,7 +490,8 @@ void dp_config_default(dp_config *c);
 /* Selects an optimizer with PyTorch's defaults for it, leaving lr and every
  * non-optimizer field alone: DP_OPT_SGD: momentum 0, dampening 0, nesterov 0,
  * weight_decay 0; DP_OPT_MOMENTUM: the same with momentum 0.9; DP_OPT_ADAMW:
- * betas (0.9, 0.999), eps 1e-8, weight_decay 0.01, momentum 0. */
+ * betas (0.9, 0.999), eps 1e-8, weight_decay 0.01, momentum 0; DP_OPT_ADAM: the
+ * same with weight_decay 0. */
 void dp_config_set_optimizer(dp_config *c, dp_optimizer o);
 
 typedef struct dp_plan dp_plan;
@@ -662,6 +678,8 @@ typedef enum {
                          to bf16 into the comm region at dst_offset (bytes / 2) */
   DP_OP_GRAD_UNPACK,  /* the reverse: bf16 values at src_offset (bytes / 2) widened into
                          grads [dst_offset, +bytes) */
+  DP_OP_GRAD_CLAMP,   /* config.clip_grad_value: grads [dst_offset, +bytes) clamped to
+                         [-clip_grad_value, clip_grad_value] */
 } dp_op_kind;
 
 /* Device id of the caller's memory. A host endpoint's region says which

@@ -331,14 +331,11 @@ START_TEST(enums_refuse_unknown_with_choices) {
   dp_backend b = DP_BACKEND_CUDA;
   ck_assert_int_eq(dpt_parse_mode("ddp", &m, err, sizeof err), -1);
   ck_assert_ptr_nonnull(strstr(err, "classic|allreduce"));
-  ck_assert_int_eq(dpt_parse_optimizer("adam", &o, err, sizeof err), -1);
-  ck_assert_ptr_nonnull(strstr(err, "sgd|momentum|adamw"));
-  /* a PyTorch user's Adam: what gives it (an outside check) */
-  ck_assert_str_eq(err, "--optimizer: 'adam' is not one of sgd|momentum|adamw "
-                        "(torch.optim.Adam without weight decay is --optimizer adamw "
-                        "--weight-decay 0; Adam's L2 weight decay is not in libdp)");
+  /* a PyTorch user's Adam is torch.optim.Adam (coupled L2) */
+  ck_assert_int_eq(dpt_parse_optimizer("adam", &o, err, sizeof err), 0);
+  ck_assert_int_eq(o, DP_OPT_ADAM);
   ck_assert_int_eq(dpt_parse_optimizer("sgdw", &o, err, sizeof err), -1);
-  ck_assert_str_eq(err, "--optimizer: 'sgdw' is not one of sgd|momentum|adamw");
+  ck_assert_str_eq(err, "--optimizer: 'sgdw' is not one of sgd|momentum|adamw|adam");
   ck_assert_int_eq(dpt_parse_split("", &s, err, sizeof err), -1);
   ck_assert_ptr_nonnull(strstr(err, "chunk|balanced"));
   ck_assert_int_eq(dpt_parse_backend("gpu", &b, err, sizeof err), -1);
@@ -2095,7 +2092,7 @@ START_TEST(plan_ranks_json) {
   ck_assert_msg(strstr(r.out, "\"dampening\": 0, \"nesterov\": true, \"clip_grad_norm\": "
                               "0.5, \"accumulate\": 0, \"recompute\": 2, \"precision\": "
                               "\"fp32\", \"reduce_precision\": \"fp32\", \"batchnorm\": "
-                              "\"per_replica\"},"),
+                              "\"per_replica\", \"clip_grad_value\": 0},"),
                 "%s", r.out);
   cmd_result_free(&r);
   unlink(model);

@@ -1905,6 +1905,12 @@ static void check_schedule(const dp_plan *p, const sched_view *v) {
       REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
       REQ(p->cfg.clip_grad_norm > 0, "op %d: clipping without clip_grad_norm", i);
       break;
+    case DP_OP_GRAD_CLAMP: /* clip_grad_value: device 0's whole gradient, classic */
+      REQ_EQ(op->device, 0);
+      REQ_EQ(op->phase, DP_PHASE_OPTIMIZER);
+      REQ_EQ(op->bytes, P);
+      REQ(p->cfg.clip_grad_value > 0, "op %d: clamping without clip_grad_value", i);
+      break;
     }
   }
   REQ_EQ(scattered, v->rows);

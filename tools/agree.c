@@ -106,6 +106,7 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_float(w, "eps", c->eps);
   add_int(w, "seed", (long long)c->seed);
   add_float(w, "clip-grad-norm", c->clip_grad_norm);
+  add_float(w, "clip-grad-value", c->clip_grad_value);
   add_int(w, "accumulate", c->accumulate);
   add_int(w, "recompute", c->recompute);
   add_text(w, "precision", dp_precision_name(c->precision));

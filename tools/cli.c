@@ -269,18 +269,9 @@ static int parse_word(const char *s, const char *const *names, int n, const char
 PARSE_ENUM(dpt_parse_mode, dp_mode, dp_mode_name, "--mode")
 PARSE_ENUM(parse_optimizer_word, dp_optimizer, dp_optimizer_name, "--optimizer")
 
-/* --optimizer: a PyTorch user's "adam" is told what gives it (an outside check: the
- * list alone left them guessing). Adam without weight decay is AdamW without it;
- * Adam's coupled L2 is not in libdp. */
+/* --optimizer: one of the names (sgd, momentum, adamw, adam: torch.optim.Adam). */
 int dpt_parse_optimizer(const char *s, dp_optimizer *out, char *err, size_t errcap) {
-  if (parse_optimizer_word(s, out, err, errcap) == 0) return 0;
-  if (s && strcasecmp(s, "adam") == 0) {
-    size_t n = strlen(err);
-    snprintf(err + n, errcap > n ? errcap - n : 0,
-             " (torch.optim.Adam without weight decay is --optimizer adamw "
-             "--weight-decay 0; Adam's L2 weight decay is not in libdp)");
-  }
-  return -1;
+  return parse_optimizer_word(s, out, err, errcap);
 }
 PARSE_ENUM(dpt_parse_split, dp_split, dp_split_name, "--split")
 PARSE_ENUM(dpt_parse_backend, dp_backend, dp_backend_name, "--backend")
@@ -478,6 +469,7 @@ static const struct option common_options[] = {
     {"nesterov", no_argument, NULL, DPT_OPT_NESTEROV},
     {"ranks", required_argument, NULL, DPT_OPT_RANKS},
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
+    {"clip-grad-value", required_argument, NULL, DPT_OPT_CLIP_GRAD_VALUE},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
@@ -546,7 +538,7 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     if (dpt_parse_float(arg, 0, FLT_MAX, "--eps", &v, err, errcap)) return -1;
     if (!(v > 0.0f))
       return dpt_fail(err, errcap,
-                      "--eps: %s is not above 0 (AdamW divides by sqrt(v) + eps)", arg);
+                      "--eps: %s is not above 0 (Adam(W) divides by sqrt(v) + eps)", arg);
     c->eps = v;
     return 0;
   }
@@ -576,6 +568,9 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
                     arg);
   case DPT_OPT_CLIP_GRAD_NORM: /* 0: no clipping (the default) */
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-norm", &c->clip_grad_norm, err,
+                           errcap);
+  case DPT_OPT_CLIP_GRAD_VALUE: /* 0: no clamping (the default) */
+    return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-value", &c->clip_grad_value, err,
                            errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
   case DPT_OPT_GRAPH: return dpt_backend_option_add(c, "graph", "1", err, errcap);
@@ -874,7 +869,7 @@ void dpt_print_common_help(FILE *f) {
         "                          with one micro-batch per device); sync = the whole\n"
         "                          batch's (SyncBatchNorm), the same whatever the\n"
         "                          devices and micro-batches\n"
-        "  --optimizer sgd|momentum|adamw   (default sgd)\n"
+        "  --optimizer sgd|momentum|adamw|adam   (default sgd)\n"
         "  --inference             forward only: no gradients, no optimizer state\n"
         "  --backend cpu|cuda      cpu: threads as virtual devices (default); cuda: GPUs\n"
         "  --graph                 cuda: capture a step once as a CUDA graph and replay\n"
@@ -909,17 +904,23 @@ void dpt_print_common_help(FILE *f) {
         "               weight decay 0 (SGD with --momentum X > 0 is momentum SGD)\n"
         "    momentum = the same with momentum 0.9\n"
         "    adamw    = torch.optim.AdamW: betas 0.9 0.999, eps 1e-8, weight decay 0.01\n"
+        "    adam     = torch.optim.Adam: the same with weight decay 0 (coupled L2)\n"
         "  --momentum X            sgd/momentum, in [0, 1) (default 0; momentum: 0.9)\n"
         "  --dampening X           sgd/momentum with momentum > 0, in [0, 1] (default 0)\n"
         "  --nesterov              sgd/momentum: Nesterov momentum (needs momentum > 0\n"
         "                          and dampening 0)\n"
         "  --weight-decay X        >= 0; sgd/momentum: L2 added to the gradient\n"
-        "                          (default 0); adamw: decoupled decay (default 0.01)\n"
-        "  --beta1 X, --beta2 X    adamw, each in [0, 1) (default 0.9, 0.999)\n"
-        "  --eps X                 adamw, > 0 (default 1e-8)\n"
+        "                          (default 0); adamw: decoupled decay (default 0.01);\n"
+        "                          adam: L2 added to the gradient (default 0)\n"
+        "  --beta1 X, --beta2 X    adam/adamw, each in [0, 1) (default 0.9, 0.999)\n"
+        "  --eps X                 adam/adamw, > 0 (default 1e-8)\n"
         "  --clip-grad-norm X      torch.nn.utils.clip_grad_norm_(params, X) before\n"
         "                          every optimizer step: gradients scaled down when\n"
         "                          their total L2 norm is above X; >= 0 (default 0: off)\n"
+        "  --clip-grad-value X     torch.nn.utils.clip_grad_value_(params, X) before\n"
+        "                          every optimizer step: each gradient clamped to\n"
+        "                          [-X, X]; >= 0 (default 0: off); not with\n"
+        "                          --clip-grad-norm\n"
         "  --accumulate K          gradient accumulation: one optimizer step every K\n"
         "                          batches, on their mean gradient (bit-identical to one\n"
         "                          step of the K batches together); K a power of two\n"
@@ -998,12 +999,14 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->momentum > 0.0f) fprintf(f, ", momentum %g", (double)c->momentum);
     if (c->dampening != 0.0f) fprintf(f, ", dampening %g", (double)c->dampening);
     if (c->nesterov) fputs(", nesterov", f);
-    if (c->optimizer == DP_OPT_ADAMW)
+    if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM)
       fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2,
               (double)c->eps);
     if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
     if (c->clip_grad_norm > 0.0f)
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);
+    if (c->clip_grad_value > 0.0f)
+      fprintf(f, ", clip grad value %g", (double)c->clip_grad_value);
     if (c->accumulate > 1) fprintf(f, ", accumulating %d batches per step", c->accumulate);
     if (c->recompute > 0) fprintf(f, ", recompute every %d layers", c->recompute);
     if (c->reduce_precision != DP_PRECISION_FP32)

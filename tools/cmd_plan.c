@@ -47,7 +47,7 @@ static const char *const region_help[DP_REGION_COUNT] = {
     [DP_REGION_PARAMS] = "model parameters, fp32, PyTorch state_dict order",
     [DP_REGION_GRADS] = "gradients (on device 0: reduced over all devices)",
     [DP_REGION_GRAD_PARTIALS] = "partial sums of the canonical gradient tree",
-    [DP_REGION_OPT_STATE] = "momentum buffer, or AdamW's (m, v)",
+    [DP_REGION_OPT_STATE] = "momentum buffer, or Adam(W)'s (m, v)",
     [DP_REGION_INPUTS] = "this device's input chunk (rows, in)",
     [DP_REGION_TARGETS] = "the batch's targets, on the loss device",
     [DP_REGION_ACTIVATIONS] = "intermediate buffers, placed by liveness",
@@ -677,7 +677,7 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
   const dp_config *c = dp_plan_config(p);
   int nd = dp_plan_n_devices(p);
   FILE *f = stdout;
-  char fl[8][32];
+  char fl[9][32];
 
   size_t n = dp_model_format(m, NULL, 0);
   char *spec = malloc(n + 1);
@@ -734,11 +734,12 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
   fprintf(f,
           ", \"dampening\": %s, \"nesterov\": %s, \"clip_grad_norm\": %s, "
           "\"accumulate\": %d, \"recompute\": %d, \"precision\": \"%s\", "
-          "\"reduce_precision\": \"%s\", \"batchnorm\": \"%s\"",
+          "\"reduce_precision\": \"%s\", \"batchnorm\": \"%s\", \"clip_grad_value\": %s",
           dpt_float_text(c->dampening, fl[6], sizeof fl[6]), c->nesterov ? "true" : "false",
-          dpt_float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate,
-          c->recompute, dp_precision_name(c->precision),
-          dp_precision_name(c->reduce_precision), dp_bn_mode_name(c->batchnorm));
+          dpt_float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate, c->recompute,
+          dp_precision_name(c->precision), dp_precision_name(c->reduce_precision),
+          dp_bn_mode_name(c->batchnorm),
+          dpt_float_text(c->clip_grad_value, fl[8], sizeof fl[8]));
   fputs("},\n", f);
 
   if (o->budget_set)

@@ -288,12 +288,12 @@ static void usage(FILE *f) {
       "                --batch B [--devices N] [--epochs E]\n"
       "                [--labels L] [--val-data V [--val-labels VL]] [--header]\n"
       "                [--no-shuffle] [--data-seed S]\n"
-      "                [--optimizer sgd|momentum|adamw] [--lr LR] [--seed S]\n"
+      "                [--optimizer sgd|momentum|adamw|adam] [--lr LR] [--seed S]\n"
       "                [--split chunk|balanced|memory] [--micro-batch K]\n"
       "                [--test-fraction F] [--eval-every N [--patience P]]\n"
       "                [--log F.jsonl] [--plot loss.svg [--plot-log]] [--save F.ckpt]\n"
       "                [--resume F.ckpt] [--save-every N|Ne] [--save-best F.ckpt]\n"
-      "                [--lr-schedule S] [--clip-grad-norm X]\n"
+      "                [--lr-schedule S] [--clip-grad-norm X | --clip-grad-value X]\n"
       "                [--standardize none|feature|channel] [--no-standardize]\n"
       "                [--quiet] [--backend cpu|cuda] [--graph] [--tf32]\n\n"
       "Trains the model on the data (a CSV: label first, then the features; for an mse\n"
@@ -735,8 +735,9 @@ typedef struct {
 
 /* The run's settings (settings_of), and the data order's when not the
  * default: data-seed=N when --data-seed differs from --seed, shuffle=0 with
- * --no-shuffle (so a run without them records what earlier versions did, and
- * a resume continues the order it had). Returns buf. */
+ * --no-shuffle, drop-last=1 and clip-grad-value=X when given (so a run without
+ * them records what earlier versions did, and a resume continues the order it
+ * had). Returns buf. */
 static const char *run_settings(const train_run *t, char *buf, size_t cap) {
   settings_of(&t->cfg, t->o.schedule, data_kind(&t->o), buf, cap);
   size_t at = strlen(buf);
@@ -744,7 +745,10 @@ static const char *run_settings(const train_run *t, char *buf, size_t cap) {
     at += (size_t)snprintf(buf + at, cap - at, " data-seed=%llu",
                            (unsigned long long)t->o.data_seed);
   if (t->o.no_shuffle && at < cap) at += (size_t)snprintf(buf + at, cap - at, " shuffle=0");
-  if (t->o.drop_last && at < cap) snprintf(buf + at, cap - at, " drop-last=1");
+  if (t->o.drop_last && at < cap)
+    at += (size_t)snprintf(buf + at, cap - at, " drop-last=1");
+  if (t->cfg.clip_grad_value > 0 && at < cap) /* as drop-last: only when set */
+    snprintf(buf + at, cap - at, " clip-grad-value=%a", (double)t->cfg.clip_grad_value);
   return buf;
 }
 

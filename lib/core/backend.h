@@ -110,6 +110,8 @@ typedef struct dp_backend_ops {
   bool host_staging;
   /* runs DP_OP_GRAD_NORM and DP_OP_GRAD_CLIP (config.clip_grad_norm) */
   bool grad_clip;
+  /* runs DP_OP_GRAD_CLAMP (config.clip_grad_value) */
+  bool grad_clip_value;
   /* runs DP_OP_GRAD_ACCUM and DP_OP_GRAD_STASH (config.accumulate) */
   bool accumulate;
   /* its arenas are host memory that any thread of this process may address,

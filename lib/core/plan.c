@@ -49,7 +49,7 @@ void dp_config_set_optimizer(dp_config *c, dp_optimizer o) {
   c->momentum = o == DP_OPT_MOMENTUM ? 0.9f : 0.0f;
   c->dampening = 0.0f;
   c->nesterov = 0;
-  c->weight_decay = o == DP_OPT_ADAMW ? 0.01f : 0.0f;
+  c->weight_decay = o == DP_OPT_ADAMW ? 0.01f : 0.0f; /* Adam's: 0, as PyTorch's */
   c->beta1 = 0.9f;
   c->beta2 = 0.999f;
   c->eps = 1e-8f;
@@ -85,9 +85,9 @@ static dp_status check_hyper(const dp_config *c) {
       {"momentum", c->momentum, 0, 1, true},
       {"dampening", c->dampening, 0, 1, false},
       {"weight_decay", c->weight_decay, 0, FLT_MAX, false},
-      {"AdamW beta1", c->beta1, 0, 1, true},
-      {"AdamW beta2", c->beta2, 0, 1, true},
-      {"AdamW eps", c->eps, 0, FLT_MAX, false},
+      {"Adam(W) beta1", c->beta1, 0, 1, true},
+      {"Adam(W) beta2", c->beta2, 0, 1, true},
+      {"Adam(W) eps", c->eps, 0, FLT_MAX, false},
   };
   for (size_t i = 0; i < sizeof r / sizeof r[0]; i++)
     if (!(r[i].v >= r[i].lo && (r[i].hi_open ? r[i].v < r[i].hi : r[i].v <= r[i].hi)))
@@ -98,16 +98,18 @@ static dp_status check_hyper(const dp_config *c) {
                      (double)r[i].v);
   if (c->nesterov != 0 && c->nesterov != 1)
     return DP_FAIL(DP_ERR_INVALID, "nesterov must be 0 or 1, got %d", c->nesterov);
-  if (c->optimizer == DP_OPT_ADAMW) {
+  if (dp__is_adam(c->optimizer)) {
+    const char *name = c->optimizer == DP_OPT_ADAM ? "Adam" : "AdamW";
     if (c->momentum != 0 || c->dampening != 0 || c->nesterov)
       return DP_FAIL(DP_ERR_INVALID,
-                     "momentum, dampening and nesterov are SGD settings; AdamW takes beta1 "
+                     "momentum, dampening and nesterov are SGD settings; %s takes beta1 "
                      "and beta2 (got momentum %g, dampening %g, nesterov %d)",
-                     (double)c->momentum, (double)c->dampening, c->nesterov);
+                     name, (double)c->momentum, (double)c->dampening, c->nesterov);
     if (!(c->eps > 0))
-      return DP_FAIL(DP_ERR_INVALID, "AdamW needs eps > 0, got %g", (double)c->eps);
-    /* lr * weight_decay scales every parameter by 1 - lr * wd each step */
-    if (!((double)c->lr * c->weight_decay <= 1.0))
+      return DP_FAIL(DP_ERR_INVALID, "%s needs eps > 0, got %g", name, (double)c->eps);
+    /* AdamW: lr * weight_decay scales every parameter by 1 - lr * wd each
+     * step (Adam adds wd * w to the gradient instead: no such bound) */
+    if (c->optimizer == DP_OPT_ADAMW && !((double)c->lr * c->weight_decay <= 1.0))
       return DP_FAIL(DP_ERR_INVALID,
                      "lr * weight_decay is %g; AdamW multiplies every parameter by "
                      "1 - lr * weight_decay each step, so it must be at most 1",
@@ -183,7 +185,7 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
                    "a sharded optimizer needs allreduce mode (in classic mode "
                    "only device 0 keeps optimizer state)");
   if (c->optimizer != DP_OPT_SGD && c->optimizer != DP_OPT_MOMENTUM &&
-      c->optimizer != DP_OPT_ADAMW)
+      c->optimizer != DP_OPT_ADAMW && c->optimizer != DP_OPT_ADAM)
     return DP_FAIL(DP_ERR_INVALID, "unknown optimizer %d", (int)c->optimizer);
   const dp_backend_ops *be = dp__backend_ops(c->backend);
   if (!be && strcmp(dp_backend_name(c->backend), "?"))
@@ -206,6 +208,17 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_INVALID,
                    "clip_grad_norm must be finite and >= 0 (0: no clipping), got %g",
                    (double)c->clip_grad_norm);
+  if (!c->inference && !(c->clip_grad_value >= 0.0f && c->clip_grad_value <= FLT_MAX))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "clip_grad_value must be finite and >= 0 (0: no clipping), got %g",
+                   (double)c->clip_grad_value);
+  /* PyTorch users call clip_grad_norm_ or clip_grad_value_; both would need an
+   * order PyTorch does not define */
+  if (!c->inference && c->clip_grad_norm > 0 && c->clip_grad_value > 0)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "clip_grad_norm %g and clip_grad_value %g: give one (PyTorch's "
+                   "clip_grad_norm_ or clip_grad_value_), not both",
+                   (double)c->clip_grad_norm, (double)c->clip_grad_value);
   if (!c->inference && (c->accumulate < 0 || c->accumulate > 65536 ||
                         (c->accumulate > 1 && !dp__is_pow2(c->accumulate))))
     return DP_FAIL(DP_ERR_INVALID,
@@ -284,6 +297,11 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend cannot clip gradients yet (clip_grad_norm); use the cpu "
                    "backend",
+                   be->name);
+  if (!c->inference && c->clip_grad_value > 0 && !be->grad_clip_value)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend cannot clamp gradients yet (clip_grad_value); use the "
+                   "cpu backend",
                    be->name);
   if (c->on_nonfinite != DP_NONFINITE_ERROR && c->on_nonfinite != DP_NONFINITE_SKIP)
     return DP_FAIL(DP_ERR_INVALID, "unknown non-finite policy %d", (int)c->on_nonfinite);
@@ -1192,6 +1210,8 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
   for (size_t i = 0; i < sizeof ints / sizeof *ints; i++) x = h_u64(x, (uint64_t)ints[i]);
   if (c->recompute) /* only when set: the hashes of plans without it stay as they were */
     x = h_u64(h_u64(x, 0x7263u), (uint64_t)c->recompute);
+  if (c->clip_grad_value > 0) /* the same */
+    x = h_f32(h_u64(x, 0x6376u), c->clip_grad_value);
   for (int i = 4; i < DP_MAX_BACKEND_OPTIONS; i++) /* a backend with more options */
     if (p->bopt[i]) x = h_u64(h_u64(x, (uint64_t)i), (uint64_t)p->bopt[i]);
   float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,

@@ -21,9 +21,13 @@ static inline int dp__accum_levels(const dp_config *c) {
   while ((1 << l) < dp__accumulate(c)) l++;
   return l;
 }
-/* Optimizer state vectors: momentum 1, AdamW 2 (m, v), plain SGD 0. */
+/* The Adam family (torch.optim.Adam, AdamW): the moments m and v. */
+static inline bool dp__is_adam(dp_optimizer o) {
+  return o == DP_OPT_ADAMW || o == DP_OPT_ADAM;
+}
+/* Optimizer state vectors: momentum 1, Adam and AdamW 2 (m, v), plain SGD 0. */
 static inline int dp__state_vectors(dp_optimizer o) {
-  return o == DP_OPT_ADAMW ? 2 : o == DP_OPT_MOMENTUM ? 1 : 0;
+  return dp__is_adam(o) ? 2 : o == DP_OPT_MOMENTUM ? 1 : 0;
 }
 /* The rank that holds global device dev. */
 static inline int dp__rank_of(const dp_config *c, int dev) {

@@ -43,6 +43,7 @@ int dp_prof_class_of(const dp_plan *p, const dp_prof_event *ev) {
   case DP_OP_OPTIMIZER:
   case DP_OP_GRAD_NORM:
   case DP_OP_GRAD_CLIP:
+  case DP_OP_GRAD_CLAMP:
   case DP_OP_GRAD_ACCUM:
   case DP_OP_GRAD_STASH:
   case DP_OP_BN_UPDATE: return DP_PROF_OPTIMIZER;

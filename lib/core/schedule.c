@@ -422,7 +422,8 @@ static void check_segments(builder *b, const dp_plan *p, int n, int levels) {
 static bool checks_segments(const dp_plan *p, int n) {
   return p->cfg.mode != DP_MODE_CLASSIC && !p->cfg.shard_optimizer &&
          !(p->features & DP_FEATURE_COLLECTIVE) && dp__is_pow2(n) &&
-         dp__accumulate(&p->cfg) <= 1 && !(p->cfg.clip_grad_norm > 0);
+         dp__accumulate(&p->cfg) <= 1 && !(p->cfg.clip_grad_norm > 0) &&
+         !(p->cfg.clip_grad_value > 0);
 }
 
 /* Every updating device checks its range, in ascending order of the ranges
@@ -602,6 +603,19 @@ static void clip_ops(builder *b, const dp_plan *p, int n_opt) {
     cl.n_mb = slots;
     cl.dst_region = DP_REGION_GRADS;
     cl.dst_offset = p->opt_off[d] * 4;
+    emit(b, cl);
+  }
+  next_stage(b);
+}
+
+/* config.clip_grad_value, after the reduction (and accumulate's sum): every
+ * device that updates clamps the gradients of its range, elementwise, so the
+ * bits do not depend on how the ranges are cut. */
+static void clamp_ops(builder *b, const dp_plan *p, int n_opt) {
+  for (int d = 0; d < n_opt; d++) {
+    dp_op cl = device_op(DP_PHASE_OPTIMIZER, DP_OP_GRAD_CLAMP, d, p->opt_len[d] * 4);
+    cl.src_region = cl.dst_region = DP_REGION_GRADS;
+    cl.src_offset = cl.dst_offset = p->opt_off[d] * 4;
     emit(b, cl);
   }
   next_stage(b);
@@ -904,6 +918,7 @@ static void reduce_and_update(const step_view *v, int kind) {
     }
   }
   if (p->cfg.clip_grad_norm > 0) clip_ops(b, p, n_opt);
+  if (p->cfg.clip_grad_value > 0) clamp_ops(b, p, n_opt);
   /* Every device checks what it will apply before any device applies it
    * (allreduce: the owner of each reduced segment checked it already) */
   if (!checks_segments(p, sp->n_used)) check_ranges(b, p, n_opt);
@@ -945,9 +960,9 @@ const char *dp_phase_name(dp_phase ph) {
 
 const char *dp_op_kind_name(dp_op_kind k) {
   static const char *const names[] = {
-      "copy",         "forward",    "backward",  "grad_add",   "zero",      "loss",
-      "loss_sum",     "grad_check", "optimizer", "allreduce",  "grad_norm", "grad_clip",
-      "grad_accum",   "grad_stash", "bn_update", "bn_stats",   "bn_merge",  "bn_final",
-      "bn_bwd_stats", "copy_add",   "grad_pack", "grad_unpack"};
+      "copy",         "forward",    "backward",  "grad_add",    "zero",      "loss",
+      "loss_sum",     "grad_check", "optimizer", "allreduce",   "grad_norm", "grad_clip",
+      "grad_accum",   "grad_stash", "bn_update", "bn_stats",    "bn_merge",  "bn_final",
+      "bn_bwd_stats", "copy_add",   "grad_pack", "grad_unpack", "grad_clamp"};
   return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }

@@ -802,7 +802,7 @@ static opt_consts opt_consts_of(const dp_config *c, uint64_t step, float lr) {
                   .decay = 1.0f - lr * c->weight_decay,
                   .first = step == 0,
                   .nesterov = c->nesterov != 0};
-  if (c->optimizer == DP_OPT_ADAMW) {
+  if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM) {
     double t = (double)step + 1.0;
     double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
     u.step_size = (float)(lr / bc1);
@@ -837,6 +837,12 @@ static inline float adam_w(const opt_consts *u, float w, float m, float v) {
   float denom = sqrtf(v) / u->bc2_sqrt + u->eps;
   return w * u->decay - u->step_size * (m / denom);
 }
+/* torch.optim.Adam: the L2 term joins the gradient before the moments (mom_g's
+ * g + wd w), and the step has no decay factor. */
+static inline float adam_l2_w(const opt_consts *u, float w, float m, float v) {
+  float denom = sqrtf(v) / u->bc2_sqrt + u->eps;
+  return w - u->step_size * (m / denom);
+}
 
 /* 1 when the update of element k would leave a non-finite parameter or state
  * word; branch-free per element so that the scan vectorises. s: the first
@@ -853,6 +859,10 @@ static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const flo
   case DP_OPT_ADAMW: {
     float m = adam_m(u, s[k], g[k]), v = adam_v(u, sv[k], g[k]);
     return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_w(u, w[k], m, v));
+  }
+  case DP_OPT_ADAM: {
+    float gk = mom_g(u, w[k], g[k]), m = adam_m(u, s[k], gk), v = adam_v(u, sv[k], gk);
+    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_l2_w(u, w[k], m, v));
   }
   }
   return 0;
@@ -882,6 +892,17 @@ static inline DP_SIMD_BODY int update_scan_body(dp_optimizer o, const opt_consts
     for (size_t k = 0; k < n; k++) {
       float m = adam_m(&v, s[k], g[k]), vv = adam_v(&v, sv[k], g[k]);
       float bound = fabsf(w[k]) * dec + v.step_size * (fabsf(m) * inv_eps);
+      bad |= nonfinite_bit(m) | nonfinite_bit(vv) | (uint32_t) !(bound <= lim);
+    }
+    break;
+  }
+  case DP_OPT_ADAM: {
+    /* the same bound on Adam's step (no decay factor) */
+    float inv_eps = 1.0f / v.eps, lim = FLT_MAX / 2;
+    for (size_t k = 0; k < n; k++) {
+      float gk = mom_g(&v, w[k], g[k]);
+      float m = adam_m(&v, s[k], gk), vv = adam_v(&v, sv[k], gk);
+      float bound = fabsf(w[k]) + v.step_size * (fabsf(m) * inv_eps);
       bad |= nonfinite_bit(m) | nonfinite_bit(vv) | (uint32_t) !(bound <= lim);
     }
     break;
@@ -963,6 +984,15 @@ static inline DP_SIMD_BODY int update_body(dp_optimizer o, const opt_consts *uc,
       w[k] = adam_w(&u, w[k], m, v);
     }
     break;
+  case DP_OPT_ADAM:
+    for (size_t k = 0; k < n; k++) {
+      float gk = mom_g(&u, w[k], g[k]);
+      float m = adam_m(&u, s[k], gk), v = adam_v(&u, sv[k], gk);
+      s[k] = m;
+      sv[k] = v;
+      w[k] = adam_l2_w(&u, w[k], m, v);
+    }
+    break;
   }
   return 0;
 }
@@ -1013,6 +1043,15 @@ static dp_status grad_norm_op(dp_exec_env *e, const dp_op *op) {
     bins[2 * E + 1] += lo < sq; /* the carry */
     bins[2 * E] = lo;
   }
+  return DP_OK;
+}
+
+/* config.clip_grad_value: torch.clamp's rule, so a NaN stays NaN (the check
+ * that follows refuses it) and an infinity becomes the bound. */
+static dp_status grad_clamp_op(dp_exec_env *e, const dp_op *op) {
+  float *g = region(e, op->device, op->dst_region, op->dst_offset);
+  const float hi = e->plan->cfg.clip_grad_value, lo = -hi;
+  for (size_t k = 0; k < op->bytes / 4; k++) g[k] = g[k] > hi ? hi : g[k] < lo ? lo : g[k];
   return DP_OK;
 }
 
@@ -1187,6 +1226,7 @@ static dp_status cpu_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_OPTIMIZER: return optimizer_op(e, op);
   case DP_OP_GRAD_NORM: return grad_norm_op(e, op);
   case DP_OP_GRAD_CLIP: return grad_clip_op(e, op);
+  case DP_OP_GRAD_CLAMP: return grad_clamp_op(e, op);
   case DP_OP_GRAD_ACCUM: return grad_accum_op(e, op);
   case DP_OP_GRAD_STASH: return grad_stash_op(e, op);
   case DP_OP_ALLREDUCE: /* the transport's (the executor never hands it here) */
@@ -1338,6 +1378,7 @@ const dp_backend_ops dp__cpu_backend = {
     .fuses_relu_maxpool = true, /* the relu's mask in the pool's dx stores */
     .host_staging = false,
     .grad_clip = true,
+    .grad_clip_value = true,
     .accumulate = true,
     .host_memory = true,
     .arena_alloc = cpu_arena_alloc,

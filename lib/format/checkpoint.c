@@ -71,10 +71,8 @@ static void putf(unsigned char *b, float f) {
   put32(b, u);
 }
 
-/* State vectors of an optimizer: momentum 1, AdamW 2 (m, v), SGD 0. */
-static unsigned state_vectors(dp_optimizer o) {
-  return o == DP_OPT_ADAMW ? 2u : o == DP_OPT_MOMENTUM ? 1u : 0u;
-}
+/* State vectors of an optimizer: momentum 1, Adam and AdamW 2 (m, v), SGD 0. */
+static unsigned state_vectors(dp_optimizer o) { return (unsigned)dp__state_vectors(o); }
 
 static unsigned ctx_state_vectors(const dp_ctx *c) {
   return c->plan->cfg.inference ? 0u : state_vectors(c->plan->cfg.optimizer);
@@ -489,11 +487,12 @@ static dp_status sec_body(const char *path, const unsigned char *b, size_t len, 
   return DP_OK;
 }
 
-/* The optimizer state is finite, and AdamW's second moment v (a running mean
- * of squared gradients) is never negative: the update divides by its square
- * root, so a negative one would write NaN parameters on the next step. */
+/* The optimizer state is finite, and Adam's or AdamW's second moment v (a
+ * running mean of squared gradients) is never negative: the update divides by
+ * its square root, so a negative one would write NaN parameters on the next
+ * step. */
 static dp_status check_opt_values(const ckpt_view *v, size_t n, const char *path) {
-  bool adamw = v->optimizer == DP_OPT_ADAMW && v->k == 2;
+  bool adamw = dp__is_adam((dp_optimizer)v->optimizer) && v->k == 2;
   for (size_t e = 0; e < (size_t)v->k * n; e++) {
     float x = getf(v->opts + 4 * e);
     if (!isfinite(x))
@@ -502,9 +501,10 @@ static dp_status check_opt_values(const ckpt_view *v, size_t n, const char *path
                      e % n, e / n);
     if (adamw && e >= n && x < 0.0f)
       return DP_FAIL(DP_ERR_PARSE,
-                     "%s: AdamW's second moment v[%zu] is %g; a mean of squares is never "
+                     "%s: %s's second moment v[%zu] is %g; a mean of squares is never "
                      "negative",
-                     path, e - n, (double)x);
+                     path, v->optimizer == DP_OPT_ADAM ? "Adam" : "AdamW", e - n,
+                     (double)x);
   }
   return DP_OK;
 }
@@ -558,9 +558,9 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     return DP_FAIL(DP_ERR_PARSE,
                    "%s: section MODL: its text length field is %u, its text %llu bytes",
                    path, v->text_len, (unsigned long long)(plen - CK_MODL_FIXED));
-  if (v->optimizer > DP_OPT_ADAMW)
+  if (v->optimizer > DP_OPT_ADAM)
     return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: optimizer %u is none of 0 to %d", path,
-                   v->optimizer, (int)DP_OPT_ADAMW);
+                   v->optimizer, (int)DP_OPT_ADAM);
   if (v->flags & ~CK_FLAG_INFERENCE)
     return DP_FAIL(DP_ERR_PARSE,
                    "%s: section MODL: flags 0x%x (only 0x%x, inference, is known)", path,

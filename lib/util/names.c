@@ -21,6 +21,7 @@ static const char *const optimizer_names[] = {
     [DP_OPT_SGD] = "sgd",
     [DP_OPT_MOMENTUM] = "momentum",
     [DP_OPT_ADAMW] = "adamw",
+    [DP_OPT_ADAM] = "adam",
 };
 static const char *const bn_mode_names[] = {
     [DP_BN_PER_REPLICA] = "per_replica",
