@@ -798,7 +798,16 @@ float dp_ctx_lr(const dp_ctx *c);
  *   MULTISTEP      MultiStepLR(milestones, gamma): base_lr * gamma^(the
  *                  milestones <= t)
  *   WARMUP         LinearLR(start_factor, 1.0, warmup): base_lr * (start_factor +
- *                  (1 - start_factor) min(t, warmup) / warmup), then base_lr */
+ *                  (1 - start_factor) min(t, warmup) / warmup), then base_lr
+ *   ONECYCLE       OneCycleLR(max_lr = base_lr, total_steps, pct_start,
+ *                  anneal_strategy, div_factor, final_div_factor, three_phase,
+ *                  cycle_momentum=False): from base_lr / div_factor up to base_lr
+ *                  over pct_start of the steps, then down to base_lr / div_factor /
+ *                  final_div_factor (three_phase: back to base_lr / div_factor
+ *                  first). The learning rate only: PyTorch's default also cycles
+ *                  SGD's momentum or Adam's beta1 (cycle_momentum=True), which
+ *                  libdp does not do; cycle_momentum = 1 is refused. Defined for t
+ *                  up to total_steps (NaN past it, where PyTorch raises). */
 typedef enum {
   DP_LR_CONSTANT = 0,
   DP_LR_STEP,
@@ -806,7 +815,8 @@ typedef enum {
   DP_LR_WARMUP_COSINE,
   DP_LR_EXPONENTIAL,
   DP_LR_MULTISTEP,
-  DP_LR_WARMUP
+  DP_LR_WARMUP,
+  DP_LR_ONECYCLE
 } dp_lr_kind;
 #define DP_LR_MAX_MILESTONES 16
 typedef struct {
@@ -822,8 +832,23 @@ typedef struct {
   float eta_min;      /* COSINE, WARMUP_COSINE: the floor, [0, base_lr] */
   int n_milestones;   /* MULTISTEP: 1..DP_LR_MAX_MILESTONES */
   int milestones[DP_LR_MAX_MILESTONES]; /* MULTISTEP: increasing steps, >= 1 */
+  /* ONECYCLE (appended: the fields above keep their offsets); base_lr is
+   * max_lr. pct_start, div_factor and final_div_factor are taken as gamma is
+   * (the shortest decimal that rounds to the float). */
+  int total_steps;        /* >= 1 */
+  float pct_start;        /* [0, 1]; PyTorch's default 0.3 */
+  int anneal_linear;      /* 0: anneal_strategy 'cos' (the default), 1: 'linear' */
+  float div_factor;       /* > 0; 25 */
+  float final_div_factor; /* > 0; 1e4 */
+  int three_phase;        /* 0 (the default) or 1 */
+  int cycle_momentum;     /* 0: the rate alone (1, PyTorch's default, is refused) */
 } dp_lr_schedule;
-/* DP_OK, or DP_ERR_INVALID naming the field out of range. */
+/* A ONECYCLE schedule with PyTorch's defaults (pct_start 0.3, 'cos', div_factor
+ * 25, final_div_factor 1e4, two phases, cycle_momentum off): every other field
+ * zero. */
+void dp_lr_schedule_onecycle(dp_lr_schedule *s, float max_lr, int total_steps);
+/* DP_OK, or DP_ERR_INVALID naming the field out of range (DP_ERR_UNSUPPORTED
+ * for ONECYCLE's cycle_momentum = 1). */
 dp_status dp_lr_schedule_check(const dp_lr_schedule *s);
 /* The rate at scheduler step t; NaN for a schedule dp_lr_schedule_check refuses. */
 float dp_lr_at(const dp_lr_schedule *s, uint64_t t);

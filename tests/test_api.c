@@ -52,12 +52,12 @@ START_TEST(every_enum_value_has_a_name) {
   CHECK_NAMES(dp_loss_name, dp_loss_kind, DP_LOSS_SOFTMAX_CE);
   CHECK_NAMES(dp_split_name, dp_split, DP_SPLIT_MEMORY);
   CHECK_NAMES(dp_mode_name, dp_mode, DP_MODE_ALLREDUCE);
-  CHECK_NAMES(dp_optimizer_name, dp_optimizer, DP_OPT_ADAMW);
+  CHECK_NAMES(dp_optimizer_name, dp_optimizer, DP_OPT_ADAM);
   CHECK_NAMES(dp_transport_name, dp_transport, DP_TRANSPORT_NCCL);
   CHECK_NAMES(dp_backend_name, dp_backend, DP_BACKEND_CUDA);
   CHECK_NAMES(dp_region_name, dp_region, DP_REGION_COUNT - 1);
   CHECK_NAMES(dp_phase_name, dp_phase, DP_PHASE_COUNT - 1);
-  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_GRAD_UNPACK);
+  CHECK_NAMES(dp_op_kind_name, dp_op_kind, DP_OP_GRAD_CLAMP);
   CHECK_NAMES(dp_bn_mode_name, dp_bn_mode, DP_BN_SYNC);
 }
 END_TEST
@@ -668,7 +668,25 @@ END_TEST
 /* dp_lr_at against torch.optim.lr_scheduler (tests/golden/lr_schedules.txt, written by
  * tests/fixtures/golden/make_lr_golden.py): constant, StepLR, CosineAnnealingLR and
  * LinearLR warm-up then cosine, within 1e-5 relative (PyTorch's recursive forms round
- * differently from the closed forms). */
+ * differently from the closed forms); OneCycleLR (its lines have fields of their
+ * own: onecycle_line). */
+static void onecycle_line(const char *line, dp_lr_schedule *sc, unsigned long long *t,
+                          double *want) {
+  float max_lr, pct, div, final_div;
+  int total, anneal, three;
+  ck_assert_int_eq(sscanf(line, "%*d %f %d %f %d %f %f %d %llu %lf", &max_lr, &total, &pct,
+                          &anneal, &div, &final_div, &three, t, want),
+                   9);
+  *sc = (dp_lr_schedule){.kind = DP_LR_ONECYCLE,
+                         .base_lr = max_lr,
+                         .total_steps = total,
+                         .pct_start = pct,
+                         .anneal_linear = anneal,
+                         .div_factor = div,
+                         .final_div_factor = final_div,
+                         .three_phase = three};
+}
+
 START_TEST(lr_schedules_match_pytorch) {
   FILE *f = fopen("tests/golden/lr_schedules.txt", "r");
   ck_assert_msg(f, "tests/golden/lr_schedules.txt: run the tests from the repository root");
@@ -676,6 +694,19 @@ START_TEST(lr_schedules_match_pytorch) {
   int n = 0, kinds = 0;
   while (fgets(line, sizeof line, f)) {
     if (line[0] == '#') continue;
+    if (line[0] == '0' + DP_LR_ONECYCLE && line[1] == ' ') {
+      dp_lr_schedule sc;
+      unsigned long long t;
+      double want;
+      onecycle_line(line, &sc, &t, &want);
+      ck_assert_msg(dp_lr_schedule_check(&sc) == DP_OK, "%s: %s", line, dp_last_error());
+      double got = dp_lr_at(&sc, t);
+      ck_assert_msg(fabs(got - want) <= 1e-5 * fabs(want) + 1e-12,
+                    "onecycle, t %llu: libdp %.9g, PyTorch %.9g (%s)", t, got, want, line);
+      kinds |= 1 << DP_LR_ONECYCLE;
+      n++;
+      continue;
+    }
     int kind, step_size, warmup, t_max;
     float base, gamma, start, eta_min;
     char ms[64];
@@ -703,8 +734,8 @@ START_TEST(lr_schedules_match_pytorch) {
     n++;
   }
   fclose(f);
-  ck_assert_int_ge(n, 200);
-  ck_assert_int_eq(kinds, 127); /* every kind */
+  ck_assert_int_ge(n, 440);
+  ck_assert_int_eq(kinds, 255); /* every kind */
 }
 END_TEST
 
@@ -737,24 +768,40 @@ END_TEST
 
 START_TEST(lr_schedules_refuse_bad_fields) {
   const dp_lr_schedule bad[] = {
-      {DP_LR_CONSTANT, 0.0f, 0, 0, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_CONSTANT, NAN, 0, 0, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_STEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_STEP, 0.1f, 3, 1.5f, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_COSINE, 0.1f, 0, 0, 0, 0, 5, 0.2f, 0, {0}},
-      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 0, 0.1f, 5, 0, 0, {0}},
-      {DP_LR_WARMUP_COSINE, 0.1f, 0, 0, 2, 0.0f, 5, 0, 0, {0}},
-      {(dp_lr_kind)9, 0.1f, 0, 0, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_EXPONENTIAL, 0.1f, 0, 0.0f, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_EXPONENTIAL, 0.1f, 0, 1.5f, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 0, {0}},
-      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, DP_LR_MAX_MILESTONES + 1, {1}},
-      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 2, {3, 3}},
-      {DP_LR_MULTISTEP, 0.1f, 0, 0.5f, 0, 0, 0, 0, 1, {0}},
-      {DP_LR_MULTISTEP, 0.1f, 0, 0.0f, 0, 0, 0, 0, 1, {2}},
-      {DP_LR_WARMUP, 0.1f, 0, 0, 0, 0.5f, 0, 0, 0, {0}},
-      {DP_LR_WARMUP, 0.1f, 0, 0, 3, 1.5f, 0, 0, 0, {0}},
+      {.kind = DP_LR_CONSTANT, .base_lr = 0.0f},
+      {.kind = DP_LR_CONSTANT, .base_lr = NAN},
+      {.kind = DP_LR_STEP, .base_lr = 0.1f, .gamma = 0.5f},
+      {.kind = DP_LR_STEP, .base_lr = 0.1f, .step_size = 3, .gamma = 1.5f},
+      {.kind = DP_LR_COSINE, .base_lr = 0.1f},
+      {.kind = DP_LR_COSINE, .base_lr = 0.1f, .t_max = 5, .eta_min = 0.2f},
+      {.kind = DP_LR_WARMUP_COSINE, .base_lr = 0.1f, .start_factor = 0.1f, .t_max = 5},
+      {.kind = DP_LR_WARMUP_COSINE,
+       .base_lr = 0.1f,
+       .warmup = 2,
+       .start_factor = 0.0f,
+       .t_max = 5},
+      {.kind = (dp_lr_kind)9, .base_lr = 0.1f},
+      {.kind = DP_LR_EXPONENTIAL, .base_lr = 0.1f, .gamma = 0.0f},
+      {.kind = DP_LR_EXPONENTIAL, .base_lr = 0.1f, .gamma = 1.5f},
+      {.kind = DP_LR_MULTISTEP, .base_lr = 0.1f, .gamma = 0.5f},
+      {.kind = DP_LR_MULTISTEP,
+       .base_lr = 0.1f,
+       .gamma = 0.5f,
+       .n_milestones = DP_LR_MAX_MILESTONES + 1,
+       .milestones = {1}},
+      {.kind = DP_LR_MULTISTEP,
+       .base_lr = 0.1f,
+       .gamma = 0.5f,
+       .n_milestones = 2,
+       .milestones = {3, 3}},
+      {.kind = DP_LR_MULTISTEP, .base_lr = 0.1f, .gamma = 0.5f, .n_milestones = 1},
+      {.kind = DP_LR_MULTISTEP,
+       .base_lr = 0.1f,
+       .gamma = 0.0f,
+       .n_milestones = 1,
+       .milestones = {2}},
+      {.kind = DP_LR_WARMUP, .base_lr = 0.1f, .start_factor = 0.5f},
+      {.kind = DP_LR_WARMUP, .base_lr = 0.1f, .warmup = 3, .start_factor = 1.5f},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ck_assert_int_eq(dp_lr_schedule_check(&bad[i]), DP_ERR_INVALID);
@@ -762,6 +809,60 @@ START_TEST(lr_schedules_refuse_bad_fields) {
   }
   ck_assert_int_eq(dp_lr_schedule_check(NULL), DP_ERR_INVALID);
   ck_assert(isnan(dp_lr_at(NULL, 3)));
+}
+END_TEST
+
+/* OneCycleLR: PyTorch's defaults from dp_lr_schedule_onecycle; each field out of
+ * range refused naming it, a phase of no steps (PyTorch divides by its length)
+ * and cycle_momentum (libdp sets the rate only) refused; NaN past total_steps,
+ * where PyTorch raises. */
+START_TEST(lr_onecycle_defaults_and_refusals) {
+  dp_lr_schedule s;
+  dp_lr_schedule_onecycle(&s, 0.1f, 100);
+  ck_assert_int_eq(s.kind, DP_LR_ONECYCLE);
+  ck_assert(s.pct_start == 0.3f && s.div_factor == 25.0f && s.final_div_factor == 1e4f);
+  ck_assert(!s.anneal_linear && !s.three_phase && !s.cycle_momentum);
+  ck_assert_int_eq(dp_lr_schedule_check(&s), DP_OK);
+  ck_assert_float_eq_tol(dp_lr_at(&s, 0), 0.1f / 25.0f, 1e-9f);
+  ck_assert_float_eq_tol(dp_lr_at(&s, 29), 0.1f, 1e-9f); /* the peak: pct_start * 100 - 1 */
+  ck_assert(dp_lr_at(&s, 100) > 0.0f && !isnan(dp_lr_at(&s, 100)));
+  ck_assert(isnan(dp_lr_at(&s, 101)));
+  const struct {
+    const char *field, *says;
+  } bad[] = {
+      {"total_steps", "total_steps must be >= 1, got 0"},
+      {"pct_start", "pct_start must be in [0, 1], got 1.5"},
+      {"div_factor",
+       "div_factor and final_div_factor must be finite and > 0, got 0 and 10000"},
+      {"final_div_factor", "finite and > 0, got 25 and -1"},
+      {"anneal_linear", "anneal_linear and three_phase must be 0 or 1, got 2 and 0"},
+      {"three_phase", "anneal_linear and three_phase must be 0 or 1, got 0 and 3"},
+      {"phase", "phase 1 of 2 has no steps (pct_start 0.1 of total_steps 10)"},
+      {"three-phase phase", "phase 3 of 3 has no steps (pct_start 0.6 of total_steps 5)"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    dp_lr_schedule_onecycle(&s, 0.1f, 100);
+    switch (i) {
+    case 0: s.total_steps = 0; break;
+    case 1: s.pct_start = 1.5f; break;
+    case 2: s.div_factor = 0.0f; break;
+    case 3: s.final_div_factor = -1.0f; break;
+    case 4: s.anneal_linear = 2; break;
+    case 5: s.three_phase = 3; break;
+    case 6: s.total_steps = 10, s.pct_start = 0.1f; break; /* ends at step 0 */
+    default: s.total_steps = 5, s.pct_start = 0.6f, s.three_phase = 1; break; /* 4 to 4 */
+    }
+    ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_last_error(), bad[i].says), "%s: %s", bad[i].field,
+                  dp_last_error());
+    ck_assert(isnan(dp_lr_at(&s, 0)));
+  }
+  dp_lr_schedule_onecycle(&s, 0.1f, 100);
+  s.cycle_momentum = 1;
+  ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_UNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "cycle_momentum=False"));
+  dp_lr_schedule_onecycle(&s, NAN, 100);
+  ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_INVALID);
 }
 END_TEST
 
@@ -793,6 +894,7 @@ Suite *api_suite(void) {
   tc = tcase_create("lr_schedules");
   tcase_add_test(tc, lr_schedules_match_pytorch);
   tcase_add_test(tc, lr_schedules_refuse_bad_fields);
+  tcase_add_test(tc, lr_onecycle_defaults_and_refusals);
   tcase_add_test(tc, lr_schedules_decay_by_the_written_gamma);
   suite_add_tcase(s, tc);
 

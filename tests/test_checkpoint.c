@@ -609,7 +609,7 @@ START_TEST(test_wrong_model_fields_are_named) {
     uint32_t v;
     const char *want;
   } wrong[] = {
-      {16, 7, "section MODL: optimizer 7 is none of 0 to 2"},
+      {16, 7, "section MODL: optimizer 7 is none of 0 to 3"},
       {20, 2, "section MODL: 2 optimizer state vectors; momentum keeps 1"},
       {20, 3, "section MODL: 3 optimizer state vectors; momentum keeps 1"},
       {24, 6, "section MODL: flags 0x6 (only 0x1, inference, is known)"},

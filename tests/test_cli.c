@@ -334,6 +334,7 @@ START_TEST(enums_refuse_unknown_with_choices) {
   /* a PyTorch user's Adam is torch.optim.Adam (coupled L2) */
   ck_assert_int_eq(dpt_parse_optimizer("adam", &o, err, sizeof err), 0);
   ck_assert_int_eq(o, DP_OPT_ADAM);
+  o = DP_OPT_MOMENTUM;
   ck_assert_int_eq(dpt_parse_optimizer("sgdw", &o, err, sizeof err), -1);
   ck_assert_str_eq(err, "--optimizer: 'sgdw' is not one of sgd|momentum|adamw|adam");
   ck_assert_int_eq(dpt_parse_split("", &s, err, sizeof err), -1);
@@ -398,8 +399,9 @@ START_TEST(config_every_common_option) {
             "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
             "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4", "--batchnorm",
             "sync", "--backend-option", "foo=bar", "--recompute", "3", "--precision",
-            "bf16", "--reduce-precision", "bf16");
+            "bf16", "--reduce-precision", "bf16", "--clip-grad-value", "0.375");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
+  ck_assert_float_eq(c.clip_grad_value, 0.375f);
   ck_assert_int_eq(c.reduce_precision, DP_PRECISION_BF16);
   ck_assert_int_eq(c.batchnorm, DP_BN_SYNC);
   ck_assert_int_eq(c.ranks, 2);
@@ -536,14 +538,15 @@ START_TEST(config_ranges_match_the_help) {
   ck_assert_int_eq(PARSE(&c, NULL, err, "--dampening", "1.5"), DPT_ARGS_ERROR);
   ck_assert_int_eq(PARSE(&c, NULL, err, "--nesterov=1"), DPT_ARGS_ERROR);
 
-  char buf[8192] = "";
+  char buf[16384] = "";
   FILE *f = fmemopen(buf, sizeof buf - 1, "w");
   ck_assert_ptr_nonnull(f);
   dpt_print_common_help(f);
   fclose(f);
   ck_assert_msg(strstr(buf, "--momentum X            sgd/momentum, in [0, 1)"), "%s", buf);
-  ck_assert_msg(strstr(buf, "--beta1 X, --beta2 X    adamw, each in [0, 1)"), "%s", buf);
-  ck_assert_msg(strstr(buf, "--eps X                 adamw, > 0"), "%s", buf);
+  ck_assert_msg(strstr(buf, "--beta1 X, --beta2 X    adam/adamw, each in [0, 1)"), "%s",
+                buf);
+  ck_assert_msg(strstr(buf, "--eps X                 adam/adamw, > 0"), "%s", buf);
   ck_assert_msg(strstr(buf, "--dampening X"), "%s", buf);
   ck_assert_msg(strstr(buf, "--nesterov"), "%s", buf);
   ck_assert_msg(!strstr(buf, "momentum optimizer, in [0, 1]"), "%s", buf);
@@ -1223,8 +1226,20 @@ START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
       /* an outside check (session 23): cast to an int
        * (undefined), and hexadecimal taken */
       {"warmup-cosine:99999999999999:1",
-       "a step count (N, T_MAX, W, a milestone) is a whole "
+       "a step count (N, T_MAX, W, a milestone, TOTAL) is a whole "
        "number from 0 to 2147483647"},
+      /* OneCycleLR's fields, each checked */
+      {"onecycle", "is not constant"},
+      {"onecycle:0", "total_steps must be >= 1"},
+      {"onecycle:2.5", "a step count"},
+      {"onecycle:10:1.5", "pct_start must be in [0, 1]"},
+      {"onecycle:10:0.3e", "is not constant"},
+      {"onecycle:10:0.3:cosine", "is not constant"},
+      {"onecycle:10:0.3:cos:0", "div_factor and final_div_factor must be finite and > 0"},
+      {"onecycle:10:0.3:linear:25:-1", "final_div_factor"},
+      {"onecycle:10:0.3:cos:25:1e4:four", "is not constant"},
+      {"onecycle:10:0.3:cos:25:1e4:three:x", "is not constant"},
+      {"onecycle:10:0.1", "phase 1 of 2 has no steps"},
       {"cosine:2.5", "a step count"},
       {"step:0x10:0.5", "is not constant"},
       {"cosine:inf", "is not constant"}};
@@ -1235,6 +1250,60 @@ START_TEST(train_lr_schedule_sets_the_rate_of_each_step) {
     ck_assert_msg(strstr(r.err, bad[i][1]), "%s: %s", bad[i][0], r.err);
     cmd_result_free(&r);
   }
+  unlink(model);
+  unlink(data);
+}
+END_TEST
+
+static char *slurp_file(const char *path, size_t *len);
+
+/* --lr-schedule onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]: --lr is
+ * max_lr; the rate after each epoch is OneCycleLR's (dp_lr_at with the same fields, at
+ * the step before); the run says it cycles no momentum; a run past TOTAL steps is
+ * refused before training, as PyTorch raises there. */
+START_TEST(train_onecycle_schedule) {
+  char model[64], data[64], log[64];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  small_csv(data, sizeof data);
+  temp_file(log, sizeof log, "");
+  unlink(log);
+  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                     "--epochs", "2", "--lr", "0.05", "--optimizer", "adam", "--log", log,
+                     "--lr-schedule", "onecycle:2e:0.25:linear:10:100:three");
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "cycle_momentum=False): the learning rate only"), "%s",
+                r.out);
+  const char *spe = strstr(r.out, "steps per epoch: ");
+  ck_assert_ptr_nonnull(spe);
+  int per = atoi(spe + 17);
+  cmd_result_free(&r);
+  dp_lr_schedule s;
+  dp_lr_schedule_onecycle(&s, 0.05f, 2 * per);
+  s.pct_start = 0.25f;
+  s.anneal_linear = 1;
+  s.div_factor = 10.0f;
+  s.final_div_factor = 100.0f;
+  s.three_phase = 1;
+  char *text = slurp_file(log, NULL);
+  const char *at = text;
+  for (int ep = 1; ep <= 2; ep++) { /* each epoch's line: the rate of its last step */
+    at = strstr(at, "\"lr\":");
+    ck_assert_msg(at, "epoch %d: no lr in %s", ep, text);
+    at += 5;
+    double want = dp_lr_at(&s, (uint64_t)(ep * per - 1));
+    ck_assert_msg(fabs(strtod(at, NULL) - want) <= 1e-6 * want, "epoch %d: lr %s, want %g",
+                  ep, at, want);
+  }
+  free(text);
+  unlink(log);
+  char sched[64];
+  snprintf(sched, sizeof sched, "onecycle:%d", 2 * per - 1);
+  r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs", "2",
+          "--quiet", "--lr-schedule", sched);
+  ck_assert_int_ne(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.err, "past the schedule's"), "%s", r.err);
+  ck_assert_msg(!strstr(r.out, "parameter hash"), "%s", r.out);
+  cmd_result_free(&r);
   unlink(model);
   unlink(data);
 }
@@ -5072,6 +5141,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, config_repeated_options_are_refused);
   tcase_add_test(tc, train_save_is_a_library_checkpoint_and_resume_trains_on);
   tcase_add_test(tc, train_lr_schedule_sets_the_rate_of_each_step);
+  tcase_add_test(tc, train_onecycle_schedule);
   tcase_add_test(tc, train_lr_schedule_takes_sixteen_long_milestones);
   tcase_add_test(tc, train_refuses_unwritable_outputs_before_training);
   tcase_add_test(tc, train_file_messages_are_uniform_and_fifos_do_not_block);

@@ -3706,6 +3706,103 @@ START_TEST(training_without_a_loss_is_refused) {
 }
 END_TEST
 
+/* torch.optim.Adam keeps AdamW's two moments: the same layout, exactly; PyTorch's
+ * defaults (weight_decay 0), and its own rules: no lr * weight_decay bound (the
+ * decay is an L2 term in the gradient), eps > 0, no SGD settings. A sharded
+ * optimizer gives each device two vectors of its shard. */
+START_TEST(adam_layout_and_rules) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
+  dp_config_set_optimizer(&c, DP_OPT_ADAM);
+  ck_assert(c.weight_decay == 0.0f && c.beta1 == 0.9f && c.beta2 == 0.999f &&
+            c.eps == 1e-8f);
+  ck_assert(c.momentum == 0.0f && c.dampening == 0.0f && c.nesterov == 0);
+  c.weight_decay = 50.0f; /* lr 0.01: lr * wd = 0.5, and 5 for AdamW below */
+  c.lr = 0.1f;
+  dp_plan *p = plan_of(m, &c);
+  ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_OPT_STATE).size, 96); /* 2 x 12 x 4 */
+  ck_assert_uint_eq(dp_plan_region(p, 1, DP_REGION_OPT_STATE).size, 0);
+  ck_assert_int_eq(dp_plan_config(p)->optimizer, DP_OPT_ADAM);
+  dp_plan_free(p);
+  c.optimizer = DP_OPT_ADAMW;
+  plan_refused(m, &c, DP_ERR_INVALID, "lr * weight_decay is 5");
+  c = config_of(30, 2, DP_OPT_SGD);
+  dp_config_set_optimizer(&c, DP_OPT_ADAM);
+  c.momentum = 0.9f;
+  plan_refused(m, &c, DP_ERR_INVALID, "SGD settings; Adam takes beta1");
+  c.momentum = 0.0f;
+  c.eps = 0.0f;
+  plan_refused(m, &c, DP_ERR_INVALID, "Adam needs eps > 0");
+  c = config_of(30, 4, DP_OPT_SGD);
+  dp_config_set_optimizer(&c, DP_OPT_ADAM);
+  c.mode = DP_MODE_ALLREDUCE;
+  c.shard_optimizer = 1;
+  p = plan_of(m, &c);
+  for (int d = 0; d < 4; d++) /* 12 parameters in shards of 3 */
+    ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size, 2 * 3 * 4);
+  dp_plan_free(p);
+  c.optimizer = (dp_optimizer)(DP_OPT_ADAM + 1);
+  plan_refused(m, &c, DP_ERR_INVALID, "unknown optimizer 4");
+  dp_model_free(m);
+}
+END_TEST
+
+/* config.clip_grad_value: finite and >= 0, not with clip_grad_norm; one clamp
+ * of each updating device's range after the reduction, before the check. */
+START_TEST(clip_grad_value_rules_and_ops) {
+  dp_model *m = model_of(SEED);
+  dp_config c = config_of(30, 2, DP_OPT_SGD);
+  const float bad[] = {-1.0f, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    c.clip_grad_value = bad[i];
+    plan_refused(m, &c, DP_ERR_INVALID, "clip_grad_value must be finite and >= 0");
+  }
+  c.clip_grad_value = 0.5f;
+  c.clip_grad_norm = 1.0f;
+  plan_refused(m, &c, DP_ERR_INVALID, "clip_grad_norm 1 and clip_grad_value 0.5: give one");
+  c.clip_grad_norm = 0.0f;
+  const struct {
+    dp_mode mode;
+    int shard, n_dev, clamps;
+  } lay[] = {{DP_MODE_CLASSIC, 0, 2, 1},
+             {DP_MODE_ALLREDUCE, 0, 2, 2},
+             {DP_MODE_ALLREDUCE, 1, 2, 2},
+             {DP_MODE_ALLREDUCE, 0, 3, 3}};
+  for (size_t l = 0; l < sizeof lay / sizeof *lay; l++) {
+    c.mode = lay[l].mode;
+    c.shard_optimizer = lay[l].shard;
+    c.n_devices = lay[l].n_dev;
+    dp_plan *p = plan_of(m, &c);
+    int n_ops = 0, clamps = 0, first_check = -1, last_clamp = -1;
+    const dp_op *ops = dp_plan_ops(p);
+    n_ops = dp_plan_n_ops(p);
+    size_t bytes = 0;
+    for (int k = 0; k < n_ops; k++) {
+      if (ops[k].kind == DP_OP_GRAD_CLAMP) {
+        clamps++;
+        last_clamp = k;
+        bytes += ops[k].bytes;
+        ck_assert_int_eq(ops[k].dst_region, DP_REGION_GRADS);
+      }
+      if (ops[k].kind == DP_OP_GRAD_CHECK && first_check < 0) first_check = k;
+    }
+    ck_assert_int_eq(clamps, lay[l].clamps);
+    ck_assert_uint_eq(bytes, (lay[l].shard || lay[l].mode == DP_MODE_CLASSIC ? 1 : clamps) *
+                                 12 * 4);
+    ck_assert_int_lt(last_clamp, first_check);
+    dp_plan_free(p);
+  }
+  c.clip_grad_value = 0.0f;
+  dp_plan *p = plan_of(m, &c);
+  int n_ops = 0;
+  const dp_op *ops = dp_plan_ops(p);
+  n_ops = dp_plan_n_ops(p);
+  for (int k = 0; k < n_ops; k++) ck_assert_int_ne(ops[k].kind, DP_OP_GRAD_CLAMP);
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(other_bad_configs_are_refused) {
   dp_model *m = model_of(SEED), *empty = model_of("input 5\n");
   dp_config c = config_of(30, 2, DP_OPT_SGD);
@@ -3735,7 +3832,7 @@ START_TEST(other_bad_configs_are_refused) {
   c = config_of(30, 2, DP_OPT_SGD);
   dp_config_set_optimizer(&c, DP_OPT_ADAMW);
   c.beta2 = 1.0f;
-  plan_refused(m, &c, DP_ERR_INVALID, "AdamW");
+  plan_refused(m, &c, DP_ERR_INVALID, "Adam(W) beta2");
   c = config_of(30, 2, DP_OPT_SGD);
   c.inference = 1;
   plan_refused(empty, &c, DP_ERR_INVALID, "no layers");
@@ -4042,6 +4139,8 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, seed_sgd_layout_is_exact);
   tcase_add_test(tc, seed_momentum_layout_is_exact);
   tcase_add_test(tc, seed_adamw_layout_is_exact);
+  tcase_add_test(tc, adam_layout_and_rules);
+  tcase_add_test(tc, clip_grad_value_rules_and_ops);
   tcase_add_test(tc, seed_inference_layout_is_exact);
   tcase_add_test(tc, unused_devices_have_no_arena);
   tcase_add_test(tc, shared_params_are_planned_once);

@@ -119,10 +119,38 @@ static int parse_milestones(char *list, long calls, int accumulate, dp_lr_schedu
   return -1; /* an empty one */
 }
 
+/* onecycle's fields after the word: TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]
+ * (OneCycleLR's order; max_lr is --lr). TOTAL is a step count (in epochs with an e
+ * suffix). 0, -1 (not such fields), -2 (TOTAL out of range). */
+static int parse_onecycle(char **f, int k, long calls, int accumulate, dp_lr_schedule *s,
+                          int *in_epochs) {
+  float base = s->base_lr;
+  dp_lr_schedule_onecycle(s, base, 0);
+  double v;
+  if (k < 1 || k > 6 || schedule_count(f[0], calls, accumulate, &v, in_epochs)) return -1;
+  if (schedule_steps(v, &s->total_steps)) return -2;
+  int ep;
+  float *num[] = {&s->pct_start, NULL, &s->div_factor, &s->final_div_factor};
+  for (int i = 1; i < k && i < 5; i++) {
+    if (i == 2) { /* anneal_strategy */
+      if (strcmp(f[i], "cos") && strcmp(f[i], "linear")) return -1;
+      s->anneal_linear = strcmp(f[i], "linear") == 0;
+    } else if (schedule_field(f[i], &v, &ep) || ep) {
+      return -1;
+    } else {
+      *num[i - 1] = (float)v;
+    }
+  }
+  if (k == 6 && strcmp(f[5], "three")) return -1;
+  s->three_phase = k == 6;
+  return 0;
+}
+
 /* --lr-schedule: constant | step:N:GAMMA | cosine:T_MAX[:ETA_MIN] |
  * warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (START: 1/3, LinearLR's default) |
- * exponential:GAMMA | multistep:M1,M2,...:GAMMA | warmup:W[:START], in
- * optimizer steps; base_lr is --lr. N, T_MAX, W and the milestones may be
+ * exponential:GAMMA | multistep:M1,M2,...:GAMMA | warmup:W[:START] |
+ * onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]], in optimizer steps;
+ * base_lr (onecycle: max_lr) is --lr. N, T_MAX, W and the milestones may be
  * given in epochs with an `e` suffix (2e, 0.5e): schedule_count. With calls 0
  * (before the data is read) such fields are only checked for form
  * (*in_epochs set); the schedule is parsed again once calls is known. */
@@ -135,7 +163,7 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
   *in_epochs = 0;
   /* 16 milestones of 10 digits and a gamma of 9 fit (an outside check: 128 bytes
    * refused them as malformed) */
-  char buf[256], *field[6];
+  char buf[256], *field[7];
   double v[5] = {0};
   int n = 0, ep[5] = {0};
   if (strlen(text) >= sizeof buf) {
@@ -144,12 +172,20 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
     return -1;
   }
   snprintf(buf, sizeof buf, "%s", text);
-  for (char *p = buf, *q; n < 6; p = q + 1) {
+  for (char *p = buf, *q; n < 7; p = q + 1) {
     field[n++] = p;
     if (!(q = strchr(p, ':'))) break;
     *q = '\0';
+    if (n == 7) goto bad; /* more fields than any kind takes */
   }
   const char *word = field[0];
+  if (strcmp(word, "onecycle") == 0) {
+    int r = parse_onecycle(field + 1, n - 1, calls, accumulate, s, in_epochs);
+    if (r == -2) goto steps;
+    if (r) goto bad;
+    goto check;
+  }
+  if (n > 6) goto bad;
   bool multi = strcmp(word, "multistep") == 0;
   for (int i = 1 + multi; i < n; i++) {
     if (schedule_field(field[i], &v[i - 1], &ep[i - 1])) goto bad;
@@ -188,22 +224,25 @@ static int parse_schedule(const char *text, float base_lr, long calls, int accum
   } else {
     goto bad;
   }
+check:
   if (*in_epochs && calls <= 0) return 0; /* checked again with the epochs' steps */
   if (dp_lr_schedule_check(s) == DP_OK) return 0;
   snprintf(err, errcap, "--lr-schedule %s: %s", text, dpt_user_msg(dp_last_error()));
   return -1;
 steps: /* an outside check (session 23): 99999999999999 was cast to an int */
-  snprintf(err, errcap,
-           "--lr-schedule %s: a step count (N, T_MAX, W, a milestone) is a whole number "
-           "from 0 to 2147483647",
-           text);
+  snprintf(
+      err, errcap,
+      "--lr-schedule %s: a step count (N, T_MAX, W, a milestone, TOTAL) is a whole number "
+      "from 0 to 2147483647",
+      text);
   return -1;
 bad:
   snprintf(err, errcap,
            "--lr-schedule: '%s' is not constant, step:N:GAMMA, cosine:T_MAX[:ETA_MIN], "
            "warmup-cosine:W:T_MAX[:ETA_MIN[:START]], exponential:GAMMA, "
-           "multistep:M1,M2,...:GAMMA (up to %d milestones) or warmup:W[:START] (N, "
-           "T_MAX, W, M in steps, or in epochs with an e suffix: 2e)",
+           "multistep:M1,M2,...:GAMMA (up to %d milestones), warmup:W[:START] or "
+           "onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]] (N, T_MAX, W, M, "
+           "TOTAL in steps, or in epochs with an e suffix: 2e)",
            text, DP_LR_MAX_MILESTONES);
   return -1;
 }
@@ -1416,12 +1455,23 @@ static int start_run(train_run *t) {
     fprintf(stderr, "dp train: %s\n", t->err);
     return -1;
   }
+  /* OneCycleLR raises past its total_steps: said before any training (a resumed
+   * run goes on from the checkpoint's step) */
+  long run_calls = calls * o->epochs - t->pos0;
+  long last = (long)dp_ctx_step(t->ctx) + run_calls / K;
+  if (o->schedule && t->sched.kind == DP_LR_ONECYCLE && last > t->sched.total_steps) {
+    fprintf(stderr,
+            "dp train: --lr-schedule %s: the run ends at optimizer step %ld (epoch %d), "
+            "past the schedule's %d steps (PyTorch's OneCycleLR raises there): give a "
+            "TOTAL of at least %ld, or fewer --epochs\n",
+            o->schedule, last, t->epoch0 + o->epochs, t->sched.total_steps, last);
+    return -1;
+  }
   /* A checkpoint holds no partial sums (dp_ckpt_save refuses one inside an
    * accumulation): a save at the run's end, or at an epoch's end (--save-best,
    * --patience's stop), must fall between optimizer steps. Said before any
    * training, not after it. */
   int at_epochs = o->save_best || (o->save && o->patience);
-  long run_calls = calls * o->epochs - t->pos0;
   if (K > 1 && (o->save || o->save_best) && at_epochs && calls % K) {
     fprintf(stderr,
             "dp train: --accumulate %d: an epoch's %ld training calls end inside an "
@@ -1504,6 +1554,13 @@ static int start_run(train_run *t) {
              t->train.n_rows, t->views ? "windows" : "rows",
              epoch_rows(t) < t->train.n_rows ? "; --drop-last leaves the last ones out"
                                              : "");
+    if (o->schedule && t->sched.kind == DP_LR_ONECYCLE) /* unlike PyTorch's default */
+      printf("lr schedule: OneCycleLR(max_lr=%g, total_steps=%d, pct_start=%g, "
+             "anneal_strategy='%s', div_factor=%g, final_div_factor=%g, three_phase=%s, "
+             "cycle_momentum=False): the learning rate only, momentum and betas stay\n",
+             (double)t->sched.base_lr, t->sched.total_steps, (double)t->sched.pct_start,
+             t->sched.anneal_linear ? "linear" : "cos", (double)t->sched.div_factor,
+             (double)t->sched.final_div_factor, t->sched.three_phase ? "True" : "False");
     if (o->resume && t->pos0)
       printf("resumed from %s at step %llu (epoch %d, after %d of its batches)\n",
              o->resume, (unsigned long long)dp_ctx_step(t->ctx), t->epoch0 + 1, t->pos0);

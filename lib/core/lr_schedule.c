@@ -8,6 +8,99 @@
 
 static const double PI = 3.14159265358979323846;
 
+/* gamma, pct_start and the div factors as the decimal a PyTorch script writes:
+ * the shortest (up to 9 digits) that rounds to the float (0.99999f as 0.99999).
+ * The float itself is up to 3e-8 relative off that decimal, and gamma^t
+ * multiplies the error by t: 1.4e-3 relative from ExponentialLR(gamma=0.99999)
+ * by step 100000. */
+static double written(float v) {
+  char num[32];
+  return strtod(dp__shortest_float(v, num, sizeof num), NULL);
+}
+
+/* OneCycleLR's phases: where each ends (end[i], a step in double as PyTorch
+ * computes it) and the rates it goes between. Returns the count, 2 or 3. */
+static int onecycle_phases(const dp_lr_schedule *s, double end[3], double from[3],
+                           double to[3]) {
+  double T = s->total_steps, pct = written(s->pct_start);
+  double max = s->base_lr, initial = max / written(s->div_factor);
+  double min = initial / written(s->final_div_factor);
+  end[0] = pct * T - 1.0;
+  from[0] = initial;
+  to[0] = max;
+  if (!s->three_phase) {
+    end[1] = T - 1.0;
+    from[1] = max;
+    to[1] = min;
+    return 2;
+  }
+  end[1] = 2.0 * pct * T - 2.0;
+  from[1] = max;
+  to[1] = initial;
+  end[2] = T - 1.0;
+  from[2] = initial;
+  to[2] = min;
+  return 3;
+}
+
+static dp_status check_onecycle(const dp_lr_schedule *s) {
+  if (s->total_steps < 1)
+    return DP_FAIL(DP_ERR_INVALID, "onecycle schedule: total_steps must be >= 1, got %d",
+                   s->total_steps);
+  if (!(s->pct_start >= 0.0f && s->pct_start <= 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "onecycle schedule: pct_start must be in [0, 1], got %g",
+                   (double)s->pct_start);
+  if (!(s->div_factor > 0.0f && s->div_factor <= 3.4e38f) ||
+      !(s->final_div_factor > 0.0f && s->final_div_factor <= 3.4e38f))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "onecycle schedule: div_factor and final_div_factor must be finite and "
+                   "> 0, got %g and %g",
+                   (double)s->div_factor, (double)s->final_div_factor);
+  if ((s->anneal_linear != 0 && s->anneal_linear != 1) ||
+      (s->three_phase != 0 && s->three_phase != 1))
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "onecycle schedule: anneal_linear and three_phase must be 0 or 1, got %d "
+        "and %d",
+        s->anneal_linear, s->three_phase);
+  if (s->cycle_momentum != 0)
+    return DP_FAIL(
+        DP_ERR_UNSUPPORTED,
+        "onecycle schedule: cycle_momentum %d: libdp's schedules set the learning "
+        "rate only; this is OneCycleLR(..., cycle_momentum=False) (0)",
+        s->cycle_momentum);
+  double end[3], from[3], to[3], start = 0.0;
+  int n = onecycle_phases(s, end, from, to);
+  for (int i = 0; i < n; start = end[i++])
+    if (end[i] == start) /* PyTorch divides by the phase's length */
+      return DP_FAIL(DP_ERR_INVALID,
+                     "onecycle schedule: phase %d of %d has no steps (pct_start %g of "
+                     "total_steps %d); change pct_start or total_steps",
+                     i + 1, n, (double)s->pct_start, s->total_steps);
+  return DP_OK;
+}
+
+void dp_lr_schedule_onecycle(dp_lr_schedule *s, float max_lr, int total_steps) {
+  if (!s) return;
+  *s = (dp_lr_schedule){.kind = DP_LR_ONECYCLE,
+                        .base_lr = max_lr,
+                        .total_steps = total_steps,
+                        .pct_start = 0.3f,
+                        .div_factor = 25.0f,
+                        .final_div_factor = 1e4f};
+}
+
+/* OneCycleLR's rate at step t <= total_steps: the phase that holds t (the last
+ * one past its end), annealed from its start to its end. */
+static double onecycle(const dp_lr_schedule *s, uint64_t t) {
+  double end[3], from[3], to[3], start = 0.0, x = (double)t;
+  int n = onecycle_phases(s, end, from, to), i = 0;
+  while (i < n - 1 && x > end[i]) start = end[i++];
+  double pct = (x - start) / (end[i] - start);
+  if (s->anneal_linear) return (to[i] - from[i]) * pct + from[i];
+  return to[i] + (from[i] - to[i]) / 2.0 * (cos(PI * pct) + 1.0);
+}
+
 dp_status dp_lr_schedule_check(const dp_lr_schedule *s) {
   if (!s) return DP_FAIL(DP_ERR_INVALID, "dp_lr_schedule_check: schedule is NULL");
   if (!(s->base_lr > 0.0f && s->base_lr <= 3.4e38f))
@@ -55,6 +148,7 @@ dp_status dp_lr_schedule_check(const dp_lr_schedule *s) {
                      "%d and %g",
                      s->t_max, (double)s->eta_min);
     return DP_OK;
+  case DP_LR_ONECYCLE: return check_onecycle(s);
   }
   return DP_FAIL(DP_ERR_INVALID, "unknown schedule kind %d", (int)s->kind);
 }
@@ -70,14 +164,7 @@ static double warm(const dp_lr_schedule *s, uint64_t t) {
   return s->start_factor + (1.0 - s->start_factor) * (double)t / s->warmup;
 }
 
-/* gamma as the decimal a PyTorch script writes: the shortest (up to 9 digits)
- * that rounds to the float (0.99999f as 0.99999). The float itself is up to
- * 3e-8 relative off that decimal, and gamma^t multiplies the error by t: 1.4e-3
- * relative from ExponentialLR(gamma=0.99999) by step 100000. */
-static double gamma_of(const dp_lr_schedule *s) {
-  char num[32];
-  return strtod(dp__shortest_float(s->gamma, num, sizeof num), NULL);
-}
+static double gamma_of(const dp_lr_schedule *s) { return written(s->gamma); }
 
 float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
   if (!s || dp_lr_schedule_check(s) != DP_OK) return NAN;
@@ -98,6 +185,7 @@ float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
   }
   case DP_LR_WARMUP:
     return t < (uint64_t)s->warmup ? (float)(base * warm(s, t)) : s->base_lr;
+  case DP_LR_ONECYCLE: return t > (uint64_t)s->total_steps ? NAN : (float)onecycle(s, t);
   }
   return NAN;
 }
