@@ -1,7 +1,8 @@
 /* Gradient clipping by global norm (config.clip_grad_norm), as
  * torch.nn.utils.clip_grad_norm_: the norm against a double reference, the
  * scaling bit for bit, the same bits for every device count and mode, and
- * refusals. */
+ * refusals. Clipping by value (config.clip_grad_value, clip_grad_value_): the
+ * clamp bit for bit in every mode, NaN refused with nothing changed. */
 #include "dp.h"
 #include "helpers.h"
 
@@ -162,6 +163,97 @@ START_TEST(nonfinite_gradient_is_refused_unchanged) {
 }
 END_TEST
 
+/* ---- config.clip_grad_value ---------------------------------------------------- */
+
+/* One step of the same batch with and without clip_grad_value, on 2 devices
+ * classic, 2 allreduce and 4 sharded (Adam): the gradients are the plain ones
+ * clamped to [-v, v], bit for bit; the parameters change only when a gradient
+ * was clamped. */
+START_TEST(clamp_matches_the_definition_in_every_mode) {
+  static const float values[] = {1e-3f, 0.02f, 1e6f};
+  static const struct {
+    int n;
+    dp_mode mode;
+    int shard;
+  } L[] = {{2, DP_MODE_CLASSIC, 0}, {2, DP_MODE_ALLREDUCE, 0}, {4, DP_MODE_ALLREDUCE, 1}};
+  for (int l = 0; l < 3; l++)
+    for (int i = 0; i < 3; i++) {
+      dp_config a = cfg_of(L[l].n, L[l].mode, L[l].shard, 0),
+                b = cfg_of(L[l].n, L[l].mode, L[l].shard, 0);
+      a.optimizer = b.optimizer = DP_OPT_ADAM;
+      a.weight_decay = b.weight_decay = 0.01f;
+      a.clip_grad_value = values[i];
+      rig ra, rb;
+      rig_open(&ra, SPEC, &a);
+      rig_open(&rb, SPEC, &b);
+      float x[B * IN];
+      int32_t y[B];
+      make_batch(x, y, 0);
+      ck_assert_int_eq(dp_train_step(ra.c, B, IN, x, y, NULL), DP_OK);
+      ck_assert_int_eq(dp_train_step(rb.c, B, IN, x, y, NULL), DP_OK);
+      float *ga = malloc(ra.np * 4), *gb = malloc(rb.np * 4);
+      ck_assert_int_eq(dp_get_grads(ra.c, ga, ra.np), DP_OK);
+      ck_assert_int_eq(dp_get_grads(rb.c, gb, rb.np), DP_OK);
+      size_t clamped = 0;
+      for (size_t k = 0; k < ra.np; k++) {
+        float v = values[i], expect = gb[k] > v ? v : gb[k] < -v ? -v : gb[k];
+        clamped += expect != gb[k];
+        ck_assert_msg(memcmp(&ga[k], &expect, 4) == 0,
+                      "layout %d, clip_grad_value %g: gradient %zu is %.9g, want %.9g", l,
+                      (double)v, k, (double)ga[k], (double)expect);
+      }
+      ck_assert_msg((clamped > 0) == (i < 2), "clip_grad_value %g clamped %zu",
+                    (double)values[i], clamped);
+      if (clamped)
+        ck_assert_uint_ne(dp_params_hash(ra.c), dp_params_hash(rb.c));
+      else
+        ck_assert_uint_eq(dp_params_hash(ra.c), dp_params_hash(rb.c));
+      free(ga);
+      free(gb);
+      rig_close(&ra);
+      rig_close(&rb);
+    }
+}
+END_TEST
+
+/* A NaN gradient stays NaN under the clamp (torch.clamp's rule): the step is
+ * refused naming it, parameters, optimizer state and step counter unchanged
+ * (the next good step gives the bits of a context that never saw the bad one);
+ * under DP_NONFINITE_SKIP it is skipped. */
+START_TEST(clamp_keeps_nan_and_the_step_is_refused_unchanged) {
+  for (int skip = 0; skip < 2; skip++) {
+    dp_config c = cfg_of(4, DP_MODE_ALLREDUCE, 1, 0);
+    c.optimizer = DP_OPT_ADAM;
+    c.clip_grad_value = 1e-3f;
+    c.on_nonfinite = skip ? DP_NONFINITE_SKIP : DP_NONFINITE_ERROR;
+    rig r, ref;
+    rig_open(&r, SPEC, &c);
+    rig_open(&ref, SPEC, &c);
+    float x[B * IN];
+    int32_t y[B];
+    make_batch(x, y, 0);
+    ck_assert_int_eq(dp_train_step(r.c, B, IN, x, y, NULL), DP_OK);
+    ck_assert_int_eq(dp_train_step(ref.c, B, IN, x, y, NULL), DP_OK);
+    uint64_t h = dp_params_hash(r.c);
+    float bad[B * IN];
+    memcpy(bad, x, sizeof bad);
+    bad[5] = NAN;
+    float loss = 0.0f;
+    ck_assert_int_eq(dp_train_step(r.c, B, IN, bad, y, &loss),
+                     skip ? DP_OK : DP_ERR_NONFINITE);
+    if (!skip) ck_assert_msg(strstr(dp_ctx_error(r.c), "NaN"), "%s", dp_ctx_error(r.c));
+    ck_assert_uint_eq(dp_params_hash(r.c), h);
+    ck_assert_uint_eq(dp_ctx_step(r.c), 1);
+    make_batch(x, y, 1);
+    ck_assert_int_eq(dp_train_step(r.c, B, IN, x, y, NULL), DP_OK);
+    ck_assert_int_eq(dp_train_step(ref.c, B, IN, x, y, NULL), DP_OK);
+    ck_assert_uint_eq(dp_params_hash(r.c), dp_params_hash(ref.c));
+    rig_close(&r);
+    rig_close(&ref);
+  }
+}
+END_TEST
+
 Suite *clip_suite(void) {
   Suite *s = suite_create("clip");
   TCase *tc = tcase_create("clip_grad_norm");
@@ -170,6 +262,11 @@ Suite *clip_suite(void) {
   tcase_add_test(tc, same_bits_for_every_device_count_and_mode);
   tcase_add_test(tc, bad_values_are_refused);
   tcase_add_test(tc, nonfinite_gradient_is_refused_unchanged);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("clip_grad_value");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, clamp_matches_the_definition_in_every_mode);
+  tcase_add_test(tc, clamp_keeps_nan_and_the_step_is_refused_unchanged);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -38,6 +38,8 @@ static dp_backend backend_in_use = DP_BACKEND_CPU;
  * unless a test sets them) */
 static dp_precision precision_in_use = DP_PRECISION_FP32;
 static const char *options_in_use = "";
+/* config.clip_grad_value of every run (0 unless a test sets it) */
+static float clip_value_in_use = 0.0f;
 enum { B = 64, IN = 12, CLASSES = 5, MB = 8 };
 
 typedef struct {
@@ -71,7 +73,9 @@ static uint64_t run(setup su, dp_optimizer opt, int steps, int micro_batch) {
   c.mode = su.mode;
   c.shard_optimizer = su.shard;
   c.micro_batch = micro_batch;
-  c.lr = opt == DP_OPT_ADAMW ? 0.01f : 0.05f;
+  c.lr = opt == DP_OPT_ADAMW || opt == DP_OPT_ADAM ? 0.01f : 0.05f;
+  if (opt == DP_OPT_ADAM) c.weight_decay = 0.01f; /* Adam's L2 term in play */
+  c.clip_grad_value = clip_value_in_use;
   c.seed = 7;
   c.recompute = recompute_in_use;
   c.guards = recompute_in_use > 0; /* and nothing it writes leaves its regions */
@@ -126,6 +130,39 @@ START_TEST(twelve_setups_same_bits_sgd_momentum) { all_setups_agree(DP_OPT_MOMEN
 END_TEST
 
 START_TEST(twelve_setups_same_bits_adamw) { all_setups_agree(DP_OPT_ADAMW); }
+END_TEST
+
+START_TEST(twelve_setups_same_bits_adam) { all_setups_agree(DP_OPT_ADAM); }
+END_TEST
+
+/* clip_grad_value at 0.002 changes the bits (not vacuously) and keeps them the
+ * same everywhere, for Adam and momentum SGD. */
+START_TEST(twelve_setups_same_bits_clip_grad_value) {
+  setup one = {1, DP_MODE_CLASSIC, 0};
+  uint64_t plain = run(one, DP_OPT_ADAM, 50, MB);
+  clip_value_in_use = 0.002f;
+  ck_assert_uint_ne(run(one, DP_OPT_ADAM, 50, MB), plain);
+  all_setups_agree(DP_OPT_ADAM);
+  all_setups_agree(DP_OPT_MOMENTUM);
+  clip_value_in_use = 0.0f;
+}
+END_TEST
+
+/* Three devices (not a power of two: the classic tree, then each device's range
+ * from device 0) give the same bits in every mode, Adam and clip_grad_value
+ * included. */
+START_TEST(three_devices_same_bits_in_every_mode_adam_clip_grad_value) {
+  const setup three[] = {
+      {3, DP_MODE_CLASSIC, 0}, {3, DP_MODE_ALLREDUCE, 0}, {3, DP_MODE_ALLREDUCE, 1}};
+  for (int clip = 0; clip < 2; clip++) {
+    clip_value_in_use = clip ? 0.002f : 0.0f;
+    uint64_t ref = run(three[0], DP_OPT_ADAM, 30, MB);
+    for (int i = 1; i < 3; i++)
+      ck_assert_msg(run(three[i], DP_OPT_ADAM, 30, MB) == ref, "%s, clip %d",
+                    mode_name(three[i]), clip);
+  }
+  clip_value_in_use = 0.0f;
+}
 END_TEST
 
 START_TEST(twelve_setups_same_bits_cnn) {
@@ -755,6 +792,9 @@ Suite *determinism_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, twelve_setups_same_bits_sgd_momentum);
   tcase_add_test(tc, twelve_setups_same_bits_adamw);
+  tcase_add_test(tc, twelve_setups_same_bits_adam);
+  tcase_add_test(tc, twelve_setups_same_bits_clip_grad_value);
+  tcase_add_test(tc, three_devices_same_bits_in_every_mode_adam_clip_grad_value);
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);

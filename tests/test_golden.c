@@ -323,8 +323,14 @@ static const char *const golden_cases[] = {"seed",
                                            "bf16_gpt",
                                            "bf16_bn_mlp",
                                            "bf16_bn_cnn",
-                                           "bf16_bn_sync_cnn"};
+                                           "bf16_bn_sync_cnn",
+                                           "adam_mlp",
+                                           "bf16_adam_mlp"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
+/* adam_*: torch.optim.Adam (coupled L2 weight decay 0.05) besides the usual
+ * trainings, in fp32 and in bf16 (its adam_hparams, adam_params5, adam_loss). */
+static const char *const adam_cases[] = {"adam_mlp", "bf16_adam_mlp"};
+#define N_ADAM_CASES ((int)(sizeof adam_cases / sizeof adam_cases[0]))
 /* bf16_*: config.precision bf16 (the file's precision record) against PyTorch's
  * bf16 autocast: an MLP with every activation, layernorm and dropout; a CNN whose
  * first conv reads the fp32 input, with max and average pooling; a pre-LN GPT;
@@ -499,7 +505,15 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
     cfg.clip_grad_norm = max_norm[0];
   }
   dp_config_set_optimizer(&cfg, opt);
-  if (opt == DP_OPT_ADAMW) {
+  if (opt == DP_OPT_ADAM) { /* the adam_* cases' own record */
+    const float *ha = golden_f32(g, "adam_hparams", &n);
+    ck_assert_uint_eq(n, 5);
+    cfg.lr = ha[0];
+    cfg.beta1 = ha[1];
+    cfg.beta2 = ha[2];
+    cfg.eps = ha[3];
+    cfg.weight_decay = ha[4];
+  } else if (opt == DP_OPT_ADAMW) {
     cfg.lr = hp[3];
     cfg.beta1 = hp[4];
     cfg.beta2 = hp[5];
@@ -704,8 +718,9 @@ static const struct {
     {"adamw", DP_OPT_ADAMW, 0, "adamw_params5", NULL},
     {"sgd_clip", DP_OPT_MOMENTUM, 1, "sgd_clip_params", "clip_norms"},
     {"adamw_clip", DP_OPT_ADAMW, 1, "adamw_clip_params", "adamw_clip_norms"},
+    {"adam", DP_OPT_ADAM, 0, "adam_params5", NULL}, /* the adam_* cases only */
 };
-enum { TR_SGDM, TR_ADAMW, TR_SGD_CLIP, TR_ADAMW_CLIP, N_TRAININGS };
+enum { TR_SGDM, TR_ADAMW, TR_SGD_CLIP, TR_ADAMW_CLIP, TR_ADAM, N_TRAININGS };
 
 /* What a training ended with, for comparing the bits of two layouts. */
 typedef struct {
@@ -989,6 +1004,34 @@ START_TEST(test_clipped_adamw_matches_pytorch_on_1_2_4_devices_in_every_mode) {
 }
 END_TEST
 
+/* ---- torch.optim.Adam ------------------------------------------------------------ */
+
+static void check_same_run_bits(const char *case_name, const char *prefix,
+                                const run_bits *ref, const run_bits *b);
+
+/* Adam against PyTorch on 1, 2 and 4 devices in every layout with micro-batches
+ * of 8 rows (4 of them), each run within the tolerance and all of them the same
+ * bits. */
+START_TEST(test_adam_matches_pytorch_on_1_2_4_devices_in_every_mode_with_the_same_bits) {
+  const char *name = adam_cases[_i];
+  run_bits ref, b;
+  int have_ref = 0;
+  for (int li = 0; li < N_LAYOUTS; li++)
+    for (int nd = 1; nd <= 4; nd *= 2) {
+      run_setup s = {.n_devices = nd, .layout = li, .micro_batch = 8};
+      train_and_check(name, TR_ADAM, &s, have_ref ? &b : &ref);
+      ck_assert_msg((have_ref ? b : ref).same_bits, "%s: %s", name,
+                    (have_ref ? b : ref).desc);
+      if (have_ref) {
+        check_same_run_bits(name, "adam", &ref, &b);
+        run_bits_free(&b);
+      }
+      have_ref = 1;
+    }
+  run_bits_free(&ref);
+}
+END_TEST
+
 /* ---- every layout, every micro-batch size (batchnorm) ------------------------- */
 
 /* Fails unless a and b (n floats of `what`) are the same bits. */
@@ -1106,6 +1149,13 @@ Suite *golden_suite(void) {
   tc = tcase_create("adamw");
   tcase_set_timeout(tc, 30);
   tcase_add_loop_test(tc, test_matches_pytorch_adamw, 0, N_GOLDEN_CASES);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("adam");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(
+      tc, test_adam_matches_pytorch_on_1_2_4_devices_in_every_mode_with_the_same_bits, 0,
+      N_ADAM_CASES);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("inference");
