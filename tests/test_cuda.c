@@ -698,19 +698,24 @@ static dp_config test_config(int ngpu, int batch, int n_devices, int micro_batch
   c.micro_batch = micro_batch;
   c.mode = mode;
   c.seed = 7;
+  bool adam = opt == DP_OPT_ADAMW || opt == DP_OPT_ADAM;
   c.weight_decay = opt == DP_OPT_ADAMW ? 0.01f : 0.001f;
-  c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
+  c.lr = adam ? 0.003f : 0.05f;
   /* AdamW's update lr * m / (sqrt(v) + eps) is about lr * sign(g) for |g| >> eps:
    * a gradient at rounding-noise level whose sign differs between the GPU and
    * the CPU would move a parameter by 2 lr. With eps well above that noise the
    * update is continuous in g, so the cpu comparison measures real error. */
-  if (opt == DP_OPT_ADAMW) c.eps = 1e-3f;
+  if (adam) c.eps = 1e-3f;
   return c;
 }
 
 /* Is op's output exact by construction (no rounding choice at all)? */
 static bool exact_op(const pair *t, const dp_op *op) {
   if (op->kind == DP_OP_GRAD_ADD || op->kind == DP_OP_ZERO) return true;
+  /* the updates: lib/cpu/backend.c's element rules one IEEE operation at a time
+   * (cuda/kernels.cu upd_elem), the constants computed alike on the host; the
+   * clamp of clip_grad_value: comparisons only */
+  if (op->kind == DP_OP_OPTIMIZER || op->kind == DP_OP_GRAD_CLAMP) return true;
   /* clipping and accumulation: integer sums, one fixed double computation,
    * unfused multiplies and adds (cuda/kernels.cu) */
   if (op->kind == DP_OP_GRAD_NORM || op->kind == DP_OP_GRAD_CLIP ||
@@ -2390,6 +2395,30 @@ static void check_accum_calls(const char *name, const char *spec, const dp_confi
   pair_free(&t);
 }
 
+/* torch.optim.Adam's update (coupled L2) and clip_grad_value's clamp, each op
+ * from the same state as the cpu backend's, bit for bit (exact_op), where
+ * AdamW's are checked: classic, allreduce, sharded; with accumulation too. */
+START_TEST(adam_and_clip_value_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "adam_and_clip_value_ops_match_cpu");
+  dp_config c = test_config(ngpu, 31, 3, 0, DP_MODE_CLASSIC, DP_OPT_ADAM);
+  c.split = DP_SPLIT_BALANCED;
+  check_every_compute_op("mse classic adam chunks", MIXED_MSE, &c, 3);
+  c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAM);
+  check_every_compute_op("ce allreduce adam step 0", MIXED_CE, &c, 0);
+  c.shard_optimizer = 1;
+  check_every_compute_op("mse allreduce sharded adam step 9", MIXED_MSE, &c, 9);
+  c.clip_grad_value = 1e-3f;
+  check_every_compute_op("clip value, mse allreduce sharded adam", MIXED_MSE, &c, 2);
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
+  c.clip_grad_value = 1e-3f;
+  check_every_compute_op("clip value, ce classic momentum", MIXED_CE, &c, 1);
+  c = test_config(ngpu, 32, 2, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAM);
+  c.accumulate = 2;
+  c.clip_grad_value = 1e-2f;
+  check_every_compute_op("accumulate 2 and clip value, ce allreduce adam", MIXED_CE, &c, 1);
+}
+END_TEST
+
 START_TEST(clip_and_accumulate_ops_match_cpu) {
   REQUIRE_GPUS(ngpu, "clip_and_accumulate_ops_match_cpu");
   dp_config c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
@@ -3599,6 +3628,7 @@ Suite *cuda_suite(void) {
   TCase *ca = tcase_create("gpu_clip_accumulate");
   tcase_set_tags(ca, "gpu");
   tcase_add_test(ca, clip_and_accumulate_ops_match_cpu);
+  tcase_add_test(ca, adam_and_clip_value_ops_match_cpu);
   tcase_add_test(ca, clip_steps_match_cpu_and_every_layout);
   tcase_add_test(ca, accumulation_equals_the_concatenated_batch_on_cuda);
   tcase_add_test(ca, refused_accumulating_call_on_cuda);

@@ -80,13 +80,14 @@ static dp_config config(dp_backend b, int batch, int n, dp_mode mode, dp_optimiz
     for (int d = 0; d < DP_MAX_DEVICES; d++) c.device_ids[d] = 0;
   c.mode = mode;
   dp_config_set_optimizer(&c, opt);
-  c.lr = opt == DP_OPT_ADAMW ? 0.003f : 0.05f;
+  int adam = opt == DP_OPT_ADAMW || opt == DP_OPT_ADAM;
+  c.lr = adam ? 0.003f : 0.05f;
   c.seed = 11;
   /* AdamW's update lr * m / (sqrt(v) + eps) is about lr * sign(g) for |g| >> eps:
    * a gradient at rounding-noise level whose sign differs between the GPU and
    * the CPU would move a parameter by 2 lr. With eps well above that noise the
    * update is continuous in g, so the cpu comparison measures real error. */
-  if (opt == DP_OPT_ADAMW) c.eps = 1e-3f;
+  if (adam) c.eps = 1e-3f;
   return c;
 }
 
@@ -220,7 +221,7 @@ END_TEST
 
 /* 5 steps, cuda against cpu, from the same parameters: every loss within
  * 1e-5, the parameters after within 1e-4 (both relative). Covers every layer
- * kind, both losses, SGD (with weight decay), momentum and AdamW, classic and
+ * kind, both losses, SGD (with weight decay), momentum, AdamW and Adam, classic and
  * allreduce (sharded too), 1 to 4 replicas, fixed and per-device micro-batches,
  * a short batch. */
 START_TEST(training_matches_cpu) {
@@ -243,6 +244,8 @@ START_TEST(training_matches_cpu) {
        -1},
       {"ce sgd allreduce 2 micro 3", MLP_EVERY_KIND_SPEC, DP_OPT_SGD, DP_MODE_ALLREDUCE, 2,
        18, 3, 0, -1},
+      {"ce adam+wd allreduce sharded 4 micro 4", MLP_EVERY_KIND_SPEC, DP_OPT_ADAM,
+       DP_MODE_ALLREDUCE, 4, 32, 4, 1, 0.01f},
   };
   for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
     dp_config g =
