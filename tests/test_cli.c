@@ -2880,13 +2880,15 @@ static void line_of(const char *s, const char *prefix, char *out, size_t cap) {
   snprintf(out, cap, "%.*s", (int)strcspn(at, "\n"), at);
 }
 
-/* A flat JSON object of numbers and nulls, as --log writes each line:
- * {"key":number|null,...} and nothing else. At most 16 members. */
+/* A flat JSON object of numbers, nulls and plain strings (no escapes), as
+ * --log writes each line: {"key":number|null|"text",...} and nothing else. At
+ * most 16 members. */
 typedef struct {
   int n;
   char key[16][32];
   double v[16];
   int null[16];
+  char str[16][16]; /* a string member's text ("" for the others) */
 } json_line;
 
 static void parse_json_line(const char *line, json_line *j) {
@@ -2907,6 +2909,12 @@ static void parse_json_line(const char *line, json_line *j) {
     if (strncmp(p, "null", 4) == 0) {
       j->null[j->n] = 1;
       p += 4;
+    } else if (*p == '"') {
+      const char *e = strchr(p + 1, '"');
+      ck_assert_msg(e && e - p - 1 < 16 && !memchr(p + 1, '\\', (size_t)(e - p - 1)),
+                    "bad string in %s", line);
+      snprintf(j->str[j->n], sizeof j->str[j->n], "%.*s", (int)(e - p - 1), p + 1);
+      p = e + 1;
     } else {
       /* JSON numbers: -?digits[.digits][e[+-]digits] (no inf, nan, hex) */
       ck_assert_msg(*p == '-' || (*p >= '0' && *p <= '9'), "a number expected: %s", line);
@@ -2972,6 +2980,103 @@ static int read_log(const char *path, json_line *lines, int cap, int first_epoch
   free(text);
   return n;
 }
+
+/* The --log file's lines, parsed (at most cap). */
+static int log_lines(const char *path, json_line *lines, int cap) {
+  char *text = slurp_file(path, NULL);
+  int n = 0;
+  for (char *line = text, *nl; *line; line = nl + 1) {
+    nl = strchr(line, '\n');
+    ck_assert_msg(nl, "%s: the last line has no newline", path);
+    *nl = '\0';
+    ck_assert_int_lt(n, cap);
+    parse_json_line(line, &lines[n++]);
+  }
+  free(text);
+  return n;
+}
+
+static double jnum(const json_line *j, const char *key) {
+  int i = json_key(j, key);
+  ck_assert_msg(i >= 0 && !j->null[i], "no number '%s'", key);
+  return j->v[i];
+}
+
+/* --log-every N: a record every N optimizer steps between the epochs' records,
+ * {"epoch":E,"step":S,"kind":"step","loss":...,"lr":...,"grad_norm":...}, E the
+ * epoch in progress and the loss the mean of the calls since the last step
+ * record (with N = 1 each call's: their mean is the epoch's loss). A resumed
+ * run's trim drops the step records after the checkpoint's step, so each step
+ * has one record after a crash and a resume. Refusals are usage errors. */
+START_TEST(train_log_every_writes_step_records_kept_once_by_a_resume) {
+  char dir[64], ck[128], log[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(ck, sizeof ck, dir, "a.ckpt");
+  in_dir(log, sizeof log, dir, "run.jsonl");
+  /* 1437 training rows in batches of 64: 23 steps an epoch */
+  cmd_result r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--log", log,
+                           "--log-every", "1", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  json_line l[64];
+  ck_assert_int_eq(log_lines(log, l, 64), 24);
+  double sum = 0;
+  for (int i = 0; i < 23; i++) {
+    ck_assert_str_eq(l[i].str[json_key(&l[i], "kind")], "step");
+    ck_assert_int_eq((int)jnum(&l[i], "epoch"), 1);
+    ck_assert_int_eq((int)jnum(&l[i], "step"), i + 1);
+    ck_assert((float)jnum(&l[i], "lr") == 0.01f);
+    ck_assert(json_key(&l[i], "grad_norm") >= 0);
+    sum += jnum(&l[i], "loss");
+  }
+  ck_assert_int_lt(json_key(&l[23], "kind"), 0); /* the epoch's record, as before */
+  ck_assert_msg(fabs(sum / 23 - jnum(&l[23], "loss")) < 1e-6 * jnum(&l[23], "loss"),
+                "steps' mean %.9g, epoch %.9g", sum / 23, jnum(&l[23], "loss"));
+  remove(log);
+
+  /* every 5: steps 5, 10, 15, 20, then the epoch's record (step 23) */
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--epochs", "1", "--log", log, "--log-every",
+                "5", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  ck_assert_int_eq(log_lines(log, l, 64), 5);
+  for (int i = 0; i < 4; i++) ck_assert_int_eq((int)jnum(&l[i], "step"), 5 * (i + 1));
+  /* a run from the checkpoint that went on and died (its records stay), and a
+   * record cut short */
+  const char *more[] = {"--epochs", "1",           "--resume", ck,  "--log",
+                        log,        "--log-every", "5",        NULL};
+  r = run_lists(dpt_cmd_train, DIGITS, more, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  cmd_result_free(&r);
+  ck_assert_int_eq(log_lines(log, l, 64), 11); /* steps 25 .. 45 and epoch 2's */
+  FILE *f = fopen(log, "a");
+  ck_assert_ptr_nonnull(f);
+  fputs("{\"epoch\":2,\"step\":50,\"kind\":\"st", f);
+  fclose(f);
+  r = run_lists(dpt_cmd_train, DIGITS_LOUD, more, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "7 records after the checkpoint's epoch 1 (step 23) dropped "
+                              "(5 kept)"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  ck_assert_int_eq(log_lines(log, l, 64), 11);
+  static const int steps[] = {5, 10, 15, 20, 23, 25, 30, 35, 40, 45, 46};
+  for (int i = 0; i < 11; i++) {
+    ck_assert_int_eq((int)jnum(&l[i], "step"), steps[i]);
+    ck_assert_int_eq((int)jnum(&l[i], "epoch"), i < 5 ? 1 : 2);
+    ck_assert_int_eq(json_key(&l[i], "kind") >= 0, i != 4 && i != 10);
+  }
+
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--log-every", "5", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  ck_assert_msg(strstr(r.err, "--log-every needs --log FILE.jsonl"), "%s", r.err);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_train, DIGITS, NULL, "--log", log, "--log-every", "0", NULL);
+  ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
 
 /* --eval-every N: the held-out loss and accuracy on the lines of the N-th
  * epochs only; the last one is the final report's; training is the same bits
@@ -3296,7 +3401,8 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
 
   /* the same checkpoint resumed again (as after a crash past it): the log's records
    * of epochs 5 and 6 are replaced, not repeated */
-  resume_drops(fast, ck, log, "2", "2 records of epochs after the checkpoint's 4 dropped");
+  resume_drops(fast, ck, log, "2",
+               "2 records after the checkpoint's epoch 4 (step 92) dropped");
   ck_assert_int_eq(read_log(log, lines, 8, 1), 6);
   for (int i = 0; i < 6; i++)
     ck_assert_int_eq((int)lines[i].v[json_key(&lines[i], "epoch")], i + 1);
@@ -3306,7 +3412,8 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
   ck_assert_ptr_nonnull(f);
   fputs("{\"epoch\":7,\"step\":1", f);
   fclose(f);
-  resume_drops(fast, ck, log, "1", "3 records of epochs after the checkpoint's 4 dropped");
+  resume_drops(fast, ck, log, "1",
+               "3 records after the checkpoint's epoch 4 (step 92) dropped");
   ck_assert_int_eq(read_log(log, lines, 8, 1), 5);
 
   /* and so is one cut before its "step" (a full disk's or a file-size limit's
@@ -3320,7 +3427,7 @@ START_TEST(train_patience_stops_early_and_resume_continues) {
     fputs(cuts[k], f);
     fclose(f);
     resume_drops(fast, ck, log, "1",
-                 "2 records of epochs after the checkpoint's 4 dropped");
+                 "2 records after the checkpoint's epoch 4 (step 92) dropped");
     ck_assert_int_eq(read_log(log, lines, 8, 1), 5);
   }
 
@@ -5180,6 +5287,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_eval_every_prints_the_held_out_share);
   tcase_add_test(tc, train_log_writes_a_json_line_per_epoch);
   tcase_add_test(tc, train_patience_stops_early_and_resume_continues);
+  tcase_add_test(tc, train_log_every_writes_step_records_kept_once_by_a_resume);
   tcase_add_test(tc, train_plot_heldout_curve_and_log_axis);
   tcase_add_test(tc, predict_writes_a_line_per_row);
   tcase_add_test(tc, predict_refuses_what_does_not_fit);

@@ -36,6 +36,7 @@ enum {
   OPT_NO_STANDARDIZE,
   OPT_EVAL_EVERY,
   OPT_LOG,
+  OPT_LOG_EVERY,
   OPT_PLOT_LOG,
   OPT_PATIENCE,
   OPT_TEXT,
@@ -63,6 +64,7 @@ typedef struct {
   int data_seed_given;
   uint64_t data_seed; /* --data-seed; default: --seed */
   int epochs, quiet, eval_every, patience, plot_log;
+  int log_every;        /* --log-every: a record every N optimizer steps too */
   int standardize;      /* 0 none, 1 per feature (the default), 2 per channel */
   int std_given[2];     /* --standardize, --no-standardize given */
   double test_fraction; /* the decimal given: 0.2 of 1000 rows holds out 200, not 201 */
@@ -302,6 +304,8 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
     return 0;
   }
   case OPT_LOG: o->log = arg; return 0;
+  case OPT_LOG_EVERY:
+    return dpt_parse_int(arg, 1, INT_MAX, "--log-every", &o->log_every, err, errcap);
   case OPT_PLOT_LOG: o->plot_log = 1; return 0;
   case OPT_EVAL_EVERY:
     return dpt_parse_int(arg, 1, 1000000, "--eval-every", &o->eval_every, err, errcap);
@@ -400,6 +404,10 @@ static void usage(FILE *f) {
       "                        to with --resume (after dropping any records of epochs\n"
       "                        after the checkpoint's); checked for writability\n"
       "                        before training starts\n"
+      "  --log-every N         with --log: also a record every N optimizer steps,\n"
+      "                        {\"epoch\":E,\"step\":S,\"kind\":\"step\",...}: the epoch\n"
+      "                        in progress, loss (the mean of the calls since the\n"
+      "                        last step record), lr, grad_norm\n"
       "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
       "                        --eval-every, the held-out loss too), the run's\n"
       "                        settings in the title; checked for writability before\n"
@@ -752,6 +760,10 @@ typedef struct {
   int tty, cols;
   long steps, samples;
   double t_train, t_run0;
+  /* --log-every: the losses of the calls since the last step record */
+  double win_sum;
+  long win_n;
+  unsigned long long win_step; /* the last step record's step (a skipped step repeats it) */
   /* --patience: the best held-out loss, its epoch, evaluations since */
   double best;
   int best_ep, since_best, stopped;
@@ -827,6 +839,7 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"data-seed", required_argument, NULL, OPT_DATA_SEED},
       {"eval-every", required_argument, NULL, OPT_EVAL_EVERY},
       {"log", required_argument, NULL, OPT_LOG},
+      {"log-every", required_argument, NULL, OPT_LOG_EVERY},
       {"plot-log", no_argument, NULL, OPT_PLOT_LOG},
       {"patience", required_argument, NULL, OPT_PATIENCE},
       {"text", required_argument, NULL, OPT_TEXT},
@@ -898,6 +911,8 @@ static int parse_train(int argc, char **argv, train_run *t) {
   if (r == DPT_ARGS_OK && !o->data_seed_given) o->data_seed = t->cfg.seed;
   if (r == DPT_ARGS_OK && o->plot_log && !o->plot)
     r = dpt_fail(err, errcap, "--plot-log needs --plot");
+  if (r == DPT_ARGS_OK && o->log_every && !o->log)
+    r = dpt_fail(err, errcap, "--log-every needs --log FILE.jsonl (the file it writes to)");
   if (r == DPT_ARGS_OK && o->save_every && !o->save)
     r = dpt_fail(err, errcap, "--save-every needs --save FILE (the checkpoint it writes)");
   if (r == DPT_ARGS_OK && o->save_best && !o->eval_every)
@@ -1348,7 +1363,8 @@ static bool record_start(const char *s, size_t n) {
  * dropped, so that the resumed run's records follow the checkpoint's without an epoch
  * twice. The kept lines are written whole to a new file renamed over the log. 0 or -1
  * (said in err). A missing log is fine. */
-static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
+static int trim_log(const char *path, int epochs, unsigned long long step, char *err,
+                    size_t errcap) {
   if (access(path, F_OK) != 0) return 0;
   int fd = dpt_open_regular(path, "log", err, errcap);
   if (fd < 0) return -1;
@@ -1376,12 +1392,16 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
       dropped++;
       continue;
     }
-    int cnt = 0;
+    int cnt = 0, kind = 0;
+    unsigned long long at = 0;
     if (sscanf(line, "{\"epoch\":%d,\"step\":%n", &ep, &cnt) < 1 || !cnt) {
       foreign = lineno;
       continue;
     }
-    if (ep > epochs || line[n - 1] != '\n') {
+    /* --log-every's records by their step: a resume inside an epoch keeps
+     * those of its first part */
+    bool by_step = sscanf(line + cnt, "%llu,\"kind\":\"step\"%n", &at, &kind) == 1 && kind;
+    if ((by_step ? at > step : ep > epochs) || line[n - 1] != '\n') {
       dropped++;
       continue;
     }
@@ -1412,8 +1432,9 @@ static int trim_log(const char *path, int epochs, char *err, size_t errcap) {
   }
   free(text);
   if (st != DP_OK) return dpt_fail(err, errcap, "%s", dpt_user_msg(dp_last_error()));
-  printf("log %s: %zu record%s of epochs after the checkpoint's %d dropped (%zu kept)\n",
-         path, dropped, dropped == 1 ? "" : "s", epochs, kept);
+  printf("log %s: %zu record%s after the checkpoint's epoch %d (step %llu) dropped (%zu "
+         "kept)\n",
+         path, dropped, dropped == 1 ? "" : "s", epochs, step, kept);
   return 0;
 }
 
@@ -1569,7 +1590,9 @@ static int start_run(train_run *t) {
              (unsigned long long)dp_ctx_step(t->ctx));
   }
   char lerr[DPT_MSG_CAP];
-  if (t->writes && o->log && o->resume && trim_log(o->log, t->epoch0, lerr, sizeof lerr)) {
+  if (t->writes && o->log && o->resume &&
+      trim_log(o->log, t->epoch0, (unsigned long long)dp_ctx_step(t->ctx), lerr,
+               sizeof lerr)) {
     fprintf(stderr, "dp train: %s\n", lerr);
     return -1;
   }
@@ -1605,6 +1628,26 @@ static void step_failed(const train_run *t, int ep) {
             decay);
 }
 
+static void log_flush(train_run *t);
+
+/* --log-every's record of the optimizer step just done, in epoch ep (1-based,
+ * in progress): the mean loss of the calls since the last such record. */
+static void log_step(train_run *t, int ep) {
+  FILE *logf = t->logf;
+  fprintf(logf, "{\"epoch\":%d,\"step\":%llu,\"kind\":\"step\",\"loss\":", ep,
+          (unsigned long long)dp_ctx_step(t->ctx));
+  json_number(logf, t->win_n ? t->win_sum / (double)t->win_n : NAN);
+  fputs(",\"lr\":", logf);
+  json_number(logf, dp_ctx_lr(t->ctx));
+  fputs(",\"grad_norm\":", logf);
+  json_number(logf, t->pc->clip_grad_norm > 0 ? dp_ctx_grad_norm(t->ctx) : NAN);
+  fputs("}\n", logf);
+  t->win_sum = 0.0;
+  t->win_n = 0;
+  t->win_step = dp_ctx_step(t->ctx);
+  log_flush(t);
+}
+
 /* What one epoch did, for its line and its log record. */
 typedef struct {
   double t_epoch; /* seconds in dp_train_step */
@@ -1626,6 +1669,9 @@ static void say_every(train_run *t);
 static int after_step(train_run *t, int ep, int done) {
   int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1;
   if (t->steps % K) return 0;
+  uint64_t st = dp_ctx_step(t->ctx);
+  if (t->logf && t->o.log_every && st % (uint64_t)t->o.log_every == 0 && st != t->win_step)
+    log_step(t, ep + 1);
   /* the checkpoint's place: epochs done, and calls done in the next one */
   int e = ep, pos = (done + t->batch - 1) / t->batch;
   if (done >= epoch_rows(t)) {
@@ -1679,6 +1725,8 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
     es->t_epoch += te - ts;
     sum += loss;
     nb++;
+    t->win_sum += loss;
+    t->win_n++;
     t->steps++;
     t->samples += n;
     es->samples += n;
@@ -1765,10 +1813,16 @@ static void log_epoch(train_run *t, int k, double el, const epoch_stats *es,
     }
   }
   fputs("}\n", logf);
-  if (fflush(logf) || ferror(logf)) {
+  log_flush(t);
+}
+
+/* A record written: flushed (tail -f), or on a failed write the log stops with
+ * a warning. */
+static void log_flush(train_run *t) {
+  if (fflush(t->logf) || ferror(t->logf)) {
     fprintf(stderr, "dp train: warning: cannot write log '%s': %s; no more lines\n",
             t->o.log, strerror(errno));
-    fclose(logf);
+    fclose(t->logf);
     t->logf = NULL;
   }
 }
