@@ -367,88 +367,52 @@ DP_SIMD_FN(relu_backward,
             size_t n),
            (y, dy, dx, n))
 
-/* gelu (tanh approximation: cpu/gelu.h) and tanh through dp__tanhf (util/tanh.h: the same
- * bits on every tier and on the CUDA kernels; vectorised, unlike libm's tanhf). */
-static inline DP_SIMD_BODY int gelu_forward_body(const float *restrict x, float *restrict y,
-                                                 size_t n) {
-  for (size_t k = 0; k < n; k++) y[k] = dp__gelu(x[k]);
-  return 0;
-}
-DP_SIMD_FN512(gelu_forward, (const float *restrict x, float *restrict y, size_t n),
-              (x, y, n))
+/* The smooth activations' loops from their element functions, vectorised
+ * (gemm.h: DP_SIMD_FN512): forward y = f(x), backward dx = g(x, dy) from the
+ * input. gelu (tanh approximation: cpu/gelu.h), tanh through dp__tanhf
+ * (util/tanh.h), the exact gelu through dp__erff (util/erf.h), sigmoid and
+ * silu through dp__expf (util/expf.h): the same bits on every tier and on the
+ * CUDA kernels (unlike libm's). */
+#define ACT_FORWARD(name, f)                                                               \
+  static inline DP_SIMD_BODY int name##_body(const float *restrict x, float *restrict y,   \
+                                             size_t n) {                                   \
+    for (size_t k = 0; k < n; k++) y[k] = f(x[k]);                                         \
+    return 0;                                                                              \
+  }                                                                                        \
+  DP_SIMD_FN512(name, (const float *restrict x, float *restrict y, size_t n), (x, y, n))
+#define ACT_BACKWARD(name, g)                                                              \
+  static inline DP_SIMD_BODY int name##_body(                                              \
+      const float *restrict x, const float *restrict dy, float *restrict dx, size_t n) {   \
+    for (size_t k = 0; k < n; k++) dx[k] = g(x[k], dy[k]);                                 \
+    return 0;                                                                              \
+  }                                                                                        \
+  DP_SIMD_FN512(                                                                           \
+      name,                                                                                \
+      (const float *restrict x, const float *restrict dy, float *restrict dx, size_t n),   \
+      (x, dy, dx, n))
 
-static inline DP_SIMD_BODY int gelu_backward_body(const float *restrict x,
-                                                  const float *restrict dy,
-                                                  float *restrict dx, size_t n) {
-  for (size_t k = 0; k < n; k++) dx[k] = dp__gelu_grad(x[k], dy[k]);
-  return 0;
+/* sigmoid 1 / (1 + e^-x) and silu x / (1 + e^-x), its derivative s (1 + x (1
+ * - s)) with s the sigmoid: as PyTorch's CPU kernels write them and
+ * cuda/kernels.cu computes them */
+static inline __attribute__((always_inline)) float sigmoid_of(float v) {
+  return 1.0f / (1.0f + dp__expf(-v));
 }
-DP_SIMD_FN512(gelu_backward,
-              (const float *restrict x, const float *restrict dy, float *restrict dx,
-               size_t n),
-              (x, dy, dx, n))
+static inline __attribute__((always_inline)) float silu_of(float v) {
+  return v / (1.0f + dp__expf(-v));
+}
+static inline __attribute__((always_inline)) float silu_grad(float v, float dy) {
+  float s = 1.0f / (1.0f + dp__expf(-v));
+  return dy * s * (1.0f + v * (1.0f - s));
+}
 
-/* the exact gelu through dp__erff (util/erf.h), as vectorisable */
-static inline DP_SIMD_BODY int gelu_erf_forward_body(const float *restrict x,
-                                                     float *restrict y, size_t n) {
-  for (size_t k = 0; k < n; k++) y[k] = dp__gelu_erf(x[k]);
-  return 0;
-}
-DP_SIMD_FN512(gelu_erf_forward, (const float *restrict x, float *restrict y, size_t n),
-              (x, y, n))
-
-static inline DP_SIMD_BODY int gelu_erf_backward_body(const float *restrict x,
-                                                      const float *restrict dy,
-                                                      float *restrict dx, size_t n) {
-  for (size_t k = 0; k < n; k++) dx[k] = dp__gelu_erf_grad(x[k], dy[k]);
-  return 0;
-}
-DP_SIMD_FN512(gelu_erf_backward,
-              (const float *restrict x, const float *restrict dy, float *restrict dx,
-               size_t n),
-              (x, dy, dx, n))
-
-/* sigmoid: 1 / (1 + e^-x) with dp__expf (util/expf.h), as cuda/kernels.cu's */
-static inline DP_SIMD_BODY int sigmoid_forward_body(const float *restrict x,
-                                                    float *restrict y, size_t n) {
-  for (size_t k = 0; k < n; k++) y[k] = 1.0f / (1.0f + dp__expf(-x[k]));
-  return 0;
-}
-DP_SIMD_FN512(sigmoid_forward, (const float *restrict x, float *restrict y, size_t n),
-              (x, y, n))
-
-static inline DP_SIMD_BODY int tanh_forward_body(const float *restrict x, float *restrict y,
-                                                 size_t n) {
-  for (size_t k = 0; k < n; k++) y[k] = dp__tanhf(x[k]);
-  return 0;
-}
-DP_SIMD_FN512(tanh_forward, (const float *restrict x, float *restrict y, size_t n),
-              (x, y, n))
-
-/* silu: x / (1 + e^-x), its derivative s (1 + x (1 - s)) with s the
- * sigmoid, both as PyTorch's CPU kernels write them (dp__expf: the same bits
- * as cuda/kernels.cu's) */
-static inline DP_SIMD_BODY int silu_forward_body(const float *restrict x, float *restrict y,
-                                                 size_t n) {
-  for (size_t k = 0; k < n; k++) y[k] = x[k] / (1.0f + dp__expf(-x[k]));
-  return 0;
-}
-DP_SIMD_FN512(silu_forward, (const float *restrict x, float *restrict y, size_t n),
-              (x, y, n))
-
-static inline DP_SIMD_BODY int silu_backward_body(const float *restrict x,
-                                                  const float *restrict dy,
-                                                  float *restrict dx, size_t n) {
-  for (size_t k = 0; k < n; k++) {
-    float s = 1.0f / (1.0f + dp__expf(-x[k]));
-    dx[k] = dy[k] * s * (1.0f + x[k] * (1.0f - s));
-  }
-  return 0;
-}
-DP_SIMD_FN512(silu_backward,
-              (const float *restrict x, const float *restrict dy, float *restrict dx,
-               size_t n),
-              (x, dy, dx, n))
+ACT_FORWARD(gelu_forward, dp__gelu)
+ACT_BACKWARD(gelu_backward, dp__gelu_grad)
+ACT_FORWARD(gelu_erf_forward, dp__gelu_erf)
+ACT_BACKWARD(gelu_erf_backward, dp__gelu_erf_grad)
+ACT_FORWARD(sigmoid_forward, sigmoid_of)
+ACT_FORWARD(tanh_forward, dp__tanhf)
+ACT_FORWARD(silu_forward, silu_of)
+ACT_BACKWARD(silu_backward, silu_grad)
 
 /* leaky_relu: x > 0 ? x : x slope (NaN: NaN); the backward by the output's
  * sign, which is the input's for a slope >= 0 (dp_model_add_leaky_relu) */
