@@ -390,7 +390,7 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
   int d = op->device, out = dp_model_output_width(&p->model);
   /* cross-entropy over a sequence: positions, (B, T) labels; 1 otherwise */
-  int P = p->model.loss == DP_LOSS_MSE ? 1 : dp_model_positions(&p->model);
+  int P = dp__loss_on_targets(p->model.loss) ? 1 : dp_model_positions(&p->model);
   dp_loss_operands lo;
   dp__loss_operands(p, op, &lo);
   const float *o = dp__span_ptr(e, d, lo.out);
@@ -411,12 +411,13 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
       span.m *= P;
       span.end *= P;
     }
-    if (p->model.loss == DP_LOSS_MSE) {
+    if (dp__loss_on_targets(p->model.loss)) {
       /* the mean over the whole accumulation (loss_rows: rows * accumulate) */
-      float scale = 2.0f / ((float)e->loss_rows * (float)out);
+      float n = (float)e->loss_rows * (float)out;
+      float scale = p->model.loss == DP_LOSS_MSE ? 2.0f / n : 1.0f / n;
       DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o + ro, (const float *)t + ro, g + ro,
-                                  part + g0, dp_cuda_loss_chunks(x->hdr), &span, out,
-                                  scale));
+                                  part + g0, dp_cuda_loss_chunks(x->hdr), &span, out, scale,
+                                  p->model.loss, p->model.loss_param));
     } else { /* the mean over every position: lib/cpu/backend.c's loss_rows */
       float inv = 1.0f / ((float)e->loss_rows * (float)P);
       dp_cuda_ce ce = ce_of(&p->model, x->hdr);
@@ -439,7 +440,7 @@ static dp_status loss_sum_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) 
       return DP_FAIL(DP_ERR_BACKEND, "cuda backend: micro-batch %d is empty but %d is not",
                      n_ne, k);
   if (n_ne == 0) return DP_FAIL(DP_ERR_BACKEND, "cuda backend: loss sum of an empty batch");
-  float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
+  float denom = (float)op->rows * (dp__loss_on_targets(p->model.loss)
                                        ? (float)dp_model_output_width(&p->model)
                                        : (float)dp_model_positions(&p->model));
   DP_CUDA_CHECK(dp_k_loss_sum(x->stream, reg(e, 0, DP_REGION_LOSS, 0), op->n_mb, n_ne,

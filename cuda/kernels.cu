@@ -429,7 +429,7 @@ loss_chunk(const dp_cuda_mb_span &s, int per, int pass, int *i, int *c, int *lo,
  * ascending; then the fixed block tree. */
 static __global__ void __launch_bounds__(THREADS)
     k_loss_mse(const float *o, const float *t, float *g, float *sums, dp_cuda_mb_span span,
-               int cols, float scale, int per, int ld) {
+               int cols, float scale, int per, int ld, int kind, float param) {
   __shared__ float sh[THREADS];
   int i, c, lo, hi;
   if (!loss_chunk(span, per, mse_pass(cols), &i, &c, &lo, &hi)) return;
@@ -437,8 +437,25 @@ static __global__ void __launch_bounds__(THREADS)
   float s = 0.0f;
   for (size_t k = (size_t)lo * cols + threadIdx.x; k < e1; k += THREADS) {
     float d = fs(o[k], t[k]);
-    s = fa(s, fm(d, d));
-    g[k] = fm(scale, d);
+    if (kind == DP_LOSS_MSE) {
+      s = fa(s, fm(d, d));
+      g[k] = fm(scale, d);
+      continue;
+    }
+    /* lib/cpu/softmax.c's dp__elem_loss (scale: 1 / the mean's count) */
+    float z = fabsf(d), term, dd;
+    if (kind == DP_LOSS_L1) {
+      term = z;
+      dd = d > 0.0f ? 1.0f : d < 0.0f ? -1.0f : d;
+    } else if (kind == DP_LOSS_SMOOTH_L1) {
+      term = z < param ? fd(fm(fm(0.5f, z), z), param) : fs(z, fm(0.5f, param));
+      dd = d <= -param ? -1.0f : d >= param ? 1.0f : fd(d, param);
+    } else { /* DP_LOSS_HUBER */
+      term = z < param ? fm(fm(0.5f, z), z) : fm(param, fs(z, fm(0.5f, param)));
+      dd = d <= -param ? -param : d >= param ? param : d;
+    }
+    s = fa(s, term);
+    g[k] = fm(dd, scale);
   }
   sh[threadIdx.x] = s;
   __syncthreads();
@@ -567,13 +584,13 @@ static int span_chunks(const dp_cuda_mb_span *s, int pass) {
 
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
                           float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
-                          float scale) {
+                          float scale, dp_loss_kind kind, float param) {
   if (span->n <= 0) return cudaSuccess;
   if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue; /* the scratch's size */
   int per = span_chunks(span, mse_pass(cols));
   DP_LAUNCH(k_loss_mse, (unsigned)(span->n * per), THREADS, 0, st)
   (o, t, g, per == 1 ? part : chunks, *span, cols, scale, per,
-   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS);
+   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS, (int)kind, param);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || per == 1) return e; /* one chunk each: its sum is part[i] */
   DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, mse_pass(cols));

@@ -79,7 +79,17 @@ typedef enum {
   DP_LAYER_LEAKY_RELU,   /* nn.LeakyReLU(negative_slope): x > 0 ? x : slope x */
 } dp_layer_kind;
 
-typedef enum { DP_LOSS_NONE = 0, DP_LOSS_MSE, DP_LOSS_SOFTMAX_CE } dp_loss_kind;
+/* MSE, L1, SMOOTH_L1, HUBER: element-wise on float targets of the output's
+ * width, the mean over every element (nn.MSELoss, nn.L1Loss,
+ * nn.SmoothL1Loss(beta), nn.HuberLoss(delta): dp_model_set_loss_param). */
+typedef enum {
+  DP_LOSS_NONE = 0,
+  DP_LOSS_MSE,
+  DP_LOSS_SOFTMAX_CE,
+  DP_LOSS_L1,
+  DP_LOSS_SMOOTH_L1,
+  DP_LOSS_HUBER,
+} dp_loss_kind;
 
 typedef struct dp_model dp_model;
 
@@ -91,7 +101,8 @@ typedef struct dp_model dp_model;
  *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten |
  *   batchnorm [eps E] [momentum M | momentum none] |
  *   input tokens T | embed V D | attention H [dropout P] | residual | end |
- *   loss mse | loss softmax_cross_entropy
+ *   loss mse | loss l1 | loss smooth_l1 [beta B] | loss huber [delta D] |
+ *   loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
  * and the pools need an image, linear and layernorm a flat input (flatten
  * first, as PyTorch's nn.Linear would act on the last dimension only).
@@ -162,6 +173,11 @@ dp_status dp_model_add_linear_tied(dp_model *m, int out_width);
 dp_status dp_model_begin_residual(dp_model *m);
 dp_status dp_model_end_residual(dp_model *m);
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
+/* The parameter of the loss set: smooth_l1's beta (nn.SmoothL1Loss(beta)) or
+ * huber's delta (nn.HuberLoss(delta)), > 0 and finite; 1 (PyTorch's default)
+ * until set. Spec: `loss smooth_l1 beta B`, `loss huber delta D`. */
+dp_status dp_model_set_loss_param(dp_model *m, float v);
+float dp_model_loss_param(const dp_model *m); /* 0 for the other losses */
 /* PyTorch's nn.CrossEntropyLoss(weight=, ignore_index=, label_smoothing=) with
  * reduction 'mean', for a model whose loss is DP_LOSS_SOFTMAX_CE (spec: `loss
  * softmax_cross_entropy label_smoothing S ignore_index I weight W0,W1,...`):
@@ -200,8 +216,9 @@ int dp_model_input_width(const dp_model *m);
 int dp_model_output_width(const dp_model *m);
 /* Positions per row of the output: T for a sequence, 1 otherwise. */
 int dp_model_positions(const dp_model *m);
-/* Elements per row of the targets dp_train_step takes: mse: the output width
- * (floats); softmax cross-entropy: one int32 label per position. */
+/* Elements per row of the targets dp_train_step takes: mse, l1, smooth_l1,
+ * huber: the output width (floats); softmax cross-entropy: one int32 label per
+ * position. */
 int dp_model_target_width(const dp_model *m);
 int dp_model_n_layers(const dp_model *m); /* layers after `input` */
 dp_layer_kind dp_model_layer_kind(const dp_model *m, int i);

@@ -3027,6 +3027,7 @@ START_TEST(train_log_every_writes_step_records_kept_once_by_a_resume) {
     ck_assert_int_eq((int)jnum(&l[i], "step"), i + 1);
     ck_assert((float)jnum(&l[i], "lr") == 0.01f);
     ck_assert(json_key(&l[i], "grad_norm") >= 0);
+    ck_assert_int_eq((int)jnum(&l[i], "calls"), 1);
     sum += jnum(&l[i], "loss");
   }
   ck_assert_int_lt(json_key(&l[23], "kind"), 0); /* the epoch's record, as before */

@@ -1158,6 +1158,12 @@ START_TEST(loss_ops_match_cpu_with_many_micro_batches) {
                          "input 3\nlinear 300\nloss softmax_cross_entropy\n", &c, 0);
   check_every_compute_op("mse, 71 micro-batches",
                          "input 3\nlinear 300\nlayernorm\nloss mse\n", &c, 0);
+  /* the other element-wise losses: nn.L1Loss, SmoothL1Loss(beta), HuberLoss(delta) */
+  check_every_compute_op("l1, 71 micro-batches", "input 3\nlinear 300\nloss l1\n", &c, 0);
+  check_every_compute_op("smooth_l1, 71 micro-batches",
+                         "input 3\nlinear 300\nloss smooth_l1 beta 0.3\n", &c, 0);
+  check_every_compute_op("huber, 71 micro-batches",
+                         "input 3\nlinear 300\nloss huber delta 0.4\n", &c, 0);
 }
 END_TEST
 

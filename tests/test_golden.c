@@ -298,6 +298,9 @@ static const char *const golden_cases[] = {"seed",
                                            "mlp_mse_b37n3",
                                            "mlp_gelu_erf",   /* nn.GELU() */
                                            "mlp_silu_leaky", /* nn.SiLU, nn.LeakyReLU */
+                                           "mlp_l1",         /* nn.L1Loss */
+                                           "mlp_smooth_l1",  /* nn.SmoothL1Loss(beta) */
+                                           "mlp_huber",      /* nn.HuberLoss(delta) */
                                            "cnn_all",
                                            "cnn_mse",
                                            "cnn_tail",

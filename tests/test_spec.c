@@ -242,8 +242,9 @@ START_TEST(dropout_probability_not_a_number) {
 END_TEST
 
 START_TEST(unknown_loss_is_named) {
-  parse_bad("input 3\nlinear 2\nloss l1\n", 3, 6,
-            "unknown loss 'l1' (expected mse or softmax_cross_entropy)");
+  parse_bad(
+      "input 3\nlinear 2\nloss l2\n", 3, 6,
+      "unknown loss 'l2' (expected mse, l1, smooth_l1, huber or softmax_cross_entropy)");
   parse_bad("input 3\nlinear 2\nloss   cross_entropy\n", 3, 8,
             "unknown loss 'cross_entropy'");
 }
@@ -251,7 +252,8 @@ END_TEST
 
 START_TEST(missing_loss_kind_points_after_loss) {
   parse_bad("input 3\nlinear 2\nloss\n", 3, 6,
-            "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
+            "expected 'mse', 'l1', 'smooth_l1', 'huber' or 'softmax_cross_entropy' after "
+            "'loss'");
   parse_bad("input 3\nlinear 2\n  loss # none\n", 3, 8, "after 'loss'");
 }
 END_TEST
@@ -694,6 +696,76 @@ START_TEST(silu_and_leaky_relu_parse_and_round_trip) {
   dp_model_free(m);
   dp_model_free(b);
   dp_model_free(c);
+}
+END_TEST
+
+/* nn.L1Loss, nn.SmoothL1Loss(beta), nn.HuberLoss(delta): `loss l1`, `loss
+ * smooth_l1 [beta B]`, `loss huber [delta D]` (1, the default, unsaid); float
+ * targets of the output's width; the parameter in the plan's hash; refusals;
+ * -0 slopes and momenta read as 0 (one spelling). */
+START_TEST(element_losses_parse_and_round_trip) {
+  static const struct {
+    const char *spec, *formatted;
+    dp_loss_kind k;
+    float param;
+  } cases[] = {
+      {"input 3\nlinear 2\nloss l1\n", "input 3\nlinear 2\nloss l1\n", DP_LOSS_L1, 0.0f},
+      {"input 3\nlinear 2\nloss smooth_l1\n", "input 3\nlinear 2\nloss smooth_l1\n",
+       DP_LOSS_SMOOTH_L1, 1.0f},
+      {"input 3\nlinear 2\nloss smooth_l1 beta 0.25\n",
+       "input 3\nlinear 2\nloss smooth_l1 beta 0.25\n", DP_LOSS_SMOOTH_L1, 0.25f},
+      {"input 3\nlinear 2\nloss huber delta 2e0\n",
+       "input 3\nlinear 2\nloss huber delta 2\n", DP_LOSS_HUBER, 2.0f},
+      {"input 3\nlinear 2\nloss huber delta 1\n", "input 3\nlinear 2\nloss huber\n",
+       DP_LOSS_HUBER, 1.0f},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    dp_model *m = model_of(cases[i].spec);
+    ck_assert_int_eq(dp_model_loss(m), cases[i].k);
+    ck_assert(dp_model_loss_param(m) == cases[i].param);
+    ck_assert_int_eq(dp_model_target_width(m), 2);
+    char *s = format_alloc(m);
+    ck_assert_str_eq(s, cases[i].formatted);
+    dp_model *b = model_of(s);
+    ck_assert(dp_model_loss(b) == cases[i].k && dp_model_loss_param(b) == cases[i].param);
+    free(s);
+    dp_model_free(b);
+    dp_model_free(m);
+  }
+  ck_assert_str_eq(dp_loss_name(DP_LOSS_HUBER), "huber");
+  dp_model *d = model_of("input 3\nlinear 2\nloss huber\n");
+  dp_model *e = model_of("input 3\nlinear 2\nloss huber delta 0.5\n");
+  ck_assert_int_eq(dp_model_set_loss_param(d, -1.0f), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_loss_param(d, INFINITY), DP_ERR_INVALID);
+  ck_assert(dp_model_loss_param(d) == 1.0f);
+  dp_config cfg;
+  dp_config_default(&cfg);
+  cfg.batch = 8;
+  dp_plan *pd = NULL, *pe = NULL;
+  ck_assert_int_eq(dp_plan_create(d, &cfg, &pd), DP_OK);
+  ck_assert_int_eq(dp_plan_create(e, &cfg, &pe), DP_OK);
+  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pe));
+  dp_plan_free(pd), dp_plan_free(pe);
+  dp_model *f = model_of("input 3\nlinear 2\nloss mse\n");
+  ck_assert_int_eq(dp_model_set_loss_param(f, 0.5f), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "smooth_l1's beta or huber's delta"));
+  dp_model_free(d), dp_model_free(e), dp_model_free(f);
+  parse_bad("input 3\nlinear 2\nloss huber beta 0.5\n", 3, 12,
+            "loss huber: expected 'delta V' or end of line, got 'beta'");
+  parse_bad("input 3\nlinear 2\nloss smooth_l1 beta\n", 3, 21,
+            "loss smooth_l1: expected a number > 0 after 'beta'");
+  parse_bad("input 3\nlinear 2\nloss smooth_l1 beta 0\n", 3, 21,
+            "loss smooth_l1: beta: expected a number > 0, got '0'");
+  parse_bad("input 3\nlinear 2\nloss l1 beta 1\n", 3, 9, "unexpected 'beta' after 'loss'");
+  parse_bad("input 3\nlinear 2\nloss huber delta 1 x\n", 3, 20,
+            "unexpected 'x' after 'loss'");
+  /* -0 is 0 */
+  dp_model *z = model_of("input 3\nleaky_relu -0\nbatchnorm momentum -0\n");
+  dp_model *y = model_of("input 3\nleaky_relu 0\nbatchnorm momentum 0\n");
+  char *zs = format_alloc(z), *ys = format_alloc(y);
+  ck_assert_str_eq(zs, ys);
+  free(zs), free(ys);
+  dp_model_free(z), dp_model_free(y);
 }
 END_TEST
 
@@ -1507,6 +1579,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, norm_eps_and_momentum_parse_and_round_trip);
   tcase_add_test(tc, norm_option_refusals_name_line_and_column);
   tcase_add_test(tc, silu_and_leaky_relu_parse_and_round_trip);
+  tcase_add_test(tc, element_losses_parse_and_round_trip);
   tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
   tcase_add_test(tc, tied_head_shares_the_token_table);
   tcase_add_test(tc, format_round_trips_any_dropout_probability);

@@ -145,7 +145,7 @@ static const void *random_batch(const dp_model *m, int B, float *x, float *t,
   }
   for (size_t i = 0; i < (size_t)B * outw; i++) t[i] = x[i % ((size_t)B * in)] * 0.5f;
   for (size_t r = 0; r < (size_t)B * P; r++) lab[r] = (int32_t)((r * 7 + r / 3) % classes);
-  return dp_model_loss(m) == DP_LOSS_MSE ? (const void *)t : (const void *)lab;
+  return dp_model_loss(m) != DP_LOSS_SOFTMAX_CE ? (const void *)t : (const void *)lab;
 }
 
 /* random_batch's label array: one int32 per position of every row. */

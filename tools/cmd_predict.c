@@ -270,7 +270,7 @@ static int load_inputs(predict_run *t) {
                         .labels = o->labels,
                         .rows = o->features_only             ? DPT_ROWS_FEATURES
                                 : loss == DP_LOSS_SOFTMAX_CE ? DPT_ROWS_CLASSES
-                                : loss == DP_LOSS_MSE        ? DPT_ROWS_TARGETS
+                                : loss != DP_LOSS_NONE       ? DPT_ROWS_TARGETS
                                                              : DPT_ROWS_FEATURES,
                         .n_targets = out_w,
                         .n_outputs = loss == DP_LOSS_SOFTMAX_CE ? classes : 0,

@@ -407,7 +407,7 @@ static void usage(FILE *f) {
       "  --log-every N         with --log: also a record every N optimizer steps,\n"
       "                        {\"epoch\":E,\"step\":S,\"kind\":\"step\",...}: the epoch\n"
       "                        in progress, loss (the mean of the calls since the\n"
-      "                        last step record), lr, grad_norm\n"
+      "                        last step record), lr, grad_norm, calls (of the mean)\n"
       "  --plot FILE.svg       write the loss curve (mean loss per epoch; with\n"
       "                        --eval-every, the held-out loss too), the run's\n"
       "                        settings in the title; checked for writability before\n"
@@ -533,7 +533,9 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
                     const dpt_scaler *sc, int batch, int out_w, float *x, float *ymine,
                     float *y, double *metric, double *loss) {
   long correct = 0, ignored = 0;
-  double se = 0.0, ce = 0.0;
+  double se = 0.0, ce = 0.0, el = 0.0; /* el: the element-wise loss's terms */
+  dp_loss_kind lk = dp_model_loss(dp_plan_model(plan));
+  double beta = dp_model_loss_param(dp_plan_model(plan)); /* smooth_l1, huber */
   size_t lw = label_width(d);
   dp_ce_options opt; /* a target equal to ignore_index counts in neither figure */
   dp_model_ce_options(dp_plan_model(plan), &opt);
@@ -569,14 +571,19 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
       } else {
         for (int j = 0; j < out_w; j++) {
           double e = (double)yr[j] - d->y[(size_t)(from + r) * d->n_targets + j];
+          double z = fabs(e);
           se += e * e;
+          el += lk == DP_LOSS_L1          ? z
+                : lk == DP_LOSS_SMOOTH_L1 ? (z < beta ? 0.5 * z * z / beta : z - 0.5 * beta)
+                : lk == DP_LOSS_HUBER ? (z < beta ? 0.5 * z * z : beta * (z - 0.5 * beta))
+                                      : e * e;
         }
       }
     }
   }
   double labels = (double)d->n_rows * (double)lw - (double)ignored;
   *metric = d->label ? (double)correct / labels : se / ((double)d->n_rows * out_w);
-  *loss = d->label ? ce / labels : *metric;
+  *loss = d->label ? ce / labels : el / ((double)d->n_rows * out_w);
   return 0;
 }
 
@@ -1027,7 +1034,7 @@ static int load_sequence(train_run *t, int T, int V) {
             "vocabulary, embed %d) and `loss softmax_cross_entropy`; it has %d per "
             "position and %s\n",
             o->model, V, V, V_out,
-            dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE ? "that loss" : "loss mse");
+            dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE ? "that loss" : "another loss");
     return -1;
   }
   dpt_tokens tok;
@@ -1641,7 +1648,7 @@ static void log_step(train_run *t, int ep) {
   json_number(logf, dp_ctx_lr(t->ctx));
   fputs(",\"grad_norm\":", logf);
   json_number(logf, t->pc->clip_grad_norm > 0 ? dp_ctx_grad_norm(t->ctx) : NAN);
-  fputs("}\n", logf);
+  fprintf(logf, ",\"calls\":%ld}\n", t->win_n);
   t->win_sum = 0.0;
   t->win_n = 0;
   t->win_step = dp_ctx_step(t->ctx);

@@ -198,34 +198,32 @@ static void write_standardize(FILE *f, const dpt_scaler *sc) {
 /* criterion(): the spec's loss as PyTorch's module, reduction 'mean', with the
  * cross-entropy's options (weight, ignore_index, label_smoothing); a sequence's
  * logits (B, T, V) and labels (B, T) flattened to (B T, V) and (B T). */
-/* v with the fewest digits that read back as v. */
-static const char *short_num(float v, char *num, size_t cap) {
-  for (int digits = 1; digits <= 9; digits++) {
-    snprintf(num, cap, "%.*g", digits, (double)v);
-    if ((float)strtod(num, NULL) == v) break;
-  }
-  return num;
-}
 
 static void write_criterion(FILE *f, const dp_model *m) {
   dp_loss_kind k = dp_model_loss(m);
-  if (k != DP_LOSS_MSE && k != DP_LOSS_SOFTMAX_CE) return;
+  if (k == DP_LOSS_NONE) return;
   fputs("\n\ndef criterion():\n    \"\"\"The spec's loss, as dp train computes it.\"\"\"\n",
         f);
-  if (k == DP_LOSS_MSE) {
-    fputs("    return nn.MSELoss()\n", f);
+  char num[32];
+  if (k != DP_LOSS_SOFTMAX_CE) {
+    float v = dp_model_loss_param(m);
+    if (k == DP_LOSS_SMOOTH_L1 || k == DP_LOSS_HUBER)
+      fprintf(f, "    return nn.%s(%s=%s)\n",
+              k == DP_LOSS_HUBER ? "HuberLoss" : "SmoothL1Loss",
+              k == DP_LOSS_HUBER ? "delta" : "beta", dpt_float_text(v, num, sizeof num));
+    else
+      fprintf(f, "    return nn.%s()\n", k == DP_LOSS_L1 ? "L1Loss" : "MSELoss");
     return;
   }
   dp_ce_options o;
   dp_model_ce_options(m, &o);
   int V = dp_model_output_width(m) / dp_model_positions(m);
-  char num[32];
   fputs("    ce = nn.CrossEntropyLoss(", f);
   const char *sep = "";
   if (o.n_weights) {
     fputs("weight=torch.tensor([", f);
     for (int i = 0; i < o.n_weights; i++) {
-      fprintf(f, "%s%s", i ? ", " : "", short_num(o.weights[i], num, sizeof num));
+      fprintf(f, "%s%s", i ? ", " : "", dpt_float_text(o.weights[i], num, sizeof num));
     }
     fputs("])", f);
     sep = ", ";
@@ -233,7 +231,8 @@ static void write_criterion(FILE *f, const dp_model *m) {
   if (o.has_ignore_index)
     fprintf(f, "%signore_index=%d", sep, (int)o.ignore_index), sep = ", ";
   if (o.label_smoothing > 0.0f)
-    fprintf(f, "%slabel_smoothing=%s", sep, short_num(o.label_smoothing, num, sizeof num));
+    fprintf(f, "%slabel_smoothing=%s", sep,
+            dpt_float_text(o.label_smoothing, num, sizeof num));
   fprintf(f,
           ")\n    return lambda out, target: ce(out.reshape(-1, %d), "
           "target.reshape(-1).long())\n",

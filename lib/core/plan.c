@@ -1193,6 +1193,7 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
     }
     if (l->kind == DP_LAYER_LEAKY_RELU) x = h_f32(h_u64(x, 0x6c72u), l->slope);
   }
+  if (m->loss_param != 0.0f) x = h_f32(h_u64(x, 0x6c70u), m->loss_param); /* beta, delta */
   if (dp__ce_has_opts(m)) { /* only when set: plans without them hash as they did */
     x = h_f32(h_u64(x, 0x6365u), m->ce.smoothing);
     x = h_u64(h_u64(x, (uint64_t)m->ce.ignore), (uint64_t)(uint32_t)m->ce.ignore_index);

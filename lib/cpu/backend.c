@@ -687,6 +687,9 @@ static float loss_rows(const dp_exec_env *e, const dp_mb *mb, int base, const fl
     }
     return s;
   }
+  if (dp__loss_on_targets(p->model.loss))
+    return dp__elem_loss(p->model.loss, p->model.loss_param, o, target, g, r0 * out,
+                         r1 * out, 1.0f / ((float)rows * (float)out));
   /* a sequence's every position is a row of `out / P` classes */
   const int32_t *t = target;
   size_t P = (size_t)dp_model_positions(&p->model);
@@ -726,7 +729,7 @@ static float tree_sum(const float *v, const dp_mb *mbs, int lo, int hi) {
  * its bits do not depend on the split or the mode. */
 static dp_status loss_sum_op(dp_exec_env *e, const dp_op *op) {
   const dp_plan *p = e->plan;
-  float denom = (float)op->rows * (p->model.loss == DP_LOSS_MSE
+  float denom = (float)op->rows * (dp__loss_on_targets(p->model.loss)
                                        ? (float)dp_model_output_width(&p->model)
                                        : (float)dp_model_positions(&p->model));
   if (dp__ce_has_opts(&p->model)) denom = e->loss_denom; /* the targets' (ctx.c) */

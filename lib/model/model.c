@@ -24,6 +24,9 @@ static const char *const loss_names[] = {
     [DP_LOSS_NONE] = "none",
     [DP_LOSS_MSE] = "mse",
     [DP_LOSS_SOFTMAX_CE] = "softmax_cross_entropy",
+    [DP_LOSS_L1] = "l1",
+    [DP_LOSS_SMOOTH_L1] = "smooth_l1",
+    [DP_LOSS_HUBER] = "huber",
 };
 
 const char *dp_layer_kind_name(dp_layer_kind k) {
@@ -373,7 +376,7 @@ dp_status dp_model_add_batchnorm(dp_model *m, float eps, float momentum) {
   char num[32];
   l->momentum = momentum == DP_BN_MOMENTUM_NONE
                     ? DP_BN_CUMULATIVE
-                    : strtod(dp__shortest_float(momentum, num, sizeof num), NULL);
+                    : strtod(dp__shortest_float(momentum + 0.0f, num, sizeof num), NULL);
   return DP_OK;
 }
 
@@ -386,7 +389,7 @@ dp_status dp_model_add_leaky_relu(dp_model *m, float negative_slope) {
                    (double)negative_slope);
   dp_status s = dp_model_add(m, DP_LAYER_LEAKY_RELU);
   if (s) return s;
-  m->layers[m->n_layers - 1].slope = negative_slope;
+  m->layers[m->n_layers - 1].slope = negative_slope + 0.0f; /* -0: 0, one spelling */
   return DP_OK;
 }
 
@@ -529,15 +532,34 @@ dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
   if (open_residual(m) >= 0)
     return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no 'end'",
                    open_residual(m));
-  if (loss != DP_LOSS_MSE && loss != DP_LOSS_SOFTMAX_CE)
+  if (!dp__loss_on_targets(loss) && loss != DP_LOSS_SOFTMAX_CE)
     return DP_FAIL(DP_ERR_INVALID,
-                   "%s loss %d: a model's loss is DP_LOSS_MSE or DP_LOSS_SOFTMAX_CE",
+                   "%s loss %d: a model's loss is DP_LOSS_MSE, L1, SMOOTH_L1, HUBER or "
+                   "SOFTMAX_CE",
                    loss == DP_LOSS_NONE ? "DP_LOSS_NONE is no" : "unknown", (int)loss);
   if (m->loss != DP_LOSS_NONE) return DP_FAIL(DP_ERR_INVALID, "the loss is already set");
   if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "a loss needs at least one layer");
   m->loss = loss;
+  m->loss_param = loss == DP_LOSS_SMOOTH_L1 || loss == DP_LOSS_HUBER ? 1.0f : 0.0f;
   return DP_OK;
 }
+
+dp_status dp_model_set_loss_param(dp_model *m, float v) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  if (m->loss != DP_LOSS_SMOOTH_L1 && m->loss != DP_LOSS_HUBER)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "a loss parameter is smooth_l1's beta or huber's delta; this model's "
+                   "loss is %s",
+                   dp_loss_name(m->loss));
+  if (!(v > 0.0f && v <= FLT_MAX))
+    return DP_FAIL(DP_ERR_INVALID, "%s: %s must be > 0 and finite, got %g",
+                   dp_loss_name(m->loss), m->loss == DP_LOSS_HUBER ? "delta" : "beta",
+                   (double)v);
+  m->loss_param = v;
+  return DP_OK;
+}
+
+float dp_model_loss_param(const dp_model *m) { return m ? m->loss_param : 0.0f; }
 
 dp_status dp_model_set_ce_options(dp_model *m, const dp_ce_options *o) {
   if (!m || !o)
@@ -591,7 +613,7 @@ int dp_model_output_width(const dp_model *m) { return m ? cur_width(m) : 0; }
 int dp_model_positions(const dp_model *m) { return m && cur_t(m) ? cur_t(m) : 1; }
 int dp_model_target_width(const dp_model *m) {
   if (!m) return 0;
-  return m->loss == DP_LOSS_MSE ? cur_width(m) : dp_model_positions(m);
+  return dp__loss_on_targets(m->loss) ? cur_width(m) : dp_model_positions(m);
 }
 int dp_model_n_layers(const dp_model *m) { return m ? m->n_layers : 0; }
 dp_layer_kind dp_model_layer_kind(const dp_model *m, int i) {
@@ -675,6 +697,9 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     put(buf, cap, &len, " label_smoothing %s",
         dp__shortest_float(m->ce.smoothing, num, sizeof num));
   if (m->ce.ignore) put(buf, cap, &len, " ignore_index %d", (int)m->ce.ignore_index);
+  if ((m->loss == DP_LOSS_SMOOTH_L1 || m->loss == DP_LOSS_HUBER) && m->loss_param != 1.0f)
+    put(buf, cap, &len, " %s %s", m->loss == DP_LOSS_HUBER ? "delta" : "beta",
+        dp__shortest_float(m->loss_param, num, sizeof num));
   for (int i = 0; i < m->ce.n_weights; i++)
     put(buf, cap, &len, "%s%s", i ? "," : " weight ",
         dp__shortest_float(m->ce.weights[i], num, sizeof num));

@@ -59,9 +59,17 @@ struct dp_model {
   dp_layer layers[DP_MAX_LAYERS];
   dp_loss_kind loss;
   dp_ce_opts ce; /* loss DP_LOSS_SOFTMAX_CE's options */
+  float loss_param; /* smooth_l1's beta, huber's delta (1 until set) */
   size_t n_params;
   size_t n_buffers; /* floats after the parameters in PARAMS (batchnorm) */
 };
+
+/* The loss is element-wise on float targets of the output's width (mse, l1,
+ * smooth_l1, huber), the mean over every element. */
+static inline bool dp__loss_on_targets(dp_loss_kind k) {
+  return k == DP_LOSS_MSE || k == DP_LOSS_L1 || k == DP_LOSS_SMOOTH_L1 ||
+         k == DP_LOSS_HUBER;
+}
 
 /* The model's cross-entropy takes options: its mean's denominator comes from
  * the targets (dp_exec_env.loss_inv, loss_denom) instead of the rows. */

@@ -376,6 +376,48 @@ static bool parse_int32(const token *t, int32_t *out) {
   return true;
 }
 
+/* loss mse | l1 | smooth_l1 [beta B] | huber [delta D]: nn.MSELoss,
+ * nn.L1Loss, nn.SmoothL1Loss(beta), nn.HuberLoss(delta). */
+static dp_status parse_elem_loss(dp_model **m, const token *t, int nt, where w) {
+  static const struct {
+    const char *w, *param;
+    dp_loss_kind k;
+  } kinds[] = {{"mse", NULL, DP_LOSS_MSE},
+               {"l1", NULL, DP_LOSS_L1},
+               {"smooth_l1", "beta", DP_LOSS_SMOOTH_L1},
+               {"huber", "delta", DP_LOSS_HUBER}};
+  echo_buf e;
+  size_t k = 0;
+  while (k < sizeof kinds / sizeof *kinds && !tok_is(&t[1], kinds[k].w)) k++;
+  if (k == sizeof kinds / sizeof *kinds)
+    return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
+                     "unknown loss '%s' (expected mse, l1, smooth_l1, huber or "
+                     "softmax_cross_entropy)",
+                     echo(&t[1], &e));
+  float v = 1.0f;
+  int used = 2;
+  if (kinds[k].param && nt > 2) {
+    if (!tok_is(&t[2], kinds[k].param))
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col,
+                       "loss %s: expected '%s V' or end of line, got '%s'", kinds[k].w,
+                       kinds[k].param, echo(&t[2], &e));
+    if (nt < 4)
+      return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col + t[2].len + 1,
+                       "loss %s: expected a number > 0 after '%s'", kinds[k].w,
+                       kinds[k].param);
+    char what[32];
+    snprintf(what, sizeof what, "loss %s: %s", kinds[k].w, kinds[k].param);
+    dp_status s = parse_real(&t[3], w, what, "a number > 0", 0.0, true, FLT_MAX, &v);
+    if (s) return s;
+    used = 4;
+  }
+  dp_status s = no_more(t, nt, used, w, "loss");
+  if (s || (s = at(dp_model_set_loss(*m, kinds[k].k), w, t[0].col))) return s;
+  return kinds[k].param
+             ? at(dp_model_set_loss_param(*m, v), w, used > 2 ? t[3].col : t[0].col)
+             : DP_OK;
+}
+
 /* loss mse | loss softmax_cross_entropy [label_smoothing S] [ignore_index I]
  * [weight W0,W1,...]: the options in any order, each once (as conv2d's). */
 static dp_status parse_loss(dp_model **m, const token *t, int nt, where w) {
@@ -383,16 +425,10 @@ static dp_status parse_loss(dp_model **m, const token *t, int nt, where w) {
   echo_buf e;
   if (nt < 2)
     return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
-                     "expected 'mse' or 'softmax_cross_entropy' after 'loss'");
+                     "expected 'mse', 'l1', 'smooth_l1', 'huber' or "
+                     "'softmax_cross_entropy' after 'loss'");
   bool ce = tok_is(&t[1], "softmax_cross_entropy");
-  if (!ce && !tok_is(&t[1], "mse"))
-    return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
-                     "unknown loss '%s' (expected mse or softmax_cross_entropy)",
-                     echo(&t[1], &e));
-  if (!ce) {
-    dp_status s = no_more(t, nt, 2, w, "loss");
-    return s ? s : at(dp_model_set_loss(*m, DP_LOSS_MSE), w, kw->col);
-  }
+  if (!ce) return parse_elem_loss(m, t, nt, w);
   static const char *const names[3] = {"label_smoothing", "ignore_index", "weight"};
   dp_ce_opts o = {0};
   int col[3] = {0, 0, 0};
