@@ -1481,6 +1481,27 @@ START_TEST(ce_option_errors_name_line_and_column) {
 }
 END_TEST
 
+/* The largest weight the builder takes, FLT_MAX, formats as 3.4028235e+38: above
+ * FLT_MAX as a double, it must still parse (a checkpoint holds the text), while
+ * the next decimal up, which rounds to infinity, stays refused. */
+START_TEST(ce_weight_flt_max_round_trips) {
+  dp_model *m = model_of("input 4\nlinear 3\nloss softmax_cross_entropy\n");
+  float w[3] = {1.0f, FLT_MAX, 2.0f};
+  dp_ce_options o = {.n_weights = 3, .weights = w};
+  ck_assert_int_eq(dp_model_set_ce_options(m, &o), DP_OK);
+  char *s = format_alloc(m);
+  dp_model *b = NULL;
+  ck_assert_msg(dp_model_parse(s, "f", &b) == DP_OK, "%s", dp_last_error());
+  char *t = format_alloc(b);
+  ck_assert_str_eq(s, t);
+  ck_assert_mem_eq(&m->ce, &b->ce, sizeof m->ce);
+  parse_bad("input 4\nlinear 3\nloss softmax_cross_entropy weight 1,3.4028236e38,1\n", 3,
+            37, "for class 1, got '3.4028236e38'");
+  free(s), free(t);
+  dp_model_free(m), dp_model_free(b);
+}
+END_TEST
+
 static dp_plan *plan_of_spec(const char *spec) {
   dp_model *m = model_of(spec);
   dp_config c = config_of(4, 1, DP_OPT_SGD);
@@ -1588,6 +1609,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, ce_options_parse_read_back_and_round_trip);
   tcase_add_test(tc, ce_option_errors_name_line_and_column);
   tcase_add_test(tc, ce_options_change_the_hash_and_old_specs_keep_theirs);
+  tcase_add_test(tc, ce_weight_flt_max_round_trips);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("load");

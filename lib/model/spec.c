@@ -324,7 +324,9 @@ static dp_status parse_gelu(dp_model **m, const token *t, int nt, where w) {
 }
 
 /* A decimal float of at most 31 characters in [lo, hi] (strtod also takes
- * hexadecimal, inf and nan; the spec does not). false: not one. */
+ * hexadecimal, inf and nan; the spec does not). false: not one. hi FLT_MAX
+ * means finite as a float: "3.4028235e+38", FLT_MAX as dp_model_format
+ * writes it, is above FLT_MAX as a double but rounds to it. */
 static bool decimal_float(const char *s, int len, double lo, double hi, float *out) {
   char buf[32];
   if (len <= 0 || len >= (int)sizeof buf) return false;
@@ -334,6 +336,7 @@ static bool decimal_float(const char *s, int len, double lo, double hi, float *o
   char *end;
   errno = 0;
   double v = strtod(buf, &end);
+  if (hi == FLT_MAX && v > hi && v < 0x1.ffffffp127) v = FLT_MAX; /* below the tie */
   if (errno || *end || end == buf || !(v >= lo && v <= hi)) return false;
   *out = (float)v;
   return *out <= (float)hi;
