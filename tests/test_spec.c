@@ -777,13 +777,25 @@ START_TEST(norm_option_refusals_name_line_and_column) {
   parse_bad("input 4\nbatchnorm eps 0x1p-10\n", 2, 15, "got '0x1p-10'");
   parse_bad("input 4\nbatchnorm eps 1e-50\n", 2, 15, "got '1e-50'"); /* 0 as a float */
   parse_bad("input 4\nbatchnorm momentum 1.5\n", 2, 20,
-            "batchnorm: momentum: expected a number in [0, 1], got '1.5'");
+            "batchnorm: momentum: expected a number in [0, 1] or 'none' (PyTorch's "
+            "momentum=None), got '1.5'");
+  /* PyTorch's spelling of momentum=None says how libdp's spec writes it */
+  parse_bad("input 4\nbatchnorm momentum None\n", 2, 20,
+            "batchnorm: momentum: expected a number in [0, 1] or 'none' (PyTorch's "
+            "momentum=None), got 'None'");
+  parse_bad("input 4\nbatchnorm momentum=None\n", 2, 11,
+            "batchnorm: expected 'eps E' or 'momentum M|none' or end of line, got "
+            "'momentum=None' (an option is two words: 'eps 1e-3', not 'eps=1e-3')");
+  parse_bad("input 4\nlayernorm eps=1e-3\n", 2, 11,
+            "layernorm: expected 'eps E' or end of line, got 'eps=1e-3' (an option is two "
+            "words: 'eps 1e-3', not 'eps=1e-3')");
   parse_bad("input 4\nbatchnorm momentum\n", 2, 20,
             "batchnorm: expected a number in [0, 1] or 'none' after 'momentum'");
   parse_bad("input 4\nbatchnorm eps\n", 2, 15, "expected a number in (0, 1] after 'eps'");
   parse_bad("input 4\nbatchnorm eps 1e-3 eps 1e-3\n", 2, 20, "'eps' given twice");
-  parse_bad("input 4\nbatchnorm affine\n", 2, 11,
-            "batchnorm: expected 'eps E' or 'momentum M' or end of line, got 'affine'");
+  parse_bad(
+      "input 4\nbatchnorm affine\n", 2, 11,
+      "batchnorm: expected 'eps E' or 'momentum M|none' or end of line, got 'affine'");
   parse_bad("input 4\nlayernorm momentum 0.1\n", 2, 11,
             "layernorm: expected 'eps E' or end of line, got 'momentum'");
   parse_bad("input 4\n  layernorm eps 2\n", 2, 17, "layernorm: eps: expected");

@@ -273,8 +273,12 @@ static dp_status parse_norm(dp_model **m, const token *t, int nt, where w) {
     const token *o = &t[i];
     int which = tok_is(o, "eps") ? 0 : bn && tok_is(o, "momentum") ? 1 : -1;
     if (which < 0)
-      return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: expected %s or end of line, got '%s'",
-                       what, bn ? "'eps E' or 'momentum M'" : "'eps E'", echo(o, &e));
+      return SPEC_FAIL(DP_ERR_PARSE, w, o->col,
+                       "%s: expected %s or end of line, got '%s'%s", what,
+                       bn ? "'eps E' or 'momentum M|none'" : "'eps E'", echo(o, &e),
+                       memchr(o->s, '=', (size_t)o->len)
+                           ? " (an option is two words: 'eps 1e-3', not 'eps=1e-3')"
+                           : "");
     if (seen[which])
       return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: '%.*s' given twice", what, o->len,
                        o->s);
@@ -288,10 +292,12 @@ static dp_status parse_norm(dp_model **m, const token *t, int nt, where w) {
     dp_status s;
     if (which == 1 && tok_is(&t[i + 1], "none"))
       momentum = DP_BN_MOMENTUM_NONE;
-    else if ((s = which ? parse_real(&t[i + 1], w, name, "a number in [0, 1]", 0.0, false,
-                                     1.0, &momentum)
-                        : parse_real(&t[i + 1], w, name, "a number in (0, 1]", 0.0, true,
-                                     1.0, &eps)))
+    else if ((s = which
+                      ? parse_real(&t[i + 1], w, name,
+                                   "a number in [0, 1] or 'none' (PyTorch's momentum=None)",
+                                   0.0, false, 1.0, &momentum)
+                      : parse_real(&t[i + 1], w, name, "a number in (0, 1]", 0.0, true, 1.0,
+                                   &eps)))
       return s;
   }
   if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
