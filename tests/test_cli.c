@@ -5087,6 +5087,14 @@ START_TEST(train_refuses_bad_data_before_training) {
                                    "of 2 processes with mpirun -np 2"),
                 "%s", r.err);
   cmd_result_free(&r);
+  /* every schedule --lr-schedule takes is in the help (onecycle was left out) */
+  r = RUN(dpt_cmd_train, "--help");
+  ck_assert_msg(
+      strstr(r.out, "onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]") &&
+          strstr(r.out, "cycle_momentum=False") && strstr(r.out, "step:N:GAMMA") &&
+          strstr(r.out, "multistep:M1,M2,...:GAMMA") && strstr(r.out, "warmup:W"),
+      "%s", r.out);
+  cmd_result_free(&r);
   r = RUN(dpt_cmd_train, "--help");
   ck_assert_msg(strstr(r.out, "--labels FILE") && strstr(r.out, "--val-data FILE") &&
                     strstr(r.out, "--no-shuffle") && strstr(r.out, "--data-seed S") &&
