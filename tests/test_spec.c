@@ -64,6 +64,29 @@ static void assert_same_model(const dp_model *a, const dp_model *b) {
   }
 }
 
+static dp_plan *plan_of_spec(const char *spec) {
+  dp_model *m = model_of(spec);
+  dp_config c = config_of(4, 1, DP_OPT_SGD);
+  dp_plan *p = plan_of(m, &c);
+  dp_model_free(m);
+  return p;
+}
+
+/* The plans of the NULL-terminated specs (on 1 device) hash differently: what
+ * tells them apart is in the plan's hash, so ranks that differ in it do not
+ * agree to run. */
+static void hashes_differ(const char *const *specs) {
+  uint64_t seen[16];
+  for (int i = 0; specs[i]; i++) {
+    ck_assert_int_lt(i, 16);
+    dp_plan *p = plan_of_spec(specs[i]);
+    seen[i] = dp_plan_hash(p);
+    for (int j = 0; j < i; j++)
+      ck_assert_msg(seen[i] != seen[j], "'%s' and '%s' hash alike", specs[i], specs[j]);
+    dp_plan_free(p);
+  }
+}
+
 /* ---- errors: layers ---------------------------------------------------------------- */
 
 START_TEST(unknown_layer_is_named_with_its_position) {
@@ -616,22 +639,15 @@ START_TEST(norm_eps_and_momentum_parse_and_round_trip) {
   ck_assert_int_eq(dp_model_add_layernorm(c, INFINITY), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_add_layernorm(NULL, 1e-5f), DP_ERR_INVALID);
   assert_same_model(m, c);
-  /* a plan's hash covers them: ranks with other options do not agree */
-  dp_model *d = model_of("input 3\nlinear 4\nbatchnorm\nlinear 2\nloss mse\n");
-  dp_model *e = model_of("input 3\nlinear 4\nbatchnorm momentum 0.2\nlinear 2\nloss mse\n");
-  dp_model *f = model_of("input 3\nlinear 4\nbatchnorm eps 1e-4\nlinear 2\nloss mse\n");
-  dp_config cfg;
-  dp_config_default(&cfg);
-  cfg.batch = 8;
-  dp_plan *pd = NULL, *pe = NULL, *pf = NULL;
-  ck_assert_int_eq(dp_plan_create(d, &cfg, &pd), DP_OK);
-  ck_assert_int_eq(dp_plan_create(e, &cfg, &pe), DP_OK);
-  ck_assert_int_eq(dp_plan_create(f, &cfg, &pf), DP_OK);
-  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pe));
-  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pf));
-  ck_assert(dp_plan_hash(pe) != dp_plan_hash(pf));
-  dp_plan_free(pd), dp_plan_free(pe), dp_plan_free(pf);
-  dp_model_free(d), dp_model_free(e), dp_model_free(f);
+  static const char *const specs[] = {
+      "input 3\nlinear 4\nbatchnorm\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nbatchnorm momentum 0.2\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nbatchnorm momentum none\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nbatchnorm eps 1e-4\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nlayernorm\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nlayernorm eps 1e-4\nlinear 2\nloss mse\n",
+      NULL};
+  hashes_differ(specs);
   free(s);
   dp_model_free(m);
   dp_model_free(b);
@@ -675,18 +691,11 @@ START_TEST(silu_and_leaky_relu_parse_and_round_trip) {
   ck_assert_int_eq(dp_model_add_leaky_relu(c, INFINITY), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_add_leaky_relu(c, NAN), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_n_layers(c), 4);
-  /* the slope is part of the plan */
-  dp_model *d = model_of("input 3\nlinear 4\nleaky_relu\nlinear 2\nloss mse\n");
-  dp_model *e = model_of("input 3\nlinear 4\nleaky_relu 0.3\nlinear 2\nloss mse\n");
-  dp_config cfg;
-  dp_config_default(&cfg);
-  cfg.batch = 8;
-  dp_plan *pd = NULL, *pe = NULL;
-  ck_assert_int_eq(dp_plan_create(d, &cfg, &pd), DP_OK);
-  ck_assert_int_eq(dp_plan_create(e, &cfg, &pe), DP_OK);
-  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pe));
-  dp_plan_free(pd), dp_plan_free(pe);
-  dp_model_free(d), dp_model_free(e);
+  static const char *const specs[] = {
+      "input 3\nlinear 4\nleaky_relu\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nleaky_relu 0.3\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nsilu\nlinear 2\nloss mse\n", NULL};
+  hashes_differ(specs);
   parse_bad("input 4\nleaky_relu -0.1\n", 2, 12,
             "leaky_relu: negative_slope: expected a number >= 0, got '-0.1'");
   parse_bad("input 4\nleaky_relu inf\n", 2, 12, "got 'inf'");
@@ -738,14 +747,11 @@ START_TEST(element_losses_parse_and_round_trip) {
   ck_assert_int_eq(dp_model_set_loss_param(d, -1.0f), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_set_loss_param(d, INFINITY), DP_ERR_INVALID);
   ck_assert(dp_model_loss_param(d) == 1.0f);
-  dp_config cfg;
-  dp_config_default(&cfg);
-  cfg.batch = 8;
-  dp_plan *pd = NULL, *pe = NULL;
-  ck_assert_int_eq(dp_plan_create(d, &cfg, &pd), DP_OK);
-  ck_assert_int_eq(dp_plan_create(e, &cfg, &pe), DP_OK);
-  ck_assert(dp_plan_hash(pd) != dp_plan_hash(pe));
-  dp_plan_free(pd), dp_plan_free(pe);
+  static const char *const specs[] = {
+      "input 3\nlinear 2\nloss huber\n",     "input 3\nlinear 2\nloss huber delta 0.5\n",
+      "input 3\nlinear 2\nloss smooth_l1\n", "input 3\nlinear 2\nloss smooth_l1 beta 0.5\n",
+      "input 3\nlinear 2\nloss l1\n",        NULL};
+  hashes_differ(specs);
   dp_model *f = model_of("input 3\nlinear 2\nloss mse\n");
   ck_assert_int_eq(dp_model_set_loss_param(f, 0.5f), DP_ERR_INVALID);
   ck_assert_ptr_nonnull(strstr(dp_last_error(), "smooth_l1's beta or huber's delta"));
@@ -1514,14 +1520,6 @@ START_TEST(ce_weight_flt_max_round_trips) {
 }
 END_TEST
 
-static dp_plan *plan_of_spec(const char *spec) {
-  dp_model *m = model_of(spec);
-  dp_config c = config_of(4, 1, DP_OPT_SGD);
-  dp_plan *p = plan_of(m, &c);
-  dp_model_free(m);
-  return p;
-}
-
 /* The options enter the plan hash; a spec without them keeps the model hash
  * it had before they existed (pinned: computed by the code before them; the
  * sequence model's since its positions, vocabulary and heads entered it). */
@@ -1542,21 +1540,15 @@ START_TEST(ce_options_change_the_hash_and_old_specs_keep_theirs) {
                   (unsigned long long)h[0]);
     dp_plan_free(p);
   }
-  const char *specs[] = {
+  static const char *const specs[] = {
       "input 4\nlinear 3\nloss softmax_cross_entropy\n",
       "input 4\nlinear 3\nloss softmax_cross_entropy label_smoothing 0.1\n",
       "input 4\nlinear 3\nloss softmax_cross_entropy ignore_index -100\n",
       "input 4\nlinear 3\nloss softmax_cross_entropy ignore_index 0\n",
       "input 4\nlinear 3\nloss softmax_cross_entropy weight 1,1,1\n",
-      "input 4\nlinear 3\nloss softmax_cross_entropy weight 1,1,2\n"};
-  uint64_t seen[6];
-  for (int i = 0; i < 6; i++) {
-    dp_plan *p = plan_of_spec(specs[i]);
-    seen[i] = dp_plan_hash(p);
-    for (int j = 0; j < i; j++)
-      ck_assert_msg(seen[i] != seen[j], "%d and %d hash alike", i, j);
-    dp_plan_free(p);
-  }
+      "input 4\nlinear 3\nloss softmax_cross_entropy weight 1,1,2\n",
+      NULL};
+  hashes_differ(specs);
 }
 END_TEST
 
