@@ -3079,6 +3079,34 @@ START_TEST(train_log_every_writes_step_records_kept_once_by_a_resume) {
 }
 END_TEST
 
+/* A cross-entropy with ignore_index: the final report's accuracy is over the
+ * other targets, and it says how many it left out (the digits with label 3:
+ * ignored, whatever the classes). */
+START_TEST(train_report_says_the_ignored_targets) {
+  char dir[64], spec[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(spec, sizeof spec, dir, "ig.dpm");
+  write_file(spec, "input 64\nlinear 32\nrelu\nlinear 10\n"
+                   "loss softmax_cross_entropy ignore_index 3\n");
+  char *csv = slurp_file(DIGITS_CSV, NULL);
+  long threes = 0;
+  for (char *line = csv; *line; line = strchr(line, '\n') + 1) {
+    threes += strncmp(line, "3,", 2) == 0;
+    if (!strchr(line, '\n')) break;
+  }
+  free(csv);
+  cmd_result r = run_lists(dpt_cmd_train, NULL, NULL, "--model", spec, "--data", DIGITS_CSV,
+                           "--batch", "64", "--epochs", "1", "--test-fraction", "0", NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  char want[64];
+  snprintf(want, sizeof want, "(1797 rows, %ld targets ignored)\n", threes);
+  ck_assert_msg(threes > 100 && strstr(r.out, "training: accuracy ") && strstr(r.out, want),
+                "want '%s': %s", want, r.out);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
 /* --eval-every N: the held-out loss and accuracy on the lines of the N-th
  * epochs only; the last one is the final report's; training is the same bits
  * as without it. Refusals of the new options are usage errors. */
@@ -5297,6 +5325,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_log_writes_a_json_line_per_epoch);
   tcase_add_test(tc, train_patience_stops_early_and_resume_continues);
   tcase_add_test(tc, train_log_every_writes_step_records_kept_once_by_a_resume);
+  tcase_add_test(tc, train_report_says_the_ignored_targets);
   tcase_add_test(tc, train_plot_heldout_curve_and_log_axis);
   tcase_add_test(tc, predict_writes_a_line_per_row);
   tcase_add_test(tc, predict_refuses_what_does_not_fit);

@@ -1937,15 +1937,24 @@ static int final_report(train_run *t) {
     return -1;
   }
   int label = t->all.label != 0;
+  /* the targets equal to ignore_index, which the figures leave out: said */
+  char ign[64] = "";
+  dp_ce_options ce;
+  if (label && dp_model_ce_options(t->model, &ce) == DP_OK && ce.has_ignore_index) {
+    long n = 0;
+    for (size_t k = 0, lw = label_width(eval); k < (size_t)eval->n_rows * lw; k++)
+      n += eval->label[k] == ce.ignore_index;
+    snprintf(ign, sizeof ign, ", %ld target%s ignored", n, n == 1 ? "" : "s");
+  }
   if (t->views)
-    printf("\n%s: %.4f nats/%s, perplexity %.2f, next-%s accuracy %.2f%% (%d windows)\n",
+    printf("\n%s: %.4f nats/%s, perplexity %.2f, next-%s accuracy %.2f%% (%d windows%s)\n",
            t->test.n_rows ? "held-out" : "training", eval_loss,
            t->o.text ? "byte" : "token", exp(eval_loss), t->o.text ? "byte" : "token",
-           100.0 * metric, eval->n_rows);
+           100.0 * metric, eval->n_rows, ign);
   else
-    printf("\n%s: %s %.2f%s (%d row%s)\n", t->test.n_rows ? "held-out" : "training",
+    printf("\n%s: %s %.2f%s (%d row%s%s)\n", t->test.n_rows ? "held-out" : "training",
            label ? "accuracy" : "mse", label ? 100.0 * metric : metric, label ? "%" : "",
-           eval->n_rows, eval->n_rows == 1 ? "" : "s");
+           eval->n_rows, eval->n_rows == 1 ? "" : "s", ign);
   printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", t->steps,
          t->t_train, 1e3 * t->t_train / (double)t->steps, (double)t->samples / t->t_train);
   printf("parameter hash: %016llx (fnv-1a 64 of %zu fp32 parameters)\n",
