@@ -388,12 +388,11 @@ static void usage(FILE *f) {
       "  --epochs E            passes over the training share (default 10)\n"
       "  --test-fraction F     held-out share, 0..0.95 (default 0.2; not with --val-data)\n"
       "  --eval-every N        after every N-th epoch, run the held-out share through\n"
-      "                        the model and print its loss (mean cross-entropy, or\n"
-      "                        mse) and accuracy (or mse) on the epoch line (default\n"
-      "                        0: only at the end); training is the same bits. The\n"
-      "                        cross-entropy is the plain one, ignore_index's targets\n"
-      "                        left out, without the loss line's weight and\n"
-      "                        label_smoothing (F.cross_entropy(y, t, ignore_index=I))\n"
+      "                        the model and print its loss (the loss line's, with\n"
+      "                        its weight, ignore_index and label_smoothing; a\n"
+      "                        next-token model's: the plain cross-entropy, for the\n"
+      "                        perplexity) and accuracy (or mse) on the epoch line\n"
+      "                        (default 0: only at the end); training is the same bits\n"
       "  --patience P          with --eval-every: stop early when the held-out loss\n"
       "                        has not improved (gone below its best) for P\n"
       "                        evaluations in a row; --save then saves the state at\n"
@@ -537,11 +536,29 @@ static size_t label_width(const dpt_dataset *d) {
  * cross-entropy over the rows (over every position of a sequence's rows:
  * nats per token), or the mse again; both computed in double from the
  * outputs. Every rank runs the forwards; the figures are rank 0's. */
+/* A counted target's term of the cross-entropy the model trains on (its weight,
+ * label smoothing: lib/cpu/softmax.c's dp__softmax_xent_opts, in double) given
+ * lse = log sum e^y; plain: -log p_t alone. Its weight joins *wsum. */
+static double ce_term(const dp_ce_options *o, bool plain, const float *y, size_t V,
+                      int32_t t, double lse, double *wsum) {
+  double wt = o->n_weights && !plain ? o->weights[t] : 1.0;
+  *wsum += wt;
+  double S = plain ? 0.0 : o->label_smoothing, term = (1.0 - S) * wt * (lse - y[t]);
+  if (S > 0.0) {
+    double sm = 0.0;
+    for (size_t j = 0; j < V; j++)
+      sm += (o->n_weights ? o->weights[j] : 1.0) * (lse - y[j]);
+    term += S / (double)V * sm;
+  }
+  return term;
+}
+
 static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
                     const dpt_scaler *sc, int batch, int out_w, float *x, float *ymine,
-                    float *y, double *metric, double *loss) {
+                    float *y, bool plain, double *metric, double *loss) {
   long correct = 0, ignored = 0;
   double se = 0.0, ce = 0.0, el = 0.0; /* el: the element-wise loss's terms */
+  double wsum = 0.0; /* the cross-entropy's denominator: the counted targets' weights */
   dp_loss_kind lk = dp_model_loss(dp_plan_model(plan));
   double beta = dp_model_loss_param(dp_plan_model(plan)); /* smooth_l1, huber */
   size_t lw = label_width(d);
@@ -574,7 +591,7 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
           /* -log softmax(y)[label] = logsumexp(y) - y[label], shifted by the max */
           double top = yr[best], sum = 0.0;
           for (size_t j = 0; j < V; j++) sum += exp((double)yr[j] - top);
-          ce += top + log(sum) - (double)yr[label];
+          ce += ce_term(&opt, plain, yr, V, label, top + log(sum), &wsum);
         }
       } else {
         for (int j = 0; j < out_w; j++) {
@@ -591,7 +608,7 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
   }
   double labels = (double)d->n_rows * (double)lw - (double)ignored;
   *metric = d->label ? (double)correct / labels : se / ((double)d->n_rows * out_w);
-  *loss = d->label ? ce / labels : el / ((double)d->n_rows * out_w);
+  *loss = d->label ? ce / wsum : el / ((double)d->n_rows * out_w);
   return 0;
 }
 
@@ -1782,7 +1799,7 @@ static int evaluate_epoch(train_run *t, held_out *h) {
   h->evaluated = t->o.eval_every && t->ep_done % t->o.eval_every == 0;
   if (!h->evaluated) return 0;
   if (evaluate(t->ctx, t->plan, &t->test, &t->scaler, B, out_w, t->bx,
-               t->by + (size_t)B * out_w, t->by, &h->metric, &h->loss)) {
+               t->by + (size_t)B * out_w, t->by, t->views != 0, &h->metric, &h->loss)) {
     printf("%s", t->tty ? "\n" : "");
     fprintf(stderr, "dp train: evaluation after epoch %d: %s\n", t->ep_done,
             dpt_user_msg(dp_ctx_error(t->ctx)));
@@ -1797,7 +1814,8 @@ static int evaluate_epoch(train_run *t, held_out *h) {
     snprintf(h->text, sizeof h->text, "  held-out loss %.4f  accuracy %.2f%%", h->loss,
              100.0 * h->metric);
   else
-    snprintf(h->text, sizeof h->text, "  held-out loss (mse) %.4g", h->loss);
+    snprintf(h->text, sizeof h->text, "  held-out loss (%s) %.4g",
+             dp_loss_name(dp_model_loss(t->model)), h->loss);
   return 0;
 }
 
@@ -1932,7 +1950,7 @@ static int final_report(train_run *t) {
   int B = t->batch, out_w = t->out_w;
   const dpt_dataset *eval = t->test.n_rows ? &t->test : &t->train;
   if (evaluate(t->ctx, t->plan, eval, &t->scaler, B, out_w, t->bx,
-               t->by + (size_t)B * out_w, t->by, &metric, &eval_loss)) {
+               t->by + (size_t)B * out_w, t->by, t->views != 0, &metric, &eval_loss)) {
     fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
     return -1;
   }

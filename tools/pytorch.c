@@ -225,7 +225,7 @@ static void write_criterion(FILE *f, const dp_model *m) {
     for (int i = 0; i < o.n_weights; i++) {
       fprintf(f, "%s%s", i ? ", " : "", dpt_float_text(o.weights[i], num, sizeof num));
     }
-    fputs("])", f);
+    fputs("], dtype=torch.float32)", f); /* whole weights read "2": an int64 tensor */
     sep = ", ";
   }
   if (o.has_ignore_index)
