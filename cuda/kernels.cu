@@ -447,6 +447,11 @@ static __global__ void __launch_bounds__(THREADS)
     if (kind == DP_LOSS_L1) {
       term = z;
       dd = d > 0.0f ? 1.0f : d < 0.0f ? -1.0f : d;
+    } else if (kind == DP_LOSS_BCE_LOGITS) {
+      float z0 = o[k], m = z0 < 0.0f ? -z0 : 0.0f;
+      term =
+          fa(fa(fm(fs(1.0f, t[k]), z0), m), logf(fa(dp__expf(-m), dp__expf(fs(-z0, m)))));
+      dd = fs(fd(1.0f, fa(1.0f, dp__expf(-z0))), t[k]);
     } else if (kind == DP_LOSS_SMOOTH_L1) {
       term = z < param ? fd(fm(fm(0.5f, z), z), param) : fs(z, fm(0.5f, param));
       dd = d <= -param ? -1.0f : d >= param ? 1.0f : fd(d, param);

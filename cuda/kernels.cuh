@@ -162,8 +162,9 @@ cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n);
 /* One block per micro-batch: part[i] = its loss sum, g = d(mean loss)/d(o). */
 /* chunks: the loss scratch (dp_cuda_loss_chunks), DP_CUDA_LOSS_CHUNKS floats per
  * micro-batch of the span (at most DP_CUDA_MB_LIST of them per launch). The
- * element-wise losses: mse (g = scale d), l1, smooth_l1 and huber (param: beta,
- * delta; g = the term's derivative times scale, 1 / the mean's count). */
+ * element-wise losses: mse (g = scale d), l1, smooth_l1, huber (param: beta,
+ * delta) and bce_with_logits (g = the term's derivative times scale, 1 / the
+ * mean's count). */
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
                           float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
                           float scale, dp_loss_kind kind, float param);

@@ -79,9 +79,11 @@ typedef enum {
   DP_LAYER_LEAKY_RELU,   /* nn.LeakyReLU(negative_slope): x > 0 ? x : slope x */
 } dp_layer_kind;
 
-/* MSE, L1, SMOOTH_L1, HUBER: element-wise on float targets of the output's
- * width, the mean over every element (nn.MSELoss, nn.L1Loss,
- * nn.SmoothL1Loss(beta), nn.HuberLoss(delta): dp_model_set_loss_param). */
+/* MSE, L1, SMOOTH_L1, HUBER, BCE_LOGITS: element-wise on float targets of the
+ * output's width, the mean over every element (nn.MSELoss, nn.L1Loss,
+ * nn.SmoothL1Loss(beta), nn.HuberLoss(delta): dp_model_set_loss_param;
+ * nn.BCEWithLogitsLoss: binary or multi-label classification, a logit and a
+ * target in [0, 1] per output). */
 typedef enum {
   DP_LOSS_NONE = 0,
   DP_LOSS_MSE,
@@ -89,6 +91,7 @@ typedef enum {
   DP_LOSS_L1,
   DP_LOSS_SMOOTH_L1,
   DP_LOSS_HUBER,
+  DP_LOSS_BCE_LOGITS, /* nn.BCEWithLogitsLoss: targets in [0, 1], one per output */
 } dp_loss_kind;
 
 typedef struct dp_model dp_model;
@@ -102,6 +105,7 @@ typedef struct dp_model dp_model;
  *   batchnorm [eps E] [momentum M | momentum none] |
  *   input tokens T | embed V D | attention H [dropout P] | residual | end |
  *   loss mse | loss l1 | loss smooth_l1 [beta B] | loss huber [delta D] |
+ *   loss bce_with_logits |
  *   loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
  * and the pools need an image, linear and layernorm a flat input (flatten

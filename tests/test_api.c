@@ -49,7 +49,7 @@ static dp_model *parse(const char *text) {
 
 START_TEST(every_enum_value_has_a_name) {
   CHECK_NAMES(dp_layer_kind_name, dp_layer_kind, DP_LAYER_LEAKY_RELU);
-  CHECK_NAMES(dp_loss_name, dp_loss_kind, DP_LOSS_HUBER);
+  CHECK_NAMES(dp_loss_name, dp_loss_kind, DP_LOSS_BCE_LOGITS);
   CHECK_NAMES(dp_split_name, dp_split, DP_SPLIT_MEMORY);
   CHECK_NAMES(dp_mode_name, dp_mode, DP_MODE_ALLREDUCE);
   CHECK_NAMES(dp_optimizer_name, dp_optimizer, DP_OPT_ADAM);

@@ -3079,6 +3079,53 @@ START_TEST(train_log_every_writes_step_records_kept_once_by_a_resume) {
 }
 END_TEST
 
+/* loss bce_with_logits (nn.BCEWithLogitsLoss) on multi-label rows (3 targets
+ * of 0 or 1, then 4 features): dp train calls the data multi-label, learns it
+ * (a logit's sign against its target: over 90% held out) and reports
+ * accuracies, not an mse; dp predict too. */
+START_TEST(train_bce_with_logits_learns_multi_label_rows) {
+  char dir[64], spec[128], csv[128], ck[128];
+  temp_dir(dir, sizeof dir);
+  in_dir(spec, sizeof spec, dir, "ml.dpm");
+  in_dir(csv, sizeof csv, dir, "ml.csv");
+  in_dir(ck, sizeof ck, dir, "ml.ckpt");
+  write_file(spec, "input 4\nlinear 32\nrelu\nlinear 3\nloss bce_with_logits\n");
+  FILE *f = fopen(csv, "w");
+  ck_assert_ptr_nonnull(f);
+  uint64_t st = 7;
+  for (int r = 0; r < 400; r++) {
+    float x[4];
+    for (int k = 0; k < 4; k++) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      x[k] = (float)((st >> 40) & 0xffff) / 32768.0f - 1.0f;
+    }
+    fprintf(f, "%d,%d,%d,%.6f,%.6f,%.6f,%.6f\n", x[0] > 0, x[1] + x[2] > 0, x[3] * x[0] > 0,
+            (double)x[0], (double)x[1], (double)x[2], (double)x[3]);
+  }
+  fclose(f);
+  cmd_result r = run_lists(dpt_cmd_train, NULL, NULL, "--model", spec, "--data", csv,
+                           "--batch", "32", "--epochs", "30", "--optimizer", "adam", "--lr",
+                           "0.01", "--eval-every", "10", "--save", ck, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.out, "4 features, multi-label (bce_with_logits)\n"), "%s", r.out);
+  char line[256];
+  line_of(r.out, "held-out: accuracy ", line, sizeof line);
+  double acc = 0;
+  ck_assert(sscanf(line, "held-out: accuracy %lf%%", &acc) == 1);
+  ck_assert_msg(acc > 90.0, "%s", line);
+  ck_assert_msg(strstr(r.out, "held-out loss ") && strstr(r.out, "  accuracy ") &&
+                    !strstr(r.out, "mse"),
+                "%s", r.out);
+  cmd_result_free(&r);
+  r = run_lists(dpt_cmd_predict, NULL, NULL, "--checkpoint", ck, "--data", csv, NULL);
+  ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+  ck_assert_msg(strstr(r.err, ": accuracy ") || strstr(r.out, ": accuracy "), "%s%s", r.out,
+                r.err);
+  cmd_result_free(&r);
+  remove_dir(dir);
+}
+END_TEST
+
 /* A cross-entropy with ignore_index: the final report's accuracy is over the
  * other targets, and it says how many it left out (the digits with label 3:
  * ignored, whatever the classes). */
@@ -5326,6 +5373,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_patience_stops_early_and_resume_continues);
   tcase_add_test(tc, train_log_every_writes_step_records_kept_once_by_a_resume);
   tcase_add_test(tc, train_report_says_the_ignored_targets);
+  tcase_add_test(tc, train_bce_with_logits_learns_multi_label_rows);
   tcase_add_test(tc, train_plot_heldout_curve_and_log_axis);
   tcase_add_test(tc, predict_writes_a_line_per_row);
   tcase_add_test(tc, predict_refuses_what_does_not_fit);

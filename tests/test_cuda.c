@@ -1164,6 +1164,8 @@ START_TEST(loss_ops_match_cpu_with_many_micro_batches) {
                          "input 3\nlinear 300\nloss smooth_l1 beta 0.3\n", &c, 0);
   check_every_compute_op("huber, 71 micro-batches",
                          "input 3\nlinear 300\nloss huber delta 0.4\n", &c, 0);
+  check_every_compute_op("bce_with_logits, 71 micro-batches",
+                         "input 3\nlinear 300\nloss bce_with_logits\n", &c, 0);
 }
 END_TEST
 

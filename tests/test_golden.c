@@ -301,6 +301,7 @@ static const char *const golden_cases[] = {"seed",
                                            "mlp_l1",         /* nn.L1Loss */
                                            "mlp_smooth_l1",  /* nn.SmoothL1Loss(beta) */
                                            "mlp_huber",      /* nn.HuberLoss(delta) */
+                                           "mlp_bce",        /* nn.BCEWithLogitsLoss */
                                            "cnn_all",
                                            "cnn_mse",
                                            "cnn_tail",

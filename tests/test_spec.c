@@ -265,9 +265,9 @@ START_TEST(dropout_probability_not_a_number) {
 END_TEST
 
 START_TEST(unknown_loss_is_named) {
-  parse_bad(
-      "input 3\nlinear 2\nloss l2\n", 3, 6,
-      "unknown loss 'l2' (expected mse, l1, smooth_l1, huber or softmax_cross_entropy)");
+  parse_bad("input 3\nlinear 2\nloss l2\n", 3, 6,
+            "unknown loss 'l2' (expected mse, l1, smooth_l1, huber, bce_with_logits or "
+            "softmax_cross_entropy)");
   parse_bad("input 3\nlinear 2\nloss   cross_entropy\n", 3, 8,
             "unknown loss 'cross_entropy'");
 }
@@ -275,8 +275,8 @@ END_TEST
 
 START_TEST(missing_loss_kind_points_after_loss) {
   parse_bad("input 3\nlinear 2\nloss\n", 3, 6,
-            "expected 'mse', 'l1', 'smooth_l1', 'huber' or 'softmax_cross_entropy' after "
-            "'loss'");
+            "expected 'mse', 'l1', 'smooth_l1', 'huber', 'bce_with_logits' or "
+            "'softmax_cross_entropy' after 'loss'");
   parse_bad("input 3\nlinear 2\n  loss # none\n", 3, 8, "after 'loss'");
 }
 END_TEST
@@ -727,6 +727,8 @@ START_TEST(element_losses_parse_and_round_trip) {
        "input 3\nlinear 2\nloss huber delta 2\n", DP_LOSS_HUBER, 2.0f},
       {"input 3\nlinear 2\nloss huber delta 1\n", "input 3\nlinear 2\nloss huber\n",
        DP_LOSS_HUBER, 1.0f},
+      {"input 3\nlinear 2\nloss bce_with_logits\n",
+       "input 3\nlinear 2\nloss bce_with_logits\n", DP_LOSS_BCE_LOGITS, 0.0f},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     dp_model *m = model_of(cases[i].spec);
@@ -747,10 +749,13 @@ START_TEST(element_losses_parse_and_round_trip) {
   ck_assert_int_eq(dp_model_set_loss_param(d, -1.0f), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_set_loss_param(d, INFINITY), DP_ERR_INVALID);
   ck_assert(dp_model_loss_param(d) == 1.0f);
-  static const char *const specs[] = {
-      "input 3\nlinear 2\nloss huber\n",     "input 3\nlinear 2\nloss huber delta 0.5\n",
-      "input 3\nlinear 2\nloss smooth_l1\n", "input 3\nlinear 2\nloss smooth_l1 beta 0.5\n",
-      "input 3\nlinear 2\nloss l1\n",        NULL};
+  static const char *const specs[] = {"input 3\nlinear 2\nloss huber\n",
+                                      "input 3\nlinear 2\nloss huber delta 0.5\n",
+                                      "input 3\nlinear 2\nloss smooth_l1\n",
+                                      "input 3\nlinear 2\nloss smooth_l1 beta 0.5\n",
+                                      "input 3\nlinear 2\nloss l1\n",
+                                      "input 3\nlinear 2\nloss bce_with_logits\n",
+                                      NULL};
   hashes_differ(specs);
   dp_model *f = model_of("input 3\nlinear 2\nloss mse\n");
   ck_assert_int_eq(dp_model_set_loss_param(f, 0.5f), DP_ERR_INVALID);

@@ -151,8 +151,9 @@ static void predict_line(FILE *out, const dpt_dataset *d, int at, const float *y
       sum->correct += best == d->label[at];
   } else if (d->y) {
     for (int j = 0; j < out_w; j++) {
-      double e = (double)yr[j] - d->y[(size_t)at * d->n_targets + j];
+      double tv = d->y[(size_t)at * d->n_targets + j], e = (double)yr[j] - tv;
       sum->se += e * e;
+      sum->correct += (yr[j] > 0) == (tv > 0.5); /* bce_with_logits' accuracy */
     }
   }
   for (int j = 0; j < out_w; j++) fprintf(out, "%s%.9g", j ? "," : "", (double)yr[j]);
@@ -381,6 +382,10 @@ static int predict(predict_run *t) {
               100.0 * (double)sum.correct / (double)(d->n_rows - sum.ignored),
               dp_model_positions(t->m) > 1 ? " (the last position against each row's label)"
                                            : "");
+    else if (d->y &&
+             t->loss == DP_LOSS_BCE_LOGITS) /* a logit's side against its target's */
+      fprintf(report, ": accuracy %.2f%%",
+              100.0 * (double)sum.correct / ((double)d->n_rows * t->out_w));
     else if (d->y)
       fprintf(report, ": mse %.6g", sum.se / ((double)d->n_rows * t->out_w));
     fprintf(report, "%s%s\n", o->out ? " -> " : "", o->out ? o->out : "");

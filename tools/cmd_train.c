@@ -598,6 +598,12 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
           double e = (double)yr[j] - d->y[(size_t)(from + r) * d->n_targets + j];
           double z = fabs(e);
           se += e * e;
+          if (lk == DP_LOSS_BCE_LOGITS) { /* log(1 + e^-y) + (1 - t) y; right: sign */
+            double yv = yr[j], tv = d->y[(size_t)(from + r) * d->n_targets + j];
+            el += (1.0 - tv) * yv + (yv < 0 ? -yv : 0.0) + log1p(exp(-fabs(yv)));
+            correct += (yv > 0) == (tv > 0.5);
+            continue;
+          }
           el += lk == DP_LOSS_L1          ? z
                 : lk == DP_LOSS_SMOOTH_L1 ? (z < beta ? 0.5 * z * z / beta : z - 0.5 * beta)
                 : lk == DP_LOSS_HUBER ? (z < beta ? 0.5 * z * z : beta * (z - 0.5 * beta))
@@ -607,7 +613,9 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
     }
   }
   double labels = (double)d->n_rows * (double)lw - (double)ignored;
-  *metric = d->label ? (double)correct / labels : se / ((double)d->n_rows * out_w);
+  *metric = d->label                   ? (double)correct / labels
+            : lk == DP_LOSS_BCE_LOGITS ? (double)correct / ((double)d->n_rows * out_w)
+                                       : se / ((double)d->n_rows * out_w);
   *loss = d->label ? ce / wsum : el / ((double)d->n_rows * out_w);
   return 0;
 }
@@ -1584,7 +1592,9 @@ static int start_run(train_run *t) {
   else if (!o->quiet)
     printf("dp train: %s on %s: %d train / %d held-out rows, %d features, %s\n", o->model,
            o->data, t->train.n_rows, t->test.n_rows, t->all.n_features,
-           t->all.label ? "classification" : "regression");
+           t->all.label                                    ? "classification"
+           : dp_model_loss(t->model) == DP_LOSS_BCE_LOGITS ? "multi-label (bce_with_logits)"
+                                                           : "regression");
   if (!o->quiet) {
     if (o->val_data) printf("held-out rows: %s (--val-data)\n", o->val_data);
     for (int k = 0; k < 2; k++) {
@@ -1782,6 +1792,12 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
 }
 
 /* The held-out figures after an epoch. */
+/* The held-out figure is an accuracy: of classes, or of bce_with_logits'
+ * outputs (a logit's sign against its target's side of 0.5); else the mse. */
+static bool accuracy_of(const train_run *t) {
+  return t->all.label || dp_model_loss(t->model) == DP_LOSS_BCE_LOGITS;
+}
+
 typedef struct {
   int evaluated;
   double metric, loss;
@@ -1810,7 +1826,7 @@ static int evaluate_epoch(train_run *t, held_out *h) {
   if (t->views)
     snprintf(h->text, sizeof h->text, "  held-out %.4f nats/%s  perplexity %.2f", h->loss,
              t->o.text ? "byte" : "token", exp(h->loss));
-  else if (t->all.label)
+  else if (accuracy_of(t))
     snprintf(h->text, sizeof h->text, "  held-out loss %.4f  accuracy %.2f%%", h->loss,
              100.0 * h->metric);
   else
@@ -1838,7 +1854,7 @@ static void log_epoch(train_run *t, int k, double el, const epoch_stats *es,
   if (h->evaluated) {
     fputs(",\"heldout_loss\":", logf);
     json_number(logf, h->loss);
-    fputs(t->all.label ? ",\"heldout_accuracy\":" : ",\"heldout_mse\":", logf);
+    fputs(accuracy_of(t) ? ",\"heldout_accuracy\":" : ",\"heldout_mse\":", logf);
     json_number(logf, h->metric);
     if (t->views) {
       fputs(",\"heldout_perplexity\":", logf);
@@ -1954,7 +1970,7 @@ static int final_report(train_run *t) {
     fprintf(stderr, "dp train: evaluation: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
     return -1;
   }
-  int label = t->all.label != 0;
+  int label = t->all.label != 0, acc = accuracy_of(t);
   /* the targets equal to ignore_index, which the figures leave out: said */
   char ign[64] = "";
   dp_ce_options ce;
@@ -1971,7 +1987,7 @@ static int final_report(train_run *t) {
            100.0 * metric, eval->n_rows, ign);
   else
     printf("\n%s: %s %.2f%s (%d row%s%s)\n", t->test.n_rows ? "held-out" : "training",
-           label ? "accuracy" : "mse", label ? 100.0 * metric : metric, label ? "%" : "",
+           acc ? "accuracy" : "mse", acc ? 100.0 * metric : metric, acc ? "%" : "",
            eval->n_rows, eval->n_rows == 1 ? "" : "s", ign);
   printf("steps: %ld in %.3f s of step time: %.3f ms/step, %.0f samples/s\n", t->steps,
          t->t_train, 1e3 * t->t_train / (double)t->steps, (double)t->samples / t->t_train);

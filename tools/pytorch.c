@@ -212,7 +212,10 @@ static void write_criterion(FILE *f, const dp_model *m) {
               k == DP_LOSS_HUBER ? "HuberLoss" : "SmoothL1Loss",
               k == DP_LOSS_HUBER ? "delta" : "beta", dpt_float_text(v, num, sizeof num));
     else
-      fprintf(f, "    return nn.%s()\n", k == DP_LOSS_L1 ? "L1Loss" : "MSELoss");
+      fprintf(f, "    return nn.%s()\n",
+              k == DP_LOSS_L1           ? "L1Loss"
+              : k == DP_LOSS_BCE_LOGITS ? "BCEWithLogitsLoss"
+                                        : "MSELoss");
     return;
   }
   dp_ce_options o;

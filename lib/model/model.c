@@ -27,6 +27,7 @@ static const char *const loss_names[] = {
     [DP_LOSS_L1] = "l1",
     [DP_LOSS_SMOOTH_L1] = "smooth_l1",
     [DP_LOSS_HUBER] = "huber",
+    [DP_LOSS_BCE_LOGITS] = "bce_with_logits",
 };
 
 const char *dp_layer_kind_name(dp_layer_kind k) {
@@ -534,8 +535,8 @@ dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss) {
                    open_residual(m));
   if (!dp__loss_on_targets(loss) && loss != DP_LOSS_SOFTMAX_CE)
     return DP_FAIL(DP_ERR_INVALID,
-                   "%s loss %d: a model's loss is DP_LOSS_MSE, L1, SMOOTH_L1, HUBER or "
-                   "SOFTMAX_CE",
+                   "%s loss %d: a model's loss is DP_LOSS_MSE, L1, SMOOTH_L1, HUBER, "
+                   "BCE_LOGITS or SOFTMAX_CE",
                    loss == DP_LOSS_NONE ? "DP_LOSS_NONE is no" : "unknown", (int)loss);
   if (m->loss != DP_LOSS_NONE) return DP_FAIL(DP_ERR_INVALID, "the loss is already set");
   if (m->n_layers == 0) return DP_FAIL(DP_ERR_INVALID, "a loss needs at least one layer");

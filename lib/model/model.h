@@ -65,10 +65,10 @@ struct dp_model {
 };
 
 /* The loss is element-wise on float targets of the output's width (mse, l1,
- * smooth_l1, huber), the mean over every element. */
+ * smooth_l1, huber, bce_with_logits), the mean over every element. */
 static inline bool dp__loss_on_targets(dp_loss_kind k) {
   return k == DP_LOSS_MSE || k == DP_LOSS_L1 || k == DP_LOSS_SMOOTH_L1 ||
-         k == DP_LOSS_HUBER;
+         k == DP_LOSS_HUBER || k == DP_LOSS_BCE_LOGITS;
 }
 
 /* The model's cross-entropy takes options: its mean's denominator comes from

@@ -385,8 +385,9 @@ static bool parse_int32(const token *t, int32_t *out) {
   return true;
 }
 
-/* loss mse | l1 | smooth_l1 [beta B] | huber [delta D]: nn.MSELoss,
- * nn.L1Loss, nn.SmoothL1Loss(beta), nn.HuberLoss(delta). */
+/* loss mse | l1 | smooth_l1 [beta B] | huber [delta D] | bce_with_logits:
+ * nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss(beta), nn.HuberLoss(delta),
+ * nn.BCEWithLogitsLoss. */
 static dp_status parse_elem_loss(dp_model **m, const token *t, int nt, where w) {
   static const struct {
     const char *w, *param;
@@ -394,14 +395,15 @@ static dp_status parse_elem_loss(dp_model **m, const token *t, int nt, where w) 
   } kinds[] = {{"mse", NULL, DP_LOSS_MSE},
                {"l1", NULL, DP_LOSS_L1},
                {"smooth_l1", "beta", DP_LOSS_SMOOTH_L1},
-               {"huber", "delta", DP_LOSS_HUBER}};
+               {"huber", "delta", DP_LOSS_HUBER},
+               {"bce_with_logits", NULL, DP_LOSS_BCE_LOGITS}};
   echo_buf e;
   size_t k = 0;
   while (k < sizeof kinds / sizeof *kinds && !tok_is(&t[1], kinds[k].w)) k++;
   if (k == sizeof kinds / sizeof *kinds)
     return SPEC_FAIL(DP_ERR_PARSE, w, t[1].col,
-                     "unknown loss '%s' (expected mse, l1, smooth_l1, huber or "
-                     "softmax_cross_entropy)",
+                     "unknown loss '%s' (expected mse, l1, smooth_l1, huber, "
+                     "bce_with_logits or softmax_cross_entropy)",
                      echo(&t[1], &e));
   float v = 1.0f;
   int used = 2;
@@ -434,7 +436,7 @@ static dp_status parse_loss(dp_model **m, const token *t, int nt, where w) {
   echo_buf e;
   if (nt < 2)
     return SPEC_FAIL(DP_ERR_PARSE, w, kw->col + kw->len + 1,
-                     "expected 'mse', 'l1', 'smooth_l1', 'huber' or "
+                     "expected 'mse', 'l1', 'smooth_l1', 'huber', 'bce_with_logits' or "
                      "'softmax_cross_entropy' after 'loss'");
   bool ce = tok_is(&t[1], "softmax_cross_entropy");
   if (!ce) return parse_elem_loss(m, t, nt, w);
