@@ -1065,9 +1065,12 @@ static int load_sequence(train_run *t, int T, int V) {
     fprintf(stderr,
             "dp train: %s predicts the next token: it needs %d logits per position (its "
             "vocabulary, embed %d) and `loss softmax_cross_entropy`; it has %d per "
-            "position and %s\n",
+            "position and %s%s\n",
             o->model, V, V, V_out,
-            dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE ? "that loss" : "another loss");
+            dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE ? "that loss" : "loss ",
+            dp_model_loss(t->model) == DP_LOSS_SOFTMAX_CE
+                ? ""
+                : dp_loss_name(dp_model_loss(t->model)));
     return -1;
   }
   dpt_tokens tok;
