@@ -72,7 +72,7 @@ static void check_config(const dp_config *c) {
   FUZZ_CHECK(c->batch >= 0 && c->micro_batch >= 0, "batch %d, micro-batch %d", c->batch,
              c->micro_batch);
   FUZZ_CHECK((unsigned)c->split <= DP_SPLIT_MEMORY && (unsigned)c->mode <= DP_MODE_ALLREDUCE &&
-                 (unsigned)c->optimizer <= DP_OPT_ADAMW && (unsigned)c->backend <= DP_BACKEND_CUDA,
+                 (unsigned)c->optimizer <= DP_OPT_ADAM && (unsigned)c->backend <= DP_BACKEND_CUDA,
              "enum out of range");
   FUZZ_CHECK(isfinite(c->lr) && c->lr >= 0, "lr %g", (double)c->lr);
   FUZZ_CHECK(c->momentum >= 0 && c->momentum < 1, "momentum %g", (double)c->momentum);
