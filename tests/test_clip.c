@@ -32,6 +32,20 @@ static dp_config cfg_of(int n, dp_mode mode, int shard, float clip) {
   return c;
 }
 
+/* One step of batch 0 on the rigs a and b, and their gradients (malloc'd, the
+ * caller frees them). */
+static void step_both(rig *a, rig *b, float **ga, float **gb) {
+  float x[B * IN];
+  int32_t y[B];
+  make_batch(x, y, 0);
+  ck_assert_int_eq(dp_train_step(a->c, B, IN, x, y, NULL), DP_OK);
+  ck_assert_int_eq(dp_train_step(b->c, B, IN, x, y, NULL), DP_OK);
+  *ga = malloc(a->np * 4);
+  *gb = malloc(b->np * 4);
+  ck_assert_int_eq(dp_get_grads(a->c, *ga, a->np), DP_OK);
+  ck_assert_int_eq(dp_get_grads(b->c, *gb, b->np), DP_OK);
+}
+
 /* One step of the same batch on a clipping context and on one without: the
  * norm is the double norm of the unclipped gradients rounded to float, and
  * the clipped gradients are the unclipped ones times the coefficient. */
@@ -45,14 +59,8 @@ START_TEST(norm_and_scaling_match_the_definition) {
     rig_open(&rb, SPEC, &b);
     ck_assert(isnan(dp_ctx_grad_norm(ra.c)));
     ck_assert(dp_ctx_grad_norm(rb.c) == 0.0f);
-    float x[B * IN];
-    int32_t y[B];
-    make_batch(x, y, 0);
-    ck_assert_int_eq(dp_train_step(ra.c, B, IN, x, y, NULL), DP_OK);
-    ck_assert_int_eq(dp_train_step(rb.c, B, IN, x, y, NULL), DP_OK);
-    float *ga = malloc(ra.np * 4), *gb = malloc(rb.np * 4);
-    ck_assert_int_eq(dp_get_grads(ra.c, ga, ra.np), DP_OK);
-    ck_assert_int_eq(dp_get_grads(rb.c, gb, rb.np), DP_OK);
+    float *ga, *gb;
+    step_both(&ra, &rb, &ga, &gb);
     double ss = 0.0;
     for (size_t k = 0; k < rb.np; k++) ss += (double)gb[k] * gb[k];
     float want = (float)sqrt(ss), norm = dp_ctx_grad_norm(ra.c);
@@ -186,14 +194,8 @@ START_TEST(clamp_matches_the_definition_in_every_mode) {
       rig ra, rb;
       rig_open(&ra, SPEC, &a);
       rig_open(&rb, SPEC, &b);
-      float x[B * IN];
-      int32_t y[B];
-      make_batch(x, y, 0);
-      ck_assert_int_eq(dp_train_step(ra.c, B, IN, x, y, NULL), DP_OK);
-      ck_assert_int_eq(dp_train_step(rb.c, B, IN, x, y, NULL), DP_OK);
-      float *ga = malloc(ra.np * 4), *gb = malloc(rb.np * 4);
-      ck_assert_int_eq(dp_get_grads(ra.c, ga, ra.np), DP_OK);
-      ck_assert_int_eq(dp_get_grads(rb.c, gb, rb.np), DP_OK);
+      float *ga, *gb;
+      step_both(&ra, &rb, &ga, &gb);
       size_t clamped = 0;
       for (size_t k = 0; k < ra.np; k++) {
         float v = values[i], expect = gb[k] > v ? v : gb[k] < -v ? -v : gb[k];
