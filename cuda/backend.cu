@@ -345,12 +345,9 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
   o.kind = (int)cf->optimizer;
   o.nesterov = cf->nesterov;
   o.wd = cf->weight_decay;
-  o.mu = cf->momentum;
   o.keep = 1.0f - cf->dampening;
   if (cf->optimizer == DP_OPT_ADAMW || cf->optimizer == DP_OPT_ADAM) {
-    o.b1 = cf->beta1;
     o.b2 = cf->beta2;
-    o.one_minus_b1 = 1.0f - cf->beta1;
     o.one_minus_b2 = 1.0f - cf->beta2;
     o.eps = cf->eps;
   }
@@ -1358,9 +1355,11 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   sc.decay = 1.0f - lr * cf->weight_decay;
   sc.loss_denom = c->loss_denom;
   sc.loss_inv = c->loss_inv;
+  sc.mu = sc.b1 = c->momentum; /* dp_set_momentum's, the config's at first */
+  sc.one_minus_b1 = 1.0f - c->momentum;
   if (cf->optimizer == DP_OPT_ADAMW || cf->optimizer == DP_OPT_ADAM) {
     double t = (double)step + 1.0;
-    double bc1 = 1.0 - pow(cf->beta1, t), bc2 = 1.0 - pow(cf->beta2, t);
+    double bc1 = 1.0 - pow(c->momentum, t), bc2 = 1.0 - pow(cf->beta2, t);
     sc.step_size = (float)(lr / bc1);
     sc.bc2_sqrt = (float)sqrt(bc2);
   }

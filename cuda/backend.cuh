@@ -68,6 +68,7 @@ struct cuda_ctx {
    * the last one naps between polls. */
   double last_wait_s;
   float lr; /* the rate in effect: cfg.lr, then dp__cuda_set_lr's */
+  float momentum; /* SGD's momentum or Adam's beta1 in effect: dp__cuda_set_momentum */
   float loss_denom, loss_inv; /* dp__cuda_set_loss_norm's: the next step's */
   /* Debug hooks for tests/gpu/run.sh, read from the environment at creation
    * (never set in normal use): DP_CUDA_DEBUG_DELAY_US: a spin of that many

@@ -442,6 +442,7 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   c->flags = flags;
   c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
   c->lr = p->cfg.lr;
+  c->momentum = p->cfg.inference ? 0.0f : dp__config_momentum(&p->cfg);
   const char *dbg = getenv("DP_CUDA_DEBUG_DELAY_US");
   c->debug_delay_us = dbg ? (unsigned)strtoul(dbg, NULL, 10) : 0;
   dbg = getenv("DP_CUDA_DEBUG_FAULT_STEP");
@@ -618,6 +619,13 @@ extern "C" dp_status dp__cuda_set_lr(void *bctx, float lr) {
   cuda_ctx *c = (cuda_ctx *)bctx;
   if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_lr: no context");
   c->lr = lr; /* read by dp__cuda_host_step into the next step's scalars */
+  return DP_OK;
+}
+
+extern "C" dp_status dp__cuda_set_momentum(void *bctx, float momentum) {
+  cuda_ctx *c = (cuda_ctx *)bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_momentum: no context");
+  c->momentum = momentum; /* the next step's scalars, as the rate */
   return DP_OK;
 }
 

@@ -319,6 +319,8 @@ dp_status dp__cuda_memcpy(void *dst, const void *src, size_t bytes);
 /* The learning rate of the steps from the next step_begin or graph_launch on
  * (a per-step scalar, so that graphs replay with it). */
 dp_status dp__cuda_set_lr(void *bctx, float lr);
+/* The same for the momentum (dp_set_momentum: SGD's momentum or Adam's beta1). */
+dp_status dp__cuda_set_momentum(void *bctx, float momentum);
 /* The next step's cross-entropy denominator and gradient scale (the model's
  * dp_ce_opts), kept in the per-step scalars a graph replays. */
 dp_status dp__cuda_set_loss_norm(void *bctx, float denom, float inv);

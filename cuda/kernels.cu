@@ -769,14 +769,14 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     break;
   case DP_OPT_MOMENTUM: { /* buf = first ? g' : mu buf + (1 - damp) g'; w -= lr step */
     float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
-    float b = hdr->sc.first != 0 ? gd : fa(fm(o.mu, m0[k]), fm(o.keep, gd));
+    float b = hdr->sc.first != 0 ? gd : fa(fm(hdr->sc.mu, m0[k]), fm(o.keep, gd));
     r.s0 = b;
-    r.w = fs(wk, fm(hdr->sc.lr, o.nesterov ? fa(gd, fm(o.mu, b)) : b));
+    r.w = fs(wk, fm(hdr->sc.lr, o.nesterov ? fa(gd, fm(hdr->sc.mu, b)) : b));
     break;
   }
   case DP_OPT_ADAM: { /* L2 into the gradient first (mom_g), no decay factor */
     float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
-    float m = fa(fm(o.b1, m0[k]), fm(o.one_minus_b1, gd));
+    float m = fa(fm(hdr->sc.b1, m0[k]), fm(hdr->sc.one_minus_b1, gd));
     float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gd), gd));
     float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
     r.s0 = m;
@@ -785,7 +785,7 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     break;
   }
   default: { /* DP_OPT_ADAMW: m0[k] and v0[k] are the element's two moments */
-    float m = fa(fm(o.b1, m0[k]), fm(o.one_minus_b1, gk));
+    float m = fa(fm(hdr->sc.b1, m0[k]), fm(hdr->sc.one_minus_b1, gk));
     float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gk), gk));
     float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
     r.s0 = m;

@@ -38,6 +38,9 @@ typedef struct {
   float step_size;   /* AdamW: (float)(lr / (1 - beta1^(step + 1))), in double */
   float bc2_sqrt;    /* AdamW: (float)sqrt(1 - beta2^(step + 1)), in double */
   float lr;          /* the rate in effect (dp_set_lr): SGD, momentum */
+  /* the momentum in effect (dp_set_momentum): SGD's momentum, or Adam(W)'s
+   * beta1 and 1 - beta1 in float */
+  float mu, b1, one_minus_b1;
   float decay;       /* AdamW: 1 - lr * weight_decay, in float */
   uint32_t reserved; /* 0 */
   /* the cross-entropy options' denominator and gradient scale of this step
@@ -115,8 +118,8 @@ static inline float *dp_cuda_bn_scratch(dp_cuda_header *hdr) {
 typedef struct {
   int kind; /* dp_optimizer */
   int nesterov;
-  float wd, mu, keep; /* keep = 1 - dampening; lr and decay are per-step scalars */
-  float b1, b2, one_minus_b1, one_minus_b2, eps;
+  float wd, keep; /* keep = 1 - dampening; lr, decay, momentum: per-step scalars */
+  float b2, one_minus_b2, eps;
 } dp_cuda_opt;
 
 /* ---- kernels.cu ---- */

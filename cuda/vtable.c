@@ -197,6 +197,7 @@ static const dp_backend_ops cuda_backend = {
     .stage_begin = dp__cuda_stage_begin,
     .stage_end = dp__cuda_stage_end,
     .set_lr = dp__cuda_set_lr,
+    .set_momentum = dp__cuda_set_momentum,
     .set_loss_norm = dp__cuda_set_loss_norm,
     .step_begin = dp__cuda_step_begin,
     .step_end = dp__cuda_step_end,

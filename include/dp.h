@@ -806,6 +806,19 @@ int dp_ctx_rank(const dp_ctx *c);
 dp_status dp_set_lr(dp_ctx *c, float lr);
 /* The learning rate in effect: config.lr until dp_set_lr changes it. */
 float dp_ctx_lr(const dp_ctx *c);
+/* The momentum of the steps from now on, as a schedule that cycles it sets
+ * it (OneCycleLR's cycle_momentum): SGD's param_groups[0]["momentum"] for
+ * DP_OPT_MOMENTUM (or DP_OPT_SGD with config.momentum > 0), finite and in
+ * [0, 1); Adam's and AdamW's beta1 (param_groups[0]["betas"][0]), in [0, 1),
+ * which their bias correction 1 - beta1^t then uses, as PyTorch's does. Plain
+ * SGD keeps no momentum buffer: refused (DP_ERR_INVALID) there, as for an
+ * inference context or a value out of range, with nothing changed. Allocates
+ * nothing; works with cuda graphs (a per-step scalar on the device, as the
+ * rate). Checkpoints carry it (version 4). */
+dp_status dp_set_momentum(dp_ctx *c, float momentum);
+/* The momentum in effect: config.momentum (SGD) or config.beta1 (Adam, AdamW)
+ * until dp_set_momentum changes it; 0 for plain SGD and inference. */
+float dp_ctx_momentum(const dp_ctx *c);
 
 /* Learning-rate schedules, as torch.optim.lr_scheduler computes them; t counts
  * scheduler steps (call dp_set_lr(c, dp_lr_at(&s, t)) before each step, or each
@@ -821,14 +834,16 @@ float dp_ctx_lr(const dp_ctx *c);
  *   WARMUP         LinearLR(start_factor, 1.0, warmup): base_lr * (start_factor +
  *                  (1 - start_factor) min(t, warmup) / warmup), then base_lr
  *   ONECYCLE       OneCycleLR(max_lr = base_lr, total_steps, pct_start,
- *                  anneal_strategy, div_factor, final_div_factor, three_phase,
- *                  cycle_momentum=False): from base_lr / div_factor up to base_lr
- *                  over pct_start of the steps, then down to base_lr / div_factor /
- *                  final_div_factor (three_phase: back to base_lr / div_factor
- *                  first). The learning rate only: PyTorch's default also cycles
- *                  SGD's momentum or Adam's beta1 (cycle_momentum=True), which
- *                  libdp does not do; cycle_momentum = 1 is refused. Defined for t
- *                  up to total_steps (NaN past it, where PyTorch raises). */
+ *                  anneal_strategy, cycle_momentum, base_momentum, max_momentum,
+ *                  div_factor, final_div_factor, three_phase): from base_lr /
+ *                  div_factor up to base_lr over pct_start of the steps, then down
+ *                  to base_lr / div_factor / final_div_factor (three_phase: back to
+ *                  base_lr / div_factor first). With cycle_momentum (PyTorch's
+ *                  default) the momentum goes the other way, from max_momentum
+ *                  down to base_momentum and back (three_phase: then stays at
+ *                  max_momentum): dp_momentum_at gives it, for dp_set_momentum
+ *                  (SGD's momentum, Adam's beta1). Defined for t up to total_steps
+ *                  (NaN past it, where PyTorch raises). */
 typedef enum {
   DP_LR_CONSTANT = 0,
   DP_LR_STEP,
@@ -862,17 +877,29 @@ typedef struct {
   float div_factor;       /* > 0; 25 */
   float final_div_factor; /* > 0; 1e4 */
   int three_phase;        /* 0 (the default) or 1 */
-  int cycle_momentum;     /* 0: the rate alone (1, PyTorch's default, is refused) */
+  int cycle_momentum;     /* 1 (PyTorch's default): the momentum cycles too; 0: the
+                             rate alone (cycle_momentum=False) */
+  /* ONECYCLE with cycle_momentum (appended): the momentum's bounds, each in
+   * [0, 1), taken as the decimal a script writes (as gamma) */
+  float base_momentum; /* 0.85 */
+  float max_momentum;  /* 0.95 */
 } dp_lr_schedule;
 /* A ONECYCLE schedule with PyTorch's defaults (pct_start 0.3, 'cos', div_factor
- * 25, final_div_factor 1e4, two phases, cycle_momentum off): every other field
- * zero. */
+ * 25, final_div_factor 1e4, two phases, cycle_momentum on between 0.85 and
+ * 0.95): every other field zero. */
 void dp_lr_schedule_onecycle(dp_lr_schedule *s, float max_lr, int total_steps);
-/* DP_OK, or DP_ERR_INVALID naming the field out of range (DP_ERR_UNSUPPORTED
- * for ONECYCLE's cycle_momentum = 1). */
+/* DP_OK, or DP_ERR_INVALID naming the field out of range. */
 dp_status dp_lr_schedule_check(const dp_lr_schedule *s);
 /* The rate at scheduler step t; NaN for a schedule dp_lr_schedule_check refuses. */
 float dp_lr_at(const dp_lr_schedule *s, uint64_t t);
+/* The momentum at scheduler step t of a schedule that cycles it (ONECYCLE with
+ * cycle_momentum; call dp_set_momentum(c, dp_momentum_at(&s, t)) with each
+ * dp_set_lr); NaN for every other schedule, and for one dp_lr_schedule_check
+ * refuses. Step 0's is max_momentum: OneCycleLR sets it when it is made, so
+ * create the context with that momentum (SGD: config.momentum, even where the
+ * script's SGD had none, as PyTorch's OneCycleLR then gives it one; Adam:
+ * config.beta1). */
+float dp_momentum_at(const dp_lr_schedule *s, uint64_t t);
 /* Steps skipped under DP_NONFINITE_SKIP since the context was created. */
 uint64_t dp_ctx_skipped_steps(const dp_ctx *c);
 /* Checks every arena guard now: DP_OK when all hold, DP_ERR_CORRUPT (naming

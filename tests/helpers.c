@@ -395,18 +395,18 @@ void ckpt_reseal(unsigned char *b, size_t len) {
   }
 }
 
-unsigned char *ckpt_as_version(const unsigned char *v3, size_t len, int version,
+unsigned char *ckpt_as_version(const unsigned char *v4, size_t len, int version,
                                size_t *out_len) {
-  ck_assert(version >= 1 && version <= 3 && len >= 16 && le32(v3 + 8) == 3);
+  ck_assert(version >= 1 && version <= 4 && len >= 16 && le32(v4 + 8) == 4);
   unsigned char *b = malloc(len);
   ck_assert_ptr_nonnull(b);
   size_t n = 0, off = 16;
-  memcpy(b, v3, 16);
+  memcpy(b, v4, 16);
   b[8] = (unsigned char)version;
   b[12] = version >= 3 ? 6 : 5;
   n = 16;
   while (off + 24 <= len) { /* each section, as the version has it */
-    const unsigned char *s = v3 + off;
+    const unsigned char *s = v4 + off;
     size_t pl = (size_t)le64(s + 8);
     ck_assert(pl <= len - off - 24);
     bool appd = memcmp(s, "APPD", 4) == 0, step = memcmp(s, "STEP", 4) == 0;
@@ -414,6 +414,8 @@ unsigned char *ckpt_as_version(const unsigned char *v3, size_t len, int version,
       size_t keep = step && version == 1 ? 8 : pl; /* version 1: the step alone */
       memcpy(b + n, s, 16 + keep);
       put64le(b + n + 8, keep);
+      if (step && (version == 2 || version == 3)) /* a reserved 0, not the momentum */
+        memset(b + n + 16 + 12, 0, 4);
       n += 24 + keep;
     }
     off += 24 + pl;

@@ -687,13 +687,49 @@ static void onecycle_line(const char *line, dp_lr_schedule *sc, unsigned long lo
                          .three_phase = three};
 }
 
+/* OneCycleLR with cycle_momentum (kind 8): the rate and the momentum, SGD's or
+ * Adam's beta1 (the same schedule either way). */
+static void onecycle_momentum_line(const char *line, dp_lr_schedule *sc,
+                                   unsigned long long *t, double *lr, double *mom) {
+  float max_lr, pct, div, final_div, base_m, max_m;
+  int total, anneal, three, adam;
+  ck_assert_int_eq(sscanf(line, "%*d %f %d %f %d %f %f %d %f %f %d %llu %lf %lf", &max_lr,
+                          &total, &pct, &anneal, &div, &final_div, &three, &base_m, &max_m,
+                          &adam, t, lr, mom),
+                   13);
+  dp_lr_schedule_onecycle(sc, max_lr, total);
+  sc->pct_start = pct;
+  sc->anneal_linear = anneal;
+  sc->div_factor = div;
+  sc->final_div_factor = final_div;
+  sc->three_phase = three;
+  sc->base_momentum = base_m;
+  sc->max_momentum = max_m;
+}
+
 START_TEST(lr_schedules_match_pytorch) {
   FILE *f = fopen("tests/golden/lr_schedules.txt", "r");
   ck_assert_msg(f, "tests/golden/lr_schedules.txt: run the tests from the repository root");
   char line[256];
-  int n = 0, kinds = 0;
+  int n = 0, kinds = 0, n_momentum = 0;
   while (fgets(line, sizeof line, f)) {
     if (line[0] == '#') continue;
+    if (line[0] == '8' && line[1] == ' ') {
+      dp_lr_schedule sc;
+      unsigned long long t;
+      double lr, mom;
+      onecycle_momentum_line(line, &sc, &t, &lr, &mom);
+      ck_assert_msg(dp_lr_schedule_check(&sc) == DP_OK, "%s: %s", line, dp_last_error());
+      double got = dp_lr_at(&sc, t), got_m = dp_momentum_at(&sc, t);
+      ck_assert_msg(fabs(got - lr) <= 1e-5 * fabs(lr) + 1e-12,
+                    "onecycle, t %llu: libdp %.9g, PyTorch %.9g (%s)", t, got, lr, line);
+      /* the float nearest PyTorch's double momentum */
+      ck_assert_msg(fabs(got_m - mom) <= 1e-7 * fabs(mom) + 1e-12,
+                    "onecycle momentum, t %llu: libdp %.9g, PyTorch %.17g (%s)", t, got_m,
+                    mom, line);
+      n_momentum++;
+      continue;
+    }
     if (line[0] == '0' + DP_LR_ONECYCLE && line[1] == ' ') {
       dp_lr_schedule sc;
       unsigned long long t;
@@ -735,6 +771,7 @@ START_TEST(lr_schedules_match_pytorch) {
   }
   fclose(f);
   ck_assert_int_ge(n, 440);
+  ck_assert_int_ge(n_momentum, 300);
   ck_assert_int_eq(kinds, 255); /* every kind */
 }
 END_TEST
@@ -812,21 +849,29 @@ START_TEST(lr_schedules_refuse_bad_fields) {
 }
 END_TEST
 
-/* OneCycleLR: PyTorch's defaults from dp_lr_schedule_onecycle; each field out of
- * range refused naming it, a phase of no steps (PyTorch divides by its length)
- * and cycle_momentum (libdp sets the rate only) refused; NaN past total_steps,
- * where PyTorch raises. */
+/* OneCycleLR: PyTorch's defaults from dp_lr_schedule_onecycle (cycle_momentum
+ * between 0.85 and 0.95); each field out of range refused naming it, a phase of
+ * no steps (PyTorch divides by its length) refused; NaN past total_steps, where
+ * PyTorch raises; no momentum from a schedule that does not cycle it. */
 START_TEST(lr_onecycle_defaults_and_refusals) {
   dp_lr_schedule s;
   dp_lr_schedule_onecycle(&s, 0.1f, 100);
   ck_assert_int_eq(s.kind, DP_LR_ONECYCLE);
   ck_assert(s.pct_start == 0.3f && s.div_factor == 25.0f && s.final_div_factor == 1e4f);
-  ck_assert(!s.anneal_linear && !s.three_phase && !s.cycle_momentum);
+  ck_assert(!s.anneal_linear && !s.three_phase && s.cycle_momentum == 1);
+  ck_assert(s.base_momentum == 0.85f && s.max_momentum == 0.95f);
   ck_assert_int_eq(dp_lr_schedule_check(&s), DP_OK);
   ck_assert_float_eq_tol(dp_lr_at(&s, 0), 0.1f / 25.0f, 1e-9f);
   ck_assert_float_eq_tol(dp_lr_at(&s, 29), 0.1f, 1e-9f); /* the peak: pct_start * 100 - 1 */
   ck_assert(dp_lr_at(&s, 100) > 0.0f && !isnan(dp_lr_at(&s, 100)));
   ck_assert(isnan(dp_lr_at(&s, 101)));
+  ck_assert(dp_momentum_at(&s, 0) == 0.95f && dp_momentum_at(&s, 29) == 0.85f);
+  ck_assert(isnan(dp_momentum_at(&s, 101)));
+  s.cycle_momentum = 0; /* the rate alone */
+  ck_assert_int_eq(dp_lr_schedule_check(&s), DP_OK);
+  ck_assert(isnan(dp_momentum_at(&s, 0)));
+  dp_lr_schedule cos = {.kind = DP_LR_COSINE, .base_lr = 0.1f, .t_max = 5};
+  ck_assert(isnan(dp_momentum_at(&cos, 0)) && isnan(dp_momentum_at(NULL, 0)));
   const struct {
     const char *field, *says;
   } bad[] = {
@@ -857,10 +902,21 @@ START_TEST(lr_onecycle_defaults_and_refusals) {
                   dp_last_error());
     ck_assert(isnan(dp_lr_at(&s, 0)));
   }
+  const float bad_m[][2] = {{1.0f, 0.95f}, {0.85f, -0.1f}, {NAN, 0.95f}, {0.85f, INFINITY}};
+  for (size_t i = 0; i < sizeof bad_m / sizeof bad_m[0]; i++) {
+    dp_lr_schedule_onecycle(&s, 0.1f, 100);
+    s.base_momentum = bad_m[i][0];
+    s.max_momentum = bad_m[i][1];
+    ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_INVALID);
+    ck_assert_ptr_nonnull(strstr(dp_last_error(), "base_momentum and max_momentum"));
+    ck_assert(isnan(dp_momentum_at(&s, 0)));
+    s.cycle_momentum = 0; /* not used then */
+    ck_assert_int_eq(dp_lr_schedule_check(&s), DP_OK);
+  }
   dp_lr_schedule_onecycle(&s, 0.1f, 100);
-  s.cycle_momentum = 1;
-  ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_UNSUPPORTED);
-  ck_assert_ptr_nonnull(strstr(dp_last_error(), "cycle_momentum=False"));
+  s.cycle_momentum = 2;
+  ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "cycle_momentum must be 0 or 1"));
   dp_lr_schedule_onecycle(&s, NAN, 100);
   ck_assert_int_eq(dp_lr_schedule_check(&s), DP_ERR_INVALID);
 }

@@ -260,7 +260,7 @@ START_TEST(test_format_is_as_documented) {
   unsigned char *b = file_read(t.path, &len);
   ck_assert(len >= 16);
   ck_assert(memcmp(b, "DPCKPT\0\1", 8) == 0);
-  ck_assert_uint_eq(le32(b + 8), 3);
+  ck_assert_uint_eq(le32(b + 8), 4);
   ck_assert_uint_eq(le32(b + 12), 6);
   static const char *tags[6] = {"MODL", "STEP", "PARM", "OPTS", "APPD", "END "};
   size_t off = 16, n = r.np;
@@ -287,13 +287,14 @@ START_TEST(test_format_is_as_documented) {
       ck_assert(memcmp(pay + 32, text, tl) == 0);
       break;
     }
-    case 1: { /* the step, the rate in effect, a reserved word */
+    case 1: { /* the step, the rate and the momentum (AdamW's beta1) in effect */
       ck_assert_uint_eq(pl, 16);
       ck_assert_uint_eq(le64(pay), 3);
       uint32_t u;
       memcpy(&u, &cfg.lr, 4);
       ck_assert_uint_eq(le32(pay + 8), u);
-      ck_assert_uint_eq(le32(pay + 12), 0);
+      memcpy(&u, &cfg.beta1, 4);
+      ck_assert_uint_eq(le32(pay + 12), u);
       break;
     }
     case 2:
@@ -894,18 +895,20 @@ START_TEST(test_every_reader_takes_every_version) {
   rig_open(&a, MLP_SPEC, &cfg);
   rig_open(&b, MLP_SPEC, &cfg);
   tmpdir t;
-  tmp_make(&t, "dp_ckpt", "v3.ckpt");
+  tmp_make(&t, "dp_ckpt", "v4.ckpt");
   run_steps(&a, 0, 3);
   static const char app[] = "libdp-train 1\nepochs 1\n";
   ck_assert_int_eq(dp_ckpt_save_app(a.c, t.path, app, sizeof app - 1), DP_OK);
   size_t len;
-  unsigned char *v3 = file_read(t.path, &len);
-  for (int vi = 0; vi < 3; vi++) {
-    int v = (int[]){2, 1, 3}[vi]; /* 2 first: the version issue 26 found refused */
+  unsigned char *v4 = file_read(t.path, &len);
+  for (int vi = 0; vi < 4; vi++) {
+    int v = (int[]){2, 1, 3, 4}[vi]; /* 2 first: the version issue 26 found refused */
     size_t n;
-    unsigned char *f = ckpt_as_version(v3, len, v, &n);
-    if (v == 3) ck_assert(n == len && memcmp(f, v3, n) == 0);
-    tmp_path(&t, v == 1 ? "v1.ckpt" : v == 2 ? "v2.ckpt" : "v3b.ckpt");
+    unsigned char *f = ckpt_as_version(v4, len, v, &n);
+    if (v == 4) ck_assert(n == len && memcmp(f, v4, n) == 0);
+    char name[16];
+    snprintf(name, sizeof name, "v%d%s.ckpt", v, v == 4 ? "b" : "");
+    tmp_path(&t, name);
     file_write(t.path, f, n);
     run_steps(&b, 100, 101); /* another state */
     ck_assert_msg(dp_ckpt_load(b.c, t.path) == DP_OK, "version %d: %s", v,
@@ -931,12 +934,12 @@ START_TEST(test_every_reader_takes_every_version) {
     else
       ck_assert(got_n == sizeof app - 1 && memcmp(got, app, got_n) == 0);
     free(got);
-    for (int bad = 0; bad < 3; bad++) { /* version 0, 4, the other section count */
+    for (int bad = 0; bad < 3; bad++) { /* version 0, 5, the other section count */
       unsigned char *g = malloc(n);
       ck_assert_ptr_nonnull(g);
       memcpy(g, f, n);
       if (bad < 2)
-        g[8] = bad ? 4 : 0;
+        g[8] = bad ? 5 : 0;
       else
         g[12] = v < 3 ? 6 : 5;
       ckpt_reseal(g, n);
@@ -955,7 +958,7 @@ START_TEST(test_every_reader_takes_every_version) {
     }
     free(f);
   }
-  free(v3);
+  free(v4);
   tmp_done(&t);
   rig_close(&a);
   rig_close(&b);

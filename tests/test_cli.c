@@ -1257,19 +1257,100 @@ END_TEST
 
 static char *slurp_file(const char *path, size_t *len);
 
+/* --cycle-momentum (OneCycleLR's cycle_momentum, base_momentum, max_momentum; on
+ * by default with onecycle, as PyTorch's): plain SGD becomes momentum SGD at
+ * max_momentum and Adam's beta1 is replaced, as PyTorch's OneCycleLR does; each
+ * differs from the run with it off; 2 epochs then a resume of 1 give the bits of
+ * 3 (the momentum in effect is in the checkpoint, the schedule goes on); bad
+ * values and other schedules are refused. */
+START_TEST(train_onecycle_cycles_the_momentum) {
+  char model[64], data[64], dir[64] = "/tmp/dp_cli_cyc_XXXXXX", ck[128];
+  temp_file(model, sizeof model, SMALL_SPEC);
+  small_csv(data, sizeof data);
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(ck, sizeof ck, "%s/a.ckpt", dir);
+  static char *const opts[][2] = {{"sgd", "SGD's momentum"}, {"adam", "Adam's beta1"}};
+  for (int k = 0; k < 2; k++) {
+    cmd_result r =
+        RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs",
+            "3", "--lr", "0.05", "--optimizer", opts[k][0], "--lr-schedule", "onecycle:3e");
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+    ck_assert_msg(
+        strstr(r.out, "cycle_momentum=True, base_momentum=0.85, max_momentum=0.95)"), "%s",
+        r.out);
+    ck_assert_msg(strstr(r.out, opts[k][1]), "%s", r.out);
+    ck_assert_msg(strstr(r.out, k ? "betas 0.95 0.999" : "momentum 0.95"), "%s", r.out);
+    char whole[64], off[64], resumed[64];
+    hash_of(&r, whole, sizeof whole);
+    cmd_result_free(&r);
+    r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs",
+            "3", "--lr", "0.05", "--optimizer", opts[k][0], "--lr-schedule", "onecycle:3e",
+            "--cycle-momentum", "off");
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+    hash_of(&r, off, sizeof off);
+    cmd_result_free(&r);
+    ck_assert_str_ne(whole, off);
+    r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs",
+            "2", "--lr", "0.05", "--optimizer", opts[k][0], "--lr-schedule", "onecycle:3e",
+            "--save", ck);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+    cmd_result_free(&r);
+    r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs",
+            "1", "--lr", "0.05", "--optimizer", opts[k][0], "--lr-schedule", "onecycle:3e",
+            "--resume", ck);
+    ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
+    hash_of(&r, resumed, sizeof resumed);
+    cmd_result_free(&r);
+    ck_assert_msg(strcmp(whole, resumed) == 0, "%s: 3 epochs %s, 2 then 1 %s", opts[k][0],
+                  whole, resumed);
+    /* another momentum: the checkpoint's run is not continued */
+    r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs",
+            "1", "--lr", "0.05", "--optimizer", opts[k][0], "--lr-schedule", "onecycle:3e",
+            "--cycle-momentum", "0.8:0.9", "--resume", ck);
+    ck_assert_int_ne(r.rc, DPT_EXIT_OK);
+    ck_assert_msg(strstr(r.err, "--cycle-momentum"), "%s", r.err);
+    cmd_result_free(&r);
+    unlink(ck);
+  }
+  static char *const bad[][3] = {
+      {"onecycle:8", "0.9", "is not BASE:MAX"},
+      {"onecycle:8", "x:0.9", "--cycle-momentum BASE"},
+      {"onecycle:8", "0.85:1", "below 1"},
+      {"onecycle:8", "0.85:0.95:1", "--cycle-momentum MAX"},
+      {"onecycle:8", "-0.1:0.9", "--cycle-momentum BASE"},
+      {"cosine:8", "0.85:0.95", "goes with --lr-schedule onecycle"},
+      {NULL, "off", "goes with --lr-schedule onecycle"}};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    cmd_result r =
+        bad[i][0]
+            ? RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                  "--quiet", "--lr-schedule", bad[i][0], "--cycle-momentum", bad[i][1])
+            : RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
+                  "--quiet", "--cycle-momentum", bad[i][1]);
+    ck_assert_int_eq(r.rc, DPT_EXIT_USAGE);
+    ck_assert_msg(strstr(r.err, bad[i][2]), "%s: %s", bad[i][1], r.err);
+    cmd_result_free(&r);
+  }
+  rmdir(dir);
+  unlink(model);
+  unlink(data);
+}
+END_TEST
+
 /* --lr-schedule onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]: --lr is
  * max_lr; the rate after each epoch is OneCycleLR's (dp_lr_at with the same fields, at
- * the step before); the run says it cycles no momentum; a run past TOTAL steps is
- * refused before training, as PyTorch raises there. */
+ * the step before); with --cycle-momentum off the run says it cycles no momentum; a
+ * run past TOTAL steps is refused before training, as PyTorch raises there. */
 START_TEST(train_onecycle_schedule) {
   char model[64], data[64], log[64];
   temp_file(model, sizeof model, SMALL_SPEC);
   small_csv(data, sizeof data);
   temp_file(log, sizeof log, "");
   unlink(log);
-  cmd_result r = RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8",
-                     "--epochs", "2", "--lr", "0.05", "--optimizer", "adam", "--log", log,
-                     "--lr-schedule", "onecycle:2e:0.25:linear:10:100:three");
+  cmd_result r =
+      RUN(dpt_cmd_train, "--model", model, "--data", data, "--batch", "8", "--epochs", "2",
+          "--lr", "0.05", "--optimizer", "adam", "--log", log, "--lr-schedule",
+          "onecycle:2e:0.25:linear:10:100:three", "--cycle-momentum", "off");
   ck_assert_msg(r.rc == DPT_EXIT_OK, "exit %d: %s", r.rc, r.err);
   ck_assert_msg(strstr(r.out, "cycle_momentum=False): the learning rate only"), "%s",
                 r.out);
@@ -4480,29 +4561,29 @@ static char *st_data(const char *path, size_t *n) {
 
 /* The tool reads every checkpoint version the library loads (issue 26:
  * predict, export and --resume refused a version 2 file): the same state as
- * versions 1, 2 and 3 predicts the same bytes and exports the same
- * safetensors file (the same tensors; version 3's run record adds its
+ * versions 1 to 4 predicts the same bytes and exports the same
+ * safetensors file (the same tensors; versions 3 and 4's run record adds its
  * standardisation to the metadata, versions 1 and 2 have none), and resumes
  * (older versions carry no run record: from epoch 0). */
 START_TEST(every_command_reads_every_checkpoint_version) {
   static const char *const raw[] = {"--no-standardize", NULL};
   char dir[64], f[128], acc[32];
   temp_dir(dir, sizeof dir);
-  in_dir(f, sizeof f, dir, "v3.ckpt");
+  in_dir(f, sizeof f, dir, "v4.ckpt");
   digits_checkpoint(f, raw, acc, sizeof acc);
   size_t len, n;
-  unsigned char *v3 = (unsigned char *)slurp_file(f, &len);
-  for (int v = 3; v >= 1; v--) {
-    char ck[128], pred[128], pred3[128], st[128], st3[128], name[32];
+  unsigned char *v4 = (unsigned char *)slurp_file(f, &len);
+  for (int v = 4; v >= 1; v--) {
+    char ck[128], pred[128], pred4[128], st[128], st4[128], name[32];
     snprintf(name, sizeof name, "v%d.ckpt", v);
     in_dir(ck, sizeof ck, dir, name);
     snprintf(name, sizeof name, "p%d.csv", v);
     in_dir(pred, sizeof pred, dir, name);
     snprintf(name, sizeof name, "s%d.safetensors", v);
     in_dir(st, sizeof st, dir, name);
-    in_dir(pred3, sizeof pred3, dir, "p3.csv");
-    in_dir(st3, sizeof st3, dir, "s3.safetensors");
-    unsigned char *b = ckpt_as_version(v3, len, v, &n);
+    in_dir(pred4, sizeof pred4, dir, "p4.csv");
+    in_dir(st4, sizeof st4, dir, "s4.safetensors");
+    unsigned char *b = ckpt_as_version(v4, len, v, &n);
     FILE *out = fopen(ck, "wb");
     ck_assert(out && fwrite(b, 1, n, out) == n && fclose(out) == 0);
     free(b);
@@ -4510,12 +4591,12 @@ START_TEST(every_command_reads_every_checkpoint_version) {
         RUN(dpt_cmd_predict, "--checkpoint", ck, "--data", DIGITS_CSV, "--out", pred);
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: predict: %s", v, r.err);
     cmd_result_free(&r);
-    ck_assert_msg(same_bytes(pred, pred3), "version %d predicts otherwise", v);
+    ck_assert_msg(same_bytes(pred, pred4), "version %d predicts otherwise", v);
     r = RUN(dpt_cmd_export, ck, "--safetensors", st);
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: export: %s", v, r.err);
     cmd_result_free(&r);
     size_t na, nb;
-    char *da = st_data(st, &na), *db = st_data(st3, &nb);
+    char *da = st_data(st, &na), *db = st_data(st4, &nb);
     ck_assert_msg(na == nb && memcmp(da, db, na) == 0, "version %d exports otherwise", v);
     free(da);
     free(db);
@@ -4529,7 +4610,7 @@ START_TEST(every_command_reads_every_checkpoint_version) {
     ck_assert_msg(r.rc == DPT_EXIT_OK, "version %d: resume: %s", v, r.err);
     cmd_result_free(&r);
   }
-  free(v3);
+  free(v4);
   remove_dir(dir);
 }
 END_TEST
@@ -5333,6 +5414,7 @@ Suite *cli_suite(void) {
   tcase_add_test(tc, train_save_is_a_library_checkpoint_and_resume_trains_on);
   tcase_add_test(tc, train_lr_schedule_sets_the_rate_of_each_step);
   tcase_add_test(tc, train_onecycle_schedule);
+  tcase_add_test(tc, train_onecycle_cycles_the_momentum);
   tcase_add_test(tc, train_lr_schedule_takes_sixteen_long_milestones);
   tcase_add_test(tc, train_refuses_unwritable_outputs_before_training);
   tcase_add_test(tc, train_file_messages_are_uniform_and_fifos_do_not_block);

@@ -285,7 +285,8 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
                         .rows = cfg->batch,
                         .loss_rows = cfg->batch,
                         .training = training,
-                        .lr = cfg->lr};
+                        .lr = cfg->lr,
+                        .momentum = training ? dp__config_momentum(&t->pg->cfg) : 0.0f};
   for (int d = 0; d < t->n; d++) t->eg.arena[d] = t->ga[d];
   if (with_cpu) {
     t->ec = (dp_exec_env){.plan = t->pc,
@@ -293,7 +294,9 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
                           .rows = cfg->batch,
                           .loss_rows = cfg->batch,
                           .training = training,
-                          .lr = cfg->lr}; /* the cpu optimizer's rate (dp_set_lr's) */
+                          /* the cpu optimizer's rate and momentum (dp_set_lr's) */
+                          .lr = cfg->lr,
+                          .momentum = training ? dp__config_momentum(&t->pc->cfg) : 0.0f};
     for (int d = 0; d < t->n; d++) t->ec.arena[d] = t->ca[d];
   }
 }

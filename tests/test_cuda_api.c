@@ -221,7 +221,8 @@ END_TEST
 
 /* 5 steps, cuda against cpu, from the same parameters: every loss within
  * 1e-5, the parameters after within 1e-4 (both relative). Covers every layer
- * kind, both losses, SGD (with weight decay), momentum, AdamW and Adam, classic and
+ * kind, both losses, SGD (with weight decay), momentum, AdamW and Adam (their
+ * momentum or beta1 set before each step: dp_set_momentum), classic and
  * allreduce (sharded too), 1 to 4 replicas, fixed and per-device micro-batches,
  * a short batch. */
 START_TEST(training_matches_cpu) {
@@ -262,6 +263,11 @@ START_TEST(training_matches_cpu) {
     free(w0);
     for (int s = 0; s < 5; s++) {
       int rows = s == 3 ? cases[k].batch - 5 : cases[k].batch; /* one short batch */
+      if (cases[k].opt != DP_OPT_SGD) { /* a momentum (beta1) of each step's own */
+        float m = 0.5f + 0.1f * (float)s;
+        ck_assert_msg(dp_set_momentum(rg.c, m) == DP_OK, "%s", dp_ctx_error(rg.c));
+        ck_assert_int_eq(dp_set_momentum(rc.c, m), DP_OK);
+      }
       float lg = step(&rg, rows, (uint64_t)s, cases[k].name);
       float lc = step(&rc, rows, (uint64_t)s, cases[k].name);
       expect_loss_close(lg, lc, cases[k].name, s);
@@ -399,7 +405,8 @@ END_TEST
 
 /* A captured step replayed (cuda_graph 1) gives the bits of plain execution:
  * 20 steps with dropout, new parameters set half-way (replicas must see
- * them), and a short batch (which runs plain) in between. */
+ * them), a momentum (beta1) set before each step from the sixth on, and a
+ * short batch (which runs plain) in between. */
 START_TEST(graph_replay_equals_plain_execution) {
   REQUIRE_GPU("graph_replay_equals_plain_execution");
   static const struct {
@@ -426,6 +433,11 @@ START_TEST(graph_replay_equals_plain_execution) {
         free(w);
       }
       int rows = s == 15 ? B - 7 : B;
+      if (s >= 5) { /* a per-step scalar, as the rate: the replays must see it */
+        float m = 0.95f - 0.02f * (float)s;
+        ck_assert_int_eq(dp_set_momentum(plain.c, m), DP_OK);
+        ck_assert_msg(dp_set_momentum(graph.c, m) == DP_OK, "%s", dp_ctx_error(graph.c));
+      }
       float lp = step(&plain, rows, (uint64_t)s, "plain");
       float lg = step(&graph, rows, (uint64_t)s, "graph");
       ck_assert_msg(bits_of(lp) == bits_of(lg), "%s: step %d: loss plain %.9g, graph %.9g",

@@ -1408,6 +1408,187 @@ START_TEST(test_set_lr_changes_the_rate_of_later_steps_only) {
 }
 END_TEST
 
+/* dp_set_momentum (OneCycleLR's cycle_momentum): steps after it are exactly
+ * those of a context planned with that momentum (SGD's) or beta1 (Adam's and
+ * AdamW's, whose bias correction takes the one in effect) from the same state;
+ * a checkpoint carries it (version 4), an older file leaves the context's own;
+ * refusals change nothing; plain SGD and inference have none. */
+START_TEST(test_set_momentum_changes_the_momentum_of_later_steps_only) {
+  const dp_optimizer opts[] = {DP_OPT_MOMENTUM, DP_OPT_ADAMW, DP_OPT_ADAM};
+  const struct {
+    dp_mode mode;
+    int shard, n;
+  } layouts[] = {
+      {DP_MODE_CLASSIC, 0, 1}, {DP_MODE_CLASSIC, 0, 3}, {DP_MODE_ALLREDUCE, 1, 4}};
+  for (int oi = 0; oi < 3; oi++)
+    for (size_t li = 0; li < sizeof layouts / sizeof layouts[0]; li++) {
+      dp_optimizer opt = opts[oi];
+      bool adam = opt != DP_OPT_MOMENTUM;
+      dp_config a = CFG(.batch = 32, .n_devices = layouts[li].n, .opt = opt, .seed = 7);
+      a.mode = layouts[li].mode;
+      a.shard_optimizer = layouts[li].shard;
+      a.lr = adam ? 0.01f : 0.05f;
+      dp_config b = a;
+      if (adam) {
+        a.beta1 = 0.9f;
+        b.beta1 = 0.55f;
+      } else {
+        a.momentum = 0.9f;
+        b.momentum = 0.55f;
+      }
+      rig ra, rb;
+      rig_open(&ra, MLP_EVERY_KIND_SPEC, &a);
+      ck_assert(dp_ctx_momentum(ra.c) == 0.9f);
+      batch bt[6];
+      for (int k = 0; k < 6; k++) batch_make(&bt[k], ra.m, 32, 700 + (uint64_t)k);
+      for (int k = 0; k < 3; k++) step_ok(&ra, &bt[k], 32, NULL);
+      char ck[64], ck3[64];
+      snprintf(ck, sizeof ck, "/tmp/dp_test_mom_%d.ckpt", (int)getpid());
+      snprintf(ck3, sizeof ck3, "/tmp/dp_test_mom3_%d.ckpt", (int)getpid());
+      ck_assert_int_eq(dp_ckpt_save(ra.c, ck), DP_OK);
+      size_t len, n3;
+      unsigned char *v4 = file_read(ck, &len);
+      unsigned char *v3 = ckpt_as_version(v4, len, 3, &n3);
+      file_write(ck3, v3, n3);
+      free(v3);
+      free(v4);
+      const float bad[] = {-1e-9f, 1.0f, 1.5f, INFINITY, NAN};
+      for (int i = 0; i < 5; i++) {
+        ck_assert_int_eq(dp_set_momentum(ra.c, bad[i]), DP_ERR_INVALID);
+        ck_assert_msg(strstr(dp_ctx_error(ra.c), adam ? "beta1" : "momentum"), "%s",
+                      dp_ctx_error(ra.c));
+      }
+      ck_assert(dp_ctx_momentum(ra.c) == 0.9f);
+      ck_assert_int_eq(dp_set_momentum(ra.c, 0.55f), DP_OK);
+      ck_assert(dp_ctx_momentum(ra.c) == 0.55f);
+      for (int k = 3; k < 6; k++) step_ok(&ra, &bt[k], 32, NULL);
+      /* planned with 0.55: the version 3 file leaves it; then the same steps */
+      rig_open(&rb, MLP_EVERY_KIND_SPEC, &b);
+      ck_assert_int_eq(dp_ckpt_load(rb.c, ck3), DP_OK);
+      ck_assert(dp_ctx_momentum(rb.c) == 0.55f);
+      for (int k = 3; k < 6; k++) step_ok(&rb, &bt[k], 32, NULL);
+      ck_assert_msg(dp_params_hash(ra.c) == dp_params_hash(rb.c),
+                    "optimizer %d layout %zu: a momentum set between steps differs from "
+                    "one planned",
+                    opt, li);
+      /* version 4 restores the momentum in effect when it was saved */
+      ck_assert_int_eq(dp_ckpt_load(rb.c, ck), DP_OK);
+      ck_assert(dp_ctx_momentum(rb.c) == 0.9f);
+      unlink(ck);
+      unlink(ck3);
+      for (int k = 0; k < 6; k++) batch_free(&bt[k]);
+      rig_close(&ra);
+      rig_close(&rb);
+    }
+  dp_config cs = CFG(.batch = 8, .n_devices = 2, .opt = DP_OPT_SGD, .seed = 7);
+  rig rs;
+  rig_open(&rs, SEED_SPEC, &cs);
+  ck_assert(dp_ctx_momentum(rs.c) == 0.0f);
+  ck_assert_int_eq(dp_set_momentum(rs.c, 0.9f), DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_ctx_error(rs.c), "config.momentum > 0"), "%s",
+                dp_ctx_error(rs.c));
+  rig_close(&rs);
+  dp_config ci = CFG(.batch = 8, .n_devices = 1, .opt = DP_OPT_ADAMW, .seed = 7);
+  ci.inference = 1;
+  rig ri;
+  rig_open(&ri, SEED_SPEC, &ci);
+  ck_assert(dp_ctx_momentum(ri.c) == 0.0f);
+  ck_assert_int_eq(dp_set_momentum(ri.c, 0.9f), DP_ERR_INVALID);
+  rig_close(&ri);
+  ck_assert_int_eq(dp_set_momentum(NULL, 0.9f), DP_ERR_INVALID);
+}
+END_TEST
+
+/* One line of tests/golden/onecycle_training.txt: its word, then up to cap
+ * floats into v; returns their count. */
+static int golden_floats(FILE *f, const char *word, float *v, int cap) {
+  static char line[16384];
+  ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+  size_t w = strlen(word);
+  ck_assert_msg(strncmp(line, word, w) == 0 && line[w] == ' ', "expected %s: %.40s", word,
+                line);
+  int n = 0;
+  for (char *p = line + w, *end; n < cap; p = end, n++) {
+    v[n] = strtof(p, &end);
+    if (end == p) break;
+  }
+  return n;
+}
+
+/* OneCycleLR with cycle_momentum against PyTorch (tests/golden/onecycle_training.txt,
+ * written by make_lr_golden.py): Linear(6, 8), Tanh, Linear(8, 3) and MSELoss,
+ * 12 steps of SGD (whose momentum 0 OneCycleLR replaces), SGD with nesterov
+ * (three phases), Adam (its beta1 cycled) and AdamW (linear annealing), each
+ * step's rate and momentum set from dp_lr_at and dp_momentum_at, on 1 and 2
+ * devices: within 2.3e-7 of the largest parameter when written. Holding the
+ * momentum at max_momentum instead misses by 0.08-0.15. */
+START_TEST(test_onecycle_momentum_trains_as_pytorch) {
+  FILE *f = fopen("tests/golden/onecycle_training.txt", "r");
+  ck_assert_msg(
+      f, "tests/golden/onecycle_training.txt: run the tests from the repository root");
+  char line[256];
+  ck_assert_ptr_nonnull(fgets(line, sizeof line, f)); /* the header */
+  static float x[16 * 6], y[16 * 3], p0[128], want[128], got[128];
+  ck_assert_int_eq(golden_floats(f, "x", x, 16 * 6), 16 * 6);
+  ck_assert_int_eq(golden_floats(f, "y", y, 16 * 3), 16 * 3);
+  static const char spec[] = "input 6\nlinear 8\ntanh\nlinear 3\nloss mse\n";
+  for (int tr = 0; tr < 4; tr++) {
+    char name[32];
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_int_eq(sscanf(line, "train %31s", name), 1);
+    float lr, wd;
+    int total;
+    ck_assert_ptr_nonnull(fgets(line, sizeof line, f));
+    ck_assert_int_eq(sscanf(line, "hparams %f %f %d", &lr, &wd, &total), 3);
+    int np = golden_floats(f, "params0", p0, 128);
+    ck_assert_int_eq(np, 8 * 6 + 8 + 3 * 8 + 3);
+    ck_assert_int_eq(golden_floats(f, "params", want, 128), np);
+    dp_lr_schedule s;
+    dp_lr_schedule_onecycle(&s, lr, total);
+    dp_optimizer opt = tr < 2 ? DP_OPT_MOMENTUM : tr == 2 ? DP_OPT_ADAM : DP_OPT_ADAMW;
+    if (tr == 1) s.three_phase = 1;
+    if (tr == 2) s.base_momentum = 0.8f, s.max_momentum = 0.9f;
+    if (tr == 3) s.anneal_linear = 1;
+    double worst = 0.0, held = 0.0;
+    for (int run = 0; run < 3; run++) { /* 1 device, 2 devices, held momentum */
+      dp_config cfg = CFG(.batch = 16, .n_devices = run == 1 ? 2 : 1, .opt = opt);
+      cfg.lr = lr;
+      cfg.weight_decay = wd;
+      cfg.nesterov = tr == 1;
+      if (opt == DP_OPT_MOMENTUM) /* OneCycleLR sets it when made, as the beta1 */
+        cfg.momentum = s.max_momentum;
+      else
+        cfg.beta1 = s.max_momentum;
+      rig r;
+      rig_open(&r, spec, &cfg);
+      ck_assert_int_eq(dp_set_params(r.c, p0, (size_t)np), DP_OK);
+      for (int t = 0; t < total; t++) {
+        ck_assert_int_eq(dp_set_lr(r.c, dp_lr_at(&s, (uint64_t)t)), DP_OK);
+        if (run < 2)
+          ck_assert_int_eq(dp_set_momentum(r.c, dp_momentum_at(&s, (uint64_t)t)), DP_OK);
+        ck_assert_msg(dp_train_step(r.c, 16, 6, x, y, NULL) == DP_OK, "%s",
+                      dp_ctx_error(r.c));
+      }
+      ck_assert_int_eq(dp_get_params(r.c, got, (size_t)np), DP_OK);
+      double wmax = 0.0, e = 0.0;
+      for (int k = 0; k < np; k++) wmax = fmax(wmax, fabs(want[k]));
+      for (int k = 0; k < np; k++) e = fmax(e, fabs(got[k] - want[k]) / wmax);
+      if (run < 2)
+        worst = fmax(worst, e);
+      else
+        held = e;
+      rig_close(&r);
+    }
+    ck_assert_msg(worst <= 2e-6, "%s: libdp against PyTorch: %g of the largest parameter",
+                  name, worst);
+    ck_assert_msg(held > 100 * worst && held > 1e-4,
+                  "%s: the momentum held at max_momentum misses by only %g (cycled %g)",
+                  name, held, worst);
+  }
+  fclose(f);
+}
+END_TEST
+
 /* The layouts of the non-finite update tests: (mode, shard_optimizer, devices);
  * allreduce with 3 devices reduces to device 0 and scatters, the others halve. */
 static const struct {
@@ -1708,6 +1889,8 @@ Suite *step_suite(void) {
   tcase_add_test(tc, test_nonfinite_update_is_refused_and_changes_nothing);
   tcase_add_test(tc, test_nonfinite_update_names_the_first_parameter_in_every_layout);
   tcase_add_test(tc, test_set_lr_changes_the_rate_of_later_steps_only);
+  tcase_add_test(tc, test_set_momentum_changes_the_momentum_of_later_steps_only);
+  tcase_add_test(tc, test_onecycle_momentum_trains_as_pytorch);
   tcase_add_test(tc, test_adamw_matches_pytorch_rule);
   suite_add_tcase(s, tc);
 

@@ -51,6 +51,7 @@ enum {
   OPT_NO_SHUFFLE,
   OPT_DROP_LAST,
   OPT_DATA_SEED,
+  OPT_CYCLE_MOMENTUM,
 };
 
 typedef struct {
@@ -59,6 +60,7 @@ typedef struct {
   const char *save_every;    /* N optimizer steps, or Xe epochs */
   const char *save_best;     /* the checkpoint of the best held-out loss */
   const char *labels, *val_data, *val_labels; /* --labels, --val-data, --val-labels */
+  const char *cycle_momentum; /* --cycle-momentum BASE:MAX | off (onecycle) */
   int header, no_shuffle, test_fraction_given;
   int drop_last; /* --drop-last: DataLoader's drop_last=True */
   int data_seed_given;
@@ -145,6 +147,38 @@ static int parse_onecycle(char **f, int k, long calls, int accumulate, dp_lr_sch
   }
   if (k == 6 && strcmp(f[5], "three")) return -1;
   s->three_phase = k == 6;
+  return 0;
+}
+
+/* --cycle-momentum BASE:MAX | off onto a onecycle schedule (which starts with
+ * PyTorch's 0.85:0.95); refused with any other. 0, or -1 with err. */
+static int cycle_momentum_of(const char *arg, dp_lr_schedule *s, char *err, size_t errcap) {
+  if (!arg) return 0;
+  if (s->kind != DP_LR_ONECYCLE)
+    return dpt_fail(err, errcap,
+                    "--cycle-momentum goes with --lr-schedule onecycle:... (OneCycleLR's "
+                    "cycle_momentum); the other schedules set the rate alone");
+  if (strcmp(arg, "off") == 0) {
+    s->cycle_momentum = 0;
+    return 0;
+  }
+  char base[64];
+  const char *colon = strchr(arg, ':');
+  if (!colon || (size_t)(colon - arg) >= sizeof base)
+    return dpt_fail(err, errcap,
+                    "--cycle-momentum: '%s' is not BASE:MAX (base_momentum and "
+                    "max_momentum, e.g. 0.85:0.95) or off",
+                    arg);
+  snprintf(base, sizeof base, "%.*s", (int)(colon - arg), arg);
+  float b, m;
+  if (dpt_parse_float(base, 0, 1, "--cycle-momentum BASE", &b, err, errcap) ||
+      dpt_parse_float(colon + 1, 0, 1, "--cycle-momentum MAX", &m, err, errcap))
+    return -1;
+  if (b >= 1.0f || m >= 1.0f) /* 1, or a value that rounds to 1 as a float */
+    return dpt_fail(err, errcap, "--cycle-momentum %s: each momentum must be below 1", arg);
+  s->cycle_momentum = 1;
+  s->base_momentum = b;
+  s->max_momentum = m;
   return 0;
 }
 
@@ -282,6 +316,7 @@ static int on_option(void *user, int code, const char *arg, char *err, size_t er
   case OPT_SAVE: o->save = arg; return 0;
   case OPT_RESUME: o->resume = arg; return 0;
   case OPT_LR_SCHEDULE: o->schedule = arg; return 0;
+  case OPT_CYCLE_MOMENTUM: o->cycle_momentum = arg; return 0;
   case OPT_QUIET: o->quiet = 1; return 0;
   case OPT_NO_STANDARDIZE:
     o->std_given[1] = 1;
@@ -446,11 +481,20 @@ static void usage(FILE *f) {
       "                        "
       "onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]\n"
       "                        (OneCycleLR, max_lr --lr, total_steps TOTAL, then its\n"
-      "                        arguments in PyTorch's order; the rate only, as\n"
-      "                        cycle_momentum=False). N, T_MAX, W, TOTAL and the\n"
+      "                        arguments in PyTorch's order; its momentum cycles as\n"
+      "                        PyTorch's does: --cycle-momentum). N, T_MAX, W, TOTAL and "
+      "the\n"
       "                        milestones count optimizer steps, or epochs with an e\n"
       "                        suffix (warmup-cosine:1e:10e, multistep:30e,80e:0.1,\n"
       "                        onecycle:10e; dp train prints the steps per epoch)\n"
+      "  --cycle-momentum BASE:MAX | off\n"
+      "                        onecycle's momentum (SGD's momentum, Adam's beta1),\n"
+      "                        from MAX down to BASE while the rate rises, and back:\n"
+      "                        OneCycleLR's cycle_momentum, base_momentum and\n"
+      "                        max_momentum (default 0.85:0.95, as PyTorch; it\n"
+      "                        replaces --momentum or --beta1, and gives plain SGD a\n"
+      "                        momentum, as PyTorch's OneCycleLR does); off: the rate\n"
+      "                        alone (cycle_momentum=False)\n"
       "  --resume FILE         before training, load a checkpoint of the same model,\n"
       "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
       "                        train on from it for --epochs more epochs: parameters,\n"
@@ -750,7 +794,9 @@ static int same_settings(const char *saved, const char *now, char *err, size_t e
  * one message (tools/agree.h). 0, or -1 (said). */
 static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dataset *all,
                        const dpt_dataset *val, const dp_config *cfg) {
-  char err[1024];
+  char err[1024], cyc[96];
+  snprintf(cyc, sizeof cyc, "cycle-momentum=%.70s",
+           o->cycle_momentum ? o->cycle_momentum : "(default)");
   dpt_train_inputs in = {.model = model,
                          .data = all,
                          .cfg = cfg,
@@ -767,7 +813,8 @@ static int agree_ranks(const train_opts *o, const dp_model *model, const dpt_dat
                          .save = o->save != NULL,
                          .save_best = o->save_best != NULL,
                          .save_every = o->save_every,
-                         .test_fraction = (float)o->test_fraction};
+                         .test_fraction = (float)o->test_fraction,
+                         .extra = cyc};
   if (!dpt_agree_train(&in, err, sizeof err)) return 0;
   if (*err) fprintf(stderr, "dp train: %s\n", err);
   return -1;
@@ -824,6 +871,11 @@ typedef struct {
   char **argv;
 } train_run;
 
+/* The run's schedule cycles the momentum (onecycle with cycle_momentum). */
+static bool cycles_momentum(const train_run *t) {
+  return t->o.schedule && t->sched.kind == DP_LR_ONECYCLE && t->sched.cycle_momentum;
+}
+
 /* The run's settings (settings_of), and the data order's when not the
  * default: data-seed=N when --data-seed differs from --seed, shuffle=0 with
  * --no-shuffle, drop-last=1 and clip-grad-value=X when given (so a run without
@@ -839,7 +891,11 @@ static const char *run_settings(const train_run *t, char *buf, size_t cap) {
   if (t->o.drop_last && at < cap)
     at += (size_t)snprintf(buf + at, cap - at, " drop-last=1");
   if (t->cfg.clip_grad_value > 0 && at < cap) /* as drop-last: only when set */
-    snprintf(buf + at, cap - at, " clip-grad-value=%a", (double)t->cfg.clip_grad_value);
+    at += (size_t)snprintf(buf + at, cap - at, " clip-grad-value=%a",
+                           (double)t->cfg.clip_grad_value);
+  if (cycles_momentum(t) && at < cap) /* the same */
+    snprintf(buf + at, cap - at, " cycle-momentum=%a:%a", (double)t->sched.base_momentum,
+             (double)t->sched.max_momentum);
   return buf;
 }
 
@@ -867,6 +923,7 @@ static int parse_train(int argc, char **argv, train_run *t) {
       {"save", required_argument, NULL, OPT_SAVE},
       {"resume", required_argument, NULL, OPT_RESUME},
       {"lr-schedule", required_argument, NULL, OPT_LR_SCHEDULE},
+      {"cycle-momentum", required_argument, NULL, OPT_CYCLE_MOMENTUM},
       {"quiet", no_argument, NULL, OPT_QUIET},
       {"no-standardize", no_argument, NULL, OPT_NO_STANDARDIZE},
       {"standardize", required_argument, NULL, OPT_STANDARDIZE},
@@ -963,6 +1020,18 @@ static int parse_train(int argc, char **argv, train_run *t) {
   if (r == DPT_ARGS_OK && o->schedule &&
       parse_schedule(o->schedule, t->cfg.lr, 0, 1, &t->sched, &in_epochs, err, errcap))
     r = DPT_ARGS_ERROR;
+  if (r == DPT_ARGS_OK && o->cycle_momentum && !o->schedule)
+    r = dpt_fail(err, errcap, "--cycle-momentum goes with --lr-schedule onecycle:...");
+  if (r == DPT_ARGS_OK && cycle_momentum_of(o->cycle_momentum, &t->sched, err, errcap))
+    r = DPT_ARGS_ERROR;
+  /* OneCycleLR sets the momentum to max_momentum when it is made, SGD's (a
+   * momentum SGD from then on, even one made without) or Adam's beta1 */
+  if (r == DPT_ARGS_OK && cycles_momentum(t)) {
+    if (t->cfg.optimizer == DP_OPT_ADAM || t->cfg.optimizer == DP_OPT_ADAMW)
+      t->cfg.beta1 = t->sched.max_momentum;
+    else
+      t->cfg.momentum = t->sched.max_momentum;
+  }
   /* an outside check (session 23): a wrong one was refused after the data loaded */
   if (r == DPT_ARGS_OK && dpt_check_backend_options(&t->cfg, err, errcap))
     r = DPT_ARGS_ERROR;
@@ -1507,6 +1576,27 @@ static int check_last_batch(train_run *t) {
              : 0;
 }
 
+/* OneCycleLR as a PyTorch script would make it, and what its momentum drives. */
+static void print_onecycle(const train_run *t) {
+  const dp_lr_schedule *s = &t->sched;
+  char m[96] = "cycle_momentum=False";
+  if (s->cycle_momentum)
+    snprintf(m, sizeof m, "cycle_momentum=True, base_momentum=%g, max_momentum=%g",
+             (double)s->base_momentum, (double)s->max_momentum);
+  printf("lr schedule: OneCycleLR(max_lr=%g, total_steps=%d, pct_start=%g, "
+         "anneal_strategy='%s', div_factor=%g, final_div_factor=%g, three_phase=%s, %s)",
+         (double)s->base_lr, s->total_steps, (double)s->pct_start,
+         s->anneal_linear ? "linear" : "cos", (double)s->div_factor,
+         (double)s->final_div_factor, s->three_phase ? "True" : "False", m);
+  bool adam = t->pc->optimizer == DP_OPT_ADAM || t->pc->optimizer == DP_OPT_ADAMW;
+  if (s->cycle_momentum)
+    printf(": %s goes from %g down to %g and back up as the rate rises and falls\n",
+           adam ? "Adam's beta1" : "SGD's momentum", (double)s->max_momentum,
+           (double)s->base_momentum);
+  else
+    printf(": the learning rate only, momentum and betas stay\n");
+}
+
 /* What is about to run (unless --quiet), then the log opened: a resumed run
  * continues its file. 0, or -1 (said). */
 static int start_run(train_run *t) {
@@ -1514,8 +1604,10 @@ static int start_run(train_run *t) {
   /* training calls per epoch, and the optimizer steps they make (accumulation) */
   long calls = epoch_calls(t);
   int K = t->pc->accumulate > 1 ? t->pc->accumulate : 1, in_epochs = 0;
-  if (o->schedule && parse_schedule(o->schedule, t->sched.base_lr, calls, K, &t->sched,
-                                    &in_epochs, t->err, sizeof t->err)) {
+  if (o->schedule &&
+      (parse_schedule(o->schedule, t->sched.base_lr, calls, K, &t->sched, &in_epochs,
+                      t->err, sizeof t->err) ||
+       cycle_momentum_of(o->cycle_momentum, &t->sched, t->err, sizeof t->err))) {
     fprintf(stderr, "dp train: %s\n", t->err);
     return -1;
   }
@@ -1620,13 +1712,7 @@ static int start_run(train_run *t) {
              t->train.n_rows, t->views ? "windows" : "rows",
              epoch_rows(t) < t->train.n_rows ? "; --drop-last leaves the last ones out"
                                              : "");
-    if (o->schedule && t->sched.kind == DP_LR_ONECYCLE) /* unlike PyTorch's default */
-      printf("lr schedule: OneCycleLR(max_lr=%g, total_steps=%d, pct_start=%g, "
-             "anneal_strategy='%s', div_factor=%g, final_div_factor=%g, three_phase=%s, "
-             "cycle_momentum=False): the learning rate only, momentum and betas stay\n",
-             (double)t->sched.base_lr, t->sched.total_steps, (double)t->sched.pct_start,
-             t->sched.anneal_linear ? "linear" : "cos", (double)t->sched.div_factor,
-             (double)t->sched.final_div_factor, t->sched.three_phase ? "True" : "False");
+    if (o->schedule && t->sched.kind == DP_LR_ONECYCLE) print_onecycle(t);
     if (o->resume && t->pos0)
       printf("resumed from %s at step %llu (epoch %d, after %d of its batches)\n",
              o->resume, (unsigned long long)dp_ctx_step(t->ctx), t->epoch0 + 1, t->pos0);
@@ -1751,7 +1837,10 @@ static int train_epoch(train_run *t, int ep, epoch_stats *es) {
     float loss;
     /* the scheduled rate at this optimizer step (the context's counter: a resumed
      * run continues its schedule) */
-    if (t->o.schedule && dp_set_lr(t->ctx, dp_lr_at(&t->sched, dp_ctx_step(t->ctx)))) {
+    uint64_t at = dp_ctx_step(t->ctx);
+    if (t->o.schedule &&
+        (dp_set_lr(t->ctx, dp_lr_at(&t->sched, at)) ||
+         (cycles_momentum(t) && dp_set_momentum(t->ctx, dp_momentum_at(&t->sched, at))))) {
       fprintf(stderr, "dp train: --lr-schedule: %s\n", dpt_user_msg(dp_ctx_error(t->ctx)));
       return -1;
     }

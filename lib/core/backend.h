@@ -228,6 +228,9 @@ typedef struct dp_backend_ops {
    * backend that keeps it on the device (in per-step scalars a graph replays);
    * NULL: the backend reads env->lr. */
   dp_status (*set_lr)(void *bctx, float lr);
+  /* Optional: the same for the momentum (dp_set_momentum: SGD's momentum or
+   * Adam's beta1); NULL: the backend reads env->momentum. */
+  dp_status (*set_momentum)(void *bctx, float momentum);
   /* Optional: the next step's cross-entropy denominator and gradient scale
    * (dp_exec_env.loss_denom, loss_inv; models with dp__ce_has_opts), for a
    * backend that keeps them on the device; NULL: the backend reads env. */
@@ -292,6 +295,7 @@ struct dp_exec_env {
   bool training;
   uint64_t step;   /* step counter, keys dropout */
   float lr;        /* the learning rate in effect (dp_set_lr; config.lr at first) */
+  float momentum;  /* SGD's momentum or Adam's beta1 in effect (dp_set_momentum) */
   float loss;      /* result of the loss op */
   float grad_norm; /* result of device 0's clip op (config.clip_grad_norm) */
   /* config.accumulate: this call's index in the accumulation, the rows its

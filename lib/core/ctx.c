@@ -223,6 +223,7 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   c->plan = p;
   c->dev1 = p->split.n_used;
   c->lr = p->cfg.lr;
+  c->momentum = p->cfg.inference ? 0.0f : dp__config_momentum(&p->cfg);
   c->grad_norm = p->cfg.clip_grad_norm > 0 ? NAN : 0.0f;
   c->be = dp__backend_ops(p->cfg.backend); /* registered: the plan was made with it */
   c->inject_at = -1;
@@ -592,6 +593,7 @@ static void env_init(dp_ctx *c, dp_exec_env *e, const dp_sched_cache *sc, int ro
                      .training = training,
                      .step = c->step,
                      .lr = c->lr,
+                     .momentum = c->momentum,
                      .grad_norm = NAN,
                      .accum_k = c->accum_k,
                      /* an accumulation's calls as one concatenated batch */
@@ -1151,6 +1153,30 @@ dp_status dp_set_lr(dp_ctx *c, float lr) {
 }
 
 float dp_ctx_lr(const dp_ctx *c) { return c ? c->lr : 0.0f; }
+
+dp_status dp__momentum_check(const dp_config *cf, float m) {
+  if (cf->inference) return DP_FAIL(DP_ERR_INVALID, "an inference context has no momentum");
+  if (cf->optimizer == DP_OPT_SGD)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "plain SGD keeps no momentum buffer to set a momentum for: create the "
+                   "context with config.momentum > 0 (a schedule that cycles it starts at "
+                   "its max_momentum, as PyTorch's OneCycleLR sets it)");
+  if (!(m >= 0.0f && m < 1.0f))
+    return DP_FAIL(DP_ERR_INVALID, "%s must be in [0, 1), got %g",
+                   dp__is_adam(cf->optimizer) ? "Adam's beta1" : "momentum", (double)m);
+  return DP_OK;
+}
+
+dp_status dp_set_momentum(dp_ctx *c, float momentum) {
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
+  dp_status s = dp__momentum_check(&c->plan->cfg, momentum);
+  if (!s && c->be->set_momentum) s = c->be->set_momentum(c->bctx, momentum);
+  if (s) return dp__ctx_fail(c, s);
+  c->momentum = momentum;
+  return DP_OK;
+}
+
+float dp_ctx_momentum(const dp_ctx *c) { return c ? c->momentum : 0.0f; }
 
 uint64_t dp_ctx_step(const dp_ctx *c) { return c ? c->step : 0; }
 int dp_ctx_rank(const dp_ctx *c) { return c ? c->rank : 0; }

@@ -50,6 +50,7 @@ struct dp_ctx {
   bool replicas_stale;
   uint64_t step;
   float lr;         /* the learning rate in effect: config.lr, then dp_set_lr's */
+  float momentum;   /* the momentum in effect (SGD's, Adam's beta1): dp_set_momentum */
   float grad_norm;  /* config.clip_grad_norm: the last step's (dp_ctx_grad_norm) */
   int accum_k;      /* config.accumulate: calls accumulated since the last update */
   uint64_t skipped; /* steps skipped under DP_NONFINITE_SKIP */
@@ -67,6 +68,9 @@ struct dp_ctx {
 /* Records the thread's last error (already set by DP_FAIL) in the context;
  * returns s. */
 dp_status dp__ctx_fail(dp_ctx *c, dp_status s);
+/* DP_OK when a context of config cf takes momentum m (dp_set_momentum, a
+ * checkpoint's); else DP_ERR_INVALID saying why. */
+dp_status dp__momentum_check(const dp_config *cf, float m);
 
 /* Copies `bytes` at offset off of device d's region r to host memory dst, or
  * host memory src into it, through the backend (the only way the host

@@ -19,12 +19,17 @@ static double written(float v) {
 }
 
 /* OneCycleLR's phases: where each ends (end[i], a step in double as PyTorch
- * computes it) and the rates it goes between. Returns the count, 2 or 3. */
-static int onecycle_phases(const dp_lr_schedule *s, double end[3], double from[3],
-                           double to[3]) {
+ * computes it) and the values it goes between: the rates, or (momentum) the
+ * momenta, which run against them. Returns the count, 2 or 3. */
+static int onecycle_phases(const dp_lr_schedule *s, bool momentum, double end[3],
+                           double from[3], double to[3]) {
   double T = s->total_steps, pct = written(s->pct_start);
   double max = s->base_lr, initial = max / written(s->div_factor);
   double min = initial / written(s->final_div_factor);
+  if (momentum) { /* max_momentum -> base -> max (three phases: then max -> max) */
+    initial = min = written(s->max_momentum);
+    max = written(s->base_momentum);
+  }
   end[0] = pct * T - 1.0;
   from[0] = initial;
   to[0] = max;
@@ -63,14 +68,19 @@ static dp_status check_onecycle(const dp_lr_schedule *s) {
         "onecycle schedule: anneal_linear and three_phase must be 0 or 1, got %d "
         "and %d",
         s->anneal_linear, s->three_phase);
-  if (s->cycle_momentum != 0)
-    return DP_FAIL(
-        DP_ERR_UNSUPPORTED,
-        "onecycle schedule: cycle_momentum %d: libdp's schedules set the learning "
-        "rate only; this is OneCycleLR(..., cycle_momentum=False) (0)",
-        s->cycle_momentum);
+  if (s->cycle_momentum != 0 && s->cycle_momentum != 1)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "onecycle schedule: cycle_momentum must be 0 or 1, got %d",
+                   s->cycle_momentum);
+  /* a momentum dp_set_momentum takes (PyTorch does not check them) */
+  if (s->cycle_momentum && !(s->base_momentum >= 0.0f && s->base_momentum < 1.0f &&
+                             s->max_momentum >= 0.0f && s->max_momentum < 1.0f))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "onecycle schedule: base_momentum and max_momentum must be in [0, 1), "
+                   "got %g and %g",
+                   (double)s->base_momentum, (double)s->max_momentum);
   double end[3], from[3], to[3], start = 0.0;
-  int n = onecycle_phases(s, end, from, to);
+  int n = onecycle_phases(s, false, end, from, to);
   for (int i = 0; i < n; start = end[i++])
     if (end[i] == start) /* PyTorch divides by the phase's length */
       return DP_FAIL(DP_ERR_INVALID,
@@ -87,14 +97,17 @@ void dp_lr_schedule_onecycle(dp_lr_schedule *s, float max_lr, int total_steps) {
                         .total_steps = total_steps,
                         .pct_start = 0.3f,
                         .div_factor = 25.0f,
-                        .final_div_factor = 1e4f};
+                        .final_div_factor = 1e4f,
+                        .cycle_momentum = 1,
+                        .base_momentum = 0.85f,
+                        .max_momentum = 0.95f};
 }
 
-/* OneCycleLR's rate at step t <= total_steps: the phase that holds t (the last
- * one past its end), annealed from its start to its end. */
-static double onecycle(const dp_lr_schedule *s, uint64_t t) {
+/* OneCycleLR's rate (or momentum) at step t <= total_steps: the phase that
+ * holds t (the last one past its end), annealed from its start to its end. */
+static double onecycle(const dp_lr_schedule *s, bool momentum, uint64_t t) {
   double end[3], from[3], to[3], start = 0.0, x = (double)t;
-  int n = onecycle_phases(s, end, from, to), i = 0;
+  int n = onecycle_phases(s, momentum, end, from, to), i = 0;
   while (i < n - 1 && x > end[i]) start = end[i++];
   double pct = (x - start) / (end[i] - start);
   if (s->anneal_linear) return (to[i] - from[i]) * pct + from[i];
@@ -185,7 +198,15 @@ float dp_lr_at(const dp_lr_schedule *s, uint64_t t) {
   }
   case DP_LR_WARMUP:
     return t < (uint64_t)s->warmup ? (float)(base * warm(s, t)) : s->base_lr;
-  case DP_LR_ONECYCLE: return t > (uint64_t)s->total_steps ? NAN : (float)onecycle(s, t);
+  case DP_LR_ONECYCLE:
+    return t > (uint64_t)s->total_steps ? NAN : (float)onecycle(s, false, t);
   }
   return NAN;
+}
+
+float dp_momentum_at(const dp_lr_schedule *s, uint64_t t) {
+  if (!s || s->kind != DP_LR_ONECYCLE || s->cycle_momentum != 1 ||
+      t > (uint64_t)s->total_steps || dp_lr_schedule_check(s) != DP_OK)
+    return NAN;
+  return (float)onecycle(s, true, t);
 }

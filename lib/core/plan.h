@@ -29,6 +29,14 @@ static inline bool dp__is_adam(dp_optimizer o) {
 static inline int dp__state_vectors(dp_optimizer o) {
   return dp__is_adam(o) ? 2 : o == DP_OPT_MOMENTUM ? 1 : 0;
 }
+/* The momentum a plan's optimizer starts with (dp_ctx_momentum): SGD's
+ * (DP_OPT_MOMENTUM, as the plan names SGD with a buffer), Adam's beta1; 0 for
+ * plain SGD. */
+static inline float dp__config_momentum(const dp_config *c) {
+  return dp__is_adam(c->optimizer)         ? c->beta1
+         : c->optimizer == DP_OPT_MOMENTUM ? c->momentum
+                                           : 0.0f;
+}
 /* The rank that holds global device dev. */
 static inline int dp__rank_of(const dp_config *c, int dev) {
   return dev / (c->n_devices / dp__ranks(c));

@@ -757,13 +757,17 @@ typedef struct {
   bool first, nesterov;
 } opt_consts;
 
-/* lr: the rate in effect (dp_exec_env.lr), config.lr until dp_set_lr changes it. */
-static opt_consts opt_consts_of(const dp_config *c, uint64_t step, float lr) {
+/* The rate and the momentum in effect (dp_exec_env.lr, .momentum: SGD's
+ * momentum or Adam's beta1), the config's until dp_set_lr or dp_set_momentum
+ * changes them. */
+static opt_consts opt_consts_of(const dp_config *c, const dp_exec_env *e) {
+  uint64_t step = e->step;
+  float lr = e->lr;
   opt_consts u = {.lr = lr,
                   .wd = c->weight_decay,
-                  .mu = c->momentum,
+                  .mu = e->momentum,
                   .keep = 1.0f - c->dampening, /* 1 - 0 is exactly 1 */
-                  .b1 = c->beta1,
+                  .b1 = e->momentum,
                   .b2 = c->beta2,
                   .eps = c->eps,
                   .decay = 1.0f - lr * c->weight_decay,
@@ -771,7 +775,8 @@ static opt_consts opt_consts_of(const dp_config *c, uint64_t step, float lr) {
                   .nesterov = c->nesterov != 0};
   if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM) {
     double t = (double)step + 1.0;
-    double bc1 = 1.0 - pow(c->beta1, t), bc2 = 1.0 - pow(c->beta2, t);
+    /* beta1 in effect: PyTorch's 1 - beta1 ** step takes the group's current one */
+    double bc1 = 1.0 - pow(e->momentum, t), bc2 = 1.0 - pow(c->beta2, t);
     u.step_size = (float)(lr / bc1);
     u.bc2_sqrt = (float)sqrt(bc2);
   }
@@ -907,7 +912,7 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
   float *s, *sv;
   dp_status st = opt_state(e, d, off, n, &s, &sv);
   if (st) return st;
-  opt_consts u = opt_consts_of(c, e->step, e->lr);
+  opt_consts u = opt_consts_of(c, e);
   /* One pass: a non-finite gradient makes its update non-finite too, so the
    * update scan covers both (conservatively for AdamW); the exact search says
    * which, if any. */
@@ -976,7 +981,7 @@ static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
   float *s, *sv;
   dp_status st = opt_state(e, d, op->dst_offset / 4, op->bytes / 4, &s, &sv);
   if (st) return st;
-  opt_consts u = opt_consts_of(c, e->step, e->lr);
+  opt_consts u = opt_consts_of(c, e);
   update(c->optimizer, &u, region(e, d, DP_REGION_PARAMS, op->dst_offset),
          region(e, d, DP_REGION_GRADS, op->dst_offset), s, sv, op->bytes / 4);
   return DP_OK;

@@ -21,10 +21,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* 3: an APPD section (the application's data) before END; 2: STEP also holds
- * the learning rate in effect. 1 and 2 are still read. */
-#define CK_VERSION 3u
-#define CK_SECTIONS 6u                /* version 3; versions 1 and 2 have no APPD */
+/* 4: STEP's last word is the momentum in effect (dp_set_momentum; reserved,
+ * 0, before); 3: an APPD section (the application's data) before END; 2: STEP
+ * also holds the learning rate in effect. 1 to 3 are still read. */
+#define CK_VERSION 4u
+#define CK_SECTIONS 6u                /* versions 3 and 4; 1 and 2 have no APPD */
 #define CK_APP_MAX ((size_t)16 << 20) /* APPD payload bound */
 #define CK_HEADER 16u                 /* magic, version, section count */
 #define CK_SEC_HEAD 16u               /* tag, reserved, payload length */
@@ -271,10 +272,10 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, const void *app, size_
   w_sec_end(&w, w.sec_h);
   free(text);
 
-  unsigned char st[16]; /* step, the rate in effect (dp_set_lr), reserved */
+  unsigned char st[16]; /* step, the rate and the momentum in effect */
   put64(st, c->step);
   putf(st + 8, c->lr);
-  put32(st + 12, 0);
+  putf(st + 12, c->momentum);
   w_sec_begin(&w, SEC_STEP, 16);
   w_bytes(&w, st, 16);
   w_sec_end(&w, w.sec_h);
@@ -368,10 +369,17 @@ typedef struct {
   uint64_t n_params, seed, step;
   uint32_t version;
   float lr; /* version 2: the rate in effect; NaN in version 1 (no rate saved) */
+  float momentum; /* version 4: the momentum in effect; NaN before (none saved) */
   uint32_t optimizer, k, flags, text_len;
   const unsigned char *text;
   const unsigned char *parm, *opts; /* payloads */
 } ckpt_view;
+
+/* A saved momentum (version 4) that a context of cf takes: a training
+ * context whose optimizer keeps one (SGD's buffer, Adam's beta1). */
+static bool has_momentum(const dp_config *cf, float saved) {
+  return !isnan(saved) && !cf->inference && cf->optimizer != DP_OPT_SGD;
+}
 
 static size_t sec_size(uint64_t payload) {
   return CK_SEC_HEAD + (size_t)payload + CK_SEC_TAIL;
@@ -379,7 +387,8 @@ static size_t sec_size(uint64_t payload) {
 
 /* Exact file size of a checkpoint with these contents (no overflow: callers
  * bound n and tlen first). */
-/* STEP's payload: the step (version 1); the step, the rate and a reserved word (2). */
+/* STEP's payload: the step (version 1); the step, the rate and a reserved word
+ * (2, 3); the step, the rate and the momentum (4). */
 static size_t step_bytes(uint32_t version) { return version == 1 ? 8 : 16; }
 
 /* nf: PARM's floats (the parameters and the buffers), n: the parameters. */
@@ -639,9 +648,14 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
             "%s: section STEP: step %llu is above the largest libdp takes (2^53)", path,
             (unsigned long long)v->step);
       v->lr = version == 1 ? NAN : getf(pay + 8);
-      if (version != 1 && (!(v->lr >= 0.0f && v->lr <= FLT_MAX) || get32(pay + 12)))
-        return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: learning rate %g or reserved word",
-                       path, (double)v->lr);
+      if (version != 1 && !(v->lr >= 0.0f && v->lr <= FLT_MAX))
+        return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: learning rate %g", path,
+                       (double)v->lr);
+      v->momentum = version >= 4 ? getf(pay + 12) : NAN;
+      if (version >= 4 ? !(v->momentum >= 0.0f && v->momentum < 1.0f)
+                       : version != 1 && get32(pay + 12))
+        return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: %s %g", path,
+                       version >= 4 ? "momentum" : "reserved word", (double)getf(pay + 12));
     }
     if (i == SEC_PARM) v->parm = pay;
     if (i == SEC_OPTS) v->opts = pay;
@@ -758,6 +772,8 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
                 "%s: its learning rate %g times this context's weight_decay %g is above 1 "
                 "(AdamW multiplies every parameter by 1 - lr * weight_decay)",
                 path, (double)v.lr, (double)cf->weight_decay);
+  if (!s && has_momentum(cf, v.momentum) && dp__momentum_check(cf, v.momentum))
+    s = DP_FAIL(DP_ERR_INVALID, "%s: its momentum: %s", path, dp_last_error());
   if (s) {
     free(buf);
     return dp__ctx_fail(c, s);
@@ -804,6 +820,15 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
       return dp__ctx_fail(
           c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path, dp_last_error())));
     if (!c->plan->cfg.inference) c->lr = v.lr;
+  }
+  /* the momentum in effect (version 4), where the optimizer has one: checked
+   * above as dp_set_momentum checks it */
+  if (has_momentum(cf, v.momentum)) {
+    if (c->be->set_momentum) s = c->be->set_momentum(c->bctx, v.momentum);
+    if (s)
+      return dp__ctx_fail(
+          c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path, dp_last_error())));
+    c->momentum = v.momentum;
   }
   /* Every piece of kept state was just rewritten: a poisoned context is whole
    * again, its guards too (a damaged guard would fail the next call again). */

@@ -486,6 +486,7 @@ struct fk_ctx {
   int state, launched;
   uint64_t step; /* the step scalars of the queued work */
   float lr;      /* dp__cuda_set_lr's, config.lr at first */
+  float momentum;             /* dp__cuda_set_momentum's, the config's at first */
   float loss_denom, loss_inv; /* dp__cuda_set_loss_norm's */
   fk_dev dev[DP_MAX_DEVICES];
   fk_slot slot[DP_CUDA_GRAPH_SLOTS];
@@ -711,6 +712,7 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   c->cap = p->ops_cap > 0 ? p->ops_cap : 1; /* no device has more calls than ops */
   c->flags = flags;
   c->lr = p->cfg.lr;
+  c->momentum = p->cfg.inference ? 0.0f : dp__config_momentum(&p->cfg);
   const char *fs = getenv("DP_CUDA_DEBUG_FAULT_STEP");
   c->fault_step = fs ? strtoull(fs, NULL, 10) : 0;
   c->state = ST_IDLE;
@@ -960,7 +962,8 @@ static void exec_call(fk_ctx *c, const fk_call *k, const dp_mb *mbs, uint64_t st
   e.loss_rows = k->rows; /* the cuda backend does not accumulate (the planner refuses) */
   e.training = k->training;
   e.step = step;
-  e.lr = c->lr; /* as the device reads it from the step's scalars */
+  e.lr = c->lr; /* as the device reads them from the step's scalars */
+  e.momentum = c->momentum;
   e.loss_denom = c->loss_denom;
   e.loss_inv = c->loss_inv;
   const dp_op *op = &k->op;
@@ -1734,6 +1737,16 @@ dp_status dp__cuda_set_lr(void *bctx, float lr) {
   if (c->state != ST_IDLE) /* a step's scalars are fixed once it is queued */
     return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_set_lr during %s", state_names[c->state]);
   c->lr = lr;
+  return DP_OK;
+}
+
+dp_status dp__cuda_set_momentum(void *bctx, float momentum) {
+  fk_ctx *c = bctx;
+  if (!c) return DP_FAIL(DP_ERR_INVALID, "dp__cuda_set_momentum: no context");
+  if (c->state != ST_IDLE)
+    return DP_FAIL(DP_ERR_BACKEND, "dp__cuda_set_momentum during %s",
+                   state_names[c->state]);
+  c->momentum = momentum;
   return DP_OK;
 }
 
