@@ -350,6 +350,7 @@ static dp_cuda_opt opt_of(const dp_config *cf) {
     o.b2 = cf->beta2;
     o.one_minus_b2 = 1.0f - cf->beta2;
     o.eps = cf->eps;
+    o.amsgrad = dp__amsgrad(cf);
   }
   return o;
 }
@@ -450,14 +451,16 @@ static dp_status close_group(cuda_ctx *c, int d);
 
 /* The optimizer state of parameters [off, off + bytes) (byte offsets) on device d:
  * the device keeps state for [opt_off[d], +opt_len[d]) only, one vector after
- * the other (momentum's buffer; AdamW's m, then v), as lib/cpu/backend.c reads
- * it. A segment outside that range is refused, not read out of place. */
+ * the other (momentum's buffer; AdamW's m, then v, then amsgrad's v_hat), as
+ * lib/cpu/backend.c reads it. A segment outside that range is refused, not read
+ * out of place. */
 static dp_status opt_state_of(const dp_exec_env *e, int d, size_t off, size_t bytes,
-                              float **m, float **v) {
+                              float **m, float **v, float **vh) {
   dp_opt_operands o;
   dp_status st = dp__opt_operands(e->plan, d, off / 4, bytes / 4, DP_REGION_GRADS, off, &o);
   *m = st ? NULL : dp__span_ptr(e, d, o.state[0]);
   *v = st ? NULL : dp__span_ptr(e, d, o.state[1]);
+  *vh = st ? NULL : dp__span_ptr(e, d, o.state[2]);
   return st;
 }
 
@@ -591,12 +594,12 @@ static dp_status optimizer_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e,
   dp_status cs = gather_status(c, x, e, d, &n_check);
   if (cs != DP_OK) return cs;
   dp_cuda_opt o = opt_of(cf);
-  float *m, *v;
-  dp_status ss = opt_state_of(e, d, op->dst_offset, op->bytes, &m, &v);
+  float *m, *v, *vh;
+  dp_status ss = opt_state_of(e, d, op->dst_offset, op->bytes, &m, &v, &vh);
   if (ss != DP_OK) return ss;
   DP_CUDA_CHECK(dp_k_optimizer(x->stream, &o, reg(e, d, DP_REGION_PARAMS, op->dst_offset),
-                               reg(e, d, DP_REGION_GRADS, op->dst_offset), m, v, n, x->hdr,
-                               n_check));
+                               reg(e, d, DP_REGION_GRADS, op->dst_offset), m, v, vh, n,
+                               x->hdr, n_check));
   return DP_OK;
 }
 
@@ -1046,12 +1049,12 @@ extern "C" dp_status dp__cuda_run(void *bctx, dp_exec_env *e, const dp_op *op) {
   case DP_OP_GRAD_CHECK: {
     const float *g = (const float *)reg(e, d, op->src_region, op->src_offset);
     dp_cuda_opt o = opt_of(&e->plan->cfg);
-    float *m, *v;
-    dp_status ss = opt_state_of(e, d, op->src_offset, op->bytes, &m, &v);
+    float *m, *v, *vh;
+    dp_status ss = opt_state_of(e, d, op->src_offset, op->bytes, &m, &v, &vh);
     if (ss != DP_OK) return ss;
     DP_CUDA_CHECK(dp_k_step_check(
         x->stream, &o, (const float *)reg(e, d, DP_REGION_PARAMS, op->src_offset), g, m, v,
-        op->bytes / 4, op->src_offset / 4, x->hdr, d));
+        vh, op->bytes / 4, op->src_offset / 4, x->hdr, d));
     return DP_OK;
   }
   case DP_OP_OPTIMIZER: return optimizer_op(c, x, e, op);

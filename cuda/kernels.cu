@@ -752,17 +752,27 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
 
 /* PyTorch's element rules, as lib/cpu/backend.c's (sgd_w, mom_*, adam_*), one
  * IEEE operation at a time: the new parameter, and the new state words (s0:
- * momentum buffer or Adam(W)'s m; s1: Adam(W)'s v). Used by the update and by the
- * check that refuses an update whose result is not finite. */
+ * momentum buffer or Adam(W)'s m; s1: Adam(W)'s v; s2: amsgrad's v_hat). Used by
+ * the update and by the check that refuses an update whose result is not finite. */
 struct upd_out {
-  float w, s0, s1;
+  float w, s0, s1, s2;
 };
+
+/* amsgrad: torch.maximum(v_hat, v) (lib/cpu/backend.c's adam_vhat), the
+ * denominator's v; without it, v itself. */
+static __device__ __forceinline__ float den_v(const dp_cuda_opt &o, const float *h0,
+                                              size_t k, float v) {
+  if (!o.amsgrad) return v;
+  float vh = h0[k];
+  return v > vh ? v : vh;
+}
 
 static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
                                                    const dp_cuda_header *hdr, float wk,
                                                    float gk, const float *m0,
-                                                   const float *v0, size_t k) {
-  upd_out r = {0.0f, 0.0f, 0.0f};
+                                                   const float *v0, const float *h0,
+                                                   size_t k) {
+  upd_out r = {0.0f, 0.0f, 0.0f, 0.0f};
   switch (o.kind) {
   case DP_OPT_SGD:                                      /* w -= lr (g + wd w) */
     r.w = fs(wk, fm(hdr->sc.lr, fa(gk, fm(o.wd, wk)))); /* the step's lr (dp_set_lr) */
@@ -778,18 +788,22 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
     float m = fa(fm(hdr->sc.b1, m0[k]), fm(hdr->sc.one_minus_b1, gd));
     float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gd), gd));
-    float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
+    float vd = den_v(o, h0, k, v);
+    float denom = fa(fd(__fsqrt_rn(vd), hdr->sc.bc2_sqrt), o.eps);
     r.s0 = m;
     r.s1 = v;
+    r.s2 = vd;
     r.w = fs(wk, fm(hdr->sc.step_size, fd(m, denom)));
     break;
   }
   default: { /* DP_OPT_ADAMW: m0[k] and v0[k] are the element's two moments */
     float m = fa(fm(hdr->sc.b1, m0[k]), fm(hdr->sc.one_minus_b1, gk));
     float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gk), gk));
-    float denom = fa(fd(__fsqrt_rn(v), hdr->sc.bc2_sqrt), o.eps);
+    float vd = den_v(o, h0, k, v);
+    float denom = fa(fd(__fsqrt_rn(vd), hdr->sc.bc2_sqrt), o.eps);
     r.s0 = m;
     r.s1 = v;
+    r.s2 = vd;
     r.w = fs(fm(wk, hdr->sc.decay), fm(hdr->sc.step_size, fd(m, denom)));
     break;
   }
@@ -803,8 +817,8 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
  * non-finite parameter or state word (DP_CUDA_ST_UPDATE; parameter index
  * base + k). The flags and the mins are order-independent. */
 static __global__ void k_step_check(dp_cuda_opt o, const float *w, const float *g,
-                                    const float *m, const float *v, size_t n, size_t base,
-                                    dp_cuda_header *hdr, int dev) {
+                                    const float *m, const float *v, const float *vh,
+                                    size_t n, size_t base, dp_cuda_header *hdr, int dev) {
   GRID_STRIDE(k, n) {
     float gk = g[k];
     if (!isfinite(gk)) {
@@ -812,8 +826,8 @@ static __global__ void k_step_check(dp_cuda_opt o, const float *w, const float *
       atomicMin(&hdr->bad_grad,
                 ((unsigned long long)(base + k) << 1) | (isinf(gk) ? 1ull : 0ull));
     }
-    upd_out r = upd_elem(o, hdr, w[k], gk, m, v, k);
-    if (!isfinite(r.w) || !isfinite(r.s0) || !isfinite(r.s1)) {
+    upd_out r = upd_elem(o, hdr, w[k], gk, m, v, vh, k);
+    if (!isfinite(r.w) || !isfinite(r.s0) || !isfinite(r.s1) || !isfinite(r.s2)) {
       atomicOr(&hdr->status[dev], (uint32_t)DP_CUDA_ST_UPDATE);
       atomicMin(&hdr->bad_update, (unsigned long long)(base + k));
     }
@@ -821,33 +835,35 @@ static __global__ void k_step_check(dp_cuda_opt o, const float *w, const float *
 }
 
 cudaError_t dp_k_step_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
-                            const float *g, const float *m, const float *v, size_t n,
-                            size_t base, dp_cuda_header *hdr, int dev) {
+                            const float *g, const float *m, const float *v, const float *vh,
+                            size_t n, size_t base, dp_cuda_header *hdr, int dev) {
   if (n == 0) return cudaSuccess;
   DP_LAUNCH(k_step_check, blocks_for(n), THREADS, 0, st)
-  (*o, w, g, m, v, n, base, hdr, dev);
+  (*o, w, g, m, v, vh, n, base, hdr, dev);
   return cudaGetLastError();
 }
 
 /* Nothing at all is written when a check of this step failed. The per-step
  * scalars are read from the header (see k_dropout for why). */
 static __global__ void k_optimizer(dp_cuda_opt o, float *w, const float *g, float *m,
-                                   float *v, size_t n, const dp_cuda_header *hdr,
+                                   float *v, float *vh, size_t n, const dp_cuda_header *hdr,
                                    int n_check) {
   if (block_refused(hdr->status, n_check)) return;
   GRID_STRIDE(k, n) {
-    upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, k);
+    upd_out r = upd_elem(o, hdr, w[k], g[k], m, v, vh, k);
     if (o.kind != DP_OPT_SGD) m[k] = r.s0;
     if (o.kind == DP_OPT_ADAMW || o.kind == DP_OPT_ADAM) v[k] = r.s1;
+    if (o.amsgrad) vh[k] = r.s2;
     w[k] = r.w;
   }
 }
 
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
-                           float *m, float *v, size_t n, const dp_cuda_header *hdr,
-                           int n_check) {
+                           float *m, float *v, float *vh, size_t n,
+                           const dp_cuda_header *hdr, int n_check) {
   if (n == 0) return cudaSuccess;
-  DP_LAUNCH(k_optimizer, blocks_for(n), THREADS, 0, st)(*o, w, g, m, v, n, hdr, n_check);
+  DP_LAUNCH(k_optimizer, blocks_for(n), THREADS, 0, st)
+  (*o, w, g, m, v, vh, n, hdr, n_check);
   return cudaGetLastError();
 }
 

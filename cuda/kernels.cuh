@@ -120,6 +120,7 @@ typedef struct {
   int nesterov;
   float wd, keep; /* keep = 1 - dampening; lr, decay, momentum: per-step scalars */
   float b2, one_minus_b2, eps;
+  int amsgrad; /* config.amsgrad: v_hat = max(v_hat, v) is the denominator's */
 } dp_cuda_opt;
 
 /* ---- kernels.cu ---- */
@@ -187,17 +188,18 @@ cudaError_t dp_k_grad_check(cudaStream_t st, const float *g, size_t n, size_t ba
  * bad_update) an update of w[0..n) (parameter index base + i) that would write a
  * non-finite parameter or state word. m[0..n) and
  * v[0..n) are the same elements' optimizer state (momentum's buffer, AdamW's two
- * moments; unused where the optimizer has none): the caller resolves them from
- * the device's state layout (dp_plan.opt_off/opt_len), as lib/cpu/backend.c. */
+ * moments; unused where the optimizer has none), vh[0..n) amsgrad's v_hat
+ * (NULL without it): the caller resolves them from the device's state layout
+ * (dp_plan.opt_off/opt_len), as lib/cpu/backend.c. */
 cudaError_t dp_k_step_check(cudaStream_t st, const dp_cuda_opt *o, const float *w,
-                            const float *g, const float *m, const float *v, size_t n,
-                            size_t base, dp_cuda_header *hdr, int dev);
+                            const float *g, const float *m, const float *v, const float *vh,
+                            size_t n, size_t base, dp_cuda_header *hdr, int dev);
 /* Updates w[0..n) unless one of hdr->status[0..n_check) is set; the per-step
  * scalars (momentum's first flag, AdamW's step_size and bc2_sqrt) come from
  * hdr->sc. */
 cudaError_t dp_k_optimizer(cudaStream_t st, const dp_cuda_opt *o, float *w, const float *g,
-                           float *m, float *v, size_t n, const dp_cuda_header *hdr,
-                           int n_check);
+                           float *m, float *v, float *vh, size_t n,
+                           const dp_cuda_header *hdr, int n_check);
 /* config.clip_grad_norm (lib/cpu/backend.c's grad_norm_op and grad_clip_op, the
  * same bytes and bits). bins (256, 2): the exact sum of squares of g[0..n), a
  * 128-bit integer (lo, hi) per biased exponent, inf and NaN counted in bin 255;

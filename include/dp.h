@@ -487,6 +487,15 @@ typedef struct {
    * +-clip_grad_value. Finite, >= 0; 0: off (default). Not with clip_grad_norm
    * (refused). cpu and cuda backends. */
   float clip_grad_value;
+  /* torch.optim.Adam / AdamW(amsgrad=True): a third state vector, v_hat, the
+   * running maximum of the second moment v (v_hat = max(v_hat, v) each step),
+   * and the step's denominator sqrt(v_hat) / sqrt(1 - beta2^t) + eps. 0 or 1
+   * (default 0, PyTorch's); only with DP_OPT_ADAM and DP_OPT_ADAMW (refused
+   * with another optimizer; an inference plan ignores it). The plan counts
+   * the third vector in the optimizer state, checkpoints save it, and a
+   * checkpoint loads only into a context of the same setting. cpu and cuda
+   * backends, every mode, sharded optimizer and precision. */
+  int amsgrad;
 } dp_config;
 
 /* What a backend's options can be: option i (0, 1, ...) of backend b, its
@@ -512,7 +521,7 @@ void dp_config_default(dp_config *c);
  * non-optimizer field alone: DP_OPT_SGD: momentum 0, dampening 0, nesterov 0,
  * weight_decay 0; DP_OPT_MOMENTUM: the same with momentum 0.9; DP_OPT_ADAMW:
  * betas (0.9, 0.999), eps 1e-8, weight_decay 0.01, momentum 0; DP_OPT_ADAM: the
- * same with weight_decay 0. */
+ * same with weight_decay 0. amsgrad 0 for every one (PyTorch's default). */
 void dp_config_set_optimizer(dp_config *c, dp_optimizer o);
 
 typedef struct dp_plan dp_plan;
@@ -947,6 +956,7 @@ typedef struct {
   dp_optimizer optimizer;
   int inference; /* saved from an inference context: parameters only */
   size_t file_bytes;
+  int amsgrad; /* appended: saved with config.amsgrad (v_hat among its state) */
 } dp_ckpt_summary;
 dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out);
 /* Weights to and from PyTorch, as a safetensors file (safetensors.torch's

@@ -613,7 +613,8 @@ START_TEST(test_wrong_model_fields_are_named) {
       {16, 7, "section MODL: optimizer 7 is none of 0 to 3"},
       {20, 2, "section MODL: 2 optimizer state vectors; momentum keeps 1"},
       {20, 3, "section MODL: 3 optimizer state vectors; momentum keeps 1"},
-      {24, 6, "section MODL: flags 0x6 (only 0x1, inference, is known)"},
+      {24, 6, "section MODL: flags 0x6 (only 0x1, inference, and 0x2, amsgrad, are known)"},
+      {24, 2, "section MODL: the amsgrad flag on a momentum checkpoint"},
       {28, 0, "section MODL: its text length field is 0, its text "},
   };
   unsigned char *b = malloc(d.len);
@@ -628,13 +629,13 @@ START_TEST(test_wrong_model_fields_are_named) {
   }
   /* dp_ckpt_info, which reads no context's model, bounds the count */
   memcpy(b, d.file, d.len);
-  put_le(b + m + 20, 3, 4);
+  put_le(b + m + 20, 4, 4);
   ckpt_reseal(b, d.len);
   file_write(d.bad, b, d.len);
   dp_model *mo = NULL;
   ck_assert_int_eq(dp_ckpt_info(d.bad, &mo, NULL), DP_ERR_PARSE);
   ck_assert_msg(
-      strstr(dp_last_error(), "section MODL: 3 optimizer state vectors (at most 2)"), "%s",
+      strstr(dp_last_error(), "section MODL: 4 optimizer state vectors (at most 3)"), "%s",
       dp_last_error());
   /* a NUL inside the model's text */
   memcpy(b, d.file, d.len);
@@ -1290,6 +1291,77 @@ START_TEST(test_fifo_without_writer_is_refused_at_once) {
 }
 END_TEST
 
+/* config.amsgrad: v_hat rides in the checkpoint (the amsgrad flag, a third
+ * vector) and a resume from 4 sharded devices onto 2 classic ones is the
+ * straight run's bits, for Adam and AdamW; beta2 0.5 makes v fall between
+ * steps, so that v_hat differs from v (a v_hat lost on the way would change
+ * the bits; amsgrad's run differs from the plain one). A checkpoint loads
+ * only into a context of its own amsgrad setting, either way round, refused
+ * with nothing changed. */
+START_TEST(test_amsgrad_resume_and_mismatch_refused) {
+  dp_optimizer opt = _i ? DP_OPT_ADAMW : DP_OPT_ADAM;
+  dp_config cs = CK_CFG(opt, .n_devices = 4, .mode = DP_MODE_ALLREDUCE, .shard = 1),
+            cl = CK_CFG(opt, .n_devices = 2), c1 = CK_CFG(opt, .n_devices = 1);
+  dp_config *all[] = {&cs, &cl, &c1};
+  for (int i = 0; i < 3; i++) {
+    all[i]->lr = 0.003f;
+    all[i]->beta2 = 0.5f;
+    all[i]->amsgrad = 1;
+  }
+  dp_config plain = c1;
+  plain.amsgrad = 0;
+  rig straight, a, b, p;
+  rig_open(&straight, MLP_SPEC, &c1);
+  rig_open(&a, MLP_SPEC, &cs);
+  rig_open(&b, MLP_SPEC, &cl);
+  rig_open(&p, MLP_SPEC, &plain);
+  tmpdir t;
+  tmp_make(&t, "dp_ckpt", "ams.ckpt");
+  run_steps(&straight, 0, TOTAL);
+  run_steps(&a, 0, SAVE_AT);
+  save_ok(&a, t.path);
+  dp_ckpt_summary info;
+  ck_assert_int_eq(dp_ckpt_info(t.path, NULL, &info), DP_OK);
+  ck_assert(info.amsgrad == 1 && info.optimizer == opt && !info.inference);
+  ck_assert_uint_eq(info.file_bytes, dp_ckpt_bytes(a.c, 0));
+  /* one vector of n_params floats more than the same run without amsgrad */
+  ck_assert_uint_eq(dp_ckpt_bytes(a.c, 0), dp_ckpt_bytes(p.c, 0) + 4 * a.np);
+  load_ok(&b, t.path);
+  assert_same_params(&a, &b, "just loaded");
+  run_steps(&b, SAVE_AT, TOTAL);
+  assert_same_params(&straight, &b, "amsgrad resumed vs straight");
+
+  /* amsgrad's file into a plain context, and a plain file into amsgrad's */
+  run_steps(&p, 0, TOTAL);
+  float *x = params_of(&p), *y = params_of(&straight);
+  ck_assert_msg(memcmp(x, y, 4 * p.np) != 0, "amsgrad changed nothing");
+  free(x);
+  free(y);
+  const char *plain_path = tmp_path(&t, "plain.ckpt");
+  save_ok(&p, plain_path);
+  ck_assert_int_eq(dp_ckpt_info(plain_path, NULL, &info), DP_OK);
+  ck_assert_int_eq(info.amsgrad, 0);
+  static const char *const want[] = {"saved with amsgrad on; the context has amsgrad off",
+                                     "saved with amsgrad off; the context has amsgrad on"};
+  for (int k = 0; k < 2; k++) {
+    rig *into = k ? &b : &p;
+    ctx_snap sn;
+    ctx_snap_take(&sn, into->c);
+    tmp_path(&t, k ? "plain.ckpt" : "ams.ckpt");
+    ck_assert_int_eq(dp_ckpt_load(into->c, t.path), DP_ERR_INVALID);
+    ck_assert_msg(strstr(dp_ctx_error(into->c), want[k]), "%s", dp_ctx_error(into->c));
+    ctx_snap_check(&sn, into->c, "a refused amsgrad mismatch");
+    ck_assert(sn.stale == into->c->replicas_stale);
+    ctx_snap_free(&sn);
+  }
+  tmp_done(&t);
+  rig_close(&straight);
+  rig_close(&a);
+  rig_close(&b);
+  rig_close(&p);
+}
+END_TEST
+
 /* A failed update poisons the context (its state is half-written): saving it
  * is refused, and loading a good checkpoint makes it whole again. */
 START_TEST(test_poisoned_context_refuses_save_and_load_heals_it) {
@@ -1332,6 +1404,7 @@ Suite *checkpoint_suite(void) {
   tcase_add_loop_test(tc, test_resume_equals_straight_run, 0, 2 * N_RESUME);
   tcase_add_test(tc, test_load_over_trained_context);
   tcase_add_test(tc, test_resume_with_shared_params);
+  tcase_add_loop_test(tc, test_amsgrad_resume_and_mismatch_refused, 0, 2);
   tcase_add_test(tc, test_ckpt_bytes_is_the_file_size);
   suite_add_tcase(s, tc);
 

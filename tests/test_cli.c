@@ -390,18 +390,19 @@ START_TEST(config_every_common_option) {
   dp_config c;
   dpt_common com;
   char err[256] = "";
-  int r =
-      PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split", "balanced",
-            "--micro-batch", "5", "--mode", "allreduce", "--optimizer", "momentum",
-            "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum", "0.8",
-            "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75", "--eps", "0.125",
-            "--seed", "18446744073709551615", "--shard-optimizer", "--graph", "--tf32",
-            "--transport", "copy", "--fast-collectives", "--dampening", "0.5", "--nesterov",
-            "--ranks", "2", "--clip-grad-norm", "0.5", "--accumulate", "4", "--batchnorm",
-            "sync", "--backend-option", "foo=bar", "--recompute", "3", "--precision",
-            "bf16", "--reduce-precision", "bf16", "--clip-grad-value", "0.375");
+  int r = PARSE(&c, &com, err, "--batch", "30", "--devices", "0,0,1,1", "--split",
+                "balanced", "--micro-batch", "5", "--mode", "allreduce", "--optimizer",
+                "momentum", "--inference", "--backend", "cuda", "--lr", "0.5", "--momentum",
+                "0.8", "--weight-decay", "0.25", "--beta1", "0.5", "--beta2", "0.75",
+                "--eps", "0.125", "--seed", "18446744073709551615", "--shard-optimizer",
+                "--graph", "--tf32", "--transport", "copy", "--fast-collectives",
+                "--dampening", "0.5", "--nesterov", "--ranks", "2", "--clip-grad-norm",
+                "0.5", "--accumulate", "4", "--batchnorm", "sync", "--backend-option",
+                "foo=bar", "--recompute", "3", "--precision", "bf16", "--reduce-precision",
+                "bf16", "--clip-grad-value", "0.375", "--amsgrad");
   ck_assert_msg(r == DPT_ARGS_OK, "%s", err);
   ck_assert_float_eq(c.clip_grad_value, 0.375f);
+  ck_assert_int_eq(c.amsgrad, 1);
   ck_assert_int_eq(c.reduce_precision, DP_PRECISION_BF16);
   ck_assert_int_eq(c.batchnorm, DP_BN_SYNC);
   ck_assert_int_eq(c.ranks, 2);
@@ -2239,11 +2240,23 @@ START_TEST(plan_ranks_json) {
   r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "2", "--json",
           "--momentum", "0.9", "--nesterov", "--clip-grad-norm", "0.5", "--recompute", "2");
   ck_assert_int_eq(r.rc, DPT_EXIT_OK);
-  ck_assert_msg(strstr(r.out, "\"dampening\": 0, \"nesterov\": true, \"clip_grad_norm\": "
-                              "0.5, \"accumulate\": 0, \"recompute\": 2, \"precision\": "
-                              "\"fp32\", \"reduce_precision\": \"fp32\", \"batchnorm\": "
-                              "\"per_replica\", \"clip_grad_value\": 0},"),
+  ck_assert_msg(strstr(r.out,
+                       "\"dampening\": 0, \"nesterov\": true, \"clip_grad_norm\": "
+                       "0.5, \"accumulate\": 0, \"recompute\": 2, \"precision\": "
+                       "\"fp32\", \"reduce_precision\": \"fp32\", \"batchnorm\": "
+                       "\"per_replica\", \"clip_grad_value\": 0, \"amsgrad\": false},"),
                 "%s", r.out);
+  cmd_result_free(&r);
+  /* --amsgrad: in the JSON, and refused for sgd by the planner, saying why */
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "2", "--json",
+          "--optimizer", "adam", "--amsgrad");
+  ck_assert_int_eq(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.out, "\"clip_grad_value\": 0, \"amsgrad\": true},"), "%s", r.out);
+  cmd_result_free(&r);
+  r = RUN(dpt_cmd_plan, "--model", model, "--batch", "30", "--devices", "2", "--amsgrad");
+  ck_assert_int_ne(r.rc, DPT_EXIT_OK);
+  ck_assert_msg(strstr(r.err, "amsgrad is an Adam and AdamW setting; the optimizer is sgd"),
+                "%s", r.err);
   cmd_result_free(&r);
   unlink(model);
 }

@@ -2430,6 +2430,30 @@ START_TEST(adam_and_clip_value_ops_match_cpu) {
 }
 END_TEST
 
+/* amsgrad (config.amsgrad: v_hat, a third state vector) for Adam and AdamW,
+ * each op from the same random state as the cpu backend's (v_hat above or
+ * below the new v by chance), bit for bit: classic, allreduce, sharded, with
+ * accumulation's partial sums after the three vectors. */
+START_TEST(amsgrad_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "amsgrad_ops_match_cpu");
+  dp_config c = test_config(ngpu, 31, 3, 0, DP_MODE_CLASSIC, DP_OPT_ADAM);
+  c.amsgrad = 1;
+  check_every_compute_op("mse classic adam amsgrad", MIXED_MSE, &c, 3);
+  c = test_config(ngpu, 37, 4, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  c.amsgrad = 1;
+  check_every_compute_op("ce allreduce adamw amsgrad step 0", MIXED_CE, &c, 0);
+  c.shard_optimizer = 1;
+  check_every_compute_op("mse allreduce sharded adamw amsgrad step 9", MIXED_MSE, &c, 9);
+  c = test_config(ngpu, 32, 2, 4, DP_MODE_ALLREDUCE, DP_OPT_ADAM);
+  c.amsgrad = 1;
+  c.shard_optimizer = 1;
+  c.accumulate = 2;
+  check_every_compute_op("accumulate 2, ce allreduce sharded adam amsgrad", MIXED_CE, &c,
+                         1);
+  check_accum_calls("accumulate 2, ce allreduce sharded adam amsgrad", MIXED_CE, &c);
+}
+END_TEST
+
 START_TEST(clip_and_accumulate_ops_match_cpu) {
   REQUIRE_GPUS(ngpu, "clip_and_accumulate_ops_match_cpu");
   dp_config c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
@@ -3640,6 +3664,7 @@ Suite *cuda_suite(void) {
   tcase_set_tags(ca, "gpu");
   tcase_add_test(ca, clip_and_accumulate_ops_match_cpu);
   tcase_add_test(ca, adam_and_clip_value_ops_match_cpu);
+  tcase_add_test(ca, amsgrad_ops_match_cpu);
   tcase_add_test(ca, clip_steps_match_cpu_and_every_layout);
   tcase_add_test(ca, accumulation_equals_the_concatenated_batch_on_cuda);
   tcase_add_test(ca, refused_accumulating_call_on_cuda);

@@ -329,12 +329,19 @@ static const char *const golden_cases[] = {"seed",
                                            "bf16_bn_cnn",
                                            "bf16_bn_sync_cnn",
                                            "adam_mlp",
-                                           "bf16_adam_mlp"};
+                                           "bf16_adam_mlp",
+                                           "amsgrad_mlp",
+                                           "bf16_amsgrad_mlp"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 /* adam_*: torch.optim.Adam (coupled L2 weight decay 0.05) besides the usual
  * trainings, in fp32 and in bf16 (its adam_hparams, adam_params5, adam_loss). */
 static const char *const adam_cases[] = {"adam_mlp", "bf16_adam_mlp"};
 #define N_ADAM_CASES ((int)(sizeof adam_cases / sizeof adam_cases[0]))
+/* amsgrad_*: Adam(amsgrad=True) and AdamW(amsgrad=True) besides the usual
+ * trainings, in fp32 and in bf16 (ams_hparams, adam_ams_*, adamw_ams_*; beta2
+ * 0.9, so that v_hat departs from v within the five steps). */
+static const char *const ams_cases[] = {"amsgrad_mlp", "bf16_amsgrad_mlp"};
+#define N_AMS_CASES ((int)(sizeof ams_cases / sizeof ams_cases[0]))
 /* bf16_*: config.precision bf16 (the file's precision record) against PyTorch's
  * bf16 autocast: an MLP with every activation, layernorm and dropout; a CNN whose
  * first conv reads the fp32 input, with max and average pooling; a pre-LN GPT;
@@ -372,6 +379,7 @@ typedef struct {
   int per_replica; /* a bn_sync file run in per_replica mode (which, with the
                       whole batch as one micro-batch, normalises the same) */
   int fp32;        /* a bf16 case run in fp32 (which must fail its comparison) */
+  int ams;         /* config.amsgrad with the file's ams_hparams (amsgrad_* cases) */
 } run_setup;
 
 typedef struct {
@@ -509,7 +517,17 @@ static void run_open(golden_run *r, const char *case_name, dp_optimizer opt,
     cfg.clip_grad_norm = max_norm[0];
   }
   dp_config_set_optimizer(&cfg, opt);
-  if (opt == DP_OPT_ADAM) { /* the adam_* cases' own record */
+  if (s->ams) { /* the amsgrad_* cases' own record: lr, betas, eps, Adam's and
+                   AdamW's weight decay */
+    const float *ha = golden_f32(g, "ams_hparams", &n);
+    ck_assert_uint_eq(n, 6);
+    cfg.amsgrad = 1;
+    cfg.lr = ha[0];
+    cfg.beta1 = ha[1];
+    cfg.beta2 = ha[2];
+    cfg.eps = ha[3];
+    cfg.weight_decay = opt == DP_OPT_ADAM ? ha[4] : ha[5];
+  } else if (opt == DP_OPT_ADAM) { /* the adam_* cases' own record */
     const float *ha = golden_f32(g, "adam_hparams", &n);
     ck_assert_uint_eq(n, 5);
     cfg.lr = ha[0];
@@ -717,14 +735,27 @@ static const struct {
   int clip;
   const char *params; /* parameters after GOLDEN_STEPS steps */
   const char *norms;  /* clipped: each step's gradient norm */
+  int ams;            /* config.amsgrad (the amsgrad_* cases) */
 } trainings[] = {
-    {"sgdm", DP_OPT_MOMENTUM, 0, "sgdm_params5", NULL},
-    {"adamw", DP_OPT_ADAMW, 0, "adamw_params5", NULL},
-    {"sgd_clip", DP_OPT_MOMENTUM, 1, "sgd_clip_params", "clip_norms"},
-    {"adamw_clip", DP_OPT_ADAMW, 1, "adamw_clip_params", "adamw_clip_norms"},
-    {"adam", DP_OPT_ADAM, 0, "adam_params5", NULL}, /* the adam_* cases only */
+    {"sgdm", DP_OPT_MOMENTUM, 0, "sgdm_params5", NULL, 0},
+    {"adamw", DP_OPT_ADAMW, 0, "adamw_params5", NULL, 0},
+    {"sgd_clip", DP_OPT_MOMENTUM, 1, "sgd_clip_params", "clip_norms", 0},
+    {"adamw_clip", DP_OPT_ADAMW, 1, "adamw_clip_params", "adamw_clip_norms", 0},
+    {"adam", DP_OPT_ADAM, 0, "adam_params5", NULL, 0}, /* the adam_* cases only */
+    /* the amsgrad_* cases only */
+    {"adam_ams", DP_OPT_ADAM, 0, "adam_ams_params5", NULL, 1},
+    {"adamw_ams", DP_OPT_ADAMW, 0, "adamw_ams_params5", NULL, 1},
 };
-enum { TR_SGDM, TR_ADAMW, TR_SGD_CLIP, TR_ADAMW_CLIP, TR_ADAM, N_TRAININGS };
+enum {
+  TR_SGDM,
+  TR_ADAMW,
+  TR_SGD_CLIP,
+  TR_ADAMW_CLIP,
+  TR_ADAM,
+  TR_ADAM_AMS,
+  TR_ADAMW_AMS,
+  N_TRAININGS
+};
 
 /* What a training ended with, for comparing the bits of two layouts. */
 typedef struct {
@@ -762,6 +793,7 @@ static void train_and_check(const char *case_name, int ti, const run_setup *s,
   static const run_setup file_setup = {0};
   run_setup setup = s ? *s : file_setup;
   setup.clip = trainings[ti].clip;
+  setup.ams = trainings[ti].ams;
   setup.inference = 0;
   const char *prefix = trainings[ti].prefix;
   golden_run r;
@@ -1036,6 +1068,31 @@ START_TEST(test_adam_matches_pytorch_on_1_2_4_devices_in_every_mode_with_the_sam
 }
 END_TEST
 
+/* Adam(amsgrad=True) and AdamW(amsgrad=True) against PyTorch on 1, 2 and 4
+ * devices in every layout (the sharded optimizer's too: v_hat is cut like m
+ * and v) with micro-batches of 8 rows, each run within the tolerance and all
+ * of them the same bits. */
+START_TEST(test_amsgrad_matches_pytorch_on_1_2_4_devices_in_every_mode_with_the_same_bits) {
+  const char *name = ams_cases[_i / 2];
+  int ti = _i % 2 ? TR_ADAMW_AMS : TR_ADAM_AMS;
+  run_bits ref, b;
+  int have_ref = 0;
+  for (int li = 0; li < N_LAYOUTS; li++)
+    for (int nd = 1; nd <= 4; nd *= 2) {
+      run_setup s = {.n_devices = nd, .layout = li, .micro_batch = 8};
+      train_and_check(name, ti, &s, have_ref ? &b : &ref);
+      ck_assert_msg((have_ref ? b : ref).same_bits, "%s: %s", name,
+                    (have_ref ? b : ref).desc);
+      if (have_ref) {
+        check_same_run_bits(name, trainings[ti].prefix, &ref, &b);
+        run_bits_free(&b);
+      }
+      have_ref = 1;
+    }
+  run_bits_free(&ref);
+}
+END_TEST
+
 /* ---- every layout, every micro-batch size (batchnorm) ------------------------- */
 
 /* Fails unless a and b (n floats of `what`) are the same bits. */
@@ -1117,7 +1174,7 @@ START_TEST(test_every_layout_matches_pytorch_and_fixed_micro_batch_gives_same_bi
   run_setup s;
   const char *case_name = sweep(_i, &s);
   for (int ti = 0; ti < N_TRAININGS; ti++) {
-    if (ti == TR_ADAM) continue; /* the adam_* cases' own, none of these */
+    if (ti >= TR_ADAM) continue; /* the adam_* and amsgrad_* cases' own, none of these */
     run_bits ref = {0};
     for (s.layout = 0; s.layout < N_LAYOUTS; s.layout++)
       for (s.n_devices = 1; s.n_devices <= 4; s.n_devices++) {
@@ -1161,6 +1218,13 @@ Suite *golden_suite(void) {
   tcase_add_loop_test(
       tc, test_adam_matches_pytorch_on_1_2_4_devices_in_every_mode_with_the_same_bits, 0,
       N_ADAM_CASES);
+  suite_add_tcase(s, tc);
+
+  tc = tcase_create("amsgrad");
+  tcase_set_timeout(tc, 60);
+  tcase_add_loop_test(
+      tc, test_amsgrad_matches_pytorch_on_1_2_4_devices_in_every_mode_with_the_same_bits, 0,
+      2 * N_AMS_CASES);
   suite_add_tcase(s, tc);
 
   tc = tcase_create("inference");

@@ -677,7 +677,10 @@ static void check_regions(const dp_plan *p) {
     if (c->backend != DP_BACKEND_CUDA) REQ_EQ(SZ(DP_REGION_INPUTS), rows * in * 4);
     REQ_EQ(SZ(DP_REGION_GRADS), train ? P : 0);
     REQ_EQ(SZ(DP_REGION_OUTPUT_GRADS), train ? slices_bytes(p, d, (int)out) : 0);
-    int k = c->optimizer == DP_OPT_ADAMW ? 2 : c->optimizer == DP_OPT_MOMENTUM ? 1 : 0;
+    int k = c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM
+                ? (c->amsgrad ? 3 : 2)
+            : c->optimizer == DP_OPT_MOMENTUM ? 1
+                                              : 0;
     int out_dev = train && d == 0;
     REQ_EQ(SZ(DP_REGION_OPT_STATE), out_dev ? (size_t)k * P : 0);
     REQ_EQ(SZ(DP_REGION_TARGETS), out_dev ? B * (size_t)dp_model_target_width(m) * 4 : 0);
@@ -3747,6 +3750,57 @@ START_TEST(adam_layout_and_rules) {
 }
 END_TEST
 
+/* config.amsgrad: v_hat is a third state vector (Adam and AdamW, whole and
+ * sharded, before accumulate's partial sums), 0 or 1, refused for SGD and
+ * momentum (PyTorch's SGD has none), ignored by an inference plan; reset by
+ * dp_config_set_optimizer (PyTorch's default), and in the plan's hash. */
+START_TEST(amsgrad_layout_and_rules) {
+  dp_model *m = model_of(SEED); /* 12 parameters */
+  for (int o = DP_OPT_ADAMW; o <= DP_OPT_ADAM; o++) {
+    dp_config c = config_of(30, 2, DP_OPT_SGD);
+    c.amsgrad = 1;
+    dp_config_set_optimizer(&c, (dp_optimizer)o);
+    ck_assert_int_eq(c.amsgrad, 0);
+    dp_plan *p = plan_of(m, &c);
+    uint64_t plain = dp_plan_hash(p);
+    ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_OPT_STATE).size, 2 * 12 * 4);
+    dp_plan_free(p);
+    c.amsgrad = 1;
+    p = plan_of(m, &c);
+    ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_OPT_STATE).size, 3 * 12 * 4);
+    ck_assert_uint_eq(dp_plan_region(p, 1, DP_REGION_OPT_STATE).size, 0);
+    ck_assert_int_eq(dp_plan_config(p)->amsgrad, 1);
+    ck_assert_uint_ne(dp_plan_hash(p), plain);
+    dp_plan_free(p);
+    c.accumulate = 4; /* two partial-sum levels after the three vectors */
+    p = plan_of(m, &c);
+    ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_OPT_STATE).size, 5 * 12 * 4);
+    dp_plan_free(p);
+    c = config_of(30, 4, (dp_optimizer)o);
+    c.mode = DP_MODE_ALLREDUCE;
+    c.shard_optimizer = 1;
+    c.amsgrad = 1;
+    p = plan_of(m, &c);
+    for (int d = 0; d < 4; d++) /* 12 parameters in shards of 3 */
+      ck_assert_uint_eq(dp_plan_region(p, d, DP_REGION_OPT_STATE).size, 3 * 3 * 4);
+    dp_plan_free(p);
+    c.amsgrad = 2;
+    plan_refused(m, &c, DP_ERR_INVALID, "amsgrad must be 0 or 1, got 2");
+  }
+  static const dp_optimizer others[] = {DP_OPT_SGD, DP_OPT_MOMENTUM};
+  for (int i = 0; i < 2; i++) {
+    dp_config c = config_of(30, 2, others[i]);
+    c.amsgrad = 1;
+    plan_refused(m, &c, DP_ERR_INVALID, "amsgrad is an Adam and AdamW setting");
+    c.inference = 1; /* an inference plan ignores the optimizer's settings */
+    dp_plan *p = plan_of(m, &c);
+    ck_assert_uint_eq(dp_plan_region(p, 0, DP_REGION_OPT_STATE).size, 0);
+    dp_plan_free(p);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
 /* config.clip_grad_value: finite and >= 0, not with clip_grad_norm; one clamp
  * of each updating device's range after the reduction, before the check. */
 START_TEST(clip_grad_value_rules_and_ops) {
@@ -4141,6 +4195,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, seed_adamw_layout_is_exact);
   tcase_add_test(tc, adam_layout_and_rules);
   tcase_add_test(tc, clip_grad_value_rules_and_ops);
+  tcase_add_test(tc, amsgrad_layout_and_rules);
   tcase_add_test(tc, seed_inference_layout_is_exact);
   tcase_add_test(tc, unused_devices_have_no_arena);
   tcase_add_test(tc, shared_params_are_planned_once);

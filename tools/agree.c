@@ -104,6 +104,7 @@ static void settings(const dpt_train_inputs *in, words *w) {
   add_float(w, "beta1", c->beta1);
   add_float(w, "beta2", c->beta2);
   add_float(w, "eps", c->eps);
+  add_flag(w, "amsgrad", c->amsgrad);
   add_int(w, "seed", (long long)c->seed);
   add_float(w, "clip-grad-norm", c->clip_grad_norm);
   add_float(w, "clip-grad-value", c->clip_grad_value);

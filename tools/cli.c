@@ -470,6 +470,7 @@ static const struct option common_options[] = {
     {"ranks", required_argument, NULL, DPT_OPT_RANKS},
     {"clip-grad-norm", required_argument, NULL, DPT_OPT_CLIP_GRAD_NORM},
     {"clip-grad-value", required_argument, NULL, DPT_OPT_CLIP_GRAD_VALUE},
+    {"amsgrad", no_argument, NULL, DPT_OPT_AMSGRAD},
     {"accumulate", required_argument, NULL, DPT_OPT_ACCUMULATE},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
@@ -573,6 +574,7 @@ static int set_common(int code, const char *arg, dp_config *c, char *err, size_t
     return dpt_parse_float(arg, 0, FLT_MAX, "--clip-grad-value", &c->clip_grad_value, err,
                            errcap);
   case DPT_OPT_SHARD_OPTIMIZER: c->shard_optimizer = 1; return 0;
+  case DPT_OPT_AMSGRAD: c->amsgrad = 1; return 0; /* the planner refuses it for sgd */
   case DPT_OPT_GRAPH: return dpt_backend_option_add(c, "graph", "1", err, errcap);
   case DPT_OPT_TF32: return dpt_backend_option_add(c, "tf32", "1", err, errcap);
   case DPT_OPT_FAST_COLLECTIVES:
@@ -914,6 +916,9 @@ void dpt_print_common_help(FILE *f) {
         "                          adam: L2 added to the gradient (default 0)\n"
         "  --beta1 X, --beta2 X    adam/adamw, each in [0, 1) (default 0.9, 0.999)\n"
         "  --eps X                 adam/adamw, > 0 (default 1e-8)\n"
+        "  --amsgrad               adam/adamw: the AMSGrad variant (amsgrad=True): the\n"
+        "                          step divides by the running maximum of v (a third\n"
+        "                          state vector)\n"
         "  --clip-grad-norm X      torch.nn.utils.clip_grad_norm_(params, X) before\n"
         "                          every optimizer step: gradients scaled down when\n"
         "                          their total L2 norm is above X; >= 0 (default 0: off)\n"
@@ -1003,8 +1008,8 @@ void dpt_print_config(FILE *f, const dp_config *c) {
     if (c->dampening != 0.0f) fprintf(f, ", dampening %g", (double)c->dampening);
     if (c->nesterov) fputs(", nesterov", f);
     if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM)
-      fprintf(f, ", betas %g %g, eps %g", (double)c->beta1, (double)c->beta2,
-              (double)c->eps);
+      fprintf(f, ", betas %g %g, eps %g%s", (double)c->beta1, (double)c->beta2,
+              (double)c->eps, c->amsgrad ? ", amsgrad" : "");
     if (c->weight_decay > 0.0f) fprintf(f, ", weight decay %g", (double)c->weight_decay);
     if (c->clip_grad_norm > 0.0f)
       fprintf(f, ", clip grad norm %g", (double)c->clip_grad_norm);

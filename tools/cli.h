@@ -190,6 +190,7 @@ enum {
   DPT_OPT_BATCHNORM,
   DPT_OPT_BACKEND_OPTION, /* NAME=VALUE, repeatable: appended to cfg.backend_options */
   DPT_OPT_CLIP_GRAD_VALUE,
+  DPT_OPT_AMSGRAD, /* no value: cfg.amsgrad = 1 */
   DPT_OPT_COMMON_END,
   DPT_OPT_USER = 0x200,
 };

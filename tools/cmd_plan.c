@@ -47,7 +47,7 @@ static const char *const region_help[DP_REGION_COUNT] = {
     [DP_REGION_PARAMS] = "model parameters, fp32, PyTorch state_dict order",
     [DP_REGION_GRADS] = "gradients (on device 0: reduced over all devices)",
     [DP_REGION_GRAD_PARTIALS] = "partial sums of the canonical gradient tree",
-    [DP_REGION_OPT_STATE] = "momentum buffer, or Adam(W)'s (m, v)",
+    [DP_REGION_OPT_STATE] = "momentum buffer, or Adam(W)'s (m, v[, v_hat])",
     [DP_REGION_INPUTS] = "this device's input chunk (rows, in)",
     [DP_REGION_TARGETS] = "the batch's targets, on the loss device",
     [DP_REGION_ACTIVATIONS] = "intermediate buffers, placed by liveness",
@@ -734,12 +734,14 @@ static void print_json(const dp_plan *p, const char *model_path, const plan_opts
   fprintf(f,
           ", \"dampening\": %s, \"nesterov\": %s, \"clip_grad_norm\": %s, "
           "\"accumulate\": %d, \"recompute\": %d, \"precision\": \"%s\", "
-          "\"reduce_precision\": \"%s\", \"batchnorm\": \"%s\", \"clip_grad_value\": %s",
+          "\"reduce_precision\": \"%s\", \"batchnorm\": \"%s\", \"clip_grad_value\": %s, "
+          "\"amsgrad\": %s",
           dpt_float_text(c->dampening, fl[6], sizeof fl[6]), c->nesterov ? "true" : "false",
-          dpt_float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate, c->recompute,
-          dp_precision_name(c->precision), dp_precision_name(c->reduce_precision),
-          dp_bn_mode_name(c->batchnorm),
-          dpt_float_text(c->clip_grad_value, fl[8], sizeof fl[8]));
+          dpt_float_text(c->clip_grad_norm, fl[7], sizeof fl[7]), c->accumulate,
+          c->recompute, dp_precision_name(c->precision),
+          dp_precision_name(c->reduce_precision), dp_bn_mode_name(c->batchnorm),
+          dpt_float_text(c->clip_grad_value, fl[8], sizeof fl[8]),
+          c->amsgrad ? "true" : "false");
   fputs("},\n", f);
 
   if (o->budget_set)

@@ -62,6 +62,7 @@ static const struct option repro_options[] = {
     {"beta1", required_argument, NULL, DPT_OPT_BETA1},
     {"beta2", required_argument, NULL, DPT_OPT_BETA2},
     {"eps", required_argument, NULL, DPT_OPT_EPS},
+    {"amsgrad", no_argument, NULL, DPT_OPT_AMSGRAD},
     {"seed", required_argument, NULL, DPT_OPT_SEED},
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
@@ -152,7 +153,7 @@ static void usage(FILE *f) {
       "  --split chunk|balanced|memory  how micro-batches (or rows) are dealt to devices\n"
       "  --optimizer sgd|momentum|adamw|adam   (default sgd)\n"
       "  --lr X  --momentum X  --dampening X  --nesterov  --weight-decay X\n"
-      "  --beta1 X  --beta2 X  --eps X\n"
+      "  --beta1 X  --beta2 X  --eps X  --amsgrad\n"
       "                        hyper-parameters, with dp train's ranges and defaults\n"
       "                        (PyTorch's; --optimizer sets its defaults first, the\n"
       "                        others override them; see dp train --help)\n"

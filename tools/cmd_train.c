@@ -893,6 +893,8 @@ static const char *run_settings(const train_run *t, char *buf, size_t cap) {
   if (t->cfg.clip_grad_value > 0 && at < cap) /* as drop-last: only when set */
     at += (size_t)snprintf(buf + at, cap - at, " clip-grad-value=%a",
                            (double)t->cfg.clip_grad_value);
+  if (t->cfg.amsgrad && at < cap) /* the same */
+    at += (size_t)snprintf(buf + at, cap - at, " amsgrad=1");
   if (cycles_momentum(t) && at < cap) /* the same */
     snprintf(buf + at, cap - at, " cycle-momentum=%a:%a", (double)t->sched.base_momentum,
              (double)t->sched.max_momentum);

@@ -54,9 +54,10 @@ static double gemm_flops(const dp_layer *l, int rows, double *gemm_rows) {
 }
 
 /* Bytes an update streams per parameter byte: p, g and the state read, p and
- * the state written. */
+ * the state written (amsgrad's v_hat: one more vector each way). */
 static double update_factor(const dp_config *c) {
-  if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM) return 7.0;
+  if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM)
+    return c->amsgrad ? 9.0 : 7.0;
   return c->momentum > 0.0f || c->optimizer == DP_OPT_MOMENTUM ? 5.0 : 3.0;
 }
 

@@ -127,8 +127,8 @@ dp_status dp__opt_operands(const dp_plan *p, int d, size_t first, size_t n, int 
                            size_t grad_off, dp_opt_operands *o) {
   *o = (dp_opt_operands){.params = span(DP_REGION_PARAMS, first * 4, n * 4),
                          .grads = span(grad_region, grad_off, n * 4),
-                         .state = {DP_SPAN_NONE, DP_SPAN_NONE}};
-  int k = dp__state_vectors(p->cfg.optimizer);
+                         .state = {DP_SPAN_NONE, DP_SPAN_NONE, DP_SPAN_NONE}};
+  int k = dp__cfg_state_vectors(&p->cfg);
   if (!k) return DP_OK;
   if (first < p->opt_off[d] || first + n > p->opt_off[d] + p->opt_len[d])
     return DP_FAIL(DP_ERR_INVALID,

@@ -65,13 +65,13 @@ void dp__loss_operands(const dp_plan *p, const dp_op *op, dp_loss_operands *o);
 /* An optimizer-range op's operands (check, update, accumulate, clip), for
  * parameters [first, first + n) (floats) on device d: the parameters, the
  * gradients at grad (region, byte offset) as the op names them, and the
- * optimizer state the device holds for them (momentum's buffer; AdamW's m then
- * v: state[0], state[1]; none for SGD). The state region holds the device's
- * range [opt_off[d], +opt_len[d]) only, one vector after the other.
+ * optimizer state the device holds for them (momentum's buffer; Adam(W)'s m then
+ * v, then amsgrad's v_hat: state[0], state[1], state[2]; none for SGD). The state region
+ * holds the device's range [opt_off[d], +opt_len[d]) only, one vector after the other.
  * DP_ERR_INVALID when the range has no state on the device. */
 typedef struct {
   dp_span params, grads;
-  dp_span state[2];
+  dp_span state[3];
 } dp_opt_operands;
 
 dp_status dp__opt_operands(const dp_plan *p, int d, size_t first, size_t n, int grad_region,

@@ -53,6 +53,7 @@ void dp_config_set_optimizer(dp_config *c, dp_optimizer o) {
   c->beta1 = 0.9f;
   c->beta2 = 0.999f;
   c->eps = 1e-8f;
+  c->amsgrad = 0;
 }
 
 bool dp__shared_gpu(const dp_config *c, int n, int *first, int *second) {
@@ -98,6 +99,14 @@ static dp_status check_hyper(const dp_config *c) {
                      (double)r[i].v);
   if (c->nesterov != 0 && c->nesterov != 1)
     return DP_FAIL(DP_ERR_INVALID, "nesterov must be 0 or 1, got %d", c->nesterov);
+  if (c->amsgrad != 0 && c->amsgrad != 1)
+    return DP_FAIL(DP_ERR_INVALID, "amsgrad must be 0 or 1, got %d", c->amsgrad);
+  /* PyTorch's SGD has no amsgrad: a setting it would ignore is refused */
+  if (c->amsgrad && !dp__is_adam(c->optimizer))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "amsgrad is an Adam and AdamW setting; the optimizer is %s (use "
+                   "DP_OPT_ADAM or DP_OPT_ADAMW, or amsgrad 0)",
+                   dp_optimizer_name(c->optimizer));
   if (dp__is_adam(c->optimizer)) {
     const char *name = c->optimizer == DP_OPT_ADAM ? "Adam" : "AdamW";
     if (c->momentum != 0 || c->dampening != 0 || c->nesterov)
@@ -814,7 +823,7 @@ static dp_status plan_device(dp_plan *p, int d) {
     sz[DP_REGION_OUTPUT_GRADS] = sz[DP_REGION_OUTPUTS];
     /* the optimizer's state vectors, then (config.accumulate) the partial sums
      * of the accumulation, one per level of its pairwise tree */
-    int k = dp__state_vectors(c->optimizer) + dp__accum_levels(c);
+    int k = dp__cfg_state_vectors(c) + dp__accum_levels(c);
     if (!mul3((size_t)k, p->opt_len[d], 4, &sz[DP_REGION_OPT_STATE])) return OVERFLOW();
     int n_used = p->split.n_used;
     if (!comm_bytes(p, d, &sz[DP_REGION_COMM])) return OVERFLOW();
@@ -1213,6 +1222,7 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
     x = h_u64(h_u64(x, 0x7263u), (uint64_t)c->recompute);
   if (c->clip_grad_value > 0) /* the same */
     x = h_f32(h_u64(x, 0x6376u), c->clip_grad_value);
+  if (dp__amsgrad(c)) x = h_u64(x, 0x616du);       /* the same */
   for (int i = 4; i < DP_MAX_BACKEND_OPTIONS; i++) /* a backend with more options */
     if (p->bopt[i]) x = h_u64(h_u64(x, (uint64_t)i), (uint64_t)p->bopt[i]);
   float fl[] = {c->lr,    c->momentum, c->dampening, c->weight_decay,

@@ -25,9 +25,17 @@ static inline int dp__accum_levels(const dp_config *c) {
 static inline bool dp__is_adam(dp_optimizer o) {
   return o == DP_OPT_ADAMW || o == DP_OPT_ADAM;
 }
-/* Optimizer state vectors: momentum 1, Adam and AdamW 2 (m, v), plain SGD 0. */
-static inline int dp__state_vectors(dp_optimizer o) {
-  return dp__is_adam(o) ? 2 : o == DP_OPT_MOMENTUM ? 1 : 0;
+/* Optimizer state vectors: momentum 1, Adam and AdamW 2 (m, v) or, with
+ * amsgrad, 3 (m, v, v_hat), plain SGD 0. */
+static inline int dp__state_vectors(dp_optimizer o, bool amsgrad) {
+  return dp__is_adam(o) ? (amsgrad ? 3 : 2) : o == DP_OPT_MOMENTUM ? 1 : 0;
+}
+/* config.amsgrad in effect: a training plan of the Adam family that sets it. */
+static inline bool dp__amsgrad(const dp_config *c) {
+  return c->amsgrad && !c->inference && dp__is_adam(c->optimizer);
+}
+static inline int dp__cfg_state_vectors(const dp_config *c) {
+  return dp__state_vectors(c->optimizer, dp__amsgrad(c));
 }
 /* The momentum a plan's optimizer starts with (dp_ctx_momentum): SGD's
  * (DP_OPT_MOMENTUM, as the plan names SGD with a buffer), Adam's beta1; 0 for

@@ -564,7 +564,7 @@ static dp_op accum_op(const dp_plan *p, dp_op_kind kind, int d) {
   op.dst_region = DP_REGION_GRADS;
   op.dst_offset = p->opt_off[d] * 4;
   op.src_region = DP_REGION_OPT_STATE;
-  op.src_offset = (size_t)dp__state_vectors(p->cfg.optimizer) * p->opt_len[d] * 4;
+  op.src_offset = (size_t)dp__cfg_state_vectors(&p->cfg) * p->opt_len[d] * 4;
   if (kind == DP_OP_GRAD_ACCUM) op.flags = sum_flags(p);
   return op;
 }

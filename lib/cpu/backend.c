@@ -754,7 +754,7 @@ static inline uint32_t nonfinite_bit(float x) {
  * or its state non-finite is refused with nothing written. */
 typedef struct {
   float lr, wd, mu, keep, b1, b2, eps, step_size, bc2_sqrt, decay;
-  bool first, nesterov;
+  bool first, nesterov, ams; /* ams: config.amsgrad (the plan's dp__amsgrad) */
 } opt_consts;
 
 /* The rate and the momentum in effect (dp_exec_env.lr, .momentum: SGD's
@@ -772,7 +772,8 @@ static opt_consts opt_consts_of(const dp_config *c, const dp_exec_env *e) {
                   .eps = c->eps,
                   .decay = 1.0f - lr * c->weight_decay,
                   .first = step == 0,
-                  .nesterov = c->nesterov != 0};
+                  .nesterov = c->nesterov != 0,
+                  .ams = dp__amsgrad(c)};
   if (c->optimizer == DP_OPT_ADAMW || c->optimizer == DP_OPT_ADAM) {
     double t = (double)step + 1.0;
     /* beta1 in effect: PyTorch's 1 - beta1 ** step takes the group's current one */
@@ -815,13 +816,18 @@ static inline float adam_l2_w(const opt_consts *u, float w, float m, float v) {
   float denom = sqrtf(v) / u->bc2_sqrt + u->eps;
   return w - u->step_size * (m / denom);
 }
+/* amsgrad: torch.maximum(v_hat, v), stored, and the denominator's v in
+ * adam_w / adam_l2_w (PyTorch's single-tensor path: the same expression with
+ * v_hat for v). Both are finite and >= 0 here, so no NaN rule is needed. */
+static inline float adam_vhat(float vh, float v) { return v > vh ? v : vh; }
 
 /* 1 when the update of element k would leave a non-finite parameter or state
  * word; branch-free per element so that the scan vectorises. s: the first
- * state vector (momentum, AdamW's m) at this range, sv: AdamW's v. */
+ * state vector (momentum, AdamW's m) at this range, sv: AdamW's v, sh:
+ * amsgrad's v_hat (NULL without it). */
 static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const float *w,
                                   const float *g, const float *s, const float *sv,
-                                  size_t k) {
+                                  const float *sh, size_t k) {
   switch (o) {
   case DP_OPT_SGD: return nonfinite_bit(sgd_w(u, w[k], g[k]));
   case DP_OPT_MOMENTUM: {
@@ -830,36 +836,41 @@ static inline uint32_t update_bad(dp_optimizer o, const opt_consts *u, const flo
   }
   case DP_OPT_ADAMW: {
     float m = adam_m(u, s[k], g[k]), v = adam_v(u, sv[k], g[k]);
-    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_w(u, w[k], m, v));
+    float d = u->ams ? adam_vhat(sh[k], v) : v; /* the denominator's */
+    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(d) |
+           nonfinite_bit(adam_w(u, w[k], m, d));
   }
   case DP_OPT_ADAM: {
     float gk = mom_g(u, w[k], g[k]), m = adam_m(u, s[k], gk), v = adam_v(u, sv[k], gk);
-    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(adam_l2_w(u, w[k], m, v));
+    float d = u->ams ? adam_vhat(sh[k], v) : v;
+    return nonfinite_bit(m) | nonfinite_bit(v) | nonfinite_bit(d) |
+           nonfinite_bit(adam_l2_w(u, w[k], m, d));
   }
   }
   return 0;
 }
 
-static inline DP_SIMD_BODY int update_scan_body(dp_optimizer o, const opt_consts *u,
-                                                const float *restrict w,
-                                                const float *restrict g,
-                                                const float *restrict s,
-                                                const float *restrict sv, size_t n) {
+static inline DP_SIMD_BODY int
+update_scan_body(dp_optimizer o, const opt_consts *u, const float *restrict w,
+                 const float *restrict g, const float *restrict s, const float *restrict sv,
+                 const float *restrict sh, size_t n) {
   /* one loop per optimizer, each free of branches, so that it vectorises */
   const opt_consts v = *u;
   uint32_t bad = 0;
   switch (o) {
   case DP_OPT_SGD: /* exact: the element rule with the optimizer a constant */
-    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_SGD, &v, w, g, s, sv, k);
+    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_SGD, &v, w, g, s, sv, sh, k);
     break;
   case DP_OPT_MOMENTUM:
-    for (size_t k = 0; k < n; k++) bad |= update_bad(DP_OPT_MOMENTUM, &v, w, g, s, sv, k);
+    for (size_t k = 0; k < n; k++)
+      bad |= update_bad(DP_OPT_MOMENTUM, &v, w, g, s, sv, sh, k);
     break;
   case DP_OPT_ADAMW: {
     /* Conservative, without AdamW's sqrt and division: the moments finite and
      * |w decay| + step_size |m| / eps (denom >= eps) below FLT_MAX / 2 cannot
      * give a non-finite parameter; an element that fails the bound is decided
-     * exactly by the caller's search. */
+     * exactly by the caller's search. amsgrad's v_hat is the larger of v and
+     * the stored v_hat (finite), so v finite covers it. */
     float inv_eps = 1.0f / v.eps, dec = fabsf(v.decay), lim = FLT_MAX / 2;
     for (size_t k = 0; k < n; k++) {
       float m = adam_m(&v, s[k], g[k]), vv = adam_v(&v, sv[k], g[k]);
@@ -885,21 +896,22 @@ static inline DP_SIMD_BODY int update_scan_body(dp_optimizer o, const opt_consts
 DP_SIMD_FN(update_scan,
            (dp_optimizer o, const opt_consts *u, const float *restrict w,
             const float *restrict g, const float *restrict s, const float *restrict sv,
-            size_t n),
-           (o, u, w, g, s, sv, n))
+            const float *restrict sh, size_t n),
+           (o, u, w, g, s, sv, sh, n))
 
 /* The gradients of this device's optimizer range are finite, and so is every
  * value the update would write (parameters and optimizer state). */
 /* The optimizer state of parameters [off, off + n) of device d (the core's
  * view, lib/core/operands.c): the first state vector at *s, AdamW's second at
- * *sv; NULL where the optimizer has none. An op may cover part of the
- * device's range (the executor shares elementwise ops out). */
+ * *sv, amsgrad's v_hat at *sh; NULL where the optimizer has none. An op may
+ * cover part of the device's range (the executor shares elementwise ops out). */
 static dp_status opt_state(const dp_exec_env *e, int d, size_t off, size_t n, float **s,
-                           float **sv) {
+                           float **sv, float **sh) {
   dp_opt_operands o;
   dp_status st = dp__opt_operands(e->plan, d, off, n, DP_REGION_GRADS, off * 4, &o);
   *s = dp__span_ptr(e, d, o.state[0]);
   *sv = dp__span_ptr(e, d, o.state[1]);
+  *sh = dp__span_ptr(e, d, o.state[2]);
   return st;
 }
 
@@ -909,20 +921,20 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
   size_t n = op->bytes / 4, off = op->src_offset / 4;
   const float *g = region(e, d, op->src_region, op->src_offset);
   const float *w = region(e, d, DP_REGION_PARAMS, op->src_offset);
-  float *s, *sv;
-  dp_status st = opt_state(e, d, off, n, &s, &sv);
+  float *s, *sv, *sh;
+  dp_status st = opt_state(e, d, off, n, &s, &sv, &sh);
   if (st) return st;
   opt_consts u = opt_consts_of(c, e);
   /* One pass: a non-finite gradient makes its update non-finite too, so the
    * update scan covers both (conservatively for AdamW); the exact search says
    * which, if any. */
-  if (!update_scan(c->optimizer, &u, w, g, s, sv, n)) return DP_OK;
+  if (!update_scan(c->optimizer, &u, w, g, s, sv, sh, n)) return DP_OK;
   for (size_t k = 0; k < n; k++)
     if (!isfinite(g[k]))
       return DP_FAIL(DP_ERR_NONFINITE, "gradient %zu is %s; the step was not applied",
                      off + k, isnan(g[k]) ? "NaN" : "infinite");
   for (size_t k = 0; k < n; k++)
-    if (update_bad(c->optimizer, &u, w, g, s, sv, k))
+    if (update_bad(c->optimizer, &u, w, g, s, sv, sh, k))
       return DP_FAIL(DP_ERR_NONFINITE,
                      "the update would make parameter %zu or its optimizer state "
                      "non-finite (lr %g, weight_decay %g); the step was not applied",
@@ -935,7 +947,7 @@ static dp_status grad_check_op(dp_exec_env *e, const dp_op *op) {
 static inline DP_SIMD_BODY int update_body(dp_optimizer o, const opt_consts *uc,
                                            float *restrict w, const float *restrict g,
                                            float *restrict s, float *restrict sv,
-                                           size_t n) {
+                                           float *restrict sh, size_t n) {
   const opt_consts u = *uc;
   switch (o) {
   case DP_OPT_SGD:
@@ -949,41 +961,63 @@ static inline DP_SIMD_BODY int update_body(dp_optimizer o, const opt_consts *uc,
     }
     break;
   case DP_OPT_ADAMW:
-    for (size_t k = 0; k < n; k++) {
-      float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, sv[k], g[k]);
-      s[k] = m;
-      sv[k] = v;
-      w[k] = adam_w(&u, w[k], m, v);
-    }
+    if (u.ams) /* a loop of its own, so that each stays free of branches */
+      for (size_t k = 0; k < n; k++) {
+        float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, sv[k], g[k]);
+        float vh = adam_vhat(sh[k], v);
+        s[k] = m;
+        sv[k] = v;
+        sh[k] = vh;
+        w[k] = adam_w(&u, w[k], m, vh);
+      }
+    else
+      for (size_t k = 0; k < n; k++) {
+        float m = adam_m(&u, s[k], g[k]), v = adam_v(&u, sv[k], g[k]);
+        s[k] = m;
+        sv[k] = v;
+        w[k] = adam_w(&u, w[k], m, v);
+      }
     break;
   case DP_OPT_ADAM:
-    for (size_t k = 0; k < n; k++) {
-      float gk = mom_g(&u, w[k], g[k]);
-      float m = adam_m(&u, s[k], gk), v = adam_v(&u, sv[k], gk);
-      s[k] = m;
-      sv[k] = v;
-      w[k] = adam_l2_w(&u, w[k], m, v);
-    }
+    if (u.ams)
+      for (size_t k = 0; k < n; k++) {
+        float gk = mom_g(&u, w[k], g[k]);
+        float m = adam_m(&u, s[k], gk), v = adam_v(&u, sv[k], gk);
+        float vh = adam_vhat(sh[k], v);
+        s[k] = m;
+        sv[k] = v;
+        sh[k] = vh;
+        w[k] = adam_l2_w(&u, w[k], m, vh);
+      }
+    else
+      for (size_t k = 0; k < n; k++) {
+        float gk = mom_g(&u, w[k], g[k]);
+        float m = adam_m(&u, s[k], gk), v = adam_v(&u, sv[k], gk);
+        s[k] = m;
+        sv[k] = v;
+        w[k] = adam_l2_w(&u, w[k], m, v);
+      }
     break;
   }
   return 0;
 }
 DP_SIMD_FN(update,
            (dp_optimizer o, const opt_consts *uc, float *restrict w,
-            const float *restrict g, float *restrict s, float *restrict sv, size_t n),
-           (o, uc, w, g, s, sv, n))
+            const float *restrict g, float *restrict s, float *restrict sv,
+            float *restrict sh, size_t n),
+           (o, uc, w, g, s, sv, sh, n))
 
 /* The update of parameters [off, off + n) of this device (its optimizer range
  * or a part of it: opt_state). */
 static dp_status optimizer_op(dp_exec_env *e, const dp_op *op) {
   const dp_config *c = &e->plan->cfg;
   int d = op->device;
-  float *s, *sv;
-  dp_status st = opt_state(e, d, op->dst_offset / 4, op->bytes / 4, &s, &sv);
+  float *s, *sv, *sh;
+  dp_status st = opt_state(e, d, op->dst_offset / 4, op->bytes / 4, &s, &sv, &sh);
   if (st) return st;
   opt_consts u = opt_consts_of(c, e);
   update(c->optimizer, &u, region(e, d, DP_REGION_PARAMS, op->dst_offset),
-         region(e, d, DP_REGION_GRADS, op->dst_offset), s, sv, op->bytes / 4);
+         region(e, d, DP_REGION_GRADS, op->dst_offset), s, sv, sh, op->bytes / 4);
   return DP_OK;
 }
 

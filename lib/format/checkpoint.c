@@ -32,6 +32,11 @@
 #define CK_SEC_TAIL 8u                /* checksum */
 #define CK_MODL_FIXED 32u             /* MODL payload before the model text */
 #define CK_FLAG_INFERENCE 1u
+/* config.amsgrad: OPTS holds m, v and v_hat. A flag rather than a new
+ * version, so that every other checkpoint keeps its bytes; a library that
+ * predates it refuses the unknown flag rather than misreading three vectors. */
+#define CK_FLAG_AMSGRAD 2u
+#define CK_FLAGS_KNOWN (CK_FLAG_INFERENCE | CK_FLAG_AMSGRAD)
 /* The step counter keys dropout and AdamW's bias correction, computed in
  * double: counts up to 2^53 are exact there, and far from the 64-bit wrap
  * that would make a step the "first" again. No run gets near it. */
@@ -72,11 +77,14 @@ static void putf(unsigned char *b, float f) {
   put32(b, u);
 }
 
-/* State vectors of an optimizer: momentum 1, Adam and AdamW 2 (m, v), SGD 0. */
-static unsigned state_vectors(dp_optimizer o) { return (unsigned)dp__state_vectors(o); }
+/* State vectors of an optimizer: momentum 1, Adam and AdamW 2 (m, v) or 3
+ * (amsgrad's v_hat too), SGD 0. */
+static unsigned state_vectors(dp_optimizer o, bool amsgrad) {
+  return (unsigned)dp__state_vectors(o, amsgrad);
+}
 
 static unsigned ctx_state_vectors(const dp_ctx *c) {
-  return c->plan->cfg.inference ? 0u : state_vectors(c->plan->cfg.optimizer);
+  return (unsigned)dp__cfg_state_vectors(&c->plan->cfg); /* 0 for inference */
 }
 
 /* Device d's optimizer-state range (the planner's; all empty for inference). */
@@ -264,7 +272,9 @@ static dp_status write_file(dp_ctx *c, const ck_state *v, const void *app, size_
   put64(m + 8, p->cfg.seed);
   put32(m + 16, (uint32_t)p->cfg.optimizer);
   put32(m + 20, k);
-  put32(m + 24, p->cfg.inference ? CK_FLAG_INFERENCE : 0);
+  put32(m + 24, p->cfg.inference       ? CK_FLAG_INFERENCE
+                : dp__amsgrad(&p->cfg) ? CK_FLAG_AMSGRAD
+                                       : 0);
   put32(m + 28, (uint32_t)tlen);
   w_sec_begin(&w, SEC_MODL, CK_MODL_FIXED + (uint64_t)tlen);
   w_bytes(&w, m, sizeof m);
@@ -447,6 +457,13 @@ static dp_status check_model(const dp_ctx *c, const ckpt_view *v, const char *te
                    "%s: the checkpoint's optimizer is %s; the context's is %s", path,
                    dp_optimizer_name((dp_optimizer)v->optimizer),
                    dp_optimizer_name(p->cfg.optimizer)); /* MODL's check: in range */
+  bool ams = (v->flags & CK_FLAG_AMSGRAD) != 0;
+  if (ams != dp__amsgrad(&p->cfg))
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: the checkpoint was saved with amsgrad %s; the context has amsgrad "
+                   "%s (its optimizer state is %s): plan the context with amsgrad %d",
+                   path, ams ? "on" : "off", ams ? "off" : "on",
+                   ams ? "m, v and v_hat" : "m and v", ams ? 1 : 0);
   if (v->seed != p->cfg.seed)
     return DP_FAIL(DP_ERR_INVALID,
                    "%s: the checkpoint's seed is %llu; the context's is %llu", path,
@@ -497,11 +514,11 @@ static dp_status sec_body(const char *path, const unsigned char *b, size_t len, 
 }
 
 /* The optimizer state is finite, and Adam's or AdamW's second moment v (a
- * running mean of squared gradients) is never negative: the update divides by
- * its square root, so a negative one would write NaN parameters on the next
- * step. */
+ * running mean of squared gradients) and amsgrad's v_hat (its running maximum)
+ * are never negative: the update divides by a square root of one of them, so a
+ * negative one would write NaN parameters on the next step. */
 static dp_status check_opt_values(const ckpt_view *v, size_t n, const char *path) {
-  bool adamw = dp__is_adam((dp_optimizer)v->optimizer) && v->k == 2;
+  bool adamw = dp__is_adam((dp_optimizer)v->optimizer) && v->k >= 2;
   for (size_t e = 0; e < (size_t)v->k * n; e++) {
     float x = getf(v->opts + 4 * e);
     if (!isfinite(x))
@@ -509,12 +526,29 @@ static dp_status check_opt_values(const ckpt_view *v, size_t n, const char *path
                      "%s: optimizer state value %zu (vector %zu) is not finite", path,
                      e % n, e / n);
     if (adamw && e >= n && x < 0.0f)
-      return DP_FAIL(DP_ERR_PARSE,
-                     "%s: %s's second moment v[%zu] is %g; a mean of squares is never "
-                     "negative",
-                     path, v->optimizer == DP_OPT_ADAM ? "Adam" : "AdamW", e - n,
-                     (double)x);
+      return DP_FAIL(
+          DP_ERR_PARSE, "%s: %s's %s[%zu] is %g; a mean of squares is never negative", path,
+          v->optimizer == DP_OPT_ADAM ? "Adam" : "AdamW",
+          e >= 2 * n ? "amsgrad maximum v_hat" : "second moment v", e % n, (double)x);
   }
+  return DP_OK;
+}
+
+/* MODL's flags: known bits, and amsgrad only for a training checkpoint of the
+ * Adam family (no other keeps v_hat). */
+static dp_status check_flags(const char *path, uint32_t flags, uint32_t optimizer) {
+  if (flags & ~CK_FLAGS_KNOWN)
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: section MODL: flags 0x%x (only 0x%x, inference, and 0x%x, amsgrad, "
+                   "are known)",
+                   path, flags, (unsigned)CK_FLAG_INFERENCE, (unsigned)CK_FLAG_AMSGRAD);
+  if ((flags & CK_FLAG_AMSGRAD) &&
+      ((flags & CK_FLAG_INFERENCE) || !dp__is_adam((dp_optimizer)optimizer)))
+    return DP_FAIL(DP_ERR_PARSE,
+                   "%s: section MODL: the amsgrad flag on a%s %s checkpoint (only Adam and "
+                   "AdamW training keep v_hat)",
+                   path, (flags & CK_FLAG_INFERENCE) ? "n inference" : "",
+                   dp_optimizer_name((dp_optimizer)optimizer));
   return DP_OK;
 }
 
@@ -570,12 +604,11 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
   if (v->optimizer > DP_OPT_ADAM)
     return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: optimizer %u is none of 0 to %d", path,
                    v->optimizer, (int)DP_OPT_ADAM);
-  if (v->flags & ~CK_FLAG_INFERENCE)
-    return DP_FAIL(DP_ERR_PARSE,
-                   "%s: section MODL: flags 0x%x (only 0x%x, inference, is known)", path,
-                   v->flags, (unsigned)CK_FLAG_INFERENCE);
+  if ((s = check_flags(path, v->flags, v->optimizer))) return s;
   unsigned want_k =
-      (v->flags & CK_FLAG_INFERENCE) ? 0u : state_vectors((dp_optimizer)v->optimizer);
+      (v->flags & CK_FLAG_INFERENCE)
+          ? 0u
+          : state_vectors((dp_optimizer)v->optimizer, (v->flags & CK_FLAG_AMSGRAD) != 0);
   if (v->k != want_k)
     return DP_FAIL(DP_ERR_PARSE,
                    "%s: section MODL: %u optimizer state vectors; %s%s keeps %u", path,
@@ -746,14 +779,14 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
   size_t tlen;
   if (!ctx_text(c, &text, &tlen))
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_NOMEM, "checkpoint: out of memory"));
-  /* The largest checkpoint of this model (AdamW's two state vectors). */
+  /* The largest checkpoint of this model (amsgrad's three state vectors). */
   size_t cap;
   if (n > SIZE_MAX / 64 || tlen > SIZE_MAX / 4) {
     free(text);
     return dp__ctx_fail(c, DP_FAIL(DP_ERR_OVERFLOW, "checkpoint: the model is too large"));
   }
   size_t nf = dp__param_floats(&p->model);
-  cap = file_size_for(nf, n, 2, tlen, CK_VERSION, CK_APP_MAX); /* the largest */
+  cap = file_size_for(nf, n, 3, tlen, CK_VERSION, CK_APP_MAX); /* the largest */
 
   unsigned char *buf = NULL;
   size_t len = 0, file_size = 0;
@@ -850,8 +883,8 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
 static dp_status check_least_size(const char *path, const dp_model *m, unsigned k,
                                   size_t tlen, uint32_t version, size_t file_size) {
   size_t n = dp_model_n_params(m), nf = dp__param_floats(m);
-  if (k > 2)
-    return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: %u optimizer state vectors (at most 2)",
+  if (k > 3)
+    return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: %u optimizer state vectors (at most 3)",
                    path, k);
   size_t least = n > SIZE_MAX / 32 || nf > SIZE_MAX / 32
                      ? SIZE_MAX
@@ -923,6 +956,7 @@ dp_status dp_ckpt_info(const char *path, dp_model **model, dp_ckpt_summary *out)
       out->seed = get64(mo + 8);
       out->optimizer = (dp_optimizer)get32(mo + 16);
       out->inference = (get32(mo + 24) & CK_FLAG_INFERENCE) != 0;
+      out->amsgrad = (get32(mo + 24) & CK_FLAG_AMSGRAD) != 0;
       out->file_bytes = file_size;
     }
   }
