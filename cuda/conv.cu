@@ -24,18 +24,18 @@
  *     one tap). lib/cpu/conv.c scatters in (image, oy, ox, c, ky, kx) order into a
  *     zeroed dx, which adds each element's taps in that same (oy, ox) order:
  *     the same bits from the same dCOL.
- *   - avgpool forward: +0 + the window in (ky, kx) order, then / (K K);
- *     backward: each element gathers dy / (K K) over the windows that hold it,
- *     (oy, ox) ascending, from +0: lib/cpu/conv.c's scatter order again.
- *   - maxpool: the window's argmax is the first largest in (ky, kx) order, a
- *     NaN taken at once (lib/cpu/conv.c's argmax, recomputed in backward); an
- *     element gathers dy of every window whose argmax it is, (oy, ox)
- *     ascending, from +0: overlapping windows sum as on the CPU.
- * Adds are __fadd_rn and divisions __fdiv_rn (no contraction), so the pools
- * and the transposes/col2im give the CPU's bits; the GEMMs and the bias
- * gradient are cuBLAS's and k_colsum's (cuda/kernels.cu), close but not the
- * CPU's bits, and the same bits run to run and across device counts (their
- * shapes are the micro-batch's). */
+ *   - avgpool forward: +0 + the window's real cells (padding clipped off) in
+ *     (ky, kx) order, then / (K K), or / the real cells with exclude_pad;
+ *     backward: each element gathers dy / that divisor over the windows that
+ *     hold it, (oy, ox) ascending, from +0: lib/cpu/conv.c's scatter order again.
+ *   - maxpool: the window's argmax is the first largest real cell in (ky, kx)
+ *     order (the -inf padding never wins), a NaN taken at once (lib/cpu/conv.c's argmax,
+ * recomputed in backward); an element gathers dy of every window whose argmax it is, (oy,
+ * ox) ascending, from +0: overlapping windows sum as on the CPU. Adds are __fadd_rn and
+ * divisions __fdiv_rn (no contraction), so the pools and the transposes/col2im give the
+ * CPU's bits; the GEMMs and the bias gradient are cuBLAS's and k_colsum's
+ * (cuda/kernels.cu), close but not the CPU's bits, and the same bits run to run and across
+ * device counts (their shapes are the micro-batch's). */
 #include "conv.cuh"
 #include "grid.cuh"
 
@@ -57,7 +57,7 @@ static cshape shape_of(const dp_layer *l) {
   s.W = l->iw;
   s.K = l->k;
   s.S = l->stride;
-  s.Pd = l->kind == DP_LAYER_CONV2D ? l->pad : 0;
+  s.Pd = l->pad; /* conv2d's zeros, maxpool's -inf, avgpool's zeros */
   s.OH = l->h;
   s.OW = l->w;
   return s;
@@ -135,15 +135,28 @@ static __global__ void k_planes_to_rows(size_t P, size_t out, const float *dy, f
 
 /* ---- pools ------------------------------------------------------------------------- */
 
-/* lib/cpu/conv.c's argmax: the first largest in (ky, kx) order, a NaN taken at once;
- * the index within the plane. */
-static __device__ __forceinline__ size_t window_argmax(const float *xc, int W, int y0,
-                                                       int x0, int K) {
-  size_t best = (size_t)y0 * W + x0;
+/* A window's real cells: rows [*y0, *y1), columns [*x0, *x1) (lib/cpu/conv.c's
+ * window_cells; never empty, as padding <= K / 2). */
+static __device__ __forceinline__ void window_cells(const cshape &s, int oy, int ox,
+                                                    int *y0, int *y1, int *x0, int *x1) {
+  int a = oy * s.S - s.Pd, b = ox * s.S - s.Pd;
+  *y0 = a < 0 ? 0 : a;
+  *x0 = b < 0 ? 0 : b;
+  *y1 = a + s.K < s.H ? a + s.K : s.H;
+  *x1 = b + s.K < s.W ? b + s.K : s.W;
+}
+
+/* lib/cpu/conv.c's argmax: the first largest real cell in (ky, kx) order, a NaN
+ * taken at once (the -inf padding never wins); the index within the plane. */
+static __device__ __forceinline__ size_t window_argmax(const cshape &s, const float *xc,
+                                                       int oy, int ox) {
+  int y0, y1, x0, x1;
+  window_cells(s, oy, ox, &y0, &y1, &x0, &x1);
+  size_t best = (size_t)y0 * s.W + x0;
   float m = -INFINITY;
-  for (int ky = 0; ky < K; ky++)
-    for (int kx = 0; kx < K; kx++) {
-      size_t at = (size_t)(y0 + ky) * W + (size_t)(x0 + kx);
+  for (int iy = y0; iy < y1; iy++)
+    for (int ix = x0; ix < x1; ix++) {
+      size_t at = (size_t)iy * s.W + (size_t)ix;
       float v = xc[at];
       if (v > m || isnan(v)) {
         m = v;
@@ -154,46 +167,54 @@ static __device__ __forceinline__ size_t window_argmax(const float *xc, int W, i
   return best;
 }
 
-static __global__ void k_pool_forward(cshape s, int mx, const float *x, float *y,
+/* avgpool's divisor: K K, or with exclude_pad the window's real cells */
+static __device__ __forceinline__ float avg_divisor(const cshape &s, int excl, int oy,
+                                                    int ox) {
+  if (!excl) return (float)(s.K * s.K);
+  int y0, y1, x0, x1;
+  window_cells(s, oy, ox, &y0, &y1, &x0, &x1);
+  return (float)((y1 - y0) * (x1 - x0));
+}
+
+/* mx: maxpool; else avgpool, excl its exclude_pad */
+static __global__ void k_pool_forward(cshape s, int mx, int excl, const float *x, float *y,
                                       size_t total) {
   const size_t plane = (size_t)s.H * s.W, oplane = (size_t)s.OH * s.OW;
-  const float area = (float)(s.K * s.K);
   GRID_STRIDE(i, total) {
     size_t sc = i / oplane;
     int p = (int)(i % oplane), oy = p / s.OW, ox = p % s.OW;
     const float *xc = x + sc * plane;
-    int y0 = oy * s.S, x0 = ox * s.S;
     if (mx) {
-      y[i] = xc[window_argmax(xc, s.W, y0, x0, s.K)];
+      y[i] = xc[window_argmax(s, xc, oy, ox)];
       continue;
     }
+    int y0, y1, x0, x1;
+    window_cells(s, oy, ox, &y0, &y1, &x0, &x1);
     float sum = 0.0f;
-    for (int ky = 0; ky < s.K; ky++)
-      for (int kx = 0; kx < s.K; kx++)
-        sum = fa(sum, xc[(size_t)(y0 + ky) * s.W + (size_t)(x0 + kx)]);
-    y[i] = fd(sum, area);
+    for (int iy = y0; iy < y1; iy++)
+      for (int ix = x0; ix < x1; ix++) sum = fa(sum, xc[(size_t)iy * s.W + (size_t)ix]);
+    y[i] = fd(sum, avg_divisor(s, excl, oy, ox));
   }
 }
 
-static __global__ void k_pool_backward(cshape s, int mx, const float *x, const float *dy,
-                                       float *dx, size_t total) {
+static __global__ void k_pool_backward(cshape s, int mx, int excl, const float *x,
+                                       const float *dy, float *dx, size_t total) {
   const size_t plane = (size_t)s.H * s.W, oplane = (size_t)s.OH * s.OW;
-  const float area = (float)(s.K * s.K);
   GRID_STRIDE(i, total) {
     size_t sc = i / plane;
     int q = (int)(i % plane), iy = q / s.W, ix = q % s.W;
     const float *xc = mx ? x + sc * plane : NULL;
     const float *dyc = dy + sc * oplane;
     int oy0, oy1, ox0, ox1;
-    windows_of(iy, 0, s.K, s.S, s.OH, &oy0, &oy1);
-    windows_of(ix, 0, s.K, s.S, s.OW, &ox0, &ox1);
+    windows_of(iy, s.Pd, s.K, s.S, s.OH, &oy0, &oy1);
+    windows_of(ix, s.Pd, s.K, s.S, s.OW, &ox0, &ox1);
     float acc = 0.0f;
     for (int oy = oy0; oy <= oy1; oy++)
       for (int ox = ox0; ox <= ox1; ox++) {
         float g = dyc[(size_t)oy * s.OW + ox];
         if (!mx)
-          acc = fa(acc, fd(g, area));
-        else if (window_argmax(xc, s.W, oy * s.S, ox * s.S, s.K) == (size_t)q)
+          acc = fa(acc, fd(g, avg_divisor(s, excl, oy, ox)));
+        else if (window_argmax(s, xc, oy, ox) == (size_t)q)
           acc = fa(acc, g);
       }
     dx[i] = acc;
@@ -245,8 +266,8 @@ cudaError_t dp_k_pool_forward(cudaStream_t st, const dp_layer *l, int n, const f
   cshape s = shape_of(l);
   size_t total = images(n) * s.C * s.OH * s.OW;
   if (total == 0) return cudaSuccess;
-  DP_LAUNCH(k_pool_forward, blocks_for(total), THREADS, 0, st)(s, l->kind == DP_LAYER_MAXPOOL2D, x,
-                                                        y, total);
+  DP_LAUNCH(k_pool_forward, blocks_for(total), THREADS, 0, st)
+  (s, l->kind == DP_LAYER_MAXPOOL2D, l->exclude_pad, x, y, total);
   return cudaGetLastError();
 }
 
@@ -255,8 +276,8 @@ cudaError_t dp_k_pool_backward(cudaStream_t st, const dp_layer *l, int n, const 
   cshape s = shape_of(l);
   size_t total = images(n) * s.C * s.H * s.W;
   if (total == 0) return cudaSuccess;
-  DP_LAUNCH(k_pool_backward, blocks_for(total), THREADS, 0, st)(s, l->kind == DP_LAYER_MAXPOOL2D,
-                                                         x, dy, dx, total);
+  DP_LAUNCH(k_pool_backward, blocks_for(total), THREADS, 0, st)
+  (s, l->kind == DP_LAYER_MAXPOOL2D, l->exclude_pad, x, dy, dx, total);
   return cudaGetLastError();
 }
 

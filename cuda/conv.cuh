@@ -28,13 +28,14 @@ dp_status dp__cuda_conv_backward(cublasHandle_t h, cudaStream_t st, const dp_lay
                                  float *dw, float *db, float *dx, void *ws,
                                  size_t ws_bytes);
 
-/* maxpool2d (first largest in (ky, kx) order, a NaN at once) or avgpool2d
- * (window sum in (ky, kx) order, then / (K K)) of x (n, C, H, W). */
+/* maxpool2d (first largest real cell in (ky, kx) order, a NaN at once) or
+ * avgpool2d (the real cells' sum in (ky, kx) order, then / (K K), or / their
+ * count with exclude_pad) of x (n, C, H, W), padding l->pad. */
 cudaError_t dp_k_pool_forward(cudaStream_t st, const dp_layer *l, int n, const float *x,
                               float *y);
 /* dx (n, C, H, W) written: each element gathers, over the windows that
- * contain it in (oy, ox) order, dy / (K K) (avg) or dy where it is the
- * window's max (max: x needed). */
+ * contain it in (oy, ox) order, dy / the window's divisor (avg) or dy where
+ * it is the window's max (max: x needed). */
 cudaError_t dp_k_pool_backward(cudaStream_t st, const dp_layer *l, int n, const float *x,
                                const float *dy, float *dx);
 

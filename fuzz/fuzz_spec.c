@@ -40,7 +40,8 @@ static void check_same_shapes(const dp_model *a, const dp_model *b) {
     FUZZ_CHECK(!dp_model_layer(a, i, &x) && !dp_model_layer(b, i, &y), "layer %d info", i);
     FUZZ_CHECK(x.in == y.in && x.out == y.out && x.channels == y.channels &&
                    x.height == y.height && x.width == y.width && x.kernel == y.kernel &&
-                   x.stride == y.stride && x.padding == y.padding && x.bias == y.bias,
+                   x.stride == y.stride && x.padding == y.padding && x.bias == y.bias &&
+                   x.exclude_pad == y.exclude_pad,
                "layer %d shape", i);
   }
 }

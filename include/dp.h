@@ -59,8 +59,8 @@ typedef enum {
   DP_LAYER_LAYERNORM, /* over the feature dim, affine, eps 1e-5 (or the spec's) */
   DP_LAYER_DROPOUT,
   DP_LAYER_CONV2D,    /* nn.Conv2d: NCHW, square kernel, stride, zero padding */
-  DP_LAYER_MAXPOOL2D, /* nn.MaxPool2d(K, stride): no padding, floor mode */
-  DP_LAYER_AVGPOOL2D, /* nn.AvgPool2d(K, stride): no padding, floor mode */
+  DP_LAYER_MAXPOOL2D, /* nn.MaxPool2d(K, stride, padding): floor mode */
+  DP_LAYER_AVGPOOL2D, /* nn.AvgPool2d(K, stride, padding): floor mode */
   DP_LAYER_FLATTEN,   /* nn.Flatten: a view (no copy, no memory) */
   DP_LAYER_BATCHNORM, /* nn.BatchNorm1d (flat) / 2d (image): eps 1e-5, momentum 0.1
                          (or the spec's), affine; running statistics as buffers
@@ -101,7 +101,8 @@ typedef struct dp_model dp_model;
  *   gelu [approximate tanh | approximate none] | tanh | sigmoid |
  *   silu | leaky_relu [SLOPE] |
  *   layernorm [eps E] | dropout P | conv2d OUT K [stride S] [padding P] [nobias] |
- *   maxpool2d K [stride S] | avgpool2d K [stride S] | flatten |
+ *   maxpool2d K [stride S] [padding P] |
+ *   avgpool2d K [stride S] [padding P] [exclude_pad] | flatten |
  *   batchnorm [eps E] [momentum M | momentum none] |
  *   input tokens T | embed V D | attention H [dropout P] | residual | end |
  *   loss mse | loss l1 | loss smooth_l1 [beta B] | loss huber [delta D] |
@@ -157,6 +158,16 @@ dp_status dp_model_new_image(int channels, int height, int width, dp_model **out
 dp_status dp_model_add_conv2d(dp_model *m, int out_channels, int kernel, int stride,
                               int padding, int bias);
 dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int stride);
+/* The same with PyTorch's padding (nn.MaxPool2d(K, S, P), nn.AvgPool2d(K, S, P,
+ * count_include_pad=not exclude_pad)), 0 <= padding <= kernel / 2 as PyTorch
+ * requires; the output is floor((n + 2 P - K) / S) + 1 (floor mode). maxpool2d
+ * pads with -inf: a padded cell never wins, the gradient goes to the first
+ * largest real element of the window (a NaN at once). avgpool2d sums the real
+ * elements and divides by K * K, or with exclude_pad (avgpool2d only) by the
+ * number of real elements in the window. Spec: `maxpool2d K [stride S]
+ * [padding P]`, `avgpool2d K [stride S] [padding P] [exclude_pad]`. */
+dp_status dp_model_add_pool2d_padded(dp_model *m, dp_layer_kind kind, int kernel,
+                                     int stride, int padding, int exclude_pad);
 /* Sequence models: the input is T token ids per row; then an embedding of a
  * vocabulary of V ids into D, which must come first. attention: heads >= 1
  * dividing D, the input (T, 3D). A residual block: begin, the layers, end
@@ -1167,6 +1178,7 @@ typedef struct {
   float momentum; /* batchnorm: the running statistics' momentum, or
                      DP_BN_MOMENTUM_NONE (the cumulative average); 0 otherwise */
   float negative_slope; /* leaky_relu; 0 otherwise */
+  int exclude_pad;      /* avgpool2d with count_include_pad=False; 0 otherwise */
 } dp_layer_info;
 
 /* Layer i, 0 <= i < dp_model_n_layers(m). DP_ERR_INVALID for a NULL model or

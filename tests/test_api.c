@@ -122,6 +122,7 @@ START_TEST(model_layer_describes_every_kind) {
     ck_assert_float_eq(l.p, want[i].p);
     ck_assert_uint_eq(l.param_offset, want[i].off);
     ck_assert_uint_eq(l.n_params, want[i].n);
+    ck_assert_int_eq(l.exclude_pad, 0); /* written (0xa5 before): not a pool */
     total += l.n_params;
   }
   ck_assert_uint_eq(total, dp_model_n_params(m));

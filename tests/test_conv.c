@@ -5,7 +5,8 @@
  * (where NaNs meet in an fma, any NaN for a NaN: same_bits_nan); the same
  * bits as the scalar and AVX2 tiers on finite data; they stay in their
  * workspace and write nothing past their outputs; and they take only the
- * shapes they claim. Skipped without AVX-512. */
+ * shapes they claim. Skipped without AVX-512. And the pools' padding
+ * (PyTorch's, every tier) against a plain reference. */
 #include "cpu/conv_fast.h"
 #include "cpu/gemm.h"
 #include "model/model.h"
@@ -361,6 +362,164 @@ START_TEST(fast_paths_take_only_their_shapes) {
 }
 END_TEST
 
+/* ---- the pools' padding against a reference ----------------------------------------
+ * PyTorch's padded pools written out plainly: window (oy, ox) covers input
+ * rows oy S - P .. oy S - P + K - 1 (columns alike), and only the cells inside
+ * the plane take part. maxpool: the first largest real cell in row-major
+ * order, a NaN at once (-inf padding never wins, so a window of -infs picks
+ * its first real cell); dx sums dy at each window's pick in (oy, ox) order.
+ * avgpool: the real cells' sum from +0, / K K or (exclude) / their count; dx
+ * gathers dy / divisor in (oy, ox) order. */
+typedef struct {
+  int C, H, W, K, S, P, OH, OW;
+  bool max, exclude;
+} pool_ref;
+
+static void ref_cells(const pool_ref *r, int o, int n_in, int *lo, int *hi) {
+  *lo = o * r->S - r->P;
+  *hi = *lo + r->K; /* exclusive */
+  if (*lo < 0) *lo = 0;
+  if (*hi > n_in) *hi = n_in;
+}
+
+static void ref_pool(const pool_ref *r, int n, const float *x, const float *dy, float *y,
+                     float *dx) {
+  size_t plane = (size_t)r->H * r->W, oplane = (size_t)r->OH * r->OW;
+  for (size_t i = 0; i < (size_t)n * r->C * plane; i++) dx[i] = 0.0f;
+  for (size_t sc = 0; sc < (size_t)n * r->C; sc++)
+    for (int oy = 0; oy < r->OH; oy++)
+      for (int ox = 0; ox < r->OW; ox++) {
+        int y0, y1, x0, x1;
+        ref_cells(r, oy, r->H, &y0, &y1);
+        ref_cells(r, ox, r->W, &x0, &x1);
+        ck_assert(y0 < y1 && x0 < x1); /* P <= K / 2: a real cell in every window */
+        size_t o = sc * oplane + (size_t)oy * r->OW + ox, best = 0;
+        float m = 0.0f, sum = 0.0f;
+        bool any = false;
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++) {
+            size_t at = sc * plane + (size_t)iy * r->W + ix;
+            float v = x[at];
+            sum = sum + v;
+            if (!any || v > m || (isnan(v) && !isnan(m))) best = at, m = v, any = true;
+          }
+        float div = r->exclude ? (float)((y1 - y0) * (x1 - x0)) : (float)(r->K * r->K);
+        if (r->max) {
+          y[o] = x[best];
+          dx[best] = dx[best] + dy[o];
+          continue;
+        }
+        y[o] = sum / div;
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++) {
+            size_t at = sc * plane + (size_t)iy * r->W + ix;
+            dx[at] = dx[at] + dy[o] / div;
+          }
+      }
+}
+
+/* One pool layer of `spec` on x (n rows) by the library and by ref_pool;
+ * bits the same (NaNs: any NaN, as the adds' operand order picks which). */
+static void pool_vs_ref(const char *spec, int n, const float *x, const float *dy) {
+  dp_model *m = model_of(spec);
+  const dp_layer *l = &m->layers[0];
+  pool_ref r = {l->ic,
+                l->ih,
+                l->iw,
+                l->k,
+                l->stride,
+                l->pad,
+                l->h,
+                l->w,
+                l->kind == DP_LAYER_MAXPOOL2D,
+                l->exclude_pad != 0};
+  size_t in = (size_t)n * l->in, out = (size_t)n * l->out;
+  float *y = blank(out), *dx = blank(in), *yr = blank(out), *dxr = blank(in);
+  ref_pool(&r, n, x, dy, yr, dxr);
+  dp__pool_forward(l, n, x, y);
+  dp__pool_backward(l, n, r.max ? x : NULL, dy, dx, false);
+  same_bits_nan("pool y", y, yr, out, spec, n, true);
+  same_bits_nan("pool dx", dx, dxr, in, spec, n, true);
+  if (r.max) { /* after a fused relu (x its output): that relu's backward of dx */
+    dp__pool_backward(l, n, x, dy, dx, true);
+    for (size_t i = 0; i < in; i++)
+      if (x[i] <= 0.0f) dxr[i] = 0.0f;
+    same_bits_nan("masked pool dx", dx, dxr, in, spec, n, true);
+  }
+  free(y), free(dx), free(yr), free(dxr);
+  dp_model_free(m);
+}
+
+/* Random padded pools (and unpadded ones, the same reference): kernels 1..5,
+ * strides 1..4, every padding PyTorch allows, NaNs, infinities and ties. */
+START_TEST(padded_pools_match_the_reference) {
+  int padded = 0;
+  for (int k = 0; k < 400; k++) {
+    int K = 1 + (int)rnd(5), S = 1 + (int)rnd(4), P = (int)rnd((uint32_t)(K / 2 + 1));
+    int C = 1 + (int)rnd(3), H = K + (int)rnd(6), W = K + (int)rnd(6), n = 1 + (int)rnd(4);
+    bool max = rnd(2), excl = !max && rnd(2);
+    char spec[160];
+    snprintf(spec, sizeof spec, "input %d %d %d\n%s %d stride %d padding %d%s\nflatten\n",
+             C, H, W, max ? "maxpool2d" : "avgpool2d", K, S, P, excl ? " exclude_pad" : "");
+    size_t in = (size_t)n * C * H * W, out = (size_t)n * C * (H + 2 * P) * (W + 2 * P);
+    bool sp = rnd(2);
+    float *x = filled(in, sp, rnd(2)), *dy = filled(out, sp, false); /* out's bound */
+    pool_vs_ref(spec, n, x, dy);
+    padded += P > 0;
+    free(x), free(dy);
+  }
+  ck_assert_int_gt(padded, 150);
+}
+END_TEST
+
+/* The edges by hand: a 3 x 3 plane, window 2 stride 2 padding 1 (windows of
+ * 1, 2, 2 and 4 real cells). All -inf: each window's pick is its first real
+ * cell, (0,0) (0,1) (1,0) (1,1); a NaN after a larger value wins, and of two
+ * NaNs the first; avgpool divides by 4, or by 1, 2, 2, 4 with exclude_pad. */
+START_TEST(padded_pool_edges) {
+  const char *mx = "input 1 3 3\nmaxpool2d 2 stride 2 padding 1\nflatten\n";
+  dp_model *m = model_of(mx);
+  const dp_layer *l = &m->layers[0];
+  ck_assert_int_eq(l->h, 2);
+  ck_assert_int_eq(l->w, 2);
+  float x[9], y[4], dx[9], dy[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+  for (int i = 0; i < 9; i++) x[i] = -INFINITY;
+  dp__pool_forward(l, 1, x, y);
+  dp__pool_backward(l, 1, x, dy, dx, false);
+  for (int i = 0; i < 4; i++) ck_assert(y[i] == -INFINITY);
+  static const int pick[4] = {0, 1, 3, 4}; /* (0,0) (0,1) (1,0) (1,1) */
+  for (int i = 0, j = 0; i < 9; i++)
+    ck_assert_msg(dx[i] == (j < 4 && pick[j] == i ? dy[j++] : 0.0f), "dx[%d] = %g", i,
+                  (double)dx[i]);
+  /* window (1,1) holds cells 4 5 7 8: 5 then a NaN at 7, another at 8 */
+  x[4] = 1.0f, x[5] = 5.0f, x[7] = NAN, x[8] = NAN;
+  dp__pool_forward(l, 1, x, y);
+  dp__pool_backward(l, 1, x, dy, dx, false);
+  ck_assert(isnan(y[3]));
+  ck_assert(dx[7] == 4.0f && dx[8] == 0.0f && dx[5] == 0.0f && dx[4] == 0.0f);
+  dp_model_free(m);
+  for (int e = 0; e < 2; e++) {
+    m = model_of(e ? "input 1 3 3\navgpool2d 2 padding 1 exclude_pad\nflatten\n"
+                   : "input 1 3 3\navgpool2d 2 padding 1\nflatten\n");
+    l = &m->layers[0];
+    for (int i = 0; i < 9; i++) x[i] = (float)(i + 1);
+    dp__pool_forward(l, 1, x, y);
+    dp__pool_backward(l, 1, NULL, dy, dx, false);
+    const float sums[4] = {1.0f, 2.0f + 3.0f, 4.0f + 7.0f, 5.0f + 6.0f + 8.0f + 9.0f};
+    const float cells[4] = {1.0f, 2.0f, 2.0f, 4.0f};
+    for (int i = 0; i < 4; i++) {
+      float div = e ? cells[i] : 4.0f;
+      ck_assert_msg(y[i] == sums[i] / div, "%s: y[%d] = %g", e ? "exclude" : "include", i,
+                    (double)y[i]);
+    }
+    /* cell 8 (2,2) is in window (1,1) alone */
+    ck_assert(dx[8] == dy[3] / (e ? 4.0f : 4.0f) && dx[0] == dy[0] / (e ? 1.0f : 4.0f));
+    ck_assert(dx[2] == dy[1] / (e ? 2.0f : 4.0f) && dx[6] == dy[2] / (e ? 2.0f : 4.0f));
+    dp_model_free(m);
+  }
+}
+END_TEST
+
 Suite *conv_suite(void) {
   Suite *s = suite_create("conv");
   TCase *tc = tcase_create("fast");
@@ -371,6 +530,11 @@ Suite *conv_suite(void) {
   tcase_add_test(tc, conv_fast_path_stays_in_its_workspace);
   tcase_add_test(tc, pool_fast_path_moves_the_same_elements);
   tcase_add_test(tc, fast_paths_take_only_their_shapes);
+  suite_add_tcase(s, tc);
+  tc = tcase_create("pool_padding");
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, padded_pools_match_the_reference);
+  tcase_add_test(tc, padded_pool_edges);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -689,6 +689,14 @@ static const char *const CNN_CE =
 static const char *const CNN_LAST_MSE =
     "input 2 6 5\nconv2d 3 3 padding 1\nsigmoid\nmaxpool2d 3 stride 2\n"
     "conv2d 4 2 stride 2 padding 1\nflatten\nloss mse\n";
+/* Padded pools (PyTorch's padding): 2x7x6 -> conv 4x7x6 -> relu (fused; the
+ * maxpool's backward masks) -> maxpool 3 stride 2 padding 1 (the ResNet stem)
+ * 4x4x3 -> avgpool 3 stride 1 padding 1 (count_include_pad) 4x4x3 -> avgpool 2
+ * padding 1 exclude_pad 4x3x2, corner windows of one real cell. */
+static const char *const CNN_PAD_CE =
+    "input 2 7 6\nconv2d 4 3 padding 1\nrelu\nmaxpool2d 3 stride 2 padding 1\n"
+    "avgpool2d 3 stride 1 padding 1\navgpool2d 2 padding 1 exclude_pad\nflatten\n"
+    "linear 5\nloss softmax_cross_entropy\n";
 /* flatten first: a view of the input (no input gradient) */
 static const char *const FLAT_FIRST_CE =
     "input 2 3 3\nflatten\nlinear 7\ntanh\nlinear 4\nloss softmax_cross_entropy\n";
@@ -1131,6 +1139,7 @@ START_TEST(each_op_matches_cpu_classic) {
   c = test_config(ngpu, 31, 3, 0, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
   c.split = DP_SPLIT_BALANCED;
   check_every_compute_op("cnn ce classic momentum chunks", CNN_CE, &c, 2);
+  check_every_compute_op("padded pools, classic momentum chunks", CNN_PAD_CE, &c, 2);
   check_every_compute_op("flatten first, classic momentum chunks", FLAT_FIRST_CE, &c, 2);
 }
 END_TEST
@@ -1149,6 +1158,7 @@ START_TEST(each_op_matches_cpu_allreduce) {
   c.shard_optimizer = 1;
   check_every_compute_op("cnn ce allreduce sharded adamw step 4", CNN_CE, &c, 4);
   check_every_compute_op("cnn flatten last, allreduce sharded adamw", CNN_LAST_MSE, &c, 1);
+  check_every_compute_op("padded pools, allreduce sharded adamw", CNN_PAD_CE, &c, 1);
   check_every_compute_op("flatten first, allreduce sharded adamw", FLAT_FIRST_CE, &c, 1);
 }
 END_TEST
@@ -1482,6 +1492,7 @@ START_TEST(training_steps_match_cpu) {
   c = test_config(ngpu, 37, 3, 5, DP_MODE_CLASSIC, DP_OPT_MOMENTUM);
   check_steps_match_cpu("cnn flatten last, classic momentum, 3 replicas", CNN_LAST_MSE, &c,
                         3);
+  check_steps_match_cpu("padded pools, classic momentum, 3 replicas", CNN_PAD_CE, &c, 3);
 }
 END_TEST
 

@@ -23,6 +23,13 @@ static const char CNN_SPEC[] =
     "input 1 3 4\nconv2d 4 2 padding 1\nrelu\nmaxpool2d 2 stride 1\n"
     "dropout 0.2\nconv2d 3 2\ntanh\navgpool2d 1\nflatten\nlinear 5\n"
     "loss softmax_cross_entropy\n";
+/* The pools' padding on the same input: maxpool 3 stride 2 padding 1 after a
+ * relu (fused: the masked backward), avgpool 2 stride 1 padding 1 exclude_pad
+ * (4 x 3 x 3: every window has 1, 2 or 4 real cells), avgpool 3 padding 1. */
+static const char CNN_PAD_SPEC[] =
+    "input 1 3 4\nconv2d 4 3 padding 1\nrelu\nmaxpool2d 3 stride 2 padding 1\n"
+    "avgpool2d 2 stride 1 padding 1 exclude_pad\navgpool2d 3 stride 1 padding 1\n"
+    "flatten\nlinear 5\nloss softmax_cross_entropy\n";
 /* MLP_EVERY_KIND_SPEC (tests/specs.h, every layer kind, dropout included: its
  * masks are keyed by global row) unless a test sets it */
 static const char *spec_in_use;
@@ -171,6 +178,13 @@ START_TEST(twelve_setups_same_bits_cnn) {
   setup one = {1, DP_MODE_CLASSIC,
                0}; /* and not vacuously: other micro-batches, other bits */
   ck_assert_uint_ne(run(one, DP_OPT_ADAMW, 20, MB), run(one, DP_OPT_ADAMW, 20, 2 * MB));
+  spec_in_use = NULL;
+}
+END_TEST
+
+START_TEST(twelve_setups_same_bits_padded_pools) {
+  spec_in_use = CNN_PAD_SPEC;
+  all_setups_agree(DP_OPT_MOMENTUM);
   spec_in_use = NULL;
 }
 END_TEST
@@ -796,6 +810,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, twelve_setups_same_bits_clip_grad_value);
   tcase_add_test(tc, three_devices_same_bits_in_every_mode_adam_clip_grad_value);
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
+  tcase_add_test(tc, twelve_setups_same_bits_padded_pools);
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);
   tcase_add_test(tc, gpt_attention_dropout_same_bits_everywhere);

@@ -282,7 +282,8 @@ static void check_norm(const char *case_name, const char *what, const float *got
 /* ---- setting up libdp from a case -------------------------------------------- */
 
 /* cnn_*: the image layers (conv2d with stride, padding, even and 1x1 kernels and
- * no bias; overlapping and gapped max/avg pooling in floor mode; flatten first,
+ * no bias; overlapping and gapped max/avg pooling in floor mode, padded pools
+ * (cnn_pad: -inf for max, counted or excluded for avg); flatten first,
  * in the middle and last; dropout on an image), odd non-square inputs and a
  * short last chunk, under the same tolerance as the MLPs. bn_*: batchnorm,
  * per_replica, with the file's micro-batch size: 1d in an MLP (bn_mlp), 2d
@@ -307,6 +308,7 @@ static const char *const golden_cases[] = {"seed",
                                            "cnn_tail",
                                            "cnn_flatten_first",
                                            "cnn_dropout",
+                                           "cnn_pad", /* pool padding */
                                            "bn_mlp",
                                            "bn_cnn",
                                            "bn_two",

@@ -113,14 +113,18 @@ static dp_model *random_image_model(int max_layers, int with_loss, int bn) {
         h = (h + 2 * pad - k) / st + 1, w = (w + 2 * pad - k) / st + 1;
       }
       break;
-    case 2:
-      if (k <= h && k <= w) {
-        ck_assert_int_eq(
-            dp_model_add_pool2d(m, rnd(2) ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D, k, st),
-            DP_OK);
-        h = (h - k) / st + 1, w = (w - k) / st + 1;
+    case 2: {
+      /* padded where PyTorch allows it (pad <= k / 2), from the same draws */
+      int pp = pad <= k / 2 ? pad : 0;
+      if (k <= h + 2 * pp && k <= w + 2 * pp) {
+        dp_layer_kind kind = rnd(2) ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D;
+        ck_assert_int_eq(dp_model_add_pool2d_padded(m, kind, k, st, pp,
+                                                    kind == DP_LAYER_AVGPOOL2D && st == 1),
+                         DP_OK);
+        h = (h + 2 * pp - k) / st + 1, w = (w + 2 * pp - k) / st + 1;
       }
       break;
+    }
     case 3:
       ck_assert_int_eq(dp_model_add(m, rnd(bn ? 2 : 3) == 0 ? DP_LAYER_BATCHNORM
                                        : rnd(2)             ? DP_LAYER_RELU

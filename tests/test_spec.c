@@ -61,6 +61,10 @@ static void assert_same_model(const dp_model *a, const dp_model *b) {
                   (double)y->eps);
     ck_assert_msg(x->momentum == y->momentum, "layer %d: momentum %.17g != %.17g", i,
                   x->momentum, y->momentum);
+    ck_assert_int_eq(x->k, y->k); /* image layers */
+    ck_assert_int_eq(x->stride, y->stride);
+    ck_assert_int_eq(x->pad, y->pad);
+    ck_assert_int_eq(x->exclude_pad, y->exclude_pad);
   }
 }
 
@@ -1209,8 +1213,7 @@ START_TEST(image_layer_errors_name_line_and_column) {
   parse_bad("input 1 8 8\nconv2d 4 3 stride 2 stride 1\n", 2, 21, "given twice");
   parse_bad("input 1 8 8\nconv2d 4 3 stride -1\n", 2, 19, "positive integer");
   parse_bad("input 1 8 8\nconv2d 4 9\n", 2, 1, "does not fit the 8 x 8 input");
-  parse_bad("input 1 8 8\nmaxpool2d 2 padding 1\n", 2, 13, "'stride S'");
-  parse_bad("input 1 8 8\nmaxpool2d 2 nobias\n", 2, 13, "'stride S'");
+  parse_bad("input 1 8 8\nmaxpool2d 2 nobias\n", 2, 13, "'stride S' or 'padding P'");
   parse_bad("input 1 2 2\navgpool2d 3\n", 2, 1, "does not fit the 2 x 2 input");
   /* shapes: image layers need an image, linear and layernorm a flat input */
   parse_bad("input 64\nconv2d 4 3\n", 2, 1, "needs an image input");
@@ -1301,6 +1304,125 @@ START_TEST(image_builder_matches_the_parser) {
   ck_assert_int_eq(dp_model_n_layers(b), 0);
   dp_model_free(b);
   dp_model_free(p);
+}
+END_TEST
+
+/* The pools' padding (nn.MaxPool2d(K, S, P), nn.AvgPool2d(K, S, P,
+ * count_include_pad)): shapes floor((n + 2P - K) / S) + 1, read back through
+ * dp_layer_info, formatted only when set (options in any order come back in
+ * one), and the builder's the same model. */
+START_TEST(pool_padding_parses_and_round_trips) {
+  const char *text = "input 3 9 8\n"
+                     "maxpool2d 3 stride 2 padding 1\n"    /* 3 x 5 x 4 */
+                     "avgpool2d 3 stride 1 padding 1\n"    /* 3 x 5 x 4 */
+                     "avgpool2d 2 padding 1 exclude_pad\n" /* 3 x 3 x 3 */
+                     "avgpool2d 2 stride 1 exclude_pad\n"  /* 3 x 2 x 2 */
+                     "flatten\n";
+  dp_model *m = parse_ok(text), *back = NULL, *b = NULL;
+  static const int want[][5] = {/* h, w, padding, exclude_pad, stride */
+                                {5, 4, 1, 0, 2},
+                                {5, 4, 1, 0, 1},
+                                {3, 3, 1, 1, 2},
+                                {2, 2, 0, 1, 1}};
+  for (int i = 0; i < 4; i++) {
+    dp_layer_info li;
+    ck_assert_int_eq(dp_model_layer(m, i, &li), DP_OK);
+    ck_assert_msg(li.channels == 3 && li.height == want[i][0] && li.width == want[i][1] &&
+                      li.padding == want[i][2] && li.exclude_pad == want[i][3] &&
+                      li.stride == want[i][4] && li.out == 3 * want[i][0] * want[i][1],
+                  "layer %d: %d x %d x %d, padding %d, exclude_pad %d, stride %d", i,
+                  li.channels, li.height, li.width, li.padding, li.exclude_pad, li.stride);
+  }
+  char buf[512];
+  dp_model_format(m, buf, sizeof buf);
+  ck_assert_str_eq(buf, text);
+  ck_assert_int_eq(dp_model_parse(buf, "again", &back), DP_OK);
+  assert_same_model(m, back);
+  dp_model_free(back);
+  /* the builder */
+  ck_assert_int_eq(dp_model_new_image(3, 9, 8, &b), DP_OK);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_MAXPOOL2D, 3, 2, 1, 0), DP_OK);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_AVGPOOL2D, 3, 1, 1, 0), DP_OK);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_AVGPOOL2D, 2, 0, 1, 1), DP_OK);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_AVGPOOL2D, 2, 1, 0, 1), DP_OK);
+  ck_assert_int_eq(dp_model_add(b, DP_LAYER_FLATTEN), DP_OK);
+  assert_same_model(b, m);
+  dp_model_free(b);
+  dp_model_free(m);
+  /* any order; the defaults (padding 0) unsaid */
+  m = parse_ok("input 1 6 6\navgpool2d 2 exclude_pad padding 1 stride 3\n"
+               "maxpool2d 2 padding 0\n");
+  dp_model_format(m, buf, sizeof buf);
+  ck_assert_str_eq(buf, "input 1 6 6\navgpool2d 2 stride 3 padding 1 exclude_pad\n"
+                        "maxpool2d 2\n");
+  dp_model_free(m);
+}
+END_TEST
+
+/* PyTorch's refusals and the spec's own, at the line and column at fault. */
+START_TEST(pool_padding_refusals_name_line_and_column) {
+  parse_bad("input 1 8 8\nmaxpool2d 3 padding 2\n", 2, 21,
+            "padding 2 is more than half the kernel size 3");
+  parse_bad("input 1 8 8\navgpool2d 2 stride 1 padding 2\n", 2, 30,
+            "padding 2 is more than half the kernel size 2");
+  parse_bad("input 1 8 8\nmaxpool2d 1 padding 1\n", 2, 21, "half the kernel size 1");
+  parse_bad("input 1 8 8\navgpool2d 2 padding 1 padding 1\n", 2, 23, "given twice");
+  parse_bad("input 1 8 8\navgpool2d 2 exclude_pad exclude_pad\n", 2, 25, "given twice");
+  parse_bad("input 1 8 8\nmaxpool2d 2 exclude_pad\n", 2, 13,
+            "expected 'stride S' or 'padding P', got 'exclude_pad'");
+  parse_bad("input 1 8 8\navgpool2d 2 nobias\n", 2, 13,
+            "expected 'stride S', 'padding P' or 'exclude_pad'");
+  parse_bad("input 1 8 8\nconv2d 2 3 exclude_pad\n", 2, 12,
+            "expected 'stride S', 'padding P' or 'nobias'");
+  parse_bad("input 1 8 8\nmaxpool2d 2 padding\n", 2, 21, "a number after 'padding'");
+  parse_bad("input 1 8 8\nmaxpool2d 2 padding -1\n", 2, 21, "positive integer");
+  parse_bad("input 1 1 1\navgpool2d 4 padding 1\n", 2, 1,
+            "a 4 x 4 window with padding 1 does not fit the 1 x 1 input");
+  /* the builder: the same rules, nothing added */
+  dp_model *b = NULL;
+  ck_assert_int_eq(dp_model_new_image(1, 8, 8, &b), DP_OK);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_MAXPOOL2D, 3, 0, 2, 0),
+                   DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "padding must be in 0..1") &&
+                    strstr(dp_last_error(), "kernel 3") && strstr(dp_last_error(), "got 2"),
+                "%s", dp_last_error());
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_AVGPOOL2D, 3, 0, -1, 0),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_MAXPOOL2D, 2, 0, 1, 1),
+                   DP_ERR_INVALID);
+  ck_assert_msg(strstr(dp_last_error(), "exclude_pad is avgpool2d's"), "%s",
+                dp_last_error());
+  ck_assert_int_eq(dp_model_add_pool2d_padded(b, DP_LAYER_CONV2D, 2, 0, 1, 0),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_add_pool2d_padded(NULL, DP_LAYER_MAXPOOL2D, 2, 0, 1, 0),
+                   DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_n_layers(b), 0);
+  dp_model_free(b);
+}
+END_TEST
+
+/* Padding and exclude_pad are in the plan's hash; an unpadded pool's spec
+ * keeps the hash it had before they existed (OLD_POOL_H0: the model hash of
+ * OLD_POOL_SPEC computed by the library of the commit before them). */
+#define OLD_POOL_SPEC                                                                      \
+  "input 2 9 8\nconv2d 3 3 padding 1\nmaxpool2d 3 stride 2\navgpool2d 2 stride 1\n"        \
+  "flatten\nlinear 4\nloss softmax_cross_entropy\n"
+#define OLD_POOL_H0 UINT64_C(0x2725a718235d0a74)
+START_TEST(pool_padding_changes_the_hash_and_old_specs_keep_theirs) {
+  dp_plan *p = plan_of_spec(OLD_POOL_SPEC);
+  uint64_t h[DP_PLAN_HASHES];
+  dp__plan_hashes(p, h);
+  ck_assert_msg(h[0] == OLD_POOL_H0, "model hash %016llx", (unsigned long long)h[0]);
+  dp_plan_free(p);
+  static const char *const specs[] = {
+      "input 1 6 6\nmaxpool2d 2\nflatten\nloss mse\n",
+      "input 1 6 6\nmaxpool2d 2 padding 1\nflatten\nloss mse\n",
+      "input 1 6 6\navgpool2d 2\nflatten\nloss mse\n",
+      "input 1 6 6\navgpool2d 2 exclude_pad\nflatten\nloss mse\n",
+      "input 1 6 6\navgpool2d 2 padding 1\nflatten\nloss mse\n",
+      "input 1 6 6\navgpool2d 2 padding 1 exclude_pad\nflatten\nloss mse\n",
+      NULL};
+  hashes_differ(specs);
 }
 END_TEST
 
@@ -1643,6 +1765,9 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, image_layers_infer_shapes_and_params);
   tcase_add_test(tc, image_layers_format_round_trips);
   tcase_add_test(tc, image_layer_errors_name_line_and_column);
+  tcase_add_test(tc, pool_padding_parses_and_round_trips);
+  tcase_add_test(tc, pool_padding_refusals_name_line_and_column);
+  tcase_add_test(tc, pool_padding_changes_the_hash_and_old_specs_keep_theirs);
   tcase_add_test(tc, sequence_errors_name_line_and_column);
   tcase_add_test(tc, image_builder_matches_the_parser);
   tcase_add_test(tc, absurd_dims_inference_plans_without_wrapping);

@@ -109,11 +109,15 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
   case DP_LAYER_DROPOUT: snprintf(buf, cap, "nn.Dropout(%.9g)", (double)l->p); break;
   case DP_LAYER_FLATTEN: snprintf(buf, cap, "nn.Flatten()"); break;
   case DP_LAYER_MAXPOOL2D:
-  case DP_LAYER_AVGPOOL2D:
-    snprintf(buf, cap, "nn.%s(%d, stride=%d)",
+  case DP_LAYER_AVGPOOL2D: {
+    /* padding and count_include_pad only when set: older exports keep their text */
+    char pad[24] = "";
+    if (l->padding) snprintf(pad, sizeof pad, ", padding=%d", l->padding);
+    snprintf(buf, cap, "nn.%s(%d, stride=%d%s%s)",
              l->kind == DP_LAYER_MAXPOOL2D ? "MaxPool2d" : "AvgPool2d", l->kernel,
-             l->stride);
+             l->stride, pad, l->exclude_pad ? ", count_include_pad=False" : "");
     break;
+  }
   case DP_LAYER_ATTENTION:
     if (l->p > 0.0f)
       snprintf(buf, cap, "Attention(%d, dropout=%.9g)", l->heads, (double)l->p);

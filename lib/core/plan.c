@@ -1201,6 +1201,7 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
       x = h_u64(h_f32(h_u64(x, 0x6e6fu), l->eps), mom);
     }
     if (l->kind == DP_LAYER_LEAKY_RELU) x = h_f32(h_u64(x, 0x6c72u), l->slope);
+    if (l->exclude_pad) x = h_u64(x, 0x6570u); /* only when set, as above (padding: geo) */
   }
   if (m->loss_param != 0.0f) x = h_f32(h_u64(x, 0x6c70u), m->loss_param); /* beta, delta */
   if (dp__ce_has_opts(m)) { /* only when set: plans without them hash as they did */

@@ -446,6 +446,65 @@ static inline __attribute__((always_inline)) void maxpool_bwd_k(const dp_layer *
   }
 }
 
+/* A window's real cells with padding: rows [*y0, *y1) and columns [*x0, *x1)
+ * of the plane, the window of output (oy, ox) starting at (oy S - P, ox S - P)
+ * clipped to it. Never empty: P <= K / 2 (dp_model_add_pool2d_padded) leaves
+ * every floor-mode window a real row and column. */
+static inline void window_cells(const dp_layer *l, int oy, int ox, int *y0, int *y1,
+                                int *x0, int *x1) {
+  int S = l->stride, P = l->pad, K = l->k;
+  int a = oy * S - P, b = ox * S - P;
+  *y0 = a < 0 ? 0 : a;
+  *x0 = b < 0 ? 0 : b;
+  *y1 = a + K < l->ih ? a + K : l->ih;
+  *x1 = b + K < l->iw ? b + K : l->iw;
+}
+
+/* argmax_k over a padded window: the -inf padding never wins, so it is the
+ * rule of argmax_k on the real cells alone, from the first of them. */
+static size_t argmax_pad(const dp_layer *l, const float *xc, int oy, int ox) {
+  int y0, y1, x0, x1, W = l->iw;
+  window_cells(l, oy, ox, &y0, &y1, &x0, &x1);
+  size_t best = (size_t)y0 * W + x0;
+  float m = xc[best];
+  for (int iy = y0; iy < y1; iy++)
+    for (int ix = x0; ix < x1; ix++) {
+      size_t at = (size_t)iy * W + ix;
+      float v = xc[at];
+      bool take = v > m || (v != v && m == m);
+      m = take ? v : m;
+      best = take ? at : best;
+    }
+  return best;
+}
+
+/* maxpool with padding: y, or (dy given) dx as maxpool_bwd_k's */
+static void maxpool_pad(const dp_layer *l, int n, const float *restrict x,
+                        const float *restrict dy, float *restrict y, float *restrict dx) {
+  int C = l->ic, H = l->ih, W = l->iw, OH = l->h, OW = l->w;
+  if (dx) memset(dx, 0, (size_t)n * C * H * W * 4);
+  for (size_t sc = 0; sc < (size_t)n * C; sc++) {
+    const float *xc = x + sc * H * W;
+    for (int oy = 0; oy < OH; oy++)
+      for (int ox = 0; ox < OW; ox++) {
+        size_t at = argmax_pad(l, xc, oy, ox), o = sc * OH * OW + (size_t)oy * OW + ox;
+        if (dx)
+          dx[sc * H * W + at] = add_acc(dy[o], dx[sc * H * W + at]); /* dy first */
+        else
+          y[o] = xc[at];
+      }
+  }
+}
+
+/* avgpool's divisor for window (oy, ox): K K (PyTorch's count_include_pad),
+ * or with exclude_pad the window's real cells */
+static inline float avg_divisor(const dp_layer *l, int oy, int ox) {
+  if (!l->exclude_pad) return (float)(l->k * l->k);
+  int y0, y1, x0, x1;
+  window_cells(l, oy, ox, &y0, &y1, &x0, &x1);
+  return (float)((y1 - y0) * (x1 - x0));
+}
+
 #if CONV_X86
 /* maxpool2d 2 stride 2 with AVX2: the four taps of 8 (or 4) windows side by
  * side, (0,0) (0,1) (1,0) (1,1), taken in that order by the rule of argmax_k
@@ -596,7 +655,7 @@ TGT_AVX2 static void maxpool22_bwd(const dp_layer *l, int n, const float *x,
 
 static bool maxpool22(const dp_layer *l) {
 #if CONV_X86
-  return l->kind == DP_LAYER_MAXPOOL2D && l->k == 2 && l->stride == 2 &&
+  return l->kind == DP_LAYER_MAXPOOL2D && l->k == 2 && l->stride == 2 && l->pad == 0 &&
          __builtin_cpu_supports("avx2");
 #else
   (void)l;
@@ -605,7 +664,7 @@ static bool maxpool22(const dp_layer *l) {
 }
 
 void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
-  int C = l->ic, H = l->ih, W = l->iw, K = l->k, S = l->stride, OH = l->h, OW = l->w;
+  int C = l->ic, H = l->ih, W = l->iw, K = l->k, OH = l->h, OW = l->w;
   if (dp__poolx_takes(l)) { /* the same elements */
     dp__poolx_forward(l, n, x, y);
     return;
@@ -616,6 +675,10 @@ void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
     return;
   }
 #endif
+  if (l->kind == DP_LAYER_MAXPOOL2D && l->pad) {
+    maxpool_pad(l, n, x, NULL, y, NULL);
+    return;
+  }
   if (l->kind == DP_LAYER_MAXPOOL2D) {
     if (K == 2)
       maxpool_fwd_k(l, n, x, y, 2);
@@ -625,17 +688,18 @@ void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
       maxpool_fwd_k(l, n, x, y, K);
     return;
   }
-  float area = (float)(K * K);
+  /* the real cells from +0 in (ky, kx) order (padding adds zeros: nothing) */
   for (size_t sc = 0; sc < (size_t)n * C; sc++) {
     const float *xc = x + sc * H * W;
     float *yc = y + sc * OH * OW;
     for (int oy = 0; oy < OH; oy++)
       for (int ox = 0; ox < OW; ox++) {
+        int y0, y1, x0, x1;
+        window_cells(l, oy, ox, &y0, &y1, &x0, &x1);
         float sum = 0.0f;
-        for (int ky = 0; ky < K; ky++)
-          for (int kx = 0; kx < K; kx++)
-            sum += xc[(size_t)(oy * S + ky) * W + (ox * S + kx)];
-        yc[oy * OW + ox] = sum / area;
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++) sum += xc[(size_t)iy * W + ix];
+        yc[oy * OW + ox] = sum / avg_divisor(l, oy, ox);
       }
   }
 }
@@ -648,8 +712,12 @@ static void maxpool_backward(const dp_layer *l, int n, const float *x, const flo
     return;
   }
   bool done = false;
+  if (l->pad) {
+    maxpool_pad(l, n, x, dy, NULL, dx);
+    done = true;
+  }
 #if CONV_X86
-  if (maxpool22(l)) {
+  if (!done && maxpool22(l)) {
     maxpool22_bwd(l, n, x, dy, dx);
     done = true;
   }
@@ -665,22 +733,23 @@ static void maxpool_backward(const dp_layer *l, int n, const float *x, const flo
 
 void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy, float *dx,
                        bool masked) {
-  int C = l->ic, H = l->ih, W = l->iw, K = l->k, S = l->stride, OH = l->h, OW = l->w;
+  int C = l->ic, H = l->ih, W = l->iw, OH = l->h, OW = l->w;
   if (l->kind == DP_LAYER_MAXPOOL2D) {
     maxpool_backward(l, n, x, dy, dx, masked);
     return;
   }
-  float area = (float)(K * K);
   memset(dx, 0, (size_t)n * C * H * W * 4);
   for (size_t sc = 0; sc < (size_t)n * C; sc++) {
     const float *dyc = dy + sc * OH * OW;
     float *dxc = dx + sc * H * W;
     for (int oy = 0; oy < OH; oy++)
       for (int ox = 0; ox < OW; ox++) {
-        float share = dyc[oy * OW + ox] / area;
-        for (int ky = 0; ky < K; ky++)
-          for (int kx = 0; kx < K; kx++) {
-            size_t at = (size_t)(oy * S + ky) * W + (ox * S + kx);
+        int y0, y1, x0, x1;
+        window_cells(l, oy, ox, &y0, &y1, &x0, &x1);
+        float share = dyc[oy * OW + ox] / avg_divisor(l, oy, ox);
+        for (int iy = y0; iy < y1; iy++)
+          for (int ix = x0; ix < x1; ix++) {
+            size_t at = (size_t)iy * W + ix;
             dxc[at] = add_acc(dxc[at], share);
           }
       }

@@ -71,8 +71,8 @@ bool dp__poolx_takes(const dp_layer *l) {
 #if CX
   int ow = l->w;
   return !dp__convx_off && l->kind == DP_LAYER_MAXPOOL2D && l->k == 2 && l->stride == 2 &&
-         l->ih % 2 == 0 && l->iw % 2 == 0 && l->h == l->ih / 2 && l->w == l->iw / 2 &&
-         (ow == 1 || ow == 2 || ow == 4) && dp__simd_avx512();
+         l->pad == 0 && l->ih % 2 == 0 && l->iw % 2 == 0 && l->h == l->ih / 2 &&
+         l->w == l->iw / 2 && (ow == 1 || ow == 2 || ow == 4) && dp__simd_avx512();
 #else
   (void)l;
   return false;

@@ -231,6 +231,11 @@ dp_status dp_model_add_conv2d(dp_model *m, int out_channels, int kernel, int str
 }
 
 dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int stride) {
+  return dp_model_add_pool2d_padded(m, kind, kernel, stride, 0, 0);
+}
+
+dp_status dp_model_add_pool2d_padded(dp_model *m, dp_layer_kind kind, int kernel,
+                                     int stride, int padding, int exclude_pad) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
   if (kind != DP_LAYER_MAXPOOL2D && kind != DP_LAYER_AVGPOOL2D)
     return DP_FAIL(DP_ERR_INVALID, "dp_model_add_pool2d takes maxpool2d or avgpool2d");
@@ -241,12 +246,27 @@ dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int s
   if (kernel <= 0 || stride <= 0 || kernel > 4096 || stride > 4096)
     return DP_FAIL(DP_ERR_INVALID, "%s: kernel and stride must be 1..4096, got %d and %d",
                    what, kernel, stride);
+  /* PyTorch's rule: with more, a window could hold padding only */
+  if (padding < 0 || padding > kernel / 2)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: padding must be in 0..%d (at most half the kernel %d, as PyTorch "
+                   "requires), got %d",
+                   what, kernel / 2, kernel, padding);
+  if (exclude_pad && kind != DP_LAYER_AVGPOOL2D)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "%s: exclude_pad is avgpool2d's (count_include_pad=False)", what);
   int c, h, w;
   cur_shape(m, &c, &h, &w);
-  int oh = window_out(h, kernel, stride, 0), ow = window_out(w, kernel, stride, 0);
-  if (oh == 0 || ow == 0)
+  int oh = window_out(h, kernel, stride, padding),
+      ow = window_out(w, kernel, stride, padding);
+  if (oh == 0 || ow == 0) {
+    if (padding)
+      return DP_FAIL(DP_ERR_INVALID,
+                     "%s: a %d x %d window with padding %d does not fit the %d x %d input",
+                     what, kernel, kernel, padding, h, w);
     return DP_FAIL(DP_ERR_INVALID, "%s: a %d x %d window does not fit the %d x %d input",
                    what, kernel, kernel, h, w);
+  }
   dp_layer l = {.kind = kind,
                 .in = cur_width(m),
                 .out = c * oh * ow,
@@ -254,7 +274,9 @@ dp_status dp_model_add_pool2d(dp_model *m, dp_layer_kind kind, int kernel, int s
                 .h = oh,
                 .w = ow,
                 .k = kernel,
-                .stride = stride};
+                .stride = stride,
+                .pad = padding,
+                .exclude_pad = exclude_pad ? 1 : 0};
   return push(m, l);
 }
 
@@ -672,7 +694,9 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
     } else if (l->kind == DP_LAYER_MAXPOOL2D || l->kind == DP_LAYER_AVGPOOL2D) {
       put(buf, cap, &len, "%s %d", dp_layer_kind_name(l->kind), l->k);
       if (l->stride != l->k) put(buf, cap, &len, " stride %d", l->stride);
-      put(buf, cap, &len, "\n");
+      /* the defaults unsaid: saved specs keep their text */
+      if (l->pad) put(buf, cap, &len, " padding %d", l->pad);
+      put(buf, cap, &len, "%s\n", l->exclude_pad ? " exclude_pad" : "");
     } else if (l->kind == DP_LAYER_GELU_ERF) {
       put(buf, cap, &len, "gelu approximate none\n");
     } else if (l->kind == DP_LAYER_LEAKY_RELU && l->slope != DP_LEAKY_SLOPE) {
@@ -731,6 +755,7 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
       .kernel = l->k,
       .stride = l->stride,
       .padding = l->pad,
+      .exclude_pad = l->exclude_pad,
       .positions = l->t,
       .tied = l->tied,
       .eps = l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_BATCHNORM ? l->eps : 0.0f,

@@ -23,6 +23,8 @@ typedef struct {
   int c, h, w;        /* output shape; h == 0: flat (c == out) */
   int ic, ih, iw;     /* input shape, the same way */
   int k, stride, pad; /* conv2d, pools */
+  int exclude_pad;    /* avgpool2d: count_include_pad=False (divide by the window's
+                         real cells) */
   size_t buf_off;     /* batchnorm: its buffers (floats after the parameters):
                          running_mean (c), running_var (c), num_batches_tracked
                          (one uint32 slot) */

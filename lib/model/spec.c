@@ -143,43 +143,50 @@ static dp_status at(dp_status s, where w, int col) {
   return SPEC_FAIL(s == DP_ERR_INVALID ? DP_ERR_PARSE : s, w, col, "%s", msg);
 }
 
-/* conv2d OUT K [stride S] [padding P] [nobias] | maxpool2d K [stride S] |
- * avgpool2d K [stride S]: the options in any order, each once. */
+/* conv2d OUT K [stride S] [padding P] [nobias] | maxpool2d K [stride S]
+ * [padding P] | avgpool2d K [stride S] [padding P] [exclude_pad]: the options
+ * in any order, each once. */
 static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
   const token *kw = &t[0];
-  bool conv = tok_is(kw, "conv2d");
+  bool conv = tok_is(kw, "conv2d"), avg = tok_is(kw, "avgpool2d");
   char what[16];
   snprintf(what, sizeof what, "%.*s", kw->len, kw->s);
   int need = conv ? 2 : 1, v[2] = {0, 0};
   static const char *const names[2] = {"output channels", "kernel size"};
+  static const char *const usage[3] = {"conv2d OUT K [stride S] [padding P] [nobias]",
+                                       "maxpool2d K [stride S] [padding P]",
+                                       "avgpool2d K [stride S] [padding P] [exclude_pad]"};
+  const char *use = usage[conv ? 0 : avg ? 2 : 1];
   echo_buf e;
   for (int i = 0; i < need; i++) {
     if (nt < 2 + i)
       return SPEC_FAIL(DP_ERR_PARSE, w, i ? t[i].col + t[i].len + 1 : kw->col + kw->len + 1,
-                       "%s: expected %s (%s)", what, names[conv ? i : 1],
-                       conv ? "conv2d OUT K [stride S] [padding P] [nobias]"
-                            : "a kernel size, then optionally stride S");
+                       "%s: expected %s (%s)", what, names[conv ? i : 1], use);
     dp_status s = parse_width(&t[1 + i], w, what, names[conv ? i : 1], &v[i]);
     if (s) return s;
   }
-  int stride = 0, pad = 0, bias = 1;
-  bool seen[3] = {false, false, false};
+  int stride = 0, pad = 0, bias = 1, exclude = 0, pad_col = 0;
+  bool seen[4] = {false, false, false, false};
   for (int i = 1 + need; i < nt && i < MAX_TOKENS; i++) {
     const token *o = &t[i];
-    int which = tok_is(o, "stride")    ? 0
-                : tok_is(o, "padding") ? 1
-                : tok_is(o, "nobias")  ? 2
-                                       : -1;
-    if (which < 0 || (!conv && which > 0))
+    int which = tok_is(o, "stride")        ? 0
+                : tok_is(o, "padding")     ? 1
+                : tok_is(o, "nobias")      ? 2
+                : tok_is(o, "exclude_pad") ? 3
+                                           : -1;
+    if (which < 0 || (which == 2 && !conv) || (which == 3 && !avg))
       return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: expected %s, got '%s'", what,
-                       conv ? "'stride S', 'padding P' or 'nobias'" : "'stride S'",
+                       conv  ? "'stride S', 'padding P' or 'nobias'"
+                       : avg ? "'stride S', 'padding P' or 'exclude_pad'"
+                             : "'stride S' or 'padding P'",
                        echo(o, &e));
     if (seen[which])
       return SPEC_FAIL(DP_ERR_PARSE, w, o->col, "%s: '%.*s' given twice", what, o->len,
                        o->s);
     seen[which] = true;
-    if (which == 2) {
-      bias = 0;
+    if (which >= 2) {
+      if (which == 2) bias = 0;
+      if (which == 3) exclude = 1;
       continue;
     }
     if (i + 1 >= nt)
@@ -187,6 +194,7 @@ static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
                        "%s: expected a number after '%s'", what,
                        which ? "padding" : "stride");
     const token *num = &t[++i];
+    if (which == 1) pad_col = num->col;
     /* padding 0 (or 00: parse_width's leading zeros) */
     int zeros = 0;
     while (zeros < num->len && num->s[zeros] == '0') zeros++;
@@ -197,9 +205,13 @@ static dp_status parse_window(dp_model **m, const token *t, int nt, where w) {
   }
   if (nt > MAX_TOKENS) return no_more(t, nt, MAX_TOKENS, w, what);
   if (conv) return at(dp_model_add_conv2d(*m, v[0], v[1], stride, pad, bias), w, kw->col);
-  return at(dp_model_add_pool2d(
-                *m, tok_is(kw, "maxpool2d") ? DP_LAYER_MAXPOOL2D : DP_LAYER_AVGPOOL2D, v[0],
-                stride),
+  if (pad > v[0] / 2) /* PyTorch's rule; said here at the number */
+    return SPEC_FAIL(DP_ERR_PARSE, w, pad_col,
+                     "%s: padding %d is more than half the kernel size %d (PyTorch "
+                     "requires padding <= kernel / 2)",
+                     what, pad, v[0]);
+  return at(dp_model_add_pool2d_padded(*m, avg ? DP_LAYER_AVGPOOL2D : DP_LAYER_MAXPOOL2D,
+                                       v[0], stride, pad, exclude),
             w, kw->col);
 }
 

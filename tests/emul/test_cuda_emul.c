@@ -658,6 +658,13 @@ static const char CNN_LAST_SPEC[] = "input 1 5 5\n"
                                     "maxpool2d 1\n"
                                     "conv2d 5 2\n"
                                     "flatten\nloss mse\n";
+/* padded pools: maxpool 3 stride 2 padding 1 (4 x 4 x 3), avgpool 2 padding 1
+ * exclude_pad (4 x 3 x 2) */
+static const char CNN_PAD_SPEC[] = "input 2 7 6\n"
+                                   "conv2d 4 3 padding 1\nrelu\n"
+                                   "maxpool2d 3 stride 2 padding 1\n"
+                                   "avgpool2d 2 padding 1 exclude_pad\n"
+                                   "flatten\nlinear 5\nloss mse\n";
 /* flatten first: a view of the input, whose gradient nothing needs */
 static const char CNN_FIRST_SPEC[] = "input 1 3 5\nflatten\nlinear 9\ngelu\nlinear 5\n"
                                      "loss mse\n";
@@ -733,6 +740,7 @@ START_TEST(image_layers_match_cpu_bit_for_bit) {
     const char *spec, *name;
   } specs[] = {{CNN_CE_SPEC, "cnn ce"},
                {CNN_LAST_SPEC, "cnn, flatten last"},
+               {CNN_PAD_SPEC, "padded pools"},
                {CNN_FIRST_SPEC, "flatten first"}};
   static const struct {
     int n;
@@ -766,7 +774,7 @@ START_TEST(image_layers_match_cpu_bit_for_bit) {
     expect_clean(what);
     runs++;
   }
-  ck_assert_int_eq(runs, 18);
+  ck_assert_int_eq(runs, 24);
 }
 END_TEST
 
