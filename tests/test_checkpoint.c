@@ -884,6 +884,39 @@ START_TEST(test_step_out_of_range_is_refused) {
 }
 END_TEST
 
+/* STEP's last word (version 4) is the momentum in effect: one outside [0, 1)
+ * or not finite is refused, the context unchanged; the same word in a version 3
+ * file must be the reserved 0. */
+START_TEST(test_momentum_out_of_range_is_refused) {
+  damage_rig d;
+  damage_open(&d, DP_OPT_MOMENTUM);
+  size_t pay;
+  ck_assert_uint_eq(section_of(d.file, d.len, "STEP", &pay), 16);
+  unsigned char *b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  const float bad[] = {1.0f, -0.25f, NAN, INFINITY, 3e38f};
+  for (int i = 0; i < 5; i++) {
+    memcpy(b, d.file, d.len);
+    memcpy(b + pay + 12, &bad[i], 4);
+    ckpt_reseal(b, d.len);
+    damage_expect_refused(&d, b, d.len, "momentum", (size_t)i);
+    ck_assert_msg(strstr(dp_ctx_error(d.target.c), "momentum"), "%s",
+                  dp_ctx_error(d.target.c));
+  }
+  size_t n3;
+  unsigned char *v3 = ckpt_as_version(d.file, d.len, 3, &n3);
+  ck_assert_uint_eq(section_of(v3, n3, "STEP", &pay), 16);
+  v3[pay + 12] = 1;
+  ckpt_reseal(v3, n3);
+  damage_expect_refused(&d, v3, n3, "version 3 reserved word", 0);
+  ck_assert_msg(strstr(dp_ctx_error(d.target.c), "reserved word"), "%s",
+                dp_ctx_error(d.target.c));
+  free(v3);
+  free(b);
+  damage_close(&d);
+}
+END_TEST
+
 /* Every reader takes every version the loader takes (issue 26: dp_ckpt_info
  * and dp_ckpt_read_app once took versions 1 and 3 only, so dp predict, export
  * and --resume refused a version 2 file the library loads). The same state
@@ -1431,6 +1464,7 @@ Suite *checkpoint_suite(void) {
   tcase_add_test(tc, test_nonfinite_values_are_refused);
   tcase_add_test(tc, test_negative_second_moment_is_refused);
   tcase_add_test(tc, test_step_out_of_range_is_refused);
+  tcase_add_test(tc, test_momentum_out_of_range_is_refused);
   tcase_add_test(tc, test_resealed_mutations_are_refused_or_exact);
   suite_add_tcase(s, tc);
 

@@ -104,8 +104,8 @@ static dp_status check_hyper(const dp_config *c) {
   /* PyTorch's SGD has no amsgrad: a setting it would ignore is refused */
   if (c->amsgrad && !dp__is_adam(c->optimizer))
     return DP_FAIL(DP_ERR_INVALID,
-                   "amsgrad is an Adam and AdamW setting; the optimizer is %s (use "
-                   "DP_OPT_ADAM or DP_OPT_ADAMW, or amsgrad 0)",
+                   "amsgrad is an Adam and AdamW setting; the optimizer is %s (choose "
+                   "adam or adamw, or leave amsgrad off)",
                    dp_optimizer_name(c->optimizer));
   if (dp__is_adam(c->optimizer)) {
     const char *name = c->optimizer == DP_OPT_ADAM ? "Adam" : "AdamW";
