@@ -117,10 +117,10 @@ static void check_loaded(int i, const uint8_t *b, size_t n, uint64_t h) {
   FUZZ_CHECK(dp_ctx_step(c) == get64(step), "fixture %d: step %llu, file says %llu", i,
              (unsigned long long)dp_ctx_step(c), (unsigned long long)get64(step));
   /* An inference context saves a parameters-only file, whatever it loaded; a
-   * version 1 or 2 file is saved as version 3 (a rate, an APPD section added):
-   * the identity holds for files of the current version, saved again with
-   * their application data. */
-  if (h % 8 == 0 && !dp_plan_config(fx[i].plan)->inference && get32(b + 8) == 3) {
+   * file of versions 1 to 3 is saved as version 4 (a rate, an APPD section, a
+   * momentum added): the identity holds for files of the current version,
+   * saved again with their application data. */
+  if (h % 8 == 0 && !dp_plan_config(fx[i].plan)->inference && get32(b + 8) == 4) {
     const char *path = save_path; /* removed right after: nothing is left behind */
     dp_status s = dp_ckpt_save_app(c, path, appd, appd_n);
     FUZZ_CHECK(s == DP_OK, "saving what was loaded: %s", dp_ctx_error(c));

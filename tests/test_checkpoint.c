@@ -886,7 +886,7 @@ END_TEST
 
 /* STEP's last word (version 4) is the momentum in effect: one outside [0, 1)
  * or not finite is refused, the context unchanged; the same word in a version 3
- * file must be the reserved 0. */
+ * file must be the reserved 0, and so must it in a plain SGD file. */
 START_TEST(test_momentum_out_of_range_is_refused) {
   damage_rig d;
   damage_open(&d, DP_OPT_MOMENTUM);
@@ -912,6 +912,21 @@ START_TEST(test_momentum_out_of_range_is_refused) {
   ck_assert_msg(strstr(dp_ctx_error(d.target.c), "reserved word"), "%s",
                 dp_ctx_error(d.target.c));
   free(v3);
+  free(b);
+  damage_close(&d);
+  /* plain SGD keeps no momentum: its file holds 0 (the format is canonical) */
+  damage_open(&d, DP_OPT_SGD);
+  ck_assert_uint_eq(section_of(d.file, d.len, "STEP", &pay), 16);
+  ck_assert_uint_eq(le32(d.file + pay + 12), 0);
+  b = malloc(d.len);
+  ck_assert_ptr_nonnull(b);
+  memcpy(b, d.file, d.len);
+  const float half = 0.5f;
+  memcpy(b + pay + 12, &half, 4);
+  ckpt_reseal(b, d.len);
+  damage_expect_refused(&d, b, d.len, "plain SGD's momentum", 0);
+  ck_assert_msg(strstr(dp_ctx_error(d.target.c), "plain SGD and inference keep none"), "%s",
+                dp_ctx_error(d.target.c));
   free(b);
   damage_close(&d);
 }

@@ -685,10 +685,16 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
         return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: learning rate %g", path,
                        (double)v->lr);
       v->momentum = version >= 4 ? getf(pay + 12) : NAN;
-      if (version >= 4 ? !(v->momentum >= 0.0f && v->momentum < 1.0f)
-                       : version != 1 && get32(pay + 12))
-        return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: %s %g", path,
-                       version >= 4 ? "momentum" : "reserved word", (double)getf(pay + 12));
+      /* a checkpoint without a momentum (plain SGD, inference) holds 0: the
+       * format stays canonical (a load then a save gives the same bytes) */
+      bool none = v->optimizer == DP_OPT_SGD || (v->flags & CK_FLAG_INFERENCE);
+      if (version >= 4
+              ? !(v->momentum >= 0.0f && v->momentum < 1.0f) || (none && get32(pay + 12))
+              : version != 1 && get32(pay + 12))
+        return DP_FAIL(DP_ERR_PARSE, "%s: section STEP: %s %g%s", path,
+                       version >= 4 ? "momentum" : "reserved word", (double)getf(pay + 12),
+                       version >= 4 && none ? " (plain SGD and inference keep none: 0)"
+                                            : "");
     }
     if (i == SEC_PARM) v->parm = pay;
     if (i == SEC_OPTS) v->opts = pay;
