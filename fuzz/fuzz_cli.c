@@ -78,6 +78,7 @@ static void check_config(const dp_config *c) {
   FUZZ_CHECK(c->momentum >= 0 && c->momentum < 1, "momentum %g", (double)c->momentum);
   FUZZ_CHECK(c->dampening >= 0 && c->dampening <= 1, "dampening %g", (double)c->dampening);
   FUZZ_CHECK(c->nesterov == 0 || c->nesterov == 1, "nesterov %d", c->nesterov);
+  FUZZ_CHECK(c->amsgrad == 0 || c->amsgrad == 1, "amsgrad %d", c->amsgrad);
   FUZZ_CHECK(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1, "betas");
   FUZZ_CHECK(isfinite(c->eps) && c->eps > 0, "eps %g", (double)c->eps);
   FUZZ_CHECK(isfinite(c->weight_decay) && c->weight_decay >= 0, "weight decay");
