@@ -413,9 +413,10 @@ static dp_status loss_op(dev_ctx *x, const dp_exec_env *e, const dp_op *op) {
       /* the mean over the whole accumulation (loss_rows: rows * accumulate) */
       float n = (float)e->loss_rows * (float)out;
       float scale = p->model.loss == DP_LOSS_MSE ? 2.0f / n : 1.0f / n;
-      DP_CUDA_CHECK(dp_k_loss_mse(x->stream, o + ro, (const float *)t + ro, g + ro,
-                                  part + g0, dp_cuda_loss_chunks(x->hdr), &span, out, scale,
-                                  p->model.loss, p->model.loss_param));
+      DP_CUDA_CHECK(dp_k_loss_mse(
+          x->stream, o + ro, (const float *)t + ro, g + ro, part + g0,
+          dp_cuda_loss_chunks(x->hdr), &span, out, scale, p->model.loss,
+          p->model.loss_param, p->model.n_pos_weight ? dp_cuda_ce_weights(x->hdr) : NULL));
     } else { /* the mean over every position: lib/cpu/backend.c's loss_rows */
       float inv = 1.0f / ((float)e->loss_rows * (float)P);
       dp_cuda_ce ce = ce_of(&p->model, x->hdr);

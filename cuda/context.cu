@@ -111,6 +111,10 @@ static dp_status init_device(cuda_ctx *c, int d) {
   if (p->model.loss == DP_LOSS_SOFTMAX_CE && ce->n_weights)
     DP_CUDA_CHECK_D(d, cudaMemcpy(dp_cuda_ce_weights(x->hdr), ce->weights,
                                   (size_t)ce->n_weights * 4, cudaMemcpyHostToDevice));
+  if (p->model.loss == DP_LOSS_BCE_LOGITS && p->model.n_pos_weight) /* the same place */
+    DP_CUDA_CHECK_D(d,
+                    cudaMemcpy(dp_cuda_ce_weights(x->hdr), p->model.pos_weight,
+                               (size_t)p->model.n_pos_weight * 4, cudaMemcpyHostToDevice));
   return DP_OK;
 }
 
@@ -417,6 +421,12 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
                    "the cuda backend keeps class weights for at most %d classes (the "
                    "workspace's header area); this model has %d",
                    DP_CUDA_CE_WEIGHTS, p->model.ce.n_weights);
+  if (p->model.loss == DP_LOSS_BCE_LOGITS && p->model.n_pos_weight > DP_CUDA_CE_WEIGHTS)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the cuda backend keeps bce_with_logits' pos_weight for at most %d "
+                   "outputs (the workspace's header area); this model has %d: use the cpu "
+                   "backend, or fewer outputs",
+                   DP_CUDA_CE_WEIGHTS, p->model.n_pos_weight);
   if (flags & DP_CUDA_NCCL) {
     if (!dp__cuda_have_nccl())
       return DP_FAIL(DP_ERR_UNSUPPORTED,

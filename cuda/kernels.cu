@@ -429,7 +429,8 @@ loss_chunk(const dp_cuda_mb_span &s, int per, int pass, int *i, int *c, int *lo,
  * ascending; then the fixed block tree. */
 static __global__ void __launch_bounds__(THREADS)
     k_loss_mse(const float *o, const float *t, float *g, float *sums, dp_cuda_mb_span span,
-               int cols, float scale, int per, int ld, int kind, float param) {
+               int cols, float scale, int per, int ld, int kind, float param,
+               const float *pw) {
   __shared__ float sh[THREADS];
   int i, c, lo, hi;
   if (!loss_chunk(span, per, mse_pass(cols), &i, &c, &lo, &hi)) return;
@@ -442,11 +443,17 @@ static __global__ void __launch_bounds__(THREADS)
       g[k] = fm(scale, d);
       continue;
     }
-    /* lib/cpu/softmax.c's dp__elem_loss (scale: 1 / the mean's count) */
+    /* lib/cpu/loss.c's dp__elem_loss (scale: 1 / the mean's count) */
     float z = fabsf(d), term, dd;
     if (kind == DP_LOSS_L1) {
       term = z;
       dd = d > 0.0f ? 1.0f : d < 0.0f ? -1.0f : d;
+    } else if (kind == DP_LOSS_BCE_LOGITS && pw) {
+      float x = o[k], m = x < 0.0f ? -x : 0.0f, p = pw[k % (size_t)cols], pt = fm(p, t[k]);
+      float lw = fa(fm(fs(p, 1.0f), t[k]), 1.0f);
+      term = fa(fm(fs(1.0f, t[k]), x),
+                fm(lw, fa(logf(fa(dp__expf(-m), dp__expf(fs(-x, m)))), m)));
+      dd = fs(fm(fs(fa(pt, 1.0f), t[k]), fd(1.0f, fa(1.0f, dp__expf(-x)))), pt);
     } else if (kind == DP_LOSS_BCE_LOGITS) {
       float z0 = o[k], m = z0 < 0.0f ? -z0 : 0.0f;
       term =
@@ -589,13 +596,13 @@ static int span_chunks(const dp_cuda_mb_span *s, int pass) {
 
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
                           float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
-                          float scale, dp_loss_kind kind, float param) {
+                          float scale, dp_loss_kind kind, float param, const float *pw) {
   if (span->n <= 0) return cudaSuccess;
   if (span->n > DP_CUDA_MB_LIST) return cudaErrorInvalidValue; /* the scratch's size */
   int per = span_chunks(span, mse_pass(cols));
   DP_LAUNCH(k_loss_mse, (unsigned)(span->n * per), THREADS, 0, st)
   (o, t, g, per == 1 ? part : chunks, *span, cols, scale, per,
-   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS, (int)kind, param);
+   per == 1 ? 1 : DP_CUDA_LOSS_CHUNKS, (int)kind, param, pw);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess || per == 1) return e; /* one chunk each: its sum is part[i] */
   DP_LAUNCH(k_loss_chunks, 1, DP_CUDA_MB_LIST, 0, st)(chunks, part, *span, mse_pass(cols));

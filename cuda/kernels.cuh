@@ -71,8 +71,9 @@ typedef struct {
 #define DP_CUDA_WS_LOSS_OFFSET ((size_t)4096)
 #define DP_CUDA_WS_BN_OFFSET ((size_t)8192) /* the batchnorm scratch, below */
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_LOSS_OFFSET, "header too large");
-/* The cross-entropy's class weights (dp_ce_opts), written at init: in the
- * header area, after the header, up to DP_CUDA_CE_WEIGHTS classes. */
+/* The cross-entropy's class weights (dp_ce_opts), or bce_with_logits'
+ * pos_weight (one loss per model: the same place), written at init: in the
+ * header area, after the header, up to DP_CUDA_CE_WEIGHTS of them. */
 #define DP_CUDA_WS_CE_OFFSET ((size_t)1024)
 #define DP_CUDA_CE_WEIGHTS ((int)((DP_CUDA_WS_LOSS_OFFSET - DP_CUDA_WS_CE_OFFSET) / 4))
 static_assert(sizeof(dp_cuda_header) <= DP_CUDA_WS_CE_OFFSET, "header too large");
@@ -168,10 +169,10 @@ cudaError_t dp_k_fill(cudaStream_t st, uint32_t *dst, uint32_t value, size_t n);
  * micro-batch of the span (at most DP_CUDA_MB_LIST of them per launch). The
  * element-wise losses: mse (g = scale d), l1, smooth_l1, huber (param: beta,
  * delta) and bce_with_logits (g = the term's derivative times scale, 1 / the
- * mean's count). */
+ * mean's count; pw: its pos_weight per column on the device, or NULL). */
 cudaError_t dp_k_loss_mse(cudaStream_t st, const float *o, const float *t, float *g,
                           float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
-                          float scale, dp_loss_kind kind, float param);
+                          float scale, dp_loss_kind kind, float param, const float *pw);
 cudaError_t dp_k_loss_ce(cudaStream_t st, const float *z, const int32_t *labels, float *g,
                          float *part, float *chunks, const dp_cuda_mb_span *span, int cols,
                          float inv_rows, int row0, dp_cuda_header *hdr, int dev,

@@ -22,6 +22,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <string.h>
 
 #define NAME "fuzz.dpm"
 
@@ -32,6 +33,12 @@ static void check_same_shapes(const dp_model *a, const dp_model *b) {
              dp_model_n_layers(a), dp_model_n_layers(b));
   FUZZ_CHECK(dp_model_output_width(a) == dp_model_output_width(b), "output width");
   FUZZ_CHECK(dp_model_loss(a) == dp_model_loss(b), "loss");
+  dp_bce_options pa, pb; /* bce_with_logits' pos_weight survives the round trip */
+  FUZZ_CHECK(!dp_model_bce_options(a, &pa) && !dp_model_bce_options(b, &pb) &&
+                 pa.n_pos_weights == pb.n_pos_weights &&
+                 (!pa.n_pos_weights || !memcmp(pa.pos_weights, pb.pos_weights,
+                                               (size_t)pa.n_pos_weights * sizeof(float))),
+             "pos_weight");
   FUZZ_CHECK(dp_model_n_params(a) == dp_model_n_params(b), "params %zu vs %zu",
              dp_model_n_params(a), dp_model_n_params(b));
   for (int i = 0; i < dp_model_n_layers(a); i++) {

@@ -106,7 +106,7 @@ typedef struct dp_model dp_model;
  *   batchnorm [eps E] [momentum M | momentum none] |
  *   input tokens T | embed V D | attention H [dropout P] | residual | end |
  *   loss mse | loss l1 | loss smooth_l1 [beta B] | loss huber [delta D] |
- *   loss bce_with_logits |
+ *   loss bce_with_logits [pos_weight P0,P1,...] |
  *   loss softmax_cross_entropy
  * An image input (C H W) is read as rows of C*H*W floats in NCHW order; conv2d
  * and the pools need an image, linear and layernorm a flat input (flatten
@@ -225,6 +225,21 @@ typedef struct {
 dp_status dp_model_set_ce_options(dp_model *m, const dp_ce_options *o);
 /* The options in effect (all zero for none, or for another loss). */
 dp_status dp_model_ce_options(const dp_model *m, dp_ce_options *out);
+/* PyTorch's nn.BCEWithLogitsLoss(pos_weight=) with reduction 'mean', for a
+ * model whose loss is DP_LOSS_BCE_LOGITS (spec: `loss bce_with_logits
+ * pos_weight P0,P1,...`): one weight per output (n_pos_weights == the output
+ * width, at most DP_MAX_CLASS_WEIGHTS, finite and >= 0) scales the positive
+ * term of its column: with lw = (p - 1) t + 1 the term is (1 - t) x + lw
+ * (log(1 + e^-x)), its gradient ((p t + 1 - t) sigmoid(x) - p t) / the count;
+ * the mean is over every element as without it. n_pos_weights 0 (none) is the
+ * plain loss, its bits unchanged. The model copies the weights. */
+typedef struct {
+  int n_pos_weights;        /* 0: none; else the model's output width */
+  const float *pos_weights; /* (n_pos_weights); read back: the model's own copy */
+} dp_bce_options;
+dp_status dp_model_set_bce_options(dp_model *m, const dp_bce_options *o);
+/* The options in effect (all zero for none, or for another loss). */
+dp_status dp_model_bce_options(const dp_model *m, dp_bce_options *out);
 void dp_model_free(dp_model *m);
 
 int dp_model_input_width(const dp_model *m);

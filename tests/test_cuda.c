@@ -806,6 +806,29 @@ static void cpu_pack_as_step(pair *t, const dp_op *oc, int n, int k, uint64_t se
  * tol, or bit for bit where exact_op says so). twice: each op but the loss
  * sum also runs a second time from the same state, and must give the same
  * bytes. */
+/* An element-wise loss's gradient: one expression per element on both
+ * backends (lib/cpu/loss.c, cuda/kernels.cu k_loss_mse), so the same bits
+ * (its sums differ only in their order). */
+static void loss_grad_bits_equal(const pair *t, const dp_op *op, const char *what) {
+  dp_loss_operands lc, lg;
+  dp__loss_operands(t->pc, op, &lc);
+  dp__loss_operands(t->pg, op, &lg);
+  int d = op->device;
+  const unsigned char *c =
+      t->ca[d] + t->pc->regions[d][lc.dout.region].offset + lc.dout.off;
+  const unsigned char *g =
+      t->gh[d] + t->pg->regions[d][lg.dout.region].offset + lg.dout.off;
+  ck_assert_msg(lc.dout.bytes > 0 && lc.dout.bytes == lg.dout.bytes, "%s: gradient spans",
+                what);
+  for (size_t i = 0; i < lc.dout.bytes; i += 4) {
+    float a, b;
+    memcpy(&a, c + i, 4);
+    memcpy(&b, g + i, 4);
+    ck_assert_msg(!memcmp(c + i, g + i, 4), "%s: gradient element %zu: cpu %.9g gpu %.9g",
+                  what, i / 4, (double)a, (double)b);
+  }
+}
+
 static void check_every_compute_op_at(const char *name, const char *spec,
                                       const dp_config *cfg, uint64_t step, double tol,
                                       bool twice) {
@@ -847,6 +870,8 @@ static void check_every_compute_op_at(const char *name, const char *spec,
     if (oc[k].kind == DP_OP_LOSS_SUM)
       ck_assert_msg(fabs((double)gl - (double)t.ec.loss) <= 1e-6 * fabs((double)t.ec.loss),
                     "%s: loss cpu %.9g gpu %.9g", what, (double)t.ec.loss, (double)gl);
+    if (oc[k].kind == DP_OP_LOSS && dp__loss_on_targets(dp_model_loss(t.m)))
+      loss_grad_bits_equal(&t, &oc[k], what);
     ran++;
     bit_identical += differ == 0;
     kinds[oc[k].kind]++;
@@ -1179,6 +1204,44 @@ START_TEST(loss_ops_match_cpu_with_many_micro_batches) {
                          "input 3\nlinear 300\nloss huber delta 0.4\n", &c, 0);
   check_every_compute_op("bce_with_logits, 71 micro-batches",
                          "input 3\nlinear 300\nloss bce_with_logits\n", &c, 0);
+  /* its pos_weight (one per output: 0, below and above 1), from the header area */
+  char spec[4096];
+  int len =
+      snprintf(spec, sizeof spec, "input 3\nlinear 300\nloss bce_with_logits pos_weight ");
+  for (int j = 0; j < 300; j++)
+    len += snprintf(spec + len, sizeof spec - (size_t)len, "%s%g", j ? "," : "",
+                    j % 7 == 0 ? 0.0 : 0.25 + 0.5 * (j % 9));
+  snprintf(spec + len, sizeof spec - (size_t)len, "\n");
+  check_every_compute_op("bce_with_logits pos_weight, 71 micro-batches", spec, &c, 0);
+}
+END_TEST
+
+/* pos_weight lives in the workspace's header area beside the class weights: a
+ * model with more outputs than it holds is refused at init, naming the cap. */
+START_TEST(bce_pos_weight_beyond_the_cap_is_refused) {
+  REQUIRE_GPUS(ngpu, "bce_pos_weight_beyond_the_cap_is_refused");
+  (void)ngpu;
+  int n = 769; /* cuda/kernels.cuh's DP_CUDA_CE_WEIGHTS (768) and one */
+  dp_model *m = model_of("input 3\nlinear 769\nloss bce_with_logits\n");
+  float *w = malloc((size_t)n * 4);
+  ck_assert_ptr_nonnull(w);
+  for (int j = 0; j < n; j++) w[j] = 2.0f;
+  dp_bce_options o = {.n_pos_weights = n, .pos_weights = w};
+  ck_assert_int_eq(dp_model_set_bce_options(m, &o), DP_OK);
+  dp_config c = config_of(8, 1, DP_OPT_SGD);
+  c.backend = DP_BACKEND_CUDA;
+  dp_plan *p = plan_of(m, &c);
+  patch_workspace(p);
+  void *arena = NULL, *bctx = NULL;
+  ck_assert_int_eq(dp__cuda_arena_alloc(0, p->dev_bytes[0], &arena), DP_OK);
+  ck_assert_int_eq(dp__cuda_ctx_init(p, &arena, 0, &bctx), DP_ERR_UNSUPPORTED);
+  ck_assert_ptr_null(bctx);
+  ck_assert_msg(strstr(dp_last_error(), "pos_weight for at most 768 outputs") != NULL, "%s",
+                dp_last_error());
+  dp__cuda_arena_free(0, arena);
+  dp_plan_free(p);
+  free(w);
+  dp_model_free(m);
 }
 END_TEST
 
@@ -3658,6 +3721,7 @@ Suite *cuda_suite(void) {
   tcase_add_test(kern, each_op_matches_cpu_classic);
   tcase_add_test(kern, each_op_matches_cpu_allreduce);
   tcase_add_test(kern, loss_ops_match_cpu_with_many_micro_batches);
+  tcase_add_test(kern, bce_pos_weight_beyond_the_cap_is_refused);
   tcase_add_test(kern, reduction_kernels_at_stress_shapes);
   tcase_add_test(kern, training_steps_match_cpu);
   tcase_add_test(kern, steps_are_bit_identical_run_to_run);

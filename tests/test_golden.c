@@ -303,6 +303,7 @@ static const char *const golden_cases[] = {"seed",
                                            "mlp_smooth_l1",  /* nn.SmoothL1Loss(beta) */
                                            "mlp_huber",      /* nn.HuberLoss(delta) */
                                            "mlp_bce",        /* nn.BCEWithLogitsLoss */
+                                           "mlp_bce_posw",   /* its pos_weight */
                                            "cnn_all",
                                            "cnn_mse",
                                            "cnn_tail",

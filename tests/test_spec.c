@@ -1679,6 +1679,127 @@ START_TEST(ce_options_change_the_hash_and_old_specs_keep_theirs) {
 }
 END_TEST
 
+/* bce_with_logits' pos_weight: parsed, read back, formatted only when set (a
+ * spec without it keeps its text), a copy in the model, the builder's refusals
+ * those of the parser, and in the plan hash only when set. */
+START_TEST(bce_pos_weight_parses_formats_and_round_trips) {
+  dp_model *m = model_of("input 4\nlinear 3\nloss bce_with_logits pos_weight 2.5e0,-0,1\n");
+  dp_bce_options o;
+  ck_assert_int_eq(dp_model_bce_options(m, &o), DP_OK);
+  ck_assert_int_eq(o.n_pos_weights, 3);
+  ck_assert(o.pos_weights[0] == 2.5f && o.pos_weights[2] == 1.0f);
+  ck_assert(!signbit(o.pos_weights[1]) && o.pos_weights[1] == 0.0f); /* -0 as 0 */
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input 4\nlinear 3\nloss bce_with_logits pos_weight 2.5,0,1\n");
+  dp_model *b = model_of(s);
+  char *t = format_alloc(b);
+  ck_assert_str_eq(s, t);
+  ck_assert_int_eq(b->n_pos_weight, 3);
+  ck_assert_mem_eq(b->pos_weight, m->pos_weight, 3 * sizeof(float));
+  /* the builder: the same model, its own copy of the weights */
+  dp_model *c = model_of("input 4\nlinear 3\nloss bce_with_logits\n");
+  ck_assert_int_eq(dp_model_bce_options(c, &o), DP_OK);
+  ck_assert(o.n_pos_weights == 0 && o.pos_weights == NULL);
+  char *u = format_alloc(c);
+  ck_assert_str_eq(u, "input 4\nlinear 3\nloss bce_with_logits\n");
+  float w[3] = {2.5f, 0.0f, 1.0f};
+  o = (dp_bce_options){.n_pos_weights = 3, .pos_weights = w};
+  ck_assert_int_eq(dp_model_set_bce_options(c, &o), DP_OK);
+  w[0] = 9.0f;
+  char *v = format_alloc(c);
+  ck_assert_str_eq(v, s);
+  /* set back to none: the plain text again */
+  o = (dp_bce_options){0};
+  ck_assert_int_eq(dp_model_set_bce_options(c, &o), DP_OK);
+  free(u);
+  u = format_alloc(c);
+  ck_assert_str_eq(u, "input 4\nlinear 3\nloss bce_with_logits\n");
+  /* another loss reads back none */
+  dp_model *e = model_of("input 4\nlinear 3\nloss softmax_cross_entropy weight 1,2,3\n");
+  ck_assert_int_eq(dp_model_bce_options(e, &o), DP_OK);
+  ck_assert(o.n_pos_weights == 0 && o.pos_weights == NULL);
+  ck_assert_int_eq(dp_model_bce_options(NULL, &o), DP_ERR_INVALID);
+  free(s), free(t), free(u), free(v);
+  dp_model_free(m), dp_model_free(b), dp_model_free(c), dp_model_free(e);
+}
+END_TEST
+
+START_TEST(bce_pos_weight_errors_name_line_and_column) {
+  const char *h = "input 4\nlinear 2\n";
+  char buf[4096];
+#define BAD(tail, col, needle)                                                             \
+  do {                                                                                     \
+    snprintf(buf, sizeof buf, "%sloss bce_with_logits%s\n", h, tail);                      \
+    parse_bad(buf, 3, col, needle);                                                        \
+  } while (0)
+  BAD(" pos_weight", 33,
+      "loss bce_with_logits: expected one weight per output, commas between after "
+      "'pos_weight'");
+  BAD(" pos_weight 1", 33, "pos_weight: 1 weights for 2 outputs");
+  BAD(" pos_weight 1,2,3", 33, "pos_weight: 3 weights for 2 outputs");
+  BAD(" pos_weight 1,", 35,
+      "pos_weight: expected a finite number >= 0 for output 1, got ''");
+  BAD(" pos_weight ,1", 33, "for output 0, got ''");
+  BAD(" pos_weight 1,-2", 35, "for output 1, got '-2'");
+  BAD(" pos_weight 1,nan", 35, "got 'nan'");
+  BAD(" pos_weight 1,3.4028236e38", 35, "got '3.4028236e38'");
+  BAD(" pos_weight 1 2", 35, "unexpected '2' after 'loss'");
+  BAD(" weight 1,2", 22,
+      "loss bce_with_logits: expected 'pos_weight P0,P1,...' or end of line, got 'weight'");
+#undef BAD
+  /* more than DP_MAX_CLASS_WEIGHTS: refused at the first one too many */
+  int len = snprintf(buf, sizeof buf, "%sloss bce_with_logits pos_weight ", h);
+  for (int i = 0; i <= DP_MAX_CLASS_WEIGHTS; i++)
+    len += snprintf(buf + len, sizeof buf - (size_t)len, "%s1", i ? "," : "");
+  snprintf(buf + len, sizeof buf - (size_t)len, "\n");
+  parse_bad(buf, 3, 33 + 2 * DP_MAX_CLASS_WEIGHTS, "loss: at most 1024 output weights");
+  parse_bad("input 4\nlinear 2\nloss mse pos_weight 1,1\n", 3, 10,
+            "unexpected 'pos_weight' after 'loss'");
+  /* the builder refuses what the parser does, and changes nothing */
+  dp_model *m = model_of("input 4\nlinear 2\nloss bce_with_logits pos_weight 3,4\n");
+  float w[2] = {1.0f, NAN};
+  dp_bce_options o = {.n_pos_weights = 2, .pos_weights = w};
+  ck_assert_int_eq(dp_model_set_bce_options(m, &o), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "output 1's weight nan is not finite"));
+  w[1] = -1.0f;
+  ck_assert_int_eq(dp_model_set_bce_options(m, &o), DP_ERR_INVALID);
+  w[1] = INFINITY;
+  ck_assert_int_eq(dp_model_set_bce_options(m, &o), DP_ERR_INVALID);
+  o = (dp_bce_options){.n_pos_weights = 2};
+  ck_assert_int_eq(dp_model_set_bce_options(m, &o), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "pos_weights is NULL"));
+  o = (dp_bce_options){.n_pos_weights = 1, .pos_weights = w};
+  ck_assert_int_eq(dp_model_set_bce_options(m, &o), DP_ERR_INVALID);
+  ck_assert_int_eq(dp_model_set_bce_options(m, NULL), DP_ERR_INVALID);
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input 4\nlinear 2\nloss bce_with_logits pos_weight 3,4\n");
+  dp_model *e = model_of("input 4\nlinear 2\nloss mse\n");
+  o = (dp_bce_options){0};
+  ck_assert_int_eq(dp_model_set_bce_options(e, &o), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "an option of loss bce_with_logits"));
+  free(s);
+  dp_model_free(m), dp_model_free(e);
+}
+END_TEST
+
+START_TEST(bce_pos_weight_changes_the_hash_only_when_set) {
+  /* a spec without it keeps the model hash it had before pos_weight existed
+   * (pinned: computed by the code before it) */
+  dp_plan *p = plan_of_spec("input 4\nlinear 2\nloss bce_with_logits\n");
+  uint64_t h[DP_PLAN_HASHES];
+  dp__plan_hashes(p, h);
+  ck_assert_msg(h[0] == UINT64_C(0xf2f5c838ad0d22e2), "model hash %016llx",
+                (unsigned long long)h[0]);
+  dp_plan_free(p);
+  static const char *const specs[] = {
+      "input 4\nlinear 2\nloss bce_with_logits\n",
+      "input 4\nlinear 2\nloss bce_with_logits pos_weight 1,1\n",
+      "input 4\nlinear 2\nloss bce_with_logits pos_weight 1,2\n",
+      "input 4\nlinear 2\nloss bce_with_logits pos_weight 2,1\n", NULL};
+  hashes_differ(specs);
+}
+END_TEST
+
 Suite *spec_suite(void) {
   Suite *s = suite_create("spec");
   TCase *tc = tcase_create("errors");
@@ -1740,6 +1861,9 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, ce_options_parse_read_back_and_round_trip);
   tcase_add_test(tc, ce_option_errors_name_line_and_column);
   tcase_add_test(tc, ce_options_change_the_hash_and_old_specs_keep_theirs);
+  tcase_add_test(tc, bce_pos_weight_parses_formats_and_round_trips);
+  tcase_add_test(tc, bce_pos_weight_errors_name_line_and_column);
+  tcase_add_test(tc, bce_pos_weight_changes_the_hash_only_when_set);
   tcase_add_test(tc, ce_weight_flt_max_round_trips);
   suite_add_tcase(s, tc);
 

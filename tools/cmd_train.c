@@ -608,6 +608,8 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
   size_t lw = label_width(d);
   dp_ce_options opt; /* a target equal to ignore_index counts in neither figure */
   dp_model_ce_options(dp_plan_model(plan), &opt);
+  dp_bce_options bo; /* bce_with_logits' pos_weight: the training criterion's */
+  dp_model_bce_options(dp_plan_model(plan), &bo);
   char err[256];
   for (int from = 0; from < d->n_rows; from += batch) {
     int n = d->n_rows - from < batch ? d->n_rows - from : batch;
@@ -642,9 +644,11 @@ static int evaluate(dp_ctx *ctx, const dp_plan *plan, const dpt_dataset *d,
           double e = (double)yr[j] - d->y[(size_t)(from + r) * d->n_targets + j];
           double z = fabs(e);
           se += e * e;
-          if (lk == DP_LOSS_BCE_LOGITS) { /* log(1 + e^-y) + (1 - t) y; right: sign */
+          if (lk == DP_LOSS_BCE_LOGITS) { /* lw log(1 + e^-y) + (1 - t) y; right: sign */
             double yv = yr[j], tv = d->y[(size_t)(from + r) * d->n_targets + j];
-            el += (1.0 - tv) * yv + (yv < 0 ? -yv : 0.0) + log1p(exp(-fabs(yv)));
+            double lwv =
+                bo.n_pos_weights ? ((double)bo.pos_weights[j] - 1.0) * tv + 1.0 : 1.0;
+            el += (1.0 - tv) * yv + lwv * ((yv < 0 ? -yv : 0.0) + log1p(exp(-fabs(yv))));
             correct += (yv > 0) == (tv > 0.5);
             continue;
           }

@@ -200,7 +200,8 @@ static void write_standardize(FILE *f, const dpt_scaler *sc) {
 }
 
 /* criterion(): the spec's loss as PyTorch's module, reduction 'mean', with the
- * cross-entropy's options (weight, ignore_index, label_smoothing); a sequence's
+ * cross-entropy's options (weight, ignore_index, label_smoothing) or
+ * bce_with_logits' pos_weight; a sequence's
  * logits (B, T, V) and labels (B, T) flattened to (B T, V) and (B T). */
 
 static void write_criterion(FILE *f, const dp_model *m) {
@@ -209,6 +210,15 @@ static void write_criterion(FILE *f, const dp_model *m) {
   fputs("\n\ndef criterion():\n    \"\"\"The spec's loss, as dp train computes it.\"\"\"\n",
         f);
   char num[32];
+  dp_bce_options b;
+  dp_model_bce_options(m, &b);
+  if (b.n_pos_weights) {
+    fputs("    return nn.BCEWithLogitsLoss(pos_weight=torch.tensor([", f);
+    for (int i = 0; i < b.n_pos_weights; i++)
+      fprintf(f, "%s%s", i ? ", " : "", dpt_float_text(b.pos_weights[i], num, sizeof num));
+    fputs("], dtype=torch.float32))\n", f); /* whole weights read "2": an int64 tensor */
+    return;
+  }
   if (k != DP_LOSS_SOFTMAX_CE) {
     float v = dp_model_loss_param(m);
     if (k == DP_LOSS_SMOOTH_L1 || k == DP_LOSS_HUBER)

@@ -1210,6 +1210,10 @@ void dp__plan_hashes(const dp_plan *p, uint64_t h[DP_PLAN_HASHES]) {
     x = h_u64(x, (uint64_t)m->ce.n_weights);
     for (int i = 0; i < m->ce.n_weights; i++) x = h_f32(x, m->ce.weights[i]);
   }
+  if (m->n_pos_weight) { /* bce_with_logits' pos_weight: only when set, as above */
+    x = h_u64(h_u64(x, 0x7077u), (uint64_t)m->n_pos_weight);
+    for (int i = 0; i < m->n_pos_weight; i++) x = h_f32(x, m->pos_weight[i]);
+  }
   h[0] = x;
   const dp_config *c = &p->cfg;
   x = DP_FNV_INIT;

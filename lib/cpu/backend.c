@@ -688,8 +688,9 @@ static float loss_rows(const dp_exec_env *e, const dp_mb *mb, int base, const fl
     return s;
   }
   if (dp__loss_on_targets(p->model.loss))
-    return dp__elem_loss(p->model.loss, p->model.loss_param, o, target, g, r0 * out,
-                         r1 * out, 1.0f / ((float)rows * (float)out));
+    return dp__elem_loss(p->model.loss, p->model.loss_param,
+                         p->model.n_pos_weight ? p->model.pos_weight : NULL, (size_t)out, o,
+                         target, g, r0 * out, r1 * out, 1.0f / ((float)rows * (float)out));
   /* a sequence's every position is a row of `out / P` classes */
   const int32_t *t = target;
   size_t P = (size_t)dp_model_positions(&p->model);

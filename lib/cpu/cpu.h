@@ -94,11 +94,13 @@ float dp__softmax_xent_opts(const float *z, const int32_t *t, float *g, size_t r
 float dp__softmax_xent(const float *z, const int32_t *t, float *g, size_t r0, size_t r1,
                        int out, float inv);
 /* The element-wise losses but mse (dp__loss_on_targets): l1, smooth_l1 (param:
- * beta), huber (param: delta), bce_with_logits (o: the logits) on elements [i0, i1) of o
- * and t: returns the sum of their terms, in element order from +0, and writes g = d term /
+ * beta), huber (param: delta), bce_with_logits (o: the logits; pw: its pos_weight, one
+ * per column of rows cols wide, or NULL for none) on elements [i0, i1) of o and t:
+ * returns the sum of their terms, in element order from +0, and writes g = d term /
  * d o times inv. */
-float dp__elem_loss(dp_loss_kind k, float param, const float *o, const float *t, float *g,
-                    size_t i0, size_t i1, float inv);
+float dp__elem_loss(dp_loss_kind k, float param, const float *pw, size_t cols,
+                    const float *o, const float *t, float *g, size_t i0, size_t i1,
+                    float inv);
 
 extern const dp_backend_ops dp__cpu_backend;
 

@@ -631,6 +631,45 @@ dp_status dp_model_ce_options(const dp_model *m, dp_ce_options *out) {
   return DP_OK;
 }
 
+dp_status dp_model_set_bce_options(dp_model *m, const dp_bce_options *o) {
+  if (!m || !o)
+    return DP_FAIL(DP_ERR_INVALID, "dp_model_set_bce_options: model or options is NULL");
+  if (m->loss != DP_LOSS_BCE_LOGITS)
+    return DP_FAIL(
+        DP_ERR_INVALID,
+        "pos_weight is an option of loss bce_with_logits; this model's loss is %s",
+        dp_loss_name(m->loss));
+  int n = o->n_pos_weights, out = dp_model_output_width(m);
+  if (n != 0 && n != out)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "pos_weight: %d weights for %d outputs (one per output, as PyTorch's "
+                   "pos_weight of the output's width)",
+                   n, out);
+  if (n > DP_MAX_CLASS_WEIGHTS)
+    return DP_FAIL(DP_ERR_INVALID, "pos_weight: at most %d outputs take weights, got %d",
+                   DP_MAX_CLASS_WEIGHTS, n);
+  if (n && !o->pos_weights)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "pos_weight: n_pos_weights is %d but pos_weights is NULL", n);
+  for (int i = 0; i < n; i++)
+    if (!(o->pos_weights[i] >= 0.0f && o->pos_weights[i] <= FLT_MAX))
+      return DP_FAIL(DP_ERR_INVALID,
+                     "pos_weight: output %d's weight %g is not finite and >= 0", i,
+                     (double)o->pos_weights[i]);
+  for (int i = 0; i < n; i++) m->pos_weight[i] = o->pos_weights[i] + 0.0f; /* -0 as 0 */
+  m->n_pos_weight = n;
+  return DP_OK;
+}
+
+dp_status dp_model_bce_options(const dp_model *m, dp_bce_options *out) {
+  if (out) memset(out, 0, sizeof *out);
+  if (!m || !out)
+    return DP_FAIL(DP_ERR_INVALID, "dp_model_bce_options: model or out is NULL");
+  out->n_pos_weights = m->n_pos_weight;
+  out->pos_weights = m->n_pos_weight ? m->pos_weight : NULL;
+  return DP_OK;
+}
+
 int dp_model_input_width(const dp_model *m) { return m ? m->input_width : 0; }
 int dp_model_output_width(const dp_model *m) { return m ? cur_width(m) : 0; }
 int dp_model_positions(const dp_model *m) { return m && cur_t(m) ? cur_t(m) : 1; }
@@ -728,6 +767,9 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
   for (int i = 0; i < m->ce.n_weights; i++)
     put(buf, cap, &len, "%s%s", i ? "," : " weight ",
         dp__shortest_float(m->ce.weights[i], num, sizeof num));
+  for (int i = 0; i < m->n_pos_weight; i++) /* only when set: older specs keep their text */
+    put(buf, cap, &len, "%s%s", i ? "," : " pos_weight ",
+        dp__shortest_float(m->pos_weight[i], num, sizeof num));
   if (m->loss != DP_LOSS_NONE) put(buf, cap, &len, "\n");
   return len;
 }

@@ -62,6 +62,8 @@ struct dp_model {
   dp_loss_kind loss;
   dp_ce_opts ce; /* loss DP_LOSS_SOFTMAX_CE's options */
   float loss_param; /* smooth_l1's beta, huber's delta (1 until set) */
+  int n_pos_weight; /* bce_with_logits' pos_weight: 0 (none) or the output width */
+  float pos_weight[DP_MAX_CLASS_WEIGHTS];
   size_t n_params;
   size_t n_buffers; /* floats after the parameters in PARAMS (batchnorm) */
 };

@@ -360,25 +360,26 @@ static bool decimal_float(const char *s, int len, double lo, double hi, float *o
   return *out <= (float)hi;
 }
 
-/* `weight W0,W1,...`: one finite weight >= 0 per class, commas between, no
- * spaces; a bad one is named by its own column. */
-static dp_status parse_weights(const token *t, where w, dp_ce_opts *o) {
+/* `weight W0,W1,...` (of a class) or `pos_weight P0,P1,...` (of an output):
+ * one finite weight >= 0 each, commas between, no spaces, at most
+ * DP_MAX_CLASS_WEIGHTS into out; a bad one is named by its own column. */
+static dp_status parse_weights(const token *t, where w, const char *name, const char *of,
+                               float *out, int *n_out) {
   int n = 0;
   for (int i = 0; i <= t->len;) {
     int j = i;
     while (j < t->len && t->s[j] != ',') j++;
     if (n == DP_MAX_CLASS_WEIGHTS)
-      return SPEC_FAIL(DP_ERR_PARSE, w, t->col + i, "loss: at most %d class weights",
-                       DP_MAX_CLASS_WEIGHTS);
-    if (!decimal_float(t->s + i, j - i, 0.0, FLT_MAX, &o->weights[n]))
-      return SPEC_FAIL(
-          DP_ERR_PARSE, w, t->col + i,
-          "loss: weight: expected a finite number >= 0 for class %d, got '%.*s'", n,
-          j - i > 40 ? 40 : j - i, t->s + i);
+      return SPEC_FAIL(DP_ERR_PARSE, w, t->col + i, "loss: at most %d %s weights",
+                       DP_MAX_CLASS_WEIGHTS, of);
+    if (!decimal_float(t->s + i, j - i, 0.0, FLT_MAX, &out[n]))
+      return SPEC_FAIL(DP_ERR_PARSE, w, t->col + i,
+                       "loss: %s: expected a finite number >= 0 for %s %d, got '%.*s'",
+                       name, of, n, j - i > 40 ? 40 : j - i, t->s + i);
     n++;
     i = j + 1;
   }
-  o->n_weights = n;
+  *n_out = n;
   return DP_OK;
 }
 
@@ -397,9 +398,9 @@ static bool parse_int32(const token *t, int32_t *out) {
   return true;
 }
 
-/* loss mse | l1 | smooth_l1 [beta B] | huber [delta D] | bce_with_logits:
- * nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss(beta), nn.HuberLoss(delta),
- * nn.BCEWithLogitsLoss. */
+/* loss mse | l1 | smooth_l1 [beta B] | huber [delta D] | bce_with_logits
+ * [pos_weight P0,P1,...]: nn.MSELoss, nn.L1Loss, nn.SmoothL1Loss(beta),
+ * nn.HuberLoss(delta), nn.BCEWithLogitsLoss(pos_weight). */
 static dp_status parse_elem_loss(dp_model **m, const token *t, int nt, where w) {
   static const struct {
     const char *w, *param;
@@ -408,7 +409,7 @@ static dp_status parse_elem_loss(dp_model **m, const token *t, int nt, where w) 
                {"l1", NULL, DP_LOSS_L1},
                {"smooth_l1", "beta", DP_LOSS_SMOOTH_L1},
                {"huber", "delta", DP_LOSS_HUBER},
-               {"bce_with_logits", NULL, DP_LOSS_BCE_LOGITS}};
+               {"bce_with_logits", "pos_weight", DP_LOSS_BCE_LOGITS}};
   echo_buf e;
   size_t k = 0;
   while (k < sizeof kinds / sizeof *kinds && !tok_is(&t[1], kinds[k].w)) k++;
@@ -417,25 +418,32 @@ static dp_status parse_elem_loss(dp_model **m, const token *t, int nt, where w) 
                      "unknown loss '%s' (expected mse, l1, smooth_l1, huber, "
                      "bce_with_logits or softmax_cross_entropy)",
                      echo(&t[1], &e));
-  float v = 1.0f;
-  int used = 2;
+  bool bce = kinds[k].k == DP_LOSS_BCE_LOGITS;
+  float v = 1.0f, pw[DP_MAX_CLASS_WEIGHTS];
+  int used = 2, n_pw = 0;
   if (kinds[k].param && nt > 2) {
     if (!tok_is(&t[2], kinds[k].param))
       return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col,
-                       "loss %s: expected '%s V' or end of line, got '%s'", kinds[k].w,
-                       kinds[k].param, echo(&t[2], &e));
+                       "loss %s: expected '%s %s' or end of line, got '%s'", kinds[k].w,
+                       kinds[k].param, bce ? "P0,P1,..." : "V", echo(&t[2], &e));
     if (nt < 4)
       return SPEC_FAIL(DP_ERR_PARSE, w, t[2].col + t[2].len + 1,
-                       "loss %s: expected a number > 0 after '%s'", kinds[k].w,
+                       "loss %s: expected %s after '%s'", kinds[k].w,
+                       bce ? "one weight per output, commas between" : "a number > 0",
                        kinds[k].param);
     char what[32];
     snprintf(what, sizeof what, "loss %s: %s", kinds[k].w, kinds[k].param);
-    dp_status s = parse_real(&t[3], w, what, "a number > 0", 0.0, true, FLT_MAX, &v);
+    dp_status s = bce ? parse_weights(&t[3], w, "pos_weight", "output", pw, &n_pw)
+                      : parse_real(&t[3], w, what, "a number > 0", 0.0, true, FLT_MAX, &v);
     if (s) return s;
     used = 4;
   }
   dp_status s = no_more(t, nt, used, w, "loss");
   if (s || (s = at(dp_model_set_loss(*m, kinds[k].k), w, t[0].col))) return s;
+  if (bce) {
+    dp_bce_options o = {.n_pos_weights = n_pw, .pos_weights = pw};
+    return at(dp_model_set_bce_options(*m, &o), w, used > 2 ? t[3].col : t[0].col);
+  }
   return kinds[k].param
              ? at(dp_model_set_loss_param(*m, v), w, used > 2 ? t[3].col : t[0].col)
              : DP_OK;
@@ -485,7 +493,7 @@ static dp_status parse_loss(dp_model **m, const token *t, int nt, where w) {
                     "loss: ignore_index: expected an integer (int32), got '%s'",
                     echo(v, &e));
     else if (which == 2)
-      s = parse_weights(v, w, &o);
+      s = parse_weights(v, w, "weight", "class", o.weights, &o.n_weights);
     if (s) return s;
     o.ignore |= which == 1;
   }
