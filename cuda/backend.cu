@@ -182,7 +182,8 @@ dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
   case DP_LAYER_RESIDUAL_END: /* x + f(x): the block's input (the skip operand), then f's */
     DP_CUDA_CHECK(dp_k_residual_add(x->stream, ptr(c, c.o.skip), in, y, count));
     return DP_OK;
-  case DP_LAYER_RESIDUAL: return DP_OK; /* a view (above) */
+  case DP_LAYER_RESIDUAL:
+  case DP_LAYER_SHORTCUT: return DP_OK; /* views (above) */
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no forward",
                  (int)l->kind);
@@ -297,12 +298,18 @@ dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_r
                                     dy, dx, attn_drop(x, c, global_row0, &keys), ws, wsb);
     return s == DP_OK ? s : DP_FAIL(s, "layer %d: %s", c.i, dp_last_error());
   }
-  case DP_LAYER_RESIDUAL_END: /* the block's output gets dy; x gets it at the begin */
+  case DP_LAYER_RESIDUAL_END: {    /* the block's output gets dy; x gets it at the begin */
+    float *df = ptr(c, c.o.dskip); /* with a shortcut: f's output, g's is dx */
     if (dx && count)
       DP_CUDA_CHECK(
           cudaMemcpyAsync(dx, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
+    if (df && count)
+      DP_CUDA_CHECK(
+          cudaMemcpyAsync(df, dy, count * 4, cudaMemcpyDeviceToDevice, x->stream));
     return DP_OK;
-  case DP_LAYER_RESIDUAL: return DP_OK; /* above */
+  }
+  case DP_LAYER_RESIDUAL:
+  case DP_LAYER_SHORTCUT: return DP_OK; /* above; a view */
   }
   return DP_FAIL(DP_ERR_BACKEND, "cuda backend: layer kind %d has no backward",
                  (int)l->kind);

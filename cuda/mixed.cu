@@ -241,6 +241,7 @@ static dp_status shadow_run(dev_ctx *x, const lay &c, float *grads, int global_r
    * rounded, at a block's begin too (lib/cpu/mixed.c) */
   ok &= widen_span(x, c, &sh, c.o.in, true, conv, &k.o.in);
   ok &= widen_span(x, c, &sh, c.o.skip, true, bwd, &k.o.skip);
+  k.o.dskip = dp_span{-1, 0, 0, 4}; /* a block end's: copied from din after */
   ok &= widen_span(x, c, &sh, c.o.out, bwd, false, &k.o.out);
   if (bwd) { /* a residual block's begin adds to its input's gradient in place */
     ok &= widen_span(x, c, &sh, c.o.din, c.l->kind == DP_LAYER_RESIDUAL, false, &k.o.din);
@@ -301,6 +302,14 @@ dp_status dp__cuda_mixed_forward(dev_ctx *x, const lay &c, int global_row0) {
 dp_status dp__cuda_mixed_backward(dev_ctx *x, const lay &c, float *grads, int global_row0) {
   dp_layer_kind k = c.l->kind;
   if (k == DP_LAYER_RESIDUAL) return shadow_run(x, c, grads, global_row0);
+  if (k == DP_LAYER_RESIDUAL_END && c.o.dskip.region >= 0) {
+    /* with a shortcut: f's output gradient is g's, the bf16 bits din gets */
+    dp_status s = shadow_run(x, c, grads, global_row0);
+    if (!s && c.o.din.region >= 0)
+      DP_CUDA_CHECK(cudaMemcpyAsync(ptr(c, c.o.dskip), ptr(c, c.o.din), c.o.din.bytes,
+                                    cudaMemcpyDeviceToDevice, x->stream));
+    return s;
+  }
   if (dp__layer_is_view(&c.p->model, c.i) || k == DP_LAYER_INPUT) return DP_OK;
   if (dp__relu_bwd_fused(c.p, c.i)) return DP_OK; /* the linear after it does it */
   if (k == DP_LAYER_LINEAR) return linear_backward(x, c, grads);

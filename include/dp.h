@@ -77,6 +77,9 @@ typedef enum {
                             (approximate='none'); spec `gelu approximate none` */
   DP_LAYER_SILU,         /* nn.SiLU: x sigmoid(x) = x / (1 + e^-x) */
   DP_LAYER_LEAKY_RELU,   /* nn.LeakyReLU(negative_slope): x > 0 ? x : slope x */
+  DP_LAYER_SHORTCUT,     /* a residual block's projection: ends f, and the layers from
+                            here to the end are g on x (a view of it); the end gives
+                            f(x) + g(x) (torchvision's downsample) */
 } dp_layer_kind;
 
 /* MSE, L1, SMOOTH_L1, HUBER, BCE_LOGITS: element-wise on float targets of the
@@ -104,7 +107,8 @@ typedef struct dp_model dp_model;
  *   maxpool2d K [stride S] [padding P] |
  *   avgpool2d K [stride S] [padding P] [exclude_pad] | flatten |
  *   batchnorm [eps E] [momentum M | momentum none] |
- *   input tokens T | embed V D | attention H [dropout P] | residual | end |
+ *   input tokens T | embed V D | attention H [dropout P] | residual | shortcut |
+ *   end |
  *   loss mse | loss l1 | loss smooth_l1 [beta B] | loss huber [delta D] |
  *   loss bce_with_logits [pos_weight P0,P1,...] |
  *   loss softmax_cross_entropy
@@ -117,7 +121,9 @@ typedef struct dp_model dp_model;
  * position, as PyTorch's modules on a (B, T, D) tensor do. `attention H`
  * takes (T, 3D) (q, k and v side by side, each D wide, head h at columns
  * h D/H ..) and gives (T, D). `residual` ... `end` wraps layers f: the block
- * gives x + f(x) and f must keep x's shape; blocks nest. The cross-entropy
+ * gives x + f(x) and f must keep x's shape; blocks nest. `residual` f
+ * `shortcut` g `end` gives f(x) + g(x), g on x (a projection, as torchvision's
+ * downsample) giving f's output shape. The cross-entropy
  * of a sequence is over every position: targets (T) int32 per row, the mean
  * over the batch's B T tokens.
  * `gelu` alone is the tanh approximation (DP_LAYER_GELU; PyTorch's
@@ -187,6 +193,11 @@ dp_status dp_model_add_attention_dropout(dp_model *m, int heads, float p);
 dp_status dp_model_add_linear_tied(dp_model *m, int out_width);
 dp_status dp_model_begin_residual(dp_model *m);
 dp_status dp_model_end_residual(dp_model *m);
+/* Ends the open residual block's f: the layers added from here to its end
+ * are g, whose input is the block's input x; the end gives f(x) + g(x), and g
+ * must give f's output shape (a projection shortcut: conv2d 1x1 stride S,
+ * batchnorm). At most one per block, after at least one layer of f. */
+dp_status dp_model_begin_shortcut(dp_model *m);
 dp_status dp_model_set_loss(dp_model *m, dp_loss_kind loss);
 /* The parameter of the loss set: smooth_l1's beta (nn.SmoothL1Loss(beta)) or
  * huber's delta (nn.HuberLoss(delta)), > 0 and finite; 1 (PyTorch's default)
@@ -1185,7 +1196,7 @@ typedef struct {
   int kernel, stride, padding;
   /* sequences: positions T (0: not a sequence; channels is then the width
    * per position), embedding: vocab; attention: heads; a residual block's
-   * begin and end: the other's layer index */
+   * begin and end: the other's layer index; its shortcut: the begin's */
   int positions, vocab, heads, link;
   int tied; /* linear: its weight is the token embedding's (param_offset is the
                table's, n_params 0); embedding: a linear shares its table */

@@ -28,6 +28,40 @@ static const char GPT_SPEC[] =
     "loss softmax_cross_entropy\n";
 enum { GPT_T = 6, GPT_V = 11 };
 
+/* torchvision's ResNet blocks, small, in dp_model_format's form: an identity
+ * block, then a downsampling one with a projection shortcut (f(x) + g(x), g:
+ * conv1x1 stride 2 and batchnorm) whose f ends in a plain block nested in it,
+ * and a plain block nested in g too; 3 x 8 x 8 inputs, 5 classes. */
+static const char RESNET_PROJ_SPEC[] = "input 3 8 8\n"
+                                       "conv2d 4 3 padding 1 nobias\n"
+                                       "batchnorm\n"
+                                       "relu\n"
+                                       "residual\n"
+                                       "  conv2d 4 3 padding 1 nobias\n"
+                                       "  batchnorm\n"
+                                       "end\n"
+                                       "relu\n"
+                                       "residual\n"
+                                       "  conv2d 6 3 stride 2 padding 1 nobias\n"
+                                       "  batchnorm\n"
+                                       "  relu\n"
+                                       "  residual\n"
+                                       "    conv2d 6 3 padding 1\n"
+                                       "    tanh\n"
+                                       "  end\n"
+                                       "shortcut\n"
+                                       "  residual\n"
+                                       "    relu\n"
+                                       "  end\n"
+                                       "  conv2d 6 1 stride 2 nobias\n"
+                                       "  batchnorm\n"
+                                       "end\n"
+                                       "relu\n"
+                                       "avgpool2d 2\n"
+                                       "flatten\n"
+                                       "linear 5\n"
+                                       "loss softmax_cross_entropy\n";
+
 /* GPT_SPEC with dropout on the attention probabilities and a tied output head. */
 static const char GPT_ADROP_SPEC[] =
     "input tokens 6\n"

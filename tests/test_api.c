@@ -48,7 +48,7 @@ static dp_model *parse(const char *text) {
   } while (0)
 
 START_TEST(every_enum_value_has_a_name) {
-  CHECK_NAMES(dp_layer_kind_name, dp_layer_kind, DP_LAYER_LEAKY_RELU);
+  CHECK_NAMES(dp_layer_kind_name, dp_layer_kind, DP_LAYER_SHORTCUT);
   CHECK_NAMES(dp_loss_name, dp_loss_kind, DP_LOSS_BCE_LOGITS);
   CHECK_NAMES(dp_split_name, dp_split, DP_SPLIT_MEMORY);
   CHECK_NAMES(dp_mode_name, dp_mode, DP_MODE_ALLREDUCE);

@@ -2989,6 +2989,47 @@ static uint64_t params_and_stats_hash(rig *r) {
   return h;
 }
 
+/* A ResNet downsampling block (a projection shortcut, f(x) + g(x)): 3x9x7 ->
+ * conv 4x9x7 -> f: conv stride 2 6x5x4, conv; g: conv1x1 stride 2 6x5x4,
+ * batchnorm per replica. Every op against the cpu backend's (the end's copy to
+ * f's output gradient, the begin's add of g's input gradient), fp32, training
+ * and inference; and bf16 within bf16's precision of the cpu's bf16, the same
+ * bits twice. */
+static const char *const RESNET_CE =
+    "input 3 9 7\nconv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\nresidual\n"
+    "conv2d 6 3 stride 2 padding 1 nobias\nbatchnorm\nrelu\nconv2d 6 3 padding 1\n"
+    "shortcut\nconv2d 6 1 stride 2 nobias\nbatchnorm\nend\nrelu\nflatten\nlinear 5\n"
+    "loss softmax_cross_entropy\n";
+
+START_TEST(shortcut_ops_match_cpu) {
+  REQUIRE_GPUS(ngpu, "shortcut_ops_match_cpu");
+  dp_config c = test_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  check_every_compute_op("resnet ce, classic sgd, 2 replicas", RESNET_CE, &c, 0);
+  c = test_config(ngpu, 37, 3, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW);
+  check_every_compute_op("resnet ce, allreduce adamw, 3 replicas", RESNET_CE, &c, 1);
+  c = test_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
+  c.inference = 1;
+  check_every_compute_op("resnet ce, inference plan, 2 replicas", RESNET_CE, &c, 0);
+  dp_config g = bf16_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE), cc = g;
+  cc.backend = DP_BACKEND_CPU;
+  for (int d = 0; d < DP_MAX_DEVICES; d++) cc.device_ids[d] = d;
+  rig rg, rc;
+  rig_open(&rg, RESNET_CE, &g);
+  rig_open(&rc, RESNET_CE, &cc);
+  run_steps(&rg, 0, 3);
+  run_steps(&rc, 0, 3);
+  float *pg = params_of(&rg), *pc = params_of(&rc);
+  double to_cpu = rel_norm_diff(pg, pc, rg.np);
+  free(pg);
+  free(pc);
+  fprintf(stderr, "cuda: bf16 resnet shortcut: %.3g from the cpu's bf16\n", to_cpu);
+  ck_assert_msg(to_cpu <= 2e-3, "bf16 resnet: %.3g from the cpu backend's bf16", to_cpu);
+  rig_close(&rg);
+  rig_close(&rc);
+  steps_twice_same_bits("bf16 resnet shortcut", RESNET_CE, &g);
+}
+END_TEST
+
 /* Batchnorm in bf16, both modes (the sync statistics ops read widened copies,
  * dp__cuda_mixed_bn_operands), 3 AdamW steps of a 1d and a 2d model: within
  * bf16's precision of the cpu backend's bf16 and not the fp32 bits; for the
@@ -3749,6 +3790,7 @@ Suite *cuda_suite(void) {
   TCase *bn = tcase_create("gpu_batchnorm");
   tcase_set_tags(bn, "gpu");
   tcase_add_test(bn, batchnorm_ops_match_cpu);
+  tcase_add_test(bn, shortcut_ops_match_cpu);
   tcase_add_test(bn, batchnorm_kernels_at_stress_shapes);
   tcase_add_test(bn, batchnorm_multiblock_matches_cpu_bit_for_bit);
   tcase_add_test(bn, batchnorm_steps_match_cpu);

@@ -189,6 +189,29 @@ START_TEST(twelve_setups_same_bits_padded_pools) {
 }
 END_TEST
 
+/* A ResNet downsampling block (torchvision's: a projection shortcut, conv1x1
+ * stride 2 and batchnorm per replica, f(x) + g(x)) on the 12 inputs as 1 x 3
+ * x 4, in fp32 and in bf16: twelve runs, one hash each. */
+static const char RESNET_SPEC[] = "input 1 3 4\n"
+                                  "conv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\n"
+                                  "residual\n"
+                                  "conv2d 6 3 stride 2 padding 1 nobias\nbatchnorm\nrelu\n"
+                                  "conv2d 6 3 padding 1 nobias\nbatchnorm\n"
+                                  "shortcut\n"
+                                  "conv2d 6 1 stride 2 nobias\nbatchnorm\n"
+                                  "end\n"
+                                  "relu\nflatten\nlinear 5\nloss softmax_cross_entropy\n";
+
+START_TEST(twelve_setups_same_bits_resnet_shortcut) {
+  spec_in_use = RESNET_SPEC;
+  all_setups_agree(DP_OPT_MOMENTUM);
+  precision_in_use = DP_PRECISION_BF16;
+  all_setups_agree(DP_OPT_MOMENTUM);
+  precision_in_use = DP_PRECISION_FP32;
+  spec_in_use = NULL;
+}
+END_TEST
+
 /* The GPT (tests/specs.h: residual blocks, attention, dropout), 3 AdamW steps
  * with micro-batches of 2 rows: one parameter hash on 1, 2 and 4 devices in
  * classic, allreduce and allreduce with a sharded optimizer (4 devices: one
@@ -811,6 +834,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, three_devices_same_bits_in_every_mode_adam_clip_grad_value);
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
   tcase_add_test(tc, twelve_setups_same_bits_padded_pools);
+  tcase_add_test(tc, twelve_setups_same_bits_resnet_shortcut);
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);
   tcase_add_test(tc, gpt_attention_dropout_same_bits_everywhere);

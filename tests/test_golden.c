@@ -334,7 +334,8 @@ static const char *const golden_cases[] = {"seed",
                                            "adam_mlp",
                                            "bf16_adam_mlp",
                                            "amsgrad_mlp",
-                                           "bf16_amsgrad_mlp"};
+                                           "bf16_amsgrad_mlp",
+                                           "resnet_proj"}; /* projection shortcuts */
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 /* adam_*: torch.optim.Adam (coupled L2 weight decay 0.05) besides the usual
  * trainings, in fp32 and in bf16 (its adam_hparams, adam_params5, adam_loss). */

@@ -610,11 +610,25 @@ static int layer_reads_input(dp_layer_kind k) {
  * buffer (the model's input when it has no layer before it: -1). */
 static int is_view(const dp_model *m, int i) {
   return (m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1) ||
-         m->layers[i].kind == DP_LAYER_RESIDUAL; /* a residual's start: its input */
+         m->layers[i].kind == DP_LAYER_RESIDUAL || /* a residual's start: its input */
+         m->layers[i].kind == DP_LAYER_SHORTCUT;   /* its block's input */
 }
 static int owner_of(const dp_model *m, int i) {
-  while (i >= 0 && is_view(m, i)) i--;
+  while (i >= 0 && is_view(m, i))
+    i = m->layers[i].kind == DP_LAYER_SHORTCUT ? m->layers[i].link : i - 1;
   return i;
+}
+/* Where the gradient of layer i's output lives: its owner's, but a shortcut
+ * keeps g's input gradient apart (the begin adds it to x's after f's) */
+static int grad_owner_of(const dp_model *m, int i) {
+  while (i >= 0 && is_view(m, i) && m->layers[i].kind != DP_LAYER_SHORTCUT) i--;
+  return i;
+}
+/* The shortcut of the block that starts at layer r, or -1. */
+static int shortcut_of(const dp_model *m, int r) {
+  for (int i = r + 1; i < m->layers[r].link; i++)
+    if (m->layers[i].kind == DP_LAYER_SHORTCUT && m->layers[i].link == r) return i;
+  return -1;
 }
 static int layer_reads_output(dp_layer_kind k) {
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID ||
@@ -797,12 +811,25 @@ static void check_act_layout(const dp_plan *p, int d) {
   for (int i = 0; i < L; i++) {
     const dp_layer *l = &m->layers[i];
     if (is_view(m, i)) { /* no buffers of its own */
-      int o = owner_of(m, i);
+      int o = owner_of(m, i), g = grad_owner_of(m, i);
       REQ(a->act[i] == (o >= 0 ? a->act[o] : SIZE_MAX),
           "device %d act[%d] is not layer %d's", d, i, o);
-      REQ(a->dact[i] == (o >= 0 ? a->dact[o] : SIZE_MAX),
-          "device %d dact[%d] is not layer %d's", d, i, o);
       REQ(a->stats[i] == SIZE_MAX, "device %d stats[%d] of a view", d, i);
+      if (g ==
+          i) { /* a shortcut: g's input gradient, one micro-batch, unless x is the input */
+        size_t size = (size_t)a->mb_rows * (size_t)l->out * 4;
+        if (!train || o < 0) {
+          REQ(a->dact[i] == SIZE_MAX, "device %d dact[%d] should not exist", d, i);
+          continue;
+        }
+        REQ(a->dact[i] != SIZE_MAX && a->dact[i] % p->align == 0 &&
+                a->dact[i] + size <= ar.size,
+            "device %d: the shortcut's dact[%d] at %zu", d, i, a->dact[i]);
+        unshared += align_up(size, p->align);
+        continue;
+      }
+      REQ(a->dact[i] == (g >= 0 ? a->dact[g] : SIZE_MAX),
+          "device %d dact[%d] is not layer %d's", d, i, g);
       continue;
     }
     int sync = is_sync_bn(p, i);
@@ -1007,13 +1034,23 @@ static void sim_op(sim *s, const dp_op *op) {
     /* a residual's start is a view, but its backward adds its end's output
      * gradient into its input's: that gradient must still be live there (the
      * last layer's is OUTPUT_GRADS, no activation) */
+    int sc = l->kind == DP_LAYER_RESIDUAL       ? shortcut_of(m, i)
+             : l->kind == DP_LAYER_RESIDUAL_END ? shortcut_of(m, l->link)
+                                                : -1;
+    /* ... with a shortcut, g's input gradient instead (the shortcut's) */
     if (l->kind == DP_LAYER_RESIDUAL && op->kind == DP_OP_BACKWARD && o >= 0 &&
-        l->link > 0 && l->link < L - 1)
-      sim_dact(s, op, l->link, out, 0);
+        l->link > 0 && (sc >= 0 || l->link < L - 1))
+      sim_dact(s, op, sc >= 0 ? sc : l->link, out, 0);
     if (is_view(m, i)) break; /* a view runs nothing */
-    /* a residual's end reads its block's input, written long before */
-    int skip = l->kind == DP_LAYER_RESIDUAL_END ? owner_of(m, l->link - 1) : -1;
+    /* a residual's end reads its block's input, written long before (with a
+     * shortcut: f's output, the layer before it); its backward copies its
+     * output gradient to f's output's then */
+    int skip = l->kind != DP_LAYER_RESIDUAL_END ? -1
+               : sc >= 0                        ? owner_of(m, sc - 1)
+                                                : owner_of(m, l->link - 1);
     if (skip >= 0 && op->kind == DP_OP_FORWARD) sim_act(s, op, skip, out, 0);
+    if (sc >= 0 && op->kind == DP_OP_BACKWARD && train)
+      sim_dact(s, op, grad_owner_of(m, sc - 1), out, 1);
     /* the statistics a layer's forward saves for its backward, per row */
     size_t stats_w = l->kind == DP_LAYER_LAYERNORM   ? 2 * (size_t)(l->t ? l->t : 1)
                      : l->kind == DP_LAYER_ATTENTION ? (size_t)l->heads * l->t * l->t
@@ -1053,9 +1090,9 @@ static void sim_op(sim *s, const dp_op *op) {
         sim_part(s, i, SB_SUMS, 0);
       }
       if (masks)
-        sim_dact(s, op, owner_of(m, i - 2), in, 1);
-      else if (o >= 0)
-        sim_dact(s, op, o, in, 1);
+        sim_dact(s, op, grad_owner_of(m, i - 2), in, 1);
+      else if (o >= 0) /* after a shortcut: its own */
+        sim_dact(s, op, grad_owner_of(m, i - 1), in, 1);
     } else if (op->kind == DP_OP_BN_STATS) { /* its partial from its input rows */
       if (o >= 0) sim_act(s, op, o, in, 0);
       q = op_part(s, d, op->dst_region, op->dst_offset, op->bytes, op, i, NULL);
@@ -3513,6 +3550,85 @@ static void plan_refused(const dp_model *m, const dp_config *c, dp_status want,
                 needle);
 }
 
+/* Projection shortcuts (f(x) + g(x)) through every plan invariant, the
+ * liveness simulation included: x lives to g's first layer, f's output to the
+ * end's forward, the shortcut's own gradient (g's input's) from g's first
+ * backward to the begin's; with a plain block nested in f and in g, several
+ * micro-batches, training and inference; a guarded context trains with its
+ * guards intact; a block on the model's input keeps no shortcut gradient; and
+ * recompute and sync batchnorm are refused. */
+START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
+  dp_model *m = model_of(RESNET_PROJ_SPEC);
+  int s = 16, x = 7; /* the shortcut, the owner of its block's input */
+  ck_assert_int_eq(m->layers[s].kind, DP_LAYER_SHORTCUT);
+  static const struct {
+    int n_dev, mode, shard, mb, inf;
+  } cs[] = {{1, DP_MODE_CLASSIC, 0, 2, 0},   {2, DP_MODE_CLASSIC, 0, 3, 0},
+            {3, DP_MODE_ALLREDUCE, 0, 1, 0}, {4, DP_MODE_ALLREDUCE, 1, 2, 0},
+            {2, DP_MODE_CLASSIC, 0, 0, 0},   {2, DP_MODE_CLASSIC, 0, 2, 1}};
+  for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
+    dp_config c = config_of(11, cs[k].n_dev, DP_OPT_MOMENTUM);
+    c.mode = (dp_mode)cs[k].mode;
+    c.shard_optimizer = cs[k].shard;
+    c.micro_batch = cs[k].mb;
+    c.inference = cs[k].inf;
+    dp_plan *p = plan_of(m, &c);
+    if (c.mode == DP_MODE_CLASSIC) {
+      check_plan(p);
+    } else {
+      for (int d = 0; d < dp_plan_n_devices(p); d++) check_act_layout(p, d);
+      sched_view v = plan_view(p);
+      for (int d = 0; d < dp_plan_n_devices(p); d++) check_liveness_by_simulation(p, &v, d);
+    }
+    for (int d = 0; d < dp_plan_n_devices(p); d++) {
+      ck_assert_uint_eq(p->act[d].act[s], p->act[d].act[x]); /* a view of x */
+      if (cs[k].inf)
+        ck_assert_uint_eq(p->act[d].dact[s], SIZE_MAX);
+      else
+        ck_assert_uint_ne(p->act[d].dact[s], p->act[d].dact[x]); /* its own */
+    }
+    for (int rows = 1; rows < 11 && c.mode == DP_MODE_CLASSIC; rows += 4)
+      check_smaller_batch(p, rows, !cs[k].inf);
+    dp_plan_free(p);
+    c.guards = 1;
+    p = plan_of(m, &c);
+    dp_ctx *ctx = ctx_of(p);
+    float in[11 * 192], out[11 * 5];
+    int32_t t[11];
+    for (int i = 0; i < 11 * 192; i++) in[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
+    for (int i = 0; i < 11; i++) t[i] = (i * 3) % 5;
+    for (int st = 0; st < 2 && !cs[k].inf; st++)
+      ck_assert_msg(dp_train_step(ctx, 11, 192, in, t, NULL) == DP_OK, "%s",
+                    dp_ctx_error(ctx));
+    ck_assert_int_eq(dp_forward(ctx, 11, 192, in, out), DP_OK);
+    for (int i = 0; i < 11 * 5; i++) ck_assert(isfinite(out[i]));
+    ck_assert_msg(dp_ctx_check_guards(ctx) == DP_OK, "case %zu: %s", k, dp_ctx_error(ctx));
+    dp_ctx_free(ctx);
+    dp_plan_free(p);
+  }
+  dp_config c = config_of(8, 2, DP_OPT_SGD);
+  c.recompute = 2;
+  plan_refused(m, &c, DP_ERR_UNSUPPORTED, "recompute in a model with a residual shortcut");
+  c.recompute = 0;
+  c.batchnorm = DP_BN_SYNC;
+  plan_refused(m, &c, DP_ERR_UNSUPPORTED, "sync batchnorm in a model with residual blocks");
+  dp_model_free(m);
+  /* on the model's input: g's first layer has no input gradient to write */
+  m = model_of("input 1 4 4\nresidual\nconv2d 2 3 padding 1\nrelu\nshortcut\n"
+               "conv2d 2 1\nend\nflatten\nlinear 3\nloss mse\n");
+  for (int inf = 0; inf < 2; inf++) {
+    c = config_of(6, 2, DP_OPT_SGD);
+    c.micro_batch = 2;
+    c.inference = inf;
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    ck_assert_uint_eq(p->act[0].dact[3], SIZE_MAX);
+    dp_plan_free(p);
+  }
+  dp_model_free(m);
+}
+END_TEST
+
 /* The cuda-only options are refused on the cpu backend, and NCCL needs a GPU
  * per replica; the refusal names the option. */
 START_TEST(cuda_options_are_checked_at_plan_time) {
@@ -4220,6 +4336,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, the_seed_plan_keeps_every_invariant);
   tcase_add_test(tc, random_plans_keep_every_invariant);
   tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
+  tcase_add_test(tc, shortcut_plans_keep_every_invariant_with_guards_and_micro_batches);
   tcase_add_test(tc, reduce_bf16_plans_keep_every_invariant);
   tcase_add_test(tc, reduce_bf16_halves_the_bytes_between_processes);
   tcase_add_test(tc, reduce_precision_refuses_unknown_values);

@@ -507,6 +507,12 @@ static const char RESIDUAL_LAST_SPEC[] =
     "input 12\nlinear 16\ngelu\nlinear 5\nresidual\nlayernorm\nlinear 5\nend\n"
     "loss softmax_cross_entropy\n";
 
+/* A projection shortcut: the end's backward copies its gradient to f's output
+ * too (own loop or shadowed, the same bits). */
+static const char SHORTCUT_SPEC[] =
+    "input 12\nlinear 16\ngelu\nresidual\nlinear 8\ngelu\nshortcut\nlinear 8\nend\n"
+    "linear 5\nloss softmax_cross_entropy\n";
+
 static const struct {
   const char *spec;
   int cols;
@@ -514,7 +520,8 @@ static const struct {
 } OWN_LOOPS[] = {{WIDE_GPT_SPEC, GPT_T, true},    {WIDER_GPT_SPEC, GPT_T, true},
                  {GPT_SPEC, GPT_T, true},         {MLP_EVERY_KIND_SPEC, 12, false},
                  {BN_MLP_SPEC, 12, false},        {LAST_LAYERS_SPEC, 12, false},
-                 {RESIDUAL_LAST_SPEC, 12, false}, {GELU_ERF_SPEC, 12, false}};
+                 {RESIDUAL_LAST_SPEC, 12, false}, {GELU_ERF_SPEC, 12, false},
+                 {SHORTCUT_SPEC, 12, false}};
 
 /* The forward's outputs on rows with NaNs of both signs (and payloads),
  * infinities and denormals in their inputs. */

@@ -530,6 +530,7 @@ START_TEST(format_round_trips_through_parse) {
       "input 2147483647\nlinear 1 nobias\n",
       GPT_NESTED,
       GPT_SPEC,
+      RESNET_PROJ_SPEC,
       "input tokens 4\nembed 9 6\nlayernorm\nlinear 9 tied\nloss softmax_cross_entropy\n",
       "input tokens 4\nembed 9 6\nlinear 18\nattention 2 dropout 0.15\nlinear 9\n",
   };
@@ -1279,6 +1280,89 @@ START_TEST(sequence_errors_name_line_and_column) {
 }
 END_TEST
 
+/* `shortcut`: its shapes and links, the builder's model, dp_model_format's
+ * text back, and its refusals at line:col. */
+START_TEST(shortcut_parses_builds_refuses_and_round_trips) {
+  dp_model *m = parse_ok(RESNET_PROJ_SPEC);
+  int r = 8, s = 16, e = 22;
+  ck_assert_int_eq(m->layers[r].kind, DP_LAYER_RESIDUAL);
+  ck_assert_int_eq(m->layers[s].kind, DP_LAYER_SHORTCUT);
+  ck_assert_int_eq(m->layers[e].kind, DP_LAYER_RESIDUAL_END);
+  ck_assert_int_eq(m->layers[r].link, e);
+  ck_assert_int_eq(m->layers[s].link, r);
+  ck_assert_int_eq(m->layers[e].link, r);
+  /* its input f's output (6 x 4 x 4), its output x (4 x 8 x 8), which g reads */
+  ck_assert_int_eq(m->layers[s].in, 96);
+  ck_assert_int_eq(m->layers[s].out, 256);
+  ck_assert_int_eq(m->layers[s].c, 4);
+  ck_assert_int_eq(m->layers[s].h, 8);
+  ck_assert_int_eq(m->layers[e].out, 96);
+  ck_assert_int_eq(m->layers[e].h, 4);
+  ck_assert_int_eq(dp__block_shortcut(m, r), s);
+  ck_assert_int_eq(dp__block_shortcut(m, 3), -1);
+  ck_assert_int_eq(dp__act_owner(m, s), 7); /* x: the relu before the block */
+  ck_assert_int_eq(dp__grad_owner(m, s), s);
+  ck_assert_int_eq(dp__grad_owner(m, s + 1), s); /* the block nested in g views it */
+  ck_assert_int_eq(dp__skip_owner(m, e), 15);    /* f's output: its nested end */
+  dp_layer_info li;
+  ck_assert_int_eq(dp_model_layer(m, s, &li), DP_OK);
+  ck_assert_int_eq(li.link, r);
+  char *t = format_alloc(m);
+  ck_assert_str_eq(t, RESNET_PROJ_SPEC);
+  free(t);
+
+  dp_model *b = NULL; /* the builder: the same model */
+  ck_assert_int_eq(dp_model_new_image(3, 8, 8, &b), DP_OK);
+  for (int i = 0; i < m->n_layers; i++) {
+    const dp_layer *l = &m->layers[i];
+    dp_status st = DP_OK;
+    switch (l->kind) {
+    case DP_LAYER_CONV2D:
+      st = dp_model_add_conv2d(b, l->c, l->k, l->stride, l->pad, l->bias);
+      break;
+    case DP_LAYER_AVGPOOL2D: st = dp_model_add_pool2d(b, l->kind, l->k, l->stride); break;
+    case DP_LAYER_LINEAR: st = dp_model_add_linear(b, l->out, l->bias); break;
+    case DP_LAYER_RESIDUAL: st = dp_model_begin_residual(b); break;
+    case DP_LAYER_SHORTCUT: st = dp_model_begin_shortcut(b); break;
+    case DP_LAYER_RESIDUAL_END: st = dp_model_end_residual(b); break;
+    default: st = dp_model_add(b, l->kind);
+    }
+    ck_assert_msg(st == DP_OK, "layer %d: %s", i, dp_last_error());
+  }
+  ck_assert_int_eq(dp_model_set_loss(b, DP_LOSS_SOFTMAX_CE), DP_OK);
+  assert_same_model(m, b);
+  ck_assert_int_eq(dp_model_begin_shortcut(b), DP_ERR_INVALID);
+  dp_model_free(b);
+  dp_model_free(m);
+
+  static const struct {
+    const char *text;
+    int line, col;
+    const char *needle;
+  } bad[] = {
+      {"input 4\nlinear 4\nshortcut\n", 3, 1, "'shortcut' outside a residual block"},
+      {"input 4\nresidual\nlinear 4\nend\nshortcut\nlinear 4\nend\n", 5, 1,
+       "outside a residual block"},
+      {"input 4\nresidual\nshortcut\nlinear 4\nend\n", 3, 1,
+       "has no layers before 'shortcut'"},
+      {"input 4\nresidual\nlinear 4\nshortcut\nlinear 4\nshortcut\nend\n", 6, 1,
+       "has a shortcut already (layer 2): one per block"},
+      {"input 4\nresidual\nlinear 4\nshortcut\nend\n", 5, 1,
+       "the shortcut (layer 2) has no layers"},
+      {"input 4\nresidual\nlinear 3\nshortcut\nlinear 2\nend\n", 6, 1,
+       "the shortcut's output (2 floats, flat per row) must have the shape of the block's "
+       "output before 'shortcut' (3 floats, flat, at layer 1)"},
+      {"input 1 4 4\nresidual\nconv2d 2 1 stride 2\nshortcut\nconv2d 2 1\nend\n", 6, 1,
+       "(2 x 4 x 4 (C x H x W) per row) must have the shape of the block's output before "
+       "'shortcut' (2 x 2 x 2 (C x H x W), at layer 1)"},
+      {"input 4\nresidual\nlinear 4\nshortcut\nlinear 4\n", 2, 1, "has no 'end'"},
+      {"input 4\nresidual\nlinear 4\nshortcut extra\nlinear 4\nend\n", 4, 10, "unexpected"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    parse_bad(bad[i].text, bad[i].line, bad[i].col, bad[i].needle);
+}
+END_TEST
+
 START_TEST(image_builder_matches_the_parser) {
   dp_model *b = NULL, *p = parse_ok("input 2 7 5\nconv2d 3 3 stride 2 padding 1\ntanh\n"
                                     "avgpool2d 2 stride 1\nflatten\nlinear 2\n");
@@ -1894,6 +1978,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, pool_padding_changes_the_hash_and_old_specs_keep_theirs);
   tcase_add_test(tc, sequence_errors_name_line_and_column);
   tcase_add_test(tc, image_builder_matches_the_parser);
+  tcase_add_test(tc, shortcut_parses_builds_refuses_and_round_trips);
   tcase_add_test(tc, absurd_dims_inference_plans_without_wrapping);
   tcase_add_test(tc, two_absurd_layers_overflow_the_param_bytes);
   tcase_add_test(tc, absurd_param_count_overflows_in_the_parser);

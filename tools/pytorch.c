@@ -60,7 +60,7 @@ static const char PRELUDE[] =
     "\n";
 
 /* The constructor of layer i's module, or NULL when it has none (residual
- * views, an end: the forward does them). */
+ * views, a shortcut, an end: the forward does them). */
 static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *tensor,
                        char *buf, size_t cap) {
   dp_tensor_info w = {0};
@@ -124,7 +124,7 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
     else
       snprintf(buf, cap, "Attention(%d)", l->heads);
     break;
-  default: (void)i; return 0; /* residual, end, input */
+  default: (void)i; return 0; /* residual, shortcut, end, input */
   }
   *tensor += nt;
   return 1;
@@ -134,6 +134,14 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
 static void input_line(const dp_model *m, char *buf, size_t cap) {
   dp_model_format(m, buf, cap); /* truncated: the first line is all it needs */
   buf[strcspn(buf, "\n")] = '\0';
+}
+
+/* The shortcut of the residual block that starts at layer r, or -1. */
+static int block_shortcut(const dp_model *m, int r) {
+  dp_layer_info l;
+  for (int i = r + 1; i < dp_model_n_layers(m); i++)
+    if (!dp_model_layer(m, i, &l) && l.kind == DP_LAYER_SHORTCUT && l.link == r) return i;
+  return -1;
 }
 
 static void write_forward(FILE *f, const dp_model *m, int standardize) {
@@ -150,8 +158,19 @@ static void write_forward(FILE *f, const dp_model *m, int standardize) {
   for (int i = 0; i < dp_model_n_layers(m); i++) {
     dp_layer_info l;
     dp_model_layer(m, i, &l);
-    if (l.kind == DP_LAYER_RESIDUAL)
+    int sc = l.kind == DP_LAYER_RESIDUAL       ? block_shortcut(m, i)
+             : l.kind == DP_LAYER_RESIDUAL_END ? block_shortcut(m, l.link)
+                                               : -1;
+    if (l.kind == DP_LAYER_RESIDUAL && sc >= 0)
+      fprintf(f,
+              "        r%d = x  # residual: f(x) + g(x) up to layer %d, g from layer %d\n",
+              i, l.link, sc);
+    else if (l.kind == DP_LAYER_RESIDUAL)
       fprintf(f, "        r%d = x  # residual: x + f(x) up to layer %d\n", i, l.link);
+    else if (l.kind == DP_LAYER_SHORTCUT) /* f's output kept, g on the block's input */
+      fprintf(f, "        s%d = x  # f(x)\n        x = r%d\n", i, l.link);
+    else if (l.kind == DP_LAYER_RESIDUAL_END && sc >= 0)
+      fprintf(f, "        x = s%d + x\n", sc);
     else if (l.kind == DP_LAYER_RESIDUAL_END)
       fprintf(f, "        x = r%d + x\n", l.link);
     else

@@ -61,7 +61,9 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
   int j = o->mb;
   o->in = own < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->in, 4)
                   : act_rows(p, op, own, false, j, rows, l->in);
-  o->din = own < 0 ? DP_SPAN_NONE : dact_rows(p, d, own, j, rows, l->in);
+  /* after a shortcut: g's input gradient, the shortcut's own buffer */
+  o->din =
+      own < 0 ? DP_SPAN_NONE : dact_rows(p, d, dp__grad_owner(m, i - 1), j, rows, l->in);
   if (i == L - 1) {
     o->out = slice_at(p, DP_REGION_OUTPUTS, 0, j, rows, l->out, 4);
     o->dout = slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out, 4);
@@ -75,18 +77,24 @@ void dp__layer_operands(const dp_plan *p, const dp_op *op, int i, dp_layer_opera
   o->bn_area = o->bn_buffers = DP_SPAN_NONE;
   if (dp__layer_stats_width(l))
     o->stats = act_rows(p, op, i, true, j, rows, dp__layer_stats_width(l));
-  o->skip = DP_SPAN_NONE;
-  if (l->kind == DP_LAYER_RESIDUAL_END) { /* x, the block's input */
+  o->skip = o->dskip = DP_SPAN_NONE;
+  int sc = l->kind == DP_LAYER_RESIDUAL_END || l->kind == DP_LAYER_RESIDUAL
+               ? dp__block_shortcut(m, l->kind == DP_LAYER_RESIDUAL ? i : l->link)
+               : -1;
+  if (l->kind == DP_LAYER_RESIDUAL_END) { /* x, the block's input (or f's output) */
     int so = dp__skip_owner(m, i);
     o->skip = so < 0 ? slice_at(p, DP_REGION_INPUTS, 0, j, rows, l->out, 4)
                      : act_rows(p, op, so, false, j, rows, l->out);
+    if (sc >= 0 && !p->cfg.inference) /* f's output gradient, a copy of dout */
+      o->dskip = dact_rows(p, d, dp__grad_owner(m, sc - 1), j, rows, l->out);
   } else if (l->kind == DP_LAYER_RESIDUAL && own >= 0 && l->link > 0 && !p->cfg.inference) {
-    /* the gradient of the block's output, which reaches x past the block (an
-     * inference plan has none: a block ending the model named the 0 bytes of
-     * OUTPUT_GRADS, and its context failed verification) */
+    /* the gradient that reaches x past f: the block's output's, or g's input's
+     * with a shortcut (an inference plan has none: a block ending the model
+     * named the 0 bytes of OUTPUT_GRADS, and its context failed verification) */
     int e = l->link;
-    o->skip = e == L - 1 ? slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out, 4)
-                         : dact_rows(p, d, e, j, rows, l->out);
+    o->skip = sc >= 0      ? dact_rows(p, d, sc, j, rows, l->out)
+              : e == L - 1 ? slice_at(p, DP_REGION_OUTPUT_GRADS, 0, j, rows, l->out, 4)
+                           : dact_rows(p, d, e, j, rows, l->out);
   }
   if (l->kind == DP_LAYER_BATCHNORM) {
     int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d];

@@ -42,8 +42,13 @@ typedef struct {
   dp_span workspace;  /* the device's WORKSPACE region */
   /* a residual block's end: (rows, out) its input x (the forward adds it);
    * its begin: (rows, in) the gradient of the end's output, which the begin's
-   * backward adds to din (din and dout are one buffer there: a view) */
+   * backward adds to din (din and dout are one buffer there: a view); with a
+   * shortcut the end's skip is f's output, and the begin's the shortcut's
+   * gradient (g's input's) */
   dp_span skip;
+  /* a residual end with a shortcut: (rows, out) f's output gradient, which its
+   * backward writes (dout, as din) */
+  dp_span dskip;
 } dp_layer_operands;
 
 /* The operands of layer `layer` for op (a layer op: forward or backward of a

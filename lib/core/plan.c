@@ -164,6 +164,18 @@ static dp_status check_precision(const dp_config *c, const dp_backend_ops *be) {
   return DP_OK;
 }
 
+/* The segments of config.recompute do not know a shortcut's reads of x and f's
+ * output yet. */
+static dp_status check_shortcuts(const dp_model *m, const dp_config *c) {
+  for (int i = 0; i < m->n_layers && c->recompute && !c->inference; i++)
+    if (m->layers[i].kind == DP_LAYER_SHORTCUT)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "recompute in a model with a residual shortcut (layer %d) is not "
+                     "supported yet; plan without recompute",
+                     i);
+  return DP_OK;
+}
+
 static dp_status check_config(const dp_model *m, const dp_config *c,
                               int opt[DP_MAX_BACKEND_OPTIONS]) {
   if (c->batch < 1)
@@ -276,7 +288,7 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
   for (int i = 0; i < m->n_layers && !be->sequence_layers; i++) {
     dp_layer_kind k = m->layers[i].kind;
     if (k == DP_LAYER_EMBEDDING || k == DP_LAYER_ATTENTION || k == DP_LAYER_RESIDUAL ||
-        k == DP_LAYER_RESIDUAL_END)
+        k == DP_LAYER_RESIDUAL_END || k == DP_LAYER_SHORTCUT)
       return DP_FAIL(DP_ERR_UNSUPPORTED,
                      "the %s backend does not run %s layers yet (layer %d); use the cpu "
                      "backend",
@@ -297,6 +309,8 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
         return DP_FAIL(DP_ERR_UNSUPPORTED,
                        "sync batchnorm in a model with residual blocks is not supported "
                        "yet; use batchnorm per_replica");
+  dp_status ss = check_shortcuts(m, c);
+  if (ss) return ss;
   if (!c->inference && c->accumulate > 1 && !be->accumulate)
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend cannot accumulate gradients yet (accumulate); use the "
@@ -393,6 +407,9 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   int n_mb = p->split.dev_mb0[d + 1] - p->split.dev_mb0[d], sw = dp__layer_stats_width(l);
   size_t e = dp__act_esz(p); /* outputs and their gradients; statistics are fp32 */
   *out = 0;
+  /* a shortcut's gradient (g's input's, until the block's begin adds it to x's) */
+  if (l->kind == DP_LAYER_SHORTCUT && kind == 2 && train && dp__act_owner(m, i) >= 0)
+    return mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
   if (dp__layer_is_view(m, i)) return true;
   switch (kind) {
   case 0:
@@ -460,7 +477,7 @@ static void plan_recomputed(dp_plan *p) {
     const dp_layer *l = &m->layers[j];
     if (p->rc[j]) {
       int e = j;
-      while (e + 1 < L && dp__layer_is_view(m, e + 1)) e++;
+      while (e + 1 < L && dp__views_prev(m, e + 1)) e++;
       int r = e + 1; /* < L: the last layer's output is never recomputed */
       need[j] = dp__layer_needs_output(l->kind) ||
                 dp__layer_needs_input(m->layers[r].kind) || p->rc_op[r];
@@ -538,14 +555,25 @@ bool dp__recompute_op(const dp_plan *p, int j) { return p->rc_op[j]; }
 static void output_reads(const dp_plan *p, int i, int e, int *fwd, int *bwd) {
   const dp_model *m = &p->model;
   bool train = !p->cfg.inference;
-  int L = m->n_layers, reader = e + 1;
-  *fwd = reader;
-  *bwd = p->t_r[reader];
-  if (train && dp__layer_needs_input(m->layers[reader].kind) && p->t_b[reader] > *bwd)
-    *bwd = p->t_b[reader];
-  if (train && dp__layer_needs_output(m->layers[i].kind) && p->t_b[i] > *bwd)
-    *bwd = p->t_b[i];
-  /* the input of residual blocks: read again by their ends' forwards */
+  int L = m->n_layers;
+  *fwd = -1;
+  *bwd = -1;
+  if (train && dp__layer_needs_output(m->layers[i].kind)) *bwd = p->t_b[i];
+  /* its readers: the layer after its views, and after those of shortcuts that
+   * view it (g's first layer reads the block's input x) */
+  for (int s = e; s < L; s++) {
+    if (s > e && !(m->layers[s].kind == DP_LAYER_SHORTCUT && dp__act_owner(m, s) == i))
+      continue;
+    int v = s;
+    while (v + 1 < L && dp__views_prev(m, v + 1)) v++;
+    int reader = v + 1;
+    if (reader > *fwd) *fwd = reader;
+    if (p->t_r[reader] > *bwd) *bwd = p->t_r[reader];
+    if (train && dp__layer_needs_input(m->layers[reader].kind) && p->t_b[reader] > *bwd)
+      *bwd = p->t_b[reader];
+  }
+  /* the input of residual blocks (f's output, with a shortcut): read again by
+   * their ends' forwards */
   for (int k = e + 1; k < L; k++)
     if (m->layers[k].kind == DP_LAYER_RESIDUAL_END && dp__skip_owner(m, k) == i) {
       if (k > *fwd) *fwd = k;
@@ -574,8 +602,16 @@ static dp_live_buf dact_live(const dp_plan *p, int i, int e, int n_mb) {
   int L = m->n_layers, reader = e + 1;
   dp_live_buf b = {.align = p->align, .first = p->t_b[reader], .last = p->t_b[i]};
   /* a residual end's output gradient reaches its block's input too: the
-   * begin's backward adds it, after the block's layers */
-  if (m->layers[i].kind == DP_LAYER_RESIDUAL_END) b.last = p->t_b[m->layers[i].link];
+   * begin's backward adds it, after the block's layers (with a shortcut the
+   * end copies it to f's output gradient, and the begin adds g's input
+   * gradient, the shortcut's, instead) */
+  int r = m->layers[i].link;
+  if ((m->layers[i].kind == DP_LAYER_RESIDUAL_END && dp__block_shortcut(m, r) < 0) ||
+      m->layers[i].kind == DP_LAYER_SHORTCUT)
+    b.last = p->t_b[r];
+  /* f's output gradient: written by its block's end's backward */
+  if (reader < L && m->layers[reader].kind == DP_LAYER_SHORTCUT)
+    b.first = p->t_b[m->layers[m->layers[reader].link].link];
   /* a relu whose backward runs in the next linear's grad-input product: the
    * relu's input gradient is written there, and its output gradient is never
    * made */
@@ -607,10 +643,21 @@ dp_status dp__act_buffers(const dp_plan *p, int d, dp_live_buf b[DP_ACT_BUFS],
   *n_out = 0;
   for (int i = 0; i < L; i++) {
     const dp_layer *l = &m->layers[i];
-    if (dp__layer_is_view(m, i)) continue; /* in its owner's buffers (below) */
+    if (dp__layer_is_view(m, i)) { /* in its owner's buffers (below) */
+      size_t g;
+      if (!act_bytes(p, d, 2, i, &g)) return OVERFLOW();
+      if (g) { /* a shortcut's gradient, its own */
+        int e = i;
+        while (e + 1 < L && dp__views_prev(m, e + 1)) e++;
+        b[n] = dact_live(p, i, e, n_mb);
+        b[n].size = g;
+        who[n++] = 2 * L + i;
+      }
+      continue;
+    }
     /* layers i+1 .. e view this output (flatten): it lives for them too */
     int e = i;
-    while (e + 1 < L && dp__layer_is_view(m, e + 1)) e++;
+    while (e + 1 < L && dp__views_prev(m, e + 1)) e++;
     bool rc = p->rc[i];
     int w0 = dp__relu_fused(p, i) ? i - 1 : i; /* whose forward writes it */
     if (i < L - 1) {
@@ -685,9 +732,9 @@ static dp_status plan_activations(dp_plan *p, int d, size_t *total) {
   }
   for (int i = 0; i < L; i++) /* a view's buffers are its owner's (none: the input's) */
     if (dp__layer_is_view(m, i)) {
-      int o = dp__act_owner(m, i);
+      int o = dp__act_owner(m, i), g = dp__grad_owner(m, i);
       a->act[i] = o >= 0 ? a->act[o] : SIZE_MAX;
-      a->dact[i] = o >= 0 ? a->dact[o] : SIZE_MAX;
+      if (g != i) a->dact[i] = g >= 0 ? a->dact[g] : SIZE_MAX;
     }
   return DP_OK;
 }

@@ -109,7 +109,8 @@ static dp_status verify_layer_op(const dp_plan *p, const act_set *s, const char 
            {o.stats, "the statistics"},
            {o.bn_area, "the batchnorm statistics"},
            {o.bn_buffers, "the batchnorm buffers"},
-           {o.skip, "the residual operand"}};
+           {o.skip, "the residual operand"},
+           {fwd ? DP_SPAN_NONE : o.dskip, "the residual's f output gradient"}};
   for (size_t j = 0; j < sizeof t / sizeof *t; j++) {
     dp_status st = check_span(p, s, k, op->device, t[j].sp, t[j].what);
     if (st) return st;

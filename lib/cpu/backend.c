@@ -475,7 +475,8 @@ dp_status dp__cpu_forward(const lctx *c) {
     for (size_t k = 0; k < (size_t)n * out; k++) y[k] = skip[k] + x[k];
     break;
   }
-  case DP_LAYER_RESIDUAL: break;      /* a view */
+  case DP_LAYER_RESIDUAL:
+  case DP_LAYER_SHORTCUT: break;      /* views */
   case DP_LAYER_LINEAR: {             /* y (n, out) = x (n, in) · w^T + b */
     const float *w = layer_params(c); /* (out, in) */
     dp_gemm_epilogue ep = {.bias = l->bias ? w + (size_t)out * in : NULL};
@@ -578,10 +579,14 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
                      "layer %d: the plan's workspace is too small for attention", c->i);
     break;
   }
-  case DP_LAYER_RESIDUAL_END: /* the block's output gets dy; x gets it at the begin */
+  case DP_LAYER_RESIDUAL_END: {     /* the block's output gets dy; x gets it at the begin */
+    float *df = ptr(c, c->o.dskip); /* with a shortcut: f's output, g's is dx */
     if (dx) memcpy(dx, dy, (size_t)n * out * 4);
+    if (df) memcpy(df, dy, (size_t)n * out * 4);
     break;
+  }
   case DP_LAYER_RESIDUAL: break; /* above */
+  case DP_LAYER_SHORTCUT: break; /* a view */
   case DP_LAYER_LINEAR: {
     const float *w = layer_params(c), *x = layer_in(c);
     float *dw = grads + l->param_off, *db = l->bias ? dw + (size_t)out * in : NULL;

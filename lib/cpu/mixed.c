@@ -226,6 +226,7 @@ static bool shadow_setup(const lctx *c, shadow *sh, lctx *s, bool bwd) {
    * so the begin of a block that ends the model (its skip: that gradient) */
   ok &= widen(c, sh, c->o.in, true, conv, &s->o.in);
   ok &= widen(c, sh, c->o.skip, true, bwd, &s->o.skip);
+  s->o.dskip = DP_SPAN_NONE; /* a block end's: copied from din after (dp__mixed_backward) */
   /* the backward reads its output only for these (dp__cpu_backward); else it
    * has none: its bytes may be the output gradient's by then (the planner
    * reuses dead activations), whose copy must not be the output's */
@@ -708,7 +709,7 @@ dp_status dp__mixed_forward(const lctx *c) {
   return DP_OK;
 }
 
-dp_status dp__mixed_backward(const lctx *c, float *grads) {
+static dp_status backward_of(const lctx *c, float *grads) {
   op_way w = backward_way(c);
   switch (w) {
   case WAY_NONE: break;
@@ -724,6 +725,16 @@ dp_status dp__mixed_backward(const lctx *c, float *grads) {
   /* the own loops' runs, and (as before) an own-loop kind with no work */
   if (w != WAY_NONE || backward_own_way(c) == WAY_NONE) count_own();
   return DP_OK;
+}
+
+dp_status dp__mixed_backward(const lctx *c, float *grads) {
+  dp_status st = backward_of(c, grads);
+  /* a block's end with a shortcut: f's output gradient is g's, the bf16 bits
+   * din got (both activations) */
+  const dp_layer_operands *o = &c->o;
+  if (!st && o->dskip.region >= 0 && o->din.region >= 0)
+    memcpy(ptr(c, o->dskip), ptr(c, o->din), o->din.bytes);
+  return st;
 }
 
 /* ---- the plan's size of the workspace ---- */

@@ -19,6 +19,7 @@ static const char *const layer_names[] = {
     [DP_LAYER_ATTENTION] = "attention", [DP_LAYER_RESIDUAL] = "residual",
     [DP_LAYER_RESIDUAL_END] = "end",    [DP_LAYER_GELU_ERF] = "gelu_erf",
     [DP_LAYER_SILU] = "silu",           [DP_LAYER_LEAKY_RELU] = "leaky_relu",
+    [DP_LAYER_SHORTCUT] = "shortcut",
 };
 static const char *const loss_names[] = {
     [DP_LOSS_NONE] = "none",
@@ -61,8 +62,27 @@ int dp__layer_stats_width(const dp_layer *l) {
 }
 
 int dp__act_owner(const dp_model *m, int i) {
-  while (i >= 0 && dp__layer_is_view(m, i)) i--;
+  /* a shortcut views its block's input: the residual's, followed back */
+  while (i >= 0 && dp__layer_is_view(m, i))
+    i = m->layers[i].kind == DP_LAYER_SHORTCUT ? m->layers[i].link : i - 1;
   return i;
+}
+
+int dp__grad_owner(const dp_model *m, int i) {
+  while (i >= 0 && dp__layer_is_view(m, i) && m->layers[i].kind != DP_LAYER_SHORTCUT) i--;
+  return i;
+}
+
+int dp__block_shortcut(const dp_model *m, int r) {
+  int e = m->layers[r].link;
+  for (int i = r + 1; i < (e < 0 ? m->n_layers : e); i++)
+    if (m->layers[i].kind == DP_LAYER_SHORTCUT && m->layers[i].link == r) return i;
+  return -1;
+}
+
+int dp__skip_owner(const dp_model *m, int k) {
+  int s = dp__block_shortcut(m, m->layers[k].link);
+  return dp__act_owner(m, s >= 0 ? s - 1 : m->layers[k].link);
 }
 
 int dp__layer_fan_in(const dp_layer *l) {
@@ -523,29 +543,75 @@ static void shape_words(char *b, size_t cap, int n, int t, int c, int h, int w) 
     snprintf(b, cap, "%d floats, flat", n);
 }
 
+/* Whether the last layer's output has the shape of layer `at`'s input (or
+ * output: want_out), else a DP_FAIL naming both. */
+static dp_status same_shape(const dp_model *m, int at, bool want_out, const char *what) {
+  const dp_layer *r = &m->layers[at], *last = &m->layers[m->n_layers - 1];
+  int in = want_out ? r->out : r->in, c = want_out ? r->c : r->ic;
+  int h = want_out ? r->h : r->ih, w = want_out ? r->w : r->iw;
+  if (last->out == in && last->h == h && last->t == r->t &&
+      (!h || (last->c == c && last->w == w)))
+    return DP_OK;
+  /* in words: 16 floats and 1 x 4 x 4 differ in shape, not in size */
+  char got[64], want[64];
+  shape_words(got, sizeof got, last->out, last->t, last->c, last->h, last->w);
+  shape_words(want, sizeof want, in, r->t, c, h, w);
+  return DP_FAIL(DP_ERR_INVALID, what, got, want, at);
+}
+
 dp_status dp_model_end_residual(dp_model *m) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
   int f = open_residual(m);
   if (f < 0) return DP_FAIL(DP_ERR_INVALID, "'end' without a 'residual' to close");
   if (f == m->n_layers - 1)
     return DP_FAIL(DP_ERR_INVALID, "the residual block (layer %d) is empty", f);
-  const dp_layer *r = &m->layers[f], *last = &m->layers[m->n_layers - 1];
-  if (last->out != r->in || last->h != r->ih || last->t != r->t ||
-      (last->h && (last->c != r->ic || last->w != r->iw))) {
-    /* in words: 16 floats and 1 x 4 x 4 differ in shape, not in size */
-    char got[64], want[64];
-    shape_words(got, sizeof got, last->out, last->t, last->c, last->h, last->w);
-    shape_words(want, sizeof want, r->in, r->t, r->ic, r->ih, r->iw);
+  int sc = dp__block_shortcut(m, f);
+  if (sc == m->n_layers - 1)
     return DP_FAIL(DP_ERR_INVALID,
-                   "the residual block's output (%s per row) must have the shape of its "
-                   "input (%s, at layer %d) to be added to it",
-                   got, want, f);
-  }
-  int w = cur_width(m), k = m->n_layers;
+                   "the shortcut (layer %d) has no layers: put its projection (e.g. "
+                   "conv2d C 1 stride S nobias, batchnorm) between 'shortcut' and 'end', "
+                   "or drop 'shortcut' for x + f(x)",
+                   sc);
   dp_status s =
-      push(m, (dp_layer){.kind = DP_LAYER_RESIDUAL_END, .in = w, .out = w, .link = f});
+      sc >= 0
+          ? same_shape(m, sc - 1, true,
+                       "the shortcut's output (%s per row) must have the shape of the "
+                       "block's output before 'shortcut' (%s, at layer %d) to be "
+                       "added to it")
+          : same_shape(m, f, false,
+                       "the residual block's output (%s per row) must have the shape of "
+                       "its input (%s, at layer %d) to be added to it");
+  if (s) return s;
+  int w = cur_width(m), k = m->n_layers;
+  s = push(m, (dp_layer){.kind = DP_LAYER_RESIDUAL_END, .in = w, .out = w, .link = f});
   if (!s) m->layers[f].link = k;
   return s;
+}
+
+dp_status dp_model_begin_shortcut(dp_model *m) {
+  if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
+  int f = open_residual(m);
+  if (f < 0)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "'shortcut' outside a residual block: it goes between 'residual' ... "
+                   "and 'end'");
+  if (dp__block_shortcut(m, f) >= 0)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "the residual block at layer %d has a shortcut already (layer %d): one "
+                   "per block",
+                   f, dp__block_shortcut(m, f));
+  if (f == m->n_layers - 1)
+    return DP_FAIL(DP_ERR_INVALID,
+                   "the residual block (layer %d) has no layers before 'shortcut'", f);
+  const dp_layer r = m->layers[f];
+  int k = m->n_layers;
+  dp_status s = push(
+      m, (dp_layer){.kind = DP_LAYER_SHORTCUT, .in = cur_width(m), .out = r.in, .link = f});
+  if (s) return s;
+  /* its input is f's output (the layer before it), its output a view of x */
+  dp_layer *l = &m->layers[k];
+  l->c = r.ic, l->h = r.ih, l->w = r.iw, l->t = r.t;
+  return DP_OK;
 }
 
 int dp__model_open_residual(const dp_model *m) { return open_residual(m); }
@@ -710,8 +776,10 @@ size_t dp_model_format(const dp_model *m, char *buf, size_t cap) {
   int depth = 0; /* residual blocks open: two spaces each */
   for (int i = 0; i < m->n_layers; i++) {
     const dp_layer *l = &m->layers[i];
+    /* a shortcut at its block's depth, as its end */
+    bool out = l->kind == DP_LAYER_RESIDUAL_END || l->kind == DP_LAYER_SHORTCUT;
+    for (int k = 0; k < depth - out; k++) put(buf, cap, &len, "  ");
     if (l->kind == DP_LAYER_RESIDUAL_END) depth--;
-    for (int k = 0; k < depth; k++) put(buf, cap, &len, "  ");
     if (l->kind == DP_LAYER_RESIDUAL) depth++;
     if (l->kind == DP_LAYER_LINEAR)
       put(buf, cap, &len, "linear %d%s\n", dp__pos_out(l),
@@ -807,8 +875,10 @@ dp_status dp_model_layer(const dp_model *m, int i, dp_layer_info *out) {
                                                     : (float)l->momentum,
       .vocab = l->vocab,
       .heads = l->heads,
-      .link =
-          l->kind == DP_LAYER_RESIDUAL || l->kind == DP_LAYER_RESIDUAL_END ? l->link : 0};
+      .link = l->kind == DP_LAYER_RESIDUAL || l->kind == DP_LAYER_RESIDUAL_END ||
+                      l->kind == DP_LAYER_SHORTCUT
+                  ? l->link
+                  : 0};
   return DP_OK;
 }
 

@@ -32,7 +32,7 @@ typedef struct {
                          (t, c) and the input (t, ic) */
   int vocab, heads;   /* embedding, attention */
   int link;           /* residual: the index of its end (-1 while open); its
-                         end: the index of the residual */
+                         end and its shortcut: the index of the residual */
   float eps;          /* layernorm, batchnorm: added to the variance (default 1e-5) */
   float slope;        /* leaky_relu: negative_slope (default 0.01) */
   double momentum;    /* batchnorm: the running statistics' update factor, the
@@ -166,13 +166,23 @@ int dp__layer_stats_width(const dp_layer *l);
 int dp__act_owner(const dp_model *m, int i);
 static inline bool dp__layer_is_view(const dp_model *m, int i) {
   return (m->layers[i].kind == DP_LAYER_FLATTEN && i < m->n_layers - 1) ||
-         m->layers[i].kind == DP_LAYER_RESIDUAL;
+         m->layers[i].kind == DP_LAYER_RESIDUAL || m->layers[i].kind == DP_LAYER_SHORTCUT;
 }
+/* Layer i is a view of layer i - 1's output (a shortcut views its block's
+ * input instead). */
+static inline bool dp__views_prev(const dp_model *m, int i) {
+  return dp__layer_is_view(m, i) && m->layers[i].kind != DP_LAYER_SHORTCUT;
+}
+/* The layer whose gradient buffer holds the gradient of layer i's output: as
+ * dp__act_owner, but a shortcut has its own (g's input gradient, added to
+ * x's by the block's begin after f's backward wrote it). */
+int dp__grad_owner(const dp_model *m, int i);
+/* The shortcut of the residual block that starts at layer r, or -1. */
+int dp__block_shortcut(const dp_model *m, int r);
 /* The layer whose buffer holds the skip input of residual end k: the owner
- * of its residual's input (-1: the model's input). */
-static inline int dp__skip_owner(const dp_model *m, int k) {
-  return dp__act_owner(m, m->layers[k].link);
-}
+ * of its residual's input (-1: the model's input), or with a shortcut the
+ * owner of f's output (the layer before the shortcut). */
+int dp__skip_owner(const dp_model *m, int k);
 /* A linear or layernorm on a sequence acts on each of its t positions: rows
  * of the layer's GEMM or normalisation per row of the batch, and the widths
  * per position. */

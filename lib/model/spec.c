@@ -593,17 +593,12 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
   static const struct {
     const char *w;
     dp_layer_kind k;
-  } simple[] = {{"relu", DP_LAYER_RELU},
-                {"gelu", DP_LAYER_GELU},
-                {"tanh", DP_LAYER_TANH},
-                {"sigmoid", DP_LAYER_SIGMOID},
-                {"layernorm", DP_LAYER_LAYERNORM},
-                {"flatten", DP_LAYER_FLATTEN},
-                {"batchnorm", DP_LAYER_BATCHNORM},
-                {"residual", DP_LAYER_RESIDUAL},
-                {"end", DP_LAYER_RESIDUAL_END},
-                {"silu", DP_LAYER_SILU},
-                {"leaky_relu", DP_LAYER_LEAKY_RELU}};
+  } simple[] = {{"relu", DP_LAYER_RELU},           {"gelu", DP_LAYER_GELU},
+                {"tanh", DP_LAYER_TANH},           {"sigmoid", DP_LAYER_SIGMOID},
+                {"layernorm", DP_LAYER_LAYERNORM}, {"flatten", DP_LAYER_FLATTEN},
+                {"batchnorm", DP_LAYER_BATCHNORM}, {"residual", DP_LAYER_RESIDUAL},
+                {"end", DP_LAYER_RESIDUAL_END},    {"shortcut", DP_LAYER_SHORTCUT},
+                {"silu", DP_LAYER_SILU},           {"leaky_relu", DP_LAYER_LEAKY_RELU}};
   for (size_t i = 0; i < sizeof simple / sizeof *simple; i++) {
     if (!tok_is(kw, simple[i].w)) continue;
     dp_status s = no_more(t, nt, 1, w, simple[i].w);
@@ -612,13 +607,15 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
       return at(dp_model_begin_residual(*m), w, kw->col);
     if (simple[i].k == DP_LAYER_RESIDUAL_END)
       return at(dp_model_end_residual(*m), w, kw->col);
+    if (simple[i].k == DP_LAYER_SHORTCUT)
+      return at(dp_model_begin_shortcut(*m), w, kw->col);
     return at(dp_model_add(*m, simple[i].k), w, kw->col);
   }
   return SPEC_FAIL(
       DP_ERR_PARSE, w, kw->col,
       "unknown layer '%s' (expected linear, relu, gelu, tanh, sigmoid, silu, leaky_relu, "
       "layernorm, dropout, conv2d, maxpool2d, avgpool2d, flatten, batchnorm, embed, "
-      "attention, residual, end or loss)",
+      "attention, residual, shortcut, end or loss)",
       echo(kw, &e));
 }
 
