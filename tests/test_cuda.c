@@ -2346,8 +2346,10 @@ START_TEST(recompute_same_bits_as_without) {
   recompute_same_bits(ngpu, MIXED_CE, DP_BN_PER_REPLICA);
   recompute_same_bits(ngpu, BN_CNN_CE, DP_BN_PER_REPLICA);
   recompute_same_bits(ngpu, BN_CNN_CE, DP_BN_SYNC);
+  recompute_same_bits(ngpu, RESNET_PROJ_SPEC, DP_BN_PER_REPLICA);
   fprintf(stderr, "cuda: recompute 3: the bits of the run without it (mixed ce, bn cnn ce "
-                  "per replica and sync; 1, 2, 4 replicas, classic and allreduce)\n");
+                  "per replica and sync, resnet with a projection shortcut; 1, 2, 4 "
+                  "replicas, classic and allreduce)\n");
 }
 END_TEST
 

@@ -501,14 +501,16 @@ static const char BN_CNN_SPEC[] =
     "loss softmax_cross_entropy\n";
 
 /* The models and batchnorm modes of the bit-identity checks below: the MLP of
- * every layer kind, the CNN, a CNN with batchnorm per replica and sync. */
+ * every layer kind, the CNN, a CNN with batchnorm per replica and sync, the
+ * ResNet block with its projection shortcut. */
 static const struct {
   const char *spec;
   dp_bn_mode bn;
 } MODEL_CASES[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
                    {CNN_SPEC, DP_BN_PER_REPLICA},
                    {BN_CNN_SPEC, DP_BN_PER_REPLICA},
-                   {BN_CNN_SPEC, DP_BN_SYNC}};
+                   {BN_CNN_SPEC, DP_BN_SYNC},
+                   {RESNET_SPEC, DP_BN_PER_REPLICA}};
 enum { N_MODEL_CASES = sizeof MODEL_CASES / sizeof *MODEL_CASES };
 
 START_TEST(recompute_gives_the_same_bits) {

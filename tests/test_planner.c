@@ -2072,10 +2072,19 @@ END_TEST
 /* config.recompute through every plan invariant, the liveness simulation
  * included (each recomputed piece is written by its micro-batch's recompute
  * before the backward reads it, and no pieces live together share a byte):
- * the MLP of every kind, a CNN with batchnorm per replica and sync, and the
- * GPT, segments of 2, 3 and 5 layers, on 1 to 3 devices with 1 to 6
+ * the MLP of every kind, a CNN with batchnorm per replica and sync, the GPT,
+ * and a ResNet with projection shortcuts (x read past f by g, f's output by the
+ * end), segments of 2, 3 and 5 layers, on 1 to 3 devices with 1 to 6
  * micro-batches each, at the planned batch and smaller ones; and every one of
  * them recomputes something. Its training runs are in the determinism suite. */
+/* A block whose f starts with tanh (its backward reads its output, not x), so
+ * that g's conv past the shortcut is the one backward of the block that reads
+ * x, and f's first recompute the other reader. */
+static const char SHORTCUT_ONLY_READER[] =
+    "input 1 4 4\nconv2d 4 3 padding 1\nrelu\nconv2d 4 3 padding 1\nresidual\ntanh\n"
+    "conv2d 4 3 stride 2 padding 1\ntanh\nshortcut\nconv2d 4 1 stride 2\nend\nrelu\n"
+    "flatten\nlinear 8\ntanh\nlinear 6\nrelu\nlinear 3\nloss mse\n";
+
 START_TEST(recompute_plans_keep_every_invariant) {
   static const char BN_CNN[] =
       "input 1 3 4\nconv2d 3 2 padding 1\nbatchnorm\nrelu\nmaxpool2d 2 stride 1\n"
@@ -2087,7 +2096,9 @@ START_TEST(recompute_plans_keep_every_invariant) {
   } cs[] = {{MLP_EVERY_KIND_SPEC, DP_BN_PER_REPLICA},
             {BN_CNN, DP_BN_PER_REPLICA},
             {BN_CNN, DP_BN_SYNC},
-            {GPT_SPEC, DP_BN_PER_REPLICA}};
+            {GPT_SPEC, DP_BN_PER_REPLICA},
+            {RESNET_PROJ_SPEC, DP_BN_PER_REPLICA},
+            {SHORTCUT_ONLY_READER, DP_BN_PER_REPLICA}};
   static const int devs[][2] = {{1, 0}, {1, 2}, {2, 3}, {3, 1}}; /* devices, micro-batch */
   for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
     dp_model *m = model_of(cs[c].spec);
@@ -3556,7 +3567,7 @@ static void plan_refused(const dp_model *m, const dp_config *c, dp_status want,
  * backward to the begin's; with a plain block nested in f and in g, several
  * micro-batches, training and inference; a guarded context trains with its
  * guards intact; a block on the model's input keeps no shortcut gradient; and
- * recompute and sync batchnorm are refused. */
+ * sync batchnorm is refused (recompute: recompute_plans_keep_every_invariant). */
 START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
   dp_model *m = model_of(RESNET_PROJ_SPEC);
   int s = 16, x = 7; /* the shortcut, the owner of its block's input */
@@ -3607,9 +3618,6 @@ START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
     dp_plan_free(p);
   }
   dp_config c = config_of(8, 2, DP_OPT_SGD);
-  c.recompute = 2;
-  plan_refused(m, &c, DP_ERR_UNSUPPORTED, "recompute in a model with a residual shortcut");
-  c.recompute = 0;
   c.batchnorm = DP_BN_SYNC;
   plan_refused(m, &c, DP_ERR_UNSUPPORTED, "sync batchnorm in a model with residual blocks");
   dp_model_free(m);

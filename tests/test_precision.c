@@ -155,6 +155,7 @@ static const model_case MODELS[] = {
     {"mlp, batchnorm sync", BN_MLP_SPEC, 12, false, DP_BN_SYNC},
     {"cnn, batchnorm per_replica", BN_CNN_SPEC, 72, false, DP_BN_PER_REPLICA},
     {"cnn, batchnorm sync", BN_CNN_SPEC, 72, false, DP_BN_SYNC},
+    {"resnet, projection shortcut", RESNET_PROJ_SPEC, 192, false, DP_BN_PER_REPLICA},
 };
 #define N_MODELS ((int)(sizeof MODELS / sizeof MODELS[0]))
 

@@ -182,6 +182,38 @@ static int cycle_momentum_of(const char *arg, dp_lr_schedule *s, char *err, size
   return 0;
 }
 
+/* dp train --help's schedule options (usage). */
+static void usage_schedules(FILE *f) {
+  fputs(
+      "  --lr-schedule S       the learning rate per optimizer step, as\n"
+      "                        torch.optim.lr_scheduler computes it from --lr:\n"
+      "                        constant (default), step:N:GAMMA (StepLR),\n"
+      "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
+      "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
+      "                        steps from START x lr, default 1/3, then the cosine),\n"
+      "                        exponential:GAMMA (ExponentialLR),\n"
+      "                        multistep:M1,M2,...:GAMMA (MultiStepLR), warmup:W[:START]\n"
+      "                        (LinearLR, then lr),\n"
+      "                        "
+      "onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]\n"
+      "                        (OneCycleLR, max_lr --lr, total_steps TOTAL, then its\n"
+      "                        arguments in PyTorch's order; its momentum cycles as\n"
+      "                        PyTorch's does: --cycle-momentum). N, T_MAX, W, TOTAL\n"
+      "                        and the milestones count optimizer steps, or epochs\n"
+      "                        with an e suffix (warmup-cosine:1e:10e,\n"
+      "                        multistep:30e,80e:0.1, onecycle:10e; dp train prints\n"
+      "                        the steps per epoch)\n"
+      "  --cycle-momentum BASE:MAX | off\n"
+      "                        onecycle's momentum (SGD's momentum, Adam's beta1),\n"
+      "                        from MAX down to BASE while the rate rises, and back:\n"
+      "                        OneCycleLR's cycle_momentum, base_momentum and\n"
+      "                        max_momentum (default 0.85:0.95, as PyTorch; it\n"
+      "                        replaces --momentum or --beta1, and gives plain SGD a\n"
+      "                        momentum, as PyTorch's OneCycleLR does); off: the rate\n"
+      "                        alone (cycle_momentum=False)\n",
+      f);
+}
+
 /* --lr-schedule: constant | step:N:GAMMA | cosine:T_MAX[:ETA_MIN] |
  * warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (START: 1/3, LinearLR's default) |
  * exponential:GAMMA | multistep:M1,M2,...:GAMMA | warmup:W[:START] |
@@ -468,51 +500,27 @@ static void usage(FILE *f) {
       "  --save-best FILE      with --eval-every: save a checkpoint to FILE at every\n"
       "                        new best held-out loss; with --patience, an early stop\n"
       "                        loads it back (the report, the hash and --save are the\n"
-      "                        best epoch's) and says so\n"
-      "  --lr-schedule S       the learning rate per optimizer step, as\n"
-      "                        torch.optim.lr_scheduler computes it from --lr:\n"
-      "                        constant (default), step:N:GAMMA (StepLR),\n"
-      "                        cosine:T_MAX[:ETA_MIN] (CosineAnnealingLR),\n"
-      "                        warmup-cosine:W:T_MAX[:ETA_MIN[:START]] (LinearLR for W\n"
-      "                        steps from START x lr, default 1/3, then the cosine),\n"
-      "                        exponential:GAMMA (ExponentialLR),\n"
-      "                        multistep:M1,M2,...:GAMMA (MultiStepLR), warmup:W[:START]\n"
-      "                        (LinearLR, then lr),\n"
-      "                        "
-      "onecycle:TOTAL[:PCT[:cos|linear[:DIV[:FINAL_DIV[:three]]]]]\n"
-      "                        (OneCycleLR, max_lr --lr, total_steps TOTAL, then its\n"
-      "                        arguments in PyTorch's order; its momentum cycles as\n"
-      "                        PyTorch's does: --cycle-momentum). N, T_MAX, W, TOTAL and "
-      "the\n"
-      "                        milestones count optimizer steps, or epochs with an e\n"
-      "                        suffix (warmup-cosine:1e:10e, multistep:30e,80e:0.1,\n"
-      "                        onecycle:10e; dp train prints the steps per epoch)\n"
-      "  --cycle-momentum BASE:MAX | off\n"
-      "                        onecycle's momentum (SGD's momentum, Adam's beta1),\n"
-      "                        from MAX down to BASE while the rate rises, and back:\n"
-      "                        OneCycleLR's cycle_momentum, base_momentum and\n"
-      "                        max_momentum (default 0.85:0.95, as PyTorch; it\n"
-      "                        replaces --momentum or --beta1, and gives plain SGD a\n"
-      "                        momentum, as PyTorch's OneCycleLR does); off: the rate\n"
-      "                        alone (cycle_momentum=False)\n"
-      "  --resume FILE         before training, load a checkpoint of the same model,\n"
-      "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
-      "                        train on from it for --epochs more epochs: parameters,\n"
-      "                        optimizer state, step counter, the rate schedule, the\n"
-      "                        data order (the next epoch) and the standardisation\n"
-      "                        continue, so --epochs 10 --save F, then --epochs 10\n"
-      "                        --resume F gives the bits of --epochs 20 (same data,\n"
-      "                        options and --save at the end of the first run)\n"
-      "  --standardize MODE    the inputs' standardisation, (x - mean) / std with the\n"
-      "                        mean and population deviation over the training share\n"
-      "                        (kept in --save's checkpoint; dp predict and dp export\n"
-      "                        use them): feature (the default) per feature, channel\n"
-      "                        per input channel of an image model (over its H*W\n"
-      "                        values, as torchvision's Normalize), none: raw inputs.\n"
-      "                        A constant feature or channel gets std 1 (it becomes 0)\n"
-      "                        and a warning names it\n"
-      "  --no-standardize      the same as --standardize none\n"
-      "  --quiet               only the final report\n\n");
+      "                        best epoch's) and says so\n");
+  usage_schedules(f);
+  fprintf(
+      f, "  --resume FILE         before training, load a checkpoint of the same model,\n"
+         "                        optimizer and seed (from --save or dp_ckpt_save) and\n"
+         "                        train on from it for --epochs more epochs: parameters,\n"
+         "                        optimizer state, step counter, the rate schedule, the\n"
+         "                        data order (the next epoch) and the standardisation\n"
+         "                        continue, so --epochs 10 --save F, then --epochs 10\n"
+         "                        --resume F gives the bits of --epochs 20 (same data,\n"
+         "                        options and --save at the end of the first run)\n"
+         "  --standardize MODE    the inputs' standardisation, (x - mean) / std with the\n"
+         "                        mean and population deviation over the training share\n"
+         "                        (kept in --save's checkpoint; dp predict and dp export\n"
+         "                        use them): feature (the default) per feature, channel\n"
+         "                        per input channel of an image model (over its H*W\n"
+         "                        values, as torchvision's Normalize), none: raw inputs.\n"
+         "                        A constant feature or channel gets std 1 (it becomes 0)\n"
+         "                        and a warning names it\n"
+         "  --no-standardize      the same as --standardize none\n"
+         "  --quiet               only the final report\n\n");
   dpt_print_common_help(f);
 }
 

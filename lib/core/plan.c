@@ -164,15 +164,47 @@ static dp_status check_precision(const dp_config *c, const dp_backend_ops *be) {
   return DP_OK;
 }
 
-/* The segments of config.recompute do not know a shortcut's reads of x and f's
- * output yet. */
-static dp_status check_shortcuts(const dp_model *m, const dp_config *c) {
-  for (int i = 0; i < m->n_layers && c->recompute && !c->inference; i++)
-    if (m->layers[i].kind == DP_LAYER_SHORTCUT)
+/* The model's layers are ones the backend runs, its residual blocks closed,
+ * and (sync batchnorm) none of them (bn: the model has a batchnorm). */
+static dp_status check_layers_run(const dp_model *m, const dp_config *c,
+                                  const dp_backend_ops *be, bool bn) {
+  if (bn && !be->batchnorm)
+    return DP_FAIL(DP_ERR_UNSUPPORTED,
+                   "the %s backend does not run batchnorm layers yet; use the cpu backend",
+                   be->name);
+  for (int i = 0; i < m->n_layers && !be->image_layers; i++) {
+    dp_layer_kind k = m->layers[i].kind;
+    if (k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_AVGPOOL2D ||
+        k == DP_LAYER_FLATTEN)
       return DP_FAIL(DP_ERR_UNSUPPORTED,
-                     "recompute in a model with a residual shortcut (layer %d) is not "
-                     "supported yet; plan without recompute",
-                     i);
+                     "the %s backend does not run %s layers yet (layer %d); use the cpu "
+                     "backend",
+                     be->name, dp_layer_kind_name(k), i);
+  }
+  for (int i = 0; i < m->n_layers && !be->sequence_layers; i++) {
+    dp_layer_kind k = m->layers[i].kind;
+    if (k == DP_LAYER_EMBEDDING || k == DP_LAYER_ATTENTION || k == DP_LAYER_RESIDUAL ||
+        k == DP_LAYER_RESIDUAL_END || k == DP_LAYER_SHORTCUT)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "the %s backend does not run %s layers yet (layer %d); use the cpu "
+                     "backend",
+                     be->name, dp_layer_kind_name(k), i);
+  }
+  for (int i = 0; i < m->n_layers && !be->attention_dropout; i++)
+    if (m->layers[i].kind == DP_LAYER_ATTENTION && m->layers[i].p > 0.0f && !c->inference)
+      return DP_FAIL(DP_ERR_UNSUPPORTED,
+                     "the %s backend does not run attention dropout yet (layer %d); use "
+                     "the cpu backend, or attention without dropout",
+                     be->name, i);
+  if (dp__model_open_residual(m) >= 0)
+    return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no end",
+                   dp__model_open_residual(m));
+  if (bn && c->batchnorm == DP_BN_SYNC && !c->inference)
+    for (int i = 0; i < m->n_layers; i++)
+      if (m->layers[i].kind == DP_LAYER_RESIDUAL)
+        return DP_FAIL(DP_ERR_UNSUPPORTED,
+                       "sync batchnorm in a model with residual blocks is not supported "
+                       "yet; use batchnorm per_replica");
   return DP_OK;
 }
 
@@ -272,45 +304,8 @@ static dp_status check_config(const dp_model *m, const dp_config *c,
   for (int i = 0; i < m->n_layers; i++) bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;
   if (c->batchnorm != DP_BN_PER_REPLICA && c->batchnorm != DP_BN_SYNC)
     return DP_FAIL(DP_ERR_INVALID, "unknown batchnorm mode %d", (int)c->batchnorm);
-  if (bn && !be->batchnorm)
-    return DP_FAIL(DP_ERR_UNSUPPORTED,
-                   "the %s backend does not run batchnorm layers yet; use the cpu backend",
-                   be->name);
-  for (int i = 0; i < m->n_layers && !be->image_layers; i++) {
-    dp_layer_kind k = m->layers[i].kind;
-    if (k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_AVGPOOL2D ||
-        k == DP_LAYER_FLATTEN)
-      return DP_FAIL(DP_ERR_UNSUPPORTED,
-                     "the %s backend does not run %s layers yet (layer %d); use the cpu "
-                     "backend",
-                     be->name, dp_layer_kind_name(k), i);
-  }
-  for (int i = 0; i < m->n_layers && !be->sequence_layers; i++) {
-    dp_layer_kind k = m->layers[i].kind;
-    if (k == DP_LAYER_EMBEDDING || k == DP_LAYER_ATTENTION || k == DP_LAYER_RESIDUAL ||
-        k == DP_LAYER_RESIDUAL_END || k == DP_LAYER_SHORTCUT)
-      return DP_FAIL(DP_ERR_UNSUPPORTED,
-                     "the %s backend does not run %s layers yet (layer %d); use the cpu "
-                     "backend",
-                     be->name, dp_layer_kind_name(k), i);
-  }
-  for (int i = 0; i < m->n_layers && !be->attention_dropout; i++)
-    if (m->layers[i].kind == DP_LAYER_ATTENTION && m->layers[i].p > 0.0f && !c->inference)
-      return DP_FAIL(DP_ERR_UNSUPPORTED,
-                     "the %s backend does not run attention dropout yet (layer %d); use "
-                     "the cpu backend, or attention without dropout",
-                     be->name, i);
-  if (dp__model_open_residual(m) >= 0)
-    return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no end",
-                   dp__model_open_residual(m));
-  if (bn && c->batchnorm == DP_BN_SYNC && !c->inference)
-    for (int i = 0; i < m->n_layers; i++)
-      if (m->layers[i].kind == DP_LAYER_RESIDUAL)
-        return DP_FAIL(DP_ERR_UNSUPPORTED,
-                       "sync batchnorm in a model with residual blocks is not supported "
-                       "yet; use batchnorm per_replica");
-  dp_status ss = check_shortcuts(m, c);
-  if (ss) return ss;
+  dp_status ls = check_layers_run(m, c, be, bn);
+  if (ls) return ls;
   if (!c->inference && c->accumulate > 1 && !be->accumulate)
     return DP_FAIL(DP_ERR_UNSUPPORTED,
                    "the %s backend cannot accumulate gradients yet (accumulate); use the "
@@ -484,6 +479,12 @@ static void plan_recomputed(dp_plan *p) {
       for (int k = r; k < L; k++)
         need[j] |= m->layers[k].kind == DP_LAYER_RESIDUAL_END &&
                    dp__skip_owner(m, k) == j && p->rc_op[k];
+      for (int k = r; k < L; k++) /* g's first layer reads x past its shortcut */
+        if (m->layers[k].kind == DP_LAYER_SHORTCUT && dp__act_owner(m, k) == j) {
+          int g = k;
+          while (g + 1 < L && dp__views_prev(m, g + 1)) g++;
+          need[j] |= dp__layer_needs_input(m->layers[g + 1].kind) || p->rc_op[g + 1];
+        }
     }
     p->rc_op[j] = !dp__layer_is_view(m, j) && !dp__relu_fused(p, j) &&
                   ((p->rc[j] && (need[j] || dp__layer_stats_width(l))) ||
