@@ -34,8 +34,10 @@ static inline int dp__state_vectors(dp_optimizer o, bool amsgrad) {
 static inline bool dp__amsgrad(const dp_config *c) {
   return c->amsgrad && !c->inference && dp__is_adam(c->optimizer);
 }
+/* The state vectors a plan of c keeps: none for inference (a checkpoint's
+ * load into an inference context takes the parameters only). */
 static inline int dp__cfg_state_vectors(const dp_config *c) {
-  return dp__state_vectors(c->optimizer, dp__amsgrad(c));
+  return c->inference ? 0 : dp__state_vectors(c->optimizer, dp__amsgrad(c));
 }
 /* The momentum a plan's optimizer starts with (dp_ctx_momentum): SGD's
  * (DP_OPT_MOMENTUM, as the plan names SGD with a buffer), Adam's beta1; 0 for
