@@ -2279,23 +2279,32 @@ START_TEST(reduce_precision_refuses_unknown_values) {
 }
 END_TEST
 
+/* The layouts the GPT and shortcut plan tests go through, 11 rows each:
+ * devices, mode, sharded optimizer, micro-batch, inference. */
+static const struct {
+  int n_dev, mode, shard, mb, inf;
+} LAYOUTS[] = {{1, DP_MODE_CLASSIC, 0, 2, 0},   {2, DP_MODE_CLASSIC, 0, 3, 0},
+               {3, DP_MODE_ALLREDUCE, 0, 1, 0}, {4, DP_MODE_ALLREDUCE, 1, 2, 0},
+               {2, DP_MODE_CLASSIC, 0, 0, 0},   {2, DP_MODE_CLASSIC, 0, 2, 1}};
+enum { N_LAYOUTS = sizeof LAYOUTS / sizeof *LAYOUTS };
+
+static dp_config layout_config(size_t k, dp_optimizer opt) {
+  dp_config c = config_of(11, LAYOUTS[k].n_dev, opt);
+  c.mode = (dp_mode)LAYOUTS[k].mode;
+  c.shard_optimizer = LAYOUTS[k].shard;
+  c.micro_batch = LAYOUTS[k].mb;
+  c.inference = LAYOUTS[k].inf;
+  return c;
+}
+
 START_TEST(gpt_plans_keep_every_invariant_with_guards_and_micro_batches) {
   dp_model *m = model_of(GPT_SPEC);
   int att = -1;
   for (int i = 0; i < dp_model_n_layers(m); i++)
     if (dp_model_layer_kind(m, i) == DP_LAYER_ATTENTION) att = i;
   ck_assert_int_ge(att, 0);
-  static const struct {
-    int n_dev, mode, shard, mb, inf;
-  } cs[] = {{1, DP_MODE_CLASSIC, 0, 2, 0},   {2, DP_MODE_CLASSIC, 0, 3, 0},
-            {3, DP_MODE_ALLREDUCE, 0, 1, 0}, {4, DP_MODE_ALLREDUCE, 1, 2, 0},
-            {2, DP_MODE_CLASSIC, 0, 0, 0},   {2, DP_MODE_CLASSIC, 0, 2, 1}};
-  for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
-    dp_config c = config_of(11, cs[k].n_dev, DP_OPT_ADAMW);
-    c.mode = (dp_mode)cs[k].mode;
-    c.shard_optimizer = cs[k].shard;
-    c.micro_batch = cs[k].mb;
-    c.inference = cs[k].inf;
+  for (size_t k = 0; k < N_LAYOUTS; k++) {
+    dp_config c = layout_config(k, DP_OPT_ADAMW);
     dp_plan *p = plan_of(m, &c); /* check_regions's layout has no guards */
     if (c.mode == DP_MODE_CLASSIC) {
       check_plan(p);
@@ -2310,7 +2319,7 @@ START_TEST(gpt_plans_keep_every_invariant_with_guards_and_micro_batches) {
       ck_assert_uint_ne(p->act[d].stats[att], SIZE_MAX);
     }
     for (int rows = 1; rows < 11 && c.mode == DP_MODE_CLASSIC; rows += 4)
-      check_smaller_batch(p, rows, !cs[k].inf);
+      check_smaller_batch(p, rows, !LAYOUTS[k].inf);
     dp_plan_free(p);
     c.guards = 1; /* the same plan with guards: what the runtime touches stays inside */
     p = plan_of(m, &c);
@@ -2321,7 +2330,7 @@ START_TEST(gpt_plans_keep_every_invariant_with_guards_and_micro_batches) {
       in[i] = (float)((i * 7) % GPT_V);
       t[i] = (i * 4) % GPT_V;
     }
-    for (int st = 0; st < 2 && !cs[k].inf; st++)
+    for (int st = 0; st < 2 && !LAYOUTS[k].inf; st++)
       ck_assert_msg(dp_train_step(x, 11, GPT_T, in, t, NULL) == DP_OK, "%s",
                     dp_ctx_error(x));
     ck_assert_int_eq(dp_forward(x, 11, GPT_T, in, out), DP_OK);
@@ -2871,9 +2880,8 @@ START_TEST(fit_turns_to_recompute_when_nothing_else_fits) {
   ck_assert_int_eq(
       dp_plan_fit(m, &c, budget, DP_FIT_MODE | DP_FIT_SHARD | DP_FIT_SPLIT, NULL, f, 4, &n),
       DP_ERR_RANGE);
-  dp_status s =
-      dp_plan_fit(m, &c, budget, DP_FIT_ALL & ~(DP_FIT_MICRO_BATCH | DP_FIT_PRECISION), NULL,
-                  f, 4, &n);
+  dp_status s = dp_plan_fit(
+      m, &c, budget, DP_FIT_ALL & ~(DP_FIT_MICRO_BATCH | DP_FIT_PRECISION), NULL, f, 4, &n);
   ck_assert_msg(s == DP_OK, "%s", dp_last_error());
   ck_assert_int_ge(n, 1);
   ck_assert_int_gt(f[0].config.recompute, 0);
@@ -3572,17 +3580,8 @@ START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
   dp_model *m = model_of(RESNET_PROJ_SPEC);
   int s = 16, x = 7; /* the shortcut, the owner of its block's input */
   ck_assert_int_eq(m->layers[s].kind, DP_LAYER_SHORTCUT);
-  static const struct {
-    int n_dev, mode, shard, mb, inf;
-  } cs[] = {{1, DP_MODE_CLASSIC, 0, 2, 0},   {2, DP_MODE_CLASSIC, 0, 3, 0},
-            {3, DP_MODE_ALLREDUCE, 0, 1, 0}, {4, DP_MODE_ALLREDUCE, 1, 2, 0},
-            {2, DP_MODE_CLASSIC, 0, 0, 0},   {2, DP_MODE_CLASSIC, 0, 2, 1}};
-  for (size_t k = 0; k < sizeof cs / sizeof *cs; k++) {
-    dp_config c = config_of(11, cs[k].n_dev, DP_OPT_MOMENTUM);
-    c.mode = (dp_mode)cs[k].mode;
-    c.shard_optimizer = cs[k].shard;
-    c.micro_batch = cs[k].mb;
-    c.inference = cs[k].inf;
+  for (size_t k = 0; k < N_LAYOUTS; k++) {
+    dp_config c = layout_config(k, DP_OPT_MOMENTUM);
     dp_plan *p = plan_of(m, &c);
     if (c.mode == DP_MODE_CLASSIC) {
       check_plan(p);
@@ -3593,13 +3592,13 @@ START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
     }
     for (int d = 0; d < dp_plan_n_devices(p); d++) {
       ck_assert_uint_eq(p->act[d].act[s], p->act[d].act[x]); /* a view of x */
-      if (cs[k].inf)
+      if (LAYOUTS[k].inf)
         ck_assert_uint_eq(p->act[d].dact[s], SIZE_MAX);
       else
         ck_assert_uint_ne(p->act[d].dact[s], p->act[d].dact[x]); /* its own */
     }
     for (int rows = 1; rows < 11 && c.mode == DP_MODE_CLASSIC; rows += 4)
-      check_smaller_batch(p, rows, !cs[k].inf);
+      check_smaller_batch(p, rows, !LAYOUTS[k].inf);
     dp_plan_free(p);
     c.guards = 1;
     p = plan_of(m, &c);
@@ -3608,7 +3607,7 @@ START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
     int32_t t[11];
     for (int i = 0; i < 11 * 192; i++) in[i] = (float)((i * 7) % 13) / 6.0f - 1.0f;
     for (int i = 0; i < 11; i++) t[i] = (i * 3) % 5;
-    for (int st = 0; st < 2 && !cs[k].inf; st++)
+    for (int st = 0; st < 2 && !LAYOUTS[k].inf; st++)
       ck_assert_msg(dp_train_step(ctx, 11, 192, in, t, NULL) == DP_OK, "%s",
                     dp_ctx_error(ctx));
     ck_assert_int_eq(dp_forward(ctx, 11, 192, in, out), DP_OK);
