@@ -1366,8 +1366,8 @@ void dp__cuda_host_step(cuda_ctx *c, uint64_t step) {
   sc.decay = 1.0f - lr * cf->weight_decay;
   sc.loss_denom = c->loss_denom;
   sc.loss_inv = c->loss_inv;
-  sc.mu = sc.b1 = c->momentum; /* dp_set_momentum's, the config's at first */
-  sc.one_minus_b1 = 1.0f - c->momentum;
+  sc.mu = c->momentum; /* dp_set_momentum's, the config's at first */
+  sc.one_minus_mu = 1.0f - c->momentum;
   if (cf->optimizer == DP_OPT_ADAMW || cf->optimizer == DP_OPT_ADAM) {
     double t = (double)step + 1.0;
     double bc1 = 1.0 - pow(c->momentum, t), bc2 = 1.0 - pow(cf->beta2, t);

@@ -452,7 +452,7 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   c->flags = flags;
   c->timeout_ms = p->cfg.timeout_ms > 0 ? p->cfg.timeout_ms : 60000;
   c->lr = p->cfg.lr;
-  c->momentum = p->cfg.inference ? 0.0f : dp__config_momentum(&p->cfg);
+  c->momentum = dp__config_momentum(&p->cfg);
   const char *dbg = getenv("DP_CUDA_DEBUG_DELAY_US");
   c->debug_delay_us = dbg ? (unsigned)strtoul(dbg, NULL, 10) : 0;
   dbg = getenv("DP_CUDA_DEBUG_FAULT_STEP");

@@ -793,7 +793,7 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
   }
   case DP_OPT_ADAM: { /* L2 into the gradient first (mom_g), no decay factor */
     float gd = o.wd != 0.0f ? fa(gk, fm(o.wd, wk)) : gk;
-    float m = fa(fm(hdr->sc.b1, m0[k]), fm(hdr->sc.one_minus_b1, gd));
+    float m = fa(fm(hdr->sc.mu, m0[k]), fm(hdr->sc.one_minus_mu, gd));
     float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gd), gd));
     float vd = den_v(o, h0, k, v);
     float denom = fa(fd(__fsqrt_rn(vd), hdr->sc.bc2_sqrt), o.eps);
@@ -804,7 +804,7 @@ static __device__ __forceinline__ upd_out upd_elem(const dp_cuda_opt &o,
     break;
   }
   default: { /* DP_OPT_ADAMW: m0[k] and v0[k] are the element's two moments */
-    float m = fa(fm(hdr->sc.b1, m0[k]), fm(hdr->sc.one_minus_b1, gk));
+    float m = fa(fm(hdr->sc.mu, m0[k]), fm(hdr->sc.one_minus_mu, gk));
     float v = fa(fm(o.b2, v0[k]), fm(fm(o.one_minus_b2, gk), gk));
     float vd = den_v(o, h0, k, v);
     float denom = fa(fd(__fsqrt_rn(vd), hdr->sc.bc2_sqrt), o.eps);

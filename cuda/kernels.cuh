@@ -33,14 +33,14 @@ enum {
  * and one host-to-device copy per device puts them here, so that a captured
  * graph, whose kernel arguments are frozen, still sees the step it replays. */
 typedef struct {
-  uint64_t step;     /* keys dropout: (step << 16) | layer */
-  uint32_t first;    /* momentum: 1 at step 0 (the buffer starts as the gradient) */
-  float step_size;   /* AdamW: (float)(lr / (1 - beta1^(step + 1))), in double */
-  float bc2_sqrt;    /* AdamW: (float)sqrt(1 - beta2^(step + 1)), in double */
-  float lr;          /* the rate in effect (dp_set_lr): SGD, momentum */
-  /* the momentum in effect (dp_set_momentum): SGD's momentum, or Adam(W)'s
-   * beta1 and 1 - beta1 in float */
-  float mu, b1, one_minus_b1;
+  uint64_t step;   /* keys dropout: (step << 16) | layer */
+  uint32_t first;  /* momentum: 1 at step 0 (the buffer starts as the gradient) */
+  float step_size; /* AdamW: (float)(lr / (1 - beta1^(step + 1))), in double */
+  float bc2_sqrt;  /* AdamW: (float)sqrt(1 - beta2^(step + 1)), in double */
+  float lr;        /* the rate in effect (dp_set_lr): SGD, momentum */
+  /* the momentum in effect (dp_set_momentum): SGD's momentum or Adam(W)'s
+   * beta1, and 1 - it in float */
+  float mu, one_minus_mu;
   float decay;       /* AdamW: 1 - lr * weight_decay, in float */
   uint32_t reserved; /* 0 */
   /* the cross-entropy options' denominator and gradient scale of this step

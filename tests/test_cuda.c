@@ -286,7 +286,7 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
                         .loss_rows = cfg->batch,
                         .training = training,
                         .lr = cfg->lr,
-                        .momentum = training ? dp__config_momentum(&t->pg->cfg) : 0.0f};
+                        .momentum = dp__config_momentum(&t->pg->cfg)};
   for (int d = 0; d < t->n; d++) t->eg.arena[d] = t->ga[d];
   if (with_cpu) {
     t->ec = (dp_exec_env){.plan = t->pc,
@@ -296,7 +296,7 @@ static void pair_init_flags(pair *t, const char *spec, const dp_config *cfg, boo
                           .training = training,
                           /* the cpu optimizer's rate and momentum (dp_set_lr's) */
                           .lr = cfg->lr,
-                          .momentum = training ? dp__config_momentum(&t->pc->cfg) : 0.0f};
+                          .momentum = dp__config_momentum(&t->pc->cfg)};
     for (int d = 0; d < t->n; d++) t->ec.arena[d] = t->ca[d];
   }
 }

@@ -223,7 +223,7 @@ static dp_status ctx_new(const dp_plan *p, dp_ctx **out) {
   c->plan = p;
   c->dev1 = p->split.n_used;
   c->lr = p->cfg.lr;
-  c->momentum = p->cfg.inference ? 0.0f : dp__config_momentum(&p->cfg);
+  c->momentum = dp__config_momentum(&p->cfg);
   c->grad_norm = p->cfg.clip_grad_norm > 0 ? NAN : 0.0f;
   c->be = dp__backend_ops(p->cfg.backend); /* registered: the plan was made with it */
   c->inject_at = -1;
@@ -1154,7 +1154,9 @@ dp_status dp_set_lr(dp_ctx *c, float lr) {
 
 float dp_ctx_lr(const dp_ctx *c) { return c ? c->lr : 0.0f; }
 
-dp_status dp__momentum_check(const dp_config *cf, float m) {
+/* DP_OK when a context of config cf takes momentum m; else DP_ERR_INVALID
+ * saying why. */
+static dp_status momentum_check(const dp_config *cf, float m) {
   if (cf->inference) return DP_FAIL(DP_ERR_INVALID, "an inference context has no momentum");
   if (cf->optimizer == DP_OPT_SGD)
     return DP_FAIL(DP_ERR_INVALID,
@@ -1169,7 +1171,7 @@ dp_status dp__momentum_check(const dp_config *cf, float m) {
 
 dp_status dp_set_momentum(dp_ctx *c, float momentum) {
   if (!c) return DP_FAIL(DP_ERR_INVALID, "context is NULL");
-  dp_status s = dp__momentum_check(&c->plan->cfg, momentum);
+  dp_status s = momentum_check(&c->plan->cfg, momentum);
   if (!s && c->be->set_momentum) s = c->be->set_momentum(c->bctx, momentum);
   if (s) return dp__ctx_fail(c, s);
   c->momentum = momentum;

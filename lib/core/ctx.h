@@ -68,9 +68,6 @@ struct dp_ctx {
 /* Records the thread's last error (already set by DP_FAIL) in the context;
  * returns s. */
 dp_status dp__ctx_fail(dp_ctx *c, dp_status s);
-/* DP_OK when a context of config cf takes momentum m (dp_set_momentum, a
- * checkpoint's); else DP_ERR_INVALID saying why. */
-dp_status dp__momentum_check(const dp_config *cf, float m);
 
 /* Copies `bytes` at offset off of device d's region r to host memory dst, or
  * host memory src into it, through the backend (the only way the host

@@ -41,8 +41,9 @@ static inline int dp__cfg_state_vectors(const dp_config *c) {
 }
 /* The momentum a plan's optimizer starts with (dp_ctx_momentum): SGD's
  * (DP_OPT_MOMENTUM, as the plan names SGD with a buffer), Adam's beta1; 0 for
- * plain SGD. */
+ * plain SGD and for inference. */
 static inline float dp__config_momentum(const dp_config *c) {
+  if (c->inference) return 0.0f;
   return dp__is_adam(c->optimizer)         ? c->beta1
          : c->optimizer == DP_OPT_MOMENTUM ? c->momentum
                                            : 0.0f;

@@ -759,7 +759,8 @@ static inline uint32_t nonfinite_bit(float x) {
  * expressions without storing, so a step whose update would leave a parameter
  * or its state non-finite is refused with nothing written. */
 typedef struct {
-  float lr, wd, mu, keep, b1, b2, eps, step_size, bc2_sqrt, decay;
+  /* mu: the momentum in effect, SGD's momentum or Adam(W)'s beta1 */
+  float lr, wd, mu, keep, b2, eps, step_size, bc2_sqrt, decay;
   bool first, nesterov, ams; /* ams: config.amsgrad (the plan's dp__amsgrad) */
 } opt_consts;
 
@@ -773,7 +774,6 @@ static opt_consts opt_consts_of(const dp_config *c, const dp_exec_env *e) {
                   .wd = c->weight_decay,
                   .mu = e->momentum,
                   .keep = 1.0f - c->dampening, /* 1 - 0 is exactly 1 */
-                  .b1 = e->momentum,
                   .b2 = c->beta2,
                   .eps = c->eps,
                   .decay = 1.0f - lr * c->weight_decay,
@@ -807,7 +807,7 @@ static inline float mom_w(const opt_consts *u, float w, float gk, float buf) {
 }
 /* AdamW (decoupled decay): m, v moments, then w decay - step_size m / denom. */
 static inline float adam_m(const opt_consts *u, float m, float g) {
-  return u->b1 * m + (1.0f - u->b1) * g;
+  return u->mu * m + (1.0f - u->mu) * g; /* mu: beta1 */
 }
 static inline float adam_v(const opt_consts *u, float v, float g) {
   return u->b2 * v + (1.0f - u->b2) * g * g;

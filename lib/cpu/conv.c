@@ -496,13 +496,10 @@ static void maxpool_pad(const dp_layer *l, int n, const float *restrict x,
   }
 }
 
-/* avgpool's divisor for window (oy, ox): K K (PyTorch's count_include_pad),
- * or with exclude_pad the window's real cells */
-static inline float avg_divisor(const dp_layer *l, int oy, int ox) {
-  if (!l->exclude_pad) return (float)(l->k * l->k);
-  int y0, y1, x0, x1;
-  window_cells(l, oy, ox, &y0, &y1, &x0, &x1);
-  return (float)((y1 - y0) * (x1 - x0));
+/* avgpool's divisor for a window of real cells [y0, y1) x [x0, x1): K K
+ * (PyTorch's count_include_pad), or with exclude_pad those cells' count */
+static inline float avg_divisor(const dp_layer *l, int y0, int y1, int x0, int x1) {
+  return (float)(l->exclude_pad ? (y1 - y0) * (x1 - x0) : l->k * l->k);
 }
 
 #if CONV_X86
@@ -699,7 +696,7 @@ void dp__pool_forward(const dp_layer *l, int n, const float *x, float *y) {
         float sum = 0.0f;
         for (int iy = y0; iy < y1; iy++)
           for (int ix = x0; ix < x1; ix++) sum += xc[(size_t)iy * W + ix];
-        yc[oy * OW + ox] = sum / avg_divisor(l, oy, ox);
+        yc[oy * OW + ox] = sum / avg_divisor(l, y0, y1, x0, x1);
       }
   }
 }
@@ -746,7 +743,7 @@ void dp__pool_backward(const dp_layer *l, int n, const float *x, const float *dy
       for (int ox = 0; ox < OW; ox++) {
         int y0, y1, x0, x1;
         window_cells(l, oy, ox, &y0, &y1, &x0, &x1);
-        float share = dyc[oy * OW + ox] / avg_divisor(l, oy, ox);
+        float share = dyc[oy * OW + ox] / avg_divisor(l, y0, y1, x0, x1);
         for (int iy = y0; iy < y1; iy++)
           for (int ix = x0; ix < x1; ix++) {
             size_t at = (size_t)iy * W + ix;

@@ -77,12 +77,6 @@ static void putf(unsigned char *b, float f) {
   put32(b, u);
 }
 
-/* State vectors of an optimizer: momentum 1, Adam and AdamW 2 (m, v) or 3
- * (amsgrad's v_hat too), SGD 0. */
-static unsigned state_vectors(dp_optimizer o, bool amsgrad) {
-  return (unsigned)dp__state_vectors(o, amsgrad);
-}
-
 static unsigned ctx_state_vectors(const dp_ctx *c) {
   return (unsigned)dp__cfg_state_vectors(&c->plan->cfg); /* 0 for inference */
 }
@@ -605,10 +599,10 @@ static dp_status parse(const dp_ctx *c, const unsigned char *b, size_t len,
     return DP_FAIL(DP_ERR_PARSE, "%s: section MODL: optimizer %u is none of 0 to %d", path,
                    v->optimizer, (int)DP_OPT_ADAM);
   if ((s = check_flags(path, v->flags, v->optimizer))) return s;
-  unsigned want_k =
-      (v->flags & CK_FLAG_INFERENCE)
-          ? 0u
-          : state_vectors((dp_optimizer)v->optimizer, (v->flags & CK_FLAG_AMSGRAD) != 0);
+  unsigned want_k = (v->flags & CK_FLAG_INFERENCE)
+                        ? 0u
+                        : (unsigned)dp__state_vectors((dp_optimizer)v->optimizer,
+                                                      (v->flags & CK_FLAG_AMSGRAD) != 0);
   if (v->k != want_k)
     return DP_FAIL(DP_ERR_PARSE,
                    "%s: section MODL: %u optimizer state vectors; %s%s keeps %u", path,
@@ -811,8 +805,6 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
                 "%s: its learning rate %g times this context's weight_decay %g is above 1 "
                 "(AdamW multiplies every parameter by 1 - lr * weight_decay)",
                 path, (double)v.lr, (double)cf->weight_decay);
-  if (!s && has_momentum(cf, v.momentum) && dp__momentum_check(cf, v.momentum))
-    s = DP_FAIL(DP_ERR_INVALID, "%s: its momentum: %s", path, dp_last_error());
   if (s) {
     free(buf);
     return dp__ctx_fail(c, s);
@@ -860,8 +852,8 @@ dp_status dp_ckpt_load(dp_ctx *c, const char *path) {
           c, dp__ctx_poison(c, DP_FAIL(s, "checkpoint '%s': %s", path, dp_last_error())));
     if (!c->plan->cfg.inference) c->lr = v.lr;
   }
-  /* the momentum in effect (version 4), where the optimizer has one: checked
-   * above as dp_set_momentum checks it */
+  /* the momentum in effect (version 4), where the optimizer has one: parse
+   * took it in [0, 1), the range dp_set_momentum takes */
   if (has_momentum(cf, v.momentum)) {
     if (c->be->set_momentum) s = c->be->set_momentum(c->bctx, v.momentum);
     if (s)

@@ -712,7 +712,7 @@ static dp_status ctx_init(const dp_plan *p, void *const arenas[], unsigned flags
   c->cap = p->ops_cap > 0 ? p->ops_cap : 1; /* no device has more calls than ops */
   c->flags = flags;
   c->lr = p->cfg.lr;
-  c->momentum = p->cfg.inference ? 0.0f : dp__config_momentum(&p->cfg);
+  c->momentum = dp__config_momentum(&p->cfg);
   const char *fs = getenv("DP_CUDA_DEBUG_FAULT_STEP");
   c->fault_step = fs ? strtoull(fs, NULL, 10) : 0;
   c->state = ST_IDLE;
