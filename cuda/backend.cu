@@ -153,17 +153,17 @@ dp_status dp__cuda_forward(dev_ctx *x, const lay &c, int global_row0) {
     return DP_OK;
   case DP_LAYER_BATCHNORM: { /* cuda/batchnorm.cu */
     const float *g = layer_params(c);
-    int C = l->c, S = bn_positions(l);
+    int C = l->c, S = bn_positions(l), nb = dp__bn_rows(l, n);
     if (!c.e->training) /* eval: the running statistics */
       DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_buffers(c), NULL,
-                                  bn_buffers(c) + C, n, C, S, l->eps));
+                                  bn_buffers(c) + C, nb, C, S, l->eps));
     else if (dp__bn_sync(c.p, c.i)) /* the whole batch's, from DP_OP_BN_FINAL */
       DP_CUDA_CHECK(dp_k_bn_apply(x->stream, in, g, g + C, y, bn_area(c, 0),
-                                  bn_area(c, (size_t)C), NULL, n, C, S, l->eps));
+                                  bn_area(c, (size_t)C), NULL, nb, C, S, l->eps));
     else /* the micro-batch's own, saved in its slot */
       DP_CUDA_CHECK(dp_k_bn_forward_train(x->stream, in, g, g + C, y,
                                           bn_area(c, (size_t)c.mb * dp__bn_stats(C)),
-                                          dp_cuda_bn_scratch(x->hdr), n, C, S, l->eps));
+                                          dp_cuda_bn_scratch(x->hdr), nb, C, S, l->eps));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -220,11 +220,12 @@ dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_r
   case DP_LAYER_RELU:
   case DP_LAYER_TANH:
   case DP_LAYER_SIGMOID:
-  case DP_LAYER_LEAKY_RELU:
+  case DP_LAYER_LEAKY_RELU: { /* a negative slope's sign is the input's */
+    const float *xy = dp__layer_needs_input(l) ? layer_in(c) : layer_out(c);
     if (dx)
-      DP_CUDA_CHECK(
-          dp_k_act_backward(x->stream, l->kind, layer_out(c), dy, dx, count, l->slope));
+      DP_CUDA_CHECK(dp_k_act_backward(x->stream, l->kind, xy, dy, dx, count, l->slope));
     return DP_OK;
+  }
   case DP_LAYER_GELU:
   case DP_LAYER_GELU_ERF:
   case DP_LAYER_SILU:
@@ -272,15 +273,15 @@ dp_status dp__cuda_backward(dev_ctx *x, const lay &c, float *grads, int global_r
     return DP_OK;
   case DP_LAYER_BATCHNORM: { /* cuda/batchnorm.cu */
     const float *g = layer_params(c);
-    int C = l->c, S = bn_positions(l);
+    int C = l->c, S = bn_positions(l), nb = dp__bn_rows(l, n);
     if (dp__bn_sync(c.p, c.i)) /* dx only: DP_OP_BN_BWD_STATS wrote the gradients */
       DP_CUDA_CHECK(dp_k_bn_sync_dx(x->stream, layer_in(c), bn_area(c, 0),
-                                    bn_area(c, dp__bn_sync_bwd(C)), g, dy, dx, n, C, S));
+                                    bn_area(c, dp__bn_sync_bwd(C)), g, dy, dx, nb, C, S));
     else
       DP_CUDA_CHECK(dp_k_bn_backward(x->stream, layer_in(c),
                                      bn_area(c, (size_t)c.mb * dp__bn_stats(C)), g, dy, dx,
                                      grads + l->param_off, grads + l->param_off + C,
-                                     dp_cuda_bn_scratch(x->hdr), n, C, S));
+                                     dp_cuda_bn_scratch(x->hdr), nb, C, S));
     return DP_OK;
   }
   case DP_LAYER_INPUT: return DP_OK;
@@ -672,7 +673,7 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
   }
   case DP_OP_BN_STATS:
     DP_CUDA_CHECK(dp_k_bn_part(x->stream, layer_in(ly), dst, dp_cuda_bn_scratch(x->hdr),
-                               op->rows, C, S));
+                               dp__bn_rows(l, op->rows), C, S));
     return DP_OK;
   case DP_OP_BN_MERGE:
     DP_CUDA_CHECK(dp_k_bn_merge(x->stream, dst, src, C, S));
@@ -683,7 +684,8 @@ static dp_status bn_op(cuda_ctx *c, dev_ctx *x, const dp_exec_env *e, const dp_o
   case DP_OP_BN_BWD_STATS:
     DP_CUDA_CHECK(dp_k_bn_bwd_sums(x->stream, layer_in(ly), bn_area(ly, 0), layer_dout(ly),
                                    dst + l->param_off, dst + l->param_off + C,
-                                   dp_cuda_bn_scratch(x->hdr), op->rows, C, S));
+                                   dp_cuda_bn_scratch(x->hdr), dp__bn_rows(l, op->rows), C,
+                                   S));
     return DP_OK;
   default: break;
   }

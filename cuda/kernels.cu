@@ -86,7 +86,9 @@ static __global__ void k_act_backward(int kind, const float *xy, const float *dy
       r = fm(fm(g, s), fa(1.0f, fm(v, fs(1.0f, s))));
       break;
     }
-    case DP_LAYER_LEAKY_RELU: r = v > 0.0f ? g : fm(g, slope); break; /* v = y */
+    case DP_LAYER_LEAKY_RELU:
+      r = v > 0.0f ? g : fm(g, slope);
+      break;                                                     /* y, x if slope < 0 */
     default: {                                                   /* DP_LAYER_GELU, v = x */
       float t = dp__tanhf(fm(C, fa(v, fm(fm(fm(A, v), v), v))));
       float dt = fm(fm(fs(1.0f, fm(t, t)), C), fa(1.0f, fm(fm(fm(3.0f, A), v), v)));

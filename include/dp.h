@@ -140,8 +140,8 @@ dp_status dp_model_add_linear(dp_model *m, int out_width, int bias);
 dp_status dp_model_add(dp_model *m, dp_layer_kind kind); /* relu..layernorm, flatten,
                                                            batchnorm, gelu_erf, silu,
                                                            leaky_relu (slope 0.01) */
-/* nn.LeakyReLU(negative_slope): 0 <= slope, finite (the backward tells the
- * sides apart by the output's sign, which a negative slope would flip). */
+/* nn.LeakyReLU(negative_slope): any finite slope (-0 is 0). A negative one
+ * keeps the layer's input for the backward, whose sign the output's is not. */
 dp_status dp_model_add_leaky_relu(dp_model *m, float negative_slope);
 dp_status dp_model_add_dropout(dp_model *m, float p);
 /* nn.LayerNorm(D, eps) and nn.BatchNorm1d/2d(C, eps, momentum) with other

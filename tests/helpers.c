@@ -348,17 +348,22 @@ bool cuda_or_skip(const char *suite, const char *test) {
 dp_status try_steps(rig *r, int from, int to, int *failed_at) {
   int rows = dp_plan_config(r->p)->batch;
   int in = dp_model_input_width(r->m), out = dp_model_output_width(r->m);
+  /* a sequence model: token ids in, a class per position out */
+  int T = dp_model_positions(r->m), classes = out / T;
+  dp_layer_info first;
+  int vocab = dp_model_layer(r->m, 0, &first) == DP_OK ? first.vocab : 0;
   float *x = malloc(sizeof(float) * (size_t)rows * (size_t)in);
   float *ty = malloc(sizeof(float) * (size_t)rows * (size_t)out);
-  int32_t *t = malloc(sizeof(int32_t) * (size_t)rows);
+  int32_t *t = malloc(sizeof(int32_t) * (size_t)rows * (size_t)T);
   bool ce = dp_model_loss(r->m) == DP_LOSS_SOFTMAX_CE;
   dp_status st = x && ty && t ? DP_OK : DP_ERR_NOMEM;
   *failed_at = from;
   for (int k = from; k < to && !st; k++) {
     uint64_t s = (uint64_t)k * 0x9E3779B97F4A7C15ull + 11;
     for (int i = 0; i < rows * in; i++)
-      x[i] = (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
-    for (int i = 0; i < rows; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)out);
+      x[i] = vocab ? (float)(rng_next(&s) % (uint64_t)vocab)
+                   : (float)(rng_next(&s) >> 40) * 0x1p-23f - 1.0f;
+    for (int i = 0; i < rows * T; i++) t[i] = (int32_t)(rng_next(&s) % (uint64_t)classes);
     for (int i = 0; i < rows * out; i++) ty[i] = (float)(rng_next(&s) >> 40) * 0x1p-24f;
     st = dp_train_step(r->c, rows, in, x, ce ? (const void *)t : ty, NULL);
     *failed_at = k;

@@ -675,7 +675,7 @@ static const char *const MIXED_MSE =
 static const char *const MIXED_CE =
     "input 7\nlinear 13\nrelu\nlinear 11\ngelu\nlayernorm eps 1e-3\ntanh\nlinear 9 nobias\n"
     "sigmoid\ndropout 0.25\nlinear 7\ngelu approximate none\nlinear 6\nsilu\nlinear 6\n"
-    "leaky_relu 0.2\nlinear 5\nloss softmax_cross_entropy\n";
+    "leaky_relu 0.2\nlinear 6\nleaky_relu -0.4\nlinear 5\nloss softmax_cross_entropy\n";
 
 /* Image layers (issue 17): odd sizes, stride and padding, an overlapping
  * maxpool (2 stride 1), avgpool, nobias, flatten in the middle, first and
@@ -2086,6 +2086,13 @@ static const char *const BN_CNN_CE =
     "maxpool2d 2 stride 1\nflatten\nlinear 11\nbatchnorm\ntanh\nlinear 5\n"
     "loss softmax_cross_entropy\n";
 
+/* on a sequence: each of the D features over the rows' T positions (as the
+ * flat batchnorm of rows x T rows), after attention and after a relu */
+static const char *const BN_SEQ_CE =
+    "input tokens 6\nembed 11 8\nlinear 24 nobias\nattention 2\nlinear 8 nobias\n"
+    "batchnorm\nrelu\nlinear 16\nbatchnorm momentum 0.3\nlinear 11\n"
+    "loss softmax_cross_entropy\n";
+
 static dp_config bn_config(int ngpu, int batch, int n, int mb, dp_mode mode,
                            dp_optimizer opt, dp_bn_mode bn) {
   dp_config c = test_config(ngpu, batch, n, mb, mode, opt);
@@ -2114,12 +2121,16 @@ START_TEST(batchnorm_ops_match_cpu) {
     c = bn_config(ngpu, 37, 3, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, bn);
     snprintf(name, sizeof name, "bn cnn ce %s, allreduce adamw, 3 replicas", mn);
     check_every_compute_op(name, BN_CNN_CE, &c, 1);
+    c = bn_config(ngpu, 13, 3, 2, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, bn);
+    snprintf(name, sizeof name, "bn seq ce %s, allreduce adamw, 3 replicas", mn);
+    check_every_compute_op(name, BN_SEQ_CE, &c, 1);
   }
   /* eval: the running statistics */
   dp_config c = bn_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD, DP_BN_PER_REPLICA);
   c.inference = 1;
   check_every_compute_op("bn cnn ce, inference plan, 2 replicas", BN_CNN_CE, &c, 0);
   check_every_compute_op("bn 1d mse, inference plan, 2 replicas", BN_1D_MSE, &c, 0);
+  check_every_compute_op("bn seq ce, inference plan, 2 replicas", BN_SEQ_CE, &c, 0);
 }
 END_TEST
 
@@ -3033,17 +3044,17 @@ START_TEST(shortcut_ops_match_cpu) {
 END_TEST
 
 /* Batchnorm in bf16, both modes (the sync statistics ops read widened copies,
- * dp__cuda_mixed_bn_operands), 3 AdamW steps of a 1d and a 2d model: within
+ * dp__cuda_mixed_bn_operands), 3 AdamW steps of a 1d, a 2d and a sequence model: within
  * bf16's precision of the cpu backend's bf16 and not the fp32 bits; for the
- * cnn (both kinds), one set of bits (parameters and running statistics) for 1,
- * 2 and 4 replicas in classic, allreduce and sharded allreduce, with recompute
- * 3 too. */
+ * cnn (both kinds) and the sequence, one set of bits (parameters and running statistics)
+ * for 1, 2 and 4 replicas in classic, allreduce and sharded allreduce, with recompute 3
+ * too. */
 START_TEST(bf16_batchnorm_close_to_cpu_and_same_bits_for_every_replica_count) {
   REQUIRE_GPUS(ngpu, "bf16_batchnorm_close_to_cpu_and_same_bits_for_every_replica_count");
-  static const char *const specs[] = {BN_1D_MSE, BN_CNN_CE};
+  static const char *const specs[] = {BN_1D_MSE, BN_CNN_CE, BN_SEQ_CE};
   static const int counts[] = {1, 2, 4};
   for (int m = 0; m < 2; m++)
-    for (int k = 0; k < 2; k++) {
+    for (int k = 0; k < 3; k++) {
       dp_config g = bf16_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE), c, f;
       g.batchnorm = (dp_bn_mode)m;
       c = f = g;
@@ -3069,7 +3080,7 @@ START_TEST(bf16_batchnorm_close_to_cpu_and_same_bits_for_every_replica_count) {
       rig_close(&rg);
       rig_close(&rc);
       rig_close(&rf);
-      for (int mode = 0; mode < 4 && k == 1; mode++) /* the cnn: 2d and 1d */
+      for (int mode = 0; mode < 4 && k >= 1; mode++) /* the cnn (2d, 1d), the sequence */
         for (int i = 0; i < 3; i++) {
           dp_config e = bf16_config(ngpu, 8, counts[i], 2,
                                     mode ? DP_MODE_ALLREDUCE : DP_MODE_CLASSIC);

@@ -227,6 +227,7 @@ static uint64_t gpt_run(setup su, int micro_batch) {
   c.recompute = recompute_in_use;
   c.guards = recompute_in_use > 0;
   c.precision = precision_in_use;
+  c.batchnorm = bn_in_use;
   snprintf(c.backend_options, sizeof c.backend_options, "%s", options_in_use);
   rig r;
   rig_open(&r, gpt_in_use, &c);
@@ -582,6 +583,47 @@ START_TEST(recompute_gives_the_same_bits_gpt) {
 }
 END_TEST
 
+/* Batchnorm on a sequence (each feature over the rows' T positions), in a
+ * residual block and after it, per replica and sync (a plain stack: sync
+ * batchnorm takes no residual blocks yet), fp32 and bf16: one hash on 1, 2
+ * and 4 devices in every mode and with recompute 2 and 3; the statistics are
+ * the micro-batch's or the batch's, so other micro-batches give other bits. */
+static const char GPT_BN_SPEC[] =
+    "input tokens 6\nembed 11 8\nresidual\nlinear 24 nobias\nattention 2\n"
+    "linear 8 nobias\nbatchnorm\nend\nbatchnorm momentum 0.3\nlinear 16\nrelu\n"
+    "linear 11\nloss softmax_cross_entropy\n";
+static const char GPT_BN_SYNC_SPEC[] =
+    "input tokens 6\nembed 11 8\nlinear 24 nobias\nattention 2\nlinear 8 nobias\n"
+    "batchnorm\nlinear 16\nrelu\nbatchnorm eps 0.001\nlinear 11\n"
+    "loss softmax_cross_entropy\n";
+
+START_TEST(gpt_batchnorm_same_bits_everywhere) {
+  for (int k = 0; k < 4; k++) {
+    gpt_in_use = k & 1 ? GPT_BN_SYNC_SPEC : GPT_BN_SPEC;
+    bn_in_use = k & 1 ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+    precision_in_use = k & 2 ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+    uint64_t ref = gpt_run(SETUPS[0], 2);
+    for (int i = 1; i < N_SETUPS; i++) {
+      if (SETUPS[i].devices == 8) continue;
+      uint64_t h = gpt_run(SETUPS[i], 2);
+      ck_assert_msg(h == ref, "case %d, %d devices, %s: %016llx, 1 device: %016llx", k,
+                    SETUPS[i].devices, mode_name(SETUPS[i]), (unsigned long long)h,
+                    (unsigned long long)ref);
+    }
+    for (recompute_in_use = 2; recompute_in_use <= 3; recompute_in_use++) {
+      uint64_t h = gpt_run(RC_SETUPS[4], 2);
+      ck_assert_msg(h == ref, "case %d, recompute %d: %016llx, without %016llx", k,
+                    recompute_in_use, (unsigned long long)h, (unsigned long long)ref);
+    }
+    recompute_in_use = 0;
+    ck_assert_uint_ne(gpt_run(SETUPS[0], 4), ref);
+  }
+  gpt_in_use = GPT_SPEC;
+  bn_in_use = DP_BN_PER_REPLICA;
+  precision_in_use = DP_PRECISION_FP32;
+}
+END_TEST
+
 /* Shared parameters (the cpu backend's params=shared): the replicas read
  * device 0's parameters and batchnorm buffers, and nothing is broadcast. The
  * bits of copies: the MLP of every layer kind (dropout), the CNN, a CNN with
@@ -847,6 +889,7 @@ Suite *determinism_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, recompute_gives_the_same_bits);
   tcase_add_test(tc, recompute_gives_the_same_bits_gpt);
+  tcase_add_test(tc, gpt_batchnorm_same_bits_everywhere);
   tcase_add_test(tc, shared_params_give_the_bits_of_copies);
   tcase_add_test(tc, shared_params_forward_gives_the_outputs_of_copies);
   suite_add_tcase(s, tc);

@@ -299,6 +299,7 @@ static const char *const golden_cases[] = {"seed",
                                            "mlp_mse_b37n3",
                                            "mlp_gelu_erf",   /* nn.GELU() */
                                            "mlp_silu_leaky", /* nn.SiLU, nn.LeakyReLU */
+                                           "mlp_leaky_neg",  /* negative slopes */
                                            "mlp_l1",         /* nn.L1Loss */
                                            "mlp_smooth_l1",  /* nn.SmoothL1Loss(beta) */
                                            "mlp_huber",      /* nn.HuberLoss(delta) */
@@ -325,6 +326,8 @@ static const char *const golden_cases[] = {"seed",
                                            "gpt_attn_dropout",
                                            "mlp_ce_opts", /* label_smoothing, weight */
                                            "gpt_ignore",  /* ignore_index */
+                                           "gpt_bn",      /* batchnorm on sequences */
+                                           "gpt_bn_sync",
                                            "bf16_mlp",
                                            "bf16_cnn",
                                            "bf16_gpt",
@@ -335,7 +338,8 @@ static const char *const golden_cases[] = {"seed",
                                            "bf16_adam_mlp",
                                            "amsgrad_mlp",
                                            "bf16_amsgrad_mlp",
-                                           "resnet_proj"}; /* projection shortcuts */
+                                           "resnet_proj", /* projection shortcuts */
+                                           "bf16_leaky_neg"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 /* adam_*: torch.optim.Adam (coupled L2 weight decay 0.05) besides the usual
  * trainings, in fp32 and in bf16 (its adam_hparams, adam_params5, adam_loss). */
@@ -351,8 +355,9 @@ static const char *const ams_cases[] = {"amsgrad_mlp", "bf16_amsgrad_mlp"};
  * first conv reads the fp32 input, with max and average pooling; a pre-LN GPT;
  * batchnorm (autocast's own mixed-precision batch_norm) in an MLP and a CNN,
  * per_replica, and in a CNN, sync, ending in a batchnorm. */
-static const char *const bf16_cases[] = {"bf16_mlp",    "bf16_cnn",    "bf16_gpt",
-                                         "bf16_bn_mlp", "bf16_bn_cnn", "bf16_bn_sync_cnn"};
+static const char *const bf16_cases[] = {"bf16_mlp",      "bf16_cnn",    "bf16_gpt",
+                                         "bf16_bn_mlp",   "bf16_bn_cnn", "bf16_bn_sync_cnn",
+                                         "bf16_leaky_neg"};
 #define N_BF16_CASES ((int)(sizeof bf16_cases / sizeof bf16_cases[0]))
 
 /* The layouts: classic, allreduce and allreduce with a sharded optimizer. */

@@ -60,7 +60,11 @@ static dp_model *random_flat_model(int max_layers, int with_loss, int bn) {
     case 3: {
       static const dp_layer_kind acts[] = {DP_LAYER_GELU, DP_LAYER_TANH, DP_LAYER_SILU,
                                            DP_LAYER_LEAKY_RELU};
-      ck_assert_int_eq(dp_model_add(m, acts[rnd(4)]), DP_OK);
+      dp_layer_kind k = acts[rnd(4)];
+      if (k == DP_LAYER_LEAKY_RELU) /* both ways of its backward: y's sign or x's */
+        ck_assert_int_eq(dp_model_add_leaky_relu(m, rnd(2) ? 0.25f : -0.5f), DP_OK);
+      else
+        ck_assert_int_eq(dp_model_add(m, k), DP_OK);
       break;
     }
     case 4: ck_assert_int_eq(dp_model_add(m, DP_LAYER_SIGMOID), DP_OK); break;
@@ -600,10 +604,12 @@ END_TEST
 
 /* ---- invariants of any plan ------------------------------------------------- */
 
-static int layer_reads_input(dp_layer_kind k) {
-  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_LAYERNORM ||
-         k == DP_LAYER_CONV2D || k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_BATCHNORM ||
-         k == DP_LAYER_ATTENTION;
+static int layer_reads_input(const dp_layer *l) {
+  dp_layer_kind k = l->kind;
+  return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF ||
+         k == DP_LAYER_SILU || k == DP_LAYER_LAYERNORM || k == DP_LAYER_CONV2D ||
+         k == DP_LAYER_MAXPOOL2D || k == DP_LAYER_BATCHNORM || k == DP_LAYER_ATTENTION ||
+         (k == DP_LAYER_LEAKY_RELU && l->slope < 0.0f); /* its sign is not y's */
 }
 
 /* A flatten before the last layer is a view: its output is its input's
@@ -630,9 +636,10 @@ static int shortcut_of(const dp_model *m, int r) {
     if (m->layers[i].kind == DP_LAYER_SHORTCUT && m->layers[i].link == r) return i;
   return -1;
 }
-static int layer_reads_output(dp_layer_kind k) {
+static int layer_reads_output(const dp_layer *l) {
+  dp_layer_kind k = l->kind;
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID ||
-         k == DP_LAYER_LEAKY_RELU;
+         (k == DP_LAYER_LEAKY_RELU && l->slope >= 0.0f);
 }
 
 /* Bytes of device d's row tensor of width w: one slice per micro-batch, each
@@ -1081,8 +1088,8 @@ static void sim_op(sim *s, const dp_op *op) {
       }
     } else if (op->kind == DP_OP_BACKWARD) {
       if (i < L - 1) sim_dact(s, op, i, out, 0);
-      if (o >= 0 && layer_reads_input(l->kind)) sim_act(s, op, o, in, 0);
-      if (i < L - 1 && layer_reads_output(l->kind)) sim_act(s, op, i, out, 0);
+      if (o >= 0 && layer_reads_input(l)) sim_act(s, op, o, in, 0);
+      if (i < L - 1 && layer_reads_output(l)) sim_act(s, op, i, out, 0);
       if (stats_w) sim_rows(s, op, i, 1, stats_w, 0);
       if (bn && !sync) sim_bn_slot(s, i, k - s->mb0, 0);
       if (sync && o >= 0) { /* dx from the whole batch's statistics and sums */

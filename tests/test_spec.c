@@ -661,14 +661,43 @@ START_TEST(norm_eps_and_momentum_parse_and_round_trip) {
 END_TEST
 
 /* nn.SiLU and nn.LeakyReLU(negative_slope): `silu`, `leaky_relu [S]` (0.01
- * unsaid), the builder's spelling, the slope in dp_layer_info and the plan's
- * hash, refusals. */
+ * unsaid, any finite S, -0 as 0), the builder's spelling, the slope in
+ * dp_layer_info and the plan's hash, refusals. */
+/* batchnorm on a sequence: BatchNorm1d over each position's D features (2 D
+ * parameters, D running means and variances), the sequence's shape kept. */
+START_TEST(batchnorm_on_a_sequence_parses) {
+  dp_model *m = model_of("input tokens 4\nembed 5 6\nbatchnorm momentum 0.2\nlinear 5\n"
+                         "loss softmax_cross_entropy\n");
+  dp_layer_info l;
+  ck_assert_int_eq(dp_model_layer(m, 1, &l), DP_OK);
+  ck_assert_int_eq(l.kind, DP_LAYER_BATCHNORM);
+  ck_assert_int_eq(l.channels, 6);
+  ck_assert_int_eq(l.positions, 4);
+  ck_assert_int_eq(l.in, 24);
+  ck_assert_int_eq(l.out, 24);
+  ck_assert_uint_eq(l.n_params, 12);
+  ck_assert_uint_eq(dp_model_n_params(m), 5 * 6 + 4 * 6 + 12 + 6 * 5 + 5);
+  dp_tensor_info t;
+  ck_assert_int_eq(dp_model_tensor(m, 2, &t), DP_OK);
+  ck_assert_str_eq(t.name, "1.weight");
+  ck_assert_int_eq(t.ndim, 1);
+  ck_assert_int_eq(t.dims[0], 6);
+  char *s = format_alloc(m);
+  ck_assert_str_eq(s, "input tokens 4\nembed 5 6\nbatchnorm momentum 0.2\nlinear 5\n"
+                      "loss softmax_cross_entropy\n");
+  free(s);
+  dp_model_free(m);
+}
+END_TEST
+
 START_TEST(silu_and_leaky_relu_parse_and_round_trip) {
-  dp_model *m = model_of("input 4\nsilu\nleaky_relu\nleaky_relu 0.2\nleaky_relu 0\n");
-  static const dp_layer_kind kind[] = {DP_LAYER_SILU, DP_LAYER_LEAKY_RELU,
+  dp_model *m = model_of("input 4\nsilu\nleaky_relu\nleaky_relu 0.2\nleaky_relu 0\n"
+                         "leaky_relu -1.5\nleaky_relu -0\n");
+  static const dp_layer_kind kind[] = {DP_LAYER_SILU,       DP_LAYER_LEAKY_RELU,
+                                       DP_LAYER_LEAKY_RELU, DP_LAYER_LEAKY_RELU,
                                        DP_LAYER_LEAKY_RELU, DP_LAYER_LEAKY_RELU};
-  static const float slope[] = {0.0f, 0.01f, 0.2f, 0.0f};
-  for (int i = 0; i < 4; i++) {
+  static const float slope[] = {0.0f, 0.01f, 0.2f, 0.0f, -1.5f, 0.0f};
+  for (int i = 0; i < 6; i++) {
     dp_layer_info l;
     ck_assert_int_eq(dp_model_layer(m, i, &l), DP_OK);
     ck_assert_int_eq(l.kind, kind[i]);
@@ -679,31 +708,37 @@ START_TEST(silu_and_leaky_relu_parse_and_round_trip) {
   ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_SILU), "silu");
   ck_assert_str_eq(dp_layer_kind_name(DP_LAYER_LEAKY_RELU), "leaky_relu");
   char *s = format_alloc(m);
-  ck_assert_str_eq(s, "input 4\nsilu\nleaky_relu\nleaky_relu 0.2\nleaky_relu 0\n");
+  ck_assert_str_eq(s, "input 4\nsilu\nleaky_relu\nleaky_relu 0.2\nleaky_relu 0\n"
+                      "leaky_relu -1.5\nleaky_relu 0\n");
   dp_model *b = model_of(s);
   assert_same_model(m, b);
-  for (int i = 0; i < 4; i++) ck_assert(m->layers[i].slope == b->layers[i].slope);
+  for (int i = 0; i < 6; i++) ck_assert(m->layers[i].slope == b->layers[i].slope);
+  ck_assert(!signbit(m->layers[5].slope)); /* one spelling of 0 */
   dp_model *c = NULL;
   ck_assert_int_eq(dp_model_new(4, &c), DP_OK);
   ck_assert_int_eq(dp_model_add(c, DP_LAYER_SILU), DP_OK);
   ck_assert_int_eq(dp_model_add(c, DP_LAYER_LEAKY_RELU), DP_OK);
   ck_assert_int_eq(dp_model_add_leaky_relu(c, 0.2f), DP_OK);
   ck_assert_int_eq(dp_model_add_leaky_relu(c, 0.0f), DP_OK);
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, -1.5f), DP_OK);
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, -0.0f), DP_OK);
+  ck_assert(!signbit(c->layers[5].slope));
   assert_same_model(m, c);
-  for (int i = 0; i < 4; i++) ck_assert(m->layers[i].slope == c->layers[i].slope);
-  ck_assert_int_eq(dp_model_add_leaky_relu(c, -0.1f), DP_ERR_INVALID);
-  ck_assert_ptr_nonnull(strstr(dp_last_error(), "negative_slope must be >= 0"));
+  for (int i = 0; i < 6; i++) ck_assert(m->layers[i].slope == c->layers[i].slope);
   ck_assert_int_eq(dp_model_add_leaky_relu(c, INFINITY), DP_ERR_INVALID);
+  ck_assert_ptr_nonnull(strstr(dp_last_error(), "negative_slope must be finite"));
+  ck_assert_int_eq(dp_model_add_leaky_relu(c, -INFINITY), DP_ERR_INVALID);
   ck_assert_int_eq(dp_model_add_leaky_relu(c, NAN), DP_ERR_INVALID);
-  ck_assert_int_eq(dp_model_n_layers(c), 4);
+  ck_assert_int_eq(dp_model_n_layers(c), 6);
   static const char *const specs[] = {
       "input 3\nlinear 4\nleaky_relu\nlinear 2\nloss mse\n",
       "input 3\nlinear 4\nleaky_relu 0.3\nlinear 2\nloss mse\n",
+      "input 3\nlinear 4\nleaky_relu -0.3\nlinear 2\nloss mse\n",
       "input 3\nlinear 4\nsilu\nlinear 2\nloss mse\n", NULL};
   hashes_differ(specs);
-  parse_bad("input 4\nleaky_relu -0.1\n", 2, 12,
-            "leaky_relu: negative_slope: expected a number >= 0, got '-0.1'");
-  parse_bad("input 4\nleaky_relu inf\n", 2, 12, "got 'inf'");
+  parse_bad("input 4\nleaky_relu inf\n", 2, 12,
+            "leaky_relu: negative_slope: expected a finite number, got 'inf'");
+  parse_bad("input 4\nleaky_relu -1e39\n", 2, 12, "got '-1e39'");
   parse_bad("input 4\nleaky_relu 0.1 0.2\n", 2, 16, "unexpected '0.2' after 'leaky_relu'");
   parse_bad("input 4\nsilu 1\n", 2, 6, "unexpected '1' after 'silu'");
   free(s);
@@ -1258,7 +1293,6 @@ START_TEST(sequence_errors_name_line_and_column) {
        "has no 'end'"},
       {"input tokens 4\nembed 5 6\nresidual\nlinear 6\nloss softmax_cross_entropy\n", 5, 1,
        "has no 'end'"},
-      {"input tokens 4\nembed 5 6\nbatchnorm\n", 3, 1, "batchnorm on a sequence"},
       {"input tokens 4\nembed 5 6\nlinear 4 tied\n", 3, 10,
        "maps width 6 to the vocabulary 5"},
       {"input tokens 4\nembed 5 6\nlinear 7\nlinear 5 tied\n", 4, 10,
@@ -1936,6 +1970,7 @@ Suite *spec_suite(void) {
   tcase_add_test(tc, norm_eps_and_momentum_parse_and_round_trip);
   tcase_add_test(tc, norm_option_refusals_name_line_and_column);
   tcase_add_test(tc, silu_and_leaky_relu_parse_and_round_trip);
+  tcase_add_test(tc, batchnorm_on_a_sequence_parses);
   tcase_add_test(tc, element_losses_parse_and_round_trip);
   tcase_add_test(tc, format_round_trips_a_gpt_with_indented_blocks);
   tcase_add_test(tc, tied_head_shares_the_token_table);

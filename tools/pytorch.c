@@ -57,6 +57,15 @@ static const char PRELUDE[] =
     "        a = self.dropout(a.masked_fill(~mask, float('-inf')).softmax(-1))\n"
     "        return (a @ v).transpose(1, 2).reshape(B, T, D)\n"
     "\n"
+    "\n"
+    "class SeqBatchNorm(nn.BatchNorm1d):\n"
+    "    \"\"\"libdp's batchnorm on a sequence: BatchNorm1d(D) over each position's D "
+    "features,\n"
+    "    (B, T, D) taken as the (B, D, T) that BatchNorm1d normalises per channel.\"\"\"\n"
+    "\n"
+    "    def forward(self, x):\n"
+    "        return super().forward(x.transpose(1, 2)).transpose(1, 2)\n"
+    "\n"
     "\n";
 
 /* The constructor of layer i's module, or NULL when it has none (residual
@@ -89,7 +98,10 @@ static int module_text(const dp_model *m, int i, const dp_layer_info *l, int *te
       snprintf(mom, sizeof mom, "None");
     else
       dpt_float_text(l->momentum, mom, sizeof mom);
-    snprintf(buf, cap, "nn.BatchNorm%dd(%d, eps=%s, momentum=%s)", l->height ? 2 : 1,
+    snprintf(buf, cap, "%s(%d, eps=%s, momentum=%s)",
+             l->positions ? "SeqBatchNorm"
+             : l->height  ? "nn.BatchNorm2d"
+                          : "nn.BatchNorm1d",
              w.dims[0], dpt_float_text(l->eps, num, sizeof num), mom);
     break;
   case DP_LAYER_EMBEDDING:

@@ -474,8 +474,8 @@ static void plan_recomputed(dp_plan *p) {
       int e = j;
       while (e + 1 < L && dp__views_prev(m, e + 1)) e++;
       int r = e + 1; /* < L: the last layer's output is never recomputed */
-      need[j] = dp__layer_needs_output(l->kind) ||
-                dp__layer_needs_input(m->layers[r].kind) || p->rc_op[r];
+      need[j] =
+          dp__layer_needs_output(l) || dp__layer_needs_input(&m->layers[r]) || p->rc_op[r];
       for (int k = r; k < L; k++)
         need[j] |= m->layers[k].kind == DP_LAYER_RESIDUAL_END &&
                    dp__skip_owner(m, k) == j && p->rc_op[k];
@@ -483,7 +483,7 @@ static void plan_recomputed(dp_plan *p) {
         if (m->layers[k].kind == DP_LAYER_SHORTCUT && dp__act_owner(m, k) == j) {
           int g = k;
           while (g + 1 < L && dp__views_prev(m, g + 1)) g++;
-          need[j] |= dp__layer_needs_input(m->layers[g + 1].kind) || p->rc_op[g + 1];
+          need[j] |= dp__layer_needs_input(&m->layers[g + 1]) || p->rc_op[g + 1];
         }
     }
     p->rc_op[j] = !dp__layer_is_view(m, j) && !dp__relu_fused(p, j) &&
@@ -559,7 +559,7 @@ static void output_reads(const dp_plan *p, int i, int e, int *fwd, int *bwd) {
   int L = m->n_layers;
   *fwd = -1;
   *bwd = -1;
-  if (train && dp__layer_needs_output(m->layers[i].kind)) *bwd = p->t_b[i];
+  if (train && dp__layer_needs_output(&m->layers[i])) *bwd = p->t_b[i];
   /* its readers: the layer after its views, and after those of shortcuts that
    * view it (g's first layer reads the block's input x) */
   for (int s = e; s < L; s++) {
@@ -570,7 +570,7 @@ static void output_reads(const dp_plan *p, int i, int e, int *fwd, int *bwd) {
     int reader = v + 1;
     if (reader > *fwd) *fwd = reader;
     if (p->t_r[reader] > *bwd) *bwd = p->t_r[reader];
-    if (train && dp__layer_needs_input(m->layers[reader].kind) && p->t_b[reader] > *bwd)
+    if (train && dp__layer_needs_input(&m->layers[reader]) && p->t_b[reader] > *bwd)
       *bwd = p->t_b[reader];
   }
   /* the input of residual blocks (f's output, with a shortcut): read again by
@@ -1178,7 +1178,10 @@ dp_status dp_plan_check_rows(const dp_plan *p, int rows) {
   if (p->cfg.inference) return DP_OK; /* its forward takes the running statistics */
   for (int i = 0; i < p->model.n_layers; i++) {
     const dp_layer *l = &p->model.layers[i];
-    if (l->kind != DP_LAYER_BATCHNORM || (l->h ? (size_t)l->h * l->w : 1) != 1) continue;
+    /* one value per channel and row: a flat input (a sequence has T) */
+    if (l->kind != DP_LAYER_BATCHNORM || (l->h ? (size_t)l->h * l->w : 1) != 1 ||
+        dp__bn_rows(l, 1) != 1)
+      continue;
     if (dp__bn_sync(p, i)) {
       if (rows == 1)
         return DP_FAIL(DP_ERR_SHAPE,

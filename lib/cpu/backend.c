@@ -84,7 +84,7 @@ static void bn_sums(const float *x, const float *dy, int n, int C, size_t S, int
  * for backward and the running statistics; eval: the running statistics. */
 static void bn_forward(const lctx *c, const float *x, float *y) {
   const dp_layer *l = c->l;
-  int n = c->rows, C = l->c;
+  int n = dp__bn_rows(l, c->rows), C = l->c;
   size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
   const float *g = layer_params(c), *b = g + C;
   /* sync: the whole batch's statistics, in place of micro-batch 0's */
@@ -136,7 +136,7 @@ static void put_u32(float *at, uint32_t v) { memcpy(at, &v, 4); }
 static dp_status bn_stats_op(const lctx *c, const dp_op *op) {
   const dp_layer *l = c->l;
   const float *x = layer_in(c);
-  int n = op->rows, C = l->c;
+  int n = dp__bn_rows(l, op->rows), C = l->c;
   size_t S = bn_positions(l), M = (size_t)n * S;
   float *part = region(c->e, op->device, op->dst_region, op->dst_offset);
   put_u32(part, (uint32_t)n);
@@ -194,7 +194,7 @@ static dp_status bn_final_op(const dp_exec_env *e, const dp_op *op) {
 static dp_status bn_bwd_stats_op(const lctx *c, const dp_op *op) {
   const dp_layer *l = c->l;
   const float *x = layer_in(c), *dy = layer_dout(c), *st = bn_stats(c, 0);
-  int n = op->rows, C = l->c;
+  int n = dp__bn_rows(l, op->rows), C = l->c;
   size_t S = bn_positions(l);
   float *dg = region(c->e, op->device, op->dst_region, op->dst_offset) + l->param_off,
         *db = dg + C;
@@ -220,7 +220,7 @@ dp_status dp__cpu_bn_sums(const lctx *c, const dp_op *op) {
 static void bn_sync_backward(const lctx *c, const float *x, const float *dy, float *dx) {
   if (!dx) return;
   const dp_layer *l = c->l;
-  int n = c->rows, C = l->c;
+  int n = dp__bn_rows(l, c->rows), C = l->c;
   const float *g = layer_params(c), *st = bn_stats(c, 0);
   const float *sums = region(c->e, c->d, DP_REGION_ACTIVATIONS,
                              c->p->act[c->d].stats[c->i] + dp__bn_sync_bwd(C) * 4);
@@ -243,7 +243,7 @@ static void bn_sync_backward(const lctx *c, const float *x, const float *dy, flo
 static void bn_backward(const lctx *c, const float *x, const float *dy, float *dx,
                         float *grads) {
   const dp_layer *l = c->l;
-  int n = c->rows, C = l->c;
+  int n = dp__bn_rows(l, c->rows), C = l->c;
   size_t S = l->h ? (size_t)l->h * l->w : 1, M = (size_t)n * S;
   if (dp__bn_sync(c->p, c->i)) {
     bn_sync_backward(c, x, dy, dx);
@@ -414,8 +414,9 @@ ACT_FORWARD(tanh_forward, dp__tanhf)
 ACT_FORWARD(silu_forward, silu_of)
 ACT_BACKWARD(silu_backward, silu_grad)
 
-/* leaky_relu: x > 0 ? x : x slope (NaN: NaN); the backward by the output's
- * sign, which is the input's for a slope >= 0 (dp_model_add_leaky_relu) */
+/* leaky_relu: x > 0 ? x : x slope (NaN: NaN); the backward by the sign of
+ * xy: the output's, which is the input's for a slope >= 0 and keeps the input
+ * dead, or the input's itself for a negative slope (dp__layer_needs_input) */
 static inline DP_SIMD_BODY int
 leaky_forward_body(const float *restrict x, float *restrict y, size_t n, float slope) {
   for (size_t k = 0; k < n; k++) y[k] = x[k] > 0.0f ? x[k] : x[k] * slope;
@@ -425,17 +426,17 @@ DP_SIMD_FN(leaky_forward,
            (const float *restrict x, float *restrict y, size_t n, float slope),
            (x, y, n, slope))
 
-static inline DP_SIMD_BODY int leaky_backward_body(const float *restrict y,
+static inline DP_SIMD_BODY int leaky_backward_body(const float *restrict xy,
                                                    const float *restrict dy,
                                                    float *restrict dx, size_t n,
                                                    float slope) {
-  for (size_t k = 0; k < n; k++) dx[k] = y[k] > 0.0f ? dy[k] : dy[k] * slope;
+  for (size_t k = 0; k < n; k++) dx[k] = xy[k] > 0.0f ? dy[k] : dy[k] * slope;
   return 0;
 }
 DP_SIMD_FN(leaky_backward,
-           (const float *restrict y, const float *restrict dy, float *restrict dx, size_t n,
-            float slope),
-           (y, dy, dx, n, slope))
+           (const float *restrict xy, const float *restrict dy, float *restrict dx,
+            size_t n, float slope),
+           (xy, dy, dx, n, slope))
 
 /* relu_backward with dy = dx, in place (dp__relu_bwd_fused). */
 static inline DP_SIMD_BODY int relu_mask_body(const float *restrict y, float *restrict dx,
@@ -630,7 +631,9 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
     if (dx) silu_backward(layer_in(c), dy, dx, (size_t)n * out);
     break;
   case DP_LAYER_LEAKY_RELU:
-    if (dx) leaky_backward(layer_out(c), dy, dx, (size_t)n * out, l->slope);
+    if (dx)
+      leaky_backward(l->slope < 0.0f ? layer_in(c) : layer_out(c), dy, dx, (size_t)n * out,
+                     l->slope);
     break;
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;

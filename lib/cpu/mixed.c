@@ -230,8 +230,7 @@ static bool shadow_setup(const lctx *c, shadow *sh, lctx *s, bool bwd) {
   /* the backward reads its output only for these (dp__cpu_backward); else it
    * has none: its bytes may be the output gradient's by then (the planner
    * reuses dead activations), whose copy must not be the output's */
-  dp_layer_kind k = c->l->kind;
-  if (!bwd || dp__layer_needs_output(k))
+  if (!bwd || dp__layer_needs_output(c->l))
     ok &= widen(c, sh, c->o.out, bwd, false, &s->o.out);
   else
     s->o.out = DP_SPAN_NONE;

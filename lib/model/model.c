@@ -41,7 +41,10 @@ const char *dp_loss_name(dp_loss_kind l) {
 
 /* The internal spelling, kept for the library's own callers. */
 
-bool dp__layer_needs_input(dp_layer_kind k) {
+bool dp__layer_needs_input(const dp_layer *l) {
+  dp_layer_kind k = l->kind;
+  /* a negative slope: the output's sign is not the input's */
+  if (k == DP_LAYER_LEAKY_RELU) return l->slope < 0.0f;
   return k == DP_LAYER_LINEAR || k == DP_LAYER_GELU || k == DP_LAYER_GELU_ERF ||
          k == DP_LAYER_SILU || k == DP_LAYER_LAYERNORM || k == DP_LAYER_CONV2D ||
          k == DP_LAYER_MAXPOOL2D || /* maxpool: where the max was */
@@ -49,9 +52,10 @@ bool dp__layer_needs_input(dp_layer_kind k) {
          k == DP_LAYER_ATTENTION /* q, k, v */;
 }
 
-bool dp__layer_needs_output(dp_layer_kind k) {
+bool dp__layer_needs_output(const dp_layer *l) {
+  dp_layer_kind k = l->kind;
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID ||
-         k == DP_LAYER_LEAKY_RELU;
+         (k == DP_LAYER_LEAKY_RELU && l->slope >= 0.0f);
 }
 
 int dp__layer_stats_width(const dp_layer *l) {
@@ -369,16 +373,15 @@ dp_status dp_model_add(dp_model *m, dp_layer_kind kind) {
     dp_status fs = need_flat(m, "layernorm");
     if (fs) return fs;
   }
-  if (kind == DP_LAYER_BATCHNORM && cur_t(m))
-    return DP_FAIL(DP_ERR_INVALID, "batchnorm on a sequence is not supported; use "
-                                   "layernorm (over each position's features)");
   int w = cur_width(m);
   dp_layer l = {.kind = kind, .in = w, .out = w, .eps = DP_NORM_EPS, .momentum = 0.1};
   if (kind == DP_LAYER_LEAKY_RELU) l.slope = DP_LEAKY_SLOPE;
   if (kind == DP_LAYER_FLATTEN) l.c = w; /* flat from here on (h = w = 0) */
   if (kind == DP_LAYER_LAYERNORM)        /* over each position's features */
     l.n_params = 2 * (size_t)(cur_t(m) ? w / cur_t(m) : w);
-  if (kind == DP_LAYER_BATCHNORM) { /* 1d over the features, 2d over the channels */
+  /* 1d over the features, 2d over the channels; on a sequence over each
+   * position's features (dp__bn_rows) */
+  if (kind == DP_LAYER_BATCHNORM) {
     int c, h, ww;
     cur_shape(m, &c, &h, &ww);
     l.n_params = 2 * (size_t)c;
@@ -425,10 +428,8 @@ dp_status dp_model_add_batchnorm(dp_model *m, float eps, float momentum) {
 
 dp_status dp_model_add_leaky_relu(dp_model *m, float negative_slope) {
   if (!m) return DP_FAIL(DP_ERR_INVALID, "model is NULL");
-  if (!(negative_slope >= 0.0f && negative_slope <= FLT_MAX))
-    return DP_FAIL(DP_ERR_INVALID,
-                   "leaky_relu: negative_slope must be >= 0 and finite, got %g (the "
-                   "backward reads the output's sign)",
+  if (!(negative_slope >= -FLT_MAX && negative_slope <= FLT_MAX))
+    return DP_FAIL(DP_ERR_INVALID, "leaky_relu: negative_slope must be finite, got %g",
                    (double)negative_slope);
   dp_status s = dp_model_add(m, DP_LAYER_LEAKY_RELU);
   if (s) return s;

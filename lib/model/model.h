@@ -100,6 +100,11 @@ static inline double dp__bn_factor(const dp_layer *l, uint32_t count) {
   return l->momentum == DP_BN_CUMULATIVE ? 1.0 / (double)count : l->momentum;
 }
 
+/* The rows a batchnorm of n rows normalises over: on a sequence (T positions
+ * of c channels, channels last) each channel's n T values, which are the
+ * flat batchnorm's of n T rows of c (PyTorch's BatchNorm1d(c) on the (B, c, T)
+ * transpose); else n rows of c x S (S = H W, or 1). */
+static inline int dp__bn_rows(const dp_layer *l, int n) { return n * (l->t ? l->t : 1); }
 /* A batchnorm's buffers: 2 c floats and the count. */
 static inline size_t dp__bn_buffers(int c) { return 2 * (size_t)c + 1; }
 /* Floats a batchnorm's forward saves per micro-batch: mean, rstd and the
@@ -154,8 +159,8 @@ static inline size_t dp__param_floats(const dp_model *m) {
 }
 
 /* What a layer's backward reads from the forward pass. */
-bool dp__layer_needs_input(dp_layer_kind k);
-bool dp__layer_needs_output(dp_layer_kind k);
+bool dp__layer_needs_input(const dp_layer *l);
+bool dp__layer_needs_output(const dp_layer *l);
 /* Per-row float count of saved statistics (layernorm: mean and rstd per
  * position; attention: the probabilities (heads, t, t)); 0 when none, or too
  * many (dp_model refuses such a layer). */

@@ -581,8 +581,8 @@ static dp_status parse_line(dp_model **m, const token *t, int nt, where w) {
     return parse_norm(m, t, nt, w);
   if (tok_is(kw, "leaky_relu") && nt >= 2) { /* leaky_relu SLOPE */
     float slope = 0.0f;
-    dp_status s = parse_real(&t[1], w, "leaky_relu: negative_slope", "a number >= 0", 0.0,
-                             false, FLT_MAX, &slope);
+    dp_status s = parse_real(&t[1], w, "leaky_relu: negative_slope", "a finite number",
+                             -FLT_MAX, false, FLT_MAX, &slope);
     if (s || (s = no_more(t, nt, 2, w, "leaky_relu"))) return s;
     return at(dp_model_add_leaky_relu(*m, slope), w, kw->col);
   }
