@@ -62,6 +62,39 @@ static const char RESNET_PROJ_SPEC[] = "input 3 8 8\n"
                                        "linear 5\n"
                                        "loss softmax_cross_entropy\n";
 
+/* Residual blocks around batchnorm on flat rows, for sync batchnorm (whose
+ * backward stops at every batchnorm, inside the blocks): a block on the
+ * model's input (its skip gradient is the input's, none), a post-activation
+ * block (linear, batchnorm, relu), a pre-activation one (batchnorm first,
+ * right after the begin) with a block nested in it, and a last block that
+ * ends the model (its skip gradient is the output's); 12 inputs, 5 classes. */
+static const char RESNET_MLP_SPEC[] = "input 12\n"
+                                      "residual\n"
+                                      "  linear 12\n"
+                                      "  batchnorm\n"
+                                      "end\n"
+                                      "linear 8\n"
+                                      "residual\n"
+                                      "  linear 8\n"
+                                      "  batchnorm\n"
+                                      "  relu\n"
+                                      "end\n"
+                                      "residual\n"
+                                      "  batchnorm\n"
+                                      "  tanh\n"
+                                      "  residual\n"
+                                      "    linear 8 nobias\n"
+                                      "    batchnorm\n"
+                                      "  end\n"
+                                      "  linear 8\n"
+                                      "end\n"
+                                      "linear 5\n"
+                                      "residual\n"
+                                      "  batchnorm\n"
+                                      "  linear 5\n"
+                                      "end\n"
+                                      "loss softmax_cross_entropy\n";
+
 /* GPT_SPEC with dropout on the attention probabilities and a tied output head. */
 static const char GPT_ADROP_SPEC[] =
     "input tokens 6\n"

@@ -636,6 +636,28 @@ static int shortcut_of(const dp_model *m, int r) {
     if (m->layers[i].kind == DP_LAYER_SHORTCUT && m->layers[i].link == r) return i;
   return -1;
 }
+/* The gradient of layer o's output (o its grad_owner_of) holds all of a
+ * device's rows where a sync batchnorm lies between the layer that writes it
+ * (the first that is no view above it; past a shortcut, f's output's: the
+ * block's end) and the last that reads it (o; a plain block's end's and a
+ * shortcut's: the block's begin, which adds it to x's): the backward runs a
+ * segment's micro-batches all through before the batchnorm's sums, so it
+ * holds them all from one segment to the next. */
+static int is_sync_bn(const dp_plan *p, int i);
+static int dact_all_rows(const dp_plan *p, int o) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers, w = o + 1, r = o;
+  if (o < 0 || o >= L - 1) return 0;
+  while (w < L - 1 && is_view(m, w) && m->layers[w].kind != DP_LAYER_SHORTCUT) w++;
+  if (m->layers[w].kind == DP_LAYER_SHORTCUT) w = m->layers[m->layers[w].link].link;
+  if ((m->layers[o].kind == DP_LAYER_RESIDUAL_END &&
+       shortcut_of(m, m->layers[o].link) < 0) ||
+      m->layers[o].kind == DP_LAYER_SHORTCUT)
+    r = m->layers[o].link;
+  for (int b = r; b < w; b++)
+    if (is_sync_bn(p, b)) return 1;
+  return 0;
+}
 static int layer_reads_output(const dp_layer *l) {
   dp_layer_kind k = l->kind;
   return k == DP_LAYER_RELU || k == DP_LAYER_TANH || k == DP_LAYER_SIGMOID ||
@@ -824,7 +846,8 @@ static void check_act_layout(const dp_plan *p, int d) {
       REQ(a->stats[i] == SIZE_MAX, "device %d stats[%d] of a view", d, i);
       if (g ==
           i) { /* a shortcut: g's input gradient, one micro-batch, unless x is the input */
-        size_t size = (size_t)a->mb_rows * (size_t)l->out * 4;
+        size_t size = dact_all_rows(p, i) ? slices_bytes(p, d, l->out)
+                                          : (size_t)a->mb_rows * (size_t)l->out * 4;
         if (!train || o < 0) {
           REQ(a->dact[i] == SIZE_MAX, "device %d dact[%d] should not exist", d, i);
           continue;
@@ -856,28 +879,30 @@ static void check_act_layout(const dp_plan *p, int d) {
       int present;
       size_t size;
       const char *what;
-    } b[5] = {/* none for a linear whose relu the backend runs in its epilogue */
-              {a->act[i], i < L - 1 && !relu_fwd_fused(p, i + 1),
-               rc ? one * out : slices_bytes(p, d, (int)out), "act"},
-              /* layernorm: mean and rstd per row; batchnorm (training): per
-                 replica, mean, rstd and the unbiased variance per channel, per
-                 micro-batch of the device; sync, the whole batch's statistics,
-                 the backward sums and the partials (sb_floats) */
-              {a->stats[i],
-               l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_ATTENTION ||
-                   (l->kind == DP_LAYER_BATCHNORM && train),
-               sw && rc ? one * (size_t)sw
-               : sw     ? slices_bytes(p, d, sw)
-               : sync   ? sb_floats(l->c, n_mb) * 4
-                        : (size_t)n_mb * 3 * C * 4,
-               "stats"},
-              /* the gradient of the output: one micro-batch's, or with sync
-                 batchnorm all of the device's rows (the backward waits there
-                 for the whole batch's sums) */
-              {a->dact[i], train && i < L - 1 && !relu_bwd_fused(p, i),
-               sync ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4, "dact"},
-              {a->rc_act[i], rc == 1, one * out, "rc_act"},
-              {a->rc_stats[i], rc == 1 && sw, one * (size_t)sw, "rc_stats"}};
+    } b[5] = {
+        /* none for a linear whose relu the backend runs in its epilogue */
+        {a->act[i], i < L - 1 && !relu_fwd_fused(p, i + 1),
+         rc ? one * out : slices_bytes(p, d, (int)out), "act"},
+        /* layernorm: mean and rstd per row; batchnorm (training): per
+           replica, mean, rstd and the unbiased variance per channel, per
+           micro-batch of the device; sync, the whole batch's statistics,
+           the backward sums and the partials (sb_floats) */
+        {a->stats[i],
+         l->kind == DP_LAYER_LAYERNORM || l->kind == DP_LAYER_ATTENTION ||
+             (l->kind == DP_LAYER_BATCHNORM && train),
+         sw && rc ? one * (size_t)sw
+         : sw     ? slices_bytes(p, d, sw)
+         : sync   ? sb_floats(l->c, n_mb) * 4
+                  : (size_t)n_mb * 3 * C * 4,
+         "stats"},
+        /* the gradient of the output: one micro-batch's, or all of the
+           device's rows where the backward waits for a sync batchnorm's
+           sums between its writer and its last reader */
+        {a->dact[i], train && i < L - 1 && !relu_bwd_fused(p, i),
+         dact_all_rows(p, i) ? slices_bytes(p, d, (int)out) : (size_t)a->mb_rows * out * 4,
+         "dact"},
+        {a->rc_act[i], rc == 1, one * out, "rc_act"},
+        {a->rc_stats[i], rc == 1 && sw, one * (size_t)sw, "rc_stats"}};
     for (int j = 0; j < 5; j++) {
       if (!b[j].present) {
         REQ(b[j].off == SIZE_MAX, "device %d %s[%d] should not exist", d, b[j].what, i);
@@ -977,9 +1002,9 @@ static void sim_act(sim *s, const dp_op *op, int o, size_t width, int write) {
 }
 
 /* The gradient of layer o's output for the op's micro-batch: a buffer of one
- * micro-batch, or its rows of a sync batchnorm's (all of the device's rows). */
+ * micro-batch, or its rows of all of the device's (dact_all_rows). */
 static void sim_dact(sim *s, const dp_op *op, int o, size_t width, int write) {
-  size_t at = s->a->dact[o] + (is_sync_bn(s->p, o) ? op_local(s, op) * width * 4 : 0);
+  size_t at = s->a->dact[o] + (dact_all_rows(s->p, o) ? op_local(s, op) * width * 4 : 0);
   touch(s, K_DACT, o, op->micro_batch - s->mb0, at, at + (size_t)op->rows * width * 4,
         write);
 }
@@ -2081,7 +2106,8 @@ END_TEST
  * before the backward reads it, and no pieces live together share a byte):
  * the MLP of every kind, a CNN with batchnorm per replica and sync, the GPT,
  * and a ResNet with projection shortcuts (x read past f by g, f's output by the
- * end), segments of 2, 3 and 5 layers, on 1 to 3 devices with 1 to 6
+ * end; batchnorm per replica and sync), residual MLP blocks with sync
+ * batchnorm, segments of 2, 3 and 5 layers, on 1 to 3 devices with 1 to 6
  * micro-batches each, at the planned batch and smaller ones; and every one of
  * them recomputes something. Its training runs are in the determinism suite. */
 /* A block whose f starts with tanh (its backward reads its output, not x), so
@@ -2105,6 +2131,8 @@ START_TEST(recompute_plans_keep_every_invariant) {
             {BN_CNN, DP_BN_SYNC},
             {GPT_SPEC, DP_BN_PER_REPLICA},
             {RESNET_PROJ_SPEC, DP_BN_PER_REPLICA},
+            {RESNET_PROJ_SPEC, DP_BN_SYNC},
+            {RESNET_MLP_SPEC, DP_BN_SYNC},
             {SHORTCUT_ONLY_READER, DP_BN_PER_REPLICA}};
   static const int devs[][2] = {{1, 0}, {1, 2}, {2, 3}, {3, 1}}; /* devices, micro-batch */
   for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
@@ -2404,6 +2432,78 @@ START_TEST(random_sync_batchnorm_plans_keep_every_invariant) {
     c.batchnorm = DP_BN_SYNC;
     if (rnd(3)) c.micro_batch = 1 + (int)rnd(4);
     c.inference = rnd(4) == 0;
+    dp_plan *p = plan_of(m, &c);
+    check_plan(p);
+    int B = c.batch, rows[] = {1 + (int)rnd((uint32_t)B), B > 1 ? B - 1 : 1};
+    for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
+      if (!c.inference) check_smaller_batch(p, rows[j], 1);
+      check_smaller_batch(p, rows[j], 0);
+    }
+    dp_plan_free(p);
+    dp_model_free(m);
+  }
+}
+END_TEST
+
+/* A random flat model of residual blocks (nested up to 3 deep, some with a
+ * shortcut, empty of nothing) around linear, batchnorm, relu and tanh layers
+ * of one width, with at least one batchnorm. */
+static dp_model *random_residual_bn_model(void) {
+  for (;;) {
+    dp_model *m = NULL;
+    ck_assert_int_eq(dp_model_new(2 + (int)rnd(10), &m), DP_OK);
+    int w = m->input_width, n = 4 + (int)rnd(14), depth = 0, n_bn = 0;
+    int part[4] = {0}, sc[4] = {0}; /* layers in f (or g) of each open block, a shortcut */
+    for (int i = 0; i < n || depth > 0; i++) {
+      int r = (int)rnd(8);
+      if (i < n && r == 0 && depth < 3) {
+        ck_assert_int_eq(dp_model_begin_residual(m), DP_OK);
+        depth++;
+        part[depth] = sc[depth] = 0;
+        continue;
+      }
+      if (depth > 0 && part[depth] > 0 && (i >= n || r == 1)) {
+        if (!sc[depth] && rnd(3) == 0) {
+          ck_assert_int_eq(dp_model_begin_shortcut(m), DP_OK);
+          sc[depth] = 1;
+          part[depth] = 0;
+          continue;
+        }
+        ck_assert_int_eq(dp_model_end_residual(m), DP_OK);
+        part[--depth]++;
+        continue;
+      }
+      switch (rnd(4)) {
+      case 0: ck_assert_int_eq(dp_model_add_linear(m, w, (int)rnd(2)), DP_OK); break;
+      case 1:
+        ck_assert_int_eq(dp_model_add(m, DP_LAYER_BATCHNORM), DP_OK);
+        n_bn++;
+        break;
+      case 2: ck_assert_int_eq(dp_model_add(m, DP_LAYER_RELU), DP_OK); break;
+      default: ck_assert_int_eq(dp_model_add(m, DP_LAYER_TANH), DP_OK); break;
+      }
+      part[depth]++;
+    }
+    ck_assert_int_eq(dp_model_add_linear(m, 1 + (int)rnd(5), 1), DP_OK);
+    ck_assert_int_eq(dp_model_set_loss(m, DP_LOSS_MSE), DP_OK);
+    if (n_bn) return m;
+    dp_model_free(m);
+  }
+}
+
+/* Sync batchnorm in random residual blocks (a batchnorm anywhere in f, in g,
+ * nested, right after a begin, before an end): every plan invariant and the
+ * liveness simulation, with recompute or without, on 1..6 devices with
+ * several micro-batches each, at the planned batch and smaller ones. */
+START_TEST(random_residual_sync_batchnorm_plans_keep_every_invariant) {
+  rng_state = 0x5EB10C;
+  for (int it = 0; it < 150; it++) {
+    dp_model *m = random_residual_bn_model();
+    dp_config c = random_config(24, 6);
+    c.backend = DP_BACKEND_CPU;
+    c.batchnorm = DP_BN_SYNC;
+    if (rnd(3)) c.micro_batch = 1 + (int)rnd(4);
+    c.recompute = rnd(3) ? 0 : 2 + (int)rnd(3);
     dp_plan *p = plan_of(m, &c);
     check_plan(p);
     int B = c.batch, rows[] = {1 + (int)rnd((uint32_t)B), B > 1 ? B - 1 : 1};
@@ -3581,8 +3681,9 @@ static void plan_refused(const dp_model *m, const dp_config *c, dp_status want,
  * end's forward, the shortcut's own gradient (g's input's) from g's first
  * backward to the begin's; with a plain block nested in f and in g, several
  * micro-batches, training and inference; a guarded context trains with its
- * guards intact; a block on the model's input keeps no shortcut gradient; and
- * sync batchnorm is refused (recompute: recompute_plans_keep_every_invariant). */
+ * guards intact; a block on the model's input keeps no shortcut gradient
+ * (recompute: recompute_plans_keep_every_invariant; sync batchnorm:
+ * sync_bn_residual_plans_keep_every_invariant). */
 START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
   dp_model *m = model_of(RESNET_PROJ_SPEC);
   int s = 16, x = 7; /* the shortcut, the owner of its block's input */
@@ -3623,10 +3724,8 @@ START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
     dp_ctx_free(ctx);
     dp_plan_free(p);
   }
-  dp_config c = config_of(8, 2, DP_OPT_SGD);
-  c.batchnorm = DP_BN_SYNC;
-  plan_refused(m, &c, DP_ERR_UNSUPPORTED, "sync batchnorm in a model with residual blocks");
   dp_model_free(m);
+  dp_config c;
   /* on the model's input: g's first layer has no input gradient to write */
   m = model_of("input 1 4 4\nresidual\nconv2d 2 3 padding 1\nrelu\nshortcut\n"
                "conv2d 2 1\nend\nflatten\nlinear 3\nloss mse\n");
@@ -3640,6 +3739,48 @@ START_TEST(shortcut_plans_keep_every_invariant_with_guards_and_micro_batches) {
     dp_plan_free(p);
   }
   dp_model_free(m);
+}
+END_TEST
+
+/* Sync batchnorm inside residual blocks through every plan invariant, the
+ * liveness simulation included: the backward stops at each batchnorm for the
+ * whole batch's sums, so a block's skip gradient (a plain block's end's
+ * output gradient, a shortcut's, f's output's) that a batchnorm's segments
+ * cut holds all of the device's micro-batches from its writer's segment to
+ * its reader's, as the batchnorm's own does; the ResNet (identity block,
+ * projection block with batchnorm in f and g, nested blocks) and the MLP of
+ * RESNET_MLP_SPEC, in every layout, with and without recompute, at the
+ * planned batch and smaller ones. */
+START_TEST(sync_bn_residual_plans_keep_every_invariant) {
+  static const char *const specs[] = {RESNET_PROJ_SPEC, RESNET_MLP_SPEC};
+  for (size_t sp = 0; sp < 2; sp++) {
+    dp_model *m = model_of(specs[sp]);
+    int n_all = 0; /* skip gradients that hold every micro-batch */
+    for (size_t k = 0; k < N_LAYOUTS; k++)
+      for (int rc = 0; rc <= 3; rc += rc ? 1 : 2) {
+        dp_config c = layout_config(k, DP_OPT_MOMENTUM);
+        c.batchnorm = DP_BN_SYNC;
+        c.recompute = LAYOUTS[k].inf ? 0 : rc;
+        dp_plan *p = plan_of(m, &c);
+        if (c.mode == DP_MODE_CLASSIC) {
+          check_plan(p);
+          for (int rows = 1; rows < 11; rows += 4)
+            check_smaller_batch(p, rows, !c.inference);
+        } else {
+          for (int d = 0; d < dp_plan_n_devices(p); d++) check_act_layout(p, d);
+          sched_view v = plan_view(p);
+          for (int d = 0; d < dp_plan_n_devices(p); d++)
+            check_liveness_by_simulation(p, &v, d);
+        }
+        ck_assert_int_eq(dp__plan_verify(p), DP_OK);
+        for (int i = 0; i < m->n_layers; i++)
+          n_all +=
+              !is_sync_bn(p, i) && dact_all_rows(p, i) && p->act[0].dact[i] != SIZE_MAX;
+        dp_plan_free(p);
+      }
+    ck_assert_int_gt(n_all, 0);
+    dp_model_free(m);
+  }
 }
 END_TEST
 
@@ -4351,6 +4492,8 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, random_plans_keep_every_invariant);
   tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
   tcase_add_test(tc, shortcut_plans_keep_every_invariant_with_guards_and_micro_batches);
+  tcase_add_test(tc, sync_bn_residual_plans_keep_every_invariant);
+  tcase_add_test(tc, random_residual_sync_batchnorm_plans_keep_every_invariant);
   tcase_add_test(tc, reduce_bf16_plans_keep_every_invariant);
   tcase_add_test(tc, reduce_bf16_halves_the_bytes_between_processes);
   tcase_add_test(tc, reduce_precision_refuses_unknown_values);

@@ -23,9 +23,9 @@ static dp_span slice_at(const dp_plan *p, int r, size_t at, int j, int rows, int
 
 /* The micro-batch's rows of the gradient of layer o's output (o owns its
  * buffer): the buffer holds one micro-batch, or all of the device's micro-batches
- * for a sync batchnorm. */
+ * where sync batchnorm's backward segments cut its use (dp__dact_all). */
 static dp_span dact_rows(const dp_plan *p, int d, int o, int j, int rows, int width) {
-  return slice_at(p, DP_REGION_ACTIVATIONS, p->act[d].dact[o], dp__bn_sync(p, o) ? j : 0,
+  return slice_at(p, DP_REGION_ACTIVATIONS, p->act[d].dact[o], dp__dact_all(p, o) ? j : 0,
                   rows, width, dp__act_esz(p));
 }
 

@@ -164,8 +164,8 @@ static dp_status check_precision(const dp_config *c, const dp_backend_ops *be) {
   return DP_OK;
 }
 
-/* The model's layers are ones the backend runs, its residual blocks closed,
- * and (sync batchnorm) none of them (bn: the model has a batchnorm). */
+/* The model's layers are ones the backend runs and its residual blocks
+ * closed (bn: the model has a batchnorm). */
 static dp_status check_layers_run(const dp_model *m, const dp_config *c,
                                   const dp_backend_ops *be, bool bn) {
   if (bn && !be->batchnorm)
@@ -199,12 +199,6 @@ static dp_status check_layers_run(const dp_model *m, const dp_config *c,
   if (dp__model_open_residual(m) >= 0)
     return DP_FAIL(DP_ERR_INVALID, "the residual block at layer %d has no end",
                    dp__model_open_residual(m));
-  if (bn && c->batchnorm == DP_BN_SYNC && !c->inference)
-    for (int i = 0; i < m->n_layers; i++)
-      if (m->layers[i].kind == DP_LAYER_RESIDUAL)
-        return DP_FAIL(DP_ERR_UNSUPPORTED,
-                       "sync batchnorm in a model with residual blocks is not supported "
-                       "yet; use batchnorm per_replica");
   return DP_OK;
 }
 
@@ -404,7 +398,8 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
   *out = 0;
   /* a shortcut's gradient (g's input's, until the block's begin adds it to x's) */
   if (l->kind == DP_LAYER_SHORTCUT && kind == 2 && train && dp__act_owner(m, i) >= 0)
-    return mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
+    return dp__dact_all(p, i) ? rows_bytes(p, d, l->out, e, out)
+                              : mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
   if (dp__layer_is_view(m, i)) return true;
   switch (kind) {
   case 0:
@@ -419,9 +414,9 @@ static bool act_bytes(const dp_plan *p, int d, int kind, int i, size_t *out) {
     return mul3(dp__bn_sync(p, i) ? dp__bn_sync_floats(l->c, n_mb)
                                   : (size_t)n_mb * dp__bn_stats(l->c),
                 1, 4, out);
-  default: /* per micro-batch, or all rows where the backward waits (sync batchnorm) */
+  default: /* per micro-batch, or all rows across a sync batchnorm (dp__dact_all) */
     if (!train || i == m->n_layers - 1) return true;
-    if (dp__bn_sync(p, i)) return rows_bytes(p, d, l->out, e, out);
+    if (dp__dact_all(p, i)) return rows_bytes(p, d, l->out, e, out);
     return mul3((size_t)a->mb_rows, (size_t)l->out, e, out);
   }
 }
@@ -592,35 +587,65 @@ static bool add_buf(const dp_plan *p, int d, int kind, int i, int first, int las
   return true;
 }
 
-/* The gradient of layer i's output (e: its last view), per micro-batch: from
- * the reader's backward to this layer's. A sync batchnorm's holds all rows:
- * the backward runs in segments between sync batchnorms, each micro-batch
- * through all of a segment's layers before the next, so it lives through the
- * segment above (from the start of the backward) and the one below it (to the
- * next sync batchnorm's backward, or the end). */
-static dp_live_buf dact_live(const dp_plan *p, int i, int e, int n_mb) {
-  const dp_model *m = &p->model;
+/* The layers whose backward first writes (*w) and last reads (*r) the
+ * gradient of layer i's output (e: its last view): the reader's, then this
+ * layer's. */
+static void dact_users(const dp_model *m, bool relu_bwd_fused, int i, int e, int *w,
+                       int *r) {
   int L = m->n_layers, reader = e + 1;
-  dp_live_buf b = {.align = p->align, .first = p->t_b[reader], .last = p->t_b[i]};
+  *w = reader;
+  *r = i;
   /* a residual end's output gradient reaches its block's input too: the
    * begin's backward adds it, after the block's layers (with a shortcut the
    * end copies it to f's output gradient, and the begin adds g's input
    * gradient, the shortcut's, instead) */
-  int r = m->layers[i].link;
-  if ((m->layers[i].kind == DP_LAYER_RESIDUAL_END && dp__block_shortcut(m, r) < 0) ||
+  int b = m->layers[i].link;
+  if ((m->layers[i].kind == DP_LAYER_RESIDUAL_END && dp__block_shortcut(m, b) < 0) ||
       m->layers[i].kind == DP_LAYER_SHORTCUT)
-    b.last = p->t_b[r];
+    *r = b;
   /* f's output gradient: written by its block's end's backward */
   if (reader < L && m->layers[reader].kind == DP_LAYER_SHORTCUT)
-    b.first = p->t_b[m->layers[m->layers[reader].link].link];
+    *w = m->layers[m->layers[reader].link].link;
   /* a relu whose backward runs in the next linear's grad-input product: the
    * relu's input gradient is written there, and its output gradient is never
    * made */
-  if (dp__relu_bwd_fused(p, reader)) b.first = p->t_b[reader + 1];
-  if (dp__bn_sync(p, i) && n_mb > 1) {
-    int below = i - 1;
-    while (below >= 0 && !dp__bn_sync(p, below)) below--;
-    b.first = L;
+  if (relu_bwd_fused) *w = reader + 1;
+}
+
+/* The next sync batchnorm at or below layer i, or -1. */
+static int sync_at_or_below(const dp_plan *p, int i) {
+  while (i >= 0 && !dp__bn_sync(p, i)) i--;
+  return i;
+}
+
+bool dp__dact_all(const dp_plan *p, int o) {
+  const dp_model *m = &p->model;
+  int L = m->n_layers;
+  if (p->cfg.inference || p->cfg.batchnorm != DP_BN_SYNC) return false;
+  o = dp__grad_owner(m, o);
+  if (o < 0 || o >= L - 1) return false;
+  int e = o, w, r;
+  while (e + 1 < L && dp__views_prev(m, e + 1)) e++;
+  dact_users(m, dp__relu_bwd_fused(p, e + 1), o, e, &w, &r);
+  /* a sync batchnorm in [r, w): the backward stops there between them */
+  return sync_at_or_below(p, w - 1) >= r;
+}
+
+/* The gradient of layer i's output (e: its last view), per micro-batch: from
+ * the writer's backward to the last reader's. One that a sync batchnorm's
+ * backward segments cut (dp__dact_all: the batchnorm's own, a residual
+ * block's skip gradient past one) holds all rows: the backward runs in
+ * segments between sync batchnorms, each micro-batch through all of a
+ * segment's layers before the next, so it lives from the start of the
+ * backward to the end of its last reader's segment (the next sync
+ * batchnorm's backward, or the end). */
+static dp_live_buf dact_live(const dp_plan *p, int i, int e, int n_mb) {
+  int w, r;
+  dact_users(&p->model, dp__relu_bwd_fused(p, e + 1), i, e, &w, &r);
+  dp_live_buf b = {.align = p->align, .first = p->t_b[w], .last = p->t_b[r]};
+  if (dp__dact_all(p, i) && n_mb > 1) {
+    int below = sync_at_or_below(p, r - 1);
+    b.first = p->model.n_layers;
     b.last = below >= 0 ? p->t_b[below] : p->t_end;
   }
   return b;

@@ -232,6 +232,11 @@ static inline bool dp__bn_sync(const dp_plan *p, int i) {
   return !p->cfg.inference && p->cfg.batchnorm == DP_BN_SYNC &&
          p->model.layers[i].kind == DP_LAYER_BATCHNORM;
 }
+/* The gradient of layer o's output (o: its owner, or a view of it) is kept
+ * for all of the device's rows: a sync batchnorm's backward segments part
+ * the layer that writes it from the last that reads it (the batchnorm's
+ * own; a residual block's skip gradient past one). */
+bool dp__dact_all(const dp_plan *p, int o);
 /* What the ranks of a job compare at start: hashes of the model, the config,
  * the schedule and the build (version, compiler). */
 #define DP_PLAN_HASHES 4
