@@ -212,6 +212,51 @@ START_TEST(twelve_setups_same_bits_resnet_shortcut) {
 }
 END_TEST
 
+/* torchvision's identity block twice, the second nested in the first (conv2d,
+ * batchnorm and relu inside; the end's output gradient passes two
+ * batchnorms on its way to the begin), on RESNET_SPEC's input. */
+static const char RESNET_NESTED_SPEC[] =
+    "input 1 3 4\n"
+    "conv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\n"
+    "residual\n"
+    "conv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\n"
+    "residual\n"
+    "conv2d 4 3 padding 1 nobias\nbatchnorm\n"
+    "end\n"
+    "end\n"
+    "relu\nflatten\nlinear 5\nloss softmax_cross_entropy\n";
+
+/* Sync batchnorm inside residual blocks (the backward stops at each
+ * batchnorm for the whole batch's sums, while a block's skip gradient waits
+ * for its begin, below): the projection block, the nested identity blocks
+ * and the residual MLP (tests/specs.h), 10 steps (two short batches among
+ * them) of SGD with momentum, fp32 and bf16: one hash on 1, 2, 4 and 8
+ * devices, classic, allreduce and sharded; other than per replica's. */
+START_TEST(sync_bn_residual_same_bits_everywhere) {
+  static const char *const specs[] = {RESNET_SPEC, RESNET_NESTED_SPEC, RESNET_MLP_SPEC};
+  for (size_t k = 0; k < 3; k++)
+    for (int bf = 0; bf < 2; bf++) {
+      spec_in_use = specs[k];
+      precision_in_use = bf ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+      bn_in_use = DP_BN_PER_REPLICA;
+      uint64_t per_replica = run(SETUPS[0], DP_OPT_MOMENTUM, 10, MB);
+      bn_in_use = DP_BN_SYNC;
+      uint64_t ref = run(SETUPS[0], DP_OPT_MOMENTUM, 10, MB);
+      ck_assert_uint_ne(ref, 0);
+      ck_assert_uint_ne(ref, per_replica);
+      for (int i = 1; i < N_SETUPS; i++) {
+        uint64_t h = run(SETUPS[i], DP_OPT_MOMENTUM, 10, MB);
+        ck_assert_msg(h == ref, "spec %zu, %s, %d devices, %s: %016llx, 1 device: %016llx",
+                      k, bf ? "bf16" : "fp32", SETUPS[i].devices, mode_name(SETUPS[i]),
+                      (unsigned long long)h, (unsigned long long)ref);
+      }
+    }
+  precision_in_use = DP_PRECISION_FP32;
+  bn_in_use = DP_BN_PER_REPLICA;
+  spec_in_use = NULL;
+}
+END_TEST
+
 /* The GPT (tests/specs.h: residual blocks, attention, dropout), 3 AdamW steps
  * with micro-batches of 2 rows: one parameter hash on 1, 2 and 4 devices in
  * classic, allreduce and allreduce with a sharded optimizer (4 devices: one
@@ -503,7 +548,8 @@ static const char BN_CNN_SPEC[] =
 
 /* The models and batchnorm modes of the bit-identity checks below: the MLP of
  * every layer kind, the CNN, a CNN with batchnorm per replica and sync, the
- * ResNet block with its projection shortcut. */
+ * ResNet block with its projection shortcut (per replica and sync), the
+ * residual MLP with sync batchnorm. */
 static const struct {
   const char *spec;
   dp_bn_mode bn;
@@ -511,7 +557,9 @@ static const struct {
                    {CNN_SPEC, DP_BN_PER_REPLICA},
                    {BN_CNN_SPEC, DP_BN_PER_REPLICA},
                    {BN_CNN_SPEC, DP_BN_SYNC},
-                   {RESNET_SPEC, DP_BN_PER_REPLICA}};
+                   {RESNET_SPEC, DP_BN_PER_REPLICA},
+                   {RESNET_SPEC, DP_BN_SYNC},
+                   {RESNET_MLP_SPEC, DP_BN_SYNC}};
 enum { N_MODEL_CASES = sizeof MODEL_CASES / sizeof *MODEL_CASES };
 
 START_TEST(recompute_gives_the_same_bits) {
@@ -879,6 +927,7 @@ Suite *determinism_suite(void) {
   tcase_add_test(tc, twelve_setups_same_bits_cnn);
   tcase_add_test(tc, twelve_setups_same_bits_padded_pools);
   tcase_add_test(tc, twelve_setups_same_bits_resnet_shortcut);
+  tcase_add_test(tc, sync_bn_residual_same_bits_everywhere);
   tcase_add_test(tc, shared_ops_keep_the_bits_with_many_micro_batches);
   tcase_add_test(tc, gpt_same_bits_on_1_2_4_devices_in_every_mode);
   tcase_add_test(tc, gpt_attention_dropout_same_bits_everywhere);
