@@ -339,6 +339,7 @@ static const char *const golden_cases[] = {"seed",
                                            "amsgrad_mlp",
                                            "bf16_amsgrad_mlp",
                                            "resnet_proj", /* projection shortcuts */
+                                           "resnet_sync", /* ... with sync batchnorm */
                                            "bf16_leaky_neg"};
 #define N_GOLDEN_CASES ((int)(sizeof golden_cases / sizeof golden_cases[0]))
 /* adam_*: torch.optim.Adam (coupled L2 weight decay 0.05) besides the usual
@@ -1150,7 +1151,7 @@ static void check_same_run_bits(const char *case_name, const char *prefix,
  * per_replica mode with the whole batch as one micro-batch (the same
  * statistics: the sync data checked against per_replica's code too). */
 static const char *const sync_cases[] = {"bn_sync_mlp", "bn_sync_cnn", "bn_sync_two",
-                                         "bn_sync_opts"};
+                                         "bn_sync_opts", "resnet_sync"};
 static const char *const file_mb_cases[] = {"bn_mlp",      "bn_cnn",          "bn_two",
                                             "bn_opts_mlp", "bn_opts_cnn",     "bf16_bn_mlp",
                                             "bf16_bn_cnn", "bf16_bn_sync_cnn"};
