@@ -2358,9 +2358,10 @@ START_TEST(recompute_same_bits_as_without) {
   recompute_same_bits(ngpu, BN_CNN_CE, DP_BN_PER_REPLICA);
   recompute_same_bits(ngpu, BN_CNN_CE, DP_BN_SYNC);
   recompute_same_bits(ngpu, RESNET_PROJ_SPEC, DP_BN_PER_REPLICA);
+  recompute_same_bits(ngpu, RESNET_PROJ_SPEC, DP_BN_SYNC);
   fprintf(stderr, "cuda: recompute 3: the bits of the run without it (mixed ce, bn cnn ce "
-                  "per replica and sync, resnet with a projection shortcut; 1, 2, 4 "
-                  "replicas, classic and allreduce)\n");
+                  "per replica and sync, resnet with a projection shortcut per replica "
+                  "and sync; 1, 2, 4 replicas, classic and allreduce)\n");
 }
 END_TEST
 
@@ -3004,9 +3005,9 @@ static uint64_t params_and_stats_hash(rig *r) {
 
 /* A ResNet downsampling block (a projection shortcut, f(x) + g(x)): 3x9x7 ->
  * conv 4x9x7 -> f: conv stride 2 6x5x4, conv; g: conv1x1 stride 2 6x5x4,
- * batchnorm per replica. Every op against the cpu backend's (the end's copy to
- * f's output gradient, the begin's add of g's input gradient), fp32, training
- * and inference; and bf16 within bf16's precision of the cpu's bf16, the same
+ * batchnorm per replica and sync. Every op against the cpu backend's (the end's
+ * copy to f's output gradient, the begin's add of g's input gradient), fp32,
+ * training and inference; and bf16 within bf16's precision of the cpu's bf16, the same
  * bits twice. */
 static const char *const RESNET_CE =
     "input 3 9 7\nconv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\nresidual\n"
@@ -3023,6 +3024,12 @@ START_TEST(shortcut_ops_match_cpu) {
   c = test_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD);
   c.inference = 1;
   check_every_compute_op("resnet ce, inference plan, 2 replicas", RESNET_CE, &c, 0);
+  /* sync batchnorm: the skip gradients that its backward segments cut hold
+   * every micro-batch of the device */
+  c = bn_config(ngpu, 37, 2, 5, DP_MODE_CLASSIC, DP_OPT_SGD, DP_BN_SYNC);
+  check_every_compute_op("resnet ce sync, classic sgd, 2 replicas", RESNET_CE, &c, 0);
+  c = bn_config(ngpu, 37, 3, 5, DP_MODE_ALLREDUCE, DP_OPT_ADAMW, DP_BN_SYNC);
+  check_every_compute_op("resnet ce sync, allreduce adamw, 3 replicas", RESNET_CE, &c, 1);
   dp_config g = bf16_config(ngpu, 8, 2, 2, DP_MODE_ALLREDUCE), cc = g;
   cc.backend = DP_BACKEND_CPU;
   for (int d = 0; d < DP_MAX_DEVICES; d++) cc.device_ids[d] = d;
