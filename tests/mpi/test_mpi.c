@@ -427,13 +427,21 @@ static uint64_t bn_state(dp_ctx *c, const dp_model *m) {
  * forward and of the backward; the job gives one process's bits (parameters
  * and running statistics, full and short batches, an eval forward), and a
  * fault at any cross-rank copy of those trees is refused on every rank with
- * nothing moved. */
-static void check_sync_batchnorm(void) {
-  static const char *BN_SPEC = "input 1 3 4\nconv2d 3 2 padding 1 nobias\nbatchnorm\n"
-                               "relu\nflatten\nlinear 16 nobias\nbatchnorm\ntanh\n"
-                               "linear 5\nloss softmax_cross_entropy\n";
+ * nothing moved. A CNN, and a ResNet (an identity block, then a projection
+ * block, batchnorm in f and g: skip gradients wait across the sums). */
+static const char *const BN_SPEC = "input 1 3 4\nconv2d 3 2 padding 1 nobias\nbatchnorm\n"
+                                   "relu\nflatten\nlinear 16 nobias\nbatchnorm\ntanh\n"
+                                   "linear 5\nloss softmax_cross_entropy\n";
+static const char *const BN_RESNET_SPEC =
+    "input 1 3 4\nconv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\n"
+    "residual\nconv2d 4 3 padding 1 nobias\nbatchnorm\nrelu\nend\n"
+    "residual\nconv2d 6 3 stride 2 padding 1 nobias\nbatchnorm\nrelu\n"
+    "conv2d 6 3 padding 1 nobias\nbatchnorm\nshortcut\nconv2d 6 1 stride 2 nobias\n"
+    "batchnorm\nend\nrelu\nflatten\nlinear 5\nloss softmax_cross_entropy\n";
+
+static void check_sync_batchnorm(const char *spec) {
   dp_model *model = NULL;
-  if (dp_model_parse(BN_SPEC, "bn", &model)) {
+  if (dp_model_parse(spec, "bn", &model)) {
     fail("sync batchnorm spec: %s", dp_last_error());
     return;
   }
@@ -500,9 +508,9 @@ static void check_sync_batchnorm(void) {
     uint64_t hr = share_u64(rank == 0 && ref ? bn_state(ref, model) : 0);
     CHECK(bn_state(cx, model) == hr, "sync batchnorm, %s: the retry differs", m->name);
     if (rank == 0)
-      printf("sync batchnorm, %s: one process's bits; %d faults at cross-rank copies "
+      printf("sync batchnorm%s, %s: one process's bits; %d faults at cross-rank copies "
              "refused\n",
-             m->name, faults);
+             spec == BN_RESNET_SPEC ? " (resnet)" : "", m->name, faults);
     free(x);
     free(y);
     free(out);
@@ -609,7 +617,8 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof MODES / sizeof *MODES; i++) check_mode(&MODES[i], model);
 #ifndef TEST_CUDA
   check_accumulate(model);
-  check_sync_batchnorm();
+  check_sync_batchnorm(BN_SPEC);
+  check_sync_batchnorm(BN_RESNET_SPEC);
 #endif
   check_mismatch(model);
   dp_model_free(model);
