@@ -2408,6 +2408,20 @@ START_TEST(random_image_plans_keep_every_invariant) {
 }
 END_TEST
 
+/* check_plan of m's plan for c, and of its steps at a random smaller batch and
+ * one row short (training and forward); frees m. */
+static void check_plan_and_smaller_batches(dp_model *m, const dp_config *c) {
+  dp_plan *p = plan_of(m, c);
+  check_plan(p);
+  int B = c->batch, rows[] = {1 + (int)rnd((uint32_t)B), B > 1 ? B - 1 : 1};
+  for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
+    if (!c->inference) check_smaller_batch(p, rows[j], 1);
+    check_smaller_batch(p, rows[j], 0);
+  }
+  dp_plan_free(p);
+  dp_model_free(m);
+}
+
 /* A random model with at least one batchnorm: flat (BatchNorm1d) or image
  * (BatchNorm2d, and 1d after a flatten). */
 static dp_model *random_bn_model(void) {
@@ -2432,15 +2446,7 @@ START_TEST(random_sync_batchnorm_plans_keep_every_invariant) {
     c.batchnorm = DP_BN_SYNC;
     if (rnd(3)) c.micro_batch = 1 + (int)rnd(4);
     c.inference = rnd(4) == 0;
-    dp_plan *p = plan_of(m, &c);
-    check_plan(p);
-    int B = c.batch, rows[] = {1 + (int)rnd((uint32_t)B), B > 1 ? B - 1 : 1};
-    for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
-      if (!c.inference) check_smaller_batch(p, rows[j], 1);
-      check_smaller_batch(p, rows[j], 0);
-    }
-    dp_plan_free(p);
-    dp_model_free(m);
+    check_plan_and_smaller_batches(m, &c);
   }
 }
 END_TEST
@@ -2504,15 +2510,7 @@ START_TEST(random_residual_sync_batchnorm_plans_keep_every_invariant) {
     c.batchnorm = DP_BN_SYNC;
     if (rnd(3)) c.micro_batch = 1 + (int)rnd(4);
     c.recompute = rnd(3) ? 0 : 2 + (int)rnd(3);
-    dp_plan *p = plan_of(m, &c);
-    check_plan(p);
-    int B = c.batch, rows[] = {1 + (int)rnd((uint32_t)B), B > 1 ? B - 1 : 1};
-    for (size_t j = 0; j < sizeof rows / sizeof *rows; j++) {
-      if (!c.inference) check_smaller_batch(p, rows[j], 1);
-      check_smaller_batch(p, rows[j], 0);
-    }
-    dp_plan_free(p);
-    dp_model_free(m);
+    check_plan_and_smaller_batches(m, &c);
   }
 }
 END_TEST
