@@ -631,21 +631,35 @@ bool dp__dact_all(const dp_plan *p, int o) {
   return sync_at_or_below(p, w - 1) >= r;
 }
 
+/* The first time of the backward segment that runs layer w's backward: the
+ * segments end at sync batchnorms, so its top is the lowest one at or above w
+ * (whose backward opens it) or the last layer, and its first op that top's
+ * recompute segment's first recompute, or the top's backward. */
+static int bwd_segment_start(const dp_plan *p, int w) {
+  int L = p->model.n_layers, top = w;
+  while (top < L - 1 && !dp__bn_sync(p, top)) top++;
+  int t = p->t_b[top];
+  for (int j = p->seg_lo[top]; j <= top; j++)
+    if (p->t_r[j] >= 0 && p->t_r[j] < t) t = p->t_r[j];
+  return t;
+}
+
 /* The gradient of layer i's output (e: its last view), per micro-batch: from
  * the writer's backward to the last reader's. One that a sync batchnorm's
  * backward segments cut (dp__dact_all: the batchnorm's own, a residual
  * block's skip gradient past one) holds all rows: the backward runs in
  * segments between sync batchnorms, each micro-batch through all of a
- * segment's layers before the next, so it lives from the start of the
- * backward to the end of its last reader's segment (the next sync
- * batchnorm's backward, or the end). */
+ * segment's layers before the next, so it lives from the start of its
+ * writer's segment (the segments above it are done with every micro-batch
+ * by then) to the end of its last reader's (the next sync batchnorm's
+ * backward, or the end). */
 static dp_live_buf dact_live(const dp_plan *p, int i, int e, int n_mb) {
   int w, r;
   dact_users(&p->model, dp__relu_bwd_fused(p, e + 1), i, e, &w, &r);
   dp_live_buf b = {.align = p->align, .first = p->t_b[w], .last = p->t_b[r]};
   if (dp__dact_all(p, i) && n_mb > 1) {
     int below = sync_at_or_below(p, r - 1);
-    b.first = p->model.n_layers;
+    b.first = bwd_segment_start(p, w);
     b.last = below >= 0 ? p->t_b[below] : p->t_end;
   }
   return b;
