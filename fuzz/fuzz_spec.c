@@ -89,12 +89,19 @@ static void run_small(const dp_plan *p, const dp_model *m, uint64_t h) {
   }
   const dp_config *cfg = dp_plan_config(p);
   int rows = cfg->batch, in = dp_model_input_width(m), out = dp_model_output_width(m);
+  /* a sequence model: token ids in (below the embedding's vocabulary), a
+   * class label per position out */
+  int T = dp_model_positions(m), classes = out / T;
+  dp_layer_info first;
+  int vocab = dp_model_layer(m, 0, &first) == DP_OK ? first.vocab : 0;
   float x[9 * 64], y[9 * 64], t[9 * 64];
-  int32_t labels[9];
+  int32_t labels[9 * 64];
   for (int i = 0; i < rows * in; i++)
-    x[i] = (float)((int)((h >> (i % 60)) & 15) - 7) * 0.25f;
+    x[i] = vocab ? (float)((h >> (i % 60)) % (uint64_t)vocab)
+                 : (float)((int)((h >> (i % 60)) & 15) - 7) * 0.25f;
   for (int i = 0; i < rows * out; i++) t[i] = (float)(i % 3) - 1.0f;
-  for (int r = 0; r < rows; r++) labels[r] = (int32_t)((h + (uint64_t)r) % (uint64_t)out);
+  for (int r = 0; r < rows * T; r++)
+    labels[r] = (int32_t)((h + (uint64_t)r) % (uint64_t)classes);
   size_t np = dp_model_n_params(m);
   if (!cfg->inference) {
     uint64_t before = dp_params_hash(c);
