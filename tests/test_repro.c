@@ -214,6 +214,52 @@ static const char GPT_SMALL[] = "input tokens 8\nembed 256 16\nresidual\nlayerno
                                 "linear 48\nattention 2\nlinear 16\nend\nlayernorm\n"
                                 "linear 256\nloss softmax_cross_entropy\n";
 
+/* --batchnorm sync reaches every configuration: a GPT block with batchnorm on
+ * the sequence inside a residual block and after it gives one set of bits on
+ * 1, 2 and 4 devices in every mode, in each batchnorm mode, and the two modes'
+ * bits differ (micro-batches of 2 rows: per replica normalises each, sync
+ * the batch's 8). */
+static const char GPT_BN[] = "input tokens 8\nembed 256 16\nresidual\nlinear 48 nobias\n"
+                             "attention 2\nlinear 16 nobias\nbatchnorm\nend\n"
+                             "batchnorm momentum 0.2\nlinear 256\n"
+                             "loss softmax_cross_entropy\n";
+
+START_TEST(test_batchnorm_modes_agree_on_a_sequence_model) {
+  tmp_file spec, text;
+  tmp_write(&spec, GPT_BN);
+  char body[400];
+  for (int i = 0; i < (int)sizeof body - 1; i++)
+    body[i] = (char)('a' + (i * 5 + i / 7) % 26);
+  body[sizeof body - 1] = '\0';
+  tmp_write(&text, body);
+  result r[2];
+  char *modes[2] = {"per_replica", "sync"};
+  for (int k = 0; k < 2; k++) {
+    REPRO(&r[k], "--model", spec.path, "--text", text.path, "--batch", "8", "--micro-batch",
+          "2", "--steps", "3", "--devices", "1,2,4", "--optimizer", "adamw", "--batchnorm",
+          modes[k], "--json");
+    ck_assert_msg(r[k].rc == 0, "%s: exit %d\n%s\n%s", modes[k], r[k].rc, r[k].out,
+                  r[k].err);
+    ck_assert_msg(count_of(r[k].out, "\"same\": true") == 9 &&
+                      strstr(r[k].out, "\"result\": \"same\""),
+                  "%s:\n%s", modes[k], r[k].out);
+    char want[64];
+    snprintf(want, sizeof want, "\"batchnorm\": \"%s\"", modes[k]);
+    ck_assert_msg(strstr(r[k].out, want), "%s", r[k].out);
+  }
+  /* the reference's parameter hash: another in the other mode */
+  const char *h0 = strstr(r[0].out, "\"params_hash\""),
+             *h1 = strstr(r[1].out, "\"params_hash\"");
+  ck_assert_ptr_nonnull(h0);
+  ck_assert_ptr_nonnull(h1);
+  ck_assert_msg(strncmp(h0, h1, 34) != 0, "per_replica and sync: %.34s", h0);
+  result_free(&r[0]);
+  result_free(&r[1]);
+  unlink(spec.path);
+  unlink(text.path);
+}
+END_TEST
+
 START_TEST(test_sequence_model_agrees_on_text_and_tokens) {
   tmp_file spec, text, csv;
   tmp_write(&spec, GPT_SMALL);
@@ -586,6 +632,7 @@ Suite *repro_suite(void) {
   TCase *tc = tcase_create("agree");
   tcase_add_test(tc, test_fixed_micro_batches_agree_for_1_2_4_devices);
   tcase_add_test(tc, test_sequence_model_agrees_on_text_and_tokens);
+  tcase_add_test(tc, test_batchnorm_modes_agree_on_a_sequence_model);
   tcase_add_test(tc, test_regression_agrees_up_to_8_devices_with_wrapping_batches);
   suite_add_tcase(s, tc);
 

@@ -67,6 +67,7 @@ static const struct option repro_options[] = {
     {"recompute", required_argument, NULL, DPT_OPT_RECOMPUTE},
     {"precision", required_argument, NULL, DPT_OPT_PRECISION},
     {"reduce-precision", required_argument, NULL, DPT_OPT_REDUCE_PRECISION},
+    {"batchnorm", required_argument, NULL, DPT_OPT_BATCHNORM},
     {"backend-option", required_argument, NULL, DPT_OPT_BACKEND_OPTION},
     {"help", no_argument, NULL, 'h'},
     {0, 0, 0, 0},
@@ -168,6 +169,9 @@ static void usage(FILE *f) {
       "                        (docs/PRECISION.md; default fp32)\n"
       "  --reduce-precision fp32|bf16  the gradient reduction's precision with bf16\n"
       "                        (default fp32)\n"
+      "  --batchnorm per_replica|sync  batchnorm's statistics in every configuration:\n"
+      "                        each micro-batch's (default) or the whole batch's\n"
+      "                        (SyncBatchNorm); both give one set of bits\n"
       "\n"
       "When the bits are guaranteed to be the same (see docs/DETERMINISM.md):\n"
       "  - a fixed --micro-batch K, the chunk split, and the same batch size;\n"
@@ -767,8 +771,10 @@ static void print_header(const repro_run *t) {
     printf("  \"split\": \"%s\",\n  \"optimizer\": \"%s\",\n  \"lr\": ",
            dp_split_name(o->base.split), dp_optimizer_name(o->base.optimizer));
     json_float(stdout, o->base.lr);
-    printf(",\n  \"seed\": %llu,\n  \"backend\": \"%s\",\n  \"backend_options\": ",
-           (unsigned long long)o->base.seed, dp_backend_name(o->base.backend));
+    printf(",\n  \"seed\": %llu,\n  \"batchnorm\": \"%s\",\n  \"backend\": \"%s\",\n"
+           "  \"backend_options\": ",
+           (unsigned long long)o->base.seed, dp_bn_mode_name(o->base.batchnorm),
+           dp_backend_name(o->base.backend));
     dpt_json_string(stdout, o->base.backend_options);
     printf(",\n  \"tensors\": [");
     for (int i = 0; i < t->nt; i++) {
@@ -790,10 +796,13 @@ static void print_header(const repro_run *t) {
   else
     printf("= each device's chunk");
   const char *bo = o->base.backend_options;
-  printf("), %s lr %g, seed %llu, %s backend%s%s%s; %d configuration%s\n",
+  printf("), %s lr %g, seed %llu, %s backend%s%s%s%s%s; %d configuration%s\n",
          dp_optimizer_name(o->base.optimizer), (double)o->base.lr,
          (unsigned long long)o->base.seed, dp_backend_name(o->base.backend),
-         *bo ? " (" : "", bo, *bo ? ")" : "", nc, nc == 1 ? "" : "s");
+         *bo ? " (" : "", bo, *bo ? ")" : "",
+         o->base.batchnorm == DP_BN_SYNC ? ", batchnorm " : "",
+         o->base.batchnorm == DP_BN_SYNC ? dp_bn_mode_name(o->base.batchnorm) : "", nc,
+         nc == 1 ? "" : "s");
   if (o->base.micro_batch == 0 && nc > 1)
     printf("note: without --micro-batch the bits are not expected to match across device "
            "counts\n");
