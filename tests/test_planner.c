@@ -3782,6 +3782,45 @@ START_TEST(sync_bn_residual_plans_keep_every_invariant) {
 }
 END_TEST
 
+/* A tied head with sync batchnorm on the sequence (dp__leaf_slots): every
+ * micro-batch of a device has a gradient slot of its own, n_mb - 1 partials
+ * (not one per level of the tree), sized exactly, in every layout; per
+ * replica keeps the tree's levels. */
+START_TEST(tied_head_with_sync_batchnorm_gives_each_micro_batch_a_slot) {
+  dp_model *m = model_of("input tokens 6\nembed 11 8\nresidual\nlinear 24 nobias\n"
+                         "attention 2\nlinear 8 nobias\nbatchnorm\nend\nbatchnorm\n"
+                         "linear 11 tied\nloss softmax_cross_entropy\n");
+  int wide = 0; /* devices with 3 or more micro-batches, where the two differ */
+  for (size_t k = 0; k < N_LAYOUTS; k++)
+    for (int bn = 0; bn < 2; bn++) {
+      dp_config c = layout_config(k, DP_OPT_ADAMW);
+      c.batchnorm = bn ? DP_BN_SYNC : DP_BN_PER_REPLICA;
+      dp_plan *p = plan_of(m, &c);
+      if (c.mode == DP_MODE_CLASSIC) { /* as the GPT's: check_plan knows classic's */
+        check_plan(p);
+      } else {
+        sched_view v = plan_view(p);
+        for (int d = 0; d < dp_plan_n_devices(p); d++)
+          check_liveness_by_simulation(p, &v, d);
+      }
+      ck_assert_int_eq(dp__plan_verify(p), DP_OK);
+      for (int d = 0; d < dp_plan_n_devices(p) && !c.inference; d++) {
+        int n = dp_plan_device_micro_batches(p, d), levels = 0;
+        while ((2 << levels) <= n) levels++;
+        size_t want = (size_t)(bn ? (n > 1 ? n - 1 : 0) : levels) * dp__partial_stride(p);
+        ck_assert_msg(dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size == want,
+                      "layout %zu, %s, device %d (%d micro-batches): %zu bytes, want %zu",
+                      k, bn ? "sync" : "per_replica", d, n,
+                      dp_plan_region(p, d, DP_REGION_GRAD_PARTIALS).size, want);
+        wide += bn && n >= 3;
+      }
+      dp_plan_free(p);
+    }
+  ck_assert_int_gt(wide, 0);
+  dp_model_free(m);
+}
+END_TEST
+
 /* The cuda-only options are refused on the cpu backend, and NCCL needs a GPU
  * per replica; the refusal names the option. */
 START_TEST(cuda_options_are_checked_at_plan_time) {
@@ -4491,6 +4530,7 @@ Suite *planner_suite(void) {
   tcase_add_test(tc, gpt_plans_keep_every_invariant_with_guards_and_micro_batches);
   tcase_add_test(tc, shortcut_plans_keep_every_invariant_with_guards_and_micro_batches);
   tcase_add_test(tc, sync_bn_residual_plans_keep_every_invariant);
+  tcase_add_test(tc, tied_head_with_sync_batchnorm_gives_each_micro_batch_a_slot);
   tcase_add_test(tc, random_residual_sync_batchnorm_plans_keep_every_invariant);
   tcase_add_test(tc, reduce_bf16_plans_keep_every_invariant);
   tcase_add_test(tc, reduce_bf16_halves_the_bytes_between_processes);

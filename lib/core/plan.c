@@ -618,6 +618,17 @@ static int sync_at_or_below(const dp_plan *p, int i) {
   return i;
 }
 
+bool dp__leaf_slots(const dp_plan *p) {
+  const dp_model *m = &p->model;
+  if (p->cfg.inference || p->cfg.batchnorm != DP_BN_SYNC) return false;
+  bool tied = false, bn = false;
+  for (int i = 0; i < m->n_layers; i++) {
+    tied |= m->layers[i].kind == DP_LAYER_LINEAR && m->layers[i].tied;
+    bn |= m->layers[i].kind == DP_LAYER_BATCHNORM;
+  }
+  return tied && bn;
+}
+
 bool dp__dact_all(const dp_plan *p, int o) {
   const dp_model *m = &p->model;
   int L = m->n_layers;
@@ -891,7 +902,9 @@ static dp_status plan_device(dp_plan *p, int d) {
   }
   size_t rows = (size_t)a->rows;
   if (!dp__mul(m->n_params, 4, &P)) return OVERFLOW();
-  p->grad_levels[d] = train ? tree_levels(mb1 - mb0) : 0;
+  p->grad_levels[d] = !train              ? 0
+                      : dp__leaf_slots(p) ? (mb1 - mb0 > 1 ? mb1 - mb0 - 1 : 0)
+                                          : tree_levels(mb1 - mb0);
   /* the parameters, then the buffers (batchnorm's running statistics): the
    * broadcast carries both, the optimizer and the gradients only the first */
   if (dp__param_home(p, d) == d && !mul3(dp__param_floats(m), 1, 4, &sz[DP_REGION_PARAMS]))

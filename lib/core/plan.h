@@ -237,6 +237,13 @@ static inline bool dp__bn_sync(const dp_plan *p, int i) {
  * the layer that writes it from the last that reads it (the batchnorm's
  * own; a residual block's skip gradient past one). */
 bool dp__dact_all(const dp_plan *p, int o);
+/* Each micro-batch of a device has a gradient slot of its own in the backward
+ * (GRAD_PARTIALS holds n_mb - 1), not one per level of the canonical tree: a
+ * tied head writes the token table's gradient in the backward's first segment
+ * and the embedding adds its own in the last, with sync batchnorm's segments
+ * between, so a slot that a later micro-batch reused would have lost the
+ * head's part. The tree, and so the bits, are the same. */
+bool dp__leaf_slots(const dp_plan *p);
 /* What the ranks of a job compare at start: hashes of the model, the config,
  * the schedule and the build (version, compiler). */
 #define DP_PLAN_HASHES 4

@@ -204,14 +204,17 @@ static void backward_tree(builder *b, const dp_plan *p, const dp_mb *mbs, int d,
     return;
   }
   int mid = (lo + hi + 1) / 2;
+  /* the right subtree's slot: the next level's, or (dp__leaf_slots) its first
+   * micro-batch's own */
+  int right = dp__leaf_slots(p) ? slot + (mid - lo) : slot + 1;
   backward_tree(b, p, mbs, d, lo, mid, slot, sg);
   if (mbs[mid].rows == 0) return;
-  backward_tree(b, p, mbs, d, mid, hi, slot + 1, sg);
+  backward_tree(b, p, mbs, d, mid, hi, right, sg);
   if (sg->p1 == sg->p0) return;
   dp_op add = device_op(DP_PHASE_BACKWARD, DP_OP_GRAD_ADD, d, sg->p1 - sg->p0);
   add.flags = sum_flags(p);
   slot_place(p, slot, &add.dst_region, &add.dst_offset);
-  slot_place(p, slot + 1, &add.src_region, &add.src_offset);
+  slot_place(p, right, &add.src_region, &add.src_offset);
   add.dst_offset += sg->p0;
   add.src_offset += sg->p0;
   emit(b, add);

@@ -170,6 +170,11 @@ class KeyedDropout(nn.Module):
         return x * s.keyed[0].mask(s.layer, n, E, s.p, x.dtype, x.device).reshape(x.shape)
 
 
+class SeqBN(nn.BatchNorm1d):
+    """batchnorm on a sequence: BatchNorm1d(D) on the (B, D, T) transpose of (B, T, D)."""
+    def forward(s, x): return super().forward(x.transpose(1, 2)).transpose(1, 2)
+
+
 class Attn(nn.Module):
     def __init__(s, H, p=0.0, layer=0, keyed=None):
         super().__init__(); s.H = H; s.p = p; s.layer = layer; s.keyed = [keyed]
@@ -324,9 +329,13 @@ class Net(nn.Module):
                 m = nn.Linear(shape[-1], n, bias=bias); s.add_module(name, m)
                 if tied: m.weight = s._modules['0'].tok.weight
                 shape = (n,); s.prog.append(('mod', name))
-            elif op in ('relu', 'gelu', 'tanh', 'sigmoid'):
+            elif op in ('relu', 'gelu', 'tanh', 'sigmoid', 'silu'):
                 s.add_module(name, {'relu': nn.ReLU(), 'gelu': nn.GELU(approximate='tanh'),
-                                    'tanh': nn.Tanh(), 'sigmoid': nn.Sigmoid()}[op])
+                                    'tanh': nn.Tanh(), 'sigmoid': nn.Sigmoid(),
+                                    'silu': nn.SiLU()}[op])
+                s.prog.append(('mod', name))
+            elif op == 'leaky_relu':
+                s.add_module(name, nn.LeakyReLU(float(l[1]) if len(l) > 1 else 0.01))
                 s.prog.append(('mod', name))
             elif op == 'dropout':
                 s.add_module(name, KeyedDropout(float(l[1]), idx, s.keyed)); s.prog.append(('mod', name))
@@ -334,6 +343,7 @@ class Net(nn.Module):
                 s.add_module(name, nn.LayerNorm(shape[-1], eps=1e-5)); s.prog.append(('mod', name))
             elif op == 'batchnorm':
                 if len(shape) == 3: s.add_module(name, nn.BatchNorm2d(shape[0], eps=1e-5, momentum=0.1))
+                elif s.kind == 'seq': s.add_module(name, SeqBN(shape[0], eps=1e-5, momentum=0.1))
                 else: s.add_module(name, nn.BatchNorm1d(shape[0], eps=1e-5, momentum=0.1))
                 s.prog.append(('mod', name))
             elif op == 'conv2d':
@@ -434,9 +444,33 @@ def rand_gpt(r):
     return "\n".join(lines) + "\n", dict(kind='seq', loss='softmax_cross_entropy', T=T, V=V)
 
 
+def add_layers(r, spec, kind):
+    """Session 30's layers, from a generator of their own (the draws of session 24's
+    cases unchanged): silu and leaky_relu (negative slopes too: the backward reads the
+    input's sign) in place of some activations, and on a sequence batchnorm (each
+    feature over the T positions) after a block's last linear or in place of the last
+    layernorm."""
+    out = []
+    lines = spec.splitlines()
+    for i, l in enumerate(lines):
+        w = l.split()[0]
+        nxt = lines[i + 1].split()[0] if i + 1 < len(lines) else ''
+        if w in ('relu', 'gelu', 'tanh', 'sigmoid') and r.random() < 0.3:
+            l = r.choice(['silu', 'leaky_relu', 'leaky_relu 0.2', 'leaky_relu -0.3',
+                          'leaky_relu -1.5'])
+        if kind == 'seq' and w == 'layernorm' and nxt == 'linear' and i + 2 < len(lines) \
+                and lines[i + 2].startswith('loss') and r.random() < 0.4:
+            l = 'batchnorm'
+        out.append(l)
+        if kind == 'seq' and w == 'linear' and nxt == 'end' and r.random() < 0.3:
+            out.append('batchnorm')
+    return "\n".join(out) + "\n"
+
+
 def rand_case(seed):
     r = random.Random(seed)
     spec, meta = r.choice([rand_mlp, rand_mlp, rand_cnn, rand_gpt])(r)
+    if not CLASSIC: spec = add_layers(random.Random(seed * 65537 + 11), spec, meta['kind'])
     has_bn = 'batchnorm' in spec
     c = dict(seed=seed, spec=spec, **meta)
     c['devices'] = r.choice([1, 2, 4])
@@ -447,7 +481,6 @@ def rand_case(seed):
     c['micro'] = r.choice([0, 0, 1, 2, 3, 4]) if not has_bn else r.choice([0, 2, 3, 4])
     if has_bn:
         c['bn'] = r.choice(['per_replica', 'sync'])
-        if c['bn'] == 'sync' and 'residual' in spec: c['bn'] = 'per_replica'
     if c['micro'] > c['batch']: c['micro'] = c['batch']
     c['steps'] = r.randint(1, 4)  # optimizer steps per epoch
     c['epochs'] = r.randint(1, 3)
