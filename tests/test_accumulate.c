@@ -81,6 +81,45 @@ START_TEST(accumulation_equals_the_concatenated_batch) {
 }
 END_TEST
 
+/* The same with batchnorm (per replica: each micro-batch's statistics, so a
+ * micro-batch dividing the calls' rows gives the concatenated step's) on a
+ * sequence, in fp32 and bf16, on 1 and 2 devices, K 2 and 4. */
+START_TEST(accumulation_with_batchnorm_equals_the_concatenated_batch) {
+  static const char *spec =
+      "input tokens 6\nembed 11 8\nresidual\nlinear 24 nobias\n"
+      "attention 2\nlinear 8 nobias\nbatchnorm\nend\n"
+      "batchnorm momentum 0.3\nlinear 11\nloss softmax_cross_entropy\n";
+  enum { T = 6, V = 11, R = 8 };
+  static float x[4 * R * T];
+  static int32_t y[4 * R * T];
+  for (int i = 0; i < 4 * R * T; i++) {
+    x[i] = (float)((i * 7 + i / 5) % V);
+    y[i] = (i * 3 + i / 7) % V;
+  }
+  for (int K = 2; K <= 4; K *= 2)
+    for (int n = 1; n <= 2; n++)
+      for (int bf = 0; bf < 2; bf++) {
+        dp_config ca = cfg_of(R, n, DP_MODE_CLASSIC, 0, K, 0.05f);
+        dp_config cb = cfg_of(K * R, n, DP_MODE_CLASSIC, 0, 0, 0.05f);
+        ca.micro_batch = cb.micro_batch = 2;
+        ca.precision = cb.precision = bf ? DP_PRECISION_BF16 : DP_PRECISION_FP32;
+        rig a, b;
+        rig_open(&a, spec, &ca);
+        rig_open(&b, spec, &cb);
+        for (int k = 0; k < K; k++)
+          ck_assert_msg(dp_train_step(a.c, R, T, x + k * R * T, y + k * R * T, NULL) ==
+                            DP_OK,
+                        "%s", dp_ctx_error(a.c));
+        ck_assert_int_eq(dp_train_step(b.c, K * R, T, x, y, NULL), DP_OK);
+        ck_assert_msg(dp_params_hash(a.c) == dp_params_hash(b.c),
+                      "K %d, %d devices, %s: the update differs from the concatenated step",
+                      K, n, bf ? "bf16" : "fp32");
+        rig_close(&a);
+        rig_close(&b);
+      }
+}
+END_TEST
+
 /* The partial sums are planned: optimizer_state holds log2(K) gradient copies
  * after AdamW's two vectors. */
 START_TEST(partial_sums_are_in_the_plan) {
@@ -175,6 +214,7 @@ Suite *accumulate_suite(void) {
   TCase *tc = tcase_create("accumulate");
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, accumulation_equals_the_concatenated_batch);
+  tcase_add_test(tc, accumulation_with_batchnorm_equals_the_concatenated_batch);
   tcase_add_test(tc, partial_sums_are_in_the_plan);
   tcase_add_test(tc, refused_call_and_save_in_the_middle);
   tcase_add_test(tc, rows_per_update_past_int_max_are_refused);
