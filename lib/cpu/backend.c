@@ -631,9 +631,9 @@ dp_status dp__cpu_backward(const lctx *c, float *grads) {
     if (dx) silu_backward(layer_in(c), dy, dx, (size_t)n * out);
     break;
   case DP_LAYER_LEAKY_RELU:
-    if (dx)
-      leaky_backward(l->slope < 0.0f ? layer_in(c) : layer_out(c), dy, dx, (size_t)n * out,
-                     l->slope);
+    if (dx) /* the input where its sign is not the output's (a negative slope) */
+      leaky_backward(dp__layer_needs_input(l) ? layer_in(c) : layer_out(c), dy, dx,
+                     (size_t)n * out, l->slope);
     break;
   case DP_LAYER_LAYERNORM: {
     float *dg = grads + l->param_off;
